@@ -1,0 +1,102 @@
+#include "tessera/array.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client_impl.h"
+#include "client/transfer.h"
+#include "core/slicing.h"
+#include "core/status.h"
+#include "proto/rpc.h"
+
+namespace tessera {
+namespace {
+
+using internal::ArrayState;
+
+// The devices of the array's mesh as the coordinator sees them now.
+absl::StatusOr<std::map<int, pb::DeviceInfo>> array_devices(const ArrayState& state) {
+  pb::GetArrayRequest req;
+  req.set_array_id(state.id);
+  pb::GetArrayReply reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  TESSERA_RETURN_IF_ERROR(from_grpc(state.client->coordinator()->GetArray(&ctx, req, &reply),
+                                    absl::StrCat("coordinator ", state.client->coordinator_address())));
+  std::map<int, pb::DeviceInfo> out;
+  for (const pb::DeviceInfo& d : reply.devices()) out[d.id()] = d;
+  return out;
+}
+
+std::string describe(const pb::DeviceInfo& d) { return absl::StrCat("device ", d.id(), " (", d.address(), ")"); }
+
+}  // namespace
+
+Shape Shard::shape() const { return block_shape(shard_.index); }
+
+absl::StatusOr<HostArray> Shard::data() const {
+  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*array_));
+  const pb::DeviceInfo& d = devices[shard_.device_id];
+  const std::string who = absl::StrCat("shard of array ", array_->id, " on ", describe(d));
+  if (d.state() != pb::ALIVE) return absl::UnavailableError(absl::StrCat(who, ": the device is lost"));
+  TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, array_->client->worker(d.address(), who));
+  HostArray out(array_->dtype, shape());
+  Index whole;
+  for (int64_t n : out.shape()) whole.push_back({0, n});
+  TESSERA_RETURN_IF_ERROR(internal::get_shard(stub, array_->id, whole, &out, who));
+  return out;
+}
+
+uint64_t Array::id() const { return state_->id; }
+const Shape& Array::shape() const { return state_->shape; }
+DType Array::dtype() const { return state_->dtype; }
+const NamedSharding& Array::sharding() const { return state_->sharding; }
+
+std::vector<Shard> Array::addressable_shards() const {
+  std::vector<Shard> out;
+  for (DeviceShard& s : state_->sharding.device_shards(state_->shape)) out.push_back(Shard(state_, std::move(s)));
+  return out;
+}
+
+absl::StatusOr<HostArray> Array::fetch() const {
+  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*state_));
+  // Each distinct block once, from its lowest-numbered alive replica.
+  struct Source {
+    Index index;
+    const pb::DeviceInfo* device = nullptr;
+    std::vector<std::string> lost;
+  };
+  std::vector<Source> sources;
+  std::map<std::vector<int64_t>, size_t> by_block;
+  for (const DeviceShard& s : state_->sharding.device_shards(state_->shape)) {
+    std::vector<int64_t> key;
+    for (const Slice& sl : s.index) key.push_back(sl.start);
+    auto [it, inserted] = by_block.emplace(key, sources.size());
+    if (inserted) sources.push_back({s.index, nullptr, {}});
+    Source& src = sources[it->second];
+    const pb::DeviceInfo& d = devices[s.device_id];
+    if (d.state() != pb::ALIVE) {
+      src.lost.push_back(describe(d));
+    } else if (src.device == nullptr) {
+      src.device = &d;
+    }
+  }
+  for (const Source& src : sources) {
+    if (src.device == nullptr) {
+      return absl::UnavailableError(absl::StrCat("fetch of array ", state_->id, ": block ",
+                                                 index_to_string(src.index), " is only on ",
+                                                 absl::StrJoin(src.lost, ", "), ", which is lost"));
+    }
+  }
+  HostArray out(state_->dtype, state_->shape);
+  TESSERA_RETURN_IF_ERROR(internal::run_parallel(static_cast<int>(sources.size()), [&](int i) -> absl::Status {
+    const Source& src = sources[i];
+    const std::string who = absl::StrCat("fetch of array ", state_->id, " from ", describe(*src.device));
+    TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, state_->client->worker(src.device->address(), who));
+    return internal::get_shard(stub, state_->id, src.index, &out, who);
+  }));
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,184 @@
+#include "tessera/client.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "client/client_impl.h"
+#include "client/transfer.h"
+#include "core/status.h"
+#include "core/wire.h"
+#include "proto/rpc.h"
+
+namespace tessera {
+namespace internal {
+
+ClientImpl::ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster)
+    : cluster_(std::move(cluster)),
+      coordinator_address_(std::move(coordinator_address)),
+      coordinator_(pb::Coordinator::NewStub(make_channel(coordinator_address_))) {}
+
+ClientImpl::~ClientImpl() = default;
+
+absl::Status ClientImpl::init(const ConnectOptions& options) {
+  const std::string who = absl::StrCat("coordinator ", coordinator_address_);
+  pb::HandshakeRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_peer("tessera client");
+  pb::HandshakeReply reply;
+  {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, options.timeout);
+    ctx.set_wait_for_ready(true);
+    TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->Handshake(&ctx, req, &reply), who));
+  }
+  TESSERA_RETURN_IF_ERROR(check_protocol_version(reply.protocol_version(), who));
+  pb::GetTopologyRequest topo_req;
+  topo_req.set_min_alive_devices(options.min_devices);
+  topo_req.set_wait_ms(absl::ToInt64Milliseconds(options.timeout));
+  pb::Topology topology;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, options.timeout + absl::Seconds(5));
+  return from_grpc(coordinator_->GetTopology(&ctx, topo_req, &topology), who);
+}
+
+absl::StatusOr<pb::Worker::Stub*> ClientImpl::worker(const std::string& address, const std::string& who) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(address);
+    if (it != workers_.end()) return it->second.get();
+  }
+  std::unique_ptr<pb::Worker::Stub> stub = pb::Worker::NewStub(make_channel(address));
+  pb::HandshakeRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_peer("tessera client");
+  pb::HandshakeReply reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  TESSERA_RETURN_IF_ERROR(from_grpc(stub->Handshake(&ctx, req, &reply), who));
+  TESSERA_RETURN_IF_ERROR(check_protocol_version(reply.protocol_version(), who));
+  absl::MutexLock lock(&mu_);
+  auto& slot = workers_[address];
+  if (slot == nullptr) slot = std::move(stub);
+  return slot.get();
+}
+
+absl::StatusOr<pb::Topology> ClientImpl::topology() {
+  pb::GetTopologyRequest req;
+  pb::Topology topology;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  TESSERA_RETURN_IF_ERROR(
+      from_grpc(coordinator_->GetTopology(&ctx, req, &topology), absl::StrCat("coordinator ", coordinator_address_)));
+  return topology;
+}
+
+void ClientImpl::delete_array(uint64_t id) {
+  pb::DeleteArrayRequest req;
+  req.add_array_ids(id);
+  pb::DeleteArrayReply reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  // Best effort: if the coordinator is gone, so is the metadata; buffers on live workers stay
+  // until they restart.
+  coordinator_->DeleteArray(&ctx, req, &reply);
+}
+
+}  // namespace internal
+
+absl::StatusOr<Client> Client::connect(const std::string& address, const ConnectOptions& options) {
+  auto impl = std::make_shared<internal::ClientImpl>(address, nullptr);
+  TESSERA_RETURN_IF_ERROR(impl->init(options));
+  return Client(std::move(impl));
+}
+
+absl::StatusOr<Client> Client::local(int num_devices, const LocalOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<internal::LocalCluster> cluster,
+                           internal::LocalCluster::start(num_devices, options));
+  const std::string address = cluster->coordinator_address();
+  auto impl = std::make_shared<internal::ClientImpl>(address, std::move(cluster));
+  ConnectOptions connect_options;
+  connect_options.min_devices = num_devices;
+  TESSERA_RETURN_IF_ERROR(impl->init(connect_options));
+  return Client(std::move(impl));
+}
+
+std::string Client::coordinator_address() const { return impl_->coordinator_address(); }
+
+absl::StatusOr<std::vector<Device>> Client::devices() const {
+  TESSERA_ASSIGN_OR_RETURN(pb::Topology topology, impl_->topology());
+  std::vector<Device> out;
+  for (const pb::DeviceInfo& d : topology.devices()) out.push_back({d.id(), d.address(), d.state() == pb::ALIVE});
+  std::sort(out.begin(), out.end(), [](const Device& a, const Device& b) { return a.id < b.id; });
+  return out;
+}
+
+absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names) const {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Device> all, devices());
+  std::vector<int> ids;
+  for (const Device& d : all) {
+    if (d.alive) ids.push_back(d.id);
+  }
+  int64_t wanted = 1;
+  for (int64_t s : shape) wanted *= s;
+  if (wanted != static_cast<int64_t>(ids.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("make_mesh: the mesh shape needs ", wanted,
+                                                   " devices but the cluster has ", ids.size(),
+                                                   " alive; pass device ids to use a subset"));
+  }
+  return tessera::make_mesh(std::move(shape), std::move(axis_names), std::move(ids));
+}
+
+absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
+                                       std::vector<int> device_ids) const {
+  return tessera::make_mesh(std::move(shape), std::move(axis_names), std::move(device_ids));
+}
+
+absl::StatusOr<Array> Client::device_put(const HostArray& host, const NamedSharding& sharding) const {
+  absl::Status valid = sharding.validate(host.shape());
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("device_put: ", valid.message()));
+
+  pb::CreateArrayRequest req;
+  req.set_dtype(to_proto(host.dtype()));
+  to_proto(host.shape(), req.mutable_shape());
+  to_proto(sharding, req.mutable_sharding());
+  pb::CreateArrayReply reply;
+  {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    TESSERA_RETURN_IF_ERROR(from_grpc(impl_->coordinator()->CreateArray(&ctx, req, &reply),
+                                      absl::StrCat("device_put: coordinator ", impl_->coordinator_address())));
+  }
+  // From here on the handle owns the array: if an upload fails, dropping it frees the rest.
+  Array array(std::make_shared<internal::ArrayState>(impl_, reply.array_id(), host.dtype(), host.shape(), sharding));
+  TESSERA_ASSIGN_OR_RETURN(pb::Topology topology, impl_->topology());
+  std::map<int, std::string> addresses;
+  for (const pb::DeviceInfo& d : topology.devices()) addresses[d.id()] = d.address();
+
+  const std::vector<DeviceShard> shards = sharding.device_shards(host.shape());
+  TESSERA_RETURN_IF_ERROR(internal::run_parallel(static_cast<int>(shards.size()), [&](int i) -> absl::Status {
+    const DeviceShard& shard = shards[i];
+    const std::string& address = addresses[shard.device_id];
+    const std::string who = absl::StrCat("device_put: device ", shard.device_id, " (", address, ")");
+    TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, impl_->worker(address, who));
+    return internal::put_shard(stub, reply.array_id(), host, shard.index, who);
+  }));
+  return array;
+}
+
+absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Device> all, devices());
+  for (const Device& d : all) {
+    if (d.id != device_id) continue;
+    const std::string who = absl::StrCat("device ", d.id, " (", d.address, ")");
+    TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, impl_->worker(d.address, who));
+    pb::GetStatsRequest req;
+    pb::WorkerStats stats;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    TESSERA_RETURN_IF_ERROR(from_grpc(stub->GetStats(&ctx, req, &stats), who));
+    return DeviceStats{stats.device_id(), stats.buffer_count(), stats.bytes_used(), stats.memory_limit_bytes()};
+  }
+  return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
+}
+
+}  // namespace tessera

@@ -1,0 +1,64 @@
+// ClientImpl: the state behind Client and Array handles — the coordinator stub, one stub per
+// worker (handshaken on first use), and an embedded cluster when there is one.
+#ifndef TESSERA_CLIENT_CLIENT_IMPL_H_
+#define TESSERA_CLIENT_CLIENT_IMPL_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/local_cluster.h"
+#include "proto/tessera.grpc.pb.h"
+#include "tessera/client.h"
+
+namespace tessera::internal {
+
+class ClientImpl {
+ public:
+  ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster);
+  ~ClientImpl();
+
+  // Handshake with the coordinator, then wait for `options.min_devices` alive devices.
+  absl::Status init(const ConnectOptions& options);
+
+  const std::string& coordinator_address() const { return coordinator_address_; }
+  pb::Coordinator::Stub* coordinator() { return coordinator_.get(); }
+
+  // The stub of a worker at `address`, handshaken once. The error names `who`.
+  absl::StatusOr<pb::Worker::Stub*> worker(const std::string& address, const std::string& who);
+
+  absl::StatusOr<pb::Topology> topology();
+
+  // Best effort: asks the coordinator to forget the array and free its buffers.
+  void delete_array(uint64_t id);
+
+ private:
+  // Declared first so that it is destroyed last, after every stub that talks to it.
+  std::unique_ptr<LocalCluster> cluster_;
+  const std::string coordinator_address_;
+  std::unique_ptr<pb::Coordinator::Stub> coordinator_;
+
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<pb::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+// What an Array handle shares: its metadata and the client; frees the buffers when the last
+// handle goes.
+struct ArrayState {
+  ArrayState(std::shared_ptr<ClientImpl> client, uint64_t id, DType dtype, Shape shape, NamedSharding sharding)
+      : client(std::move(client)), id(id), dtype(dtype), shape(std::move(shape)), sharding(std::move(sharding)) {}
+  ~ArrayState() { client->delete_array(id); }
+
+  const std::shared_ptr<ClientImpl> client;
+  const uint64_t id;
+  const DType dtype;
+  const Shape shape;
+  const NamedSharding sharding;
+};
+
+}  // namespace tessera::internal
+
+#endif  // TESSERA_CLIENT_CLIENT_IMPL_H_

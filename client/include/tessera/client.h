@@ -1,0 +1,95 @@
+// Client: a connection to a Tessera cluster — a running one (connect) or one embedded in this
+// process (local) — and the entry point for placing arrays on its devices.
+//
+//   absl::StatusOr<Client> client = Client::local(8);
+//   absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+//   absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("data", None)));
+//
+// A Client is a cheap, copyable handle; the connection (and an embedded cluster) lives until
+// the last Client and the last Array that came from it are gone.
+#ifndef TESSERA_CLIENT_H_
+#define TESSERA_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/host_array.h"
+#include "core/mesh.h"
+#include "core/sharding.h"
+#include "tessera/array.h"
+
+namespace tessera {
+
+namespace internal {
+class ClientImpl;
+}  // namespace internal
+
+// One device of the cluster, as the coordinator sees it.
+struct Device {
+  int id = 0;
+  std::string address;  // the worker's host:port
+  bool alive = false;
+};
+
+// What a worker reports about its memory.
+struct DeviceStats {
+  int device_id = 0;
+  int64_t buffer_count = 0;
+  int64_t bytes_used = 0;
+  int64_t memory_limit_bytes = 0;
+};
+
+struct ConnectOptions {
+  // Wait (up to `timeout`) until at least this many devices are alive.
+  int min_devices = 1;
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+struct LocalOptions {
+  int64_t memory_bytes_per_device = int64_t{1} << 30;
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+};
+
+class Client {
+ public:
+  // Connects to the coordinator at `address` ("host:port") and checks its protocol version.
+  // FAILED_PRECONDITION on a version mismatch (naming both versions); UNAVAILABLE or
+  // DEADLINE_EXCEEDED when it does not answer or too few devices are alive in time.
+  static absl::StatusOr<Client> connect(const std::string& address, const ConnectOptions& options = {});
+
+  // Starts a coordinator and `num_devices` workers inside this process, on 127.0.0.1
+  // ephemeral ports, and connects to them. Devices are numbered 0 .. num_devices - 1.
+  static absl::StatusOr<Client> local(int num_devices, const LocalOptions& options = {});
+
+  // The cluster's devices, ordered by id, fresh from the coordinator.
+  absl::StatusOr<std::vector<Device>> devices() const;
+
+  // jax.make_mesh: all alive devices, by id, laid row-major over `shape`. INVALID_ARGUMENT
+  // when prod(shape) differs from the number of devices (pass `device_ids` to use a subset).
+  absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names) const;
+  absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
+                                 std::vector<int> device_ids) const;
+
+  // jax.device_put: validates `sharding` against the array's shape (INVALID_ARGUMENT naming
+  // the rule broken), then sends each device exactly its own shard, in parallel and straight
+  // to its worker. A device out of memory gives RESOURCE_EXHAUSTED; an unreachable one
+  // UNAVAILABLE or DEADLINE_EXCEEDED naming it. On error nothing stays allocated.
+  absl::StatusOr<Array> device_put(const HostArray& host, const NamedSharding& sharding) const;
+
+  absl::StatusOr<DeviceStats> device_stats(int device_id) const;
+
+  std::string coordinator_address() const;
+
+ private:
+  explicit Client(std::shared_ptr<internal::ClientImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<internal::ClientImpl> impl_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_H_

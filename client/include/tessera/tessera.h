@@ -1,0 +1,24 @@
+// The Tessera client SDK: everything an application needs, in one include.
+//
+//   #include "tessera/tessera.h"
+//   using namespace tessera;
+//   absl::StatusOr<Client> client = Client::local(8);          // or Client::connect("host:port")
+//   absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+//   absl::StatusOr<Array> x = client->device_put(HostArray::ones(DType::kF32, {16, 8}),
+//                                                NamedSharding(*mesh, P("data", None)));
+//   std::cout << visualize_array_sharding(*x);
+//   absl::StatusOr<HostArray> back = x->fetch();
+#ifndef TESSERA_TESSERA_H_
+#define TESSERA_TESSERA_H_
+
+#include "core/dtype.h"
+#include "core/host_array.h"
+#include "core/mesh.h"
+#include "core/partition_spec.h"
+#include "core/shape.h"
+#include "core/sharding.h"
+#include "tessera/array.h"
+#include "tessera/client.h"
+#include "tessera/visualize.h"
+
+#endif  // TESSERA_TESSERA_H_

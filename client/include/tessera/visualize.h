@@ -1,0 +1,26 @@
+// visualize_array_sharding: the text picture of a layout that jax.debug.visualize_array_sharding
+// prints — a boxed grid, one tile per block, labelled with the devices that hold it.
+//
+//   std::cout << visualize_array_sharding(x);   // x: (16, 8) under P('data', 'model') on (4, 2)
+//   ┌───────┬───────┐
+//   │ CPU 0 │ CPU 1 │
+//   ├───────┼───────┤
+//   ...
+#ifndef TESSERA_VISUALIZE_H_
+#define TESSERA_VISUALIZE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/sharding.h"
+#include "tessera/array.h"
+
+namespace tessera {
+
+// INVALID_ARGUMENT for arrays of rank other than 1 or 2, or a sharding that does not fit.
+absl::StatusOr<std::string> visualize_sharding(const Shape& shape, const NamedSharding& sharding);
+absl::StatusOr<std::string> visualize_array_sharding(const Array& array);
+
+}  // namespace tessera
+
+#endif  // TESSERA_VISUALIZE_H_

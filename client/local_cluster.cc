@@ -1,0 +1,35 @@
+#include "client/local_cluster.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace tessera::internal {
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_devices, const LocalOptions& options) {
+  if (num_devices < 1 || num_devices > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Client::local: num_devices must be in [1, 1024], got ", num_devices));
+  }
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  CoordinatorOptions coordinator_options;
+  coordinator_options.heartbeat_interval = options.heartbeat_interval;
+  coordinator_options.heartbeat_timeout = options.heartbeat_timeout;
+  TESSERA_ASSIGN_OR_RETURN(cluster->coordinator_, CoordinatorServer::start(coordinator_options));
+  for (int i = 0; i < num_devices; ++i) {
+    WorkerOptions worker_options;
+    worker_options.coordinator_address = cluster->coordinator_->address();
+    worker_options.name = absl::StrCat("local-", i);
+    worker_options.device_id = i;
+    worker_options.memory_bytes = options.memory_bytes_per_device;
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::start(worker_options));
+    cluster->workers_.push_back(std::move(worker));
+  }
+  return cluster;
+}
+
+LocalCluster::~LocalCluster() {
+  for (auto& worker : workers_) worker->shutdown();
+  if (coordinator_ != nullptr) coordinator_->shutdown();
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,33 @@
+// LocalCluster: a coordinator and n workers inside this process, on 127.0.0.1 ephemeral ports
+// — what Client::local runs on, the stand-in for JAX's simulated CPU devices.
+#ifndef TESSERA_CLIENT_LOCAL_CLUSTER_H_
+#define TESSERA_CLIENT_LOCAL_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/coordinator_server.h"
+#include "tessera/client.h"
+#include "worker/worker_server.h"
+
+namespace tessera::internal {
+
+class LocalCluster {
+ public:
+  // Starts the coordinator, then the workers as devices 0 .. num_devices - 1.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> start(int num_devices, const LocalOptions& options);
+  ~LocalCluster();
+
+  std::string coordinator_address() const { return coordinator_->address(); }
+
+ private:
+  LocalCluster() = default;
+  std::unique_ptr<CoordinatorServer> coordinator_;
+  std::vector<std::unique_ptr<WorkerServer>> workers_;
+};
+
+}  // namespace tessera::internal
+
+#endif  // TESSERA_CLIENT_LOCAL_CLUSTER_H_

@@ -1,0 +1,31 @@
+// Shard transfers between this process and a worker, in chunks of at most kMaxChunkBytes,
+// straight from and into the global host array when the block is contiguous there.
+#ifndef TESSERA_CLIENT_TRANSFER_H_
+#define TESSERA_CLIENT_TRANSFER_H_
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/host_array.h"
+#include "core/sharding.h"
+#include "proto/tessera.grpc.pb.h"
+
+namespace tessera::internal {
+
+// Uploads block `index` of `global` as buffer `buffer_id`. Errors are prefixed with `who`.
+absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostArray& global, const Index& index,
+                       const std::string& who);
+
+// Downloads buffer `buffer_id` into block `index` of `global`, checking that the worker's
+// dtype and shape are the ones expected (DATA_LOSS otherwise).
+absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& index, HostArray* global,
+                       const std::string& who);
+
+// Runs task(0) .. task(n - 1) on their own threads; returns the first error by task index.
+absl::Status run_parallel(int n, const std::function<absl::Status(int)>& task);
+
+}  // namespace tessera::internal
+
+#endif  // TESSERA_CLIENT_TRANSFER_H_

@@ -1,0 +1,41 @@
+// CoordinatorServer: the Coordinator gRPC service — device registry with heartbeats,
+// topology for clients, array metadata, and deletion fan-out to the workers.
+//
+// Used by tessera-coordinator (coordinator/main.cc) and by Client::local's embedded cluster.
+//
+//   absl::StatusOr<std::unique_ptr<CoordinatorServer>> c = CoordinatorServer::start({});
+//   (*c)->address();    // "127.0.0.1:<ephemeral port>"
+#ifndef TESSERA_COORDINATOR_COORDINATOR_SERVER_H_
+#define TESSERA_COORDINATOR_COORDINATOR_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tessera {
+
+struct CoordinatorOptions {
+  std::string host = "127.0.0.1";  // address to listen on
+  int port = 0;                    // 0: an ephemeral port
+  // Workers heartbeat every interval; one silent for `heartbeat_timeout` is marked lost.
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+};
+
+class CoordinatorServer {
+ public:
+  // UNAVAILABLE if the port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> start(const CoordinatorOptions& options);
+
+  virtual ~CoordinatorServer() = default;
+  virtual std::string address() const = 0;
+  virtual int port() const = 0;
+  // Stops the service and the heartbeat monitor. Idempotent.
+  virtual void shutdown() = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COORDINATOR_COORDINATOR_SERVER_H_

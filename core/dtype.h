@@ -1,0 +1,39 @@
+// DType: the element types Tessera arrays can hold.
+//
+//   DType t = dtype_of<float>();          // DType::kF32
+//   dtype_size(t) == 4; dtype_name(t) == "float32"
+#ifndef TESSERA_CORE_DTYPE_H_
+#define TESSERA_CORE_DTYPE_H_
+
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+enum class DType : uint8_t { kF32, kF64, kI32, kI64, kBool };
+
+inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kI64,
+                                       DType::kBool};
+
+// Bytes per element (bool is one byte, as in numpy).
+int64_t dtype_size(DType dtype);
+
+// numpy's name: "float32", "float64", "int32", "int64", "bool".
+std::string dtype_name(DType dtype);
+
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::kF32; }
+template <>
+constexpr DType dtype_of<double>() { return DType::kF64; }
+template <>
+constexpr DType dtype_of<int32_t>() { return DType::kI32; }
+template <>
+constexpr DType dtype_of<int64_t>() { return DType::kI64; }
+template <>
+constexpr DType dtype_of<bool>() { return DType::kBool; }
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_DTYPE_H_

@@ -1,0 +1,99 @@
+// HostArray: a dense, row-major, dtype-erased array in this process's memory.
+//
+// It is what device_put takes and what fetching returns. Its storage is one 64-byte aligned
+// block; core/xtensor_interop.h views it as an xtensor expression without copying.
+//
+//   HostArray x = HostArray::from_vector<float>({2, 3}, {0, 1, 2, 3, 4, 5});
+//   x.values<float>()[4] == 4.0f;
+//   HostArray y = x.clone();   // HostArray is move-only; copies are explicit
+#ifndef TESSERA_CORE_HOST_ARRAY_H_
+#define TESSERA_CORE_HOST_ARRAY_H_
+
+#include <cassert>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "core/dtype.h"
+#include "core/shape.h"
+
+namespace tessera {
+
+class HostArray {
+ public:
+  // An empty float32 scalar-less array of shape (0,).
+  HostArray() : HostArray(DType::kF32, Shape{0}) {}
+
+  // Uninitialized storage. REQUIRES: validate_shape(shape, dtype_size(dtype), ...) is OK.
+  HostArray(DType dtype, Shape shape);
+
+  static HostArray zeros(DType dtype, Shape shape);
+  static HostArray ones(DType dtype, Shape shape);
+  // Element i (row-major) holds i converted to dtype; for bool, i % 2 == 1.
+  static HostArray arange(DType dtype, Shape shape);
+
+  template <typename T>
+  static HostArray from_vector(Shape shape, const std::vector<T>& values) {
+    HostArray a(dtype_of<T>(), std::move(shape));
+    assert(static_cast<int64_t>(values.size()) == a.size());
+    if constexpr (std::is_same_v<T, bool>) {
+      for (size_t i = 0; i < values.size(); ++i) a.mutable_values<bool>()[i] = values[i];
+    } else if (!values.empty()) {
+      std::memcpy(a.data(), values.data(), values.size() * sizeof(T));
+    }
+    return a;
+  }
+
+  HostArray(HostArray&&) noexcept = default;
+  HostArray& operator=(HostArray&&) noexcept = default;
+  HostArray(const HostArray&) = delete;
+  HostArray& operator=(const HostArray&) = delete;
+
+  HostArray clone() const;
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t size() const { return size_; }
+  int64_t nbytes() const { return size_ * dtype_size(dtype_); }
+
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+
+  // REQUIRES: dtype_of<T>() == dtype().
+  template <typename T>
+  absl::Span<const T> values() const {
+    assert(dtype_of<T>() == dtype_);
+    return absl::Span<const T>(reinterpret_cast<const T*>(data_.get()), static_cast<size_t>(size_));
+  }
+  template <typename T>
+  absl::Span<T> mutable_values() {
+    assert(dtype_of<T>() == dtype_);
+    return absl::Span<T>(reinterpret_cast<T*>(data_.get()), static_cast<size_t>(size_));
+  }
+
+  // Element i (row-major) as a double, whatever the dtype; for messages and tests.
+  double element_as_double(int64_t i) const;
+
+  // Same dtype, shape and bytes.
+  bool operator==(const HostArray& other) const;
+  bool operator!=(const HostArray& other) const { return !(*this == other); }
+
+ private:
+  struct FreeDeleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+
+  DType dtype_;
+  Shape shape_;
+  int64_t size_;
+  std::unique_ptr<std::byte, FreeDeleter> data_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_HOST_ARRAY_H_

@@ -1,0 +1,68 @@
+// Mesh: devices arranged as an n-dimensional grid with named axes, as jax.sharding.Mesh.
+//
+// Device ids are stored row-major over the grid: on a (4, 2) mesh ("data", "model") built by
+// make_mesh from devices 0..7, the device at coordinates (i, j) is 2 * i + j, as JAX orders
+// CPU devices.
+//
+//   absl::StatusOr<Mesh> mesh = make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+//   mesh->axis_size("data") == 4; mesh->device_at({3, 1}) == 7;
+#ifndef TESSERA_CORE_MESH_H_
+#define TESSERA_CORE_MESH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tessera {
+
+class Mesh {
+ public:
+  // INVALID_ARGUMENT when: shape and axis_names differ in length; an axis size is < 1; an axis
+  // name is empty or repeated; device_ids has not exactly prod(shape) entries, or repeats an
+  // id, or holds a negative id.
+  static absl::StatusOr<Mesh> create(std::vector<int64_t> shape, std::vector<std::string> axis_names,
+                                     std::vector<int> device_ids);
+
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const std::vector<std::string>& axis_names() const { return axis_names_; }
+  const std::vector<int>& device_ids() const { return device_ids_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t size() const { return static_cast<int64_t>(device_ids_.size()); }
+
+  // Position of `name` among the axes, or -1.
+  int axis_index(absl::string_view name) const;
+  // REQUIRES: axis_index(name) >= 0.
+  int64_t axis_size(absl::string_view name) const;
+
+  // Grid coordinates of the device at row-major position `position`.
+  std::vector<int64_t> coords(int64_t position) const;
+  int device_at(const std::vector<int64_t>& coords) const;
+
+  // "Mesh('data': 4, 'model': 2)", as JAX prints a mesh.
+  std::string to_string() const;
+
+  bool operator==(const Mesh& other) const {
+    return shape_ == other.shape_ && axis_names_ == other.axis_names_ &&
+           device_ids_ == other.device_ids_;
+  }
+  bool operator!=(const Mesh& other) const { return !(*this == other); }
+
+ private:
+  Mesh() = default;
+
+  std::vector<int64_t> shape_;
+  std::vector<std::string> axis_names_;
+  std::vector<int> device_ids_;
+};
+
+// jax.make_mesh: the devices, taken in the given order, laid row-major over `shape`.
+// INVALID_ARGUMENT when prod(shape) differs from the number of devices, or as Mesh::create.
+absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
+                               std::vector<int> devices);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_MESH_H_

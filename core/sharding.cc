@@ -1,0 +1,112 @@
+#include "core/sharding.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tessera {
+
+std::string index_to_string(const Index& index) {
+  return absl::StrCat("[", absl::StrJoin(index, ", ", [](std::string* out, const Slice& s) {
+                        absl::StrAppend(out, s.start, ":", s.stop);
+                      }), "]");
+}
+
+absl::Status NamedSharding::validate_spec() const {
+  std::set<std::string> seen;
+  for (int d = 0; d < spec_.size(); ++d) {
+    for (const std::string& axis : spec_.axes(d)) {
+      if (mesh_.axis_index(axis) < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sharding ", spec_.to_string(), ": axis '", axis, "' of dimension ", d,
+            " is not in the mesh; its axes are ('", absl::StrJoin(mesh_.axis_names(), "', '"), "')"));
+      }
+      if (!seen.insert(axis).second) {
+        return absl::InvalidArgumentError(absl::StrCat("sharding ", spec_.to_string(), ": mesh axis '",
+                                                       axis, "' is used more than once"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NamedSharding::validate(const Shape& shape) const {
+  absl::Status spec_status = validate_spec();
+  if (!spec_status.ok()) return spec_status;
+  if (spec_.size() > static_cast<int>(shape.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sharding ", spec_.to_string(), " has ", spec_.size(), " entries but the array of shape ",
+        shape_to_string(shape), " has rank ", shape.size()));
+  }
+  for (int d = 0; d < spec_.size(); ++d) {
+    const Axes& axes = spec_.axes(d);
+    if (axes.empty()) continue;
+    int64_t blocks = num_blocks(d);
+    if (shape[d] % blocks == 0) continue;
+    if (axes.size() == 1) {
+      return absl::InvalidArgumentError(absl::StrCat("sharding ", spec_.to_string(), ": dimension ", d,
+                                                     " of size ", shape[d], " is not divisible by mesh axis '",
+                                                     axes[0], "' of size ", blocks));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sharding ", spec_.to_string(), ": dimension ", d, " of size ", shape[d],
+        " is not divisible by mesh axes ('", absl::StrJoin(axes, "', '"), "') of total size ", blocks));
+  }
+  return absl::OkStatus();
+}
+
+int64_t NamedSharding::num_blocks(int dim) const {
+  int64_t n = 1;
+  for (const std::string& axis : spec_.axes(dim)) n *= mesh_.axis_size(axis);
+  return n;
+}
+
+Shape NamedSharding::shard_shape(const Shape& shape) const {
+  Shape out = shape;
+  for (int d = 0; d < spec_.size(); ++d) out[d] /= num_blocks(d);
+  return out;
+}
+
+std::vector<DeviceShard> NamedSharding::device_shards(const Shape& shape) const {
+  const Shape block = shard_shape(shape);
+  // Axes that split no dimension number the replicas, in mesh order.
+  std::vector<bool> used(mesh_.rank(), false);
+  for (const std::string& axis : spec_.used_axes()) used[mesh_.axis_index(axis)] = true;
+
+  std::vector<DeviceShard> out;
+  out.reserve(static_cast<size_t>(mesh_.size()));
+  for (int64_t pos = 0; pos < mesh_.size(); ++pos) {
+    const std::vector<int64_t> c = mesh_.coords(pos);
+    DeviceShard shard;
+    shard.device_id = mesh_.device_ids()[pos];
+    shard.mesh_position = pos;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      int64_t block_index = 0;
+      for (const std::string& axis : spec_.axes(static_cast<int>(d))) {
+        int a = mesh_.axis_index(axis);
+        block_index = block_index * mesh_.shape()[a] + c[a];
+      }
+      shard.index.push_back({block_index * block[d], (block_index + 1) * block[d]});
+    }
+    for (int a = 0; a < mesh_.rank(); ++a) {
+      if (!used[a]) shard.replica_id = shard.replica_id * mesh_.shape()[a] + c[a];
+    }
+    out.push_back(std::move(shard));
+  }
+  return out;
+}
+
+bool NamedSharding::is_fully_replicated() const { return num_replicas() == mesh_.size(); }
+
+int64_t NamedSharding::num_replicas() const {
+  int64_t n = mesh_.size();
+  for (const std::string& axis : spec_.used_axes()) n /= mesh_.axis_size(axis);
+  return n;
+}
+
+std::string NamedSharding::to_string() const {
+  return absl::StrCat("NamedSharding(mesh=", mesh_.to_string(), ", spec=", spec_.to_string(), ")");
+}
+
+}  // namespace tessera

@@ -1,0 +1,43 @@
+// Conversions between the core model and its wire form (proto/tessera.proto).
+//
+// Everything arriving from the wire is validated here: a message that does not describe a
+// valid value yields INVALID_ARGUMENT naming the field and the rule it breaks. The generated
+// proto types are only forward-declared, so this header stays light.
+//
+//   pb::NamedSharding msg;  to_proto(sharding, &msg);
+//   TESSERA_ASSIGN_OR_RETURN(NamedSharding back, sharding_from_proto(msg));
+#ifndef TESSERA_CORE_WIRE_H_
+#define TESSERA_CORE_WIRE_H_
+
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "core/mesh.h"
+#include "core/sharding.h"
+#include "core/shape.h"
+
+namespace tessera {
+namespace pb {
+enum DType : int;
+class Shape;
+class Mesh;
+class PartitionSpec;
+class NamedSharding;
+}  // namespace pb
+
+pb::DType to_proto(DType dtype);
+absl::StatusOr<DType> dtype_from_proto(int dtype);
+
+void to_proto(const Shape& shape, pb::Shape* out);
+// Also checks that the byte size of a `dtype` array of this shape fits int64.
+absl::StatusOr<Shape> shape_from_proto(const pb::Shape& shape, DType dtype);
+
+void to_proto(const Mesh& mesh, pb::Mesh* out);
+absl::StatusOr<Mesh> mesh_from_proto(const pb::Mesh& mesh);
+
+void to_proto(const NamedSharding& sharding, pb::NamedSharding* out);
+// Validates the mesh and the spec against it (not against any array shape).
+absl::StatusOr<NamedSharding> sharding_from_proto(const pb::NamedSharding& sharding);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_WIRE_H_

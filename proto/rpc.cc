@@ -1,0 +1,49 @@
+#include "proto/rpc.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace tessera {
+
+absl::Duration transfer_deadline(int64_t bytes) {
+  constexpr double kFloorBytesPerSecond = 16.0 * (1 << 20);
+  return kControlDeadline + absl::Seconds(static_cast<double>(bytes) / kFloorBytesPerSecond);
+}
+
+grpc::Status to_grpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status from_grpc(const grpc::Status& status, absl::string_view who) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(who, ": ", status.error_message()));
+}
+
+void set_deadline(grpc::ClientContext* ctx, absl::Duration timeout) {
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(timeout));
+}
+
+absl::Status check_protocol_version(uint32_t theirs, absl::string_view who) {
+  if (theirs == kProtocolVersion) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(who, " speaks Tessera protocol version ", theirs, " but this build speaks version ",
+                   kProtocolVersion, "; run matching builds of the client, coordinator and workers"));
+}
+
+std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  // Shards travel in chunks of at most kMaxChunkBytes; leave headroom for framing.
+  args.SetMaxReceiveMessageSize(static_cast<int>(4 * kMaxChunkBytes));
+  // Fail fast on a dead peer instead of backing off for minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace tessera

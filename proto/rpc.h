@@ -1,0 +1,54 @@
+// The gRPC edge: protocol version, status conversion, and client-side deadlines.
+//
+// gRPC 1.51 has no absl::Status bridge; every service and stub converts here, once.
+//
+//   grpc::Status s = stub->Foo(&ctx, req, &reply);
+//   absl::Status st = tessera::from_grpc(s, "device 3 (127.0.0.1:4711)");
+#ifndef TESSERA_PROTO_RPC_H_
+#define TESSERA_PROTO_RPC_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/status.h"
+
+namespace tessera {
+
+// Bump on any incompatible change to proto/tessera.proto.
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
+inline constexpr int64_t kMaxChunkBytes = 1 << 20;
+
+// Deadline of a small control RPC.
+inline constexpr absl::Duration kControlDeadline = absl::Seconds(10);
+
+// Deadline of a transfer of `bytes`: a base plus a floor rate of 16 MiB/s, so a stuck peer
+// fails a transfer within bounded time while a slow but live one completes.
+absl::Duration transfer_deadline(int64_t bytes);
+
+// An OK grpc::Status carries no message; everything else keeps code and message.
+grpc::Status to_grpc(const absl::Status& status);
+
+// Converts a gRPC status to absl, prefixing the message with `who` (the peer), so the
+// caller sees which device or service failed.
+absl::Status from_grpc(const grpc::Status& status, absl::string_view who);
+
+// Sets the deadline of `ctx` to now + `timeout`.
+void set_deadline(grpc::ClientContext* ctx, absl::Duration timeout);
+
+// Checks a peer's protocol version against ours.
+absl::Status check_protocol_version(uint32_t theirs, absl::string_view who);
+
+// An insecure channel to `address` with the limits Tessera uses everywhere.
+std::shared_ptr<grpc::Channel> make_channel(const std::string& address);
+
+}  // namespace tessera
+
+#endif  // TESSERA_PROTO_RPC_H_

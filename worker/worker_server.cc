@@ -1,0 +1,230 @@
+#include "worker/worker_server.h"
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "core/slicing.h"
+#include "core/status.h"
+#include "core/wire.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rpc.h"
+#include "proto/tessera.grpc.pb.h"
+#include "worker/buffer_store.h"
+
+namespace tessera {
+namespace {
+
+class WorkerService final : public pb::Worker::Service {
+ public:
+  explicit WorkerService(int64_t memory_bytes) : store_(memory_bytes) {}
+
+  void set_device_id(int id) { device_id_ = id; }
+
+  grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req,
+                         pb::HandshakeReply* reply) override {
+    reply->set_protocol_version(kProtocolVersion);
+    reply->set_server(absl::StrCat("tessera-worker device ", device_id_.load()));
+    return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
+  }
+
+  grpc::Status PutShard(grpc::ServerContext*, grpc::ServerReader<pb::ShardChunk>* reader,
+                        pb::PutShardReply* reply) override {
+    pb::ShardChunk chunk;
+    if (!reader->Read(&chunk)) return to_grpc(absl::InvalidArgumentError("PutShard: empty stream"));
+    if (!chunk.has_header()) {
+      return to_grpc(absl::InvalidArgumentError("PutShard: the first message must carry the shard header"));
+    }
+    absl::StatusOr<std::shared_ptr<HostArray>> data = begin_put(chunk.header());
+    if (!data.ok()) return to_grpc(data.status());
+    const uint64_t id = chunk.header().buffer_id();
+    absl::Status status = receive_put(reader, &chunk, data->get());
+    if (!status.ok()) {
+      store_.cancel(id);
+      return to_grpc(status);
+    }
+    reply->set_bytes((*data)->nbytes());
+    store_.commit(id, std::move(*data));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetShard(grpc::ServerContext* ctx, const pb::GetShardRequest* req,
+                        grpc::ServerWriter<pb::ShardChunk>* writer) override {
+    absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_.get(req->buffer_id());
+    if (!buffer.ok()) return to_grpc(buffer.status());
+    const HostArray& data = **buffer;
+    pb::ShardChunk chunk;
+    chunk.mutable_header()->set_buffer_id(req->buffer_id());
+    chunk.mutable_header()->set_dtype(to_proto(data.dtype()));
+    to_proto(data.shape(), chunk.mutable_header()->mutable_shape());
+    int64_t offset = 0;
+    do {
+      const int64_t n = std::min(kMaxChunkBytes, data.nbytes() - offset);
+      chunk.set_data(data.data() + offset, static_cast<size_t>(n));
+      offset += n;
+      if (ctx->IsCancelled() || !writer->Write(chunk)) {
+        return to_grpc(absl::CancelledError("GetShard: the reader went away"));
+      }
+      chunk.clear_header();
+    } while (offset < data.nbytes());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DeleteBuffers(grpc::ServerContext*, const pb::DeleteBuffersRequest* req,
+                             pb::DeleteBuffersReply* reply) override {
+    reply->set_deleted(store_.erase(std::vector<uint64_t>(req->buffer_ids().begin(), req->buffer_ids().end())));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetStats(grpc::ServerContext*, const pb::GetStatsRequest*, pb::WorkerStats* reply) override {
+    BufferStore::Stats stats = store_.stats();
+    reply->set_device_id(device_id_.load());
+    reply->set_buffer_count(stats.buffer_count);
+    reply->set_bytes_used(stats.bytes_used);
+    reply->set_memory_limit_bytes(stats.limit_bytes);
+    return grpc::Status::OK;
+  }
+
+ private:
+  // Validates the header, reserves the memory and allocates the destination.
+  absl::StatusOr<std::shared_ptr<HostArray>> begin_put(const pb::ShardHeader& header) {
+    if (header.buffer_id() == 0) return absl::InvalidArgumentError("PutShard: buffer id 0 is reserved");
+    TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(header.dtype()));
+    TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(header.shape(), dtype));
+    const int64_t bytes = num_elements(shape) * dtype_size(dtype);
+    TESSERA_RETURN_IF_ERROR(store_.reserve(header.buffer_id(), bytes));
+    return std::make_shared<HostArray>(dtype, std::move(shape));
+  }
+
+  // Reads every chunk into `data`; `chunk` holds the first message.
+  static absl::Status receive_put(grpc::ServerReader<pb::ShardChunk>* reader, pb::ShardChunk* chunk,
+                                  HostArray* data) {
+    int64_t offset = 0;
+    int64_t index = 0;
+    do {
+      if (index > 0 && chunk->has_header()) {
+        return absl::InvalidArgumentError(absl::StrCat("PutShard: message ", index, " repeats the header"));
+      }
+      const int64_t n = static_cast<int64_t>(chunk->data().size());
+      if (n > kMaxChunkBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("PutShard: chunk ", index, " holds ", n,
+                                                       " bytes; the limit is ", kMaxChunkBytes));
+      }
+      if (n > data->nbytes() - offset) {
+        return absl::InvalidArgumentError(absl::StrCat("PutShard: more data than the shape ",
+                                                       shape_to_string(data->shape()), " of ",
+                                                       dtype_name(data->dtype()), " holds (",
+                                                       data->nbytes(), " bytes)"));
+      }
+      std::memcpy(data->data() + offset, chunk->data().data(), static_cast<size_t>(n));
+      offset += n;
+      ++index;
+    } while (reader->Read(chunk));
+    if (offset != data->nbytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("PutShard: received ", offset, " bytes but the shape ",
+                                                     shape_to_string(data->shape()), " of ",
+                                                     dtype_name(data->dtype()), " needs ", data->nbytes()));
+    }
+    return absl::OkStatus();
+  }
+
+  std::atomic<int> device_id_{-1};
+  BufferStore store_;
+};
+
+class WorkerServerImpl final : public WorkerServer {
+ public:
+  explicit WorkerServerImpl(const WorkerOptions& options) : options_(options), service_(options.memory_bytes) {}
+  ~WorkerServerImpl() override { shutdown(); }
+
+  absl::Status init() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), grpc::InsecureServerCredentials(),
+                             &port);
+    builder.SetMaxReceiveMessageSize(static_cast<int>(4 * kMaxChunkBytes));
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("tessera-worker: cannot listen on ", options_.host, ":", options_.port));
+    }
+    address_ = absl::StrCat(options_.host, ":", port);
+
+    coordinator_ = pb::Coordinator::NewStub(make_channel(options_.coordinator_address));
+    pb::RegisterWorkerRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_name(options_.name.empty() ? address_ : options_.name);
+    req.set_address(address_);
+    req.set_requested_device_id(options_.device_id);
+    req.set_memory_bytes(options_.memory_bytes);
+    pb::RegisterWorkerReply reply;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, options_.register_timeout);
+    ctx.set_wait_for_ready(true);  // the coordinator may still be starting
+    TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->RegisterWorker(&ctx, req, &reply),
+                                      absl::StrCat("coordinator ", options_.coordinator_address)));
+    device_id_ = reply.device_id();
+    incarnation_ = reply.incarnation();
+    service_.set_device_id(device_id_);
+    heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, reply.heartbeat_interval_ms()));
+    heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
+    return absl::OkStatus();
+  }
+
+  int device_id() const override { return device_id_; }
+  std::string address() const override { return address_; }
+
+  void shutdown() override {
+    if (!stopping_.HasBeenNotified()) stopping_.Notify();
+    if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      server_->Wait();
+      server_.reset();
+    }
+  }
+
+ private:
+  void heartbeat_loop() {
+    while (!stopping_.WaitForNotificationWithTimeout(heartbeat_interval_)) {
+      pb::HeartbeatRequest req;
+      req.set_device_id(device_id_);
+      req.set_incarnation(incarnation_);
+      pb::HeartbeatReply reply;
+      grpc::ClientContext ctx;
+      set_deadline(&ctx, heartbeat_interval_ * 4);
+      // A missed heartbeat is not fatal: the coordinator decides when a device is lost.
+      coordinator_->Heartbeat(&ctx, req, &reply);
+    }
+  }
+
+  // Constant after init().
+  const WorkerOptions options_;
+  WorkerService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<pb::Coordinator::Stub> coordinator_;
+  std::string address_;
+  int device_id_ = -1;
+  uint64_t incarnation_ = 0;
+  absl::Duration heartbeat_interval_;
+
+  absl::Notification stopping_;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::start(const WorkerOptions& options) {
+  if (options.memory_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tessera-worker: memory_bytes must be positive, got ", options.memory_bytes));
+  }
+  auto server = std::make_unique<WorkerServerImpl>(options);
+  TESSERA_RETURN_IF_ERROR(server->init());
+  return std::unique_ptr<WorkerServer>(std::move(server));
+}
+
+}  // namespace tessera
