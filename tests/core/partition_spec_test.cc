@@ -1,0 +1,86 @@
+// PartitionSpec: construction, printing exactly as JAX prints specs, and equality up to
+// trailing Nones.
+#include "core/partition_spec.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+TEST(PartitionSpec, ToStringAsJax) {
+  const std::vector<std::pair<PartitionSpec, std::string>> cases = {
+      {P("data", None), "P('data', None)"},
+      {P(None, "model"), "P(None, 'model')"},
+      {P("data", "model"), "P('data', 'model')"},
+      {P(Axes{"data", "model"}), "P(('data', 'model'),)"},
+      {P(Axes{"model", "data"}), "P(('model', 'data'),)"},
+      {P(Axes{"data", "model"}, None), "P(('data', 'model'), None)"},
+      {P(None, Axes{"model", "data"}), "P(None, ('model', 'data'))"},
+      {P(), "P()"},
+      // One entry: Python's one-element tuple repr keeps the trailing comma.
+      {P("data"), "P('data',)"},
+      {P(None), "P(None,)"},
+      {P(std::string("model")), "P('model',)"},
+  };
+  for (const auto& [spec, text] : cases) EXPECT_EQ(spec.to_string(), text);
+}
+
+TEST(PartitionSpec, EntriesAsWritten) {
+  PartitionSpec spec = P(Axes{"data", "model"}, None, "expert");
+  EXPECT_EQ(spec.size(), 3);
+  EXPECT_THAT(spec.axes(0), ElementsAre("data", "model"));
+  EXPECT_THAT(spec.axes(1), IsEmpty());
+  EXPECT_THAT(spec.axes(2), ElementsAre("expert"));
+  EXPECT_THAT(spec.axes(3), IsEmpty());  // past the end: None
+  EXPECT_THAT(spec.axes(-1), IsEmpty());
+  EXPECT_EQ(spec.dims(), (std::vector<Axes>{{"data", "model"}, {}, {"expert"}}));
+
+  EXPECT_EQ(P().size(), 0);
+  EXPECT_EQ(P("data", None).size(), 2);  // trailing Nones are kept as written
+  EXPECT_EQ(PartitionSpec(std::vector<Axes>{{"data"}, {}}).to_string(), "P('data', None)");
+}
+
+TEST(PartitionSpec, UsedAxesInOrderOfAppearance) {
+  EXPECT_THAT(P(None, "model", Axes{"expert", "data"}).used_axes(),
+              ElementsAre("model", "expert", "data"));
+  EXPECT_THAT(P(Axes{"model", "data"}).used_axes(), ElementsAre("model", "data"));
+  EXPECT_THAT(P().used_axes(), IsEmpty());
+  EXPECT_THAT(P(None, None).used_axes(), IsEmpty());
+}
+
+TEST(PartitionSpec, TrailingNonesAreInsignificant) {
+  EXPECT_EQ(P("data"), P("data", None));
+  EXPECT_EQ(P("data", None), P("data"));
+  EXPECT_EQ(P("data"), P("data", None, None));
+  EXPECT_EQ(P(), P(None));
+  EXPECT_EQ(P(None, None), P());
+  EXPECT_EQ(P(None, "model"), P(None, "model", None));
+  EXPECT_EQ(P(Axes{"data", "model"}), P(Axes{"data", "model"}, None));
+}
+
+// JAX canonicalizes a one-axis tuple to the bare axis: P(('data',)) == P('data').
+TEST(PartitionSpec, OneAxisTupleIsTheAxis) {
+  EXPECT_EQ(P(Axes{"data"}), P("data"));
+  EXPECT_EQ(P(Axes{"data"}).to_string(), "P('data',)");
+  EXPECT_EQ(P(None, Axes{"model"}).to_string(), "P(None, 'model')");
+}
+
+TEST(PartitionSpec, LeadingNonesAndOrderMatter) {
+  EXPECT_NE(P("data"), P(None, "data"));
+  EXPECT_NE(P("data", "model"), P("model", "data"));
+  EXPECT_NE(P(Axes{"data", "model"}), P(Axes{"model", "data"}));
+  EXPECT_NE(P(Axes{"data", "model"}), P("data", "model"));
+  EXPECT_NE(P("data"), P());
+  EXPECT_NE(P(None, "model"), P(None, "model", "data"));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,369 @@
+// Mesh and NamedSharding against JAX's documented semantics.
+//
+// The layout tables below are written out by hand from JAX's rules, on a (4, 2) mesh
+// ("data", "model") of devices 0..7 laid row-major, so the device at coordinates (i, j) is
+// 2 * i + j (jax.make_mesh's order for CPU devices):
+//   - dimension d is split into prod(sizes of spec[d]) blocks; a device holds block
+//     linearize(coords on those axes), the first axis major;
+//   - replica_id (JAX's Shard.replica_id) is the device's rank, in mesh order, among the
+//     devices holding the same block.
+#include "core/sharding.h"
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/mesh.h"
+#include "core/partition_spec.h"
+#include "core/shape.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+
+// Readable failure messages for Index comparisons.
+inline void PrintTo(const Slice& s, std::ostream* os) { *os << s.start << ":" << s.stop; }
+
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::vector<int> kDevices = {0, 1, 2, 3, 4, 5, 6, 7};
+
+Mesh Mesh4x2() { return make_mesh({4, 2}, {"data", "model"}, kDevices).value(); }
+
+// What one device must hold: its block of the global array and its replica id.
+struct Expected {
+  Index index;
+  int64_t replica_id;
+};
+
+// Checks every derived quantity of NamedSharding(Mesh4x2(), spec) on `shape`.
+void CheckLayout(const Shape& shape, const PartitionSpec& spec, const Shape& shard_shape,
+                 int64_t num_replicas, bool fully_replicated, const std::vector<Expected>& expected) {
+  SCOPED_TRACE(spec.to_string() + " on " + shape_to_string(shape));
+  NamedSharding sharding(Mesh4x2(), spec);
+  absl::Status status = sharding.validate(shape);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(sharding.shard_shape(shape), shard_shape);
+  EXPECT_EQ(sharding.num_replicas(), num_replicas);
+  EXPECT_EQ(sharding.is_fully_replicated(), fully_replicated);
+
+  std::vector<DeviceShard> shards = sharding.device_shards(shape);
+  ASSERT_EQ(shards.size(), expected.size());
+  for (size_t d = 0; d < expected.size(); ++d) {
+    SCOPED_TRACE("device " + std::to_string(d));
+    EXPECT_EQ(shards[d].device_id, static_cast<int>(d));
+    EXPECT_EQ(shards[d].mesh_position, static_cast<int64_t>(d));
+    EXPECT_EQ(shards[d].index, expected[d].index);
+    EXPECT_EQ(shards[d].replica_id, expected[d].replica_id);
+  }
+}
+
+// ---- Mesh ----------------------------------------------------------------------------------
+
+TEST(Mesh, MakeMesh4x2IsRowMajor) {
+  Mesh mesh = Mesh4x2();
+  EXPECT_EQ(mesh.shape(), (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(mesh.axis_names(), (std::vector<std::string>{"data", "model"}));
+  EXPECT_EQ(mesh.device_ids(), kDevices);
+  EXPECT_EQ(mesh.rank(), 2);
+  EXPECT_EQ(mesh.size(), 8);
+  EXPECT_EQ(mesh.axis_index("data"), 0);
+  EXPECT_EQ(mesh.axis_index("model"), 1);
+  EXPECT_EQ(mesh.axis_index("expert"), -1);
+  EXPECT_EQ(mesh.axis_size("data"), 4);
+  EXPECT_EQ(mesh.axis_size("model"), 2);
+
+  const std::vector<std::vector<int64_t>> coords = {{0, 0}, {0, 1}, {1, 0}, {1, 1},
+                                                    {2, 0}, {2, 1}, {3, 0}, {3, 1}};
+  for (size_t p = 0; p < coords.size(); ++p) {
+    EXPECT_EQ(mesh.coords(static_cast<int64_t>(p)), coords[p]) << "position " << p;
+    EXPECT_EQ(mesh.device_at(coords[p]), static_cast<int>(p)) << "position " << p;
+  }
+}
+
+TEST(Mesh, DeviceAtFollowsGivenDeviceOrder) {
+  Mesh mesh = make_mesh({4, 2}, {"data", "model"}, {7, 6, 5, 4, 3, 2, 1, 0}).value();
+  EXPECT_EQ(mesh.device_at({0, 0}), 7);
+  EXPECT_EQ(mesh.device_at({1, 1}), 4);
+  EXPECT_EQ(mesh.device_at({3, 1}), 0);
+  EXPECT_NE(mesh, Mesh4x2());
+  EXPECT_EQ(Mesh4x2(), Mesh4x2());
+}
+
+TEST(Mesh, ToStringAsJax) {
+  EXPECT_EQ(Mesh4x2().to_string(), "Mesh('data': 4, 'model': 2)");
+  EXPECT_EQ(make_mesh({8}, {"x"}, kDevices).value().to_string(), "Mesh('x': 8)");
+}
+
+TEST(Mesh, WrongDeviceCount) {
+  absl::StatusOr<Mesh> mesh = make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6});
+  ASSERT_EQ(mesh.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mesh.status().message(), HasSubstr("8 devices"));
+  EXPECT_THAT(mesh.status().message(), HasSubstr("7"));
+
+  mesh = Mesh::create({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7, 8});
+  ASSERT_EQ(mesh.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mesh.status().message(), HasSubstr("9"));
+}
+
+TEST(Mesh, DuplicateDevice) {
+  absl::StatusOr<Mesh> mesh = Mesh::create({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 6});
+  ASSERT_EQ(mesh.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mesh.status().message(), HasSubstr("device 6"));
+}
+
+TEST(Mesh, RepeatedAxisName) {
+  absl::StatusOr<Mesh> mesh = Mesh::create({4, 2}, {"data", "data"}, kDevices);
+  ASSERT_EQ(mesh.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mesh.status().message(), HasSubstr("'data'"));
+}
+
+TEST(Mesh, OtherInvalidArguments) {
+  EXPECT_EQ(Mesh::create({4, 2}, {"data"}, kDevices).status().code(),
+            absl::StatusCode::kInvalidArgument);  // names and shape differ in length
+  EXPECT_EQ(Mesh::create({8, 0}, {"data", "model"}, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // axis of size 0
+  EXPECT_EQ(Mesh::create({4, 2}, {"data", ""}, kDevices).status().code(),
+            absl::StatusCode::kInvalidArgument);  // empty name
+  EXPECT_EQ(Mesh::create({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, -1}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // negative id
+}
+
+// ---- Layout tables: (8, 2) -------------------------------------------------------------------
+
+TEST(Sharding, DataNoneOn4x2Mesh8x2) {
+  CheckLayout({8, 2}, P("data", None), {2, 2}, 2, false,
+              {{{{0, 2}, {0, 2}}, 0}, {{{0, 2}, {0, 2}}, 1},
+               {{{2, 4}, {0, 2}}, 0}, {{{2, 4}, {0, 2}}, 1},
+               {{{4, 6}, {0, 2}}, 0}, {{{4, 6}, {0, 2}}, 1},
+               {{{6, 8}, {0, 2}}, 0}, {{{6, 8}, {0, 2}}, 1}});
+}
+
+TEST(Sharding, NoneModelOn4x2Mesh8x2) {
+  CheckLayout({8, 2}, P(None, "model"), {8, 1}, 4, false,
+              {{{{0, 8}, {0, 1}}, 0}, {{{0, 8}, {1, 2}}, 0},
+               {{{0, 8}, {0, 1}}, 1}, {{{0, 8}, {1, 2}}, 1},
+               {{{0, 8}, {0, 1}}, 2}, {{{0, 8}, {1, 2}}, 2},
+               {{{0, 8}, {0, 1}}, 3}, {{{0, 8}, {1, 2}}, 3}});
+}
+
+TEST(Sharding, DataModelOn4x2Mesh8x2) {
+  CheckLayout({8, 2}, P("data", "model"), {2, 1}, 1, false,
+              {{{{0, 2}, {0, 1}}, 0}, {{{0, 2}, {1, 2}}, 0},
+               {{{2, 4}, {0, 1}}, 0}, {{{2, 4}, {1, 2}}, 0},
+               {{{4, 6}, {0, 1}}, 0}, {{{4, 6}, {1, 2}}, 0},
+               {{{6, 8}, {0, 1}}, 0}, {{{6, 8}, {1, 2}}, 0}});
+}
+
+TEST(Sharding, DataModelTupleOn4x2Mesh8x2) {
+  CheckLayout({8, 2}, P(Axes{"data", "model"}), {1, 2}, 1, false,
+              {{{{0, 1}, {0, 2}}, 0}, {{{1, 2}, {0, 2}}, 0},
+               {{{2, 3}, {0, 2}}, 0}, {{{3, 4}, {0, 2}}, 0},
+               {{{4, 5}, {0, 2}}, 0}, {{{5, 6}, {0, 2}}, 0},
+               {{{6, 7}, {0, 2}}, 0}, {{{7, 8}, {0, 2}}, 0}});
+}
+
+// Block of dimension 0 = c_model * 4 + c_data.
+TEST(Sharding, ModelDataTupleOn4x2Mesh8x2) {
+  CheckLayout({8, 2}, P(Axes{"model", "data"}), {1, 2}, 1, false,
+              {{{{0, 1}, {0, 2}}, 0}, {{{4, 5}, {0, 2}}, 0},
+               {{{1, 2}, {0, 2}}, 0}, {{{5, 6}, {0, 2}}, 0},
+               {{{2, 3}, {0, 2}}, 0}, {{{6, 7}, {0, 2}}, 0},
+               {{{3, 4}, {0, 2}}, 0}, {{{7, 8}, {0, 2}}, 0}});
+}
+
+TEST(Sharding, ReplicatedOn4x2Mesh8x2) {
+  CheckLayout({8, 2}, P(), {8, 2}, 8, true,
+              {{{{0, 8}, {0, 2}}, 0}, {{{0, 8}, {0, 2}}, 1},
+               {{{0, 8}, {0, 2}}, 2}, {{{0, 8}, {0, 2}}, 3},
+               {{{0, 8}, {0, 2}}, 4}, {{{0, 8}, {0, 2}}, 5},
+               {{{0, 8}, {0, 2}}, 6}, {{{0, 8}, {0, 2}}, 7}});
+}
+
+// ---- Layout tables: (16, 8) ------------------------------------------------------------------
+
+TEST(Sharding, DataNoneOn4x2Mesh16x8) {
+  CheckLayout({16, 8}, P("data", None), {4, 8}, 2, false,
+              {{{{0, 4}, {0, 8}}, 0}, {{{0, 4}, {0, 8}}, 1},
+               {{{4, 8}, {0, 8}}, 0}, {{{4, 8}, {0, 8}}, 1},
+               {{{8, 12}, {0, 8}}, 0}, {{{8, 12}, {0, 8}}, 1},
+               {{{12, 16}, {0, 8}}, 0}, {{{12, 16}, {0, 8}}, 1}});
+}
+
+TEST(Sharding, NoneModelOn4x2Mesh16x8) {
+  CheckLayout({16, 8}, P(None, "model"), {16, 4}, 4, false,
+              {{{{0, 16}, {0, 4}}, 0}, {{{0, 16}, {4, 8}}, 0},
+               {{{0, 16}, {0, 4}}, 1}, {{{0, 16}, {4, 8}}, 1},
+               {{{0, 16}, {0, 4}}, 2}, {{{0, 16}, {4, 8}}, 2},
+               {{{0, 16}, {0, 4}}, 3}, {{{0, 16}, {4, 8}}, 3}});
+}
+
+TEST(Sharding, DataModelOn4x2Mesh16x8) {
+  CheckLayout({16, 8}, P("data", "model"), {4, 4}, 1, false,
+              {{{{0, 4}, {0, 4}}, 0}, {{{0, 4}, {4, 8}}, 0},
+               {{{4, 8}, {0, 4}}, 0}, {{{4, 8}, {4, 8}}, 0},
+               {{{8, 12}, {0, 4}}, 0}, {{{8, 12}, {4, 8}}, 0},
+               {{{12, 16}, {0, 4}}, 0}, {{{12, 16}, {4, 8}}, 0}});
+}
+
+TEST(Sharding, DataModelTupleOn4x2Mesh16x8) {
+  CheckLayout({16, 8}, P(Axes{"data", "model"}), {2, 8}, 1, false,
+              {{{{0, 2}, {0, 8}}, 0}, {{{2, 4}, {0, 8}}, 0},
+               {{{4, 6}, {0, 8}}, 0}, {{{6, 8}, {0, 8}}, 0},
+               {{{8, 10}, {0, 8}}, 0}, {{{10, 12}, {0, 8}}, 0},
+               {{{12, 14}, {0, 8}}, 0}, {{{14, 16}, {0, 8}}, 0}});
+}
+
+TEST(Sharding, ModelDataTupleOn4x2Mesh16x8) {
+  CheckLayout({16, 8}, P(Axes{"model", "data"}), {2, 8}, 1, false,
+              {{{{0, 2}, {0, 8}}, 0}, {{{8, 10}, {0, 8}}, 0},
+               {{{2, 4}, {0, 8}}, 0}, {{{10, 12}, {0, 8}}, 0},
+               {{{4, 6}, {0, 8}}, 0}, {{{12, 14}, {0, 8}}, 0},
+               {{{6, 8}, {0, 8}}, 0}, {{{14, 16}, {0, 8}}, 0}});
+}
+
+TEST(Sharding, ReplicatedOn4x2Mesh16x8) {
+  CheckLayout({16, 8}, P(), {16, 8}, 8, true,
+              {{{{0, 16}, {0, 8}}, 0}, {{{0, 16}, {0, 8}}, 1},
+               {{{0, 16}, {0, 8}}, 2}, {{{0, 16}, {0, 8}}, 3},
+               {{{0, 16}, {0, 8}}, 4}, {{{0, 16}, {0, 8}}, 5},
+               {{{0, 16}, {0, 8}}, 6}, {{{0, 16}, {0, 8}}, 7}});
+}
+
+// ---- Other layouts ---------------------------------------------------------------------------
+
+// Dimensions past the spec are whole, as with trailing Nones; P('data') == P('data', None).
+TEST(Sharding, ShortSpecLeavesTrailingDimensionsWhole) {
+  CheckLayout({8, 2}, P("data"), {2, 2}, 2, false,
+              {{{{0, 2}, {0, 2}}, 0}, {{{0, 2}, {0, 2}}, 1},
+               {{{2, 4}, {0, 2}}, 0}, {{{2, 4}, {0, 2}}, 1},
+               {{{4, 6}, {0, 2}}, 0}, {{{4, 6}, {0, 2}}, 1},
+               {{{6, 8}, {0, 2}}, 0}, {{{6, 8}, {0, 2}}, 1}});
+  CheckLayout({4, 6, 3}, P(None, "model"), {4, 3, 3}, 4, false,
+              {{{{0, 4}, {0, 3}, {0, 3}}, 0}, {{{0, 4}, {3, 6}, {0, 3}}, 0},
+               {{{0, 4}, {0, 3}, {0, 3}}, 1}, {{{0, 4}, {3, 6}, {0, 3}}, 1},
+               {{{0, 4}, {0, 3}, {0, 3}}, 2}, {{{0, 4}, {3, 6}, {0, 3}}, 2},
+               {{{0, 4}, {0, 3}, {0, 3}}, 3}, {{{0, 4}, {3, 6}, {0, 3}}, 3}});
+}
+
+// A dimension of size 0 divides evenly: every device holds an empty block.
+TEST(Sharding, ZeroSizeDimension) {
+  CheckLayout({0, 2}, P("data", "model"), {0, 1}, 1, false,
+              {{{{0, 0}, {0, 1}}, 0}, {{{0, 0}, {1, 2}}, 0},
+               {{{0, 0}, {0, 1}}, 0}, {{{0, 0}, {1, 2}}, 0},
+               {{{0, 0}, {0, 1}}, 0}, {{{0, 0}, {1, 2}}, 0},
+               {{{0, 0}, {0, 1}}, 0}, {{{0, 0}, {1, 2}}, 0}});
+}
+
+// Blocks and replica ids follow mesh positions; device ids are whatever sits there.
+TEST(Sharding, PermutedDevicesKeepMeshOrder) {
+  Mesh mesh = make_mesh({4, 2}, {"data", "model"}, {7, 6, 5, 4, 3, 2, 1, 0}).value();
+  std::vector<DeviceShard> shards = NamedSharding(mesh, P("data", None)).device_shards({8, 2});
+  const std::vector<Expected> expected = {
+      {{{0, 2}, {0, 2}}, 0}, {{{0, 2}, {0, 2}}, 1}, {{{2, 4}, {0, 2}}, 0}, {{{2, 4}, {0, 2}}, 1},
+      {{{4, 6}, {0, 2}}, 0}, {{{4, 6}, {0, 2}}, 1}, {{{6, 8}, {0, 2}}, 0}, {{{6, 8}, {0, 2}}, 1}};
+  ASSERT_EQ(shards.size(), expected.size());
+  for (size_t p = 0; p < expected.size(); ++p) {
+    SCOPED_TRACE("position " + std::to_string(p));
+    EXPECT_EQ(shards[p].device_id, 7 - static_cast<int>(p));
+    EXPECT_EQ(shards[p].mesh_position, static_cast<int64_t>(p));
+    EXPECT_EQ(shards[p].index, expected[p].index);
+    EXPECT_EQ(shards[p].replica_id, expected[p].replica_id);
+  }
+}
+
+TEST(Sharding, ToStringAndEquality) {
+  NamedSharding s(Mesh4x2(), P("data", None));
+  EXPECT_EQ(s.to_string(), "NamedSharding(mesh=Mesh('data': 4, 'model': 2), spec=P('data', None))");
+  EXPECT_EQ(s, NamedSharding(Mesh4x2(), P("data")));
+  EXPECT_NE(s, NamedSharding(Mesh4x2(), P(None, "data")));
+  Mesh reversed = make_mesh({4, 2}, {"data", "model"}, {7, 6, 5, 4, 3, 2, 1, 0}).value();
+  EXPECT_NE(s, NamedSharding(reversed, P("data", None)));
+}
+
+// ---- Validation ------------------------------------------------------------------------------
+
+absl::Status Validate(const PartitionSpec& spec, const Shape& shape) {
+  return NamedSharding(Mesh4x2(), spec).validate(shape);
+}
+
+TEST(ShardingValidation, AxisNotInMesh) {
+  for (const PartitionSpec& spec : {P("batch", None), P(None, Axes{"data", "batch"})}) {
+    SCOPED_TRACE(spec.to_string());
+    absl::Status status = NamedSharding(Mesh4x2(), spec).validate_spec();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("axis 'batch'"));
+    EXPECT_EQ(Validate(spec, {8, 2}).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(ShardingValidation, AxisUsedTwice) {
+  const std::vector<std::pair<PartitionSpec, std::string>> cases = {
+      {P("data", "data"), "axis 'data'"},
+      {P(Axes{"model", "model"}), "axis 'model'"},
+      {P("model", Axes{"data", "model"}), "axis 'model'"},
+  };
+  for (const auto& [spec, fact] : cases) {
+    SCOPED_TRACE(spec.to_string());
+    absl::Status status = NamedSharding(Mesh4x2(), spec).validate_spec();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr(fact));
+    EXPECT_EQ(Validate(spec, {8, 8}).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// JAX counts every entry of the spec, trailing Nones included, against the rank.
+TEST(ShardingValidation, SpecLongerThanRank) {
+  for (const PartitionSpec& spec : {P("data", None, None), P(None, None, None)}) {
+    SCOPED_TRACE(spec.to_string());
+    absl::Status status = Validate(spec, {8, 2});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("3 entries"));
+    EXPECT_THAT(status.message(), HasSubstr("rank 2"));
+  }
+  absl::Status scalar = Validate(P("data"), {});
+  EXPECT_EQ(scalar.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(scalar.message(), HasSubstr("rank 0"));
+}
+
+TEST(ShardingValidation, DimensionNotDivisible) {
+  struct Case {
+    PartitionSpec spec;
+    Shape shape;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {P("data", None), {10, 2}, "dimension 0 of size 10 is not divisible by mesh axis 'data' of size 4"},
+      {P(None, "model"), {8, 3}, "dimension 1 of size 3 is not divisible by mesh axis 'model' of size 2"},
+      {P("data", "model"), {8, 5}, "dimension 1 of size 5 is not divisible by mesh axis 'model' of size 2"},
+      {P(Axes{"data", "model"}), {12, 8},
+       "dimension 0 of size 12 is not divisible by mesh axes ('data', 'model') of total size 8"},
+      {P(None, Axes{"model", "data"}), {16, 4},
+       "dimension 1 of size 4 is not divisible by mesh axes ('model', 'data') of total size 8"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.spec.to_string() + " on " + shape_to_string(c.shape));
+    absl::Status status = Validate(c.spec, c.shape);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr(c.message));
+  }
+}
+
+TEST(ShardingValidation, ValidLayoutsPass) {
+  for (const Shape& shape : {Shape{8, 2}, Shape{16, 8}}) {
+    for (const PartitionSpec& spec : {P("data", None), P(None, "model"), P("data", "model"),
+                                      P(Axes{"data", "model"}), P(Axes{"model", "data"}), P()}) {
+      EXPECT_TRUE(Validate(spec, shape).ok()) << spec.to_string() << " on " << shape_to_string(shape);
+    }
+  }
+  EXPECT_TRUE(Validate(P(), {}).ok());  // a replicated scalar
+}
+
+}  // namespace
+}  // namespace tessera
