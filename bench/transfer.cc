@@ -27,7 +27,8 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Times device_put and fetch against memcpy.\nUsage: bench_transfer [--mib=256] [--iters=3] [--json]");
+  absl::SetProgramUsageMessage(
+      "Times device_put and fetch against memcpy.\nUsage: bench_transfer [--mib=256] [--iters=3] [--json]");
   absl::ParseCommandLine(argc, argv);
   using namespace tessera;
   const int64_t mib = absl::GetFlag(FLAGS_mib);
@@ -77,12 +78,13 @@ int main(int argc, char** argv) {
     }
     const double put = median(put_s), fetch = median(fetch_s);
     if (absl::GetFlag(FLAGS_json)) {
-      std::printf("{\"layout\": \"%s\", \"bytes\": %lld, \"put_seconds\": %.6f, \"fetch_seconds\": %.6f, "
-                  "\"memcpy_seconds\": %.6f}\n",
-                  spec.to_string().c_str(), static_cast<long long>(host.nbytes()), put, fetch, base);
+      std::printf(
+          "{\"layout\": \"%s\", \"bytes\": %lld, \"put_seconds\": %.6f, \"fetch_seconds\": %.6f, "
+          "\"memcpy_seconds\": %.6f}\n",
+          spec.to_string().c_str(), static_cast<long long>(host.nbytes()), put, fetch, base);
     } else {
-      std::printf("%-24s %12.1f %12.1f %12.1fx %12.1fx\n", spec.to_string().c_str(), put * 1e3, fetch * 1e3,
-                  put / base, fetch / base);
+      std::printf("%-24s %12.1f %12.1f %12.1fx %12.1fx\n", spec.to_string().c_str(), put * 1e3, fetch * 1e3, put / base,
+                  fetch / base);
     }
   }
   return 0;

@@ -84,9 +84,8 @@ absl::StatusOr<HostArray> Array::fetch() const {
   }
   for (const Source& src : sources) {
     if (src.device == nullptr) {
-      return absl::UnavailableError(absl::StrCat("fetch of array ", state_->id, ": block ",
-                                                 index_to_string(src.index), " is only on ",
-                                                 absl::StrJoin(src.lost, ", "), ", which is lost"));
+      return absl::UnavailableError(absl::StrCat("fetch of array ", state_->id, ": block ", index_to_string(src.index),
+                                                 " is only on ", absl::StrJoin(src.lost, ", "), ", which is lost"));
     }
   }
   HostArray out(state_->dtype, state_->shape);

@@ -53,7 +53,8 @@ absl::StatusOr<pb::Worker::Stub*> ClientImpl::worker(const std::string& address,
   req.set_peer("tessera client");
   pb::HandshakeReply reply;
   grpc::ClientContext ctx;
-  set_deadline(&ctx, kControlDeadline);
+  set_deadline(&ctx, kConnectDeadline);
+  ctx.set_wait_for_ready(true);
   TESSERA_RETURN_IF_ERROR(from_grpc(stub->Handshake(&ctx, req, &reply), who));
   TESSERA_RETURN_IF_ERROR(check_protocol_version(reply.protocol_version(), who));
   absl::MutexLock lock(&mu_);

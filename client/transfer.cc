@@ -79,10 +79,9 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& 
       absl::StatusOr<DType> dtype = dtype_from_proto(chunk.header().dtype());
       Shape got(chunk.header().shape().dims().begin(), chunk.header().shape().dims().end());
       if (!dtype.ok() || *dtype != global->dtype() || got != shape) {
-        status = absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " holds ",
-                                                  dtype.ok() ? dtype_name(*dtype) : "an unknown dtype", " ",
-                                                  shape_to_string(got), ", expected ", dtype_name(global->dtype()),
-                                                  " ", shape_to_string(shape)));
+        status = absl::DataLossError(absl::StrCat(
+            who, ": buffer ", buffer_id, " holds ", dtype.ok() ? dtype_name(*dtype) : "an unknown dtype", " ",
+            shape_to_string(got), ", expected ", dtype_name(global->dtype()), " ", shape_to_string(shape)));
         ctx.TryCancel();
         break;
       }

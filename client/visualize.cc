@@ -31,8 +31,8 @@ std::string centered(const std::string& label, int width) {
 
 absl::StatusOr<std::string> visualize_sharding(const Shape& shape, const NamedSharding& sharding) {
   if (shape.size() != 1 && shape.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat("visualize_sharding: only 1-D and 2-D arrays can be drawn; got shape ",
-                                                   shape_to_string(shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("visualize_sharding: only 1-D and 2-D arrays can be drawn; got shape ", shape_to_string(shape)));
   }
   TESSERA_RETURN_IF_ERROR(sharding.validate(shape));
   const bool two_d = shape.size() == 2;

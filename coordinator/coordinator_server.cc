@@ -33,8 +33,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
 
   Registry& registry() { return registry_; }
 
-  grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req,
-                         pb::HandshakeReply* reply) override {
+  grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req, pb::HandshakeReply* reply) override {
     reply->set_protocol_version(kProtocolVersion);
     reply->set_server("tessera-coordinator");
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
@@ -51,9 +50,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
       return to_grpc(absl::InvalidArgumentError(
           absl::StrCat("RegisterWorker: memory_bytes must be positive, got ", req->memory_bytes())));
     }
-    absl::StatusOr<DeviceRecord> d = registry_.register_worker(req->name(), req->address(),
-                                                               req->requested_device_id(), req->memory_bytes(),
-                                                               absl::Now());
+    absl::StatusOr<DeviceRecord> d = registry_.register_worker(req->name(), req->address(), req->requested_device_id(),
+                                                               req->memory_bytes(), absl::Now());
     if (!d.ok()) return to_grpc(d.status());
     reply->set_device_id(d->id);
     reply->set_incarnation(d->incarnation);
@@ -69,9 +67,9 @@ class CoordinatorService final : public pb::Coordinator::Service {
     if (req->min_alive_devices() > 0) {
       const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600'000));
       if (!registry_.wait_for_alive(req->min_alive_devices(), wait)) {
-        return to_grpc(absl::DeadlineExceededError(
-            absl::StrCat("fewer than ", req->min_alive_devices(), " devices alive after ",
-                         absl::FormatDuration(wait), "; registered: ", registry_.devices().size())));
+        return to_grpc(absl::DeadlineExceededError(absl::StrCat("fewer than ", req->min_alive_devices(),
+                                                                " devices alive after ", absl::FormatDuration(wait),
+                                                                "; registered: ", registry_.devices().size())));
       }
     }
     for (const DeviceRecord& d : registry_.devices()) to_proto(d, reply->add_devices());
@@ -125,7 +123,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
     for (auto& [stub, request] : targets) {
       calls.push_back(std::make_unique<Call>());
       Call* call = calls.back().get();
-      set_deadline(&call->ctx, kControlDeadline);
+      set_deadline(&call->ctx, kConnectDeadline);
+      call->ctx.set_wait_for_ready(true);
       stub->async()->DeleteBuffers(&call->ctx, request, &call->reply, [&done](grpc::Status) { done.DecrementCount(); });
     }
     done.Wait();
@@ -165,6 +164,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     grpc::ServerBuilder builder;
     builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), grpc::InsecureServerCredentials(),
                              &port_);
+    configure_server(&builder);
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {

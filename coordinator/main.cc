@@ -10,8 +10,9 @@
 #include "core/daemon.h"
 
 ABSL_FLAG(std::string, host, "", "address to listen on (default: $TESSERA_COORDINATOR_HOST or 127.0.0.1)");
-ABSL_FLAG(int, port, -1, "port to listen on; 0 picks a free one, printed at startup "
-                         "(default: $TESSERA_COORDINATOR_PORT or 0)");
+ABSL_FLAG(int, port, -1,
+          "port to listen on; 0 picks a free one, printed at startup "
+          "(default: $TESSERA_COORDINATOR_PORT or 0)");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "how often workers heartbeat");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000, "a worker silent this long is marked lost");
 

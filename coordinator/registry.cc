@@ -21,8 +21,8 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const std::string& name, 
     if (id >= 0) {
       auto it = devices_.find(id);
       if (it != devices_.end()) {
-        return absl::AlreadyExistsError(absl::StrCat("device id ", id, " is taken by worker '", it->second.name,
-                                                     "' at ", it->second.address));
+        return absl::AlreadyExistsError(
+            absl::StrCat("device id ", id, " is taken by worker '", it->second.name, "' at ", it->second.address));
       }
     } else {
       id = 0;
@@ -32,8 +32,8 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const std::string& name, 
     record->id = id;
     record->name = name;
   } else if (requested_id >= 0 && requested_id != record->id) {
-    return absl::AlreadyExistsError(absl::StrCat("worker '", name, "' is device ", record->id,
-                                                 ", not the requested device ", requested_id));
+    return absl::AlreadyExistsError(
+        absl::StrCat("worker '", name, "' is device ", record->id, ", not the requested device ", requested_id));
   }
   record->address = address;
   record->alive = true;

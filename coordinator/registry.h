@@ -49,8 +49,8 @@ class Registry {
 
   // Adds or revives a worker. A known `name` keeps its device id (incarnation + 1).
   // ALREADY_EXISTS if `requested_id` >= 0 belongs to a worker of another name.
-  absl::StatusOr<DeviceRecord> register_worker(const std::string& name, const std::string& address,
-                                               int requested_id, int64_t memory_bytes, absl::Time now);
+  absl::StatusOr<DeviceRecord> register_worker(const std::string& name, const std::string& address, int requested_id,
+                                               int64_t memory_bytes, absl::Time now);
 
   // NOT_FOUND for an unknown device; FAILED_PRECONDITION for a stale incarnation (the worker
   // must register again).

@@ -12,8 +12,7 @@ namespace tessera {
 
 enum class DType : uint8_t { kF32, kF64, kI32, kI64, kBool };
 
-inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kI64,
-                                       DType::kBool};
+inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kI64, DType::kBool};
 
 // Bytes per element (bool is one byte, as in numpy).
 int64_t dtype_size(DType dtype);
@@ -24,15 +23,25 @@ std::string dtype_name(DType dtype);
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::kF32; }
+constexpr DType dtype_of<float>() {
+  return DType::kF32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::kF64; }
+constexpr DType dtype_of<double>() {
+  return DType::kF64;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::kI32; }
+constexpr DType dtype_of<int32_t>() {
+  return DType::kI32;
+}
 template <>
-constexpr DType dtype_of<int64_t>() { return DType::kI64; }
+constexpr DType dtype_of<int64_t>() {
+  return DType::kI64;
+}
 template <>
-constexpr DType dtype_of<bool>() { return DType::kBool; }
+constexpr DType dtype_of<bool>() {
+  return DType::kBool;
+}
 
 }  // namespace tessera
 

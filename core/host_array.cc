@@ -11,18 +11,27 @@ constexpr size_t kAlignment = 64;
 template <typename F>
 void for_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kF32: f(float{}); break;
-    case DType::kF64: f(double{}); break;
-    case DType::kI32: f(int32_t{}); break;
-    case DType::kI64: f(int64_t{}); break;
-    case DType::kBool: f(bool{}); break;
+    case DType::kF32:
+      f(float{});
+      break;
+    case DType::kF64:
+      f(double{});
+      break;
+    case DType::kI32:
+      f(int32_t{});
+      break;
+    case DType::kI64:
+      f(int64_t{});
+      break;
+    case DType::kBool:
+      f(bool{});
+      break;
   }
 }
 
 }  // namespace
 
-HostArray::HostArray(DType dtype, Shape shape)
-    : dtype_(dtype), shape_(std::move(shape)), size_(num_elements(shape_)) {
+HostArray::HostArray(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)), size_(num_elements(shape_)) {
   size_t bytes = static_cast<size_t>(nbytes());
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;

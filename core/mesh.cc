@@ -10,8 +10,8 @@ namespace tessera {
 absl::StatusOr<Mesh> Mesh::create(std::vector<int64_t> shape, std::vector<std::string> axis_names,
                                   std::vector<int> device_ids) {
   if (shape.size() != axis_names.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("mesh: shape has ", shape.size(), " axes but ",
-                                                   axis_names.size(), " axis names were given"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh: shape has ", shape.size(), " axes but ", axis_names.size(), " axis names were given"));
   }
   int64_t total = 1;
   std::set<std::string> seen_names;
@@ -32,8 +32,8 @@ absl::StatusOr<Mesh> Mesh::create(std::vector<int64_t> shape, std::vector<std::s
     total *= shape[i];
   }
   if (static_cast<int64_t>(device_ids.size()) != total) {
-    return absl::InvalidArgumentError(absl::StrCat("mesh: shape (", absl::StrJoin(shape, ", "), ") needs ",
-                                                   total, " devices but ", device_ids.size(), " were given"));
+    return absl::InvalidArgumentError(absl::StrCat("mesh: shape (", absl::StrJoin(shape, ", "), ") needs ", total,
+                                                   " devices but ", device_ids.size(), " were given"));
   }
   std::set<int> seen_ids;
   for (int id : device_ids) {

@@ -45,8 +45,7 @@ class Mesh {
   std::string to_string() const;
 
   bool operator==(const Mesh& other) const {
-    return shape_ == other.shape_ && axis_names_ == other.axis_names_ &&
-           device_ids_ == other.device_ids_;
+    return shape_ == other.shape_ && axis_names_ == other.axis_names_ && device_ids_ == other.device_ids_;
   }
   bool operator!=(const Mesh& other) const { return !(*this == other); }
 

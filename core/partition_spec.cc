@@ -19,9 +19,7 @@ size_t significant_size(const std::vector<Axes>& dims) {
 
 }  // namespace
 
-const Axes& PartitionSpec::axes(int d) const {
-  return d >= 0 && d < size() ? dims_[d] : empty_axes();
-}
+const Axes& PartitionSpec::axes(int d) const { return d >= 0 && d < size() ? dims_[d] : empty_axes(); }
 
 std::vector<std::string> PartitionSpec::used_axes() const {
   std::vector<std::string> out;
@@ -38,9 +36,9 @@ std::string PartitionSpec::to_string() const {
       parts.push_back(absl::StrCat("'", axes[0], "'"));
     } else {
       parts.push_back(absl::StrCat(
-          "(", absl::StrJoin(axes, ", ", [](std::string* out, const std::string& a) {
-            absl::StrAppend(out, "'", a, "'");
-          }), ")"));
+          "(",
+          absl::StrJoin(axes, ", ", [](std::string* out, const std::string& a) { absl::StrAppend(out, "'", a, "'"); }),
+          ")"));
     }
   }
   // JAX prints the spec's tuple: one entry keeps Python's trailing comma, P('data',).

@@ -22,8 +22,8 @@ absl::Status validate_shape(const Shape& shape, int64_t elem_size, absl::string_
   int64_t bytes = elem_size;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": dimension ", i, " of shape ",
-                                                     shape_to_string(shape), " is negative"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": dimension ", i, " of shape ", shape_to_string(shape), " is negative"));
     }
     if (shape[i] != 0 && bytes > std::numeric_limits<int64_t>::max() / shape[i]) {
       return absl::InvalidArgumentError(

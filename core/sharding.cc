@@ -8,9 +8,10 @@
 namespace tessera {
 
 std::string index_to_string(const Index& index) {
-  return absl::StrCat("[", absl::StrJoin(index, ", ", [](std::string* out, const Slice& s) {
-                        absl::StrAppend(out, s.start, ":", s.stop);
-                      }), "]");
+  return absl::StrCat(
+      "[",
+      absl::StrJoin(index, ", ", [](std::string* out, const Slice& s) { absl::StrAppend(out, s.start, ":", s.stop); }),
+      "]");
 }
 
 absl::Status NamedSharding::validate_spec() const {
@@ -18,13 +19,13 @@ absl::Status NamedSharding::validate_spec() const {
   for (int d = 0; d < spec_.size(); ++d) {
     for (const std::string& axis : spec_.axes(d)) {
       if (mesh_.axis_index(axis) < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sharding ", spec_.to_string(), ": axis '", axis, "' of dimension ", d,
-            " is not in the mesh; its axes are ('", absl::StrJoin(mesh_.axis_names(), "', '"), "')"));
+        return absl::InvalidArgumentError(absl::StrCat("sharding ", spec_.to_string(), ": axis '", axis,
+                                                       "' of dimension ", d, " is not in the mesh; its axes are ('",
+                                                       absl::StrJoin(mesh_.axis_names(), "', '"), "')"));
       }
       if (!seen.insert(axis).second) {
-        return absl::InvalidArgumentError(absl::StrCat("sharding ", spec_.to_string(), ": mesh axis '",
-                                                       axis, "' is used more than once"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sharding ", spec_.to_string(), ": mesh axis '", axis, "' is used more than once"));
       }
     }
   }
@@ -35,9 +36,9 @@ absl::Status NamedSharding::validate(const Shape& shape) const {
   absl::Status spec_status = validate_spec();
   if (!spec_status.ok()) return spec_status;
   if (spec_.size() > static_cast<int>(shape.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sharding ", spec_.to_string(), " has ", spec_.size(), " entries but the array of shape ",
-        shape_to_string(shape), " has rank ", shape.size()));
+    return absl::InvalidArgumentError(absl::StrCat("sharding ", spec_.to_string(), " has ", spec_.size(),
+                                                   " entries but the array of shape ", shape_to_string(shape),
+                                                   " has rank ", shape.size()));
   }
   for (int d = 0; d < spec_.size(); ++d) {
     const Axes& axes = spec_.axes(d);
@@ -45,13 +46,13 @@ absl::Status NamedSharding::validate(const Shape& shape) const {
     int64_t blocks = num_blocks(d);
     if (shape[d] % blocks == 0) continue;
     if (axes.size() == 1) {
-      return absl::InvalidArgumentError(absl::StrCat("sharding ", spec_.to_string(), ": dimension ", d,
-                                                     " of size ", shape[d], " is not divisible by mesh axis '",
-                                                     axes[0], "' of size ", blocks));
+      return absl::InvalidArgumentError(absl::StrCat("sharding ", spec_.to_string(), ": dimension ", d, " of size ",
+                                                     shape[d], " is not divisible by mesh axis '", axes[0],
+                                                     "' of size ", blocks));
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sharding ", spec_.to_string(), ": dimension ", d, " of size ", shape[d],
-        " is not divisible by mesh axes ('", absl::StrJoin(axes, "', '"), "') of total size ", blocks));
+    return absl::InvalidArgumentError(absl::StrCat("sharding ", spec_.to_string(), ": dimension ", d, " of size ",
+                                                   shape[d], " is not divisible by mesh axes ('",
+                                                   absl::StrJoin(axes, "', '"), "') of total size ", blocks));
   }
   return absl::OkStatus();
 }

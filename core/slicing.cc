@@ -64,22 +64,20 @@ absl::Status validate_index(const Index& index, const Shape& shape) {
   for (size_t d = 0; d < shape.size(); ++d) {
     const Slice& s = index[d];
     if (s.start < 0 || s.start > s.stop || s.stop > shape[d]) {
-      return absl::InvalidArgumentError(absl::StrCat("index ", index_to_string(index), ": slice ", d,
-                                                     " is outside dimension of size ", shape[d]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("index ", index_to_string(index), ": slice ", d, " is outside dimension of size ", shape[d]));
     }
   }
   return absl::OkStatus();
 }
 
-void copy_block_out(const std::byte* src, const Shape& shape, int64_t elem_size, const Index& index,
-                    std::byte* dst) {
+void copy_block_out(const std::byte* src, const Shape& shape, int64_t elem_size, const Index& index, std::byte* dst) {
   for_each_run(shape, elem_size, index, [&](int64_t array_off, int64_t block_off, int64_t n) {
     std::memcpy(dst + block_off, src + array_off, static_cast<size_t>(n));
   });
 }
 
-void copy_block_in(const std::byte* block, const Shape& shape, int64_t elem_size, const Index& index,
-                   std::byte* dst) {
+void copy_block_in(const std::byte* block, const Shape& shape, int64_t elem_size, const Index& index, std::byte* dst) {
   for_each_run(shape, elem_size, index, [&](int64_t array_off, int64_t block_off, int64_t n) {
     std::memcpy(dst + array_off, block + block_off, static_cast<size_t>(n));
   });

@@ -27,12 +27,10 @@ absl::Status validate_index(const Index& index, const Shape& shape);
 // Copies block `index` of the array (`shape`, `elem_size`-byte elements at `src`) into the
 // contiguous buffer `dst`, which must hold num_elements(block_shape(index)) elements.
 // REQUIRES: validate_index(index, shape) is OK.
-void copy_block_out(const std::byte* src, const Shape& shape, int64_t elem_size, const Index& index,
-                    std::byte* dst);
+void copy_block_out(const std::byte* src, const Shape& shape, int64_t elem_size, const Index& index, std::byte* dst);
 
 // The inverse: writes the contiguous `block` into block `index` of the array at `dst`.
-void copy_block_in(const std::byte* block, const Shape& shape, int64_t elem_size, const Index& index,
-                   std::byte* dst);
+void copy_block_in(const std::byte* block, const Shape& shape, int64_t elem_size, const Index& index, std::byte* dst);
 
 // When block `index` is one contiguous run of the array, its offset in elements; else -1.
 int64_t contiguous_block_offset(const Shape& shape, const Index& index);

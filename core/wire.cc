@@ -8,29 +8,38 @@ namespace tessera {
 
 pb::DType to_proto(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return pb::F32;
-    case DType::kF64: return pb::F64;
-    case DType::kI32: return pb::I32;
-    case DType::kI64: return pb::I64;
-    case DType::kBool: return pb::BOOL;
+    case DType::kF32:
+      return pb::F32;
+    case DType::kF64:
+      return pb::F64;
+    case DType::kI32:
+      return pb::I32;
+    case DType::kI64:
+      return pb::I64;
+    case DType::kBool:
+      return pb::BOOL;
   }
   return pb::DTYPE_INVALID;
 }
 
 absl::StatusOr<DType> dtype_from_proto(int dtype) {
   switch (dtype) {
-    case pb::F32: return DType::kF32;
-    case pb::F64: return DType::kF64;
-    case pb::I32: return DType::kI32;
-    case pb::I64: return DType::kI64;
-    case pb::BOOL: return DType::kBool;
-    default: return absl::InvalidArgumentError(absl::StrCat("dtype ", dtype, " is not a known dtype"));
+    case pb::F32:
+      return DType::kF32;
+    case pb::F64:
+      return DType::kF64;
+    case pb::I32:
+      return DType::kI32;
+    case pb::I64:
+      return DType::kI64;
+    case pb::BOOL:
+      return DType::kBool;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("dtype ", dtype, " is not a known dtype"));
   }
 }
 
-void to_proto(const Shape& shape, pb::Shape* out) {
-  out->mutable_dims()->Assign(shape.begin(), shape.end());
-}
+void to_proto(const Shape& shape, pb::Shape* out) { out->mutable_dims()->Assign(shape.begin(), shape.end()); }
 
 absl::StatusOr<Shape> shape_from_proto(const pb::Shape& shape, DType dtype) {
   constexpr int kMaxRank = 64;

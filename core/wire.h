@@ -12,8 +12,8 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "core/mesh.h"
-#include "core/sharding.h"
 #include "core/shape.h"
+#include "core/sharding.h"
 
 namespace tessera {
 namespace pb {

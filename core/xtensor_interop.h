@@ -20,15 +20,13 @@ namespace tessera {
 template <typename T>
 auto as_xtensor(HostArray& array) {
   std::vector<size_t> shape(array.shape().begin(), array.shape().end());
-  return xt::adapt(array.mutable_values<T>().data(), static_cast<size_t>(array.size()),
-                   xt::no_ownership(), shape);
+  return xt::adapt(array.mutable_values<T>().data(), static_cast<size_t>(array.size()), xt::no_ownership(), shape);
 }
 
 template <typename T>
 auto as_xtensor(const HostArray& array) {
   std::vector<size_t> shape(array.shape().begin(), array.shape().end());
-  return xt::adapt(array.values<T>().data(), static_cast<size_t>(array.size()), xt::no_ownership(),
-                   shape);
+  return xt::adapt(array.values<T>().data(), static_cast<size_t>(array.size()), xt::no_ownership(), shape);
 }
 
 // Copies any xtensor expression into a new HostArray of the expression's value type.

@@ -11,8 +11,9 @@
 ABSL_FLAG(std::string, coordinator, "", "host:port of a running cluster; empty runs Client::local(8)");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Shows how a (16, 8) array is laid out under each PartitionSpec.\n"
-                               "Usage: example_device_put [--coordinator=HOST:PORT]");
+  absl::SetProgramUsageMessage(
+      "Shows how a (16, 8) array is laid out under each PartitionSpec.\n"
+      "Usage: example_device_put [--coordinator=HOST:PORT]");
   absl::ParseCommandLine(argc, argv);
   using tessera::Axes;
   using tessera::None;
@@ -31,8 +32,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const tessera::HostArray x = tessera::HostArray::arange(tessera::DType::kF32, {16, 8});
-  std::cout << "mesh: " << mesh->to_string() << ", array: float32" << tessera::shape_to_string(x.shape())
-            << "\n\n";
+  std::cout << "mesh: " << mesh->to_string() << ", array: float32" << tessera::shape_to_string(x.shape()) << "\n\n";
 
   for (const tessera::PartitionSpec& spec : {P("data", None), P(None, "model"), P("data", "model"),
                                              P(Axes{"data", "model"}), P(Axes{"model", "data"}), P()}) {

@@ -31,9 +31,14 @@ void set_deadline(grpc::ClientContext* ctx, absl::Duration timeout) {
 
 absl::Status check_protocol_version(uint32_t theirs, absl::string_view who) {
   if (theirs == kProtocolVersion) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat(who, " speaks Tessera protocol version ", theirs, " but this build speaks version ",
-                   kProtocolVersion, "; run matching builds of the client, coordinator and workers"));
+  return absl::FailedPreconditionError(absl::StrCat(who, " speaks Tessera protocol version ", theirs,
+                                                    " but this build speaks version ", kProtocolVersion,
+                                                    "; run matching builds of the client, coordinator and workers"));
+}
+
+void configure_server(grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder->SetMaxReceiveMessageSize(static_cast<int>(4 * kMaxChunkBytes));
 }
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/support/status.h"
 
 namespace tessera {
@@ -28,6 +29,11 @@ inline constexpr int64_t kMaxChunkBytes = 1 << 20;
 
 // Deadline of a small control RPC.
 inline constexpr absl::Duration kControlDeadline = absl::Seconds(10);
+
+// Deadline of the first contact with a peer (its handshake). That call waits for the
+// connection (wait_for_ready): a listener that has only just started can refuse a first
+// connect for a moment, and this machine's sandbox has been seen doing so under load.
+inline constexpr absl::Duration kConnectDeadline = absl::Seconds(5);
 
 // Deadline of a transfer of `bytes`: a base plus a floor rate of 16 MiB/s, so a stuck peer
 // fails a transfer within bounded time while a slow but live one completes.
@@ -45,6 +51,11 @@ void set_deadline(grpc::ClientContext* ctx, absl::Duration timeout);
 
 // Checks a peer's protocol version against ours.
 absl::Status check_protocol_version(uint32_t theirs, absl::string_view who);
+
+// Applies the server settings Tessera uses everywhere: no SO_REUSEPORT (with it, two servers
+// binding port 0 can be handed the same port and split each other's connections), and a
+// receive limit that fits a kMaxChunkBytes chunk.
+void configure_server(grpc::ServerBuilder* builder);
 
 // An insecure channel to `address` with the limits Tessera uses everywhere.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address);

@@ -9,12 +9,12 @@
 #include "core/daemon.h"
 #include "worker/worker_server.h"
 
-ABSL_FLAG(std::string, coordinator, "",
-          "host:port of tessera-coordinator (default: $TESSERA_COORDINATOR)");
+ABSL_FLAG(std::string, coordinator, "", "host:port of tessera-coordinator (default: $TESSERA_COORDINATOR)");
 ABSL_FLAG(std::string, host, "", "address to listen on and advertise (default: $TESSERA_WORKER_HOST or 127.0.0.1)");
 ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one, printed at startup");
-ABSL_FLAG(std::string, name, "", "stable worker name; a restart with the same name keeps the device id "
-                                 "(default: $TESSERA_WORKER_NAME or the address)");
+ABSL_FLAG(std::string, name, "",
+          "stable worker name; a restart with the same name keeps the device id "
+          "(default: $TESSERA_WORKER_NAME or the address)");
 ABSL_FLAG(int, device_id, -1, "device id to ask for; -1 lets the coordinator choose");
 ABSL_FLAG(int64_t, memory_bytes, int64_t{2} << 30, "device memory limit in bytes");
 ABSL_FLAG(int, register_timeout_s, 30, "seconds to wait for the coordinator at startup");

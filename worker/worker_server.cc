@@ -23,8 +23,7 @@ class WorkerService final : public pb::Worker::Service {
 
   void set_device_id(int id) { device_id_ = id; }
 
-  grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req,
-                         pb::HandshakeReply* reply) override {
+  grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req, pb::HandshakeReply* reply) override {
     reply->set_protocol_version(kProtocolVersion);
     reply->set_server(absl::StrCat("tessera-worker device ", device_id_.load()));
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
@@ -99,8 +98,7 @@ class WorkerService final : public pb::Worker::Service {
   }
 
   // Reads every chunk into `data`; `chunk` holds the first message.
-  static absl::Status receive_put(grpc::ServerReader<pb::ShardChunk>* reader, pb::ShardChunk* chunk,
-                                  HostArray* data) {
+  static absl::Status receive_put(grpc::ServerReader<pb::ShardChunk>* reader, pb::ShardChunk* chunk, HostArray* data) {
     int64_t offset = 0;
     int64_t index = 0;
     do {
@@ -109,14 +107,13 @@ class WorkerService final : public pb::Worker::Service {
       }
       const int64_t n = static_cast<int64_t>(chunk->data().size());
       if (n > kMaxChunkBytes) {
-        return absl::InvalidArgumentError(absl::StrCat("PutShard: chunk ", index, " holds ", n,
-                                                       " bytes; the limit is ", kMaxChunkBytes));
+        return absl::InvalidArgumentError(
+            absl::StrCat("PutShard: chunk ", index, " holds ", n, " bytes; the limit is ", kMaxChunkBytes));
       }
       if (n > data->nbytes() - offset) {
-        return absl::InvalidArgumentError(absl::StrCat("PutShard: more data than the shape ",
-                                                       shape_to_string(data->shape()), " of ",
-                                                       dtype_name(data->dtype()), " holds (",
-                                                       data->nbytes(), " bytes)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("PutShard: more data than the shape ", shape_to_string(data->shape()), " of ",
+                         dtype_name(data->dtype()), " holds (", data->nbytes(), " bytes)"));
       }
       std::memcpy(data->data() + offset, chunk->data().data(), static_cast<size_t>(n));
       offset += n;
@@ -124,8 +121,8 @@ class WorkerService final : public pb::Worker::Service {
     } while (reader->Read(chunk));
     if (offset != data->nbytes()) {
       return absl::InvalidArgumentError(absl::StrCat("PutShard: received ", offset, " bytes but the shape ",
-                                                     shape_to_string(data->shape()), " of ",
-                                                     dtype_name(data->dtype()), " needs ", data->nbytes()));
+                                                     shape_to_string(data->shape()), " of ", dtype_name(data->dtype()),
+                                                     " needs ", data->nbytes()));
     }
     return absl::OkStatus();
   }
@@ -142,9 +139,8 @@ class WorkerServerImpl final : public WorkerServer {
   absl::Status init() {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), grpc::InsecureServerCredentials(),
-                             &port);
-    builder.SetMaxReceiveMessageSize(static_cast<int>(4 * kMaxChunkBytes));
+    builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), grpc::InsecureServerCredentials(), &port);
+    configure_server(&builder);
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {

@@ -130,10 +130,14 @@ TEST(HostArray, StorageIs64ByteAligned) {
 // arange(dtype, (2, 3)) spelled out per dtype.
 HostArray ExpectedArange2x3(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return HostArray::from_vector<float>({2, 3}, {0, 1, 2, 3, 4, 5});
-    case DType::kF64: return HostArray::from_vector<double>({2, 3}, {0, 1, 2, 3, 4, 5});
-    case DType::kI32: return HostArray::from_vector<int32_t>({2, 3}, {0, 1, 2, 3, 4, 5});
-    case DType::kI64: return HostArray::from_vector<int64_t>({2, 3}, {0, 1, 2, 3, 4, 5});
+    case DType::kF32:
+      return HostArray::from_vector<float>({2, 3}, {0, 1, 2, 3, 4, 5});
+    case DType::kF64:
+      return HostArray::from_vector<double>({2, 3}, {0, 1, 2, 3, 4, 5});
+    case DType::kI32:
+      return HostArray::from_vector<int32_t>({2, 3}, {0, 1, 2, 3, 4, 5});
+    case DType::kI64:
+      return HostArray::from_vector<int64_t>({2, 3}, {0, 1, 2, 3, 4, 5});
     case DType::kBool:
       return HostArray::from_vector<bool>({2, 3}, {false, true, false, true, false, true});
   }

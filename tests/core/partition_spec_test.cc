@@ -49,8 +49,7 @@ TEST(PartitionSpec, EntriesAsWritten) {
 }
 
 TEST(PartitionSpec, UsedAxesInOrderOfAppearance) {
-  EXPECT_THAT(P(None, "model", Axes{"expert", "data"}).used_axes(),
-              ElementsAre("model", "expert", "data"));
+  EXPECT_THAT(P(None, "model", Axes{"expert", "data"}).used_axes(), ElementsAre("model", "expert", "data"));
   EXPECT_THAT(P(Axes{"model", "data"}).used_axes(), ElementsAre("model", "data"));
   EXPECT_THAT(P().used_axes(), IsEmpty());
   EXPECT_THAT(P(None, None).used_axes(), IsEmpty());

@@ -43,8 +43,8 @@ struct Expected {
 };
 
 // Checks every derived quantity of NamedSharding(Mesh4x2(), spec) on `shape`.
-void CheckLayout(const Shape& shape, const PartitionSpec& spec, const Shape& shard_shape,
-                 int64_t num_replicas, bool fully_replicated, const std::vector<Expected>& expected) {
+void CheckLayout(const Shape& shape, const PartitionSpec& spec, const Shape& shard_shape, int64_t num_replicas,
+                 bool fully_replicated, const std::vector<Expected>& expected) {
   SCOPED_TRACE(spec.to_string() + " on " + shape_to_string(shape));
   NamedSharding sharding(Mesh4x2(), spec);
   absl::Status status = sharding.validate(shape);
@@ -79,8 +79,7 @@ TEST(Mesh, MakeMesh4x2IsRowMajor) {
   EXPECT_EQ(mesh.axis_size("data"), 4);
   EXPECT_EQ(mesh.axis_size("model"), 2);
 
-  const std::vector<std::vector<int64_t>> coords = {{0, 0}, {0, 1}, {1, 0}, {1, 1},
-                                                    {2, 0}, {2, 1}, {3, 0}, {3, 1}};
+  const std::vector<std::vector<int64_t>> coords = {{0, 0}, {0, 1}, {1, 0}, {1, 1}, {2, 0}, {2, 1}, {3, 0}, {3, 1}};
   for (size_t p = 0; p < coords.size(); ++p) {
     EXPECT_EQ(mesh.coords(static_cast<int64_t>(p)), coords[p]) << "position " << p;
     EXPECT_EQ(mesh.device_at(coords[p]), static_cast<int>(p)) << "position " << p;
@@ -139,101 +138,149 @@ TEST(Mesh, OtherInvalidArguments) {
 
 TEST(Sharding, DataNoneOn4x2Mesh8x2) {
   CheckLayout({8, 2}, P("data", None), {2, 2}, 2, false,
-              {{{{0, 2}, {0, 2}}, 0}, {{{0, 2}, {0, 2}}, 1},
-               {{{2, 4}, {0, 2}}, 0}, {{{2, 4}, {0, 2}}, 1},
-               {{{4, 6}, {0, 2}}, 0}, {{{4, 6}, {0, 2}}, 1},
-               {{{6, 8}, {0, 2}}, 0}, {{{6, 8}, {0, 2}}, 1}});
+              {{{{0, 2}, {0, 2}}, 0},
+               {{{0, 2}, {0, 2}}, 1},
+               {{{2, 4}, {0, 2}}, 0},
+               {{{2, 4}, {0, 2}}, 1},
+               {{{4, 6}, {0, 2}}, 0},
+               {{{4, 6}, {0, 2}}, 1},
+               {{{6, 8}, {0, 2}}, 0},
+               {{{6, 8}, {0, 2}}, 1}});
 }
 
 TEST(Sharding, NoneModelOn4x2Mesh8x2) {
   CheckLayout({8, 2}, P(None, "model"), {8, 1}, 4, false,
-              {{{{0, 8}, {0, 1}}, 0}, {{{0, 8}, {1, 2}}, 0},
-               {{{0, 8}, {0, 1}}, 1}, {{{0, 8}, {1, 2}}, 1},
-               {{{0, 8}, {0, 1}}, 2}, {{{0, 8}, {1, 2}}, 2},
-               {{{0, 8}, {0, 1}}, 3}, {{{0, 8}, {1, 2}}, 3}});
+              {{{{0, 8}, {0, 1}}, 0},
+               {{{0, 8}, {1, 2}}, 0},
+               {{{0, 8}, {0, 1}}, 1},
+               {{{0, 8}, {1, 2}}, 1},
+               {{{0, 8}, {0, 1}}, 2},
+               {{{0, 8}, {1, 2}}, 2},
+               {{{0, 8}, {0, 1}}, 3},
+               {{{0, 8}, {1, 2}}, 3}});
 }
 
 TEST(Sharding, DataModelOn4x2Mesh8x2) {
   CheckLayout({8, 2}, P("data", "model"), {2, 1}, 1, false,
-              {{{{0, 2}, {0, 1}}, 0}, {{{0, 2}, {1, 2}}, 0},
-               {{{2, 4}, {0, 1}}, 0}, {{{2, 4}, {1, 2}}, 0},
-               {{{4, 6}, {0, 1}}, 0}, {{{4, 6}, {1, 2}}, 0},
-               {{{6, 8}, {0, 1}}, 0}, {{{6, 8}, {1, 2}}, 0}});
+              {{{{0, 2}, {0, 1}}, 0},
+               {{{0, 2}, {1, 2}}, 0},
+               {{{2, 4}, {0, 1}}, 0},
+               {{{2, 4}, {1, 2}}, 0},
+               {{{4, 6}, {0, 1}}, 0},
+               {{{4, 6}, {1, 2}}, 0},
+               {{{6, 8}, {0, 1}}, 0},
+               {{{6, 8}, {1, 2}}, 0}});
 }
 
 TEST(Sharding, DataModelTupleOn4x2Mesh8x2) {
   CheckLayout({8, 2}, P(Axes{"data", "model"}), {1, 2}, 1, false,
-              {{{{0, 1}, {0, 2}}, 0}, {{{1, 2}, {0, 2}}, 0},
-               {{{2, 3}, {0, 2}}, 0}, {{{3, 4}, {0, 2}}, 0},
-               {{{4, 5}, {0, 2}}, 0}, {{{5, 6}, {0, 2}}, 0},
-               {{{6, 7}, {0, 2}}, 0}, {{{7, 8}, {0, 2}}, 0}});
+              {{{{0, 1}, {0, 2}}, 0},
+               {{{1, 2}, {0, 2}}, 0},
+               {{{2, 3}, {0, 2}}, 0},
+               {{{3, 4}, {0, 2}}, 0},
+               {{{4, 5}, {0, 2}}, 0},
+               {{{5, 6}, {0, 2}}, 0},
+               {{{6, 7}, {0, 2}}, 0},
+               {{{7, 8}, {0, 2}}, 0}});
 }
 
 // Block of dimension 0 = c_model * 4 + c_data.
 TEST(Sharding, ModelDataTupleOn4x2Mesh8x2) {
   CheckLayout({8, 2}, P(Axes{"model", "data"}), {1, 2}, 1, false,
-              {{{{0, 1}, {0, 2}}, 0}, {{{4, 5}, {0, 2}}, 0},
-               {{{1, 2}, {0, 2}}, 0}, {{{5, 6}, {0, 2}}, 0},
-               {{{2, 3}, {0, 2}}, 0}, {{{6, 7}, {0, 2}}, 0},
-               {{{3, 4}, {0, 2}}, 0}, {{{7, 8}, {0, 2}}, 0}});
+              {{{{0, 1}, {0, 2}}, 0},
+               {{{4, 5}, {0, 2}}, 0},
+               {{{1, 2}, {0, 2}}, 0},
+               {{{5, 6}, {0, 2}}, 0},
+               {{{2, 3}, {0, 2}}, 0},
+               {{{6, 7}, {0, 2}}, 0},
+               {{{3, 4}, {0, 2}}, 0},
+               {{{7, 8}, {0, 2}}, 0}});
 }
 
 TEST(Sharding, ReplicatedOn4x2Mesh8x2) {
   CheckLayout({8, 2}, P(), {8, 2}, 8, true,
-              {{{{0, 8}, {0, 2}}, 0}, {{{0, 8}, {0, 2}}, 1},
-               {{{0, 8}, {0, 2}}, 2}, {{{0, 8}, {0, 2}}, 3},
-               {{{0, 8}, {0, 2}}, 4}, {{{0, 8}, {0, 2}}, 5},
-               {{{0, 8}, {0, 2}}, 6}, {{{0, 8}, {0, 2}}, 7}});
+              {{{{0, 8}, {0, 2}}, 0},
+               {{{0, 8}, {0, 2}}, 1},
+               {{{0, 8}, {0, 2}}, 2},
+               {{{0, 8}, {0, 2}}, 3},
+               {{{0, 8}, {0, 2}}, 4},
+               {{{0, 8}, {0, 2}}, 5},
+               {{{0, 8}, {0, 2}}, 6},
+               {{{0, 8}, {0, 2}}, 7}});
 }
 
 // ---- Layout tables: (16, 8) ------------------------------------------------------------------
 
 TEST(Sharding, DataNoneOn4x2Mesh16x8) {
   CheckLayout({16, 8}, P("data", None), {4, 8}, 2, false,
-              {{{{0, 4}, {0, 8}}, 0}, {{{0, 4}, {0, 8}}, 1},
-               {{{4, 8}, {0, 8}}, 0}, {{{4, 8}, {0, 8}}, 1},
-               {{{8, 12}, {0, 8}}, 0}, {{{8, 12}, {0, 8}}, 1},
-               {{{12, 16}, {0, 8}}, 0}, {{{12, 16}, {0, 8}}, 1}});
+              {{{{0, 4}, {0, 8}}, 0},
+               {{{0, 4}, {0, 8}}, 1},
+               {{{4, 8}, {0, 8}}, 0},
+               {{{4, 8}, {0, 8}}, 1},
+               {{{8, 12}, {0, 8}}, 0},
+               {{{8, 12}, {0, 8}}, 1},
+               {{{12, 16}, {0, 8}}, 0},
+               {{{12, 16}, {0, 8}}, 1}});
 }
 
 TEST(Sharding, NoneModelOn4x2Mesh16x8) {
   CheckLayout({16, 8}, P(None, "model"), {16, 4}, 4, false,
-              {{{{0, 16}, {0, 4}}, 0}, {{{0, 16}, {4, 8}}, 0},
-               {{{0, 16}, {0, 4}}, 1}, {{{0, 16}, {4, 8}}, 1},
-               {{{0, 16}, {0, 4}}, 2}, {{{0, 16}, {4, 8}}, 2},
-               {{{0, 16}, {0, 4}}, 3}, {{{0, 16}, {4, 8}}, 3}});
+              {{{{0, 16}, {0, 4}}, 0},
+               {{{0, 16}, {4, 8}}, 0},
+               {{{0, 16}, {0, 4}}, 1},
+               {{{0, 16}, {4, 8}}, 1},
+               {{{0, 16}, {0, 4}}, 2},
+               {{{0, 16}, {4, 8}}, 2},
+               {{{0, 16}, {0, 4}}, 3},
+               {{{0, 16}, {4, 8}}, 3}});
 }
 
 TEST(Sharding, DataModelOn4x2Mesh16x8) {
   CheckLayout({16, 8}, P("data", "model"), {4, 4}, 1, false,
-              {{{{0, 4}, {0, 4}}, 0}, {{{0, 4}, {4, 8}}, 0},
-               {{{4, 8}, {0, 4}}, 0}, {{{4, 8}, {4, 8}}, 0},
-               {{{8, 12}, {0, 4}}, 0}, {{{8, 12}, {4, 8}}, 0},
-               {{{12, 16}, {0, 4}}, 0}, {{{12, 16}, {4, 8}}, 0}});
+              {{{{0, 4}, {0, 4}}, 0},
+               {{{0, 4}, {4, 8}}, 0},
+               {{{4, 8}, {0, 4}}, 0},
+               {{{4, 8}, {4, 8}}, 0},
+               {{{8, 12}, {0, 4}}, 0},
+               {{{8, 12}, {4, 8}}, 0},
+               {{{12, 16}, {0, 4}}, 0},
+               {{{12, 16}, {4, 8}}, 0}});
 }
 
 TEST(Sharding, DataModelTupleOn4x2Mesh16x8) {
   CheckLayout({16, 8}, P(Axes{"data", "model"}), {2, 8}, 1, false,
-              {{{{0, 2}, {0, 8}}, 0}, {{{2, 4}, {0, 8}}, 0},
-               {{{4, 6}, {0, 8}}, 0}, {{{6, 8}, {0, 8}}, 0},
-               {{{8, 10}, {0, 8}}, 0}, {{{10, 12}, {0, 8}}, 0},
-               {{{12, 14}, {0, 8}}, 0}, {{{14, 16}, {0, 8}}, 0}});
+              {{{{0, 2}, {0, 8}}, 0},
+               {{{2, 4}, {0, 8}}, 0},
+               {{{4, 6}, {0, 8}}, 0},
+               {{{6, 8}, {0, 8}}, 0},
+               {{{8, 10}, {0, 8}}, 0},
+               {{{10, 12}, {0, 8}}, 0},
+               {{{12, 14}, {0, 8}}, 0},
+               {{{14, 16}, {0, 8}}, 0}});
 }
 
 TEST(Sharding, ModelDataTupleOn4x2Mesh16x8) {
   CheckLayout({16, 8}, P(Axes{"model", "data"}), {2, 8}, 1, false,
-              {{{{0, 2}, {0, 8}}, 0}, {{{8, 10}, {0, 8}}, 0},
-               {{{2, 4}, {0, 8}}, 0}, {{{10, 12}, {0, 8}}, 0},
-               {{{4, 6}, {0, 8}}, 0}, {{{12, 14}, {0, 8}}, 0},
-               {{{6, 8}, {0, 8}}, 0}, {{{14, 16}, {0, 8}}, 0}});
+              {{{{0, 2}, {0, 8}}, 0},
+               {{{8, 10}, {0, 8}}, 0},
+               {{{2, 4}, {0, 8}}, 0},
+               {{{10, 12}, {0, 8}}, 0},
+               {{{4, 6}, {0, 8}}, 0},
+               {{{12, 14}, {0, 8}}, 0},
+               {{{6, 8}, {0, 8}}, 0},
+               {{{14, 16}, {0, 8}}, 0}});
 }
 
 TEST(Sharding, ReplicatedOn4x2Mesh16x8) {
   CheckLayout({16, 8}, P(), {16, 8}, 8, true,
-              {{{{0, 16}, {0, 8}}, 0}, {{{0, 16}, {0, 8}}, 1},
-               {{{0, 16}, {0, 8}}, 2}, {{{0, 16}, {0, 8}}, 3},
-               {{{0, 16}, {0, 8}}, 4}, {{{0, 16}, {0, 8}}, 5},
-               {{{0, 16}, {0, 8}}, 6}, {{{0, 16}, {0, 8}}, 7}});
+              {{{{0, 16}, {0, 8}}, 0},
+               {{{0, 16}, {0, 8}}, 1},
+               {{{0, 16}, {0, 8}}, 2},
+               {{{0, 16}, {0, 8}}, 3},
+               {{{0, 16}, {0, 8}}, 4},
+               {{{0, 16}, {0, 8}}, 5},
+               {{{0, 16}, {0, 8}}, 6},
+               {{{0, 16}, {0, 8}}, 7}});
 }
 
 // ---- Other layouts ---------------------------------------------------------------------------
@@ -241,33 +288,45 @@ TEST(Sharding, ReplicatedOn4x2Mesh16x8) {
 // Dimensions past the spec are whole, as with trailing Nones; P('data') == P('data', None).
 TEST(Sharding, ShortSpecLeavesTrailingDimensionsWhole) {
   CheckLayout({8, 2}, P("data"), {2, 2}, 2, false,
-              {{{{0, 2}, {0, 2}}, 0}, {{{0, 2}, {0, 2}}, 1},
-               {{{2, 4}, {0, 2}}, 0}, {{{2, 4}, {0, 2}}, 1},
-               {{{4, 6}, {0, 2}}, 0}, {{{4, 6}, {0, 2}}, 1},
-               {{{6, 8}, {0, 2}}, 0}, {{{6, 8}, {0, 2}}, 1}});
+              {{{{0, 2}, {0, 2}}, 0},
+               {{{0, 2}, {0, 2}}, 1},
+               {{{2, 4}, {0, 2}}, 0},
+               {{{2, 4}, {0, 2}}, 1},
+               {{{4, 6}, {0, 2}}, 0},
+               {{{4, 6}, {0, 2}}, 1},
+               {{{6, 8}, {0, 2}}, 0},
+               {{{6, 8}, {0, 2}}, 1}});
   CheckLayout({4, 6, 3}, P(None, "model"), {4, 3, 3}, 4, false,
-              {{{{0, 4}, {0, 3}, {0, 3}}, 0}, {{{0, 4}, {3, 6}, {0, 3}}, 0},
-               {{{0, 4}, {0, 3}, {0, 3}}, 1}, {{{0, 4}, {3, 6}, {0, 3}}, 1},
-               {{{0, 4}, {0, 3}, {0, 3}}, 2}, {{{0, 4}, {3, 6}, {0, 3}}, 2},
-               {{{0, 4}, {0, 3}, {0, 3}}, 3}, {{{0, 4}, {3, 6}, {0, 3}}, 3}});
+              {{{{0, 4}, {0, 3}, {0, 3}}, 0},
+               {{{0, 4}, {3, 6}, {0, 3}}, 0},
+               {{{0, 4}, {0, 3}, {0, 3}}, 1},
+               {{{0, 4}, {3, 6}, {0, 3}}, 1},
+               {{{0, 4}, {0, 3}, {0, 3}}, 2},
+               {{{0, 4}, {3, 6}, {0, 3}}, 2},
+               {{{0, 4}, {0, 3}, {0, 3}}, 3},
+               {{{0, 4}, {3, 6}, {0, 3}}, 3}});
 }
 
 // A dimension of size 0 divides evenly: every device holds an empty block.
 TEST(Sharding, ZeroSizeDimension) {
   CheckLayout({0, 2}, P("data", "model"), {0, 1}, 1, false,
-              {{{{0, 0}, {0, 1}}, 0}, {{{0, 0}, {1, 2}}, 0},
-               {{{0, 0}, {0, 1}}, 0}, {{{0, 0}, {1, 2}}, 0},
-               {{{0, 0}, {0, 1}}, 0}, {{{0, 0}, {1, 2}}, 0},
-               {{{0, 0}, {0, 1}}, 0}, {{{0, 0}, {1, 2}}, 0}});
+              {{{{0, 0}, {0, 1}}, 0},
+               {{{0, 0}, {1, 2}}, 0},
+               {{{0, 0}, {0, 1}}, 0},
+               {{{0, 0}, {1, 2}}, 0},
+               {{{0, 0}, {0, 1}}, 0},
+               {{{0, 0}, {1, 2}}, 0},
+               {{{0, 0}, {0, 1}}, 0},
+               {{{0, 0}, {1, 2}}, 0}});
 }
 
 // Blocks and replica ids follow mesh positions; device ids are whatever sits there.
 TEST(Sharding, PermutedDevicesKeepMeshOrder) {
   Mesh mesh = make_mesh({4, 2}, {"data", "model"}, {7, 6, 5, 4, 3, 2, 1, 0}).value();
   std::vector<DeviceShard> shards = NamedSharding(mesh, P("data", None)).device_shards({8, 2});
-  const std::vector<Expected> expected = {
-      {{{0, 2}, {0, 2}}, 0}, {{{0, 2}, {0, 2}}, 1}, {{{2, 4}, {0, 2}}, 0}, {{{2, 4}, {0, 2}}, 1},
-      {{{4, 6}, {0, 2}}, 0}, {{{4, 6}, {0, 2}}, 1}, {{{6, 8}, {0, 2}}, 0}, {{{6, 8}, {0, 2}}, 1}};
+  const std::vector<Expected> expected = {{{{0, 2}, {0, 2}}, 0}, {{{0, 2}, {0, 2}}, 1}, {{{2, 4}, {0, 2}}, 0},
+                                          {{{2, 4}, {0, 2}}, 1}, {{{4, 6}, {0, 2}}, 0}, {{{4, 6}, {0, 2}}, 1},
+                                          {{{6, 8}, {0, 2}}, 0}, {{{6, 8}, {0, 2}}, 1}};
   ASSERT_EQ(shards.size(), expected.size());
   for (size_t p = 0; p < expected.size(); ++p) {
     SCOPED_TRACE("position " + std::to_string(p));
@@ -342,9 +401,11 @@ TEST(ShardingValidation, DimensionNotDivisible) {
       {P("data", None), {10, 2}, "dimension 0 of size 10 is not divisible by mesh axis 'data' of size 4"},
       {P(None, "model"), {8, 3}, "dimension 1 of size 3 is not divisible by mesh axis 'model' of size 2"},
       {P("data", "model"), {8, 5}, "dimension 1 of size 5 is not divisible by mesh axis 'model' of size 2"},
-      {P(Axes{"data", "model"}), {12, 8},
+      {P(Axes{"data", "model"}),
+       {12, 8},
        "dimension 0 of size 12 is not divisible by mesh axes ('data', 'model') of total size 8"},
-      {P(None, Axes{"model", "data"}), {16, 4},
+      {P(None, Axes{"model", "data"}),
+       {16, 4},
        "dimension 1 of size 4 is not divisible by mesh axes ('model', 'data') of total size 8"},
   };
   for (const Case& c : cases) {
@@ -357,8 +418,8 @@ TEST(ShardingValidation, DimensionNotDivisible) {
 
 TEST(ShardingValidation, ValidLayoutsPass) {
   for (const Shape& shape : {Shape{8, 2}, Shape{16, 8}}) {
-    for (const PartitionSpec& spec : {P("data", None), P(None, "model"), P("data", "model"),
-                                      P(Axes{"data", "model"}), P(Axes{"model", "data"}), P()}) {
+    for (const PartitionSpec& spec : {P("data", None), P(None, "model"), P("data", "model"), P(Axes{"data", "model"}),
+                                      P(Axes{"model", "data"}), P()}) {
       EXPECT_TRUE(Validate(spec, shape).ok()) << spec.to_string() << " on " << shape_to_string(shape);
     }
   }

@@ -51,8 +51,7 @@ void NaiveForEach(const Shape& shape, const Index& index, F f) {
     for (int64_t j = a.slice[1].start; j < a.slice[1].stop; ++j) {
       for (int64_t k = a.slice[2].start; k < a.slice[2].stop; ++k) {
         const int64_t global = (i * a.dim[1] + j) * a.dim[2] + k;
-        const int64_t local =
-            ((i - a.slice[0].start) * e1 + (j - a.slice[1].start)) * e2 + (k - a.slice[2].start);
+        const int64_t local = ((i - a.slice[0].start) * e1 + (j - a.slice[1].start)) * e2 + (k - a.slice[2].start);
         f(global, local);
       }
     }
@@ -64,17 +63,15 @@ HostArray NaiveExtract(const HostArray& global, const Index& index) {
   for (const Slice& s : index) block.push_back(s.stop - s.start);
   HostArray out(global.dtype(), block);
   const size_t es = static_cast<size_t>(dtype_size(global.dtype()));
-  NaiveForEach(global.shape(), index, [&](int64_t g, int64_t l) {
-    std::memcpy(out.data() + l * es, global.data() + g * es, es);
-  });
+  NaiveForEach(global.shape(), index,
+               [&](int64_t g, int64_t l) { std::memcpy(out.data() + l * es, global.data() + g * es, es); });
   return out;
 }
 
 void NaiveInsert(const HostArray& block, const Index& index, HostArray* global) {
   const size_t es = static_cast<size_t>(dtype_size(global->dtype()));
-  NaiveForEach(global->shape(), index, [&](int64_t g, int64_t l) {
-    std::memcpy(global->data() + g * es, block.data() + l * es, es);
-  });
+  NaiveForEach(global->shape(), index,
+               [&](int64_t g, int64_t l) { std::memcpy(global->data() + g * es, block.data() + l * es, es); });
 }
 
 // ---- Helpers ---------------------------------------------------------------------------------
@@ -91,8 +88,8 @@ testing::AssertionResult SameArray(const HostArray& actual, const HostArray& exp
   }
   for (int64_t i = 0; i < actual.size(); ++i) {
     if (actual.element_as_double(i) != expected.element_as_double(i)) {
-      return testing::AssertionFailure() << "element " << i << ": " << actual.element_as_double(i)
-                                         << " vs " << expected.element_as_double(i);
+      return testing::AssertionFailure() << "element " << i << ": " << actual.element_as_double(i) << " vs "
+                                         << expected.element_as_double(i);
     }
   }
   if (actual != expected) return testing::AssertionFailure() << "bytes differ";
@@ -109,11 +106,21 @@ void FillRandom(HostArray* a, std::mt19937* rng) {
 HostArray RandomArray(DType dtype, const Shape& shape, std::mt19937* rng) {
   HostArray a(dtype, shape);
   switch (dtype) {
-    case DType::kF32: FillRandom<float>(&a, rng); break;
-    case DType::kF64: FillRandom<double>(&a, rng); break;
-    case DType::kI32: FillRandom<int32_t>(&a, rng); break;
-    case DType::kI64: FillRandom<int64_t>(&a, rng); break;
-    case DType::kBool: FillRandom<bool>(&a, rng); break;
+    case DType::kF32:
+      FillRandom<float>(&a, rng);
+      break;
+    case DType::kF64:
+      FillRandom<double>(&a, rng);
+      break;
+    case DType::kI32:
+      FillRandom<int32_t>(&a, rng);
+      break;
+    case DType::kI64:
+      FillRandom<int64_t>(&a, rng);
+      break;
+    case DType::kBool:
+      FillRandom<bool>(&a, rng);
+      break;
   }
   return a;
 }
@@ -179,7 +186,7 @@ TEST(Slicing, RawCopyWithTwoByteElements) {
   std::vector<uint16_t> out(4 * 5, 0);
   copy_block_in(reinterpret_cast<const std::byte*>(block.data()), {4, 5}, 2, index,
                 reinterpret_cast<std::byte*>(out.data()));
-  EXPECT_THAT(out, ElementsAre(0, 0, 0, 0, 0,  //
+  EXPECT_THAT(out, ElementsAre(0, 0, 0, 0, 0,           //
                                0, 0, 1007, 1008, 1009,  //
                                0, 0, 1012, 1013, 1014,  //
                                0, 0, 0, 0, 0));
@@ -188,8 +195,8 @@ TEST(Slicing, RawCopyWithTwoByteElements) {
 TEST(Slicing, ZeroSizeBlocks) {
   HostArray a = HostArray::arange(DType::kF32, {4, 3});
   const HostArray original = a.clone();
-  for (const Index& index : {Index{{2, 2}, {0, 3}}, Index{{0, 4}, {1, 1}}, Index{{4, 4}, {3, 3}},
-                             Index{{1, 1}, {0, 0}}}) {
+  for (const Index& index :
+       {Index{{2, 2}, {0, 3}}, Index{{0, 4}, {1, 1}}, Index{{4, 4}, {3, 3}}, Index{{1, 1}, {0, 0}}}) {
     HostArray block = extract_block(a, index);
     EXPECT_EQ(block.size(), 0);
     EXPECT_EQ(block.shape(), (Shape{index[0].stop - index[0].start, index[1].stop - index[1].start}));
@@ -239,8 +246,7 @@ TEST(Slicing, ValidateIndex) {
       {{{-1, 2}, {0, 3}}, "slice 0"},  // negative start
       {{{3, 2}, {0, 3}}, "slice 0"},   // start > stop
       {{{0, 5}, {0, 3}}, "slice 0"},   // stop > dim
-      {{{0, 4}, {2, 4}}, "slice 1"},
-      {{{0, 4}, {4, 4}}, "slice 1"},
+      {{{0, 4}, {2, 4}}, "slice 1"},  {{{0, 4}, {4, 4}}, "slice 1"},
   };
   for (const Case& c : bad) {
     SCOPED_TRACE(index_to_string(c.index));
@@ -290,7 +296,7 @@ TEST(Slicing, RandomBlocksMatchReference) {
 
 TEST(Slicing, DeviceBlocksReassembleEveryLayout) {
   const Mesh mesh = make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7}).value();
-  const std::vector<PartitionSpec> layouts = {P("data", None), P(None, "model"), P("data", "model"),
+  const std::vector<PartitionSpec> layouts = {P("data", None),          P(None, "model"),         P("data", "model"),
                                               P(Axes{"data", "model"}), P(Axes{"model", "data"}), P()};
   std::mt19937 rng(7);
   for (DType dtype : {DType::kI32, DType::kF64, DType::kBool}) {

@@ -21,11 +21,21 @@ HostArray random_array(DType dtype, const Shape& shape, uint32_t seed) {
   for (int64_t i = 0; i < a.size(); ++i) {
     const int v = dist(rng);
     switch (dtype) {
-      case DType::kF32: a.mutable_values<float>()[i] = static_cast<float>(v) / 7.0f; break;
-      case DType::kF64: a.mutable_values<double>()[i] = static_cast<double>(v) / 7.0; break;
-      case DType::kI32: a.mutable_values<int32_t>()[i] = v * 1000003; break;
-      case DType::kI64: a.mutable_values<int64_t>()[i] = int64_t{v} << 40; break;
-      case DType::kBool: a.mutable_values<bool>()[i] = v % 2 == 0; break;
+      case DType::kF32:
+        a.mutable_values<float>()[i] = static_cast<float>(v) / 7.0f;
+        break;
+      case DType::kF64:
+        a.mutable_values<double>()[i] = static_cast<double>(v) / 7.0;
+        break;
+      case DType::kI32:
+        a.mutable_values<int32_t>()[i] = v * 1000003;
+        break;
+      case DType::kI64:
+        a.mutable_values<int64_t>()[i] = int64_t{v} << 40;
+        break;
+      case DType::kBool:
+        a.mutable_values<bool>()[i] = v % 2 == 0;
+        break;
     }
   }
   return a;
@@ -46,8 +56,8 @@ HostArray reference_block_2d(const HostArray& global, const Index& index) {
 }
 
 std::vector<PartitionSpec> all_layouts() {
-  return {P("data", None), P(None, "model"), P("data", "model"), P(Axes{"data", "model"}),
-          P(Axes{"model", "data"}), P()};
+  return {P("data", None),          P(None, "model"),         P("data", "model"),
+          P(Axes{"data", "model"}), P(Axes{"model", "data"}), P()};
 }
 
 class LocalClusterTest : public ::testing::Test {
@@ -179,7 +189,8 @@ TEST_F(LocalClusterTest, InvalidShardingsAreRejectedBeforeAnythingIsAllocated) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec.to_string() + " on " + shape_to_string(c.shape));
-    absl::StatusOr<Array> array = client_->device_put(HostArray::zeros(DType::kF32, c.shape), NamedSharding(*mesh_, c.spec));
+    absl::StatusOr<Array> array =
+        client_->device_put(HostArray::zeros(DType::kF32, c.shape), NamedSharding(*mesh_, c.spec));
     ASSERT_FALSE(array.ok());
     EXPECT_EQ(array.status().code(), absl::StatusCode::kInvalidArgument);
     for (const std::string& part : c.message) EXPECT_THAT(std::string(array.status().message()), HasSubstr(part));
@@ -190,7 +201,8 @@ TEST_F(LocalClusterTest, InvalidShardingsAreRejectedBeforeAnythingIsAllocated) {
 TEST_F(LocalClusterTest, BuffersAreReleasedWithTheLastHandle) {
   const int64_t before = total_buffers();
   {
-    absl::StatusOr<Array> a = client_->device_put(HostArray::ones(DType::kF64, {16, 8}), NamedSharding(*mesh_, P("data", None)));
+    absl::StatusOr<Array> a =
+        client_->device_put(HostArray::ones(DType::kF64, {16, 8}), NamedSharding(*mesh_, P("data", None)));
     ASSERT_TRUE(a.ok()) << a.status();
     Array copy = *a;
     EXPECT_EQ(total_buffers(), before + 8);

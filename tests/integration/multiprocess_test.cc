@@ -12,8 +12,8 @@ namespace tessera {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::ChildProcess;
+using ::testing::HasSubstr;
 
 const std::string kBin = TESSERA_BIN_DIR;
 
@@ -126,7 +126,8 @@ TEST_F(MultiProcessTest, CoordinatorMarksASilentWorkerLost) {
 
 TEST(DaemonFlags, EveryBinaryHasHelp) {
   for (const std::string bin : {"tessera-coordinator", "tessera-worker"}) {
-    absl::StatusOr<std::pair<int, std::string>> out = ChildProcess::run({kBin + "/" + bin, "--help"}, absl::Seconds(20));
+    absl::StatusOr<std::pair<int, std::string>> out =
+        ChildProcess::run({kBin + "/" + bin, "--help"}, absl::Seconds(20));
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_THAT(out->second, AllOf(HasSubstr("Usage: " + bin), HasSubstr("--port")));
   }

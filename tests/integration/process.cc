@@ -57,7 +57,8 @@ absl::StatusOr<std::string> ChildProcess::read_line_with(const std::string& need
     }
     const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     if (left_ms <= 0) {
-      return absl::DeadlineExceededError(absl::StrCat("no line with '", needle, "' within ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no line with '", needle, "' within ", absl::FormatDuration(timeout)));
     }
     pollfd p{stdout_fd_, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(left_ms)) <= 0) continue;
@@ -69,7 +70,7 @@ absl::StatusOr<std::string> ChildProcess::read_line_with(const std::string& need
 }
 
 absl::StatusOr<std::pair<int, std::string>> ChildProcess::run(const std::vector<std::string>& argv,
-                                                             absl::Duration timeout) {
+                                                              absl::Duration timeout) {
   std::vector<std::string> shell = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1"};
   shell.insert(shell.end(), argv.begin(), argv.end());
   absl::StatusOr<std::unique_ptr<ChildProcess>> child = spawn(shell);

@@ -33,8 +33,7 @@ class ChildProcess {
   void kill();
 
   // Runs `argv` to completion (at most `timeout`); returns exit code and merged output.
-  static absl::StatusOr<std::pair<int, std::string>> run(const std::vector<std::string>& argv,
-                                                         absl::Duration timeout);
+  static absl::StatusOr<std::pair<int, std::string>> run(const std::vector<std::string>& argv, absl::Duration timeout);
 
  private:
   ChildProcess(pid_t pid, int stdout_fd) : pid_(pid), stdout_fd_(stdout_fd) {}

@@ -90,8 +90,7 @@ TEST_F(WireValidationTest, PutShardWithNegativeDimension) {
 }
 
 TEST_F(WireValidationTest, PutShardWithOverflowingShape) {
-  expect_error(put({header(1000, pb::F64, {1LL << 40, 1LL << 30})}), grpc::StatusCode::INVALID_ARGUMENT,
-               {"too large"});
+  expect_error(put({header(1000, pb::F64, {1LL << 40, 1LL << 30})}), grpc::StatusCode::INVALID_ARGUMENT, {"too large"});
 }
 
 TEST_F(WireValidationTest, PutShardLargerThanDeviceMemory) {
