@@ -31,7 +31,7 @@ HostArray random_array(DType dtype, const Shape& shape, uint32_t seed) {
         a.mutable_values<int32_t>()[i] = v * 1000003;
         break;
       case DType::kI64:
-        a.mutable_values<int64_t>()[i] = int64_t{v} << 40;
+        a.mutable_values<int64_t>()[i] = int64_t{v} * (int64_t{1} << 40);
         break;
       case DType::kBool:
         a.mutable_values<bool>()[i] = v % 2 == 0;
