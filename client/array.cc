@@ -48,6 +48,11 @@ absl::StatusOr<HostArray> Shard::data() const {
   return out;
 }
 
+namespace internal {
+const ArrayState& array_state(const Array& array) { return *array.state_; }
+Array make_array(std::shared_ptr<ArrayState> state) { return Array(std::move(state)); }
+}  // namespace internal
+
 uint64_t Array::id() const { return state_->id; }
 const Shape& Array::shape() const { return state_->shape; }
 DType Array::dtype() const { return state_->dtype; }

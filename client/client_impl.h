@@ -59,6 +59,10 @@ struct ArrayState {
   const NamedSharding sharding;
 };
 
+// Access to an Array's state and construction from one, for the SDK's own files.
+const ArrayState& array_state(const Array& array);
+Array make_array(std::shared_ptr<ArrayState> state);
+
 }  // namespace tessera::internal
 
 #endif  // TESSERA_CLIENT_CLIENT_IMPL_H_

@@ -1,6 +1,8 @@
 #include "coordinator/coordinator_server.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -8,6 +10,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/registry.h"
+#include "core/collective.h"
 #include "core/status.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
@@ -101,37 +104,133 @@ class CoordinatorService final : public pb::Coordinator::Service {
 
   grpc::Status DeleteArray(grpc::ServerContext*, const pb::DeleteArrayRequest* req, pb::DeleteArrayReply*) override {
     std::vector<uint64_t> ids(req->array_ids().begin(), req->array_ids().end());
-    std::vector<ArrayRecord> removed = registry_.remove_arrays(ids);
-    // Fan out one DeleteBuffers per alive device, in parallel; a device that fails to answer
-    // keeps garbage, never a wrong value (buffer ids are never reused).
-    std::map<int, pb::DeleteBuffersRequest> per_device;
-    for (const ArrayRecord& a : removed) {
-      for (int id : a.sharding.mesh().device_ids()) per_device[id].add_buffer_ids(a.id);
-    }
-    struct Call {
-      grpc::ClientContext ctx;
-      pb::DeleteBuffersReply reply;
-    };
-    std::vector<std::unique_ptr<Call>> calls;
-    std::vector<std::pair<pb::Worker::Stub*, const pb::DeleteBuffersRequest*>> targets;
-    for (const auto& [device_id, request] : per_device) {
-      std::optional<DeviceRecord> d = registry_.device(device_id);
-      if (!d.has_value() || !d->alive) continue;
-      targets.emplace_back(worker_stub(d->address), &request);
-    }
-    absl::BlockingCounter done(static_cast<int>(targets.size()));
-    for (auto& [stub, request] : targets) {
-      calls.push_back(std::make_unique<Call>());
-      Call* call = calls.back().get();
-      set_deadline(&call->ctx, kConnectDeadline);
-      call->ctx.set_wait_for_ready(true);
-      stub->async()->DeleteBuffers(&call->ctx, request, &call->reply, [&done](grpc::Status) { done.DecrementCount(); });
-    }
-    done.Wait();
+    delete_buffers(registry_.remove_arrays(ids));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RunCollective(grpc::ServerContext*, const pb::RunCollectiveRequest* req,
+                             pb::RunCollectiveReply* reply) override {
+    absl::StatusOr<ArrayRecord> out = run_collective(*req);
+    if (!out.ok()) return to_grpc(out.status());
+    pb::ArrayInfo* info = reply->mutable_result();
+    info->set_array_id(out->id);
+    info->set_dtype(tessera::to_proto(out->dtype));
+    tessera::to_proto(out->shape, info->mutable_shape());
+    tessera::to_proto(out->sharding, info->mutable_sharding());
     return grpc::Status::OK;
   }
 
  private:
+  // Issues one asynchronous call per target, all at once, and waits for every answer.
+  // start(i, ctx, done) must start call i on `ctx` and have it call done(status).
+  using StartCall = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
+  static std::vector<grpc::Status> fan_out(int n, absl::Duration deadline, const StartCall& start) {
+    std::vector<grpc::Status> statuses(static_cast<size_t>(n));
+    std::vector<grpc::ClientContext> contexts(static_cast<size_t>(n));
+    absl::BlockingCounter done(n);
+    for (int i = 0; i < n; ++i) {
+      set_deadline(&contexts[i], deadline);
+      contexts[i].set_wait_for_ready(true);  // bounded by the deadline; see kConnectDeadline
+      start(i, &contexts[i], [&statuses, &done, i](grpc::Status s) {
+        statuses[i] = std::move(s);
+        done.DecrementCount();
+      });
+    }
+    done.Wait();
+    return statuses;
+  }
+
+  // Frees the arrays' buffers on every alive device of their meshes. A device that does not
+  // answer keeps garbage, never a wrong value (buffer ids are never reused).
+  void delete_buffers(const std::vector<ArrayRecord>& arrays) {
+    std::map<int, pb::DeleteBuffersRequest> per_device;
+    for (const ArrayRecord& a : arrays) {
+      for (int id : a.sharding.mesh().device_ids()) per_device[id].add_buffer_ids(a.id);
+    }
+    std::vector<std::pair<pb::Worker::Stub*, const pb::DeleteBuffersRequest*>> targets;
+    for (const auto& [device_id, request] : per_device) {
+      std::optional<DeviceRecord> d = registry_.device(device_id);
+      if (d.has_value() && d->alive) targets.emplace_back(worker_stub(d->address), &request);
+    }
+    std::vector<pb::DeleteBuffersReply> replies(targets.size());
+    fan_out(static_cast<int>(targets.size()), kConnectDeadline, [&](int i, grpc::ClientContext* ctx, auto done) {
+      targets[i].first->async()->DeleteBuffers(ctx, targets[i].second, &replies[i], std::move(done));
+    });
+  }
+
+  // Runs one collective on the blocks of an array; the results become a new array with the
+  // same sharding (so every device must hold a block of its own).
+  absl::StatusOr<ArrayRecord> run_collective(const pb::RunCollectiveRequest& req) {
+    TESSERA_ASSIGN_OR_RETURN(ArrayRecord in, registry_.get_array(req.array_id()));
+    TESSERA_ASSIGN_OR_RETURN(CollectiveSpec spec, collective_from_proto(req.spec()));
+    const std::string name = collective_name(spec.kind);
+    const NamedSharding& sharding = in.sharding;
+    if (sharding.num_replicas() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": array ", in.id, " under ", sharding.spec().to_string(),
+                                                     " has replicated blocks; every device must hold its own block"));
+    }
+    const std::vector<int>& mesh_devices = sharding.mesh().device_ids();
+    size_t grouped = 0;
+    for (const std::vector<int>& group : spec.groups) {
+      for (int d : group) {
+        if (std::find(mesh_devices.begin(), mesh_devices.end(), d) == mesh_devices.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(name, ": device ", d, " is not in the mesh of array ", in.id));
+        }
+        ++grouped;
+      }
+    }
+    if (grouped != mesh_devices.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": the replica groups cover ", grouped, " of the ",
+                                                     mesh_devices.size(), " devices of array ", in.id));
+    }
+    const Shape block = sharding.shard_shape(in.shape);
+    TESSERA_ASSIGN_OR_RETURN(Shape out_block, collective_output_shape(spec, block));
+    Shape out_shape = in.shape;
+    for (size_t d = 0; d < out_shape.size(); ++d) {
+      int64_t blocks = 1;
+      for (const std::string& axis : sharding.spec().axes(static_cast<int>(d))) blocks *= sharding.mesh().axis_size(axis);
+      out_shape[d] = blocks * out_block[d];
+    }
+    std::vector<pb::PeerAddress> peers;
+    for (int d : mesh_devices) {
+      std::optional<DeviceRecord> device = registry_.device(d);
+      if (!device.has_value() || !device->alive) {
+        return absl::UnavailableError(absl::StrCat(name, ": ", describe_device(d, device ? device->address : "?"),
+                                                   " is lost"));
+      }
+      pb::PeerAddress peer;
+      peer.set_device_id(d);
+      peer.set_address(device->address);
+      peers.push_back(std::move(peer));
+    }
+    TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, out_shape, sharding));
+
+    const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
+    pb::WorkerCollectiveRequest request;
+    request.set_op_id(out_id);  // array ids are unique: so are the ops that make them
+    *request.mutable_spec() = req.spec();
+    request.set_input_buffer(in.id);
+    request.set_output_buffer(out_id);
+    for (const pb::PeerAddress& p : peers) *request.add_peers() = p;
+    request.set_timeout_ms(timeout_ms);
+    std::vector<pb::WorkerCollectiveReply> replies(peers.size());
+    std::vector<grpc::Status> statuses =
+        fan_out(static_cast<int>(peers.size()), absl::Milliseconds(timeout_ms) + absl::Seconds(5),
+                [&](int i, grpc::ClientContext* ctx, auto done) {
+                  worker_stub(peers[i].address())->async()->RunCollective(ctx, &request, &replies[i], std::move(done));
+                });
+    for (size_t i = 0; i < statuses.size(); ++i) {
+      if (statuses[i].ok()) continue;
+      int failed = 0;
+      for (const grpc::Status& s : statuses) failed += s.ok() ? 0 : 1;
+      delete_buffers(registry_.remove_arrays({out_id}));
+      absl::Status first = from_grpc(statuses[i], describe_device(peers[i].device_id(), peers[i].address()));
+      return absl::Status(first.code(), absl::StrCat(name, " failed on ", failed, " of ", peers.size(),
+                                                     " devices; first: ", first.message()));
+    }
+    return registry_.get_array(out_id);
+  }
+
   // Converts and checks a CreateArray request; the registry checks the devices.
   absl::StatusOr<uint64_t> create_array(const pb::CreateArrayRequest& req) {
     TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(req.dtype()));

@@ -81,4 +81,72 @@ absl::StatusOr<NamedSharding> sharding_from_proto(const pb::NamedSharding& shard
   return out;
 }
 
+namespace {
+
+constexpr std::pair<CollectiveKind, pb::CollectiveKind> kKinds[] = {
+    {CollectiveKind::kAllReduce, pb::ALL_REDUCE},
+    {CollectiveKind::kAllGather, pb::ALL_GATHER},
+    {CollectiveKind::kReduceScatter, pb::REDUCE_SCATTER},
+    {CollectiveKind::kAllToAll, pb::ALL_TO_ALL},
+    {CollectiveKind::kCollectivePermute, pb::COLLECTIVE_PERMUTE},
+    {CollectiveKind::kBroadcast, pb::BROADCAST},
+};
+constexpr std::pair<ReduceOp, pb::ReduceOp> kReduceOps[] = {
+    {ReduceOp::kSum, pb::SUM}, {ReduceOp::kMax, pb::MAX}, {ReduceOp::kMin, pb::MIN}, {ReduceOp::kProd, pb::PROD}};
+
+}  // namespace
+
+void to_proto(const CollectiveSpec& spec, pb::CollectiveSpec* out) {
+  for (const auto& [kind, wire] : kKinds) {
+    if (kind == spec.kind) out->set_kind(wire);
+  }
+  for (const auto& [op, wire] : kReduceOps) {
+    if (op == spec.reduce_op) out->set_reduce_op(wire);
+  }
+  for (const std::vector<int>& group : spec.groups) {
+    out->add_groups()->mutable_device_ids()->Assign(group.begin(), group.end());
+  }
+  out->set_dimension(spec.dimension);
+  out->set_split_dimension(spec.split_dimension);
+  out->set_concat_dimension(spec.concat_dimension);
+  for (const auto& [source, target] : spec.pairs) {
+    pb::SourceTarget* pair = out->add_pairs();
+    pair->set_source(source);
+    pair->set_target(target);
+  }
+  out->set_root(spec.root);
+}
+
+absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& spec) {
+  CollectiveSpec out;
+  bool kind_known = false;
+  for (const auto& [kind, wire] : kKinds) {
+    if (wire == spec.kind()) {
+      out.kind = kind;
+      kind_known = true;
+    }
+  }
+  if (!kind_known) return absl::InvalidArgumentError(absl::StrCat("collective kind ", spec.kind(), " is not known"));
+  const bool reduces = out.kind == CollectiveKind::kAllReduce || out.kind == CollectiveKind::kReduceScatter;
+  bool op_known = false;
+  for (const auto& [op, wire] : kReduceOps) {
+    if (wire == spec.reduce_op()) {
+      out.reduce_op = op;
+      op_known = true;
+    }
+  }
+  if (reduces && !op_known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(collective_name(out.kind), ": reduce op ", spec.reduce_op(), " is not known"));
+  }
+  for (const pb::ReplicaGroup& group : spec.groups()) out.groups.emplace_back(group.device_ids().begin(), group.device_ids().end());
+  out.dimension = spec.dimension();
+  out.split_dimension = spec.split_dimension();
+  out.concat_dimension = spec.concat_dimension();
+  for (const pb::SourceTarget& pair : spec.pairs()) out.pairs.emplace_back(pair.source(), pair.target());
+  out.root = spec.root();
+  TESSERA_RETURN_IF_ERROR(validate_collective(out));
+  return out;
+}
+
 }  // namespace tessera

@@ -10,6 +10,7 @@
 #define TESSERA_CORE_WIRE_H_
 
 #include "absl/status/statusor.h"
+#include "core/collective.h"
 #include "core/dtype.h"
 #include "core/mesh.h"
 #include "core/shape.h"
@@ -22,6 +23,7 @@ class Shape;
 class Mesh;
 class PartitionSpec;
 class NamedSharding;
+class CollectiveSpec;
 }  // namespace pb
 
 pb::DType to_proto(DType dtype);
@@ -37,6 +39,10 @@ absl::StatusOr<Mesh> mesh_from_proto(const pb::Mesh& mesh);
 void to_proto(const NamedSharding& sharding, pb::NamedSharding* out);
 // Validates the mesh and the spec against it (not against any array shape).
 absl::StatusOr<NamedSharding> sharding_from_proto(const pb::NamedSharding& sharding);
+
+void to_proto(const CollectiveSpec& spec, pb::CollectiveSpec* out);
+// Also runs validate_collective().
+absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& spec);
 
 }  // namespace tessera
 

@@ -13,6 +13,8 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/buffer_store.h"
+#include "worker/collectives/engine.h"
+#include "worker/collectives/transport.h"
 
 namespace tessera {
 namespace {
@@ -21,7 +23,10 @@ class WorkerService final : public pb::Worker::Service {
  public:
   explicit WorkerService(int64_t memory_bytes) : store_(memory_bytes) {}
 
-  void set_device_id(int id) { device_id_ = id; }
+  void set_device_id(int id) {
+    device_id_ = id;
+    transport_.set_self(id);
+  }
 
   grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req, pb::HandshakeReply* reply) override {
     reply->set_protocol_version(kProtocolVersion);
@@ -77,6 +82,42 @@ class WorkerService final : public pb::Worker::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status RunCollective(grpc::ServerContext*, const pb::WorkerCollectiveRequest* req,
+                             pb::WorkerCollectiveReply* reply) override {
+    absl::StatusOr<Shape> shape = run_collective(*req);
+    transport_.finish_op(req->op_id());
+    if (!shape.ok()) {
+      return to_grpc(absl::Status(shape.status().code(),
+                                  absl::StrCat("device ", device_id_.load(), ": ", shape.status().message())));
+    }
+    to_proto(*shape, reply->mutable_output_shape());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Exchange(grpc::ServerContext* ctx, grpc::ServerReader<pb::ExchangeMessage>* reader,
+                        pb::ExchangeReply*) override {
+    pb::ExchangeMessage message;
+    int source = -1;
+    absl::Status status;
+    while (status.ok() && reader->Read(&message)) {
+      if (source < 0) {
+        source = message.source_device();
+        transport_.stream_started(source);
+      }
+      if (message.source_device() != source) {
+        status = absl::InvalidArgumentError(absl::StrCat("Exchange: a stream from device ", source,
+                                                         " carried a message from device ", message.source_device()));
+      } else if (static_cast<int64_t>(message.data().size()) > kMaxChunkBytes) {
+        status = absl::InvalidArgumentError(absl::StrCat("Exchange: a message of ", message.data().size(),
+                                                         " bytes exceeds the limit of ", kMaxChunkBytes));
+      } else {
+        transport_.deliver(&message);
+      }
+    }
+    if (source >= 0) transport_.stream_ended(source, status.ok() && !ctx->IsCancelled());
+    return to_grpc(status);
+  }
+
   grpc::Status GetStats(grpc::ServerContext*, const pb::GetStatsRequest*, pb::WorkerStats* reply) override {
     BufferStore::Stats stats = store_.stats();
     reply->set_device_id(device_id_.load());
@@ -127,8 +168,32 @@ class WorkerService final : public pb::Worker::Service {
     return absl::OkStatus();
   }
 
+  // Validates the request, runs this device's part and stores the result.
+  absl::StatusOr<Shape> run_collective(const pb::WorkerCollectiveRequest& req) {
+    CollectiveRun run;
+    run.op = req.op_id();
+    TESSERA_ASSIGN_OR_RETURN(run.spec, collective_from_proto(req.spec()));
+    run.self = device_id_.load();
+    for (const pb::PeerAddress& peer : req.peers()) run.peers[peer.device_id()] = peer.address();
+    const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
+    run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const HostArray> input, store_.get(req.input_buffer()));
+    TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input->shape()));
+    const int64_t out_bytes = num_elements(out_shape) * dtype_size(input->dtype());
+    TESSERA_RETURN_IF_ERROR(store_.reserve(req.output_buffer(), out_bytes));
+    absl::StatusOr<HostArray> out = tessera::run_collective(transport_, run, *input);
+    if (!out.ok()) {
+      store_.cancel(req.output_buffer());
+      return absl::Status(out.status().code(), absl::StrCat(collective_name(run.spec.kind), " (op ", run.op,
+                                                            "): ", out.status().message()));
+    }
+    store_.commit(req.output_buffer(), std::make_shared<const HostArray>(*std::move(out)));
+    return out_shape;
+  }
+
   std::atomic<int> device_id_{-1};
   BufferStore store_;
+  Transport transport_;
 };
 
 class WorkerServerImpl final : public WorkerServer {
@@ -177,7 +242,8 @@ class WorkerServerImpl final : public WorkerServer {
     if (!stopping_.HasBeenNotified()) stopping_.Notify();
     if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
     if (server_ != nullptr) {
-      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      // Peers keep Exchange streams open for good: cancel what is in flight promptly.
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
       server_->Wait();
       server_.reset();
     }

@@ -21,8 +21,11 @@
 
 namespace tessera {
 
+class Array;
 namespace internal {
 struct ArrayState;
+const ArrayState& array_state(const Array& array);
+Array make_array(std::shared_ptr<ArrayState> state);
 }  // namespace internal
 
 // One device's block of an Array, as jax.Shard.
@@ -62,6 +65,8 @@ class Array {
 
  private:
   friend class Client;
+  friend const internal::ArrayState& internal::array_state(const Array& array);
+  friend Array internal::make_array(std::shared_ptr<internal::ArrayState> state);
   explicit Array(std::shared_ptr<internal::ArrayState> state) : state_(std::move(state)) {}
   std::shared_ptr<internal::ArrayState> state_;
 };

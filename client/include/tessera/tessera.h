@@ -11,6 +11,7 @@
 #ifndef TESSERA_TESSERA_H_
 #define TESSERA_TESSERA_H_
 
+#include "core/collective.h"
 #include "core/dtype.h"
 #include "core/host_array.h"
 #include "core/mesh.h"
@@ -19,6 +20,7 @@
 #include "core/sharding.h"
 #include "tessera/array.h"
 #include "tessera/client.h"
+#include "tessera/collective.h"
 #include "tessera/visualize.h"
 
 #endif  // TESSERA_TESSERA_H_

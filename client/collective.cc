@@ -1,0 +1,29 @@
+#include "tessera/collective.h"
+
+#include "absl/strings/str_cat.h"
+#include "client/client_impl.h"
+#include "core/status.h"
+#include "core/wire.h"
+#include "proto/rpc.h"
+
+namespace tessera {
+
+absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& spec, absl::Duration timeout) {
+  const internal::ArrayState& state = internal::array_state(input);
+  pb::RunCollectiveRequest req;
+  req.set_array_id(state.id);
+  to_proto(spec, req.mutable_spec());
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  pb::RunCollectiveReply reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, timeout + absl::Seconds(10));
+  TESSERA_RETURN_IF_ERROR(from_grpc(state.client->coordinator()->RunCollective(&ctx, req, &reply),
+                                    absl::StrCat("coordinator ", state.client->coordinator_address())));
+  const pb::ArrayInfo& info = reply.result();
+  TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
+  TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));
+  return internal::make_array(
+      std::make_shared<internal::ArrayState>(state.client, info.array_id(), dtype, shape, state.sharding));
+}
+
+}  // namespace tessera

@@ -1,0 +1,32 @@
+// run_collective: one collective over an array's per-device blocks, run by the workers over
+// their own streams (never through the coordinator or the client).
+//
+// The low-level driver behind compiled programs, and what the collective tests and
+// benchmark use. Every device of the array's mesh must hold a block of its own (no
+// replicated dimensions); each device's result becomes its block of the returned array,
+// which has the same sharding.
+//
+//   // x: (8, 1024) float32 under P(("data", "model"), None) on a (4, 2) mesh
+//   CollectiveSpec spec;
+//   spec.kind = CollectiveKind::kAllReduce;
+//   spec.groups = *replica_groups(x.sharding().mesh(), {"data"});   // {0,2,4,6}, {1,3,5,7}
+//   absl::StatusOr<Array> y = run_collective(x, spec);
+#ifndef TESSERA_COLLECTIVE_H_
+#define TESSERA_COLLECTIVE_H_
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/collective.h"
+#include "tessera/array.h"
+
+namespace tessera {
+
+// INVALID_ARGUMENT for a spec that does not fit the array's blocks or mesh; UNAVAILABLE or
+// DEADLINE_EXCEEDED naming the device when a member is lost or stops answering (each
+// member gives up after `timeout`).
+absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& spec,
+                                     absl::Duration timeout = absl::Seconds(10));
+
+}  // namespace tessera
+
+#endif  // TESSERA_COLLECTIVE_H_

@@ -1,0 +1,59 @@
+// CollectiveSpec: one collective over replica groups of devices — what it computes and the
+// shapes it takes and gives. The model only; the workers' engine runs it.
+//
+//   CollectiveSpec spec;
+//   spec.kind = CollectiveKind::kAllReduce;
+//   spec.groups = replica_groups(mesh, {"data"});   // (4, 2) mesh: {0,2,4,6}, {1,3,5,7}
+//   TESSERA_ASSIGN_OR_RETURN(Shape out, collective_output_shape(spec, {1024}));
+#ifndef TESSERA_CORE_COLLECTIVE_H_
+#define TESSERA_CORE_COLLECTIVE_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/mesh.h"
+#include "core/shape.h"
+
+namespace tessera {
+
+enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kCollectivePermute, kBroadcast };
+
+// For bool, kSum and kMax are logical or, kMin and kProd logical and (as XLA's PRED).
+enum class ReduceOp { kSum, kMax, kMin, kProd };
+
+std::string collective_name(CollectiveKind kind);
+std::string reduce_op_name(ReduceOp op);
+
+struct CollectiveSpec {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  ReduceOp reduce_op = ReduceOp::kSum;           // all_reduce, reduce_scatter
+  std::vector<std::vector<int>> groups;          // device ids; disjoint
+  int dimension = 0;                             // all_gather: concat; reduce_scatter: scatter
+  int split_dimension = 0;                       // all_to_all
+  int concat_dimension = 0;                      // all_to_all
+  std::vector<std::pair<int, int>> pairs;        // collective_permute: (source, target) device ids
+  int root = 0;                                  // broadcast: position within each group
+};
+
+// The groups of devices that differ only in their coordinates along `axes`; inside a group
+// devices are ordered with `axes` major-to-minor, as a psum over those axes sees them.
+// INVALID_ARGUMENT for an axis not in the mesh or named twice.
+absl::StatusOr<std::vector<std::vector<int>>> replica_groups(const Mesh& mesh, const std::vector<std::string>& axes);
+
+// Checks the spec's own rules: non-empty, disjoint groups of distinct non-negative ids; for a
+// permute, sources and targets each unique and within one group; a root inside the group.
+absl::Status validate_collective(const CollectiveSpec& spec);
+
+// The shape each device's result has, given each device's input shape. INVALID_ARGUMENT
+// when a dimension is out of range or not divisible by the group size where it must be.
+// REQUIRES: validate_collective(spec) is OK.
+absl::StatusOr<Shape> collective_output_shape(const CollectiveSpec& spec, const Shape& input);
+
+// The group holding `device` and the device's position in it; {-1, -1} if none.
+std::pair<int, int> find_in_groups(const CollectiveSpec& spec, int device);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_COLLECTIVE_H_

@@ -1,0 +1,43 @@
+// The collective engine: one device's part of a collective, over the Transport.
+//
+// Algorithms by size: up to kSmallBytes a latency-optimal direct exchange (one message to
+// each peer, results reduced in rank order so every device gets bitwise the same answer);
+// above it bandwidth-optimal rings (all_reduce = ring reduce-scatter + ring all-gather, each
+// device sending 2(n-1)/n of the data), pipelined in chunks of kChunkBytes. all_to_all and
+// collective_permute are direct exchanges; broadcast is a pipelined chain from the root.
+//
+//   CollectiveRun run{op_id, spec, peers, self, deadline};
+//   absl::StatusOr<HostArray> out = run_collective(transport, run, input);
+#ifndef TESSERA_WORKER_COLLECTIVES_ENGINE_H_
+#define TESSERA_WORKER_COLLECTIVES_ENGINE_H_
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/collective.h"
+#include "core/host_array.h"
+#include "worker/collectives/transport.h"
+
+namespace tessera {
+
+inline constexpr int64_t kSmallBytes = 64 << 10;
+inline constexpr int64_t kChunkBytes = 512 << 10;
+
+struct CollectiveRun {
+  uint64_t op = 0;
+  CollectiveSpec spec;
+  std::map<int, std::string> peers;  // device id -> address, for every member of self's group
+  int self = 0;
+  absl::Time deadline;
+};
+
+// Runs this device's part. REQUIRES: validate_collective(run.spec) is OK and self is in a
+// group. INVALID_ARGUMENT for shapes the collective cannot take; UNAVAILABLE or
+// DEADLINE_EXCEEDED naming the peer that failed it.
+absl::StatusOr<HostArray> run_collective(Transport& transport, const CollectiveRun& run, const HostArray& input);
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_COLLECTIVES_ENGINE_H_

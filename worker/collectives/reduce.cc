@@ -1,0 +1,58 @@
+#include "worker/collectives/reduce.h"
+
+#include <algorithm>
+#include <type_traits>
+
+namespace tessera {
+namespace {
+
+// Integers compute in their unsigned type; floats in their own.
+template <typename T>
+auto wide(T x) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<std::make_unsigned_t<T>>(x);
+  } else {
+    return x;
+  }
+}
+
+template <typename T, typename F>
+void apply(std::byte* acc, const std::byte* in, int64_t n, F f) {
+  T* a = reinterpret_cast<T*>(acc);
+  const T* b = reinterpret_cast<const T*>(in);
+  for (int64_t i = 0; i < n; ++i) a[i] = f(a[i], b[i]);
+}
+
+template <typename T>
+void reduce_typed(ReduceOp op, std::byte* acc, const std::byte* in, int64_t n) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (op == ReduceOp::kSum || op == ReduceOp::kMax) {
+      apply<T>(acc, in, n, [](T x, T y) { return x || y; });
+    } else {
+      apply<T>(acc, in, n, [](T x, T y) { return x && y; });
+    }
+    return;
+  } else {
+    switch (op) {
+      // Integers wrap around (as XLA's do) instead of overflowing into undefined behaviour.
+      case ReduceOp::kSum: apply<T>(acc, in, n, [](T x, T y) { return static_cast<T>(wide<T>(x) + wide<T>(y)); }); break;
+      case ReduceOp::kMax: apply<T>(acc, in, n, [](T x, T y) { return std::max(x, y); }); break;
+      case ReduceOp::kMin: apply<T>(acc, in, n, [](T x, T y) { return std::min(x, y); }); break;
+      case ReduceOp::kProd: apply<T>(acc, in, n, [](T x, T y) { return static_cast<T>(wide<T>(x) * wide<T>(y)); }); break;
+    }
+  }
+}
+
+}  // namespace
+
+void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t n) {
+  switch (dtype) {
+    case DType::kF32: reduce_typed<float>(op, acc, in, n); break;
+    case DType::kF64: reduce_typed<double>(op, acc, in, n); break;
+    case DType::kI32: reduce_typed<int32_t>(op, acc, in, n); break;
+    case DType::kI64: reduce_typed<int64_t>(op, acc, in, n); break;
+    case DType::kBool: reduce_typed<bool>(op, acc, in, n); break;
+  }
+}
+
+}  // namespace tessera

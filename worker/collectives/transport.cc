@@ -1,0 +1,203 @@
+#include "worker/collectives/transport.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rpc.h"
+#include "proto/tessera.grpc.pb.h"
+
+namespace tessera {
+namespace {
+
+// How many finished op ids to remember, to discard their late messages.
+constexpr size_t kRememberedOps = 4096;
+
+std::string peer_name(int device, const std::string& address) {
+  return address.empty() ? absl::StrCat("device ", device) : absl::StrCat("device ", device, " (", address, ")");
+}
+
+}  // namespace
+
+// One outbound Exchange stream and the thread that writes it.
+class Transport::Link {
+ public:
+  Link(int self, int peer, std::string address)
+      : self_(self), peer_(peer), address_(std::move(address)), stub_(pb::Worker::NewStub(make_channel(address_))) {
+    // A long-lived stream: no deadline. It waits for the connection rather than failing on
+    // a first refused connect; the collectives' own deadlines bound every wait.
+    ctx_.set_wait_for_ready(true);
+    ctx_.set_initial_metadata_corked(true);
+    writer_ = stub_->Exchange(&ctx_, &reply_);
+    thread_ = std::thread([this] { write_loop(); });
+  }
+
+  ~Link() {
+    {
+      absl::MutexLock lock(&mu_);
+      closing_ = true;
+    }
+    ctx_.TryCancel();
+    thread_.join();
+  }
+
+  absl::Status enqueue(MessageTag tag, std::string data, absl::Time deadline) {
+    pb::ExchangeMessage message;
+    message.set_source_device(self_);
+    message.set_op_id(tag.op);
+    message.set_step(tag.step);
+    message.set_chunk(tag.chunk);
+    const int64_t bytes = static_cast<int64_t>(data.size());
+    message.set_data(std::move(data));
+    absl::MutexLock lock(&mu_);
+    auto room = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return broken_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= kMaxQueuedBytes;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&room), deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(peer_name(peer_, address_), " is not taking collective data (", queued_bytes_, " bytes queued)"));
+    }
+    if (broken_) return error_;
+    queued_bytes_ += bytes;
+    queue_.push_back(std::move(message));
+    return absl::OkStatus();
+  }
+
+  bool broken() const {
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+
+ private:
+  void write_loop() {
+    while (true) {
+      pb::ExchangeMessage message;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || !queue_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (closing_) break;
+        message = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const int64_t bytes = static_cast<int64_t>(message.data().size());
+      const bool ok = writer_->Write(message);
+      absl::MutexLock lock(&mu_);
+      queued_bytes_ -= bytes;
+      if (!ok) {
+        broken_ = true;
+        error_ = absl::UnavailableError(absl::StrCat(peer_name(peer_, address_), " stopped taking collective data"));
+        queue_.clear();
+        queued_bytes_ = 0;
+        break;
+      }
+    }
+    // The stream ends here; Finish() returns once the call is over (cancelled at worst).
+    ctx_.TryCancel();
+    writer_->Finish();
+  }
+
+  const int self_;
+  const int peer_;
+  const std::string address_;
+  std::unique_ptr<pb::Worker::Stub> stub_;
+  grpc::ClientContext ctx_;
+  pb::ExchangeReply reply_;
+  std::unique_ptr<grpc::ClientWriter<pb::ExchangeMessage>> writer_;
+
+  mutable absl::Mutex mu_;
+  std::deque<pb::ExchangeMessage> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+
+  std::thread thread_;  // last: starts after everything above is built
+};
+
+Transport::Transport() = default;
+
+Transport::~Transport() {
+  std::map<int, std::shared_ptr<Link>> links;
+  {
+    absl::MutexLock lock(&mu_);
+    links.swap(links_);
+  }
+  links.clear();  // joins the writers outside the lock
+}
+
+void Transport::set_self(int device_id) {
+  absl::MutexLock lock(&mu_);
+  self_ = device_id;
+}
+
+absl::StatusOr<std::shared_ptr<Transport::Link>> Transport::link(int peer, const std::string& address) {
+  std::shared_ptr<Link> stale;
+  absl::MutexLock lock(&mu_);
+  auto& slot = links_[peer];
+  if (slot != nullptr && slot->broken()) stale = std::move(slot);  // destroyed after the lock is released
+  if (slot == nullptr) slot = std::make_shared<Link>(self_, peer, address);
+  return slot;
+}
+
+absl::Status Transport::send(int peer, const std::string& address, MessageTag tag, std::string data,
+                             absl::Time deadline) {
+  absl::StatusOr<std::shared_ptr<Link>> l = link(peer, address);
+  if (!l.ok()) return l.status();
+  return (*l)->enqueue(tag, std::move(data), deadline);
+}
+
+absl::StatusOr<std::string> Transport::receive(int source, MessageTag tag, absl::Time deadline) {
+  const Key key{tag.op, source, tag.step, tag.chunk};
+  absl::MutexLock lock(&mu_);
+  auto arrived = [this, &key, source]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return mailbox_.count(key) > 0 || down_.count(source) > 0;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("device ", source, " sent nothing for op ", tag.op, " step ",
+                                                    tag.step, " chunk ", tag.chunk, " in time"));
+  }
+  auto it = mailbox_.find(key);
+  if (it == mailbox_.end()) {
+    return absl::UnavailableError(absl::StrCat("device ", source, " went away during op ", tag.op));
+  }
+  std::string data = std::move(it->second);
+  mailbox_.erase(it);
+  return data;
+}
+
+void Transport::finish_op(uint64_t op) {
+  absl::MutexLock lock(&mu_);
+  mailbox_.erase(mailbox_.lower_bound(Key{op, INT32_MIN, INT32_MIN, INT32_MIN}),
+                 mailbox_.lower_bound(Key{op + 1, INT32_MIN, INT32_MIN, INT32_MIN}));
+  if (finished_.insert(op).second) finished_order_.push_back(op);
+  while (finished_order_.size() > kRememberedOps) {
+    finished_.erase(finished_order_.front());
+    finished_order_.pop_front();
+  }
+}
+
+void Transport::deliver(pb::ExchangeMessage* message) {
+  absl::MutexLock lock(&mu_);
+  if (finished_.count(message->op_id()) > 0) return;
+  mailbox_[Key{message->op_id(), message->source_device(), message->step(), message->chunk()}] =
+      std::move(*message->mutable_data());
+}
+
+void Transport::stream_started(int source) {
+  absl::MutexLock lock(&mu_);
+  down_.erase(source);
+}
+
+void Transport::stream_ended(int source, bool clean) {
+  if (clean) return;
+  absl::MutexLock lock(&mu_);
+  down_.insert(source);
+}
+
+int64_t Transport::pending_messages() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(mailbox_.size());
+}
+
+}  // namespace tessera

@@ -1,0 +1,88 @@
+// Transport: how collective data moves between workers.
+//
+// Each worker keeps one long-lived Exchange stream to every peer it has sent to (opened on
+// first use, reused by every later collective) and pushes tagged messages down it; a writer
+// thread per link drains a queue capped at kMaxQueuedBytes, so a sender never has more than
+// that in flight to one peer. Incoming streams deliver into a mailbox keyed by
+// (op, source, step, chunk); a collective waits there for exactly the message it needs, so
+// concurrent collectives and back-to-back runs never mix.
+//
+//   transport.send(peer, address, {op, step, chunk}, bytes, deadline);
+//   absl::StatusOr<std::string> data = transport.receive(source, {op, step, chunk}, deadline);
+//   transport.finish_op(op);     // drops what is left of op; late messages are discarded
+#ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
+#define TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace tessera {
+
+namespace pb {
+class ExchangeMessage;
+}  // namespace pb
+
+struct MessageTag {
+  uint64_t op = 0;
+  int32_t step = 0;
+  int32_t chunk = 0;
+};
+
+class Transport {
+ public:
+  // Bytes queued to one peer before send() waits.
+  static constexpr int64_t kMaxQueuedBytes = int64_t{16} << 20;
+
+  Transport();
+  ~Transport();  // cancels every link and joins its writer
+
+  void set_self(int device_id);
+
+  // Queues `data` for `peer` (reachable at `address`). Waits while the link's queue is full,
+  // until `deadline` (DEADLINE_EXCEEDED naming the peer). UNAVAILABLE naming the peer if its
+  // link broke; the next send opens a fresh one.
+  absl::Status send(int peer, const std::string& address, MessageTag tag, std::string data, absl::Time deadline);
+
+  // Waits for the message `tag` from `source`. DEADLINE_EXCEEDED naming the source at
+  // `deadline`; UNAVAILABLE as soon as the source's stream to this worker ends abnormally.
+  absl::StatusOr<std::string> receive(int source, MessageTag tag, absl::Time deadline);
+
+  // Drops every stored message of `op` and discards any that arrive later.
+  void finish_op(uint64_t op);
+
+  // Called by the Exchange service for each message and when a peer's stream ends.
+  void deliver(pb::ExchangeMessage* message);
+  void stream_started(int source);
+  void stream_ended(int source, bool clean);
+
+  // Messages held in the mailbox (for tests: zero after every collective has finished).
+  int64_t pending_messages() const;
+
+ private:
+  class Link;
+  using Key = std::tuple<uint64_t, int, int32_t, int32_t>;  // op, source, step, chunk
+
+  absl::StatusOr<std::shared_ptr<Link>> link(int peer, const std::string& address);
+
+  mutable absl::Mutex mu_;
+  int self_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::string> mailbox_ ABSL_GUARDED_BY(mu_);
+  std::set<int> down_ ABSL_GUARDED_BY(mu_);  // sources whose stream ended abnormally
+  std::set<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> finished_order_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
