@@ -1,13 +1,13 @@
 #include "coordinator/coordinator_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <functional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/registry.h"
 #include "core/collective.h"
@@ -28,6 +28,16 @@ void to_proto(const DeviceRecord& d, pb::DeviceInfo* out) {
   out->set_memory_bytes(d.memory_bytes);
   out->set_incarnation(d.incarnation);
 }
+
+// After the first member of a collective fails, how long the others get to report theirs
+// before the rest are cancelled.
+constexpr absl::Duration kFailureGrace = absl::Milliseconds(500);
+
+// The coordinator's line to one worker.
+struct WorkerChannel {
+  std::unique_ptr<pb::Worker::Stub> stub;
+  std::atomic<bool> reached{false};  // a call has succeeded: the worker was up at least once
+};
 
 class CoordinatorService final : public pb::Coordinator::Service {
  public:
@@ -122,21 +132,39 @@ class CoordinatorService final : public pb::Coordinator::Service {
 
  private:
   // Issues one asynchronous call per target, all at once, and waits for every answer.
-  // start(i, ctx, done) must start call i on `ctx` and have it call done(status).
+  // start(i, ctx, done) must start call i on `ctx` and have it call done(status). A call to a
+  // worker never reached before waits for the connection (bounded by `deadline`; see
+  // kConnectDeadline); one to a worker reached before fails fast if it is gone. With a `grace`, the
+  // first failure cancels whatever is still running `grace` later: the members of a failed
+  // collective need not all wait out their own deadline.
   using StartCall = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
-  static std::vector<grpc::Status> fan_out(int n, absl::Duration deadline, const StartCall& start) {
+  static std::vector<grpc::Status> fan_out(const std::vector<WorkerChannel*>& workers, absl::Duration deadline,
+                                           const StartCall& start, absl::Duration grace = absl::InfiniteDuration()) {
+    const int n = static_cast<int>(workers.size());
     std::vector<grpc::Status> statuses(static_cast<size_t>(n));
     std::vector<grpc::ClientContext> contexts(static_cast<size_t>(n));
-    absl::BlockingCounter done(n);
+    absl::Mutex mu;
+    int done = 0;
+    bool failed = false;
     for (int i = 0; i < n; ++i) {
       set_deadline(&contexts[i], deadline);
-      contexts[i].set_wait_for_ready(true);  // bounded by the deadline; see kConnectDeadline
-      start(i, &contexts[i], [&statuses, &done, i](grpc::Status s) {
+      contexts[i].set_wait_for_ready(!workers[i]->reached);
+      start(i, &contexts[i], [&, i](grpc::Status s) {
+        if (s.ok()) workers[i]->reached = true;
+        absl::MutexLock lock(&mu);
+        if (!s.ok()) failed = true;
         statuses[i] = std::move(s);
-        done.DecrementCount();
+        ++done;
       });
     }
-    done.Wait();
+    absl::MutexLock lock(&mu);
+    auto all_done = [&]() { return done == n; };
+    auto all_done_or_failed = [&]() { return done == n || failed; };
+    mu.Await(absl::Condition(&all_done_or_failed));
+    if (done < n && grace != absl::InfiniteDuration() && !mu.AwaitWithTimeout(absl::Condition(&all_done), grace)) {
+      for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
+    }
+    mu.Await(absl::Condition(&all_done));
     return statuses;
   }
 
@@ -147,14 +175,17 @@ class CoordinatorService final : public pb::Coordinator::Service {
     for (const ArrayRecord& a : arrays) {
       for (int id : a.sharding.mesh().device_ids()) per_device[id].add_buffer_ids(a.id);
     }
-    std::vector<std::pair<pb::Worker::Stub*, const pb::DeleteBuffersRequest*>> targets;
+    std::vector<WorkerChannel*> workers;
+    std::vector<const pb::DeleteBuffersRequest*> requests;
     for (const auto& [device_id, request] : per_device) {
       std::optional<DeviceRecord> d = registry_.device(device_id);
-      if (d.has_value() && d->alive) targets.emplace_back(worker_stub(d->address), &request);
+      if (!d.has_value() || !d->alive) continue;
+      workers.push_back(worker(d->address));
+      requests.push_back(&request);
     }
-    std::vector<pb::DeleteBuffersReply> replies(targets.size());
-    fan_out(static_cast<int>(targets.size()), kConnectDeadline, [&](int i, grpc::ClientContext* ctx, auto done) {
-      targets[i].first->async()->DeleteBuffers(ctx, targets[i].second, &replies[i], std::move(done));
+    std::vector<pb::DeleteBuffersReply> replies(workers.size());
+    fan_out(workers, kConnectDeadline, [&](int i, grpc::ClientContext* ctx, auto done) {
+      workers[i]->stub->async()->DeleteBuffers(ctx, requests[i], &replies[i], std::move(done));
     });
   }
 
@@ -214,19 +245,35 @@ class CoordinatorService final : public pb::Coordinator::Service {
     for (const pb::PeerAddress& p : peers) *request.add_peers() = p;
     request.set_timeout_ms(timeout_ms);
     std::vector<pb::WorkerCollectiveReply> replies(peers.size());
+    std::vector<WorkerChannel*> workers;
+    for (const pb::PeerAddress& p : peers) workers.push_back(worker(p.address()));
     std::vector<grpc::Status> statuses =
-        fan_out(static_cast<int>(peers.size()), absl::Milliseconds(timeout_ms) + absl::Seconds(5),
+        fan_out(workers, absl::Milliseconds(timeout_ms) + absl::Seconds(5),
                 [&](int i, grpc::ClientContext* ctx, auto done) {
-                  worker_stub(peers[i].address())->async()->RunCollective(ctx, &request, &replies[i], std::move(done));
-                });
+                  workers[i]->stub->async()->RunCollective(ctx, &request, &replies[i], std::move(done));
+                },
+                kFailureGrace);
+    // Report every failure, the likeliest root cause first: a member that is gone
+    // (UNAVAILABLE) before members that only waited in vain for it (DEADLINE_EXCEEDED), and
+    // members cancelled after the first failure last.
+    std::vector<absl::Status> failures;
     for (size_t i = 0; i < statuses.size(); ++i) {
-      if (statuses[i].ok()) continue;
-      int failed = 0;
-      for (const grpc::Status& s : statuses) failed += s.ok() ? 0 : 1;
+      if (!statuses[i].ok()) {
+        failures.push_back(from_grpc(statuses[i], describe_device(peers[i].device_id(), peers[i].address())));
+      }
+    }
+    if (!failures.empty()) {
       delete_buffers(registry_.remove_arrays({out_id}));
-      absl::Status first = from_grpc(statuses[i], describe_device(peers[i].device_id(), peers[i].address()));
-      return absl::Status(first.code(), absl::StrCat(name, " failed on ", failed, " of ", peers.size(),
-                                                     " devices; first: ", first.message()));
+      std::stable_sort(failures.begin(), failures.end(), [](const absl::Status& a, const absl::Status& b) {
+        auto rank = [](const absl::Status& s) {
+          return s.code() == absl::StatusCode::kUnavailable ? 0 : s.code() == absl::StatusCode::kCancelled ? 2 : 1;
+        };
+        return rank(a) < rank(b);
+      });
+      std::string message = absl::StrCat(name, " failed on ", failures.size(), " of ", peers.size(), " devices: ");
+      for (size_t i = 0; i < failures.size() && i < 3; ++i) absl::StrAppend(&message, i ? "; " : "", failures[i].message());
+      if (failures.size() > 3) absl::StrAppend(&message, "; ...");
+      return absl::Status(failures[0].code(), message);
     }
     return registry_.get_array(out_id);
   }
@@ -239,11 +286,14 @@ class CoordinatorService final : public pb::Coordinator::Service {
     return registry_.create_array(dtype, shape, sharding);
   }
 
-  pb::Worker::Stub* worker_stub(const std::string& address) {
+  WorkerChannel* worker(const std::string& address) {
     absl::MutexLock lock(&stubs_mu_);
-    auto& stub = stubs_[address];
-    if (stub == nullptr) stub = pb::Worker::NewStub(make_channel(address));
-    return stub.get();
+    auto& w = workers_[address];
+    if (w == nullptr) {
+      w = std::make_unique<WorkerChannel>();
+      w->stub = pb::Worker::NewStub(make_channel(address));
+    }
+    return w.get();
   }
 
   // Constant after construction.
@@ -251,7 +301,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
   Registry registry_;
 
   absl::Mutex stubs_mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<pb::Worker::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<WorkerChannel>> workers_ ABSL_GUARDED_BY(stubs_mu_);
 };
 
 class CoordinatorServerImpl final : public CoordinatorServer {

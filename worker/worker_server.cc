@@ -124,6 +124,7 @@ class WorkerService final : public pb::Worker::Service {
     reply->set_buffer_count(stats.buffer_count);
     reply->set_bytes_used(stats.bytes_used);
     reply->set_memory_limit_bytes(stats.limit_bytes);
+    reply->set_collective_messages_pending(transport_.pending_messages());
     return grpc::Status::OK;
   }
 

@@ -143,3 +143,63 @@ TEST(DaemonFlags, WorkerWithoutCoordinatorExplainsWhy) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+TEST_F(MultiProcessTest, ACollectiveFailsBoundedWhenAMemberDiesAndSurvivorsCarryOn) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({8}, {"x"});
+  ASSERT_TRUE(mesh.ok());
+  CollectiveSpec spec;
+  spec.kind = CollectiveKind::kAllReduce;
+  spec.groups = {{0, 1, 2, 3, 4, 5, 6, 7}};
+  for (const Shape& shape : {Shape{8, 16}, Shape{8, 1 << 18}}) {  // direct exchange, then ring
+    SCOPED_TRACE(shape_to_string(shape));
+    absl::StatusOr<Array> x = client_->device_put(HostArray::ones(DType::kF32, shape), NamedSharding(*mesh, P("x")));
+    ASSERT_TRUE(x.ok()) << x.status();
+    absl::StatusOr<Array> warm = run_collective(*x, spec);  // opens the streams between workers
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    EXPECT_EQ(warm->fetch()->values<float>()[0], 8.0f);
+  }
+  absl::StatusOr<Array> x = client_->device_put(HostArray::ones(DType::kF32, {8, 1 << 18}), NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+
+  workers_[5]->kill();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Array> y = run_collective(*x, spec, absl::Seconds(4));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(y.ok());
+  EXPECT_THAT(y.status().code(), AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("device 5"));
+  EXPECT_LT(took, absl::Seconds(10));
+  std::printf("collective with a dead member failed after %s: %s\n", absl::FormatDuration(took).c_str(),
+              y.status().ToString().c_str());
+
+  // The survivors still run collectives among themselves, and hold nothing from the failure.
+  absl::StatusOr<Mesh> rest = client_->make_mesh({4}, {"y"}, {0, 1, 2, 3});
+  CollectiveSpec survivors;
+  survivors.kind = CollectiveKind::kAllGather;
+  survivors.groups = {{0, 1, 2, 3}};
+  survivors.dimension = 1;
+  absl::StatusOr<Array> z = client_->device_put(HostArray::arange(DType::kI32, {4, 1 << 18}), NamedSharding(*rest, P("y")));
+  ASSERT_TRUE(z.ok()) << z.status();
+  absl::StatusOr<Array> gathered = run_collective(*z, survivors);
+  ASSERT_TRUE(gathered.ok()) << gathered.status();
+  absl::StatusOr<HostArray> got = gathered->fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->shape(), (Shape{4, 4 << 18}));
+  EXPECT_EQ(got->values<int32_t>()[(3 << 18) + 5], (3 << 18) + 5);  // device 0's copy of device 3's block
+  for (int d : {0, 1, 2, 3, 4, 6, 7}) {
+    absl::StatusOr<DeviceStats> stats = client_->device_stats(d);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->collective_messages_pending, 0) << "device " << d;
+    // x (the failed op's input) on every survivor; z and its gather on 0-3.
+    EXPECT_EQ(stats->buffer_count, d < 4 ? 3 : 1) << "device " << d;
+  }
+}
+
+}  // namespace
+}  // namespace tessera

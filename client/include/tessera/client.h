@@ -41,6 +41,7 @@ struct DeviceStats {
   int64_t buffer_count = 0;
   int64_t bytes_used = 0;
   int64_t memory_limit_bytes = 0;
+  int64_t collective_messages_pending = 0;  // received by the device, not yet consumed
 };
 
 struct ConnectOptions {
