@@ -219,15 +219,16 @@ class CoordinatorService final : public pb::Coordinator::Service {
     Shape out_shape = in.shape;
     for (size_t d = 0; d < out_shape.size(); ++d) {
       int64_t blocks = 1;
-      for (const std::string& axis : sharding.spec().axes(static_cast<int>(d))) blocks *= sharding.mesh().axis_size(axis);
+      for (const std::string& axis : sharding.spec().axes(static_cast<int>(d)))
+        blocks *= sharding.mesh().axis_size(axis);
       out_shape[d] = blocks * out_block[d];
     }
     std::vector<pb::PeerAddress> peers;
     for (int d : mesh_devices) {
       std::optional<DeviceRecord> device = registry_.device(d);
       if (!device.has_value() || !device->alive) {
-        return absl::UnavailableError(absl::StrCat(name, ": ", describe_device(d, device ? device->address : "?"),
-                                                   " is lost"));
+        return absl::UnavailableError(
+            absl::StrCat(name, ": ", describe_device(d, device ? device->address : "?"), " is lost"));
       }
       pb::PeerAddress peer;
       peer.set_device_id(d);
@@ -247,12 +248,12 @@ class CoordinatorService final : public pb::Coordinator::Service {
     std::vector<pb::WorkerCollectiveReply> replies(peers.size());
     std::vector<WorkerChannel*> workers;
     for (const pb::PeerAddress& p : peers) workers.push_back(worker(p.address()));
-    std::vector<grpc::Status> statuses =
-        fan_out(workers, absl::Milliseconds(timeout_ms) + absl::Seconds(5),
-                [&](int i, grpc::ClientContext* ctx, auto done) {
-                  workers[i]->stub->async()->RunCollective(ctx, &request, &replies[i], std::move(done));
-                },
-                kFailureGrace);
+    std::vector<grpc::Status> statuses = fan_out(
+        workers, absl::Milliseconds(timeout_ms) + absl::Seconds(5),
+        [&](int i, grpc::ClientContext* ctx, auto done) {
+          workers[i]->stub->async()->RunCollective(ctx, &request, &replies[i], std::move(done));
+        },
+        kFailureGrace);
     // Report every failure, the likeliest root cause first: a member that is gone
     // (UNAVAILABLE) before members that only waited in vain for it (DEADLINE_EXCEEDED), and
     // members cancelled after the first failure last.
@@ -271,7 +272,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
         return rank(a) < rank(b);
       });
       std::string message = absl::StrCat(name, " failed on ", failures.size(), " of ", peers.size(), " devices: ");
-      for (size_t i = 0; i < failures.size() && i < 3; ++i) absl::StrAppend(&message, i ? "; " : "", failures[i].message());
+      for (size_t i = 0; i < failures.size() && i < 3; ++i)
+        absl::StrAppend(&message, i ? "; " : "", failures[i].message());
       if (failures.size() > 3) absl::StrAppend(&message, "; ...");
       return absl::Status(failures[0].code(), message);
     }

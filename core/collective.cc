@@ -10,22 +10,32 @@ namespace tessera {
 
 std::string collective_name(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllToAll: return "all_to_all";
-    case CollectiveKind::kCollectivePermute: return "collective_permute";
-    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+    case CollectiveKind::kCollectivePermute:
+      return "collective_permute";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
   }
   return "invalid";
 }
 
 std::string reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kProd:
+      return "prod";
   }
   return "invalid";
 }
@@ -39,7 +49,8 @@ absl::StatusOr<std::vector<std::vector<int>>> replica_groups(const Mesh& mesh, c
       return absl::InvalidArgumentError(absl::StrCat("replica groups: axis '", axis, "' is not in the mesh ('",
                                                      absl::StrJoin(mesh.axis_names(), "', '"), "')"));
     }
-    if (in_group[a]) return absl::InvalidArgumentError(absl::StrCat("replica groups: axis '", axis, "' is named twice"));
+    if (in_group[a])
+      return absl::InvalidArgumentError(absl::StrCat("replica groups: axis '", axis, "' is named twice"));
     in_group[a] = true;
     axis_index.push_back(a);
   }
@@ -67,7 +78,8 @@ absl::Status validate_collective(const CollectiveSpec& spec) {
   if (spec.groups.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": no replica groups"));
   std::map<int, int> group_of;
   for (size_t g = 0; g < spec.groups.size(); ++g) {
-    if (spec.groups[g].empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": replica group ", g, " is empty"));
+    if (spec.groups[g].empty())
+      return absl::InvalidArgumentError(absl::StrCat(name, ": replica group ", g, " is empty"));
     if (spec.groups[g].size() != spec.groups[0].size()) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": replica group ", g, " has ", spec.groups[g].size(),
                                                      " devices but group 0 has ", spec.groups[0].size()));
@@ -86,14 +98,16 @@ absl::Status validate_collective(const CollectiveSpec& spec) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, ": pair (", s, ", ", t, ") must name two devices of one replica group"));
       }
-      if (!sources.insert(s).second) return absl::InvalidArgumentError(absl::StrCat(name, ": device ", s, " is a source twice"));
-      if (!targets.insert(t).second) return absl::InvalidArgumentError(absl::StrCat(name, ": device ", t, " is a target twice"));
+      if (!sources.insert(s).second)
+        return absl::InvalidArgumentError(absl::StrCat(name, ": device ", s, " is a source twice"));
+      if (!targets.insert(t).second)
+        return absl::InvalidArgumentError(absl::StrCat(name, ": device ", t, " is a target twice"));
     }
   }
   if (spec.kind == CollectiveKind::kBroadcast &&
       (spec.root < 0 || spec.root >= static_cast<int>(spec.groups[0].size()))) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": root ", spec.root, " is not a position in groups of ",
-                                                   spec.groups[0].size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": root ", spec.root, " is not a position in groups of ", spec.groups[0].size()));
   }
   return absl::OkStatus();
 }
@@ -104,15 +118,15 @@ absl::StatusOr<Shape> collective_output_shape(const CollectiveSpec& spec, const 
   const int rank = static_cast<int>(input.size());
   auto check_dim = [&](int d, const char* what) -> absl::Status {
     if (d < 0 || d >= rank) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": ", what, " ", d, " is out of range for shape ",
-                                                     shape_to_string(input)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", what, " ", d, " is out of range for shape ", shape_to_string(input)));
     }
     return absl::OkStatus();
   };
   auto check_divisible = [&](int d, const char* what) -> absl::Status {
     if (input[d] % n != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": ", what, " ", d, " of size ", input[d],
-                                                     " is not divisible by the group size ", n));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", what, " ", d, " of size ", input[d], " is not divisible by the group size ", n));
     }
     return absl::OkStatus();
   };

@@ -28,13 +28,13 @@ std::string reduce_op_name(ReduceOp op);
 
 struct CollectiveSpec {
   CollectiveKind kind = CollectiveKind::kAllReduce;
-  ReduceOp reduce_op = ReduceOp::kSum;           // all_reduce, reduce_scatter
-  std::vector<std::vector<int>> groups;          // device ids; disjoint
-  int dimension = 0;                             // all_gather: concat; reduce_scatter: scatter
-  int split_dimension = 0;                       // all_to_all
-  int concat_dimension = 0;                      // all_to_all
-  std::vector<std::pair<int, int>> pairs;        // collective_permute: (source, target) device ids
-  int root = 0;                                  // broadcast: position within each group
+  ReduceOp reduce_op = ReduceOp::kSum;     // all_reduce, reduce_scatter
+  std::vector<std::vector<int>> groups;    // device ids; disjoint
+  int dimension = 0;                       // all_gather: concat; reduce_scatter: scatter
+  int split_dimension = 0;                 // all_to_all
+  int concat_dimension = 0;                // all_to_all
+  std::vector<std::pair<int, int>> pairs;  // collective_permute: (source, target) device ids
+  int root = 0;                            // broadcast: position within each group
 };
 
 // The groups of devices that differ only in their coordinates along `axes`; inside a group

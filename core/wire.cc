@@ -139,7 +139,8 @@ absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& s
     return absl::InvalidArgumentError(
         absl::StrCat(collective_name(out.kind), ": reduce op ", spec.reduce_op(), " is not known"));
   }
-  for (const pb::ReplicaGroup& group : spec.groups()) out.groups.emplace_back(group.device_ids().begin(), group.device_ids().end());
+  for (const pb::ReplicaGroup& group : spec.groups())
+    out.groups.emplace_back(group.device_ids().begin(), group.device_ids().end());
   out.dimension = spec.dimension();
   out.split_dimension = spec.split_dimension();
   out.concat_dimension = spec.concat_dimension();

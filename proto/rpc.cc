@@ -8,6 +8,13 @@
 #include "grpcpp/support/channel_arguments.h"
 
 namespace tessera {
+namespace {
+
+// HTTP/2 flow-control window per stream. gRPC's 64 KiB default makes a 1 MiB chunk wait for
+// many window updates, each a wake-up of a busy peer process.
+constexpr int kStreamWindowBytes = 16 << 20;
+
+}  // namespace
 
 absl::Duration transfer_deadline(int64_t bytes) {
   constexpr double kFloorBytesPerSecond = 16.0 * (1 << 20);
@@ -39,6 +46,7 @@ absl::Status check_protocol_version(uint32_t theirs, absl::string_view who) {
 void configure_server(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder->SetMaxReceiveMessageSize(static_cast<int>(4 * kMaxChunkBytes));
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
 }
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
@@ -48,6 +56,7 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
   // Fail fast on a dead peer instead of backing off for minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 

@@ -1,5 +1,7 @@
 // tessera-worker: one Tessera device. Registers with the coordinator, holds shards in a
 // buffer store with a memory limit, and serves transfers until SIGINT or SIGTERM.
+#include <malloc.h>
+
 #include <cstdio>
 #include <iostream>
 
@@ -26,6 +28,10 @@ int main(int argc, char** argv) {
       "Prints 'tessera-worker: device D listening on HOST:PORT' once serving.");
   absl::ParseCommandLine(argc, argv);
   tessera::block_termination_signals();
+  // Collective chunks and shard buffers are large and short-lived: keep them in the heap
+  // instead of a fresh mmap (and a page fault per 4 KiB) for every one.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
 
   tessera::WorkerOptions options;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);

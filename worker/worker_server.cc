@@ -185,8 +185,8 @@ class WorkerService final : public pb::Worker::Service {
     absl::StatusOr<HostArray> out = tessera::run_collective(transport_, run, *input);
     if (!out.ok()) {
       store_.cancel(req.output_buffer());
-      return absl::Status(out.status().code(), absl::StrCat(collective_name(run.spec.kind), " (op ", run.op,
-                                                            "): ", out.status().message()));
+      return absl::Status(out.status().code(),
+                          absl::StrCat(collective_name(run.spec.kind), " (op ", run.op, "): ", out.status().message()));
     }
     store_.commit(req.output_buffer(), std::make_shared<const HostArray>(*std::move(out)));
     return out_shape;

@@ -25,21 +25,28 @@ Mat zeros(int64_t rows, int64_t cols) { return Mat{rows, cols, std::vector<doubl
 double combine(DType dtype, ReduceOp op, double a, double b) {
   if (dtype == DType::kBool) return (op == ReduceOp::kSum || op == ReduceOp::kMax) ? std::max(a, b) : std::min(a, b);
   switch (op) {
-    case ReduceOp::kSum: return a + b;
-    case ReduceOp::kMax: return std::max(a, b);
-    case ReduceOp::kMin: return std::min(a, b);
-    case ReduceOp::kProd: return a * b;
+    case ReduceOp::kSum:
+      return a + b;
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kProd:
+      return a * b;
   }
   return 0;
 }
 
 Mat concat(const std::vector<Mat>& parts, int dim) {
-  Mat out = dim == 0 ? zeros(parts[0].rows * parts.size(), parts[0].cols) : zeros(parts[0].rows, parts[0].cols * parts.size());
+  Mat out = dim == 0 ? zeros(parts[0].rows * parts.size(), parts[0].cols)
+                     : zeros(parts[0].rows, parts[0].cols * parts.size());
   for (size_t i = 0; i < parts.size(); ++i) {
     for (int64_t r = 0; r < parts[i].rows; ++r) {
       for (int64_t c = 0; c < parts[i].cols; ++c) {
-        if (dim == 0) out.at(i * parts[i].rows + r, c) = parts[i].at(r, c);
-        else out.at(r, i * parts[i].cols + c) = parts[i].at(r, c);
+        if (dim == 0)
+          out.at(i * parts[i].rows + r, c) = parts[i].at(r, c);
+        else
+          out.at(r, i * parts[i].cols + c) = parts[i].at(r, c);
       }
     }
   }
@@ -49,7 +56,8 @@ Mat concat(const std::vector<Mat>& parts, int dim) {
 Mat piece(const Mat& m, int dim, int n, int i) {
   Mat out = dim == 0 ? zeros(m.rows / n, m.cols) : zeros(m.rows, m.cols / n);
   for (int64_t r = 0; r < out.rows; ++r) {
-    for (int64_t c = 0; c < out.cols; ++c) out.at(r, c) = dim == 0 ? m.at(i * out.rows + r, c) : m.at(r, i * out.cols + c);
+    for (int64_t c = 0; c < out.cols; ++c)
+      out.at(r, c) = dim == 0 ? m.at(i * out.rows + r, c) : m.at(r, i * out.cols + c);
   }
   return out;
 }
@@ -61,16 +69,23 @@ std::map<int, Mat> reference(const CollectiveSpec& spec, DType dtype, const std:
     const int n = static_cast<int>(group.size());
     Mat reduced = in.at(group[0]);
     for (int j = 1; j < n; ++j) {
-      for (size_t k = 0; k < reduced.v.size(); ++k) reduced.v[k] = combine(dtype, spec.reduce_op, reduced.v[k], in.at(group[j]).v[k]);
+      for (size_t k = 0; k < reduced.v.size(); ++k)
+        reduced.v[k] = combine(dtype, spec.reduce_op, reduced.v[k], in.at(group[j]).v[k]);
     }
     std::vector<Mat> members;
     for (int d : group) members.push_back(in.at(d));
     for (int r = 0; r < n; ++r) {
       const int device = group[r];
       switch (spec.kind) {
-        case CollectiveKind::kAllReduce: out[device] = reduced; break;
-        case CollectiveKind::kAllGather: out[device] = concat(members, spec.dimension); break;
-        case CollectiveKind::kReduceScatter: out[device] = piece(reduced, spec.dimension, n, r); break;
+        case CollectiveKind::kAllReduce:
+          out[device] = reduced;
+          break;
+        case CollectiveKind::kAllGather:
+          out[device] = concat(members, spec.dimension);
+          break;
+        case CollectiveKind::kReduceScatter:
+          out[device] = piece(reduced, spec.dimension, n, r);
+          break;
         case CollectiveKind::kAllToAll: {
           std::vector<Mat> parts;
           for (int j = 0; j < n; ++j) parts.push_back(piece(members[j], spec.split_dimension, n, r));
@@ -84,7 +99,9 @@ std::map<int, Mat> reference(const CollectiveSpec& spec, DType dtype, const std:
           }
           break;
         }
-        case CollectiveKind::kBroadcast: out[device] = in.at(group[spec.root]); break;
+        case CollectiveKind::kBroadcast:
+          out[device] = in.at(group[spec.root]);
+          break;
       }
     }
   }
@@ -106,11 +123,21 @@ HostArray small_integers(DType dtype, const Shape& shape, uint32_t seed) {
   for (int64_t i = 0; i < a.size(); ++i) {
     const int v = dist(rng);
     switch (dtype) {
-      case DType::kF32: a.mutable_values<float>()[i] = static_cast<float>(v); break;
-      case DType::kF64: a.mutable_values<double>()[i] = v; break;
-      case DType::kI32: a.mutable_values<int32_t>()[i] = v; break;
-      case DType::kI64: a.mutable_values<int64_t>()[i] = v; break;
-      case DType::kBool: a.mutable_values<bool>()[i] = v > 0; break;
+      case DType::kF32:
+        a.mutable_values<float>()[i] = static_cast<float>(v);
+        break;
+      case DType::kF64:
+        a.mutable_values<double>()[i] = v;
+        break;
+      case DType::kI32:
+        a.mutable_values<int32_t>()[i] = v;
+        break;
+      case DType::kI64:
+        a.mutable_values<int64_t>()[i] = v;
+        break;
+      case DType::kBool:
+        a.mutable_values<bool>()[i] = v > 0;
+        break;
     }
   }
   return a;
@@ -246,7 +273,8 @@ TEST_P(CollectivesTest, MatchesHostReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, CollectivesTest, ::testing::Combine(::testing::ValuesIn(layouts()), ::testing::ValuesIn(cases())),
+INSTANTIATE_TEST_SUITE_P(All, CollectivesTest,
+                         ::testing::Combine(::testing::ValuesIn(layouts()), ::testing::ValuesIn(cases())),
                          [](const auto& info) {
                            return std::get<0>(info.param).label + "_" + std::get<1>(info.param).name;
                          });

@@ -3,16 +3,16 @@
 // processes this test started, by pid.
 #include <csignal>
 
+#include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
-#include "tests/integration/process.h"
 
 namespace tessera {
 namespace {
 
+using tessera::Subprocess;
 using ::testing::AllOf;
-using testing::ChildProcess;
 using ::testing::HasSubstr;
 
 const std::string kBin = TESSERA_BIN_DIR;
@@ -20,24 +20,11 @@ const std::string kBin = TESSERA_BIN_DIR;
 class MultiProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto coordinator = ChildProcess::spawn(
-        {kBin + "/tessera-coordinator", "--port=0", "--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=1500"});
-    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-    coordinator_ = *std::move(coordinator);
-    absl::StatusOr<std::string> line = coordinator_->read_line_with("listening on", absl::Seconds(20));
-    ASSERT_TRUE(line.ok()) << line.status();
-    address_ = testing::last_word(*line);
-    for (int i = 0; i < 8; ++i) {
-      auto worker = ChildProcess::spawn({kBin + "/tessera-worker", "--coordinator=" + address_, "--port=0",
-                                         "--device_id=" + std::to_string(i), "--memory_bytes=268435456"});
-      ASSERT_TRUE(worker.ok()) << worker.status();
-      workers_.push_back(*std::move(worker));
-    }
-    for (int i = 0; i < 8; ++i) {
-      absl::StatusOr<std::string> ready = workers_[i]->read_line_with("listening on", absl::Seconds(20));
-      ASSERT_TRUE(ready.ok()) << "worker " << i << ": " << ready.status();
-      EXPECT_THAT(*ready, HasSubstr("device " + std::to_string(i) + " "));
-    }
+    absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(
+        kBin, 8, {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=1500"}, {"--memory_bytes=268435456"});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    address_ = cluster_.address;
     ConnectOptions options;
     options.min_devices = 8;
     options.timeout = absl::Seconds(20);
@@ -46,8 +33,8 @@ class MultiProcessTest : public ::testing::Test {
     client_.emplace(*std::move(client));
   }
 
-  std::unique_ptr<ChildProcess> coordinator_;
-  std::vector<std::unique_ptr<ChildProcess>> workers_;
+  ProcessCluster cluster_;
+  std::vector<std::unique_ptr<Subprocess>>& workers_ = cluster_.workers;
   std::string address_;
   std::optional<Client> client_;
 };
@@ -126,8 +113,7 @@ TEST_F(MultiProcessTest, CoordinatorMarksASilentWorkerLost) {
 
 TEST(DaemonFlags, EveryBinaryHasHelp) {
   for (const std::string bin : {"tessera-coordinator", "tessera-worker"}) {
-    absl::StatusOr<std::pair<int, std::string>> out =
-        ChildProcess::run({kBin + "/" + bin, "--help"}, absl::Seconds(20));
+    absl::StatusOr<std::pair<int, std::string>> out = Subprocess::run({kBin + "/" + bin, "--help"}, absl::Seconds(20));
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_THAT(out->second, AllOf(HasSubstr("Usage: " + bin), HasSubstr("--port")));
   }
@@ -135,7 +121,7 @@ TEST(DaemonFlags, EveryBinaryHasHelp) {
 
 TEST(DaemonFlags, WorkerWithoutCoordinatorExplainsWhy) {
   absl::StatusOr<std::pair<int, std::string>> out =
-      ChildProcess::run({kBin + "/tessera-worker", "--port=0"}, absl::Seconds(20));
+      Subprocess::run({kBin + "/tessera-worker", "--port=0"}, absl::Seconds(20));
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->first, 2);
   EXPECT_THAT(out->second, HasSubstr("--coordinator"));
@@ -164,7 +150,8 @@ TEST_F(MultiProcessTest, ACollectiveFailsBoundedWhenAMemberDiesAndSurvivorsCarry
     ASSERT_TRUE(warm.ok()) << warm.status();
     EXPECT_EQ(warm->fetch()->values<float>()[0], 8.0f);
   }
-  absl::StatusOr<Array> x = client_->device_put(HostArray::ones(DType::kF32, {8, 1 << 18}), NamedSharding(*mesh, P("x")));
+  absl::StatusOr<Array> x =
+      client_->device_put(HostArray::ones(DType::kF32, {8, 1 << 18}), NamedSharding(*mesh, P("x")));
   ASSERT_TRUE(x.ok()) << x.status();
 
   workers_[5]->kill();
@@ -184,7 +171,8 @@ TEST_F(MultiProcessTest, ACollectiveFailsBoundedWhenAMemberDiesAndSurvivorsCarry
   survivors.kind = CollectiveKind::kAllGather;
   survivors.groups = {{0, 1, 2, 3}};
   survivors.dimension = 1;
-  absl::StatusOr<Array> z = client_->device_put(HostArray::arange(DType::kI32, {4, 1 << 18}), NamedSharding(*rest, P("y")));
+  absl::StatusOr<Array> z =
+      client_->device_put(HostArray::arange(DType::kI32, {4, 1 << 18}), NamedSharding(*rest, P("y")));
   ASSERT_TRUE(z.ok()) << z.status();
   absl::StatusOr<Array> gathered = run_collective(*z, survivors);
   ASSERT_TRUE(gathered.ok()) << gathered.status();

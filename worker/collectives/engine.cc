@@ -45,7 +45,8 @@ class Group {
     const int device = members_[from];
     absl::StatusOr<std::string> data = transport_.receive(device, {run_.op, step, chunk}, run_.deadline);
     if (!data.ok()) {
-      return absl::Status(data.status().code(), absl::StrCat(data.status().message(), " (", run_.peers.at(device), ")"));
+      return absl::Status(data.status().code(),
+                          absl::StrCat(data.status().message(), " (", run_.peers.at(device), ")"));
     }
     if (static_cast<int64_t>(data->size()) != bytes) {
       return absl::DataLossError(absl::StrCat("device ", device, " sent ", data->size(), " bytes for step ", step,
@@ -191,6 +192,27 @@ absl::StatusOr<HostArray> all_reduce(Group& g, ReduceOp op, const HostArray& in)
   const int64_t esize = dtype_size(in.dtype());
   HostArray out = in.clone();
   if (g.n() == 1) return out;
+  const bool power_of_two = (g.n() & (g.n() - 1)) == 0;
+  if (in.nbytes() <= kSmallBytes && power_of_two) {
+    // Recursive doubling: log2(n) rounds, one message each way per round. In round k the
+    // partners hold the same partial sums of their halves and both combine lower half first,
+    // so every device ends with bitwise the same result.
+    HostArray partner(in.dtype(), in.shape());
+    for (int k = 0, dist = 1; dist < g.n(); ++k, dist *= 2) {
+      const int other = g.rank() ^ dist;
+      TESSERA_RETURN_IF_ERROR(g.send(other, k, 0, out.data(), in.nbytes()));
+      TESSERA_ASSIGN_OR_RETURN(std::string data, g.receive(other, k, 0, in.nbytes()));
+      const std::byte* theirs = reinterpret_cast<const std::byte*>(data.data());
+      if (other < g.rank()) {
+        std::memcpy(partner.data(), theirs, data.size());
+        reduce_into(in.dtype(), op, partner.data(), out.data(), in.size());
+        std::swap(partner, out);
+      } else {
+        reduce_into(in.dtype(), op, out.data(), theirs, in.size());
+      }
+    }
+    return out;
+  }
   if (in.nbytes() <= kSmallBytes) {
     // Everyone reduces the same contributions in rank order: identical results everywhere.
     std::vector<Range> whole(g.n(), Range{0, in.nbytes()});
@@ -239,11 +261,11 @@ absl::StatusOr<HostArray> all_gather(Group& g, int dim, const HostArray& in, con
   HostArray packed(in.dtype(), {in.size() * n});
   std::memcpy(packed.data() + seg[r].offset, in.data(), static_cast<size_t>(in.nbytes()));
   if (n > 1 && in.nbytes() * n <= kSmallBytes) {
-    TESSERA_RETURN_IF_ERROR(direct_exchange(g, packed.data(), std::vector<Range>(n, seg[r]), seg,
-                                            [&](int j, const std::byte* data) {
-                                              if (j != r) std::memcpy(packed.data() + seg[j].offset, data, seg[j].bytes);
-                                              return absl::OkStatus();
-                                            }));
+    TESSERA_RETURN_IF_ERROR(
+        direct_exchange(g, packed.data(), std::vector<Range>(n, seg[r]), seg, [&](int j, const std::byte* data) {
+          if (j != r) std::memcpy(packed.data() + seg[j].offset, data, seg[j].bytes);
+          return absl::OkStatus();
+        }));
   } else if (n > 1) {
     TESSERA_RETURN_IF_ERROR(ring_all_gather(g, packed.data(), seg, 0, /*own_sent=*/false));
   }
@@ -275,7 +297,8 @@ absl::StatusOr<HostArray> collective_permute(Group& g, const CollectiveRun& run,
     return -1;
   };
   for (const auto& [source, target] : run.spec.pairs) {
-    if (source == run.self && target != run.self) TESSERA_RETURN_IF_ERROR(g.send_range(rank_of(target), 0, in.data(), whole));
+    if (source == run.self && target != run.self)
+      TESSERA_RETURN_IF_ERROR(g.send_range(rank_of(target), 0, in.data(), whole));
   }
   for (const auto& [source, target] : run.spec.pairs) {
     if (target != run.self) continue;
@@ -331,13 +354,18 @@ absl::StatusOr<HostArray> run_collective(Transport& transport, const CollectiveR
   TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input.shape()));
   Group g(transport, run, members, rank);
   switch (run.spec.kind) {
-    case CollectiveKind::kAllReduce: return all_reduce(g, run.spec.reduce_op, input);
-    case CollectiveKind::kReduceScatter: return reduce_scatter(g, run.spec.reduce_op, run.spec.dimension, input, out_shape);
-    case CollectiveKind::kAllGather: return all_gather(g, run.spec.dimension, input, out_shape);
+    case CollectiveKind::kAllReduce:
+      return all_reduce(g, run.spec.reduce_op, input);
+    case CollectiveKind::kReduceScatter:
+      return reduce_scatter(g, run.spec.reduce_op, run.spec.dimension, input, out_shape);
+    case CollectiveKind::kAllGather:
+      return all_gather(g, run.spec.dimension, input, out_shape);
     case CollectiveKind::kAllToAll:
       return all_to_all(g, run.spec.split_dimension, run.spec.concat_dimension, input, out_shape);
-    case CollectiveKind::kCollectivePermute: return collective_permute(g, run, members, input);
-    case CollectiveKind::kBroadcast: return broadcast(g, run.spec.root, input);
+    case CollectiveKind::kCollectivePermute:
+      return collective_permute(g, run, members, input);
+    case CollectiveKind::kBroadcast:
+      return broadcast(g, run.spec.root, input);
   }
   return absl::InvalidArgumentError("unknown collective");
 }

@@ -1,6 +1,7 @@
 // The collective engine: one device's part of a collective, over the Transport.
 //
-// Algorithms by size: up to kSmallBytes a latency-optimal direct exchange (one message to
+// Algorithms by size: up to kSmallBytes latency-optimal ones — recursive doubling for
+// all_reduce on power-of-two groups (log2 n rounds), else a direct exchange (one message to
 // each peer, results reduced in rank order so every device gets bitwise the same answer);
 // above it bandwidth-optimal rings (all_reduce = ring reduce-scatter + ring all-gather, each
 // device sending 2(n-1)/n of the data), pipelined in chunks of kChunkBytes. all_to_all and

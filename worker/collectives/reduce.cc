@@ -35,10 +35,18 @@ void reduce_typed(ReduceOp op, std::byte* acc, const std::byte* in, int64_t n) {
   } else {
     switch (op) {
       // Integers wrap around (as XLA's do) instead of overflowing into undefined behaviour.
-      case ReduceOp::kSum: apply<T>(acc, in, n, [](T x, T y) { return static_cast<T>(wide<T>(x) + wide<T>(y)); }); break;
-      case ReduceOp::kMax: apply<T>(acc, in, n, [](T x, T y) { return std::max(x, y); }); break;
-      case ReduceOp::kMin: apply<T>(acc, in, n, [](T x, T y) { return std::min(x, y); }); break;
-      case ReduceOp::kProd: apply<T>(acc, in, n, [](T x, T y) { return static_cast<T>(wide<T>(x) * wide<T>(y)); }); break;
+      case ReduceOp::kSum:
+        apply<T>(acc, in, n, [](T x, T y) { return static_cast<T>(wide<T>(x) + wide<T>(y)); });
+        break;
+      case ReduceOp::kMax:
+        apply<T>(acc, in, n, [](T x, T y) { return std::max(x, y); });
+        break;
+      case ReduceOp::kMin:
+        apply<T>(acc, in, n, [](T x, T y) { return std::min(x, y); });
+        break;
+      case ReduceOp::kProd:
+        apply<T>(acc, in, n, [](T x, T y) { return static_cast<T>(wide<T>(x) * wide<T>(y)); });
+        break;
     }
   }
 }
@@ -47,11 +55,21 @@ void reduce_typed(ReduceOp op, std::byte* acc, const std::byte* in, int64_t n) {
 
 void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t n) {
   switch (dtype) {
-    case DType::kF32: reduce_typed<float>(op, acc, in, n); break;
-    case DType::kF64: reduce_typed<double>(op, acc, in, n); break;
-    case DType::kI32: reduce_typed<int32_t>(op, acc, in, n); break;
-    case DType::kI64: reduce_typed<int64_t>(op, acc, in, n); break;
-    case DType::kBool: reduce_typed<bool>(op, acc, in, n); break;
+    case DType::kF32:
+      reduce_typed<float>(op, acc, in, n);
+      break;
+    case DType::kF64:
+      reduce_typed<double>(op, acc, in, n);
+      break;
+    case DType::kI32:
+      reduce_typed<int32_t>(op, acc, in, n);
+      break;
+    case DType::kI64:
+      reduce_typed<int64_t>(op, acc, in, n);
+      break;
+    case DType::kBool:
+      reduce_typed<bool>(op, acc, in, n);
+      break;
   }
 }
 

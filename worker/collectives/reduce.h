@@ -13,8 +13,6 @@
 
 namespace tessera {
 
-
-
 // acc[i] = op(acc[i], in[i]) for i < n elements of `dtype`.
 void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t n);
 

@@ -54,8 +54,8 @@ class Transport::Link {
       return broken_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= kMaxQueuedBytes;
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(&room), deadline)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(peer_name(peer_, address_), " is not taking collective data (", queued_bytes_, " bytes queued)"));
+      return absl::DeadlineExceededError(absl::StrCat(peer_name(peer_, address_), " is not taking collective data (",
+                                                      queued_bytes_, " bytes queued)"));
     }
     if (broken_) return error_;
     queued_bytes_ += bytes;
@@ -150,9 +150,8 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
 absl::StatusOr<std::string> Transport::receive(int source, MessageTag tag, absl::Time deadline) {
   const Key key{tag.op, source, tag.step, tag.chunk};
   absl::MutexLock lock(&mu_);
-  auto arrived = [this, &key, source]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return mailbox_.count(key) > 0 || down_.count(source) > 0;
-  };
+  auto arrived = [this, &key, source]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return mailbox_.count(key) > 0 || down_.count(source) > 0; };
   if (!mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat("device ", source, " sent nothing for op ", tag.op, " step ",
                                                     tag.step, " chunk ", tag.chunk, " in time"));

@@ -1,4 +1,4 @@
-#include "tests/integration/process.h"
+#include "core/subprocess.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace tessera::testing {
+namespace tessera {
 
-absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::spawn(const std::vector<std::string>& argv) {
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::spawn(const std::vector<std::string>& argv) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   std::vector<char*> args;
@@ -31,22 +31,22 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::spawn(const std::vec
     _exit(127);
   }
   close(fds[1]);
-  return std::unique_ptr<ChildProcess>(new ChildProcess(pid, fds[0]));
+  return std::unique_ptr<Subprocess>(new Subprocess(pid, fds[0]));
 }
 
-ChildProcess::~ChildProcess() {
+Subprocess::~Subprocess() {
   kill();
   close(stdout_fd_);
 }
 
-void ChildProcess::kill() {
+void Subprocess::kill() {
   if (pid_ <= 0) return;
   ::kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
 }
 
-absl::StatusOr<std::string> ChildProcess::read_line_with(const std::string& needle, absl::Duration timeout) {
+absl::StatusOr<std::string> Subprocess::read_line_with(const std::string& needle, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     size_t newline;
@@ -69,11 +69,11 @@ absl::StatusOr<std::string> ChildProcess::read_line_with(const std::string& need
   }
 }
 
-absl::StatusOr<std::pair<int, std::string>> ChildProcess::run(const std::vector<std::string>& argv,
-                                                              absl::Duration timeout) {
+absl::StatusOr<std::pair<int, std::string>> Subprocess::run(const std::vector<std::string>& argv,
+                                                            absl::Duration timeout) {
   std::vector<std::string> shell = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1"};
   shell.insert(shell.end(), argv.begin(), argv.end());
-  absl::StatusOr<std::unique_ptr<ChildProcess>> child = spawn(shell);
+  absl::StatusOr<std::unique_ptr<Subprocess>> child = spawn(shell);
   if (!child.ok()) return child.status();
   const absl::Time deadline = absl::Now() + timeout;
   std::string output;
@@ -94,9 +94,38 @@ absl::StatusOr<std::pair<int, std::string>> ChildProcess::run(const std::vector<
   return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output);
 }
 
+absl::StatusOr<ProcessCluster> ProcessCluster::start(const std::string& bin_dir, int workers,
+                                                     const std::vector<std::string>& coordinator_flags,
+                                                     const std::vector<std::string>& worker_flags,
+                                                     absl::Duration timeout) {
+  ProcessCluster cluster;
+  std::vector<std::string> argv = {bin_dir + "/tessera-coordinator", "--port=0"};
+  argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
+  absl::StatusOr<std::unique_ptr<Subprocess>> coordinator = Subprocess::spawn(argv);
+  if (!coordinator.ok()) return coordinator.status();
+  cluster.coordinator = *std::move(coordinator);
+  absl::StatusOr<std::string> line = cluster.coordinator->read_line_with("listening on", timeout);
+  if (!line.ok()) return line.status();
+  cluster.address = last_word(*line);
+  for (int i = 0; i < workers; ++i) {
+    argv = {bin_dir + "/tessera-worker", "--coordinator=" + cluster.address, "--port=0",
+            absl::StrCat("--device_id=", i)};
+    argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    absl::StatusOr<std::unique_ptr<Subprocess>> worker = Subprocess::spawn(argv);
+    if (!worker.ok()) return worker.status();
+    cluster.workers.push_back(*std::move(worker));
+  }
+  for (int i = 0; i < workers; ++i) {
+    absl::StatusOr<std::string> ready = cluster.workers[i]->read_line_with("listening on", timeout);
+    if (!ready.ok())
+      return absl::Status(ready.status().code(), absl::StrCat("worker ", i, ": ", ready.status().message()));
+  }
+  return cluster;
+}
+
 std::string last_word(const std::string& line) {
   const size_t space = line.rfind(' ');
   return space == std::string::npos ? line : line.substr(space + 1);
 }
 
-}  // namespace tessera::testing
+}  // namespace tessera
