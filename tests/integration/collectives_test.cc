@@ -109,10 +109,33 @@ std::map<int, Mat> reference(const CollectiveSpec& spec, DType dtype, const std:
 }
 
 // Rows [p * rows, (p + 1) * rows) of a (8 * rows, cols) array, as a Mat.
+template <typename T>
+void to_doubles(const HostArray& a, int64_t begin, std::vector<double>* out) {
+  const auto values = a.values<T>();
+  for (size_t i = 0; i < out->size(); ++i) (*out)[i] = static_cast<double>(values[begin + i]);
+}
+
 Mat block_of(const HostArray& a, int p, int64_t rows) {
   const int64_t cols = a.shape()[1];
   Mat m = zeros(rows, cols);
-  for (int64_t i = 0; i < rows * cols; ++i) m.v[i] = a.element_as_double(p * rows * cols + i);
+  const int64_t begin = p * rows * cols;
+  switch (a.dtype()) {
+    case DType::kF32:
+      to_doubles<float>(a, begin, &m.v);
+      break;
+    case DType::kF64:
+      to_doubles<double>(a, begin, &m.v);
+      break;
+    case DType::kI32:
+      to_doubles<int32_t>(a, begin, &m.v);
+      break;
+    case DType::kI64:
+      to_doubles<int64_t>(a, begin, &m.v);
+      break;
+    case DType::kBool:
+      to_doubles<bool>(a, begin, &m.v);
+      break;
+  }
   return m;
 }
 
@@ -217,16 +240,17 @@ class CollectivesTest : public ::testing::TestWithParam<std::tuple<Layout, Case>
 Client* CollectivesTest::client_ = nullptr;
 
 // Block shapes for a group of n: one element (or the least a split needs), an odd size,
-// and 3 MiB per device. The 3 MiB case runs for every dtype where the dtype changes the
-// arithmetic (reductions); collectives that only move bytes run it for float32 alone.
+// one of a ragged size past the small-message threshold (ring segments of unequal length),
+// and 3 MiB per device.
 std::vector<Shape> block_shapes(const CollectiveSpec& spec, DType dtype, int64_t n) {
   int64_t need_rows = 1, need_cols = 1;
   if (spec.kind == CollectiveKind::kReduceScatter) (spec.dimension == 0 ? need_rows : need_cols) = n;
   if (spec.kind == CollectiveKind::kAllToAll) (spec.split_dimension == 0 ? need_rows : need_cols) = n;
-  std::vector<Shape> out = {{need_rows, need_cols}, {need_rows * 3, need_cols * 5}};
-  const bool reduces = spec.kind == CollectiveKind::kAllReduce || spec.kind == CollectiveKind::kReduceScatter;
-  if (reduces || dtype == DType::kF32) out.push_back({(int64_t{3} << 20) / (1024 * dtype_size(dtype)), 1024});
-  return out;
+  const int64_t ragged = (int64_t{96} << 10) / dtype_size(dtype) + 1;  // 96 KiB and one element
+  return {{need_rows, need_cols},
+          {need_rows * 3, need_cols * 5},
+          {need_rows, need_cols * ragged},
+          {(int64_t{3} << 20) / (1024 * dtype_size(dtype)), 1024}};
 }
 
 TEST_P(CollectivesTest, MatchesHostReference) {
