@@ -56,6 +56,14 @@ class HostArray {
 
   HostArray clone() const;
 
+  // The same elements under another shape with as many elements; no copy.
+  // REQUIRES: num_elements(shape) == size().
+  HostArray reshaped(Shape shape) && {
+    assert(num_elements(shape) == size_);
+    shape_ = std::move(shape);
+    return std::move(*this);
+  }
+
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   int64_t size() const { return size_; }

@@ -29,9 +29,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
-  // instead of a fresh mmap (and a page fault per 4 KiB) for every one.
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // instead of a fresh mmap (and a page fault per 4 KiB) for every one. 32 MiB is the
+  // largest threshold glibc accepts.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
   tessera::WorkerOptions options;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);

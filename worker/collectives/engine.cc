@@ -36,8 +36,7 @@ class Group {
 
   absl::Status send(int to, int step, int chunk, const std::byte* data, int64_t bytes) {
     const int device = members_[to];
-    return transport_.send(device, run_.peers.at(device), {run_.op, step, chunk},
-                           std::string(reinterpret_cast<const char*>(data), static_cast<size_t>(bytes)), run_.deadline);
+    return transport_.send(device, run_.peers.at(device), {run_.op, step, chunk}, data, bytes, run_.deadline);
   }
 
   // Receives one chunk of exactly `bytes` bytes.
@@ -173,12 +172,19 @@ HostArray pack_blocks(const HostArray& input, int dim, int n) {
 }
 
 // The inverse of pack_blocks into an array of `shape`: block i of `packed` goes to slice i
-// along `dim`.
-HostArray unpack_blocks(const std::byte* packed, DType dtype, const Shape& shape, int dim, int n) {
+// along `dim`. When those blocks are contiguous in `shape` (dim 0, or only 1s before it), the
+// packed buffer already is the array: it is reused, not copied.
+HostArray unpack_blocks(HostArray packed, const Shape& shape, int dim, int n) {
+  if (n == 1 || contiguous_block_offset(shape, blocks_along(shape, dim, n)[1]) >= 0) {
+    return std::move(packed).reshaped(shape);
+  }
+  const DType dtype = packed.dtype();
   HostArray out(dtype, shape);
   const int64_t block_bytes = out.nbytes() / std::max(n, 1);
   std::vector<Index> blocks = blocks_along(shape, dim, n);
-  for (int i = 0; i < n; ++i) copy_block_in(packed + i * block_bytes, shape, dtype_size(dtype), blocks[i], out.data());
+  for (int i = 0; i < n; ++i) {
+    copy_block_in(packed.data() + i * block_bytes, shape, dtype_size(dtype), blocks[i], out.data());
+  }
   return out;
 }
 
@@ -269,7 +275,7 @@ absl::StatusOr<HostArray> all_gather(Group& g, int dim, const HostArray& in, con
   } else if (n > 1) {
     TESSERA_RETURN_IF_ERROR(ring_all_gather(g, packed.data(), seg, 0, /*own_sent=*/false));
   }
-  return unpack_blocks(packed.data(), in.dtype(), out_shape, dim, n);
+  return unpack_blocks(std::move(packed), out_shape, dim, n);
 }
 
 absl::StatusOr<HostArray> all_to_all(Group& g, int split, int concat, const HostArray& in, const Shape& out_shape) {
@@ -283,7 +289,7 @@ absl::StatusOr<HostArray> all_to_all(Group& g, int split, int concat, const Host
                                             std::memcpy(received.data() + j * block_bytes, data, block_bytes);
                                             return absl::OkStatus();
                                           }));
-  return unpack_blocks(received.data(), in.dtype(), out_shape, concat, n);
+  return unpack_blocks(std::move(received), out_shape, concat, n);
 }
 
 absl::StatusOr<HostArray> collective_permute(Group& g, const CollectiveRun& run, const std::vector<int>& members,

@@ -7,12 +7,13 @@
 // (op, source, step, chunk); a collective waits there for exactly the message it needs, so
 // concurrent collectives and back-to-back runs never mix.
 //
-//   transport.send(peer, address, {op, step, chunk}, bytes, deadline);
+//   transport.send(peer, address, {op, step, chunk}, data, bytes, deadline);
 //   absl::StatusOr<std::string> data = transport.receive(source, {op, step, chunk}, deadline);
 //   transport.finish_op(op);     // drops what is left of op; late messages are discarded
 #ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 #define TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -48,10 +49,11 @@ class Transport {
 
   void set_self(int device_id);
 
-  // Queues `data` for `peer` (reachable at `address`). Waits while the link's queue is full,
+  // Queues a copy of `bytes` bytes at `data` for `peer` (reachable at `address`). Waits while the link's queue is full,
   // until `deadline` (DEADLINE_EXCEEDED naming the peer). UNAVAILABLE naming the peer if its
   // link broke; the next send opens a fresh one.
-  absl::Status send(int peer, const std::string& address, MessageTag tag, std::string data, absl::Time deadline);
+  absl::Status send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
+                    absl::Time deadline);
 
   // Waits for the message `tag` from `source`. DEADLINE_EXCEEDED naming the source at
   // `deadline`; UNAVAILABLE as soon as the source's stream to this worker ends abnormally.
