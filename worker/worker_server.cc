@@ -19,7 +19,7 @@
 namespace tessera {
 namespace {
 
-class WorkerService final : public pb::Worker::Service {
+class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service> {
  public:
   explicit WorkerService(int64_t memory_bytes) : store_(memory_bytes) {}
 
@@ -94,28 +94,10 @@ class WorkerService final : public pb::Worker::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Exchange(grpc::ServerContext* ctx, grpc::ServerReader<pb::ExchangeMessage>* reader,
-                        pb::ExchangeReply*) override {
-    pb::ExchangeMessage message;
-    int source = -1;
-    absl::Status status;
-    while (status.ok() && reader->Read(&message)) {
-      if (source < 0) {
-        source = message.source_device();
-        transport_.stream_started(source);
-      }
-      if (message.source_device() != source) {
-        status = absl::InvalidArgumentError(absl::StrCat("Exchange: a stream from device ", source,
-                                                         " carried a message from device ", message.source_device()));
-      } else if (static_cast<int64_t>(message.data().size()) > kMaxChunkBytes) {
-        status = absl::InvalidArgumentError(absl::StrCat("Exchange: a message of ", message.data().size(),
-                                                         " bytes exceeds the limit of ", kMaxChunkBytes));
-      } else {
-        transport_.deliver(&message);
-      }
-    }
-    if (source >= 0) transport_.stream_ended(source, status.ok() && !ctx->IsCancelled());
-    return to_grpc(status);
+  // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext*,
+                                                      grpc::ByteBuffer* response) override {
+    return transport_.new_exchange_reader(response);
   }
 
   grpc::Status GetStats(grpc::ServerContext*, const pb::GetStatsRequest*, pb::WorkerStats* reply) override {

@@ -40,14 +40,14 @@ class Group {
   }
 
   // Receives one chunk of exactly `bytes` bytes.
-  absl::StatusOr<std::string> receive(int from, int step, int chunk, int64_t bytes) {
+  absl::StatusOr<Received> receive(int from, int step, int chunk, int64_t bytes) {
     const int device = members_[from];
-    absl::StatusOr<std::string> data = transport_.receive(device, {run_.op, step, chunk}, run_.deadline);
+    absl::StatusOr<Received> data = transport_.receive(device, {run_.op, step, chunk}, run_.deadline);
     if (!data.ok()) {
       return absl::Status(data.status().code(),
                           absl::StrCat(data.status().message(), " (", run_.peers.at(device), ")"));
     }
-    if (static_cast<int64_t>(data->size()) != bytes) {
+    if (data->size() != bytes) {
       return absl::DataLossError(absl::StrCat("device ", device, " sent ", data->size(), " bytes for step ", step,
                                               " chunk ", chunk, ", expected ", bytes));
     }
@@ -63,8 +63,8 @@ class Group {
 
   absl::Status receive_range(int from, int step, std::byte* base, const Range& r) {
     for (int c = 0; c < r.chunks(); ++c) {
-      TESSERA_ASSIGN_OR_RETURN(std::string data, receive(from, step, c, r.chunk_bytes(c)));
-      std::memcpy(base + r.chunk_offset(c), data.data(), data.size());
+      TESSERA_ASSIGN_OR_RETURN(Received data, receive(from, step, c, r.chunk_bytes(c)));
+      data.copy_to(base + r.chunk_offset(c));
     }
     return absl::OkStatus();
   }
@@ -92,15 +92,14 @@ std::vector<Range> even_segments(int64_t elements, int64_t esize, int n) {
 absl::Status ring_reduce_scatter(Group& g, DType dtype, ReduceOp op, std::byte* buf, const std::vector<Range>& seg,
                                  bool then_all_gather) {
   const int n = g.n(), r = g.rank();
-  const int64_t esize = dtype_size(dtype);
   TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), 0, buf, seg[mod(r - 1, n)]));
   for (int k = 0; k <= n - 2; ++k) {
     const Range& s = seg[mod(r - k - 2, n)];
     for (int c = 0; c < s.chunks(); ++c) {
       std::byte* dst = buf + s.chunk_offset(c);
       const int64_t bytes = s.chunk_bytes(c);
-      TESSERA_ASSIGN_OR_RETURN(std::string data, g.receive(g.prev(), k, c, bytes));
-      reduce_into(dtype, op, dst, reinterpret_cast<const std::byte*>(data.data()), bytes / esize);
+      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), k, c, bytes));
+      data.reduce_into(dtype, op, dst);
       if (k < n - 2 || then_all_gather) TESSERA_RETURN_IF_ERROR(g.send(g.next(), k + 1, c, dst, bytes));
     }
   }
@@ -117,8 +116,8 @@ absl::Status ring_all_gather(Group& g, std::byte* buf, const std::vector<Range>&
     for (int c = 0; c < s.chunks(); ++c) {
       std::byte* dst = buf + s.chunk_offset(c);
       const int64_t bytes = s.chunk_bytes(c);
-      TESSERA_ASSIGN_OR_RETURN(std::string data, g.receive(g.prev(), first_step + k, c, bytes));
-      std::memcpy(dst, data.data(), data.size());
+      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), first_step + k, c, bytes));
+      data.copy_to(dst);
       if (k < n - 2) TESSERA_RETURN_IF_ERROR(g.send(g.next(), first_step + k + 1, c, dst, bytes));
     }
   }
@@ -207,14 +206,13 @@ absl::StatusOr<HostArray> all_reduce(Group& g, ReduceOp op, const HostArray& in)
     for (int k = 0, dist = 1; dist < g.n(); ++k, dist *= 2) {
       const int other = g.rank() ^ dist;
       TESSERA_RETURN_IF_ERROR(g.send(other, k, 0, out.data(), in.nbytes()));
-      TESSERA_ASSIGN_OR_RETURN(std::string data, g.receive(other, k, 0, in.nbytes()));
-      const std::byte* theirs = reinterpret_cast<const std::byte*>(data.data());
+      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(other, k, 0, in.nbytes()));
       if (other < g.rank()) {
-        std::memcpy(partner.data(), theirs, data.size());
+        data.copy_to(partner.data());
         reduce_into(in.dtype(), op, partner.data(), out.data(), in.size());
         std::swap(partner, out);
       } else {
-        reduce_into(in.dtype(), op, out.data(), theirs, in.size());
+        data.reduce_into(in.dtype(), op, out.data());
       }
     }
     return out;
@@ -339,8 +337,8 @@ absl::StatusOr<HostArray> broadcast(Group& g, int root, const HostArray& in) {
   }
   const bool forward = g.next() != root;
   for (int c = 0; c < whole.chunks(); ++c) {
-    TESSERA_ASSIGN_OR_RETURN(std::string data, g.receive(g.prev(), 0, c, whole.chunk_bytes(c)));
-    std::memcpy(out.data() + whole.chunk_offset(c), data.data(), data.size());
+    TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), 0, c, whole.chunk_bytes(c)));
+    data.copy_to(out.data() + whole.chunk_offset(c));
     if (forward) TESSERA_RETURN_IF_ERROR(g.send(g.next(), 0, c, out.data() + whole.chunk_offset(c), data.size()));
   }
   return out;

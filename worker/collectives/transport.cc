@@ -1,5 +1,6 @@
 #include "worker/collectives/transport.h"
 
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
+#include "worker/collectives/reduce.h"
 
 namespace tessera {
 namespace {
@@ -35,7 +37,7 @@ grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data
   header.set_chunk(tag.chunk);
   std::string prefix = header.SerializeAsString();
   prefix.push_back(static_cast<char>((5 << 3) | 2));  // field 5, length-delimited
-  for (uint64_t n = static_cast<uint64_t>(bytes); ; n >>= 7) {
+  for (uint64_t n = static_cast<uint64_t>(bytes);; n >>= 7) {
     if (n < 0x80) {
       prefix.push_back(static_cast<char>(n));
       break;
@@ -172,14 +174,14 @@ absl::StatusOr<std::shared_ptr<Transport::Link>> Transport::link(int peer, const
   return slot;
 }
 
-absl::Status Transport::send(int peer, const std::string& address, MessageTag tag, const std::byte* data,
-                             int64_t bytes, absl::Time deadline) {
+absl::Status Transport::send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
+                             absl::Time deadline) {
   absl::StatusOr<std::shared_ptr<Link>> l = link(peer, address);
   if (!l.ok()) return l.status();
   return (*l)->enqueue(tag, data, bytes, deadline);
 }
 
-absl::StatusOr<std::string> Transport::receive(int source, MessageTag tag, absl::Time deadline) {
+absl::StatusOr<Received> Transport::receive(int source, MessageTag tag, absl::Time deadline) {
   const Key key{tag.op, source, tag.step, tag.chunk};
   absl::MutexLock lock(&mu_);
   auto arrived = [this, &key, source]()
@@ -192,7 +194,7 @@ absl::StatusOr<std::string> Transport::receive(int source, MessageTag tag, absl:
   if (it == mailbox_.end()) {
     return absl::UnavailableError(absl::StrCat("device ", source, " went away during op ", tag.op));
   }
-  std::string data = std::move(it->second);
+  Received data = std::move(it->second);
   mailbox_.erase(it);
   return data;
 }
@@ -208,11 +210,182 @@ void Transport::finish_op(uint64_t op) {
   }
 }
 
-void Transport::deliver(pb::ExchangeMessage* message) {
+namespace {
+
+// Reads the raw bytes of an ExchangeMessage across slices.
+class SliceReader {
+ public:
+  explicit SliceReader(const std::vector<grpc::Slice>& slices) : slices_(slices) {}
+
+  bool byte(uint8_t* out) {
+    while (slice_ < slices_.size() && pos_ == slices_[slice_].size()) {
+      ++slice_;
+      pos_ = 0;
+    }
+    if (slice_ == slices_.size()) return false;
+    *out = slices_[slice_].begin()[pos_++];
+    return true;
+  }
+
+  bool varint(uint64_t* out) {
+    *out = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!byte(&b)) return false;
+      *out |= uint64_t{b & 0x7Fu} << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+
+  // Position of the next byte: (slice index, offset), normalised past empty slices' ends.
+  std::pair<size_t, size_t> where() {
+    while (slice_ < slices_.size() && pos_ == slices_[slice_].size()) {
+      ++slice_;
+      pos_ = 0;
+    }
+    return {slice_, pos_};
+  }
+
+  int64_t remaining() const {
+    int64_t n = slice_ < slices_.size() ? static_cast<int64_t>(slices_[slice_].size() - pos_) : 0;
+    for (size_t i = slice_ + 1; i < slices_.size(); ++i) n += static_cast<int64_t>(slices_[i].size());
+    return n;
+  }
+
+ private:
+  const std::vector<grpc::Slice>& slices_;
+  size_t slice_ = 0;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+template <typename F>
+void Received::for_each_piece(F&& f) const {
+  int64_t left = bytes_;
+  size_t offset = offset_;
+  for (size_t i = 0; i < slices_.size() && left > 0; ++i) {
+    const int64_t n = std::min<int64_t>(left, static_cast<int64_t>(slices_[i].size() - offset));
+    f(reinterpret_cast<const std::byte*>(slices_[i].begin()) + offset, n);
+    left -= n;
+    offset = 0;
+  }
+}
+
+void Received::copy_to(std::byte* dst) const {
+  for_each_piece([&dst](const std::byte* p, int64_t n) {
+    std::memcpy(dst, p, static_cast<size_t>(n));
+    dst += n;
+  });
+}
+
+void Received::reduce_into(DType dtype, ReduceOp op, std::byte* acc) const {
+  // Slices need not split the data on element boundaries: an element cut in two is put
+  // together in `carry` first.
+  const int64_t esize = dtype_size(dtype);
+  std::byte carry[8];
+  int64_t consumed = 0;
+  for_each_piece([&](const std::byte* p, int64_t n) {
+    int64_t i = 0;
+    const int64_t have = consumed % esize;
+    if (have != 0) {
+      const int64_t take = std::min(esize - have, n);
+      std::memcpy(carry + have, p, static_cast<size_t>(take));
+      i = take;
+      if (have + take == esize) tessera::reduce_into(dtype, op, acc + consumed - have, carry, 1);
+    }
+    const int64_t whole = (n - i) / esize;
+    if (whole > 0) tessera::reduce_into(dtype, op, acc + consumed + i, p + i, whole);
+    i += whole * esize;
+    if (i < n) std::memcpy(carry, p + i, static_cast<size_t>(n - i));
+    consumed += n;
+  });
+}
+
+absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
+  Received data;
+  if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
+  SliceReader reader(data.slices_);
+  uint64_t fields[5] = {0, 0, 0, 0, 0};  // source_device, op_id, step, chunk
+  bool has_data = false;
+  uint64_t key = 0;
+  while (!has_data && reader.varint(&key)) {
+    const uint64_t field = key >> 3, wire = key & 7;
+    if (field >= 1 && field <= 4 && wire == 0) {
+      if (!reader.varint(&fields[field])) return absl::InvalidArgumentError("Exchange: truncated message");
+    } else if (field == 5 && wire == 2) {
+      uint64_t length = 0;
+      if (!reader.varint(&length)) return absl::InvalidArgumentError("Exchange: truncated message");
+      const auto [slice, offset] = reader.where();
+      if (static_cast<int64_t>(length) != reader.remaining()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Exchange: data of ", length, " bytes in a message with ", reader.remaining(), " left"));
+      }
+      if (static_cast<int64_t>(length) > kMaxChunkBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Exchange: a message of ", length, " bytes exceeds the limit of ", kMaxChunkBytes));
+      }
+      data.slices_.erase(data.slices_.begin(), data.slices_.begin() + static_cast<std::ptrdiff_t>(slice));
+      data.offset_ = offset;
+      data.bytes_ = static_cast<int64_t>(length);
+      has_data = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("Exchange: unexpected field ", field, " of wire type ", wire));
+    }
+  }
+  const int from = static_cast<int>(static_cast<int32_t>(fields[1]));
+  if (*source < 0) {
+    *source = from;
+    stream_started(from);
+  } else if (from != *source) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Exchange: a stream from device ", *source, " carried a message from device ", from));
+  }
   absl::MutexLock lock(&mu_);
-  if (finished_.count(message->op_id()) > 0) return;
-  mailbox_[Key{message->op_id(), message->source_device(), message->step(), message->chunk()}] =
-      std::move(*message->mutable_data());
+  if (finished_.count(fields[2]) > 0) return absl::OkStatus();
+  mailbox_[Key{fields[2], from, static_cast<int32_t>(fields[3]), static_cast<int32_t>(fields[4])}] = std::move(data);
+  return absl::OkStatus();
+}
+
+// Reads one peer's stream. Never blocks in a reaction: filing a message takes the
+// transport's lock briefly.
+class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ExchangeReader(Transport* transport, grpc::ByteBuffer* response) : transport_(transport) {
+    // The reply is an empty ExchangeReply: zero bytes, but a message all the same.
+    grpc::Slice empty;
+    *response = grpc::ByteBuffer(&empty, 1);
+    StartRead(&buffer_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // We never close a stream cleanly: it ends because the peer went away or is closing.
+      if (source_ >= 0) transport_->stream_ended(source_);
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::Status status = transport_->deliver(&buffer_, &source_);
+    buffer_.Clear();
+    if (!status.ok()) {
+      if (source_ >= 0) transport_->stream_ended(source_);
+      Finish(to_grpc(status));
+      return;
+    }
+    StartRead(&buffer_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  Transport* const transport_;
+  grpc::ByteBuffer buffer_;
+  int source_ = -1;
+};
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::ByteBuffer* response) {
+  return new ExchangeReader(this, response);
 }
 
 void Transport::stream_started(int source) {
@@ -220,8 +393,7 @@ void Transport::stream_started(int source) {
   down_.erase(source);
 }
 
-void Transport::stream_ended(int source, bool clean) {
-  if (clean) return;
+void Transport::stream_ended(int source) {
   absl::MutexLock lock(&mu_);
   down_.insert(source);
 }

@@ -8,7 +8,8 @@
 // concurrent collectives and back-to-back runs never mix.
 //
 //   transport.send(peer, address, {op, step, chunk}, data, bytes, deadline);
-//   absl::StatusOr<std::string> data = transport.receive(source, {op, step, chunk}, deadline);
+//   absl::StatusOr<Received> data = transport.receive(source, {op, step, chunk}, deadline);
+//   data->copy_to(dst);   // or data->reduce_into(dtype, op, acc)
 //   transport.finish_op(op);     // drops what is left of op; late messages are discarded
 #ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 #define TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
@@ -21,22 +22,44 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/collective.h"
+#include "core/dtype.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/server_callback.h"
+#include "grpcpp/support/slice.h"
 
 namespace tessera {
-
-namespace pb {
-class ExchangeMessage;
-}  // namespace pb
 
 struct MessageTag {
   uint64_t op = 0;
   int32_t step = 0;
   int32_t chunk = 0;
+};
+
+// The data of one message as it arrived: gRPC's slices, not copied.
+class Received {
+ public:
+  int64_t size() const { return bytes_; }
+  // Copies the data to `dst` (size() bytes).
+  void copy_to(std::byte* dst) const;
+  // acc[i] = op(acc[i], data[i]) over size() / dtype_size(dtype) elements.
+  void reduce_into(DType dtype, ReduceOp op, std::byte* acc) const;
+
+ private:
+  friend class Transport;
+  // Calls f(pointer, length) for each contiguous piece of the data, in order.
+  template <typename F>
+  void for_each_piece(F&& f) const;
+
+  std::vector<grpc::Slice> slices_;
+  size_t offset_ = 0;  // where the data starts in the first slice
+  int64_t bytes_ = 0;
 };
 
 class Transport {
@@ -57,15 +80,14 @@ class Transport {
 
   // Waits for the message `tag` from `source`. DEADLINE_EXCEEDED naming the source at
   // `deadline`; UNAVAILABLE as soon as the source's stream to this worker ends abnormally.
-  absl::StatusOr<std::string> receive(int source, MessageTag tag, absl::Time deadline);
+  absl::StatusOr<Received> receive(int source, MessageTag tag, absl::Time deadline);
 
   // Drops every stored message of `op` and discards any that arrive later.
   void finish_op(uint64_t op);
 
-  // Called by the Exchange service for each message and when a peer's stream ends.
-  void deliver(pb::ExchangeMessage* message);
-  void stream_started(int source);
-  void stream_ended(int source, bool clean);
+  // The reactor that reads one peer's Exchange stream into this transport (the worker's
+  // raw Exchange handler returns it; it deletes itself when the stream ends).
+  grpc::ServerReadReactor<grpc::ByteBuffer>* new_exchange_reader(grpc::ByteBuffer* response);
 
   // Messages held in the mailbox (for tests: zero after every collective has finished).
   int64_t pending_messages() const;
@@ -74,12 +96,19 @@ class Transport {
   class Link;
   using Key = std::tuple<uint64_t, int, int32_t, int32_t>;  // op, source, step, chunk
 
+  class ExchangeReader;
+
   absl::StatusOr<std::shared_ptr<Link>> link(int peer, const std::string& address);
+  // Parses one raw ExchangeMessage and files it; `source` is the stream's sender (-1 before
+  // its first message). INVALID_ARGUMENT for malformed bytes or a change of sender.
+  absl::Status deliver(grpc::ByteBuffer* buffer, int* source);
+  void stream_started(int source);
+  void stream_ended(int source);
 
   mutable absl::Mutex mu_;
   int self_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
-  std::map<Key, std::string> mailbox_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Received> mailbox_ ABSL_GUARDED_BY(mu_);
   std::set<int> down_ ABSL_GUARDED_BY(mu_);  // sources whose stream ended abnormally
   std::set<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_order_ ABSL_GUARDED_BY(mu_);
