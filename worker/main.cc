@@ -8,6 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
 #include "core/daemon.h"
 #include "worker/worker_server.h"
 
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
   // largest threshold glibc accepts.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // Lock-order checking costs on every lock; tests run the same code with it on.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   tessera::WorkerOptions options;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
