@@ -21,6 +21,7 @@ absl::Status BufferStore::reserve(uint64_t id, int64_t bytes) {
 
 void BufferStore::cancel(uint64_t id) {
   absl::MutexLock lock(&mu_);
+  doomed_.erase(id);
   auto it = reserved_.find(id);
   if (it == reserved_.end()) return;
   bytes_used_ -= it->second;
@@ -30,6 +31,12 @@ void BufferStore::cancel(uint64_t id) {
 void BufferStore::commit(uint64_t id, std::shared_ptr<const HostArray> data) {
   absl::MutexLock lock(&mu_);
   auto it = reserved_.find(id);
+  if (doomed_.erase(id) > 0) {
+    // Deleted while it was being made: drop it instead of keeping a buffer nobody owns.
+    bytes_used_ -= it->second;
+    reserved_.erase(it);
+    return;
+  }
   // The reservation's bytes now belong to the buffer; erase() gives them back.
   bytes_used_ += data->nbytes() - it->second;
   reserved_.erase(it);
@@ -48,7 +55,10 @@ int BufferStore::erase(const std::vector<uint64_t>& ids) {
   int erased = 0;
   for (uint64_t id : ids) {
     auto it = buffers_.find(id);
-    if (it == buffers_.end()) continue;
+    if (it == buffers_.end()) {
+      if (reserved_.contains(id)) doomed_.insert(id);
+      continue;
+    }
     bytes_used_ -= it->second->nbytes();
     buffers_.erase(it);
     ++erased;

@@ -16,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/host_array.h"
@@ -39,7 +40,8 @@ class BufferStore {
   // NOT_FOUND if no committed buffer has this id.
   absl::StatusOr<std::shared_ptr<const HostArray>> get(uint64_t id) const;
 
-  // Deletes committed buffers; returns how many of `ids` existed.
+  // Deletes committed buffers; returns how many of `ids` existed. A buffer still being
+  // filled (reserved) is deleted when it is committed.
   int erase(const std::vector<uint64_t>& ids);
 
   struct Stats {
@@ -56,6 +58,7 @@ class BufferStore {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const HostArray>> buffers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, int64_t> reserved_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> doomed_ ABSL_GUARDED_BY(mu_);  // reserved, then erased: commit drops them
   int64_t bytes_used_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

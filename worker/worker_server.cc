@@ -82,9 +82,9 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
     return grpc::Status::OK;
   }
 
-  grpc::Status RunCollective(grpc::ServerContext*, const pb::WorkerCollectiveRequest* req,
+  grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::WorkerCollectiveRequest* req,
                              pb::WorkerCollectiveReply* reply) override {
-    absl::StatusOr<Shape> shape = run_collective(*req);
+    absl::StatusOr<Shape> shape = run_collective(*req, [ctx] { return ctx->IsCancelled(); });
     transport_.finish_op(req->op_id());
     if (!shape.ok()) {
       return to_grpc(absl::Status(shape.status().code(),
@@ -152,14 +152,16 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
   }
 
   // Validates the request, runs this device's part and stores the result.
-  absl::StatusOr<Shape> run_collective(const pb::WorkerCollectiveRequest& req) {
+  absl::StatusOr<Shape> run_collective(const pb::WorkerCollectiveRequest& req, std::function<bool()> cancelled) {
     CollectiveRun run;
     run.op = req.op_id();
     TESSERA_ASSIGN_OR_RETURN(run.spec, collective_from_proto(req.spec()));
     run.self = device_id_.load();
     for (const pb::PeerAddress& peer : req.peers()) run.peers[peer.device_id()] = peer.address();
     const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
-    run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+    run.start = absl::Now();
+    run.deadline = run.start + absl::Milliseconds(timeout_ms);
+    run.cancelled = std::move(cancelled);
     TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const HostArray> input, store_.get(req.input_buffer()));
     TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input->shape()));
     const int64_t out_bytes = num_elements(out_shape) * dtype_size(input->dtype());

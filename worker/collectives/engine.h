@@ -12,6 +12,7 @@
 #ifndef TESSERA_WORKER_COLLECTIVES_ENGINE_H_
 #define TESSERA_WORKER_COLLECTIVES_ENGINE_H_
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -31,7 +32,9 @@ struct CollectiveRun {
   CollectiveSpec spec;
   std::map<int, std::string> peers;  // device id -> address, for every member of self's group
   int self = 0;
+  absl::Time start;  // when this device began the op
   absl::Time deadline;
+  std::function<bool()> cancelled;  // true once the caller gave up on the op
 };
 
 // Runs this device's part. REQUIRES: validate_collective(run.spec) is OK and self is in a

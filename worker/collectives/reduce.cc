@@ -1,6 +1,7 @@
 #include "worker/collectives/reduce.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 namespace tessera {
@@ -16,20 +17,27 @@ auto wide(T x) {
   }
 }
 
+// Elements are loaded and stored with memcpy: data straight from the wire need not be
+// aligned for T (the compiler still emits plain vector loads).
 template <typename T, typename F>
 void apply(std::byte* acc, const std::byte* in, int64_t n, F f) {
-  T* a = reinterpret_cast<T*>(acc);
-  const T* b = reinterpret_cast<const T*>(in);
-  for (int64_t i = 0; i < n; ++i) a[i] = f(a[i], b[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    T a, b;
+    std::memcpy(&a, acc + i * sizeof(T), sizeof(T));
+    std::memcpy(&b, in + i * sizeof(T), sizeof(T));
+    a = f(a, b);
+    std::memcpy(acc + i * sizeof(T), &a, sizeof(T));
+  }
 }
 
 template <typename T>
 void reduce_typed(ReduceOp op, std::byte* acc, const std::byte* in, int64_t n) {
   if constexpr (std::is_same_v<T, bool>) {
+    // As bytes: a peer's byte other than 0 or 1 still reads as true, never as UB.
     if (op == ReduceOp::kSum || op == ReduceOp::kMax) {
-      apply<T>(acc, in, n, [](T x, T y) { return x || y; });
+      apply<uint8_t>(acc, in, n, [](uint8_t x, uint8_t y) -> uint8_t { return (x | y) != 0; });
     } else {
-      apply<T>(acc, in, n, [](T x, T y) { return x && y; });
+      apply<uint8_t>(acc, in, n, [](uint8_t x, uint8_t y) -> uint8_t { return x != 0 && y != 0; });
     }
     return;
   } else {

@@ -93,6 +93,8 @@ class Transport::Link {
     return absl::OkStatus();
   }
 
+  const std::string& address() const { return address_; }
+
   bool broken() const {
     absl::MutexLock lock(&mu_);
     return broken_;
@@ -169,7 +171,9 @@ absl::StatusOr<std::shared_ptr<Transport::Link>> Transport::link(int peer, const
   std::shared_ptr<Link> stale;
   absl::MutexLock lock(&mu_);
   auto& slot = links_[peer];
-  if (slot != nullptr && slot->broken()) stale = std::move(slot);  // destroyed after the lock is released
+  // A broken link, or one to an address the peer no longer has (it restarted elsewhere), is
+  // replaced; the old one is destroyed after the lock is released.
+  if (slot != nullptr && (slot->broken() || slot->address() != address)) stale = std::move(slot);
   if (slot == nullptr) slot = std::make_shared<Link>(self_, peer, address);
   return slot;
 }
@@ -181,14 +185,24 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
   return (*l)->enqueue(tag, data, bytes, deadline);
 }
 
-absl::StatusOr<Received> Transport::receive(int source, MessageTag tag, absl::Time deadline) {
+absl::StatusOr<Received> Transport::receive(int source, MessageTag tag, absl::Time op_start, absl::Time deadline,
+                                            const std::function<bool()>& cancelled) {
   const Key key{tag.op, source, tag.step, tag.chunk};
   absl::MutexLock lock(&mu_);
-  auto arrived = [this, &key, source]()
-                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return mailbox_.count(key) > 0 || down_.count(source) > 0; };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("device ", source, " sent nothing for op ", tag.op, " step ",
-                                                    tag.step, " chunk ", tag.chunk, " in time"));
+  // A source counts as gone only if its stream ended while this op ran: a stream that ended
+  // before may simply not have been reopened yet.
+  auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = down_since_.find(source);
+    return it != down_since_.end() && it->second >= op_start;
+  };
+  auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return mailbox_.count(key) > 0 || gone(); };
+  // Wake up now and then to notice a cancelled call (the coordinator gave up on the op).
+  while (!mu_.AwaitWithDeadline(absl::Condition(&arrived), std::min(deadline, absl::Now() + kCancelPoll))) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("device ", source, " sent nothing for op ", tag.op, " step ",
+                                                      tag.step, " chunk ", tag.chunk, " in time"));
+    }
+    if (cancelled && cancelled()) return absl::CancelledError(absl::StrCat("op ", tag.op, " was cancelled"));
   }
   auto it = mailbox_.find(key);
   if (it == mailbox_.end()) {
@@ -202,7 +216,7 @@ absl::StatusOr<Received> Transport::receive(int source, MessageTag tag, absl::Ti
 void Transport::finish_op(uint64_t op) {
   absl::MutexLock lock(&mu_);
   mailbox_.erase(mailbox_.lower_bound(Key{op, INT32_MIN, INT32_MIN, INT32_MIN}),
-                 mailbox_.lower_bound(Key{op + 1, INT32_MIN, INT32_MIN, INT32_MIN}));
+                 mailbox_.upper_bound(Key{op, INT32_MAX, INT32_MAX, INT32_MAX}));
   if (finished_.insert(op).second) finished_order_.push_back(op);
   while (finished_order_.size() > kRememberedOps) {
     finished_.erase(finished_order_.front());
@@ -284,7 +298,7 @@ void Received::reduce_into(DType dtype, ReduceOp op, std::byte* acc) const {
   // Slices need not split the data on element boundaries: an element cut in two is put
   // together in `carry` first.
   const int64_t esize = dtype_size(dtype);
-  std::byte carry[8];
+  alignas(8) std::byte carry[8];
   int64_t consumed = 0;
   for_each_piece([&](const std::byte* p, int64_t n) {
     int64_t i = 0;
@@ -390,12 +404,12 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::
 
 void Transport::stream_started(int source) {
   absl::MutexLock lock(&mu_);
-  down_.erase(source);
+  down_since_.erase(source);
 }
 
 void Transport::stream_ended(int source) {
   absl::MutexLock lock(&mu_);
-  down_.insert(source);
+  down_since_[source] = absl::Now();
 }
 
 int64_t Transport::pending_messages() const {

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -78,9 +79,14 @@ class Transport {
   absl::Status send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
                     absl::Time deadline);
 
+  // How often a waiting receive checks whether its op was cancelled.
+  static constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
+
   // Waits for the message `tag` from `source`. DEADLINE_EXCEEDED naming the source at
-  // `deadline`; UNAVAILABLE as soon as the source's stream to this worker ends abnormally.
-  absl::StatusOr<Received> receive(int source, MessageTag tag, absl::Time deadline);
+  // `deadline`; UNAVAILABLE as soon as the source's stream to this worker ends after
+  // `op_start`; CANCELLED soon after `cancelled()` turns true.
+  absl::StatusOr<Received> receive(int source, MessageTag tag, absl::Time op_start, absl::Time deadline,
+                                   const std::function<bool()>& cancelled = nullptr);
 
   // Drops every stored message of `op` and discards any that arrive later.
   void finish_op(uint64_t op);
@@ -109,7 +115,7 @@ class Transport {
   int self_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Received> mailbox_ ABSL_GUARDED_BY(mu_);
-  std::set<int> down_ ABSL_GUARDED_BY(mu_);  // sources whose stream ended abnormally
+  std::map<int, absl::Time> down_since_ ABSL_GUARDED_BY(mu_);  // sources whose stream ended, and when
   std::set<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_order_ ABSL_GUARDED_BY(mu_);
 };
