@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/dtype.h"
 #include "core/sharding.h"
@@ -86,7 +87,9 @@ class Registry {
   mutable absl::Mutex mu_;
   std::map<int, DeviceRecord> devices_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, ArrayRecord> arrays_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_array_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Starts at the coordinator's start time in microseconds: a restarted coordinator never
+  // hands out an id that workers may still hold a buffer (or a collective op) under.
+  uint64_t next_array_id_ ABSL_GUARDED_BY(mu_) = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
 };
 
 }  // namespace tessera

@@ -13,6 +13,7 @@ namespace {
 // HTTP/2 flow-control window per stream. gRPC's 64 KiB default makes a 1 MiB chunk wait for
 // many window updates, each a wake-up of a busy peer process.
 constexpr int kStreamWindowBytes = 16 << 20;
+constexpr int kKeepaliveMs = 5000;
 
 }  // namespace
 
@@ -46,6 +47,10 @@ absl::Status check_protocol_version(uint32_t theirs, absl::string_view who) {
 void configure_server(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder->SetMaxReceiveMessageSize(static_cast<int>(4 * kMaxChunkBytes));
+  // Accept the clients' keepalive pings (see make_channel).
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMs / 2);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
 }
 
@@ -57,6 +62,12 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
+  // A peer that vanishes without closing its connections (host down, link cut) is noticed
+  // within kKeepaliveMs plus the ping timeout, and the long-lived streams to it fail.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
