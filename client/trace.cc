@@ -1,0 +1,379 @@
+#include "tessera/trace.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tessera {
+namespace internal {
+
+// One trace in progress: the graph being recorded and its first error.
+struct TraceState : std::enable_shared_from_this<TraceState> {
+  Graph graph;
+  absl::Status error;
+
+  // The trace running on this thread (for ops without operands: iota, full).
+  static thread_local TraceState* current;
+
+  static TraceState* of(const Value& v) { return v.trace_.get(); }
+  static int id(const Value& v) { return v.id_; }
+
+  Value make(absl::StatusOr<int> id) {
+    if (!id.ok()) return fail(id.status());
+    return Value(shared_from_this(), *id);
+  }
+  Value fail(const absl::Status& status) {
+    if (error.ok()) error = status;
+    return Value();
+  }
+
+  // The trace all of `values` belong to, or null (recording why) if one failed already or
+  // they come from different traces.
+  static TraceState* common(std::initializer_list<const Value*> values) {
+    TraceState* t = nullptr;
+    for (const Value* v : values) {
+      if (!v->ok()) return nullptr;
+      if (t == nullptr) t = of(*v);
+      if (of(*v) != t) {
+        t->fail(absl::InvalidArgumentError("an op mixes values of two different traces"));
+        return nullptr;
+      }
+    }
+    return t;
+  }
+};
+
+thread_local TraceState* TraceState::current = nullptr;
+
+}  // namespace internal
+
+using internal::TraceState;
+
+namespace {
+
+const Shape& empty_shape() {
+  static const Shape* const kEmpty = new Shape();
+  return *kEmpty;
+}
+
+// numpy's broadcast of two shapes, or nullopt.
+std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
+  const size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    if (da != db && da != 1 && db != 1) return std::nullopt;
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+// A negative axis counts from the end, as in numpy.
+int64_t normalize_axis(int64_t axis, int64_t rank) { return axis < 0 ? axis + rank : axis; }
+
+Value unary(Op op, const Value& x) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_unary(op, TraceState::id(x)));
+}
+
+Value binary(Op op, const Value& x, const Value& y) {
+  TraceState* t = TraceState::common({&x, &y});
+  if (t == nullptr) return Value();
+  const std::string what = absl::StrCat(op_name(op), ": operands ", type_to_string(x.dtype(), x.shape()), " and ",
+                                        type_to_string(y.dtype(), y.shape()));
+  if (x.dtype() != y.dtype()) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat(what, " have different dtypes; convert one first")));
+  }
+  std::optional<Shape> shape = broadcast_shapes(x.shape(), y.shape());
+  if (!shape.has_value()) return t->fail(absl::InvalidArgumentError(absl::StrCat(what, " do not broadcast")));
+  const Value a = broadcast_to(x, *shape);
+  const Value b = broadcast_to(y, *shape);
+  if (!a.ok() || !b.ok()) return Value();
+  return t->make(t->graph.add_binary(op, TraceState::id(a), TraceState::id(b)));
+}
+
+// A constant of x's dtype and shape: how a double meets a Value.
+Value like(const Value& x, double value) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_constant(x.dtype(), x.shape(), value));
+}
+
+Value reduce(Op op, const Value& x, std::vector<int64_t> axes, bool keepdims) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  if (axes.empty()) {
+    for (int d = 0; d < x.rank(); ++d) axes.push_back(d);
+  }
+  for (int64_t& a : axes) a = normalize_axis(a, x.rank());
+  Value r = t->make(t->graph.add_reduce(op, TraceState::id(x), axes));
+  if (!keepdims || !r.ok()) return r;
+  Shape kept = x.shape();
+  for (int64_t a : axes) kept[a] = 1;
+  return reshape(r, kept);
+}
+
+}  // namespace
+
+DType Value::dtype() const { return ok() ? trace_->graph.node(id_).dtype : DType::kF32; }
+const Shape& Value::shape() const { return ok() ? trace_->graph.node(id_).shape : empty_shape(); }
+
+absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs) {
+  auto state = std::make_shared<TraceState>();
+  std::vector<Value> in;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    absl::Status valid = validate_shape(inputs[i].shape, dtype_size(inputs[i].dtype), absl::StrCat("input ", i));
+    if (!valid.ok()) return valid;
+    in.push_back(state->make(state->graph.add_parameter(inputs[i].dtype, inputs[i].shape)));
+  }
+  TraceState* outer = TraceState::current;
+  TraceState::current = state.get();
+  std::vector<Value> out = f(in);
+  TraceState::current = outer;
+  if (!state->error.ok()) return state->error;
+  std::vector<int> ids;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!out[i].ok() || TraceState::of(out[i]) != state.get()) {
+      return absl::InvalidArgumentError(absl::StrCat("trace: output ", i, " is not a value of this trace"));
+    }
+    ids.push_back(TraceState::id(out[i]));
+  }
+  absl::Status set = state->graph.set_outputs(ids);
+  if (!set.ok()) return set;
+  return std::move(state->graph);
+}
+
+Value neg(const Value& x) { return unary(Op::kNeg, x); }
+Value abs(const Value& x) { return unary(Op::kAbs, x); }
+Value exp(const Value& x) { return unary(Op::kExp, x); }
+Value log(const Value& x) { return unary(Op::kLog, x); }
+Value tanh(const Value& x) { return unary(Op::kTanh, x); }
+Value logistic(const Value& x) { return unary(Op::kLogistic, x); }
+Value sqrt(const Value& x) { return unary(Op::kSqrt, x); }
+Value rsqrt(const Value& x) { return unary(Op::kRsqrt, x); }
+Value sin(const Value& x) { return unary(Op::kSin, x); }
+Value cos(const Value& x) { return unary(Op::kCos, x); }
+Value floor(const Value& x) { return unary(Op::kFloor, x); }
+Value ceil(const Value& x) { return unary(Op::kCeil, x); }
+Value sign(const Value& x) { return unary(Op::kSign, x); }
+Value logical_not(const Value& x) { return unary(Op::kNot, x); }
+
+Value add(const Value& x, const Value& y) { return binary(Op::kAdd, x, y); }
+Value sub(const Value& x, const Value& y) { return binary(Op::kSub, x, y); }
+Value mul(const Value& x, const Value& y) { return binary(Op::kMul, x, y); }
+Value div(const Value& x, const Value& y) { return binary(Op::kDiv, x, y); }
+Value pow(const Value& x, const Value& y) { return binary(Op::kPow, x, y); }
+Value maximum(const Value& x, const Value& y) { return binary(Op::kMax, x, y); }
+Value minimum(const Value& x, const Value& y) { return binary(Op::kMin, x, y); }
+Value logical_and(const Value& x, const Value& y) { return binary(Op::kAnd, x, y); }
+Value logical_or(const Value& x, const Value& y) { return binary(Op::kOr, x, y); }
+
+Value where(const Value& pred, const Value& on_true, const Value& on_false) {
+  TraceState* t = TraceState::common({&pred, &on_true, &on_false});
+  if (t == nullptr) return Value();
+  std::optional<Shape> shape = broadcast_shapes(on_true.shape(), on_false.shape());
+  if (shape.has_value()) shape = broadcast_shapes(*shape, pred.shape());
+  if (!shape.has_value()) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat("where: shapes ", shape_to_string(pred.shape()), ", ",
+                                                           shape_to_string(on_true.shape()), " and ",
+                                                           shape_to_string(on_false.shape()), " do not broadcast")));
+  }
+  const Value p = broadcast_to(pred, *shape), a = broadcast_to(on_true, *shape), b = broadcast_to(on_false, *shape);
+  if (!p.ok() || !a.ok() || !b.ok()) return Value();
+  return t->make(t->graph.add_select(TraceState::id(p), TraceState::id(a), TraceState::id(b)));
+}
+
+Value operator-(const Value& x) { return neg(x); }
+Value operator+(const Value& x, const Value& y) { return add(x, y); }
+Value operator-(const Value& x, const Value& y) { return sub(x, y); }
+Value operator*(const Value& x, const Value& y) { return mul(x, y); }
+Value operator/(const Value& x, const Value& y) { return div(x, y); }
+Value operator+(const Value& x, double y) { return add(x, like(x, y)); }
+Value operator-(const Value& x, double y) { return sub(x, like(x, y)); }
+Value operator*(const Value& x, double y) { return mul(x, like(x, y)); }
+Value operator/(const Value& x, double y) { return div(x, like(x, y)); }
+Value operator+(double x, const Value& y) { return add(like(y, x), y); }
+Value operator-(double x, const Value& y) { return sub(like(y, x), y); }
+Value operator*(double x, const Value& y) { return mul(like(y, x), y); }
+Value operator/(double x, const Value& y) { return div(like(y, x), y); }
+Value operator==(const Value& x, const Value& y) { return binary(Op::kEq, x, y); }
+Value operator!=(const Value& x, const Value& y) { return binary(Op::kNe, x, y); }
+Value operator<(const Value& x, const Value& y) { return binary(Op::kLt, x, y); }
+Value operator<=(const Value& x, const Value& y) { return binary(Op::kLe, x, y); }
+Value operator>(const Value& x, const Value& y) { return binary(Op::kGt, x, y); }
+Value operator>=(const Value& x, const Value& y) { return binary(Op::kGe, x, y); }
+
+Value convert(const Value& x, DType dtype) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  if (x.dtype() == dtype) return x;
+  return t->make(t->graph.add_convert(TraceState::id(x), dtype));
+}
+
+Value broadcast_in_dim(const Value& x, Shape shape, std::vector<int64_t> dims) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_broadcast_in_dim(TraceState::id(x), std::move(shape), std::move(dims)));
+}
+
+Value broadcast_to(const Value& x, Shape shape) {
+  if (x.ok() && x.shape() == shape) return x;
+  std::vector<int64_t> dims;
+  const int64_t offset = static_cast<int64_t>(shape.size()) - x.rank();
+  for (int i = 0; i < x.rank(); ++i) dims.push_back(offset + i);
+  return broadcast_in_dim(x, std::move(shape), std::move(dims));
+}
+
+Value reshape(const Value& x, Shape shape) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  if (x.shape() == shape) return x;
+  return t->make(t->graph.add_reshape(TraceState::id(x), std::move(shape)));
+}
+
+Value transpose(const Value& x, std::vector<int64_t> permutation) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_transpose(TraceState::id(x), std::move(permutation)));
+}
+
+Value expand_dims(const Value& x, int64_t axis) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  axis = normalize_axis(axis, x.rank() + 1);
+  if (axis < 0 || axis > x.rank()) {
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat("expand_dims: axis ", axis, " is out of range for shape ", shape_to_string(x.shape()))));
+  }
+  Shape shape = x.shape();
+  shape.insert(shape.begin() + axis, 1);
+  return reshape(x, shape);
+}
+
+Value squeeze(const Value& x, std::vector<int64_t> axes) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  Shape shape;
+  for (int64_t& a : axes) a = normalize_axis(a, x.rank());
+  for (int d = 0; d < x.rank(); ++d) {
+    const bool named = std::find(axes.begin(), axes.end(), d) != axes.end();
+    if (named && x.shape()[d] != 1) {
+      return t->fail(absl::InvalidArgumentError(
+          absl::StrCat("squeeze: dimension ", d, " of shape ", shape_to_string(x.shape()), " is not 1")));
+    }
+    if (!(named || (axes.empty() && x.shape()[d] == 1))) shape.push_back(x.shape()[d]);
+  }
+  return reshape(x, shape);
+}
+
+Value sum(const Value& x, std::vector<int64_t> axes, bool keepdims) {
+  return reduce(Op::kReduceSum, x, std::move(axes), keepdims);
+}
+Value max(const Value& x, std::vector<int64_t> axes, bool keepdims) {
+  return reduce(Op::kReduceMax, x, std::move(axes), keepdims);
+}
+Value min(const Value& x, std::vector<int64_t> axes, bool keepdims) {
+  return reduce(Op::kReduceMin, x, std::move(axes), keepdims);
+}
+Value prod(const Value& x, std::vector<int64_t> axes, bool keepdims) {
+  return reduce(Op::kReduceProd, x, std::move(axes), keepdims);
+}
+
+Value mean(const Value& x, std::vector<int64_t> axes, bool keepdims) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  if (x.dtype() != DType::kF32 && x.dtype() != DType::kF64) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat("mean: operand is ", type_to_string(x.dtype(), x.shape()),
+                                                           "; convert it to a float dtype first")));
+  }
+  int64_t count = 1;
+  if (axes.empty()) {
+    count = num_elements(x.shape());
+  } else {
+    for (int64_t a : axes) {
+      a = normalize_axis(a, x.rank());
+      if (a >= 0 && a < x.rank()) count *= x.shape()[a];
+    }
+  }
+  Value s = sum(x, std::move(axes), keepdims);
+  return s / static_cast<double>(count);
+}
+
+Value argmax(const Value& x, int64_t axis, DType index_dtype) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_argmax(TraceState::id(x), normalize_axis(axis, x.rank()), index_dtype));
+}
+
+Value dot_general(const Value& lhs, const Value& rhs, DotDims dims) {
+  TraceState* t = TraceState::common({&lhs, &rhs});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_dot_general(TraceState::id(lhs), TraceState::id(rhs), std::move(dims)));
+}
+
+Value matmul(const Value& lhs, const Value& rhs) {
+  TraceState* t = TraceState::common({&lhs, &rhs});
+  if (t == nullptr) return Value();
+  const int a = lhs.rank(), b = rhs.rank();
+  if (a == 0 || b == 0 || (a > 2 && a != b) || (b > 2 && a != b)) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat("matmul: shapes ", shape_to_string(lhs.shape()), " and ",
+                                                           shape_to_string(rhs.shape()),
+                                                           " are not matrices, vectors or equal-rank batches")));
+  }
+  DotDims dims;
+  for (int i = 0; i + 2 < a; ++i) {
+    dims.lhs_batch.push_back(i);
+    dims.rhs_batch.push_back(i);
+  }
+  dims.lhs_contracting = {a - 1};
+  dims.rhs_contracting = {b == 1 ? 0 : b - 2};
+  return dot_general(lhs, rhs, std::move(dims));
+}
+
+Value dot(const Value& lhs, const Value& rhs) { return matmul(lhs, rhs); }
+
+Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_slice(TraceState::id(x), std::move(start), std::move(limit)));
+}
+
+Value concatenate(const std::vector<Value>& xs, int64_t axis) {
+  if (xs.empty()) {
+    if (TraceState::current != nullptr)
+      TraceState::current->fail(absl::InvalidArgumentError("concatenate: no operands"));
+    return Value();
+  }
+  std::vector<int> ids;
+  TraceState* t = nullptr;
+  for (const Value& x : xs) {
+    TraceState* tx = TraceState::common({&x, &xs[0]});
+    if (tx == nullptr) return Value();
+    t = tx;
+    ids.push_back(TraceState::id(x));
+  }
+  return t->make(t->graph.add_concatenate(ids, normalize_axis(axis, xs[0].rank())));
+}
+
+Value iota(DType dtype, Shape shape, int64_t dimension) {
+  TraceState* t = TraceState::current;
+  if (t == nullptr || !t->error.ok()) return Value();
+  return t->make(t->graph.add_iota(dtype, std::move(shape), dimension));
+}
+
+Value full(Shape shape, double value, DType dtype) {
+  TraceState* t = TraceState::current;
+  if (t == nullptr || !t->error.ok()) return Value();
+  return t->make(t->graph.add_constant(dtype, std::move(shape), value));
+}
+
+Value with_sharding_constraint(const Value& x, const NamedSharding& sharding) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_sharding_constraint(TraceState::id(x), sharding));
+}
+
+}  // namespace tessera

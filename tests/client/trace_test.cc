@@ -1,0 +1,182 @@
+// Tracing: the graphs functions record, the shapes and dtypes inferred, and the errors
+// reported at trace time, naming the op and the shapes.
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/tessera.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::StatusOr<Graph> trace1(const std::function<Value(const std::vector<Value>&)>& f,
+                             const std::vector<ArrayType>& inputs) {
+  return trace([&](const std::vector<Value>& in) { return std::vector<Value>{f(in)}; }, inputs);
+}
+
+const Node& output(const Graph& g, int i = 0) { return g.node(g.outputs()[i]); }
+
+TEST(Trace, SeedLayerRecordsDotThenTanh) {
+  absl::StatusOr<Graph> g = trace1([](const auto& in) { return tanh(matmul(in[0], in[1])); },
+                                   {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->to_text(),
+            "%0 = parameter() f32[16,8] index=0\n"
+            "%1 = parameter() f32[8,4] index=1\n"
+            "%2 = dot_general(%0, %1) f32[16,4] lhs_batch={} rhs_batch={} lhs_contracting={1} rhs_contracting={0}\n"
+            "%3 = tanh(%2) f32[16,4]\n"
+            "ROOT (%3)\n");
+}
+
+TEST(Trace, BinaryOpsBroadcastLikeNumpy) {
+  absl::StatusOr<Graph> g =
+      trace1([](const auto& in) { return in[0] + in[1]; }, {{DType::kF32, {16, 4}}, {DType::kF32, {4}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(output(*g).shape, (Shape{16, 4}));
+  const Node& b = g->node(output(*g).operands[1]);
+  EXPECT_EQ(b.op, Op::kBroadcastInDim);
+  EXPECT_EQ(b.dims, (std::vector<int64_t>{1}));
+  // Size-1 dimensions stretch: (3, 1) + (1, 5) -> (3, 5).
+  absl::StatusOr<Graph> h =
+      trace1([](const auto& in) { return in[0] * in[1]; }, {{DType::kI32, {3, 1}}, {DType::kI32, {1, 5}}});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(output(*h).shape, (Shape{3, 5}));
+}
+
+TEST(Trace, ScalarsTakeTheArraysDtype) {
+  absl::StatusOr<Graph> g = trace1([](const auto& in) { return 2.0 * in[0] - 1.0; }, {{DType::kF64, {3}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(output(*g).dtype, DType::kF64);
+  EXPECT_EQ(output(*g).op, Op::kSub);
+}
+
+TEST(Trace, ComparisonsAndWhere) {
+  absl::StatusOr<Graph> g = trace1([](const auto& in) { return where(in[0] > in[1], in[0], in[1]); },
+                                   {{DType::kF32, {4, 4}}, {DType::kF32, {4, 4}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(output(*g).op, Op::kSelect);
+  EXPECT_EQ(g->node(output(*g).operands[0]).dtype, DType::kBool);
+}
+
+TEST(Trace, ReductionsWithAndWithoutKeepdims) {
+  for (bool keep : {false, true}) {
+    absl::StatusOr<Graph> g =
+        trace1([keep](const auto& in) { return sum(in[0], {-1}, keep); }, {{DType::kF32, {2, 3, 4}}});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(output(*g).shape, keep ? (Shape{2, 3, 1}) : (Shape{2, 3}));
+  }
+  absl::StatusOr<Graph> m = trace1([](const auto& in) { return mean(in[0]); }, {{DType::kF32, {2, 3}}});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(output(*m).shape, Shape{});
+  EXPECT_EQ(output(*m).op, Op::kDiv);
+  const Node& divisor = m->node(output(*m).operands[1]);
+  EXPECT_EQ(divisor.op, Op::kConstant);
+  EXPECT_EQ(divisor.value, 6.0) << "mean divides by the element count";
+}
+
+TEST(Trace, ShapeOpsMoveDimensions) {
+  absl::StatusOr<Graph> g = trace(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{transpose(in[0], {1, 0}),
+                                  reshape(in[0], {4, 4}),
+                                  expand_dims(in[0], 0),
+                                  squeeze(expand_dims(in[0], -1), {2}),
+                                  slice(in[0], {0, 2}, {2, 8}),
+                                  concatenate({in[0], in[0]}, 1),
+                                  argmax(in[0], 1),
+                                  convert(in[0], DType::kI64)};
+      },
+      {{DType::kF32, {2, 8}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(output(*g, 0).shape, (Shape{8, 2}));
+  EXPECT_EQ(output(*g, 1).shape, (Shape{4, 4}));
+  EXPECT_EQ(output(*g, 2).shape, (Shape{1, 2, 8}));
+  EXPECT_EQ(output(*g, 3).shape, (Shape{2, 8}));
+  EXPECT_EQ(output(*g, 4).shape, (Shape{2, 6}));
+  EXPECT_EQ(output(*g, 5).shape, (Shape{2, 16}));
+  EXPECT_EQ(output(*g, 6).shape, (Shape{2}));
+  EXPECT_EQ(output(*g, 6).dtype, DType::kI32);
+  EXPECT_EQ(output(*g, 7).dtype, DType::kI64);
+}
+
+TEST(Trace, BatchedDotGeneral) {
+  absl::StatusOr<Graph> g =
+      trace1([](const auto& in) { return matmul(in[0], in[1]); }, {{DType::kF32, {5, 2, 3}}, {DType::kF32, {5, 3, 7}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(output(*g).shape, (Shape{5, 2, 7}));
+}
+
+TEST(Trace, IotaFullAndShardingConstraint) {
+  const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  absl::StatusOr<Graph> g = trace1(
+      [&](const auto& in) {
+        return with_sharding_constraint(
+            in[0] + convert(iota(DType::kI32, {16, 8}, 1), DType::kF32) + full({16, 8}, 0.5),
+            NamedSharding(mesh, P("data", None)));
+      },
+      {{DType::kF32, {16, 8}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(output(*g).op, Op::kShardingConstraint);
+  EXPECT_THAT(g->to_text(), HasSubstr("spec=P('data', None)) devices={0,1,2,3,4,5,6,7}"));
+}
+
+struct ErrorCase {
+  std::string name;
+  std::function<Value(const std::vector<Value>&)> f;
+  std::vector<ArrayType> inputs;
+  std::vector<std::string> message;
+};
+
+TEST(Trace, ErrorsNameTheOpAndTheShapes) {
+  const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  const std::vector<ErrorCase> cases = {
+      {"matmul",
+       [](const auto& in) { return matmul(in[0], in[1]); },
+       {{DType::kF32, {16, 8}}, {DType::kF32, {4, 4}}},
+       {"dot_general of f32[16,8] and f32[4,4]", "contracting dimensions 1 (size 8) and 0 (size 4) differ"}},
+      {"broadcast",
+       [](const auto& in) { return in[0] + in[1]; },
+       {{DType::kF32, {16, 4}}, {DType::kF32, {3}}},
+       {"add: operands f32[16,4] and f32[3] do not broadcast"}},
+      {"dtype",
+       [](const auto& in) { return in[0] * in[1]; },
+       {{DType::kF32, {2}}, {DType::kI32, {2}}},
+       {"mul: operands f32[2] and i32[2] have different dtypes"}},
+      {"tanh of int", [](const auto& in) { return tanh(in[0]); }, {{DType::kI32, {2}}}, {"tanh", "i32[2]", "float"}},
+      {"reshape",
+       [](const auto& in) {
+         return reshape(in[0], {3, 3});
+       },
+       {{DType::kF32, {2, 4}}},
+       {"cannot reshape f32[2,4] (8 elements) to (3, 3) (9)"}},
+      {"axis",
+       [](const auto& in) { return sum(in[0], {2}); },
+       {{DType::kF32, {2, 4}}},
+       {"reduce_sum of f32[2,4]", "axis 2 is out of range for rank 2"}},
+      {"constraint",
+       [&](const auto& in) { return with_sharding_constraint(in[0], NamedSharding(mesh, P("data"))); },
+       {{DType::kF32, {6, 4}}},
+       {"with_sharding_constraint on f32[6,4]", "dimension 0 of size 6", "'data' of size 4"}},
+  };
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    // The failing op is followed by more ops: the first error is the one reported.
+    absl::StatusOr<Graph> g = trace1([&](const auto& in) { return exp(c.f(in) * 2.0); }, c.inputs);
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    for (const std::string& part : c.message) EXPECT_THAT(std::string(g.status().message()), HasSubstr(part));
+  }
+}
+
+TEST(Trace, FingerprintsIdentifyGraphs) {
+  auto layer = [](const auto& in) { return tanh(matmul(in[0], in[1])); };
+  absl::StatusOr<Graph> a = trace1(layer, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+  absl::StatusOr<Graph> b = trace1(layer, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+  absl::StatusOr<Graph> c = trace1(layer, {{DType::kF32, {32, 8}}, {DType::kF32, {8, 4}}});
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->fingerprint(), b->fingerprint());
+  EXPECT_NE(a->fingerprint(), c->fingerprint());
+}
+
+}  // namespace
+}  // namespace tessera
