@@ -1,0 +1,159 @@
+// Sharding propagation: expected shardings of results and of what each op needs of its
+// operands, for the layouts the partitioner must handle (traced programs, as jit sees them).
+#include "coordinator/compiler/propagate.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/trace.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+class PropagateTest : public ::testing::Test {
+ protected:
+  const Mesh mesh_ = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+
+  // Traces f, propagates the input specs, and returns the result sharding of every output.
+  std::vector<std::string> run(const TracedFunction& f, const std::vector<ArrayType>& types,
+                               const std::vector<PartitionSpec>& specs) {
+    absl::StatusOr<Graph> g = trace(f, types);
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok()) return {};
+    graph_ = *std::move(g);
+    absl::StatusOr<Propagation> p =
+        propagate(graph_, mesh_, specs, std::vector<std::optional<PartitionSpec>>(graph_.outputs().size()));
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return {};
+    prop_ = *std::move(p);
+    std::vector<std::string> out;
+    for (int o : graph_.outputs()) out.push_back(prop_.result[o].to_string());
+    return out;
+  }
+  // What node `id` needs of operand k.
+  std::string need(int id, int k) const { return prop_.operands[id][k].to_string(); }
+  int find(Op op) const {
+    for (int i = 0; i < graph_.size(); ++i) {
+      if (graph_.node(i).op == op) return i;
+    }
+    return -1;
+  }
+
+  Graph graph_;
+  Propagation prop_;
+};
+
+std::vector<Value> seed(const std::vector<Value>& in) { return {tanh(matmul(in[0], in[1]))}; }
+
+TEST_F(PropagateTest, SeedLayerShardsTheResultOverBothAxes) {
+  // JAX: x P('data', None) @ w P(None, 'model') -> P('data', 'model'), no communication.
+  EXPECT_THAT(run(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P("data", None), P(None, "model")}),
+              ::testing::ElementsAre("P('data', 'model')"));
+  const int d = find(Op::kDotGeneral);
+  EXPECT_EQ(need(d, 0), "P('data', None)");
+  EXPECT_EQ(need(d, 1), "P(None, 'model')");
+}
+
+TEST_F(PropagateTest, ShardedContractionLeavesAPartialSumThatTanhCannotTake) {
+  run(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)});
+  const int d = find(Op::kDotGeneral);
+  EXPECT_EQ(prop_.result[d].to_string(), "P(None, None) partial(sum over 'model')");
+  // tanh is not linear: it needs the sum resolved (the partitioner's all_reduce).
+  EXPECT_EQ(need(find(Op::kTanh), 0), "P(None, None)");
+}
+
+TEST_F(PropagateTest, OneSidedContractionShardsTheOtherSideToMatch) {
+  run(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P()});
+  const int d = find(Op::kDotGeneral);
+  EXPECT_EQ(need(d, 1), "P('model', None)");  // a local slice of the replicated w
+  EXPECT_EQ(prop_.result[d].to_string(), "P(None, None) partial(sum over 'model')");
+}
+
+TEST_F(PropagateTest, PartialSumsFlowThroughLinearOps) {
+  // (x @ w) * 2 - b is linear in the partial product only up to the subtraction of b, which
+  // is whole: the sum must be resolved there.
+  run(
+      [](const std::vector<Value>& in) {
+        Value y = matmul(in[0], in[1]) * 2.0;
+        return std::vector<Value>{y, y - in[2]};
+      },
+      {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}, {DType::kF32, {16, 4}}}, {P(None, "model"), P("model"), P()});
+  EXPECT_EQ(prop_.result[graph_.outputs()[0]].to_string(), "P(None, None) partial(sum over 'model')");
+  EXPECT_EQ(need(graph_.outputs()[1], 0), "P(None, None)");
+  EXPECT_FALSE(prop_.result[graph_.outputs()[1]].is_partial());
+}
+
+TEST_F(PropagateTest, SumOverAShardedAxisIsPartial) {
+  EXPECT_THAT(run(
+                  [](const std::vector<Value>& in) {
+                    return std::vector<Value>{sum(in[0], {0}), sum(in[0], {1})};
+                  },
+                  {{DType::kF32, {16, 8}}}, {P("data", "model")}),
+              ::testing::ElementsAre("P('model',) partial(sum over 'data')", "P('data',) partial(sum over 'model')"));
+  EXPECT_THAT(run([](const std::vector<Value>& in) { return std::vector<Value>{max(in[0], {0})}; },
+                  {{DType::kF32, {16, 8}}}, {P("data", None)}),
+              ::testing::ElementsAre("P(None,) partial(max over 'data')"));
+}
+
+TEST_F(PropagateTest, TransposeAndReshapeMoveTheSpec) {
+  EXPECT_THAT(run(
+                  [](const std::vector<Value>& in) {
+                    return std::vector<Value>{transpose(in[0], {1, 0})};
+                  },
+                  {{DType::kF32, {16, 8}}}, {P("data", "model")}),
+              ::testing::ElementsAre("P('model', 'data')"));
+  EXPECT_THAT(run(
+                  [](const std::vector<Value>& in) {
+                    return std::vector<Value>{reshape(in[0], {16, 2, 4})};
+                  },
+                  {{DType::kF32, {16, 8}}}, {P("data", "model")}),
+              ::testing::ElementsAre("P('data', 'model', None)"));
+  // Merging (16, 8) -> (128,) keeps the major dimension's split.
+  EXPECT_THAT(run([](const std::vector<Value>& in) { return std::vector<Value>{reshape(in[0], {128})}; },
+                  {{DType::kF32, {16, 8}}}, {P("data", "model")}),
+              ::testing::ElementsAre("P('data',)"));
+  EXPECT_EQ(need(find(Op::kReshape), 0), "P('data', None)");
+}
+
+TEST_F(PropagateTest, ElementwiseOperandsAgreeOnTheMostSplitLayout) {
+  EXPECT_THAT(run([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; },
+                  {{DType::kF32, {16, 8}}, {DType::kF32, {16, 8}}}, {P("data", None), P(None, "model")}),
+              ::testing::ElementsAre("P('data', 'model')"));
+  const int add = find(Op::kAdd);
+  EXPECT_EQ(need(add, 0), "P('data', 'model')");
+  EXPECT_EQ(need(add, 1), "P('data', 'model')");
+}
+
+TEST_F(PropagateTest, ConstantsTakeTheirUsersLayout) {
+  run([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; }, {{DType::kF32, {16, 8}}},
+      {P("data", None)});
+  EXPECT_EQ(prop_.result[find(Op::kConstant)].to_string(), "P('data', None)");
+}
+
+TEST_F(PropagateTest, ShardingConstraintPinsTheValue) {
+  EXPECT_THAT(
+      run(
+          [&](const std::vector<Value>& in) {
+            return std::vector<Value>{exp(with_sharding_constraint(in[0], NamedSharding(mesh_, P(None, "model"))))};
+          },
+          {{DType::kF32, {16, 8}}}, {P("data", None)}),
+      ::testing::ElementsAre("P(None, 'model')"));
+  EXPECT_EQ(need(find(Op::kShardingConstraint), 0), "P(None, 'model')");
+}
+
+TEST_F(PropagateTest, BadSpecsNameTheInput) {
+  absl::StatusOr<Graph> g = trace(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+  ASSERT_TRUE(g.ok());
+  absl::StatusOr<Propagation> p = propagate(*g, mesh_, {P("data", None), P("batch")}, {std::nullopt});
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("input 1 f32[8,4]"));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("'batch'"));
+  p = propagate(*g, mesh_, {P("data", None), P()}, {P(None, Axes{"data", "model"})});
+  ASSERT_FALSE(p.ok());  // 4 columns cannot split 8 ways
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("output 0 f32[16,4]"));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("dimension 1 of size 4"));
+}
+
+}  // namespace
+}  // namespace tessera
