@@ -1,0 +1,160 @@
+#include "coordinator/compiler/reshard.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/sharding.h"
+#include "core/status.h"
+
+namespace tessera {
+namespace {
+
+std::string axes_to_string(const std::vector<std::string>& axes) {
+  return absl::StrCat(
+      "(", absl::StrJoin(axes, ", ", [](std::string* o, const std::string& a) { absl::StrAppend(o, "'", a, "'"); }),
+      axes.size() == 1 ? ",)" : ")");
+}
+
+// The dimension holding `axis`, or -1.
+int dim_of(const ValueSharding& s, const std::string& axis) {
+  for (size_t d = 0; d < s.dims.size(); ++d) {
+    if (std::find(s.dims[d].begin(), s.dims[d].end(), axis) != s.dims[d].end()) return static_cast<int>(d);
+  }
+  return -1;
+}
+
+int64_t split_count(const Axes& axes, const Mesh& mesh) {
+  int64_t n = 1;
+  for (const std::string& a : axes) n *= mesh.axis_size(a);
+  return n;
+}
+
+absl::Status check_fits(const ValueSharding& s, const Shape& shape, const Mesh& mesh, const char* which) {
+  if (s.dims.size() != shape.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("reshard: the ", which, " sharding has ", s.dims.size(),
+                                                   " dimensions for a value of shape ", shape_to_string(shape)));
+  }
+  return NamedSharding(mesh, s.spec()).validate(shape);
+}
+
+}  // namespace
+
+std::string ReshardStep::to_string() const {
+  switch (kind) {
+    case Kind::kAllReduce:
+      return absl::StrCat("all_reduce(", reduce_op_name(reduce_op), ", axes=", axes_to_string(axes), ")");
+    case Kind::kReduceScatter:
+      return absl::StrCat("reduce_scatter(", reduce_op_name(reduce_op), ", dim=", dim, ", axes=", axes_to_string(axes),
+                          ")");
+    case Kind::kAllGather:
+      return absl::StrCat("all_gather(dim=", dim, ", axes=", axes_to_string(axes), ")");
+    case Kind::kAllToAll:
+      return absl::StrCat("all_to_all(split=", split_dim, ", concat=", concat_dim, ", axes=", axes_to_string(axes),
+                          ")");
+    case Kind::kLocalSlice:
+      return absl::StrCat("local_slice(dim=", dim, ", axes=", axes_to_string(axes), ")");
+    case Kind::kCollectivePermute:
+      return absl::StrCat("collective_permute(axes=", axes_to_string(axes), ")");
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::vector<ReshardStep>> plan_reshard(const ValueSharding& from, const ValueSharding& to,
+                                                      const Shape& shape, const Mesh& mesh) {
+  TESSERA_RETURN_IF_ERROR(check_fits(from, shape, mesh, "source"));
+  TESSERA_RETURN_IF_ERROR(check_fits(to, shape, mesh, "target"));
+  if (to.is_partial()) return absl::InvalidArgumentError("reshard: the target sharding cannot be partial");
+  std::vector<ReshardStep> steps;
+  ValueSharding cur = from;
+  auto push = [&](ReshardStep step) {
+    step.after = cur;
+    steps.push_back(std::move(step));
+  };
+
+  // 1. Resolve a pending reduction: scatter it straight onto a dimension the target splits
+  //    over exactly those axes (minor-most, currently unsplit), else all_reduce it.
+  if (cur.is_partial()) {
+    std::vector<std::string> pending = cur.partial;
+    for (size_t d = 0; d < to.dims.size() && !pending.empty(); ++d) {
+      if (!cur.dims[d].empty() || to.dims[d].empty()) continue;
+      const Axes& want = to.dims[d];
+      if (std::all_of(want.begin(), want.end(), [&](const std::string& a) {
+            return std::find(pending.begin(), pending.end(), a) != pending.end();
+          })) {
+        cur.dims[d] = want;
+        for (const std::string& a : want) pending.erase(std::find(pending.begin(), pending.end(), a));
+        cur.partial = pending;
+        push({ReshardStep::Kind::kReduceScatter, want, from.partial_op, static_cast<int>(d), 0, 0, {}});
+      }
+    }
+    if (!pending.empty()) {
+      cur.partial.clear();
+      push({ReshardStep::Kind::kAllReduce, pending, from.partial_op, 0, 0, 0, {}});
+    }
+    cur.partial.clear();
+  }
+
+  // 2. The same axes on every dimension in another order: only the devices' blocks are
+  //    swapped around, one collective_permute.
+  bool reordered = false, same_sets = true;
+  std::vector<std::string> moved;
+  for (size_t d = 0; d < cur.dims.size(); ++d) {
+    Axes a = cur.dims[d], b = to.dims[d];
+    if (a != b) {
+      reordered = true;
+      moved.insert(moved.end(), a.begin(), a.end());
+    }
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    same_sets = same_sets && a == b;
+  }
+  if (reordered && same_sets) {
+    cur.dims = to.dims;
+    push({ReshardStep::Kind::kCollectivePermute, moved, ReduceOp::kSum, 0, 0, 0, {}});
+    return steps;
+  }
+
+  // 3. Axes that are in the wrong place leave it: minor-most first, each step removing the
+  //    last axis of a dimension. An axis the target wants on another (so far unsplit-by-it)
+  //    dimension moves there with all_to_all; otherwise it is gathered.
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (size_t d = 0; d < cur.dims.size(); ++d) {
+      if (cur.dims[d].empty()) continue;
+      // The current axes of d are right if they are a prefix of the target's.
+      const Axes& have = cur.dims[d];
+      const Axes& want = to.dims[d];
+      if (have.size() <= want.size() && std::equal(have.begin(), have.end(), want.begin())) continue;
+      const std::string axis = have.back();
+      const int target = dim_of(to, axis);
+      const bool movable =
+          target >= 0 && target != static_cast<int>(d) &&
+          std::equal(cur.dims[target].begin(), cur.dims[target].end(), to.dims[target].begin(),
+                     to.dims[target].begin() + std::min(cur.dims[target].size(), to.dims[target].size())) &&
+          cur.dims[target].size() < to.dims[target].size() && to.dims[target][cur.dims[target].size()] == axis &&
+          shape[target] % (split_count(cur.dims[target], mesh) * mesh.axis_size(axis)) == 0;
+      cur.dims[d].pop_back();
+      if (movable) {
+        cur.dims[target].push_back(axis);
+        push({ReshardStep::Kind::kAllToAll, {axis}, ReduceOp::kSum, 0, target, static_cast<int>(d), {}});
+      } else {
+        push({ReshardStep::Kind::kAllGather, {axis}, ReduceOp::kSum, static_cast<int>(d), 0, 0, {}});
+      }
+      changed = true;
+    }
+  }
+
+  // 4. What is still missing is added by slicing locally: free.
+  for (size_t d = 0; d < to.dims.size(); ++d) {
+    while (cur.dims[d].size() < to.dims[d].size()) {
+      const std::string axis = to.dims[d][cur.dims[d].size()];
+      cur.dims[d].push_back(axis);
+      push({ReshardStep::Kind::kLocalSlice, {axis}, ReduceOp::kSum, static_cast<int>(d), 0, 0, {}});
+    }
+  }
+  return steps;
+}
+
+}  // namespace tessera

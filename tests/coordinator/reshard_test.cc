@@ -1,0 +1,80 @@
+// Resharding: each transition uses its collective (the layouts of ARCHITECTURE.md's table).
+#include "coordinator/compiler/reshard.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::ElementsAre;
+
+class ReshardTest : public ::testing::Test {
+ protected:
+  const Mesh mesh_ = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+
+  static ValueSharding s(std::vector<Axes> dims, std::vector<std::string> partial = {}) {
+    return ValueSharding{std::move(dims), std::move(partial), ReduceOp::kSum};
+  }
+
+  std::vector<std::string> plan(const ValueSharding& from, const ValueSharding& to, const Shape& shape = {16, 8}) {
+    absl::StatusOr<std::vector<ReshardStep>> steps = plan_reshard(from, to, shape, mesh_);
+    EXPECT_TRUE(steps.ok()) << steps.status();
+    std::vector<std::string> out;
+    if (!steps.ok()) return out;
+    for (const ReshardStep& step : *steps) out.push_back(step.to_string());
+    if (!steps->empty()) {
+      EXPECT_EQ(steps->back().after, to) << "the last step must reach the target";
+    }
+    return out;
+  }
+};
+
+TEST_F(ReshardTest, EqualShardingsNeedNothing) { EXPECT_TRUE(plan(s({{"data"}, {}}), s({{"data"}, {}})).empty()); }
+
+TEST_F(ReshardTest, ReplicatedToShardedIsALocalSlice) {
+  EXPECT_THAT(plan(s({{}, {}}), s({{"data"}, {"model"}})),
+              ElementsAre("local_slice(dim=0, axes=('data',))", "local_slice(dim=1, axes=('model',))"));
+}
+
+TEST_F(ReshardTest, ShardedToReplicatedIsAnAllGather) {
+  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{}, {}})),
+              ElementsAre("all_gather(dim=0, axes=('model',))", "all_gather(dim=0, axes=('data',))"));
+}
+
+TEST_F(ReshardTest, AnAxisMovingToAnotherDimensionIsAnAllToAll) {
+  EXPECT_THAT(plan(s({{"data"}, {}}), s({{}, {"data"}})), ElementsAre("all_to_all(split=1, concat=0, axes=('data',))"));
+}
+
+TEST_F(ReshardTest, PartialToWholeIsAnAllReduce) {
+  EXPECT_THAT(plan(s({{}, {}}, {"model"}), s({{}, {}})), ElementsAre("all_reduce(sum, axes=('model',))"));
+}
+
+TEST_F(ReshardTest, PartialToShardedIsAReduceScatter) {
+  EXPECT_THAT(plan(s({{}, {}}, {"model"}), s({{}, {"model"}}), {16, 4}),
+              ElementsAre("reduce_scatter(sum, dim=1, axes=('model',))"));
+  // Over two axes, one wanted as a split: reduce_scatter that one, all_reduce the other.
+  EXPECT_THAT(plan(s({{}, {}}, {"data", "model"}), s({{"data"}, {}})),
+              ElementsAre("reduce_scatter(sum, dim=0, axes=('data',))", "all_reduce(sum, axes=('model',))"));
+}
+
+TEST_F(ReshardTest, ReorderedAxesAreACollectivePermute) {
+  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{"model", "data"}, {}})),
+              ElementsAre("collective_permute(axes=('data', 'model'))"));
+}
+
+TEST_F(ReshardTest, SwappingTwoDimensionsAxes) {
+  EXPECT_THAT(plan(s({{"data"}, {"model"}}), s({{"model"}, {"data"}})),
+              ElementsAre("all_gather(dim=0, axes=('data',))", "all_to_all(split=0, concat=1, axes=('model',))",
+                          "local_slice(dim=1, axes=('data',))"));
+}
+
+TEST_F(ReshardTest, BadTargets) {
+  EXPECT_EQ(plan_reshard(s({{}, {}}), s({{}, {}}, {"data"}), {16, 8}, mesh_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan_reshard(s({{}, {}}), s({{}, {"data"}}), {16, 6}, mesh_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessera
