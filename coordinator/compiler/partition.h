@@ -1,0 +1,59 @@
+// Partitioning: turns a Graph and its propagated shardings into one plan per device — a
+// linear list of instructions over numbered buffer slots: local kernels on shard shapes, the
+// collectives and local slices that resharding needs, and frees after each slot's last use.
+//
+//   absl::StatusOr<Propagation> p = propagate(graph, mesh, input_specs, output_specs);
+//   absl::StatusOr<Executable> exe = partition(graph, mesh, *p, output_specs);
+//   std::cout << exe->as_text();   // every device's plan, each collective with its cause
+#ifndef TESSERA_COORDINATOR_COMPILER_PARTITION_H_
+#define TESSERA_COORDINATOR_COMPILER_PARTITION_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/compiler/propagate.h"
+#include "core/collective.h"
+#include "core/graph.h"
+#include "core/sharding.h"
+
+namespace tessera {
+
+struct Instruction {
+  enum class Kind { kKernel, kCollective, kLocalSlice, kFree };
+  Kind kind = Kind::kKernel;
+  int out = -1;         // slot written (not for kFree)
+  std::vector<int> in;  // slots read (kFree: the slot freed)
+  Node node;            // kKernel: the op on local shapes; operands are `in`
+  CollectiveSpec collective;
+  Index slice;        // kLocalSlice: the block of the input this device keeps
+  std::string cause;  // the graph op that needed this instruction, e.g. "%3 = tanh"
+};
+
+struct DevicePlan {
+  int device = 0;
+  int num_slots = 0;
+  std::vector<int> input_slots;   // slot of each parameter's local shard
+  std::vector<int> output_slots;  // slot of each output's local shard
+  std::vector<Instruction> code;
+};
+
+struct Executable {
+  Mesh mesh;
+  std::vector<PartitionSpec> input_specs;
+  std::vector<PartitionSpec> output_specs;
+  std::vector<DevicePlan> plans;  // in mesh order
+  std::vector<std::string> log;   // notable decisions, e.g. involuntary full rematerialization
+
+  // Each device's plan, one instruction per line, collectives annotated with their cause.
+  std::string as_text() const;
+};
+
+// REQUIRES: `propagation` came from propagate(graph, mesh, ..., outputs).
+absl::StatusOr<Executable> partition(const Graph& graph, const Mesh& mesh, const Propagation& propagation,
+                                     const std::vector<std::optional<PartitionSpec>>& outputs);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COORDINATOR_COMPILER_PARTITION_H_

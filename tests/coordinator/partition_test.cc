@@ -1,0 +1,141 @@
+// Partitioning: per-device plans of traced programs — local shapes, the collectives each
+// layout implies (and only those), local slices per device, frees after last use.
+#include "coordinator/compiler/partition.h"
+
+#include <set>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/trace.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class PartitionTest : public ::testing::Test {
+ protected:
+  const Mesh mesh_ = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+
+  Executable compile(const TracedFunction& f, const std::vector<ArrayType>& types,
+                     const std::vector<PartitionSpec>& specs, std::vector<std::optional<PartitionSpec>> outputs = {}) {
+    absl::StatusOr<Graph> g = trace(f, types);
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (outputs.empty()) outputs.resize(g->outputs().size());
+    absl::StatusOr<Propagation> p = propagate(*g, mesh_, specs, outputs);
+    EXPECT_TRUE(p.ok()) << p.status();
+    absl::StatusOr<Executable> exe = partition(*g, mesh_, *p, outputs);
+    EXPECT_TRUE(exe.ok()) << exe.status();
+    check_frees(*exe);
+    return *std::move(exe);
+  }
+
+  // Every slot but inputs and outputs is freed exactly once, after its last use.
+  static void check_frees(const Executable& exe) {
+    for (const DevicePlan& plan : exe.plans) {
+      std::set<int> kept(plan.input_slots.begin(), plan.input_slots.end());
+      kept.insert(plan.output_slots.begin(), plan.output_slots.end());
+      std::set<int> freed;
+      for (const Instruction& i : plan.code) {
+        if (i.kind == Instruction::Kind::kFree) {
+          EXPECT_TRUE(freed.insert(i.in[0]).second) << "slot freed twice";
+          EXPECT_EQ(kept.count(i.in[0]), 0u) << "an input or output slot was freed";
+          continue;
+        }
+        for (int s : i.in) EXPECT_EQ(freed.count(s), 0u) << "slot used after it was freed";
+      }
+      for (int s = 0; s < plan.num_slots; ++s) {
+        if (kept.count(s) == 0) {
+          EXPECT_EQ(freed.count(s), 1u) << "slot s" << s << " never freed";
+        }
+      }
+    }
+  }
+
+  static int count(const Executable& exe, Instruction::Kind kind) {
+    int n = 0;
+    for (const Instruction& i : exe.plans[0].code) n += i.kind == kind ? 1 : 0;
+    return n;
+  }
+};
+
+std::vector<Value> seed(const std::vector<Value>& in) { return {tanh(matmul(in[0], in[1]))}; }
+
+TEST_F(PartitionTest, SeedLayerIsPurelyLocal) {
+  Executable exe = compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P("data", None), P(None, "model")});
+  EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 0);
+  EXPECT_EQ(exe.output_specs[0], P("data", "model"));
+  ASSERT_EQ(exe.plans.size(), 8u);
+  const std::string text = exe.as_text();
+  EXPECT_THAT(text, HasSubstr("s2 = dot_general(s0, s1) f32[4,2]  ; %2 = dot_general"));
+  EXPECT_THAT(text, HasSubstr("s3 = tanh(s2) f32[4,2]  ; %3 = tanh"));
+  EXPECT_THAT(text, HasSubstr("free s2"));
+}
+
+TEST_F(PartitionTest, ShardedContractionIsAllReducedBeforeTanh) {
+  Executable exe = compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)});
+  EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 1);
+  EXPECT_THAT(exe.as_text(),
+              HasSubstr("s3 = all_reduce(sum, groups={{0,1},{2,3},{4,5},{6,7}}) s2 f32[16,4]  ; for %3 = tanh"));
+}
+
+TEST_F(PartitionTest, PartialResultWantedShardedIsReduceScattered) {
+  Executable exe = compile([](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1])}; },
+                           {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)},
+                           {P(None, "model")});
+  const std::string text = exe.as_text();
+  EXPECT_THAT(text,
+              HasSubstr("reduce_scatter(sum, dim=1, groups={{0,1},{2,3},{4,5},{6,7}}) s2 f32[16,2]  ; for output 0"));
+  EXPECT_THAT(text, Not(HasSubstr("all_reduce")));
+}
+
+TEST_F(PartitionTest, ReplicatedOperandIsSlicedLocallyPerDevice) {
+  Executable exe = compile([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; },
+                           {{DType::kF32, {16, 8}}, {DType::kF32, {16, 8}}}, {P("data", None), P()});
+  EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 0);
+  // Device 2 is at data=1: it keeps rows 4:8 of the replicated operand.
+  const DevicePlan& d2 = exe.plans[2];
+  ASSERT_EQ(d2.device, 2);
+  bool found = false;
+  for (const Instruction& i : d2.code) {
+    if (i.kind == Instruction::Kind::kLocalSlice) {
+      EXPECT_EQ(i.slice, (Index{{4, 8}, {0, 8}}));
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST_F(PartitionTest, LayoutChangesUseTheirCollectives) {
+  auto constrained = [&](PartitionSpec to) {
+    return [this, to](const std::vector<Value>& in) {
+      return std::vector<Value>{exp(with_sharding_constraint(in[0], NamedSharding(mesh_, to)))};
+    };
+  };
+  EXPECT_THAT(compile(constrained(P(None, "data")), {{DType::kF32, {16, 8}}}, {P("data", None)}).as_text(),
+              HasSubstr("all_to_all(split=1, concat=0, groups={{0,2,4,6},{1,3,5,7}})"));
+  EXPECT_THAT(compile(constrained(P()), {{DType::kF32, {16, 8}}}, {P("data", None)}).as_text(),
+              HasSubstr("all_gather(dim=0, groups={{0,2,4,6},{1,3,5,7}})"));
+  Executable permuted =
+      compile(constrained(P(Axes{"model", "data"})), {{DType::kF32, {16, 8}}}, {P(Axes{"data", "model"})});
+  EXPECT_THAT(permuted.as_text(), HasSubstr("collective_permute"));
+  EXPECT_TRUE(permuted.log.empty());
+  // Swapping the two axes between dimensions gathers 'data' and slices it again: logged.
+  Executable swapped = compile(constrained(P("model", "data")), {{DType::kF32, {16, 8}}}, {P("data", "model")});
+  ASSERT_EQ(swapped.log.size(), 1u);
+  EXPECT_THAT(swapped.log[0], HasSubstr("involuntary full rematerialization: %1 = sharding_constraint"));
+}
+
+TEST_F(PartitionTest, ShardedIotaIsMadeWholeThenSliced) {
+  Executable exe = compile(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{in[0] + convert(iota(DType::kI32, {16, 8}, 0), DType::kF32)};
+      },
+      {{DType::kF32, {16, 8}}}, {P("data", None)});
+  EXPECT_THAT(exe.as_text(), HasSubstr("= iota() i32[16,8]"));
+  EXPECT_EQ(count(exe, Instruction::Kind::kLocalSlice), 1);
+}
+
+}  // namespace
+}  // namespace tessera
