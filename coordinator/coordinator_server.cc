@@ -4,11 +4,15 @@
 #include <atomic>
 #include <cstdio>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "coordinator/compiler/partition.h"
+#include "coordinator/compiler/propagate.h"
 #include "coordinator/registry.h"
 #include "core/collective.h"
 #include "core/status.h"
@@ -118,6 +122,30 @@ class CoordinatorService final : public pb::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Compile(grpc::ServerContext*, const pb::CompileRequest* req, pb::CompileReply* reply) override {
+    absl::StatusOr<std::shared_ptr<Program>> program = compile(*req);
+    if (!program.ok()) return to_grpc(program.status());
+    reply->set_executable_id((*program)->id);
+    for (const PartitionSpec& spec : (*program)->exe.output_specs) spec_to_proto(spec, reply->add_output_specs());
+    reply->set_text((*program)->exe.as_text());
+    absl::MutexLock lock(&programs_mu_);
+    reply->set_compilations(compilations_);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Execute(grpc::ServerContext*, const pb::ExecuteRequest* req, pb::ExecuteReply* reply) override {
+    absl::StatusOr<std::vector<ArrayRecord>> outputs = execute(*req);
+    if (!outputs.ok()) return to_grpc(outputs.status());
+    for (const ArrayRecord& a : *outputs) {
+      pb::ArrayInfo* info = reply->add_outputs();
+      info->set_array_id(a.id);
+      info->set_dtype(tessera::to_proto(a.dtype));
+      tessera::to_proto(a.shape, info->mutable_shape());
+      tessera::to_proto(a.sharding, info->mutable_sharding());
+    }
+    return grpc::Status::OK;
+  }
+
   grpc::Status RunCollective(grpc::ServerContext*, const pb::RunCollectiveRequest* req,
                              pb::RunCollectiveReply* reply) override {
     absl::StatusOr<ArrayRecord> out = run_collective(*req);
@@ -131,6 +159,206 @@ class CoordinatorService final : public pb::Coordinator::Service {
   }
 
  private:
+  // A compiled program and the devices that have its plan loaded.
+  struct Program {
+    Program(Graph g, Executable e) : graph(std::move(g)), exe(std::move(e)) {}
+    uint64_t id = 0;
+    Graph graph;
+    Executable exe;
+    absl::Mutex mu;
+    std::set<int> loaded ABSL_GUARDED_BY(mu);
+  };
+
+  static void spec_to_proto(const PartitionSpec& spec, pb::PartitionSpec* out) {
+    for (const Axes& axes : spec.dims()) {
+      auto* dim = out->add_dims();
+      for (const std::string& a : axes) dim->add_axes(a);
+    }
+  }
+  static PartitionSpec spec_from_proto(const pb::PartitionSpec& spec) {
+    std::vector<Axes> dims;
+    for (const auto& d : spec.dims()) dims.emplace_back(d.axes().begin(), d.axes().end());
+    return PartitionSpec(std::move(dims));
+  }
+
+  absl::StatusOr<std::shared_ptr<Program>> compile(const pb::CompileRequest& req) {
+    TESSERA_ASSIGN_OR_RETURN(Graph graph, graph_from_proto(req.graph()));
+    TESSERA_ASSIGN_OR_RETURN(Mesh mesh, mesh_from_proto(req.mesh()));
+    for (int d : mesh.device_ids()) {
+      if (!registry_.device(d).has_value()) {
+        return absl::NotFoundError(absl::StrCat("jit: the mesh names device ", d, ", which is not in the cluster"));
+      }
+    }
+    std::vector<PartitionSpec> inputs;
+    for (const pb::PartitionSpec& s : req.input_specs()) inputs.push_back(spec_from_proto(s));
+    std::vector<std::optional<PartitionSpec>> outputs;
+    for (const pb::OptionalSpec& s : req.output_specs()) {
+      outputs.push_back(s.set() ? std::optional<PartitionSpec>(spec_from_proto(s.spec())) : std::nullopt);
+    }
+    if (outputs.empty()) outputs.resize(graph.outputs().size());
+    std::string key =
+        absl::StrCat(graph.fingerprint(), "|", mesh.to_string(), "|", absl::StrJoin(mesh.device_ids(), ","));
+    for (const PartitionSpec& s : inputs) absl::StrAppend(&key, "|", s.to_string());
+    for (const auto& s : outputs) absl::StrAppend(&key, "|", s ? s->to_string() : "auto");
+    {
+      absl::MutexLock lock(&programs_mu_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) return programs_[it->second];
+    }
+    TESSERA_ASSIGN_OR_RETURN(Propagation propagation, propagate(graph, mesh, inputs, outputs));
+    TESSERA_ASSIGN_OR_RETURN(Executable exe, partition(graph, mesh, propagation, outputs));
+    auto program = std::make_shared<Program>(std::move(graph), std::move(exe));
+    absl::MutexLock lock(&programs_mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return programs_[it->second];  // compiled concurrently
+    program->id = next_program_id_++;
+    ++compilations_;
+    cache_[key] = program->id;
+    programs_[program->id] = program;
+    return program;
+  }
+
+  absl::StatusOr<std::vector<ArrayRecord>> execute(const pb::ExecuteRequest& req) {
+    std::shared_ptr<Program> program;
+    {
+      absl::MutexLock lock(&programs_mu_);
+      auto it = programs_.find(req.executable_id());
+      if (it == programs_.end()) {
+        return absl::NotFoundError(absl::StrCat("execute: executable ", req.executable_id(), " does not exist"));
+      }
+      program = it->second;
+    }
+    const Graph& graph = program->graph;
+    const Executable& exe = program->exe;
+    if (req.input_arrays_size() != static_cast<int>(graph.parameters().size())) {
+      return absl::InvalidArgumentError(absl::StrCat("execute: the program takes ", graph.parameters().size(),
+                                                     " inputs, got ", req.input_arrays_size()));
+    }
+    std::vector<uint64_t> input_ids;
+    for (int i = 0; i < req.input_arrays_size(); ++i) {
+      TESSERA_ASSIGN_OR_RETURN(ArrayRecord a, registry_.get_array(req.input_arrays(i)));
+      const Node& p = graph.node(graph.parameters()[i]);
+      if (a.dtype != p.dtype || a.shape != p.shape) {
+        return absl::InvalidArgumentError(absl::StrCat("execute: input ", i, " is ", type_to_string(a.dtype, a.shape),
+                                                       " but the program takes ", type_to_string(p.dtype, p.shape)));
+      }
+      if (a.sharding != NamedSharding(exe.mesh, exe.input_specs[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("execute: input ", i, " is laid out as ", a.sharding.to_string(),
+                                                       " but the program was compiled for ",
+                                                       NamedSharding(exe.mesh, exe.input_specs[i]).to_string()));
+      }
+      input_ids.push_back(a.id);
+    }
+    std::vector<pb::PeerAddress> peers;
+    for (int d : exe.mesh.device_ids()) {
+      std::optional<DeviceRecord> device = registry_.device(d);
+      if (!device.has_value() || !device->alive) {
+        return absl::UnavailableError(
+            absl::StrCat("execute: ", describe_device(d, device ? device->address : "?"), " is lost"));
+      }
+      pb::PeerAddress peer;
+      peer.set_device_id(d);
+      peer.set_address(device->address);
+      peers.push_back(std::move(peer));
+    }
+    std::vector<uint64_t> output_ids;
+    std::vector<ArrayRecord> outputs;
+    for (size_t i = 0; i < graph.outputs().size(); ++i) {
+      const Node& o = graph.node(graph.outputs()[i]);
+      absl::StatusOr<uint64_t> id =
+          registry_.create_array(o.dtype, o.shape, NamedSharding(exe.mesh, exe.output_specs[i]));
+      if (!id.ok()) {
+        delete_buffers(registry_.remove_arrays(output_ids));
+        return id.status();
+      }
+      output_ids.push_back(*id);
+      outputs.push_back(*registry_.get_array(*id));
+    }
+    std::vector<WorkerChannel*> workers;
+    for (const pb::PeerAddress& p : peers) workers.push_back(worker(p.address()));
+    absl::Status status = load_plans(*program, peers, workers);
+    if (status.ok()) {
+      const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
+      const uint64_t execution = next_execution_.fetch_add(1);
+      std::vector<pb::RunPlanRequest> requests(peers.size());
+      std::vector<pb::RunPlanReply> replies(peers.size());
+      for (size_t k = 0; k < peers.size(); ++k) {
+        requests[k].set_execution_id(execution);
+        requests[k].set_plan_id(program->id);
+        for (uint64_t id : input_ids) requests[k].add_input_buffers(id);
+        for (uint64_t id : output_ids) requests[k].add_output_buffers(id);
+        for (const pb::PeerAddress& p : peers) *requests[k].add_peers() = p;
+        requests[k].set_timeout_ms(timeout_ms);
+      }
+      std::vector<grpc::Status> statuses = fan_out(
+          workers, absl::Milliseconds(timeout_ms) + absl::Seconds(5),
+          [&](int k, grpc::ClientContext* ctx, auto done) {
+            workers[k]->stub->async()->RunPlan(ctx, &requests[k], &replies[k], std::move(done));
+          },
+          kFailureGrace);
+      status = first_failure(statuses, peers, "execute");
+    }
+    if (!status.ok()) {
+      delete_buffers(registry_.remove_arrays(output_ids));
+      return status;
+    }
+    return outputs;
+  }
+
+  // Sends the program's plan to every device that does not have it yet.
+  absl::Status load_plans(Program& program, const std::vector<pb::PeerAddress>& peers,
+                          const std::vector<WorkerChannel*>& workers) {
+    std::vector<int> missing;
+    {
+      absl::MutexLock lock(&program.mu);
+      for (size_t k = 0; k < peers.size(); ++k) {
+        if (program.loaded.count(peers[k].device_id()) == 0) missing.push_back(static_cast<int>(k));
+      }
+    }
+    if (missing.empty()) return absl::OkStatus();
+    std::vector<pb::LoadPlanRequest> requests(missing.size());
+    std::vector<pb::LoadPlanReply> replies(missing.size());
+    std::vector<WorkerChannel*> targets;
+    std::vector<pb::PeerAddress> target_peers;
+    for (size_t m = 0; m < missing.size(); ++m) {
+      requests[m].set_plan_id(program.id);
+      tessera::to_proto(program.exe.plans[missing[m]], requests[m].mutable_plan());
+      targets.push_back(workers[missing[m]]);
+      target_peers.push_back(peers[missing[m]]);
+    }
+    std::vector<grpc::Status> statuses =
+        fan_out(targets, kControlDeadline, [&](int m, grpc::ClientContext* ctx, auto done) {
+          targets[m]->stub->async()->LoadPlan(ctx, &requests[m], &replies[m], std::move(done));
+        });
+    TESSERA_RETURN_IF_ERROR(first_failure(statuses, target_peers, "load plan"));
+    absl::MutexLock lock(&program.mu);
+    for (const pb::PeerAddress& p : target_peers) program.loaded.insert(p.device_id());
+    return absl::OkStatus();
+  }
+
+  // Every failure of a fan-out, likeliest root cause (a member gone) first; OK if none.
+  static absl::Status first_failure(const std::vector<grpc::Status>& statuses,
+                                    const std::vector<pb::PeerAddress>& peers, const std::string& what) {
+    std::vector<absl::Status> failures;
+    for (size_t i = 0; i < statuses.size(); ++i) {
+      if (!statuses[i].ok()) {
+        failures.push_back(from_grpc(statuses[i], describe_device(peers[i].device_id(), peers[i].address())));
+      }
+    }
+    if (failures.empty()) return absl::OkStatus();
+    std::stable_sort(failures.begin(), failures.end(), [](const absl::Status& a, const absl::Status& b) {
+      auto rank = [](const absl::Status& s) {
+        return s.code() == absl::StatusCode::kUnavailable ? 0 : s.code() == absl::StatusCode::kCancelled ? 2 : 1;
+      };
+      return rank(a) < rank(b);
+    });
+    std::string message = absl::StrCat(what, " failed on ", failures.size(), " of ", peers.size(), " devices: ");
+    for (size_t i = 0; i < failures.size() && i < 3; ++i)
+      absl::StrAppend(&message, i ? "; " : "", failures[i].message());
+    if (failures.size() > 3) absl::StrAppend(&message, "; ...");
+    return absl::Status(failures[0].code(), message);
+  }
+
   // Issues one asynchronous call per target, all at once, and waits for every answer.
   // start(i, ctx, done) must start call i on `ctx` and have it call done(status). A call to a
   // worker never reached before waits for the connection (bounded by `deadline`; see
@@ -301,6 +529,13 @@ class CoordinatorService final : public pb::Coordinator::Service {
   // Constant after construction.
   const CoordinatorOptions options_;
   Registry registry_;
+
+  absl::Mutex programs_mu_;
+  std::map<std::string, uint64_t> cache_ ABSL_GUARDED_BY(programs_mu_);
+  std::map<uint64_t, std::shared_ptr<Program>> programs_ ABSL_GUARDED_BY(programs_mu_);
+  int64_t compilations_ ABSL_GUARDED_BY(programs_mu_) = 0;
+  uint64_t next_program_id_ ABSL_GUARDED_BY(programs_mu_) = 1;
+  std::atomic<uint64_t> next_execution_{1};
 
   absl::Mutex stubs_mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<WorkerChannel>> workers_ ABSL_GUARDED_BY(stubs_mu_);

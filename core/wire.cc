@@ -150,4 +150,251 @@ absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& s
   return out;
 }
 
+namespace {
+
+void node_to_proto(const Node& node, pb::KernelNode* n) {
+  n->set_op(static_cast<int>(node.op));
+  n->set_dtype(to_proto(node.dtype));
+  to_proto(node.shape, n->mutable_shape());
+  n->set_index(node.index);
+  n->set_value(node.value);
+  n->mutable_dims()->Assign(node.dims.begin(), node.dims.end());
+  n->mutable_limits()->Assign(node.limits.begin(), node.limits.end());
+  n->mutable_lhs_batch()->Assign(node.dot.lhs_batch.begin(), node.dot.lhs_batch.end());
+  n->mutable_rhs_batch()->Assign(node.dot.rhs_batch.begin(), node.dot.rhs_batch.end());
+  n->mutable_lhs_contracting()->Assign(node.dot.lhs_contracting.begin(), node.dot.lhs_contracting.end());
+  n->mutable_rhs_contracting()->Assign(node.dot.rhs_contracting.begin(), node.dot.rhs_contracting.end());
+}
+
+std::vector<int64_t> v(const google::protobuf::RepeatedField<int64_t>& r) { return {r.begin(), r.end()}; }
+
+}  // namespace
+
+void to_proto(const Graph& graph, pb::Graph* out) {
+  for (const Node& node : graph.nodes()) {
+    pb::GraphNode* n = out->add_nodes();
+    node_to_proto(node, n->mutable_node());
+    n->mutable_operands()->Assign(node.operands.begin(), node.operands.end());
+    if (node.sharding.has_value()) to_proto(*node.sharding, n->mutable_sharding());
+  }
+  out->mutable_outputs()->Assign(graph.outputs().begin(), graph.outputs().end());
+}
+
+absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
+  constexpr int kMaxNodes = 1 << 20;
+  if (graph.nodes_size() > kMaxNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("graph: ", graph.nodes_size(), " nodes is over the limit of ", kMaxNodes));
+  }
+  Graph g;
+  for (int id = 0; id < graph.nodes_size(); ++id) {
+    const pb::GraphNode& w = graph.nodes(id);
+    const pb::KernelNode& n = w.node();
+    if (n.op() < 0 || n.op() > static_cast<int>(Op::kShardingConstraint)) {
+      return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " has unknown op ", n.op()));
+    }
+    const Op op = static_cast<Op>(n.op());
+    const std::vector<int> in(w.operands().begin(), w.operands().end());
+    auto operand = [&](size_t k) { return k < in.size() ? in[k] : -1; };
+    TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(n.dtype()));
+    absl::StatusOr<int> added = absl::InvalidArgumentError("unreachable");
+    if (op == Op::kParameter) {
+      TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
+      added = g.add_parameter(dtype, shape);
+    } else if (op == Op::kConstant || op == Op::kIota) {
+      TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
+      added = op == Op::kConstant ? g.add_constant(dtype, shape, n.value())
+                                  : g.add_iota(dtype, shape, n.dims_size() == 1 ? n.dims(0) : -1);
+    } else if (is_unary(op)) {
+      added = g.add_unary(op, operand(0));
+    } else if (is_binary(op)) {
+      added = g.add_binary(op, operand(0), operand(1));
+    } else if (is_reduction(op)) {
+      added = g.add_reduce(op, operand(0), v(n.dims()));
+    } else {
+      switch (op) {
+        case Op::kSelect:
+          added = g.add_select(operand(0), operand(1), operand(2));
+          break;
+        case Op::kConvert:
+          added = g.add_convert(operand(0), dtype);
+          break;
+        case Op::kBroadcastInDim: {
+          TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
+          added = g.add_broadcast_in_dim(operand(0), shape, v(n.dims()));
+          break;
+        }
+        case Op::kReshape: {
+          TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
+          added = g.add_reshape(operand(0), shape);
+          break;
+        }
+        case Op::kTranspose:
+          added = g.add_transpose(operand(0), v(n.dims()));
+          break;
+        case Op::kArgmax:
+          added = g.add_argmax(operand(0), n.dims_size() == 1 ? n.dims(0) : -1, dtype);
+          break;
+        case Op::kDotGeneral:
+          added = g.add_dot_general(
+              operand(0), operand(1),
+              DotDims{v(n.lhs_batch()), v(n.rhs_batch()), v(n.lhs_contracting()), v(n.rhs_contracting())});
+          break;
+        case Op::kSlice:
+          added = g.add_slice(operand(0), v(n.dims()), v(n.limits()));
+          break;
+        case Op::kConcatenate:
+          added = g.add_concatenate(in, n.dims_size() == 1 ? n.dims(0) : -1);
+          break;
+        case Op::kShardingConstraint: {
+          TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
+          added = g.add_sharding_constraint(operand(0), std::move(sharding));
+          break;
+        }
+        default:
+          break;
+      }
+    }
+    if (!added.ok()) {
+      return absl::Status(added.status().code(), absl::StrCat("graph: node ", id, ": ", added.status().message()));
+    }
+    const Node& built = g.node(*added);
+    if (built.dtype != dtype || v(n.shape().dims()) != built.shape) {
+      return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " claims ",
+                                                     type_to_string(dtype, v(n.shape().dims())), " but computes ",
+                                                     type_to_string(built.dtype, built.shape)));
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(g.set_outputs(std::vector<int>(graph.outputs().begin(), graph.outputs().end())));
+  return g;
+}
+
+void to_proto(const DevicePlan& plan, pb::DevicePlan* out) {
+  out->set_device(plan.device);
+  out->set_num_slots(plan.num_slots);
+  out->mutable_input_slots()->Assign(plan.input_slots.begin(), plan.input_slots.end());
+  out->mutable_output_slots()->Assign(plan.output_slots.begin(), plan.output_slots.end());
+  for (const Instruction& i : plan.code) {
+    pb::Instruction* w = out->add_code();
+    switch (i.kind) {
+      case Instruction::Kind::kKernel:
+        w->set_kind(pb::Instruction::KERNEL);
+        break;
+      case Instruction::Kind::kCollective:
+        w->set_kind(pb::Instruction::COLLECTIVE);
+        break;
+      case Instruction::Kind::kLocalSlice:
+        w->set_kind(pb::Instruction::LOCAL_SLICE);
+        break;
+      case Instruction::Kind::kFree:
+        w->set_kind(pb::Instruction::FREE);
+        break;
+    }
+    w->set_out(i.out);
+    w->mutable_in()->Assign(i.in.begin(), i.in.end());
+    node_to_proto(i.node, w->mutable_node());
+    if (i.kind == Instruction::Kind::kCollective) to_proto(i.collective, w->mutable_collective());
+    for (const Slice& sl : i.slice) {
+      pb::SliceRange* r = w->add_slice();
+      r->set_start(sl.start);
+      r->set_stop(sl.stop);
+    }
+  }
+}
+
+absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
+  constexpr int kMaxSlots = 1 << 20;
+  DevicePlan out;
+  out.device = plan.device();
+  out.num_slots = plan.num_slots();
+  if (out.num_slots < 0 || out.num_slots > kMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: ", out.num_slots, " slots is out of range"));
+  }
+  std::vector<int> state(out.num_slots, 0);  // 0 unwritten, 1 live, 2 freed
+  auto slot_ok = [&](int s, const std::string& where) -> absl::Status {
+    if (s < 0 || s >= out.num_slots) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " names slot ", s, " of ", out.num_slots));
+    }
+    return absl::OkStatus();
+  };
+  for (int s : plan.input_slots()) {
+    TESSERA_RETURN_IF_ERROR(slot_ok(s, "an input"));
+    state[s] = 1;
+    out.input_slots.push_back(s);
+  }
+  for (int k = 0; k < plan.code_size(); ++k) {
+    const pb::Instruction& w = plan.code(k);
+    const std::string where = absl::StrCat("instruction ", k);
+    Instruction i;
+    switch (w.kind()) {
+      case pb::Instruction::KERNEL:
+        i.kind = Instruction::Kind::kKernel;
+        break;
+      case pb::Instruction::COLLECTIVE:
+        i.kind = Instruction::Kind::kCollective;
+        break;
+      case pb::Instruction::LOCAL_SLICE:
+        i.kind = Instruction::Kind::kLocalSlice;
+        break;
+      case pb::Instruction::FREE:
+        i.kind = Instruction::Kind::kFree;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has unknown kind ", w.kind()));
+    }
+    for (int s : w.in()) {
+      TESSERA_RETURN_IF_ERROR(slot_ok(s, where));
+      if (state[s] != 1) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " reads slot ", s,
+                                                       state[s] == 0 ? " before it is written" : " after it is freed"));
+      }
+      i.in.push_back(s);
+    }
+    if (i.kind == Instruction::Kind::kFree) {
+      if (i.in.size() != 1)
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " frees ", i.in.size(), " slots"));
+      state[i.in[0]] = 2;
+      out.code.push_back(std::move(i));
+      continue;
+    }
+    TESSERA_RETURN_IF_ERROR(slot_ok(w.out(), where));
+    i.out = w.out();
+    const pb::KernelNode& n = w.node();
+    if (i.kind == Instruction::Kind::kKernel &&
+        (n.op() < 0 || n.op() > static_cast<int>(Op::kShardingConstraint) ||
+         n.op() == static_cast<int>(Op::kParameter) || n.op() == static_cast<int>(Op::kShardingConstraint))) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has op ", n.op(), ", not a kernel"));
+    }
+    if (i.kind == Instruction::Kind::kKernel) i.node.op = static_cast<Op>(n.op());
+    TESSERA_ASSIGN_OR_RETURN(i.node.dtype, dtype_from_proto(n.dtype()));
+    TESSERA_ASSIGN_OR_RETURN(i.node.shape, shape_from_proto(n.shape(), i.node.dtype));
+    i.node.index = n.index();
+    i.node.value = n.value();
+    i.node.dims.assign(n.dims().begin(), n.dims().end());
+    i.node.limits.assign(n.limits().begin(), n.limits().end());
+    i.node.dot.lhs_batch.assign(n.lhs_batch().begin(), n.lhs_batch().end());
+    i.node.dot.rhs_batch.assign(n.rhs_batch().begin(), n.rhs_batch().end());
+    i.node.dot.lhs_contracting.assign(n.lhs_contracting().begin(), n.lhs_contracting().end());
+    i.node.dot.rhs_contracting.assign(n.rhs_contracting().begin(), n.rhs_contracting().end());
+    i.node.operands = i.in;
+    if (i.kind == Instruction::Kind::kCollective) {
+      if (i.in.size() != 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " needs one input"));
+      TESSERA_ASSIGN_OR_RETURN(i.collective, collective_from_proto(w.collective()));
+    }
+    if (i.kind == Instruction::Kind::kLocalSlice) {
+      if (i.in.size() != 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " needs one input"));
+      for (const pb::SliceRange& r : w.slice()) i.slice.push_back({r.start(), r.stop()});
+    }
+    state[i.out] = 1;
+    out.code.push_back(std::move(i));
+  }
+  for (int s : plan.output_slots()) {
+    TESSERA_RETURN_IF_ERROR(slot_ok(s, "an output"));
+    if (state[s] != 1)
+      return absl::InvalidArgumentError(absl::StrCat("plan: output slot ", s, " is not live at the end"));
+    out.output_slots.push_back(s);
+  }
+  return out;
+}
+
 }  // namespace tessera

@@ -12,7 +12,9 @@
 #include "absl/status/statusor.h"
 #include "core/collective.h"
 #include "core/dtype.h"
+#include "core/graph.h"
 #include "core/mesh.h"
+#include "core/plan.h"
 #include "core/shape.h"
 #include "core/sharding.h"
 
@@ -24,6 +26,9 @@ class Mesh;
 class PartitionSpec;
 class NamedSharding;
 class CollectiveSpec;
+class DevicePlan;
+class Graph;
+class KernelNode;
 }  // namespace pb
 
 pb::DType to_proto(DType dtype);
@@ -43,6 +48,16 @@ absl::StatusOr<NamedSharding> sharding_from_proto(const pb::NamedSharding& shard
 void to_proto(const CollectiveSpec& spec, pb::CollectiveSpec* out);
 // Also runs validate_collective().
 absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& spec);
+
+void to_proto(const Graph& graph, pb::Graph* out);
+// Rebuilds the graph through Graph's own add_* calls, so a graph from the wire gets every
+// check a traced one does; errors name the node.
+absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph);
+
+void to_proto(const DevicePlan& plan, pb::DevicePlan* out);
+// Checks everything a worker relies on: known ops and kinds, slots in range, every slot read
+// after it is written, valid collectives and shapes.
+absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan);
 
 }  // namespace tessera
 

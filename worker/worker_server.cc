@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include "worker/buffer_store.h"
 #include "worker/collectives/engine.h"
 #include "worker/collectives/transport.h"
+#include "worker/interpreter.h"
 
 namespace tessera {
 namespace {
@@ -91,6 +93,22 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
                                   absl::StrCat("device ", device_id_.load(), ": ", shape.status().message())));
     }
     to_proto(*shape, reply->mutable_output_shape());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status LoadPlan(grpc::ServerContext*, const pb::LoadPlanRequest* req, pb::LoadPlanReply*) override {
+    absl::StatusOr<DevicePlan> plan = plan_from_proto(req->plan());
+    if (!plan.ok()) return to_grpc(plan.status());
+    absl::MutexLock lock(&plans_mu_);
+    plans_[req->plan_id()] = std::make_shared<const DevicePlan>(*std::move(plan));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RunPlan(grpc::ServerContext* ctx, const pb::RunPlanRequest* req, pb::RunPlanReply*) override {
+    absl::Status status = run_plan(*req, [ctx] { return ctx->IsCancelled(); });
+    if (!status.ok()) {
+      return to_grpc(absl::Status(status.code(), absl::StrCat("device ", device_id_.load(), ": ", status.message())));
+    }
     return grpc::Status::OK;
   }
 
@@ -176,9 +194,49 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
     return out_shape;
   }
 
+  // Runs a loaded plan on stored buffers and stores its outputs.
+  absl::Status run_plan(const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
+    std::shared_ptr<const DevicePlan> plan;
+    {
+      absl::MutexLock lock(&plans_mu_);
+      auto it = plans_.find(req.plan_id());
+      if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("plan ", req.plan_id(), " is not loaded"));
+      plan = it->second;
+    }
+    if (req.output_buffers_size() != static_cast<int>(plan->output_slots.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("run: the plan has ", plan->output_slots.size(), " outputs, got ",
+                                                     req.output_buffers_size(), " output buffers"));
+    }
+    std::vector<std::shared_ptr<const HostArray>> inputs;
+    for (uint64_t id : req.input_buffers()) {
+      TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const HostArray> buffer, store_.get(id));
+      inputs.push_back(std::move(buffer));
+    }
+    PlanRun run;
+    run.execution = req.execution_id();
+    for (const pb::PeerAddress& peer : req.peers()) run.peers[peer.device_id()] = peer.address();
+    run.self = device_id_.load();
+    const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
+    run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+    run.cancelled = std::move(cancelled);
+    TESSERA_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<const HostArray>> outputs,
+                             tessera::run_plan(*plan, inputs, transport_, run));
+    for (int i = 0; i < req.output_buffers_size(); ++i) {
+      absl::Status reserved = store_.reserve(req.output_buffers(i), outputs[i]->nbytes());
+      if (!reserved.ok()) {
+        for (int j = 0; j < i; ++j) store_.erase({req.output_buffers(j)});
+        return reserved;
+      }
+      store_.commit(req.output_buffers(i), outputs[i]);
+    }
+    return absl::OkStatus();
+  }
+
   std::atomic<int> device_id_{-1};
   BufferStore store_;
   Transport transport_;
+  absl::Mutex plans_mu_;
+  std::map<uint64_t, std::shared_ptr<const DevicePlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
 };
 
 class WorkerServerImpl final : public WorkerServer {

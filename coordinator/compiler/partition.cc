@@ -75,7 +75,7 @@ class DevicePartitioner {
     inst.in = in;
     inst.cause = cause;
     inst.node = n;
-    inst.node.operands.clear();
+    inst.node.operands = in;  // the kernel's operands, by slot
     if (n.op == Op::kIota && !result.spec().used_axes().empty()) {
       // An iota's values depend on the position: make it whole, then keep this device's block.
       inst.out = new_slot();

@@ -16,28 +16,10 @@
 #include "coordinator/compiler/propagate.h"
 #include "core/collective.h"
 #include "core/graph.h"
+#include "core/plan.h"
 #include "core/sharding.h"
 
 namespace tessera {
-
-struct Instruction {
-  enum class Kind { kKernel, kCollective, kLocalSlice, kFree };
-  Kind kind = Kind::kKernel;
-  int out = -1;         // slot written (not for kFree)
-  std::vector<int> in;  // slots read (kFree: the slot freed)
-  Node node;            // kKernel: the op on local shapes; operands are `in`
-  CollectiveSpec collective;
-  Index slice;        // kLocalSlice: the block of the input this device keeps
-  std::string cause;  // the graph op that needed this instruction, e.g. "%3 = tanh"
-};
-
-struct DevicePlan {
-  int device = 0;
-  int num_slots = 0;
-  std::vector<int> input_slots;   // slot of each parameter's local shard
-  std::vector<int> output_slots;  // slot of each output's local shard
-  std::vector<Instruction> code;
-};
 
 struct Executable {
   Mesh mesh;

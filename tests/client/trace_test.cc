@@ -1,7 +1,9 @@
 // Tracing: the graphs functions record, the shapes and dtypes inferred, and the errors
 // reported at trace time, naming the op and the shapes.
+#include "core/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/tessera.pb.h"
 #include "tessera/tessera.h"
 
 namespace tessera {
@@ -176,6 +178,40 @@ TEST(Trace, FingerprintsIdentifyGraphs) {
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(a->fingerprint(), b->fingerprint());
   EXPECT_NE(a->fingerprint(), c->fingerprint());
+}
+
+TEST(Trace, GraphsRoundTripThroughTheWireWithAllChecks) {
+  const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  absl::StatusOr<Graph> g = trace(
+      [&](const std::vector<Value>& in) {
+        Value y = with_sharding_constraint(tanh(matmul(in[0], in[1])) + 1.0, NamedSharding(mesh, P("data", None)));
+        return std::vector<Value>{y,
+                                  argmax(y, 1),
+                                  sum(transpose(y, {1, 0}), {0}, true),
+                                  where(y > y, y, -y),
+                                  concatenate({slice(y, {0, 0}, {4, 4}), iota(DType::kF32, {4, 4}, 0)}, 0),
+                                  convert(reshape(y, {64}), DType::kI64)};
+      },
+      {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  pb::Graph wire;
+  to_proto(*g, &wire);
+  absl::StatusOr<Graph> back = graph_from_proto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->to_text(), g->to_text());
+  EXPECT_EQ(back->fingerprint(), g->fingerprint());
+
+  pb::Graph bad = wire;
+  bad.mutable_nodes(2)->set_operands(0, 40);
+  EXPECT_THAT(std::string(graph_from_proto(bad).status().message()),
+              HasSubstr("graph: node 2: dot_general: operand %40"));
+  bad = wire;
+  bad.mutable_nodes(2)->mutable_node()->mutable_shape()->set_dims(0, 17);
+  EXPECT_THAT(std::string(graph_from_proto(bad).status().message()),
+              HasSubstr("node 2 claims f32[17,4] but computes f32[16,4]"));
+  bad = wire;
+  bad.mutable_nodes(3)->mutable_node()->set_op(77);
+  EXPECT_THAT(std::string(graph_from_proto(bad).status().message()), HasSubstr("unknown op 77"));
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 
 #include <set>
 
+#include "core/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/tessera.pb.h"
 #include "tessera/trace.h"
 
 namespace tessera {
@@ -135,6 +137,35 @@ TEST_F(PartitionTest, ShardedIotaIsMadeWholeThenSliced) {
       {{DType::kF32, {16, 8}}}, {P("data", None)});
   EXPECT_THAT(exe.as_text(), HasSubstr("= iota() i32[16,8]"));
   EXPECT_EQ(count(exe, Instruction::Kind::kLocalSlice), 1);
+}
+
+TEST_F(PartitionTest, PlansRoundTripThroughTheWire) {
+  Executable exe = compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)});
+  Executable back = exe;
+  for (DevicePlan& plan : back.plans) {
+    pb::DevicePlan wire;
+    to_proto(plan, &wire);
+    absl::StatusOr<DevicePlan> parsed = plan_from_proto(wire);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    for (size_t i = 0; i < plan.code.size(); ++i) parsed->code[i].cause = plan.code[i].cause;  // not sent
+    plan = *std::move(parsed);
+  }
+  EXPECT_EQ(back.as_text(), exe.as_text());
+}
+
+TEST_F(PartitionTest, MalformedPlansAreRejected) {
+  Executable exe = compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P("data", None), P(None, "model")});
+  pb::DevicePlan wire;
+  to_proto(exe.plans[0], &wire);
+  pb::DevicePlan bad = wire;
+  bad.mutable_code(0)->set_in(0, 3);  // slot 3 is written later
+  EXPECT_THAT(std::string(plan_from_proto(bad).status().message()), HasSubstr("before it is written"));
+  bad = wire;
+  bad.mutable_code(0)->mutable_node()->set_op(999);
+  EXPECT_THAT(std::string(plan_from_proto(bad).status().message()), HasSubstr("op 999, not a kernel"));
+  bad = wire;
+  bad.set_num_slots(-1);
+  EXPECT_EQ(plan_from_proto(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

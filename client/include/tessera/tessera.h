@@ -21,6 +21,7 @@
 #include "tessera/array.h"
 #include "tessera/client.h"
 #include "tessera/collective.h"
+#include "tessera/jit.h"
 #include "tessera/trace.h"
 #include "tessera/visualize.h"
 

@@ -1,0 +1,60 @@
+// jit: compiles an array function for the shardings of its arguments and runs it on the
+// devices, as jax.jit — the result arrays come back sharded as propagation decided (or as
+// out_shardings says), with the collectives their layouts need inserted automatically.
+//
+//   Jitted layer = jit([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; });
+//   absl::StatusOr<std::vector<Array>> y = layer({x, w});      // x P('data', None), w P(None, 'model')
+//   (*y)[0].sharding().spec();                                   // P('data', 'model')
+//   std::cout << layer.as_text();                                // every device's plan
+//
+// A Jitted traces once per argument signature (dtypes, shapes, shardings) and the coordinator
+// compiles each signature once: calling again with same-typed, same-sharded arrays only runs.
+#ifndef TESSERA_JIT_H_
+#define TESSERA_JIT_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tessera/array.h"
+#include "tessera/trace.h"
+
+namespace tessera {
+
+struct JitOptions {
+  // One entry per output (or empty): the sharding wanted for it; nullopt lets propagation choose.
+  std::vector<std::optional<PartitionSpec>> out_shardings;
+  // How long every device may wait on the others within one execution.
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+class Jitted {
+ public:
+  Jitted(TracedFunction f, JitOptions options);
+
+  // Runs the function on `args` (all on one mesh of one client). INVALID_ARGUMENT for a trace
+  // error (naming the op and shapes) or arguments on different meshes or clients; a device
+  // failure fails the call naming the device.
+  absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args) const;
+
+  // The per-device plans of the most recently used signature, like JAX's
+  // lower(...).compile().as_text(); empty before the first call.
+  std::string as_text() const;
+
+  // How many programs the coordinator has compiled in all (a cached call adds none).
+  int64_t compilations() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+Jitted jit(TracedFunction f, JitOptions options = {});
+
+}  // namespace tessera
+
+#endif  // TESSERA_JIT_H_

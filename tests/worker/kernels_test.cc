@@ -1,0 +1,1229 @@
+// Every kernel against a naive reference written here: plain loops over multi-indices that
+// compute each expected element in double. Nodes come from core::Graph, so their attributes are
+// the ones tracing produces; operands are small random values from a fixed seed.
+//
+// Tolerances: integers and bool exact; float32 1e-5 and float64 1e-12 relative to the element's
+// scale, which is |expected| for elementwise results and the sum of the absolute values of the
+// terms for sums and dot products (the error of a sum grows with its terms, not its result).
+#include "worker/kernels/kernels.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/graph.h"
+#include "core/host_array.h"
+#include "core/mesh.h"
+#include "core/partition_spec.h"
+#include "core/sharding.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/kernels/blas.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr DType kNumeric[] = {DType::kF32, DType::kF64, DType::kI32, DType::kI64};
+constexpr DType kFloats[] = {DType::kF32, DType::kF64};
+constexpr DType kIntegers[] = {DType::kI32, DType::kI64};
+
+// Shapes for elementwise ops: a scalar, empty arrays, a vector, rank 3.
+const std::vector<Shape> kShapes = {{}, {0}, {7}, {2, 3, 4}, {3, 0, 2}};
+
+bool is_float(DType d) { return d == DType::kF32 || d == DType::kF64; }
+
+// ---- Multi-indices ---------------------------------------------------------------------------
+
+void unravel(int64_t flat, const Shape& shape, std::vector<int64_t>* index) {
+  index->resize(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    (*index)[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+}
+
+std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
+  std::vector<int64_t> index;
+  unravel(flat, shape, &index);
+  return index;
+}
+
+int64_t ravel(const std::vector<int64_t>& index, const Shape& shape) {
+  int64_t flat = 0;
+  for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + index[d];
+  return flat;
+}
+
+// ---- Operands --------------------------------------------------------------------------------
+
+// Uniform in [lo, hi] for floats, integers in [lo, hi] for integer dtypes, fair coins for bool.
+HostArray random_array(DType dtype, const Shape& shape, std::mt19937& rng, double lo = -3, double hi = 3) {
+  HostArray a(dtype, shape);
+  std::uniform_real_distribution<double> real(lo, hi);
+  std::uniform_int_distribution<int64_t> integer(static_cast<int64_t>(std::ceil(lo)),
+                                                 static_cast<int64_t>(std::floor(hi)));
+  std::bernoulli_distribution coin(0.5);
+  for (int64_t i = 0; i < a.size(); ++i) {
+    switch (dtype) {
+      case DType::kF32:
+        a.mutable_values<float>()[i] = static_cast<float>(real(rng));
+        break;
+      case DType::kF64:
+        a.mutable_values<double>()[i] = real(rng);
+        break;
+      case DType::kI32:
+        a.mutable_values<int32_t>()[i] = static_cast<int32_t>(integer(rng));
+        break;
+      case DType::kI64:
+        a.mutable_values<int64_t>()[i] = integer(rng);
+        break;
+      case DType::kBool:
+        a.mutable_values<bool>()[i] = coin(rng);
+        break;
+    }
+  }
+  return a;
+}
+
+// Small integers (as any dtype), so that comparisons see ties.
+HostArray small_integers(DType dtype, const Shape& shape, std::mt19937& rng) {
+  HostArray a = random_array(DType::kI64, shape, rng, -2, 2);
+  HostArray out(dtype, shape);
+  for (int64_t i = 0; i < a.size(); ++i) {
+    const int64_t v = a.values<int64_t>()[i];
+    switch (dtype) {
+      case DType::kF32:
+        out.mutable_values<float>()[i] = static_cast<float>(v);
+        break;
+      case DType::kF64:
+        out.mutable_values<double>()[i] = static_cast<double>(v);
+        break;
+      case DType::kI32:
+        out.mutable_values<int32_t>()[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kI64:
+        out.mutable_values<int64_t>()[i] = v;
+        break;
+      case DType::kBool:
+        out.mutable_values<bool>()[i] = v > 0;
+        break;
+    }
+  }
+  return out;
+}
+
+// Replaces zeros (integer divisors) by 3.
+void avoid_zeros(HostArray* a) {
+  for (int64_t i = 0; i < a->size(); ++i) {
+    if (a->element_as_double(i) != 0) continue;
+    if (a->dtype() == DType::kI32) a->mutable_values<int32_t>()[i] = 3;
+    if (a->dtype() == DType::kI64) a->mutable_values<int64_t>()[i] = 3;
+    if (a->dtype() == DType::kF32) a->mutable_values<float>()[i] = 3;
+    if (a->dtype() == DType::kF64) a->mutable_values<double>()[i] = 3;
+  }
+}
+
+// ---- Expected values and comparison ----------------------------------------------------------
+
+struct Expected {
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::vector<double> values;
+  std::vector<double> scale;  // per element; empty means |value|
+};
+
+double tolerance(DType dtype) {
+  if (dtype == DType::kF32) return 1e-5;
+  if (dtype == DType::kF64) return 1e-12;
+  return 0;
+}
+
+void expect_matches(const HostArray& got, const Expected& want) {
+  ASSERT_EQ(type_to_string(got.dtype(), got.shape()), type_to_string(want.dtype, want.shape));
+  ASSERT_EQ(static_cast<size_t>(got.size()), want.values.size());
+  const double tol = tolerance(want.dtype);
+  int failures = 0;
+  for (int64_t i = 0; i < got.size(); ++i) {
+    const double g = got.element_as_double(i);
+    const double w = want.values[static_cast<size_t>(i)];
+    bool ok;
+    if (std::isnan(w)) {
+      ok = std::isnan(g);
+    } else if (tol == 0 || std::isinf(w)) {
+      ok = g == w;
+    } else {
+      const double scale = want.scale.empty() ? std::abs(w) : want.scale[static_cast<size_t>(i)];
+      ok = std::abs(g - w) <= tol * scale;
+    }
+    if (!ok && ++failures <= 5) {
+      ADD_FAILURE() << "element " << i << " [" << absl::StrJoin(unravel(i, want.shape), ",") << "] is " << g
+                    << ", want " << w;
+    }
+  }
+  EXPECT_EQ(failures, 0) << "elements differ from the reference";
+}
+
+// The value a kernel should produce for `v` stored in `dtype`: rounding for float32, truncation
+// and saturation for integers (NaN -> 0), "nonzero" for bool.
+double as_dtype(double v, DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<float>(v);
+    case DType::kF64:
+      return v;
+    case DType::kI32:
+    case DType::kI64: {
+      if (std::isnan(v)) return 0;
+      const double lo = dtype == DType::kI32 ? -2147483648.0 : -9223372036854775808.0;
+      const double hi = dtype == DType::kI32 ? 2147483647.0 : 9223372036854775807.0;
+      return std::clamp(std::trunc(v), lo, hi);
+    }
+    case DType::kBool:
+      return v != 0;
+  }
+  return v;
+}
+
+Expected elementwise(DType dtype, const HostArray& x, const std::function<double(double)>& f) {
+  Expected e{dtype, x.shape(), {}, {}};
+  for (int64_t i = 0; i < x.size(); ++i) e.values.push_back(f(x.element_as_double(i)));
+  return e;
+}
+
+Expected elementwise(DType dtype, const HostArray& x, const HostArray& y,
+                     const std::function<double(double, double)>& f) {
+  Expected e{dtype, x.shape(), {}, {}};
+  for (int64_t i = 0; i < x.size(); ++i) e.values.push_back(f(x.element_as_double(i), y.element_as_double(i)));
+  return e;
+}
+
+// ---- Running nodes ---------------------------------------------------------------------------
+
+// The node `id` names, or (after reporting why) a parameter node, which no kernel computes.
+Node node_of(const Graph& g, const absl::StatusOr<int>& id) {
+  if (!id.ok()) {
+    ADD_FAILURE() << "building the node failed: " << id.status();
+    return Node{};
+  }
+  return g.node(*id);
+}
+
+HostArray run(const Node& node, const std::vector<const HostArray*>& operands) {
+  absl::StatusOr<HostArray> out = run_kernel(node, operands);
+  if (!out.ok()) {
+    ADD_FAILURE() << out.status();
+    return HostArray();
+  }
+  return std::move(out).value();
+}
+
+std::string trace(Op op, DType dtype, const Shape& shape) {
+  return absl::StrCat(op_name(op), " on ", type_to_string(dtype, shape));
+}
+
+// ---- Constant, iota ---------------------------------------------------------------------------
+
+TEST(Kernels, ConstantOfEveryDtype) {
+  for (DType dtype : kAllDTypes) {
+    for (const Shape& shape : kShapes) {
+      for (double value : {2.75, -1.5, 0.0, 7.0}) {
+        SCOPED_TRACE(absl::StrCat(trace(Op::kConstant, dtype, shape), " value ", value));
+        Graph g;
+        const Node node = node_of(g, g.add_constant(dtype, shape, value));
+        Expected want{
+            dtype, shape, std::vector<double>(static_cast<size_t>(num_elements(shape)), as_dtype(value, dtype)), {}};
+        expect_matches(run(node, {}), want);
+      }
+    }
+  }
+}
+
+TEST(Kernels, IotaAlongEachDimension) {
+  const std::vector<Shape> shapes = {{5}, {2, 3, 4}, {3, 0, 2}, {1, 6}};
+  for (DType dtype : kNumeric) {
+    for (const Shape& shape : shapes) {
+      for (int64_t axis = 0; axis < static_cast<int64_t>(shape.size()); ++axis) {
+        SCOPED_TRACE(absl::StrCat(trace(Op::kIota, dtype, shape), " axis ", axis));
+        Graph g;
+        const Node node = node_of(g, g.add_iota(dtype, shape, axis));
+        Expected want{dtype, shape, {}, {}};
+        for (int64_t i = 0; i < num_elements(shape); ++i) {
+          want.values.push_back(static_cast<double>(unravel(i, shape)[static_cast<size_t>(axis)]));
+        }
+        expect_matches(run(node, {}), want);
+      }
+    }
+  }
+}
+
+// ---- Unary -----------------------------------------------------------------------------------
+
+struct UnaryCase {
+  Op op;
+  std::function<double(double)> reference;
+  bool positive_inputs = false;
+};
+
+TEST(Kernels, UnaryFloatOps) {
+  const std::vector<UnaryCase> cases = {
+      {Op::kNeg, [](double v) { return -v; }},
+      {Op::kAbs, [](double v) { return std::abs(v); }},
+      {Op::kExp, [](double v) { return std::exp(v); }},
+      {Op::kLog, [](double v) { return std::log(v); }, true},
+      {Op::kTanh, [](double v) { return std::tanh(v); }},
+      {Op::kLogistic, [](double v) { return 1 / (1 + std::exp(-v)); }},
+      {Op::kSqrt, [](double v) { return std::sqrt(v); }, true},
+      {Op::kRsqrt, [](double v) { return 1 / std::sqrt(v); }, true},
+      {Op::kSin, [](double v) { return std::sin(v); }},
+      {Op::kCos, [](double v) { return std::cos(v); }},
+      {Op::kFloor, [](double v) { return std::floor(v); }},
+      {Op::kCeil, [](double v) { return std::ceil(v); }},
+      {Op::kSign, [](double v) { return v > 0   ? 1.0
+                                        : v < 0 ? -1.0
+                                                : v; }},
+  };
+  std::mt19937 rng(1);
+  for (const UnaryCase& c : cases) {
+    for (DType dtype : kFloats) {
+      for (const Shape& shape : kShapes) {
+        SCOPED_TRACE(trace(c.op, dtype, shape));
+        Graph g;
+        const Node node = node_of(g, g.add_unary(c.op, g.add_parameter(dtype, shape)));
+        const HostArray x =
+            c.positive_inputs ? random_array(dtype, shape, rng, 0.05, 5) : random_array(dtype, shape, rng);
+        expect_matches(run(node, {&x}), elementwise(dtype, x, c.reference));
+      }
+    }
+  }
+}
+
+TEST(Kernels, UnaryIntegerAndBoolOps) {
+  const std::vector<UnaryCase> cases = {
+      {Op::kNeg, [](double v) { return -v; }},
+      {Op::kAbs, [](double v) { return std::abs(v); }},
+      {Op::kSign, [](double v) { return v > 0   ? 1.0
+                                        : v < 0 ? -1.0
+                                                : 0.0; }},
+      {Op::kNot, [](double v) { return -v - 1; }},  // bitwise: ~v == -v - 1 in two's complement
+  };
+  std::mt19937 rng(2);
+  for (const UnaryCase& c : cases) {
+    for (DType dtype : kIntegers) {
+      for (const Shape& shape : kShapes) {
+        SCOPED_TRACE(trace(c.op, dtype, shape));
+        Graph g;
+        const Node node = node_of(g, g.add_unary(c.op, g.add_parameter(dtype, shape)));
+        const HostArray x = random_array(dtype, shape, rng, -9, 9);
+        expect_matches(run(node, {&x}), elementwise(dtype, x, c.reference));
+      }
+    }
+  }
+  for (const Shape& shape : kShapes) {
+    SCOPED_TRACE(trace(Op::kNot, DType::kBool, shape));
+    Graph g;
+    const Node node = node_of(g, g.add_unary(Op::kNot, g.add_parameter(DType::kBool, shape)));
+    const HostArray x = random_array(DType::kBool, shape, rng);
+    expect_matches(run(node, {&x}), elementwise(DType::kBool, x, [](double v) { return 1 - v; }));
+  }
+}
+
+TEST(Kernels, UnaryEdgeValues) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const HostArray x = HostArray::from_vector<float>({5}, {0.0f, -0.0f, inf, -inf, nan});
+  auto apply = [&](Op op) {
+    Graph g;
+    return run(node_of(g, g.add_unary(op, g.add_parameter(DType::kF32, {5}))), {&x});
+  };
+  const HostArray sign = apply(Op::kSign);
+  EXPECT_EQ(sign.values<float>()[0], 0.0f);
+  EXPECT_TRUE(std::signbit(sign.values<float>()[1]));  // sign(-0.0) == -0.0
+  EXPECT_EQ(sign.values<float>()[2], 1.0f);
+  EXPECT_EQ(sign.values<float>()[3], -1.0f);
+  EXPECT_TRUE(std::isnan(sign.values<float>()[4]));
+  const HostArray logistic = apply(Op::kLogistic);
+  EXPECT_EQ(logistic.values<float>()[2], 1.0f);
+  EXPECT_EQ(logistic.values<float>()[3], 0.0f);
+
+  // Integer negation and abs of the most negative value wrap (no UB).
+  const HostArray m = HostArray::from_vector<int32_t>({2}, {std::numeric_limits<int32_t>::min(), -7});
+  Graph g;
+  const int p = g.add_parameter(DType::kI32, {2});
+  EXPECT_EQ(run(node_of(g, g.add_unary(Op::kNeg, p)), {&m}),
+            HostArray::from_vector<int32_t>({2}, {std::numeric_limits<int32_t>::min(), 7}));
+  EXPECT_EQ(run(node_of(g, g.add_unary(Op::kAbs, p)), {&m}),
+            HostArray::from_vector<int32_t>({2}, {std::numeric_limits<int32_t>::min(), 7}));
+  EXPECT_EQ(run(node_of(g, g.add_unary(Op::kNot, p)), {&m}),
+            HostArray::from_vector<int32_t>({2}, {std::numeric_limits<int32_t>::max(), 6}));
+}
+
+// ---- Binary ----------------------------------------------------------------------------------
+
+struct BinaryCase {
+  Op op;
+  std::vector<DType> dtypes;
+  std::function<double(double, double)> reference;
+};
+
+int64_t as_int(double v) { return static_cast<int64_t>(v); }
+
+TEST(Kernels, BinaryOps) {
+  const std::vector<DType> numeric(std::begin(kNumeric), std::end(kNumeric));
+  const std::vector<BinaryCase> cases = {
+      {Op::kAdd, numeric, [](double a, double b) { return a + b; }},
+      {Op::kSub, numeric, [](double a, double b) { return a - b; }},
+      {Op::kMul, numeric, [](double a, double b) { return a * b; }},
+      {Op::kDiv, {DType::kF32, DType::kF64}, [](double a, double b) { return a / b; }},
+      {Op::kDiv, {DType::kI32, DType::kI64}, [](double a, double b) { return std::trunc(a / b); }},
+      {Op::kPow, numeric, [](double a, double b) { return std::pow(a, b); }},
+      {Op::kMax,
+       {DType::kF32, DType::kF64, DType::kI32, DType::kI64, DType::kBool},
+       [](double a, double b) { return std::max(a, b); }},
+      {Op::kMin,
+       {DType::kF32, DType::kF64, DType::kI32, DType::kI64, DType::kBool},
+       [](double a, double b) { return std::min(a, b); }},
+      {Op::kAnd, {DType::kI32, DType::kI64}, [](double a, double b) { return as_int(a) & as_int(b); }},
+      {Op::kOr, {DType::kI32, DType::kI64}, [](double a, double b) { return as_int(a) | as_int(b); }},
+      {Op::kAnd, {DType::kBool}, [](double a, double b) { return a != 0 && b != 0; }},
+      {Op::kOr, {DType::kBool}, [](double a, double b) { return a != 0 || b != 0; }},
+  };
+  std::mt19937 rng(3);
+  for (const BinaryCase& c : cases) {
+    for (DType dtype : c.dtypes) {
+      for (const Shape& shape : kShapes) {
+        SCOPED_TRACE(trace(c.op, dtype, shape));
+        Graph g;
+        const Node node = node_of(g, g.add_binary(c.op, g.add_parameter(dtype, shape), g.add_parameter(dtype, shape)));
+        HostArray x = random_array(dtype, shape, rng, -9, 9);
+        HostArray y = random_array(dtype, shape, rng, -9, 9);
+        if (c.op == Op::kDiv) avoid_zeros(&y);
+        if (c.op == Op::kPow) {  // positive bases for floats; exponents the integers can take exactly
+          x = is_float(dtype) ? random_array(dtype, shape, rng, 0.1, 3) : random_array(dtype, shape, rng, -5, 5);
+          y = is_float(dtype) ? random_array(dtype, shape, rng, -2, 2) : random_array(dtype, shape, rng, 0, 4);
+        }
+        expect_matches(run(node, {&x, &y}), elementwise(dtype, x, y, c.reference));
+      }
+    }
+  }
+}
+
+TEST(Kernels, IntegerArithmeticWrapsAndDivisionFollowsXla) {
+  using L = std::numeric_limits<int32_t>;
+  const HostArray x = HostArray::from_vector<int32_t>({6}, {L::max(), L::min(), L::min(), 7, -7, 5});
+  const HostArray y = HostArray::from_vector<int32_t>({6}, {1, 1, -1, 0, 2, -2});
+  Graph g;
+  const int a = g.add_parameter(DType::kI32, {6}), b = g.add_parameter(DType::kI32, {6});
+  auto apply = [&](Op op) { return run(node_of(g, g.add_binary(op, a, b)), {&x, &y}); };
+  EXPECT_EQ(apply(Op::kAdd), HostArray::from_vector<int32_t>({6}, {L::min(), L::min() + 1, L::max(), 7, -5, 3}));
+  EXPECT_EQ(apply(Op::kSub), HostArray::from_vector<int32_t>({6}, {L::max() - 1, L::max(), L::min() + 1, 7, -9, 7}));
+  EXPECT_EQ(apply(Op::kMul), HostArray::from_vector<int32_t>({6}, {L::max(), L::min(), L::min(), 0, -14, -10}));
+  // x / 0 == -1, INT_MIN / -1 == INT_MIN, truncation toward zero.
+  EXPECT_EQ(apply(Op::kDiv), HostArray::from_vector<int32_t>({6}, {L::max(), L::min(), L::min(), -1, -3, -2}));
+
+  // pow: wraps; a negative exponent gives 1 for base 1, else 0.
+  const HostArray base = HostArray::from_vector<int64_t>({5}, {2, 3, 1, -1, 2});
+  const HostArray exponent = HostArray::from_vector<int64_t>({5}, {64, 3, -2, -1, -1});
+  Graph h;
+  const Node pow =
+      node_of(h, h.add_binary(Op::kPow, h.add_parameter(DType::kI64, {5}), h.add_parameter(DType::kI64, {5})));
+  EXPECT_EQ(run(pow, {&base, &exponent}), HostArray::from_vector<int64_t>({5}, {0, 27, 1, 0, 0}));
+}
+
+TEST(Kernels, FloatMaxMinPropagateNan) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const HostArray x = HostArray::from_vector<float>({3}, {nan, 1.0f, 2.0f});
+  const HostArray y = HostArray::from_vector<float>({3}, {1.0f, nan, 3.0f});
+  Graph g;
+  const int a = g.add_parameter(DType::kF32, {3}), b = g.add_parameter(DType::kF32, {3});
+  for (Op op : {Op::kMax, Op::kMin}) {
+    SCOPED_TRACE(op_name(op));
+    const HostArray out = run(node_of(g, g.add_binary(op, a, b)), {&x, &y});
+    EXPECT_TRUE(std::isnan(out.values<float>()[0]));
+    EXPECT_TRUE(std::isnan(out.values<float>()[1]));
+    EXPECT_EQ(out.values<float>()[2], op == Op::kMax ? 3.0f : 2.0f);
+  }
+}
+
+TEST(Kernels, Comparisons) {
+  const std::vector<std::pair<Op, std::function<double(double, double)>>> cases = {
+      {Op::kEq, [](double a, double b) { return a == b; }}, {Op::kNe, [](double a, double b) { return a != b; }},
+      {Op::kLt, [](double a, double b) { return a < b; }},  {Op::kLe, [](double a, double b) { return a <= b; }},
+      {Op::kGt, [](double a, double b) { return a > b; }},  {Op::kGe, [](double a, double b) { return a >= b; }},
+  };
+  std::mt19937 rng(4);
+  for (const auto& [op, reference] : cases) {
+    for (DType dtype : kAllDTypes) {
+      for (const Shape& shape : kShapes) {
+        SCOPED_TRACE(trace(op, dtype, shape));
+        Graph g;
+        const Node node = node_of(g, g.add_binary(op, g.add_parameter(dtype, shape), g.add_parameter(dtype, shape)));
+        const HostArray x = small_integers(dtype, shape, rng);
+        const HostArray y = small_integers(dtype, shape, rng);
+        expect_matches(run(node, {&x, &y}), elementwise(DType::kBool, x, y, reference));
+      }
+    }
+  }
+}
+
+TEST(Kernels, Select) {
+  std::mt19937 rng(5);
+  for (DType dtype : kAllDTypes) {
+    for (const Shape& shape : kShapes) {
+      SCOPED_TRACE(trace(Op::kSelect, dtype, shape));
+      Graph g;
+      const int p = g.add_parameter(DType::kBool, shape);
+      const Node node = node_of(g, g.add_select(p, g.add_parameter(dtype, shape), g.add_parameter(dtype, shape)));
+      const HostArray pred = random_array(DType::kBool, shape, rng);
+      const HostArray t = random_array(dtype, shape, rng), f = random_array(dtype, shape, rng);
+      Expected want{dtype, shape, {}, {}};
+      for (int64_t i = 0; i < pred.size(); ++i) {
+        want.values.push_back(pred.element_as_double(i) != 0 ? t.element_as_double(i) : f.element_as_double(i));
+      }
+      expect_matches(run(node, {&pred, &t, &f}), want);
+    }
+  }
+}
+
+// ---- Convert ---------------------------------------------------------------------------------
+
+TEST(Kernels, ConvertBetweenEveryPairOfDtypes) {
+  std::mt19937 rng(6);
+  for (DType from : kAllDTypes) {
+    for (DType to : kAllDTypes) {
+      for (const Shape& shape : kShapes) {
+        SCOPED_TRACE(absl::StrCat("convert ", type_to_string(from, shape), " to ", dtype_name(to)));
+        Graph g;
+        const Node node = node_of(g, g.add_convert(g.add_parameter(from, shape), to));
+        const HostArray x = random_array(from, shape, rng, -5, 5);
+        expect_matches(run(node, {&x}), elementwise(to, x, [to](double v) { return as_dtype(v, to); }));
+      }
+    }
+  }
+}
+
+TEST(Kernels, ConvertSaturatesAndMapsNanToZero) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const HostArray x = HostArray::from_vector<double>({8}, {1e10, -1e10, nan, inf, -inf, 2.9, -2.9, -0.0});
+  for (DType to : {DType::kI32, DType::kI64, DType::kBool, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(to));
+    Graph g;
+    const Node node = node_of(g, g.add_convert(g.add_parameter(DType::kF64, {8}), to));
+    expect_matches(run(node, {&x}), elementwise(to, x, [to](double v) { return as_dtype(v, to); }));
+  }
+  // NaN is nonzero, so true; -0.0 is zero.
+  Graph g;
+  const HostArray b = run(node_of(g, g.add_convert(g.add_parameter(DType::kF64, {8}), DType::kBool)), {&x});
+  EXPECT_EQ(b, HostArray::from_vector<bool>({8}, {true, true, true, true, true, true, true, false}));
+  // Narrowing integers wrap.
+  const HostArray wide = HostArray::from_vector<int64_t>({2}, {(int64_t{1} << 32) + 5, -1});
+  Graph h;
+  const HostArray narrow = run(node_of(h, h.add_convert(h.add_parameter(DType::kI64, {2}), DType::kI32)), {&wide});
+  EXPECT_EQ(narrow, HostArray::from_vector<int32_t>({2}, {5, -1}));
+}
+
+// ---- Layout ----------------------------------------------------------------------------------
+
+TEST(Kernels, BroadcastInDim) {
+  struct Case {
+    Shape from, to;
+    std::vector<int64_t> dims;
+  };
+  const std::vector<Case> cases = {
+      {{3}, {2, 3}, {1}},
+      {{3, 1}, {3, 4}, {0, 1}},
+      {{}, {2, 3}, {}},
+      {{1, 4}, {2, 3, 4}, {1, 2}},
+      {{2, 1, 4}, {2, 3, 4}, {0, 1, 2}},
+      {{4}, {4, 3, 2}, {0}},
+      {{2}, {2, 0}, {0}},
+      {{}, {}, {}},
+      {{1}, {5}, {0}},
+  };
+  std::mt19937 rng(7);
+  for (DType dtype : kAllDTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(trace(Op::kBroadcastInDim, dtype, c.from), " to ", shape_to_string(c.to)));
+      Graph g;
+      const Node node = node_of(g, g.add_broadcast_in_dim(g.add_parameter(dtype, c.from), c.to, c.dims));
+      const HostArray x = random_array(dtype, c.from, rng);
+      Expected want{dtype, c.to, {}, {}};
+      std::vector<int64_t> from_index(c.from.size());
+      for (int64_t i = 0; i < num_elements(c.to); ++i) {
+        const std::vector<int64_t> to_index = unravel(i, c.to);
+        for (size_t d = 0; d < c.from.size(); ++d) {
+          from_index[d] = c.from[d] == 1 ? 0 : to_index[static_cast<size_t>(c.dims[d])];
+        }
+        want.values.push_back(x.element_as_double(ravel(from_index, c.from)));
+      }
+      expect_matches(run(node, {&x}), want);
+    }
+  }
+}
+
+TEST(Kernels, ReshapeKeepsRowMajorOrder) {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{2, 3, 4}, {6, 4}}, {{2, 3, 4}, {24}}, {{}, {1, 1}}, {{1}, {}}, {{0, 3}, {3, 0}}, {{6}, {2, 3}},
+  };
+  std::mt19937 rng(8);
+  for (DType dtype : kAllDTypes) {
+    for (const auto& [from, to] : cases) {
+      SCOPED_TRACE(absl::StrCat(trace(Op::kReshape, dtype, from), " to ", shape_to_string(to)));
+      Graph g;
+      const Node node = node_of(g, g.add_reshape(g.add_parameter(dtype, from), to));
+      const HostArray x = random_array(dtype, from, rng);
+      Expected want{dtype, to, {}, {}};
+      for (int64_t i = 0; i < x.size(); ++i) want.values.push_back(x.element_as_double(i));
+      const HostArray out = run(node, {&x});
+      expect_matches(out, want);
+      if (x.size() > 0) {
+        EXPECT_NE(out.data(), x.data()) << "reshape returns a copy";
+      }
+    }
+  }
+}
+
+TEST(Kernels, TransposeByEveryPermutation) {
+  const std::vector<Shape> shapes = {{}, {4}, {2, 3}, {2, 3, 4}, {3, 0, 2}};
+  std::mt19937 rng(9);
+  for (DType dtype : kAllDTypes) {
+    for (const Shape& shape : shapes) {
+      std::vector<int64_t> perm(shape.size());
+      for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+      do {
+        SCOPED_TRACE(absl::StrCat(trace(Op::kTranspose, dtype, shape), " by {", absl::StrJoin(perm, ","), "}"));
+        Graph g;
+        const Node node = node_of(g, g.add_transpose(g.add_parameter(dtype, shape), perm));
+        const HostArray x = random_array(dtype, shape, rng);
+        Shape to(shape.size());
+        for (size_t i = 0; i < perm.size(); ++i) to[i] = shape[static_cast<size_t>(perm[i])];
+        Expected want{dtype, to, {}, {}};
+        std::vector<int64_t> from_index(shape.size());
+        for (int64_t i = 0; i < num_elements(to); ++i) {
+          const std::vector<int64_t> to_index = unravel(i, to);
+          for (size_t d = 0; d < perm.size(); ++d) from_index[static_cast<size_t>(perm[d])] = to_index[d];
+          want.values.push_back(x.element_as_double(ravel(from_index, shape)));
+        }
+        expect_matches(run(node, {&x}), want);
+      } while (std::next_permutation(perm.begin(), perm.end()));
+    }
+  }
+}
+
+TEST(Kernels, Slice) {
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> start, limit;
+  };
+  const std::vector<Case> cases = {
+      {{5}, {1}, {4}},
+      {{2, 3, 4}, {0, 1, 1}, {2, 3, 3}},
+      {{}, {}, {}},
+      {{3, 4}, {3, 0}, {3, 4}},
+      {{4, 5}, {1, 0}, {3, 5}},
+      {{2, 3, 4}, {0, 0, 0}, {2, 3, 4}},
+      {{2, 3, 4}, {1, 2, 3}, {2, 3, 4}},
+  };
+  std::mt19937 rng(10);
+  for (DType dtype : kAllDTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(trace(Op::kSlice, dtype, c.shape), " from {", absl::StrJoin(c.start, ","), "} to {",
+                                absl::StrJoin(c.limit, ","), "}"));
+      Graph g;
+      const Node node = node_of(g, g.add_slice(g.add_parameter(dtype, c.shape), c.start, c.limit));
+      const HostArray x = random_array(dtype, c.shape, rng);
+      Shape to;
+      for (size_t d = 0; d < c.shape.size(); ++d) to.push_back(c.limit[d] - c.start[d]);
+      Expected want{dtype, to, {}, {}};
+      std::vector<int64_t> from_index(c.shape.size());
+      for (int64_t i = 0; i < num_elements(to); ++i) {
+        const std::vector<int64_t> to_index = unravel(i, to);
+        for (size_t d = 0; d < to.size(); ++d) from_index[d] = c.start[d] + to_index[d];
+        want.values.push_back(x.element_as_double(ravel(from_index, c.shape)));
+      }
+      expect_matches(run(node, {&x}), want);
+    }
+  }
+}
+
+TEST(Kernels, Concatenate) {
+  struct Case {
+    std::vector<Shape> shapes;
+    int64_t axis;
+  };
+  const std::vector<Case> cases = {
+      {{{2, 3}, {4, 3}}, 0},
+      {{{2, 3}, {2, 1}, {2, 0}}, 1},
+      {{{2, 3, 4}, {2, 2, 4}, {2, 1, 4}}, 1},
+      {{{2, 3, 4}, {2, 3, 1}}, 2},
+      {{{5}}, 0},
+      {{{0, 3}, {2, 3}}, 0},
+      {{{3, 0}, {3, 0}}, 0},
+  };
+  std::mt19937 rng(11);
+  for (DType dtype : kAllDTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(trace(Op::kConcatenate, dtype, c.shapes[0]), "... along ", c.axis));
+      Graph g;
+      std::vector<int> params;
+      std::vector<HostArray> xs;
+      std::vector<const HostArray*> operands;
+      for (const Shape& s : c.shapes) {
+        params.push_back(g.add_parameter(dtype, s));
+        xs.push_back(random_array(dtype, s, rng));
+      }
+      for (const HostArray& x : xs) operands.push_back(&x);
+      const Node node = node_of(g, g.add_concatenate(params, c.axis));
+      Shape to = c.shapes[0];
+      to[static_cast<size_t>(c.axis)] = 0;
+      for (const Shape& s : c.shapes) to[static_cast<size_t>(c.axis)] += s[static_cast<size_t>(c.axis)];
+      Expected want{dtype, to, {}, {}};
+      for (int64_t i = 0; i < num_elements(to); ++i) {
+        std::vector<int64_t> index = unravel(i, to);
+        int64_t& along = index[static_cast<size_t>(c.axis)];
+        size_t k = 0;
+        while (along >= c.shapes[k][static_cast<size_t>(c.axis)]) along -= c.shapes[k++][static_cast<size_t>(c.axis)];
+        want.values.push_back(xs[k].element_as_double(ravel(index, c.shapes[k])));
+      }
+      expect_matches(run(node, operands), want);
+    }
+  }
+}
+
+TEST(Kernels, ShardingConstraintReturnsACopy) {
+  absl::StatusOr<Mesh> mesh = make_mesh({2}, {"data"}, {0, 1});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  std::mt19937 rng(12);
+  for (DType dtype : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Graph g;
+    const Node node =
+        node_of(g, g.add_sharding_constraint(g.add_parameter(dtype, {4, 3}), NamedSharding(*mesh, P("data"))));
+    const HostArray x = random_array(dtype, {4, 3}, rng);
+    const HostArray out = run(node, {&x});
+    EXPECT_EQ(out, x);
+    EXPECT_NE(out.data(), x.data());
+  }
+}
+
+// ---- Reductions ------------------------------------------------------------------------------
+
+// Reduces `x` over `axes` in double; the scale of a sum is the sum of its terms' magnitudes.
+Expected reference_reduce(Op op, const HostArray& x, const std::vector<int64_t>& axes) {
+  const bool is_bool = x.dtype() == DType::kBool;
+  Shape kept;
+  for (size_t d = 0; d < x.shape().size(); ++d) {
+    if (std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) == axes.end()) kept.push_back(x.shape()[d]);
+  }
+  double init = 0;
+  const double inf = std::numeric_limits<double>::infinity();
+  switch (op) {
+    case Op::kReduceSum:
+      init = 0;
+      break;
+    case Op::kReduceProd:
+      init = 1;
+      break;
+    case Op::kReduceMax:
+      init = is_bool                    ? 0
+             : is_float(x.dtype())      ? -inf
+             : x.dtype() == DType::kI32 ? std::numeric_limits<int32_t>::lowest()
+                                        : static_cast<double>(std::numeric_limits<int64_t>::lowest());
+      break;
+    default:
+      init = is_bool                    ? 1
+             : is_float(x.dtype())      ? inf
+             : x.dtype() == DType::kI32 ? std::numeric_limits<int32_t>::max()
+                                        : static_cast<double>(std::numeric_limits<int64_t>::max());
+      break;
+  }
+  Expected e{x.dtype(), kept, std::vector<double>(static_cast<size_t>(num_elements(kept)), init),
+             std::vector<double>(static_cast<size_t>(num_elements(kept)), 0)};
+  std::vector<int64_t> index, kept_index;
+  for (int64_t i = 0; i < x.size(); ++i) {
+    unravel(i, x.shape(), &index);
+    kept_index.clear();
+    for (size_t d = 0; d < index.size(); ++d) {
+      if (std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) == axes.end()) kept_index.push_back(index[d]);
+    }
+    const size_t o = static_cast<size_t>(ravel(kept_index, kept));
+    const double v = x.element_as_double(i);
+    double& acc = e.values[o];
+    switch (op) {
+      case Op::kReduceSum:
+        acc = is_bool ? std::max(acc, v) : acc + v;
+        e.scale[o] += std::abs(v);
+        break;
+      case Op::kReduceProd:
+        acc = is_bool ? std::min(acc, v) : acc * v;
+        break;
+      case Op::kReduceMax:
+        acc = std::max(acc, v);
+        break;
+      default:
+        acc = std::min(acc, v);
+        break;
+    }
+  }
+  if (op != Op::kReduceSum) e.scale.clear();
+  return e;
+}
+
+TEST(Kernels, ReductionsOverAxes) {
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> axes;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 4}, {0}},       {{2, 3, 4}, {1}}, {{2, 3, 4}, {2}},    {{2, 3, 4}, {0, 2}},
+      {{2, 3, 4}, {0, 1, 2}}, {{2, 3, 4}, {}},  {{5}, {0}},          {{}, {}},
+      {{3, 0, 2}, {1}},       {{3, 0, 2}, {0}}, {{4, 9, 7}, {1, 2}},
+  };
+  std::mt19937 rng(13);
+  for (Op op : {Op::kReduceSum, Op::kReduceMax, Op::kReduceMin, Op::kReduceProd}) {
+    for (DType dtype : kAllDTypes) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(absl::StrCat(trace(op, dtype, c.shape), " over {", absl::StrJoin(c.axes, ","), "}"));
+        Graph g;
+        const Node node = node_of(g, g.add_reduce(op, g.add_parameter(dtype, c.shape), c.axes));
+        // Products of up to 63 factors of magnitude <= 2 stay exact in int64 and double; int32 ones
+        // use the small case counts only.
+        const bool big = num_elements(c.shape) > 24;
+        const HostArray x = op == Op::kReduceProd && (big || dtype == DType::kI32)
+                                ? random_array(dtype, c.shape, rng, -1.2, 1.2)
+                                : random_array(dtype, c.shape, rng, -4, 4);
+        expect_matches(run(node, {&x}), reference_reduce(op, x, c.axes));
+      }
+    }
+  }
+}
+
+TEST(Kernels, ReduceMaxMinPropagateNanAndArgmaxPicksTheFirstNan) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const HostArray x = HostArray::from_vector<float>({2, 4}, {1, nan, 5, nan, 3, 3, 2, 1});
+  Graph g;
+  const int p = g.add_parameter(DType::kF32, {2, 4});
+  for (Op op : {Op::kReduceMax, Op::kReduceMin}) {
+    const HostArray out = run(node_of(g, g.add_reduce(op, p, {1})), {&x});
+    EXPECT_TRUE(std::isnan(out.values<float>()[0])) << op_name(op);
+    EXPECT_EQ(out.values<float>()[1], op == Op::kReduceMax ? 3.0f : 1.0f) << op_name(op);
+  }
+  EXPECT_EQ(run(node_of(g, g.add_argmax(p, 1, DType::kI32)), {&x}), HostArray::from_vector<int32_t>({2}, {1, 0}));
+}
+
+TEST(Kernels, ArgmaxReturnsTheFirstMaximum) {
+  struct Case {
+    Shape shape;
+    int64_t axis;
+  };
+  const std::vector<Case> cases = {{{2, 3, 4}, 0}, {{2, 3, 4}, 1}, {{2, 3, 4}, 2}, {{5}, 0}, {{1}, 0}, {{3, 0, 2}, 0}};
+  std::mt19937 rng(14);
+  for (DType dtype : kAllDTypes) {
+    for (DType index_dtype : kIntegers) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(
+            absl::StrCat(trace(Op::kArgmax, dtype, c.shape), " axis ", c.axis, " as ", dtype_name(index_dtype)));
+        Graph g;
+        const Node node = node_of(g, g.add_argmax(g.add_parameter(dtype, c.shape), c.axis, index_dtype));
+        const HostArray x = small_integers(dtype, c.shape, rng);  // ties
+        Shape kept = c.shape;
+        kept.erase(kept.begin() + c.axis);
+        Expected want{index_dtype, kept, {}, {}};
+        for (int64_t o = 0; o < num_elements(kept); ++o) {
+          std::vector<int64_t> index = unravel(o, kept);
+          index.insert(index.begin() + c.axis, 0);
+          int64_t best = 0;
+          double best_value = -std::numeric_limits<double>::infinity();
+          for (int64_t k = 0; k < c.shape[static_cast<size_t>(c.axis)]; ++k) {
+            index[static_cast<size_t>(c.axis)] = k;
+            const double v = x.element_as_double(ravel(index, c.shape));
+            if (v > best_value) {
+              best_value = v;
+              best = k;
+            }
+          }
+          want.values.push_back(static_cast<double>(best));
+        }
+        expect_matches(run(node, {&x}), want);
+      }
+    }
+  }
+}
+
+// ---- dot_general -----------------------------------------------------------------------------
+
+// The dimensions of a rank-`rank` operand that are neither batch nor contracting.
+std::vector<int64_t> free_of(size_t rank, const std::vector<int64_t>& batch, const std::vector<int64_t>& contracting) {
+  std::vector<int64_t> out;
+  for (int64_t d = 0; d < static_cast<int64_t>(rank); ++d) {
+    if (std::count(batch.begin(), batch.end(), d) == 0 && std::count(contracting.begin(), contracting.end(), d) == 0) {
+      out.push_back(d);
+    }
+  }
+  return out;
+}
+
+Expected reference_dot(const HostArray& lhs, const HostArray& rhs, const DotDims& dd) {
+  const Shape& ls = lhs.shape();
+  const Shape& rs = rhs.shape();
+  const std::vector<int64_t> lf = free_of(ls.size(), dd.lhs_batch, dd.lhs_contracting);
+  const std::vector<int64_t> rf = free_of(rs.size(), dd.rhs_batch, dd.rhs_contracting);
+  Shape out_shape, k_shape;
+  for (int64_t d : dd.lhs_batch) out_shape.push_back(ls[static_cast<size_t>(d)]);
+  for (int64_t d : lf) out_shape.push_back(ls[static_cast<size_t>(d)]);
+  for (int64_t d : rf) out_shape.push_back(rs[static_cast<size_t>(d)]);
+  for (int64_t d : dd.lhs_contracting) k_shape.push_back(ls[static_cast<size_t>(d)]);
+  Expected e{lhs.dtype(), out_shape, {}, {}};
+  std::vector<int64_t> out_index, k_index, li(ls.size()), ri(rs.size());
+  for (int64_t o = 0; o < num_elements(out_shape); ++o) {
+    unravel(o, out_shape, &out_index);
+    size_t pos = 0;
+    for (size_t b = 0; b < dd.lhs_batch.size(); ++b, ++pos) {
+      li[static_cast<size_t>(dd.lhs_batch[b])] = out_index[pos];
+      ri[static_cast<size_t>(dd.rhs_batch[b])] = out_index[pos];
+    }
+    for (int64_t d : lf) li[static_cast<size_t>(d)] = out_index[pos++];
+    for (int64_t d : rf) ri[static_cast<size_t>(d)] = out_index[pos++];
+    double sum = 0, scale = 0;
+    for (int64_t k = 0; k < num_elements(k_shape); ++k) {
+      unravel(k, k_shape, &k_index);
+      for (size_t c = 0; c < k_index.size(); ++c) {
+        li[static_cast<size_t>(dd.lhs_contracting[c])] = k_index[c];
+        ri[static_cast<size_t>(dd.rhs_contracting[c])] = k_index[c];
+      }
+      const double term = lhs.element_as_double(ravel(li, ls)) * rhs.element_as_double(ravel(ri, rs));
+      sum += term;
+      scale += std::abs(term);
+    }
+    e.values.push_back(sum);
+    e.scale.push_back(scale);
+  }
+  return e;
+}
+
+TEST(Kernels, DotGeneral) {
+  struct Case {
+    std::string name;
+    Shape lhs, rhs;
+    DotDims dims;
+  };
+  const std::vector<Case> cases = {
+      {"matmul (M,K)x(K,N)", {4, 5}, {5, 3}, {{}, {}, {1}, {0}}},
+      {"batched (B,M,K)x(B,K,N)", {2, 4, 5}, {2, 5, 3}, {{0}, {0}, {2}, {1}}},
+      {"lhs (K,M) contracting 0, rhs (N,K) contracting 1", {5, 4}, {3, 5}, {{}, {}, {0}, {1}}},
+      {"vector dot", {7}, {7}, {{}, {}, {0}, {0}}},
+      {"outer product", {3}, {4}, {{}, {}, {}, {}}},
+      {"matrix-vector", {4, 6}, {6}, {{}, {}, {1}, {0}}},
+      {"batch in the middle (M,B,K)x(K,B,N)", {3, 2, 5}, {5, 2, 4}, {{1}, {1}, {2}, {0}}},
+      {"two contracting dimensions", {2, 3, 4}, {4, 2, 5}, {{}, {}, {0, 2}, {1, 0}}},
+      {"batched, rhs (B,N,K)", {2, 4, 5}, {2, 3, 5}, {{0}, {0}, {2}, {2}}},
+      {"two batch dimensions, swapped", {2, 3, 4, 5}, {3, 2, 5, 6}, {{0, 1}, {1, 0}, {3}, {2}}},
+      {"empty contraction", {3, 0}, {0, 4}, {{}, {}, {1}, {0}}},
+      {"empty free dimension", {0, 5}, {5, 3}, {{}, {}, {1}, {0}}},
+      {"size-1 dimensions", {1, 5, 1}, {5, 1}, {{}, {}, {1}, {0}}},
+  };
+  std::mt19937 rng(15);
+  for (DType dtype : kNumeric) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(c.name, ": ", type_to_string(dtype, c.lhs), " x ", type_to_string(dtype, c.rhs)));
+      Graph g;
+      const Node node =
+          node_of(g, g.add_dot_general(g.add_parameter(dtype, c.lhs), g.add_parameter(dtype, c.rhs), c.dims));
+      const HostArray lhs = random_array(dtype, c.lhs, rng, -5, 5);
+      const HostArray rhs = random_array(dtype, c.rhs, rng, -5, 5);
+      expect_matches(run(node, {&lhs, &rhs}), reference_dot(lhs, rhs, c.dims));
+    }
+  }
+}
+
+TEST(Kernels, DotGeneralIntegerWraps) {
+  using L = std::numeric_limits<int32_t>;
+  const HostArray lhs = HostArray::from_vector<int32_t>({1, 2}, {L::max(), 2});
+  const HostArray rhs = HostArray::from_vector<int32_t>({2, 1}, {1, 1});
+  Graph g;
+  const Node node = node_of(g, g.add_dot_general(g.add_parameter(DType::kI32, {1, 2}),
+                                                 g.add_parameter(DType::kI32, {2, 1}), {{}, {}, {1}, {0}}));
+  EXPECT_EQ(run(node, {&lhs, &rhs}), HostArray::from_vector<int32_t>({1, 1}, {L::min() + 1}));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// 256x512 times 512x128 in float32: checked against the reference, and timed against the
+// textbook triple loop (informational: the machines are noisy, so nothing is asserted on time).
+TEST(Kernels, DotGeneralLargeFloat32UsesBlas) {
+  constexpr int64_t m = 256, k = 512, n = 128;
+  std::mt19937 rng(16);
+  const HostArray lhs = random_array(DType::kF32, {m, k}, rng, -1, 1);
+  const HostArray rhs = random_array(DType::kF32, {k, n}, rng, -1, 1);
+  Graph g;
+  const Node node = node_of(g, g.add_dot_general(g.add_parameter(DType::kF32, {m, k}),
+                                                 g.add_parameter(DType::kF32, {k, n}), {{}, {}, {1}, {0}}));
+
+  // Reference in double (the generic reference_dot would take seconds here).
+  const float* a = lhs.values<float>().data();
+  const float* b = rhs.values<float>().data();
+  Expected want{DType::kF32, {m, n}, {}, {}};
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0, scale = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double term = static_cast<double>(a[i * k + p]) * b[p * n + j];
+        sum += term;
+        scale += std::abs(term);
+      }
+      want.values.push_back(sum);
+      want.scale.push_back(scale);
+    }
+  }
+
+  run(node, {&lhs, &rhs});  // warm up OpenBLAS's threads and buffers
+  double kernel_seconds = std::numeric_limits<double>::infinity();
+  HostArray out;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    out = run(node, {&lhs, &rhs});
+    kernel_seconds = std::min(kernel_seconds, seconds_since(start));
+  }
+  expect_matches(out, want);
+
+  std::vector<float> naive(static_cast<size_t>(m * n));
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float sum = 0;
+      for (int64_t p = 0; p < k; ++p) sum += a[i * k + p] * b[p * n + j];
+      naive[static_cast<size_t>(i * n + j)] = sum;
+    }
+  }
+  const double naive_seconds = seconds_since(start);
+  EXPECT_NEAR(naive[0], out.values<float>()[0], 1e-3);
+
+  const double gflop = 2.0 * m * n * k / 1e9;
+  std::cout << "[ timing   ] dot_general f32 256x512x128: kernel " << kernel_seconds * 1e3 << " ms ("
+            << gflop / kernel_seconds << " GFLOP/s, OpenBLAS kernel " << blas_kernel_name() << "), naive loop "
+            << naive_seconds * 1e3 << " ms (" << gflop / naive_seconds << " GFLOP/s)\n";
+  ::testing::Test::RecordProperty("kernel_ms", std::to_string(kernel_seconds * 1e3));
+  ::testing::Test::RecordProperty("naive_ms", std::to_string(naive_seconds * 1e3));
+}
+
+// ---- Errors ----------------------------------------------------------------------------------
+
+TEST(KernelErrors, ParameterHasNoKernel) {
+  Graph g;
+  const Node node = g.node(g.add_parameter(DType::kF32, {4}));
+  absl::StatusOr<HostArray> out = run_kernel(node, {});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(), HasSubstr("parameter"));
+}
+
+TEST(KernelErrors, WrongOperandCount) {
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {4});
+  const HostArray a = HostArray::zeros(DType::kF32, {4});
+  const HostArray pred = HostArray::zeros(DType::kBool, {4});
+  const Node add = node_of(g, g.add_binary(Op::kAdd, x, x));
+  EXPECT_EQ(run_kernel(add, {&a}).status(), absl::InvalidArgumentError("add: takes 2 operands, got 1"));
+  const Node tanh = node_of(g, g.add_unary(Op::kTanh, x));
+  EXPECT_EQ(run_kernel(tanh, {&a, &a}).status(), absl::InvalidArgumentError("tanh: takes 1 operand, got 2"));
+  const Node constant = node_of(g, g.add_constant(DType::kF32, {4}, 1));
+  EXPECT_EQ(run_kernel(constant, {&a}).status(), absl::InvalidArgumentError("constant: takes 0 operands, got 1"));
+  const Node select = node_of(g, g.add_select(g.add_parameter(DType::kBool, {4}), x, x));
+  EXPECT_EQ(run_kernel(select, {&pred, &a}).status(), absl::InvalidArgumentError("select: takes 3 operands, got 2"));
+  const Node concat = node_of(g, g.add_concatenate({x, x}, 0));
+  EXPECT_EQ(run_kernel(concat, {}).status(),
+            absl::InvalidArgumentError("concatenate: takes at least one operand, got none"));
+  EXPECT_EQ(run_kernel(add, {&a, nullptr}).status(), absl::InvalidArgumentError("add: operand 1 is null"));
+}
+
+TEST(KernelErrors, MismatchedOperandType) {
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {4});
+  const HostArray f32 = HostArray::zeros(DType::kF32, {4});
+  const HostArray i32 = HostArray::zeros(DType::kI32, {4});
+  const HostArray f32_5 = HostArray::zeros(DType::kF32, {5});
+  const Node tanh = node_of(g, g.add_unary(Op::kTanh, x));
+  EXPECT_EQ(run_kernel(tanh, {&i32}).status(),
+            absl::InvalidArgumentError("tanh: operand 0 is i32[4] but the node expects f32[4]"));
+  EXPECT_EQ(run_kernel(tanh, {&f32_5}).status(),
+            absl::InvalidArgumentError("tanh: operand 0 is f32[5] but the node expects f32[4]"));
+  const Node add = node_of(g, g.add_binary(Op::kAdd, x, x));
+  EXPECT_EQ(run_kernel(add, {&f32, &i32}).status(),
+            absl::InvalidArgumentError("add: operand 1 is i32[4] but the node expects f32[4]"));
+  const Node lt = node_of(g, g.add_binary(Op::kLt, x, x));
+  EXPECT_EQ(run_kernel(lt, {&f32, &i32}).status(),
+            absl::InvalidArgumentError("lt: operand 1 is i32[4] but the node expects f32[4]"));
+  const Node select = node_of(g, g.add_select(g.add_parameter(DType::kBool, {4}), x, x));
+  EXPECT_EQ(run_kernel(select, {&f32, &f32, &f32}).status(),
+            absl::InvalidArgumentError("select: operand 0 is f32[4] but the node expects bool[4]"));
+
+  const int m = g.add_parameter(DType::kF32, {3, 4});
+  const int w = g.add_parameter(DType::kF32, {4, 2});
+  const Node dot = node_of(g, g.add_dot_general(m, w, {{}, {}, {1}, {0}}));
+  const HostArray lhs = HostArray::zeros(DType::kF32, {3, 4});
+  const HostArray short_rhs = HostArray::zeros(DType::kF32, {5, 2});
+  const HostArray f64_rhs = HostArray::zeros(DType::kF64, {4, 2});
+  absl::Status s = run_kernel(dot, {&lhs, &short_rhs}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("dot_general: operands f32[3,4] and f32[5,2]"));
+  EXPECT_EQ(run_kernel(dot, {&lhs, &f64_rhs}).status(),
+            absl::InvalidArgumentError("dot_general: operand 1 is f64[4,2] but the node expects a float32 operand"));
+
+  const Node concat = node_of(g, g.add_concatenate({m, m}, 0));
+  const HostArray wide = HostArray::zeros(DType::kF32, {3, 5});
+  s = run_kernel(concat, {&lhs, &wide}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("concatenate: operand 1 is f32[3,5]"));
+
+  const Node reduce = node_of(g, g.add_reduce(Op::kReduceSum, m, {1}));
+  const HostArray other = HostArray::zeros(DType::kF32, {4, 3});
+  s = run_kernel(reduce, {&other}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("reduce_sum: operand 0 is f32[4,3]"));
+
+  const Node transpose = node_of(g, g.add_transpose(m, {1, 0}));
+  EXPECT_EQ(run_kernel(transpose, {&other}).status(),
+            absl::InvalidArgumentError("transpose: operand 0 is f32[4,3] but the node expects f32[3,4]"));
+}
+
+TEST(KernelErrors, OpNotDefinedForTheDtype) {
+  // Nodes the graph would refuse to build, as a corrupted request could carry them.
+  Graph g;
+  Node exp = node_of(g, g.add_unary(Op::kExp, g.add_parameter(DType::kF32, {2})));
+  exp.dtype = DType::kI32;
+  const HostArray i32 = HostArray::zeros(DType::kI32, {2});
+  absl::Status s = run_kernel(exp, {&i32}).status();
+  EXPECT_EQ(s, absl::InvalidArgumentError("exp: not defined for int32 operands (i32[2])"));
+
+  Node and_node =
+      node_of(g, g.add_binary(Op::kAnd, g.add_parameter(DType::kI32, {2}), g.add_parameter(DType::kI32, {2})));
+  and_node.dtype = DType::kF32;
+  const HostArray f32 = HostArray::zeros(DType::kF32, {2});
+  EXPECT_EQ(run_kernel(and_node, {&f32, &f32}).status().code(), absl::StatusCode::kInvalidArgument);
+
+  Node dot = node_of(
+      g, g.add_dot_general(g.add_parameter(DType::kI32, {2}), g.add_parameter(DType::kI32, {2}), {{}, {}, {0}, {0}}));
+  dot.dtype = DType::kBool;
+  const HostArray b = HostArray::zeros(DType::kBool, {2});
+  EXPECT_EQ(run_kernel(dot, {&b, &b}).status().code(), absl::StatusCode::kInvalidArgument);
+
+  Node iota = node_of(g, g.add_iota(DType::kI32, {3}, 0));
+  iota.dtype = DType::kBool;
+  EXPECT_EQ(run_kernel(iota, {}).status().code(), absl::StatusCode::kInvalidArgument);
+
+  Node neg = node_of(g, g.add_unary(Op::kNeg, g.add_parameter(DType::kI32, {2})));
+  neg.dtype = DType::kBool;
+  EXPECT_EQ(run_kernel(neg, {&b}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Malformed attributes never reach the arithmetic: each mutation of a valid node is rejected.
+TEST(KernelErrors, MalformedNodesAreRejected) {
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {2, 3, 4});
+  const HostArray a = HostArray::zeros(DType::kF32, {2, 3, 4});
+  struct Case {
+    std::string name;
+    absl::StatusOr<int> id;
+    std::function<void(Node*)> corrupt;
+  };
+  const std::vector<Case> cases = {
+      {"transpose repeating an axis", g.add_transpose(x, {2, 1, 0}),
+       [](Node* n) {
+         n->dims = {0, 0, 1};
+       }},
+      {"transpose with a short permutation", g.add_transpose(x, {2, 1, 0}),
+       [](Node* n) {
+         n->dims = {1, 0};
+       }},
+      {"reduce over an axis out of range", g.add_reduce(Op::kReduceSum, x, {1}), [](Node* n) { n->dims = {5}; }},
+      {"reduce over a negative axis", g.add_reduce(Op::kReduceMax, x, {1}), [](Node* n) { n->dims = {-1}; }},
+      {"reduce with the wrong result", g.add_reduce(Op::kReduceMin, x, {1}),
+       [](Node* n) {
+         n->shape = {2, 5};
+       }},
+      {"argmax over a missing axis", g.add_argmax(x, 1, DType::kI32), [](Node* n) { n->dims = {7}; }},
+      {"argmax into floats", g.add_argmax(x, 1, DType::kI32), [](Node* n) { n->dtype = DType::kF32; }},
+      {"argmax without an axis", g.add_argmax(x, 1, DType::kI64), [](Node* n) { n->dims.clear(); }},
+      {"broadcast to a dimension out of range", g.add_broadcast_in_dim(x, {2, 3, 4, 5}, {0, 1, 2}),
+       [](Node* n) {
+         n->dims = {0, 1, 9};
+       }},
+      {"broadcast with too few dims", g.add_broadcast_in_dim(x, {2, 3, 4, 5}, {0, 1, 2}),
+       [](Node* n) {
+         n->dims = {0, 1};
+       }},
+      {"broadcast stretching a size-3 dimension", g.add_broadcast_in_dim(x, {2, 3, 4, 5}, {0, 1, 2}),
+       [](Node* n) {
+         n->shape = {2, 6, 4, 5};
+       }},
+      {"slice past the end", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
+       [](Node* n) {
+         n->limits = {2, 3, 5};
+       }},
+      {"slice starting below zero", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
+       [](Node* n) {
+         n->dims = {-1, 0, 0};
+       }},
+      {"slice with the wrong result", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
+       [](Node* n) {
+         n->shape = {2, 3, 3};
+       }},
+      {"slice without limits", g.add_slice(x, {0, 0, 0}, {2, 3, 4}), [](Node* n) { n->limits.clear(); }},
+      {"reshape changing the size", g.add_reshape(x, {6, 4}),
+       [](Node* n) {
+         n->shape = {6, 5};
+       }},
+      {"negative result dimension", g.add_reshape(x, {6, 4}),
+       [](Node* n) {
+         n->shape = {-6, -4};
+       }},
+      {"concatenate along a missing axis", g.add_concatenate({x}, 0), [](Node* n) { n->dims = {3}; }},
+      {"concatenate with the wrong total", g.add_concatenate({x}, 0),
+       [](Node* n) {
+         n->shape = {3, 3, 4};
+       }},
+      {"dot_general contracting a missing dimension", g.add_dot_general(x, x, {{0}, {0}, {2}, {2}}),
+       [](Node* n) { n->dot.lhs_contracting = {3}; }},
+      {"dot_general with unpaired dimensions", g.add_dot_general(x, x, {{0}, {0}, {2}, {2}}),
+       [](Node* n) { n->dot.rhs_contracting = {}; }},
+      {"dot_general with the wrong result", g.add_dot_general(x, x, {{0}, {0}, {2}, {2}}),
+       [](Node* n) {
+         n->shape = {2, 3, 4};
+       }},
+      {"comparison into floats", g.add_binary(Op::kEq, x, x), [](Node* n) { n->dtype = DType::kF32; }},
+      {"unknown op", g.add_unary(Op::kNeg, x), [](Node* n) { n->op = static_cast<Op>(200); }},
+      {"unknown dtype", g.add_unary(Op::kNeg, x), [](Node* n) { n->dtype = static_cast<DType>(9); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Node node = node_of(g, c.id);
+    c.corrupt(&node);
+    std::vector<const HostArray*> operands(node.operands.size(), &a);
+    EXPECT_EQ(run_kernel(node, operands).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  Node iota = node_of(g, g.add_iota(DType::kI32, {3}, 0));
+  iota.dims = {1};
+  EXPECT_EQ(run_kernel(iota, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- BLAS ------------------------------------------------------------------------------------
+
+TEST(Blas, KernelNameIsReported) {
+  const std::string name = blas_kernel_name();
+  EXPECT_FALSE(name.empty());
+  std::cout << "[ blas     ] OpenBLAS kernel " << name << ", CPU AVX-512F: " << (cpu_supports_avx512() ? "yes" : "no")
+            << "\n";
+}
+
+}  // namespace
+}  // namespace tessera

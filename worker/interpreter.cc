@@ -1,0 +1,69 @@
+#include "worker/interpreter.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/slicing.h"
+#include "core/status.h"
+#include "worker/collectives/engine.h"
+#include "worker/kernels/kernels.h"
+
+namespace tessera {
+
+uint64_t plan_op_id(uint64_t execution, size_t index) {
+  return (uint64_t{1} << 63) | (execution << 20) | static_cast<uint64_t>(index);
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
+    const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs, Transport& transport,
+    const PlanRun& run) {
+  if (inputs.size() != plan.input_slots.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ", inputs.size()));
+  }
+  std::vector<std::shared_ptr<const HostArray>> slots(static_cast<size_t>(plan.num_slots));
+  for (size_t i = 0; i < inputs.size(); ++i) slots[plan.input_slots[i]] = inputs[i];
+  for (size_t k = 0; k < plan.code.size(); ++k) {
+    const Instruction& inst = plan.code[k];
+    std::vector<const HostArray*> in;
+    for (int s : inst.in) in.push_back(slots[s].get());
+    absl::StatusOr<HostArray> out = absl::InternalError("unset");
+    switch (inst.kind) {
+      case Instruction::Kind::kFree:
+        slots[inst.in[0]].reset();
+        continue;
+      case Instruction::Kind::kKernel:
+        out = run_kernel(inst.node, in);
+        break;
+      case Instruction::Kind::kLocalSlice: {
+        absl::Status valid = validate_index(inst.slice, in[0]->shape());
+        out = valid.ok() ? absl::StatusOr<HostArray>(extract_block(*in[0], inst.slice)) : valid;
+        break;
+      }
+      case Instruction::Kind::kCollective: {
+        CollectiveRun c;
+        c.op = plan_op_id(run.execution, k);
+        c.spec = inst.collective;
+        c.peers = run.peers;
+        c.self = run.self;
+        c.start = absl::Now();
+        c.deadline = run.deadline;
+        c.cancelled = run.cancelled;
+        out = run_collective(transport, c, *in[0]);
+        transport.finish_op(c.op);
+        break;
+      }
+    }
+    if (!out.ok()) {
+      const std::string what = inst.kind == Instruction::Kind::kCollective   ? collective_name(inst.collective.kind)
+                               : inst.kind == Instruction::Kind::kLocalSlice ? std::string("local_slice")
+                                                                             : op_name(inst.node.op);
+      return absl::Status(out.status().code(),
+                          absl::StrCat("instruction ", k, " (", what, "): ", out.status().message()));
+    }
+    slots[inst.out] = std::make_shared<const HostArray>(*std::move(out));
+  }
+  std::vector<std::shared_ptr<const HostArray>> outputs;
+  for (int s : plan.output_slots) outputs.push_back(slots[s]);
+  return outputs;
+}
+
+}  // namespace tessera

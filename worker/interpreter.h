@@ -1,0 +1,44 @@
+// The plan interpreter: runs one device's DevicePlan over its slots — kernels, collectives
+// with the other devices of the program, local slices and frees.
+//
+//   PlanRun run{execution_id, peers, self, deadline, cancelled};
+//   absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> outputs =
+//       run_plan(plan, inputs, transport, run);
+#ifndef TESSERA_WORKER_INTERPRETER_H_
+#define TESSERA_WORKER_INTERPRETER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/host_array.h"
+#include "core/plan.h"
+#include "worker/collectives/transport.h"
+
+namespace tessera {
+
+struct PlanRun {
+  uint64_t execution = 0;            // unique per execution; tags the plan's collectives
+  std::map<int, std::string> peers;  // device id -> address, for every device of the program
+  int self = 0;
+  absl::Time deadline;  // for each collective's waits
+  std::function<bool()> cancelled;
+};
+
+// The op id of instruction `index` of execution `execution`: the top bit keeps them apart
+// from RunCollective's ids (array ids).
+uint64_t plan_op_id(uint64_t execution, size_t index);
+
+// Runs `plan` on `inputs` (one per plan input slot); returns the output slots' arrays. Errors
+// name the instruction (and the device, for collectives) that failed.
+absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
+    const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs, Transport& transport,
+    const PlanRun& run);
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_INTERPRETER_H_

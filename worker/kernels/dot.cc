@@ -1,0 +1,191 @@
+// dot_general as a batch of matrix products.
+//
+// With B, M, K, N the products of the batch, lhs free, contracting and rhs free dimensions,
+// the result (batch, lhs free, rhs free) is row-major [B, M, N], and the operands are wanted as
+// [B, M, K] and [B, K, N]. An operand whose dimensions are already in that order is used in
+// place; one already in the order [B, K, M] (resp. [B, N, K]) is used in place too, BLAS reading
+// it transposed; any other is first copied into [B, M, K] (resp. [B, K, N]). Float32/float64
+// then go through cblas_sgemm/dgemm once per batch element; integers through a plain loop that
+// wraps like the other integer kernels.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "worker/kernels/internal.h"
+
+namespace tessera::internal {
+namespace {
+
+// The operand dimensions that are neither batch nor contracting, in order.
+std::vector<int64_t> free_dims(size_t rank, const std::vector<int64_t>& batch,
+                               const std::vector<int64_t>& contracting) {
+  std::vector<int64_t> out;
+  for (int64_t d = 0; d < static_cast<int64_t>(rank); ++d) {
+    if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
+        std::find(contracting.begin(), contracting.end(), d) == contracting.end()) {
+      out.push_back(d);
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> joined(const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+                            const std::vector<int64_t>& c) {
+  std::vector<int64_t> out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  out.insert(out.end(), c.begin(), c.end());
+  return out;
+}
+
+int64_t product(const Shape& shape, const std::vector<int64_t>& dims) {
+  int64_t p = 1;
+  for (int64_t d : dims) p *= shape[static_cast<size_t>(d)];
+  return p;
+}
+
+bool is_identity(const std::vector<int64_t>& perm) {
+  for (size_t i = 0; i < perm.size(); ++i) {
+    if (perm[i] != static_cast<int64_t>(i)) return false;
+  }
+  return true;
+}
+
+// One operand as a batch of row-major matrices: its own storage, or a permuted copy.
+template <typename T>
+struct Matrices {
+  const T* data = nullptr;
+  bool transposed = false;  // stored as [B, cols, rows]: BLAS reads it with Trans
+  std::vector<T> copy;
+};
+
+// `x` as [B, rows, cols] where `perm` (batch, row, column dimensions) orders x's dimensions
+// that way, or, when `allow_transposed`, as [B, cols, rows] when `transposed_perm` is the
+// identity. Copies only when neither order is x's own.
+template <typename T>
+void as_matrices(const HostArray& x, const std::vector<int64_t>& perm, const std::vector<int64_t>& transposed_perm,
+                 bool allow_transposed, Matrices<T>* out) {
+  const T* own = x.values<T>().data();
+  if (is_identity(perm)) {
+    out->data = own;
+  } else if (allow_transposed && is_identity(transposed_perm)) {
+    out->data = own;
+    out->transposed = true;
+  } else {
+    const std::vector<int64_t> x_strides = row_major_strides(x.shape());
+    Shape shape(perm.size());
+    std::vector<int64_t> strides(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) {
+      shape[i] = x.shape()[static_cast<size_t>(perm[i])];
+      strides[i] = x_strides[static_cast<size_t>(perm[i])];
+    }
+    out->copy.resize(static_cast<size_t>(x.size()));
+    gather(x.data(), sizeof(T), 0, shape, strides, reinterpret_cast<std::byte*>(out->copy.data()));
+    out->data = out->copy.data();
+  }
+}
+
+void gemm(bool trans_a, bool trans_b, blasint m, blasint n, blasint k, const float* a, blasint lda, const float* b,
+          blasint ldb, float* c) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
+              lda, b, ldb, 0.0f, c, n);
+}
+
+void gemm(bool trans_a, bool trans_b, blasint m, blasint n, blasint k, const double* a, blasint lda, const double* b,
+          blasint ldb, double* c) {
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0, a,
+              lda, b, ldb, 0.0, c, n);
+}
+
+// [B, M, K] x [B, K, N] -> [B, M, N] by plain loops (the inner one over N vectorizes).
+// Integers accumulate in their unsigned type, wrapping.
+template <typename T, bool = kIsInt<T>>
+struct Accumulator {
+  using type = T;
+};
+template <typename T>
+struct Accumulator<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+
+template <typename T>
+void dot_loop(int64_t batch, int64_t m, int64_t k, int64_t n, const T* a, const T* b, T* c) {
+  using Acc = typename Accumulator<T>::type;
+  std::vector<Acc> row(static_cast<size_t>(n));
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    for (int64_t i = 0; i < m; ++i) {
+      std::fill(row.begin(), row.end(), Acc{0});
+      const T* a_row = a + (bi * m + i) * k;
+      for (int64_t p = 0; p < k; ++p) {
+        const Acc av = static_cast<Acc>(a_row[p]);
+        const T* b_row = b + (bi * k + p) * n;
+        for (int64_t j = 0; j < n; ++j) row[j] += av * static_cast<Acc>(b_row[j]);
+      }
+      T* c_row = c + (bi * m + i) * n;
+      for (int64_t j = 0; j < n; ++j) c_row[j] = static_cast<T>(row[j]);
+    }
+  }
+}
+
+template <typename T>
+void dot_typed(const Node& node, const HostArray& lhs, const HostArray& rhs, HostArray* out) {
+  const DotDims& dd = node.dot;
+  const std::vector<int64_t> lhs_free = free_dims(lhs.shape().size(), dd.lhs_batch, dd.lhs_contracting);
+  const std::vector<int64_t> rhs_free = free_dims(rhs.shape().size(), dd.rhs_batch, dd.rhs_contracting);
+  const int64_t batch = product(lhs.shape(), dd.lhs_batch);
+  const int64_t m = product(lhs.shape(), lhs_free);
+  const int64_t k = product(lhs.shape(), dd.lhs_contracting);
+  const int64_t n = product(rhs.shape(), rhs_free);
+
+  // BLAS takes int sizes; anything larger (or an integer dtype) goes through the loop.
+  constexpr int64_t kMaxBlas = std::numeric_limits<blasint>::max();
+  const bool use_blas = kIsFloat<T> && m <= kMaxBlas && n <= kMaxBlas && k <= kMaxBlas;
+
+  Matrices<T> a, b;
+  as_matrices(lhs, joined(dd.lhs_batch, lhs_free, dd.lhs_contracting),
+              joined(dd.lhs_batch, dd.lhs_contracting, lhs_free), use_blas, &a);
+  as_matrices(rhs, joined(dd.rhs_batch, dd.rhs_contracting, rhs_free),
+              joined(dd.rhs_batch, rhs_free, dd.rhs_contracting), use_blas, &b);
+  T* c = out->mutable_values<T>().data();
+
+  if constexpr (kIsFloat<T>) {
+    if (use_blas) {
+      const auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n), bk = static_cast<blasint>(k);
+      const blasint lda = a.transposed ? bm : bk;
+      const blasint ldb = b.transposed ? bk : bn;
+      for (int64_t bi = 0; bi < batch; ++bi) {
+        gemm(a.transposed, b.transposed, bm, bn, bk, a.data + bi * m * k, lda, b.data + bi * k * n, ldb,
+             c + bi * m * n);
+      }
+      return;
+    }
+  }
+  dot_loop(batch, m, k, n, a.data, b.data, c);
+}
+
+}  // namespace
+
+absl::StatusOr<HostArray> dot_general_kernel(const Node& node, const HostArray& lhs, const HostArray& rhs) {
+  if (node.dtype == DType::kBool) {
+    return absl::InvalidArgumentError(absl::StrCat("dot_general: not defined for bool operands (",
+                                                   type_to_string(lhs.dtype(), lhs.shape()), " and ",
+                                                   type_to_string(rhs.dtype(), rhs.shape()), ")"));
+  }
+  HostArray out(node.dtype, node.shape);
+  if (out.size() == 0) return out;
+  // An empty contraction sums nothing; BLAS would reject the zero leading dimensions.
+  if (lhs.size() == 0 || rhs.size() == 0) {
+    std::memset(out.data(), 0, static_cast<size_t>(out.nbytes()));
+    return out;
+  }
+  visit_dtype(node.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (!kIsBool<T>) dot_typed<T>(node, lhs, rhs, &out);
+  });
+  return out;
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,295 @@
+// Elementwise kernels: constant, iota, unary and binary arithmetic, comparisons, select,
+// convert. Plain loops over the operands' storage; the op and dtype are resolved once, outside
+// the loop, so each loop body is a single inlined expression.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "worker/kernels/internal.h"
+
+namespace tessera::internal {
+namespace {
+
+absl::Status undefined_for(Op op, const HostArray& x) {
+  return absl::InvalidArgumentError(absl::StrCat(op_name(op), ": not defined for ", dtype_name(x.dtype()),
+                                                 " operands (", type_to_string(x.dtype(), x.shape()), ")"));
+}
+
+template <typename In, typename Out, typename F>
+HostArray map1(const HostArray& x, F f) {
+  HostArray out(dtype_of<Out>(), x.shape());
+  const Stored<In>* in = stored<In>(x);
+  Stored<Out>* o = mutable_stored<Out>(&out);
+  const int64_t n = x.size();
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<Out>>(f(load<In>(in[i])));
+  return out;
+}
+
+template <typename In, typename Out, typename F>
+HostArray map2(const HostArray& x, const HostArray& y, F f) {
+  HostArray out(dtype_of<Out>(), x.shape());
+  const Stored<In>* a = stored<In>(x);
+  const Stored<In>* b = stored<In>(y);
+  Stored<Out>* o = mutable_stored<Out>(&out);
+  const int64_t n = x.size();
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<Out>>(f(load<In>(a[i]), load<In>(b[i])));
+  return out;
+}
+
+// Integer arithmetic that can overflow runs in the unsigned type, where it wraps by definition.
+template <typename T>
+using Unsigned = std::make_unsigned_t<T>;
+
+template <typename T>
+T wrapping_neg(T v) {
+  return static_cast<T>(Unsigned<T>{0} - static_cast<Unsigned<T>>(v));
+}
+
+// XLA's choices for the two divisions C leaves undefined.
+template <typename T>
+T int_div(T a, T b) {
+  if (b == 0) return T(-1);
+  if (b == -1) return wrapping_neg(a);  // INT_MIN / -1 == INT_MIN
+  return static_cast<T>(a / b);
+}
+
+// Exponentiation by squaring, wrapping; a negative exponent gives 1 for base 1, else 0 (XLA).
+template <typename T>
+T int_pow(T base, T exponent) {
+  if (exponent < 0) return base == 1 ? T(1) : T(0);
+  Unsigned<T> result = 1;
+  Unsigned<T> b = static_cast<Unsigned<T>>(base);
+  for (Unsigned<T> e = static_cast<Unsigned<T>>(exponent); e != 0; e >>= 1) {
+    if (e & 1) result *= b;
+    b *= b;
+  }
+  return static_cast<T>(result);
+}
+
+// lax.max/min on floats: NaN wins.
+template <typename T>
+T float_max(T a, T b) {
+  return (std::isnan(a) || a > b) ? a : b;
+}
+template <typename T>
+T float_min(T a, T b) {
+  return (std::isnan(a) || a < b) ? a : b;
+}
+
+// One element from any dtype to any other: to bool is "nonzero"; float to integer truncates
+// toward zero and saturates, NaN becoming 0 (as XLA; a plain cast would be undefined).
+template <typename To, typename From>
+To convert_value(From v) {
+  if constexpr (kIsBool<To>) {
+    return v != From{};
+  } else if constexpr (kIsInt<To> && kIsFloat<From>) {
+    constexpr From kLow = static_cast<From>(std::numeric_limits<To>::min());  // -2^(bits-1): exact
+    if (std::isnan(v)) return 0;
+    if (v <= kLow) return std::numeric_limits<To>::min();
+    if (v >= -kLow) return std::numeric_limits<To>::max();
+    return static_cast<To>(v);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+template <typename T>
+absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x) {
+  if constexpr (kIsBool<T>) {
+    if (op == Op::kNot) return map1<T, T>(x, [](bool v) { return !v; });
+  } else if constexpr (kIsInt<T>) {
+    switch (op) {
+      case Op::kNeg:
+        return map1<T, T>(x, [](T v) { return wrapping_neg(v); });
+      case Op::kAbs:
+        return map1<T, T>(x, [](T v) { return v < 0 ? wrapping_neg(v) : v; });
+      case Op::kSign:
+        return map1<T, T>(x, [](T v) { return static_cast<T>((v > 0) - (v < 0)); });
+      case Op::kNot:
+        return map1<T, T>(x, [](T v) { return static_cast<T>(~v); });
+      default:
+        break;
+    }
+  } else {
+    switch (op) {
+      case Op::kNeg:
+        return map1<T, T>(x, [](T v) { return -v; });
+      case Op::kAbs:
+        return map1<T, T>(x, [](T v) { return std::abs(v); });
+      case Op::kExp:
+        return map1<T, T>(x, [](T v) { return std::exp(v); });
+      case Op::kLog:
+        return map1<T, T>(x, [](T v) { return std::log(v); });
+      case Op::kTanh:
+        return map1<T, T>(x, [](T v) { return std::tanh(v); });
+      case Op::kLogistic:
+        return map1<T, T>(x, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
+      case Op::kSqrt:
+        return map1<T, T>(x, [](T v) { return std::sqrt(v); });
+      case Op::kRsqrt:
+        return map1<T, T>(x, [](T v) { return T(1) / std::sqrt(v); });
+      case Op::kSin:
+        return map1<T, T>(x, [](T v) { return std::sin(v); });
+      case Op::kCos:
+        return map1<T, T>(x, [](T v) { return std::cos(v); });
+      case Op::kFloor:
+        return map1<T, T>(x, [](T v) { return std::floor(v); });
+      case Op::kCeil:
+        return map1<T, T>(x, [](T v) { return std::ceil(v); });
+      case Op::kSign:
+        // -0.0 and NaN map to themselves, as lax.sign.
+        return map1<T, T>(x, [](T v) { return v > 0 ? T(1) : v < 0 ? T(-1) : v; });
+      default:
+        break;
+    }
+  }
+  return undefined_for(op, x);
+}
+
+template <typename T>
+absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArray& y) {
+  switch (op) {
+    case Op::kEq:
+      return map2<T, bool>(x, y, [](T a, T b) { return a == b; });
+    case Op::kNe:
+      return map2<T, bool>(x, y, [](T a, T b) { return a != b; });
+    case Op::kLt:
+      return map2<T, bool>(x, y, [](T a, T b) { return a < b; });
+    case Op::kLe:
+      return map2<T, bool>(x, y, [](T a, T b) { return a <= b; });
+    case Op::kGt:
+      return map2<T, bool>(x, y, [](T a, T b) { return a > b; });
+    case Op::kGe:
+      return map2<T, bool>(x, y, [](T a, T b) { return a >= b; });
+    default:
+      break;
+  }
+  if constexpr (kIsBool<T>) {
+    switch (op) {
+      case Op::kAnd:
+      case Op::kMin:
+        return map2<T, T>(x, y, [](bool a, bool b) { return a && b; });
+      case Op::kOr:
+      case Op::kMax:
+        return map2<T, T>(x, y, [](bool a, bool b) { return a || b; });
+      default:
+        break;
+    }
+  } else if constexpr (kIsInt<T>) {
+    using U = Unsigned<T>;
+    switch (op) {
+      case Op::kAdd:
+        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); });
+      case Op::kSub:
+        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(static_cast<U>(a) - static_cast<U>(b)); });
+      case Op::kMul:
+        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(static_cast<U>(a) * static_cast<U>(b)); });
+      case Op::kDiv:
+        return map2<T, T>(x, y, [](T a, T b) { return int_div(a, b); });
+      case Op::kPow:
+        return map2<T, T>(x, y, [](T a, T b) { return int_pow(a, b); });
+      case Op::kMax:
+        return map2<T, T>(x, y, [](T a, T b) { return a > b ? a : b; });
+      case Op::kMin:
+        return map2<T, T>(x, y, [](T a, T b) { return a < b ? a : b; });
+      case Op::kAnd:
+        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(a & b); });
+      case Op::kOr:
+        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(a | b); });
+      default:
+        break;
+    }
+  } else {
+    switch (op) {
+      case Op::kAdd:
+        return map2<T, T>(x, y, [](T a, T b) { return a + b; });
+      case Op::kSub:
+        return map2<T, T>(x, y, [](T a, T b) { return a - b; });
+      case Op::kMul:
+        return map2<T, T>(x, y, [](T a, T b) { return a * b; });
+      case Op::kDiv:
+        return map2<T, T>(x, y, [](T a, T b) { return a / b; });
+      case Op::kPow:
+        return map2<T, T>(x, y, [](T a, T b) { return std::pow(a, b); });
+      case Op::kMax:
+        return map2<T, T>(x, y, [](T a, T b) { return float_max(a, b); });
+      case Op::kMin:
+        return map2<T, T>(x, y, [](T a, T b) { return float_min(a, b); });
+      default:
+        break;
+    }
+  }
+  return undefined_for(op, x);
+}
+
+}  // namespace
+
+absl::StatusOr<HostArray> constant_kernel(const Node& node) {
+  HostArray out(node.dtype, node.shape);
+  visit_dtype(node.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const Stored<T> v = static_cast<Stored<T>>(convert_value<T>(node.value));
+    Stored<T>* o = mutable_stored<T>(&out);
+    for (int64_t i = 0; i < out.size(); ++i) o[i] = v;
+  });
+  return out;
+}
+
+absl::StatusOr<HostArray> iota_kernel(const Node& node) {
+  if (node.dtype == DType::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("iota: not defined for bool (", type_to_string(node.dtype, node.shape), ")"));
+  }
+  HostArray out(node.dtype, node.shape);
+  const size_t axis = static_cast<size_t>(node.dims[0]);
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= node.shape[d];
+  for (size_t d = axis + 1; d < node.shape.size(); ++d) inner *= node.shape[d];
+  const int64_t n = node.shape[axis];
+  visit_dtype(node.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    Stored<T>* o = mutable_stored<T>(&out);
+    for (int64_t i = 0; i < outer; ++i) {
+      for (int64_t k = 0; k < n; ++k) {
+        const Stored<T> v = static_cast<Stored<T>>(convert_value<T>(k));
+        for (int64_t j = 0; j < inner; ++j) *o++ = v;
+      }
+    }
+  });
+  return out;
+}
+
+absl::StatusOr<HostArray> unary_kernel(const Node& node, const HostArray& x) {
+  return visit_dtype(x.dtype(), [&](auto zero) { return unary_typed<decltype(zero)>(node.op, x); });
+}
+
+absl::StatusOr<HostArray> binary_kernel(const Node& node, const HostArray& x, const HostArray& y) {
+  return visit_dtype(x.dtype(), [&](auto zero) { return binary_typed<decltype(zero)>(node.op, x, y); });
+}
+
+HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray& on_true, const HostArray& on_false) {
+  HostArray out(node.dtype, node.shape);
+  visit_dtype(node.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const uint8_t* p = stored<bool>(pred);
+    const Stored<T>* t = stored<T>(on_true);
+    const Stored<T>* f = stored<T>(on_false);
+    Stored<T>* o = mutable_stored<T>(&out);
+    for (int64_t i = 0; i < out.size(); ++i) o[i] = static_cast<Stored<T>>(load<T>(p[i] != 0 ? t[i] : f[i]));
+  });
+  return out;
+}
+
+HostArray convert_kernel(const Node& node, const HostArray& x) {
+  return visit_dtype(x.dtype(), [&](auto from) {
+    using From = decltype(from);
+    return visit_dtype(node.dtype, [&](auto to) {
+      using To = decltype(to);
+      return map1<From, To>(x, [](From v) { return convert_value<To>(v); });
+    });
+  });
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,44 @@
+// Kernels: the local computation of one graph node on arrays in this process's memory.
+//
+// A worker runs its part of a compiled program node by node; run_kernel computes one node's
+// result from its operands' values, with the semantics of the matching jax.lax op.
+//
+//   Graph g;
+//   int x = g.add_parameter(DType::kF32, {4});
+//   int t = *g.add_unary(Op::kTanh, x);
+//   HostArray in = HostArray::from_vector<float>({4}, {0, 1, 2, 3});
+//   absl::StatusOr<HostArray> out = run_kernel(g.node(t), {&in});   // f32[4]
+#ifndef TESSERA_WORKER_KERNELS_KERNELS_H_
+#define TESSERA_WORKER_KERNELS_KERNELS_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/graph.h"
+#include "core/host_array.h"
+
+namespace tessera {
+
+// Computes `node`'s result (of type node.dtype, node.shape) from `operands`, one per
+// node.operands entry, in order; the caller keeps ownership of the operands and the result
+// owns its storage.
+//
+// Every Op of core/graph.h except kParameter has a kernel; kShardingConstraint returns a copy
+// of its operand (placement is the caller's business). Semantics are lax's, including its
+// choices for integers: add, sub, mul, neg, abs and the reductions wrap around; x / 0 == -1 and
+// INT_MIN / -1 == INT_MIN; pow with a negative exponent is 1 for base 1 and 0 otherwise. Float
+// to integer conversion truncates toward zero and saturates, NaN becoming 0. Float max/min
+// (elementwise and reductions) propagate NaN; argmax returns the first NaN, else the first
+// maximum. Bool elements are read as "any nonzero byte is true".
+//
+// INVALID_ARGUMENT, naming the op, when the operands are not what the node says (wrong count,
+// a null pointer, a type other than the node's operand type, e.g.
+// "tanh: operand 0 is i32[4] but the node expects f32[4]"), when the node's own attributes are
+// inconsistent (axes out of range, a result shape that does not follow from the operands), when
+// the op is not defined for the dtype, and for kParameter, whose value only the caller knows.
+// RESOURCE_EXHAUSTED when the result or a temporary cannot be allocated.
+absl::StatusOr<HostArray> run_kernel(const Node& node, const std::vector<const HostArray*>& operands);
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_KERNELS_KERNELS_H_

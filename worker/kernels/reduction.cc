@@ -1,0 +1,163 @@
+// Reductions and argmax.
+//
+// A reduction reads its operand once, in memory order, folding each element into the result
+// element it belongs to: along a reduced last dimension that is a running fold of a contiguous
+// row, along a kept one an elementwise fold of a row into a row of the result. Float32 sums and
+// products accumulate in double (one rounding at the end instead of one per element); integer
+// ones in the unsigned type, wrapping.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "worker/kernels/internal.h"
+
+namespace tessera::internal {
+namespace {
+
+template <typename T, typename Acc, typename F>
+HostArray reduce_with(const Node& node, const HostArray& x, Acc init, F combine) {
+  HostArray out(node.dtype, node.shape);
+  std::vector<Acc> acc(static_cast<size_t>(out.size()), init);
+
+  // The result's stride for each operand dimension: 0 for a reduced one.
+  const Shape& shape = x.shape();
+  const size_t rank = shape.size();
+  const std::vector<int64_t> result_strides = row_major_strides(node.shape);
+  std::vector<int64_t> out_strides(rank, 0);
+  for (size_t d = 0, kept = 0; d < rank; ++d) {
+    const bool reduced = std::find(node.dims.begin(), node.dims.end(), static_cast<int64_t>(d)) != node.dims.end();
+    if (!reduced) out_strides[d] = result_strides[kept++];
+  }
+
+  const Stored<T>* in = stored<T>(x);
+  if (x.size() > 0 && rank == 0) {
+    acc[0] = combine(acc[0], load<T>(in[0]));
+  } else if (x.size() > 0) {
+    const int64_t inner = shape[rank - 1];
+    const bool inner_reduced = out_strides[rank - 1] == 0;
+    const int64_t rows = x.size() / inner;
+    std::vector<int64_t> index(rank - 1, 0);
+    int64_t out_offset = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const Stored<T>* row = in + r * inner;
+      Acc* a = acc.data() + out_offset;
+      if (inner_reduced) {
+        Acc folded = *a;
+        for (int64_t j = 0; j < inner; ++j) folded = combine(folded, load<T>(row[j]));
+        *a = folded;
+      } else {
+        for (int64_t j = 0; j < inner; ++j) a[j] = combine(a[j], load<T>(row[j]));
+      }
+      for (size_t d = rank - 1; d-- > 0;) {
+        if (++index[d] < shape[d]) {
+          out_offset += out_strides[d];
+          break;
+        }
+        index[d] = 0;
+        out_offset -= out_strides[d] * (shape[d] - 1);
+      }
+    }
+  }
+
+  Stored<T>* o = mutable_stored<T>(&out);
+  for (size_t i = 0; i < acc.size(); ++i) o[i] = static_cast<Stored<T>>(static_cast<T>(acc[i]));
+  return out;
+}
+
+template <typename T>
+HostArray reduce_typed(const Node& node, const HostArray& x) {
+  if constexpr (kIsBool<T>) {
+    // sum and max are "any", prod and min "all".
+    if (node.op == Op::kReduceSum || node.op == Op::kReduceMax) {
+      return reduce_with<T>(node, x, uint8_t{0}, [](uint8_t a, bool v) -> uint8_t { return a | v; });
+    }
+    return reduce_with<T>(node, x, uint8_t{1}, [](uint8_t a, bool v) -> uint8_t { return a & v; });
+  } else if constexpr (kIsInt<T>) {
+    using U = std::make_unsigned_t<T>;
+    switch (node.op) {
+      case Op::kReduceSum:
+        return reduce_with<T>(node, x, U{0}, [](U a, T v) -> U { return a + static_cast<U>(v); });
+      case Op::kReduceProd:
+        return reduce_with<T>(node, x, U{1}, [](U a, T v) -> U { return a * static_cast<U>(v); });
+      case Op::kReduceMax:
+        return reduce_with<T>(node, x, std::numeric_limits<T>::lowest(), [](T a, T v) { return v > a ? v : a; });
+      default:
+        return reduce_with<T>(node, x, std::numeric_limits<T>::max(), [](T a, T v) { return v < a ? v : a; });
+    }
+  } else {
+    constexpr T kInf = std::numeric_limits<T>::infinity();
+    switch (node.op) {
+      case Op::kReduceSum:
+        return reduce_with<T>(node, x, 0.0, [](double a, T v) { return a + v; });
+      case Op::kReduceProd:
+        return reduce_with<T>(node, x, 1.0, [](double a, T v) { return a * v; });
+      // NaN, once in the accumulator, stays: lax.reduce_max/min propagate it.
+      case Op::kReduceMax:
+        return reduce_with<T>(node, x, -kInf, [](T a, T v) { return (std::isnan(a) || a >= v) ? a : v; });
+      default:
+        return reduce_with<T>(node, x, kInf, [](T a, T v) { return (std::isnan(a) || a <= v) ? a : v; });
+    }
+  }
+}
+
+// Whether `v` replaces `best` as the maximum: a strictly greater value, or the first NaN.
+template <typename T>
+bool beats(T v, T best) {
+  if constexpr (kIsFloat<T>) {
+    return !std::isnan(best) && (std::isnan(v) || v > best);
+  } else {
+    return v > best;
+  }
+}
+
+template <typename T, typename I>
+void argmax_typed(const HostArray& x, size_t axis, HostArray* out) {
+  const Shape& shape = x.shape();
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t n = shape[axis];
+  const Stored<T>* in = stored<T>(x);
+  I* index = out->mutable_values<I>().data();
+  std::vector<Stored<T>> best(static_cast<size_t>(inner));
+  for (int64_t i = 0; i < outer; ++i, index += inner) {
+    const Stored<T>* block = in + i * n * inner;
+    for (int64_t j = 0; j < inner; ++j) {
+      best[j] = static_cast<Stored<T>>(load<T>(block[j]));
+      index[j] = 0;
+    }
+    for (int64_t k = 1; k < n; ++k) {
+      const Stored<T>* row = block + k * inner;
+      for (int64_t j = 0; j < inner; ++j) {
+        const Stored<T> v = static_cast<Stored<T>>(load<T>(row[j]));
+        if (beats<Stored<T>>(v, best[j])) {
+          best[j] = v;
+          index[j] = static_cast<I>(k);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+HostArray reduce_kernel(const Node& node, const HostArray& x) {
+  return visit_dtype(x.dtype(), [&](auto zero) { return reduce_typed<decltype(zero)>(node, x); });
+}
+
+HostArray argmax_kernel(const Node& node, const HostArray& x) {
+  HostArray out(node.dtype, node.shape);
+  const size_t axis = static_cast<size_t>(node.dims[0]);
+  visit_dtype(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    if (node.dtype == DType::kI32) {
+      argmax_typed<T, int32_t>(x, axis, &out);
+    } else {
+      argmax_typed<T, int64_t>(x, axis, &out);
+    }
+  });
+  return out;
+}
+
+}  // namespace tessera::internal
