@@ -17,6 +17,7 @@
 #include "worker/collectives/engine.h"
 #include "worker/collectives/transport.h"
 #include "worker/interpreter.h"
+#include "worker/kernels/blas.h"
 
 namespace tessera {
 namespace {
@@ -125,6 +126,7 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
     reply->set_bytes_used(stats.bytes_used);
     reply->set_memory_limit_bytes(stats.limit_bytes);
     reply->set_collective_messages_pending(transport_.pending_messages());
+    reply->set_blas_kernel(blas_kernel_name());
     return grpc::Status::OK;
   }
 

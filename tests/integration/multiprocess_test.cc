@@ -184,6 +184,11 @@ TEST_F(MultiProcessTest, ACollectiveFailsBoundedWhenAMemberDiesAndSurvivorsCarry
     absl::StatusOr<DeviceStats> stats = client_->device_stats(d);
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_EQ(stats->collective_messages_pending, 0) << "device " << d;
+    EXPECT_FALSE(stats->blas_kernel.empty());
+    // The daemon picks the fast kernel itself when the CPU has AVX-512 (see worker/main.cc).
+    if (__builtin_cpu_supports("avx512f") && std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+      EXPECT_EQ(stats->blas_kernel, "SkylakeX") << "device " << d;
+    }
     // x (the failed op's input) on every survivor; z and its gather on 0-3.
     EXPECT_EQ(stats->buffer_count, d < 4 ? 3 : 1) << "device " << d;
   }

@@ -930,6 +930,7 @@ TEST(Kernels, DotGeneral) {
       {"empty contraction", {3, 0}, {0, 4}, {{}, {}, {1}, {0}}},
       {"empty free dimension", {0, 5}, {5, 3}, {{}, {}, {1}, {0}}},
       {"size-1 dimensions", {1, 5, 1}, {5, 1}, {{}, {}, {1}, {0}}},
+      {"scalars", {}, {}, {{}, {}, {}, {}}},
   };
   std::mt19937 rng(15);
   for (DType dtype : kNumeric) {

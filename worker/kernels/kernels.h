@@ -29,7 +29,7 @@ namespace tessera {
 // INT_MIN / -1 == INT_MIN; pow with a negative exponent is 1 for base 1 and 0 otherwise. Float
 // to integer conversion truncates toward zero and saturates, NaN becoming 0. Float max/min
 // (elementwise and reductions) propagate NaN; argmax returns the first NaN, else the first
-// maximum. Bool elements are read as "any nonzero byte is true".
+// maximum. Kernels that compute on bool elements read any nonzero byte as true.
 //
 // INVALID_ARGUMENT, naming the op, when the operands are not what the node says (wrong count,
 // a null pointer, a type other than the node's operand type, e.g.
