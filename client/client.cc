@@ -177,8 +177,12 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
     grpc::ClientContext ctx;
     set_deadline(&ctx, kControlDeadline);
     TESSERA_RETURN_IF_ERROR(from_grpc(stub->GetStats(&ctx, req, &stats), who));
-    return DeviceStats{stats.device_id(), stats.buffer_count(), stats.bytes_used(), stats.memory_limit_bytes(),
-                       stats.collective_messages_pending(), stats.blas_kernel()};
+    return DeviceStats{stats.device_id(),
+                       stats.buffer_count(),
+                       stats.bytes_used(),
+                       stats.memory_limit_bytes(),
+                       stats.collective_messages_pending(),
+                       stats.blas_kernel()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

@@ -336,7 +336,9 @@ class CoordinatorService final : public pb::Coordinator::Service {
     return absl::OkStatus();
   }
 
-  // Every failure of a fan-out, likeliest root cause (a member gone) first; OK if none.
+  // Every failure of a fan-out, the likeliest root cause first: a member that is gone
+  // (UNAVAILABLE) before members that only waited in vain for it (DEADLINE_EXCEEDED), and
+  // members cancelled after the first failure last. OK if none failed.
   static absl::Status first_failure(const std::vector<grpc::Status>& statuses,
                                     const std::vector<pb::PeerAddress>& peers, const std::string& what) {
     std::vector<absl::Status> failures;
@@ -482,28 +484,10 @@ class CoordinatorService final : public pb::Coordinator::Service {
           workers[i]->stub->async()->RunCollective(ctx, &request, &replies[i], std::move(done));
         },
         kFailureGrace);
-    // Report every failure, the likeliest root cause first: a member that is gone
-    // (UNAVAILABLE) before members that only waited in vain for it (DEADLINE_EXCEEDED), and
-    // members cancelled after the first failure last.
-    std::vector<absl::Status> failures;
-    for (size_t i = 0; i < statuses.size(); ++i) {
-      if (!statuses[i].ok()) {
-        failures.push_back(from_grpc(statuses[i], describe_device(peers[i].device_id(), peers[i].address())));
-      }
-    }
-    if (!failures.empty()) {
+    absl::Status failed = first_failure(statuses, peers, name);
+    if (!failed.ok()) {
       delete_buffers(registry_.remove_arrays({out_id}));
-      std::stable_sort(failures.begin(), failures.end(), [](const absl::Status& a, const absl::Status& b) {
-        auto rank = [](const absl::Status& s) {
-          return s.code() == absl::StatusCode::kUnavailable ? 0 : s.code() == absl::StatusCode::kCancelled ? 2 : 1;
-        };
-        return rank(a) < rank(b);
-      });
-      std::string message = absl::StrCat(name, " failed on ", failures.size(), " of ", peers.size(), " devices: ");
-      for (size_t i = 0; i < failures.size() && i < 3; ++i)
-        absl::StrAppend(&message, i ? "; " : "", failures[i].message());
-      if (failures.size() > 3) absl::StrAppend(&message, "; ...");
-      return absl::Status(failures[0].code(), message);
+      return failed;
     }
     return registry_.get_array(out_id);
   }

@@ -42,7 +42,7 @@ struct DeviceStats {
   int64_t bytes_used = 0;
   int64_t memory_limit_bytes = 0;
   int64_t collective_messages_pending = 0;  // received by the device, not yet consumed
-  std::string blas_kernel;                   // OpenBLAS's kernel on that device
+  std::string blas_kernel;                  // OpenBLAS's kernel on that device
 };
 
 struct ConnectOptions {
