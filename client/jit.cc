@@ -1,6 +1,7 @@
 #include "tessera/jit.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_impl.h"
 #include "core/status.h"
@@ -44,7 +45,9 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   const internal::ArrayState& first = internal::array_state(args[0]);
   const Mesh& mesh = first.sharding.mesh();
   std::vector<ArrayType> types;
-  std::string signature;
+  // The mesh (with its device order) is part of the signature: the same specs on another
+  // mesh are another program.
+  std::string signature = absl::StrCat(mesh.to_string(), absl::StrJoin(mesh.device_ids(), ","), ";");
   for (size_t i = 0; i < args.size(); ++i) {
     const internal::ArrayState& a = internal::array_state(args[i]);
     if (a.client != first.client)
