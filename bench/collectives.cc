@@ -5,7 +5,6 @@
 // loopback in the same run, and the ratios are printed side by side.
 //
 //   bin/bench_collectives [--ops=all_reduce,all_gather] [--bytes=4096,16777216] [--iters=10] [--json]
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -44,13 +43,6 @@ double bus_factor(const std::string& op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
   if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return double(n - 1) / n;
   return 1.0;
-}
-
-std::string bin_dir() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  std::string path(buf, n > 0 ? static_cast<size_t>(n) : 0);
-  return path.substr(0, path.rfind('/'));
 }
 
 // The spec and the per-device input shape (float32) for `op` with full buffer S bytes.
@@ -110,7 +102,7 @@ absl::StatusOr<Result> run_tessera(const Client& client, const Mesh& mesh, const
 std::map<std::pair<std::string, int64_t>, Result> run_mpi(int n, const std::string& ops, const std::string& bytes,
                                                           int iters) {
   std::map<std::pair<std::string, int64_t>, Result> out;
-  const std::string mpi_bench = bin_dir() + "/bench_mpi_collectives";
+  const std::string mpi_bench = executable_dir() + "/bench_mpi_collectives";
   if (access(mpi_bench.c_str(), X_OK) != 0) return out;
   absl::StatusOr<std::pair<int, std::string>> run =
       Subprocess::run({"/usr/bin/env", "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(n),
@@ -151,7 +143,7 @@ int main_impl() {
   }
   int64_t largest = *std::max_element(sizes.begin(), sizes.end());
   absl::StatusOr<ProcessCluster> cluster =
-      ProcessCluster::start(bin_dir(), n, {}, {absl::StrCat("--memory_bytes=", 6 * largest + (64 << 20))});
+      ProcessCluster::start(executable_dir(), n, {}, {absl::StrCat("--memory_bytes=", 6 * largest + (64 << 20))});
   if (!cluster.ok()) {
     std::fprintf(stderr, "bench_collectives: %s\n", cluster.status().ToString().c_str());
     return 1;

@@ -3,7 +3,6 @@
 //
 //   bin/bench_matmul [--n=2048] [--iters=5] [--json]
 #include <cblas.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "core/subprocess.h"
 #include "tessera/tessera.h"
+#include "worker/kernels/blas.h"
 
 ABSL_FLAG(int, n, 2048, "matrix size");
 ABSL_FLAG(int, iters, 5, "timed repetitions (median)");
@@ -28,21 +28,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::string bin_dir() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  std::string path(buf, n > 0 ? static_cast<size_t>(n) : 0);
-  return path.substr(0, path.rfind('/'));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Same rule as tessera-worker: OpenBLAS reads its kernel choice at load time.
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx512f")) {
-    setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-    execv("/proc/self/exe", argv);
-  }
+  tessera::ensure_fast_blas(argv);  // the same kernel as the worker's, for a fair comparison
   absl::SetProgramUsageMessage("Times a jitted matmul on one worker against OpenBLAS.\nUsage: bench_matmul [--n=2048]");
   absl::ParseCommandLine(argc, argv);
   using namespace tessera;
@@ -57,7 +46,7 @@ int main(int argc, char** argv) {
                 b.values<float>().data(), n, 0.0f, c.mutable_values<float>().data(), n);
     if (i > 0) blas.push_back(absl::ToDoubleSeconds(absl::Now() - t));
   }
-  absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(bin_dir(), 1);
+  absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(executable_dir(), 1);
   absl::StatusOr<Client> client = cluster.ok() ? Client::connect(cluster->address) : cluster.status();
   absl::StatusOr<Mesh> mesh = client.ok() ? client->make_mesh({1, 1}, {"data", "model"}) : client.status();
   if (!mesh.ok()) {

@@ -123,6 +123,13 @@ absl::StatusOr<ProcessCluster> ProcessCluster::start(const std::string& bin_dir,
   return cluster;
 }
 
+std::string executable_dir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  const std::string path(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  return path.substr(0, path.rfind('/'));
+}
+
 std::string last_word(const std::string& line) {
   const size_t space = line.rfind(' ');
   return space == std::string::npos ? line : line.substr(space + 1);

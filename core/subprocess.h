@@ -56,6 +56,9 @@ struct ProcessCluster {
   std::vector<std::unique_ptr<Subprocess>> workers;
 };
 
+// The directory of this process's executable (where the sibling binaries live).
+std::string executable_dir();
+
 // "host:port" taken from the last word of a line like "...listening on 127.0.0.1:4711".
 std::string last_word(const std::string& line);
 

@@ -25,18 +25,8 @@ ABSL_FLAG(int, device_id, -1, "device id to ask for; -1 lets the coordinator cho
 ABSL_FLAG(int64_t, memory_bytes, int64_t{2} << 30, "device memory limit in bytes");
 ABSL_FLAG(int, register_timeout_s, 30, "seconds to wait for the coordinator at startup");
 
-// OpenBLAS 0.3.21 does not recognise recent AVX-512 CPUs and falls back to a generic kernel
-// 4-5x slower; it reads OPENBLAS_CORETYPE only when it loads, before main(). So, once: set it
-// to SkylakeX when the CPU has AVX-512 and nobody chose a kernel, and re-exec ourselves.
-void ensure_fast_blas(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || !tessera::cpu_supports_avx512()) return;
-  setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-  execv("/proc/self/exe", argv);
-  // exec failed: carry on with the kernel we have.
-}
-
 int main(int argc, char** argv) {
-  ensure_fast_blas(argv);
+  tessera::ensure_fast_blas(argv);
   absl::SetProgramUsageMessage(
       "Tessera worker daemon: owns one logical device.\n"
       "Usage: tessera-worker --coordinator=HOST:PORT [--port=0] [--memory_bytes=N] [--device_id=N]\n"

@@ -25,6 +25,12 @@ std::string blas_kernel_name();
 // Whether the CPU has AVX-512F, which OpenBLAS's SkylakeX kernel needs.
 bool cpu_supports_avx512();
 
+// OpenBLAS 0.3.21 does not recognise recent AVX-512 CPUs and falls back to a generic kernel
+// 4-5x slower; it reads OPENBLAS_CORETYPE only when it loads, before main(). Call first thing
+// in main(): when the CPU has AVX-512 and nobody chose a kernel, sets it to SkylakeX and
+// re-execs the process (returns only if it need not, or the exec failed).
+void ensure_fast_blas(char** argv);
+
 }  // namespace tessera
 
 #endif  // TESSERA_WORKER_KERNELS_BLAS_H_
