@@ -8,7 +8,8 @@
 
 namespace tessera {
 
-absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& spec, absl::Duration timeout) {
+absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& spec, absl::Duration timeout,
+                                     absl::Duration* collective_time) {
   const internal::ArrayState& state = internal::array_state(input);
   pb::RunCollectiveRequest req;
   req.set_array_id(state.id);
@@ -19,6 +20,7 @@ absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& s
   set_deadline(&ctx, timeout + absl::Seconds(10));
   TESSERA_RETURN_IF_ERROR(from_grpc(state.client->coordinator()->RunCollective(&ctx, req, &reply),
                                     absl::StrCat("coordinator ", state.client->coordinator_address())));
+  if (collective_time != nullptr) *collective_time = absl::Nanoseconds(reply.collective_ns());
   const pb::ArrayInfo& info = reply.result();
   TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
   TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));

@@ -148,8 +148,10 @@ class CoordinatorService final : public pb::Coordinator::Service {
 
   grpc::Status RunCollective(grpc::ServerContext*, const pb::RunCollectiveRequest* req,
                              pb::RunCollectiveReply* reply) override {
-    absl::StatusOr<ArrayRecord> out = run_collective(*req);
+    int64_t collective_ns = 0;
+    absl::StatusOr<ArrayRecord> out = run_collective(*req, &collective_ns);
     if (!out.ok()) return to_grpc(out.status());
+    reply->set_collective_ns(collective_ns);
     pb::ArrayInfo* info = reply->mutable_result();
     info->set_array_id(out->id);
     info->set_dtype(tessera::to_proto(out->dtype));
@@ -421,7 +423,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
 
   // Runs one collective on the blocks of an array; the results become a new array with the
   // same sharding (so every device must hold a block of its own).
-  absl::StatusOr<ArrayRecord> run_collective(const pb::RunCollectiveRequest& req) {
+  // Sets *collective_ns to the span from the last member's start to the last one's finish.
+  absl::StatusOr<ArrayRecord> run_collective(const pb::RunCollectiveRequest& req, int64_t* collective_ns) {
     TESSERA_ASSIGN_OR_RETURN(ArrayRecord in, registry_.get_array(req.array_id()));
     TESSERA_ASSIGN_OR_RETURN(CollectiveSpec spec, collective_from_proto(req.spec()));
     const std::string name = collective_name(spec.kind);
@@ -489,6 +492,12 @@ class CoordinatorService final : public pb::Coordinator::Service {
       delete_buffers(registry_.remove_arrays({out_id}));
       return failed;
     }
+    int64_t last_start = 0, last_finish = 0;
+    for (const pb::WorkerCollectiveReply& r : replies) {
+      last_start = std::max(last_start, r.started_unix_ns());
+      last_finish = std::max(last_finish, r.finished_unix_ns());
+    }
+    *collective_ns = std::max<int64_t>(0, last_finish - last_start);
     return registry_.get_array(out_id);
   }
 

@@ -52,6 +52,10 @@ void configure_server(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMs / 2);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 4 << 20);
+  builder->AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
+  builder->AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 64 << 10);
+  builder->AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20);
 }
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
@@ -62,6 +66,7 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 4 << 20);
   // A peer that vanishes without closing its connections (host down, link cut) is noticed
   // within kKeepaliveMs plus the ping timeout, and the long-lived streams to it fail.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);

@@ -8,6 +8,15 @@
 
 namespace tessera {
 
+namespace {
+
+absl::StatusOr<std::shared_ptr<const HostArray>> shared(absl::StatusOr<HostArray> a) {
+  if (!a.ok()) return a.status();
+  return std::make_shared<const HostArray>(*std::move(a));
+}
+
+}  // namespace
+
 uint64_t plan_op_id(uint64_t execution, size_t index) {
   return (uint64_t{1} << 63) | (execution << 20) | static_cast<uint64_t>(index);
 }
@@ -25,17 +34,17 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
     const Instruction& inst = plan.code[k];
     std::vector<const HostArray*> in;
     for (int s : inst.in) in.push_back(slots[s].get());
-    absl::StatusOr<HostArray> out = absl::InternalError("unset");
+    absl::StatusOr<std::shared_ptr<const HostArray>> out = absl::InternalError("unset");
     switch (inst.kind) {
       case Instruction::Kind::kFree:
         slots[inst.in[0]].reset();
         continue;
       case Instruction::Kind::kKernel:
-        out = run_kernel(inst.node, in);
+        out = shared(run_kernel(inst.node, in));
         break;
       case Instruction::Kind::kLocalSlice: {
         absl::Status valid = validate_index(inst.slice, in[0]->shape());
-        out = valid.ok() ? absl::StatusOr<HostArray>(extract_block(*in[0], inst.slice)) : valid;
+        out = valid.ok() ? shared(extract_block(*in[0], inst.slice)) : valid;
         break;
       }
       case Instruction::Kind::kCollective: {
@@ -47,7 +56,7 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
         c.start = absl::Now();
         c.deadline = run.deadline;
         c.cancelled = run.cancelled;
-        out = run_collective(transport, c, *in[0]);
+        out = run_collective(transport, c, slots[inst.in[0]]);
         transport.finish_op(c.op);
         break;
       }
@@ -59,7 +68,7 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
       return absl::Status(out.status().code(),
                           absl::StrCat("instruction ", k, " (", what, "): ", out.status().message()));
     }
-    slots[inst.out] = std::make_shared<const HostArray>(*std::move(out));
+    slots[inst.out] = *std::move(out);
   }
   std::vector<std::shared_ptr<const HostArray>> outputs;
   for (int s : plan.output_slots) outputs.push_back(slots[s]);

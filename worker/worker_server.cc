@@ -87,7 +87,7 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
 
   grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::WorkerCollectiveRequest* req,
                              pb::WorkerCollectiveReply* reply) override {
-    absl::StatusOr<Shape> shape = run_collective(*req, [ctx] { return ctx->IsCancelled(); });
+    absl::StatusOr<Shape> shape = run_collective(*req, [ctx] { return ctx->IsCancelled(); }, reply);
     transport_.finish_op(req->op_id());
     if (!shape.ok()) {
       return to_grpc(absl::Status(shape.status().code(),
@@ -172,7 +172,8 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
   }
 
   // Validates the request, runs this device's part and stores the result.
-  absl::StatusOr<Shape> run_collective(const pb::WorkerCollectiveRequest& req, std::function<bool()> cancelled) {
+  absl::StatusOr<Shape> run_collective(const pb::WorkerCollectiveRequest& req, std::function<bool()> cancelled,
+                                       pb::WorkerCollectiveReply* reply) {
     CollectiveRun run;
     run.op = req.op_id();
     TESSERA_ASSIGN_OR_RETURN(run.spec, collective_from_proto(req.spec()));
@@ -186,13 +187,15 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
     TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input->shape()));
     const int64_t out_bytes = num_elements(out_shape) * dtype_size(input->dtype());
     TESSERA_RETURN_IF_ERROR(store_.reserve(req.output_buffer(), out_bytes));
-    absl::StatusOr<HostArray> out = tessera::run_collective(transport_, run, *input);
+    reply->set_started_unix_ns(absl::ToUnixNanos(absl::Now()));
+    absl::StatusOr<std::shared_ptr<const HostArray>> out = tessera::run_collective(transport_, run, input);
     if (!out.ok()) {
       store_.cancel(req.output_buffer());
       return absl::Status(out.status().code(),
                           absl::StrCat(collective_name(run.spec.kind), " (op ", run.op, "): ", out.status().message()));
     }
-    store_.commit(req.output_buffer(), std::make_shared<const HostArray>(*std::move(out)));
+    store_.commit(req.output_buffer(), *std::move(out));
+    reply->set_finished_unix_ns(absl::ToUnixNanos(absl::Now()));
     return out_shape;
   }
 

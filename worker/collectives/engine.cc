@@ -34,9 +34,12 @@ class Group {
   int next() const { return mod(rank_ + 1, n()); }
   int prev() const { return mod(rank_ - 1, n()); }
 
-  absl::Status send(int to, int step, int chunk, const std::byte* data, int64_t bytes) {
+  // See Transport::send for `owner`: with one, the bytes must never change afterwards.
+  absl::Status send(int to, int step, int chunk, const std::byte* data, int64_t bytes,
+                    std::shared_ptr<const void> owner) {
     const int device = members_[to];
-    return transport_.send(device, run_.peers.at(device), {run_.op, step, chunk}, data, bytes, run_.deadline);
+    return transport_.send(device, run_.peers.at(device), {run_.op, step, chunk}, data, bytes, run_.deadline,
+                           std::move(owner));
   }
 
   // Receives one chunk of exactly `bytes` bytes.
@@ -55,9 +58,10 @@ class Group {
     return data;
   }
 
-  absl::Status send_range(int to, int step, const std::byte* base, const Range& r) {
+  absl::Status send_range(int to, int step, const std::byte* base, const Range& r,
+                          const std::shared_ptr<const void>& owner) {
     for (int c = 0; c < r.chunks(); ++c) {
-      TESSERA_RETURN_IF_ERROR(send(to, step, c, base + r.chunk_offset(c), r.chunk_bytes(c)));
+      TESSERA_RETURN_IF_ERROR(send(to, step, c, base + r.chunk_offset(c), r.chunk_bytes(c), owner));
     }
     return absl::OkStatus();
   }
@@ -87,21 +91,27 @@ std::vector<Range> even_segments(int64_t elements, int64_t esize, int n) {
   return out;
 }
 
-// Ring reduce-scatter over `segments` of `buf` (in place): afterwards segment `rank` holds
-// the reduction over the group. Steps [0, n-1). When `then_all_gather`, each final chunk is
-// forwarded at once as step n-1 of the all-gather ring that follows.
-absl::Status ring_reduce_scatter(Group& g, DType dtype, ReduceOp op, std::byte* buf, const std::vector<Range>& seg,
+// Ring reduce-scatter over `segments`: afterwards segment `rank` of `dst` holds the
+// reduction over the group of every member's `src` (`dst` may be `src`; only the segments
+// this device reduces are written). Steps [0, n-1). When `then_all_gather`, each final chunk
+// is forwarded at once as step n-1 of the all-gather ring that follows.
+//
+// Sends are zero-copy: a chunk of `dst` is sent once reduced and changes again only when the
+// all-gather that follows overwrites it with the final value, which cannot arrive before the
+// next device has received (and so gRPC has sent) the partial one.
+absl::Status ring_reduce_scatter(Group& g, DType dtype, ReduceOp op, const std::shared_ptr<const HostArray>& src,
+                                 const std::shared_ptr<HostArray>& dst, const std::vector<Range>& seg,
                                  bool then_all_gather) {
   const int n = g.n(), r = g.rank();
-  TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), 0, buf, seg[mod(r - 1, n)]));
+  TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), 0, src->data(), seg[mod(r - 1, n)], src));
   for (int k = 0; k <= n - 2; ++k) {
     const Range& s = seg[mod(r - k - 2, n)];
     for (int c = 0; c < s.chunks(); ++c) {
-      std::byte* dst = buf + s.chunk_offset(c);
+      std::byte* out = dst->data() + s.chunk_offset(c);
       const int64_t bytes = s.chunk_bytes(c);
       TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), k, c, bytes));
-      data.reduce_into(dtype, op, dst);
-      if (k < n - 2 || then_all_gather) TESSERA_RETURN_IF_ERROR(g.send(g.next(), k + 1, c, dst, bytes));
+      data.reduce(dtype, op, src->data() + s.chunk_offset(c), out);
+      if (k < n - 2 || then_all_gather) TESSERA_RETURN_IF_ERROR(g.send(g.next(), k + 1, c, out, bytes, dst));
     }
   }
   return absl::OkStatus();
@@ -109,40 +119,44 @@ absl::Status ring_reduce_scatter(Group& g, DType dtype, ReduceOp op, std::byte* 
 
 // Ring all-gather: segment `rank` of `buf` is this device's; afterwards every segment is
 // filled. Steps [first_step, first_step + n - 1). Unless `own_sent`, starts by sending its own.
-absl::Status ring_all_gather(Group& g, std::byte* buf, const std::vector<Range>& seg, int first_step, bool own_sent) {
+// Sends are zero-copy: no segment changes once it is complete.
+absl::Status ring_all_gather(Group& g, const std::shared_ptr<HostArray>& buf, const std::vector<Range>& seg,
+                             int first_step, bool own_sent) {
   const int n = g.n(), r = g.rank();
-  if (!own_sent) TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), first_step, buf, seg[r]));
+  if (!own_sent) TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), first_step, buf->data(), seg[r], buf));
   for (int k = 0; k <= n - 2; ++k) {
     const Range& s = seg[mod(r - k - 1, n)];
     for (int c = 0; c < s.chunks(); ++c) {
-      std::byte* dst = buf + s.chunk_offset(c);
+      std::byte* dst = buf->data() + s.chunk_offset(c);
       const int64_t bytes = s.chunk_bytes(c);
       TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), first_step + k, c, bytes));
       data.copy_to(dst);
-      if (k < n - 2) TESSERA_RETURN_IF_ERROR(g.send(g.next(), first_step + k + 1, c, dst, bytes));
+      if (k < n - 2) TESSERA_RETURN_IF_ERROR(g.send(g.next(), first_step + k + 1, c, dst, bytes, buf));
     }
   }
   return absl::OkStatus();
 }
 
-// Direct exchange of one segment per destination: sends seg_out[j] of `out_buf` to rank j;
-// calls on_receive(j, data) for each rank's message, in rank order (own included).
-template <typename F>
-absl::Status direct_exchange(Group& g, const std::byte* out_buf, const std::vector<Range>& seg_out,
-                             const std::vector<Range>& seg_in, F&& on_receive) {
+// Direct exchange of one segment per destination: sends seg_out[j] of `out` (zero-copy; it
+// must not change) to rank j, then goes through the ranks in order: on_own(r) for this
+// device's own, on_chunk(j, offset in seg_in[j], data) for each chunk from rank j.
+template <typename Own, typename Chunk>
+absl::Status direct_exchange(Group& g, const std::shared_ptr<const HostArray>& out, const std::vector<Range>& seg_out,
+                             const std::vector<Range>& seg_in, Own&& on_own, Chunk&& on_chunk) {
   const int n = g.n(), r = g.rank();
   for (int j = 0; j < n; ++j) {
-    if (j != r) TESSERA_RETURN_IF_ERROR(g.send_range(j, 0, out_buf, seg_out[j]));
+    if (j != r) TESSERA_RETURN_IF_ERROR(g.send_range(j, 0, out->data(), seg_out[j], out));
   }
   for (int j = 0; j < n; ++j) {
     if (j == r) {
-      TESSERA_RETURN_IF_ERROR(on_receive(j, out_buf + seg_out[r].offset));
+      on_own(j);
       continue;
     }
-    std::string whole(static_cast<size_t>(seg_in[j].bytes), '\0');
-    Range local{0, seg_in[j].bytes};
-    TESSERA_RETURN_IF_ERROR(g.receive_range(j, 0, reinterpret_cast<std::byte*>(whole.data()), local));
-    TESSERA_RETURN_IF_ERROR(on_receive(j, reinterpret_cast<const std::byte*>(whole.data())));
+    const Range local{0, seg_in[j].bytes};
+    for (int c = 0; c < local.chunks(); ++c) {
+      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(j, 0, c, local.chunk_bytes(c)));
+      on_chunk(j, local.chunk_offset(c), data);
+    }
   }
   return absl::OkStatus();
 }
@@ -173,17 +187,20 @@ HostArray pack_blocks(const HostArray& input, int dim, int n) {
 
 // The inverse of pack_blocks into an array of `shape`: block i of `packed` goes to slice i
 // along `dim`. When those blocks are contiguous in `shape` (dim 0, or only 1s before it), the
-// packed buffer already is the array: it is reused, not copied.
-HostArray unpack_blocks(HostArray packed, const Shape& shape, int dim, int n) {
+// packed buffer already is the array: it is reused (same memory, so zero-copy sends from it
+// stay valid), not copied.
+std::shared_ptr<const HostArray> unpack_blocks(const std::shared_ptr<HostArray>& packed, const Shape& shape, int dim,
+                                               int n) {
   if (n == 1 || contiguous_block_offset(shape, blocks_along(shape, dim, n)[1]) >= 0) {
-    return std::move(packed).reshaped(shape);
+    *packed = std::move(*packed).reshaped(shape);
+    return packed;
   }
-  const DType dtype = packed.dtype();
-  HostArray out(dtype, shape);
-  const int64_t block_bytes = out.nbytes() / std::max(n, 1);
+  const DType dtype = packed->dtype();
+  auto out = std::make_shared<HostArray>(dtype, shape);
+  const int64_t block_bytes = out->nbytes() / std::max(n, 1);
   std::vector<Index> blocks = blocks_along(shape, dim, n);
   for (int i = 0; i < n; ++i) {
-    copy_block_in(packed.data() + i * block_bytes, shape, dtype_size(dtype), blocks[i], out.data());
+    copy_block_in(packed->data() + i * block_bytes, shape, dtype_size(dtype), blocks[i], out->data());
   }
   return out;
 }
@@ -194,107 +211,129 @@ std::vector<Range> equal_blocks(int64_t block_bytes, int n) {
   return out;
 }
 
-absl::StatusOr<HostArray> all_reduce(Group& g, ReduceOp op, const HostArray& in) {
-  const int64_t esize = dtype_size(in.dtype());
-  HostArray out = in.clone();
-  if (g.n() == 1) return out;
+using ArrayPtr = std::shared_ptr<const HostArray>;
+
+absl::StatusOr<ArrayPtr> all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
+  const DType dtype = in->dtype();
+  const int64_t bytes = in->nbytes();
+  if (g.n() == 1) return in;
   const bool power_of_two = (g.n() & (g.n() - 1)) == 0;
-  if (in.nbytes() <= kSmallBytes && power_of_two) {
+  if (bytes <= kSmallBytes && power_of_two) {
     // Recursive doubling: log2(n) rounds, one message each way per round. In round k the
     // partners hold the same partial sums of their halves and both combine lower half first,
-    // so every device ends with bitwise the same result.
-    HostArray partner(in.dtype(), in.shape());
+    // so every device ends with bitwise the same result. `out` changes after each send: the
+    // sends copy.
+    auto out = std::make_shared<HostArray>(in->clone());
+    HostArray partner(dtype, in->shape());
     for (int k = 0, dist = 1; dist < g.n(); ++k, dist *= 2) {
       const int other = g.rank() ^ dist;
-      TESSERA_RETURN_IF_ERROR(g.send(other, k, 0, out.data(), in.nbytes()));
-      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(other, k, 0, in.nbytes()));
+      TESSERA_RETURN_IF_ERROR(g.send(other, k, 0, out->data(), bytes, nullptr));
+      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(other, k, 0, bytes));
       if (other < g.rank()) {
         data.copy_to(partner.data());
-        reduce_into(in.dtype(), op, partner.data(), out.data(), in.size());
-        std::swap(partner, out);
+        reduce_into(dtype, op, partner.data(), out->data(), in->size());
+        std::swap(partner, *out);
       } else {
-        data.reduce_into(in.dtype(), op, out.data());
+        data.reduce_into(dtype, op, out->data());
       }
     }
     return out;
   }
-  if (in.nbytes() <= kSmallBytes) {
+  auto out = std::make_shared<HostArray>(dtype, in->shape());
+  if (bytes <= kSmallBytes) {
     // Everyone reduces the same contributions in rank order: identical results everywhere.
-    std::vector<Range> whole(g.n(), Range{0, in.nbytes()});
-    TESSERA_RETURN_IF_ERROR(direct_exchange(g, in.data(), whole, whole, [&](int j, const std::byte* data) {
-      if (j == 0) {
-        std::memcpy(out.data(), data, static_cast<size_t>(in.nbytes()));
-      } else {
-        reduce_into(in.dtype(), op, out.data(), data, in.size());
-      }
-      return absl::OkStatus();
-    }));
-    return out;
-  }
-  const std::vector<Range> seg = even_segments(in.size(), esize, g.n());
-  TESSERA_RETURN_IF_ERROR(ring_reduce_scatter(g, in.dtype(), op, out.data(), seg, /*then_all_gather=*/true));
-  TESSERA_RETURN_IF_ERROR(ring_all_gather(g, out.data(), seg, g.n() - 1, /*own_sent=*/true));
-  return out;
-}
-
-absl::StatusOr<HostArray> reduce_scatter(Group& g, ReduceOp op, int dim, const HostArray& in, const Shape& out_shape) {
-  const int n = g.n(), r = g.rank();
-  HostArray packed = pack_blocks(in, dim, n);
-  const int64_t block_bytes = in.nbytes() / n;
-  const std::vector<Range> seg = equal_blocks(block_bytes, n);
-  HostArray out(in.dtype(), out_shape);
-  if (n > 1 && in.nbytes() <= kSmallBytes) {
-    TESSERA_RETURN_IF_ERROR(direct_exchange(g, packed.data(), seg, std::vector<Range>(n, Range{0, block_bytes}),
-                                            [&](int j, const std::byte* data) {
-                                              if (j == 0) {
-                                                std::memcpy(out.data(), data, static_cast<size_t>(block_bytes));
-                                              } else {
-                                                reduce_into(in.dtype(), op, out.data(), data, out.size());
-                                              }
-                                              return absl::OkStatus();
-                                            }));
-    return out;
-  }
-  if (n > 1) TESSERA_RETURN_IF_ERROR(ring_reduce_scatter(g, in.dtype(), op, packed.data(), seg, false));
-  std::memcpy(out.data(), packed.data() + seg[r].offset, static_cast<size_t>(block_bytes));
-  return out;
-}
-
-absl::StatusOr<HostArray> all_gather(Group& g, int dim, const HostArray& in, const Shape& out_shape) {
-  const int n = g.n(), r = g.rank();
-  const std::vector<Range> seg = equal_blocks(in.nbytes(), n);
-  HostArray packed(in.dtype(), {in.size() * n});
-  std::memcpy(packed.data() + seg[r].offset, in.data(), static_cast<size_t>(in.nbytes()));
-  if (n > 1 && in.nbytes() * n <= kSmallBytes) {
-    TESSERA_RETURN_IF_ERROR(
-        direct_exchange(g, packed.data(), std::vector<Range>(n, seg[r]), seg, [&](int j, const std::byte* data) {
-          if (j != r) std::memcpy(packed.data() + seg[j].offset, data, seg[j].bytes);
-          return absl::OkStatus();
+    const std::vector<Range> whole(g.n(), Range{0, bytes});
+    TESSERA_RETURN_IF_ERROR(direct_exchange(
+        g, in, whole, whole,
+        [&](int j) {
+          if (j == 0) {
+            std::memcpy(out->data(), in->data(), static_cast<size_t>(bytes));
+          } else {
+            reduce_into(dtype, op, out->data(), in->data(), in->size());
+          }
+        },
+        [&](int j, int64_t offset, const Received& data) {
+          if (j == 0) {
+            data.copy_to(out->data() + offset);
+          } else {
+            data.reduce(dtype, op, out->data() + offset, out->data() + offset);
+          }
         }));
-  } else if (n > 1) {
-    TESSERA_RETURN_IF_ERROR(ring_all_gather(g, packed.data(), seg, 0, /*own_sent=*/false));
+    return out;
   }
-  return unpack_blocks(std::move(packed), out_shape, dim, n);
+  // The ring reads this device's contributions from `in` and writes every byte of `out`.
+  const std::vector<Range> seg = even_segments(in->size(), dtype_size(dtype), g.n());
+  TESSERA_RETURN_IF_ERROR(ring_reduce_scatter(g, dtype, op, in, out, seg, /*then_all_gather=*/true));
+  TESSERA_RETURN_IF_ERROR(ring_all_gather(g, out, seg, g.n() - 1, /*own_sent=*/true));
+  return out;
 }
 
-absl::StatusOr<HostArray> all_to_all(Group& g, int split, int concat, const HostArray& in, const Shape& out_shape) {
-  const int n = g.n();
-  HostArray packed = pack_blocks(in, split, n);
-  const int64_t block_bytes = in.nbytes() / n;
+absl::StatusOr<ArrayPtr> reduce_scatter(Group& g, ReduceOp op, int dim, const ArrayPtr& in, const Shape& out_shape) {
+  const int n = g.n(), r = g.rank();
+  const DType dtype = in->dtype();
+  auto packed = std::make_shared<HostArray>(pack_blocks(*in, dim, n));
+  const int64_t block_bytes = in->nbytes() / n;
   const std::vector<Range> seg = equal_blocks(block_bytes, n);
-  HostArray received(in.dtype(), {in.size()});
-  TESSERA_RETURN_IF_ERROR(direct_exchange(g, packed.data(), seg, std::vector<Range>(n, Range{0, block_bytes}),
-                                          [&](int j, const std::byte* data) {
-                                            std::memcpy(received.data() + j * block_bytes, data, block_bytes);
-                                            return absl::OkStatus();
-                                          }));
-  return unpack_blocks(std::move(received), out_shape, concat, n);
+  auto out = std::make_shared<HostArray>(dtype, out_shape);
+  if (n > 1 && in->nbytes() <= kSmallBytes) {
+    TESSERA_RETURN_IF_ERROR(direct_exchange(
+        g, packed, seg, std::vector<Range>(n, Range{0, block_bytes}),
+        [&](int j) {
+          const std::byte* own = packed->data() + seg[r].offset;
+          if (j == 0) {
+            std::memcpy(out->data(), own, static_cast<size_t>(block_bytes));
+          } else {
+            reduce_into(dtype, op, out->data(), own, out->size());
+          }
+        },
+        [&](int j, int64_t offset, const Received& data) {
+          if (j == 0) {
+            data.copy_to(out->data() + offset);
+          } else {
+            data.reduce(dtype, op, out->data() + offset, out->data() + offset);
+          }
+        }));
+    return out;
+  }
+  if (n > 1) TESSERA_RETURN_IF_ERROR(ring_reduce_scatter(g, dtype, op, packed, packed, seg, false));
+  std::memcpy(out->data(), packed->data() + seg[r].offset, static_cast<size_t>(block_bytes));
+  return out;
 }
 
-absl::StatusOr<HostArray> collective_permute(Group& g, const CollectiveRun& run, const std::vector<int>& members,
-                                             const HostArray& in) {
-  HostArray out = HostArray::zeros(in.dtype(), in.shape());
-  const Range whole{0, in.nbytes()};
+absl::StatusOr<ArrayPtr> all_gather(Group& g, int dim, const ArrayPtr& in, const Shape& out_shape) {
+  const int n = g.n(), r = g.rank();
+  const std::vector<Range> seg = equal_blocks(in->nbytes(), n);
+  auto packed = std::make_shared<HostArray>(in->dtype(), Shape{in->size() * n});
+  std::memcpy(packed->data() + seg[r].offset, in->data(), static_cast<size_t>(in->nbytes()));
+  if (n > 1 && in->nbytes() * n <= kSmallBytes) {
+    TESSERA_RETURN_IF_ERROR(direct_exchange(
+        g, in, std::vector<Range>(n, Range{0, in->nbytes()}), seg, [](int) {},
+        [&](int j, int64_t offset, const Received& data) { data.copy_to(packed->data() + seg[j].offset + offset); }));
+  } else if (n > 1) {
+    TESSERA_RETURN_IF_ERROR(ring_all_gather(g, packed, seg, 0, /*own_sent=*/false));
+  }
+  return unpack_blocks(packed, out_shape, dim, n);
+}
+
+absl::StatusOr<ArrayPtr> all_to_all(Group& g, int split, int concat, const ArrayPtr& in, const Shape& out_shape) {
+  const int n = g.n();
+  auto packed = std::make_shared<const HostArray>(pack_blocks(*in, split, n));
+  const int64_t block_bytes = in->nbytes() / n;
+  const std::vector<Range> seg = equal_blocks(block_bytes, n);
+  auto received = std::make_shared<HostArray>(in->dtype(), Shape{in->size()});
+  TESSERA_RETURN_IF_ERROR(direct_exchange(
+      g, packed, seg, std::vector<Range>(n, Range{0, block_bytes}),
+      [&](int j) {
+        std::memcpy(received->data() + j * block_bytes, packed->data() + seg[j].offset,
+                    static_cast<size_t>(block_bytes));
+      },
+      [&](int j, int64_t offset, const Received& data) { data.copy_to(received->data() + j * block_bytes + offset); }));
+  return unpack_blocks(received, out_shape, concat, n);
+}
+
+absl::StatusOr<ArrayPtr> collective_permute(Group& g, const CollectiveRun& run, const std::vector<int>& members,
+                                            const ArrayPtr& in) {
+  const Range whole{0, in->nbytes()};
   auto rank_of = [&](int device) {
     for (size_t i = 0; i < members.size(); ++i) {
       if (members[i] == device) return static_cast<int>(i);
@@ -302,52 +341,54 @@ absl::StatusOr<HostArray> collective_permute(Group& g, const CollectiveRun& run,
     return -1;
   };
   for (const auto& [source, target] : run.spec.pairs) {
-    if (source == run.self && target != run.self)
-      TESSERA_RETURN_IF_ERROR(g.send_range(rank_of(target), 0, in.data(), whole));
+    if (source == run.self && target != run.self) {
+      TESSERA_RETURN_IF_ERROR(g.send_range(rank_of(target), 0, in->data(), whole, in));
+    }
   }
   for (const auto& [source, target] : run.spec.pairs) {
     if (target != run.self) continue;
-    if (source == run.self) {
-      std::memcpy(out.data(), in.data(), static_cast<size_t>(in.nbytes()));
-    } else {
-      TESSERA_RETURN_IF_ERROR(g.receive_range(rank_of(source), 0, out.data(), whole));
-    }
-  }
-  return out;
-}
-
-absl::StatusOr<HostArray> broadcast(Group& g, int root, const HostArray& in) {
-  const int n = g.n(), r = g.rank();
-  HostArray out = in.clone();
-  if (n == 1) return out;
-  const Range whole{0, in.nbytes()};
-  if (in.nbytes() <= kSmallBytes) {
-    if (r == root) {
-      for (int j = 0; j < n; ++j) {
-        if (j != r) TESSERA_RETURN_IF_ERROR(g.send_range(j, 0, in.data(), whole));
-      }
-    } else {
-      TESSERA_RETURN_IF_ERROR(g.receive_range(root, 0, out.data(), whole));
-    }
+    if (source == run.self) return in;
+    auto out = std::make_shared<HostArray>(in->dtype(), in->shape());
+    TESSERA_RETURN_IF_ERROR(g.receive_range(rank_of(source), 0, out->data(), whole));
     return out;
   }
-  // A chain root -> root+1 -> ... pipelined per chunk.
+  return std::make_shared<const HostArray>(HostArray::zeros(in->dtype(), in->shape()));
+}
+
+absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in) {
+  const int n = g.n(), r = g.rank();
+  if (n == 1) return in;
+  const Range whole{0, in->nbytes()};
   if (r == root) {
-    TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), 0, in.data(), whole));
+    if (in->nbytes() <= kSmallBytes) {
+      for (int j = 0; j < n; ++j) {
+        if (j != r) TESSERA_RETURN_IF_ERROR(g.send_range(j, 0, in->data(), whole, in));
+      }
+    } else {
+      // A chain root -> root+1 -> ... pipelined per chunk.
+      TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), 0, in->data(), whole, in));
+    }
+    return in;
+  }
+  auto out = std::make_shared<HostArray>(in->dtype(), in->shape());
+  if (in->nbytes() <= kSmallBytes) {
+    TESSERA_RETURN_IF_ERROR(g.receive_range(root, 0, out->data(), whole));
     return out;
   }
   const bool forward = g.next() != root;
   for (int c = 0; c < whole.chunks(); ++c) {
+    std::byte* dst = out->data() + whole.chunk_offset(c);
     TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), 0, c, whole.chunk_bytes(c)));
-    data.copy_to(out.data() + whole.chunk_offset(c));
-    if (forward) TESSERA_RETURN_IF_ERROR(g.send(g.next(), 0, c, out.data() + whole.chunk_offset(c), data.size()));
+    data.copy_to(dst);
+    if (forward) TESSERA_RETURN_IF_ERROR(g.send(g.next(), 0, c, dst, data.size(), out));
   }
   return out;
 }
 
 }  // namespace
 
-absl::StatusOr<HostArray> run_collective(Transport& transport, const CollectiveRun& run, const HostArray& input) {
+absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& transport, const CollectiveRun& run,
+                                                                std::shared_ptr<const HostArray> input) {
   const auto [group_index, rank] = find_in_groups(run.spec, run.self);
   if (group_index < 0) {
     return absl::InvalidArgumentError(absl::StrCat("device ", run.self, " is in none of the replica groups"));
@@ -356,7 +397,7 @@ absl::StatusOr<HostArray> run_collective(Transport& transport, const CollectiveR
   for (int d : members) {
     if (run.peers.count(d) == 0) return absl::InvalidArgumentError(absl::StrCat("no address for device ", d));
   }
-  TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input.shape()));
+  TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input->shape()));
   Group g(transport, run, members, rank);
   switch (run.spec.kind) {
     case CollectiveKind::kAllReduce:

@@ -8,12 +8,13 @@
 // collective_permute are direct exchanges; broadcast is a pipelined chain from the root.
 //
 //   CollectiveRun run{op_id, spec, peers, self, deadline};
-//   absl::StatusOr<HostArray> out = run_collective(transport, run, input);
+//   absl::StatusOr<std::shared_ptr<const HostArray>> out = run_collective(transport, run, input);
 #ifndef TESSERA_WORKER_COLLECTIVES_ENGINE_H_
 #define TESSERA_WORKER_COLLECTIVES_ENGINE_H_
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -40,7 +41,11 @@ struct CollectiveRun {
 // Runs this device's part. REQUIRES: validate_collective(run.spec) is OK and self is in a
 // group. INVALID_ARGUMENT for shapes the collective cannot take; UNAVAILABLE or
 // DEADLINE_EXCEEDED naming the peer that failed it.
-absl::StatusOr<HostArray> run_collective(Transport& transport, const CollectiveRun& run, const HostArray& input);
+// Large messages are sent straight from `input` and the result (zero-copy, see
+// Transport::send): neither may change afterwards. The result may be `input` itself (a
+// broadcast's root, a one-member group).
+absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& transport, const CollectiveRun& run,
+                                                                std::shared_ptr<const HostArray> input);
 
 }  // namespace tessera
 

@@ -29,7 +29,11 @@ const grpc::internal::RpcMethod& exchange_method() {
   return *kMethod;
 }
 
-grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data, int64_t bytes) {
+// Releases the owner a zero-copy slice holds (gRPC calls it once it is done with the bytes).
+void release_owner(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
+
+grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data, int64_t bytes,
+                                 std::shared_ptr<const void> owner) {
   pb::ExchangeMessage header;
   header.set_source_device(self);
   header.set_op_id(tag.op);
@@ -44,7 +48,12 @@ grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data
     }
     prefix.push_back(static_cast<char>((n & 0x7F) | 0x80));
   }
-  grpc::Slice slices[2] = {grpc::Slice(prefix), grpc::Slice(data, static_cast<size_t>(bytes))};
+  grpc::Slice payload =
+      owner != nullptr && bytes >= Transport::kZeroCopyMinBytes
+          ? grpc::Slice(const_cast<std::byte*>(data), static_cast<size_t>(bytes), &release_owner,
+                        new std::shared_ptr<const void>(std::move(owner)))
+          : grpc::Slice(data, static_cast<size_t>(bytes));
+  grpc::Slice slices[2] = {grpc::Slice(prefix), std::move(payload)};
   return grpc::ByteBuffer(slices, 2);
 }
 
@@ -77,8 +86,9 @@ class Transport::Link {
     thread_.join();
   }
 
-  absl::Status enqueue(MessageTag tag, const std::byte* data, int64_t bytes, absl::Time deadline) {
-    Outgoing message{encode_exchange(self_, tag, data, bytes), bytes};
+  absl::Status enqueue(MessageTag tag, const std::byte* data, int64_t bytes, absl::Time deadline,
+                       std::shared_ptr<const void> owner) {
+    Outgoing message{encode_exchange(self_, tag, data, bytes, std::move(owner)), bytes};
     absl::MutexLock lock(&mu_);
     auto room = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return broken_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= kMaxQueuedBytes;
@@ -179,10 +189,10 @@ absl::StatusOr<std::shared_ptr<Transport::Link>> Transport::link(int peer, const
 }
 
 absl::Status Transport::send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
-                             absl::Time deadline) {
+                             absl::Time deadline, std::shared_ptr<const void> owner) {
   absl::StatusOr<std::shared_ptr<Link>> l = link(peer, address);
   if (!l.ok()) return l.status();
-  return (*l)->enqueue(tag, data, bytes, deadline);
+  return (*l)->enqueue(tag, data, bytes, deadline, std::move(owner));
 }
 
 absl::StatusOr<Received> Transport::receive(int source, MessageTag tag, absl::Time op_start, absl::Time deadline,
@@ -294,7 +304,7 @@ void Received::copy_to(std::byte* dst) const {
   });
 }
 
-void Received::reduce_into(DType dtype, ReduceOp op, std::byte* acc) const {
+void Received::reduce(DType dtype, ReduceOp op, const std::byte* local, std::byte* out) const {
   // Slices need not split the data on element boundaries: an element cut in two is put
   // together in `carry` first.
   const int64_t esize = dtype_size(dtype);
@@ -307,10 +317,11 @@ void Received::reduce_into(DType dtype, ReduceOp op, std::byte* acc) const {
       const int64_t take = std::min(esize - have, n);
       std::memcpy(carry + have, p, static_cast<size_t>(take));
       i = take;
-      if (have + take == esize) tessera::reduce_into(dtype, op, acc + consumed - have, carry, 1);
+      const int64_t at = consumed - have;
+      if (have + take == esize) tessera::reduce(dtype, op, out + at, local + at, carry, 1);
     }
     const int64_t whole = (n - i) / esize;
-    if (whole > 0) tessera::reduce_into(dtype, op, acc + consumed + i, p + i, whole);
+    if (whole > 0) tessera::reduce(dtype, op, out + consumed + i, local + consumed + i, p + i, whole);
     i += whole * esize;
     if (i < n) std::memcpy(carry, p + i, static_cast<size_t>(n - i));
     consumed += n;

@@ -7,7 +7,7 @@
 // (op, source, step, chunk); a collective waits there for exactly the message it needs, so
 // concurrent collectives and back-to-back runs never mix.
 //
-//   transport.send(peer, address, {op, step, chunk}, data, bytes, deadline);
+//   transport.send(peer, address, {op, step, chunk}, data, bytes, deadline, owner);
 //   absl::StatusOr<Received> data = transport.receive(source, {op, step, chunk}, deadline);
 //   data->copy_to(dst);   // or data->reduce_into(dtype, op, acc)
 //   transport.finish_op(op);     // drops what is left of op; late messages are discarded
@@ -49,8 +49,9 @@ class Received {
   int64_t size() const { return bytes_; }
   // Copies the data to `dst` (size() bytes).
   void copy_to(std::byte* dst) const;
-  // acc[i] = op(acc[i], data[i]) over size() / dtype_size(dtype) elements.
-  void reduce_into(DType dtype, ReduceOp op, std::byte* acc) const;
+  // out[i] = op(local[i], data[i]) over size() / dtype_size(dtype) elements; `out` may be `local`.
+  void reduce(DType dtype, ReduceOp op, const std::byte* local, std::byte* out) const;
+  void reduce_into(DType dtype, ReduceOp op, std::byte* acc) const { reduce(dtype, op, acc, acc); }
 
  private:
   friend class Transport;
@@ -73,11 +74,18 @@ class Transport {
 
   void set_self(int device_id);
 
-  // Queues a copy of `bytes` bytes at `data` for `peer` (reachable at `address`). Waits while the link's queue is full,
-  // until `deadline` (DEADLINE_EXCEEDED naming the peer). UNAVAILABLE naming the peer if its
-  // link broke; the next send opens a fresh one.
+  // Messages of at least this many bytes are sent from the caller's memory when it passes
+  // an owner; smaller ones are always copied.
+  static constexpr int64_t kZeroCopyMinBytes = 32 << 10;
+
+  // Queues `bytes` bytes at `data` for `peer` (reachable at `address`). Waits while the
+  // link's queue is full, until `deadline` (DEADLINE_EXCEEDED naming the peer). UNAVAILABLE
+  // naming the peer if its link broke; the next send opens a fresh one.
+  // Without `owner` the data is copied before send() returns. With one, large messages are
+  // sent from `data` itself: `owner` keeps that memory alive until gRPC is done with it, and
+  // the caller must not change those bytes afterwards (they may still be unsent).
   absl::Status send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
-                    absl::Time deadline);
+                    absl::Time deadline, std::shared_ptr<const void> owner = nullptr);
 
   // How often a waiting receive checks whether its op was cancelled.
   static constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);

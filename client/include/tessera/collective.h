@@ -23,9 +23,12 @@ namespace tessera {
 
 // INVALID_ARGUMENT for a spec that does not fit the array's blocks or mesh; UNAVAILABLE or
 // DEADLINE_EXCEEDED naming the device when a member is lost or stops answering (each
-// member gives up after `timeout`).
+// member gives up after `timeout`). When `collective_time` is given it receives the time of
+// the collective alone, without dispatch: from the last member's start to the last one's
+// finish, by the workers' clocks (meaningful when they share a clock, as on one host).
 absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& spec,
-                                     absl::Duration timeout = absl::Seconds(10));
+                                     absl::Duration timeout = absl::Seconds(10),
+                                     absl::Duration* collective_time = nullptr);
 
 }  // namespace tessera
 
