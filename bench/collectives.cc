@@ -34,7 +34,7 @@ namespace tessera {
 namespace {
 
 struct Result {
-  double seconds = 0;      // the collective alone (as MPI times it after a barrier)
+  double seconds = 0;  // the collective alone (as MPI times it after a barrier)
   double busbw_gbps = 0;
   double e2e_seconds = 0;  // the whole call from the client: dispatch through the coordinator included
 };

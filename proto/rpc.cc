@@ -53,6 +53,9 @@ void configure_server(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 4 << 20);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder->SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+  builder->SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
   builder->AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
   builder->AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 64 << 10);
   builder->AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20);
@@ -67,6 +70,7 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 4 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // A peer that vanishes without closing its connections (host down, link cut) is noticed
   // within kKeepaliveMs plus the ping timeout, and the long-lived streams to it fail.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);

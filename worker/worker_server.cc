@@ -87,7 +87,8 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
 
   grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::WorkerCollectiveRequest* req,
                              pb::WorkerCollectiveReply* reply) override {
-    absl::StatusOr<Shape> shape = run_collective(*req, [ctx] { return ctx->IsCancelled(); }, reply);
+    absl::StatusOr<Shape> shape = run_collective(
+        *req, [ctx] { return ctx->IsCancelled(); }, reply);
     transport_.finish_op(req->op_id());
     if (!shape.ok()) {
       return to_grpc(absl::Status(shape.status().code(),

@@ -1,14 +1,13 @@
 #include "worker/collectives/transport.h"
 
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/client_callback.h"
 #include "grpcpp/support/slice.h"
-#include "grpcpp/support/sync_stream.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/collectives/reduce.h"
@@ -48,11 +47,10 @@ grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data
     }
     prefix.push_back(static_cast<char>((n & 0x7F) | 0x80));
   }
-  grpc::Slice payload =
-      owner != nullptr && bytes >= Transport::kZeroCopyMinBytes
-          ? grpc::Slice(const_cast<std::byte*>(data), static_cast<size_t>(bytes), &release_owner,
-                        new std::shared_ptr<const void>(std::move(owner)))
-          : grpc::Slice(data, static_cast<size_t>(bytes));
+  grpc::Slice payload = owner != nullptr && bytes >= Transport::kZeroCopyMinBytes
+                            ? grpc::Slice(const_cast<std::byte*>(data), static_cast<size_t>(bytes), &release_owner,
+                                          new std::shared_ptr<const void>(std::move(owner)))
+                            : grpc::Slice(data, static_cast<size_t>(bytes));
   grpc::Slice slices[2] = {grpc::Slice(prefix), std::move(payload)};
   return grpc::ByteBuffer(slices, 2);
 }
@@ -63,8 +61,11 @@ std::string peer_name(int device, const std::string& address) {
 
 }  // namespace
 
-// One outbound Exchange stream and the thread that writes it.
-class Transport::Link {
+// One outbound Exchange stream: a callback-API writer that keeps one write in flight. The
+// thread that queues a message onto an idle stream starts its write itself (gRPC writes to
+// the socket inline, without waking another thread); later messages are started from
+// OnWriteDone, which never blocks.
+class Transport::Link final : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
  public:
   Link(int self, int peer, std::string address)
       : self_(self), peer_(peer), address_(std::move(address)), channel_(make_channel(address_)) {
@@ -72,34 +73,40 @@ class Transport::Link {
     // a first refused connect; the collectives' own deadlines bound every wait.
     ctx_.set_wait_for_ready(true);
     ctx_.set_initial_metadata_corked(true);
-    writer_.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), exchange_method(),
-                                                                                &ctx_, &reply_));
-    thread_ = std::thread([this] { write_loop(); });
+    grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), exchange_method(), &ctx_,
+                                                                          &reply_, this);
+    AddHold();  // OnDone waits for RemoveHold in the destructor: no reaction runs after it
+    StartCall();
   }
 
-  ~Link() {
-    {
-      absl::MutexLock lock(&mu_);
-      closing_ = true;
-    }
+  ~Link() override {
     ctx_.TryCancel();
-    thread_.join();
+    RemoveHold();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
   }
 
   absl::Status enqueue(MessageTag tag, const std::byte* data, int64_t bytes, absl::Time deadline,
                        std::shared_ptr<const void> owner) {
-    Outgoing message{encode_exchange(self_, tag, data, bytes, std::move(owner)), bytes};
-    absl::MutexLock lock(&mu_);
-    auto room = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return broken_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= kMaxQueuedBytes;
-    };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&room), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(peer_name(peer_, address_), " is not taking collective data (",
-                                                      queued_bytes_, " bytes queued)"));
+    grpc::ByteBuffer message = encode_exchange(self_, tag, data, bytes, std::move(owner));
+    {
+      absl::MutexLock lock(&mu_);
+      auto room = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return broken_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= kMaxQueuedBytes;
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&room), deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(peer_name(peer_, address_), " is not taking collective data (",
+                                                        queued_bytes_, " bytes queued)"));
+      }
+      if (broken_) return error_;
+      queued_bytes_ += bytes;
+      queue_.push_back({std::move(message), bytes});
+      if (writing_) return absl::OkStatus();
+      writing_ = true;
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
     }
-    if (broken_) return error_;
-    queued_bytes_ += bytes;
-    queue_.push_back(std::move(message));
+    StartWrite(&current_.buffer);
     return absl::OkStatus();
   }
 
@@ -110,55 +117,64 @@ class Transport::Link {
     return broken_;
   }
 
- private:
-  void write_loop() {
-    while (true) {
-      Outgoing message;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || !queue_.empty(); };
-        mu_.Await(absl::Condition(&ready));
-        if (closing_) break;
-        message = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      const bool ok = writer_->Write(message.buffer);
+  void OnWriteDone(bool ok) override {
+    {
       absl::MutexLock lock(&mu_);
-      queued_bytes_ -= message.bytes;
+      queued_bytes_ -= current_.bytes;
+      current_ = {};
       if (!ok) {
-        broken_ = true;
-        error_ = absl::UnavailableError(absl::StrCat(peer_name(peer_, address_), " stopped taking collective data"));
-        queue_.clear();
-        queued_bytes_ = 0;
-        break;
+        fail_locked();
+        return;
       }
+      if (queue_.empty()) {
+        writing_ = false;
+        return;
+      }
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
     }
-    // The stream ends here; Finish() returns once the call is over (cancelled at worst).
-    ctx_.TryCancel();
-    writer_->Finish();
+    StartWrite(&current_.buffer);
   }
 
-  const int self_;
-  const int peer_;
-  const std::string address_;
+  void OnDone(const grpc::Status&) override {
+    absl::MutexLock lock(&mu_);
+    fail_locked();
+    done_ = true;
+  }
+
+ private:
   struct Outgoing {
     grpc::ByteBuffer buffer;
     int64_t bytes = 0;  // of data, for the in-flight cap
   };
 
+  void fail_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!broken_) {
+      broken_ = true;
+      error_ = absl::UnavailableError(absl::StrCat(peer_name(peer_, address_), " stopped taking collective data"));
+    }
+    queue_.clear();
+    queued_bytes_ = 0;
+  }
+
+  // Constant after construction.
+  const int self_;
+  const int peer_;
+  const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   grpc::ClientContext ctx_;
   grpc::ByteBuffer reply_;
-  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer_;
+
+  // Owned by the write in flight (writing_), touched by whoever starts or finishes it.
+  Outgoing current_;
 
   mutable absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // queued and in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
-
-  std::thread thread_;  // last: starts after everything above is built
 };
 
 Transport::Transport() = default;
