@@ -12,13 +12,13 @@
 #include <sstream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/daemon.h"
 #include "core/subprocess.h"
 #include "tessera/tessera.h"
 
@@ -210,6 +210,6 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times Tessera's collectives on worker processes (and Open MPI's, when installed).\n"
       "Usage: bench_collectives [--ops=all_reduce,...] [--bytes=4096,...] [--iters=10] [--json]");
-  absl::ParseCommandLine(argc, argv);
+  tessera::parse_flags(argc, argv, "bench_collectives", {});
   return tessera::main_impl();
 }

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "core/daemon.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
@@ -29,7 +29,7 @@ double percentile(std::vector<double> v, double p) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Times jit dispatch against a gRPC round trip.\nUsage: bench_dispatch [--iters=200]");
-  absl::ParseCommandLine(argc, argv);
+  tessera::parse_flags(argc, argv, "bench_dispatch", {});
   using namespace tessera;
   const int iters = std::max(10, absl::GetFlag(FLAGS_iters));
   absl::StatusOr<Client> client = Client::local(8);

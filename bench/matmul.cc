@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "core/daemon.h"
 #include "core/subprocess.h"
 #include "tessera/tessera.h"
 #include "worker/kernels/blas.h"
@@ -33,7 +33,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   tessera::ensure_fast_blas(argv);  // the same kernel as the worker's, for a fair comparison
   absl::SetProgramUsageMessage("Times a jitted matmul on one worker against OpenBLAS.\nUsage: bench_matmul [--n=2048]");
-  absl::ParseCommandLine(argc, argv);
+  tessera::parse_flags(argc, argv, "bench_matmul", {});
   using namespace tessera;
   const int n = absl::GetFlag(FLAGS_n), iters = std::max(1, absl::GetFlag(FLAGS_iters));
   const double flops = 2.0 * n * n * n;

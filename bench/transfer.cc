@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "core/daemon.h"
 #include "tessera/tessera.h"
 
 ABSL_FLAG(int, mib, 256, "array size in MiB");
@@ -29,7 +29,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times device_put and fetch against memcpy.\nUsage: bench_transfer [--mib=256] [--iters=3] [--json]");
-  absl::ParseCommandLine(argc, argv);
+  tessera::parse_flags(argc, argv, "bench_transfer", {});
   using namespace tessera;
   const int64_t mib = absl::GetFlag(FLAGS_mib);
   const int iters = std::max(1, absl::GetFlag(FLAGS_iters));

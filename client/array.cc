@@ -1,6 +1,7 @@
 #include "tessera/array.h"
 
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,8 +16,9 @@ namespace {
 
 using internal::ArrayState;
 
-// The devices of the array's mesh as the coordinator sees them now.
-absl::StatusOr<std::map<int, pb::DeviceInfo>> array_devices(const ArrayState& state) {
+// The devices of the array's mesh as the coordinator sees them now. A device whose worker
+// restarted since the array was placed is reported LOST for this array, and in `restarted`.
+absl::StatusOr<std::map<int, pb::DeviceInfo>> array_devices(const ArrayState& state, std::set<int>* restarted) {
   pb::GetArrayRequest req;
   req.set_array_id(state.id);
   pb::GetArrayReply reply;
@@ -26,6 +28,10 @@ absl::StatusOr<std::map<int, pb::DeviceInfo>> array_devices(const ArrayState& st
                                     absl::StrCat("coordinator ", state.client->coordinator_address())));
   std::map<int, pb::DeviceInfo> out;
   for (const pb::DeviceInfo& d : reply.devices()) out[d.id()] = d;
+  for (int id : reply.info().lost_devices()) {
+    out[id].set_state(pb::LOST);
+    restarted->insert(id);
+  }
   return out;
 }
 
@@ -36,9 +42,13 @@ std::string describe(const pb::DeviceInfo& d) { return absl::StrCat("device ", d
 Shape Shard::shape() const { return block_shape(shard_.index); }
 
 absl::StatusOr<HostArray> Shard::data() const {
-  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*array_));
+  std::set<int> restarted;
+  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*array_, &restarted));
   const pb::DeviceInfo& d = devices[shard_.device_id];
   const std::string who = absl::StrCat("shard of array ", array_->id, " on ", describe(d));
+  if (restarted.count(d.id()) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(who, ": the worker restarted and the shard is gone"));
+  }
   if (d.state() != pb::ALIVE) return absl::UnavailableError(absl::StrCat(who, ": the device is lost"));
   TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, array_->client->worker(d.address(), who));
   HostArray out(array_->dtype, shape());
@@ -65,12 +75,14 @@ std::vector<Shard> Array::addressable_shards() const {
 }
 
 absl::StatusOr<HostArray> Array::fetch() const {
-  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*state_));
+  std::set<int> restarted;
+  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*state_, &restarted));
   // Each distinct block once, from its lowest-numbered alive replica.
   struct Source {
     Index index;
     const pb::DeviceInfo* device = nullptr;
     std::vector<std::string> lost;
+    bool restarted = true;  // every lost replica's worker restarted: the block is gone for good
   };
   std::vector<Source> sources;
   std::map<std::vector<int64_t>, size_t> by_block;
@@ -83,14 +95,19 @@ absl::StatusOr<HostArray> Array::fetch() const {
     const pb::DeviceInfo& d = devices[s.device_id];
     if (d.state() != pb::ALIVE) {
       src.lost.push_back(describe(d));
+      src.restarted = src.restarted && restarted.count(d.id()) > 0;
     } else if (src.device == nullptr) {
       src.device = &d;
     }
   }
   for (const Source& src : sources) {
     if (src.device == nullptr) {
-      return absl::UnavailableError(absl::StrCat("fetch of array ", state_->id, ": block ", index_to_string(src.index),
-                                                 " is only on ", absl::StrJoin(src.lost, ", "), ", which is lost"));
+      // Gone for good (the workers restarted) is FAILED_PRECONDITION: put the array again; a
+      // device that is only unreachable may come back (UNAVAILABLE).
+      const std::string where = absl::StrCat("fetch of array ", state_->id, ": block ", index_to_string(src.index),
+                                             " is only on ", absl::StrJoin(src.lost, ", "));
+      if (src.restarted) return absl::FailedPreconditionError(absl::StrCat(where, ", whose worker restarted since"));
+      return absl::UnavailableError(absl::StrCat(where, ", which is lost"));
     }
   }
   HostArray out(state_->dtype, state_->shape);

@@ -33,6 +33,14 @@ void to_proto(const DeviceRecord& d, pb::DeviceInfo* out) {
   out->set_incarnation(d.incarnation);
 }
 
+void to_proto(const ArrayRecord& a, pb::ArrayInfo* out) {
+  out->set_array_id(a.id);
+  out->set_dtype(tessera::to_proto(a.dtype));
+  tessera::to_proto(a.shape, out->mutable_shape());
+  tessera::to_proto(a.sharding, out->mutable_sharding());
+  for (int d : a.lost_devices) out->add_lost_devices(d);
+}
+
 // After the first member of a collective fails, how long the others get to report theirs
 // before the rest are cancelled.
 constexpr absl::Duration kFailureGrace = absl::Milliseconds(500);
@@ -46,7 +54,9 @@ struct WorkerChannel {
 class CoordinatorService final : public pb::Coordinator::Service {
  public:
   explicit CoordinatorService(const CoordinatorOptions& options)
-      : options_(options), registry_(options.heartbeat_timeout) {}
+      : options_(options), registry_(options.heartbeat_timeout), started_(absl::Now()) {}
+
+  void set_address(const std::string& address) { address_ = address; }
 
   Registry& registry() { return registry_; }
 
@@ -67,9 +77,21 @@ class CoordinatorService final : public pb::Coordinator::Service {
       return to_grpc(absl::InvalidArgumentError(
           absl::StrCat("RegisterWorker: memory_bytes must be positive, got ", req->memory_bytes())));
     }
-    absl::StatusOr<DeviceRecord> d = registry_.register_worker(req->name(), req->address(), req->requested_device_id(),
-                                                               req->memory_bytes(), absl::Now());
+    absl::StatusOr<DeviceRecord> d =
+        registry_.register_worker(req->name(), req->address(), req->requested_device_id(), req->memory_bytes(),
+                                  req->previous_incarnation(), absl::Now());
     if (!d.ok()) return to_grpc(d.status());
+    if (options_.log_registrations) {
+      std::fprintf(stderr, "tessera-coordinator: %s registered as '%s', incarnation %lu%s\n",
+                   describe_device(d->id, d->address).c_str(), d->name.c_str(),
+                   static_cast<unsigned long>(d->incarnation),
+                   d->incarnation == 1                                 ? ""
+                   : req->previous_incarnation() + 1 == d->incarnation ? " (the same process, back)"
+                                                                       : " (a new process: its shards are lost)");
+    }
+    // The next call to this worker waits for the connection: the coordinator's channel may
+    // still be backing off from the time the worker was unreachable (or gone).
+    worker(d->address)->reached = false;
     reply->set_device_id(d->id);
     reply->set_incarnation(d->incarnation);
     reply->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -104,11 +126,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
   grpc::Status GetArray(grpc::ServerContext*, const pb::GetArrayRequest* req, pb::GetArrayReply* reply) override {
     absl::StatusOr<ArrayRecord> a = registry_.get_array(req->array_id());
     if (!a.ok()) return to_grpc(a.status());
-    pb::ArrayInfo* info = reply->mutable_info();
-    info->set_array_id(a->id);
-    info->set_dtype(tessera::to_proto(a->dtype));
-    tessera::to_proto(a->shape, info->mutable_shape());
-    tessera::to_proto(a->sharding, info->mutable_sharding());
+    to_proto(*a, reply->mutable_info());
     for (int id : a->sharding.mesh().device_ids()) {
       std::optional<DeviceRecord> d = registry_.device(id);
       if (d.has_value()) to_proto(*d, reply->add_devices());
@@ -136,13 +154,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
   grpc::Status Execute(grpc::ServerContext*, const pb::ExecuteRequest* req, pb::ExecuteReply* reply) override {
     absl::StatusOr<std::vector<ArrayRecord>> outputs = execute(*req);
     if (!outputs.ok()) return to_grpc(outputs.status());
-    for (const ArrayRecord& a : *outputs) {
-      pb::ArrayInfo* info = reply->add_outputs();
-      info->set_array_id(a.id);
-      info->set_dtype(tessera::to_proto(a.dtype));
-      tessera::to_proto(a.shape, info->mutable_shape());
-      tessera::to_proto(a.sharding, info->mutable_sharding());
-    }
+    for (const ArrayRecord& a : *outputs) to_proto(a, reply->add_outputs());
     return grpc::Status::OK;
   }
 
@@ -152,24 +164,99 @@ class CoordinatorService final : public pb::Coordinator::Service {
     absl::StatusOr<ArrayRecord> out = run_collective(*req, &collective_ns);
     if (!out.ok()) return to_grpc(out.status());
     reply->set_collective_ns(collective_ns);
-    pb::ArrayInfo* info = reply->mutable_result();
-    info->set_array_id(out->id);
-    info->set_dtype(tessera::to_proto(out->dtype));
-    tessera::to_proto(out->shape, info->mutable_shape());
-    tessera::to_proto(out->sharding, info->mutable_sharding());
+    to_proto(*out, reply->mutable_result());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetClusterStatus(grpc::ServerContext*, const pb::GetClusterStatusRequest* req,
+                                pb::ClusterStatus* reply) override {
+    reply->set_coordinator(address_);
+    reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
+    // Every alive worker's stats, asked all at once; a worker that does not answer in time
+    // gets its error instead.
+    const absl::Duration timeout = req->stats_timeout_ms() > 0
+                                       ? absl::Milliseconds(std::min<int64_t>(req->stats_timeout_ms(), 60'000))
+                                       : absl::Seconds(2);
+    std::vector<DeviceRecord> devices = registry_.devices();
+    std::vector<WorkerChannel*> workers;
+    std::vector<pb::DeviceStatus*> asked;
+    for (const DeviceRecord& d : devices) {
+      pb::DeviceStatus* status = reply->add_devices();
+      to_proto(d, status->mutable_info());
+      if (!d.alive) continue;
+      workers.push_back(worker(d.address));
+      asked.push_back(status);
+    }
+    const pb::GetStatsRequest stats_request;
+    std::vector<grpc::Status> statuses = fan_out(workers, timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
+      workers[i]->stub->async()->GetStats(ctx, &stats_request, asked[i]->mutable_stats(), std::move(done));
+    });
+    for (size_t i = 0; i < asked.size(); ++i) {
+      if (statuses[i].ok()) continue;
+      asked[i]->clear_stats();
+      asked[i]->set_stats_error(statuses[i].error_message());
+    }
+    for (const ArrayRecord& a : registry_.arrays()) to_proto(a, reply->add_arrays());
+    absl::MutexLock lock(&programs_mu_);
+    for (const auto& [id, program] : programs_) {
+      pb::ExecutableInfo* info = reply->add_executables();
+      info->set_executable_id(id);
+      tessera::to_proto(program->exe.mesh, info->mutable_mesh());
+      for (const PartitionSpec& spec : program->exe.input_specs) spec_to_proto(spec, info->add_input_specs());
+      for (const PartitionSpec& spec : program->exe.output_specs) spec_to_proto(spec, info->add_output_specs());
+      info->set_graph_nodes(static_cast<int64_t>(program->graph.size()));
+      info->set_executions(program->executions.load());
+    }
     return grpc::Status::OK;
   }
 
  private:
-  // A compiled program and the devices that have its plan loaded.
+  // A compiled program and the devices that have its plan loaded (by incarnation: a worker
+  // that restarted has lost its plans).
   struct Program {
     Program(Graph g, Executable e) : graph(std::move(g)), exe(std::move(e)) {}
     uint64_t id = 0;
     Graph graph;
     Executable exe;
     absl::Mutex mu;
-    std::set<int> loaded ABSL_GUARDED_BY(mu);
+    std::map<int, uint64_t> loaded ABSL_GUARDED_BY(mu);
+    std::atomic<int64_t> executions{0};
   };
+
+  // The devices of one fan-out, in order: where to reach each and which incarnation of it.
+  struct Members {
+    std::vector<pb::PeerAddress> peers;
+    std::vector<uint64_t> incarnations;
+  };
+
+  // The devices `ids`, all alive; UNAVAILABLE naming the first that is lost.
+  absl::StatusOr<Members> alive_members(const std::vector<int>& ids, const std::string& what) const {
+    Members members;
+    for (int d : ids) {
+      std::optional<DeviceRecord> device = registry_.device(d);
+      if (!device.has_value() || !device->alive) {
+        return absl::UnavailableError(
+            absl::StrCat(what, ": ", describe_device(d, device ? device->address : "?"), " is lost"));
+      }
+      pb::PeerAddress peer;
+      peer.set_device_id(d);
+      peer.set_address(device->address);
+      members.peers.push_back(std::move(peer));
+      members.incarnations.push_back(device->incarnation);
+    }
+    return members;
+  }
+
+  // FAILED_PRECONDITION when a device of `a` restarted since the array was placed: that
+  // shard is gone, and the array must be put again.
+  absl::Status check_not_lost(const ArrayRecord& a, const std::string& what) const {
+    if (a.lost_devices.empty()) return absl::OkStatus();
+    const int d = *a.lost_devices.begin();
+    std::optional<DeviceRecord> device = registry_.device(d);
+    return absl::FailedPreconditionError(absl::StrCat(what, ": array ", a.id, " lost its shard on ",
+                                                      describe_device(d, device ? device->address : "?"),
+                                                      " when that worker restarted; put the array again"));
+  }
 
   static void spec_to_proto(const PartitionSpec& spec, pb::PartitionSpec* out) {
     for (const Axes& axes : spec.dims()) {
@@ -249,20 +336,11 @@ class CoordinatorService final : public pb::Coordinator::Service {
                                                        " but the program was compiled for ",
                                                        NamedSharding(exe.mesh, exe.input_specs[i]).to_string()));
       }
+      TESSERA_RETURN_IF_ERROR(check_not_lost(a, absl::StrCat("execute: input ", i)));
       input_ids.push_back(a.id);
     }
-    std::vector<pb::PeerAddress> peers;
-    for (int d : exe.mesh.device_ids()) {
-      std::optional<DeviceRecord> device = registry_.device(d);
-      if (!device.has_value() || !device->alive) {
-        return absl::UnavailableError(
-            absl::StrCat("execute: ", describe_device(d, device ? device->address : "?"), " is lost"));
-      }
-      pb::PeerAddress peer;
-      peer.set_device_id(d);
-      peer.set_address(device->address);
-      peers.push_back(std::move(peer));
-    }
+    TESSERA_ASSIGN_OR_RETURN(Members members, alive_members(exe.mesh.device_ids(), "execute"));
+    const std::vector<pb::PeerAddress>& peers = members.peers;
     std::vector<uint64_t> output_ids;
     std::vector<ArrayRecord> outputs;
     for (size_t i = 0; i < graph.outputs().size(); ++i) {
@@ -278,7 +356,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
     }
     std::vector<WorkerChannel*> workers;
     for (const pb::PeerAddress& p : peers) workers.push_back(worker(p.address()));
-    absl::Status status = load_plans(*program, peers, workers);
+    absl::Status status = load_plans(*program, members, workers);
     if (status.ok()) {
       const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
       const uint64_t execution = next_execution_.fetch_add(1);
@@ -297,44 +375,51 @@ class CoordinatorService final : public pb::Coordinator::Service {
           [&](int k, grpc::ClientContext* ctx, auto done) {
             workers[k]->stub->async()->RunPlan(ctx, &requests[k], &replies[k], std::move(done));
           },
-          kFailureGrace);
+          kFailureGrace, &members);
       status = first_failure(statuses, peers, "execute");
     }
     if (!status.ok()) {
       delete_buffers(registry_.remove_arrays(output_ids));
       return status;
     }
+    program->executions.fetch_add(1);
     return outputs;
   }
 
   // Sends the program's plan to every device that does not have it yet.
-  absl::Status load_plans(Program& program, const std::vector<pb::PeerAddress>& peers,
-                          const std::vector<WorkerChannel*>& workers) {
+  absl::Status load_plans(Program& program, const Members& members, const std::vector<WorkerChannel*>& workers) {
+    const std::vector<pb::PeerAddress>& peers = members.peers;
     std::vector<int> missing;
     {
       absl::MutexLock lock(&program.mu);
       for (size_t k = 0; k < peers.size(); ++k) {
-        if (program.loaded.count(peers[k].device_id()) == 0) missing.push_back(static_cast<int>(k));
+        auto it = program.loaded.find(peers[k].device_id());
+        if (it == program.loaded.end() || it->second != members.incarnations[k]) missing.push_back(static_cast<int>(k));
       }
     }
     if (missing.empty()) return absl::OkStatus();
     std::vector<pb::LoadPlanRequest> requests(missing.size());
     std::vector<pb::LoadPlanReply> replies(missing.size());
     std::vector<WorkerChannel*> targets;
-    std::vector<pb::PeerAddress> target_peers;
+    Members target;
     for (size_t m = 0; m < missing.size(); ++m) {
       requests[m].set_plan_id(program.id);
       tessera::to_proto(program.exe.plans[missing[m]], requests[m].mutable_plan());
       targets.push_back(workers[missing[m]]);
-      target_peers.push_back(peers[missing[m]]);
+      target.peers.push_back(peers[missing[m]]);
+      target.incarnations.push_back(members.incarnations[missing[m]]);
     }
-    std::vector<grpc::Status> statuses =
-        fan_out(targets, kControlDeadline, [&](int m, grpc::ClientContext* ctx, auto done) {
+    std::vector<grpc::Status> statuses = fan_out(
+        targets, kControlDeadline,
+        [&](int m, grpc::ClientContext* ctx, auto done) {
           targets[m]->stub->async()->LoadPlan(ctx, &requests[m], &replies[m], std::move(done));
-        });
-    TESSERA_RETURN_IF_ERROR(first_failure(statuses, target_peers, "load plan"));
+        },
+        absl::InfiniteDuration(), &target);
+    TESSERA_RETURN_IF_ERROR(first_failure(statuses, target.peers, "load plan"));
     absl::MutexLock lock(&program.mu);
-    for (const pb::PeerAddress& p : target_peers) program.loaded.insert(p.device_id());
+    for (size_t m = 0; m < target.peers.size(); ++m) {
+      program.loaded[target.peers[m].device_id()] = target.incarnations[m];
+    }
     return absl::OkStatus();
   }
 
@@ -368,10 +453,14 @@ class CoordinatorService final : public pb::Coordinator::Service {
   // worker never reached before waits for the connection (bounded by `deadline`; see
   // kConnectDeadline); one to a worker reached before fails fast if it is gone. With a `grace`, the
   // first failure cancels whatever is still running `grace` later: the members of a failed
-  // collective need not all wait out their own deadline.
+  // collective need not all wait out their own deadline. With `watch` (the targets' devices),
+  // a target that is marked lost or registers anew meanwhile fails the fan-out at once:
+  // every call is cancelled and the device's status says it was lost. A worker cut off the
+  // network fails an execution within the heartbeat timeout, not the execution's deadline.
   using StartCall = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
-  static std::vector<grpc::Status> fan_out(const std::vector<WorkerChannel*>& workers, absl::Duration deadline,
-                                           const StartCall& start, absl::Duration grace = absl::InfiniteDuration()) {
+  std::vector<grpc::Status> fan_out(const std::vector<WorkerChannel*>& workers, absl::Duration deadline,
+                                    const StartCall& start, absl::Duration grace = absl::InfiniteDuration(),
+                                    const Members* watch = nullptr) {
     const int n = static_cast<int>(workers.size());
     std::vector<grpc::Status> statuses(static_cast<size_t>(n));
     std::vector<grpc::ClientContext> contexts(static_cast<size_t>(n));
@@ -392,11 +481,27 @@ class CoordinatorService final : public pb::Coordinator::Service {
     absl::MutexLock lock(&mu);
     auto all_done = [&]() { return done == n; };
     auto all_done_or_failed = [&]() { return done == n || failed; };
-    mu.Await(absl::Condition(&all_done_or_failed));
-    if (done < n && grace != absl::InfiniteDuration() && !mu.AwaitWithTimeout(absl::Condition(&all_done), grace)) {
+    int lost = -1;  // index of a watched target that was lost meanwhile
+    while (!mu.AwaitWithTimeout(absl::Condition(&all_done_or_failed), options_.heartbeat_interval / 4)) {
+      if (watch == nullptr) continue;
+      for (int i = 0; i < n && lost < 0; ++i) {
+        std::optional<DeviceRecord> d = registry_.device(watch->peers[i].device_id());
+        if (!d || !d->alive || d->incarnation != watch->incarnations[i]) lost = i;
+      }
+      if (lost >= 0) break;
+    }
+    if (lost >= 0) {
+      for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
+    } else if (done < n && grace != absl::InfiniteDuration() &&
+               !mu.AwaitWithTimeout(absl::Condition(&all_done), grace)) {
       for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
     }
     mu.Await(absl::Condition(&all_done));
+    if (lost >= 0) {
+      statuses[lost] = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    absl::StrCat("the device was marked lost after missing heartbeats for ",
+                                                 absl::FormatDuration(options_.heartbeat_timeout)));
+    }
     return statuses;
   }
 
@@ -456,18 +561,9 @@ class CoordinatorService final : public pb::Coordinator::Service {
         blocks *= sharding.mesh().axis_size(axis);
       out_shape[d] = blocks * out_block[d];
     }
-    std::vector<pb::PeerAddress> peers;
-    for (int d : mesh_devices) {
-      std::optional<DeviceRecord> device = registry_.device(d);
-      if (!device.has_value() || !device->alive) {
-        return absl::UnavailableError(
-            absl::StrCat(name, ": ", describe_device(d, device ? device->address : "?"), " is lost"));
-      }
-      pb::PeerAddress peer;
-      peer.set_device_id(d);
-      peer.set_address(device->address);
-      peers.push_back(std::move(peer));
-    }
+    TESSERA_RETURN_IF_ERROR(check_not_lost(in, name));
+    TESSERA_ASSIGN_OR_RETURN(Members members, alive_members(mesh_devices, name));
+    const std::vector<pb::PeerAddress>& peers = members.peers;
     TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, out_shape, sharding));
 
     const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
@@ -486,7 +582,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
         [&](int i, grpc::ClientContext* ctx, auto done) {
           workers[i]->stub->async()->RunCollective(ctx, &request, &replies[i], std::move(done));
         },
-        kFailureGrace);
+        kFailureGrace, &members);
     absl::Status failed = first_failure(statuses, peers, name);
     if (!failed.ok()) {
       delete_buffers(registry_.remove_arrays({out_id}));
@@ -522,6 +618,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
   // Constant after construction.
   const CoordinatorOptions options_;
   Registry registry_;
+  const absl::Time started_;
+  std::string address_;  // set once, right after the port is bound and before it is announced
 
   absl::Mutex programs_mu_;
   std::map<std::string, uint64_t> cache_ ABSL_GUARDED_BY(programs_mu_);
@@ -550,6 +648,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
       return absl::UnavailableError(
           absl::StrCat("tessera-coordinator: cannot listen on ", options_.host, ":", options_.port));
     }
+    service_.set_address(address());
     monitor_ = std::thread([this] { monitor_loop(); });
     return absl::OkStatus();
   }

@@ -22,6 +22,8 @@ struct CoordinatorOptions {
   // Workers heartbeat every interval; one silent for `heartbeat_timeout` is marked lost.
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // Log registrations to stderr (the daemon does; an embedded cluster stays quiet).
+  bool log_registrations = false;
 };
 
 class CoordinatorServer {

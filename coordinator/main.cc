@@ -4,33 +4,38 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "coordinator/coordinator_server.h"
 #include "core/daemon.h"
 
-ABSL_FLAG(std::string, host, "", "address to listen on (default: $TESSERA_COORDINATOR_HOST or 127.0.0.1)");
-ABSL_FLAG(int, port, -1,
-          "port to listen on; 0 picks a free one, printed at startup "
-          "(default: $TESSERA_COORDINATOR_PORT or 0)");
-ABSL_FLAG(int, heartbeat_interval_ms, 500, "how often workers heartbeat");
-ABSL_FLAG(int, heartbeat_timeout_ms, 3000, "a worker silent this long is marked lost");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "address to listen on; 0.0.0.0 for every interface (env TESSERA_COORDINATOR_HOST)");
+ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one, printed at startup (env TESSERA_COORDINATOR_PORT)");
+ABSL_FLAG(int, heartbeat_interval_ms, 500,
+          "how often workers heartbeat (env TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS)");
+ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
+          "a worker silent this long is marked lost, and the executions that need it fail "
+          "(env TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Tessera coordinator daemon: device registry, topology and array metadata.\n"
+      "Tessera coordinator daemon: device registry, topology and array metadata, compilation and execution.\n"
       "Usage: tessera-coordinator [--host=127.0.0.1] [--port=0]\n"
+      "Every flag can also be set by the environment variable named in its help; the command line wins.\n"
       "Prints 'tessera-coordinator: listening on HOST:PORT' once serving.");
-  absl::ParseCommandLine(argc, argv);
+  tessera::parse_flags(argc, argv, "tessera-coordinator",
+                       {{"host", "TESSERA_COORDINATOR_HOST"},
+                        {"port", "TESSERA_COORDINATOR_PORT"},
+                        {"heartbeat_interval_ms", "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS"},
+                        {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"}});
   tessera::block_termination_signals();
 
   tessera::CoordinatorOptions options;
   options.host = absl::GetFlag(FLAGS_host);
-  if (options.host.empty()) options.host = tessera::env_or("TESSERA_COORDINATOR_HOST", "127.0.0.1");
   options.port = absl::GetFlag(FLAGS_port);
-  if (options.port < 0) options.port = std::atoi(tessera::env_or("TESSERA_COORDINATOR_PORT", "0").c_str());
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  options.log_registrations = true;
 
   auto server = tessera::CoordinatorServer::start(options);
   if (!server.ok()) {

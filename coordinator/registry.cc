@@ -1,5 +1,7 @@
 #include "coordinator/registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 
@@ -10,7 +12,8 @@ std::string describe_device(int id, const std::string& address) {
 }
 
 absl::StatusOr<DeviceRecord> Registry::register_worker(const std::string& name, const std::string& address,
-                                                       int requested_id, int64_t memory_bytes, absl::Time now) {
+                                                       int requested_id, int64_t memory_bytes,
+                                                       uint64_t previous_incarnation, absl::Time now) {
   absl::MutexLock lock(&mu_);
   DeviceRecord* record = nullptr;
   for (auto& [id, d] : devices_) {
@@ -34,12 +37,19 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const std::string& name, 
   } else if (requested_id >= 0 && requested_id != record->id) {
     return absl::AlreadyExistsError(
         absl::StrCat("worker '", name, "' is device ", record->id, ", not the requested device ", requested_id));
+  } else if (previous_incarnation != record->incarnation) {
+    // A new process under a known name: whatever the device held is gone.
+    for (auto& [array_id, a] : arrays_) {
+      const std::vector<int>& ids = a.sharding.mesh().device_ids();
+      if (std::find(ids.begin(), ids.end(), record->id) != ids.end()) a.lost_devices.insert(record->id);
+    }
   }
   record->address = address;
   record->alive = true;
   record->memory_bytes = memory_bytes;
   record->incarnation += 1;
   record->last_heartbeat = now;
+  record->registered_at = now;
   return *record;
 }
 
@@ -51,8 +61,13 @@ absl::Status Registry::heartbeat(int id, uint64_t incarnation, absl::Time now) {
     return absl::FailedPreconditionError(absl::StrCat("device ", id, " heartbeat from incarnation ", incarnation,
                                                       " but the current one is ", it->second.incarnation));
   }
+  if (!it->second.alive) {
+    // Its state is unknown since (a link cut, a pause): it comes back through registration.
+    return absl::FailedPreconditionError(
+        absl::StrCat(describe_device(id, it->second.address), " was marked lost after missing heartbeats for ",
+                     absl::FormatDuration(heartbeat_timeout_), "; it must register again"));
+  }
   it->second.last_heartbeat = now;
-  it->second.alive = true;
   return absl::OkStatus();
 }
 
@@ -103,7 +118,7 @@ absl::StatusOr<uint64_t> Registry::create_array(DType dtype, const Shape& shape,
     }
   }
   const uint64_t id = next_array_id_++;
-  arrays_.emplace(id, ArrayRecord{id, dtype, shape, sharding});
+  arrays_.emplace(id, ArrayRecord{id, dtype, shape, sharding, {}});
   return id;
 }
 
@@ -123,6 +138,13 @@ std::vector<ArrayRecord> Registry::remove_arrays(const std::vector<uint64_t>& id
     out.push_back(std::move(it->second));
     arrays_.erase(it);
   }
+  return out;
+}
+
+std::vector<ArrayRecord> Registry::arrays() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<ArrayRecord> out;
+  for (const auto& [id, a] : arrays_) out.push_back(a);
   return out;
 }
 

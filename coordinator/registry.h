@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct DeviceRecord {
   int64_t memory_bytes = 0;
   uint64_t incarnation = 0;
   absl::Time last_heartbeat;
+  absl::Time registered_at;  // of the current incarnation
 };
 
 // "device 3 (127.0.0.1:4711)": how errors name a device.
@@ -42,6 +44,8 @@ struct ArrayRecord {
   DType dtype = DType::kF32;
   Shape shape;
   NamedSharding sharding;
+  // Devices whose worker restarted after the array was placed: their shards are gone.
+  std::set<int> lost_devices;
 };
 
 class Registry {
@@ -49,12 +53,15 @@ class Registry {
   explicit Registry(absl::Duration heartbeat_timeout) : heartbeat_timeout_(heartbeat_timeout) {}
 
   // Adds or revives a worker. A known `name` keeps its device id (incarnation + 1).
-  // ALREADY_EXISTS if `requested_id` >= 0 belongs to a worker of another name.
+  // `previous_incarnation` is the one the worker process held before (0: a new process); when
+  // it is not the device's current one the process is new, and every array with a shard on
+  // the device records the device as lost. ALREADY_EXISTS if `requested_id` >= 0 belongs to
+  // a worker of another name.
   absl::StatusOr<DeviceRecord> register_worker(const std::string& name, const std::string& address, int requested_id,
-                                               int64_t memory_bytes, absl::Time now);
+                                               int64_t memory_bytes, uint64_t previous_incarnation, absl::Time now);
 
-  // NOT_FOUND for an unknown device; FAILED_PRECONDITION for a stale incarnation (the worker
-  // must register again).
+  // NOT_FOUND for an unknown device; FAILED_PRECONDITION for a stale incarnation or a device
+  // marked lost: either way the worker must register again.
   absl::Status heartbeat(int id, uint64_t incarnation, absl::Time now);
 
   // Marks alive devices whose last heartbeat is older than the timeout as lost; returns them.
@@ -77,6 +84,7 @@ class Registry {
   std::vector<ArrayRecord> remove_arrays(const std::vector<uint64_t>& ids);
 
   int64_t array_count() const;
+  std::vector<ArrayRecord> arrays() const;
 
  private:
   int alive_count() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

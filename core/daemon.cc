@@ -2,7 +2,15 @@
 
 #include <signal.h>
 
+#include <cstdio>
 #include <cstdlib>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace tessera {
 namespace {
@@ -32,6 +40,37 @@ int wait_for_termination_signal() {
 std::string env_or(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
   return value != nullptr && *value != '\0' ? std::string(value) : fallback;
+}
+
+absl::Status flags_from_env(const std::vector<std::pair<std::string, std::string>>& flag_variables) {
+  for (const auto& [flag_name, variable] : flag_variables) {
+    const std::string value = env_or(variable.c_str(), "");
+    if (value.empty()) continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(flag_name);
+    if (flag == nullptr) return absl::InternalError(absl::StrCat("no flag --", flag_name, " for $", variable));
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("$", variable, "='", value, "' is not a valid --", flag_name, ": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<char*> parse_flags(int argc, char** argv, const char* program,
+                               const std::vector<std::pair<std::string, std::string>>& flag_variables) {
+  // --help lists the flags of the program's own files (absl's default matches file names
+  // against the program name, which "main.cc" never does, and showed no flags at all).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) { return !absl::StrContains(path, "/absl/"); };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  absl::Status env = flags_from_env(flag_variables);
+  if (!env.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program, std::string(env.message()).c_str());
+    std::exit(2);
+  }
+  return absl::ParseCommandLine(argc, argv);
 }
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
 // Helpers shared by the daemons' main() functions.
 //
 //   int main(int argc, char** argv) {
+//     parse_flags(argc, argv, "tessera-worker", {{"port", "TESSERA_WORKER_PORT"}});  // flags win over env
 //     block_termination_signals();          // before any thread starts
 //     ... start the server ...
 //     int sig = wait_for_termination_signal();
@@ -9,6 +10,10 @@
 #define TESSERA_CORE_DAEMON_H_
 
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
 
 namespace tessera {
 
@@ -21,6 +26,20 @@ int wait_for_termination_signal();
 
 // The value of environment variable `name`, or `fallback` when unset or empty.
 std::string env_or(const char* name, const std::string& fallback);
+
+// Sets flags from environment variables, as containers configure programs; call it before
+// absl::ParseCommandLine so that a flag given on the command line wins. Each pair is (flag
+// name, variable name); unset or empty variables are skipped. The convention: a daemon's flag
+// --NAME reads TESSERA_<DAEMON>_<NAME>, and the cluster's address --coordinator reads
+// TESSERA_COORDINATOR in every program. INVALID_ARGUMENT naming the variable, its value and
+// the parse error when a value does not parse; INTERNAL for a flag that does not exist.
+absl::Status flags_from_env(const std::vector<std::pair<std::string, std::string>>& flag_variables);
+
+// flags_from_env, then absl::ParseCommandLine: what every program's main() does. A bad
+// variable is reported as "<program>: <error>" on stderr and exits with status 2, like a bad
+// flag. Returns the positional arguments (argv[0] first).
+std::vector<char*> parse_flags(int argc, char** argv, const char* program,
+                               const std::vector<std::pair<std::string, std::string>>& flag_variables);
 
 }  // namespace tessera
 

@@ -9,14 +9,26 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 
 namespace tessera {
 
-absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::spawn(const std::vector<std::string>& argv) {
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::spawn(const std::vector<std::string>& argv,
+                                                              const SubprocessOptions& options) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  int in[2] = {-1, -1};
+  if (options.pipe_stdin && pipe2(in, O_CLOEXEC) != 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -27,16 +39,33 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::spawn(const std::vector<
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
     dup2(fds[1], STDOUT_FILENO);
+    if (in[0] >= 0) dup2(in[0], STDIN_FILENO);
     execv(args[0], args.data());
     _exit(127);
   }
   close(fds[1]);
-  return std::unique_ptr<Subprocess>(new Subprocess(pid, fds[0]));
+  if (in[0] >= 0) close(in[0]);
+  return std::unique_ptr<Subprocess>(new Subprocess(pid, fds[0], in[1]));
 }
 
 Subprocess::~Subprocess() {
   kill();
   close(stdout_fd_);
+  if (stdin_fd_ >= 0) close(stdin_fd_);
+}
+
+absl::Status Subprocess::write_line(const std::string& line) {
+  if (stdin_fd_ < 0) return absl::FailedPreconditionError("write_line: the child was not given a stdin pipe");
+  const std::string data = line + "\n";
+  size_t done = 0;
+  while (done < data.size()) {
+    // MSG_NOSIGNAL is for sockets only: a closed pipe raises SIGPIPE, which tests ignore.
+    const ssize_t n = write(stdin_fd_, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError(absl::StrCat("child ", pid_, " closed stdin: ", std::strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 void Subprocess::kill() {
@@ -121,6 +150,100 @@ absl::StatusOr<ProcessCluster> ProcessCluster::start(const std::string& bin_dir,
       return absl::Status(ready.status().code(), absl::StrCat("worker ", i, ": ", ready.status().message()));
   }
   return cluster;
+}
+
+absl::StatusOr<DaemonProcess> DaemonProcess::start(const std::vector<std::string>& argv, const std::string& log_path) {
+  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log < 0) return absl::InternalError(absl::StrCat("cannot open log ", log_path, ": ", std::strerror(errno)));
+  // The child reports a failed exec through this pipe; a successful one closes it empty.
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) {
+    close(log);
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log);
+    close(report[0]);
+    close(report[1]);
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    setsid();  // no controlling terminal: a hangup of the starter's terminal does not reach it
+    const int null = open("/dev/null", O_RDONLY);
+    dup2(null, STDIN_FILENO);
+    dup2(log, STDOUT_FILENO);
+    dup2(log, STDERR_FILENO);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(args[0], args.data());
+    const int error = errno;
+    (void)!write(report[1], &error, sizeof(error));
+    _exit(127);
+  }
+  close(log);
+  close(report[1]);
+  int error = 0;
+  ssize_t n;
+  do {
+    n = read(report[0], &error, sizeof(error));
+  } while (n < 0 && errno == EINTR);
+  close(report[0]);
+  if (n == sizeof(error)) {
+    waitpid(pid, nullptr, 0);
+    return absl::InternalError(absl::StrCat("cannot execute ", argv[0], ": ", std::strerror(error)));
+  }
+  DaemonProcess process;
+  process.pid = pid;
+  process.start_ticks = process_start_ticks(pid);
+  return process;
+}
+
+uint64_t process_start_ticks(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields resume after
+  // the last ')'. State is field 3, starttime field 22.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
+  if (fields.size() < 20 || fields[0] == "Z" || fields[0] == "X") return 0;
+  uint64_t ticks = 0;
+  return absl::SimpleAtoi(fields[19], &ticks) ? ticks : 0;
+}
+
+bool process_running(const DaemonProcess& process) {
+  return process.start_ticks != 0 && process_start_ticks(process.pid) == process.start_ticks;
+}
+
+namespace {
+
+// Waits until `process` is no longer running, at most `timeout`; reaps it if it is our child.
+// Polls: a process that is not our child cannot be waited for.
+bool wait_until_gone(const DaemonProcess& process, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    waitpid(process.pid, nullptr, WNOHANG);
+    if (!process_running(process)) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> stop_process(const DaemonProcess& process, absl::Duration grace) {
+  if (!process_running(process)) return std::string("not running");
+  ::kill(process.pid, SIGTERM);
+  if (wait_until_gone(process, grace)) return std::string("stopped");
+  ::kill(process.pid, SIGKILL);
+  if (wait_until_gone(process, absl::Seconds(5))) return std::string("killed");
+  return absl::DeadlineExceededError(absl::StrCat("process ", process.pid, " survived SIGKILL for 5s"));
 }
 
 std::string executable_dir() {

@@ -4,17 +4,18 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "core/daemon.h"
 #include "tessera/tessera.h"
 
-ABSL_FLAG(std::string, coordinator, "", "host:port of a running cluster; empty runs Client::local(8)");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of a running cluster's coordinator; empty runs Client::local(8) (env TESSERA_COORDINATOR)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Shows how a (16, 8) array is laid out under each PartitionSpec.\n"
       "Usage: example_device_put [--coordinator=HOST:PORT]");
-  absl::ParseCommandLine(argc, argv);
+  tessera::parse_flags(argc, argv, "example_device_put", {{"coordinator", "TESSERA_COORDINATOR"}});
   using tessera::Axes;
   using tessera::None;
   using tessera::P;

@@ -12,17 +12,18 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "core/daemon.h"
 #include "tessera/tessera.h"
 
-ABSL_FLAG(std::string, coordinator, "", "host:port of a running cluster; empty runs Client::local(8)");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of a running cluster's coordinator; empty runs Client::local(8) (env TESSERA_COORDINATOR)");
 ABSL_FLAG(bool, plans, false, "also print every device's compiled plan");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Runs jit(tanh(x @ w)) on sharded arrays.\nUsage: example_seed_layer [--coordinator=HOST:PORT]");
-  absl::ParseCommandLine(argc, argv);
+  tessera::parse_flags(argc, argv, "example_seed_layer", {{"coordinator", "TESSERA_COORDINATOR"}});
   using namespace tessera;
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   absl::StatusOr<Client> client = address.empty() ? Client::local(8) : Client::connect(address, {.min_devices = 8});

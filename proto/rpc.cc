@@ -51,7 +51,14 @@ void configure_server(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMs / 2);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // And ping them too: a client that vanished without closing its connection (link cut)
+  // ends its streams here (a peer's Exchange stream, say) instead of leaving them open.
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveMs);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
+  // Collective chunks (up to 1 MiB) travel as one HTTP/2 frame and are read in few syscalls;
+  // the window is fixed (no BDP pings to wake peers). Two idle pollers are plenty: every
+  // extra thread is one more to schedule on a machine running several daemons per core.
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 4 << 20);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder->SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);

@@ -8,30 +8,42 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
 #include "core/daemon.h"
 #include "worker/kernels/blas.h"
 #include "worker/worker_server.h"
 
-ABSL_FLAG(std::string, coordinator, "", "host:port of tessera-coordinator (default: $TESSERA_COORDINATOR)");
-ABSL_FLAG(std::string, host, "", "address to listen on and advertise (default: $TESSERA_WORKER_HOST or 127.0.0.1)");
-ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one, printed at startup");
+ABSL_FLAG(std::string, coordinator, "", "host:port of tessera-coordinator (env TESSERA_COORDINATOR); required");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "address to listen on and to advertise to the coordinator, clients and peers: an address or a name "
+          "they resolve, such as a compose service name (env TESSERA_WORKER_HOST)");
+ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one, printed at startup (env TESSERA_WORKER_PORT)");
 ABSL_FLAG(std::string, name, "",
-          "stable worker name; a restart with the same name keeps the device id "
-          "(default: $TESSERA_WORKER_NAME or the address)");
-ABSL_FLAG(int, device_id, -1, "device id to ask for; -1 lets the coordinator choose");
-ABSL_FLAG(int64_t, memory_bytes, int64_t{2} << 30, "device memory limit in bytes");
-ABSL_FLAG(int, register_timeout_s, 30, "seconds to wait for the coordinator at startup");
+          "stable worker name; a restart with the same name keeps the device id; default: the address "
+          "(env TESSERA_WORKER_NAME)");
+ABSL_FLAG(int, device_id, -1, "device id to ask for; -1 lets the coordinator choose (env TESSERA_WORKER_DEVICE_ID)");
+ABSL_FLAG(int64_t, memory_bytes, int64_t{2} << 30,
+          "device memory limit in bytes; match a container's memory limit, less headroom "
+          "(env TESSERA_WORKER_MEMORY_BYTES)");
+ABSL_FLAG(int, register_timeout_s, 30,
+          "seconds to wait for the coordinator at startup (env TESSERA_WORKER_REGISTER_TIMEOUT_S)");
 
 int main(int argc, char** argv) {
   tessera::ensure_fast_blas(argv);
   absl::SetProgramUsageMessage(
       "Tessera worker daemon: owns one logical device.\n"
-      "Usage: tessera-worker --coordinator=HOST:PORT [--port=0] [--memory_bytes=N] [--device_id=N]\n"
+      "Usage: tessera-worker --coordinator=HOST:PORT [--host=ADDR] [--port=0] [--memory_bytes=N] [--device_id=N]\n"
+      "Every flag can also be set by the environment variable named in its help; the command line wins.\n"
       "Prints 'tessera-worker: device D listening on HOST:PORT' once serving.");
-  absl::ParseCommandLine(argc, argv);
+  tessera::parse_flags(argc, argv, "tessera-worker",
+                       {{"coordinator", "TESSERA_COORDINATOR"},
+                        {"host", "TESSERA_WORKER_HOST"},
+                        {"port", "TESSERA_WORKER_PORT"},
+                        {"name", "TESSERA_WORKER_NAME"},
+                        {"device_id", "TESSERA_WORKER_DEVICE_ID"},
+                        {"memory_bytes", "TESSERA_WORKER_MEMORY_BYTES"},
+                        {"register_timeout_s", "TESSERA_WORKER_REGISTER_TIMEOUT_S"}});
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
   // instead of a fresh mmap (and a page fault per 4 KiB) for every one. 32 MiB is the
@@ -43,16 +55,13 @@ int main(int argc, char** argv) {
 
   tessera::WorkerOptions options;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
-  if (options.coordinator_address.empty()) options.coordinator_address = tessera::env_or("TESSERA_COORDINATOR", "");
   if (options.coordinator_address.empty()) {
     std::cerr << "tessera-worker: --coordinator (or $TESSERA_COORDINATOR) is required; see --help\n";
     return 2;
   }
   options.host = absl::GetFlag(FLAGS_host);
-  if (options.host.empty()) options.host = tessera::env_or("TESSERA_WORKER_HOST", "127.0.0.1");
   options.port = absl::GetFlag(FLAGS_port);
   options.name = absl::GetFlag(FLAGS_name);
-  if (options.name.empty()) options.name = tessera::env_or("TESSERA_WORKER_NAME", "");
   options.device_id = absl::GetFlag(FLAGS_device_id);
   options.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));

@@ -1,6 +1,7 @@
 #include "worker/worker_server.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -24,12 +25,13 @@ namespace {
 
 class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service> {
  public:
-  explicit WorkerService(int64_t memory_bytes) : store_(memory_bytes) {}
+  explicit WorkerService(int64_t memory_bytes) : store_(memory_bytes), started_(absl::Now()) {}
 
   void set_device_id(int id) {
     device_id_ = id;
     transport_.set_self(id);
   }
+  void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
 
   grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req, pb::HandshakeReply* reply) override {
     reply->set_protocol_version(kProtocolVersion);
@@ -128,6 +130,8 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
     reply->set_memory_limit_bytes(stats.limit_bytes);
     reply->set_collective_messages_pending(transport_.pending_messages());
     reply->set_blas_kernel(blas_kernel_name());
+    reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
+    reply->set_incarnation(incarnation_.load());
     return grpc::Status::OK;
   }
 
@@ -239,7 +243,9 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
   }
 
   std::atomic<int> device_id_{-1};
+  std::atomic<uint64_t> incarnation_{0};
   BufferStore store_;
+  const absl::Time started_;
   Transport transport_;
   absl::Mutex plans_mu_;
   std::map<uint64_t, std::shared_ptr<const DevicePlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
@@ -264,22 +270,7 @@ class WorkerServerImpl final : public WorkerServer {
     address_ = absl::StrCat(options_.host, ":", port);
 
     coordinator_ = pb::Coordinator::NewStub(make_channel(options_.coordinator_address));
-    pb::RegisterWorkerRequest req;
-    req.set_protocol_version(kProtocolVersion);
-    req.set_name(options_.name.empty() ? address_ : options_.name);
-    req.set_address(address_);
-    req.set_requested_device_id(options_.device_id);
-    req.set_memory_bytes(options_.memory_bytes);
-    pb::RegisterWorkerReply reply;
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, options_.register_timeout);
-    ctx.set_wait_for_ready(true);  // the coordinator may still be starting
-    TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->RegisterWorker(&ctx, req, &reply),
-                                      absl::StrCat("coordinator ", options_.coordinator_address)));
-    device_id_ = reply.device_id();
-    incarnation_ = reply.incarnation();
-    service_.set_device_id(device_id_);
-    heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, reply.heartbeat_interval_ms()));
+    TESSERA_RETURN_IF_ERROR(register_worker(options_.device_id, options_.register_timeout));
     heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
     return absl::OkStatus();
   }
@@ -299,6 +290,30 @@ class WorkerServerImpl final : public WorkerServer {
   }
 
  private:
+  // Registers (again) as `device_id` (-1: any), telling the coordinator which incarnation
+  // this process held before, if any: its buffers are still here.
+  absl::Status register_worker(int device_id, absl::Duration timeout) {
+    pb::RegisterWorkerRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_name(options_.name.empty() ? address_ : options_.name);
+    req.set_address(address_);
+    req.set_requested_device_id(device_id);
+    req.set_memory_bytes(options_.memory_bytes);
+    req.set_previous_incarnation(incarnation_);
+    pb::RegisterWorkerReply reply;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, timeout);
+    ctx.set_wait_for_ready(true);  // the coordinator may still be starting
+    TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->RegisterWorker(&ctx, req, &reply),
+                                      absl::StrCat("coordinator ", options_.coordinator_address)));
+    device_id_ = reply.device_id();
+    incarnation_ = reply.incarnation();
+    service_.set_device_id(device_id_);
+    service_.set_incarnation(incarnation_);
+    heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, reply.heartbeat_interval_ms()));
+    return absl::OkStatus();
+  }
+
   void heartbeat_loop() {
     while (!stopping_.WaitForNotificationWithTimeout(heartbeat_interval_)) {
       pb::HeartbeatRequest req;
@@ -307,8 +322,23 @@ class WorkerServerImpl final : public WorkerServer {
       pb::HeartbeatReply reply;
       grpc::ClientContext ctx;
       set_deadline(&ctx, heartbeat_interval_ * 4);
-      // A missed heartbeat is not fatal: the coordinator decides when a device is lost.
-      coordinator_->Heartbeat(&ctx, req, &reply);
+      const grpc::Status status = coordinator_->Heartbeat(&ctx, req, &reply);
+      // A missed heartbeat is not fatal: the coordinator decides when a device is lost. One it
+      // refuses means it marked this device lost, or restarted and does not know it: register
+      // again, keeping the device id (and the buffers, which the coordinator is told about).
+      if (status.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+          status.error_code() != grpc::StatusCode::NOT_FOUND) {
+        continue;
+      }
+      std::fprintf(stderr, "tessera-worker: device %d: %s; registering again\n", device_id_,
+                   status.error_message().c_str());
+      absl::Status registered = register_worker(device_id_, heartbeat_interval_ * 4);
+      if (registered.ok()) {
+        std::fprintf(stderr, "tessera-worker: device %d registered again, incarnation %lu\n", device_id_,
+                     static_cast<unsigned long>(incarnation_));
+      } else {
+        std::fprintf(stderr, "tessera-worker: device %d: %s\n", device_id_, std::string(registered.message()).c_str());
+      }
     }
   }
 

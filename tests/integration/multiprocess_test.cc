@@ -196,3 +196,57 @@ TEST_F(MultiProcessTest, ACollectiveFailsBoundedWhenAMemberDiesAndSurvivorsCarry
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// A worker that restarts under the same name gets its device id back and is usable again;
+// what it held before is reported lost, naming it, never read as if it were still there.
+TEST_F(MultiProcessTest, AWorkerThatRestartsIsUsableAgainAndItsShardsAreReportedLost) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray values = HostArray::arange(DType::kF32, {16, 8});
+  absl::StatusOr<Array> sharded = client_->device_put(values, NamedSharding(*mesh, P("data", "model")));
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  absl::StatusOr<Array> replicated = client_->device_put(values, NamedSharding(*mesh, P()));
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+  Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  ASSERT_TRUE(twice({*sharded}).ok());  // every device has the plan now
+
+  // Device 3 restarts: same address, so the same name (the default) and device id.
+  absl::StatusOr<std::vector<Device>> devices = client_->devices();
+  ASSERT_TRUE(devices.ok());
+  const std::string address = (*devices)[3].address;
+  workers_[3]->kill();
+  absl::StatusOr<std::unique_ptr<Subprocess>> restarted = Subprocess::spawn(
+      {kBin + "/tessera-worker", "--coordinator=" + address_, "--port=" + address.substr(address.rfind(':') + 1),
+       "--device_id=3", "--memory_bytes=268435456"});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  workers_[3] = *std::move(restarted);
+  ASSERT_TRUE(workers_[3]->read_line_with("device 3 listening on " + address, absl::Seconds(20)).ok());
+
+  absl::StatusOr<HostArray> gone = sharded->fetch();
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition) << gone.status();
+  EXPECT_THAT(std::string(gone.status().message()), AllOf(HasSubstr("device 3"), HasSubstr("restarted")));
+  absl::StatusOr<std::vector<Array>> run = twice({*sharded});
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition) << run.status();
+  EXPECT_THAT(std::string(run.status().message()), AllOf(HasSubstr("device 3"), HasSubstr("restarted")));
+  absl::StatusOr<HostArray> copy = replicated->fetch();  // the other replicas serve it
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_TRUE(*copy == values);
+
+  // The device is usable again: a new array, and the cached program (its plan reloaded there).
+  absl::StatusOr<Array> fresh = client_->device_put(values, NamedSharding(*mesh, P("data", "model")));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  absl::StatusOr<std::vector<Array>> out = twice({*fresh});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> doubled = (*out)[0].fetch();
+  ASSERT_TRUE(doubled.ok()) << doubled.status();
+  for (int64_t i = 0; i < 128; ++i) ASSERT_EQ(doubled->values<float>()[i], 2.0f * static_cast<float>(i));
+}
+
+}  // namespace
+}  // namespace tessera

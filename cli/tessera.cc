@@ -1,0 +1,405 @@
+// tessera: starts, inspects and stops Tessera clusters on this machine, and runs the examples
+// against one.
+//
+//   tessera up --workers 8             # coordinator + 8 workers in the background; prints the address
+//   tessera status                     # devices, arrays and executables of that cluster
+//   tessera run-example seed_layer     # bin/example_seed_layer --coordinator=<that address>
+//   tessera down                       # stops exactly the processes `up` started, by pid
+//   tessera health --address HOST:PORT # exit 0 when a coordinator or a registered worker answers
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "cli/state.h"
+#include "core/daemon.h"
+#include "core/status.h"
+#include "core/subprocess.h"
+#include "core/wire.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/rpc.h"
+#include "proto/tessera.grpc.pb.h"
+
+ABSL_FLAG(std::string, coordinator, "",
+          "status, run-example: host:port of the coordinator; default: the cluster in the state file "
+          "(env TESSERA_COORDINATOR)");
+ABSL_FLAG(std::string, state, "",
+          "up, down, status, run-example: the state file that up writes and down reads; default: "
+          "$XDG_RUNTIME_DIR/tessera/state, else /tmp/tessera-$UID/state (env TESSERA_STATE)");
+ABSL_FLAG(int, workers, 0, "up: how many workers to start, devices 0 .. N-1 (env TESSERA_WORKERS)");
+ABSL_FLAG(int, port, 0, "up: the coordinator's port; 0 picks a free one (env TESSERA_COORDINATOR_PORT)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "up: the address every daemon listens on and advertises (env TESSERA_HOST)");
+ABSL_FLAG(int64_t, memory_bytes, int64_t{1} << 30, "up: each worker's memory limit (env TESSERA_WORKER_MEMORY_BYTES)");
+ABSL_FLAG(int, timeout_s, 30, "up: seconds to wait until every worker has registered; status, health: per call");
+ABSL_FLAG(std::string, address, "", "health: host:port of the coordinator or worker to probe");
+
+namespace tessera {
+namespace {
+
+constexpr char kUsage[] =
+    "tessera: start, inspect and stop Tessera clusters on this machine.\n"
+    "\n"
+    "  tessera up --workers N [--port P] [--host ADDR] [--memory_bytes B] [--state FILE]\n"
+    "      starts a coordinator and N workers as background daemons (logs beside the state file),\n"
+    "      waits until all N have registered, and prints the coordinator's address\n"
+    "  tessera status [--coordinator HOST:PORT]\n"
+    "      one row per device (id, address, state, buffers, bytes used / limit, BLAS kernel,\n"
+    "      uptime), then the cluster's arrays and executables\n"
+    "  tessera down [--state FILE]\n"
+    "      stops the processes up started (SIGTERM, then SIGKILL after 5 s) and removes the state\n"
+    "  tessera run-example NAME [--coordinator HOST:PORT] [-- ARGS...]\n"
+    "      runs bin/example_NAME --coordinator=HOST:PORT (NAME: device_put, seed_layer)\n"
+    "  tessera health --address HOST:PORT\n"
+    "      exit 0 if a coordinator, or a worker that has registered, answers there\n"
+    "\n"
+    "Flags can also come from the environment variables named in their help; the command line wins.";
+
+// The cluster's address: --coordinator / $TESSERA_COORDINATOR, else the one in the state file.
+absl::StatusOr<std::string> coordinator_address(const std::string& state_path) {
+  std::string address = absl::GetFlag(FLAGS_coordinator);
+  if (!address.empty()) return address;
+  absl::StatusOr<ClusterState> state = read_state(state_path);
+  if (!state.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("no --coordinator (or $TESSERA_COORDINATOR) given, and ",
+                                                   state.status().message(), " (tessera up writes it)"));
+  }
+  return state->coordinator_address;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", value, units[unit]);
+}
+
+std::string format_uptime(int64_t ms) {
+  const int64_t s = ms / 1000;
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  if (s < 86400) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+  return absl::StrFormat("%dd%02dh", s / 86400, (s / 3600) % 24);
+}
+
+// Checks the peer's protocol version over its service's Handshake.
+template <typename Stub>
+absl::StatusOr<pb::HandshakeReply> handshake(Stub* stub, const std::string& who, absl::Duration timeout) {
+  pb::HandshakeRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_peer("tessera cli");
+  pb::HandshakeReply reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, timeout);
+  ctx.set_wait_for_ready(true);  // a daemon that has only just started may refuse a first connect
+  TESSERA_RETURN_IF_ERROR(from_grpc(stub->Handshake(&ctx, req, &reply), who));
+  TESSERA_RETURN_IF_ERROR(check_protocol_version(reply.protocol_version(), who));
+  return reply;
+}
+
+// The last lines of a daemon's log, for an error message.
+std::string log_tail(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  const size_t from = lines.size() > 5 ? lines.size() - 5 : 0;
+  return absl::StrJoin(lines.begin() + static_cast<std::ptrdiff_t>(from), lines.end(), "\n  ");
+}
+
+// Waits until `log` has a line containing `needle`; returns that line. Fails at once, with
+// the log's tail, if `process` exits first. Polls the file: the daemon writes it, not us.
+absl::StatusOr<std::string> wait_for_log_line(const StartedProcess& p, const std::string& needle, absl::Time deadline) {
+  while (true) {
+    std::ifstream in(p.log);
+    for (std::string line; std::getline(in, line);) {
+      if (absl::StrContains(line, needle)) return line;
+    }
+    if (!process_running(p.process)) {
+      return absl::UnavailableError(
+          absl::StrCat(p.role, " (pid ", p.process.pid, ") exited during startup; ", p.log, ":\n  ", log_tail(p.log)));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(p.role, " (pid ", p.process.pid, ") printed no '", needle,
+                                                      "' in time; ", p.log, ":\n  ", log_tail(p.log)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// Stops every process of `state`, workers first; one line per process on stderr.
+bool stop_all(const ClusterState& state) {
+  bool ok = true;
+  for (auto it = state.processes.rbegin(); it != state.processes.rend(); ++it) {
+    absl::StatusOr<std::string> how = stop_process(it->process, absl::Seconds(5));
+    std::fprintf(stderr, "tessera: %s (pid %d): %s\n", it->role.c_str(), it->process.pid,
+                 how.ok() ? how->c_str() : std::string(how.status().message()).c_str());
+    ok = ok && how.ok();
+  }
+  return ok;
+}
+
+absl::Status up(const std::string& state_path) {
+  const int workers = absl::GetFlag(FLAGS_workers);
+  if (workers < 1) return absl::InvalidArgumentError(absl::StrCat("up: --workers must be at least 1, got ", workers));
+  absl::StatusOr<ClusterState> previous = read_state(state_path);
+  if (previous.ok()) {
+    for (const StartedProcess& p : previous->processes) {
+      if (process_running(p.process)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("up: the cluster at ", previous->coordinator_address, " from state file ", state_path,
+                         " is still running (", p.role, ", pid ", p.process.pid, "); run 'tessera down' first"));
+      }
+    }
+  } else if (!absl::IsNotFound(previous.status())) {
+    return previous.status();
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  const std::string bin = executable_dir();
+  const std::string host = absl::GetFlag(FLAGS_host);
+
+  ClusterState state;
+  // Written first: it makes the directory the daemons' logs go to.
+  TESSERA_RETURN_IF_ERROR(write_state(state_path, state));
+  auto start = [&](const std::string& role, std::vector<std::string> argv) -> absl::StatusOr<StartedProcess> {
+    StartedProcess p;
+    p.role = role;
+    p.log = absl::StrCat(state_path, "-", role, ".log");
+    std::remove(p.log.c_str());
+    TESSERA_ASSIGN_OR_RETURN(p.process, DaemonProcess::start(argv, p.log));
+    state.processes.push_back(p);
+    // Recorded at once: whatever happens next, `down` can stop what is running.
+    TESSERA_RETURN_IF_ERROR(write_state(state_path, state));
+    return p;
+  };
+  absl::Status status = [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(StartedProcess coordinator,
+                             start("coordinator", {bin + "/tessera-coordinator", "--host=" + host,
+                                                   absl::StrCat("--port=", absl::GetFlag(FLAGS_port))}));
+    TESSERA_ASSIGN_OR_RETURN(std::string line, wait_for_log_line(coordinator, "listening on", deadline));
+    state.coordinator_address = last_word(line);
+    TESSERA_RETURN_IF_ERROR(write_state(state_path, state));
+    for (int i = 0; i < workers; ++i) {
+      TESSERA_RETURN_IF_ERROR(
+          start(absl::StrCat("worker-", i),
+                {bin + "/tessera-worker", "--coordinator=" + state.coordinator_address, "--host=" + host, "--port=0",
+                 absl::StrCat("--device_id=", i), absl::StrCat("--name=worker-", i),
+                 absl::StrCat("--memory_bytes=", absl::GetFlag(FLAGS_memory_bytes))})
+              .status());
+    }
+    // The coordinator waits for the registrations itself; a worker that dies meanwhile is
+    // reported with its log.
+    auto stub = pb::Coordinator::NewStub(make_channel(state.coordinator_address));
+    const std::string who = absl::StrCat("coordinator ", state.coordinator_address);
+    while (true) {
+      pb::GetTopologyRequest req;
+      req.set_min_alive_devices(workers);
+      req.set_wait_ms(std::max<int64_t>(0, std::min<int64_t>(500, absl::ToInt64Milliseconds(deadline - absl::Now()))));
+      pb::Topology topology;
+      grpc::ClientContext ctx;
+      set_deadline(&ctx, absl::Milliseconds(req.wait_ms()) + kControlDeadline);
+      absl::Status registered = from_grpc(stub->GetTopology(&ctx, req, &topology), who);
+      if (registered.ok()) return absl::OkStatus();
+      for (const StartedProcess& p : state.processes) {
+        if (!process_running(p.process)) {
+          return absl::UnavailableError(absl::StrCat(p.role, " (pid ", p.process.pid, ") exited during startup; ",
+                                                     p.log, ":\n  ", log_tail(p.log)));
+        }
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("up: not all ", workers, " workers registered within ",
+                                                        absl::GetFlag(FLAGS_timeout_s), " s: ", registered.message()));
+      }
+    }
+  }();
+  if (!status.ok()) {
+    stop_all(state);
+    std::remove(state_path.c_str());
+    return status;
+  }
+  std::fprintf(stderr, "tessera: coordinator and %d workers up; logs %s-*.log; state %s\n", workers, state_path.c_str(),
+               state_path.c_str());
+  std::printf("%s\n", state.coordinator_address.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status down(const std::string& state_path) {
+  TESSERA_ASSIGN_OR_RETURN(ClusterState state, read_state(state_path));
+  const bool ok = stop_all(state);
+  if (!ok) return absl::InternalError(absl::StrCat("down: some processes survived; state kept in ", state_path));
+  if (std::remove(state_path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("down: cannot remove ", state_path));
+  }
+  std::fprintf(stderr, "tessera: cluster %s is down; logs kept in %s-*.log\n", state.coordinator_address.c_str(),
+               state_path.c_str());
+  return absl::OkStatus();
+}
+
+// "P('data', None)" from a spec on the wire, via the sharding model (which checks it).
+std::string spec_text(const pb::Mesh& mesh, const pb::PartitionSpec& spec) {
+  pb::NamedSharding sharding;
+  *sharding.mutable_mesh() = mesh;
+  *sharding.mutable_spec() = spec;
+  absl::StatusOr<NamedSharding> s = sharding_from_proto(sharding);
+  return s.ok() ? s->spec().to_string() : "?";
+}
+
+absl::Status status(const std::string& state_path) {
+  TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
+  const std::string who = absl::StrCat("coordinator ", address);
+  const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  auto stub = pb::Coordinator::NewStub(make_channel(address));
+  TESSERA_RETURN_IF_ERROR(handshake(stub.get(), who, std::min(timeout, kConnectDeadline)).status());
+  pb::GetClusterStatusRequest req;
+  req.set_stats_timeout_ms(2000);
+  pb::ClusterStatus cluster;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, timeout);
+  TESSERA_RETURN_IF_ERROR(from_grpc(stub->GetClusterStatus(&ctx, req, &cluster), who));
+
+  int alive = 0;
+  for (const pb::DeviceStatus& d : cluster.devices()) alive += d.info().state() == pb::ALIVE ? 1 : 0;
+  std::printf("coordinator %s  up %s  devices %d (%d alive)  arrays %d  executables %d\n", address.c_str(),
+              format_uptime(cluster.uptime_ms()).c_str(), cluster.devices_size(), alive, cluster.arrays_size(),
+              cluster.executables_size());
+  std::printf("\n%-6s %-24s %-6s %-4s %-8s %-24s %-12s %s\n", "DEVICE", "ADDRESS", "STATE", "INC", "BUFFERS",
+              "USED / LIMIT", "BLAS", "UPTIME");
+  for (const pb::DeviceStatus& d : cluster.devices()) {
+    const pb::DeviceInfo& info = d.info();
+    const char* state = info.state() == pb::ALIVE ? "alive" : "lost";
+    if (d.has_stats()) {
+      const pb::WorkerStats& s = d.stats();
+      std::printf("%-6d %-24s %-6s %-4lu %-8ld %-24s %-12s %s\n", info.id(), info.address().c_str(), state,
+                  static_cast<unsigned long>(info.incarnation()), static_cast<long>(s.buffer_count()),
+                  absl::StrCat(format_bytes(s.bytes_used()), " / ", format_bytes(s.memory_limit_bytes())).c_str(),
+                  s.blas_kernel().c_str(), format_uptime(s.uptime_ms()).c_str());
+    } else {
+      std::printf("%-6d %-24s %-6s %-4lu %-8s %-24s %-12s %s\n", info.id(), info.address().c_str(), state,
+                  static_cast<unsigned long>(info.incarnation()), "-",
+                  absl::StrCat("- / ", format_bytes(info.memory_bytes())).c_str(), "-",
+                  d.stats_error().empty() ? "-" : absl::StrCat("(", d.stats_error(), ")").c_str());
+    }
+  }
+  std::printf("\n%-18s %-8s %-14s %-30s %s\n", "ARRAY", "DTYPE", "SHAPE", "SHARDING", "LOST ON");
+  for (const pb::ArrayInfo& a : cluster.arrays()) {
+    absl::StatusOr<DType> dtype = dtype_from_proto(a.dtype());
+    absl::StatusOr<Shape> shape = dtype.ok() ? shape_from_proto(a.shape(), *dtype) : dtype.status();
+    absl::StatusOr<NamedSharding> sharding = sharding_from_proto(a.sharding());
+    std::printf(
+        "%-18lu %-8s %-14s %-30s %s\n", static_cast<unsigned long>(a.array_id()),
+        dtype.ok() ? dtype_name(*dtype).c_str() : "?", shape.ok() ? shape_to_string(*shape).c_str() : "?",
+        sharding.ok() ? absl::StrCat(sharding->spec().to_string(), " on ", sharding->mesh().to_string()).c_str() : "?",
+        a.lost_devices().empty() ? "-" : absl::StrJoin(a.lost_devices(), ",").c_str());
+  }
+  std::printf("\n%-10s %-26s %-6s %-6s %-40s %s\n", "EXECUTABLE", "MESH", "NODES", "RUNS", "INPUTS", "OUTPUTS");
+  for (const pb::ExecutableInfo& e : cluster.executables()) {
+    absl::StatusOr<Mesh> mesh = mesh_from_proto(e.mesh());
+    std::vector<std::string> inputs, outputs;
+    for (const pb::PartitionSpec& s : e.input_specs()) inputs.push_back(spec_text(e.mesh(), s));
+    for (const pb::PartitionSpec& s : e.output_specs()) outputs.push_back(spec_text(e.mesh(), s));
+    std::printf("%-10lu %-26s %-6ld %-6ld %-40s %s\n", static_cast<unsigned long>(e.executable_id()),
+                mesh.ok() ? mesh->to_string().c_str() : "?", static_cast<long>(e.graph_nodes()),
+                static_cast<long>(e.executions()), absl::StrJoin(inputs, " ").c_str(),
+                absl::StrJoin(outputs, " ").c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status health() {
+  const std::string address = absl::GetFlag(FLAGS_address);
+  if (address.empty()) return absl::InvalidArgumentError("health: --address HOST:PORT is required");
+  const absl::Duration timeout = std::min(absl::Seconds(absl::GetFlag(FLAGS_timeout_s)), kConnectDeadline);
+  std::shared_ptr<grpc::Channel> channel = make_channel(address);
+  // A coordinator answers its own Handshake; a worker answers the Worker one (the other is
+  // UNIMPLEMENTED there).
+  auto coordinator = pb::Coordinator::NewStub(channel);
+  absl::StatusOr<pb::HandshakeReply> reply = handshake(coordinator.get(), address, timeout);
+  if (absl::IsUnimplemented(reply.status())) {
+    auto worker = pb::Worker::NewStub(channel);
+    reply = handshake(worker.get(), address, timeout);
+    // A worker serves before its registration is through; it names its device after.
+    if (reply.ok() && absl::EndsWith(reply->server(), "device -1")) {
+      return absl::UnavailableError(absl::StrCat("health: the worker at ", address, " has not registered yet"));
+    }
+  }
+  if (!reply.ok()) return reply.status();
+  std::printf("ok: %s at %s\n", reply->server().c_str(), address.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status run_example(const std::string& state_path, const std::vector<char*>& args) {
+  if (args.size() < 3) return absl::InvalidArgumentError("run-example: NAME is required (device_put, seed_layer)");
+  const std::string name = args[2];
+  const std::string program = absl::StrCat(executable_dir(), "/example_", name);
+  if (access(program.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("run-example: no example '", name, "' (", program, " is missing)"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
+  std::vector<std::string> argv = {program, "--coordinator=" + address};
+  for (size_t i = 3; i < args.size(); ++i) argv.push_back(args[i]);
+  std::vector<char*> raw;
+  for (std::string& a : argv) raw.push_back(a.data());
+  raw.push_back(nullptr);
+  std::fflush(stdout);
+  execv(program.c_str(), raw.data());
+  return absl::InternalError(absl::StrCat("run-example: cannot execute ", program));
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(tessera::kUsage);
+  std::vector<char*> args = tessera::parse_flags(argc, argv, "tessera",
+                                                 {{"coordinator", "TESSERA_COORDINATOR"},
+                                                  {"state", "TESSERA_STATE"},
+                                                  {"workers", "TESSERA_WORKERS"},
+                                                  {"port", "TESSERA_COORDINATOR_PORT"},
+                                                  {"host", "TESSERA_HOST"},
+                                                  {"memory_bytes", "TESSERA_WORKER_MEMORY_BYTES"}});
+  if (args.size() < 2) {
+    std::cerr << tessera::kUsage << "\n";
+    return 2;
+  }
+  const std::string command = args[1];
+  std::string state_path = absl::GetFlag(FLAGS_state);
+  if (state_path.empty()) state_path = tessera::default_state_path();
+  absl::Status status;
+  if (command == "up") {
+    status = tessera::up(state_path);
+  } else if (command == "down") {
+    status = tessera::down(state_path);
+  } else if (command == "status") {
+    status = tessera::status(state_path);
+  } else if (command == "health") {
+    status = tessera::health();
+  } else if (command == "run-example") {
+    status = tessera::run_example(state_path, args);
+  } else if (command == "help") {
+    std::cout << tessera::kUsage << "\n";
+    return 0;
+  } else {
+    std::cerr << "tessera: unknown command '" << command << "'\n" << tessera::kUsage << "\n";
+    return 2;
+  }
+  if (!status.ok()) {
+    std::cerr << "tessera: " << status << "\n";
+    return 1;
+  }
+  return 0;
+}

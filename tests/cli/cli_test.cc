@@ -1,0 +1,167 @@
+// bin/tessera: the state file, and up / status / run-example / health / down on real daemons
+// (127.0.0.1 ephemeral ports, a state file of the test's own); --help and environment
+// variables on every binary.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "cli/state.h"
+#include "core/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+const std::string kBin = TESSERA_BIN_DIR;
+
+std::string temp_dir() {
+  std::string pattern = ::testing::TempDir() + "tessera-cli-XXXXXX";
+  return mkdtemp(pattern.data()) != nullptr ? pattern : "";
+}
+
+absl::StatusOr<std::pair<int, std::string>> tessera(std::vector<std::string> args,
+                                                    absl::Duration timeout = absl::Seconds(60)) {
+  args.insert(args.begin(), kBin + "/tessera");
+  return Subprocess::run(args, timeout);
+}
+
+TEST(StateFile, RoundTripsAndRejectsGarbageNamingTheLine) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  const std::string path = dir + "/sub/state";
+  ClusterState state;
+  state.coordinator_address = "10.0.0.1:5000";
+  state.processes.push_back({"coordinator", {1234, 99}, dir + "/sub/state-coordinator.log"});
+  state.processes.push_back({"worker-0", {1235, 100}, dir + "/sub/state worker.log"});
+  ASSERT_TRUE(write_state(path, state).ok());
+  absl::StatusOr<ClusterState> back = read_state(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->coordinator_address, "10.0.0.1:5000");
+  ASSERT_EQ(back->processes.size(), 2u);
+  EXPECT_EQ(back->processes[1].role, "worker-0");
+  EXPECT_EQ(back->processes[1].process.pid, 1235);
+  EXPECT_EQ(back->processes[1].process.start_ticks, 100u);
+  EXPECT_EQ(back->processes[1].log, dir + "/sub/state worker.log");
+
+  EXPECT_EQ(read_state(dir + "/none").status().code(), absl::StatusCode::kNotFound);
+  std::ofstream(path) << "coordinator_address a:1\nprocess worker-0 -4 1 log\n";
+  absl::StatusOr<ClusterState> bad = read_state(path);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), AllOf(HasSubstr("line 2"), HasSubstr("pid")));
+}
+
+TEST(StateFile, AProcessIsNamedByPidAndStartTime) {
+  DaemonProcess self{getpid(), process_start_ticks(getpid())};
+  EXPECT_NE(self.start_ticks, 0u);
+  EXPECT_TRUE(process_running(self));
+  DaemonProcess reused = self;
+  reused.start_ticks += 1;  // the same pid, another process: never signalled
+  EXPECT_FALSE(process_running(reused));
+  absl::StatusOr<std::string> how = stop_process(reused, absl::Seconds(1));
+  ASSERT_TRUE(how.ok());
+  EXPECT_EQ(*how, "not running");
+}
+
+TEST(Cli, UpStatusRunExampleHealthDown) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  const std::string state_flag = "--state=" + dir + "/state";
+  absl::StatusOr<std::pair<int, std::string>> up =
+      tessera({"up", "--workers=8", "--memory_bytes=268435456", state_flag});
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_EQ(up->first, 0) << up->second;
+  absl::StatusOr<ClusterState> state = read_state(dir + "/state");
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->processes.size(), 9u);
+  EXPECT_THAT(up->second, HasSubstr(state->coordinator_address + "\n"));
+  for (const StartedProcess& p : state->processes) EXPECT_TRUE(process_running(p.process)) << p.role;
+
+  // A second up refuses while the first cluster runs.
+  absl::StatusOr<std::pair<int, std::string>> again = tessera({"up", "--workers=1", state_flag});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->first, 1);
+  EXPECT_THAT(again->second, AllOf(HasSubstr("still running"), HasSubstr("tessera down")));
+
+  absl::StatusOr<std::pair<int, std::string>> example = tessera({"run-example", "seed_layer", state_flag});
+  ASSERT_TRUE(example.ok()) << example.status();
+  EXPECT_EQ(example->first, 0) << example->second;
+  EXPECT_EQ(example->second, "(16, 4)\nP('data', 'model')\n8 (4, 2)\n");
+
+  absl::StatusOr<std::pair<int, std::string>> status = tessera({"status", state_flag});
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->first, 0) << status->second;
+  EXPECT_THAT(status->second, AllOf(HasSubstr("devices 8 (8 alive)"), HasSubstr("256.0 MiB"), HasSubstr("EXECUTABLE"),
+                                    HasSubstr("P('data', 'model')")));
+  // The example's executable stays cached on the coordinator, run once.
+  EXPECT_THAT(status->second, HasSubstr("Mesh('data': 4, 'model': 2)"));
+
+  absl::StatusOr<std::pair<int, std::string>> health = tessera({"health", "--address=" + state->coordinator_address});
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->first, 0) << health->second;
+  EXPECT_THAT(health->second, HasSubstr("ok: tessera-coordinator"));
+
+  absl::StatusOr<std::pair<int, std::string>> down = tessera({"down", state_flag});
+  ASSERT_TRUE(down.ok()) << down.status();
+  EXPECT_EQ(down->first, 0) << down->second;
+  for (const StartedProcess& p : state->processes) EXPECT_FALSE(process_running(p.process)) << p.role;
+  EXPECT_NE(access((dir + "/state").c_str(), F_OK), 0) << "the state file is removed";
+  absl::StatusOr<std::pair<int, std::string>> twice = tessera({"down", state_flag});
+  ASSERT_TRUE(twice.ok());
+  EXPECT_EQ(twice->first, 1);
+  EXPECT_THAT(twice->second, HasSubstr("no state file"));
+}
+
+TEST(Cli, HealthOfNothingFailsAndUnknownCommandsAreNamed) {
+  absl::StatusOr<std::pair<int, std::string>> health =
+      tessera({"health", "--address=127.0.0.1:1", "--timeout_s=1"}, absl::Seconds(30));
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->first, 1);
+  absl::StatusOr<std::pair<int, std::string>> unknown = tessera({"upp"});
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->first, 2);
+  EXPECT_THAT(unknown->second, HasSubstr("unknown command 'upp'"));
+  absl::StatusOr<std::pair<int, std::string>> no_workers = tessera({"up", "--state=/nonexistent/x/state"});
+  ASSERT_TRUE(no_workers.ok());
+  EXPECT_THAT(no_workers->second, HasSubstr("--workers must be at least 1, got 0"));
+}
+
+TEST(Cli, EveryBinaryHasHelpNamingItsEnvironmentVariables) {
+  const std::vector<std::pair<std::string, std::string>> binaries = {
+      {"tessera", "TESSERA_COORDINATOR"},
+      {"tessera-coordinator", "TESSERA_COORDINATOR_PORT"},
+      {"tessera-worker", "TESSERA_WORKER_MEMORY_BYTES"},
+      {"example_device_put", "TESSERA_COORDINATOR"},
+      {"example_seed_layer", "TESSERA_COORDINATOR"},
+  };
+  for (const auto& [bin, variable] : binaries) {
+    absl::StatusOr<std::pair<int, std::string>> out = Subprocess::run({kBin + "/" + bin, "--help"}, absl::Seconds(20));
+    ASSERT_TRUE(out.ok()) << bin << ": " << out.status();
+    EXPECT_THAT(out->second, HasSubstr(variable)) << bin;
+    EXPECT_THAT(out->second, ::testing::Not(HasSubstr("No flags matched"))) << bin;
+  }
+}
+
+TEST(Cli, FlagsComeFromTheEnvironmentAndBadValuesAreNamed) {
+  absl::StatusOr<std::pair<int, std::string>> out = Subprocess::run(
+      {"/usr/bin/env", "TESSERA_COORDINATOR_PORT=fifty", kBin + "/tessera-coordinator"}, absl::Seconds(20));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->first, 2);
+  EXPECT_THAT(out->second, AllOf(HasSubstr("$TESSERA_COORDINATOR_PORT='fifty'"), HasSubstr("--port")));
+  // And a good one is used: the worker finds its coordinator in the environment (none runs
+  // there, so it gives up after the registration timeout, also from the environment).
+  out = Subprocess::run({"/usr/bin/env", "TESSERA_COORDINATOR=127.0.0.1:1", "TESSERA_WORKER_REGISTER_TIMEOUT_S=1",
+                         kBin + "/tessera-worker"},
+                        absl::Seconds(20));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->first, 1);
+  EXPECT_THAT(out->second, HasSubstr("coordinator 127.0.0.1:1"));
+}
+
+}  // namespace
+}  // namespace tessera
