@@ -92,8 +92,11 @@ class HostArray {
   bool operator!=(const HostArray& other) const { return !(*this == other); }
 
  private:
+  // Frees a buffer of `bytes` (rounded) bytes: large ones go back to a bounded process-wide
+  // cache that the next allocation of the same size takes (see host_array.cc).
   struct FreeDeleter {
-    void operator()(std::byte* p) const { std::free(p); }
+    size_t bytes;
+    void operator()(std::byte* p) const;
   };
 
   DType dtype_;
