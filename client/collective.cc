@@ -9,18 +9,19 @@
 namespace tessera {
 
 absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& spec, absl::Duration timeout,
-                                     absl::Duration* collective_time) {
+                                     CollectiveTiming* timing) {
   const internal::ArrayState& state = internal::array_state(input);
   pb::RunCollectiveRequest req;
   req.set_array_id(state.id);
   to_proto(spec, req.mutable_spec());
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  if (timing != nullptr) req.set_barrier_first(timing->barrier_first);
   pb::RunCollectiveReply reply;
   grpc::ClientContext ctx;
   set_deadline(&ctx, timeout + absl::Seconds(10));
   TESSERA_RETURN_IF_ERROR(from_grpc(state.client->coordinator()->RunCollective(&ctx, req, &reply),
                                     absl::StrCat("coordinator ", state.client->coordinator_address())));
-  if (collective_time != nullptr) *collective_time = absl::Nanoseconds(reply.collective_ns());
+  if (timing != nullptr) timing->collective = absl::Nanoseconds(reply.collective_ns());
   const pb::ArrayInfo& info = reply.result();
   TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
   TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));

@@ -528,7 +528,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
 
   // Runs one collective on the blocks of an array; the results become a new array with the
   // same sharding (so every device must hold a block of its own).
-  // Sets *collective_ns to the span from the last member's start to the last one's finish.
+  // Sets *collective_ns to the slowest member's time (see RunCollectiveReply).
   absl::StatusOr<ArrayRecord> run_collective(const pb::RunCollectiveRequest& req, int64_t* collective_ns) {
     TESSERA_ASSIGN_OR_RETURN(ArrayRecord in, registry_.get_array(req.array_id()));
     TESSERA_ASSIGN_OR_RETURN(CollectiveSpec spec, collective_from_proto(req.spec()));
@@ -574,6 +574,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
     request.set_output_buffer(out_id);
     for (const pb::PeerAddress& p : peers) *request.add_peers() = p;
     request.set_timeout_ms(timeout_ms);
+    request.set_barrier_first(req.barrier_first());
     std::vector<pb::WorkerCollectiveReply> replies(peers.size());
     std::vector<WorkerChannel*> workers;
     for (const pb::PeerAddress& p : peers) workers.push_back(worker(p.address()));
@@ -588,12 +589,8 @@ class CoordinatorService final : public pb::Coordinator::Service {
       delete_buffers(registry_.remove_arrays({out_id}));
       return failed;
     }
-    int64_t last_start = 0, last_finish = 0;
-    for (const pb::WorkerCollectiveReply& r : replies) {
-      last_start = std::max(last_start, r.started_unix_ns());
-      last_finish = std::max(last_finish, r.finished_unix_ns());
-    }
-    *collective_ns = std::max<int64_t>(0, last_finish - last_start);
+    *collective_ns = 0;
+    for (const pb::WorkerCollectiveReply& r : replies) *collective_ns = std::max(*collective_ns, r.elapsed_ns());
     return registry_.get_array(out_id);
   }
 

@@ -192,16 +192,33 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
     TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input->shape()));
     const int64_t out_bytes = num_elements(out_shape) * dtype_size(input->dtype());
     TESSERA_RETURN_IF_ERROR(store_.reserve(req.output_buffer(), out_bytes));
-    reply->set_started_unix_ns(absl::ToUnixNanos(absl::Now()));
-    absl::StatusOr<std::shared_ptr<const HostArray>> out = tessera::run_collective(transport_, run, input);
+    absl::Status barrier = req.barrier_first() ? run_barrier(run) : absl::OkStatus();
+    const absl::Time started = absl::Now();
+    absl::StatusOr<std::shared_ptr<const HostArray>> out =
+        barrier.ok() ? tessera::run_collective(transport_, run, input) : barrier;
     if (!out.ok()) {
       store_.cancel(req.output_buffer());
       return absl::Status(out.status().code(),
                           absl::StrCat(collective_name(run.spec.kind), " (op ", run.op, "): ", out.status().message()));
     }
     store_.commit(req.output_buffer(), *std::move(out));
-    reply->set_finished_unix_ns(absl::ToUnixNanos(absl::Now()));
+    reply->set_elapsed_ns(absl::ToInt64Nanoseconds(absl::Now() - started));
     return out_shape;
+  }
+
+  // A one-element all-reduce over run's groups, under an op id of its own (bit 62 set: no
+  // array id or plan op id has it), so that every member starts its clock together.
+  absl::Status run_barrier(const CollectiveRun& run) {
+    CollectiveRun barrier = run;
+    barrier.op = run.op | (uint64_t{1} << 62);
+    barrier.spec = CollectiveSpec{};
+    barrier.spec.kind = CollectiveKind::kAllReduce;
+    barrier.spec.groups = run.spec.groups;
+    absl::Status status = tessera::run_collective(transport_, barrier,
+                                                  std::make_shared<const HostArray>(HostArray::zeros(DType::kI32, {1})))
+                              .status();
+    transport_.finish_op(barrier.op);
+    return status;
   }
 
   // Runs a loaded plan on stored buffers and stores its outputs.

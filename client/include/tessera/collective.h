@@ -21,14 +21,21 @@
 
 namespace tessera {
 
+// How a collective's own time is measured (benchmarks).
+struct CollectiveTiming {
+  // In: every member passes a barrier (a one-element all-reduce) before its clock starts, as
+  // MPI benchmarks do; without it a member's time includes waiting for late members.
+  bool barrier_first = false;
+  // Out: the slowest member's time from its start to its stored result, by its own clock
+  // (the collective without the dispatch through the coordinator).
+  absl::Duration collective;
+};
+
 // INVALID_ARGUMENT for a spec that does not fit the array's blocks or mesh; UNAVAILABLE or
 // DEADLINE_EXCEEDED naming the device when a member is lost or stops answering (each
-// member gives up after `timeout`). When `collective_time` is given it receives the time of
-// the collective alone, without dispatch: from the last member's start to the last one's
-// finish, by the workers' clocks (meaningful when they share a clock, as on one host).
+// member gives up after `timeout`). `timing`, when given, is read and filled as above.
 absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& spec,
-                                     absl::Duration timeout = absl::Seconds(10),
-                                     absl::Duration* collective_time = nullptr);
+                                     absl::Duration timeout = absl::Seconds(10), CollectiveTiming* timing = nullptr);
 
 }  // namespace tessera
 
