@@ -61,34 +61,35 @@ std::string peer_name(int device, const std::string& address) {
 
 }  // namespace
 
-// One outbound Exchange stream: a callback-API writer that keeps one write in flight. The
-// thread that queues a message onto an idle stream starts its write itself (gRPC writes to
-// the socket inline, without waking another thread); later messages are started from
-// OnWriteDone, which never blocks.
-class Transport::Link final : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
+// The outbound Exchange streams to one peer: kStreamsPerLink callback-API writers over one
+// channel, each with one write in flight, sharing one queue. A sender whose message finds a
+// stream idle starts its write itself (gRPC then writes the socket inline, without waking
+// another thread); otherwise the message is queued and the next OnWriteDone starts it.
+// Several streams matter for latency: a stream is busy until gRPC runs its OnWriteDone on a
+// callback thread, and a collective's next message (the next round of recursive doubling,
+// say) must not wait for that thread to be scheduled. Messages are tagged, so their order
+// across streams does not matter.
+class Transport::Link {
  public:
+  static constexpr int kStreamsPerLink = 3;
+
   Link(int self, int peer, std::string address)
       : self_(self), peer_(peer), address_(std::move(address)), channel_(make_channel(address_)) {
-    // A long-lived stream: no deadline. It waits for the connection rather than failing on
-    // a first refused connect; the collectives' own deadlines bound every wait.
-    ctx_.set_wait_for_ready(true);
-    ctx_.set_initial_metadata_corked(true);
-    grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), exchange_method(), &ctx_,
-                                                                          &reply_, this);
-    AddHold();  // OnDone waits for RemoveHold in the destructor: no reaction runs after it
-    StartCall();
+    for (int i = 0; i < kStreamsPerLink; ++i) streams_.push_back(std::make_unique<Stream>(this));
   }
 
-  ~Link() override {
-    ctx_.TryCancel();
-    RemoveHold();
+  ~Link() {
+    for (auto& s : streams_) s->cancel();
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&done_));
+    // gRPC calls OnDone once a cancelled call is over: this wait ends.
+    auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_streams_ == kStreamsPerLink; };
+    mu_.Await(absl::Condition(&all_done));
   }
 
   absl::Status enqueue(MessageTag tag, const std::byte* data, int64_t bytes, absl::Time deadline,
                        std::shared_ptr<const void> owner) {
-    grpc::ByteBuffer message = encode_exchange(self_, tag, data, bytes, std::move(owner));
+    Outgoing message{encode_exchange(self_, tag, data, bytes, std::move(owner)), bytes};
+    Stream* idle = nullptr;
     {
       absl::MutexLock lock(&mu_);
       auto room = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -100,13 +101,20 @@ class Transport::Link final : public grpc::ClientWriteReactor<grpc::ByteBuffer> 
       }
       if (broken_) return error_;
       queued_bytes_ += bytes;
-      queue_.push_back({std::move(message), bytes});
-      if (writing_) return absl::OkStatus();
-      writing_ = true;
-      current_ = std::move(queue_.front());
-      queue_.pop_front();
+      for (auto& s : streams_) {
+        if (!s->writing) {
+          idle = s.get();
+          break;
+        }
+      }
+      if (idle == nullptr) {
+        queue_.push_back(std::move(message));
+        return absl::OkStatus();
+      }
+      idle->writing = true;
+      idle->current = std::move(message);
     }
-    StartWrite(&current_.buffer);
+    idle->start_write();
     return absl::OkStatus();
   }
 
@@ -117,35 +125,66 @@ class Transport::Link final : public grpc::ClientWriteReactor<grpc::ByteBuffer> 
     return broken_;
   }
 
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      queued_bytes_ -= current_.bytes;
-      current_ = {};
-      if (!ok) {
-        fail_locked();
-        return;
-      }
-      if (queue_.empty()) {
-        writing_ = false;
-        return;
-      }
-      current_ = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    StartWrite(&current_.buffer);
-  }
-
-  void OnDone(const grpc::Status&) override {
-    absl::MutexLock lock(&mu_);
-    fail_locked();
-    done_ = true;
-  }
-
  private:
   struct Outgoing {
     grpc::ByteBuffer buffer;
     int64_t bytes = 0;  // of data, for the in-flight cap
+  };
+
+  class Stream final : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
+   public:
+    explicit Stream(Link* link) : link_(link) {
+      // A long-lived stream: no deadline. It waits for the connection rather than failing
+      // on a first refused connect; the collectives' own deadlines bound every wait.
+      ctx_.set_wait_for_ready(true);
+      ctx_.set_initial_metadata_corked(true);
+      grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(link->channel_.get(), exchange_method(),
+                                                                            &ctx_, &reply_, this);
+      AddHold();  // released by cancel(): OnDone cannot run before the Link is being destroyed
+      StartCall();
+    }
+
+    void cancel() {
+      ctx_.TryCancel();
+      RemoveHold();
+    }
+
+    void start_write() { StartWrite(&current.buffer); }
+
+    void OnWriteDone(bool ok) override {
+      {
+        absl::MutexLock lock(&link_->mu_);
+        link_->queued_bytes_ -= current.bytes;
+        current = {};
+        if (!ok) {
+          link_->fail_locked();
+          return;
+        }
+        if (link_->queue_.empty()) {
+          writing = false;
+          return;
+        }
+        current = std::move(link_->queue_.front());
+        link_->queue_.pop_front();
+      }
+      start_write();
+    }
+
+    void OnDone(const grpc::Status&) override {
+      absl::MutexLock lock(&link_->mu_);
+      link_->fail_locked();
+      ++link_->done_streams_;
+    }
+
+    // Guarded by link_->mu_ (written under it; `current` is then used only by the one
+    // thread that starts or finishes this stream's write).
+    bool writing = false;
+    Outgoing current;
+
+   private:
+    Link* const link_;
+    grpc::ClientContext ctx_;
+    grpc::ByteBuffer reply_;
   };
 
   void fail_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -162,18 +201,13 @@ class Transport::Link final : public grpc::ClientWriteReactor<grpc::ByteBuffer> 
   const int peer_;
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
-  grpc::ClientContext ctx_;
-  grpc::ByteBuffer reply_;
-
-  // Owned by the write in flight (writing_), touched by whoever starts or finishes it.
-  Outgoing current_;
+  std::vector<std::unique_ptr<Stream>> streams_;
 
   mutable absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // queued and in flight
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  int done_streams_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
