@@ -465,12 +465,18 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::
 
 void Transport::stream_started(int source) {
   absl::MutexLock lock(&mu_);
+  ++live_streams_[source];
   down_since_.erase(source);
 }
 
 void Transport::stream_ended(int source) {
   absl::MutexLock lock(&mu_);
-  down_since_[source] = absl::Now();
+  // A source is down only once all its streams have ended: a peer's streams end together
+  // when it dies, but an old stream's late end must not condemn its fresh ones.
+  if (--live_streams_[source] <= 0) {
+    live_streams_.erase(source);
+    down_since_[source] = absl::Now();
+  }
 }
 
 int64_t Transport::pending_messages() const {

@@ -123,7 +123,8 @@ class Transport {
   int self_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Received> mailbox_ ABSL_GUARDED_BY(mu_);
-  std::map<int, absl::Time> down_since_ ABSL_GUARDED_BY(mu_);  // sources whose stream ended, and when
+  std::map<int, int> live_streams_ ABSL_GUARDED_BY(mu_);       // per source: streams that carried data
+  std::map<int, absl::Time> down_since_ ABSL_GUARDED_BY(mu_);  // sources whose streams all ended, and when
   std::set<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_order_ ABSL_GUARDED_BY(mu_);
 };
