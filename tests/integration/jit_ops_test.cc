@@ -398,6 +398,51 @@ void add_constraints(int m, std::vector<OpCase>* cases) {
   }
 }
 
+// Programs at the edges: outputs that are inputs, one value twice, scalars, size-1 dimensions.
+void add_edges(int m, std::vector<OpCase>* cases) {
+  const MeshDef& mesh = meshes()[m];
+  const std::string a = mesh.axes[0];
+  auto add_case = [&](std::string name, std::vector<Input> inputs, std::vector<std::string> outputs, CaseFunction f,
+                      std::vector<std::optional<PartitionSpec>> want_specs, JitOptions options = {}) {
+    OpCase c;
+    c.name = name + "_" + mesh.name;
+    c.mesh = m;
+    c.inputs = std::move(inputs);
+    c.outputs = std::move(outputs);
+    c.f = std::move(f);
+    c.want_specs = std::move(want_specs);
+    c.options = std::move(options);
+    cases->push_back(std::move(c));
+  };
+  const Input x{DType::kF32, kMatrix, Domain::kSigned, P(a, None)};
+  add_case("output_is_input", {x}, {"x", "tanh(x)"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{in[0], tanh(in[0])};
+           },
+           {P(a, None)});
+  add_case(
+      "output_is_input_resharded", {x}, {"x"},
+      [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{in[0]}; }, {P(None, a)},
+      JitOptions{{P(None, a)}});
+  add_case("same_output_twice", {x}, {"exp(x)", "exp(x) again"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             Value e = exp(in[0]);
+             return std::vector<Value>{e, e};
+           },
+           {P(a, None), P(a, None)});
+  add_case("scalar_input", {x, Input{DType::kF32, {}, Domain::kSigned, P()}}, {"x * s", "s * s"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{in[0] * in[1], in[1] * in[1]};
+           },
+           {P(a, None), P()});
+  add_case("size_one_dims", {Input{DType::kF32, {1, 8, 1}, Domain::kSigned, P(None, a)}}, {"sum", "reshape", "bcast"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{sum(in[0], {0, 2}), reshape(in[0], {8}),
+                                       broadcast_in_dim(in[0], {4, 8, 2}, {0, 1, 2}) * 2.0};
+           },
+           {});
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases;
   for (int m = 0; m < static_cast<int>(meshes().size()); ++m) {
@@ -405,6 +450,7 @@ std::vector<OpCase> all_cases() {
     add_mixed_layouts(m, &cases);
     add_dots(m, &cases);
     add_constraints(m, &cases);
+    add_edges(m, &cases);
   }
   return cases;
 }

@@ -8,6 +8,8 @@
 // replays exactly that graph. TESSERA_RANDOM_GRAPHS sets the number of graphs per mesh.
 #include <algorithm>
 #include <cstdlib>
+#include <iostream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,8 +23,10 @@ namespace tessera {
 namespace {
 
 constexpr uint32_t kDefaultSeed = 20261130;
-constexpr int kDefaultGraphsPerMesh = 40;
+constexpr int kDefaultGraphsPerMesh = 150;
 constexpr int64_t kMaxElements = 4096;
+constexpr const char* kCollectives[] = {"all_reduce", "reduce_scatter",     "all_gather",
+                                        "all_to_all", "collective_permute", "local_slice"};
 
 int env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
@@ -33,6 +37,7 @@ struct MeshParam {
   const char* name;
   std::vector<int64_t> shape;
   std::vector<std::string> axes;
+  std::vector<int> device_ids;  // empty: in id order
 };
 
 void PrintTo(const MeshParam& p, std::ostream* os) { *os << p.name; }
@@ -121,7 +126,7 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
     const Shape s = v.shape();
     const int r = v.rank();
     std::optional<Slot> y;
-    switch (rng() % 13) {
+    switch (rng() % 18) {
       case 0: {
         Value (*const kUnary[])(const Value&) = {tanh, sin, cos, neg, abs, logistic};
         y = Slot{kUnary[rng() % 6](v), x.exact};
@@ -225,6 +230,39 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
         if (!x.exact) break;
         y = Slot{convert(convert(v * 4.0, DType::kI32), DType::kF32) + v, true};
         break;
+      case 13: {
+        if (r != 3) break;
+        // Batched: (B, M, K) x (B, K, N), with a partner from the pool or v's own transpose.
+        Value w;
+        for (const Slot& c : pool) {
+          if (c.v.rank() == 3 && c.v.shape()[0] == s[0] && c.v.shape()[1] == s[2]) w = c.v;
+        }
+        if (!w.ok()) w = transpose(v, {0, 2, 1});
+        y = Slot{dot_general(v, w, DotDims{{0}, {0}, {2}, {1}}) * (1.0 / static_cast<double>(s[2])), false};
+        break;
+      }
+      case 14: {
+        if (!x.exact || r < 2) break;
+        y = Slot{convert(argmax(v, static_cast<int64_t>(rng() % r)), DType::kF32) * 0.25, true};
+        break;
+      }
+      case 15: {
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        y = Slot{v + iota(DType::kF32, s, d) * 0.125, x.exact};
+        break;
+      }
+      case 16:
+        if (r >= 3) break;
+        y = Slot{expand_dims(v, static_cast<int64_t>(rng() % (r + 1))), x.exact};
+        break;
+      case 17: {
+        if (r < 3) break;
+        std::vector<int64_t> axes = {0, 1, 2};
+        axes.erase(axes.begin() + rng() % 3);
+        y = rng() % 2 == 0 ? Slot{sum(v, axes) * (1.0 / static_cast<double>(s[axes[0]] * s[axes[1]])), false}
+                           : Slot{max(v, axes), x.exact};
+        break;
+      }
     }
     if (y && y->v.ok()) {
       made.push_back(*y);
@@ -250,11 +288,14 @@ Client* RandomGraphTest::client_ = nullptr;
 
 TEST_P(RandomGraphTest, MatchesHostReference) {
   ASSERT_NE(client_, nullptr);
-  absl::StatusOr<Mesh> mesh = client_->make_mesh(GetParam().shape, GetParam().axes);
+  absl::StatusOr<Mesh> mesh = GetParam().device_ids.empty()
+                                  ? client_->make_mesh(GetParam().shape, GetParam().axes)
+                                  : client_->make_mesh(GetParam().shape, GetParam().axes, GetParam().device_ids);
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   const uint32_t base = static_cast<uint32_t>(env_int("TESSERA_RANDOM_SEED", kDefaultSeed));
   const int graphs = env_int("TESSERA_RANDOM_GRAPHS", kDefaultGraphsPerMesh);
   int failed = 0;
+  std::map<std::string, int> seen;  // graphs whose plan has each collective
   for (int i = 0; i < graphs && failed < 3; ++i) {
     const uint32_t seed = base + static_cast<uint32_t>(i);
     SCOPED_TRACE(absl::StrCat("graph seed ", seed, " (replay: TESSERA_RANDOM_SEED=", seed,
@@ -272,11 +313,23 @@ TEST_P(RandomGraphTest, MatchesHostReference) {
     std::string specs;
     for (const PartitionSpec& s : r.specs) absl::StrAppend(&specs, " ", s.to_string());
     SCOPED_TRACE(absl::StrCat("inputs", specs, "\n", graph->to_text()));
-    absl::StatusOr<JitCheck> check = run_against_host(*client_, m, f, ptrs, r.specs);
+    JitOptions options;
+    if (rng() % 3 == 0) {  // now and then the first output's layout is asked for
+      const Node& out = graph->node(graph->outputs()[0]);
+      options.out_shardings = std::vector<std::optional<PartitionSpec>>(graph->outputs().size());
+      options.out_shardings[0] = random_spec(out.shape, m, rng);
+    }
+    SCOPED_TRACE(options.out_shardings.empty() ? std::string("no out_shardings")
+                                               : "out_shardings[0] = " + options.out_shardings[0]->to_string());
+    absl::StatusOr<JitCheck> check = run_against_host(*client_, m, f, ptrs, r.specs, options);
     EXPECT_TRUE(check.ok()) << check.status();
     if (!check.ok()) {
       ++failed;
       continue;
+    }
+    for (const char* c : kCollectives) seen[c] += check->plan_text.find(std::string("= ") + c) != std::string::npos;
+    if (options.out_shardings.size() > 0) {
+      EXPECT_EQ(check->out_specs[0], *options.out_shardings[0]) << check->out_specs[0].to_string();
     }
     bool ok = true;
     for (size_t k = 0; k < check->got.size(); ++k) {
@@ -289,12 +342,18 @@ TEST_P(RandomGraphTest, MatchesHostReference) {
       ADD_FAILURE() << "plan:\n" << check->plan_text;
     }
   }
+  std::cout << graphs << " graphs on " << GetParam().name << "; with";
+  for (const char* c : kCollectives) std::cout << " " << c << ": " << seen[c];
+  std::cout << "\n";
 }
 
-INSTANTIATE_TEST_SUITE_P(Random, RandomGraphTest,
-                         ::testing::Values(MeshParam{"m8", {8}, {"data"}}, MeshParam{"m4x2", {4, 2}, {"data", "model"}},
-                                           MeshParam{"m2x4", {2, 4}, {"data", "model"}}),
-                         [](const ::testing::TestParamInfo<MeshParam>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Random, RandomGraphTest,
+    ::testing::Values(MeshParam{"m8", {8}, {"data"}, {}}, MeshParam{"m4x2", {4, 2}, {"data", "model"}, {}},
+                      MeshParam{"m2x4", {2, 4}, {"data", "model"}, {}},
+                      // Devices out of order: blocks live elsewhere than on id order.
+                      MeshParam{"m4x2_shuffled", {4, 2}, {"data", "model"}, {5, 2, 7, 0, 3, 6, 1, 4}}),
+    [](const ::testing::TestParamInfo<MeshParam>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace tessera
