@@ -133,14 +133,15 @@ void add_layout_families(int m, const PartitionSpec& s, std::vector<OpCase>* cas
       std::vector<std::optional<PartitionSpec>>(4, s));
   add_case(
       "binary_f32", {x, x, pos},
-      {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "x+2", "3-x", "x*y/2", "1/q", "<", ">=", "==", "!="},
+      {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "x+2", "3-x", "x*y/2", "1/q", "<",
+       ">=", "==", "!=", "x-2", "2*x", "2+x"},
       [](const std::vector<Value>& in, const Mesh&) {
         const Value &u = in[0], &v = in[1], &q = in[2];
-        return std::vector<Value>{add(u, v),     sub(u, v),     mul(u, v), div(u, q), pow(q, u),
-                                  maximum(u, v), minimum(u, v), u + 2.0,   3.0 - u,   u * v / 2.0,
-                                  1.0 / q,       u < v,         u >= v,    u == u,    u != v};
+        return std::vector<Value>{add(u, v),     sub(u, v), mul(u, v), div(u, q),   pow(q, u), maximum(u, v),
+                                  minimum(u, v), u + 2.0,   3.0 - u,   u * v / 2.0, 1.0 / q,   u < v,
+                                  u >= v,        u == u,    u != v,    u - 2.0,     2.0 * u,   2.0 + u};
       },
-      std::vector<std::optional<PartitionSpec>>(15, s));
+      std::vector<std::optional<PartitionSpec>>(18, s));
   add_case(
       "binary_int_bool", {i32, i32, b, b},
       {"add", "sub", "mul", "div", "max", "min", "and i32", "or i32", "==", "!=", "<", "<=", ">", ">=", "and", "or"},
@@ -222,6 +223,22 @@ void add_layout_families(int m, const PartitionSpec& s, std::vector<OpCase>* cas
                                        max(i, {1}),  prod(i, {0})};
            },
            {spec_of({s0})});
+  add_case("wide_dtypes",
+           {Input{DType::kF64, kMatrix, Domain::kSigned, s}, Input{DType::kI64, kMatrix, Domain::kSigned, s}},
+           {"tanh f64", "sum f64 1", "max f64 0", "f64 @ f64^T", "i64 + i64", "sum i64 0", "prod i64 1",
+            "argmax f64 -> i64", "i64 -> f64"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             const Value &d = in[0], &l = in[1];
+             return std::vector<Value>{tanh(d),
+                                       sum(d, {1}),
+                                       max(d, {0}),
+                                       matmul(d, transpose(d, {1, 0})),
+                                       l + l,
+                                       sum(l, {0}),
+                                       prod(l, {1}),
+                                       argmax(d, 1, DType::kI64),
+                                       convert(l, DType::kF64)};
+           });
   add_case("iota_full", {x, i32}, {"x + iota 0", "x * iota 1", "i + iota i32", "x * full", "full + i"},
            [](const std::vector<Value>& in, const Mesh&) {
              return std::vector<Value>{in[0] + iota(DType::kF32, kMatrix, 0), in[0] * iota(DType::kF32, kMatrix, 1),
@@ -443,6 +460,43 @@ void add_edges(int m, std::vector<OpCase>* cases) {
            {});
 }
 
+// Arrays of 1 MiB, above the collectives' 64 KiB switch to pipelined rings (512 KiB chunks).
+void add_large(int m, std::vector<OpCase>* cases) {
+  const MeshDef& mesh = meshes()[m];
+  const std::string a = mesh.axes[0];
+  const Shape big = {512, 512};
+  auto add_case = [&](std::string name, std::vector<Input> inputs, CaseFunction f, PartitionSpec want_spec,
+                      std::string collective, JitOptions options = {}) {
+    OpCase c;
+    c.name = "large_" + name + "_" + mesh.name;
+    c.mesh = m;
+    c.inputs = std::move(inputs);
+    c.outputs = {name};
+    c.f = std::move(f);
+    c.want_specs = {want_spec};
+    c.want_in_plan = {collective};
+    c.options = std::move(options);
+    cases->push_back(std::move(c));
+  };
+  auto constrained = [](PartitionSpec to) {
+    return [to](const std::vector<Value>& in, const Mesh& mesh) {
+      return std::vector<Value>{with_sharding_constraint(in[0] + 1.0, NamedSharding(mesh, to))};
+    };
+  };
+  const Input rows{DType::kF32, big, Domain::kSigned, P(a, None)};
+  add_case("all_gather", {rows}, constrained(P()), P(), "all_gather");
+  add_case("all_to_all", {rows}, constrained(P(None, a)), P(None, a), "all_to_all");
+  const std::vector<Input> contracting = {Input{DType::kF32, {512, 64}, Domain::kSigned, P(None, a)},
+                                          Input{DType::kF32, {64, 512}, Domain::kSigned, P(a, None)}};
+  add_case("all_reduce", contracting, matmul_f, P(), "all_reduce");
+  add_case("reduce_scatter", contracting, matmul_f, P(a, None), "reduce_scatter", JitOptions{{P(a, None)}});
+  if (mesh.axes.size() == 2) {
+    const std::string b = mesh.axes[1];
+    add_case("collective_permute", {Input{DType::kF32, big, Domain::kSigned, P(Axes{a, b}, None)}},
+             constrained(P(Axes{b, a}, None)), P(Axes{b, a}, None), "collective_permute");
+  }
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases;
   for (int m = 0; m < static_cast<int>(meshes().size()); ++m) {
@@ -451,6 +505,7 @@ std::vector<OpCase> all_cases() {
     add_dots(m, &cases);
     add_constraints(m, &cases);
     add_edges(m, &cases);
+    add_large(m, &cases);
   }
   return cases;
 }

@@ -65,10 +65,11 @@ PartitionSpec random_spec(const Shape& shape, const Mesh& mesh, std::mt19937& rn
 }
 
 Shape random_shape(std::mt19937& rng) {
-  static const int64_t kSizes[] = {4, 8, 16};
+  // Mostly sizes every mesh axis divides; 3, 6 and 12 stay whole on some axes or all.
+  static const int64_t kSizes[] = {4, 8, 16, 2, 6, 12, 3};
   const int rank = 1 + static_cast<int>(rng() % 3);
   Shape s;
-  for (int d = 0; d < rank; ++d) s.push_back(rank == 3 ? kSizes[rng() % 2] : kSizes[rng() % 3]);
+  for (int d = 0; d < rank; ++d) s.push_back(kSizes[rng() % (rank == 3 ? 5 : 7)]);
   return s;
 }
 
@@ -82,10 +83,12 @@ RandomInputs random_inputs(uint32_t seed, const Mesh& mesh) {
   std::mt19937 rng(seed);
   RandomInputs out;
   const int n = 1 + static_cast<int>(rng() % 3);
+  // One graph in four computes on int32: its results must be exact whatever the layout.
+  const DType dtype = rng() % 4 == 0 ? DType::kI32 : DType::kF32;
   for (int i = 0; i < n; ++i) {
     Shape s = random_shape(rng);
     out.specs.push_back(random_spec(s, mesh, rng));
-    out.types.push_back({DType::kF32, std::move(s)});
+    out.types.push_back({dtype, std::move(s)});
   }
   return out;
 }
@@ -102,6 +105,10 @@ struct Slot {
 // the seed, so jit's trace and the reference's trace record the same graph.
 std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, uint32_t seed) {
   std::mt19937 rng(seed ^ 0x9e3779b9u);
+  const DType dtype = in[0].dtype();
+  const bool integer = dtype == DType::kI32;
+  // Float values are scaled to stay O(1) along the chain; integers wrap, exactly.
+  auto scaled = [&](const Value& v, double c) { return integer ? v : v * c; };
   std::vector<Slot> pool;
   for (const Value& v : in) pool.push_back({v, true});
   std::vector<Slot> made;
@@ -128,8 +135,9 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
     std::optional<Slot> y;
     switch (rng() % 18) {
       case 0: {
-        Value (*const kUnary[])(const Value&) = {tanh, sin, cos, neg, abs, logistic};
-        y = Slot{kUnary[rng() % 6](v), x.exact};
+        Value (*const kFloat[])(const Value&) = {tanh, sin, cos, neg, abs, logistic};
+        Value (*const kInteger[])(const Value&) = {neg, abs, sign};
+        y = Slot{integer ? kInteger[rng() % 3](v) : kFloat[rng() % 6](v), x.exact};
         break;
       }
       case 1: {
@@ -140,7 +148,7 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
         break;
       }
       case 2:
-        y = Slot{v * 0.5 + 1.0, x.exact};
+        y = Slot{v * (integer ? 3.0 : 0.5) + 1.0, x.exact};
         break;
       case 3: {
         if (r < 2) break;
@@ -169,7 +177,7 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
         const int64_t axis = static_cast<int64_t>(rng() % r);
         switch (rng() % 3) {
           case 0:
-            y = Slot{mean(v, {axis}), false};
+            y = Slot{integer ? sum(v, {axis}) : mean(v, {axis}), false};
             break;
           case 1:
             y = Slot{max(v, {axis}), x.exact};
@@ -189,7 +197,7 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
           if (c.v.rank() == 2 && c.v.shape()[0] == s[1]) w = c.v;
         }
         if (!w.ok()) w = transpose(v, {1, 0});
-        y = Slot{matmul(v, w) * (1.0 / static_cast<double>(s[1])), false};
+        y = Slot{scaled(matmul(v, w), 1.0 / static_cast<double>(s[1])), false};
         break;
       }
       case 7: {
@@ -223,12 +231,13 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
       case 11: {
         if (!x.exact) break;
         std::optional<Slot> o = same_shape(v);
-        y = Slot{where(v > full(s, 0.25), v, o ? o->v * 0.5 : -v), o ? o->exact : true};
+        y = Slot{where(v > full(s, 0.25, dtype), v, o ? o->v * 0.5 : -v), o ? o->exact : true};
         break;
       }
       case 12:
         if (!x.exact) break;
-        y = Slot{convert(convert(v * 4.0, DType::kI32), DType::kF32) + v, true};
+        y = integer ? Slot{convert(convert(v, DType::kF32) * 0.5, DType::kI32) + v, true}
+                    : Slot{convert(convert(v * 4.0, DType::kI32), DType::kF32) + v, true};
         break;
       case 13: {
         if (r != 3) break;
@@ -238,17 +247,17 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
           if (c.v.rank() == 3 && c.v.shape()[0] == s[0] && c.v.shape()[1] == s[2]) w = c.v;
         }
         if (!w.ok()) w = transpose(v, {0, 2, 1});
-        y = Slot{dot_general(v, w, DotDims{{0}, {0}, {2}, {1}}) * (1.0 / static_cast<double>(s[2])), false};
+        y = Slot{scaled(dot_general(v, w, DotDims{{0}, {0}, {2}, {1}}), 1.0 / static_cast<double>(s[2])), false};
         break;
       }
       case 14: {
         if (!x.exact || r < 2) break;
-        y = Slot{convert(argmax(v, static_cast<int64_t>(rng() % r)), DType::kF32) * 0.25, true};
+        y = Slot{scaled(convert(argmax(v, static_cast<int64_t>(rng() % r)), dtype), 0.25), true};
         break;
       }
       case 15: {
         const int64_t d = static_cast<int64_t>(rng() % r);
-        y = Slot{v + iota(DType::kF32, s, d) * 0.125, x.exact};
+        y = Slot{v + scaled(iota(dtype, s, d), 0.125), x.exact};
         break;
       }
       case 16:
@@ -259,17 +268,18 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
         if (r < 3) break;
         std::vector<int64_t> axes = {0, 1, 2};
         axes.erase(axes.begin() + rng() % 3);
-        y = rng() % 2 == 0 ? Slot{sum(v, axes) * (1.0 / static_cast<double>(s[axes[0]] * s[axes[1]])), false}
+        y = rng() % 2 == 0 ? Slot{scaled(sum(v, axes), 1.0 / static_cast<double>(s[axes[0]] * s[axes[1]])), false}
                            : Slot{max(v, axes), x.exact};
         break;
       }
     }
+    if (y && integer) y->exact = true;
     if (y && y->v.ok()) {
       made.push_back(*y);
       pool.push_back(*y);
     }
   }
-  if (made.empty()) made.push_back({tanh(in[0]), true});
+  if (made.empty()) made.push_back({neg(in[0]), true});
   std::vector<Value> out = {made.back().v};
   if (made.size() > 2 && rng() % 2 == 0) out.push_back(made[rng() % (made.size() - 1)].v);
   return out;
@@ -352,7 +362,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MeshParam{"m8", {8}, {"data"}, {}}, MeshParam{"m4x2", {4, 2}, {"data", "model"}, {}},
                       MeshParam{"m2x4", {2, 4}, {"data", "model"}, {}},
                       // Devices out of order: blocks live elsewhere than on id order.
-                      MeshParam{"m4x2_shuffled", {4, 2}, {"data", "model"}, {5, 2, 7, 0, 3, 6, 1, 4}}),
+                      MeshParam{"m4x2_shuffled", {4, 2}, {"data", "model"}, {5, 2, 7, 0, 3, 6, 1, 4}},
+                      // Three axes; and six of the eight devices, in groups of three.
+                      MeshParam{"m2x2x2", {2, 2, 2}, {"x", "y", "z"}, {}},
+                      MeshParam{"m3x2_of_6", {3, 2}, {"data", "model"}, {1, 2, 3, 4, 5, 6}}),
     [](const ::testing::TestParamInfo<MeshParam>& info) { return std::string(info.param.name); });
 
 }  // namespace
