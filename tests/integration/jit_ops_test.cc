@@ -452,6 +452,15 @@ void add_edges(int m, std::vector<OpCase>* cases) {
              return std::vector<Value>{in[0] * in[1], in[1] * in[1]};
            },
            {P(a, None), P()});
+  add_case(
+      "made_inside_only", {x}, {"full", "iota sharded by out_shardings", "iota * 2"},
+      [](const std::vector<Value>&, const Mesh&) {
+        return std::vector<Value>{full({8, 16}, 2.5), iota(DType::kI32, {8, 16}, 1),
+                                  iota(DType::kF32, {16, 8}, 0) * 2.0};
+      },
+      {P(), P(None, a)}, JitOptions{{std::nullopt, P(None, a), P(a, None)}});
+  add_case("unused_input", {x, x}, {"tanh(x)"},
+           [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{tanh(in[0])}; }, {P(a, None)});
   add_case("size_one_dims", {Input{DType::kF32, {1, 8, 1}, Domain::kSigned, P(None, a)}}, {"sum", "reshape", "bcast"},
            [](const std::vector<Value>& in, const Mesh&) {
              return std::vector<Value>{sum(in[0], {0, 2}), reshape(in[0], {8}),
