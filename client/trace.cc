@@ -52,11 +52,6 @@ using internal::TraceState;
 
 namespace {
 
-const Shape& empty_shape() {
-  static const Shape* const kEmpty = new Shape();
-  return *kEmpty;
-}
-
 // numpy's broadcast of two shapes, or nullopt.
 std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
   const size_t rank = std::max(a.size(), b.size());
@@ -119,7 +114,7 @@ Value reduce(Op op, const Value& x, std::vector<int64_t> axes, bool keepdims) {
 }  // namespace
 
 DType Value::dtype() const { return ok() ? trace_->graph.node(id_).dtype : DType::kF32; }
-const Shape& Value::shape() const { return ok() ? trace_->graph.node(id_).shape : empty_shape(); }
+Shape Value::shape() const { return ok() ? trace_->graph.node(id_).shape : Shape(); }
 
 absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs) {
   auto state = std::make_shared<TraceState>();

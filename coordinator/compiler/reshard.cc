@@ -64,7 +64,23 @@ absl::StatusOr<std::vector<ReshardStep>> plan_reshard(const ValueSharding& from,
                                                       const Shape& shape, const Mesh& mesh) {
   TESSERA_RETURN_IF_ERROR(check_fits(from, shape, mesh, "source"));
   TESSERA_RETURN_IF_ERROR(check_fits(to, shape, mesh, "target"));
-  if (to.is_partial()) return absl::InvalidArgumentError("reshard: the target sharding cannot be partial");
+  // A partial target is an operand of an op linear in it (slice, add of two partial values...)
+  // that needs another layout but not the sum yet: the pending reduction is kept as it is, and
+  // the moves below only move blocks (gather, all_to_all, slice, permute), which commute with
+  // it. It must be the source's own pending reduction, over axes no dimension is split by.
+  if (to.is_partial()) {
+    if (to.partial != from.partial || to.partial_op != from.partial_op) {
+      return absl::InvalidArgumentError(absl::StrCat("reshard: the target ", to.to_string(),
+                                                     " is partial but not pending what the source ", from.to_string(),
+                                                     " is"));
+    }
+    for (const std::string& a : to.partial) {
+      if (dim_of(to, a) >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("reshard: the target ", to.to_string(), " splits a dimension over pending axis '", a, "'"));
+      }
+    }
+  }
   std::vector<ReshardStep> steps;
   ValueSharding cur = from;
   auto push = [&](ReshardStep step) {
@@ -74,7 +90,7 @@ absl::StatusOr<std::vector<ReshardStep>> plan_reshard(const ValueSharding& from,
 
   // 1. Resolve a pending reduction: scatter it straight onto a dimension the target splits
   //    over exactly those axes (minor-most, currently unsplit), else all_reduce it.
-  if (cur.is_partial()) {
+  if (cur.is_partial() && !to.is_partial()) {
     std::vector<std::string> pending = cur.partial;
     for (size_t d = 0; d < to.dims.size() && !pending.empty(); ++d) {
       if (!cur.dims[d].empty() || to.dims[d].empty()) continue;

@@ -37,7 +37,9 @@ struct ReshardStep {
 };
 
 // The steps that take a value of `shape` from `from` to `to` (empty when they are equal).
-// `to` must be whole (not partial). INVALID_ARGUMENT if either does not fit the shape.
+// `to` is whole, or partial with exactly `from`'s pending reduction, which then stays pending
+// (only the layout changes). INVALID_ARGUMENT if either does not fit the shape, or `to` is
+// partial otherwise.
 absl::StatusOr<std::vector<ReshardStep>> plan_reshard(const ValueSharding& from, const ValueSharding& to,
                                                       const Shape& shape, const Mesh& mesh);
 

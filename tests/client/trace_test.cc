@@ -1,5 +1,8 @@
 // Tracing: the graphs functions record, the shapes and dtypes inferred, and the errors
 // reported at trace time, naming the op and the shapes.
+#include <type_traits>
+#include <utility>
+
 #include "core/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,6 +31,24 @@ TEST(Trace, SeedLayerRecordsDotThenTanh) {
             "%2 = dot_general(%0, %1) f32[16,4] lhs_batch={} rhs_batch={} lhs_contracting={1} rhs_contracting={0}\n"
             "%3 = tanh(%2) f32[16,4]\n"
             "ROOT (%3)\n");
+}
+
+// Regression: Value::shape() returned a reference into the graph's node storage, which
+// moves as ops are added, so a shape held across later ops dangled (found by the random jit
+// graphs, as std::bad_array_new_length). It is a value now; ASan builds also catch a relapse.
+static_assert(std::is_same_v<decltype(std::declval<const Value&>().shape()), Shape>,
+              "Value::shape() must not hand out a reference into the growing graph");
+TEST(Trace, ShapeHeldAcrossLaterOpsStaysValid) {
+  absl::StatusOr<Graph> g = trace1(
+      [](const auto& in) {
+        const Shape& s = in[0].shape();  // binds to the returned value: lives as long as s
+        Value v = in[0];
+        for (int i = 0; i < 100; ++i) v = tanh(v);  // grows the graph's storage many times over
+        return reshape(v, {s[1], s[0]});
+      },
+      {{DType::kF32, {16, 8}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(output(*g).shape, (Shape{8, 16}));
 }
 
 TEST(Trace, BinaryOpsBroadcastLikeNumpy) {

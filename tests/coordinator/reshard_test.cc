@@ -69,6 +69,23 @@ TEST_F(ReshardTest, SwappingTwoDimensionsAxes) {
                           "local_slice(dim=1, axes=('data',))"));
 }
 
+// Regression: an op linear in a partial operand that needs another layout of it (a slice
+// cutting a split dimension of a partial product) asked for a partial target, which the
+// planner refused ("the target sharding cannot be partial"), failing the whole compilation.
+TEST_F(ReshardTest, PartialValueChangesLayoutAndStaysPartial) {
+  EXPECT_THAT(plan(s({{"model"}, {}}, {"data"}), s({{}, {}}, {"data"})),
+              ElementsAre("all_gather(dim=0, axes=('model',))"));
+  EXPECT_THAT(plan(s({{"model"}, {}}, {"data"}), s({{}, {"model"}}, {"data"})),
+              ElementsAre("all_to_all(split=1, concat=0, axes=('model',))"));
+  EXPECT_THAT(plan(s({{}, {}}, {"data"}), s({{"model"}, {}}, {"data"})),
+              ElementsAre("local_slice(dim=0, axes=('model',))"));
+  // Another pending reduction, or a split over a pending axis, is not a layout change.
+  EXPECT_EQ(plan_reshard(s({{}, {}}, {"data"}), s({{}, {}}, {"model"}), {16, 8}, mesh_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan_reshard(s({{}, {}}, {"data"}), s({{"data"}, {}}, {"data"}), {16, 8}, mesh_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ReshardTest, BadTargets) {
   EXPECT_EQ(plan_reshard(s({{}, {}}), s({{}, {}}, {"data"}), {16, 8}, mesh_).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -31,7 +31,8 @@ class Value {
  public:
   Value() = default;
   DType dtype() const;
-  const Shape& shape() const;
+  // By value: the graph's storage moves as ops are added, so a reference would dangle.
+  Shape shape() const;
   int rank() const { return static_cast<int>(shape().size()); }
   // False once tracing has failed; ops on it record nothing.
   bool ok() const { return trace_ != nullptr && id_ >= 0; }

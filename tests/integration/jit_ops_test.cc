@@ -1,0 +1,590 @@
+// Every traced op of trace.h under representative shardings on the (8), (4, 2) and (2, 4)
+// meshes of Client::local(8), against the single-device host reference (tests/support/).
+//
+// A case is one jitted function on one mesh with one input layout. Ops that share a
+// propagation rule (the unary ops, the binary ops, ...) are the outputs of one function, so
+// every op meets every layout at the cost of one compilation per layout; each output is
+// checked on its own and a failure names the op. Shardings: replicated, each dimension over
+// each axis, two dimensions over two axes (both ways), one dimension over a tuple of axes;
+// plus the contraction layouts of dot_general and every transition with_sharding_constraint
+// can force. Integer and bool results must be exact, float32 ones within kF32Tolerance.
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/tessera.h"
+#include "tests/support/jit_check.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct MeshDef {
+  const char* name;
+  std::vector<int64_t> shape;
+  std::vector<std::string> axes;
+};
+
+const std::vector<MeshDef>& meshes() {
+  static const auto* const kMeshes = new std::vector<MeshDef>{
+      {"m8", {8}, {"data"}}, {"m4x2", {4, 2}, {"data", "model"}}, {"m2x4", {2, 4}, {"data", "model"}}};
+  return *kMeshes;
+}
+
+using CaseFunction = std::function<std::vector<Value>(const std::vector<Value>&, const Mesh&)>;
+
+struct Input {
+  DType dtype;
+  Shape shape;
+  Domain domain;
+  PartitionSpec spec;
+};
+
+struct OpCase {
+  std::string name;
+  int mesh = 0;  // index into meshes()
+  std::vector<Input> inputs;
+  CaseFunction f;
+  std::vector<std::string> outputs;                      // what each output is, for messages
+  std::vector<std::optional<PartitionSpec>> want_specs;  // checked where set (JAX's behaviour)
+  std::vector<std::string> want_in_plan;                 // collectives the plan must contain
+  bool no_collectives = false;                           // the plan must contain none
+  JitOptions options;
+};
+
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
+std::string spec_name(const PartitionSpec& spec) {
+  if (spec.used_axes().empty()) return "R";
+  std::string out;
+  for (int d = 0; d < spec.size(); ++d) {
+    if (d > 0) out += "_";
+    const Axes& axes = spec.axes(d);
+    if (axes.empty()) out += "N";
+    for (size_t i = 0; i < axes.size(); ++i) out += (i > 0 ? "X" : "") + axes[i];
+  }
+  return out;
+}
+
+// The representative layouts of a rank-2 value on `mesh`.
+std::vector<PartitionSpec> rank2_specs(const MeshDef& mesh) {
+  const std::string& a = mesh.axes[0];
+  std::vector<PartitionSpec> out = {P(), P(a, None), P(None, a)};
+  if (mesh.axes.size() == 2) {
+    const std::string& b = mesh.axes[1];
+    out.push_back(P(b, None));
+    out.push_back(P(None, b));
+    out.push_back(P(a, b));
+    out.push_back(P(b, a));
+    out.push_back(P(Axes{a, b}, None));
+    out.push_back(P(None, Axes{a, b}));
+  }
+  return out;
+}
+
+PartitionSpec spec_of(std::vector<Axes> dims) { return PartitionSpec(std::move(dims)); }
+Axes dim_axes(const PartitionSpec& s, int d) { return s.axes(d); }
+
+const Shape kMatrix = {8, 16};
+
+// The families whose every op runs under every rank-2 layout `s`.
+void add_layout_families(int m, const PartitionSpec& s, std::vector<OpCase>* cases) {
+  const std::string suffix = std::string("_") + meshes()[m].name + "_" + spec_name(s);
+  const Axes s0 = dim_axes(s, 0), s1 = dim_axes(s, 1);
+  auto add_case = [&](std::string family, std::vector<Input> inputs, std::vector<std::string> outputs, CaseFunction f,
+                      std::vector<std::optional<PartitionSpec>> want_specs = {}) {
+    OpCase c;
+    c.name = family + suffix;
+    c.mesh = m;
+    c.inputs = std::move(inputs);
+    c.outputs = std::move(outputs);
+    c.f = std::move(f);
+    c.want_specs = std::move(want_specs);
+    cases->push_back(std::move(c));
+  };
+  const Input x{DType::kF32, kMatrix, Domain::kSigned, s};
+  const Input pos{DType::kF32, kMatrix, Domain::kPositive, s};
+  const Input i32{DType::kI32, kMatrix, Domain::kSigned, s};
+  const Input b{DType::kBool, kMatrix, Domain::kSigned, s};
+
+  // Elementwise: JAX keeps the operands' layout.
+  add_case(
+      "unary_f32", {x, pos},
+      {"neg", "abs", "exp", "tanh", "logistic", "sin", "cos", "floor", "ceil", "sign", "log", "sqrt", "rsqrt", "-x"},
+      [](const std::vector<Value>& in, const Mesh&) {
+        const Value& v = in[0];
+        const Value& p = in[1];
+        return std::vector<Value>{neg(v),   abs(v),  exp(v),  tanh(v), logistic(v), sin(v),   cos(v),
+                                  floor(v), ceil(v), sign(v), log(p),  sqrt(p),     rsqrt(p), -v};
+      },
+      std::vector<std::optional<PartitionSpec>>(14, s));
+  add_case(
+      "unary_int_bool", {i32, b}, {"neg i32", "abs i32", "sign i32", "logical_not"},
+      [](const std::vector<Value>& in, const Mesh&) {
+        return std::vector<Value>{neg(in[0]), abs(in[0]), sign(in[0]), logical_not(in[1])};
+      },
+      std::vector<std::optional<PartitionSpec>>(4, s));
+  add_case(
+      "binary_f32", {x, x, pos},
+      {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "x+2", "3-x", "x*y/2", "1/q", "<",
+       ">=", "==", "!=", "x-2", "2*x", "2+x"},
+      [](const std::vector<Value>& in, const Mesh&) {
+        const Value &u = in[0], &v = in[1], &q = in[2];
+        return std::vector<Value>{add(u, v),     sub(u, v), mul(u, v), div(u, q),   pow(q, u), maximum(u, v),
+                                  minimum(u, v), u + 2.0,   3.0 - u,   u * v / 2.0, 1.0 / q,   u < v,
+                                  u >= v,        u == u,    u != v,    u - 2.0,     2.0 * u,   2.0 + u};
+      },
+      std::vector<std::optional<PartitionSpec>>(18, s));
+  add_case(
+      "binary_int_bool", {i32, i32, b, b},
+      {"add", "sub", "mul", "div", "max", "min", "and i32", "or i32", "==", "!=", "<", "<=", ">", ">=", "and", "or"},
+      [](const std::vector<Value>& in, const Mesh&) {
+        const Value &i = in[0], &j = in[1], &p = in[2], &q = in[3];
+        return std::vector<Value>{i + j,
+                                  i - j,
+                                  i * j,
+                                  div(i, j),
+                                  maximum(i, j),
+                                  minimum(i, j),
+                                  logical_and(i, j),
+                                  logical_or(i, j),
+                                  i == j,
+                                  i != j,
+                                  i<j, i <= j, i>
+                                      j,
+                                  i >= j,
+                                  logical_and(p, q),
+                                  logical_or(p, q)};
+      });
+  add_case(
+      "select_convert", {x, x, i32, b},
+      {"where f32", "where i32", "f32->i32", "i32->f32", "bool->f32", "f32->f64", "f32->bool"},
+      [](const std::vector<Value>& in, const Mesh&) {
+        const Value &u = in[0], &v = in[1], &i = in[2], &p = in[3];
+        return std::vector<Value>{
+            where(u > v, u, v),      where(p, i, -i),         convert(u * 3.0, DType::kI32),  convert(i, DType::kF32),
+            convert(p, DType::kF32), convert(u, DType::kF64), convert(floor(u), DType::kBool)};
+      });
+  // numpy broadcasting inserts broadcast_in_dim: a row vector laid out like the matrix's rows.
+  add_case("broadcast_binary", {x, Input{DType::kF32, {16}, Domain::kSigned, spec_of({s1})}}, {"x + row", "row * x"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{in[0] + in[1], in[1] * in[0]};
+           });
+  add_case("broadcast_in_dim", {x, Input{DType::kF32, {1, 16}, Domain::kSigned, spec_of({{}, s1})}},
+           {"(8,16)->(4,8,16)", "(8,16)->(8,16,2)", "(1,16)->(8,16) stretched", "broadcast_to"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{broadcast_in_dim(in[0], {4, 8, 16}, {1, 2}),
+                                       broadcast_in_dim(in[0], {8, 16, 2}, {0, 1}),
+                                       broadcast_in_dim(in[1], {8, 16}, {0, 1}), broadcast_to(in[1], {4, 8, 16})};
+           });
+  add_case("reshape", {x}, {"(128)", "(8,4,4)", "(2,4,16)", "(16,8)", "(4,32)"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{reshape(in[0], {128}), reshape(in[0], {8, 4, 4}), reshape(in[0], {2, 4, 16}),
+                                       reshape(in[0], {16, 8}), reshape(in[0], {4, 32})};
+           });
+  // transpose moves the spec with the dimensions.
+  add_case("transpose", {x}, {"transpose"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{transpose(in[0], {1, 0})};
+           },
+           {spec_of({s1, s0})});
+  add_case("expand_squeeze", {x, Input{DType::kF32, {8, 1, 16}, Domain::kSigned, spec_of({s0, {}, s1})}},
+           {"expand_dims 0", "expand_dims 2", "squeeze 1", "squeeze all"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{expand_dims(in[0], 0), expand_dims(in[0], -1), squeeze(in[1], {1}),
+                                       squeeze(in[1], {})};
+           });
+  add_case("slice", {x}, {"[2:6, 4:12]", "[:, 8:16]", "[0:4, :]", "[:, :]"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{slice(in[0], {2, 4}, {6, 12}), slice(in[0], {0, 8}, {8, 16}),
+                                       slice(in[0], {0, 0}, {4, 16}), slice(in[0], {0, 0}, {8, 16})};
+           });
+  add_case("concatenate", {x, x}, {"axis 0", "axis 1", "three on axis 1"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{concatenate({in[0], in[1]}, 0), concatenate({in[0], in[1]}, 1),
+                                       concatenate({in[1], in[0], in[1]}, -1)};
+           });
+  // Reductions over a sharded dimension leave a partial value the partitioner must resolve.
+  add_case("reduce", {x, Input{DType::kF32, kMatrix, Domain::kNearOne, s}, i32},
+           {"sum 1", "sum 0", "sum all", "sum 1 keepdims", "max 0", "max 1", "min 0", "min all", "prod 0", "prod 1",
+            "mean 1", "mean all", "argmax 0", "argmax 1", "sum i32 0", "max i32 1", "prod i32 0"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             const Value &u = in[0], &n = in[1], &i = in[2];
+             return std::vector<Value>{sum(u, {1}),  sum(u, {0}), sum(u),       sum(u, {1}, true), max(u, {0}),
+                                       max(u, {1}),  min(u, {0}), min(u),       prod(n, {0}),      prod(n, {1}),
+                                       mean(u, {1}), mean(u),     argmax(u, 0), argmax(u, 1),      sum(i, {0}),
+                                       max(i, {1}),  prod(i, {0})};
+           },
+           {spec_of({s0})});
+  add_case("wide_dtypes",
+           {Input{DType::kF64, kMatrix, Domain::kSigned, s}, Input{DType::kI64, kMatrix, Domain::kSigned, s}},
+           {"tanh f64", "sum f64 1", "max f64 0", "f64 @ f64^T", "i64 + i64", "sum i64 0", "prod i64 1",
+            "argmax f64 -> i64", "i64 -> f64"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             const Value &d = in[0], &l = in[1];
+             return std::vector<Value>{tanh(d),
+                                       sum(d, {1}),
+                                       max(d, {0}),
+                                       matmul(d, transpose(d, {1, 0})),
+                                       l + l,
+                                       sum(l, {0}),
+                                       prod(l, {1}),
+                                       argmax(d, 1, DType::kI64),
+                                       convert(l, DType::kF64)};
+           });
+  add_case("iota_full", {x, i32}, {"x + iota 0", "x * iota 1", "i + iota i32", "x * full", "full + i"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{in[0] + iota(DType::kF32, kMatrix, 0), in[0] * iota(DType::kF32, kMatrix, 1),
+                                       in[1] + iota(DType::kI32, kMatrix, 1), in[0] * full(kMatrix, 3.0),
+                                       full(kMatrix, -2.0, DType::kI32) + in[1]};
+           });
+}
+
+// An elementwise op on two differently laid out operands: one is resharded to the other.
+void add_mixed_layouts(int m, std::vector<OpCase>* cases) {
+  const std::vector<PartitionSpec> specs = rank2_specs(meshes()[m]);
+  for (size_t k = 0; k < specs.size(); ++k) {
+    std::vector<PartitionSpec> others;
+    for (const PartitionSpec& t : {P(), specs[(k + 1) % specs.size()], specs[(k + 3) % specs.size()]}) {
+      if (t != specs[k] && std::find(others.begin(), others.end(), t) == others.end()) others.push_back(t);
+    }
+    for (const PartitionSpec& t : others) {
+      OpCase c;
+      c.name = std::string("add_mixed_") + meshes()[m].name + "_" + spec_name(specs[k]) + "_and_" + spec_name(t);
+      c.mesh = m;
+      c.inputs = {{DType::kF32, kMatrix, Domain::kSigned, specs[k]}, {DType::kF32, kMatrix, Domain::kSigned, t}};
+      c.outputs = {"x + y", "tanh(y) * x"};
+      c.f = [](const std::vector<Value>& in, const Mesh&) {
+        return std::vector<Value>{in[0] + in[1], tanh(in[1]) * in[0]};
+      };
+      cases->push_back(std::move(c));
+    }
+  }
+}
+
+std::vector<Value> matmul_f(const std::vector<Value>& in, const Mesh&) { return {matmul(in[0], in[1])}; }
+
+// Contractions: free, contracting and batch dimensions sharded, operands on different axes.
+void add_dots(int m, std::vector<OpCase>* cases) {
+  const MeshDef& mesh = meshes()[m];
+  const std::string a = mesh.axes[0];
+  const std::string b = mesh.axes.size() == 2 ? mesh.axes[1] : mesh.axes[0];
+  const bool two = mesh.axes.size() == 2;
+  auto add_case = [&](std::string name, Input lhs, Input rhs, CaseFunction f, std::optional<PartitionSpec> want_spec,
+                      std::vector<std::string> want_in_plan, bool none = false) {
+    OpCase c;
+    c.name = name + "_" + mesh.name;
+    c.mesh = m;
+    c.inputs = {std::move(lhs), std::move(rhs)};
+    c.outputs = {name};
+    c.f = std::move(f);
+    c.want_specs = {want_spec};
+    c.want_in_plan = std::move(want_in_plan);
+    c.no_collectives = none;
+    cases->push_back(std::move(c));
+  };
+  auto mat = [](Shape shape, PartitionSpec spec) {
+    return Input{DType::kF32, std::move(shape), Domain::kSigned, spec};
+  };
+  const Shape l = {8, 16}, r = {16, 8};
+  // Every lhs layout against a replicated rhs, and every rhs layout against a replicated lhs.
+  for (const PartitionSpec& s : rank2_specs(mesh)) {
+    add_case("matmul_lhs_" + spec_name(s), mat(l, s), mat(r, P()), matmul_f, std::nullopt, {});
+    add_case("matmul_rhs_" + spec_name(s), mat(l, P()), mat(r, s), matmul_f, std::nullopt, {});
+  }
+  // JAX: P(a, None) @ P(None, b) is P(a, b), computed without communication.
+  if (two) add_case("matmul_rows_by_cols", mat(l, P(a, None)), mat(r, P(None, b)), matmul_f, P(a, b), {}, true);
+  add_case("matmul_rows_by_cols_same_axis", mat(l, P(a, None)), mat(r, P(None, a)), matmul_f, std::nullopt, {});
+  // Contracting dimension sharded on both sides: partial sums, all_reduce.
+  add_case("matmul_contracting_" + a, mat(l, P(None, a)), mat(r, P(a, None)), matmul_f, P(), {"all_reduce"});
+  if (two) {
+    add_case("matmul_contracting_" + b, mat(l, P(None, b)), mat(r, P(b, None)), matmul_f, P(), {"all_reduce"});
+    add_case("matmul_rows_and_contracting", mat(l, P(a, b)), mat(r, P(b, None)), matmul_f, P(a, None), {"all_reduce"});
+    add_case("matmul_contracting_tuple", mat(l, P(None, Axes{a, b})), mat(r, P(Axes{a, b}, None)), matmul_f, P(),
+             {"all_reduce"});
+    // Contracting split on one side only: the other operand is sliced or gathered to match.
+    add_case("matmul_contracting_lhs_only", mat(l, P(None, b)), mat(r, P(None, a)), matmul_f, std::nullopt, {});
+  }
+  // Partial product wanted sharded: reduce_scatter (via out_shardings and via a constraint).
+  {
+    OpCase c;
+    c.name = std::string("matmul_partial_to_reduce_scatter_") + mesh.name;
+    c.mesh = m;
+    c.inputs = {mat(l, P(None, a)), mat(r, P(a, None))};
+    c.outputs = {"matmul"};
+    c.f = matmul_f;
+    c.options.out_shardings = {P(a, None)};
+    c.want_specs = {P(a, None)};
+    c.want_in_plan = {"reduce_scatter"};
+    cases->push_back(std::move(c));
+  }
+  // Ops linear in a partial product that need it in another layout keep it partial.
+  if (two) {
+    add_case("slice_of_partial_product", mat(l, P(b, a)), mat(r, P(a, None)),
+             [](const std::vector<Value>& in, const Mesh&) {
+               return std::vector<Value>{slice(matmul(in[0], in[1]), {2, 0}, {6, 8})};
+             },
+             std::nullopt, {"all_reduce"});
+    OpCase c;
+    c.name = std::string("add_of_partials_in_two_layouts_") + mesh.name;
+    c.mesh = m;
+    c.inputs = {mat(l, P(b, a)), mat(l, P(None, a)), mat(r, P(a, None))};
+    c.outputs = {"x @ w + y @ w"};
+    c.f = [](const std::vector<Value>& in, const Mesh&) {
+      return std::vector<Value>{matmul(in[0], in[2]) + matmul(in[1], in[2])};
+    };
+    c.want_in_plan = {"all_reduce"};
+    cases->push_back(std::move(c));
+  }
+  // Batch dimensions sharded: (8, 8, 16) x (8, 16, 8) over batch 0.
+  auto batched = [](const std::vector<Value>& in, const Mesh&) {
+    return std::vector<Value>{dot_general(in[0], in[1], DotDims{{0}, {0}, {2}, {1}})};
+  };
+  add_case("dot_general_batch_" + a, mat({8, 8, 16}, P(a)), mat({8, 16, 8}, P(a)), batched, P(a), {}, true);
+  if (two) {
+    add_case("dot_general_batch_and_free", mat({8, 8, 16}, P(a, b)), mat({8, 16, 8}, P(a)), batched, P(a, b), {}, true);
+    add_case("dot_general_batch_and_contracting", mat({8, 8, 16}, P(a, None, b)), mat({8, 16, 8}, P(a, b)), batched,
+             P(a), {"all_reduce"});
+    add_case("dot_general_batch_tuple", mat({8, 8, 16}, P(Axes{a, b})), mat({8, 16, 8}, P(Axes{a, b})), batched,
+             P(Axes{a, b}), {}, true);
+    add_case("dot_general_batch_mismatched", mat({8, 8, 16}, P(a)), mat({8, 16, 8}, P(b)), batched, std::nullopt, {});
+  }
+  // Contracting over two dimensions, lhs-major free dims: (4, 8, 16) x (16, 8, 8) -> (4, 8).
+  add_case("dot_general_two_contracting", mat({4, 8, 16}, P(None, a)), mat({16, 8, 8}, P(None, a)),
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{dot_general(in[0], in[1], DotDims{{}, {}, {1, 2}, {1, 0}})};
+           },
+           std::nullopt, {});
+  // Vectors: dot of two sharded vectors is a partial scalar; matrix-vector.
+  add_case("dot_vectors", mat({16}, P(a)), mat({16}, P(a)),
+           [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{dot(in[0], in[1])}; }, P(),
+           {"all_reduce"});
+  add_case("matvec", mat(l, two ? P(a, b) : P(None, a)), mat({16}, P(b)), matmul_f, std::nullopt, {});
+}
+
+// with_sharding_constraint forcing each resharding transition, with the collective it needs.
+void add_constraints(int m, std::vector<OpCase>* cases) {
+  const MeshDef& mesh = meshes()[m];
+  const std::string a = mesh.axes[0];
+  const bool two = mesh.axes.size() == 2;
+  const std::string b = two ? mesh.axes[1] : a;
+  auto add_case = [&](std::string name, PartitionSpec from, PartitionSpec to, std::vector<std::string> want,
+                      bool none = false, bool contract = false) {
+    OpCase c;
+    c.name = "constraint_" + name + "_" + mesh.name;
+    c.mesh = m;
+    c.outputs = {"constrained", "after"};
+    c.want_specs = {to, std::nullopt};
+    c.want_in_plan = std::move(want);
+    c.no_collectives = none;
+    if (contract) {  // a partial value: the contraction over the sharded dimension
+      c.inputs = {{DType::kF32, {8, 16}, Domain::kSigned, from}, {DType::kF32, {16, 8}, Domain::kSigned, P(a, None)}};
+      c.f = [to](const std::vector<Value>& in, const Mesh& mesh) {
+        Value y = with_sharding_constraint(matmul(in[0], in[1]), NamedSharding(mesh, to));
+        return std::vector<Value>{y, exp(y)};
+      };
+    } else {
+      c.inputs = {{DType::kF32, {8, 16}, Domain::kSigned, from}};
+      c.f = [to](const std::vector<Value>& in, const Mesh& mesh) {
+        Value y = with_sharding_constraint(in[0] * 2.0, NamedSharding(mesh, to));
+        return std::vector<Value>{y, tanh(y)};
+      };
+    }
+    cases->push_back(std::move(c));
+  };
+  add_case("replicated_to_sharded", P(), P(a, None), {}, /*none=*/true);
+  add_case("sharded_to_replicated", P(a, None), P(), {"all_gather"});
+  add_case("axis_to_other_dim", P(a, None), P(None, a), {"all_to_all"});
+  add_case("partial_to_sharded", P(None, a), P(a, None), {"reduce_scatter"}, false, /*contract=*/true);
+  add_case("partial_to_replicated", P(None, a), P(), {"all_reduce"}, false, /*contract=*/true);
+  add_case("identity", P(a, None), P(a, None), {}, /*none=*/true);
+  if (two) {
+    add_case("swap_axes", P(a, b), P(b, a), {});
+    add_case("tuple_reordered", P(Axes{a, b}, None), P(Axes{b, a}, None), {"collective_permute"});
+    add_case("tuple_to_major_axis", P(Axes{a, b}, None), P(a, None), {"all_gather"});
+    add_case("major_axis_to_tuple", P(a, None), P(Axes{a, b}, None), {}, /*none=*/true);
+    add_case("tuple_to_other_dim", P(Axes{a, b}, None), P(None, Axes{a, b}), {"all_to_all"});
+    add_case("partial_to_other_axis", P(None, a), P(b, None), {}, false, /*contract=*/true);
+  }
+}
+
+// Programs at the edges: outputs that are inputs, one value twice, scalars, size-1 dimensions.
+void add_edges(int m, std::vector<OpCase>* cases) {
+  const MeshDef& mesh = meshes()[m];
+  const std::string a = mesh.axes[0];
+  auto add_case = [&](std::string name, std::vector<Input> inputs, std::vector<std::string> outputs, CaseFunction f,
+                      std::vector<std::optional<PartitionSpec>> want_specs, JitOptions options = {}) {
+    OpCase c;
+    c.name = name + "_" + mesh.name;
+    c.mesh = m;
+    c.inputs = std::move(inputs);
+    c.outputs = std::move(outputs);
+    c.f = std::move(f);
+    c.want_specs = std::move(want_specs);
+    c.options = std::move(options);
+    cases->push_back(std::move(c));
+  };
+  const Input x{DType::kF32, kMatrix, Domain::kSigned, P(a, None)};
+  add_case("output_is_input", {x}, {"x", "tanh(x)"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{in[0], tanh(in[0])};
+           },
+           {P(a, None)});
+  add_case(
+      "output_is_input_resharded", {x}, {"x"},
+      [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{in[0]}; }, {P(None, a)},
+      JitOptions{{P(None, a)}});
+  add_case("same_output_twice", {x}, {"exp(x)", "exp(x) again"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             Value e = exp(in[0]);
+             return std::vector<Value>{e, e};
+           },
+           {P(a, None), P(a, None)});
+  add_case("scalar_input", {x, Input{DType::kF32, {}, Domain::kSigned, P()}}, {"x * s", "s * s"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{in[0] * in[1], in[1] * in[1]};
+           },
+           {P(a, None), P()});
+  add_case(
+      "made_inside_only", {x}, {"full", "iota sharded by out_shardings", "iota * 2"},
+      [](const std::vector<Value>&, const Mesh&) {
+        return std::vector<Value>{full({8, 16}, 2.5), iota(DType::kI32, {8, 16}, 1),
+                                  iota(DType::kF32, {16, 8}, 0) * 2.0};
+      },
+      {P(), P(None, a)}, JitOptions{{std::nullopt, P(None, a), P(a, None)}});
+  add_case("unused_input", {x, x}, {"tanh(x)"},
+           [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{tanh(in[0])}; }, {P(a, None)});
+  add_case("size_one_dims", {Input{DType::kF32, {1, 8, 1}, Domain::kSigned, P(None, a)}}, {"sum", "reshape", "bcast"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{sum(in[0], {0, 2}), reshape(in[0], {8}),
+                                       broadcast_in_dim(in[0], {4, 8, 2}, {0, 1, 2}) * 2.0};
+           },
+           {});
+}
+
+// Arrays of 1 MiB, above the collectives' 64 KiB switch to pipelined rings (512 KiB chunks).
+void add_large(int m, std::vector<OpCase>* cases) {
+  const MeshDef& mesh = meshes()[m];
+  const std::string a = mesh.axes[0];
+  const Shape big = {512, 512};
+  auto add_case = [&](std::string name, std::vector<Input> inputs, CaseFunction f, PartitionSpec want_spec,
+                      std::string collective, JitOptions options = {}) {
+    OpCase c;
+    c.name = "large_" + name + "_" + mesh.name;
+    c.mesh = m;
+    c.inputs = std::move(inputs);
+    c.outputs = {name};
+    c.f = std::move(f);
+    c.want_specs = {want_spec};
+    c.want_in_plan = {collective};
+    c.options = std::move(options);
+    cases->push_back(std::move(c));
+  };
+  auto constrained = [](PartitionSpec to) {
+    return [to](const std::vector<Value>& in, const Mesh& mesh) {
+      return std::vector<Value>{with_sharding_constraint(in[0] + 1.0, NamedSharding(mesh, to))};
+    };
+  };
+  const Input rows{DType::kF32, big, Domain::kSigned, P(a, None)};
+  add_case("all_gather", {rows}, constrained(P()), P(), "all_gather");
+  add_case("all_to_all", {rows}, constrained(P(None, a)), P(None, a), "all_to_all");
+  const std::vector<Input> contracting = {Input{DType::kF32, {512, 64}, Domain::kSigned, P(None, a)},
+                                          Input{DType::kF32, {64, 512}, Domain::kSigned, P(a, None)}};
+  add_case("all_reduce", contracting, matmul_f, P(), "all_reduce");
+  add_case("reduce_scatter", contracting, matmul_f, P(a, None), "reduce_scatter", JitOptions{{P(a, None)}});
+  if (mesh.axes.size() == 2) {
+    const std::string b = mesh.axes[1];
+    add_case("collective_permute", {Input{DType::kF32, big, Domain::kSigned, P(Axes{a, b}, None)}},
+             constrained(P(Axes{b, a}, None)), P(Axes{b, a}, None), "collective_permute");
+  }
+}
+
+std::vector<OpCase> all_cases() {
+  std::vector<OpCase> cases;
+  for (int m = 0; m < static_cast<int>(meshes().size()); ++m) {
+    for (const PartitionSpec& s : rank2_specs(meshes()[m])) add_layout_families(m, s, &cases);
+    add_mixed_layouts(m, &cases);
+    add_dots(m, &cases);
+    add_constraints(m, &cases);
+    add_edges(m, &cases);
+    add_large(m, &cases);
+  }
+  return cases;
+}
+
+uint32_t seed_of(const std::string& name) {
+  uint32_t h = 2166136261u;
+  for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 16777619u;
+  return h;
+}
+
+class JitOpsTest : public ::testing::TestWithParam<OpCase> {
+ protected:
+  static void SetUpTestSuite() {
+    client_ = start_local_client().release();
+    if (client_ == nullptr) return;
+    for (const MeshDef& m : meshes()) {
+      absl::StatusOr<Mesh> mesh = client_->make_mesh(m.shape, m.axes);
+      ASSERT_TRUE(mesh.ok()) << mesh.status();
+      meshes_.push_back(*std::move(mesh));
+    }
+  }
+  static void TearDownTestSuite() {
+    meshes_.clear();
+    delete client_;
+    client_ = nullptr;
+  }
+  static Client* client_;
+  static std::vector<Mesh> meshes_;
+};
+Client* JitOpsTest::client_ = nullptr;
+std::vector<Mesh> JitOpsTest::meshes_;
+
+TEST_P(JitOpsTest, MatchesHostReference) {
+  const OpCase& c = GetParam();
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = meshes_[c.mesh];
+  std::mt19937 rng(seed_of(c.name));
+  std::vector<HostArray> inputs;
+  std::vector<const HostArray*> ptrs;
+  std::vector<PartitionSpec> specs;
+  for (const Input& in : c.inputs) inputs.push_back(random_array(in.dtype, in.shape, in.domain, rng));
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    ptrs.push_back(&inputs[i]);
+    specs.push_back(c.inputs[i].spec);
+  }
+  const CaseFunction f = c.f;
+  absl::StatusOr<JitCheck> r = run_against_host(
+      *client_, mesh, [f, &mesh](const std::vector<Value>& in) { return f(in, mesh); }, ptrs, specs, c.options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->got.size(), c.outputs.size());
+  for (size_t i = 0; i < c.outputs.size(); ++i) {
+    SCOPED_TRACE("output " + std::to_string(i) + ": " + c.outputs[i]);
+    EXPECT_TRUE(results_match(r->got[i], r->want[i], kF32Tolerance));
+    if (i < c.want_specs.size() && c.want_specs[i].has_value()) {
+      EXPECT_EQ(r->out_specs[i], *c.want_specs[i])
+          << "got " << r->out_specs[i].to_string() << ", want " << c.want_specs[i]->to_string();
+    }
+  }
+  for (const std::string& collective : c.want_in_plan) EXPECT_THAT(r->plan_text, HasSubstr(collective + "("));
+  if (c.no_collectives) {
+    for (const char* collective :
+         {"all_reduce(", "all_gather(", "reduce_scatter(", "all_to_all(", "collective_permute("}) {
+      EXPECT_THAT(r->plan_text, Not(HasSubstr(collective)));
+    }
+  }
+  if (HasFailure()) ADD_FAILURE() << "plan:\n" << r->plan_text;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, JitOpsTest, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace tessera

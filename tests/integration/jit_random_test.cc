@@ -1,0 +1,382 @@
+// Randomized jit: random small graphs (a few chained ops on random shapes whose dimensions
+// divide the mesh, random valid input shardings, now and then a with_sharding_constraint)
+// run through jit on Client::local(8) and compared with the host reference.
+//
+// Graph i of a run is built from seed base + i; the base is TESSERA_RANDOM_SEED when set (else
+// a fixed default), and every failure prints its graph's seed, so
+//   TESSERA_RANDOM_SEED=<seed> TESSERA_RANDOM_GRAPHS=1 build/bin/jit_ops_test --gtest_filter='Random*<mesh>'
+// replays exactly that graph. TESSERA_RANDOM_GRAPHS sets the number of graphs per mesh.
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tessera/tessera.h"
+#include "tests/support/jit_check.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint32_t kDefaultSeed = 20261130;
+constexpr int kDefaultGraphsPerMesh = 150;
+constexpr int64_t kMaxElements = 4096;
+constexpr const char* kCollectives[] = {"all_reduce", "reduce_scatter",     "all_gather",
+                                        "all_to_all", "collective_permute", "local_slice"};
+
+int env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? static_cast<int>(fallback) : static_cast<int>(std::strtoll(v, nullptr, 10));
+}
+
+struct MeshParam {
+  const char* name;
+  std::vector<int64_t> shape;
+  std::vector<std::string> axes;
+  std::vector<int> device_ids;  // empty: in id order
+};
+
+void PrintTo(const MeshParam& p, std::ostream* os) { *os << p.name; }
+
+// A random layout of `shape` on `mesh`: each dimension unsplit, over one unused axis or over
+// a tuple of unused axes, always dividing the dimension.
+PartitionSpec random_spec(const Shape& shape, const Mesh& mesh, std::mt19937& rng) {
+  std::vector<std::string> free = mesh.axis_names();
+  std::shuffle(free.begin(), free.end(), rng);
+  std::vector<Axes> dims(shape.size());
+  std::vector<size_t> order(shape.size());
+  for (size_t d = 0; d < order.size(); ++d) order[d] = d;
+  std::shuffle(order.begin(), order.end(), rng);
+  for (size_t d : order) {
+    const int choice = static_cast<int>(rng() % 4);  // 0: None, 1-2: one axis, 3: every free axis
+    if (choice == 0 || free.empty()) continue;
+    Axes axes = choice == 3 ? free : Axes{free.front()};
+    int64_t n = 1;
+    for (const std::string& a : axes) n *= mesh.axis_size(a);
+    if (shape[d] % n != 0) continue;
+    for (const std::string& a : axes) free.erase(std::find(free.begin(), free.end(), a));
+    dims[d] = std::move(axes);
+  }
+  return PartitionSpec(std::move(dims));
+}
+
+Shape random_shape(std::mt19937& rng) {
+  // Mostly sizes every mesh axis divides; 3, 6 and 12 stay whole on some axes or all.
+  static const int64_t kSizes[] = {4, 8, 16, 2, 6, 12, 3};
+  const int rank = 1 + static_cast<int>(rng() % 3);
+  Shape s;
+  for (int d = 0; d < rank; ++d) s.push_back(kSizes[rng() % (rank == 3 ? 5 : 7)]);
+  return s;
+}
+
+// The inputs of graph `seed`: one to three float32 arrays with their layouts.
+struct RandomInputs {
+  std::vector<ArrayType> types;
+  std::vector<PartitionSpec> specs;
+};
+
+RandomInputs random_inputs(uint32_t seed, const Mesh& mesh) {
+  std::mt19937 rng(seed);
+  RandomInputs out;
+  const int n = 1 + static_cast<int>(rng() % 3);
+  // One graph in four computes on int32: its results must be exact whatever the layout.
+  const DType dtype = rng() % 4 == 0 ? DType::kI32 : DType::kF32;
+  for (int i = 0; i < n; ++i) {
+    Shape s = random_shape(rng);
+    out.specs.push_back(random_spec(s, mesh, rng));
+    out.types.push_back({dtype, std::move(s)});
+  }
+  return out;
+}
+
+// A value of the graph being built, and whether it is bitwise reproducible: computed without
+// a sum, whose rounding depends on how it is split over devices. Only those are compared
+// (a comparison is discontinuous: a last-bit difference could flip it).
+struct Slot {
+  Value v;
+  bool exact;
+};
+
+// Builds graph `seed` on `in`: 2 to 6 ops, each on a random earlier value. Deterministic in
+// the seed, so jit's trace and the reference's trace record the same graph.
+std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, uint32_t seed) {
+  std::mt19937 rng(seed ^ 0x9e3779b9u);
+  const DType dtype = in[0].dtype();
+  const bool integer = dtype == DType::kI32;
+  // Float values are scaled to stay O(1) along the chain; integers wrap, exactly.
+  auto scaled = [&](const Value& v, double c) { return integer ? v : v * c; };
+  std::vector<Slot> pool;
+  for (const Value& v : in) pool.push_back({v, true});
+  std::vector<Slot> made;
+  auto pick = [&]() -> const Slot& {
+    // Mostly the newest value, so ops chain.
+    if (!made.empty() && rng() % 3 != 0) return made.back();
+    const size_t k = rng() % (pool.size());
+    return pool[k];
+  };
+  auto same_shape = [&](const Value& v) -> std::optional<Slot> {
+    std::vector<Slot> c;
+    for (const Slot& s : pool) {
+      if (s.v.shape() == v.shape()) c.push_back(s);
+    }
+    if (c.empty()) return std::nullopt;
+    return c[rng() % c.size()];
+  };
+  const int steps = 2 + static_cast<int>(rng() % 5);
+  for (int step = 0; step < steps; ++step) {
+    const Slot x = pick();
+    const Value& v = x.v;
+    const Shape s = v.shape();
+    const int r = v.rank();
+    std::optional<Slot> y;
+    switch (rng() % 18) {
+      case 0: {
+        Value (*const kFloat[])(const Value&) = {tanh, sin, cos, neg, abs, logistic};
+        Value (*const kInteger[])(const Value&) = {neg, abs, sign};
+        y = Slot{integer ? kInteger[rng() % 3](v) : kFloat[rng() % 6](v), x.exact};
+        break;
+      }
+      case 1: {
+        std::optional<Slot> o = same_shape(v);
+        if (!o) break;
+        Value (*const kBinary[])(const Value&, const Value&) = {add, sub, mul, maximum, minimum};
+        y = Slot{kBinary[rng() % 5](v, o->v), x.exact && o->exact};
+        break;
+      }
+      case 2:
+        y = Slot{v * (integer ? 3.0 : 0.5) + 1.0, x.exact};
+        break;
+      case 3: {
+        if (r < 2) break;
+        std::vector<int64_t> perm(r);
+        for (int d = 0; d < r; ++d) perm[d] = d;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        y = Slot{transpose(v, perm), x.exact};
+        break;
+      }
+      case 4: {
+        Shape t = s;
+        const int d = static_cast<int>(rng() % r);
+        if (r >= 2 && d + 1 < r && rng() % 2 == 0) {  // merge d and d + 1
+          t[d] *= t[d + 1];
+          t.erase(t.begin() + d + 1);
+        } else if (r < 3 && s[d] % 2 == 0) {  // split d
+          t[d] = s[d] / 2;
+          t.insert(t.begin() + d + 1, 2);
+          if (rng() % 2 == 0) std::swap(t[d], t[d + 1]);
+        }
+        y = Slot{reshape(v, t), x.exact};
+        break;
+      }
+      case 5: {
+        if (r < 2) break;
+        const int64_t axis = static_cast<int64_t>(rng() % r);
+        switch (rng() % 3) {
+          case 0:
+            y = Slot{integer ? sum(v, {axis}) : mean(v, {axis}), false};
+            break;
+          case 1:
+            y = Slot{max(v, {axis}), x.exact};
+            break;
+          default:
+            y = Slot{min(v, {axis}, true), x.exact};
+            break;
+        }
+        break;
+      }
+      case 6: {
+        if (r != 2) break;
+        // With a value whose first dimension is v's last, else with v's own transpose;
+        // scaled by 1/k so values stay O(1) along the chain.
+        Value w;
+        for (const Slot& c : pool) {
+          if (c.v.rank() == 2 && c.v.shape()[0] == s[1]) w = c.v;
+        }
+        if (!w.ok()) w = transpose(v, {1, 0});
+        y = Slot{scaled(matmul(v, w), 1.0 / static_cast<double>(s[1])), false};
+        break;
+      }
+      case 7: {
+        const int d = static_cast<int>(rng() % r);
+        if (s[d] < 2) break;
+        std::vector<int64_t> start(r, 0), limit(s.begin(), s.end());
+        start[d] = rng() % 2 == 0 ? 0 : s[d] / 2;
+        limit[d] = start[d] + s[d] / 2;
+        y = Slot{slice(v, start, limit), x.exact};
+        break;
+      }
+      case 8: {
+        if (num_elements(s) * 2 > kMaxElements) break;
+        std::optional<Slot> o = same_shape(v);
+        const int64_t axis = static_cast<int64_t>(rng() % r);
+        y = Slot{concatenate({v, o ? o->v : v}, axis), x.exact && (!o || o->exact)};
+        break;
+      }
+      case 9: {
+        if (r >= 3 || num_elements(s) * 4 > kMaxElements) break;
+        Shape t = s;
+        t.insert(t.begin(), rng() % 2 == 0 ? 2 : 4);
+        std::vector<int64_t> dims;
+        for (int d = 0; d < r; ++d) dims.push_back(d + 1);
+        y = Slot{broadcast_in_dim(v, t, dims), x.exact};
+        break;
+      }
+      case 10:
+        y = Slot{with_sharding_constraint(v, NamedSharding(mesh, random_spec(s, mesh, rng))), x.exact};
+        break;
+      case 11: {
+        if (!x.exact) break;
+        std::optional<Slot> o = same_shape(v);
+        y = Slot{where(v > full(s, 0.25, dtype), v, o ? o->v * 0.5 : -v), o ? o->exact : true};
+        break;
+      }
+      case 12:
+        if (!x.exact) break;
+        y = integer ? Slot{convert(convert(v, DType::kF32) * 0.5, DType::kI32) + v, true}
+                    : Slot{convert(convert(v * 4.0, DType::kI32), DType::kF32) + v, true};
+        break;
+      case 13: {
+        if (r != 3) break;
+        // Batched: (B, M, K) x (B, K, N), with a partner from the pool or v's own transpose.
+        Value w;
+        for (const Slot& c : pool) {
+          if (c.v.rank() == 3 && c.v.shape()[0] == s[0] && c.v.shape()[1] == s[2]) w = c.v;
+        }
+        if (!w.ok()) w = transpose(v, {0, 2, 1});
+        y = Slot{scaled(dot_general(v, w, DotDims{{0}, {0}, {2}, {1}}), 1.0 / static_cast<double>(s[2])), false};
+        break;
+      }
+      case 14: {
+        if (!x.exact || r < 2) break;
+        y = Slot{scaled(convert(argmax(v, static_cast<int64_t>(rng() % r)), dtype), 0.25), true};
+        break;
+      }
+      case 15: {
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        y = Slot{v + scaled(iota(dtype, s, d), 0.125), x.exact};
+        break;
+      }
+      case 16:
+        if (r >= 3) break;
+        y = Slot{expand_dims(v, static_cast<int64_t>(rng() % (r + 1))), x.exact};
+        break;
+      case 17: {
+        if (r < 3) break;
+        std::vector<int64_t> axes = {0, 1, 2};
+        axes.erase(axes.begin() + rng() % 3);
+        y = rng() % 2 == 0 ? Slot{scaled(sum(v, axes), 1.0 / static_cast<double>(s[axes[0]] * s[axes[1]])), false}
+                           : Slot{max(v, axes), x.exact};
+        break;
+      }
+    }
+    if (y && integer) y->exact = true;
+    // A sum just made (contraction, mean) is often partial: pin it half the time, so its
+    // pending reduction meets every kind of wanted layout (reduce_scatter among them).
+    if (y && y->v.ok() && !y->exact && rng() % 2 == 0) {
+      y->v = with_sharding_constraint(y->v, NamedSharding(mesh, random_spec(y->v.shape(), mesh, rng)));
+    }
+    if (y && y->v.ok()) {
+      made.push_back(*y);
+      pool.push_back(*y);
+    }
+  }
+  if (made.empty()) made.push_back({neg(in[0]), true});
+  std::vector<Value> out = {made.back().v};
+  if (made.size() > 2 && rng() % 2 == 0) out.push_back(made[rng() % (made.size() - 1)].v);
+  return out;
+}
+
+class RandomGraphTest : public ::testing::TestWithParam<MeshParam> {
+ protected:
+  static void SetUpTestSuite() { client_ = start_local_client().release(); }
+  static void TearDownTestSuite() {
+    delete client_;
+    client_ = nullptr;
+  }
+  static Client* client_;
+};
+Client* RandomGraphTest::client_ = nullptr;
+
+TEST_P(RandomGraphTest, MatchesHostReference) {
+  ASSERT_NE(client_, nullptr);
+  absl::StatusOr<Mesh> mesh = GetParam().device_ids.empty()
+                                  ? client_->make_mesh(GetParam().shape, GetParam().axes)
+                                  : client_->make_mesh(GetParam().shape, GetParam().axes, GetParam().device_ids);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const uint32_t base = static_cast<uint32_t>(env_int("TESSERA_RANDOM_SEED", kDefaultSeed));
+  const int graphs = env_int("TESSERA_RANDOM_GRAPHS", kDefaultGraphsPerMesh);
+  int failed = 0;
+  std::map<std::string, int> seen;  // graphs whose plan has each collective
+  for (int i = 0; i < graphs && failed < 3; ++i) {
+    const uint32_t seed = base + static_cast<uint32_t>(i);
+    SCOPED_TRACE(absl::StrCat("graph seed ", seed, " (replay: TESSERA_RANDOM_SEED=", seed,
+                              " TESSERA_RANDOM_GRAPHS=1 --gtest_filter='*", GetParam().name, "')"));
+    const RandomInputs r = random_inputs(seed, *mesh);
+    std::mt19937 rng(seed);
+    const Mesh& m = *mesh;
+    const TracedFunction f = [&m, seed](const std::vector<Value>& in) { return random_graph(in, m, seed); };
+    absl::StatusOr<Graph> graph = trace(f, r.types);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    std::string specs;
+    for (const PartitionSpec& s : r.specs) absl::StrAppend(&specs, " ", s.to_string());
+    SCOPED_TRACE(absl::StrCat("inputs", specs, "\n", graph->to_text()));
+    JitOptions options;
+    if (rng() % 3 == 0) {  // now and then the first output's layout is asked for
+      const Node& out = graph->node(graph->outputs()[0]);
+      options.out_shardings = std::vector<std::optional<PartitionSpec>>(graph->outputs().size());
+      options.out_shardings[0] = random_spec(out.shape, m, rng);
+    }
+    SCOPED_TRACE(options.out_shardings.empty() ? std::string("no out_shardings")
+                                               : "out_shardings[0] = " + options.out_shardings[0]->to_string());
+    // One graph in four runs twice: the second call, on new values, runs the cached program.
+    const int calls = rng() % 4 == 0 ? 2 : 1;
+    bool ok = true;
+    for (int call = 0; call < calls && ok; ++call) {
+      SCOPED_TRACE(absl::StrCat("call ", call + 1, " of ", calls));
+      std::vector<HostArray> inputs;
+      std::vector<const HostArray*> ptrs;
+      for (const ArrayType& t : r.types) inputs.push_back(random_array(t.dtype, t.shape, Domain::kSigned, rng));
+      for (const HostArray& a : inputs) ptrs.push_back(&a);
+      absl::StatusOr<JitCheck> check = run_against_host(*client_, m, f, ptrs, r.specs, options);
+      EXPECT_TRUE(check.ok()) << check.status();
+      if (!check.ok()) {
+        ok = false;
+        break;
+      }
+      if (call == 0) {
+        for (const char* c : kCollectives) seen[c] += check->plan_text.find(std::string("= ") + c) != std::string::npos;
+      }
+      if (options.out_shardings.size() > 0) {
+        EXPECT_EQ(check->out_specs[0], *options.out_shardings[0]) << check->out_specs[0].to_string();
+      }
+      for (size_t k = 0; k < check->got.size(); ++k) {
+        ::testing::AssertionResult match = results_match(check->got[k], check->want[k], kF32Tolerance);
+        EXPECT_TRUE(match) << "output " << k;
+        ok = ok && match;
+      }
+      if (!ok) ADD_FAILURE() << "plan:\n" << check->plan_text;
+    }
+    if (!ok) ++failed;
+  }
+  std::cout << graphs << " graphs on " << GetParam().name << "; with";
+  for (const char* c : kCollectives) std::cout << " " << c << ": " << seen[c];
+  std::cout << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Random, RandomGraphTest,
+    ::testing::Values(MeshParam{"m8", {8}, {"data"}, {}}, MeshParam{"m4x2", {4, 2}, {"data", "model"}, {}},
+                      MeshParam{"m2x4", {2, 4}, {"data", "model"}, {}},
+                      // Devices out of order: blocks live elsewhere than on id order.
+                      MeshParam{"m4x2_shuffled", {4, 2}, {"data", "model"}, {5, 2, 7, 0, 3, 6, 1, 4}},
+                      // Three axes; and six of the eight devices, in groups of three.
+                      MeshParam{"m2x2x2", {2, 2, 2}, {"x", "y", "z"}, {}},
+                      MeshParam{"m3x2_of_6", {3, 2}, {"data", "model"}, {1, 2, 3, 4, 5, 6}}),
+    [](const ::testing::TestParamInfo<MeshParam>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace tessera
