@@ -50,7 +50,7 @@ namespace tessera {
 namespace {
 
 constexpr char kUsage[] =
-    "tessera: start, inspect and stop Tessera clusters on this machine.\n"
+    "start, inspect and stop Tessera clusters on this machine.\n"
     "\n"
     "  tessera up --workers N [--port P] [--host ADDR] [--memory_bytes B] [--state FILE]\n"
     "      starts a coordinator and N workers as background daemons (logs beside the state file),\n"
