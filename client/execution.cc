@@ -140,9 +140,8 @@ void Execution::dispatch() {
     // Every producer has finished: this does not block.
     absl::StatusOr<uint64_t> id = inputs_[i]->wait();
     if (!id.ok()) {
-      finish(absl::Status(id.status().code(), absl::StrCat(who_, ": argument ", i,
-                                                           " is an output of a failed call: ", id.status().message())),
-             {});
+      const Execution& producer = *inputs_[i]->producer();
+      finish(failed_input(who_, i, producer), {}, producer.root_cause());
       return;
     }
     call->request.add_input_arrays(*id);
@@ -171,12 +170,13 @@ void Execution::dispatch() {
       });
 }
 
-void Execution::finish(absl::Status status, std::vector<uint64_t> ids) {
+void Execution::finish(absl::Status status, std::vector<uint64_t> ids, absl::Status root_cause) {
   std::vector<std::function<void()>> continuations;
   std::vector<uint64_t> orphans;  // outputs whose handles went while this ran
   {
     absl::MutexLock lock(&mu_);
     done_ = true;
+    root_cause_ = root_cause.ok() ? status : std::move(root_cause);
     status_ = std::move(status);
     output_ids_ = std::move(ids);
     continuations.swap(continuations_);
@@ -207,6 +207,18 @@ absl::Status Execution::wait() const {
                                                     absl::FormatDuration(timeout_), " plus the wait for its inputs)"));
   }
   return status_;
+}
+
+absl::Status Execution::root_cause() const {
+  absl::MutexLock lock(&mu_);
+  return root_cause_;
+}
+
+absl::Status Execution::failed_input(const std::string& who, size_t index, const Execution& failed) {
+  // The root cause, not the chain: a long chain of failed calls keeps a short message.
+  const absl::Status cause = failed.root_cause();
+  return absl::Status(cause.code(),
+                      absl::StrCat(who, ": argument ", index, " is an output of a failed call: ", cause.message()));
 }
 
 uint64_t Execution::output_id(int i) const {

@@ -34,7 +34,7 @@ class Execution;
 
 // How many calls of one client may be in flight (dispatched or waiting for their inputs)
 // before a new call waits for one to finish.
-inline constexpr int kMaxExecutionsInFlight = 64;
+inline constexpr int kMaxExecutionsInFlight = 16;
 
 // True on a thread running one of this SDK's gRPC callbacks: work there must not block.
 bool on_callback_thread();
@@ -116,6 +116,13 @@ class Execution : public std::enable_shared_from_this<Execution> {
   absl::Status wait() const;
   // REQUIRES: wait() returned OK.
   uint64_t output_id(int i) const;
+  // The error that made this call fail: its own, or for a call that failed because an input's
+  // producer had, that producer's root cause. REQUIRES: ready().
+  absl::Status root_cause() const;
+
+  // The error of a call whose argument `index` is an output of `failed`: the root cause's
+  // code, its message prefixed with `who` and the argument. REQUIRES: failed.ready().
+  static absl::Status failed_input(const std::string& who, size_t index, const Execution& failed);
 
   // Runs `f` once this has finished: at once, on this thread, if it has. `f` must not block.
   void on_finish(std::function<void()> f);
@@ -126,9 +133,10 @@ class Execution : public std::enable_shared_from_this<Execution> {
  private:
   void input_ready();
   void dispatch();
-  // Records the outcome, frees the outputs already released, runs the continuations and
-  // ends this execution in InFlight. Called once.
-  void finish(absl::Status status, std::vector<uint64_t> ids);
+  // Records the outcome (and its root cause: `status` itself when not given), frees the
+  // outputs already released, runs the continuations and ends this execution in InFlight.
+  // Called once.
+  void finish(absl::Status status, std::vector<uint64_t> ids, absl::Status root_cause = absl::OkStatus());
 
   // Constant after construction.
   ClientImpl* const client_;  // alive until finish() ends this execution's count
@@ -147,6 +155,7 @@ class Execution : public std::enable_shared_from_this<Execution> {
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Status root_cause_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> output_ids_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> released_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> continuations_ ABSL_GUARDED_BY(mu_);

@@ -88,12 +88,8 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   std::vector<std::shared_ptr<internal::ArrayBuffers>> inputs;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::shared_ptr<internal::ArrayBuffers>& buffers = internal::array_state(args[i]).buffers;
-    if (buffers->producer() != nullptr && buffers->ready()) {
-      absl::Status status = buffers->wait().status();
-      if (!status.ok()) {
-        return absl::Status(status.code(),
-                            absl::StrCat(who, ": argument ", i, " is an output of a failed call: ", status.message()));
-      }
+    if (buffers->producer() != nullptr && buffers->ready() && !buffers->wait().ok()) {
+      return internal::Execution::failed_input(who, i, *buffers->producer());
     }
     inputs.push_back(buffers);
   }

@@ -12,22 +12,17 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
+#include "tests/integration/host_reference.h"
 
 namespace tessera {
 namespace {
 
+using ::tessera::host_reference::expect_near;
+using ::tessera::host_reference::random_f32;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 const std::string kBin = TESSERA_BIN_DIR;
-
-HostArray random_f32(Shape shape, uint32_t seed) {
-  HostArray a(DType::kF32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (float& v : a.mutable_values<float>()) v = dist(rng);
-  return a;
-}
 
 HostArray identity_f32(int64_t n) {
   HostArray a = HostArray::zeros(DType::kF32, {n, n});
@@ -54,13 +49,6 @@ std::vector<double> slow_reference(const HostArray& x) {
     out.push_back(y);
   }
   return out;
-}
-
-void expect_near(const HostArray& got, const std::vector<double>& want, double tol = 1e-5) {
-  ASSERT_EQ(got.size(), static_cast<int64_t>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_NEAR(got.values<float>()[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
-  }
 }
 
 // Buffers held by each device of `client`'s cluster.
@@ -240,6 +228,22 @@ TEST_F(AsyncTest, AKernelErrorReachesTheOutputsAndTheirConsumers) {
   EXPECT_EQ(consumer.code(), absl::StatusCode::kResourceExhausted) << consumer;
   EXPECT_THAT(std::string(consumer.message()), HasSubstr("argument 0 is an output of a failed call"));
   EXPECT_THAT(std::string(consumer.message()), HasSubstr("needs 1048576 bytes"));
+  // A chain of consumers issued at once reports the root cause, once, at its end.
+  absl::Status chained = absl::OkStatus();
+  Array last = (*y)[1];
+  for (int i = 0; i < 5 && chained.ok(); ++i) {
+    absl::StatusOr<std::vector<Array>> next = neg1({last});
+    if (next.ok()) {
+      last = (*next)[0];
+    } else {
+      chained = next.status();  // the failure was known by then: the call itself fails
+    }
+  }
+  if (chained.ok()) chained = last.block_until_ready();
+  EXPECT_EQ(chained.code(), absl::StatusCode::kResourceExhausted) << chained;
+  const std::string message(chained.message());
+  EXPECT_THAT(message, HasSubstr("needs 1048576 bytes"));
+  EXPECT_EQ(message.find("failed call"), message.rfind("failed call")) << message;
   // Passing a failed output to a call now fails the call itself, with the original error.
   absl::StatusOr<std::vector<Array>> again = neg1({(*y)[1]});
   EXPECT_EQ(again.status().code(), absl::StatusCode::kResourceExhausted) << again.status();

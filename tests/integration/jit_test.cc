@@ -7,19 +7,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
+#include "tests/integration/host_reference.h"
 
 namespace tessera {
 namespace {
 
+using ::tessera::host_reference::expect_near;
+using ::tessera::host_reference::random_f32;
 using ::testing::HasSubstr;
-
-HostArray random_f32(Shape shape, uint32_t seed) {
-  HostArray a(DType::kF32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (float& v : a.mutable_values<float>()) v = dist(rng);
-  return a;
-}
 
 // Host reference: (m, k) @ (k, n) in double.
 std::vector<double> matmul_ref(const HostArray& x, const HostArray& w) {
@@ -32,13 +27,6 @@ std::vector<double> matmul_ref(const HostArray& x, const HostArray& w) {
     }
   }
   return out;
-}
-
-void expect_near(const HostArray& got, const std::vector<double>& want, double tol = 1e-5) {
-  ASSERT_EQ(got.size(), static_cast<int64_t>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_NEAR(got.values<float>()[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
-  }
 }
 
 class JitTest : public ::testing::Test {

@@ -49,7 +49,7 @@ class Jitted {
   // device, a kernel error, each naming the device. Errors returned here: INVALID_ARGUMENT
   // for a trace error (naming the op and shapes) or arguments on different meshes or clients;
   // the compilation's errors; an argument's error when it is the output of a call that has
-  // already failed (same code, naming the original failure). With 64 calls of this client in
+  // already failed (same code, naming the original failure). With 16 calls of this client in
   // flight, waits for one to finish first (DEADLINE_EXCEEDED if none does by its deadline).
   absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args) const;
 
