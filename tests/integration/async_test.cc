@@ -12,13 +12,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
-#include "tests/integration/host_reference.h"
+#include "tests/integration/jit_support.h"
 
 namespace tessera {
 namespace {
 
-using ::tessera::host_reference::expect_near;
-using ::tessera::host_reference::random_f32;
+using ::tessera::jit_support::expect_near;
+using ::tessera::jit_support::random_f32;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
@@ -62,28 +62,7 @@ std::vector<int64_t> buffer_counts(const Client& client, int devices) {
   return out;
 }
 
-class AsyncTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<Client> client = Client::local(8);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = new Client(*std::move(client));
-    mesh_ = new Mesh(*client_->make_mesh({4, 2}, {"data", "model"}));
-  }
-  static void TearDownTestSuite() {
-    delete mesh_;
-    delete client_;
-  }
-  static Array put(const HostArray& a, const PartitionSpec& spec) {
-    absl::StatusOr<Array> r = client_->device_put(a, NamedSharding(*mesh_, spec));
-    EXPECT_TRUE(r.ok()) << r.status();
-    return *std::move(r);
-  }
-  static Client* client_;
-  static Mesh* mesh_;
-};
-Client* AsyncTest::client_ = nullptr;
-Mesh* AsyncTest::mesh_ = nullptr;
+class AsyncTest : public jit_support::LocalJitSuite {};
 
 TEST_F(AsyncTest, CallReturnsBeforeASlowExecutionFinishes) {
   const HostArray x = random_f32({kSlowN, kSlowN}, 1);
