@@ -147,6 +147,32 @@ TEST_F(AsyncTest, ChainsOfDependentCallsMatchTheHost) {
   EXPECT_EQ(block->shape(), shards[0].shape());
 }
 
+TEST_F(AsyncTest, ACallBeyondTheInFlightCapWaitsForOneToFinish) {
+  // A client of its own: nothing else of it is in flight.
+  absl::StatusOr<Client> own = Client::connect(client_->coordinator_address());
+  ASSERT_TRUE(own.ok()) << own.status();
+  absl::StatusOr<Array> x = own->device_put(random_f32({kSlowN, kSlowN}, 10), NamedSharding(*mesh_, P("data", None)));
+  absl::StatusOr<Array> w = own->device_put(identity_f32(kSlowN), NamedSharding(*mesh_, P()));
+  ASSERT_TRUE(x.ok() && w.ok());
+  Jitted slow = jit(slow_layers);
+  Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  // 16 calls in flight: a slow one, and 15 waiting on it in a chain.
+  absl::StatusOr<std::vector<Array>> head = slow({*x, *w});
+  ASSERT_TRUE(head.ok()) << head.status();
+  Array last = (*head)[0];
+  for (int i = 1; i < 16; ++i) {
+    absl::StatusOr<std::vector<Array>> next = twice({last});
+    ASSERT_TRUE(next.ok()) << next.status();
+    last = (*next)[0];
+  }
+  EXPECT_FALSE((*head)[0].is_ready());
+  // The 17th returns only once one of them (the head, which the others wait for) finished.
+  absl::StatusOr<std::vector<Array>> extra = twice({*x});
+  ASSERT_TRUE(extra.ok()) << extra.status();
+  EXPECT_TRUE((*head)[0].is_ready());
+  ASSERT_TRUE(block_until_ready({last, (*extra)[0]}).ok());
+}
+
 // The tests that count buffers run on clusters of their own: the shared one may still be
 // deleting what earlier tests dropped (asynchronously, once their calls finished).
 TEST(AsyncBuffers, InputsOfAnUnfinishedCallOutliveTheirHandles) {
