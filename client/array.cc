@@ -18,9 +18,10 @@ using internal::ArrayState;
 
 // The devices of the array's mesh as the coordinator sees them now. A device whose worker
 // restarted since the array was placed is reported LOST for this array, and in `restarted`.
-absl::StatusOr<std::map<int, pb::DeviceInfo>> array_devices(const ArrayState& state, std::set<int>* restarted) {
+absl::StatusOr<std::map<int, pb::DeviceInfo>> array_devices(const ArrayState& state, uint64_t id,
+                                                            std::set<int>* restarted) {
   pb::GetArrayRequest req;
-  req.set_array_id(state.id);
+  req.set_array_id(id);
   pb::GetArrayReply reply;
   grpc::ClientContext ctx;
   set_deadline(&ctx, kControlDeadline);
@@ -42,10 +43,11 @@ std::string describe(const pb::DeviceInfo& d) { return absl::StrCat("device ", d
 Shape Shard::shape() const { return block_shape(shard_.index); }
 
 absl::StatusOr<HostArray> Shard::data() const {
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t id, array_->ready_id());
   std::set<int> restarted;
-  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*array_, &restarted));
+  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*array_, id, &restarted));
   const pb::DeviceInfo& d = devices[shard_.device_id];
-  const std::string who = absl::StrCat("shard of array ", array_->id, " on ", describe(d));
+  const std::string who = absl::StrCat("shard of array ", id, " on ", describe(d));
   if (restarted.count(d.id()) > 0) {
     return absl::FailedPreconditionError(absl::StrCat(who, ": the worker restarted and the shard is gone"));
   }
@@ -54,7 +56,7 @@ absl::StatusOr<HostArray> Shard::data() const {
   HostArray out(array_->dtype, shape());
   Index whole;
   for (int64_t n : out.shape()) whole.push_back({0, n});
-  TESSERA_RETURN_IF_ERROR(internal::get_shard(stub, array_->id, whole, &out, who));
+  TESSERA_RETURN_IF_ERROR(internal::get_shard(stub, id, whole, &out, who));
   return out;
 }
 
@@ -63,7 +65,20 @@ const ArrayState& array_state(const Array& array) { return *array.state_; }
 Array make_array(std::shared_ptr<ArrayState> state) { return Array(std::move(state)); }
 }  // namespace internal
 
-uint64_t Array::id() const { return state_->id; }
+uint64_t Array::id() const {
+  absl::StatusOr<uint64_t> id = state_->ready_id();
+  return id.ok() ? *id : 0;
+}
+
+bool Array::is_ready() const { return state_->buffers->ready(); }
+
+absl::Status Array::block_until_ready() const { return state_->ready_id().status(); }
+
+absl::Status block_until_ready(const std::vector<Array>& arrays) {
+  absl::Status first;
+  for (const Array& a : arrays) first.Update(a.block_until_ready());
+  return first;
+}
 const Shape& Array::shape() const { return state_->shape; }
 DType Array::dtype() const { return state_->dtype; }
 const NamedSharding& Array::sharding() const { return state_->sharding; }
@@ -75,8 +90,9 @@ std::vector<Shard> Array::addressable_shards() const {
 }
 
 absl::StatusOr<HostArray> Array::fetch() const {
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t id, state_->ready_id());
   std::set<int> restarted;
-  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*state_, &restarted));
+  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*state_, id, &restarted));
   // Each distinct block once, from its lowest-numbered alive replica.
   struct Source {
     Index index;
@@ -104,7 +120,7 @@ absl::StatusOr<HostArray> Array::fetch() const {
     if (src.device == nullptr) {
       // Gone for good (the workers restarted) is FAILED_PRECONDITION: put the array again; a
       // device that is only unreachable may come back (UNAVAILABLE).
-      const std::string where = absl::StrCat("fetch of array ", state_->id, ": block ", index_to_string(src.index),
+      const std::string where = absl::StrCat("fetch of array ", id, ": block ", index_to_string(src.index),
                                              " is only on ", absl::StrJoin(src.lost, ", "));
       if (src.restarted) return absl::FailedPreconditionError(absl::StrCat(where, ", whose worker restarted since"));
       return absl::UnavailableError(absl::StrCat(where, ", which is lost"));
@@ -113,9 +129,9 @@ absl::StatusOr<HostArray> Array::fetch() const {
   HostArray out(state_->dtype, state_->shape);
   TESSERA_RETURN_IF_ERROR(internal::run_parallel(static_cast<int>(sources.size()), [&](int i) -> absl::Status {
     const Source& src = sources[i];
-    const std::string who = absl::StrCat("fetch of array ", state_->id, " from ", describe(*src.device));
+    const std::string who = absl::StrCat("fetch of array ", id, " from ", describe(*src.device));
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, state_->client->worker(src.device->address(), who));
-    return internal::get_shard(stub, state_->id, src.index, &out, who);
+    return internal::get_shard(stub, id, src.index, &out, who);
   }));
   return out;
 }

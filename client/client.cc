@@ -17,7 +17,7 @@ ClientImpl::ClientImpl(std::string coordinator_address, std::unique_ptr<LocalClu
       coordinator_address_(std::move(coordinator_address)),
       coordinator_(pb::Coordinator::NewStub(make_channel(coordinator_address_))) {}
 
-ClientImpl::~ClientImpl() = default;
+ClientImpl::~ClientImpl() { in_flight_->wait_idle(); }
 
 absl::Status ClientImpl::init(const ConnectOptions& options) {
   const std::string who = absl::StrCat("coordinator ", coordinator_address_);
@@ -74,6 +74,24 @@ absl::StatusOr<pb::Topology> ClientImpl::topology() {
 }
 
 void ClientImpl::delete_array(uint64_t id) {
+  if (on_callback_thread()) {
+    // gRPC's callback threads must not block: send it and let ~ClientImpl wait for it.
+    struct DeleteCall {
+      grpc::ClientContext ctx;
+      pb::DeleteArrayRequest request;
+      pb::DeleteArrayReply reply;
+    };
+    auto* call = new DeleteCall;
+    call->request.add_array_ids(id);
+    set_deadline(&call->ctx, kControlDeadline);
+    in_flight_->begin_call(absl::Now() + kControlDeadline);
+    coordinator_->async()->DeleteArray(&call->ctx, &call->request, &call->reply,
+                                       [call, in_flight = in_flight_](grpc::Status) {
+                                         delete call;
+                                         in_flight->end_call();
+                                       });
+    return;
+  }
   pb::DeleteArrayRequest req;
   req.add_array_ids(id);
   pb::DeleteArrayReply reply;
@@ -150,7 +168,7 @@ absl::StatusOr<Array> Client::device_put(const HostArray& host, const NamedShard
                                       absl::StrCat("device_put: coordinator ", impl_->coordinator_address())));
   }
   // From here on the handle owns the array: if an upload fails, dropping it frees the rest.
-  Array array(std::make_shared<internal::ArrayState>(impl_, reply.array_id(), host.dtype(), host.shape(), sharding));
+  Array array(internal::ArrayState::placed(impl_, reply.array_id(), host.dtype(), host.shape(), sharding));
   TESSERA_ASSIGN_OR_RETURN(pb::Topology topology, impl_->topology());
   std::map<int, std::string> addresses;
   for (const pb::DeviceInfo& d : topology.devices()) addresses[d.id()] = d.address();

@@ -1,5 +1,6 @@
 // ClientImpl: the state behind Client and Array handles — the coordinator stub, one stub per
-// worker (handshaken on first use), and an embedded cluster when there is one.
+// worker (handshaken on first use), the calls in flight, and an embedded cluster when there
+// is one.
 #ifndef TESSERA_CLIENT_CLIENT_IMPL_H_
 #define TESSERA_CLIENT_CLIENT_IMPL_H_
 
@@ -10,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "client/execution.h"
 #include "client/local_cluster.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/client.h"
@@ -19,6 +21,8 @@ namespace tessera::internal {
 class ClientImpl {
  public:
   ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster);
+  // Waits for the calls in flight to finish (each by its deadline) and frees the buffers of
+  // their outputs that nobody holds, before the connection (and an embedded cluster) goes.
   ~ClientImpl();
 
   // Handshake with the coordinator, then wait for `options.min_devices` alive devices.
@@ -32,28 +36,48 @@ class ClientImpl {
 
   absl::StatusOr<pb::Topology> topology();
 
-  // Best effort: asks the coordinator to forget the array and free its buffers.
+  // Best effort: asks the coordinator to forget the array and free its buffers. Returns when
+  // that is done, except on a gRPC callback thread, where it only starts the RPC.
   void delete_array(uint64_t id);
+
+  const std::shared_ptr<InFlight>& in_flight() const { return in_flight_; }
 
  private:
   // Declared first so that it is destroyed last, after every stub that talks to it.
   std::unique_ptr<LocalCluster> cluster_;
   const std::string coordinator_address_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;
+  const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<pb::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
 };
 
-// What an Array handle shares: its metadata and the client; frees the buffers when the last
-// handle goes.
+// What an Array handle shares: its metadata, the client and the buffers (freed when their
+// last owner goes: the last handle, or an execution still reading them).
 struct ArrayState {
-  ArrayState(std::shared_ptr<ClientImpl> client, uint64_t id, DType dtype, Shape shape, NamedSharding sharding)
-      : client(std::move(client)), id(id), dtype(dtype), shape(std::move(shape)), sharding(std::move(sharding)) {}
-  ~ArrayState() { client->delete_array(id); }
+  ArrayState(std::shared_ptr<ClientImpl> client, std::shared_ptr<ArrayBuffers> buffers, DType dtype, Shape shape,
+             NamedSharding sharding)
+      : client(std::move(client)),
+        buffers(std::move(buffers)),
+        dtype(dtype),
+        shape(std::move(shape)),
+        sharding(std::move(sharding)) {}
+
+  // An array that exists on the devices under `id` (device_put, run_collective).
+  static std::shared_ptr<ArrayState> placed(std::shared_ptr<ClientImpl> client, uint64_t id, DType dtype, Shape shape,
+                                            NamedSharding sharding) {
+    auto buffers = std::make_shared<ArrayBuffers>(client.get(), id);
+    return std::make_shared<ArrayState>(std::move(client), std::move(buffers), dtype, std::move(shape),
+                                        std::move(sharding));
+  }
+
+  // The array's id once its data exists; the producing call's error otherwise (see
+  // ArrayBuffers::wait).
+  absl::StatusOr<uint64_t> ready_id() const { return buffers->wait(); }
 
   const std::shared_ptr<ClientImpl> client;
-  const uint64_t id;
+  const std::shared_ptr<ArrayBuffers> buffers;  // declared after `client`: released before it
   const DType dtype;
   const Shape shape;
   const NamedSharding sharding;

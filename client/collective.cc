@@ -11,8 +11,9 @@ namespace tessera {
 absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& spec, absl::Duration timeout,
                                      CollectiveTiming* timing) {
   const internal::ArrayState& state = internal::array_state(input);
+  TESSERA_ASSIGN_OR_RETURN(uint64_t input_id, state.ready_id());
   pb::RunCollectiveRequest req;
-  req.set_array_id(state.id);
+  req.set_array_id(input_id);
   to_proto(spec, req.mutable_spec());
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   if (timing != nullptr) req.set_barrier_first(timing->barrier_first);
@@ -26,7 +27,7 @@ absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& s
   TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
   TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));
   return internal::make_array(
-      std::make_shared<internal::ArrayState>(state.client, info.array_id(), dtype, shape, state.sharding));
+      internal::ArrayState::placed(state.client, info.array_id(), dtype, shape, state.sharding));
 }
 
 }  // namespace tessera

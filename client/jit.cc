@@ -4,6 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_impl.h"
+#include "client/execution.h"
 #include "core/status.h"
 #include "core/wire.h"
 #include "proto/rpc.h"
@@ -13,12 +14,21 @@ namespace tessera {
 struct Jitted::State {
   TracedFunction f;
   JitOptions options;
-  absl::Mutex mu;
+  // What a call needs of a compiled signature: the executable and its outputs' types.
   struct Compiled {
     uint64_t id = 0;
     std::string text;
+    std::vector<ArrayType> output_types;
+    std::vector<NamedSharding> output_shardings;
   };
-  std::map<std::string, Compiled> compiled ABSL_GUARDED_BY(mu);  // by argument signature
+  // Traces and compiles the function for `signature` (args' types and shardings), and caches
+  // the result under it.
+  absl::StatusOr<std::shared_ptr<const Compiled>> compile(const std::string& signature, const Mesh& mesh,
+                                                          const std::vector<ArrayType>& types,
+                                                          const std::vector<Array>& args, const std::string& who);
+
+  absl::Mutex mu;
+  std::map<std::string, std::shared_ptr<const Compiled>> compiled ABSL_GUARDED_BY(mu);  // by argument signature
   std::string last_text ABSL_GUARDED_BY(mu);
   int64_t compilations ABSL_GUARDED_BY(mu) = 0;
 };
@@ -60,63 +70,95 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     types.push_back({a.dtype, a.shape});
     absl::StrAppend(&signature, dtype_name(a.dtype), shape_to_string(a.shape), a.sharding.spec().to_string(), ";");
   }
-  uint64_t executable = 0;
+  std::shared_ptr<const State::Compiled> compiled;
   {
     absl::MutexLock lock(&state_->mu);
     auto it = state_->compiled.find(signature);
     if (it != state_->compiled.end()) {
-      executable = it->second.id;
-      state_->last_text = it->second.text;
+      compiled = it->second;
+      state_->last_text = compiled->text;
     }
   }
   internal::ClientImpl& client = *first.client;
   const std::string who = absl::StrCat("jit: coordinator ", client.coordinator_address());
-  if (executable == 0) {
-    TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(state_->f, types));
-    pb::CompileRequest req;
-    to_proto(graph, req.mutable_graph());
-    to_proto(mesh, req.mutable_mesh());
-    for (const Array& a : args) {
-      pb::NamedSharding s;
-      to_proto(a.sharding(), &s);
-      *req.add_input_specs() = s.spec();
-    }
-    for (const auto& spec : state_->options.out_shardings) {
-      pb::OptionalSpec* o = req.add_output_specs();
-      o->set_set(spec.has_value());
-      if (spec.has_value()) {
-        pb::NamedSharding s;
-        to_proto(NamedSharding(mesh, *spec), &s);
-        *o->mutable_spec() = s.spec();
-      }
-    }
-    pb::CompileReply reply;
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, kControlDeadline + absl::Seconds(50));
-    TESSERA_RETURN_IF_ERROR(from_grpc(client.coordinator()->Compile(&ctx, req, &reply), who));
-    executable = reply.executable_id();
-    absl::MutexLock lock(&state_->mu);
-    state_->compiled[signature] = {executable, reply.text()};
-    state_->last_text = reply.text();
-    state_->compilations = reply.compilations();
+  if (compiled == nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(compiled, state_->compile(signature, mesh, types, args, who));
   }
-  pb::ExecuteRequest req;
-  req.set_executable_id(executable);
-  for (const Array& a : args) req.add_input_arrays(a.id());
-  req.set_timeout_ms(absl::ToInt64Milliseconds(state_->options.timeout));
-  pb::ExecuteReply reply;
-  grpc::ClientContext ctx;
-  set_deadline(&ctx, state_->options.timeout + absl::Seconds(10));
-  TESSERA_RETURN_IF_ERROR(from_grpc(client.coordinator()->Execute(&ctx, req, &reply), who));
+  // An argument whose call has already failed fails this one at once.
+  std::vector<std::shared_ptr<internal::ArrayBuffers>> inputs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::shared_ptr<internal::ArrayBuffers>& buffers = internal::array_state(args[i]).buffers;
+    if (buffers->producer() != nullptr && buffers->ready() && !buffers->wait().ok()) {
+      return internal::Execution::failed_input(who, i, *buffers->producer());
+    }
+    inputs.push_back(buffers);
+  }
+  // Dispatch: the call runs once its arguments are ready; its outputs come back at once.
+  const absl::Duration timeout = state_->options.timeout;
+  const absl::Time deadline = internal::Execution::finish_by(inputs, timeout);
+  TESSERA_RETURN_IF_ERROR(client.in_flight()->begin_execution(deadline, who));
+  const int num_outputs = static_cast<int>(compiled->output_types.size());
+  auto execution =
+      std::make_shared<internal::Execution>(&client, std::move(inputs), num_outputs, timeout, deadline, who);
   std::vector<Array> out;
-  for (const pb::ArrayInfo& info : reply.outputs()) {
-    TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
-    TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));
-    TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(info.sharding()));
-    out.push_back(internal::make_array(
-        std::make_shared<internal::ArrayState>(first.client, info.array_id(), dtype, shape, std::move(sharding))));
+  for (int i = 0; i < num_outputs; ++i) {
+    const ArrayType& type = compiled->output_types[i];
+    auto buffers = std::make_shared<internal::ArrayBuffers>(&client, execution, i);
+    out.push_back(internal::make_array(std::make_shared<internal::ArrayState>(
+        first.client, std::move(buffers), type.dtype, type.shape, compiled->output_shardings[i])));
   }
+  execution->start(compiled->id);
   return out;
+}
+
+absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::compile(
+    const std::string& signature, const Mesh& mesh, const std::vector<ArrayType>& types, const std::vector<Array>& args,
+    const std::string& who) {
+  TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(f, types));
+  pb::CompileRequest req;
+  to_proto(graph, req.mutable_graph());
+  to_proto(mesh, req.mutable_mesh());
+  for (const Array& a : args) {
+    pb::NamedSharding s;
+    to_proto(a.sharding(), &s);
+    *req.add_input_specs() = s.spec();
+  }
+  for (const auto& spec : options.out_shardings) {
+    pb::OptionalSpec* o = req.add_output_specs();
+    o->set_set(spec.has_value());
+    if (spec.has_value()) {
+      pb::NamedSharding s;
+      to_proto(NamedSharding(mesh, *spec), &s);
+      *o->mutable_spec() = s.spec();
+    }
+  }
+  pb::CompileReply reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline + absl::Seconds(50));
+  const internal::ArrayState& first = internal::array_state(args[0]);
+  TESSERA_RETURN_IF_ERROR(from_grpc(first.client->coordinator()->Compile(&ctx, req, &reply), who));
+  if (reply.output_specs_size() != static_cast<int>(graph.outputs().size())) {
+    return absl::InternalError(absl::StrCat(who, ": Compile returned ", reply.output_specs_size(),
+                                            " output shardings for a function of ", graph.outputs().size(),
+                                            " outputs"));
+  }
+  auto result = std::make_shared<State::Compiled>();
+  result->id = reply.executable_id();
+  result->text = reply.text();
+  for (int i = 0; i < reply.output_specs_size(); ++i) {
+    const Node& o = graph.node(graph.outputs()[i]);
+    result->output_types.push_back({o.dtype, o.shape});
+    pb::NamedSharding s;
+    to_proto(mesh, s.mutable_mesh());
+    *s.mutable_spec() = reply.output_specs(i);
+    TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(s));
+    result->output_shardings.push_back(std::move(sharding));
+  }
+  absl::MutexLock lock(&mu);
+  compiled[signature] = result;
+  last_text = reply.text();
+  compilations = reply.compilations();
+  return std::shared_ptr<const State::Compiled>(std::move(result));
 }
 
 }  // namespace tessera

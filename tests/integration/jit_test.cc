@@ -7,19 +7,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
+#include "tests/integration/jit_support.h"
 
 namespace tessera {
 namespace {
 
+using ::tessera::jit_support::expect_near;
+using ::tessera::jit_support::random_f32;
 using ::testing::HasSubstr;
-
-HostArray random_f32(Shape shape, uint32_t seed) {
-  HostArray a(DType::kF32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (float& v : a.mutable_values<float>()) v = dist(rng);
-  return a;
-}
 
 // Host reference: (m, k) @ (k, n) in double.
 std::vector<double> matmul_ref(const HostArray& x, const HostArray& w) {
@@ -34,40 +29,7 @@ std::vector<double> matmul_ref(const HostArray& x, const HostArray& w) {
   return out;
 }
 
-void expect_near(const HostArray& got, const std::vector<double>& want, double tol = 1e-5) {
-  ASSERT_EQ(got.size(), static_cast<int64_t>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_NEAR(got.values<float>()[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
-  }
-}
-
-class JitTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<Client> client = Client::local(8);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = new Client(*std::move(client));
-    mesh_ = new Mesh(*client_->make_mesh({4, 2}, {"data", "model"}));
-  }
-  static void TearDownTestSuite() {
-    delete mesh_;
-    delete client_;
-  }
-  Array put(const HostArray& a, const PartitionSpec& spec) {
-    absl::StatusOr<Array> r = client_->device_put(a, NamedSharding(*mesh_, spec));
-    EXPECT_TRUE(r.ok()) << r.status();
-    return *std::move(r);
-  }
-  static HostArray fetch(const Array& a) {
-    absl::StatusOr<HostArray> r = a.fetch();
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? *std::move(r) : HostArray();
-  }
-  static Client* client_;
-  static Mesh* mesh_;
-};
-Client* JitTest::client_ = nullptr;
-Mesh* JitTest::mesh_ = nullptr;
+class JitTest : public jit_support::LocalJitSuite {};
 
 std::vector<Value> layer(const std::vector<Value>& in) { return {tanh(matmul(in[0], in[1]))}; }
 

@@ -9,6 +9,11 @@
 //
 // A Jitted traces once per argument signature (dtypes, shapes, shardings) and the coordinator
 // compiles each signature once: calling again with same-typed, same-sharded arrays only runs.
+// Calls are dispatched asynchronously: back-to-back calls do not wait for each other's round
+// trips, and block_until_ready() (or fetching) waits for the data:
+//
+//   for (int i = 0; i < 100; ++i) y = *step({y[0]});   // returns at once each time
+//   TESSERA_RETURN_IF_ERROR(y[0].block_until_ready());
 #ifndef TESSERA_JIT_H_
 #define TESSERA_JIT_H_
 
@@ -36,9 +41,16 @@ class Jitted {
  public:
   Jitted(TracedFunction f, JitOptions options);
 
-  // Runs the function on `args` (all on one mesh of one client). INVALID_ARGUMENT for a trace
-  // error (naming the op and shapes) or arguments on different meshes or clients; a device
-  // failure fails the call naming the device.
+  // Runs the function on `args` (all on one mesh of one client), asynchronously as jax.jit:
+  // after the compilation (first call of a signature, synchronous) it returns the output
+  // arrays at once, and the call runs on the devices once its arguments are ready (the
+  // outputs of earlier calls still running are waited for, not on this thread). The outputs
+  // report the call's outcome when used (Array::block_until_ready lists the errors): a lost
+  // device, a kernel error, each naming the device. Errors returned here: INVALID_ARGUMENT
+  // for a trace error (naming the op and shapes) or arguments on different meshes or clients;
+  // the compilation's errors; an argument's error when it is the output of a call that has
+  // already failed (same code, naming the original failure). With 16 calls of this client in
+  // flight, waits for one to finish first (DEADLINE_EXCEEDED if none does by its deadline).
   absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args) const;
 
   // The per-device plans of the most recently used signature, like JAX's

@@ -1,0 +1,253 @@
+#include "client/execution.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "client/client_impl.h"
+#include "proto/rpc.h"
+
+namespace tessera::internal {
+namespace {
+
+thread_local bool t_on_callback_thread = false;
+
+// Marks the current thread as running a gRPC callback for as long as it lives.
+class CallbackScope {
+ public:
+  CallbackScope() : was_(t_on_callback_thread) { t_on_callback_thread = true; }
+  ~CallbackScope() { t_on_callback_thread = was_; }
+
+ private:
+  const bool was_;
+};
+
+// The slack between an Execute RPC's deadline and the one waiters use.
+constexpr absl::Duration kRpcSlack = absl::Seconds(10);
+
+// One Execute RPC in flight: gRPC needs all three until the callback runs.
+struct ExecuteCall {
+  grpc::ClientContext ctx;
+  pb::ExecuteRequest request;
+  pb::ExecuteReply reply;
+};
+
+}  // namespace
+
+bool on_callback_thread() { return t_on_callback_thread; }
+
+absl::Status InFlight::begin_execution(absl::Time finish_by, const std::string& who) {
+  absl::MutexLock lock(&mu_);
+  auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return executions_ < kMaxExecutionsInFlight; };
+  // Everything in flight has finished by latest_: a slot is free by then at the latest.
+  if (!mu_.AwaitWithDeadline(absl::Condition(&has_room), latest_ + absl::Seconds(1))) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(who, ": ", kMaxExecutionsInFlight, " calls are in flight and none finished by its deadline"));
+  }
+  ++executions_;
+  ++count_;
+  latest_ = std::max(latest_, finish_by);
+  return absl::OkStatus();
+}
+
+void InFlight::begin_call(absl::Time finish_by) {
+  absl::MutexLock lock(&mu_);
+  ++count_;
+  latest_ = std::max(latest_, finish_by);
+}
+
+void InFlight::end_execution() {
+  absl::MutexLock lock(&mu_);
+  --executions_;
+  --count_;
+}
+
+void InFlight::end_call() {
+  absl::MutexLock lock(&mu_);
+  --count_;
+}
+
+void InFlight::wait_idle() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ == 0; };
+  if (mu_.AwaitWithDeadline(absl::Condition(&idle), latest_ + absl::Seconds(5))) return;
+  // gRPC runs every callback by its call's deadline; getting here means a bug, and freeing
+  // the client under a live callback would be worse than waiting on.
+  std::fprintf(stderr, "tessera client: %d calls still in flight past their deadlines; waiting for them\n", count_);
+  mu_.Await(absl::Condition(&idle));
+}
+
+ArrayBuffers::~ArrayBuffers() {
+  if (producer_ != nullptr) {
+    producer_->release_output(output_);
+  } else {
+    client_->delete_array(id_);
+  }
+}
+
+bool ArrayBuffers::ready() const { return producer_ == nullptr || producer_->ready(); }
+
+absl::StatusOr<uint64_t> ArrayBuffers::wait() const {
+  if (producer_ == nullptr) return id_;
+  absl::Status status = producer_->wait();
+  if (!status.ok()) return status;
+  return producer_->output_id(output_);
+}
+
+Execution::Execution(ClientImpl* client, std::vector<std::shared_ptr<ArrayBuffers>> inputs, int num_outputs,
+                     absl::Duration timeout, absl::Time deadline, std::string who)
+    : client_(client),
+      in_flight_(client->in_flight()),
+      num_outputs_(num_outputs),
+      timeout_(timeout),
+      who_(std::move(who)),
+      deadline_(deadline),
+      inputs_(std::move(inputs)),
+      released_(static_cast<size_t>(num_outputs), false) {}
+
+absl::Time Execution::finish_by(const std::vector<std::shared_ptr<ArrayBuffers>>& inputs, absl::Duration timeout) {
+  // Execute is sent once the last input is ready (by its producer's deadline at the latest)
+  // and its RPC ends by timeout + kRpcSlack after that.
+  absl::Time start = absl::Now();
+  for (const auto& in : inputs) {
+    if (in->producer() != nullptr) start = std::max(start, in->producer()->deadline());
+  }
+  return start + timeout + kRpcSlack + absl::Seconds(1);
+}
+
+void Execution::start(uint64_t executable) {
+  executable_ = executable;
+  // One count per input still being computed, and one for this function, so that dispatch()
+  // runs once, after the last of them.
+  int unfinished = 0;
+  for (const auto& in : inputs_) unfinished += in->producer() != nullptr ? 1 : 0;
+  pending_inputs_.store(unfinished + 1);
+  std::shared_ptr<Execution> self = shared_from_this();
+  for (const auto& in : inputs_) {
+    if (in->producer() != nullptr) in->producer()->on_finish([self] { self->input_ready(); });
+  }
+  input_ready();
+}
+
+void Execution::input_ready() {
+  if (pending_inputs_.fetch_sub(1) == 1) dispatch();
+}
+
+void Execution::dispatch() {
+  auto call = std::make_unique<ExecuteCall>();
+  call->request.set_executable_id(executable_);
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    // Every producer has finished: this does not block.
+    absl::StatusOr<uint64_t> id = inputs_[i]->wait();
+    if (!id.ok()) {
+      const Execution& producer = *inputs_[i]->producer();
+      finish(failed_input(who_, i, producer), {}, producer.root_cause());
+      return;
+    }
+    call->request.add_input_arrays(*id);
+  }
+  call->request.set_timeout_ms(absl::ToInt64Milliseconds(timeout_));
+  set_deadline(&call->ctx, timeout_ + kRpcSlack);
+  ExecuteCall* raw = call.release();
+  client_->coordinator()->async()->Execute(
+      &raw->ctx, &raw->request, &raw->reply, [self = shared_from_this(), raw](grpc::Status s) {
+        CallbackScope scope;
+        std::unique_ptr<ExecuteCall> owned(raw);
+        absl::Status status = from_grpc(s, self->who_);
+        std::vector<uint64_t> ids;
+        if (status.ok()) {
+          for (const pb::ArrayInfo& info : owned->reply.outputs()) ids.push_back(info.array_id());
+          if (static_cast<int>(ids.size()) != self->num_outputs_) {
+            status = absl::InternalError(absl::StrCat(self->who_, ": Execute returned ", ids.size(),
+                                                      " outputs, the program has ", self->num_outputs_));
+            // Nobody will ever hold these: free them now.
+            for (uint64_t id : ids) self->client_->delete_array(id);
+            ids.clear();
+          }
+        }
+        owned.reset();
+        self->finish(std::move(status), std::move(ids));
+      });
+}
+
+void Execution::finish(absl::Status status, std::vector<uint64_t> ids, absl::Status root_cause) {
+  std::vector<std::function<void()>> continuations;
+  std::vector<uint64_t> orphans;  // outputs whose handles went while this ran
+  {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+    root_cause_ = root_cause.ok() ? status : std::move(root_cause);
+    status_ = std::move(status);
+    output_ids_ = std::move(ids);
+    continuations.swap(continuations_);
+    if (status_.ok()) {
+      for (int i = 0; i < num_outputs_; ++i) {
+        if (released_[i]) orphans.push_back(output_ids_[i]);
+      }
+    }
+  }
+  // The inputs are no longer read: their buffers may go now (if this held the last owner).
+  inputs_.clear();
+  for (uint64_t id : orphans) client_->delete_array(id);
+  for (std::function<void()>& f : continuations) f();
+  // Last: once this execution no longer counts, ~ClientImpl may run.
+  in_flight_->end_execution();
+}
+
+bool Execution::ready() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+absl::Status Execution::wait() const {
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithDeadline(absl::Condition(&done_), deadline_)) {
+    return absl::DeadlineExceededError(absl::StrCat(who_, ": the call has not finished by its deadline ",
+                                                    absl::FormatTime(deadline_), " (timeout ",
+                                                    absl::FormatDuration(timeout_), " plus the wait for its inputs)"));
+  }
+  return status_;
+}
+
+absl::Status Execution::root_cause() const {
+  absl::MutexLock lock(&mu_);
+  return root_cause_;
+}
+
+absl::Status Execution::failed_input(const std::string& who, size_t index, const Execution& failed) {
+  // The root cause, not the chain: a long chain of failed calls keeps a short message.
+  const absl::Status cause = failed.root_cause();
+  return absl::Status(cause.code(),
+                      absl::StrCat(who, ": argument ", index, " is an output of a failed call: ", cause.message()));
+}
+
+uint64_t Execution::output_id(int i) const {
+  absl::MutexLock lock(&mu_);
+  return output_ids_[i];
+}
+
+void Execution::on_finish(std::function<void()> f) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!done_) {
+      continuations_.push_back(std::move(f));
+      return;
+    }
+  }
+  f();
+}
+
+void Execution::release_output(int i) {
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!done_) {
+      released_[i] = true;
+      return;
+    }
+    if (status_.ok()) id = output_ids_[i];
+  }
+  if (id != 0) client_->delete_array(id);
+}
+
+}  // namespace tessera::internal

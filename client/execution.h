@@ -1,0 +1,166 @@
+// Asynchronous dispatch: an Execution is one jit call in flight — it waits for its inputs,
+// sends Execute to the coordinator without blocking anyone, and its outcome is the readiness
+// that all of its output arrays share. ArrayBuffers own an array's buffers on the devices and
+// free them when the last owner (an Array handle, or an execution reading them) goes.
+//
+//   absl::Time deadline = Execution::finish_by(inputs, timeout);
+//   TESSERA_RETURN_IF_ERROR(client->in_flight()->begin_execution(deadline, who));
+//   auto e = std::make_shared<Execution>(client, inputs, /*num_outputs=*/1, timeout, deadline, who);
+//   e->start(executable_id);                  // returns at once
+//   ArrayBuffers out(client, e, 0);
+//   absl::StatusOr<uint64_t> id = out.wait(); // the output's array id, or the call's error
+//
+// Every wait ends by the execution's deadline(): the latest deadline of its inputs' producers
+// plus its own Execute RPC's deadline. Callbacks never block; they run on gRPC's threads.
+#ifndef TESSERA_CLIENT_EXECUTION_H_
+#define TESSERA_CLIENT_EXECUTION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace tessera::internal {
+
+class ClientImpl;
+class Execution;
+
+// How many calls of one client may be in flight (dispatched or waiting for their inputs)
+// before a new call waits for one to finish.
+inline constexpr int kMaxExecutionsInFlight = 16;
+
+// True on a thread running one of this SDK's gRPC callbacks: work there must not block.
+bool on_callback_thread();
+
+// What a client has in flight: executions not yet finished and calls started from gRPC's
+// threads (deletions). ~ClientImpl waits until none remain; callbacks hold this by
+// shared_ptr, so the last end() never touches freed memory.
+class InFlight {
+ public:
+  // Counts a new execution that will finish by `finish_by`. While kMaxExecutionsInFlight are
+  // in flight, waits for one to finish — at most until the latest of their deadlines:
+  // DEADLINE_EXCEEDED naming `who` then.
+  absl::Status begin_execution(absl::Time finish_by, const std::string& who);
+  // Counts an asynchronous RPC that ends by `finish_by`.
+  void begin_call(absl::Time finish_by);
+  // One execution, or one call, ended.
+  void end_execution();
+  void end_call();
+  // Waits until nothing is in flight. Everything counted ends by its deadline (gRPC calls
+  // their callbacks by then), so this returns by the latest one.
+  void wait_idle();
+
+ private:
+  absl::Mutex mu_;
+  int executions_ ABSL_GUARDED_BY(mu_) = 0;
+  int count_ ABSL_GUARDED_BY(mu_) = 0;  // executions and calls
+  absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// The buffers of one array on its devices: placed by id, or output `output` of `producer`.
+class ArrayBuffers {
+ public:
+  ArrayBuffers(ClientImpl* client, uint64_t id) : client_(client), id_(id) {}
+  ArrayBuffers(ClientImpl* client, std::shared_ptr<Execution> producer, int output)
+      : client_(client), producer_(std::move(producer)), output_(output) {}
+  // Frees the buffers: at once, or when the producer finishes (nothing if it failed).
+  ~ArrayBuffers();
+
+  ArrayBuffers(const ArrayBuffers&) = delete;
+  ArrayBuffers& operator=(const ArrayBuffers&) = delete;
+
+  // Whether the data exists or the producer failed (never blocks).
+  bool ready() const;
+  // The array's id once its producer finished; the producer's error if it failed, and
+  // DEADLINE_EXCEEDED if it has not finished by its deadline.
+  absl::StatusOr<uint64_t> wait() const;
+
+  const std::shared_ptr<Execution>& producer() const { return producer_; }
+
+ private:
+  // Outlives this: owners are Array handles (which hold the client) and executions (which
+  // ~ClientImpl waits for).
+  ClientImpl* const client_;
+  const uint64_t id_ = 0;
+  const std::shared_ptr<Execution> producer_;
+  const int output_ = -1;
+};
+
+class Execution : public std::enable_shared_from_this<Execution> {
+ public:
+  // `inputs` are the arguments' buffers, held until this finishes; `deadline` is
+  // finish_by(inputs, timeout); `who` prefixes errors ("jit: coordinator host:port").
+  // REQUIRES: client->in_flight()->begin_execution(deadline) succeeded for this execution
+  // (finish() ends it).
+  Execution(ClientImpl* client, std::vector<std::shared_ptr<ArrayBuffers>> inputs, int num_outputs,
+            absl::Duration timeout, absl::Time deadline, std::string who);
+
+  // The deadline finish_by() of an execution on `inputs` started now with `timeout`.
+  static absl::Time finish_by(const std::vector<std::shared_ptr<ArrayBuffers>>& inputs, absl::Duration timeout);
+
+  // Sends Execute(executable) once every input is ready, or fails without sending when an
+  // input's producer failed. Returns at once.
+  void start(uint64_t executable);
+
+  bool ready() const;
+  absl::Time deadline() const { return deadline_; }
+  // The call's outcome: OK, its error (naming the device that failed), or DEADLINE_EXCEEDED
+  // when it has not finished by deadline().
+  absl::Status wait() const;
+  // REQUIRES: wait() returned OK.
+  uint64_t output_id(int i) const;
+  // The error that made this call fail: its own, or for a call that failed because an input's
+  // producer had, that producer's root cause. REQUIRES: ready().
+  absl::Status root_cause() const;
+
+  // The error of a call whose argument `index` is an output of `failed`: the root cause's
+  // code, its message prefixed with `who` and the argument. REQUIRES: failed.ready().
+  static absl::Status failed_input(const std::string& who, size_t index, const Execution& failed);
+
+  // Runs `f` once this has finished: at once, on this thread, if it has. `f` must not block.
+  void on_finish(std::function<void()> f);
+
+  // The last handle of output `i` is gone: free its buffers now, or when this finishes.
+  void release_output(int i);
+
+ private:
+  void input_ready();
+  void dispatch();
+  // Records the outcome (and its root cause: `status` itself when not given), frees the
+  // outputs already released, runs the continuations and ends this execution in InFlight.
+  // Called once.
+  void finish(absl::Status status, std::vector<uint64_t> ids, absl::Status root_cause = absl::OkStatus());
+
+  // Constant after construction.
+  ClientImpl* const client_;  // alive until finish() ends this execution's count
+  const std::shared_ptr<InFlight> in_flight_;
+  const int num_outputs_;
+  const absl::Duration timeout_;
+  const std::string who_;
+  const absl::Time deadline_;
+
+  // Set by start(); read by dispatch(), which runs after the last input_ready().
+  uint64_t executable_ = 0;
+  std::atomic<int> pending_inputs_{0};
+  // Released by finish(). Touched only by start(), dispatch() and finish(), one after another.
+  std::vector<std::shared_ptr<ArrayBuffers>> inputs_;
+
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Status root_cause_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> output_ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> released_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> continuations_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera::internal
+
+#endif  // TESSERA_CLIENT_EXECUTION_H_

@@ -1,0 +1,392 @@
+// Asynchronous dispatch (issue #4 items 6 and 10(d)): a jitted call returns its outputs before
+// it has run; reading them waits; dependent calls wait for their inputs; failures reach every
+// array a failed call would have produced and every call that consumes one; dropped outputs
+// and a destroyed client free what they held. Embedded clusters (Client::local) and real
+// processes (ProcessCluster, a worker killed by pid). Ordering is asserted through readiness
+// (Array::is_ready), never through timing thresholds; every wait has a deadline.
+#include <cmath>
+#include <optional>
+#include <random>
+
+#include "core/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/tessera.h"
+#include "tests/integration/jit_support.h"
+
+namespace tessera {
+namespace {
+
+using ::tessera::jit_support::expect_near;
+using ::tessera::jit_support::random_f32;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+const std::string kBin = TESSERA_BIN_DIR;
+
+HostArray identity_f32(int64_t n) {
+  HostArray a = HostArray::zeros(DType::kF32, {n, n});
+  for (int64_t i = 0; i < n; ++i) a.mutable_values<float>()[i * n + i] = 1.0f;
+  return a;
+}
+
+// The slow program: `kLayers` times y = tanh(y @ w). With w the identity its result is tanh
+// applied kLayers times, cheap on the host; on the devices it is kLayers (128, 512) x (512,
+// 512) matmuls per device (about 0.5 GFLOP per layer in all, on a 2-core machine): far longer
+// than dispatching the call takes.
+constexpr int kLayers = 8;
+constexpr int64_t kSlowN = 512;
+std::vector<Value> slow_layers(const std::vector<Value>& in) {
+  Value y = in[0];
+  for (int i = 0; i < kLayers; ++i) y = tanh(matmul(y, in[1]));
+  return {y};
+}
+std::vector<double> slow_reference(const HostArray& x) {
+  std::vector<double> out;
+  for (float v : x.values<float>()) {
+    double y = v;
+    for (int i = 0; i < kLayers; ++i) y = std::tanh(static_cast<float>(y));
+    out.push_back(y);
+  }
+  return out;
+}
+
+// Buffers held by each device of `client`'s cluster.
+std::vector<int64_t> buffer_counts(const Client& client, int devices) {
+  std::vector<int64_t> out;
+  for (int d = 0; d < devices; ++d) {
+    absl::StatusOr<DeviceStats> stats = client.device_stats(d);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    out.push_back(stats.ok() ? stats->buffer_count : -1);
+  }
+  return out;
+}
+
+class AsyncTest : public jit_support::LocalJitSuite {};
+
+TEST_F(AsyncTest, CallReturnsBeforeASlowExecutionFinishes) {
+  const HostArray x = random_f32({kSlowN, kSlowN}, 1);
+  Array xs = put(x, P("data", None));
+  Array w = put(identity_f32(kSlowN), P());
+  Jitted slow = jit(slow_layers);
+  Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  ASSERT_TRUE(slow({xs, w}).ok());  // compiles (synchronously) and runs once
+  ASSERT_TRUE(twice({xs}).ok());
+
+  absl::StatusOr<std::vector<Array>> y = slow({xs, w});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_FALSE((*y)[0].is_ready()) << "the call waited for its execution";
+  // Metadata is there at once.
+  EXPECT_EQ((*y)[0].shape(), (Shape{kSlowN, kSlowN}));
+  EXPECT_EQ((*y)[0].sharding().spec(), P("data", None));
+  // A consumer is dispatched at once too, and runs after its producer.
+  absl::StatusOr<std::vector<Array>> z = twice({(*y)[0]});
+  ASSERT_TRUE(z.ok()) << z.status();
+  ASSERT_TRUE((*z)[0].block_until_ready().ok());
+  EXPECT_TRUE((*y)[0].is_ready());
+  ASSERT_TRUE(block_until_ready(*y).ok());
+
+  std::vector<double> want = slow_reference(x);
+  absl::StatusOr<HostArray> got = (*y)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_near(*got, want);
+  for (double& v : want) v *= 2;
+  got = (*z)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_near(*got, want);
+}
+
+TEST_F(AsyncTest, ChainsOfDependentCallsMatchTheHost) {
+  const HostArray x = random_f32({16, 8}, 2), w = random_f32({8, 8}, 3), b = random_f32({16, 8}, 4);
+  Array wd = put(w, P(None, "model"));
+  Array bd = put(b, P("data", None));
+  Jitted layer = jit([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; });
+  Jitted axpy = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 0.5 + in[1]}; });
+  Jitted sum2 = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; });
+
+  // Two chains of 6 dependent calls each, issued back to back without waiting; the layer's
+  // output is P('data', 'model'), so calls after the first also reshard (all_reduce).
+  Array a = put(x, P("data", None));
+  Array c = put(b, P("data", None));
+  std::vector<double> ha(x.values<float>().begin(), x.values<float>().end());
+  std::vector<double> hc(b.values<float>().begin(), b.values<float>().end());
+  for (int step = 0; step < 6; ++step) {
+    absl::StatusOr<std::vector<Array>> next = layer({a, wd});
+    ASSERT_TRUE(next.ok()) << next.status();
+    a = (*next)[0];
+    next = axpy({c, bd});
+    ASSERT_TRUE(next.ok()) << next.status();
+    c = (*next)[0];
+    std::vector<double> t(16 * 8, 0.0);
+    for (int64_t i = 0; i < 16; ++i) {
+      for (int64_t j = 0; j < 8; ++j) {
+        double s = 0;
+        for (int64_t l = 0; l < 8; ++l) s += ha[i * 8 + l] * w.values<float>()[l * 8 + j];
+        t[i * 8 + j] = std::tanh(s);
+      }
+    }
+    ha = t;
+    for (size_t i = 0; i < hc.size(); ++i) hc[i] = hc[i] * 0.5 + b.values<float>()[i];
+  }
+  // Joins both chains while both may still be running.
+  absl::StatusOr<std::vector<Array>> joined = sum2({a, c});
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  std::vector<double> want(ha.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = ha[i] + hc[i];
+  absl::StatusOr<HostArray> got = (*joined)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_near(*got, want, 1e-4);
+  got = a.fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_near(*got, ha, 1e-4);
+  // Each shard of an unfinished output waits too.
+  std::vector<Shard> shards = (*joined)[0].addressable_shards();
+  ASSERT_EQ(shards.size(), 8u);
+  absl::StatusOr<HostArray> block = shards[0].data();
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(block->shape(), shards[0].shape());
+}
+
+TEST_F(AsyncTest, ACallBeyondTheInFlightCapWaitsForOneToFinish) {
+  // A client of its own: nothing else of it is in flight.
+  absl::StatusOr<Client> own = Client::connect(client_->coordinator_address());
+  ASSERT_TRUE(own.ok()) << own.status();
+  absl::StatusOr<Array> x = own->device_put(random_f32({kSlowN, kSlowN}, 10), NamedSharding(*mesh_, P("data", None)));
+  absl::StatusOr<Array> w = own->device_put(identity_f32(kSlowN), NamedSharding(*mesh_, P()));
+  ASSERT_TRUE(x.ok() && w.ok());
+  Jitted slow = jit(slow_layers);
+  Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  // 16 calls in flight: a slow one, and 15 waiting on it in a chain.
+  absl::StatusOr<std::vector<Array>> head = slow({*x, *w});
+  ASSERT_TRUE(head.ok()) << head.status();
+  Array last = (*head)[0];
+  for (int i = 1; i < 16; ++i) {
+    absl::StatusOr<std::vector<Array>> next = twice({last});
+    ASSERT_TRUE(next.ok()) << next.status();
+    last = (*next)[0];
+  }
+  EXPECT_FALSE((*head)[0].is_ready());
+  // The 17th returns only once one of them (the head, which the others wait for) finished.
+  absl::StatusOr<std::vector<Array>> extra = twice({*x});
+  ASSERT_TRUE(extra.ok()) << extra.status();
+  EXPECT_TRUE((*head)[0].is_ready());
+  ASSERT_TRUE(block_until_ready({last, (*extra)[0]}).ok());
+}
+
+// The tests that count buffers run on clusters of their own: the shared one may still be
+// deleting what earlier tests dropped (asynchronously, once their calls finished).
+TEST(AsyncBuffers, InputsOfAnUnfinishedCallOutliveTheirHandles) {
+  absl::StatusOr<Client> client = Client::local(8);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok());
+  const std::vector<int64_t> baseline = buffer_counts(*client, 8);
+  const HostArray x = random_f32({kSlowN, kSlowN}, 5);
+  Jitted slow = jit(slow_layers);
+  absl::StatusOr<Array> xp = client->device_put(x, NamedSharding(*mesh, P("data", None)));
+  absl::StatusOr<Array> wp = client->device_put(identity_f32(kSlowN), NamedSharding(*mesh, P()));
+  ASSERT_TRUE(xp.ok() && wp.ok());
+  std::optional<Array> xs = *std::move(xp);
+  std::optional<Array> w = *std::move(wp);
+  absl::StatusOr<std::vector<Array>> y = slow({*xs, *w});
+  ASSERT_TRUE(y.ok()) << y.status();
+  // Dropping the arguments' last handles while the call may still run: it still reads them.
+  xs.reset();
+  w.reset();
+  absl::StatusOr<HostArray> got = (*y)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_near(*got, slow_reference(x));
+  y->clear();  // the last handle of a finished output: freed at once
+  EXPECT_EQ(buffer_counts(*client, 8), baseline);
+}
+
+TEST_F(AsyncTest, AKernelErrorReachesTheOutputsAndTheirConsumers) {
+  // Devices of 512 KiB: the broadcast's 1 MiB output block cannot be stored.
+  LocalOptions options;
+  options.memory_bytes_per_device = 512 << 10;
+  absl::StatusOr<Client> client = Client::local(8, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok());
+  const HostArray x = random_f32({16, 8}, 6);
+  absl::StatusOr<Array> xs = client->device_put(x, NamedSharding(*mesh, P("data", None)));
+  ASSERT_TRUE(xs.ok()) << xs.status();
+  Jitted big = jit([](const std::vector<Value>& in) {
+    return std::vector<Value>{broadcast_in_dim(in[0], {16, 8, 8192}, {0, 1}), in[0] + 1.0};
+  });
+  Jitted neg1 = jit([](const std::vector<Value>& in) { return std::vector<Value>{-in[0]}; });
+  absl::StatusOr<std::vector<Array>> y = big({*xs});
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::StatusOr<std::vector<Array>> z = neg1({(*y)[1]});  // consumes an output of the failing call
+  ASSERT_TRUE(z.ok()) << z.status();
+
+  for (const Array& out : *y) {
+    absl::Status status = out.block_until_ready();
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("device "));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("bytes"));
+    EXPECT_TRUE(out.is_ready());
+    EXPECT_EQ(out.fetch().status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(out.addressable_shards()[0].data().status().code(), absl::StatusCode::kResourceExhausted);
+  }
+  absl::Status consumer = (*z)[0].block_until_ready();
+  EXPECT_EQ(consumer.code(), absl::StatusCode::kResourceExhausted) << consumer;
+  EXPECT_THAT(std::string(consumer.message()), HasSubstr("argument 0 is an output of a failed call"));
+  EXPECT_THAT(std::string(consumer.message()), HasSubstr("needs 1048576 bytes"));
+  // A chain of consumers issued at once reports the root cause, once, at its end.
+  absl::Status chained = absl::OkStatus();
+  Array last = (*y)[1];
+  for (int i = 0; i < 5 && chained.ok(); ++i) {
+    absl::StatusOr<std::vector<Array>> next = neg1({last});
+    if (next.ok()) {
+      last = (*next)[0];
+    } else {
+      chained = next.status();  // the failure was known by then: the call itself fails
+    }
+  }
+  if (chained.ok()) chained = last.block_until_ready();
+  EXPECT_EQ(chained.code(), absl::StatusCode::kResourceExhausted) << chained;
+  const std::string message(chained.message());
+  EXPECT_THAT(message, HasSubstr("needs 1048576 bytes"));
+  EXPECT_EQ(message.find("failed call"), message.rfind("failed call")) << message;
+  // Passing a failed output to a call now fails the call itself, with the original error.
+  absl::StatusOr<std::vector<Array>> again = neg1({(*y)[1]});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kResourceExhausted) << again.status();
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("needs 1048576 bytes"));
+  // Other arrays are unaffected.
+  absl::StatusOr<HostArray> back = xs->fetch();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == x);
+  absl::StatusOr<std::vector<Array>> fine = neg1({*xs});
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_TRUE((*fine)[0].block_until_ready().ok());
+}
+
+TEST(AsyncBuffers, DroppedUnfinishedOutputsAndADestroyedClientFreeEverything) {
+  absl::StatusOr<Client> owner = Client::local(8);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  const std::vector<int64_t> baseline = buffer_counts(*owner, 8);
+  {
+    // A second client of the cluster, destroyed with its calls in flight: it waits for them
+    // and frees the outputs nobody holds (and the arguments they kept alive).
+    absl::StatusOr<Client> other = Client::connect(owner->coordinator_address());
+    ASSERT_TRUE(other.ok()) << other.status();
+    absl::StatusOr<Mesh> mesh = other->make_mesh({4, 2}, {"data", "model"});
+    ASSERT_TRUE(mesh.ok());
+    absl::StatusOr<Array> x = other->device_put(random_f32({kSlowN, kSlowN}, 7), NamedSharding(*mesh, P("data", None)));
+    absl::StatusOr<Array> w = other->device_put(identity_f32(kSlowN), NamedSharding(*mesh, P()));
+    ASSERT_TRUE(x.ok() && w.ok());
+    Jitted slow = jit(slow_layers);
+    Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+    absl::StatusOr<std::vector<Array>> y = slow({*x, *w});
+    ASSERT_TRUE(y.ok()) << y.status();
+    absl::StatusOr<std::vector<Array>> z = twice({(*y)[0]});
+    ASSERT_TRUE(z.ok()) << z.status();
+    absl::StatusOr<std::vector<Array>> kept = twice({(*z)[0]});
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_FALSE((*y)[0].is_ready());
+    EXPECT_FALSE((*kept)[0].is_ready());
+    y->clear();  // unfinished outputs dropped: freed when their calls finish
+    z->clear();
+    // `kept`, x, w and `other` go at the end of this scope, the calls still running.
+  }
+  EXPECT_EQ(buffer_counts(*owner, 8), baseline);
+}
+
+TEST(AsyncClient, DestroyingALocalClientWithCallsInFlight) {
+  // The embedded cluster goes with the client: the calls in flight finish first.
+  absl::StatusOr<Client> client = Client::local(8);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok());
+  absl::StatusOr<Array> x = client->device_put(random_f32({kSlowN, kSlowN}, 8), NamedSharding(*mesh, P("data", None)));
+  absl::StatusOr<Array> w = client->device_put(identity_f32(kSlowN), NamedSharding(*mesh, P()));
+  ASSERT_TRUE(x.ok() && w.ok());
+  Jitted slow = jit(slow_layers);
+  std::vector<Array> outputs;
+  Array y = *x;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::vector<Array>> next = slow({y, *w});
+    ASSERT_TRUE(next.ok()) << next.status();
+    y = (*next)[0];
+    outputs.push_back(y);
+  }
+  EXPECT_FALSE(y.is_ready());
+  // Everything goes here: the client, the arguments and the unfinished outputs.
+}
+
+// Real processes: a worker killed by pid while a call runs.
+class AsyncProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(
+        kBin, 8, {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=1500"}, {"--memory_bytes=268435456"});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    ConnectOptions options;
+    options.min_devices = 8;
+    options.timeout = absl::Seconds(20);
+    absl::StatusOr<Client> client = Client::connect(cluster_.address, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_.emplace(*std::move(client));
+  }
+  void TearDown() override { client_.reset(); }
+
+  ProcessCluster cluster_;
+  std::optional<Client> client_;
+};
+
+void expect_names_lost_device(const absl::Status& status, const std::string& device) {
+  EXPECT_THAT(status.code(), AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded)) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(device));
+}
+
+TEST_F(AsyncProcessTest, AWorkerKilledDuringACallFailsItsOutputsAndTheirConsumers) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Mesh> low = client_->make_mesh({2, 2}, {"a", "b"}, {0, 1, 2, 3});
+  ASSERT_TRUE(low.ok());
+  const HostArray values = HostArray::arange(DType::kI32, {16, 8});
+  absl::StatusOr<Array> elsewhere = client_->device_put(values, NamedSharding(*low, P("a", "b")));
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  absl::StatusOr<Array> x = client_->device_put(random_f32({kSlowN, kSlowN}, 9), NamedSharding(*mesh, P("data", None)));
+  absl::StatusOr<Array> w = client_->device_put(identity_f32(kSlowN), NamedSharding(*mesh, P()));
+  ASSERT_TRUE(x.ok() && w.ok());
+  Jitted slow = jit(slow_layers);
+  Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  ASSERT_TRUE(twice({*x}).ok());  // compiled before the failure
+
+  absl::StatusOr<std::vector<Array>> y = slow({*x, *w});
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::StatusOr<std::vector<Array>> z = twice({(*y)[0]});
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_FALSE((*y)[0].is_ready());
+  cluster_.workers[7]->kill();
+
+  // The heartbeat timeout is 1.5 s; a dead process fails its RPC at once. Either way the
+  // bound is far below the call's 60 s timeout.
+  const absl::Time start = absl::Now();
+  absl::Status failed = (*y)[0].block_until_ready();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  expect_names_lost_device(failed, "device 7");
+  absl::Status consumer = (*z)[0].block_until_ready();
+  expect_names_lost_device(consumer, "device 7");
+  EXPECT_THAT(std::string(consumer.message()), HasSubstr("argument 0 is an output of a failed call"));
+  expect_names_lost_device((*y)[0].fetch().status(), "device 7");
+  expect_names_lost_device(twice({(*y)[0]}).status(), "device 7");
+
+  // A call issued after the death that needs device 7 fails naming it too.
+  absl::StatusOr<std::vector<Array>> after = twice({*x});
+  if (after.ok()) {
+    expect_names_lost_device((*after)[0].block_until_ready(), "device 7");
+  } else {
+    expect_names_lost_device(after.status(), "device 7");
+  }
+  // Arrays on other devices still fetch.
+  absl::StatusOr<HostArray> kept = elsewhere->fetch();
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(*kept == values);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,69 @@
+// What the jit integration tests share: random host arrays, a comparison of a fetched float32
+// array against a reference computed in double, and a suite fixture holding one
+// Client::local(8) cluster with a (4, 2) ('data', 'model') mesh.
+//
+//   class MyTest : public LocalJitSuite {};
+//   const HostArray x = random_f32({16, 8}, /*seed=*/1);
+//   Array xs = put(x, P("data", None));
+//   expect_near(*xs.fetch(), want, /*tol=*/1e-5);   // |got - want| <= tol * (1 + |want|)
+#ifndef TESSERA_TESTS_INTEGRATION_JIT_SUPPORT_H_
+#define TESSERA_TESTS_INTEGRATION_JIT_SUPPORT_H_
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tessera/tessera.h"
+
+namespace tessera::jit_support {
+
+// float32 values drawn uniformly from [-1, 1), reproducible from `seed`.
+inline HostArray random_f32(Shape shape, uint32_t seed) {
+  HostArray a(DType::kF32, std::move(shape));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (float& v : a.mutable_values<float>()) v = dist(rng);
+  return a;
+}
+
+// Every element of the float32 array `got` within tol * (1 + |want|) of `want`.
+inline void expect_near(const HostArray& got, const std::vector<double>& want, double tol = 1e-5) {
+  ASSERT_EQ(got.size(), static_cast<int64_t>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got.values<float>()[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
+  }
+}
+
+// One embedded cluster of 8 devices for a whole suite, and a (4, 2) mesh over it.
+class LocalJitSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<Client> client = Client::local(8);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = new Client(*std::move(client));
+    mesh_ = new Mesh(*client_->make_mesh({4, 2}, {"data", "model"}));
+  }
+  static void TearDownTestSuite() {
+    delete mesh_;
+    delete client_;
+  }
+  // `a` placed on the suite's mesh under `spec` (a test failure if that fails).
+  static Array put(const HostArray& a, const PartitionSpec& spec) {
+    absl::StatusOr<Array> r = client_->device_put(a, NamedSharding(*mesh_, spec));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *std::move(r);
+  }
+  // `a`'s value on the host (a test failure, and an empty array, if that fails).
+  static HostArray fetch(const Array& a) {
+    absl::StatusOr<HostArray> r = a.fetch();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : HostArray();
+  }
+  inline static Client* client_ = nullptr;
+  inline static Mesh* mesh_ = nullptr;
+};
+
+}  // namespace tessera::jit_support
+
+#endif  // TESSERA_TESTS_INTEGRATION_JIT_SUPPORT_H_
