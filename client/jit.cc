@@ -58,6 +58,11 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   // The mesh (with its device order) is part of the signature: the same specs on another
   // mesh are another program.
   std::string signature = absl::StrCat(mesh.to_string(), absl::StrJoin(mesh.device_ids(), ","), ";");
+  const std::vector<std::optional<PartitionSpec>>& in_shardings = state_->options.in_shardings;
+  if (!in_shardings.empty() && in_shardings.size() != args.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("jit: in_shardings has ", in_shardings.size(), " entries for ", args.size(), " arguments"));
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const internal::ArrayState& a = internal::array_state(args[i]);
     if (a.client != first.client)
@@ -66,6 +71,13 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
       return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " is on ", a.sharding.mesh().to_string(),
                                                      ", argument 0 on ", mesh.to_string(),
                                                      "; every argument must be on one mesh"));
+    }
+    if (!in_shardings.empty() && in_shardings[i].has_value() && !(*in_shardings[i] == a.sharding.spec())) {
+      return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " has sharding ",
+                                                     a.sharding.spec().to_string(), " but in_shardings[", i, "] is ",
+                                                     in_shardings[i]->to_string(),
+                                                     "; committed arrays are not moved implicitly (as in JAX): "
+                                                     "device_put it with the wanted sharding"));
     }
     types.push_back({a.dtype, a.shape});
     absl::StrAppend(&signature, dtype_name(a.dtype), shape_to_string(a.shape), a.sharding.spec().to_string(), ";");

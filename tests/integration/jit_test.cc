@@ -136,5 +136,33 @@ TEST_F(JitTest, ErrorsAreReported) {
   EXPECT_THAT(std::string(y.status().message()), HasSubstr("every argument must be on one mesh"));
 }
 
+// in_shardings pins the arguments' layouts: a matching argument runs (trailing Nones are
+// insignificant, as in JAX), a mismatch is INVALID_ARGUMENT naming both specs, and a list of
+// the wrong length is refused.
+TEST_F(JitTest, InShardingsAreChecked) {
+  const HostArray x = random_f32({16, 8}, 11), w = random_f32({8, 4}, 12);
+  JitOptions options;
+  options.in_shardings = {P("data"), std::nullopt};
+  Jitted f = jit(layer, options);
+  absl::StatusOr<std::vector<Array>> y = f({put(x, P("data", None)), put(w, P(None, "model"))});
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::StatusOr<HostArray> got = (*y)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<double> want = matmul_ref(x, w);
+  for (double& v : want) v = std::tanh(v);
+  expect_near(*got, want, 1e-5);
+
+  y = f({put(x, P(None, "model")), put(w, P())});
+  ASSERT_FALSE(y.ok());
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(y.status().message()),
+              HasSubstr("argument 0 has sharding P(None, 'model') but in_shardings[0] is P('data',)"));
+
+  options.in_shardings = {P("data")};
+  y = jit(layer, options)({put(x, P("data", None)), put(w, P())});
+  ASSERT_FALSE(y.ok());
+  EXPECT_THAT(std::string(y.status().message()), HasSubstr("in_shardings has 1 entries for 2 arguments"));
+}
+
 }  // namespace
 }  // namespace tessera

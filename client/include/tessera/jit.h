@@ -35,6 +35,12 @@ struct JitOptions {
   std::vector<std::optional<PartitionSpec>> out_shardings;
   // How long every device may wait on the others within one execution.
   absl::Duration timeout = absl::Seconds(60);
+  // One entry per argument (or empty): the sharding each argument must have; nullopt accepts
+  // any. Arguments are committed arrays, so as in JAX a mismatch is an error (INVALID_ARGUMENT
+  // naming the argument and both specs), never an implicit move: reshard with device_put or
+  // with_sharding_constraint inside the function instead. (Last: positional initializers of
+  // the fields above keep their meaning.)
+  std::vector<std::optional<PartitionSpec>> in_shardings = {};
 };
 
 class Jitted {
