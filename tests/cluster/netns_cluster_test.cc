@@ -179,7 +179,10 @@ class NetnsClusterTest : public ::testing::Test {
     topology_->remove_stale();
     absl::Status bridge = topology_->add_bridge();
     if (!bridge.ok()) GTEST_SKIP() << "cannot make a bridge here: " << bridge.message();
-    ASSERT_TRUE(topology_->add_host("c", 1).ok());
+    // The first namespace doubles as the probe: some roots can make a bridge but not mount
+    // the namespaces' /run/netns (a chroot without /run, a container without mount rights).
+    absl::Status first = topology_->add_host("c", 1);
+    if (!first.ok()) GTEST_SKIP() << "cannot make a network namespace here: " << first.message();
     for (int i = 0; i < kWorkers; ++i) {
       absl::Status added = topology_->add_host(absl::StrCat("w", i), 10 + i);
       ASSERT_TRUE(added.ok()) << added;
