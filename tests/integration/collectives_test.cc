@@ -378,6 +378,37 @@ TEST(Collectives, TimedWithABarrierFirst) {
   }
 }
 
+// Small all-reduces run as a binomial tree; groups whose size is not a power of two (3 and
+// 6 here) have incomplete subtrees. Every member must get the group's sum.
+TEST(Collectives, SmallAllReduceOnGroupsOfThreeAndSix) {
+  absl::StatusOr<Client> client = Client::local(6);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({3, 2}, {"a", "b"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = HostArray::arange(DType::kI64, {6, 7});  // block of device d: row d
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P(Axes{"a", "b"})));
+  ASSERT_TRUE(x.ok()) << x.status();
+  for (const std::vector<std::string>& axes : {std::vector<std::string>{"a"}, std::vector<std::string>{"a", "b"}}) {
+    CollectiveSpec spec;
+    spec.kind = CollectiveKind::kAllReduce;
+    spec.groups = *replica_groups(*mesh, axes);  // {0,2,4}, {1,3,5}; or all six
+    absl::StatusOr<Array> y = run_collective(*x, spec);
+    ASSERT_TRUE(y.ok()) << y.status();
+    absl::StatusOr<HostArray> got = y->fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int64_t d = 0; d < 6; ++d) {
+      for (int64_t c = 0; c < 7; ++c) {
+        int64_t want = 0;
+        for (int64_t e = 0; e < 6; ++e) {
+          if (axes.size() == 2 || e % 2 == d % 2) want += e * 7 + c;
+        }
+        ASSERT_EQ(got->values<int64_t>()[d * 7 + c], want)
+            << "device " << d << " column " << c << " over " << axes.size() << " axes";
+      }
+    }
+  }
+}
+
 TEST(Collectives, BadSpecsAreInvalidArgument) {
   absl::StatusOr<Client> client = Client::local(4);
   ASSERT_TRUE(client.ok()) << client.status();

@@ -1,8 +1,9 @@
 // The collective engine: one device's part of a collective, over the Transport.
 //
-// Algorithms by size: up to kSmallBytes latency-optimal ones — recursive doubling for
-// all_reduce on power-of-two groups (log2 n rounds), else a direct exchange (one message to
-// each peer, results reduced in rank order so every device gets bitwise the same answer);
+// Algorithms by size: up to kSmallBytes latency-optimal ones — all_reduce as a binomial tree
+// (reduce to rank 0, broadcast back: 2(n-1) messages in 2 log2 n rounds, every device gets
+// rank 0's bytes), the others as direct exchanges (one message to each peer, results reduced
+// in rank order so every device gets bitwise the same answer);
 // above it bandwidth-optimal rings (all_reduce = ring reduce-scatter + ring all-gather, each
 // device sending 2(n-1)/n of the data), pipelined in chunks of kChunkBytes. all_to_all and
 // collective_permute are direct exchanges; broadcast is a pipelined chain from the root.
