@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/stats.h"
 #include "core/daemon.h"
 #include "core/subprocess.h"
 #include "tessera/tessera.h"
@@ -96,11 +97,9 @@ absl::StatusOr<Result> run_tessera(const Client& client, const Mesh& mesh, const
     times.push_back(absl::ToDoubleSeconds(timing.collective));
     e2e.push_back(t);
   }
-  std::sort(times.begin(), times.end());
-  std::sort(e2e.begin(), e2e.end());
   Result r;
-  r.seconds = times[times.size() / 2];
-  r.e2e_seconds = e2e[e2e.size() / 2];
+  r.seconds = median(times);
+  r.e2e_seconds = median(e2e);
   r.busbw_gbps = double(bytes) * bus_factor(op, n) / r.seconds / 1e9;
   return r;
 }

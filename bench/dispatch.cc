@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "bench/stats.h"
 #include "core/daemon.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rpc.h"
@@ -23,15 +24,6 @@
 ABSL_FLAG(int, iters, 200, "timed calls");
 ABSL_FLAG(int, back_to_back, 200, "calls issued back to back before waiting for them");
 ABSL_FLAG(bool, json, false, "one JSON object instead of text");
-
-namespace {
-
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * (v.size() - 1))];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Times jit dispatch against a gRPC round trip.\nUsage: bench_dispatch [--iters=200]");

@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "bench/stats.h"
 #include "core/daemon.h"
 #include "core/subprocess.h"
 #include "tessera/tessera.h"
@@ -20,15 +21,6 @@
 ABSL_FLAG(int, n, 2048, "matrix size");
 ABSL_FLAG(int, iters, 5, "timed repetitions (median)");
 ABSL_FLAG(bool, json, false, "one JSON object instead of text");
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   tessera::ensure_fast_blas(argv);  // the same kernel as the worker's, for a fair comparison

@@ -10,21 +10,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "bench/stats.h"
 #include "core/daemon.h"
 #include "tessera/tessera.h"
 
 ABSL_FLAG(int, mib, 256, "array size in MiB");
 ABSL_FLAG(int, iters, 3, "repetitions; the median is reported");
 ABSL_FLAG(bool, json, false, "one JSON object per line instead of a table");
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(

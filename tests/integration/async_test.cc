@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
 #include "tests/integration/jit_support.h"
+#include "tests/integration/process_cluster_fixture.h"
 
 namespace tessera {
 namespace {
@@ -21,8 +22,6 @@ using ::tessera::jit_support::expect_near;
 using ::tessera::jit_support::random_f32;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
-
-const std::string kBin = TESSERA_BIN_DIR;
 
 HostArray identity_f32(int64_t n) {
   HostArray a = HostArray::zeros(DType::kF32, {n, n});
@@ -316,25 +315,7 @@ TEST(AsyncClient, DestroyingALocalClientWithCallsInFlight) {
 }
 
 // Real processes: a worker killed by pid while a call runs.
-class AsyncProcessTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(
-        kBin, 8, {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=1500"}, {"--memory_bytes=268435456"});
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-    ConnectOptions options;
-    options.min_devices = 8;
-    options.timeout = absl::Seconds(20);
-    absl::StatusOr<Client> client = Client::connect(cluster_.address, options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_.emplace(*std::move(client));
-  }
-  void TearDown() override { client_.reset(); }
-
-  ProcessCluster cluster_;
-  std::optional<Client> client_;
-};
+class AsyncProcessTest : public ProcessClusterTest {};
 
 void expect_names_lost_device(const absl::Status& status, const std::string& device) {
   EXPECT_THAT(status.code(), AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded)) << status;

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
+#include "tests/integration/process_cluster_fixture.h"
 
 namespace tessera {
 namespace {
@@ -17,27 +18,7 @@ using ::testing::HasSubstr;
 
 const std::string kBin = TESSERA_BIN_DIR;
 
-class MultiProcessTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(
-        kBin, 8, {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=1500"}, {"--memory_bytes=268435456"});
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-    address_ = cluster_.address;
-    ConnectOptions options;
-    options.min_devices = 8;
-    options.timeout = absl::Seconds(20);
-    absl::StatusOr<Client> client = Client::connect(address_, options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_.emplace(*std::move(client));
-  }
-
-  ProcessCluster cluster_;
-  std::vector<std::unique_ptr<Subprocess>>& workers_ = cluster_.workers;
-  std::string address_;
-  std::optional<Client> client_;
-};
+class MultiProcessTest : public ProcessClusterTest {};
 
 TEST_F(MultiProcessTest, RoundTripThenAWorkerDies) {
   absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
