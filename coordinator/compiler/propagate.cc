@@ -1,10 +1,12 @@
 #include "coordinator/compiler/propagate.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/compiler/reshard.h"
 #include "core/sharding.h"
 #include "core/status.h"
 
@@ -40,7 +42,8 @@ class Propagator {
     out_.operands.resize(g.size());
   }
 
-  absl::StatusOr<Propagation> run(const std::vector<PartitionSpec>& inputs) {
+  absl::StatusOr<Propagation> run(const std::vector<PartitionSpec>& inputs,
+                                  const std::vector<std::optional<PartitionSpec>>& outputs) {
     if (inputs.size() != g_.parameters().size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("jit: ", g_.parameters().size(), " inputs but ", inputs.size(), " input shardings"));
@@ -58,22 +61,12 @@ class Propagator {
     for (int id = 0; id < g_.size(); ++id) {
       if (g_.node(id).op != Op::kParameter) TESSERA_RETURN_IF_ERROR(forward(id));
     }
-    // Values no operand determined (constants, iota) take what their first user asked of
-    // them, else stay replicated; requirements on them already match.
+    // Values no operand determined (constants, iota) start replicated; the backward pass
+    // gives them what their users want.
     for (int id = 0; id < g_.size(); ++id) {
-      if (assigned_[id]) continue;
-      out_.result[id] = ValueSharding::replicated(g_.node(id).shape.size());
-      for (int user = id + 1; user < g_.size() && !assigned_[id]; ++user) {
-        const Node& u = g_.node(user);
-        for (size_t k = 0; k < u.operands.size(); ++k) {
-          if (u.operands[k] == id) {
-            out_.result[id] = out_.operands[user][k];
-            assigned_[id] = true;
-            break;
-          }
-        }
-      }
+      if (!assigned_[id]) set(id, Dims(g_.node(id).shape.size()));
     }
+    backward(outputs);
     return std::move(out_);
   }
 
@@ -330,9 +323,306 @@ class Propagator {
     return absl::OkStatus();
   }
 
+  // ---- Backward pass -------------------------------------------------------------------
+  //
+  // The forward pass decides every value from its operands alone. The backward pass visits
+  // the nodes from the last to the first and lets each one that the user did not pin
+  // (parameters, with_sharding_constraint) move to a layout its users want, when that makes
+  // the program move fewer bytes: a reshard wanted after an op is pulled in front of it when
+  // it is cheaper there (a local slice of a replicated operand instead of a gather of the
+  // result, a gather of a small operand instead of a large result) — GSPMD's backward
+  // propagation, with conflicts settled by an estimate of the bytes each choice moves.
+
+  // How a node's operands follow its result: operand k's dimension d follows result dimension
+  // follow[k][d] (-1: it does not, and keeps what the forward pass asked of it). Only the
+  // result dimensions in `free` may change.
+  struct DimMap {
+    std::vector<std::vector<int>> follow;
+    std::vector<bool> free;
+  };
+
+  DimMap dim_map(const Node& n) const {
+    const size_t rank = n.shape.size();
+    DimMap m{std::vector<std::vector<int>>(n.operands.size()), std::vector<bool>(rank, true)};
+    auto identity = [&](size_t k) {
+      m.follow[k].resize(rank);
+      for (size_t d = 0; d < rank; ++d) m.follow[k][d] = static_cast<int>(d);
+    };
+    switch (n.op) {
+      case Op::kConstant:
+      case Op::kIota:
+        break;
+      case Op::kBroadcastInDim: {
+        const Shape& in = g_.node(n.operands[0]).shape;
+        for (size_t i = 0; i < in.size(); ++i) {
+          m.follow[0].push_back(in[i] == n.shape[n.dims[i]] ? static_cast<int>(n.dims[i]) : -1);
+        }
+        break;
+      }
+      case Op::kTranspose:
+        m.follow[0].assign(rank, -1);
+        for (size_t i = 0; i < rank; ++i) m.follow[0][n.dims[i]] = static_cast<int>(i);
+        break;
+      case Op::kReshape: {
+        // Only dimensions that reshape leaves alone (a group of one on both sides) follow.
+        const Shape& in = g_.node(n.operands[0]).shape;
+        m.follow[0].assign(in.size(), -1);
+        m.free.assign(rank, false);
+        size_t i = 0, o = 0;
+        while (i < in.size() && o < rank) {
+          size_t i2 = i + 1, o2 = o + 1;
+          int64_t pi = in[i], po = n.shape[o];
+          while (pi != po) {
+            if (pi < po && i2 < in.size()) {
+              pi *= in[i2++];
+            } else if (o2 < rank) {
+              po *= n.shape[o2++];
+            } else {
+              break;
+            }
+          }
+          if (i2 == i + 1 && o2 == o + 1 && pi == po) {
+            m.follow[0][i] = static_cast<int>(o);
+            m.free[o] = true;
+          }
+          i = i2;
+          o = o2;
+        }
+        break;
+      }
+      case Op::kSlice:
+      case Op::kConcatenate:
+        for (size_t k = 0; k < n.operands.size(); ++k) identity(k);
+        for (size_t d = 0; d < rank; ++d) {
+          const bool cut = n.op == Op::kSlice ? (n.dims[d] != 0 || n.limits[d] != g_.node(n.operands[0]).shape[d])
+                                              : static_cast<int64_t>(d) == n.dims[0];
+          if (!cut) continue;
+          m.free[d] = false;
+          for (auto& f : m.follow) f[d] = -1;
+        }
+        break;
+      case Op::kReduceSum:
+      case Op::kReduceMax:
+      case Op::kReduceMin:
+      case Op::kReduceProd:
+      case Op::kArgmax: {
+        int r = 0;
+        for (size_t d = 0; d < g_.node(n.operands[0]).shape.size(); ++d) {
+          const bool reduced = std::binary_search(n.dims.begin(), n.dims.end(), static_cast<int64_t>(d));
+          m.follow[0].push_back(reduced ? -1 : r++);
+        }
+        break;
+      }
+      case Op::kDotGeneral: {
+        const DotDims& dd = n.dot;
+        m.follow[0].assign(g_.node(n.operands[0]).shape.size(), -1);
+        m.follow[1].assign(g_.node(n.operands[1]).shape.size(), -1);
+        int r = 0;
+        for (size_t i = 0; i < dd.lhs_batch.size(); ++i, ++r) {
+          m.follow[0][dd.lhs_batch[i]] = m.follow[1][dd.rhs_batch[i]] = r;
+        }
+        auto free_dims = [&](int k, const std::vector<int64_t>& batch, const std::vector<int64_t>& contracting) {
+          for (size_t d = 0; d < m.follow[k].size(); ++d) {
+            const auto is = [&](const std::vector<int64_t>& v) {
+              return std::find(v.begin(), v.end(), static_cast<int64_t>(d)) != v.end();
+            };
+            if (!is(batch) && !is(contracting)) m.follow[k][d] = r++;
+          }
+        };
+        free_dims(0, dd.lhs_batch, dd.lhs_contracting);
+        free_dims(1, dd.rhs_batch, dd.rhs_contracting);
+        break;
+      }
+      default:  // elementwise
+        for (size_t k = 0; k < n.operands.size(); ++k) identity(k);
+        break;
+    }
+    return m;
+  }
+
+  struct Choice {
+    ValueSharding result;
+    std::vector<ValueSharding> operands;
+  };
+
+  // Whether `s` is a layout of `shape`: each axis of the mesh used once (dimensions and
+  // pending reduction together) and every split dividing its dimension.
+  bool fits(const ValueSharding& s, const Shape& shape) const {
+    std::set<std::string> used(s.partial.begin(), s.partial.end());
+    if (used.size() != s.partial.size()) return false;
+    for (size_t d = 0; d < s.dims.size(); ++d) {
+      for (const std::string& a : s.dims[d]) {
+        if (!used.insert(a).second) return false;
+      }
+      if (shape[d] % axes_size(s.dims[d], mesh_) != 0) return false;
+    }
+    return true;
+  }
+
+  // Node `id` with result dimensions `dims` (on its free dimensions; the others stay): what it
+  // then needs of its operands, or nullopt when that is no layout. Dimensions that do not
+  // follow the result (contracted, reduced) keep what the forward pass asked: a contraction
+  // over a split dimension stays a partial sum, as in GSPMD.
+  std::optional<Choice> choice(int id, const DimMap& m, const Dims& dims) const {
+    const Node& n = g_.node(id);
+    Choice c{out_.result[id], out_.operands[id]};
+    for (size_t d = 0; d < dims.size(); ++d) {
+      if (m.free[d]) c.result.dims[d] = dims[d];
+    }
+    if (!fits(c.result, n.shape)) return std::nullopt;
+    for (size_t k = 0; k < n.operands.size(); ++k) {
+      ValueSharding& q = c.operands[k];
+      for (size_t d = 0; d < q.dims.size(); ++d) {
+        if (m.follow[k][d] >= 0) q.dims[d] = c.result.dims[m.follow[k][d]];
+      }
+      if (!fits(q, g_.node(n.operands[k]).shape)) return std::nullopt;
+    }
+    return c;
+  }
+
+  // Estimated bytes one device moves to take a value from `from` to `to`; each collective also
+  // costs a fixed latency, counted as kLatencyBytes.
+  double reshard_cost(const ValueSharding& from, const ValueSharding& to, const Node& value) const {
+    static constexpr double kLatencyBytes = 64 * 1024;
+    if (from == to) return 0;
+    absl::StatusOr<std::vector<ReshardStep>> steps = plan_reshard(from, to, value.shape, mesh_);
+    if (!steps.ok()) return std::numeric_limits<double>::infinity();
+    auto local_bytes = [&](const ValueSharding& s) {
+      return static_cast<double>(num_elements(NamedSharding(mesh_, s.spec()).shard_shape(value.shape))) *
+             dtype_size(value.dtype);
+    };
+    double cost = 0;
+    ValueSharding before = from;
+    for (const ReshardStep& step : *steps) {
+      const double n = static_cast<double>(axes_size(step.axes, mesh_));
+      const double share = (n - 1) / n;
+      switch (step.kind) {
+        case ReshardStep::Kind::kAllReduce:
+          cost += 2 * share * local_bytes(before) + kLatencyBytes;
+          break;
+        case ReshardStep::Kind::kReduceScatter:
+        case ReshardStep::Kind::kAllToAll:
+          cost += share * local_bytes(before) + kLatencyBytes;
+          break;
+        case ReshardStep::Kind::kAllGather:
+          cost += share * local_bytes(step.after) + kLatencyBytes;
+          break;
+        case ReshardStep::Kind::kCollectivePermute:
+          cost += local_bytes(before) + kLatencyBytes;
+          break;
+        case ReshardStep::Kind::kLocalSlice:
+          break;
+      }
+      before = step.after;
+    }
+    return cost;
+  }
+
+  // What it costs to have value `id` in layout `want`: resharding it as it is, or — when this
+  // is its only use and the user did not pin it — computing it in that layout, looking up to
+  // `depth` producers further back. This lets a reshard travel past several ops whose own
+  // input and output are equally large (exp after a broadcast) to where it is cheapest.
+  double supply_cost(int id, const ValueSharding& want, const std::vector<std::vector<std::pair<int, int>>>& uses,
+                     int depth) const {
+    const Node& n = g_.node(id);
+    const double direct = reshard_cost(out_.result[id], want, n);
+    if (direct == 0 || depth == 0 || n.op == Op::kParameter || n.op == Op::kShardingConstraint ||
+        uses[id].size() != 1 || is_output_[id] || want.partial != out_.result[id].partial) {
+      return direct;
+    }
+    std::optional<Choice> c = choice(id, dim_map(n), want.dims);
+    if (!c || c->result != want) return direct;
+    double cost = 0;
+    for (size_t k = 0; k < n.operands.size() && cost < direct; ++k) {
+      cost += supply_cost(n.operands[k], c->operands[k], uses, depth - 1);
+    }
+    return std::min(direct, cost);
+  }
+
+  void backward(const std::vector<std::optional<PartitionSpec>>& outputs) {
+    is_output_.assign(g_.size(), false);
+    for (int o : g_.outputs()) is_output_[o] = true;
+    // What each value's consumers need of it: (user node, operand index), and output specs.
+    std::vector<std::vector<std::pair<int, int>>> uses(g_.size());
+    for (int id = 0; id < g_.size(); ++id) {
+      const Node& n = g_.node(id);
+      for (size_t k = 0; k < n.operands.size(); ++k) uses[n.operands[k]].emplace_back(id, static_cast<int>(k));
+    }
+    std::vector<std::vector<ValueSharding>> wanted_out(g_.size());
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const int o = g_.outputs()[i];
+      if (outputs[i].has_value()) {
+        wanted_out[o].push_back(ValueSharding{padded(*outputs[i], g_.node(o).shape.size()), {}, ReduceOp::kSum});
+      } else {
+        // No spec: whatever layout it has, made whole (dims left empty to say so; for a
+        // scalar the two are the same).
+        wanted_out[o].push_back(ValueSharding{});
+      }
+    }
+    for (int id = g_.size() - 1; id >= 0; --id) {
+      const Node& n = g_.node(id);
+      if (n.op == Op::kParameter || n.op == Op::kShardingConstraint) continue;
+      std::vector<ValueSharding> wants;
+      for (const auto& [user, k] : uses[id]) wants.push_back(out_.operands[user][k]);
+      for (const ValueSharding& w : wanted_out[id]) wants.push_back(w);
+      if (wants.empty()) continue;
+      const DimMap m = dim_map(n);
+      // Candidate result layouts: as it is; each consumer's wish, taken whole or only on
+      // dimensions the value does not split yet; each operand's layout carried through.
+      std::vector<Dims> candidates = {out_.result[id].dims};
+      for (const ValueSharding& w : wants) {
+        if (w.dims.empty()) continue;
+        candidates.push_back(w.dims);
+        Dims refined = out_.result[id].dims;
+        for (size_t d = 0; d < refined.size(); ++d) {
+          if (refined[d].empty()) refined[d] = w.dims[d];
+        }
+        candidates.push_back(refined);
+      }
+      for (size_t k = 0; k < n.operands.size(); ++k) {
+        Dims carried = out_.result[id].dims;
+        const ValueSharding& have = out_.result[n.operands[k]];
+        for (size_t d = 0; d < have.dims.size(); ++d) {
+          if (m.follow[k][d] >= 0) carried[m.follow[k][d]] = have.dims[d];
+        }
+        candidates.push_back(carried);
+      }
+      // The cheapest; among equals the one holding the fewest elements per device, then the
+      // earliest (the forward pass's layout first).
+      std::optional<Choice> best;
+      double best_cost = 0;
+      int64_t best_local = 0;
+      for (const Dims& dims : candidates) {
+        std::optional<Choice> c = choice(id, m, dims);
+        if (!c) continue;
+        double cost = 0;
+        for (size_t k = 0; k < n.operands.size(); ++k) cost += supply_cost(n.operands[k], c->operands[k], uses, 4);
+        for (const ValueSharding& w : wants) {
+          ValueSharding target = w;
+          if (target.dims.empty()) {  // an output with no spec: its layout, made whole
+            target = c->result;
+            target.partial.clear();
+          }
+          cost += reshard_cost(c->result, target, n);
+        }
+        const int64_t local = num_elements(NamedSharding(mesh_, c->result.spec()).shard_shape(n.shape));
+        if (!best || cost < best_cost || (cost == best_cost && local < best_local)) {
+          best = std::move(c);
+          best_cost = cost;
+          best_local = local;
+        }
+      }
+      if (best) {
+        out_.result[id] = std::move(best->result);
+        out_.operands[id] = std::move(best->operands);
+      }
+    }
+  }
+
   const Graph& g_;
   const Mesh& mesh_;
   std::vector<bool> assigned_;
+  std::vector<bool> is_output_;
   Propagation out_;
 };
 
@@ -364,7 +654,7 @@ absl::StatusOr<Propagation> propagate(const Graph& graph, const Mesh& mesh, cons
           absl::StrCat("jit: output ", i, " ", type_to_string(o.dtype, o.shape), ": ", fits.message()));
     }
   }
-  return Propagator(graph, mesh).run(inputs);
+  return Propagator(graph, mesh).run(inputs, outputs);
 }
 
 }  // namespace tessera

@@ -9,7 +9,14 @@
 // reduce_scatter when the consumer wants the result sharded).
 //
 // The pass decides, for every node, the sharding of its result and the sharding it needs of
-// each operand; where the two differ the partitioner inserts the reshard.
+// each operand; where the two differ the partitioner inserts the reshard. It runs forward
+// (each value from its operands), then backward (from the last node to the first, each value
+// the user did not pin may take a layout its consumers or out_shardings want, when the
+// estimated bytes moved by the whole neighbourhood — its operands' reshards, its consumers'
+// reshards — fall; among equal costs the layout splitting it most). So a constraint or an
+// output sharding pulls the computation before it into its layout, a reshard lands where the
+// value is smallest, and operands that disagree settle on the layout that moves least.
+// A contraction or reduction over a split dimension always stays a partial sum (GSPMD).
 //
 //   absl::StatusOr<Propagation> p = propagate(graph, mesh, input_specs, output_specs);
 //   p->result[node].to_string();     // "P('data', 'model')" or "P('data',) partial(sum over 'model')"

@@ -17,13 +17,14 @@ class PropagateTest : public ::testing::Test {
 
   // Traces f, propagates the input specs, and returns the result sharding of every output.
   std::vector<std::string> run(const TracedFunction& f, const std::vector<ArrayType>& types,
-                               const std::vector<PartitionSpec>& specs) {
+                               const std::vector<PartitionSpec>& specs,
+                               std::vector<std::optional<PartitionSpec>> outputs = {}) {
     absl::StatusOr<Graph> g = trace(f, types);
     EXPECT_TRUE(g.ok()) << g.status();
     if (!g.ok()) return {};
     graph_ = *std::move(g);
-    absl::StatusOr<Propagation> p =
-        propagate(graph_, mesh_, specs, std::vector<std::optional<PartitionSpec>>(graph_.outputs().size()));
+    if (outputs.empty()) outputs.resize(graph_.outputs().size());
+    absl::StatusOr<Propagation> p = propagate(graph_, mesh_, specs, outputs);
     EXPECT_TRUE(p.ok()) << p.status();
     if (!p.ok()) return {};
     prop_ = *std::move(p);
@@ -140,6 +141,88 @@ TEST_F(PropagateTest, ShardingConstraintPinsTheValue) {
           {{DType::kF32, {16, 8}}}, {P("data", None)}),
       ::testing::ElementsAre("P(None, 'model')"));
   EXPECT_EQ(need(find(Op::kShardingConstraint), 0), "P(None, 'model')");
+}
+
+// Backward propagation: what consumers want pulls producers, where that moves fewer bytes.
+
+TEST_F(PropagateTest, ConstraintPullsTheComputationBeforeIt) {
+  // GSPMD: exp runs in the constraint's layout on a locally sliced input, rather than on the
+  // whole array followed by a slice.
+  run(
+      [&](const std::vector<Value>& in) {
+        return std::vector<Value>{with_sharding_constraint(exp(in[0]), NamedSharding(mesh_, P("data", None)))};
+      },
+      {{DType::kF32, {16, 8}}}, {P()});
+  EXPECT_EQ(prop_.result[find(Op::kExp)].to_string(), "P('data', None)");
+  EXPECT_EQ(need(find(Op::kExp), 0), "P('data', None)");
+}
+
+TEST_F(PropagateTest, OutShardingsPullTheContraction) {
+  // Replicated operands, a sharded result wanted: each device computes only its block.
+  EXPECT_THAT(run([](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1])}; },
+                  {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(), P()}, {P("data", "model")}),
+              ::testing::ElementsAre("P('data', 'model')"));
+  const int d = find(Op::kDotGeneral);
+  EXPECT_EQ(need(d, 0), "P('data', None)");
+  EXPECT_EQ(need(d, 1), "P(None, 'model')");
+}
+
+TEST_F(PropagateTest, ReshardGoesWhereTheValueIsSmallest) {
+  // A gather wanted after a reduction stays after it: 16 values move, not 16 x 1024.
+  EXPECT_THAT(run([](const std::vector<Value>& in) { return std::vector<Value>{sum(exp(in[0]), {1})}; },
+                  {{DType::kF32, {16, 1024}}}, {P("data", None)}, {P()}),
+              ::testing::ElementsAre("P('data',)"));
+  EXPECT_EQ(prop_.result[find(Op::kExp)].to_string(), "P('data', None)");
+  // One wanted after a broadcast moves before it: the (16,) operand is gathered instead.
+  EXPECT_THAT(run(
+                  [](const std::vector<Value>& in) {
+                    return std::vector<Value>{exp(broadcast_in_dim(in[0], {16, 1024}, {0}))};
+                  },
+                  {{DType::kF32, {16}}}, {P("data")}, {P()}),
+              ::testing::ElementsAre("P(None, None)"));
+  EXPECT_EQ(need(find(Op::kBroadcastInDim), 0), "P(None,)");
+}
+
+TEST_F(PropagateTest, ConflictingOperandsSettleOnTheLayoutThatMovesLeast) {
+  // Forward alone takes the first operand's layout, then moves both b and the result; with
+  // the result wanted like b, only a moves.
+  EXPECT_THAT(
+      run([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; },
+          {{DType::kF32, {16, 8}}, {DType::kF32, {16, 8}}}, {P("data", None), P(None, "data")}, {P(None, "data")}),
+      ::testing::ElementsAre("P(None, 'data')"));
+  const int add = find(Op::kAdd);
+  EXPECT_EQ(need(add, 0), "P(None, 'data')");
+  EXPECT_EQ(need(add, 1), "P(None, 'data')");
+}
+
+TEST_F(PropagateTest, PartialSumIsSplitBeforeItIsResolved) {
+  // The constraint after tanh pulls the rows split into the contraction: the all_reduce then
+  // sums a quarter of the rows on each device.
+  run(
+      [&](const std::vector<Value>& in) {
+        return std::vector<Value>{
+            with_sharding_constraint(tanh(matmul(in[0], in[1])), NamedSharding(mesh_, P("data", None)))};
+      },
+      {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)});
+  const int d = find(Op::kDotGeneral);
+  EXPECT_EQ(prop_.result[d].to_string(), "P('data', None) partial(sum over 'model')");
+  EXPECT_EQ(need(d, 0), "P('data', 'model')");
+  EXPECT_EQ(need(find(Op::kTanh), 0), "P('data', None)");
+}
+
+TEST_F(PropagateTest, ConstantsUsedTwoWaysTakeTheCheaperLayout) {
+  // A constant is made wherever it is needed, so any layout is free: it takes the layout
+  // that splits it most among those its users want.
+  run(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{in[0] + 1.0, in[1] * 1.0};
+      },
+      {{DType::kF32, {16, 8}}, {DType::kF32, {16, 8}}}, {P("data", None), P("data", "model")});
+  // Tracing makes one constant per use; each takes its user's layout.
+  for (int i = 0; i < graph_.size(); ++i) {
+    if (graph_.node(i).op != Op::kConstant) continue;
+    EXPECT_NE(prop_.result[i].to_string(), "P(None, None)") << "constant %" << i;
+  }
 }
 
 TEST_F(PropagateTest, BadSpecsNameTheInput) {

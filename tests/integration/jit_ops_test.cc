@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
@@ -56,6 +57,7 @@ struct OpCase {
   std::vector<std::optional<PartitionSpec>> want_specs;  // checked where set (JAX's behaviour)
   std::vector<std::string> want_in_plan;                 // collectives the plan must contain
   bool no_collectives = false;                           // the plan must contain none
+  std::vector<std::string> want_text;                    // more text the plan must contain
   JitOptions options;
 };
 
@@ -469,6 +471,62 @@ void add_edges(int m, std::vector<OpCase>* cases) {
            {});
 }
 
+// Backward propagation: consumers' layouts pull producers, and the values stay right.
+void add_backward(int m, std::vector<OpCase>* cases) {
+  const MeshDef& mesh = meshes()[m];
+  const std::string a = mesh.axes[0];
+  const bool two = mesh.axes.size() == 2;
+  const std::string b = two ? mesh.axes[1] : a;
+  auto add_case = [&](std::string name, std::vector<Input> inputs, CaseFunction f, PartitionSpec want_spec,
+                      std::vector<std::string> want_in_plan, JitOptions options = {},
+                      std::vector<std::string> want_text = {}) {
+    OpCase c;
+    c.name = "backward_" + name + "_" + mesh.name;
+    c.want_text = std::move(want_text);
+    c.mesh = m;
+    c.inputs = std::move(inputs);
+    c.outputs = {name};
+    c.f = std::move(f);
+    c.want_specs = {want_spec};
+    c.want_in_plan = std::move(want_in_plan);
+    c.no_collectives = c.want_in_plan.empty();
+    c.options = std::move(options);
+    cases->push_back(std::move(c));
+  };
+  auto mat = [](Shape shape, PartitionSpec spec) {
+    return Input{DType::kF32, std::move(shape), Domain::kSigned, spec};
+  };
+  add_case("constraint_pulls_exp", {mat({8, 16}, P())},
+           [a](const std::vector<Value>& in, const Mesh& mesh) {
+             return std::vector<Value>{with_sharding_constraint(exp(in[0]) * 2.0, NamedSharding(mesh, P(a, None)))};
+           },
+           P(a, None), {}, {},
+           // exp runs on this device's rows only (forward propagation alone would run it whole).
+           {absl::StrCat("f32[", 8 / mesh.shape[0], ",16]  ; %1 = exp")});
+  const PartitionSpec blocks = two ? P(a, b) : P(a, None);
+  add_case("out_shardings_pull_matmul", {mat({8, 16}, P()), mat({16, 8}, P())}, matmul_f, blocks, {},
+           JitOptions{{blocks}},
+           {absl::StrCat("f32[", 8 / mesh.shape[0], ",", two ? 8 / mesh.shape[1] : 8, "]  ; %2 = dot_general")});
+  add_case(
+      "gather_before_broadcast", {Input{DType::kF32, {8}, Domain::kSigned, P(a)}},
+      [](const std::vector<Value>& in, const Mesh&) {
+        return std::vector<Value>{exp(broadcast_in_dim(in[0], {8, 16}, {0}))};
+      },
+      P(), {"all_gather"}, JitOptions{{P()}});
+  add_case(
+      "conflict_moves_one_operand", {mat({8, 16}, P(a, None)), mat({8, 16}, P(None, a))},
+      [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{in[0] + in[1]}; }, P(None, a),
+      {"all_to_all"}, JitOptions{{P(None, a)}});
+  if (two) {
+    add_case("partial_split_before_all_reduce", {mat({8, 16}, P(None, a)), mat({16, 8}, P(a, None))},
+             [b](const std::vector<Value>& in, const Mesh& mesh) {
+               return std::vector<Value>{
+                   with_sharding_constraint(tanh(matmul(in[0], in[1])), NamedSharding(mesh, P(b, None)))};
+             },
+             P(b, None), {"all_reduce"});
+  }
+}
+
 // Arrays of 1 MiB, above the collectives' 64 KiB switch to pipelined rings (512 KiB chunks).
 void add_large(int m, std::vector<OpCase>* cases) {
   const MeshDef& mesh = meshes()[m];
@@ -514,6 +572,7 @@ std::vector<OpCase> all_cases() {
     add_dots(m, &cases);
     add_constraints(m, &cases);
     add_edges(m, &cases);
+    add_backward(m, &cases);
     add_large(m, &cases);
   }
   return cases;
@@ -574,6 +633,7 @@ TEST_P(JitOpsTest, MatchesHostReference) {
     }
   }
   for (const std::string& collective : c.want_in_plan) EXPECT_THAT(r->plan_text, HasSubstr(collective + "("));
+  for (const std::string& text : c.want_text) EXPECT_THAT(r->plan_text, HasSubstr(text));
   if (c.no_collectives) {
     for (const char* collective :
          {"all_reduce(", "all_gather(", "reduce_scatter(", "all_to_all(", "collective_permute("}) {
