@@ -4,45 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/trace_state.h"
 
 namespace tessera {
 namespace internal {
-
-// One trace in progress: the graph being recorded and its first error.
-struct TraceState : std::enable_shared_from_this<TraceState> {
-  Graph graph;
-  absl::Status error;
-
-  // The trace running on this thread (for ops without operands: iota, full).
-  static thread_local TraceState* current;
-
-  static TraceState* of(const Value& v) { return v.trace_.get(); }
-  static int id(const Value& v) { return v.id_; }
-
-  Value make(absl::StatusOr<int> id) {
-    if (!id.ok()) return fail(id.status());
-    return Value(shared_from_this(), *id);
-  }
-  Value fail(const absl::Status& status) {
-    if (error.ok()) error = status;
-    return Value();
-  }
-
-  // The trace all of `values` belong to, or null (recording why) if one failed already or
-  // they come from different traces.
-  static TraceState* common(std::initializer_list<const Value*> values) {
-    TraceState* t = nullptr;
-    for (const Value* v : values) {
-      if (!v->ok()) return nullptr;
-      if (t == nullptr) t = of(*v);
-      if (of(*v) != t) {
-        t->fail(absl::InvalidArgumentError("an op mixes values of two different traces"));
-        return nullptr;
-      }
-    }
-    return t;
-  }
-};
 
 thread_local TraceState* TraceState::current = nullptr;
 

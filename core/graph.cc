@@ -63,6 +63,14 @@ constexpr OpInfo kOps[] = {
     {Op::kSlice, "slice"},
     {Op::kConcatenate, "concatenate"},
     {Op::kShardingConstraint, "sharding_constraint"},
+    {Op::kShardMapIn, "shard_map_in"},
+    {Op::kShardMapOut, "shard_map_out"},
+    {Op::kAllReduce, "all_reduce"},
+    {Op::kAllGather, "all_gather"},
+    {Op::kReduceScatter, "reduce_scatter"},
+    {Op::kAllToAll, "all_to_all"},
+    {Op::kCollectivePermute, "collective_permute"},
+    {Op::kAxisIndex, "axis_index"},
 };
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kF64; }
@@ -94,6 +102,52 @@ bool is_unary(Op op) { return op >= Op::kNeg && op <= Op::kNot; }
 bool is_binary(Op op) { return op >= Op::kAdd && op <= Op::kGe; }
 bool is_comparison(Op op) { return op >= Op::kEq && op <= Op::kGe; }
 bool is_reduction(Op op) { return op >= Op::kReduceSum && op <= Op::kReduceProd; }
+bool is_manual_collective(Op op) { return op >= Op::kAllReduce && op <= Op::kCollectivePermute; }
+
+int64_t axes_size(const Mesh& mesh, const std::vector<std::string>& axes) {
+  int64_t n = 1;
+  for (const std::string& a : axes) n *= mesh.axis_size(a);
+  return n;
+}
+
+absl::StatusOr<CollectiveSpec> collective_of(const Node& n) {
+  if (!is_manual_collective(n.op) || !n.sharding.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), " is not a shard_map collective"));
+  }
+  const Mesh& mesh = n.sharding->mesh();
+  CollectiveSpec spec;
+  TESSERA_ASSIGN_OR_RETURN(spec.groups, replica_groups(mesh, n.axes));
+  spec.reduce_op = static_cast<ReduceOp>(n.index);
+  auto dim = [&](size_t i) { return i < n.dims.size() ? static_cast<int>(n.dims[i]) : -1; };
+  switch (n.op) {
+    case Op::kAllReduce:
+      spec.kind = CollectiveKind::kAllReduce;
+      break;
+    case Op::kAllGather:
+      spec.kind = CollectiveKind::kAllGather;
+      spec.dimension = dim(0);
+      break;
+    case Op::kReduceScatter:
+      spec.kind = CollectiveKind::kReduceScatter;
+      spec.dimension = dim(0);
+      break;
+    case Op::kAllToAll:
+      spec.kind = CollectiveKind::kAllToAll;
+      spec.split_dimension = dim(0);
+      spec.concat_dimension = dim(1);
+      break;
+    default: {  // a permute: the position pairs in every group, as device ids; one group of all
+      spec.kind = CollectiveKind::kCollectivePermute;
+      std::vector<std::vector<int>> groups = std::move(spec.groups);
+      for (const std::vector<int>& g : groups) {
+        for (size_t i = 0; i + 1 < n.dims.size(); i += 2) spec.pairs.emplace_back(g[n.dims[i]], g[n.dims[i + 1]]);
+      }
+      spec.groups = {mesh.device_ids()};
+      break;
+    }
+  }
+  return spec;
+}
 
 std::string type_to_string(DType dtype, const Shape& shape) {
   static const char* const kShort[] = {"f32", "f64", "i32", "i64", "bool"};
@@ -444,6 +498,145 @@ absl::StatusOr<int> Graph::add_sharding_constraint(int x, NamedSharding sharding
   return add(std::move(n));
 }
 
+namespace {
+
+std::string axes_text(const std::vector<std::string>& axes) {
+  return absl::StrCat(
+      "(", absl::StrJoin(axes, ", ", [](std::string* o, const std::string& a) { absl::StrAppend(o, "'", a, "'"); }),
+      axes.size() == 1 ? ",)" : ")");
+}
+
+// Checks that `axes` are distinct axes of `mesh`.
+absl::Status check_mesh_axes(const Mesh& mesh, const std::vector<std::string>& axes, const std::string& what) {
+  if (axes.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no mesh axis named"));
+  std::set<std::string> seen;
+  for (const std::string& a : axes) {
+    if (mesh.axis_index(a) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": axis '", a, "' is not in the mesh ", mesh.to_string()));
+    }
+    if (!seen.insert(a).second)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": axis '", a, "' is named twice"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int> Graph::add_shard_map_in(int x, NamedSharding sharding) {
+  TESSERA_RETURN_IF_ERROR(check_operand(x, "shard_map_in"));
+  const Node& a = nodes_[x];
+  absl::Status fits = sharding.validate(a.shape);
+  if (!fits.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_map: in_spec for ", type_to_string(a.dtype, a.shape), ": ", fits.message()));
+  }
+  Node n;
+  n.op = Op::kShardMapIn;
+  n.dtype = a.dtype;
+  n.shape = sharding.shard_shape(a.shape);
+  n.sharding = std::move(sharding);
+  n.operands = {x};
+  return add(std::move(n));
+}
+
+absl::StatusOr<int> Graph::add_shard_map_out(int x, NamedSharding sharding) {
+  TESSERA_RETURN_IF_ERROR(check_operand(x, "shard_map_out"));
+  const Node& a = nodes_[x];
+  TESSERA_RETURN_IF_ERROR(sharding.validate_spec());
+  const PartitionSpec& spec = sharding.spec();
+  if (spec.size() > static_cast<int>(a.shape.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_map: out_spec ", spec.to_string(), " has ", spec.size(),
+                                                   " entries for a value of rank ", a.shape.size()));
+  }
+  Node n;
+  n.op = Op::kShardMapOut;
+  n.dtype = a.dtype;
+  n.shape = a.shape;
+  for (int d = 0; d < spec.size(); ++d) n.shape[d] *= axes_size(sharding.mesh(), spec.axes(d));
+  TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, dtype_size(n.dtype), "shard_map_out"));
+  n.sharding = std::move(sharding);
+  n.operands = {x};
+  return add(std::move(n));
+}
+
+absl::StatusOr<int> Graph::add_collective(Op op, int x, const Mesh& mesh, std::vector<std::string> axes,
+                                          std::vector<int64_t> dims, ReduceOp reduce_op) {
+  const std::string what = op_name(op);
+  if (!is_manual_collective(op)) return absl::InvalidArgumentError(absl::StrCat(what, " is not a collective"));
+  TESSERA_RETURN_IF_ERROR(check_operand(x, what.c_str()));
+  TESSERA_RETURN_IF_ERROR(check_mesh_axes(mesh, axes, what));
+  const Node& a = nodes_[x];
+  const int64_t n = axes_size(mesh, axes);
+  const std::string over = absl::StrCat(" (the size of mesh axes ", axes_text(axes), ")");
+  const size_t want_dims = op == Op::kAllReduce                               ? 0
+                           : op == Op::kAllGather || op == Op::kReduceScatter ? 1
+                           : op == Op::kAllToAll                              ? 2
+                                                                              : dims.size();
+  if (dims.size() != want_dims || (op == Op::kCollectivePermute && dims.size() % 2 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", dims.size(), " dimension attributes"));
+  }
+  Shape shape = a.shape;
+  if (op == Op::kCollectivePermute) {
+    std::set<int64_t> sources, targets;
+    for (size_t i = 0; i < dims.size(); i += 2) {
+      for (int64_t p : {dims[i], dims[i + 1]}) {
+        if (p < 0 || p >= n) {
+          return absl::InvalidArgumentError(absl::StrCat(what, ": position ", p, " is outside [0, ", n, ")", over));
+        }
+      }
+      if (!sources.insert(dims[i]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": source ", dims[i], " appears twice"));
+      }
+      if (!targets.insert(dims[i + 1]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": target ", dims[i + 1], " appears twice"));
+      }
+    }
+  } else {
+    for (int64_t d : dims) {
+      if (d < 0 || d >= static_cast<int64_t>(shape.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": dimension ", d, " is out of range for ", type_to_string(a.dtype, a.shape)));
+      }
+    }
+    auto divisible = [&](int64_t d) -> absl::Status {
+      if (shape[d] % n == 0) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", d, " of ", type_to_string(a.dtype, a.shape),
+                                                     " has size ", shape[d], ", not divisible by ", n, over));
+    };
+    if (op == Op::kAllGather) shape[dims[0]] *= n;
+    if (op == Op::kReduceScatter) {
+      TESSERA_RETURN_IF_ERROR(divisible(dims[0]));
+      shape[dims[0]] /= n;
+    }
+    if (op == Op::kAllToAll) {
+      TESSERA_RETURN_IF_ERROR(divisible(dims[0]));
+      shape[dims[0]] /= n;
+      shape[dims[1]] *= n;
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(validate_shape(shape, dtype_size(a.dtype), what.c_str()));
+  Node node;
+  node.op = op;
+  node.dtype = a.dtype;
+  node.shape = std::move(shape);
+  node.operands = {x};
+  node.sharding = NamedSharding(mesh, PartitionSpec());
+  node.axes = std::move(axes);
+  node.dims = std::move(dims);
+  node.index = static_cast<int64_t>(reduce_op);
+  return add(std::move(node));
+}
+
+absl::StatusOr<int> Graph::add_axis_index(const Mesh& mesh, std::vector<std::string> axes) {
+  TESSERA_RETURN_IF_ERROR(check_mesh_axes(mesh, axes, "axis_index"));
+  Node n;
+  n.op = Op::kAxisIndex;
+  n.dtype = DType::kI32;
+  n.sharding = NamedSharding(mesh, PartitionSpec());
+  n.axes = std::move(axes);
+  return add(std::move(n));
+}
+
 absl::Status Graph::set_outputs(std::vector<int> outputs) {
   for (int id : outputs) TESSERA_RETURN_IF_ERROR(check_operand(id, "outputs"));
   outputs_ = std::move(outputs);
@@ -475,7 +668,23 @@ std::string Graph::to_text() const {
                         " rhs_contracting=", dims_to_string(n.dot.rhs_contracting));
         break;
       case Op::kShardingConstraint:
+      case Op::kShardMapIn:
+      case Op::kShardMapOut:
         absl::StrAppend(&out, " sharding=", n.sharding->to_string(), " devices={",
+                        absl::StrJoin(n.sharding->mesh().device_ids(), ","), "}");
+        break;
+      case Op::kAllReduce:
+      case Op::kAllGather:
+      case Op::kReduceScatter:
+      case Op::kAllToAll:
+      case Op::kCollectivePermute:
+      case Op::kAxisIndex:
+        absl::StrAppend(&out, " axes=", axes_text(n.axes));
+        if (n.op == Op::kAllReduce || n.op == Op::kReduceScatter) {
+          absl::StrAppend(&out, " ", reduce_op_name(static_cast<ReduceOp>(n.index)));
+        }
+        if (!n.dims.empty()) absl::StrAppend(&out, " dims=", dims_to_string(n.dims));
+        absl::StrAppend(&out, " mesh=", n.sharding->mesh().to_string(), " devices={",
                         absl::StrJoin(n.sharding->mesh().device_ids(), ","), "}");
         break;
       default:

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/collective.h"
 #include "core/dtype.h"
 #include "core/shape.h"
 #include "core/sharding.h"
@@ -77,6 +78,19 @@ enum class Op : uint8_t {
   kSlice,
   kConcatenate,
   kShardingConstraint,
+  // shard_map (explicit per-device code). A body runs on every device on its own block:
+  // shard_map_in takes a global value to this device's block of `sharding` (the in_spec);
+  // shard_map_out makes body values (one block per device) a global value laid out by
+  // `sharding` (the out_spec). Between them values have block shapes, and these collectives
+  // run over the replica groups of mesh `axes` (core/collective.h):
+  kShardMapIn,
+  kShardMapOut,
+  kAllReduce,          // psum, pmax, pmin: index = ReduceOp
+  kAllGather,          // dims = {dimension}, tiled
+  kReduceScatter,      // dims = {dimension}, tiled; index = ReduceOp
+  kAllToAll,           // dims = {split, concat}, tiled
+  kCollectivePermute,  // dims = {source0, target0, source1, ...}: positions along `axes`
+  kAxisIndex,          // i32 scalar: this device's position along `axes`
 };
 
 // The op's name as it prints: "tanh", "dot_general", ...
@@ -86,6 +100,8 @@ bool is_unary(Op op);
 bool is_binary(Op op);
 bool is_comparison(Op op);
 bool is_reduction(Op op);
+// The collectives of a shard_map body (kAllReduce ... kCollectivePermute).
+bool is_manual_collective(Op op);
 
 // dot_general's dimension numbers, as lax.dot_general: batch dimensions pair up, contracting
 // dimensions are summed over. The result is batch, then lhs free, then rhs free dimensions.
@@ -112,8 +128,17 @@ struct Node {
   std::vector<int64_t> dims;
   std::vector<int64_t> limits;
   DotDims dot;
-  std::optional<NamedSharding> sharding;  // sharding_constraint
+  std::optional<NamedSharding> sharding;  // sharding_constraint, shard_map_in/out; collectives: the mesh
+  std::vector<std::string> axes;          // shard_map collectives and axis_index: mesh axes
 };
+
+// What a shard_map collective node runs on the workers: kind, reduce op, dimensions and the
+// replica groups of its axes (a permute: the (source, target) device pairs of every group).
+// INVALID_ARGUMENT if the node is not one, or its axes are not in its mesh.
+absl::StatusOr<CollectiveSpec> collective_of(const Node& n);
+
+// The mesh axes' total size (1 for none). REQUIRES: every axis is in `mesh`.
+int64_t axes_size(const Mesh& mesh, const std::vector<std::string>& axes);
 
 class Graph {
  public:
@@ -137,6 +162,17 @@ class Graph {
   absl::StatusOr<int> add_slice(int x, std::vector<int64_t> start, std::vector<int64_t> limit);
   absl::StatusOr<int> add_concatenate(const std::vector<int>& xs, int64_t axis);
   absl::StatusOr<int> add_sharding_constraint(int x, NamedSharding sharding);
+  // shard_map: `x` enters a body as this device's block of `sharding` (which must fit it), a
+  // body value leaves as one block of a global value laid out by `sharding`.
+  absl::StatusOr<int> add_shard_map_in(int x, NamedSharding sharding);
+  absl::StatusOr<int> add_shard_map_out(int x, NamedSharding sharding);
+  // A collective of a shard_map body over mesh `axes` (distinct, in `mesh`); `dims` and
+  // `reduce_op` as the node attributes above. INVALID_ARGUMENT naming the rule broken: a
+  // dimension out of range or not divisible by the axes' size, a permutation that repeats a
+  // source or a target or names a position outside the axes.
+  absl::StatusOr<int> add_collective(Op op, int x, const Mesh& mesh, std::vector<std::string> axes,
+                                     std::vector<int64_t> dims, ReduceOp reduce_op = ReduceOp::kSum);
+  absl::StatusOr<int> add_axis_index(const Mesh& mesh, std::vector<std::string> axes);
 
   // INVALID_ARGUMENT for an id that is not a node.
   absl::Status set_outputs(std::vector<int> outputs);

@@ -176,6 +176,7 @@ void to_proto(const Graph& graph, pb::Graph* out) {
     node_to_proto(node, n->mutable_node());
     n->mutable_operands()->Assign(node.operands.begin(), node.operands.end());
     if (node.sharding.has_value()) to_proto(*node.sharding, n->mutable_sharding());
+    n->mutable_axes()->Assign(node.axes.begin(), node.axes.end());
   }
   out->mutable_outputs()->Assign(graph.outputs().begin(), graph.outputs().end());
 }
@@ -190,7 +191,7 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
   for (int id = 0; id < graph.nodes_size(); ++id) {
     const pb::GraphNode& w = graph.nodes(id);
     const pb::KernelNode& n = w.node();
-    if (n.op() < 0 || n.op() > static_cast<int>(Op::kShardingConstraint)) {
+    if (n.op() < 0 || n.op() > static_cast<int>(Op::kAxisIndex)) {
       return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " has unknown op ", n.op()));
     }
     const Op op = static_cast<Op>(n.op());
@@ -251,7 +252,27 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
           added = g.add_sharding_constraint(operand(0), std::move(sharding));
           break;
         }
+        case Op::kShardMapIn:
+        case Op::kShardMapOut: {
+          TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
+          added = op == Op::kShardMapIn ? g.add_shard_map_in(operand(0), std::move(sharding))
+                                        : g.add_shard_map_out(operand(0), std::move(sharding));
+          break;
+        }
+        case Op::kAxisIndex: {
+          TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
+          added = g.add_axis_index(sharding.mesh(), {w.axes().begin(), w.axes().end()});
+          break;
+        }
         default:
+          if (is_manual_collective(op)) {
+            if (n.index() < 0 || n.index() > static_cast<int64_t>(ReduceOp::kProd)) {
+              return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " has unknown reduce op ", n.index()));
+            }
+            TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
+            added = g.add_collective(op, operand(0), sharding.mesh(), {w.axes().begin(), w.axes().end()}, v(n.dims()),
+                                     static_cast<ReduceOp>(n.index()));
+          }
           break;
       }
     }

@@ -65,8 +65,36 @@ class DevicePartitioner {
       TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], p_.operands[id][k], g_.node(o), cause));
       in.push_back(s);
     }
-    if (n.op == Op::kShardingConstraint) {
-      slot_of_[id] = in[0];  // the reshard above was the whole op
+    if (n.op == Op::kShardingConstraint || n.op == Op::kShardMapIn || n.op == Op::kShardMapOut) {
+      slot_of_[id] = in[0];  // the reshard above was the whole op (for shard_map_out: none)
+      return absl::OkStatus();
+    }
+    if (is_manual_collective(n.op)) {  // shard_map: runs as written
+      Instruction inst;
+      inst.kind = Instruction::Kind::kCollective;
+      inst.in = in;
+      inst.cause = cause;
+      inst.node.dtype = n.dtype;
+      inst.node.shape = n.shape;
+      TESSERA_ASSIGN_OR_RETURN(inst.collective, collective_of(n));
+      inst.out = slot_of_[id] = new_slot();
+      plan_.code.push_back(std::move(inst));
+      return absl::OkStatus();
+    }
+    if (n.op == Op::kAxisIndex) {  // a constant, different on every device
+      Instruction inst;
+      inst.kind = Instruction::Kind::kKernel;
+      inst.cause = cause;
+      inst.node.op = Op::kConstant;
+      inst.node.dtype = DType::kI32;
+      TESSERA_ASSIGN_OR_RETURN(std::vector<std::vector<int>> groups, replica_groups(mesh_, n.axes));
+      for (const std::vector<int>& g : groups) {
+        for (size_t k = 0; k < g.size(); ++k) {
+          if (g[k] == plan_.device) inst.node.value = static_cast<double>(k);
+        }
+      }
+      inst.out = slot_of_[id] = new_slot();
+      plan_.code.push_back(std::move(inst));
       return absl::OkStatus();
     }
     const ValueSharding& result = p_.result[id];

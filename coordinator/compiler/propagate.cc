@@ -58,6 +58,19 @@ class Propagator {
       }
       set(g_.parameters()[i], padded(inputs[i], p.shape.size()));
     }
+    // shard_map bodies are explicit per-device code: their values are blocks, every device
+    // holding its own — to propagation, replicated values of the block's shape, never moved.
+    manual_.assign(g_.size(), false);
+    for (int id = 0; id < g_.size(); ++id) {
+      const Node& n = g_.node(id);
+      if (n.sharding.has_value() && n.sharding->mesh() != mesh_) {
+        return absl::InvalidArgumentError(absl::StrCat("jit: %", id, " = ", op_name(n.op), " is on ",
+                                                       n.sharding->mesh().to_string(), " but the arguments are on ",
+                                                       mesh_.to_string()));
+      }
+      manual_[id] = n.op == Op::kShardMapIn || n.op == Op::kAxisIndex || is_manual_collective(n.op);
+      for (int o : n.operands) manual_[id] = manual_[id] || (manual_[o] && n.op != Op::kShardMapOut);
+    }
     for (int id = 0; id < g_.size(); ++id) {
       if (g_.node(id).op != Op::kParameter) TESSERA_RETURN_IF_ERROR(forward(id));
     }
@@ -104,6 +117,22 @@ class Propagator {
     const Node& n = g_.node(id);
     std::vector<ValueSharding>& req = out_.operands[id];
     const size_t rank = n.shape.size();
+    if (n.op == Op::kShardMapIn) {  // the operand in the in_spec's layout, whole: each block
+      req = {ValueSharding{padded(n.sharding->spec(), g_.node(n.operands[0]).shape.size()), {}, ReduceOp::kSum}};
+      set(id, Dims(rank));
+      return absl::OkStatus();
+    }
+    if (n.op == Op::kShardMapOut) {  // the blocks are the global value's shards
+      req = {ValueSharding::replicated(g_.node(n.operands[0]).shape.size())};
+      set(id, padded(n.sharding->spec(), rank));
+      return absl::OkStatus();
+    }
+    if (manual_[id]) {
+      req.clear();
+      for (int o : n.operands) req.push_back(ValueSharding::replicated(g_.node(o).shape.size()));
+      set(id, Dims(rank));
+      return absl::OkStatus();
+    }
     switch (n.op) {
       case Op::kConstant:
       case Op::kIota:
@@ -518,6 +547,13 @@ class Propagator {
     return cost;
   }
 
+  // Values whose layout the user fixed: parameters, constraints, shard_map boundaries and
+  // bodies.
+  bool pinned(int id) const {
+    const Op op = g_.node(id).op;
+    return op == Op::kParameter || op == Op::kShardingConstraint || op == Op::kShardMapOut || manual_[id];
+  }
+
   // What it costs to have value `id` in layout `want`: resharding it as it is, or — when this
   // is its only use and the user did not pin it — computing it in that layout, looking up to
   // `depth` producers further back. This lets a reshard travel past several ops whose own
@@ -526,8 +562,8 @@ class Propagator {
                      int depth) const {
     const Node& n = g_.node(id);
     const double direct = reshard_cost(out_.result[id], want, n);
-    if (direct == 0 || depth == 0 || n.op == Op::kParameter || n.op == Op::kShardingConstraint ||
-        uses[id].size() != 1 || is_output_[id] || want.partial != out_.result[id].partial) {
+    if (direct == 0 || depth == 0 || pinned(id) || uses[id].size() != 1 || is_output_[id] ||
+        want.partial != out_.result[id].partial) {
       return direct;
     }
     std::optional<Choice> c = choice(id, dim_map(n), want.dims);
@@ -561,7 +597,7 @@ class Propagator {
     }
     for (int id = g_.size() - 1; id >= 0; --id) {
       const Node& n = g_.node(id);
-      if (n.op == Op::kParameter || n.op == Op::kShardingConstraint) continue;
+      if (pinned(id)) continue;
       std::vector<ValueSharding> wants;
       for (const auto& [user, k] : uses[id]) wants.push_back(out_.operands[user][k]);
       for (const ValueSharding& w : wanted_out[id]) wants.push_back(w);
@@ -623,6 +659,7 @@ class Propagator {
   const Mesh& mesh_;
   std::vector<bool> assigned_;
   std::vector<bool> is_output_;
+  std::vector<bool> manual_;  // in a shard_map body
   Propagation out_;
 };
 

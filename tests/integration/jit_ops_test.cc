@@ -27,17 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct MeshDef {
-  const char* name;
-  std::vector<int64_t> shape;
-  std::vector<std::string> axes;
-};
-
-const std::vector<MeshDef>& meshes() {
-  static const auto* const kMeshes = new std::vector<MeshDef>{
-      {"m8", {8}, {"data"}}, {"m4x2", {4, 2}, {"data", "model"}}, {"m2x4", {2, 4}, {"data", "model"}}};
-  return *kMeshes;
-}
+const std::vector<MeshDef>& meshes() { return test_meshes(); }
 
 using CaseFunction = std::function<std::vector<Value>(const std::vector<Value>&, const Mesh&)>;
 
@@ -584,27 +574,7 @@ uint32_t seed_of(const std::string& name) {
   return h;
 }
 
-class JitOpsTest : public ::testing::TestWithParam<OpCase> {
- protected:
-  static void SetUpTestSuite() {
-    client_ = start_local_client().release();
-    if (client_ == nullptr) return;
-    for (const MeshDef& m : meshes()) {
-      absl::StatusOr<Mesh> mesh = client_->make_mesh(m.shape, m.axes);
-      ASSERT_TRUE(mesh.ok()) << mesh.status();
-      meshes_.push_back(*std::move(mesh));
-    }
-  }
-  static void TearDownTestSuite() {
-    meshes_.clear();
-    delete client_;
-    client_ = nullptr;
-  }
-  static Client* client_;
-  static std::vector<Mesh> meshes_;
-};
-Client* JitOpsTest::client_ = nullptr;
-std::vector<Mesh> JitOpsTest::meshes_;
+class JitOpsTest : public MeshesSuite, public ::testing::WithParamInterface<OpCase> {};
 
 TEST_P(JitOpsTest, MatchesHostReference) {
   const OpCase& c = GetParam();

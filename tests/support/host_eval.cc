@@ -1,9 +1,112 @@
 #include "tests/support/host_eval.h"
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
+#include "core/collective.h"
+#include "core/slicing.h"
 #include "worker/kernels/kernels.h"
 
 namespace tessera {
+namespace {
+
+// Runs the kernel of `op` on the given arrays: how the reference computes collectives.
+absl::StatusOr<HostArray> kernel(Op op, DType dtype, Shape shape, const std::vector<const HostArray*>& in,
+                                 std::vector<int64_t> dims = {}, std::vector<int64_t> limits = {}) {
+  Node n;
+  n.op = op;
+  n.dtype = dtype;
+  n.shape = std::move(shape);
+  n.dims = std::move(dims);
+  n.limits = std::move(limits);
+  return run_kernel(n, in);
+}
+
+// Block `i` of `n` equal blocks of `x` along `dim`.
+absl::StatusOr<HostArray> block(const HostArray& x, int64_t dim, int64_t i, int64_t n) {
+  const int64_t size = x.shape()[dim] / n;
+  std::vector<int64_t> start(x.shape().size(), 0);
+  std::vector<int64_t> limit = x.shape();
+  start[dim] = i * size;
+  limit[dim] = (i + 1) * size;
+  Shape shape = x.shape();
+  shape[dim] = size;
+  return kernel(Op::kSlice, x.dtype(), shape, {&x}, start, limit);
+}
+
+// One shard_map collective over every group, by its definition: one block per mesh position
+// in, one out.
+absl::StatusOr<std::vector<HostArray>> reference_collective(const Node& n, const std::vector<HostArray>& in) {
+  const Mesh& mesh = n.sharding->mesh();
+  std::map<int, int> position;
+  for (int p = 0; p < mesh.size(); ++p) position[mesh.device_ids()[p]] = p;
+  std::vector<HostArray> out(in.size());
+  absl::StatusOr<std::vector<std::vector<int>>> groups = replica_groups(mesh, n.axes);
+  if (!groups.ok()) return groups.status();
+  const ReduceOp reduce_op = static_cast<ReduceOp>(n.index);
+  const bool is_bool = n.dtype == DType::kBool;
+  const Op combine = reduce_op == ReduceOp::kSum   ? (is_bool ? Op::kOr : Op::kAdd)
+                     : reduce_op == ReduceOp::kMax ? (is_bool ? Op::kOr : Op::kMax)
+                     : reduce_op == ReduceOp::kMin ? (is_bool ? Op::kAnd : Op::kMin)
+                                                   : (is_bool ? Op::kAnd : Op::kMul);
+  for (const std::vector<int>& devices : *groups) {
+    std::vector<const HostArray*> members;
+    for (int d : devices) members.push_back(&in[position[d]]);
+    const int64_t size = static_cast<int64_t>(members.size());
+    auto reduced = [&]() -> absl::StatusOr<HostArray> {
+      HostArray acc = members[0]->clone();
+      for (size_t m = 1; m < members.size(); ++m) {
+        absl::StatusOr<HostArray> next = kernel(combine, acc.dtype(), acc.shape(), {&acc, members[m]});
+        if (!next.ok()) return next.status();
+        acc = *std::move(next);
+      }
+      return acc;
+    };
+    for (int64_t r = 0; r < size; ++r) {
+      HostArray& dst = out[position[devices[r]]];
+      absl::StatusOr<HostArray> v = absl::InternalError("unreachable");
+      switch (n.op) {
+        case Op::kAllReduce:
+          v = reduced();
+          break;
+        case Op::kAllGather:
+          v = kernel(Op::kConcatenate, n.dtype, n.shape, members, {n.dims[0]});
+          break;
+        case Op::kReduceScatter: {
+          absl::StatusOr<HostArray> sum = reduced();
+          v = sum.ok() ? block(*sum, n.dims[0], r, size) : sum.status();
+          break;
+        }
+        case Op::kAllToAll: {  // block r of every member, in member order, joined
+          std::vector<HostArray> pieces;
+          std::vector<const HostArray*> ptrs;
+          for (const HostArray* m : members) {
+            absl::StatusOr<HostArray> b = block(*m, n.dims[0], r, size);
+            if (!b.ok()) return b.status();
+            pieces.push_back(*std::move(b));
+          }
+          for (const HostArray& p : pieces) ptrs.push_back(&p);
+          v = kernel(Op::kConcatenate, n.dtype, n.shape, ptrs, {n.dims[1]});
+          break;
+        }
+        case Op::kCollectivePermute: {
+          v = HostArray::zeros(n.dtype, n.shape);
+          for (size_t i = 0; i + 1 < n.dims.size(); i += 2) {
+            if (n.dims[i + 1] == r) v = members[n.dims[i]]->clone();
+          }
+          break;
+        }
+        default:
+          return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), " is not a collective"));
+      }
+      if (!v.ok()) return v.status();
+      dst = *std::move(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
                                                         const std::vector<const HostArray*>& inputs) {
@@ -13,6 +116,7 @@ absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
   }
   // Every node's value is kept to the end: reference graphs are small.
   std::vector<HostArray> values(graph.size());
+  std::vector<std::vector<HostArray>> blocks(graph.size());  // shard_map bodies: per mesh position
   for (int id = 0; id < graph.size(); ++id) {
     const Node& n = graph.node(id);
     if (n.op == Op::kParameter) {
@@ -27,6 +131,56 @@ absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
     }
     if (n.op == Op::kShardingConstraint) {  // placement only: the value is its operand's
       values[id] = values[n.operands[0]].clone();
+      continue;
+    }
+    // shard_map: a body's values are one block per mesh position, computed one position at a
+    // time; collectives combine them across positions by their definitions.
+    if (n.op == Op::kShardMapIn) {
+      for (const DeviceShard& s : n.sharding->device_shards(graph.node(n.operands[0]).shape)) {
+        blocks[id].push_back(extract_block(values[n.operands[0]], s.index));
+      }
+      continue;
+    }
+    if (n.op == Op::kShardMapOut) {
+      values[id] = HostArray::zeros(n.dtype, n.shape);
+      const std::vector<DeviceShard> shards = n.sharding->device_shards(n.shape);
+      for (size_t p = 0; p < shards.size(); ++p) insert_block(blocks[n.operands[0]][p], shards[p].index, &values[id]);
+      continue;
+    }
+    if (n.op == Op::kAxisIndex) {
+      const Mesh& mesh = n.sharding->mesh();
+      absl::StatusOr<std::vector<std::vector<int>>> groups = replica_groups(mesh, n.axes);
+      if (!groups.ok()) return groups.status();
+      blocks[id].resize(mesh.size());
+      for (const std::vector<int>& g : *groups) {
+        for (size_t k = 0; k < g.size(); ++k) {
+          for (int p = 0; p < mesh.size(); ++p) {
+            if (mesh.device_ids()[p] == g[k])
+              blocks[id][p] = HostArray::from_vector<int32_t>({}, {static_cast<int32_t>(k)});
+          }
+        }
+      }
+      continue;
+    }
+    if (is_manual_collective(n.op)) {
+      absl::StatusOr<std::vector<HostArray>> v = reference_collective(n, blocks[n.operands[0]]);
+      if (!v.ok()) return v.status();
+      blocks[id] = *std::move(v);
+      continue;
+    }
+    size_t positions = 0;  // > 0: an op of a shard_map body
+    for (int o : n.operands) positions = std::max(positions, blocks[o].size());
+    if (positions > 0) {
+      for (size_t p = 0; p < positions; ++p) {
+        std::vector<const HostArray*> operands;
+        for (int o : n.operands) operands.push_back(blocks[o].empty() ? &values[o] : &blocks[o][p]);
+        absl::StatusOr<HostArray> v = run_kernel(n, operands);
+        if (!v.ok()) {
+          return absl::Status(v.status().code(), absl::StrCat("evaluate_on_host: %", id, " at mesh position ", p, ": ",
+                                                              v.status().message()));
+        }
+        blocks[id].push_back(*std::move(v));
+      }
       continue;
     }
     std::vector<const HostArray*> operands;

@@ -4,7 +4,10 @@
 //
 // Each node is computed by the worker kernel of its op (run_kernel), which tests/worker/
 // kernels_test.cc checks against naive loops; parameters take the given inputs and
-// with_sharding_constraint is the identity.
+// with_sharding_constraint is the identity. A shard_map body runs once per mesh position on
+// that position's blocks, and its collectives are computed from their definitions with the
+// same kernels (a sum over the group is adds, a gather a concatenate, ...): nothing of the
+// workers' collective engine is involved.
 //
 //   absl::StatusOr<Graph> g = trace(f, {{DType::kF32, {16, 8}}});
 //   HostArray x = ...;

@@ -66,6 +66,28 @@ std::unique_ptr<Client> start_local_client() {
   return std::make_unique<Client>(*std::move(client));
 }
 
+const std::vector<MeshDef>& test_meshes() {
+  static const auto* const kMeshes = new std::vector<MeshDef>{
+      {"m8", {8}, {"data"}}, {"m4x2", {4, 2}, {"data", "model"}}, {"m2x4", {2, 4}, {"data", "model"}}};
+  return *kMeshes;
+}
+
+void MeshesSuite::SetUpTestSuite() {
+  client_ = start_local_client().release();
+  if (client_ == nullptr) return;
+  for (const MeshDef& m : test_meshes()) {
+    absl::StatusOr<Mesh> mesh = client_->make_mesh(m.shape, m.axes);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    meshes_.push_back(*std::move(mesh));
+  }
+}
+
+void MeshesSuite::TearDownTestSuite() {
+  meshes_.clear();
+  delete client_;
+  client_ = nullptr;
+}
+
 absl::StatusOr<JitCheck> run_against_host(const Client& client, const Mesh& mesh, const TracedFunction& f,
                                           const std::vector<const HostArray*>& inputs,
                                           const std::vector<PartitionSpec>& specs, const JitOptions& options) {

@@ -43,6 +43,24 @@ HostArray random_array(DType dtype, const Shape& shape, Domain domain, std::mt19
 // failure recorded, when the cluster cannot start.
 std::unique_ptr<Client> start_local_client();
 
+// The meshes the op and shard_map suites run on: (8), (4, 2) and (2, 4) over Client::local(8).
+struct MeshDef {
+  const char* name;
+  std::vector<int64_t> shape;
+  std::vector<std::string> axes;
+};
+const std::vector<MeshDef>& test_meshes();
+
+// A suite fixture: one Client::local(8) for the whole suite, and test_meshes() on it (tests
+// ASSERT_NE(client_, nullptr) first: null when the cluster could not start).
+class MeshesSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite();
+  static void TearDownTestSuite();
+  inline static Client* client_ = nullptr;
+  inline static std::vector<Mesh> meshes_;
+};
+
 struct JitCheck {
   std::vector<HostArray> got;   // fetched from the cluster
   std::vector<HostArray> want;  // the host reference

@@ -22,6 +22,7 @@
 #include "tessera/client.h"
 #include "tessera/collective.h"
 #include "tessera/jit.h"
+#include "tessera/shard_map.h"
 #include "tessera/trace.h"
 #include "tessera/visualize.h"
 

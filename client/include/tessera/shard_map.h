@@ -1,0 +1,103 @@
+// shard_map: explicit per-device code with collectives, as jax.shard_map.
+//
+// The function is traced on blocks: an argument laid out by its in_spec is seen, on every
+// device, as that device's block (a (16, 8) array under P("data", None) on a (4, 2) mesh is a
+// (4, 8) Value). Inside, the collectives below move data between devices over mesh axes. The
+// results are blocks again, assembled into global arrays by the out_specs: a dimension mapped
+// to axes is the concatenation of the blocks over them; an axis an out_spec leaves out means
+// the result is replicated over it — which tracing checks (check_vma), as JAX does.
+//
+//   ShardMapped f = shard_map(
+//       [](const std::vector<Value>& in) {   // in[0]: (16, 2) block of x, in[1]: (2, 4) block of w
+//         return std::vector<Value>{psum(matmul(in[0], in[1]), "model")};
+//       },
+//       mesh, {P("data", "model"), P("model", None)}, {P("data", None)});
+//   absl::StatusOr<std::vector<Array>> y = f({x, w});    // compiles and runs like jit
+//   Jitted g = jit([&](const std::vector<Value>& in) {   // or inside a jitted function
+//     return std::vector<Value>{tanh(f({in[0] * 2.0, in[1]})[0])};
+//   });
+#ifndef TESSERA_SHARD_MAP_H_
+#define TESSERA_SHARD_MAP_H_
+
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/mesh.h"
+#include "core/partition_spec.h"
+#include "tessera/jit.h"
+#include "tessera/trace.h"
+
+namespace tessera {
+
+// One mesh axis or several ("data", or {"data", "model"}, major to minor), as the axis_name
+// of a JAX collective.
+struct AxisNames {
+  AxisNames(const char* axis) : names{axis} {}
+  AxisNames(std::string axis) : names{std::move(axis)} {}
+  AxisNames(std::initializer_list<std::string> axes) : names(axes) {}
+  AxisNames(Axes axes) : names(std::move(axes)) {}
+  Axes names;
+};
+
+struct ShardMapOptions {
+  // Check that every result is replicated over the mesh axes its out_spec leaves out (JAX's
+  // check_vma); when off, such a result is whatever the devices hold (device order decides).
+  bool check_vma = true;
+  // For calls on Arrays: the jit options of the program shard_map compiles to.
+  JitOptions jit = {};
+};
+
+class ShardMapped {
+ public:
+  // Inside a traced function (jit, or another trace): the body inlined on these global
+  // Values; returns the global results. Errors (an in_spec that does not fit its argument,
+  // a result not replicated where its out_spec says, a bad collective) fail the trace with
+  // INVALID_ARGUMENT naming the argument or output and the rule.
+  std::vector<Value> operator()(const std::vector<Value>& args) const;
+  // On arrays: compiles (once per signature) and runs as jit does; the same errors.
+  absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args) const;
+  // The per-device plans of the last call on arrays (Jitted::as_text).
+  std::string as_text() const;
+
+ private:
+  friend ShardMapped shard_map(TracedFunction, Mesh, std::vector<PartitionSpec>, std::vector<PartitionSpec>,
+                               ShardMapOptions);
+  ShardMapped() = default;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// jax.shard_map(f, mesh, in_specs, out_specs): one in_spec per argument, one out_spec per
+// result of `f`.
+ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs,
+                      std::vector<PartitionSpec> out_specs, ShardMapOptions options = {});
+
+// Collectives, only inside a shard_map body (elsewhere the trace fails naming the call). Each
+// runs over the devices that differ only along `axes`, ordered by their coordinates on them.
+Value psum(const Value& x, const AxisNames& axes);  // sum over the devices
+Value pmean(const Value& x, const AxisNames& axes);
+Value pmax(const Value& x, const AxisNames& axes);
+Value pmin(const Value& x, const AxisNames& axes);
+// Every device's x: stacked along a new dimension `axis`, or (tiled) concatenated along `axis`.
+Value all_gather(const Value& x, const AxisNames& axes, int64_t axis = 0, bool tiled = false);
+// The sum over the devices, scattered: device i keeps block i along `scatter_dimension`
+// (tiled), or index i of it, which must have the axes' size (not tiled: the dimension goes).
+Value psum_scatter(const Value& x, const AxisNames& axes, int64_t scatter_dimension = 0, bool tiled = false);
+// Device at position `source` sends x to the one at `target`, for each (source, target) pair
+// of positions along `axes`; a device no pair targets gets zeros.
+Value ppermute(const Value& x, const AxisNames& axes, const std::vector<std::pair<int64_t, int64_t>>& perm);
+// jax.lax.all_to_all: splits `split_axis` into one block per device, sends block i to device
+// i, and concatenates what arrives along `concat_axis` (tiled); not tiled, `split_axis` must
+// have the axes' size and the received blocks stack along a new `concat_axis`.
+Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int64_t concat_axis, bool tiled = false);
+// This device's position along `axes` (an i32 scalar), and how many positions there are.
+Value axis_index(const AxisNames& axes);
+int64_t axis_size(const AxisNames& axes);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SHARD_MAP_H_

@@ -1,0 +1,353 @@
+#include "tessera/shard_map.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/trace_state.h"
+
+namespace tessera {
+
+using internal::TraceState;
+
+namespace {
+
+std::string axes_text(const Axes& axes) {
+  if (axes.size() == 1) return absl::StrCat("'", axes[0], "'");
+  return absl::StrCat(
+      "(", absl::StrJoin(axes, ", ", [](std::string* o, const std::string& a) { absl::StrAppend(o, "'", a, "'"); }),
+      ")");
+}
+
+// "psum(f32[4,8], 'data')": how errors name a collective call.
+std::string call_text(const char* fn, const Value& x, const AxisNames& axes) {
+  return absl::StrCat(fn, "(", type_to_string(x.dtype(), x.shape()), ", ", axes_text(axes.names), ")");
+}
+
+// The mesh of the innermost shard_map body being traced, or null after failing the trace.
+const Mesh* manual_mesh(TraceState* t, const std::string& call) {
+  if (t->manual_meshes.empty()) {
+    t->fail(absl::InvalidArgumentError(
+        absl::StrCat(call,
+                     ": collectives and axis queries work only inside a shard_map body, which binds the mesh "
+                     "axes they name")));
+    return nullptr;
+  }
+  return &t->manual_meshes.back();
+}
+
+Value collective(Op op, const Value& x, const AxisNames& axes, std::vector<int64_t> dims, ReduceOp reduce_op,
+                 const std::string& call) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  const Mesh* mesh = manual_mesh(t, call);
+  if (mesh == nullptr) return Value();
+  absl::StatusOr<int> id =
+      t->graph.add_collective(op, TraceState::id(x), *mesh, axes.names, std::move(dims), reduce_op);
+  if (!id.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", id.status().message())));
+  return t->make(*id);
+}
+
+// The axes' total size on the innermost body's mesh, or nullopt after failing the trace.
+std::optional<int64_t> group_size(TraceState* t, const AxisNames& axes, const std::string& call) {
+  const Mesh* mesh = manual_mesh(t, call);
+  if (mesh == nullptr) return std::nullopt;
+  for (const std::string& a : axes.names) {
+    if (mesh->axis_index(a) < 0) {
+      t->fail(
+          absl::InvalidArgumentError(absl::StrCat(call, ": axis '", a, "' is not in the mesh ", mesh->to_string())));
+      return std::nullopt;
+    }
+  }
+  return axes_size(*mesh, axes.names);
+}
+
+int64_t normalized(int64_t axis, int64_t rank) { return axis < 0 ? axis + rank : axis; }
+
+// How a body value may differ between the devices along each mesh axis: axis -> why.
+using Variance = std::map<std::string, std::string>;
+
+}  // namespace
+
+namespace internal {
+
+// What the body is; shared by the traced and the jitted entry points.
+struct ShardMapBody {
+  ShardMapBody(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs, std::vector<PartitionSpec> out_specs,
+               bool check_vma)
+      : f(std::move(f)),
+        mesh(std::move(mesh)),
+        in_specs(std::move(in_specs)),
+        out_specs(std::move(out_specs)),
+        check_vma(check_vma) {}
+
+  TracedFunction f;
+  Mesh mesh;
+  std::vector<PartitionSpec> in_specs, out_specs;
+  bool check_vma;
+
+  std::vector<Value> operator()(const std::vector<Value>& args) const;
+
+ private:
+  // Checks that each result is the same on every device along the axes its out_spec leaves
+  // out, tracking for every body value the axes it may differ along and why.
+  absl::Status check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
+                                 const std::vector<int>& results) const;
+};
+
+}  // namespace internal
+
+using internal::ShardMapBody;
+
+struct ShardMapped::State {
+  std::shared_ptr<const ShardMapBody> body;
+  std::optional<Jitted> jitted;
+};
+
+std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) const {
+  std::vector<Value> failed(out_specs.size());
+  TraceState* t = TraceState::current;
+  for (const Value& a : args) {
+    if (!a.ok()) return failed;
+    t = TraceState::of(a);
+  }
+  if (t == nullptr) return failed;  // not tracing: nothing to record the error in
+  auto fail = [&](const std::string& message) {
+    t->fail(absl::InvalidArgumentError(absl::StrCat("shard_map: ", message)));
+    return failed;
+  };
+  if (!t->manual_meshes.empty()) return fail("a shard_map inside a shard_map body is not supported");
+  if (args.size() != in_specs.size()) {
+    return fail(absl::StrCat(args.size(), " arguments but ", in_specs.size(), " in_specs"));
+  }
+  std::vector<Value> blocks;
+  std::vector<int> in_ids;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (TraceState::of(args[i]) != t) return fail("the arguments come from different traces");
+    absl::StatusOr<int> id = t->graph.add_shard_map_in(TraceState::id(args[i]), NamedSharding(mesh, in_specs[i]));
+    if (!id.ok()) return fail(absl::StrCat("argument ", i, ": ", id.status().message()));
+    in_ids.push_back(*id);
+    blocks.push_back(t->make(*id));
+  }
+  const int body_start = t->graph.size();
+  TraceState* outer = TraceState::current;
+  TraceState::current = t;
+  t->manual_meshes.push_back(mesh);
+  std::vector<Value> results = f(blocks);
+  t->manual_meshes.pop_back();
+  TraceState::current = outer;
+  if (!t->error.ok()) return failed;
+  if (results.size() != out_specs.size()) {
+    return fail(
+        absl::StrCat("the body returned ", results.size(), " results but there are ", out_specs.size(), " out_specs"));
+  }
+  const std::set<int> inputs(in_ids.begin(), in_ids.end());
+  auto inside = [&](int id) { return id >= body_start || inputs.count(id) > 0; };
+  for (int id = body_start; id < t->graph.size(); ++id) {
+    for (int o : t->graph.node(id).operands) {
+      if (!inside(o)) {
+        return fail(absl::StrCat("the body uses %", o, " ",
+                                 type_to_string(t->graph.node(o).dtype, t->graph.node(o).shape),
+                                 ", a value from outside it; pass it in as an argument"));
+      }
+    }
+  }
+  std::vector<int> result_ids;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].ok() || TraceState::of(results[i]) != t || !inside(TraceState::id(results[i]))) {
+      return fail(absl::StrCat("result ", i, " is not a value of the body"));
+    }
+    result_ids.push_back(TraceState::id(results[i]));
+  }
+  if (check_vma) {
+    absl::Status replicated = check_replication(t->graph, body_start, in_ids, result_ids);
+    if (!replicated.ok()) return fail(std::string(replicated.message()));
+  }
+  std::vector<Value> out;
+  for (size_t i = 0; i < result_ids.size(); ++i) {
+    absl::StatusOr<int> id = t->graph.add_shard_map_out(result_ids[i], NamedSharding(mesh, out_specs[i]));
+    if (!id.ok()) return fail(absl::StrCat("output ", i, ": ", id.status().message()));
+    out.push_back(t->make(*id));
+  }
+  return out;
+}
+
+absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
+                                             const std::vector<int>& results) const {
+  std::map<int, Variance> var;
+  for (size_t i = 0; i < in_ids.size(); ++i) {
+    for (const std::string& a : in_specs[i].used_axes()) {
+      var[in_ids[i]][a] = absl::StrCat("argument ", i, " is split over it by its in_spec ", in_specs[i].to_string());
+    }
+  }
+  for (int id = body_start; id < g.size(); ++id) {
+    const Node& n = g.node(id);
+    Variance& v = var[id];
+    for (int o : n.operands) v.insert(var[o].begin(), var[o].end());
+    switch (n.op) {
+      case Op::kAllReduce:
+      case Op::kAllGather:  // every device along the axes ends with the same value
+        for (const std::string& a : n.axes) v.erase(a);
+        break;
+      case Op::kReduceScatter:
+      case Op::kAllToAll:
+      case Op::kCollectivePermute:
+      case Op::kAxisIndex: {
+        const char* what = n.op == Op::kReduceScatter       ? "psum_scatter"
+                           : n.op == Op::kAllToAll          ? "all_to_all"
+                           : n.op == Op::kCollectivePermute ? "ppermute"
+                                                            : "axis_index";
+        for (const std::string& a : n.axes) {
+          v.emplace(a, absl::StrCat("it depends on ", what, " over ", axes_text(n.axes), ", which differs along it"));
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  for (size_t i = 0; i < results.size(); ++i) {
+    const std::vector<std::string> named = out_specs[i].used_axes();
+    const Node& r = g.node(results[i]);
+    for (const std::string& a : mesh.axis_names()) {
+      if (std::find(named.begin(), named.end(), a) != named.end()) continue;
+      auto it = var[results[i]].find(a);
+      if (it == var[results[i]].end()) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output ", i, " ", type_to_string(r.dtype, r.shape), " may differ along mesh axis '", a, "' (", it->second,
+          "), but out_specs[", i, "] = ", out_specs[i].to_string(), " leaves '", a,
+          "' out, which says it is the same on every device along it; reduce it over '", a,
+          "' (psum, pmean, pmax, pmin, all_gather), name '", a, "' in the out_spec, or set check_vma = false"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs,
+                      std::vector<PartitionSpec> out_specs, ShardMapOptions options) {
+  auto body = std::make_shared<const ShardMapBody>(std::move(f), std::move(mesh), std::move(in_specs),
+                                                   std::move(out_specs), options.check_vma);
+  ShardMapped out;
+  out.state_ = std::make_shared<ShardMapped::State>();
+  out.state_->body = body;
+  out.state_->jitted.emplace(jit([body](const std::vector<Value>& in) { return (*body)(in); }, options.jit));
+  return out;
+}
+
+std::vector<Value> ShardMapped::operator()(const std::vector<Value>& args) const { return (*state_->body)(args); }
+
+absl::StatusOr<std::vector<Array>> ShardMapped::operator()(const std::vector<Array>& args) const {
+  return (*state_->jitted)(args);
+}
+
+std::string ShardMapped::as_text() const { return state_->jitted->as_text(); }
+
+Value psum(const Value& x, const AxisNames& axes) {
+  return collective(Op::kAllReduce, x, axes, {}, ReduceOp::kSum, call_text("psum", x, axes));
+}
+
+Value pmax(const Value& x, const AxisNames& axes) {
+  return collective(Op::kAllReduce, x, axes, {}, ReduceOp::kMax, call_text("pmax", x, axes));
+}
+
+Value pmin(const Value& x, const AxisNames& axes) {
+  return collective(Op::kAllReduce, x, axes, {}, ReduceOp::kMin, call_text("pmin", x, axes));
+}
+
+Value pmean(const Value& x, const AxisNames& axes) {
+  Value sum = collective(Op::kAllReduce, x, axes, {}, ReduceOp::kSum, call_text("pmean", x, axes));
+  if (!sum.ok()) return sum;
+  return sum / static_cast<double>(*group_size(TraceState::common({&sum}), axes, "pmean"));
+}
+
+Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled) {
+  const std::string call = call_text("all_gather", x, axes);
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  axis = normalized(axis, tiled ? x.rank() : x.rank() + 1);
+  if (axis < 0 || axis > x.rank() || (tiled && axis == x.rank())) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": axis ", axis, " is out of range")));
+  }
+  // Stacked: each device's x gains a dimension of size 1 there, and the gather tiles it.
+  const Value in = tiled ? x : expand_dims(x, axis);
+  return collective(Op::kAllGather, in, axes, {axis}, ReduceOp::kSum, call);
+}
+
+Value psum_scatter(const Value& x, const AxisNames& axes, int64_t scatter_dimension, bool tiled) {
+  const std::string call = call_text("psum_scatter", x, axes);
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  const int64_t d = normalized(scatter_dimension, x.rank());
+  if (!tiled && d >= 0 && d < x.rank()) {
+    std::optional<int64_t> n = group_size(t, axes, call);
+    if (!n) return Value();
+    if (x.shape()[d] != *n) {
+      return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": scatter_dimension ", d, " has size ",
+                                                             x.shape()[d], "; not tiled, it must be ", *n,
+                                                             ", the size of ", axes_text(axes.names))));
+    }
+  }
+  Value out = collective(Op::kReduceScatter, x, axes, {d}, ReduceOp::kSum, call);
+  return tiled || !out.ok() ? out : squeeze(out, {d});
+}
+
+Value ppermute(const Value& x, const AxisNames& axes, const std::vector<std::pair<int64_t, int64_t>>& perm) {
+  std::vector<int64_t> flat;
+  for (const auto& [source, target] : perm) {
+    flat.push_back(source);
+    flat.push_back(target);
+  }
+  return collective(Op::kCollectivePermute, x, axes, std::move(flat), ReduceOp::kSum, call_text("ppermute", x, axes));
+}
+
+Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int64_t concat_axis, bool tiled) {
+  const std::string call = call_text("all_to_all", x, axes);
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  int64_t split = normalized(split_axis, x.rank()), concat = normalized(concat_axis, x.rank());
+  if (split < 0 || split >= x.rank() || concat < 0 || concat >= x.rank()) {
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat(call, ": split_axis ", split_axis, " or concat_axis ", concat_axis, " is out of range")));
+  }
+  if (tiled) return collective(Op::kAllToAll, x, axes, {split, concat}, ReduceOp::kSum, call);
+  std::optional<int64_t> n = group_size(t, axes, call);
+  if (!n) return Value();
+  if (x.shape()[split] != *n) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": split_axis ", split, " has size ", x.shape()[split],
+                                                           "; not tiled, it must be ", *n, ", the size of ",
+                                                           axes_text(axes.names))));
+  }
+  if (split == concat) return collective(Op::kAllToAll, x, axes, {split, concat}, ReduceOp::kSum, call);
+  // As lax.all_to_all: a size-1 dimension where the blocks stack, a tiled all_to_all into it,
+  // then the split dimension (now of size 1) goes.
+  Value in = x;
+  if (split < concat) {
+    in = expand_dims(x, ++concat);
+  } else {
+    in = expand_dims(x, concat);
+    ++split;
+  }
+  Value out = collective(Op::kAllToAll, in, axes, {split, concat}, ReduceOp::kSum, call);
+  return out.ok() ? squeeze(out, {split}) : out;
+}
+
+Value axis_index(const AxisNames& axes) {
+  TraceState* t = TraceState::current;
+  if (t == nullptr || !t->error.ok()) return Value();
+  const std::string call = absl::StrCat("axis_index(", axes_text(axes.names), ")");
+  const Mesh* mesh = manual_mesh(t, call);
+  if (mesh == nullptr) return Value();
+  absl::StatusOr<int> id = t->graph.add_axis_index(*mesh, axes.names);
+  if (!id.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", id.status().message())));
+  return t->make(*id);
+}
+
+int64_t axis_size(const AxisNames& axes) {
+  TraceState* t = TraceState::current;
+  if (t == nullptr) return 1;
+  return group_size(t, axes, absl::StrCat("axis_size(", axes_text(axes.names), ")")).value_or(1);
+}
+
+}  // namespace tessera

@@ -1,0 +1,60 @@
+// The state of a trace in progress, shared by tracing (trace.cc) and shard_map
+// (shard_map.cc). Internal to the client library.
+#ifndef TESSERA_CLIENT_TRACE_STATE_H_
+#define TESSERA_CLIENT_TRACE_STATE_H_
+
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/graph.h"
+#include "core/mesh.h"
+#include "tessera/trace.h"
+
+namespace tessera {
+namespace internal {
+
+// One trace in progress: the graph being recorded and its first error.
+struct TraceState : std::enable_shared_from_this<TraceState> {
+  Graph graph;
+  absl::Status error;
+  // The shard_map bodies being traced, innermost last: their mesh (what collectives run over).
+  std::vector<Mesh> manual_meshes;
+
+  // The trace running on this thread (for ops without operands: iota, full).
+  static thread_local TraceState* current;
+
+  static TraceState* of(const Value& v) { return v.trace_.get(); }
+  static int id(const Value& v) { return v.id_; }
+
+  Value make(absl::StatusOr<int> id) {
+    if (!id.ok()) return fail(id.status());
+    return Value(shared_from_this(), *id);
+  }
+  Value fail(const absl::Status& status) {
+    if (error.ok()) error = status;
+    return Value();
+  }
+
+  // The trace all of `values` belong to, or null (recording why) if one failed already or
+  // they come from different traces.
+  static TraceState* common(std::initializer_list<const Value*> values) {
+    TraceState* t = nullptr;
+    for (const Value* v : values) {
+      if (!v->ok()) return nullptr;
+      if (t == nullptr) t = of(*v);
+      if (of(*v) != t) {
+        t->fail(absl::InvalidArgumentError("an op mixes values of two different traces"));
+        return nullptr;
+      }
+    }
+    return t;
+  }
+};
+
+}  // namespace internal
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_TRACE_STATE_H_

@@ -1,0 +1,384 @@
+// shard_map on Client::local(8): every collective over each axis and tuple of axes of the
+// (8), (4, 2) and (2, 4) meshes against the host reference (tests/support/host_eval.h runs
+// the body once per mesh position and computes collectives from their definitions), a few
+// results against values worked out by hand from JAX's documentation, shard_map standalone
+// and nested in jit with automatic code around it, and the replication check and errors.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/tessera.h"
+#include "tests/support/host_eval.h"
+#include "tests/support/jit_check.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::vector<MeshDef>& meshes() { return test_meshes(); }
+
+// One collective, over `axes`, of a body whose argument is split over every mesh axis.
+struct CollectiveCase {
+  std::string name;
+  int mesh = 0;
+  Axes axes;
+  Shape input;  // global; in_spec P(all mesh axes, None)
+  std::function<Value(const Value&, const Axes&)> body;
+  // The out_spec, from the axes reduced over (`axes`) and the others.
+  std::function<PartitionSpec(const Axes& over, const Axes& others)> out_spec;
+};
+
+void PrintTo(const CollectiveCase& c, std::ostream* os) { *os << c.name; }
+
+Axes concat(Axes a, const Axes& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<CollectiveCase> collective_cases() {
+  std::vector<CollectiveCase> out;
+  for (int m = 0; m < static_cast<int>(meshes().size()); ++m) {
+    const MeshDef& mesh = meshes()[m];
+    std::vector<Axes> choices;
+    for (const std::string& a : mesh.axes) choices.push_back({a});
+    if (mesh.axes.size() == 2) {
+      choices.push_back({mesh.axes[0], mesh.axes[1]});
+      choices.push_back({mesh.axes[1], mesh.axes[0]});
+    }
+    for (const Axes& axes : choices) {
+      int64_t n = 1;
+      for (const std::string& a : axes) {
+        for (size_t i = 0; i < mesh.axes.size(); ++i) {
+          if (mesh.axes[i] == a) n *= mesh.shape[i];
+        }
+      }
+      const std::string suffix = absl::StrCat("_", mesh.name, "_over_", absl::StrJoin(axes, "_"));
+      auto add = [&](std::string name, Shape input, std::function<Value(const Value&, const Axes&)> body,
+                     std::function<PartitionSpec(const Axes&, const Axes&)> spec) {
+        out.push_back({name + suffix, m, axes, std::move(input), std::move(body), std::move(spec)});
+      };
+      // Replicated over the axes reduced: the out_spec names only the others.
+      auto others_rows = [](const Axes&, const Axes& others) { return P(others, None); };
+      auto others_rows3 = [](const Axes&, const Axes& others) { return P(others, None, None); };
+      // Different on every device: the out_spec names every axis.
+      auto all_rows = [](const Axes& over, const Axes& others) { return P(concat(others, over), None); };
+      add(
+          "psum", {16, 8}, [](const Value& x, const Axes& a) { return psum(x, a); }, others_rows);
+      add(
+          "pmean", {16, 8}, [](const Value& x, const Axes& a) { return pmean(x, a); }, others_rows);
+      add(
+          "pmax", {16, 8}, [](const Value& x, const Axes& a) { return pmax(x, a); }, others_rows);
+      add(
+          "pmin", {16, 8}, [](const Value& x, const Axes& a) { return pmin(x, a); }, others_rows);
+      add(
+          "all_gather_tiled", {16, 8}, [](const Value& x, const Axes& a) { return all_gather(x, a, 0, true); },
+          others_rows);
+      add(
+          "all_gather_tiled_dim1", {16, 8}, [](const Value& x, const Axes& a) { return all_gather(x, a, 1, true); },
+          others_rows);
+      add(
+          "all_gather_stacked", {16, 8}, [](const Value& x, const Axes& a) { return all_gather(x, a, 0, false); },
+          others_rows3);
+      add(
+          "all_gather_stacked_axis2", {16, 8}, [](const Value& x, const Axes& a) { return all_gather(x, a, 2, false); },
+          others_rows3);
+      add(
+          "psum_scatter_tiled", {16, 8}, [](const Value& x, const Axes& a) { return psum_scatter(x, a, 1, true); },
+          [](const Axes& over, const Axes& others) { return P(others, over); });
+      // Not tiled: the scattered dimension has the axes' size, and goes.
+      add(
+          "psum_scatter", {8 * n, 4}, [](const Value& x, const Axes& a) { return psum_scatter(x, a, 0, false); },
+          [](const Axes& over, const Axes& others) { return P(concat(others, over)); });
+      add(
+          "ppermute_ring", {16, 8},
+          [n](const Value& x, const Axes& a) {
+            std::vector<std::pair<int64_t, int64_t>> perm;
+            for (int64_t i = 0; i < n; ++i) perm.emplace_back(i, (i + 1) % n);
+            return ppermute(x, a, perm);
+          },
+          all_rows);
+      add(
+          "ppermute_one_pair", {16, 8},
+          [](const Value& x, const Axes& a) {
+            return ppermute(x, a, {{0, 1}});
+          },
+          all_rows);
+      add(
+          "all_to_all_tiled", {16, 8}, [](const Value& x, const Axes& a) { return all_to_all(x, a, 1, 0, true); },
+          all_rows);
+      add(
+          "all_to_all_tiled_same_dim", {16 * n, 8},
+          [](const Value& x, const Axes& a) { return all_to_all(x, a, 0, 0, true); }, all_rows);
+      add(
+          "all_to_all", {8 * n, 4}, [](const Value& x, const Axes& a) { return all_to_all(x, a, 0, 1, false); },
+          all_rows);
+      add(
+          "all_to_all_concat_first", {16, n},
+          [](const Value& x, const Axes& a) { return all_to_all(x, a, 1, 0, false); },
+          [](const Axes& over, const Axes& others) { return P(None, concat(others, over)); });
+      add(
+          "axis_index", {16, 8},
+          [](const Value&, const Axes& a) { return broadcast_to(convert(axis_index(a), DType::kF32), {1}); },
+          [](const Axes& over, const Axes&) { return P(over); });
+    }
+  }
+  return out;
+}
+
+class ShardMapCollectiveTest : public MeshesSuite, public ::testing::WithParamInterface<CollectiveCase> {};
+
+TEST_P(ShardMapCollectiveTest, MatchesHostReference) {
+  const CollectiveCase& c = GetParam();
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = meshes_[c.mesh];
+  Axes others;
+  for (const std::string& a : mesh.axis_names()) {
+    if (std::find(c.axes.begin(), c.axes.end(), a) == c.axes.end()) others.push_back(a);
+  }
+  const PartitionSpec in_spec = P(mesh.axis_names(), None);
+  const PartitionSpec out_spec = c.out_spec(c.axes, others);
+  ShardMapped f = shard_map([&c](const std::vector<Value>& in) { return std::vector<Value>{c.body(in[0], c.axes)}; },
+                            mesh, {in_spec}, {out_spec});
+  std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>()(c.name)));
+  const HostArray x = random_array(DType::kF32, c.input, Domain::kSigned, rng);
+  // Inside jit, and the argument laid out otherwise than the in_spec: shard_map moves it.
+  absl::StatusOr<JitCheck> r =
+      run_against_host(*client_, mesh, [f](const std::vector<Value>& in) { return f(in); }, {&x}, {P()});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(results_match(r->got[0], r->want[0], kF32Tolerance)) << r->plan_text;
+  EXPECT_EQ(r->out_specs[0], out_spec) << r->out_specs[0].to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ShardMapCollectiveTest, ::testing::ValuesIn(collective_cases()),
+                         [](const ::testing::TestParamInfo<CollectiveCase>& info) { return info.param.name; });
+
+class ShardMapTest : public MeshesSuite {
+ protected:
+  const Mesh& mesh42() const { return meshes_[1]; }
+  Array put(const HostArray& x, const PartitionSpec& spec) const {
+    absl::StatusOr<Array> a = client_->device_put(x, NamedSharding(mesh42(), spec));
+    EXPECT_TRUE(a.ok()) << a.status();
+    return *std::move(a);
+  }
+  // The trace error of calling `f` on one (16, 8) float32 argument inside jit.
+  static absl::Status trace_error(const TracedFunction& f, Shape shape = {16, 8}) {
+    return trace(f, {{DType::kF32, std::move(shape)}}).status();
+  }
+};
+
+// Results worked out by hand from JAX's documented semantics, independent of host_eval.
+TEST_F(ShardMapTest, PsumAndAxisIndexAsJaxDocumentsThem) {
+  ASSERT_NE(client_, nullptr);
+  // x[i, j] = 2i + j on (8, 2) under P('data', 'model'): device (d, m) holds rows 2d..2d+1 of
+  // column m. psum over 'data' adds the four row blocks: out[i, j] = sum_d x[2d + i, j].
+  const HostArray x = HostArray::arange(DType::kF32, {8, 2});
+  ShardMapped f = shard_map(
+      [](const std::vector<Value>& in) {
+        Value index = broadcast_to(convert(axis_index("model"), DType::kF32), {1, 1});
+        Value stacked = all_gather(in[0], "data", 0, false);  // (4, 2, 1): the four blocks in order
+        return std::vector<Value>{psum(in[0], "data"), index, stacked};
+      },
+      mesh42(), {P("data", "model")}, {P(None, "model"), P("data", "model"), P(None, None, "model")});
+  absl::StatusOr<std::vector<Array>> out = f({put(x, P("data", "model"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> sum = (*out)[0].fetch();
+  absl::StatusOr<HostArray> index = (*out)[1].fetch();
+  absl::StatusOr<HostArray> stacked = (*out)[2].fetch();
+  ASSERT_TRUE(sum.ok() && index.ok() && stacked.ok());
+  ASSERT_EQ(sum->shape(), (Shape{2, 2}));
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      double want = 0;
+      for (int d = 0; d < 4; ++d) want += 2 * (2 * d + i) + j;
+      EXPECT_EQ(sum->element_as_double(i * 2 + j), want) << i << "," << j;
+    }
+  }
+  ASSERT_EQ(index->shape(), (Shape{4, 2}));
+  for (int d = 0; d < 4; ++d) {
+    for (int m = 0; m < 2; ++m) EXPECT_EQ(index->element_as_double(d * 2 + m), m);
+  }
+  // Stacked: out[d, i, j] = x[2d + i, j], whichever device reads it.
+  ASSERT_EQ(stacked->shape(), (Shape{4, 2, 2}));
+  for (int64_t e = 0; e < stacked->size(); ++e) EXPECT_EQ(stacked->element_as_double(e), e);
+}
+
+TEST_F(ShardMapTest, PpermuteShiftsBlocksAndZeroFillsAsXla) {
+  ASSERT_NE(client_, nullptr);
+  // Along 'data' (4 devices), 0 -> 1 -> 2 -> 3 (no wrap): device 0 gets zeros.
+  const HostArray x = HostArray::arange(DType::kF32, {8, 2});
+  ShardMapped f = shard_map(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{ppermute(in[0], "data", {{0, 1}, {1, 2}, {2, 3}})};
+      },
+      mesh42(), {P("data", None)}, {P("data", None)});
+  absl::StatusOr<std::vector<Array>> out = f({put(x, P("data", None))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok());
+  for (int64_t e = 0; e < got->size(); ++e) EXPECT_EQ(got->element_as_double(e), e < 4 ? 0 : e - 4) << e;
+}
+
+TEST_F(ShardMapTest, StandaloneMatmulWithPsumMatchesTheHost) {
+  ASSERT_NE(client_, nullptr);
+  // The contracting dimension split over 'model': each device multiplies its blocks, psum adds.
+  ShardMapped f =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{psum(matmul(in[0], in[1]), "model")}; },
+                mesh42(), {P("data", "model"), P("model", None)}, {P("data", None)});
+  std::mt19937 rng(7);
+  const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+  const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
+  absl::StatusOr<std::vector<Array>> out = f({put(x, P("data", "model")), put(w, P("model", None))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok());
+  absl::StatusOr<Graph> plain =
+      trace([](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1])}; },
+            {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+  ASSERT_TRUE(plain.ok());
+  absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*plain, {&x, &w});
+  ASSERT_TRUE(want.ok());
+  EXPECT_TRUE(results_match(*got, (*want)[0], kF32Tolerance));
+  EXPECT_EQ((*out)[0].sharding().spec(), P("data", None));
+  EXPECT_THAT(f.as_text(), HasSubstr("all_reduce("));
+}
+
+TEST_F(ShardMapTest, NestedInJitWithAutomaticCodeAround) {
+  ASSERT_NE(client_, nullptr);
+  ShardMapped mm = shard_map(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{psum_scatter(matmul(in[0], in[1]), "model", 1, true)};
+      },
+      mesh42(), {P("data", "model"), P("model", None)}, {P("data", "model")});
+  TracedFunction f = [mm](const std::vector<Value>& in) {
+    Value h = tanh(in[0]) * 2.0;  // automatic, before
+    Value y = mm({h, in[1]})[0];
+    return std::vector<Value>{exp(y * 0.1) + 1.0, sum(y, {0})};  // automatic, after
+  };
+  std::mt19937 rng(11);
+  const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+  const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
+  absl::StatusOr<JitCheck> r = run_against_host(*client_, mesh42(), f, {&x, &w}, {P("data", None), P()});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(results_match(r->got[0], r->want[0], kF32Tolerance)) << r->plan_text;
+  EXPECT_TRUE(results_match(r->got[1], r->want[1], kF32Tolerance)) << r->plan_text;
+  EXPECT_EQ(r->out_specs[0], P("data", "model"));
+  EXPECT_THAT(r->plan_text, HasSubstr("reduce_scatter("));
+}
+
+TEST_F(ShardMapTest, OutputNotReplicatedWhereTheOutSpecSaysIsAnError) {
+  ASSERT_NE(client_, nullptr);
+  auto body = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; };
+  // x is split over 'data', so each device's block differs along it; P() claims replication.
+  ShardMapped f = shard_map(body, mesh42(), {P("data", None)}, {P()});
+  absl::Status s = trace_error([f](const std::vector<Value>& in) { return f(in); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("output 0 f32[4,8] may differ along mesh axis 'data'"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("argument 0 is split over it by its in_spec P('data', None)"));
+  // Through axis_index, and through ppermute of a replicated value.
+  ShardMapped g = shard_map(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{in[0] + broadcast_to(convert(axis_index("model"), DType::kF32), {16, 8})};
+      },
+      mesh42(), {P()}, {P()});
+  s = trace_error([g](const std::vector<Value>& in) { return g(in); });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("mesh axis 'model' (it depends on axis_index over 'model'"));
+  ShardMapped h = shard_map(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{ppermute(in[0], "data", {{0, 1}})};
+      },
+      mesh42(), {P()}, {P()});
+  s = trace_error([h](const std::vector<Value>& in) { return h(in); });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ppermute over 'data'"));
+  // With the check off the program runs, and the devices' blocks are what they are.
+  ShardMapped unchecked = shard_map(body, mesh42(), {P("data", None)}, {P()}, ShardMapOptions{false});
+  const HostArray x = HostArray::ones(DType::kF32, {16, 8});
+  absl::StatusOr<std::vector<Array>> out = unchecked({put(x, P("data", None))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->shape(), (Shape{4, 8}));
+  EXPECT_EQ(got->element_as_double(0), 2.0);
+}
+
+TEST_F(ShardMapTest, ReductionsAndGathersMakeOutputsReplicated) {
+  ASSERT_NE(client_, nullptr);
+  for (int which = 0; which < 4; ++which) {
+    ShardMapped f = shard_map(
+        [which](const std::vector<Value>& in) {
+          const Value& x = in[0];
+          Value y = which == 0   ? pmean(x, "data")
+                    : which == 1 ? pmax(x, {"data", "model"})
+                    : which == 2 ? all_gather(x, "data", 0, true)
+                                 : sum(psum(x, "data"), {});
+          return std::vector<Value>{y};
+        },
+        mesh42(), {P("data", None)}, {P()});
+    EXPECT_TRUE(trace_error([f](const std::vector<Value>& in) { return f(in); }).ok()) << which;
+  }
+}
+
+TEST_F(ShardMapTest, BadUseIsAnInvalidArgumentAtTraceTime) {
+  ASSERT_NE(client_, nullptr);
+  auto error_of = [&](std::function<Value(const Value&)> body, PartitionSpec in = P("data", None),
+                      PartitionSpec out = P("data", None), Shape shape = {16, 8}) {
+    ShardMapped f = shard_map([body](const std::vector<Value>& v) { return std::vector<Value>{body(v[0])}; }, mesh42(),
+                              {in}, {out});
+    absl::Status s = trace_error([f](const std::vector<Value>& v) { return f(v); }, shape);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  EXPECT_THAT(error_of([](const Value& x) { return psum(x, "batch"); }),
+              HasSubstr("psum(f32[4,8], 'batch'): all_reduce: axis 'batch' is not in the mesh"));
+  EXPECT_THAT(error_of([](const Value& x) { return x; }, P("data", None), P("data", None), {6, 8}),
+              HasSubstr("argument 0: shard_map: in_spec for f32[6,8]"));
+  EXPECT_THAT(error_of([](const Value& x) {
+                return ppermute(x, "data", {{0, 1}, {0, 2}});
+              }),
+              HasSubstr("source 0 appears twice"));
+  EXPECT_THAT(error_of([](const Value& x) {
+                return ppermute(x, "data", {{0, 1}, {2, 1}});
+              }),
+              HasSubstr("target 1 appears twice"));
+  EXPECT_THAT(error_of([](const Value& x) {
+                return ppermute(x, "data", {{0, 4}});
+              }),
+              HasSubstr("position 4 is outside [0, 4)"));
+  EXPECT_THAT(error_of([](const Value& x) { return all_to_all(x, "data", 1, 0, true); }, P("data", None),
+                       P("data", None), {16, 6}),
+              HasSubstr("dimension 1 of f32[4,6] has size 6, not divisible by 4"));
+  EXPECT_THAT(error_of([](const Value& x) { return all_to_all(x, "data", 1, 0, false); }),
+              HasSubstr("split_axis 1 has size 8; not tiled, it must be 4"));
+  EXPECT_THAT(error_of([](const Value& x) { return psum_scatter(x, "model", 0, false); }),
+              HasSubstr("scatter_dimension 0 has size 4; not tiled, it must be 2"));
+  // Outside a shard_map body.
+  absl::Status s = trace_error([](const std::vector<Value>& in) { return std::vector<Value>{psum(in[0], "data")}; });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("only inside a shard_map body"));
+  // A value of the enclosing function used inside the body.
+  s = trace_error([&](const std::vector<Value>& in) {
+    Value outer = in[0] * 2.0;
+    ShardMapped f = shard_map([outer](const std::vector<Value>& v) { return std::vector<Value>{v[0] + outer}; },
+                              mesh42(), {P()}, {P()});
+    return f(in);
+  });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("a value from outside it; pass it in as an argument"));
+}
+
+TEST_F(ShardMapTest, AxisSizeIsKnownWhileTracing) {
+  ASSERT_NE(client_, nullptr);
+  std::vector<int64_t> sizes;
+  ShardMapped f = shard_map(
+      [&sizes](const std::vector<Value>& in) {
+        sizes = {axis_size("data"), axis_size("model"), axis_size({"data", "model"})};
+        return std::vector<Value>{in[0]};
+      },
+      mesh42(), {P()}, {P()});
+  ASSERT_TRUE(trace_error([f](const std::vector<Value>& in) { return f(in); }).ok());
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 2, 8}));
+}
+
+}  // namespace
+}  // namespace tessera
