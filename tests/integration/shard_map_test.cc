@@ -367,6 +367,18 @@ TEST_F(ShardMapTest, BadUseIsAnInvalidArgumentAtTraceTime) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("a value from outside it; pass it in as an argument"));
 }
 
+TEST_F(ShardMapTest, AMeshOtherThanTheArgumentsIsAnError) {
+  ASSERT_NE(client_, nullptr);
+  // Same devices, other shape: the arguments are on (4, 2), the shard_map on (2, 4).
+  ShardMapped f = shard_map([](const std::vector<Value>& in) { return std::vector<Value>{psum(in[0], "data")}; },
+                            meshes_[2], {P("data", None)}, {P()});
+  absl::StatusOr<std::vector<Array>> out = f({put(HostArray::ones(DType::kF32, {16, 8}), P())});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("shard_map_in is on"));
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("but the arguments are on"));
+}
+
 TEST_F(ShardMapTest, AxisSizeIsKnownWhileTracing) {
   ASSERT_NE(client_, nullptr);
   std::vector<int64_t> sizes;
