@@ -44,13 +44,12 @@ Value binary(Op op, const Value& x, const Value& y) {
   if (t == nullptr) return Value();
   const std::string what = absl::StrCat(op_name(op), ": operands ", type_to_string(x.dtype(), x.shape()), " and ",
                                         type_to_string(y.dtype(), y.shape()));
-  if (x.dtype() != y.dtype()) {
-    return t->fail(absl::InvalidArgumentError(absl::StrCat(what, " have different dtypes; convert one first")));
-  }
   std::optional<Shape> shape = broadcast_shapes(x.shape(), y.shape());
   if (!shape.has_value()) return t->fail(absl::InvalidArgumentError(absl::StrCat(what, " do not broadcast")));
-  const Value a = broadcast_to(x, *shape);
-  const Value b = broadcast_to(y, *shape);
+  // Mixed dtypes meet at their promotion, as in jnp.
+  const DType dtype = promote_types(x.dtype(), y.dtype());
+  const Value a = broadcast_to(convert(x, dtype), *shape);
+  const Value b = broadcast_to(convert(y, dtype), *shape);
   if (!a.ok() || !b.ok()) return Value();
   return t->make(t->graph.add_binary(op, TraceState::id(a), TraceState::id(b)));
 }
@@ -141,7 +140,9 @@ Value where(const Value& pred, const Value& on_true, const Value& on_false) {
                                                            shape_to_string(on_true.shape()), " and ",
                                                            shape_to_string(on_false.shape()), " do not broadcast")));
   }
-  const Value p = broadcast_to(pred, *shape), a = broadcast_to(on_true, *shape), b = broadcast_to(on_false, *shape);
+  const DType dtype = promote_types(on_true.dtype(), on_false.dtype());
+  const Value p = broadcast_to(pred, *shape), a = broadcast_to(convert(on_true, dtype), *shape),
+              b = broadcast_to(convert(on_false, dtype), *shape);
   if (!p.ok() || !a.ok() || !b.ok()) return Value();
   return t->make(t->graph.add_select(TraceState::id(p), TraceState::id(a), TraceState::id(b)));
 }

@@ -2,6 +2,25 @@
 
 namespace tessera {
 
+DType promote_types(DType a, DType b) {
+  auto rank = [](DType d) {
+    switch (d) {
+      case DType::kBool:
+        return 0;
+      case DType::kI32:
+        return 1;
+      case DType::kI64:
+        return 2;
+      case DType::kF32:
+        return 3;
+      case DType::kF64:
+        return 4;
+    }
+    return 0;
+  };
+  return rank(a) >= rank(b) ? a : b;
+}
+
 int64_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::kF32:

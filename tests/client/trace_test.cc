@@ -143,6 +143,25 @@ TEST(Trace, IotaFullAndShardingConstraint) {
   EXPECT_THAT(g->to_text(), HasSubstr("spec=P('data', None)) devices={0,1,2,3,4,5,6,7}"));
 }
 
+TEST(Trace, MixedDtypesPromoteAsJaxDoes) {
+  // jnp.promote_types: bool < int32 < int64 < float32 < float64; int64 with float32 is float32.
+  EXPECT_EQ(promote_types(DType::kI32, DType::kF32), DType::kF32);
+  EXPECT_EQ(promote_types(DType::kI64, DType::kF32), DType::kF32);
+  EXPECT_EQ(promote_types(DType::kI32, DType::kI64), DType::kI64);
+  EXPECT_EQ(promote_types(DType::kBool, DType::kI32), DType::kI32);
+  EXPECT_EQ(promote_types(DType::kF32, DType::kF64), DType::kF64);
+  EXPECT_EQ(promote_types(DType::kBool, DType::kBool), DType::kBool);
+  absl::StatusOr<Graph> g =
+      trace1([](const auto& in) { return in[0] * in[1]; }, {{DType::kF32, {2}}, {DType::kI32, {2}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(output(*g).dtype, DType::kF32);
+  EXPECT_EQ(g->node(output(*g).operands[1]).op, Op::kConvert);  // the int32 operand, converted
+  g = trace1([](const auto& in) { return where(in[0] > in[1], in[0], in[1]); },
+             {{DType::kI32, {2}}, {DType::kF64, {2}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(output(*g).dtype, DType::kF64);
+}
+
 struct ErrorCase {
   std::string name;
   std::function<Value(const std::vector<Value>&)> f;
@@ -161,10 +180,6 @@ TEST(Trace, ErrorsNameTheOpAndTheShapes) {
        [](const auto& in) { return in[0] + in[1]; },
        {{DType::kF32, {16, 4}}, {DType::kF32, {3}}},
        {"add: operands f32[16,4] and f32[3] do not broadcast"}},
-      {"dtype",
-       [](const auto& in) { return in[0] * in[1]; },
-       {{DType::kF32, {2}}, {DType::kI32, {2}}},
-       {"mul: operands f32[2] and i32[2] have different dtypes"}},
       {"tanh of int", [](const auto& in) { return tanh(in[0]); }, {{DType::kI32, {2}}}, {"tanh", "i32[2]", "float"}},
       {"reshape",
        [](const auto& in) {

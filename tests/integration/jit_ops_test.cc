@@ -439,6 +439,14 @@ void add_edges(int m, std::vector<OpCase>* cases) {
              return std::vector<Value>{e, e};
            },
            {P(a, None), P(a, None)});
+  add_case(
+      "mixed_dtypes",
+      {x, Input{DType::kI32, kMatrix, Domain::kSigned, P(None, a)}, Input{DType::kBool, kMatrix, Domain::kSigned, P()}},
+      {"f32 * i32", "i32 + bool", "where(bool, i32, f32)"},
+      [](const std::vector<Value>& in, const Mesh&) {
+        return std::vector<Value>{in[0] * in[1], in[1] + in[2], where(in[2], in[1], in[0])};
+      },
+      {});
   add_case("scalar_input", {x, Input{DType::kF32, {}, Domain::kSigned, P()}}, {"x * s", "s * s"},
            [](const std::vector<Value>& in, const Mesh&) {
              return std::vector<Value>{in[0] * in[1], in[1] * in[1]};
