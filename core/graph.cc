@@ -71,6 +71,7 @@ constexpr OpInfo kOps[] = {
     {Op::kAllToAll, "all_to_all"},
     {Op::kCollectivePermute, "collective_permute"},
     {Op::kAxisIndex, "axis_index"},
+    {Op::kShardingAs, "sharding_as"},
 };
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kF64; }
@@ -634,6 +635,24 @@ absl::StatusOr<int> Graph::add_axis_index(const Mesh& mesh, std::vector<std::str
   n.dtype = DType::kI32;
   n.sharding = NamedSharding(mesh, PartitionSpec());
   n.axes = std::move(axes);
+  return add(std::move(n));
+}
+
+absl::StatusOr<int> Graph::add_sharding_as(int x, int like) {
+  TESSERA_RETURN_IF_ERROR(check_operand(x, "sharding_as"));
+  TESSERA_RETURN_IF_ERROR(check_operand(like, "sharding_as"));
+  const Node& a = nodes_[x];
+  const Node& b = nodes_[like];
+  if (a.shape != b.shape) {
+    return absl::InvalidArgumentError(absl::StrCat("sharding_as: ", type_to_string(a.dtype, a.shape),
+                                                   " cannot take the layout of ", type_to_string(b.dtype, b.shape),
+                                                   ": the shapes differ"));
+  }
+  Node n;
+  n.op = Op::kShardingAs;
+  n.dtype = a.dtype;
+  n.shape = a.shape;
+  n.operands = {x, like};
   return add(std::move(n));
 }
 

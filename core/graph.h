@@ -91,6 +91,8 @@ enum class Op : uint8_t {
   kAllToAll,           // dims = {split, concat}, tiled
   kCollectivePermute,  // dims = {source0, target0, source1, ...}: positions along `axes`
   kAxisIndex,          // i32 scalar: this device's position along `axes`
+  // Operand 0 laid out as operand 1 is (whole): gradients take their parameter's sharding.
+  kShardingAs,
 };
 
 // The op's name as it prints: "tanh", "dot_general", ...
@@ -173,6 +175,8 @@ class Graph {
   absl::StatusOr<int> add_collective(Op op, int x, const Mesh& mesh, std::vector<std::string> axes,
                                      std::vector<int64_t> dims, ReduceOp reduce_op = ReduceOp::kSum);
   absl::StatusOr<int> add_axis_index(const Mesh& mesh, std::vector<std::string> axes);
+  // `x` pinned to the layout `like` gets (same shape), as grad pins gradients.
+  absl::StatusOr<int> add_sharding_as(int x, int like);
 
   // INVALID_ARGUMENT for an id that is not a node.
   absl::Status set_outputs(std::vector<int> outputs);

@@ -191,7 +191,7 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
   for (int id = 0; id < graph.nodes_size(); ++id) {
     const pb::GraphNode& w = graph.nodes(id);
     const pb::KernelNode& n = w.node();
-    if (n.op() < 0 || n.op() > static_cast<int>(Op::kAxisIndex)) {
+    if (n.op() < 0 || n.op() > static_cast<int>(Op::kShardingAs)) {
       return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " has unknown op ", n.op()));
     }
     const Op op = static_cast<Op>(n.op());
@@ -259,6 +259,9 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
                                         : g.add_shard_map_out(operand(0), std::move(sharding));
           break;
         }
+        case Op::kShardingAs:
+          added = g.add_sharding_as(operand(0), operand(1));
+          break;
         case Op::kAxisIndex: {
           TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
           added = g.add_axis_index(sharding.mesh(), {w.axes().begin(), w.axes().end()});

@@ -59,6 +59,11 @@ class DevicePartitioner {
       if (position_ == 0) exe_->input_specs.push_back(p_.result[id].spec());
       return absl::OkStatus();
     }
+    if (n.op == Op::kShardingAs) {  // operand 0 moved to the layout; operand 1 only named it
+      TESSERA_ASSIGN_OR_RETURN(slot_of_[id], reshard(slot_of_[n.operands[0]], p_.result[n.operands[0]],
+                                                     p_.operands[id][0], g_.node(n.operands[0]), cause));
+      return absl::OkStatus();
+    }
     std::vector<int> in;
     for (size_t k = 0; k < n.operands.size(); ++k) {
       const int o = n.operands[k];

@@ -127,6 +127,12 @@ class Propagator {
       set(id, padded(n.sharding->spec(), rank));
       return absl::OkStatus();
     }
+    if (n.op == Op::kShardingAs) {  // the reference's layout, whole; the reference is not moved
+      const ValueSharding& like = out_.result[n.operands[1]];
+      req = {ValueSharding{like.dims, {}, ReduceOp::kSum}, like};
+      set(id, like.dims);
+      return absl::OkStatus();
+    }
     if (manual_[id]) {
       req.clear();
       for (int o : n.operands) req.push_back(ValueSharding::replicated(g_.node(o).shape.size()));
@@ -551,7 +557,8 @@ class Propagator {
   // bodies.
   bool pinned(int id) const {
     const Op op = g_.node(id).op;
-    return op == Op::kParameter || op == Op::kShardingConstraint || op == Op::kShardMapOut || manual_[id];
+    return op == Op::kParameter || op == Op::kShardingConstraint || op == Op::kShardMapOut || op == Op::kShardingAs ||
+           manual_[id];
   }
 
   // What it costs to have value `id` in layout `want`: resharding it as it is, or — when this

@@ -21,6 +21,7 @@
 #include "tessera/array.h"
 #include "tessera/client.h"
 #include "tessera/collective.h"
+#include "tessera/grad.h"
 #include "tessera/jit.h"
 #include "tessera/shard_map.h"
 #include "tessera/trace.h"

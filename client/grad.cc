@@ -1,0 +1,318 @@
+#include "tessera/grad.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "client/trace_state.h"
+
+namespace tessera {
+
+using internal::TraceState;
+
+namespace {
+
+bool is_float(DType d) { return d == DType::kF32 || d == DType::kF64; }
+
+Value zeros_like(const Value& x) { return full(x.shape(), 0.0, x.dtype()); }
+
+// lax's _balanced_eq: 1 where x is the result alone, 1/2 where both operands are.
+Value balanced_eq(const Value& x, const Value& result, const Value& other) {
+  return where(x == result, where(other == result, full({}, 0.5, x.dtype()), full({}, 1.0, x.dtype())),
+               full({}, 0.0, x.dtype()));
+}
+
+// The inverse of a permutation.
+std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
+  std::vector<int64_t> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+  return inv;
+}
+
+// The cotangent of one operand of a dot_general, from the result's cotangent `g` and the
+// other operand: a dot_general over the other's free dimensions, then a transpose into the
+// operand's dimension order. `lhs` says which operand (its dimension numbers come first).
+Value dot_cotangent(const Value& g, const Value& other, const DotDims& dd, bool lhs, int64_t operand_rank) {
+  const std::vector<int64_t>& my_batch = lhs ? dd.lhs_batch : dd.rhs_batch;
+  const std::vector<int64_t>& my_contracting = lhs ? dd.lhs_contracting : dd.rhs_contracting;
+  const std::vector<int64_t>& other_batch = lhs ? dd.rhs_batch : dd.lhs_batch;
+  const std::vector<int64_t>& other_contracting = lhs ? dd.rhs_contracting : dd.lhs_contracting;
+  auto free_dims = [](int64_t rank, const std::vector<int64_t>& batch, const std::vector<int64_t>& contracting) {
+    std::vector<int64_t> out;
+    for (int64_t d = 0; d < rank; ++d) {
+      if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
+          std::find(contracting.begin(), contracting.end(), d) == contracting.end()) {
+        out.push_back(d);
+      }
+    }
+    return out;
+  };
+  const int64_t nb = static_cast<int64_t>(my_batch.size());
+  const std::vector<int64_t> my_free = free_dims(operand_rank, my_batch, my_contracting);
+  const std::vector<int64_t> other_free = free_dims(other.rank(), other_batch, other_contracting);
+  // g's dimensions: batch, lhs free, rhs free. Contract g's dims of the other's free ones.
+  const int64_t n_lhs_free = lhs ? static_cast<int64_t>(my_free.size()) : static_cast<int64_t>(other_free.size());
+  std::vector<int64_t> g_batch(nb), g_contracting;
+  std::iota(g_batch.begin(), g_batch.end(), 0);
+  const int64_t other_free_start = lhs ? nb + n_lhs_free : nb;
+  for (size_t k = 0; k < other_free.size(); ++k) g_contracting.push_back(other_free_start + static_cast<int64_t>(k));
+  const Value d = dot_general(g, other, DotDims{g_batch, other_batch, g_contracting, other_free});
+  // d's dimensions: batch, my free (in order), then the other's contracting dimensions in
+  // ascending order — each standing for my contracting dimension paired with it.
+  std::vector<int64_t> sorted_other_contracting = other_contracting;
+  std::sort(sorted_other_contracting.begin(), sorted_other_contracting.end());
+  std::vector<int64_t> perm(operand_rank);
+  for (int64_t i = 0; i < nb; ++i) perm[my_batch[i]] = i;
+  for (size_t k = 0; k < my_free.size(); ++k) perm[my_free[k]] = nb + static_cast<int64_t>(k);
+  for (size_t j = 0; j < my_contracting.size(); ++j) {
+    const int64_t r =
+        std::find(sorted_other_contracting.begin(), sorted_other_contracting.end(), other_contracting[j]) -
+        sorted_other_contracting.begin();
+    perm[my_contracting[j]] = nb + static_cast<int64_t>(my_free.size()) + r;
+  }
+  return transpose(d, perm);
+}
+
+// The cotangent of a broadcast_in_dim's operand: summed over the dimensions it was
+// broadcast along (new ones, and stretched size-1 ones), back in the operand's shape. The
+// graph keeps `dims` increasing, so what remains is in the operand's order.
+Value unbroadcast(const Value& g, const Shape& in, const Shape& out, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> summed;
+  for (int64_t r = 0; r < static_cast<int64_t>(out.size()); ++r) {
+    auto it = std::find(dims.begin(), dims.end(), r);
+    if (it == dims.end() || in[it - dims.begin()] != out[r]) summed.push_back(r);
+  }
+  return reshape(summed.empty() ? g : sum(g, summed), in);
+}
+
+// The cotangent of a slice's operand: g padded with zeros back to the operand's shape.
+Value unslice(const Value& g, const Shape& in, const std::vector<int64_t>& start, const std::vector<int64_t>& limit) {
+  Value out = g;
+  for (size_t d = 0; d < in.size(); ++d) {
+    std::vector<Value> parts;
+    Shape shape = out.shape();
+    if (start[d] > 0) {
+      shape[d] = start[d];
+      parts.push_back(full(shape, 0.0, g.dtype()));
+    }
+    parts.push_back(out);
+    if (limit[d] < in[d]) {
+      shape[d] = in[d] - limit[d];
+      parts.push_back(full(shape, 0.0, g.dtype()));
+    }
+    if (parts.size() > 1) out = concatenate(parts, static_cast<int64_t>(d));
+  }
+  return out;
+}
+
+// Records f on `args` in their trace, then the vector-Jacobian products back from its first
+// result: {value, gradients of argnums}.
+std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<int>& argnums,
+                                   const std::vector<Value>& args) {
+  std::vector<Value> failed(argnums.size() + 1);
+  TraceState* t = TraceState::current;
+  for (const Value& a : args) {
+    if (!a.ok()) return failed;
+    t = TraceState::of(a);
+  }
+  if (t == nullptr) return failed;
+  auto fail = [&](const std::string& message) {
+    t->fail(absl::InvalidArgumentError(absl::StrCat("grad: ", message)));
+    return failed;
+  };
+  for (int k : argnums) {
+    if (k < 0 || k >= static_cast<int>(args.size())) {
+      return fail(absl::StrCat("argnum ", k, " is out of range for ", args.size(), " arguments"));
+    }
+    if (!is_float(args[k].dtype())) {
+      return fail(absl::StrCat("argument ", k, " is ", type_to_string(args[k].dtype(), args[k].shape()),
+                               "; gradients need float inputs (as JAX's grad requires real-valued inputs)"));
+    }
+  }
+  const int start = t->graph.size();
+  std::vector<Value> results = f(args);
+  if (!t->error.ok()) return failed;
+  if (results.empty() || !results[0].ok() || TraceState::of(results[0]) != t) {
+    return fail("the function returned no value of this trace");
+  }
+  const Value y = results[0];
+  if (y.rank() != 0 || !is_float(y.dtype())) {
+    return fail(
+        absl::StrCat("the function must return a float scalar first, not ", type_to_string(y.dtype(), y.shape())));
+  }
+  auto value = [&](int id) { return t->make(id); };
+  std::map<int, Value> ct;  // cotangents, by node
+  auto add_ct = [&](int id, const Value& g) {
+    if (!g.ok() || !is_float(t->graph.node(id).dtype)) return;
+    auto it = ct.find(id);
+    if (it == ct.end()) {
+      ct.emplace(id, g);
+    } else {
+      it->second = it->second + g;
+    }
+  };
+  add_ct(TraceState::id(y), full({}, 1.0, y.dtype()));
+  for (int id = TraceState::id(y); id >= start; --id) {
+    auto it = ct.find(id);
+    if (it == ct.end()) continue;
+    const Value g = it->second;
+    const Node n = t->graph.node(id);  // a copy: the rules below add nodes
+    std::vector<Value> x;
+    for (int o : n.operands) x.push_back(value(o));
+    const Value out = value(id);
+    switch (n.op) {
+      case Op::kNeg:
+        add_ct(n.operands[0], -g);
+        break;
+      case Op::kAbs:
+        add_ct(n.operands[0], g * sign(x[0]));
+        break;
+      case Op::kExp:
+        add_ct(n.operands[0], g * out);
+        break;
+      case Op::kLog:
+        add_ct(n.operands[0], g / x[0]);
+        break;
+      case Op::kTanh:
+        add_ct(n.operands[0], g * (1.0 - out * out));
+        break;
+      case Op::kLogistic:
+        add_ct(n.operands[0], g * out * (1.0 - out));
+        break;
+      case Op::kSqrt:
+        add_ct(n.operands[0], g * 0.5 / out);
+        break;
+      case Op::kRsqrt:
+        add_ct(n.operands[0], g * -0.5 * out / x[0]);
+        break;
+      case Op::kSin:
+        add_ct(n.operands[0], g * cos(x[0]));
+        break;
+      case Op::kCos:
+        add_ct(n.operands[0], -(g * sin(x[0])));
+        break;
+      case Op::kAdd:
+        add_ct(n.operands[0], g);
+        add_ct(n.operands[1], g);
+        break;
+      case Op::kSub:
+        add_ct(n.operands[0], g);
+        add_ct(n.operands[1], -g);
+        break;
+      case Op::kMul:
+        add_ct(n.operands[0], g * x[1]);
+        add_ct(n.operands[1], g * x[0]);
+        break;
+      case Op::kDiv:
+        add_ct(n.operands[0], g / x[1]);
+        add_ct(n.operands[1], -(g * x[0] / (x[1] * x[1])));
+        break;
+      case Op::kPow:
+        add_ct(n.operands[0], g * x[1] * pow(x[0], x[1] - 1.0));
+        // d/db a^b = log(a) a^b; at a == 0 JAX takes log(1), so 0^b contributes nothing.
+        add_ct(n.operands[1],
+               g * log(where(x[0] == zeros_like(x[0]), full(x[0].shape(), 1.0, x[0].dtype()), x[0])) * out);
+        break;
+      case Op::kMax:
+      case Op::kMin:
+        add_ct(n.operands[0], g * balanced_eq(x[0], out, x[1]));
+        add_ct(n.operands[1], g * balanced_eq(x[1], out, x[0]));
+        break;
+      case Op::kSelect:
+        add_ct(n.operands[1], where(x[0], g, zeros_like(g)));
+        add_ct(n.operands[2], where(x[0], zeros_like(g), g));
+        break;
+      case Op::kConvert:
+        if (is_float(x[0].dtype())) add_ct(n.operands[0], convert(g, x[0].dtype()));
+        break;
+      case Op::kBroadcastInDim:
+        add_ct(n.operands[0], unbroadcast(g, x[0].shape(), n.shape, n.dims));
+        break;
+      case Op::kReshape:
+        add_ct(n.operands[0], reshape(g, x[0].shape()));
+        break;
+      case Op::kTranspose:
+        add_ct(n.operands[0], transpose(g, inverse(n.dims)));
+        break;
+      case Op::kReduceSum:
+      case Op::kReduceMax:
+      case Op::kReduceMin:
+      case Op::kReduceProd: {
+        std::vector<int64_t> kept;
+        for (int64_t d = 0; d < x[0].rank(); ++d) {
+          if (!std::binary_search(n.dims.begin(), n.dims.end(), d)) kept.push_back(d);
+        }
+        auto back = [&](const Value& v) { return broadcast_in_dim(v, x[0].shape(), kept); };
+        if (n.op == Op::kReduceSum) {
+          add_ct(n.operands[0], back(g));
+        } else if (n.op == Op::kReduceProd) {
+          add_ct(n.operands[0], back(g * out) / x[0]);
+        } else {  // the gradient goes to the extreme elements, split evenly among ties
+          const Value hit = convert(x[0] == back(out), x[0].dtype());
+          add_ct(n.operands[0], back(g / sum(hit, n.dims)) * hit);
+        }
+        break;
+      }
+      case Op::kDotGeneral:
+        add_ct(n.operands[0], dot_cotangent(g, x[1], n.dot, /*lhs=*/true, x[0].rank()));
+        add_ct(n.operands[1], dot_cotangent(g, x[0], n.dot, /*lhs=*/false, x[1].rank()));
+        break;
+      case Op::kSlice:
+        add_ct(n.operands[0], unslice(g, x[0].shape(), n.dims, n.limits));
+        break;
+      case Op::kConcatenate: {
+        const int64_t axis = n.dims[0];
+        int64_t offset = 0;
+        for (size_t k = 0; k < x.size(); ++k) {
+          std::vector<int64_t> begin(n.shape.size(), 0), end = n.shape;
+          begin[axis] = offset;
+          end[axis] = offset + x[k].shape()[axis];
+          offset = end[axis];
+          add_ct(n.operands[k], slice(g, begin, end));
+        }
+        break;
+      }
+      case Op::kShardingConstraint:
+        add_ct(n.operands[0], with_sharding_constraint(g, *n.sharding));
+        break;
+      case Op::kShardMapIn:
+      case Op::kShardMapOut:
+      case Op::kAllReduce:
+      case Op::kAllGather:
+      case Op::kReduceScatter:
+      case Op::kAllToAll:
+      case Op::kCollectivePermute:
+        return fail(absl::StrCat("differentiating through ", op_name(n.op), " (shard_map) is not supported yet"));
+      default:  // no gradient: constants, iota, comparisons, logic, argmax, floor, ceil, sign
+        break;
+    }
+    if (!t->error.ok()) return failed;
+  }
+  // Each gradient in its argument's layout, as JAX gives it.
+  std::vector<Value> out = {y};
+  for (int k : argnums) {
+    auto it = ct.find(TraceState::id(args[k]));
+    const Value g = it != ct.end() ? it->second : zeros_like(args[k]);
+    out.push_back(t->make(t->graph.add_sharding_as(TraceState::id(g), TraceState::id(args[k]))));
+  }
+  return out;
+}
+
+}  // namespace
+
+TracedFunction grad(TracedFunction f, std::vector<int> argnums) {
+  return [f = std::move(f), argnums = std::move(argnums)](const std::vector<Value>& args) {
+    std::vector<Value> out = value_and_grads(f, argnums, args);
+    out.erase(out.begin());
+    return out;
+  };
+}
+
+TracedFunction value_and_grad(TracedFunction f, std::vector<int> argnums) {
+  return [f = std::move(f), argnums = std::move(argnums)](const std::vector<Value>& args) {
+    return value_and_grads(f, argnums, args);
+  };
+}
+
+}  // namespace tessera

@@ -1,0 +1,38 @@
+// Reverse-mode differentiation of traced functions, as jax.grad and jax.value_and_grad.
+//
+// grad(f, argnums) is itself a traced function: called inside jit (or any trace) it records
+// f's ops and then, from f's scalar result back to the arguments, the vector-Jacobian product
+// of each op, so the gradient program is compiled, partitioned and run like any other.
+//
+//   TracedFunction loss = [](const std::vector<Value>& in) {
+//     Value err = matmul(in[0], in[1]) - in[2];                  // in[0]: weights
+//     return std::vector<Value>{mean(err * err)};
+//   };
+//   Jitted step = jit(value_and_grad(loss, {0}));   // {loss, d loss / d in[0]}
+//
+// Rules: every differentiable op of trace.h (the elementwise functions, arithmetic, max/min
+// with ties split evenly as in JAX, select, convert between floats, broadcasts, reshape,
+// transpose, the reductions, dot_general, slice, concatenate, with_sharding_constraint).
+// Integer and bool values carry no gradient (comparisons, argmax, floor, sign give zero).
+// Not yet differentiable: shard_map bodies (the trace fails naming the op).
+#ifndef TESSERA_GRAD_H_
+#define TESSERA_GRAD_H_
+
+#include <vector>
+
+#include "tessera/trace.h"
+
+namespace tessera {
+
+// The gradients of f's first result, a float scalar, with respect to the arguments
+// `argnums` (in that order). The trace fails with INVALID_ARGUMENT when the result is not a
+// float scalar, an argnum is out of range, or a differentiated argument is not float (JAX:
+// "grad requires real-valued inputs").
+TracedFunction grad(TracedFunction f, std::vector<int> argnums = {0});
+
+// {f's first result, then its gradients as grad gives them}.
+TracedFunction value_and_grad(TracedFunction f, std::vector<int> argnums = {0});
+
+}  // namespace tessera
+
+#endif  // TESSERA_GRAD_H_

@@ -1,0 +1,210 @@
+// grad and value_and_grad: every rule checked against central finite differences in float64
+// on random inputs, the gradient program compiled by jit and run on Client::local(8) with
+// random shardings of its arguments; the finite differences evaluate the function on the host
+// (tests/support/host_eval.h). Plus the errors and the non-differentiable paths.
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/tessera.h"
+#include "tests/support/host_eval.h"
+#include "tests/support/jit_check.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct GradCase {
+  std::string name;
+  std::vector<Shape> inputs;  // float64; all differentiated
+  Domain domain = Domain::kSigned;
+  // Any function of the inputs; the test differentiates sum(f(inputs) * weights).
+  std::function<Value(const std::vector<Value>&)> f;
+};
+
+void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<GradCase> grad_cases() {
+  using V = const std::vector<Value>&;
+  const Shape m = {4, 8};
+  std::vector<GradCase> out;
+  auto unary = [&](std::string name, Value (*op)(const Value&), Domain domain = Domain::kSigned) {
+    out.push_back({name, {m}, domain, [op](V in) { return op(in[0]); }});
+  };
+  unary("neg", [](const Value& x) { return -x; });
+  unary("abs", abs);
+  unary("exp", exp);
+  unary("log", log, Domain::kPositive);
+  unary("tanh", tanh);
+  unary("logistic", logistic);
+  unary("sqrt", sqrt, Domain::kPositive);
+  unary("rsqrt", rsqrt, Domain::kPositive);
+  unary("sin", sin);
+  unary("cos", cos);
+  out.push_back({"add", {m, m}, Domain::kSigned, [](V in) { return in[0] + in[1]; }});
+  out.push_back({"sub", {m, m}, Domain::kSigned, [](V in) { return in[0] - in[1]; }});
+  out.push_back({"mul", {m, m}, Domain::kSigned, [](V in) { return in[0] * in[1]; }});
+  out.push_back({"div", {m, m}, Domain::kPositive, [](V in) { return in[0] / in[1]; }});
+  out.push_back({"pow", {m, m}, Domain::kPositive, [](V in) { return pow(in[0], in[1]); }});
+  out.push_back({"max", {m, m}, Domain::kSigned, [](V in) { return maximum(in[0], in[1]); }});
+  out.push_back({"min", {m, m}, Domain::kSigned, [](V in) { return minimum(in[0], in[1]); }});
+  out.push_back({"broadcasting_add", {m, {8}}, Domain::kSigned, [](V in) { return in[0] + in[1]; }});
+  out.push_back({"where", {m, m}, Domain::kSigned, [](V in) { return where(in[0] > in[1], in[0] * 2.0, in[1]); }});
+  out.push_back({"broadcast_in_dim_stretched", {{8, 1}}, Domain::kSigned, [](V in) {
+                   return broadcast_in_dim(in[0], {4, 8, 3}, {1, 2}) * 1.5;
+                 }});
+  out.push_back({"reshape", {m}, Domain::kSigned, [](V in) { return exp(reshape(in[0], {2, 16})); }});
+  out.push_back({"transpose", {{2, 4, 8}}, Domain::kSigned, [](V in) { return sin(transpose(in[0], {2, 0, 1})); }});
+  out.push_back({"expand_squeeze", {m}, Domain::kSigned, [](V in) { return squeeze(expand_dims(in[0], 1), {1}); }});
+  out.push_back({"sum", {m}, Domain::kSigned, [](V in) { return sum(in[0] * in[0], {1}); }});
+  out.push_back({"mean", {m}, Domain::kSigned, [](V in) { return mean(in[0], {0}); }});
+  out.push_back({"max_reduce", {m}, Domain::kSigned, [](V in) { return max(in[0], {1}); }});
+  out.push_back({"min_reduce", {m}, Domain::kSigned, [](V in) { return min(in[0], {0}, true); }});
+  out.push_back({"prod_reduce", {m}, Domain::kNearOne, [](V in) { return prod(in[0], {1}); }});
+  out.push_back({"matmul", {{4, 8}, {8, 6}}, Domain::kSigned, [](V in) { return matmul(in[0], in[1]); }});
+  out.push_back({"dot_batch_and_odd_contracting", {{2, 8, 4}, {4, 2, 3}}, Domain::kSigned, [](V in) {
+                   // batch lhs 0 with rhs 1, contract lhs 2 with rhs 0: result (2, 8, 3)
+                   return dot_general(in[0], in[1], DotDims{{0}, {1}, {2}, {0}});
+                 }});
+  out.push_back({"dot_contract_two", {{4, 2, 8}, {8, 4}}, Domain::kSigned, [](V in) {
+                   return dot_general(in[0], in[1], DotDims{{}, {}, {2, 0}, {0, 1}});
+                 }});
+  out.push_back({"slice", {m}, Domain::kSigned, [](V in) { return slice(in[0], {1, 2}, {3, 7}) * 3.0; }});
+  out.push_back({"concatenate", {m, {4, 3}}, Domain::kSigned, [](V in) {
+                   return concatenate({in[0], in[1] * in[1], in[0]}, 1);
+                 }});
+  out.push_back({"constraint", {m}, Domain::kSigned, [](V in) {
+                   const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+                   return tanh(with_sharding_constraint(in[0] * 2.0, NamedSharding(mesh, P(None, "model"))));
+                 }});
+  out.push_back({"mlp_layer", {{4, 8}, {8, 6}, {6}}, Domain::kSigned, [](V in) {
+                   return logistic(matmul(tanh(in[0]), in[1]) + in[2]);
+                 }});
+  out.push_back({"used_twice", {m}, Domain::kSigned, [](V in) { return in[0] * exp(in[0]) + in[0]; }});
+  return out;
+}
+
+// A random layout for `shape` on the (4, 2) mesh, among those that fit.
+PartitionSpec random_spec(const Shape& shape, std::mt19937& rng) {
+  std::vector<PartitionSpec> fits = {P()};
+  const std::vector<PartitionSpec> candidates = {P("data"),          P(None, "model"), P("data", "model"),
+                                                 P("model", "data"), P(None, "data"),  P("model")};
+  for (const PartitionSpec& s : candidates) {
+    bool ok = s.size() <= static_cast<int>(shape.size());
+    for (int d = 0; ok && d < s.size(); ++d) {
+      int64_t n = 1;
+      for (const std::string& a : s.axes(d)) n *= a == "data" ? 4 : 2;
+      ok = shape[d] % n == 0;
+    }
+    if (ok) fits.push_back(s);
+  }
+  return fits[std::uniform_int_distribution<size_t>(0, fits.size() - 1)(rng)];
+}
+
+class GradTest : public MeshesSuite, public ::testing::WithParamInterface<GradCase> {};
+
+TEST_P(GradTest, MatchesCentralFiniteDifferences) {
+  const GradCase& c = GetParam();
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = meshes_[1];  // (4, 2): 'data', 'model'
+  const size_t n = c.inputs.size();
+  // The scalar: sum(f(x) * w), w a random weight given as the last input (not differentiated).
+  absl::StatusOr<Graph> shape_probe = trace([&](const std::vector<Value>& in) { return std::vector<Value>{c.f(in)}; },
+                                            [&] {
+                                              std::vector<ArrayType> t;
+                                              for (const Shape& s : c.inputs) t.push_back({DType::kF64, s});
+                                              return t;
+                                            }());
+  ASSERT_TRUE(shape_probe.ok()) << shape_probe.status();
+  const Shape out_shape = shape_probe->node(shape_probe->outputs()[0]).shape;
+  TracedFunction loss = [&c, n](const std::vector<Value>& in) {
+    std::vector<Value> x(in.begin(), in.begin() + n);
+    return std::vector<Value>{sum(c.f(x) * in[n])};
+  };
+  std::vector<int> argnums(n);
+  for (size_t i = 0; i < n; ++i) argnums[i] = static_cast<int>(i);
+
+  std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>()(c.name)));
+  std::vector<HostArray> inputs;
+  std::vector<ArrayType> types;
+  std::vector<Array> args;
+  for (const Shape& s : c.inputs) inputs.push_back(random_array(DType::kF64, s, c.domain, rng));
+  inputs.push_back(random_array(DType::kF64, out_shape, Domain::kSigned, rng));
+  for (const HostArray& a : inputs) {
+    types.push_back({DType::kF64, a.shape()});
+    const PartitionSpec spec = random_spec(a.shape(), rng);
+    absl::StatusOr<Array> put = client_->device_put(a, NamedSharding(mesh, spec));
+    ASSERT_TRUE(put.ok()) << put.status();
+    args.push_back(*std::move(put));
+  }
+  Jitted step = jit(value_and_grad(loss, argnums));
+  absl::StatusOr<std::vector<Array>> got = step(args);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), n + 1);
+
+  absl::StatusOr<Graph> loss_graph = trace(loss, types);
+  ASSERT_TRUE(loss_graph.ok());
+  auto loss_at = [&](const std::vector<HostArray>& at) {
+    std::vector<const HostArray*> ptrs;
+    for (const HostArray& a : at) ptrs.push_back(&a);
+    absl::StatusOr<std::vector<HostArray>> v = evaluate_on_host(*loss_graph, ptrs);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? (*v)[0].element_as_double(0) : 0.0;
+  };
+  absl::StatusOr<HostArray> value = (*got)[0].fetch();
+  ASSERT_TRUE(value.ok());
+  EXPECT_NEAR(value->element_as_double(0), loss_at(inputs), 1e-9 * (1 + std::abs(loss_at(inputs))));
+  constexpr double h = 1e-6;
+  for (size_t k = 0; k < n; ++k) {
+    absl::StatusOr<HostArray> g = (*got)[k + 1].fetch();
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_EQ(g->shape(), inputs[k].shape());
+    EXPECT_EQ((*got)[k + 1].sharding().spec(), args[k].sharding().spec()) << "gradient " << k << " sharding";
+    for (int64_t i = 0; i < inputs[k].size(); ++i) {
+      std::vector<HostArray> plus, minus;
+      for (const HostArray& a : inputs) {
+        plus.push_back(a.clone());
+        minus.push_back(a.clone());
+      }
+      plus[k].mutable_values<double>()[i] += h;
+      minus[k].mutable_values<double>()[i] -= h;
+      const double fd = (loss_at(plus) - loss_at(minus)) / (2 * h);
+      EXPECT_NEAR(g->element_as_double(i), fd, 1e-5 * (1 + std::abs(fd))) << "d/d input " << k << " element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRules, GradTest, ::testing::ValuesIn(grad_cases()),
+                         [](const ::testing::TestParamInfo<GradCase>& info) { return info.param.name; });
+
+TEST(Grad, ErrorsAndNonDifferentiablePaths) {
+  auto trace_status = [](const TracedFunction& f, std::vector<ArrayType> types) { return trace(f, types).status(); };
+  const TracedFunction sum_f = [](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0])}; };
+  absl::Status s = trace_status(grad(sum_f, {0}), {{DType::kI32, {4}}});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("grad: argument 0 is i32[4]; gradients need float inputs"));
+  s = trace_status(grad(sum_f, {2}), {{DType::kF32, {4}}});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("argnum 2 is out of range for 1 arguments"));
+  s = trace_status(grad([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; }),
+                   {{DType::kF32, {4}}});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("must return a float scalar first, not f32[4]"));
+  // Comparisons, argmax and floor carry no gradient: d/dx of sum(floor(x) + (x > 0)) is 0.
+  absl::StatusOr<Graph> g =
+      trace(grad([](const std::vector<Value>& in) {
+              Value idx = convert(argmax(in[0], 0), DType::kF32);
+              return std::vector<Value>{sum(floor(in[0]) + convert(in[0] > 0.0 * in[0], DType::kF32)) + idx};
+            }),
+            {{DType::kF32, {4}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  const HostArray x = HostArray::from_vector<float>({4}, {0.5f, -1.5f, 2.25f, 3.0f});
+  absl::StatusOr<std::vector<HostArray>> d = evaluate_on_host(*g, {&x});
+  ASSERT_TRUE(d.ok()) << d.status();
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ((*d)[0].element_as_double(i), 0.0);
+}
+
+}  // namespace
+}  // namespace tessera
