@@ -252,15 +252,17 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   }
 
  private:
-  // A compiled program and the devices that have its plan loaded (by incarnation: a worker
-  // that restarted has lost its plans).
+  // A compiled program and the devices that have its plan loaded. A plan carries the address
+  // of every device of the program, so each device's entry is the incarnations of all of
+  // them when it got the plan: a worker that restarted has lost its plans, and the others
+  // know it under an old address (an address changes only with a new incarnation).
   struct Program {
     Program(Graph g, Executable e) : graph(std::move(g)), exe(std::move(e)) {}
     uint64_t id = 0;
     Graph graph;
     Executable exe;
     absl::Mutex mu;
-    std::map<int, uint64_t> loaded ABSL_GUARDED_BY(mu);
+    std::map<int, std::vector<uint64_t>> loaded ABSL_GUARDED_BY(mu);
     std::atomic<int64_t> executions{0};
   };
 
@@ -437,7 +439,6 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       r.set_plan_id(program->id);
       for (uint64_t id : input_ids) r.add_input_buffers(id);
       for (uint64_t id : e->output_ids) r.add_output_buffers(id);
-      for (const pb::PeerAddress& p : members.peers) *r.add_peers() = p;
       r.set_timeout_ms(timeout_ms);
       e->workers.push_back(worker(members.peers[k].address()));
     }
@@ -451,13 +452,13 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return e;
   }
 
-  // The indices of the members that lack the program's plan (in their current incarnation).
+  // The indices of the members that lack the program's plan for the members as they are now.
   static std::vector<int> missing_plans(Program& program, const Members& members) {
     std::vector<int> missing;
     absl::MutexLock lock(&program.mu);
     for (size_t k = 0; k < members.peers.size(); ++k) {
       auto it = program.loaded.find(members.peers[k].device_id());
-      if (it == program.loaded.end() || it->second != members.incarnations[k]) missing.push_back(static_cast<int>(k));
+      if (it == program.loaded.end() || it->second != members.incarnations) missing.push_back(static_cast<int>(k));
     }
     return missing;
   }
@@ -530,6 +531,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     for (size_t m = 0; m < missing.size(); ++m) {
       requests[m].set_plan_id(program.id);
       tessera::to_proto(program.exe.plans[missing[m]], requests[m].mutable_plan());
+      for (const pb::PeerAddress& p : peers) *requests[m].add_peers() = p;
       targets.push_back(workers[missing[m]]);
       target.peers.push_back(peers[missing[m]]);
       target.incarnations.push_back(members.incarnations[missing[m]]);
@@ -543,7 +545,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     TESSERA_RETURN_IF_ERROR(first_failure(statuses, target.peers, "load plan"));
     absl::MutexLock lock(&program.mu);
     for (size_t m = 0; m < target.peers.size(); ++m) {
-      program.loaded[target.peers[m].device_id()] = target.incarnations[m];
+      program.loaded[target.peers[m].device_id()] = members.incarnations;
     }
     return absl::OkStatus();
   }

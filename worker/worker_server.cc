@@ -32,6 +32,7 @@ constexpr int64_t kInlinePlanBytes = 64 << 10;
 // A plan as LoadPlan delivered it, with what every run of it needs.
 struct LoadedPlan {
   DevicePlan plan;
+  std::map<int, std::string> peers;  // device id -> address, for its collectives
   bool has_collectives = false;
 };
 
@@ -120,6 +121,7 @@ class WorkerService final : public WorkerServiceBase {
     if (!plan.ok()) return to_grpc(plan.status());
     auto loaded = std::make_shared<LoadedPlan>();
     loaded->plan = *std::move(plan);
+    for (const pb::PeerAddress& peer : req->peers()) loaded->peers[peer.device_id()] = peer.address();
     for (const Instruction& inst : loaded->plan.code) {
       if (inst.kind == Instruction::Kind::kCollective) loaded->has_collectives = true;
     }
@@ -297,7 +299,7 @@ class WorkerService final : public WorkerServiceBase {
     }
     PlanRun run;
     run.execution = req.execution_id();
-    for (const pb::PeerAddress& peer : req.peers()) run.peers[peer.device_id()] = peer.address();
+    if (loaded.has_collectives) run.peers = loaded.peers;
     run.self = device_id_.load();
     const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
     run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
