@@ -51,7 +51,7 @@ struct WorkerChannel {
   std::atomic<bool> reached{false};  // a call has succeeded: the worker was up at least once
 };
 
-class CoordinatorService final : public pb::Coordinator::Service {
+class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Execute<pb::Coordinator::Service> {
  public:
   explicit CoordinatorService(const CoordinatorOptions& options)
       : options_(options), registry_(options.heartbeat_timeout), started_(absl::Now()) {}
@@ -151,11 +151,52 @@ class CoordinatorService final : public pb::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Execute(grpc::ServerContext*, const pb::ExecuteRequest* req, pb::ExecuteReply* reply) override {
-    absl::StatusOr<std::vector<ArrayRecord>> outputs = execute(*req);
-    if (!outputs.ok()) return to_grpc(outputs.status());
-    for (const ArrayRecord& a : *outputs) to_proto(a, reply->add_outputs());
-    return grpc::Status::OK;
+  // Callback API: the RunPlan fan-out is asynchronous and the reply goes from the last
+  // worker's answer, on the thread that received it: no server thread waits for the workers,
+  // and none has to be woken to answer (each hand-off is a context switch on this machine).
+  // The first call of a program on a device loads its plan first, on a thread of its own.
+  grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx, const pb::ExecuteRequest* req,
+                                    pb::ExecuteReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    absl::StatusOr<std::shared_ptr<Execution>> e = prepare_execution(*req, reactor, reply);
+    if (!e.ok()) {
+      reactor->Finish(to_grpc(e.status()));
+    } else if (missing_plans(*(*e)->program, (*e)->members).empty()) {
+      run_plans(*std::move(e));
+    } else {
+      std::thread([this, e = *std::move(e)]() mutable {
+        absl::Status loaded = load_plans(*e->program, e->members, e->workers);
+        if (loaded.ok()) {
+          run_plans(std::move(e));
+        } else {
+          fail_execution(*e, loaded);
+        }
+      }).detach();  // the server waits for Finish before it goes
+    }
+    return reactor;
+  }
+
+  // Every tick of the monitor: an execution with a member lost (or registered anew) meanwhile
+  // is cancelled and fails naming it, as fan_out's watch does; one with a failed member
+  // cancels the rest kFailureGrace after the failure.
+  void watch_executions() {
+    std::vector<std::shared_ptr<Execution>> running;
+    {
+      absl::MutexLock lock(&executions_mu_);
+      for (const auto& [id, e] : executions_) running.push_back(e);
+    }
+    const absl::Time now = absl::Now();
+    for (const std::shared_ptr<Execution>& e : running) {
+      const int lost = changed_member(e->members);
+      {
+        absl::MutexLock lock(&e->mu);
+        if (e->cancelled || (lost < 0 && now - e->first_failure < kFailureGrace)) continue;
+        e->cancelled = true;
+        e->lost = lost;
+      }
+      // Outside the lock: a cancelled call may complete on this thread.
+      for (grpc::ClientContext& ctx : e->contexts) ctx.TryCancel();
+    }
   }
 
   grpc::Status RunCollective(grpc::ServerContext*, const pb::RunCollectiveRequest* req,
@@ -211,15 +252,17 @@ class CoordinatorService final : public pb::Coordinator::Service {
   }
 
  private:
-  // A compiled program and the devices that have its plan loaded (by incarnation: a worker
-  // that restarted has lost its plans).
+  // A compiled program and the devices that have its plan loaded. A plan carries the address
+  // of every device of the program, so each device's entry is the incarnations of all of
+  // them when it got the plan: a worker that restarted has lost its plans, and the others
+  // know it under an old address (an address changes only with a new incarnation).
   struct Program {
     Program(Graph g, Executable e) : graph(std::move(g)), exe(std::move(e)) {}
     uint64_t id = 0;
     Graph graph;
     Executable exe;
     absl::Mutex mu;
-    std::map<int, uint64_t> loaded ABSL_GUARDED_BY(mu);
+    std::map<int, std::vector<uint64_t>> loaded ABSL_GUARDED_BY(mu);
     std::atomic<int64_t> executions{0};
   };
 
@@ -228,6 +271,37 @@ class CoordinatorService final : public pb::Coordinator::Service {
     std::vector<pb::PeerAddress> peers;
     std::vector<uint64_t> incarnations;
   };
+
+  // One Execute between its checks and its reply: its outputs' records and the RunPlan call
+  // to each device.
+  struct Execution {
+    uint64_t id = 0;
+    grpc::ServerUnaryReactor* reactor = nullptr;
+    pb::ExecuteReply* reply = nullptr;
+    std::shared_ptr<Program> program;
+    Members members;
+    std::vector<WorkerChannel*> workers;
+    std::vector<uint64_t> output_ids;
+    std::vector<ArrayRecord> outputs;
+    std::vector<pb::RunPlanRequest> requests;
+    std::vector<pb::RunPlanReply> replies;
+    std::vector<grpc::ClientContext> contexts;
+    absl::Mutex mu;
+    std::vector<grpc::Status> statuses ABSL_GUARDED_BY(mu);
+    int done ABSL_GUARDED_BY(mu) = 0;
+    absl::Time first_failure ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+    bool cancelled ABSL_GUARDED_BY(mu) = false;
+    int lost ABSL_GUARDED_BY(mu) = -1;  // the member that was lost meanwhile, if any
+  };
+
+  // The index of the first of `members` that is lost or has registered anew since; -1 if none.
+  int changed_member(const Members& members) const {
+    for (size_t i = 0; i < members.peers.size(); ++i) {
+      std::optional<DeviceRecord> d = registry_.device(members.peers[i].device_id());
+      if (!d || !d->alive || d->incarnation != members.incarnations[i]) return static_cast<int>(i);
+    }
+    return -1;
+  }
 
   // The devices `ids`, all alive; UNAVAILABLE naming the first that is lost.
   absl::StatusOr<Members> alive_members(const std::vector<int>& ids, const std::string& what) const {
@@ -307,7 +381,10 @@ class CoordinatorService final : public pb::Coordinator::Service {
     return program;
   }
 
-  absl::StatusOr<std::vector<ArrayRecord>> execute(const pb::ExecuteRequest& req) {
+  // Checks an Execute request against its program and creates its outputs' records.
+  absl::StatusOr<std::shared_ptr<Execution>> prepare_execution(const pb::ExecuteRequest& req,
+                                                               grpc::ServerUnaryReactor* reactor,
+                                                               pb::ExecuteReply* reply) {
     std::shared_ptr<Program> program;
     {
       absl::MutexLock lock(&programs_mu_);
@@ -340,63 +417,112 @@ class CoordinatorService final : public pb::Coordinator::Service {
       input_ids.push_back(a.id);
     }
     TESSERA_ASSIGN_OR_RETURN(Members members, alive_members(exe.mesh.device_ids(), "execute"));
-    const std::vector<pb::PeerAddress>& peers = members.peers;
-    std::vector<uint64_t> output_ids;
-    std::vector<ArrayRecord> outputs;
+    auto e = std::make_shared<Execution>();
     for (size_t i = 0; i < graph.outputs().size(); ++i) {
       const Node& o = graph.node(graph.outputs()[i]);
       absl::StatusOr<uint64_t> id =
           registry_.create_array(o.dtype, o.shape, NamedSharding(exe.mesh, exe.output_specs[i]));
       if (!id.ok()) {
-        delete_buffers(registry_.remove_arrays(output_ids));
+        registry_.remove_arrays(e->output_ids);  // nothing ran: no device holds them yet
         return id.status();
       }
-      output_ids.push_back(*id);
-      outputs.push_back(*registry_.get_array(*id));
+      e->output_ids.push_back(*id);
+      e->outputs.push_back(*registry_.get_array(*id));
     }
-    std::vector<WorkerChannel*> workers;
-    for (const pb::PeerAddress& p : peers) workers.push_back(worker(p.address()));
-    absl::Status status = load_plans(*program, members, workers);
-    if (status.ok()) {
-      const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
-      const uint64_t execution = next_execution_.fetch_add(1);
-      std::vector<pb::RunPlanRequest> requests(peers.size());
-      std::vector<pb::RunPlanReply> replies(peers.size());
-      for (size_t k = 0; k < peers.size(); ++k) {
-        requests[k].set_execution_id(execution);
-        requests[k].set_plan_id(program->id);
-        for (uint64_t id : input_ids) requests[k].add_input_buffers(id);
-        for (uint64_t id : output_ids) requests[k].add_output_buffers(id);
-        for (const pb::PeerAddress& p : peers) *requests[k].add_peers() = p;
-        requests[k].set_timeout_ms(timeout_ms);
+    const size_t n = members.peers.size();
+    const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
+    e->id = next_execution_.fetch_add(1);
+    e->requests.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      pb::RunPlanRequest& r = e->requests[k];
+      r.set_execution_id(e->id);
+      r.set_plan_id(program->id);
+      for (uint64_t id : input_ids) r.add_input_buffers(id);
+      for (uint64_t id : e->output_ids) r.add_output_buffers(id);
+      r.set_timeout_ms(timeout_ms);
+      e->workers.push_back(worker(members.peers[k].address()));
+    }
+    e->replies.resize(n);
+    e->contexts = std::vector<grpc::ClientContext>(n);
+    e->statuses.resize(n);
+    e->reactor = reactor;
+    e->reply = reply;
+    e->program = std::move(program);
+    e->members = std::move(members);
+    return e;
+  }
+
+  // The indices of the members that lack the program's plan for the members as they are now.
+  static std::vector<int> missing_plans(Program& program, const Members& members) {
+    std::vector<int> missing;
+    absl::MutexLock lock(&program.mu);
+    for (size_t k = 0; k < members.peers.size(); ++k) {
+      auto it = program.loaded.find(members.peers[k].device_id());
+      if (it == program.loaded.end() || it->second != members.incarnations) missing.push_back(static_cast<int>(k));
+    }
+    return missing;
+  }
+
+  // Starts every member's RunPlan; the last answer finishes the Execute. Never blocks.
+  void run_plans(std::shared_ptr<Execution> e) {
+    {
+      absl::MutexLock lock(&executions_mu_);
+      executions_[e->id] = e;  // watched by watch_executions
+    }
+    const int64_t timeout_ms = e->requests[0].timeout_ms();
+    const int n = static_cast<int>(e->requests.size());
+    for (int k = 0; k < n; ++k) {
+      grpc::ClientContext& ctx = e->contexts[k];
+      set_deadline(&ctx, absl::Milliseconds(timeout_ms) + absl::Seconds(5));
+      ctx.set_wait_for_ready(!e->workers[k]->reached);
+      e->workers[k]->stub->async()->RunPlan(&ctx, &e->requests[k], &e->replies[k], [this, e, k, n](grpc::Status s) {
+        if (s.ok()) e->workers[k]->reached = true;
+        {
+          absl::MutexLock lock(&e->mu);
+          if (!s.ok()) e->first_failure = std::min(e->first_failure, absl::Now());
+          e->statuses[k] = std::move(s);
+          if (++e->done < n) return;
+        }
+        finish_execution(e);
+      });
+    }
+  }
+
+  // After every member answered: the reply, or the first failure.
+  void finish_execution(const std::shared_ptr<Execution>& e) {
+    {
+      absl::MutexLock lock(&executions_mu_);
+      executions_.erase(e->id);
+    }
+    absl::Status status;
+    {
+      absl::MutexLock lock(&e->mu);
+      if (e->lost >= 0) {
+        e->statuses[e->lost] = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                            absl::StrCat("the device was marked lost after missing heartbeats for ",
+                                                         absl::FormatDuration(options_.heartbeat_timeout)));
       }
-      std::vector<grpc::Status> statuses = fan_out(
-          workers, absl::Milliseconds(timeout_ms) + absl::Seconds(5),
-          [&](int k, grpc::ClientContext* ctx, auto done) {
-            workers[k]->stub->async()->RunPlan(ctx, &requests[k], &replies[k], std::move(done));
-          },
-          kFailureGrace, &members);
-      status = first_failure(statuses, peers, "execute");
+      status = first_failure(e->statuses, e->members.peers, "execute");
     }
     if (!status.ok()) {
-      delete_buffers(registry_.remove_arrays(output_ids));
-      return status;
+      std::thread([this, e, status] { fail_execution(*e, status); }).detach();  // it waits for the workers
+      return;
     }
-    program->executions.fetch_add(1);
-    return outputs;
+    e->program->executions.fetch_add(1);
+    for (const ArrayRecord& a : e->outputs) to_proto(a, e->reply->add_outputs());
+    e->reactor->Finish(grpc::Status::OK);
+  }
+
+  // Deletes a failed execution's outputs everywhere, then answers with `status`. Blocks.
+  void fail_execution(Execution& e, const absl::Status& status) {
+    delete_buffers(registry_.remove_arrays(e.output_ids));
+    e.reactor->Finish(to_grpc(status));
   }
 
   // Sends the program's plan to every device that does not have it yet.
   absl::Status load_plans(Program& program, const Members& members, const std::vector<WorkerChannel*>& workers) {
     const std::vector<pb::PeerAddress>& peers = members.peers;
-    std::vector<int> missing;
-    {
-      absl::MutexLock lock(&program.mu);
-      for (size_t k = 0; k < peers.size(); ++k) {
-        auto it = program.loaded.find(peers[k].device_id());
-        if (it == program.loaded.end() || it->second != members.incarnations[k]) missing.push_back(static_cast<int>(k));
-      }
-    }
+    const std::vector<int> missing = missing_plans(program, members);
     if (missing.empty()) return absl::OkStatus();
     std::vector<pb::LoadPlanRequest> requests(missing.size());
     std::vector<pb::LoadPlanReply> replies(missing.size());
@@ -405,6 +531,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
     for (size_t m = 0; m < missing.size(); ++m) {
       requests[m].set_plan_id(program.id);
       tessera::to_proto(program.exe.plans[missing[m]], requests[m].mutable_plan());
+      for (const pb::PeerAddress& p : peers) *requests[m].add_peers() = p;
       targets.push_back(workers[missing[m]]);
       target.peers.push_back(peers[missing[m]]);
       target.incarnations.push_back(members.incarnations[missing[m]]);
@@ -418,7 +545,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
     TESSERA_RETURN_IF_ERROR(first_failure(statuses, target.peers, "load plan"));
     absl::MutexLock lock(&program.mu);
     for (size_t m = 0; m < target.peers.size(); ++m) {
-      program.loaded[target.peers[m].device_id()] = target.incarnations[m];
+      program.loaded[target.peers[m].device_id()] = members.incarnations;
     }
     return absl::OkStatus();
   }
@@ -484,10 +611,7 @@ class CoordinatorService final : public pb::Coordinator::Service {
     int lost = -1;  // index of a watched target that was lost meanwhile
     while (!mu.AwaitWithTimeout(absl::Condition(&all_done_or_failed), options_.heartbeat_interval / 4)) {
       if (watch == nullptr) continue;
-      for (int i = 0; i < n && lost < 0; ++i) {
-        std::optional<DeviceRecord> d = registry_.device(watch->peers[i].device_id());
-        if (!d || !d->alive || d->incarnation != watch->incarnations[i]) lost = i;
-      }
+      lost = changed_member(*watch);
       if (lost >= 0) break;
     }
     if (lost >= 0) {
@@ -625,6 +749,10 @@ class CoordinatorService final : public pb::Coordinator::Service {
   uint64_t next_program_id_ ABSL_GUARDED_BY(programs_mu_) = 1;
   std::atomic<uint64_t> next_execution_{1};
 
+  absl::Mutex executions_mu_;
+  // The executions whose RunPlans are in flight, by id.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Execution>> executions_ ABSL_GUARDED_BY(executions_mu_);
+
   absl::Mutex stubs_mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<WorkerChannel>> workers_ ABSL_GUARDED_BY(stubs_mu_);
 };
@@ -664,7 +792,8 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   }
 
  private:
-  // Marks silent workers lost; checks four times per heartbeat interval.
+  // Marks silent workers lost and fails the executions waiting for them; checks four times
+  // per heartbeat interval.
   void monitor_loop() {
     while (!stopping_.WaitForNotificationWithTimeout(options_.heartbeat_interval / 4)) {
       for (int id : service_.registry().mark_lost(absl::Now())) {
@@ -673,6 +802,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
                      describe_device(id, d ? d->address : "?").c_str(),
                      absl::FormatDuration(options_.heartbeat_timeout).c_str());
       }
+      service_.watch_executions();
     }
   }
 

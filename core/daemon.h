@@ -35,7 +35,8 @@ std::string env_or(const char* name, const std::string& fallback);
 // the parse error when a value does not parse; INTERNAL for a flag that does not exist.
 absl::Status flags_from_env(const std::vector<std::pair<std::string, std::string>>& flag_variables);
 
-// flags_from_env, then absl::ParseCommandLine: what every program's main() does. A bad
+// flags_from_env, then absl::ParseCommandLine: what every program's main() does. Also turns
+// off abseil's Mutex deadlock detection, which Debian's build leaves on. A bad
 // variable is reported as "<program>: <error>" on stderr and exits with status 2, like a bad
 // flag. Returns the positional arguments (argv[0] first).
 std::vector<char*> parse_flags(int argc, char** argv, const char* program,

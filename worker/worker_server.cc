@@ -23,7 +23,23 @@
 namespace tessera {
 namespace {
 
-class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service> {
+// A plan with no collective whose inputs are at most this many bytes runs on the gRPC thread
+// that received its RunPlan: it neither waits for anyone nor holds the thread for long. Any
+// other runs on a thread of its own, since a plan waiting for its peers' collective data must
+// not hold one of the few threads that deliver that data.
+constexpr int64_t kInlinePlanBytes = 64 << 10;
+
+// A plan as LoadPlan delivered it, with what every run of it needs.
+struct LoadedPlan {
+  DevicePlan plan;
+  std::map<int, std::string> peers;  // device id -> address, for its collectives
+  bool has_collectives = false;
+};
+
+using WorkerServiceBase =
+    pb::Worker::WithCallbackMethod_RunPlan<pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service>>;
+
+class WorkerService final : public WorkerServiceBase {
  public:
   explicit WorkerService(int64_t memory_bytes) : store_(memory_bytes), started_(absl::Now()) {}
 
@@ -103,17 +119,41 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
   grpc::Status LoadPlan(grpc::ServerContext*, const pb::LoadPlanRequest* req, pb::LoadPlanReply*) override {
     absl::StatusOr<DevicePlan> plan = plan_from_proto(req->plan());
     if (!plan.ok()) return to_grpc(plan.status());
+    auto loaded = std::make_shared<LoadedPlan>();
+    loaded->plan = *std::move(plan);
+    for (const pb::PeerAddress& peer : req->peers()) loaded->peers[peer.device_id()] = peer.address();
+    for (const Instruction& inst : loaded->plan.code) {
+      if (inst.kind == Instruction::Kind::kCollective) loaded->has_collectives = true;
+    }
     absl::MutexLock lock(&plans_mu_);
-    plans_[req->plan_id()] = std::make_shared<const DevicePlan>(*std::move(plan));
+    plans_[req->plan_id()] = std::move(loaded);
     return grpc::Status::OK;
   }
 
-  grpc::Status RunPlan(grpc::ServerContext* ctx, const pb::RunPlanRequest* req, pb::RunPlanReply*) override {
-    absl::Status status = run_plan(*req, [ctx] { return ctx->IsCancelled(); });
-    if (!status.ok()) {
-      return to_grpc(absl::Status(status.code(), absl::StrCat("device ", device_id_.load(), ": ", status.message())));
+  // Callback API: a small local plan (the common case of a jitted elementwise step) runs and
+  // answers right here, on the thread that read the request, with no hand-off to a server
+  // thread and back (on this machine a hand-off is a context switch, and the nine servers of an
+  // embedded cluster share one poller).
+  grpc::ServerUnaryReactor* RunPlan(grpc::CallbackServerContext* ctx, const pb::RunPlanRequest* req,
+                                    pb::RunPlanReply*) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded = loaded_plan(req->plan_id());
+    if (!loaded.ok()) {
+      reactor->Finish(to_grpc(on_this_device(loaded.status())));
+      return reactor;
     }
-    return grpc::Status::OK;
+    std::shared_ptr<const LoadedPlan> plan = *std::move(loaded);
+    const bool inline_run = runs_inline(*plan, *req);
+    auto run = [this, ctx, req, reactor, plan = std::move(plan)] {
+      absl::Status status = run_plan(*plan, *req, [ctx] { return ctx->IsCancelled(); });
+      reactor->Finish(to_grpc(on_this_device(status)));
+    };
+    if (inline_run) {
+      run();
+    } else {
+      std::thread(std::move(run)).detach();  // the server waits for Finish before it goes
+    }
+    return reactor;
   }
 
   // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
@@ -221,17 +261,35 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
     return status;
   }
 
-  // Runs a loaded plan on stored buffers and stores its outputs.
-  absl::Status run_plan(const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
-    std::shared_ptr<const DevicePlan> plan;
-    {
-      absl::MutexLock lock(&plans_mu_);
-      auto it = plans_.find(req.plan_id());
-      if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("plan ", req.plan_id(), " is not loaded"));
-      plan = it->second;
+  // "device N: " before an error's message.
+  absl::Status on_this_device(const absl::Status& status) const {
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat("device ", device_id_.load(), ": ", status.message()));
+  }
+
+  absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded_plan(uint64_t plan_id) {
+    absl::MutexLock lock(&plans_mu_);
+    auto it = plans_.find(plan_id);
+    if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("plan ", plan_id, " is not loaded"));
+    return it->second;
+  }
+
+  // Whether `plan` may run on a gRPC callback thread (see kInlinePlanBytes).
+  bool runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const {
+    if (plan.has_collectives) return false;
+    int64_t bytes = 0;
+    for (uint64_t id : req.input_buffers()) {
+      absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_.get(id);
+      if (buffer.ok()) bytes += (*buffer)->nbytes();
     }
-    if (req.output_buffers_size() != static_cast<int>(plan->output_slots.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("run: the plan has ", plan->output_slots.size(), " outputs, got ",
+    return bytes <= kInlinePlanBytes;
+  }
+
+  // Runs a loaded plan on stored buffers and stores its outputs.
+  absl::Status run_plan(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
+    const DevicePlan& plan = loaded.plan;
+    if (req.output_buffers_size() != static_cast<int>(plan.output_slots.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("run: the plan has ", plan.output_slots.size(), " outputs, got ",
                                                      req.output_buffers_size(), " output buffers"));
     }
     std::vector<std::shared_ptr<const HostArray>> inputs;
@@ -241,13 +299,13 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
     }
     PlanRun run;
     run.execution = req.execution_id();
-    for (const pb::PeerAddress& peer : req.peers()) run.peers[peer.device_id()] = peer.address();
+    if (loaded.has_collectives) run.peers = loaded.peers;
     run.self = device_id_.load();
     const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
     run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
     run.cancelled = std::move(cancelled);
     TESSERA_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<const HostArray>> outputs,
-                             tessera::run_plan(*plan, inputs, transport_, run));
+                             tessera::run_plan(plan, inputs, transport_, run));
     for (int i = 0; i < req.output_buffers_size(); ++i) {
       absl::Status reserved = store_.reserve(req.output_buffers(i), outputs[i]->nbytes());
       if (!reserved.ok()) {
@@ -265,7 +323,7 @@ class WorkerService final : public pb::Worker::WithRawCallbackMethod_Exchange<pb
   const absl::Time started_;
   Transport transport_;
   absl::Mutex plans_mu_;
-  std::map<uint64_t, std::shared_ptr<const DevicePlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
+  std::map<uint64_t, std::shared_ptr<const LoadedPlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
 };
 
 class WorkerServerImpl final : public WorkerServer {
