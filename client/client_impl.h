@@ -10,9 +10,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/execution.h"
 #include "client/local_cluster.h"
+#include "core/graph.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/client.h"
 
@@ -74,7 +76,15 @@ struct ArrayState {
 
   // The array's id once its data exists; the producing call's error otherwise (see
   // ArrayBuffers::wait).
-  absl::StatusOr<uint64_t> ready_id() const { return buffers->wait(); }
+  // A donated array has none: FAILED_PRECONDITION naming the donation.
+  absl::StatusOr<uint64_t> ready_id() const {
+    if (buffers->donated()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the array ", type_to_string(dtype, shape),
+                       " was donated to a jitted call (donate_argnums) and no longer exists; use that call's outputs"));
+    }
+    return buffers->wait();
+  }
 
   const std::shared_ptr<ClientImpl> client;
   const std::shared_ptr<ArrayBuffers> buffers;  // declared after `client`: released before it

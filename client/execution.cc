@@ -78,11 +78,36 @@ void InFlight::wait_idle() {
 }
 
 ArrayBuffers::~ArrayBuffers() {
+  if (donated_.load()) return;  // the donating call freed them
   if (producer_ != nullptr) {
     producer_->release_output(output_);
   } else {
     client_->delete_array(id_);
   }
+}
+
+std::vector<std::shared_ptr<Execution>> ArrayBuffers::donate() {
+  donated_.store(true);
+  std::vector<std::shared_ptr<Execution>> running;
+  absl::MutexLock lock(&readers_mu_);
+  for (const std::weak_ptr<Execution>& r : readers_) {
+    std::shared_ptr<Execution> e = r.lock();
+    if (e != nullptr && !e->ready()) running.push_back(std::move(e));
+  }
+  readers_.clear();
+  return running;
+}
+
+void ArrayBuffers::add_reader(const std::shared_ptr<Execution>& reader) {
+  absl::MutexLock lock(&readers_mu_);
+  // Forget the readers that have finished, so the list stays short in a long loop.
+  readers_.erase(std::remove_if(readers_.begin(), readers_.end(),
+                                [](const std::weak_ptr<Execution>& r) {
+                                  std::shared_ptr<Execution> e = r.lock();
+                                  return e == nullptr || e->ready();
+                                }),
+                 readers_.end());
+  readers_.push_back(reader);
 }
 
 bool ArrayBuffers::ready() const { return producer_ == nullptr || producer_->ready(); }
@@ -115,17 +140,17 @@ absl::Time Execution::finish_by(const std::vector<std::shared_ptr<ArrayBuffers>>
   return start + timeout + kRpcSlack + absl::Seconds(1);
 }
 
-void Execution::start(uint64_t executable) {
+void Execution::start(uint64_t executable, const std::vector<std::shared_ptr<Execution>>& after) {
   executable_ = executable;
-  // One count per input still being computed, and one for this function, so that dispatch()
-  // runs once, after the last of them.
-  int unfinished = 0;
-  for (const auto& in : inputs_) unfinished += in->producer() != nullptr ? 1 : 0;
-  pending_inputs_.store(unfinished + 1);
-  std::shared_ptr<Execution> self = shared_from_this();
+  // One count per input still being computed and per call to wait for, and one for this
+  // function, so that dispatch() runs once, after the last of them.
+  std::vector<std::shared_ptr<Execution>> waits = after;
   for (const auto& in : inputs_) {
-    if (in->producer() != nullptr) in->producer()->on_finish([self] { self->input_ready(); });
+    if (in->producer() != nullptr) waits.push_back(in->producer());
   }
+  pending_inputs_.store(static_cast<int>(waits.size()) + 1);
+  std::shared_ptr<Execution> self = shared_from_this();
+  for (const std::shared_ptr<Execution>& w : waits) w->on_finish([self] { self->input_ready(); });
   input_ready();
 }
 

@@ -84,6 +84,14 @@ class ArrayBuffers {
 
   const std::shared_ptr<Execution>& producer() const { return producer_; }
 
+  // Donation (jit's donate_argnums): marks the array as taken by a call, which frees its
+  // buffers when it finishes (this then frees nothing). Returns the calls still reading it:
+  // the donating call runs after them.
+  std::vector<std::shared_ptr<Execution>> donate();
+  bool donated() const { return donated_.load(); }
+  // `reader` reads these buffers while it runs.
+  void add_reader(const std::shared_ptr<Execution>& reader);
+
  private:
   // Outlives this: owners are Array handles (which hold the client) and executions (which
   // ~ClientImpl waits for).
@@ -91,6 +99,9 @@ class ArrayBuffers {
   const uint64_t id_ = 0;
   const std::shared_ptr<Execution> producer_;
   const int output_ = -1;
+  std::atomic<bool> donated_{false};
+  absl::Mutex readers_mu_;
+  std::vector<std::weak_ptr<Execution>> readers_ ABSL_GUARDED_BY(readers_mu_);
 };
 
 class Execution : public std::enable_shared_from_this<Execution> {
@@ -105,9 +116,10 @@ class Execution : public std::enable_shared_from_this<Execution> {
   // The deadline finish_by() of an execution on `inputs` started now with `timeout`.
   static absl::Time finish_by(const std::vector<std::shared_ptr<ArrayBuffers>>& inputs, absl::Duration timeout);
 
-  // Sends Execute(executable) once every input is ready, or fails without sending when an
-  // input's producer failed. Returns at once.
-  void start(uint64_t executable);
+  // Sends Execute(executable) once every input is ready and every call in `after` has
+  // finished (whatever its outcome), or fails without sending when an input's producer
+  // failed. Returns at once.
+  void start(uint64_t executable, const std::vector<std::shared_ptr<Execution>>& after = {});
 
   bool ready() const;
   absl::Time deadline() const { return deadline_; }

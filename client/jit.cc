@@ -63,8 +63,27 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     return absl::InvalidArgumentError(
         absl::StrCat("jit: in_shardings has ", in_shardings.size(), " entries for ", args.size(), " arguments"));
   }
+  const std::vector<int>& donate = state_->options.donate_argnums;
+  for (int k : donate) {
+    if (k < 0 || k >= static_cast<int>(args.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("jit: donate_argnums names argument ", k, " of a call with ", args.size(), " arguments"));
+    }
+    for (size_t j = 0; j < args.size(); ++j) {
+      if (static_cast<int>(j) != k &&
+          internal::array_state(args[j]).buffers == internal::array_state(args[k]).buffers) {
+        return absl::InvalidArgumentError(absl::StrCat("jit: argument ", k, " is donated and also passed as argument ",
+                                                       j, "; a donated array can be passed once"));
+      }
+    }
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const internal::ArrayState& a = internal::array_state(args[i]);
+    if (a.buffers->donated()) {
+      return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " (", type_to_string(a.dtype, a.shape),
+                                                     ") was donated to an earlier call (donate_argnums) and no longer "
+                                                     "exists; pass that call's output instead"));
+    }
     if (a.client != first.client)
       return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " is on another client"));
     if (a.sharding.mesh() != mesh) {
@@ -110,8 +129,21 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   const absl::Time deadline = internal::Execution::finish_by(inputs, timeout);
   TESSERA_RETURN_IF_ERROR(client.in_flight()->begin_execution(deadline, who));
   const int num_outputs = static_cast<int>(compiled->output_types.size());
+  const std::vector<std::shared_ptr<internal::ArrayBuffers>> read = inputs;
   auto execution =
       std::make_shared<internal::Execution>(&client, std::move(inputs), num_outputs, timeout, deadline, who);
+  // Donated arguments: this call runs after the calls still reading them, and frees them
+  // when it finishes (whatever its outcome: a donated array is gone either way, as in JAX).
+  std::vector<std::shared_ptr<internal::Execution>> after;
+  for (int k : donate) {
+    std::vector<std::shared_ptr<internal::Execution>> readers = read[k]->donate();
+    after.insert(after.end(), readers.begin(), readers.end());
+    execution->on_finish([buffers = read[k], client = &client] {
+      absl::StatusOr<uint64_t> id = buffers->wait();  // its producer has finished: no wait
+      if (id.ok()) client->delete_array(*id);
+    });
+  }
+  for (const auto& buffers : read) buffers->add_reader(execution);
   std::vector<Array> out;
   for (int i = 0; i < num_outputs; ++i) {
     const ArrayType& type = compiled->output_types[i];
@@ -119,7 +151,7 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     out.push_back(internal::make_array(std::make_shared<internal::ArrayState>(
         first.client, std::move(buffers), type.dtype, type.shape, compiled->output_shardings[i])));
   }
-  execution->start(compiled->id);
+  execution->start(compiled->id, after);
   return out;
 }
 

@@ -172,14 +172,19 @@ int main(int argc, char** argv) {
     params.push_back(*std::move(p));
   }
 
-  // One step: the loss, its gradients with respect to the parameters, and the SGD update.
+  // One step: the loss, its gradients with respect to the parameters, and the SGD update;
+  // the old parameters are donated (freed as soon as the step has run).
   const double lr = absl::GetFlag(FLAGS_lr);
-  Jitted step = jit([lr](const std::vector<Value>& in) {
-    std::vector<Value> vg = value_and_grad(loss, {0, 1, 2, 3})(in);
-    std::vector<Value> out = {vg[0]};
-    for (int i = 0; i < 4; ++i) out.push_back(in[i] - vg[i + 1] * lr);
-    return out;
-  });
+  JitOptions step_options;
+  step_options.donate_argnums = {0, 1, 2, 3};
+  Jitted step = jit(
+      [lr](const std::vector<Value>& in) {
+        std::vector<Value> vg = value_and_grad(loss, {0, 1, 2, 3})(in);
+        std::vector<Value> out = {vg[0]};
+        for (int i = 0; i < 4; ++i) out.push_back(in[i] - vg[i + 1] * lr);
+        return out;
+      },
+      step_options);
   Jitted predict = jit([](const std::vector<Value>& in) { return std::vector<Value>{argmax(logits(in, in[4]), 1)}; });
 
   const int steps_per_epoch = static_cast<int>(train.size()) / batch;

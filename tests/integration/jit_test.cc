@@ -164,5 +164,90 @@ TEST_F(JitTest, InShardingsAreChecked) {
   EXPECT_THAT(std::string(y.status().message()), HasSubstr("in_shardings has 1 entries for 2 arguments"));
 }
 
+// Total buffers on the mesh's devices, from their stats.
+int64_t buffers_on_devices(const Client& client) {
+  int64_t n = 0;
+  for (int d = 0; d < 8; ++d) {
+    absl::StatusOr<DeviceStats> s = client.device_stats(d);
+    EXPECT_TRUE(s.ok()) << s.status();
+    n += s.ok() ? s->buffer_count : 0;
+  }
+  return n;
+}
+
+TEST_F(JitTest, DonatedArgumentsAreFreedAndCannotBeUsedAgain) {
+  const HostArray p0 = random_f32({16, 8}, 21), g = random_f32({16, 8}, 22);
+  JitOptions options;
+  options.donate_argnums = {0};
+  Jitted sgd = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] - in[1] * 0.5}; }, options);
+  Array p = put(p0, P("data", "model"));
+  const Array grad = put(g, P("data", None));
+  const Array kept_handle = p;  // a copy of the handle is donated too
+  // Ten steps, each donating the previous parameters, while a handle to the first ones is
+  // kept: only the current parameters and the gradient stay on the devices (deletions are
+  // asynchronous: wait, with a deadline, for the count to settle).
+  const int64_t before = buffers_on_devices(*client_);  // p0 and grad, and other tests' arrays
+  absl::StatusOr<std::vector<Array>> out;
+  for (int step = 0; step < 10; ++step) {
+    out = sgd({p, grad});
+    ASSERT_TRUE(out.ok()) << out.status();
+    p = (*out)[0];
+  }
+  ASSERT_TRUE(p.block_until_ready().ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  int64_t now = buffers_on_devices(*client_);
+  while (now != before && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    now = buffers_on_devices(*client_);
+  }
+  EXPECT_EQ(now, before) << "buffers of donated parameters are still on the devices";
+  std::vector<double> want(p0.size());
+  for (int64_t i = 0; i < p0.size(); ++i) want[i] = p0.values<float>()[i] - 10 * 0.5 * g.values<float>()[i];
+  expect_near(fetch(p), want, 1e-5);
+
+  // The donated array, through any handle: fetch, readiness and another call all say so.
+  absl::StatusOr<HostArray> gone = kept_handle.fetch();
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(gone.status().message()), HasSubstr("the array f32[16,8] was donated to a jitted call"));
+  EXPECT_EQ(kept_handle.block_until_ready().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<std::vector<Array>> again = sgd({kept_handle, grad});
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("argument 0 (f32[16,8]) was donated"));
+}
+
+TEST_F(JitTest, DonationWaitsForEarlierReadersAndChecksItsArguments) {
+  const HostArray x0 = random_f32({16, 8}, 23);
+  Jitted read = jit([](const std::vector<Value>& in) { return std::vector<Value>{exp(in[0])}; });
+  JitOptions options;
+  options.donate_argnums = {0};
+  Jitted consume = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; }, options);
+  // Calls reading x issued before the one donating it still see it.
+  const Array x = put(x0, P("data", None));
+  std::vector<Array> reads;
+  for (int i = 0; i < 4; ++i) reads.push_back((*read({x}))[0]);
+  absl::StatusOr<std::vector<Array>> doubled = consume({x});
+  ASSERT_TRUE(doubled.ok()) << doubled.status();
+  std::vector<double> want_exp(x0.size()), want_double(x0.size());
+  for (int64_t i = 0; i < x0.size(); ++i) {
+    want_exp[i] = std::exp(double(x0.values<float>()[i]));
+    want_double[i] = 2.0 * x0.values<float>()[i];
+  }
+  for (const Array& r : reads) expect_near(fetch(r), want_exp, 1e-5);
+  expect_near(fetch((*doubled)[0]), want_double, 1e-6);
+
+  const Array y = put(x0, P());
+  absl::StatusOr<std::vector<Array>> bad =
+      jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; }, options)({y, y});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("argument 0 is donated and also passed as argument 1"));
+  options.donate_argnums = {3};
+  bad = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0]}; }, options)({y});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("donate_argnums names argument 3 of a call with 1"));
+  EXPECT_TRUE(y.fetch().ok());  // a call refused before it ran takes nothing
+}
+
 }  // namespace
 }  // namespace tessera

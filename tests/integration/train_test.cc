@@ -47,12 +47,16 @@ TrainRun train(const Client& client, const Mesh& mesh) {
     EXPECT_TRUE(p.ok()) << p.status();
     params.push_back(*std::move(p));
   }
-  Jitted step = jit([](const std::vector<Value>& in) {
-    std::vector<Value> vg = value_and_grad(loss, {0, 1, 2, 3})(in);
-    std::vector<Value> out = {vg[0]};
-    for (int i = 0; i < 4; ++i) out.push_back(in[i] - vg[i + 1] * 0.1);
-    return out;
-  });
+  JitOptions options;
+  options.donate_argnums = {0, 1, 2, 3};  // the parameters, updated in place as in JAX
+  Jitted step = jit(
+      [](const std::vector<Value>& in) {
+        std::vector<Value> vg = value_and_grad(loss, {0, 1, 2, 3})(in);
+        std::vector<Value> out = {vg[0]};
+        for (int i = 0; i < 4; ++i) out.push_back(in[i] - vg[i + 1] * 0.1);
+        return out;
+      },
+      options);
   TrainRun run;
   for (int s = 0; s < kSteps; ++s) {
     HostArray x = random({kBatch, kIn}, 1.0f);
