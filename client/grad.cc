@@ -31,8 +31,10 @@ std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
 }
 
 // The cotangent of one operand of a dot_general, from the result's cotangent `g` and the
-// other operand: a dot_general over the other's free dimensions, then a transpose into the
-// operand's dimension order. `lhs` says which operand (its dimension numbers come first).
+// other operand: a dot_general contracting g's dimensions of the other's free ones with
+// those, ordered so that for the usual layouts (lhs [batch, free, contracting], rhs [batch,
+// contracting, free]) it comes out in the operand's own order; otherwise a transpose follows.
+// `lhs` says which operand.
 Value dot_cotangent(const Value& g, const Value& other, const DotDims& dd, bool lhs, int64_t operand_rank) {
   const std::vector<int64_t>& my_batch = lhs ? dd.lhs_batch : dd.rhs_batch;
   const std::vector<int64_t>& my_contracting = lhs ? dd.lhs_contracting : dd.rhs_contracting;
@@ -51,27 +53,33 @@ Value dot_cotangent(const Value& g, const Value& other, const DotDims& dd, bool 
   const int64_t nb = static_cast<int64_t>(my_batch.size());
   const std::vector<int64_t> my_free = free_dims(operand_rank, my_batch, my_contracting);
   const std::vector<int64_t> other_free = free_dims(other.rank(), other_batch, other_contracting);
-  // g's dimensions: batch, lhs free, rhs free. Contract g's dims of the other's free ones.
-  const int64_t n_lhs_free = lhs ? static_cast<int64_t>(my_free.size()) : static_cast<int64_t>(other_free.size());
+  // g's dimensions: batch, lhs free, rhs free; the other operand's free ones are contracted.
+  const int64_t other_free_start = lhs ? nb + static_cast<int64_t>(my_free.size()) : nb;
   std::vector<int64_t> g_batch(nb), g_contracting;
   std::iota(g_batch.begin(), g_batch.end(), 0);
-  const int64_t other_free_start = lhs ? nb + n_lhs_free : nb;
   for (size_t k = 0; k < other_free.size(); ++k) g_contracting.push_back(other_free_start + static_cast<int64_t>(k));
-  const Value d = dot_general(g, other, DotDims{g_batch, other_batch, g_contracting, other_free});
-  // d's dimensions: batch, my free (in order), then the other's contracting dimensions in
-  // ascending order — each standing for my contracting dimension paired with it.
+  // lhs: dot(g, rhs) gives [batch, my free, my contracting]; rhs: dot(lhs, g) gives [batch,
+  // my contracting, my free]. "My contracting" dimensions come in the order of the other's
+  // contracting dimensions they pair with, sorted.
+  const Value d = lhs ? dot_general(g, other, DotDims{g_batch, other_batch, g_contracting, other_free})
+                      : dot_general(other, g, DotDims{other_batch, g_batch, other_free, g_contracting});
   std::vector<int64_t> sorted_other_contracting = other_contracting;
   std::sort(sorted_other_contracting.begin(), sorted_other_contracting.end());
+  const int64_t free_at = lhs ? nb : nb + static_cast<int64_t>(my_contracting.size());
+  const int64_t contracting_at = lhs ? nb + static_cast<int64_t>(my_free.size()) : nb;
   std::vector<int64_t> perm(operand_rank);
   for (int64_t i = 0; i < nb; ++i) perm[my_batch[i]] = i;
-  for (size_t k = 0; k < my_free.size(); ++k) perm[my_free[k]] = nb + static_cast<int64_t>(k);
+  for (size_t k = 0; k < my_free.size(); ++k) perm[my_free[k]] = free_at + static_cast<int64_t>(k);
   for (size_t j = 0; j < my_contracting.size(); ++j) {
     const int64_t r =
         std::find(sorted_other_contracting.begin(), sorted_other_contracting.end(), other_contracting[j]) -
         sorted_other_contracting.begin();
-    perm[my_contracting[j]] = nb + static_cast<int64_t>(my_free.size()) + r;
+    perm[my_contracting[j]] = contracting_at + r;
   }
-  return transpose(d, perm);
+  // Operand dimension i is d's dimension perm[i]: transpose's own convention.
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+  return identity ? d : transpose(d, perm);
 }
 
 // The cotangent of a broadcast_in_dim's operand: summed over the dimensions it was
