@@ -284,14 +284,66 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
       case Op::kShardingConstraint:
         add_ct(n.operands[0], with_sharding_constraint(g, *n.sharding));
         break;
-      case Op::kShardMapIn:
-      case Op::kShardMapOut:
+      // shard_map: each device's block is its own variable, and these are the transposes of
+      // the linear maps between them (pmap's convention). An output replicated over axes its
+      // out_spec leaves out is one copy of identical blocks: each block gets its share of the
+      // cotangent; an argument replicated over axes its in_spec leaves out was read by every
+      // device along them: its cotangent is their sum.
+      case Op::kShardMapOut: {
+        const NamedSharding& s = *n.sharding;
+        const int64_t copies = s.mesh().size() / axes_size(s.mesh(), s.spec().used_axes());
+        Value blocks = t->make(t->graph.add_shard_map_in(TraceState::id(g), s));
+        add_ct(n.operands[0], copies == 1 ? blocks : blocks * (1.0 / static_cast<double>(copies)));
+        break;
+      }
+      case Op::kShardMapIn: {
+        const NamedSharding& s = *n.sharding;
+        std::vector<std::string> unnamed;
+        const std::vector<std::string> named = s.spec().used_axes();
+        for (const std::string& a : s.mesh().axis_names()) {
+          if (std::find(named.begin(), named.end(), a) == named.end()) unnamed.push_back(a);
+        }
+        Value summed = g;
+        if (!unnamed.empty()) {
+          summed = t->make(t->graph.add_collective(Op::kAllReduce, TraceState::id(g), s.mesh(), unnamed, {}));
+        }
+        if (summed.ok()) add_ct(n.operands[0], t->make(t->graph.add_shard_map_out(TraceState::id(summed), s)));
+        break;
+      }
       case Op::kAllReduce:
       case Op::kAllGather:
       case Op::kReduceScatter:
       case Op::kAllToAll:
-      case Op::kCollectivePermute:
-        return fail(absl::StrCat("differentiating through ", op_name(n.op), " (shard_map) is not supported yet"));
+      case Op::kCollectivePermute: {
+        const Mesh& mesh = n.sharding->mesh();
+        auto collective = [&](Op op, const Value& v, std::vector<int64_t> dims) {
+          return t->make(t->graph.add_collective(op, TraceState::id(v), mesh, n.axes, std::move(dims)));
+        };
+        const auto reduce_op = static_cast<ReduceOp>(n.index);
+        if (n.op == Op::kAllReduce && reduce_op == ReduceOp::kSum) {
+          add_ct(n.operands[0], collective(Op::kAllReduce, g, {}));
+        } else if (n.op == Op::kAllReduce && (reduce_op == ReduceOp::kMax || reduce_op == ReduceOp::kMin)) {
+          // To the devices holding the extreme, split evenly among ties.
+          const Value hit = convert(x[0] == out, x[0].dtype());
+          add_ct(n.operands[0], collective(Op::kAllReduce, g, {}) * hit / collective(Op::kAllReduce, hit, {}));
+        } else if (n.op == Op::kAllReduce) {
+          return fail("differentiating an all_reduce product is not supported");
+        } else if (n.op == Op::kAllGather) {
+          add_ct(n.operands[0], collective(Op::kReduceScatter, g, n.dims));
+        } else if (n.op == Op::kReduceScatter) {
+          add_ct(n.operands[0], collective(Op::kAllGather, g, n.dims));
+        } else if (n.op == Op::kAllToAll) {
+          add_ct(n.operands[0], collective(Op::kAllToAll, g, {n.dims[1], n.dims[0]}));
+        } else {  // ppermute: back along every pair
+          std::vector<int64_t> inverted;
+          for (size_t i = 0; i + 1 < n.dims.size(); i += 2) {
+            inverted.push_back(n.dims[i + 1]);
+            inverted.push_back(n.dims[i]);
+          }
+          add_ct(n.operands[0], collective(Op::kCollectivePermute, g, inverted));
+        }
+        break;
+      }
       default:  // no gradient: constants, iota, comparisons, logic, argmax, floor, ceil, sign
         break;
     }

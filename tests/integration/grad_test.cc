@@ -86,6 +86,45 @@ std::vector<GradCase> grad_cases() {
                    return logistic(matmul(tanh(in[0]), in[1]) + in[2]);
                  }});
   out.push_back({"used_twice", {m}, Domain::kSigned, [](V in) { return in[0] * exp(in[0]) + in[0]; }});
+  // shard_map bodies on the (4, 2) mesh: each collective, and arguments and results replicated
+  // over axes their specs leave out.
+  auto shard_mapped = [&](std::string name, std::vector<Shape> shapes, std::vector<PartitionSpec> in_specs,
+                          PartitionSpec out_spec, std::function<Value(const std::vector<Value>&)> body,
+                          Domain domain = Domain::kSigned) {
+    out.push_back({"shard_map_" + name, std::move(shapes), domain, [=](V in) {
+                     const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+                     ShardMapped f =
+                         shard_map([body](const std::vector<Value>& b) { return std::vector<Value>{body(b)}; }, mesh,
+                                   in_specs, {out_spec});
+                     return f(in)[0];
+                   }});
+  };
+  shard_mapped("replicated", {m}, {P()}, P(), [](V b) { return sin(b[0]) * 2.0; });
+  shard_mapped("psum", {m}, {P("data", "model")}, P("data", None), [](V b) { return psum(b[0] * b[0], "model"); });
+  shard_mapped("psum_of_replicated", {m}, {P("data", None)}, P("data", None),
+               [](V b) { return psum(exp(b[0]), {"model"}); });
+  shard_mapped("pmean_both", {m}, {P("data", "model")}, P(), [](V b) { return pmean(tanh(b[0]), {"data", "model"}); });
+  shard_mapped("pmax", {m}, {P("data", None)}, P(), [](V b) { return pmax(b[0] * 3.0, "data"); });
+  shard_mapped("all_gather", {m}, {P("data", "model")}, P(None, "model"),
+               [](V b) { return all_gather(b[0] * b[0], "data", 0, true); });
+  shard_mapped("psum_scatter", {m}, {P("data", None)}, P("data", "model"),
+               [](V b) { return psum_scatter(sin(b[0]), "model", 1, true); });
+  shard_mapped("ppermute", {m}, {P("data", None)}, P("data", None), [](V b) {
+    return ppermute(b[0] * b[0], "data", {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+  });
+  shard_mapped("all_to_all", {m}, {P("data", "model")}, P(Axes{"data", "model"}, None),
+               [](V b) { return all_to_all(exp(b[0]), "model", 1, 0, true); });
+  shard_mapped("matmul_psum", {{4, 8}, {8, 6}}, {P(None, "model"), P("model", None)}, P(),
+               [](V b) { return psum(matmul(b[0], b[1]), "model"); });
+  out.push_back({"shard_map_inside_automatic_code", {{4, 8}, {8, 6}}, Domain::kSigned, [](V in) {
+                   const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+                   ShardMapped f = shard_map(
+                       [](const std::vector<Value>& b) {
+                         return std::vector<Value>{psum_scatter(matmul(b[0], b[1]), "model", 1, true)};
+                       },
+                       mesh, {P("data", "model"), P("model", None)}, {P("data", "model")});
+                   return exp(f({tanh(in[0]), in[1] * 2.0})[0] * 0.5);
+                 }});
   return out;
 }
 

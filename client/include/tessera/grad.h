@@ -14,7 +14,11 @@
 // with ties split evenly as in JAX, select, convert between floats, broadcasts, reshape,
 // transpose, the reductions, dot_general, slice, concatenate, with_sharding_constraint).
 // Integer and bool values carry no gradient (comparisons, argmax, floor, sign give zero).
-// Not yet differentiable: shard_map bodies (the trace fails naming the op).
+// shard_map bodies too: each device's block is a variable of its own and the collectives
+// transpose as linear maps (psum <-> psum, all_gather <-> psum_scatter, ppermute <-> the
+// inverse permutation, all_to_all <-> all_to_all with the axes swapped; pmax/pmin send the
+// cotangent to the devices holding the extreme); an output replicated over axes its out_spec
+// leaves out passes each device its share, an argument read by several devices gets their sum.
 #ifndef TESSERA_GRAD_H_
 #define TESSERA_GRAD_H_
 
