@@ -1,8 +1,10 @@
 // Graph: shape and dtype inference of every op, and the errors for operands that do not fit.
 #include "core/graph.h"
 
+#include "core/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/tessera.pb.h"
 
 namespace tessera {
 namespace {
@@ -73,6 +75,65 @@ TEST(Graph, OutputsMustExist) {
   g.add_parameter(DType::kF32, {1});
   EXPECT_TRUE(g.set_outputs({0}).ok());
   EXPECT_EQ(g.set_outputs({3}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Graph, ShardMapOpsInferBlockShapesAndCheckTheirRules) {
+  const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {16, 8});
+  absl::StatusOr<int> in = g.add_shard_map_in(x, NamedSharding(mesh, P("data", "model")));
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(g.node(*in).shape, (Shape{4, 4}));
+  absl::StatusOr<int> gathered = g.add_collective(Op::kAllGather, *in, mesh, {"data"}, {0});
+  ASSERT_TRUE(gathered.ok());
+  EXPECT_EQ(g.node(*gathered).shape, (Shape{16, 4}));
+  absl::StatusOr<int> scattered = g.add_collective(Op::kReduceScatter, *in, mesh, {"model"}, {1}, ReduceOp::kSum);
+  ASSERT_TRUE(scattered.ok());
+  EXPECT_EQ(g.node(*scattered).shape, (Shape{4, 2}));
+  absl::StatusOr<int> moved = g.add_collective(Op::kAllToAll, *in, mesh, {"model"}, {0, 1});
+  ASSERT_TRUE(moved.ok());
+  EXPECT_EQ(g.node(*moved).shape, (Shape{2, 8}));
+  absl::StatusOr<int> out = g.add_shard_map_out(*gathered, NamedSharding(mesh, P(None, "model")));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(g.node(*out).shape, (Shape{16, 8}));
+  expect_invalid(g.add_collective(Op::kAllReduce, *in, mesh, {"batch"}, {}), "axis 'batch' is not in the mesh");
+  expect_invalid(g.add_collective(Op::kAllReduce, *in, mesh, {"data", "data"}, {}), "axis 'data' is named twice");
+  expect_invalid(g.add_collective(Op::kReduceScatter, *in, mesh, {"data", "model"}, {0}),
+                 "dimension 0 of f32[4,4] has size 4, not divisible by 8");
+  expect_invalid(g.add_collective(Op::kCollectivePermute, *in, mesh, {"data"}, {0, 1, 0, 2}), "source 0 appears twice");
+  expect_invalid(g.add_collective(Op::kCollectivePermute, *in, mesh, {"data"}, {0, 5}), "position 5 is outside [0, 4)");
+  expect_invalid(g.add_collective(Op::kAllGather, *in, mesh, {"data"}, {2}), "dimension 2 is out of range");
+  expect_invalid(g.add_shard_map_in(x, NamedSharding(mesh, P(None, Axes{"data", "model"}))), "dimension 1 of size 8");
+  expect_invalid(g.add_sharding_as(x, *in), "the shapes differ");
+}
+
+TEST(Graph, ShardMapGraphsRoundTripTheWireAndBadOnesAreRefused) {
+  const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {16, 8});
+  const int in = *g.add_shard_map_in(x, NamedSharding(mesh, P("data", None)));
+  const int sum = *g.add_collective(Op::kAllReduce, in, mesh, {"model"}, {}, ReduceOp::kMax);
+  const int index = *g.add_axis_index(mesh, {"data"});
+  const int out = *g.add_shard_map_out(sum, NamedSharding(mesh, P("data", None)));
+  const int like = *g.add_sharding_as(out, x);
+  ASSERT_TRUE(g.set_outputs({like, index}).ok());
+  pb::Graph wire;
+  to_proto(g, &wire);
+  absl::StatusOr<Graph> back = graph_from_proto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->to_text(), g.to_text());
+  EXPECT_THAT(g.to_text(), HasSubstr("all_reduce(%1) f32[4,8] axes=('model',) max"));
+  // A reduce op out of range, and an axis the mesh does not have, from the wire.
+  pb::Graph bad = wire;
+  bad.mutable_nodes(sum)->mutable_node()->set_index(9);
+  absl::StatusOr<Graph> refused = graph_from_proto(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("node 2 has unknown reduce op 9"));
+  bad = wire;
+  bad.mutable_nodes(sum)->set_axes(0, "batch");
+  refused = graph_from_proto(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("axis 'batch' is not in the mesh"));
 }
 
 }  // namespace
