@@ -103,7 +103,8 @@ TEST(Graph, ShardMapOpsInferBlockShapesAndCheckTheirRules) {
   expect_invalid(g.add_collective(Op::kCollectivePermute, *in, mesh, {"data"}, {0, 1, 0, 2}), "source 0 appears twice");
   expect_invalid(g.add_collective(Op::kCollectivePermute, *in, mesh, {"data"}, {0, 5}), "position 5 is outside [0, 4)");
   expect_invalid(g.add_collective(Op::kAllGather, *in, mesh, {"data"}, {2}), "dimension 2 is out of range");
-  expect_invalid(g.add_shard_map_in(x, NamedSharding(mesh, P(None, Axes{"data", "model"}))), "dimension 1 of size 8");
+  const int odd = g.add_parameter(DType::kF32, {6, 8});
+  expect_invalid(g.add_shard_map_in(odd, NamedSharding(mesh, P("data"))), "dimension 0 of size 6");
   expect_invalid(g.add_sharding_as(x, *in), "the shapes differ");
 }
 
