@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "worker/kernels/blas.h"
 
 namespace tessera::internal {
 
@@ -24,6 +25,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_device
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::start(worker_options));
     cluster->workers_.push_back(std::move(worker));
   }
+  share_blas_threads(num_devices);  // the devices compute in this process's OpenBLAS
   return cluster;
 }
 

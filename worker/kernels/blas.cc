@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace tessera {
@@ -13,6 +14,12 @@ std::string blas_kernel_name() {
 }
 
 bool cpu_supports_avx512() { return __builtin_cpu_supports("avx512f"); }
+
+void share_blas_threads(int devices) {
+  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr || devices < 1) return;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  openblas_set_num_threads(static_cast<int>(std::max<long>(1, cores / devices)));
+}
 
 void ensure_fast_blas(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr || !cpu_supports_avx512()) return;

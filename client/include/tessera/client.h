@@ -65,7 +65,10 @@ class Client {
   static absl::StatusOr<Client> connect(const std::string& address, const ConnectOptions& options = {});
 
   // Starts a coordinator and `num_devices` workers inside this process, on 127.0.0.1
-  // ephemeral ports, and connects to them. Devices are numbered 0 .. num_devices - 1.
+  // ephemeral ports, and connects to them. Devices are numbered 0 .. num_devices - 1. They
+  // compute with this process's OpenBLAS, each with max(1, cores / num_devices) threads
+  // (unless OPENBLAS_NUM_THREADS is set); call ensure_fast_blas(argv) (worker/kernels/blas.h)
+  // first thing in main() for the fast kernel on AVX-512 CPUs.
   static absl::StatusOr<Client> local(int num_devices, const LocalOptions& options = {});
 
   // The cluster's devices, ordered by id, fresh from the coordinator.
