@@ -49,17 +49,27 @@ constexpr absl::Duration kFailureGrace = absl::Milliseconds(500);
 // The coordinator's line to one worker.
 struct WorkerChannel {
   // The RunPlans stream to the worker's `incarnation`, opened if there is none or the one there
-  // broke or belongs to another incarnation (a stale one is closed; its pending runs fail).
+  // broke or belongs to an older incarnation (a stale one is closed; its pending runs fail).
+  // Null if the worker has a newer incarnation already: a call checked before the worker
+  // registered anew must not close the stream of the calls made since.
   std::shared_ptr<PlanStream> plan_stream(uint64_t incarnation) {
     std::shared_ptr<PlanStream> stale, current;
     {
       absl::MutexLock lock(&mu);
+      if (plans != nullptr && plans->incarnation() > incarnation) return nullptr;
       if (plans != nullptr && (plans->broken() || plans->incarnation() != incarnation)) stale = std::move(plans);
       if (plans == nullptr) plans = PlanStream::open(stub.get(), incarnation);
       current = plans;
     }
     if (stale != nullptr) stale->close(absl::ZeroDuration());  // does not wait
     return current;
+  }
+
+  // The RunPlans stream to the worker's `incarnation` if one is open and healthy; else null.
+  std::shared_ptr<PlanStream> open_plan_stream(uint64_t incarnation) {
+    absl::MutexLock lock(&mu);
+    if (plans == nullptr || plans->broken() || plans->incarnation() != incarnation) return nullptr;
+    return plans;
   }
 
   std::unique_ptr<pb::Worker::Stub> stub;
@@ -218,7 +228,9 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
               ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                              absl::StrCat("no result within ", absl::FormatDuration(e->deadline - e->start)))
               : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-      for (size_t k = 0; k < e->streams.size(); ++k) e->streams[k]->cancel(e->id, status);
+      for (const std::shared_ptr<PlanStream>& stream : e->streams) {
+        if (stream != nullptr) stream->cancel(e->id, status);
+      }
     }
   }
 
@@ -512,7 +524,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       executions_[e->id] = e;  // watched by watch_executions
     }
     for (int k = 0; k < n; ++k) {
-      e->streams[k]->run(e->requests[k], [this, e, k, n](grpc::Status s) {
+      auto done = [this, e, k, n](grpc::Status s) {
         if (s.ok()) e->workers[k]->reached = true;
         {
           absl::MutexLock lock(&e->mu);
@@ -521,7 +533,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
           if (++e->done < n) return;
         }
         finish_execution(e);
-      });
+      };
+      if (e->streams[k] == nullptr) {
+        done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker registered anew since the call was checked"));
+      } else {
+        e->streams[k]->run(e->requests[k], std::move(done));
+      }
     }
   }
 
@@ -666,8 +683,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return statuses;
   }
 
-  // Frees the arrays' buffers on every alive device of their meshes. A device that does not
-  // answer keeps garbage, never a wrong value (buffer ids are never reused).
+  // Frees the arrays' buffers on every alive device of their meshes and returns once each
+  // device answered (or kConnectDeadline passed). A device with an open RunPlans stream gets
+  // the deletion on it, after the runs sent before: a message, where a DeleteBuffers call
+  // costs a call object, headers and an HTTP/2 stream on both sides; the others get the call.
+  // A device that does not answer keeps garbage, never a wrong value (buffer ids are never
+  // reused).
   void delete_buffers(const std::vector<ArrayRecord>& arrays) {
     std::map<int, pb::DeleteBuffersRequest> per_device;
     for (const ArrayRecord& a : arrays) {
@@ -675,16 +696,52 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     }
     std::vector<WorkerChannel*> workers;
     std::vector<const pb::DeleteBuffersRequest*> requests;
+    std::vector<std::shared_ptr<PlanStream>> streams;
+    std::vector<pb::StreamDelete> stream_requests;
     for (const auto& [device_id, request] : per_device) {
       std::optional<DeviceRecord> d = registry_.device(device_id);
       if (!d.has_value() || !d->alive) continue;
-      workers.push_back(worker(d->address));
-      requests.push_back(&request);
+      WorkerChannel* w = worker(d->address);
+      std::shared_ptr<PlanStream> stream = w->open_plan_stream(d->incarnation);
+      if (stream == nullptr) {
+        workers.push_back(w);
+        requests.push_back(&request);
+        continue;
+      }
+      pb::StreamDelete& r = stream_requests.emplace_back();
+      r.set_request_id(next_execution_.fetch_add(1));
+      *r.mutable_buffer_ids() = request.buffer_ids();
+      streams.push_back(std::move(stream));
+    }
+    // Shared with the callbacks, which may outlive this call after a timeout.
+    struct Acks {
+      absl::Mutex mu;
+      size_t left ABSL_GUARDED_BY(mu) = 0;
+    };
+    auto acks = std::make_shared<Acks>();
+    {
+      absl::MutexLock lock(&acks->mu);
+      acks->left = streams.size();
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+      streams[i]->delete_buffers(stream_requests[i], [acks](grpc::Status) {
+        absl::MutexLock lock(&acks->mu);
+        --acks->left;
+      });
     }
     std::vector<pb::DeleteBuffersReply> replies(workers.size());
     fan_out(workers, kConnectDeadline, [&](int i, grpc::ClientContext* ctx, auto done) {
       workers[i]->stub->async()->DeleteBuffers(ctx, requests[i], &replies[i], std::move(done));
     });
+    {
+      absl::MutexLock lock(&acks->mu);
+      auto answered = [&acks]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(acks->mu) { return acks->left == 0; };
+      if (acks->mu.AwaitWithTimeout(absl::Condition(&answered), kConnectDeadline)) return;
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+      streams[i]->cancel(stream_requests[i].request_id(),
+                         grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no answer to a deletion"));
+    }
   }
 
   // Runs one collective on the blocks of an array; the results become a new array with the

@@ -15,6 +15,7 @@ std::shared_ptr<PlanStream> PlanStream::open(pb::Worker::Stub* stub, uint64_t in
     absl::MutexLock lock(&s->mu_);
     s->self_ = s;
   }
+  s->ctx_.set_wait_for_ready(true);
   stub->async()->RunPlans(&s->ctx_, s.get());
   s->AddHold();
   s->StartRead(&s->result_);
@@ -26,6 +27,12 @@ void PlanStream::run(const pb::RunPlanRequest& request, Done done) {
   pb::PlanStreamRequest message;
   *message.mutable_run() = request;
   this->request(request.execution_id(), std::move(message), std::move(done));
+}
+
+void PlanStream::delete_buffers(const pb::StreamDelete& request, Done done) {
+  pb::PlanStreamRequest message;
+  *message.mutable_delete_buffers() = request;
+  this->request(request.request_id(), std::move(message), std::move(done));
 }
 
 void PlanStream::request(uint64_t id, pb::PlanStreamRequest message, Done done) {

@@ -31,15 +31,20 @@ class PlanStream final : public grpc::ClientBidiReactor<pb::PlanStreamRequest, p
  public:
   using Done = std::function<void(grpc::Status)>;
 
-  // Opens a stream on `stub` (which must outlive it) to the worker's `incarnation`. It does not
-  // wait for the connection: the coordinator opens one only after LoadPlan reached that
-  // incarnation, and a stream that cannot start fails its runs with UNAVAILABLE at once.
+  // Opens a stream on `stub` (which must outlive it) to the worker's `incarnation`. It waits
+  // for the connection (wait_for_ready), as a first call to a worker does: the process may
+  // have just restarted under the same address. A worker that never answers leaves its runs
+  // to the owner's deadlines and lost-device watch.
   static std::shared_ptr<PlanStream> open(pb::Worker::Stub* stub, uint64_t incarnation);
 
   // Sends `request`. `done` runs exactly once, on a gRPC thread or the caller's: with the
   // worker's result, with UNAVAILABLE if the stream broke first (or had already), or with the
   // status given to cancel(). Never blocks. REQUIRES: no run of the same execution is pending.
   void run(const pb::RunPlanRequest& request, Done done);
+
+  // Deletes buffers on the worker, after every request sent before; `done` as for run().
+  // REQUIRES: `request.request_id()` is unique among this stream's pending requests.
+  void delete_buffers(const pb::StreamDelete& request, Done done);
 
   // If the run of `execution` is still pending, completes it with `status` and asks the worker
   // to stop it (a late result is then ignored). Never blocks.

@@ -155,8 +155,13 @@ class WorkerService final : public WorkerServiceBase {
 
   grpc::Status DeleteBuffers(grpc::ServerContext*, const pb::DeleteBuffersRequest* req,
                              pb::DeleteBuffersReply* reply) override {
-    reply->set_deleted(store_.erase(std::vector<uint64_t>(req->buffer_ids().begin(), req->buffer_ids().end())));
+    reply->set_deleted(erase(req->buffer_ids()));
     return grpc::Status::OK;
+  }
+
+  // Frees the buffers `ids` (those this device holds); returns how many it held.
+  int erase(const google::protobuf::RepeatedField<uint64_t>& ids) {
+    return store_.erase(std::vector<uint64_t>(ids.begin(), ids.end()));
   }
 
   grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::WorkerCollectiveRequest* req,
@@ -394,6 +399,13 @@ void PlanStreamReactor::OnReadDone(bool ok) {
       if (it != running_.end()) *it->second = true;
     }
     StartRead(&request_);
+    return;
+  }
+  if (request_.kind_case() == pb::PlanStreamRequest::kDeleteBuffers) {
+    const uint64_t id = request_.delete_buffers().request_id();
+    service_->erase(request_.delete_buffers().buffer_ids());
+    StartRead(&request_);
+    post(id, absl::OkStatus());
     return;
   }
   if (request_.kind_case() != pb::PlanStreamRequest::kRun) {
