@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "coordinator/compiler/partition.h"
 #include "coordinator/compiler/propagate.h"
+#include "coordinator/plan_stream.h"
 #include "coordinator/registry.h"
 #include "core/collective.h"
 #include "core/status.h"
@@ -47,8 +48,34 @@ constexpr absl::Duration kFailureGrace = absl::Milliseconds(500);
 
 // The coordinator's line to one worker.
 struct WorkerChannel {
+  // The RunPlans stream to the worker's `incarnation`, opened if there is none or the one there
+  // broke or belongs to an older incarnation (a stale one is closed; its pending runs fail).
+  // Null if the worker has a newer incarnation already: a call checked before the worker
+  // registered anew must not close the stream of the calls made since.
+  std::shared_ptr<PlanStream> plan_stream(uint64_t incarnation) {
+    std::shared_ptr<PlanStream> stale, current;
+    {
+      absl::MutexLock lock(&mu);
+      if (plans != nullptr && plans->incarnation() > incarnation) return nullptr;
+      if (plans != nullptr && (plans->broken() || plans->incarnation() != incarnation)) stale = std::move(plans);
+      if (plans == nullptr) plans = PlanStream::open(stub.get(), incarnation);
+      current = plans;
+    }
+    if (stale != nullptr) stale->close(absl::ZeroDuration());  // does not wait
+    return current;
+  }
+
+  // The RunPlans stream to the worker's `incarnation` if one is open and healthy; else null.
+  std::shared_ptr<PlanStream> open_plan_stream(uint64_t incarnation) {
+    absl::MutexLock lock(&mu);
+    if (plans == nullptr || plans->broken() || plans->incarnation() != incarnation) return nullptr;
+    return plans;
+  }
+
   std::unique_ptr<pb::Worker::Stub> stub;
   std::atomic<bool> reached{false};  // a call has succeeded: the worker was up at least once
+  absl::Mutex mu;
+  std::shared_ptr<PlanStream> plans ABSL_GUARDED_BY(mu);
 };
 
 class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Execute<pb::Coordinator::Service> {
@@ -188,15 +215,37 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     const absl::Time now = absl::Now();
     for (const std::shared_ptr<Execution>& e : running) {
       const int lost = changed_member(e->members);
+      const bool late = now > e->deadline;
       {
         absl::MutexLock lock(&e->mu);
-        if (e->cancelled || (lost < 0 && now - e->first_failure < kFailureGrace)) continue;
+        if (e->cancelled || (lost < 0 && !late && now - e->first_failure < kFailureGrace)) continue;
         e->cancelled = true;
         e->lost = lost;
       }
-      // Outside the lock: a cancelled call may complete on this thread.
-      for (grpc::ClientContext& ctx : e->contexts) ctx.TryCancel();
+      // Outside the lock: a cancelled run completes on this thread.
+      const grpc::Status status =
+          lost < 0 && late
+              ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                             absl::StrCat("no result within ", absl::FormatDuration(e->deadline - e->start)))
+              : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      for (const std::shared_ptr<PlanStream>& stream : e->streams) {
+        if (stream != nullptr) stream->cancel(e->id, status);
+      }
     }
+  }
+
+  // Ends every RunPlans stream, waiting (bounded) for gRPC to be done with each: after the
+  // server stopped, before the service goes.
+  void close_plan_streams() {
+    std::vector<std::shared_ptr<PlanStream>> streams;
+    {
+      absl::MutexLock lock(&stubs_mu_);
+      for (auto& [address, w] : workers_) {
+        absl::MutexLock stream_lock(&w->mu);
+        if (w->plans != nullptr) streams.push_back(std::move(w->plans));
+      }
+    }
+    for (const std::shared_ptr<PlanStream>& s : streams) s->close(absl::Seconds(2));
   }
 
   grpc::Status RunCollective(grpc::ServerContext*, const pb::RunCollectiveRequest* req,
@@ -272,8 +321,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     std::vector<uint64_t> incarnations;
   };
 
-  // One Execute between its checks and its reply: its outputs' records and the RunPlan call
-  // to each device.
+  // One Execute between its checks and its reply: its outputs' records and the run on each
+  // device.
   struct Execution {
     uint64_t id = 0;
     grpc::ServerUnaryReactor* reactor = nullptr;
@@ -284,8 +333,9 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     std::vector<uint64_t> output_ids;
     std::vector<ArrayRecord> outputs;
     std::vector<pb::RunPlanRequest> requests;
-    std::vector<pb::RunPlanReply> replies;
-    std::vector<grpc::ClientContext> contexts;
+    std::vector<std::shared_ptr<PlanStream>> streams;  // set by run_plans
+    absl::Time start;                                  // set by run_plans
+    absl::Time deadline = absl::InfiniteFuture();      // past it, the monitor fails the call
     absl::Mutex mu;
     std::vector<grpc::Status> statuses ABSL_GUARDED_BY(mu);
     int done ABSL_GUARDED_BY(mu) = 0;
@@ -442,8 +492,6 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       r.set_timeout_ms(timeout_ms);
       e->workers.push_back(worker(members.peers[k].address()));
     }
-    e->replies.resize(n);
-    e->contexts = std::vector<grpc::ClientContext>(n);
     e->statuses.resize(n);
     e->reactor = reactor;
     e->reply = reply;
@@ -463,19 +511,20 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return missing;
   }
 
-  // Starts every member's RunPlan; the last answer finishes the Execute. Never blocks.
+  // Sends every member its run on the member's RunPlans stream; the last result finishes the
+  // Execute. Never blocks. The deadline (the run's timeout plus 5 s, as a unary RunPlan's
+  // was) is the monitor's to enforce.
   void run_plans(std::shared_ptr<Execution> e) {
+    const int n = static_cast<int>(e->requests.size());
+    e->start = absl::Now();
+    e->deadline = e->start + absl::Milliseconds(e->requests[0].timeout_ms()) + absl::Seconds(5);
+    for (int k = 0; k < n; ++k) e->streams.push_back(e->workers[k]->plan_stream(e->members.incarnations[k]));
     {
       absl::MutexLock lock(&executions_mu_);
       executions_[e->id] = e;  // watched by watch_executions
     }
-    const int64_t timeout_ms = e->requests[0].timeout_ms();
-    const int n = static_cast<int>(e->requests.size());
     for (int k = 0; k < n; ++k) {
-      grpc::ClientContext& ctx = e->contexts[k];
-      set_deadline(&ctx, absl::Milliseconds(timeout_ms) + absl::Seconds(5));
-      ctx.set_wait_for_ready(!e->workers[k]->reached);
-      e->workers[k]->stub->async()->RunPlan(&ctx, &e->requests[k], &e->replies[k], [this, e, k, n](grpc::Status s) {
+      auto done = [this, e, k, n](grpc::Status s) {
         if (s.ok()) e->workers[k]->reached = true;
         {
           absl::MutexLock lock(&e->mu);
@@ -484,7 +533,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
           if (++e->done < n) return;
         }
         finish_execution(e);
-      });
+      };
+      if (e->streams[k] == nullptr) {
+        done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker registered anew since the call was checked"));
+      } else {
+        e->streams[k]->run(e->requests[k], std::move(done));
+      }
     }
   }
 
@@ -629,8 +683,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return statuses;
   }
 
-  // Frees the arrays' buffers on every alive device of their meshes. A device that does not
-  // answer keeps garbage, never a wrong value (buffer ids are never reused).
+  // Frees the arrays' buffers on every alive device of their meshes and returns once each
+  // device answered (or kConnectDeadline passed). A device with an open RunPlans stream gets
+  // the deletion on it, after the runs sent before: a message, where a DeleteBuffers call
+  // costs a call object, headers and an HTTP/2 stream on both sides; the others get the call.
+  // A device that does not answer keeps garbage, never a wrong value (buffer ids are never
+  // reused).
   void delete_buffers(const std::vector<ArrayRecord>& arrays) {
     std::map<int, pb::DeleteBuffersRequest> per_device;
     for (const ArrayRecord& a : arrays) {
@@ -638,16 +696,52 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     }
     std::vector<WorkerChannel*> workers;
     std::vector<const pb::DeleteBuffersRequest*> requests;
+    std::vector<std::shared_ptr<PlanStream>> streams;
+    std::vector<pb::StreamDelete> stream_requests;
     for (const auto& [device_id, request] : per_device) {
       std::optional<DeviceRecord> d = registry_.device(device_id);
       if (!d.has_value() || !d->alive) continue;
-      workers.push_back(worker(d->address));
-      requests.push_back(&request);
+      WorkerChannel* w = worker(d->address);
+      std::shared_ptr<PlanStream> stream = w->open_plan_stream(d->incarnation);
+      if (stream == nullptr) {
+        workers.push_back(w);
+        requests.push_back(&request);
+        continue;
+      }
+      pb::StreamDelete& r = stream_requests.emplace_back();
+      r.set_request_id(next_execution_.fetch_add(1));
+      *r.mutable_buffer_ids() = request.buffer_ids();
+      streams.push_back(std::move(stream));
+    }
+    // Shared with the callbacks, which may outlive this call after a timeout.
+    struct Acks {
+      absl::Mutex mu;
+      size_t left ABSL_GUARDED_BY(mu) = 0;
+    };
+    auto acks = std::make_shared<Acks>();
+    {
+      absl::MutexLock lock(&acks->mu);
+      acks->left = streams.size();
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+      streams[i]->delete_buffers(stream_requests[i], [acks](grpc::Status) {
+        absl::MutexLock lock(&acks->mu);
+        --acks->left;
+      });
     }
     std::vector<pb::DeleteBuffersReply> replies(workers.size());
     fan_out(workers, kConnectDeadline, [&](int i, grpc::ClientContext* ctx, auto done) {
       workers[i]->stub->async()->DeleteBuffers(ctx, requests[i], &replies[i], std::move(done));
     });
+    {
+      absl::MutexLock lock(&acks->mu);
+      auto answered = [&acks]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(acks->mu) { return acks->left == 0; };
+      if (acks->mu.AwaitWithTimeout(absl::Condition(&answered), kConnectDeadline)) return;
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+      streams[i]->cancel(stream_requests[i].request_id(),
+                         grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no answer to a deletion"));
+    }
   }
 
   // Runs one collective on the blocks of an array; the results become a new array with the
@@ -789,6 +883,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
       server_->Wait();
       server_.reset();
     }
+    service_.close_plan_streams();
   }
 
  private:

@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
+#include "proto/write_queue.h"
 #include "worker/buffer_store.h"
 #include "worker/collectives/engine.h"
 #include "worker/collectives/transport.h"
@@ -24,9 +25,9 @@ namespace tessera {
 namespace {
 
 // A plan with no collective whose inputs are at most this many bytes runs on the gRPC thread
-// that received its RunPlan: it neither waits for anyone nor holds the thread for long. Any
+// that received its request: it neither waits for anyone nor holds the thread for long. Any
 // other runs on a thread of its own, since a plan waiting for its peers' collective data must
-// not hold one of the few threads that deliver that data.
+// not hold one of the few threads that deliver that data, nor the RunPlans stream's reads.
 constexpr int64_t kInlinePlanBytes = 64 << 10;
 
 // A plan as LoadPlan delivered it, with what every run of it needs.
@@ -37,7 +38,62 @@ struct LoadedPlan {
 };
 
 using WorkerServiceBase =
-    pb::Worker::WithCallbackMethod_RunPlan<pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service>>;
+    pb::Worker::WithCallbackMethod_RunPlans<pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service>>;
+
+class WorkerService;
+
+// The server side of the coordinator's RunPlans stream: each request is a run (or the cancel
+// of one); each run's result goes back as its own message when the run ends, in any order.
+// Reads never wait for a run: the next read starts first, then a small local plan runs on the
+// thread that read it, and every other plan on a thread of its own. One write is in flight;
+// results finished meanwhile queue behind it. The reactor owns itself (runs on threads hold
+// it too) until gRPC is done with it; when the coordinator's side ends, runs in progress are
+// told to stop and their results dropped.
+class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>,
+                                public std::enable_shared_from_this<PlanStreamReactor> {
+ public:
+  static PlanStreamReactor* start(WorkerService* service) {
+    std::shared_ptr<PlanStreamReactor> r(new PlanStreamReactor(service));
+    r->self_ = r;
+    r->StartRead(&r->request_);
+    return r.get();
+  }
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone() override {
+    std::shared_ptr<PlanStreamReactor> self;
+    absl::MutexLock lock(&mu_);
+    for (auto& [execution, cancelled] : running_) *cancelled = true;
+    self = std::move(self_);  // the last reference may be a run's, on its own thread
+  }
+
+  // Queues the result of request `id`; starts its write if none is in flight.
+  void post(uint64_t id, const absl::Status& status);
+
+ private:
+  explicit PlanStreamReactor(WorkerService* service) : service_(service) {}
+
+  // Whether the stream is to be finished now: the reading ended, no write is in flight and no
+  // run is left on a thread of its own (the server, and the service those runs use, wait for
+  // Finish before they go). The caller calls Finish, outside the lock.
+  bool finish_now_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!reading_ended_ || results_.writing() || finished_ || !running_.empty()) return false;
+    finished_ = true;
+    return true;
+  }
+
+  WorkerService* const service_;
+  pb::PlanStreamRequest request_;  // the read in flight; touched only by the reading callback
+
+  absl::Mutex mu_;
+  WriteQueue<pb::RunPlanResult> results_ ABSL_GUARDED_BY(mu_);
+  bool reading_ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Runs on threads of their own, by execution, with the flag that tells them to stop.
+  std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<PlanStreamReactor> self_ ABSL_GUARDED_BY(mu_);
+};
 
 class WorkerService final : public WorkerServiceBase {
  public:
@@ -99,8 +155,13 @@ class WorkerService final : public WorkerServiceBase {
 
   grpc::Status DeleteBuffers(grpc::ServerContext*, const pb::DeleteBuffersRequest* req,
                              pb::DeleteBuffersReply* reply) override {
-    reply->set_deleted(store_.erase(std::vector<uint64_t>(req->buffer_ids().begin(), req->buffer_ids().end())));
+    reply->set_deleted(erase(req->buffer_ids()));
     return grpc::Status::OK;
+  }
+
+  // Frees the buffers `ids` (those this device holds); returns how many it held.
+  int erase(const google::protobuf::RepeatedField<uint64_t>& ids) {
+    return store_.erase(std::vector<uint64_t>(ids.begin(), ids.end()));
   }
 
   grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::WorkerCollectiveRequest* req,
@@ -130,30 +191,23 @@ class WorkerService final : public WorkerServiceBase {
     return grpc::Status::OK;
   }
 
-  // Callback API: a small local plan (the common case of a jitted elementwise step) runs and
-  // answers right here, on the thread that read the request, with no hand-off to a server
-  // thread and back (on this machine a hand-off is a context switch, and the nine servers of an
-  // embedded cluster share one poller).
-  grpc::ServerUnaryReactor* RunPlan(grpc::CallbackServerContext* ctx, const pb::RunPlanRequest* req,
-                                    pb::RunPlanReply*) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded = loaded_plan(req->plan_id());
-    if (!loaded.ok()) {
-      reactor->Finish(to_grpc(on_this_device(loaded.status())));
-      return reactor;
-    }
-    std::shared_ptr<const LoadedPlan> plan = *std::move(loaded);
-    const bool inline_run = runs_inline(*plan, *req);
-    auto run = [this, ctx, req, reactor, plan = std::move(plan)] {
-      absl::Status status = run_plan(*plan, *req, [ctx] { return ctx->IsCancelled(); });
-      reactor->Finish(to_grpc(on_this_device(status)));
-    };
-    if (inline_run) {
-      run();
-    } else {
-      std::thread(std::move(run)).detach();  // the server waits for Finish before it goes
-    }
-    return reactor;
+  // The coordinator's RunPlans stream (see PlanStreamReactor).
+  grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* RunPlans(grpc::CallbackServerContext*) override {
+    return PlanStreamReactor::start(this);
+  }
+
+  // The loaded plan of `req`, and whether it may run on a gRPC callback thread (see
+  // kInlinePlanBytes). NOT_FOUND naming this device if it is not loaded.
+  absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan_for(const pb::RunPlanRequest& req) {
+    absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded = loaded_plan(req.plan_id());
+    if (!loaded.ok()) return on_this_device(loaded.status());
+    const bool inline_run = runs_inline(**loaded, req);
+    return std::make_pair(*std::move(loaded), inline_run);
+  }
+
+  // Runs a loaded plan on stored buffers and stores its outputs; errors name this device.
+  absl::Status run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
+    return on_this_device(run_plan(loaded, req, std::move(cancelled)));
   }
 
   // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
@@ -325,6 +379,100 @@ class WorkerService final : public WorkerServiceBase {
   absl::Mutex plans_mu_;
   std::map<uint64_t, std::shared_ptr<const LoadedPlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
 };
+
+void PlanStreamReactor::OnReadDone(bool ok) {
+  if (!ok) {  // the coordinator closed or cancelled the stream, or went away
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ended_ = true;  // results not yet sent are dropped (see OnWriteDone)
+      for (auto& [execution, cancelled] : running_) *cancelled = true;
+      finish = finish_now_locked();
+    }
+    if (finish) Finish(grpc::Status::OK);
+    return;
+  }
+  if (request_.kind_case() == pb::PlanStreamRequest::kCancelExecution) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = running_.find(request_.cancel_execution());
+      if (it != running_.end()) *it->second = true;
+    }
+    StartRead(&request_);
+    return;
+  }
+  if (request_.kind_case() == pb::PlanStreamRequest::kDeleteBuffers) {
+    const uint64_t id = request_.delete_buffers().request_id();
+    service_->erase(request_.delete_buffers().buffer_ids());
+    StartRead(&request_);
+    post(id, absl::OkStatus());
+    return;
+  }
+  if (request_.kind_case() != pb::PlanStreamRequest::kRun) {
+    StartRead(&request_);  // a kind this build does not know: nothing to answer
+    return;
+  }
+  auto req = std::make_shared<pb::RunPlanRequest>();
+  req->Swap(request_.mutable_run());
+  const uint64_t execution = req->execution_id();
+  absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan = service_->plan_for(*req);
+  if (!plan.ok()) {
+    StartRead(&request_);
+    post(execution, plan.status());
+    return;
+  }
+  auto [loaded, inline_run] = *std::move(plan);
+  if (inline_run) {  // short, and nothing to wait for: no cancellation either
+    StartRead(&request_);
+    post(execution, service_->run(*loaded, *req, nullptr));
+    return;
+  }
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  {
+    absl::MutexLock lock(&mu_);
+    running_[execution] = cancelled;
+  }
+  StartRead(&request_);
+  std::thread([self = shared_from_this(), loaded = std::move(loaded), req, cancelled] {
+    absl::Status status = self->service_->run(*loaded, *req, [cancelled] { return cancelled->load(); });
+    self->post(req->execution_id(), status);
+    bool finish = false;
+    {
+      absl::MutexLock lock(&self->mu_);
+      self->running_.erase(req->execution_id());
+      finish = self->finish_now_locked();
+    }
+    if (finish) self->Finish(grpc::Status::OK);
+  }).detach();
+}
+
+void PlanStreamReactor::post(uint64_t id, const absl::Status& status) {
+  const pb::RunPlanResult* first = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (reading_ended_ || finished_) return;  // the coordinator is gone or done with this stream
+    pb::RunPlanResult result;
+    result.set_id(id);
+    result.set_code(static_cast<int32_t>(status.code()));
+    result.set_message(std::string(status.message()));
+    first = results_.push(std::move(result));
+  }
+  if (first != nullptr) StartWrite(first);
+}
+
+// Results not yet sent when the reading ended are dropped: nobody reads them.
+void PlanStreamReactor::OnWriteDone(bool ok) {
+  const pb::RunPlanResult* next = nullptr;
+  bool finish = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!ok) reading_ended_ = true;  // the stream is broken: the read fails too
+    next = results_.pop(reading_ended_);
+    finish = finish_now_locked();
+  }
+  if (next != nullptr) StartWrite(next);
+  if (finish) Finish(grpc::Status::OK);
+}
 
 class WorkerServerImpl final : public WorkerServer {
  public:

@@ -1,0 +1,89 @@
+// PlanStream: the coordinator's long-lived RunPlans stream to one incarnation of a worker.
+// Every jitted call sends one RunPlanRequest per device on the device's stream instead of
+// starting a unary RunPlan: no call object, headers or HTTP/2 stream to set up per call.
+//
+//   std::shared_ptr<PlanStream> s = PlanStream::open(stub, incarnation);
+//   s->run(request, [](grpc::Status status) { ... });    // exactly once per request
+//   s->cancel(request.execution_id(), grpc::Status(grpc::StatusCode::CANCELLED, "..."));
+//
+// Requests go out in order, one write in flight; results come back in the order the runs
+// finish and are matched by execution id. A stream that breaks (the worker died, the
+// connection dropped) fails every run still pending on it at once with UNAVAILABLE; the
+// owner then opens a new one. Deadlines are the owner's: it cancels runs it gave up on.
+#ifndef TESSERA_COORDINATOR_PLAN_STREAM_H_
+#define TESSERA_COORDINATOR_PLAN_STREAM_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tessera.grpc.pb.h"
+#include "proto/write_queue.h"
+
+namespace tessera {
+
+class PlanStream final : public grpc::ClientBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult> {
+ public:
+  using Done = std::function<void(grpc::Status)>;
+
+  // Opens a stream on `stub` (which must outlive it) to the worker's `incarnation`. It waits
+  // for the connection (wait_for_ready), as a first call to a worker does: the process may
+  // have just restarted under the same address. A worker that never answers leaves its runs
+  // to the owner's deadlines and lost-device watch.
+  static std::shared_ptr<PlanStream> open(pb::Worker::Stub* stub, uint64_t incarnation);
+
+  // Sends `request`. `done` runs exactly once, on a gRPC thread or the caller's: with the
+  // worker's result, with UNAVAILABLE if the stream broke first (or had already), or with the
+  // status given to cancel(). Never blocks. REQUIRES: no run of the same execution is pending.
+  void run(const pb::RunPlanRequest& request, Done done);
+
+  // Deletes buffers on the worker, after every request sent before; `done` as for run().
+  // REQUIRES: `request.request_id()` is unique among this stream's pending requests.
+  void delete_buffers(const pb::StreamDelete& request, Done done);
+
+  // If the run of `execution` is still pending, completes it with `status` and asks the worker
+  // to stop it (a late result is then ignored). Never blocks.
+  void cancel(uint64_t execution, const grpc::Status& status);
+
+  // Whether the stream has ended or is ending: a new one must be opened.
+  bool broken() const;
+
+  uint64_t incarnation() const { return incarnation_; }
+
+  // Ends the stream (pending runs fail with UNAVAILABLE) and waits at most `timeout` for
+  // gRPC to be done with it. Returns whether it was.
+  bool close(absl::Duration timeout);
+
+  void OnWriteDone(bool ok) override;
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  explicit PlanStream(uint64_t incarnation) : incarnation_(incarnation) {}
+  // Registers `done` under `id` and sends `message`; fails `done` at once if the stream broke.
+  void request(uint64_t id, pb::PlanStreamRequest message, Done done);
+  // Queues `message`; starts its write if none is in flight.
+  void send(pb::PlanStreamRequest message);
+
+  // Constant after open().
+  const uint64_t incarnation_;
+  grpc::ClientContext ctx_;
+
+  pb::RunPlanResult result_;  // the read in flight; touched only by the reading callback
+
+  mutable absl::Mutex mu_;
+  WriteQueue<pb::PlanStreamRequest> writes_ ABSL_GUARDED_BY(mu_);
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;  // a write or read failed, or close() was called
+  bool done_ ABSL_GUARDED_BY(mu_) = false;    // OnDone ran
+  absl::flat_hash_map<uint64_t, Done> pending_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<PlanStream> self_ ABSL_GUARDED_BY(mu_);  // keeps the reactor alive until OnDone
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COORDINATOR_PLAN_STREAM_H_
