@@ -13,8 +13,6 @@ using internal::TraceState;
 
 namespace {
 
-bool is_float(DType d) { return d == DType::kF32 || d == DType::kF64; }
-
 Value zeros_like(const Value& x) { return full(x.shape(), 0.0, x.dtype()); }
 
 // lax's _balanced_eq: 1 where x is the result alone, 1/2 where both operands are.
@@ -40,19 +38,9 @@ Value dot_cotangent(const Value& g, const Value& other, const DotDims& dd, bool 
   const std::vector<int64_t>& my_contracting = lhs ? dd.lhs_contracting : dd.rhs_contracting;
   const std::vector<int64_t>& other_batch = lhs ? dd.rhs_batch : dd.lhs_batch;
   const std::vector<int64_t>& other_contracting = lhs ? dd.rhs_contracting : dd.lhs_contracting;
-  auto free_dims = [](int64_t rank, const std::vector<int64_t>& batch, const std::vector<int64_t>& contracting) {
-    std::vector<int64_t> out;
-    for (int64_t d = 0; d < rank; ++d) {
-      if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
-          std::find(contracting.begin(), contracting.end(), d) == contracting.end()) {
-        out.push_back(d);
-      }
-    }
-    return out;
-  };
   const int64_t nb = static_cast<int64_t>(my_batch.size());
-  const std::vector<int64_t> my_free = free_dims(operand_rank, my_batch, my_contracting);
-  const std::vector<int64_t> other_free = free_dims(other.rank(), other_batch, other_contracting);
+  const std::vector<int64_t> my_free = dot_free_dims(operand_rank, my_batch, my_contracting);
+  const std::vector<int64_t> other_free = dot_free_dims(other.rank(), other_batch, other_contracting);
   // g's dimensions: batch, lhs free, rhs free; the other operand's free ones are contracted.
   const int64_t other_free_start = lhs ? nb + static_cast<int64_t>(my_free.size()) : nb;
   std::vector<int64_t> g_batch(nb), g_contracting;
@@ -133,7 +121,7 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
     if (k < 0 || k >= static_cast<int>(args.size())) {
       return fail(absl::StrCat("argnum ", k, " is out of range for ", args.size(), " arguments"));
     }
-    if (!is_float(args[k].dtype())) {
+    if (!is_floating(args[k].dtype())) {
       return fail(absl::StrCat("argument ", k, " is ", type_to_string(args[k].dtype(), args[k].shape()),
                                "; gradients need float inputs (as JAX's grad requires real-valued inputs)"));
     }
@@ -145,14 +133,14 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
     return fail("the function returned no value of this trace");
   }
   const Value y = results[0];
-  if (y.rank() != 0 || !is_float(y.dtype())) {
+  if (y.rank() != 0 || !is_floating(y.dtype())) {
     return fail(
         absl::StrCat("the function must return a float scalar first, not ", type_to_string(y.dtype(), y.shape())));
   }
   auto value = [&](int id) { return t->make(id); };
   std::map<int, Value> ct;  // cotangents, by node
   auto add_ct = [&](int id, const Value& g) {
-    if (!g.ok() || !is_float(t->graph.node(id).dtype)) return;
+    if (!g.ok() || !is_floating(t->graph.node(id).dtype)) return;
     auto it = ct.find(id);
     if (it == ct.end()) {
       ct.emplace(id, g);
@@ -232,7 +220,7 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
         add_ct(n.operands[2], where(x[0], zeros_like(g), g));
         break;
       case Op::kConvert:
-        if (is_float(x[0].dtype())) add_ct(n.operands[0], convert(g, x[0].dtype()));
+        if (is_floating(x[0].dtype())) add_ct(n.operands[0], convert(g, x[0].dtype()));
         break;
       case Op::kBroadcastInDim:
         add_ct(n.operands[0], unbroadcast(g, x[0].shape(), n.shape, n.dims));
@@ -291,7 +279,7 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
       // device along them: its cotangent is their sum.
       case Op::kShardMapOut: {
         const NamedSharding& s = *n.sharding;
-        const int64_t copies = s.mesh().size() / axes_size(s.mesh(), s.spec().used_axes());
+        const int64_t copies = s.mesh().size() / s.mesh().axes_size(s.spec().used_axes());
         Value blocks = t->make(t->graph.add_shard_map_in(TraceState::id(g), s));
         add_ct(n.operands[0], copies == 1 ? blocks : blocks * (1.0 / static_cast<double>(copies)));
         break;

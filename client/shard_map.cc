@@ -61,7 +61,7 @@ std::optional<int64_t> group_size(TraceState* t, const AxisNames& axes, const st
       return std::nullopt;
     }
   }
-  return axes_size(*mesh, axes.names);
+  return mesh->axes_size(axes.names);
 }
 
 int64_t normalized(int64_t axis, int64_t rank) { return axis < 0 ? axis + rank : axis; }

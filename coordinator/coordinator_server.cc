@@ -218,7 +218,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       const bool late = now > e->deadline;
       {
         absl::MutexLock lock(&e->mu);
-        if (e->cancelled || (lost < 0 && !late && now - e->first_failure < kFailureGrace)) continue;
+        // Not before every run is sent: a cancel would miss the runs sent after it.
+        if (!e->sent || e->cancelled || (lost < 0 && !late && now - e->first_failure < kFailureGrace)) continue;
         e->cancelled = true;
         e->lost = lost;
       }
@@ -332,7 +333,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     std::vector<WorkerChannel*> workers;
     std::vector<uint64_t> output_ids;
     std::vector<ArrayRecord> outputs;
-    std::vector<pb::RunPlanRequest> requests;
+    pb::RunPlanRequest request;                        // the same for every member
     std::vector<std::shared_ptr<PlanStream>> streams;  // set by run_plans
     absl::Time start;                                  // set by run_plans
     absl::Time deadline = absl::InfiniteFuture();      // past it, the monitor fails the call
@@ -341,7 +342,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     int done ABSL_GUARDED_BY(mu) = 0;
     absl::Time first_failure ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
     bool cancelled ABSL_GUARDED_BY(mu) = false;
-    int lost ABSL_GUARDED_BY(mu) = -1;  // the member that was lost meanwhile, if any
+    bool sent ABSL_GUARDED_BY(mu) = false;  // every run handed to its stream
+    int lost ABSL_GUARDED_BY(mu) = -1;      // the member that was lost meanwhile, if any
   };
 
   // The index of the first of `members` that is lost or has registered anew since; -1 if none.
@@ -482,22 +484,26 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     const size_t n = members.peers.size();
     const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
     e->id = next_execution_.fetch_add(1);
-    e->requests.resize(n);
-    for (size_t k = 0; k < n; ++k) {
-      pb::RunPlanRequest& r = e->requests[k];
-      r.set_execution_id(e->id);
-      r.set_plan_id(program->id);
-      for (uint64_t id : input_ids) r.add_input_buffers(id);
-      for (uint64_t id : e->output_ids) r.add_output_buffers(id);
-      r.set_timeout_ms(timeout_ms);
-      e->workers.push_back(worker(members.peers[k].address()));
-    }
+    pb::RunPlanRequest& r = e->request;
+    r.set_execution_id(e->id);
+    r.set_plan_id(program->id);
+    for (uint64_t id : input_ids) r.add_input_buffers(id);
+    for (uint64_t id : e->output_ids) r.add_output_buffers(id);
+    r.set_timeout_ms(timeout_ms);
+    for (size_t k = 0; k < n; ++k) e->workers.push_back(worker(members.peers[k].address()));
     e->statuses.resize(n);
     e->reactor = reactor;
     e->reply = reply;
     e->program = std::move(program);
     e->members = std::move(members);
     return e;
+  }
+
+  // What a member marked lost fails with.
+  grpc::Status lost_status() const {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("the device was marked lost after missing heartbeats for ",
+                                     absl::FormatDuration(options_.heartbeat_timeout)));
   }
 
   // The indices of the members that lack the program's plan for the members as they are now.
@@ -515,9 +521,9 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // Execute. Never blocks. The deadline (the run's timeout plus 5 s, as a unary RunPlan's
   // was) is the monitor's to enforce.
   void run_plans(std::shared_ptr<Execution> e) {
-    const int n = static_cast<int>(e->requests.size());
+    const int n = static_cast<int>(e->workers.size());
     e->start = absl::Now();
-    e->deadline = e->start + absl::Milliseconds(e->requests[0].timeout_ms()) + absl::Seconds(5);
+    e->deadline = e->start + absl::Milliseconds(e->request.timeout_ms()) + absl::Seconds(5);
     for (int k = 0; k < n; ++k) e->streams.push_back(e->workers[k]->plan_stream(e->members.incarnations[k]));
     {
       absl::MutexLock lock(&executions_mu_);
@@ -537,9 +543,11 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       if (e->streams[k] == nullptr) {
         done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker registered anew since the call was checked"));
       } else {
-        e->streams[k]->run(e->requests[k], std::move(done));
+        e->streams[k]->run(e->request, std::move(done));
       }
     }
+    absl::MutexLock lock(&e->mu);
+    e->sent = true;
   }
 
   // After every member answered: the reply, or the first failure.
@@ -552,9 +560,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     {
       absl::MutexLock lock(&e->mu);
       if (e->lost >= 0) {
-        e->statuses[e->lost] = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                            absl::StrCat("the device was marked lost after missing heartbeats for ",
-                                                         absl::FormatDuration(options_.heartbeat_timeout)));
+        e->statuses[e->lost] = lost_status();
       }
       status = first_failure(e->statuses, e->members.peers, "execute");
     }
@@ -676,9 +682,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     }
     mu.Await(absl::Condition(&all_done));
     if (lost >= 0) {
-      statuses[lost] = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                    absl::StrCat("the device was marked lost after missing heartbeats for ",
-                                                 absl::FormatDuration(options_.heartbeat_timeout)));
+      statuses[lost] = lost_status();
     }
     return statuses;
   }
@@ -773,12 +777,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     const Shape block = sharding.shard_shape(in.shape);
     TESSERA_ASSIGN_OR_RETURN(Shape out_block, collective_output_shape(spec, block));
     Shape out_shape = in.shape;
-    for (size_t d = 0; d < out_shape.size(); ++d) {
-      int64_t blocks = 1;
-      for (const std::string& axis : sharding.spec().axes(static_cast<int>(d)))
-        blocks *= sharding.mesh().axis_size(axis);
-      out_shape[d] = blocks * out_block[d];
-    }
+    for (size_t d = 0; d < out_shape.size(); ++d)
+      out_shape[d] = sharding.num_blocks(static_cast<int>(d)) * out_block[d];
     TESSERA_RETURN_IF_ERROR(check_not_lost(in, name));
     TESSERA_ASSIGN_OR_RETURN(Members members, alive_members(mesh_devices, name));
     const std::vector<pb::PeerAddress>& peers = members.peers;
@@ -876,13 +876,15 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   int port() const override { return port_; }
 
   void shutdown() override {
-    if (!stopping_.HasBeenNotified()) stopping_.Notify();
-    if (monitor_.joinable()) monitor_.join();
+    // The server first: its pending Executes end by their deadlines, which the monitor
+    // enforces, so it stops only after them.
     if (server_ != nullptr) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
       server_->Wait();
       server_.reset();
     }
+    if (!stopping_.HasBeenNotified()) stopping_.Notify();
+    if (monitor_.joinable()) monitor_.join();
     service_.close_plan_streams();
   }
 

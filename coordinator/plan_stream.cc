@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/rpc.h"
 
 namespace tessera {
 
@@ -108,11 +109,7 @@ void PlanStream::OnReadDone(bool ok) {
   }
   const uint64_t id = result_.id();
   const int code = result_.code();
-  grpc::Status status =
-      code == 0 ? grpc::Status::OK
-      : code > 0 && code <= grpc::StatusCode::UNAUTHENTICATED
-          ? grpc::Status(static_cast<grpc::StatusCode>(code), result_.message())
-          : grpc::Status(grpc::StatusCode::UNKNOWN, absl::StrCat("status code ", code, ": ", result_.message()));
+  grpc::Status status = to_grpc(absl::Status(static_cast<absl::StatusCode>(code), result_.message()));
   Done done;
   {
     absl::MutexLock lock(&mu_);

@@ -20,6 +20,9 @@ int64_t dtype_size(DType dtype);
 // numpy's name: "float32", "float64", "int32", "int64", "bool".
 std::string dtype_name(DType dtype);
 
+// float32 or float64.
+inline bool is_floating(DType d) { return d == DType::kF32 || d == DType::kF64; }
+
 // jnp.promote_types: the dtype a binary op on `a` and `b` computes in, their join on JAX's
 // promotion lattice (bool -> int32 -> int64 -> float32 -> float64 for these dtypes: an
 // integer meeting float32 gives float32, not float64 as in numpy).

@@ -74,8 +74,6 @@ constexpr OpInfo kOps[] = {
     {Op::kShardingAs, "sharding_as"},
 };
 
-bool is_float(DType d) { return d == DType::kF32 || d == DType::kF64; }
-
 std::string dims_to_string(const std::vector<int64_t>& v) { return absl::StrCat("{", absl::StrJoin(v, ","), "}"); }
 
 // Checks that `axes` are distinct dimensions of a rank-`rank` array.
@@ -99,17 +97,23 @@ std::string op_name(Op op) {
   return "unknown";
 }
 
+std::vector<int64_t> dot_free_dims(int64_t rank, const std::vector<int64_t>& batch,
+                                   const std::vector<int64_t>& contracting) {
+  std::vector<int64_t> out;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
+        std::find(contracting.begin(), contracting.end(), d) == contracting.end()) {
+      out.push_back(d);
+    }
+  }
+  return out;
+}
+
 bool is_unary(Op op) { return op >= Op::kNeg && op <= Op::kNot; }
 bool is_binary(Op op) { return op >= Op::kAdd && op <= Op::kGe; }
 bool is_comparison(Op op) { return op >= Op::kEq && op <= Op::kGe; }
 bool is_reduction(Op op) { return op >= Op::kReduceSum && op <= Op::kReduceProd; }
 bool is_manual_collective(Op op) { return op >= Op::kAllReduce && op <= Op::kCollectivePermute; }
-
-int64_t axes_size(const Mesh& mesh, const std::vector<std::string>& axes) {
-  int64_t n = 1;
-  for (const std::string& a : axes) n *= mesh.axis_size(a);
-  return n;
-}
 
 absl::StatusOr<CollectiveSpec> collective_of(const Node& n) {
   if (!is_manual_collective(n.op) || !n.sharding.has_value()) {
@@ -207,7 +211,7 @@ absl::StatusOr<int> Graph::add_unary(Op op, int x) {
   TESSERA_RETURN_IF_ERROR(check_operand(x, name.c_str()));
   const Node& a = nodes_[x];
   const bool needs_float = op != Op::kNeg && op != Op::kAbs && op != Op::kSign && op != Op::kNot;
-  if (op == Op::kNot && a.dtype != DType::kBool && is_float(a.dtype)) {
+  if (op == Op::kNot && a.dtype != DType::kBool && is_floating(a.dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("not: operand is ", type_to_string(a.dtype, a.shape), "; it needs bool or an integer dtype"));
   }
@@ -215,7 +219,7 @@ absl::StatusOr<int> Graph::add_unary(Op op, int x) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": operand is ", type_to_string(a.dtype, a.shape), "; bool is not a numeric dtype"));
   }
-  if (needs_float && !is_float(a.dtype)) {
+  if (needs_float && !is_floating(a.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": operand is ", type_to_string(a.dtype, a.shape),
                                                    "; it needs float32 or float64 (convert first)"));
   }
@@ -238,7 +242,7 @@ absl::StatusOr<int> Graph::add_binary(Op op, int x, int y) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": operands ", type_to_string(a.dtype, a.shape), " and ",
                                                    type_to_string(b.dtype, b.shape), " differ"));
   }
-  if ((op == Op::kAnd || op == Op::kOr) && is_float(a.dtype)) {
+  if ((op == Op::kAnd || op == Op::kOr) && is_floating(a.dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": operands are ", type_to_string(a.dtype, a.shape), "; it needs bool or an integer dtype"));
   }
@@ -501,12 +505,6 @@ absl::StatusOr<int> Graph::add_sharding_constraint(int x, NamedSharding sharding
 
 namespace {
 
-std::string axes_text(const std::vector<std::string>& axes) {
-  return absl::StrCat(
-      "(", absl::StrJoin(axes, ", ", [](std::string* o, const std::string& a) { absl::StrAppend(o, "'", a, "'"); }),
-      axes.size() == 1 ? ",)" : ")");
-}
-
 // Checks that `axes` are distinct axes of `mesh`.
 absl::Status check_mesh_axes(const Mesh& mesh, const std::vector<std::string>& axes, const std::string& what) {
   if (axes.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no mesh axis named"));
@@ -553,7 +551,7 @@ absl::StatusOr<int> Graph::add_shard_map_out(int x, NamedSharding sharding) {
   n.op = Op::kShardMapOut;
   n.dtype = a.dtype;
   n.shape = a.shape;
-  for (int d = 0; d < spec.size(); ++d) n.shape[d] *= axes_size(sharding.mesh(), spec.axes(d));
+  for (int d = 0; d < spec.size(); ++d) n.shape[d] *= sharding.mesh().axes_size(spec.axes(d));
   TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, dtype_size(n.dtype), "shard_map_out"));
   n.sharding = std::move(sharding);
   n.operands = {x};
@@ -567,8 +565,8 @@ absl::StatusOr<int> Graph::add_collective(Op op, int x, const Mesh& mesh, std::v
   TESSERA_RETURN_IF_ERROR(check_operand(x, what.c_str()));
   TESSERA_RETURN_IF_ERROR(check_mesh_axes(mesh, axes, what));
   const Node& a = nodes_[x];
-  const int64_t n = axes_size(mesh, axes);
-  const std::string over = absl::StrCat(" (the size of mesh axes ", axes_text(axes), ")");
+  const int64_t n = mesh.axes_size(axes);
+  const std::string over = absl::StrCat(" (the size of mesh axes ", axes_to_string(axes), ")");
   const size_t want_dims = op == Op::kAllReduce                               ? 0
                            : op == Op::kAllGather || op == Op::kReduceScatter ? 1
                            : op == Op::kAllToAll                              ? 2
@@ -698,7 +696,7 @@ std::string Graph::to_text() const {
       case Op::kAllToAll:
       case Op::kCollectivePermute:
       case Op::kAxisIndex:
-        absl::StrAppend(&out, " axes=", axes_text(n.axes));
+        absl::StrAppend(&out, " axes=", axes_to_string(n.axes));
         if (n.op == Op::kAllReduce || n.op == Op::kReduceScatter) {
           absl::StrAppend(&out, " ", reduce_op_name(static_cast<ReduceOp>(n.index)));
         }

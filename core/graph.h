@@ -115,6 +115,11 @@ struct DotDims {
   }
 };
 
+// An operand's free dimensions (neither batch nor contracting), ascending: dot_general's
+// result has the lhs's, then the rhs's, after the batch dimensions.
+std::vector<int64_t> dot_free_dims(int64_t rank, const std::vector<int64_t>& batch,
+                                   const std::vector<int64_t>& contracting);
+
 struct Node {
   Op op = Op::kParameter;
   DType dtype = DType::kF32;
@@ -138,9 +143,6 @@ struct Node {
 // replica groups of its axes (a permute: the (source, target) device pairs of every group).
 // INVALID_ARGUMENT if the node is not one, or its axes are not in its mesh.
 absl::StatusOr<CollectiveSpec> collective_of(const Node& n);
-
-// The mesh axes' total size (1 for none). REQUIRES: every axis is in `mesh`.
-int64_t axes_size(const Mesh& mesh, const std::vector<std::string>& axes);
 
 class Graph {
  public:

@@ -58,6 +58,18 @@ int Mesh::axis_index(absl::string_view name) const {
 
 int64_t Mesh::axis_size(absl::string_view name) const { return shape_[axis_index(name)]; }
 
+int64_t Mesh::axes_size(const std::vector<std::string>& axes) const {
+  int64_t n = 1;
+  for (const std::string& a : axes) n *= axis_size(a);
+  return n;
+}
+
+std::string axes_to_string(const std::vector<std::string>& axes) {
+  return absl::StrCat(
+      "(", absl::StrJoin(axes, ", ", [](std::string* o, const std::string& a) { absl::StrAppend(o, "'", a, "'"); }),
+      axes.size() == 1 ? ",)" : ")");
+}
+
 std::vector<int64_t> Mesh::coords(int64_t position) const {
   std::vector<int64_t> c(shape_.size());
   for (int i = rank() - 1; i >= 0; --i) {

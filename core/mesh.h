@@ -36,6 +36,8 @@ class Mesh {
   int axis_index(absl::string_view name) const;
   // REQUIRES: axis_index(name) >= 0.
   int64_t axis_size(absl::string_view name) const;
+  // The product of the sizes of `axes` (1 for none). REQUIRES: each is an axis of the mesh.
+  int64_t axes_size(const std::vector<std::string>& axes) const;
 
   // Grid coordinates of the device at row-major position `position`.
   std::vector<int64_t> coords(int64_t position) const;
@@ -56,6 +58,9 @@ class Mesh {
   std::vector<std::string> axis_names_;
   std::vector<int> device_ids_;
 };
+
+// "('data',)", "('data', 'model')": mesh axes as a Python tuple prints.
+std::string axes_to_string(const std::vector<std::string>& axes);
 
 // jax.make_mesh: the devices, taken in the given order, laid row-major over `shape`.
 // INVALID_ARGUMENT when prod(shape) differs from the number of devices, or as Mesh::create.

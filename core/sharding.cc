@@ -57,11 +57,7 @@ absl::Status NamedSharding::validate(const Shape& shape) const {
   return absl::OkStatus();
 }
 
-int64_t NamedSharding::num_blocks(int dim) const {
-  int64_t n = 1;
-  for (const std::string& axis : spec_.axes(dim)) n *= mesh_.axis_size(axis);
-  return n;
-}
+int64_t NamedSharding::num_blocks(int dim) const { return mesh_.axes_size(spec_.axes(dim)); }
 
 Shape NamedSharding::shard_shape(const Shape& shape) const {
   Shape out = shape;

@@ -75,13 +75,14 @@ class NamedSharding {
   // "NamedSharding(mesh=Mesh('data': 4, 'model': 2), spec=P('data', None))".
   std::string to_string() const;
 
+  // How many blocks dimension `dim` is split into (1 past the spec's entries).
+  int64_t num_blocks(int dim) const;
+
   // Same mesh (devices in the same order) and equivalent spec.
   bool operator==(const NamedSharding& o) const { return mesh_ == o.mesh_ && spec_ == o.spec_; }
   bool operator!=(const NamedSharding& o) const { return !(*this == o); }
 
  private:
-  int64_t num_blocks(int dim) const;
-
   Mesh mesh_;
   PartitionSpec spec_;
 };

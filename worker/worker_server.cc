@@ -170,8 +170,7 @@ class WorkerService final : public WorkerServiceBase {
         *req, [ctx] { return ctx->IsCancelled(); }, reply);
     transport_.finish_op(req->op_id());
     if (!shape.ok()) {
-      return to_grpc(absl::Status(shape.status().code(),
-                                  absl::StrCat("device ", device_id_.load(), ": ", shape.status().message())));
+      return to_grpc(on_this_device(shape.status()));
     }
     to_proto(*shape, reply->mutable_output_shape());
     return grpc::Status::OK;

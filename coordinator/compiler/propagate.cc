@@ -15,12 +15,6 @@ namespace {
 
 using Dims = std::vector<Axes>;
 
-int64_t axes_size(const Axes& axes, const Mesh& mesh) {
-  int64_t n = 1;
-  for (const std::string& a : axes) n *= mesh.axis_size(a);
-  return n;
-}
-
 // Ops through which a partial sum passes unresolved (they are linear in the operand).
 bool passes_partial(const Node& n) {
   switch (n.op) {
@@ -33,6 +27,36 @@ bool passes_partial(const Node& n) {
     default:
       return false;
   }
+}
+
+// How reshape maps dimensions: consecutive groups, input [i, i2) and output [o, o2), grown
+// until their element counts match (`exact`; false only for a trailing group where the
+// shapes run out first). Input dimensions past the last group are in none.
+struct ReshapeGroup {
+  size_t i, i2, o, o2;
+  bool exact;
+};
+
+std::vector<ReshapeGroup> reshape_groups(const Shape& in, const Shape& out) {
+  std::vector<ReshapeGroup> groups;
+  size_t i = 0, o = 0;
+  while (i < in.size() && o < out.size()) {
+    size_t i2 = i + 1, o2 = o + 1;
+    int64_t pi = in[i], po = out[o];
+    while (pi != po) {
+      if (pi < po && i2 < in.size()) {
+        pi *= in[i2++];
+      } else if (o2 < out.size()) {
+        po *= out[o2++];
+      } else {
+        break;
+      }
+    }
+    groups.push_back({i, i2, o, o2, pi == po});
+    i = i2;
+    o = o2;
+  }
+  return groups;
 }
 
 class Propagator {
@@ -257,9 +281,8 @@ class Propagator {
         partial = in[1]->partial;
         keep_partial[1] = true;
       }
-    } else if (n.op == Op::kConvert && in[0] && in[0]->partial_op == ReduceOp::kSum &&
-               (n.dtype == DType::kF32 || n.dtype == DType::kF64) &&
-               (g_.node(n.operands[0]).dtype == DType::kF32 || g_.node(n.operands[0]).dtype == DType::kF64)) {
+    } else if (n.op == Op::kConvert && in[0] && in[0]->partial_op == ReduceOp::kSum && is_floating(n.dtype) &&
+               is_floating(g_.node(n.operands[0]).dtype)) {
       partial = in[0]->partial;
       keep_partial[0] = true;
     }
@@ -302,17 +325,13 @@ class Propagator {
       const int64_t a = dd.lhs_batch[i], b = dd.rhs_batch[i];
       ql[a] = qr[b] = usable(!l.dims[a].empty() ? l.dims[a] : r.dims[b], ls[a], &taken);
     }
-    auto is_free = [](const std::vector<int64_t>& batch, const std::vector<int64_t>& contracting, size_t d) {
-      return std::find(batch.begin(), batch.end(), static_cast<int64_t>(d)) == batch.end() &&
-             std::find(contracting.begin(), contracting.end(), static_cast<int64_t>(d)) == contracting.end();
-    };
     Dims result;
     for (int64_t a : dd.lhs_batch) result.push_back(ql[a]);
-    for (size_t d = 0; d < ls.size(); ++d) {
-      if (is_free(dd.lhs_batch, dd.lhs_contracting, d)) result.push_back(ql[d] = usable(l.dims[d], ls[d], &taken));
+    for (int64_t d : dot_free_dims(static_cast<int64_t>(ls.size()), dd.lhs_batch, dd.lhs_contracting)) {
+      result.push_back(ql[d] = usable(l.dims[d], ls[d], &taken));
     }
-    for (size_t d = 0; d < rs.size(); ++d) {
-      if (is_free(dd.rhs_batch, dd.rhs_contracting, d)) result.push_back(qr[d] = usable(r.dims[d], rs[d], &taken));
+    for (int64_t d : dot_free_dims(static_cast<int64_t>(rs.size()), dd.rhs_batch, dd.rhs_contracting)) {
+      result.push_back(qr[d] = usable(r.dims[d], rs[d], &taken));
     }
     out_.operands[id] = {ValueSharding{ql, {}, ReduceOp::kSum}, ValueSharding{qr, {}, ReduceOp::kSum}};
     set(id, result, partial);
@@ -327,32 +346,19 @@ class Propagator {
     const Shape& out = n.shape;
     ValueSharding q = of(n.operands[0]).value_or(ValueSharding::replicated(in.size()));
     Dims d(out.size());
-    size_t i = 0, o = 0;
-    while (i < in.size() && o < out.size()) {
-      // Grow [i, i2) and [o, o2) until their products match.
-      size_t i2 = i + 1, o2 = o + 1;
-      int64_t pi = in[i], po = out[o];
-      while (pi != po) {
-        if (pi < po && i2 < in.size()) {
-          pi *= in[i2++];
-        } else if (o2 < out.size()) {
-          po *= out[o2++];
-        } else {
-          break;
-        }
-      }
+    size_t covered = 0;
+    for (const ReshapeGroup& g : reshape_groups(in, out)) {
       // Only the group's major input dimension may stay split, onto the major output one.
-      for (size_t k = i + 1; k < i2; ++k) q.dims[k].clear();
-      if (!q.dims[i].empty() && out[o] % axes_size(q.dims[i], mesh_) == 0 &&
-          (i2 == i + 1 || in[i] == out[o] || out[o] % in[i] == 0)) {
-        d[o] = q.dims[i];
+      for (size_t k = g.i + 1; k < g.i2; ++k) q.dims[k].clear();
+      if (!q.dims[g.i].empty() && out[g.o] % mesh_.axes_size(q.dims[g.i]) == 0 &&
+          (g.i2 == g.i + 1 || in[g.i] == out[g.o] || out[g.o] % in[g.i] == 0)) {
+        d[g.o] = q.dims[g.i];
       } else {
-        q.dims[i].clear();
+        q.dims[g.i].clear();
       }
-      i = i2;
-      o = o2;
+      covered = g.i2;
     }
-    for (; i < in.size(); ++i) q.dims[i].clear();
+    for (size_t i = covered; i < in.size(); ++i) q.dims[i].clear();
     out_.operands[id] = {q};
     set(id, d, q.partial, q.partial_op);
     return absl::OkStatus();
@@ -403,25 +409,11 @@ class Propagator {
         const Shape& in = g_.node(n.operands[0]).shape;
         m.follow[0].assign(in.size(), -1);
         m.free.assign(rank, false);
-        size_t i = 0, o = 0;
-        while (i < in.size() && o < rank) {
-          size_t i2 = i + 1, o2 = o + 1;
-          int64_t pi = in[i], po = n.shape[o];
-          while (pi != po) {
-            if (pi < po && i2 < in.size()) {
-              pi *= in[i2++];
-            } else if (o2 < rank) {
-              po *= n.shape[o2++];
-            } else {
-              break;
-            }
+        for (const ReshapeGroup& g : reshape_groups(in, n.shape)) {
+          if (g.i2 == g.i + 1 && g.o2 == g.o + 1 && g.exact) {
+            m.follow[0][g.i] = static_cast<int>(g.o);
+            m.free[g.o] = true;
           }
-          if (i2 == i + 1 && o2 == o + 1 && pi == po) {
-            m.follow[0][i] = static_cast<int>(o);
-            m.free[o] = true;
-          }
-          i = i2;
-          o = o2;
         }
         break;
       }
@@ -456,16 +448,12 @@ class Propagator {
         for (size_t i = 0; i < dd.lhs_batch.size(); ++i, ++r) {
           m.follow[0][dd.lhs_batch[i]] = m.follow[1][dd.rhs_batch[i]] = r;
         }
-        auto free_dims = [&](int k, const std::vector<int64_t>& batch, const std::vector<int64_t>& contracting) {
-          for (size_t d = 0; d < m.follow[k].size(); ++d) {
-            const auto is = [&](const std::vector<int64_t>& v) {
-              return std::find(v.begin(), v.end(), static_cast<int64_t>(d)) != v.end();
-            };
-            if (!is(batch) && !is(contracting)) m.follow[k][d] = r++;
-          }
-        };
-        free_dims(0, dd.lhs_batch, dd.lhs_contracting);
-        free_dims(1, dd.rhs_batch, dd.rhs_contracting);
+        for (int64_t d : dot_free_dims(static_cast<int64_t>(m.follow[0].size()), dd.lhs_batch, dd.lhs_contracting)) {
+          m.follow[0][d] = r++;
+        }
+        for (int64_t d : dot_free_dims(static_cast<int64_t>(m.follow[1].size()), dd.rhs_batch, dd.rhs_contracting)) {
+          m.follow[1][d] = r++;
+        }
         break;
       }
       default:  // elementwise
@@ -489,7 +477,7 @@ class Propagator {
       for (const std::string& a : s.dims[d]) {
         if (!used.insert(a).second) return false;
       }
-      if (shape[d] % axes_size(s.dims[d], mesh_) != 0) return false;
+      if (shape[d] % mesh_.axes_size(s.dims[d]) != 0) return false;
     }
     return true;
   }
@@ -529,7 +517,7 @@ class Propagator {
     double cost = 0;
     ValueSharding before = from;
     for (const ReshardStep& step : *steps) {
-      const double n = static_cast<double>(axes_size(step.axes, mesh_));
+      const double n = static_cast<double>(mesh_.axes_size(step.axes));
       const double share = (n - 1) / n;
       switch (step.kind) {
         case ReshardStep::Kind::kAllReduce:

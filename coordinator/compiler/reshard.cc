@@ -10,24 +10,12 @@
 namespace tessera {
 namespace {
 
-std::string axes_to_string(const std::vector<std::string>& axes) {
-  return absl::StrCat(
-      "(", absl::StrJoin(axes, ", ", [](std::string* o, const std::string& a) { absl::StrAppend(o, "'", a, "'"); }),
-      axes.size() == 1 ? ",)" : ")");
-}
-
 // The dimension holding `axis`, or -1.
 int dim_of(const ValueSharding& s, const std::string& axis) {
   for (size_t d = 0; d < s.dims.size(); ++d) {
     if (std::find(s.dims[d].begin(), s.dims[d].end(), axis) != s.dims[d].end()) return static_cast<int>(d);
   }
   return -1;
-}
-
-int64_t split_count(const Axes& axes, const Mesh& mesh) {
-  int64_t n = 1;
-  for (const std::string& a : axes) n *= mesh.axis_size(a);
-  return n;
 }
 
 absl::Status check_fits(const ValueSharding& s, const Shape& shape, const Mesh& mesh, const char* which) {
@@ -150,7 +138,7 @@ absl::StatusOr<std::vector<ReshardStep>> plan_reshard(const ValueSharding& from,
           std::equal(cur.dims[target].begin(), cur.dims[target].end(), to.dims[target].begin(),
                      to.dims[target].begin() + std::min(cur.dims[target].size(), to.dims[target].size())) &&
           cur.dims[target].size() < to.dims[target].size() && to.dims[target][cur.dims[target].size()] == axis &&
-          shape[target] % (split_count(cur.dims[target], mesh) * mesh.axis_size(axis)) == 0;
+          shape[target] % (mesh.axes_size(cur.dims[target]) * mesh.axis_size(axis)) == 0;
       cur.dims[d].pop_back();
       if (movable) {
         cur.dims[target].push_back(axis);

@@ -55,9 +55,7 @@ PartitionSpec random_spec(const Shape& shape, const Mesh& mesh, std::mt19937& rn
     const int choice = static_cast<int>(rng() % 4);  // 0: None, 1-2: one axis, 3: every free axis
     if (choice == 0 || free.empty()) continue;
     Axes axes = choice == 3 ? free : Axes{free.front()};
-    int64_t n = 1;
-    for (const std::string& a : axes) n *= mesh.axis_size(a);
-    if (shape[d] % n != 0) continue;
+    if (shape[d] % mesh.axes_size(axes) != 0) continue;
     for (const std::string& a : axes) free.erase(std::find(free.begin(), free.end(), a));
     dims[d] = std::move(axes);
   }

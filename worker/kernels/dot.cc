@@ -20,19 +20,6 @@
 namespace tessera::internal {
 namespace {
 
-// The operand dimensions that are neither batch nor contracting, in order.
-std::vector<int64_t> free_dims(size_t rank, const std::vector<int64_t>& batch,
-                               const std::vector<int64_t>& contracting) {
-  std::vector<int64_t> out;
-  for (int64_t d = 0; d < static_cast<int64_t>(rank); ++d) {
-    if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
-        std::find(contracting.begin(), contracting.end(), d) == contracting.end()) {
-      out.push_back(d);
-    }
-  }
-  return out;
-}
-
 std::vector<int64_t> joined(const std::vector<int64_t>& a, const std::vector<int64_t>& b,
                             const std::vector<int64_t>& c) {
   std::vector<int64_t> out = a;
@@ -133,8 +120,10 @@ void dot_loop(int64_t batch, int64_t m, int64_t k, int64_t n, const T* a, const 
 template <typename T>
 void dot_typed(const Node& node, const HostArray& lhs, const HostArray& rhs, HostArray* out) {
   const DotDims& dd = node.dot;
-  const std::vector<int64_t> lhs_free = free_dims(lhs.shape().size(), dd.lhs_batch, dd.lhs_contracting);
-  const std::vector<int64_t> rhs_free = free_dims(rhs.shape().size(), dd.rhs_batch, dd.rhs_contracting);
+  const std::vector<int64_t> lhs_free =
+      dot_free_dims(static_cast<int64_t>(lhs.shape().size()), dd.lhs_batch, dd.lhs_contracting);
+  const std::vector<int64_t> rhs_free =
+      dot_free_dims(static_cast<int64_t>(rhs.shape().size()), dd.rhs_batch, dd.rhs_contracting);
   const int64_t batch = product(lhs.shape(), dd.lhs_batch);
   const int64_t m = product(lhs.shape(), lhs_free);
   const int64_t k = product(lhs.shape(), dd.lhs_contracting);
