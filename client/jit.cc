@@ -167,6 +167,7 @@ absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::co
     to_proto(a.sharding(), &s);
     *req.add_input_specs() = s.spec();
   }
+  req.mutable_donated_inputs()->Assign(options.donate_argnums.begin(), options.donate_argnums.end());
   for (const auto& spec : options.out_shardings) {
     pb::OptionalSpec* o = req.add_output_specs();
     o->set_set(spec.has_value());

@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -411,17 +412,25 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       outputs.push_back(s.set() ? std::optional<PartitionSpec>(spec_from_proto(s.spec())) : std::nullopt);
     }
     if (outputs.empty()) outputs.resize(graph.outputs().size());
+    const std::vector<int> donated(req.donated_inputs().begin(), req.donated_inputs().end());
+    for (size_t i = 0; i < donated.size(); ++i) {
+      if (donated[i] < 0 || donated[i] >= static_cast<int>(inputs.size()) || absl::c_count(donated, donated[i]) > 1) {
+        return absl::InvalidArgumentError(absl::StrCat("jit: donated input ", donated[i], " is not one of the ",
+                                                       inputs.size(), " inputs or is named twice"));
+      }
+    }
     std::string key =
         absl::StrCat(graph.fingerprint(), "|", mesh.to_string(), "|", absl::StrJoin(mesh.device_ids(), ","));
     for (const PartitionSpec& s : inputs) absl::StrAppend(&key, "|", s.to_string());
     for (const auto& s : outputs) absl::StrAppend(&key, "|", s ? s->to_string() : "auto");
+    absl::StrAppend(&key, "|donated:", absl::StrJoin(donated, ","));
     {
       absl::MutexLock lock(&programs_mu_);
       auto it = cache_.find(key);
       if (it != cache_.end()) return programs_[it->second];
     }
     TESSERA_ASSIGN_OR_RETURN(Propagation propagation, propagate(graph, mesh, inputs, outputs));
-    TESSERA_ASSIGN_OR_RETURN(Executable exe, partition(graph, mesh, propagation, outputs));
+    TESSERA_ASSIGN_OR_RETURN(Executable exe, partition(graph, mesh, propagation, outputs, donated));
     auto program = std::make_shared<Program>(std::move(graph), std::move(exe));
     absl::MutexLock lock(&programs_mu_);
     auto it = cache_.find(key);

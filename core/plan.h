@@ -32,7 +32,10 @@ struct Instruction {
 struct DevicePlan {
   int device = 0;
   int num_slots = 0;
-  std::vector<int> input_slots;   // slot of each parameter's local shard
+  std::vector<int> input_slots;  // slot of each parameter's local shard
+  // Inputs (positions in input_slots) the caller gives up (jit's donate_argnums): the plan
+  // frees them after their last use, and a kernel may write its result over them.
+  std::vector<int> donated_inputs;
   std::vector<int> output_slots;  // slot of each output's local shard
   std::vector<Instruction> code;
 };

@@ -1,5 +1,6 @@
 #include "core/wire.h"
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "proto/tessera.pb.h"
@@ -298,6 +299,7 @@ void to_proto(const DevicePlan& plan, pb::DevicePlan* out) {
   out->set_num_slots(plan.num_slots);
   out->mutable_input_slots()->Assign(plan.input_slots.begin(), plan.input_slots.end());
   out->mutable_output_slots()->Assign(plan.output_slots.begin(), plan.output_slots.end());
+  out->mutable_donated_inputs()->Assign(plan.donated_inputs.begin(), plan.donated_inputs.end());
   for (const Instruction& i : plan.code) {
     pb::Instruction* w = out->add_code();
     switch (i.kind) {
@@ -345,6 +347,13 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     TESSERA_RETURN_IF_ERROR(slot_ok(s, "an input"));
     state[s] = 1;
     out.input_slots.push_back(s);
+  }
+  for (int d : plan.donated_inputs()) {
+    if (d < 0 || d >= plan.input_slots_size() || absl::c_linear_search(out.donated_inputs, d)) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: donated input ", d, " is not one of the ",
+                                                     plan.input_slots_size(), " inputs or is named twice"));
+    }
+    out.donated_inputs.push_back(d);
   }
   for (int k = 0; k < plan.code_size(); ++k) {
     const pb::Instruction& w = plan.code(k);

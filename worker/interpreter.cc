@@ -15,6 +15,27 @@ absl::StatusOr<std::shared_ptr<const HostArray>> shared(absl::StatusOr<HostArray
   return std::make_shared<const HostArray>(*std::move(a));
 }
 
+// Whether slot `s` is freed right after instruction k (frees follow their slot's last use).
+bool dies_at(const DevicePlan& plan, size_t k, int s) {
+  for (size_t i = k + 1; i < plan.code.size() && plan.code[i].kind == Instruction::Kind::kFree; ++i) {
+    if (plan.code[i].in[0] == s) return true;
+  }
+  return false;
+}
+
+// The operand an elementwise kernel can write its result over: one whose slot dies at the
+// kernel and that nothing outside the slot holds (not the store, a send, or another slot).
+int reusable_operand(const DevicePlan& plan, size_t k, const std::vector<std::shared_ptr<const HostArray>>& slots) {
+  const Instruction& inst = plan.code[k];
+  for (size_t j = 0; j < inst.in.size(); ++j) {
+    const std::shared_ptr<const HostArray>& a = slots[inst.in[j]];
+    if (a.use_count() == 1 && dies_at(plan, k, inst.in[j]) && can_run_in_place(inst.node, *a)) {
+      return static_cast<int>(j);
+    }
+  }
+  return -1;
+}
+
 }  // namespace
 
 uint64_t plan_op_id(uint64_t execution, size_t index) {
@@ -22,14 +43,14 @@ uint64_t plan_op_id(uint64_t execution, size_t index) {
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
-    const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs, Transport& transport,
+    const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
     const PlanRun& run) {
   if (inputs.size() != plan.input_slots.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ", inputs.size()));
   }
   std::vector<std::shared_ptr<const HostArray>> slots(static_cast<size_t>(plan.num_slots));
-  for (size_t i = 0; i < inputs.size(); ++i) slots[plan.input_slots[i]] = inputs[i];
+  for (size_t i = 0; i < inputs.size(); ++i) slots[plan.input_slots[i]] = std::move(inputs[i]);
   for (size_t k = 0; k < plan.code.size(); ++k) {
     const Instruction& inst = plan.code[k];
     std::vector<const HostArray*> in;
@@ -40,7 +61,12 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
         slots[inst.in[0]].reset();
         continue;
       case Instruction::Kind::kKernel:
-        out = shared(run_kernel(inst.node, in));
+        if (const int reuse = reusable_operand(plan, k, slots); reuse >= 0) {
+          absl::Status done = run_kernel_in_place(inst.node, in, reuse);
+          out = done.ok() ? absl::StatusOr<std::shared_ptr<const HostArray>>(slots[inst.in[reuse]]) : done;
+        } else {
+          out = shared(run_kernel(inst.node, in));
+        }
         break;
       case Instruction::Kind::kLocalSlice: {
         absl::Status valid = validate_index(inst.slice, in[0]->shape());

@@ -35,8 +35,12 @@ uint64_t plan_op_id(uint64_t execution, size_t index);
 
 // Runs `plan` on `inputs` (one per plan input slot); returns the output slots' arrays. Errors
 // name the instruction (and the device, for collectives) that failed.
+//
+// Elementwise kernels write their result over an operand whose slot dies there when nothing
+// else holds that array: an intermediate, or a donated input (plan.donated_inputs) that the
+// caller moved in without keeping a reference. Inputs the caller still holds are never written.
 absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
-    const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs, Transport& transport,
+    const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
     const PlanRun& run);
 
 }  // namespace tessera

@@ -345,10 +345,19 @@ class WorkerService final : public WorkerServiceBase {
       return absl::InvalidArgumentError(absl::StrCat("run: the plan has ", plan.output_slots.size(), " outputs, got ",
                                                      req.output_buffers_size(), " output buffers"));
     }
+    if (req.input_buffers_size() != static_cast<int>(plan.input_slots.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ",
+                                                     req.input_buffers_size(), " input buffers"));
+    }
     std::vector<std::shared_ptr<const HostArray>> inputs;
     for (uint64_t id : req.input_buffers()) {
       TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const HostArray> buffer, store_.get(id));
       inputs.push_back(std::move(buffer));
+    }
+    // Donated inputs leave the store: the run holds the only reference, so its kernels may
+    // write over them, and their memory counts as free from now on.
+    for (int d : plan.donated_inputs) {
+      if (d < req.input_buffers_size()) store_.erase({req.input_buffers(d)});
     }
     PlanRun run;
     run.execution = req.execution_id();
@@ -358,7 +367,7 @@ class WorkerService final : public WorkerServiceBase {
     run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
     run.cancelled = std::move(cancelled);
     TESSERA_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<const HostArray>> outputs,
-                             tessera::run_plan(plan, inputs, transport_, run));
+                             tessera::run_plan(plan, std::move(inputs), transport_, run));
     for (int i = 0; i < req.output_buffers_size(); ++i) {
       absl::Status reserved = store_.reserve(req.output_buffers(i), outputs[i]->nbytes());
       if (!reserved.ok()) {

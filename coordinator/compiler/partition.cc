@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/compiler/reshard.h"
@@ -23,8 +24,10 @@ class DevicePartitioner {
   DevicePartitioner(const Graph& g, const Mesh& mesh, const Propagation& p, int64_t position, Executable* exe)
       : g_(g), mesh_(mesh), p_(p), position_(position), exe_(exe) {}
 
-  absl::StatusOr<DevicePlan> run(const std::vector<std::optional<PartitionSpec>>& outputs) {
+  absl::StatusOr<DevicePlan> run(const std::vector<std::optional<PartitionSpec>>& outputs,
+                                 const std::vector<int>& donated) {
     plan_.device = mesh_.device_ids()[position_];
+    plan_.donated_inputs = donated;
     slot_of_.assign(g_.size(), -1);
     for (int id = 0; id < g_.size(); ++id) TESSERA_RETURN_IF_ERROR(emit(id));
     for (size_t i = 0; i < g_.outputs().size(); ++i) {
@@ -223,7 +226,8 @@ class DevicePartitioner {
     return out;
   }
 
-  // Frees every slot after its last use, except inputs (the caller's) and outputs.
+  // Frees every slot after its last use, except outputs and the inputs not donated (the
+  // caller's).
   void add_frees() {
     std::vector<int> last_use(next_slot_, -1);
     for (size_t i = 0; i < plan_.code.size(); ++i) {
@@ -231,7 +235,9 @@ class DevicePartitioner {
       for (int s : plan_.code[i].in) last_use[s] = static_cast<int>(i);
     }
     std::vector<bool> keep(next_slot_, false);
-    for (int s : plan_.input_slots) keep[s] = true;
+    for (size_t i = 0; i < plan_.input_slots.size(); ++i) {
+      if (!absl::c_linear_search(plan_.donated_inputs, static_cast<int>(i))) keep[plan_.input_slots[i]] = true;
+    }
     for (int s : plan_.output_slots) keep[s] = true;
     std::vector<Instruction> code;
     for (size_t i = 0; i < plan_.code.size(); ++i) {
@@ -276,8 +282,12 @@ std::string Executable::as_text() const {
   std::string out;
   for (const std::string& line : log) absl::StrAppend(&out, "# ", line, "\n");
   for (const DevicePlan& plan : plans) {
-    absl::StrAppend(&out, "device ", plan.device, ":\n  inputs: ",
-                    absl::StrJoin(plan.input_slots, ", ", [](std::string* o, int s) { o->append(slot(s)); }), "\n");
+    std::vector<std::string> inputs;
+    for (size_t i = 0; i < plan.input_slots.size(); ++i) {
+      inputs.push_back(slot(plan.input_slots[i]));
+      if (absl::c_linear_search(plan.donated_inputs, static_cast<int>(i))) inputs.back() += " (donated)";
+    }
+    absl::StrAppend(&out, "device ", plan.device, ":\n  inputs: ", absl::StrJoin(inputs, ", "), "\n");
     for (const Instruction& i : plan.code) {
       std::vector<std::string> in;
       for (int s : i.in) in.push_back(slot(s));
@@ -318,10 +328,12 @@ std::string Executable::as_text() const {
 }
 
 absl::StatusOr<Executable> partition(const Graph& graph, const Mesh& mesh, const Propagation& propagation,
-                                     const std::vector<std::optional<PartitionSpec>>& outputs) {
+                                     const std::vector<std::optional<PartitionSpec>>& outputs,
+                                     const std::vector<int>& donated) {
   Executable exe{mesh, {}, {}, {}, {}};
   for (int64_t pos = 0; pos < mesh.size(); ++pos) {
-    TESSERA_ASSIGN_OR_RETURN(DevicePlan plan, DevicePartitioner(graph, mesh, propagation, pos, &exe).run(outputs));
+    TESSERA_ASSIGN_OR_RETURN(DevicePlan plan,
+                             DevicePartitioner(graph, mesh, propagation, pos, &exe).run(outputs, donated));
     exe.plans.push_back(std::move(plan));
   }
   return exe;

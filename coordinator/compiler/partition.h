@@ -32,9 +32,14 @@ struct Executable {
   std::string as_text() const;
 };
 
-// REQUIRES: `propagation` came from propagate(graph, mesh, ..., outputs).
+// `donated`: the inputs (parameter positions) the caller gives up, as jit's donate_argnums;
+// their slots are freed after their last use like intermediates, so the worker can write an
+// elementwise result over them.
+// REQUIRES: `propagation` came from propagate(graph, mesh, ..., outputs); `donated` names
+// distinct parameters.
 absl::StatusOr<Executable> partition(const Graph& graph, const Mesh& mesh, const Propagation& propagation,
-                                     const std::vector<std::optional<PartitionSpec>>& outputs);
+                                     const std::vector<std::optional<PartitionSpec>>& outputs,
+                                     const std::vector<int>& donated = {});
 
 }  // namespace tessera
 

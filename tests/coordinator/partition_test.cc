@@ -2,8 +2,10 @@
 // layout implies (and only those), local slices per device, frees after last use.
 #include "coordinator/compiler/partition.h"
 
+#include <algorithm>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "core/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,28 +23,33 @@ class PartitionTest : public ::testing::Test {
   const Mesh mesh_ = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
 
   Executable compile(const TracedFunction& f, const std::vector<ArrayType>& types,
-                     const std::vector<PartitionSpec>& specs, std::vector<std::optional<PartitionSpec>> outputs = {}) {
+                     const std::vector<PartitionSpec>& specs, std::vector<std::optional<PartitionSpec>> outputs = {},
+                     const std::vector<int>& donated = {}) {
     absl::StatusOr<Graph> g = trace(f, types);
     EXPECT_TRUE(g.ok()) << g.status();
     if (outputs.empty()) outputs.resize(g->outputs().size());
     absl::StatusOr<Propagation> p = propagate(*g, mesh_, specs, outputs);
     EXPECT_TRUE(p.ok()) << p.status();
-    absl::StatusOr<Executable> exe = partition(*g, mesh_, *p, outputs);
+    absl::StatusOr<Executable> exe = partition(*g, mesh_, *p, outputs, donated);
     EXPECT_TRUE(exe.ok()) << exe.status();
     check_frees(*exe);
     return *std::move(exe);
   }
 
-  // Every slot but inputs and outputs is freed exactly once, after its last use.
+  // Every slot but outputs and the inputs not donated is freed exactly once, after its last use.
   static void check_frees(const Executable& exe) {
     for (const DevicePlan& plan : exe.plans) {
-      std::set<int> kept(plan.input_slots.begin(), plan.input_slots.end());
-      kept.insert(plan.output_slots.begin(), plan.output_slots.end());
+      std::set<int> kept(plan.output_slots.begin(), plan.output_slots.end());
+      for (size_t i = 0; i < plan.input_slots.size(); ++i) {
+        if (std::count(plan.donated_inputs.begin(), plan.donated_inputs.end(), static_cast<int>(i)) == 0) {
+          kept.insert(plan.input_slots[i]);
+        }
+      }
       std::set<int> freed;
       for (const Instruction& i : plan.code) {
         if (i.kind == Instruction::Kind::kFree) {
           EXPECT_TRUE(freed.insert(i.in[0]).second) << "slot freed twice";
-          EXPECT_EQ(kept.count(i.in[0]), 0u) << "an input or output slot was freed";
+          EXPECT_EQ(kept.count(i.in[0]), 0u) << "an output or a caller's input slot was freed";
           continue;
         }
         for (int s : i.in) EXPECT_EQ(freed.count(s), 0u) << "slot used after it was freed";
@@ -139,8 +146,23 @@ TEST_F(PartitionTest, ShardedIotaIsMadeWholeThenSliced) {
   EXPECT_EQ(count(exe, Instruction::Kind::kLocalSlice), 1);
 }
 
+TEST_F(PartitionTest, DonatedInputsAreFreedAfterTheirLastUse) {
+  auto sgd = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] - in[1] * 0.5}; };
+  const std::vector<ArrayType> types = {{DType::kF32, {16, 8}}, {DType::kF32, {16, 8}}};
+  Executable kept = compile(sgd, types, {P("data", "model"), P("data", "model")});
+  EXPECT_THAT(kept.as_text(), HasSubstr("inputs: s0, s1\n"));
+  EXPECT_THAT(kept.as_text(), Not(HasSubstr("free s0")));
+  // Donating the parameters: s0 dies at the subtraction (where the worker writes over it).
+  Executable donated = compile(sgd, types, {P("data", "model"), P("data", "model")}, {}, {0});
+  const std::string text = donated.as_text();
+  EXPECT_THAT(text, HasSubstr("inputs: s0 (donated), s1\n"));
+  EXPECT_THAT(text, HasSubstr("s4 = sub(s0, s3) f32[4,4]  ; %4 = sub\n  free s0\n"));
+  EXPECT_THAT(text, Not(HasSubstr("free s1")));
+}
+
 TEST_F(PartitionTest, PlansRoundTripThroughTheWire) {
-  Executable exe = compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)});
+  Executable exe =
+      compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)}, {}, {1});
   Executable back = exe;
   for (DevicePlan& plan : back.plans) {
     pb::DevicePlan wire;
@@ -166,6 +188,16 @@ TEST_F(PartitionTest, MalformedPlansAreRejected) {
   bad = wire;
   bad.set_num_slots(-1);
   EXPECT_EQ(plan_from_proto(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  for (int donated : {2, -1}) {  // the plan has 2 inputs
+    bad = wire;
+    bad.add_donated_inputs(donated);
+    EXPECT_THAT(std::string(plan_from_proto(bad).status().message()),
+                HasSubstr(absl::StrCat("donated input ", donated, " is not one of the 2 inputs")));
+  }
+  bad = wire;
+  bad.add_donated_inputs(1);
+  bad.add_donated_inputs(1);
+  EXPECT_THAT(std::string(plan_from_proto(bad).status().message()), HasSubstr("or is named twice"));
 }
 
 }  // namespace

@@ -217,6 +217,34 @@ TEST_F(JitTest, DonatedArgumentsAreFreedAndCannotBeUsedAgain) {
   EXPECT_THAT(std::string(again.status().message()), HasSubstr("argument 0 (f32[16,8]) was donated"));
 }
 
+TEST_F(JitTest, ADonatedInputsMemoryServesTheOutput) {
+  // Devices of 1 MiB, parameters of 640 KiB per device: the step's output fits only in the
+  // memory of the parameters it replaces (the worker writes the update over them).
+  LocalOptions local;
+  local.memory_bytes_per_device = 1 << 20;
+  absl::StatusOr<Client> client = Client::local(8, local);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({8}, {"data"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray p0 = random_f32({8, 160 << 10}, 24);
+  absl::StatusOr<Array> p = client->device_put(p0, NamedSharding(*mesh, P("data", None)));
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto step = [](const std::vector<Value>& in) { return std::vector<Value>{tanh(in[0]) * 0.5 + 1.0}; };
+
+  absl::StatusOr<std::vector<Array>> kept = jit(step)({*p});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  absl::Status full = (*kept)[0].block_until_ready();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+
+  JitOptions options;
+  options.donate_argnums = {0};
+  absl::StatusOr<std::vector<Array>> donated = jit(step, options)({*p});
+  ASSERT_TRUE(donated.ok()) << donated.status();
+  std::vector<double> want(p0.size());
+  for (int64_t i = 0; i < p0.size(); ++i) want[i] = std::tanh(double(p0.values<float>()[i])) * 0.5 + 1.0;
+  expect_near(fetch((*donated)[0]), want, 1e-6);
+}
+
 TEST_F(JitTest, DonationWaitsForEarlierReadersAndChecksItsArguments) {
   const HostArray x0 = random_f32({16, 8}, 23);
   Jitted read = jit([](const std::vector<Value>& in) { return std::vector<Value>{exp(in[0])}; });

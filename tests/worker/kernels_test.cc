@@ -219,11 +219,24 @@ Node node_of(const Graph& g, const absl::StatusOr<int>& id) {
   return g.node(*id);
 }
 
+// run_kernel; for an elementwise node, also run_kernel_in_place over each operand that can
+// take the result (on a copy), which must give the same bytes as the fresh result.
 HostArray run(const Node& node, const std::vector<const HostArray*>& operands) {
   absl::StatusOr<HostArray> out = run_kernel(node, operands);
   if (!out.ok()) {
     ADD_FAILURE() << out.status();
     return HostArray();
+  }
+  for (size_t j = 0; j < operands.size(); ++j) {
+    if (!can_run_in_place(node, *operands[j])) continue;
+    const HostArray copy = operands[j]->clone();
+    std::vector<const HostArray*> with_copy = operands;
+    for (const HostArray*& o : with_copy) {
+      if (o == operands[j]) o = &copy;  // x * x: every use of the operand reads the copy
+    }
+    absl::Status in_place = run_kernel_in_place(node, with_copy, static_cast<int>(j));
+    EXPECT_TRUE(in_place.ok()) << in_place;
+    EXPECT_TRUE(copy == *out) << op_name(node.op) << " in place over operand " << j << " differs";
   }
   return std::move(out).value();
 }

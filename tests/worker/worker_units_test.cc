@@ -1,5 +1,5 @@
-// Unit tests of the worker's pieces that need no network: the buffer store and the
-// reduction kernels.
+// Unit tests of the worker's pieces that need no network: the buffer store, the reduction
+// kernels, and the interpreter's in-place writes.
 #include <cstring>
 #include <memory>
 #include <random>
@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "worker/buffer_store.h"
 #include "worker/collectives/reduce.h"
+#include "worker/interpreter.h"
 
 namespace tessera {
 namespace {
@@ -42,6 +43,82 @@ TEST(BufferStore, ErasedWhileBeingFilledIsDroppedOnCommit) {
   EXPECT_EQ(store.get(7).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store.stats().bytes_used, 0);
   EXPECT_EQ(store.stats().buffer_count, 0);
+}
+
+// A hand-written plan for out = x - y * y over f32[n]: inputs s0 = x and s1 = y, with x
+// donated or not (as the partitioner writes it: a donated input is freed after its last use).
+DevicePlan sgd_plan(int64_t n, bool donate_x) {
+  auto kernel = [n](Op op, int out, std::vector<int> in) {
+    Instruction i;
+    i.out = out;
+    i.in = in;
+    i.node.op = op;
+    i.node.dtype = DType::kF32;
+    i.node.shape = {n};
+    i.node.operands = std::move(in);
+    return i;
+  };
+  auto free = [](int s) {
+    Instruction i;
+    i.kind = Instruction::Kind::kFree;
+    i.in = {s};
+    return i;
+  };
+  DevicePlan plan;
+  plan.num_slots = 4;
+  plan.input_slots = {0, 1};
+  plan.output_slots = {3};
+  plan.code = {kernel(Op::kMul, 2, {1, 1}), kernel(Op::kSub, 3, {0, 2}), free(2)};
+  if (donate_x) {
+    plan.donated_inputs = {0};
+    plan.code.push_back(free(0));
+  }
+  return plan;
+}
+
+struct SgdRun {
+  std::shared_ptr<const HostArray> out;
+  std::vector<float> want;  // x - y * y, computed here
+};
+
+SgdRun run_sgd(const DevicePlan& plan, std::shared_ptr<const HostArray> x, std::shared_ptr<const HostArray> y) {
+  SgdRun r;
+  for (int64_t i = 0; i < x->size(); ++i) {
+    r.want.push_back(x->values<float>()[i] - y->values<float>()[i] * y->values<float>()[i]);
+  }
+  Transport transport;
+  std::vector<std::shared_ptr<const HostArray>> inputs;  // not {x, y}: an initializer list copies
+  inputs.push_back(std::move(x));
+  inputs.push_back(std::move(y));
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out =
+      run_plan(plan, std::move(inputs), transport, PlanRun{});
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (out.ok()) r.out = (*out)[0];
+  return r;
+}
+
+TEST(Interpreter, ADonatedInputNobodyElseHoldsTakesTheResultInPlace) {
+  auto x = std::make_shared<const HostArray>(HostArray::arange(DType::kF32, {1000}));
+  auto y = std::make_shared<const HostArray>(HostArray::ones(DType::kF32, {1000}));
+  const std::byte* x_storage = x->data();
+  const SgdRun r = run_sgd(sgd_plan(1000, true), std::move(x), y);
+  ASSERT_NE(r.out, nullptr);
+  EXPECT_EQ(r.out->data(), x_storage) << "the result did not reuse the donated input's storage";
+  EXPECT_EQ(std::vector<float>(r.out->values<float>().begin(), r.out->values<float>().end()), r.want);
+  EXPECT_EQ(*y, HostArray::ones(DType::kF32, {1000})) << "an input the caller holds was written";
+}
+
+TEST(Interpreter, InputsSomeoneElseHoldsAreNeverWritten) {
+  const HostArray x0 = HostArray::arange(DType::kF32, {1000});
+  for (bool donate : {false, true}) {
+    SCOPED_TRACE(donate ? "donated, but still held (as by a send in flight)" : "not donated");
+    auto x = std::make_shared<const HostArray>(x0.clone());
+    const SgdRun r = run_sgd(sgd_plan(1000, donate), x, std::make_shared<const HostArray>(x0.clone()));
+    ASSERT_NE(r.out, nullptr);
+    EXPECT_NE(r.out->data(), x->data());
+    EXPECT_EQ(*x, x0);
+    EXPECT_EQ(std::vector<float>(r.out->values<float>().begin(), r.out->values<float>().end()), r.want);
+  }
 }
 
 // reduce_into against a plain loop, for every dtype and op, with the input deliberately

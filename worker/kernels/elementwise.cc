@@ -17,22 +17,30 @@ absl::Status undefined_for(Op op, const HostArray& x) {
                                                  " operands (", type_to_string(x.dtype(), x.shape()), ")"));
 }
 
+// The storage a kernel writes: `into` (in place; the returned array is then empty) or new.
+template <typename Out>
+Stored<Out>* destination(std::byte* into, const Shape& shape, HostArray* out) {
+  if (into != nullptr) return reinterpret_cast<Stored<Out>*>(into);
+  *out = HostArray(dtype_of<Out>(), shape);
+  return mutable_stored<Out>(out);
+}
+
 template <typename In, typename Out, typename F>
-HostArray map1(const HostArray& x, F f) {
-  HostArray out(dtype_of<Out>(), x.shape());
+HostArray map1(const HostArray& x, F f, std::byte* into) {
+  HostArray out;
+  Stored<Out>* o = destination<Out>(into, x.shape(), &out);
   const Stored<In>* in = stored<In>(x);
-  Stored<Out>* o = mutable_stored<Out>(&out);
   const int64_t n = x.size();
   for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<Out>>(f(load<In>(in[i])));
   return out;
 }
 
 template <typename In, typename Out, typename F>
-HostArray map2(const HostArray& x, const HostArray& y, F f) {
-  HostArray out(dtype_of<Out>(), x.shape());
+HostArray map2(const HostArray& x, const HostArray& y, F f, std::byte* into) {
+  HostArray out;
+  Stored<Out>* o = destination<Out>(into, x.shape(), &out);
   const Stored<In>* a = stored<In>(x);
   const Stored<In>* b = stored<In>(y);
-  Stored<Out>* o = mutable_stored<Out>(&out);
   const int64_t n = x.size();
   for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<Out>>(f(load<In>(a[i]), load<In>(b[i])));
   return out;
@@ -96,51 +104,72 @@ To convert_value(From v) {
 }
 
 template <typename T>
-absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x) {
+absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into) {
   if constexpr (kIsBool<T>) {
-    if (op == Op::kNot) return map1<T, T>(x, [](bool v) { return !v; });
+    if (op == Op::kNot)
+      return map1<T, T>(
+          x, [](bool v) { return !v; }, into);
   } else if constexpr (kIsInt<T>) {
     switch (op) {
       case Op::kNeg:
-        return map1<T, T>(x, [](T v) { return wrapping_neg(v); });
+        return map1<T, T>(
+            x, [](T v) { return wrapping_neg(v); }, into);
       case Op::kAbs:
-        return map1<T, T>(x, [](T v) { return v < 0 ? wrapping_neg(v) : v; });
+        return map1<T, T>(
+            x, [](T v) { return v < 0 ? wrapping_neg(v) : v; }, into);
       case Op::kSign:
-        return map1<T, T>(x, [](T v) { return static_cast<T>((v > 0) - (v < 0)); });
+        return map1<T, T>(
+            x, [](T v) { return static_cast<T>((v > 0) - (v < 0)); }, into);
       case Op::kNot:
-        return map1<T, T>(x, [](T v) { return static_cast<T>(~v); });
+        return map1<T, T>(
+            x, [](T v) { return static_cast<T>(~v); }, into);
       default:
         break;
     }
   } else {
     switch (op) {
       case Op::kNeg:
-        return map1<T, T>(x, [](T v) { return -v; });
+        return map1<T, T>(
+            x, [](T v) { return -v; }, into);
       case Op::kAbs:
-        return map1<T, T>(x, [](T v) { return std::abs(v); });
+        return map1<T, T>(
+            x, [](T v) { return std::abs(v); }, into);
       case Op::kExp:
-        return map1<T, T>(x, [](T v) { return std::exp(v); });
+        return map1<T, T>(
+            x, [](T v) { return std::exp(v); }, into);
       case Op::kLog:
-        return map1<T, T>(x, [](T v) { return std::log(v); });
+        return map1<T, T>(
+            x, [](T v) { return std::log(v); }, into);
       case Op::kTanh:
-        return map1<T, T>(x, [](T v) { return std::tanh(v); });
+        return map1<T, T>(
+            x, [](T v) { return std::tanh(v); }, into);
       case Op::kLogistic:
-        return map1<T, T>(x, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
+        return map1<T, T>(
+            x, [](T v) { return T(1) / (T(1) + std::exp(-v)); }, into);
       case Op::kSqrt:
-        return map1<T, T>(x, [](T v) { return std::sqrt(v); });
+        return map1<T, T>(
+            x, [](T v) { return std::sqrt(v); }, into);
       case Op::kRsqrt:
-        return map1<T, T>(x, [](T v) { return T(1) / std::sqrt(v); });
+        return map1<T, T>(
+            x, [](T v) { return T(1) / std::sqrt(v); }, into);
       case Op::kSin:
-        return map1<T, T>(x, [](T v) { return std::sin(v); });
+        return map1<T, T>(
+            x, [](T v) { return std::sin(v); }, into);
       case Op::kCos:
-        return map1<T, T>(x, [](T v) { return std::cos(v); });
+        return map1<T, T>(
+            x, [](T v) { return std::cos(v); }, into);
       case Op::kFloor:
-        return map1<T, T>(x, [](T v) { return std::floor(v); });
+        return map1<T, T>(
+            x, [](T v) { return std::floor(v); }, into);
       case Op::kCeil:
-        return map1<T, T>(x, [](T v) { return std::ceil(v); });
+        return map1<T, T>(
+            x, [](T v) { return std::ceil(v); }, into);
       case Op::kSign:
         // -0.0 and NaN map to themselves, as lax.sign.
-        return map1<T, T>(x, [](T v) { return v > 0 ? T(1) : v < 0 ? T(-1) : v; });
+        return map1<T, T>(
+            x, [](T v) { return v > 0   ? T(1)
+                                : v < 0 ? T(-1)
+                                        : v; }, into);
       default:
         break;
     }
@@ -149,20 +178,26 @@ absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x) {
 }
 
 template <typename T>
-absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArray& y) {
+absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArray& y, std::byte* into) {
   switch (op) {
     case Op::kEq:
-      return map2<T, bool>(x, y, [](T a, T b) { return a == b; });
+      return map2<T, bool>(
+          x, y, [](T a, T b) { return a == b; }, into);
     case Op::kNe:
-      return map2<T, bool>(x, y, [](T a, T b) { return a != b; });
+      return map2<T, bool>(
+          x, y, [](T a, T b) { return a != b; }, into);
     case Op::kLt:
-      return map2<T, bool>(x, y, [](T a, T b) { return a < b; });
+      return map2<T, bool>(
+          x, y, [](T a, T b) { return a < b; }, into);
     case Op::kLe:
-      return map2<T, bool>(x, y, [](T a, T b) { return a <= b; });
+      return map2<T, bool>(
+          x, y, [](T a, T b) { return a <= b; }, into);
     case Op::kGt:
-      return map2<T, bool>(x, y, [](T a, T b) { return a > b; });
+      return map2<T, bool>(
+          x, y, [](T a, T b) { return a > b; }, into);
     case Op::kGe:
-      return map2<T, bool>(x, y, [](T a, T b) { return a >= b; });
+      return map2<T, bool>(
+          x, y, [](T a, T b) { return a >= b; }, into);
     default:
       break;
   }
@@ -170,10 +205,12 @@ absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArra
     switch (op) {
       case Op::kAnd:
       case Op::kMin:
-        return map2<T, T>(x, y, [](bool a, bool b) { return a && b; });
+        return map2<T, T>(
+            x, y, [](bool a, bool b) { return a && b; }, into);
       case Op::kOr:
       case Op::kMax:
-        return map2<T, T>(x, y, [](bool a, bool b) { return a || b; });
+        return map2<T, T>(
+            x, y, [](bool a, bool b) { return a || b; }, into);
       default:
         break;
     }
@@ -181,42 +218,58 @@ absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArra
     using U = Unsigned<T>;
     switch (op) {
       case Op::kAdd:
-        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); }, into);
       case Op::kSub:
-        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(static_cast<U>(a) - static_cast<U>(b)); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return static_cast<T>(static_cast<U>(a) - static_cast<U>(b)); }, into);
       case Op::kMul:
-        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(static_cast<U>(a) * static_cast<U>(b)); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return static_cast<T>(static_cast<U>(a) * static_cast<U>(b)); }, into);
       case Op::kDiv:
-        return map2<T, T>(x, y, [](T a, T b) { return int_div(a, b); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return int_div(a, b); }, into);
       case Op::kPow:
-        return map2<T, T>(x, y, [](T a, T b) { return int_pow(a, b); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return int_pow(a, b); }, into);
       case Op::kMax:
-        return map2<T, T>(x, y, [](T a, T b) { return a > b ? a : b; });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return a > b ? a : b; }, into);
       case Op::kMin:
-        return map2<T, T>(x, y, [](T a, T b) { return a < b ? a : b; });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return a < b ? a : b; }, into);
       case Op::kAnd:
-        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(a & b); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return static_cast<T>(a & b); }, into);
       case Op::kOr:
-        return map2<T, T>(x, y, [](T a, T b) { return static_cast<T>(a | b); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return static_cast<T>(a | b); }, into);
       default:
         break;
     }
   } else {
     switch (op) {
       case Op::kAdd:
-        return map2<T, T>(x, y, [](T a, T b) { return a + b; });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return a + b; }, into);
       case Op::kSub:
-        return map2<T, T>(x, y, [](T a, T b) { return a - b; });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return a - b; }, into);
       case Op::kMul:
-        return map2<T, T>(x, y, [](T a, T b) { return a * b; });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return a * b; }, into);
       case Op::kDiv:
-        return map2<T, T>(x, y, [](T a, T b) { return a / b; });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return a / b; }, into);
       case Op::kPow:
-        return map2<T, T>(x, y, [](T a, T b) { return std::pow(a, b); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return std::pow(a, b); }, into);
       case Op::kMax:
-        return map2<T, T>(x, y, [](T a, T b) { return float_max(a, b); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return float_max(a, b); }, into);
       case Op::kMin:
-        return map2<T, T>(x, y, [](T a, T b) { return float_min(a, b); });
+        return map2<T, T>(
+            x, y, [](T a, T b) { return float_min(a, b); }, into);
       default:
         break;
     }
@@ -261,23 +314,25 @@ absl::StatusOr<HostArray> iota_kernel(const Node& node) {
   return out;
 }
 
-absl::StatusOr<HostArray> unary_kernel(const Node& node, const HostArray& x) {
-  return visit_dtype(x.dtype(), [&](auto zero) { return unary_typed<decltype(zero)>(node.op, x); });
+absl::StatusOr<HostArray> unary_kernel(const Node& node, const HostArray& x, std::byte* into) {
+  return visit_dtype(x.dtype(), [&](auto zero) { return unary_typed<decltype(zero)>(node.op, x, into); });
 }
 
-absl::StatusOr<HostArray> binary_kernel(const Node& node, const HostArray& x, const HostArray& y) {
-  return visit_dtype(x.dtype(), [&](auto zero) { return binary_typed<decltype(zero)>(node.op, x, y); });
+absl::StatusOr<HostArray> binary_kernel(const Node& node, const HostArray& x, const HostArray& y, std::byte* into) {
+  return visit_dtype(x.dtype(), [&](auto zero) { return binary_typed<decltype(zero)>(node.op, x, y, into); });
 }
 
-HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray& on_true, const HostArray& on_false) {
-  HostArray out(node.dtype, node.shape);
+HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray& on_true, const HostArray& on_false,
+                        std::byte* into) {
+  HostArray out;
   visit_dtype(node.dtype, [&](auto zero) {
     using T = decltype(zero);
     const uint8_t* p = stored<bool>(pred);
     const Stored<T>* t = stored<T>(on_true);
     const Stored<T>* f = stored<T>(on_false);
-    Stored<T>* o = mutable_stored<T>(&out);
-    for (int64_t i = 0; i < out.size(); ++i) o[i] = static_cast<Stored<T>>(load<T>(p[i] != 0 ? t[i] : f[i]));
+    Stored<T>* o = destination<T>(into, node.shape, &out);
+    const int64_t n = on_true.size();
+    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<T>>(load<T>(p[i] != 0 ? t[i] : f[i]));
   });
   return out;
 }
@@ -287,7 +342,8 @@ HostArray convert_kernel(const Node& node, const HostArray& x) {
     using From = decltype(from);
     return visit_dtype(node.dtype, [&](auto to) {
       using To = decltype(to);
-      return map1<From, To>(x, [](From v) { return convert_value<To>(v); });
+      return map1<From, To>(
+          x, [](From v) { return convert_value<To>(v); }, nullptr);
     });
   });
 }

@@ -80,12 +80,15 @@ void gather(const std::byte* src, int64_t elem_size, int64_t offset, const Shape
             const std::vector<int64_t>& strides, std::byte* dst);
 
 // The families. REQUIRES: run_kernel's checks of `node` against the operands passed.
-// Those returning StatusOr reject dtypes their op is not defined for.
+// Those returning StatusOr reject dtypes their op is not defined for. Those taking `into`
+// write their result there when it is not null (run_kernel_in_place: an operand's storage,
+// element i read before element i is written) and then return an empty array.
 absl::StatusOr<HostArray> constant_kernel(const Node& node);
 absl::StatusOr<HostArray> iota_kernel(const Node& node);
-absl::StatusOr<HostArray> unary_kernel(const Node& node, const HostArray& x);
-absl::StatusOr<HostArray> binary_kernel(const Node& node, const HostArray& x, const HostArray& y);
-HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray& on_true, const HostArray& on_false);
+absl::StatusOr<HostArray> unary_kernel(const Node& node, const HostArray& x, std::byte* into);
+absl::StatusOr<HostArray> binary_kernel(const Node& node, const HostArray& x, const HostArray& y, std::byte* into);
+HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray& on_true, const HostArray& on_false,
+                        std::byte* into);
 HostArray convert_kernel(const Node& node, const HostArray& x);
 
 HostArray broadcast_in_dim_kernel(const Node& node, const HostArray& x);

@@ -262,8 +262,8 @@ absl::Status check_operands(const Node& node, const std::vector<const HostArray*
 // REQUIRES: check_operands(node, xs) is OK.
 absl::StatusOr<HostArray> compute(const Node& node, const std::vector<const HostArray*>& xs) {
   const Op op = node.op;
-  if (is_unary(op)) return internal::unary_kernel(node, *xs[0]);
-  if (is_binary(op)) return internal::binary_kernel(node, *xs[0], *xs[1]);
+  if (is_unary(op)) return internal::unary_kernel(node, *xs[0], nullptr);
+  if (is_binary(op)) return internal::binary_kernel(node, *xs[0], *xs[1], nullptr);
   if (is_reduction(op)) return internal::reduce_kernel(node, *xs[0]);
   switch (op) {
     case Op::kConstant:
@@ -271,7 +271,7 @@ absl::StatusOr<HostArray> compute(const Node& node, const std::vector<const Host
     case Op::kIota:
       return internal::iota_kernel(node);
     case Op::kSelect:
-      return internal::select_kernel(node, *xs[0], *xs[1], *xs[2]);
+      return internal::select_kernel(node, *xs[0], *xs[1], *xs[2], nullptr);
     case Op::kConvert:
       return internal::convert_kernel(node, *xs[0]);
     case Op::kBroadcastInDim:
@@ -295,16 +295,41 @@ absl::StatusOr<HostArray> compute(const Node& node, const std::vector<const Host
   }
 }
 
-}  // namespace
-
-absl::StatusOr<HostArray> run_kernel(const Node& node, const std::vector<const HostArray*>& operands) {
+absl::Status check_node(const Node& node, const std::vector<const HostArray*>& operands) {
   if (static_cast<uint8_t>(node.op) > static_cast<uint8_t>(Op::kShardingConstraint)) {
     return absl::InvalidArgumentError(absl::StrCat("run_kernel: unknown op ", static_cast<int>(node.op)));
   }
   if (node.op == Op::kParameter) {
     return error(node, "has no kernel: a parameter's value is an input of the program, not computed");
   }
-  TESSERA_RETURN_IF_ERROR(check_operands(node, operands));
+  return check_operands(node, operands);
+}
+
+}  // namespace
+
+bool can_run_in_place(const Node& node, const HostArray& operand) {
+  const bool elementwise =
+      is_unary(node.op) || (is_binary(node.op) && !is_comparison(node.op)) || node.op == Op::kSelect;
+  return elementwise && operand.dtype() == node.dtype && operand.shape() == node.shape;
+}
+
+absl::Status run_kernel_in_place(const Node& node, const std::vector<const HostArray*>& operands, int reuse) {
+  TESSERA_RETURN_IF_ERROR(check_node(node, operands));
+  if (reuse < 0 || reuse >= static_cast<int>(operands.size()) || !can_run_in_place(node, *operands[reuse])) {
+    return error(node, "cannot write its result over operand ", reuse);
+  }
+  // The storage is a heap block separate from the (possibly const) HostArray object: writing
+  // it is defined; the caller guarantees nobody else reads it.
+  std::byte* into = const_cast<std::byte*>(operands[reuse]->data());
+  const std::vector<const HostArray*>& xs = operands;
+  if (is_unary(node.op)) return internal::unary_kernel(node, *xs[0], into).status();
+  if (is_binary(node.op)) return internal::binary_kernel(node, *xs[0], *xs[1], into).status();
+  internal::select_kernel(node, *xs[0], *xs[1], *xs[2], into);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HostArray> run_kernel(const Node& node, const std::vector<const HostArray*>& operands) {
+  TESSERA_RETURN_IF_ERROR(check_node(node, operands));
   try {
     return compute(node, operands);
   } catch (const std::bad_alloc&) {

@@ -39,6 +39,17 @@ namespace tessera {
 // RESOURCE_EXHAUSTED when the result or a temporary cannot be allocated.
 absl::StatusOr<HostArray> run_kernel(const Node& node, const std::vector<const HostArray*>& operands);
 
+// Whether `node` can write its result over `operand`'s storage: it is elementwise (unary,
+// arithmetic binary or select) and its result has the operand's dtype and shape.
+bool can_run_in_place(const Node& node, const HostArray& operand);
+
+// run_kernel with the result written over operands[reuse]'s elements instead of new storage,
+// so that array then holds the result. The interpreter uses it for an operand whose slot dies
+// at this node and that nothing else holds (a donated input, an intermediate).
+// REQUIRES: nobody else reads operands[reuse] now or later as the old value.
+// The errors of run_kernel, and INVALID_ARGUMENT when can_run_in_place is false.
+absl::Status run_kernel_in_place(const Node& node, const std::vector<const HostArray*>& operands, int reuse);
+
 }  // namespace tessera
 
 #endif  // TESSERA_WORKER_KERNELS_KERNELS_H_

@@ -41,9 +41,10 @@ struct JitOptions {
   // with_sharding_constraint inside the function instead. (Last: positional initializers of
   // the fields above keep their meaning.)
   std::vector<std::optional<PartitionSpec>> in_shardings = {};
-  // Arguments the call takes over, as jax.jit's donate_argnums: their buffers are freed as
-  // soon as the call has run (waiting first for earlier calls still reading them), so a
-  // training step's old parameters do not outlive it; any later use of a donated array (or a
+  // Arguments the call takes over, as jax.jit's donate_argnums: the call runs once earlier
+  // calls still reading them are done; each worker then drops them from its memory, writes
+  // elementwise results over them in place (a training step's `w - lr * g` reuses w's
+  // buffer) and frees the rest after its last use. Any later use of a donated array (or a
   // copy of its handle) is an error naming the donation. An argument may not be donated and
   // also passed in another position.
   std::vector<int> donate_argnums = {};
