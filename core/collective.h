@@ -3,8 +3,8 @@
 //
 //   CollectiveSpec spec;
 //   spec.kind = CollectiveKind::kAllReduce;
-//   spec.groups = replica_groups(mesh, {"data"});   // (4, 2) mesh: {0,2,4,6}, {1,3,5,7}
-//   TESSERA_ASSIGN_OR_RETURN(Shape out, collective_output_shape(spec, {1024}));
+//   spec.groups = *replica_groups(mesh, {"data"});   // (4, 2) mesh: {0,2,4,6}, {1,3,5,7}
+//   absl::StatusOr<Shape> out = collective_output_shape(spec, {1024});   // (1024,)
 #ifndef TESSERA_CORE_COLLECTIVE_H_
 #define TESSERA_CORE_COLLECTIVE_H_
 
@@ -23,9 +23,12 @@ enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, k
 // For bool, kSum and kMax are logical or, kMin and kProd logical and (as XLA's PRED).
 enum class ReduceOp { kSum, kMax, kMin, kProd };
 
+// "all_reduce", "all_gather", ...; "sum", "max", "min", "prod".
 std::string collective_name(CollectiveKind kind);
 std::string reduce_op_name(ReduceOp op);
 
+// One collective: which, over which groups, and its attributes (each field used only by the
+// kinds named beside it).
 struct CollectiveSpec {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   ReduceOp reduce_op = ReduceOp::kSum;     // all_reduce, reduce_scatter
@@ -42,8 +45,10 @@ struct CollectiveSpec {
 // INVALID_ARGUMENT for an axis not in the mesh or named twice.
 absl::StatusOr<std::vector<std::vector<int>>> replica_groups(const Mesh& mesh, const std::vector<std::string>& axes);
 
-// Checks the spec's own rules: non-empty, disjoint groups of distinct non-negative ids; for a
-// permute, sources and targets each unique and within one group; a root inside the group.
+// Checks the spec's own rules, INVALID_ARGUMENT naming the first broken: at least one group;
+// non-empty groups, all of one size, disjoint, of non-negative ids; for a permute, sources and
+// targets each unique and each pair within one group; for a broadcast, a root inside the
+// group. Shapes and dimensions are checked by collective_output_shape.
 absl::Status validate_collective(const CollectiveSpec& spec);
 
 // The shape each device's result has, given each device's input shape. INVALID_ARGUMENT

@@ -12,6 +12,7 @@ namespace tessera {
 
 enum class DType : uint8_t { kF32, kF64, kI32, kI64, kBool };
 
+// Every DType, in enum order.
 inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kI64, DType::kBool};
 
 // Bytes per element (bool is one byte, as in numpy).
@@ -28,6 +29,8 @@ inline bool is_floating(DType d) { return d == DType::kF32 || d == DType::kF64; 
 // integer meeting float32 gives float32, not float64 as in numpy).
 DType promote_types(DType a, DType b);
 
+// The DType of a C++ element type: float, double, int32_t, int64_t or bool (any other type
+// does not build).
 template <typename T>
 constexpr DType dtype_of();
 template <>

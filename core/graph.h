@@ -2,8 +2,9 @@
 // dtype and shape inferred when it is added.
 //
 // Nodes are numbered in the order they are added, so operands always come first (the graph
-// is in topological order by construction). Every add_* checks its operands and attributes
-// and returns INVALID_ARGUMENT naming the op and the shapes involved.
+// is in topological order by construction). Every add_* returns the new node's id, or
+// INVALID_ARGUMENT naming the op and the shapes involved when an operand id is not a node or
+// an operand or attribute breaks the op's rules; a failed add_* leaves the graph unchanged.
 //
 //   Graph g;
 //   int x = g.add_parameter(DType::kF32, {16, 8});
@@ -11,7 +12,7 @@
 //   absl::StatusOr<int> y = g.add_dot_general(x, w, DotDims{{}, {}, {1}, {0}});   // (16, 4)
 //   absl::StatusOr<int> t = g.add_unary(Op::kTanh, *y);
 //   g.set_outputs({*t});
-//   g.to_text();   // "%0 = parameter(0) f32[16,8]\n..."
+//   g.to_text();   // "%0 = parameter() f32[16,8] index=0\n..."
 #ifndef TESSERA_CORE_GRAPH_H_
 #define TESSERA_CORE_GRAPH_H_
 
@@ -95,9 +96,11 @@ enum class Op : uint8_t {
   kShardingAs,
 };
 
-// The op's name as it prints: "tanh", "dot_general", ...
+// The op's name as it prints: "tanh", "dot_general", ...; "unknown" for a value outside the
+// enum.
 std::string op_name(Op op);
 
+// The op families: kNeg ... kNot, kAdd ... kGe, kEq ... kGe, kReduceSum ... kReduceProd.
 bool is_unary(Op op);
 bool is_binary(Op op);
 bool is_comparison(Op op);
@@ -120,6 +123,7 @@ struct DotDims {
 std::vector<int64_t> dot_free_dims(int64_t rank, const std::vector<int64_t>& batch,
                                    const std::vector<int64_t>& contracting);
 
+// One node of a Graph: its op, result type, operand ids and attributes.
 struct Node {
   Op op = Op::kParameter;
   DType dtype = DType::kF32;
@@ -141,30 +145,46 @@ struct Node {
 
 // What a shard_map collective node runs on the workers: kind, reduce op, dimensions and the
 // replica groups of its axes (a permute: the (source, target) device pairs of every group).
-// INVALID_ARGUMENT if the node is not one, or its axes are not in its mesh.
+// INVALID_ARGUMENT if the node is not one, or its axes are not in its mesh. An implementation
+// detail of the compiler and workers, not needed by applications.
 absl::StatusOr<CollectiveSpec> collective_of(const Node& n);
 
 class Graph {
  public:
-  // Parameters are numbered in the order they are added.
+  // Parameters are numbered in the order they are added. Never fails.
+  // REQUIRES: validate_shape(shape, dtype_size(dtype), ...) is OK.
   int add_parameter(DType dtype, Shape shape);
+  // A full array of `value` (converted to dtype when run); iota counts along `dimension`
+  // (in range; not bool).
   absl::StatusOr<int> add_constant(DType dtype, Shape shape, double value);
   absl::StatusOr<int> add_iota(DType dtype, Shape shape, int64_t dimension);
-  // Unary ops keep dtype and shape; kNot needs bool, the float functions need a float dtype.
+  // Unary ops keep dtype and shape; kNot needs bool or an integer (bitwise on integers),
+  // kNeg/kAbs/kSign a numeric dtype (not bool), the others float32 or float64.
   absl::StatusOr<int> add_unary(Op op, int x);
-  // Operands of equal shape and dtype; comparisons give bool; kAnd/kOr need bool or integers.
+  // Operands of equal shape and dtype (no broadcasting); comparisons give bool; kAnd/kOr
+  // need bool or integers; the arithmetic ops but kMax/kMin reject bool.
   absl::StatusOr<int> add_binary(Op op, int x, int y);
+  // `pred` bool, the branches of its shape and of one dtype.
   absl::StatusOr<int> add_select(int pred, int on_true, int on_false);
+  // Any dtype to any dtype.
   absl::StatusOr<int> add_convert(int x, DType dtype);
+  // dims: increasing, one per operand dimension; each operand dimension 1 or equal to its
+  // result dimension. reshape keeps the element count; transpose takes a permutation.
   absl::StatusOr<int> add_broadcast_in_dim(int x, Shape shape, std::vector<int64_t> dims);
   absl::StatusOr<int> add_reshape(int x, Shape shape);
   absl::StatusOr<int> add_transpose(int x, std::vector<int64_t> permutation);
   // Reduces over `axes` (distinct, in range), dropping them.
   absl::StatusOr<int> add_reduce(Op op, int x, std::vector<int64_t> axes);
+  // index_dtype int32 or int64; the axis in range and not empty.
   absl::StatusOr<int> add_argmax(int x, int64_t axis, DType index_dtype);
+  // Operands of one non-bool dtype; dimension lists distinct and in range, paired ones of
+  // equal size.
   absl::StatusOr<int> add_dot_general(int lhs, int rhs, DotDims dims);
+  // 0 <= start <= limit <= the dimension, for every dimension.
   absl::StatusOr<int> add_slice(int x, std::vector<int64_t> start, std::vector<int64_t> limit);
+  // At least one operand; all agree in dtype, rank and every dimension but `axis`.
   absl::StatusOr<int> add_concatenate(const std::vector<int>& xs, int64_t axis);
+  // `sharding` must fit x's shape (NamedSharding::validate).
   absl::StatusOr<int> add_sharding_constraint(int x, NamedSharding sharding);
   // shard_map: `x` enters a body as this device's block of `sharding` (which must fit it), a
   // body value leaves as one block of a global value laid out by `sharding`.
@@ -176,13 +196,17 @@ class Graph {
   // source or a target or names a position outside the axes.
   absl::StatusOr<int> add_collective(Op op, int x, const Mesh& mesh, std::vector<std::string> axes,
                                      std::vector<int64_t> dims, ReduceOp reduce_op = ReduceOp::kSum);
+  // This device's position along `axes` (distinct, in `mesh`): an i32 scalar.
   absl::StatusOr<int> add_axis_index(const Mesh& mesh, std::vector<std::string> axes);
-  // `x` pinned to the layout `like` gets (same shape), as grad pins gradients.
+  // `x` pinned to the layout `like` gets (same shape), as grad pins gradients. An
+  // implementation detail of grad.
   absl::StatusOr<int> add_sharding_as(int x, int like);
 
   // INVALID_ARGUMENT for an id that is not a node.
   absl::Status set_outputs(std::vector<int> outputs);
 
+  // The nodes, by id. node(id) REQUIRES: 0 <= id < size(); the reference dangles once a
+  // node is added.
   int size() const { return static_cast<int>(nodes_.size()); }
   const Node& node(int id) const { return nodes_[id]; }
   const std::vector<Node>& nodes() const { return nodes_; }
@@ -190,7 +214,7 @@ class Graph {
   const std::vector<int>& outputs() const { return outputs_; }
 
   // One line per node, then the outputs:
-  //   %2 = dot_general(%0, %1) f32[16,4] lhs_contracting={1} rhs_contracting={0}
+  //   %2 = dot_general(%0, %1) f32[16,4] lhs_batch={} rhs_batch={} lhs_contracting={1} rhs_contracting={0}
   //   ROOT (%3)
   std::string to_text() const;
 

@@ -26,17 +26,22 @@ namespace tessera {
 
 class HostArray {
  public:
-  // An empty float32 scalar-less array of shape (0,).
+  // An empty float32 array of shape (0,).
   HostArray() : HostArray(DType::kF32, Shape{0}) {}
 
-  // Uninitialized storage. REQUIRES: validate_shape(shape, dtype_size(dtype), ...) is OK.
+  // Uninitialized storage. Throws std::bad_alloc when the memory cannot be allocated.
+  // REQUIRES: validate_shape(shape, dtype_size(dtype), ...) is OK.
   HostArray(DType dtype, Shape shape);
 
+  // Filled with 0 (false), or 1 (true). Same requirements as the constructor.
   static HostArray zeros(DType dtype, Shape shape);
   static HostArray ones(DType dtype, Shape shape);
   // Element i (row-major) holds i converted to dtype; for bool, i % 2 == 1.
   static HostArray arange(DType dtype, Shape shape);
 
+  // A copy of `values` (row-major) as an array of dtype_of<T>() and `shape`.
+  // REQUIRES: values.size() == num_elements(shape); checked only by assert, so a release
+  // build copies values.size() elements whatever the shape.
   template <typename T>
   static HostArray from_vector(Shape shape, const std::vector<T>& values) {
     HostArray a(dtype_of<T>(), std::move(shape));
@@ -54,6 +59,7 @@ class HostArray {
   HostArray(const HostArray&) = delete;
   HostArray& operator=(const HostArray&) = delete;
 
+  // A deep copy. A moved-from HostArray may only be assigned to or destroyed.
   HostArray clone() const;
 
   // The same elements under another shape with as many elements; no copy.
@@ -72,6 +78,7 @@ class HostArray {
   std::byte* data() { return data_.get(); }
   const std::byte* data() const { return data_.get(); }
 
+  // The elements, row-major, viewed in place (valid while this array lives).
   // REQUIRES: dtype_of<T>() == dtype().
   template <typename T>
   absl::Span<const T> values() const {
@@ -85,9 +92,11 @@ class HostArray {
   }
 
   // Element i (row-major) as a double, whatever the dtype; for messages and tests.
+  // REQUIRES: 0 <= i < size().
   double element_as_double(int64_t i) const;
 
-  // Same dtype, shape and bytes.
+  // Same dtype, shape and bytes. Bitwise: NaNs with equal bits are equal, 0.0 and -0.0
+  // are not.
   bool operator==(const HostArray& other) const;
   bool operator!=(const HostArray& other) const { return !(*this == other); }
 

@@ -18,11 +18,13 @@
 
 namespace tessera {
 
+// A value type, compared by shape, axis names and device order.
 class Mesh {
  public:
-  // INVALID_ARGUMENT when: shape and axis_names differ in length; an axis size is < 1; an axis
-  // name is empty or repeated; device_ids has not exactly prod(shape) entries, or repeats an
-  // id, or holds a negative id.
+  // The mesh of `device_ids` laid row-major over `shape`. INVALID_ARGUMENT when: shape and
+  // axis_names differ in length; an axis size is < 1; an axis name is empty or repeated; the
+  // mesh has more than 2^24 devices; device_ids has not exactly prod(shape) entries, or
+  // repeats an id, or holds a negative id. Whether the devices exist is not checked.
   static absl::StatusOr<Mesh> create(std::vector<int64_t> shape, std::vector<std::string> axis_names,
                                      std::vector<int> device_ids);
 
@@ -39,7 +41,8 @@ class Mesh {
   // The product of the sizes of `axes` (1 for none). REQUIRES: each is an axis of the mesh.
   int64_t axes_size(const std::vector<std::string>& axes) const;
 
-  // Grid coordinates of the device at row-major position `position`.
+  // Grid coordinates of the device at row-major position `position`, and the device id at
+  // `coords`. REQUIRES: 0 <= position < size(); one in-range coordinate per axis.
   std::vector<int64_t> coords(int64_t position) const;
   int device_at(const std::vector<int64_t>& coords) const;
 
@@ -62,8 +65,9 @@ class Mesh {
 // "('data',)", "('data', 'model')": mesh axes as a Python tuple prints.
 std::string axes_to_string(const std::vector<std::string>& axes);
 
-// jax.make_mesh: the devices, taken in the given order, laid row-major over `shape`.
-// INVALID_ARGUMENT when prod(shape) differs from the number of devices, or as Mesh::create.
+// jax.make_mesh: the devices, taken in the given order, laid row-major over `shape`; the same
+// as Mesh::create, with its errors (INVALID_ARGUMENT when prod(shape) differs from the
+// number of devices, ...).
 absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
                                std::vector<int> devices);
 

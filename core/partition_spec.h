@@ -18,6 +18,7 @@ namespace tessera {
 // The mesh axes of one dimension, major-to-minor; empty means None.
 using Axes = std::vector<std::string>;
 
+// The type of None.
 struct NoneType {};
 // Spells a dimension that is not split: P("data", None).
 inline constexpr NoneType None{};
@@ -35,9 +36,13 @@ class SpecEntry {
   Axes axes_;
 };
 
+// A value type. Holds axis names only: whether they exist in a mesh is checked by
+// NamedSharding::validate_spec.
 class PartitionSpec {
  public:
+  // P(): fully replicated.
   PartitionSpec() = default;
+  // One entry per dimension; an empty Axes is None.
   explicit PartitionSpec(std::vector<Axes> dims) : dims_(std::move(dims)) {}
 
   // Number of entries as written, trailing Nones included.
@@ -46,10 +51,11 @@ class PartitionSpec {
   const Axes& axes(int d) const;
   const std::vector<Axes>& dims() const { return dims_; }
 
-  // Every axis used, in order of appearance.
+  // Every axis used, in order of appearance (repeats included).
   std::vector<std::string> used_axes() const;
 
-  // "P('data', None)", "P(('data', 'model'),)", "P()", as JAX prints specs.
+  // "P('data', None)", "P(('data', 'model'),)", "P()", as JAX prints specs; entries as
+  // written, trailing Nones included.
   std::string to_string() const;
 
   // Equal up to trailing Nones.
@@ -60,6 +66,7 @@ class PartitionSpec {
   std::vector<Axes> dims_;
 };
 
+// jax.sharding.PartitionSpec: P("data", None), P(Axes{"data", "model"}), P().
 template <typename... Entries>
 PartitionSpec P(Entries... entries) {
   return PartitionSpec(std::vector<Axes>{SpecEntry(std::move(entries)).axes()...});

@@ -19,7 +19,7 @@ using Shape = std::vector<int64_t>;
 // Product of the dimensions (1 for a scalar). REQUIRES: validate_shape(shape) is OK.
 int64_t num_elements(const Shape& shape);
 
-// Python's tuple notation, as JAX prints shapes.
+// Python's tuple notation, as JAX prints shapes: "(16, 8)", "(4,)", "()".
 std::string shape_to_string(const Shape& shape);
 
 // INVALID_ARGUMENT, prefixed with `where`, when a dimension is negative or the byte size of

@@ -6,7 +6,7 @@
 // major. Devices that hold the same blocks are replicas, numbered 0, 1, ... in mesh order.
 //
 //   NamedSharding s(mesh, P("data", None));            // mesh: (4, 2) ("data", "model")
-//   TESSERA_RETURN_IF_ERROR(s.validate({16, 8}));
+//   absl::Status ok = s.validate({16, 8});              // OK
 //   s.shard_shape({16, 8}) == Shape{4, 8};
 //   s.device_shards({16, 8})[3]   // device 3: rows [4, 8), all columns, replica 1
 #ifndef TESSERA_CORE_SHARDING_H_
@@ -44,6 +44,7 @@ struct DeviceShard {
   int64_t replica_id = 0;
 };
 
+// A value type. Constructing one checks nothing: validate_spec() and validate(shape) do.
 class NamedSharding {
  public:
   NamedSharding(Mesh mesh, PartitionSpec spec) : mesh_(std::move(mesh)), spec_(std::move(spec)) {}
@@ -66,16 +67,17 @@ class NamedSharding {
   // REQUIRES: validate(shape) is OK.
   std::vector<DeviceShard> device_shards(const Shape& shape) const;
 
-  // True when every device holds the whole array.
+  // True when every device holds the whole array. REQUIRES: validate_spec() is OK.
   bool is_fully_replicated() const;
 
-  // Number of devices holding each block.
+  // Number of devices holding each block. REQUIRES: validate_spec() is OK.
   int64_t num_replicas() const;
 
   // "NamedSharding(mesh=Mesh('data': 4, 'model': 2), spec=P('data', None))".
   std::string to_string() const;
 
   // How many blocks dimension `dim` is split into (1 past the spec's entries).
+  // REQUIRES: validate_spec() is OK.
   int64_t num_blocks(int dim) const;
 
   // Same mesh (devices in the same order) and equivalent spec.

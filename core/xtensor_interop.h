@@ -16,7 +16,9 @@
 
 namespace tessera {
 
-// A row-major xtensor adaptor over `array`'s storage. REQUIRES: dtype_of<T>() == dtype().
+// A row-major xtensor adaptor over `array`'s storage (writable unless `array` is const); it
+// does not own the storage and dangles once `array` is gone. REQUIRES: dtype_of<T>() ==
+// array.dtype().
 template <typename T>
 auto as_xtensor(HostArray& array) {
   std::vector<size_t> shape(array.shape().begin(), array.shape().end());
@@ -29,7 +31,8 @@ auto as_xtensor(const HostArray& array) {
   return xt::adapt(array.values<T>().data(), static_cast<size_t>(array.size()), xt::no_ownership(), shape);
 }
 
-// Copies any xtensor expression into a new HostArray of the expression's value type.
+// Copies any xtensor expression into a new HostArray of the expression's value type, which
+// must be float, double, int32_t, int64_t or bool (dtype_of).
 template <typename E>
 HostArray from_xtensor(const xt::xexpression<E>& expr) {
   using T = typename E::value_type;

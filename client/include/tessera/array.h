@@ -27,23 +27,30 @@
 namespace tessera {
 
 class Array;
+// Implementation details of the SDK, not for applications.
 namespace internal {
 struct ArrayState;
 const ArrayState& array_state(const Array& array);
 Array make_array(std::shared_ptr<ArrayState> state);
 }  // namespace internal
 
-// One device's block of an Array, as jax.Shard.
+// One device's block of an Array, as jax.Shard. Holds the array: its buffers live as long
+// as the Shard does.
 class Shard {
  public:
+  // The device holding the block, the block's slice of the global array, which replica of
+  // the block it is (0, 1, ... in mesh order), and the block's shape. Metadata only: these
+  // never block and never fail.
   int device_id() const { return shard_.device_id; }
   const Index& index() const { return shard_.index; }
   int64_t replica_id() const { return shard_.replica_id; }
   Shape shape() const;
 
-  // Downloads this device's copy of the block, once the array is ready (see
-  // Array::block_until_ready, whose errors it returns). UNAVAILABLE or DEADLINE_EXCEEDED
-  // naming the device if it cannot be read.
+  // Downloads this device's copy of the block (a new HostArray the caller owns), once the
+  // array is ready: first the errors of Array::block_until_ready. Then FAILED_PRECONDITION
+  // when the device's worker restarted since (the block is gone: put the array again);
+  // UNAVAILABLE naming the device when it is lost, UNAVAILABLE or DEADLINE_EXCEEDED when its
+  // worker does not answer; DATA_LOSS when the worker sends a block of the wrong type or size.
   absl::StatusOr<HostArray> data() const;
 
  private:
@@ -54,34 +61,46 @@ class Shard {
   DeviceShard shard_;
 };
 
+// A handle to a global array on the cluster. Made by Client::device_put, jitted calls and
+// run_collective; there is no public constructor.
 class Array {
  public:
-  // The coordinator's id of the array. For the output of a call still running this waits for
-  // the call (as block_until_ready) and is 0 if the call failed.
+  // The coordinator's id of the array. Surprising: for the output of a call still running
+  // this blocks until the call finishes (as block_until_ready), and it is 0 when the call
+  // failed or the array was donated.
   uint64_t id() const;
+  // The global shape, dtype and sharding; known at once, even for a call still running.
   const Shape& shape() const;
   DType dtype() const;
   const NamedSharding& sharding() const;
   int64_t size() const { return num_elements(shape()); }
 
-  // One Shard per device of the sharding's mesh, in mesh order (metadata only; data() fetches).
+  // One Shard per device of the sharding's mesh, in mesh order (metadata only, never blocks;
+  // Shard::data() downloads).
   std::vector<Shard> addressable_shards() const;
 
-  // Assembles the whole array on the host, reading each block once, from an alive replica,
-  // once the array is ready (see block_until_ready, whose errors it returns). UNAVAILABLE
-  // naming the device when a block is only on lost or unreachable devices.
+  // Assembles the whole array on the host (a new HostArray the caller owns), reading each
+  // distinct block once, from an alive replica, once the array is ready: first the errors of
+  // block_until_ready. Then, when a block is only on devices that are not alive,
+  // FAILED_PRECONDITION if all their workers restarted since (the block is gone: put the
+  // array again) and UNAVAILABLE naming them otherwise; UNAVAILABLE or DEADLINE_EXCEEDED
+  // naming the device whose worker does not answer; DATA_LOSS for a malformed transfer.
   absl::StatusOr<HostArray> fetch() const;
 
-  // Whether the array's data exists, or the call computing it has failed. Never blocks.
+  // Whether the array's data exists, or the call computing it has finished (possibly
+  // failed). Never blocks.
   bool is_ready() const;
 
   // Waits until the call that computes this array has finished, as
-  // jax.Array.block_until_ready. OK at once for an array that device_put placed. Otherwise the
-  // call's error: UNAVAILABLE or DEADLINE_EXCEEDED naming the device for a lost or
-  // unreachable worker, the device and the instruction for a kernel error (RESOURCE_EXHAUSTED
-  // when its output does not fit), the original error for a call whose argument was the output
-  // of a failed call, and DEADLINE_EXCEEDED when the call has not finished by its deadline
-  // (its JitOptions::timeout plus 10 s, after the calls computing its arguments).
+  // jax.Array.block_until_ready. OK at once for an array that device_put or run_collective
+  // placed. FAILED_PRECONDITION for an array donated to a jitted call (donate_argnums).
+  // Otherwise the call's error: UNAVAILABLE or DEADLINE_EXCEEDED naming the device for a lost
+  // or unreachable worker, FAILED_PRECONDITION when an argument lost its shard to a worker
+  // restart, the device and the instruction for a kernel error (RESOURCE_EXHAUSTED when its
+  // output does not fit), the root cause's code and message for a call whose argument was the
+  // output of a failed call, and DEADLINE_EXCEEDED when the call has not finished by its
+  // deadline (JitOptions::timeout plus about 11 s, counted from the dispatch or from the
+  // latest deadline of the calls computing its arguments, whichever is later).
   absl::Status block_until_ready() const;
 
  private:
@@ -92,7 +111,8 @@ class Array {
   std::shared_ptr<internal::ArrayState> state_;
 };
 
-// Waits for every array (Array::block_until_ready); the first error by position, if any.
+// Waits for every array (Array::block_until_ready), even after an error; returns the first
+// error by position, or OK.
 absl::Status block_until_ready(const std::vector<Array>& arrays);
 
 }  // namespace tessera

@@ -24,6 +24,7 @@
 
 namespace tessera {
 
+// Implementation details of the SDK, not for applications.
 namespace internal {
 class ClientImpl;
 }  // namespace internal
@@ -32,7 +33,7 @@ class ClientImpl;
 struct Device {
   int id = 0;
   std::string address;  // the worker's host:port
-  bool alive = false;
+  bool alive = false;   // false once the worker has missed its heartbeats (lost)
 };
 
 // What a worker reports about its memory.
@@ -45,49 +46,73 @@ struct DeviceStats {
   std::string blas_kernel;                  // OpenBLAS's kernel on that device
 };
 
+// Options of Client::connect.
 struct ConnectOptions {
   // Wait (up to `timeout`) until at least this many devices are alive.
   int min_devices = 1;
+  // How long to wait for the coordinator to answer, and again for the devices.
   absl::Duration timeout = absl::Seconds(30);
 };
 
+// Options of Client::local: each worker's memory limit and the coordinator's heartbeat
+// settings (a worker silent for heartbeat_timeout is marked lost).
 struct LocalOptions {
   int64_t memory_bytes_per_device = int64_t{1} << 30;
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
 };
 
+// A connection to a cluster (see above); copies share it.
 class Client {
  public:
-  // Connects to the coordinator at `address` ("host:port") and checks its protocol version.
-  // FAILED_PRECONDITION on a version mismatch (naming both versions); UNAVAILABLE or
-  // DEADLINE_EXCEEDED when it does not answer or too few devices are alive in time.
+  // Connects to the coordinator at `address` ("host:port"), checks its protocol version and
+  // waits for options.min_devices alive devices. FAILED_PRECONDITION on a version mismatch
+  // (naming both versions); UNAVAILABLE or DEADLINE_EXCEEDED when the coordinator does not
+  // answer within options.timeout; DEADLINE_EXCEEDED when fewer than min_devices devices are
+  // alive after another options.timeout.
   static absl::StatusOr<Client> connect(const std::string& address, const ConnectOptions& options = {});
 
   // Starts a coordinator and `num_devices` workers inside this process, on 127.0.0.1
   // ephemeral ports, and connects to them. Devices are numbered 0 .. num_devices - 1. They
   // compute with this process's OpenBLAS, each with max(1, cores / num_devices) threads
   // (unless OPENBLAS_NUM_THREADS is set); call ensure_fast_blas(argv) (worker/kernels/blas.h)
-  // first thing in main() for the fast kernel on AVX-512 CPUs.
+  // first thing in main() for the fast kernel on AVX-512 CPUs. Waits (up to 30 s) for every
+  // device to be alive. INVALID_ARGUMENT when num_devices is outside [1, 1024], the heartbeat
+  // timeout does not exceed a positive interval, or memory_bytes_per_device is not positive;
+  // UNAVAILABLE when a server cannot listen; DEADLINE_EXCEEDED when the devices do not all
+  // come alive in time. Surprising: the OpenBLAS thread count is set for the whole process.
   static absl::StatusOr<Client> local(int num_devices, const LocalOptions& options = {});
 
-  // The cluster's devices, ordered by id, fresh from the coordinator.
+  // The cluster's devices, lost ones included, ordered by id, fresh from the coordinator.
+  // UNAVAILABLE or DEADLINE_EXCEEDED naming the coordinator when it does not answer.
   absl::StatusOr<std::vector<Device>> devices() const;
 
   // jax.make_mesh: all alive devices, by id, laid row-major over `shape`. INVALID_ARGUMENT
-  // when prod(shape) differs from the number of devices (pass `device_ids` to use a subset).
+  // when prod(shape) differs from the number of alive devices (pass `device_ids` to use a
+  // subset), or as Mesh::create; devices()'s errors when the coordinator does not answer.
   absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names) const;
+  // The mesh of `device_ids`, in that order: exactly tessera::make_mesh (core/mesh.h), and
+  // its errors. Surprising: it does not ask the cluster, so ids that are lost or not in the
+  // cluster are accepted here, and only device_put or a jitted call fails on them (NOT_FOUND
+  // for an id not in the cluster).
   absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
                                  std::vector<int> device_ids) const;
 
   // jax.device_put: validates `sharding` against the array's shape (INVALID_ARGUMENT naming
   // the rule broken), then sends each device exactly its own shard, in parallel and straight
-  // to its worker. A device out of memory gives RESOURCE_EXHAUSTED; an unreachable one
-  // UNAVAILABLE or DEADLINE_EXCEEDED naming it. On error nothing stays allocated.
+  // to its worker; returns once every shard is stored (the Array is ready at once).
+  // NOT_FOUND when the mesh names a device that is not in the cluster. A device out of
+  // memory gives RESOURCE_EXHAUSTED; an unreachable one UNAVAILABLE or DEADLINE_EXCEEDED
+  // naming it. On error the coordinator is asked (best effort) to free what
+  // was placed.
   absl::StatusOr<Array> device_put(const HostArray& host, const NamedSharding& sharding) const;
 
+  // What the device's worker reports about its memory, asked now. NOT_FOUND when the device
+  // is not in the cluster; UNAVAILABLE or DEADLINE_EXCEEDED naming the coordinator or the
+  // device when it does not answer (a lost device is asked too).
   absl::StatusOr<DeviceStats> device_stats(int device_id) const;
 
+  // The coordinator's "host:port" (for local(), its 127.0.0.1 ephemeral port).
   std::string coordinator_address() const;
 
  private:

@@ -31,9 +31,15 @@ struct CollectiveTiming {
   absl::Duration collective;
 };
 
-// INVALID_ARGUMENT for a spec that does not fit the array's blocks or mesh; UNAVAILABLE or
-// DEADLINE_EXCEEDED naming the device when a member is lost or stops answering (each
-// member gives up after `timeout`). `timing`, when given, is read and filled as above.
+// Runs `spec` on the blocks of `input` (waiting first for input to be ready, with the errors
+// of Array::block_until_ready) and returns, once every member has stored its result, a new
+// ready Array with input's sharding. INVALID_ARGUMENT when the spec is malformed
+// (validate_collective), its groups do not cover exactly the devices of the array's mesh,
+// the array has replicated blocks, or a dimension does not fit (collective_output_shape);
+// FAILED_PRECONDITION when the array lost a block to a worker restart; UNAVAILABLE naming
+// a lost device; UNAVAILABLE or DEADLINE_EXCEEDED naming the device when a member stops
+// answering (each member gives up after `timeout`; a `timeout` that is not positive means
+// 10 s). `timing`, when given, is read and filled as above.
 absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& spec,
                                      absl::Duration timeout = absl::Seconds(10), CollectiveTiming* timing = nullptr);
 

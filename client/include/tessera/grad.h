@@ -28,13 +28,16 @@
 
 namespace tessera {
 
-// The gradients of f's first result, a float scalar, with respect to the arguments
-// `argnums` (in that order). The trace fails with INVALID_ARGUMENT when the result is not a
-// float scalar, an argnum is out of range, or a differentiated argument is not float (JAX:
-// "grad requires real-valued inputs").
+// A traced function returning the gradients of f's first result, a float scalar, with
+// respect to the arguments `argnums` (in that order), each of its argument's shape and
+// sharding; f's other results are dropped. Errors fail the enclosing trace with
+// INVALID_ARGUMENT: f returns no value of the trace or a first result that is not a float
+// scalar, an argnum is out of range, or a differentiated argument is not float (JAX: "grad
+// requires real-valued inputs"). Called outside a trace it records nothing and returns
+// invalid Values.
 TracedFunction grad(TracedFunction f, std::vector<int> argnums = {0});
 
-// {f's first result, then its gradients as grad gives them}.
+// As grad, but returns {f's first result, then the gradients}.
 TracedFunction value_and_grad(TracedFunction f, std::vector<int> argnums = {0});
 
 }  // namespace tessera

@@ -12,8 +12,9 @@
 // Calls are dispatched asynchronously: back-to-back calls do not wait for each other's round
 // trips, and block_until_ready() (or fetching) waits for the data:
 //
-//   for (int i = 0; i < 100; ++i) y = *step({y[0]});   // returns at once each time
-//   TESSERA_RETURN_IF_ERROR(y[0].block_until_ready());
+//   std::vector<Array> y = {x};
+//   for (int i = 0; i < 100; ++i) y = *step(y);        // returns at once each time
+//   absl::Status s = y[0].block_until_ready();         // the first failure's error, if any
 #ifndef TESSERA_JIT_H_
 #define TESSERA_JIT_H_
 
@@ -30,10 +31,13 @@
 
 namespace tessera {
 
+// How jit compiles and runs a function. Entries that do not fit the call (a wrong count, an
+// axis not in the mesh) make the call fail with INVALID_ARGUMENT.
 struct JitOptions {
   // One entry per output (or empty): the sharding wanted for it; nullopt lets propagation choose.
   std::vector<std::optional<PartitionSpec>> out_shardings;
-  // How long every device may wait on the others within one execution.
+  // How long every device may wait on the others within one execution; the call's deadline
+  // derives from it (see Array::block_until_ready).
   absl::Duration timeout = absl::Seconds(60);
   // One entry per argument (or empty): the sharding each argument must have; nullopt accepts
   // any. Arguments are committed arrays, so as in JAX a mismatch is an error (INVALID_ARGUMENT
@@ -44,14 +48,18 @@ struct JitOptions {
   // Arguments the call takes over, as jax.jit's donate_argnums: the call runs once earlier
   // calls still reading them are done; each worker then drops them from its memory, writes
   // elementwise results over them in place (a training step's `w - lr * g` reuses w's
-  // buffer) and frees the rest after its last use. Any later use of a donated array (or a
-  // copy of its handle) is an error naming the donation. An argument may not be donated and
-  // also passed in another position.
+  // buffer) and frees the rest after their last use, whatever the call's outcome. Any later
+  // use of a donated array (or a copy of its handle) is an error naming the donation:
+  // INVALID_ARGUMENT when passed to a jitted call, FAILED_PRECONDITION when read (fetch,
+  // Shard::data, block_until_ready, run_collective). An argument may not be donated and also
+  // passed in another position (INVALID_ARGUMENT).
   std::vector<int> donate_argnums = {};
 };
 
+// A function compiled by jit. Copies share the compilation cache.
 class Jitted {
  public:
+  // Nothing is traced or compiled until the first call. Prefer jit().
   Jitted(TracedFunction f, JitOptions options);
 
   // Runs the function on `args` (all on one mesh of one client), asynchronously as jax.jit:
@@ -60,17 +68,23 @@ class Jitted {
   // outputs of earlier calls still running are waited for, not on this thread). The outputs
   // report the call's outcome when used (Array::block_until_ready lists the errors): a lost
   // device, a kernel error, each naming the device. Errors returned here: INVALID_ARGUMENT
-  // for a trace error (naming the op and shapes) or arguments on different meshes or clients;
-  // the compilation's errors; an argument's error when it is the output of a call that has
-  // already failed (same code, naming the original failure). With 16 calls of this client in
-  // flight, waits for one to finish first (DEADLINE_EXCEEDED if none does by its deadline).
+  // for no arguments, a trace error (naming the op and shapes), arguments on different
+  // meshes or clients, an argument already donated, or options that do not fit the call
+  // (in_shardings, donate_argnums, out_shardings); the compilation's errors (INVALID_ARGUMENT
+  // when propagation fails, NOT_FOUND when the mesh names a device not in the cluster,
+  // UNAVAILABLE or DEADLINE_EXCEEDED when the coordinator does not answer); an argument's
+  // error when it is the output of a call already known to have failed (its root cause's
+  // code, naming the original failure). With 16 calls of this client in flight, waits for one
+  // to finish first (DEADLINE_EXCEEDED if none does by its deadline).
   absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args) const;
 
   // The per-device plans of the most recently used signature, like JAX's
   // lower(...).compile().as_text(); empty before the first call.
   std::string as_text() const;
 
-  // How many programs the coordinator has compiled in all (a cached call adds none).
+  // Surprising: not this function's count, but how many programs the coordinator had
+  // compiled in all (for every client and function) when this function last compiled a
+  // signature; 0 before its first call. A cached call changes nothing.
   int64_t compilations() const;
 
  private:
@@ -78,6 +92,8 @@ class Jitted {
   std::shared_ptr<State> state_;
 };
 
+// jax.jit: `f` compiled on its first call for each argument signature. Never fails itself;
+// errors come from the calls.
 Jitted jit(TracedFunction f, JitOptions options = {});
 
 }  // namespace tessera

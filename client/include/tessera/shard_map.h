@@ -43,6 +43,7 @@ struct AxisNames {
   Axes names;
 };
 
+// Options of shard_map.
 struct ShardMapOptions {
   // Check that every result is replicated over the mesh axes its out_spec leaves out (JAX's
   // check_vma); when off, such a result is whatever the devices hold (device order decides).
@@ -51,14 +52,19 @@ struct ShardMapOptions {
   JitOptions jit = {};
 };
 
+// A function made by shard_map. Copies share the compiled programs.
 class ShardMapped {
  public:
   // Inside a traced function (jit, or another trace): the body inlined on these global
-  // Values; returns the global results. Errors (an in_spec that does not fit its argument,
-  // a result not replicated where its out_spec says, a bad collective) fail the trace with
-  // INVALID_ARGUMENT naming the argument or output and the rule.
+  // Values; returns the global results (one per out_spec). Errors fail the trace with
+  // INVALID_ARGUMENT naming the argument or output and the rule: an in_spec that does not
+  // fit its argument, as many arguments or results as specs, a body that reads a Value from
+  // outside it (pass it in as an argument), a result not replicated where its out_spec says,
+  // a bad collective, a shard_map inside a shard_map body (not supported). Called outside a
+  // trace it records nothing and returns invalid Values.
   std::vector<Value> operator()(const std::vector<Value>& args) const;
-  // On arrays: compiles (once per signature) and runs as jit does; the same errors.
+  // On arrays: compiles (once per signature) and runs as Jitted::operator() does, with its
+  // errors; the body's errors are its trace errors (INVALID_ARGUMENT).
   absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args) const;
   // The per-device plans of the last call on arrays (Jitted::as_text).
   std::string as_text() const;
@@ -72,13 +78,17 @@ class ShardMapped {
 };
 
 // jax.shard_map(f, mesh, in_specs, out_specs): one in_spec per argument, one out_spec per
-// result of `f`.
+// result of `f`. Never fails itself: the specs are checked when the result is traced.
 ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs,
                       std::vector<PartitionSpec> out_specs, ShardMapOptions options = {});
 
-// Collectives, only inside a shard_map body (elsewhere the trace fails naming the call). Each
-// runs over the devices that differ only along `axes`, ordered by their coordinates on them.
+// Collectives, only inside a shard_map body. Each runs over the devices that differ only
+// along `axes`, ordered by their coordinates on them, and returns this device's result
+// block. Errors fail the trace with INVALID_ARGUMENT naming the call: used outside a
+// shard_map body, an axis not in the body's mesh or named twice, a dimension out of range or
+// not divisible by the axes' size, a permutation position out of range or repeated.
 Value psum(const Value& x, const AxisNames& axes);  // sum over the devices
+// psum divided by the axes' size; for an integer x the division is an integer one.
 Value pmean(const Value& x, const AxisNames& axes);
 Value pmax(const Value& x, const AxisNames& axes);
 Value pmin(const Value& x, const AxisNames& axes);
@@ -95,6 +105,8 @@ Value ppermute(const Value& x, const AxisNames& axes, const std::vector<std::pai
 // have the axes' size and the received blocks stack along a new `concat_axis`.
 Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int64_t concat_axis, bool tiled = false);
 // This device's position along `axes` (an i32 scalar), and how many positions there are.
+// Surprising: outside any trace axis_size returns 1 without an error; outside a shard_map
+// body it fails the trace and returns 1.
 Value axis_index(const AxisNames& axes);
 int64_t axis_size(const AxisNames& axes);
 

@@ -6,7 +6,7 @@
 //   absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
 //   absl::StatusOr<Array> x = client->device_put(HostArray::ones(DType::kF32, {16, 8}),
 //                                                NamedSharding(*mesh, P("data", None)));
-//   std::cout << visualize_array_sharding(*x);
+//   std::cout << *visualize_array_sharding(*x);
 //   absl::StatusOr<HostArray> back = x->fetch();
 #ifndef TESSERA_TESSERA_H_
 #define TESSERA_TESSERA_H_

@@ -3,7 +3,10 @@
 //
 // Ops on Values never fail on the spot: the first error (a shape or dtype mismatch) is
 // recorded, later ops are skipped, and trace() returns that error naming the op and shapes
-// (as XLA's builder does).
+// (as XLA's builder does). Every op below returns an invalid Value (ok() false) when an
+// operand is invalid or the op fails; outside a trace nothing is recorded anywhere. Ops that
+// take an axis accept a negative one counting from the end, as numpy, except iota,
+// broadcast_in_dim, transpose and slice.
 //
 //   absl::StatusOr<Graph> g = trace(
 //       [](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; },
@@ -22,6 +25,7 @@
 
 namespace tessera {
 
+// Implementation details of the SDK, not for applications.
 namespace internal {
 struct TraceState;
 }  // namespace internal
@@ -29,13 +33,16 @@ struct TraceState;
 // A symbolic array inside a traced function: its dtype and shape, and the node computing it.
 class Value {
  public:
+  // An invalid Value.
   Value() = default;
+  // Surprising: an invalid Value reports float32 and shape () rather than failing.
   DType dtype() const;
   // By value: the graph's storage moves as ops are added, so a reference would dangle.
   Shape shape() const;
   int rank() const { return static_cast<int>(shape().size()); }
-  // False once tracing has failed; ops on it record nothing.
+  // False for a Value of a failed op (or default-constructed); ops on it record nothing.
   bool ok() const { return trace_ != nullptr && id_ >= 0; }
+  // The id of the node computing it in the traced Graph; -1 when invalid.
   int node() const { return id_; }
 
  private:
@@ -54,10 +61,14 @@ struct ArrayType {
 using TracedFunction = std::function<std::vector<Value>(const std::vector<Value>&)>;
 
 // Runs `f` once on Values of the given types; the Graph has one parameter per input and
-// the function's results as outputs. INVALID_ARGUMENT with the first op that failed.
+// the function's results as outputs. INVALID_ARGUMENT with the first op that failed, for an
+// input shape with a negative dimension or too many bytes, or for a result that is not a
+// valid Value of this trace.
 absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs);
 
-// Elementwise unary ops.
+// Elementwise unary ops, keeping dtype and shape. neg, abs and sign need a numeric dtype
+// (not bool); the others but logical_not need float32 or float64 (convert first).
+// Surprising: logical_not on an integer is a bitwise not (~x), not jnp's bool result.
 Value neg(const Value& x);
 Value abs(const Value& x);
 Value exp(const Value& x);
@@ -73,7 +84,11 @@ Value ceil(const Value& x);
 Value sign(const Value& x);
 Value logical_not(const Value& x);
 
-// Elementwise binary ops with numpy broadcasting; a double takes the other operand's dtype.
+// Elementwise binary ops with numpy broadcasting; mixed dtypes meet at promote_types.
+// add, sub, mul, div and pow need numeric operands (not bool); logical_and and logical_or
+// need bool or integers, and on integers are bitwise (& and |, not jnp's bool result).
+// where(pred, ...) needs a bool pred. Surprising: a double operand takes the other
+// operand's dtype, so on an int32 x, x * 0.5 multiplies by 0 (JAX would compute in float32).
 Value add(const Value& x, const Value& y);
 Value sub(const Value& x, const Value& y);
 Value mul(const Value& x, const Value& y);
@@ -106,7 +121,9 @@ Value operator<=(const Value& x, const Value& y);
 Value operator>(const Value& x, const Value& y);
 Value operator>=(const Value& x, const Value& y);
 
-// Shapes and types.
+// Shapes and types. convert casts to any dtype (float to int saturates, NaN gives 0);
+// broadcast_in_dim maps operand dimension i to result dimension dims[i] (increasing);
+// squeeze with no axes drops every dimension of size 1.
 Value convert(const Value& x, DType dtype);
 Value broadcast_in_dim(const Value& x, Shape shape, std::vector<int64_t> dims);
 Value broadcast_to(const Value& x, Shape shape);  // numpy rules
@@ -115,7 +132,9 @@ Value transpose(const Value& x, std::vector<int64_t> permutation);
 Value expand_dims(const Value& x, int64_t axis);
 Value squeeze(const Value& x, std::vector<int64_t> axes);
 
-// Reductions over `axes` (all axes when empty), optionally keeping them as size 1.
+// Reductions over `axes` (all axes when empty), optionally keeping them as size 1. mean needs
+// a float operand (unlike jnp.mean, integers are an error). argmax gives an int32 or int64
+// index along `axis`, which must not be empty.
 Value sum(const Value& x, std::vector<int64_t> axes = {}, bool keepdims = false);
 Value max(const Value& x, std::vector<int64_t> axes = {}, bool keepdims = false);
 Value min(const Value& x, std::vector<int64_t> axes = {}, bool keepdims = false);
@@ -123,19 +142,25 @@ Value prod(const Value& x, std::vector<int64_t> axes = {}, bool keepdims = false
 Value mean(const Value& x, std::vector<int64_t> axes = {}, bool keepdims = false);
 Value argmax(const Value& x, int64_t axis, DType index_dtype = DType::kI32);
 
-// Contractions: dot_general as lax; matmul/dot as jnp for rank 1 and 2 operands.
+// Contractions, on operands of one non-bool dtype (no promotion): dot_general as lax;
+// matmul as jnp, but operands of rank > 2 must have equal ranks (no batch broadcasting).
+// Surprising: dot is matmul, which differs from jnp.dot for rank > 2.
 Value dot_general(const Value& lhs, const Value& rhs, DotDims dims);
 Value matmul(const Value& lhs, const Value& rhs);
 Value dot(const Value& lhs, const Value& rhs);
 
+// x[start:limit], one start and limit per dimension (no negative indices); xs joined along
+// `axis`, agreeing in dtype and in every other dimension.
 Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit);
 Value concatenate(const std::vector<Value>& xs, int64_t axis);
 
-// Arrays made inside the traced function (REQUIRES: called while tracing).
+// Arrays made inside the traced function: iota counts along `dimension` (not bool); full
+// holds `value` converted to dtype. Called outside a trace they return an invalid Value.
 Value iota(DType dtype, Shape shape, int64_t dimension);
 Value full(Shape shape, double value, DType dtype = DType::kF32);
 
-// jax.lax.with_sharding_constraint: pins the sharding of an intermediate.
+// jax.lax.with_sharding_constraint: pins the sharding of an intermediate. Fails the trace
+// when `sharding` does not fit x's shape (NamedSharding::validate).
 Value with_sharding_constraint(const Value& x, const NamedSharding& sharding);
 
 }  // namespace tessera

@@ -1,7 +1,7 @@
 // visualize_array_sharding: the text picture of a layout that jax.debug.visualize_array_sharding
 // prints — a boxed grid, one tile per block, labelled with the devices that hold it.
 //
-//   std::cout << visualize_array_sharding(x);   // x: (16, 8) under P('data', 'model') on (4, 2)
+//   std::cout << *visualize_array_sharding(x);   // x: (16, 8) under P('data', 'model') on (4, 2)
 //   ┌───────┬───────┐
 //   │ CPU 0 │ CPU 1 │
 //   ├───────┼───────┤
@@ -17,8 +17,12 @@
 
 namespace tessera {
 
-// INVALID_ARGUMENT for arrays of rank other than 1 or 2, or a sharding that does not fit.
+// The picture of an array of `shape` laid out by `sharding`, lines ending in '\n'; a tile
+// held by several devices lists them all ("CPU 0,4"). INVALID_ARGUMENT for a shape of rank
+// other than 1 or 2, or a sharding that does not fit it (NamedSharding::validate).
 absl::StatusOr<std::string> visualize_sharding(const Shape& shape, const NamedSharding& sharding);
+// visualize_sharding(array.shape(), array.sharding()); metadata only: never waits for the
+// array's data.
 absl::StatusOr<std::string> visualize_array_sharding(const Array& array);
 
 }  // namespace tessera
