@@ -75,8 +75,8 @@ class Client {
   // Starts a coordinator and `num_devices` workers inside this process, on 127.0.0.1
   // ephemeral ports, and connects to them. Devices are numbered 0 .. num_devices - 1. They
   // compute with this process's OpenBLAS, each with max(1, cores / num_devices) threads
-  // (unless OPENBLAS_NUM_THREADS is set); call ensure_fast_blas(argv) (worker/kernels/blas.h)
-  // first thing in main() for the fast kernel on AVX-512 CPUs. Waits (up to 30 s) for every
+  // (unless OPENBLAS_NUM_THREADS is set); call ensure_fast_blas(argv) (below) first thing in
+  // main() for the fast kernel on AVX-512 CPUs. Waits (up to 30 s) for every
   // device to be alive. INVALID_ARGUMENT when num_devices is outside [1, 1024], the heartbeat
   // timeout does not exceed a positive interval, or memory_bytes_per_device is not positive;
   // UNAVAILABLE when a server cannot listen; DEADLINE_EXCEEDED when the devices do not all
@@ -119,6 +119,13 @@ class Client {
   explicit Client(std::shared_ptr<internal::ClientImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<internal::ClientImpl> impl_;
 };
+
+// For programs that run Client::local, first thing in main(): Debian's OpenBLAS 0.3.21 does
+// not recognise recent AVX-512 CPUs and computes 4-5x slower with its generic kernel. When the
+// CPU has AVX-512 and OPENBLAS_CORETYPE is unset, sets it and re-executes the program with the
+// same arguments; returns when there is nothing to do (or the exec failed). (The daemons call
+// it too; it is defined with the kernels.)
+void ensure_fast_blas(char** argv);
 
 }  // namespace tessera
 

@@ -25,6 +25,7 @@
 #include "tessera/jit.h"
 #include "tessera/shard_map.h"
 #include "tessera/trace.h"
+#include "tessera/version.h"
 #include "tessera/visualize.h"
 
 #endif  // TESSERA_TESSERA_H_

@@ -1,0 +1,51 @@
+#!/bin/sh
+# The SDK as an application outside the tree gets it: install the build into a temporary
+# prefix, then
+#   1. every installed header compiles on its own with only <prefix>/include on the path, and
+#      none includes generated proto, gRPC or (outside core/xtensor_interop.h) xtensor headers;
+#   2. examples/app configures with find_package(tessera), builds, and runs on Client::local(8);
+#   3. the same program builds with pkg-config's flags and runs;
+#   4. the library's SONAME carries the major version.
+#
+#   sh tests/sdk/install_test.sh SOURCE_DIR BUILD_DIR
+set -eu
+src=$1
+build=$2
+work=$(mktemp -d "${TMPDIR:-/tmp}/tessera-sdk.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix="$work/prefix"
+cmake --install "$build" --prefix "$prefix" >"$work/install.log"
+libdir=$(dirname "$(find "$prefix" -name 'libtessera.so' | head -n 1)")
+echo "installed into $prefix (libraries in ${libdir#"$prefix"/})"
+
+for header in $(cd "$prefix/include" && find tessera -name '*.h' | sort); do
+  echo "#include <$header>" > "$work/one_header.cc"
+  if ! g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I"$prefix/include" "$work/one_header.cc"; then
+    echo "FAIL: the installed header $header does not compile on its own"
+    exit 1
+  fi
+done
+if grep -rnE '#include [<"](grpc|grpcpp/|google/protobuf/|proto/|xtensor/)' "$prefix/include" |
+   grep -v 'tessera/core/xtensor_interop.h'; then
+  echo "FAIL: installed headers include implementation headers (above)"
+  exit 1
+fi
+echo "ok: $(cd "$prefix/include" && find tessera -name '*.h' | wc -l) installed headers compile on their own"
+
+cmake -S "$src/examples/app" -B "$work/app" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >"$work/app-configure.log"
+cmake --build "$work/app" >"$work/app-build.log" || { cat "$work/app-build.log"; exit 1; }
+"$work/app/app" | tee "$work/app.out"
+grep -q '^app: ok$' "$work/app.out"
+echo "ok: examples/app with find_package(tessera)"
+
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+# shellcheck disable=SC2046  # pkg-config's flags are words
+g++ -O1 -o "$work/app-pc" "$src/examples/app/main.cc" $(pkg-config --cflags --libs tessera)
+LD_LIBRARY_PATH="$libdir" "$work/app-pc" > "$work/app-pc.out"
+grep -q '^app: ok$' "$work/app-pc.out"
+echo "ok: the same program with pkg-config --cflags --libs tessera ($(pkg-config --modversion tessera))"
+
+soname=$(readelf -d "$libdir/libtessera.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[ "$soname" = "libtessera.so.$(pkg-config --modversion tessera | cut -d. -f1)" ] ||
+  { echo "FAIL: SONAME is '$soname'"; exit 1; }
+echo "ok: SONAME $soname"
