@@ -97,10 +97,9 @@ TEST_P(GuideTest, BlockRuns) {
   }
   EXPECT_TRUE(status.ok()) << status;
   if (block.expected_output != nullptr) {
-    EXPECT_TRUE(output_matches(block.expected_output, printed))
-        << "printed:\n"
-        << printed << "\nexpected (the ```text output block):\n"
-        << block.expected_output;
+    EXPECT_TRUE(output_matches(block.expected_output, printed)) << "printed:\n"
+                                                                << printed << "\nexpected (the ```text output block):\n"
+                                                                << block.expected_output;
   }
 }
 
