@@ -1,0 +1,117 @@
+# Extracts the ```cpp blocks of a Markdown guide into one C++ file for guide_test.
+#
+#   cmake -DGUIDE=docs/guide.md -DOUT=guide_blocks.cc -P extract_guide.cmake
+#
+# Every block's #include lines move to the top of the file. A block containing `int main(` is a
+# complete program: it goes into a namespace of its own, so the programs share one translation
+# unit. Any other block is a snippet: the body of a function
+# `absl::Status f(const Client& client, const Mesh& mesh)`, where `using namespace tessera;` is
+# in force and `mesh` is the (4, 2) ("data", "model") mesh of a Client::local(8).
+# A ```text output block right after a ```cpp block (only prose between) is what the block must
+# print to std::cout; a line "..." in it stands for any number of lines, and "..." within a line
+# for any text.
+# Fences count only at the start of a line. `#line` directives point compiler errors at the guide.
+cmake_minimum_required(VERSION 3.25)
+
+file(READ "${GUIDE}" text)
+# Make the text a CMake list of lines: protect the characters lists treat specially.
+string(ASCII 1 semicolon)
+string(ASCII 2 open_bracket)
+string(ASCII 3 close_bracket)
+string(ASCII 4 backslash)
+string(REPLACE "\\" "${backslash}" text "${text}")
+string(REPLACE ";" "${semicolon}" text "${text}")
+string(REPLACE "[" "${open_bracket}" text "${text}")
+string(REPLACE "]" "${close_bracket}" text "${text}")
+string(REPLACE "\n" ";" lines "${text}")
+
+set(includes "")
+set(programs "")
+set(snippets "")
+set(table "")
+set(count 0)
+set(state prose)       # prose, cpp, output, other
+set(last_cpp 0)        # the cpp block an output block may belong to (0: none)
+set(line_number 0)
+
+foreach(line IN LISTS lines)
+  math(EXPR line_number "${line_number} + 1")
+  if(state STREQUAL "prose")
+    if(line MATCHES "^```cpp( .*)?$")
+      set(state cpp)
+      math(EXPR count "${count} + 1")
+      set(block_start ${line_number})
+      set(block "")
+      set(block_includes "")
+      set(is_program FALSE)
+    elseif(line MATCHES "^```text output$" AND last_cpp GREATER 0)
+      set(state output)
+      set(expected "")
+    elseif(line MATCHES "^```")
+      set(state other)
+      set(last_cpp 0)
+    endif()
+  elseif(state STREQUAL "cpp")
+    if(line STREQUAL "```")
+      set(state prose)
+      set(last_cpp ${count})
+      math(EXPR body_line "${block_start} + 1")
+      set(location "#line ${body_line} \"${GUIDE}\"\n")
+      string(APPEND includes "${block_includes}")
+      if(is_program)
+        string(APPEND programs "namespace guide_program_${count} {\n${location}${block}}  // namespace guide_program_${count}\n\n")
+        set(entry_${count} "{${block_start}, [](const tessera::Client&, const tessera::Mesh&) { return tessera::guide::run_main(&::guide_program_${count}::main); }")
+      else()
+        string(APPEND snippets "absl::Status guide_snippet_${count}([[maybe_unused]] const Client& client, [[maybe_unused]] const Mesh& mesh) {\n${location}${block}  return absl::OkStatus();\n}\n\n")
+        set(entry_${count} "{${block_start}, &guide_snippet_${count}")
+      endif()
+      set(expected_${count} "nullptr")
+    else()
+      if(line MATCHES "int main\\(")
+        set(is_program TRUE)
+      endif()
+      if(line MATCHES "^#include ")
+        string(APPEND block_includes "${line}\n")
+        string(APPEND block "\n")
+      else()
+        string(APPEND block "${line}\n")
+      endif()
+    endif()
+  elseif(state STREQUAL "output")
+    if(line STREQUAL "```")
+      set(state prose)
+      set(expected_${last_cpp} "R\"guide_output(${expected})guide_output\"")
+      set(last_cpp 0)
+    else()
+      string(APPEND expected "${line}\n")
+    endif()
+  elseif(state STREQUAL "other")
+    if(line STREQUAL "```")
+      set(state prose)
+    endif()
+  endif()
+endforeach()
+if(NOT state STREQUAL "prose")
+  message(FATAL_ERROR "${GUIDE}: a fenced block is not closed")
+endif()
+
+if(count GREATER 0)
+  foreach(i RANGE 1 ${count})
+    string(APPEND table "      ${entry_${i}}, ${expected_${i}}},\n")
+  endforeach()
+endif()
+
+set(out "// Generated from ${GUIDE} by tests/docs/extract_guide.cmake: do not edit.\n")
+string(APPEND out "${includes}\n#include \"tests/docs/guide_blocks.h\"\n\n${programs}")
+string(APPEND out "namespace guide_snippets {\nusing namespace tessera;\n\n${snippets}}  // namespace guide_snippets\n\n")
+string(APPEND out "namespace tessera::guide {\n\nconst std::vector<Block>& blocks() {\n  using namespace ::guide_snippets;\n")
+string(APPEND out "  static const auto* const kBlocks = new std::vector<Block>{\n${table}  };\n  return *kBlocks;\n}\n\n}  // namespace tessera::guide\n")
+
+string(REPLACE "${close_bracket}" "]" out "${out}")
+string(REPLACE "${open_bracket}" "[" out "${out}")
+string(REPLACE "${semicolon}" ";" out "${out}")
+string(REPLACE "${backslash}" "\\" out "${out}")
+# Only touch the file when it changes, so an edit to the prose recompiles nothing.
+file(WRITE "${OUT}.tmp" "${out}")
+file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)
+file(REMOVE "${OUT}.tmp")
