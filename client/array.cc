@@ -56,7 +56,7 @@ absl::StatusOr<HostArray> Shard::data() const {
   HostArray out(array_->dtype, shape());
   Index whole;
   for (int64_t n : out.shape()) whole.push_back({0, n});
-  TESSERA_RETURN_IF_ERROR(internal::get_shard(stub, id, whole, &out, who));
+  TESSERA_RETURN_IF_ERROR(internal::get_shard(stub, id, whole, out.mutable_view(), who));
   return out;
 }
 
@@ -90,6 +90,18 @@ std::vector<Shard> Array::addressable_shards() const {
 }
 
 absl::StatusOr<HostArray> Array::fetch() const {
+  HostArray out(state_->dtype, state_->shape);
+  TESSERA_RETURN_IF_ERROR(fetch_into(out.mutable_view()));
+  return out;
+}
+
+absl::Status Array::fetch_into(const MutableHostView& out) const {
+  TESSERA_RETURN_IF_ERROR(validate_view(out.dtype, out.shape, out.data, "fetch_into"));
+  if (out.dtype != state_->dtype || out.shape != state_->shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fetch_into: the destination is ", dtype_name(out.dtype), " ", shape_to_string(out.shape), " but the array is ",
+        dtype_name(state_->dtype), " ", shape_to_string(state_->shape), "; they must match"));
+  }
   TESSERA_ASSIGN_OR_RETURN(const uint64_t id, state_->ready_id());
   std::set<int> restarted;
   TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*state_, id, &restarted));
@@ -126,13 +138,25 @@ absl::StatusOr<HostArray> Array::fetch() const {
       return absl::UnavailableError(absl::StrCat(where, ", which is lost"));
     }
   }
-  HostArray out(state_->dtype, state_->shape);
-  TESSERA_RETURN_IF_ERROR(internal::run_parallel(static_cast<int>(sources.size()), [&](int i) -> absl::Status {
+  return internal::run_parallel(static_cast<int>(sources.size()), [&](int i) -> absl::Status {
     const Source& src = sources[i];
     const std::string who = absl::StrCat("fetch of array ", id, " from ", describe(*src.device));
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, state_->client->worker(src.device->address(), who));
-    return internal::get_shard(stub, id, src.index, &out, who);
-  }));
+    return internal::get_shard(stub, id, src.index, out, who);
+  });
+}
+
+absl::StatusOr<std::vector<HostArray>> device_get(const std::vector<Array>& arrays) {
+  std::vector<HostArray> out(arrays.size());
+  absl::Status status = internal::run_parallel(static_cast<int>(arrays.size()), [&](int i) -> absl::Status {
+    absl::StatusOr<HostArray> one = arrays[i].fetch();
+    if (!one.ok()) {
+      return absl::Status(one.status().code(), absl::StrCat("device_get: array ", i, ": ", one.status().message()));
+    }
+    out[i] = *std::move(one);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
   return out;
 }
 

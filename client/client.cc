@@ -153,12 +153,17 @@ absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<s
 }
 
 absl::StatusOr<Array> Client::device_put(const HostArray& host, const NamedSharding& sharding) const {
-  absl::Status valid = sharding.validate(host.shape());
+  return device_put(host.view(), sharding);
+}
+
+absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedSharding& sharding) const {
+  TESSERA_RETURN_IF_ERROR(validate_view(host.dtype, host.shape, host.data, "device_put"));
+  absl::Status valid = sharding.validate(host.shape);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("device_put: ", valid.message()));
 
   pb::CreateArrayRequest req;
-  req.set_dtype(to_proto(host.dtype()));
-  to_proto(host.shape(), req.mutable_shape());
+  req.set_dtype(to_proto(host.dtype));
+  to_proto(host.shape, req.mutable_shape());
   to_proto(sharding, req.mutable_sharding());
   pb::CreateArrayReply reply;
   {
@@ -168,12 +173,12 @@ absl::StatusOr<Array> Client::device_put(const HostArray& host, const NamedShard
                                       absl::StrCat("device_put: coordinator ", impl_->coordinator_address())));
   }
   // From here on the handle owns the array: if an upload fails, dropping it frees the rest.
-  Array array(internal::ArrayState::placed(impl_, reply.array_id(), host.dtype(), host.shape(), sharding));
+  Array array(internal::ArrayState::placed(impl_, reply.array_id(), host.dtype, host.shape, sharding));
   TESSERA_ASSIGN_OR_RETURN(pb::Topology topology, impl_->topology());
   std::map<int, std::string> addresses;
   for (const pb::DeviceInfo& d : topology.devices()) addresses[d.id()] = d.address();
 
-  const std::vector<DeviceShard> shards = sharding.device_shards(host.shape());
+  const std::vector<DeviceShard> shards = sharding.device_shards(host.shape);
   TESSERA_RETURN_IF_ERROR(internal::run_parallel(static_cast<int>(shards.size()), [&](int i) -> absl::Status {
     const DeviceShard& shard = shards[i];
     const std::string& address = addresses[shard.device_id];

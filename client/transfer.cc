@@ -11,19 +11,21 @@
 
 namespace tessera::internal {
 
-absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostArray& global, const Index& index,
+absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostView& global, const Index& index,
                        const std::string& who) {
-  const int64_t elem = dtype_size(global.dtype());
+  const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
   // A contiguous block streams straight from the global array; others are gathered first.
   HostArray gathered;
   const std::byte* src = nullptr;
-  const int64_t offset = contiguous_block_offset(global.shape(), index);
+  const int64_t offset = contiguous_block_offset(global.shape, index);
+  const auto* global_data = static_cast<const std::byte*>(global.data);
   if (offset >= 0) {
-    src = global.data() + offset * elem;
+    src = global_data + offset * elem;
   } else {
-    gathered = extract_block(global, index);
+    gathered = HostArray(global.dtype, shape);
+    copy_block_out(global_data, global.shape, elem, index, gathered.data());
     src = gathered.data();
   }
 
@@ -34,7 +36,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostArr
   pb::ShardChunk chunk;
   pb::ShardHeader* header = chunk.mutable_header();
   header->set_buffer_id(buffer_id);
-  header->set_dtype(to_proto(global.dtype()));
+  header->set_dtype(to_proto(global.dtype));
   to_proto(shape, header->mutable_shape());
   int64_t sent = 0;
   do {
@@ -49,18 +51,19 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostArr
   return from_grpc(writer->Finish(), who);
 }
 
-absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& index, HostArray* global,
+absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& index, const MutableHostView& global,
                        const std::string& who) {
-  const int64_t elem = dtype_size(global->dtype());
+  const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
   HostArray staging;
   std::byte* dst = nullptr;
-  const int64_t offset = contiguous_block_offset(global->shape(), index);
+  const int64_t offset = contiguous_block_offset(global.shape, index);
+  auto* global_data = static_cast<std::byte*>(global.data);
   if (offset >= 0) {
-    dst = global->data() + offset * elem;
+    dst = global_data + offset * elem;
   } else {
-    staging = HostArray(global->dtype(), shape);
+    staging = HostArray(global.dtype, shape);
     dst = staging.data();
   }
 
@@ -78,10 +81,10 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& 
       first = false;
       absl::StatusOr<DType> dtype = dtype_from_proto(chunk.header().dtype());
       Shape got(chunk.header().shape().dims().begin(), chunk.header().shape().dims().end());
-      if (!dtype.ok() || *dtype != global->dtype() || got != shape) {
+      if (!dtype.ok() || *dtype != global.dtype || got != shape) {
         status = absl::DataLossError(absl::StrCat(
             who, ": buffer ", buffer_id, " holds ", dtype.ok() ? dtype_name(*dtype) : "an unknown dtype", " ",
-            shape_to_string(got), ", expected ", dtype_name(global->dtype()), " ", shape_to_string(shape)));
+            shape_to_string(got), ", expected ", dtype_name(global.dtype), " ", shape_to_string(shape)));
         ctx.TryCancel();
         break;
       }
@@ -101,7 +104,7 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& 
   if (received != bytes) {
     return absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " sent ", received, " of ", bytes, " bytes"));
   }
-  if (offset < 0) insert_block(staging, index, global);
+  if (offset < 0) copy_block_in(staging.data(), global.shape, elem, index, global_data);
   return absl::OkStatus();
 }
 

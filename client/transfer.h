@@ -15,12 +15,13 @@
 namespace tessera::internal {
 
 // Uploads block `index` of `global` as buffer `buffer_id`. Errors are prefixed with `who`.
-absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostArray& global, const Index& index,
+// REQUIRES: validate_view(global) and validate_index(index, global.shape) are OK.
+absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostView& global, const Index& index,
                        const std::string& who);
 
 // Downloads buffer `buffer_id` into block `index` of `global`, checking that the worker's
-// dtype and shape are the ones expected (DATA_LOSS otherwise).
-absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& index, HostArray* global,
+// dtype and shape are the ones expected (DATA_LOSS otherwise). Same REQUIRES.
+absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& index, const MutableHostView& global,
                        const std::string& who);
 
 // Runs task(0) .. task(n - 1) on their own threads; returns the first error by task index.

@@ -2,12 +2,14 @@
 
 #include <sys/mman.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <new>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
 namespace tessera {
@@ -113,6 +115,26 @@ void HostArray::FreeDeleter::operator()(std::byte* p) const {
   } else {
     std::free(p);
   }
+}
+
+absl::Status validate_view(DType dtype, const Shape& shape, const void* data, absl::string_view where) {
+  absl::Status valid = validate_shape(shape, dtype_size(dtype), where);
+  if (!valid.ok()) return valid;
+  if (data == nullptr && num_elements(shape) > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the view of ", dtype_name(dtype), " ",
+                                                   shape_to_string(shape), " has no data (a null pointer)"));
+  }
+  return absl::OkStatus();
+}
+
+HostView HostArray::view() const { return {dtype_, shape_, data_.get()}; }
+
+MutableHostView HostArray::mutable_view() { return {dtype_, shape_, data_.get()}; }
+
+void HostArray::size_mismatch(size_t values, const HostArray& array) {
+  std::fprintf(stderr, "HostArray::from_vector: %zu values for shape %s, which has %lld elements\n", values,
+               shape_to_string(array.shape()).c_str(), static_cast<long long>(array.size()));
+  std::abort();
 }
 
 HostArray HostArray::zeros(DType dtype, Shape shape) {

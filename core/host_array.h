@@ -18,11 +18,37 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/dtype.h"
 #include "core/shape.h"
 
 namespace tessera {
+
+// Elements someone else owns, used in place: `dtype` elements, dense and row-major, at
+// `data`. Client::device_put reads a HostView and Array::fetch_into writes a MutableHostView,
+// so an application's own buffers (a std::vector, an xtensor container, a memory-mapped
+// file) go to and from the cluster with no copy through a HostArray. The memory must stay
+// valid (and, for a MutableHostView, unread by others) until the call returns.
+//
+//   std::vector<float> mine(16 * 8, 1.0f);
+//   client->device_put(HostView{DType::kF32, {16, 8}, mine.data()}, sharding);
+//   x->fetch_into(MutableHostView{DType::kF32, {16, 8}, mine.data()});
+struct HostView {
+  DType dtype = DType::kF32;
+  Shape shape;
+  const void* data = nullptr;
+};
+struct MutableHostView {
+  DType dtype = DType::kF32;
+  Shape shape;
+  void* data = nullptr;
+};
+
+// OK when `shape` is valid for `dtype` (validate_shape) and `data` is not null (or the shape
+// has no elements); else INVALID_ARGUMENT naming `where`, the shape and the rule.
+absl::Status validate_view(DType dtype, const Shape& shape, const void* data, absl::string_view where);
 
 class HostArray {
  public:
@@ -40,12 +66,11 @@ class HostArray {
   static HostArray arange(DType dtype, Shape shape);
 
   // A copy of `values` (row-major) as an array of dtype_of<T>() and `shape`.
-  // REQUIRES: values.size() == num_elements(shape); checked only by assert, so a release
-  // build copies values.size() elements whatever the shape.
+  // REQUIRES: values.size() == num_elements(shape); otherwise prints both and aborts.
   template <typename T>
   static HostArray from_vector(Shape shape, const std::vector<T>& values) {
     HostArray a(dtype_of<T>(), std::move(shape));
-    assert(static_cast<int64_t>(values.size()) == a.size());
+    if (static_cast<int64_t>(values.size()) != a.size()) size_mismatch(values.size(), a);
     if constexpr (std::is_same_v<T, bool>) {
       for (size_t i = 0; i < values.size(); ++i) a.mutable_values<bool>()[i] = values[i];
     } else if (!values.empty()) {
@@ -78,6 +103,10 @@ class HostArray {
   std::byte* data() { return data_.get(); }
   const std::byte* data() const { return data_.get(); }
 
+  // This array's elements as views (valid while it lives), for the calls that take them.
+  HostView view() const;
+  MutableHostView mutable_view();
+
   // The elements, row-major, viewed in place (valid while this array lives).
   // REQUIRES: dtype_of<T>() == dtype().
   template <typename T>
@@ -101,6 +130,10 @@ class HostArray {
   bool operator!=(const HostArray& other) const { return !(*this == other); }
 
  private:
+  // from_vector with the wrong number of values: a programming error, like a bad index;
+  // prints both sizes and aborts (in every build: writing past the buffer would be worse).
+  [[noreturn]] static void size_mismatch(size_t values, const HostArray& array);
+
   // Frees a buffer of `bytes` (rounded) bytes: large ones go back to a bounded process-wide
   // cache that the next allocation of the same size takes (see host_array.cc).
   struct FreeDeleter {

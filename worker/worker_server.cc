@@ -235,7 +235,11 @@ class WorkerService final : public WorkerServiceBase {
     TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(header.dtype()));
     TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(header.shape(), dtype));
     const int64_t bytes = num_elements(shape) * dtype_size(dtype);
-    TESSERA_RETURN_IF_ERROR(store_.reserve(header.buffer_id(), bytes));
+    absl::Status reserved = store_.reserve(header.buffer_id(), bytes);
+    if (!reserved.ok()) {
+      return absl::Status(reserved.code(),
+                          absl::StrCat("shard ", type_to_string(dtype, shape), ": ", reserved.message()));
+    }
     return std::make_shared<HostArray>(dtype, std::move(shape));
   }
 

@@ -85,6 +85,24 @@ TEST(Shape, ValidateShape) {
 
 // ---- HostArray -------------------------------------------------------------------------------
 
+TEST(HostArrayDeathTest, FromVectorWithTheWrongCountAbortsInEveryBuild) {
+  EXPECT_DEATH(HostArray::from_vector<float>({2, 2}, {1, 2, 3, 4, 5}), "5 values for shape \\(2, 2\\), which has 4");
+}
+
+TEST(HostArray, ViewsShowTheArraysOwnStorage) {
+  HostArray x = HostArray::arange(DType::kI32, {3, 2});
+  const HostView v = x.view();
+  EXPECT_EQ(v.dtype, DType::kI32);
+  EXPECT_EQ(v.shape, (Shape{3, 2}));
+  EXPECT_EQ(v.data, x.data());
+  EXPECT_EQ(x.mutable_view().data, x.data());
+  EXPECT_TRUE(validate_view(DType::kI32, {3, 2}, x.data(), "here").ok());
+  EXPECT_TRUE(validate_view(DType::kI32, {0, 2}, nullptr, "here").ok());  // no elements, no data needed
+  EXPECT_THAT(std::string(validate_view(DType::kI32, {3, 2}, nullptr, "here").message()),
+              testing::HasSubstr("here: the view of int32 (3, 2) has no data"));
+  EXPECT_EQ(validate_view(DType::kI32, {3, -2}, x.data(), "here").code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(HostArray, FromVectorAndValues) {
   HostArray x = HostArray::from_vector<float>({2, 3}, {0, 1, 2, 3, 4, 5});
   EXPECT_EQ(x.dtype(), DType::kF32);

@@ -1,11 +1,14 @@
 // Integration tests of device_put, fetch, shards and deletion on an embedded 8-device cluster
-// (Client::local: a real coordinator and real workers over gRPC on 127.0.0.1).
+// (Client::local: a real coordinator and real workers over gRPC on 127.0.0.1), including host
+// data in and out through views, device_get and xtensor containers.
 #include <cstring>
 #include <random>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
+#include "tessera/xtensor.h"
+#include "xtensor/xview.hpp"
 
 namespace tessera {
 namespace {
@@ -293,6 +296,109 @@ TEST(LocalClusterStartup, RejectsBadDeviceCounts) {
   absl::StatusOr<Client> client = Client::local(0);
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Every layout, including those whose blocks are not contiguous in the host array (split
+// columns): device_put reads the caller's vector and fetch_into writes another in place.
+TEST_F(LocalClusterTest, ViewsOfTheCallersMemoryGoInAndOut) {
+  for (const PartitionSpec& spec : all_layouts()) {
+    SCOPED_TRACE(spec.to_string());
+    std::vector<int64_t> mine(16 * 8);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<int64_t>(i * i) - 500;
+    absl::StatusOr<Array> array =
+        client_->device_put(HostView{DType::kI64, {16, 8}, mine.data()}, NamedSharding(*mesh_, spec));
+    ASSERT_TRUE(array.ok()) << array.status();
+    std::vector<int64_t> back(mine.size(), 7);
+    ASSERT_TRUE(array->fetch_into(MutableHostView{DType::kI64, {16, 8}, back.data()}).ok());
+    EXPECT_EQ(back, mine);
+  }
+}
+
+TEST_F(LocalClusterTest, BadViewsAreRefusedNamingTheMismatch) {
+  std::vector<float> mine(16 * 8, 1.0f);
+  const NamedSharding sharding(*mesh_, P("data", None));
+  absl::StatusOr<Array> null = client_->device_put(HostView{DType::kF32, {16, 8}, nullptr}, sharding);
+  EXPECT_EQ(null.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(null.status().message()), HasSubstr("device_put: the view of float32 (16, 8) has no data"));
+  absl::StatusOr<Array> negative = client_->device_put(HostView{DType::kF32, {16, -8}, mine.data()}, sharding);
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+
+  absl::StatusOr<Array> array = client_->device_put(HostView{DType::kF32, {16, 8}, mine.data()}, sharding);
+  ASSERT_TRUE(array.ok()) << array.status();
+  std::vector<double> wrong(16 * 8);
+  absl::Status status = array->fetch_into(MutableHostView{DType::kF64, {16, 8}, wrong.data()});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("fetch_into: the destination is float64 (16, 8) but the array is float32 (16, 8)"));
+  status = array->fetch_into(MutableHostView{DType::kF32, {8, 16}, mine.data()});
+  EXPECT_THAT(std::string(status.message()), HasSubstr("the destination is float32 (8, 16)"));
+  EXPECT_EQ(mine, std::vector<float>(16 * 8, 1.0f)) << "a refused fetch_into wrote its destination";
+}
+
+TEST_F(LocalClusterTest, DeviceGetFetchesSeveralArraysInOrder) {
+  std::vector<HostArray> hosts;
+  std::vector<Array> arrays;
+  uint32_t seed = 40;
+  for (DType dtype : kAllDTypes) {
+    for (const PartitionSpec& spec : {P("data", None), P(None, "model"), P()}) {
+      hosts.push_back(random_array(dtype, {8, 4}, seed++));
+      absl::StatusOr<Array> a = client_->device_put(hosts.back(), NamedSharding(*mesh_, spec));
+      ASSERT_TRUE(a.ok()) << a.status();
+      arrays.push_back(*a);
+    }
+  }
+  absl::StatusOr<std::vector<HostArray>> got = device_get(arrays);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), hosts.size());
+  for (size_t i = 0; i < hosts.size(); ++i) EXPECT_TRUE((*got)[i] == hosts[i]) << "array " << i;
+
+  // An array whose data is gone fails the whole call, naming its position.
+  JitOptions donate;
+  donate.donate_argnums = {0};
+  absl::StatusOr<std::vector<Array>> out =
+      jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; }, donate)({arrays[1]});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<std::vector<HostArray>> failed = device_get({arrays[0], arrays[1], (*out)[0]});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("device_get: array 1: "));
+}
+
+TEST_F(LocalClusterTest, XtensorContainersAndExpressions) {
+  xt::xarray<float> x = xt::zeros<float>({16, 8});
+  for (size_t r = 0; r < 16; ++r) {
+    for (size_t c = 0; c < 8; ++c) x(r, c) = static_cast<float>(r) * 10.0f + static_cast<float>(c);
+  }
+  // A dense container is read in place; a transposed or strided view is not dense row-major
+  // and is evaluated first. Either way the cluster holds the expression's values.
+  EXPECT_TRUE(is_dense_row_major(x));
+  auto transposed = xt::transpose(x);
+  auto every_other_column = xt::view(x, xt::all(), xt::range(0, 8, 2));
+  EXPECT_FALSE(is_dense_row_major(transposed));
+  EXPECT_FALSE(is_dense_row_major(every_other_column));
+  const NamedSharding sharding(*mesh_, P("data", "model"));
+  for (auto [name, result] : {std::pair{"container", device_put(*client_, x, sharding)},
+                              std::pair{"transpose", device_put(*client_, transposed, sharding)},
+                              std::pair{"strided view", device_put(*client_, every_other_column, sharding)},
+                              std::pair{"expression", device_put(*client_, x * 2.0f + 1.0f, sharding)}}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(result.ok()) << result.status();
+    absl::StatusOr<xt::xarray<float>> back = fetch_xarray<float>(*result);
+    ASSERT_TRUE(back.ok()) << back.status();
+    const std::string which = name;
+    xt::xarray<float> want = which == "container"    ? xt::xarray<float>(x)
+                             : which == "transpose"  ? xt::xarray<float>(transposed)
+                             : which == "expression" ? xt::xarray<float>(x * 2.0f + 1.0f)
+                                                     : xt::xarray<float>(every_other_column);
+    EXPECT_EQ(*back, want);
+  }
+  absl::StatusOr<Array> ints =
+      device_put(*client_, xt::xarray<int32_t>{{1, 2}, {3, 4}, {5, 6}, {7, 8}}, NamedSharding(*mesh_, P("data", None)));
+  ASSERT_TRUE(ints.ok()) << ints.status();
+  absl::StatusOr<xt::xarray<float>> wrong = fetch_xarray<float>(*ints);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("fetch_xarray: the array is int32, not float32"));
+  EXPECT_EQ(*fetch_xarray<int32_t>(*ints), (xt::xarray<int32_t>{{1, 2}, {3, 4}, {5, 6}, {7, 8}}));
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 # The SDK as an application outside the tree gets it: install the build into a temporary
 # prefix, then
 #   1. every installed header compiles on its own with only <prefix>/include on the path, and
-#      none includes generated proto, gRPC or (outside core/xtensor_interop.h) xtensor headers;
+#      none includes generated proto or gRPC headers, nor xtensor's outside the opt-in
+#      tessera/xtensor.h and tessera/core/xtensor_interop.h;
 #   2. examples/app configures with find_package(tessera), builds, and runs on Client::local(8);
 #   3. the same program builds with pkg-config's flags and runs;
 #   4. the library's SONAME carries the major version.
@@ -26,7 +27,7 @@ for header in $(cd "$prefix/include" && find tessera -name '*.h' | sort); do
   fi
 done
 if grep -rnE '#include [<"](grpc|grpcpp/|google/protobuf/|proto/|xtensor/)' "$prefix/include" |
-   grep -v 'tessera/core/xtensor_interop.h'; then
+   grep -vE 'tessera/(core/xtensor_interop|xtensor)\.h:'; then
   echo "FAIL: installed headers include implementation headers (above)"
   exit 1
 fi
@@ -43,7 +44,10 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig"
 g++ -O1 -o "$work/app-pc" "$src/examples/app/main.cc" $(pkg-config --cflags --libs tessera)
 LD_LIBRARY_PATH="$libdir" "$work/app-pc" > "$work/app-pc.out"
 grep -q '^app: ok$' "$work/app-pc.out"
-echo "ok: the same program with pkg-config --cflags --libs tessera ($(pkg-config --modversion tessera))"
+version=$(pkg-config --modversion tessera)
+echo "ok: the same program with pkg-config --cflags --libs tessera ($version)"
+grep -q "^tessera $version (built against $version), protocol [0-9]" "$work/app.out" ||
+  { echo "FAIL: the app does not report version $version"; exit 1; }
 
 soname=$(readelf -d "$libdir/libtessera.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 [ "$soname" = "libtessera.so.$(pkg-config --modversion tessera | cut -d. -f1)" ] ||

@@ -87,6 +87,12 @@ class Array {
   // naming the device whose worker does not answer; DATA_LOSS for a malformed transfer.
   absl::StatusOr<HostArray> fetch() const;
 
+  // fetch() into memory the caller owns (no HostArray in between): each block is written
+  // straight into `out` when contiguous there (whole rows), else staged. The errors of fetch(),
+  // and INVALID_ARGUMENT, before anything is read, when `out` is an invalid view or its dtype
+  // or shape differ from the array's. On error, `out` may be partly written.
+  absl::Status fetch_into(const MutableHostView& out) const;
+
   // Whether the array's data exists, or the call computing it has finished (possibly
   // failed). Never blocks.
   bool is_ready() const;
@@ -110,6 +116,11 @@ class Array {
   explicit Array(std::shared_ptr<internal::ArrayState> state) : state_(std::move(state)) {}
   std::shared_ptr<internal::ArrayState> state_;
 };
+
+// jax.device_get of several arrays: fetches them all at once (every block of every array in
+// parallel) and returns them in order. The first error by position, as Array::fetch gives
+// it, prefixed with "device_get: array i: ".
+absl::StatusOr<std::vector<HostArray>> device_get(const std::vector<Array>& arrays);
 
 // Waits for every array (Array::block_until_ready), even after an error; returns the first
 // error by position, or OK.

@@ -106,6 +106,11 @@ class Client {
   // naming it. On error the coordinator is asked (best effort) to free what
   // was placed.
   absl::StatusOr<Array> device_put(const HostArray& host, const NamedSharding& sharding) const;
+  // The same from memory the caller owns (a std::vector, an xtensor container — see
+  // tessera/xtensor.h): each device's block is sent straight from it when contiguous there
+  // (whole rows), else gathered first. INVALID_ARGUMENT also for an invalid view
+  // (validate_view). The memory is only read, and not after the call returns.
+  absl::StatusOr<Array> device_put(const HostView& host, const NamedSharding& sharding) const;
 
   // What the device's worker reports about its memory, asked now. NOT_FOUND when the device
   // is not in the cluster; UNAVAILABLE or DEADLINE_EXCEEDED naming the coordinator or the

@@ -18,6 +18,7 @@
 #include "core/partition_spec.h"
 #include "core/shape.h"
 #include "core/sharding.h"
+#include "core/status.h"
 #include "tessera/array.h"
 #include "tessera/client.h"
 #include "tessera/collective.h"
