@@ -61,7 +61,8 @@ constexpr char kUsage[] =
     "  tessera down [--state FILE]\n"
     "      stops the processes up started (SIGTERM, then SIGKILL after 5 s) and removes the state\n"
     "  tessera run-example NAME [--coordinator HOST:PORT] [-- ARGS...]\n"
-    "      runs bin/example_NAME --coordinator=HOST:PORT (NAME: device_put, seed_layer)\n"
+    "      runs bin/example_NAME --coordinator=HOST:PORT ARGS... (NAME: device_put, seed_layer,\n"
+    "      shard_map, mlp_train; mlp_train takes --data=PATH)\n"
     "  tessera health --address HOST:PORT\n"
     "      exit 0 if a coordinator, or a worker that has registered, answers there\n"
     "\n"
@@ -343,7 +344,8 @@ absl::Status health() {
 }
 
 absl::Status run_example(const std::string& state_path, const std::vector<char*>& args) {
-  if (args.size() < 3) return absl::InvalidArgumentError("run-example: NAME is required (device_put, seed_layer)");
+  if (args.size() < 3)
+    return absl::InvalidArgumentError("run-example: NAME is required (device_put, seed_layer, shard_map, mlp_train)");
   const std::string name = args[2];
   const std::string program = absl::StrCat(executable_dir(), "/example_", name);
   if (access(program.c_str(), X_OK) != 0) {

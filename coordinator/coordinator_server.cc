@@ -134,9 +134,20 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     if (req->min_alive_devices() > 0) {
       const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600'000));
       if (!registry_.wait_for_alive(req->min_alive_devices(), wait)) {
-        return to_grpc(absl::DeadlineExceededError(absl::StrCat("fewer than ", req->min_alive_devices(),
-                                                                " devices alive after ", absl::FormatDuration(wait),
-                                                                "; registered: ", registry_.devices().size())));
+        int alive = 0;
+        std::vector<std::string> lost;
+        for (const DeviceRecord& d : registry_.devices()) {
+          if (d.alive) {
+            ++alive;
+          } else {
+            lost.push_back(describe_device(d.id, d.address));
+          }
+        }
+        return to_grpc(absl::DeadlineExceededError(
+            absl::StrCat("waited ", absl::FormatDuration(wait), " for ", req->min_alive_devices(),
+                         " alive devices but ", alive, " are alive",
+                         lost.empty() ? std::string(" (no other device has registered)")
+                                      : absl::StrCat("; lost: ", absl::StrJoin(lost, ", ")))));
       }
     }
     for (const DeviceRecord& d : registry_.devices()) to_proto(d, reply->add_devices());

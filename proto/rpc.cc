@@ -29,8 +29,14 @@ grpc::Status to_grpc(const absl::Status& status) {
 
 absl::Status from_grpc(const grpc::Status& status, absl::string_view who) {
   if (status.ok()) return absl::OkStatus();
+  // gRPC's own words for a peer that never answered say nothing about the peer.
+  const bool silent =
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && status.error_message() == "Deadline Exceeded";
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(who, ": ", status.error_message()));
+                      absl::StrCat(who, ": ",
+                                   silent ? "no answer before the deadline (the process may be stopped, hung or "
+                                            "unreachable)"
+                                          : status.error_message()));
 }
 
 void set_deadline(grpc::ClientContext* ctx, absl::Duration timeout) {

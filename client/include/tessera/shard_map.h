@@ -8,7 +8,7 @@
 // the result is replicated over it — which tracing checks (check_vma), as JAX does.
 //
 //   ShardMapped f = shard_map(
-//       [](const std::vector<Value>& in) {   // in[0]: (16, 2) block of x, in[1]: (2, 4) block of w
+//       [](const std::vector<Value>& in) {   // in[0]: (4, 4) block of x (16, 8), in[1]: (4, 4) of w (8, 4)
 //         return std::vector<Value>{psum(matmul(in[0], in[1]), "model")};
 //       },
 //       mesh, {P("data", "model"), P("model", None)}, {P("data", None)});
