@@ -1,6 +1,9 @@
 #include "tessera/array.h"
 
+#include <algorithm>
 #include <map>
+#include <new>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -90,9 +93,15 @@ std::vector<Shard> Array::addressable_shards() const {
 }
 
 absl::StatusOr<HostArray> Array::fetch() const {
-  HostArray out(state_->dtype, state_->shape);
-  TESSERA_RETURN_IF_ERROR(fetch_into(out.mutable_view()));
-  return out;
+  std::optional<HostArray> out;
+  try {
+    out.emplace(state_->dtype, state_->shape);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("fetch: no host memory for ", type_to_string(state_->dtype, state_->shape)));
+  }
+  TESSERA_RETURN_IF_ERROR(fetch_into(out->mutable_view()));
+  return *std::move(out);
 }
 
 absl::Status Array::fetch_into(const MutableHostView& out) const {
@@ -147,16 +156,25 @@ absl::Status Array::fetch_into(const MutableHostView& out) const {
 }
 
 absl::StatusOr<std::vector<HostArray>> device_get(const std::vector<Array>& arrays) {
+  // A few arrays at a time (each fetch already reads its blocks in parallel): a thread per
+  // array would not scale to thousands of them.
+  constexpr int kLanes = 8;
+  const int n = static_cast<int>(arrays.size());
   std::vector<HostArray> out(arrays.size());
-  absl::Status status = internal::run_parallel(static_cast<int>(arrays.size()), [&](int i) -> absl::Status {
-    absl::StatusOr<HostArray> one = arrays[i].fetch();
-    if (!one.ok()) {
-      return absl::Status(one.status().code(), absl::StrCat("device_get: array ", i, ": ", one.status().message()));
+  std::vector<absl::Status> errors(arrays.size());
+  TESSERA_RETURN_IF_ERROR(internal::run_parallel(std::min(n, kLanes), [&](int lane) -> absl::Status {
+    for (int i = lane; i < n; i += kLanes) {
+      absl::StatusOr<HostArray> one = arrays[i].fetch();
+      if (one.ok()) {
+        out[i] = *std::move(one);
+      } else {
+        errors[i] =
+            absl::Status(one.status().code(), absl::StrCat("device_get: array ", i, ": ", one.status().message()));
+      }
     }
-    out[i] = *std::move(one);
     return absl::OkStatus();
-  });
-  if (!status.ok()) return status;
+  }));
+  for (const absl::Status& e : errors) TESSERA_RETURN_IF_ERROR(e);
   return out;
 }
 

@@ -158,6 +158,18 @@ absl::StatusOr<Array> Client::device_put(const HostArray& host, const NamedShard
 
 absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedSharding& sharding) const {
   TESSERA_RETURN_IF_ERROR(validate_view(host.dtype, host.shape, host.data, "device_put"));
+  // Bool elements travel as bytes 0 and 1: another byte (from a view of foreign memory) would
+  // later be read back as an invalid bool.
+  if (host.dtype == DType::kBool) {
+    const auto* bytes = static_cast<const uint8_t*>(host.data);
+    const int64_t n = num_elements(host.shape);
+    if (std::any_of(bytes, bytes + n, [](uint8_t b) { return b > 1; })) {
+      HostArray normalized(DType::kBool, host.shape);
+      auto* out = reinterpret_cast<uint8_t*>(normalized.data());
+      for (int64_t i = 0; i < n; ++i) out[i] = bytes[i] != 0 ? 1 : 0;
+      return device_put(normalized.view(), sharding);
+    }
+  }
   absl::Status valid = sharding.validate(host.shape);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("device_put: ", valid.message()));
 

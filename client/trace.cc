@@ -151,15 +151,39 @@ Value operator-(const Value& x) { return neg(x); }
 Value operator+(const Value& x, const Value& y) { return add(x, y); }
 Value operator-(const Value& x, const Value& y) { return sub(x, y); }
 Value operator*(const Value& x, const Value& y) { return mul(x, y); }
-Value operator/(const Value& x, const Value& y) { return div(x, y); }
-Value operator+(const Value& x, double y) { return add(x, like(x, y)); }
-Value operator-(const Value& x, double y) { return sub(x, like(x, y)); }
-Value operator*(const Value& x, double y) { return mul(x, like(x, y)); }
-Value operator/(const Value& x, double y) { return div(x, like(x, y)); }
-Value operator+(double x, const Value& y) { return add(like(y, x), y); }
-Value operator-(double x, const Value& y) { return sub(like(y, x), y); }
-Value operator*(double x, const Value& y) { return mul(like(y, x), y); }
-Value operator/(double x, const Value& y) { return div(like(y, x), y); }
+Value operator/(const Value& x, const Value& y) {
+  if (is_floating(x.dtype()) || is_floating(y.dtype())) return div(x, y);
+  return div(convert(x, DType::kF32), convert(y, DType::kF32));  // jnp's true division
+}
+namespace {
+
+// JAX's weak types: a Python float meeting an integer or bool array computes in float32, a
+// Python int meeting a bool array in int32; otherwise the array's dtype wins.
+Value weak_float(const Value& x) { return is_floating(x.dtype()) ? x : convert(x, DType::kF32); }
+Value weak_int(const Value& x) { return x.dtype() == DType::kBool ? convert(x, DType::kI32) : x; }
+
+// `a op y` (`y op a` when scalar_first), y a constant of a's dtype and shape.
+Value with_scalar(Op op, const Value& a, double y, bool scalar_first) {
+  const Value s = like(a, y);
+  return scalar_first ? binary(op, s, a) : binary(op, a, s);
+}
+
+}  // namespace
+
+Value operator+(const Value& x, double y) { return with_scalar(Op::kAdd, weak_float(x), y, false); }
+Value operator-(const Value& x, double y) { return with_scalar(Op::kSub, weak_float(x), y, false); }
+Value operator*(const Value& x, double y) { return with_scalar(Op::kMul, weak_float(x), y, false); }
+Value operator/(const Value& x, double y) { return with_scalar(Op::kDiv, weak_float(x), y, false); }
+Value operator+(double x, const Value& y) { return with_scalar(Op::kAdd, weak_float(y), x, true); }
+Value operator-(double x, const Value& y) { return with_scalar(Op::kSub, weak_float(y), x, true); }
+Value operator*(double x, const Value& y) { return with_scalar(Op::kMul, weak_float(y), x, true); }
+Value operator/(double x, const Value& y) { return with_scalar(Op::kDiv, weak_float(y), x, true); }
+
+Value internal::with_weak_int(Op op, const Value& x, int64_t y, bool scalar_first) {
+  // `/` is true division (float32 for integers), as jnp's.
+  const Value a = op == Op::kDiv ? weak_float(x) : weak_int(x);
+  return with_scalar(op, a, static_cast<double>(y), scalar_first);
+}
 Value operator==(const Value& x, const Value& y) { return binary(Op::kEq, x, y); }
 Value operator!=(const Value& x, const Value& y) { return binary(Op::kNe, x, y); }
 Value operator<(const Value& x, const Value& y) { return binary(Op::kLt, x, y); }

@@ -95,7 +95,7 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& 
       ctx.TryCancel();
       break;
     }
-    std::memcpy(dst + received, chunk.data().data(), static_cast<size_t>(n));
+    if (n > 0) std::memcpy(dst + received, chunk.data().data(), static_cast<size_t>(n));
     received += n;
   }
   absl::Status finish = from_grpc(reader->Finish(), who);

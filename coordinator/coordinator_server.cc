@@ -423,7 +423,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       outputs.push_back(s.set() ? std::optional<PartitionSpec>(spec_from_proto(s.spec())) : std::nullopt);
     }
     if (outputs.empty()) outputs.resize(graph.outputs().size());
-    const std::vector<int> donated(req.donated_inputs().begin(), req.donated_inputs().end());
+    std::vector<int> donated(req.donated_inputs().begin(), req.donated_inputs().end());
+    std::sort(donated.begin(), donated.end());  // one program for {0, 1} and {1, 0}
     for (size_t i = 0; i < donated.size(); ++i) {
       if (donated[i] < 0 || donated[i] >= static_cast<int>(inputs.size()) || absl::c_count(donated, donated[i]) > 1) {
         return absl::InvalidArgumentError(absl::StrCat("jit: donated input ", donated[i], " is not one of the ",

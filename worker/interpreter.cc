@@ -1,5 +1,7 @@
 #include "worker/interpreter.h"
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "core/slicing.h"
 #include "core/status.h"
@@ -30,6 +32,9 @@ int reusable_operand(const DevicePlan& plan, size_t k, const std::vector<std::sh
   for (size_t j = 0; j < inst.in.size(); ++j) {
     const std::shared_ptr<const HostArray>& a = slots[inst.in[j]];
     if (a.use_count() == 1 && dies_at(plan, k, inst.in[j]) && can_run_in_place(inst.node, *a)) {
+      // use_count() is a relaxed load: order it before our writes, after the last holder's
+      // reads (a gRPC thread dropping a zero-copy send's reference).
+      std::atomic_thread_fence(std::memory_order_acquire);
       return static_cast<int>(j);
     }
   }

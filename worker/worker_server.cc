@@ -360,9 +360,7 @@ class WorkerService final : public WorkerServiceBase {
     }
     // Donated inputs leave the store: the run holds the only reference, so its kernels may
     // write over them, and their memory counts as free from now on.
-    for (int d : plan.donated_inputs) {
-      if (d < req.input_buffers_size()) store_.erase({req.input_buffers(d)});
-    }
+    for (int d : plan.donated_inputs) store_.erase({req.input_buffers(d)});
     PlanRun run;
     run.execution = req.execution_id();
     if (loaded.has_collectives) run.peers = loaded.peers;

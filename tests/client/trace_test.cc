@@ -73,6 +73,37 @@ TEST(Trace, ScalarsTakeTheArraysDtype) {
   EXPECT_EQ(output(*g).op, Op::kSub);
 }
 
+// JAX's weak types (jnp.arange(3, dtype=int32) * 0.5 is float32, * 2 stays int32; True + 1 is
+// int32, True + 1.0 float32; a float array keeps its dtype with either; `/` is true division).
+TEST(Trace, ScalarsAreWeaklyTypedAsInJax) {
+  struct Case {
+    std::string name;
+    std::function<Value(const std::vector<Value>&)> f;
+    DType input;
+    DType want;
+  };
+  const std::vector<Case> cases = {
+      {"int32 * 0.5", [](const auto& in) { return in[0] * 0.5; }, DType::kI32, DType::kF32},
+      {"0.5 - int64", [](const auto& in) { return 0.5 - in[0]; }, DType::kI64, DType::kF32},
+      {"int32 * 2", [](const auto& in) { return in[0] * 2; }, DType::kI32, DType::kI32},
+      {"int64 - int64_t{3}", [](const auto& in) { return in[0] - int64_t{3}; }, DType::kI64, DType::kI64},
+      {"int32 / 2 (true division)", [](const auto& in) { return in[0] / 2; }, DType::kI32, DType::kF32},
+      {"int32 / int32", [](const auto& in) { return in[0] / in[0]; }, DType::kI32, DType::kF32},
+      {"div(int32, int32) (lax.div)", [](const auto& in) { return div(in[0], in[0]); }, DType::kI32, DType::kI32},
+      {"bool + 1", [](const auto& in) { return in[0] + 1; }, DType::kBool, DType::kI32},
+      {"bool + 1.0", [](const auto& in) { return in[0] + 1.0; }, DType::kBool, DType::kF32},
+      {"float64 * 2", [](const auto& in) { return 2 * in[0]; }, DType::kF64, DType::kF64},
+      {"float32 / 3.0", [](const auto& in) { return in[0] / 3.0; }, DType::kF32, DType::kF32},
+      {"float32 - size_t{1}", [](const auto& in) { return in[0] - size_t{1}; }, DType::kF32, DType::kF32},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<Graph> g = trace1(c.f, {{c.input, {3}}});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(output(*g).dtype, c.want);
+  }
+}
+
 TEST(Trace, ComparisonsAndWhere) {
   absl::StatusOr<Graph> g = trace1([](const auto& in) { return where(in[0] > in[1], in[0], in[1]); },
                                    {{DType::kF32, {4, 4}}, {DType::kF32, {4, 4}}});

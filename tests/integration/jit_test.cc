@@ -217,6 +217,28 @@ TEST_F(JitTest, DonatedArgumentsAreFreedAndCannotBeUsedAgain) {
   EXPECT_THAT(std::string(again.status().message()), HasSubstr("argument 0 (f32[16,8]) was donated"));
 }
 
+// jnp: int32 * 0.5 computes in float32, int32 * 3 + 1 stays int32 (weak scalars), and
+// int32 / 4 is true division, in float32.
+TEST_F(JitTest, ScalarsMeetIntegerArraysAsInJax) {
+  std::vector<int32_t> values(16 * 8);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>(i) - 60;
+  const Array x = put(HostArray::from_vector<int32_t>({16, 8}, values), P("data", "model"));
+  Jitted f = jit([](const std::vector<Value>& in) {
+    return std::vector<Value>{in[0] * 0.5, in[0] * 3 + 1, in[0] / 4};
+  });
+  absl::StatusOr<std::vector<Array>> out = f({x});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].dtype(), DType::kF32);
+  EXPECT_EQ((*out)[1].dtype(), DType::kI32);
+  EXPECT_EQ((*out)[2].dtype(), DType::kF32);
+  const HostArray halves = fetch((*out)[0]), affine = fetch((*out)[1]), quarters = fetch((*out)[2]);
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_EQ(halves.values<float>()[i], 0.5f * static_cast<float>(values[i])) << i;
+    EXPECT_EQ(affine.values<int32_t>()[i], values[i] * 3 + 1) << i;
+    EXPECT_EQ(quarters.values<float>()[i], static_cast<float>(values[i]) / 4.0f) << i;
+  }
+}
+
 TEST_F(JitTest, ADonatedInputsMemoryServesTheOutput) {
   // Devices of 1 MiB, parameters of 640 KiB per device: the step's output fits only in the
   // memory of the parameters it replaces (the worker writes the update over them).

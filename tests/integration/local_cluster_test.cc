@@ -314,6 +314,20 @@ TEST_F(LocalClusterTest, ViewsOfTheCallersMemoryGoInAndOut) {
   }
 }
 
+// Foreign bool memory may hold bytes other than 0 and 1: they arrive as true.
+TEST_F(LocalClusterTest, BoolViewsArriveAsZerosAndOnes) {
+  std::vector<uint8_t> bytes(16 * 8);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i % 3 == 0 ? 0 : i);
+  absl::StatusOr<Array> array =
+      client_->device_put(HostView{DType::kBool, {16, 8}, bytes.data()}, NamedSharding(*mesh_, P(None, "model")));
+  ASSERT_TRUE(array.ok()) << array.status();
+  absl::StatusOr<HostArray> back = array->fetch();
+  ASSERT_TRUE(back.ok()) << back.status();
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    EXPECT_EQ(static_cast<int>(std::to_integer<uint8_t>(back->data()[i])), bytes[i] != 0 ? 1 : 0) << i;
+  }
+}
+
 TEST_F(LocalClusterTest, BadViewsAreRefusedNamingTheMismatch) {
   std::vector<float> mine(16 * 8, 1.0f);
   const NamedSharding sharding(*mesh_, P("data", None));

@@ -1,6 +1,7 @@
 // Elementwise kernels: constant, iota, unary and binary arithmetic, comparisons, select,
 // convert. Plain loops over the operands' storage; the op and dtype are resolved once, outside
 // the loop, so each loop body is a single inlined expression.
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -17,18 +18,21 @@ absl::Status undefined_for(Op op, const HostArray& x) {
                                                  " operands (", type_to_string(x.dtype(), x.shape()), ")"));
 }
 
-// The storage a kernel writes: `into` (in place; the returned array is then empty) or new.
+// A kernel's result: new storage, or (in place) an empty array while it writes `into`.
 template <typename Out>
-Stored<Out>* destination(std::byte* into, const Shape& shape, HostArray* out) {
-  if (into != nullptr) return reinterpret_cast<Stored<Out>*>(into);
-  *out = HostArray(dtype_of<Out>(), shape);
-  return mutable_stored<Out>(out);
+HostArray result(std::byte* into, const Shape& shape) {
+  return into != nullptr ? HostArray() : HostArray(dtype_of<Out>(), shape);
+}
+template <typename Out>
+Stored<Out>* destination(std::byte* into, HostArray* out) {
+  return into != nullptr ? reinterpret_cast<Stored<Out>*>(into) : mutable_stored<Out>(out);
 }
 
 template <typename In, typename Out, typename F>
 HostArray map1(const HostArray& x, F f, std::byte* into) {
-  HostArray out;
-  Stored<Out>* o = destination<Out>(into, x.shape(), &out);
+  assert(into == nullptr || (std::is_same_v<In, Out>));  // in place only where elements keep their type
+  HostArray out = result<Out>(into, x.shape());
+  Stored<Out>* o = destination<Out>(into, &out);
   const Stored<In>* in = stored<In>(x);
   const int64_t n = x.size();
   for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<Out>>(f(load<In>(in[i])));
@@ -37,8 +41,9 @@ HostArray map1(const HostArray& x, F f, std::byte* into) {
 
 template <typename In, typename Out, typename F>
 HostArray map2(const HostArray& x, const HostArray& y, F f, std::byte* into) {
-  HostArray out;
-  Stored<Out>* o = destination<Out>(into, x.shape(), &out);
+  assert(into == nullptr || (std::is_same_v<In, Out>));  // in place only where elements keep their type
+  HostArray out = result<Out>(into, x.shape());
+  Stored<Out>* o = destination<Out>(into, &out);
   const Stored<In>* a = stored<In>(x);
   const Stored<In>* b = stored<In>(y);
   const int64_t n = x.size();
@@ -324,13 +329,13 @@ absl::StatusOr<HostArray> binary_kernel(const Node& node, const HostArray& x, co
 
 HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray& on_true, const HostArray& on_false,
                         std::byte* into) {
-  HostArray out;
+  HostArray out = into != nullptr ? HostArray() : HostArray(node.dtype, node.shape);
   visit_dtype(node.dtype, [&](auto zero) {
     using T = decltype(zero);
     const uint8_t* p = stored<bool>(pred);
     const Stored<T>* t = stored<T>(on_true);
     const Stored<T>* f = stored<T>(on_false);
-    Stored<T>* o = destination<T>(into, node.shape, &out);
+    Stored<T>* o = destination<T>(into, &out);
     const int64_t n = on_true.size();
     for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<T>>(load<T>(p[i] != 0 ? t[i] : f[i]));
   });

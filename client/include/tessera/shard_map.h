@@ -88,7 +88,7 @@ ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in
 // shard_map body, an axis not in the body's mesh or named twice, a dimension out of range or
 // not divisible by the axes' size, a permutation position out of range or repeated.
 Value psum(const Value& x, const AxisNames& axes);  // sum over the devices
-// psum divided by the axes' size; for an integer x the division is an integer one.
+// psum divided by the axes' size; an integer x gives float32, as lax.pmean (true division).
 Value pmean(const Value& x, const AxisNames& axes);
 Value pmax(const Value& x, const AxisNames& axes);
 Value pmin(const Value& x, const AxisNames& axes);

@@ -15,8 +15,10 @@
 #ifndef TESSERA_TRACE_H_
 #define TESSERA_TRACE_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -87,8 +89,7 @@ Value logical_not(const Value& x);
 // Elementwise binary ops with numpy broadcasting; mixed dtypes meet at promote_types.
 // add, sub, mul, div and pow need numeric operands (not bool); logical_and and logical_or
 // need bool or integers, and on integers are bitwise (& and |, not jnp's bool result).
-// where(pred, ...) needs a bool pred. Surprising: a double operand takes the other
-// operand's dtype, so on an int32 x, x * 0.5 multiplies by 0 (JAX would compute in float32).
+// where(pred, ...) needs a bool pred.
 Value add(const Value& x, const Value& y);
 Value sub(const Value& x, const Value& y);
 Value mul(const Value& x, const Value& y);
@@ -104,7 +105,14 @@ Value operator-(const Value& x);
 Value operator+(const Value& x, const Value& y);
 Value operator-(const Value& x, const Value& y);
 Value operator*(const Value& x, const Value& y);
+// True division, as Python's `/` on jnp arrays: two integer (or bool) operands divide in
+// float32. div() is lax.div, which truncates integers.
 Value operator/(const Value& x, const Value& y);
+// Scalars are weakly typed, as Python numbers meeting a jnp array: a double keeps a float
+// x's dtype (float64 x * 0.5 is float64) and makes an integer or bool x float32 (int32 x * 0.5
+// is float32, as in JAX); an integer (the templates below) keeps an integer x's dtype, makes
+// a bool x int32 and is cast to a float x's dtype — except with `/`, true division, where an
+// integer x gives float32. Integer scalars travel as doubles: exact up to 2^53.
 Value operator+(const Value& x, double y);
 Value operator-(const Value& x, double y);
 Value operator*(const Value& x, double y);
@@ -113,6 +121,46 @@ Value operator+(double x, const Value& y);
 Value operator-(double x, const Value& y);
 Value operator*(double x, const Value& y);
 Value operator/(double x, const Value& y);
+
+namespace internal {
+// `x op y` (or `y op x` when scalar_first) with y a weakly typed integer.
+Value with_weak_int(Op op, const Value& x, int64_t y, bool scalar_first);
+template <typename I>
+using IfInteger = std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>, int>;
+}  // namespace internal
+
+template <typename I, internal::IfInteger<I> = 0>
+Value operator+(const Value& x, I y) {
+  return internal::with_weak_int(Op::kAdd, x, static_cast<int64_t>(y), false);
+}
+template <typename I, internal::IfInteger<I> = 0>
+Value operator-(const Value& x, I y) {
+  return internal::with_weak_int(Op::kSub, x, static_cast<int64_t>(y), false);
+}
+template <typename I, internal::IfInteger<I> = 0>
+Value operator*(const Value& x, I y) {
+  return internal::with_weak_int(Op::kMul, x, static_cast<int64_t>(y), false);
+}
+template <typename I, internal::IfInteger<I> = 0>
+Value operator/(const Value& x, I y) {
+  return internal::with_weak_int(Op::kDiv, x, static_cast<int64_t>(y), false);
+}
+template <typename I, internal::IfInteger<I> = 0>
+Value operator+(I x, const Value& y) {
+  return internal::with_weak_int(Op::kAdd, y, static_cast<int64_t>(x), true);
+}
+template <typename I, internal::IfInteger<I> = 0>
+Value operator-(I x, const Value& y) {
+  return internal::with_weak_int(Op::kSub, y, static_cast<int64_t>(x), true);
+}
+template <typename I, internal::IfInteger<I> = 0>
+Value operator*(I x, const Value& y) {
+  return internal::with_weak_int(Op::kMul, y, static_cast<int64_t>(x), true);
+}
+template <typename I, internal::IfInteger<I> = 0>
+Value operator/(I x, const Value& y) {
+  return internal::with_weak_int(Op::kDiv, y, static_cast<int64_t>(x), true);
+}
 // Comparisons give bool Values (as jnp's do).
 Value operator==(const Value& x, const Value& y);
 Value operator!=(const Value& x, const Value& y);
