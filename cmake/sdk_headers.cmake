@@ -9,6 +9,7 @@ function(rewrite from to)
   string(REPLACE "#include \"core/" "#include \"tessera/core/" text "${text}")
   file(WRITE "${to}" "${text}")
 endfunction()
+file(REMOVE_RECURSE "${OUT_DIR}/tessera")  # a header dropped from the lists is not installed
 foreach(header IN LISTS CLIENT_HEADERS)
   rewrite("${SOURCE_DIR}/client/include/tessera/${header}" "${OUT_DIR}/tessera/${header}")
 endforeach()

@@ -1,5 +1,6 @@
 // A Tessera application outside the source tree: a sharded layer, jitted, checked against
-// the same computation on the host.
+// the same computation on the host. Built as app_xtensor (APP_WITH_XTENSOR), its data goes
+// in and out as xtensor containers instead.
 //
 //   app                               runs its own 8-device cluster in this process
 //   app --coordinator=host:port       uses a running cluster (tessera up, docker compose)
@@ -12,6 +13,9 @@
 #include <vector>
 
 #include "tessera/tessera.h"
+#ifdef APP_WITH_XTENSOR
+#include "tessera/xtensor.h"
+#endif
 
 using namespace tessera;
 
@@ -56,9 +60,14 @@ int main(int argc, char** argv) {
   std::vector<float> w_values(k * cols);
   for (int64_t i = 0; i < k * cols; ++i) w_values[i] = 0.001f * static_cast<float>(i % 13);
   const HostArray w = HostArray::from_vector<float>({k, cols}, w_values);
+#ifdef APP_WITH_XTENSOR
+  absl::StatusOr<Array> xs = device_put(*client, as_xtensor<float>(x), NamedSharding(*mesh, P("data", None)));
+  absl::StatusOr<Array> ws = device_put(*client, as_xtensor<float>(w), NamedSharding(*mesh, P(None, "model")));
+#else
   absl::StatusOr<Array> xs = client->device_put(x, NamedSharding(*mesh, P("data", None)));
-  if (!xs.ok()) return fail(xs.status());
   absl::StatusOr<Array> ws = client->device_put(w, NamedSharding(*mesh, P(None, "model")));
+#endif
+  if (!xs.ok()) return fail(xs.status());
   if (!ws.ok()) return fail(ws.status());
 
   Jitted layer = jit([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; });
@@ -68,15 +77,22 @@ int main(int argc, char** argv) {
   if (!picture.ok()) return fail(picture.status());
   std::cout << "tanh(x @ w) is " << (*out)[0].sharding().spec().to_string() << " on " << mesh->to_string() << ":\n"
             << *picture;
+#ifdef APP_WITH_XTENSOR
+  absl::StatusOr<xt::xarray<float>> got = fetch_xarray<float>((*out)[0]);
+  if (!got.ok()) return fail(got.status());
+  const float* result = got->data();
+#else
   absl::StatusOr<HostArray> got = (*out)[0].fetch();
   if (!got.ok()) return fail(got.status());
+  const float* result = got->values<float>().data();
+#endif
 
   double worst = 0;
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
       double sum = 0;
       for (int64_t l = 0; l < k; ++l) sum += double(x.values<float>()[i * k + l]) * w_values[l * cols + j];
-      worst = std::max(worst, std::abs(std::tanh(sum) - got->values<float>()[i * cols + j]));
+      worst = std::max(worst, std::abs(std::tanh(sum) - result[i * cols + j]));
     }
   }
   std::printf("largest difference from the host: %.2g\n", worst);

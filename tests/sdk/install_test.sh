@@ -4,7 +4,8 @@
 #   1. every installed header compiles on its own with only <prefix>/include on the path, and
 #      none includes generated proto or gRPC headers, nor xtensor's outside the opt-in
 #      tessera/xtensor.h and tessera/core/xtensor_interop.h;
-#   2. examples/app configures with find_package(tessera), builds, and runs on Client::local(8);
+#   2. examples/app configures with find_package(tessera), builds, and runs on Client::local(8),
+#      and so does its xtensor variant through tessera::xtensor;
 #   3. the same program builds with pkg-config's flags and runs;
 #   4. the library's SONAME carries the major version (MAJOR.MINOR before 1.0).
 #
@@ -36,12 +37,18 @@ if grep -rnE '#include [<"](grpc|grpcpp/|google/protobuf/|proto/|xtensor/)' "$pr
 fi
 echo "ok: $(cd "$prefix/include" && find tessera -name '*.h' | wc -l) installed headers compile on their own"
 
-cmake -S "$src/examples/app" -B "$work/app" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >"$work/app-configure.log"
+generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$build/CMakeCache.txt")
+cmake -S "$src/examples/app" -B "$work/app" -G "${generator:-Unix Makefiles}" -DCMAKE_PREFIX_PATH="$prefix" \
+  >"$work/app-configure.log"
 cmake --build "$work/app" >"$work/app-build.log" || { cat "$work/app-build.log"; exit 1; }
 "$work/app/app" > "$work/app.out" || { cat "$work/app.out"; echo "FAIL: examples/app exited with $?"; exit 1; }
 cat "$work/app.out"
 grep -q '^app: ok$' "$work/app.out"
 echo "ok: examples/app with find_package(tessera)"
+[ -x "$work/app/app_xtensor" ] || { echo "FAIL: no app_xtensor (tessera::xtensor missing with xtensor installed)"; exit 1; }
+"$work/app/app_xtensor" > "$work/app-xtensor.out" || { cat "$work/app-xtensor.out"; echo "FAIL: app_xtensor"; exit 1; }
+grep -q '^app: ok$' "$work/app-xtensor.out"
+echo "ok: examples/app's app_xtensor with tessera::xtensor"
 
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 # shellcheck disable=SC2046  # pkg-config's flags are words
