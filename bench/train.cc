@@ -45,10 +45,10 @@ std::vector<Value> loss(const std::vector<Value>& in) {
 }
 
 struct MeshTimes {
-  double step_s = 0;      // call until its outputs are ready (median)
-  double dispatch_s = 0;  // the call itself (median): how long the caller is held
-  int collectives = 0;    // in one device's plan
-  std::string text;
+  double step_s = 0;         // call until its outputs are ready (median)
+  double dispatch_s = 0;     // the call itself (median): how long the caller is held
+  int collectives = 0;       // in one device's plan
+  std::string device0_plan;  // as_text() of device 0 (every device runs the same collectives)
 };
 
 absl::StatusOr<MeshTimes> time_steps(const Client& client, const Mesh& mesh, int64_t batch, int64_t hidden, int iters) {
@@ -100,10 +100,12 @@ absl::StatusOr<MeshTimes> time_steps(const Client& client, const Mesh& mesh, int
   MeshTimes m;
   m.step_s = median(steps);
   m.dispatch_s = median(dispatches);
-  m.text = step.as_text();
-  const std::string device0 = m.text.substr(0, m.text.find("\ndevice 1"));
+  const std::string text = step.as_text();
+  m.device0_plan = text.substr(0, text.find("\ndevice 1"));
   for (const char* c : {"all_reduce(", "all_gather(", "reduce_scatter(", "all_to_all(", "collective_permute("}) {
-    for (size_t at = device0.find(c); at != std::string::npos; at = device0.find(c, at + 1)) ++m.collectives;
+    for (size_t at = m.device0_plan.find(c); at != std::string::npos; at = m.device0_plan.find(c, at + 1)) {
+      ++m.collectives;
+    }
   }
   return m;
 }
@@ -183,8 +185,7 @@ int main(int argc, char** argv) {
   }
   const double call_s = round_trips.empty() ? 0 : median(round_trips);
   const double ratio = eight->step_s / one->step_s;
-  absl::StatusOr<double> reduce_s =
-      all_reduce_seconds(*client, *sharded, eight->text.substr(0, eight->text.find("\ndevice 1")));
+  absl::StatusOr<double> reduce_s = all_reduce_seconds(*client, *sharded, eight->device0_plan);
   if (!reduce_s.ok()) {
     std::fprintf(stderr, "bench_train: %s\n", reduce_s.status().ToString().c_str());
     return 1;

@@ -78,7 +78,10 @@ void InFlight::wait_idle() {
 }
 
 ArrayBuffers::~ArrayBuffers() {
-  if (donated_.load()) return;  // the donating call freed them
+  if (!donated_.load()) free_buffers();  // else the donating call freed them
+}
+
+void ArrayBuffers::free_buffers() {
   if (producer_ != nullptr) {
     producer_->release_output(output_);
   } else {

@@ -89,6 +89,9 @@ class ArrayBuffers {
   // the donating call runs after them.
   std::vector<std::shared_ptr<Execution>> donate();
   bool donated() const { return donated_.load(); }
+  // What the destructor does unless donated: frees the buffers at once, or when the producer
+  // finishes (nothing if it failed). The donating call runs it when it finishes.
+  void free_buffers();
   // `reader` reads these buffers while it runs.
   void add_reader(const std::shared_ptr<Execution>& reader);
 

@@ -279,7 +279,7 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
       // device along them: its cotangent is their sum.
       case Op::kShardMapOut: {
         const NamedSharding& s = *n.sharding;
-        const int64_t copies = s.mesh().size() / s.mesh().axes_size(s.spec().used_axes());
+        const int64_t copies = s.num_replicas();
         Value blocks = t->make(t->graph.add_shard_map_in(TraceState::id(g), s));
         add_ct(n.operands[0], copies == 1 ? blocks : blocks * (1.0 / static_cast<double>(copies)));
         break;

@@ -129,21 +129,18 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   const absl::Time deadline = internal::Execution::finish_by(inputs, timeout);
   TESSERA_RETURN_IF_ERROR(client.in_flight()->begin_execution(deadline, who));
   const int num_outputs = static_cast<int>(compiled->output_types.size());
-  const std::vector<std::shared_ptr<internal::ArrayBuffers>> read = inputs;
   auto execution =
       std::make_shared<internal::Execution>(&client, std::move(inputs), num_outputs, timeout, deadline, who);
   // Donated arguments: this call runs after the calls still reading them, and frees them
   // when it finishes (whatever its outcome: a donated array is gone either way, as in JAX).
   std::vector<std::shared_ptr<internal::Execution>> after;
   for (int k : donate) {
-    std::vector<std::shared_ptr<internal::Execution>> readers = read[k]->donate();
+    const std::shared_ptr<internal::ArrayBuffers>& buffers = internal::array_state(args[k]).buffers;
+    std::vector<std::shared_ptr<internal::Execution>> readers = buffers->donate();
     after.insert(after.end(), readers.begin(), readers.end());
-    execution->on_finish([buffers = read[k], client = &client] {
-      absl::StatusOr<uint64_t> id = buffers->wait();  // its producer has finished: no wait
-      if (id.ok()) client->delete_array(*id);
-    });
+    execution->on_finish([buffers] { buffers->free_buffers(); });
   }
-  for (const auto& buffers : read) buffers->add_reader(execution);
+  for (const Array& a : args) internal::array_state(a).buffers->add_reader(execution);
   std::vector<Array> out;
   for (int i = 0; i < num_outputs; ++i) {
     const ArrayType& type = compiled->output_types[i];

@@ -10,15 +10,13 @@
 
 namespace tessera {
 
+using internal::normalize_axis;
 using internal::TraceState;
 
 namespace {
 
 std::string axes_text(const Axes& axes) {
-  if (axes.size() == 1) return absl::StrCat("'", axes[0], "'");
-  return absl::StrCat(
-      "(", absl::StrJoin(axes, ", ", [](std::string* o, const std::string& a) { absl::StrAppend(o, "'", a, "'"); }),
-      ")");
+  return axes.size() == 1 ? absl::StrCat("'", axes[0], "'") : axes_to_string(axes);
 }
 
 // "psum(f32[4,8], 'data')": how errors name a collective call.
@@ -63,8 +61,6 @@ std::optional<int64_t> group_size(TraceState* t, const AxisNames& axes, const st
   }
   return mesh->axes_size(axes.names);
 }
-
-int64_t normalized(int64_t axis, int64_t rank) { return axis < 0 ? axis + rank : axis; }
 
 // How a body value may differ between the devices along each mesh axis: axis -> why.
 using Variance = std::map<std::string, std::string>;
@@ -266,7 +262,7 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled
   const std::string call = call_text("all_gather", x, axes);
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
-  axis = normalized(axis, tiled ? x.rank() : x.rank() + 1);
+  axis = normalize_axis(axis, tiled ? x.rank() : x.rank() + 1);
   if (axis < 0 || axis > x.rank() || (tiled && axis == x.rank())) {
     return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": axis ", axis, " is out of range")));
   }
@@ -279,7 +275,7 @@ Value psum_scatter(const Value& x, const AxisNames& axes, int64_t scatter_dimens
   const std::string call = call_text("psum_scatter", x, axes);
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
-  const int64_t d = normalized(scatter_dimension, x.rank());
+  const int64_t d = normalize_axis(scatter_dimension, x.rank());
   if (!tiled && d >= 0 && d < x.rank()) {
     std::optional<int64_t> n = group_size(t, axes, call);
     if (!n) return Value();
@@ -306,7 +302,7 @@ Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int6
   const std::string call = call_text("all_to_all", x, axes);
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
-  int64_t split = normalized(split_axis, x.rank()), concat = normalized(concat_axis, x.rank());
+  int64_t split = normalize_axis(split_axis, x.rank()), concat = normalize_axis(concat_axis, x.rank());
   if (split < 0 || split >= x.rank() || concat < 0 || concat >= x.rank()) {
     return t->fail(absl::InvalidArgumentError(
         absl::StrCat(call, ": split_axis ", split_axis, " or concat_axis ", concat_axis, " is out of range")));

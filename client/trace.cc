@@ -13,6 +13,7 @@ thread_local TraceState* TraceState::current = nullptr;
 
 }  // namespace internal
 
+using internal::normalize_axis;
 using internal::TraceState;
 
 namespace {
@@ -31,8 +32,6 @@ std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 // A negative axis counts from the end, as in numpy.
-int64_t normalize_axis(int64_t axis, int64_t rank) { return axis < 0 ? axis + rank : axis; }
-
 Value unary(Op op, const Value& x) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();

@@ -53,6 +53,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   }
 };
 
+// A dimension given numpy-style (negative counts from the end) as a position in 0..rank-1
+// (out-of-range values stay out of range, for the graph to refuse).
+inline int64_t normalize_axis(int64_t axis, int64_t rank) { return axis < 0 ? axis + rank : axis; }
+
 }  // namespace internal
 
 }  // namespace tessera

@@ -7,7 +7,6 @@
 #include <set>
 #include <thread>
 
-#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -237,10 +236,9 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       }
       // Outside the lock: a cancelled run completes on this thread.
       const grpc::Status status =
-          lost < 0 && late
-              ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                             absl::StrCat("no result within ", absl::FormatDuration(e->deadline - e->start)))
-              : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+          lost < 0 && late ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                          absl::StrCat("no result within ", absl::FormatDuration(run_wait(*e))))
+                           : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
       for (const std::shared_ptr<PlanStream>& stream : e->streams) {
         if (stream != nullptr) stream->cancel(e->id, status);
       }
@@ -347,7 +345,6 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     std::vector<ArrayRecord> outputs;
     pb::RunPlanRequest request;                        // the same for every member
     std::vector<std::shared_ptr<PlanStream>> streams;  // set by run_plans
-    absl::Time start;                                  // set by run_plans
     absl::Time deadline = absl::InfiniteFuture();      // past it, the monitor fails the call
     absl::Mutex mu;
     std::vector<grpc::Status> statuses ABSL_GUARDED_BY(mu);
@@ -426,7 +423,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     std::vector<int> donated(req.donated_inputs().begin(), req.donated_inputs().end());
     std::sort(donated.begin(), donated.end());  // one program for {0, 1} and {1, 0}
     for (size_t i = 0; i < donated.size(); ++i) {
-      if (donated[i] < 0 || donated[i] >= static_cast<int>(inputs.size()) || absl::c_count(donated, donated[i]) > 1) {
+      if (donated[i] < 0 || donated[i] >= static_cast<int>(inputs.size()) || (i > 0 && donated[i] == donated[i - 1])) {
         return absl::InvalidArgumentError(absl::StrCat("jit: donated input ", donated[i], " is not one of the ",
                                                        inputs.size(), " inputs or is named twice"));
       }
@@ -527,6 +524,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                                      absl::FormatDuration(options_.heartbeat_timeout)));
   }
 
+  // How long the coordinator waits for a run's results: its timeout plus 5 s (as a unary
+  // RunPlan's deadline was); the monitor fails the execution past it.
+  static absl::Duration run_wait(const Execution& e) {
+    return absl::Milliseconds(e.request.timeout_ms()) + absl::Seconds(5);
+  }
+
   // The indices of the members that lack the program's plan for the members as they are now.
   static std::vector<int> missing_plans(Program& program, const Members& members) {
     std::vector<int> missing;
@@ -543,8 +546,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // was) is the monitor's to enforce.
   void run_plans(std::shared_ptr<Execution> e) {
     const int n = static_cast<int>(e->workers.size());
-    e->start = absl::Now();
-    e->deadline = e->start + absl::Milliseconds(e->request.timeout_ms()) + absl::Seconds(5);
+    e->deadline = absl::Now() + run_wait(*e);
     for (int k = 0; k < n; ++k) e->streams.push_back(e->workers[k]->plan_stream(e->members.incarnations[k]));
     {
       absl::MutexLock lock(&executions_mu_);

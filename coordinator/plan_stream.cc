@@ -55,11 +55,9 @@ void PlanStream::cancel(uint64_t execution, const grpc::Status& status) {
   Done done;
   {
     absl::MutexLock lock(&mu_);
-    auto it = pending_.find(execution);
-    if (it == pending_.end()) return;
-    done = std::move(it->second);
-    pending_.erase(it);
+    done = take_locked(execution);
   }
+  if (!done) return;
   pb::PlanStreamRequest message;
   message.set_cancel_execution(execution);
   send(std::move(message));
@@ -69,6 +67,20 @@ void PlanStream::cancel(uint64_t execution, const grpc::Status& status) {
 bool PlanStream::broken() const {
   absl::MutexLock lock(&mu_);
   return ending_;
+}
+
+bool PlanStream::end_locked() {
+  if (ending_) return false;
+  ending_ = true;
+  return !writes_.writing();
+}
+
+PlanStream::Done PlanStream::take_locked(uint64_t id) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return nullptr;
+  Done done = std::move(it->second);
+  pending_.erase(it);
+  return done;
 }
 
 void PlanStream::send(pb::PlanStreamRequest message) {
@@ -99,10 +111,7 @@ void PlanStream::OnReadDone(bool ok) {
     bool release = false;
     {
       absl::MutexLock lock(&mu_);
-      if (!ending_) {
-        ending_ = true;
-        release = !writes_.writing();  // else the write in flight releases it
-      }
+      release = end_locked();
     }
     if (release) RemoveHold();
     return;
@@ -113,11 +122,7 @@ void PlanStream::OnReadDone(bool ok) {
   Done done;
   {
     absl::MutexLock lock(&mu_);
-    auto it = pending_.find(id);
-    if (it != pending_.end()) {  // else cancelled already: a late result is dropped
-      done = std::move(it->second);
-      pending_.erase(it);
-    }
+    done = take_locked(id);  // null if cancelled already: a late result is dropped
   }
   StartRead(&result_);  // the next result may arrive while this one is handled
   if (done) done(std::move(status));
@@ -127,10 +132,7 @@ bool PlanStream::close(absl::Duration timeout) {
   bool release = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!ending_) {
-      ending_ = true;
-      release = !writes_.writing();
-    }
+    release = end_locked();
   }
   ctx_.TryCancel();
   if (release) RemoveHold();

@@ -69,6 +69,11 @@ class PlanStream final : public grpc::ClientBidiReactor<pb::PlanStreamRequest, p
   void request(uint64_t id, pb::PlanStreamRequest message, Done done);
   // Queues `message`; starts its write if none is in flight.
   void send(pb::PlanStreamRequest message);
+  // Marks the stream ending; returns whether the caller must release the reactor's hold
+  // (it was not ending yet and no write is in flight, whose completion would release it).
+  bool end_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the callback pending under `id` (null if none: answered or cancelled already).
+  Done take_locked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after open().
   const uint64_t incarnation_;

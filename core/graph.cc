@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +74,7 @@ constexpr OpInfo kOps[] = {
     {Op::kAxisIndex, "axis_index"},
     {Op::kShardingAs, "sharding_as"},
 };
+static_assert(std::size(kOps) == static_cast<size_t>(kLastOp) + 1, "every Op has a name, and kLastOp is the last");
 
 std::string dims_to_string(const std::vector<int64_t>& v) { return absl::StrCat("{", absl::StrJoin(v, ","), "}"); }
 
@@ -211,7 +213,7 @@ absl::StatusOr<int> Graph::add_unary(Op op, int x) {
   TESSERA_RETURN_IF_ERROR(check_operand(x, name.c_str()));
   const Node& a = nodes_[x];
   const bool needs_float = op != Op::kNeg && op != Op::kAbs && op != Op::kSign && op != Op::kNot;
-  if (op == Op::kNot && a.dtype != DType::kBool && is_floating(a.dtype)) {
+  if (op == Op::kNot && is_floating(a.dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("not: operand is ", type_to_string(a.dtype, a.shape), "; it needs bool or an integer dtype"));
   }

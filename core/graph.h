@@ -95,6 +95,8 @@ enum class Op : uint8_t {
   // Operand 0 laid out as operand 1 is (whole): gradients take their parameter's sharding.
   kShardingAs,
 };
+// The last Op: what the wire checks an op number against (graph.cc asserts it names them all).
+inline constexpr Op kLastOp = Op::kShardingAs;
 
 // The op's name as it prints: "tanh", "dot_general", ...; "unknown" for a value outside the
 // enum.

@@ -96,11 +96,7 @@ std::vector<DeviceShard> NamedSharding::device_shards(const Shape& shape) const 
 
 bool NamedSharding::is_fully_replicated() const { return num_replicas() == mesh_.size(); }
 
-int64_t NamedSharding::num_replicas() const {
-  int64_t n = mesh_.size();
-  for (const std::string& axis : spec_.used_axes()) n /= mesh_.axis_size(axis);
-  return n;
-}
+int64_t NamedSharding::num_replicas() const { return mesh_.size() / mesh_.axes_size(spec_.used_axes()); }
 
 std::string NamedSharding::to_string() const {
   return absl::StrCat("NamedSharding(mesh=", mesh_.to_string(), ", spec=", spec_.to_string(), ")");

@@ -192,7 +192,7 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
   for (int id = 0; id < graph.nodes_size(); ++id) {
     const pb::GraphNode& w = graph.nodes(id);
     const pb::KernelNode& n = w.node();
-    if (n.op() < 0 || n.op() > static_cast<int>(Op::kShardingAs)) {
+    if (n.op() < 0 || n.op() > static_cast<int>(kLastOp)) {
       return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " has unknown op ", n.op()));
     }
     const Op op = static_cast<Op>(n.op());

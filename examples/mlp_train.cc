@@ -209,12 +209,10 @@ int main(int argc, char** argv) {
       losses.push_back((*out)[0]);
       params.assign(out->begin() + 1, out->end());
     }
+    absl::StatusOr<std::vector<HostArray>> values = device_get(losses);
+    if (!values.ok()) return fail(values.status());
     double total = 0;
-    for (const Array& l : losses) {
-      absl::StatusOr<HostArray> v = l.fetch();
-      if (!v.ok()) return fail(v.status());
-      total += v->element_as_double(0);
-    }
+    for (const HostArray& v : *values) total += v.element_as_double(0);
     std::printf("epoch %d loss %.6f\n", epoch, total / losses.size());
   }
 

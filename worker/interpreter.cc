@@ -31,7 +31,7 @@ int reusable_operand(const DevicePlan& plan, size_t k, const std::vector<std::sh
   const Instruction& inst = plan.code[k];
   for (size_t j = 0; j < inst.in.size(); ++j) {
     const std::shared_ptr<const HostArray>& a = slots[inst.in[j]];
-    if (a.use_count() == 1 && dies_at(plan, k, inst.in[j]) && can_run_in_place(inst.node, *a)) {
+    if (can_run_in_place(inst.node, *a) && a.use_count() == 1 && dies_at(plan, k, inst.in[j])) {
       // use_count() is a relaxed load: order it before our writes, after the last holder's
       // reads (a gRPC thread dropping a zero-copy send's reference).
       std::atomic_thread_fence(std::memory_order_acquire);

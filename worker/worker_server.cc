@@ -360,7 +360,9 @@ class WorkerService final : public WorkerServiceBase {
     }
     // Donated inputs leave the store: the run holds the only reference, so its kernels may
     // write over them, and their memory counts as free from now on.
-    for (int d : plan.donated_inputs) store_.erase({req.input_buffers(d)});
+    std::vector<uint64_t> donated;
+    for (int d : plan.donated_inputs) donated.push_back(req.input_buffers(d));
+    if (!donated.empty()) store_.erase(donated);
     PlanRun run;
     run.execution = req.execution_id();
     if (loaded.has_collectives) run.peers = loaded.peers;

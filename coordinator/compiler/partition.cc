@@ -235,9 +235,8 @@ class DevicePartitioner {
       for (int s : plan_.code[i].in) last_use[s] = static_cast<int>(i);
     }
     std::vector<bool> keep(next_slot_, false);
-    for (size_t i = 0; i < plan_.input_slots.size(); ++i) {
-      if (!absl::c_linear_search(plan_.donated_inputs, static_cast<int>(i))) keep[plan_.input_slots[i]] = true;
-    }
+    for (int s : plan_.input_slots) keep[s] = true;
+    for (int d : plan_.donated_inputs) keep[plan_.input_slots[d]] = false;
     for (int s : plan_.output_slots) keep[s] = true;
     std::vector<Instruction> code;
     for (size_t i = 0; i < plan_.code.size(); ++i) {

@@ -4,6 +4,7 @@
 #include <limits>
 #include <set>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/compiler/reshard.h"
@@ -599,16 +600,20 @@ class Propagator {
       if (wants.empty()) continue;
       const DimMap m = dim_map(n);
       // Candidate result layouts: as it is; each consumer's wish, taken whole or only on
-      // dimensions the value does not split yet; each operand's layout carried through.
+      // dimensions the value does not split yet; each operand's layout carried through. Each
+      // once: a repeat would cost the same and lose the tie to its first occurrence.
       std::vector<Dims> candidates = {out_.result[id].dims};
+      auto candidate = [&candidates](Dims dims) {
+        if (!absl::c_linear_search(candidates, dims)) candidates.push_back(std::move(dims));
+      };
       for (const ValueSharding& w : wants) {
         if (w.dims.empty()) continue;
-        candidates.push_back(w.dims);
+        candidate(w.dims);
         Dims refined = out_.result[id].dims;
         for (size_t d = 0; d < refined.size(); ++d) {
           if (refined[d].empty()) refined[d] = w.dims[d];
         }
-        candidates.push_back(refined);
+        candidate(std::move(refined));
       }
       for (size_t k = 0; k < n.operands.size(); ++k) {
         Dims carried = out_.result[id].dims;
@@ -616,7 +621,7 @@ class Propagator {
         for (size_t d = 0; d < have.dims.size(); ++d) {
           if (m.follow[k][d] >= 0) carried[m.follow[k][d]] = have.dims[d];
         }
-        candidates.push_back(carried);
+        candidate(std::move(carried));
       }
       // The cheapest; among equals the one holding the fewest elements per device, then the
       // earliest (the forward pass's layout first).

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "tests/docs/guide_blocks.h"
+#include "tests/integration/jit_support.h"
 
 namespace tessera::guide {
 namespace {
@@ -55,23 +56,7 @@ class CaptureStdout {
   std::streambuf* old_;
 };
 
-class GuideTest : public ::testing::TestWithParam<size_t> {
- protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<Client> client = Client::local(8);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = new Client(*std::move(client));
-    absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
-    ASSERT_TRUE(mesh.ok()) << mesh.status();
-    mesh_ = new Mesh(*std::move(mesh));
-  }
-  static void TearDownTestSuite() {
-    delete mesh_;
-    delete client_;
-  }
-  inline static Client* client_ = nullptr;
-  inline static Mesh* mesh_ = nullptr;
-};
+class GuideTest : public jit_support::LocalSuite<::testing::TestWithParam<size_t>> {};
 
 TEST(Guide, HasBlocks) { EXPECT_GE(blocks().size(), 10u); }
 

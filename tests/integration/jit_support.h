@@ -35,14 +35,18 @@ inline void expect_near(const HostArray& got, const std::vector<double>& want, d
   }
 }
 
-// One embedded cluster of 8 devices for a whole suite, and a (4, 2) mesh over it.
-class LocalJitSuite : public ::testing::Test {
+// One embedded cluster of 8 devices for a whole suite, and a (4, 2) mesh over it. `Base` is
+// ::testing::Test, or ::testing::TestWithParam<T> for a parameterized suite.
+template <typename Base>
+class LocalSuite : public Base {
  protected:
   static void SetUpTestSuite() {
     absl::StatusOr<Client> client = Client::local(8);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = new Client(*std::move(client));
-    mesh_ = new Mesh(*client_->make_mesh({4, 2}, {"data", "model"}));
+    absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    mesh_ = new Mesh(*std::move(mesh));
   }
   static void TearDownTestSuite() {
     delete mesh_;
@@ -63,6 +67,7 @@ class LocalJitSuite : public ::testing::Test {
   inline static Client* client_ = nullptr;
   inline static Mesh* mesh_ = nullptr;
 };
+using LocalJitSuite = LocalSuite<::testing::Test>;
 
 }  // namespace tessera::jit_support
 

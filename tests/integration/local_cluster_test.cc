@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
 #include "tessera/xtensor.h"
+#include "tests/integration/jit_support.h"
 #include "xtensor/xview.hpp"
 
 namespace tessera {
@@ -63,21 +64,8 @@ std::vector<PartitionSpec> all_layouts() {
           P(Axes{"data", "model"}), P(Axes{"model", "data"}), P()};
 }
 
-class LocalClusterTest : public ::testing::Test {
+class LocalClusterTest : public jit_support::LocalJitSuite {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<Client> client = Client::local(8);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = new Client(*std::move(client));
-    absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
-    ASSERT_TRUE(mesh.ok()) << mesh.status();
-    mesh_ = new Mesh(*std::move(mesh));
-  }
-  static void TearDownTestSuite() {
-    delete mesh_;
-    delete client_;
-  }
-
   int64_t total_buffers() {
     int64_t n = 0;
     for (int d = 0; d < 8; ++d) {
@@ -87,13 +75,7 @@ class LocalClusterTest : public ::testing::Test {
     }
     return n;
   }
-
-  static Client* client_;
-  static Mesh* mesh_;
 };
-
-Client* LocalClusterTest::client_ = nullptr;
-Mesh* LocalClusterTest::mesh_ = nullptr;
 
 TEST_F(LocalClusterTest, DevicesAreNumberedAndAlive) {
   absl::StatusOr<std::vector<Device>> devices = client_->devices();

@@ -19,8 +19,10 @@ build=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/tessera-sdk.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 prefix="$work/prefix"
-cmake --install "$build" --prefix "$prefix" >"$work/install.log"
-libdir=$(dirname "$(find "$prefix" -name 'libtessera.so' | head -n 1)")
+cmake --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || { cat "$work/install.log"; echo "FAIL: install"; exit 1; }
+library=$(find "$prefix" -name 'libtessera.so' | head -n 1)
+[ -n "$library" ] || { echo "FAIL: no libtessera.so installed"; exit 1; }
+libdir=$(dirname "$library")
 echo "installed into $prefix (libraries in ${libdir#"$prefix"/})"
 
 for header in $(cd "$prefix/include" && find tessera -name '*.h' | sort); do
@@ -39,14 +41,15 @@ echo "ok: $(cd "$prefix/include" && find tessera -name '*.h' | wc -l) installed 
 
 generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$build/CMakeCache.txt")
 cmake -S "$src/examples/app" -B "$work/app" -G "${generator:-Unix Makefiles}" -DCMAKE_PREFIX_PATH="$prefix" \
-  >"$work/app-configure.log"
+  >"$work/app-configure.log" 2>&1 || { cat "$work/app-configure.log"; echo "FAIL: configuring examples/app"; exit 1; }
 cmake --build "$work/app" >"$work/app-build.log" || { cat "$work/app-build.log"; exit 1; }
-"$work/app/app" > "$work/app.out" || { cat "$work/app.out"; echo "FAIL: examples/app exited with $?"; exit 1; }
+"$work/app/app" > "$work/app.out" || { rc=$?; cat "$work/app.out"; echo "FAIL: examples/app exited with $rc"; exit 1; }
 cat "$work/app.out"
 grep -q '^app: ok$' "$work/app.out"
 echo "ok: examples/app with find_package(tessera)"
 [ -x "$work/app/app_xtensor" ] || { echo "FAIL: no app_xtensor (tessera::xtensor missing with xtensor installed)"; exit 1; }
-"$work/app/app_xtensor" > "$work/app-xtensor.out" || { cat "$work/app-xtensor.out"; echo "FAIL: app_xtensor"; exit 1; }
+"$work/app/app_xtensor" > "$work/app-xtensor.out" ||
+  { rc=$?; cat "$work/app-xtensor.out"; echo "FAIL: app_xtensor exited with $rc"; exit 1; }
 grep -q '^app: ok$' "$work/app-xtensor.out"
 echo "ok: examples/app's app_xtensor with tessera::xtensor"
 

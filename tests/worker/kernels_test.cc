@@ -41,8 +41,6 @@ constexpr DType kIntegers[] = {DType::kI32, DType::kI64};
 // Shapes for elementwise ops: a scalar, empty arrays, a vector, rank 3.
 const std::vector<Shape> kShapes = {{}, {0}, {7}, {2, 3, 4}, {3, 0, 2}};
 
-bool is_float(DType d) { return d == DType::kF32 || d == DType::kF64; }
-
 // ---- Multi-indices ---------------------------------------------------------------------------
 
 void unravel(int64_t flat, const Shape& shape, std::vector<int64_t>* index) {
@@ -421,8 +419,8 @@ TEST(Kernels, BinaryOps) {
         HostArray y = random_array(dtype, shape, rng, -9, 9);
         if (c.op == Op::kDiv) avoid_zeros(&y);
         if (c.op == Op::kPow) {  // positive bases for floats; exponents the integers can take exactly
-          x = is_float(dtype) ? random_array(dtype, shape, rng, 0.1, 3) : random_array(dtype, shape, rng, -5, 5);
-          y = is_float(dtype) ? random_array(dtype, shape, rng, -2, 2) : random_array(dtype, shape, rng, 0, 4);
+          x = is_floating(dtype) ? random_array(dtype, shape, rng, 0.1, 3) : random_array(dtype, shape, rng, -5, 5);
+          y = is_floating(dtype) ? random_array(dtype, shape, rng, -2, 2) : random_array(dtype, shape, rng, 0, 4);
         }
         expect_matches(run(node, {&x, &y}), elementwise(dtype, x, y, c.reference));
       }
@@ -748,13 +746,13 @@ Expected reference_reduce(Op op, const HostArray& x, const std::vector<int64_t>&
       break;
     case Op::kReduceMax:
       init = is_bool                    ? 0
-             : is_float(x.dtype())      ? -inf
+             : is_floating(x.dtype())   ? -inf
              : x.dtype() == DType::kI32 ? std::numeric_limits<int32_t>::lowest()
                                         : static_cast<double>(std::numeric_limits<int64_t>::lowest());
       break;
     default:
       init = is_bool                    ? 1
-             : is_float(x.dtype())      ? inf
+             : is_floating(x.dtype())   ? inf
              : x.dtype() == DType::kI32 ? std::numeric_limits<int32_t>::max()
                                         : static_cast<double>(std::numeric_limits<int64_t>::max());
       break;

@@ -329,17 +329,17 @@ absl::StatusOr<HostArray> binary_kernel(const Node& node, const HostArray& x, co
 
 HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray& on_true, const HostArray& on_false,
                         std::byte* into) {
-  HostArray out = into != nullptr ? HostArray() : HostArray(node.dtype, node.shape);
-  visit_dtype(node.dtype, [&](auto zero) {
+  return visit_dtype(node.dtype, [&](auto zero) {
     using T = decltype(zero);
+    HostArray out = result<T>(into, node.shape);
     const uint8_t* p = stored<bool>(pred);
     const Stored<T>* t = stored<T>(on_true);
     const Stored<T>* f = stored<T>(on_false);
     Stored<T>* o = destination<T>(into, &out);
     const int64_t n = on_true.size();
     for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<T>>(load<T>(p[i] != 0 ? t[i] : f[i]));
+    return out;
   });
-  return out;
 }
 
 HostArray convert_kernel(const Node& node, const HostArray& x) {

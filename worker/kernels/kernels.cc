@@ -259,11 +259,12 @@ absl::Status check_operands(const Node& node, const std::vector<const HostArray*
   }
 }
 
-// REQUIRES: check_operands(node, xs) is OK.
-absl::StatusOr<HostArray> compute(const Node& node, const std::vector<const HostArray*>& xs) {
+// REQUIRES: check_operands(node, xs) is OK; `into` is null unless can_run_in_place (then the
+// result is written there and an empty array returned).
+absl::StatusOr<HostArray> compute(const Node& node, const std::vector<const HostArray*>& xs, std::byte* into) {
   const Op op = node.op;
-  if (is_unary(op)) return internal::unary_kernel(node, *xs[0], nullptr);
-  if (is_binary(op)) return internal::binary_kernel(node, *xs[0], *xs[1], nullptr);
+  if (is_unary(op)) return internal::unary_kernel(node, *xs[0], into);
+  if (is_binary(op)) return internal::binary_kernel(node, *xs[0], *xs[1], into);
   if (is_reduction(op)) return internal::reduce_kernel(node, *xs[0]);
   switch (op) {
     case Op::kConstant:
@@ -271,7 +272,7 @@ absl::StatusOr<HostArray> compute(const Node& node, const std::vector<const Host
     case Op::kIota:
       return internal::iota_kernel(node);
     case Op::kSelect:
-      return internal::select_kernel(node, *xs[0], *xs[1], *xs[2], nullptr);
+      return internal::select_kernel(node, *xs[0], *xs[1], *xs[2], into);
     case Op::kConvert:
       return internal::convert_kernel(node, *xs[0]);
     case Op::kBroadcastInDim:
@@ -320,18 +321,13 @@ absl::Status run_kernel_in_place(const Node& node, const std::vector<const HostA
   }
   // The storage is a heap block separate from the (possibly const) HostArray object: writing
   // it is defined; the caller guarantees nobody else reads it.
-  std::byte* into = const_cast<std::byte*>(operands[reuse]->data());
-  const std::vector<const HostArray*>& xs = operands;
-  if (is_unary(node.op)) return internal::unary_kernel(node, *xs[0], into).status();
-  if (is_binary(node.op)) return internal::binary_kernel(node, *xs[0], *xs[1], into).status();
-  internal::select_kernel(node, *xs[0], *xs[1], *xs[2], into);
-  return absl::OkStatus();
+  return compute(node, operands, const_cast<std::byte*>(operands[reuse]->data())).status();
 }
 
 absl::StatusOr<HostArray> run_kernel(const Node& node, const std::vector<const HostArray*>& operands) {
   TESSERA_RETURN_IF_ERROR(check_node(node, operands));
   try {
-    return compute(node, operands);
+    return compute(node, operands, nullptr);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat(op_name(node.op), ": out of memory for the result ", type_of(node), " or its temporaries"));
