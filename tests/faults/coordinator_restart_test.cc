@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <optional>
 
-#include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
+#include "tests/faults/fault_cluster.h"
 
 namespace tessera {
 namespace {
@@ -18,60 +18,9 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-const std::string kBin = TESSERA_BIN_DIR;
-constexpr int kWorkers = 4;
-const std::vector<std::string> kCoordinatorFlags = {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=1500"};
+constexpr int kWorkers = kFaultWorkers;
 
-class CoordinatorRestartTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    absl::StatusOr<ProcessCluster> cluster =
-        ProcessCluster::start(kBin, kWorkers, kCoordinatorFlags, {"--memory_bytes=268435456"});
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-  }
-
-  absl::StatusOr<Client> connect() {
-    ConnectOptions options;
-    options.min_devices = kWorkers;
-    options.timeout = absl::Seconds(20);
-    return Client::connect(cluster_.address, options);
-  }
-
-  // kill -9 of the coordinator, and a new one on the same port; returns when it listens.
-  void restart_coordinator() {
-    cluster_.coordinator->kill();
-    std::vector<std::string> argv = {kBin + "/tessera-coordinator",
-                                     "--port=" + cluster_.address.substr(cluster_.address.rfind(':') + 1)};
-    argv.insert(argv.end(), kCoordinatorFlags.begin(), kCoordinatorFlags.end());
-    absl::StatusOr<std::unique_ptr<Subprocess>> c = Subprocess::spawn(argv);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_.coordinator = *std::move(c);
-    ASSERT_TRUE(cluster_.coordinator->read_line_with("listening on " + cluster_.address, absl::Seconds(20)).ok());
-  }
-
-  ProcessCluster cluster_;
-};
-
-HostArray affine(const HostArray& x, float a, float b) {
-  HostArray out(DType::kF32, x.shape());
-  for (int64_t i = 0; i < num_elements(x.shape()); ++i) out.mutable_values<float>()[i] = a * x.values<float>()[i] + b;
-  return out;
-}
-
-HostArray column_sums(const HostArray& x) {
-  const int64_t rows = x.shape()[0], cols = x.shape()[1];
-  HostArray out = HostArray::zeros(DType::kF32, {cols});
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) out.mutable_values<float>()[j] += x.values<float>()[i * cols + j];
-  return out;
-}
-
-void expect_equal(const Array& a, const HostArray& want) {
-  absl::StatusOr<HostArray> got = a.fetch();
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_TRUE(*got == want);
-}
+class CoordinatorRestartTest : public FaultClusterTest {};
 
 TEST_F(CoordinatorRestartTest, CachedProgramsNeverRunAnotherClientsProgram) {
   absl::StatusOr<Client> a = connect();
