@@ -94,6 +94,9 @@ TEST_F(StoppedWorkerTest, EveryCallSucceedsOrFailsBoundedNamingTheDeviceAndTheNe
       } else {
         expect_named_failure(got.status());  // marked lost after the heartbeat timeout
         EXPECT_LT(absl::Now() - stopped, kBound);
+        std::printf("[ timing ] SIGSTOP -> a running call failed %s: %s\n",
+                    absl::FormatDuration(absl::Now() - stopped).c_str(),
+                    std::string(got.status().message()).substr(0, 160).c_str());
       }
     }
     absl::SleepFor(kStopped - (absl::Now() - stopped));  // the fault's length (see kStopped)

@@ -215,6 +215,19 @@ class Transport::Link {
       start_write();
     }
 
+    // The server never sends initial metadata before it ends the stream (its only message is
+    // the final reply), so this runs when the call ends: the server finished it, or the
+    // connection broke. OnDone would come only once the Link goes (it holds the stream), and
+    // OnWriteDone only with the next write: this is how an idle stream's failure is known.
+    void OnReadInitialMetadataDone(bool) override {
+      std::vector<uint64_t> lost;
+      {
+        absl::MutexLock lock(&link_->mu_);
+        lost = link_->fail_locked();
+      }
+      if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
+    }
+
     void OnDone(const grpc::Status&) override {
       std::vector<uint64_t> lost;
       {
