@@ -135,6 +135,8 @@ void ClientImpl::renew_leases(absl::Duration lease) {
               .ok()) {
         session_ = session.session_id();
         epoch_ = session.epoch();
+        absl::MutexLock lock(&mu_);
+        tracked_.clear();  // freed with the lapsed session: nothing to adopt after a restart
       }
     }
     // Anything else (the coordinator is down or restarting): the next round tries again.

@@ -113,9 +113,13 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       return to_grpc(absl::InvalidArgumentError(
           absl::StrCat("RegisterWorker: memory_bytes must be positive, got ", req->memory_bytes())));
     }
-    WorkerRegistration registration{req->name(),          req->address(),         req->requested_device_id(),
-                                    req->memory_bytes(),  req->previous_epoch(),  req->previous_incarnation(),
-                                    {}};
+    WorkerRegistration registration;
+    registration.name = req->name();
+    registration.address = req->address();
+    registration.requested_id = req->requested_device_id();
+    registration.memory_bytes = req->memory_bytes();
+    registration.previous_epoch = req->previous_epoch();
+    registration.previous_incarnation = req->previous_incarnation();
     for (const pb::ShardHeader& h : req->held_buffers()) {
       absl::StatusOr<DType> dtype = dtype_from_proto(h.dtype());
       absl::StatusOr<Shape> shape = dtype.ok() ? shape_from_proto(h.shape(), *dtype) : dtype.status();
@@ -128,17 +132,17 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     absl::StatusOr<DeviceRecord> d = registry_.register_worker(registration, absl::Now());
     if (!d.ok()) return to_grpc(d.status());
     if (options_.log_registrations) {
-      const bool same_epoch = req->previous_epoch() == registry_.epoch();
+      std::string how;
+      if (req->previous_epoch() != 0 && req->previous_epoch() != registry_.epoch()) {
+        how = absl::StrCat(" (registered with an earlier coordinator before; holds ", req->held_buffers_size(),
+                           " buffers)");
+      } else if (d->incarnation > 1) {
+        how = req->previous_incarnation() + 1 == d->incarnation ? " (the same process, back)"
+                                                                : " (a new process: its shards are lost)";
+      }
       std::fprintf(stderr, "tessera-coordinator: %s registered as '%s', incarnation %lu%s\n",
                    describe_device(d->id, d->address).c_str(), d->name.c_str(),
-                   static_cast<unsigned long>(d->incarnation),
-                   !same_epoch && req->previous_epoch() != 0
-                       ? absl::StrCat(" (registered with an earlier coordinator before; holds ",
-                                      req->held_buffers_size(), " buffers)")
-                           .c_str()
-                   : d->incarnation == 1                                 ? ""
-                   : req->previous_incarnation() + 1 == d->incarnation ? " (the same process, back)"
-                                                                       : " (a new process: its shards are lost)");
+                   static_cast<unsigned long>(d->incarnation), how.c_str());
     }
     // The next call to this worker waits for the connection: the coordinator's channel may
     // still be backing off from the time the worker was unreachable (or gone).

@@ -156,8 +156,8 @@ TEST_F(CoordinatorRestartTest, AnArrayWhoseShardsAreGoneFailsNamingTheArrayAndTh
 
   absl::StatusOr<HostArray> gone = x->fetch();
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition) << gone.status();
-  EXPECT_THAT(std::string(gone.status().message()),
-              AllOf(HasSubstr(absl::StrCat("array ", x->id())), HasSubstr("device 3"), HasSubstr("put the array again")));
+  EXPECT_THAT(std::string(gone.status().message()), AllOf(HasSubstr(absl::StrCat("array ", x->id())),
+                                                          HasSubstr("device 3"), HasSubstr("put the array again")));
   absl::StatusOr<std::vector<Array>> run = f({*x});
   ASSERT_TRUE(run.ok()) << run.status();
   absl::Status ran = (*run)[0].block_until_ready();

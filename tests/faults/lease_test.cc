@@ -78,8 +78,7 @@ class LeaseTest : public FaultClusterTest {
 
   // Polls the devices' counts until every device is at most at `want`, or `bound` passes;
   // returns how long it took (InfiniteDuration if it never got there).
-  static absl::Duration wait_for_at_most(const Client& client, const std::vector<Counts>& want,
-                                         absl::Duration bound) {
+  static absl::Duration wait_for_at_most(const Client& client, const std::vector<Counts>& want, absl::Duration bound) {
     const absl::Time start = absl::Now();
     while (absl::Now() - start < bound) {
       const std::vector<Counts> now = counts(client);

@@ -116,7 +116,8 @@ TEST_F(StoppedWorkerTest, EveryCallSucceedsOrFailsBoundedNamingTheDeviceAndTheNe
     std::printf("[ timing ] %s: SIGCONT -> registered %s; first call %s in %s (%s); next call %s\n",
                 busy ? "busy" : "idle", absl::FormatDuration(first_start - continued).c_str(),
                 first.ok() ? "succeeded" : "failed", absl::FormatDuration(first_took).c_str(),
-                first.ok() ? "-" : std::string(first.message()).substr(0, 300).c_str(), next.ok() ? "succeeded" : "failed");
+                first.ok() ? "-" : std::string(first.message()).substr(0, 300).c_str(),
+                next.ok() ? "succeeded" : "failed");
   }
 }
 

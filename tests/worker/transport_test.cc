@@ -220,8 +220,7 @@ TEST_F(TransportLossTest, AMessageLostWithItsStreamFailsTheOpAtBothEndsAndTheNex
   ASSERT_TRUE(send(11, 0).ok());
   relay_.cut();
   const absl::Time cut = absl::Now();
-  absl::Status answer =
-      sender_.transport().receive(kReceiver, "receiver", {11, 1, 0}, cut, cut + kDeadline).status();
+  absl::Status answer = sender_.transport().receive(kReceiver, "receiver", {11, 1, 0}, cut, cut + kDeadline).status();
   EXPECT_LT(absl::Now() - cut, kBound);
   EXPECT_EQ(answer.code(), absl::StatusCode::kUnavailable) << answer;
   EXPECT_THAT(std::string(answer.message()),
