@@ -117,45 +117,6 @@ bool is_comparison(Op op) { return op >= Op::kEq && op <= Op::kGe; }
 bool is_reduction(Op op) { return op >= Op::kReduceSum && op <= Op::kReduceProd; }
 bool is_manual_collective(Op op) { return op >= Op::kAllReduce && op <= Op::kCollectivePermute; }
 
-absl::StatusOr<CollectiveSpec> collective_of(const Node& n) {
-  if (!is_manual_collective(n.op) || !n.sharding.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), " is not a shard_map collective"));
-  }
-  const Mesh& mesh = n.sharding->mesh();
-  CollectiveSpec spec;
-  TESSERA_ASSIGN_OR_RETURN(spec.groups, replica_groups(mesh, n.axes));
-  spec.reduce_op = static_cast<ReduceOp>(n.index);
-  auto dim = [&](size_t i) { return i < n.dims.size() ? static_cast<int>(n.dims[i]) : -1; };
-  switch (n.op) {
-    case Op::kAllReduce:
-      spec.kind = CollectiveKind::kAllReduce;
-      break;
-    case Op::kAllGather:
-      spec.kind = CollectiveKind::kAllGather;
-      spec.dimension = dim(0);
-      break;
-    case Op::kReduceScatter:
-      spec.kind = CollectiveKind::kReduceScatter;
-      spec.dimension = dim(0);
-      break;
-    case Op::kAllToAll:
-      spec.kind = CollectiveKind::kAllToAll;
-      spec.split_dimension = dim(0);
-      spec.concat_dimension = dim(1);
-      break;
-    default: {  // a permute: the position pairs in every group, as device ids; one group of all
-      spec.kind = CollectiveKind::kCollectivePermute;
-      std::vector<std::vector<int>> groups = std::move(spec.groups);
-      for (const std::vector<int>& g : groups) {
-        for (size_t i = 0; i + 1 < n.dims.size(); i += 2) spec.pairs.emplace_back(g[n.dims[i]], g[n.dims[i + 1]]);
-      }
-      spec.groups = {mesh.device_ids()};
-      break;
-    }
-  }
-  return spec;
-}
-
 std::string type_to_string(DType dtype, const Shape& shape) {
   static const char* const kShort[] = {"f32", "f64", "i32", "i64", "bool"};
   return absl::StrCat(kShort[static_cast<int>(dtype)], "[", absl::StrJoin(shape, ","), "]");
