@@ -79,7 +79,7 @@ JSON
       [ "$fd" -gt 2 ] && [ "$fd" != "$ENGINE_LOCK_FD" ] && eval "exec $fd>&-" 2>/dev/null
     done
     if [ "$detach" = setsid ]; then exec setsid dockerd "${args[@]}"; else exec dockerd "${args[@]}"; fi
-  ) </dev/null >>"$run/dockerd.log" 2>&1 &
+  ) </dev/null >"$run/dockerd.log" 2>&1 &
   ENGINE_PID=$!
   ENGINE_RUN=$run
   printf 'engine_pid=%s\nengine_owner=%s\nengine_owner_pid=%s\nengine_socket=%s\n' \

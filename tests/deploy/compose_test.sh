@@ -71,6 +71,8 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# A command that fails outside the checks below (set -e) says which.
+trap 'echo "FAIL: line $LINENO: \`$BASH_COMMAND\` exited with $?"' ERR
 
 step "starting dockerd (data root $TESSERA_CACHE/docker, socket $run/docker.sock)"
 rc=0
@@ -132,10 +134,14 @@ grep -qE '^test accuracy: (0\.9[5-9]|1\.0)' <<<"$mlp" || fail "example_mlp_train
 step "a client holding arrays on every device"
 coproc CL { timeout 300 "$DOCKER" run --rm -i --name "$project-client-fault" --network "$network" \
               -e TESSERA_COORDINATOR=coordinator:5000 tessera-check:latest cluster_client 2>"$run/client.err"; }
-ask() {   # ask COMMAND SECONDS: one line to the client, its one-line answer
-  echo "$1" >&"${CL[1]}"
+ask() {   # ask COMMAND SECONDS: one line to the client, its one-line answer (or why there is none)
   local answer
-  read -r -t "$2" answer <&"${CL[0]}" || answer="no answer within $2 s"
+  if [ -z "${CL[1]:-}" ]; then
+    answer="no answer: the client has exited"
+  else
+    echo "$1" >&"${CL[1]}"
+    read -r -t "$2" answer <&"${CL[0]}" || answer="no answer within $2 s"
+  fi
   echo "$answer"
 }
 ready=$(ask setup 60)
