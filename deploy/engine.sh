@@ -17,6 +17,8 @@
 # the host's network (--network=host), for apt-get and nothing else.
 
 TESSERA_CACHE=${TESSERA_CACHE:-/var/cache/tessera}
+# dockerd and debootstrap live in sbin, which a root shell may not have on its PATH.
+case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH=$PATH:/usr/sbin:/sbin ;; esac
 # The base image made here when no registry serves debian:bookworm-slim.
 TESSERA_LOCAL_BASE=tessera-base:bookworm
 # Debian's docker.io client (BuildKit built in), before any other docker on PATH.
@@ -199,6 +201,8 @@ engine_build_locked() {
     engine_log "built $2 in $((SECONDS - start)) s"
     shift 2
   done
+  # The images the new tags replaced (the build cache has its own bound, above).
+  "$DOCKER" image prune -f >/dev/null
 }
 
 # engine_healthy PROJECT: how many of the compose project's containers are healthy.
