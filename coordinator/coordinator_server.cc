@@ -182,7 +182,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     absl::StatusOr<std::shared_ptr<Program>> program = compile(*req);
     if (!program.ok()) return to_grpc(program.status());
     reply->set_executable_id((*program)->id);
-    for (const PartitionSpec& spec : (*program)->exe.output_specs) spec_to_proto(spec, reply->add_output_specs());
+    for (const PartitionSpec& spec : (*program)->exe.output_specs) to_proto(spec, reply->add_output_specs());
     reply->set_text((*program)->exe.as_text());
     absl::MutexLock lock(&programs_mu_);
     reply->set_compilations(compilations_);
@@ -303,8 +303,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       pb::ExecutableInfo* info = reply->add_executables();
       info->set_executable_id(id);
       tessera::to_proto(program->exe.mesh, info->mutable_mesh());
-      for (const PartitionSpec& spec : program->exe.input_specs) spec_to_proto(spec, info->add_input_specs());
-      for (const PartitionSpec& spec : program->exe.output_specs) spec_to_proto(spec, info->add_output_specs());
+      for (const PartitionSpec& spec : program->exe.input_specs) to_proto(spec, info->add_input_specs());
+      for (const PartitionSpec& spec : program->exe.output_specs) to_proto(spec, info->add_output_specs());
       info->set_graph_nodes(static_cast<int64_t>(program->graph.size()));
       info->set_executions(program->executions.load());
     }
@@ -393,18 +393,6 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                                                       " when that worker restarted; put the array again"));
   }
 
-  static void spec_to_proto(const PartitionSpec& spec, pb::PartitionSpec* out) {
-    for (const Axes& axes : spec.dims()) {
-      auto* dim = out->add_dims();
-      for (const std::string& a : axes) dim->add_axes(a);
-    }
-  }
-  static PartitionSpec spec_from_proto(const pb::PartitionSpec& spec) {
-    std::vector<Axes> dims;
-    for (const auto& d : spec.dims()) dims.emplace_back(d.axes().begin(), d.axes().end());
-    return PartitionSpec(std::move(dims));
-  }
-
   absl::StatusOr<std::shared_ptr<Program>> compile(const pb::CompileRequest& req) {
     TESSERA_ASSIGN_OR_RETURN(Graph graph, graph_from_proto(req.graph()));
     TESSERA_ASSIGN_OR_RETURN(Mesh mesh, mesh_from_proto(req.mesh()));
@@ -428,11 +416,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                                                        inputs.size(), " inputs or is named twice"));
       }
     }
-    std::string key =
-        absl::StrCat(graph.fingerprint(), "|", mesh.to_string(), "|", absl::StrJoin(mesh.device_ids(), ","));
-    for (const PartitionSpec& s : inputs) absl::StrAppend(&key, "|", s.to_string());
-    for (const auto& s : outputs) absl::StrAppend(&key, "|", s ? s->to_string() : "auto");
-    absl::StrAppend(&key, "|donated:", absl::StrJoin(donated, ","));
+    // The whole request, byte for byte: a lookup compares it all, never just a hash.
+    std::string key = compile_key(graph, mesh, inputs, outputs, donated);
     {
       absl::MutexLock lock(&programs_mu_);
       auto it = cache_.find(key);
@@ -446,7 +431,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     if (it != cache_.end()) return programs_[it->second];  // compiled concurrently
     program->id = next_program_id_++;
     ++compilations_;
-    cache_[key] = program->id;
+    cache_[std::move(key)] = program->id;
     programs_[program->id] = program;
     return program;
   }
@@ -860,7 +845,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   std::string address_;  // set once, right after the port is bound and before it is announced
 
   absl::Mutex programs_mu_;
-  std::map<std::string, uint64_t> cache_ ABSL_GUARDED_BY(programs_mu_);
+  absl::flat_hash_map<std::string, uint64_t> cache_ ABSL_GUARDED_BY(programs_mu_);  // compile_key -> id
   std::map<uint64_t, std::shared_ptr<Program>> programs_ ABSL_GUARDED_BY(programs_mu_);
   int64_t compilations_ ABSL_GUARDED_BY(programs_mu_) = 0;
   uint64_t next_program_id_ ABSL_GUARDED_BY(programs_mu_) = 1;

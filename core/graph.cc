@@ -182,7 +182,7 @@ int Graph::add_parameter(DType dtype, Shape shape) {
   return id;
 }
 
-absl::StatusOr<int> Graph::add_constant(DType dtype, Shape shape, double value) {
+absl::StatusOr<int> Graph::add_constant(DType dtype, Shape shape, Scalar value) {
   TESSERA_RETURN_IF_ERROR(validate_shape(shape, dtype_size(dtype), "constant"));
   Node n;
   n.op = Op::kConstant;
@@ -675,7 +675,7 @@ std::string Graph::to_text() const {
         absl::StrAppend(&out, " index=", n.index);
         break;
       case Op::kConstant:
-        absl::StrAppend(&out, " value=", n.value);
+        absl::StrAppend(&out, " value=", n.value.to_string());
         break;
       case Op::kSlice:
         absl::StrAppend(&out, " start=", dims_to_string(n.dims), " limit=", dims_to_string(n.limits));
@@ -715,13 +715,6 @@ std::string Graph::to_text() const {
   for (int o : outputs_) roots.push_back(absl::StrCat("%", o));
   absl::StrAppend(&out, "ROOT (", absl::StrJoin(roots, ", "), ")\n");
   return out;
-}
-
-uint64_t Graph::fingerprint() const {
-  // FNV-1a: stable across processes and builds, unlike absl::Hash.
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : to_text()) h = (h ^ c) * 1099511628211ull;
-  return h;
 }
 
 }  // namespace tessera

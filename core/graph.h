@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "core/collective.h"
 #include "core/dtype.h"
+#include "core/scalar.h"
 #include "core/shape.h"
 #include "core/sharding.h"
 
@@ -137,7 +138,7 @@ struct Node {
   //   transpose: dims = permutation; reductions: dims = axes; argmax: dims = {axis};
   //   slice: dims = start, limits = limit; concatenate: dims = {axis}.
   int64_t index = 0;
-  double value = 0;
+  Scalar value;  // exact: integers as int64, floats bit for bit
   std::vector<int64_t> dims;
   std::vector<int64_t> limits;
   DotDims dot;
@@ -156,9 +157,9 @@ class Graph {
   // Parameters are numbered in the order they are added. Never fails.
   // REQUIRES: validate_shape(shape, dtype_size(dtype), ...) is OK.
   int add_parameter(DType dtype, Shape shape);
-  // A full array of `value` (converted to dtype when run); iota counts along `dimension`
-  // (in range; not bool).
-  absl::StatusOr<int> add_constant(DType dtype, Shape shape, double value);
+  // A full array of `value` (converted to dtype when run, as convert does); iota counts
+  // along `dimension` (in range; not bool).
+  absl::StatusOr<int> add_constant(DType dtype, Shape shape, Scalar value);
   absl::StatusOr<int> add_iota(DType dtype, Shape shape, int64_t dimension);
   // Unary ops keep dtype and shape; kNot needs bool or an integer (bitwise on integers),
   // kNeg/kAbs/kSign a numeric dtype (not bool), the others float32 or float64.
@@ -220,8 +221,6 @@ class Graph {
   //   ROOT (%3)
   std::string to_text() const;
 
-  // A stable hash of to_text() (FNV-1a): equal graphs have equal fingerprints, in any process.
-  uint64_t fingerprint() const;
 
  private:
   absl::Status check_operand(int id, const char* op) const;

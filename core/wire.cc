@@ -1,6 +1,8 @@
 #include "core/wire.h"
 
 #include "absl/algorithm/container.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "proto/tessera.pb.h"
@@ -65,19 +67,27 @@ absl::StatusOr<Mesh> mesh_from_proto(const pb::Mesh& mesh) {
                       std::vector<int>(mesh.device_ids().begin(), mesh.device_ids().end()));
 }
 
-void to_proto(const NamedSharding& sharding, pb::NamedSharding* out) {
-  to_proto(sharding.mesh(), out->mutable_mesh());
-  for (const Axes& axes : sharding.spec().dims()) {
-    auto* dim = out->mutable_spec()->add_dims();
+void to_proto(const PartitionSpec& spec, pb::PartitionSpec* out) {
+  for (const Axes& axes : spec.dims()) {
+    auto* dim = out->add_dims();
     for (const std::string& axis : axes) dim->add_axes(axis);
   }
 }
 
+PartitionSpec spec_from_proto(const pb::PartitionSpec& spec) {
+  std::vector<Axes> dims;
+  for (const auto& dim : spec.dims()) dims.emplace_back(dim.axes().begin(), dim.axes().end());
+  return PartitionSpec(std::move(dims));
+}
+
+void to_proto(const NamedSharding& sharding, pb::NamedSharding* out) {
+  to_proto(sharding.mesh(), out->mutable_mesh());
+  to_proto(sharding.spec(), out->mutable_spec());
+}
+
 absl::StatusOr<NamedSharding> sharding_from_proto(const pb::NamedSharding& sharding) {
   TESSERA_ASSIGN_OR_RETURN(Mesh mesh, mesh_from_proto(sharding.mesh()));
-  std::vector<Axes> dims;
-  for (const auto& dim : sharding.spec().dims()) dims.emplace_back(dim.axes().begin(), dim.axes().end());
-  NamedSharding out(std::move(mesh), PartitionSpec(std::move(dims)));
+  NamedSharding out(std::move(mesh), spec_from_proto(sharding.spec()));
   TESSERA_RETURN_IF_ERROR(out.validate_spec());
   return out;
 }
@@ -158,7 +168,11 @@ void node_to_proto(const Node& node, pb::KernelNode* n) {
   n->set_dtype(to_proto(node.dtype));
   to_proto(node.shape, n->mutable_shape());
   n->set_index(node.index);
-  n->set_value(node.value);
+  if (node.value.is_integer()) {
+    n->set_int_value(node.value.int_value());
+  } else {
+    n->set_value(node.value.float_value());
+  }
   n->mutable_dims()->Assign(node.dims.begin(), node.dims.end());
   n->mutable_limits()->Assign(node.limits.begin(), node.limits.end());
   n->mutable_lhs_batch()->Assign(node.dot.lhs_batch.begin(), node.dot.lhs_batch.end());
@@ -168,6 +182,11 @@ void node_to_proto(const Node& node, pb::KernelNode* n) {
 }
 
 std::vector<int64_t> v(const google::protobuf::RepeatedField<int64_t>& r) { return {r.begin(), r.end()}; }
+
+Scalar scalar_from_proto(const pb::KernelNode& n) {
+  if (n.scalar_case() == pb::KernelNode::kIntValue) return Scalar(n.int_value());
+  return Scalar(n.value());
+}
 
 }  // namespace
 
@@ -205,7 +224,7 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
       added = g.add_parameter(dtype, shape);
     } else if (op == Op::kConstant || op == Op::kIota) {
       TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
-      added = op == Op::kConstant ? g.add_constant(dtype, shape, n.value())
+      added = op == Op::kConstant ? g.add_constant(dtype, shape, scalar_from_proto(n))
                                   : g.add_iota(dtype, shape, n.dims_size() == 1 ? n.dims(0) : -1);
     } else if (is_unary(op)) {
       added = g.add_unary(op, operand(0));
@@ -402,7 +421,7 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     TESSERA_ASSIGN_OR_RETURN(i.node.dtype, dtype_from_proto(n.dtype()));
     TESSERA_ASSIGN_OR_RETURN(i.node.shape, shape_from_proto(n.shape(), i.node.dtype));
     i.node.index = n.index();
-    i.node.value = n.value();
+    i.node.value = scalar_from_proto(n);
     i.node.dims.assign(n.dims().begin(), n.dims().end());
     i.node.limits.assign(n.limits().begin(), n.limits().end());
     i.node.dot.lhs_batch.assign(n.lhs_batch().begin(), n.lhs_batch().end());
@@ -428,6 +447,29 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     out.output_slots.push_back(s);
   }
   return out;
+}
+
+std::string compile_key(const Graph& graph, const Mesh& mesh, const std::vector<PartitionSpec>& inputs,
+                        const std::vector<std::optional<PartitionSpec>>& outputs, const std::vector<int>& donated) {
+  pb::CompileRequest req;
+  to_proto(graph, req.mutable_graph());
+  to_proto(mesh, req.mutable_mesh());
+  for (const PartitionSpec& s : inputs) to_proto(s, req.add_input_specs());
+  for (const std::optional<PartitionSpec>& s : outputs) {
+    pb::OptionalSpec* o = req.add_output_specs();
+    o->set_set(s.has_value());
+    if (s.has_value()) to_proto(*s, o->mutable_spec());
+  }
+  req.mutable_donated_inputs()->Assign(donated.begin(), donated.end());
+  // Deterministic: the same fields in the same order give the same bytes in every process
+  // (the request has no maps, and doubles are written as their 8 bytes).
+  std::string bytes;
+  google::protobuf::io::StringOutputStream stream(&bytes);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  req.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return bytes;
 }
 
 }  // namespace tessera

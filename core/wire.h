@@ -9,6 +9,10 @@
 #ifndef TESSERA_CORE_WIRE_H_
 #define TESSERA_CORE_WIRE_H_
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "core/collective.h"
 #include "core/dtype.h"
@@ -41,6 +45,10 @@ absl::StatusOr<Shape> shape_from_proto(const pb::Shape& shape, DType dtype);
 void to_proto(const Mesh& mesh, pb::Mesh* out);
 absl::StatusOr<Mesh> mesh_from_proto(const pb::Mesh& mesh);
 
+void to_proto(const PartitionSpec& spec, pb::PartitionSpec* out);
+// Any spec decodes; validate it against its mesh and array (NamedSharding::validate).
+PartitionSpec spec_from_proto(const pb::PartitionSpec& spec);
+
 void to_proto(const NamedSharding& sharding, pb::NamedSharding* out);
 // Validates the mesh and the spec against it (not against any array shape).
 absl::StatusOr<NamedSharding> sharding_from_proto(const pb::NamedSharding& sharding);
@@ -53,6 +61,15 @@ void to_proto(const Graph& graph, pb::Graph* out);
 // Rebuilds the graph through Graph's own add_* calls, so a graph from the wire gets every
 // check a traced one does; errors name the node.
 absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph);
+
+// The canonical bytes of a compile request: the graph encoded from its decoded form (every
+// attribute, constants bit for bit: -0.0, NaN payloads, int64 beyond 2^53), the mesh with its
+// device ids, the input specs, the output specs (unset ones included) and the donated inputs
+// (REQUIRES: sorted). Two requests that differ in anything the compiler reads have different
+// keys; the coordinator's program cache compares whole keys, so no hash collision can hand
+// one program's executable to another. The same in every process.
+std::string compile_key(const Graph& graph, const Mesh& mesh, const std::vector<PartitionSpec>& inputs,
+                        const std::vector<std::optional<PartitionSpec>>& outputs, const std::vector<int>& donated);
 
 void to_proto(const DevicePlan& plan, pb::DevicePlan* out);
 // Checks everything a worker relies on: known ops and kinds, slots in range, every slot read

@@ -22,7 +22,7 @@
 namespace tessera {
 
 // Bump on any incompatible change to proto/tessera.proto.
-inline constexpr uint32_t kProtocolVersion = 6;
+inline constexpr uint32_t kProtocolVersion = 7;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;

@@ -98,7 +98,7 @@ class DevicePartitioner {
       TESSERA_ASSIGN_OR_RETURN(std::vector<std::vector<int>> groups, replica_groups(mesh_, n.axes));
       for (const std::vector<int>& g : groups) {
         for (size_t k = 0; k < g.size(); ++k) {
-          if (g[k] == plan_.device) inst.node.value = static_cast<double>(k);
+          if (g[k] == plan_.device) inst.node.value = Scalar(k);
         }
       }
       inst.out = slot_of_[id] = new_slot();

@@ -288,7 +288,9 @@ absl::StatusOr<HostArray> constant_kernel(const Node& node) {
   HostArray out(node.dtype, node.shape);
   visit_dtype(node.dtype, [&](auto zero) {
     using T = decltype(zero);
-    const Stored<T> v = static_cast<Stored<T>>(convert_value<T>(node.value));
+    const Scalar& s = node.value;  // exact: an int64 constant never passes through a double
+    const Stored<T> v =
+        static_cast<Stored<T>>(s.is_integer() ? convert_value<T>(s.int_value()) : convert_value<T>(s.float_value()));
     Stored<T>* o = mutable_stored<T>(&out);
     for (int64_t i = 0; i < out.size(); ++i) o[i] = v;
   });

@@ -112,7 +112,7 @@ Value operator/(const Value& x, const Value& y);
 // x's dtype (float64 x * 0.5 is float64) and makes an integer or bool x float32 (int32 x * 0.5
 // is float32, as in JAX); an integer (the templates below) keeps an integer x's dtype, makes
 // a bool x int32 and is cast to a float x's dtype — except with `/`, true division, where an
-// integer x gives float32. Integer scalars travel as doubles: exact up to 2^53.
+// integer x gives float32. Integer scalars are exact (an int64 beyond 2^53 included).
 Value operator+(const Value& x, double y);
 Value operator-(const Value& x, double y);
 Value operator*(const Value& x, double y);
