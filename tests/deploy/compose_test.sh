@@ -127,7 +127,7 @@ timing "example_seed_layer in a client container: $((($(date +%s%N) - start) / 1
 [ "$seed" = "$(printf '(16, 4)\nP('"'"'data'"'"', '"'"'model'"'"')\n8 (4, 2)')" ] || fail "example_seed_layer printed: $seed"
 start=$(date +%s%N)
 mlp=$(client 300 tessera:latest example_mlp_train --data=/data/digits.csv 2>"$run/mlp.err") || fail "example_mlp_train: $mlp $(cat "$run/mlp.err")"
-timing "example_mlp_train in a client container: $((($(date +%s%N) - start) / 1000000)) ms ($(grep 'mean step time' <<<"$mlp"))"
+timing "example_mlp_train in a client container: $((($(date +%s%N) - start) / 1000000)) ms ($(grep -E '^(test accuracy|mean step time)' <<<"$mlp" | paste -sd ';' -))"
 grep -qE '^test accuracy: (0\.9[5-9]|1\.0)' <<<"$mlp" || fail "example_mlp_train's accuracy is below 0.95: $mlp"
 
 # 4. A worker's process dies under a client.
