@@ -70,7 +70,7 @@ class ProgramPartitioner {
         }
       }
       exe_->output_specs.push_back(want.spec());
-      TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], want, n, absl::StrCat("output ", i)));
+      TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], want, o, absl::StrCat("output ", i)));
       plan_.output_slots.push_back(s);
     }
     plan_.num_slots = next_slot_;
@@ -92,13 +92,13 @@ class ProgramPartitioner {
     }
     if (n.op == Op::kShardingAs) {  // operand 0 moved to the layout; operand 1 only named it
       TESSERA_ASSIGN_OR_RETURN(slot_of_[id], reshard(slot_of_[n.operands[0]], p_.result[n.operands[0]],
-                                                     p_.operands[id][0], g_.node(n.operands[0]), cause));
+                                                     p_.operands[id][0], n.operands[0], cause));
       return absl::OkStatus();
     }
     std::vector<int> in;
     for (size_t k = 0; k < n.operands.size(); ++k) {
       const int o = n.operands[k];
-      TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], p_.operands[id][k], g_.node(o), cause));
+      TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], p_.operands[id][k], o, cause));
       in.push_back(s);
     }
     if (n.op == Op::kShardingConstraint || n.op == Op::kShardMapIn || n.op == Op::kShardMapOut) {
@@ -109,6 +109,7 @@ class ProgramPartitioner {
       Instruction inst;
       inst.kind = Instruction::Kind::kCollective;
       inst.in = in;
+      inst.value = id;
       inst.cause = cause;
       inst.node.dtype = n.dtype;
       inst.node.shape = n.shape;
@@ -134,6 +135,7 @@ class ProgramPartitioner {
     Instruction inst;
     inst.kind = Instruction::Kind::kKernel;
     inst.in = in;
+    inst.value = id;
     inst.cause = cause;
     inst.node = n;
     inst.node.operands = in;  // the kernel's operands, by slot
@@ -142,7 +144,7 @@ class ProgramPartitioner {
       inst.out = new_slot();
       plan_.code.push_back(inst);
       TESSERA_ASSIGN_OR_RETURN(slot_of_[id],
-                               reshard(inst.out, ValueSharding::replicated(n.shape.size()), result, n, cause));
+                               reshard(inst.out, ValueSharding::replicated(n.shape.size()), result, id, cause));
       return absl::OkStatus();
     }
     inst.node.shape = local_shape(n.shape, result, mesh_);
@@ -160,10 +162,12 @@ class ProgramPartitioner {
     return absl::OkStatus();
   }
 
-  // Emits the steps taking the value in `from_slot` from `from` to `to`; returns its slot.
-  absl::StatusOr<int> reshard(int from_slot, const ValueSharding& from, const ValueSharding& to, const Node& value,
+  // Emits the steps taking graph value `value_id`, in `from_slot`, from `from` to `to`;
+  // returns its slot.
+  absl::StatusOr<int> reshard(int from_slot, const ValueSharding& from, const ValueSharding& to, int value_id,
                               const std::string& cause) {
     if (from == to) return from_slot;
+    const Node& value = g_.node(value_id);
     TESSERA_ASSIGN_OR_RETURN(std::vector<ReshardStep> steps, plan_reshard(from, to, value.shape, mesh_));
     int cur = from_slot;
     ValueSharding before = from;
@@ -171,6 +175,7 @@ class ProgramPartitioner {
     for (const ReshardStep& step : steps) {
       Instruction inst;
       inst.in = {cur};
+      inst.value = value_id;
       inst.cause = absl::StrCat("for ", cause);
       inst.node.dtype = value.dtype;
       inst.node.shape = local_shape(value.shape, step.after, mesh_);
