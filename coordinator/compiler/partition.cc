@@ -77,7 +77,7 @@ class DevicePartitioner {
       slot_of_[id] = in[0];  // the reshard above was the whole op (for shard_map_out: none)
       return absl::OkStatus();
     }
-    if (is_manual_collective(n.op)) {  // shard_map: runs as written
+    if (has_trait(n.op, kCollective)) {  // shard_map: runs as written
       Instruction inst;
       inst.kind = Instruction::Kind::kCollective;
       inst.in = in;

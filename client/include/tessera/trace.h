@@ -54,12 +54,7 @@ class Value {
   int id_ = -1;
 };
 
-// The dtype and shape of one input of a traced function.
-struct ArrayType {
-  DType dtype = DType::kF32;
-  Shape shape;
-};
-
+// The dtype and shape of one input of a traced function: ArrayType (core/op.h).
 using TracedFunction = std::function<std::vector<Value>(const std::vector<Value>&)>;
 
 // Runs `f` once on Values of the given types; the Graph has one parameter per input and
