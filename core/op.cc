@@ -468,6 +468,7 @@ constexpr OpDef kOps[] = {
     {Op::kCollectivePermute, "collective_permute", 53, 1, kCollective, kOnMesh | kAttrDims, infer_collective},
     {Op::kAxisIndex, "axis_index", 54, 0, kShardMap | kNoGradient, kOnMesh, infer_axis_index},
     {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kNoGradient, 0, infer_sharding_as},
+    {Op::kErf, "erf", 56, 1, kUnaryOp, 0, infer_float_unary},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 

@@ -91,9 +91,10 @@ enum class Op : uint8_t {
   kAxisIndex,          // i32 scalar: this device's position along `axes`
   // Operand 0 laid out as operand 1 is (whole): gradients take their parameter's sharding.
   kShardingAs,
+  kErf,  // the error function, as lax.erf
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kShardingAs) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kErf) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {

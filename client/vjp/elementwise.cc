@@ -5,6 +5,8 @@
 namespace tessera::internal {
 namespace {
 
+constexpr double kTwoOverSqrtPi = 1.12837916709551257390;  // d/dx erf(x) = 2/sqrt(pi) exp(-x^2)
+
 // lax's _balanced_eq: 1 where x is the result alone, 1/2 where both operands are.
 Value balanced_eq(const Value& x, const Value& result, const Value& other) {
   return where(x == result, where(other == result, full({}, 0.5, x.dtype()), full({}, 1.0, x.dtype())),
@@ -35,6 +37,7 @@ absl::Span<const VjpEntry> elementwise_vjps() {
       {Op::kRsqrt, TESSERA_UNARY_VJP(g * -0.5 * out / x)},
       {Op::kSin, TESSERA_UNARY_VJP(g * cos(x))},
       {Op::kCos, TESSERA_UNARY_VJP(-(g * sin(x)))},
+      {Op::kErf, TESSERA_UNARY_VJP(g * kTwoOverSqrtPi * exp(-(x * x)))},
       {Op::kAdd,
        [](const VjpArgs& a) {
          a.add(0, a.g);

@@ -78,6 +78,7 @@ absl::Span<const ShardingRuleEntry> elementwise_rules() {
       {Op::kOr, kElementwise},    {Op::kEq, kElementwise},       {Op::kNe, kElementwise},
       {Op::kLt, kElementwise},    {Op::kLe, kElementwise},       {Op::kGt, kElementwise},
       {Op::kGe, kElementwise},    {Op::kSelect, kElementwise},   {Op::kConvert, kElementwise},
+      {Op::kErf, kElementwise},
   };
   return kRules;
 }

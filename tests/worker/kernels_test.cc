@@ -298,6 +298,7 @@ TEST(Kernels, UnaryFloatOps) {
       {Op::kRsqrt, [](double v) { return 1 / std::sqrt(v); }, true},
       {Op::kSin, [](double v) { return std::sin(v); }},
       {Op::kCos, [](double v) { return std::cos(v); }},
+      {Op::kErf, [](double v) { return std::erf(v); }},
       {Op::kFloor, [](double v) { return std::floor(v); }},
       {Op::kCeil, [](double v) { return std::ceil(v); }},
       {Op::kSign, [](double v) { return v > 0   ? 1.0
@@ -317,6 +318,30 @@ TEST(Kernels, UnaryFloatOps) {
       }
     }
   }
+}
+
+// erf against tabulated values (Abramowitz and Stegun, Table 7.1), not the C library the kernel
+// calls; lax.erf is defined on floats only, so integers are refused by the type rule.
+TEST(Kernels, ErfMatchesTabulatedValues) {
+  const std::vector<double> x = {0.0, 0.1, 0.5, 1.0, 1.5, 2.0, -0.5, -1.0, -2.0};
+  const std::vector<double> want = {0.0,           0.1124629160,  0.5204998778,  0.8427007929, 0.9661051465,
+                                    0.9953222650,  -0.5204998778, -0.8427007929, -0.9953222650};
+  for (DType dtype : kFloats) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Graph g;
+    const Node node = node_of(g, g.add_unary(Op::kErf, g.add_parameter(dtype, {9})));
+    const HostArray typed = dtype == DType::kF64
+                                ? HostArray::from_vector<double>({9}, x)
+                                : HostArray::from_vector<float>({9}, std::vector<float>(x.begin(), x.end()));
+    const HostArray out = run(node, {&typed});
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double got = dtype == DType::kF32 ? out.values<float>()[i] : out.values<double>()[i];
+      EXPECT_NEAR(got, want[i], dtype == DType::kF32 ? 1e-6 : 1e-9) << "erf(" << x[i] << ")";
+    }
+  }
+  Graph g;
+  EXPECT_EQ(g.add_unary(Op::kErf, g.add_parameter(DType::kI32, {2})).status(),
+            absl::InvalidArgumentError("erf: operand is i32[2]; it needs float32 or float64 (convert first)"));
 }
 
 TEST(Kernels, UnaryIntegerAndBoolOps) {

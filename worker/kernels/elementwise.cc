@@ -163,6 +163,9 @@ absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into
       case Op::kCos:
         return map1<T, T>(
             x, [](T v) { return std::cos(v); }, into);
+      case Op::kErf:
+        return map1<T, T>(
+            x, [](T v) { return std::erf(v); }, into);
       case Op::kFloor:
         return map1<T, T>(
             x, [](T v) { return std::floor(v); }, into);
@@ -384,7 +387,7 @@ absl::Span<const KernelEntry> elementwise_kernels() {
       {Op::kNe, Backend::kCpu, binary_kernel},       {Op::kLt, Backend::kCpu, binary_kernel},
       {Op::kLe, Backend::kCpu, binary_kernel},       {Op::kGt, Backend::kCpu, binary_kernel},
       {Op::kGe, Backend::kCpu, binary_kernel},       {Op::kSelect, Backend::kCpu, select_kernel},
-      {Op::kConvert, Backend::kCpu, kConvert},
+      {Op::kConvert, Backend::kCpu, kConvert},       {Op::kErf, Backend::kCpu, unary_kernel},
   };
   return kKernels;
 }

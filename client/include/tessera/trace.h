@@ -76,6 +76,7 @@ Value sqrt(const Value& x);
 Value rsqrt(const Value& x);
 Value sin(const Value& x);
 Value cos(const Value& x);
+Value erf(const Value& x);
 Value floor(const Value& x);
 Value ceil(const Value& x);
 Value sign(const Value& x);
