@@ -1,5 +1,5 @@
-// Graph: the traced program jit compiles — typed nodes of a small op set, each with its
-// dtype and shape inferred when it is added.
+// Graph: the traced program jit compiles — typed nodes of the ops of core/op.h, each with its
+// dtype and shape inferred by its op's type rule when it is added.
 //
 // Nodes are numbered in the order they are added, so operands always come first (the graph
 // is in topological order by construction). Every add_* returns the new node's id, or
@@ -52,7 +52,8 @@ struct Node {
   DType dtype = DType::kF32;
   Shape shape;
   std::vector<int> operands;
-  // Attributes, by op:
+  // Attributes, by op (each op's OpDef::attrs lists those it reads; the wire carries only
+  // those):
   //   parameter: index; constant: value; iota: dims = {dimension};
   //   broadcast_in_dim: dims[i] = result dimension of operand dimension i;
   //   transpose: dims = permutation; reductions: dims = axes; argmax: dims = {axis};

@@ -411,7 +411,7 @@ constexpr uint32_t kOnMesh = kAttrSharding | kAttrAxes;
 
 // Wire numbers are pb::OpCode's (proto/tessera.proto): a new op takes the next free one.
 constexpr OpDef kOps[] = {
-    {Op::kParameter, "parameter", 1, 0, kNoGradient, kAttrIndex | kGiven, infer_given},
+    {Op::kParameter, "parameter", 1, 0, kNoGradient | kPinned, kAttrIndex | kGiven, infer_given},
     {Op::kConstant, "constant", 2, 0, kHasKernel | kNoGradient, kAttrValue | kGiven, infer_given},
     {Op::kIota, "iota", 3, 0, kHasKernel | kNoGradient, kAttrDims | kGiven, infer_iota},
     {Op::kNeg, "neg", 4, 1, kUnaryOp | kLinear, 0, infer_numeric_unary},
@@ -457,17 +457,19 @@ constexpr OpDef kOps[] = {
     {Op::kDotGeneral, "dot_general", 43, 2, kContraction | kHasKernel, kAttrDot, infer_dot_general},
     {Op::kSlice, "slice", 44, 1, kLayoutOp | kLinear, kAttrDims | kAttrLimits, infer_slice},
     {Op::kConcatenate, "concatenate", 45, kVariadic, kLayoutOp, kAttrDims, infer_concatenate},
-    {Op::kShardingConstraint, "sharding_constraint", 46, 1, kPlacement | kHasKernel, kAttrSharding,
+    {Op::kShardingConstraint, "sharding_constraint", 46, 1, kPlacement | kPinned | kHasKernel, kAttrSharding,
      infer_sharding_constraint},
-    {Op::kShardMapIn, "shard_map_in", 47, 1, kShardMap, kAttrSharding, infer_shard_map_in},
-    {Op::kShardMapOut, "shard_map_out", 48, 1, kShardMap, kAttrSharding, infer_shard_map_out},
-    {Op::kAllReduce, "all_reduce", 49, 1, kCollective, kOnMesh | kAttrReduceOp, infer_collective},
-    {Op::kAllGather, "all_gather", 50, 1, kCollective, kOnMesh | kAttrDims, infer_collective},
-    {Op::kReduceScatter, "reduce_scatter", 51, 1, kCollective, kOnMesh | kAttrDims | kAttrReduceOp, infer_collective},
-    {Op::kAllToAll, "all_to_all", 52, 1, kCollective, kOnMesh | kAttrDims, infer_collective},
-    {Op::kCollectivePermute, "collective_permute", 53, 1, kCollective, kOnMesh | kAttrDims, infer_collective},
-    {Op::kAxisIndex, "axis_index", 54, 0, kShardMap | kNoGradient, kOnMesh, infer_axis_index},
-    {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kNoGradient, 0, infer_sharding_as},
+    {Op::kShardMapIn, "shard_map_in", 47, 1, kBlockResult, kAttrSharding, infer_shard_map_in},
+    {Op::kShardMapOut, "shard_map_out", 48, 1, kLeavesBody | kPinned, kAttrSharding, infer_shard_map_out},
+    {Op::kAllReduce, "all_reduce", 49, 1, kCollective | kBlockResult, kOnMesh | kAttrReduceOp, infer_collective},
+    {Op::kAllGather, "all_gather", 50, 1, kCollective | kBlockResult, kOnMesh | kAttrDims, infer_collective},
+    {Op::kReduceScatter, "reduce_scatter", 51, 1, kCollective | kBlockResult, kOnMesh | kAttrDims | kAttrReduceOp,
+     infer_collective},
+    {Op::kAllToAll, "all_to_all", 52, 1, kCollective | kBlockResult, kOnMesh | kAttrDims, infer_collective},
+    {Op::kCollectivePermute, "collective_permute", 53, 1, kCollective | kBlockResult, kOnMesh | kAttrDims,
+     infer_collective},
+    {Op::kAxisIndex, "axis_index", 54, 0, kBlockResult | kNoGradient, kOnMesh, infer_axis_index},
+    {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned | kNoGradient, 0, infer_sharding_as},
     {Op::kErf, "erf", 56, 1, kUnaryOp, 0, infer_float_unary},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");

@@ -52,14 +52,14 @@ class Propagator : public internal::ShardingContext {
                                                        n.sharding->mesh().to_string(), " but the arguments are on ",
                                                        mesh_.to_string()));
       }
-      manual_[id] = n.op == Op::kShardMapIn || n.op == Op::kAxisIndex || has_trait(n.op, kCollective);
+      manual_[id] = has_trait(n.op, kBlockResult);
       if (find_sharding_rule(n.op) == nullptr) {
         return absl::InternalError(absl::StrCat("jit: %", id, " = ", op_name(n.op), " has no sharding rule"));
       }
-      for (int o : n.operands) manual_[id] = manual_[id] || (manual_[o] && n.op != Op::kShardMapOut);
+      for (int o : n.operands) manual_[id] = manual_[id] || (manual_[o] && !has_trait(n.op, kLeavesBody));
     }
     for (int id = 0; id < g_.size(); ++id) {
-      if (g_.node(id).op != Op::kParameter) TESSERA_RETURN_IF_ERROR(forward(id));
+      TESSERA_RETURN_IF_ERROR(forward(id));  // a parameter's rule keeps its input layout
     }
     // Values no operand determined (constants, iota) start replicated; the backward pass
     // gives them what their users want.
@@ -183,8 +183,7 @@ class Propagator : public internal::ShardingContext {
   // Values whose layout the user fixed: parameters, constraints, shard_map boundaries and
   // bodies.
   bool pinned(int id) const {
-    const Op op = g_.node(id).op;
-    return op == Op::kParameter || has_trait(op, kPlacement) || op == Op::kShardMapOut || manual_[id];
+    return has_trait(g_.node(id).op, kPinned) || manual_[id];
   }
 
   // What it costs to have value `id` in layout `want`: resharding it as it is, or — when this

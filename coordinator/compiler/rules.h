@@ -8,7 +8,9 @@
 //
 // A rule's forward half decides a node's result layout from its operands' (the layouts seen
 // so far) and what it needs of each operand; its backward half says how the operands'
-// dimensions follow the result's, so the backward pass can move a layout across the op.
+// dimensions follow the result's, so the backward pass can move a layout across the op; its
+// partition handler emits the node into one device's plan (partition.cc), by default the
+// op's kernel on local shapes after resharding each operand to what the op needs.
 //
 //   {Op::kNeg, {elementwise_forward, identity_map}}
 #ifndef TESSERA_COORDINATOR_COMPILER_RULES_H_
@@ -23,6 +25,7 @@
 #include "absl/types/span.h"
 #include "coordinator/compiler/propagate.h"
 #include "core/graph.h"
+#include "core/plan.h"
 
 namespace tessera::internal {
 
@@ -58,12 +61,45 @@ struct DimMap {
   std::vector<bool> free;
 };
 
+// What a partition handler sees of one device's plan being emitted (partition.cc).
+class PartitionContext {
+ public:
+  virtual ~PartitionContext() = default;
+  virtual const Graph& graph() const = 0;
+  virtual const Mesh& mesh() const = 0;
+  virtual const Propagation& propagation() const = 0;
+  // The id of the device whose plan this is.
+  virtual int device() const = 0;
+  // "%3 = tanh": what the node's instructions are for.
+  virtual std::string cause(int id) const = 0;
+  // The slot holding value `id`, and where it goes.
+  virtual int slot_of(int id) const = 0;
+  virtual void bind(int id, int slot) = 0;
+  // A new input slot (a parameter's local shard).
+  virtual int add_input(int id) = 0;
+  // The slot holding value `id` moved from layout `from` to `to` (the instructions the move
+  // needs, each with the cause "for <cause>").
+  virtual absl::StatusOr<int> reshard(int id, const ValueSharding& from, const ValueSharding& to,
+                                      const std::string& cause) = 0;
+  // Appends `inst` writing a new slot; returns the slot.
+  virtual int emit(Instruction inst) = 0;
+
+  // The slots of node `id`'s operands, each resharded to what the node needs of it.
+  absl::StatusOr<std::vector<int>> operands_as_needed(int id);
+  // Node `id` as a kernel of this device on `in`: the node with its local result shape.
+  Instruction local_kernel(int id, const std::vector<int>& in) const;
+};
+
+// The default partition handler: the operands resharded as needed, then local_kernel.
+absl::Status partition_kernel(PartitionContext& c, int id);
+
 struct ShardingRule {
   absl::Status (*forward)(ShardingContext& c, int id);
   DimMap (*backward)(const Graph& g, const Node& n);
   // Whether the rule runs inside a shard_map body too; else body values are blocks, kept
   // replicated and never moved (propagate.cc).
   bool in_body = false;
+  absl::Status (*partition)(PartitionContext& c, int id) = partition_kernel;
 };
 struct ShardingRuleEntry {
   Op op;

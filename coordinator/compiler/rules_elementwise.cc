@@ -1,6 +1,8 @@
-// Sharding rules of the elementwise ops (and of constant and iota, which their users decide).
+// Sharding rules of the elementwise ops (and of constant and iota, which their users decide),
+// and iota's partition handler.
 #include "absl/status/status.h"
 #include "coordinator/compiler/rules.h"
+#include "core/status.h"
 
 namespace tessera::internal {
 namespace {
@@ -60,25 +62,44 @@ absl::Status elementwise(ShardingContext& c, int id) {
 // Constants and iota: decided by their users (the backward pass), replicated until then.
 absl::Status source(ShardingContext&, int) { return absl::OkStatus(); }
 
+// An iota's values depend on the position: made whole, then this device's block kept.
+absl::Status partition_iota(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const ValueSharding& result = c.propagation().result[id];
+  if (result.spec().used_axes().empty()) return partition_kernel(c, id);
+  Instruction whole = c.local_kernel(id, {});
+  whole.node.shape = n.shape;
+  c.bind(id, c.emit(std::move(whole)));
+  TESSERA_ASSIGN_OR_RETURN(int slot, c.reshard(id, ValueSharding::replicated(n.shape.size()), result, c.cause(id)));
+  c.bind(id, slot);
+  return absl::OkStatus();
+}
+
 constexpr ShardingRule kElementwise = {elementwise, identity_map};
 constexpr ShardingRule kSource = {source, identity_map};
+constexpr ShardingRule kIota = {source, identity_map, false, partition_iota};
 
 }  // namespace
 
 absl::Span<const ShardingRuleEntry> elementwise_rules() {
   static constexpr ShardingRuleEntry kRules[] = {
-      {Op::kConstant, kSource},   {Op::kIota, kSource},          {Op::kNeg, kElementwise},
-      {Op::kAbs, kElementwise},   {Op::kExp, kElementwise},      {Op::kLog, kElementwise},
-      {Op::kTanh, kElementwise},  {Op::kLogistic, kElementwise}, {Op::kSqrt, kElementwise},
-      {Op::kRsqrt, kElementwise}, {Op::kSin, kElementwise},      {Op::kCos, kElementwise},
-      {Op::kFloor, kElementwise}, {Op::kCeil, kElementwise},     {Op::kSign, kElementwise},
-      {Op::kNot, kElementwise},   {Op::kAdd, kElementwise},      {Op::kSub, kElementwise},
-      {Op::kMul, kElementwise},   {Op::kDiv, kElementwise},      {Op::kPow, kElementwise},
-      {Op::kMax, kElementwise},   {Op::kMin, kElementwise},      {Op::kAnd, kElementwise},
-      {Op::kOr, kElementwise},    {Op::kEq, kElementwise},       {Op::kNe, kElementwise},
-      {Op::kLt, kElementwise},    {Op::kLe, kElementwise},       {Op::kGt, kElementwise},
-      {Op::kGe, kElementwise},    {Op::kSelect, kElementwise},   {Op::kConvert, kElementwise},
-      {Op::kErf, kElementwise},
+      {Op::kConstant, kSource},     {Op::kIota, kIota},
+      {Op::kNeg, kElementwise},     {Op::kAbs, kElementwise},
+      {Op::kExp, kElementwise},     {Op::kLog, kElementwise},
+      {Op::kTanh, kElementwise},    {Op::kLogistic, kElementwise},
+      {Op::kSqrt, kElementwise},    {Op::kRsqrt, kElementwise},
+      {Op::kSin, kElementwise},     {Op::kCos, kElementwise},
+      {Op::kFloor, kElementwise},   {Op::kCeil, kElementwise},
+      {Op::kSign, kElementwise},    {Op::kNot, kElementwise},
+      {Op::kAdd, kElementwise},     {Op::kSub, kElementwise},
+      {Op::kMul, kElementwise},     {Op::kDiv, kElementwise},
+      {Op::kPow, kElementwise},     {Op::kMax, kElementwise},
+      {Op::kMin, kElementwise},     {Op::kAnd, kElementwise},
+      {Op::kOr, kElementwise},      {Op::kEq, kElementwise},
+      {Op::kNe, kElementwise},      {Op::kLt, kElementwise},
+      {Op::kLe, kElementwise},      {Op::kGt, kElementwise},
+      {Op::kGe, kElementwise},      {Op::kSelect, kElementwise},
+      {Op::kConvert, kElementwise}, {Op::kErf, kElementwise},
   };
   return kRules;
 }

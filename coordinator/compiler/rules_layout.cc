@@ -1,7 +1,8 @@
 // Sharding rules of the layout ops: a split moves with the dimension it is on, and is gathered
-// first where the op cuts, joins or stretches that dimension.
+// first where the op cuts, joins or stretches that dimension; slice's partition handler.
 #include "absl/status/status.h"
 #include "coordinator/compiler/rules.h"
+#include "core/status.h"
 
 namespace tessera::internal {
 namespace {
@@ -144,6 +145,22 @@ DimMap slice_or_concatenate_map(const Graph& g, const Node& n) {
   return m;
 }
 
+// Split dimensions are never cut (propagation gathers them): they slice whole.
+absl::Status partition_slice(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const ValueSharding& result = c.propagation().result[id];
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  Instruction inst = c.local_kernel(id, in);
+  for (size_t d = 0; d < n.shape.size(); ++d) {
+    if (!result.dims[d].empty()) {
+      inst.node.dims[d] = 0;
+      inst.node.limits[d] = inst.node.shape[d];
+    }
+  }
+  c.bind(id, c.emit(std::move(inst)));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Span<const ShardingRuleEntry> layout_rules() {
@@ -151,7 +168,7 @@ absl::Span<const ShardingRuleEntry> layout_rules() {
       {Op::kBroadcastInDim, {broadcast_in_dim, broadcast_in_dim_map}},
       {Op::kTranspose, {transpose, transpose_map}},
       {Op::kReshape, {reshape, reshape_map}},
-      {Op::kSlice, {slice_or_concatenate, slice_or_concatenate_map}},
+      {Op::kSlice, {slice_or_concatenate, slice_or_concatenate_map, false, partition_slice}},
       {Op::kConcatenate, {slice_or_concatenate, slice_or_concatenate_map}},
   };
   return kRules;

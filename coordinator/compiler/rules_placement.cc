@@ -1,9 +1,10 @@
-// Sharding rules of the ops that place values rather than compute them: parameters (their
+// Sharding rules and partition handlers of the ops that place values rather than compute them: parameters (their
 // layout is the caller's), sharding_constraint and sharding_as (a layout asked for), and
 // shard_map's boundaries, collectives and axis_index (per-device code, whose values are each
 // device's own block).
 #include "absl/status/status.h"
 #include "coordinator/compiler/rules.h"
+#include "core/status.h"
 
 namespace tessera::internal {
 namespace {
@@ -45,6 +46,62 @@ absl::Status shard_map_out(ShardingContext& c, int id) {
   return absl::OkStatus();
 }
 
+// Partition handlers.
+
+absl::Status partition_parameter(PartitionContext& c, int id) {
+  c.add_input(id);
+  return absl::OkStatus();
+}
+
+// Operand 0 moved to the layout; operand 1 only named it.
+absl::Status partition_sharding_as(PartitionContext& c, int id) {
+  const int x = c.graph().node(id).operands[0];
+  TESSERA_ASSIGN_OR_RETURN(int slot,
+                           c.reshard(x, c.propagation().result[x], c.propagation().operands[id][0], c.cause(id)));
+  c.bind(id, slot);
+  return absl::OkStatus();
+}
+
+// The reshard of the operand is the whole op (for shard_map_out: none).
+absl::Status partition_as_operand(PartitionContext& c, int id) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  c.bind(id, in[0]);
+  return absl::OkStatus();
+}
+
+// A shard_map collective runs as written.
+absl::Status partition_collective(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  Instruction inst;
+  inst.kind = Instruction::Kind::kCollective;
+  inst.in = in;
+  inst.cause = c.cause(id);
+  inst.node.dtype = n.dtype;
+  inst.node.shape = n.shape;
+  TESSERA_ASSIGN_OR_RETURN(inst.collective, collective_of(n));
+  c.bind(id, c.emit(std::move(inst)));
+  return absl::OkStatus();
+}
+
+// axis_index: a constant, different on every device.
+absl::Status partition_axis_index(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  Instruction inst;
+  inst.kind = Instruction::Kind::kKernel;
+  inst.cause = c.cause(id);
+  inst.node.op = Op::kConstant;
+  inst.node.dtype = DType::kI32;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<std::vector<int>> groups, replica_groups(c.mesh(), n.axes));
+  for (const std::vector<int>& g : groups) {
+    for (size_t k = 0; k < g.size(); ++k) {
+      if (g[k] == c.device()) inst.node.value = Scalar(k);
+    }
+  }
+  c.bind(id, c.emit(std::move(inst)));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // A value inside a shard_map body: to propagation, a replicated value of the block's shape,
@@ -60,17 +117,17 @@ absl::Status body_value(ShardingContext& c, int id) {
 
 absl::Span<const ShardingRuleEntry> placement_rules() {
   static constexpr ShardingRuleEntry kRules[] = {
-      {Op::kParameter, {parameter, identity_map}},
-      {Op::kShardingConstraint, {sharding_constraint, identity_map}},
-      {Op::kShardingAs, {sharding_as, identity_map, /*in_body=*/true}},
-      {Op::kShardMapIn, {shard_map_in, identity_map, /*in_body=*/true}},
-      {Op::kShardMapOut, {shard_map_out, identity_map, /*in_body=*/true}},
-      {Op::kAllReduce, {body_value, identity_map}},
-      {Op::kAllGather, {body_value, identity_map}},
-      {Op::kReduceScatter, {body_value, identity_map}},
-      {Op::kAllToAll, {body_value, identity_map}},
-      {Op::kCollectivePermute, {body_value, identity_map}},
-      {Op::kAxisIndex, {body_value, identity_map}},
+      {Op::kParameter, {parameter, identity_map, false, partition_parameter}},
+      {Op::kShardingConstraint, {sharding_constraint, identity_map, false, partition_as_operand}},
+      {Op::kShardingAs, {sharding_as, identity_map, /*in_body=*/true, partition_sharding_as}},
+      {Op::kShardMapIn, {shard_map_in, identity_map, /*in_body=*/true, partition_as_operand}},
+      {Op::kShardMapOut, {shard_map_out, identity_map, /*in_body=*/true, partition_as_operand}},
+      {Op::kAllReduce, {body_value, identity_map, false, partition_collective}},
+      {Op::kAllGather, {body_value, identity_map, false, partition_collective}},
+      {Op::kReduceScatter, {body_value, identity_map, false, partition_collective}},
+      {Op::kAllToAll, {body_value, identity_map, false, partition_collective}},
+      {Op::kCollectivePermute, {body_value, identity_map, false, partition_collective}},
+      {Op::kAxisIndex, {body_value, identity_map, false, partition_axis_index}},
   };
   return kRules;
 }
