@@ -183,7 +183,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     if (!program.ok()) return to_grpc(program.status());
     reply->set_executable_id((*program)->id);
     for (const PartitionSpec& spec : (*program)->exe.output_specs) to_proto(spec, reply->add_output_specs());
-    reply->set_text((*program)->exe.as_text());
+    if (req->text() == pb::CompileRequest::TEXT_PROGRAM) reply->set_text((*program)->exe.as_text());
+    if (req->text() == pb::CompileRequest::TEXT_DEVICE) {
+      absl::StatusOr<std::string> text = (*program)->exe.device_text(req->text_device());
+      if (!text.ok()) return to_grpc(text.status());
+      reply->set_text(*std::move(text));
+    }
     absl::MutexLock lock(&programs_mu_);
     reply->set_compilations(compilations_);
     return grpc::Status::OK;
@@ -592,14 +597,17 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     const std::vector<pb::PeerAddress>& peers = members.peers;
     const std::vector<int> missing = missing_plans(program, members);
     if (missing.empty()) return absl::OkStatus();
-    std::vector<pb::LoadPlanRequest> requests(missing.size());
     std::vector<pb::LoadPlanReply> replies(missing.size());
     std::vector<WorkerChannel*> targets;
     Members target;
+    // One program for every device (each resolves it for its position): encoded once, and
+    // every call reads the same request.
+    pb::LoadPlanRequest request;
+    request.set_plan_id(program.id);
+    tessera::to_proto(program.exe.program, request.mutable_plan());
+    tessera::to_proto(program.exe.mesh, request.mutable_mesh());
+    for (const pb::PeerAddress& p : peers) *request.add_peers() = p;
     for (size_t m = 0; m < missing.size(); ++m) {
-      requests[m].set_plan_id(program.id);
-      tessera::to_proto(program.exe.plans[missing[m]], requests[m].mutable_plan());
-      for (const pb::PeerAddress& p : peers) *requests[m].add_peers() = p;
       targets.push_back(workers[missing[m]]);
       target.peers.push_back(peers[missing[m]]);
       target.incarnations.push_back(members.incarnations[missing[m]]);
@@ -607,7 +615,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     std::vector<grpc::Status> statuses = fan_out(
         targets, kControlDeadline,
         [&](int m, grpc::ClientContext* ctx, auto done) {
-          targets[m]->stub->async()->LoadPlan(ctx, &requests[m], &replies[m], std::move(done));
+          targets[m]->stub->async()->LoadPlan(ctx, &request, &replies[m], std::move(done));
         },
         absl::InfiniteDuration(), &target);
     TESSERA_RETURN_IF_ERROR(first_failure(statuses, target.peers, "load plan"));

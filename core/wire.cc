@@ -8,6 +8,21 @@
 #include "proto/tessera.pb.h"
 
 namespace tessera {
+namespace {
+
+// The same fields in the same order give the same bytes in every process (our messages have
+// no maps, and doubles are written as their 8 bytes).
+std::string deterministic_bytes(const google::protobuf::MessageLite& message) {
+  std::string bytes;
+  google::protobuf::io::StringOutputStream stream(&bytes);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  message.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return bytes;
+}
+
+}  // namespace
 
 pb::DType to_proto(DType dtype) {
   switch (dtype) {
@@ -58,13 +73,35 @@ absl::StatusOr<Shape> shape_from_proto(const pb::Shape& shape, DType dtype) {
 void to_proto(const Mesh& mesh, pb::Mesh* out) {
   out->mutable_shape()->Assign(mesh.shape().begin(), mesh.shape().end());
   for (const std::string& name : mesh.axis_names()) out->add_axis_names(name);
-  out->mutable_device_ids()->Assign(mesh.device_ids().begin(), mesh.device_ids().end());
+  const std::vector<int>& ids = mesh.device_ids();
+  bool in_order = true;
+  for (size_t i = 0; i < ids.size() && in_order; ++i) in_order = ids[i] == static_cast<int>(i);
+  if (in_order) {
+    out->set_device_ids_in_order(true);
+  } else {
+    out->mutable_device_ids()->Assign(ids.begin(), ids.end());
+  }
 }
 
 absl::StatusOr<Mesh> mesh_from_proto(const pb::Mesh& mesh) {
+  std::vector<int> ids(mesh.device_ids().begin(), mesh.device_ids().end());
+  if (mesh.device_ids_in_order()) {
+    constexpr int64_t kMaxDevices = 1 << 20;
+    if (!ids.empty()) {
+      return absl::InvalidArgumentError("mesh: device_ids_in_order is set but device_ids are listed too");
+    }
+    int64_t n = 1;
+    for (int64_t d : mesh.shape()) {
+      if (d < 1 || d > kMaxDevices || n * d > kMaxDevices) {
+        return absl::InvalidArgumentError(absl::StrCat("mesh: a shape with dimension ", d, " is out of range (at most ",
+                                                       kMaxDevices, " devices, each dimension at least 1)"));
+      }
+      n *= d;
+    }
+    for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int>(i));
+  }
   return Mesh::create(std::vector<int64_t>(mesh.shape().begin(), mesh.shape().end()),
-                      std::vector<std::string>(mesh.axis_names().begin(), mesh.axis_names().end()),
-                      std::vector<int>(mesh.device_ids().begin(), mesh.device_ids().end()));
+                      std::vector<std::string>(mesh.axis_names().begin(), mesh.axis_names().end()), std::move(ids));
 }
 
 void to_proto(const PartitionSpec& spec, pb::PartitionSpec* out) {
@@ -128,7 +165,11 @@ void to_proto(const CollectiveSpec& spec, pb::CollectiveSpec* out) {
   out->set_root(spec.root);
 }
 
-absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& spec) {
+namespace {
+
+// The spec's fields, checked only for known enum values (a program's collectives have no
+// groups until a device resolves them).
+absl::StatusOr<CollectiveSpec> decode_collective(const pb::CollectiveSpec& spec) {
   CollectiveSpec out;
   bool kind_known = false;
   for (const auto& [kind, wire] : kKinds) {
@@ -157,6 +198,13 @@ absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& s
   out.concat_dimension = spec.concat_dimension();
   for (const pb::SourceTarget& pair : spec.pairs()) out.pairs.emplace_back(pair.source(), pair.target());
   out.root = spec.root();
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& spec) {
+  TESSERA_ASSIGN_OR_RETURN(CollectiveSpec out, decode_collective(spec));
   TESSERA_RETURN_IF_ERROR(validate_collective(out));
   return out;
 }
@@ -271,38 +319,52 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
   return g;
 }
 
+void to_proto(const Instruction& i, pb::Instruction* w) {
+  switch (i.kind) {
+    case Instruction::Kind::kKernel:
+      w->set_kind(pb::Instruction::KERNEL);
+      break;
+    case Instruction::Kind::kCollective:
+      w->set_kind(pb::Instruction::COLLECTIVE);
+      break;
+    case Instruction::Kind::kLocalSlice:
+      w->set_kind(pb::Instruction::LOCAL_SLICE);
+      break;
+    case Instruction::Kind::kFree:
+      w->set_kind(pb::Instruction::FREE);
+      break;
+  }
+  w->set_out(i.out);
+  w->mutable_in()->Assign(i.in.begin(), i.in.end());
+  node_to_proto(i.node, w->mutable_node());
+  if (i.kind == Instruction::Kind::kCollective) to_proto(i.collective, w->mutable_collective());
+  for (const Slice& sl : i.slice) {
+    pb::SliceRange* r = w->add_slice();
+    r->set_start(sl.start);
+    r->set_stop(sl.stop);
+  }
+  w->mutable_axes()->Assign(i.axes.begin(), i.axes.end());
+  w->mutable_positions()->Assign(i.positions.begin(), i.positions.end());
+  if (i.relayout.has_value()) {
+    to_proto(i.relayout->shape, w->mutable_relayout()->mutable_shape());
+    to_proto(i.relayout->from, w->mutable_relayout()->mutable_from());
+    to_proto(i.relayout->to, w->mutable_relayout()->mutable_to());
+  }
+}
+
+std::string canonical_bytes(const Instruction& instruction) {
+  pb::Instruction w;
+  to_proto(instruction, &w);
+  return deterministic_bytes(w);
+}
+
 void to_proto(const DevicePlan& plan, pb::DevicePlan* out) {
   out->set_device(plan.device);
   out->set_num_slots(plan.num_slots);
   out->mutable_input_slots()->Assign(plan.input_slots.begin(), plan.input_slots.end());
   out->mutable_output_slots()->Assign(plan.output_slots.begin(), plan.output_slots.end());
   out->mutable_donated_inputs()->Assign(plan.donated_inputs.begin(), plan.donated_inputs.end());
-  for (const Instruction& i : plan.code) {
-    pb::Instruction* w = out->add_code();
-    switch (i.kind) {
-      case Instruction::Kind::kKernel:
-        w->set_kind(pb::Instruction::KERNEL);
-        break;
-      case Instruction::Kind::kCollective:
-        w->set_kind(pb::Instruction::COLLECTIVE);
-        break;
-      case Instruction::Kind::kLocalSlice:
-        w->set_kind(pb::Instruction::LOCAL_SLICE);
-        break;
-      case Instruction::Kind::kFree:
-        w->set_kind(pb::Instruction::FREE);
-        break;
-    }
-    w->set_out(i.out);
-    w->mutable_in()->Assign(i.in.begin(), i.in.end());
-    node_to_proto(i.node, w->mutable_node());
-    if (i.kind == Instruction::Kind::kCollective) to_proto(i.collective, w->mutable_collective());
-    for (const Slice& sl : i.slice) {
-      pb::SliceRange* r = w->add_slice();
-      r->set_start(sl.start);
-      r->set_stop(sl.stop);
-    }
-  }
+  for (const Instruction& i : plan.code) to_proto(i, out->add_code());
 }
 
 absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
@@ -372,9 +434,11 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     i.out = w.out();
     const pb::KernelNode& n = w.node();
     if (i.kind == Instruction::Kind::kKernel) {
-      // Kernels of a plan: every op with one but placement (the partitioner's business).
+      // Kernels of a plan: every op with one but placement (the partitioner's business), and
+      // those each device resolves to a constant (axis_index).
       absl::StatusOr<Op> op = op_from_wire(n.op());
-      if (!op.ok() || !has_trait(*op, kHasKernel) || has_trait(*op, kPlacement)) {
+      const bool kernel = op.ok() && has_trait(*op, kHasKernel) && !has_trait(*op, kPlacement);
+      if (!kernel && !(op.ok() && has_trait(*op, kResolvedByDevice))) {
         return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has op ", n.op(), ", not a kernel"));
       }
       TESSERA_ASSIGN_OR_RETURN(i.node, node_from_proto(n, absl::StrCat("plan: ", where)));
@@ -384,7 +448,7 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
       for (int s : i.in) {
         if (type[s].has_value()) in.push_back(*type[s]);
       }
-      if (in.size() == i.in.size()) {
+      if (kernel && in.size() == i.in.size()) {
         i.node.operands = i.in;
         absl::StatusOr<ArrayType> t = infer_type(i.node, in);
         if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, ": ", t.status().message()));
@@ -401,11 +465,18 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     i.node.operands = i.in;
     if (i.kind == Instruction::Kind::kCollective) {
       if (i.in.size() != 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " needs one input"));
-      TESSERA_ASSIGN_OR_RETURN(i.collective, collective_from_proto(w.collective()));
+      TESSERA_ASSIGN_OR_RETURN(i.collective, decode_collective(w.collective()));  // resolve() validates it
     }
     if (i.kind == Instruction::Kind::kLocalSlice) {
       if (i.in.size() != 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " needs one input"));
       for (const pb::SliceRange& r : w.slice()) i.slice.push_back({r.start(), r.stop()});
+    }
+    i.axes.assign(w.axes().begin(), w.axes().end());
+    i.positions.assign(w.positions().begin(), w.positions().end());
+    if (w.has_relayout()) {
+      const pb::Relayout& r = w.relayout();
+      TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(r.shape(), i.node.dtype));
+      i.relayout = Instruction::Relayout{std::move(shape), spec_from_proto(r.from()), spec_from_proto(r.to())};
     }
     state[i.out] = 1;
     type[i.out] = ArrayType{i.node.dtype, i.node.shape};
@@ -432,15 +503,7 @@ std::string compile_key(const Graph& graph, const Mesh& mesh, const std::vector<
     if (s.has_value()) to_proto(*s, o->mutable_spec());
   }
   req.mutable_donated_inputs()->Assign(donated.begin(), donated.end());
-  // Deterministic: the same fields in the same order give the same bytes in every process
-  // (the request has no maps, and doubles are written as their 8 bytes).
-  std::string bytes;
-  google::protobuf::io::StringOutputStream stream(&bytes);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  req.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return bytes;
+  return deterministic_bytes(req);
 }
 
 }  // namespace tessera

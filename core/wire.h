@@ -31,6 +31,7 @@ class PartitionSpec;
 class NamedSharding;
 class CollectiveSpec;
 class DevicePlan;
+class Instruction;
 class Graph;
 class KernelNode;
 }  // namespace pb
@@ -71,9 +72,16 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph);
 std::string compile_key(const Graph& graph, const Mesh& mesh, const std::vector<PartitionSpec>& inputs,
                         const std::vector<std::optional<PartitionSpec>>& outputs, const std::vector<int>& donated);
 
+void to_proto(const Instruction& instruction, pb::Instruction* out);
+// The instruction's wire form, deterministic: two instructions with equal bytes compute the
+// same value from the same slots (the compiler's CSE compares these, minus `out`; `cause` is
+// never sent).
+std::string canonical_bytes(const Instruction& instruction);
+
 void to_proto(const DevicePlan& plan, pb::DevicePlan* out);
-// Checks everything a worker relies on: known ops and kinds, slots in range, every slot read
-// after it is written, valid collectives and shapes.
+// Checks everything a worker relies on before resolving it: known ops and kinds, slots in
+// range, every slot read after it is written, valid shapes. A program's collectives are
+// checked when a device resolves it (resolve() in core/plan.h runs validate_collective).
 absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan);
 
 }  // namespace tessera

@@ -177,7 +177,12 @@ class WorkerService final : public WorkerServiceBase {
   }
 
   grpc::Status LoadPlan(grpc::ServerContext*, const pb::LoadPlanRequest* req, pb::LoadPlanReply*) override {
-    absl::StatusOr<DevicePlan> plan = plan_from_proto(req->plan());
+    // The program is the same for every device: this one resolves it for its own position.
+    absl::StatusOr<DevicePlan> program = plan_from_proto(req->plan());
+    if (!program.ok()) return to_grpc(program.status());
+    absl::StatusOr<Mesh> mesh = mesh_from_proto(req->mesh());
+    if (!mesh.ok()) return to_grpc(mesh.status());
+    absl::StatusOr<DevicePlan> plan = resolve(*program, *mesh, device_id_.load());
     if (!plan.ok()) return to_grpc(plan.status());
     auto loaded = std::make_shared<LoadedPlan>();
     loaded->plan = *std::move(plan);

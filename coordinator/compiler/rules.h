@@ -68,8 +68,6 @@ class PartitionContext {
   virtual const Graph& graph() const = 0;
   virtual const Mesh& mesh() const = 0;
   virtual const Propagation& propagation() const = 0;
-  // The id of the device whose plan this is.
-  virtual int device() const = 0;
   // "%3 = tanh": what the node's instructions are for.
   virtual std::string cause(int id) const = 0;
   // The slot holding value `id`, and where it goes.

@@ -69,35 +69,33 @@ absl::Status partition_as_operand(PartitionContext& c, int id) {
   return absl::OkStatus();
 }
 
-// A shard_map collective runs as written.
+// A shard_map collective runs as written; its groups (and a permute's pairs) come from its
+// axes (and positions) when each device resolves the program.
 absl::Status partition_collective(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
   TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
   Instruction inst;
   inst.kind = Instruction::Kind::kCollective;
   inst.in = in;
+  inst.value = id;
   inst.cause = c.cause(id);
   inst.node.dtype = n.dtype;
   inst.node.shape = n.shape;
-  TESSERA_ASSIGN_OR_RETURN(inst.collective, collective_of(n));
+  inst.collective = collective_of(n);
+  inst.axes = n.axes;
+  if (n.op == Op::kCollectivePermute) inst.positions = n.dims;
   c.bind(id, c.emit(std::move(inst)));
   return absl::OkStatus();
 }
 
-// axis_index: a constant, different on every device.
+// axis_index: each device's position, resolved by the device.
 absl::Status partition_axis_index(PartitionContext& c, int id) {
-  const Node& n = c.graph().node(id);
   Instruction inst;
   inst.kind = Instruction::Kind::kKernel;
   inst.cause = c.cause(id);
-  inst.node.op = Op::kConstant;
+  inst.node.op = Op::kAxisIndex;
   inst.node.dtype = DType::kI32;
-  TESSERA_ASSIGN_OR_RETURN(std::vector<std::vector<int>> groups, replica_groups(c.mesh(), n.axes));
-  for (const std::vector<int>& g : groups) {
-    for (size_t k = 0; k < g.size(); ++k) {
-      if (g[k] == c.device()) inst.node.value = Scalar(k);
-    }
-  }
+  inst.axes = c.graph().node(id).axes;
   c.bind(id, c.emit(std::move(inst)));
   return absl::OkStatus();
 }

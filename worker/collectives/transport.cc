@@ -170,6 +170,17 @@ class Transport::Link {
       start_write();
     }
 
+    // The call failed (its connection closed: the peer's process died, say) or the server ended
+    // it. The hold keeps OnDone back until the Link goes, and an idle stream has no write to
+    // fail: without this, the link's next message would be written into the dead call and
+    // lost, and its receiver would wait out the deadline (a worker restarted at the same
+    // address). A broken link is replaced on the next send.
+    void OnReadInitialMetadataDone(bool ok) override {
+      if (ok) return;
+      absl::MutexLock lock(&link_->mu_);
+      link_->fail_locked();
+    }
+
     void OnDone(const grpc::Status&) override {
       absl::MutexLock lock(&link_->mu_);
       link_->fail_locked();
