@@ -28,13 +28,8 @@ std::vector<int64_t> dot_free_dims(int64_t rank, const std::vector<int64_t>& bat
   return out;
 }
 
-absl::StatusOr<CollectiveSpec> collective_of(const Node& n) {
-  if (!has_trait(n.op, kCollective) || !n.sharding.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), " is not a shard_map collective"));
-  }
-  const Mesh& mesh = n.sharding->mesh();
+CollectiveSpec collective_of(const Node& n) {
   CollectiveSpec spec;
-  TESSERA_ASSIGN_OR_RETURN(spec.groups, replica_groups(mesh, n.axes));
   spec.reduce_op = static_cast<ReduceOp>(n.index);
   auto dim = [&](size_t i) { return i < n.dims.size() ? static_cast<int>(n.dims[i]) : -1; };
   switch (n.op) {
@@ -54,15 +49,9 @@ absl::StatusOr<CollectiveSpec> collective_of(const Node& n) {
       spec.split_dimension = dim(0);
       spec.concat_dimension = dim(1);
       break;
-    default: {  // a permute: the position pairs in every group, as device ids; one group of all
+    default:
       spec.kind = CollectiveKind::kCollectivePermute;
-      std::vector<std::vector<int>> groups = std::move(spec.groups);
-      for (const std::vector<int>& g : groups) {
-        for (size_t i = 0; i + 1 < n.dims.size(); i += 2) spec.pairs.emplace_back(g[n.dims[i]], g[n.dims[i + 1]]);
-      }
-      spec.groups = {mesh.device_ids()};
       break;
-    }
   }
   return spec;
 }

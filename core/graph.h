@@ -67,11 +67,10 @@ struct Node {
   std::vector<std::string> axes;          // shard_map collectives and axis_index: mesh axes
 };
 
-// What a shard_map collective node runs: kind, reduce op, dimensions and the replica groups of
-// its axes (a permute: the (source, target) device pairs of every group) on the node's mesh.
-// INVALID_ARGUMENT if the node is not one, or its axes are not in its mesh. An implementation
-// detail of the type rules and the compiler, not needed by applications.
-absl::StatusOr<CollectiveSpec> collective_of(const Node& n);
+// A shard_map collective node's kind, reduce op and dimensions (no groups: they come from its
+// axes, and a permute's pairs from its positions, when each device resolves the program).
+// REQUIRES: has_trait(n.op, kCollective). An implementation detail of the compiler.
+CollectiveSpec collective_of(const Node& n);
 
 class Graph {
  public:

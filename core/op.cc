@@ -384,7 +384,8 @@ absl::StatusOr<ArrayType> infer_collective(const Node& n, absl::Span<const Array
       }
     }
   }
-  TESSERA_ASSIGN_OR_RETURN(CollectiveSpec spec, collective_of(n));
+  CollectiveSpec spec = collective_of(n);
+  spec.groups = {std::vector<int>(static_cast<size_t>(mesh.axes_size(n.axes)))};  // only the size matters
   absl::StatusOr<Shape> shape = collective_output_shape(spec, in[0].shape);
   if (!shape.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(shape.status().message(), " (", what, " of ", type_of(in[0]),
@@ -468,7 +469,7 @@ constexpr OpDef kOps[] = {
     {Op::kAllToAll, "all_to_all", 52, 1, kCollective | kBlockResult, kOnMesh | kAttrDims, infer_collective},
     {Op::kCollectivePermute, "collective_permute", 53, 1, kCollective | kBlockResult, kOnMesh | kAttrDims,
      infer_collective},
-    {Op::kAxisIndex, "axis_index", 54, 0, kBlockResult | kNoGradient, kOnMesh, infer_axis_index},
+    {Op::kAxisIndex, "axis_index", 54, 0, kBlockResult | kResolvedByDevice | kNoGradient, kOnMesh, infer_axis_index},
     {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned | kNoGradient, 0, infer_sharding_as},
     {Op::kErf, "erf", 56, 1, kUnaryOp, 0, infer_float_unary},
 };

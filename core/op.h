@@ -122,6 +122,7 @@ enum OpTrait : uint32_t {
   kNoGradient = 1u << 13,   // grad passes no cotangent through it: it has no VJP rule, on purpose
   kLeavesBody = 1u << 14,   // makes blocks of a shard_map body one global value (shard_map_out)
   kPinned = 1u << 15,       // its layout is the user's: propagation never moves it
+  kResolvedByDevice = 1u << 16,  // in a program, each device resolves it to a constant (axis_index)
 };
 
 // The Node attributes an op reads (OpDef::attrs); the wire carries exactly these.

@@ -435,10 +435,10 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     const pb::KernelNode& n = w.node();
     if (i.kind == Instruction::Kind::kKernel) {
       // Kernels of a plan: every op with one but placement (the partitioner's business), and
-      // axis_index, which each device resolves to a constant (resolve() checks its type).
+      // those each device resolves to a constant (axis_index).
       absl::StatusOr<Op> op = op_from_wire(n.op());
-      const bool axis_index = op.ok() && *op == Op::kAxisIndex;
-      if (!op.ok() || (!axis_index && (!has_trait(*op, kHasKernel) || has_trait(*op, kPlacement)))) {
+      const bool kernel = op.ok() && has_trait(*op, kHasKernel) && !has_trait(*op, kPlacement);
+      if (!kernel && !(op.ok() && has_trait(*op, kResolvedByDevice))) {
         return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has op ", n.op(), ", not a kernel"));
       }
       TESSERA_ASSIGN_OR_RETURN(i.node, node_from_proto(n, absl::StrCat("plan: ", where)));
@@ -448,7 +448,7 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
       for (int s : i.in) {
         if (type[s].has_value()) in.push_back(*type[s]);
       }
-      if (!axis_index && in.size() == i.in.size()) {
+      if (kernel && in.size() == i.in.size()) {
         i.node.operands = i.in;
         absl::StatusOr<ArrayType> t = infer_type(i.node, in);
         if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, ": ", t.status().message()));

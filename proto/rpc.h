@@ -23,8 +23,8 @@ namespace tessera {
 
 // Bump on any incompatible change to proto/tessera.proto, and on any change to the op table
 // (core/op.h: an op's name, wire number, arity or attributes), which kOpTableDigest records:
-// op_table_test fails until both are updated together. (8: SPMD programs; 9: the op table and
-// its OpCodes.)
+// op_table_test fails until both are updated together. (8: one SPMD program per executable;
+// 9: the op table and its OpCodes.)
 inline constexpr uint32_t kProtocolVersion = 9;
 inline constexpr uint64_t kOpTableDigest = 0x7761ebce32185fa7;
 

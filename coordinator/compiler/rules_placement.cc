@@ -69,7 +69,8 @@ absl::Status partition_as_operand(PartitionContext& c, int id) {
   return absl::OkStatus();
 }
 
-// A shard_map collective runs as written, over its mesh axes.
+// A shard_map collective runs as written; its groups (and a permute's pairs) come from its
+// axes (and positions) when each device resolves the program.
 absl::Status partition_collective(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
   TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
@@ -80,27 +81,21 @@ absl::Status partition_collective(PartitionContext& c, int id) {
   inst.cause = c.cause(id);
   inst.node.dtype = n.dtype;
   inst.node.shape = n.shape;
-  // Kind, reduce op and dimensions; the groups (and a permute's pairs) come from the axes (and
-  // positions) when each device resolves the program.
-  TESSERA_ASSIGN_OR_RETURN(inst.collective, collective_of(n));
-  inst.collective.groups.clear();
-  inst.collective.pairs.clear();
+  inst.collective = collective_of(n);
   inst.axes = n.axes;
   if (n.op == Op::kCollectivePermute) inst.positions = n.dims;
   c.bind(id, c.emit(std::move(inst)));
   return absl::OkStatus();
 }
 
-// axis_index: each device's position along the axes, which the device resolves to a constant.
+// axis_index: each device's position, resolved by the device.
 absl::Status partition_axis_index(PartitionContext& c, int id) {
-  const Node& n = c.graph().node(id);
   Instruction inst;
   inst.kind = Instruction::Kind::kKernel;
-  inst.value = id;
   inst.cause = c.cause(id);
   inst.node.op = Op::kAxisIndex;
   inst.node.dtype = DType::kI32;
-  inst.axes = n.axes;
+  inst.axes = c.graph().node(id).axes;
   c.bind(id, c.emit(std::move(inst)));
   return absl::OkStatus();
 }

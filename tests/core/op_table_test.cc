@@ -91,11 +91,40 @@ TEST(OpTable, VjpsAreRegisteredExactlyForDifferentiableOps) {
   }
 }
 
-TEST(OpTable, EveryOpHasAShardingRule) {
+TEST(OpTable, EveryOpHasAShardingRuleAndAPartitionHandler) {
   for (const OpDef& d : op_table()) {
-    EXPECT_NE(find_sharding_rule(d.op), nullptr)
-        << d.name << " has no sharding rule: register one in coordinator/compiler/rules_*.cc";
+    const internal::ShardingRule* rule = find_sharding_rule(d.op);
+    ASSERT_NE(rule, nullptr) << d.name << " has no sharding rule: register one in coordinator/compiler/rules_*.cc";
+    EXPECT_NE(rule->forward, nullptr) << d.name;
+    EXPECT_NE(rule->backward, nullptr) << d.name;
+    EXPECT_NE(rule->partition, nullptr) << d.name;
   }
+}
+
+// Each op is registered by one family only: a second entry would silently replace the first.
+template <typename Entry>
+void expect_each_op_once(const std::vector<absl::Span<const Entry>>& families, const char* what) {
+  std::vector<int> count(kNumOps, 0);
+  for (absl::Span<const Entry> family : families) {
+    for (const Entry& e : family) ++count[static_cast<int>(e.op)];
+  }
+  for (int k = 0; k < kNumOps; ++k) {
+    EXPECT_LE(count[k], 1) << op_name(static_cast<Op>(k)) << " has " << count[k] << " " << what << " entries";
+  }
+}
+
+TEST(OpTable, FamiliesRegisterEachOpOnce) {
+  expect_each_op_once<internal::KernelEntry>({internal::elementwise_kernels(), internal::layout_kernels(),
+                                              internal::reduction_kernels(), internal::dot_kernels()},
+                                             "kernel");
+  expect_each_op_once<internal::VjpEntry>(
+      {internal::elementwise_vjps(), internal::layout_vjps(), internal::reduction_vjps(), internal::dot_vjps(),
+       internal::shard_map_vjps()},
+      "VJP");
+  expect_each_op_once<internal::ShardingRuleEntry>(
+      {internal::elementwise_rules(), internal::layout_rules(), internal::reduction_rules(), internal::dot_rules(),
+       internal::placement_rules()},
+      "sharding rule");
 }
 
 TEST(OpTable, TraitsAgreeWithEachOther) {
