@@ -17,7 +17,30 @@ ClientImpl::ClientImpl(std::string coordinator_address, std::unique_ptr<LocalClu
       coordinator_address_(std::move(coordinator_address)),
       coordinator_(pb::Coordinator::NewStub(make_channel(coordinator_address_))) {}
 
-ClientImpl::~ClientImpl() { in_flight_->wait_idle(); }
+ClientImpl::~ClientImpl() {
+  in_flight_->wait_idle();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_.Notify();
+    if (renewing_ != nullptr) renewing_->TryCancel();
+  }
+  if (renewer_.joinable()) renewer_.join();
+}
+
+grpc::Status ClientImpl::cancellable(absl::Duration timeout,
+                                     const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, timeout);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_.HasBeenNotified()) return grpc::Status(grpc::StatusCode::CANCELLED, "the client is closing");
+    renewing_ = &ctx;
+  }
+  grpc::Status status = call(&ctx);
+  absl::MutexLock lock(&mu_);
+  renewing_ = nullptr;
+  return status;
+}
 
 absl::Status ClientImpl::init(const ConnectOptions& options) {
   const std::string who = absl::StrCat("coordinator ", coordinator_address_);
@@ -32,6 +55,18 @@ absl::Status ClientImpl::init(const ConnectOptions& options) {
     TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->Handshake(&ctx, req, &reply), who));
   }
   TESSERA_RETURN_IF_ERROR(check_protocol_version(reply.protocol_version(), who));
+  {
+    pb::OpenSessionRequest open;
+    open.set_client("tessera client");
+    pb::OpenSessionReply session;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, options.timeout);
+    TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->OpenSession(&ctx, open, &session), who));
+    session_ = session.session_id();
+    epoch_ = session.epoch();
+    const absl::Duration lease = absl::Milliseconds(std::max<int64_t>(session.lease_ms(), 1));
+    renewer_ = std::thread([this, lease] { renew_leases(lease); });
+  }
   pb::GetTopologyRequest topo_req;
   topo_req.set_min_alive_devices(options.min_devices);
   topo_req.set_wait_ms(absl::ToInt64Milliseconds(options.timeout));
@@ -73,7 +108,63 @@ absl::StatusOr<pb::Topology> ClientImpl::topology() {
   return topology;
 }
 
+void ClientImpl::track(uint64_t id, pb::ArrayInfo info) {
+  info.set_array_id(id);
+  absl::MutexLock lock(&mu_);
+  tracked_[id] = std::move(info);
+}
+
+void ClientImpl::renew_leases(absl::Duration lease) {
+  const absl::Duration every = lease / 4;
+  while (!stopping_.WaitForNotificationWithTimeout(every)) {
+    pb::RenewLeaseRequest req;
+    req.set_session_id(session_.load());
+    pb::RenewLeaseReply reply;
+    const grpc::Status renewed =
+        cancellable(every, [&](grpc::ClientContext* ctx) { return coordinator_->RenewLease(ctx, req, &reply); });
+    if (renewed.ok() && reply.epoch() != epoch_) {
+      epoch_ = reply.epoch();  // the coordinator restarted: it took the session over
+      adopt_tracked();
+    } else if (renewed.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      // Lapsed (this process was stopped for longer than the lease): what it held is gone.
+      std::fprintf(stderr, "tessera client: %s; opening a new session\n", renewed.error_message().c_str());
+      pb::OpenSessionRequest open;
+      open.set_client("tessera client");
+      pb::OpenSessionReply session;
+      if (cancellable(every, [&](grpc::ClientContext* ctx) { return coordinator_->OpenSession(ctx, open, &session); })
+              .ok()) {
+        session_ = session.session_id();
+        epoch_ = session.epoch();
+      }
+    }
+    // Anything else (the coordinator is down or restarting): the next round tries again.
+  }
+}
+
+void ClientImpl::adopt_tracked() {
+  std::vector<pb::ArrayInfo> arrays;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, info] : tracked_) arrays.push_back(info);
+  }
+  // In batches well under gRPC's 4 MiB message limit. What cannot be adopted fails precisely
+  // when it is used (see with_adoption).
+  constexpr size_t kBatch = 1000;
+  for (size_t first = 0; first < arrays.size() && !stopping_.HasBeenNotified(); first += kBatch) {
+    pb::AdoptArraysRequest req;
+    req.set_session_id(session_.load());
+    req.set_best_effort(true);
+    for (size_t i = first; i < std::min(arrays.size(), first + kBatch); ++i) *req.add_arrays() = arrays[i];
+    pb::AdoptArraysReply reply;
+    cancellable(kControlDeadline, [&](grpc::ClientContext* ctx) { return coordinator_->AdoptArrays(ctx, req, &reply); });
+  }
+}
+
 void ClientImpl::delete_array(uint64_t id) {
+  {
+    absl::MutexLock lock(&mu_);
+    tracked_.erase(id);
+  }
   if (on_callback_thread()) {
     // gRPC's callback threads must not block: send it and let ~ClientImpl wait for it.
     struct DeleteCall {
@@ -106,6 +197,7 @@ absl::Status with_adoption(const ArrayState& a, uint64_t id, const std::function
   absl::Status status = call();
   if (status.code() != absl::StatusCode::kAborted) return status;
   pb::AdoptArraysRequest req;
+  req.set_session_id(a.client->session());
   pb::ArrayInfo* info = req.add_arrays();
   info->set_array_id(id);
   info->set_dtype(to_proto(a.dtype));
@@ -194,6 +286,7 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
   req.set_dtype(to_proto(host.dtype));
   to_proto(host.shape, req.mutable_shape());
   to_proto(sharding, req.mutable_sharding());
+  req.set_session_id(impl_->session());
   pb::CreateArrayReply reply;
   {
     grpc::ClientContext ctx;
@@ -201,6 +294,11 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
     TESSERA_RETURN_IF_ERROR(from_grpc(impl_->coordinator()->CreateArray(&ctx, req, &reply),
                                       absl::StrCat("device_put: coordinator ", impl_->coordinator_address())));
   }
+  pb::ArrayInfo info;
+  info.set_dtype(req.dtype());
+  *info.mutable_shape() = req.shape();
+  *info.mutable_sharding() = req.sharding();
+  impl_->track(reply.array_id(), std::move(info));
   // From here on the handle owns the array: if an upload fails, dropping it frees the rest.
   Array array(internal::ArrayState::placed(impl_, reply.array_id(), host.dtype, host.shape, sharding));
   TESSERA_ASSIGN_OR_RETURN(pb::Topology topology, impl_->topology());
@@ -234,7 +332,8 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.bytes_used(),
                        stats.memory_limit_bytes(),
                        stats.collective_messages_pending(),
-                       stats.blas_kernel()};
+                       stats.blas_kernel(),
+                       stats.plan_count()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

@@ -1,18 +1,21 @@
 // ClientImpl: the state behind Client and Array handles — the coordinator stub, one stub per
-// worker (handshaken on first use), the calls in flight, and an embedded cluster when there
-// is one.
+// worker (handshaken on first use), the calls in flight, the session (whose lease a thread of
+// its own renews) with the arrays it holds, and an embedded cluster when there is one.
 #ifndef TESSERA_CLIENT_CLIENT_IMPL_H_
 #define TESSERA_CLIENT_CLIENT_IMPL_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "client/execution.h"
 #include "client/local_cluster.h"
 #include "core/graph.h"
@@ -25,11 +28,20 @@ class ClientImpl {
  public:
   ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster);
   // Waits for the calls in flight to finish (each by its deadline) and frees the buffers of
-  // their outputs that nobody holds, before the connection (and an embedded cluster) goes.
+  // their outputs that nobody holds, before the connection (and an embedded cluster) goes;
+  // then stops renewing the session's lease.
   ~ClientImpl();
 
-  // Handshake with the coordinator, then wait for `options.min_devices` alive devices.
+  // Handshake with the coordinator, a session, then wait for `options.min_devices` alive
+  // devices.
   absl::Status init(const ConnectOptions& options);
+
+  // The session every array and program of this client belongs to (OpenSession).
+  uint64_t session() const { return session_.load(); }
+
+  // The arrays this client holds, by id, with their types: after a coordinator restart they
+  // are adopted again (see renew_leases). delete_array forgets them.
+  void track(uint64_t id, pb::ArrayInfo info);
 
   const std::string& coordinator_address() const { return coordinator_address_; }
   pb::Coordinator::Stub* coordinator() { return coordinator_.get(); }
@@ -46,6 +58,14 @@ class ClientImpl {
   const std::shared_ptr<InFlight>& in_flight() const { return in_flight_; }
 
  private:
+  // Renews the session's lease every quarter lease until stopping_. After a coordinator
+  // restart (the epoch changed) adopts every tracked array again; after a lapse (the client
+  // was stopped for longer than the lease) opens a new session: the old arrays are gone.
+  void renew_leases(absl::Duration lease);
+  void adopt_tracked();
+  // Runs `call` on a context the destructor cancels (the renewer's calls).
+  grpc::Status cancellable(absl::Duration timeout, const std::function<grpc::Status(grpc::ClientContext*)>& call);
+
   // Declared first so that it is destroyed last, after every stub that talks to it.
   std::unique_ptr<LocalCluster> cluster_;
   const std::string coordinator_address_;
@@ -54,6 +74,13 @@ class ClientImpl {
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<pb::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, pb::ArrayInfo> tracked_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* renewing_ ABSL_GUARDED_BY(mu_) = nullptr;  // the renewer's call, to cancel
+
+  std::atomic<uint64_t> session_{0};
+  uint64_t epoch_ = 0;  // of the coordinator that renewed the lease last; the renewer's
+  absl::Notification stopping_;
+  std::thread renewer_;
 };
 
 // What an Array handle shares: its metadata, the client and the buffers (freed when their

@@ -16,6 +16,7 @@ absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& s
   req.set_array_id(input_id);
   to_proto(spec, req.mutable_spec());
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  req.set_session_id(state.client->session());
   if (timing != nullptr) req.set_barrier_first(timing->barrier_first);
   pb::RunCollectiveReply reply;
   TESSERA_RETURN_IF_ERROR(internal::with_adoption(state, input_id, [&] {
@@ -28,6 +29,7 @@ absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& s
   const pb::ArrayInfo& info = reply.result();
   TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
   TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));
+  state.client->track(info.array_id(), info);
   return internal::make_array(
       internal::ArrayState::placed(state.client, info.array_id(), dtype, shape, state.sharding));
 }

@@ -184,6 +184,7 @@ void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool
   call->request.set_epoch(executable_.epoch);
   call->request.mutable_input_arrays()->Assign(inputs.begin(), inputs.end());
   call->request.set_timeout_ms(absl::ToInt64Milliseconds(timeout_));
+  call->request.set_session_id(client_->session());
   call->ctx.set_deadline(absl::ToChronoTime(rpc_deadline));
   ExecuteCall* raw = call.release();
   client_->coordinator()->async()->Execute(
@@ -230,6 +231,9 @@ void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool
 void Execution::finish(absl::Status status, std::vector<uint64_t> ids, absl::Status root_cause) {
   std::vector<std::function<void()>> continuations;
   std::vector<uint64_t> orphans;  // outputs whose handles went while this ran
+  if (status.ok() && outputs_ != nullptr) {
+    for (size_t i = 0; i < ids.size() && i < outputs_->size(); ++i) client_->track(ids[i], (*outputs_)[i]);
+  }
   {
     absl::MutexLock lock(&mu_);
     done_ = true;
@@ -243,6 +247,7 @@ void Execution::finish(absl::Status status, std::vector<uint64_t> ids, absl::Sta
       }
     }
   }
+
   // The inputs are no longer read: their buffers may go now (if this held the last owner).
   inputs_.clear();
   for (uint64_t id : orphans) client_->delete_array(id);

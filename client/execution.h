@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/tessera.pb.h"
 
 namespace tessera::internal {
 
@@ -162,6 +163,10 @@ class Execution : public std::enable_shared_from_this<Execution> {
   // The last handle of output `i` is gone: free its buffers now, or when this finishes.
   void release_output(int i);
 
+  // The outputs' dtypes, shapes and shardings, for the client to track them once they exist
+  // (see ClientImpl::track). Before start().
+  void describe_outputs(std::shared_ptr<const std::vector<pb::ArrayInfo>> outputs) { outputs_ = std::move(outputs); }
+
  private:
   void input_ready();
   void dispatch();
@@ -184,6 +189,7 @@ class Execution : public std::enable_shared_from_this<Execution> {
   // the last input_ready(), one after another.
   ExecutableRef executable_;
   Recompile recompile_;
+  std::shared_ptr<const std::vector<pb::ArrayInfo>> outputs_;
   std::atomic<int> pending_inputs_{0};
   // Released by finish(). Touched only by start(), dispatch() and finish(), one after another.
   std::vector<std::shared_ptr<ArrayBuffers>> inputs_;

@@ -28,6 +28,7 @@ struct Jitted::State {
     std::vector<std::string> output_specs;  // as the coordinator gave them (serialized)
     std::vector<pb::ArrayInfo> inputs;      // dtype, shape and sharding of each argument
     std::weak_ptr<internal::ClientImpl> client;  // Jitted does not keep a cluster alive
+    std::shared_ptr<const std::vector<pb::ArrayInfo>> outputs;  // the same of each output
   };
   // The text of `compiled` as `kind` asks (for one device's view: `device`), or a line
   // naming the error.
@@ -193,6 +194,7 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     out.push_back(internal::make_array(std::make_shared<internal::ArrayState>(
         first.client, std::move(buffers), type.dtype, type.shape, compiled->output_shardings[i])));
   }
+  execution->describe_outputs(compiled->outputs);
   execution->start(compiled->executable, after,
                    [state = state_, signature, compiled, client = &client, who](
                        const std::vector<uint64_t>& ids, absl::Time deadline,
@@ -215,6 +217,7 @@ void Jitted::State::recompile(const std::shared_ptr<State>& state, const std::st
     pb::CompileReply reply;
   };
   auto call = std::make_shared<Call>();
+  call->adopt.set_session_id(client->session());
   for (size_t i = 0; i < ids.size() && i < old->inputs.size(); ++i) {
     pb::ArrayInfo* a = call->adopt.add_arrays();
     *a = old->inputs[i];
@@ -272,6 +275,7 @@ absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::co
     *req.add_input_specs() = s.spec();
   }
   req.mutable_donated_inputs()->Assign(options.donate_argnums.begin(), options.donate_argnums.end());
+  req.set_session_id(internal::array_state(args[0]).client->session());
   for (const auto& spec : options.out_shardings) {
     pb::OptionalSpec* o = req.add_output_specs();
     o->set_set(spec.has_value());
@@ -311,6 +315,14 @@ absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::co
     TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(s));
     result->output_shardings.push_back(std::move(sharding));
   }
+  auto outputs = std::make_shared<std::vector<pb::ArrayInfo>>();
+  for (size_t i = 0; i < result->output_types.size(); ++i) {
+    pb::ArrayInfo& info = outputs->emplace_back();
+    info.set_dtype(to_proto(result->output_types[i].dtype));
+    to_proto(result->output_types[i].shape, info.mutable_shape());
+    to_proto(result->output_shardings[i], info.mutable_sharding());
+  }
+  result->outputs = std::move(outputs);
   absl::MutexLock lock(&mu);
   compiled[signature] = result;
   last = result;

@@ -88,7 +88,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   explicit CoordinatorService(const CoordinatorOptions& options)
       : options_(options),
         started_(absl::Now()),
-        registry_(options.heartbeat_timeout, started_),
+        registry_(options.heartbeat_timeout, started_, options.lease_timeout),
         registration_grace_(std::max(kRegistrationGrace, 2 * options.heartbeat_timeout)) {}
 
   void set_address(const std::string& address) { address_ = address; }
@@ -208,11 +208,44 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return grpc::Status::OK;
   }
 
-  grpc::Status AdoptArrays(grpc::ServerContext*, const pb::AdoptArraysRequest* req, pb::AdoptArraysReply*) override {
-    return to_grpc(adopt_arrays(*req));
+  grpc::Status AdoptArrays(grpc::ServerContext*, const pb::AdoptArraysRequest* req,
+                           pb::AdoptArraysReply* reply) override {
+    return to_grpc(adopt_arrays(*req, reply));
+  }
+
+  grpc::Status OpenSession(grpc::ServerContext*, const pb::OpenSessionRequest*, pb::OpenSessionReply* reply) override {
+    reply->set_session_id(registry_.open_session(absl::Now()));
+    reply->set_lease_ms(absl::ToInt64Milliseconds(registry_.lease()));
+    reply->set_epoch(registry_.epoch());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RenewLease(grpc::ServerContext*, const pb::RenewLeaseRequest* req, pb::RenewLeaseReply* reply) override {
+    reply->set_epoch(registry_.epoch());
+    return to_grpc(registry_.renew_session(req->session_id(), absl::Now()));
+  }
+
+  // Frees what lapsed (see Registry::take_lapsed) on the workers: the arrays of sessions not
+  // renewed for a lease and orphans nobody adopted, and the programs no open session holds.
+  // Blocks for the deletions (bounded): the reaper thread's.
+  void reap_lapsed() {
+    Registry::Lapsed lapsed = registry_.take_lapsed(absl::Now());
+    if (lapsed.sessions.empty() && lapsed.buffers.empty()) return;
+    std::vector<std::shared_ptr<Program>> unused = release_programs(lapsed.sessions);
+    if (options_.log_registrations) {
+      std::fprintf(stderr,
+                   "tessera-coordinator: %zu sessions lapsed after %s without renewal; freeing %ld arrays, %zu "
+                   "programs and %ld buffers of earlier incarnations nobody adopted\n",
+                   lapsed.sessions.size(), absl::FormatDuration(registry_.lease()).c_str(),
+                   static_cast<long>(lapsed.arrays), unused.size(), static_cast<long>(lapsed.orphans));
+    }
+    delete_buffers(lapsed.buffers);
+    unload_plans(unused);
   }
 
   grpc::Status Compile(grpc::ServerContext*, const pb::CompileRequest* req, pb::CompileReply* reply) override {
+    absl::Status session = registry_.check_session(req->session_id(), absl::Now());
+    if (!session.ok()) return to_grpc(session);
     absl::StatusOr<std::shared_ptr<Program>> program = compile(*req);
     if (!program.ok()) return to_grpc(program.status());
     reply->set_executable_id((*program)->id);
@@ -370,6 +403,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     absl::Mutex mu;
     std::map<int, std::vector<uint64_t>> loaded ABSL_GUARDED_BY(mu);
     std::atomic<int64_t> executions{0};
+    // The sessions that compiled it (guarded by programs_mu_): it is freed when the last lapses.
+    std::set<uint64_t> sessions;
   };
 
   // The devices of one fan-out, in order: where to reach each and which incarnation of it.
@@ -468,18 +503,25 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     {
       absl::MutexLock lock(&programs_mu_);
       auto it = cache_.find(key);
-      if (it != cache_.end()) return programs_[it->second];
+      if (it != cache_.end()) return hold_locked(programs_[it->second], req.session_id());
     }
     TESSERA_ASSIGN_OR_RETURN(Propagation propagation, propagate(graph, mesh, inputs, outputs));
     TESSERA_ASSIGN_OR_RETURN(Executable exe, partition(graph, mesh, propagation, outputs, donated));
     auto program = std::make_shared<Program>(std::move(graph), std::move(exe));
     absl::MutexLock lock(&programs_mu_);
     auto it = cache_.find(key);
-    if (it != cache_.end()) return programs_[it->second];  // compiled concurrently
+    if (it != cache_.end()) return hold_locked(programs_[it->second], req.session_id());  // compiled concurrently
     program->id = registry_.ids().next();
     ++compilations_;
     cache_[std::move(key)] = program->id;
     programs_[program->id] = program;
+    return hold_locked(program, req.session_id());
+  }
+
+  // `session` (0: none) holds `program` from now on.
+  std::shared_ptr<Program> hold_locked(std::shared_ptr<Program> program, uint64_t session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(programs_mu_) {
+    if (session != 0) program->sessions.insert(session);
     return program;
   }
 
@@ -534,7 +576,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     for (size_t i = 0; i < graph.outputs().size(); ++i) {
       const Node& o = graph.node(graph.outputs()[i]);
       absl::StatusOr<uint64_t> id =
-          registry_.create_array(o.dtype, o.shape, NamedSharding(exe.mesh, exe.output_specs[i]));
+          registry_.create_array(o.dtype, o.shape, NamedSharding(exe.mesh, exe.output_specs[i]), req.session_id());
       if (!id.ok()) {
         registry_.remove_arrays(e->output_ids);  // nothing ran: no device holds them yet
         return id.status();
@@ -863,7 +905,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     TESSERA_RETURN_IF_ERROR(check_not_lost(in, name));
     TESSERA_ASSIGN_OR_RETURN(Members members, alive_members(mesh_devices, name));
     const std::vector<pb::PeerAddress>& peers = members.peers;
-    TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, out_shape, sharding));
+    TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, out_shape, sharding, req.session_id()));
 
     const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
     pb::WorkerCollectiveRequest request;
@@ -899,23 +941,76 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(req.shape(), dtype));
     TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(req.sharding()));
     await_registration(sharding.mesh().device_ids());
-    return registry_.create_array(dtype, shape, sharding);
+    return registry_.create_array(dtype, shape, sharding, req.session_id());
   }
 
   static absl::StatusOr<ArrayRecord> array_from_proto(const pb::ArrayInfo& info) {
     TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
     TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));
     TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(info.sharding()));
-    return ArrayRecord{info.array_id(), dtype, std::move(shape), std::move(sharding), {}};
+    return ArrayRecord{info.array_id(), dtype, std::move(shape), std::move(sharding), {}, 0};
   }
 
-  absl::Status adopt_arrays(const pb::AdoptArraysRequest& req) {
+  // Adopts the arrays for req.session_id(); with best_effort, lists those it could not.
+  absl::Status adopt_arrays(const pb::AdoptArraysRequest& req, pb::AdoptArraysReply* reply) {
     for (const pb::ArrayInfo& info : req.arrays()) {
-      TESSERA_ASSIGN_OR_RETURN(ArrayRecord a, array_from_proto(info));
-      await_registration(a.sharding.mesh().device_ids());
-      TESSERA_RETURN_IF_ERROR(registry_.adopt_array(a));
+      absl::StatusOr<ArrayRecord> a = array_from_proto(info);
+      absl::Status adopted = a.status();
+      if (a.ok()) {
+        a->session = req.session_id();
+        await_registration(a->sharding.mesh().device_ids());
+        adopted = registry_.adopt_array(*a);
+      }
+      if (adopted.ok()) continue;
+      if (!req.best_effort()) return adopted;
+      reply->add_not_adopted(info.array_id());
     }
     return absl::OkStatus();
+  }
+
+  // Forgets `lapsed` as holders of programs; returns the programs no session holds any more
+  // (forgotten too), whose plans the workers may drop.
+  std::vector<std::shared_ptr<Program>> release_programs(const std::vector<uint64_t>& lapsed) {
+    std::vector<std::shared_ptr<Program>> unused;
+    if (lapsed.empty()) return unused;
+    absl::MutexLock lock(&programs_mu_);
+    for (auto it = programs_.begin(); it != programs_.end();) {
+      std::set<uint64_t>& holders = it->second->sessions;
+      const size_t before = holders.size();
+      for (uint64_t s : lapsed) holders.erase(s);
+      if (before == 0 || !holders.empty()) {
+        ++it;
+        continue;
+      }
+      unused.push_back(it->second);
+      it = programs_.erase(it);
+    }
+    for (auto it = cache_.begin(); it != cache_.end();) {
+      it = programs_.count(it->second) == 0 ? cache_.erase(it) : std::next(it);
+    }
+    return unused;
+  }
+
+  // Tells the devices that loaded `programs` to drop their plans (bounded; a device that does
+  // not answer keeps them: plan ids are never reused).
+  void unload_plans(const std::vector<std::shared_ptr<Program>>& programs) {
+    std::map<int, pb::UnloadPlansRequest> per_device;
+    for (const std::shared_ptr<Program>& p : programs) {
+      absl::MutexLock lock(&p->mu);
+      for (const auto& [device, incarnations] : p->loaded) per_device[device].add_plan_ids(p->id);
+    }
+    std::vector<WorkerChannel*> workers;
+    std::vector<const pb::UnloadPlansRequest*> requests;
+    for (const auto& [device, request] : per_device) {
+      std::optional<DeviceRecord> d = registry_.device(device);
+      if (!d.has_value() || !d->alive) continue;
+      workers.push_back(worker(d->address));
+      requests.push_back(&request);
+    }
+    std::vector<pb::UnloadPlansReply> replies(workers.size());
+    fan_out(workers, kConnectDeadline, [&](int i, grpc::ClientContext* ctx, auto done) {
+      workers[i]->stub->async()->UnloadPlans(ctx, requests[i], &replies[i], std::move(done));
+    });
   }
 
   // A coordinator that has just started waits (bounded, see kRegistrationGrace) until the
@@ -972,6 +1067,13 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     }
     service_.set_address(address());
     monitor_ = std::thread([this] { monitor_loop(); });
+    // Lapsed leases are reaped at a tenth of the lease (at most every second), off the monitor:
+    // the deletions wait for the workers.
+    const absl::Duration reap_every =
+        std::clamp(options_.lease_timeout / 10, absl::Milliseconds(10), absl::Seconds(1));
+    reaper_ = std::thread([this, reap_every] {
+      while (!stopping_.WaitForNotificationWithTimeout(reap_every)) service_.reap_lapsed();
+    });
     return absl::OkStatus();
   }
 
@@ -988,6 +1090,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     }
     if (!stopping_.HasBeenNotified()) stopping_.Notify();
     if (monitor_.joinable()) monitor_.join();
+    if (reaper_.joinable()) reaper_.join();
     service_.close_plan_streams();
   }
 
@@ -1012,11 +1115,16 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   int port_ = 0;
   absl::Notification stopping_;
   std::thread monitor_;
+  std::thread reaper_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::start(const CoordinatorOptions& options) {
+  if (options.lease_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("tessera-coordinator: lease_timeout must be positive, got ",
+                                                   absl::FormatDuration(options.lease_timeout)));
+  }
   if (options.heartbeat_interval <= absl::ZeroDuration() || options.heartbeat_timeout <= options.heartbeat_interval) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tessera-coordinator: heartbeat_timeout (", absl::FormatDuration(options.heartbeat_timeout),

@@ -24,6 +24,9 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   // Log registrations to stderr (the daemon does; an embedded cluster stays quiet).
   bool log_registrations = false;
+  // A client session not renewed for this long lapses: its arrays and programs are freed on
+  // every worker (as are buffers of an earlier coordinator incarnation nobody adopts).
+  absl::Duration lease_timeout = absl::Seconds(30);
 };
 
 class CoordinatorServer {

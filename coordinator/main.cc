@@ -16,6 +16,9 @@ ABSL_FLAG(int, heartbeat_interval_ms, 500,
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "a worker silent this long is marked lost, and the executions that need it fail "
           "(env TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS)");
+ABSL_FLAG(int64_t, lease_timeout_ms, 30000,
+          "a client session not renewed this long (the client died) lapses, and its arrays and programs are "
+          "freed on every worker (env TESSERA_COORDINATOR_LEASE_TIMEOUT_MS)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -27,7 +30,8 @@ int main(int argc, char** argv) {
                        {{"host", "TESSERA_COORDINATOR_HOST"},
                         {"port", "TESSERA_COORDINATOR_PORT"},
                         {"heartbeat_interval_ms", "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS"},
-                        {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"}});
+                        {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"},
+                        {"lease_timeout_ms", "TESSERA_COORDINATOR_LEASE_TIMEOUT_MS"}});
   tessera::block_termination_signals();
 
   tessera::CoordinatorOptions options;
@@ -35,6 +39,7 @@ int main(int argc, char** argv) {
   options.port = absl::GetFlag(FLAGS_port);
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  options.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
   options.log_registrations = true;
 
   auto server = tessera::CoordinatorServer::start(options);

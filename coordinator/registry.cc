@@ -51,11 +51,14 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
     // Registered with an earlier incarnation of the coordinator (or just started): what it
     // holds from earlier incarnations may be adopted again. Its report is complete.
     for (auto it = orphans_.begin(); it != orphans_.end();) {
-      it->second.erase(record->id);
-      it = it->second.empty() ? orphans_.erase(it) : std::next(it);
+      it->second.shards.erase(record->id);
+      it = it->second.shards.empty() ? orphans_.erase(it) : std::next(it);
     }
     for (const auto& [buffer, shard] : r.held) {
-      if (ids_.before_epoch(buffer)) orphans_[buffer][record->id] = shard;
+      if (!ids_.before_epoch(buffer)) continue;
+      auto [orphan, added] = orphans_.try_emplace(buffer);
+      if (added) orphan->second.reported = now;
+      orphan->second.shards[record->id] = shard;
     }
   }
   record->address = r.address;
@@ -139,16 +142,18 @@ bool Registry::wait_for_devices(const std::vector<int>& ids, absl::Time deadline
   return mu_.AwaitWithDeadline(absl::Condition(&all_alive), deadline);
 }
 
-absl::StatusOr<uint64_t> Registry::create_array(DType dtype, const Shape& shape, const NamedSharding& sharding) {
+absl::StatusOr<uint64_t> Registry::create_array(DType dtype, const Shape& shape, const NamedSharding& sharding,
+                                                uint64_t session) {
   TESSERA_RETURN_IF_ERROR(sharding.validate(shape));
   absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(check_session_locked(session, absl::Now()));
   for (int id : sharding.mesh().device_ids()) {
     if (devices_.count(id) == 0) {
       return absl::NotFoundError(absl::StrCat("the mesh names device ", id, ", which is not in the cluster"));
     }
   }
   const uint64_t id = ids_.next();
-  arrays_.emplace(id, ArrayRecord{id, dtype, shape, sharding, {}});
+  arrays_.emplace(id, ArrayRecord{id, dtype, shape, sharding, {}, session});
   return id;
 }
 
@@ -170,10 +175,14 @@ absl::Status Registry::adopt_array(const ArrayRecord& a) {
                                         a.sharding.to_string(), ")");
   const Shape block = a.sharding.shard_shape(a.shape);
   absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(check_session_locked(a.session, absl::Now()));
   auto known = arrays_.find(a.id);
   if (known != arrays_.end()) {
     const ArrayRecord& k = known->second;
-    if (k.dtype == a.dtype && k.shape == a.shape && k.sharding == a.sharding) return absl::OkStatus();
+    if (k.dtype == a.dtype && k.shape == a.shape && k.sharding == a.sharding) {
+      if (a.session != 0) known->second.session = a.session;  // its client took it over
+      return absl::OkStatus();
+    }
     return absl::FailedPreconditionError(absl::StrCat("adopt: ", what, " is known as ",
                                                       type_to_string(k.dtype, k.shape), " as ",
                                                       k.sharding.to_string()));
@@ -185,21 +194,86 @@ absl::Status Registry::adopt_array(const ArrayRecord& a) {
   for (int d : a.sharding.mesh().device_ids()) {
     auto device = devices_.find(d);
     const std::string where = describe_device(d, device == devices_.end() ? "?" : device->second.address);
-    if (orphan == orphans_.end() || orphan->second.count(d) == 0) {
+    if (orphan == orphans_.end() || orphan->second.shards.count(d) == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "adopt: ", what, " from before the coordinator restarted is gone: ", where,
           " does not hold its shard (the worker restarted, or has not registered again); put the array again"));
     }
-    const HeldShard& held = orphan->second.at(d);
+    const HeldShard& held = orphan->second.shards.at(d);
     if (held.dtype != a.dtype || held.shape != block) {
       return absl::FailedPreconditionError(absl::StrCat("adopt: ", what, ": ", where, " holds ",
                                                         type_to_string(held.dtype, held.shape), " under its id, not ",
                                                         type_to_string(a.dtype, block)));
     }
   }
-  arrays_.emplace(a.id, ArrayRecord{a.id, a.dtype, a.shape, a.sharding, {}});
+  arrays_.emplace(a.id, ArrayRecord{a.id, a.dtype, a.shape, a.sharding, {}, a.session});
   orphans_.erase(orphan);
   return absl::OkStatus();
+}
+
+uint64_t Registry::open_session(absl::Time now) {
+  const uint64_t id = ids_.next();
+  absl::MutexLock lock(&mu_);
+  sessions_[id] = now;
+  return id;
+}
+
+absl::Status Registry::check_session_locked(uint64_t session, absl::Time now) {
+  if (session == 0 || sessions_.count(session) > 0) return absl::OkStatus();
+  if (ids_.before_epoch(session)) {
+    sessions_[session] = now;  // opened with an earlier incarnation: taken over
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat("session ", session, " lapsed (no renewal for ",
+                                                    absl::FormatDuration(lease_),
+                                                    ") or was never opened; its arrays and programs were freed"));
+}
+
+absl::Status Registry::check_session(uint64_t session, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  return check_session_locked(session, now);
+}
+
+absl::Status Registry::renew_session(uint64_t session, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(check_session_locked(session, now));
+  if (session != 0) sessions_[session] = now;
+  return absl::OkStatus();
+}
+
+Registry::Lapsed Registry::take_lapsed(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Lapsed out;
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (now - it->second <= lease_) {
+      ++it;
+      continue;
+    }
+    out.sessions.push_back(it->first);
+    it = sessions_.erase(it);
+  }
+  if (!out.sessions.empty()) {
+    const std::set<uint64_t> lapsed(out.sessions.begin(), out.sessions.end());
+    for (auto it = arrays_.begin(); it != arrays_.end();) {
+      if (lapsed.count(it->second.session) == 0) {
+        ++it;
+        continue;
+      }
+      for (int d : it->second.sharding.mesh().device_ids()) out.buffers[d].push_back(it->first);
+      ++out.arrays;
+      it = arrays_.erase(it);
+    }
+  }
+  for (auto it = orphans_.begin(); it != orphans_.end();) {
+    if (now - it->second.reported <= lease_) {
+      ++it;
+      continue;
+    }
+    for (const auto& [device, shard] : it->second.shards) out.buffers[device].push_back(it->first);
+    ++out.orphans;
+    it = orphans_.erase(it);
+  }
+  return out;
 }
 
 std::vector<ArrayRecord> Registry::remove_arrays(const std::vector<uint64_t>& ids) {
@@ -220,7 +294,7 @@ std::map<int, std::vector<uint64_t>> Registry::remove_orphans(const std::vector<
   for (uint64_t id : ids) {
     auto it = orphans_.find(id);
     if (it == orphans_.end()) continue;
-    for (const auto& [device, shard] : it->second) out[device].push_back(id);
+    for (const auto& [device, shard] : it->second.shards) out[device].push_back(id);
     orphans_.erase(it);
   }
   return out;

@@ -1,7 +1,8 @@
 // Registry: the coordinator's state — the devices of the cluster, the arrays placed on them,
-// the ids it hands out (coordinator/ids.h), and the buffers that workers still hold from an
-// earlier incarnation of the coordinator (orphans, until adopted again or reclaimed).
-// Thread-safe; no networking.
+// the ids it hands out (coordinator/ids.h), the client sessions that own arrays (each with a
+// lease), and the buffers that workers still hold from an earlier incarnation of the
+// coordinator (orphans, until adopted again or reclaimed after a lease). Thread-safe; no
+// networking.
 //
 //   Registry registry(absl::Seconds(3));
 //   absl::StatusOr<DeviceRecord> d = registry.register_worker({"w0", "127.0.0.1:4000", -1, 1 << 30}, now);
@@ -68,13 +69,16 @@ struct ArrayRecord {
   NamedSharding sharding;
   // Devices whose worker restarted after the array was placed: their shards are gone.
   std::set<int> lost_devices;
+  uint64_t session = 0;  // the owner; 0: none (the array lives until deleted)
 };
 
 class Registry {
  public:
-  // `start`: when the coordinator started (its epoch, see coordinator/ids.h).
-  explicit Registry(absl::Duration heartbeat_timeout, absl::Time start = absl::Now())
-      : heartbeat_timeout_(heartbeat_timeout), ids_(start) {}
+  // `start`: when the coordinator started (its epoch, see coordinator/ids.h). A session's
+  // arrays, and orphans nobody adopts, are reclaimed a `lease` after the last renewal (report).
+  explicit Registry(absl::Duration heartbeat_timeout, absl::Time start = absl::Now(),
+                    absl::Duration lease = absl::Seconds(30))
+      : heartbeat_timeout_(heartbeat_timeout), lease_(lease), ids_(start) {}
 
   // Every id the coordinator hands out comes from here.
   IdAllocator& ids() { return ids_; }
@@ -106,9 +110,11 @@ class Registry {
   // Waits until every device of `ids` is alive, at most until `deadline`; false if not.
   bool wait_for_devices(const std::vector<int>& ids, absl::Time deadline) const;
 
-  // Records a new array. INVALID_ARGUMENT if the sharding does not fit the shape;
-  // NOT_FOUND if the mesh names a device that never registered.
-  absl::StatusOr<uint64_t> create_array(DType dtype, const Shape& shape, const NamedSharding& sharding);
+  // Records a new array owned by `session` (0: none). INVALID_ARGUMENT if the sharding does
+  // not fit the shape; NOT_FOUND if the mesh names a device that never registered; the
+  // session's error (see check_session).
+  absl::StatusOr<uint64_t> create_array(DType dtype, const Shape& shape, const NamedSharding& sharding,
+                                        uint64_t session = 0);
 
   // NOT_FOUND if unknown (never created, or deleted); ABORTED for an id of an earlier
   // incarnation of the coordinator (adopt_array it again, or put it again).
@@ -119,7 +125,29 @@ class Registry {
   // same type and sharding. INVALID_ARGUMENT if the sharding does not fit the shape;
   // NOT_FOUND for an id of this incarnation that is not known; FAILED_PRECONDITION naming the
   // array and a device that does not hold its shard, or holds another type.
+  // The adopted array belongs to a.session.
   absl::Status adopt_array(const ArrayRecord& a);
+
+  // A new client session, leased from `now`.
+  uint64_t open_session(absl::Time now);
+  // Extends `session`'s lease from `now`. A session of an earlier coordinator incarnation is
+  // taken over (its client will adopt its arrays again). FAILED_PRECONDITION if the session
+  // lapsed or was never opened: its arrays are gone. OK for session 0 (none).
+  absl::Status renew_session(uint64_t session, absl::Time now);
+  // FAILED_PRECONDITION unless `session` is 0, open, or of an earlier incarnation (then taken
+  // over, leased from `now`).
+  absl::Status check_session(uint64_t session, absl::Time now);
+
+  // What lapsed by `now` (sessions not renewed for a lease, and orphans reported longer than a
+  // lease ago and not adopted), forgotten here: the sessions, and the buffers to free by device.
+  struct Lapsed {
+    std::vector<uint64_t> sessions;
+    std::map<int, std::vector<uint64_t>> buffers;
+    int64_t arrays = 0;   // of the sessions
+    int64_t orphans = 0;  // of earlier incarnations
+  };
+  Lapsed take_lapsed(absl::Time now);
+  absl::Duration lease() const { return lease_; }
 
   // Forgets the arrays; returns the records of those that existed.
   std::vector<ArrayRecord> remove_arrays(const std::vector<uint64_t>& ids);
@@ -133,17 +161,24 @@ class Registry {
 
  private:
   int alive_count() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status check_session_locked(uint64_t session, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const absl::Duration heartbeat_timeout_;
-
+  const absl::Duration lease_;
   IdAllocator ids_;
 
   mutable absl::Mutex mu_;
   std::map<int, DeviceRecord> devices_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, ArrayRecord> arrays_ ABSL_GUARDED_BY(mu_);
-  // Buffers of earlier incarnations that workers reported: buffer id -> device -> shard.
-  std::map<uint64_t, std::map<int, HeldShard>> orphans_ ABSL_GUARDED_BY(mu_);
+  // Buffers of earlier incarnations that workers reported, by buffer id: who holds which
+  // shard, and when it was first reported.
+  struct Orphan {
+    std::map<int, HeldShard> shards;
+    absl::Time reported;
+  };
+  std::map<uint64_t, Orphan> orphans_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, absl::Time> sessions_ ABSL_GUARDED_BY(mu_);  // open sessions: last renewal
 };
 
 }  // namespace tessera

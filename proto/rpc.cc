@@ -15,6 +15,35 @@ namespace {
 constexpr int kStreamWindowBytes = 16 << 20;
 constexpr int kKeepaliveMs = 5000;
 
+// Calls that are safe to send twice are retried on UNAVAILABLE (a connection found dead only
+// when the call was written on it, as after a coordinator restart: gRPC notices an idle
+// connection's end late), at most 4 times within the call's deadline. Never Execute,
+// CreateArray or RunCollective: a second one would run again.
+constexpr char kRetryServiceConfig[] = R"json({
+  "methodConfig": [{
+    "name": [
+      {"service": "tessera.pb.Coordinator", "method": "Handshake"},
+      {"service": "tessera.pb.Coordinator", "method": "GetTopology"},
+      {"service": "tessera.pb.Coordinator", "method": "GetArray"},
+      {"service": "tessera.pb.Coordinator", "method": "DeleteArray"},
+      {"service": "tessera.pb.Coordinator", "method": "AdoptArrays"},
+      {"service": "tessera.pb.Coordinator", "method": "OpenSession"},
+      {"service": "tessera.pb.Coordinator", "method": "RenewLease"},
+      {"service": "tessera.pb.Coordinator", "method": "Compile"},
+      {"service": "tessera.pb.Coordinator", "method": "GetClusterStatus"},
+      {"service": "tessera.pb.Worker", "method": "Handshake"},
+      {"service": "tessera.pb.Worker", "method": "GetStats"}
+    ],
+    "retryPolicy": {
+      "maxAttempts": 4,
+      "initialBackoff": "0.05s",
+      "maxBackoff": "0.5s",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }]
+})json";
+
 }  // namespace
 
 absl::Duration transfer_deadline(int64_t bytes) {
@@ -90,6 +119,8 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
+  args.SetServiceConfigJSON(kRetryServiceConfig);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 

@@ -209,6 +209,15 @@ class WorkerService final : public WorkerServiceBase {
     return grpc::Status::OK;
   }
 
+  grpc::Status UnloadPlans(grpc::ServerContext*, const pb::UnloadPlansRequest* req,
+                           pb::UnloadPlansReply* reply) override {
+    absl::MutexLock lock(&plans_mu_);
+    int unloaded = 0;
+    for (uint64_t id : req->plan_ids()) unloaded += static_cast<int>(plans_.erase(id));
+    reply->set_unloaded(unloaded);
+    return grpc::Status::OK;
+  }
+
   // The coordinator's RunPlans stream (see PlanStreamReactor).
   grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* RunPlans(grpc::CallbackServerContext*) override {
     return PlanStreamReactor::start(this);
@@ -244,6 +253,10 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_blas_kernel(blas_kernel_name());
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
     reply->set_incarnation(incarnation_.load());
+    {
+      absl::MutexLock lock(&plans_mu_);
+      reply->set_plan_count(static_cast<int64_t>(plans_.size()));
+    }
     return grpc::Status::OK;
   }
 

@@ -144,5 +144,68 @@ TEST_F(RegistryTest, OrphansNobodyAdoptsAreRemovedByDevice) {
   EXPECT_EQ(later.orphan_count(), 0);
 }
 
+// A session's arrays go when its lease lapses; renewals keep it; a lapsed session is refused.
+TEST(RegistrySessions, ALapsedSessionsArraysAreTakenAndItIsRefusedAfterwards) {
+  const absl::Time t0 = absl::Now();
+  Registry registry(absl::Seconds(3), t0, absl::Seconds(10));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(registry.register_worker({absl::StrCat("w", i), absl::StrCat("h:", i), i, 1 << 20, 0, 0, {}}, t0).ok());
+  }
+  absl::StatusOr<Mesh> mesh = make_mesh({2}, {"x"}, {0, 1});
+  ASSERT_TRUE(mesh.ok());
+  const uint64_t held = registry.open_session(t0);
+  const uint64_t renewed = registry.open_session(t0);
+  absl::StatusOr<uint64_t> a = registry.create_array(DType::kF32, {4}, NamedSharding(*mesh, P("x")), held);
+  absl::StatusOr<uint64_t> b = registry.create_array(DType::kF32, {4}, NamedSharding(*mesh, P("x")), renewed);
+  absl::StatusOr<uint64_t> free = registry.create_array(DType::kF32, {4}, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(a.ok() && b.ok() && free.ok());
+
+  EXPECT_TRUE(registry.take_lapsed(t0 + absl::Seconds(9)).sessions.empty());
+  ASSERT_TRUE(registry.renew_session(renewed, t0 + absl::Seconds(9)).ok());
+  Registry::Lapsed lapsed = registry.take_lapsed(t0 + absl::Seconds(11));
+  EXPECT_THAT(lapsed.sessions, ElementsAre(held));
+  EXPECT_EQ(lapsed.arrays, 1);
+  EXPECT_THAT(lapsed.buffers[0], ElementsAre(*a));
+  EXPECT_THAT(lapsed.buffers[1], ElementsAre(*a));
+  EXPECT_EQ(registry.get_array(*a).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(registry.get_array(*b).ok());
+  EXPECT_TRUE(registry.get_array(*free).ok());  // no owner: until deleted
+
+  absl::Status again = registry.renew_session(held, t0 + absl::Seconds(12));
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.message()), AllOf(HasSubstr(absl::StrCat("session ", held)), HasSubstr("lapsed")));
+  EXPECT_EQ(registry.create_array(DType::kF32, {4}, NamedSharding(*mesh, P("x")), held).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// After a restart, a session of the earlier incarnation is taken over on first use, and the
+// buffers nobody adopts within a lease of their report are taken.
+TEST(RegistrySessions, EarlierSessionsAreTakenOverAndUnadoptedOrphansLapse) {
+  const absl::Time t0 = absl::Now();
+  Registry before(absl::Seconds(3), t0, absl::Seconds(10));
+  const uint64_t session = before.open_session(t0);
+  Registry after(absl::Seconds(3), t0 + absl::Seconds(1), absl::Seconds(10));
+  const absl::Time t1 = t0 + absl::Seconds(1);
+  const std::map<uint64_t, HeldShard> held = {{before.ids().next(), {DType::kF32, {2}}},
+                                              {before.ids().next(), {DType::kF32, {2}}}};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(
+        after.register_worker({absl::StrCat("w", i), absl::StrCat("h:", i), i, 1 << 20, before.epoch(), 1, held}, t1)
+            .ok());
+  }
+  EXPECT_TRUE(after.renew_session(session, t1).ok());
+  absl::StatusOr<Mesh> mesh = make_mesh({2}, {"x"}, {0, 1});
+  ASSERT_TRUE(mesh.ok());
+  ArrayRecord kept{held.begin()->first, DType::kF32, {4}, NamedSharding(*mesh, P("x")), {}, session};
+  ASSERT_TRUE(after.adopt_array(kept).ok());
+  EXPECT_TRUE(after.take_lapsed(t1 + absl::Seconds(9)).buffers.empty());
+  ASSERT_TRUE(after.renew_session(session, t1 + absl::Seconds(9)).ok());
+  Registry::Lapsed lapsed = after.take_lapsed(t1 + absl::Seconds(11));
+  EXPECT_TRUE(lapsed.sessions.empty());
+  EXPECT_EQ(lapsed.orphans, 1);
+  EXPECT_THAT(lapsed.buffers[0], ElementsAre(std::next(held.begin())->first));
+  EXPECT_TRUE(after.get_array(kept.id).ok());
+}
+
 }  // namespace
 }  // namespace tessera

@@ -44,6 +44,7 @@ struct DeviceStats {
   int64_t memory_limit_bytes = 0;
   int64_t collective_messages_pending = 0;  // received by the device, not yet consumed
   std::string blas_kernel;                  // OpenBLAS's kernel on that device
+  int64_t plans_loaded = 0;                 // compiled programs' plans the device holds
 };
 
 // Options of Client::connect.
