@@ -5,7 +5,7 @@
 //   tessera status                     # devices, arrays and executables of that cluster
 //   tessera run-example seed_layer     # bin/example_seed_layer --coordinator=<that address>
 //   tessera down                       # stops exactly the processes `up` started, by pid
-//   tessera health --address HOST:PORT # exit 0 when a coordinator or a registered worker answers
+//   tessera health --address HOST:PORT # grpc.health.v1: exit 0 when the daemon there is ready
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +30,7 @@
 #include "core/subprocess.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 
@@ -45,6 +46,9 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "up: the address every daemon listens 
 ABSL_FLAG(int64_t, memory_bytes, int64_t{1} << 30, "up: each worker's memory limit (env TESSERA_WORKER_MEMORY_BYTES)");
 ABSL_FLAG(int, timeout_s, 30, "up: seconds to wait until every worker has registered; status, health: per call");
 ABSL_FLAG(std::string, address, "", "health: host:port of the coordinator or worker to probe");
+ABSL_FLAG(std::string, service, "",
+          "health: the grpc.health.v1 service to ask for: '' (ready: a registered worker, a coordinator with its "
+          "expected devices alive) or 'liveness' (the process serves)");
 
 namespace tessera {
 namespace {
@@ -63,8 +67,9 @@ constexpr char kUsage[] =
     "  tessera run-example NAME [--coordinator HOST:PORT] [-- ARGS...]\n"
     "      runs bin/example_NAME --coordinator=HOST:PORT ARGS... (NAME: device_put, seed_layer,\n"
     "      shard_map, mlp_train; mlp_train takes --data=PATH)\n"
-    "  tessera health --address HOST:PORT\n"
-    "      exit 0 if a coordinator, or a worker that has registered, answers there\n"
+    "  tessera health --address HOST:PORT [--service liveness]\n"
+    "      grpc.health.v1 Check: exit 0 if the daemon there is SERVING: a worker that has registered, a\n"
+    "      coordinator with its --expected_devices alive; with --service liveness, one that serves at all\n"
     "\n"
     "Flags can also come from the environment variables named in their help; the command line wins.";
 
@@ -321,25 +326,29 @@ absl::Status status(const std::string& state_path) {
   return absl::OkStatus();
 }
 
+// grpc.health.v1 Check, as Kubernetes' grpc probes make it.
 absl::Status health() {
   const std::string address = absl::GetFlag(FLAGS_address);
   if (address.empty()) return absl::InvalidArgumentError("health: --address HOST:PORT is required");
+  const std::string service = absl::GetFlag(FLAGS_service);
   const absl::Duration timeout = std::min(absl::Seconds(absl::GetFlag(FLAGS_timeout_s)), kConnectDeadline);
-  std::shared_ptr<grpc::Channel> channel = make_channel(address);
-  // A coordinator answers its own Handshake; a worker answers the Worker one (the other is
-  // UNIMPLEMENTED there).
-  auto coordinator = pb::Coordinator::NewStub(channel);
-  absl::StatusOr<pb::HandshakeReply> reply = handshake(coordinator.get(), address, timeout);
-  if (absl::IsUnimplemented(reply.status())) {
-    auto worker = pb::Worker::NewStub(channel);
-    reply = handshake(worker.get(), address, timeout);
-    // A worker serves before its registration is through; it names its device after.
-    if (reply.ok() && absl::EndsWith(reply->server(), "device -1")) {
-      return absl::UnavailableError(absl::StrCat("health: the worker at ", address, " has not registered yet"));
-    }
+  auto stub = grpc::health::v1::Health::NewStub(make_channel(address));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, timeout);
+  ctx.set_wait_for_ready(true);  // a daemon that has only just started may refuse a first connect
+  TESSERA_RETURN_IF_ERROR(from_grpc(stub->Check(&ctx, req, &reply), absl::StrCat("health: ", address)));
+  const std::string what = service.empty() ? "" : absl::StrCat(" (service '", service, "')");
+  if (reply.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(absl::StrCat(
+        "health: ", address, what, " answers ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status()),
+        service.empty() ? " (a worker that has not registered, or a coordinator with fewer devices alive than its "
+                          "--expected_devices)"
+                        : ""));
   }
-  if (!reply.ok()) return reply.status();
-  std::printf("ok: %s at %s\n", reply->server().c_str(), address.c_str());
+  std::printf("serving: %s%s\n", address.c_str(), what.c_str());
   return absl::OkStatus();
 }
 

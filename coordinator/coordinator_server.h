@@ -24,6 +24,9 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   // Log registrations to stderr (the daemon does; an embedded cluster stays quiet).
   bool log_registrations = false;
+  // grpc.health.v1 (proto/health.h) answers SERVING for "" while at least this many devices
+  // are alive (checked at every monitor tick).
+  int expected_devices = 0;
 };
 
 class CoordinatorServer {

@@ -17,6 +17,10 @@ ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "a worker silent this long is marked lost, and the executions that need it fail "
           "(env TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS)");
 
+ABSL_FLAG(int, expected_devices, 0,
+          "grpc.health.v1 reports SERVING (ready) while at least this many devices are alive; 0: once serving "
+          "(env TESSERA_COORDINATOR_EXPECTED_DEVICES)");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Tessera coordinator daemon: device registry, topology and array metadata, compilation and execution.\n"
@@ -27,7 +31,8 @@ int main(int argc, char** argv) {
                        {{"host", "TESSERA_COORDINATOR_HOST"},
                         {"port", "TESSERA_COORDINATOR_PORT"},
                         {"heartbeat_interval_ms", "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS"},
-                        {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"}});
+                        {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"},
+                        {"expected_devices", "TESSERA_COORDINATOR_EXPECTED_DEVICES"}});
   tessera::block_termination_signals();
 
   tessera::CoordinatorOptions options;
@@ -36,6 +41,7 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.log_registrations = true;
+  options.expected_devices = absl::GetFlag(FLAGS_expected_devices);
 
   auto server = tessera::CoordinatorServer::start(options);
   if (!server.ok()) {
