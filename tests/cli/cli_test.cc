@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cli/state.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
@@ -104,7 +105,7 @@ TEST(Cli, UpStatusRunExampleHealthDown) {
   absl::StatusOr<std::pair<int, std::string>> health = tessera({"health", "--address=" + state->coordinator_address});
   ASSERT_TRUE(health.ok());
   EXPECT_EQ(health->first, 0) << health->second;
-  EXPECT_THAT(health->second, HasSubstr("ok: tessera-coordinator"));
+  EXPECT_THAT(health->second, HasSubstr("serving: " + state->coordinator_address));
 
   absl::StatusOr<std::pair<int, std::string>> down = tessera({"down", state_flag});
   ASSERT_TRUE(down.ok()) << down.status();
@@ -129,6 +130,66 @@ TEST(Cli, HealthOfNothingFailsAndUnknownCommandsAreNamed) {
   absl::StatusOr<std::pair<int, std::string>> no_workers = tessera({"up", "--state=/nonexistent/x/state"});
   ASSERT_TRUE(no_workers.ok());
   EXPECT_THAT(no_workers->second, HasSubstr("--workers must be at least 1, got 0"));
+}
+
+// `tessera health` until it exits with `want` (0 serving, 1 not), for at most 15 s; returns
+// its last output.
+std::string wait_health(const std::vector<std::string>& args, int want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  std::string last;
+  while (true) {
+    std::vector<std::string> argv = {"health", "--timeout_s=2"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    absl::StatusOr<std::pair<int, std::string>> h = tessera(argv, absl::Seconds(10));
+    last = h.ok() ? absl::StrCat("exit ", h->first, ": ", h->second) : h.status().ToString();
+    if ((h.ok() && h->first == want) || absl::Now() >= deadline) return last;
+  }
+}
+
+// A worker started before its coordinator retries, logging each attempt, and registers once
+// the coordinator is there; grpc.health.v1 on the coordinator follows --expected_devices.
+TEST(Cli, HealthFollowsRegistrationsAndALateCoordinatorIsWaitedFor) {
+  // A free port for the coordinator: the one a first coordinator got, which then goes.
+  absl::StatusOr<std::unique_ptr<Subprocess>> first = Subprocess::spawn({kBin + "/tessera-coordinator", "--port=0"});
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::string> line = (*first)->read_line_with("listening on", absl::Seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = last_word(*line);
+  (*first)->kill();
+
+  // Worker stderr goes to the pipe the test reads.
+  auto worker = [&](int id) {
+    return Subprocess::spawn({"/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", kBin + "/tessera-worker",
+                              "--coordinator=" + address, absl::StrCat("--device_id=", id), "--register_timeout_s=60"});
+  };
+  absl::StatusOr<std::unique_ptr<Subprocess>> w0 = worker(0);
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  absl::StatusOr<std::string> retry = (*w0)->read_line_with("registration attempt 2 failed", absl::Seconds(20));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_THAT(*retry, AllOf(HasSubstr("coordinator " + address), HasSubstr("retrying in 2s")));
+
+  absl::StatusOr<std::unique_ptr<Subprocess>> coordinator = Subprocess::spawn(
+      {kBin + "/tessera-coordinator", "--port=" + address.substr(address.rfind(':') + 1), "--expected_devices=2"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_TRUE((*coordinator)->read_line_with("listening on " + address, absl::Seconds(20)).ok());
+  ASSERT_TRUE((*w0)->read_line_with("device 0 listening on", absl::Seconds(20)).ok());
+
+  // One of two devices: alive, not ready.
+  EXPECT_THAT(wait_health({"--address=" + address}, 1), AllOf(HasSubstr("NOT_SERVING"), HasSubstr("--expected_devices")));
+  EXPECT_THAT(wait_health({"--address=" + address, "--service=liveness"}, 0), HasSubstr("serving: " + address));
+  EXPECT_THAT(wait_health({"--address=" + address, "--service=ready"}, 1),
+              AllOf(HasSubstr("NOT_FOUND"), HasSubstr("no health service 'ready'")));
+
+  absl::StatusOr<std::unique_ptr<Subprocess>> w1 = worker(1);
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  absl::StatusOr<std::string> listening = (*w1)->read_line_with("device 1 listening on", absl::Seconds(20));
+  ASSERT_TRUE(listening.ok()) << listening.status();
+  EXPECT_THAT(wait_health({"--address=" + address}, 0), HasSubstr("serving: " + address));
+  EXPECT_THAT(wait_health({"--address=" + last_word(*listening)}, 0), HasSubstr("serving"));
+
+  // A device lost (3 s without heartbeats): not ready again.
+  (*w1)->kill();
+  EXPECT_THAT(wait_health({"--address=" + address}, 1), HasSubstr("NOT_SERVING"));
 }
 
 TEST(Cli, EveryBinaryHasHelpNamingItsEnvironmentVariables) {
