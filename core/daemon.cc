@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -40,11 +41,11 @@ int wait_for_termination_signal() {
   return sig;
 }
 
-bool termination_signal_pending() {
-  sigset_t pending;
-  sigemptyset(&pending);
-  sigpending(&pending);
-  return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1;
+int wait_for_termination_signal_for(absl::Duration timeout) {
+  sigset_t set = termination_signals();
+  const struct timespec wait = absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
+  const int sig = sigtimedwait(&set, nullptr, &wait);
+  return sig > 0 ? sig : 0;
 }
 
 absl::StatusOr<int> device_id_from_environment(const std::string& source) {

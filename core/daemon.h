@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace tessera {
 
@@ -25,8 +26,11 @@ void block_termination_signals();
 // Waits for SIGINT or SIGTERM; returns the signal number.
 int wait_for_termination_signal();
 
-// Whether SIGINT or SIGTERM is pending (blocked and not yet waited for); leaves it pending.
-bool termination_signal_pending();
+// Waits at most `timeout` for SIGINT or SIGTERM; returns the signal number, or 0 if none came.
+// (While a thread waits here the kernel hands it the signal; a thread that merely blocks it
+// may see it go to a thread started before block_termination_signals, such as OpenBLAS's,
+// which then dies of it.)
+int wait_for_termination_signal_for(absl::Duration timeout);
 
 // A device id from the environment that Kubernetes gives a pod. `source`:
 //   "ordinal"    the number after the last '-' of the pod's name: $POD_NAME, else $HOSTNAME,

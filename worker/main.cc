@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   }
   options.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
-  options.stop_requested = tessera::termination_signal_pending;
+  options.wait_or_stop = [](absl::Duration pause) { return tessera::wait_for_termination_signal_for(pause) != 0; };
 
   auto worker = tessera::WorkerServer::start(options);
   if (!worker.ok()) {

@@ -212,7 +212,15 @@ class WorkerService final : public WorkerServiceBase {
 
   // Runs a loaded plan on stored buffers and stores its outputs; errors name this device.
   absl::Status run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
-    return on_this_device(run_plan(loaded, req, std::move(cancelled)));
+    absl::Status status = on_this_device(run_plan(loaded, req, std::move(cancelled)));
+    absl::MutexLock lock(&runs_mu_);
+    ++runs_.runs;
+    if (!status.ok()) {
+      ++runs_.failed;
+      runs_.last_error = status.ToString();
+      runs_.last_error_at = absl::Now();
+    }
+    return status;
   }
 
   // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
@@ -231,6 +239,15 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_blas_kernel(blas_kernel_name());
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
     reply->set_incarnation(incarnation_.load());
+    {
+      absl::MutexLock lock(&plans_mu_);
+      reply->set_plans_loaded(static_cast<int64_t>(plans_.size()));
+    }
+    absl::MutexLock lock(&runs_mu_);
+    reply->set_plan_runs(runs_.runs);
+    reply->set_plan_runs_failed(runs_.failed);
+    reply->set_last_error(runs_.last_error);
+    if (runs_.failed > 0) reply->set_last_error_age_ms(absl::ToInt64Milliseconds(absl::Now() - runs_.last_error_at));
     return grpc::Status::OK;
   }
 
@@ -396,6 +413,15 @@ class WorkerService final : public WorkerServiceBase {
   Transport transport_;
   absl::Mutex plans_mu_;
   std::map<uint64_t, std::shared_ptr<const LoadedPlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
+  // For GetStats (tessera status).
+  struct RunCounts {
+    int64_t runs = 0;
+    int64_t failed = 0;
+    std::string last_error;
+    absl::Time last_error_at;
+  };
+  absl::Mutex runs_mu_;
+  RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
 };
 
 void PlanStreamReactor::OnReadDone(bool ok) {
@@ -559,12 +585,11 @@ class WorkerServerImpl final : public WorkerServer {
       std::fprintf(stderr, "tessera-worker: registration attempt %d failed: %s; retrying in %s (%s left)\n", attempt,
                    std::string(registered.message()).c_str(), absl::FormatDuration(pause).c_str(),
                    absl::FormatDuration(absl::Trunc(left, absl::Seconds(1))).c_str());
-      for (const absl::Time until = absl::Now() + pause; absl::Now() < until;) {
-        if (options_.stop_requested && options_.stop_requested()) {
-          return absl::CancelledError(absl::StrCat("tessera-worker: stopped while waiting to register with ",
-                                                   options_.coordinator_address));
-        }
-        absl::SleepFor(std::min(until - absl::Now(), absl::Milliseconds(100)));
+      if (!options_.wait_or_stop) {
+        absl::SleepFor(pause);
+      } else if (options_.wait_or_stop(pause)) {
+        return absl::CancelledError(
+            absl::StrCat("tessera-worker: stopped while waiting to register with ", options_.coordinator_address));
       }
       pause = std::min(pause * 2, absl::Seconds(5));
     }

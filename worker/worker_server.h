@@ -35,8 +35,9 @@ struct WorkerOptions {
   // How long to keep trying to register: each attempt that cannot reach the coordinator (its
   // name does not resolve yet, nothing listens yet) is logged and retried with a fresh channel.
   absl::Duration register_timeout = absl::Seconds(30);
-  // Polled between registration attempts; true ends start() with CANCELLED (a daemon's SIGTERM).
-  std::function<bool()> stop_requested;
+  // Waits the pause between registration attempts; returning true (asked to stop: a daemon's
+  // SIGTERM) ends start() with CANCELLED. Unset: the pause is slept.
+  std::function<bool(absl::Duration)> wait_or_stop;
 };
 
 class WorkerServer {
@@ -45,7 +46,7 @@ class WorkerServer {
   // (proto/health.h) from the bind: ready once registered, not ready while registering again.
   // DEADLINE_EXCEEDED if the coordinator cannot be reached within register_timeout, naming it
   // and the last attempt's error; the coordinator's error if it refuses the registration;
-  // CANCELLED if stop_requested said so.
+  // CANCELLED if wait_or_stop said so.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> start(const WorkerOptions& options);
 
   virtual ~WorkerServer() = default;
