@@ -26,10 +26,12 @@ absl::StatusOr<std::map<int, pb::DeviceInfo>> array_devices(const ArrayState& st
   pb::GetArrayRequest req;
   req.set_array_id(id);
   pb::GetArrayReply reply;
-  grpc::ClientContext ctx;
-  set_deadline(&ctx, kControlDeadline);
-  TESSERA_RETURN_IF_ERROR(from_grpc(state.client->coordinator()->GetArray(&ctx, req, &reply),
-                                    absl::StrCat("coordinator ", state.client->coordinator_address())));
+  TESSERA_RETURN_IF_ERROR(internal::with_adoption(state, id, [&] {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    return from_grpc(state.client->coordinator()->GetArray(&ctx, req, &reply),
+                     absl::StrCat("coordinator ", state.client->coordinator_address()));
+  }));
   std::map<int, pb::DeviceInfo> out;
   for (const pb::DeviceInfo& d : reply.devices()) out[d.id()] = d;
   for (int id : reply.info().lost_devices()) {

@@ -102,6 +102,23 @@ void ClientImpl::delete_array(uint64_t id) {
   coordinator_->DeleteArray(&ctx, req, &reply);
 }
 
+absl::Status with_adoption(const ArrayState& a, uint64_t id, const std::function<absl::Status()>& call) {
+  absl::Status status = call();
+  if (status.code() != absl::StatusCode::kAborted) return status;
+  pb::AdoptArraysRequest req;
+  pb::ArrayInfo* info = req.add_arrays();
+  info->set_array_id(id);
+  info->set_dtype(to_proto(a.dtype));
+  to_proto(a.shape, info->mutable_shape());
+  to_proto(a.sharding, info->mutable_sharding());
+  pb::AdoptArraysReply reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  TESSERA_RETURN_IF_ERROR(from_grpc(a.client->coordinator()->AdoptArrays(&ctx, req, &reply),
+                                    absl::StrCat("coordinator ", a.client->coordinator_address())));
+  return call();
+}
+
 }  // namespace internal
 
 absl::StatusOr<Client> Client::connect(const std::string& address, const ConnectOptions& options) {

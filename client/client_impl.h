@@ -4,6 +4,7 @@
 #ifndef TESSERA_CLIENT_CLIENT_IMPL_H_
 #define TESSERA_CLIENT_CLIENT_IMPL_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,6 +93,12 @@ struct ArrayState {
   const Shape shape;
   const NamedSharding sharding;
 };
+
+// Runs `call` (a request naming array `id` of `a`); if the coordinator answers ABORTED (it
+// restarted since the array was made), asks it to adopt the array again (AdoptArrays: the
+// workers kept its buffers) and runs `call` once more. The adoption's error otherwise
+// (FAILED_PRECONDITION naming the array and a device that lost its shard).
+absl::Status with_adoption(const ArrayState& a, uint64_t id, const std::function<absl::Status()>& call);
 
 // Access to an Array's state and construction from one, for the SDK's own files.
 const ArrayState& array_state(const Array& array);

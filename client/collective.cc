@@ -18,10 +18,12 @@ absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& s
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   if (timing != nullptr) req.set_barrier_first(timing->barrier_first);
   pb::RunCollectiveReply reply;
-  grpc::ClientContext ctx;
-  set_deadline(&ctx, timeout + absl::Seconds(10));
-  TESSERA_RETURN_IF_ERROR(from_grpc(state.client->coordinator()->RunCollective(&ctx, req, &reply),
-                                    absl::StrCat("coordinator ", state.client->coordinator_address())));
+  TESSERA_RETURN_IF_ERROR(internal::with_adoption(state, input_id, [&] {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, timeout + absl::Seconds(10));
+    return from_grpc(state.client->coordinator()->RunCollective(&ctx, req, &reply),
+                     absl::StrCat("coordinator ", state.client->coordinator_address()));
+  }));
   if (timing != nullptr) timing->collective = absl::Nanoseconds(reply.collective_ns());
   const pb::ArrayInfo& info = reply.result();
   TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));

@@ -143,8 +143,10 @@ absl::Time Execution::finish_by(const std::vector<std::shared_ptr<ArrayBuffers>>
   return start + timeout + kRpcSlack + absl::Seconds(1);
 }
 
-void Execution::start(uint64_t executable, const std::vector<std::shared_ptr<Execution>>& after) {
+void Execution::start(ExecutableRef executable, const std::vector<std::shared_ptr<Execution>>& after,
+                      Recompile recompile) {
   executable_ = executable;
+  recompile_ = std::move(recompile);
   // One count per input still being computed and per call to wait for, and one for this
   // function, so that dispatch() runs once, after the last of them.
   std::vector<std::shared_ptr<Execution>> waits = after;
@@ -162,8 +164,7 @@ void Execution::input_ready() {
 }
 
 void Execution::dispatch() {
-  auto call = std::make_unique<ExecuteCall>();
-  call->request.set_executable_id(executable_);
+  std::vector<uint64_t> ids;
   for (size_t i = 0; i < inputs_.size(); ++i) {
     // Every producer has finished: this does not block.
     absl::StatusOr<uint64_t> id = inputs_[i]->wait();
@@ -172,15 +173,43 @@ void Execution::dispatch() {
       finish(failed_input(who_, i, producer), {}, producer.root_cause());
       return;
     }
-    call->request.add_input_arrays(*id);
+    ids.push_back(*id);
   }
+  send(std::move(ids), absl::Now() + timeout_ + kRpcSlack, recompile_ != nullptr);
+}
+
+void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool may_recompile) {
+  auto call = std::make_unique<ExecuteCall>();
+  call->request.set_executable_id(executable_.id);
+  call->request.set_epoch(executable_.epoch);
+  call->request.mutable_input_arrays()->Assign(inputs.begin(), inputs.end());
   call->request.set_timeout_ms(absl::ToInt64Milliseconds(timeout_));
-  set_deadline(&call->ctx, timeout_ + kRpcSlack);
+  call->ctx.set_deadline(absl::ToChronoTime(rpc_deadline));
   ExecuteCall* raw = call.release();
   client_->coordinator()->async()->Execute(
-      &raw->ctx, &raw->request, &raw->reply, [self = shared_from_this(), raw](grpc::Status s) {
+      &raw->ctx, &raw->request, &raw->reply,
+      [self = shared_from_this(), raw, inputs = std::move(inputs), may_recompile](grpc::Status s) mutable {
         CallbackScope scope;
         std::unique_ptr<ExecuteCall> owned(raw);
+        if (s.error_code() == grpc::StatusCode::ABORTED && may_recompile) {
+          // The coordinator restarted since the program was compiled: adopt the inputs and
+          // compile again, then send once more, all within this call's deadline (the
+          // Execute that failed answered at once, so its budget is left).
+          owned.reset();
+          const absl::Time deadline = self->deadline_ - absl::Seconds(1);
+          const std::vector<uint64_t> ids = inputs;
+          self->recompile_(ids, deadline,
+                           [self, inputs = std::move(inputs), deadline](absl::StatusOr<ExecutableRef> e) mutable {
+                             CallbackScope scope;
+                             if (!e.ok()) {
+                               self->finish(e.status(), {});
+                               return;
+                             }
+                             self->executable_ = *e;
+                             self->send(std::move(inputs), deadline, false);
+                           });
+          return;
+        }
         absl::Status status = from_grpc(s, self->who_);
         std::vector<uint64_t> ids;
         if (status.ok()) {

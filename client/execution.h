@@ -6,7 +6,7 @@
 //   absl::Time deadline = Execution::finish_by(inputs, timeout);
 //   TESSERA_RETURN_IF_ERROR(client->in_flight()->begin_execution(deadline, who));
 //   auto e = std::make_shared<Execution>(client, inputs, /*num_outputs=*/1, timeout, deadline, who);
-//   e->start(executable_id);                  // returns at once
+//   e->start({executable_id, epoch});         // returns at once
 //   ArrayBuffers out(client, e, 0);
 //   absl::StatusOr<uint64_t> id = out.wait(); // the output's array id, or the call's error
 //
@@ -107,6 +107,20 @@ class ArrayBuffers {
   std::vector<std::weak_ptr<Execution>> readers_ ABSL_GUARDED_BY(readers_mu_);
 };
 
+// A compiled program as the coordinator knows it: its id, and the coordinator incarnation
+// (CompileReply.epoch) it belongs to.
+struct ExecutableRef {
+  uint64_t id = 0;
+  uint64_t epoch = 0;
+};
+
+// How a call gets its program again after the coordinator restarted: adopt the inputs
+// (`input_ids`, in order) again and compile again, asynchronously, then call `done` with the
+// new executable or the error (on a gRPC callback thread). Must not block, and must call
+// `done` by `deadline`.
+using Recompile = std::function<void(const std::vector<uint64_t>& input_ids, absl::Time deadline,
+                                     std::function<void(absl::StatusOr<ExecutableRef>)> done)>;
+
 class Execution : public std::enable_shared_from_this<Execution> {
  public:
   // `inputs` are the arguments' buffers, held until this finishes; `deadline` is
@@ -121,8 +135,11 @@ class Execution : public std::enable_shared_from_this<Execution> {
 
   // Sends Execute(executable) once every input is ready and every call in `after` has
   // finished (whatever its outcome), or fails without sending when an input's producer
-  // failed. Returns at once.
-  void start(uint64_t executable, const std::vector<std::shared_ptr<Execution>>& after = {});
+  // failed. Returns at once. When the coordinator answers that the executable belongs to an
+  // earlier incarnation of it (ABORTED: it restarted), `recompile` (if given) gets a new one
+  // and Execute is sent once more.
+  void start(ExecutableRef executable, const std::vector<std::shared_ptr<Execution>>& after = {},
+             Recompile recompile = nullptr);
 
   bool ready() const;
   absl::Time deadline() const { return deadline_; }
@@ -148,6 +165,8 @@ class Execution : public std::enable_shared_from_this<Execution> {
  private:
   void input_ready();
   void dispatch();
+  // Sends Execute on `inputs` (array ids), by `rpc_deadline`; on ABORTED, recompiles once.
+  void send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool may_recompile);
   // Records the outcome (and its root cause: `status` itself when not given), frees the
   // outputs already released, runs the continuations and ends this execution in InFlight.
   // Called once.
@@ -161,8 +180,10 @@ class Execution : public std::enable_shared_from_this<Execution> {
   const std::string who_;
   const absl::Time deadline_;
 
-  // Set by start(); read by dispatch(), which runs after the last input_ready().
-  uint64_t executable_ = 0;
+  // Set by start() (and by a recompilation); read by dispatch() and send(), which run after
+  // the last input_ready(), one after another.
+  ExecutableRef executable_;
+  Recompile recompile_;
   std::atomic<int> pending_inputs_{0};
   // Released by finish(). Touched only by start(), dispatch() and finish(), one after another.
   std::vector<std::shared_ptr<ArrayBuffers>> inputs_;

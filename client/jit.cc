@@ -14,14 +14,19 @@ namespace tessera {
 struct Jitted::State {
   TracedFunction f;
   JitOptions options;
-  // What a call needs of a compiled signature: the executable and its outputs' types.
+  // What a call needs of a compiled signature: the executable and its outputs' types, and
+  // what it takes to compile it again after a coordinator restart (the request, and the
+  // inputs' types for adopting them again).
   struct Compiled {
-    uint64_t id = 0;
+    internal::ExecutableRef executable;
     std::vector<ArrayType> output_types;
     std::vector<NamedSharding> output_shardings;
-    // What as_text() asks the coordinator again (a cache hit there) with a text wanted:
-    // compile replies carry none, so their size does not grow with the program.
-    pb::CompileRequest request;
+    // What a recompile after a coordinator restart sends again, and what as_text() asks again
+    // (a cache hit there) with a text wanted: compile replies carry none, so their size does
+    // not grow with the program.
+    std::shared_ptr<const pb::CompileRequest> request;
+    std::vector<std::string> output_specs;  // as the coordinator gave them (serialized)
+    std::vector<pb::ArrayInfo> inputs;      // dtype, shape and sharding of each argument
     std::weak_ptr<internal::ClientImpl> client;  // Jitted does not keep a cluster alive
   };
   // The text of `compiled` as `kind` asks (for one device's view: `device`), or a line
@@ -32,6 +37,13 @@ struct Jitted::State {
   absl::StatusOr<std::shared_ptr<const Compiled>> compile(const std::string& signature, const Mesh& mesh,
                                                           const std::vector<ArrayType>& types,
                                                           const std::vector<Array>& args, const std::string& who);
+
+  // internal::Recompile for `old`, cached under `signature`: AdoptArrays of the inputs, then
+  // Compile of the same request; the cache then holds the new executable.
+  static void recompile(const std::shared_ptr<State>& state, const std::string& signature,
+                        const std::shared_ptr<const Compiled>& old, internal::ClientImpl* client, const std::string& who,
+                        const std::vector<uint64_t>& ids, absl::Time deadline,
+                        std::function<void(absl::StatusOr<internal::ExecutableRef>)> done);
 
   absl::Mutex mu;
   std::map<std::string, std::shared_ptr<const Compiled>> compiled ABSL_GUARDED_BY(mu);  // by argument signature
@@ -49,7 +61,7 @@ Jitted jit(TracedFunction f, JitOptions options) { return Jitted(std::move(f), s
 std::string Jitted::State::text_of(const Compiled& compiled, pb::CompileRequest::Text kind, int device) {
   std::shared_ptr<internal::ClientImpl> client = compiled.client.lock();
   if (client == nullptr) return "# as_text: the client of this program is gone\n";
-  pb::CompileRequest req = compiled.request;
+  pb::CompileRequest req = *compiled.request;
   req.set_text(kind);
   req.set_text_device(device);
   pb::CompileReply reply;
@@ -181,8 +193,70 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     out.push_back(internal::make_array(std::make_shared<internal::ArrayState>(
         first.client, std::move(buffers), type.dtype, type.shape, compiled->output_shardings[i])));
   }
-  execution->start(compiled->id, after);
+  execution->start(compiled->executable, after,
+                   [state = state_, signature, compiled, client = &client, who](
+                       const std::vector<uint64_t>& ids, absl::Time deadline,
+                       std::function<void(absl::StatusOr<internal::ExecutableRef>)> done) {
+                     State::recompile(state, signature, compiled, client, who, ids, deadline, std::move(done));
+                   });
   return out;
+}
+
+void Jitted::State::recompile(const std::shared_ptr<State>& state, const std::string& signature,
+                              const std::shared_ptr<const Compiled>& old, internal::ClientImpl* client,
+                              const std::string& who, const std::vector<uint64_t>& ids, absl::Time deadline,
+                              std::function<void(absl::StatusOr<internal::ExecutableRef>)> done) {
+  // gRPC needs these until the last callback has run.
+  struct Call {
+    grpc::ClientContext adopt_ctx;
+    pb::AdoptArraysRequest adopt;
+    pb::AdoptArraysReply adopted;
+    grpc::ClientContext compile_ctx;
+    pb::CompileReply reply;
+  };
+  auto call = std::make_shared<Call>();
+  for (size_t i = 0; i < ids.size() && i < old->inputs.size(); ++i) {
+    pb::ArrayInfo* a = call->adopt.add_arrays();
+    *a = old->inputs[i];
+    a->set_array_id(ids[i]);
+  }
+  call->adopt_ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + kControlDeadline)));
+  call->compile_ctx.set_deadline(absl::ToChronoTime(deadline));
+  pb::Coordinator::Stub* coordinator = client->coordinator();
+  coordinator->async()->AdoptArrays(
+      &call->adopt_ctx, &call->adopt, &call->adopted,
+      [state, signature, old, who, call, coordinator, done = std::move(done)](grpc::Status adopted) mutable {
+        if (!adopted.ok()) {
+          done(from_grpc(adopted, who));
+          return;
+        }
+        coordinator->async()->Compile(
+            &call->compile_ctx, old->request.get(), &call->reply,
+            [state, signature, old, who, call, done = std::move(done)](grpc::Status compiled) {
+              if (!compiled.ok()) {
+                done(from_grpc(compiled, who));
+                return;
+              }
+              const pb::CompileReply& reply = call->reply;
+              bool same = reply.output_specs_size() == static_cast<int>(old->output_specs.size());
+              for (int i = 0; same && i < reply.output_specs_size(); ++i) {
+                same = reply.output_specs(i).SerializeAsString() == old->output_specs[i];
+              }
+              if (!same) {
+                done(absl::InternalError(absl::StrCat(who, ": compiled again after the coordinator restarted, the "
+                                                      "program's outputs are laid out differently")));
+                return;
+              }
+              auto fresh = std::make_shared<Compiled>(*old);
+              fresh->executable = {reply.executable_id(), reply.epoch()};
+              {
+                absl::MutexLock lock(&state->mu);
+                state->compiled[signature] = fresh;
+                state->compilations = reply.compilations();
+              }
+              done(fresh->executable);
+            });
+      });
 }
 
 absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::compile(
@@ -212,16 +286,23 @@ absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::co
   set_deadline(&ctx, kControlDeadline + absl::Seconds(50));
   const internal::ArrayState& first = internal::array_state(args[0]);
   TESSERA_RETURN_IF_ERROR(from_grpc(first.client->coordinator()->Compile(&ctx, req, &reply), who));
+  auto result = std::make_shared<State::Compiled>();
+  for (const Array& a : args) {
+    pb::ArrayInfo& info = result->inputs.emplace_back();
+    info.set_dtype(to_proto(a.dtype()));
+    to_proto(a.shape(), info.mutable_shape());
+    to_proto(a.sharding(), info.mutable_sharding());
+  }
+  result->request = std::make_shared<const pb::CompileRequest>(std::move(req));
   if (reply.output_specs_size() != static_cast<int>(graph.outputs().size())) {
     return absl::InternalError(absl::StrCat(who, ": Compile returned ", reply.output_specs_size(),
                                             " output shardings for a function of ", graph.outputs().size(),
                                             " outputs"));
   }
-  auto result = std::make_shared<State::Compiled>();
-  result->id = reply.executable_id();
-  result->request = std::move(req);
+  result->executable = {reply.executable_id(), reply.epoch()};
   result->client = first.client;
   for (int i = 0; i < reply.output_specs_size(); ++i) {
+    result->output_specs.push_back(reply.output_specs(i).SerializeAsString());
     const Node& o = graph.node(graph.outputs()[i]);
     result->output_types.push_back({o.dtype, o.shape});
     pb::NamedSharding s;

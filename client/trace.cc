@@ -109,6 +109,7 @@ Value abs(const Value& x) { return unary(Op::kAbs, x); }
 Value exp(const Value& x) { return unary(Op::kExp, x); }
 Value log(const Value& x) { return unary(Op::kLog, x); }
 Value tanh(const Value& x) { return unary(Op::kTanh, x); }
+Value erf(const Value& x) { return unary(Op::kErf, x); }
 Value logistic(const Value& x) { return unary(Op::kLogistic, x); }
 Value sqrt(const Value& x) { return unary(Op::kSqrt, x); }
 Value rsqrt(const Value& x) { return unary(Op::kRsqrt, x); }

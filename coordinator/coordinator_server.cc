@@ -47,6 +47,11 @@ void to_proto(const ArrayRecord& a, pb::ArrayInfo* out) {
 // before the rest are cancelled.
 constexpr absl::Duration kFailureGrace = absl::Milliseconds(500);
 
+// Right after it starts, the coordinator waits this long (at least) for the devices a request
+// names to register: after a restart the workers come back within a heartbeat or two, and a
+// client's first call should not fail for being early.
+constexpr absl::Duration kRegistrationGrace = absl::Seconds(5);
+
 // The coordinator's line to one worker.
 struct WorkerChannel {
   // The RunPlans stream to the worker's `incarnation`, opened if there is none or the one there
@@ -82,7 +87,10 @@ struct WorkerChannel {
 class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Execute<pb::Coordinator::Service> {
  public:
   explicit CoordinatorService(const CoordinatorOptions& options)
-      : options_(options), registry_(options.heartbeat_timeout), started_(absl::Now()) {}
+      : options_(options),
+        started_(absl::Now()),
+        registry_(options.heartbeat_timeout, started_),
+        registration_grace_(std::max(kRegistrationGrace, 2 * options.heartbeat_timeout)) {}
 
   void set_address(const std::string& address) { address_ = address; }
 
@@ -91,6 +99,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req, pb::HandshakeReply* reply) override {
     reply->set_protocol_version(kProtocolVersion);
     reply->set_server("tessera-coordinator");
+    reply->set_epoch(registry_.epoch());
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
   }
 
@@ -105,15 +114,30 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       return to_grpc(absl::InvalidArgumentError(
           absl::StrCat("RegisterWorker: memory_bytes must be positive, got ", req->memory_bytes())));
     }
-    absl::StatusOr<DeviceRecord> d =
-        registry_.register_worker(req->name(), req->address(), req->requested_device_id(), req->memory_bytes(),
-                                  req->previous_incarnation(), absl::Now());
+    WorkerRegistration registration{req->name(),          req->address(),         req->requested_device_id(),
+                                    req->memory_bytes(),  req->previous_epoch(),  req->previous_incarnation(),
+                                    {}};
+    for (const pb::ShardHeader& h : req->held_buffers()) {
+      absl::StatusOr<DType> dtype = dtype_from_proto(h.dtype());
+      absl::StatusOr<Shape> shape = dtype.ok() ? shape_from_proto(h.shape(), *dtype) : dtype.status();
+      if (!shape.ok()) {
+        return to_grpc(absl::InvalidArgumentError(
+            absl::StrCat("RegisterWorker: held buffer ", h.buffer_id(), ": ", shape.status().message())));
+      }
+      registration.held[h.buffer_id()] = HeldShard{*dtype, *std::move(shape)};
+    }
+    absl::StatusOr<DeviceRecord> d = registry_.register_worker(registration, absl::Now());
     if (!d.ok()) return to_grpc(d.status());
     if (options_.log_registrations) {
+      const bool same_epoch = req->previous_epoch() == registry_.epoch();
       std::fprintf(stderr, "tessera-coordinator: %s registered as '%s', incarnation %lu%s\n",
                    describe_device(d->id, d->address).c_str(), d->name.c_str(),
                    static_cast<unsigned long>(d->incarnation),
-                   d->incarnation == 1                                 ? ""
+                   !same_epoch && req->previous_epoch() != 0
+                       ? absl::StrCat(" (registered with an earlier coordinator before; holds ",
+                                      req->held_buffers_size(), " buffers)")
+                           .c_str()
+                   : d->incarnation == 1                                 ? ""
                    : req->previous_incarnation() + 1 == d->incarnation ? " (the same process, back)"
                                                                        : " (a new process: its shards are lost)");
     }
@@ -123,11 +147,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     reply->set_device_id(d->id);
     reply->set_incarnation(d->incarnation);
     reply->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+    reply->set_epoch(registry_.epoch());
     return grpc::Status::OK;
   }
 
   grpc::Status Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req, pb::HeartbeatReply*) override {
-    return to_grpc(registry_.heartbeat(req->device_id(), req->incarnation(), absl::Now()));
+    return to_grpc(registry_.heartbeat(req->device_id(), req->epoch(), req->incarnation(), absl::Now()));
   }
 
   grpc::Status GetTopology(grpc::ServerContext*, const pb::GetTopologyRequest* req, pb::Topology* reply) override {
@@ -175,8 +200,17 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
 
   grpc::Status DeleteArray(grpc::ServerContext*, const pb::DeleteArrayRequest* req, pb::DeleteArrayReply*) override {
     std::vector<uint64_t> ids(req->array_ids().begin(), req->array_ids().end());
-    delete_buffers(registry_.remove_arrays(ids));
+    std::map<int, std::vector<uint64_t>> buffers = buffers_of(registry_.remove_arrays(ids));
+    // Arrays of an earlier incarnation that nobody adopted: their buffers go too.
+    for (auto& [device, orphans] : registry_.remove_orphans(ids)) {
+      buffers[device].insert(buffers[device].end(), orphans.begin(), orphans.end());
+    }
+    delete_buffers(buffers);
     return grpc::Status::OK;
+  }
+
+  grpc::Status AdoptArrays(grpc::ServerContext*, const pb::AdoptArraysRequest* req, pb::AdoptArraysReply*) override {
+    return to_grpc(adopt_arrays(*req));
   }
 
   grpc::Status Compile(grpc::ServerContext*, const pb::CompileRequest* req, pb::CompileReply* reply) override {
@@ -190,6 +224,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       if (!text.ok()) return to_grpc(text.status());
       reply->set_text(*std::move(text));
     }
+    reply->set_epoch(registry_.epoch());
     absl::MutexLock lock(&programs_mu_);
     reply->set_compilations(compilations_);
     return grpc::Status::OK;
@@ -323,10 +358,16 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // them when it got the plan: a worker that restarted has lost its plans, and the others
   // know it under an old address (an address changes only with a new incarnation).
   struct Program {
-    Program(Graph g, Executable e) : graph(std::move(g)), exe(std::move(e)) {}
+    Program(Graph g, Executable e) : graph(std::move(g)), exe(std::move(e)) {
+      // Each device resolves the one program into a plan of as many instructions.
+      op_span = std::max<uint64_t>(op_span, exe.program.code.size());
+    }
     uint64_t id = 0;
     Graph graph;
     Executable exe;
+    // Ids an execution takes: its own, and one per instruction for the op ids of its
+    // collectives (worker/interpreter.h's plan_op_id).
+    uint64_t op_span = 1;
     absl::Mutex mu;
     std::map<int, std::vector<uint64_t>> loaded ABSL_GUARDED_BY(mu);
     std::atomic<int64_t> executions{0};
@@ -402,6 +443,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   absl::StatusOr<std::shared_ptr<Program>> compile(const pb::CompileRequest& req) {
     TESSERA_ASSIGN_OR_RETURN(Graph graph, graph_from_proto(req.graph()));
     TESSERA_ASSIGN_OR_RETURN(Mesh mesh, mesh_from_proto(req.mesh()));
+    await_registration(mesh.device_ids());
     for (int d : mesh.device_ids()) {
       if (!registry_.device(d).has_value()) {
         return absl::NotFoundError(absl::StrCat("jit: the mesh names device ", d, ", which is not in the cluster"));
@@ -435,7 +477,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     absl::MutexLock lock(&programs_mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) return programs_[it->second];  // compiled concurrently
-    program->id = next_program_id_++;
+    program->id = registry_.ids().next();
     ++compilations_;
     cache_[std::move(key)] = program->id;
     programs_[program->id] = program;
@@ -447,10 +489,21 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                                                                grpc::ServerUnaryReactor* reactor,
                                                                pb::ExecuteReply* reply) {
     std::shared_ptr<Program> program;
+    const uint64_t epoch = registry_.epoch();
+    if (req.epoch() != 0 && req.epoch() != epoch) {
+      return absl::AbortedError(absl::StrCat("execute: executable ", req.executable_id(),
+                                             " was compiled by coordinator epoch ", req.epoch(), " but this is epoch ",
+                                             epoch, " (the coordinator restarted); compile again"));
+    }
     {
       absl::MutexLock lock(&programs_mu_);
       auto it = programs_.find(req.executable_id());
       if (it == programs_.end()) {
+        if (registry_.ids().before_epoch(req.executable_id())) {
+          return absl::AbortedError(absl::StrCat("execute: executable ", req.executable_id(),
+                                                 " belongs to an earlier incarnation of the coordinator, which "
+                                                 "restarted since; compile again"));
+        }
         return absl::NotFoundError(absl::StrCat("execute: executable ", req.executable_id(), " does not exist"));
       }
       program = it->second;
@@ -492,7 +545,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     }
     const size_t n = members.peers.size();
     const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
-    e->id = next_execution_.fetch_add(1);
+    e->id = registry_.ids().next(program->op_span + 1);
     pb::RunPlanRequest& r = e->request;
     r.set_execution_id(e->id);
     r.set_plan_id(program->id);
@@ -710,10 +763,22 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // costs a call object, headers and an HTTP/2 stream on both sides; the others get the call.
   // A device that does not answer keeps garbage, never a wrong value (buffer ids are never
   // reused).
-  void delete_buffers(const std::vector<ArrayRecord>& arrays) {
-    std::map<int, pb::DeleteBuffersRequest> per_device;
+  void delete_buffers(const std::vector<ArrayRecord>& arrays) { delete_buffers(buffers_of(arrays)); }
+
+  // The buffers of `arrays`, by device.
+  static std::map<int, std::vector<uint64_t>> buffers_of(const std::vector<ArrayRecord>& arrays) {
+    std::map<int, std::vector<uint64_t>> out;
     for (const ArrayRecord& a : arrays) {
-      for (int id : a.sharding.mesh().device_ids()) per_device[id].add_buffer_ids(a.id);
+      for (int id : a.sharding.mesh().device_ids()) out[id].push_back(a.id);
+    }
+    return out;
+  }
+
+  // Frees `buffers` (by device), as above.
+  void delete_buffers(const std::map<int, std::vector<uint64_t>>& buffers) {
+    std::map<int, pb::DeleteBuffersRequest> per_device;
+    for (const auto& [device, ids] : buffers) {
+      if (!ids.empty()) per_device[device].mutable_buffer_ids()->Assign(ids.begin(), ids.end());
     }
     std::vector<WorkerChannel*> workers;
     std::vector<const pb::DeleteBuffersRequest*> requests;
@@ -730,7 +795,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         continue;
       }
       pb::StreamDelete& r = stream_requests.emplace_back();
-      r.set_request_id(next_execution_.fetch_add(1));
+      r.set_request_id(registry_.ids().next());
       *r.mutable_buffer_ids() = request.buffer_ids();
       streams.push_back(std::move(stream));
     }
@@ -834,7 +899,30 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(req.dtype()));
     TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(req.shape(), dtype));
     TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(req.sharding()));
+    await_registration(sharding.mesh().device_ids());
     return registry_.create_array(dtype, shape, sharding);
+  }
+
+  static absl::StatusOr<ArrayRecord> array_from_proto(const pb::ArrayInfo& info) {
+    TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
+    TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));
+    TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(info.sharding()));
+    return ArrayRecord{info.array_id(), dtype, std::move(shape), std::move(sharding), {}};
+  }
+
+  absl::Status adopt_arrays(const pb::AdoptArraysRequest& req) {
+    for (const pb::ArrayInfo& info : req.arrays()) {
+      TESSERA_ASSIGN_OR_RETURN(ArrayRecord a, array_from_proto(info));
+      await_registration(a.sharding.mesh().device_ids());
+      TESSERA_RETURN_IF_ERROR(registry_.adopt_array(a));
+    }
+    return absl::OkStatus();
+  }
+
+  // A coordinator that has just started waits (bounded, see kRegistrationGrace) until the
+  // devices `ids` have registered; an older one returns at once. The caller then checks them.
+  void await_registration(const std::vector<int>& ids) const {
+    registry_.wait_for_devices(ids, started_ + registration_grace_);
   }
 
   WorkerChannel* worker(const std::string& address) {
@@ -849,16 +937,15 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
 
   // Constant after construction.
   const CoordinatorOptions options_;
-  Registry registry_;
   const absl::Time started_;
+  Registry registry_;
+  const absl::Duration registration_grace_;
   std::string address_;  // set once, right after the port is bound and before it is announced
 
   absl::Mutex programs_mu_;
   absl::flat_hash_map<std::string, uint64_t> cache_ ABSL_GUARDED_BY(programs_mu_);  // compile_key -> id
   std::map<uint64_t, std::shared_ptr<Program>> programs_ ABSL_GUARDED_BY(programs_mu_);
   int64_t compilations_ ABSL_GUARDED_BY(programs_mu_) = 0;
-  uint64_t next_program_id_ ABSL_GUARDED_BY(programs_mu_) = 1;
-  std::atomic<uint64_t> next_execution_{1};
 
   absl::Mutex executions_mu_;
   // The executions whose RunPlans are in flight, by id.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/graph.h"
 #include "core/status.h"
 
 namespace tessera {
@@ -11,9 +12,11 @@ std::string describe_device(int id, const std::string& address) {
   return absl::StrCat("device ", id, " (", address, ")");
 }
 
-absl::StatusOr<DeviceRecord> Registry::register_worker(const std::string& name, const std::string& address,
-                                                       int requested_id, int64_t memory_bytes,
-                                                       uint64_t previous_incarnation, absl::Time now) {
+absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration& r, absl::Time now) {
+  const std::string& name = r.name;
+  const int requested_id = r.requested_id;
+  // Whatever the worker holds, no later id may collide with it.
+  if (!r.held.empty()) ids_.advance_past(r.held.rbegin()->first);
   absl::MutexLock lock(&mu_);
   DeviceRecord* record = nullptr;
   for (auto& [id, d] : devices_) {
@@ -37,23 +40,38 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const std::string& name, 
   } else if (requested_id >= 0 && requested_id != record->id) {
     return absl::AlreadyExistsError(
         absl::StrCat("worker '", name, "' is device ", record->id, ", not the requested device ", requested_id));
-  } else if (previous_incarnation != record->incarnation) {
+  } else if (r.previous_epoch != epoch() || r.previous_incarnation != record->incarnation) {
     // A new process under a known name: whatever the device held is gone.
     for (auto& [array_id, a] : arrays_) {
       const std::vector<int>& ids = a.sharding.mesh().device_ids();
       if (std::find(ids.begin(), ids.end(), record->id) != ids.end()) a.lost_devices.insert(record->id);
     }
   }
-  record->address = address;
+  if (r.previous_epoch != epoch()) {
+    // Registered with an earlier incarnation of the coordinator (or just started): what it
+    // holds from earlier incarnations may be adopted again. Its report is complete.
+    for (auto it = orphans_.begin(); it != orphans_.end();) {
+      it->second.erase(record->id);
+      it = it->second.empty() ? orphans_.erase(it) : std::next(it);
+    }
+    for (const auto& [buffer, shard] : r.held) {
+      if (ids_.before_epoch(buffer)) orphans_[buffer][record->id] = shard;
+    }
+  }
+  record->address = r.address;
   record->alive = true;
-  record->memory_bytes = memory_bytes;
+  record->memory_bytes = r.memory_bytes;
   record->incarnation += 1;
   record->last_heartbeat = now;
   record->registered_at = now;
   return *record;
 }
 
-absl::Status Registry::heartbeat(int id, uint64_t incarnation, absl::Time now) {
+absl::Status Registry::heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now) {
+  if (epoch != this->epoch()) {
+    return absl::NotFoundError(absl::StrCat("device ", id, " registered with coordinator epoch ", epoch,
+                                            " but this coordinator is epoch ", this->epoch(), " (it restarted)"));
+  }
   absl::MutexLock lock(&mu_);
   auto it = devices_.find(id);
   if (it == devices_.end()) return absl::NotFoundError(absl::StrCat("device ", id, " is not registered"));
@@ -109,6 +127,18 @@ bool Registry::wait_for_alive(int n, absl::Duration timeout) const {
   return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
 }
 
+bool Registry::wait_for_devices(const std::vector<int>& ids, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto all_alive = [this, &ids]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int id : ids) {
+      auto it = devices_.find(id);
+      if (it == devices_.end() || !it->second.alive) return false;
+    }
+    return true;
+  };
+  return mu_.AwaitWithDeadline(absl::Condition(&all_alive), deadline);
+}
+
 absl::StatusOr<uint64_t> Registry::create_array(DType dtype, const Shape& shape, const NamedSharding& sharding) {
   TESSERA_RETURN_IF_ERROR(sharding.validate(shape));
   absl::MutexLock lock(&mu_);
@@ -117,7 +147,7 @@ absl::StatusOr<uint64_t> Registry::create_array(DType dtype, const Shape& shape,
       return absl::NotFoundError(absl::StrCat("the mesh names device ", id, ", which is not in the cluster"));
     }
   }
-  const uint64_t id = next_array_id_++;
+  const uint64_t id = ids_.next();
   arrays_.emplace(id, ArrayRecord{id, dtype, shape, sharding, {}});
   return id;
 }
@@ -125,8 +155,51 @@ absl::StatusOr<uint64_t> Registry::create_array(DType dtype, const Shape& shape,
 absl::StatusOr<ArrayRecord> Registry::get_array(uint64_t id) const {
   absl::MutexLock lock(&mu_);
   auto it = arrays_.find(id);
-  if (it == arrays_.end()) return absl::NotFoundError(absl::StrCat("array ", id, " does not exist"));
-  return it->second;
+  if (it != arrays_.end()) return it->second;
+  if (ids_.before_epoch(id)) {
+    return absl::AbortedError(absl::StrCat("array ", id,
+                                           " belongs to an earlier incarnation of the coordinator, which restarted "
+                                           "since; adopt it again (AdoptArrays) or put it again"));
+  }
+  return absl::NotFoundError(absl::StrCat("array ", id, " does not exist"));
+}
+
+absl::Status Registry::adopt_array(const ArrayRecord& a) {
+  TESSERA_RETURN_IF_ERROR(a.sharding.validate(a.shape));
+  const std::string what = absl::StrCat("array ", a.id, " (", type_to_string(a.dtype, a.shape), " as ",
+                                        a.sharding.to_string(), ")");
+  const Shape block = a.sharding.shard_shape(a.shape);
+  absl::MutexLock lock(&mu_);
+  auto known = arrays_.find(a.id);
+  if (known != arrays_.end()) {
+    const ArrayRecord& k = known->second;
+    if (k.dtype == a.dtype && k.shape == a.shape && k.sharding == a.sharding) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("adopt: ", what, " is known as ",
+                                                      type_to_string(k.dtype, k.shape), " as ",
+                                                      k.sharding.to_string()));
+  }
+  if (!ids_.before_epoch(a.id)) {
+    return absl::NotFoundError(absl::StrCat("adopt: ", what, " does not exist (its id is of this coordinator)"));
+  }
+  auto orphan = orphans_.find(a.id);
+  for (int d : a.sharding.mesh().device_ids()) {
+    auto device = devices_.find(d);
+    const std::string where = describe_device(d, device == devices_.end() ? "?" : device->second.address);
+    if (orphan == orphans_.end() || orphan->second.count(d) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "adopt: ", what, " from before the coordinator restarted is gone: ", where,
+          " does not hold its shard (the worker restarted, or has not registered again); put the array again"));
+    }
+    const HeldShard& held = orphan->second.at(d);
+    if (held.dtype != a.dtype || held.shape != block) {
+      return absl::FailedPreconditionError(absl::StrCat("adopt: ", what, ": ", where, " holds ",
+                                                        type_to_string(held.dtype, held.shape), " under its id, not ",
+                                                        type_to_string(a.dtype, block)));
+    }
+  }
+  arrays_.emplace(a.id, ArrayRecord{a.id, a.dtype, a.shape, a.sharding, {}});
+  orphans_.erase(orphan);
+  return absl::OkStatus();
 }
 
 std::vector<ArrayRecord> Registry::remove_arrays(const std::vector<uint64_t>& ids) {
@@ -139,6 +212,23 @@ std::vector<ArrayRecord> Registry::remove_arrays(const std::vector<uint64_t>& id
     arrays_.erase(it);
   }
   return out;
+}
+
+std::map<int, std::vector<uint64_t>> Registry::remove_orphans(const std::vector<uint64_t>& ids) {
+  absl::MutexLock lock(&mu_);
+  std::map<int, std::vector<uint64_t>> out;
+  for (uint64_t id : ids) {
+    auto it = orphans_.find(id);
+    if (it == orphans_.end()) continue;
+    for (const auto& [device, shard] : it->second) out[device].push_back(id);
+    orphans_.erase(it);
+  }
+  return out;
+}
+
+int64_t Registry::orphan_count() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(orphans_.size());
 }
 
 std::vector<ArrayRecord> Registry::arrays() const {

@@ -1,9 +1,11 @@
-// Registry: the coordinator's state — the devices of the cluster and the arrays placed on
-// them. Thread-safe; no networking.
+// Registry: the coordinator's state — the devices of the cluster, the arrays placed on them,
+// the ids it hands out (coordinator/ids.h), and the buffers that workers still hold from an
+// earlier incarnation of the coordinator (orphans, until adopted again or reclaimed).
+// Thread-safe; no networking.
 //
 //   Registry registry(absl::Seconds(3));
-//   absl::StatusOr<DeviceRecord> d = registry.register_worker("w0", "127.0.0.1:4000", -1, 1 << 30, now);
-//   registry.heartbeat(d->id, d->incarnation, now);
+//   absl::StatusOr<DeviceRecord> d = registry.register_worker({"w0", "127.0.0.1:4000", -1, 1 << 30}, now);
+//   registry.heartbeat(d->id, registry.epoch(), d->incarnation, now);
 //   registry.mark_lost(now + absl::Seconds(5));     // -> {d->id}
 #ifndef TESSERA_COORDINATOR_REGISTRY_H_
 #define TESSERA_COORDINATOR_REGISTRY_H_
@@ -20,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "coordinator/ids.h"
 #include "core/dtype.h"
 #include "core/sharding.h"
 
@@ -39,6 +42,25 @@ struct DeviceRecord {
 // "device 3 (127.0.0.1:4711)": how errors name a device.
 std::string describe_device(int id, const std::string& address);
 
+// A buffer a worker reported holding when it registered.
+struct HeldShard {
+  DType dtype = DType::kF32;
+  Shape shape;
+};
+
+// What a worker says when it registers.
+struct WorkerRegistration {
+  std::string name;  // stable: a restart with the same name keeps the device id
+  std::string address;
+  int requested_id = -1;  // -1: any free id
+  int64_t memory_bytes = 0;
+  // The registration this process held before (coordinator epoch and incarnation; 0 and 0 for
+  // a process that has just started), and the buffers it holds.
+  uint64_t previous_epoch = 0;
+  uint64_t previous_incarnation = 0;
+  std::map<uint64_t, HeldShard> held;
+};
+
 struct ArrayRecord {
   uint64_t id = 0;
   DType dtype = DType::kF32;
@@ -50,19 +72,27 @@ struct ArrayRecord {
 
 class Registry {
  public:
-  explicit Registry(absl::Duration heartbeat_timeout) : heartbeat_timeout_(heartbeat_timeout) {}
+  // `start`: when the coordinator started (its epoch, see coordinator/ids.h).
+  explicit Registry(absl::Duration heartbeat_timeout, absl::Time start = absl::Now())
+      : heartbeat_timeout_(heartbeat_timeout), ids_(start) {}
 
-  // Adds or revives a worker. A known `name` keeps its device id (incarnation + 1).
-  // `previous_incarnation` is the one the worker process held before (0: a new process); when
-  // it is not the device's current one the process is new, and every array with a shard on
-  // the device records the device as lost. ALREADY_EXISTS if `requested_id` >= 0 belongs to
-  // a worker of another name.
-  absl::StatusOr<DeviceRecord> register_worker(const std::string& name, const std::string& address, int requested_id,
-                                               int64_t memory_bytes, uint64_t previous_incarnation, absl::Time now);
+  // Every id the coordinator hands out comes from here.
+  IdAllocator& ids() { return ids_; }
+  uint64_t epoch() const { return ids_.epoch(); }
 
-  // NOT_FOUND for an unknown device; FAILED_PRECONDITION for a stale incarnation or a device
-  // marked lost: either way the worker must register again.
-  absl::Status heartbeat(int id, uint64_t incarnation, absl::Time now);
+  // Adds or revives a worker. A known `name` keeps its device id (incarnation + 1). The worker
+  // is the same process as the device's current one if its previous registration (epoch and
+  // incarnation) is the device's current one; otherwise it is a new process, and every array
+  // with a shard on the device records the device as lost. A worker registered with an
+  // earlier incarnation of the coordinator has its held buffers of that incarnation recorded
+  // as orphans (see adopt_array). ALREADY_EXISTS if `requested_id` >= 0 belongs to a worker of
+  // another name.
+  absl::StatusOr<DeviceRecord> register_worker(const WorkerRegistration& r, absl::Time now);
+
+  // NOT_FOUND for an unknown device or a registration with another coordinator incarnation
+  // (`epoch`); FAILED_PRECONDITION for a stale incarnation or a device marked lost: either
+  // way the worker must register again.
+  absl::Status heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now);
 
   // Marks alive devices whose last heartbeat is older than the timeout as lost; returns them.
   std::vector<int> mark_lost(absl::Time now);
@@ -73,15 +103,30 @@ class Registry {
   // Waits until at least `n` devices are alive; false on timeout.
   bool wait_for_alive(int n, absl::Duration timeout) const;
 
+  // Waits until every device of `ids` is alive, at most until `deadline`; false if not.
+  bool wait_for_devices(const std::vector<int>& ids, absl::Time deadline) const;
+
   // Records a new array. INVALID_ARGUMENT if the sharding does not fit the shape;
   // NOT_FOUND if the mesh names a device that never registered.
   absl::StatusOr<uint64_t> create_array(DType dtype, const Shape& shape, const NamedSharding& sharding);
 
-  // NOT_FOUND if unknown (never created, or deleted).
+  // NOT_FOUND if unknown (never created, or deleted); ABORTED for an id of an earlier
+  // incarnation of the coordinator (adopt_array it again, or put it again).
   absl::StatusOr<ArrayRecord> get_array(uint64_t id) const;
+
+  // Knows again an array of an earlier incarnation whose shards every device of its mesh
+  // reported holding (dtype and block shape checked); OK if it is known already with the
+  // same type and sharding. INVALID_ARGUMENT if the sharding does not fit the shape;
+  // NOT_FOUND for an id of this incarnation that is not known; FAILED_PRECONDITION naming the
+  // array and a device that does not hold its shard, or holds another type.
+  absl::Status adopt_array(const ArrayRecord& a);
 
   // Forgets the arrays; returns the records of those that existed.
   std::vector<ArrayRecord> remove_arrays(const std::vector<uint64_t>& ids);
+
+  // Forgets the orphans among `ids`; returns which devices hold them.
+  std::map<int, std::vector<uint64_t>> remove_orphans(const std::vector<uint64_t>& ids);
+  int64_t orphan_count() const;
 
   int64_t array_count() const;
   std::vector<ArrayRecord> arrays() const;
@@ -92,12 +137,13 @@ class Registry {
   // Constant after construction.
   const absl::Duration heartbeat_timeout_;
 
+  IdAllocator ids_;
+
   mutable absl::Mutex mu_;
   std::map<int, DeviceRecord> devices_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, ArrayRecord> arrays_ ABSL_GUARDED_BY(mu_);
-  // Starts at the coordinator's start time in microseconds: a restarted coordinator never
-  // hands out an id that workers may still hold a buffer (or a collective op) under.
-  uint64_t next_array_id_ ABSL_GUARDED_BY(mu_) = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
+  // Buffers of earlier incarnations that workers reported: buffer id -> device -> shard.
+  std::map<uint64_t, std::map<int, HeldShard>> orphans_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

@@ -37,6 +37,7 @@ struct Instruction {
   CollectiveSpec collective;  // kCollective: kind, reduce op, dimensions; groups and pairs once resolved
   Index slice;                // kLocalSlice, resolved: the block of the input this device keeps
   std::string cause;          // the graph op that needed this instruction, e.g. "%3 = tanh" (not sent)
+  int value = -1;             // the graph node whose value it computes or moves, -1 if none (not sent)
 
   // The SPMD form, which resolve() replaces by device ids and offsets:
   //   kCollective: replica groups of mesh `axes`; a shard_map permute also (source, target)

@@ -211,22 +211,29 @@ absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& s
 
 namespace {
 
+// Writes what the op reads (OpDef::attrs), its type and its wire number. Plan instructions
+// other than kernels carry only a result type (their node's op is kParameter's default).
 void node_to_proto(const Node& node, pb::KernelNode* n) {
-  n->set_op(static_cast<int>(node.op));
+  const OpDef& def = op_def(node.op);
+  n->set_op(def.wire);
   n->set_dtype(to_proto(node.dtype));
   to_proto(node.shape, n->mutable_shape());
-  n->set_index(node.index);
-  if (node.value.is_integer()) {
-    n->set_int_value(node.value.int_value());
-  } else {
-    n->set_value(node.value.float_value());
+  if (def.attrs & (kAttrIndex | kAttrReduceOp)) n->set_index(node.index);
+  if (def.attrs & kAttrValue) {
+    if (node.value.is_integer()) {
+      n->set_int_value(node.value.int_value());
+    } else {
+      n->set_value(node.value.float_value());
+    }
   }
-  n->mutable_dims()->Assign(node.dims.begin(), node.dims.end());
-  n->mutable_limits()->Assign(node.limits.begin(), node.limits.end());
-  n->mutable_lhs_batch()->Assign(node.dot.lhs_batch.begin(), node.dot.lhs_batch.end());
-  n->mutable_rhs_batch()->Assign(node.dot.rhs_batch.begin(), node.dot.rhs_batch.end());
-  n->mutable_lhs_contracting()->Assign(node.dot.lhs_contracting.begin(), node.dot.lhs_contracting.end());
-  n->mutable_rhs_contracting()->Assign(node.dot.rhs_contracting.begin(), node.dot.rhs_contracting.end());
+  if (def.attrs & kAttrDims) n->mutable_dims()->Assign(node.dims.begin(), node.dims.end());
+  if (def.attrs & kAttrLimits) n->mutable_limits()->Assign(node.limits.begin(), node.limits.end());
+  if (def.attrs & kAttrDot) {
+    n->mutable_lhs_batch()->Assign(node.dot.lhs_batch.begin(), node.dot.lhs_batch.end());
+    n->mutable_rhs_batch()->Assign(node.dot.rhs_batch.begin(), node.dot.rhs_batch.end());
+    n->mutable_lhs_contracting()->Assign(node.dot.lhs_contracting.begin(), node.dot.lhs_contracting.end());
+    n->mutable_rhs_contracting()->Assign(node.dot.rhs_contracting.begin(), node.dot.rhs_contracting.end());
+  }
 }
 
 std::vector<int64_t> v(const google::protobuf::RepeatedField<int64_t>& r) { return {r.begin(), r.end()}; }
@@ -236,6 +243,31 @@ Scalar scalar_from_proto(const pb::KernelNode& n) {
   return Scalar(n.value());
 }
 
+// The op and the attributes it reads, from the wire (the type rule checks them). `where`
+// prefixes errors.
+absl::StatusOr<Node> node_from_proto(const pb::KernelNode& n, const std::string& where) {
+  absl::StatusOr<Op> op = op_from_wire(n.op());
+  if (!op.ok()) return absl::InvalidArgumentError(absl::StrCat(where, " has ", op.status().message()));
+  Node out;
+  out.op = *op;
+  const uint32_t attrs = op_def(out.op).attrs;
+  TESSERA_ASSIGN_OR_RETURN(out.dtype, dtype_from_proto(n.dtype()));
+  TESSERA_ASSIGN_OR_RETURN(out.shape, shape_from_proto(n.shape(), out.dtype));
+  if (attrs & kAttrReduceOp) {
+    if (n.index() < 0 || n.index() > static_cast<int64_t>(ReduceOp::kProd)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " has unknown reduce op ", n.index()));
+    }
+    out.index = n.index();
+  }
+  if (attrs & kAttrValue) out.value = scalar_from_proto(n);
+  if (attrs & kAttrDims) out.dims = v(n.dims());
+  if (attrs & kAttrLimits) out.limits = v(n.limits());
+  if (attrs & kAttrDot) {
+    out.dot = DotDims{v(n.lhs_batch()), v(n.rhs_batch()), v(n.lhs_contracting()), v(n.rhs_contracting())};
+  }
+  return out;
+}
+
 }  // namespace
 
 void to_proto(const Graph& graph, pb::Graph* out) {
@@ -243,8 +275,9 @@ void to_proto(const Graph& graph, pb::Graph* out) {
     pb::GraphNode* n = out->add_nodes();
     node_to_proto(node, n->mutable_node());
     n->mutable_operands()->Assign(node.operands.begin(), node.operands.end());
-    if (node.sharding.has_value()) to_proto(*node.sharding, n->mutable_sharding());
-    n->mutable_axes()->Assign(node.axes.begin(), node.axes.end());
+    const uint32_t attrs = op_def(node.op).attrs;
+    if ((attrs & kAttrSharding) && node.sharding.has_value()) to_proto(*node.sharding, n->mutable_sharding());
+    if (attrs & kAttrAxes) n->mutable_axes()->Assign(node.axes.begin(), node.axes.end());
   }
   out->mutable_outputs()->Assign(graph.outputs().begin(), graph.outputs().end());
 }
@@ -258,102 +291,27 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
   Graph g;
   for (int id = 0; id < graph.nodes_size(); ++id) {
     const pb::GraphNode& w = graph.nodes(id);
-    const pb::KernelNode& n = w.node();
-    if (n.op() < 0 || n.op() > static_cast<int>(kLastOp)) {
-      return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " has unknown op ", n.op()));
-    }
-    const Op op = static_cast<Op>(n.op());
-    const std::vector<int> in(w.operands().begin(), w.operands().end());
-    auto operand = [&](size_t k) { return k < in.size() ? in[k] : -1; };
-    TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(n.dtype()));
-    absl::StatusOr<int> added = absl::InvalidArgumentError("unreachable");
-    if (op == Op::kParameter) {
-      TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
-      added = g.add_parameter(dtype, shape);
-    } else if (op == Op::kConstant || op == Op::kIota) {
-      TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
-      added = op == Op::kConstant ? g.add_constant(dtype, shape, scalar_from_proto(n))
-                                  : g.add_iota(dtype, shape, n.dims_size() == 1 ? n.dims(0) : -1);
-    } else if (is_unary(op)) {
-      added = g.add_unary(op, operand(0));
-    } else if (is_binary(op)) {
-      added = g.add_binary(op, operand(0), operand(1));
-    } else if (is_reduction(op)) {
-      added = g.add_reduce(op, operand(0), v(n.dims()));
-    } else {
-      switch (op) {
-        case Op::kSelect:
-          added = g.add_select(operand(0), operand(1), operand(2));
-          break;
-        case Op::kConvert:
-          added = g.add_convert(operand(0), dtype);
-          break;
-        case Op::kBroadcastInDim: {
-          TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
-          added = g.add_broadcast_in_dim(operand(0), shape, v(n.dims()));
-          break;
-        }
-        case Op::kReshape: {
-          TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
-          added = g.add_reshape(operand(0), shape);
-          break;
-        }
-        case Op::kTranspose:
-          added = g.add_transpose(operand(0), v(n.dims()));
-          break;
-        case Op::kArgmax:
-          added = g.add_argmax(operand(0), n.dims_size() == 1 ? n.dims(0) : -1, dtype);
-          break;
-        case Op::kDotGeneral:
-          added = g.add_dot_general(
-              operand(0), operand(1),
-              DotDims{v(n.lhs_batch()), v(n.rhs_batch()), v(n.lhs_contracting()), v(n.rhs_contracting())});
-          break;
-        case Op::kSlice:
-          added = g.add_slice(operand(0), v(n.dims()), v(n.limits()));
-          break;
-        case Op::kConcatenate:
-          added = g.add_concatenate(in, n.dims_size() == 1 ? n.dims(0) : -1);
-          break;
-        case Op::kShardingConstraint: {
-          TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
-          added = g.add_sharding_constraint(operand(0), std::move(sharding));
-          break;
-        }
-        case Op::kShardMapIn:
-        case Op::kShardMapOut: {
-          TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
-          added = op == Op::kShardMapIn ? g.add_shard_map_in(operand(0), std::move(sharding))
-                                        : g.add_shard_map_out(operand(0), std::move(sharding));
-          break;
-        }
-        case Op::kShardingAs:
-          added = g.add_sharding_as(operand(0), operand(1));
-          break;
-        case Op::kAxisIndex: {
-          TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
-          added = g.add_axis_index(sharding.mesh(), {w.axes().begin(), w.axes().end()});
-          break;
-        }
-        default:
-          if (is_manual_collective(op)) {
-            if (n.index() < 0 || n.index() > static_cast<int64_t>(ReduceOp::kProd)) {
-              return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " has unknown reduce op ", n.index()));
-            }
-            TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
-            added = g.add_collective(op, operand(0), sharding.mesh(), {w.axes().begin(), w.axes().end()}, v(n.dims()),
-                                     static_cast<ReduceOp>(n.index()));
-          }
-          break;
+    TESSERA_ASSIGN_OR_RETURN(Node node, node_from_proto(w.node(), absl::StrCat("graph: node ", id)));
+    const ArrayType claimed{node.dtype, node.shape};
+    const uint32_t attrs = op_def(node.op).attrs;
+    if (attrs & kAttrSharding) {
+      absl::StatusOr<NamedSharding> sharding = sharding_from_proto(w.sharding());
+      if (!sharding.ok()) {
+        return absl::Status(sharding.status().code(),
+                            absl::StrCat("graph: node ", id, ": ", sharding.status().message()));
       }
+      node.sharding = *std::move(sharding);
     }
+    if (attrs & kAttrAxes) node.axes.assign(w.axes().begin(), w.axes().end());
+    node.operands.assign(w.operands().begin(), w.operands().end());
+    absl::StatusOr<int> added = g.add_node(std::move(node));
     if (!added.ok()) {
       return absl::Status(added.status().code(), absl::StrCat("graph: node ", id, ": ", added.status().message()));
     }
     const Node& built = g.node(*added);
-    if (built.dtype != dtype || v(n.shape().dims()) != built.shape) {
+    if (built.dtype != claimed.dtype || built.shape != claimed.shape) {
       return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " claims ",
-                                                     type_to_string(dtype, v(n.shape().dims())), " but computes ",
+                                                     type_to_string(claimed.dtype, claimed.shape), " but computes ",
                                                      type_to_string(built.dtype, built.shape)));
     }
   }
@@ -418,6 +376,7 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     return absl::InvalidArgumentError(absl::StrCat("plan: ", out.num_slots, " slots is out of range"));
   }
   std::vector<int> state(out.num_slots, 0);  // 0 unwritten, 1 live, 2 freed
+  std::vector<std::optional<ArrayType>> type(out.num_slots);  // of slots an instruction wrote
   auto slot_ok = [&](int s, const std::string& where) -> absl::Status {
     if (s < 0 || s >= out.num_slots) {
       return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " names slot ", s, " of ", out.num_slots));
@@ -474,23 +433,35 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     TESSERA_RETURN_IF_ERROR(slot_ok(w.out(), where));
     i.out = w.out();
     const pb::KernelNode& n = w.node();
-    // Kernels, and axis_index, which each device resolves to a constant.
-    if (i.kind == Instruction::Kind::kKernel && n.op() != static_cast<int>(Op::kAxisIndex) &&
-        (n.op() < 0 || n.op() > static_cast<int>(Op::kShardingConstraint) ||
-         n.op() == static_cast<int>(Op::kParameter) || n.op() == static_cast<int>(Op::kShardingConstraint))) {
-      return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has op ", n.op(), ", not a kernel"));
+    if (i.kind == Instruction::Kind::kKernel) {
+      // Kernels of a plan: every op with one but placement (the partitioner's business), and
+      // those each device resolves to a constant (axis_index).
+      absl::StatusOr<Op> op = op_from_wire(n.op());
+      const bool kernel = op.ok() && has_trait(*op, kHasKernel) && !has_trait(*op, kPlacement);
+      if (!kernel && !(op.ok() && has_trait(*op, kResolvedByDevice))) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has op ", n.op(), ", not a kernel"));
+      }
+      TESSERA_ASSIGN_OR_RETURN(i.node, node_from_proto(n, absl::StrCat("plan: ", where)));
+      // Its type rule, where the operands' types are known here (inputs' are not: the
+      // worker checks those against the arrays when it runs).
+      std::vector<ArrayType> in;
+      for (int s : i.in) {
+        if (type[s].has_value()) in.push_back(*type[s]);
+      }
+      if (kernel && in.size() == i.in.size()) {
+        i.node.operands = i.in;
+        absl::StatusOr<ArrayType> t = infer_type(i.node, in);
+        if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, ": ", t.status().message()));
+        if (*t != ArrayType{i.node.dtype, i.node.shape}) {
+          return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " claims ",
+                                                         type_to_string(i.node.dtype, i.node.shape), " but computes ",
+                                                         type_to_string(t->dtype, t->shape)));
+        }
+      }
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(i.node.dtype, dtype_from_proto(n.dtype()));
+      TESSERA_ASSIGN_OR_RETURN(i.node.shape, shape_from_proto(n.shape(), i.node.dtype));
     }
-    if (i.kind == Instruction::Kind::kKernel) i.node.op = static_cast<Op>(n.op());
-    TESSERA_ASSIGN_OR_RETURN(i.node.dtype, dtype_from_proto(n.dtype()));
-    TESSERA_ASSIGN_OR_RETURN(i.node.shape, shape_from_proto(n.shape(), i.node.dtype));
-    i.node.index = n.index();
-    i.node.value = scalar_from_proto(n);
-    i.node.dims.assign(n.dims().begin(), n.dims().end());
-    i.node.limits.assign(n.limits().begin(), n.limits().end());
-    i.node.dot.lhs_batch.assign(n.lhs_batch().begin(), n.lhs_batch().end());
-    i.node.dot.rhs_batch.assign(n.rhs_batch().begin(), n.rhs_batch().end());
-    i.node.dot.lhs_contracting.assign(n.lhs_contracting().begin(), n.lhs_contracting().end());
-    i.node.dot.rhs_contracting.assign(n.rhs_contracting().begin(), n.rhs_contracting().end());
     i.node.operands = i.in;
     if (i.kind == Instruction::Kind::kCollective) {
       if (i.in.size() != 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " needs one input"));
@@ -508,6 +479,7 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
       i.relayout = Instruction::Relayout{std::move(shape), spec_from_proto(r.from()), spec_from_proto(r.to())};
     }
     state[i.out] = 1;
+    type[i.out] = ArrayType{i.node.dtype, i.node.shape};
     out.code.push_back(std::move(i));
   }
   for (int s : plan.output_slots()) {

@@ -66,6 +66,11 @@ int BufferStore::erase(const std::vector<uint64_t>& ids) {
   return erased;
 }
 
+std::map<uint64_t, std::shared_ptr<const HostArray>> BufferStore::contents() const {
+  absl::MutexLock lock(&mu_);
+  return std::map<uint64_t, std::shared_ptr<const HostArray>>(buffers_.begin(), buffers_.end());
+}
+
 BufferStore::Stats BufferStore::stats() const {
   absl::MutexLock lock(&mu_);
   return Stats{static_cast<int64_t>(buffers_.size()), bytes_used_, limit_};

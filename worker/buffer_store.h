@@ -11,6 +11,7 @@
 #define TESSERA_WORKER_BUFFER_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,9 @@ class BufferStore {
   // Deletes committed buffers; returns how many of `ids` existed. A buffer still being
   // filled (reserved) is deleted when it is committed.
   int erase(const std::vector<uint64_t>& ids);
+
+  // Every committed buffer, by id (a registration reports them to the coordinator).
+  std::map<uint64_t, std::shared_ptr<const HostArray>> contents() const;
 
   struct Stats {
     int64_t buffer_count = 0;

@@ -44,7 +44,7 @@ int reusable_operand(const DevicePlan& plan, size_t k, const std::vector<std::sh
 }  // namespace
 
 uint64_t plan_op_id(uint64_t execution, size_t index) {
-  return (uint64_t{1} << 63) | (execution << 20) | static_cast<uint64_t>(index);
+  return execution + 1 + static_cast<uint64_t>(index);
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(

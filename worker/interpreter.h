@@ -29,8 +29,9 @@ struct PlanRun {
   std::function<bool()> cancelled;
 };
 
-// The op id of instruction `index` of execution `execution`: the top bit keeps them apart
-// from RunCollective's ids (array ids).
+// The op id of instruction `index` of execution `execution`: execution + 1 + index. The
+// coordinator reserves those ids for the execution (one more than the longest plan's
+// instructions, from the counter every id comes from), so they never meet another op's.
 uint64_t plan_op_id(uint64_t execution, size_t index);
 
 // Runs `plan` on `inputs` (one per plan input slot); returns the output slots' arrays. Errors

@@ -31,6 +31,10 @@ namespace {
 // not hold one of the few threads that deliver that data, nor the RunPlans stream's reads.
 constexpr int64_t kInlinePlanBytes = 64 << 10;
 
+// At most this many held buffers go in a registration (about 25 bytes each, well under the
+// coordinator's 4 MiB message limit); the others cannot be adopted after a coordinator restart.
+constexpr int kMaxHeldBuffersReported = 100'000;
+
 // A plan as LoadPlan delivered it, with what every run of it needs.
 struct LoadedPlan {
   DevicePlan plan;
@@ -105,6 +109,16 @@ class WorkerService final : public WorkerServiceBase {
     transport_.set_self(id);
   }
   void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
+
+  // Every buffer this device holds, for a registration.
+  std::map<uint64_t, std::shared_ptr<const HostArray>> held_buffers() const { return store_.contents(); }
+
+  // Forgets the plans of earlier coordinator incarnations: every id below `epoch` is theirs,
+  // and nothing will run those plans again.
+  void drop_plans_before(uint64_t epoch) {
+    absl::MutexLock lock(&plans_mu_);
+    plans_.erase(plans_.begin(), plans_.lower_bound(epoch));
+  }
 
   grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req, pb::HandshakeReply* reply) override {
     reply->set_protocol_version(kProtocolVersion);
@@ -607,6 +621,19 @@ class WorkerServerImpl final : public WorkerServer {
     req.set_requested_device_id(device_id);
     req.set_memory_bytes(options_.memory_bytes);
     req.set_previous_incarnation(incarnation_);
+    req.set_previous_epoch(epoch_);
+    // What this process holds: after a coordinator restart, clients adopt it again.
+    for (const auto& [id, buffer] : service_.held_buffers()) {
+      if (req.held_buffers_size() == kMaxHeldBuffersReported) {
+        std::fprintf(stderr, "tessera-worker: reporting only the first %d of its buffers to the coordinator\n",
+                     kMaxHeldBuffersReported);
+        break;
+      }
+      pb::ShardHeader* h = req.add_held_buffers();
+      h->set_buffer_id(id);
+      h->set_dtype(to_proto(buffer->dtype()));
+      to_proto(buffer->shape(), h->mutable_shape());
+    }
     pb::RegisterWorkerReply reply;
     grpc::ClientContext ctx;
     set_deadline(&ctx, timeout);
@@ -615,6 +642,8 @@ class WorkerServerImpl final : public WorkerServer {
                                       absl::StrCat("coordinator ", options_.coordinator_address)));
     device_id_ = reply.device_id();
     incarnation_ = reply.incarnation();
+    if (reply.epoch() != epoch_) service_.drop_plans_before(reply.epoch());
+    epoch_ = reply.epoch();
     service_.set_device_id(device_id_);
     service_.set_incarnation(incarnation_);
     heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, reply.heartbeat_interval_ms()));
@@ -626,6 +655,7 @@ class WorkerServerImpl final : public WorkerServer {
       pb::HeartbeatRequest req;
       req.set_device_id(device_id_);
       req.set_incarnation(incarnation_);
+      req.set_epoch(epoch_);
       pb::HeartbeatReply reply;
       grpc::ClientContext ctx;
       set_deadline(&ctx, heartbeat_interval_ * 4);
@@ -660,6 +690,7 @@ class WorkerServerImpl final : public WorkerServer {
   std::string address_;
   int device_id_ = -1;
   uint64_t incarnation_ = 0;
+  uint64_t epoch_ = 0;  // of the coordinator incarnation this worker registered with
   absl::Duration heartbeat_interval_;
 
   absl::Notification stopping_;

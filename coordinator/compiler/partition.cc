@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/compiler/passes/passes.h"
 #include "coordinator/compiler/reshard.h"
+#include "coordinator/compiler/rules.h"
 #include "core/status.h"
 
 namespace tessera {
@@ -16,39 +17,9 @@ Shape local_shape(const Shape& shape, const ValueSharding& s, const Mesh& mesh) 
   return NamedSharding(mesh, s.spec()).shard_shape(shape);
 }
 
-// A shard_map collective's kind, reduce op and dimensions; its groups come from its axes
-// (and a permute's pairs from its positions) when each device resolves the program.
-CollectiveSpec manual_collective(const Node& n) {
-  CollectiveSpec spec;
-  spec.reduce_op = static_cast<ReduceOp>(n.index);
-  auto dim = [&](size_t i) { return i < n.dims.size() ? static_cast<int>(n.dims[i]) : -1; };
-  switch (n.op) {
-    case Op::kAllReduce:
-      spec.kind = CollectiveKind::kAllReduce;
-      break;
-    case Op::kAllGather:
-      spec.kind = CollectiveKind::kAllGather;
-      spec.dimension = dim(0);
-      break;
-    case Op::kReduceScatter:
-      spec.kind = CollectiveKind::kReduceScatter;
-      spec.dimension = dim(0);
-      break;
-    case Op::kAllToAll:
-      spec.kind = CollectiveKind::kAllToAll;
-      spec.split_dimension = dim(0);
-      spec.concat_dimension = dim(1);
-      break;
-    default:
-      spec.kind = CollectiveKind::kCollectivePermute;
-      break;
-  }
-  return spec;
-}
-
 // Builds the program every device runs (SPMD form, core/plan.h): nothing here depends on a
 // device's position, so the emission happens once whatever the mesh's size.
-class ProgramPartitioner {
+class ProgramPartitioner : public internal::PartitionContext {
  public:
   ProgramPartitioner(const Graph& g, const Mesh& mesh, const Propagation& p, Executable* exe)
       : g_(g), mesh_(mesh), p_(p), exe_(exe) {}
@@ -57,7 +28,9 @@ class ProgramPartitioner {
                                  const std::vector<int>& donated) {
     plan_.donated_inputs = donated;
     slot_of_.assign(g_.size(), -1);
-    for (int id = 0; id < g_.size(); ++id) TESSERA_RETURN_IF_ERROR(emit(id));
+    for (int id = 0; id < g_.size(); ++id) {
+      TESSERA_RETURN_IF_ERROR(find_sharding_rule(g_.node(id).op)->partition(*this, id));
+    }
     for (size_t i = 0; i < g_.outputs().size(); ++i) {
       const int o = g_.outputs()[i];
       const Node& n = g_.node(o);
@@ -70,7 +43,7 @@ class ProgramPartitioner {
         }
       }
       exe_->output_specs.push_back(want.spec());
-      TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], want, n, absl::StrCat("output ", i)));
+      TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], want, o, absl::StrCat("output ", i)));
       plan_.output_slots.push_back(s);
     }
     plan_.num_slots = next_slot_;
@@ -81,89 +54,35 @@ class ProgramPartitioner {
  private:
   int new_slot() { return next_slot_++; }
 
-  absl::Status emit(int id) {
-    const Node& n = g_.node(id);
-    const std::string cause = absl::StrCat("%", id, " = ", op_name(n.op));
-    if (n.op == Op::kParameter) {
-      slot_of_[id] = new_slot();
-      plan_.input_slots.push_back(slot_of_[id]);
-      exe_->input_specs.push_back(p_.result[id].spec());
-      return absl::OkStatus();
-    }
-    if (n.op == Op::kShardingAs) {  // operand 0 moved to the layout; operand 1 only named it
-      TESSERA_ASSIGN_OR_RETURN(slot_of_[id], reshard(slot_of_[n.operands[0]], p_.result[n.operands[0]],
-                                                     p_.operands[id][0], g_.node(n.operands[0]), cause));
-      return absl::OkStatus();
-    }
-    std::vector<int> in;
-    for (size_t k = 0; k < n.operands.size(); ++k) {
-      const int o = n.operands[k];
-      TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], p_.operands[id][k], g_.node(o), cause));
-      in.push_back(s);
-    }
-    if (n.op == Op::kShardingConstraint || n.op == Op::kShardMapIn || n.op == Op::kShardMapOut) {
-      slot_of_[id] = in[0];  // the reshard above was the whole op (for shard_map_out: none)
-      return absl::OkStatus();
-    }
-    if (is_manual_collective(n.op)) {  // shard_map: runs as written
-      Instruction inst;
-      inst.kind = Instruction::Kind::kCollective;
-      inst.in = in;
-      inst.cause = cause;
-      inst.node.dtype = n.dtype;
-      inst.node.shape = n.shape;
-      inst.collective = manual_collective(n);
-      inst.axes = n.axes;
-      if (n.op == Op::kCollectivePermute) inst.positions = n.dims;
-      inst.out = slot_of_[id] = new_slot();
-      plan_.code.push_back(std::move(inst));
-      return absl::OkStatus();
-    }
-    if (n.op == Op::kAxisIndex) {  // each device's position: resolved by the device
-      Instruction inst;
-      inst.kind = Instruction::Kind::kKernel;
-      inst.cause = cause;
-      inst.node.op = Op::kAxisIndex;
-      inst.node.dtype = DType::kI32;
-      inst.axes = n.axes;
-      inst.out = slot_of_[id] = new_slot();
-      plan_.code.push_back(std::move(inst));
-      return absl::OkStatus();
-    }
-    const ValueSharding& result = p_.result[id];
-    Instruction inst;
-    inst.kind = Instruction::Kind::kKernel;
-    inst.in = in;
-    inst.cause = cause;
-    inst.node = n;
-    inst.node.operands = in;  // the kernel's operands, by slot
-    if (n.op == Op::kIota && !result.spec().used_axes().empty()) {
-      // An iota's values depend on the position: make it whole, then keep this device's block.
-      inst.out = new_slot();
-      plan_.code.push_back(inst);
-      TESSERA_ASSIGN_OR_RETURN(slot_of_[id],
-                               reshard(inst.out, ValueSharding::replicated(n.shape.size()), result, n, cause));
-      return absl::OkStatus();
-    }
-    inst.node.shape = local_shape(n.shape, result, mesh_);
-    if (n.op == Op::kSlice) {
-      // Split dimensions are never cut (propagation gathers them): they slice whole.
-      for (size_t d = 0; d < n.shape.size(); ++d) {
-        if (!result.dims[d].empty()) {
-          inst.node.dims[d] = 0;
-          inst.node.limits[d] = inst.node.shape[d];
-        }
-      }
-    }
-    inst.out = slot_of_[id] = new_slot();
+  // PartitionContext.
+  const Graph& graph() const override { return g_; }
+  const Mesh& mesh() const override { return mesh_; }
+  const Propagation& propagation() const override { return p_; }
+  std::string cause(int id) const override { return absl::StrCat("%", id, " = ", op_name(g_.node(id).op)); }
+  int slot_of(int id) const override { return slot_of_[id]; }
+  void bind(int id, int slot) override { slot_of_[id] = slot; }
+  int add_input(int id) override {
+    slot_of_[id] = new_slot();
+    plan_.input_slots.push_back(slot_of_[id]);
+    exe_->input_specs.push_back(p_.result[id].spec());
+    return slot_of_[id];
+  }
+  int emit(Instruction inst) override {
+    inst.out = new_slot();
     plan_.code.push_back(std::move(inst));
-    return absl::OkStatus();
+    return plan_.code.back().out;
+  }
+  absl::StatusOr<int> reshard(int id, const ValueSharding& from, const ValueSharding& to,
+                              const std::string& cause) override {
+    return reshard(slot_of_[id], from, to, id, cause);
   }
 
-  // Emits the steps taking the value in `from_slot` from `from` to `to`; returns its slot.
-  absl::StatusOr<int> reshard(int from_slot, const ValueSharding& from, const ValueSharding& to, const Node& value,
+  // Emits the steps taking graph value `value_id`, in `from_slot`, from `from` to `to`;
+  // returns its slot.
+  absl::StatusOr<int> reshard(int from_slot, const ValueSharding& from, const ValueSharding& to, int value_id,
                               const std::string& cause) {
     if (from == to) return from_slot;
+    const Node& value = g_.node(value_id);
     TESSERA_ASSIGN_OR_RETURN(std::vector<ReshardStep> steps, plan_reshard(from, to, value.shape, mesh_));
     int cur = from_slot;
     ValueSharding before = from;
@@ -171,6 +90,7 @@ class ProgramPartitioner {
     for (const ReshardStep& step : steps) {
       Instruction inst;
       inst.in = {cur};
+      inst.value = value_id;
       inst.cause = absl::StrCat("for ", cause);
       inst.node.dtype = value.dtype;
       inst.node.shape = local_shape(value.shape, step.after, mesh_);
@@ -240,6 +160,40 @@ class ProgramPartitioner {
 };
 
 }  // namespace
+
+namespace internal {
+
+absl::StatusOr<std::vector<int>> PartitionContext::operands_as_needed(int id) {
+  const Node& n = graph().node(id);
+  std::vector<int> in;
+  for (size_t k = 0; k < n.operands.size(); ++k) {
+    const int o = n.operands[k];
+    TESSERA_ASSIGN_OR_RETURN(int s, reshard(o, propagation().result[o], propagation().operands[id][k], cause(id)));
+    in.push_back(s);
+  }
+  return in;
+}
+
+Instruction PartitionContext::local_kernel(int id, const std::vector<int>& in) const {
+  const Node& n = graph().node(id);
+  Instruction inst;
+  inst.kind = Instruction::Kind::kKernel;
+  inst.in = in;
+  inst.value = id;
+  inst.cause = cause(id);
+  inst.node = n;
+  inst.node.operands = in;  // the kernel's operands, by slot
+  inst.node.shape = local_shape(n.shape, propagation().result[id], mesh());
+  return inst;
+}
+
+absl::Status partition_kernel(PartitionContext& c, int id) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  c.bind(id, c.emit(c.local_kernel(id, in)));
+  return absl::OkStatus();
+}
+
+}  // namespace internal
 
 std::string Executable::as_text() const {
   std::string out;

@@ -1,5 +1,6 @@
 // Registry: losing a device and getting it back — by registration only, and with its shards
-// kept (the same process) or reported lost (a new process).
+// kept (the same process) or reported lost (a new process); ids across coordinator
+// incarnations, and arrays adopted again after a restart from what the workers hold.
 #include "coordinator/registry.h"
 
 #include "core/mesh.h"
@@ -9,6 +10,7 @@
 namespace tessera {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -17,7 +19,7 @@ class RegistryTest : public ::testing::Test {
  protected:
   void SetUp() override {
     for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(registry_.register_worker(absl::StrCat("w", i), absl::StrCat("h:", i), i, 1 << 20, 0, t0_).ok());
+      ASSERT_TRUE(registry_.register_worker({absl::StrCat("w", i), absl::StrCat("h:", i), i, 1 << 20, 0, 0, {}}, t0_).ok());
     }
     absl::StatusOr<Mesh> mesh = make_mesh({2}, {"x"}, {0, 1});
     ASSERT_TRUE(mesh.ok());
@@ -27,34 +29,119 @@ class RegistryTest : public ::testing::Test {
   }
 
   const absl::Time t0_ = absl::FromUnixSeconds(1000);
-  Registry registry_{absl::Seconds(3)};
+  Registry registry_{absl::Seconds(3), t0_};
   uint64_t array_ = 0;
 };
 
 TEST_F(RegistryTest, ALostDeviceComesBackOnlyByRegisteringAgain) {
   EXPECT_THAT(registry_.mark_lost(t0_ + absl::Seconds(4)), ElementsAre(0, 1));
-  absl::Status beat = registry_.heartbeat(1, 1, t0_ + absl::Seconds(5));
+  const uint64_t epoch = registry_.epoch();
+  absl::Status beat = registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(5));
   EXPECT_EQ(beat.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(beat.message()), HasSubstr("register again"));
   EXPECT_FALSE(registry_.device(1)->alive);
 
   // The same process (it held incarnation 1): alive again, its shards kept.
-  absl::StatusOr<DeviceRecord> back = registry_.register_worker("w1", "h:1", 1, 1 << 20, 1, t0_ + absl::Seconds(6));
+  absl::StatusOr<DeviceRecord> back =
+      registry_.register_worker({"w1", "h:1", 1, 1 << 20, epoch, 1, {}}, t0_ + absl::Seconds(6));
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->incarnation, 2u);
   EXPECT_TRUE(registry_.device(1)->alive);
-  EXPECT_TRUE(registry_.heartbeat(1, 2, t0_ + absl::Seconds(7)).ok());
-  EXPECT_EQ(registry_.heartbeat(1, 1, t0_ + absl::Seconds(7)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(registry_.heartbeat(1, epoch, 2, t0_ + absl::Seconds(7)).ok());
+  EXPECT_EQ(registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(7)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(registry_.get_array(array_)->lost_devices, IsEmpty());
 }
 
 TEST_F(RegistryTest, ANewProcessUnderAKnownNameLosesTheShardsItHeld) {
-  absl::StatusOr<DeviceRecord> fresh = registry_.register_worker("w0", "h:9", -1, 1 << 20, 0, t0_);
+  absl::StatusOr<DeviceRecord> fresh = registry_.register_worker({"w0", "h:9", -1, 1 << 20, 0, 0, {}}, t0_);
   ASSERT_TRUE(fresh.ok());
   EXPECT_EQ(fresh->id, 0);
   EXPECT_EQ(fresh->incarnation, 2u);
   EXPECT_THAT(registry_.get_array(array_)->lost_devices, ElementsAre(0));
   EXPECT_THAT(registry_.arrays()[0].lost_devices, ElementsAre(0));
+}
+
+TEST_F(RegistryTest, AnEarlierIncarnationOfTheSameProcessIsANewProcess) {
+  // Epoch 0 is no registration at all; another coordinator's incarnation 1 is not this one's.
+  absl::StatusOr<DeviceRecord> other = registry_.register_worker({"w1", "h:1", 1, 1 << 20, 7, 1, {}}, t0_);
+  ASSERT_TRUE(other.ok());
+  EXPECT_THAT(registry_.get_array(array_)->lost_devices, ElementsAre(1));
+}
+
+// A coordinator that restarts (a later start time) never hands out an id of the earlier one,
+// answers ABORTED for those, and refuses the earlier one's heartbeats (NOT_FOUND: register).
+TEST_F(RegistryTest, IdsOfARestartedCoordinatorNeverMeetTheEarlierOnes) {
+  Registry later(absl::Seconds(3), t0_ + absl::Milliseconds(1));
+  EXPECT_GT(later.epoch(), array_);
+  EXPECT_TRUE(later.ids().before_epoch(array_));
+  const uint64_t first = later.ids().next(10);
+  EXPECT_EQ(later.ids().next(), first + 10);
+  EXPECT_GE(first, later.epoch());
+  absl::StatusOr<ArrayRecord> old = later.get_array(array_);
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(old.status().message()), HasSubstr("earlier incarnation of the coordinator"));
+  EXPECT_EQ(later.get_array(first).status().code(), absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE(later.register_worker({"w0", "h:0", 0, 1 << 20, 0, 0, {}}, t0_).ok());
+  absl::Status beat = later.heartbeat(0, registry_.epoch(), 1, t0_);
+  EXPECT_EQ(beat.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(beat.message()), HasSubstr("restarted"));
+  EXPECT_TRUE(later.heartbeat(0, later.epoch(), 1, t0_).ok());
+
+  // A worker holding an id beyond this epoch (a clock that went back) moves the counter past it.
+  ASSERT_TRUE(
+      later.register_worker({"w1", "h:1", 1, 1 << 20, registry_.epoch(), 1, {{first + 1000, {DType::kF32, {2}}}}}, t0_)
+          .ok());
+  EXPECT_GT(later.ids().next(), first + 1000);
+}
+
+TEST_F(RegistryTest, AnArrayIsAdoptedAgainOnlyFromWhatEveryDeviceHolds) {
+  const ArrayRecord a = *registry_.get_array(array_);  // f32[4] split over 2 devices: blocks f32[2]
+  Registry later(absl::Seconds(3), t0_ + absl::Seconds(1));
+  const uint64_t before = registry_.epoch();
+  ASSERT_TRUE(later.register_worker({"w0", "h:0", 0, 1 << 20, before, 1, {{array_, {DType::kF32, {2}}}}}, t0_).ok());
+  // Device 1 has not registered again yet.
+  absl::Status early = later.adopt_array(a);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(early.message()), AllOf(HasSubstr(absl::StrCat("array ", array_)), HasSubstr("device 1")));
+  // It holds another block shape under that id.
+  ASSERT_TRUE(later.register_worker({"w1", "h:1", 1, 1 << 20, before, 1, {{array_, {DType::kF32, {3}}}}}, t0_).ok());
+  absl::Status wrong = later.adopt_array(a);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(wrong.message()), AllOf(HasSubstr("device 1"), HasSubstr("f32[3]")));
+  // Its report replaces the earlier one.
+  ASSERT_TRUE(later.register_worker({"w1", "h:1", 1, 1 << 20, before, 1, {{array_, {DType::kF32, {2}}}}}, t0_).ok());
+  EXPECT_EQ(later.orphan_count(), 1);
+  ArrayRecord other = a;
+  other.dtype = DType::kI32;
+  EXPECT_EQ(later.adopt_array(other).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(later.adopt_array(a).ok());
+  EXPECT_TRUE(later.adopt_array(a).ok());  // again: the same array
+  EXPECT_EQ(later.adopt_array(other).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(later.get_array(array_)->sharding, a.sharding);
+  EXPECT_EQ(later.orphan_count(), 0);
+  // An id of this incarnation cannot be adopted: it is known or was never handed out.
+  ArrayRecord fresh = a;
+  fresh.id = later.ids().next();
+  EXPECT_EQ(later.adopt_array(fresh).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RegistryTest, OrphansNobodyAdoptsAreRemovedByDevice) {
+  Registry later(absl::Seconds(3), t0_ + absl::Seconds(1));
+  const uint64_t before = registry_.epoch();
+  const std::map<uint64_t, HeldShard> held = {{array_, {DType::kF32, {2}}}, {array_ + 1, {DType::kI32, {8}}}};
+  ASSERT_TRUE(later.register_worker({"w0", "h:0", 0, 1 << 20, before, 1, held}, t0_).ok());
+  ASSERT_TRUE(later.register_worker({"w1", "h:1", 1, 1 << 20, before, 1, {{array_, {DType::kF32, {2}}}}}, t0_).ok());
+  // Buffers of this incarnation's ids are not orphans of an earlier one.
+  ASSERT_TRUE(later.register_worker({"w2", "h:2", 2, 1 << 20, before, 1, {{later.epoch() + 5, {DType::kF32, {2}}}}},
+                                    t0_)
+                  .ok());
+  EXPECT_EQ(later.orphan_count(), 2);
+  std::map<int, std::vector<uint64_t>> removed = later.remove_orphans({array_, array_ + 1, 12345});
+  EXPECT_THAT(removed[0], ElementsAre(array_, array_ + 1));
+  EXPECT_THAT(removed[1], ElementsAre(array_));
+  EXPECT_EQ(removed.count(2), 0u);
+  EXPECT_EQ(later.orphan_count(), 0);
 }
 
 }  // namespace

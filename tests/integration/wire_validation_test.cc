@@ -205,13 +205,29 @@ TEST_F(WireValidationTest, CreateArrayWithSpecNotFittingTheShape) {
                {"dimension 0 of size 3", "'x' of size 2"});
 }
 
+// An id this coordinator never handed out is NOT_FOUND; one below its epoch (the first id it
+// handed out, in the handshake) is an earlier incarnation's: ABORTED, adopt or put it again.
 TEST_F(WireValidationTest, GetArrayOfUnknownId) {
-  grpc::ClientContext ctx;
-  set_deadline(&ctx, absl::Seconds(10));
-  pb::GetArrayRequest req;
-  req.set_array_id(123456);
-  pb::GetArrayReply reply;
-  expect_error(coordinator_->GetArray(&ctx, req, &reply), grpc::StatusCode::NOT_FOUND, {"array 123456"});
+  pb::HandshakeRequest hello;
+  hello.set_protocol_version(kProtocolVersion);
+  pb::HandshakeReply epoch;
+  {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    ASSERT_TRUE(coordinator_->Handshake(&ctx, hello, &epoch).ok());
+  }
+  ASSERT_GT(epoch.epoch(), 123456u);
+  const uint64_t never = epoch.epoch() + (uint64_t{1} << 40);
+  for (const auto& [id, code, words] :
+       {std::tuple{never, grpc::StatusCode::NOT_FOUND, std::string("does not exist")},
+        std::tuple{uint64_t{123456}, grpc::StatusCode::ABORTED, std::string("earlier incarnation of the coordinator")}}) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::GetArrayRequest req;
+    req.set_array_id(id);
+    pb::GetArrayReply reply;
+    expect_error(coordinator_->GetArray(&ctx, req, &reply), code, {absl::StrCat("array ", id), words});
+  }
 }
 
 }  // namespace

@@ -45,12 +45,9 @@ class Group {
   // Receives one chunk of exactly `bytes` bytes.
   absl::StatusOr<Received> receive(int from, int step, int chunk, int64_t bytes) {
     const int device = members_[from];
-    absl::StatusOr<Received> data =
-        transport_.receive(device, {run_.op, step, chunk}, run_.start, run_.deadline, run_.cancelled);
-    if (!data.ok()) {
-      return absl::Status(data.status().code(),
-                          absl::StrCat(data.status().message(), " (", run_.peers.at(device), ")"));
-    }
+    absl::StatusOr<Received> data = transport_.receive(device, run_.peers.at(device), {run_.op, step, chunk},
+                                                       run_.start, run_.deadline, run_.cancelled);
+    if (!data.ok()) return data.status();
     if (data->size() != bytes) {
       return absl::DataLossError(absl::StrCat("device ", device, " sent ", data->size(), " bytes for step ", step,
                                               " chunk ", chunk, ", expected ", bytes));

@@ -1,5 +1,6 @@
 #include "worker/collectives/transport.h"
 
+#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,19 @@ grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data
   return grpc::ByteBuffer(slices, 2);
 }
 
+// A notice (ExchangeMessage.lost_ops, no data): the sender's earlier streams to the receiver
+// failed with messages of `ops` in flight.
+grpc::ByteBuffer encode_notice(int self, const std::vector<uint64_t>& ops) {
+  pb::ExchangeMessage notice;
+  notice.set_source_device(self);
+  for (uint64_t op : ops) notice.add_lost_ops(op);
+  grpc::Slice slice(notice.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// How many ops a notice may name, and how many recent ops a link remembers for one.
+constexpr size_t kMaxNoticeOps = 256;
+
 std::string peer_name(int device, const std::string& address) {
   return address.empty() ? absl::StrCat("device ", device) : absl::StrCat("device ", device, " (", address, ")");
 }
@@ -69,16 +83,26 @@ std::string peer_name(int device, const std::string& address) {
 // callback thread, and a collective's next message (the next round of recursive doubling,
 // say) must not wait for that thread to be scheduled. Messages are tagged, so their order
 // across streams does not matter.
+//
+// A message accepted here is not known to be delivered: gRPC's write completing only means
+// the bytes left for the socket, and a connection that breaks (a peer stopped and continued,
+// whose keepalive state makes either end drop it) loses what was in flight. So a link that
+// fails reports the ops it carried recently to the transport (see Transport::link_failed),
+// which fails them here and tells the peer, unless the link is being retired on purpose.
 class Transport::Link {
  public:
   static constexpr int kStreamsPerLink = 3;
 
-  Link(int self, int peer, std::string address)
-      : self_(self), peer_(peer), address_(std::move(address)), channel_(make_channel(address_)) {
+  Link(Transport* transport, int self, int peer, std::string address)
+      : transport_(transport), self_(self), peer_(peer), address_(std::move(address)), channel_(make_channel(address_)) {
     for (int i = 0; i < kStreamsPerLink; ++i) streams_.push_back(std::make_unique<Stream>(this));
   }
 
   ~Link() {
+    {
+      absl::MutexLock lock(&mu_);
+      retiring_ = true;  // the streams end because we end them: nothing to report
+    }
     for (auto& s : streams_) s->cancel();
     absl::MutexLock lock(&mu_);
     // gRPC calls OnDone once a cancelled call is over: this wait ends.
@@ -88,7 +112,31 @@ class Transport::Link {
 
   absl::Status enqueue(MessageTag tag, const std::byte* data, int64_t bytes, absl::Time deadline,
                        std::shared_ptr<const void> owner) {
-    Outgoing message{encode_exchange(self_, tag, data, bytes, std::move(owner)), bytes};
+    return push(Outgoing{encode_exchange(self_, tag, data, bytes, std::move(owner)), bytes}, tag.op, deadline);
+  }
+
+  // Sends a notice that messages of `ops` sent on earlier links may be lost. Never waits.
+  void notify_lost(const std::vector<uint64_t>& ops) {
+    push(Outgoing{encode_notice(self_, ops), 0}, 0, absl::InfiniteFuture()).IgnoreError();
+  }
+
+  const std::string& address() const { return address_; }
+  int peer() const { return peer_; }
+
+  bool broken() const {
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+
+ private:
+  struct Outgoing {
+    grpc::ByteBuffer buffer;
+    int64_t bytes = 0;  // of data, for the in-flight cap
+  };
+
+  // Queues `message` (of op `op`; 0 for a notice), or starts its write on an idle stream.
+  absl::Status push(Outgoing message, uint64_t op, absl::Time deadline) {
+    const int64_t bytes = message.bytes;
     Stream* idle = nullptr;
     {
       absl::MutexLock lock(&mu_);
@@ -101,6 +149,10 @@ class Transport::Link {
       }
       if (broken_) return error_;
       queued_bytes_ += bytes;
+      if (op != 0 && (recent_ops_.empty() || recent_ops_.back() != op)) {
+        recent_ops_.push_back(op);
+        if (recent_ops_.size() > kMaxNoticeOps) recent_ops_.pop_front();
+      }
       for (auto& s : streams_) {
         if (!s->writing) {
           idle = s.get();
@@ -117,19 +169,6 @@ class Transport::Link {
     idle->start_write();
     return absl::OkStatus();
   }
-
-  const std::string& address() const { return address_; }
-
-  bool broken() const {
-    absl::MutexLock lock(&mu_);
-    return broken_;
-  }
-
- private:
-  struct Outgoing {
-    grpc::ByteBuffer buffer;
-    int64_t bytes = 0;  // of data, for the in-flight cap
-  };
 
   class Stream final : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
    public:
@@ -152,14 +191,20 @@ class Transport::Link {
     void start_write() { StartWrite(&current.buffer); }
 
     void OnWriteDone(bool ok) override {
+      std::vector<uint64_t> lost;
       {
         absl::MutexLock lock(&link_->mu_);
         link_->queued_bytes_ -= current.bytes;
         current = {};
-        if (!ok) {
-          link_->fail_locked();
-          return;
-        }
+        if (!ok) lost = link_->fail_locked();
+      }
+      // The Link lives until this stream's OnDone, which gRPC runs after this returns.
+      if (!ok) {
+        if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
+        return;
+      }
+      {
+        absl::MutexLock lock(&link_->mu_);
         if (link_->queue_.empty()) {
           writing = false;
           return;
@@ -170,21 +215,28 @@ class Transport::Link {
       start_write();
     }
 
-    // The call failed (its connection closed: the peer's process died, say) or the server ended
-    // it. The hold keeps OnDone back until the Link goes, and an idle stream has no write to
-    // fail: without this, the link's next message would be written into the dead call and
-    // lost, and its receiver would wait out the deadline (a worker restarted at the same
-    // address). A broken link is replaced on the next send.
-    void OnReadInitialMetadataDone(bool ok) override {
-      if (ok) return;
-      absl::MutexLock lock(&link_->mu_);
-      link_->fail_locked();
+    // The server never sends initial metadata before it ends the stream (its only message is
+    // the final reply), so this runs when the call ends: the server finished it, or the
+    // connection broke. OnDone would come only once the Link goes (it holds the stream), and
+    // OnWriteDone only with the next write: this is how an idle stream's failure is known.
+    void OnReadInitialMetadataDone(bool) override {
+      std::vector<uint64_t> lost;
+      {
+        absl::MutexLock lock(&link_->mu_);
+        lost = link_->fail_locked();
+      }
+      if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
     }
 
     void OnDone(const grpc::Status&) override {
+      std::vector<uint64_t> lost;
+      {
+        absl::MutexLock lock(&link_->mu_);
+        lost = link_->fail_locked();
+      }
+      if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
       absl::MutexLock lock(&link_->mu_);
-      link_->fail_locked();
-      ++link_->done_streams_;
+      ++link_->done_streams_;  // last: once every stream is done, the Link may go
     }
 
     // Guarded by link_->mu_ (written under it; `current` is then used only by the one
@@ -198,16 +250,22 @@ class Transport::Link {
     grpc::ByteBuffer reply_;
   };
 
-  void fail_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Marks the link broken and drops what is queued. The first time, unless the link is being
+  // retired, returns the ops it carried recently (their messages may be lost), to report.
+  std::vector<uint64_t> fail_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<uint64_t> lost;
     if (!broken_) {
       broken_ = true;
       error_ = absl::UnavailableError(absl::StrCat(peer_name(peer_, address_), " stopped taking collective data"));
+      if (!retiring_) lost.assign(recent_ops_.begin(), recent_ops_.end());
     }
     queue_.clear();
     queued_bytes_ = 0;
+    return lost;
   }
 
   // Constant after construction.
+  Transport* const transport_;
   const int self_;
   const int peer_;
   const std::string address_;
@@ -218,6 +276,9 @@ class Transport::Link {
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // queued and in flight
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool retiring_ ABSL_GUARDED_BY(mu_) = false;
+  // The ops of the latest messages, each once (at most kMaxNoticeOps).
+  std::deque<uint64_t> recent_ops_ ABSL_GUARDED_BY(mu_);
   int done_streams_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
@@ -226,11 +287,15 @@ Transport::Transport() = default;
 
 Transport::~Transport() {
   std::map<int, std::shared_ptr<Link>> links;
+  std::vector<std::shared_ptr<Link>> retired;
   {
     absl::MutexLock lock(&mu_);
+    stopping_ = true;
     links.swap(links_);
+    retired.swap(retired_);
   }
-  links.clear();  // joins the writers outside the lock
+  links.clear();  // ends the streams outside the lock
+  retired.clear();
 }
 
 void Transport::set_self(int device_id) {
@@ -238,25 +303,64 @@ void Transport::set_self(int device_id) {
   self_ = device_id;
 }
 
-absl::StatusOr<std::shared_ptr<Transport::Link>> Transport::link(int peer, const std::string& address) {
-  std::shared_ptr<Link> stale;
-  absl::MutexLock lock(&mu_);
+std::shared_ptr<Transport::Link> Transport::link(int peer, const std::string& address) {
+  std::vector<std::shared_ptr<Link>> retired;
+  std::shared_ptr<Link> current;
+  {
+    absl::MutexLock lock(&mu_);
+    current = current_link_locked(peer, address);
+    retired.swap(retired_);
+  }
+  return current;  // the retired links end here, outside the lock, on a thread that may wait
+}
+
+std::shared_ptr<Transport::Link> Transport::current_link_locked(int peer, const std::string& address) {
   auto& slot = links_[peer];
   // A broken link, or one to an address the peer no longer has (it restarted elsewhere), is
-  // replaced; the old one is destroyed after the lock is released.
-  if (slot != nullptr && (slot->broken() || slot->address() != address)) stale = std::move(slot);
-  if (slot == nullptr) slot = std::make_shared<Link>(self_, peer, address);
+  // replaced; the old one is retired (destroyed later, outside the lock).
+  if (slot != nullptr && (slot->broken() || slot->address() != address)) retired_.push_back(std::move(slot));
+  if (slot == nullptr) slot = std::make_shared<Link>(this, self_, peer, address);
   return slot;
+}
+
+void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops) {
+  std::shared_ptr<Link> notice;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    for (uint64_t op : ops) {
+      if (finished_.count(op) > 0) continue;
+      failed_ops_[op] = peer_name(failed.peer(), failed.address());
+      if (failed_ops_.size() > kRememberedOps) failed_ops_.erase(failed_ops_.begin());  // the oldest op
+    }
+    // A fresh link tells the peer at once (it may be waiting for a lost message of an op that
+    // has ended here); creating one never blocks. Unless the peer has moved to another
+    // address since (a new process, which never ran these ops).
+    auto current = links_.find(failed.peer());
+    if (current != links_.end() && current->second != nullptr && current->second->address() != failed.address()) {
+      return;
+    }
+    notice = current_link_locked(failed.peer(), failed.address());
+  }
+  notice->notify_lost(ops);
 }
 
 absl::Status Transport::send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
                              absl::Time deadline, std::shared_ptr<const void> owner) {
-  absl::StatusOr<std::shared_ptr<Link>> l = link(peer, address);
-  if (!l.ok()) return l.status();
-  return (*l)->enqueue(tag, data, bytes, deadline, std::move(owner));
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = failed_ops_.find(tag.op); it != failed_ops_.end()) return stream_failed(tag.op, it->second);
+  }
+  return link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
 }
 
-absl::StatusOr<Received> Transport::receive(int source, MessageTag tag, absl::Time op_start, absl::Time deadline,
+absl::Status Transport::stream_failed(uint64_t op, const std::string& peer) {
+  return absl::UnavailableError(absl::StrCat("the stream to ", peer, " failed with messages of op ", op,
+                                             " in flight, which may be lost"));
+}
+
+absl::StatusOr<Received> Transport::receive(int source, const std::string& address, MessageTag tag,
+                                            absl::Time op_start, absl::Time deadline,
                                             const std::function<bool()>& cancelled) {
   const Key key{tag.op, source, tag.step, tag.chunk};
   absl::MutexLock lock(&mu_);
@@ -266,18 +370,28 @@ absl::StatusOr<Received> Transport::receive(int source, MessageTag tag, absl::Ti
     auto it = down_since_.find(source);
     return it != down_since_.end() && it->second >= op_start;
   };
-  auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return mailbox_.count(key) > 0 || gone(); };
+  const std::pair<uint64_t, int> from{tag.op, source};
+  auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return mailbox_.count(key) > 0 || gone() || lost_.count(from) > 0 || failed_ops_.count(tag.op) > 0;
+  };
   // Wake up now and then to notice a cancelled call (the coordinator gave up on the op).
   while (!mu_.AwaitWithDeadline(absl::Condition(&arrived), std::min(deadline, absl::Now() + kCancelPoll))) {
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("device ", source, " sent nothing for op ", tag.op, " step ",
-                                                      tag.step, " chunk ", tag.chunk, " in time"));
+      return absl::DeadlineExceededError(absl::StrCat(peer_name(source, address), " sent nothing for op ", tag.op,
+                                                      " step ", tag.step, " chunk ", tag.chunk, " in time"));
     }
     if (cancelled && cancelled()) return absl::CancelledError(absl::StrCat("op ", tag.op, " was cancelled"));
   }
   auto it = mailbox_.find(key);
   if (it == mailbox_.end()) {
-    return absl::UnavailableError(absl::StrCat("device ", source, " went away during op ", tag.op));
+    if (auto failed = failed_ops_.find(tag.op); failed != failed_ops_.end()) {
+      return stream_failed(tag.op, failed->second);
+    }
+    if (lost_.count(from) > 0) {
+      return absl::UnavailableError(absl::StrCat(peer_name(source, address), " lost messages of op ", tag.op,
+                                                 " to this device: its streams here failed with them in flight"));
+    }
+    return absl::UnavailableError(absl::StrCat(peer_name(source, address), " went away during op ", tag.op));
   }
   Received data = std::move(it->second);
   mailbox_.erase(it);
@@ -288,6 +402,8 @@ void Transport::finish_op(uint64_t op) {
   absl::MutexLock lock(&mu_);
   mailbox_.erase(mailbox_.lower_bound(Key{op, INT32_MIN, INT32_MIN, INT32_MIN}),
                  mailbox_.upper_bound(Key{op, INT32_MAX, INT32_MAX, INT32_MAX}));
+  failed_ops_.erase(op);
+  lost_.erase(lost_.lower_bound({op, INT_MIN}), lost_.upper_bound({op, INT_MAX}));
   if (finished_.insert(op).second) finished_order_.push_back(op);
   while (finished_order_.size() > kRememberedOps) {
     finished_.erase(finished_order_.front());
@@ -395,11 +511,29 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
   SliceReader reader(data.slices_);
   uint64_t fields[5] = {0, 0, 0, 0, 0};  // source_device, op_id, step, chunk
   bool has_data = false;
+  std::vector<uint64_t> lost_ops;  // a notice (see ExchangeMessage.lost_ops)
   uint64_t key = 0;
   while (!has_data && reader.varint(&key)) {
     const uint64_t field = key >> 3, wire = key & 7;
     if (field >= 1 && field <= 4 && wire == 0) {
       if (!reader.varint(&fields[field])) return absl::InvalidArgumentError("Exchange: truncated message");
+    } else if (field == 6 && wire == 2) {
+      uint64_t length = 0;
+      if (!reader.varint(&length) || static_cast<int64_t>(length) > reader.remaining()) {
+        return absl::InvalidArgumentError("Exchange: truncated message");
+      }
+      const int64_t end = reader.remaining() - static_cast<int64_t>(length);
+      while (reader.remaining() > end) {
+        uint64_t op = 0;
+        if (!reader.varint(&op) || reader.remaining() < end) {
+          return absl::InvalidArgumentError("Exchange: malformed lost_ops");
+        }
+        if (lost_ops.size() == kMaxNoticeOps) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Exchange: a notice names more than ", kMaxNoticeOps, " lost ops"));
+        }
+        lost_ops.push_back(op);
+      }
     } else if (field == 5 && wire == 2) {
       uint64_t length = 0;
       if (!reader.varint(&length)) return absl::InvalidArgumentError("Exchange: truncated message");
@@ -429,6 +563,17 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
         absl::StrCat("Exchange: a stream from device ", *source, " carried a message from device ", from));
   }
   absl::MutexLock lock(&mu_);
+  if (!lost_ops.empty()) {
+    if (has_data) return absl::InvalidArgumentError("Exchange: a notice of lost ops carries data");
+    // The sender's earlier streams here failed: waits for these ops' messages from it fail at
+    // once (what arrived before stays in the mailbox and is still delivered).
+    for (uint64_t op : lost_ops) {
+      if (finished_.count(op) > 0) continue;
+      lost_.insert({op, from});
+      if (lost_.size() > kRememberedOps) lost_.erase(lost_.begin());  // the oldest op
+    }
+    return absl::OkStatus();
+  }
   if (finished_.count(fields[2]) > 0) return absl::OkStatus();
   mailbox_[Key{fields[2], from, static_cast<int32_t>(fields[3]), static_cast<int32_t>(fields[4])}] = std::move(data);
   return absl::OkStatus();

@@ -5,10 +5,12 @@
 // thread per link drains a queue capped at kMaxQueuedBytes, so a sender never has more than
 // that in flight to one peer. Incoming streams deliver into a mailbox keyed by
 // (op, source, step, chunk); a collective waits there for exactly the message it needs, so
-// concurrent collectives and back-to-back runs never mix.
+// concurrent collectives and back-to-back runs never mix. A message is either delivered or
+// its loss is known at both ends: when a link breaks, the ops it carried fail here at once and
+// the peer is told on a fresh link, so its waits for them fail too (see link_failed).
 //
 //   transport.send(peer, address, {op, step, chunk}, data, bytes, deadline, owner);
-//   absl::StatusOr<Received> data = transport.receive(source, {op, step, chunk}, deadline);
+//   absl::StatusOr<Received> data = transport.receive(source, address, {op, step, chunk}, start, deadline);
 //   data->copy_to(dst);   // or data->reduce_into(dtype, op, acc)
 //   transport.finish_op(op);     // drops what is left of op; late messages are discarded
 #ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
@@ -90,11 +92,13 @@ class Transport {
   // How often a waiting receive checks whether its op was cancelled.
   static constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
 
-  // Waits for the message `tag` from `source`. DEADLINE_EXCEEDED naming the source at
-  // `deadline`; UNAVAILABLE as soon as the source's stream to this worker ends after
-  // `op_start`; CANCELLED soon after `cancelled()` turns true.
-  absl::StatusOr<Received> receive(int source, MessageTag tag, absl::Time op_start, absl::Time deadline,
-                                   const std::function<bool()>& cancelled = nullptr);
+  // Waits for the message `tag` from `source` (at `address`, for errors). DEADLINE_EXCEEDED
+  // naming the source at `deadline`; UNAVAILABLE as soon as the source's stream to this worker
+  // ends after `op_start`, the source's notice says its messages of the op may be lost, or a
+  // link of ours failed with messages of the op in flight (naming that peer); CANCELLED soon
+  // after `cancelled()` turns true.
+  absl::StatusOr<Received> receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
+                                   absl::Time deadline, const std::function<bool()>& cancelled = nullptr);
 
   // Drops every stored message of `op` and discards any that arrive later.
   void finish_op(uint64_t op);
@@ -112,7 +116,16 @@ class Transport {
 
   class ExchangeReader;
 
-  absl::StatusOr<std::shared_ptr<Link>> link(int peer, const std::string& address);
+  // The healthy link to `peer` at `address`, opened if needed. Destroys retired links (which
+  // waits for their streams to end): never call it on a gRPC callback thread.
+  std::shared_ptr<Link> link(int peer, const std::string& address);
+  std::shared_ptr<Link> current_link_locked(int peer, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A link broke with messages of `ops` (its recent ones) in flight: the ops still running
+  // here fail at once (their sends and receives return UNAVAILABLE naming the peer), and the
+  // peer gets a notice on a fresh link, so that its waits for them fail too. On gRPC's
+  // callback threads; never blocks.
+  void link_failed(const Link& failed, const std::vector<uint64_t>& ops);
+  static absl::Status stream_failed(uint64_t op, const std::string& peer);
   // Parses one raw ExchangeMessage and files it; `source` is the stream's sender (-1 before
   // its first message). INVALID_ARGUMENT for malformed bytes or a change of sender.
   absl::Status deliver(grpc::ByteBuffer* buffer, int* source);
@@ -127,6 +140,13 @@ class Transport {
   std::map<int, absl::Time> down_since_ ABSL_GUARDED_BY(mu_);  // sources whose streams all ended, and when
   std::set<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_order_ ABSL_GUARDED_BY(mu_);
+  // Ops whose messages a link of ours may have lost, with the peer (until the op finishes;
+  // at most kRememberedOps, the oldest ids dropped first: ids only grow).
+  std::map<uint64_t, std::string> failed_ops_ ABSL_GUARDED_BY(mu_);
+  // (op, source): the source's notice said messages of op to here may be lost (as above).
+  std::set<std::pair<uint64_t, int>> lost_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tessera

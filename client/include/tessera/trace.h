@@ -54,12 +54,7 @@ class Value {
   int id_ = -1;
 };
 
-// The dtype and shape of one input of a traced function.
-struct ArrayType {
-  DType dtype = DType::kF32;
-  Shape shape;
-};
-
+// The dtype and shape of one input of a traced function: ArrayType (core/op.h).
 using TracedFunction = std::function<std::vector<Value>(const std::vector<Value>&)>;
 
 // Runs `f` once on Values of the given types; the Graph has one parameter per input and
@@ -81,6 +76,7 @@ Value sqrt(const Value& x);
 Value rsqrt(const Value& x);
 Value sin(const Value& x);
 Value cos(const Value& x);
+Value erf(const Value& x);
 Value floor(const Value& x);
 Value ceil(const Value& x);
 Value sign(const Value& x);

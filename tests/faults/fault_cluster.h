@@ -1,0 +1,88 @@
+// The fault drills' cluster (tests/faults/): a coordinator and kFaultWorkers tessera-worker
+// processes on 127.0.0.1 ephemeral ports with fast heartbeats (a silent worker is marked lost
+// within 1.5 s), and the host references their checks use. Tests restart the coordinator on
+// its port, and stop, continue, kill and restart workers, by pid.
+//
+//   class MyDrill : public FaultClusterTest {};
+//   TEST_F(MyDrill, X) { absl::StatusOr<Client> c = connect(); restart_coordinator(); ... }
+//
+// REQUIRES: the test target defines TESSERA_BIN_DIR (where the daemons are built).
+#ifndef TESSERA_TESTS_FAULTS_FAULT_CLUSTER_H_
+#define TESSERA_TESTS_FAULTS_FAULT_CLUSTER_H_
+
+#include <string>
+#include <vector>
+
+#include "core/subprocess.h"
+#include "gtest/gtest.h"
+#include "tessera/tessera.h"
+
+namespace tessera {
+
+inline const std::string kBin = TESSERA_BIN_DIR;
+inline constexpr int kFaultWorkers = 4;
+inline const std::vector<std::string> kFaultCoordinatorFlags = {"--heartbeat_interval_ms=200",
+                                                                "--heartbeat_timeout_ms=1500"};
+
+class FaultClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<ProcessCluster> cluster =
+        ProcessCluster::start(kBin, kFaultWorkers, coordinator_flags(), {"--memory_bytes=268435456"});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+  }
+
+  // The coordinator's flags (a drill may add its own).
+  virtual std::vector<std::string> coordinator_flags() const { return kFaultCoordinatorFlags; }
+
+  // A client of the cluster, once every device is alive (waits at most 20 s).
+  absl::StatusOr<Client> connect() const {
+    ConnectOptions options;
+    options.min_devices = kFaultWorkers;
+    options.timeout = absl::Seconds(20);
+    return Client::connect(cluster_.address, options);
+  }
+
+  // kill -9 of the coordinator, and a new one on the same port; returns when it listens.
+  void restart_coordinator() {
+    cluster_.coordinator->kill();
+    std::vector<std::string> argv = {kBin + "/tessera-coordinator",
+                                     "--port=" + cluster_.address.substr(cluster_.address.rfind(':') + 1)};
+    const std::vector<std::string> flags = coordinator_flags();
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<std::unique_ptr<Subprocess>> c = Subprocess::spawn(argv);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_.coordinator = *std::move(c);
+    ASSERT_TRUE(cluster_.coordinator->read_line_with("listening on " + cluster_.address, absl::Seconds(20)).ok());
+  }
+
+  ProcessCluster cluster_;
+};
+
+// a * x + b, elementwise, for float32 x.
+inline HostArray affine(const HostArray& x, float a, float b) {
+  HostArray out(DType::kF32, x.shape());
+  for (int64_t i = 0; i < num_elements(x.shape()); ++i) out.mutable_values<float>()[i] = a * x.values<float>()[i] + b;
+  return out;
+}
+
+// The column sums of a float32 matrix (jnp.sum(x, axis=0)).
+inline HostArray column_sums(const HostArray& x) {
+  const int64_t rows = x.shape()[0], cols = x.shape()[1];
+  HostArray out = HostArray::zeros(DType::kF32, {cols});
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) out.mutable_values<float>()[j] += x.values<float>()[i * cols + j];
+  return out;
+}
+
+// Fetches `a` and expects exactly `want`.
+inline void expect_equal(const Array& a, const HostArray& want) {
+  absl::StatusOr<HostArray> got = a.fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == want);
+}
+
+}  // namespace tessera
+
+#endif  // TESSERA_TESTS_FAULTS_FAULT_CLUSTER_H_

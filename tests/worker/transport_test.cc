@@ -1,0 +1,258 @@
+// Transport: a message accepted for a peer whose stream then fails is never silently lost —
+// the op fails at once on both ends, naming the peer (issue #17 item 3). Two transports
+// served by real gRPC servers on 127.0.0.1, the sender's link running through a TCP relay
+// this test holds (bytes stay unread, as with a stopped peer) and cuts (the connections drop,
+// and the held bytes with them). Every wait has a deadline.
+#include "worker/collectives/transport.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/rpc.h"
+#include "proto/tessera.grpc.pb.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A transport behind a gRPC server of its own (only Exchange is served).
+class Endpoint {
+ public:
+  explicit Endpoint(int device) : service_(&transport_) {
+    transport_.set_self(device);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    configure_server(&builder);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+  }
+  ~Endpoint() { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100)); }
+
+  Transport& transport() { return transport_; }
+  int port() const { return port_; }
+
+ private:
+  class Service final : public pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service> {
+   public:
+    explicit Service(Transport* transport) : transport_(transport) {}
+    grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext*,
+                                                        grpc::ByteBuffer* response) override {
+      return transport_->new_exchange_reader(response);
+    }
+
+   private:
+    Transport* const transport_;
+  };
+
+  Transport transport_;  // outlives the server, whose readers deliver into it
+  Service service_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// Relays TCP connections from its port to `target_port`. hold() stops reading from the
+// connecting side (what it sends stays in the socket buffers); cut() closes the connecting
+// side of every connection so far, dropping what was held, and leaves the target side open
+// and silent: to the target, its streams look alive. New connections relay normally.
+class Relay {
+ public:
+  explicit Relay(int target_port) : target_port_(target_port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    listen(listen_fd_, 16);
+    socklen_t len = sizeof(addr);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~Relay() {
+    stopping_ = true;
+    acceptor_.join();
+    for (std::thread& t : relays_) t.join();
+    close(listen_fd_);
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  // Returns once every relaying thread has stopped reading from its connecting side.
+  void hold() {
+    absl::MutexLock lock(&mu_);
+    held_ = true;
+    auto all_held = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return holding_ == live_; };
+    ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&all_held), absl::Seconds(10)));
+  }
+
+  // Closes the connecting side of every connection so far and stops holding.
+  void cut() {
+    absl::MutexLock lock(&mu_);
+    ++generation_;
+    held_ = false;
+  }
+
+ private:
+  void accept_loop() {
+    while (!stopping_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (poll(&p, 1, 20) <= 0) continue;
+      const int in = accept(listen_fd_, nullptr, nullptr);
+      if (in < 0) continue;
+      const int out = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<uint16_t>(target_port_));
+      if (connect(out, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        close(in);
+        close(out);
+        continue;
+      }
+      int generation = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        generation = generation_;
+        ++live_;
+      }
+      relays_.emplace_back([this, in, out, generation] { relay(in, out, generation); });
+    }
+  }
+
+  // Copies both ways until either side closes, the connection is cut, or the relay stops;
+  // after a cut, keeps the target side open (and unread) until the relay stops.
+  void relay(int in, int out, int generation) {
+    char buffer[64 << 10];
+    bool holding = false;
+    while (!stopping_) {
+      bool held = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (generation_ != generation) break;
+        held = held_;
+        if (held != holding) holding_ += held ? 1 : -1;
+        holding = held;
+      }
+      pollfd p[2] = {{in, static_cast<short>(held ? 0 : POLLIN), 0}, {out, POLLIN, 0}};
+      if (poll(p, 2, 20) <= 0) continue;
+      if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        const ssize_t n = read(in, buffer, sizeof(buffer));
+        if (n <= 0 || write(out, buffer, static_cast<size_t>(n)) != n) break;
+      }
+      if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        const ssize_t n = read(out, buffer, sizeof(buffer));
+        if (n <= 0 || write(in, buffer, static_cast<size_t>(n)) != n) break;
+      }
+    }
+    close(in);
+    bool was_cut = false;
+    {
+      absl::MutexLock lock(&mu_);
+      --live_;
+      if (holding) --holding_;
+      was_cut = generation_ != generation;
+    }
+    while (was_cut && !stopping_) poll(nullptr, 0, 20);
+    close(out);
+  }
+
+  const int target_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> relays_;  // touched by the acceptor only, joined after it
+  absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  int generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int live_ ABSL_GUARDED_BY(mu_) = 0;
+  int holding_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+constexpr int kSender = 0;
+constexpr int kReceiver = 1;
+// Long enough that a wait that hangs is obvious; the failures below come long before.
+constexpr absl::Duration kDeadline = absl::Seconds(20);
+constexpr absl::Duration kBound = absl::Seconds(5);
+
+class TransportLossTest : public ::testing::Test {
+ protected:
+  absl::Status send(uint64_t op, int step) {
+    const std::byte data[8] = {};
+    return sender_.transport().send(kReceiver, relay_.address(), {op, step, 0}, data, sizeof(data),
+                                    absl::Now() + kDeadline);
+  }
+  // What the receiver gets of op's message `step` from the sender, and how long it waited.
+  absl::Status receive(uint64_t op, int step, absl::Duration* took) {
+    const absl::Time start = absl::Now();
+    absl::Status status =
+        receiver_.transport().receive(kSender, "sender", {op, step, 0}, start, start + kDeadline).status();
+    *took = absl::Now() - start;
+    return status;
+  }
+
+  Endpoint receiver_{kReceiver};
+  Endpoint sender_{kSender};
+  Relay relay_{receiver_.port()};
+};
+
+TEST_F(TransportLossTest, AMessageLostWithItsStreamFailsTheOpAtBothEndsAndTheNextOpRuns) {
+  absl::Duration took;
+  ASSERT_TRUE(send(10, 0).ok());
+  ASSERT_TRUE(receive(10, 0, &took).ok());  // the link is up
+  sender_.transport().finish_op(10);
+  receiver_.transport().finish_op(10);
+
+  // Op 11's message is accepted, then its connection drops with it: the sender's op 11
+  // (waiting for the receiver's answer) fails at once naming the receiver.
+  relay_.hold();
+  ASSERT_TRUE(send(11, 0).ok());
+  relay_.cut();
+  const absl::Time cut = absl::Now();
+  absl::Status answer =
+      sender_.transport().receive(kReceiver, "receiver", {11, 1, 0}, cut, cut + kDeadline).status();
+  EXPECT_LT(absl::Now() - cut, kBound);
+  EXPECT_EQ(answer.code(), absl::StatusCode::kUnavailable) << answer;
+  EXPECT_THAT(std::string(answer.message()),
+              HasSubstr(absl::StrCat("the stream to device 1 (", relay_.address(), ") failed")));
+  EXPECT_EQ(send(11, 2).code(), absl::StatusCode::kUnavailable);
+  // The receiver waits for that message in vain no more: the sender's notice fails it.
+  absl::Status lost = receive(11, 0, &took);
+  EXPECT_LT(took, kBound) << lost;
+  EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable) << lost;
+  EXPECT_THAT(std::string(lost.message()), HasSubstr("device 0 (sender) lost messages of op 11"));
+  sender_.transport().finish_op(11);
+  receiver_.transport().finish_op(11);
+
+  // An op the sender had finished when its last message was lost: only the notice can tell.
+  relay_.hold();
+  ASSERT_TRUE(send(12, 0).ok());
+  sender_.transport().finish_op(12);
+  relay_.cut();
+  absl::Status finished = receive(12, 0, &took);
+  EXPECT_LT(took, kBound) << finished;
+  EXPECT_EQ(finished.code(), absl::StatusCode::kUnavailable) << finished;
+  EXPECT_THAT(std::string(finished.message()), HasSubstr("lost messages of op 12"));
+  receiver_.transport().finish_op(12);
+
+  // The next op runs on a fresh link, and nothing is left over.
+  ASSERT_TRUE(send(13, 0).ok());
+  EXPECT_TRUE(receive(13, 0, &took).ok());
+  sender_.transport().finish_op(13);
+  receiver_.transport().finish_op(13);
+  EXPECT_EQ(receiver_.transport().pending_messages(), 0);
+}
+
+}  // namespace
+}  // namespace tessera
