@@ -19,6 +19,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/health.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 
@@ -1060,11 +1061,13 @@ class CoordinatorServerImpl final : public CoordinatorServer {
                              &port_);
     configure_server(&builder);
     builder.RegisterService(&service_);
+    builder.RegisterService(health_.service());
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
       return absl::UnavailableError(
           absl::StrCat("tessera-coordinator: cannot listen on ", options_.host, ":", options_.port));
     }
+    update_health();
     service_.set_address(address());
     monitor_ = std::thread([this] { monitor_loop(); });
     // Lapsed leases are reaped at a tenth of the lease (at most every second), off the monitor:
@@ -1083,6 +1086,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   void shutdown() override {
     // The server first: its pending Executes end by their deadlines, which the monitor
     // enforces, so it stops only after them.
+    health_.set_ready(false);
     if (server_ != nullptr) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
       server_->Wait();
@@ -1106,11 +1110,23 @@ class CoordinatorServerImpl final : public CoordinatorServer {
                      absl::FormatDuration(options_.heartbeat_timeout).c_str());
       }
       service_.watch_executions();
+      update_health();
     }
+  }
+
+  // Ready while the expected devices are alive; a change is logged.
+  void update_health() {
+    const bool ready = service_.registry().wait_for_alive(options_.expected_devices, absl::ZeroDuration());
+    if (ready != health_.ready() && options_.log_registrations && options_.expected_devices > 0) {
+      std::fprintf(stderr, "tessera-coordinator: %s: %s %d devices alive (--expected_devices)\n",
+                   ready ? "ready" : "not ready", ready ? "at least" : "fewer than", options_.expected_devices);
+    }
+    health_.set_ready(ready);
   }
 
   const CoordinatorOptions options_;
   CoordinatorService service_;
+  HealthService health_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Notification stopping_;
@@ -1129,6 +1145,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::start(cons
     return absl::InvalidArgumentError(absl::StrCat(
         "tessera-coordinator: heartbeat_timeout (", absl::FormatDuration(options.heartbeat_timeout),
         ") must exceed a positive heartbeat_interval (", absl::FormatDuration(options.heartbeat_interval), ")"));
+  }
+  if (options.expected_devices < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tessera-coordinator: expected_devices must not be negative, got ", options.expected_devices));
   }
   auto server = std::make_unique<CoordinatorServerImpl>(options);
   TESSERA_RETURN_IF_ERROR(server->init());
