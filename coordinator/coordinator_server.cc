@@ -986,9 +986,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       unused.push_back(it->second);
       it = programs_.erase(it);
     }
-    for (auto it = cache_.begin(); it != cache_.end();) {
-      it = programs_.count(it->second) == 0 ? cache_.erase(it) : std::next(it);
-    }
+    absl::erase_if(cache_, [&](const auto& entry) { return programs_.count(entry.second) == 0; });
     return unused;
   }
 
