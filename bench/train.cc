@@ -100,8 +100,7 @@ absl::StatusOr<MeshTimes> time_steps(const Client& client, const Mesh& mesh, int
   MeshTimes m;
   m.step_s = median(steps);
   m.dispatch_s = median(dispatches);
-  const std::string text = step.as_text();
-  m.device0_plan = text.substr(0, text.find("\ndevice 1"));
+  m.device0_plan = step.as_text(mesh.device_ids()[0]);
   for (const char* c : {"all_reduce(", "all_gather(", "reduce_scatter(", "all_to_all(", "collective_permute("}) {
     for (size_t at = m.device0_plan.find(c); at != std::string::npos; at = m.device0_plan.find(c, at + 1)) {
       ++m.collectives;

@@ -2,10 +2,11 @@
 // against one.
 //
 //   tessera up --workers 8             # coordinator + 8 workers in the background; prints the address
-//   tessera status                     # devices, arrays and executables of that cluster
+//   tessera status                     # devices, arrays and executables of that cluster (--json)
+//   tessera top                        # status every second
 //   tessera run-example seed_layer     # bin/example_seed_layer --coordinator=<that address>
 //   tessera down                       # stops exactly the processes `up` started, by pid
-//   tessera health --address HOST:PORT # exit 0 when a coordinator or a registered worker answers
+//   tessera health --address HOST:PORT # grpc.health.v1: exit 0 when the daemon there is ready
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,12 +30,14 @@
 #include "core/status.h"
 #include "core/subprocess.h"
 #include "core/wire.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 
 ABSL_FLAG(std::string, coordinator, "",
-          "status, run-example: host:port of the coordinator; default: the cluster in the state file "
+          "status, top, run-example: host:port of the coordinator; default: the cluster in the state file "
           "(env TESSERA_COORDINATOR)");
 ABSL_FLAG(std::string, state, "",
           "up, down, status, run-example: the state file that up writes and down reads; default: "
@@ -45,6 +48,11 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "up: the address every daemon listens 
 ABSL_FLAG(int64_t, memory_bytes, int64_t{1} << 30, "up: each worker's memory limit (env TESSERA_WORKER_MEMORY_BYTES)");
 ABSL_FLAG(int, timeout_s, 30, "up: seconds to wait until every worker has registered; status, health: per call");
 ABSL_FLAG(std::string, address, "", "health: host:port of the coordinator or worker to probe");
+ABSL_FLAG(bool, json, false, "status: print the coordinator's ClusterStatus as JSON (proto3 mapping: 64-bit numbers are strings)");
+ABSL_FLAG(int, iterations, 0, "top: stop after this many refreshes; 0: until interrupted");
+ABSL_FLAG(std::string, service, "",
+          "health: the grpc.health.v1 service to ask for: '' (ready: a registered worker, a coordinator with its "
+          "expected devices alive) or 'liveness' (the process serves)");
 
 namespace tessera {
 namespace {
@@ -55,16 +63,20 @@ constexpr char kUsage[] =
     "  tessera up --workers N [--port P] [--host ADDR] [--memory_bytes B] [--state FILE]\n"
     "      starts a coordinator and N workers as background daemons (logs beside the state file),\n"
     "      waits until all N have registered, and prints the coordinator's address\n"
-    "  tessera status [--coordinator HOST:PORT]\n"
-    "      one row per device (id, address, state, buffers, bytes used / limit, BLAS kernel,\n"
-    "      uptime), then the cluster's arrays and executables\n"
+    "  tessera status [--coordinator HOST:PORT] [--json]\n"
+    "      one row per device (id, address, state, incarnation, buffers, bytes used / limit,\n"
+    "      programs loaded, plan runs and failures, BLAS kernel, uptime, last error), then the\n"
+    "      cluster's arrays and executables; --json: all of it as JSON, for scripts\n"
+    "  tessera top [--coordinator HOST:PORT] [--iterations N]\n"
+    "      status, refreshed every second until interrupted\n"
     "  tessera down [--state FILE]\n"
     "      stops the processes up started (SIGTERM, then SIGKILL after 5 s) and removes the state\n"
     "  tessera run-example NAME [--coordinator HOST:PORT] [-- ARGS...]\n"
     "      runs bin/example_NAME --coordinator=HOST:PORT ARGS... (NAME: device_put, seed_layer,\n"
     "      shard_map, mlp_train; mlp_train takes --data=PATH)\n"
-    "  tessera health --address HOST:PORT\n"
-    "      exit 0 if a coordinator, or a worker that has registered, answers there\n"
+    "  tessera health --address HOST:PORT [--service liveness]\n"
+    "      grpc.health.v1 Check: exit 0 if the daemon there is SERVING: a worker that has registered, a\n"
+    "      coordinator with its --expected_devices alive; with --service liveness, one that serves at all\n"
     "\n"
     "Flags can also come from the environment variables named in their help; the command line wins.";
 
@@ -260,8 +272,8 @@ std::string spec_text(const pb::Mesh& mesh, const pb::PartitionSpec& spec) {
   return s.ok() ? s->spec().to_string() : "?";
 }
 
-absl::Status status(const std::string& state_path) {
-  TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
+// The cluster's status from the coordinator at `address`.
+absl::StatusOr<pb::ClusterStatus> fetch_status(const std::string& address) {
   const std::string who = absl::StrCat("coordinator ", address);
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   auto stub = pb::Coordinator::NewStub(make_channel(address));
@@ -272,28 +284,41 @@ absl::Status status(const std::string& state_path) {
   grpc::ClientContext ctx;
   set_deadline(&ctx, timeout);
   TESSERA_RETURN_IF_ERROR(from_grpc(stub->GetClusterStatus(&ctx, req, &cluster), who));
+  return cluster;
+}
 
+// A cell of at most `width` characters (a long error message is cut, saying so).
+std::string cut(const std::string& text, size_t width) {
+  return text.size() <= width ? text : text.substr(0, width - 3) + "...";
+}
+
+void print_status(const std::string& address, const pb::ClusterStatus& cluster) {
   int alive = 0;
   for (const pb::DeviceStatus& d : cluster.devices()) alive += d.info().state() == pb::ALIVE ? 1 : 0;
   std::printf("coordinator %s  up %s  devices %d (%d alive)  arrays %d  executables %d\n", address.c_str(),
               format_uptime(cluster.uptime_ms()).c_str(), cluster.devices_size(), alive, cluster.arrays_size(),
               cluster.executables_size());
-  std::printf("\n%-6s %-24s %-6s %-4s %-8s %-24s %-12s %s\n", "DEVICE", "ADDRESS", "STATE", "INC", "BUFFERS",
-              "USED / LIMIT", "BLAS", "UPTIME");
+  std::printf("\n%-6s %-24s %-6s %-4s %-8s %-24s %-8s %-12s %-12s %-8s %s\n", "DEVICE", "ADDRESS", "STATE", "INC",
+              "BUFFERS", "USED / LIMIT", "PROGRAMS", "RUNS (FAIL)", "BLAS", "UPTIME", "LAST ERROR");
   for (const pb::DeviceStatus& d : cluster.devices()) {
     const pb::DeviceInfo& info = d.info();
     const char* state = info.state() == pb::ALIVE ? "alive" : "lost";
     if (d.has_stats()) {
       const pb::WorkerStats& s = d.stats();
-      std::printf("%-6d %-24s %-6s %-4lu %-8ld %-24s %-12s %s\n", info.id(), info.address().c_str(), state,
-                  static_cast<unsigned long>(info.incarnation()), static_cast<long>(s.buffer_count()),
+      const std::string last_error =
+          s.last_error().empty()
+              ? "-"
+              : cut(absl::StrCat(format_uptime(s.last_error_age_ms()), " ago: ", s.last_error()), 80);
+      std::printf("%-6d %-24s %-6s %-4lu %-8ld %-24s %-8ld %-12s %-12s %-8s %s\n", info.id(), info.address().c_str(),
+                  state, static_cast<unsigned long>(info.incarnation()), static_cast<long>(s.buffer_count()),
                   absl::StrCat(format_bytes(s.bytes_used()), " / ", format_bytes(s.memory_limit_bytes())).c_str(),
-                  s.blas_kernel().c_str(), format_uptime(s.uptime_ms()).c_str());
+                  static_cast<long>(s.plans_loaded()), absl::StrCat(s.plan_runs(), " (", s.plan_runs_failed(), ")").c_str(),
+                  s.blas_kernel().c_str(), format_uptime(s.uptime_ms()).c_str(), last_error.c_str());
     } else {
-      std::printf("%-6d %-24s %-6s %-4lu %-8s %-24s %-12s %s\n", info.id(), info.address().c_str(), state,
-                  static_cast<unsigned long>(info.incarnation()), "-",
-                  absl::StrCat("- / ", format_bytes(info.memory_bytes())).c_str(), "-",
-                  d.stats_error().empty() ? "-" : absl::StrCat("(", d.stats_error(), ")").c_str());
+      std::printf("%-6d %-24s %-6s %-4lu %-8s %-24s %-8s %-12s %-12s %-8s %s\n", info.id(), info.address().c_str(),
+                  state, static_cast<unsigned long>(info.incarnation()), "-",
+                  absl::StrCat("- / ", format_bytes(info.memory_bytes())).c_str(), "-", "-", "-", "-",
+                  d.stats_error().empty() ? "-" : cut(absl::StrCat("(stats: ", d.stats_error(), ")"), 80).c_str());
     }
   }
   std::printf("\n%-18s %-8s %-14s %-30s %s\n", "ARRAY", "DTYPE", "SHAPE", "SHARDING", "LOST ON");
@@ -318,28 +343,69 @@ absl::Status status(const std::string& state_path) {
                 static_cast<long>(e.executions()), absl::StrJoin(inputs, " ").c_str(),
                 absl::StrJoin(outputs, " ").c_str());
   }
+}
+
+absl::Status status(const std::string& state_path) {
+  TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
+  TESSERA_ASSIGN_OR_RETURN(pb::ClusterStatus cluster, fetch_status(address));
+  if (absl::GetFlag(FLAGS_json)) {
+    google::protobuf::util::JsonPrintOptions options;
+    options.always_print_primitive_fields = true;
+    options.preserve_proto_field_names = true;
+    std::string json;
+    if (!google::protobuf::util::MessageToJsonString(cluster, &json, options).ok()) {
+      return absl::InternalError("status: cannot print the status as JSON");
+    }
+    std::printf("%s\n", json.c_str());
+    return absl::OkStatus();
+  }
+  print_status(address, cluster);
   return absl::OkStatus();
 }
 
+// `status` again every second, on a cleared screen, until interrupted (or --iterations).
+// A coordinator that does not answer is reported and asked again.
+absl::Status top(const std::string& state_path) {
+  TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
+  const int iterations = absl::GetFlag(FLAGS_iterations);
+  for (int i = 0; iterations <= 0 || i < iterations; ++i) {
+    if (i > 0) absl::SleepFor(absl::Seconds(1));
+    absl::StatusOr<pb::ClusterStatus> cluster = fetch_status(address);
+    std::printf("\x1b[H\x1b[2J");  // home, clear
+    if (cluster.ok()) {
+      print_status(address, *cluster);
+    } else {
+      std::printf("%s\n", cluster.status().ToString().c_str());
+    }
+    std::printf("\n(every 1 s; Ctrl-C to stop)\n");
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
+// grpc.health.v1 Check, as Kubernetes' grpc probes make it.
 absl::Status health() {
   const std::string address = absl::GetFlag(FLAGS_address);
   if (address.empty()) return absl::InvalidArgumentError("health: --address HOST:PORT is required");
+  const std::string service = absl::GetFlag(FLAGS_service);
   const absl::Duration timeout = std::min(absl::Seconds(absl::GetFlag(FLAGS_timeout_s)), kConnectDeadline);
-  std::shared_ptr<grpc::Channel> channel = make_channel(address);
-  // A coordinator answers its own Handshake; a worker answers the Worker one (the other is
-  // UNIMPLEMENTED there).
-  auto coordinator = pb::Coordinator::NewStub(channel);
-  absl::StatusOr<pb::HandshakeReply> reply = handshake(coordinator.get(), address, timeout);
-  if (absl::IsUnimplemented(reply.status())) {
-    auto worker = pb::Worker::NewStub(channel);
-    reply = handshake(worker.get(), address, timeout);
-    // A worker serves before its registration is through; it names its device after.
-    if (reply.ok() && absl::EndsWith(reply->server(), "device -1")) {
-      return absl::UnavailableError(absl::StrCat("health: the worker at ", address, " has not registered yet"));
-    }
+  auto stub = grpc::health::v1::Health::NewStub(make_channel(address));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, timeout);
+  ctx.set_wait_for_ready(true);  // a daemon that has only just started may refuse a first connect
+  TESSERA_RETURN_IF_ERROR(from_grpc(stub->Check(&ctx, req, &reply), absl::StrCat("health: ", address)));
+  const std::string what = service.empty() ? "" : absl::StrCat(" (service '", service, "')");
+  if (reply.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(absl::StrCat(
+        "health: ", address, what, " answers ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status()),
+        service.empty() ? " (a worker that has not registered, or a coordinator with fewer devices alive than its "
+                          "--expected_devices)"
+                        : ""));
   }
-  if (!reply.ok()) return reply.status();
-  std::printf("ok: %s at %s\n", reply->server().c_str(), address.c_str());
+  std::printf("serving: %s%s\n", address.c_str(), what.c_str());
   return absl::OkStatus();
 }
 
@@ -388,6 +454,8 @@ int main(int argc, char** argv) {
     status = tessera::down(state_path);
   } else if (command == "status") {
     status = tessera::status(state_path);
+  } else if (command == "top") {
+    status = tessera::top(state_path);
   } else if (command == "health") {
     status = tessera::health();
   } else if (command == "run-example") {

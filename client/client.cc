@@ -335,7 +335,7 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.memory_limit_bytes(),
                        stats.collective_messages_pending(),
                        stats.blas_kernel(),
-                       stats.plan_count()};
+                       stats.plans_loaded()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

@@ -19,14 +19,20 @@ struct Jitted::State {
   // inputs' types for adopting them again).
   struct Compiled {
     internal::ExecutableRef executable;
-    std::string text;
     std::vector<ArrayType> output_types;
     std::vector<NamedSharding> output_shardings;
+    // What a recompile after a coordinator restart sends again, and what as_text() asks again
+    // (a cache hit there) with a text wanted: compile replies carry none, so their size does
+    // not grow with the program.
     std::shared_ptr<const pb::CompileRequest> request;
     std::vector<std::string> output_specs;  // as the coordinator gave them (serialized)
     std::vector<pb::ArrayInfo> inputs;      // dtype, shape and sharding of each argument
+    std::weak_ptr<internal::ClientImpl> client;  // Jitted does not keep a cluster alive
     std::shared_ptr<const std::vector<pb::ArrayInfo>> outputs;  // the same of each output
   };
+  // The text of `compiled` as `kind` asks (for one device's view: `device`), or a line
+  // naming the error.
+  static std::string text_of(const Compiled& compiled, pb::CompileRequest::Text kind, int device);
   // Traces and compiles the function for `signature` (args' types and shardings), and caches
   // the result under it.
   absl::StatusOr<std::shared_ptr<const Compiled>> compile(const std::string& signature, const Mesh& mesh,
@@ -42,7 +48,7 @@ struct Jitted::State {
 
   absl::Mutex mu;
   std::map<std::string, std::shared_ptr<const Compiled>> compiled ABSL_GUARDED_BY(mu);  // by argument signature
-  std::string last_text ABSL_GUARDED_BY(mu);
+  std::shared_ptr<const Compiled> last ABSL_GUARDED_BY(mu);  // the most recently used signature's
   int64_t compilations ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -53,9 +59,36 @@ Jitted::Jitted(TracedFunction f, JitOptions options) : state_(std::make_shared<S
 
 Jitted jit(TracedFunction f, JitOptions options) { return Jitted(std::move(f), std::move(options)); }
 
+std::string Jitted::State::text_of(const Compiled& compiled, pb::CompileRequest::Text kind, int device) {
+  std::shared_ptr<internal::ClientImpl> client = compiled.client.lock();
+  if (client == nullptr) return "# as_text: the client of this program is gone\n";
+  pb::CompileRequest req = *compiled.request;
+  req.set_text(kind);
+  req.set_text_device(device);
+  pb::CompileReply reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  absl::Status s = from_grpc(client->coordinator()->Compile(&ctx, req, &reply),
+                             absl::StrCat("as_text: coordinator ", client->coordinator_address()));
+  return s.ok() ? reply.text() : absl::StrCat("# ", s.ToString(), "\n");
+}
+
 std::string Jitted::as_text() const {
-  absl::MutexLock lock(&state_->mu);
-  return state_->last_text;
+  std::shared_ptr<const State::Compiled> last;
+  {
+    absl::MutexLock lock(&state_->mu);
+    last = state_->last;
+  }
+  return last == nullptr ? "" : State::text_of(*last, pb::CompileRequest::TEXT_PROGRAM, 0);
+}
+
+std::string Jitted::as_text(int device_id) const {
+  std::shared_ptr<const State::Compiled> last;
+  {
+    absl::MutexLock lock(&state_->mu);
+    last = state_->last;
+  }
+  return last == nullptr ? "" : State::text_of(*last, pb::CompileRequest::TEXT_DEVICE, device_id);
 }
 
 int64_t Jitted::compilations() const {
@@ -120,7 +153,7 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     auto it = state_->compiled.find(signature);
     if (it != state_->compiled.end()) {
       compiled = it->second;
-      state_->last_text = compiled->text;
+      state_->last = compiled;
     }
   }
   internal::ClientImpl& client = *first.client;
@@ -271,7 +304,7 @@ absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::co
                                             " outputs"));
   }
   result->executable = {reply.executable_id(), reply.epoch()};
-  result->text = reply.text();
+  result->client = first.client;
   for (int i = 0; i < reply.output_specs_size(); ++i) {
     result->output_specs.push_back(reply.output_specs(i).SerializeAsString());
     const Node& o = graph.node(graph.outputs()[i]);
@@ -292,7 +325,7 @@ absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::co
   result->outputs = std::move(outputs);
   absl::MutexLock lock(&mu);
   compiled[signature] = result;
-  last_text = reply.text();
+  last = result;
   compilations = reply.compilations();
   return std::shared_ptr<const State::Compiled>(std::move(result));
 }

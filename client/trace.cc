@@ -53,8 +53,8 @@ Value binary(Op op, const Value& x, const Value& y) {
   return t->make(t->graph.add_binary(op, TraceState::id(a), TraceState::id(b)));
 }
 
-// A constant of x's dtype and shape: how a double meets a Value.
-Value like(const Value& x, double value) {
+// A constant of x's dtype and shape: how a scalar meets a Value.
+Value like(const Value& x, Scalar value) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
   return t->make(t->graph.add_constant(x.dtype(), x.shape(), value));
@@ -109,6 +109,7 @@ Value abs(const Value& x) { return unary(Op::kAbs, x); }
 Value exp(const Value& x) { return unary(Op::kExp, x); }
 Value log(const Value& x) { return unary(Op::kLog, x); }
 Value tanh(const Value& x) { return unary(Op::kTanh, x); }
+Value erf(const Value& x) { return unary(Op::kErf, x); }
 Value logistic(const Value& x) { return unary(Op::kLogistic, x); }
 Value sqrt(const Value& x) { return unary(Op::kSqrt, x); }
 Value rsqrt(const Value& x) { return unary(Op::kRsqrt, x); }
@@ -162,7 +163,7 @@ Value weak_float(const Value& x) { return is_floating(x.dtype()) ? x : convert(x
 Value weak_int(const Value& x) { return x.dtype() == DType::kBool ? convert(x, DType::kI32) : x; }
 
 // `a op y` (`y op a` when scalar_first), y a constant of a's dtype and shape.
-Value with_scalar(Op op, const Value& a, double y, bool scalar_first) {
+Value with_scalar(Op op, const Value& a, Scalar y, bool scalar_first) {
   const Value s = like(a, y);
   return scalar_first ? binary(op, s, a) : binary(op, a, s);
 }
@@ -181,7 +182,7 @@ Value operator/(double x, const Value& y) { return with_scalar(Op::kDiv, weak_fl
 Value internal::with_weak_int(Op op, const Value& x, int64_t y, bool scalar_first) {
   // `/` is true division (float32 for integers), as jnp's.
   const Value a = op == Op::kDiv ? weak_float(x) : weak_int(x);
-  return with_scalar(op, a, static_cast<double>(y), scalar_first);
+  return with_scalar(op, a, Scalar(y), scalar_first);
 }
 Value operator==(const Value& x, const Value& y) { return binary(Op::kEq, x, y); }
 Value operator!=(const Value& x, const Value& y) { return binary(Op::kNe, x, y); }

@@ -19,6 +19,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/health.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 
@@ -253,8 +254,13 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     absl::StatusOr<std::shared_ptr<Program>> program = compile(*req);
     if (!program.ok()) return to_grpc(program.status());
     reply->set_executable_id((*program)->id);
-    for (const PartitionSpec& spec : (*program)->exe.output_specs) spec_to_proto(spec, reply->add_output_specs());
-    reply->set_text((*program)->exe.as_text());
+    for (const PartitionSpec& spec : (*program)->exe.output_specs) to_proto(spec, reply->add_output_specs());
+    if (req->text() == pb::CompileRequest::TEXT_PROGRAM) reply->set_text((*program)->exe.as_text());
+    if (req->text() == pb::CompileRequest::TEXT_DEVICE) {
+      absl::StatusOr<std::string> text = (*program)->exe.device_text(req->text_device());
+      if (!text.ok()) return to_grpc(text.status());
+      reply->set_text(*std::move(text));
+    }
     reply->set_epoch(registry_.epoch());
     absl::MutexLock lock(&programs_mu_);
     reply->set_compilations(compilations_);
@@ -375,8 +381,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       pb::ExecutableInfo* info = reply->add_executables();
       info->set_executable_id(id);
       tessera::to_proto(program->exe.mesh, info->mutable_mesh());
-      for (const PartitionSpec& spec : program->exe.input_specs) spec_to_proto(spec, info->add_input_specs());
-      for (const PartitionSpec& spec : program->exe.output_specs) spec_to_proto(spec, info->add_output_specs());
+      for (const PartitionSpec& spec : program->exe.input_specs) to_proto(spec, info->add_input_specs());
+      for (const PartitionSpec& spec : program->exe.output_specs) to_proto(spec, info->add_output_specs());
       info->set_graph_nodes(static_cast<int64_t>(program->graph.size()));
       info->set_executions(program->executions.load());
     }
@@ -390,7 +396,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // know it under an old address (an address changes only with a new incarnation).
   struct Program {
     Program(Graph g, Executable e) : graph(std::move(g)), exe(std::move(e)) {
-      for (const DevicePlan& plan : exe.plans) op_span = std::max<uint64_t>(op_span, plan.code.size());
+      // Each device resolves the one program into a plan of as many instructions.
+      op_span = std::max<uint64_t>(op_span, exe.program.code.size());
     }
     uint64_t id = 0;
     Graph graph;
@@ -472,18 +479,6 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                                                       " when that worker restarted; put the array again"));
   }
 
-  static void spec_to_proto(const PartitionSpec& spec, pb::PartitionSpec* out) {
-    for (const Axes& axes : spec.dims()) {
-      auto* dim = out->add_dims();
-      for (const std::string& a : axes) dim->add_axes(a);
-    }
-  }
-  static PartitionSpec spec_from_proto(const pb::PartitionSpec& spec) {
-    std::vector<Axes> dims;
-    for (const auto& d : spec.dims()) dims.emplace_back(d.axes().begin(), d.axes().end());
-    return PartitionSpec(std::move(dims));
-  }
-
   absl::StatusOr<std::shared_ptr<Program>> compile(const pb::CompileRequest& req) {
     TESSERA_ASSIGN_OR_RETURN(Graph graph, graph_from_proto(req.graph()));
     TESSERA_ASSIGN_OR_RETURN(Mesh mesh, mesh_from_proto(req.mesh()));
@@ -508,11 +503,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                                                        inputs.size(), " inputs or is named twice"));
       }
     }
-    std::string key =
-        absl::StrCat(graph.fingerprint(), "|", mesh.to_string(), "|", absl::StrJoin(mesh.device_ids(), ","));
-    for (const PartitionSpec& s : inputs) absl::StrAppend(&key, "|", s.to_string());
-    for (const auto& s : outputs) absl::StrAppend(&key, "|", s ? s->to_string() : "auto");
-    absl::StrAppend(&key, "|donated:", absl::StrJoin(donated, ","));
+    // The whole request, byte for byte: a lookup compares it all, never just a hash.
+    std::string key = compile_key(graph, mesh, inputs, outputs, donated);
     {
       absl::MutexLock lock(&programs_mu_);
       auto it = cache_.find(key);
@@ -526,7 +518,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     if (it != cache_.end()) return hold_locked(programs_[it->second], req.session_id());  // compiled concurrently
     program->id = registry_.ids().next();
     ++compilations_;
-    cache_[key] = program->id;
+    cache_[std::move(key)] = program->id;
     programs_[program->id] = program;
     return hold_locked(program, req.session_id());
   }
@@ -705,14 +697,17 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     const std::vector<pb::PeerAddress>& peers = members.peers;
     const std::vector<int> missing = missing_plans(program, members);
     if (missing.empty()) return absl::OkStatus();
-    std::vector<pb::LoadPlanRequest> requests(missing.size());
     std::vector<pb::LoadPlanReply> replies(missing.size());
     std::vector<WorkerChannel*> targets;
     Members target;
+    // One program for every device (each resolves it for its position): encoded once, and
+    // every call reads the same request.
+    pb::LoadPlanRequest request;
+    request.set_plan_id(program.id);
+    tessera::to_proto(program.exe.program, request.mutable_plan());
+    tessera::to_proto(program.exe.mesh, request.mutable_mesh());
+    for (const pb::PeerAddress& p : peers) *request.add_peers() = p;
     for (size_t m = 0; m < missing.size(); ++m) {
-      requests[m].set_plan_id(program.id);
-      tessera::to_proto(program.exe.plans[missing[m]], requests[m].mutable_plan());
-      for (const pb::PeerAddress& p : peers) *requests[m].add_peers() = p;
       targets.push_back(workers[missing[m]]);
       target.peers.push_back(peers[missing[m]]);
       target.incarnations.push_back(members.incarnations[missing[m]]);
@@ -720,7 +715,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     std::vector<grpc::Status> statuses = fan_out(
         targets, kControlDeadline,
         [&](int m, grpc::ClientContext* ctx, auto done) {
-          targets[m]->stub->async()->LoadPlan(ctx, &requests[m], &replies[m], std::move(done));
+          targets[m]->stub->async()->LoadPlan(ctx, &request, &replies[m], std::move(done));
         },
         absl::InfiniteDuration(), &target);
     TESSERA_RETURN_IF_ERROR(first_failure(statuses, target.peers, "load plan"));
@@ -995,9 +990,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       unused.push_back(it->second);
       it = programs_.erase(it);
     }
-    for (auto it = cache_.begin(); it != cache_.end();) {
-      it = programs_.count(it->second) == 0 ? cache_.erase(it) : std::next(it);
-    }
+    absl::erase_if(cache_, [&](const auto& entry) { return programs_.count(entry.second) == 0; });
     return unused;
   }
 
@@ -1047,7 +1040,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   std::string address_;  // set once, right after the port is bound and before it is announced
 
   absl::Mutex programs_mu_;
-  std::map<std::string, uint64_t> cache_ ABSL_GUARDED_BY(programs_mu_);
+  absl::flat_hash_map<std::string, uint64_t> cache_ ABSL_GUARDED_BY(programs_mu_);  // compile_key -> id
   std::map<uint64_t, std::shared_ptr<Program>> programs_ ABSL_GUARDED_BY(programs_mu_);
   int64_t compilations_ ABSL_GUARDED_BY(programs_mu_) = 0;
 
@@ -1070,11 +1063,13 @@ class CoordinatorServerImpl final : public CoordinatorServer {
                              &port_);
     configure_server(&builder);
     builder.RegisterService(&service_);
+    builder.RegisterService(health_.service());
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
       return absl::UnavailableError(
           absl::StrCat("tessera-coordinator: cannot listen on ", options_.host, ":", options_.port));
     }
+    update_health();
     service_.set_address(address());
     monitor_ = std::thread([this] { monitor_loop(); });
     // Lapsed leases are reaped at a tenth of the lease (at most every second), off the monitor:
@@ -1093,6 +1088,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   void shutdown() override {
     // The server first: its pending Executes end by their deadlines, which the monitor
     // enforces, so it stops only after them.
+    health_.set_ready(false);
     if (server_ != nullptr) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
       server_->Wait();
@@ -1116,11 +1112,23 @@ class CoordinatorServerImpl final : public CoordinatorServer {
                      absl::FormatDuration(options_.heartbeat_timeout).c_str());
       }
       service_.watch_executions();
+      update_health();
     }
+  }
+
+  // Ready while the expected devices are alive; a change is logged.
+  void update_health() {
+    const bool ready = service_.registry().wait_for_alive(options_.expected_devices, absl::ZeroDuration());
+    if (ready != health_.ready() && options_.log_registrations && options_.expected_devices > 0) {
+      std::fprintf(stderr, "tessera-coordinator: %s: %s %d devices alive (--expected_devices)\n",
+                   ready ? "ready" : "not ready", ready ? "at least" : "fewer than", options_.expected_devices);
+    }
+    health_.set_ready(ready);
   }
 
   const CoordinatorOptions options_;
   CoordinatorService service_;
+  HealthService health_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Notification stopping_;
@@ -1139,6 +1147,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::start(cons
     return absl::InvalidArgumentError(absl::StrCat(
         "tessera-coordinator: heartbeat_timeout (", absl::FormatDuration(options.heartbeat_timeout),
         ") must exceed a positive heartbeat_interval (", absl::FormatDuration(options.heartbeat_interval), ")"));
+  }
+  if (options.expected_devices < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tessera-coordinator: expected_devices must not be negative, got ", options.expected_devices));
   }
   auto server = std::make_unique<CoordinatorServerImpl>(options);
   TESSERA_RETURN_IF_ERROR(server->init());

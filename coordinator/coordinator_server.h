@@ -27,6 +27,9 @@ struct CoordinatorOptions {
   // A client session not renewed for this long lapses: its arrays and programs are freed on
   // every worker (as are buffers of an earlier coordinator incarnation nobody adopts).
   absl::Duration lease_timeout = absl::Seconds(30);
+  // grpc.health.v1 (proto/health.h) answers SERVING for "" while at least this many devices
+  // are alive (checked at every monitor tick).
+  int expected_devices = 0;
 };
 
 class CoordinatorServer {

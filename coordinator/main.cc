@@ -20,6 +20,10 @@ ABSL_FLAG(int64_t, lease_timeout_ms, 30000,
           "a client session not renewed this long (the client died) lapses, and its arrays and programs are "
           "freed on every worker (env TESSERA_COORDINATOR_LEASE_TIMEOUT_MS)");
 
+ABSL_FLAG(int, expected_devices, 0,
+          "grpc.health.v1 reports SERVING (ready) while at least this many devices are alive; 0: once serving "
+          "(env TESSERA_COORDINATOR_EXPECTED_DEVICES)");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Tessera coordinator daemon: device registry, topology and array metadata, compilation and execution.\n"
@@ -31,7 +35,8 @@ int main(int argc, char** argv) {
                         {"port", "TESSERA_COORDINATOR_PORT"},
                         {"heartbeat_interval_ms", "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS"},
                         {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"},
-                        {"lease_timeout_ms", "TESSERA_COORDINATOR_LEASE_TIMEOUT_MS"}});
+                        {"lease_timeout_ms", "TESSERA_COORDINATOR_LEASE_TIMEOUT_MS"},
+                        {"expected_devices", "TESSERA_COORDINATOR_EXPECTED_DEVICES"}});
   tessera::block_termination_signals();
 
   tessera::CoordinatorOptions options;
@@ -41,6 +46,7 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
   options.log_registrations = true;
+  options.expected_devices = absl::GetFlag(FLAGS_expected_devices);
 
   auto server = tessera::CoordinatorServer::start(options);
   if (!server.ok()) {

@@ -1,7 +1,9 @@
 #include "core/daemon.h"
 
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -10,6 +12,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
@@ -36,6 +39,42 @@ int wait_for_termination_signal() {
   int sig = 0;
   sigwait(&set, &sig);
   return sig;
+}
+
+int wait_for_termination_signal_for(absl::Duration timeout) {
+  sigset_t set = termination_signals();
+  const struct timespec wait = absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
+  const int sig = sigtimedwait(&set, nullptr, &wait);
+  return sig > 0 ? sig : 0;
+}
+
+absl::StatusOr<int> device_id_from_environment(const std::string& source) {
+  std::string where, text;
+  if (source == "ordinal") {
+    const std::string pod = env_or("POD_NAME", env_or("HOSTNAME", ""));
+    std::string name = pod;
+    if (name.empty()) {
+      char host[256] = {};
+      if (gethostname(host, sizeof(host) - 1) == 0) name = host;
+    }
+    where = pod.empty() ? absl::StrCat("the host name '", name, "'") : absl::StrCat("the pod name '", name, "'");
+    const size_t dash = name.rfind('-');
+    text = dash == std::string::npos ? "" : name.substr(dash + 1);
+  } else if (source == "job_index") {
+    text = env_or("JOB_COMPLETION_INDEX", "");
+    where = absl::StrCat("$JOB_COMPLETION_INDEX='", text, "'");
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_id_from: '", source, "' is neither 'ordinal' nor 'job_index'"));
+  }
+  int id = -1;
+  if (text.empty() || !absl::SimpleAtoi(text, &id) || id < 0 || text[0] == '+') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_id_from=", source, ": ", where,
+        source == "ordinal" ? " does not end in '-N' with N a device id" : " is not a device id",
+        " (an integer from 0 to 2^31-1)"));
+  }
+  return id;
 }
 
 std::string env_or(const char* name, const std::string& fallback) {

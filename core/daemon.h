@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace tessera {
 
@@ -23,6 +25,20 @@ void block_termination_signals();
 
 // Waits for SIGINT or SIGTERM; returns the signal number.
 int wait_for_termination_signal();
+
+// Waits at most `timeout` for SIGINT or SIGTERM; returns the signal number, or 0 if none came.
+// (While a thread waits here the kernel hands it the signal; a thread that merely blocks it
+// may see it go to a thread started before block_termination_signals, such as OpenBLAS's,
+// which then dies of it.)
+int wait_for_termination_signal_for(absl::Duration timeout);
+
+// A device id from the environment that Kubernetes gives a pod. `source`:
+//   "ordinal"    the number after the last '-' of the pod's name: $POD_NAME, else $HOSTNAME,
+//                else gethostname() (a StatefulSet names its pods NAME-0, NAME-1, ...)
+//   "job_index"  $JOB_COMPLETION_INDEX (an Indexed Job's pods)
+// INVALID_ARGUMENT naming the source, the variable and its value when there is no such
+// number (or it is negative or too large), or for any other source.
+absl::StatusOr<int> device_id_from_environment(const std::string& source);
 
 // The value of environment variable `name`, or `fallback` when unset or empty.
 std::string env_or(const char* name, const std::string& fallback);

@@ -1,5 +1,5 @@
-// Graph: the traced program jit compiles — typed nodes of a small op set, each with its
-// dtype and shape inferred when it is added.
+// Graph: the traced program jit compiles — typed nodes of the ops of core/op.h, each with its
+// dtype and shape inferred by its op's type rule when it is added.
 //
 // Nodes are numbered in the order they are added, so operands always come first (the graph
 // is in topological order by construction). Every add_* returns the new node's id, or
@@ -24,91 +24,12 @@
 #include "absl/status/statusor.h"
 #include "core/collective.h"
 #include "core/dtype.h"
+#include "core/op.h"
+#include "core/scalar.h"
 #include "core/shape.h"
 #include "core/sharding.h"
 
 namespace tessera {
-
-enum class Op : uint8_t {
-  kParameter,
-  kConstant,  // a full array of one value
-  kIota,
-  // Unary, elementwise.
-  kNeg,
-  kAbs,
-  kExp,
-  kLog,
-  kTanh,
-  kLogistic,
-  kSqrt,
-  kRsqrt,
-  kSin,
-  kCos,
-  kFloor,
-  kCeil,
-  kSign,
-  kNot,
-  // Binary, elementwise, on operands of one shape (tracing broadcasts first).
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kPow,
-  kMax,
-  kMin,
-  kAnd,
-  kOr,
-  // Comparisons: bool results.
-  kEq,
-  kNe,
-  kLt,
-  kLe,
-  kGt,
-  kGe,
-  kSelect,
-  kConvert,
-  kBroadcastInDim,
-  kReshape,
-  kTranspose,
-  kReduceSum,
-  kReduceMax,
-  kReduceMin,
-  kReduceProd,
-  kArgmax,
-  kDotGeneral,
-  kSlice,
-  kConcatenate,
-  kShardingConstraint,
-  // shard_map (explicit per-device code). A body runs on every device on its own block:
-  // shard_map_in takes a global value to this device's block of `sharding` (the in_spec);
-  // shard_map_out makes body values (one block per device) a global value laid out by
-  // `sharding` (the out_spec). Between them values have block shapes, and these collectives
-  // run over the replica groups of mesh `axes` (core/collective.h):
-  kShardMapIn,
-  kShardMapOut,
-  kAllReduce,          // psum, pmax, pmin: index = ReduceOp
-  kAllGather,          // dims = {dimension}, tiled
-  kReduceScatter,      // dims = {dimension}, tiled; index = ReduceOp
-  kAllToAll,           // dims = {split, concat}, tiled
-  kCollectivePermute,  // dims = {source0, target0, source1, ...}: positions along `axes`
-  kAxisIndex,          // i32 scalar: this device's position along `axes`
-  // Operand 0 laid out as operand 1 is (whole): gradients take their parameter's sharding.
-  kShardingAs,
-};
-// The last Op: what the wire checks an op number against (graph.cc asserts it names them all).
-inline constexpr Op kLastOp = Op::kShardingAs;
-
-// The op's name as it prints: "tanh", "dot_general", ...; "unknown" for a value outside the
-// enum.
-std::string op_name(Op op);
-
-// The op families: kNeg ... kNot, kAdd ... kGe, kEq ... kGe, kReduceSum ... kReduceProd.
-bool is_unary(Op op);
-bool is_binary(Op op);
-bool is_comparison(Op op);
-bool is_reduction(Op op);
-// The collectives of a shard_map body (kAllReduce ... kCollectivePermute).
-bool is_manual_collective(Op op);
 
 // dot_general's dimension numbers, as lax.dot_general: batch dimensions pair up, contracting
 // dimensions are summed over. The result is batch, then lhs free, then rhs free dimensions.
@@ -131,13 +52,14 @@ struct Node {
   DType dtype = DType::kF32;
   Shape shape;
   std::vector<int> operands;
-  // Attributes, by op:
+  // Attributes, by op (each op's OpDef::attrs lists those it reads; the wire carries only
+  // those):
   //   parameter: index; constant: value; iota: dims = {dimension};
   //   broadcast_in_dim: dims[i] = result dimension of operand dimension i;
   //   transpose: dims = permutation; reductions: dims = axes; argmax: dims = {axis};
   //   slice: dims = start, limits = limit; concatenate: dims = {axis}.
   int64_t index = 0;
-  double value = 0;
+  Scalar value;  // exact: integers as int64, floats bit for bit
   std::vector<int64_t> dims;
   std::vector<int64_t> limits;
   DotDims dot;
@@ -145,20 +67,24 @@ struct Node {
   std::vector<std::string> axes;          // shard_map collectives and axis_index: mesh axes
 };
 
-// What a shard_map collective node runs on the workers: kind, reduce op, dimensions and the
-// replica groups of its axes (a permute: the (source, target) device pairs of every group).
-// INVALID_ARGUMENT if the node is not one, or its axes are not in its mesh. An implementation
-// detail of the compiler and workers, not needed by applications.
-absl::StatusOr<CollectiveSpec> collective_of(const Node& n);
+// A shard_map collective node's kind, reduce op and dimensions (no groups: they come from its
+// axes, and a permute's pairs from its positions, when each device resolves the program).
+// REQUIRES: has_trait(n.op, kCollective). An implementation detail of the compiler.
+CollectiveSpec collective_of(const Node& n);
 
 class Graph {
  public:
   // Parameters are numbered in the order they are added. Never fails.
   // REQUIRES: validate_shape(shape, dtype_size(dtype), ...) is OK.
   int add_parameter(DType dtype, Shape shape);
-  // A full array of `value` (converted to dtype when run); iota counts along `dimension`
-  // (in range; not bool).
-  absl::StatusOr<int> add_constant(DType dtype, Shape shape, double value);
+  // Any node: the op's type rule (core/op.h) gives its dtype and shape (those the op reads
+  // as attributes, kAttrShape/kAttrDType, it keeps); a parameter gets the next index and a
+  // reduction's axes are sorted. The errors of infer_type, and for an operand id that is not
+  // a node. Every add_* below builds a node and adds it here, as graph_from_proto does.
+  absl::StatusOr<int> add_node(Node node);
+  // A full array of `value` (converted to dtype when run, as convert does); iota counts
+  // along `dimension` (in range; not bool).
+  absl::StatusOr<int> add_constant(DType dtype, Shape shape, Scalar value);
   absl::StatusOr<int> add_iota(DType dtype, Shape shape, int64_t dimension);
   // Unary ops keep dtype and shape; kNot needs bool or an integer (bitwise on integers),
   // kNeg/kAbs/kSign a numeric dtype (not bool), the others float32 or float64.
@@ -220,12 +146,9 @@ class Graph {
   //   ROOT (%3)
   std::string to_text() const;
 
-  // A stable hash of to_text() (FNV-1a): equal graphs have equal fingerprints, in any process.
-  uint64_t fingerprint() const;
 
  private:
-  absl::Status check_operand(int id, const char* op) const;
-  int add(Node node);
+  absl::Status check_operand(int id, const std::string& op) const;
 
   std::vector<Node> nodes_;
   std::vector<int> parameters_;

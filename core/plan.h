@@ -1,16 +1,26 @@
-// DevicePlan: what one device runs for a compiled program — a linear list of instructions
-// over numbered buffer slots (local kernels, collectives, local slices, frees). The
-// coordinator's partitioner writes plans; the worker's interpreter runs them.
+// DevicePlan: a compiled program as a linear list of instructions over numbered buffer slots
+// (local kernels, collectives, local slices, frees).
 //
-//   for (const Instruction& i : plan.code) {
+// The partitioner writes ONE plan for all devices of a mesh, in SPMD form: whatever depends on
+// a device's position is said symbolically — a collective names its mesh axes (and a
+// shard_map permute its positions along them), a local slice or a permute between layouts
+// names the two layouts, axis_index stays an op — so its size and the time to make it do not
+// grow with the number of devices. Each worker resolves it for its own device once, when the
+// plan is loaded, into the plan its interpreter runs (device ids, slice offsets, pairs):
+//
+//   absl::StatusOr<DevicePlan> mine = resolve(program, mesh, /*device_id=*/5);
+//   for (const Instruction& i : mine->code) {
 //     if (i.kind == Instruction::Kind::kKernel) slots[i.out] = run_kernel(i.node, inputs(i.in));
 //     ...
 //   }
 #ifndef TESSERA_CORE_PLAN_H_
 #define TESSERA_CORE_PLAN_H_
 
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "core/collective.h"
 #include "core/graph.h"
@@ -24,13 +34,27 @@ struct Instruction {
   int out = -1;         // slot written (not for kFree)
   std::vector<int> in;  // slots read (kFree: the slot freed)
   Node node;            // kKernel: the op on local shapes; otherwise the result's dtype and shape
-  CollectiveSpec collective;
-  Index slice;        // kLocalSlice: the block of the input this device keeps
-  std::string cause;  // the graph op that needed this instruction, e.g. "%3 = tanh" (not sent)
+  CollectiveSpec collective;  // kCollective: kind, reduce op, dimensions; groups and pairs once resolved
+  Index slice;                // kLocalSlice, resolved: the block of the input this device keeps
+  std::string cause;          // the graph op that needed this instruction, e.g. "%3 = tanh" (not sent)
+  int value = -1;             // the graph node whose value it computes or moves, -1 if none (not sent)
+
+  // The SPMD form, which resolve() replaces by device ids and offsets:
+  //   kCollective: replica groups of mesh `axes`; a shard_map permute also (source, target)
+  //     `positions` along them, in pairs; a permute between layouts `relayout` instead.
+  //   kLocalSlice: `relayout` (the block this device keeps under `to` of the one it holds).
+  //   kKernel axis_index: this device's position along `axes`, an i32 constant.
+  struct Relayout {
+    Shape shape;  // the value's global shape
+    PartitionSpec from, to;
+  };
+  std::vector<std::string> axes;
+  std::vector<int64_t> positions;
+  std::optional<Relayout> relayout;
 };
 
 struct DevicePlan {
-  int device = 0;
+  int device = -1;  // -1 in SPMD form
   int num_slots = 0;
   std::vector<int> input_slots;  // slot of each parameter's local shard
   // Inputs (positions in input_slots) the caller gives up (jit's donate_argnums): the plan
@@ -39,6 +63,28 @@ struct DevicePlan {
   std::vector<int> output_slots;  // slot of each output's local shard
   std::vector<Instruction> code;
 };
+
+// The plan `device_id` runs: `program` (in SPMD form) with every symbolic instruction
+// resolved on `mesh` for that device. NOT_FOUND when the device is not in the mesh;
+// INVALID_ARGUMENT naming the instruction when a symbolic part does not fit the mesh (an
+// unknown axis, a position outside the axes, a layout that does not fit the shape) or the
+// resolved collective breaks validate_collective's rules.
+absl::StatusOr<DevicePlan> resolve(const DevicePlan& program, const Mesh& mesh, int device_id);
+
+// The bytes one device receives for collective `i` of a program on `mesh`, by the algorithms'
+// own accounting (nccl-tests' convention, with S the result's bytes on the device and n the
+// devices of its replica groups): all_reduce 2(n-1)/n S, all_gather (n-1)/n S, reduce_scatter
+// (n-1) S (its input is n S), all_to_all (n-1)/n S, a permute S (an upper bound: a device that
+// keeps its block moves nothing). 0 for anything that is not a collective.
+int64_t collective_bytes_per_device(const Instruction& i, const Mesh& mesh);
+// The sum over the program's collectives.
+int64_t collective_bytes_per_device(const DevicePlan& program, const Mesh& mesh);
+
+// One instruction per line, collectives annotated with their cause; for a program in SPMD form
+// the symbolic parts ("axes=('model',)", "P() -> P('data', None)"), for a resolved plan the
+// groups and slices; each collective with the bytes a device receives for it
+// (collective_bytes_per_device on `mesh`). `header` starts the text ("device 3:").
+std::string plan_to_text(const DevicePlan& plan, const Mesh& mesh, const std::string& header);
 
 }  // namespace tessera
 

@@ -1,11 +1,28 @@
 #include "core/wire.h"
 
 #include "absl/algorithm/container.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "proto/tessera.pb.h"
 
 namespace tessera {
+namespace {
+
+// The same fields in the same order give the same bytes in every process (our messages have
+// no maps, and doubles are written as their 8 bytes).
+std::string deterministic_bytes(const google::protobuf::MessageLite& message) {
+  std::string bytes;
+  google::protobuf::io::StringOutputStream stream(&bytes);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  message.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return bytes;
+}
+
+}  // namespace
 
 pb::DType to_proto(DType dtype) {
   switch (dtype) {
@@ -56,28 +73,58 @@ absl::StatusOr<Shape> shape_from_proto(const pb::Shape& shape, DType dtype) {
 void to_proto(const Mesh& mesh, pb::Mesh* out) {
   out->mutable_shape()->Assign(mesh.shape().begin(), mesh.shape().end());
   for (const std::string& name : mesh.axis_names()) out->add_axis_names(name);
-  out->mutable_device_ids()->Assign(mesh.device_ids().begin(), mesh.device_ids().end());
+  const std::vector<int>& ids = mesh.device_ids();
+  bool in_order = true;
+  for (size_t i = 0; i < ids.size() && in_order; ++i) in_order = ids[i] == static_cast<int>(i);
+  if (in_order) {
+    out->set_device_ids_in_order(true);
+  } else {
+    out->mutable_device_ids()->Assign(ids.begin(), ids.end());
+  }
 }
 
 absl::StatusOr<Mesh> mesh_from_proto(const pb::Mesh& mesh) {
+  std::vector<int> ids(mesh.device_ids().begin(), mesh.device_ids().end());
+  if (mesh.device_ids_in_order()) {
+    constexpr int64_t kMaxDevices = 1 << 20;
+    if (!ids.empty()) {
+      return absl::InvalidArgumentError("mesh: device_ids_in_order is set but device_ids are listed too");
+    }
+    int64_t n = 1;
+    for (int64_t d : mesh.shape()) {
+      if (d < 1 || d > kMaxDevices || n * d > kMaxDevices) {
+        return absl::InvalidArgumentError(absl::StrCat("mesh: a shape with dimension ", d, " is out of range (at most ",
+                                                       kMaxDevices, " devices, each dimension at least 1)"));
+      }
+      n *= d;
+    }
+    for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int>(i));
+  }
   return Mesh::create(std::vector<int64_t>(mesh.shape().begin(), mesh.shape().end()),
-                      std::vector<std::string>(mesh.axis_names().begin(), mesh.axis_names().end()),
-                      std::vector<int>(mesh.device_ids().begin(), mesh.device_ids().end()));
+                      std::vector<std::string>(mesh.axis_names().begin(), mesh.axis_names().end()), std::move(ids));
 }
 
-void to_proto(const NamedSharding& sharding, pb::NamedSharding* out) {
-  to_proto(sharding.mesh(), out->mutable_mesh());
-  for (const Axes& axes : sharding.spec().dims()) {
-    auto* dim = out->mutable_spec()->add_dims();
+void to_proto(const PartitionSpec& spec, pb::PartitionSpec* out) {
+  for (const Axes& axes : spec.dims()) {
+    auto* dim = out->add_dims();
     for (const std::string& axis : axes) dim->add_axes(axis);
   }
 }
 
+PartitionSpec spec_from_proto(const pb::PartitionSpec& spec) {
+  std::vector<Axes> dims;
+  for (const auto& dim : spec.dims()) dims.emplace_back(dim.axes().begin(), dim.axes().end());
+  return PartitionSpec(std::move(dims));
+}
+
+void to_proto(const NamedSharding& sharding, pb::NamedSharding* out) {
+  to_proto(sharding.mesh(), out->mutable_mesh());
+  to_proto(sharding.spec(), out->mutable_spec());
+}
+
 absl::StatusOr<NamedSharding> sharding_from_proto(const pb::NamedSharding& sharding) {
   TESSERA_ASSIGN_OR_RETURN(Mesh mesh, mesh_from_proto(sharding.mesh()));
-  std::vector<Axes> dims;
-  for (const auto& dim : sharding.spec().dims()) dims.emplace_back(dim.axes().begin(), dim.axes().end());
-  NamedSharding out(std::move(mesh), PartitionSpec(std::move(dims)));
+  NamedSharding out(std::move(mesh), spec_from_proto(sharding.spec()));
   TESSERA_RETURN_IF_ERROR(out.validate_spec());
   return out;
 }
@@ -118,7 +165,11 @@ void to_proto(const CollectiveSpec& spec, pb::CollectiveSpec* out) {
   out->set_root(spec.root);
 }
 
-absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& spec) {
+namespace {
+
+// The spec's fields, checked only for known enum values (a program's collectives have no
+// groups until a device resolves them).
+absl::StatusOr<CollectiveSpec> decode_collective(const pb::CollectiveSpec& spec) {
   CollectiveSpec out;
   bool kind_known = false;
   for (const auto& [kind, wire] : kKinds) {
@@ -147,27 +198,75 @@ absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& s
   out.concat_dimension = spec.concat_dimension();
   for (const pb::SourceTarget& pair : spec.pairs()) out.pairs.emplace_back(pair.source(), pair.target());
   out.root = spec.root();
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& spec) {
+  TESSERA_ASSIGN_OR_RETURN(CollectiveSpec out, decode_collective(spec));
   TESSERA_RETURN_IF_ERROR(validate_collective(out));
   return out;
 }
 
 namespace {
 
+// Writes what the op reads (OpDef::attrs), its type and its wire number. Plan instructions
+// other than kernels carry only a result type (their node's op is kParameter's default).
 void node_to_proto(const Node& node, pb::KernelNode* n) {
-  n->set_op(static_cast<int>(node.op));
+  const OpDef& def = op_def(node.op);
+  n->set_op(def.wire);
   n->set_dtype(to_proto(node.dtype));
   to_proto(node.shape, n->mutable_shape());
-  n->set_index(node.index);
-  n->set_value(node.value);
-  n->mutable_dims()->Assign(node.dims.begin(), node.dims.end());
-  n->mutable_limits()->Assign(node.limits.begin(), node.limits.end());
-  n->mutable_lhs_batch()->Assign(node.dot.lhs_batch.begin(), node.dot.lhs_batch.end());
-  n->mutable_rhs_batch()->Assign(node.dot.rhs_batch.begin(), node.dot.rhs_batch.end());
-  n->mutable_lhs_contracting()->Assign(node.dot.lhs_contracting.begin(), node.dot.lhs_contracting.end());
-  n->mutable_rhs_contracting()->Assign(node.dot.rhs_contracting.begin(), node.dot.rhs_contracting.end());
+  if (def.attrs & (kAttrIndex | kAttrReduceOp)) n->set_index(node.index);
+  if (def.attrs & kAttrValue) {
+    if (node.value.is_integer()) {
+      n->set_int_value(node.value.int_value());
+    } else {
+      n->set_value(node.value.float_value());
+    }
+  }
+  if (def.attrs & kAttrDims) n->mutable_dims()->Assign(node.dims.begin(), node.dims.end());
+  if (def.attrs & kAttrLimits) n->mutable_limits()->Assign(node.limits.begin(), node.limits.end());
+  if (def.attrs & kAttrDot) {
+    n->mutable_lhs_batch()->Assign(node.dot.lhs_batch.begin(), node.dot.lhs_batch.end());
+    n->mutable_rhs_batch()->Assign(node.dot.rhs_batch.begin(), node.dot.rhs_batch.end());
+    n->mutable_lhs_contracting()->Assign(node.dot.lhs_contracting.begin(), node.dot.lhs_contracting.end());
+    n->mutable_rhs_contracting()->Assign(node.dot.rhs_contracting.begin(), node.dot.rhs_contracting.end());
+  }
 }
 
 std::vector<int64_t> v(const google::protobuf::RepeatedField<int64_t>& r) { return {r.begin(), r.end()}; }
+
+Scalar scalar_from_proto(const pb::KernelNode& n) {
+  if (n.scalar_case() == pb::KernelNode::kIntValue) return Scalar(n.int_value());
+  return Scalar(n.value());
+}
+
+// The op and the attributes it reads, from the wire (the type rule checks them). `where`
+// prefixes errors.
+absl::StatusOr<Node> node_from_proto(const pb::KernelNode& n, const std::string& where) {
+  absl::StatusOr<Op> op = op_from_wire(n.op());
+  if (!op.ok()) return absl::InvalidArgumentError(absl::StrCat(where, " has ", op.status().message()));
+  Node out;
+  out.op = *op;
+  const uint32_t attrs = op_def(out.op).attrs;
+  TESSERA_ASSIGN_OR_RETURN(out.dtype, dtype_from_proto(n.dtype()));
+  TESSERA_ASSIGN_OR_RETURN(out.shape, shape_from_proto(n.shape(), out.dtype));
+  if (attrs & kAttrReduceOp) {
+    if (n.index() < 0 || n.index() > static_cast<int64_t>(ReduceOp::kProd)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " has unknown reduce op ", n.index()));
+    }
+    out.index = n.index();
+  }
+  if (attrs & kAttrValue) out.value = scalar_from_proto(n);
+  if (attrs & kAttrDims) out.dims = v(n.dims());
+  if (attrs & kAttrLimits) out.limits = v(n.limits());
+  if (attrs & kAttrDot) {
+    out.dot = DotDims{v(n.lhs_batch()), v(n.rhs_batch()), v(n.lhs_contracting()), v(n.rhs_contracting())};
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -176,8 +275,9 @@ void to_proto(const Graph& graph, pb::Graph* out) {
     pb::GraphNode* n = out->add_nodes();
     node_to_proto(node, n->mutable_node());
     n->mutable_operands()->Assign(node.operands.begin(), node.operands.end());
-    if (node.sharding.has_value()) to_proto(*node.sharding, n->mutable_sharding());
-    n->mutable_axes()->Assign(node.axes.begin(), node.axes.end());
+    const uint32_t attrs = op_def(node.op).attrs;
+    if ((attrs & kAttrSharding) && node.sharding.has_value()) to_proto(*node.sharding, n->mutable_sharding());
+    if (attrs & kAttrAxes) n->mutable_axes()->Assign(node.axes.begin(), node.axes.end());
   }
   out->mutable_outputs()->Assign(graph.outputs().begin(), graph.outputs().end());
 }
@@ -191,107 +291,71 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
   Graph g;
   for (int id = 0; id < graph.nodes_size(); ++id) {
     const pb::GraphNode& w = graph.nodes(id);
-    const pb::KernelNode& n = w.node();
-    if (n.op() < 0 || n.op() > static_cast<int>(kLastOp)) {
-      return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " has unknown op ", n.op()));
-    }
-    const Op op = static_cast<Op>(n.op());
-    const std::vector<int> in(w.operands().begin(), w.operands().end());
-    auto operand = [&](size_t k) { return k < in.size() ? in[k] : -1; };
-    TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(n.dtype()));
-    absl::StatusOr<int> added = absl::InvalidArgumentError("unreachable");
-    if (op == Op::kParameter) {
-      TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
-      added = g.add_parameter(dtype, shape);
-    } else if (op == Op::kConstant || op == Op::kIota) {
-      TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
-      added = op == Op::kConstant ? g.add_constant(dtype, shape, n.value())
-                                  : g.add_iota(dtype, shape, n.dims_size() == 1 ? n.dims(0) : -1);
-    } else if (is_unary(op)) {
-      added = g.add_unary(op, operand(0));
-    } else if (is_binary(op)) {
-      added = g.add_binary(op, operand(0), operand(1));
-    } else if (is_reduction(op)) {
-      added = g.add_reduce(op, operand(0), v(n.dims()));
-    } else {
-      switch (op) {
-        case Op::kSelect:
-          added = g.add_select(operand(0), operand(1), operand(2));
-          break;
-        case Op::kConvert:
-          added = g.add_convert(operand(0), dtype);
-          break;
-        case Op::kBroadcastInDim: {
-          TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
-          added = g.add_broadcast_in_dim(operand(0), shape, v(n.dims()));
-          break;
-        }
-        case Op::kReshape: {
-          TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(n.shape(), dtype));
-          added = g.add_reshape(operand(0), shape);
-          break;
-        }
-        case Op::kTranspose:
-          added = g.add_transpose(operand(0), v(n.dims()));
-          break;
-        case Op::kArgmax:
-          added = g.add_argmax(operand(0), n.dims_size() == 1 ? n.dims(0) : -1, dtype);
-          break;
-        case Op::kDotGeneral:
-          added = g.add_dot_general(
-              operand(0), operand(1),
-              DotDims{v(n.lhs_batch()), v(n.rhs_batch()), v(n.lhs_contracting()), v(n.rhs_contracting())});
-          break;
-        case Op::kSlice:
-          added = g.add_slice(operand(0), v(n.dims()), v(n.limits()));
-          break;
-        case Op::kConcatenate:
-          added = g.add_concatenate(in, n.dims_size() == 1 ? n.dims(0) : -1);
-          break;
-        case Op::kShardingConstraint: {
-          TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
-          added = g.add_sharding_constraint(operand(0), std::move(sharding));
-          break;
-        }
-        case Op::kShardMapIn:
-        case Op::kShardMapOut: {
-          TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
-          added = op == Op::kShardMapIn ? g.add_shard_map_in(operand(0), std::move(sharding))
-                                        : g.add_shard_map_out(operand(0), std::move(sharding));
-          break;
-        }
-        case Op::kShardingAs:
-          added = g.add_sharding_as(operand(0), operand(1));
-          break;
-        case Op::kAxisIndex: {
-          TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
-          added = g.add_axis_index(sharding.mesh(), {w.axes().begin(), w.axes().end()});
-          break;
-        }
-        default:
-          if (is_manual_collective(op)) {
-            if (n.index() < 0 || n.index() > static_cast<int64_t>(ReduceOp::kProd)) {
-              return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " has unknown reduce op ", n.index()));
-            }
-            TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(w.sharding()));
-            added = g.add_collective(op, operand(0), sharding.mesh(), {w.axes().begin(), w.axes().end()}, v(n.dims()),
-                                     static_cast<ReduceOp>(n.index()));
-          }
-          break;
+    TESSERA_ASSIGN_OR_RETURN(Node node, node_from_proto(w.node(), absl::StrCat("graph: node ", id)));
+    const ArrayType claimed{node.dtype, node.shape};
+    const uint32_t attrs = op_def(node.op).attrs;
+    if (attrs & kAttrSharding) {
+      absl::StatusOr<NamedSharding> sharding = sharding_from_proto(w.sharding());
+      if (!sharding.ok()) {
+        return absl::Status(sharding.status().code(),
+                            absl::StrCat("graph: node ", id, ": ", sharding.status().message()));
       }
+      node.sharding = *std::move(sharding);
     }
+    if (attrs & kAttrAxes) node.axes.assign(w.axes().begin(), w.axes().end());
+    node.operands.assign(w.operands().begin(), w.operands().end());
+    absl::StatusOr<int> added = g.add_node(std::move(node));
     if (!added.ok()) {
       return absl::Status(added.status().code(), absl::StrCat("graph: node ", id, ": ", added.status().message()));
     }
     const Node& built = g.node(*added);
-    if (built.dtype != dtype || v(n.shape().dims()) != built.shape) {
+    if (built.dtype != claimed.dtype || built.shape != claimed.shape) {
       return absl::InvalidArgumentError(absl::StrCat("graph: node ", id, " claims ",
-                                                     type_to_string(dtype, v(n.shape().dims())), " but computes ",
+                                                     type_to_string(claimed.dtype, claimed.shape), " but computes ",
                                                      type_to_string(built.dtype, built.shape)));
     }
   }
   TESSERA_RETURN_IF_ERROR(g.set_outputs(std::vector<int>(graph.outputs().begin(), graph.outputs().end())));
   return g;
+}
+
+void to_proto(const Instruction& i, pb::Instruction* w) {
+  switch (i.kind) {
+    case Instruction::Kind::kKernel:
+      w->set_kind(pb::Instruction::KERNEL);
+      break;
+    case Instruction::Kind::kCollective:
+      w->set_kind(pb::Instruction::COLLECTIVE);
+      break;
+    case Instruction::Kind::kLocalSlice:
+      w->set_kind(pb::Instruction::LOCAL_SLICE);
+      break;
+    case Instruction::Kind::kFree:
+      w->set_kind(pb::Instruction::FREE);
+      break;
+  }
+  w->set_out(i.out);
+  w->mutable_in()->Assign(i.in.begin(), i.in.end());
+  node_to_proto(i.node, w->mutable_node());
+  if (i.kind == Instruction::Kind::kCollective) to_proto(i.collective, w->mutable_collective());
+  for (const Slice& sl : i.slice) {
+    pb::SliceRange* r = w->add_slice();
+    r->set_start(sl.start);
+    r->set_stop(sl.stop);
+  }
+  w->mutable_axes()->Assign(i.axes.begin(), i.axes.end());
+  w->mutable_positions()->Assign(i.positions.begin(), i.positions.end());
+  if (i.relayout.has_value()) {
+    to_proto(i.relayout->shape, w->mutable_relayout()->mutable_shape());
+    to_proto(i.relayout->from, w->mutable_relayout()->mutable_from());
+    to_proto(i.relayout->to, w->mutable_relayout()->mutable_to());
+  }
+}
+
+std::string canonical_bytes(const Instruction& instruction) {
+  pb::Instruction w;
+  to_proto(instruction, &w);
+  return deterministic_bytes(w);
 }
 
 void to_proto(const DevicePlan& plan, pb::DevicePlan* out) {
@@ -300,32 +364,7 @@ void to_proto(const DevicePlan& plan, pb::DevicePlan* out) {
   out->mutable_input_slots()->Assign(plan.input_slots.begin(), plan.input_slots.end());
   out->mutable_output_slots()->Assign(plan.output_slots.begin(), plan.output_slots.end());
   out->mutable_donated_inputs()->Assign(plan.donated_inputs.begin(), plan.donated_inputs.end());
-  for (const Instruction& i : plan.code) {
-    pb::Instruction* w = out->add_code();
-    switch (i.kind) {
-      case Instruction::Kind::kKernel:
-        w->set_kind(pb::Instruction::KERNEL);
-        break;
-      case Instruction::Kind::kCollective:
-        w->set_kind(pb::Instruction::COLLECTIVE);
-        break;
-      case Instruction::Kind::kLocalSlice:
-        w->set_kind(pb::Instruction::LOCAL_SLICE);
-        break;
-      case Instruction::Kind::kFree:
-        w->set_kind(pb::Instruction::FREE);
-        break;
-    }
-    w->set_out(i.out);
-    w->mutable_in()->Assign(i.in.begin(), i.in.end());
-    node_to_proto(i.node, w->mutable_node());
-    if (i.kind == Instruction::Kind::kCollective) to_proto(i.collective, w->mutable_collective());
-    for (const Slice& sl : i.slice) {
-      pb::SliceRange* r = w->add_slice();
-      r->set_start(sl.start);
-      r->set_stop(sl.stop);
-    }
-  }
+  for (const Instruction& i : plan.code) to_proto(i, out->add_code());
 }
 
 absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
@@ -337,6 +376,7 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     return absl::InvalidArgumentError(absl::StrCat("plan: ", out.num_slots, " slots is out of range"));
   }
   std::vector<int> state(out.num_slots, 0);  // 0 unwritten, 1 live, 2 freed
+  std::vector<std::optional<ArrayType>> type(out.num_slots);  // of slots an instruction wrote
   auto slot_ok = [&](int s, const std::string& where) -> absl::Status {
     if (s < 0 || s >= out.num_slots) {
       return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " names slot ", s, " of ", out.num_slots));
@@ -393,32 +433,53 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     TESSERA_RETURN_IF_ERROR(slot_ok(w.out(), where));
     i.out = w.out();
     const pb::KernelNode& n = w.node();
-    if (i.kind == Instruction::Kind::kKernel &&
-        (n.op() < 0 || n.op() > static_cast<int>(Op::kShardingConstraint) ||
-         n.op() == static_cast<int>(Op::kParameter) || n.op() == static_cast<int>(Op::kShardingConstraint))) {
-      return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has op ", n.op(), ", not a kernel"));
+    if (i.kind == Instruction::Kind::kKernel) {
+      // Kernels of a plan: every op with one but placement (the partitioner's business), and
+      // those each device resolves to a constant (axis_index).
+      absl::StatusOr<Op> op = op_from_wire(n.op());
+      const bool kernel = op.ok() && has_trait(*op, kHasKernel) && !has_trait(*op, kPlacement);
+      if (!kernel && !(op.ok() && has_trait(*op, kResolvedByDevice))) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has op ", n.op(), ", not a kernel"));
+      }
+      TESSERA_ASSIGN_OR_RETURN(i.node, node_from_proto(n, absl::StrCat("plan: ", where)));
+      // Its type rule, where the operands' types are known here (inputs' are not: the
+      // worker checks those against the arrays when it runs).
+      std::vector<ArrayType> in;
+      for (int s : i.in) {
+        if (type[s].has_value()) in.push_back(*type[s]);
+      }
+      if (kernel && in.size() == i.in.size()) {
+        i.node.operands = i.in;
+        absl::StatusOr<ArrayType> t = infer_type(i.node, in);
+        if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, ": ", t.status().message()));
+        if (*t != ArrayType{i.node.dtype, i.node.shape}) {
+          return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " claims ",
+                                                         type_to_string(i.node.dtype, i.node.shape), " but computes ",
+                                                         type_to_string(t->dtype, t->shape)));
+        }
+      }
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(i.node.dtype, dtype_from_proto(n.dtype()));
+      TESSERA_ASSIGN_OR_RETURN(i.node.shape, shape_from_proto(n.shape(), i.node.dtype));
     }
-    if (i.kind == Instruction::Kind::kKernel) i.node.op = static_cast<Op>(n.op());
-    TESSERA_ASSIGN_OR_RETURN(i.node.dtype, dtype_from_proto(n.dtype()));
-    TESSERA_ASSIGN_OR_RETURN(i.node.shape, shape_from_proto(n.shape(), i.node.dtype));
-    i.node.index = n.index();
-    i.node.value = n.value();
-    i.node.dims.assign(n.dims().begin(), n.dims().end());
-    i.node.limits.assign(n.limits().begin(), n.limits().end());
-    i.node.dot.lhs_batch.assign(n.lhs_batch().begin(), n.lhs_batch().end());
-    i.node.dot.rhs_batch.assign(n.rhs_batch().begin(), n.rhs_batch().end());
-    i.node.dot.lhs_contracting.assign(n.lhs_contracting().begin(), n.lhs_contracting().end());
-    i.node.dot.rhs_contracting.assign(n.rhs_contracting().begin(), n.rhs_contracting().end());
     i.node.operands = i.in;
     if (i.kind == Instruction::Kind::kCollective) {
       if (i.in.size() != 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " needs one input"));
-      TESSERA_ASSIGN_OR_RETURN(i.collective, collective_from_proto(w.collective()));
+      TESSERA_ASSIGN_OR_RETURN(i.collective, decode_collective(w.collective()));  // resolve() validates it
     }
     if (i.kind == Instruction::Kind::kLocalSlice) {
       if (i.in.size() != 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " needs one input"));
       for (const pb::SliceRange& r : w.slice()) i.slice.push_back({r.start(), r.stop()});
     }
+    i.axes.assign(w.axes().begin(), w.axes().end());
+    i.positions.assign(w.positions().begin(), w.positions().end());
+    if (w.has_relayout()) {
+      const pb::Relayout& r = w.relayout();
+      TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(r.shape(), i.node.dtype));
+      i.relayout = Instruction::Relayout{std::move(shape), spec_from_proto(r.from()), spec_from_proto(r.to())};
+    }
     state[i.out] = 1;
+    type[i.out] = ArrayType{i.node.dtype, i.node.shape};
     out.code.push_back(std::move(i));
   }
   for (int s : plan.output_slots()) {
@@ -428,6 +489,21 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     out.output_slots.push_back(s);
   }
   return out;
+}
+
+std::string compile_key(const Graph& graph, const Mesh& mesh, const std::vector<PartitionSpec>& inputs,
+                        const std::vector<std::optional<PartitionSpec>>& outputs, const std::vector<int>& donated) {
+  pb::CompileRequest req;
+  to_proto(graph, req.mutable_graph());
+  to_proto(mesh, req.mutable_mesh());
+  for (const PartitionSpec& s : inputs) to_proto(s, req.add_input_specs());
+  for (const std::optional<PartitionSpec>& s : outputs) {
+    pb::OptionalSpec* o = req.add_output_specs();
+    o->set_set(s.has_value());
+    if (s.has_value()) to_proto(*s, o->mutable_spec());
+  }
+  req.mutable_donated_inputs()->Assign(donated.begin(), donated.end());
+  return deterministic_bytes(req);
 }
 
 }  // namespace tessera

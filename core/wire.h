@@ -9,6 +9,10 @@
 #ifndef TESSERA_CORE_WIRE_H_
 #define TESSERA_CORE_WIRE_H_
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "core/collective.h"
 #include "core/dtype.h"
@@ -27,6 +31,7 @@ class PartitionSpec;
 class NamedSharding;
 class CollectiveSpec;
 class DevicePlan;
+class Instruction;
 class Graph;
 class KernelNode;
 }  // namespace pb
@@ -41,6 +46,10 @@ absl::StatusOr<Shape> shape_from_proto(const pb::Shape& shape, DType dtype);
 void to_proto(const Mesh& mesh, pb::Mesh* out);
 absl::StatusOr<Mesh> mesh_from_proto(const pb::Mesh& mesh);
 
+void to_proto(const PartitionSpec& spec, pb::PartitionSpec* out);
+// Any spec decodes; validate it against its mesh and array (NamedSharding::validate).
+PartitionSpec spec_from_proto(const pb::PartitionSpec& spec);
+
 void to_proto(const NamedSharding& sharding, pb::NamedSharding* out);
 // Validates the mesh and the spec against it (not against any array shape).
 absl::StatusOr<NamedSharding> sharding_from_proto(const pb::NamedSharding& sharding);
@@ -54,9 +63,25 @@ void to_proto(const Graph& graph, pb::Graph* out);
 // check a traced one does; errors name the node.
 absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph);
 
+// The canonical bytes of a compile request: the graph encoded from its decoded form (every
+// attribute, constants bit for bit: -0.0, NaN payloads, int64 beyond 2^53), the mesh with its
+// device ids, the input specs, the output specs (unset ones included) and the donated inputs
+// (REQUIRES: sorted). Two requests that differ in anything the compiler reads have different
+// keys; the coordinator's program cache compares whole keys, so no hash collision can hand
+// one program's executable to another. The same in every process.
+std::string compile_key(const Graph& graph, const Mesh& mesh, const std::vector<PartitionSpec>& inputs,
+                        const std::vector<std::optional<PartitionSpec>>& outputs, const std::vector<int>& donated);
+
+void to_proto(const Instruction& instruction, pb::Instruction* out);
+// The instruction's wire form, deterministic: two instructions with equal bytes compute the
+// same value from the same slots (the compiler's CSE compares these, minus `out`; `cause` is
+// never sent).
+std::string canonical_bytes(const Instruction& instruction);
+
 void to_proto(const DevicePlan& plan, pb::DevicePlan* out);
-// Checks everything a worker relies on: known ops and kinds, slots in range, every slot read
-// after it is written, valid collectives and shapes.
+// Checks everything a worker relies on before resolving it: known ops and kinds, slots in
+// range, every slot read after it is written, valid shapes. A program's collectives are
+// checked when a device resolves it (resolve() in core/plan.h runs validate_collective).
 absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan);
 
 }  // namespace tessera

@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/daemon.h"
+#include "examples/mlp_model.h"
 #include "tessera/tessera.h"
 
 ABSL_FLAG(std::string, data, "", "digits.csv (64 pixel values 0..16 and a label per line)");
@@ -91,17 +92,6 @@ std::pair<HostArray, HostArray> batch_of(const Digits& d, const std::vector<int>
     y.mutable_values<float>()[i * kClasses + d.y[rows[i]]] = 1.0f;
   }
   return {std::move(x), std::move(y)};
-}
-
-// The model: logits = tanh(x @ w1 + b1) @ w2 + b2. Parameters first, then x and labels.
-Value logits(const std::vector<Value>& p, const Value& x) { return matmul(tanh(matmul(x, p[0]) + p[1]), p[2]) + p[3]; }
-
-// Mean cross-entropy of softmax(logits) against one-hot labels.
-std::vector<Value> loss(const std::vector<Value>& in) {
-  const Value z = logits(in, in[4]);
-  const Value shifted = z - max(z, {1}, true);
-  const Value log_softmax = shifted - log(sum(exp(shifted), {1}, true));
-  return {-mean(sum(in[5] * log_softmax, {1}))};
 }
 
 int fail(const absl::Status& status) {
@@ -177,15 +167,9 @@ int main(int argc, char** argv) {
   const double lr = absl::GetFlag(FLAGS_lr);
   JitOptions step_options;
   step_options.donate_argnums = {0, 1, 2, 3};
-  Jitted step = jit(
-      [lr](const std::vector<Value>& in) {
-        std::vector<Value> vg = value_and_grad(loss, {0, 1, 2, 3})(in);
-        std::vector<Value> out = {vg[0]};
-        for (int i = 0; i < 4; ++i) out.push_back(in[i] - vg[i + 1] * lr);
-        return out;
-      },
-      step_options);
-  Jitted predict = jit([](const std::vector<Value>& in) { return std::vector<Value>{argmax(logits(in, in[4]), 1)}; });
+  Jitted step = jit(mlp::train_step(lr), step_options);
+  Jitted predict =
+      jit([](const std::vector<Value>& in) { return std::vector<Value>{argmax(mlp::logits(in, in[4]), 1)}; });
 
   const int steps_per_epoch = static_cast<int>(train.size()) / batch;
   double step_seconds = 0;

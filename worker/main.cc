@@ -16,18 +16,27 @@
 
 ABSL_FLAG(std::string, coordinator, "", "host:port of tessera-coordinator (env TESSERA_COORDINATOR); required");
 ABSL_FLAG(std::string, host, "127.0.0.1",
-          "address to listen on and to advertise to the coordinator, clients and peers: an address or a name "
-          "they resolve, such as a compose service name (env TESSERA_WORKER_HOST)");
+          "address to advertise to the coordinator, clients and peers, and to listen on unless --bind_host "
+          "says otherwise: an address or a name they resolve, such as a compose service name or a pod's DNS "
+          "name (env TESSERA_WORKER_HOST)");
+ABSL_FLAG(std::string, bind_host, "",
+          "address to listen on, such as 0.0.0.0 when --host is a name that may not resolve yet; default: "
+          "--host (env TESSERA_WORKER_BIND_HOST)");
 ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one, printed at startup (env TESSERA_WORKER_PORT)");
 ABSL_FLAG(std::string, name, "",
           "stable worker name; a restart with the same name keeps the device id; default: the address "
           "(env TESSERA_WORKER_NAME)");
 ABSL_FLAG(int, device_id, -1, "device id to ask for; -1 lets the coordinator choose (env TESSERA_WORKER_DEVICE_ID)");
+ABSL_FLAG(std::string, device_id_from, "",
+          "take the device id from the environment instead of --device_id: 'ordinal' (the number ending the "
+          "pod's name, $POD_NAME or else the host name, as a StatefulSet names its pods) or 'job_index' "
+          "($JOB_COMPLETION_INDEX, as an Indexed Job sets it) (env TESSERA_WORKER_DEVICE_ID_FROM)");
 ABSL_FLAG(int64_t, memory_bytes, int64_t{2} << 30,
           "device memory limit in bytes; match a container's memory limit, less headroom "
           "(env TESSERA_WORKER_MEMORY_BYTES)");
-ABSL_FLAG(int, register_timeout_s, 30,
-          "seconds to wait for the coordinator at startup (env TESSERA_WORKER_REGISTER_TIMEOUT_S)");
+ABSL_FLAG(int, register_timeout_s, 600,
+          "seconds to keep trying to register at startup, through a coordinator that starts late or a name that "
+          "does not resolve yet; one log line per failed attempt (env TESSERA_WORKER_REGISTER_TIMEOUT_S)");
 
 int main(int argc, char** argv) {
   tessera::ensure_fast_blas(argv);
@@ -39,9 +48,11 @@ int main(int argc, char** argv) {
   tessera::parse_flags(argc, argv, "tessera-worker",
                        {{"coordinator", "TESSERA_COORDINATOR"},
                         {"host", "TESSERA_WORKER_HOST"},
+                        {"bind_host", "TESSERA_WORKER_BIND_HOST"},
                         {"port", "TESSERA_WORKER_PORT"},
                         {"name", "TESSERA_WORKER_NAME"},
                         {"device_id", "TESSERA_WORKER_DEVICE_ID"},
+                        {"device_id_from", "TESSERA_WORKER_DEVICE_ID_FROM"},
                         {"memory_bytes", "TESSERA_WORKER_MEMORY_BYTES"},
                         {"register_timeout_s", "TESSERA_WORKER_REGISTER_TIMEOUT_S"}});
   tessera::block_termination_signals();
@@ -60,11 +71,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.host = absl::GetFlag(FLAGS_host);
+  options.bind_host = absl::GetFlag(FLAGS_bind_host);
   options.port = absl::GetFlag(FLAGS_port);
   options.name = absl::GetFlag(FLAGS_name);
   options.device_id = absl::GetFlag(FLAGS_device_id);
+  if (const std::string from = absl::GetFlag(FLAGS_device_id_from); !from.empty()) {
+    absl::StatusOr<int> id = tessera::device_id_from_environment(from);
+    if (!id.ok() || options.device_id >= 0) {
+      std::cerr << "tessera-worker: "
+                << (id.ok() ? "give --device_id or --device_id_from, not both" : std::string(id.status().message()))
+                << "\n";
+      return 2;
+    }
+    options.device_id = *id;
+  }
   options.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
+  options.wait_or_stop = [](absl::Duration pause) { return tessera::wait_for_termination_signal_for(pause) != 0; };
 
   auto worker = tessera::WorkerServer::start(options);
   if (!worker.ok()) {

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/health.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "proto/write_queue.h"
@@ -191,7 +192,12 @@ class WorkerService final : public WorkerServiceBase {
   }
 
   grpc::Status LoadPlan(grpc::ServerContext*, const pb::LoadPlanRequest* req, pb::LoadPlanReply*) override {
-    absl::StatusOr<DevicePlan> plan = plan_from_proto(req->plan());
+    // The program is the same for every device: this one resolves it for its own position.
+    absl::StatusOr<DevicePlan> program = plan_from_proto(req->plan());
+    if (!program.ok()) return to_grpc(program.status());
+    absl::StatusOr<Mesh> mesh = mesh_from_proto(req->mesh());
+    if (!mesh.ok()) return to_grpc(mesh.status());
+    absl::StatusOr<DevicePlan> plan = resolve(*program, *mesh, device_id_.load());
     if (!plan.ok()) return to_grpc(plan.status());
     auto loaded = std::make_shared<LoadedPlan>();
     loaded->plan = *std::move(plan);
@@ -229,7 +235,15 @@ class WorkerService final : public WorkerServiceBase {
 
   // Runs a loaded plan on stored buffers and stores its outputs; errors name this device.
   absl::Status run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
-    return on_this_device(run_plan(loaded, req, std::move(cancelled)));
+    absl::Status status = on_this_device(run_plan(loaded, req, std::move(cancelled)));
+    absl::MutexLock lock(&runs_mu_);
+    ++runs_.runs;
+    if (!status.ok()) {
+      ++runs_.failed;
+      runs_.last_error = status.ToString();
+      runs_.last_error_at = absl::Now();
+    }
+    return status;
   }
 
   // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
@@ -250,8 +264,13 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_incarnation(incarnation_.load());
     {
       absl::MutexLock lock(&plans_mu_);
-      reply->set_plan_count(static_cast<int64_t>(plans_.size()));
+      reply->set_plans_loaded(static_cast<int64_t>(plans_.size()));
     }
+    absl::MutexLock lock(&runs_mu_);
+    reply->set_plan_runs(runs_.runs);
+    reply->set_plan_runs_failed(runs_.failed);
+    reply->set_last_error(runs_.last_error);
+    if (runs_.failed > 0) reply->set_last_error_age_ms(absl::ToInt64Milliseconds(absl::Now() - runs_.last_error_at));
     return grpc::Status::OK;
   }
 
@@ -417,6 +436,15 @@ class WorkerService final : public WorkerServiceBase {
   Transport transport_;
   absl::Mutex plans_mu_;
   std::map<uint64_t, std::shared_ptr<const LoadedPlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
+  // For GetStats (tessera status).
+  struct RunCounts {
+    int64_t runs = 0;
+    int64_t failed = 0;
+    std::string last_error;
+    absl::Time last_error_at;
+  };
+  absl::Mutex runs_mu_;
+  RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
 };
 
 void PlanStreamReactor::OnReadDone(bool ok) {
@@ -521,18 +549,19 @@ class WorkerServerImpl final : public WorkerServer {
   absl::Status init() {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), grpc::InsecureServerCredentials(), &port);
+    const std::string bind = options_.bind_host.empty() ? options_.host : options_.bind_host;
+    builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), grpc::InsecureServerCredentials(), &port);
     configure_server(&builder);
     builder.RegisterService(&service_);
+    builder.RegisterService(health_.service());
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {
-      return absl::UnavailableError(
-          absl::StrCat("tessera-worker: cannot listen on ", options_.host, ":", options_.port));
+      return absl::UnavailableError(absl::StrCat("tessera-worker: cannot listen on ", bind, ":", options_.port));
     }
     address_ = absl::StrCat(options_.host, ":", port);
 
-    coordinator_ = pb::Coordinator::NewStub(make_channel(options_.coordinator_address));
-    TESSERA_RETURN_IF_ERROR(register_worker(options_.device_id, options_.register_timeout));
+    TESSERA_RETURN_IF_ERROR(register_until_deadline());
+    health_.set_ready(true);
     heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
     return absl::OkStatus();
   }
@@ -542,6 +571,7 @@ class WorkerServerImpl final : public WorkerServer {
 
   void shutdown() override {
     if (!stopping_.HasBeenNotified()) stopping_.Notify();
+    health_.set_ready(false);
     if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
     if (server_ != nullptr) {
       // Peers keep Exchange streams open for good: cancel what is in flight promptly.
@@ -552,9 +582,47 @@ class WorkerServerImpl final : public WorkerServer {
   }
 
  private:
+  // The first registration: attempts of at most kConnectDeadline each, every failure to reach
+  // the coordinator logged and retried on a new channel (so a name that did not resolve is
+  // looked up again), pauses from 1 s doubling to 5 s, until register_timeout.
+  absl::Status register_until_deadline() {
+    const absl::Time deadline = absl::Now() + options_.register_timeout;
+    absl::Duration pause = absl::Seconds(1);
+    for (int attempt = 1;; ++attempt) {
+      coordinator_ = pb::Coordinator::NewStub(make_channel(options_.coordinator_address));
+      absl::Status registered =
+          register_worker(options_.device_id, std::min(deadline - absl::Now(), kConnectDeadline), false);
+      if (registered.ok()) {
+        if (attempt > 1) std::fprintf(stderr, "tessera-worker: registered at attempt %d\n", attempt);
+        return registered;
+      }
+      // A refusal (another protocol version, a device id taken) is the coordinator's answer.
+      if (!absl::IsUnavailable(registered) && !absl::IsDeadlineExceeded(registered)) return registered;
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= pause) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "tessera-worker: could not register with coordinator ", options_.coordinator_address, " within ",
+            absl::FormatDuration(options_.register_timeout), " (", attempt, " attempts); the last: ",
+            registered.message()));
+      }
+      std::fprintf(stderr, "tessera-worker: registration attempt %d failed: %s; retrying in %s (%s left)\n", attempt,
+                   std::string(registered.message()).c_str(), absl::FormatDuration(pause).c_str(),
+                   absl::FormatDuration(absl::Trunc(left, absl::Seconds(1))).c_str());
+      if (!options_.wait_or_stop) {
+        absl::SleepFor(pause);
+      } else if (options_.wait_or_stop(pause)) {
+        return absl::CancelledError(
+            absl::StrCat("tessera-worker: stopped while waiting to register with ", options_.coordinator_address));
+      }
+      pause = std::min(pause * 2, absl::Seconds(5));
+    }
+  }
+
   // Registers (again) as `device_id` (-1: any), telling the coordinator which incarnation
   // this process held before, if any: its buffers are still here.
-  absl::Status register_worker(int device_id, absl::Duration timeout) {
+  // `wait_for_ready`: wait for the connection until the deadline, instead of failing at once
+  // when the coordinator cannot be reached (the first registration retries by itself).
+  absl::Status register_worker(int device_id, absl::Duration timeout, bool wait_for_ready) {
     pb::RegisterWorkerRequest req;
     req.set_protocol_version(kProtocolVersion);
     req.set_name(options_.name.empty() ? address_ : options_.name);
@@ -578,7 +646,7 @@ class WorkerServerImpl final : public WorkerServer {
     pb::RegisterWorkerReply reply;
     grpc::ClientContext ctx;
     set_deadline(&ctx, timeout);
-    ctx.set_wait_for_ready(true);  // the coordinator may still be starting
+    ctx.set_wait_for_ready(wait_for_ready);
     TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->RegisterWorker(&ctx, req, &reply),
                                       absl::StrCat("coordinator ", options_.coordinator_address)));
     device_id_ = reply.device_id();
@@ -610,7 +678,9 @@ class WorkerServerImpl final : public WorkerServer {
       }
       std::fprintf(stderr, "tessera-worker: device %d: %s; registering again\n", device_id_,
                    status.error_message().c_str());
-      absl::Status registered = register_worker(device_id_, heartbeat_interval_ * 4);
+      health_.set_ready(false);
+      absl::Status registered = register_worker(device_id_, heartbeat_interval_ * 4, true);
+      health_.set_ready(registered.ok());
       if (registered.ok()) {
         std::fprintf(stderr, "tessera-worker: device %d registered again, incarnation %lu\n", device_id_,
                      static_cast<unsigned long>(incarnation_));
@@ -623,6 +693,7 @@ class WorkerServerImpl final : public WorkerServer {
   // Constant after init().
   const WorkerOptions options_;
   WorkerService service_;
+  HealthService health_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;
   std::string address_;

@@ -12,6 +12,7 @@
 #define TESSERA_WORKER_WORKER_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,22 +23,30 @@ namespace tessera {
 
 struct WorkerOptions {
   std::string coordinator_address;
-  // Address to listen on and to advertise to the coordinator and peers.
+  // Address to advertise to the coordinator, clients and peers (an address or a name they
+  // resolve), and to listen on unless bind_host is set.
   std::string host = "127.0.0.1";
+  std::string bind_host;  // e.g. "0.0.0.0" when `host` is a name (a pod's DNS name)
   int port = 0;  // 0: an ephemeral port
   // Stable name; a worker restarting with the same name keeps its device id. Default: address.
   std::string name;
   int device_id = -1;  // -1: the coordinator picks
   int64_t memory_bytes = int64_t{2} << 30;
-  // How long to wait for the coordinator to answer the registration.
+  // How long to keep trying to register: each attempt that cannot reach the coordinator (its
+  // name does not resolve yet, nothing listens yet) is logged and retried with a fresh channel.
   absl::Duration register_timeout = absl::Seconds(30);
+  // Waits the pause between registration attempts; returning true (asked to stop: a daemon's
+  // SIGTERM) ends start() with CANCELLED. Unset: the pause is slept.
+  std::function<bool(absl::Duration)> wait_or_stop;
 };
 
 class WorkerServer {
  public:
-  // Binds, registers with the coordinator and starts heartbeating. UNAVAILABLE or
-  // DEADLINE_EXCEEDED if the coordinator cannot be reached within register_timeout;
-  // the coordinator's error if it refuses the registration.
+  // Binds, registers with the coordinator and starts heartbeating. Serves grpc.health.v1
+  // (proto/health.h) from the bind: ready once registered, not ready while registering again.
+  // DEADLINE_EXCEEDED if the coordinator cannot be reached within register_timeout, naming it
+  // and the last attempt's error; the coordinator's error if it refuses the registration;
+  // CANCELLED if wait_or_stop said so.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> start(const WorkerOptions& options);
 
   virtual ~WorkerServer() = default;

@@ -1,16 +1,22 @@
-// bin/tessera: the state file, and up / status / run-example / health / down on real daemons
+// bin/tessera: the state file, and up / status / top / run-example / health / down on real daemons
 // (127.0.0.1 ephemeral ports, a state file of the test's own); --help and environment
 // variables on every binary.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "cli/state.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tessera/tessera.h"
 
 namespace tessera {
 namespace {
@@ -104,7 +110,7 @@ TEST(Cli, UpStatusRunExampleHealthDown) {
   absl::StatusOr<std::pair<int, std::string>> health = tessera({"health", "--address=" + state->coordinator_address});
   ASSERT_TRUE(health.ok());
   EXPECT_EQ(health->first, 0) << health->second;
-  EXPECT_THAT(health->second, HasSubstr("ok: tessera-coordinator"));
+  EXPECT_THAT(health->second, HasSubstr("serving: " + state->coordinator_address));
 
   absl::StatusOr<std::pair<int, std::string>> down = tessera({"down", state_flag});
   ASSERT_TRUE(down.ok()) << down.status();
@@ -129,6 +135,142 @@ TEST(Cli, HealthOfNothingFailsAndUnknownCommandsAreNamed) {
   absl::StatusOr<std::pair<int, std::string>> no_workers = tessera({"up", "--state=/nonexistent/x/state"});
   ASSERT_TRUE(no_workers.ok());
   EXPECT_THAT(no_workers->second, HasSubstr("--workers must be at least 1, got 0"));
+}
+
+// `tessera health` until it exits with `want` (0 serving, 1 not), for at most 15 s; returns
+// its last output.
+std::string wait_health(const std::vector<std::string>& args, int want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  std::string last;
+  while (true) {
+    std::vector<std::string> argv = {"health", "--timeout_s=2"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    absl::StatusOr<std::pair<int, std::string>> h = tessera(argv, absl::Seconds(10));
+    last = h.ok() ? absl::StrCat("exit ", h->first, ": ", h->second) : h.status().ToString();
+    if ((h.ok() && h->first == want) || absl::Now() >= deadline) return last;
+  }
+}
+
+// A worker started before its coordinator retries, logging each attempt, and registers once
+// the coordinator is there; grpc.health.v1 on the coordinator follows --expected_devices.
+TEST(Cli, HealthFollowsRegistrationsAndALateCoordinatorIsWaitedFor) {
+  // A free port for the coordinator: the one a first coordinator got, which then goes.
+  absl::StatusOr<std::unique_ptr<Subprocess>> first = Subprocess::spawn({kBin + "/tessera-coordinator", "--port=0"});
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::string> line = (*first)->read_line_with("listening on", absl::Seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = last_word(*line);
+  (*first)->kill();
+
+  // Worker stderr goes to the pipe the test reads.
+  auto worker = [&](int id) {
+    return Subprocess::spawn({"/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", kBin + "/tessera-worker",
+                              "--coordinator=" + address, absl::StrCat("--device_id=", id), "--register_timeout_s=60"});
+  };
+  absl::StatusOr<std::unique_ptr<Subprocess>> w0 = worker(0);
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  absl::StatusOr<std::string> retry = (*w0)->read_line_with("registration attempt 2 failed", absl::Seconds(20));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_THAT(*retry, AllOf(HasSubstr("coordinator " + address), HasSubstr("retrying in 2s")));
+
+  // SIGTERM while waiting (a pod deleted during its long wait) ends the wait at once.
+  absl::StatusOr<std::unique_ptr<Subprocess>> doomed = worker(5);
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  ASSERT_TRUE((*doomed)->read_line_with("registration attempt 1 failed", absl::Seconds(20)).ok());
+  kill((*doomed)->pid(), SIGTERM);
+  absl::StatusOr<std::string> stopped = (*doomed)->read_line_with("stopped while waiting", absl::Seconds(10));
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_THAT(*stopped, HasSubstr("stopped while waiting to register with " + address));
+
+  absl::StatusOr<std::unique_ptr<Subprocess>> coordinator = Subprocess::spawn(
+      {kBin + "/tessera-coordinator", "--port=" + address.substr(address.rfind(':') + 1), "--expected_devices=2"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_TRUE((*coordinator)->read_line_with("listening on " + address, absl::Seconds(20)).ok());
+  ASSERT_TRUE((*w0)->read_line_with("device 0 listening on", absl::Seconds(20)).ok());
+
+  // One of two devices: alive, not ready.
+  EXPECT_THAT(wait_health({"--address=" + address}, 1), AllOf(HasSubstr("NOT_SERVING"), HasSubstr("--expected_devices")));
+  EXPECT_THAT(wait_health({"--address=" + address, "--service=liveness"}, 0), HasSubstr("serving: " + address));
+  EXPECT_THAT(wait_health({"--address=" + address, "--service=ready"}, 1),
+              AllOf(HasSubstr("NOT_FOUND"), HasSubstr("no health service 'ready'")));
+
+  absl::StatusOr<std::unique_ptr<Subprocess>> w1 = worker(1);
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  absl::StatusOr<std::string> listening = (*w1)->read_line_with("device 1 listening on", absl::Seconds(20));
+  ASSERT_TRUE(listening.ok()) << listening.status();
+  EXPECT_THAT(wait_health({"--address=" + address}, 0), HasSubstr("serving: " + address));
+  EXPECT_THAT(wait_health({"--address=" + last_word(*listening)}, 0), HasSubstr("serving"));
+
+  // A device lost (3 s without heartbeats): not ready again.
+  (*w1)->kill();
+  EXPECT_THAT(wait_health({"--address=" + address}, 1), HasSubstr("NOT_SERVING"));
+}
+
+// status: per device the programs loaded, plan runs and failures and the last error, in the
+// table and as JSON; top: the same every second.
+TEST(Cli, StatusShowsRunsAndTheLastErrorPerDeviceAndTopRefreshes) {
+  // 1 MiB per device: a program whose 2 MiB output cannot be stored fails on every device.
+  absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(kBin, 2, {}, {"--memory_bytes=1048576"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<Client> client = Client::connect(cluster->address, {.min_devices = 2});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({2}, {"data"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  HostArray host(DType::kF32, {1024});
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P()));
+  ASSERT_TRUE(x.ok()) << x.status();
+  Jitted small = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; });
+  Jitted big = jit([](const std::vector<Value>& in) { return std::vector<Value>{broadcast_to(in[0], {512, 1024})}; });
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::vector<Array>> out = small({*x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*out)[0].block_until_ready().ok());
+  }
+  absl::StatusOr<std::vector<Array>> failed = big({*x});
+  absl::Status outcome = failed.ok() ? (*failed)[0].block_until_ready() : failed.status();
+  ASSERT_EQ(outcome.code(), absl::StatusCode::kResourceExhausted) << outcome;
+
+  absl::StatusOr<std::pair<int, std::string>> table = tessera({"status", "--coordinator=" + cluster->address});
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->first, 0) << table->second;
+  EXPECT_THAT(table->second, AllOf(HasSubstr("PROGRAMS"), HasSubstr("RUNS (FAIL)"), HasSubstr("LAST ERROR")));
+  int rows = 0;
+  for (absl::string_view row : absl::StrSplit(table->second, '\n')) {
+    std::vector<absl::string_view> cells = absl::StrSplit(row, ' ', absl::SkipEmpty());
+    if (cells.size() < 13 || (cells[0] != "0" && cells[0] != "1")) continue;
+    ++rows;
+    // DEVICE ADDRESS STATE INC BUFFERS USED / LIMIT(4 words) PROGRAMS RUNS (FAIL) ...
+    EXPECT_EQ(cells[2], "alive") << row;
+    EXPECT_EQ(cells[10], "2") << row;    // both programs loaded
+    EXPECT_EQ(cells[11], "3") << row;    // three runs
+    EXPECT_EQ(cells[12], "(1)") << row;  // one failed
+    EXPECT_THAT(row, AllOf(HasSubstr("ago: RESOURCE_EXHAUSTED"), HasSubstr(absl::StrCat("device ", cells[0]))));
+  }
+  EXPECT_EQ(rows, 2) << table->second;
+
+  absl::StatusOr<std::pair<int, std::string>> json =
+      Subprocess::run({kBin + "/tessera", "status", "--json", "--coordinator=" + cluster->address}, absl::Seconds(30));
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->first, 0) << json->second;
+  google::protobuf::Struct parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json->second, &parsed).ok()) << json->second;
+  const auto& devices = parsed.fields().at("devices").list_value().values();
+  ASSERT_EQ(devices.size(), 2);
+  for (const auto& d : devices) {
+    const auto& stats = d.struct_value().fields().at("stats").struct_value().fields();
+    EXPECT_EQ(stats.at("plans_loaded").string_value(), "2");
+    EXPECT_EQ(stats.at("plan_runs").string_value(), "3");
+    EXPECT_EQ(stats.at("plan_runs_failed").string_value(), "1");
+    EXPECT_THAT(stats.at("last_error").string_value(), HasSubstr("RESOURCE_EXHAUSTED"));
+  }
+
+  absl::StatusOr<std::pair<int, std::string>> top =
+      tessera({"top", "--iterations=2", "--coordinator=" + cluster->address});
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_EQ(top->first, 0) << top->second;
+  const std::vector<std::string> frames = absl::StrSplit(top->second, "\x1b[H\x1b[2J", absl::SkipEmpty());
+  ASSERT_EQ(frames.size(), 2u) << top->second;
+  for (const std::string& frame : frames) EXPECT_THAT(frame, HasSubstr("devices 2 (2 alive)"));
 }
 
 TEST(Cli, EveryBinaryHasHelpNamingItsEnvironmentVariables) {

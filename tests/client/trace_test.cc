@@ -125,7 +125,7 @@ TEST(Trace, ReductionsWithAndWithoutKeepdims) {
   EXPECT_EQ(output(*m).op, Op::kDiv);
   const Node& divisor = m->node(output(*m).operands[1]);
   EXPECT_EQ(divisor.op, Op::kConstant);
-  EXPECT_EQ(divisor.value, 6.0) << "mean divides by the element count";
+  EXPECT_EQ(divisor.value.to_double(), 6.0) << "mean divides by the element count";
 }
 
 TEST(Trace, ShapeOpsMoveDimensions) {
@@ -237,16 +237,6 @@ TEST(Trace, ErrorsNameTheOpAndTheShapes) {
   }
 }
 
-TEST(Trace, FingerprintsIdentifyGraphs) {
-  auto layer = [](const auto& in) { return tanh(matmul(in[0], in[1])); };
-  absl::StatusOr<Graph> a = trace1(layer, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
-  absl::StatusOr<Graph> b = trace1(layer, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
-  absl::StatusOr<Graph> c = trace1(layer, {{DType::kF32, {32, 8}}, {DType::kF32, {8, 4}}});
-  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
-  EXPECT_EQ(a->fingerprint(), b->fingerprint());
-  EXPECT_NE(a->fingerprint(), c->fingerprint());
-}
-
 TEST(Trace, GraphsRoundTripThroughTheWireWithAllChecks) {
   const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
   absl::StatusOr<Graph> g = trace(
@@ -266,7 +256,6 @@ TEST(Trace, GraphsRoundTripThroughTheWireWithAllChecks) {
   absl::StatusOr<Graph> back = graph_from_proto(wire);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->to_text(), g->to_text());
-  EXPECT_EQ(back->fingerprint(), g->fingerprint());
 
   pb::Graph bad = wire;
   bad.mutable_nodes(2)->set_operands(0, 40);

@@ -8,16 +8,12 @@
 // Needs root and ip(8); skipped with the reason otherwise. Every namespace, link and process
 // it makes carries this run's name and is removed when the test ends, failed or not.
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -25,6 +21,7 @@
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cluster/topology.h"
 
 namespace tessera {
 namespace {
@@ -40,155 +37,15 @@ constexpr absl::Duration kHeartbeatTimeout = absl::Seconds(3);
 // An execution that needs a worker cut off the network fails within this.
 const absl::Duration kFailureBound = kHeartbeatTimeout + absl::Seconds(3);
 
-std::string find_ip() {
-  for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (access(path, X_OK) == 0) return path;
-  }
-  return "";
-}
-
-// The namespaces, the bridge and the veth pairs of one run, named "tsn<pid>..." so that two
-// runs never collide and a run never touches anything else. Removed by the destructor.
-class Topology {
- public:
-  explicit Topology(std::string ip) : ip_(std::move(ip)), tag_(absl::StrCat("tsn", getpid())) {
-    // 10.213.N.0/24, N from the pid: a fresh subnet per concurrent run.
-    subnet_ = absl::StrCat("10.213.", getpid() % 250 + 1, ".");
-  }
-  ~Topology() { remove(); }
-
-  // Host names: "c" (coordinator), "w0".."w7", "cl" (client).
-  absl::Status add_host(const std::string& host, int address_suffix) {
-    const std::string ns = netns(host), outside = veth(host, 'h'), inside = veth(host, 'n');
-    TESSERA_RETURN_IF_ERROR(run({"netns", "add", ns}));
-    namespaces_.push_back(ns);
-    TESSERA_RETURN_IF_ERROR(run({"link", "add", outside, "type", "veth", "peer", "name", inside}));
-    links_.push_back(outside);
-    TESSERA_RETURN_IF_ERROR(run({"link", "set", inside, "netns", ns}));
-    TESSERA_RETURN_IF_ERROR(run({"link", "set", outside, "master", bridge()}));
-    TESSERA_RETURN_IF_ERROR(run({"link", "set", outside, "up"}));
-    TESSERA_RETURN_IF_ERROR(run({"-n", ns, "link", "set", "lo", "up"}));
-    TESSERA_RETURN_IF_ERROR(run({"-n", ns, "addr", "add", address(address_suffix) + "/24", "dev", inside}));
-    TESSERA_RETURN_IF_ERROR(run({"-n", ns, "link", "set", inside, "up"}));
-    return absl::OkStatus();
-  }
-
-  absl::Status add_bridge() {
-    TESSERA_RETURN_IF_ERROR(run({"link", "add", bridge(), "type", "bridge"}));
-    links_.push_back(bridge());
-    return run({"link", "set", bridge(), "up"});
-  }
-
-  // Cuts (or restores) a host's cable: the bridge side of its veth pair goes down (up).
-  absl::Status set_link(const std::string& host, bool up) {
-    return run({"link", "set", veth(host, 'h'), up ? "up" : "down"});
-  }
-
-  std::string address(int suffix) const { return absl::StrCat(subnet_, suffix); }
-
-  // argv run inside `host`'s namespace.
-  std::vector<std::string> in(const std::string& host, std::vector<std::string> argv) const {
-    std::vector<std::string> out = {ip_, "netns", "exec", netns(host)};
-    out.insert(out.end(), argv.begin(), argv.end());
-    return out;
-  }
-
-  void remove() {
-    for (const std::string& ns : namespaces_) run({"netns", "del", ns}).IgnoreError();
-    for (const std::string& link : links_) {
-      // A veth pair went with its namespace; the bridge and a surviving host end go here.
-      if (access(absl::StrCat("/sys/class/net/", link).c_str(), F_OK) == 0) run({"link", "del", link}).IgnoreError();
-    }
-    namespaces_.clear();
-    links_.clear();
-  }
-
-  // Removes what earlier runs that were killed (a ctest timeout) left behind: names of this
-  // form whose pid no longer runs. Their processes died with them (PDEATHSIG).
-  void remove_stale() const {
-    for (const char* what : {"netns", "link"}) {
-      absl::StatusOr<std::pair<int, std::string>> listed =
-          Subprocess::run({ip_, "-o", what, "list"}, absl::Seconds(10));
-      if (!listed.ok()) continue;
-      for (absl::string_view line : absl::StrSplit(listed->second, '\n')) {
-        const size_t at = line.find("tsn");
-        if (at == absl::string_view::npos) continue;
-        size_t end = at + 3;
-        while (end < line.size() && absl::ascii_isdigit(line[end])) ++end;
-        int pid = 0;
-        if (!absl::SimpleAtoi(line.substr(at + 3, end - at - 3), &pid) || pid <= 0) continue;
-        if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // that run is still going
-        size_t name_end = end;
-        while (name_end < line.size() && line[name_end] != ' ' && line[name_end] != ':' && line[name_end] != '@') {
-          ++name_end;
-        }
-        const std::string name(line.substr(at, name_end - at));
-        if (std::string(what) == "netns") {
-          run({"netns", "del", name}).IgnoreError();
-        } else if (access(absl::StrCat("/sys/class/net/", name).c_str(), F_OK) == 0) {
-          run({"link", "del", name}).IgnoreError();
-        }
-      }
-    }
-  }
-
-  // Whether anything of this run is left (for the test's own check of its cleanup).
-  std::vector<std::string> leftovers() const {
-    std::vector<std::string> out;
-    absl::StatusOr<std::pair<int, std::string>> listed = Subprocess::run({ip_, "netns", "list"}, absl::Seconds(10));
-    if (listed.ok() && listed->second.find(tag_) != std::string::npos) out.push_back("a namespace");
-    absl::StatusOr<std::pair<int, std::string>> links = Subprocess::run({ip_, "-o", "link"}, absl::Seconds(10));
-    if (links.ok() && links->second.find(tag_) != std::string::npos) out.push_back("a link");
-    return out;
-  }
-
- private:
-  absl::Status run(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv = {ip_};
-    argv.insert(argv.end(), args.begin(), args.end());
-    absl::StatusOr<std::pair<int, std::string>> r = Subprocess::run(argv, absl::Seconds(10));
-    if (!r.ok()) return r.status();
-    if (r->first != 0) {
-      std::string cmd;
-      for (const std::string& a : argv) absl::StrAppend(&cmd, a, " ");
-      return absl::InternalError(absl::StrCat(cmd, "exited ", r->first, ": ", r->second));
-    }
-    return absl::OkStatus();
-  }
-
-  std::string netns(const std::string& host) const { return absl::StrCat(tag_, "-", host); }
-  std::string bridge() const { return absl::StrCat(tag_, "br"); }
-  // Interface names have at most 15 characters: "tsn" + a pid of at most 7 digits + "h" + "w7".
-  std::string veth(const std::string& host, char side) const { return absl::StrCat(tag_, std::string(1, side), host); }
-
-  const std::string ip_;
-  const std::string tag_;
-  std::string subnet_;
-  std::vector<std::string> namespaces_;
-  std::vector<std::string> links_;
-};
-
 class NetnsClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces (running as uid " << geteuid() << ")";
-    ip_ = find_ip();
-    if (ip_.empty()) GTEST_SKIP() << "needs ip(8) (iproute2), found in none of /usr/sbin /sbin /usr/bin /bin";
     signal(SIGPIPE, SIG_IGN);  // a client that died must fail a write, not kill the test
-    topology_ = std::make_unique<Topology>(ip_);
-    topology_->remove_stale();
-    absl::Status bridge = topology_->add_bridge();
-    if (!bridge.ok()) GTEST_SKIP() << "cannot make a bridge here: " << bridge.message();
-    // The first namespace doubles as the probe: some roots can make a bridge but not mount
-    // the namespaces' /run/netns (a chroot without /run, a container without mount rights).
-    absl::Status first = topology_->add_host("c", 1);
-    if (!first.ok()) GTEST_SKIP() << "cannot make a network namespace here: " << first.message();
-    for (int i = 0; i < kWorkers; ++i) {
-      absl::Status added = topology_->add_host(absl::StrCat("w", i), 10 + i);
-      ASSERT_TRUE(added.ok()) << added;
-    }
-    absl::Status client = topology_->add_host("cl", 100);
-    ASSERT_TRUE(client.ok()) << client;
+    std::string skip;
+    absl::Status error;
+    topology_ = make_cluster_topology(kWorkers, &skip, &error);
+    if (topology_ == nullptr) GTEST_SKIP() << skip;
+    ASSERT_TRUE(error.ok()) << error;
   }
 
   void TearDown() override {
@@ -222,7 +79,6 @@ class NetnsClusterTest : public ::testing::Test {
     return line.ok() ? *line : line.status().ToString();
   }
 
-  std::string ip_;
   std::unique_ptr<Topology> topology_;
   std::unique_ptr<Subprocess> coordinator_;
   std::vector<std::unique_ptr<Subprocess>> workers_;

@@ -1,22 +1,31 @@
-// Partitioning: per-device plans of traced programs — local shapes, the collectives each
-// layout implies (and only those), local slices per device, frees after last use.
+// Partitioning: the one SPMD program of a traced function — local shapes, the collectives each
+// layout implies (and only those) over mesh axes, local slices between layouts, frees after
+// last use — and each device's resolution of it (replica groups, slice offsets, pairs).
 #include "coordinator/compiler/partition.h"
 
 #include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/plan.h"
+#include "core/status.h"
 #include "core/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/tessera.pb.h"
+#include "tessera/grad.h"
+#include "tests/support/plan_matchers.h"
 #include "tessera/trace.h"
 
 namespace tessera {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::tessera::testing::collectives_of;
+using ::tessera::testing::IsCollective;
+using ::tessera::testing::StatusIs;
 
 class PartitionTest : public ::testing::Test {
  protected:
@@ -36,9 +45,15 @@ class PartitionTest : public ::testing::Test {
     return *std::move(exe);
   }
 
-  // Every slot but outputs and the inputs not donated is freed exactly once, after its last use.
-  static void check_frees(const Executable& exe) {
-    for (const DevicePlan& plan : exe.plans) {
+  // Every slot but outputs and the inputs not donated is freed exactly once, after its last
+  // use; every device of the mesh resolves the program.
+  void check_frees(const Executable& exe) {
+    for (int d : mesh_.device_ids()) {
+      absl::StatusOr<DevicePlan> resolved = resolve(exe.program, exe.mesh, d);
+      ASSERT_TRUE(resolved.ok()) << resolved.status();
+      EXPECT_EQ(resolved->device, d);
+    }
+    for (const DevicePlan& plan : {exe.program}) {
       std::set<int> kept(plan.output_slots.begin(), plan.output_slots.end());
       for (size_t i = 0; i < plan.input_slots.size(); ++i) {
         if (std::count(plan.donated_inputs.begin(), plan.donated_inputs.end(), static_cast<int>(i)) == 0) {
@@ -64,7 +79,7 @@ class PartitionTest : public ::testing::Test {
 
   static int count(const Executable& exe, Instruction::Kind kind) {
     int n = 0;
-    for (const Instruction& i : exe.plans[0].code) n += i.kind == kind ? 1 : 0;
+    for (const Instruction& i : exe.program.code) n += i.kind == kind ? 1 : 0;
     return n;
   }
 };
@@ -75,8 +90,9 @@ TEST_F(PartitionTest, SeedLayerIsPurelyLocal) {
   Executable exe = compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P("data", None), P(None, "model")});
   EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 0);
   EXPECT_EQ(exe.output_specs[0], P("data", "model"));
-  ASSERT_EQ(exe.plans.size(), 8u);
   const std::string text = exe.as_text();
+  EXPECT_THAT(text, HasSubstr("program on Mesh('data': 4, 'model': 2) (8 devices, each resolves it for its position): "
+                              "0 collectives, 0 bytes received per device\n"));
   EXPECT_THAT(text, HasSubstr("s2 = dot_general(s0, s1) f32[4,2]  ; %2 = dot_general"));
   EXPECT_THAT(text, HasSubstr("s3 = tanh(s2) f32[4,2]  ; %3 = tanh"));
   EXPECT_THAT(text, HasSubstr("free s2"));
@@ -84,18 +100,24 @@ TEST_F(PartitionTest, SeedLayerIsPurelyLocal) {
 
 TEST_F(PartitionTest, ShardedContractionIsAllReducedBeforeTanh) {
   Executable exe = compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)});
-  EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 1);
-  EXPECT_THAT(exe.as_text(),
-              HasSubstr("s3 = all_reduce(sum, groups={{0,1},{2,3},{4,5},{6,7}}) s2 f32[16,4]  ; for %3 = tanh"));
+  // The (16, 4) partial product %2 summed over 'model': 2 * (2-1)/2 * 256 B per device.
+  EXPECT_THAT(collectives_of(exe), ElementsAre(IsCollective(CollectiveKind::kAllReduce, {"model"}, 2, 256)));
+  EXPECT_THAT(exe.as_text(), HasSubstr("s3 = all_reduce(sum, axes=('model',)) s2 f32[16,4] 256B/device  ; for %3 = tanh"));
+  // Each device resolves the axes to the replica groups of the mesh (a (4, 2) mesh's 'model'
+  // pairs: JAX's device order, row-major).
+  EXPECT_THAT(*exe.device_text(5),
+              HasSubstr("s3 = all_reduce(sum, groups={{0,1},{2,3},{4,5},{6,7}}) s2 f32[16,4] 256B/device  ; for %3 = tanh"));
 }
 
 TEST_F(PartitionTest, PartialResultWantedShardedIsReduceScattered) {
   Executable exe = compile([](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1])}; },
                            {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)},
                            {P(None, "model")});
+  EXPECT_THAT(collectives_of(exe), ElementsAre(IsCollective(CollectiveKind::kReduceScatter, {"model"}, 2, 128)));
   const std::string text = exe.as_text();
-  EXPECT_THAT(text,
-              HasSubstr("reduce_scatter(sum, dim=1, groups={{0,1},{2,3},{4,5},{6,7}}) s2 f32[16,2]  ; for output 0"));
+  EXPECT_THAT(text, HasSubstr("reduce_scatter(sum, dim=1, axes=('model',)) s2 f32[16,2] 128B/device  ; for output 0"));
+  EXPECT_THAT(*exe.device_text(0),
+              HasSubstr("reduce_scatter(sum, dim=1, groups={{0,1},{2,3},{4,5},{6,7}}) s2 f32[16,2] 128B/device  ; for output 0"));
   EXPECT_THAT(text, Not(HasSubstr("all_reduce")));
 }
 
@@ -103,17 +125,20 @@ TEST_F(PartitionTest, ReplicatedOperandIsSlicedLocallyPerDevice) {
   Executable exe = compile([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; },
                            {{DType::kF32, {16, 8}}, {DType::kF32, {16, 8}}}, {P("data", None), P()});
   EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 0);
-  // Device 2 is at data=1: it keeps rows 4:8 of the replicated operand.
-  const DevicePlan& d2 = exe.plans[2];
-  ASSERT_EQ(d2.device, 2);
-  bool found = false;
-  for (const Instruction& i : d2.code) {
-    if (i.kind == Instruction::Kind::kLocalSlice) {
-      EXPECT_EQ(i.slice, (Index{{4, 8}, {0, 8}}));
-      found = true;
+  EXPECT_THAT(exe.as_text(), HasSubstr("= local_slice(P(None, None) -> P('data', None)) s1 f32[4,8]"));
+  // Device d sits at data = d / 2 and keeps rows 4*(d/2) : 4*(d/2)+4 of the replicated operand.
+  for (int d = 0; d < 8; ++d) {
+    absl::StatusOr<DevicePlan> plan = resolve(exe.program, exe.mesh, d);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    int found = 0;
+    for (const Instruction& i : plan->code) {
+      if (i.kind == Instruction::Kind::kLocalSlice) {
+        EXPECT_EQ(i.slice, (Index{{4 * (d / 2), 4 * (d / 2) + 4}, {0, 8}})) << "device " << d;
+        ++found;
+      }
     }
+    EXPECT_EQ(found, 1);
   }
-  EXPECT_TRUE(found);
 }
 
 TEST_F(PartitionTest, LayoutChangesUseTheirCollectives) {
@@ -122,13 +147,29 @@ TEST_F(PartitionTest, LayoutChangesUseTheirCollectives) {
       return std::vector<Value>{exp(with_sharding_constraint(in[0], NamedSharding(mesh_, to)))};
     };
   };
-  EXPECT_THAT(compile(constrained(P(None, "data")), {{DType::kF32, {16, 8}}}, {P("data", None)}).as_text(),
-              HasSubstr("all_to_all(split=1, concat=0, groups={{0,2,4,6},{1,3,5,7}})"));
-  EXPECT_THAT(compile(constrained(P()), {{DType::kF32, {16, 8}}}, {P("data", None)}).as_text(),
-              HasSubstr("all_gather(dim=0, groups={{0,2,4,6},{1,3,5,7}})"));
+  Executable moved = compile(constrained(P(None, "data")), {{DType::kF32, {16, 8}}}, {P("data", None)});
+  EXPECT_THAT(collectives_of(moved), ElementsAre(IsCollective(CollectiveKind::kAllToAll, {"data"}, 0, 3 * 128 / 4)));
+  EXPECT_THAT(moved.as_text(), HasSubstr("all_to_all(split=1, concat=0, axes=('data',))"));
+  EXPECT_THAT(*moved.device_text(3), HasSubstr("all_to_all(split=1, concat=0, groups={{0,2,4,6},{1,3,5,7}})"));
+  Executable gathered = compile(constrained(P()), {{DType::kF32, {16, 8}}}, {P("data", None)});
+  EXPECT_THAT(collectives_of(gathered), ElementsAre(IsCollective(CollectiveKind::kAllGather, {"data"}, 0, 384)));
+  EXPECT_THAT(gathered.as_text(), HasSubstr("all_gather(dim=0, axes=('data',))"));
+  EXPECT_THAT(*gathered.device_text(0), HasSubstr("all_gather(dim=0, groups={{0,2,4,6},{1,3,5,7}})"));
   Executable permuted =
       compile(constrained(P(Axes{"model", "data"})), {{DType::kF32, {16, 8}}}, {P(Axes{"data", "model"})});
-  EXPECT_THAT(permuted.as_text(), HasSubstr("collective_permute"));
+  EXPECT_THAT(permuted.as_text(),
+              HasSubstr("collective_permute(P(('data', 'model'), None) -> P(('model', 'data'), None))"));
+  // Resolved: device t = (i, j) of the (4, 2) mesh holds row block 4j + i under ('model',
+  // 'data') (model major), which device 4j + i holds under ('data', 'model') (row-major).
+  absl::StatusOr<DevicePlan> resolved = resolve(permuted.program, permuted.mesh, 0);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  std::vector<std::pair<int, int>> want;
+  for (int t = 0; t < 8; ++t) want.emplace_back(4 * (t % 2) + t / 2, t);
+  for (const Instruction& i : resolved->code) {
+    if (i.kind == Instruction::Kind::kCollective) {
+      EXPECT_EQ(i.collective.pairs, want);
+    }
+  }
   EXPECT_TRUE(permuted.log.empty());
   // Swapping the two axes between dimensions gathers 'data' and slices it again: logged.
   Executable swapped = compile(constrained(P("model", "data")), {{DType::kF32, {16, 8}}}, {P("data", "model")});
@@ -164,21 +205,20 @@ TEST_F(PartitionTest, PlansRoundTripThroughTheWire) {
   Executable exe =
       compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)}, {}, {1});
   Executable back = exe;
-  for (DevicePlan& plan : back.plans) {
-    pb::DevicePlan wire;
-    to_proto(plan, &wire);
-    absl::StatusOr<DevicePlan> parsed = plan_from_proto(wire);
-    ASSERT_TRUE(parsed.ok()) << parsed.status();
-    for (size_t i = 0; i < plan.code.size(); ++i) parsed->code[i].cause = plan.code[i].cause;  // not sent
-    plan = *std::move(parsed);
-  }
+  pb::DevicePlan wire;
+  to_proto(exe.program, &wire);
+  absl::StatusOr<DevicePlan> parsed = plan_from_proto(wire);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  for (size_t i = 0; i < exe.program.code.size(); ++i) parsed->code[i].cause = exe.program.code[i].cause;  // not sent
+  back.program = *std::move(parsed);
   EXPECT_EQ(back.as_text(), exe.as_text());
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(*back.device_text(d), *exe.device_text(d));
 }
 
 TEST_F(PartitionTest, MalformedPlansAreRejected) {
   Executable exe = compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P("data", None), P(None, "model")});
   pb::DevicePlan wire;
-  to_proto(exe.plans[0], &wire);
+  to_proto(exe.program, &wire);
   pb::DevicePlan bad = wire;
   bad.mutable_code(0)->set_in(0, 3);  // slot 3 is written later
   EXPECT_THAT(std::string(plan_from_proto(bad).status().message()), HasSubstr("before it is written"));
@@ -198,6 +238,129 @@ TEST_F(PartitionTest, MalformedPlansAreRejected) {
   bad.add_donated_inputs(1);
   bad.add_donated_inputs(1);
   EXPECT_THAT(std::string(plan_from_proto(bad).status().message()), HasSubstr("or is named twice"));
+}
+
+// What a worker resolves comes from the wire: symbolic parts that do not fit the mesh are
+// refused naming the instruction and the device, never trusted.
+TEST_F(PartitionTest, ProgramsThatDoNotFitTheMeshAreRefusedWhenResolved) {
+  Executable exe = compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)});
+  auto resolve_wire = [&](const pb::DevicePlan& wire, int device) -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(DevicePlan program, plan_from_proto(wire));
+    return resolve(program, exe.mesh, device).status();
+  };
+  pb::DevicePlan wire;
+  to_proto(exe.program, &wire);
+  int collective = -1;
+  for (int k = 0; k < wire.code_size(); ++k) {
+    if (wire.code(k).kind() == pb::Instruction::COLLECTIVE) collective = k;
+  }
+  ASSERT_GE(collective, 0);
+  EXPECT_TRUE(resolve_wire(wire, 3).ok());
+  EXPECT_THAT(resolve_wire(wire, 9), StatusIs(absl::StatusCode::kNotFound, "device 9 is not in the program's mesh"));
+  absl::Status s;
+
+  pb::DevicePlan bad = wire;
+  bad.mutable_code(collective)->set_axes(0, "nope");
+  s = resolve_wire(bad, 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("plan: instruction ", collective, " on device 3: ")));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("nope"));
+
+  bad = wire;  // a permute whose positions leave the 2 devices of 'model'
+  bad.mutable_code(collective)->mutable_collective()->set_kind(pb::COLLECTIVE_PERMUTE);
+  bad.mutable_code(collective)->add_positions(0);
+  bad.mutable_code(collective)->add_positions(2);
+  EXPECT_THAT(resolve_wire(bad, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, "permute position 2 is outside the 2 devices of its axes"));
+
+  bad = wire;  // a relayout onto a spec that does not divide the value
+  pb::Relayout* r = bad.mutable_code(collective)->mutable_relayout();
+  r->mutable_shape()->add_dims(3);
+  r->mutable_to()->add_dims()->add_axes("data");
+  bad.mutable_code(collective)->mutable_collective()->set_kind(pb::COLLECTIVE_PERMUTE);
+  EXPECT_THAT(resolve_wire(bad, 3), StatusIs(absl::StatusCode::kInvalidArgument, "plan: instruction"));
+}
+
+// The passes after partitioning (coordinator/compiler/passes/): each program is checked for
+// what it must and must not contain; jit_test runs the same kinds of programs against host
+// computations.
+int count_text(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(PartitionTest, NothingThatReachesNoOutputIsComputed) {
+  // grad with respect to w only: the cotangent of x (g @ w^T) is never asked for.
+  auto loss = [](const std::vector<Value>& in) { return std::vector<Value>{sum(tanh(matmul(in[0], in[1])))}; };
+  Executable exe = compile(grad(loss, {1}), {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P("data", None), P()});
+  const std::string text = exe.as_text();
+  EXPECT_EQ(count_text(text, "= dot_general("), 2) << text;  // forward x @ w and dw = x^T @ g, not dx
+  // A value computed and dropped.
+  Executable dropped = compile(
+      [](const std::vector<Value>& in) {
+        Value unused = exp(in[0]) * 3.0;
+        (void)unused;
+        return std::vector<Value>{in[0] * 2.0};
+      },
+      {{DType::kF32, {16, 8}}}, {P("data", None)});
+  EXPECT_THAT(dropped.as_text(), Not(HasSubstr("exp(")));
+  EXPECT_EQ(count(dropped, Instruction::Kind::kKernel), 2);  // the constant 2 and the mul
+}
+
+TEST_F(PartitionTest, IdenticalReshardsAndKernelsRunOnce) {
+  // concatenate({x, x}) along the split rows needs x whole twice: one all_gather serves both.
+  Executable exe = compile(
+      [](const std::vector<Value>& in) { return std::vector<Value>{concatenate({in[0], in[0]}, 0)}; },
+      {{DType::kF32, {16, 8}}}, {P("data", None)}, {P()});
+  EXPECT_THAT(collectives_of(exe), ElementsAre(IsCollective(CollectiveKind::kAllGather, {"data"}, 0, 384)));
+  // The same expression written twice is computed once.
+  Executable twice = compile(
+      [](const std::vector<Value>& in) { return std::vector<Value>{exp(in[0] * 2.0) + exp(in[0] * 2.0)}; },
+      {{DType::kF32, {16, 8}}}, {P("data", None)});
+  EXPECT_EQ(count_text(twice.as_text(), "= exp("), 1) << twice.as_text();
+  EXPECT_EQ(count_text(twice.as_text(), "= mul("), 1) << twice.as_text();
+  // Equal ops on different inputs, or with different attributes, stay apart.
+  Executable apart = compile(
+      [](const std::vector<Value>& in) { return std::vector<Value>{exp(in[0]) + exp(in[1]), sum(in[0], {0}) + sum(in[0], {1})}; },
+      {{DType::kF32, {8, 8}}, {DType::kF32, {8, 8}}}, {P(), P()});
+  EXPECT_EQ(count_text(apart.as_text(), "= exp("), 2);
+  EXPECT_EQ(count_text(apart.as_text(), "= reduce_sum("), 2);
+}
+
+// The compiler's own byte accounting, against the algorithms' definitions (nccl-tests'
+// PERFORMANCE.md: all-reduce moves 2(n-1)/n of the buffer, all-gather (n-1)/n of the result).
+TEST_F(PartitionTest, CollectivesCountTheBytesEachDeviceReceives) {
+  // x (16, 8) P('data', None) gathered whole: each device receives 3/4 of 512 B.
+  Executable gathered = compile(
+      [this](const std::vector<Value>& in) {
+        return std::vector<Value>{exp(with_sharding_constraint(in[0], NamedSharding(mesh_, P())))};
+      },
+      {{DType::kF32, {16, 8}}}, {P("data", None)});
+  EXPECT_EQ(collective_bytes_per_device(gathered.program, gathered.mesh), 3 * 512 / 4);
+  EXPECT_THAT(gathered.as_text(), HasSubstr("1 collective, 384 bytes received per device"));
+  // A (16, 4) partial product summed over 'model' (2 devices): 2 * 1/2 * 256 B.
+  Executable reduced =
+      compile(seed, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, {P(None, "model"), P("model", None)});
+  EXPECT_EQ(collective_bytes_per_device(reduced.program, reduced.mesh), 256);
+}
+
+// Data parallelism: every parameter's gradient is summed over 'data'. The combiner sends them
+// as one all_reduce (XLA's AllReduceCombiner); a larger-than-threshold one still goes alone.
+TEST_F(PartitionTest, IndependentAllReducesAreCombined) {
+  auto loss = [](const std::vector<Value>& in) {
+    return std::vector<Value>{sum(tanh(matmul(tanh(matmul(in[2], in[0])), in[1])))};
+  };
+  const std::vector<ArrayType> types = {{DType::kF32, {8, 16}}, {DType::kF32, {16, 4}}, {DType::kF32, {32, 8}}};
+  Executable exe = compile(grad(loss, {0, 1}), types, {P(), P(), P("data", None)});
+  const std::string text = exe.as_text();
+  EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 1) << text;
+  EXPECT_THAT(text, HasSubstr("= all_reduce(sum, axes=('data',)) s"));
+  EXPECT_THAT(text, HasSubstr("f32[192] 1152B/device  ; combined 2 all_reduces"));  // 8*16 + 16*4 elements, 2*3/4 of 768 B
+  // Each gradient comes back out in its own shape.
+  EXPECT_THAT(text, HasSubstr("= reshape(")) << text;
+  EXPECT_THAT(text, HasSubstr("f32[8,16]"));
+  EXPECT_THAT(text, HasSubstr("f32[16,4]"));
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ std::vector<GradCase> grad_cases() {
   unary("rsqrt", rsqrt, Domain::kPositive);
   unary("sin", sin);
   unary("cos", cos);
+  unary("erf", erf);
   out.push_back({"add", {m, m}, Domain::kSigned, [](V in) { return in[0] + in[1]; }});
   out.push_back({"sub", {m, m}, Domain::kSigned, [](V in) { return in[0] - in[1]; }});
   out.push_back({"mul", {m, m}, Domain::kSigned, [](V in) { return in[0] * in[1]; }});

@@ -109,14 +109,15 @@ void add_layout_families(int m, const PartitionSpec& s, std::vector<OpCase>* cas
   // Elementwise: JAX keeps the operands' layout.
   add_case(
       "unary_f32", {x, pos},
-      {"neg", "abs", "exp", "tanh", "logistic", "sin", "cos", "floor", "ceil", "sign", "log", "sqrt", "rsqrt", "-x"},
+      {"neg", "abs", "exp", "tanh", "logistic", "sin", "cos", "floor", "ceil", "sign", "log", "sqrt", "rsqrt", "-x",
+       "erf"},
       [](const std::vector<Value>& in, const Mesh&) {
         const Value& v = in[0];
         const Value& p = in[1];
-        return std::vector<Value>{neg(v),   abs(v),  exp(v),  tanh(v), logistic(v), sin(v),   cos(v),
-                                  floor(v), ceil(v), sign(v), log(p),  sqrt(p),     rsqrt(p), -v};
+        return std::vector<Value>{neg(v),   abs(v),  exp(v),  tanh(v),  logistic(v), sin(v), cos(v), floor(v),
+                                  ceil(v),  sign(v), log(p),  sqrt(p),  rsqrt(p),    -v,     erf(v)};
       },
-      std::vector<std::optional<PartitionSpec>>(14, s));
+      std::vector<std::optional<PartitionSpec>>(15, s));
   add_case(
       "unary_int_bool", {i32, b}, {"neg i32", "abs i32", "sign i32", "logical_not"},
       [](const std::vector<Value>& in, const Mesh&) {

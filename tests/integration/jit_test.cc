@@ -2,8 +2,11 @@
 // out here, across layouts that need no communication, all_reduce, reduce_scatter,
 // all_to_all, all_gather and local slices; compilation caching; errors.
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
@@ -297,6 +300,112 @@ TEST_F(JitTest, DonationWaitsForEarlierReadersAndChecksItsArguments) {
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("donate_argnums names argument 3 of a call with 1"));
   EXPECT_TRUE(y.fetch().ok());  // a call refused before it ran takes nothing
+}
+
+// Issue 14 item 1: programs that differ only in a constant are different programs, whichever
+// Jitted or client compiles them. The coordinator's cache was keyed by a hash of the graph's
+// text, where constants printed with 6 digits: jit(x * 0.1234568) ran jit(x * 0.1234567).
+// Every result is checked against the same arithmetic on the host, bit for bit.
+TEST_F(JitTest, ProgramsDifferingOnlyInAConstantNeverShareAnExecutable) {
+  absl::StatusOr<Client> other = Client::connect(client_->coordinator_address());
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<Mesh> other_mesh = other->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(other_mesh.ok()) << other_mesh.status();
+  const std::vector<double> xf = {1, -2, 3.5, 1e6, 0.25, -7, 9, 11};
+  const std::vector<int64_t> xi = {0, 1, -1, 2, 5, -9, 100, 7};
+  struct Case {
+    std::string name;
+    std::function<Value(const Value&)> f;  // x -> x op constant
+    std::function<double(double)> host_f;  // on float64 x
+    std::function<int64_t(int64_t)> host_i;  // on int64 x (when the case is integer)
+  };
+  auto mul = [](double c) {
+    return Case{absl::StrCat("x * ", Scalar(c).to_string()), [c](const Value& x) { return x * c; },
+                [c](double x) { return x * c; }, nullptr};
+  };
+  auto add = [](double c) {
+    return Case{absl::StrCat("x + ", Scalar(c).to_string()), [c](const Value& x) { return x + c; },
+                [c](double x) { return x + c; }, nullptr};
+  };
+  auto add_int = [](int64_t c) {
+    return Case{absl::StrCat("x + ", c), [c](const Value& x) { return x + c; }, nullptr,
+                [c](int64_t x) { return x + c; }};
+  };
+  // Pairs that printed alike: the 7th significant digit, 1e+06, the sign of zero, and int64
+  // constants past 2^53 (which a double cannot tell apart).
+  const std::vector<std::pair<Case, Case>> pairs = {
+      {mul(0.1234567), mul(0.1234568)},
+      {add(1000000), add(1000001)},
+      {mul(0.0), mul(-0.0)},
+      {add_int((int64_t{1} << 53) + 1), add_int(int64_t{1} << 53)},
+  };
+  auto run = [&](const Client& c, const Mesh& mesh, const Case& k) -> absl::StatusOr<HostArray> {
+    const bool integer = k.host_i != nullptr;
+    const HostArray host = integer ? HostArray::from_vector<int64_t>({8}, xi) : HostArray::from_vector<double>({8}, xf);
+    TESSERA_ASSIGN_OR_RETURN(Array x, c.device_put(host, NamedSharding(mesh, P("data"))));
+    Jitted f = jit([&k](const std::vector<Value>& in) { return std::vector<Value>{k.f(in[0])}; });
+    TESSERA_ASSIGN_OR_RETURN(std::vector<Array> y, f({x}));
+    return y[0].fetch();
+  };
+  auto expect_exact = [&](const HostArray& got, const Case& k) {
+    for (size_t i = 0; i < 8; ++i) {
+      if (k.host_i) {
+        EXPECT_EQ(got.values<int64_t>()[i], k.host_i(xi[i])) << k.name << " element " << i;
+      } else {
+        const double want = k.host_f(xf[i]), have = got.values<double>()[i];
+        EXPECT_EQ(std::memcmp(&want, &have, sizeof want), 0)
+            << k.name << " element " << i << ": " << have << " (bits differ from " << want << ")";
+      }
+    }
+  };
+  for (const auto& [a, b] : pairs) {
+    SCOPED_TRACE(a.name + " then " + b.name);
+    // a on this client, b on the other, then b again here through a third Jitted.
+    absl::StatusOr<HostArray> ra = run(*client_, *mesh_, a);
+    ASSERT_TRUE(ra.ok()) << ra.status();
+    expect_exact(*ra, a);
+    absl::StatusOr<HostArray> rb = run(*other, *other_mesh, b);
+    ASSERT_TRUE(rb.ok()) << rb.status();
+    expect_exact(*rb, b);
+    absl::StatusOr<HostArray> rb2 = run(*client_, *mesh_, b);
+    ASSERT_TRUE(rb2.ok()) << rb2.status();
+    expect_exact(*rb2, b);
+  }
+  // The loop of the report: x + (i + 0.5) for i from 100000, each call its own program.
+  for (int i = 100000; i < 100020; ++i) {
+    const Case k = add(i + 0.5);
+    absl::StatusOr<HostArray> r = run(i % 2 ? *other : *client_, i % 2 ? *other_mesh : *mesh_, k);
+    ASSERT_TRUE(r.ok()) << r.status();
+    expect_exact(*r, k);
+  }
+}
+
+// The passes on the cluster: gradients all-reduced as one combined message come back equal to
+// the host's, and a program whose duplicated and dead parts were removed still computes
+// everything it returns.
+TEST_F(JitTest, CombinedAndDeduplicatedProgramsMatchTheHost) {
+  const HostArray w = random_f32({8, 4}, 11), v = random_f32({8, 4}, 12), x = random_f32({16, 8}, 13);
+  // d/dw sum(x @ w) = x^T 1 and d/dv sum((x @ v) * 2) = 2 x^T 1: two all_reduces over 'data'.
+  Jitted f = jit(grad(
+      [](const std::vector<Value>& in) {
+        Value unused = exp(in[2]);  // dead
+        (void)unused;
+        return std::vector<Value>{sum(matmul(in[2], in[0])) + sum(matmul(in[2], in[1]) * 2.0)};
+      },
+      {0, 1}));
+  absl::StatusOr<std::vector<Array>> g = f({put(w, P()), put(v, P()), put(x, P("data", None))});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(f.as_text(), HasSubstr("combined 2 all_reduces"));
+  EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("exp(")));
+  std::vector<double> col(8 * 4, 0.0);
+  for (int i = 0; i < 8; ++i) {
+    double s = 0;
+    for (int r = 0; r < 16; ++r) s += x.values<float>()[r * 8 + i];
+    for (int j = 0; j < 4; ++j) col[i * 4 + j] = s;
+  }
+  expect_near(fetch((*g)[0]), col);
+  for (double& c : col) c *= 2;
+  expect_near(fetch((*g)[1]), col);
 }
 
 }  // namespace

@@ -349,7 +349,8 @@ TEST_F(ShardMapTest, BadUseIsAnInvalidArgumentAtTraceTime) {
               HasSubstr("position 4 is outside [0, 4)"));
   EXPECT_THAT(error_of([](const Value& x) { return all_to_all(x, "data", 1, 0, true); }, P("data", None),
                        P("data", None), {16, 6}),
-              HasSubstr("dimension 1 of f32[4,6] has size 6, not divisible by 4"));
+              // The rule is collective_output_shape's (core/collective.h), the one the workers apply.
+              HasSubstr("split dimension 1 of size 6 is not divisible by the group size 4 (all_to_all of f32[4,6]"));
   EXPECT_THAT(error_of([](const Value& x) { return all_to_all(x, "data", 1, 0, false); }),
               HasSubstr("split_axis 1 has size 8; not tiled, it must be 4"));
   EXPECT_THAT(error_of([](const Value& x) { return psum_scatter(x, "model", 0, false); }),

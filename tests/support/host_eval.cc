@@ -129,7 +129,7 @@ absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
       values[id] = in->clone();
       continue;
     }
-    if (n.op == Op::kShardingConstraint || n.op == Op::kShardingAs) {  // placement only: the operand's value
+    if (has_trait(n.op, kPlacement)) {  // placement only: the operand's value
       values[id] = values[n.operands[0]].clone();
       continue;
     }
@@ -162,7 +162,7 @@ absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
       }
       continue;
     }
-    if (is_manual_collective(n.op)) {
+    if (has_trait(n.op, kCollective)) {
       absl::StatusOr<std::vector<HostArray>> v = reference_collective(n, blocks[n.operands[0]]);
       if (!v.ok()) return v.status();
       blocks[id] = *std::move(v);

@@ -155,8 +155,6 @@ void dot_typed(const Node& node, const HostArray& lhs, const HostArray& rhs, Hos
   dot_loop(batch, m, k, n, a.data, b.data, c);
 }
 
-}  // namespace
-
 absl::StatusOr<HostArray> dot_general_kernel(const Node& node, const HostArray& lhs, const HostArray& rhs) {
   if (node.dtype == DType::kBool) {
     return absl::InvalidArgumentError(absl::StrCat("dot_general: not defined for bool operands (",
@@ -175,6 +173,18 @@ absl::StatusOr<HostArray> dot_general_kernel(const Node& node, const HostArray& 
     if constexpr (!kIsBool<T>) dot_typed<T>(node, lhs, rhs, &out);
   });
   return out;
+}
+
+}  // namespace
+
+absl::Span<const KernelEntry> dot_kernels() {
+  static constexpr KernelEntry kKernels[] = {
+      {Op::kDotGeneral, Backend::kCpu,
+       [](const Node& n, const std::vector<const HostArray*>& xs, std::byte*) {
+         return dot_general_kernel(n, *xs[0], *xs[1]);
+       }},
+  };
+  return kKernels;
 }
 
 }  // namespace tessera::internal

@@ -163,6 +163,9 @@ absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into
       case Op::kCos:
         return map1<T, T>(
             x, [](T v) { return std::cos(v); }, into);
+      case Op::kErf:
+        return map1<T, T>(
+            x, [](T v) { return std::erf(v); }, into);
       case Op::kFloor:
         return map1<T, T>(
             x, [](T v) { return std::floor(v); }, into);
@@ -282,13 +285,13 @@ absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArra
   return undefined_for(op, x);
 }
 
-}  // namespace
-
 absl::StatusOr<HostArray> constant_kernel(const Node& node) {
   HostArray out(node.dtype, node.shape);
   visit_dtype(node.dtype, [&](auto zero) {
     using T = decltype(zero);
-    const Stored<T> v = static_cast<Stored<T>>(convert_value<T>(node.value));
+    const Scalar& s = node.value;  // exact: an int64 constant never passes through a double
+    const Stored<T> v =
+        static_cast<Stored<T>>(s.is_integer() ? convert_value<T>(s.int_value()) : convert_value<T>(s.float_value()));
     Stored<T>* o = mutable_stored<T>(&out);
     for (int64_t i = 0; i < out.size(); ++i) o[i] = v;
   });
@@ -319,17 +322,19 @@ absl::StatusOr<HostArray> iota_kernel(const Node& node) {
   return out;
 }
 
-absl::StatusOr<HostArray> unary_kernel(const Node& node, const HostArray& x, std::byte* into) {
+absl::StatusOr<HostArray> unary_kernel(const Node& node, const std::vector<const HostArray*>& xs, std::byte* into) {
+  const HostArray& x = *xs[0];
   return visit_dtype(x.dtype(), [&](auto zero) { return unary_typed<decltype(zero)>(node.op, x, into); });
 }
 
-absl::StatusOr<HostArray> binary_kernel(const Node& node, const HostArray& x, const HostArray& y, std::byte* into) {
+absl::StatusOr<HostArray> binary_kernel(const Node& node, const std::vector<const HostArray*>& xs, std::byte* into) {
+  const HostArray &x = *xs[0], &y = *xs[1];
   return visit_dtype(x.dtype(), [&](auto zero) { return binary_typed<decltype(zero)>(node.op, x, y, into); });
 }
 
-HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray& on_true, const HostArray& on_false,
-                        std::byte* into) {
-  return visit_dtype(node.dtype, [&](auto zero) {
+absl::StatusOr<HostArray> select_kernel(const Node& node, const std::vector<const HostArray*>& xs, std::byte* into) {
+  const HostArray &pred = *xs[0], &on_true = *xs[1], &on_false = *xs[2];
+  return visit_dtype(node.dtype, [&](auto zero) -> HostArray {
     using T = decltype(zero);
     HostArray out = result<T>(into, node.shape);
     const uint8_t* p = stored<bool>(pred);
@@ -342,7 +347,7 @@ HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray
   });
 }
 
-HostArray convert_kernel(const Node& node, const HostArray& x) {
+absl::StatusOr<HostArray> convert_kernel(const Node& node, const HostArray& x) {
   return visit_dtype(x.dtype(), [&](auto from) {
     using From = decltype(from);
     return visit_dtype(node.dtype, [&](auto to) {
@@ -351,6 +356,40 @@ HostArray convert_kernel(const Node& node, const HostArray& x) {
           x, [](From v) { return convert_value<To>(v); }, nullptr);
     });
   });
+}
+
+}  // namespace
+
+absl::Span<const KernelEntry> elementwise_kernels() {
+  static constexpr KernelFn kConstant = [](const Node& n, const std::vector<const HostArray*>&, std::byte*) {
+    return constant_kernel(n);
+  };
+  static constexpr KernelFn kIota = [](const Node& n, const std::vector<const HostArray*>&, std::byte*) {
+    return iota_kernel(n);
+  };
+  static constexpr KernelFn kConvert = [](const Node& n, const std::vector<const HostArray*>& xs, std::byte*) {
+    return convert_kernel(n, *xs[0]);
+  };
+  static constexpr KernelEntry kKernels[] = {
+      {Op::kConstant, Backend::kCpu, kConstant},     {Op::kIota, Backend::kCpu, kIota},
+      {Op::kNeg, Backend::kCpu, unary_kernel},       {Op::kAbs, Backend::kCpu, unary_kernel},
+      {Op::kExp, Backend::kCpu, unary_kernel},       {Op::kLog, Backend::kCpu, unary_kernel},
+      {Op::kTanh, Backend::kCpu, unary_kernel},      {Op::kLogistic, Backend::kCpu, unary_kernel},
+      {Op::kSqrt, Backend::kCpu, unary_kernel},      {Op::kRsqrt, Backend::kCpu, unary_kernel},
+      {Op::kSin, Backend::kCpu, unary_kernel},       {Op::kCos, Backend::kCpu, unary_kernel},
+      {Op::kFloor, Backend::kCpu, unary_kernel},     {Op::kCeil, Backend::kCpu, unary_kernel},
+      {Op::kSign, Backend::kCpu, unary_kernel},      {Op::kNot, Backend::kCpu, unary_kernel},
+      {Op::kAdd, Backend::kCpu, binary_kernel},      {Op::kSub, Backend::kCpu, binary_kernel},
+      {Op::kMul, Backend::kCpu, binary_kernel},      {Op::kDiv, Backend::kCpu, binary_kernel},
+      {Op::kPow, Backend::kCpu, binary_kernel},      {Op::kMax, Backend::kCpu, binary_kernel},
+      {Op::kMin, Backend::kCpu, binary_kernel},      {Op::kAnd, Backend::kCpu, binary_kernel},
+      {Op::kOr, Backend::kCpu, binary_kernel},       {Op::kEq, Backend::kCpu, binary_kernel},
+      {Op::kNe, Backend::kCpu, binary_kernel},       {Op::kLt, Backend::kCpu, binary_kernel},
+      {Op::kLe, Backend::kCpu, binary_kernel},       {Op::kGt, Backend::kCpu, binary_kernel},
+      {Op::kGe, Backend::kCpu, binary_kernel},       {Op::kSelect, Backend::kCpu, select_kernel},
+      {Op::kConvert, Backend::kCpu, kConvert},       {Op::kErf, Backend::kCpu, unary_kernel},
+  };
+  return kKernels;
 }
 
 }  // namespace tessera::internal

@@ -1,7 +1,8 @@
 // The kernel families behind run_kernel, and the element-type plumbing they share.
 //
-// run_kernel (kernels.cc) checks that the operands and the node's attributes agree; the family
-// functions below trust that and do the arithmetic, one family per file:
+// run_kernel (kernels.cc) checks that the operands and the node's attributes agree (the op's
+// type rule) and finds the kernel in the registry; the kernels trust that and do the
+// arithmetic, one family per file:
 //   elementwise.cc   constant, iota, unary, binary, comparisons, select, convert
 //   layout.cc        broadcast_in_dim, reshape, transpose, slice, concatenate (and gather)
 //   reduction.cc     reduce_{sum,max,min,prod}, argmax
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/dtype.h"
 #include "core/graph.h"
 #include "core/host_array.h"
@@ -79,28 +81,26 @@ std::vector<int64_t> row_major_strides(const Shape& shape);
 void gather(const std::byte* src, int64_t elem_size, int64_t offset, const Shape& shape,
             const std::vector<int64_t>& strides, std::byte* dst);
 
-// The families. REQUIRES: run_kernel's checks of `node` against the operands passed.
-// Those returning StatusOr reject dtypes their op is not defined for. Those taking `into`
-// write their result there when it is not null (run_kernel_in_place: an operand's storage,
-// element i read before element i is written) and then return an empty array.
-absl::StatusOr<HostArray> constant_kernel(const Node& node);
-absl::StatusOr<HostArray> iota_kernel(const Node& node);
-absl::StatusOr<HostArray> unary_kernel(const Node& node, const HostArray& x, std::byte* into);
-absl::StatusOr<HostArray> binary_kernel(const Node& node, const HostArray& x, const HostArray& y, std::byte* into);
-HostArray select_kernel(const Node& node, const HostArray& pred, const HostArray& on_true, const HostArray& on_false,
-                        std::byte* into);
-HostArray convert_kernel(const Node& node, const HostArray& x);
+// The kernels, registered per family: each family file lists its ops' kernels, keyed by
+// (op, backend). A kernel may trust that run_kernel checked the node against its operands (the
+// op's type rule, core/op.h); it rejects dtypes its op is not defined for. `into`, when not
+// null, is where the result goes (run_kernel_in_place: an operand's storage, element i read
+// before element i is written, only for kInPlace ops); the kernel then returns an empty array.
+enum class Backend : uint8_t { kCpu };
+using KernelFn = absl::StatusOr<HostArray> (*)(const Node& node, const std::vector<const HostArray*>& xs,
+                                               std::byte* into);
+struct KernelEntry {
+  Op op;
+  Backend backend;
+  KernelFn fn;
+};
+absl::Span<const KernelEntry> elementwise_kernels();  // elementwise.cc
+absl::Span<const KernelEntry> layout_kernels();       // layout.cc
+absl::Span<const KernelEntry> reduction_kernels();    // reduction.cc
+absl::Span<const KernelEntry> dot_kernels();          // dot.cc
 
-HostArray broadcast_in_dim_kernel(const Node& node, const HostArray& x);
-HostArray reshape_kernel(const Node& node, const HostArray& x);
-HostArray transpose_kernel(const Node& node, const HostArray& x);
-HostArray slice_kernel(const Node& node, const HostArray& x);
-HostArray concatenate_kernel(const Node& node, const std::vector<const HostArray*>& xs);
-
-HostArray reduce_kernel(const Node& node, const HostArray& x);
-HostArray argmax_kernel(const Node& node, const HostArray& x);
-
-absl::StatusOr<HostArray> dot_general_kernel(const Node& node, const HostArray& lhs, const HostArray& rhs);
+// The kernel registered for (op, backend), or null.
+KernelFn find_kernel(Op op, Backend backend = Backend::kCpu);
 
 }  // namespace tessera::internal
 

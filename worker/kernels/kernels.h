@@ -23,19 +23,21 @@ namespace tessera {
 // node.operands entry, in order; the caller keeps ownership of the operands and the result
 // owns its storage.
 //
-// Every Op of core/graph.h except kParameter has a kernel; kShardingConstraint returns a copy
-// of its operand (placement is the caller's business). Semantics are lax's, including its
+// Every op whose OpDef has kHasKernel (core/op.h) has one, registered by its family
+// (worker/kernels/internal.h); kShardingConstraint returns a copy of its operand (placement is
+// the caller's business). Semantics are lax's, including its
 // choices for integers: add, sub, mul, neg, abs and the reductions wrap around; x / 0 == -1 and
 // INT_MIN / -1 == INT_MIN; pow with a negative exponent is 1 for base 1 and 0 otherwise. Float
 // to integer conversion truncates toward zero and saturates, NaN becoming 0. Float max/min
 // (elementwise and reductions) propagate NaN; argmax returns the first NaN, else the first
 // maximum. Kernels that compute on bool elements read any nonzero byte as true.
 //
-// INVALID_ARGUMENT, naming the op, when the operands are not what the node says (wrong count,
-// a null pointer, a type other than the node's operand type, e.g.
-// "tanh: operand 0 is i32[4] but the node expects f32[4]"), when the node's own attributes are
-// inconsistent (axes out of range, a result shape that does not follow from the operands), when
-// the op is not defined for the dtype, and for kParameter, whose value only the caller knows.
+// INVALID_ARGUMENT, naming the op, when the operands are not what the node says: a wrong count,
+// a null pointer, operands the op's type rule refuses (its message, e.g. "tanh: operand is
+// i32[4]; it needs float32 or float64 (convert first)") or from which it computes another type
+// than the node's ("tanh: the operands (f32[5]) give f32[5] but the node is f32[4]"); when the
+// op is not defined for the dtype; for an op without a kernel, and for kParameter, whose value
+// only the caller knows.
 // RESOURCE_EXHAUSTED when the result or a temporary cannot be allocated.
 absl::StatusOr<HostArray> run_kernel(const Node& node, const std::vector<const HostArray*>& operands);
 

@@ -71,6 +71,8 @@ void gather(const std::byte* src, int64_t elem_size, int64_t offset, const Shape
   }
 }
 
+namespace {
+
 HostArray broadcast_in_dim_kernel(const Node& node, const HostArray& x) {
   HostArray out(node.dtype, node.shape);
   const std::vector<int64_t> x_strides = row_major_strides(x.shape());
@@ -122,6 +124,30 @@ HostArray concatenate_kernel(const Node& node, const std::vector<const HostArray
     column += row;
   }
   return out;
+}
+
+}  // namespace
+
+absl::Span<const KernelEntry> layout_kernels() {
+  using Operands = const std::vector<const HostArray*>&;
+  static constexpr KernelEntry kKernels[] = {
+      {Op::kBroadcastInDim, Backend::kCpu,
+       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> {
+         return broadcast_in_dim_kernel(n, *xs[0]);
+       }},
+      {Op::kReshape, Backend::kCpu,
+       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return reshape_kernel(n, *xs[0]); }},
+      {Op::kTranspose, Backend::kCpu,
+       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return transpose_kernel(n, *xs[0]); }},
+      {Op::kSlice, Backend::kCpu,
+       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return slice_kernel(n, *xs[0]); }},
+      {Op::kConcatenate, Backend::kCpu,
+       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return concatenate_kernel(n, xs); }},
+      // Placement only: the operand's value (where it lives is the caller's business).
+      {Op::kShardingConstraint, Backend::kCpu,
+       [](const Node&, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return xs[0]->clone(); }},
+  };
+  return kKernels;
 }
 
 }  // namespace tessera::internal

@@ -140,8 +140,6 @@ void argmax_typed(const HostArray& x, size_t axis, HostArray* out) {
   }
 }
 
-}  // namespace
-
 HostArray reduce_kernel(const Node& node, const HostArray& x) {
   return visit_dtype(x.dtype(), [&](auto zero) { return reduce_typed<decltype(zero)>(node, x); });
 }
@@ -158,6 +156,24 @@ HostArray argmax_kernel(const Node& node, const HostArray& x) {
     }
   });
   return out;
+}
+
+}  // namespace
+
+absl::Span<const KernelEntry> reduction_kernels() {
+  using Operands = const std::vector<const HostArray*>&;
+  static constexpr KernelFn kReduce = [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> {
+    return reduce_kernel(n, *xs[0]);
+  };
+  static constexpr KernelEntry kKernels[] = {
+      {Op::kReduceSum, Backend::kCpu, kReduce},
+      {Op::kReduceMax, Backend::kCpu, kReduce},
+      {Op::kReduceMin, Backend::kCpu, kReduce},
+      {Op::kReduceProd, Backend::kCpu, kReduce},
+      {Op::kArgmax, Backend::kCpu,
+       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return argmax_kernel(n, *xs[0]); }},
+  };
+  return kKernels;
 }
 
 }  // namespace tessera::internal

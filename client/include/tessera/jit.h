@@ -5,7 +5,7 @@
 //   Jitted layer = jit([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; });
 //   absl::StatusOr<std::vector<Array>> y = layer({x, w});      // x P('data', None), w P(None, 'model')
 //   (*y)[0].sharding().spec();                                   // P('data', 'model')
-//   std::cout << layer.as_text();                                // every device's plan
+//   std::cout << layer.as_text();                                // the program every device runs
 //
 // A Jitted traces once per argument signature (dtypes, shapes, shardings) and the coordinator
 // compiles each signature once: calling again with same-typed, same-sharded arrays only runs.
@@ -78,9 +78,14 @@ class Jitted {
   // to finish first (DEADLINE_EXCEEDED if none does by its deadline).
   absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args) const;
 
-  // The per-device plans of the most recently used signature, like JAX's
-  // lower(...).compile().as_text(); empty before the first call.
+  // The compiled program of the most recently used signature, like JAX's
+  // lower(...).compile().as_text(): the one program every device runs (SPMD), its collectives
+  // over mesh axes with their cause; empty before the first call. Asks the coordinator (the
+  // program is cached there); a failure comes back as a "# ..." line naming the error.
   std::string as_text() const;
+  // The same program as `device_id` runs it: replica groups as device ids, local slices as
+  // offsets. NOT_FOUND (as a "# ..." line) when the device is not in the program's mesh.
+  std::string as_text(int device_id) const;
 
   // Surprising: not this function's count, but how many programs the coordinator had
   // compiled in all (for every client and function) when this function last compiled a

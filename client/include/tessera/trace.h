@@ -54,12 +54,7 @@ class Value {
   int id_ = -1;
 };
 
-// The dtype and shape of one input of a traced function.
-struct ArrayType {
-  DType dtype = DType::kF32;
-  Shape shape;
-};
-
+// The dtype and shape of one input of a traced function: ArrayType (core/op.h).
 using TracedFunction = std::function<std::vector<Value>(const std::vector<Value>&)>;
 
 // Runs `f` once on Values of the given types; the Graph has one parameter per input and
@@ -81,6 +76,7 @@ Value sqrt(const Value& x);
 Value rsqrt(const Value& x);
 Value sin(const Value& x);
 Value cos(const Value& x);
+Value erf(const Value& x);
 Value floor(const Value& x);
 Value ceil(const Value& x);
 Value sign(const Value& x);
@@ -112,7 +108,7 @@ Value operator/(const Value& x, const Value& y);
 // x's dtype (float64 x * 0.5 is float64) and makes an integer or bool x float32 (int32 x * 0.5
 // is float32, as in JAX); an integer (the templates below) keeps an integer x's dtype, makes
 // a bool x int32 and is cast to a float x's dtype — except with `/`, true division, where an
-// integer x gives float32. Integer scalars travel as doubles: exact up to 2^53.
+// integer x gives float32. Integer scalars are exact (an int64 beyond 2^53 included).
 Value operator+(const Value& x, double y);
 Value operator-(const Value& x, double y);
 Value operator*(const Value& x, double y);

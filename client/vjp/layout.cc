@@ -1,0 +1,96 @@
+// VJPs of the layout ops (broadcast_in_dim, reshape, transpose, slice, concatenate) and of
+// sharding_constraint: each moves the cotangent back the way the op moved elements.
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "client/vjp/vjp.h"
+
+namespace tessera::internal {
+namespace {
+
+// The inverse of a permutation.
+std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
+  std::vector<int64_t> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+  return inv;
+}
+
+// The cotangent of a broadcast_in_dim's operand: summed over the dimensions it was
+// broadcast along (new ones, and stretched size-1 ones), back in the operand's shape. The
+// graph keeps `dims` increasing, so what remains is in the operand's order.
+Value unbroadcast(const Value& g, const Shape& in, const Shape& out, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> summed;
+  for (int64_t r = 0; r < static_cast<int64_t>(out.size()); ++r) {
+    auto it = std::find(dims.begin(), dims.end(), r);
+    if (it == dims.end() || in[it - dims.begin()] != out[r]) summed.push_back(r);
+  }
+  return reshape(summed.empty() ? g : sum(g, summed), in);
+}
+
+// The cotangent of a slice's operand: g padded with zeros back to the operand's shape.
+Value unslice(const Value& g, const Shape& in, const std::vector<int64_t>& start, const std::vector<int64_t>& limit) {
+  Value out = g;
+  for (size_t d = 0; d < in.size(); ++d) {
+    std::vector<Value> parts;
+    Shape shape = out.shape();
+    if (start[d] > 0) {
+      shape[d] = start[d];
+      parts.push_back(full(shape, 0.0, g.dtype()));
+    }
+    parts.push_back(out);
+    if (limit[d] < in[d]) {
+      shape[d] = in[d] - limit[d];
+      parts.push_back(full(shape, 0.0, g.dtype()));
+    }
+    if (parts.size() > 1) out = concatenate(parts, static_cast<int64_t>(d));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Span<const VjpEntry> layout_vjps() {
+  static const VjpEntry kRules[] = {
+      {Op::kBroadcastInDim,
+       [](const VjpArgs& a) {
+         a.add(0, unbroadcast(a.g, a.x[0].shape(), a.node.shape, a.node.dims));
+         return absl::OkStatus();
+       }},
+      {Op::kReshape,
+       [](const VjpArgs& a) {
+         a.add(0, reshape(a.g, a.x[0].shape()));
+         return absl::OkStatus();
+       }},
+      {Op::kTranspose,
+       [](const VjpArgs& a) {
+         a.add(0, transpose(a.g, inverse(a.node.dims)));
+         return absl::OkStatus();
+       }},
+      {Op::kSlice,
+       [](const VjpArgs& a) {
+         a.add(0, unslice(a.g, a.x[0].shape(), a.node.dims, a.node.limits));
+         return absl::OkStatus();
+       }},
+      {Op::kConcatenate,
+       [](const VjpArgs& a) {
+         const int64_t axis = a.node.dims[0];
+         int64_t offset = 0;
+         for (size_t k = 0; k < a.x.size(); ++k) {
+           std::vector<int64_t> begin(a.node.shape.size(), 0), end = a.node.shape;
+           begin[axis] = offset;
+           end[axis] = offset + a.x[k].shape()[axis];
+           offset = end[axis];
+           a.add(k, slice(a.g, begin, end));
+         }
+         return absl::OkStatus();
+       }},
+      {Op::kShardingConstraint,
+       [](const VjpArgs& a) {
+         a.add(0, with_sharding_constraint(a.g, *a.node.sharding));
+         return absl::OkStatus();
+       }},
+  };
+  return kRules;
+}
+
+}  // namespace tessera::internal

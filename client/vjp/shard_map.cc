@@ -1,0 +1,91 @@
+// VJPs of shard_map's boundaries and collectives. Each device's block is its own variable, and
+// these are the transposes of the linear maps between them (pmap's convention). An output
+// replicated over axes its out_spec leaves out is one copy of identical blocks: each block
+// gets its share of the cotangent; an argument replicated over axes its in_spec leaves out was
+// read by every device along them: its cotangent is their sum.
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "client/vjp/vjp.h"
+
+namespace tessera::internal {
+namespace {
+
+// `op` over the node's mesh and axes, on `v`.
+Value collective(const VjpArgs& a, Op op, const Value& v, std::vector<int64_t> dims) {
+  return a.trace->make(
+      a.trace->graph.add_collective(op, TraceState::id(v), a.node.sharding->mesh(), a.node.axes, std::move(dims)));
+}
+
+}  // namespace
+
+absl::Span<const VjpEntry> shard_map_vjps() {
+  static const VjpEntry kRules[] = {
+      {Op::kShardMapOut,
+       [](const VjpArgs& a) {
+         const NamedSharding& s = *a.node.sharding;
+         const int64_t copies = s.num_replicas();
+         Value blocks = a.trace->make(a.trace->graph.add_shard_map_in(TraceState::id(a.g), s));
+         a.add(0, copies == 1 ? blocks : blocks * (1.0 / static_cast<double>(copies)));
+         return absl::OkStatus();
+       }},
+      {Op::kShardMapIn,
+       [](const VjpArgs& a) {
+         const NamedSharding& s = *a.node.sharding;
+         std::vector<std::string> unnamed;
+         const std::vector<std::string> named = s.spec().used_axes();
+         for (const std::string& axis : s.mesh().axis_names()) {
+           if (std::find(named.begin(), named.end(), axis) == named.end()) unnamed.push_back(axis);
+         }
+         Value summed = a.g;
+         if (!unnamed.empty()) {
+           summed =
+               a.trace->make(a.trace->graph.add_collective(Op::kAllReduce, TraceState::id(a.g), s.mesh(), unnamed, {}));
+         }
+         if (summed.ok()) a.add(0, a.trace->make(a.trace->graph.add_shard_map_out(TraceState::id(summed), s)));
+         return absl::OkStatus();
+       }},
+      {Op::kAllReduce,
+       [](const VjpArgs& a) {
+         const auto reduce_op = static_cast<ReduceOp>(a.node.index);
+         if (reduce_op == ReduceOp::kSum) {
+           a.add(0, collective(a, Op::kAllReduce, a.g, {}));
+         } else if (reduce_op == ReduceOp::kMax || reduce_op == ReduceOp::kMin) {
+           // To the devices holding the extreme, split evenly among ties.
+           const Value hit = convert(a.x[0] == a.out, a.x[0].dtype());
+           a.add(0, collective(a, Op::kAllReduce, a.g, {}) * hit / collective(a, Op::kAllReduce, hit, {}));
+         } else {
+           return absl::InvalidArgumentError("differentiating an all_reduce product is not supported");
+         }
+         return absl::OkStatus();
+       }},
+      {Op::kAllGather,
+       [](const VjpArgs& a) {
+         a.add(0, collective(a, Op::kReduceScatter, a.g, a.node.dims));
+         return absl::OkStatus();
+       }},
+      {Op::kReduceScatter,
+       [](const VjpArgs& a) {
+         a.add(0, collective(a, Op::kAllGather, a.g, a.node.dims));
+         return absl::OkStatus();
+       }},
+      {Op::kAllToAll,
+       [](const VjpArgs& a) {
+         a.add(0, collective(a, Op::kAllToAll, a.g, {a.node.dims[1], a.node.dims[0]}));
+         return absl::OkStatus();
+       }},
+      {Op::kCollectivePermute,
+       [](const VjpArgs& a) {  // back along every pair
+         std::vector<int64_t> inverted;
+         for (size_t i = 0; i + 1 < a.node.dims.size(); i += 2) {
+           inverted.push_back(a.node.dims[i + 1]);
+           inverted.push_back(a.node.dims[i]);
+         }
+         a.add(0, collective(a, Op::kCollectivePermute, a.g, inverted));
+         return absl::OkStatus();
+       }},
+  };
+  return kRules;
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,53 @@
+// VJP rules: how grad (client/grad.cc) takes a cotangent back through one op, registered per
+// op family, each family in its own file of this folder. Internal to the client library.
+//
+// A rule sees the node, its operands and result as Values of the trace, and the result's
+// cotangent; it adds each operand's cotangent with `add` (cotangents of non-float operands
+// are dropped by grad). Ops whose OpDef has kNoGradient have no rule, on purpose.
+//
+//   {Op::kExp, [](const VjpArgs& a) { a.add(0, a.g * a.out); return absl::OkStatus(); }},
+#ifndef TESSERA_CLIENT_VJP_VJP_H_
+#define TESSERA_CLIENT_VJP_VJP_H_
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "client/trace_state.h"
+#include "core/graph.h"
+#include "tessera/trace.h"
+
+namespace tessera::internal {
+
+struct VjpArgs {
+  const Node& node;             // a copy's reference: rules add nodes to the graph
+  const std::vector<Value>& x;  // the operands
+  const Value& out;             // the result
+  const Value& g;               // the result's cotangent
+  TraceState* trace;
+  const std::function<void(size_t operand, const Value& cotangent)>& add;
+};
+
+// OK, or INVALID_ARGUMENT for a case the rule does not differentiate (grad fails with it).
+using VjpRule = absl::Status (*)(const VjpArgs& args);
+struct VjpEntry {
+  Op op;
+  VjpRule rule;
+};
+
+absl::Span<const VjpEntry> elementwise_vjps();  // elementwise.cc
+absl::Span<const VjpEntry> layout_vjps();       // layout.cc: layout ops and sharding_constraint
+absl::Span<const VjpEntry> reduction_vjps();    // reduction.cc
+absl::Span<const VjpEntry> dot_vjps();          // dot.cc
+absl::Span<const VjpEntry> shard_map_vjps();    // shard_map.cc: shard_map boundaries, collectives
+
+// The rule registered for `op`, or null.
+VjpRule find_vjp(Op op);
+
+// A zero array of x's dtype and shape.
+inline Value zeros_like(const Value& x) { return full(x.shape(), 0.0, x.dtype()); }
+
+}  // namespace tessera::internal
+
+#endif  // TESSERA_CLIENT_VJP_VJP_H_

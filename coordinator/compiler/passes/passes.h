@@ -1,0 +1,47 @@
+// The passes partition() runs over the program it emitted (SPMD form, core/plan.h), in this
+// order, each in its own file:
+//
+//   eliminate_dead_code           dce.cc    nothing that reaches no output is computed
+//   eliminate_common_subexpressions cse.cc  an instruction identical to an earlier one (same
+//                                           op, attributes and inputs: a reshard emitted for
+//                                           each consumer, a constant built twice) reuses its
+//                                           result
+//   combine_all_reduces           combine_all_reduce.cc  independent all_reduces over the same
+//                                           axes, reduce op and dtype sent as one message (up
+//                                           to kCombineBytes)
+//   insert_frees                  frees.cc  slots numbered densely, each freed after its last
+//                                           use (not outputs, nor inputs the caller keeps)
+//
+//   DevicePlan program = ...;        // as emitted: no frees yet
+//   run_passes(&program);            // what partition() does
+//
+// Every pass keeps the program's meaning for every device, since all run the same program:
+// removing a collective removes it everywhere.
+#ifndef TESSERA_COORDINATOR_COMPILER_PASSES_PASSES_H_
+#define TESSERA_COORDINATOR_COMPILER_PASSES_PASSES_H_
+
+#include <cstdint>
+
+#include "core/plan.h"
+
+namespace tessera {
+
+// REQUIRES for all: `program` has no frees yet, every slot is written once before it is read.
+void eliminate_dead_code(DevicePlan* program);
+void eliminate_common_subexpressions(DevicePlan* program);
+void insert_frees(DevicePlan* program);
+
+// What one combined all_reduce carries at most. A larger all_reduce goes alone.
+inline constexpr int64_t kCombineBytes = int64_t{4} << 20;
+void combine_all_reduces(DevicePlan* program);
+
+inline void run_passes(DevicePlan* program) {
+  eliminate_common_subexpressions(program);  // first: duplicates removed, their producers may die
+  eliminate_dead_code(program);
+  combine_all_reduces(program);
+  insert_frees(program);
+}
+
+}  // namespace tessera
+
+#endif  // TESSERA_COORDINATOR_COMPILER_PASSES_PASSES_H_

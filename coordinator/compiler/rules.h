@@ -1,0 +1,130 @@
+// Sharding rules: how each op's layouts follow one another during propagation
+// (propagate.cc), registered per op family, each family in its own file (rules_*.cc):
+//   rules_elementwise.cc  constant, iota, unary, binary, comparisons, select, convert
+//   rules_layout.cc       broadcast_in_dim, reshape, transpose, slice, concatenate
+//   rules_reduction.cc    reduce_{sum,max,min,prod}, argmax
+//   rules_dot.cc          dot_general
+//   rules_placement.cc    parameter, sharding_constraint, sharding_as, shard_map and its collectives
+//
+// A rule's forward half decides a node's result layout from its operands' (the layouts seen
+// so far) and what it needs of each operand; its backward half says how the operands'
+// dimensions follow the result's, so the backward pass can move a layout across the op; its
+// partition handler emits the node into the program (partition.cc), by default the
+// op's kernel on local shapes after resharding each operand to what the op needs.
+//
+//   {Op::kNeg, {elementwise_forward, identity_map}}
+#ifndef TESSERA_COORDINATOR_COMPILER_RULES_H_
+#define TESSERA_COORDINATOR_COMPILER_RULES_H_
+
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "coordinator/compiler/propagate.h"
+#include "core/graph.h"
+#include "core/plan.h"
+
+namespace tessera::internal {
+
+using Dims = std::vector<Axes>;
+
+// What a forward rule sees of the propagation in progress.
+class ShardingContext {
+ public:
+  virtual ~ShardingContext() = default;
+  virtual const Graph& graph() const = 0;
+  virtual const Mesh& mesh() const = 0;
+  // The layout of value `id` so far: nullopt for one not decided yet (a constant, an iota).
+  virtual std::optional<ValueSharding> of(int id) const = 0;
+  // Value `id`'s result layout (and pending reduction).
+  virtual void set(int id, Dims dims, std::vector<std::string> partial = {}, ReduceOp op = ReduceOp::kSum) = 0;
+  // What node `id` needs of each of its operands, in order.
+  virtual std::vector<ValueSharding>& needs(int id) = 0;
+
+  // of(id), or replicated when not decided yet.
+  ValueSharding of_or_replicated(int id) const;
+  // `spec` as one entry per dimension of a rank-`rank` value.
+  Dims padded(const PartitionSpec& spec, size_t rank) const;
+  // The leading axes of `axes` that are unused so far (in `taken`) and divide `size`; adds them
+  // to `taken`.
+  Axes usable(const Axes& axes, int64_t size, std::set<std::string>* taken) const;
+};
+
+// How a node's operands follow its result: operand k's dimension d follows result dimension
+// follow[k][d] (-1: it does not, and keeps what the forward pass asked of it). Only the result
+// dimensions in `free` may change.
+struct DimMap {
+  std::vector<std::vector<int>> follow;
+  std::vector<bool> free;
+};
+
+// What a partition handler sees of the program being emitted (partition.cc): one program for
+// every device (SPMD), so a handler never depends on a device's position — what does is
+// said symbolically (core/plan.h) and resolved by each device.
+class PartitionContext {
+ public:
+  virtual ~PartitionContext() = default;
+  virtual const Graph& graph() const = 0;
+  virtual const Mesh& mesh() const = 0;
+  virtual const Propagation& propagation() const = 0;
+  // "%3 = tanh": what the node's instructions are for.
+  virtual std::string cause(int id) const = 0;
+  // The slot holding value `id`, and where it goes.
+  virtual int slot_of(int id) const = 0;
+  virtual void bind(int id, int slot) = 0;
+  // A new input slot (a parameter's local shard).
+  virtual int add_input(int id) = 0;
+  // The slot holding value `id` moved from layout `from` to `to` (the instructions the move
+  // needs, each with the cause "for <cause>").
+  virtual absl::StatusOr<int> reshard(int id, const ValueSharding& from, const ValueSharding& to,
+                                      const std::string& cause) = 0;
+  // Appends `inst` writing a new slot; returns the slot.
+  virtual int emit(Instruction inst) = 0;
+
+  // The slots of node `id`'s operands, each resharded to what the node needs of it.
+  absl::StatusOr<std::vector<int>> operands_as_needed(int id);
+  // Node `id` as a kernel of this device on `in`: the node with its local result shape.
+  Instruction local_kernel(int id, const std::vector<int>& in) const;
+};
+
+// The default partition handler: the operands resharded as needed, then local_kernel.
+absl::Status partition_kernel(PartitionContext& c, int id);
+
+struct ShardingRule {
+  absl::Status (*forward)(ShardingContext& c, int id);
+  DimMap (*backward)(const Graph& g, const Node& n);
+  // Whether the rule runs inside a shard_map body too; else body values are blocks, kept
+  // replicated and never moved (propagate.cc).
+  bool in_body = false;
+  absl::Status (*partition)(PartitionContext& c, int id) = partition_kernel;
+};
+struct ShardingRuleEntry {
+  Op op;
+  ShardingRule rule;
+};
+
+absl::Span<const ShardingRuleEntry> elementwise_rules();
+absl::Span<const ShardingRuleEntry> layout_rules();
+absl::Span<const ShardingRuleEntry> reduction_rules();
+absl::Span<const ShardingRuleEntry> dot_rules();
+absl::Span<const ShardingRuleEntry> placement_rules();
+
+// The rule of a value inside a shard_map body (collectives, axis_index, and every op there):
+// a replicated value of the block's shape, never moved; each device holds its own.
+absl::Status body_value(ShardingContext& c, int id);
+
+// A DimMap of rank(n) free dimensions in which every operand follows the result one to one
+// (elementwise ops); and one with no operands (sources).
+DimMap identity_map(const Graph& g, const Node& n);
+
+}  // namespace tessera::internal
+
+namespace tessera {
+// The rule registered for `op`, or null.
+const internal::ShardingRule* find_sharding_rule(Op op);
+}  // namespace tessera
+
+#endif  // TESSERA_COORDINATOR_COMPILER_RULES_H_

@@ -1,0 +1,107 @@
+// Sharding rules of the elementwise ops (and of constant and iota, which their users decide),
+// and iota's partition handler.
+#include "absl/status/status.h"
+#include "coordinator/compiler/rules.h"
+#include "core/status.h"
+
+namespace tessera::internal {
+namespace {
+
+// Unary, binary, compare, select, convert: operands and result share one layout; the result
+// takes each dimension's axes from the first operand that splits it.
+absl::Status elementwise(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const size_t rank = n.shape.size();
+  std::vector<std::optional<ValueSharding>> in;
+  for (int o : n.operands) in.push_back(c.of(o));
+  // A partial sum passes through a linear op (neg), through add/sub of two equally partial
+  // operands, and through mul (or the numerator of div) by a whole operand.
+  auto same_partial = [&](size_t i, size_t j) {
+    return in[i] && in[j] && in[i]->is_partial() && in[i]->partial == in[j]->partial &&
+           in[i]->partial_op == ReduceOp::kSum && in[j]->partial_op == ReduceOp::kSum;
+  };
+  std::vector<std::string> partial;
+  std::vector<bool> keep_partial(in.size(), false);
+  if (has_trait(n.op, kLinear) && in[0] && in[0]->partial_op == ReduceOp::kSum) {
+    partial = in[0]->partial;
+    keep_partial[0] = true;
+  } else if ((n.op == Op::kAdd || n.op == Op::kSub) && same_partial(0, 1)) {
+    partial = in[0]->partial;
+    keep_partial = {true, true};
+  } else if (n.op == Op::kMul || n.op == Op::kDiv) {
+    // An operand not decided yet (a constant) is whole.
+    const bool p0 = in[0] && in[0]->is_partial(), p1 = in[1] && in[1]->is_partial();
+    if (p0 && !p1 && in[0]->partial_op == ReduceOp::kSum) {
+      partial = in[0]->partial;
+      keep_partial[0] = true;
+    } else if (n.op == Op::kMul && p1 && !p0 && in[1]->partial_op == ReduceOp::kSum) {
+      partial = in[1]->partial;
+      keep_partial[1] = true;
+    }
+  } else if (n.op == Op::kConvert && in[0] && in[0]->partial_op == ReduceOp::kSum && is_floating(n.dtype) &&
+             is_floating(c.graph().node(n.operands[0]).dtype)) {
+    partial = in[0]->partial;
+    keep_partial[0] = true;
+  }
+  std::set<std::string> taken(partial.begin(), partial.end());
+  Dims d(rank);
+  for (size_t dim = 0; dim < rank; ++dim) {
+    for (const auto& s : in) {
+      if (s && d[dim].empty() && !s->dims[dim].empty()) d[dim] = c.usable(s->dims[dim], n.shape[dim], &taken);
+    }
+  }
+  std::vector<ValueSharding>& req = c.needs(id);
+  req.clear();
+  for (size_t i = 0; i < in.size(); ++i) {
+    req.push_back(ValueSharding{d, keep_partial[i] ? partial : std::vector<std::string>{}, ReduceOp::kSum});
+  }
+  c.set(id, d, partial);
+  return absl::OkStatus();
+}
+
+// Constants and iota: decided by their users (the backward pass), replicated until then.
+absl::Status source(ShardingContext&, int) { return absl::OkStatus(); }
+
+// An iota's values depend on the position: made whole, then this device's block kept.
+absl::Status partition_iota(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const ValueSharding& result = c.propagation().result[id];
+  if (result.spec().used_axes().empty()) return partition_kernel(c, id);
+  Instruction whole = c.local_kernel(id, {});
+  whole.node.shape = n.shape;
+  c.bind(id, c.emit(std::move(whole)));
+  TESSERA_ASSIGN_OR_RETURN(int slot, c.reshard(id, ValueSharding::replicated(n.shape.size()), result, c.cause(id)));
+  c.bind(id, slot);
+  return absl::OkStatus();
+}
+
+constexpr ShardingRule kElementwise = {elementwise, identity_map};
+constexpr ShardingRule kSource = {source, identity_map};
+constexpr ShardingRule kIota = {source, identity_map, false, partition_iota};
+
+}  // namespace
+
+absl::Span<const ShardingRuleEntry> elementwise_rules() {
+  static constexpr ShardingRuleEntry kRules[] = {
+      {Op::kConstant, kSource},     {Op::kIota, kIota},
+      {Op::kNeg, kElementwise},     {Op::kAbs, kElementwise},
+      {Op::kExp, kElementwise},     {Op::kLog, kElementwise},
+      {Op::kTanh, kElementwise},    {Op::kLogistic, kElementwise},
+      {Op::kSqrt, kElementwise},    {Op::kRsqrt, kElementwise},
+      {Op::kSin, kElementwise},     {Op::kCos, kElementwise},
+      {Op::kFloor, kElementwise},   {Op::kCeil, kElementwise},
+      {Op::kSign, kElementwise},    {Op::kNot, kElementwise},
+      {Op::kAdd, kElementwise},     {Op::kSub, kElementwise},
+      {Op::kMul, kElementwise},     {Op::kDiv, kElementwise},
+      {Op::kPow, kElementwise},     {Op::kMax, kElementwise},
+      {Op::kMin, kElementwise},     {Op::kAnd, kElementwise},
+      {Op::kOr, kElementwise},      {Op::kEq, kElementwise},
+      {Op::kNe, kElementwise},      {Op::kLt, kElementwise},
+      {Op::kLe, kElementwise},      {Op::kGt, kElementwise},
+      {Op::kGe, kElementwise},      {Op::kSelect, kElementwise},
+      {Op::kConvert, kElementwise}, {Op::kErf, kElementwise},
+  };
+  return kRules;
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,177 @@
+// Sharding rules of the layout ops: a split moves with the dimension it is on, and is gathered
+// first where the op cuts, joins or stretches that dimension; slice's partition handler.
+#include "absl/status/status.h"
+#include "coordinator/compiler/rules.h"
+#include "core/status.h"
+
+namespace tessera::internal {
+namespace {
+
+// How reshape maps dimensions: consecutive groups, input [i, i2) and output [o, o2), grown
+// until their element counts match (`exact`; false only for a trailing group where the
+// shapes run out first). Input dimensions past the last group are in none.
+struct ReshapeGroup {
+  size_t i, i2, o, o2;
+  bool exact;
+};
+
+std::vector<ReshapeGroup> reshape_groups(const Shape& in, const Shape& out) {
+  std::vector<ReshapeGroup> groups;
+  size_t i = 0, o = 0;
+  while (i < in.size() && o < out.size()) {
+    size_t i2 = i + 1, o2 = o + 1;
+    int64_t pi = in[i], po = out[o];
+    while (pi != po) {
+      if (pi < po && i2 < in.size()) {
+        pi *= in[i2++];
+      } else if (o2 < out.size()) {
+        po *= out[o2++];
+      } else {
+        break;
+      }
+    }
+    groups.push_back({i, i2, o, o2, pi == po});
+    i = i2;
+    o = o2;
+  }
+  return groups;
+}
+
+absl::Status broadcast_in_dim(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const Shape& in = c.graph().node(n.operands[0]).shape;
+  ValueSharding q = c.of_or_replicated(n.operands[0]);
+  Dims d(n.shape.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != n.shape[n.dims[i]]) q.dims[i].clear();  // a stretched dimension cannot stay split
+    d[n.dims[i]] = q.dims[i];
+  }
+  c.needs(id) = {q};
+  c.set(id, d, q.partial, q.partial_op);
+  return absl::OkStatus();
+}
+
+DimMap broadcast_in_dim_map(const Graph& g, const Node& n) {
+  DimMap m{std::vector<std::vector<int>>(1), std::vector<bool>(n.shape.size(), true)};
+  const Shape& in = g.node(n.operands[0]).shape;
+  for (size_t i = 0; i < in.size(); ++i) {
+    m.follow[0].push_back(in[i] == n.shape[n.dims[i]] ? static_cast<int>(n.dims[i]) : -1);
+  }
+  return m;
+}
+
+absl::Status transpose(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  ValueSharding q = c.of_or_replicated(n.operands[0]);
+  Dims d;
+  for (int64_t p : n.dims) d.push_back(q.dims[p]);
+  c.needs(id) = {q};
+  c.set(id, d, q.partial, q.partial_op);
+  return absl::OkStatus();
+}
+
+DimMap transpose_map(const Graph&, const Node& n) {
+  const size_t rank = n.shape.size();
+  DimMap m{{std::vector<int>(rank, -1)}, std::vector<bool>(rank, true)};
+  for (size_t i = 0; i < rank; ++i) m.follow[0][n.dims[i]] = static_cast<int>(i);
+  return m;
+}
+
+// reshape: dimensions are matched in groups of equal element count; a group's split moves
+// to the major dimension of its image when the sizes allow, else it is gathered first.
+absl::Status reshape(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const Shape& in = c.graph().node(n.operands[0]).shape;
+  const Shape& out = n.shape;
+  ValueSharding q = c.of_or_replicated(n.operands[0]);
+  Dims d(out.size());
+  size_t covered = 0;
+  for (const ReshapeGroup& g : reshape_groups(in, out)) {
+    // Only the group's major input dimension may stay split, onto the major output one.
+    for (size_t k = g.i + 1; k < g.i2; ++k) q.dims[k].clear();
+    if (!q.dims[g.i].empty() && out[g.o] % c.mesh().axes_size(q.dims[g.i]) == 0 &&
+        (g.i2 == g.i + 1 || in[g.i] == out[g.o] || out[g.o] % in[g.i] == 0)) {
+      d[g.o] = q.dims[g.i];
+    } else {
+      q.dims[g.i].clear();
+    }
+    covered = g.i2;
+  }
+  for (size_t i = covered; i < in.size(); ++i) q.dims[i].clear();
+  c.needs(id) = {q};
+  c.set(id, d, q.partial, q.partial_op);
+  return absl::OkStatus();
+}
+
+// Only dimensions that reshape leaves alone (a group of one on both sides) follow.
+DimMap reshape_map(const Graph& g, const Node& n) {
+  const Shape& in = g.node(n.operands[0]).shape;
+  DimMap m{{std::vector<int>(in.size(), -1)}, std::vector<bool>(n.shape.size(), false)};
+  for (const ReshapeGroup& r : reshape_groups(in, n.shape)) {
+    if (r.i2 == r.i + 1 && r.o2 == r.o + 1 && r.exact) {
+      m.follow[0][r.i] = static_cast<int>(r.o);
+      m.free[r.o] = true;
+    }
+  }
+  return m;
+}
+
+// Whether dimension d is cut (slice) or joined along (concatenate).
+bool cut(const Graph& g, const Node& n, size_t d) {
+  return n.op == Op::kSlice ? (n.dims[d] != 0 || n.limits[d] != g.node(n.operands[0]).shape[d])
+                            : static_cast<int64_t>(d) == n.dims[0];
+}
+
+// slice, concatenate: dimensions that are cut or joined are gathered first.
+absl::Status slice_or_concatenate(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  ValueSharding q = c.of_or_replicated(n.operands[0]);
+  for (size_t d = 0; d < n.shape.size(); ++d) {
+    if (cut(c.graph(), n, d)) q.dims[d].clear();
+  }
+  if (n.op == Op::kConcatenate) q.partial.clear();
+  c.needs(id).assign(n.operands.size(), q);
+  c.set(id, q.dims, q.partial, q.partial_op);
+  return absl::OkStatus();
+}
+
+DimMap slice_or_concatenate_map(const Graph& g, const Node& n) {
+  DimMap m = identity_map(g, n);
+  for (size_t d = 0; d < n.shape.size(); ++d) {
+    if (!cut(g, n, d)) continue;
+    m.free[d] = false;
+    for (auto& f : m.follow) f[d] = -1;
+  }
+  return m;
+}
+
+// Split dimensions are never cut (propagation gathers them): they slice whole.
+absl::Status partition_slice(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const ValueSharding& result = c.propagation().result[id];
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  Instruction inst = c.local_kernel(id, in);
+  for (size_t d = 0; d < n.shape.size(); ++d) {
+    if (!result.dims[d].empty()) {
+      inst.node.dims[d] = 0;
+      inst.node.limits[d] = inst.node.shape[d];
+    }
+  }
+  c.bind(id, c.emit(std::move(inst)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Span<const ShardingRuleEntry> layout_rules() {
+  static constexpr ShardingRuleEntry kRules[] = {
+      {Op::kBroadcastInDim, {broadcast_in_dim, broadcast_in_dim_map}},
+      {Op::kTranspose, {transpose, transpose_map}},
+      {Op::kReshape, {reshape, reshape_map}},
+      {Op::kSlice, {slice_or_concatenate, slice_or_concatenate_map, false, partition_slice}},
+      {Op::kConcatenate, {slice_or_concatenate, slice_or_concatenate_map}},
+  };
+  return kRules;
+}
+
+}  // namespace tessera::internal

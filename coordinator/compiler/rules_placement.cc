@@ -1,0 +1,133 @@
+// Sharding rules and partition handlers of the ops that place values rather than compute them: parameters (their
+// layout is the caller's), sharding_constraint and sharding_as (a layout asked for), and
+// shard_map's boundaries, collectives and axis_index (per-device code, whose values are each
+// device's own block).
+#include "absl/status/status.h"
+#include "coordinator/compiler/rules.h"
+#include "core/status.h"
+
+namespace tessera::internal {
+namespace {
+
+// Parameters are laid out by the input specs before the pass starts.
+absl::Status parameter(ShardingContext&, int) { return absl::OkStatus(); }
+
+absl::Status sharding_constraint(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  Dims d = c.padded(n.sharding->spec(), n.shape.size());
+  c.needs(id) = {ValueSharding{d, {}, ReduceOp::kSum}};
+  c.set(id, d);
+  return absl::OkStatus();
+}
+
+// The reference's layout, whole; the reference is not moved.
+absl::Status sharding_as(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const ValueSharding like = c.of_or_replicated(n.operands[1]);
+  c.needs(id) = {ValueSharding{like.dims, {}, ReduceOp::kSum}, like};
+  c.set(id, like.dims);
+  return absl::OkStatus();
+}
+
+// The operand in the in_spec's layout, whole: each device's block.
+absl::Status shard_map_in(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  c.needs(id) = {
+      ValueSharding{c.padded(n.sharding->spec(), c.graph().node(n.operands[0]).shape.size()), {}, ReduceOp::kSum}};
+  c.set(id, Dims(n.shape.size()));
+  return absl::OkStatus();
+}
+
+// The blocks are the global value's shards.
+absl::Status shard_map_out(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  c.needs(id) = {ValueSharding::replicated(c.graph().node(n.operands[0]).shape.size())};
+  c.set(id, c.padded(n.sharding->spec(), n.shape.size()));
+  return absl::OkStatus();
+}
+
+// Partition handlers.
+
+absl::Status partition_parameter(PartitionContext& c, int id) {
+  c.add_input(id);
+  return absl::OkStatus();
+}
+
+// Operand 0 moved to the layout; operand 1 only named it.
+absl::Status partition_sharding_as(PartitionContext& c, int id) {
+  const int x = c.graph().node(id).operands[0];
+  TESSERA_ASSIGN_OR_RETURN(int slot,
+                           c.reshard(x, c.propagation().result[x], c.propagation().operands[id][0], c.cause(id)));
+  c.bind(id, slot);
+  return absl::OkStatus();
+}
+
+// The reshard of the operand is the whole op (for shard_map_out: none).
+absl::Status partition_as_operand(PartitionContext& c, int id) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  c.bind(id, in[0]);
+  return absl::OkStatus();
+}
+
+// A shard_map collective runs as written; its groups (and a permute's pairs) come from its
+// axes (and positions) when each device resolves the program.
+absl::Status partition_collective(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  Instruction inst;
+  inst.kind = Instruction::Kind::kCollective;
+  inst.in = in;
+  inst.value = id;
+  inst.cause = c.cause(id);
+  inst.node.dtype = n.dtype;
+  inst.node.shape = n.shape;
+  inst.collective = collective_of(n);
+  inst.axes = n.axes;
+  if (n.op == Op::kCollectivePermute) inst.positions = n.dims;
+  c.bind(id, c.emit(std::move(inst)));
+  return absl::OkStatus();
+}
+
+// axis_index: each device's position, resolved by the device.
+absl::Status partition_axis_index(PartitionContext& c, int id) {
+  Instruction inst;
+  inst.kind = Instruction::Kind::kKernel;
+  inst.cause = c.cause(id);
+  inst.node.op = Op::kAxisIndex;
+  inst.node.dtype = DType::kI32;
+  inst.axes = c.graph().node(id).axes;
+  c.bind(id, c.emit(std::move(inst)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// A value inside a shard_map body: to propagation, a replicated value of the block's shape,
+// never moved (each device holds its own).
+absl::Status body_value(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  std::vector<ValueSharding>& req = c.needs(id);
+  req.clear();
+  for (int o : n.operands) req.push_back(ValueSharding::replicated(c.graph().node(o).shape.size()));
+  c.set(id, Dims(n.shape.size()));
+  return absl::OkStatus();
+}
+
+absl::Span<const ShardingRuleEntry> placement_rules() {
+  static constexpr ShardingRuleEntry kRules[] = {
+      {Op::kParameter, {parameter, identity_map, false, partition_parameter}},
+      {Op::kShardingConstraint, {sharding_constraint, identity_map, false, partition_as_operand}},
+      {Op::kShardingAs, {sharding_as, identity_map, /*in_body=*/true, partition_sharding_as}},
+      {Op::kShardMapIn, {shard_map_in, identity_map, /*in_body=*/true, partition_as_operand}},
+      {Op::kShardMapOut, {shard_map_out, identity_map, /*in_body=*/true, partition_as_operand}},
+      {Op::kAllReduce, {body_value, identity_map, false, partition_collective}},
+      {Op::kAllGather, {body_value, identity_map, false, partition_collective}},
+      {Op::kReduceScatter, {body_value, identity_map, false, partition_collective}},
+      {Op::kAllToAll, {body_value, identity_map, false, partition_collective}},
+      {Op::kCollectivePermute, {body_value, identity_map, false, partition_collective}},
+      {Op::kAxisIndex, {body_value, identity_map, false, partition_axis_index}},
+  };
+  return kRules;
+}
+
+}  // namespace tessera::internal

@@ -1,0 +1,541 @@
+// The op table: one row per op, and the ops' type rules, by family.
+//
+// A type rule sees the node's attributes and its operands' types, and gives the result's
+// type or the precise rule broken. It is the only place an op's shapes are checked: Graph's
+// add_* build a node and call it, the wire decoders call it on what arrived, and the worker
+// calls it on the arrays it is handed before any arithmetic runs.
+#include "core/op.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/collective.h"
+#include "core/graph.h"
+#include "core/status.h"
+
+namespace tessera {
+namespace {
+
+std::string dims_to_string(const std::vector<int64_t>& v) { return absl::StrCat("{", absl::StrJoin(v, ","), "}"); }
+std::string type_of(const ArrayType& t) { return type_to_string(t.dtype, t.shape); }
+
+// Checks that `axes` are distinct dimensions of a rank-`rank` array.
+absl::Status check_axes(const std::vector<int64_t>& axes, size_t rank, const std::string& what) {
+  std::set<int64_t> seen;
+  for (int64_t a : axes) {
+    if (a < 0 || a >= static_cast<int64_t>(rank)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": axis ", a, " is out of range for rank ", rank));
+    }
+    if (!seen.insert(a).second) return absl::InvalidArgumentError(absl::StrCat(what, ": axis ", a, " appears twice"));
+  }
+  return absl::OkStatus();
+}
+
+// Checks that `axes` are distinct axes of `mesh`.
+absl::Status check_mesh_axes(const Mesh& mesh, const std::vector<std::string>& axes, const std::string& what) {
+  if (axes.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no mesh axis named"));
+  std::set<std::string> seen;
+  for (const std::string& a : axes) {
+    if (mesh.axis_index(a) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": axis '", a, "' is not in the mesh ", mesh.to_string()));
+    }
+    if (!seen.insert(a).second)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": axis '", a, "' is named twice"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status needs_sharding(const Node& n) {
+  if (n.sharding.has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), ": the node has no sharding"));
+}
+
+// ---- Sources: parameter, constant, iota ------------------------------------------------------
+
+absl::StatusOr<ArrayType> infer_given(const Node& n, absl::Span<const ArrayType>) {
+  TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, dtype_size(n.dtype), op_name(n.op)));
+  return ArrayType{n.dtype, n.shape};
+}
+
+absl::StatusOr<ArrayType> infer_iota(const Node& n, absl::Span<const ArrayType>) {
+  TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, dtype_size(n.dtype), "iota"));
+  const int64_t dimension = n.dims.size() == 1 ? n.dims[0] : -1;
+  if (dimension < 0 || dimension >= static_cast<int64_t>(n.shape.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("iota: dimension ", n.dims.size() == 1 ? n.dims[0] : -1,
+                                                   " is out of range for shape ", shape_to_string(n.shape)));
+  }
+  if (n.dtype == DType::kBool) return absl::InvalidArgumentError("iota: bool is not a numeric dtype");
+  return ArrayType{n.dtype, n.shape};
+}
+
+// ---- Elementwise -----------------------------------------------------------------------------
+
+// Unary ops keep dtype and shape; these say which dtypes each takes.
+absl::StatusOr<ArrayType> infer_float_unary(const Node& n, absl::Span<const ArrayType> in) {
+  const std::string name = op_name(n.op);
+  if (in[0].dtype == DType::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": operand is ", type_of(in[0]), "; bool is not a numeric dtype"));
+  }
+  if (!is_floating(in[0].dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": operand is ", type_of(in[0]), "; it needs float32 or float64 (convert first)"));
+  }
+  return in[0];
+}
+
+absl::StatusOr<ArrayType> infer_numeric_unary(const Node& n, absl::Span<const ArrayType> in) {
+  if (in[0].dtype == DType::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op_name(n.op), ": operand is ", type_of(in[0]), "; bool is not a numeric dtype"));
+  }
+  return in[0];
+}
+
+absl::StatusOr<ArrayType> infer_bitwise_unary(const Node& n, absl::Span<const ArrayType> in) {
+  if (is_floating(in[0].dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op_name(n.op), ": operand is ", type_of(in[0]), "; it needs bool or an integer dtype"));
+  }
+  return in[0];
+}
+
+// Binary ops take operands of one shape and dtype (tracing broadcasts and converts first).
+absl::Status same_types(const Node& n, absl::Span<const ArrayType> in) {
+  if (in[0] == in[1]) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op_name(n.op), ": operands ", type_of(in[0]), " and ", type_of(in[1]), " differ"));
+}
+
+absl::StatusOr<ArrayType> infer_arithmetic(const Node& n, absl::Span<const ArrayType> in) {
+  TESSERA_RETURN_IF_ERROR(same_types(n, in));
+  if (in[0].dtype == DType::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op_name(n.op), ": operands are ", type_of(in[0]), "; bool is not a numeric dtype"));
+  }
+  return in[0];
+}
+
+absl::StatusOr<ArrayType> infer_any_binary(const Node& n, absl::Span<const ArrayType> in) {
+  TESSERA_RETURN_IF_ERROR(same_types(n, in));
+  return in[0];
+}
+
+absl::StatusOr<ArrayType> infer_bitwise_binary(const Node& n, absl::Span<const ArrayType> in) {
+  TESSERA_RETURN_IF_ERROR(same_types(n, in));
+  if (is_floating(in[0].dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op_name(n.op), ": operands are ", type_of(in[0]), "; it needs bool or an integer dtype"));
+  }
+  return in[0];
+}
+
+absl::StatusOr<ArrayType> infer_comparison(const Node& n, absl::Span<const ArrayType> in) {
+  TESSERA_RETURN_IF_ERROR(same_types(n, in));
+  return ArrayType{DType::kBool, in[0].shape};
+}
+
+absl::StatusOr<ArrayType> infer_select(const Node&, absl::Span<const ArrayType> in) {
+  const ArrayType &p = in[0], &t = in[1], &f = in[2];
+  if (p.dtype != DType::kBool || p.shape != t.shape || t != f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("select: needs a bool predicate and two branches of its shape and one dtype; got ", type_of(p),
+                     ", ", type_of(t), ", ", type_of(f)));
+  }
+  return t;
+}
+
+absl::StatusOr<ArrayType> infer_convert(const Node& n, absl::Span<const ArrayType> in) {
+  return ArrayType{n.dtype, in[0].shape};
+}
+
+// ---- Layout ----------------------------------------------------------------------------------
+
+absl::StatusOr<ArrayType> infer_broadcast_in_dim(const Node& n, absl::Span<const ArrayType> in) {
+  const ArrayType& a = in[0];
+  const std::string what = absl::StrCat("broadcast_in_dim of ", type_of(a), " to ", shape_to_string(n.shape),
+                                        " with dims ", dims_to_string(n.dims));
+  TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, dtype_size(a.dtype), what));
+  if (n.dims.size() != a.shape.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": needs one dim per operand dimension"));
+  }
+  TESSERA_RETURN_IF_ERROR(check_axes(n.dims, n.shape.size(), what));
+  for (size_t i = 1; i < n.dims.size(); ++i) {
+    if (n.dims[i] <= n.dims[i - 1]) return absl::InvalidArgumentError(absl::StrCat(what, ": dims must increase"));
+  }
+  for (size_t i = 0; i < n.dims.size(); ++i) {
+    if (a.shape[i] != 1 && a.shape[i] != n.shape[n.dims[i]]) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": operand dimension ", i, " of size ", a.shape[i],
+                                                     " cannot become size ", n.shape[n.dims[i]]));
+    }
+  }
+  return ArrayType{a.dtype, n.shape};
+}
+
+absl::StatusOr<ArrayType> infer_reshape(const Node& n, absl::Span<const ArrayType> in) {
+  const ArrayType& a = in[0];
+  TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, dtype_size(a.dtype), "reshape"));
+  if (num_elements(n.shape) != num_elements(a.shape)) {
+    return absl::InvalidArgumentError(absl::StrCat("reshape: cannot reshape ", type_of(a), " (", num_elements(a.shape),
+                                                   " elements) to ", shape_to_string(n.shape), " (",
+                                                   num_elements(n.shape), ")"));
+  }
+  return ArrayType{a.dtype, n.shape};
+}
+
+absl::StatusOr<ArrayType> infer_transpose(const Node& n, absl::Span<const ArrayType> in) {
+  const ArrayType& a = in[0];
+  const std::string what = absl::StrCat("transpose of ", type_of(a), " by ", dims_to_string(n.dims));
+  if (n.dims.size() != a.shape.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": needs a permutation of every dimension"));
+  }
+  TESSERA_RETURN_IF_ERROR(check_axes(n.dims, a.shape.size(), what));
+  ArrayType out{a.dtype, {}};
+  for (int64_t p : n.dims) out.shape.push_back(a.shape[p]);
+  return out;
+}
+
+absl::StatusOr<ArrayType> infer_slice(const Node& n, absl::Span<const ArrayType> in) {
+  const ArrayType& a = in[0];
+  const std::string what =
+      absl::StrCat("slice of ", type_of(a), " from ", dims_to_string(n.dims), " to ", dims_to_string(n.limits));
+  if (n.dims.size() != a.shape.size() || n.limits.size() != a.shape.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": needs a start and a limit per dimension"));
+  }
+  ArrayType out{a.dtype, {}};
+  for (size_t d = 0; d < n.dims.size(); ++d) {
+    if (n.dims[d] < 0 || n.dims[d] > n.limits[d] || n.limits[d] > a.shape[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", d, " is out of bounds"));
+    }
+    out.shape.push_back(n.limits[d] - n.dims[d]);
+  }
+  return out;
+}
+
+absl::StatusOr<ArrayType> infer_concatenate(const Node& n, absl::Span<const ArrayType> in) {
+  std::vector<std::string> types;
+  for (const ArrayType& t : in) types.push_back(type_of(t));
+  const int64_t axis = n.dims.size() == 1 ? n.dims[0] : -1;
+  const std::string what = absl::StrCat("concatenate of ", absl::StrJoin(types, ", "), " along axis ", axis);
+  TESSERA_RETURN_IF_ERROR(check_axes({axis}, in[0].shape.size(), what));
+  ArrayType out = in[0];
+  out.shape[axis] = 0;
+  for (const ArrayType& o : in) {
+    bool fits = o.dtype == in[0].dtype && o.shape.size() == in[0].shape.size();
+    for (size_t d = 0; fits && d < o.shape.size(); ++d) {
+      fits = static_cast<int64_t>(d) == axis || o.shape[d] == in[0].shape[d];
+    }
+    if (!fits) return absl::InvalidArgumentError(absl::StrCat(what, ": operands must agree off the axis"));
+    out.shape[axis] += o.shape[axis];
+  }
+  return out;
+}
+
+// ---- Reductions ------------------------------------------------------------------------------
+
+absl::StatusOr<ArrayType> infer_reduce(const Node& n, absl::Span<const ArrayType> in) {
+  const ArrayType& a = in[0];
+  TESSERA_RETURN_IF_ERROR(check_axes(n.dims, a.shape.size(), absl::StrCat(op_name(n.op), " of ", type_of(a))));
+  ArrayType out{a.dtype, {}};
+  for (size_t d = 0; d < a.shape.size(); ++d) {
+    if (std::find(n.dims.begin(), n.dims.end(), static_cast<int64_t>(d)) == n.dims.end())
+      out.shape.push_back(a.shape[d]);
+  }
+  return out;
+}
+
+absl::StatusOr<ArrayType> infer_argmax(const Node& n, absl::Span<const ArrayType> in) {
+  const ArrayType& a = in[0];
+  if (n.dims.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("argmax: needs one axis, the node has ", dims_to_string(n.dims)));
+  }
+  const int64_t axis = n.dims[0];
+  TESSERA_RETURN_IF_ERROR(check_axes({axis}, a.shape.size(), absl::StrCat("argmax of ", type_of(a))));
+  if (n.dtype != DType::kI32 && n.dtype != DType::kI64) {
+    return absl::InvalidArgumentError("argmax: the index dtype must be int32 or int64");
+  }
+  if (a.shape[axis] == 0) return absl::InvalidArgumentError("argmax: the axis has size 0");
+  ArrayType out{n.dtype, a.shape};
+  out.shape.erase(out.shape.begin() + axis);
+  return out;
+}
+
+// ---- Contraction -----------------------------------------------------------------------------
+
+absl::StatusOr<ArrayType> infer_dot_general(const Node& n, absl::Span<const ArrayType> in) {
+  const ArrayType &a = in[0], &b = in[1];
+  const DotDims& dims = n.dot;
+  const std::string what = absl::StrCat("dot_general of ", type_of(a), " and ", type_of(b));
+  if (a.dtype != b.dtype) return absl::InvalidArgumentError(absl::StrCat(what, ": dtypes differ"));
+  if (a.dtype == DType::kBool) return absl::InvalidArgumentError(absl::StrCat(what, ": bool is not a numeric dtype"));
+  if (dims.lhs_batch.size() != dims.rhs_batch.size() || dims.lhs_contracting.size() != dims.rhs_contracting.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": batch and contracting dimensions must pair up"));
+  }
+  std::vector<int64_t> lhs_used = dims.lhs_batch, rhs_used = dims.rhs_batch;
+  lhs_used.insert(lhs_used.end(), dims.lhs_contracting.begin(), dims.lhs_contracting.end());
+  rhs_used.insert(rhs_used.end(), dims.rhs_contracting.begin(), dims.rhs_contracting.end());
+  TESSERA_RETURN_IF_ERROR(check_axes(lhs_used, a.shape.size(), what + " (lhs)"));
+  TESSERA_RETURN_IF_ERROR(check_axes(rhs_used, b.shape.size(), what + " (rhs)"));
+  for (size_t i = 0; i < dims.lhs_batch.size(); ++i) {
+    if (a.shape[dims.lhs_batch[i]] != b.shape[dims.rhs_batch[i]]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": batch dimensions ", dims.lhs_batch[i], " and ", dims.rhs_batch[i], " differ in size"));
+    }
+  }
+  for (size_t i = 0; i < dims.lhs_contracting.size(); ++i) {
+    if (a.shape[dims.lhs_contracting[i]] != b.shape[dims.rhs_contracting[i]]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": contracting dimensions ", dims.lhs_contracting[i], " (size ", a.shape[dims.lhs_contracting[i]],
+          ") and ", dims.rhs_contracting[i], " (size ", b.shape[dims.rhs_contracting[i]], ") differ"));
+    }
+  }
+  ArrayType out{a.dtype, {}};
+  for (int64_t d : dims.lhs_batch) out.shape.push_back(a.shape[d]);
+  for (int64_t d : dot_free_dims(static_cast<int64_t>(a.shape.size()), dims.lhs_batch, dims.lhs_contracting)) {
+    out.shape.push_back(a.shape[d]);
+  }
+  for (int64_t d : dot_free_dims(static_cast<int64_t>(b.shape.size()), dims.rhs_batch, dims.rhs_contracting)) {
+    out.shape.push_back(b.shape[d]);
+  }
+  return out;
+}
+
+// ---- Placement and shard_map -----------------------------------------------------------------
+
+// A plan's kernel carries no sharding (placement is the partitioner's business): then the
+// operand's type is all there is to check.
+absl::StatusOr<ArrayType> infer_sharding_constraint(const Node& n, absl::Span<const ArrayType> in) {
+  if (n.sharding.has_value()) {
+    absl::Status fits = n.sharding->validate(in[0].shape);
+    if (!fits.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("with_sharding_constraint on ", type_of(in[0]), ": ", fits.message()));
+    }
+  }
+  return in[0];
+}
+
+absl::StatusOr<ArrayType> infer_sharding_as(const Node&, absl::Span<const ArrayType> in) {
+  if (in[0].shape != in[1].shape) {
+    return absl::InvalidArgumentError(absl::StrCat("sharding_as: ", type_of(in[0]), " cannot take the layout of ",
+                                                   type_of(in[1]), ": the shapes differ"));
+  }
+  return in[0];
+}
+
+absl::StatusOr<ArrayType> infer_shard_map_in(const Node& n, absl::Span<const ArrayType> in) {
+  TESSERA_RETURN_IF_ERROR(needs_sharding(n));
+  absl::Status fits = n.sharding->validate(in[0].shape);
+  if (!fits.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_map: in_spec for ", type_of(in[0]), ": ", fits.message()));
+  }
+  return ArrayType{in[0].dtype, n.sharding->shard_shape(in[0].shape)};
+}
+
+absl::StatusOr<ArrayType> infer_shard_map_out(const Node& n, absl::Span<const ArrayType> in) {
+  TESSERA_RETURN_IF_ERROR(needs_sharding(n));
+  TESSERA_RETURN_IF_ERROR(n.sharding->validate_spec());
+  const PartitionSpec& spec = n.sharding->spec();
+  if (spec.size() > static_cast<int>(in[0].shape.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_map: out_spec ", spec.to_string(), " has ", spec.size(),
+                                                   " entries for a value of rank ", in[0].shape.size()));
+  }
+  ArrayType out = in[0];
+  for (int d = 0; d < spec.size(); ++d) out.shape[d] *= n.sharding->mesh().axes_size(spec.axes(d));
+  TESSERA_RETURN_IF_ERROR(validate_shape(out.shape, dtype_size(out.dtype), "shard_map_out"));
+  return out;
+}
+
+// A collective's result is collective_output_shape's (core/collective.h), the rule the
+// workers apply to what they run; the graph adds what only it knows: mesh axes, and permute
+// positions along them.
+absl::StatusOr<ArrayType> infer_collective(const Node& n, absl::Span<const ArrayType> in) {
+  const std::string what = op_name(n.op);
+  TESSERA_RETURN_IF_ERROR(needs_sharding(n));
+  const Mesh& mesh = n.sharding->mesh();
+  TESSERA_RETURN_IF_ERROR(check_mesh_axes(mesh, n.axes, what));
+  if (n.index < 0 || n.index > static_cast<int64_t>(ReduceOp::kProd)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown reduce op ", n.index));
+  }
+  const size_t want_dims = n.op == Op::kAllReduce                                 ? 0
+                           : n.op == Op::kAllGather || n.op == Op::kReduceScatter ? 1
+                           : n.op == Op::kAllToAll                                ? 2
+                                                                                  : n.dims.size();
+  if (n.dims.size() != want_dims || (n.op == Op::kCollectivePermute && n.dims.size() % 2 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", n.dims.size(), " dimension attributes"));
+  }
+  if (n.op == Op::kCollectivePermute) {
+    const int64_t size = mesh.axes_size(n.axes);
+    std::set<int64_t> sources, targets;
+    for (size_t i = 0; i < n.dims.size(); i += 2) {
+      for (int64_t p : {n.dims[i], n.dims[i + 1]}) {
+        if (p < 0 || p >= size) {
+          return absl::InvalidArgumentError(absl::StrCat(what, ": position ", p, " is outside [0, ", size,
+                                                         ") (the size of mesh axes ", axes_to_string(n.axes), ")"));
+        }
+      }
+      if (!sources.insert(n.dims[i]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": source ", n.dims[i], " appears twice"));
+      }
+      if (!targets.insert(n.dims[i + 1]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": target ", n.dims[i + 1], " appears twice"));
+      }
+    }
+  }
+  CollectiveSpec spec = collective_of(n);
+  spec.groups = {std::vector<int>(static_cast<size_t>(mesh.axes_size(n.axes)))};  // only the size matters
+  absl::StatusOr<Shape> shape = collective_output_shape(spec, in[0].shape);
+  if (!shape.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(shape.status().message(), " (", what, " of ", type_of(in[0]),
+                                                   " over mesh axes ", axes_to_string(n.axes), ")"));
+  }
+  TESSERA_RETURN_IF_ERROR(validate_shape(*shape, dtype_size(in[0].dtype), what));
+  return ArrayType{in[0].dtype, *shape};
+}
+
+absl::StatusOr<ArrayType> infer_axis_index(const Node& n, absl::Span<const ArrayType>) {
+  TESSERA_RETURN_IF_ERROR(needs_sharding(n));
+  TESSERA_RETURN_IF_ERROR(check_mesh_axes(n.sharding->mesh(), n.axes, "axis_index"));
+  return ArrayType{DType::kI32, {}};
+}
+
+// ---- The table -------------------------------------------------------------------------------
+
+constexpr uint32_t kUnaryOp = kUnary | kElementwise | kInPlace | kHasKernel;
+constexpr uint32_t kBinaryOp = kBinary | kElementwise | kInPlace | kHasKernel;
+constexpr uint32_t kComparisonOp = kBinary | kComparison | kElementwise | kHasKernel | kNoGradient;
+constexpr uint32_t kLayoutOp = kLayout | kHasKernel;
+constexpr uint32_t kGiven = kAttrShape | kAttrDType;
+constexpr uint32_t kOnMesh = kAttrSharding | kAttrAxes;
+
+// Wire numbers are pb::OpCode's (proto/tessera.proto): a new op takes the next free one.
+constexpr OpDef kOps[] = {
+    {Op::kParameter, "parameter", 1, 0, kNoGradient | kPinned, kAttrIndex | kGiven, infer_given},
+    {Op::kConstant, "constant", 2, 0, kHasKernel | kNoGradient, kAttrValue | kGiven, infer_given},
+    {Op::kIota, "iota", 3, 0, kHasKernel | kNoGradient, kAttrDims | kGiven, infer_iota},
+    {Op::kNeg, "neg", 4, 1, kUnaryOp | kLinear, 0, infer_numeric_unary},
+    {Op::kAbs, "abs", 5, 1, kUnaryOp, 0, infer_numeric_unary},
+    {Op::kExp, "exp", 6, 1, kUnaryOp, 0, infer_float_unary},
+    {Op::kLog, "log", 7, 1, kUnaryOp, 0, infer_float_unary},
+    {Op::kTanh, "tanh", 8, 1, kUnaryOp, 0, infer_float_unary},
+    {Op::kLogistic, "logistic", 9, 1, kUnaryOp, 0, infer_float_unary},
+    {Op::kSqrt, "sqrt", 10, 1, kUnaryOp, 0, infer_float_unary},
+    {Op::kRsqrt, "rsqrt", 11, 1, kUnaryOp, 0, infer_float_unary},
+    {Op::kSin, "sin", 12, 1, kUnaryOp, 0, infer_float_unary},
+    {Op::kCos, "cos", 13, 1, kUnaryOp, 0, infer_float_unary},
+    {Op::kFloor, "floor", 14, 1, kUnaryOp | kNoGradient, 0, infer_float_unary},
+    {Op::kCeil, "ceil", 15, 1, kUnaryOp | kNoGradient, 0, infer_float_unary},
+    {Op::kSign, "sign", 16, 1, kUnaryOp | kNoGradient, 0, infer_numeric_unary},
+    {Op::kNot, "not", 17, 1, kUnaryOp | kNoGradient, 0, infer_bitwise_unary},
+    {Op::kAdd, "add", 18, 2, kBinaryOp, 0, infer_arithmetic},
+    {Op::kSub, "sub", 19, 2, kBinaryOp, 0, infer_arithmetic},
+    {Op::kMul, "mul", 20, 2, kBinaryOp, 0, infer_arithmetic},
+    {Op::kDiv, "div", 21, 2, kBinaryOp, 0, infer_arithmetic},
+    {Op::kPow, "pow", 22, 2, kBinaryOp, 0, infer_arithmetic},
+    {Op::kMax, "max", 23, 2, kBinaryOp, 0, infer_any_binary},
+    {Op::kMin, "min", 24, 2, kBinaryOp, 0, infer_any_binary},
+    {Op::kAnd, "and", 25, 2, kBinaryOp | kNoGradient, 0, infer_bitwise_binary},
+    {Op::kOr, "or", 26, 2, kBinaryOp | kNoGradient, 0, infer_bitwise_binary},
+    {Op::kEq, "eq", 27, 2, kComparisonOp, 0, infer_comparison},
+    {Op::kNe, "ne", 28, 2, kComparisonOp, 0, infer_comparison},
+    {Op::kLt, "lt", 29, 2, kComparisonOp, 0, infer_comparison},
+    {Op::kLe, "le", 30, 2, kComparisonOp, 0, infer_comparison},
+    {Op::kGt, "gt", 31, 2, kComparisonOp, 0, infer_comparison},
+    {Op::kGe, "ge", 32, 2, kComparisonOp, 0, infer_comparison},
+    {Op::kSelect, "select", 33, 3, kElementwise | kInPlace | kHasKernel, 0, infer_select},
+    {Op::kConvert, "convert", 34, 1, kElementwise | kHasKernel, kAttrDType, infer_convert},
+    {Op::kBroadcastInDim, "broadcast_in_dim", 35, 1, kLayoutOp | kLinear, kAttrDims | kAttrShape,
+     infer_broadcast_in_dim},
+    {Op::kReshape, "reshape", 36, 1, kLayoutOp | kLinear, kAttrShape, infer_reshape},
+    {Op::kTranspose, "transpose", 37, 1, kLayoutOp | kLinear, kAttrDims, infer_transpose},
+    {Op::kReduceSum, "reduce_sum", 38, 1, kReduction | kHasKernel, kAttrDims, infer_reduce},
+    {Op::kReduceMax, "reduce_max", 39, 1, kReduction | kHasKernel, kAttrDims, infer_reduce},
+    {Op::kReduceMin, "reduce_min", 40, 1, kReduction | kHasKernel, kAttrDims, infer_reduce},
+    {Op::kReduceProd, "reduce_prod", 41, 1, kReduction | kHasKernel, kAttrDims, infer_reduce},
+    {Op::kArgmax, "argmax", 42, 1, kHasKernel | kNoGradient, kAttrDims | kAttrDType, infer_argmax},
+    {Op::kDotGeneral, "dot_general", 43, 2, kContraction | kHasKernel, kAttrDot, infer_dot_general},
+    {Op::kSlice, "slice", 44, 1, kLayoutOp | kLinear, kAttrDims | kAttrLimits, infer_slice},
+    {Op::kConcatenate, "concatenate", 45, kVariadic, kLayoutOp, kAttrDims, infer_concatenate},
+    {Op::kShardingConstraint, "sharding_constraint", 46, 1, kPlacement | kPinned | kHasKernel, kAttrSharding,
+     infer_sharding_constraint},
+    {Op::kShardMapIn, "shard_map_in", 47, 1, kBlockResult, kAttrSharding, infer_shard_map_in},
+    {Op::kShardMapOut, "shard_map_out", 48, 1, kLeavesBody | kPinned, kAttrSharding, infer_shard_map_out},
+    {Op::kAllReduce, "all_reduce", 49, 1, kCollective | kBlockResult, kOnMesh | kAttrReduceOp, infer_collective},
+    {Op::kAllGather, "all_gather", 50, 1, kCollective | kBlockResult, kOnMesh | kAttrDims, infer_collective},
+    {Op::kReduceScatter, "reduce_scatter", 51, 1, kCollective | kBlockResult, kOnMesh | kAttrDims | kAttrReduceOp,
+     infer_collective},
+    {Op::kAllToAll, "all_to_all", 52, 1, kCollective | kBlockResult, kOnMesh | kAttrDims, infer_collective},
+    {Op::kCollectivePermute, "collective_permute", 53, 1, kCollective | kBlockResult, kOnMesh | kAttrDims,
+     infer_collective},
+    {Op::kAxisIndex, "axis_index", 54, 0, kBlockResult | kResolvedByDevice | kNoGradient, kOnMesh, infer_axis_index},
+    {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned | kNoGradient, 0, infer_sharding_as},
+    {Op::kErf, "erf", 56, 1, kUnaryOp, 0, infer_float_unary},
+};
+static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
+
+// The row of each op, by enum value; built once, checked to name each op exactly once.
+struct Index {
+  const OpDef* by_op[kNumOps] = {};
+  Index() {
+    for (const OpDef& d : kOps) {
+      const int k = static_cast<int>(d.op);
+      if (k < 0 || k >= kNumOps || by_op[k] != nullptr) std::abort();  // a table defect: op_table_test names it
+      by_op[k] = &d;
+    }
+  }
+};
+
+const Index& index() {
+  static const Index* const kIndex = new Index();
+  return *kIndex;
+}
+
+}  // namespace
+
+absl::Span<const OpDef> op_table() { return kOps; }
+
+bool is_op(Op op) { return static_cast<int>(op) < kNumOps; }
+
+const OpDef& op_def(Op op) { return *index().by_op[static_cast<int>(op)]; }
+
+absl::StatusOr<Op> op_from_wire(int wire) {
+  for (const OpDef& d : kOps) {
+    if (d.wire == wire) return d.op;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown op ", wire));
+}
+
+std::string op_name(Op op) { return is_op(op) ? op_def(op).name : "unknown"; }
+
+absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayType> operands) {
+  if (!is_op(node.op)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown op ", static_cast<int>(node.op)));
+  }
+  const OpDef& d = op_def(node.op);
+  if (d.arity >= 0 && operands.size() != static_cast<size_t>(d.arity)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(d.name, ": takes ", d.arity, d.arity == 1 ? " operand" : " operands", ", got ", operands.size()));
+  }
+  if (d.arity < 0 && operands.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(d.name, ": takes at least one operand, got none"));
+  }
+  return d.infer(node, operands);
+}
+
+uint64_t op_table_digest() {
+  // FNV-1a over "name wire arity attrs;" per op, in wire order: stable across compilers.
+  std::vector<const OpDef*> rows;
+  for (const OpDef& d : kOps) rows.push_back(&d);
+  std::sort(rows.begin(), rows.end(), [](const OpDef* a, const OpDef* b) { return a->wire < b->wire; });
+  uint64_t h = 1469598103934665603ull;
+  for (const OpDef* d : rows) {
+    for (char c : absl::StrCat(d->name, " ", d->wire, " ", d->arity, " ", d->attrs, ";")) {
+      h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+}  // namespace tessera

@@ -1,0 +1,181 @@
+// Op and OpDef: every operation a Graph can hold, each defined once, in one table (op.cc).
+//
+// An op's definition is its name, its number on the wire (pb::OpCode in proto/tessera.proto,
+// written out there: never the C++ enum's order), how many operands it takes, its traits
+// (what the compiler, the kernels and grad may assume of it), which Node attributes it reads,
+// and its one shape/dtype inference, which Graph::add_*, the wire decoders (graph and plan)
+// and the worker's kernel check all call. The layers register the rest per op family, each in
+// the family's file: kernels (worker/kernels/*.cc), VJPs (client/vjp/*.cc); tests/core/
+// op_table_test.cc fails when an op lacks one that the table does not say it goes without.
+//
+//   const OpDef& d = op_def(Op::kTanh);       // d.name == "tanh", d.arity == 1
+//   has_trait(Op::kTanh, kElementwise);       // true
+//   absl::StatusOr<ArrayType> t = infer_type(node, {{DType::kF32, {4}}});   // f32[4]
+#ifndef TESSERA_CORE_OP_H_
+#define TESSERA_CORE_OP_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/dtype.h"
+#include "core/shape.h"
+
+namespace tessera {
+
+struct Node;
+
+// The C++ names of the ops. Their order means nothing: the wire number, the family and
+// every property live in the op's OpDef.
+enum class Op : uint8_t {
+  kParameter,
+  kConstant,  // a full array of one value
+  kIota,
+  kNeg,
+  kAbs,
+  kExp,
+  kLog,
+  kTanh,
+  kLogistic,
+  kSqrt,
+  kRsqrt,
+  kSin,
+  kCos,
+  kFloor,
+  kCeil,
+  kSign,
+  kNot,
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kMax,
+  kMin,
+  kAnd,
+  kOr,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kSelect,
+  kConvert,
+  kBroadcastInDim,
+  kReshape,
+  kTranspose,
+  kReduceSum,
+  kReduceMax,
+  kReduceMin,
+  kReduceProd,
+  kArgmax,
+  kDotGeneral,
+  kSlice,
+  kConcatenate,
+  kShardingConstraint,
+  // shard_map (explicit per-device code). A body runs on every device on its own block:
+  // shard_map_in takes a global value to this device's block of `sharding` (the in_spec);
+  // shard_map_out makes body values (one block per device) a global value laid out by
+  // `sharding` (the out_spec). Between them values have block shapes, and the collectives
+  // run over the replica groups of mesh `axes` (core/collective.h).
+  kShardMapIn,
+  kShardMapOut,
+  kAllReduce,          // psum, pmax, pmin: index = ReduceOp
+  kAllGather,          // dims = {dimension}, tiled
+  kReduceScatter,      // dims = {dimension}, tiled; index = ReduceOp
+  kAllToAll,           // dims = {split, concat}, tiled
+  kCollectivePermute,  // dims = {source0, target0, source1, ...}: positions along `axes`
+  kAxisIndex,          // i32 scalar: this device's position along `axes`
+  // Operand 0 laid out as operand 1 is (whole): gradients take their parameter's sharding.
+  kShardingAs,
+  kErf,  // the error function, as lax.erf
+};
+// How many ops there are (op.cc checks that the table defines each exactly once).
+inline constexpr int kNumOps = static_cast<int>(Op::kErf) + 1;
+
+// A value's type: what inference computes.
+struct ArrayType {
+  DType dtype = DType::kF32;
+  Shape shape;
+  bool operator==(const ArrayType& o) const { return dtype == o.dtype && shape == o.shape; }
+  bool operator!=(const ArrayType& o) const { return !(*this == o); }
+};
+
+// Traits: what the layers may assume of an op, as bits of OpDef::traits.
+enum OpTrait : uint32_t {
+  kUnary = 1u << 0,         // elementwise on one operand, keeping its dtype and shape
+  kBinary = 1u << 1,        // elementwise on two operands of one type
+  kComparison = 1u << 2,    // a binary op with a bool result
+  kElementwise = 1u << 3,   // result element i is a function of the operands' elements i
+  kInPlace = 1u << 4,       // the kernel may write its result over an operand of the result's type
+  kLinear = 1u << 5,        // linear in its one operand: a pending sum passes through it unreduced
+  kLayout = 1u << 6,        // moves elements without computing on them
+  kReduction = 1u << 7,     // folds the dimensions `dims` away
+  kContraction = 1u << 8,   // sums products over paired dimensions (dot_general)
+  kCollective = 1u << 9,    // a shard_map collective: runs as a collective, never as a kernel
+  kBlockResult = 1u << 10,  // its result is each device's own block (shard_map_in, collectives, axis_index)
+  kPlacement = 1u << 11,    // only says where a value lives: its value is its operand's
+  kHasKernel = 1u << 12,    // a worker kernel computes it (worker/kernels/)
+  kNoGradient = 1u << 13,   // grad passes no cotangent through it: it has no VJP rule, on purpose
+  kLeavesBody = 1u << 14,   // makes blocks of a shard_map body one global value (shard_map_out)
+  kPinned = 1u << 15,       // its layout is the user's: propagation never moves it
+  kResolvedByDevice = 1u << 16,  // in a program, each device resolves it to a constant (axis_index)
+};
+
+// The Node attributes an op reads (OpDef::attrs); the wire carries exactly these.
+enum OpAttr : uint32_t {
+  kAttrIndex = 1u << 0,     // parameter: its position (the graph numbers them)
+  kAttrValue = 1u << 1,     // constant: the Scalar
+  kAttrDims = 1u << 2,      // the `dims` list (meaning per op, see Node)
+  kAttrLimits = 1u << 3,    // slice: the limits
+  kAttrDot = 1u << 4,       // dot_general's DotDims
+  kAttrSharding = 1u << 5,  // a NamedSharding (collectives and axis_index: its mesh)
+  kAttrAxes = 1u << 6,      // mesh axes
+  kAttrReduceOp = 1u << 7,  // a ReduceOp, held in `index`
+  kAttrShape = 1u << 8,     // the result shape is given, not inferred (parameter, constant, reshape, ...)
+  kAttrDType = 1u << 9,     // the result dtype is given (parameter, constant, convert, argmax, ...)
+};
+
+// An op's type rule. `operands` has the op's arity (infer_type checks it); the node supplies
+// the attributes in its OpDef::attrs. INVALID_ARGUMENT naming the op, the types and the rule.
+using InferFn = absl::StatusOr<ArrayType> (*)(const Node& node, absl::Span<const ArrayType> operands);
+
+inline constexpr int kVariadic = -1;  // arity of an op taking one or more operands
+
+struct OpDef {
+  Op op;
+  const char* name;  // as it prints: "tanh", "dot_general"
+  int wire;          // its pb::OpCode number; never reused for another op
+  int arity;         // operands, or kVariadic
+  uint32_t traits;   // OpTrait bits
+  uint32_t attrs;    // OpAttr bits
+  InferFn infer;
+};
+
+// Every op's definition, in wire order.
+absl::Span<const OpDef> op_table();
+// The definition of `op`. REQUIRES: op is one of the enum's values (is_op).
+const OpDef& op_def(Op op);
+// Whether `op` is one of the enum's values (a node from the wire or memory may hold anything).
+bool is_op(Op op);
+// The op with wire number `wire`, or INVALID_ARGUMENT "unknown op <wire>".
+absl::StatusOr<Op> op_from_wire(int wire);
+// The op's name as it prints; "unknown" for a value outside the enum.
+std::string op_name(Op op);
+inline bool has_trait(Op op, uint32_t trait) { return is_op(op) && (op_def(op).traits & trait) != 0; }
+
+// The result type of `node` given its operands' types: the op's own rule, after checking that
+// the op is known and the operand count is its arity ("add: takes 2 operands, got 1").
+absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayType> operands);
+
+// A digest of what the wire depends on in the table: each op's name, wire number, arity and
+// attributes. proto/rpc.h records the value next to kProtocolVersion; op_table_test fails
+// when they differ, so a change to the table ships with a protocol version bump.
+uint64_t op_table_digest();
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_OP_H_

@@ -1,0 +1,353 @@
+// The Kubernetes manifests (deploy/k8s/) run for real, without a cluster: each overlay is
+// rendered (`kubectl kustomize`, through tests/deploy/k8s.mjs), and every pod it makes runs
+// in a network namespace of its own with exactly the command line and environment the
+// rendered YAML gives it (downward-API values and $(VAR) references filled in as the kubelet
+// does; only PATH, the image's, points at this build). Names resolve as the cluster's DNS
+// would answer for the rendered Services (each namespace's /etc/hosts), so a manifest that
+// advertises a name no Service publishes fails here.
+//
+// StatefulSet: the workers start first, while the coordinator's name does not resolve yet (its
+// pod does not exist), log their retries, and register once it is there; device ids come
+// from the pod ordinals; grpc.health.v1 readiness of the coordinator follows its expected
+// devices; JAX's seed program and a collective-heavy program run from a client namespace
+// through the Service `tessera`; SIGTERM stops a worker and the coordinator within their
+// terminationGracePeriodSeconds. Indexed Job: device ids from JOB_COMPLETION_INDEX, the seed
+// program.
+//
+// Needs root, ip(8), node with .cache/node (./dev install) and kubectl; skipped otherwise.
+#include <signal.h>
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/subprocess.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "tests/cluster/topology.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kNamespace[] = "tessera-test";
+constexpr char kSeedOutput[] = "(16, 4)\nP('data', 'model')\n8 (4, 2)\n";
+
+std::string bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
+
+// One pod of a rendered overlay, as tests/deploy/k8s.mjs describes it.
+struct Pod {
+  std::string name, role, hostname;
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  int grace_seconds = 0;
+  std::string host;  // the namespace it runs in
+};
+
+struct Rendered {
+  std::vector<Pod> pods;
+  std::map<std::string, std::vector<std::string>> dns;  // name -> pod names
+};
+
+// Renders `overlay`; a non-empty `skip` when node, its packages or kubectl are missing.
+absl::StatusOr<Rendered> render(const std::string& overlay, std::string* skip) {
+  const std::string source = TESSERA_SOURCE_DIR;
+  absl::StatusOr<std::pair<int, std::string>> out = Subprocess::run(
+      {"/usr/bin/env", "node", source + "/tests/deploy/k8s.mjs", "pods", source, source + "/deploy/k8s/overlays/" + overlay,
+       kNamespace},
+      absl::Seconds(60));
+  if (!out.ok()) {
+    *skip = absl::StrCat("cannot run node: ", out.status().message());
+    return out.status();
+  }
+  if (out->first == 77 || out->first == 127) {
+    *skip = out->second;
+    return absl::UnavailableError(out->second);
+  }
+  if (out->first != 0) return absl::InternalError(absl::StrCat("k8s.mjs pods ", overlay, ": ", out->second));
+  google::protobuf::Struct json;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(out->second, &json);
+  if (!parsed.ok()) return absl::InternalError(absl::StrCat("k8s.mjs printed no JSON: ", out->second));
+  Rendered r;
+  for (const auto& p : json.fields().at("pods").list_value().values()) {
+    const auto& f = p.struct_value().fields();
+    Pod pod;
+    pod.name = f.at("name").string_value();
+    pod.role = f.at("role").string_value();
+    pod.hostname = f.at("hostname").string_value();
+    pod.grace_seconds = static_cast<int>(f.at("grace_seconds").number_value());
+    for (const auto& a : f.at("argv").list_value().values()) pod.argv.push_back(a.string_value());
+    for (const auto& e : f.at("env").list_value().values()) {
+      pod.env.emplace_back(e.list_value().values(0).string_value(), e.list_value().values(1).string_value());
+    }
+    r.pods.push_back(pod);
+  }
+  for (const auto& [name, pods] : json.fields().at("dns").struct_value().fields()) {
+    for (const auto& p : pods.list_value().values()) r.dns[name].push_back(p.string_value());
+  }
+  return r;
+}
+
+std::string env_of(const Pod& pod, const std::string& name) {
+  for (const auto& [k, v] : pod.env) {
+    if (k == name) return v;
+  }
+  return "";
+}
+
+class K8sNetnsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    signal(SIGPIPE, SIG_IGN);
+    std::string skip;
+    absl::Status error;
+    topology_ = make_cluster_topology(8, &skip, &error);
+    if (topology_ == nullptr) GTEST_SKIP() << skip;
+    ASSERT_TRUE(error.ok()) << error;
+  }
+
+  void TearDown() override {
+    client_.reset();
+    processes_.clear();
+    if (topology_ != nullptr) {
+      topology_->remove();
+      EXPECT_THAT(topology_->leftovers(), ::testing::IsEmpty());
+    }
+  }
+
+  // Places the pods on the hosts (the coordinator on "c", worker i on "wi") and gives every
+  // host the same resolver: its hosts file (publish_dns), and a nameserver on its own loopback
+  // that nobody serves, so no lookup ever leaves the namespace. IPv4 only, as many clusters
+  // are: with IPv6 on, gRPC's resolver also asks for AAAA records, which no hosts entry has,
+  // and waits 3 s for that absent nameserver on every lookup (a cluster's DNS answers at once).
+  absl::Status place(Rendered* r) {
+    int worker = 0;
+    for (Pod& pod : r->pods) {
+      if (pod.role == "coordinator") {
+        pod.host = "c";
+        address_[pod.name] = topology_->address(1);
+      } else {
+        pod.host = absl::StrCat("w", worker);
+        address_[pod.name] = topology_->address(10 + worker++);
+      }
+    }
+    if (worker != 8) return absl::InternalError(absl::StrCat(worker, " workers rendered, not 8"));
+    for (const std::string host : {"c", "w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7", "cl"}) {
+      TESSERA_RETURN_IF_ERROR(topology_->write_etc(host, "resolv.conf", "nameserver 127.0.0.1\n"));
+      TESSERA_RETURN_IF_ERROR(topology_->write_etc(host, "nsswitch.conf", "hosts: files dns\n"));
+      TESSERA_RETURN_IF_ERROR(topology_->disable_ipv6(host));
+    }
+    return absl::OkStatus();
+  }
+
+  // Every host's /etc/hosts: the DNS names of the rendered Services, leaving out those of
+  // pods of `missing_role` (not created yet).
+  absl::Status publish_dns(const Rendered& r, const std::string& missing_role) {
+    std::map<std::string, std::string> role;
+    for (const Pod& p : r.pods) role[p.name] = p.role;
+    std::string hosts = "127.0.0.1 localhost\n";
+    for (const auto& [name, pods] : r.dns) {
+      for (const std::string& pod : pods) {
+        if (role[pod] != missing_role) absl::StrAppend(&hosts, address_[pod], " ", name, "\n");
+      }
+    }
+    for (const std::string host : {"c", "w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7", "cl"}) {
+      TESSERA_RETURN_IF_ERROR(topology_->write_etc(host, "hosts", hosts));
+    }
+    return absl::OkStatus();
+  }
+
+  // Starts `pod`'s container: exactly its command line and environment (env -i), the image's
+  // PATH pointing at this build; stderr merged into the pipe the test reads.
+  absl::StatusOr<Subprocess*> start(const Pod& pod) {
+    std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", "/usr/bin/env", "-i",
+                                     absl::StrCat("PATH=", TESSERA_BIN_DIR)};
+    for (const auto& [k, v] : pod.env) argv.push_back(absl::StrCat(k, "=", v));
+    argv.insert(argv.end(), pod.argv.begin(), pod.argv.end());
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::spawn(topology_->in(pod.host, argv)));
+    Subprocess* raw = p.get();
+    processes_[pod.name] = std::move(p);
+    return raw;
+  }
+
+  // `tessera health` from the client's host until it exits with `want` (0 serving, 1 not),
+  // for at most `timeout`; returns its last output.
+  std::string wait_health(const std::string& address, const std::string& service, int want, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    std::string last;
+    while (true) {
+      absl::StatusOr<std::pair<int, std::string>> h = Subprocess::run(
+          topology_->in("cl", {bin("tessera"), "health", "--address=" + address, "--service=" + service, "--timeout_s=2"}),
+          absl::Seconds(10));
+      last = h.ok() ? absl::StrCat("exit ", h->first, ": ", h->second) : h.status().ToString();
+      if (h.ok() && h->first == want) return last;
+      if (absl::Now() >= deadline) return absl::StrCat("still not exit ", want, " after ", absl::FormatDuration(timeout),
+                                                       "; ", last);
+    }
+  }
+
+  // Sends SIGTERM to `pod`'s process and waits for it to exit (its output to end), at most
+  // `limit`; returns how long it took, or `limit` and more if it did not exit.
+  absl::Duration stop(const Pod& pod, absl::Duration limit) {
+    Subprocess* p = processes_.at(pod.name).get();
+    const absl::Time start = absl::Now();
+    kill(p->pid(), SIGTERM);
+    absl::StatusOr<std::string> end = p->read_line_with("\x01 never printed", limit);
+    const absl::Duration took = absl::Now() - start;
+    return absl::IsUnavailable(end.status()) ? took : limit + absl::Seconds(1);
+  }
+
+  std::string cluster_address(const std::string& service) const {
+    return absl::StrCat(service, ".", kNamespace, ".svc.cluster.local:5000");
+  }
+
+  std::string ask(const std::string& command, absl::Duration timeout) {
+    absl::Status sent = client_->write_line(command);
+    if (!sent.ok()) return sent.ToString();
+    absl::StatusOr<std::string> line = client_->read_line_with("", timeout);
+    return line.ok() ? *line : line.status().ToString();
+  }
+
+  // The worker pods' "listening on" lines: device i on its own pod DNS name.
+  void expect_workers_registered(const Rendered& r, absl::Duration timeout) {
+    int i = 0;
+    for (const Pod& pod : r.pods) {
+      if (pod.role != "worker") continue;
+      absl::StatusOr<std::string> line = processes_.at(pod.name)->read_line_with("listening on", timeout);
+      ASSERT_TRUE(line.ok()) << pod.name << ": " << line.status();
+      EXPECT_THAT(*line, HasSubstr(absl::StrCat("device ", i, " listening on ", pod.hostname, ".tessera-workers.",
+                                                kNamespace, ".svc.cluster.local:6000")));
+      ++i;
+    }
+  }
+
+  void run_seed_program() {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::pair<int, std::string>> seed = Subprocess::run(
+        topology_->in("cl", {bin("example_seed_layer"), "--coordinator=" + cluster_address("tessera")}),
+        absl::Seconds(60));
+    ASSERT_TRUE(seed.ok()) << seed.status();
+    EXPECT_EQ(seed->first, 0) << seed->second;
+    EXPECT_EQ(seed->second, kSeedOutput);
+    std::printf("[ timing ] seed program from the client namespace: %s\n",
+                absl::FormatDuration(absl::Now() - start).c_str());
+  }
+
+  std::unique_ptr<Topology> topology_;
+  std::map<std::string, std::string> address_;  // pod name -> its host's address
+  std::map<std::string, std::unique_ptr<Subprocess>> processes_;
+  std::unique_ptr<Subprocess> client_;
+};
+
+TEST_F(K8sNetnsTest, StatefulSetWorkersWaitForALateCoordinatorThenServeAndDrain) {
+  std::string skip;
+  absl::StatusOr<Rendered> rendered = render("statefulset", &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(rendered.ok()) << rendered.status();
+  ASSERT_TRUE(place(&*rendered).ok());
+  const Pod* coordinator = nullptr;
+  std::vector<const Pod*> workers;
+  for (const Pod& p : rendered->pods) {
+    if (p.role == "coordinator") {
+      coordinator = &p;
+    } else {
+      workers.push_back(&p);
+    }
+  }
+  ASSERT_NE(coordinator, nullptr);
+  ASSERT_EQ(workers.size(), 8u);
+  EXPECT_EQ(workers[3]->name, "tessera-worker-3");
+  EXPECT_EQ(env_of(*workers[3], "TESSERA_WORKER_HOST"),
+            absl::StrCat("tessera-worker-3.tessera-workers.", kNamespace, ".svc.cluster.local"));
+
+  // The workers first: the coordinator's pod does not exist, its name does not resolve.
+  ASSERT_TRUE(publish_dns(*rendered, "coordinator").ok());
+  for (const Pod* w : workers) ASSERT_TRUE(start(*w).ok()) << w->name;
+  const std::string coordinator_name = env_of(*workers[0], "TESSERA_COORDINATOR");
+  for (const Pod* w : workers) {
+    absl::StatusOr<std::string> retry = processes_.at(w->name)->read_line_with("registration attempt 1 failed",
+                                                                               absl::Seconds(20));
+    ASSERT_TRUE(retry.ok()) << w->name << ": " << retry.status();
+    EXPECT_THAT(*retry, HasSubstr(coordinator_name.substr(0, coordinator_name.find(':'))));
+    EXPECT_THAT(*retry, HasSubstr("retrying in 1s"));
+    if (w == workers[0]) std::printf("[ log ] %s: %s\n", w->name.c_str(), retry->c_str());
+  }
+  // The worker serves health before it registers: alive, not ready.
+  const std::string worker0 = absl::StrCat(env_of(*workers[0], "TESSERA_WORKER_HOST"), ":6000");
+  EXPECT_THAT(wait_health(worker0, "liveness", 0, absl::Seconds(10)), HasSubstr("serving"));
+  EXPECT_THAT(wait_health(worker0, "", 1, absl::Seconds(10)), HasSubstr("NOT_SERVING"));
+
+  // The coordinator's pod appears, and with it its DNS records.
+  ASSERT_TRUE(start(*coordinator).ok());
+  ASSERT_TRUE(processes_.at(coordinator->name)->read_line_with("listening on", absl::Seconds(20)).ok());
+  const absl::Time up = absl::Now();
+  ASSERT_TRUE(publish_dns(*rendered, "").ok());
+  expect_workers_registered(*rendered, absl::Seconds(30));
+  std::printf("[ timing ] coordinator up -> 8 workers registered (retrying every 1-5 s): %s\n",
+              absl::FormatDuration(absl::Now() - up).c_str());
+  EXPECT_THAT(wait_health(cluster_address("tessera"), "", 0, absl::Seconds(10)), HasSubstr("serving"));
+  EXPECT_THAT(wait_health(worker0, "", 0, absl::Seconds(10)), HasSubstr("serving"));
+
+  run_seed_program();
+  absl::StatusOr<std::unique_ptr<Subprocess>> client = Subprocess::spawn(
+      topology_->in("cl", {bin("cluster_client"), "--coordinator=" + cluster_address("tessera")}),
+      SubprocessOptions{.pipe_stdin = true});
+  ASSERT_TRUE(client.ok()) << client.status();
+  client_ = *std::move(client);
+  const std::string ready = ask("setup", absl::Seconds(60));
+  ASSERT_THAT(ready, StartsWith("ready")) << ready;
+  EXPECT_THAT(ready, HasSubstr("all_reduce all_to_all all_gather"));
+  EXPECT_THAT(ask("run", absl::Seconds(30)), StartsWith("ok"));
+
+  // SIGTERM, as a pod deletion sends it: the worker exits within its grace period, and the
+  // coordinator is not ready while a device it expects is missing.
+  const absl::Duration grace = absl::Seconds(workers[3]->grace_seconds);
+  const absl::Duration worker_stop = stop(*workers[3], grace);
+  EXPECT_LE(worker_stop, grace);
+  EXPECT_THAT(wait_health(cluster_address("tessera"), "", 1, absl::Seconds(10)), HasSubstr("NOT_SERVING"));
+  // The StatefulSet makes the pod again under the same name: device 3 again, ready again.
+  ASSERT_TRUE(start(*workers[3]).ok());
+  absl::StatusOr<std::string> again = processes_.at(workers[3]->name)->read_line_with("listening on", absl::Seconds(30));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_THAT(*again, HasSubstr("device 3 listening on tessera-worker-3.tessera-workers"));
+  EXPECT_THAT(wait_health(cluster_address("tessera"), "", 0, absl::Seconds(10)), HasSubstr("serving"));
+
+  client_.reset();
+  const absl::Duration coordinator_grace = absl::Seconds(coordinator->grace_seconds);
+  const absl::Duration coordinator_stop = stop(*coordinator, coordinator_grace);
+  EXPECT_LE(coordinator_stop, coordinator_grace);
+  std::printf("[ timing ] SIGTERM -> exit: worker %s, coordinator %s (grace %s / %s)\n",
+              absl::FormatDuration(worker_stop).c_str(), absl::FormatDuration(coordinator_stop).c_str(),
+              absl::FormatDuration(grace).c_str(), absl::FormatDuration(coordinator_grace).c_str());
+}
+
+TEST_F(K8sNetnsTest, IndexedJobWorkersTakeTheirCompletionIndex) {
+  std::string skip;
+  absl::StatusOr<Rendered> rendered = render("indexed-job", &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(rendered.ok()) << rendered.status();
+  ASSERT_TRUE(place(&*rendered).ok());
+  ASSERT_TRUE(publish_dns(*rendered, "").ok());
+  for (const Pod& p : rendered->pods) {
+    if (p.role == "worker") {
+      EXPECT_THAT(p.name, StartsWith(p.hostname + "-")) << "an Indexed Job's pod name is HOST-random";
+      EXPECT_EQ(env_of(p, "TESSERA_WORKER_DEVICE_ID_FROM"), "job_index");
+    }
+    ASSERT_TRUE(start(p).ok()) << p.name;
+  }
+  expect_workers_registered(*rendered, absl::Seconds(30));
+  EXPECT_THAT(wait_health(cluster_address("tessera"), "", 0, absl::Seconds(10)), HasSubstr("serving"));
+  run_seed_program();
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,192 @@
+// compile_key: the program cache's key is the whole compile request, canonical and exact.
+// Every field of a node, of the mesh and of the request is varied here; each variation must
+// give a key of its own, and the same program built twice (or sent through the wire) the
+// same key. Issue 14 item 1: keys were a hash of text that printed constants with 6 digits.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+
+#include "core/graph.h"
+#include "core/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/tessera.pb.h"
+
+namespace tessera {
+namespace {
+
+double nan_with_payload(uint64_t payload) {
+  const uint64_t bits = 0x7ff8000000000000ull | payload;
+  double v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+struct Request {
+  Graph graph;
+  Mesh mesh = *make_mesh({4, 2}, {"x", "y"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  std::vector<PartitionSpec> inputs;
+  std::vector<std::optional<PartitionSpec>> outputs;
+  std::vector<int> donated;
+  std::string key() const { return compile_key(graph, mesh, inputs, outputs, donated); }
+};
+
+// A program touching every node attribute: parameter dtype/shape, constant value, iota
+// dimension, slice start/limit, dot dimension numbers, transpose permutation, reduction
+// axes, a sharding constraint, a shard_map collective with axes, reduce op and dims.
+struct Knobs {
+  DType dtype = DType::kF32;
+  Shape shape = {8, 4};
+  Scalar constant = 0.5;
+  DType constant_dtype = DType::kF32;
+  int64_t iota_dim = 0;
+  std::vector<int64_t> slice_start = {0, 0}, slice_limit = {8, 4};
+  DotDims dot{{}, {}, {1}, {1}};
+  std::vector<int64_t> permutation = {1, 0};
+  std::vector<int64_t> reduce_axes = {0};
+  Op binary = Op::kAdd;
+  bool swap_operands = false;
+  PartitionSpec constraint = P("x", None);
+  std::vector<int> constraint_devices = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<std::string> collective_axes = {"y"};
+  ReduceOp reduce_op = ReduceOp::kSum;
+  Op collective = Op::kAllReduce;
+  std::vector<int64_t> collective_dims = {};
+  bool two_outputs = true;
+};
+
+Request build(const Knobs& k) {
+  Request r;
+  Graph& g = r.graph;
+  const int p = g.add_parameter(k.dtype, k.shape);
+  const int c = *g.add_constant(k.constant_dtype, k.shape, k.constant);
+  const int cc = k.constant_dtype == k.dtype ? c : *g.add_convert(c, k.dtype);
+  const int io = *g.add_iota(k.dtype, k.shape, k.iota_dim);
+  const int s = *g.add_slice(*g.add_binary(k.binary, k.swap_operands ? io : p, k.swap_operands ? p : io), k.slice_start,
+                             k.slice_limit);
+  const int sum = *g.add_binary(Op::kAdd, *g.add_slice(cc, k.slice_start, k.slice_limit), s);
+  const int d = *g.add_dot_general(sum, sum, k.dot);
+  const int t = *g.add_transpose(d, k.permutation);
+  const int red = *g.add_reduce(Op::kReduceSum, t, k.reduce_axes);
+  const Mesh constraint_mesh = *make_mesh({4, 2}, {"x", "y"}, k.constraint_devices);
+  const int sc = *g.add_sharding_constraint(p, NamedSharding(constraint_mesh, k.constraint));
+  const int in = *g.add_shard_map_in(sc, NamedSharding(r.mesh, P("x", None)));
+  const int col =
+      *g.add_collective(k.collective, in, r.mesh, k.collective_axes, k.collective_dims, k.reduce_op);
+  const int out = *g.add_shard_map_out(col, NamedSharding(r.mesh, P("x", None)));
+  EXPECT_TRUE(g.set_outputs(k.two_outputs ? std::vector<int>{red, out} : std::vector<int>{out, red}).ok());
+  r.inputs = {P("x", None)};
+  r.outputs = {std::nullopt, P("x", None)};
+  return r;
+}
+
+TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
+  std::map<std::string, std::function<void(Knobs&)>> node_variations = {
+      {"base", [](Knobs&) {}},
+      {"dtype", [](Knobs& k) { k.dtype = DType::kF64; }},
+      {"shape", [](Knobs& k) { k.shape = {8, 8}; k.slice_limit = {8, 8}; }},
+      {"constant 7th digit", [](Knobs& k) { k.constant = 0.5000001; }},
+      {"constant dtype", [](Knobs& k) { k.constant_dtype = DType::kF64; }},
+      {"integer constant", [](Knobs& k) { k.constant = int64_t{0}; k.constant_dtype = DType::kI64; }},
+      {"integer constant 2^53+1", [](Knobs& k) { k.constant = (int64_t{1} << 53) + 1; k.constant_dtype = DType::kI64; }},
+      {"integer constant 2^53", [](Knobs& k) { k.constant = int64_t{1} << 53; k.constant_dtype = DType::kI64; }},
+      {"constant 0", [](Knobs& k) { k.constant = 0.0; }},
+      {"constant -0", [](Knobs& k) { k.constant = -0.0; }},
+      {"constant nan", [](Knobs& k) { k.constant = std::numeric_limits<double>::quiet_NaN(); }},
+      {"constant nan payload", [](Knobs& k) { k.constant = nan_with_payload(1); }},
+      {"constant 1e6", [](Knobs& k) { k.constant = 1000000.0; }},
+      {"constant 1e6+1", [](Knobs& k) { k.constant = 1000001.0; }},
+      {"iota dimension", [](Knobs& k) { k.iota_dim = 1; }},
+      {"slice start", [](Knobs& k) { k.slice_start = {1, 0}; }},
+      {"slice limit", [](Knobs& k) { k.slice_limit = {8, 3}; }},
+      {"dot lhs contracting", [](Knobs& k) { k.dot = DotDims{{}, {}, {0}, {0}}; }},
+      {"dot batch", [](Knobs& k) { k.dot = DotDims{{0}, {0}, {1}, {1}}; k.permutation = {0}; }},
+      {"transpose", [](Knobs& k) { k.permutation = {0, 1}; }},
+      {"reduce axes", [](Knobs& k) { k.reduce_axes = {1}; }},
+      {"op", [](Knobs& k) { k.binary = Op::kMul; }},
+      {"operand order", [](Knobs& k) { k.swap_operands = true; }},
+      {"constraint spec", [](Knobs& k) { k.constraint = P(None, "y"); }},
+      {"constraint devices", [](Knobs& k) { k.constraint_devices = {7, 6, 5, 4, 3, 2, 1, 0}; }},
+      {"collective axes", [](Knobs& k) { k.collective_axes = {"x"}; }},
+      {"collective reduce op", [](Knobs& k) { k.reduce_op = ReduceOp::kMax; }},
+      {"collective op", [](Knobs& k) {
+         k.collective = Op::kAllGather;
+         k.collective_dims = {1};
+       }},
+      {"outputs", [](Knobs& k) { k.two_outputs = false; }},
+  };
+  std::map<std::string, std::string> keys;  // key -> variation
+  for (const auto& [name, vary] : node_variations) {
+    SCOPED_TRACE(name);
+    Knobs k;
+    vary(k);
+    const std::string key = build(k).key();
+    EXPECT_EQ(build(k).key(), key) << "the same program built twice";
+    auto [it, fresh] = keys.emplace(key, name);
+    EXPECT_TRUE(fresh) << name << " has the key of " << it->second;
+  }
+  // The request around the graph: mesh shape, axis names, device order; specs; donation.
+  std::map<std::string, std::function<void(Request&)>> request_variations = {
+      {"mesh device order", [](Request& r) { r.mesh = *make_mesh({4, 2}, {"x", "y"}, {1, 0, 2, 3, 4, 5, 6, 7}); }},
+      {"mesh axis names", [](Request& r) { r.mesh = *make_mesh({4, 2}, {"x", "z"}, {0, 1, 2, 3, 4, 5, 6, 7}); }},
+      {"mesh shape", [](Request& r) { r.mesh = *make_mesh({2, 4}, {"x", "y"}, {0, 1, 2, 3, 4, 5, 6, 7}); }},
+      {"input spec", [](Request& r) { r.inputs = {P(None, "x")}; }},
+      {"input spec replicated", [](Request& r) { r.inputs = {P()}; }},
+      {"output spec set", [](Request& r) { r.outputs[0] = P(); }},
+      {"output spec", [](Request& r) { r.outputs[1] = P("y", None); }},
+      {"donated", [](Request& r) { r.donated = {0}; }},
+  };
+  for (const auto& [name, vary] : request_variations) {
+    SCOPED_TRACE(name);
+    Request r = build(Knobs{});
+    vary(r);
+    auto [it, fresh] = keys.emplace(r.key(), name);
+    EXPECT_TRUE(fresh) << name << " has the key of " << it->second;
+  }
+}
+
+TEST(CompileKey, SurvivesTheWireAndPrintsConstantsExactly) {
+  Knobs k;
+  k.constant = 0.1234568;
+  Request r = build(k);
+  pb::Graph wire;
+  to_proto(r.graph, &wire);
+  absl::StatusOr<Graph> back = graph_from_proto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(compile_key(*back, r.mesh, r.inputs, r.outputs, r.donated), r.key());
+  EXPECT_THAT(r.graph.to_text(), ::testing::HasSubstr("value=0.1234568"));
+
+  // Integer constants keep every bit through the wire; floating ones their sign and payload.
+  for (const Scalar& s : {Scalar((int64_t{1} << 53) + 1), Scalar(-0.0), Scalar(nan_with_payload(5)),
+                          Scalar(std::numeric_limits<int64_t>::min())}) {
+    Graph g;
+    const int c = *g.add_constant(s.is_integer() ? DType::kI64 : DType::kF64, {2}, s);
+    ASSERT_TRUE(g.set_outputs({c}).ok());
+    pb::Graph w;
+    to_proto(g, &w);
+    absl::StatusOr<Graph> b = graph_from_proto(w);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->node(c).value, s) << s.to_string();
+  }
+}
+
+TEST(Scalar, ComparesBitsAndPrintsTheShortestExactText) {
+  EXPECT_NE(Scalar(0.0), Scalar(-0.0));
+  EXPECT_NE(Scalar(1.0), Scalar(int64_t{1}));  // a float and an integer constant differ
+  EXPECT_EQ(Scalar(nan_with_payload(3)), Scalar(nan_with_payload(3)));
+  EXPECT_NE(Scalar(nan_with_payload(3)), Scalar(nan_with_payload(4)));
+  EXPECT_EQ(Scalar(0.1234567).to_string(), "0.1234567");
+  EXPECT_EQ(Scalar(1000001.0).to_string(), "1000001");
+  EXPECT_EQ(Scalar(0.1).to_string(), "0.1");
+  EXPECT_EQ(Scalar(1.0 / 3).to_string(), "0.3333333333333333");
+  EXPECT_EQ(Scalar(-0.0).to_string(), "-0");
+  EXPECT_EQ(Scalar((int64_t{1} << 53) + 1).to_string(), "9007199254740993");
+  EXPECT_EQ(Scalar(std::numeric_limits<double>::quiet_NaN()).to_string(), "nan");
+  EXPECT_EQ(Scalar(nan_with_payload(1)).to_string(), "nan(0x7ff8000000000001)");
+  EXPECT_EQ(Scalar(true).int_value(), 1);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,355 @@
+// The Kubernetes manifests (deploy/k8s/) checked without a cluster.
+//
+//   node tests/deploy/k8s.mjs check SOURCE_DIR BIN_DIR
+//       renders every overlay with `kubectl kustomize`, validates each object against the
+//       Kubernetes OpenAPI schemas (the npm package kubernetes-models), checks what the
+//       deployment relies on (below), and checks deploy/docker-compose.yml and every overlay
+//       against deploy/daemons.json and against the variables the binaries in BIN_DIR read.
+//   node tests/deploy/k8s.mjs pods SOURCE_DIR OVERLAY NAMESPACE
+//       prints, as JSON, the pods the overlay makes and how the kubelet starts their
+//       containers (downward-API values filled in, $(VAR) references expanded), and the DNS
+//       names the cluster's DNS gives them: what tests/cluster/k8s_netns_test.cc runs.
+//
+// The npm packages come from .cache/node (./dev install puts them there from
+// tests/deploy/package.json); without them, or without kubectl, it exits 77 (skipped).
+import { execFileSync, spawnSync } from "node:child_process";
+import fs from "node:fs";
+import { createRequire } from "node:module";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+const SKIP = 77;
+const [command, sourceDir, ...rest] = process.argv.slice(2);
+const modules = path.resolve(process.env.TESSERA_NODE_MODULES || path.join(sourceDir ?? ".", ".cache/node/node_modules"));
+const CLUSTER_DOMAIN = "cluster.local";
+
+function skip(why) {
+  console.log(`skipped: ${why}`);
+  process.exit(SKIP);
+}
+
+if (!fs.existsSync(path.join(modules, "kubernetes-models")) || !fs.existsSync(path.join(modules, "yaml"))) {
+  skip(`no kubernetes-models and yaml in ${modules} (./dev install puts them there)`);
+}
+try {
+  execFileSync("kubectl", ["version", "--client"], { stdio: "ignore" });
+} catch {
+  skip("no kubectl on PATH");
+}
+const YAML = createRequire(path.join(modules, "/"))("yaml");
+
+function render(overlay) {
+  const text = execFileSync("kubectl", ["kustomize", overlay], { encoding: "utf8" });
+  return YAML.parseAllDocuments(text).map((d) => d.toJS());
+}
+
+const overlaysDir = () => path.join(sourceDir, "deploy/k8s/overlays");
+const overlays = () =>
+  fs.readdirSync(overlaysDir()).filter((d) => fs.existsSync(path.join(overlaysDir(), d, "kustomization.yaml")));
+
+// The workloads that make pods, and their pod templates.
+const WORKLOADS = new Set(["Deployment", "StatefulSet", "Job"]);
+const role = (o) => o.spec.template.metadata.labels["app.kubernetes.io/component"];
+
+// A Kubernetes quantity ("1Gi", "512Mi", "1g" in compose) in bytes.
+function bytes(q) {
+  const m = /^([0-9]+)([A-Za-z]*)$/.exec(String(q));
+  const units = { "": 1, k: 1e3, K: 1e3, M: 1e6, G: 1e9, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30 };
+  const compose = { b: 1, k: 2 ** 10, m: 2 ** 20, g: 2 ** 30 };
+  if (!m || (units[m[2]] === undefined && compose[m[2]] === undefined)) throw new Error(`not a quantity: ${q}`);
+  return Number(m[1]) * (units[m[2]] ?? compose[m[2]]);
+}
+
+// Expands $(VAR) as the kubelet does: only variables defined before; $$ escapes; others stay.
+function expand(text, vars) {
+  return String(text).replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (all, name) =>
+    all === "$$" ? "$" : name in vars ? vars[name] : all,
+  );
+}
+
+// The variables the binary reads: its --help names each ("env TESSERA_...").
+const helpCache = new Map();
+function variablesRead(bin) {
+  if (helpCache.has(bin)) return helpCache.get(bin);
+  // abseil's --help exits 1 after printing.
+  const help = spawnSync(bin, ["--help"], { encoding: "utf8" }).stdout ?? "";
+  if (!help.includes("Flags from")) throw new Error(`${bin} --help printed no flags`);
+  helpCache.set(bin, new Set([...help.matchAll(/\b(TESSERA_[A-Z0-9_]+)/g)].map((m) => m[1])));
+  return helpCache.get(bin);
+}
+
+// Every rule below, over rendered overlays ({name: objects}) and the parsed compose file;
+// returns the failures, each naming the file or object and the rule.
+async function failuresOf(rendered, compose, binDir) {
+  const failures = [];
+  const fail = (where, what) => failures.push(`${where}: ${what}`);
+  const description = JSON.parse(fs.readFileSync(path.join(sourceDir, "deploy/daemons.json"), "utf8"));
+  const read = {};
+  for (const r of ["coordinator", "worker"]) read[r] = variablesRead(path.join(binDir, description[r].binary));
+  const everyRead = new Set([...read.coordinator, ...read.worker, ...variablesRead(path.join(binDir, "tessera"))]);
+
+  // The TESSERA_ variables of one container against the description.
+  function checkEnv(where, r, target, env) {
+    const d = description[r];
+    const expected = new Set([...Object.keys(d.env), ...d.identity[target]]);
+    for (const [name, value] of Object.entries(d.env)) {
+      if (env[name] !== value) fail(where, `${name} is ${JSON.stringify(env[name])}, deploy/daemons.json says "${value}"`);
+    }
+    for (const name of Object.keys(env).filter((n) => n.startsWith("TESSERA_"))) {
+      if (!read[r].has(name)) fail(where, `${name} is read by no flag of ${d.binary} (see its --help)`);
+      if (!expected.has(name)) fail(where, `${name} is not in deploy/daemons.json (env or identity.${target})`);
+    }
+    for (const name of expected) if (!(name in env)) fail(where, `${name} is missing`);
+  }
+
+  for (const [overlay, docs] of Object.entries(rendered)) {
+    const workloads = {};
+    for (const o of docs) {
+      const where = `${overlay}: ${o.kind} ${o.metadata?.name}`;
+      const [group, version] = o.apiVersion.includes("/") ? o.apiVersion.split("/") : [null, o.apiVersion];
+      const file = path.join(modules, "kubernetes-models", ...(group ? [group] : []), version, `${o.kind}.js`);
+      if (!fs.existsSync(file)) {
+        fail(where, `no schema for ${o.apiVersion} ${o.kind}`);
+        continue;
+      }
+      const Model = (await import(pathToFileURL(file)))[o.kind];
+      try {
+        new Model(o).validate();
+      } catch (e) {
+        fail(where, `invalid: ${e.message}`);
+      }
+      if (o.metadata?.labels?.["app.kubernetes.io/part-of"] !== "tessera") fail(where, "no part-of label");
+      if (o.kind === "Service") {
+        const headless = o.spec.clusterIP === "None";
+        if (headless && o.spec.publishNotReadyAddresses !== true) {
+          fail(where, "a headless Service for discovery needs publishNotReadyAddresses (names resolve before ready)");
+        }
+        // Service links: a Service with a cluster IP puts NAME_SERVICE_HOST, NAME_PORT, ... into
+        // pods that keep them on; none may be a variable a Tessera program reads.
+        const prefix = o.metadata.name.toUpperCase().replace(/-/g, "_");
+        for (const v of everyRead) {
+          if (!headless && (v === `${prefix}_PORT` || v.startsWith(`${prefix}_PORT_`) || v.startsWith(`${prefix}_SERVICE_`))) {
+            fail(where, `its service-link variables would set ${v}`);
+          }
+        }
+      }
+      if (!WORKLOADS.has(o.kind)) continue;
+      const r = role(o);
+      if (!(r in description)) {
+        fail(where, `component label '${r}' is neither coordinator nor worker`);
+        continue;
+      }
+      workloads[r] = o;
+      const pod = o.spec.template.spec;
+      if (pod.enableServiceLinks !== false) fail(where, "enableServiceLinks must be false");
+      if (pod.automountServiceAccountToken !== false) fail(where, "automountServiceAccountToken must be false");
+      if (pod.securityContext?.runAsNonRoot !== true || !(pod.securityContext?.runAsUser > 0)) {
+        fail(where, "must run as non-root (runAsNonRoot, runAsUser > 0)");
+      }
+      if (!(pod.terminationGracePeriodSeconds > 0)) fail(where, "needs terminationGracePeriodSeconds");
+      if (pod.containers.length !== 1) fail(where, "one container per pod");
+      const c = pod.containers[0];
+      const d = description[r];
+      if (JSON.stringify(c.command) !== JSON.stringify([d.binary])) fail(where, `command must be ["${d.binary}"]`);
+      const sc = c.securityContext ?? {};
+      if (sc.readOnlyRootFilesystem !== true) fail(where, "readOnlyRootFilesystem must be true");
+      if (sc.allowPrivilegeEscalation !== false) fail(where, "allowPrivilegeEscalation must be false");
+      if (!sc.capabilities?.drop?.includes("ALL")) fail(where, "capabilities must drop ALL");
+      const port = c.ports?.find((p) => p.name === "grpc")?.containerPort;
+      if (port !== d.port) fail(where, `port grpc is ${port}, deploy/daemons.json says ${d.port}`);
+      for (const [probe, service] of [["startupProbe", "liveness"], ["livenessProbe", "liveness"], ["readinessProbe", ""]]) {
+        const g = c[probe]?.grpc;
+        if (!g || g.port !== d.port || (g.service ?? "") !== service) {
+          fail(where, `${probe} must be grpc on port ${d.port}, service '${service}' (grpc.health.v1)`);
+        }
+      }
+      const limit = c.resources?.limits?.memory, request = c.resources?.requests?.memory;
+      if (!limit || bytes(limit) !== d.memory_limit_bytes) fail(where, `memory limit ${limit} is not ${d.memory_limit_bytes} bytes`);
+      if (!request || bytes(request) !== bytes(limit)) fail(where, `memory request ${request} must equal the limit`);
+      const mount = c.volumeMounts?.find((m) => m.mountPath === "/etc/tessera/credentials");
+      const volume = pod.volumes?.find((v) => v.name === mount?.name);
+      if (!mount?.readOnly || volume?.secret?.secretName !== "tessera-credentials") {
+        fail(where, "needs Secret tessera-credentials mounted read-only at /etc/tessera/credentials");
+      }
+      // Every $(VAR) must name a variable defined before it, or the kubelet leaves it as is.
+      const env = {}, defined = {};
+      for (const e of c.env ?? []) {
+        if (e.value !== undefined) {
+          for (const m of String(e.value).matchAll(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g)) {
+            if (!(m[1] in defined)) fail(where, `${e.name} refers to $(${m[1]}), not defined before it`);
+          }
+        }
+        defined[e.name] = true;
+        env[e.name] = e.value;
+      }
+      checkEnv(where, r, "k8s", env);
+      if (r === "worker") {
+        const memoryBytes = Number(env.TESSERA_WORKER_MEMORY_BYTES);
+        if (memoryBytes + d.memory_headroom_bytes > bytes(limit)) {
+          fail(where, `--memory_bytes ${memoryBytes} leaves less than ${d.memory_headroom_bytes} bytes of the limit`);
+        }
+        const count = o.kind === "StatefulSet" ? o.spec.replicas : o.spec.completions;
+        if (count !== description.workers) fail(where, `${count} workers, deploy/daemons.json says ${description.workers}`);
+        if (o.kind === "Job" && (o.spec.parallelism !== count || o.spec.completionMode !== "Indexed")) {
+          fail(where, "an Indexed Job with parallelism = completions");
+        }
+        if (o.kind === "StatefulSet" && o.spec.podManagementPolicy !== "Parallel") fail(where, "podManagementPolicy Parallel");
+      }
+    }
+    for (const r of ["coordinator", "worker"]) if (!workloads[r]) fail(overlay, `no ${r} workload`);
+    const expected = workloads.coordinator?.spec.template.spec.containers[0].env.find(
+      (e) => e.name === "TESSERA_COORDINATOR_EXPECTED_DEVICES",
+    )?.value;
+    if (Number(expected) !== description.workers) fail(overlay, `the coordinator expects ${expected} devices`);
+  }
+
+  // docker-compose.yml against the same description.
+  let composeWorkers = 0;
+  for (const [name, s] of Object.entries(compose.services)) {
+    const r = name === "coordinator" ? "coordinator" : name.startsWith("worker-") ? "worker" : null;
+    if (!r) continue;
+    if (r === "worker") ++composeWorkers;
+    const where = `docker-compose.yml: ${name}`;
+    if (JSON.stringify(s.command) !== JSON.stringify([description[r].binary])) fail(where, "wrong command");
+    if (bytes(s.mem_limit) !== description[r].memory_limit_bytes) fail(where, `mem_limit ${s.mem_limit}`);
+    checkEnv(where, r, "compose", s.environment);
+    if (r === "worker" && s.environment.TESSERA_WORKER_DEVICE_ID !== name.slice(7)) fail(where, "device id != its number");
+  }
+  if (composeWorkers !== description.workers) fail("docker-compose.yml", `${composeWorkers} workers`);
+  return failures;
+}
+
+// Breaking the manifests in ways the rules are there for; each must be caught, naming it.
+const MUTATIONS = [
+  ["a field of the wrong type", (r) => (container(r, "worker").ports[0].containerPort = "6000"), "must be integer"],
+  ["a writable root filesystem", (r) => delete container(r, "worker").securityContext.readOnlyRootFilesystem, "readOnlyRootFilesystem"],
+  ["root", (r) => (workload(r, "coordinator").spec.template.spec.securityContext.runAsUser = 0), "non-root"],
+  ["a memory limit off the description", (r) => (container(r, "worker").resources.limits.memory = "2Gi"), "memory limit"],
+  ["a value off the description", (r) => (envVar(r, "worker", "TESSERA_WORKER_PORT").value = "6001"), "TESSERA_WORKER_PORT"],
+  ["a variable no binary reads", (r) => container(r, "worker").env.push({ name: "TESSERA_WORKER_PROT", value: "1" }), "read by no flag"],
+  ["a reference to a later variable", (r) => container(r, "worker").env.unshift({ name: "X", value: "$(POD_NAME)" }), "not defined before"],
+  ["an HTTP probe", (r) => (container(r, "coordinator").readinessProbe = { httpGet: { port: 5000 } }), "readinessProbe"],
+  ["a discovery Service hiding pods", (r) => delete service(r, "tessera-workers").spec.publishNotReadyAddresses, "publishNotReadyAddresses"],
+  ["a Service whose links set TESSERA_COORDINATOR_PORT", (r) => delete service(r, "tessera-coordinator").spec.clusterIP, "would set TESSERA_COORDINATOR_PORT"],
+  ["a worker count off the coordinator's", (r) => (envVar(r, "coordinator", "TESSERA_COORDINATOR_EXPECTED_DEVICES").value = "7"), "expects 7 devices"],
+  ["compose drifting", (r, c) => (c.services["worker-2"].environment.TESSERA_WORKER_MEMORY_BYTES = "1"), "docker-compose.yml: worker-2"],
+];
+const first = (r) => Object.values(r)[0];
+const workload = (r, role_) => first(r).find((o) => WORKLOADS.has(o.kind) && role(o) === role_);
+const container = (r, role_) => workload(r, role_).spec.template.spec.containers[0];
+const envVar = (r, role_, name) => container(r, role_).env.find((e) => e.name === name);
+const service = (r, name) => first(r).find((o) => o.kind === "Service" && o.metadata.name === name);
+
+async function check() {
+  const [binDir] = rest;
+  const rendered = Object.fromEntries(overlays().map((o) => [o, render(path.join(overlaysDir(), o))]));
+  const composeText = fs.readFileSync(path.join(sourceDir, "deploy/docker-compose.yml"), "utf8");
+  const compose = () => YAML.parse(composeText, { merge: true });
+  const failures = await failuresOf(rendered, compose(), binDir);
+  for (const f of failures) console.log(`FAIL ${f}`);
+  const objects = Object.values(rendered).reduce((n, docs) => n + docs.length, 0);
+  console.log(`${Object.keys(rendered).length} overlays (${Object.keys(rendered).join(", ")}), ${objects} objects: ${failures.length} failures`);
+  // The rules themselves: each mutation of the real manifests must fail them.
+  let missed = 0;
+  for (const [what, mutate, expected] of MUTATIONS) {
+    const r = structuredClone(rendered), c = compose();
+    mutate(r, c);
+    const found = (await failuresOf(r, c, binDir)).filter((f) => f.includes(expected));
+    if (found.length === 0) {
+      ++missed;
+      console.log(`FAIL the rules miss ${what} (no failure saying '${expected}')`);
+    }
+  }
+  console.log(`${MUTATIONS.length - missed} of ${MUTATIONS.length} broken variants caught`);
+  process.exit(failures.length === 0 && missed === 0 ? 0 : 1);
+}
+
+// The pods of one overlay as the controllers would name them, and their containers' command
+// lines and environment as the kubelet would start them.
+function pods() {
+  const [overlay, namespace] = rest;
+  const docs = render(overlay);
+  const out = { pods: [], dns: {} };
+  const made = [];
+  for (const o of docs.filter((x) => WORKLOADS.has(x.kind))) {
+    const t = o.spec.template;
+    const instances = [];
+    if (o.kind === "Deployment") {
+      for (let i = 0; i < (o.spec.replicas ?? 1); ++i) {
+        const name = `${o.metadata.name}-6b7f9c8d5-${"abcde".slice(i)}${i}`;
+        instances.push({ name, hostname: t.spec.hostname ?? name, labels: {}, annotations: {} });
+      }
+    } else if (o.kind === "StatefulSet") {
+      for (let i = 0; i < o.spec.replicas; ++i) {
+        const name = `${o.metadata.name}-${i}`;
+        instances.push({ name, hostname: name, subdomain: o.spec.serviceName, labels: {}, annotations: {} });
+      }
+    } else {
+      if (o.spec.completionMode !== "Indexed") throw new Error(`${o.metadata.name}: only Indexed Jobs`);
+      for (let i = 0; i < o.spec.completions; ++i) {
+        const index = String(i);
+        instances.push({
+          name: `${o.metadata.name}-${i}-x7k2q`,
+          hostname: `${o.metadata.name}-${i}`,
+          subdomain: t.spec.subdomain,
+          labels: { "batch.kubernetes.io/job-name": o.metadata.name, "job-name": o.metadata.name,
+                    "batch.kubernetes.io/job-completion-index": index },
+          annotations: { "batch.kubernetes.io/job-completion-index": index },
+          jobIndex: index,
+        });
+      }
+    }
+    for (const p of instances) {
+      const meta = { name: p.name, namespace, labels: { ...t.metadata.labels, ...p.labels },
+                     annotations: { ...(t.metadata.annotations ?? {}), ...p.annotations } };
+      const field = (fieldPath) => {
+        const m = /^metadata\.(labels|annotations)\['([^']+)'\]$/.exec(fieldPath);
+        if (m) return meta[m[1]][m[2]] ?? "";
+        if (fieldPath === "metadata.name") return meta.name;
+        if (fieldPath === "metadata.namespace") return meta.namespace;
+        throw new Error(`${p.name}: fieldRef ${fieldPath} is not emulated`);
+      };
+      const c = t.spec.containers[0];
+      const vars = {};
+      const env = [];
+      const envList = [...(c.env ?? [])];
+      // The Job controller appends JOB_COMPLETION_INDEX unless the container declares it.
+      if (p.jobIndex !== undefined && !envList.some((e) => e.name === "JOB_COMPLETION_INDEX")) {
+        envList.push({ name: "JOB_COMPLETION_INDEX", value: p.jobIndex });
+      }
+      for (const e of envList) {
+        let value;
+        if (e.valueFrom?.fieldRef) value = field(e.valueFrom.fieldRef.fieldPath);
+        else if (e.valueFrom) throw new Error(`${p.name}: ${e.name}: only fieldRef is emulated`);
+        else value = expand(e.value ?? "", vars);
+        vars[e.name] = value;
+        env.push([e.name, value]);
+      }
+      // What the runtime adds: the pod's host name (the image's PATH is the test's to give).
+      env.push(["HOSTNAME", p.hostname]);
+      const argv = [...(c.command ?? []), ...(c.args ?? [])].map((a) => expand(a, vars));
+      out.pods.push({ name: p.name, role: meta.labels["app.kubernetes.io/component"], hostname: p.hostname,
+                      argv, env, grace_seconds: t.spec.terminationGracePeriodSeconds ?? 30 });
+      made.push({ ...p, labels: meta.labels });
+    }
+  }
+  // The cluster DNS (CoreDNS's records for Services): NAME.NS.svc.DOMAIN for every Service
+  // (headless: its pods; with a cluster IP: the Service, which here means its pods), and
+  // HOSTNAME.SUBDOMAIN.NS.svc.DOMAIN for a pod of a headless Service named by its subdomain.
+  for (const s of docs.filter((x) => x.kind === "Service")) {
+    const selected = made.filter((p) => Object.entries(s.spec.selector ?? {}).every(([k, v]) => p.labels[k] === v));
+    out.dns[`${s.metadata.name}.${namespace}.svc.${CLUSTER_DOMAIN}`] = selected.map((p) => p.name);
+    if (s.spec.clusterIP !== "None") continue;
+    for (const p of selected.filter((x) => x.subdomain === s.metadata.name)) {
+      out.dns[`${p.hostname}.${s.metadata.name}.${namespace}.svc.${CLUSTER_DOMAIN}`] = [p.name];
+    }
+  }
+  console.log(JSON.stringify(out, null, 1));
+}
+
+if (command === "check") await check();
+else if (command === "pods") pods();
+else {
+  console.error("usage: k8s.mjs check SOURCE_DIR BIN_DIR | pods SOURCE_DIR OVERLAY NAMESPACE");
+  process.exit(2);
+}

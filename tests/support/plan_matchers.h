@@ -1,0 +1,68 @@
+// Matchers for compiled programs and statuses, so tests assert structure and codes instead of
+// text with slot numbers (XLA's partitioner tests match the structure of the result).
+//
+//   EXPECT_THAT(collectives_of(exe), ElementsAre(IsCollective(CollectiveKind::kAllGather, {"data"},
+//                                                             /*of_value=*/1, /*bytes=*/384)));
+//   EXPECT_THAT(collectives_of(exe), Contains(IsCollective(CollectiveKind::kAllReduce, {"model"})));
+//   EXPECT_THAT(f(...).status(), StatusIs(absl::StatusCode::kInvalidArgument, "not divisible"));
+#ifndef TESSERA_TESTS_SUPPORT_PLAN_MATCHERS_H_
+#define TESSERA_TESTS_SUPPORT_PLAN_MATCHERS_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/compiler/partition.h"
+#include "gmock/gmock.h"
+
+namespace tessera::testing {
+
+// One collective of a program: what runs, over which mesh axes (empty for a permute between
+// layouts), on which graph value, and the bytes a device receives for it.
+struct CollectiveInfo {
+  CollectiveKind kind;
+  std::vector<std::string> axes;
+  int value = -1;  // the graph node whose value it moves
+  int64_t bytes = 0;
+  std::string cause;
+};
+
+inline std::ostream& operator<<(std::ostream& os, const CollectiveInfo& c) {
+  return os << collective_name(c.kind) << "(axes=" << absl::StrJoin(c.axes, ",") << ") of %" << c.value << ", "
+            << c.bytes << " B/device; " << c.cause;
+}
+
+// The program's collectives, in order.
+inline std::vector<CollectiveInfo> collectives_of(const Executable& exe) {
+  std::vector<CollectiveInfo> out;
+  for (const Instruction& i : exe.program.code) {
+    if (i.kind != Instruction::Kind::kCollective) continue;
+    out.push_back({i.collective.kind, i.axes, i.value, collective_bytes_per_device(i, exe.mesh), i.cause});
+  }
+  return out;
+}
+
+MATCHER_P4(IsCollectiveMatcher, kind, axes, of_value, bytes, "") {
+  *result_listener << "is " << ::testing::PrintToString(arg);
+  return arg.kind == kind && arg.axes == axes && (of_value < 0 || arg.value == of_value) &&
+         (bytes < 0 || arg.bytes == bytes);
+}
+// A collective of `kind` over `axes`; of graph value `of_value` and moving `bytes` per device
+// unless those are -1.
+inline auto IsCollective(CollectiveKind kind, std::vector<std::string> axes, int of_value = -1,
+                         int64_t bytes = -1) {
+  return IsCollectiveMatcher(kind, std::move(axes), of_value, bytes);
+}
+
+// An absl::Status (or StatusOr's status()) with `code` whose message contains `part`.
+MATCHER_P2(StatusIs, code, part, "") {
+  const absl::Status& s = arg;
+  *result_listener << "status is " << s;
+  return s.code() == code && std::string(s.message()).find(part) != std::string::npos;
+}
+
+}  // namespace tessera::testing
+
+#endif  // TESSERA_TESTS_SUPPORT_PLAN_MATCHERS_H_
