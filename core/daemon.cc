@@ -1,5 +1,7 @@
 #include "core/daemon.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -27,25 +29,51 @@ sigset_t termination_signals() {
   return set;
 }
 
+// The handler's end of a pipe that wait_for_termination_signal_for reads.
+int termination_pipe[2] = {-1, -1};
+
+void on_termination_signal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  const ssize_t ignored = write(termination_pipe[1], &byte, 1);  // async-signal-safe
+  (void)ignored;
+}
+
 }  // namespace
 
 void block_termination_signals() {
+  if (termination_pipe[0] < 0 && pipe2(termination_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    std::perror("tessera: pipe2");
+    std::exit(1);
+  }
+  struct sigaction action = {};
+  action.sa_handler = on_termination_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   sigset_t set = termination_signals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-int wait_for_termination_signal() {
-  sigset_t set = termination_signals();
-  int sig = 0;
-  sigwait(&set, &sig);
-  return sig;
-}
+int wait_for_termination_signal() { return wait_for_termination_signal_for(absl::InfiniteDuration()); }
 
 int wait_for_termination_signal_for(absl::Duration timeout) {
-  sigset_t set = termination_signals();
-  const struct timespec wait = absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
-  const int sig = sigtimedwait(&set, nullptr, &wait);
-  return sig > 0 ? sig : 0;
+  // ppoll unblocks the signals while it waits, so the kernel hands them to this thread; one
+  // that went to another thread meanwhile is in the pipe already.
+  sigset_t waiting;
+  pthread_sigmask(SIG_SETMASK, nullptr, &waiting);
+  sigdelset(&waiting, SIGINT);
+  sigdelset(&waiting, SIGTERM);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    unsigned char byte = 0;
+    if (read(termination_pipe[0], &byte, 1) == 1) return byte;
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return 0;
+    struct pollfd readable = {termination_pipe[0], POLLIN, 0};
+    const struct timespec wait = absl::ToTimespec(left);
+    ppoll(&readable, 1, left == absl::InfiniteDuration() ? nullptr : &wait, &waiting);
+  }
 }
 
 absl::StatusOr<int> device_id_from_environment(const std::string& source) {

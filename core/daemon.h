@@ -19,17 +19,16 @@
 
 namespace tessera {
 
-// Blocks SIGINT and SIGTERM in this thread and every thread it starts afterwards, so that
-// wait_for_termination_signal() alone receives them.
+// Makes SIGINT and SIGTERM reach wait_for_termination_signal*: blocks them in this thread and
+// every thread it starts afterwards, and catches them in threads started before (OpenBLAS
+// starts its own before main; one of them, receiving SIGTERM, used to end the process at
+// once). Call it in main before starting threads.
 void block_termination_signals();
 
 // Waits for SIGINT or SIGTERM; returns the signal number.
 int wait_for_termination_signal();
 
 // Waits at most `timeout` for SIGINT or SIGTERM; returns the signal number, or 0 if none came.
-// (While a thread waits here the kernel hands it the signal; a thread that merely blocks it
-// may see it go to a thread started before block_termination_signals, such as OpenBLAS's,
-// which then dies of it.)
 int wait_for_termination_signal_for(absl::Duration timeout);
 
 // A device id from the environment that Kubernetes gives a pod. `source`:
