@@ -89,7 +89,14 @@ JSON
   export DOCKER_HOST="unix://$run/docker.sock"
   local deadline=$((SECONDS + 60))
   until "$DOCKER" version >/dev/null 2>&1; do
-    if ! kill -0 "$ENGINE_PID" 2>/dev/null || ((SECONDS > deadline)); then
+    if ! kill -0 "$ENGINE_PID" 2>/dev/null; then
+      # It exited by itself: this machine cannot run it (a chroot without cgroups, say).
+      engine_log "dockerd exited at start; its log:"
+      tail -n 30 "$run/dockerd.log" >&2
+      engine_stop
+      return 76
+    fi
+    if ((SECONDS > deadline)); then
       engine_log "dockerd did not answer within 60 s; its log:"
       tail -n 30 "$run/dockerd.log" >&2
       engine_stop

@@ -78,6 +78,7 @@ step "starting dockerd (data root $TESSERA_CACHE/docker, socket $run/docker.sock
 rc=0
 engine_start "$run" test || rc=$?
 ((rc != 75)) || skip "another Tessera engine uses $TESSERA_CACHE/docker (./dev compose down stops it)"
+((rc != 76)) || skip "this machine cannot run dockerd: $(tail -n 1 "$run/dockerd.log" 2>/dev/null)"
 ((rc == 0)) || fail "dockerd did not start"
 # A run that died may have left this project's containers behind.
 leftover=$("$DOCKER" ps -aq --filter "label=com.docker.compose.project=$project")
