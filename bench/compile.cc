@@ -12,8 +12,9 @@
 // pinned), from the compiler's accounting.
 //
 // --json prints one object per line: {"program", "devices", "compile_ms", "program_bytes",
-// "resolve_ms"}, then {"program", "mesh", "bytes_per_device", "collectives", "vs_pinned"}. program_bytes is the LoadPlan payload every worker receives (the program and
-// its mesh, whose device list is the only part that grows: about 2 bytes per device).
+// "resolve_ms"}, then {"program", "mesh", "bytes_per_device", "collectives", "vs_pinned"}. program_bytes is the
+// LoadPlan payload every worker receives (the program and its mesh, whose device list is the only part that grows:
+// about 2 bytes per device).
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -28,8 +29,8 @@
 #include "core/daemon.h"
 #include "core/wire.h"
 #include "examples/mlp_model.h"
-#include "tessera/grad.h"
 #include "proto/tessera.pb.h"
+#include "tessera/grad.h"
 
 ABSL_FLAG(int, iters, 5, "timed compilations per mesh (median)");
 ABSL_FLAG(bool, json, false, "one JSON object per line instead of text");
@@ -103,9 +104,10 @@ void fsdp_bytes(bool json) {
       if (pin) pinned = bytes;
       if (absl::GetFlag(FLAGS_print_programs)) std::printf("# %s on %s\n%s", layout, m.name, e->as_text().c_str());
       if (json) {
-        std::printf("{\"program\": \"mlp_%s\", \"mesh\": \"%s\", \"bytes_per_device\": %.0f, \"collectives\": %d, "
-                    "\"vs_pinned\": %.3f}\n",
-                    layout, m.name, bytes, collectives, bytes / pinned);
+        std::printf(
+            "{\"program\": \"mlp_%s\", \"mesh\": \"%s\", \"bytes_per_device\": %.0f, \"collectives\": %d, "
+            "\"vs_pinned\": %.3f}\n",
+            layout, m.name, bytes, collectives, bytes / pinned);
       } else {
         std::printf("%-12s %-6s %12.1f MB received per device per step, %3d collectives, %.2fx the pinned FSDP\n",
                     layout, m.name, bytes / 1e6, collectives, bytes / pinned);
@@ -128,11 +130,11 @@ int main(int argc, char** argv) {
   // The example's model at a batch every data axis below divides: 64 pixels, 64 hidden units
   // (split over 'model' = 8), 10 classes.
   constexpr int64_t kBatch = 4096, kPixels = 64, kHidden = 64, kClasses = 10;
-  const std::vector<ArrayType> types = {{DType::kF32, {kPixels, kHidden}}, {DType::kF32, {kHidden}},
+  const std::vector<ArrayType> types = {{DType::kF32, {kPixels, kHidden}},  {DType::kF32, {kHidden}},
                                         {DType::kF32, {kHidden, kClasses}}, {DType::kF32, {kClasses}},
                                         {DType::kF32, {kBatch, kPixels}},   {DType::kF32, {kBatch, kClasses}}};
-  const std::vector<PartitionSpec> specs = {P(None, "model"), P("model"),       P("model", None),
-                                            P(),              P("data", None), P("data", None)};
+  const std::vector<PartitionSpec> specs = {P(None, "model"), P("model"),     P("model", None), P(),
+                                            P("data", None),  P("data", None)};
   absl::StatusOr<Graph> graph = trace(mlp::train_step(0.1), types);
   if (!graph.ok()) {
     std::fprintf(stderr, "bench_compile: %s\n", graph.status().ToString().c_str());
@@ -141,8 +143,9 @@ int main(int argc, char** argv) {
   const std::vector<std::optional<PartitionSpec>> outputs(graph->outputs().size());
   const std::vector<int> donated = {0, 1, 2, 3};
   double base_ms = 0, base_bytes = 0;
-  if (!json) std::printf("%-10s %8s %12s %14s %12s %10s %10s\n", "program", "devices", "compile_ms", "program_bytes",
-                         "resolve_ms", "compile_x", "bytes_x");
+  if (!json)
+    std::printf("%-10s %8s %12s %14s %12s %10s %10s\n", "program", "devices", "compile_ms", "program_bytes",
+                "resolve_ms", "compile_x", "bytes_x");
   for (int64_t devices : {8, 64, 512, 4096}) {
     std::vector<int> ids(devices);
     for (int64_t i = 0; i < devices; ++i) ids[i] = static_cast<int>(i);

@@ -48,7 +48,8 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "up: the address every daemon listens 
 ABSL_FLAG(int64_t, memory_bytes, int64_t{1} << 30, "up: each worker's memory limit (env TESSERA_WORKER_MEMORY_BYTES)");
 ABSL_FLAG(int, timeout_s, 30, "up: seconds to wait until every worker has registered; status, health: per call");
 ABSL_FLAG(std::string, address, "", "health: host:port of the coordinator or worker to probe");
-ABSL_FLAG(bool, json, false, "status: print the coordinator's ClusterStatus as JSON (proto3 mapping: 64-bit numbers are strings)");
+ABSL_FLAG(bool, json, false,
+          "status: print the coordinator's ClusterStatus as JSON (proto3 mapping: 64-bit numbers are strings)");
 ABSL_FLAG(int, iterations, 0, "top: stop after this many refreshes; 0: until interrupted");
 ABSL_FLAG(std::string, service, "",
           "health: the grpc.health.v1 service to ask for: '' (ready: a registered worker, a coordinator with its "
@@ -312,8 +313,9 @@ void print_status(const std::string& address, const pb::ClusterStatus& cluster) 
       std::printf("%-6d %-24s %-6s %-4lu %-8ld %-24s %-8ld %-12s %-12s %-8s %s\n", info.id(), info.address().c_str(),
                   state, static_cast<unsigned long>(info.incarnation()), static_cast<long>(s.buffer_count()),
                   absl::StrCat(format_bytes(s.bytes_used()), " / ", format_bytes(s.memory_limit_bytes())).c_str(),
-                  static_cast<long>(s.plans_loaded()), absl::StrCat(s.plan_runs(), " (", s.plan_runs_failed(), ")").c_str(),
-                  s.blas_kernel().c_str(), format_uptime(s.uptime_ms()).c_str(), last_error.c_str());
+                  static_cast<long>(s.plans_loaded()),
+                  absl::StrCat(s.plan_runs(), " (", s.plan_runs_failed(), ")").c_str(), s.blas_kernel().c_str(),
+                  format_uptime(s.uptime_ms()).c_str(), last_error.c_str());
     } else {
       std::printf("%-6d %-24s %-6s %-4lu %-8s %-24s %-8s %-12s %-12s %-8s %s\n", info.id(), info.address().c_str(),
                   state, static_cast<unsigned long>(info.incarnation()), "-",
@@ -400,7 +402,8 @@ absl::Status health() {
   const std::string what = service.empty() ? "" : absl::StrCat(" (service '", service, "')");
   if (reply.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
     return absl::UnavailableError(absl::StrCat(
-        "health: ", address, what, " answers ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status()),
+        "health: ", address, what, " answers ",
+        grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status()),
         service.empty() ? " (a worker that has not registered, or a coordinator with fewer devices alive than its "
                           "--expected_devices)"
                         : ""));

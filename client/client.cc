@@ -131,8 +131,9 @@ void ClientImpl::renew_leases(absl::Duration lease) {
       pb::OpenSessionRequest open;
       open.set_client("tessera client");
       pb::OpenSessionReply session;
-      if (cancellable(every, [&](grpc::ClientContext* ctx) { return coordinator_->OpenSession(ctx, open, &session); })
-              .ok()) {
+      if (cancellable(every, [&](grpc::ClientContext* ctx) {
+            return coordinator_->OpenSession(ctx, open, &session);
+          }).ok()) {
         session_ = session.session_id();
         epoch_ = session.epoch();
         absl::MutexLock lock(&mu_);
@@ -158,7 +159,8 @@ void ClientImpl::adopt_tracked() {
     req.set_best_effort(true);
     for (size_t i = first; i < std::min(arrays.size(), first + kBatch); ++i) *req.add_arrays() = arrays[i];
     pb::AdoptArraysReply reply;
-    cancellable(kControlDeadline, [&](grpc::ClientContext* ctx) { return coordinator_->AdoptArrays(ctx, req, &reply); });
+    cancellable(kControlDeadline,
+                [&](grpc::ClientContext* ctx) { return coordinator_->AdoptArrays(ctx, req, &reply); });
   }
 }
 

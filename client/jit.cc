@@ -25,9 +25,9 @@ struct Jitted::State {
     // (a cache hit there) with a text wanted: compile replies carry none, so their size does
     // not grow with the program.
     std::shared_ptr<const pb::CompileRequest> request;
-    std::vector<std::string> output_specs;  // as the coordinator gave them (serialized)
-    std::vector<pb::ArrayInfo> inputs;      // dtype, shape and sharding of each argument
-    std::weak_ptr<internal::ClientImpl> client;  // Jitted does not keep a cluster alive
+    std::vector<std::string> output_specs;                      // as the coordinator gave them (serialized)
+    std::vector<pb::ArrayInfo> inputs;                          // dtype, shape and sharding of each argument
+    std::weak_ptr<internal::ClientImpl> client;                 // Jitted does not keep a cluster alive
     std::shared_ptr<const std::vector<pb::ArrayInfo>> outputs;  // the same of each output
   };
   // The text of `compiled` as `kind` asks (for one device's view: `device`), or a line
@@ -42,8 +42,8 @@ struct Jitted::State {
   // internal::Recompile for `old`, cached under `signature`: AdoptArrays of the inputs, then
   // Compile of the same request; the cache then holds the new executable.
   static void recompile(const std::shared_ptr<State>& state, const std::string& signature,
-                        const std::shared_ptr<const Compiled>& old, internal::ClientImpl* client, const std::string& who,
-                        const std::vector<uint64_t>& ids, absl::Time deadline,
+                        const std::shared_ptr<const Compiled>& old, internal::ClientImpl* client,
+                        const std::string& who, const std::vector<uint64_t>& ids, absl::Time deadline,
                         std::function<void(absl::StatusOr<internal::ExecutableRef>)> done);
 
   absl::Mutex mu;
@@ -246,7 +246,8 @@ void Jitted::State::recompile(const std::shared_ptr<State>& state, const std::st
                 same = reply.output_specs(i).SerializeAsString() == old->output_specs[i];
               }
               if (!same) {
-                done(absl::InternalError(absl::StrCat(who, ": compiled again after the coordinator restarted, the "
+                done(absl::InternalError(absl::StrCat(who,
+                                                      ": compiled again after the coordinator restarted, the "
                                                       "program's outputs are laid out differently")));
                 return;
               }

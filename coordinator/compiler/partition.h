@@ -27,8 +27,8 @@ struct Executable {
   Mesh mesh;
   std::vector<PartitionSpec> input_specs;
   std::vector<PartitionSpec> output_specs;
-  DevicePlan program;             // the one program every device runs, in SPMD form (core/plan.h)
-  std::vector<std::string> log;   // notable decisions, e.g. involuntary full rematerialization
+  DevicePlan program;            // the one program every device runs, in SPMD form (core/plan.h)
+  std::vector<std::string> log;  // notable decisions, e.g. involuntary full rematerialization
 
   // The program, one instruction per line, collectives annotated with their cause and the
   // mesh axes (or layouts) they run over.
