@@ -182,14 +182,28 @@ TEST_F(PartitionTest, LayoutChangesUseTheirCollectives) {
   EXPECT_THAT(swapped.log[0], HasSubstr("involuntary full rematerialization: %1 = sharding_constraint"));
 }
 
-TEST_F(PartitionTest, ShardedIotaIsMadeWholeThenSliced) {
+// An iota split along its counting dimension is built at its (4, 8) block and offset by the
+// device's position along 'data' (x 4); one split along another dimension needs no offset.
+// Nothing global-sized is ever built (jit_ops_test checks the values on every mesh).
+TEST_F(PartitionTest, ShardedIotaIsBuiltAtItsLocalShape) {
   Executable exe = compile(
       [](const std::vector<Value>& in) {
         return std::vector<Value>{in[0] + convert(iota(DType::kI32, {16, 8}, 0), DType::kF32)};
       },
       {{DType::kF32, {16, 8}}}, {P("data", None)});
-  EXPECT_THAT(exe.as_text(), HasSubstr("= iota() i32[16,8]"));
-  EXPECT_EQ(count(exe, Instruction::Kind::kLocalSlice), 1);
+  const std::string text = exe.as_text();
+  EXPECT_THAT(text, HasSubstr("= iota() i32[4,8]"));
+  EXPECT_THAT(text, HasSubstr("= axis_index(axes=('data',)) i32[]")) << text;
+  EXPECT_THAT(text, Not(HasSubstr("[16,8]")));
+  EXPECT_EQ(count(exe, Instruction::Kind::kLocalSlice), 0);
+  EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 0);
+  Executable other = compile(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{in[0] + convert(iota(DType::kI32, {16, 8}, 1), DType::kF32)};
+      },
+      {{DType::kF32, {16, 8}}}, {P("data", None)});
+  EXPECT_THAT(other.as_text(), HasSubstr("= iota() i32[4,8]"));
+  EXPECT_THAT(other.as_text(), Not(HasSubstr("axis_index")));
 }
 
 TEST_F(PartitionTest, DonatedInputsAreFreedAfterTheirLastUse) {

@@ -476,6 +476,17 @@ void add_edges(int m, std::vector<OpCase>* cases) {
                                   iota(DType::kF32, {16, 8}, 0) * 2.0};
       },
       {P(), P(None, a)}, JitOptions{{std::nullopt, P(None, a), P(a, None)}});
+  if (mesh.axes.size() == 2) {
+    // An iota built at its local shape, its counting dimension over a tuple of axes: each
+    // device's offset is its position along both, major first.
+    const Axes both = {mesh.axes[0], mesh.axes[1]};
+    add_case(
+        "iota_over_two_axes", {x}, {"iota f32 dim 0", "iota i32 dim 1"},
+        [](const std::vector<Value>&, const Mesh&) {
+          return std::vector<Value>{iota(DType::kF32, {16, 8}, 0), iota(DType::kI32, {8, 16}, 1)};
+        },
+        {P(both, None), P(None, both)}, JitOptions{{P(both, None), P(None, both)}});
+  }
   add_case("unused_input", {x, x}, {"tanh(x)"},
            [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{tanh(in[0])}; }, {P(a, None)});
   add_case("size_one_dims", {Input{DType::kF32, {1, 8, 1}, Domain::kSigned, P(None, a)}}, {"sum", "reshape", "bcast"},
