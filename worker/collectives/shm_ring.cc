@@ -161,6 +161,7 @@ void ShmRing::mark_attached() {
 bool ShmRing::attached() const { return header_->attached.load(std::memory_order_acquire) != 0; }
 
 void ShmRing::copy_in(uint64_t at, const void* src, int64_t n) {
+  if (n == 0) return;
   const int64_t offset = static_cast<int64_t>(at % static_cast<uint64_t>(capacity_));
   const int64_t first = std::min(n, capacity_ - offset);
   std::memcpy(data_ + offset, src, static_cast<size_t>(first));
@@ -168,6 +169,7 @@ void ShmRing::copy_in(uint64_t at, const void* src, int64_t n) {
 }
 
 void ShmRing::copy_out(uint64_t at, void* dst, int64_t n) const {
+  if (n == 0) return;
   const int64_t offset = static_cast<int64_t>(at % static_cast<uint64_t>(capacity_));
   const int64_t first = std::min(n, capacity_ - offset);
   std::memcpy(dst, data_ + offset, static_cast<size_t>(first));

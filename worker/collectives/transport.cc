@@ -519,6 +519,8 @@ std::optional<Algorithm> Transport::forced_all_reduce() const {
 void Transport::ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host) {
   absl::MutexLock lock(&mu_);
   if (!shm_.enabled || stopping_ || host != shm_.host) return;  // the sender keeps gRPC
+  // Bounded: rings read at once, and replaced ones whose threads are not yet joined.
+  if (stopped_inbound_.size() >= kMaxInboundRings) return;
   auto& slot = inbound_[source];
   if (slot == nullptr && inbound_.size() > kMaxInboundRings) {
     inbound_.erase(source);
