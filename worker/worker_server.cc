@@ -110,6 +110,20 @@ class WorkerService final : public WorkerServiceBase {
   }
   void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
 
+  // Before serving: the collectives' paths and algorithms (see WorkerOptions).
+  absl::Status configure_collectives(const WorkerOptions& options) {
+    if (!options.all_reduce_algorithm.empty()) {
+      std::optional<Algorithm> forced = algorithm_from_name(options.all_reduce_algorithm);
+      if (!forced.has_value() || *forced == Algorithm::kChain) {
+        return absl::InvalidArgumentError(absl::StrCat("tessera-worker: --all_reduce_algorithm '",
+                                                       options.all_reduce_algorithm,
+                                                       "' is none of tree, recursive_doubling, direct, ring"));
+      }
+      transport_.force_all_reduce(forced);
+    }
+    return transport_.set_shm({options.shm, options.shm_ring_bytes, options.shm_host});
+  }
+
   // Every buffer this device holds, for a registration.
   std::map<uint64_t, std::shared_ptr<const HostArray>> held_buffers() const { return store_.contents(); }
 
@@ -259,6 +273,7 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_bytes_used(stats.bytes_used);
     reply->set_memory_limit_bytes(stats.limit_bytes);
     reply->set_collective_messages_pending(transport_.pending_messages());
+    reply->set_shm_messages_received(transport_.shm_messages_received());
     reply->set_blas_kernel(blas_kernel_name());
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
     reply->set_incarnation(incarnation_.load());
@@ -547,6 +562,7 @@ class WorkerServerImpl final : public WorkerServer {
   ~WorkerServerImpl() override { shutdown(); }
 
   absl::Status init() {
+    TESSERA_RETURN_IF_ERROR(service_.configure_collectives(options_));
     grpc::ServerBuilder builder;
     int port = 0;
     const std::string bind = options_.bind_host.empty() ? options_.host : options_.bind_host;
