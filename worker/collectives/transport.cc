@@ -513,7 +513,8 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
   bool has_data = false;
   std::vector<uint64_t> lost_ops;  // a notice (see ExchangeMessage.lost_ops)
   uint64_t key = 0;
-  while (!has_data && reader.varint(&key)) {
+  while (!has_data && reader.remaining() > 0) {
+    if (!reader.varint(&key)) return absl::InvalidArgumentError("Exchange: truncated message");
     const uint64_t field = key >> 3, wire = key & 7;
     if (field >= 1 && field <= 4 && wire == 0) {
       if (!reader.varint(&fields[field])) return absl::InvalidArgumentError("Exchange: truncated message");
@@ -555,6 +556,11 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
     }
   }
   const int from = static_cast<int>(static_cast<int32_t>(fields[1]));
+  if (!has_data && lost_ops.empty()) {
+    return absl::InvalidArgumentError("Exchange: a message with neither data (field 5) nor lost ops (field 6)");
+  }
+  if (from < 0)
+    return absl::InvalidArgumentError(absl::StrCat("Exchange: source device ", from, " is not a device id"));
   if (*source < 0) {
     *source = from;
     stream_started(from);
