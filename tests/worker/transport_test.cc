@@ -269,6 +269,12 @@ TEST(TransportDeliver, RejectsTruncatedEmptyAndUnsourcedMessagesAndFilesAGoodOne
   absl::Status status = transport.deliver(&truncated, &source);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("truncated"));
+  // Found next: field 1's key 0x08 written in 6 bytes, which protobuf rejects (a key is at
+  // most 5), was read as field 1.
+  grpc::ByteBuffer long_key = raw(std::string("\x88\x80\x80\x80\x80\x00\x02", 7));
+  status = transport.deliver(&long_key, &source);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("a key longer than 5 bytes"));
   grpc::ByteBuffer empty = raw("");
   status = transport.deliver(&empty, &source);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
