@@ -253,5 +253,53 @@ TEST_F(TransportLossTest, AMessageLostWithItsStreamFailsTheOpAtBothEndsAndTheNex
   EXPECT_EQ(receiver_.transport().pending_messages(), 0);
 }
 
+// What the Exchange reader does with each message's bytes (fuzz/exchange_fuzzer.cc found the
+// first two: a truncated key and an empty message were filed as a message of op 0 from
+// device 0; their inputs are in fuzz/corpus/exchange/).
+grpc::ByteBuffer raw(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+TEST(TransportDeliver, RejectsTruncatedEmptyAndUnsourcedMessagesAndFilesAGoodOne) {
+  Transport transport;
+  transport.set_self(0);
+  int source = -1;
+  grpc::ByteBuffer truncated = raw("\xfa");  // a key's varint cut short
+  absl::Status status = transport.deliver(&truncated, &source);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("truncated"));
+  // Found next: field 1's key 0x08 written in 6 bytes, which protobuf rejects (a key is at
+  // most 5), was read as field 1.
+  grpc::ByteBuffer long_key = raw(std::string("\x88\x80\x80\x80\x80\x00\x02", 7));
+  status = transport.deliver(&long_key, &source);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("a key longer than 5 bytes"));
+  grpc::ByteBuffer empty = raw("");
+  status = transport.deliver(&empty, &source);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("neither data (field 5), lost ops (field 6) nor a shared-memory offer"));
+  pb::ExchangeMessage m;
+  m.set_source_device(-5);
+  m.set_op_id(9);
+  m.set_data("abcd");
+  grpc::ByteBuffer unsourced = raw(m.SerializeAsString());
+  status = transport.deliver(&unsourced, &source);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("source device -5 is not a device id"));
+  EXPECT_EQ(source, -1);
+  EXPECT_EQ(transport.pending_messages(), 0);
+
+  m.set_source_device(2);
+  grpc::ByteBuffer good = raw(m.SerializeAsString());
+  ASSERT_TRUE(transport.deliver(&good, &source).ok());
+  EXPECT_EQ(source, 2);
+  absl::StatusOr<Received> got = transport.receive(2, "", {9, 0, 0}, absl::InfinitePast(), absl::InfinitePast());
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::string bytes(static_cast<size_t>(got->size()), '\0');
+  got->copy_to(reinterpret_cast<std::byte*>(bytes.data()));
+  EXPECT_EQ(bytes, "abcd");
+}
+
 }  // namespace
 }  // namespace tessera

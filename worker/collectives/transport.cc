@@ -679,9 +679,10 @@ class SliceReader {
     return true;
   }
 
-  bool varint(uint64_t* out) {
+  // At most `max_bytes` bytes (10 for a 64-bit value; a key is at most 5, as protobuf reads it).
+  bool varint(uint64_t* out, int max_bytes = 10) {
     *out = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
       uint8_t b;
       if (!byte(&b)) return false;
       *out |= uint64_t{b & 0x7Fu} << shift;
@@ -765,7 +766,10 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
   bool has_data = false;
   std::vector<uint64_t> lost_ops;  // a notice (see ExchangeMessage.lost_ops)
   uint64_t key = 0;
-  while (!has_data && reader.varint(&key)) {
+  while (!has_data && reader.remaining() > 0) {
+    if (!reader.varint(&key, 5) || key > UINT32_MAX) {
+      return absl::InvalidArgumentError("Exchange: truncated message or a key longer than 5 bytes");
+    }
     const uint64_t field = key >> 3, wire = key & 7;
     if (((field >= 1 && field <= 4) || field == 8) && wire == 0) {
       if (!reader.varint(&fields[field])) return absl::InvalidArgumentError("Exchange: truncated message");
@@ -823,6 +827,13 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
     }
   }
   const int from = static_cast<int>(static_cast<int32_t>(fields[1]));
+  if (!has_data && lost_ops.empty() && shm_segment.empty()) {
+    return absl::InvalidArgumentError(
+        "Exchange: a message with neither data (field 5), lost ops (field 6) nor a shared-memory offer (field 7)");
+  }
+  if (from < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Exchange: source device ", from, " is not a device id"));
+  }
   if (*source < 0) {
     *source = from;
     stream_started(from);

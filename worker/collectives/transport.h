@@ -134,6 +134,11 @@ class Transport {
   // Messages held in the mailbox (for tests: zero after every collective has finished).
   int64_t pending_messages() const;
 
+  // Parses one raw ExchangeMessage and files it; `source` is the stream's sender (-1 before
+  // its first message). INVALID_ARGUMENT for malformed bytes or a change of sender. What the
+  // Exchange reader does with each message (public for fuzz/exchange_fuzzer.cc).
+  absl::Status deliver(grpc::ByteBuffer* buffer, int* source);
+
  private:
   class Link;
   using Key = std::tuple<uint64_t, int, int32_t, int32_t>;  // op, source, step, chunk
@@ -151,9 +156,6 @@ class Transport {
   // callback threads; never blocks.
   void link_failed(const Link& failed, const std::vector<uint64_t>& ops);
   static absl::Status stream_failed(uint64_t op, const std::string& peer);
-  // Parses one raw ExchangeMessage and files it; `source` is the stream's sender (-1 before
-  // its first message). INVALID_ARGUMENT for malformed bytes or a change of sender.
-  absl::Status deliver(grpc::ByteBuffer* buffer, int* source);
   // Files one message of `from` in the mailbox (dropped if its op has finished).
   void file_message(int from, MessageTag tag, Received data, bool via_shm);
   // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
