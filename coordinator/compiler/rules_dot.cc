@@ -9,7 +9,7 @@ namespace {
 
 absl::Status dot(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
-  const DotDims& dd = n.dot;
+  const DotDims& dd = n.attrs<DotAttrs>().dims;
   const Shape& ls = c.graph().node(n.operands[0]).shape;
   const Shape& rs = c.graph().node(n.operands[1]).shape;
   const ValueSharding l = c.of_or_replicated(n.operands[0]);
@@ -43,7 +43,7 @@ absl::Status dot(ShardingContext& c, int id) {
 
 // Batch and free dimensions follow the result's; contracting ones follow nothing.
 DimMap dot_map(const Graph& g, const Node& n) {
-  const DotDims& dd = n.dot;
+  const DotDims& dd = n.attrs<DotAttrs>().dims;
   DimMap m{{std::vector<int>(g.node(n.operands[0]).shape.size(), -1),
             std::vector<int>(g.node(n.operands[1]).shape.size(), -1)},
            std::vector<bool>(n.shape.size(), true)};
