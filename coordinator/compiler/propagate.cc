@@ -47,10 +47,9 @@ class Propagator : public internal::ShardingContext {
     manual_.assign(g_.size(), false);
     for (int id = 0; id < g_.size(); ++id) {
       const Node& n = g_.node(id);
-      if (n.sharding.has_value() && n.sharding->mesh() != mesh_) {
-        return absl::InvalidArgumentError(absl::StrCat("jit: %", id, " = ", op_name(n.op), " is on ",
-                                                       n.sharding->mesh().to_string(), " but the arguments are on ",
-                                                       mesh_.to_string()));
+      if (const Mesh* on = mesh_of(n); on != nullptr && *on != mesh_) {
+        return absl::InvalidArgumentError(absl::StrCat("jit: %", id, " = ", op_name(n.op), " is on ", on->to_string(),
+                                                       " but the arguments are on ", mesh_.to_string()));
       }
       manual_[id] = has_trait(n.op, kBlockResult);
       if (find_sharding_rule(n.op) == nullptr) {

@@ -27,7 +27,7 @@ enum class Group { kContracting, kBatch, kLhsFree, kRhsFree };
 // operand's split, or the rhs's when it has none (the other way round with `rhs_first`).
 DotChoice assign(ShardingContext& c, const Node& n, const ValueSharding& l, const ValueSharding& r,
                  const std::array<Group, 4>& order, bool rhs_first) {
-  const DotDims& dd = n.dot;
+  const DotDims& dd = n.attrs<DotAttrs>().dims;
   const Shape& ls = c.graph().node(n.operands[0]).shape;
   const Shape& rs = c.graph().node(n.operands[1]).shape;
   const std::vector<int64_t> lfree = dot_free_dims(static_cast<int64_t>(ls.size()), dd.lhs_batch, dd.lhs_contracting);
@@ -102,7 +102,7 @@ absl::Status dot(ShardingContext& c, int id) {
 
 // Batch and free dimensions follow the result's; contracting ones follow nothing.
 DimMap dot_map(const Graph& g, const Node& n) {
-  const DotDims& dd = n.dot;
+  const DotDims& dd = n.attrs<DotAttrs>().dims;
   DimMap m{{std::vector<int>(g.node(n.operands[0]).shape.size(), -1),
             std::vector<int>(g.node(n.operands[1]).shape.size(), -1)},
            std::vector<bool>(n.shape.size(), true)};

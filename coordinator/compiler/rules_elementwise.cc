@@ -68,7 +68,8 @@ absl::Status source(ShardingContext&, int) { return absl::OkStatus(); }
 // times the block's extent. So no device holds more than its block, whatever the global shape.
 absl::Status partition_iota(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
-  const Axes& axes = c.propagation().result[id].dims[n.dims[0]];
+  const int64_t dimension = n.attrs<IotaAttrs>().dimension;
+  const Axes& axes = c.propagation().result[id].dims[dimension];
   Instruction local = c.local_kernel(id, {});
   const Shape block = local.node.shape;
   const int counted = c.emit(std::move(local));
@@ -85,26 +86,26 @@ absl::Status partition_iota(PartitionContext& c, int id) {
     inst.node = std::move(node);
     return c.emit(std::move(inst));
   };
-  auto node = [](Op op, DType dtype, Shape shape, std::vector<int> in) {
+  auto node = [](Op op, DType dtype, Shape shape, std::vector<int> in, Attrs attributes = NoAttrs{}) {
     Node m;
     m.op = op;
     m.dtype = dtype;
     m.shape = std::move(shape);
     m.operands = std::move(in);
+    m.attributes = std::move(attributes);
     return m;
   };
   Instruction position;
   position.kind = Instruction::Kind::kKernel;
-  position.node = node(Op::kAxisIndex, DType::kI32, {}, {});
+  position.node = node(Op::kAxisIndex, DType::kI32, {}, {}, AxisIndexAttrs{});  // the axes are the instruction's
   position.axes = axes;
   position.value = id;
   position.cause = c.cause(id);
   int offset = c.emit(std::move(position));
   if (n.dtype != DType::kI32) offset = emit(node(Op::kConvert, n.dtype, {}, {offset}));
-  Node extent = node(Op::kConstant, n.dtype, {}, {});
-  extent.value = Scalar(block[n.dims[0]]);
-  offset = emit(node(Op::kMul, n.dtype, {}, {offset, emit(std::move(extent))}));
-  offset = emit(node(Op::kBroadcastInDim, n.dtype, block, {offset}));  // dims: none (a scalar)
+  const int extent = emit(node(Op::kConstant, n.dtype, {}, {}, ConstantAttrs{Scalar(block[dimension])}));
+  offset = emit(node(Op::kMul, n.dtype, {}, {offset, extent}));
+  offset = emit(node(Op::kBroadcastInDim, n.dtype, block, {offset}, BroadcastAttrs{}));  // of a scalar: no dims
   c.bind(id, emit(node(Op::kAdd, n.dtype, block, {counted, offset})));
   return absl::OkStatus();
 }

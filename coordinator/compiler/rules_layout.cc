@@ -43,8 +43,9 @@ absl::Status broadcast_in_dim(ShardingContext& c, int id) {
   ValueSharding q = c.of_or_replicated(n.operands[0]);
   Dims d(n.shape.size());
   for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] != n.shape[n.dims[i]]) q.dims[i].clear();  // a stretched dimension cannot stay split
-    d[n.dims[i]] = q.dims[i];
+    if (in[i] != n.shape[n.attrs<BroadcastAttrs>().result_dims[i]])
+      q.dims[i].clear();  // a stretched dimension cannot stay split
+    d[n.attrs<BroadcastAttrs>().result_dims[i]] = q.dims[i];
   }
   // A pending reduction is resolved at the operand's smaller shape, before it is broadcast
   // (`x - max(x, -1, keepdims)` all-reduces the (16, 1) maximum, not a (16, V) copy of it).
@@ -58,7 +59,9 @@ DimMap broadcast_in_dim_map(const Graph& g, const Node& n) {
   DimMap m{std::vector<std::vector<int>>(1), std::vector<bool>(n.shape.size(), true)};
   const Shape& in = g.node(n.operands[0]).shape;
   for (size_t i = 0; i < in.size(); ++i) {
-    m.follow[0].push_back(in[i] == n.shape[n.dims[i]] ? static_cast<int>(n.dims[i]) : -1);
+    m.follow[0].push_back(in[i] == n.shape[n.attrs<BroadcastAttrs>().result_dims[i]]
+                              ? static_cast<int>(n.attrs<BroadcastAttrs>().result_dims[i])
+                              : -1);
   }
   return m;
 }
@@ -67,7 +70,7 @@ absl::Status transpose(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   ValueSharding q = c.of_or_replicated(n.operands[0]);
   Dims d;
-  for (int64_t p : n.dims) d.push_back(q.dims[p]);
+  for (int64_t p : n.attrs<TransposeAttrs>().permutation) d.push_back(q.dims[p]);
   c.needs(id) = {q};
   c.set(id, d, q.partial, q.partial_op);
   return absl::OkStatus();
@@ -76,7 +79,7 @@ absl::Status transpose(ShardingContext& c, int id) {
 DimMap transpose_map(const Graph&, const Node& n) {
   const size_t rank = n.shape.size();
   DimMap m{{std::vector<int>(rank, -1)}, std::vector<bool>(rank, true)};
-  for (size_t i = 0; i < rank; ++i) m.follow[0][n.dims[i]] = static_cast<int>(i);
+  for (size_t i = 0; i < rank; ++i) m.follow[0][n.attrs<TransposeAttrs>().permutation[i]] = static_cast<int>(i);
   return m;
 }
 
@@ -135,8 +138,9 @@ DimMap reshape_map(const Graph& g, const Node& n) {
 
 // Whether dimension d is cut (slice) or joined along (concatenate).
 bool cut(const Graph& g, const Node& n, size_t d) {
-  return n.op == Op::kSlice ? (n.dims[d] != 0 || n.limits[d] != g.node(n.operands[0]).shape[d])
-                            : static_cast<int64_t>(d) == n.dims[0];
+  return n.op == Op::kSlice
+             ? (n.attrs<SliceAttrs>().start[d] != 0 || n.attrs<SliceAttrs>().limit[d] != g.node(n.operands[0]).shape[d])
+             : static_cast<int64_t>(d) == n.attrs<ConcatAttrs>().axis;
 }
 
 // slice, concatenate: dimensions that are cut or joined are gathered first.
@@ -170,8 +174,8 @@ absl::Status partition_slice(PartitionContext& c, int id) {
   Instruction inst = c.local_kernel(id, in);
   for (size_t d = 0; d < n.shape.size(); ++d) {
     if (!result.dims[d].empty()) {
-      inst.node.dims[d] = 0;
-      inst.node.limits[d] = inst.node.shape[d];
+      inst.node.attrs<SliceAttrs>().start[d] = 0;
+      inst.node.attrs<SliceAttrs>().limit[d] = inst.node.shape[d];
     }
   }
   c.bind(id, c.emit(std::move(inst)));
