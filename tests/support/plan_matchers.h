@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/compiler/partition.h"
+#include "core/plan.h"
 #include "gmock/gmock.h"
 
 namespace tessera::testing {
@@ -40,6 +41,21 @@ inline std::vector<CollectiveInfo> collectives_of(const Executable& exe) {
   for (const Instruction& i : exe.program.code) {
     if (i.kind != Instruction::Kind::kCollective) continue;
     out.push_back({i.collective.kind, i.axes, i.value, collective_bytes_per_device(i, exe.mesh), i.cause});
+  }
+  return out;
+}
+
+// The replica groups of each collective of `exe`, in order, as device `device` resolves the
+// program (core/plan.h's resolve); empty, with a failure recorded, when it cannot.
+inline std::vector<std::vector<std::vector<int>>> resolved_groups(const Executable& exe, int device) {
+  std::vector<std::vector<std::vector<int>>> out;
+  absl::StatusOr<DevicePlan> plan = resolve(exe.program, exe.mesh, device);
+  if (!plan.ok()) {
+    ADD_FAILURE() << "device " << device << " cannot resolve the program: " << plan.status();
+    return out;
+  }
+  for (const Instruction& i : plan->code) {
+    if (i.kind == Instruction::Kind::kCollective) out.push_back(i.collective.groups);
   }
   return out;
 }
