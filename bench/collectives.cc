@@ -161,11 +161,28 @@ std::map<std::pair<std::string, int64_t>, Result> run_mpi(const std::string& mpi
                                                           const std::string& btl, int n, const std::string& ops,
                                                           const std::string& bytes, int iters) {
   std::map<std::pair<std::string, int64_t>, Result> out;
-  absl::StatusOr<std::pair<int, std::string>> run =
-      Subprocess::run({mpirun, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(n), "--mca", "pml",
-                       "ob1", "--mca", "btl", btl, "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include",
-                       "lo", program, "--ops=" + ops, "--bytes=" + bytes, "--iters=" + std::to_string(iters)},
-                      absl::Minutes(20));
+  absl::StatusOr<std::pair<int, std::string>> run = Subprocess::run({mpirun,
+                                                                     "--allow-run-as-root",
+                                                                     "--oversubscribe",
+                                                                     "-np",
+                                                                     std::to_string(n),
+                                                                     "--mca",
+                                                                     "pml",
+                                                                     "ob1",
+                                                                     "--mca",
+                                                                     "btl",
+                                                                     btl,
+                                                                     "--mca",
+                                                                     "btl_tcp_if_include",
+                                                                     "lo",
+                                                                     "--mca",
+                                                                     "oob_tcp_if_include",
+                                                                     "lo",
+                                                                     program,
+                                                                     "--ops=" + ops,
+                                                                     "--bytes=" + bytes,
+                                                                     "--iters=" + std::to_string(iters)},
+                                                                    absl::Minutes(20));
   if (!run.ok() || run->first != 0) {
     std::fprintf(stderr, "bench_collectives: mpirun (btl %s) failed: %s\n", btl.c_str(),
                  run.ok() ? run->second.c_str() : run.status().ToString().c_str());

@@ -199,8 +199,8 @@ absl::StatusOr<ArrayRecord> Registry::get_array(uint64_t id) const {
 
 absl::Status Registry::adopt_array(const ArrayRecord& a) {
   TESSERA_RETURN_IF_ERROR(a.sharding.validate(a.shape));
-  const std::string what = absl::StrCat("array ", a.id, " (", type_to_string(a.dtype, a.shape), " as ",
-                                        a.sharding.to_string(), ")");
+  const std::string what =
+      absl::StrCat("array ", a.id, " (", type_to_string(a.dtype, a.shape), " as ", a.sharding.to_string(), ")");
   const Shape block = a.sharding.shard_shape(a.shape);
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(check_session_locked(a.session, absl::Now()));
@@ -211,9 +211,8 @@ absl::Status Registry::adopt_array(const ArrayRecord& a) {
       if (a.session != 0) known->second.session = a.session;  // its client took it over
       return absl::OkStatus();
     }
-    return absl::FailedPreconditionError(absl::StrCat("adopt: ", what, " is known as ",
-                                                      type_to_string(k.dtype, k.shape), " as ",
-                                                      k.sharding.to_string()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "adopt: ", what, " is known as ", type_to_string(k.dtype, k.shape), " as ", k.sharding.to_string()));
   }
   if (!ids_.before_epoch(a.id)) {
     return absl::NotFoundError(absl::StrCat("adopt: ", what, " does not exist (its id is of this coordinator)"));

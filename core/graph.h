@@ -142,7 +142,6 @@ class Graph {
   //   ROOT (%3)
   std::string to_text() const;
 
-
  private:
   absl::Status check_operand(int id, const std::string& op) const;
 

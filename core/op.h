@@ -106,22 +106,22 @@ struct ArrayType {
 
 // Traits: what the layers may assume of an op, as bits of OpDef::traits.
 enum OpTrait : uint32_t {
-  kUnary = 1u << 0,         // elementwise on one operand, keeping its dtype and shape
-  kBinary = 1u << 1,        // elementwise on two operands of one type
-  kComparison = 1u << 2,    // a binary op with a bool result
-  kElementwise = 1u << 3,   // result element i is a function of the operands' elements i
-  kInPlace = 1u << 4,       // the kernel may write its result over an operand of the result's type
-  kLinear = 1u << 5,        // linear in its one operand: a pending sum passes through it unreduced
-  kLayout = 1u << 6,        // moves elements without computing on them
-  kReduction = 1u << 7,     // folds the dimensions `dims` away
-  kContraction = 1u << 8,   // sums products over paired dimensions (dot_general)
-  kCollective = 1u << 9,    // a shard_map collective: runs as a collective, never as a kernel
-  kBlockResult = 1u << 10,  // its result is each device's own block (shard_map_in, collectives, axis_index)
-  kPlacement = 1u << 11,    // only says where a value lives: its value is its operand's
-  kHasKernel = 1u << 12,    // a worker kernel computes it (worker/kernels/)
-  kNoGradient = 1u << 13,   // grad passes no cotangent through it: it has no VJP rule, on purpose
-  kLeavesBody = 1u << 14,   // makes blocks of a shard_map body one global value (shard_map_out)
-  kPinned = 1u << 15,       // its layout is the user's: propagation never moves it
+  kUnary = 1u << 0,              // elementwise on one operand, keeping its dtype and shape
+  kBinary = 1u << 1,             // elementwise on two operands of one type
+  kComparison = 1u << 2,         // a binary op with a bool result
+  kElementwise = 1u << 3,        // result element i is a function of the operands' elements i
+  kInPlace = 1u << 4,            // the kernel may write its result over an operand of the result's type
+  kLinear = 1u << 5,             // linear in its one operand: a pending sum passes through it unreduced
+  kLayout = 1u << 6,             // moves elements without computing on them
+  kReduction = 1u << 7,          // folds the dimensions `dims` away
+  kContraction = 1u << 8,        // sums products over paired dimensions (dot_general)
+  kCollective = 1u << 9,         // a shard_map collective: runs as a collective, never as a kernel
+  kBlockResult = 1u << 10,       // its result is each device's own block (shard_map_in, collectives, axis_index)
+  kPlacement = 1u << 11,         // only says where a value lives: its value is its operand's
+  kHasKernel = 1u << 12,         // a worker kernel computes it (worker/kernels/)
+  kNoGradient = 1u << 13,        // grad passes no cotangent through it: it has no VJP rule, on purpose
+  kLeavesBody = 1u << 14,        // makes blocks of a shard_map body one global value (shard_map_out)
+  kPinned = 1u << 15,            // its layout is the user's: propagation never moves it
   kResolvedByDevice = 1u << 16,  // in a program, each device resolves it to a constant (axis_index)
 };
 

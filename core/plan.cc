@@ -56,7 +56,8 @@ absl::StatusOr<std::vector<std::pair<int, int>>> relayout_pairs(const Mesh& mesh
   TESSERA_RETURN_IF_ERROR(from.validate(r.shape));
   TESSERA_RETURN_IF_ERROR(to.validate(r.shape));
   std::map<std::pair<std::string, int64_t>, int> holder;  // (block, replica) -> device under `from`
-  for (const DeviceShard& s : from.device_shards(r.shape)) holder[{index_to_string(s.index), s.replica_id}] = s.device_id;
+  for (const DeviceShard& s : from.device_shards(r.shape))
+    holder[{index_to_string(s.index), s.replica_id}] = s.device_id;
   std::vector<std::pair<int, int>> pairs;
   for (const DeviceShard& t : to.device_shards(r.shape)) {
     auto it = holder.find({index_to_string(t.index), t.replica_id});
@@ -103,8 +104,8 @@ absl::Status resolve_instruction(Instruction& i, const Mesh& mesh, int device_id
     TESSERA_ASSIGN_OR_RETURN(c.groups, replica_groups(mesh, i.axes));
     if (c.kind == CollectiveKind::kCollectivePermute) {
       if (i.positions.size() % 2 != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("a permute needs (source, target) pairs, not ",
-                                                       i.positions.size(), " positions"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("a permute needs (source, target) pairs, not ", i.positions.size(), " positions"));
       }
       c.pairs.clear();
       for (const std::vector<int>& g : c.groups) {
@@ -220,14 +221,15 @@ std::string plan_to_text(const DevicePlan& plan, const Mesh& mesh, const std::st
             absl::StrAppend(&attrs, ", positions={", absl::StrJoin(pairs, ","), "}");
           }
         }
-        absl::StrAppend(&out, "  ", slot(i.out), " = ", collective_name(c.kind), "(", attrs, ") ", in[0], " ", type, " ",
-                        collective_bytes_per_device(i, mesh), "B/device  ; ", i.cause, "\n");
+        absl::StrAppend(&out, "  ", slot(i.out), " = ", collective_name(c.kind), "(", attrs, ") ", in[0], " ", type,
+                        " ", collective_bytes_per_device(i, mesh), "B/device  ; ", i.cause, "\n");
         break;
       }
       case Instruction::Kind::kLocalSlice:
         absl::StrAppend(&out, "  ", slot(i.out), " = local_slice",
-                        i.slice.empty() && i.relayout.has_value() ? absl::StrCat("(", relayout_to_string(*i.relayout), ")")
-                                                                   : index_to_string(i.slice),
+                        i.slice.empty() && i.relayout.has_value()
+                            ? absl::StrCat("(", relayout_to_string(*i.relayout), ")")
+                            : index_to_string(i.slice),
                         " ", in[0], " ", type, "  ; ", i.cause, "\n");
         break;
       case Instruction::Kind::kFree:

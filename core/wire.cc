@@ -1,10 +1,10 @@
 #include "core/wire.h"
 
 #include "absl/algorithm/container.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/tessera.pb.h"
 
 namespace tessera {
@@ -460,7 +460,7 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
   if (out.num_slots < 0 || out.num_slots > kMaxSlots) {
     return absl::InvalidArgumentError(absl::StrCat("plan: ", out.num_slots, " slots is out of range"));
   }
-  std::vector<int> state(out.num_slots, 0);  // 0 unwritten, 1 live, 2 freed
+  std::vector<int> state(out.num_slots, 0);                   // 0 unwritten, 1 live, 2 freed
   std::vector<std::optional<ArrayType>> type(out.num_slots);  // of slots an instruction wrote
   auto slot_ok = [&](int s, const std::string& where) -> absl::Status {
     if (s < 0 || s >= out.num_slots) {

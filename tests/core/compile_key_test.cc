@@ -95,8 +95,7 @@ Request build(const Knobs& k) {
   const Mesh constraint_mesh = *make_mesh({4, 2}, {"x", "y"}, k.constraint_devices);
   const int sc = *g.add_sharding_constraint(p, NamedSharding(constraint_mesh, k.constraint));
   const int in = *g.add_shard_map_in(sc, NamedSharding(r.mesh, k.map_in));
-  const int col =
-      *g.add_collective(k.collective, in, r.mesh, k.collective_axes, k.collective_dims, k.reduce_op);
+  const int col = *g.add_collective(k.collective, in, r.mesh, k.collective_axes, k.collective_dims, k.reduce_op);
   const int out = *g.add_shard_map_out(col, NamedSharding(r.mesh, k.map_out));
   const Mesh body_mesh = *make_mesh({4, 2}, {"x", "y"}, k.collective_devices);
   EXPECT_TRUE(g.add_collective(Op::kAllGather, in, body_mesh, {"y"}, {k.gather_dim}).ok());
@@ -238,9 +237,18 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
   }
   // The request around the graph: mesh shape, axis names, device order; specs; donation.
   std::map<std::string, std::function<void(Request&)>> request_variations = {
-      {"mesh device order", [](Request& r) { r.mesh = *make_mesh({4, 2}, {"x", "y"}, {1, 0, 2, 3, 4, 5, 6, 7}); }},
-      {"mesh axis names", [](Request& r) { r.mesh = *make_mesh({4, 2}, {"x", "z"}, {0, 1, 2, 3, 4, 5, 6, 7}); }},
-      {"mesh shape", [](Request& r) { r.mesh = *make_mesh({2, 4}, {"x", "y"}, {0, 1, 2, 3, 4, 5, 6, 7}); }},
+      {"mesh device order",
+       [](Request& r) {
+         r.mesh = *make_mesh({4, 2}, {"x", "y"}, {1, 0, 2, 3, 4, 5, 6, 7});
+       }},
+      {"mesh axis names",
+       [](Request& r) {
+         r.mesh = *make_mesh({4, 2}, {"x", "z"}, {0, 1, 2, 3, 4, 5, 6, 7});
+       }},
+      {"mesh shape",
+       [](Request& r) {
+         r.mesh = *make_mesh({2, 4}, {"x", "y"}, {0, 1, 2, 3, 4, 5, 6, 7});
+       }},
       {"input spec", [](Request& r) { r.inputs = {P(None, "x")}; }},
       {"input spec replicated", [](Request& r) { r.inputs = {P()}; }},
       {"output spec set", [](Request& r) { r.outputs[0] = P(); }},

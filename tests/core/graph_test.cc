@@ -98,9 +98,10 @@ TEST(Graph, ShardMapOpsInferBlockShapesAndCheckTheirRules) {
   EXPECT_EQ(g.node(*out).shape, (Shape{16, 8}));
   expect_invalid(g.add_collective(Op::kAllReduce, *in, mesh, {"batch"}, {}), "axis 'batch' is not in the mesh");
   expect_invalid(g.add_collective(Op::kAllReduce, *in, mesh, {"data", "data"}, {}), "axis 'data' is named twice");
-  expect_invalid(g.add_collective(Op::kReduceScatter, *in, mesh, {"data", "model"}, {0}),
-                 "dimension 0 of size 4 is not divisible by the group size 8 (reduce_scatter of f32[4,4] over mesh axes "
-                 "('data', 'model'))");
+  expect_invalid(
+      g.add_collective(Op::kReduceScatter, *in, mesh, {"data", "model"}, {0}),
+      "dimension 0 of size 4 is not divisible by the group size 8 (reduce_scatter of f32[4,4] over mesh axes "
+      "('data', 'model'))");
   expect_invalid(g.add_collective(Op::kCollectivePermute, *in, mesh, {"data"}, {0, 1, 0, 2}), "source 0 appears twice");
   expect_invalid(g.add_collective(Op::kCollectivePermute, *in, mesh, {"data"}, {0, 5}), "position 5 is outside [0, 4)");
   expect_invalid(g.add_collective(Op::kAllGather, *in, mesh, {"data"}, {2}), "dimension 2 is out of range");

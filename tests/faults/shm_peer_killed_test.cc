@@ -90,7 +90,8 @@ TEST_F(ShmPeerKilledTest, AMemberKilledMidCollectiveFailsItBoundedNamingTheDevic
   // The survivors carry on among themselves, through shared memory.
   absl::StatusOr<Mesh> rest = client->make_mesh({3}, {"y"}, {0, 1, 2});
   ASSERT_TRUE(rest.ok()) << rest.status();
-  absl::StatusOr<Array> z = client->device_put(HostArray::ones(DType::kF32, {3, 1 << 20}), NamedSharding(*rest, P("y")));
+  absl::StatusOr<Array> z =
+      client->device_put(HostArray::ones(DType::kF32, {3, 1 << 20}), NamedSharding(*rest, P("y")));
   ASSERT_TRUE(z.ok()) << z.status();
   CollectiveSpec survivors = spec;
   survivors.groups = {{0, 1, 2}};

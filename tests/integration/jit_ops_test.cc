@@ -114,8 +114,8 @@ void add_layout_families(int m, const PartitionSpec& s, std::vector<OpCase>* cas
       [](const std::vector<Value>& in, const Mesh&) {
         const Value& v = in[0];
         const Value& p = in[1];
-        return std::vector<Value>{neg(v),   abs(v),  exp(v),  tanh(v),  logistic(v), sin(v), cos(v), floor(v),
-                                  ceil(v),  sign(v), log(p),  sqrt(p),  rsqrt(p),    -v,     erf(v)};
+        return std::vector<Value>{neg(v),  abs(v),  exp(v), tanh(v), logistic(v), sin(v), cos(v), floor(v),
+                                  ceil(v), sign(v), log(p), sqrt(p), rsqrt(p),    -v,     erf(v)};
       },
       std::vector<std::optional<PartitionSpec>>(15, s));
   add_case(

@@ -324,8 +324,8 @@ TEST(Kernels, UnaryFloatOps) {
 // calls; lax.erf is defined on floats only, so integers are refused by the type rule.
 TEST(Kernels, ErfMatchesTabulatedValues) {
   const std::vector<double> x = {0.0, 0.1, 0.5, 1.0, 1.5, 2.0, -0.5, -1.0, -2.0};
-  const std::vector<double> want = {0.0,           0.1124629160,  0.5204998778,  0.8427007929, 0.9661051465,
-                                    0.9953222650,  -0.5204998778, -0.8427007929, -0.9953222650};
+  const std::vector<double> want = {0.0,          0.1124629160,  0.5204998778,  0.8427007929, 0.9661051465,
+                                    0.9953222650, -0.5204998778, -0.8427007929, -0.9953222650};
   for (DType dtype : kFloats) {
     SCOPED_TRACE(dtype_name(dtype));
     Graph g;
@@ -1100,12 +1100,12 @@ TEST(KernelErrors, MismatchedOperandType) {
   EXPECT_EQ(run_kernel(add, {&f32, &i32}).status(),
             absl::InvalidArgumentError("add: operands f32[4] and i32[4] differ"));
   const Node lt = node_of(g, g.add_binary(Op::kLt, x, x));
-  EXPECT_EQ(run_kernel(lt, {&f32, &i32}).status(),
-            absl::InvalidArgumentError("lt: operands f32[4] and i32[4] differ"));
+  EXPECT_EQ(run_kernel(lt, {&f32, &i32}).status(), absl::InvalidArgumentError("lt: operands f32[4] and i32[4] differ"));
   const Node select = node_of(g, g.add_select(g.add_parameter(DType::kBool, {4}), x, x));
-  EXPECT_EQ(run_kernel(select, {&f32, &f32, &f32}).status(),
-            absl::InvalidArgumentError(
-                "select: needs a bool predicate and two branches of its shape and one dtype; got f32[4], f32[4], f32[4]"));
+  EXPECT_EQ(
+      run_kernel(select, {&f32, &f32, &f32}).status(),
+      absl::InvalidArgumentError(
+          "select: needs a bool predicate and two branches of its shape and one dtype; got f32[4], f32[4], f32[4]"));
 
   const int m = g.add_parameter(DType::kF32, {3, 4});
   const int w = g.add_parameter(DType::kF32, {4, 2});
@@ -1115,7 +1115,9 @@ TEST(KernelErrors, MismatchedOperandType) {
   const HostArray f64_rhs = HostArray::zeros(DType::kF64, {4, 2});
   absl::Status s = run_kernel(dot, {&lhs, &short_rhs}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("dot_general of f32[3,4] and f32[5,2]: contracting dimensions 1 (size 4) and 0 (size 5) differ"));
+  EXPECT_THAT(
+      s.message(),
+      HasSubstr("dot_general of f32[3,4] and f32[5,2]: contracting dimensions 1 (size 4) and 0 (size 5) differ"));
   EXPECT_EQ(run_kernel(dot, {&lhs, &f64_rhs}).status(),
             absl::InvalidArgumentError("dot_general of f32[3,4] and f64[4,2]: dtypes differ"));
 
@@ -1123,7 +1125,8 @@ TEST(KernelErrors, MismatchedOperandType) {
   const HostArray wide = HostArray::zeros(DType::kF32, {3, 5});
   s = run_kernel(concat, {&lhs, &wide}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("concatenate of f32[3,4], f32[3,5] along axis 0: operands must agree off the axis"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("concatenate of f32[3,4], f32[3,5] along axis 0: operands must agree off the axis"));
 
   const Node reduce = node_of(g, g.add_reduce(Op::kReduceSum, m, {1}));
   const HostArray other = HostArray::zeros(DType::kF32, {4, 3});

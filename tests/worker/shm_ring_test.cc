@@ -94,7 +94,6 @@ TEST(ShmRing, BoundsAndChecksGivePreciseErrors) {
   absl::StatusOr<std::unique_ptr<ShmRing>> wrong = ShmRing::open((*ring)->name(), 98);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("token"));
-
 }
 
 }  // namespace

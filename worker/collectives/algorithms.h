@@ -48,8 +48,8 @@ inline const char* algorithm_name(Algorithm a) {
 }
 
 inline std::optional<Algorithm> algorithm_from_name(const std::string& name) {
-  for (Algorithm a : {Algorithm::kTree, Algorithm::kRecursiveDoubling, Algorithm::kDirect, Algorithm::kRing,
-                      Algorithm::kChain}) {
+  for (Algorithm a :
+       {Algorithm::kTree, Algorithm::kRecursiveDoubling, Algorithm::kDirect, Algorithm::kRing, Algorithm::kChain}) {
     if (name == algorithm_name(a)) return a;
   }
   return std::nullopt;

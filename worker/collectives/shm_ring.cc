@@ -84,8 +84,8 @@ ShmRing::ShmRing(std::string name, bool owner, Header* header, int64_t capacity)
 
 absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::create(int64_t capacity, uint64_t token) {
   if (capacity < kMinBytes || capacity > kMaxBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("shared-memory ring of ", capacity, " bytes: must be within [",
-                                                   kMinBytes, ", ", kMaxBytes, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory ring of ", capacity, " bytes: must be within [", kMinBytes, ", ", kMaxBytes, "]"));
   }
   static std::atomic<uint64_t> counter{0};
   std::random_device random;
@@ -102,7 +102,8 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::create(int64_t capacity, uint6
   close(fd);
   if (base == MAP_FAILED) {
     shm_unlink(name.c_str());
-    return absl::InternalError(absl::StrCat("mapping shared memory ", name, " of ", size, " bytes: ", std::strerror(error)));
+    return absl::InternalError(
+        absl::StrCat("mapping shared memory ", name, " of ", size, " bytes: ", std::strerror(error)));
   }
   auto* header = new (base) Header{};
   header->token = token;
@@ -154,9 +155,7 @@ uint64_t ShmRing::token() const { return header_->token; }
 
 bool ShmRing::fits(int64_t bytes) const { return bytes >= 0 && padded(kRecordBytes + bytes) <= capacity_ / 2; }
 
-void ShmRing::mark_attached() {
-  header_->attached.store(1, std::memory_order_release);
-}
+void ShmRing::mark_attached() { header_->attached.store(1, std::memory_order_release); }
 
 bool ShmRing::attached() const { return header_->attached.load(std::memory_order_acquire) != 0; }
 
