@@ -289,6 +289,13 @@ TEST(TransportDeliver, RejectsTruncatedEmptyAndUnsourcedMessagesAndFilesAGoodOne
   EXPECT_THAT(status.message(), HasSubstr("source device -5 is not a device id"));
   EXPECT_EQ(source, -1);
   EXPECT_EQ(transport.pending_messages(), 0);
+  // Found by fuzz_exchange once offers existed: a shared-memory offer whose segment name is
+  // not text (protobuf refuses a proto3 string that is not UTF-8) was accepted.
+  grpc::ByteBuffer binary_offer = raw(std::string("\x08\x02\x3a\x02\xff\x01", 6));
+  status = transport.deliver(&binary_offer, &source);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("field 7 has byte 255, not printable ASCII"));
+  EXPECT_EQ(source, -1);
 
   m.set_source_device(2);
   grpc::ByteBuffer good = raw(m.SerializeAsString());

@@ -787,6 +787,12 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
       for (uint64_t i = 0; i < length; ++i) {
         uint8_t b = 0;
         reader.byte(&b);
+        // Segment names and host identities are printable ASCII (and a proto3 string must be
+        // UTF-8, which protobuf's own parser checks).
+        if (b < 0x20 || b > 0x7e) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Exchange: field ", field, " has byte ", static_cast<int>(b), ", not printable ASCII"));
+        }
         out.push_back(static_cast<char>(b));
       }
     } else if (field == 6 && wire == 2) {
