@@ -1053,8 +1053,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     monitor_ = std::thread([this] { monitor_loop(); });
     // Lapsed leases are reaped at a tenth of the lease (at most every second), off the monitor:
     // the deletions wait for the workers.
-    const absl::Duration reap_every =
-        std::clamp(options_.lease_timeout / 10, absl::Milliseconds(10), absl::Seconds(1));
+    const absl::Duration reap_every = std::clamp(options_.lease_timeout / 10, absl::Milliseconds(10), absl::Seconds(1));
     reaper_ = std::thread([this, reap_every] {
       while (!stopping_.WaitForNotificationWithTimeout(reap_every)) service_.reap_lapsed();
     });

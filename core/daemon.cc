@@ -97,10 +97,10 @@ absl::StatusOr<int> device_id_from_environment(const std::string& source) {
   }
   int id = -1;
   if (text.empty() || !absl::SimpleAtoi(text, &id) || id < 0 || text[0] == '+') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device_id_from=", source, ": ", where,
-        source == "ordinal" ? " does not end in '-N' with N a device id" : " is not a device id",
-        " (an integer from 0 to 2^31-1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_id_from=", source, ": ", where,
+                     source == "ordinal" ? " does not end in '-N' with N a device id" : " is not a device id",
+                     " (an integer from 0 to 2^31-1)"));
   }
   return id;
 }

@@ -20,9 +20,8 @@ class HealthService::Impl final : public health::Health::CallbackService {
     } else if (req->service() == kLivenessService) {
       reply->set_status(health::HealthCheckResponse::SERVING);
     } else {
-      reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                   "no health service '" + req->service() + "' (there are '' and '" +
-                                       kLivenessService + "')"));
+      reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "no health service '" + req->service() +
+                                                                    "' (there are '' and '" + kLivenessService + "')"));
       return reactor;
     }
     reactor->Finish(grpc::Status::OK);

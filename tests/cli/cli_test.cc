@@ -189,7 +189,8 @@ TEST(Cli, HealthFollowsRegistrationsAndALateCoordinatorIsWaitedFor) {
   ASSERT_TRUE((*w0)->read_line_with("device 0 listening on", absl::Seconds(20)).ok());
 
   // One of two devices: alive, not ready.
-  EXPECT_THAT(wait_health({"--address=" + address}, 1), AllOf(HasSubstr("NOT_SERVING"), HasSubstr("--expected_devices")));
+  EXPECT_THAT(wait_health({"--address=" + address}, 1),
+              AllOf(HasSubstr("NOT_SERVING"), HasSubstr("--expected_devices")));
   EXPECT_THAT(wait_health({"--address=" + address, "--service=liveness"}, 0), HasSubstr("serving: " + address));
   EXPECT_THAT(wait_health({"--address=" + address, "--service=ready"}, 1),
               AllOf(HasSubstr("NOT_FOUND"), HasSubstr("no health service 'ready'")));

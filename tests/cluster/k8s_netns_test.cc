@@ -61,10 +61,10 @@ struct Rendered {
 // Renders `overlay`; a non-empty `skip` when node, its packages or kubectl are missing.
 absl::StatusOr<Rendered> render(const std::string& overlay, std::string* skip) {
   const std::string source = TESSERA_SOURCE_DIR;
-  absl::StatusOr<std::pair<int, std::string>> out = Subprocess::run(
-      {"/usr/bin/env", "node", source + "/tests/deploy/k8s.mjs", "pods", source, source + "/deploy/k8s/overlays/" + overlay,
-       kNamespace},
-      absl::Seconds(60));
+  absl::StatusOr<std::pair<int, std::string>> out =
+      Subprocess::run({"/usr/bin/env", "node", source + "/tests/deploy/k8s.mjs", "pods", source,
+                       source + "/deploy/k8s/overlays/" + overlay, kNamespace},
+                      absl::Seconds(60));
   if (!out.ok()) {
     *skip = absl::StrCat("cannot run node: ", out.status().message());
     return out.status();
@@ -169,8 +169,8 @@ class K8sNetnsTest : public ::testing::Test {
   // Starts `pod`'s container: exactly its command line and environment (env -i), the image's
   // PATH pointing at this build; stderr merged into the pipe the test reads.
   absl::StatusOr<Subprocess*> start(const Pod& pod) {
-    std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", "/usr/bin/env", "-i",
-                                     absl::StrCat("PATH=", TESSERA_BIN_DIR)};
+    std::vector<std::string> argv = {
+        "/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", "/usr/bin/env", "-i", absl::StrCat("PATH=", TESSERA_BIN_DIR)};
     for (const auto& [k, v] : pod.env) argv.push_back(absl::StrCat(k, "=", v));
     argv.insert(argv.end(), pod.argv.begin(), pod.argv.end());
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::spawn(topology_->in(pod.host, argv)));
@@ -186,12 +186,13 @@ class K8sNetnsTest : public ::testing::Test {
     std::string last;
     while (true) {
       absl::StatusOr<std::pair<int, std::string>> h = Subprocess::run(
-          topology_->in("cl", {bin("tessera"), "health", "--address=" + address, "--service=" + service, "--timeout_s=2"}),
+          topology_->in("cl",
+                        {bin("tessera"), "health", "--address=" + address, "--service=" + service, "--timeout_s=2"}),
           absl::Seconds(10));
       last = h.ok() ? absl::StrCat("exit ", h->first, ": ", h->second) : h.status().ToString();
       if (h.ok() && h->first == want) return last;
-      if (absl::Now() >= deadline) return absl::StrCat("still not exit ", want, " after ", absl::FormatDuration(timeout),
-                                                       "; ", last);
+      if (absl::Now() >= deadline)
+        return absl::StrCat("still not exit ", want, " after ", absl::FormatDuration(timeout), "; ", last);
     }
   }
 
@@ -232,9 +233,9 @@ class K8sNetnsTest : public ::testing::Test {
 
   void run_seed_program() {
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::pair<int, std::string>> seed = Subprocess::run(
-        topology_->in("cl", {bin("example_seed_layer"), "--coordinator=" + cluster_address("tessera")}),
-        absl::Seconds(60));
+    absl::StatusOr<std::pair<int, std::string>> seed =
+        Subprocess::run(topology_->in("cl", {bin("example_seed_layer"), "--coordinator=" + cluster_address("tessera")}),
+                        absl::Seconds(60));
     ASSERT_TRUE(seed.ok()) << seed.status();
     EXPECT_EQ(seed->first, 0) << seed->second;
     EXPECT_EQ(seed->second, kSeedOutput);
@@ -274,8 +275,8 @@ TEST_F(K8sNetnsTest, StatefulSetWorkersWaitForALateCoordinatorThenServeAndDrain)
   for (const Pod* w : workers) ASSERT_TRUE(start(*w).ok()) << w->name;
   const std::string coordinator_name = env_of(*workers[0], "TESSERA_COORDINATOR");
   for (const Pod* w : workers) {
-    absl::StatusOr<std::string> retry = processes_.at(w->name)->read_line_with("registration attempt 1 failed",
-                                                                               absl::Seconds(20));
+    absl::StatusOr<std::string> retry =
+        processes_.at(w->name)->read_line_with("registration attempt 1 failed", absl::Seconds(20));
     ASSERT_TRUE(retry.ok()) << w->name << ": " << retry.status();
     EXPECT_THAT(*retry, HasSubstr(coordinator_name.substr(0, coordinator_name.find(':'))));
     EXPECT_THAT(*retry, HasSubstr("retrying in 1s"));
@@ -298,9 +299,9 @@ TEST_F(K8sNetnsTest, StatefulSetWorkersWaitForALateCoordinatorThenServeAndDrain)
   EXPECT_THAT(wait_health(worker0, "", 0, absl::Seconds(10)), HasSubstr("serving"));
 
   run_seed_program();
-  absl::StatusOr<std::unique_ptr<Subprocess>> client = Subprocess::spawn(
-      topology_->in("cl", {bin("cluster_client"), "--coordinator=" + cluster_address("tessera")}),
-      SubprocessOptions{.pipe_stdin = true});
+  absl::StatusOr<std::unique_ptr<Subprocess>> client =
+      Subprocess::spawn(topology_->in("cl", {bin("cluster_client"), "--coordinator=" + cluster_address("tessera")}),
+                        SubprocessOptions{.pipe_stdin = true});
   ASSERT_TRUE(client.ok()) << client.status();
   client_ = *std::move(client);
   const std::string ready = ask("setup", absl::Seconds(60));
@@ -316,7 +317,8 @@ TEST_F(K8sNetnsTest, StatefulSetWorkersWaitForALateCoordinatorThenServeAndDrain)
   EXPECT_THAT(wait_health(cluster_address("tessera"), "", 1, absl::Seconds(10)), HasSubstr("NOT_SERVING"));
   // The StatefulSet makes the pod again under the same name: device 3 again, ready again.
   ASSERT_TRUE(start(*workers[3]).ok());
-  absl::StatusOr<std::string> again = processes_.at(workers[3]->name)->read_line_with("listening on", absl::Seconds(30));
+  absl::StatusOr<std::string> again =
+      processes_.at(workers[3]->name)->read_line_with("listening on", absl::Seconds(30));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_THAT(*again, HasSubstr("device 3 listening on tessera-worker-3.tessera-workers"));
   EXPECT_THAT(wait_health(cluster_address("tessera"), "", 0, absl::Seconds(10)), HasSubstr("serving"));
