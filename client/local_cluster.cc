@@ -6,7 +6,8 @@
 
 namespace tessera::internal {
 
-absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_devices, const LocalOptions& options) {
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_devices, const LocalOptions& options,
+                                                                  const Credentials& credentials) {
   if (num_devices < 1 || num_devices > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("Client::local: num_devices must be in [1, 1024], got ", num_devices));
@@ -15,6 +16,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_device
   CoordinatorOptions coordinator_options;
   coordinator_options.heartbeat_interval = options.heartbeat_interval;
   coordinator_options.heartbeat_timeout = options.heartbeat_timeout;
+  coordinator_options.credentials = credentials;
   TESSERA_ASSIGN_OR_RETURN(cluster->coordinator_, CoordinatorServer::start(coordinator_options));
   for (int i = 0; i < num_devices; ++i) {
     WorkerOptions worker_options;
@@ -22,6 +24,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_device
     worker_options.name = absl::StrCat("local-", i);
     worker_options.device_id = i;
     worker_options.memory_bytes = options.memory_bytes_per_device;
+    worker_options.credentials = credentials;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::start(worker_options));
     cluster->workers_.push_back(std::move(worker));
   }

@@ -17,7 +17,9 @@ namespace tessera::internal {
 class LocalCluster {
  public:
   // Starts the coordinator, then the workers as devices 0 .. num_devices - 1.
-  static absl::StatusOr<std::unique_ptr<LocalCluster>> start(int num_devices, const LocalOptions& options);
+  // The servers check `credentials` (none: the development mode).
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> start(int num_devices, const LocalOptions& options,
+                                                             const Credentials& credentials);
   ~LocalCluster();
 
   std::string coordinator_address() const { return coordinator_->address(); }

@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
+#include "core/credentials.h"
 #include "core/daemon.h"
 #include "worker/kernels/blas.h"
 #include "worker/worker_server.h"
@@ -38,6 +39,11 @@ ABSL_FLAG(int, register_timeout_s, 600,
           "seconds to keep trying to register at startup, through a coordinator that starts late or a name that "
           "does not resolve yet; one log line per failed attempt (env TESSERA_WORKER_REGISTER_TIMEOUT_S)");
 
+ABSL_FLAG(std::string, credentials, "",
+          "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
+          "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
+          "warning says so) (env TESSERA_WORKER_CREDENTIALS)");
+
 int main(int argc, char** argv) {
   tessera::ensure_fast_blas(argv);
   absl::SetProgramUsageMessage(
@@ -54,7 +60,8 @@ int main(int argc, char** argv) {
                         {"device_id", "TESSERA_WORKER_DEVICE_ID"},
                         {"device_id_from", "TESSERA_WORKER_DEVICE_ID_FROM"},
                         {"memory_bytes", "TESSERA_WORKER_MEMORY_BYTES"},
-                        {"register_timeout_s", "TESSERA_WORKER_REGISTER_TIMEOUT_S"}});
+                        {"register_timeout_s", "TESSERA_WORKER_REGISTER_TIMEOUT_S"},
+                        {"credentials", "TESSERA_WORKER_CREDENTIALS"}});
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
   // instead of a fresh mmap (and a page fault per 4 KiB) for every one. 32 MiB is the
@@ -87,6 +94,17 @@ int main(int argc, char** argv) {
   }
   options.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
+  absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
+  if (!credentials.ok()) {
+    std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";
+    return 2;
+  }
+  options.credentials = *std::move(credentials);
+  if (std::string warning = tessera::open_mode_warning(
+          options.credentials, options.bind_host.empty() ? options.host : options.bind_host, "tessera-worker");
+      !warning.empty()) {
+    std::cerr << warning << "\n";
+  }
   options.wait_or_stop = [](absl::Duration pause) { return tessera::wait_for_termination_signal_for(pause) != 0; };
 
   auto worker = tessera::WorkerServer::start(options);

@@ -1,6 +1,7 @@
 #include "worker/collectives/transport.h"
 
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/client_callback.h"
 #include "grpcpp/support/slice.h"
+#include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/collectives/reduce.h"
@@ -94,7 +96,11 @@ class Transport::Link {
   static constexpr int kStreamsPerLink = 3;
 
   Link(Transport* transport, int self, int peer, std::string address)
-      : transport_(transport), self_(self), peer_(peer), address_(std::move(address)), channel_(make_channel(address_)) {
+      : transport_(transport),
+        self_(self),
+        peer_(peer),
+        address_(std::move(address)),
+        channel_(make_channel(address_, std::make_shared<CallIdentity>(transport->token_, self))) {
     for (int i = 0; i < kStreamsPerLink; ++i) streams_.push_back(std::make_unique<Stream>(this));
   }
 
@@ -283,7 +289,7 @@ class Transport::Link {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
-Transport::Transport() = default;
+Transport::Transport(std::string token) : token_(std::move(token)) {}
 
 Transport::~Transport() {
   std::map<int, std::shared_ptr<Link>> links;
@@ -505,7 +511,7 @@ void Received::reduce(DType dtype, ReduceOp op, const std::byte* local, std::byt
   });
 }
 
-absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
+absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authenticated_source) {
   Received data;
   if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
   SliceReader reader(data.slices_);
@@ -555,6 +561,15 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
     }
   }
   const int from = static_cast<int>(static_cast<int32_t>(fields[1]));
+  if (authenticated_source >= 0 && from != authenticated_source) {
+    // Forged or misrouted: its stream's credential is another device's.
+    absl::MutexLock lock(&mu_);
+    if (forged_++ < 10) {
+      std::fprintf(stderr, "tessera-worker: dropped an Exchange message claiming device %d on a stream of device %d\n",
+                   from, authenticated_source);
+    }
+    return absl::OkStatus();
+  }
   if (*source < 0) {
     *source = from;
     stream_started(from);
@@ -583,7 +598,8 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
 // transport's lock briefly.
 class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  ExchangeReader(Transport* transport, grpc::ByteBuffer* response) : transport_(transport) {
+  ExchangeReader(Transport* transport, grpc::ByteBuffer* response, int authenticated_source)
+      : transport_(transport), authenticated_source_(authenticated_source) {
     // The reply is an empty ExchangeReply: zero bytes, but a message all the same.
     grpc::Slice empty;
     *response = grpc::ByteBuffer(&empty, 1);
@@ -597,7 +613,7 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
       Finish(grpc::Status::OK);
       return;
     }
-    absl::Status status = transport_->deliver(&buffer_, &source_);
+    absl::Status status = transport_->deliver(&buffer_, &source_, authenticated_source_);
     buffer_.Clear();
     if (!status.ok()) {
       if (source_ >= 0) transport_->stream_ended(source_);
@@ -611,12 +627,19 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
 
  private:
   Transport* const transport_;
+  const int authenticated_source_;
   grpc::ByteBuffer buffer_;
   int source_ = -1;
 };
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::ByteBuffer* response) {
-  return new ExchangeReader(this, response);
+grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::ByteBuffer* response,
+                                                                          int authenticated_source) {
+  return new ExchangeReader(this, response, authenticated_source);
+}
+
+int64_t Transport::forged_messages() const {
+  absl::MutexLock lock(&mu_);
+  return forged_;
 }
 
 void Transport::stream_started(int source) {
