@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/state.h"
 #include "core/credentials.h"
@@ -60,6 +61,12 @@ ABSL_FLAG(std::string, token_file, "",
 ABSL_FLAG(std::string, credentials, "",
           "up: the daemons' credentials directory (`tessera credentials DIR` makes one); default: fresh ones in "
           "STATE-credentials/ (env TESSERA_CREDENTIALS)");
+ABSL_FLAG(std::string, ca_file, "",
+          "status, top, run-example, health: the cluster CA's certificate, for TLS; default: without --coordinator, "
+          "the ca.pem of the cluster `up` started, if any (env TESSERA_CA_FILE)");
+ABSL_FLAG(std::string, tls_hosts, "127.0.0.1,localhost",
+          "credentials: the addresses and DNS names the daemons' certificate is valid for ('*.domain' covers a "
+          "domain); empty: no TLS, tokens only. up: its --host is added");
 ABSL_FLAG(bool, insecure, false,
           "up: start the daemons without credentials (the development mode: nothing is checked; --host must be a "
           "loopback address)");
@@ -77,9 +84,11 @@ constexpr char kUsage[] =
     "             [--credentials DIR | --insecure]\n"
     "      starts a coordinator and N workers as background daemons (logs beside the state file),\n"
     "      waits until all N have registered, and prints the coordinator's address; the daemons check\n"
-    "      credentials: fresh tokens in STATE-credentials/ (client.token for programs, admin.token)\n"
-    "  tessera credentials DIR\n"
-    "      writes fresh tokens into DIR (cluster.token, client.token, admin.token; mode 0600)\n"
+    "      credentials and TLS: fresh tokens, a cluster CA and the daemons' certificate in\n"
+    "      STATE-credentials/ (programs need client.token and ca.pem; admin.token is for status)\n"
+    "  tessera credentials DIR [--tls_hosts H1,H2,...]\n"
+    "      writes fresh tokens into DIR (cluster.token, client.token, admin.token; mode 0600) and, unless\n"
+    "      --tls_hosts is empty, a cluster CA (ca.pem) and a daemon certificate for those hosts\n"
     "  tessera status [--coordinator HOST:PORT] [--token_file FILE] [--json]\n"
     "      one row per device (id, address, state, incarnation, buffers, bytes used / limit,\n"
     "      programs loaded, plan runs and failures, BLAS kernel, uptime, last error), then the\n"
@@ -100,15 +109,36 @@ constexpr char kUsage[] =
 // The credentials directory `up` makes beside the state file.
 std::string credentials_dir(const std::string& state_path) { return state_path + "-credentials"; }
 
+// Whether the cluster is the one `up` started (no --coordinator): then its credentials
+// directory holds what to present.
+bool cluster_of_state() { return absl::GetFlag(FLAGS_coordinator).empty(); }
+
 // The token to present: --token_file's, else `file` of the cluster `up` started (if it has
 // credentials), else none (a cluster in the development mode).
 absl::StatusOr<std::string> token(const std::string& state_path, const char* file) {
   std::string path = absl::GetFlag(FLAGS_token_file);
   if (path.empty()) {
+    if (!cluster_of_state()) return std::string();
     path = absl::StrCat(credentials_dir(state_path), "/", file);
     if (access(path.c_str(), R_OK) != 0) return std::string();
   }
   return read_token_file(path);
+}
+
+// What the CLI presents: `token`, over TLS when there is --ca_file or, with `use_state`, the
+// cluster `up` started has a CA.
+absl::StatusOr<std::shared_ptr<CallIdentity>> cli_identity(const std::string& state_path, const std::string& token,
+                                                           bool use_state) {
+  std::string ca = absl::GetFlag(FLAGS_ca_file);
+  std::string pem;
+  if (ca.empty() && use_state) {
+    ca = absl::StrCat(credentials_dir(state_path), "/", kCaFile);
+    if (access(ca.c_str(), R_OK) != 0) ca.clear();
+  }
+  if (!ca.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(pem, read_file(ca));
+  }
+  return std::make_shared<CallIdentity>(token, -1, pem);
 }
 
 // The cluster's address: --coordinator / $TESSERA_COORDINATOR, else the one in the state file.
@@ -229,6 +259,9 @@ absl::Status up(const std::string& state_path) {
   } else if (credentials.empty()) {
     credentials = credentials_dir(state_path);
     TESSERA_ASSIGN_OR_RETURN(tokens, generate_credentials());
+    std::vector<std::string> hosts = {"127.0.0.1", "localhost"};
+    if (host != "127.0.0.1" && host != "localhost") hosts.push_back(host);
+    TESSERA_RETURN_IF_ERROR(add_tls(&tokens, hosts));
   } else {
     TESSERA_ASSIGN_OR_RETURN(tokens, load_credentials(credentials));
   }
@@ -268,8 +301,8 @@ absl::Status up(const std::string& state_path) {
     }
     // The coordinator waits for the registrations itself; a worker that dies meanwhile is
     // reported with its log.
-    auto stub =
-        pb::Coordinator::NewStub(make_channel(state.coordinator_address, std::make_shared<CallIdentity>(tokens.admin)));
+    auto stub = pb::Coordinator::NewStub(
+        make_channel(state.coordinator_address, std::make_shared<CallIdentity>(tokens.admin, -1, tokens.ca_pem)));
     const std::string who = absl::StrCat("coordinator ", state.coordinator_address);
     while (true) {
       pb::GetTopologyRequest req;
@@ -300,8 +333,12 @@ absl::Status up(const std::string& state_path) {
   std::fprintf(stderr, "tessera: coordinator and %d workers up; logs %s-*.log; state %s\n", workers, state_path.c_str(),
                state_path.c_str());
   if (!credentials.empty()) {
-    std::fprintf(stderr, "tessera: clients present %s/%s (ConnectOptions::token_file, $TESSERA_TOKEN_FILE)\n",
-                 credentials.c_str(), kClientTokenFile);
+    std::fprintf(stderr, "tessera: clients present %s/%s (ConnectOptions::token_file, $TESSERA_TOKEN_FILE)%s\n",
+                 credentials.c_str(), kClientTokenFile,
+                 tokens.tls() ? absl::StrCat(" and verify the servers with ", credentials, "/", kCaFile,
+                                             " (ConnectOptions::ca_file, $TESSERA_CA_FILE)")
+                                    .c_str()
+                              : "");
   }
   std::printf("%s\n", state.coordinator_address.c_str());
   return absl::OkStatus();
@@ -316,7 +353,7 @@ absl::Status down(const std::string& state_path) {
   }
   // The tokens up made die with the cluster.
   const std::string dir = credentials_dir(state_path);
-  for (const char* file : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile}) {
+  for (const char* file : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
     std::remove(absl::StrCat(dir, "/", file).c_str());
   }
   rmdir(dir.c_str());
@@ -335,10 +372,11 @@ std::string spec_text(const pb::Mesh& mesh, const pb::PartitionSpec& spec) {
 }
 
 // The cluster's status from the coordinator at `address`, as the holder of `token` sees it.
-absl::StatusOr<pb::ClusterStatus> fetch_status(const std::string& address, const std::string& token) {
+absl::StatusOr<pb::ClusterStatus> fetch_status(const std::string& address,
+                                               const std::shared_ptr<CallIdentity>& identity) {
   const std::string who = absl::StrCat("coordinator ", address);
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  auto stub = pb::Coordinator::NewStub(make_channel(address, std::make_shared<CallIdentity>(token)));
+  auto stub = pb::Coordinator::NewStub(make_channel(address, identity));
   TESSERA_RETURN_IF_ERROR(handshake(stub.get(), who, std::min(timeout, kConnectDeadline)).status());
   pb::GetClusterStatusRequest req;
   req.set_stats_timeout_ms(2000);
@@ -411,7 +449,8 @@ void print_status(const std::string& address, const pb::ClusterStatus& cluster) 
 absl::Status status(const std::string& state_path) {
   TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
   TESSERA_ASSIGN_OR_RETURN(std::string admin, token(state_path, kAdminTokenFile));
-  TESSERA_ASSIGN_OR_RETURN(pb::ClusterStatus cluster, fetch_status(address, admin));
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<CallIdentity> identity, cli_identity(state_path, admin, cluster_of_state()));
+  TESSERA_ASSIGN_OR_RETURN(pb::ClusterStatus cluster, fetch_status(address, identity));
   if (absl::GetFlag(FLAGS_json)) {
     google::protobuf::util::JsonPrintOptions options;
     options.always_print_primitive_fields = true;
@@ -432,10 +471,11 @@ absl::Status status(const std::string& state_path) {
 absl::Status top(const std::string& state_path) {
   TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
   TESSERA_ASSIGN_OR_RETURN(std::string admin, token(state_path, kAdminTokenFile));
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<CallIdentity> identity, cli_identity(state_path, admin, cluster_of_state()));
   const int iterations = absl::GetFlag(FLAGS_iterations);
   for (int i = 0; iterations <= 0 || i < iterations; ++i) {
     if (i > 0) absl::SleepFor(absl::Seconds(1));
-    absl::StatusOr<pb::ClusterStatus> cluster = fetch_status(address, admin);
+    absl::StatusOr<pb::ClusterStatus> cluster = fetch_status(address, identity);
     std::printf("\x1b[H\x1b[2J");  // home, clear
     if (cluster.ok()) {
       print_status(address, *cluster);
@@ -448,13 +488,15 @@ absl::Status top(const std::string& state_path) {
   return absl::OkStatus();
 }
 
-// grpc.health.v1 Check, as Kubernetes' grpc probes make it.
-absl::Status health() {
+// grpc.health.v1 Check, as Kubernetes' grpc probes make it (over TLS when the cluster has a CA:
+// see cli_identity; health asks for no token).
+absl::Status health(const std::string& state_path) {
   const std::string address = absl::GetFlag(FLAGS_address);
   if (address.empty()) return absl::InvalidArgumentError("health: --address HOST:PORT is required");
   const std::string service = absl::GetFlag(FLAGS_service);
   const absl::Duration timeout = std::min(absl::Seconds(absl::GetFlag(FLAGS_timeout_s)), kConnectDeadline);
-  auto stub = grpc::health::v1::Health::NewStub(make_channel(address));
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<CallIdentity> identity, cli_identity(state_path, "", false));
+  auto stub = grpc::health::v1::Health::NewStub(make_channel(address, identity));
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
   grpc::health::v1::HealthCheckResponse reply;
@@ -485,6 +527,8 @@ absl::Status credentials(const std::vector<char*>& args) {
                                                  "use them: remove them first to make new ones"));
   }
   TESSERA_ASSIGN_OR_RETURN(Credentials tokens, generate_credentials());
+  const std::vector<std::string> hosts = absl::StrSplit(absl::GetFlag(FLAGS_tls_hosts), ',', absl::SkipEmpty());
+  if (!hosts.empty()) TESSERA_RETURN_IF_ERROR(add_tls(&tokens, hosts));
   TESSERA_RETURN_IF_ERROR(write_credentials(dir, tokens));
   std::printf("%s\n", dir.c_str());
   return absl::OkStatus();
@@ -501,8 +545,12 @@ absl::Status run_example(const std::string& state_path, const std::vector<char*>
   TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
   // The example connects with the client token (Client::connect reads $TESSERA_TOKEN_FILE).
   std::string token_file = absl::GetFlag(FLAGS_token_file);
-  if (token_file.empty()) token_file = absl::StrCat(credentials_dir(state_path), "/", kClientTokenFile);
+  if (token_file.empty() && cluster_of_state())
+    token_file = absl::StrCat(credentials_dir(state_path), "/", kClientTokenFile);
   if (access(token_file.c_str(), R_OK) == 0) setenv("TESSERA_TOKEN_FILE", token_file.c_str(), 1);
+  std::string ca_file = absl::GetFlag(FLAGS_ca_file);
+  if (ca_file.empty() && cluster_of_state()) ca_file = absl::StrCat(credentials_dir(state_path), "/", kCaFile);
+  if (access(ca_file.c_str(), R_OK) == 0) setenv("TESSERA_CA_FILE", ca_file.c_str(), 1);
   std::vector<std::string> argv = {program, "--coordinator=" + address};
   for (size_t i = 3; i < args.size(); ++i) argv.push_back(args[i]);
   std::vector<char*> raw;
@@ -526,6 +574,7 @@ int main(int argc, char** argv) {
                                                   {"host", "TESSERA_HOST"},
                                                   {"memory_bytes", "TESSERA_WORKER_MEMORY_BYTES"},
                                                   {"token_file", "TESSERA_TOKEN_FILE"},
+                                                  {"ca_file", "TESSERA_CA_FILE"},
                                                   {"credentials", "TESSERA_CREDENTIALS"}});
   if (args.size() < 2) {
     std::cerr << tessera::kUsage << "\n";
@@ -544,7 +593,7 @@ int main(int argc, char** argv) {
   } else if (command == "top") {
     status = tessera::top(state_path);
   } else if (command == "health") {
-    status = tessera::health();
+    status = tessera::health(state_path);
   } else if (command == "credentials") {
     status = tessera::credentials(args);
   } else if (command == "run-example") {

@@ -14,10 +14,11 @@
 namespace tessera {
 namespace internal {
 
-ClientImpl::ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster, std::string token)
+ClientImpl::ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster, std::string token,
+                       std::string ca_pem)
     : cluster_(std::move(cluster)),
       coordinator_address_(std::move(coordinator_address)),
-      identity_(std::make_shared<CallIdentity>(std::move(token))),
+      identity_(std::make_shared<CallIdentity>(std::move(token), -1, std::move(ca_pem))),
       coordinator_(pb::Coordinator::NewStub(make_channel(coordinator_address_, identity_))) {}
 
 ClientImpl::~ClientImpl() {
@@ -250,7 +251,13 @@ absl::StatusOr<Client> Client::connect(const std::string& address, const Connect
     if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("connect: ", read.status().message()));
     token = *std::move(read);
   }
-  auto impl = std::make_shared<internal::ClientImpl>(address, nullptr, std::move(token));
+  std::string ca = options.ca_file.empty() ? env_or("TESSERA_CA_FILE", "") : options.ca_file;
+  if (!ca.empty()) {
+    absl::StatusOr<std::string> read = read_file(ca);
+    if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("connect: ", read.status().message()));
+    ca = *std::move(read);
+  }
+  auto impl = std::make_shared<internal::ClientImpl>(address, nullptr, std::move(token), std::move(ca));
   TESSERA_RETURN_IF_ERROR(impl->init(options));
   return Client(std::move(impl));
 }
@@ -266,7 +273,8 @@ absl::StatusOr<Client> Client::local(int num_devices, const LocalOptions& option
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<internal::LocalCluster> cluster,
                            internal::LocalCluster::start(num_devices, options, credentials));
   const std::string address = cluster->coordinator_address();
-  auto impl = std::make_shared<internal::ClientImpl>(address, std::move(cluster), credentials.client);
+  auto impl =
+      std::make_shared<internal::ClientImpl>(address, std::move(cluster), credentials.client, credentials.ca_pem);
   ConnectOptions connect_options;
   connect_options.min_devices = num_devices;
   TESSERA_RETURN_IF_ERROR(impl->init(connect_options));

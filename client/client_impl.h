@@ -27,8 +27,10 @@ namespace tessera::internal {
 
 class ClientImpl {
  public:
-  // `token`: the credential every call presents (empty: none).
-  ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster, std::string token);
+  // `token`: the credential every call presents (empty: none); `ca_pem`: the cluster CA's
+  // certificate, for TLS (empty: plaintext).
+  ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster, std::string token,
+             std::string ca_pem = "");
   // Waits for the calls in flight to finish (each by its deadline) and frees the buffers of
   // their outputs that nobody holds, before the connection (and an embedded cluster) goes;
   // then stops renewing the session's lease.

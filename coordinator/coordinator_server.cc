@@ -93,7 +93,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         registry_(options.heartbeat_timeout, started_, options.lease_timeout),
         registration_grace_(std::max(kRegistrationGrace, 2 * options.heartbeat_timeout)),
         auth_(options.credentials),
-        identity_(std::make_shared<CallIdentity>(options.credentials.cluster)) {}
+        identity_(daemon_identity(options.credentials)) {}
 
   void set_address(const std::string& address) { address_ = address; }
 
@@ -1168,7 +1168,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
 
   absl::Status init() {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), grpc::InsecureServerCredentials(),
+    builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), server_credentials(options_.credentials),
                              &port_);
     configure_server(&builder);
     builder.RegisterService(&service_);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/security/auth_context.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/client_interceptor.h"
 #include "proto/rpc.h"
@@ -109,6 +110,11 @@ absl::StatusOr<Caller> Authenticator::authenticate(const grpc::ServerContextBase
   // Every comparison runs, whichever matches: the time says nothing about the token.
   const bool daemon = same(hash, cluster_hash_), admin = same(hash, admin_hash_), client = same(hash, client_hash_);
   if (daemon) {
+    // Over TLS, a daemon also proves itself with the cluster's certificate (mutual TLS).
+    if (credentials_.tls() && (ctx.auth_context() == nullptr || !ctx.auth_context()->IsPeerAuthenticated())) {
+      return absl::UnauthenticatedError(
+          "the cluster token came without the cluster's daemon certificate: daemons use mutual TLS");
+    }
     caller.role = Role::kDaemon;
   } else if (admin) {
     caller.role = Role::kAdmin;
@@ -168,11 +174,31 @@ absl::Status Authenticator::check_grant(uint64_t array_id, absl::string_view gra
       "; only its owner's session (which gets the grant from the coordinator) or an admin may move its data"));
 }
 
+std::shared_ptr<CallIdentity> daemon_identity(const Credentials& c, int device) {
+  return std::make_shared<CallIdentity>(c.cluster, device, c.ca_pem, c.cert_pem, c.key_pem);
+}
+
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const Credentials& c) {
+  if (!c.tls()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = c.ca_pem;
+  options.pem_key_cert_pairs.push_back({c.key_pem, c.cert_pem});
+  return grpc::SslServerCredentials(options);
+}
+
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address, std::shared_ptr<const CallIdentity> identity) {
+  std::shared_ptr<grpc::ChannelCredentials> transport = grpc::InsecureChannelCredentials();
+  if (!identity->ca_pem().empty()) {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = identity->ca_pem();
+    options.pem_cert_chain = identity->cert_pem();
+    options.pem_private_key = identity->key_pem();
+    transport = grpc::SslCredentials(options);
+  }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<IdentityInterceptorFactory>(std::move(identity)));
-  return grpc::experimental::CreateCustomChannelWithInterceptors(address, grpc::InsecureChannelCredentials(),
-                                                                 channel_arguments(), std::move(interceptors));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, transport, channel_arguments(),
+                                                                 std::move(interceptors));
 }
 
 }  // namespace tessera

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/credentials.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_context.h"
 
 namespace tessera {
@@ -79,11 +80,19 @@ class Authenticator {
 };
 
 // What a process sends on every call of a channel made with it: its bearer token, its
-// session credential once it has one, and a worker's device id. Thread-safe.
+// session credential once it has one, and a worker's device id; and, with the cluster CA's
+// certificate, over TLS (verifying the server's certificate against it, and presenting
+// `cert_pem` and `key_pem` when given: a daemon's mutual TLS). Thread-safe.
 class CallIdentity {
  public:
   // An empty token sends nothing (the development mode).
-  explicit CallIdentity(std::string token, int device = -1) : token_(std::move(token)), device_(device) {}
+  explicit CallIdentity(std::string token, int device = -1, std::string ca_pem = "", std::string cert_pem = "",
+                        std::string key_pem = "")
+      : token_(std::move(token)),
+        device_(device),
+        ca_pem_(std::move(ca_pem)),
+        cert_pem_(std::move(cert_pem)),
+        key_pem_(std::move(key_pem)) {}
 
   void set_session(std::string credential) {
     absl::MutexLock lock(&mu_);
@@ -95,15 +104,28 @@ class CallIdentity {
   }
   const std::string& token() const { return token_; }
   int device() const { return device_; }
+  const std::string& ca_pem() const { return ca_pem_; }
+  const std::string& cert_pem() const { return cert_pem_; }
+  const std::string& key_pem() const { return key_pem_; }
 
  private:
   const std::string token_;
   const int device_;
+  const std::string ca_pem_, cert_pem_, key_pem_;
   mutable absl::Mutex mu_;
   std::string session_ ABSL_GUARDED_BY(mu_);
 };
 
-// make_channel (proto/rpc.h) whose every call carries `identity`.
+// What a daemon presents to the others: the cluster token, its certificate, `device` (a
+// worker's id on its Exchange streams; -1: none).
+std::shared_ptr<CallIdentity> daemon_identity(const Credentials& c, int device = -1);
+
+// The server side of `c`: TLS with the daemon certificate, asking every caller for a
+// certificate of the cluster CA (clients may have none; daemons must, see authenticate), or
+// plaintext without TLS credentials.
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const Credentials& c);
+
+// make_channel (proto/rpc.h) whose every call carries `identity`, over TLS when it has a CA.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address, std::shared_ptr<const CallIdentity> identity);
 
 }  // namespace tessera

@@ -113,7 +113,7 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
 class WorkerService final : public WorkerServiceBase {
  public:
   WorkerService(int64_t memory_bytes, const Credentials& credentials)
-      : auth_(credentials), store_(memory_bytes), started_(absl::Now()), transport_(credentials.cluster) {}
+      : auth_(credentials), store_(memory_bytes), started_(absl::Now()), transport_(credentials) {}
 
   void set_device_id(int id) {
     device_id_ = id;
@@ -597,7 +597,7 @@ class WorkerServerImpl final : public WorkerServer {
  public:
   explicit WorkerServerImpl(const WorkerOptions& options)
       : options_(options),
-        identity_(std::make_shared<CallIdentity>(options.credentials.cluster)),
+        identity_(daemon_identity(options.credentials)),
         service_(options.memory_bytes, options.credentials) {}
   ~WorkerServerImpl() override { shutdown(); }
 
@@ -605,7 +605,7 @@ class WorkerServerImpl final : public WorkerServer {
     grpc::ServerBuilder builder;
     int port = 0;
     const std::string bind = options_.bind_host.empty() ? options_.host : options_.bind_host;
-    builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), server_credentials(options_.credentials), &port);
     configure_server(&builder);
     builder.RegisterService(&service_);
     builder.RegisterService(health_.service());

@@ -114,14 +114,23 @@ TEST(Cli, UpStatusRunExampleHealthDown) {
   ConnectOptions no_token;
   no_token.token = "not-this-clusters-token";
   no_token.timeout = absl::Seconds(5);
+  no_token.ca_file = credentials + "/ca.pem";
   EXPECT_EQ(Client::connect(state->coordinator_address, no_token).status().code(), absl::StatusCode::kUnauthenticated);
   ConnectOptions with_token;
   with_token.token_file = credentials + "/client.token";
+  with_token.ca_file = credentials + "/ca.pem";
   absl::StatusOr<Client> client = Client::connect(state->coordinator_address, with_token);
   EXPECT_TRUE(client.ok()) << client.status();
   client = absl::CancelledError("dropped");
+  // Over plaintext, a TLS cluster does not answer at all.
+  absl::StatusOr<std::pair<int, std::string>> plaintext =
+      tessera({"health", "--address=" + state->coordinator_address, "--timeout_s=2"});
+  ASSERT_TRUE(plaintext.ok());
+  EXPECT_EQ(plaintext->first, 1) << plaintext->second;
 
-  absl::StatusOr<std::pair<int, std::string>> health = tessera({"health", "--address=" + state->coordinator_address});
+  // The daemons serve TLS with the CA up made: health (which needs no token) verifies them.
+  absl::StatusOr<std::pair<int, std::string>> health =
+      tessera({"health", "--address=" + state->coordinator_address, "--ca_file=" + credentials + "/ca.pem"});
   ASSERT_TRUE(health.ok());
   EXPECT_EQ(health->first, 0) << health->second;
   EXPECT_THAT(health->second, HasSubstr("serving: " + state->coordinator_address));
@@ -148,6 +157,7 @@ TEST(Cli, CredentialsWritesFreshTokensOnceAndDaemonsReadThem) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->client.size(), 64u);
   EXPECT_NE(c->client, c->admin);
+  EXPECT_TRUE(c->tls()) << "a CA and a daemon certificate for 127.0.0.1 and localhost";
   absl::StatusOr<std::pair<int, std::string>> again = tessera({"credentials", dir + "/c"});
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->first, 1);

@@ -382,5 +382,44 @@ TEST_F(AuthTest, ExchangeMessagesComeOnlyFromDaemonsAsTheDeviceTheirStreamAuthen
   }
 }
 
+// The same cluster over TLS: a cluster CA, mutual TLS between the daemons (registrations,
+// plans, Exchange streams), server TLS for clients.
+class TlsTest : public FaultClusterTest {
+ protected:
+  bool tls() const override { return true; }
+};
+
+TEST_F(TlsTest, ClientsVerifyTheServersAndDaemonsProveThemselvesWithTheCertificate) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = HostArray::arange(DType::kF32, {8, 4});
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  // An all-reduce: the workers' Exchange streams run over mutual TLS.
+  Jitted column_sum = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; });
+  absl::StatusOr<std::vector<Array>> total = column_sum({*x});
+  ASSERT_TRUE(total.ok()) << total.status();
+  expect_equal((*total)[0], column_sums(host));
+  expect_equal(*x, host);
+
+  // Plaintext to a TLS server does not connect.
+  ConnectOptions plaintext;
+  plaintext.token = credentials_.client;
+  plaintext.timeout = absl::Seconds(3);
+  EXPECT_EQ(Client::connect(cluster_.address, plaintext).status().code(), absl::StatusCode::kUnavailable);
+  // The cluster token over TLS but without the daemon certificate is no daemon.
+  auto no_certificate = std::make_shared<CallIdentity>(credentials_.cluster, -1, credentials_.ca_pem);
+  pb::RegisterWorkerRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_name("fake");
+  req.set_address("127.0.0.1:1");
+  req.set_memory_bytes(1 << 30);
+  expect_error(unary(pb::Coordinator::NewStub(make_channel(cluster_.address, no_certificate)).get(),
+                     &pb::Coordinator::Stub::RegisterWorker, req),
+               grpc::StatusCode::UNAUTHENTICATED, "without the cluster's daemon certificate");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,7 @@ class FaultClusterTest : public ::testing::Test {
     absl::StatusOr<Credentials> credentials = generate_credentials();
     ASSERT_TRUE(credentials.ok()) << credentials.status();
     credentials_ = *credentials;
+    if (tls()) ASSERT_TRUE(add_tls(&credentials_, {"127.0.0.1"}).ok());
     ASSERT_TRUE(write_credentials(credentials_dir_, credentials_).ok());
     absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(
         kBin, kFaultWorkers, coordinator_flags(), {"--memory_bytes=268435456", "--credentials=" + credentials_dir_});
@@ -52,6 +54,16 @@ class FaultClusterTest : public ::testing::Test {
     return flags;
   }
 
+  ~FaultClusterTest() override {
+    for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
+      std::remove(absl::StrCat(credentials_dir_, "/", f).c_str());
+    }
+    rmdir(credentials_dir_.c_str());
+  }
+
+  // Whether the daemons serve TLS (a cluster CA of the test's own; mutual TLS between them).
+  virtual bool tls() const { return false; }
+
   // The file holding the client token (what a client's --token_file names).
   std::string client_token_file() const { return absl::StrCat(credentials_dir_, "/", kClientTokenFile); }
 
@@ -62,6 +74,7 @@ class FaultClusterTest : public ::testing::Test {
     options.min_devices = kFaultWorkers;
     options.timeout = absl::Seconds(20);
     options.token = token.empty() ? credentials_.client : token;
+    if (tls()) options.ca_file = absl::StrCat(credentials_dir_, "/", kCaFile);
     return Client::connect(cluster_.address, options);
   }
 

@@ -100,7 +100,7 @@ class Transport::Link {
         self_(self),
         peer_(peer),
         address_(std::move(address)),
-        channel_(make_channel(address_, std::make_shared<CallIdentity>(transport->token_, self))) {
+        channel_(make_channel(address_, daemon_identity(transport->credentials_, self))) {
     for (int i = 0; i < kStreamsPerLink; ++i) streams_.push_back(std::make_unique<Stream>(this));
   }
 
@@ -289,7 +289,7 @@ class Transport::Link {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
-Transport::Transport(std::string token) : token_(std::move(token)) {}
+Transport::Transport(Credentials credentials) : credentials_(std::move(credentials)) {}
 
 Transport::~Transport() {
   std::map<int, std::shared_ptr<Link>> links;

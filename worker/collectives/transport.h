@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/collective.h"
+#include "core/credentials.h"
 #include "core/dtype.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
@@ -71,9 +72,9 @@ class Transport {
   // Bytes queued to one peer before send() waits.
   static constexpr int64_t kMaxQueuedBytes = int64_t{16} << 20;
 
-  // `token`: the cluster credential this worker presents to its peers, with its device id
-  // (proto/auth.h); empty in the development mode.
-  explicit Transport(std::string token = "");
+  // `credentials`: what this worker presents to its peers, with its device id (proto/auth.h);
+  // none in the development mode.
+  explicit Transport(Credentials credentials = {});
   ~Transport();  // cancels every link and joins its writer
 
   void set_self(int device_id);
@@ -140,7 +141,7 @@ class Transport {
   void stream_started(int source);
   void stream_ended(int source);
 
-  const std::string token_;
+  const Credentials credentials_;
   mutable absl::Mutex mu_;
   int self_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t forged_ ABSL_GUARDED_BY(mu_) = 0;

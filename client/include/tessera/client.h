@@ -58,6 +58,9 @@ struct ConnectOptions {
   // file named by $TESSERA_TOKEN_FILE if set, else none (a cluster in the development mode).
   std::string token{};
   std::string token_file{};
+  // The cluster CA's certificate (PEM file, ca.pem of its credentials): connect over TLS and
+  // verify the servers against it. Empty: $TESSERA_CA_FILE if set, else plaintext.
+  std::string ca_file{};
 };
 
 // Options of Client::local: each worker's memory limit and the coordinator's heartbeat
@@ -67,9 +70,9 @@ struct LocalOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   // The embedded cluster checks credentials as a deployed one does, with fresh random tokens
-  // (or those of `credentials_dir`, as `tessera credentials DIR` writes them); the client
-  // presents the client token. check_credentials = false: the development mode, nothing is
-  // checked.
+  // (or those of `credentials_dir`, as `tessera credentials DIR` writes them, over TLS if it
+  // holds TLS files); the client presents the client token. check_credentials = false: the
+  // development mode, nothing is checked.
   bool check_credentials = true;
   std::string credentials_dir{};
 };
