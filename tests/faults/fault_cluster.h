@@ -38,7 +38,9 @@ class FaultClusterTest : public ::testing::Test {
     absl::StatusOr<Credentials> credentials = generate_credentials();
     ASSERT_TRUE(credentials.ok()) << credentials.status();
     credentials_ = *credentials;
-    if (tls()) ASSERT_TRUE(add_tls(&credentials_, {"127.0.0.1"}).ok());
+    if (tls()) {
+      ASSERT_TRUE(add_tls(&credentials_, {"127.0.0.1"}).ok());
+    }
     ASSERT_TRUE(write_credentials(credentials_dir_, credentials_).ok());
     absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(
         kBin, kFaultWorkers, coordinator_flags(), {"--memory_bytes=268435456", "--credentials=" + credentials_dir_});
