@@ -188,10 +188,15 @@ void ClientImpl::adopt_tracked() {
 }
 
 void ClientImpl::delete_array(uint64_t id) {
+  std::string grant;
   {
     absl::MutexLock lock(&mu_);
     tracked_.erase(id);
-    grants_.erase(id);
+    auto it = grants_.find(id);
+    if (it != grants_.end()) {
+      grant = std::move(it->second);
+      grants_.erase(it);
+    }
   }
   if (on_callback_thread()) {
     // gRPC's callback threads must not block: send it and let ~ClientImpl wait for it.
@@ -202,6 +207,7 @@ void ClientImpl::delete_array(uint64_t id) {
     };
     auto* call = new DeleteCall;
     call->request.add_array_ids(id);
+    call->request.add_grants(grant);
     set_deadline(&call->ctx, kControlDeadline);
     in_flight_->begin_call(absl::Now() + kControlDeadline);
     coordinator_->async()->DeleteArray(&call->ctx, &call->request, &call->reply,
@@ -213,6 +219,7 @@ void ClientImpl::delete_array(uint64_t id) {
   }
   pb::DeleteArrayRequest req;
   req.add_array_ids(id);
+  req.add_grants(grant);
   pb::DeleteArrayReply reply;
   grpc::ClientContext ctx;
   set_deadline(&ctx, kControlDeadline);
@@ -246,6 +253,9 @@ absl::StatusOr<Client> Client::connect(const std::string& address, const Connect
   std::string token = options.token;
   std::string file = options.token_file;
   if (token.empty() && file.empty()) file = env_or("TESSERA_TOKEN_FILE", "");
+  // A cluster embedded in this process (Client::local): its own client token and CA.
+  const Credentials embedded = internal::LocalCluster::credentials_of(address);
+  if (token.empty() && file.empty()) token = embedded.client;
   if (token.empty() && !file.empty()) {
     absl::StatusOr<std::string> read = read_token_file(file);
     if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("connect: ", read.status().message()));
@@ -256,6 +266,8 @@ absl::StatusOr<Client> Client::connect(const std::string& address, const Connect
     absl::StatusOr<std::string> read = read_file(ca);
     if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("connect: ", read.status().message()));
     ca = *std::move(read);
+  } else {
+    ca = embedded.ca_pem;
   }
   auto impl = std::make_shared<internal::ClientImpl>(address, nullptr, std::move(token), std::move(ca));
   TESSERA_RETURN_IF_ERROR(impl->init(options));

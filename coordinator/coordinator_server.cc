@@ -236,11 +236,16 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     }
     std::map<int, std::vector<uint64_t>> buffers = buffers_of(registry_.remove_arrays(ids));
     // Arrays of an earlier incarnation that nobody adopted: their buffers go too. Their owner
-    // is unknown here, so only an admin frees them at once; otherwise the lease reaps them.
-    if (caller->at_least(Role::kAdmin)) {
-      for (auto& [device, orphans] : registry_.remove_orphans(ids)) {
-        buffers[device].insert(buffers[device].end(), orphans.begin(), orphans.end());
+    // is unknown here, so they go with their grant (or for an admin); else the lease reaps them.
+    std::vector<uint64_t> orphan_ids;
+    for (int i = 0; i < req->array_ids_size(); ++i) {
+      const std::string grant = i < req->grants_size() ? req->grants(i) : "";
+      if (caller->at_least(Role::kAdmin) || auth_.check_grant(req->array_ids(i), grant, "DeleteArray").ok()) {
+        orphan_ids.push_back(req->array_ids(i));
       }
+    }
+    for (auto& [device, orphans] : registry_.remove_orphans(orphan_ids)) {
+      buffers[device].insert(buffers[device].end(), orphans.begin(), orphans.end());
     }
     delete_buffers(buffers);
     return grpc::Status::OK;

@@ -43,13 +43,13 @@ struct Caller {
   Role role = Role::kClient;
   uint64_t session = 0;  // the session its credential proves; 0: none sent
   int device = -1;       // a daemon's tessera-device; -1: none sent
-  bool open = false;     // the development mode: nothing was checked, everyone is an admin
+  bool open = false;     // the development mode: nothing was checked, everyone may do anything
   bool at_least(Role r) const { return static_cast<int>(role) >= static_cast<int>(r); }
 };
 
 class Authenticator {
  public:
-  // Empty credentials: the development mode (every caller is an admin; nothing is checked).
+  // Empty credentials: the development mode (nothing is checked; every caller may do anything).
   explicit Authenticator(Credentials credentials);
 
   bool enabled() const { return !credentials_.empty(); }

@@ -55,7 +55,8 @@ struct ConnectOptions {
   absl::Duration timeout = absl::Seconds(30);
   // The credential sent on every call, as 'authorization: Bearer <token>': a client token (or
   // an admin one) of the cluster. Empty: the token in the file `token_file`; both empty: the
-  // file named by $TESSERA_TOKEN_FILE if set, else none (a cluster in the development mode).
+  // file named by $TESSERA_TOKEN_FILE if set, else, for a Client::local cluster of this
+  // process, its client token, else none (a cluster in the development mode).
   std::string token{};
   std::string token_file{};
   // The cluster CA's certificate (PEM file, ca.pem of its credentials): connect over TLS and
