@@ -60,10 +60,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.credentials = *std::move(credentials);
-  if (std::string warning = tessera::open_mode_warning(options.credentials, options.host, "tessera-coordinator");
-      !warning.empty()) {
-    std::cerr << warning << "\n";
-  }
 
   auto server = tessera::CoordinatorServer::start(options);
   if (!server.ok()) {
@@ -72,6 +68,11 @@ int main(int argc, char** argv) {
   }
   std::printf("tessera-coordinator: listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
+  // After the line that says it serves (which tools and tests wait for as the first).
+  if (std::string warning = tessera::open_mode_warning(options.credentials, options.host, "tessera-coordinator");
+      !warning.empty()) {
+    std::cerr << warning << "\n";
+  }
   int sig = tessera::wait_for_termination_signal();
   std::fprintf(stderr, "tessera-coordinator: signal %d, shutting down\n", sig);
   (*server)->shutdown();

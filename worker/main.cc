@@ -100,11 +100,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.credentials = *std::move(credentials);
-  if (std::string warning = tessera::open_mode_warning(
-          options.credentials, options.bind_host.empty() ? options.host : options.bind_host, "tessera-worker");
-      !warning.empty()) {
-    std::cerr << warning << "\n";
-  }
   options.wait_or_stop = [](absl::Duration pause) { return tessera::wait_for_termination_signal_for(pause) != 0; };
 
   auto worker = tessera::WorkerServer::start(options);
@@ -114,6 +109,12 @@ int main(int argc, char** argv) {
   }
   std::printf("tessera-worker: device %d listening on %s\n", (*worker)->device_id(), (*worker)->address().c_str());
   std::fflush(stdout);
+  // After the line that says it serves (which tools and tests wait for as the first).
+  if (std::string warning = tessera::open_mode_warning(
+          options.credentials, options.bind_host.empty() ? options.host : options.bind_host, "tessera-worker");
+      !warning.empty()) {
+    std::cerr << warning << "\n";
+  }
   int sig = tessera::wait_for_termination_signal();
   std::fprintf(stderr, "tessera-worker: signal %d, shutting down\n", sig);
   (*worker)->shutdown();
