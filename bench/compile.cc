@@ -23,6 +23,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "bench/fsdp_mlp.h"
 #include "bench/stats.h"
 #include "coordinator/compiler/partition.h"
 #include "coordinator/compiler/propagate.h"
@@ -39,40 +40,11 @@ ABSL_FLAG(bool, print_programs, false, "also print the MLP steps' programs (as_t
 namespace tessera {
 namespace {
 
-// The distributed-arrays notebook's MLP (784 -> 1024 -> 1024 -> 1024 -> 10, relu, squared
-// error, batch 1024) as one value_and_grad + SGD step; `pin` constrains each weight to P()
-// before use (the hand-written FSDP that gathers weights).
-TracedFunction fsdp_step(const Mesh& mesh, bool pin) {
-  return [mesh, pin](const std::vector<Value>& in) {
-    auto loss = [mesh, pin](const std::vector<Value>& p) {
-      Value h = p[8];
-      for (int l = 0; l < 4; ++l) {
-        Value w = pin ? with_sharding_constraint(p[2 * l], NamedSharding(mesh, P())) : p[2 * l];
-        h = matmul(h, w) + p[2 * l + 1];
-        if (l < 3) h = maximum(h, h * 0.0);
-      }
-      const Value d = h - p[9];
-      return std::vector<Value>{sum(d * d) / 1024.0};
-    };
-    std::vector<Value> vg = value_and_grad(loss, {0, 1, 2, 3, 4, 5, 6, 7})(in);
-    std::vector<Value> out = {vg[0]};
-    for (int i = 0; i < 8; ++i) out.push_back(in[i] - vg[i + 1] * 0.01);
-    return out;
-  };
-}
-
 // Bytes each device receives per step (the compiler's accounting) for data parallelism
 // (parameters replicated), FSDP as JAX users write it (parameters P('data', None)) and FSDP
 // with every weight pinned to P() before use. Goal: automatic FSDP <= 1.2x the pinned one.
 void fsdp_bytes(bool json) {
-  const std::vector<int64_t> widths = {784, 1024, 1024, 1024, 10};
-  std::vector<ArrayType> types;
-  for (size_t l = 0; l + 1 < widths.size(); ++l) {
-    types.push_back({DType::kF32, {widths[l], widths[l + 1]}});
-    types.push_back({DType::kF32, {widths[l + 1]}});
-  }
-  types.push_back({DType::kF32, {1024, 784}});
-  types.push_back({DType::kF32, {1024, 10}});
+  const std::vector<ArrayType> types = fsdp_mlp_types();
   struct MeshCase {
     const char* name;
     std::vector<int64_t> shape;
@@ -81,16 +53,11 @@ void fsdp_bytes(bool json) {
   for (const MeshCase& m : {MeshCase{"(8,)", {8}, {"data"}}, MeshCase{"(4,2)", {4, 2}, {"data", "model"}}}) {
     const Mesh mesh = *make_mesh(m.shape, m.axes, {0, 1, 2, 3, 4, 5, 6, 7});
     double pinned = 0;
-    for (const char* layout : {"fsdp_pinned", "fsdp_auto", "dp"}) {
-      const bool dp = std::string(layout) == "dp", pin = std::string(layout) == "fsdp_pinned";
-      std::vector<PartitionSpec> specs;
-      for (size_t l = 0; l + 1 < widths.size(); ++l) {
-        specs.push_back(dp ? P() : P("data", None));
-        specs.push_back(dp || l == 3 ? P() : P("data"));  // the last bias (10) does not split 8 ways
-      }
-      specs.push_back(P("data", None));
-      specs.push_back(P("data", None));
-      absl::StatusOr<Graph> g = trace(fsdp_step(mesh, pin), types);
+    for (FsdpLayout l : {FsdpLayout::kPinned, FsdpLayout::kAuto, FsdpLayout::kDataParallel}) {
+      const char* layout = fsdp_layout_name(l);
+      const bool pin = l == FsdpLayout::kPinned;
+      const std::vector<PartitionSpec> specs = fsdp_mlp_specs(l);
+      absl::StatusOr<Graph> g = trace(fsdp_mlp_step(mesh, l), types);
       const std::vector<std::optional<PartitionSpec>> outputs(g.ok() ? g->outputs().size() : 0);
       absl::StatusOr<Propagation> p = g.ok() ? propagate(*g, mesh, specs, outputs) : g.status();
       absl::StatusOr<Executable> e = p.ok() ? partition(*g, mesh, *p, outputs) : p.status();

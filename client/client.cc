@@ -397,7 +397,8 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.memory_limit_bytes(),
                        stats.collective_messages_pending(),
                        stats.blas_kernel(),
-                       stats.plans_loaded()};
+                       stats.plans_loaded(),
+                       stats.shm_messages_received()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

@@ -185,7 +185,7 @@ absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, con
     switch (n.op) {
       case Op::kAllReduce:
       case Op::kAllGather:  // every device along the axes ends with the same value
-        for (const std::string& a : n.axes) v.erase(a);
+        for (const std::string& a : n.attrs<CollectiveAttrs>().axes) v.erase(a);
         break;
       case Op::kReduceScatter:
       case Op::kAllToAll:
@@ -195,8 +195,10 @@ absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, con
                            : n.op == Op::kAllToAll          ? "all_to_all"
                            : n.op == Op::kCollectivePermute ? "ppermute"
                                                             : "axis_index";
-        for (const std::string& a : n.axes) {
-          v.emplace(a, absl::StrCat("it depends on ", what, " over ", axes_text(n.axes), ", which differs along it"));
+        const std::vector<std::string>& axes =
+            n.op == Op::kAxisIndex ? n.attrs<AxisIndexAttrs>().axes : n.attrs<CollectiveAttrs>().axes;
+        for (const std::string& a : axes) {
+          v.emplace(a, absl::StrCat("it depends on ", what, " over ", axes_text(axes), ", which differs along it"));
         }
         break;
       }

@@ -994,29 +994,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     TESSERA_ASSIGN_OR_RETURN(CollectiveSpec spec, collective_from_proto(req.spec()));
     const std::string name = collective_name(spec.kind);
     const NamedSharding& sharding = in.sharding;
-    if (sharding.num_replicas() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": array ", in.id, " under ", sharding.spec().to_string(),
-                                                     " has replicated blocks; every device must hold its own block"));
-    }
+    TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_result_shape(spec, in));
     const std::vector<int>& mesh_devices = sharding.mesh().device_ids();
-    size_t grouped = 0;
-    for (const std::vector<int>& group : spec.groups) {
-      for (int d : group) {
-        if (std::find(mesh_devices.begin(), mesh_devices.end(), d) == mesh_devices.end()) {
-          return absl::InvalidArgumentError(absl::StrCat(name, ": device ", d, " is not in the mesh of array ", in.id));
-        }
-        ++grouped;
-      }
-    }
-    if (grouped != mesh_devices.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": the replica groups cover ", grouped, " of the ",
-                                                     mesh_devices.size(), " devices of array ", in.id));
-    }
-    const Shape block = sharding.shard_shape(in.shape);
-    TESSERA_ASSIGN_OR_RETURN(Shape out_block, collective_output_shape(spec, block));
-    Shape out_shape = in.shape;
-    for (size_t d = 0; d < out_shape.size(); ++d)
-      out_shape[d] = sharding.num_blocks(static_cast<int>(d)) * out_block[d];
     TESSERA_RETURN_IF_ERROR(check_not_lost(in, name));
     TESSERA_ASSIGN_OR_RETURN(Members members, alive_members(mesh_devices, name));
     const std::vector<pb::PeerAddress>& peers = members.peers;

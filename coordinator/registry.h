@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "coordinator/ids.h"
+#include "core/collective.h"
 #include "core/dtype.h"
 #include "core/sharding.h"
 
@@ -71,6 +72,12 @@ struct ArrayRecord {
   std::set<int> lost_devices;
   uint64_t session = 0;  // the owner; 0: none (the array lives until deleted)
 };
+
+// The global shape of the array a collective (RunCollective) makes of the blocks of `in`.
+// INVALID_ARGUMENT naming the array when its blocks are replicated, the spec's groups do not
+// cover the array's devices exactly once, or the spec does not fit a block's shape.
+// REQUIRES: validate_collective(spec) is OK.
+absl::StatusOr<Shape> collective_result_shape(const CollectiveSpec& spec, const ArrayRecord& in);
 
 class Registry {
  public:

@@ -14,7 +14,61 @@ namespace {
 
 std::string dims_to_string(const std::vector<int64_t>& v) { return absl::StrCat("{", absl::StrJoin(v, ","), "}"); }
 
+std::string mesh_text(const Mesh& mesh) {
+  return absl::StrCat(" mesh=", mesh.to_string(), " devices={", absl::StrJoin(mesh.device_ids(), ","), "}");
+}
+
+// Each kind's text, as Graph::to_text prints it after the type: " start={0} limit={4}".
+std::string text(const NoAttrs&, Op) { return ""; }
+std::string text(const ParameterAttrs& a, Op) { return absl::StrCat(" index=", a.index); }
+std::string text(const ConstantAttrs& a, Op) { return absl::StrCat(" value=", a.value.to_string()); }
+std::string text(const IotaAttrs& a, Op) { return absl::StrCat(" dims={", a.dimension, "}"); }
+// A list of dimensions, " dims={...}", printed when not empty.
+std::string dims_text(const std::vector<int64_t>& v) { return v.empty() ? "" : " dims=" + dims_to_string(v); }
+std::string text(const BroadcastAttrs& a, Op) { return dims_text(a.result_dims); }
+std::string text(const TransposeAttrs& a, Op) { return dims_text(a.permutation); }
+std::string text(const ReduceAttrs& a, Op) { return dims_text(a.axes); }
+std::string text(const ArgmaxAttrs& a, Op) { return absl::StrCat(" dims={", a.axis, "}"); }
+std::string text(const SliceAttrs& a, Op) {
+  return absl::StrCat(" start=", dims_to_string(a.start), " limit=", dims_to_string(a.limit));
+}
+std::string text(const ConcatAttrs& a, Op) { return absl::StrCat(" dims={", a.axis, "}"); }
+std::string text(const DotAttrs& a, Op) {
+  return absl::StrCat(" lhs_batch=", dims_to_string(a.dims.lhs_batch), " rhs_batch=", dims_to_string(a.dims.rhs_batch),
+                      " lhs_contracting=", dims_to_string(a.dims.lhs_contracting),
+                      " rhs_contracting=", dims_to_string(a.dims.rhs_contracting));
+}
+std::string text(const ShardingAttrs& a, Op) {
+  return absl::StrCat(" sharding=", a.sharding.to_string(), " devices={",
+                      absl::StrJoin(a.sharding.mesh().device_ids(), ","), "}");
+}
+std::string text(const AxisIndexAttrs& a, Op) {
+  return absl::StrCat(" axes=", axes_to_string(a.axes), a.mesh.has_value() ? mesh_text(*a.mesh) : "");
+}
+
+// A collective prints the dimension list it is built from (add_collective).
+std::string text(const CollectiveAttrs& c, Op op) {
+  std::vector<int64_t> dims;
+  if (op == Op::kAllGather || op == Op::kReduceScatter) dims = {c.dimension};
+  if (op == Op::kAllToAll) dims = {c.split_dimension, c.concat_dimension};
+  if (op == Op::kCollectivePermute) dims = c.positions;
+  std::string out = absl::StrCat(" axes=", axes_to_string(c.axes));
+  if (op == Op::kAllReduce || op == Op::kReduceScatter) absl::StrAppend(&out, " ", reduce_op_name(c.reduce_op));
+  return out + dims_text(dims) + mesh_text(c.mesh);
+}
+
 }  // namespace
+
+const Mesh* mesh_of(const Node& n) {
+  if (const auto* s = std::get_if<ShardingAttrs>(&n.attributes)) return &s->sharding.mesh();
+  if (const auto* c = std::get_if<CollectiveAttrs>(&n.attributes)) return &c->mesh;
+  if (const auto* a = std::get_if<AxisIndexAttrs>(&n.attributes)) return a->mesh.has_value() ? &*a->mesh : nullptr;
+  return nullptr;
+}
+
+std::string attrs_to_text(const Node& n) {
+  return std::visit([&n](const auto& a) { return text(a, n.op); }, n.attributes);
+}
 
 std::vector<int64_t> dot_free_dims(int64_t rank, const std::vector<int64_t>& batch,
                                    const std::vector<int64_t>& contracting) {
@@ -29,25 +83,25 @@ std::vector<int64_t> dot_free_dims(int64_t rank, const std::vector<int64_t>& bat
 }
 
 CollectiveSpec collective_of(const Node& n) {
+  const CollectiveAttrs& c = n.attrs<CollectiveAttrs>();
   CollectiveSpec spec;
-  spec.reduce_op = static_cast<ReduceOp>(n.index);
-  auto dim = [&](size_t i) { return i < n.dims.size() ? static_cast<int>(n.dims[i]) : -1; };
+  spec.reduce_op = c.reduce_op;
   switch (n.op) {
     case Op::kAllReduce:
       spec.kind = CollectiveKind::kAllReduce;
       break;
     case Op::kAllGather:
       spec.kind = CollectiveKind::kAllGather;
-      spec.dimension = dim(0);
+      spec.dimension = static_cast<int>(c.dimension);
       break;
     case Op::kReduceScatter:
       spec.kind = CollectiveKind::kReduceScatter;
-      spec.dimension = dim(0);
+      spec.dimension = static_cast<int>(c.dimension);
       break;
     case Op::kAllToAll:
       spec.kind = CollectiveKind::kAllToAll;
-      spec.split_dimension = dim(0);
-      spec.concat_dimension = dim(1);
+      spec.split_dimension = static_cast<int>(c.split_dimension);
+      spec.concat_dimension = static_cast<int>(c.concat_dimension);
       break;
     default:
       spec.kind = CollectiveKind::kCollectivePermute;
@@ -74,11 +128,11 @@ absl::StatusOr<int> Graph::add_node(Node n) {
     TESSERA_RETURN_IF_ERROR(check_operand(id, def.name));
     in.push_back({nodes_[id].dtype, nodes_[id].shape});
   }
-  if (has_trait(n.op, kReduction)) std::sort(n.dims.begin(), n.dims.end());
+  if (auto* reduce = std::get_if<ReduceAttrs>(&n.attributes)) std::sort(reduce->axes.begin(), reduce->axes.end());
   TESSERA_ASSIGN_OR_RETURN(ArrayType type, infer_type(n, in));
   n.dtype = type.dtype;
   n.shape = std::move(type.shape);
-  if (n.op == Op::kParameter) n.index = static_cast<int64_t>(parameters_.size());
+  if (n.op == Op::kParameter) n.attrs<ParameterAttrs>().index = static_cast<int64_t>(parameters_.size());
   nodes_.push_back(std::move(n));
   if (nodes_.back().op == Op::kParameter) parameters_.push_back(size() - 1);
   return size() - 1;
@@ -86,17 +140,18 @@ absl::StatusOr<int> Graph::add_node(Node n) {
 
 namespace {
 
-Node make_node(Op op, std::vector<int> operands) {
+Node make_node(Op op, std::vector<int> operands, Attrs attrs = NoAttrs{}) {
   Node n;
   n.op = op;
   n.operands = std::move(operands);
+  n.attributes = std::move(attrs);
   return n;
 }
 
 }  // namespace
 
 int Graph::add_parameter(DType dtype, Shape shape) {
-  Node n = make_node(Op::kParameter, {});
+  Node n = make_node(Op::kParameter, {}, ParameterAttrs{});
   n.dtype = dtype;
   n.shape = std::move(shape);
   absl::StatusOr<int> id = add_node(std::move(n));
@@ -105,18 +160,16 @@ int Graph::add_parameter(DType dtype, Shape shape) {
 }
 
 absl::StatusOr<int> Graph::add_constant(DType dtype, Shape shape, Scalar value) {
-  Node n = make_node(Op::kConstant, {});
+  Node n = make_node(Op::kConstant, {}, ConstantAttrs{value});
   n.dtype = dtype;
   n.shape = std::move(shape);
-  n.value = value;
   return add_node(std::move(n));
 }
 
 absl::StatusOr<int> Graph::add_iota(DType dtype, Shape shape, int64_t dimension) {
-  Node n = make_node(Op::kIota, {});
+  Node n = make_node(Op::kIota, {}, IotaAttrs{dimension});
   n.dtype = dtype;
   n.shape = std::move(shape);
-  n.dims = {dimension};
   return add_node(std::move(n));
 }
 
@@ -141,9 +194,8 @@ absl::StatusOr<int> Graph::add_convert(int x, DType dtype) {
 }
 
 absl::StatusOr<int> Graph::add_broadcast_in_dim(int x, Shape shape, std::vector<int64_t> dims) {
-  Node n = make_node(Op::kBroadcastInDim, {x});
+  Node n = make_node(Op::kBroadcastInDim, {x}, BroadcastAttrs{std::move(dims)});
   n.shape = std::move(shape);
-  n.dims = std::move(dims);
   return add_node(std::move(n));
 }
 
@@ -154,79 +206,68 @@ absl::StatusOr<int> Graph::add_reshape(int x, Shape shape) {
 }
 
 absl::StatusOr<int> Graph::add_transpose(int x, std::vector<int64_t> permutation) {
-  Node n = make_node(Op::kTranspose, {x});
-  n.dims = std::move(permutation);
-  return add_node(std::move(n));
+  return add_node(make_node(Op::kTranspose, {x}, TransposeAttrs{std::move(permutation)}));
 }
 
 absl::StatusOr<int> Graph::add_reduce(Op op, int x, std::vector<int64_t> axes) {
   if (!has_trait(op, kReduction)) return absl::InvalidArgumentError(absl::StrCat(op_name(op), " is not a reduction"));
-  Node n = make_node(op, {x});
-  n.dims = std::move(axes);
-  return add_node(std::move(n));
+  return add_node(make_node(op, {x}, ReduceAttrs{std::move(axes)}));
 }
 
 absl::StatusOr<int> Graph::add_argmax(int x, int64_t axis, DType index_dtype) {
-  Node n = make_node(Op::kArgmax, {x});
-  n.dims = {axis};
+  Node n = make_node(Op::kArgmax, {x}, ArgmaxAttrs{axis});
   n.dtype = index_dtype;
   return add_node(std::move(n));
 }
 
 absl::StatusOr<int> Graph::add_dot_general(int lhs, int rhs, DotDims dims) {
-  Node n = make_node(Op::kDotGeneral, {lhs, rhs});
-  n.dot = std::move(dims);
-  return add_node(std::move(n));
+  return add_node(make_node(Op::kDotGeneral, {lhs, rhs}, DotAttrs{std::move(dims)}));
 }
 
 absl::StatusOr<int> Graph::add_slice(int x, std::vector<int64_t> start, std::vector<int64_t> limit) {
-  Node n = make_node(Op::kSlice, {x});
-  n.dims = std::move(start);
-  n.limits = std::move(limit);
-  return add_node(std::move(n));
+  return add_node(make_node(Op::kSlice, {x}, SliceAttrs{std::move(start), std::move(limit)}));
 }
 
 absl::StatusOr<int> Graph::add_concatenate(const std::vector<int>& xs, int64_t axis) {
   if (xs.empty()) return absl::InvalidArgumentError("concatenate: no operands");
-  Node n = make_node(Op::kConcatenate, xs);
-  n.dims = {axis};
-  return add_node(std::move(n));
+  return add_node(make_node(Op::kConcatenate, xs, ConcatAttrs{axis}));
 }
 
 absl::StatusOr<int> Graph::add_sharding_constraint(int x, NamedSharding sharding) {
-  Node n = make_node(Op::kShardingConstraint, {x});
-  n.sharding = std::move(sharding);
-  return add_node(std::move(n));
+  return add_node(make_node(Op::kShardingConstraint, {x}, ShardingAttrs{std::move(sharding)}));
 }
 
 absl::StatusOr<int> Graph::add_shard_map_in(int x, NamedSharding sharding) {
-  Node n = make_node(Op::kShardMapIn, {x});
-  n.sharding = std::move(sharding);
-  return add_node(std::move(n));
+  return add_node(make_node(Op::kShardMapIn, {x}, ShardingAttrs{std::move(sharding)}));
 }
 
 absl::StatusOr<int> Graph::add_shard_map_out(int x, NamedSharding sharding) {
-  Node n = make_node(Op::kShardMapOut, {x});
-  n.sharding = std::move(sharding);
-  return add_node(std::move(n));
+  return add_node(make_node(Op::kShardMapOut, {x}, ShardingAttrs{std::move(sharding)}));
 }
 
 absl::StatusOr<int> Graph::add_collective(Op op, int x, const Mesh& mesh, std::vector<std::string> axes,
                                           std::vector<int64_t> dims, ReduceOp reduce_op) {
   if (!has_trait(op, kCollective)) return absl::InvalidArgumentError(absl::StrCat(op_name(op), " is not a collective"));
-  Node n = make_node(op, {x});
-  n.sharding = NamedSharding(mesh, PartitionSpec());
-  n.axes = std::move(axes);
-  n.dims = std::move(dims);
-  n.index = static_cast<int64_t>(reduce_op);
-  return add_node(std::move(n));
+  // The dimension attributes, as the op takes them.
+  const size_t want = op == Op::kAllReduce                               ? 0
+                      : op == Op::kAllGather || op == Op::kReduceScatter ? 1
+                      : op == Op::kAllToAll                              ? 2
+                                                                         : dims.size();
+  if (dims.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(op_name(op), ": ", dims.size(), " dimension attributes"));
+  }
+  CollectiveAttrs attrs{mesh, std::move(axes), reduce_op, 0, 0, 0, {}};
+  if (want == 1) attrs.dimension = dims[0];
+  if (op == Op::kAllToAll) {
+    attrs.split_dimension = dims[0];
+    attrs.concat_dimension = dims[1];
+  }
+  if (op == Op::kCollectivePermute) attrs.positions = std::move(dims);
+  return add_node(make_node(op, {x}, std::move(attrs)));
 }
 
 absl::StatusOr<int> Graph::add_axis_index(const Mesh& mesh, std::vector<std::string> axes) {
-  Node n = make_node(Op::kAxisIndex, {});
-  n.sharding = NamedSharding(mesh, PartitionSpec());
-  n.axes = std::move(axes);
-  return add_node(std::move(n));
+  return add_node(make_node(Op::kAxisIndex, {}, AxisIndexAttrs{mesh, std::move(axes)}));
 }
 
 absl::StatusOr<int> Graph::add_sharding_as(int x, int like) { return add_node(make_node(Op::kShardingAs, {x, like})); }
@@ -245,29 +286,7 @@ std::string Graph::to_text() const {
     for (int o : n.operands) operands.push_back(absl::StrCat("%", o));
     absl::StrAppend(&out, "%", id, " = ", op_name(n.op), "(", absl::StrJoin(operands, ", "), ") ",
                     type_to_string(n.dtype, n.shape));
-    const uint32_t attrs = op_def(n.op).attrs;
-    if (attrs & kAttrIndex) {
-      absl::StrAppend(&out, " index=", n.index);
-    } else if (attrs & kAttrValue) {
-      absl::StrAppend(&out, " value=", n.value.to_string());
-    } else if (attrs & kAttrLimits) {
-      absl::StrAppend(&out, " start=", dims_to_string(n.dims), " limit=", dims_to_string(n.limits));
-    } else if (attrs & kAttrDot) {
-      absl::StrAppend(&out, " lhs_batch=", dims_to_string(n.dot.lhs_batch), " rhs_batch=", dims_to_string(n.dot.rhs_batch),
-                      " lhs_contracting=", dims_to_string(n.dot.lhs_contracting),
-                      " rhs_contracting=", dims_to_string(n.dot.rhs_contracting));
-    } else if (attrs & kAttrAxes) {
-      absl::StrAppend(&out, " axes=", axes_to_string(n.axes));
-      if (attrs & kAttrReduceOp) absl::StrAppend(&out, " ", reduce_op_name(static_cast<ReduceOp>(n.index)));
-      if (!n.dims.empty()) absl::StrAppend(&out, " dims=", dims_to_string(n.dims));
-      absl::StrAppend(&out, " mesh=", n.sharding->mesh().to_string(), " devices={",
-                      absl::StrJoin(n.sharding->mesh().device_ids(), ","), "}");
-    } else if (attrs & kAttrSharding) {
-      absl::StrAppend(&out, " sharding=", n.sharding->to_string(), " devices={",
-                      absl::StrJoin(n.sharding->mesh().device_ids(), ","), "}");
-    } else if (!n.dims.empty()) {
-      absl::StrAppend(&out, " dims=", dims_to_string(n.dims));
-    }
+    absl::StrAppend(&out, attrs_to_text(n));
     out += "\n";
   }
   std::vector<std::string> roots;

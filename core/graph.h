@@ -17,7 +17,6 @@
 #define TESSERA_CORE_GRAPH_H_
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,21 +24,12 @@
 #include "core/collective.h"
 #include "core/dtype.h"
 #include "core/op.h"
+#include "core/op_attrs.h"
 #include "core/scalar.h"
 #include "core/shape.h"
 #include "core/sharding.h"
 
 namespace tessera {
-
-// dot_general's dimension numbers, as lax.dot_general: batch dimensions pair up, contracting
-// dimensions are summed over. The result is batch, then lhs free, then rhs free dimensions.
-struct DotDims {
-  std::vector<int64_t> lhs_batch, rhs_batch, lhs_contracting, rhs_contracting;
-  bool operator==(const DotDims& o) const {
-    return lhs_batch == o.lhs_batch && rhs_batch == o.rhs_batch && lhs_contracting == o.lhs_contracting &&
-           rhs_contracting == o.rhs_contracting;
-  }
-};
 
 // An operand's free dimensions (neither batch nor contracting), ascending: dot_general's
 // result has the lhs's, then the rhs's, after the batch dimensions.
@@ -52,20 +42,26 @@ struct Node {
   DType dtype = DType::kF32;
   Shape shape;
   std::vector<int> operands;
-  // Attributes, by op (each op's OpDef::attrs lists those it reads; the wire carries only
-  // those):
-  //   parameter: index; constant: value; iota: dims = {dimension};
-  //   broadcast_in_dim: dims[i] = result dimension of operand dimension i;
-  //   transpose: dims = permutation; reductions: dims = axes; argmax: dims = {axis};
-  //   slice: dims = start, limits = limit; concatenate: dims = {axis}.
-  int64_t index = 0;
-  Scalar value;  // exact: integers as int64, floats bit for bit
-  std::vector<int64_t> dims;
-  std::vector<int64_t> limits;
-  DotDims dot;
-  std::optional<NamedSharding> sharding;  // sharding_constraint, shard_map_in/out; collectives: the mesh
-  std::vector<std::string> axes;          // shard_map collectives and axis_index: mesh axes
+  Attrs attributes;  // its op's alternative (OpDef::attrs), checked by Graph::add_node
+
+  // The attributes as its op's alternative. REQUIRES: the node carries T (a node of a Graph
+  // or from a wire decoder carries its op's); otherwise std::bad_variant_access.
+  template <class T>
+  const T& attrs() const {
+    return std::get<T>(attributes);
+  }
+  template <class T>
+  T& attrs() {
+    return std::get<T>(attributes);
+  }
 };
+
+// The mesh the node's attributes name (a sharding's, a collective's or axis_index's), or null.
+const Mesh* mesh_of(const Node& n);
+
+// The node's attributes as Graph::to_text prints them after its type (" start={0,0}
+// limit={4,8}"), "" for none.
+std::string attrs_to_text(const Node& n);
 
 // A shard_map collective node's kind, reduce op and dimensions (no groups: they come from its
 // axes, and a permute's pairs from its positions, when each device resolves the program).

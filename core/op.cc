@@ -47,9 +47,9 @@ absl::Status check_mesh_axes(const Mesh& mesh, const std::vector<std::string>& a
   return absl::OkStatus();
 }
 
-absl::Status needs_sharding(const Node& n) {
-  if (n.sharding.has_value()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), ": the node has no sharding"));
+absl::StatusOr<const Mesh*> needs_mesh(const Node& n, const std::optional<Mesh>& mesh) {
+  if (mesh.has_value()) return &*mesh;
+  return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), ": the node has no mesh"));
 }
 
 // ---- Sources: parameter, constant, iota ------------------------------------------------------
@@ -61,10 +61,10 @@ absl::StatusOr<ArrayType> infer_given(const Node& n, absl::Span<const ArrayType>
 
 absl::StatusOr<ArrayType> infer_iota(const Node& n, absl::Span<const ArrayType>) {
   TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, dtype_size(n.dtype), "iota"));
-  const int64_t dimension = n.dims.size() == 1 ? n.dims[0] : -1;
+  const int64_t dimension = n.attrs<IotaAttrs>().dimension;
   if (dimension < 0 || dimension >= static_cast<int64_t>(n.shape.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("iota: dimension ", n.dims.size() == 1 ? n.dims[0] : -1,
-                                                   " is out of range for shape ", shape_to_string(n.shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("iota: dimension ", dimension, " is out of range for shape ", shape_to_string(n.shape)));
   }
   if (n.dtype == DType::kBool) return absl::InvalidArgumentError("iota: bool is not a numeric dtype");
   return ArrayType{n.dtype, n.shape};
@@ -155,20 +155,21 @@ absl::StatusOr<ArrayType> infer_convert(const Node& n, absl::Span<const ArrayTyp
 
 absl::StatusOr<ArrayType> infer_broadcast_in_dim(const Node& n, absl::Span<const ArrayType> in) {
   const ArrayType& a = in[0];
+  const std::vector<int64_t>& dims = n.attrs<BroadcastAttrs>().result_dims;
   const std::string what = absl::StrCat("broadcast_in_dim of ", type_of(a), " to ", shape_to_string(n.shape),
-                                        " with dims ", dims_to_string(n.dims));
+                                        " with dims ", dims_to_string(dims));
   TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, dtype_size(a.dtype), what));
-  if (n.dims.size() != a.shape.size()) {
+  if (dims.size() != a.shape.size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": needs one dim per operand dimension"));
   }
-  TESSERA_RETURN_IF_ERROR(check_axes(n.dims, n.shape.size(), what));
-  for (size_t i = 1; i < n.dims.size(); ++i) {
-    if (n.dims[i] <= n.dims[i - 1]) return absl::InvalidArgumentError(absl::StrCat(what, ": dims must increase"));
+  TESSERA_RETURN_IF_ERROR(check_axes(dims, n.shape.size(), what));
+  for (size_t i = 1; i < dims.size(); ++i) {
+    if (dims[i] <= dims[i - 1]) return absl::InvalidArgumentError(absl::StrCat(what, ": dims must increase"));
   }
-  for (size_t i = 0; i < n.dims.size(); ++i) {
-    if (a.shape[i] != 1 && a.shape[i] != n.shape[n.dims[i]]) {
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (a.shape[i] != 1 && a.shape[i] != n.shape[dims[i]]) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": operand dimension ", i, " of size ", a.shape[i],
-                                                     " cannot become size ", n.shape[n.dims[i]]));
+                                                     " cannot become size ", n.shape[dims[i]]));
     }
   }
   return ArrayType{a.dtype, n.shape};
@@ -187,29 +188,31 @@ absl::StatusOr<ArrayType> infer_reshape(const Node& n, absl::Span<const ArrayTyp
 
 absl::StatusOr<ArrayType> infer_transpose(const Node& n, absl::Span<const ArrayType> in) {
   const ArrayType& a = in[0];
-  const std::string what = absl::StrCat("transpose of ", type_of(a), " by ", dims_to_string(n.dims));
-  if (n.dims.size() != a.shape.size()) {
+  const std::vector<int64_t>& permutation = n.attrs<TransposeAttrs>().permutation;
+  const std::string what = absl::StrCat("transpose of ", type_of(a), " by ", dims_to_string(permutation));
+  if (permutation.size() != a.shape.size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": needs a permutation of every dimension"));
   }
-  TESSERA_RETURN_IF_ERROR(check_axes(n.dims, a.shape.size(), what));
+  TESSERA_RETURN_IF_ERROR(check_axes(permutation, a.shape.size(), what));
   ArrayType out{a.dtype, {}};
-  for (int64_t p : n.dims) out.shape.push_back(a.shape[p]);
+  for (int64_t p : permutation) out.shape.push_back(a.shape[p]);
   return out;
 }
 
 absl::StatusOr<ArrayType> infer_slice(const Node& n, absl::Span<const ArrayType> in) {
   const ArrayType& a = in[0];
+  const SliceAttrs& s = n.attrs<SliceAttrs>();
   const std::string what =
-      absl::StrCat("slice of ", type_of(a), " from ", dims_to_string(n.dims), " to ", dims_to_string(n.limits));
-  if (n.dims.size() != a.shape.size() || n.limits.size() != a.shape.size()) {
+      absl::StrCat("slice of ", type_of(a), " from ", dims_to_string(s.start), " to ", dims_to_string(s.limit));
+  if (s.start.size() != a.shape.size() || s.limit.size() != a.shape.size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": needs a start and a limit per dimension"));
   }
   ArrayType out{a.dtype, {}};
-  for (size_t d = 0; d < n.dims.size(); ++d) {
-    if (n.dims[d] < 0 || n.dims[d] > n.limits[d] || n.limits[d] > a.shape[d]) {
+  for (size_t d = 0; d < s.start.size(); ++d) {
+    if (s.start[d] < 0 || s.start[d] > s.limit[d] || s.limit[d] > a.shape[d]) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", d, " is out of bounds"));
     }
-    out.shape.push_back(n.limits[d] - n.dims[d]);
+    out.shape.push_back(s.limit[d] - s.start[d]);
   }
   return out;
 }
@@ -217,7 +220,7 @@ absl::StatusOr<ArrayType> infer_slice(const Node& n, absl::Span<const ArrayType>
 absl::StatusOr<ArrayType> infer_concatenate(const Node& n, absl::Span<const ArrayType> in) {
   std::vector<std::string> types;
   for (const ArrayType& t : in) types.push_back(type_of(t));
-  const int64_t axis = n.dims.size() == 1 ? n.dims[0] : -1;
+  const int64_t axis = n.attrs<ConcatAttrs>().axis;
   const std::string what = absl::StrCat("concatenate of ", absl::StrJoin(types, ", "), " along axis ", axis);
   TESSERA_RETURN_IF_ERROR(check_axes({axis}, in[0].shape.size(), what));
   ArrayType out = in[0];
@@ -237,21 +240,18 @@ absl::StatusOr<ArrayType> infer_concatenate(const Node& n, absl::Span<const Arra
 
 absl::StatusOr<ArrayType> infer_reduce(const Node& n, absl::Span<const ArrayType> in) {
   const ArrayType& a = in[0];
-  TESSERA_RETURN_IF_ERROR(check_axes(n.dims, a.shape.size(), absl::StrCat(op_name(n.op), " of ", type_of(a))));
+  const std::vector<int64_t>& axes = n.attrs<ReduceAttrs>().axes;
+  TESSERA_RETURN_IF_ERROR(check_axes(axes, a.shape.size(), absl::StrCat(op_name(n.op), " of ", type_of(a))));
   ArrayType out{a.dtype, {}};
   for (size_t d = 0; d < a.shape.size(); ++d) {
-    if (std::find(n.dims.begin(), n.dims.end(), static_cast<int64_t>(d)) == n.dims.end())
-      out.shape.push_back(a.shape[d]);
+    if (std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) == axes.end()) out.shape.push_back(a.shape[d]);
   }
   return out;
 }
 
 absl::StatusOr<ArrayType> infer_argmax(const Node& n, absl::Span<const ArrayType> in) {
   const ArrayType& a = in[0];
-  if (n.dims.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("argmax: needs one axis, the node has ", dims_to_string(n.dims)));
-  }
-  const int64_t axis = n.dims[0];
+  const int64_t axis = n.attrs<ArgmaxAttrs>().axis;
   TESSERA_RETURN_IF_ERROR(check_axes({axis}, a.shape.size(), absl::StrCat("argmax of ", type_of(a))));
   if (n.dtype != DType::kI32 && n.dtype != DType::kI64) {
     return absl::InvalidArgumentError("argmax: the index dtype must be int32 or int64");
@@ -266,7 +266,7 @@ absl::StatusOr<ArrayType> infer_argmax(const Node& n, absl::Span<const ArrayType
 
 absl::StatusOr<ArrayType> infer_dot_general(const Node& n, absl::Span<const ArrayType> in) {
   const ArrayType &a = in[0], &b = in[1];
-  const DotDims& dims = n.dot;
+  const DotDims& dims = n.attrs<DotAttrs>().dims;
   const std::string what = absl::StrCat("dot_general of ", type_of(a), " and ", type_of(b));
   if (a.dtype != b.dtype) return absl::InvalidArgumentError(absl::StrCat(what, ": dtypes differ"));
   if (a.dtype == DType::kBool) return absl::InvalidArgumentError(absl::StrCat(what, ": bool is not a numeric dtype"));
@@ -304,15 +304,11 @@ absl::StatusOr<ArrayType> infer_dot_general(const Node& n, absl::Span<const Arra
 
 // ---- Placement and shard_map -----------------------------------------------------------------
 
-// A plan's kernel carries no sharding (placement is the partitioner's business): then the
-// operand's type is all there is to check.
 absl::StatusOr<ArrayType> infer_sharding_constraint(const Node& n, absl::Span<const ArrayType> in) {
-  if (n.sharding.has_value()) {
-    absl::Status fits = n.sharding->validate(in[0].shape);
-    if (!fits.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("with_sharding_constraint on ", type_of(in[0]), ": ", fits.message()));
-    }
+  absl::Status fits = n.attrs<ShardingAttrs>().sharding.validate(in[0].shape);
+  if (!fits.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("with_sharding_constraint on ", type_of(in[0]), ": ", fits.message()));
   }
   return in[0];
 }
@@ -326,24 +322,24 @@ absl::StatusOr<ArrayType> infer_sharding_as(const Node&, absl::Span<const ArrayT
 }
 
 absl::StatusOr<ArrayType> infer_shard_map_in(const Node& n, absl::Span<const ArrayType> in) {
-  TESSERA_RETURN_IF_ERROR(needs_sharding(n));
-  absl::Status fits = n.sharding->validate(in[0].shape);
+  const NamedSharding* sharding = &n.attrs<ShardingAttrs>().sharding;
+  absl::Status fits = sharding->validate(in[0].shape);
   if (!fits.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("shard_map: in_spec for ", type_of(in[0]), ": ", fits.message()));
   }
-  return ArrayType{in[0].dtype, n.sharding->shard_shape(in[0].shape)};
+  return ArrayType{in[0].dtype, sharding->shard_shape(in[0].shape)};
 }
 
 absl::StatusOr<ArrayType> infer_shard_map_out(const Node& n, absl::Span<const ArrayType> in) {
-  TESSERA_RETURN_IF_ERROR(needs_sharding(n));
-  TESSERA_RETURN_IF_ERROR(n.sharding->validate_spec());
-  const PartitionSpec& spec = n.sharding->spec();
+  const NamedSharding* sharding = &n.attrs<ShardingAttrs>().sharding;
+  TESSERA_RETURN_IF_ERROR(sharding->validate_spec());
+  const PartitionSpec& spec = sharding->spec();
   if (spec.size() > static_cast<int>(in[0].shape.size())) {
     return absl::InvalidArgumentError(absl::StrCat("shard_map: out_spec ", spec.to_string(), " has ", spec.size(),
                                                    " entries for a value of rank ", in[0].shape.size()));
   }
   ArrayType out = in[0];
-  for (int d = 0; d < spec.size(); ++d) out.shape[d] *= n.sharding->mesh().axes_size(spec.axes(d));
+  for (int d = 0; d < spec.size(); ++d) out.shape[d] *= sharding->mesh().axes_size(spec.axes(d));
   TESSERA_RETURN_IF_ERROR(validate_shape(out.shape, dtype_size(out.dtype), "shard_map_out"));
   return out;
 }
@@ -353,51 +349,51 @@ absl::StatusOr<ArrayType> infer_shard_map_out(const Node& n, absl::Span<const Ar
 // positions along them.
 absl::StatusOr<ArrayType> infer_collective(const Node& n, absl::Span<const ArrayType> in) {
   const std::string what = op_name(n.op);
-  TESSERA_RETURN_IF_ERROR(needs_sharding(n));
-  const Mesh& mesh = n.sharding->mesh();
-  TESSERA_RETURN_IF_ERROR(check_mesh_axes(mesh, n.axes, what));
-  if (n.index < 0 || n.index > static_cast<int64_t>(ReduceOp::kProd)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown reduce op ", n.index));
+  const CollectiveAttrs& c = n.attrs<CollectiveAttrs>();
+  const Mesh* mesh = &c.mesh;
+  TESSERA_RETURN_IF_ERROR(check_mesh_axes(*mesh, c.axes, what));
+  if (static_cast<int>(c.reduce_op) < 0 || c.reduce_op > ReduceOp::kProd) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown reduce op ", static_cast<int>(c.reduce_op)));
   }
-  const size_t want_dims = n.op == Op::kAllReduce                                 ? 0
-                           : n.op == Op::kAllGather || n.op == Op::kReduceScatter ? 1
-                           : n.op == Op::kAllToAll                                ? 2
-                                                                                  : n.dims.size();
-  if (n.dims.size() != want_dims || (n.op == Op::kCollectivePermute && n.dims.size() % 2 != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", n.dims.size(), " dimension attributes"));
+  if (n.op != Op::kCollectivePermute && !c.positions.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": only collective_permute takes positions"));
   }
   if (n.op == Op::kCollectivePermute) {
-    const int64_t size = mesh.axes_size(n.axes);
+    if (c.positions.size() % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", c.positions.size(), " positions do not pair up"));
+    }
+    const int64_t size = mesh->axes_size(c.axes);
     std::set<int64_t> sources, targets;
-    for (size_t i = 0; i < n.dims.size(); i += 2) {
-      for (int64_t p : {n.dims[i], n.dims[i + 1]}) {
+    for (size_t i = 0; i < c.positions.size(); i += 2) {
+      for (int64_t p : {c.positions[i], c.positions[i + 1]}) {
         if (p < 0 || p >= size) {
           return absl::InvalidArgumentError(absl::StrCat(what, ": position ", p, " is outside [0, ", size,
-                                                         ") (the size of mesh axes ", axes_to_string(n.axes), ")"));
+                                                         ") (the size of mesh axes ", axes_to_string(c.axes), ")"));
         }
       }
-      if (!sources.insert(n.dims[i]).second) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": source ", n.dims[i], " appears twice"));
+      if (!sources.insert(c.positions[i]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": source ", c.positions[i], " appears twice"));
       }
-      if (!targets.insert(n.dims[i + 1]).second) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": target ", n.dims[i + 1], " appears twice"));
+      if (!targets.insert(c.positions[i + 1]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": target ", c.positions[i + 1], " appears twice"));
       }
     }
   }
   CollectiveSpec spec = collective_of(n);
-  spec.groups = {std::vector<int>(static_cast<size_t>(mesh.axes_size(n.axes)))};  // only the size matters
+  spec.groups = {std::vector<int>(static_cast<size_t>(mesh->axes_size(c.axes)))};  // only the size matters
   absl::StatusOr<Shape> shape = collective_output_shape(spec, in[0].shape);
   if (!shape.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(shape.status().message(), " (", what, " of ", type_of(in[0]),
-                                                   " over mesh axes ", axes_to_string(n.axes), ")"));
+                                                   " over mesh axes ", axes_to_string(c.axes), ")"));
   }
   TESSERA_RETURN_IF_ERROR(validate_shape(*shape, dtype_size(in[0].dtype), what));
   return ArrayType{in[0].dtype, *shape};
 }
 
 absl::StatusOr<ArrayType> infer_axis_index(const Node& n, absl::Span<const ArrayType>) {
-  TESSERA_RETURN_IF_ERROR(needs_sharding(n));
-  TESSERA_RETURN_IF_ERROR(check_mesh_axes(n.sharding->mesh(), n.axes, "axis_index"));
+  const AxisIndexAttrs& a = n.attrs<AxisIndexAttrs>();
+  TESSERA_ASSIGN_OR_RETURN(const Mesh* mesh, needs_mesh(n, a.mesh));
+  TESSERA_RETURN_IF_ERROR(check_mesh_axes(*mesh, a.axes, "axis_index"));
   return ArrayType{DType::kI32, {}};
 }
 
@@ -407,71 +403,75 @@ constexpr uint32_t kUnaryOp = kUnary | kElementwise | kInPlace | kHasKernel;
 constexpr uint32_t kBinaryOp = kBinary | kElementwise | kInPlace | kHasKernel;
 constexpr uint32_t kComparisonOp = kBinary | kComparison | kElementwise | kHasKernel | kNoGradient;
 constexpr uint32_t kLayoutOp = kLayout | kHasKernel;
-constexpr uint32_t kGiven = kAttrShape | kAttrDType;
-constexpr uint32_t kOnMesh = kAttrSharding | kAttrAxes;
+constexpr uint32_t kGiven = kGivenShape | kGivenDType;
 
 // Wire numbers are pb::OpCode's (proto/tessera.proto): a new op takes the next free one.
 constexpr OpDef kOps[] = {
-    {Op::kParameter, "parameter", 1, 0, kNoGradient | kPinned, kAttrIndex | kGiven, infer_given},
-    {Op::kConstant, "constant", 2, 0, kHasKernel | kNoGradient, kAttrValue | kGiven, infer_given},
-    {Op::kIota, "iota", 3, 0, kHasKernel | kNoGradient, kAttrDims | kGiven, infer_iota},
-    {Op::kNeg, "neg", 4, 1, kUnaryOp | kLinear, 0, infer_numeric_unary},
-    {Op::kAbs, "abs", 5, 1, kUnaryOp, 0, infer_numeric_unary},
-    {Op::kExp, "exp", 6, 1, kUnaryOp, 0, infer_float_unary},
-    {Op::kLog, "log", 7, 1, kUnaryOp, 0, infer_float_unary},
-    {Op::kTanh, "tanh", 8, 1, kUnaryOp, 0, infer_float_unary},
-    {Op::kLogistic, "logistic", 9, 1, kUnaryOp, 0, infer_float_unary},
-    {Op::kSqrt, "sqrt", 10, 1, kUnaryOp, 0, infer_float_unary},
-    {Op::kRsqrt, "rsqrt", 11, 1, kUnaryOp, 0, infer_float_unary},
-    {Op::kSin, "sin", 12, 1, kUnaryOp, 0, infer_float_unary},
-    {Op::kCos, "cos", 13, 1, kUnaryOp, 0, infer_float_unary},
-    {Op::kFloor, "floor", 14, 1, kUnaryOp | kNoGradient, 0, infer_float_unary},
-    {Op::kCeil, "ceil", 15, 1, kUnaryOp | kNoGradient, 0, infer_float_unary},
-    {Op::kSign, "sign", 16, 1, kUnaryOp | kNoGradient, 0, infer_numeric_unary},
-    {Op::kNot, "not", 17, 1, kUnaryOp | kNoGradient, 0, infer_bitwise_unary},
-    {Op::kAdd, "add", 18, 2, kBinaryOp, 0, infer_arithmetic},
-    {Op::kSub, "sub", 19, 2, kBinaryOp, 0, infer_arithmetic},
-    {Op::kMul, "mul", 20, 2, kBinaryOp, 0, infer_arithmetic},
-    {Op::kDiv, "div", 21, 2, kBinaryOp, 0, infer_arithmetic},
-    {Op::kPow, "pow", 22, 2, kBinaryOp, 0, infer_arithmetic},
-    {Op::kMax, "max", 23, 2, kBinaryOp, 0, infer_any_binary},
-    {Op::kMin, "min", 24, 2, kBinaryOp, 0, infer_any_binary},
-    {Op::kAnd, "and", 25, 2, kBinaryOp | kNoGradient, 0, infer_bitwise_binary},
-    {Op::kOr, "or", 26, 2, kBinaryOp | kNoGradient, 0, infer_bitwise_binary},
-    {Op::kEq, "eq", 27, 2, kComparisonOp, 0, infer_comparison},
-    {Op::kNe, "ne", 28, 2, kComparisonOp, 0, infer_comparison},
-    {Op::kLt, "lt", 29, 2, kComparisonOp, 0, infer_comparison},
-    {Op::kLe, "le", 30, 2, kComparisonOp, 0, infer_comparison},
-    {Op::kGt, "gt", 31, 2, kComparisonOp, 0, infer_comparison},
-    {Op::kGe, "ge", 32, 2, kComparisonOp, 0, infer_comparison},
-    {Op::kSelect, "select", 33, 3, kElementwise | kInPlace | kHasKernel, 0, infer_select},
-    {Op::kConvert, "convert", 34, 1, kElementwise | kHasKernel, kAttrDType, infer_convert},
-    {Op::kBroadcastInDim, "broadcast_in_dim", 35, 1, kLayoutOp | kLinear, kAttrDims | kAttrShape,
+    {Op::kParameter, "parameter", 1, 0, kNoGradient | kPinned, kGiven, kAttrsIndex<ParameterAttrs>, infer_given},
+    {Op::kConstant, "constant", 2, 0, kHasKernel | kNoGradient, kGiven, kAttrsIndex<ConstantAttrs>, infer_given},
+    {Op::kIota, "iota", 3, 0, kHasKernel | kNoGradient, kGiven, kAttrsIndex<IotaAttrs>, infer_iota},
+    {Op::kNeg, "neg", 4, 1, kUnaryOp | kLinear, 0, kAttrsIndex<NoAttrs>, infer_numeric_unary},
+    {Op::kAbs, "abs", 5, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_numeric_unary},
+    {Op::kExp, "exp", 6, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kLog, "log", 7, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kTanh, "tanh", 8, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kLogistic, "logistic", 9, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kSqrt, "sqrt", 10, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kRsqrt, "rsqrt", 11, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kSin, "sin", 12, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kCos, "cos", 13, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kFloor, "floor", 14, 1, kUnaryOp | kNoGradient, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kCeil, "ceil", 15, 1, kUnaryOp | kNoGradient, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kSign, "sign", 16, 1, kUnaryOp | kNoGradient, 0, kAttrsIndex<NoAttrs>, infer_numeric_unary},
+    {Op::kNot, "not", 17, 1, kUnaryOp | kNoGradient, 0, kAttrsIndex<NoAttrs>, infer_bitwise_unary},
+    {Op::kAdd, "add", 18, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
+    {Op::kSub, "sub", 19, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
+    {Op::kMul, "mul", 20, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
+    {Op::kDiv, "div", 21, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
+    {Op::kPow, "pow", 22, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
+    {Op::kMax, "max", 23, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_any_binary},
+    {Op::kMin, "min", 24, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_any_binary},
+    {Op::kAnd, "and", 25, 2, kBinaryOp | kNoGradient, 0, kAttrsIndex<NoAttrs>, infer_bitwise_binary},
+    {Op::kOr, "or", 26, 2, kBinaryOp | kNoGradient, 0, kAttrsIndex<NoAttrs>, infer_bitwise_binary},
+    {Op::kEq, "eq", 27, 2, kComparisonOp, 0, kAttrsIndex<NoAttrs>, infer_comparison},
+    {Op::kNe, "ne", 28, 2, kComparisonOp, 0, kAttrsIndex<NoAttrs>, infer_comparison},
+    {Op::kLt, "lt", 29, 2, kComparisonOp, 0, kAttrsIndex<NoAttrs>, infer_comparison},
+    {Op::kLe, "le", 30, 2, kComparisonOp, 0, kAttrsIndex<NoAttrs>, infer_comparison},
+    {Op::kGt, "gt", 31, 2, kComparisonOp, 0, kAttrsIndex<NoAttrs>, infer_comparison},
+    {Op::kGe, "ge", 32, 2, kComparisonOp, 0, kAttrsIndex<NoAttrs>, infer_comparison},
+    {Op::kSelect, "select", 33, 3, kElementwise | kInPlace | kHasKernel, 0, kAttrsIndex<NoAttrs>, infer_select},
+    {Op::kConvert, "convert", 34, 1, kElementwise | kHasKernel, kGivenDType, kAttrsIndex<NoAttrs>, infer_convert},
+    {Op::kBroadcastInDim, "broadcast_in_dim", 35, 1, kLayoutOp | kLinear, kGivenShape, kAttrsIndex<BroadcastAttrs>,
      infer_broadcast_in_dim},
-    {Op::kReshape, "reshape", 36, 1, kLayoutOp | kLinear, kAttrShape, infer_reshape},
-    {Op::kTranspose, "transpose", 37, 1, kLayoutOp | kLinear, kAttrDims, infer_transpose},
-    {Op::kReduceSum, "reduce_sum", 38, 1, kReduction | kHasKernel, kAttrDims, infer_reduce},
-    {Op::kReduceMax, "reduce_max", 39, 1, kReduction | kHasKernel, kAttrDims, infer_reduce},
-    {Op::kReduceMin, "reduce_min", 40, 1, kReduction | kHasKernel, kAttrDims, infer_reduce},
-    {Op::kReduceProd, "reduce_prod", 41, 1, kReduction | kHasKernel, kAttrDims, infer_reduce},
-    {Op::kArgmax, "argmax", 42, 1, kHasKernel | kNoGradient, kAttrDims | kAttrDType, infer_argmax},
-    {Op::kDotGeneral, "dot_general", 43, 2, kContraction | kHasKernel, kAttrDot, infer_dot_general},
-    {Op::kSlice, "slice", 44, 1, kLayoutOp | kLinear, kAttrDims | kAttrLimits, infer_slice},
-    {Op::kConcatenate, "concatenate", 45, kVariadic, kLayoutOp, kAttrDims, infer_concatenate},
-    {Op::kShardingConstraint, "sharding_constraint", 46, 1, kPlacement | kPinned | kHasKernel, kAttrSharding,
-     infer_sharding_constraint},
-    {Op::kShardMapIn, "shard_map_in", 47, 1, kBlockResult, kAttrSharding, infer_shard_map_in},
-    {Op::kShardMapOut, "shard_map_out", 48, 1, kLeavesBody | kPinned, kAttrSharding, infer_shard_map_out},
-    {Op::kAllReduce, "all_reduce", 49, 1, kCollective | kBlockResult, kOnMesh | kAttrReduceOp, infer_collective},
-    {Op::kAllGather, "all_gather", 50, 1, kCollective | kBlockResult, kOnMesh | kAttrDims, infer_collective},
-    {Op::kReduceScatter, "reduce_scatter", 51, 1, kCollective | kBlockResult, kOnMesh | kAttrDims | kAttrReduceOp,
+    {Op::kReshape, "reshape", 36, 1, kLayoutOp | kLinear, kGivenShape, kAttrsIndex<NoAttrs>, infer_reshape},
+    {Op::kTranspose, "transpose", 37, 1, kLayoutOp | kLinear, 0, kAttrsIndex<TransposeAttrs>, infer_transpose},
+    {Op::kReduceSum, "reduce_sum", 38, 1, kReduction | kHasKernel, 0, kAttrsIndex<ReduceAttrs>, infer_reduce},
+    {Op::kReduceMax, "reduce_max", 39, 1, kReduction | kHasKernel, 0, kAttrsIndex<ReduceAttrs>, infer_reduce},
+    {Op::kReduceMin, "reduce_min", 40, 1, kReduction | kHasKernel, 0, kAttrsIndex<ReduceAttrs>, infer_reduce},
+    {Op::kReduceProd, "reduce_prod", 41, 1, kReduction | kHasKernel, 0, kAttrsIndex<ReduceAttrs>, infer_reduce},
+    {Op::kArgmax, "argmax", 42, 1, kHasKernel | kNoGradient, kGivenDType, kAttrsIndex<ArgmaxAttrs>, infer_argmax},
+    {Op::kDotGeneral, "dot_general", 43, 2, kContraction | kHasKernel, 0, kAttrsIndex<DotAttrs>, infer_dot_general},
+    {Op::kSlice, "slice", 44, 1, kLayoutOp | kLinear, 0, kAttrsIndex<SliceAttrs>, infer_slice},
+    {Op::kConcatenate, "concatenate", 45, kVariadic, kLayoutOp, 0, kAttrsIndex<ConcatAttrs>, infer_concatenate},
+    {Op::kShardingConstraint, "sharding_constraint", 46, 1, kPlacement | kPinned | kHasKernel, 0,
+     kAttrsIndex<ShardingAttrs>, infer_sharding_constraint},
+    {Op::kShardMapIn, "shard_map_in", 47, 1, kBlockResult, 0, kAttrsIndex<ShardingAttrs>, infer_shard_map_in},
+    {Op::kShardMapOut, "shard_map_out", 48, 1, kLeavesBody | kPinned, 0, kAttrsIndex<ShardingAttrs>,
+     infer_shard_map_out},
+    {Op::kAllReduce, "all_reduce", 49, 1, kCollective | kBlockResult, 0, kAttrsIndex<CollectiveAttrs>,
      infer_collective},
-    {Op::kAllToAll, "all_to_all", 52, 1, kCollective | kBlockResult, kOnMesh | kAttrDims, infer_collective},
-    {Op::kCollectivePermute, "collective_permute", 53, 1, kCollective | kBlockResult, kOnMesh | kAttrDims,
+    {Op::kAllGather, "all_gather", 50, 1, kCollective | kBlockResult, 0, kAttrsIndex<CollectiveAttrs>,
      infer_collective},
-    {Op::kAxisIndex, "axis_index", 54, 0, kBlockResult | kResolvedByDevice | kNoGradient, kOnMesh, infer_axis_index},
-    {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned | kNoGradient, 0, infer_sharding_as},
-    {Op::kErf, "erf", 56, 1, kUnaryOp, 0, infer_float_unary},
+    {Op::kReduceScatter, "reduce_scatter", 51, 1, kCollective | kBlockResult, 0, kAttrsIndex<CollectiveAttrs>,
+     infer_collective},
+    {Op::kAllToAll, "all_to_all", 52, 1, kCollective | kBlockResult, 0, kAttrsIndex<CollectiveAttrs>, infer_collective},
+    {Op::kCollectivePermute, "collective_permute", 53, 1, kCollective | kBlockResult, 0, kAttrsIndex<CollectiveAttrs>,
+     infer_collective},
+    {Op::kAxisIndex, "axis_index", 54, 0, kBlockResult | kResolvedByDevice | kNoGradient, 0,
+     kAttrsIndex<AxisIndexAttrs>, infer_axis_index},
+    {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned | kNoGradient, 0, kAttrsIndex<NoAttrs>,
+     infer_sharding_as},
+    {Op::kErf, "erf", 56, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 
@@ -509,6 +509,14 @@ absl::StatusOr<Op> op_from_wire(int wire) {
 
 std::string op_name(Op op) { return is_op(op) ? op_def(op).name : "unknown"; }
 
+absl::Status check_attrs(const Node& node) {
+  const int want = op_def(node.op).attrs;
+  if (static_cast<int>(node.attributes.index()) == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op_name(node.op), ": the node carries ",
+                                                 attrs_name(static_cast<int>(node.attributes.index())),
+                                                 " attributes, not ", attrs_name(want)));
+}
+
 absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayType> operands) {
   if (!is_op(node.op)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown op ", static_cast<int>(node.op)));
@@ -521,17 +529,18 @@ absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayTyp
   if (d.arity < 0 && operands.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(d.name, ": takes at least one operand, got none"));
   }
+  TESSERA_RETURN_IF_ERROR(check_attrs(node));
   return d.infer(node, operands);
 }
 
 uint64_t op_table_digest() {
-  // FNV-1a over "name wire arity attrs;" per op, in wire order: stable across compilers.
+  // FNV-1a over "name wire arity given attrs;" per op, in wire order: stable across compilers.
   std::vector<const OpDef*> rows;
   for (const OpDef& d : kOps) rows.push_back(&d);
   std::sort(rows.begin(), rows.end(), [](const OpDef* a, const OpDef* b) { return a->wire < b->wire; });
   uint64_t h = 1469598103934665603ull;
   for (const OpDef* d : rows) {
-    for (char c : absl::StrCat(d->name, " ", d->wire, " ", d->arity, " ", d->attrs, ";")) {
+    for (char c : absl::StrCat(d->name, " ", d->wire, " ", d->arity, " ", d->given, " ", attrs_name(d->attrs), ";")) {
       h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
     }
   }

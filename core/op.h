@@ -2,11 +2,11 @@
 //
 // An op's definition is its name, its number on the wire (pb::OpCode in proto/tessera.proto,
 // written out there: never the C++ enum's order), how many operands it takes, its traits
-// (what the compiler, the kernels and grad may assume of it), which Node attributes it reads,
-// and its one shape/dtype inference, which Graph::add_*, the wire decoders (graph and plan)
-// and the worker's kernel check all call. The layers register the rest per op family, each in
-// the family's file: kernels (worker/kernels/*.cc), VJPs (client/vjp/*.cc); tests/core/
-// op_table_test.cc fails when an op lacks one that the table does not say it goes without.
+// (what the compiler, the kernels and grad may assume of it), which attributes struct its
+// nodes carry (core/op_attrs.h), and its one shape/dtype inference, which Graph::add_*, the wire decoders (graph and
+// plan) and the worker's kernel check all call. The layers register the rest per op family, each in the family's file:
+// kernels (worker/kernels/*.cc), VJPs (client/vjp/*.cc); tests/core/ op_table_test.cc fails when an op lacks one that
+// the table does not say it goes without.
 //
 //   const OpDef& d = op_def(Op::kTanh);       // d.name == "tanh", d.arity == 1
 //   has_trait(Op::kTanh, kElementwise);       // true
@@ -125,22 +125,14 @@ enum OpTrait : uint32_t {
   kResolvedByDevice = 1u << 16,  // in a program, each device resolves it to a constant (axis_index)
 };
 
-// The Node attributes an op reads (OpDef::attrs); the wire carries exactly these.
-enum OpAttr : uint32_t {
-  kAttrIndex = 1u << 0,     // parameter: its position (the graph numbers them)
-  kAttrValue = 1u << 1,     // constant: the Scalar
-  kAttrDims = 1u << 2,      // the `dims` list (meaning per op, see Node)
-  kAttrLimits = 1u << 3,    // slice: the limits
-  kAttrDot = 1u << 4,       // dot_general's DotDims
-  kAttrSharding = 1u << 5,  // a NamedSharding (collectives and axis_index: its mesh)
-  kAttrAxes = 1u << 6,      // mesh axes
-  kAttrReduceOp = 1u << 7,  // a ReduceOp, held in `index`
-  kAttrShape = 1u << 8,     // the result shape is given, not inferred (parameter, constant, reshape, ...)
-  kAttrDType = 1u << 9,     // the result dtype is given (parameter, constant, convert, argmax, ...)
+// What of its result type an op is given rather than inferring (OpDef::given).
+enum OpGiven : uint32_t {
+  kGivenShape = 1u << 0,  // the result shape is the node's (parameter, constant, reshape, ...)
+  kGivenDType = 1u << 1,  // the result dtype is the node's (parameter, constant, convert, argmax, ...)
 };
 
-// An op's type rule. `operands` has the op's arity (infer_type checks it); the node supplies
-// the attributes in its OpDef::attrs. INVALID_ARGUMENT naming the op, the types and the rule.
+// An op's type rule. `operands` has the op's arity and the node carries the op's attributes
+// (infer_type checks both). INVALID_ARGUMENT naming the op, the types and the rule.
 using InferFn = absl::StatusOr<ArrayType> (*)(const Node& node, absl::Span<const ArrayType> operands);
 
 inline constexpr int kVariadic = -1;  // arity of an op taking one or more operands
@@ -151,7 +143,8 @@ struct OpDef {
   int wire;          // its pb::OpCode number; never reused for another op
   int arity;         // operands, or kVariadic
   uint32_t traits;   // OpTrait bits
-  uint32_t attrs;    // OpAttr bits
+  uint32_t given;    // OpGiven bits
+  int attrs;         // the Attrs alternative its nodes carry (core/op_attrs.h): kAttrsIndex<T>
   InferFn infer;
 };
 
@@ -168,11 +161,15 @@ std::string op_name(Op op);
 inline bool has_trait(Op op, uint32_t trait) { return is_op(op) && (op_def(op).traits & trait) != 0; }
 
 // The result type of `node` given its operands' types: the op's own rule, after checking that
-// the op is known and the operand count is its arity ("add: takes 2 operands, got 1").
+// the op is known, the operand count is its arity ("add: takes 2 operands, got 1") and the
+// node carries the op's attributes ("slice: the node carries iota attributes, not slice").
 absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayType> operands);
+// OK when `node` carries its op's attributes; otherwise INVALID_ARGUMENT naming the op and
+// both kinds. REQUIRES: is_op(node.op).
+absl::Status check_attrs(const Node& node);
 
-// A digest of what the wire depends on in the table: each op's name, wire number, arity and
-// attributes. proto/rpc.h records the value next to kProtocolVersion; op_table_test fails
+// A digest of what the wire depends on in the table: each op's name, wire number, arity, what
+// it is given and its attributes' kind. proto/rpc.h records the value next to kProtocolVersion; op_table_test fails
 // when they differ, so a change to the table ships with a protocol version bump.
 uint64_t op_table_digest();
 

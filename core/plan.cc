@@ -84,7 +84,7 @@ absl::Status resolve_instruction(Instruction& i, const Mesh& mesh, int device_id
     TESSERA_ASSIGN_OR_RETURN(std::vector<std::vector<int>> groups, replica_groups(mesh, i.axes));
     TESSERA_ASSIGN_OR_RETURN(int64_t k, position_along(groups, device_id));
     i.node.op = Op::kConstant;
-    i.node.value = Scalar(k);
+    i.node.attributes = ConstantAttrs{Scalar(k)};
     return absl::OkStatus();
   }
   if (i.kind == Instruction::Kind::kLocalSlice && i.relayout.has_value()) {

@@ -211,60 +211,158 @@ absl::StatusOr<CollectiveSpec> collective_from_proto(const pb::CollectiveSpec& s
 
 namespace {
 
-// Writes what the op reads (OpDef::attrs), its type and its wire number. Plan instructions
-// other than kernels carry only a result type (their node's op is kParameter's default).
+// Each kind's wire form (the KernelNode oneof).
+void attrs_to_proto(const NoAttrs&, pb::KernelNode*) {}
+void attrs_to_proto(const ParameterAttrs& a, pb::KernelNode* n) { n->mutable_parameter()->set_index(a.index); }
+void attrs_to_proto(const ConstantAttrs& a, pb::KernelNode* n) {
+  pb::ConstantAttrs* w = n->mutable_constant();
+  if (a.value.is_integer()) {
+    w->set_int_value(a.value.int_value());
+  } else {
+    w->set_float_value(a.value.float_value());
+  }
+}
+void attrs_to_proto(const IotaAttrs& a, pb::KernelNode* n) { n->mutable_iota()->set_dimension(a.dimension); }
+void attrs_to_proto(const BroadcastAttrs& a, pb::KernelNode* n) {
+  n->mutable_broadcast()->mutable_result_dims()->Assign(a.result_dims.begin(), a.result_dims.end());
+}
+void attrs_to_proto(const TransposeAttrs& a, pb::KernelNode* n) {
+  n->mutable_transpose()->mutable_permutation()->Assign(a.permutation.begin(), a.permutation.end());
+}
+void attrs_to_proto(const ReduceAttrs& a, pb::KernelNode* n) {
+  n->mutable_reduce()->mutable_axes()->Assign(a.axes.begin(), a.axes.end());
+}
+void attrs_to_proto(const ArgmaxAttrs& a, pb::KernelNode* n) { n->mutable_argmax()->set_axis(a.axis); }
+void attrs_to_proto(const SliceAttrs& a, pb::KernelNode* n) {
+  pb::SliceAttrs* w = n->mutable_slice();
+  w->mutable_start()->Assign(a.start.begin(), a.start.end());
+  w->mutable_limit()->Assign(a.limit.begin(), a.limit.end());
+}
+void attrs_to_proto(const ConcatAttrs& a, pb::KernelNode* n) { n->mutable_concat()->set_axis(a.axis); }
+void attrs_to_proto(const DotAttrs& a, pb::KernelNode* n) {
+  pb::DotAttrs* w = n->mutable_dot();
+  w->mutable_lhs_batch()->Assign(a.dims.lhs_batch.begin(), a.dims.lhs_batch.end());
+  w->mutable_rhs_batch()->Assign(a.dims.rhs_batch.begin(), a.dims.rhs_batch.end());
+  w->mutable_lhs_contracting()->Assign(a.dims.lhs_contracting.begin(), a.dims.lhs_contracting.end());
+  w->mutable_rhs_contracting()->Assign(a.dims.rhs_contracting.begin(), a.dims.rhs_contracting.end());
+}
+void attrs_to_proto(const ShardingAttrs& a, pb::KernelNode* n) {
+  to_proto(a.sharding, n->mutable_sharding()->mutable_sharding());
+}
+void attrs_to_proto(const CollectiveAttrs& a, pb::KernelNode* n) {
+  pb::CollectiveAttrs* w = n->mutable_collective();
+  to_proto(a.mesh, w->mutable_mesh());
+  w->mutable_axes()->Assign(a.axes.begin(), a.axes.end());
+  for (const auto& [op, wire] : kReduceOps) {
+    if (op == a.reduce_op) w->set_reduce_op(wire);
+  }
+  w->set_dimension(a.dimension);
+  w->set_split_dimension(a.split_dimension);
+  w->set_concat_dimension(a.concat_dimension);
+  w->mutable_positions()->Assign(a.positions.begin(), a.positions.end());
+}
+void attrs_to_proto(const AxisIndexAttrs& a, pb::KernelNode* n) {
+  pb::AxisIndexAttrs* w = n->mutable_axis_index();
+  if (a.mesh.has_value()) to_proto(*a.mesh, w->mutable_mesh());
+  w->mutable_axes()->Assign(a.axes.begin(), a.axes.end());
+}
+
+// Writes its wire number, its type and its attributes. Plan instructions other than kernels
+// carry only a result type (their node's op is kParameter's default, with no attributes).
 void node_to_proto(const Node& node, pb::KernelNode* n) {
-  const OpDef& def = op_def(node.op);
-  n->set_op(def.wire);
+  n->set_op(op_def(node.op).wire);
   n->set_dtype(to_proto(node.dtype));
   to_proto(node.shape, n->mutable_shape());
-  if (def.attrs & (kAttrIndex | kAttrReduceOp)) n->set_index(node.index);
-  if (def.attrs & kAttrValue) {
-    if (node.value.is_integer()) {
-      n->set_int_value(node.value.int_value());
-    } else {
-      n->set_value(node.value.float_value());
-    }
-  }
-  if (def.attrs & kAttrDims) n->mutable_dims()->Assign(node.dims.begin(), node.dims.end());
-  if (def.attrs & kAttrLimits) n->mutable_limits()->Assign(node.limits.begin(), node.limits.end());
-  if (def.attrs & kAttrDot) {
-    n->mutable_lhs_batch()->Assign(node.dot.lhs_batch.begin(), node.dot.lhs_batch.end());
-    n->mutable_rhs_batch()->Assign(node.dot.rhs_batch.begin(), node.dot.rhs_batch.end());
-    n->mutable_lhs_contracting()->Assign(node.dot.lhs_contracting.begin(), node.dot.lhs_contracting.end());
-    n->mutable_rhs_contracting()->Assign(node.dot.rhs_contracting.begin(), node.dot.rhs_contracting.end());
-  }
+  std::visit([n](const auto& a) { attrs_to_proto(a, n); }, node.attributes);
 }
 
 std::vector<int64_t> v(const google::protobuf::RepeatedField<int64_t>& r) { return {r.begin(), r.end()}; }
+std::vector<std::string> v(const google::protobuf::RepeatedPtrField<std::string>& r) { return {r.begin(), r.end()}; }
 
-Scalar scalar_from_proto(const pb::KernelNode& n) {
-  if (n.scalar_case() == pb::KernelNode::kIntValue) return Scalar(n.int_value());
-  return Scalar(n.value());
+// A mesh that arrived, if one did; errors prefixed by `where`.
+absl::StatusOr<std::optional<Mesh>> optional_mesh(bool has, const pb::Mesh& mesh, const std::string& where) {
+  if (!has) return std::nullopt;
+  absl::StatusOr<Mesh> m = mesh_from_proto(mesh);
+  if (!m.ok()) return absl::Status(m.status().code(), absl::StrCat(where, ": ", m.status().message()));
+  return std::optional<Mesh>(*std::move(m));
 }
 
-// The op and the attributes it reads, from the wire (the type rule checks them). `where`
-// prefixes errors.
+// The attributes that arrived (NoAttrs for none); only the enum values and the meshes and
+// shardings are checked here, the rest by the op's type rule.
+absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::string& where) {
+  switch (n.attrs_case()) {
+    case pb::KernelNode::ATTRS_NOT_SET:
+      return NoAttrs{};
+    case pb::KernelNode::kParameter:
+      return ParameterAttrs{n.parameter().index()};
+    case pb::KernelNode::kConstant:
+      if (n.constant().value_case() == pb::ConstantAttrs::kIntValue)
+        return ConstantAttrs{Scalar(n.constant().int_value())};
+      return ConstantAttrs{Scalar(n.constant().float_value())};
+    case pb::KernelNode::kIota:
+      return IotaAttrs{n.iota().dimension()};
+    case pb::KernelNode::kBroadcast:
+      return BroadcastAttrs{v(n.broadcast().result_dims())};
+    case pb::KernelNode::kTranspose:
+      return TransposeAttrs{v(n.transpose().permutation())};
+    case pb::KernelNode::kReduce:
+      return ReduceAttrs{v(n.reduce().axes())};
+    case pb::KernelNode::kArgmax:
+      return ArgmaxAttrs{n.argmax().axis()};
+    case pb::KernelNode::kSlice:
+      return SliceAttrs{v(n.slice().start()), v(n.slice().limit())};
+    case pb::KernelNode::kConcat:
+      return ConcatAttrs{n.concat().axis()};
+    case pb::KernelNode::kDot: {
+      const pb::DotAttrs& d = n.dot();
+      return DotAttrs{DotDims{v(d.lhs_batch()), v(d.rhs_batch()), v(d.lhs_contracting()), v(d.rhs_contracting())}};
+    }
+    case pb::KernelNode::kSharding: {
+      if (!n.sharding().has_sharding()) return absl::InvalidArgumentError(absl::StrCat(where, " has no sharding"));
+      absl::StatusOr<NamedSharding> sharding = sharding_from_proto(n.sharding().sharding());
+      if (!sharding.ok()) {
+        return absl::Status(sharding.status().code(), absl::StrCat(where, ": ", sharding.status().message()));
+      }
+      return ShardingAttrs{*std::move(sharding)};
+    }
+    case pb::KernelNode::kCollective: {
+      const pb::CollectiveAttrs& c = n.collective();
+      TESSERA_ASSIGN_OR_RETURN(std::optional<Mesh> mesh, optional_mesh(c.has_mesh(), c.mesh(), where));
+      if (!mesh.has_value()) return absl::InvalidArgumentError(absl::StrCat(where, " has no mesh"));
+      CollectiveAttrs out{*std::move(mesh),    v(c.axes()),          ReduceOp::kSum,  c.dimension(),
+                          c.split_dimension(), c.concat_dimension(), v(c.positions())};
+      bool known = false;
+      for (const auto& [op, wire] : kReduceOps) {
+        if (wire == c.reduce_op()) {
+          out.reduce_op = op;
+          known = true;
+        }
+      }
+      if (!known) return absl::InvalidArgumentError(absl::StrCat(where, " has unknown reduce op ", c.reduce_op()));
+      return out;
+    }
+    case pb::KernelNode::kAxisIndex: {
+      AxisIndexAttrs out;
+      TESSERA_ASSIGN_OR_RETURN(out.mesh, optional_mesh(n.axis_index().has_mesh(), n.axis_index().mesh(), where));
+      out.axes = v(n.axis_index().axes());
+      return out;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(where, " has unknown attributes ", n.attrs_case()));
+}
+
+// The op, its type and its attributes, from the wire: the attributes must be the op's kind
+// (the type rule checks their values). `where` prefixes errors.
 absl::StatusOr<Node> node_from_proto(const pb::KernelNode& n, const std::string& where) {
   absl::StatusOr<Op> op = op_from_wire(n.op());
   if (!op.ok()) return absl::InvalidArgumentError(absl::StrCat(where, " has ", op.status().message()));
   Node out;
   out.op = *op;
-  const uint32_t attrs = op_def(out.op).attrs;
   TESSERA_ASSIGN_OR_RETURN(out.dtype, dtype_from_proto(n.dtype()));
   TESSERA_ASSIGN_OR_RETURN(out.shape, shape_from_proto(n.shape(), out.dtype));
-  if (attrs & kAttrReduceOp) {
-    if (n.index() < 0 || n.index() > static_cast<int64_t>(ReduceOp::kProd)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, " has unknown reduce op ", n.index()));
-    }
-    out.index = n.index();
-  }
-  if (attrs & kAttrValue) out.value = scalar_from_proto(n);
-  if (attrs & kAttrDims) out.dims = v(n.dims());
-  if (attrs & kAttrLimits) out.limits = v(n.limits());
-  if (attrs & kAttrDot) {
-    out.dot = DotDims{v(n.lhs_batch()), v(n.rhs_batch()), v(n.lhs_contracting()), v(n.rhs_contracting())};
-  }
+  TESSERA_ASSIGN_OR_RETURN(out.attributes, attrs_from_proto(n, where));
+  absl::Status kind = check_attrs(out);
+  if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", kind.message()));
   return out;
 }
 
@@ -275,9 +373,6 @@ void to_proto(const Graph& graph, pb::Graph* out) {
     pb::GraphNode* n = out->add_nodes();
     node_to_proto(node, n->mutable_node());
     n->mutable_operands()->Assign(node.operands.begin(), node.operands.end());
-    const uint32_t attrs = op_def(node.op).attrs;
-    if ((attrs & kAttrSharding) && node.sharding.has_value()) to_proto(*node.sharding, n->mutable_sharding());
-    if (attrs & kAttrAxes) n->mutable_axes()->Assign(node.axes.begin(), node.axes.end());
   }
   out->mutable_outputs()->Assign(graph.outputs().begin(), graph.outputs().end());
 }
@@ -293,16 +388,6 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
     const pb::GraphNode& w = graph.nodes(id);
     TESSERA_ASSIGN_OR_RETURN(Node node, node_from_proto(w.node(), absl::StrCat("graph: node ", id)));
     const ArrayType claimed{node.dtype, node.shape};
-    const uint32_t attrs = op_def(node.op).attrs;
-    if (attrs & kAttrSharding) {
-      absl::StatusOr<NamedSharding> sharding = sharding_from_proto(w.sharding());
-      if (!sharding.ok()) {
-        return absl::Status(sharding.status().code(),
-                            absl::StrCat("graph: node ", id, ": ", sharding.status().message()));
-      }
-      node.sharding = *std::move(sharding);
-    }
-    if (attrs & kAttrAxes) node.axes.assign(w.axes().begin(), w.axes().end());
     node.operands.assign(w.operands().begin(), w.operands().end());
     absl::StatusOr<int> added = g.add_node(std::move(node));
     if (!added.ok()) {

@@ -23,12 +23,13 @@
 namespace tessera {
 
 // Bump on any incompatible change to proto/tessera.proto, and on any change to the op table
-// (core/op.h: an op's name, wire number, arity or attributes), which kOpTableDigest records:
-// op_table_test fails until both are updated together. (8: one SPMD program per executable;
-// 9: the op table and its OpCodes; 10: ids carry the coordinator's epoch; 11: sessions and
-// leases; 12: credentials, session credentials and array grants.)
-inline constexpr uint32_t kProtocolVersion = 12;
-inline constexpr uint64_t kOpTableDigest = 0x7761ebce32185fa7;
+// (core/op.h: an op's name, wire number, arity, what it is given or its attributes' kind),
+// which kOpTableDigest records: op_table_test fails until both are updated together. (8: one
+// SPMD program per executable; 9: the op table and its OpCodes; 10: ids carry the
+// coordinator's epoch; 11: sessions and leases; 12: typed op attributes, a KernelNode oneof;
+// 13: credentials, session credentials and array grants.)
+inline constexpr uint32_t kProtocolVersion = 13;
+inline constexpr uint64_t kOpTableDigest = 0x7fbbfa83e1fd2465;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;

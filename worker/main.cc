@@ -38,6 +38,19 @@ ABSL_FLAG(int64_t, memory_bytes, int64_t{2} << 30,
 ABSL_FLAG(int, register_timeout_s, 600,
           "seconds to keep trying to register at startup, through a coordinator that starts late or a name that "
           "does not resolve yet; one log line per failed attempt (env TESSERA_WORKER_REGISTER_TIMEOUT_S)");
+ABSL_FLAG(bool, shm, true,
+          "move collective data to workers on this host through shared memory (/dev/shm rings); false: gRPC "
+          "only (env TESSERA_WORKER_SHM)");
+ABSL_FLAG(int64_t, shm_ring_bytes, int64_t{4} << 20,
+          "bytes of each shared-memory ring (one per peer and direction), 2 MiB to 1 GiB "
+          "(env TESSERA_WORKER_SHM_RING_BYTES)");
+ABSL_FLAG(std::string, shm_host, "",
+          "the host identity that decides which peers share memory: the same for containers that share IPC "
+          "(a compose file's workers); default: this boot id and IPC and network namespaces "
+          "(env TESSERA_WORKER_SHM_HOST)");
+ABSL_FLAG(std::string, all_reduce_algorithm, "",
+          "for measuring: every all_reduce up to 512 KiB runs tree, recursive_doubling, direct or ring instead "
+          "of the table's choice; give every worker the same");
 
 ABSL_FLAG(std::string, credentials, "",
           "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
@@ -61,6 +74,9 @@ int main(int argc, char** argv) {
                         {"device_id_from", "TESSERA_WORKER_DEVICE_ID_FROM"},
                         {"memory_bytes", "TESSERA_WORKER_MEMORY_BYTES"},
                         {"register_timeout_s", "TESSERA_WORKER_REGISTER_TIMEOUT_S"},
+                        {"shm", "TESSERA_WORKER_SHM"},
+                        {"shm_ring_bytes", "TESSERA_WORKER_SHM_RING_BYTES"},
+                        {"shm_host", "TESSERA_WORKER_SHM_HOST"},
                         {"credentials", "TESSERA_WORKER_CREDENTIALS"}});
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
@@ -94,6 +110,10 @@ int main(int argc, char** argv) {
   }
   options.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
+  options.shm = absl::GetFlag(FLAGS_shm);
+  options.shm_ring_bytes = absl::GetFlag(FLAGS_shm_ring_bytes);
+  options.shm_host = absl::GetFlag(FLAGS_shm_host);
+  options.all_reduce_algorithm = absl::GetFlag(FLAGS_all_reduce_algorithm);
   absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
   if (!credentials.ok()) {
     std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";

@@ -22,6 +22,7 @@
 #include "worker/collectives/transport.h"
 #include "worker/interpreter.h"
 #include "worker/kernels/blas.h"
+#include "worker/put_shard.h"
 
 namespace tessera {
 namespace {
@@ -121,6 +122,20 @@ class WorkerService final : public WorkerServiceBase {
   }
   void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
 
+  // Before serving: the collectives' paths and algorithms (see WorkerOptions).
+  absl::Status configure_collectives(const WorkerOptions& options) {
+    if (!options.all_reduce_algorithm.empty()) {
+      std::optional<Algorithm> forced = algorithm_from_name(options.all_reduce_algorithm);
+      if (!forced.has_value() || *forced == Algorithm::kChain) {
+        return absl::InvalidArgumentError(absl::StrCat("tessera-worker: --all_reduce_algorithm '",
+                                                       options.all_reduce_algorithm,
+                                                       "' is none of tree, recursive_doubling, direct, ring"));
+      }
+      transport_.force_all_reduce(forced);
+    }
+    return transport_.set_shm({options.shm, options.shm_ring_bytes, options.shm_host});
+  }
+
   // Every buffer this device holds, for a registration.
   std::map<uint64_t, std::shared_ptr<const HostArray>> held_buffers() const { return store_.contents(); }
 
@@ -156,7 +171,8 @@ class WorkerService final : public WorkerServiceBase {
     absl::StatusOr<std::shared_ptr<HostArray>> data = begin_put(chunk.header());
     if (!data.ok()) return to_grpc(data.status());
     const uint64_t id = chunk.header().buffer_id();
-    absl::Status status = receive_put(reader, &chunk, data->get());
+    absl::Status status = read_put_shard(
+        &chunk, [reader](pb::ShardChunk* next) { return reader->Read(next); }, data->get());
     if (!status.ok()) {
       store_.cancel(id);
       return to_grpc(status);
@@ -310,6 +326,7 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_bytes_used(stats.bytes_used);
     reply->set_memory_limit_bytes(stats.limit_bytes);
     reply->set_collective_messages_pending(transport_.pending_messages());
+    reply->set_shm_messages_received(transport_.shm_messages_received());
     reply->set_blas_kernel(blas_kernel_name());
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
     reply->set_incarnation(incarnation_.load());
@@ -328,46 +345,14 @@ class WorkerService final : public WorkerServiceBase {
  private:
   // Validates the header, reserves the memory and allocates the destination.
   absl::StatusOr<std::shared_ptr<HostArray>> begin_put(const pb::ShardHeader& header) {
-    if (header.buffer_id() == 0) return absl::InvalidArgumentError("PutShard: buffer id 0 is reserved");
-    TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(header.dtype()));
-    TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(header.shape(), dtype));
-    const int64_t bytes = num_elements(shape) * dtype_size(dtype);
+    TESSERA_ASSIGN_OR_RETURN(ArrayType type, put_shard_type(header));
+    const int64_t bytes = num_elements(type.shape) * dtype_size(type.dtype);
     absl::Status reserved = store_.reserve(header.buffer_id(), bytes);
     if (!reserved.ok()) {
       return absl::Status(reserved.code(),
-                          absl::StrCat("shard ", type_to_string(dtype, shape), ": ", reserved.message()));
+                          absl::StrCat("shard ", type_to_string(type.dtype, type.shape), ": ", reserved.message()));
     }
-    return std::make_shared<HostArray>(dtype, std::move(shape));
-  }
-
-  // Reads every chunk into `data`; `chunk` holds the first message.
-  static absl::Status receive_put(grpc::ServerReader<pb::ShardChunk>* reader, pb::ShardChunk* chunk, HostArray* data) {
-    int64_t offset = 0;
-    int64_t index = 0;
-    do {
-      if (index > 0 && chunk->has_header()) {
-        return absl::InvalidArgumentError(absl::StrCat("PutShard: message ", index, " repeats the header"));
-      }
-      const int64_t n = static_cast<int64_t>(chunk->data().size());
-      if (n > kMaxChunkBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("PutShard: chunk ", index, " holds ", n, " bytes; the limit is ", kMaxChunkBytes));
-      }
-      if (n > data->nbytes() - offset) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("PutShard: more data than the shape ", shape_to_string(data->shape()), " of ",
-                         dtype_name(data->dtype()), " holds (", data->nbytes(), " bytes)"));
-      }
-      std::memcpy(data->data() + offset, chunk->data().data(), static_cast<size_t>(n));
-      offset += n;
-      ++index;
-    } while (reader->Read(chunk));
-    if (offset != data->nbytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("PutShard: received ", offset, " bytes but the shape ",
-                                                     shape_to_string(data->shape()), " of ", dtype_name(data->dtype()),
-                                                     " needs ", data->nbytes()));
-    }
-    return absl::OkStatus();
+    return std::make_shared<HostArray>(type.dtype, std::move(type.shape));
   }
 
   // Validates the request, runs this device's part and stores the result.
@@ -602,6 +587,7 @@ class WorkerServerImpl final : public WorkerServer {
   ~WorkerServerImpl() override { shutdown(); }
 
   absl::Status init() {
+    TESSERA_RETURN_IF_ERROR(service_.configure_collectives(options_));
     grpc::ServerBuilder builder;
     int port = 0;
     const std::string bind = options_.bind_host.empty() ? options_.host : options_.bind_host;

@@ -33,6 +33,15 @@ struct WorkerOptions {
   std::string name;
   int device_id = -1;  // -1: the coordinator picks
   int64_t memory_bytes = int64_t{2} << 30;
+  // Collective data to workers of this host through shared memory (worker/collectives/
+  // shm_ring.h): a ring per peer and direction of shm_ring_bytes, offered to peers on the host
+  // named shm_host (empty: this one's boot id and IPC and network namespaces). Off: gRPC only.
+  bool shm = true;
+  int64_t shm_ring_bytes = int64_t{4} << 20;
+  std::string shm_host;
+  // For measuring worker/collectives/algorithms.h: "tree", "recursive_doubling", "direct" or
+  // "ring" for every all_reduce of at most one chunk; empty: the table's choice.
+  std::string all_reduce_algorithm;
   // How long to keep trying to register: each attempt that cannot reach the coordinator (its
   // name does not resolve yet, nothing listens yet) is logged and retried with a fresh channel.
   absl::Duration register_timeout = absl::Seconds(30);

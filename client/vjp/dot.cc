@@ -56,8 +56,8 @@ absl::Span<const VjpEntry> dot_vjps() {
   static const VjpEntry kRules[] = {
       {Op::kDotGeneral,
        [](const VjpArgs& a) {
-         a.add(0, dot_cotangent(a.g, a.x[1], a.node.dot, /*lhs=*/true, a.x[0].rank()));
-         a.add(1, dot_cotangent(a.g, a.x[0], a.node.dot, /*lhs=*/false, a.x[1].rank()));
+         a.add(0, dot_cotangent(a.g, a.x[1], a.node.attrs<DotAttrs>().dims, /*lhs=*/true, a.x[0].rank()));
+         a.add(1, dot_cotangent(a.g, a.x[0], a.node.attrs<DotAttrs>().dims, /*lhs=*/false, a.x[1].rank()));
          return absl::OkStatus();
        }},
   };

@@ -53,7 +53,7 @@ absl::Span<const VjpEntry> layout_vjps() {
   static const VjpEntry kRules[] = {
       {Op::kBroadcastInDim,
        [](const VjpArgs& a) {
-         a.add(0, unbroadcast(a.g, a.x[0].shape(), a.node.shape, a.node.dims));
+         a.add(0, unbroadcast(a.g, a.x[0].shape(), a.node.shape, a.node.attrs<BroadcastAttrs>().result_dims));
          return absl::OkStatus();
        }},
       {Op::kReshape,
@@ -63,17 +63,17 @@ absl::Span<const VjpEntry> layout_vjps() {
        }},
       {Op::kTranspose,
        [](const VjpArgs& a) {
-         a.add(0, transpose(a.g, inverse(a.node.dims)));
+         a.add(0, transpose(a.g, inverse(a.node.attrs<TransposeAttrs>().permutation)));
          return absl::OkStatus();
        }},
       {Op::kSlice,
        [](const VjpArgs& a) {
-         a.add(0, unslice(a.g, a.x[0].shape(), a.node.dims, a.node.limits));
+         a.add(0, unslice(a.g, a.x[0].shape(), a.node.attrs<SliceAttrs>().start, a.node.attrs<SliceAttrs>().limit));
          return absl::OkStatus();
        }},
       {Op::kConcatenate,
        [](const VjpArgs& a) {
-         const int64_t axis = a.node.dims[0];
+         const int64_t axis = a.node.attrs<ConcatAttrs>().axis;
          int64_t offset = 0;
          for (size_t k = 0; k < a.x.size(); ++k) {
            std::vector<int64_t> begin(a.node.shape.size(), 0), end = a.node.shape;
@@ -86,7 +86,7 @@ absl::Span<const VjpEntry> layout_vjps() {
        }},
       {Op::kShardingConstraint,
        [](const VjpArgs& a) {
-         a.add(0, with_sharding_constraint(a.g, *a.node.sharding));
+         a.add(0, with_sharding_constraint(a.g, a.node.attrs<ShardingAttrs>().sharding));
          return absl::OkStatus();
        }},
   };

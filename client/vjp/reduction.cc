@@ -11,7 +11,8 @@ namespace {
 Value back(const VjpArgs& a, const Value& v) {
   std::vector<int64_t> kept;
   for (int64_t d = 0; d < a.x[0].rank(); ++d) {
-    if (!std::binary_search(a.node.dims.begin(), a.node.dims.end(), d)) kept.push_back(d);
+    if (!std::binary_search(a.node.attrs<ReduceAttrs>().axes.begin(), a.node.attrs<ReduceAttrs>().axes.end(), d))
+      kept.push_back(d);
   }
   return broadcast_in_dim(v, a.x[0].shape(), kept);
 }
@@ -19,7 +20,7 @@ Value back(const VjpArgs& a, const Value& v) {
 // reduce_max/min: the gradient goes to the extreme elements, split evenly among ties.
 absl::Status extreme(const VjpArgs& a) {
   const Value hit = convert(a.x[0] == back(a, a.out), a.x[0].dtype());
-  a.add(0, back(a, a.g / sum(hit, a.node.dims)) * hit);
+  a.add(0, back(a, a.g / sum(hit, a.node.attrs<ReduceAttrs>().axes)) * hit);
   return absl::OkStatus();
 }
 

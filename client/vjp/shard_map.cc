@@ -13,8 +13,8 @@ namespace {
 
 // `op` over the node's mesh and axes, on `v`.
 Value collective(const VjpArgs& a, Op op, const Value& v, std::vector<int64_t> dims) {
-  return a.trace->make(
-      a.trace->graph.add_collective(op, TraceState::id(v), a.node.sharding->mesh(), a.node.axes, std::move(dims)));
+  const CollectiveAttrs& c = a.node.attrs<CollectiveAttrs>();
+  return a.trace->make(a.trace->graph.add_collective(op, TraceState::id(v), c.mesh, c.axes, std::move(dims)));
 }
 
 }  // namespace
@@ -23,7 +23,7 @@ absl::Span<const VjpEntry> shard_map_vjps() {
   static const VjpEntry kRules[] = {
       {Op::kShardMapOut,
        [](const VjpArgs& a) {
-         const NamedSharding& s = *a.node.sharding;
+         const NamedSharding& s = a.node.attrs<ShardingAttrs>().sharding;
          const int64_t copies = s.num_replicas();
          Value blocks = a.trace->make(a.trace->graph.add_shard_map_in(TraceState::id(a.g), s));
          a.add(0, copies == 1 ? blocks : blocks * (1.0 / static_cast<double>(copies)));
@@ -31,7 +31,7 @@ absl::Span<const VjpEntry> shard_map_vjps() {
        }},
       {Op::kShardMapIn,
        [](const VjpArgs& a) {
-         const NamedSharding& s = *a.node.sharding;
+         const NamedSharding& s = a.node.attrs<ShardingAttrs>().sharding;
          std::vector<std::string> unnamed;
          const std::vector<std::string> named = s.spec().used_axes();
          for (const std::string& axis : s.mesh().axis_names()) {
@@ -47,7 +47,7 @@ absl::Span<const VjpEntry> shard_map_vjps() {
        }},
       {Op::kAllReduce,
        [](const VjpArgs& a) {
-         const auto reduce_op = static_cast<ReduceOp>(a.node.index);
+         const ReduceOp reduce_op = a.node.attrs<CollectiveAttrs>().reduce_op;
          if (reduce_op == ReduceOp::kSum) {
            a.add(0, collective(a, Op::kAllReduce, a.g, {}));
          } else if (reduce_op == ReduceOp::kMax || reduce_op == ReduceOp::kMin) {
@@ -61,25 +61,27 @@ absl::Span<const VjpEntry> shard_map_vjps() {
        }},
       {Op::kAllGather,
        [](const VjpArgs& a) {
-         a.add(0, collective(a, Op::kReduceScatter, a.g, a.node.dims));
+         a.add(0, collective(a, Op::kReduceScatter, a.g, {a.node.attrs<CollectiveAttrs>().dimension}));
          return absl::OkStatus();
        }},
       {Op::kReduceScatter,
        [](const VjpArgs& a) {
-         a.add(0, collective(a, Op::kAllGather, a.g, a.node.dims));
+         a.add(0, collective(a, Op::kAllGather, a.g, {a.node.attrs<CollectiveAttrs>().dimension}));
          return absl::OkStatus();
        }},
       {Op::kAllToAll,
        [](const VjpArgs& a) {
-         a.add(0, collective(a, Op::kAllToAll, a.g, {a.node.dims[1], a.node.dims[0]}));
+         const CollectiveAttrs& c = a.node.attrs<CollectiveAttrs>();
+         a.add(0, collective(a, Op::kAllToAll, a.g, {c.concat_dimension, c.split_dimension}));
          return absl::OkStatus();
        }},
       {Op::kCollectivePermute,
        [](const VjpArgs& a) {  // back along every pair
          std::vector<int64_t> inverted;
-         for (size_t i = 0; i + 1 < a.node.dims.size(); i += 2) {
-           inverted.push_back(a.node.dims[i + 1]);
-           inverted.push_back(a.node.dims[i]);
+         const std::vector<int64_t>& positions = a.node.attrs<CollectiveAttrs>().positions;
+         for (size_t i = 0; i + 1 < positions.size(); i += 2) {
+           inverted.push_back(positions[i + 1]);
+           inverted.push_back(positions[i]);
          }
          a.add(0, collective(a, Op::kCollectivePermute, a.g, inverted));
          return absl::OkStatus();

@@ -47,10 +47,9 @@ class Propagator : public internal::ShardingContext {
     manual_.assign(g_.size(), false);
     for (int id = 0; id < g_.size(); ++id) {
       const Node& n = g_.node(id);
-      if (n.sharding.has_value() && n.sharding->mesh() != mesh_) {
-        return absl::InvalidArgumentError(absl::StrCat("jit: %", id, " = ", op_name(n.op), " is on ",
-                                                       n.sharding->mesh().to_string(), " but the arguments are on ",
-                                                       mesh_.to_string()));
+      if (const Mesh* on = mesh_of(n); on != nullptr && *on != mesh_) {
+        return absl::InvalidArgumentError(absl::StrCat("jit: %", id, " = ", op_name(n.op), " is on ", on->to_string(),
+                                                       " but the arguments are on ", mesh_.to_string()));
       }
       manual_[id] = has_trait(n.op, kBlockResult);
       if (find_sharding_rule(n.op) == nullptr) {
@@ -82,6 +81,14 @@ class Propagator : public internal::ShardingContext {
     assigned_[id] = true;
   }
   std::vector<ValueSharding>& needs(int id) override { return out_.operands[id]; }
+  double move_cost(int id, const ValueSharding& from, const ValueSharding& to) const override {
+    return reshard_cost(from, to, g_.node(id));
+  }
+  double reduce_cost(int id, const ValueSharding& v) const override {
+    if (!v.is_partial()) return 0;
+    const double n = static_cast<double>(mesh_.axes_size(v.partial));
+    return (n - 1) / n * local_bytes(v, g_.node(id)) + kLatencyBytes;
+  }
 
   // The op's rule (rules_*.cc); inside a shard_map body, the body's.
   absl::Status forward(int id) {
@@ -142,17 +149,21 @@ class Propagator : public internal::ShardingContext {
     return c;
   }
 
+  // Each collective's fixed latency, counted as bytes.
+  static constexpr double kLatencyBytes = 64 * 1024;
+
+  // The bytes of one device's block of `value` laid out as `s`.
+  double local_bytes(const ValueSharding& s, const Node& value) const {
+    return static_cast<double>(num_elements(NamedSharding(mesh_, s.spec()).shard_shape(value.shape))) *
+           dtype_size(value.dtype);
+  }
+
   // Estimated bytes one device moves to take a value from `from` to `to`; each collective also
-  // costs a fixed latency, counted as kLatencyBytes.
+  // costs kLatencyBytes.
   double reshard_cost(const ValueSharding& from, const ValueSharding& to, const Node& value) const {
-    static constexpr double kLatencyBytes = 64 * 1024;
     if (from == to) return 0;
     absl::StatusOr<std::vector<ReshardStep>> steps = plan_reshard(from, to, value.shape, mesh_);
     if (!steps.ok()) return std::numeric_limits<double>::infinity();
-    auto local_bytes = [&](const ValueSharding& s) {
-      return static_cast<double>(num_elements(NamedSharding(mesh_, s.spec()).shard_shape(value.shape))) *
-             dtype_size(value.dtype);
-    };
     double cost = 0;
     ValueSharding before = from;
     for (const ReshardStep& step : *steps) {
@@ -160,17 +171,17 @@ class Propagator : public internal::ShardingContext {
       const double share = (n - 1) / n;
       switch (step.kind) {
         case ReshardStep::Kind::kAllReduce:
-          cost += 2 * share * local_bytes(before) + kLatencyBytes;
+          cost += 2 * share * local_bytes(before, value) + kLatencyBytes;
           break;
         case ReshardStep::Kind::kReduceScatter:
         case ReshardStep::Kind::kAllToAll:
-          cost += share * local_bytes(before) + kLatencyBytes;
+          cost += share * local_bytes(before, value) + kLatencyBytes;
           break;
         case ReshardStep::Kind::kAllGather:
-          cost += share * local_bytes(step.after) + kLatencyBytes;
+          cost += share * local_bytes(step.after, value) + kLatencyBytes;
           break;
         case ReshardStep::Kind::kCollectivePermute:
-          cost += local_bytes(before) + kLatencyBytes;
+          cost += local_bytes(before, value) + kLatencyBytes;
           break;
         case ReshardStep::Kind::kLocalSlice:
           break;
@@ -182,9 +193,7 @@ class Propagator : public internal::ShardingContext {
 
   // Values whose layout the user fixed: parameters, constraints, shard_map boundaries and
   // bodies.
-  bool pinned(int id) const {
-    return has_trait(g_.node(id).op, kPinned) || manual_[id];
-  }
+  bool pinned(int id) const { return has_trait(g_.node(id).op, kPinned) || manual_[id]; }
 
   // What it costs to have value `id` in layout `want`: resharding it as it is, or — when this
   // is its only use and the user did not pin it — computing it in that layout, looking up to
@@ -341,8 +350,8 @@ const internal::ShardingRule* find_sharding_rule(Op op) {
     const internal::ShardingRule* rules[kNumOps] = {};
     Registry() {
       for (absl::Span<const internal::ShardingRuleEntry> family :
-           {internal::elementwise_rules(), internal::layout_rules(), internal::reduction_rules(),
-            internal::dot_rules(), internal::placement_rules()}) {
+           {internal::elementwise_rules(), internal::layout_rules(), internal::reduction_rules(), internal::dot_rules(),
+            internal::placement_rules()}) {
         for (const internal::ShardingRuleEntry& e : family) rules[static_cast<int>(e.op)] = &e.rule;
       }
     }

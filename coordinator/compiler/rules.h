@@ -43,6 +43,11 @@ class ShardingContext {
   virtual void set(int id, Dims dims, std::vector<std::string> partial = {}, ReduceOp op = ReduceOp::kSum) = 0;
   // What node `id` needs of each of its operands, in order.
   virtual std::vector<ValueSharding>& needs(int id) = 0;
+  // The cost model (propagate.cc): estimated bytes one device receives to take value `id` from
+  // `from` to `to`, and to resolve `v`'s pending reduction as a value of node `id` (by the
+  // cheaper reduce_scatter); each collective also costs a fixed latency. 0 when nothing moves.
+  virtual double move_cost(int id, const ValueSharding& from, const ValueSharding& to) const = 0;
+  virtual double reduce_cost(int id, const ValueSharding& v) const = 0;
 
   // of(id), or replicated when not decided yet.
   ValueSharding of_or_replicated(int id) const;

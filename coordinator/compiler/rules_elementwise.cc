@@ -62,16 +62,51 @@ absl::Status elementwise(ShardingContext& c, int id) {
 // Constants and iota: decided by their users (the backward pass), replicated until then.
 absl::Status source(ShardingContext&, int) { return absl::OkStatus(); }
 
-// An iota's values depend on the position: made whole, then this device's block kept.
+// An iota is built at its local shape. Split dimensions other than its counting one hold the
+// same values on every device; when the counting dimension is split, each device adds its
+// offset: its position along that dimension's axes (axis_index, which each device resolves)
+// times the block's extent. So no device holds more than its block, whatever the global shape.
 absl::Status partition_iota(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
-  const ValueSharding& result = c.propagation().result[id];
-  if (result.spec().used_axes().empty()) return partition_kernel(c, id);
-  Instruction whole = c.local_kernel(id, {});
-  whole.node.shape = n.shape;
-  c.bind(id, c.emit(std::move(whole)));
-  TESSERA_ASSIGN_OR_RETURN(int slot, c.reshard(id, ValueSharding::replicated(n.shape.size()), result, c.cause(id)));
-  c.bind(id, slot);
+  const int64_t dimension = n.attrs<IotaAttrs>().dimension;
+  const Axes& axes = c.propagation().result[id].dims[dimension];
+  Instruction local = c.local_kernel(id, {});
+  const Shape block = local.node.shape;
+  const int counted = c.emit(std::move(local));
+  if (axes.empty()) {
+    c.bind(id, counted);
+    return absl::OkStatus();
+  }
+  auto emit = [&](Node node) {
+    Instruction inst;
+    inst.kind = Instruction::Kind::kKernel;
+    inst.in = node.operands;
+    inst.value = id;
+    inst.cause = c.cause(id);
+    inst.node = std::move(node);
+    return c.emit(std::move(inst));
+  };
+  auto node = [](Op op, DType dtype, Shape shape, std::vector<int> in, Attrs attributes = NoAttrs{}) {
+    Node m;
+    m.op = op;
+    m.dtype = dtype;
+    m.shape = std::move(shape);
+    m.operands = std::move(in);
+    m.attributes = std::move(attributes);
+    return m;
+  };
+  Instruction position;
+  position.kind = Instruction::Kind::kKernel;
+  position.node = node(Op::kAxisIndex, DType::kI32, {}, {}, AxisIndexAttrs{});  // the axes are the instruction's
+  position.axes = axes;
+  position.value = id;
+  position.cause = c.cause(id);
+  int offset = c.emit(std::move(position));
+  if (n.dtype != DType::kI32) offset = emit(node(Op::kConvert, n.dtype, {}, {offset}));
+  const int extent = emit(node(Op::kConstant, n.dtype, {}, {}, ConstantAttrs{Scalar(block[dimension])}));
+  offset = emit(node(Op::kMul, n.dtype, {}, {offset, extent}));
+  offset = emit(node(Op::kBroadcastInDim, n.dtype, block, {offset}, BroadcastAttrs{}));  // of a scalar: no dims
+  c.bind(id, emit(node(Op::kAdd, n.dtype, block, {counted, offset})));
   return absl::OkStatus();
 }
 

@@ -43,9 +43,13 @@ absl::Status broadcast_in_dim(ShardingContext& c, int id) {
   ValueSharding q = c.of_or_replicated(n.operands[0]);
   Dims d(n.shape.size());
   for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] != n.shape[n.dims[i]]) q.dims[i].clear();  // a stretched dimension cannot stay split
-    d[n.dims[i]] = q.dims[i];
+    if (in[i] != n.shape[n.attrs<BroadcastAttrs>().result_dims[i]])
+      q.dims[i].clear();  // a stretched dimension cannot stay split
+    d[n.attrs<BroadcastAttrs>().result_dims[i]] = q.dims[i];
   }
+  // A pending reduction is resolved at the operand's smaller shape, before it is broadcast
+  // (`x - max(x, -1, keepdims)` all-reduces the (16, 1) maximum, not a (16, V) copy of it).
+  if (num_elements(n.shape) > num_elements(in)) q.partial.clear();
   c.needs(id) = {q};
   c.set(id, d, q.partial, q.partial_op);
   return absl::OkStatus();
@@ -55,7 +59,9 @@ DimMap broadcast_in_dim_map(const Graph& g, const Node& n) {
   DimMap m{std::vector<std::vector<int>>(1), std::vector<bool>(n.shape.size(), true)};
   const Shape& in = g.node(n.operands[0]).shape;
   for (size_t i = 0; i < in.size(); ++i) {
-    m.follow[0].push_back(in[i] == n.shape[n.dims[i]] ? static_cast<int>(n.dims[i]) : -1);
+    m.follow[0].push_back(in[i] == n.shape[n.attrs<BroadcastAttrs>().result_dims[i]]
+                              ? static_cast<int>(n.attrs<BroadcastAttrs>().result_dims[i])
+                              : -1);
   }
   return m;
 }
@@ -64,7 +70,7 @@ absl::Status transpose(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   ValueSharding q = c.of_or_replicated(n.operands[0]);
   Dims d;
-  for (int64_t p : n.dims) d.push_back(q.dims[p]);
+  for (int64_t p : n.attrs<TransposeAttrs>().permutation) d.push_back(q.dims[p]);
   c.needs(id) = {q};
   c.set(id, d, q.partial, q.partial_op);
   return absl::OkStatus();
@@ -73,44 +79,58 @@ absl::Status transpose(ShardingContext& c, int id) {
 DimMap transpose_map(const Graph&, const Node& n) {
   const size_t rank = n.shape.size();
   DimMap m{{std::vector<int>(rank, -1)}, std::vector<bool>(rank, true)};
-  for (size_t i = 0; i < rank; ++i) m.follow[0][n.dims[i]] = static_cast<int>(i);
+  for (size_t i = 0; i < rank; ++i) m.follow[0][n.attrs<TransposeAttrs>().permutation[i]] = static_cast<int>(i);
   return m;
 }
 
-// reshape: dimensions are matched in groups of equal element count; a group's split moves
-// to the major dimension of its image when the sizes allow, else it is gathered first.
+// The dimension of reshape group `g` (input side when `input`) that a split can be on: its
+// first one larger than 1 (a split of a later one, or of the first when a larger-than-1
+// dimension precedes it, is not a contiguous block of the group), or -1 when all are 1.
+int64_t major_dim(const ReshapeGroup& g, const Shape& shape, bool input) {
+  for (size_t k = input ? g.i : g.o; k < (input ? g.i2 : g.o2); ++k) {
+    if (shape[k] > 1) return static_cast<int64_t>(k);
+  }
+  return -1;
+}
+
+// reshape: dimensions are matched in groups of equal element count. In row-major order a group
+// is one contiguous run of elements; a split of its major dimension (the first larger than 1)
+// gives each device a contiguous 1/n of the run, which is a split of the major dimension of the
+// group's image when that divides by n. So a split survives reshape/squeeze/expand_dims when
+// its dimension survives whole, and moves to the dimension it lands in when it can; any other
+// split is gathered first.
 absl::Status reshape(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   const Shape& in = c.graph().node(n.operands[0]).shape;
   const Shape& out = n.shape;
   ValueSharding q = c.of_or_replicated(n.operands[0]);
   Dims d(out.size());
-  size_t covered = 0;
+  std::vector<bool> kept(in.size(), false);
   for (const ReshapeGroup& g : reshape_groups(in, out)) {
-    // Only the group's major input dimension may stay split, onto the major output one.
-    for (size_t k = g.i + 1; k < g.i2; ++k) q.dims[k].clear();
-    if (!q.dims[g.i].empty() && out[g.o] % c.mesh().axes_size(q.dims[g.i]) == 0 &&
-        (g.i2 == g.i + 1 || in[g.i] == out[g.o] || out[g.o] % in[g.i] == 0)) {
-      d[g.o] = q.dims[g.i];
-    } else {
-      q.dims[g.i].clear();
+    const int64_t i = major_dim(g, in, true), o = major_dim(g, out, false);
+    if (g.exact && i >= 0 && o >= 0 && !q.dims[i].empty() && out[o] % c.mesh().axes_size(q.dims[i]) == 0) {
+      d[o] = q.dims[i];
+      kept[i] = true;
     }
-    covered = g.i2;
   }
-  for (size_t i = covered; i < in.size(); ++i) q.dims[i].clear();
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!kept[i]) q.dims[i].clear();
+  }
   c.needs(id) = {q};
   c.set(id, d, q.partial, q.partial_op);
   return absl::OkStatus();
 }
 
-// Only dimensions that reshape leaves alone (a group of one on both sides) follow.
+// Each group's major input dimension follows its major output dimension (fits() in the
+// backward pass checks that a split divides both); the group's other dimensions stay whole.
 DimMap reshape_map(const Graph& g, const Node& n) {
   const Shape& in = g.node(n.operands[0]).shape;
   DimMap m{{std::vector<int>(in.size(), -1)}, std::vector<bool>(n.shape.size(), false)};
   for (const ReshapeGroup& r : reshape_groups(in, n.shape)) {
-    if (r.i2 == r.i + 1 && r.o2 == r.o + 1 && r.exact) {
-      m.follow[0][r.i] = static_cast<int>(r.o);
-      m.free[r.o] = true;
+    const int64_t i = major_dim(r, in, true), o = major_dim(r, n.shape, false);
+    if (r.exact && i >= 0 && o >= 0) {
+      m.follow[0][i] = static_cast<int>(o);
+      m.free[o] = true;
     }
   }
   return m;
@@ -118,8 +138,9 @@ DimMap reshape_map(const Graph& g, const Node& n) {
 
 // Whether dimension d is cut (slice) or joined along (concatenate).
 bool cut(const Graph& g, const Node& n, size_t d) {
-  return n.op == Op::kSlice ? (n.dims[d] != 0 || n.limits[d] != g.node(n.operands[0]).shape[d])
-                            : static_cast<int64_t>(d) == n.dims[0];
+  return n.op == Op::kSlice
+             ? (n.attrs<SliceAttrs>().start[d] != 0 || n.attrs<SliceAttrs>().limit[d] != g.node(n.operands[0]).shape[d])
+             : static_cast<int64_t>(d) == n.attrs<ConcatAttrs>().axis;
 }
 
 // slice, concatenate: dimensions that are cut or joined are gathered first.
@@ -153,8 +174,8 @@ absl::Status partition_slice(PartitionContext& c, int id) {
   Instruction inst = c.local_kernel(id, in);
   for (size_t d = 0; d < n.shape.size(); ++d) {
     if (!result.dims[d].empty()) {
-      inst.node.dims[d] = 0;
-      inst.node.limits[d] = inst.node.shape[d];
+      inst.node.attrs<SliceAttrs>().start[d] = 0;
+      inst.node.attrs<SliceAttrs>().limit[d] = inst.node.shape[d];
     }
   }
   c.bind(id, c.emit(std::move(inst)));

@@ -14,7 +14,7 @@ absl::Status parameter(ShardingContext&, int) { return absl::OkStatus(); }
 
 absl::Status sharding_constraint(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
-  Dims d = c.padded(n.sharding->spec(), n.shape.size());
+  Dims d = c.padded(n.attrs<ShardingAttrs>().sharding.spec(), n.shape.size());
   c.needs(id) = {ValueSharding{d, {}, ReduceOp::kSum}};
   c.set(id, d);
   return absl::OkStatus();
@@ -33,7 +33,9 @@ absl::Status sharding_as(ShardingContext& c, int id) {
 absl::Status shard_map_in(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   c.needs(id) = {
-      ValueSharding{c.padded(n.sharding->spec(), c.graph().node(n.operands[0]).shape.size()), {}, ReduceOp::kSum}};
+      ValueSharding{c.padded(n.attrs<ShardingAttrs>().sharding.spec(), c.graph().node(n.operands[0]).shape.size()),
+                    {},
+                    ReduceOp::kSum}};
   c.set(id, Dims(n.shape.size()));
   return absl::OkStatus();
 }
@@ -42,7 +44,7 @@ absl::Status shard_map_in(ShardingContext& c, int id) {
 absl::Status shard_map_out(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   c.needs(id) = {ValueSharding::replicated(c.graph().node(n.operands[0]).shape.size())};
-  c.set(id, c.padded(n.sharding->spec(), n.shape.size()));
+  c.set(id, c.padded(n.attrs<ShardingAttrs>().sharding.spec(), n.shape.size()));
   return absl::OkStatus();
 }
 
@@ -82,8 +84,8 @@ absl::Status partition_collective(PartitionContext& c, int id) {
   inst.node.dtype = n.dtype;
   inst.node.shape = n.shape;
   inst.collective = collective_of(n);
-  inst.axes = n.axes;
-  if (n.op == Op::kCollectivePermute) inst.positions = n.dims;
+  inst.axes = n.attrs<CollectiveAttrs>().axes;
+  if (n.op == Op::kCollectivePermute) inst.positions = n.attrs<CollectiveAttrs>().positions;
   c.bind(id, c.emit(std::move(inst)));
   return absl::OkStatus();
 }
@@ -95,7 +97,8 @@ absl::Status partition_axis_index(PartitionContext& c, int id) {
   inst.cause = c.cause(id);
   inst.node.op = Op::kAxisIndex;
   inst.node.dtype = DType::kI32;
-  inst.axes = c.graph().node(id).axes;
+  inst.node.attributes = AxisIndexAttrs{};  // the plan's mesh; the axes are the instruction's
+  inst.axes = c.graph().node(id).attrs<AxisIndexAttrs>().axes;
   c.bind(id, c.emit(std::move(inst)));
   return absl::OkStatus();
 }

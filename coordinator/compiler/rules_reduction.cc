@@ -29,7 +29,8 @@ absl::Status reduce(ShardingContext& c, int id) {
   Dims d;
   std::vector<std::string> partial = q.partial;
   for (size_t i = 0; i < q.dims.size(); ++i) {
-    if (std::binary_search(n.dims.begin(), n.dims.end(), static_cast<int64_t>(i))) {
+    if (std::binary_search(n.attrs<ReduceAttrs>().axes.begin(), n.attrs<ReduceAttrs>().axes.end(),
+                           static_cast<int64_t>(i))) {
       partial.insert(partial.end(), q.dims[i].begin(), q.dims[i].end());
     } else {
       d.push_back(q.dims[i]);
@@ -45,9 +46,9 @@ absl::Status argmax(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   ValueSharding q = c.of_or_replicated(n.operands[0]);
   q.partial.clear();
-  q.dims[n.dims[0]].clear();
+  q.dims[n.attrs<ArgmaxAttrs>().axis].clear();
   Dims d = q.dims;
-  d.erase(d.begin() + n.dims[0]);
+  d.erase(d.begin() + n.attrs<ArgmaxAttrs>().axis);
   c.needs(id) = {q};
   c.set(id, d);
   return absl::OkStatus();
@@ -56,9 +57,11 @@ absl::Status argmax(ShardingContext& c, int id) {
 // Kept dimensions follow the result in order; reduced ones follow nothing.
 DimMap reduce_map(const Graph& g, const Node& n) {
   DimMap m{std::vector<std::vector<int>>(1), std::vector<bool>(n.shape.size(), true)};
+  const std::vector<int64_t> axes =
+      n.op == Op::kArgmax ? std::vector<int64_t>{n.attrs<ArgmaxAttrs>().axis} : n.attrs<ReduceAttrs>().axes;
   int r = 0;
   for (size_t d = 0; d < g.node(n.operands[0]).shape.size(); ++d) {
-    const bool reduced = std::binary_search(n.dims.begin(), n.dims.end(), static_cast<int64_t>(d));
+    const bool reduced = std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d));
     m.follow[0].push_back(reduced ? -1 : r++);
   }
   return m;

@@ -58,7 +58,7 @@ TEST(Trace, BinaryOpsBroadcastLikeNumpy) {
   EXPECT_EQ(output(*g).shape, (Shape{16, 4}));
   const Node& b = g->node(output(*g).operands[1]);
   EXPECT_EQ(b.op, Op::kBroadcastInDim);
-  EXPECT_EQ(b.dims, (std::vector<int64_t>{1}));
+  EXPECT_EQ(b.attrs<BroadcastAttrs>().result_dims, (std::vector<int64_t>{1}));
   // Size-1 dimensions stretch: (3, 1) + (1, 5) -> (3, 5).
   absl::StatusOr<Graph> h =
       trace1([](const auto& in) { return in[0] * in[1]; }, {{DType::kI32, {3, 1}}, {DType::kI32, {1, 5}}});
@@ -125,7 +125,7 @@ TEST(Trace, ReductionsWithAndWithoutKeepdims) {
   EXPECT_EQ(output(*m).op, Op::kDiv);
   const Node& divisor = m->node(output(*m).operands[1]);
   EXPECT_EQ(divisor.op, Op::kConstant);
-  EXPECT_EQ(divisor.value.to_double(), 6.0) << "mean divides by the element count";
+  EXPECT_EQ(divisor.attrs<ConstantAttrs>().value.to_double(), 6.0) << "mean divides by the element count";
 }
 
 TEST(Trace, ShapeOpsMoveDimensions) {

@@ -19,7 +19,8 @@ class RegistryTest : public ::testing::Test {
  protected:
   void SetUp() override {
     for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(registry_.register_worker({absl::StrCat("w", i), absl::StrCat("h:", i), i, 1 << 20, 0, 0, {}}, t0_).ok());
+      ASSERT_TRUE(
+          registry_.register_worker({absl::StrCat("w", i), absl::StrCat("h:", i), i, 1 << 20, 0, 0, {}}, t0_).ok());
     }
     absl::StatusOr<Mesh> mesh = make_mesh({2}, {"x"}, {0, 1});
     ASSERT_TRUE(mesh.ok());
@@ -133,9 +134,8 @@ TEST_F(RegistryTest, OrphansNobodyAdoptsAreRemovedByDevice) {
   ASSERT_TRUE(later.register_worker({"w0", "h:0", 0, 1 << 20, before, 1, held}, t0_).ok());
   ASSERT_TRUE(later.register_worker({"w1", "h:1", 1, 1 << 20, before, 1, {{array_, {DType::kF32, {2}}}}}, t0_).ok());
   // Buffers of this incarnation's ids are not orphans of an earlier one.
-  ASSERT_TRUE(later.register_worker({"w2", "h:2", 2, 1 << 20, before, 1, {{later.epoch() + 5, {DType::kF32, {2}}}}},
-                                    t0_)
-                  .ok());
+  ASSERT_TRUE(
+      later.register_worker({"w2", "h:2", 2, 1 << 20, before, 1, {{later.epoch() + 5, {DType::kF32, {2}}}}}, t0_).ok());
   EXPECT_EQ(later.orphan_count(), 2);
   std::map<int, std::vector<uint64_t>> removed = later.remove_orphans({array_, array_ + 1, 12345});
   EXPECT_THAT(removed[0], ElementsAre(array_, array_ + 1));

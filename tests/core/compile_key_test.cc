@@ -33,9 +33,12 @@ struct Request {
   std::string key() const { return compile_key(graph, mesh, inputs, outputs, donated); }
 };
 
-// A program touching every node attribute: parameter dtype/shape, constant value, iota
-// dimension, slice start/limit, dot dimension numbers, transpose permutation, reduction
-// axes, a sharding constraint, a shard_map collective with axes, reduce op and dims.
+// A program touching every field of every attributes struct (core/op_attrs.h): parameter
+// dtype, shape and index (the graph numbers parameters: varied by their order), constant
+// value, iota dimension, broadcast result_dims, transpose permutation, reduction axes,
+// argmax axis, slice start/limit, concatenate axis, all four dot dimension lists, the
+// shardings of sharding_constraint and shard_map_in/out, each collective's mesh, axes,
+// reduce op, dimension, split/concat dimensions and positions, and axis_index's mesh and axes.
 struct Knobs {
   DType dtype = DType::kF32;
   Shape shape = {8, 4};
@@ -55,12 +58,31 @@ struct Knobs {
   Op collective = Op::kAllReduce;
   std::vector<int64_t> collective_dims = {};
   bool two_outputs = true;
+  // Attributes on a second, square parameter q (4, 4): varying one keeps every type.
+  bool q_first = false;  // q is parameter 0, x parameter 1
+  std::vector<int64_t> broadcast_dims = {0, 1};
+  int64_t argmax_axis = 0;
+  int64_t concat_axis = 0;
+  DotDims q_dot{{}, {}, {1}, {0}};
+  PartitionSpec map_in = P("x", None), map_out = P("x", None);
+  std::vector<int> collective_devices = {0, 1, 2, 3, 4, 5, 6, 7};  // the body collectives' mesh
+  int64_t gather_dim = 0, scatter_dim = 0;
+  std::vector<int64_t> all_to_all_dims = {0, 1};  // split, concat
+  std::vector<int64_t> positions = {0, 1, 1, 0};
+  std::vector<std::string> index_axes = {"x"};
+  std::vector<int> index_devices = {0, 1, 2, 3, 4, 5, 6, 7};
 };
 
 Request build(const Knobs& k) {
   Request r;
   Graph& g = r.graph;
+  const int q_early = k.q_first ? g.add_parameter(DType::kF32, {4, 4}) : -1;
   const int p = g.add_parameter(k.dtype, k.shape);
+  const int q = k.q_first ? q_early : g.add_parameter(DType::kF32, {4, 4});
+  EXPECT_TRUE(g.add_broadcast_in_dim(q, {4, 4, 4}, k.broadcast_dims).ok());
+  EXPECT_TRUE(g.add_argmax(q, k.argmax_axis, DType::kI32).ok());
+  EXPECT_TRUE(g.add_concatenate({q, q}, k.concat_axis).ok());
+  EXPECT_TRUE(g.add_dot_general(q, q, k.q_dot).ok());
   const int c = *g.add_constant(k.constant_dtype, k.shape, k.constant);
   const int cc = k.constant_dtype == k.dtype ? c : *g.add_convert(c, k.dtype);
   const int io = *g.add_iota(k.dtype, k.shape, k.iota_dim);
@@ -72,10 +94,16 @@ Request build(const Knobs& k) {
   const int red = *g.add_reduce(Op::kReduceSum, t, k.reduce_axes);
   const Mesh constraint_mesh = *make_mesh({4, 2}, {"x", "y"}, k.constraint_devices);
   const int sc = *g.add_sharding_constraint(p, NamedSharding(constraint_mesh, k.constraint));
-  const int in = *g.add_shard_map_in(sc, NamedSharding(r.mesh, P("x", None)));
+  const int in = *g.add_shard_map_in(sc, NamedSharding(r.mesh, k.map_in));
   const int col =
       *g.add_collective(k.collective, in, r.mesh, k.collective_axes, k.collective_dims, k.reduce_op);
-  const int out = *g.add_shard_map_out(col, NamedSharding(r.mesh, P("x", None)));
+  const int out = *g.add_shard_map_out(col, NamedSharding(r.mesh, k.map_out));
+  const Mesh body_mesh = *make_mesh({4, 2}, {"x", "y"}, k.collective_devices);
+  EXPECT_TRUE(g.add_collective(Op::kAllGather, in, body_mesh, {"y"}, {k.gather_dim}).ok());
+  EXPECT_TRUE(g.add_collective(Op::kReduceScatter, in, body_mesh, {"y"}, {k.scatter_dim}, ReduceOp::kSum).ok());
+  EXPECT_TRUE(g.add_collective(Op::kAllToAll, in, body_mesh, {"y"}, k.all_to_all_dims).ok());
+  EXPECT_TRUE(g.add_collective(Op::kCollectivePermute, in, body_mesh, {"y"}, k.positions).ok());
+  EXPECT_TRUE(g.add_axis_index(*make_mesh({4, 2}, {"x", "y"}, k.index_devices), k.index_axes).ok());
   EXPECT_TRUE(g.set_outputs(k.two_outputs ? std::vector<int>{red, out} : std::vector<int>{out, red}).ok());
   r.inputs = {P("x", None)};
   r.outputs = {std::nullopt, P("x", None)};
@@ -86,12 +114,28 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
   std::map<std::string, std::function<void(Knobs&)>> node_variations = {
       {"base", [](Knobs&) {}},
       {"dtype", [](Knobs& k) { k.dtype = DType::kF64; }},
-      {"shape", [](Knobs& k) { k.shape = {8, 8}; k.slice_limit = {8, 8}; }},
+      {"shape",
+       [](Knobs& k) {
+         k.shape = {8, 8};
+         k.slice_limit = {8, 8};
+       }},
       {"constant 7th digit", [](Knobs& k) { k.constant = 0.5000001; }},
       {"constant dtype", [](Knobs& k) { k.constant_dtype = DType::kF64; }},
-      {"integer constant", [](Knobs& k) { k.constant = int64_t{0}; k.constant_dtype = DType::kI64; }},
-      {"integer constant 2^53+1", [](Knobs& k) { k.constant = (int64_t{1} << 53) + 1; k.constant_dtype = DType::kI64; }},
-      {"integer constant 2^53", [](Knobs& k) { k.constant = int64_t{1} << 53; k.constant_dtype = DType::kI64; }},
+      {"integer constant",
+       [](Knobs& k) {
+         k.constant = int64_t{0};
+         k.constant_dtype = DType::kI64;
+       }},
+      {"integer constant 2^53+1",
+       [](Knobs& k) {
+         k.constant = (int64_t{1} << 53) + 1;
+         k.constant_dtype = DType::kI64;
+       }},
+      {"integer constant 2^53",
+       [](Knobs& k) {
+         k.constant = int64_t{1} << 53;
+         k.constant_dtype = DType::kI64;
+       }},
       {"constant 0", [](Knobs& k) { k.constant = 0.0; }},
       {"constant -0", [](Knobs& k) { k.constant = -0.0; }},
       {"constant nan", [](Knobs& k) { k.constant = std::numeric_limits<double>::quiet_NaN(); }},
@@ -99,11 +143,27 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
       {"constant 1e6", [](Knobs& k) { k.constant = 1000000.0; }},
       {"constant 1e6+1", [](Knobs& k) { k.constant = 1000001.0; }},
       {"iota dimension", [](Knobs& k) { k.iota_dim = 1; }},
-      {"slice start", [](Knobs& k) { k.slice_start = {1, 0}; }},
-      {"slice limit", [](Knobs& k) { k.slice_limit = {8, 3}; }},
-      {"dot lhs contracting", [](Knobs& k) { k.dot = DotDims{{}, {}, {0}, {0}}; }},
-      {"dot batch", [](Knobs& k) { k.dot = DotDims{{0}, {0}, {1}, {1}}; k.permutation = {0}; }},
-      {"transpose", [](Knobs& k) { k.permutation = {0, 1}; }},
+      {"slice start",
+       [](Knobs& k) {
+         k.slice_start = {1, 0};
+       }},
+      {"slice limit",
+       [](Knobs& k) {
+         k.slice_limit = {8, 3};
+       }},
+      {"dot lhs contracting",
+       [](Knobs& k) {
+         k.dot = DotDims{{}, {}, {0}, {0}};
+       }},
+      {"dot batch",
+       [](Knobs& k) {
+         k.dot = DotDims{{0}, {0}, {1}, {1}};
+         k.permutation = {0};
+       }},
+      {"transpose",
+       [](Knobs& k) {
+         k.permutation = {0, 1};
+       }},
       {"reduce axes", [](Knobs& k) { k.reduce_axes = {1}; }},
       {"op", [](Knobs& k) { k.binary = Op::kMul; }},
       {"operand order", [](Knobs& k) { k.swap_operands = true; }},
@@ -111,11 +171,54 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
       {"constraint devices", [](Knobs& k) { k.constraint_devices = {7, 6, 5, 4, 3, 2, 1, 0}; }},
       {"collective axes", [](Knobs& k) { k.collective_axes = {"x"}; }},
       {"collective reduce op", [](Knobs& k) { k.reduce_op = ReduceOp::kMax; }},
-      {"collective op", [](Knobs& k) {
+      {"collective op",
+       [](Knobs& k) {
          k.collective = Op::kAllGather;
          k.collective_dims = {1};
        }},
       {"outputs", [](Knobs& k) { k.two_outputs = false; }},
+      {"parameter index", [](Knobs& k) { k.q_first = true; }},
+      {"broadcast result_dims",
+       [](Knobs& k) {
+         k.broadcast_dims = {0, 2};
+       }},
+      {"argmax axis", [](Knobs& k) { k.argmax_axis = 1; }},
+      {"concatenate axis", [](Knobs& k) { k.concat_axis = 1; }},
+      {"dot lhs_contracting",
+       [](Knobs& k) {
+         k.q_dot = DotDims{{}, {}, {0}, {0}};
+       }},
+      {"dot rhs_contracting",
+       [](Knobs& k) {
+         k.q_dot = DotDims{{}, {}, {1}, {1}};
+       }},
+      {"dot lhs_batch",
+       [](Knobs& k) {
+         k.q_dot = DotDims{{0}, {1}, {1}, {0}};
+       }},
+      {"dot rhs_batch",
+       [](Knobs& k) {
+         k.q_dot = DotDims{{1}, {0}, {0}, {1}};
+       }},
+      {"shard_map_in sharding", [](Knobs& k) { k.map_in = P(None, "x"); }},
+      {"shard_map_out sharding", [](Knobs& k) { k.map_out = P(None, "x"); }},
+      {"collective mesh", [](Knobs& k) { k.collective_devices = {7, 6, 5, 4, 3, 2, 1, 0}; }},
+      {"all_gather dimension", [](Knobs& k) { k.gather_dim = 1; }},
+      {"reduce_scatter dimension", [](Knobs& k) { k.scatter_dim = 1; }},
+      {"all_to_all split_dimension",
+       [](Knobs& k) {
+         k.all_to_all_dims = {1, 1};
+       }},
+      {"all_to_all concat_dimension",
+       [](Knobs& k) {
+         k.all_to_all_dims = {0, 0};
+       }},
+      {"collective_permute positions",
+       [](Knobs& k) {
+         k.positions = {0, 0, 1, 1};
+       }},
+      {"axis_index axes", [](Knobs& k) { k.index_axes = {"y"}; }},
+      {"axis_index mesh", [](Knobs& k) { k.index_devices = {7, 6, 5, 4, 3, 2, 1, 0}; }},
   };
   std::map<std::string, std::string> keys;  // key -> variation
   for (const auto& [name, vary] : node_variations) {
@@ -124,6 +227,12 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
     vary(k);
     const std::string key = build(k).key();
     EXPECT_EQ(build(k).key(), key) << "the same program built twice";
+    Request r = build(k);
+    pb::Graph wire;
+    to_proto(r.graph, &wire);
+    absl::StatusOr<Graph> back = graph_from_proto(wire);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(compile_key(*back, r.mesh, r.inputs, r.outputs, r.donated), key) << "the same program from the wire";
     auto [it, fresh] = keys.emplace(key, name);
     EXPECT_TRUE(fresh) << name << " has the key of " << it->second;
   }
@@ -168,7 +277,7 @@ TEST(CompileKey, SurvivesTheWireAndPrintsConstantsExactly) {
     to_proto(g, &w);
     absl::StatusOr<Graph> b = graph_from_proto(w);
     ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_EQ(b->node(c).value, s) << s.to_string();
+    EXPECT_EQ(b->node(c).attrs<ConstantAttrs>().value, s) << s.to_string();
   }
 }
 

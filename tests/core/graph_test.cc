@@ -127,15 +127,90 @@ TEST(Graph, ShardMapGraphsRoundTripTheWireAndBadOnesAreRefused) {
   EXPECT_THAT(g.to_text(), HasSubstr("all_reduce(%1) f32[4,8] axes=('model',) max"));
   // A reduce op out of range, and an axis the mesh does not have, from the wire.
   pb::Graph bad = wire;
-  bad.mutable_nodes(sum)->mutable_node()->set_index(9);
+  bad.mutable_nodes(sum)->mutable_node()->mutable_collective()->set_reduce_op(static_cast<pb::ReduceOp>(9));
   absl::StatusOr<Graph> refused = graph_from_proto(bad);
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("node 2 has unknown reduce op 9"));
   bad = wire;
-  bad.mutable_nodes(sum)->set_axes(0, "batch");
+  bad.mutable_nodes(sum)->mutable_node()->mutable_collective()->set_axes(0, "batch");
   refused = graph_from_proto(bad);
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("axis 'batch' is not in the mesh"));
+}
+
+// graph_from_proto refuses `wire` with INVALID_ARGUMENT saying `part`.
+void expect_refused(const pb::Graph& wire, const std::string& part) {
+  absl::StatusOr<Graph> refused = graph_from_proto(wire);
+  ASSERT_FALSE(refused.ok()) << part;
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr(part));
+}
+
+// Each op's node carries its op's attributes struct (OpDef::attrs); one of another kind, from
+// memory or from the wire, is refused naming the op and both kinds.
+TEST(Graph, NodesCarryTheirOpsAttributesKind) {
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {4, 8});
+  Node wrong;
+  wrong.op = Op::kSlice;
+  wrong.operands = {x};
+  wrong.attributes = IotaAttrs{0};
+  expect_invalid(g.add_node(wrong), "slice: the node carries iota attributes, not slice");
+  wrong.attributes = NoAttrs{};
+  expect_invalid(g.add_node(wrong), "slice: the node carries none attributes, not slice");
+  wrong.op = Op::kTanh;
+  wrong.attributes = SliceAttrs{{0, 0}, {4, 8}};
+  expect_invalid(g.add_node(wrong), "tanh: the node carries slice attributes, not none");
+  EXPECT_EQ(g.size(), 1) << "a refused node leaves the graph unchanged";
+
+  const int s = *g.add_slice(x, {1, 0}, {3, 8});
+  EXPECT_EQ(g.node(s).attrs<SliceAttrs>().start, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(g.node(s).attrs<SliceAttrs>().limit, (std::vector<int64_t>{3, 8}));
+  EXPECT_EQ(g.node(s).shape, (Shape{2, 8}));
+  const Mesh mesh = *make_mesh({2}, {"data"}, {0, 1});
+  const int c = *g.add_sharding_constraint(s, NamedSharding(mesh, P("data", None)));
+  ASSERT_TRUE(g.set_outputs({c}).ok());
+  pb::Graph wire;
+  to_proto(g, &wire);
+  // The wire's attributes are typed too: the oneof case names the kind.
+  EXPECT_EQ(wire.nodes(s).node().attrs_case(), pb::KernelNode::kSlice);
+  EXPECT_EQ(wire.nodes(c).node().attrs_case(), pb::KernelNode::kSharding);
+  pb::Graph bad = wire;
+  bad.mutable_nodes(s)->mutable_node()->mutable_iota()->set_dimension(0);
+  expect_refused(bad, "graph: node 1: slice: the node carries iota attributes, not slice");
+  bad = wire;
+  bad.mutable_nodes(s)->mutable_node()->clear_attrs();
+  expect_refused(bad, "the node carries none attributes, not slice");
+  bad = wire;
+  bad.mutable_nodes(c)->mutable_node()->mutable_sharding()->clear_sharding();
+  expect_refused(bad, "graph: node 2 has no sharding");
+}
+
+TEST(Graph, CollectivesTakeTheirDimensionAttributesByName) {
+  Graph g;
+  const Mesh mesh = *make_mesh({2, 2}, {"data", "model"}, {0, 1, 2, 3});
+  const int in = *g.add_shard_map_in(g.add_parameter(DType::kF32, {8, 4}), NamedSharding(mesh, P("data", None)));
+  const int moved = *g.add_collective(Op::kAllToAll, in, mesh, {"model"}, {0, 1});
+  const CollectiveAttrs& a = g.node(moved).attrs<CollectiveAttrs>();
+  EXPECT_EQ(a.split_dimension, 0);
+  EXPECT_EQ(a.concat_dimension, 1);
+  EXPECT_EQ(a.axes, (std::vector<std::string>{"model"}));
+  EXPECT_EQ(a.mesh, mesh);
+  EXPECT_EQ(g.node(moved).shape, (Shape{2, 8}));
+  const int permuted = *g.add_collective(Op::kCollectivePermute, in, mesh, {"data"}, {0, 1, 1, 0});
+  EXPECT_EQ(g.node(permuted).attrs<CollectiveAttrs>().positions, (std::vector<int64_t>{0, 1, 1, 0}));
+  expect_invalid(g.add_collective(Op::kAllGather, in, mesh, {"data"}, {}), "all_gather: 0 dimension attributes");
+  expect_invalid(g.add_collective(Op::kAllToAll, in, mesh, {"data"}, {0}), "all_to_all: 1 dimension attributes");
+  // From the wire: positions on another collective, and a mesh missing.
+  ASSERT_TRUE(g.set_outputs({moved}).ok());
+  pb::Graph wire;
+  to_proto(g, &wire);
+  pb::Graph bad = wire;
+  bad.mutable_nodes(moved)->mutable_node()->mutable_collective()->add_positions(0);
+  expect_refused(bad, "all_to_all: only collective_permute takes positions");
+  bad = wire;
+  bad.mutable_nodes(moved)->mutable_node()->mutable_collective()->clear_mesh();
+  expect_refused(bad, "graph: node 2 has no mesh");
 }
 
 }  // namespace

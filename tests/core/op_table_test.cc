@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/vjp/vjp.h"
 #include "coordinator/compiler/rules.h"
+#include "core/graph.h"
 #include "core/op.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -40,6 +41,33 @@ TEST(OpTable, EveryOpHasOneRowANameAndATypeRule) {
     EXPECT_TRUE(d.arity >= 0 || d.arity == kVariadic);
   }
   EXPECT_EQ(op_name(static_cast<Op>(kNumOps)), "unknown");
+}
+
+// Every op names the attributes struct its nodes carry, and its type rule is never reached
+// with another: infer_type refuses the node naming the op and both kinds.
+TEST(OpTable, EveryOpChecksItsAttributesKind) {
+  for (const OpDef& d : op_table()) {
+    SCOPED_TRACE(d.name);
+    ASSERT_GE(d.attrs, 0);
+    ASSERT_LT(d.attrs, static_cast<int>(std::variant_size_v<Attrs>));
+    EXPECT_STRNE(attrs_name(d.attrs), "unknown");
+    Node n;
+    n.op = d.op;
+    // Another kind than the op's: NoAttrs, or ParameterAttrs for an op that takes none.
+    const int other = d.attrs == kAttrsIndex<NoAttrs> ? kAttrsIndex<ParameterAttrs> : kAttrsIndex<NoAttrs>;
+    if (other == kAttrsIndex<ParameterAttrs>) {
+      n.attributes = ParameterAttrs{};
+    } else {
+      n.attributes = NoAttrs{};
+    }
+    const std::vector<ArrayType> operands(d.arity == kVariadic ? 1 : static_cast<size_t>(d.arity),
+                                          ArrayType{DType::kF32, {4}});
+    absl::StatusOr<ArrayType> t = infer_type(n, operands);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(t.status().message()),
+                ::testing::HasSubstr(absl::StrCat(d.name, ": the node carries ", attrs_name(other), " attributes, not ",
+                                                  attrs_name(d.attrs))));
+  }
 }
 
 TEST(OpTable, WireNumbersAreTheProtosOpCodes) {

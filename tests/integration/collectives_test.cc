@@ -1,8 +1,11 @@
-// Every collective x replica-group layout x dtype x size, run by 8 embedded workers over
-// their own streams, against a host reference computed here element by element.
+// Every collective x replica-group layout x dtype x size, run by 8 embedded workers (which
+// share memory: the shm path) against a host reference computed here element by element; a
+// representative subset again on 8 worker processes run with --shm=false (the gRPC path),
+// and the all_reduce algorithms the table does not choose, forced.
 #include <random>
 #include <thread>
 
+#include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
@@ -258,8 +261,32 @@ std::vector<Shape> block_shapes(const CollectiveSpec& spec, DType dtype, int64_t
           {(int64_t{3} << 20) / (1024 * dtype_size(dtype)), 1024}};
 }
 
+// Runs `c` over `layout` on `client`'s 8 devices for every dtype and block shape and checks
+// every device's result against the host reference.
+void check_against_reference(const Client& client, const Layout& layout, const Case& c);
+
+// Collective messages the 8 devices received through shared memory so far.
+int64_t shm_messages(const Client& client) {
+  int64_t total = 0;
+  for (int d = 0; d < 8; ++d) {
+    absl::StatusOr<DeviceStats> stats = client.device_stats(d);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    if (stats.ok()) total += stats->shm_messages_received;
+  }
+  return total;
+}
+
 TEST_P(CollectivesTest, MatchesHostReference) {
   const auto& [layout, c] = GetParam();
+  const int64_t before = shm_messages(*client_);
+  check_against_reference(*client_, layout, c);
+  // Embedded workers share one host: their collectives' bytes went through shared memory
+  // (every layout's groups have two members or more).
+  EXPECT_GT(shm_messages(*client_), before);
+}
+
+void check_against_reference(const Client& client, const Layout& layout, const Case& c) {
+  const Client* client_ = &client;
   absl::StatusOr<Mesh> mesh = client_->make_mesh(layout.mesh_shape, layout.names);
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   CollectiveSpec spec = c.spec;
@@ -307,6 +334,97 @@ INSTANTIATE_TEST_SUITE_P(All, CollectivesTest,
                          [](const auto& info) {
                            return std::get<0>(info.param).label + "_" + std::get<1>(info.param).name;
                          });
+
+// 8 worker processes with `worker_flags`, and a client of them.
+class ProcessCollectives {
+ public:
+  explicit ProcessCollectives(std::vector<std::string> worker_flags) {
+    worker_flags.push_back("--memory_bytes=1073741824");
+    absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(TESSERA_BIN_DIR, 8, {}, worker_flags);
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    if (!cluster.ok()) return;
+    cluster_ = *std::move(cluster);
+    absl::StatusOr<Client> client = Client::connect(cluster_.address, {.min_devices = 8});
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (client.ok()) client_.emplace(*std::move(client));
+  }
+  ~ProcessCollectives() { client_.reset(); }  // before the processes go
+
+  const Client* client() const { return client_ ? &*client_ : nullptr; }
+
+ private:
+  ProcessCluster cluster_;
+  std::optional<Client> client_;
+};
+
+// The gRPC path (workers run --shm=false): one case of each collective over the 1-D and a
+// 2-D layout, which between them take every algorithm the table chooses on gRPC.
+class GrpcCollectivesTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GrpcCollectivesTest, MatchesHostReference) {
+  ProcessCollectives cluster({"--shm=false"});
+  ASSERT_NE(cluster.client(), nullptr);
+  for (const Layout& layout : {layouts()[0], layouts()[3]}) {
+    SCOPED_TRACE(layout.label);
+    check_against_reference(*cluster.client(), layout, GetParam());
+  }
+  EXPECT_EQ(shm_messages(*cluster.client()), 0);
+}
+
+std::vector<Case> grpc_cases() {
+  std::vector<Case> out;
+  for (const Case& c : cases()) {
+    if (c.name == "all_reduce_sum" || c.name == "reduce_scatter_max_dim1" || c.name == "all_gather_dim0" ||
+        c.name == "all_to_all_split1_concat0" || c.name == "collective_permute" || c.name == "broadcast") {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grpc, GrpcCollectivesTest, ::testing::ValuesIn(grpc_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// The all_reduce algorithms the table does not choose here (they are there to measure it
+// again), forced on every worker: groups of 8 and of 6 (recursive doubling folds the two
+// past the power of two in), on shared memory and on gRPC.
+TEST(ForcedAllReduce, RecursiveDoublingAndDirectMatchTheReference) {
+  for (const std::string algorithm : {"recursive_doubling", "direct"}) {
+    for (const std::string shm : {"true", "false"}) {
+      SCOPED_TRACE(algorithm + " shm=" + shm);
+      ProcessCollectives cluster({"--all_reduce_algorithm=" + algorithm, "--shm=" + shm});
+      ASSERT_NE(cluster.client(), nullptr);
+      for (int n : {8, 6}) {
+        std::vector<int> ids;
+        for (int d = 0; d < n; ++d) ids.push_back(d);
+        absl::StatusOr<Mesh> mesh = cluster.client()->make_mesh({n}, {"x"}, ids);
+        ASSERT_TRUE(mesh.ok()) << mesh.status();
+        for (int64_t cols : {int64_t{3}, int64_t{5000}}) {
+          const HostArray host = small_integers(DType::kF32, {n, cols}, 11);
+          absl::StatusOr<Array> x = cluster.client()->device_put(host, NamedSharding(*mesh, P("x")));
+          ASSERT_TRUE(x.ok()) << x.status();
+          CollectiveSpec spec;
+          spec.kind = CollectiveKind::kAllReduce;
+          spec.groups = {mesh->device_ids()};
+          absl::StatusOr<Array> y = run_collective(*x, spec);
+          ASSERT_TRUE(y.ok()) << y.status();
+          absl::StatusOr<HostArray> got = y->fetch();
+          ASSERT_TRUE(got.ok()) << got.status();
+          for (int64_t k = 0; k < cols; ++k) {
+            float want = 0;
+            for (int r = 0; r < n; ++r) want += host.values<float>()[r * cols + k];
+            for (int r = 0; r < n; ++r) {
+              ASSERT_EQ(got->values<float>()[r * cols + k], want) << "device " << r << " element " << k;
+            }
+          }
+        }
+      }
+      if (shm == "true") {
+        EXPECT_GT(shm_messages(*cluster.client()), 0);
+      }
+    }
+  }
+}
 
 TEST(Collectives, ConcurrentCollectivesOnDisjointGroups) {
   absl::StatusOr<Client> client = Client::local(8);

@@ -126,6 +126,22 @@ std::vector<GradCase> grad_cases() {
                        mesh, {P("data", "model"), P("model", None)}, {P("data", "model")});
                    return exp(f({tanh(in[0]), in[1] * 2.0})[0] * 0.5);
                  }});
+  // tessera::nn's composites (their values: tests/client/nn_test.cc).
+  out.push_back({"nn_softmax", {m}, Domain::kSigned, [](V in) { return nn::softmax(in[0]); }});
+  out.push_back({"nn_log_softmax", {m}, Domain::kSigned, [](V in) { return nn::log_softmax(in[0], 0); }});
+  out.push_back({"nn_logsumexp", {m}, Domain::kSigned, [](V in) { return nn::logsumexp(in[0]); }});
+  out.push_back({"nn_gelu_tanh", {m}, Domain::kSigned, [](V in) { return nn::gelu(in[0]); }});
+  out.push_back({"nn_gelu_exact", {m}, Domain::kSigned, [](V in) { return nn::gelu(in[0], false); }});
+  out.push_back({"nn_silu", {m}, Domain::kSigned, [](V in) { return nn::silu(in[0]); }});
+  out.push_back(
+      {"nn_layer_norm", {m, {8}, {8}}, Domain::kSigned, [](V in) { return nn::layer_norm(in[0], in[1], in[2]); }});
+  out.push_back({"nn_rms_norm", {m, {8}}, Domain::kSigned, [](V in) { return nn::rms_norm(in[0], in[1]); }});
+  out.push_back({"nn_cross_entropy", {m}, Domain::kSigned, [](V in) {
+                   return nn::cross_entropy(in[0], iota(DType::kI32, {4}, 0) * 2);
+                 }});
+  out.push_back({"nn_causal_attention", {{2, 4, 2, 4}, {2, 4, 2, 4}, {2, 4, 2, 4}}, Domain::kSigned, [](V in) {
+                   return nn::dot_product_attention(in[0], in[1], in[2], std::nullopt, true);
+                 }});
   return out;
 }
 

@@ -295,6 +295,13 @@ void add_dots(int m, std::vector<OpCase>* cases) {
   // JAX: P(a, None) @ P(None, b) is P(a, b), computed without communication.
   if (two) add_case("matmul_rows_by_cols", mat(l, P(a, None)), mat(r, P(None, b)), matmul_f, P(a, b), {}, true);
   add_case("matmul_rows_by_cols_same_axis", mat(l, P(a, None)), mat(r, P(None, a)), matmul_f, std::nullopt, {});
+  // FSDP as JAX users write it (issue 14 item 6): batch and weight rows over the same axis; the
+  // weight is gathered (partition_test.cc asserts the bytes), and the values stay right.
+  add_case("matmul_fsdp", mat({16, 64}, P(a, None)), mat({64, 256}, P(a, None)),
+           [a](const std::vector<Value>& in, const Mesh& mesh) {
+             return std::vector<Value>{with_sharding_constraint(matmul(in[0], in[1]), NamedSharding(mesh, P(a, None)))};
+           },
+           P(a, None), {"all_gather"});
   // Contracting dimension sharded on both sides: partial sums, all_reduce.
   add_case("matmul_contracting_" + a, mat(l, P(None, a)), mat(r, P(a, None)), matmul_f, P(), {"all_reduce"});
   if (two) {
@@ -425,6 +432,15 @@ void add_edges(int m, std::vector<OpCase>* cases) {
     cases->push_back(std::move(c));
   };
   const Input x{DType::kF32, kMatrix, Domain::kSigned, P(a, None)};
+  // A stable softmax over a split last dimension: the pending max and sum are each reduced at
+  // their (8, 1) shape before being broadcast back (issue 14 item 6).
+  add_case("softmax_split_rows", {Input{DType::kF32, kMatrix, Domain::kSigned, P(None, a)}}, {"softmax"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             const Value e = exp(in[0] - max(in[0], {1}, true));
+             return std::vector<Value>{e / sum(e, {1}, true)};
+           },
+           {P(None, a)});
+  cases->back().want_text = {"all_reduce(max, axes=('" + a + "',))", "all_reduce(sum, axes=('" + a + "',))"};
   add_case("output_is_input", {x}, {"x", "tanh(x)"},
            [](const std::vector<Value>& in, const Mesh&) {
              return std::vector<Value>{in[0], tanh(in[0])};
@@ -460,6 +476,17 @@ void add_edges(int m, std::vector<OpCase>* cases) {
                                   iota(DType::kF32, {16, 8}, 0) * 2.0};
       },
       {P(), P(None, a)}, JitOptions{{std::nullopt, P(None, a), P(a, None)}});
+  if (mesh.axes.size() == 2) {
+    // An iota built at its local shape, its counting dimension over a tuple of axes: each
+    // device's offset is its position along both, major first.
+    const Axes both = {mesh.axes[0], mesh.axes[1]};
+    add_case(
+        "iota_over_two_axes", {x}, {"iota f32 dim 0", "iota i32 dim 1"},
+        [](const std::vector<Value>&, const Mesh&) {
+          return std::vector<Value>{iota(DType::kF32, {16, 8}, 0), iota(DType::kI32, {8, 16}, 1)};
+        },
+        {P(both, None), P(None, both)}, JitOptions{{P(both, None), P(None, both)}});
+  }
   add_case("unused_input", {x, x}, {"tanh(x)"},
            [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{tanh(in[0])}; }, {P(a, None)});
   add_case("size_one_dims", {Input{DType::kF32, {1, 8, 1}, Domain::kSigned, P(None, a)}}, {"sum", "reshape", "bcast"},

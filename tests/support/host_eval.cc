@@ -12,13 +12,12 @@ namespace {
 
 // Runs the kernel of `op` on the given arrays: how the reference computes collectives.
 absl::StatusOr<HostArray> kernel(Op op, DType dtype, Shape shape, const std::vector<const HostArray*>& in,
-                                 std::vector<int64_t> dims = {}, std::vector<int64_t> limits = {}) {
+                                 Attrs attrs = NoAttrs{}) {
   Node n;
   n.op = op;
   n.dtype = dtype;
   n.shape = std::move(shape);
-  n.dims = std::move(dims);
-  n.limits = std::move(limits);
+  n.attributes = std::move(attrs);
   return run_kernel(n, in);
 }
 
@@ -31,19 +30,20 @@ absl::StatusOr<HostArray> block(const HostArray& x, int64_t dim, int64_t i, int6
   limit[dim] = (i + 1) * size;
   Shape shape = x.shape();
   shape[dim] = size;
-  return kernel(Op::kSlice, x.dtype(), shape, {&x}, start, limit);
+  return kernel(Op::kSlice, x.dtype(), shape, {&x}, SliceAttrs{start, limit});
 }
 
 // One shard_map collective over every group, by its definition: one block per mesh position
 // in, one out.
 absl::StatusOr<std::vector<HostArray>> reference_collective(const Node& n, const std::vector<HostArray>& in) {
-  const Mesh& mesh = n.sharding->mesh();
+  const CollectiveAttrs& c = n.attrs<CollectiveAttrs>();
+  const Mesh& mesh = c.mesh;
   std::map<int, int> position;
   for (int p = 0; p < mesh.size(); ++p) position[mesh.device_ids()[p]] = p;
   std::vector<HostArray> out(in.size());
-  absl::StatusOr<std::vector<std::vector<int>>> groups = replica_groups(mesh, n.axes);
+  absl::StatusOr<std::vector<std::vector<int>>> groups = replica_groups(mesh, c.axes);
   if (!groups.ok()) return groups.status();
-  const ReduceOp reduce_op = static_cast<ReduceOp>(n.index);
+  const ReduceOp reduce_op = c.reduce_op;
   const bool is_bool = n.dtype == DType::kBool;
   const Op combine = reduce_op == ReduceOp::kSum   ? (is_bool ? Op::kOr : Op::kAdd)
                      : reduce_op == ReduceOp::kMax ? (is_bool ? Op::kOr : Op::kMax)
@@ -70,29 +70,29 @@ absl::StatusOr<std::vector<HostArray>> reference_collective(const Node& n, const
           v = reduced();
           break;
         case Op::kAllGather:
-          v = kernel(Op::kConcatenate, n.dtype, n.shape, members, {n.dims[0]});
+          v = kernel(Op::kConcatenate, n.dtype, n.shape, members, ConcatAttrs{c.dimension});
           break;
         case Op::kReduceScatter: {
           absl::StatusOr<HostArray> sum = reduced();
-          v = sum.ok() ? block(*sum, n.dims[0], r, size) : sum.status();
+          v = sum.ok() ? block(*sum, c.dimension, r, size) : sum.status();
           break;
         }
         case Op::kAllToAll: {  // block r of every member, in member order, joined
           std::vector<HostArray> pieces;
           std::vector<const HostArray*> ptrs;
           for (const HostArray* m : members) {
-            absl::StatusOr<HostArray> b = block(*m, n.dims[0], r, size);
+            absl::StatusOr<HostArray> b = block(*m, c.split_dimension, r, size);
             if (!b.ok()) return b.status();
             pieces.push_back(*std::move(b));
           }
           for (const HostArray& p : pieces) ptrs.push_back(&p);
-          v = kernel(Op::kConcatenate, n.dtype, n.shape, ptrs, {n.dims[1]});
+          v = kernel(Op::kConcatenate, n.dtype, n.shape, ptrs, ConcatAttrs{c.concat_dimension});
           break;
         }
         case Op::kCollectivePermute: {
           v = HostArray::zeros(n.dtype, n.shape);
-          for (size_t i = 0; i + 1 < n.dims.size(); i += 2) {
-            if (n.dims[i + 1] == r) v = members[n.dims[i]]->clone();
+          for (size_t i = 0; i + 1 < c.positions.size(); i += 2) {
+            if (c.positions[i + 1] == r) v = members[c.positions[i]]->clone();
           }
           break;
         }
@@ -120,10 +120,11 @@ absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
   for (int id = 0; id < graph.size(); ++id) {
     const Node& n = graph.node(id);
     if (n.op == Op::kParameter) {
-      const HostArray* in = inputs[n.index];
+      const int64_t index = n.attrs<ParameterAttrs>().index;
+      const HostArray* in = inputs[index];
       if (in == nullptr || in->dtype() != n.dtype || in->shape() != n.shape) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "evaluate_on_host: parameter ", n.index, " is ", type_to_string(n.dtype, n.shape), " but the input is ",
+            "evaluate_on_host: parameter ", index, " is ", type_to_string(n.dtype, n.shape), " but the input is ",
             in == nullptr ? std::string("null") : type_to_string(in->dtype(), in->shape())));
       }
       values[id] = in->clone();
@@ -136,20 +137,20 @@ absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
     // shard_map: a body's values are one block per mesh position, computed one position at a
     // time; collectives combine them across positions by their definitions.
     if (n.op == Op::kShardMapIn) {
-      for (const DeviceShard& s : n.sharding->device_shards(graph.node(n.operands[0]).shape)) {
+      for (const DeviceShard& s : n.attrs<ShardingAttrs>().sharding.device_shards(graph.node(n.operands[0]).shape)) {
         blocks[id].push_back(extract_block(values[n.operands[0]], s.index));
       }
       continue;
     }
     if (n.op == Op::kShardMapOut) {
       values[id] = HostArray::zeros(n.dtype, n.shape);
-      const std::vector<DeviceShard> shards = n.sharding->device_shards(n.shape);
+      const std::vector<DeviceShard> shards = n.attrs<ShardingAttrs>().sharding.device_shards(n.shape);
       for (size_t p = 0; p < shards.size(); ++p) insert_block(blocks[n.operands[0]][p], shards[p].index, &values[id]);
       continue;
     }
     if (n.op == Op::kAxisIndex) {
-      const Mesh& mesh = n.sharding->mesh();
-      absl::StatusOr<std::vector<std::vector<int>>> groups = replica_groups(mesh, n.axes);
+      const Mesh& mesh = *n.attrs<AxisIndexAttrs>().mesh;
+      absl::StatusOr<std::vector<std::vector<int>>> groups = replica_groups(mesh, n.attrs<AxisIndexAttrs>().axes);
       if (!groups.ok()) return groups.status();
       blocks[id].resize(mesh.size());
       for (const std::vector<int>& g : *groups) {

@@ -44,6 +44,8 @@ inline std::vector<CollectiveInfo> collectives_of(const Executable& exe) {
   return out;
 }
 
+inline void PrintTo(const CollectiveInfo& c, std::ostream* os) { *os << c; }
+
 MATCHER_P4(IsCollectiveMatcher, kind, axes, of_value, bytes, "") {
   *result_listener << "is " << ::testing::PrintToString(arg);
   return arg.kind == kind && arg.axes == axes && (of_value < 0 || arg.value == of_value) &&
@@ -51,8 +53,7 @@ MATCHER_P4(IsCollectiveMatcher, kind, axes, of_value, bytes, "") {
 }
 // A collective of `kind` over `axes`; of graph value `of_value` and moving `bytes` per device
 // unless those are -1.
-inline auto IsCollective(CollectiveKind kind, std::vector<std::string> axes, int of_value = -1,
-                         int64_t bytes = -1) {
+inline auto IsCollective(CollectiveKind kind, std::vector<std::string> axes, int of_value = -1, int64_t bytes = -1) {
   return IsCollectiveMatcher(kind, std::move(axes), of_value, bytes);
 }
 

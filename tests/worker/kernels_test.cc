@@ -1179,28 +1179,34 @@ TEST(KernelErrors, MalformedNodesAreRejected) {
   const std::vector<Case> cases = {
       {"transpose repeating an axis", g.add_transpose(x, {2, 1, 0}),
        [](Node* n) {
-         n->dims = {0, 0, 1};
+         n->attrs<TransposeAttrs>().permutation = {0, 0, 1};
        }},
       {"transpose with a short permutation", g.add_transpose(x, {2, 1, 0}),
        [](Node* n) {
-         n->dims = {1, 0};
+         n->attrs<TransposeAttrs>().permutation = {1, 0};
        }},
-      {"reduce over an axis out of range", g.add_reduce(Op::kReduceSum, x, {1}), [](Node* n) { n->dims = {5}; }},
-      {"reduce over a negative axis", g.add_reduce(Op::kReduceMax, x, {1}), [](Node* n) { n->dims = {-1}; }},
+      {"reduce over an axis out of range", g.add_reduce(Op::kReduceSum, x, {1}),
+       [](Node* n) { n->attrs<ReduceAttrs>().axes = {5}; }},
+      {"reduce over a negative axis", g.add_reduce(Op::kReduceMax, x, {1}),
+       [](Node* n) { n->attrs<ReduceAttrs>().axes = {-1}; }},
       {"reduce with the wrong result", g.add_reduce(Op::kReduceMin, x, {1}),
        [](Node* n) {
          n->shape = {2, 5};
        }},
-      {"argmax over a missing axis", g.add_argmax(x, 1, DType::kI32), [](Node* n) { n->dims = {7}; }},
+      {"argmax over a missing axis", g.add_argmax(x, 1, DType::kI32),
+       [](Node* n) { n->attrs<ArgmaxAttrs>().axis = 7; }},
       {"argmax into floats", g.add_argmax(x, 1, DType::kI32), [](Node* n) { n->dtype = DType::kF32; }},
-      {"argmax without an axis", g.add_argmax(x, 1, DType::kI64), [](Node* n) { n->dims.clear(); }},
+      {"argmax carrying a reduction's attributes", g.add_argmax(x, 1, DType::kI64),
+       [](Node* n) { n->attributes = ReduceAttrs{{1}}; }},
+      {"slice carrying no attributes", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
+       [](Node* n) { n->attributes = NoAttrs{}; }},
       {"broadcast to a dimension out of range", g.add_broadcast_in_dim(x, {2, 3, 4, 5}, {0, 1, 2}),
        [](Node* n) {
-         n->dims = {0, 1, 9};
+         n->attrs<BroadcastAttrs>().result_dims = {0, 1, 9};
        }},
       {"broadcast with too few dims", g.add_broadcast_in_dim(x, {2, 3, 4, 5}, {0, 1, 2}),
        [](Node* n) {
-         n->dims = {0, 1};
+         n->attrs<BroadcastAttrs>().result_dims = {0, 1};
        }},
       {"broadcast stretching a size-3 dimension", g.add_broadcast_in_dim(x, {2, 3, 4, 5}, {0, 1, 2}),
        [](Node* n) {
@@ -1208,17 +1214,18 @@ TEST(KernelErrors, MalformedNodesAreRejected) {
        }},
       {"slice past the end", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
        [](Node* n) {
-         n->limits = {2, 3, 5};
+         n->attrs<SliceAttrs>().limit = {2, 3, 5};
        }},
       {"slice starting below zero", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
        [](Node* n) {
-         n->dims = {-1, 0, 0};
+         n->attrs<SliceAttrs>().start = {-1, 0, 0};
        }},
       {"slice with the wrong result", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
        [](Node* n) {
          n->shape = {2, 3, 3};
        }},
-      {"slice without limits", g.add_slice(x, {0, 0, 0}, {2, 3, 4}), [](Node* n) { n->limits.clear(); }},
+      {"slice without limits", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
+       [](Node* n) { n->attrs<SliceAttrs>().limit.clear(); }},
       {"reshape changing the size", g.add_reshape(x, {6, 4}),
        [](Node* n) {
          n->shape = {6, 5};
@@ -1227,15 +1234,16 @@ TEST(KernelErrors, MalformedNodesAreRejected) {
        [](Node* n) {
          n->shape = {-6, -4};
        }},
-      {"concatenate along a missing axis", g.add_concatenate({x}, 0), [](Node* n) { n->dims = {3}; }},
+      {"concatenate along a missing axis", g.add_concatenate({x}, 0),
+       [](Node* n) { n->attrs<ConcatAttrs>().axis = 3; }},
       {"concatenate with the wrong total", g.add_concatenate({x}, 0),
        [](Node* n) {
          n->shape = {3, 3, 4};
        }},
       {"dot_general contracting a missing dimension", g.add_dot_general(x, x, {{0}, {0}, {2}, {2}}),
-       [](Node* n) { n->dot.lhs_contracting = {3}; }},
+       [](Node* n) { n->attrs<DotAttrs>().dims.lhs_contracting = {3}; }},
       {"dot_general with unpaired dimensions", g.add_dot_general(x, x, {{0}, {0}, {2}, {2}}),
-       [](Node* n) { n->dot.rhs_contracting = {}; }},
+       [](Node* n) { n->attrs<DotAttrs>().dims.rhs_contracting = {}; }},
       {"dot_general with the wrong result", g.add_dot_general(x, x, {{0}, {0}, {2}, {2}}),
        [](Node* n) {
          n->shape = {2, 3, 4};
@@ -1252,7 +1260,7 @@ TEST(KernelErrors, MalformedNodesAreRejected) {
     EXPECT_EQ(run_kernel(node, operands).status().code(), absl::StatusCode::kInvalidArgument);
   }
   Node iota = node_of(g, g.add_iota(DType::kI32, {3}, 0));
-  iota.dims = {1};
+  iota.attrs<IotaAttrs>().dimension = 1;
   EXPECT_EQ(run_kernel(iota, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/slicing.h"
 #include "core/status.h"
+#include "worker/collectives/algorithms.h"
 #include "worker/collectives/reduce.h"
 
 namespace tessera {
@@ -30,6 +31,13 @@ class Group {
       : transport_(transport), run_(run), members_(members), rank_(rank) {}
 
   int n() const { return static_cast<int>(members_.size()); }
+  // The algorithm for `kind` over `bytes` here (see algorithms.h); a forced small all_reduce
+  // algorithm applies up to one chunk (bigger single messages would exceed the wire's limit).
+  Algorithm choose(CollectiveKind kind, int64_t bytes) const {
+    const std::optional<Algorithm> forced = transport_.forced_all_reduce();
+    if (kind == CollectiveKind::kAllReduce && forced.has_value() && n() > 1 && bytes <= kChunkBytes) return *forced;
+    return choose_algorithm(kind, bytes, n(), transport_.shm_enabled() ? Path::kShm : Path::kGrpc);
+  }
   int rank() const { return rank_; }
   int next() const { return mod(rank_ + 1, n()); }
   int prev() const { return mod(rank_ - 1, n()); }
@@ -139,10 +147,10 @@ absl::Status ring_all_gather(Group& g, const std::shared_ptr<HostArray>& buf, co
 // device's own, on_chunk(j, offset in seg_in[j], data) for each chunk from rank j.
 template <typename Own, typename Chunk>
 absl::Status direct_exchange(Group& g, const std::shared_ptr<const HostArray>& out, const std::vector<Range>& seg_out,
-                             const std::vector<Range>& seg_in, Own&& on_own, Chunk&& on_chunk) {
+                             const std::vector<Range>& seg_in, Own&& on_own, Chunk&& on_chunk, int step = 0) {
   const int n = g.n(), r = g.rank();
   for (int j = 0; j < n; ++j) {
-    if (j != r) TESSERA_RETURN_IF_ERROR(g.send_range(j, 0, out->data(), seg_out[j], out));
+    if (j != r) TESSERA_RETURN_IF_ERROR(g.send_range(j, step, out->data(), seg_out[j], out));
   }
   for (int j = 0; j < n; ++j) {
     if (j == r) {
@@ -151,7 +159,7 @@ absl::Status direct_exchange(Group& g, const std::shared_ptr<const HostArray>& o
     }
     const Range local{0, seg_in[j].bytes};
     for (int c = 0; c < local.chunks(); ++c) {
-      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(j, 0, c, local.chunk_bytes(c)));
+      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(j, step, c, local.chunk_bytes(c)));
       on_chunk(j, local.chunk_offset(c), data);
     }
   }
@@ -210,11 +218,77 @@ std::vector<Range> equal_blocks(int64_t block_bytes, int n) {
 
 using ArrayPtr = std::shared_ptr<const HostArray>;
 
+// Each algorithm's messages use steps of their own (see algorithms.h); the tree's are below 100.
+constexpr int kRecursiveDoublingStep = 100;
+constexpr int kDirectAllReduceStep = 200;
+
+// Recursive doubling: the p = 2^floor(log2 n) first ranks exchange whole buffers with the
+// rank that differs in bit k, for each bit (log2 p rounds, one message each way per round);
+// the n - p others first hand theirs to rank r - p and get the result back from it. Both
+// partners of a round combine the same two values, and the ops commute exactly, so every
+// member ends with bitwise the same bytes. Sends copy (`out` changes afterwards).
+absl::StatusOr<ArrayPtr> recursive_doubling_all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
+  const DType dtype = in->dtype();
+  const int64_t bytes = in->nbytes();
+  const int n = g.n(), r = g.rank();
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  constexpr int kFold = kRecursiveDoublingStep, kUnfold = kRecursiveDoublingStep + 63;
+  auto out = std::make_shared<HostArray>(in->clone());
+  if (r >= p) {
+    TESSERA_RETURN_IF_ERROR(g.send(r - p, kFold, 0, out->data(), bytes, nullptr));
+    TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(r - p, kUnfold, 0, bytes));
+    data.copy_to(out->data());
+    return out;
+  }
+  if (r + p < n) {
+    TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(r + p, kFold, 0, bytes));
+    data.reduce_into(dtype, op, out->data());
+  }
+  for (int k = 0, bit = 1; bit < p; ++k, bit *= 2) {
+    TESSERA_RETURN_IF_ERROR(g.send(r ^ bit, kFold + 1 + k, 0, out->data(), bytes, nullptr));
+    TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(r ^ bit, kFold + 1 + k, 0, bytes));
+    data.reduce_into(dtype, op, out->data());
+  }
+  if (r + p < n) TESSERA_RETURN_IF_ERROR(g.send(r + p, kUnfold, 0, out->data(), bytes, nullptr));
+  return out;
+}
+
+// Direct: every member sends its buffer to every other (one round, n(n-1) messages) and
+// reduces the n buffers in rank order, so every member gets bitwise the same bytes.
+absl::StatusOr<ArrayPtr> direct_all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
+  const DType dtype = in->dtype();
+  const int64_t bytes = in->nbytes();
+  auto out = std::make_shared<HostArray>(dtype, in->shape());
+  const std::vector<Range> whole(g.n(), Range{0, bytes});
+  TESSERA_RETURN_IF_ERROR(direct_exchange(
+      g, in, whole, whole,
+      [&](int j) {
+        if (j == 0) {
+          std::memcpy(out->data(), in->data(), static_cast<size_t>(bytes));
+        } else {
+          reduce_into(dtype, op, out->data(), in->data(), out->size());
+        }
+      },
+      [&](int j, int64_t offset, const Received& data) {
+        if (j == 0) {
+          data.copy_to(out->data() + offset);
+        } else {
+          data.reduce(dtype, op, out->data() + offset, out->data() + offset);
+        }
+      },
+      kDirectAllReduceStep));
+  return out;
+}
+
 absl::StatusOr<ArrayPtr> all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
   const DType dtype = in->dtype();
   const int64_t bytes = in->nbytes();
   if (g.n() == 1) return in;
-  if (bytes <= kSmallBytes) {
+  const Algorithm algorithm = g.choose(CollectiveKind::kAllReduce, bytes);
+  if (algorithm == Algorithm::kRecursiveDoubling) return recursive_doubling_all_reduce(g, op, in);
+  if (algorithm == Algorithm::kDirect) return direct_all_reduce(g, op, in);
+  if (algorithm == Algorithm::kTree) {
     // Binomial tree: reduce to rank 0 in ceil(log2 n) rounds, then broadcast back down the
     // same tree: 2(n-1) messages, where recursive doubling sends n log2 n (14 against 24 on 8
     // devices). Small messages cost CPU (syscalls, gRPC, thread wake-ups) rather than wire
@@ -261,7 +335,7 @@ absl::StatusOr<ArrayPtr> reduce_scatter(Group& g, ReduceOp op, int dim, const Ar
   const int64_t block_bytes = in->nbytes() / n;
   const std::vector<Range> seg = equal_blocks(block_bytes, n);
   auto out = std::make_shared<HostArray>(dtype, out_shape);
-  if (n > 1 && in->nbytes() <= kSmallBytes) {
+  if (n > 1 && g.choose(CollectiveKind::kReduceScatter, in->nbytes()) == Algorithm::kDirect) {
     TESSERA_RETURN_IF_ERROR(direct_exchange(
         g, packed, seg, std::vector<Range>(n, Range{0, block_bytes}),
         [&](int j) {
@@ -291,7 +365,7 @@ absl::StatusOr<ArrayPtr> all_gather(Group& g, int dim, const ArrayPtr& in, const
   const std::vector<Range> seg = equal_blocks(in->nbytes(), n);
   auto packed = std::make_shared<HostArray>(in->dtype(), Shape{in->size() * n});
   std::memcpy(packed->data() + seg[r].offset, in->data(), static_cast<size_t>(in->nbytes()));
-  if (n > 1 && in->nbytes() * n <= kSmallBytes) {
+  if (n > 1 && g.choose(CollectiveKind::kAllGather, in->nbytes() * n) == Algorithm::kDirect) {
     TESSERA_RETURN_IF_ERROR(direct_exchange(
         g, in, std::vector<Range>(n, Range{0, in->nbytes()}), seg, [](int) {},
         [&](int j, int64_t offset, const Received& data) { data.copy_to(packed->data() + seg[j].offset + offset); }));
@@ -345,8 +419,9 @@ absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in) {
   const int n = g.n(), r = g.rank();
   if (n == 1) return in;
   const Range whole{0, in->nbytes()};
+  const bool direct = g.choose(CollectiveKind::kBroadcast, in->nbytes()) == Algorithm::kDirect;
   if (r == root) {
-    if (in->nbytes() <= kSmallBytes) {
+    if (direct) {
       for (int j = 0; j < n; ++j) {
         if (j != r) TESSERA_RETURN_IF_ERROR(g.send_range(j, 0, in->data(), whole, in));
       }
@@ -357,7 +432,7 @@ absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in) {
     return in;
   }
   auto out = std::make_shared<HostArray>(in->dtype(), in->shape());
-  if (in->nbytes() <= kSmallBytes) {
+  if (direct) {
     TESSERA_RETURN_IF_ERROR(g.receive_range(root, 0, out->data(), whole));
     return out;
   }

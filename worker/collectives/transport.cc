@@ -3,8 +3,12 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpc/slice.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -14,6 +18,7 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/collectives/reduce.h"
+#include "worker/collectives/shm_ring.h"
 
 namespace tessera {
 namespace {
@@ -68,6 +73,25 @@ grpc::ByteBuffer encode_notice(int self, const std::vector<uint64_t>& ops) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// An offer (ExchangeMessage.shm_*, no data): the sender's shared-memory ring to the receiver.
+grpc::ByteBuffer encode_offer(int self, const std::string& segment, uint64_t token, const std::string& host) {
+  pb::ExchangeMessage offer;
+  offer.set_source_device(self);
+  offer.set_shm_segment(segment);
+  offer.set_shm_token(token);
+  offer.set_shm_host(host);
+  grpc::Slice slice(offer.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Longest segment name and host identity an offer may carry.
+constexpr size_t kMaxOfferString = 256;
+// Most rings a worker reads at once (one per source).
+constexpr size_t kMaxInboundRings = 1024;
+// How long a ring writer sleeps before it checks its link and deadline again (it is also woken
+// when the link breaks), and a ring reader before it checks that it is to stop.
+constexpr absl::Duration kRingRecheck = absl::Milliseconds(500);
+
 // How many ops a notice may name, and how many recent ops a link remembers for one.
 constexpr size_t kMaxNoticeOps = 256;
 
@@ -95,12 +119,16 @@ class Transport::Link {
  public:
   static constexpr int kStreamsPerLink = 3;
 
-  Link(Transport* transport, int self, int peer, std::string address)
+  // `ring_bytes` > 0: offer the peer a shared-memory ring of that size with the first message,
+  // naming this worker's `host`.
+  Link(Transport* transport, int self, int peer, std::string address, int64_t ring_bytes = 0, std::string host = "")
       : transport_(transport),
         self_(self),
         peer_(peer),
         address_(std::move(address)),
-        channel_(make_channel(address_, daemon_identity(transport->credentials_, self))) {
+        channel_(make_channel(address_, daemon_identity(transport->credentials_, self))),
+        ring_bytes_(ring_bytes),
+        host_(std::move(host)) {
     for (int i = 0; i < kStreamsPerLink; ++i) streams_.push_back(std::make_unique<Stream>(this));
   }
 
@@ -118,6 +146,14 @@ class Transport::Link {
 
   absl::Status enqueue(MessageTag tag, const std::byte* data, int64_t bytes, absl::Time deadline,
                        std::shared_ptr<const void> owner) {
+    if (ring_bytes_ > 0) {
+      // The ring is made with the first message (a link that only carries a notice has none),
+      // and offered on gRPC; messages take gRPC too until the peer has opened the ring (they
+      // are tagged: which path each took does not matter to the receiver).
+      std::call_once(ring_once_, [this] { offer_ring(); });
+      ShmRing* ring = ring_view_.load(std::memory_order_acquire);
+      if (ring != nullptr && ring->attached() && ring->fits(bytes)) return write_ring(ring, tag, data, bytes, deadline);
+    }
     return push(Outgoing{encode_exchange(self_, tag, data, bytes, std::move(owner)), bytes}, tag.op, deadline);
   }
 
@@ -140,6 +176,51 @@ class Transport::Link {
     int64_t bytes = 0;  // of data, for the in-flight cap
   };
 
+  void offer_ring() {
+    // Sparse until written: a ring the peer never opens (another host) costs a header page.
+    std::random_device random;
+    absl::StatusOr<std::unique_ptr<ShmRing>> created = ShmRing::create(ring_bytes_, uint64_t{random()} << 32 | random());
+    if (!created.ok()) {
+      std::fprintf(stderr, "tessera-worker: no shared memory to device %d, using gRPC: %s\n", peer_,
+                   created.status().ToString().c_str());
+      return;
+    }
+    ring_ = *std::move(created);
+    ring_view_.store(ring_.get(), std::memory_order_release);
+    push(Outgoing{encode_offer(self_, ring_->name(), ring_->token(), host_), 0}, 0, absl::InfiniteFuture())
+        .IgnoreError();
+  }
+
+  // Copies one message into the ring, waiting for room until `deadline`. The link's gRPC
+  // streams stay open beside it: when they fail (the peer died), so does this link, and the
+  // ops it carried, on either path, are reported (see fail_locked).
+  absl::Status write_ring(ShmRing* ring, MessageTag tag, const std::byte* data, int64_t bytes, absl::Time deadline) {
+    absl::MutexLock writer(&ring_mu_);  // one writer at a time
+    {
+      absl::MutexLock lock(&mu_);
+      if (broken_) return error_;
+      note_op_locked(tag.op);
+    }
+    const ShmRing::Record record{tag.op, tag.step, tag.chunk, bytes};
+    while (!ring->write(record, data, std::min(deadline, absl::Now() + kRingRecheck))) {
+      absl::MutexLock lock(&mu_);
+      if (broken_) return error_;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(peer_name(peer_, address_),
+                                                        " is not taking collective data (its shared-memory ring of ",
+                                                        ring->capacity(), " bytes is full)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void note_op_locked(uint64_t op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (op != 0 && (recent_ops_.empty() || recent_ops_.back() != op)) {
+      recent_ops_.push_back(op);
+      if (recent_ops_.size() > kMaxNoticeOps) recent_ops_.pop_front();
+    }
+  }
+
   // Queues `message` (of op `op`; 0 for a notice), or starts its write on an idle stream.
   absl::Status push(Outgoing message, uint64_t op, absl::Time deadline) {
     const int64_t bytes = message.bytes;
@@ -155,10 +236,7 @@ class Transport::Link {
       }
       if (broken_) return error_;
       queued_bytes_ += bytes;
-      if (op != 0 && (recent_ops_.empty() || recent_ops_.back() != op)) {
-        recent_ops_.push_back(op);
-        if (recent_ops_.size() > kMaxNoticeOps) recent_ops_.pop_front();
-      }
+      note_op_locked(op);
       for (auto& s : streams_) {
         if (!s->writing) {
           idle = s.get();
@@ -264,6 +342,7 @@ class Transport::Link {
       broken_ = true;
       error_ = absl::UnavailableError(absl::StrCat(peer_name(peer_, address_), " stopped taking collective data"));
       if (!retiring_) lost.assign(recent_ops_.begin(), recent_ops_.end());
+      if (ShmRing* ring = ring_view_.load(); ring != nullptr) ring->wake_writer();  // a waiting writer sees broken_
     }
     queue_.clear();
     queued_bytes_ = 0;
@@ -277,6 +356,14 @@ class Transport::Link {
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::vector<std::unique_ptr<Stream>> streams_;
+  const int64_t ring_bytes_;
+  const std::string host_;
+  // The ring to the peer, made once by the first enqueue (closed when the link goes: the
+  // peer's reader drains it and stops); ring_view_ is how other threads see it.
+  std::once_flag ring_once_;
+  std::unique_ptr<ShmRing> ring_;
+  std::atomic<ShmRing*> ring_view_{nullptr};
+  absl::Mutex ring_mu_;  // held by the one writer of the ring
 
   mutable absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
@@ -289,19 +376,177 @@ class Transport::Link {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
+// A ring a peer writes to this worker, read by a thread of its own: it opens the segment the
+// peer offered (on a gRPC callback thread, which must not wait for that), says it is attached,
+// then files each message in the mailbox as gRPC's reader would, until it is stopped (the
+// source offered a new ring, its streams all ended, or the transport goes) or the writer
+// closed the ring and it is drained.
+class Transport::InboundRing {
+ public:
+  InboundRing(Transport* transport, int source, std::string segment, uint64_t token)
+      : transport_(transport), source_(source), segment_(std::move(segment)), token_(token), thread_([this] { run(); }) {}
+
+  ~InboundRing() {
+    stop();
+    thread_.join();
+  }
+
+  // Never waits.
+  void stop() {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (ring_ != nullptr) ring_->wake_reader();
+  }
+
+  bool exited() const { return exited_.load(); }
+
+ private:
+  void run() {
+    absl::StatusOr<std::unique_ptr<ShmRing>> opened = ShmRing::open(segment_, token_);
+    if (!opened.ok()) {
+      // Another host after all (or /dev/shm is not shared): the peer keeps using gRPC.
+      if (!absl::IsNotFound(opened.status())) {
+        std::fprintf(stderr, "tessera-worker: shared memory from device %d not used: %s\n", source_,
+                     opened.status().ToString().c_str());
+      }
+      exited_ = true;
+      return;
+    }
+    std::unique_ptr<ShmRing> ring = *std::move(opened);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!stop_) {
+        ring_ = ring.get();
+        ring->mark_attached();
+      }
+    }
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) break;
+      }
+      ShmRing::Record record;
+      absl::StatusOr<bool> got = ring->next(&record, absl::Now() + kRingRecheck);
+      if (!got.ok() || (*got && record.bytes > kMaxChunkBytes)) {
+        std::fprintf(stderr, "tessera-worker: dropping the shared-memory ring from device %d: %s\n", source_,
+                     got.ok() ? absl::StrCat("a message of ", record.bytes, " bytes exceeds the limit of ",
+                                             kMaxChunkBytes).c_str()
+                              : got.status().ToString().c_str());
+        break;
+      }
+      if (!*got) {
+        if (ring->drained_and_closed()) break;
+        continue;
+      }
+      Received data;
+      grpc::Slice slice(grpc_slice_malloc(static_cast<size_t>(record.bytes)), grpc::Slice::STEAL_REF);
+      ring->copy_payload(record, reinterpret_cast<std::byte*>(const_cast<uint8_t*>(slice.begin())));
+      ring->consume(record);
+      data.slices_.push_back(std::move(slice));
+      data.bytes_ = record.bytes;
+      transport_->file_message(source_, {record.op, record.step, record.chunk}, std::move(data), true);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ring_ = nullptr;
+    }
+    exited_ = true;
+  }
+
+  Transport* const transport_;
+  const int source_;
+  const std::string segment_;
+  const uint64_t token_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  ShmRing* ring_ ABSL_GUARDED_BY(mu_) = nullptr;  // while the thread has it open
+  std::atomic<bool> exited_{false};
+  std::thread thread_;  // last: starts once everything above is set
+};
+
 Transport::Transport(Credentials credentials) : credentials_(std::move(credentials)) {}
 
 Transport::~Transport() {
   std::map<int, std::shared_ptr<Link>> links;
   std::vector<std::shared_ptr<Link>> retired;
+  std::map<int, std::unique_ptr<InboundRing>> inbound;
+  std::vector<std::unique_ptr<InboundRing>> stopped;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     links.swap(links_);
     retired.swap(retired_);
+    inbound.swap(inbound_);
+    stopped.swap(stopped_inbound_);
   }
+  inbound.clear();  // joins the ring readers (they file into this transport) outside the lock
+  stopped.clear();
   links.clear();  // ends the streams outside the lock
   retired.clear();
+}
+
+absl::Status Transport::set_shm(ShmOptions options) {
+  if (options.enabled && (options.ring_bytes < ShmRing::kMinBytes || options.ring_bytes > ShmRing::kMaxBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("shared-memory ring size ", options.ring_bytes,
+                                                   " bytes: must be within [", ShmRing::kMinBytes, ", ",
+                                                   ShmRing::kMaxBytes, "]"));
+  }
+  if (options.host.empty()) options.host = shm_host_identity();
+  absl::MutexLock lock(&mu_);
+  shm_ = std::move(options);
+  return absl::OkStatus();
+}
+
+bool Transport::shm_enabled() const {
+  absl::MutexLock lock(&mu_);
+  return shm_.enabled;
+}
+
+int64_t Transport::shm_messages_received() const {
+  absl::MutexLock lock(&mu_);
+  return shm_received_;
+}
+
+void Transport::force_all_reduce(std::optional<Algorithm> algorithm) {
+  absl::MutexLock lock(&mu_);
+  forced_all_reduce_ = algorithm;
+}
+
+std::optional<Algorithm> Transport::forced_all_reduce() const {
+  absl::MutexLock lock(&mu_);
+  return forced_all_reduce_;
+}
+
+void Transport::ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host) {
+  absl::MutexLock lock(&mu_);
+  if (!shm_.enabled || stopping_ || host != shm_.host) return;  // the sender keeps gRPC
+  // Bounded: rings read at once, and replaced ones whose threads are not yet joined.
+  if (stopped_inbound_.size() >= kMaxInboundRings) return;
+  auto& slot = inbound_[source];
+  if (slot == nullptr && inbound_.size() > kMaxInboundRings) {
+    inbound_.erase(source);
+    return;
+  }
+  if (slot != nullptr) {
+    slot->stop();
+    stopped_inbound_.push_back(std::move(slot));
+  }
+  slot = std::make_unique<InboundRing>(this, source, segment, token);
+}
+
+void Transport::join_stopped_rings() {
+  std::vector<std::unique_ptr<InboundRing>> done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = stopped_inbound_.begin(); it != stopped_inbound_.end();) {
+      if ((*it)->exited()) {
+        done.push_back(std::move(*it));
+        it = stopped_inbound_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
 }
 
 void Transport::set_self(int device_id) {
@@ -317,6 +562,7 @@ std::shared_ptr<Transport::Link> Transport::link(int peer, const std::string& ad
     current = current_link_locked(peer, address);
     retired.swap(retired_);
   }
+  join_stopped_rings();
   return current;  // the retired links end here, outside the lock, on a thread that may wait
 }
 
@@ -325,7 +571,7 @@ std::shared_ptr<Transport::Link> Transport::current_link_locked(int peer, const 
   // A broken link, or one to an address the peer no longer has (it restarted elsewhere), is
   // replaced; the old one is retired (destroyed later, outside the lock).
   if (slot != nullptr && (slot->broken() || slot->address() != address)) retired_.push_back(std::move(slot));
-  if (slot == nullptr) slot = std::make_shared<Link>(this, self_, peer, address);
+  if (slot == nullptr) slot = std::make_shared<Link>(this, self_, peer, address, shm_.enabled ? shm_.ring_bytes : 0, shm_.host);
   return slot;
 }
 
@@ -434,9 +680,10 @@ class SliceReader {
     return true;
   }
 
-  bool varint(uint64_t* out) {
+  // At most `max_bytes` bytes (10 for a 64-bit value; a key is at most 5, as protobuf reads it).
+  bool varint(uint64_t* out, int max_bytes = 10) {
     *out = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
       uint8_t b;
       if (!byte(&b)) return false;
       *out |= uint64_t{b & 0x7Fu} << shift;
@@ -515,14 +762,34 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
   Received data;
   if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
   SliceReader reader(data.slices_);
-  uint64_t fields[5] = {0, 0, 0, 0, 0};  // source_device, op_id, step, chunk
+  uint64_t fields[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};  // source_device, op_id, step, chunk; shm_token at 8
+  std::string shm_segment, shm_host;  // an offer (see ExchangeMessage.shm_segment)
   bool has_data = false;
   std::vector<uint64_t> lost_ops;  // a notice (see ExchangeMessage.lost_ops)
   uint64_t key = 0;
-  while (!has_data && reader.varint(&key)) {
+  while (!has_data && reader.remaining() > 0) {
+    if (!reader.varint(&key, 5) || key > UINT32_MAX) {
+      return absl::InvalidArgumentError("Exchange: truncated message or a key longer than 5 bytes");
+    }
     const uint64_t field = key >> 3, wire = key & 7;
-    if (field >= 1 && field <= 4 && wire == 0) {
+    if (((field >= 1 && field <= 4) || field == 8) && wire == 0) {
       if (!reader.varint(&fields[field])) return absl::InvalidArgumentError("Exchange: truncated message");
+    } else if ((field == 7 || field == 9) && wire == 2) {
+      uint64_t length = 0;
+      if (!reader.varint(&length) || static_cast<int64_t>(length) > reader.remaining()) {
+        return absl::InvalidArgumentError("Exchange: truncated message");
+      }
+      if (length > kMaxOfferString) {
+        return absl::InvalidArgumentError(absl::StrCat("Exchange: field ", field, " of ", length,
+                                                       " bytes exceeds the limit of ", kMaxOfferString));
+      }
+      std::string& out = field == 7 ? shm_segment : shm_host;
+      out.clear();
+      for (uint64_t i = 0; i < length; ++i) {
+        uint8_t b = 0;
+        reader.byte(&b);
+        out.push_back(static_cast<char>(b));
+      }
     } else if (field == 6 && wire == 2) {
       uint64_t length = 0;
       if (!reader.varint(&length) || static_cast<int64_t>(length) > reader.remaining()) {
@@ -561,8 +828,20 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
     }
   }
   const int from = static_cast<int>(static_cast<int32_t>(fields[1]));
+  if (!has_data && lost_ops.empty() && shm_segment.empty()) {
+    return absl::InvalidArgumentError(
+        "Exchange: a message with neither data (field 5), lost ops (field 6) nor a shared-memory offer (field 7)");
+  }
+  if (!shm_segment.empty() && (has_data || !lost_ops.empty())) {
+    return absl::InvalidArgumentError("Exchange: an offer of shared memory carries data");
+  }
+  if (!lost_ops.empty() && has_data) return absl::InvalidArgumentError("Exchange: a notice of lost ops carries data");
+  if (from < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Exchange: source device ", from, " is not a device id"));
+  }
   if (authenticated_source >= 0 && from != authenticated_source) {
-    // Forged or misrouted: its stream's credential is another device's.
+    // Forged or misrouted: its stream's credential is another device's. A shared-memory offer
+    // too: a ring is read as the messages of the device whose stream offered it.
     absl::MutexLock lock(&mu_);
     if (forged_++ < 10) {
       std::fprintf(stderr, "tessera-worker: dropped an Exchange message claiming device %d on a stream of device %d\n",
@@ -577,9 +856,14 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
     return absl::InvalidArgumentError(
         absl::StrCat("Exchange: a stream from device ", *source, " carried a message from device ", from));
   }
-  absl::MutexLock lock(&mu_);
+  if (!shm_segment.empty()) {
+    // `from` is the stream's authenticated device (when it has one): the ring's messages are
+    // filed as that device's.
+    ring_offered(from, shm_segment, fields[8], shm_host);
+    return absl::OkStatus();
+  }
   if (!lost_ops.empty()) {
-    if (has_data) return absl::InvalidArgumentError("Exchange: a notice of lost ops carries data");
+    absl::MutexLock lock(&mu_);
     // The sender's earlier streams here failed: waits for these ops' messages from it fail at
     // once (what arrived before stays in the mailbox and is still delivered).
     for (uint64_t op : lost_ops) {
@@ -589,9 +873,16 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
     }
     return absl::OkStatus();
   }
-  if (finished_.count(fields[2]) > 0) return absl::OkStatus();
-  mailbox_[Key{fields[2], from, static_cast<int32_t>(fields[3]), static_cast<int32_t>(fields[4])}] = std::move(data);
+  file_message(from, {fields[2], static_cast<int32_t>(fields[3]), static_cast<int32_t>(fields[4])}, std::move(data),
+               false);
   return absl::OkStatus();
+}
+
+void Transport::file_message(int from, MessageTag tag, Received data, bool via_shm) {
+  absl::MutexLock lock(&mu_);
+  if (via_shm) ++shm_received_;
+  if (finished_.count(tag.op) > 0) return;
+  mailbox_[Key{tag.op, from, tag.step, tag.chunk}] = std::move(data);
 }
 
 // Reads one peer's stream. Never blocks in a reaction: filing a message takes the
@@ -655,6 +946,12 @@ void Transport::stream_ended(int source) {
   if (--live_streams_[source] <= 0) {
     live_streams_.erase(source);
     down_since_[source] = absl::Now();
+    // Its ring here goes too (its writer is gone or will offer a new one).
+    if (auto ring = inbound_.find(source); ring != inbound_.end()) {
+      ring->second->stop();
+      stopped_inbound_.push_back(std::move(ring->second));
+      inbound_.erase(ring);
+    }
   }
 }
 

@@ -22,8 +22,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -34,6 +36,7 @@
 #include "core/collective.h"
 #include "core/credentials.h"
 #include "core/dtype.h"
+#include "worker/collectives/algorithms.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/slice.h"
@@ -67,6 +70,13 @@ class Received {
   int64_t bytes_ = 0;
 };
 
+// The shared-memory data path between workers of one host (see shm_ring.h).
+struct ShmOptions {
+  bool enabled = false;
+  int64_t ring_bytes = int64_t{4} << 20;  // per peer pair and direction
+  std::string host;                       // empty: shm_host_identity()
+};
+
 class Transport {
  public:
   // Bytes queued to one peer before send() waits.
@@ -78,6 +88,20 @@ class Transport {
   ~Transport();  // cancels every link and joins its writer
 
   void set_self(int device_id);
+
+  // Offers a shared-memory ring to every peer this worker sends to from now on: a peer on the
+  // same host (the same ShmOptions::host) that has it enabled too opens it, and the messages
+  // to it go through the ring from then on; other peers keep gRPC. INVALID_ARGUMENT for a ring
+  // size outside [ShmRing::kMinBytes, ShmRing::kMaxBytes]. Call before the first send.
+  absl::Status set_shm(ShmOptions options);
+  bool shm_enabled() const;
+  // Messages received through shared memory so far (tests and GetStats: the path is used).
+  int64_t shm_messages_received() const;
+
+  // For measuring the thresholds of algorithms.h (tessera-worker --all_reduce_algorithm):
+  // every all_reduce of at most one chunk runs `algorithm` (give every worker the same).
+  void force_all_reduce(std::optional<Algorithm> algorithm);
+  std::optional<Algorithm> forced_all_reduce() const;
 
   // Messages of at least this many bytes are sent from the caller's memory when it passes
   // an owner; smaller ones are always copied.
@@ -119,11 +143,19 @@ class Transport {
   // Messages held in the mailbox (for tests: zero after every collective has finished).
   int64_t pending_messages() const;
 
+  // Parses one raw ExchangeMessage and files it; `source` is the stream's sender (-1 before
+  // its first message). INVALID_ARGUMENT for malformed bytes or a change of sender. A message
+  // (data, notice or shared-memory offer) claiming another device than `authenticated_source`
+  // (>= 0) is dropped and counted (forged_messages), with OK. What the Exchange reader does
+  // with each message (public for fuzz/exchange_fuzzer.cc).
+  absl::Status deliver(grpc::ByteBuffer* buffer, int* source, int authenticated_source);
+
  private:
   class Link;
   using Key = std::tuple<uint64_t, int, int32_t, int32_t>;  // op, source, step, chunk
 
   class ExchangeReader;
+  class InboundRing;
 
   // The healthy link to `peer` at `address`, opened if needed. Destroys retired links (which
   // waits for their streams to end): never call it on a gRPC callback thread.
@@ -135,9 +167,13 @@ class Transport {
   // callback threads; never blocks.
   void link_failed(const Link& failed, const std::vector<uint64_t>& ops);
   static absl::Status stream_failed(uint64_t op, const std::string& peer);
-  // Parses one raw ExchangeMessage and files it; `source` is the stream's sender (-1 before
-  // its first message). INVALID_ARGUMENT for malformed bytes or a change of sender.
-  absl::Status deliver(grpc::ByteBuffer* buffer, int* source, int authenticated_source);
+  // Files one message of `from` in the mailbox (dropped if its op has finished).
+  void file_message(int from, MessageTag tag, Received data, bool via_shm);
+  // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
+  // reader thread, which opens it, and returns).
+  void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host);
+  // Joins the reader threads that have stopped. Never on a gRPC callback thread.
+  void join_stopped_rings();
   void stream_started(int source);
   void stream_ended(int source);
 
@@ -158,6 +194,13 @@ class Transport {
   std::set<std::pair<uint64_t, int>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  ShmOptions shm_ ABSL_GUARDED_BY(mu_);
+  // The rings peers write to this worker: the current one per source, and those replaced or
+  // whose source went away (stopped, their threads joined by join_stopped_rings).
+  std::map<int, std::unique_ptr<InboundRing>> inbound_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<InboundRing>> stopped_inbound_ ABSL_GUARDED_BY(mu_);
+  int64_t shm_received_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<Algorithm> forced_all_reduce_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

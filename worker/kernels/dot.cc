@@ -119,7 +119,7 @@ void dot_loop(int64_t batch, int64_t m, int64_t k, int64_t n, const T* a, const 
 
 template <typename T>
 void dot_typed(const Node& node, const HostArray& lhs, const HostArray& rhs, HostArray* out) {
-  const DotDims& dd = node.dot;
+  const DotDims& dd = node.attrs<DotAttrs>().dims;
   const std::vector<int64_t> lhs_free =
       dot_free_dims(static_cast<int64_t>(lhs.shape().size()), dd.lhs_batch, dd.lhs_contracting);
   const std::vector<int64_t> rhs_free =

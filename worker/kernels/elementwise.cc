@@ -289,7 +289,7 @@ absl::StatusOr<HostArray> constant_kernel(const Node& node) {
   HostArray out(node.dtype, node.shape);
   visit_dtype(node.dtype, [&](auto zero) {
     using T = decltype(zero);
-    const Scalar& s = node.value;  // exact: an int64 constant never passes through a double
+    const Scalar& s = node.attrs<ConstantAttrs>().value;  // exact: an int64 constant never passes through a double
     const Stored<T> v =
         static_cast<Stored<T>>(s.is_integer() ? convert_value<T>(s.int_value()) : convert_value<T>(s.float_value()));
     Stored<T>* o = mutable_stored<T>(&out);
@@ -304,7 +304,7 @@ absl::StatusOr<HostArray> iota_kernel(const Node& node) {
         absl::StrCat("iota: not defined for bool (", type_to_string(node.dtype, node.shape), ")"));
   }
   HostArray out(node.dtype, node.shape);
-  const size_t axis = static_cast<size_t>(node.dims[0]);
+  const size_t axis = static_cast<size_t>(node.attrs<IotaAttrs>().dimension);
   int64_t outer = 1, inner = 1;
   for (size_t d = 0; d < axis; ++d) outer *= node.shape[d];
   for (size_t d = axis + 1; d < node.shape.size(); ++d) inner *= node.shape[d];

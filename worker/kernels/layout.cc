@@ -79,8 +79,9 @@ HostArray broadcast_in_dim_kernel(const Node& node, const HostArray& x) {
   // Result dimensions the operand does not map to, and operand dimensions of size 1, repeat
   // the same elements: stride 0.
   std::vector<int64_t> strides(node.shape.size(), 0);
-  for (size_t i = 0; i < node.dims.size(); ++i) {
-    if (x.shape()[i] != 1) strides[static_cast<size_t>(node.dims[i])] = x_strides[i];
+  const std::vector<int64_t>& dims = node.attrs<BroadcastAttrs>().result_dims;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (x.shape()[i] != 1) strides[static_cast<size_t>(dims[i])] = x_strides[i];
   }
   gather(x.data(), dtype_size(x.dtype()), 0, node.shape, strides, out.data());
   return out;
@@ -91,8 +92,9 @@ HostArray reshape_kernel(const Node& node, const HostArray& x) { return x.clone(
 HostArray transpose_kernel(const Node& node, const HostArray& x) {
   HostArray out(node.dtype, node.shape);
   const std::vector<int64_t> x_strides = row_major_strides(x.shape());
-  std::vector<int64_t> strides(node.dims.size());
-  for (size_t i = 0; i < node.dims.size(); ++i) strides[i] = x_strides[static_cast<size_t>(node.dims[i])];
+  const std::vector<int64_t>& permutation = node.attrs<TransposeAttrs>().permutation;
+  std::vector<int64_t> strides(permutation.size());
+  for (size_t i = 0; i < permutation.size(); ++i) strides[i] = x_strides[static_cast<size_t>(permutation[i])];
   gather(x.data(), dtype_size(x.dtype()), 0, node.shape, strides, out.data());
   return out;
 }
@@ -101,7 +103,7 @@ HostArray slice_kernel(const Node& node, const HostArray& x) {
   HostArray out(node.dtype, node.shape);
   const std::vector<int64_t> x_strides = row_major_strides(x.shape());
   int64_t offset = 0;
-  for (size_t d = 0; d < x_strides.size(); ++d) offset += node.dims[d] * x_strides[d];
+  for (size_t d = 0; d < x_strides.size(); ++d) offset += node.attrs<SliceAttrs>().start[d] * x_strides[d];
   gather(x.data(), dtype_size(x.dtype()), offset, node.shape, x_strides, out.data());
   return out;
 }
@@ -110,7 +112,7 @@ HostArray concatenate_kernel(const Node& node, const std::vector<const HostArray
   HostArray out(node.dtype, node.shape);
   if (out.size() == 0) return out;
   // Viewed as (outer, axis * inner), each operand contributes a block of columns to every row.
-  const size_t axis = static_cast<size_t>(node.dims[0]);
+  const size_t axis = static_cast<size_t>(node.attrs<ConcatAttrs>().axis);
   int64_t outer = 1, inner = dtype_size(node.dtype);
   for (size_t d = 0; d < axis; ++d) outer *= node.shape[d];
   for (size_t d = axis + 1; d < node.shape.size(); ++d) inner *= node.shape[d];

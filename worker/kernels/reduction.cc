@@ -26,7 +26,8 @@ HostArray reduce_with(const Node& node, const HostArray& x, Acc init, F combine)
   const std::vector<int64_t> result_strides = row_major_strides(node.shape);
   std::vector<int64_t> out_strides(rank, 0);
   for (size_t d = 0, kept = 0; d < rank; ++d) {
-    const bool reduced = std::find(node.dims.begin(), node.dims.end(), static_cast<int64_t>(d)) != node.dims.end();
+    const std::vector<int64_t>& axes = node.attrs<ReduceAttrs>().axes;
+    const bool reduced = std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end();
     if (!reduced) out_strides[d] = result_strides[kept++];
   }
 
@@ -146,7 +147,7 @@ HostArray reduce_kernel(const Node& node, const HostArray& x) {
 
 HostArray argmax_kernel(const Node& node, const HostArray& x) {
   HostArray out(node.dtype, node.shape);
-  const size_t axis = static_cast<size_t>(node.dims[0]);
+  const size_t axis = static_cast<size_t>(node.attrs<ArgmaxAttrs>().axis);
   visit_dtype(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if (node.dtype == DType::kI32) {

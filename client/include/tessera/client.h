@@ -45,6 +45,7 @@ struct DeviceStats {
   int64_t collective_messages_pending = 0;  // received by the device, not yet consumed
   std::string blas_kernel;                  // OpenBLAS's kernel on that device
   int64_t plans_loaded = 0;                 // compiled programs' plans the device holds
+  int64_t shm_messages_received = 0;        // collective messages that came through shared memory
 };
 
 // Options of Client::connect.

@@ -102,7 +102,7 @@ class Combiner {
       total += h.elements;
     }
     Instruction concat = make_kernel(Op::kConcatenate, dtype, {total}, flat, cause);
-    concat.node.dims = {0};
+    concat.node.attributes = ConcatAttrs{0};
     const int joined = push(std::move(concat));
     Instruction reduce = first;
     reduce.in = {joined};
@@ -114,8 +114,7 @@ class Combiner {
     int64_t offset = 0;
     for (Held& h : held) {
       Instruction part = make_kernel(Op::kSlice, dtype, {h.elements}, {reduced}, h.all_reduce.cause);
-      part.node.dims = {offset};
-      part.node.limits = {offset + h.elements};
+      part.node.attributes = SliceAttrs{{offset}, {offset + h.elements}};
       offset += h.elements;
       const int sliced = push(std::move(part));
       Instruction back = make_kernel(Op::kReshape, dtype, h.all_reduce.node.shape, {sliced}, h.all_reduce.cause);

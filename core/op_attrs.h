@@ -1,0 +1,150 @@
+// Op attributes: what each op reads beyond its operands, as one named struct per kind, held
+// by a Node in the Attrs variant. Each op's OpDef (core/op.h) names the one alternative it
+// takes; Graph::add_node, the wire decoders and the op table test check that a node carries
+// it, so a kernel or a rule reads its fields directly:
+//
+//   Node n = g.node(id);                               // a slice
+//   const SliceAttrs& s = n.attrs<SliceAttrs>();       // s.start, s.limit
+//   n.attributes = TransposeAttrs{{1, 0}};             // another op's node
+//
+// Adding an op's attributes is one struct here (with its kName), one alternative of Attrs, one
+// message in proto/tessera.proto's KernelNode oneof with its encoder and decoder in
+// core/wire.cc, and its text in attrs_to_text (core/graph.cc).
+#ifndef TESSERA_CORE_OP_ATTRS_H_
+#define TESSERA_CORE_OP_ATTRS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "core/collective.h"
+#include "core/mesh.h"
+#include "core/scalar.h"
+#include "core/sharding.h"
+
+namespace tessera {
+
+// dot_general's dimension numbers, as lax.dot_general: batch dimensions pair up, contracting
+// dimensions are summed over. The result is batch, then lhs free, then rhs free dimensions.
+struct DotDims {
+  std::vector<int64_t> lhs_batch, rhs_batch, lhs_contracting, rhs_contracting;
+  bool operator==(const DotDims& o) const {
+    return lhs_batch == o.lhs_batch && rhs_batch == o.rhs_batch && lhs_contracting == o.lhs_contracting &&
+           rhs_contracting == o.rhs_contracting;
+  }
+};
+
+// Ops that read nothing but their operands (elementwise ops, reshape, sharding_as, ...).
+struct NoAttrs {
+  static constexpr const char* kName = "none";
+};
+// parameter: its position among the graph's parameters (Graph numbers them).
+struct ParameterAttrs {
+  static constexpr const char* kName = "parameter";
+  int64_t index = 0;
+};
+// constant: the value of every element, exact (integers as int64, floats bit for bit).
+struct ConstantAttrs {
+  static constexpr const char* kName = "constant";
+  Scalar value;
+};
+// iota: the dimension it counts along.
+struct IotaAttrs {
+  static constexpr const char* kName = "iota";
+  int64_t dimension = 0;
+};
+// broadcast_in_dim: result_dims[i] is the result dimension of operand dimension i.
+struct BroadcastAttrs {
+  static constexpr const char* kName = "broadcast";
+  std::vector<int64_t> result_dims;
+};
+// transpose: result dimension i is operand dimension permutation[i].
+struct TransposeAttrs {
+  static constexpr const char* kName = "transpose";
+  std::vector<int64_t> permutation;
+};
+// reduce_*: the operand dimensions folded away (Graph sorts them).
+struct ReduceAttrs {
+  static constexpr const char* kName = "reduce";
+  std::vector<int64_t> axes;
+};
+// argmax: the dimension searched (and dropped).
+struct ArgmaxAttrs {
+  static constexpr const char* kName = "argmax";
+  int64_t axis = 0;
+};
+// slice: per dimension, the first index kept and one past the last (unit strides).
+struct SliceAttrs {
+  static constexpr const char* kName = "slice";
+  std::vector<int64_t> start, limit;
+};
+// concatenate: the dimension the operands are joined along.
+struct ConcatAttrs {
+  static constexpr const char* kName = "concat";
+  int64_t axis = 0;
+};
+// dot_general: its dimension numbers.
+struct DotAttrs {
+  static constexpr const char* kName = "dot";
+  DotDims dims;
+};
+// sharding_constraint, shard_map_in/out: the layout (never a plan's kernel: placement is the
+// partitioner's business).
+struct ShardingAttrs {
+  static constexpr const char* kName = "sharding";
+  NamedSharding sharding;
+};
+// A shard_map collective: it runs over the replica groups of mesh `axes` of `mesh`.
+//   all_reduce: reduce_op; reduce_scatter: reduce_op, dimension; all_gather: dimension;
+//   all_to_all: split_dimension, concat_dimension;
+//   collective_permute: positions = {source0, target0, source1, ...} along the axes.
+struct CollectiveAttrs {
+  static constexpr const char* kName = "collective";
+  Mesh mesh;
+  std::vector<std::string> axes;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int64_t dimension = 0;
+  int64_t split_dimension = 0, concat_dimension = 0;
+  std::vector<int64_t> positions;
+};
+// axis_index: this device's position along mesh `axes` of `mesh`. Set in a graph; a plan's
+// axis_index names its axes in the instruction and runs on the plan's mesh (both unset here).
+struct AxisIndexAttrs {
+  static constexpr const char* kName = "axis_index";
+  std::optional<Mesh> mesh;
+  std::vector<std::string> axes;
+};
+
+// Every kind of attributes. NoAttrs first: a default Node carries none.
+using Attrs =
+    std::variant<NoAttrs, ParameterAttrs, ConstantAttrs, IotaAttrs, BroadcastAttrs, TransposeAttrs, ReduceAttrs,
+                 ArgmaxAttrs, SliceAttrs, ConcatAttrs, DotAttrs, ShardingAttrs, CollectiveAttrs, AxisIndexAttrs>;
+
+namespace internal {
+template <class T, class... Ts>
+constexpr int alternative_index(const std::variant<Ts...>*) {
+  int i = 0, found = -1;
+  ((std::is_same_v<T, Ts> ? (found = i, ++i) : ++i), ...);
+  return found;
+}
+template <class... Ts>
+constexpr const char* alternative_name(int i, const std::variant<Ts...>*) {
+  constexpr const char* kNames[] = {Ts::kName...};
+  return i >= 0 && i < static_cast<int>(sizeof...(Ts)) ? kNames[i] : "unknown";
+}
+}  // namespace internal
+
+// The position of T among Attrs' alternatives: what OpDef::attrs records.
+template <class T>
+inline constexpr int kAttrsIndex = internal::alternative_index<T>(static_cast<const Attrs*>(nullptr));
+// The kName of alternative `index` ("slice"), "unknown" outside them.
+inline constexpr const char* attrs_name(int index) {
+  return internal::alternative_name(index, static_cast<const Attrs*>(nullptr));
+}
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_OP_ATTRS_H_

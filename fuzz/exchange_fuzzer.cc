@@ -1,0 +1,80 @@
+// Fuzz target: one peer's Exchange stream as a worker reads it (Transport::deliver, which
+// the stream's reader calls for each message, and the mailbox it files messages into).
+//
+// The input is a run of messages, each 3 bytes then its bytes: the offset where gRPC's slices
+// split it (the first byte, modulo its length + 1) and its length (two bytes, little endian).
+// Messages are delivered in order until one is rejected (the reader then ends the stream).
+// Each accepted data message must be what protobuf itself parses from the same bytes, and be
+// received under its tag with exactly those data bytes. Each input runs twice: on a stream of
+// the development mode (no authenticated device) and on one authenticated as device 3 (the
+// seeds' sender), where an accepted message claiming another device must be dropped and
+// counted, leaving the mailbox and the stream's source as they were.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "fuzz/fuzz_check.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "proto/tessera.pb.h"
+#include "worker/collectives/transport.h"
+
+using namespace tessera;
+
+namespace {
+
+constexpr int kAuthenticated = 3;
+
+void run_stream(const uint8_t* data, size_t size, int authenticated_source) {
+  Transport transport;
+  transport.set_self(0);
+  int source = -1;
+  size_t pos = 0;
+  while (pos + 3 <= size) {
+    const size_t cut = data[pos];
+    const size_t length = std::min<size_t>(data[pos + 1] | data[pos + 2] << 8, size - pos - 3);
+    const char* bytes = reinterpret_cast<const char*>(data + pos + 3);
+    pos += 3 + length;
+    const size_t split = cut % (length + 1);
+    grpc::Slice slices[2] = {grpc::Slice(bytes, split), grpc::Slice(bytes + split, length - split)};
+    grpc::ByteBuffer buffer(slices, 2);
+    const int64_t pending = transport.pending_messages();
+    const int64_t forged = transport.forged_messages();
+    const int source_before = source;
+    absl::Status delivered = transport.deliver(&buffer, &source, authenticated_source);
+    fuzz::check_rejection(delivered, "deliver");
+    if (!delivered.ok()) break;
+    // What protobuf makes of the same bytes (deliver reads them by hand).
+    pb::ExchangeMessage parsed;
+    if (!parsed.ParseFromArray(bytes, static_cast<int>(length))) fuzz::fail("deliver accepted", "unparseable bytes");
+    if (authenticated_source >= 0 && parsed.source_device() != authenticated_source) {
+      fuzz::check(transport.forged_messages() == forged + 1, "a message claiming another device was not counted");
+      fuzz::check(transport.pending_messages() == pending, "a message claiming another device was filed");
+      fuzz::check(source == source_before, "a message claiming another device set the stream's source");
+      continue;
+    }
+    fuzz::check(transport.forged_messages() == forged, "a message of the stream's own device was counted as forged");
+    fuzz::check(parsed.source_device() == source, "deliver's source is not the message's");
+    if (parsed.lost_ops_size() > 0 || transport.pending_messages() == pending) continue;  // a notice, or a repeat
+    const MessageTag tag{parsed.op_id(), parsed.step(), parsed.chunk()};
+    absl::StatusOr<Received> got = transport.receive(source, "", tag, absl::InfinitePast(), absl::InfinitePast());
+    if (!got.ok()) fuzz::fail("an accepted message is not in the mailbox under its tag", got.status().ToString());
+    fuzz::check(got->size() == static_cast<int64_t>(parsed.data().size()), "received size differs from protobuf's");
+    std::string copy(static_cast<size_t>(got->size()), '\0');
+    got->copy_to(reinterpret_cast<std::byte*>(copy.data()));
+    fuzz::check(copy == parsed.data(), "received bytes differ from protobuf's");
+    if (got->size() % 4 == 0) {
+      std::string acc(copy.size(), '\0');
+      got->reduce_into(DType::kI32, ReduceOp::kSum, reinterpret_cast<std::byte*>(acc.data()));
+      fuzz::check(acc == copy, "0 + data is not data");
+    }
+    transport.finish_op(tag.op);
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  run_stream(data, size, -1);
+  run_stream(data, size, kAuthenticated);
+  return 0;
+}

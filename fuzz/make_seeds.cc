@@ -1,0 +1,192 @@
+// fuzz_seeds: writes the seed corpus of fuzz/ (fuzz/corpus/<target>/seed-*) from real
+// programs: the digits MLP's training step (examples/mlp_model.h) and a shard_map ring
+// matmul with psum, psum_scatter, ppermute and axis_index, traced and compiled for a (4, 2)
+// mesh as the coordinator does; their Compile requests, their LoadPlan requests, and the
+// Exchange, PutShard and RunCollective messages of their runs. Deterministic: a rerun
+// rewrites the same bytes unless the wire format or the compiler changed.
+//
+//   build/bin/fuzz_seeds fuzz/corpus      # ./dev fuzz-seeds
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "coordinator/compiler/partition.h"
+#include "coordinator/compiler/propagate.h"
+#include "core/wire.h"
+#include "examples/mlp_model.h"
+#include "proto/tessera.pb.h"
+#include "tessera/shard_map.h"
+
+namespace tessera {
+namespace {
+
+std::string root;
+
+void write(const std::string& target, const std::string& name, const std::string& bytes) {
+  const std::string path = root + "/" + target + "/seed-" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  std::printf("%s: %zu bytes\n", path.c_str(), bytes.size());
+}
+
+std::string le16(size_t n) { return std::string{static_cast<char>(n & 0xff), static_cast<char>(n >> 8)}; }
+
+// A traced program's Compile request, and the LoadPlan request of what it compiles to.
+bool program_seeds(const std::string& name, const TracedFunction& f, const std::vector<ArrayType>& types,
+                   const Mesh& mesh, const std::vector<PartitionSpec>& specs) {
+  absl::StatusOr<Graph> graph = trace(f, types);
+  const std::vector<std::optional<PartitionSpec>> outputs(graph.ok() ? graph->outputs().size() : 0);
+  absl::StatusOr<Propagation> p = graph.ok() ? propagate(*graph, mesh, specs, outputs) : graph.status();
+  absl::StatusOr<Executable> e = p.ok() ? partition(*graph, mesh, *p, outputs, {}) : p.status();
+  if (!e.ok()) {
+    std::fprintf(stderr, "fuzz_seeds: %s: %s\n", name.c_str(), e.status().ToString().c_str());
+    return false;
+  }
+  pb::CompileRequest compile;
+  to_proto(*graph, compile.mutable_graph());
+  to_proto(mesh, compile.mutable_mesh());
+  for (const PartitionSpec& s : specs) to_proto(s, compile.add_input_specs());
+  write("graph", name, compile.SerializeAsString());
+  pb::LoadPlanRequest load;
+  load.set_plan_id(1);
+  to_proto(e->program, load.mutable_plan());
+  to_proto(e->mesh, load.mutable_mesh());
+  for (int d : e->mesh.device_ids()) {
+    pb::PeerAddress* peer = load.add_peers();
+    peer->set_device_id(d);
+    peer->set_address("127.0.0.1:" + std::to_string(7000 + d));
+  }
+  write("plan", name, load.SerializeAsString());
+  return true;
+}
+
+// An Exchange message as Transport writes it (the header, then field 5 by hand), with the
+// fuzzer's 3-byte prefix (split offset, length).
+std::string exchange_record(int source, uint64_t op, int step, int chunk, const std::string& data, int split) {
+  pb::ExchangeMessage m;
+  m.set_source_device(source);
+  m.set_op_id(op);
+  m.set_step(step);
+  m.set_chunk(chunk);
+  m.set_data(data);
+  const std::string bytes = m.SerializeAsString();
+  return std::string(1, static_cast<char>(split)) + le16(bytes.size()) + bytes;
+}
+
+std::string floats(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    const float x = 0.5f * static_cast<float>(i) - 3.0f;
+    s.append(reinterpret_cast<const char*>(&x), sizeof x);
+  }
+  return s;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  using namespace tessera;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: fuzz_seeds CORPUS_DIR (fuzz/corpus)\n");
+    return 2;
+  }
+  root = argv[1];
+  const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  bool ok = true;
+
+  // The digits MLP step as example_mlp_train jits it: 64 pixels, 32 hidden units over 'model'.
+  const std::vector<ArrayType> mlp_types = {{DType::kF32, {64, 32}}, {DType::kF32, {32}},     {DType::kF32, {32, 10}},
+                                            {DType::kF32, {10}},     {DType::kF32, {16, 64}}, {DType::kF32, {16, 10}}};
+  ok = program_seeds("digits_mlp_step", mlp::train_step(0.1), mlp_types, mesh,
+                     {P(None, "model"), P("model"), P("model", None), P(), P("data", None), P("data", None)}) &&
+       ok;
+
+  // shard_map: a matmul with its contracting dimension over 'model' (psum, psum_scatter) and
+  // a ring over 'data' (ppermute, axis_index), inside one jitted function.
+  ShardMapped body = shard_map(
+      [](const std::vector<Value>& in) {
+        const Value partial = matmul(in[0], in[1]);
+        const Value summed = psum(partial, "model");
+        const Value scattered = psum_scatter(partial, "model", /*scatter_dimension=*/1, /*tiled=*/true);
+        const Value me = convert(axis_index("data"), DType::kF32);
+        const Value ring = ppermute(summed, "data", {{0, 1}, {1, 2}, {2, 3}, {3, 0}});
+        return std::vector<Value>{ring + me, scattered};
+      },
+      mesh, {P("data", "model"), P("model", None)}, {P("data", None), P("data", "model")});
+  ok = program_seeds("shard_map_ring",
+                     [&body](const std::vector<Value>& in) {
+                       std::vector<Value> out = body({tanh(in[0]), in[1]});
+                       return std::vector<Value>{out[0], sum(out[1], {0})};
+                     },
+                     {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, mesh, {P("data", "model"), P("model", None)}) &&
+       ok;
+
+  // Exchange: a collective's data messages on one stream (one split inside the header, one in
+  // the data), then a notice of lost ops.
+  pb::ExchangeMessage notice;
+  notice.set_source_device(3);
+  notice.add_lost_ops(41);
+  notice.add_lost_ops(42);
+  const std::string notice_bytes = notice.SerializeAsString();
+  write("exchange", "all_reduce_steps",
+        exchange_record(3, 42, 0, 0, floats(16), 4) + exchange_record(3, 42, 1, 0, floats(16), 30) +
+            exchange_record(3, 42, 1, 1, floats(3), 0) + std::string(1, '\2') + le16(notice_bytes.size()) +
+            notice_bytes);
+  // A message claiming device 1, then device 3's own: on a stream authenticated as device 3
+  // the first is dropped as forged and the second filed; in the development mode the first
+  // names the stream's sender and the second is a change of sender.
+  write("exchange", "forged_then_own",
+        exchange_record(1, 43, 0, 0, floats(4), 2) + exchange_record(3, 43, 0, 0, floats(4), 5));
+
+  // PutShard: a (4, 8) f32 shard in a header message with the first 64 bytes, then the rest.
+  pb::ShardChunk first;
+  first.mutable_header()->set_buffer_id(7);
+  first.mutable_header()->set_dtype(pb::F32);
+  first.mutable_header()->mutable_shape()->add_dims(4);
+  first.mutable_header()->mutable_shape()->add_dims(8);
+  const std::string data = floats(32);
+  first.set_data(data.substr(0, 64));
+  pb::ShardChunk rest;
+  rest.set_data(data.substr(64));
+  const std::string a = first.SerializeAsString(), b = rest.SerializeAsString();
+  write("put_shard", "f32_4x8_two_chunks", le16(a.size()) + a + le16(b.size()) + b);
+
+  // CreateArray (16, 8) f32 over P('data', 'model'), then each collective kind on it.
+  pb::CreateArrayRequest create;
+  create.set_dtype(pb::F32);
+  create.mutable_shape()->add_dims(16);
+  create.mutable_shape()->add_dims(8);
+  to_proto(NamedSharding(mesh, P("data", "model")), create.mutable_sharding());
+  const std::string create_bytes = create.SerializeAsString();
+  struct Case {
+    const char* name;
+    CollectiveKind kind;
+    std::vector<std::string> axes;
+  };
+  for (const Case& c : {Case{"all_reduce_model", CollectiveKind::kAllReduce, {"model"}},
+                        Case{"all_gather_data", CollectiveKind::kAllGather, {"data"}},
+                        Case{"reduce_scatter_model", CollectiveKind::kReduceScatter, {"model"}},
+                        Case{"all_to_all_all", CollectiveKind::kAllToAll, {"data", "model"}},
+                        Case{"permute_data", CollectiveKind::kCollectivePermute, {"data"}},
+                        Case{"broadcast_data", CollectiveKind::kBroadcast, {"data"}}}) {
+    CollectiveSpec spec;
+    spec.kind = c.kind;
+    spec.groups = *replica_groups(mesh, c.axes);
+    spec.dimension = c.kind == CollectiveKind::kReduceScatter ? 1 : 0;
+    spec.split_dimension = 0;
+    spec.concat_dimension = 1;
+    if (c.kind == CollectiveKind::kCollectivePermute) {
+      for (const std::vector<int>& g : spec.groups) {
+        for (size_t i = 0; i < g.size(); ++i) spec.pairs.emplace_back(g[i], g[(i + 1) % g.size()]);
+      }
+    }
+    spec.root = c.kind == CollectiveKind::kBroadcast ? 1 : 0;
+    pb::RunCollectiveRequest run;
+    run.set_array_id(1);
+    to_proto(spec, run.mutable_spec());
+    run.set_timeout_ms(10000);
+    write("requests", c.name, le16(create_bytes.size()) + create_bytes + run.SerializeAsString());
+  }
+  return ok ? 0 : 1;
+}
