@@ -1,22 +1,27 @@
 // bench_dispatch: latency of a cached jitted elementwise op on small (8, 8) arrays sharded over
 // 8 local workers, next to a plain gRPC unary round trip measured in the same run.
 //
-//   bin/bench_dispatch [--iters=200] [--back_to_back=200] [--json]
+//   bin/bench_dispatch [--iters=200] [--back_to_back=200] [--json] [--check_credentials=false]
 //
 // Calls are asynchronous, so it times three things: a call followed by block_until_ready (the
 // latency, p50 and p99), the call alone (dispatch: how long the caller is held), and N calls
 // issued back to back and then waited for (time per call: what asynchronous dispatch buys),
 // both on one input and as a chain where each call consumes the previous one's output.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/stats.h"
+#include "core/credentials.h"
 #include "core/daemon.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
@@ -24,13 +29,26 @@
 ABSL_FLAG(int, iters, 200, "timed calls");
 ABSL_FLAG(int, back_to_back, 200, "calls issued back to back before waiting for them");
 ABSL_FLAG(bool, json, false, "one JSON object instead of text");
+ABSL_FLAG(bool, check_credentials, true,
+          "the cluster checks tokens (as Client::local does); false: the development mode, to see what the checks "
+          "cost");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Times jit dispatch against a gRPC round trip.\nUsage: bench_dispatch [--iters=200]");
   tessera::parse_flags(argc, argv, "bench_dispatch", {});
   using namespace tessera;
   const int iters = std::max(10, absl::GetFlag(FLAGS_iters));
-  absl::StatusOr<Client> client = Client::local(8);
+  // The round trip below presents the client token too: its credentials come from a directory.
+  const std::string dir = absl::StrCat("/tmp/bench-dispatch-credentials-", getpid());
+  absl::StatusOr<Credentials> credentials = generate_credentials();
+  if (!credentials.ok() || !write_credentials(dir, *credentials).ok()) {
+    std::fprintf(stderr, "bench_dispatch: cannot write credentials to %s\n", dir.c_str());
+    return 1;
+  }
+  LocalOptions local;
+  local.check_credentials = absl::GetFlag(FLAGS_check_credentials);
+  local.credentials_dir = dir;
+  absl::StatusOr<Client> client = Client::local(8, local);
   absl::StatusOr<Mesh> mesh = client.ok() ? client->make_mesh({4, 2}, {"data", "model"}) : client.status();
   if (!mesh.ok()) {
     std::fprintf(stderr, "bench_dispatch: %s\n", mesh.status().ToString().c_str());
@@ -86,7 +104,8 @@ int main(int argc, char** argv) {
     if (!ready.ok()) return fail(ready);
     chained_us = absl::ToDoubleMicroseconds(absl::Now() - t) / n;
   }
-  auto stub = pb::Coordinator::NewStub(make_channel(client->coordinator_address()));
+  auto stub = pb::Coordinator::NewStub(
+      make_channel(client->coordinator_address(), std::make_shared<CallIdentity>(credentials->client)));
   for (int i = 0; i < iters + 10; ++i) {
     pb::HandshakeRequest req;
     req.set_protocol_version(kProtocolVersion);
@@ -112,5 +131,9 @@ int main(int argc, char** argv) {
         "consuming the previous output)\n",
         p50, p99, grpc50, p50 / grpc50, dispatch50, n, independent_us, chained_us);
   }
+  for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile}) {
+    std::remove(absl::StrCat(dir, "/", f).c_str());
+  }
+  rmdir(dir.c_str());
   return 0;
 }

@@ -7,6 +7,7 @@
 //   tessera run-example seed_layer     # bin/example_seed_layer --coordinator=<that address>
 //   tessera down                       # stops exactly the processes `up` started, by pid
 //   tessera health --address HOST:PORT # grpc.health.v1: exit 0 when the daemon there is ready
+//   tessera credentials DIR            # fresh tokens for a cluster (up makes its own)
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,14 +25,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/state.h"
+#include "core/credentials.h"
 #include "core/daemon.h"
 #include "core/status.h"
 #include "core/subprocess.h"
 #include "core/wire.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/auth.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
@@ -51,6 +55,21 @@ ABSL_FLAG(std::string, address, "", "health: host:port of the coordinator or wor
 ABSL_FLAG(bool, json, false,
           "status: print the coordinator's ClusterStatus as JSON (proto3 mapping: 64-bit numbers are strings)");
 ABSL_FLAG(int, iterations, 0, "top: stop after this many refreshes; 0: until interrupted");
+ABSL_FLAG(std::string, token_file, "",
+          "status, top, run-example: the file holding the token to present; default: the admin token (for "
+          "run-example: the client token) of the cluster `up` started, if any (env TESSERA_TOKEN_FILE)");
+ABSL_FLAG(std::string, credentials, "",
+          "up: the daemons' credentials directory (`tessera credentials DIR` makes one); default: fresh ones in "
+          "STATE-credentials/ (env TESSERA_CREDENTIALS)");
+ABSL_FLAG(std::string, ca_file, "",
+          "status, top, run-example, health: the cluster CA's certificate, for TLS; default: without --coordinator, "
+          "the ca.pem of the cluster `up` started, if any (env TESSERA_CA_FILE)");
+ABSL_FLAG(std::string, tls_hosts, "127.0.0.1,localhost",
+          "credentials: the addresses and DNS names the daemons' certificate is valid for ('*.domain' covers a "
+          "domain); empty: no TLS, tokens only. up: its --host is added");
+ABSL_FLAG(bool, insecure, false,
+          "up: start the daemons without credentials (the development mode: nothing is checked; --host must be a "
+          "loopback address)");
 ABSL_FLAG(std::string, service, "",
           "health: the grpc.health.v1 service to ask for: '' (ready: a registered worker, a coordinator with its "
           "expected devices alive) or 'liveness' (the process serves)");
@@ -62,9 +81,15 @@ constexpr char kUsage[] =
     "start, inspect and stop Tessera clusters on this machine.\n"
     "\n"
     "  tessera up --workers N [--port P] [--host ADDR] [--memory_bytes B] [--state FILE]\n"
+    "             [--credentials DIR | --insecure]\n"
     "      starts a coordinator and N workers as background daemons (logs beside the state file),\n"
-    "      waits until all N have registered, and prints the coordinator's address\n"
-    "  tessera status [--coordinator HOST:PORT] [--json]\n"
+    "      waits until all N have registered, and prints the coordinator's address; the daemons check\n"
+    "      credentials and TLS: fresh tokens, a cluster CA and the daemons' certificate in\n"
+    "      STATE-credentials/ (programs need client.token and ca.pem; admin.token is for status)\n"
+    "  tessera credentials DIR [--tls_hosts H1,H2,...]\n"
+    "      writes fresh tokens into DIR (cluster.token, client.token, admin.token; mode 0600) and, unless\n"
+    "      --tls_hosts is empty, a cluster CA (ca.pem) and a daemon certificate for those hosts\n"
+    "  tessera status [--coordinator HOST:PORT] [--token_file FILE] [--json]\n"
     "      one row per device (id, address, state, incarnation, buffers, bytes used / limit,\n"
     "      programs loaded, plan runs and failures, BLAS kernel, uptime, last error), then the\n"
     "      cluster's arrays and executables; --json: all of it as JSON, for scripts\n"
@@ -80,6 +105,41 @@ constexpr char kUsage[] =
     "      coordinator with its --expected_devices alive; with --service liveness, one that serves at all\n"
     "\n"
     "Flags can also come from the environment variables named in their help; the command line wins.";
+
+// The credentials directory `up` makes beside the state file.
+std::string credentials_dir(const std::string& state_path) { return state_path + "-credentials"; }
+
+// Whether the cluster is the one `up` started (no --coordinator): then its credentials
+// directory holds what to present.
+bool cluster_of_state() { return absl::GetFlag(FLAGS_coordinator).empty(); }
+
+// The token to present: --token_file's, else `file` of the cluster `up` started (if it has
+// credentials), else none (a cluster in the development mode).
+absl::StatusOr<std::string> token(const std::string& state_path, const char* file) {
+  std::string path = absl::GetFlag(FLAGS_token_file);
+  if (path.empty()) {
+    if (!cluster_of_state()) return std::string();
+    path = absl::StrCat(credentials_dir(state_path), "/", file);
+    if (access(path.c_str(), R_OK) != 0) return std::string();
+  }
+  return read_token_file(path);
+}
+
+// What the CLI presents: `token`, over TLS when there is --ca_file or, with `use_state`, the
+// cluster `up` started has a CA.
+absl::StatusOr<std::shared_ptr<CallIdentity>> cli_identity(const std::string& state_path, const std::string& token,
+                                                           bool use_state) {
+  std::string ca = absl::GetFlag(FLAGS_ca_file);
+  std::string pem;
+  if (ca.empty() && use_state) {
+    ca = absl::StrCat(credentials_dir(state_path), "/", kCaFile);
+    if (access(ca.c_str(), R_OK) != 0) ca.clear();
+  }
+  if (!ca.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(pem, read_file(ca));
+  }
+  return std::make_shared<CallIdentity>(token, -1, pem);
+}
 
 // The cluster's address: --coordinator / $TESSERA_COORDINATOR, else the one in the state file.
 absl::StatusOr<std::string> coordinator_address(const std::string& state_path) {
@@ -186,11 +246,34 @@ absl::Status up(const std::string& state_path) {
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   const std::string bin = executable_dir();
   const std::string host = absl::GetFlag(FLAGS_host);
+  // Credentials by default: fresh ones for every cluster `up` starts, or the given directory.
+  std::string credentials = absl::GetFlag(FLAGS_credentials);
+  Credentials tokens;
+  if (absl::GetFlag(FLAGS_insecure)) {
+    if (!credentials.empty()) return absl::InvalidArgumentError("up: give --credentials or --insecure, not both");
+    std::fprintf(stderr, "%s\n", open_mode_warning(tokens, host, "tessera up").c_str());
+    if (!absl::StartsWith(host, "127.") && host != "localhost" && host != "::1") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("up: --insecure is for loopback only, but --host is ", host, "; drop --insecure"));
+    }
+  } else if (credentials.empty()) {
+    credentials = credentials_dir(state_path);
+    TESSERA_ASSIGN_OR_RETURN(tokens, generate_credentials());
+    std::vector<std::string> hosts = {"127.0.0.1", "localhost"};
+    if (host != "127.0.0.1" && host != "localhost") hosts.push_back(host);
+    TESSERA_RETURN_IF_ERROR(add_tls(&tokens, hosts));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(tokens, load_credentials(credentials));
+  }
 
   ClusterState state;
   // Written first: it makes the directory the daemons' logs go to.
   TESSERA_RETURN_IF_ERROR(write_state(state_path, state));
+  if (credentials == credentials_dir(state_path)) TESSERA_RETURN_IF_ERROR(write_credentials(credentials, tokens));
+  const std::vector<std::string> credentials_flag =
+      credentials.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--credentials=" + credentials};
   auto start = [&](const std::string& role, std::vector<std::string> argv) -> absl::StatusOr<StartedProcess> {
+    argv.insert(argv.end(), credentials_flag.begin(), credentials_flag.end());
     StartedProcess p;
     p.role = role;
     p.log = absl::StrCat(state_path, "-", role, ".log");
@@ -218,7 +301,8 @@ absl::Status up(const std::string& state_path) {
     }
     // The coordinator waits for the registrations itself; a worker that dies meanwhile is
     // reported with its log.
-    auto stub = pb::Coordinator::NewStub(make_channel(state.coordinator_address));
+    auto stub = pb::Coordinator::NewStub(
+        make_channel(state.coordinator_address, std::make_shared<CallIdentity>(tokens.admin, -1, tokens.ca_pem)));
     const std::string who = absl::StrCat("coordinator ", state.coordinator_address);
     while (true) {
       pb::GetTopologyRequest req;
@@ -248,6 +332,14 @@ absl::Status up(const std::string& state_path) {
   }
   std::fprintf(stderr, "tessera: coordinator and %d workers up; logs %s-*.log; state %s\n", workers, state_path.c_str(),
                state_path.c_str());
+  if (!credentials.empty()) {
+    std::fprintf(stderr, "tessera: clients present %s/%s (ConnectOptions::token_file, $TESSERA_TOKEN_FILE)%s\n",
+                 credentials.c_str(), kClientTokenFile,
+                 tokens.tls() ? absl::StrCat(" and verify the servers with ", credentials, "/", kCaFile,
+                                             " (ConnectOptions::ca_file, $TESSERA_CA_FILE)")
+                                    .c_str()
+                              : "");
+  }
   std::printf("%s\n", state.coordinator_address.c_str());
   return absl::OkStatus();
 }
@@ -259,6 +351,12 @@ absl::Status down(const std::string& state_path) {
   if (std::remove(state_path.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("down: cannot remove ", state_path));
   }
+  // The tokens up made die with the cluster.
+  const std::string dir = credentials_dir(state_path);
+  for (const char* file : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
+    std::remove(absl::StrCat(dir, "/", file).c_str());
+  }
+  rmdir(dir.c_str());
   std::fprintf(stderr, "tessera: cluster %s is down; logs kept in %s-*.log\n", state.coordinator_address.c_str(),
                state_path.c_str());
   return absl::OkStatus();
@@ -273,11 +371,12 @@ std::string spec_text(const pb::Mesh& mesh, const pb::PartitionSpec& spec) {
   return s.ok() ? s->spec().to_string() : "?";
 }
 
-// The cluster's status from the coordinator at `address`.
-absl::StatusOr<pb::ClusterStatus> fetch_status(const std::string& address) {
+// The cluster's status from the coordinator at `address`, as the holder of `token` sees it.
+absl::StatusOr<pb::ClusterStatus> fetch_status(const std::string& address,
+                                               const std::shared_ptr<CallIdentity>& identity) {
   const std::string who = absl::StrCat("coordinator ", address);
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  auto stub = pb::Coordinator::NewStub(make_channel(address));
+  auto stub = pb::Coordinator::NewStub(make_channel(address, identity));
   TESSERA_RETURN_IF_ERROR(handshake(stub.get(), who, std::min(timeout, kConnectDeadline)).status());
   pb::GetClusterStatusRequest req;
   req.set_stats_timeout_ms(2000);
@@ -349,7 +448,9 @@ void print_status(const std::string& address, const pb::ClusterStatus& cluster) 
 
 absl::Status status(const std::string& state_path) {
   TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
-  TESSERA_ASSIGN_OR_RETURN(pb::ClusterStatus cluster, fetch_status(address));
+  TESSERA_ASSIGN_OR_RETURN(std::string admin, token(state_path, kAdminTokenFile));
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<CallIdentity> identity, cli_identity(state_path, admin, cluster_of_state()));
+  TESSERA_ASSIGN_OR_RETURN(pb::ClusterStatus cluster, fetch_status(address, identity));
   if (absl::GetFlag(FLAGS_json)) {
     google::protobuf::util::JsonPrintOptions options;
     options.always_print_primitive_fields = true;
@@ -369,10 +470,12 @@ absl::Status status(const std::string& state_path) {
 // A coordinator that does not answer is reported and asked again.
 absl::Status top(const std::string& state_path) {
   TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
+  TESSERA_ASSIGN_OR_RETURN(std::string admin, token(state_path, kAdminTokenFile));
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<CallIdentity> identity, cli_identity(state_path, admin, cluster_of_state()));
   const int iterations = absl::GetFlag(FLAGS_iterations);
   for (int i = 0; iterations <= 0 || i < iterations; ++i) {
     if (i > 0) absl::SleepFor(absl::Seconds(1));
-    absl::StatusOr<pb::ClusterStatus> cluster = fetch_status(address);
+    absl::StatusOr<pb::ClusterStatus> cluster = fetch_status(address, identity);
     std::printf("\x1b[H\x1b[2J");  // home, clear
     if (cluster.ok()) {
       print_status(address, *cluster);
@@ -385,13 +488,15 @@ absl::Status top(const std::string& state_path) {
   return absl::OkStatus();
 }
 
-// grpc.health.v1 Check, as Kubernetes' grpc probes make it.
-absl::Status health() {
+// grpc.health.v1 Check, as Kubernetes' grpc probes make it (over TLS when the cluster has a CA:
+// see cli_identity; health asks for no token).
+absl::Status health(const std::string& state_path) {
   const std::string address = absl::GetFlag(FLAGS_address);
   if (address.empty()) return absl::InvalidArgumentError("health: --address HOST:PORT is required");
   const std::string service = absl::GetFlag(FLAGS_service);
   const absl::Duration timeout = std::min(absl::Seconds(absl::GetFlag(FLAGS_timeout_s)), kConnectDeadline);
-  auto stub = grpc::health::v1::Health::NewStub(make_channel(address));
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<CallIdentity> identity, cli_identity(state_path, "", false));
+  auto stub = grpc::health::v1::Health::NewStub(make_channel(address, identity));
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
   grpc::health::v1::HealthCheckResponse reply;
@@ -412,6 +517,23 @@ absl::Status health() {
   return absl::OkStatus();
 }
 
+// Fresh tokens into a new directory.
+absl::Status credentials(const std::vector<char*>& args) {
+  if (args.size() != 3) return absl::InvalidArgumentError("credentials: DIR is required");
+  const std::string dir = args[2];
+  if (access(absl::StrCat(dir, "/", kClusterTokenFile).c_str(), F_OK) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat("credentials: ", dir,
+                                                 " holds credentials already; a cluster may "
+                                                 "use them: remove them first to make new ones"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(Credentials tokens, generate_credentials());
+  const std::vector<std::string> hosts = absl::StrSplit(absl::GetFlag(FLAGS_tls_hosts), ',', absl::SkipEmpty());
+  if (!hosts.empty()) TESSERA_RETURN_IF_ERROR(add_tls(&tokens, hosts));
+  TESSERA_RETURN_IF_ERROR(write_credentials(dir, tokens));
+  std::printf("%s\n", dir.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status run_example(const std::string& state_path, const std::vector<char*>& args) {
   if (args.size() < 3)
     return absl::InvalidArgumentError("run-example: NAME is required (device_put, seed_layer, shard_map, mlp_train)");
@@ -421,6 +543,14 @@ absl::Status run_example(const std::string& state_path, const std::vector<char*>
     return absl::NotFoundError(absl::StrCat("run-example: no example '", name, "' (", program, " is missing)"));
   }
   TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
+  // The example connects with the client token (Client::connect reads $TESSERA_TOKEN_FILE).
+  std::string token_file = absl::GetFlag(FLAGS_token_file);
+  if (token_file.empty() && cluster_of_state())
+    token_file = absl::StrCat(credentials_dir(state_path), "/", kClientTokenFile);
+  if (access(token_file.c_str(), R_OK) == 0) setenv("TESSERA_TOKEN_FILE", token_file.c_str(), 1);
+  std::string ca_file = absl::GetFlag(FLAGS_ca_file);
+  if (ca_file.empty() && cluster_of_state()) ca_file = absl::StrCat(credentials_dir(state_path), "/", kCaFile);
+  if (access(ca_file.c_str(), R_OK) == 0) setenv("TESSERA_CA_FILE", ca_file.c_str(), 1);
   std::vector<std::string> argv = {program, "--coordinator=" + address};
   for (size_t i = 3; i < args.size(); ++i) argv.push_back(args[i]);
   std::vector<char*> raw;
@@ -442,7 +572,10 @@ int main(int argc, char** argv) {
                                                   {"workers", "TESSERA_WORKERS"},
                                                   {"port", "TESSERA_COORDINATOR_PORT"},
                                                   {"host", "TESSERA_HOST"},
-                                                  {"memory_bytes", "TESSERA_WORKER_MEMORY_BYTES"}});
+                                                  {"memory_bytes", "TESSERA_WORKER_MEMORY_BYTES"},
+                                                  {"token_file", "TESSERA_TOKEN_FILE"},
+                                                  {"ca_file", "TESSERA_CA_FILE"},
+                                                  {"credentials", "TESSERA_CREDENTIALS"}});
   if (args.size() < 2) {
     std::cerr << tessera::kUsage << "\n";
     return 2;
@@ -460,7 +593,9 @@ int main(int argc, char** argv) {
   } else if (command == "top") {
     status = tessera::top(state_path);
   } else if (command == "health") {
-    status = tessera::health();
+    status = tessera::health(state_path);
+  } else if (command == "credentials") {
+    status = tessera::credentials(args);
   } else if (command == "run-example") {
     status = tessera::run_example(state_path, args);
   } else if (command == "help") {

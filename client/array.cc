@@ -21,8 +21,9 @@ using internal::ArrayState;
 
 // The devices of the array's mesh as the coordinator sees them now. A device whose worker
 // restarted since the array was placed is reported LOST for this array, and in `restarted`.
+// `grant` gets the array's grant for the workers.
 absl::StatusOr<std::map<int, pb::DeviceInfo>> array_devices(const ArrayState& state, uint64_t id,
-                                                            std::set<int>* restarted) {
+                                                            std::set<int>* restarted, std::string* grant) {
   pb::GetArrayRequest req;
   req.set_array_id(id);
   pb::GetArrayReply reply;
@@ -32,6 +33,7 @@ absl::StatusOr<std::map<int, pb::DeviceInfo>> array_devices(const ArrayState& st
     return from_grpc(state.client->coordinator()->GetArray(&ctx, req, &reply),
                      absl::StrCat("coordinator ", state.client->coordinator_address()));
   }));
+  *grant = reply.info().grant();
   std::map<int, pb::DeviceInfo> out;
   for (const pb::DeviceInfo& d : reply.devices()) out[d.id()] = d;
   for (int id : reply.info().lost_devices()) {
@@ -50,7 +52,8 @@ Shape Shard::shape() const { return block_shape(shard_.index); }
 absl::StatusOr<HostArray> Shard::data() const {
   TESSERA_ASSIGN_OR_RETURN(const uint64_t id, array_->ready_id());
   std::set<int> restarted;
-  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*array_, id, &restarted));
+  std::string grant;
+  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*array_, id, &restarted, &grant));
   const pb::DeviceInfo& d = devices[shard_.device_id];
   const std::string who = absl::StrCat("shard of array ", id, " on ", describe(d));
   if (restarted.count(d.id()) > 0) {
@@ -61,7 +64,7 @@ absl::StatusOr<HostArray> Shard::data() const {
   HostArray out(array_->dtype, shape());
   Index whole;
   for (int64_t n : out.shape()) whole.push_back({0, n});
-  TESSERA_RETURN_IF_ERROR(internal::get_shard(stub, id, whole, out.mutable_view(), who));
+  TESSERA_RETURN_IF_ERROR(internal::get_shard(stub, id, grant, whole, out.mutable_view(), who));
   return out;
 }
 
@@ -115,7 +118,8 @@ absl::Status Array::fetch_into(const MutableHostView& out) const {
   }
   TESSERA_ASSIGN_OR_RETURN(const uint64_t id, state_->ready_id());
   std::set<int> restarted;
-  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*state_, id, &restarted));
+  std::string grant;
+  TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*state_, id, &restarted, &grant));
   // Each distinct block once, from its lowest-numbered alive replica.
   struct Source {
     Index index;
@@ -153,7 +157,7 @@ absl::Status Array::fetch_into(const MutableHostView& out) const {
     const Source& src = sources[i];
     const std::string who = absl::StrCat("fetch of array ", id, " from ", describe(*src.device));
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, state_->client->worker(src.device->address(), who));
-    return internal::get_shard(stub, id, src.index, out, who);
+    return internal::get_shard(stub, id, grant, src.index, out, who);
   });
 }
 

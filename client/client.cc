@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/client_impl.h"
 #include "client/transfer.h"
+#include "core/credentials.h"
+#include "core/daemon.h"
 #include "core/status.h"
 #include "core/wire.h"
 #include "proto/rpc.h"
@@ -12,10 +14,12 @@
 namespace tessera {
 namespace internal {
 
-ClientImpl::ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster)
+ClientImpl::ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster, std::string token,
+                       std::string ca_pem)
     : cluster_(std::move(cluster)),
       coordinator_address_(std::move(coordinator_address)),
-      coordinator_(pb::Coordinator::NewStub(make_channel(coordinator_address_))) {}
+      identity_(std::make_shared<CallIdentity>(std::move(token), -1, std::move(ca_pem))),
+      coordinator_(pb::Coordinator::NewStub(make_channel(coordinator_address_, identity_))) {}
 
 ClientImpl::~ClientImpl() {
   in_flight_->wait_idle();
@@ -62,6 +66,7 @@ absl::Status ClientImpl::init(const ConnectOptions& options) {
     grpc::ClientContext ctx;
     set_deadline(&ctx, options.timeout);
     TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->OpenSession(&ctx, open, &session), who));
+    identity_->set_session(session.credential());
     session_ = session.session_id();
     epoch_ = session.epoch();
     const absl::Duration lease = absl::Milliseconds(std::max<int64_t>(session.lease_ms(), 1));
@@ -82,7 +87,7 @@ absl::StatusOr<pb::Worker::Stub*> ClientImpl::worker(const std::string& address,
     auto it = workers_.find(address);
     if (it != workers_.end()) return it->second.get();
   }
-  std::unique_ptr<pb::Worker::Stub> stub = pb::Worker::NewStub(make_channel(address));
+  std::unique_ptr<pb::Worker::Stub> stub = pb::Worker::NewStub(make_channel(address, identity_));
   pb::HandshakeRequest req;
   req.set_protocol_version(kProtocolVersion);
   req.set_peer("tessera client");
@@ -114,6 +119,18 @@ void ClientImpl::track(uint64_t id, pb::ArrayInfo info) {
   tracked_[id] = std::move(info);
 }
 
+void ClientImpl::remember_grant(uint64_t id, const std::string& grant) {
+  if (grant.empty()) return;
+  absl::MutexLock lock(&mu_);
+  grants_[id] = grant;
+}
+
+std::string ClientImpl::grant(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = grants_.find(id);
+  return it == grants_.end() ? "" : it->second;
+}
+
 void ClientImpl::renew_leases(absl::Duration lease) {
   const absl::Duration every = lease / 4;
   while (!stopping_.WaitForNotificationWithTimeout(every)) {
@@ -134,10 +151,12 @@ void ClientImpl::renew_leases(absl::Duration lease) {
       if (cancellable(every, [&](grpc::ClientContext* ctx) {
             return coordinator_->OpenSession(ctx, open, &session);
           }).ok()) {
+        identity_->set_session(session.credential());
         session_ = session.session_id();
         epoch_ = session.epoch();
         absl::MutexLock lock(&mu_);
         tracked_.clear();  // freed with the lapsed session: nothing to adopt after a restart
+        grants_.clear();
       }
     }
     // Anything else (the coordinator is down or restarting): the next round tries again.
@@ -148,7 +167,11 @@ void ClientImpl::adopt_tracked() {
   std::vector<pb::ArrayInfo> arrays;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, info] : tracked_) arrays.push_back(info);
+    for (const auto& [id, info] : tracked_) {
+      arrays.push_back(info);
+      auto grant = grants_.find(id);
+      if (grant != grants_.end()) arrays.back().set_grant(grant->second);
+    }
   }
   // In batches well under gRPC's 4 MiB message limit. What cannot be adopted fails precisely
   // when it is used (see with_adoption).
@@ -165,9 +188,15 @@ void ClientImpl::adopt_tracked() {
 }
 
 void ClientImpl::delete_array(uint64_t id) {
+  std::string grant;
   {
     absl::MutexLock lock(&mu_);
     tracked_.erase(id);
+    auto it = grants_.find(id);
+    if (it != grants_.end()) {
+      grant = std::move(it->second);
+      grants_.erase(it);
+    }
   }
   if (on_callback_thread()) {
     // gRPC's callback threads must not block: send it and let ~ClientImpl wait for it.
@@ -178,6 +207,7 @@ void ClientImpl::delete_array(uint64_t id) {
     };
     auto* call = new DeleteCall;
     call->request.add_array_ids(id);
+    call->request.add_grants(grant);
     set_deadline(&call->ctx, kControlDeadline);
     in_flight_->begin_call(absl::Now() + kControlDeadline);
     coordinator_->async()->DeleteArray(&call->ctx, &call->request, &call->reply,
@@ -189,6 +219,7 @@ void ClientImpl::delete_array(uint64_t id) {
   }
   pb::DeleteArrayRequest req;
   req.add_array_ids(id);
+  req.add_grants(grant);
   pb::DeleteArrayReply reply;
   grpc::ClientContext ctx;
   set_deadline(&ctx, kControlDeadline);
@@ -207,6 +238,7 @@ absl::Status with_adoption(const ArrayState& a, uint64_t id, const std::function
   info->set_dtype(to_proto(a.dtype));
   to_proto(a.shape, info->mutable_shape());
   to_proto(a.sharding, info->mutable_sharding());
+  info->set_grant(a.client->grant(id));
   pb::AdoptArraysReply reply;
   grpc::ClientContext ctx;
   set_deadline(&ctx, kControlDeadline);
@@ -218,16 +250,43 @@ absl::Status with_adoption(const ArrayState& a, uint64_t id, const std::function
 }  // namespace internal
 
 absl::StatusOr<Client> Client::connect(const std::string& address, const ConnectOptions& options) {
-  auto impl = std::make_shared<internal::ClientImpl>(address, nullptr);
+  std::string token = options.token;
+  std::string file = options.token_file;
+  if (token.empty() && file.empty()) file = env_or("TESSERA_TOKEN_FILE", "");
+  // A cluster embedded in this process (Client::local): its own client token and CA.
+  const Credentials embedded = internal::LocalCluster::credentials_of(address);
+  if (token.empty() && file.empty()) token = embedded.client;
+  if (token.empty() && !file.empty()) {
+    absl::StatusOr<std::string> read = read_token_file(file);
+    if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("connect: ", read.status().message()));
+    token = *std::move(read);
+  }
+  std::string ca = options.ca_file.empty() ? env_or("TESSERA_CA_FILE", "") : options.ca_file;
+  if (!ca.empty()) {
+    absl::StatusOr<std::string> read = read_file(ca);
+    if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("connect: ", read.status().message()));
+    ca = *std::move(read);
+  } else {
+    ca = embedded.ca_pem;
+  }
+  auto impl = std::make_shared<internal::ClientImpl>(address, nullptr, std::move(token), std::move(ca));
   TESSERA_RETURN_IF_ERROR(impl->init(options));
   return Client(std::move(impl));
 }
 
 absl::StatusOr<Client> Client::local(int num_devices, const LocalOptions& options) {
+  Credentials credentials;
+  if (options.check_credentials) {
+    absl::StatusOr<Credentials> c =
+        options.credentials_dir.empty() ? generate_credentials() : load_credentials(options.credentials_dir);
+    if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat("Client::local: ", c.status().message()));
+    credentials = *std::move(c);
+  }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<internal::LocalCluster> cluster,
-                           internal::LocalCluster::start(num_devices, options));
+                           internal::LocalCluster::start(num_devices, options, credentials));
   const std::string address = cluster->coordinator_address();
-  auto impl = std::make_shared<internal::ClientImpl>(address, std::move(cluster));
+  auto impl =
+      std::make_shared<internal::ClientImpl>(address, std::move(cluster), credentials.client, credentials.ca_pem);
   ConnectOptions connect_options;
   connect_options.min_devices = num_devices;
   TESSERA_RETURN_IF_ERROR(impl->init(connect_options));
@@ -303,6 +362,7 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
   *info.mutable_shape() = req.shape();
   *info.mutable_sharding() = req.sharding();
   impl_->track(reply.array_id(), std::move(info));
+  impl_->remember_grant(reply.array_id(), reply.grant());
   // From here on the handle owns the array: if an upload fails, dropping it frees the rest.
   Array array(internal::ArrayState::placed(impl_, reply.array_id(), host.dtype, host.shape, sharding));
   TESSERA_ASSIGN_OR_RETURN(pb::Topology topology, impl_->topology());
@@ -315,7 +375,7 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
     const std::string& address = addresses[shard.device_id];
     const std::string who = absl::StrCat("device_put: device ", shard.device_id, " (", address, ")");
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, impl_->worker(address, who));
-    return internal::put_shard(stub, reply.array_id(), host, shard.index, who);
+    return internal::put_shard(stub, reply.array_id(), reply.grant(), host, shard.index, who);
   }));
   return array;
 }

@@ -19,6 +19,7 @@
 #include "client/execution.h"
 #include "client/local_cluster.h"
 #include "core/graph.h"
+#include "proto/auth.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/client.h"
 
@@ -26,7 +27,10 @@ namespace tessera::internal {
 
 class ClientImpl {
  public:
-  ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster);
+  // `token`: the credential every call presents (empty: none); `ca_pem`: the cluster CA's
+  // certificate, for TLS (empty: plaintext).
+  ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster, std::string token,
+             std::string ca_pem = "");
   // Waits for the calls in flight to finish (each by its deadline) and frees the buffers of
   // their outputs that nobody holds, before the connection (and an embedded cluster) goes;
   // then stops renewing the session's lease.
@@ -38,10 +42,16 @@ class ClientImpl {
 
   // The session every array and program of this client belongs to (OpenSession).
   uint64_t session() const { return session_.load(); }
+  // Unique among the clients this process ever made.
+  uint64_t serial() const { return serial_; }
 
   // The arrays this client holds, by id, with their types: after a coordinator restart they
   // are adopted again (see renew_leases). delete_array forgets them.
   void track(uint64_t id, pb::ArrayInfo info);
+  // The grant of array `id` (ArrayInfo.grant) as the coordinator handed it out, for AdoptArrays;
+  // empty if none is known.
+  void remember_grant(uint64_t id, const std::string& grant);
+  std::string grant(uint64_t id);
 
   const std::string& coordinator_address() const { return coordinator_address_; }
   pb::Coordinator::Stub* coordinator() { return coordinator_.get(); }
@@ -69,12 +79,19 @@ class ClientImpl {
   // Declared first so that it is destroyed last, after every stub that talks to it.
   std::unique_ptr<LocalCluster> cluster_;
   const std::string coordinator_address_;
+  const std::shared_ptr<CallIdentity> identity_;  // the token, and the session's credential once open
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;
   const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
+  const uint64_t serial_ = next_serial();
+  static uint64_t next_serial() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<pb::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, pb::ArrayInfo> tracked_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> grants_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* renewing_ ABSL_GUARDED_BY(mu_) = nullptr;  // the renewer's call, to cancel
 
   std::atomic<uint64_t> session_{0};

@@ -30,6 +30,7 @@ absl::StatusOr<Array> run_collective(const Array& input, const CollectiveSpec& s
   TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
   TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));
   state.client->track(info.array_id(), info);
+  state.client->remember_grant(info.array_id(), info.grant());
   return internal::make_array(
       internal::ArrayState::placed(state.client, info.array_id(), dtype, shape, state.sharding));
 }

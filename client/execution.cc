@@ -214,7 +214,10 @@ void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool
         absl::Status status = from_grpc(s, self->who_);
         std::vector<uint64_t> ids;
         if (status.ok()) {
-          for (const pb::ArrayInfo& info : owned->reply.outputs()) ids.push_back(info.array_id());
+          for (const pb::ArrayInfo& info : owned->reply.outputs()) {
+            ids.push_back(info.array_id());
+            self->client_->remember_grant(info.array_id(), info.grant());
+          }
           if (static_cast<int>(ids.size()) != self->num_outputs_) {
             status = absl::InternalError(absl::StrCat(self->who_, ": Execute returned ", ids.size(),
                                                       " outputs, the program has ", self->num_outputs_));

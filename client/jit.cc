@@ -102,8 +102,10 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   const Mesh& mesh = first.sharding.mesh();
   std::vector<ArrayType> types;
   // The mesh (with its device order) is part of the signature: the same specs on another
-  // mesh are another program.
-  std::string signature = absl::StrCat(mesh.to_string(), absl::StrJoin(mesh.device_ids(), ","), ";");
+  // mesh are another program. So are the client and its session: a program is its session's
+  // (another client's executable would be refused, another cluster's would be another program).
+  std::string signature = absl::StrCat(first.client->serial(), ":", first.client->session(), ";", mesh.to_string(),
+                                       absl::StrJoin(mesh.device_ids(), ","), ";");
   const std::vector<std::optional<PartitionSpec>>& in_shardings = state_->options.in_shardings;
   if (!in_shardings.empty() && in_shardings.size() != args.size()) {
     return absl::InvalidArgumentError(
@@ -222,6 +224,7 @@ void Jitted::State::recompile(const std::shared_ptr<State>& state, const std::st
     pb::ArrayInfo* a = call->adopt.add_arrays();
     *a = old->inputs[i];
     a->set_array_id(ids[i]);
+    a->set_grant(client->grant(ids[i]));
   }
   call->adopt_ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + kControlDeadline)));
   call->compile_ctx.set_deadline(absl::ToChronoTime(deadline));

@@ -1,12 +1,32 @@
 #include "client/local_cluster.h"
 
+#include <map>
+
+#include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/status.h"
 #include "worker/kernels/blas.h"
 
 namespace tessera::internal {
+namespace {
 
-absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_devices, const LocalOptions& options) {
+absl::Mutex clusters_mu(absl::kConstInit);
+std::map<std::string, Credentials>& clusters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(clusters_mu) {
+  static auto* by_address = new std::map<std::string, Credentials>();
+  return *by_address;
+}
+
+}  // namespace
+
+Credentials LocalCluster::credentials_of(const std::string& address) {
+  absl::MutexLock lock(&clusters_mu);
+  auto it = clusters().find(address);
+  return it == clusters().end() ? Credentials{} : it->second;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_devices, const LocalOptions& options,
+                                                                  const Credentials& credentials) {
   if (num_devices < 1 || num_devices > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("Client::local: num_devices must be in [1, 1024], got ", num_devices));
@@ -15,13 +35,20 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_device
   CoordinatorOptions coordinator_options;
   coordinator_options.heartbeat_interval = options.heartbeat_interval;
   coordinator_options.heartbeat_timeout = options.heartbeat_timeout;
+  coordinator_options.credentials = credentials;
   TESSERA_ASSIGN_OR_RETURN(cluster->coordinator_, CoordinatorServer::start(coordinator_options));
+  cluster->registered_address_ = cluster->coordinator_->address();
+  {
+    absl::MutexLock lock(&clusters_mu);
+    clusters()[cluster->registered_address_] = credentials;
+  }
   for (int i = 0; i < num_devices; ++i) {
     WorkerOptions worker_options;
     worker_options.coordinator_address = cluster->coordinator_->address();
     worker_options.name = absl::StrCat("local-", i);
     worker_options.device_id = i;
     worker_options.memory_bytes = options.memory_bytes_per_device;
+    worker_options.credentials = credentials;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::start(worker_options));
     cluster->workers_.push_back(std::move(worker));
   }
@@ -30,6 +57,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_device
 }
 
 LocalCluster::~LocalCluster() {
+  if (!registered_address_.empty()) {
+    absl::MutexLock lock(&clusters_mu);
+    clusters().erase(registered_address_);
+  }
   for (auto& worker : workers_) worker->shutdown();
   if (coordinator_ != nullptr) coordinator_->shutdown();
 }

@@ -17,13 +17,20 @@ namespace tessera::internal {
 class LocalCluster {
  public:
   // Starts the coordinator, then the workers as devices 0 .. num_devices - 1.
-  static absl::StatusOr<std::unique_ptr<LocalCluster>> start(int num_devices, const LocalOptions& options);
+  // The servers check `credentials` (none: the development mode).
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> start(int num_devices, const LocalOptions& options,
+                                                             const Credentials& credentials);
   ~LocalCluster();
 
   std::string coordinator_address() const { return coordinator_->address(); }
 
+  // The credentials of this process's embedded cluster whose coordinator is at `address`, or
+  // none: what a Client::connect to it in the same process presents when given no token.
+  static Credentials credentials_of(const std::string& address);
+
  private:
   LocalCluster() = default;
+  std::string registered_address_;  // in the process's table of embedded clusters (credentials_of)
   std::unique_ptr<CoordinatorServer> coordinator_;
   std::vector<std::unique_ptr<WorkerServer>> workers_;
 };

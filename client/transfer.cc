@@ -11,8 +11,8 @@
 
 namespace tessera::internal {
 
-absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostView& global, const Index& index,
-                       const std::string& who) {
+absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
+                       const Index& index, const std::string& who) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
@@ -36,6 +36,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostVie
   pb::ShardChunk chunk;
   pb::ShardHeader* header = chunk.mutable_header();
   header->set_buffer_id(buffer_id);
+  header->set_grant(grant);
   header->set_dtype(to_proto(global.dtype));
   to_proto(shape, header->mutable_shape());
   int64_t sent = 0;
@@ -51,8 +52,8 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostVie
   return from_grpc(writer->Finish(), who);
 }
 
-absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& index, const MutableHostView& global,
-                       const std::string& who) {
+absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
+                       const MutableHostView& global, const std::string& who) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
@@ -71,6 +72,7 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& 
   set_deadline(&ctx, transfer_deadline(bytes));
   pb::GetShardRequest req;
   req.set_buffer_id(buffer_id);
+  req.set_grant(grant);
   std::unique_ptr<grpc::ClientReader<pb::ShardChunk>> reader = stub->GetShard(&ctx, req);
   pb::ShardChunk chunk;
   int64_t received = 0;

@@ -16,13 +16,14 @@ namespace tessera::internal {
 
 // Uploads block `index` of `global` as buffer `buffer_id`. Errors are prefixed with `who`.
 // REQUIRES: validate_view(global) and validate_index(index, global.shape) are OK.
-absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const HostView& global, const Index& index,
-                       const std::string& who);
+// `grant`: the array's (ArrayInfo.grant), which the worker checks.
+absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
+                       const Index& index, const std::string& who);
 
 // Downloads buffer `buffer_id` into block `index` of `global`, checking that the worker's
 // dtype and shape are the ones expected (DATA_LOSS otherwise). Same REQUIRES.
-absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const Index& index, const MutableHostView& global,
-                       const std::string& who);
+absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
+                       const MutableHostView& global, const std::string& who);
 
 // Runs task(0) .. task(n - 1) on their own threads; returns the first error by task index.
 absl::Status run_parallel(int n, const std::function<absl::Status(int)>& task);

@@ -19,6 +19,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/auth.h"
 #include "proto/health.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
@@ -90,21 +91,28 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       : options_(options),
         started_(absl::Now()),
         registry_(options.heartbeat_timeout, started_, options.lease_timeout),
-        registration_grace_(std::max(kRegistrationGrace, 2 * options.heartbeat_timeout)) {}
+        registration_grace_(std::max(kRegistrationGrace, 2 * options.heartbeat_timeout)),
+        auth_(options.credentials),
+        identity_(daemon_identity(options.credentials)) {}
 
   void set_address(const std::string& address) { address_ = address; }
 
   Registry& registry() { return registry_; }
 
-  grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req, pb::HandshakeReply* reply) override {
+  grpc::Status Handshake(grpc::ServerContext* ctx, const pb::HandshakeRequest* req,
+                         pb::HandshakeReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
     reply->set_protocol_version(kProtocolVersion);
     reply->set_server("tessera-coordinator");
     reply->set_epoch(registry_.epoch());
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
   }
 
-  grpc::Status RegisterWorker(grpc::ServerContext*, const pb::RegisterWorkerRequest* req,
+  grpc::Status RegisterWorker(grpc::ServerContext* ctx, const pb::RegisterWorkerRequest* req,
                               pb::RegisterWorkerReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "RegisterWorker");
+    if (!caller.ok()) return to_grpc(caller.status());
     absl::Status version = check_protocol_version(req->protocol_version(), absl::StrCat("worker at ", req->address()));
     if (!version.ok()) return to_grpc(version);
     if (req->address().empty() || req->name().empty()) {
@@ -155,11 +163,15 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return grpc::Status::OK;
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req, pb::HeartbeatReply*) override {
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req, pb::HeartbeatReply*) override {
+    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Heartbeat");
+    if (!caller.ok()) return to_grpc(caller.status());
     return to_grpc(registry_.heartbeat(req->device_id(), req->epoch(), req->incarnation(), absl::Now()));
   }
 
-  grpc::Status GetTopology(grpc::ServerContext*, const pb::GetTopologyRequest* req, pb::Topology* reply) override {
+  grpc::Status GetTopology(grpc::ServerContext* ctx, const pb::GetTopologyRequest* req, pb::Topology* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
     if (req->min_alive_devices() > 0) {
       const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600'000));
       if (!registry_.wait_for_alive(req->min_alive_devices(), wait)) {
@@ -183,18 +195,26 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return grpc::Status::OK;
   }
 
-  grpc::Status CreateArray(grpc::ServerContext*, const pb::CreateArrayRequest* req,
+  grpc::Status CreateArray(grpc::ServerContext* ctx, const pb::CreateArrayRequest* req,
                            pb::CreateArrayReply* reply) override {
-    absl::StatusOr<uint64_t> id = create_array(*req);
+    absl::StatusOr<uint64_t> session = acting_session(*ctx, req->session_id(), "CreateArray");
+    if (!session.ok()) return to_grpc(session.status());
+    absl::StatusOr<uint64_t> id = create_array(*req, *session);
     if (!id.ok()) return to_grpc(id.status());
     reply->set_array_id(*id);
+    reply->set_grant(auth_.grant(*id));
     return grpc::Status::OK;
   }
 
-  grpc::Status GetArray(grpc::ServerContext*, const pb::GetArrayRequest* req, pb::GetArrayReply* reply) override {
+  grpc::Status GetArray(grpc::ServerContext* ctx, const pb::GetArrayRequest* req, pb::GetArrayReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
     absl::StatusOr<ArrayRecord> a = registry_.get_array(req->array_id());
     if (!a.ok()) return to_grpc(a.status());
+    absl::Status owner = check_owner(*caller, *a, "GetArray", "read");
+    if (!owner.ok()) return to_grpc(owner);
     to_proto(*a, reply->mutable_info());
+    reply->mutable_info()->set_grant(auth_.grant(a->id));
     for (int id : a->sharding.mesh().device_ids()) {
       std::optional<DeviceRecord> d = registry_.device(id);
       if (d.has_value()) to_proto(*d, reply->add_devices());
@@ -202,32 +222,59 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return grpc::Status::OK;
   }
 
-  grpc::Status DeleteArray(grpc::ServerContext*, const pb::DeleteArrayRequest* req, pb::DeleteArrayReply*) override {
+  grpc::Status DeleteArray(grpc::ServerContext* ctx, const pb::DeleteArrayRequest* req,
+                           pb::DeleteArrayReply*) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
     std::vector<uint64_t> ids(req->array_ids().begin(), req->array_ids().end());
+    // Every array named must be the caller's (unknown ids are skipped, as before).
+    for (uint64_t id : ids) {
+      absl::StatusOr<ArrayRecord> a = registry_.get_array(id);
+      if (!a.ok()) continue;
+      absl::Status owner = check_owner(*caller, *a, "DeleteArray", "delete");
+      if (!owner.ok()) return to_grpc(owner);
+    }
     std::map<int, std::vector<uint64_t>> buffers = buffers_of(registry_.remove_arrays(ids));
-    // Arrays of an earlier incarnation that nobody adopted: their buffers go too.
-    for (auto& [device, orphans] : registry_.remove_orphans(ids)) {
+    // Arrays of an earlier incarnation that nobody adopted: their buffers go too. Their owner
+    // is unknown here, so they go with their grant (or for an admin); else the lease reaps them.
+    std::vector<uint64_t> orphan_ids;
+    for (int i = 0; i < req->array_ids_size(); ++i) {
+      const std::string grant = i < req->grants_size() ? req->grants(i) : "";
+      if (caller->at_least(Role::kAdmin) || auth_.check_grant(req->array_ids(i), grant, "DeleteArray").ok()) {
+        orphan_ids.push_back(req->array_ids(i));
+      }
+    }
+    for (auto& [device, orphans] : registry_.remove_orphans(orphan_ids)) {
       buffers[device].insert(buffers[device].end(), orphans.begin(), orphans.end());
     }
     delete_buffers(buffers);
     return grpc::Status::OK;
   }
 
-  grpc::Status AdoptArrays(grpc::ServerContext*, const pb::AdoptArraysRequest* req,
+  grpc::Status AdoptArrays(grpc::ServerContext* ctx, const pb::AdoptArraysRequest* req,
                            pb::AdoptArraysReply* reply) override {
-    return to_grpc(adopt_arrays(*req, reply));
+    absl::StatusOr<uint64_t> session = acting_session(*ctx, req->session_id(), "AdoptArrays");
+    if (!session.ok()) return to_grpc(session.status());
+    return to_grpc(adopt_arrays(*req, *session, reply));
   }
 
-  grpc::Status OpenSession(grpc::ServerContext*, const pb::OpenSessionRequest*, pb::OpenSessionReply* reply) override {
+  grpc::Status OpenSession(grpc::ServerContext* ctx, const pb::OpenSessionRequest*,
+                           pb::OpenSessionReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
     reply->set_session_id(registry_.open_session(absl::Now()));
+    if (auth_.enabled()) reply->set_credential(auth_.session_credential(reply->session_id()));
     reply->set_lease_ms(absl::ToInt64Milliseconds(registry_.lease()));
     reply->set_epoch(registry_.epoch());
     return grpc::Status::OK;
   }
 
-  grpc::Status RenewLease(grpc::ServerContext*, const pb::RenewLeaseRequest* req, pb::RenewLeaseReply* reply) override {
+  grpc::Status RenewLease(grpc::ServerContext* ctx, const pb::RenewLeaseRequest* req,
+                          pb::RenewLeaseReply* reply) override {
+    absl::StatusOr<uint64_t> session = acting_session(*ctx, req->session_id(), "RenewLease");
+    if (!session.ok()) return to_grpc(session.status());
     reply->set_epoch(registry_.epoch());
-    return to_grpc(registry_.renew_session(req->session_id(), absl::Now()));
+    return to_grpc(registry_.renew_session(*session, absl::Now()));
   }
 
   // Frees what lapsed (see Registry::take_lapsed) on the workers: the arrays of sessions not
@@ -248,10 +295,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     unload_plans(unused);
   }
 
-  grpc::Status Compile(grpc::ServerContext*, const pb::CompileRequest* req, pb::CompileReply* reply) override {
-    absl::Status session = registry_.check_session(req->session_id(), absl::Now());
+  grpc::Status Compile(grpc::ServerContext* ctx, const pb::CompileRequest* req, pb::CompileReply* reply) override {
+    absl::StatusOr<uint64_t> acting = acting_session(*ctx, req->session_id(), "Compile");
+    if (!acting.ok()) return to_grpc(acting.status());
+    absl::Status session = registry_.check_session(*acting, absl::Now());
     if (!session.ok()) return to_grpc(session);
-    absl::StatusOr<std::shared_ptr<Program>> program = compile(*req);
+    absl::StatusOr<std::shared_ptr<Program>> program = compile(*req, *acting);
     if (!program.ok()) return to_grpc(program.status());
     reply->set_executable_id((*program)->id);
     for (const PartitionSpec& spec : (*program)->exe.output_specs) to_proto(spec, reply->add_output_specs());
@@ -274,7 +323,9 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx, const pb::ExecuteRequest* req,
                                     pb::ExecuteReply* reply) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    absl::StatusOr<std::shared_ptr<Execution>> e = prepare_execution(*req, reactor, reply);
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    absl::StatusOr<std::shared_ptr<Execution>> e =
+        caller.ok() ? prepare_execution(*req, *caller, reactor, reply) : caller.status();
     if (!e.ok()) {
       reactor->Finish(to_grpc(e.status()));
     } else if (missing_plans(*(*e)->program, (*e)->members).empty()) {
@@ -337,18 +388,25 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     for (const std::shared_ptr<PlanStream>& s : streams) s->close(absl::Seconds(2));
   }
 
-  grpc::Status RunCollective(grpc::ServerContext*, const pb::RunCollectiveRequest* req,
+  grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::RunCollectiveRequest* req,
                              pb::RunCollectiveReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
     int64_t collective_ns = 0;
-    absl::StatusOr<ArrayRecord> out = run_collective(*req, &collective_ns);
+    absl::StatusOr<ArrayRecord> out = run_collective(*req, *caller, &collective_ns);
     if (!out.ok()) return to_grpc(out.status());
     reply->set_collective_ns(collective_ns);
     to_proto(*out, reply->mutable_result());
+    reply->mutable_result()->set_grant(auth_.grant(out->id));
     return grpc::Status::OK;
   }
 
-  grpc::Status GetClusterStatus(grpc::ServerContext*, const pb::GetClusterStatusRequest* req,
+  grpc::Status GetClusterStatus(grpc::ServerContext* ctx, const pb::GetClusterStatusRequest* req,
                                 pb::ClusterStatus* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
+    // A client sees its own session's arrays and programs; an admin sees everyone's.
+    const bool everything = caller->at_least(Role::kAdmin);
     reply->set_coordinator(address_);
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
     // Every alive worker's stats, asked all at once; a worker that does not answer in time
@@ -375,9 +433,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       asked[i]->clear_stats();
       asked[i]->set_stats_error(statuses[i].error_message());
     }
-    for (const ArrayRecord& a : registry_.arrays()) to_proto(a, reply->add_arrays());
+    for (const ArrayRecord& a : registry_.arrays()) {
+      if (everything || (a.session != 0 && a.session == caller->session)) to_proto(a, reply->add_arrays());
+    }
     absl::MutexLock lock(&programs_mu_);
     for (const auto& [id, program] : programs_) {
+      if (!everything && program->sessions.count(caller->session) == 0) continue;
       pb::ExecutableInfo* info = reply->add_executables();
       info->set_executable_id(id);
       tessera::to_proto(program->exe.mesh, info->mutable_mesh());
@@ -390,6 +451,38 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   }
 
  private:
+  // The session a request acts for: a client's own (proved by its session credential), which
+  // a session id in the request must match; an admin or a daemon may name any (0: none).
+  // UNAUTHENTICATED as Authenticator::authenticate; PERMISSION_DENIED naming `method` for a
+  // client without a session credential or naming another session.
+  absl::StatusOr<uint64_t> acting_session(const grpc::ServerContextBase& ctx, uint64_t requested,
+                                          absl::string_view method) const {
+    TESSERA_ASSIGN_OR_RETURN(Caller caller, auth_.authenticate(ctx));
+    return acting_session(caller, requested, method);
+  }
+  static absl::StatusOr<uint64_t> acting_session(const Caller& caller, uint64_t requested, absl::string_view method) {
+    if (caller.at_least(Role::kAdmin)) return requested;
+    if (caller.session == 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          method, ": a client acts for its session; send the credential OpenSession handed out ('tessera-session')"));
+    }
+    if (requested != 0 && requested != caller.session) {
+      return absl::PermissionDeniedError(absl::StrCat(method, ": session ", requested,
+                                                      " is not the caller's (its credential is session ",
+                                                      caller.session, "); a client acts only for its own session"));
+    }
+    return caller.session;
+  }
+
+  // OK if `caller` may act on array `a`: its owner's session, or an admin. PERMISSION_DENIED
+  // naming the array and the rule otherwise.
+  static absl::Status check_owner(const Caller& caller, const ArrayRecord& a, absl::string_view method,
+                                  absl::string_view action) {
+    if (caller.at_least(Role::kAdmin) || (a.session != 0 && a.session == caller.session)) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrCat(method, ": array ", a.id, " belongs to another session; only ",
+                                                    "its owner (or an admin credential) may ", action, " it"));
+  }
+
   // A compiled program and the devices that have its plan loaded. A plan carries the address
   // of every device of the program, so each device's entry is the incarnations of all of
   // them when it got the plan: a worker that restarted has lost its plans, and the others
@@ -479,7 +572,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                                                       " when that worker restarted; put the array again"));
   }
 
-  absl::StatusOr<std::shared_ptr<Program>> compile(const pb::CompileRequest& req) {
+  // Compiles (or finds) the program of `req`, held by `session` from now on.
+  absl::StatusOr<std::shared_ptr<Program>> compile(const pb::CompileRequest& req, uint64_t session) {
     TESSERA_ASSIGN_OR_RETURN(Graph graph, graph_from_proto(req.graph()));
     TESSERA_ASSIGN_OR_RETURN(Mesh mesh, mesh_from_proto(req.mesh()));
     await_registration(mesh.device_ids());
@@ -508,19 +602,19 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     {
       absl::MutexLock lock(&programs_mu_);
       auto it = cache_.find(key);
-      if (it != cache_.end()) return hold_locked(programs_[it->second], req.session_id());
+      if (it != cache_.end()) return hold_locked(programs_[it->second], session);
     }
     TESSERA_ASSIGN_OR_RETURN(Propagation propagation, propagate(graph, mesh, inputs, outputs));
     TESSERA_ASSIGN_OR_RETURN(Executable exe, partition(graph, mesh, propagation, outputs, donated));
     auto program = std::make_shared<Program>(std::move(graph), std::move(exe));
     absl::MutexLock lock(&programs_mu_);
     auto it = cache_.find(key);
-    if (it != cache_.end()) return hold_locked(programs_[it->second], req.session_id());  // compiled concurrently
+    if (it != cache_.end()) return hold_locked(programs_[it->second], session);  // compiled concurrently
     program->id = registry_.ids().next();
     ++compilations_;
     cache_[std::move(key)] = program->id;
     programs_[program->id] = program;
-    return hold_locked(program, req.session_id());
+    return hold_locked(program, session);
   }
 
   // `session` (0: none) holds `program` from now on.
@@ -531,9 +625,11 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   }
 
   // Checks an Execute request against its program and creates its outputs' records.
-  absl::StatusOr<std::shared_ptr<Execution>> prepare_execution(const pb::ExecuteRequest& req,
+  // `caller` must hold the program (it compiled it) and own the inputs, unless an admin.
+  absl::StatusOr<std::shared_ptr<Execution>> prepare_execution(const pb::ExecuteRequest& req, const Caller& caller,
                                                                grpc::ServerUnaryReactor* reactor,
                                                                pb::ExecuteReply* reply) {
+    TESSERA_ASSIGN_OR_RETURN(const uint64_t session, acting_session(caller, req.session_id(), "execute"));
     std::shared_ptr<Program> program;
     const uint64_t epoch = registry_.epoch();
     if (req.epoch() != 0 && req.epoch() != epoch) {
@@ -553,6 +649,11 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         return absl::NotFoundError(absl::StrCat("execute: executable ", req.executable_id(), " does not exist"));
       }
       program = it->second;
+      if (!caller.at_least(Role::kAdmin) && program->sessions.count(caller.session) == 0) {
+        return absl::PermissionDeniedError(absl::StrCat("execute: executable ", req.executable_id(),
+                                                        " was compiled by another session; a client runs only the "
+                                                        "programs its own session compiled (Compile it first)"));
+      }
     }
     const Graph& graph = program->graph;
     const Executable& exe = program->exe;
@@ -563,6 +664,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     std::vector<uint64_t> input_ids;
     for (int i = 0; i < req.input_arrays_size(); ++i) {
       TESSERA_ASSIGN_OR_RETURN(ArrayRecord a, registry_.get_array(req.input_arrays(i)));
+      TESSERA_RETURN_IF_ERROR(check_owner(caller, a, absl::StrCat("execute: input ", i), "read"));
       const Node& p = graph.node(graph.parameters()[i]);
       if (a.dtype != p.dtype || a.shape != p.shape) {
         return absl::InvalidArgumentError(absl::StrCat("execute: input ", i, " is ", type_to_string(a.dtype, a.shape),
@@ -581,7 +683,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     for (size_t i = 0; i < graph.outputs().size(); ++i) {
       const Node& o = graph.node(graph.outputs()[i]);
       absl::StatusOr<uint64_t> id =
-          registry_.create_array(o.dtype, o.shape, NamedSharding(exe.mesh, exe.output_specs[i]), req.session_id());
+          registry_.create_array(o.dtype, o.shape, NamedSharding(exe.mesh, exe.output_specs[i]), session);
       if (!id.ok()) {
         registry_.remove_arrays(e->output_ids);  // nothing ran: no device holds them yet
         return id.status();
@@ -682,7 +784,11 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       return;
     }
     e->program->executions.fetch_add(1);
-    for (const ArrayRecord& a : e->outputs) to_proto(a, e->reply->add_outputs());
+    for (const ArrayRecord& a : e->outputs) {
+      pb::ArrayInfo* out = e->reply->add_outputs();
+      to_proto(a, out);
+      out->set_grant(auth_.grant(a.id));
+    }
     e->reactor->Finish(grpc::Status::OK);
   }
 
@@ -879,8 +985,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // Runs one collective on the blocks of an array; the results become a new array with the
   // same sharding (so every device must hold a block of its own).
   // Sets *collective_ns to the slowest member's time (see RunCollectiveReply).
-  absl::StatusOr<ArrayRecord> run_collective(const pb::RunCollectiveRequest& req, int64_t* collective_ns) {
+  // `caller` must own the input (or be an admin); the output belongs to its session.
+  absl::StatusOr<ArrayRecord> run_collective(const pb::RunCollectiveRequest& req, const Caller& caller,
+                                             int64_t* collective_ns) {
+    TESSERA_ASSIGN_OR_RETURN(const uint64_t session, acting_session(caller, req.session_id(), "RunCollective"));
     TESSERA_ASSIGN_OR_RETURN(ArrayRecord in, registry_.get_array(req.array_id()));
+    TESSERA_RETURN_IF_ERROR(check_owner(caller, in, "RunCollective", "read"));
     TESSERA_ASSIGN_OR_RETURN(CollectiveSpec spec, collective_from_proto(req.spec()));
     const std::string name = collective_name(spec.kind);
     const NamedSharding& sharding = in.sharding;
@@ -889,7 +999,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     TESSERA_RETURN_IF_ERROR(check_not_lost(in, name));
     TESSERA_ASSIGN_OR_RETURN(Members members, alive_members(mesh_devices, name));
     const std::vector<pb::PeerAddress>& peers = members.peers;
-    TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, out_shape, sharding, req.session_id()));
+    TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, out_shape, sharding, session));
 
     const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
     pb::WorkerCollectiveRequest request;
@@ -920,12 +1030,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   }
 
   // Converts and checks a CreateArray request; the registry checks the devices.
-  absl::StatusOr<uint64_t> create_array(const pb::CreateArrayRequest& req) {
+  absl::StatusOr<uint64_t> create_array(const pb::CreateArrayRequest& req, uint64_t session) {
     TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(req.dtype()));
     TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(req.shape(), dtype));
     TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(req.sharding()));
     await_registration(sharding.mesh().device_ids());
-    return registry_.create_array(dtype, shape, sharding, req.session_id());
+    return registry_.create_array(dtype, shape, sharding, session);
   }
 
   static absl::StatusOr<ArrayRecord> array_from_proto(const pb::ArrayInfo& info) {
@@ -935,13 +1045,15 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return ArrayRecord{info.array_id(), dtype, std::move(shape), std::move(sharding), {}, 0};
   }
 
-  // Adopts the arrays for req.session_id(); with best_effort, lists those it could not.
-  absl::Status adopt_arrays(const pb::AdoptArraysRequest& req, pb::AdoptArraysReply* reply) {
+  // Adopts the arrays for `session`; with best_effort, lists those it could not. Each must
+  // carry its grant: the proof that the caller owned it before the coordinator restarted.
+  absl::Status adopt_arrays(const pb::AdoptArraysRequest& req, uint64_t session, pb::AdoptArraysReply* reply) {
     for (const pb::ArrayInfo& info : req.arrays()) {
       absl::StatusOr<ArrayRecord> a = array_from_proto(info);
       absl::Status adopted = a.status();
-      if (a.ok()) {
-        a->session = req.session_id();
+      if (a.ok()) adopted = auth_.check_grant(info.array_id(), info.grant(), "AdoptArrays");
+      if (adopted.ok()) {
+        a->session = session;
         await_registration(a->sharding.mesh().device_ids());
         adopted = registry_.adopt_array(*a);
       }
@@ -1006,7 +1118,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     auto& w = workers_[address];
     if (w == nullptr) {
       w = std::make_unique<WorkerChannel>();
-      w->stub = pb::Worker::NewStub(make_channel(address));
+      w->stub = pb::Worker::NewStub(make_channel(address, identity_));
     }
     return w.get();
   }
@@ -1017,6 +1129,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   Registry registry_;
   const absl::Duration registration_grace_;
   std::string address_;  // set once, right after the port is bound and before it is announced
+  const Authenticator auth_;
+  const std::shared_ptr<const CallIdentity> identity_;  // what this coordinator sends the workers
 
   absl::Mutex programs_mu_;
   absl::flat_hash_map<std::string, uint64_t> cache_ ABSL_GUARDED_BY(programs_mu_);  // compile_key -> id
@@ -1038,7 +1152,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
 
   absl::Status init() {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), grpc::InsecureServerCredentials(),
+    builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), server_credentials(options_.credentials),
                              &port_);
     configure_server(&builder);
     builder.RegisterService(&service_);

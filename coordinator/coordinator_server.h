@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/credentials.h"
 
 namespace tessera {
 
@@ -30,6 +31,10 @@ struct CoordinatorOptions {
   // grpc.health.v1 (proto/health.h) answers SERVING for "" while at least this many devices
   // are alive (checked at every monitor tick).
   int expected_devices = 0;
+  // The tokens callers must present (docs/design.md, "Security"); the cluster one is also
+  // what this coordinator presents to the workers. Empty: the development mode, nothing is
+  // checked.
+  Credentials credentials;
 };
 
 class CoordinatorServer {

@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "coordinator/coordinator_server.h"
+#include "core/credentials.h"
 #include "core/daemon.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -24,6 +25,11 @@ ABSL_FLAG(int, expected_devices, 0,
           "grpc.health.v1 reports SERVING (ready) while at least this many devices are alive; 0: once serving "
           "(env TESSERA_COORDINATOR_EXPECTED_DEVICES)");
 
+ABSL_FLAG(std::string, credentials, "",
+          "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
+          "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
+          "warning says so) (env TESSERA_COORDINATOR_CREDENTIALS)");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Tessera coordinator daemon: device registry, topology and array metadata, compilation and execution.\n"
@@ -36,7 +42,8 @@ int main(int argc, char** argv) {
                         {"heartbeat_interval_ms", "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS"},
                         {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"},
                         {"lease_timeout_ms", "TESSERA_COORDINATOR_LEASE_TIMEOUT_MS"},
-                        {"expected_devices", "TESSERA_COORDINATOR_EXPECTED_DEVICES"}});
+                        {"expected_devices", "TESSERA_COORDINATOR_EXPECTED_DEVICES"},
+                        {"credentials", "TESSERA_COORDINATOR_CREDENTIALS"}});
   tessera::block_termination_signals();
 
   tessera::CoordinatorOptions options;
@@ -47,6 +54,12 @@ int main(int argc, char** argv) {
   options.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
   options.log_registrations = true;
   options.expected_devices = absl::GetFlag(FLAGS_expected_devices);
+  absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
+  if (!credentials.ok()) {
+    std::cerr << "tessera-coordinator: --credentials: " << credentials.status().message() << "\n";
+    return 2;
+  }
+  options.credentials = *std::move(credentials);
 
   auto server = tessera::CoordinatorServer::start(options);
   if (!server.ok()) {
@@ -55,6 +68,11 @@ int main(int argc, char** argv) {
   }
   std::printf("tessera-coordinator: listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
+  // After the line that says it serves (which tools and tests wait for as the first).
+  if (std::string warning = tessera::open_mode_warning(options.credentials, options.host, "tessera-coordinator");
+      !warning.empty()) {
+    std::cerr << warning << "\n";
+  }
   int sig = tessera::wait_for_termination_signal();
   std::fprintf(stderr, "tessera-coordinator: signal %d, shutting down\n", sig);
   (*server)->shutdown();

@@ -5,7 +5,10 @@
 // split it (the first byte, modulo its length + 1) and its length (two bytes, little endian).
 // Messages are delivered in order until one is rejected (the reader then ends the stream).
 // Each accepted data message must be what protobuf itself parses from the same bytes, and be
-// received under its tag with exactly those data bytes.
+// received under its tag with exactly those data bytes. Each input runs twice: on a stream of
+// the development mode (no authenticated device) and on one authenticated as device 3 (the
+// seeds' sender), where an accepted message claiming another device must be dropped and
+// counted, leaving the mailbox and the stream's source as they were.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -17,7 +20,11 @@
 
 using namespace tessera;
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+constexpr int kAuthenticated = 3;
+
+void run_stream(const uint8_t* data, size_t size, int authenticated_source) {
   Transport transport;
   transport.set_self(0);
   int source = -1;
@@ -31,12 +38,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     grpc::Slice slices[2] = {grpc::Slice(bytes, split), grpc::Slice(bytes + split, length - split)};
     grpc::ByteBuffer buffer(slices, 2);
     const int64_t pending = transport.pending_messages();
-    absl::Status delivered = transport.deliver(&buffer, &source);
+    const int64_t forged = transport.forged_messages();
+    const int source_before = source;
+    absl::Status delivered = transport.deliver(&buffer, &source, authenticated_source);
     fuzz::check_rejection(delivered, "deliver");
     if (!delivered.ok()) break;
     // What protobuf makes of the same bytes (deliver reads them by hand).
     pb::ExchangeMessage parsed;
     if (!parsed.ParseFromArray(bytes, static_cast<int>(length))) fuzz::fail("deliver accepted", "unparseable bytes");
+    if (authenticated_source >= 0 && parsed.source_device() != authenticated_source) {
+      fuzz::check(transport.forged_messages() == forged + 1, "a message claiming another device was not counted");
+      fuzz::check(transport.pending_messages() == pending, "a message claiming another device was filed");
+      fuzz::check(source == source_before, "a message claiming another device set the stream's source");
+      continue;
+    }
+    fuzz::check(transport.forged_messages() == forged, "a message of the stream's own device was counted as forged");
     fuzz::check(parsed.source_device() == source, "deliver's source is not the message's");
     if (parsed.lost_ops_size() > 0 || transport.pending_messages() == pending) continue;  // a notice, or a repeat
     const MessageTag tag{parsed.op_id(), parsed.step(), parsed.chunk()};
@@ -53,5 +69,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     transport.finish_op(tag.op);
   }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  run_stream(data, size, -1);
+  run_stream(data, size, kAuthenticated);
   return 0;
 }

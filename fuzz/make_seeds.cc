@@ -133,6 +133,11 @@ int main(int argc, char** argv) {
         exchange_record(3, 42, 0, 0, floats(16), 4) + exchange_record(3, 42, 1, 0, floats(16), 30) +
             exchange_record(3, 42, 1, 1, floats(3), 0) + std::string(1, '\2') + le16(notice_bytes.size()) +
             notice_bytes);
+  // A message claiming device 1, then device 3's own: on a stream authenticated as device 3
+  // the first is dropped as forged and the second filed; in the development mode the first
+  // names the stream's sender and the second is a change of sender.
+  write("exchange", "forged_then_own",
+        exchange_record(1, 43, 0, 0, floats(4), 2) + exchange_record(3, 43, 0, 0, floats(4), 5));
 
   // PutShard: a (4, 8) f32 shard in a header message with the first 64 bytes, then the rest.
   pb::ShardChunk first;

@@ -103,7 +103,7 @@ void configure_server(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20);
 }
 
-std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
+grpc::ChannelArguments channel_arguments() {
   grpc::ChannelArguments args;
   // Shards travel in chunks of at most kMaxChunkBytes; leave headroom for framing.
   args.SetMaxReceiveMessageSize(static_cast<int>(4 * kMaxChunkBytes));
@@ -121,7 +121,11 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
   args.SetServiceConfigJSON(kRetryServiceConfig);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_arguments());
 }
 
 }  // namespace tessera

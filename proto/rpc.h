@@ -17,6 +17,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/status.h"
 
 namespace tessera {
@@ -25,8 +26,9 @@ namespace tessera {
 // (core/op.h: an op's name, wire number, arity, what it is given or its attributes' kind),
 // which kOpTableDigest records: op_table_test fails until both are updated together. (8: one
 // SPMD program per executable; 9: the op table and its OpCodes; 10: ids carry the
-// coordinator's epoch; 11: sessions and leases; 12: typed op attributes, a KernelNode oneof.)
-inline constexpr uint32_t kProtocolVersion = 12;
+// coordinator's epoch; 11: sessions and leases; 12: typed op attributes, a KernelNode oneof;
+// 13: credentials, session credentials and array grants.)
+inline constexpr uint32_t kProtocolVersion = 13;
 inline constexpr uint64_t kOpTableDigest = 0x7fbbfa83e1fd2465;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
@@ -62,7 +64,11 @@ absl::Status check_protocol_version(uint32_t theirs, absl::string_view who);
 // receive limit that fits a kMaxChunkBytes chunk.
 void configure_server(grpc::ServerBuilder* builder);
 
-// An insecure channel to `address` with the limits Tessera uses everywhere.
+// The channel settings Tessera uses everywhere (limits, keepalive, retries).
+grpc::ChannelArguments channel_arguments();
+
+// A channel to `address` with channel_arguments() that sends no credentials (a cluster in
+// the development mode, health probes). proto/auth.h has the one that sends them.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address);
 
 }  // namespace tessera

@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
+#include "core/credentials.h"
 #include "core/daemon.h"
 #include "worker/kernels/blas.h"
 #include "worker/worker_server.h"
@@ -51,6 +52,11 @@ ABSL_FLAG(std::string, all_reduce_algorithm, "",
           "for measuring: every all_reduce up to 512 KiB runs tree, recursive_doubling, direct or ring instead "
           "of the table's choice; give every worker the same");
 
+ABSL_FLAG(std::string, credentials, "",
+          "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
+          "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
+          "warning says so) (env TESSERA_WORKER_CREDENTIALS)");
+
 int main(int argc, char** argv) {
   tessera::ensure_fast_blas(argv);
   absl::SetProgramUsageMessage(
@@ -70,7 +76,8 @@ int main(int argc, char** argv) {
                         {"register_timeout_s", "TESSERA_WORKER_REGISTER_TIMEOUT_S"},
                         {"shm", "TESSERA_WORKER_SHM"},
                         {"shm_ring_bytes", "TESSERA_WORKER_SHM_RING_BYTES"},
-                        {"shm_host", "TESSERA_WORKER_SHM_HOST"}});
+                        {"shm_host", "TESSERA_WORKER_SHM_HOST"},
+                        {"credentials", "TESSERA_WORKER_CREDENTIALS"}});
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
   // instead of a fresh mmap (and a page fault per 4 KiB) for every one. 32 MiB is the
@@ -107,6 +114,12 @@ int main(int argc, char** argv) {
   options.shm_ring_bytes = absl::GetFlag(FLAGS_shm_ring_bytes);
   options.shm_host = absl::GetFlag(FLAGS_shm_host);
   options.all_reduce_algorithm = absl::GetFlag(FLAGS_all_reduce_algorithm);
+  absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
+  if (!credentials.ok()) {
+    std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";
+    return 2;
+  }
+  options.credentials = *std::move(credentials);
   options.wait_or_stop = [](absl::Duration pause) { return tessera::wait_for_termination_signal_for(pause) != 0; };
 
   auto worker = tessera::WorkerServer::start(options);
@@ -116,6 +129,12 @@ int main(int argc, char** argv) {
   }
   std::printf("tessera-worker: device %d listening on %s\n", (*worker)->device_id(), (*worker)->address().c_str());
   std::fflush(stdout);
+  // After the line that says it serves (which tools and tests wait for as the first).
+  if (std::string warning = tessera::open_mode_warning(
+          options.credentials, options.bind_host.empty() ? options.host : options.bind_host, "tessera-worker");
+      !warning.empty()) {
+    std::cerr << warning << "\n";
+  }
   int sig = tessera::wait_for_termination_signal();
   std::fprintf(stderr, "tessera-worker: signal %d, shutting down\n", sig);
   (*worker)->shutdown();

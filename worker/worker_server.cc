@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/auth.h"
 #include "proto/health.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
@@ -47,6 +48,15 @@ using WorkerServiceBase =
     pb::Worker::WithCallbackMethod_RunPlans<pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service>>;
 
 class WorkerService;
+
+// The reactor of a stream refused at its start (an unauthenticated or unauthorised caller):
+// it finishes with `status` at once and deletes itself when gRPC is done.
+template <typename Reactor>
+class Refused final : public Reactor {
+ public:
+  explicit Refused(const absl::Status& status) { this->Finish(to_grpc(status)); }
+  void OnDone() override { delete this; }
+};
 
 // The server side of the coordinator's RunPlans stream: each request is a run (or the cancel
 // of one); each run's result goes back as its own message when the run ends, in any order.
@@ -103,7 +113,8 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
 
 class WorkerService final : public WorkerServiceBase {
  public:
-  explicit WorkerService(int64_t memory_bytes) : store_(memory_bytes), started_(absl::Now()) {}
+  WorkerService(int64_t memory_bytes, const Credentials& credentials)
+      : auth_(credentials), store_(memory_bytes), started_(absl::Now()), transport_(credentials) {}
 
   void set_device_id(int id) {
     device_id_ = id;
@@ -135,18 +146,27 @@ class WorkerService final : public WorkerServiceBase {
     plans_.erase(plans_.begin(), plans_.lower_bound(epoch));
   }
 
-  grpc::Status Handshake(grpc::ServerContext*, const pb::HandshakeRequest* req, pb::HandshakeReply* reply) override {
+  grpc::Status Handshake(grpc::ServerContext* ctx, const pb::HandshakeRequest* req,
+                         pb::HandshakeReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
     reply->set_protocol_version(kProtocolVersion);
     reply->set_server(absl::StrCat("tessera-worker device ", device_id_.load()));
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
   }
 
-  grpc::Status PutShard(grpc::ServerContext*, grpc::ServerReader<pb::ShardChunk>* reader,
+  grpc::Status PutShard(grpc::ServerContext* ctx, grpc::ServerReader<pb::ShardChunk>* reader,
                         pb::PutShardReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
     pb::ShardChunk chunk;
     if (!reader->Read(&chunk)) return to_grpc(absl::InvalidArgumentError("PutShard: empty stream"));
     if (!chunk.has_header()) {
       return to_grpc(absl::InvalidArgumentError("PutShard: the first message must carry the shard header"));
+    }
+    if (!caller->at_least(Role::kDaemon)) {
+      absl::Status granted = auth_.check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard");
+      if (!granted.ok()) return to_grpc(on_this_device(granted));
     }
     absl::StatusOr<std::shared_ptr<HostArray>> data = begin_put(chunk.header());
     if (!data.ok()) return to_grpc(data.status());
@@ -164,6 +184,12 @@ class WorkerService final : public WorkerServiceBase {
 
   grpc::Status GetShard(grpc::ServerContext* ctx, const pb::GetShardRequest* req,
                         grpc::ServerWriter<pb::ShardChunk>* writer) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
+    if (!caller->at_least(Role::kDaemon)) {
+      absl::Status granted = auth_.check_grant(req->buffer_id(), req->grant(), "GetShard");
+      if (!granted.ok()) return to_grpc(on_this_device(granted));
+    }
     absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_.get(req->buffer_id());
     if (!buffer.ok()) return to_grpc(buffer.status());
     const HostArray& data = **buffer;
@@ -184,8 +210,11 @@ class WorkerService final : public WorkerServiceBase {
     return grpc::Status::OK;
   }
 
-  grpc::Status DeleteBuffers(grpc::ServerContext*, const pb::DeleteBuffersRequest* req,
+  grpc::Status DeleteBuffers(grpc::ServerContext* ctx, const pb::DeleteBuffersRequest* req,
                              pb::DeleteBuffersReply* reply) override {
+    // Clients delete through the coordinator (DeleteArray), which checks the owner.
+    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kAdmin, "DeleteBuffers");
+    if (!caller.ok()) return to_grpc(caller.status());
     reply->set_deleted(erase(req->buffer_ids()));
     return grpc::Status::OK;
   }
@@ -197,6 +226,8 @@ class WorkerService final : public WorkerServiceBase {
 
   grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::WorkerCollectiveRequest* req,
                              pb::WorkerCollectiveReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "RunCollective");
+    if (!caller.ok()) return to_grpc(caller.status());
     absl::StatusOr<Shape> shape = run_collective(
         *req, [ctx] { return ctx->IsCancelled(); }, reply);
     transport_.finish_op(req->op_id());
@@ -207,7 +238,9 @@ class WorkerService final : public WorkerServiceBase {
     return grpc::Status::OK;
   }
 
-  grpc::Status LoadPlan(grpc::ServerContext*, const pb::LoadPlanRequest* req, pb::LoadPlanReply*) override {
+  grpc::Status LoadPlan(grpc::ServerContext* ctx, const pb::LoadPlanRequest* req, pb::LoadPlanReply*) override {
+    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "LoadPlan");
+    if (!caller.ok()) return to_grpc(caller.status());
     // The program is the same for every device: this one resolves it for its own position.
     absl::StatusOr<DevicePlan> program = plan_from_proto(req->plan());
     if (!program.ok()) return to_grpc(program.status());
@@ -226,8 +259,10 @@ class WorkerService final : public WorkerServiceBase {
     return grpc::Status::OK;
   }
 
-  grpc::Status UnloadPlans(grpc::ServerContext*, const pb::UnloadPlansRequest* req,
+  grpc::Status UnloadPlans(grpc::ServerContext* ctx, const pb::UnloadPlansRequest* req,
                            pb::UnloadPlansReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "UnloadPlans");
+    if (!caller.ok()) return to_grpc(caller.status());
     absl::MutexLock lock(&plans_mu_);
     int unloaded = 0;
     for (uint64_t id : req->plan_ids()) unloaded += static_cast<int>(plans_.erase(id));
@@ -236,7 +271,12 @@ class WorkerService final : public WorkerServiceBase {
   }
 
   // The coordinator's RunPlans stream (see PlanStreamReactor).
-  grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* RunPlans(grpc::CallbackServerContext*) override {
+  grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* RunPlans(
+      grpc::CallbackServerContext* ctx) override {
+    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "RunPlans");
+    if (!caller.ok()) {
+      return new Refused<grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>>(caller.status());
+    }
     return PlanStreamReactor::start(this);
   }
 
@@ -263,12 +303,23 @@ class WorkerService final : public WorkerServiceBase {
   }
 
   // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
-  grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext*,
+  // Only the cluster's daemons may send here; a stream whose credential names a device carries
+  // only that device's messages (others are dropped and counted).
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext* ctx,
                                                       grpc::ByteBuffer* response) override {
-    return transport_.new_exchange_reader(response);
+    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Exchange");
+    if (!caller.ok()) return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(caller.status());
+    if (!caller->open && caller->device < 0) {
+      return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(
+          absl::PermissionDeniedError("Exchange: the stream does not say which device sends it ('tessera-device')"));
+    }
+    return transport_.new_exchange_reader(response, caller->device);
   }
 
-  grpc::Status GetStats(grpc::ServerContext*, const pb::GetStatsRequest*, pb::WorkerStats* reply) override {
+  grpc::Status GetStats(grpc::ServerContext* ctx, const pb::GetStatsRequest*, pb::WorkerStats* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
+    reply->set_exchange_messages_forged(transport_.forged_messages());
     BufferStore::Stats stats = store_.stats();
     reply->set_device_id(device_id_.load());
     reply->set_buffer_count(stats.buffer_count);
@@ -414,6 +465,7 @@ class WorkerService final : public WorkerServiceBase {
     return absl::OkStatus();
   }
 
+  const Authenticator auth_;
   std::atomic<int> device_id_{-1};
   std::atomic<uint64_t> incarnation_{0};
   BufferStore store_;
@@ -528,7 +580,10 @@ void PlanStreamReactor::OnWriteDone(bool ok) {
 
 class WorkerServerImpl final : public WorkerServer {
  public:
-  explicit WorkerServerImpl(const WorkerOptions& options) : options_(options), service_(options.memory_bytes) {}
+  explicit WorkerServerImpl(const WorkerOptions& options)
+      : options_(options),
+        identity_(daemon_identity(options.credentials)),
+        service_(options.memory_bytes, options.credentials) {}
   ~WorkerServerImpl() override { shutdown(); }
 
   absl::Status init() {
@@ -536,7 +591,7 @@ class WorkerServerImpl final : public WorkerServer {
     grpc::ServerBuilder builder;
     int port = 0;
     const std::string bind = options_.bind_host.empty() ? options_.host : options_.bind_host;
-    builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), server_credentials(options_.credentials), &port);
     configure_server(&builder);
     builder.RegisterService(&service_);
     builder.RegisterService(health_.service());
@@ -575,7 +630,7 @@ class WorkerServerImpl final : public WorkerServer {
     const absl::Time deadline = absl::Now() + options_.register_timeout;
     absl::Duration pause = absl::Seconds(1);
     for (int attempt = 1;; ++attempt) {
-      coordinator_ = pb::Coordinator::NewStub(make_channel(options_.coordinator_address));
+      coordinator_ = pb::Coordinator::NewStub(make_channel(options_.coordinator_address, identity_));
       absl::Status registered =
           register_worker(options_.device_id, std::min(deadline - absl::Now(), kConnectDeadline), false);
       if (registered.ok()) {
@@ -678,6 +733,7 @@ class WorkerServerImpl final : public WorkerServer {
 
   // Constant after init().
   const WorkerOptions options_;
+  const std::shared_ptr<const CallIdentity> identity_;  // what this worker sends the coordinator
   WorkerService service_;
   HealthService health_;
   std::unique_ptr<grpc::Server> server_;

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/credentials.h"
 
 namespace tessera {
 
@@ -47,6 +48,9 @@ struct WorkerOptions {
   // Waits the pause between registration attempts; returning true (asked to stop: a daemon's
   // SIGTERM) ends start() with CANCELLED. Unset: the pause is slept.
   std::function<bool(absl::Duration)> wait_or_stop;
+  // The tokens callers must present, and the cluster one this worker presents to the
+  // coordinator and its peers (docs/design.md, "Security"). Empty: the development mode.
+  Credentials credentials;
 };
 
 class WorkerServer {

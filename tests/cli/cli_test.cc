@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/state.h"
+#include "core/credentials.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
@@ -107,7 +108,29 @@ TEST(Cli, UpStatusRunExampleHealthDown) {
   // The example's executable stays cached on the coordinator, run once.
   EXPECT_THAT(status->second, HasSubstr("Mesh('data': 4, 'model': 2)"));
 
-  absl::StatusOr<std::pair<int, std::string>> health = tessera({"health", "--address=" + state->coordinator_address});
+  // The daemons check the credentials up made: none is refused, the client token accepted.
+  const std::string credentials = dir + "/state-credentials";
+  EXPECT_THAT(up->second, HasSubstr(credentials + "/client.token"));
+  ConnectOptions no_token;
+  no_token.token = "not-this-clusters-token";
+  no_token.timeout = absl::Seconds(5);
+  no_token.ca_file = credentials + "/ca.pem";
+  EXPECT_EQ(Client::connect(state->coordinator_address, no_token).status().code(), absl::StatusCode::kUnauthenticated);
+  ConnectOptions with_token;
+  with_token.token_file = credentials + "/client.token";
+  with_token.ca_file = credentials + "/ca.pem";
+  absl::StatusOr<Client> client = Client::connect(state->coordinator_address, with_token);
+  EXPECT_TRUE(client.ok()) << client.status();
+  client = absl::CancelledError("dropped");
+  // Over plaintext, a TLS cluster does not answer at all.
+  absl::StatusOr<std::pair<int, std::string>> plaintext =
+      tessera({"health", "--address=" + state->coordinator_address, "--timeout_s=2"});
+  ASSERT_TRUE(plaintext.ok());
+  EXPECT_EQ(plaintext->first, 1) << plaintext->second;
+
+  // The daemons serve TLS with the CA up made: health (which needs no token) verifies them.
+  absl::StatusOr<std::pair<int, std::string>> health =
+      tessera({"health", "--address=" + state->coordinator_address, "--ca_file=" + credentials + "/ca.pem"});
   ASSERT_TRUE(health.ok());
   EXPECT_EQ(health->first, 0) << health->second;
   EXPECT_THAT(health->second, HasSubstr("serving: " + state->coordinator_address));
@@ -117,10 +140,34 @@ TEST(Cli, UpStatusRunExampleHealthDown) {
   EXPECT_EQ(down->first, 0) << down->second;
   for (const StartedProcess& p : state->processes) EXPECT_FALSE(process_running(p.process)) << p.role;
   EXPECT_NE(access((dir + "/state").c_str(), F_OK), 0) << "the state file is removed";
+  EXPECT_NE(access(credentials.c_str(), F_OK), 0) << "so are the credentials";
   absl::StatusOr<std::pair<int, std::string>> twice = tessera({"down", state_flag});
   ASSERT_TRUE(twice.ok());
   EXPECT_EQ(twice->first, 1);
   EXPECT_THAT(twice->second, HasSubstr("no state file"));
+}
+
+TEST(Cli, CredentialsWritesFreshTokensOnceAndDaemonsReadThem) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  absl::StatusOr<std::pair<int, std::string>> made = tessera({"credentials", dir + "/c"});
+  ASSERT_TRUE(made.ok());
+  ASSERT_EQ(made->first, 0) << made->second;
+  absl::StatusOr<Credentials> c = load_credentials(dir + "/c");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->client.size(), 64u);
+  EXPECT_NE(c->client, c->admin);
+  EXPECT_TRUE(c->tls()) << "a CA and a daemon certificate for 127.0.0.1 and localhost";
+  absl::StatusOr<std::pair<int, std::string>> again = tessera({"credentials", dir + "/c"});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->first, 1);
+  EXPECT_THAT(again->second, HasSubstr("holds credentials already"));
+  // A daemon refuses a directory without them, naming the file.
+  absl::StatusOr<std::pair<int, std::string>> bad =
+      Subprocess::run({kBin + "/tessera-coordinator", "--credentials=" + dir + "/none"}, absl::Seconds(30));
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->first, 2);
+  EXPECT_THAT(bad->second, HasSubstr(dir + "/none/cluster.token"));
 }
 
 TEST(Cli, HealthOfNothingFailsAndUnknownCommandsAreNamed) {

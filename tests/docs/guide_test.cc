@@ -3,11 +3,16 @@
 // (4, 2) ("data", "model") mesh, and must succeed; a block followed by a ```text output block
 // must print exactly that (a line "..." standing for any number of lines, and "..." within a
 // line for any text).
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/credentials.h"
 #include "gtest/gtest.h"
 #include "tests/docs/guide_blocks.h"
 #include "tests/integration/jit_support.h"
@@ -56,7 +61,21 @@ class CaptureStdout {
   std::streambuf* old_;
 };
 
-class GuideTest : public jit_support::LocalSuite<::testing::TestWithParam<size_t>> {};
+class GuideTest : public jit_support::LocalSuite<::testing::TestWithParam<size_t>> {
+ protected:
+  // The guide's cluster takes its tokens from a directory, and $TESSERA_TOKEN_FILE names the
+  // client token (as `tessera run-example` sets it), which the guide's Client::connect reads.
+  static void SetUpTestSuite() {
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/guide-credentials-", getpid());
+    absl::StatusOr<Credentials> credentials = generate_credentials();
+    ASSERT_TRUE(credentials.ok());
+    ASSERT_TRUE(write_credentials(dir, *credentials).ok());
+    setenv("TESSERA_TOKEN_FILE", absl::StrCat(dir, "/", kClientTokenFile).c_str(), 1);
+    LocalOptions options;
+    options.credentials_dir = dir;
+    start_cluster(options);
+  }
+};
 
 TEST(Guide, HasBlocks) { EXPECT_GE(blocks().size(), 10u); }
 

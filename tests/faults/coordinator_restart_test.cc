@@ -147,9 +147,9 @@ TEST_F(CoordinatorRestartTest, AnArrayWhoseShardsAreGoneFailsNamingTheArrayAndTh
 
   cluster_.workers[3]->kill();
   restart_coordinator();
-  absl::StatusOr<std::unique_ptr<Subprocess>> worker =
-      Subprocess::spawn({kBin + "/tessera-worker", "--coordinator=" + cluster_.address,
-                         "--port=" + address.substr(address.rfind(':') + 1), "--device_id=3"});
+  absl::StatusOr<std::unique_ptr<Subprocess>> worker = Subprocess::spawn(
+      {kBin + "/tessera-worker", "--coordinator=" + cluster_.address,
+       "--port=" + address.substr(address.rfind(':') + 1), "--device_id=3", "--credentials=" + credentials_dir_});
   ASSERT_TRUE(worker.ok()) << worker.status();
   cluster_.workers[3] = *std::move(worker);
   ASSERT_TRUE(cluster_.workers[3]->read_line_with("listening on", absl::Seconds(20)).ok());

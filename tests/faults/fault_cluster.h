@@ -1,6 +1,7 @@
 // The fault drills' cluster (tests/faults/): a coordinator and kFaultWorkers tessera-worker
 // processes on 127.0.0.1 ephemeral ports with fast heartbeats (a silent worker is marked lost
-// within 1.5 s), and the host references their checks use. Tests restart the coordinator on
+// within 1.5 s), checking credentials (fresh tokens in a directory of the test's own, as
+// `tessera credentials` writes them), and the host references their checks use. Tests restart the coordinator on
 // its port, and stop, continue, kill and restart workers, by pid.
 //
 //   class MyDrill : public FaultClusterTest {};
@@ -10,9 +11,14 @@
 #ifndef TESSERA_TESTS_FAULTS_FAULT_CLUSTER_H_
 #define TESSERA_TESTS_FAULTS_FAULT_CLUSTER_H_
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "core/credentials.h"
 #include "core/subprocess.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
@@ -27,20 +33,50 @@ inline const std::vector<std::string> kFaultCoordinatorFlags = {"--heartbeat_int
 class FaultClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<ProcessCluster> cluster =
-        ProcessCluster::start(kBin, kFaultWorkers, coordinator_flags(), {"--memory_bytes=268435456"});
+    credentials_dir_ = absl::StrCat(::testing::TempDir(), "/tessera-credentials-", getpid(), "-",
+                                    ::testing::UnitTest::GetInstance()->random_seed(), "-", ++dirs_made_);
+    absl::StatusOr<Credentials> credentials = generate_credentials();
+    ASSERT_TRUE(credentials.ok()) << credentials.status();
+    credentials_ = *credentials;
+    if (tls()) {
+      ASSERT_TRUE(add_tls(&credentials_, {"127.0.0.1"}).ok());
+    }
+    ASSERT_TRUE(write_credentials(credentials_dir_, credentials_).ok());
+    absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(
+        kBin, kFaultWorkers, coordinator_flags(), {"--memory_bytes=268435456", "--credentials=" + credentials_dir_});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
   }
 
-  // The coordinator's flags (a drill may add its own).
-  virtual std::vector<std::string> coordinator_flags() const { return kFaultCoordinatorFlags; }
+  // The coordinator's flags (a drill may add its own), with the credentials.
+  virtual std::vector<std::string> drill_flags() const { return kFaultCoordinatorFlags; }
+  std::vector<std::string> coordinator_flags() const {
+    std::vector<std::string> flags = drill_flags();
+    flags.push_back("--credentials=" + credentials_dir_);
+    return flags;
+  }
 
-  // A client of the cluster, once every device is alive (waits at most 20 s).
-  absl::StatusOr<Client> connect() const {
+  ~FaultClusterTest() override {
+    for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
+      std::remove(absl::StrCat(credentials_dir_, "/", f).c_str());
+    }
+    rmdir(credentials_dir_.c_str());
+  }
+
+  // Whether the daemons serve TLS (a cluster CA of the test's own; mutual TLS between them).
+  virtual bool tls() const { return false; }
+
+  // The file holding the client token (what a client's --token_file names).
+  std::string client_token_file() const { return absl::StrCat(credentials_dir_, "/", kClientTokenFile); }
+
+  // A client of the cluster with `token` (default: the client token), once every device is
+  // alive (waits at most 20 s).
+  absl::StatusOr<Client> connect(const std::string& token = "") const {
     ConnectOptions options;
     options.min_devices = kFaultWorkers;
     options.timeout = absl::Seconds(20);
+    options.token = token.empty() ? credentials_.client : token;
+    if (tls()) options.ca_file = absl::StrCat(credentials_dir_, "/", kCaFile);
     return Client::connect(cluster_.address, options);
   }
 
@@ -57,7 +93,12 @@ class FaultClusterTest : public ::testing::Test {
     ASSERT_TRUE(cluster_.coordinator->read_line_with("listening on " + cluster_.address, absl::Seconds(20)).ok());
   }
 
+  std::string credentials_dir_;
+  Credentials credentials_;
   ProcessCluster cluster_;
+
+ private:
+  inline static int dirs_made_ = 0;
 };
 
 // a * x + b, elementwise, for float32 x.

@@ -11,6 +11,7 @@
 
 ABSL_FLAG(std::string, coordinator, "", "host:port of the coordinator");
 ABSL_FLAG(int, devices, 4, "how many devices the mesh spans");
+ABSL_FLAG(std::string, token_file, "", "the file holding the client token");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   ConnectOptions options;
   options.min_devices = n;
   options.timeout = absl::Seconds(20);
+  options.token_file = absl::GetFlag(FLAGS_token_file);
   absl::StatusOr<Client> client = Client::connect(absl::GetFlag(FLAGS_coordinator), options);
   if (!client.ok()) {
     std::printf("error %s\n", client.status().ToString().c_str());

@@ -41,7 +41,7 @@ class LeaseTest : public FaultClusterTest {
     observer_.reset();
   }
 
-  std::vector<std::string> coordinator_flags() const override {
+  std::vector<std::string> drill_flags() const override {
     std::vector<std::string> flags = kFaultCoordinatorFlags;
     flags.push_back(absl::StrCat("--lease_timeout_ms=", absl::ToInt64Milliseconds(kLease)));
     return flags;
@@ -51,9 +51,10 @@ class LeaseTest : public FaultClusterTest {
   std::unique_ptr<Subprocess> start_holder() {
     SubprocessOptions options;
     options.pipe_stdin = true;  // it holds until stdin closes (or it is killed)
-    absl::StatusOr<std::unique_ptr<Subprocess>> holder = Subprocess::spawn(
-        {kBin + "/holder_client", "--coordinator=" + cluster_.address, absl::StrCat("--devices=", kFaultWorkers)},
-        options);
+    absl::StatusOr<std::unique_ptr<Subprocess>> holder =
+        Subprocess::spawn({kBin + "/holder_client", "--coordinator=" + cluster_.address,
+                           absl::StrCat("--devices=", kFaultWorkers), "--token_file=" + client_token_file()},
+                          options);
     EXPECT_TRUE(holder.ok()) << holder.status();
     if (!holder.ok()) return nullptr;
     absl::StatusOr<std::string> line = (*holder)->read_line_with("holding", absl::Seconds(30));

@@ -26,7 +26,7 @@ constexpr absl::Duration kBound = absl::Seconds(5);
 
 class ShmPeerKilledTest : public FaultClusterTest {
  protected:
-  std::vector<std::string> coordinator_flags() const override {
+  std::vector<std::string> drill_flags() const override {
     return {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=60000"};
   }
   void TearDown() override {

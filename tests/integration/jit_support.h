@@ -40,8 +40,10 @@ inline void expect_near(const HostArray& got, const std::vector<double>& want, d
 template <typename Base>
 class LocalSuite : public Base {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<Client> client = Client::local(8);
+  static void SetUpTestSuite() { start_cluster(LocalOptions{}); }
+  // The suite's Client::local(8, options) and its mesh.
+  static void start_cluster(const LocalOptions& options) {
+    absl::StatusOr<Client> client = Client::local(8, options);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = new Client(*std::move(client));
     absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});

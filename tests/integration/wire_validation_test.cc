@@ -1,9 +1,13 @@
 // Bad input from the wire: raw, malformed messages sent straight to a worker and the
 // coordinator get precise errors, and nothing else is disturbed.
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "core/credentials.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
@@ -17,13 +21,23 @@ using ::testing::HasSubstr;
 class WireValidationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<Client> client = Client::local(2);
+    // The raw stubs present the cluster's own credential, as a (broken) daemon would: what is
+    // tested here is the validation behind the credential check (tests/faults/auth_test.cc
+    // tests the check).
+    absl::StatusOr<Credentials> credentials = generate_credentials();
+    ASSERT_TRUE(credentials.ok());
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/wire-validation-credentials-", getpid());
+    ASSERT_TRUE(write_credentials(dir, *credentials).ok());
+    LocalOptions options;
+    options.credentials_dir = dir;
+    absl::StatusOr<Client> client = Client::local(2, options);
     ASSERT_TRUE(client.ok()) << client.status();
     client_.emplace(*std::move(client));
     absl::StatusOr<std::vector<Device>> devices = client_->devices();
     ASSERT_TRUE(devices.ok());
-    worker_ = pb::Worker::NewStub(make_channel((*devices)[0].address));
-    coordinator_ = pb::Coordinator::NewStub(make_channel(client_->coordinator_address()));
+    auto identity = std::make_shared<CallIdentity>(credentials->cluster);
+    worker_ = pb::Worker::NewStub(make_channel((*devices)[0].address, identity));
+    coordinator_ = pb::Coordinator::NewStub(make_channel(client_->coordinator_address(), identity));
     absl::StatusOr<Mesh> mesh = client_->make_mesh({2}, {"x"});
     ASSERT_TRUE(mesh.ok());
     absl::StatusOr<Array> kept = client_->device_put(kept_values_, NamedSharding(*mesh, P("x")));

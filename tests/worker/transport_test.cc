@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
+#include "worker/collectives/shm_ring.h"
 
 namespace tessera {
 namespace {
@@ -266,17 +267,17 @@ TEST(TransportDeliver, RejectsTruncatedEmptyAndUnsourcedMessagesAndFilesAGoodOne
   transport.set_self(0);
   int source = -1;
   grpc::ByteBuffer truncated = raw("\xfa");  // a key's varint cut short
-  absl::Status status = transport.deliver(&truncated, &source);
+  absl::Status status = transport.deliver(&truncated, &source, -1);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("truncated"));
   // Found next: field 1's key 0x08 written in 6 bytes, which protobuf rejects (a key is at
   // most 5), was read as field 1.
   grpc::ByteBuffer long_key = raw(std::string("\x88\x80\x80\x80\x80\x00\x02", 7));
-  status = transport.deliver(&long_key, &source);
+  status = transport.deliver(&long_key, &source, -1);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("a key longer than 5 bytes"));
   grpc::ByteBuffer empty = raw("");
-  status = transport.deliver(&empty, &source);
+  status = transport.deliver(&empty, &source, -1);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("neither data (field 5), lost ops (field 6) nor a shared-memory offer"));
   pb::ExchangeMessage m;
@@ -284,7 +285,7 @@ TEST(TransportDeliver, RejectsTruncatedEmptyAndUnsourcedMessagesAndFilesAGoodOne
   m.set_op_id(9);
   m.set_data("abcd");
   grpc::ByteBuffer unsourced = raw(m.SerializeAsString());
-  status = transport.deliver(&unsourced, &source);
+  status = transport.deliver(&unsourced, &source, -1);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("source device -5 is not a device id"));
   EXPECT_EQ(source, -1);
@@ -299,13 +300,70 @@ TEST(TransportDeliver, RejectsTruncatedEmptyAndUnsourcedMessagesAndFilesAGoodOne
 
   m.set_source_device(2);
   grpc::ByteBuffer good = raw(m.SerializeAsString());
-  ASSERT_TRUE(transport.deliver(&good, &source).ok());
+  ASSERT_TRUE(transport.deliver(&good, &source, -1).ok());
   EXPECT_EQ(source, 2);
   absl::StatusOr<Received> got = transport.receive(2, "", {9, 0, 0}, absl::InfinitePast(), absl::InfinitePast());
   ASSERT_TRUE(got.ok()) << got.status();
   std::string bytes(static_cast<size_t>(got->size()), '\0');
   got->copy_to(reinterpret_cast<std::byte*>(bytes.data()));
   EXPECT_EQ(bytes, "abcd");
+}
+
+// A stream authenticated as device 2 (its 'tessera-device', see proto/auth.h): a message or a
+// shared-memory offer claiming another device is dropped and counted, a malformed one still
+// ends the stream, and the ring it offers as itself is read as device 2's messages.
+TEST(TransportDeliver, AnAuthenticatedStreamCarriesOnlyItsDevicesMessagesAndRing) {
+  Transport transport;
+  transport.set_self(0);
+  ASSERT_TRUE(transport.set_shm({true, ShmRing::kMinBytes, "transport-test-host"}).ok());
+  int source = -1;
+  pb::ExchangeMessage forged;
+  forged.set_source_device(1);
+  forged.set_op_id(5);
+  forged.set_data("abcd");
+  grpc::ByteBuffer message = raw(forged.SerializeAsString());
+  ASSERT_TRUE(transport.deliver(&message, &source, 2).ok());
+  EXPECT_EQ(transport.forged_messages(), 1);
+  EXPECT_EQ(transport.pending_messages(), 0);
+  EXPECT_EQ(source, -1);
+
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 77);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  pb::ExchangeMessage offer;
+  offer.set_source_device(1);
+  offer.set_shm_segment((*ring)->name());
+  offer.set_shm_token(77);
+  offer.set_shm_host("transport-test-host");
+  message = raw(offer.SerializeAsString());
+  ASSERT_TRUE(transport.deliver(&message, &source, 2).ok());
+  EXPECT_EQ(transport.forged_messages(), 2);
+  EXPECT_EQ(source, -1);
+
+  grpc::ByteBuffer empty = raw("");
+  absl::Status status = transport.deliver(&empty, &source, 2);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("neither data (field 5), lost ops (field 6) nor a shared-memory offer"));
+  EXPECT_EQ(transport.forged_messages(), 2);
+
+  offer.set_source_device(2);
+  message = raw(offer.SerializeAsString());
+  ASSERT_TRUE(transport.deliver(&message, &source, 2).ok());
+  EXPECT_EQ(source, 2);
+  const std::string data = "wxyz";
+  ASSERT_TRUE((*ring)->write({5, 0, 0, 4}, reinterpret_cast<const std::byte*>(data.data()),
+                             absl::Now() + absl::Seconds(10)));
+  absl::StatusOr<Received> got =
+      transport.receive(2, "", {5, 0, 0}, absl::InfinitePast(), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::string bytes(static_cast<size_t>(got->size()), '\0');
+  got->copy_to(reinterpret_cast<std::byte*>(bytes.data()));
+  EXPECT_EQ(bytes, data);
+  EXPECT_TRUE((*ring)->attached());
+  EXPECT_EQ(transport.shm_messages_received(), 1);
+  absl::StatusOr<Received> as_forged =
+      transport.receive(1, "", {5, 0, 0}, absl::InfinitePast(), absl::InfinitePast());
+  EXPECT_EQ(as_forged.status().code(), absl::StatusCode::kDeadlineExceeded) << as_forged.status();
+  EXPECT_EQ(transport.forged_messages(), 2);
 }
 
 }  // namespace

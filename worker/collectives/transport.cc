@@ -1,9 +1,9 @@
 #include "worker/collectives/transport.h"
 
 #include <climits>
-#include <mutex>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +14,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/client_callback.h"
 #include "grpcpp/support/slice.h"
+#include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/collectives/reduce.h"
@@ -125,7 +126,7 @@ class Transport::Link {
         self_(self),
         peer_(peer),
         address_(std::move(address)),
-        channel_(make_channel(address_)),
+        channel_(make_channel(address_, daemon_identity(transport->credentials_, self))),
         ring_bytes_(ring_bytes),
         host_(std::move(host)) {
     for (int i = 0; i < kStreamsPerLink; ++i) streams_.push_back(std::make_unique<Stream>(this));
@@ -463,7 +464,7 @@ class Transport::InboundRing {
   std::thread thread_;  // last: starts once everything above is set
 };
 
-Transport::Transport() = default;
+Transport::Transport(Credentials credentials) : credentials_(std::move(credentials)) {}
 
 Transport::~Transport() {
   std::map<int, std::shared_ptr<Link>> links;
@@ -757,7 +758,7 @@ void Received::reduce(DType dtype, ReduceOp op, const std::byte* local, std::byt
   });
 }
 
-absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
+absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authenticated_source) {
   Received data;
   if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
   SliceReader reader(data.slices_);
@@ -837,8 +838,22 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
     return absl::InvalidArgumentError(
         "Exchange: a message with neither data (field 5), lost ops (field 6) nor a shared-memory offer (field 7)");
   }
+  if (!shm_segment.empty() && (has_data || !lost_ops.empty())) {
+    return absl::InvalidArgumentError("Exchange: an offer of shared memory carries data");
+  }
+  if (!lost_ops.empty() && has_data) return absl::InvalidArgumentError("Exchange: a notice of lost ops carries data");
   if (from < 0) {
     return absl::InvalidArgumentError(absl::StrCat("Exchange: source device ", from, " is not a device id"));
+  }
+  if (authenticated_source >= 0 && from != authenticated_source) {
+    // Forged or misrouted: its stream's credential is another device's. A shared-memory offer
+    // too: a ring is read as the messages of the device whose stream offered it.
+    absl::MutexLock lock(&mu_);
+    if (forged_++ < 10) {
+      std::fprintf(stderr, "tessera-worker: dropped an Exchange message claiming device %d on a stream of device %d\n",
+                   from, authenticated_source);
+    }
+    return absl::OkStatus();
   }
   if (*source < 0) {
     *source = from;
@@ -848,13 +863,13 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source) {
         absl::StrCat("Exchange: a stream from device ", *source, " carried a message from device ", from));
   }
   if (!shm_segment.empty()) {
-    if (has_data || !lost_ops.empty()) return absl::InvalidArgumentError("Exchange: an offer of shared memory carries data");
+    // `from` is the stream's authenticated device (when it has one): the ring's messages are
+    // filed as that device's.
     ring_offered(from, shm_segment, fields[8], shm_host);
     return absl::OkStatus();
   }
   if (!lost_ops.empty()) {
     absl::MutexLock lock(&mu_);
-    if (has_data) return absl::InvalidArgumentError("Exchange: a notice of lost ops carries data");
     // The sender's earlier streams here failed: waits for these ops' messages from it fail at
     // once (what arrived before stays in the mailbox and is still delivered).
     for (uint64_t op : lost_ops) {
@@ -880,7 +895,8 @@ void Transport::file_message(int from, MessageTag tag, Received data, bool via_s
 // transport's lock briefly.
 class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  ExchangeReader(Transport* transport, grpc::ByteBuffer* response) : transport_(transport) {
+  ExchangeReader(Transport* transport, grpc::ByteBuffer* response, int authenticated_source)
+      : transport_(transport), authenticated_source_(authenticated_source) {
     // The reply is an empty ExchangeReply: zero bytes, but a message all the same.
     grpc::Slice empty;
     *response = grpc::ByteBuffer(&empty, 1);
@@ -894,7 +910,7 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
       Finish(grpc::Status::OK);
       return;
     }
-    absl::Status status = transport_->deliver(&buffer_, &source_);
+    absl::Status status = transport_->deliver(&buffer_, &source_, authenticated_source_);
     buffer_.Clear();
     if (!status.ok()) {
       if (source_ >= 0) transport_->stream_ended(source_);
@@ -908,12 +924,19 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
 
  private:
   Transport* const transport_;
+  const int authenticated_source_;
   grpc::ByteBuffer buffer_;
   int source_ = -1;
 };
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::ByteBuffer* response) {
-  return new ExchangeReader(this, response);
+grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::ByteBuffer* response,
+                                                                          int authenticated_source) {
+  return new ExchangeReader(this, response, authenticated_source);
+}
+
+int64_t Transport::forged_messages() const {
+  absl::MutexLock lock(&mu_);
+  return forged_;
 }
 
 void Transport::stream_started(int source) {

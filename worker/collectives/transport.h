@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/collective.h"
+#include "core/credentials.h"
 #include "core/dtype.h"
 #include "worker/collectives/algorithms.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -81,7 +82,9 @@ class Transport {
   // Bytes queued to one peer before send() waits.
   static constexpr int64_t kMaxQueuedBytes = int64_t{16} << 20;
 
-  Transport();
+  // `credentials`: what this worker presents to its peers, with its device id (proto/auth.h);
+  // none in the development mode.
+  explicit Transport(Credentials credentials = {});
   ~Transport();  // cancels every link and joins its writer
 
   void set_self(int device_id);
@@ -129,15 +132,23 @@ class Transport {
 
   // The reactor that reads one peer's Exchange stream into this transport (the worker's
   // raw Exchange handler returns it; it deletes itself when the stream ends).
-  grpc::ServerReadReactor<grpc::ByteBuffer>* new_exchange_reader(grpc::ByteBuffer* response);
+  // `authenticated_source`: the device the stream's credential names (-1: none, the
+  // development mode); a message from another device is dropped and counted.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* new_exchange_reader(grpc::ByteBuffer* response,
+                                                                 int authenticated_source = -1);
+
+  // Messages dropped because their sender was not the device their stream authenticated.
+  int64_t forged_messages() const;
 
   // Messages held in the mailbox (for tests: zero after every collective has finished).
   int64_t pending_messages() const;
 
   // Parses one raw ExchangeMessage and files it; `source` is the stream's sender (-1 before
-  // its first message). INVALID_ARGUMENT for malformed bytes or a change of sender. What the
-  // Exchange reader does with each message (public for fuzz/exchange_fuzzer.cc).
-  absl::Status deliver(grpc::ByteBuffer* buffer, int* source);
+  // its first message). INVALID_ARGUMENT for malformed bytes or a change of sender. A message
+  // (data, notice or shared-memory offer) claiming another device than `authenticated_source`
+  // (>= 0) is dropped and counted (forged_messages), with OK. What the Exchange reader does
+  // with each message (public for fuzz/exchange_fuzzer.cc).
+  absl::Status deliver(grpc::ByteBuffer* buffer, int* source, int authenticated_source);
 
  private:
   class Link;
@@ -166,8 +177,10 @@ class Transport {
   void stream_started(int source);
   void stream_ended(int source);
 
+  const Credentials credentials_;
   mutable absl::Mutex mu_;
   int self_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t forged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Received> mailbox_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> live_streams_ ABSL_GUARDED_BY(mu_);       // per source: streams that carried data

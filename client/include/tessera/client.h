@@ -54,6 +54,15 @@ struct ConnectOptions {
   int min_devices = 1;
   // How long to wait for the coordinator to answer, and again for the devices.
   absl::Duration timeout = absl::Seconds(30);
+  // The credential sent on every call, as 'authorization: Bearer <token>': a client token (or
+  // an admin one) of the cluster. Empty: the token in the file `token_file`; both empty: the
+  // file named by $TESSERA_TOKEN_FILE if set, else, for a Client::local cluster of this
+  // process, its client token, else none (a cluster in the development mode).
+  std::string token{};
+  std::string token_file{};
+  // The cluster CA's certificate (PEM file, ca.pem of its credentials): connect over TLS and
+  // verify the servers against it. Empty: $TESSERA_CA_FILE if set, else plaintext.
+  std::string ca_file{};
 };
 
 // Options of Client::local: each worker's memory limit and the coordinator's heartbeat
@@ -62,6 +71,12 @@ struct LocalOptions {
   int64_t memory_bytes_per_device = int64_t{1} << 30;
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // The embedded cluster checks credentials as a deployed one does, with fresh random tokens
+  // (or those of `credentials_dir`, as `tessera credentials DIR` writes them, over TLS if it
+  // holds TLS files); the client presents the client token. check_credentials = false: the
+  // development mode, nothing is checked.
+  bool check_credentials = true;
+  std::string credentials_dir{};
 };
 
 // A connection to a cluster (see above); copies share it.
@@ -71,7 +86,9 @@ class Client {
   // waits for options.min_devices alive devices. FAILED_PRECONDITION on a version mismatch
   // (naming both versions); UNAVAILABLE or DEADLINE_EXCEEDED when the coordinator does not
   // answer within options.timeout; DEADLINE_EXCEEDED when fewer than min_devices devices are
-  // alive after another options.timeout.
+  // alive after another options.timeout. UNAUTHENTICATED when the cluster does not accept the
+  // token (or none was given); NOT_FOUND or INVALID_ARGUMENT naming the token file when it
+  // cannot be read or is empty.
   static absl::StatusOr<Client> connect(const std::string& address, const ConnectOptions& options = {});
 
   // Starts a coordinator and `num_devices` workers inside this process, on 127.0.0.1

@@ -1,0 +1,77 @@
+// Credentials: the secrets a Tessera cluster's processes present and check (docs/design.md,
+// "Security"). Three bearer tokens, one per role: the daemons' (coordinator and workers, to
+// each other), the clients', and the admins' (who may act on every session's arrays and
+// programs). A credentials directory holds one file per token, and optionally the cluster's
+// TLS: its CA certificate and the daemons' certificate and key (`tessera up` makes them).
+//
+//   absl::StatusOr<Credentials> c = load_credentials("/etc/tessera/credentials");
+//   CoordinatorOptions options;
+//   options.credentials = *c;
+//
+// No gRPC here: the servers' option structs hold a Credentials.
+#ifndef TESSERA_CORE_CREDENTIALS_H_
+#define TESSERA_CORE_CREDENTIALS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tessera {
+
+struct Credentials {
+  std::string cluster;  // the daemons' token; also keys session credentials and array grants
+  std::string client;   // accepted from clients
+  std::string admin;    // accepted from admins
+  // TLS (PEM), all three or none: the cluster CA's certificate, and the certificate (signed by
+  // it) and key every daemon serves and presents to the others (mutual TLS).
+  std::string ca_pem, cert_pem, key_pem;
+  bool tls() const { return !ca_pem.empty(); }
+  // No tokens at all: the daemons check nothing (the development mode, loopback only).
+  bool empty() const { return cluster.empty() && client.empty() && admin.empty(); }
+};
+
+// The files of a credentials directory.
+inline constexpr char kClusterTokenFile[] = "cluster.token";
+inline constexpr char kClientTokenFile[] = "client.token";
+inline constexpr char kAdminTokenFile[] = "admin.token";
+inline constexpr char kCaFile[] = "ca.pem";  // clients need it too (ConnectOptions::ca_file)
+inline constexpr char kCertFile[] = "daemon.pem";
+inline constexpr char kKeyFile[] = "daemon.key";
+
+// Reads `dir`'s three token files (surrounding whitespace dropped), and its TLS files when
+// ca.pem is there. NOT_FOUND naming a missing file; INVALID_ARGUMENT naming a token shorter
+// than 16 characters, or two equal tokens.
+absl::StatusOr<Credentials> load_credentials(const std::string& dir);
+
+// Three fresh random tokens (32 bytes each from /dev/urandom, as hex).
+absl::StatusOr<Credentials> generate_credentials();
+
+// Adds a fresh cluster CA and a daemon certificate signed by it (P-256 keys, made with the
+// openssl program) valid for `hosts` (IP addresses or DNS names the daemons are reached by; a
+// `*.` name covers a domain) to `c`. INTERNAL with openssl's output if it fails (NOT_FOUND if
+// there is no openssl: Debian's package `openssl`).
+absl::Status add_tls(Credentials* c, const std::vector<std::string>& hosts);
+
+// Writes `c` into `dir` (created if needed, mode 0700; files 0600; ca.pem 0644). INTERNAL
+// naming the path on an I/O error.
+absl::Status write_credentials(const std::string& dir, const Credentials& c);
+
+// A token from `file` (whitespace dropped). NOT_FOUND naming the file; INVALID_ARGUMENT if
+// it is empty.
+absl::StatusOr<std::string> read_token_file(const std::string& file);
+// The whole of `file`. NOT_FOUND naming it if it cannot be read.
+absl::StatusOr<std::string> read_file(const std::string& file);
+
+// The credentials from `dir` or, for an empty `dir`, none (the development mode). What the
+// daemons do with --credentials.
+absl::StatusOr<Credentials> credentials_from_flag(const std::string& dir);
+
+// What a daemon started without credentials prints on stderr: that it checks nothing, and
+// louder when `listen_host` is not a loopback address. Empty when `c` has tokens.
+std::string open_mode_warning(const Credentials& c, const std::string& listen_host, const std::string& program);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_CREDENTIALS_H_

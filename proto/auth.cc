@@ -1,0 +1,204 @@
+#include "proto/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+
+#include <map>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/auth_context.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/client_interceptor.h"
+#include "proto/rpc.h"
+
+namespace tessera {
+namespace {
+
+std::string sha256(absl::string_view data) {
+  unsigned char out[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
+  return std::string(reinterpret_cast<const char*>(out), sizeof(out));
+}
+
+// Constant time in the contents (both are SHA-256 digests or MACs of equal length).
+bool same(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+absl::string_view metadata(const grpc::ServerContextBase& ctx, const char* key, bool* present) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(key);
+  *present = it != md.end();
+  return *present ? absl::string_view(it->second.data(), it->second.size()) : absl::string_view();
+}
+
+// Adds the identity's metadata to every call of a channel.
+class IdentityInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit IdentityInterceptor(const CallIdentity* identity) : identity_(identity) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      std::multimap<std::string, std::string>* md = methods->GetSendInitialMetadata();
+      if (!identity_->token().empty()) md->emplace(kAuthorizationKey, absl::StrCat("Bearer ", identity_->token()));
+      if (std::string session = identity_->session(); !session.empty()) md->emplace(kSessionKey, std::move(session));
+      if (identity_->device() >= 0) md->emplace(kDeviceKey, absl::StrCat(identity_->device()));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const CallIdentity* const identity_;
+};
+
+class IdentityInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit IdentityInterceptorFactory(std::shared_ptr<const CallIdentity> identity) : identity_(std::move(identity)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new IdentityInterceptor(identity_.get());
+  }
+
+ private:
+  const std::shared_ptr<const CallIdentity> identity_;
+};
+
+}  // namespace
+
+const char* role_name(Role role) {
+  switch (role) {
+    case Role::kClient:
+      return "client";
+    case Role::kAdmin:
+      return "admin";
+    case Role::kDaemon:
+      return "daemon";
+  }
+  return "?";
+}
+
+Authenticator::Authenticator(Credentials credentials) : credentials_(std::move(credentials)) {
+  cluster_hash_ = sha256(credentials_.cluster);
+  client_hash_ = sha256(credentials_.client);
+  admin_hash_ = sha256(credentials_.admin);
+}
+
+absl::StatusOr<Caller> Authenticator::authenticate(const grpc::ServerContextBase& ctx) const {
+  Caller caller;
+  if (!enabled()) {
+    caller.role = Role::kDaemon;  // everything is allowed
+    caller.open = true;
+    return caller;
+  }
+  bool present = false;
+  absl::string_view authorization = metadata(ctx, kAuthorizationKey, &present);
+  if (!present) {
+    return absl::UnauthenticatedError(
+        "no credential: this cluster checks credentials; send metadata 'authorization: Bearer <token>' (the SDK's "
+        "ConnectOptions::token or token_file, the CLI's --token_file)");
+  }
+  absl::string_view token = authorization;
+  if (!absl::ConsumePrefix(&token, "Bearer ")) {
+    return absl::UnauthenticatedError("the 'authorization' metadata is not of the form 'Bearer <token>'");
+  }
+  const std::string hash = sha256(token);
+  // Every comparison runs, whichever matches: the time says nothing about the token.
+  const bool daemon = same(hash, cluster_hash_), admin = same(hash, admin_hash_), client = same(hash, client_hash_);
+  if (daemon) {
+    // Over TLS, a daemon also proves itself with the cluster's certificate (mutual TLS).
+    if (credentials_.tls() && (ctx.auth_context() == nullptr || !ctx.auth_context()->IsPeerAuthenticated())) {
+      return absl::UnauthenticatedError(
+          "the cluster token came without the cluster's daemon certificate: daemons use mutual TLS");
+    }
+    caller.role = Role::kDaemon;
+  } else if (admin) {
+    caller.role = Role::kAdmin;
+  } else if (client) {
+    caller.role = Role::kClient;
+  } else {
+    return absl::UnauthenticatedError("the bearer token is not one of this cluster's credentials");
+  }
+  absl::string_view session = metadata(ctx, kSessionKey, &present);
+  if (present) {
+    const size_t dot = session.find('.');
+    uint64_t id = 0;
+    if (dot == absl::string_view::npos || !absl::SimpleAtoi(session.substr(0, dot), &id) || id == 0 ||
+        !same(session_credential(id), session)) {
+      return absl::UnauthenticatedError(
+          "the session credential ('tessera-session') does not verify: use the one OpenSession handed out");
+    }
+    caller.session = id;
+  }
+  absl::string_view device = metadata(ctx, kDeviceKey, &present);
+  if (present && caller.role == Role::kDaemon && !absl::SimpleAtoi(device, &caller.device)) {
+    return absl::UnauthenticatedError(absl::StrCat("the 'tessera-device' metadata '", device, "' is not a device id"));
+  }
+  return caller;
+}
+
+absl::StatusOr<Caller> Authenticator::require(const grpc::ServerContextBase& ctx, Role min,
+                                              absl::string_view method) const {
+  absl::StatusOr<Caller> caller = authenticate(ctx);
+  if (caller.ok() && !caller->at_least(min)) {
+    return absl::PermissionDeniedError(absl::StrCat(method, " takes the ", role_name(min), " credential; the caller ",
+                                                    "presented the ", role_name(caller->role), " one"));
+  }
+  return caller;
+}
+
+std::string Authenticator::mac(absl::string_view purpose, uint64_t id) const {
+  const std::string message = absl::StrCat("tessera-v1:", purpose, ":", id);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), credentials_.cluster.data(), static_cast<int>(credentials_.cluster.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &length);
+  // 128 bits are plenty for a MAC nobody can query offline.
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(out), 16));
+}
+
+std::string Authenticator::session_credential(uint64_t session) const {
+  return absl::StrCat(session, ".", mac("session", session));
+}
+
+std::string Authenticator::grant(uint64_t array_id) const { return enabled() ? mac("array", array_id) : ""; }
+
+absl::Status Authenticator::check_grant(uint64_t array_id, absl::string_view grant, absl::string_view what) const {
+  if (!enabled() || same(mac("array", array_id), grant)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, ": no valid grant for array ", array_id,
+      "; only its owner's session (which gets the grant from the coordinator) or an admin may move its data"));
+}
+
+std::shared_ptr<CallIdentity> daemon_identity(const Credentials& c, int device) {
+  return std::make_shared<CallIdentity>(c.cluster, device, c.ca_pem, c.cert_pem, c.key_pem);
+}
+
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const Credentials& c) {
+  if (!c.tls()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = c.ca_pem;
+  options.pem_key_cert_pairs.push_back({c.key_pem, c.cert_pem});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::Channel> make_channel(const std::string& address, std::shared_ptr<const CallIdentity> identity) {
+  std::shared_ptr<grpc::ChannelCredentials> transport = grpc::InsecureChannelCredentials();
+  if (!identity->ca_pem().empty()) {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = identity->ca_pem();
+    options.pem_cert_chain = identity->cert_pem();
+    options.pem_private_key = identity->key_pem();
+    transport = grpc::SslCredentials(options);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<IdentityInterceptorFactory>(std::move(identity)));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, transport, channel_arguments(),
+                                                                 std::move(interceptors));
+}
+
+}  // namespace tessera

@@ -1,0 +1,426 @@
+// The attacks of issue #17's first bullet, against real processes checking credentials
+// (docs/design.md, "Security"): a caller without a credential, or with a wrong one, is
+// refused everywhere (UNAUTHENTICATED); another session cannot list, read, overwrite, delete
+// or run a victim's arrays and programs (PERMISSION_DENIED naming the id and the rule); only
+// daemons may register, load plans, run collectives or send Exchange messages, and a stream
+// carries only the messages of the device it authenticated. After every attack the victim's
+// results are checked against host computations. An admin may act on every session's arrays.
+#include "proto/auth.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/rpc.h"
+#include "proto/tessera.grpc.pb.h"
+#include "tessera/tessera.h"
+#include "tests/faults/fault_cluster.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+void expect_error(const grpc::Status& s, grpc::StatusCode code, const std::string& substring) {
+  EXPECT_EQ(s.error_code(), code) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr(substring));
+}
+
+// One unary call of `stub` with the control deadline; its reply in *reply when given.
+template <typename Stub, typename Request, typename Reply>
+grpc::Status unary(Stub* stub, grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Reply*),
+                   const Request& req, Reply* reply = nullptr) {
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  Reply ignored;
+  return (stub->*method)(&ctx, req, reply != nullptr ? reply : &ignored);
+}
+
+template <typename Request>
+Request naming_array(uint64_t id) {
+  Request req;
+  req.set_array_id(id);
+  return req;
+}
+
+pb::DeleteArrayRequest delete_array(uint64_t id) {
+  pb::DeleteArrayRequest req;
+  req.add_array_ids(id);
+  return req;
+}
+
+pb::DeleteBuffersRequest delete_buffers(uint64_t id) {
+  pb::DeleteBuffersRequest req;
+  req.add_buffer_ids(id);
+  return req;
+}
+
+class AuthTest : public FaultClusterTest {
+ protected:
+  void SetUp() override {
+    FaultClusterTest::SetUp();
+    if (HasFatalFailure()) return;
+    absl::StatusOr<Client> victim = connect();
+    ASSERT_TRUE(victim.ok()) << victim.status();
+    victim_.emplace(*std::move(victim));
+    absl::StatusOr<std::vector<Device>> devices = victim_->devices();
+    ASSERT_TRUE(devices.ok()) << devices.status();
+    for (const Device& d : *devices) addresses_.push_back(d.address);
+    absl::StatusOr<Mesh> mesh = victim_->make_mesh({kFaultWorkers}, {"x"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    mesh_.emplace(*mesh);
+    absl::StatusOr<Array> x = victim_->device_put(host_, NamedSharding(*mesh_, P("x")));
+    ASSERT_TRUE(x.ok()) << x.status();
+    x_.emplace(*std::move(x));
+    absl::StatusOr<std::vector<Array>> doubled = twice_({*x_});
+    ASSERT_TRUE(doubled.ok()) << doubled.status();
+    expect_equal((*doubled)[0], affine(host_, 2, 0));
+  }
+
+  void TearDown() override {
+    if (x_.has_value()) check_victim();
+    x_.reset();
+    victim_.reset();
+  }
+
+  // The victim's array still holds its values, and its program still computes x * 2.
+  void check_victim() {
+    expect_equal(*x_, host_);
+    absl::StatusOr<std::vector<Array>> doubled = twice_({*x_});
+    ASSERT_TRUE(doubled.ok()) << doubled.status();
+    expect_equal((*doubled)[0], affine(host_, 2, 0));
+  }
+
+  static std::shared_ptr<CallIdentity> identity(const std::string& token, int device = -1) {
+    return std::make_shared<CallIdentity>(token, device);
+  }
+  std::unique_ptr<pb::Coordinator::Stub> coordinator(std::shared_ptr<CallIdentity> id) const {
+    return pb::Coordinator::NewStub(make_channel(cluster_.address, std::move(id)));
+  }
+  std::unique_ptr<pb::Worker::Stub> worker(int device, std::shared_ptr<CallIdentity> id) const {
+    return pb::Worker::NewStub(make_channel(addresses_[device], std::move(id)));
+  }
+
+  // An attacker with the client token and a session of its own (what any client may get).
+  std::shared_ptr<CallIdentity> attacker() const {
+    auto id = identity(credentials_.client);
+    pb::OpenSessionReply reply;
+    EXPECT_TRUE(
+        unary(coordinator(id).get(), &pb::Coordinator::Stub::OpenSession, pb::OpenSessionRequest(), &reply).ok());
+    id->set_session(reply.credential());
+    return id;
+  }
+
+  // The cluster as `id` sees it.
+  pb::ClusterStatus status(std::shared_ptr<CallIdentity> id) const {
+    pb::ClusterStatus status;
+    EXPECT_TRUE(unary(coordinator(std::move(id)).get(), &pb::Coordinator::Stub::GetClusterStatus,
+                      pb::GetClusterStatusRequest(), &status)
+                    .ok());
+    return status;
+  }
+
+  // The victim's only executable, as an admin lists it (an attacker would guess the id).
+  uint64_t victim_executable() const {
+    pb::ClusterStatus all = status(identity(credentials_.admin));
+    EXPECT_EQ(all.executables_size(), 1);
+    return all.executables_size() > 0 ? all.executables(0).executable_id() : 0;
+  }
+
+  // Block 0 of the victim's array, as device 0 holds it: (2, 4) f32.
+  static pb::ShardChunk forged_block(uint64_t id, const std::string& grant) {
+    pb::ShardChunk chunk;
+    chunk.mutable_header()->set_buffer_id(id);
+    chunk.mutable_header()->set_dtype(pb::F32);
+    chunk.mutable_header()->mutable_shape()->add_dims(2);
+    chunk.mutable_header()->mutable_shape()->add_dims(4);
+    chunk.mutable_header()->set_grant(grant);
+    const std::vector<float> forty_two(8, 42.0f);
+    chunk.set_data(forty_two.data(), forty_two.size() * sizeof(float));
+    return chunk;
+  }
+
+  static grpc::Status put(pb::Worker::Stub* stub, const pb::ShardChunk& chunk) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    pb::PutShardReply reply;
+    auto writer = stub->PutShard(&ctx, &reply);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  static grpc::Status get(pb::Worker::Stub* stub, uint64_t id, const std::string& grant, std::string* data = nullptr) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    pb::GetShardRequest req;
+    req.set_buffer_id(id);
+    req.set_grant(grant);
+    auto reader = stub->GetShard(&ctx, req);
+    pb::ShardChunk chunk;
+    while (reader->Read(&chunk)) {
+      if (data != nullptr) *data += chunk.data();
+    }
+    return reader->Finish();
+  }
+
+  // Sends `messages` on one Exchange stream; returns how the worker ended it.
+  static grpc::Status exchange(pb::Worker::Stub* stub, const std::vector<pb::ExchangeMessage>& messages) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    pb::ExchangeReply reply;
+    auto writer = stub->Exchange(&ctx, &reply);
+    for (const pb::ExchangeMessage& m : messages) {
+      if (!writer->Write(m)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  const HostArray host_ = HostArray::arange(DType::kF32, {8, 4});
+  Jitted twice_ = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  std::optional<Client> victim_;
+  std::optional<Mesh> mesh_;
+  std::optional<Array> x_;
+  std::vector<std::string> addresses_;
+};
+
+TEST_F(AuthTest, CallersWithoutTheClustersCredentialAreRefusedEverywhere) {
+  for (const std::string& token : {std::string(), std::string("not-the-token-of-this-cluster")}) {
+    SCOPED_TRACE(token.empty() ? "no token" : "a wrong token");
+    const std::string why = token.empty() ? "no credential" : "not one of this cluster's credentials";
+    auto nobody = identity(token);
+    auto c = coordinator(nobody);
+    // "Listed every array".
+    expect_error(unary(c.get(), &pb::Coordinator::Stub::GetClusterStatus, pb::GetClusterStatusRequest()),
+                 grpc::StatusCode::UNAUTHENTICATED, why);
+    {
+      pb::RegisterWorkerRequest req;  // "registered a fake worker"
+      req.set_protocol_version(kProtocolVersion);
+      req.set_name("fake");
+      req.set_address("127.0.0.1:1");
+      req.set_requested_device_id(kFaultWorkers);
+      req.set_memory_bytes(1 << 30);
+      expect_error(unary(c.get(), &pb::Coordinator::Stub::RegisterWorker, req), grpc::StatusCode::UNAUTHENTICATED, why);
+    }
+    expect_error(unary(c.get(), &pb::Coordinator::Stub::DeleteArray, delete_array(x_->id())),
+                 grpc::StatusCode::UNAUTHENTICATED, why);
+    auto w = worker(0, nobody);
+    expect_error(get(w.get(), x_->id(), ""), grpc::StatusCode::UNAUTHENTICATED, why);
+    expect_error(put(w.get(), forged_block(x_->id(), "")), grpc::StatusCode::UNAUTHENTICATED, why);
+    expect_error(unary(w.get(), &pb::Worker::Stub::DeleteBuffers, delete_buffers(x_->id())),
+                 grpc::StatusCode::UNAUTHENTICATED, why);
+    pb::ExchangeMessage m;
+    m.set_source_device(1);
+    m.set_op_id(x_->id() + 1);
+    expect_error(exchange(w.get(), {m}), grpc::StatusCode::UNAUTHENTICATED, why);
+
+    ConnectOptions options;
+    options.token = token.empty() ? "x" : token;
+    options.timeout = absl::Seconds(5);
+    absl::StatusOr<Client> sdk = Client::connect(cluster_.address, options);
+    EXPECT_EQ(sdk.status().code(), absl::StatusCode::kUnauthenticated) << sdk.status();
+  }
+  // No fake device joined: the victim's mesh of every device is still the 4 real ones.
+  absl::StatusOr<Mesh> mesh = victim_->make_mesh({kFaultWorkers}, {"x"});
+  EXPECT_TRUE(mesh.ok()) << mesh.status();
+}
+
+TEST_F(AuthTest, AnotherSessionCannotListReadOverwriteDeleteOrRunTheVictimsArraysAndPrograms) {
+  const uint64_t victim_id = x_->id();
+  const uint64_t executable = victim_executable();
+  auto attacker_identity = attacker();
+  auto c = coordinator(attacker_identity);
+  auto w = worker(0, attacker_identity);
+
+  // Its own array, whose grant it holds (and tries on the victim's).
+  pb::CreateArrayRequest create;
+  create.set_dtype(pb::F32);
+  create.mutable_shape()->add_dims(8);
+  create.mutable_shape()->add_dims(4);
+  *create.mutable_sharding()->mutable_mesh() = [&] {
+    pb::Mesh m;
+    m.add_shape(kFaultWorkers);
+    m.add_axis_names("x");
+    m.set_device_ids_in_order(true);
+    return m;
+  }();
+  create.mutable_sharding()->mutable_spec()->add_dims()->add_axes("x");
+  pb::CreateArrayReply own;
+  ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, create, &own).ok());
+  EXPECT_FALSE(own.grant().empty());
+
+  // List: only its own array, none of the victim's, and no program.
+  pb::ClusterStatus seen = status(attacker_identity);
+  ASSERT_EQ(seen.arrays_size(), 1);
+  EXPECT_EQ(seen.arrays(0).array_id(), own.array_id());
+  EXPECT_EQ(seen.executables_size(), 0);
+
+  // Read: the metadata (and with it the grant) and the shard itself.
+  expect_error(unary(c.get(), &pb::Coordinator::Stub::GetArray, naming_array<pb::GetArrayRequest>(victim_id)),
+               grpc::StatusCode::PERMISSION_DENIED, absl::StrCat("array ", victim_id, " belongs to another session"));
+  for (const std::string& grant : {std::string(), own.grant()}) {
+    expect_error(get(w.get(), victim_id, grant), grpc::StatusCode::PERMISSION_DENIED,
+                 absl::StrCat("no valid grant for array ", victim_id));
+  }
+
+  // Overwrite: DeleteBuffers, then PutShard under the same id.
+  expect_error(unary(w.get(), &pb::Worker::Stub::DeleteBuffers, delete_buffers(victim_id)),
+               grpc::StatusCode::PERMISSION_DENIED, "DeleteBuffers takes the admin credential");
+  expect_error(put(w.get(), forged_block(victim_id, own.grant())), grpc::StatusCode::PERMISSION_DENIED,
+               absl::StrCat("PutShard: no valid grant for array ", victim_id));
+
+  // Replace the compiled plan, and run the victim's program.
+  {
+    pb::LoadPlanRequest req;
+    req.set_plan_id(executable);
+    expect_error(unary(w.get(), &pb::Worker::Stub::LoadPlan, req), grpc::StatusCode::PERMISSION_DENIED,
+                 "LoadPlan takes the daemon credential");
+  }
+  {
+    pb::ExecuteRequest req;
+    req.set_executable_id(executable);
+    req.add_input_arrays(own.array_id());
+    expect_error(unary(c.get(), &pb::Coordinator::Stub::Execute, req), grpc::StatusCode::PERMISSION_DENIED,
+                 absl::StrCat("executable ", executable, " was compiled by another session"));
+  }
+  {
+    pb::RunCollectiveRequest req = naming_array<pb::RunCollectiveRequest>(victim_id);
+    req.mutable_spec()->set_kind(pb::ALL_REDUCE);
+    req.mutable_spec()->set_reduce_op(pb::SUM);
+    pb::ReplicaGroup* group = req.mutable_spec()->add_groups();
+    for (int d = 0; d < kFaultWorkers; ++d) group->add_device_ids(d);
+    expect_error(unary(c.get(), &pb::Coordinator::Stub::RunCollective, req), grpc::StatusCode::PERMISSION_DENIED,
+                 absl::StrCat("array ", victim_id, " belongs to another session"));
+  }
+
+  // Delete.
+  expect_error(unary(c.get(), &pb::Coordinator::Stub::DeleteArray, delete_array(victim_id)),
+               grpc::StatusCode::PERMISSION_DENIED,
+               absl::StrCat("DeleteArray: array ", victim_id, " belongs to another session"));
+
+  // Claim another session: a session id in a request, or a credential that is not its own.
+  {
+    pb::CreateArrayRequest req = create;
+    req.set_session_id(1);
+    expect_error(unary(c.get(), &pb::Coordinator::Stub::CreateArray, req), grpc::StatusCode::PERMISSION_DENIED,
+                 "session 1 is not the caller's");
+  }
+  {
+    auto forger = identity(credentials_.client);
+    const std::string own_credential = attacker_identity->session();
+    const uint64_t own_session = std::stoull(own_credential.substr(0, own_credential.find('.')));
+    forger->set_session(absl::StrCat(own_session - 1, own_credential.substr(own_credential.find('.'))));
+    expect_error(unary(coordinator(forger).get(), &pb::Coordinator::Stub::GetArray,
+                       naming_array<pb::GetArrayRequest>(victim_id)),
+                 grpc::StatusCode::UNAUTHENTICATED, "session credential ('tessera-session') does not verify");
+  }
+  // The SDK as a second client of its own session: the victim's program compiled again is
+  // this client's (the cache shares the plan, not the right to the victim's arrays).
+  absl::StatusOr<Client> other = connect();
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<Array> y = other->device_put(affine(host_, 1, 5), NamedSharding(*mesh_, P("x")));
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::StatusOr<std::vector<Array>> doubled = twice_({*y});
+  ASSERT_TRUE(doubled.ok()) << doubled.status();
+  expect_equal((*doubled)[0], affine(affine(host_, 1, 5), 2, 0));
+  EXPECT_EQ(status(identity(credentials_.admin)).executables_size(), 1);
+
+  // An admin may: it lists every array and reads the victim's with the grant it is given.
+  pb::ClusterStatus all = status(identity(credentials_.admin));
+  EXPECT_GE(all.arrays_size(), 3);
+  auto admin = identity(credentials_.admin);
+  pb::GetArrayReply info;
+  ASSERT_TRUE(unary(coordinator(admin).get(), &pb::Coordinator::Stub::GetArray,
+                    naming_array<pb::GetArrayRequest>(victim_id), &info)
+                  .ok());
+  std::string block;
+  ASSERT_TRUE(get(worker(0, admin).get(), victim_id, info.info().grant(), &block).ok());
+  ASSERT_EQ(block.size(), 8 * sizeof(float));
+  const float* values = reinterpret_cast<const float*>(block.data());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(values[i], host_.values<float>()[i]);
+}
+
+TEST_F(AuthTest, ExchangeMessagesComeOnlyFromDaemonsAsTheDeviceTheirStreamAuthenticated) {
+  // "Injected Exchange messages tagged with the next op ids": from a client, refused.
+  std::vector<pb::ExchangeMessage> injected;
+  for (int k = 1; k <= 64; ++k) {
+    pb::ExchangeMessage m;
+    m.set_source_device(1);
+    m.set_op_id(x_->id() + static_cast<uint64_t>(k));
+    m.set_data(std::string(16, '\x7f'));
+    injected.push_back(m);
+  }
+  expect_error(exchange(worker(0, attacker()).get(), injected), grpc::StatusCode::PERMISSION_DENIED,
+               "Exchange takes the daemon credential");
+  // A daemon's stream must say which device it is.
+  expect_error(exchange(worker(0, identity(credentials_.cluster)).get(), injected), grpc::StatusCode::PERMISSION_DENIED,
+               "does not say which device sends it");
+  // A stream authenticated as device 2 carrying messages that claim device 1: each dropped and
+  // counted, the stream kept.
+  ASSERT_TRUE(exchange(worker(0, identity(credentials_.cluster, 2)).get(), injected).ok());
+  pb::WorkerStats stats;
+  ASSERT_TRUE(
+      unary(worker(0, identity(credentials_.admin)).get(), &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &stats)
+          .ok());
+  EXPECT_EQ(stats.exchange_messages_forged(), 64);
+  EXPECT_EQ(stats.collective_messages_pending(), 0);
+
+  // The victim's all-reduces (column sums over the sharded rows), right every time.
+  JitOptions options;
+  options.timeout = absl::Seconds(5);
+  Jitted column_sum = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; }, options);
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<std::vector<Array>> total = column_sum({*x_});
+    ASSERT_TRUE(total.ok()) << total.status();
+    expect_equal((*total)[0], column_sums(host_));
+  }
+}
+
+// The same cluster over TLS: a cluster CA, mutual TLS between the daemons (registrations,
+// plans, Exchange streams), server TLS for clients.
+class TlsTest : public FaultClusterTest {
+ protected:
+  bool tls() const override { return true; }
+};
+
+TEST_F(TlsTest, ClientsVerifyTheServersAndDaemonsProveThemselvesWithTheCertificate) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = HostArray::arange(DType::kF32, {8, 4});
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  // An all-reduce: the workers' Exchange streams run over mutual TLS.
+  Jitted column_sum = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; });
+  absl::StatusOr<std::vector<Array>> total = column_sum({*x});
+  ASSERT_TRUE(total.ok()) << total.status();
+  expect_equal((*total)[0], column_sums(host));
+  expect_equal(*x, host);
+
+  // Plaintext to a TLS server does not connect: the handshake waits for a connection that
+  // never comes up (the TLS handshake fails), until the deadline.
+  ConnectOptions plaintext;
+  plaintext.token = credentials_.client;
+  plaintext.timeout = absl::Seconds(3);
+  EXPECT_EQ(Client::connect(cluster_.address, plaintext).status().code(), absl::StatusCode::kDeadlineExceeded);
+  // The cluster token over TLS but without the daemon certificate is no daemon.
+  auto no_certificate = std::make_shared<CallIdentity>(credentials_.cluster, -1, credentials_.ca_pem);
+  pb::RegisterWorkerRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_name("fake");
+  req.set_address("127.0.0.1:1");
+  req.set_memory_bytes(1 << 30);
+  expect_error(unary(pb::Coordinator::NewStub(make_channel(cluster_.address, no_certificate)).get(),
+                     &pb::Coordinator::Stub::RegisterWorker, req),
+               grpc::StatusCode::UNAUTHENTICATED, "without the cluster's daemon certificate");
+}
+
+}  // namespace
+}  // namespace tessera
