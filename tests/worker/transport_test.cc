@@ -293,7 +293,7 @@ TEST(TransportDeliver, RejectsTruncatedEmptyAndUnsourcedMessagesAndFilesAGoodOne
   // Found by fuzz_exchange once offers existed: a shared-memory offer whose segment name is
   // not text (protobuf refuses a proto3 string that is not UTF-8) was accepted.
   grpc::ByteBuffer binary_offer = raw(std::string("\x08\x02\x3a\x02\xff\x01", 6));
-  status = transport.deliver(&binary_offer, &source);
+  status = transport.deliver(&binary_offer, &source, -1);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("field 7 has byte 255, not printable ASCII"));
   EXPECT_EQ(source, -1);
