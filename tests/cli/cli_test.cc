@@ -162,6 +162,21 @@ TEST(Cli, CredentialsWritesFreshTokensOnceAndDaemonsReadThem) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->first, 1);
   EXPECT_THAT(again->second, HasSubstr("holds credentials already"));
+  // --keep_existing (a deployment's every start) keeps them, byte for byte.
+  absl::StatusOr<std::pair<int, std::string>> kept = tessera({"credentials", dir + "/c", "--keep_existing"});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->first, 0) << kept->second;
+  EXPECT_THAT(kept->second, HasSubstr("(kept)"));
+  absl::StatusOr<Credentials> same = load_credentials(dir + "/c");
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->cluster, c->cluster);
+  EXPECT_EQ(same->ca_pem, c->ca_pem);
+  // ... but not a broken directory: one token missing is named, not papered over.
+  ASSERT_EQ(unlink((dir + "/c/admin.token").c_str()), 0);
+  absl::StatusOr<std::pair<int, std::string>> broken = tessera({"credentials", dir + "/c", "--keep_existing"});
+  ASSERT_TRUE(broken.ok());
+  EXPECT_EQ(broken->first, 1);
+  EXPECT_THAT(broken->second, HasSubstr("admin.token"));
   // A daemon refuses a directory without them, naming the file.
   absl::StatusOr<std::pair<int, std::string>> bad =
       Subprocess::run({kBin + "/tessera-coordinator", "--credentials=" + dir + "/none"}, absl::Seconds(30));

@@ -171,6 +171,8 @@ async function failuresOf(rendered, compose, binDir) {
       if (!mount?.readOnly || volume?.secret?.secretName !== "tessera-credentials") {
         fail(where, "needs Secret tessera-credentials mounted read-only at /etc/tessera/credentials");
       }
+      // A missing Secret must stop the pod, never start a daemon that checks nothing.
+      if (volume?.secret?.optional !== false) fail(where, "the credentials Secret must be required (optional: false)");
       // Every $(VAR) must name a variable defined before it, or the kubelet leaves it as is.
       const env = {}, defined = {};
       for (const e of c.env ?? []) {
@@ -232,6 +234,8 @@ const MUTATIONS = [
   ["a discovery Service hiding pods", (r) => delete service(r, "tessera-workers").spec.publishNotReadyAddresses, "publishNotReadyAddresses"],
   ["a Service whose links set TESSERA_COORDINATOR_PORT", (r) => delete service(r, "tessera-coordinator").spec.clusterIP, "would set TESSERA_COORDINATOR_PORT"],
   ["a worker count off the coordinator's", (r) => (envVar(r, "coordinator", "TESSERA_COORDINATOR_EXPECTED_DEVICES").value = "7"), "expects 7 devices"],
+  ["an optional credentials Secret", (r) => (workload(r, "worker").spec.template.spec.volumes.find((v) => v.name === "credentials").secret.optional = true), "must be required"],
+  ["compose without credentials", (r, c) => delete c.services["worker-5"].environment.TESSERA_WORKER_CREDENTIALS, "docker-compose.yml: worker-5"],
   ["compose drifting", (r, c) => (c.services["worker-2"].environment.TESSERA_WORKER_MEMORY_BYTES = "1"), "docker-compose.yml: worker-2"],
 ];
 const first = (r) => Object.values(r)[0];
