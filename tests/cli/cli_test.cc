@@ -269,6 +269,41 @@ TEST(Cli, HealthFollowsRegistrationsAndALateCoordinatorIsWaitedFor) {
   EXPECT_THAT(wait_health({"--address=" + address}, 1), HasSubstr("NOT_SERVING"));
 }
 
+// Daemons serving TLS answer grpc.health.v1 on a plaintext --health_port too (Kubernetes' gRPC
+// probes speak no TLS), following the same readiness, while their main port stays TLS only.
+TEST(Cli, APlaintextHealthPortAnswersForATlsDaemon) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  absl::StatusOr<std::pair<int, std::string>> made = tessera({"credentials", dir + "/c"});
+  ASSERT_TRUE(made.ok() && made->first == 0) << (made.ok() ? made->second : made.status().ToString());
+  const std::string credentials = "--credentials=" + dir + "/c";
+  absl::StatusOr<std::unique_ptr<Subprocess>> coordinator = Subprocess::spawn(
+      {kBin + "/tessera-coordinator", "--port=0", "--health_port=0", "--expected_devices=1", credentials});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  absl::StatusOr<std::string> line = (*coordinator)->read_line_with("listening on", absl::Seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = last_word(*line);
+  absl::StatusOr<std::string> health_line = (*coordinator)->read_line_with("health checks", absl::Seconds(20));
+  ASSERT_TRUE(health_line.ok()) << health_line.status();
+  const std::string health = "127.0.0.1:" + last_word(*health_line);
+  EXPECT_THAT(wait_health({"--address=" + health, "--service=liveness"}, 0), HasSubstr("serving: " + health));
+  EXPECT_THAT(wait_health({"--address=" + health}, 1), HasSubstr("NOT_SERVING"));
+  // The main port speaks only TLS: a plaintext probe there gets no answer.
+  absl::StatusOr<std::pair<int, std::string>> plain =
+      tessera({"health", "--timeout_s=2", "--address=" + address, "--service=liveness"}, absl::Seconds(10));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->first, 1) << plain->second;
+
+  absl::StatusOr<std::unique_ptr<Subprocess>> worker = Subprocess::spawn(
+      {kBin + "/tessera-worker", "--coordinator=" + address, "--device_id=0", "--health_port=0", credentials});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->read_line_with("device 0 listening on", absl::Seconds(20)).ok());
+  absl::StatusOr<std::string> worker_health = (*worker)->read_line_with("health checks", absl::Seconds(20));
+  ASSERT_TRUE(worker_health.ok()) << worker_health.status();
+  EXPECT_THAT(wait_health({"--address=127.0.0.1:" + last_word(*worker_health)}, 0), HasSubstr("serving"));
+  EXPECT_THAT(wait_health({"--address=" + health}, 0), HasSubstr("serving: " + health));
+}
+
 // status: per device the programs loaded, plan runs and failures and the last error, in the
 // table and as JSON; top: the same every second.
 TEST(Cli, StatusShowsRunsAndTheLastErrorPerDeviceAndTopRefreshes) {
