@@ -114,13 +114,17 @@ class K8sNetnsTest : public ::testing::Test {
     topology_ = make_cluster_topology(8, &skip, &error);
     if (topology_ == nullptr) GTEST_SKIP() << skip;
     ASSERT_TRUE(error.ok()) << error;
-    // The Secret tessera-credentials, as `deploy/README.md` makes it (tokens only: the kubelet's
-    // grpc probes speak no TLS); the kubelet would mount it where the manifests say.
+    // The Secret tessera-credentials, as deploy/README.md makes it: tokens, and TLS for the
+    // names the daemons are reached by in this namespace (the probes use the plaintext health
+    // ports); the kubelet would mount it where the manifests say.
     char dir[] = "/tmp/tessera-k8s-secret-XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     secret_ = dir;
     absl::StatusOr<Credentials> tokens = generate_credentials();
     ASSERT_TRUE(tokens.ok()) << tokens.status();
+    const std::string domain = absl::StrCat(kNamespace, ".svc.cluster.local");
+    ASSERT_TRUE(
+        add_tls(&*tokens, {"*.tessera-workers." + domain, "tessera." + domain, "tessera-coordinator." + domain}).ok());
     ASSERT_TRUE(write_credentials(secret_, *tokens).ok());
   }
 
@@ -132,7 +136,9 @@ class K8sNetnsTest : public ::testing::Test {
       EXPECT_THAT(topology_->leftovers(), ::testing::IsEmpty());
     }
     if (!secret_.empty()) {
-      for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile}) unlink((secret_ + "/" + f).c_str());
+      for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
+        unlink((secret_ + "/" + f).c_str());
+      }
       rmdir(secret_.c_str());
     }
   }
@@ -197,7 +203,13 @@ class K8sNetnsTest : public ::testing::Test {
 
   // `tessera health` from the client's host until it exits with `want` (0 serving, 1 not),
   // for at most `timeout`; returns its last output.
-  std::string wait_health(const std::string& address, const std::string& service, int want, absl::Duration timeout) {
+  // `main_address` is a daemon's main port; the probe goes, as the kubelet's, to its plaintext
+  // health port (deploy/daemons.json: the main port + 1).
+  std::string wait_health(const std::string& main_address, const std::string& service, int want,
+                          absl::Duration timeout) {
+    const size_t colon = main_address.rfind(':');
+    const std::string address =
+        absl::StrCat(main_address.substr(0, colon), ":", std::stoi(main_address.substr(colon + 1)) + 1);
     const absl::Time deadline = absl::Now() + timeout;
     std::string last;
     while (true) {
@@ -223,9 +235,12 @@ class K8sNetnsTest : public ::testing::Test {
     return absl::IsUnavailable(end.status()) ? took : limit + absl::Seconds(1);
   }
 
-  // `argv` as an application in the client's namespace runs it: with the Secret's client token.
-  std::vector<std::string> as_client(std::vector<std::string> argv) const {
-    argv.insert(argv.begin(), {"/usr/bin/env", absl::StrCat("TESSERA_TOKEN_FILE=", secret_, "/", kClientTokenFile)});
+  // `argv` as an application in the client's namespace runs it: verifying the daemons with the
+  // Secret's CA and, unless `anonymous`, presenting its client token.
+  std::vector<std::string> as_client(std::vector<std::string> argv, bool anonymous = false) const {
+    std::vector<std::string> env = {"/usr/bin/env", absl::StrCat("TESSERA_CA_FILE=", secret_, "/", kCaFile)};
+    if (!anonymous) env.push_back(absl::StrCat("TESSERA_TOKEN_FILE=", secret_, "/", kClientTokenFile));
+    argv.insert(argv.begin(), env.begin(), env.end());
     return topology_->in("cl", argv);
   }
 
@@ -264,7 +279,8 @@ class K8sNetnsTest : public ::testing::Test {
                 absl::FormatDuration(absl::Now() - start).c_str());
     // The daemons check the Secret's tokens: without one the same program is refused.
     absl::StatusOr<std::pair<int, std::string>> anonymous =
-        Subprocess::run(topology_->in("cl", {bin("example_seed_layer"), "--coordinator=" + cluster_address("tessera")}),
+        Subprocess::run(as_client({bin("example_seed_layer"), "--coordinator=" + cluster_address("tessera")},
+                                  /*anonymous=*/true),
                         absl::Seconds(60));
     ASSERT_TRUE(anonymous.ok()) << anonymous.status();
     EXPECT_NE(anonymous->first, 0) << anonymous->second;

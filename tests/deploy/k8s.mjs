@@ -159,8 +159,9 @@ async function failuresOf(rendered, compose, binDir) {
       if (port !== d.port) fail(where, `port grpc is ${port}, deploy/daemons.json says ${d.port}`);
       for (const [probe, service] of [["startupProbe", "liveness"], ["livenessProbe", "liveness"], ["readinessProbe", ""]]) {
         const g = c[probe]?.grpc;
-        if (!g || g.port !== d.port || (g.service ?? "") !== service) {
-          fail(where, `${probe} must be grpc on port ${d.port}, service '${service}' (grpc.health.v1)`);
+        // On the plaintext health port: the main one may serve TLS only, which the kubelet cannot probe.
+        if (!g || g.port !== d.health_port || (g.service ?? "") !== service) {
+          fail(where, `${probe} must be grpc on the health port ${d.health_port}, service '${service}' (grpc.health.v1)`);
         }
       }
       const limit = c.resources?.limits?.memory, request = c.resources?.requests?.memory;
@@ -230,6 +231,7 @@ const MUTATIONS = [
   ["a value off the description", (r) => (envVar(r, "worker", "TESSERA_WORKER_PORT").value = "6001"), "TESSERA_WORKER_PORT"],
   ["a variable no binary reads", (r) => container(r, "worker").env.push({ name: "TESSERA_WORKER_PROT", value: "1" }), "read by no flag"],
   ["a reference to a later variable", (r) => container(r, "worker").env.unshift({ name: "X", value: "$(POD_NAME)" }), "not defined before"],
+  ["a probe on the TLS port", (r) => (container(r, "worker").livenessProbe.grpc.port = 6000), "livenessProbe must be grpc on the health port"],
   ["an HTTP probe", (r) => (container(r, "coordinator").readinessProbe = { httpGet: { port: 5000 } }), "readinessProbe"],
   ["a discovery Service hiding pods", (r) => delete service(r, "tessera-workers").spec.publishNotReadyAddresses, "publishNotReadyAddresses"],
   ["a Service whose links set TESSERA_COORDINATOR_PORT", (r) => delete service(r, "tessera-coordinator").spec.clusterIP, "would set TESSERA_COORDINATOR_PORT"],
