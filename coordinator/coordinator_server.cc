@@ -401,6 +401,36 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return grpc::Status::OK;
   }
 
+  // The coordinator's metrics (core/metrics.h), from what it counts anyway.
+  std::vector<MetricSample> metrics() {
+    int64_t alive = 0, devices = 0, compilations = 0, programs = 0;
+    for (const DeviceRecord& d : registry_.devices()) {
+      ++devices;
+      alive += d.alive ? 1 : 0;
+    }
+    {
+      absl::MutexLock lock(&programs_mu_);
+      compilations = compilations_;
+      programs = static_cast<int64_t>(programs_.size());
+    }
+    const auto arrays = static_cast<double>(registry_.arrays().size());
+    const char* const kExecutions = "Executions answered, by result.";
+    return {
+        gauge("tessera_coordinator_devices", "Devices registered (alive or lost).", devices),
+        gauge("tessera_coordinator_devices_alive", "Devices alive.", alive),
+        gauge("tessera_coordinator_arrays", "Arrays the coordinator knows.", arrays),
+        gauge("tessera_coordinator_programs", "Compiled programs held.", programs),
+        counter("tessera_coordinator_compilations_total", "Programs compiled.", compilations),
+        counter("tessera_coordinator_compile_cache_hits_total", "Compile requests answered from the cache.",
+                cache_hits_.load()),
+        counter("tessera_coordinator_executions_total", kExecutions, executions_ok_.load(), {{"result", "ok"}}),
+        counter("tessera_coordinator_executions_total", kExecutions, executions_failed_.load(), {{"result", "error"}}),
+        gauge("tessera_coordinator_uptime_seconds", "Since the process started.",
+              absl::ToDoubleSeconds(absl::Now() - started_)),
+    };
+  }
+  std::vector<const LatencyHistogram*> histograms() const { return {&compile_seconds_, &execute_seconds_}; }
+
   grpc::Status GetClusterStatus(grpc::ServerContext* ctx, const pb::GetClusterStatusRequest* req,
                                 pb::ClusterStatus* reply) override {
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
@@ -525,6 +555,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     pb::RunPlanRequest request;                        // the same for every member
     std::vector<std::shared_ptr<PlanStream>> streams;  // set by run_plans
     absl::Time deadline = absl::InfiniteFuture();      // past it, the monitor fails the call
+    absl::Time started = absl::Now();
     absl::Mutex mu;
     std::vector<grpc::Status> statuses ABSL_GUARDED_BY(mu);
     int done ABSL_GUARDED_BY(mu) = 0;
@@ -602,10 +633,15 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     {
       absl::MutexLock lock(&programs_mu_);
       auto it = cache_.find(key);
-      if (it != cache_.end()) return hold_locked(programs_[it->second], session);
+      if (it != cache_.end()) {
+        cache_hits_.fetch_add(1);
+        return hold_locked(programs_[it->second], session);
+      }
     }
+    const absl::Time compile_start = absl::Now();
     TESSERA_ASSIGN_OR_RETURN(Propagation propagation, propagate(graph, mesh, inputs, outputs));
     TESSERA_ASSIGN_OR_RETURN(Executable exe, partition(graph, mesh, propagation, outputs, donated));
+    compile_seconds_.observe(absl::Now() - compile_start);
     auto program = std::make_shared<Program>(std::move(graph), std::move(exe));
     absl::MutexLock lock(&programs_mu_);
     auto it = cache_.find(key);
@@ -779,10 +815,13 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       }
       status = first_failure(e->statuses, e->members.peers, "execute");
     }
+    execute_seconds_.observe(absl::Now() - e->started);
     if (!status.ok()) {
+      executions_failed_.fetch_add(1);
       std::thread([this, e, status] { fail_execution(*e, status); }).detach();  // it waits for the workers
       return;
     }
+    executions_ok_.fetch_add(1);
     e->program->executions.fetch_add(1);
     for (const ArrayRecord& a : e->outputs) {
       pb::ArrayInfo* out = e->reply->add_outputs();
@@ -1137,6 +1176,15 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   std::map<uint64_t, std::shared_ptr<Program>> programs_ ABSL_GUARDED_BY(programs_mu_);
   int64_t compilations_ ABSL_GUARDED_BY(programs_mu_) = 0;
 
+  // What --metrics_port reports beyond the registry (metrics()).
+  std::atomic<int64_t> cache_hits_{0};
+  std::atomic<int64_t> executions_ok_{0};
+  std::atomic<int64_t> executions_failed_{0};
+  LatencyHistogram compile_seconds_{"tessera_coordinator_compile_seconds",
+                                    "Compilations (propagation and partitioning) of programs not in the cache."};
+  LatencyHistogram execute_seconds_{"tessera_coordinator_execute_seconds",
+                                    "Executions, from the request to every device's answer."};
+
   absl::Mutex executions_mu_;
   // The executions whose RunPlans are in flight, by id.
   absl::flat_hash_map<uint64_t, std::shared_ptr<Execution>> executions_ ABSL_GUARDED_BY(executions_mu_);
@@ -1184,6 +1232,8 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   std::string address() const override { return absl::StrCat(options_.host, ":", port_); }
   int port() const override { return port_; }
   int health_port() const override { return health_port_ == nullptr ? -1 : health_port_->port(); }
+  std::vector<MetricSample> metrics() override { return service_.metrics(); }
+  std::vector<const LatencyHistogram*> histograms() const override { return service_.histograms(); }
 
   void shutdown() override {
     // The server first: its pending Executes end by their deadlines, which the monitor

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/credentials.h"
+#include "core/metrics.h"
 
 namespace tessera {
 
@@ -50,6 +51,10 @@ class CoordinatorServer {
   virtual int port() const = 0;
   // The plaintext health port (CoordinatorOptions::health_port), or -1.
   virtual int health_port() const = 0;
+  // What --metrics_port reports (core/metrics.h): counts of the registry, the compile cache
+  // and executions, and histograms of compile and execute times.
+  virtual std::vector<MetricSample> metrics() = 0;
+  virtual std::vector<const LatencyHistogram*> histograms() const = 0;
   // Stops the service and the heartbeat monitor. Idempotent.
   virtual void shutdown() = 0;
 };

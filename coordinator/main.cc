@@ -12,6 +12,9 @@
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "address to listen on; 0.0.0.0 for every interface (env TESSERA_COORDINATOR_HOST)");
 ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one, printed at startup (env TESSERA_COORDINATOR_PORT)");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics (GET /metrics, plaintext HTTP) on this port; -1: none, 0: a free one, printed at "
+          "startup (env TESSERA_COORDINATOR_METRICS_PORT)");
 ABSL_FLAG(int, health_port, -1,
           "also answer grpc.health.v1 (only) on this plaintext port, for probes that speak no TLS (Kubernetes'); "
           "-1: none, 0: a free one, printed at startup (env TESSERA_COORDINATOR_HEALTH_PORT)");
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
                        {{"host", "TESSERA_COORDINATOR_HOST"},
                         {"port", "TESSERA_COORDINATOR_PORT"},
                         {"health_port", "TESSERA_COORDINATOR_HEALTH_PORT"},
+                        {"metrics_port", "TESSERA_COORDINATOR_METRICS_PORT"},
                         {"heartbeat_interval_ms", "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS"},
                         {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"},
                         {"lease_timeout_ms", "TESSERA_COORDINATOR_LEASE_TIMEOUT_MS"},
@@ -75,6 +79,18 @@ int main(int argc, char** argv) {
   if ((*server)->health_port() >= 0) {
     std::printf("tessera-coordinator: health checks (plaintext) on port %d\n", (*server)->health_port());
   }
+  std::unique_ptr<tessera::MetricsServer> metrics;
+  if (const int port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
+    tessera::CoordinatorServer* daemon = (*server).get();
+    absl::StatusOr<std::unique_ptr<tessera::MetricsServer>> started = tessera::MetricsServer::start(
+        options.host, port, [daemon] { return daemon->metrics(); }, daemon->histograms());
+    if (!started.ok()) {
+      std::cerr << "tessera-coordinator: --metrics_port: " << started.status().message() << "\n";
+      return 1;
+    }
+    metrics = *std::move(started);
+    std::printf("tessera-coordinator: metrics on port %d\n", metrics->port());
+  }
   std::fflush(stdout);
   // After the line that says it serves (which tools and tests wait for as the first).
   if (std::string warning = tessera::open_mode_warning(options.credentials, options.host, "tessera-coordinator");
@@ -83,6 +99,7 @@ int main(int argc, char** argv) {
   }
   int sig = tessera::wait_for_termination_signal();
   std::fprintf(stderr, "tessera-coordinator: signal %d, shutting down\n", sig);
+  metrics.reset();  // it reads the server
   (*server)->shutdown();
   return 0;
 }

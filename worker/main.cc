@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, bind_host, "",
           "address to listen on, such as 0.0.0.0 when --host is a name that may not resolve yet; default: "
           "--host (env TESSERA_WORKER_BIND_HOST)");
 ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one, printed at startup (env TESSERA_WORKER_PORT)");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics (GET /metrics, plaintext HTTP) on this port; -1: none, 0: a free one, printed at "
+          "startup (env TESSERA_WORKER_METRICS_PORT)");
 ABSL_FLAG(int, health_port, -1,
           "also answer grpc.health.v1 (only) on this plaintext port, for probes that speak no TLS (Kubernetes'); "
           "-1: none, 0: a free one, printed at startup (env TESSERA_WORKER_HEALTH_PORT)");
@@ -73,6 +76,7 @@ int main(int argc, char** argv) {
                         {"bind_host", "TESSERA_WORKER_BIND_HOST"},
                         {"port", "TESSERA_WORKER_PORT"},
                         {"health_port", "TESSERA_WORKER_HEALTH_PORT"},
+                        {"metrics_port", "TESSERA_WORKER_METRICS_PORT"},
                         {"name", "TESSERA_WORKER_NAME"},
                         {"device_id", "TESSERA_WORKER_DEVICE_ID"},
                         {"device_id_from", "TESSERA_WORKER_DEVICE_ID_FROM"},
@@ -136,6 +140,19 @@ int main(int argc, char** argv) {
   if ((*worker)->health_port() >= 0) {
     std::printf("tessera-worker: health checks (plaintext) on port %d\n", (*worker)->health_port());
   }
+  std::unique_ptr<tessera::MetricsServer> metrics;
+  if (const int port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
+    tessera::WorkerServer* daemon = (*worker).get();
+    absl::StatusOr<std::unique_ptr<tessera::MetricsServer>> started = tessera::MetricsServer::start(
+        options.bind_host.empty() ? options.host : options.bind_host, port, [daemon] { return daemon->metrics(); },
+        daemon->histograms());
+    if (!started.ok()) {
+      std::cerr << "tessera-worker: --metrics_port: " << started.status().message() << "\n";
+      return 1;
+    }
+    metrics = *std::move(started);
+    std::printf("tessera-worker: metrics on port %d\n", metrics->port());
+  }
   std::fflush(stdout);
   // After the line that says it serves (which tools and tests wait for as the first).
   if (std::string warning = tessera::open_mode_warning(
@@ -145,6 +162,7 @@ int main(int argc, char** argv) {
   }
   int sig = tessera::wait_for_termination_signal();
   std::fprintf(stderr, "tessera-worker: signal %d, shutting down\n", sig);
+  metrics.reset();  // it reads the server
   (*worker)->shutdown();
   return 0;
 }

@@ -291,7 +291,9 @@ class WorkerService final : public WorkerServiceBase {
 
   // Runs a loaded plan on stored buffers and stores its outputs; errors name this device.
   absl::Status run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
+    const absl::Time start = absl::Now();
     absl::Status status = on_this_device(run_plan(loaded, req, std::move(cancelled)));
+    run_seconds_.observe(absl::Now() - start);
     absl::MutexLock lock(&runs_mu_);
     ++runs_.runs;
     if (!status.ok()) {
@@ -319,6 +321,12 @@ class WorkerService final : public WorkerServiceBase {
   grpc::Status GetStats(grpc::ServerContext* ctx, const pb::GetStatsRequest*, pb::WorkerStats* reply) override {
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
     if (!caller.ok()) return to_grpc(caller.status());
+    fill_stats(reply);
+    return grpc::Status::OK;
+  }
+
+  // What GetStats answers (and the metrics report).
+  void fill_stats(pb::WorkerStats* reply) {
     reply->set_exchange_messages_forged(transport_.forged_messages());
     BufferStore::Stats stats = store_.stats();
     reply->set_device_id(device_id_.load());
@@ -339,8 +347,9 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_plan_runs_failed(runs_.failed);
     reply->set_last_error(runs_.last_error);
     if (runs_.failed > 0) reply->set_last_error_age_ms(absl::ToInt64Milliseconds(absl::Now() - runs_.last_error_at));
-    return grpc::Status::OK;
   }
+
+  const LatencyHistogram& run_seconds() const { return run_seconds_; }
 
  private:
   // Validates the header, reserves the memory and allocates the destination.
@@ -482,6 +491,8 @@ class WorkerService final : public WorkerServiceBase {
   };
   absl::Mutex runs_mu_;
   RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
+  LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
+                                "Plan runs on this device, from the start of the run to its outputs stored."};
 };
 
 void PlanStreamReactor::OnReadDone(bool ok) {
@@ -616,6 +627,32 @@ class WorkerServerImpl final : public WorkerServer {
   int device_id() const override { return device_id_; }
   std::string address() const override { return address_; }
   int health_port() const override { return health_port_ == nullptr ? -1 : health_port_->port(); }
+
+  std::vector<MetricSample> metrics() override {
+    pb::WorkerStats s;
+    service_.fill_stats(&s);
+    const MetricLabels device = {{"device", absl::StrCat(s.device_id())}};
+    return {
+        gauge("tessera_worker_buffers", "Buffers held on this device.", s.buffer_count(), device),
+        gauge("tessera_worker_used_bytes", "Bytes of the buffers held.", s.bytes_used(), device),
+        gauge("tessera_worker_memory_limit_bytes", "The device's memory limit (--memory_bytes).",
+              s.memory_limit_bytes(), device),
+        gauge("tessera_worker_plans_loaded", "Programs loaded and held.", s.plans_loaded(), device),
+        counter("tessera_worker_plan_runs_total", "Plan runs finished since the process started.", s.plan_runs(),
+                device),
+        counter("tessera_worker_plan_runs_failed_total", "Plan runs that failed.", s.plan_runs_failed(), device),
+        gauge("tessera_worker_collective_messages_pending", "Collective messages received and not yet consumed.",
+              s.collective_messages_pending(), device),
+        counter("tessera_worker_shm_messages_received_total", "Collective messages that came through shared memory.",
+                s.shm_messages_received(), device),
+        counter("tessera_worker_exchange_messages_forged_total",
+                "Exchange messages dropped because their sender was not their stream's device.",
+                s.exchange_messages_forged(), device),
+        gauge("tessera_worker_incarnation", "The registration this worker holds.", s.incarnation(), device),
+        gauge("tessera_worker_uptime_seconds", "Since the process started.", s.uptime_ms() / 1000.0, device),
+    };
+  }
+  std::vector<const LatencyHistogram*> histograms() const override { return {&service_.run_seconds()}; }
 
   void shutdown() override {
     if (!stopping_.HasBeenNotified()) stopping_.Notify();

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/credentials.h"
+#include "core/metrics.h"
 
 namespace tessera {
 
@@ -71,6 +72,9 @@ class WorkerServer {
   virtual std::string address() const = 0;
   // The plaintext health port (WorkerOptions::health_port), or -1.
   virtual int health_port() const = 0;
+  // What --metrics_port reports (core/metrics.h): the stats GetStats answers, and histograms.
+  virtual std::vector<MetricSample> metrics() = 0;
+  virtual std::vector<const LatencyHistogram*> histograms() const = 0;
 
   // Stops heartbeats and the service, cancelling transfers in flight. Idempotent.
   virtual void shutdown() = 0;

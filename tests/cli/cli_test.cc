@@ -1,12 +1,17 @@
 // bin/tessera: the state file, and up / status / top / run-example / health / down on real daemons
 // (127.0.0.1 ephemeral ports, a state file of the test's own); --help and environment
 // variables on every binary.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -302,6 +307,94 @@ TEST(Cli, APlaintextHealthPortAnswersForATlsDaemon) {
   ASSERT_TRUE(worker_health.ok()) << worker_health.status();
   EXPECT_THAT(wait_health({"--address=127.0.0.1:" + last_word(*worker_health)}, 0), HasSubstr("serving"));
   EXPECT_THAT(wait_health({"--address=" + health}, 0), HasSubstr("serving: " + health));
+}
+
+// GET `path` from 127.0.0.1:`port` over HTTP/1.0 (the connection closes after the answer), for
+// at most 10 s; the whole response, headers included, or an error.
+absl::StatusOr<std::string> http_get(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket");
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  if (response.empty()) return absl::UnavailableError(absl::StrCat("no answer from 127.0.0.1:", port, path));
+  return response;
+}
+
+// The value of the sample `series` (name and labels, as the text format prints them) in a
+// Prometheus scrape; -1 if it is not there.
+double sample(const std::string& scrape, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
+    if (!absl::StartsWith(line, series + " ")) continue;
+    double value = -1;
+    if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
+  }
+  return -1;
+}
+
+// --metrics_port: each daemon serves Prometheus' text format, and the counters follow the calls.
+TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
+  absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(kBin, 2, {"--metrics_port=0"}, {"--metrics_port=0"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto port_of = [](Subprocess& p) {
+    absl::StatusOr<std::string> line = p.read_line_with("metrics on port", absl::Seconds(20));
+    int port = -1;
+    return line.ok() && absl::SimpleAtoi(last_word(*line), &port) ? port : -1;
+  };
+  const int coordinator = port_of(*cluster->coordinator);
+  const int worker = port_of(*cluster->workers[1]);
+  ASSERT_GT(coordinator, 0);
+  ASSERT_GT(worker, 0);
+  absl::StatusOr<std::string> before = http_get(coordinator, "/metrics");
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_THAT(*before, AllOf(HasSubstr("200 OK"), HasSubstr("# TYPE tessera_coordinator_executions_total counter")));
+  EXPECT_EQ(sample(*before, "tessera_coordinator_devices_alive"), 2) << *before;
+  EXPECT_EQ(sample(*before, "tessera_coordinator_executions_total{result=\"ok\"}"), 0) << *before;
+
+  absl::StatusOr<Client> client = Client::connect(cluster->address, {.min_devices = 2});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({2}, {"data"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Array> x = client->device_put(HostArray(DType::kF32, {1024}), NamedSharding(*mesh, P("data")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  // Two Jitted objects of one program: one compilation, then a cache hit; three executions.
+  auto plus_one = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; };
+  Jitted first = jit(plus_one), second = jit(plus_one);
+  std::vector<Array> kept;
+  for (Jitted* f : {&first, &first, &second}) {
+    absl::StatusOr<std::vector<Array>> out = (*f)({*x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*out)[0].block_until_ready().ok());
+    kept.push_back((*out)[0]);
+  }
+  absl::StatusOr<std::string> after = http_get(coordinator, "/metrics");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(sample(*after, "tessera_coordinator_compilations_total"), 1) << *after;
+  EXPECT_EQ(sample(*after, "tessera_coordinator_compile_cache_hits_total"), 1) << *after;
+  EXPECT_EQ(sample(*after, "tessera_coordinator_executions_total{result=\"ok\"}"), 3) << *after;
+  EXPECT_EQ(sample(*after, "tessera_coordinator_executions_total{result=\"error\"}"), 0) << *after;
+  EXPECT_EQ(sample(*after, "tessera_coordinator_execute_seconds_count"), 3) << *after;
+  EXPECT_EQ(sample(*after, "tessera_coordinator_execute_seconds_bucket{le=\"+Inf\"}"), 3) << *after;
+  absl::StatusOr<std::string> w = http_get(worker, "/metrics");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(sample(*w, "tessera_worker_plan_runs_total{device=\"1\"}"), 3) << *w;
+  EXPECT_EQ(sample(*w, "tessera_worker_plan_run_seconds_count"), 3) << *w;
+  // x's shard and the three outputs' shards (all kept), 512 float32 each.
+  EXPECT_EQ(sample(*w, "tessera_worker_used_bytes{device=\"1\"}"), 4 * 512 * 4) << *w;
+  EXPECT_EQ(http_get(worker, "/other").value_or("").find("200 OK"), std::string::npos);
 }
 
 // status: per device the programs loaded, plan runs and failures and the last error, in the

@@ -1,0 +1,99 @@
+// MetricsServer: prometheus-cpp's Exposer over a daemon's samples (library tessera_metrics, which
+// only the daemons' executables link: the SDK carries no HTTP server).
+#include <exception>
+#include <limits>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "core/metrics.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/metric_family.h"
+
+namespace tessera {
+
+namespace {
+
+class Collector final : public prometheus::Collectable {
+ public:
+  Collector(std::function<std::vector<MetricSample>()> source, std::vector<const LatencyHistogram*> histograms)
+      : source_(std::move(source)), histograms_(std::move(histograms)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families;
+    std::map<std::string, size_t> by_name;  // samples of one name (different labels) share a family
+    for (MetricSample& s : source_()) {
+      auto [it, added] = by_name.emplace(s.name, families.size());
+      if (added) {
+        prometheus::MetricFamily f;
+        f.name = s.name;
+        f.help = s.help;
+        f.type = s.type == MetricSample::kCounter ? prometheus::MetricType::Counter : prometheus::MetricType::Gauge;
+        families.push_back(std::move(f));
+      }
+      prometheus::ClientMetric m;
+      for (auto& [k, v] : s.labels) m.label.push_back({k, v});
+      if (s.type == MetricSample::kCounter) {
+        m.counter.value = s.value;
+      } else {
+        m.gauge.value = s.value;
+      }
+      families[it->second].metric.push_back(std::move(m));
+    }
+    for (const LatencyHistogram* h : histograms_) {
+      const LatencyHistogram::Snapshot snap = h->snapshot();
+      prometheus::MetricFamily f;
+      f.name = h->name();
+      f.help = h->help();
+      f.type = prometheus::MetricType::Histogram;
+      prometheus::ClientMetric m;
+      m.histogram.sample_count = snap.count;
+      m.histogram.sample_sum = snap.sum_seconds;
+      for (size_t i = 0; i < snap.bounds.size(); ++i)
+        m.histogram.bucket.push_back({snap.cumulative[i], snap.bounds[i]});
+      m.histogram.bucket.push_back({snap.count, std::numeric_limits<double>::infinity()});
+      f.metric.push_back(std::move(m));
+      families.push_back(std::move(f));
+    }
+    return families;
+  }
+
+ private:
+  const std::function<std::vector<MetricSample>()> source_;
+  const std::vector<const LatencyHistogram*> histograms_;
+};
+
+class MetricsServerImpl final : public MetricsServer {
+ public:
+  MetricsServerImpl(std::unique_ptr<prometheus::Exposer> exposer, std::shared_ptr<Collector> collector, int port)
+      : exposer_(std::move(exposer)), collector_(std::move(collector)), port_(port) {}
+  ~MetricsServerImpl() override { exposer_.reset(); }  // stops serving before the collector goes
+  int port() const override { return port_; }
+
+ private:
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<Collector> collector_;
+  int port_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& host, int port,
+                                                                    std::function<std::vector<MetricSample>()> source,
+                                                                    std::vector<const LatencyHistogram*> histograms) {
+  const std::string address = absl::StrCat(host, ":", port);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    // Two threads: scrapes are rare and cheap.
+    exposer = std::make_unique<prometheus::Exposer>(address, 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  if (ports.empty()) return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));
+  auto collector = std::make_shared<Collector>(std::move(source), std::move(histograms));
+  exposer->RegisterCollectable(collector);
+  return std::make_unique<MetricsServerImpl>(std::move(exposer), std::move(collector), ports[0]);
+}
+
+}  // namespace tessera
