@@ -44,6 +44,21 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
     const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
     const PlanRun& run);
 
+// The most memory a run of `plan` on `inputs` holds at once beyond the inputs the caller keeps
+// (its intermediates and outputs, and the donated inputs, which the caller gives up), by the
+// plan's liveness: every instruction's result from its instruction to its free, none for a
+// kernel that writes over an operand dying there (as run_plan does for an intermediate or a
+// donated input). Kernels' temporaries are not counted. `instruction` is where the peak is
+// reached (-1 for an empty plan).
+struct PlanPeak {
+  int64_t bytes = 0;
+  int instruction = -1;
+};
+PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs);
+
+// The name of instruction `i` in errors: its op, "local_slice" or its collective's kind.
+std::string instruction_name(const Instruction& i);
+
 }  // namespace tessera
 
 #endif  // TESSERA_WORKER_INTERPRETER_H_

@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "core/slicing.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/auth.h"
@@ -27,11 +28,14 @@
 namespace tessera {
 namespace {
 
-// A plan with no collective whose inputs are at most this many bytes runs on the gRPC thread
-// that received its request: it neither waits for anyone nor holds the thread for long. Any
-// other runs on a thread of its own, since a plan waiting for its peers' collective data must
-// not hold one of the few threads that deliver that data, nor the RunPlans stream's reads.
+// A plan with no collective, at most kInlinePlanInstructions instructions and at most this
+// many bytes of inputs and results (every instruction's, so an iota or a matmul counts as much
+// as the memory it writes) runs on the gRPC thread that received its request: it neither waits
+// for anyone nor holds the thread for long. Any other runs on a thread of its own, since a
+// plan waiting for its peers' collective data must not hold one of the few threads that
+// deliver that data, nor the RunPlans stream's reads.
 constexpr int64_t kInlinePlanBytes = 64 << 10;
+constexpr size_t kInlinePlanInstructions = 64;
 
 // At most this many held buffers go in a registration (about 25 bytes each, well under the
 // coordinator's 4 MiB message limit); the others cannot be adopted after a coordinator restart.
@@ -42,6 +46,8 @@ struct LoadedPlan {
   DevicePlan plan;
   std::map<int, std::string> peers;  // device id -> address, for its collectives
   bool has_collectives = false;
+  int64_t result_bytes = 0;                   // the bytes of every instruction's result
+  mutable std::atomic<uint64_t> last_run{0};  // when it was last loaded or run (a tick, for LRU)
 };
 
 using WorkerServiceBase =
@@ -113,8 +119,23 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
 
 class WorkerService final : public WorkerServiceBase {
  public:
-  WorkerService(int64_t memory_bytes, const Credentials& credentials)
-      : auth_(credentials), store_(memory_bytes), started_(absl::Now()), transport_(credentials) {}
+  explicit WorkerService(const WorkerOptions& options)
+      : auth_(options.credentials),
+        max_plans_(std::max(1, options.max_plans)),
+        store_(options.memory_bytes),
+        started_(absl::Now()),
+        transport_(options.credentials),
+        plan_threads_("plan runs on threads of their own (--max_plan_threads)", std::max(1, options.max_plan_threads)) {
+  }
+
+  // "device N: " before an error's message.
+  absl::Status on_this_device(const absl::Status& status) const {
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat("device ", device_id_.load(), ": ", status.message()));
+  }
+
+  // The threads plans that may wait run on (see PlanStreamReactor).
+  ThreadPool& plan_threads() { return plan_threads_; }
 
   void set_device_id(int id) {
     device_id_ = id;
@@ -133,6 +154,12 @@ class WorkerService final : public WorkerServiceBase {
       }
       transport_.force_all_reduce(forced);
     }
+    MailboxOptions mailbox;
+    mailbox.bytes_per_peer = options.mailbox_bytes_per_peer;
+    mailbox.unclaimed_ttl = options.mailbox_ttl;
+    mailbox.reserve = [this](int64_t bytes) { return store_.charge(bytes); };
+    mailbox.release = [this](int64_t bytes) { store_.uncharge(bytes); };
+    TESSERA_RETURN_IF_ERROR(transport_.set_mailbox(std::move(mailbox)));
     return transport_.set_shm({options.shm, options.shm_ring_bytes, options.shm_host});
   }
 
@@ -253,8 +280,21 @@ class WorkerService final : public WorkerServiceBase {
     for (const pb::PeerAddress& peer : req->peers()) loaded->peers[peer.device_id()] = peer.address();
     for (const Instruction& inst : loaded->plan.code) {
       if (inst.kind == Instruction::Kind::kCollective) loaded->has_collectives = true;
+      if (inst.kind != Instruction::Kind::kFree) {
+        loaded->result_bytes += num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
+      }
     }
+    loaded->last_run = ++plan_ticks_;
     absl::MutexLock lock(&plans_mu_);
+    if (plans_.count(req->plan_id()) == 0 && static_cast<int>(plans_.size()) >= max_plans_) {
+      // Full: the least recently run goes (a run in progress keeps its own reference).
+      auto oldest = plans_.begin();
+      for (auto it = plans_.begin(); it != plans_.end(); ++it) {
+        if (it->second->last_run < oldest->second->last_run) oldest = it;
+      }
+      plans_.erase(oldest);
+      ++plans_evicted_;
+    }
     plans_[req->plan_id()] = std::move(loaded);
     return grpc::Status::OK;
   }
@@ -326,6 +366,8 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_bytes_used(stats.bytes_used);
     reply->set_memory_limit_bytes(stats.limit_bytes);
     reply->set_collective_messages_pending(transport_.pending_messages());
+    reply->set_collective_bytes_pending(transport_.pending_bytes());
+    reply->set_exchange_messages_dropped(transport_.dropped_messages());
     reply->set_shm_messages_received(transport_.shm_messages_received());
     reply->set_blas_kernel(blas_kernel_name());
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
@@ -333,6 +375,7 @@ class WorkerService final : public WorkerServiceBase {
     {
       absl::MutexLock lock(&plans_mu_);
       reply->set_plans_loaded(static_cast<int64_t>(plans_.size()));
+      reply->set_plans_evicted(plans_evicted_);
     }
     absl::MutexLock lock(&runs_mu_);
     reply->set_plan_runs(runs_.runs);
@@ -400,23 +443,19 @@ class WorkerService final : public WorkerServiceBase {
     return status;
   }
 
-  // "device N: " before an error's message.
-  absl::Status on_this_device(const absl::Status& status) const {
-    if (status.ok()) return status;
-    return absl::Status(status.code(), absl::StrCat("device ", device_id_.load(), ": ", status.message()));
-  }
-
   absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded_plan(uint64_t plan_id) {
     absl::MutexLock lock(&plans_mu_);
     auto it = plans_.find(plan_id);
     if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("plan ", plan_id, " is not loaded"));
+    it->second->last_run = ++plan_ticks_;
     return it->second;
   }
 
-  // Whether `plan` may run on a gRPC callback thread (see kInlinePlanBytes).
+  // Whether `plan` may run on a gRPC callback thread (see kInlinePlanBytes): by what it costs,
+  // its inputs and every result it makes.
   bool runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const {
-    if (plan.has_collectives) return false;
-    int64_t bytes = 0;
+    if (plan.has_collectives || plan.plan.code.size() > kInlinePlanInstructions) return false;
+    int64_t bytes = plan.result_bytes;
     for (uint64_t id : req.input_buffers()) {
       absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_.get(id);
       if (buffer.ok()) bytes += (*buffer)->nbytes();
@@ -445,6 +484,19 @@ class WorkerService final : public WorkerServiceBase {
     std::vector<uint64_t> donated;
     for (int d : plan.donated_inputs) donated.push_back(req.input_buffers(d));
     if (!donated.empty()) store_.erase(donated);
+    // What the run holds at its peak (intermediates, outputs, donated inputs) is reserved in
+    // the store for the run, under the execution's id (no buffer has it), before anything runs.
+    const PlanPeak peak = peak_memory(plan, inputs);
+    if (absl::Status reserved = store_.reserve(req.execution_id(), peak.bytes); !reserved.ok()) {
+      const BufferStore::Stats stats = store_.stats();
+      const std::string at = peak.instruction < 0 ? std::string("its donated inputs")
+                                                  : absl::StrCat("instruction ", peak.instruction, " (",
+                                                                 instruction_name(plan.code[peak.instruction]), ")");
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "run: plan ", req.plan_id(), " needs ", peak.bytes, " bytes at once for its intermediates and outputs (at ",
+          at, ") but only ", stats.limit_bytes - stats.bytes_used, " of the device's ", stats.limit_bytes,
+          " bytes are free (--memory_bytes)"));
+    }
     PlanRun run;
     run.execution = req.execution_id();
     if (loaded.has_collectives) run.peers = loaded.peers;
@@ -452,20 +504,23 @@ class WorkerService final : public WorkerServiceBase {
     const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
     run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
     run.cancelled = std::move(cancelled);
-    TESSERA_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<const HostArray>> outputs,
-                             tessera::run_plan(plan, std::move(inputs), transport_, run));
+    absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> outputs =
+        tessera::run_plan(plan, std::move(inputs), transport_, run);
+    store_.cancel(req.execution_id());  // the outputs are reserved one by one below
+    if (!outputs.ok()) return outputs.status();
     for (int i = 0; i < req.output_buffers_size(); ++i) {
-      absl::Status reserved = store_.reserve(req.output_buffers(i), outputs[i]->nbytes());
+      absl::Status reserved = store_.reserve(req.output_buffers(i), (*outputs)[i]->nbytes());
       if (!reserved.ok()) {
         for (int j = 0; j < i; ++j) store_.erase({req.output_buffers(j)});
         return reserved;
       }
-      store_.commit(req.output_buffers(i), outputs[i]);
+      store_.commit(req.output_buffers(i), (*outputs)[i]);
     }
     return absl::OkStatus();
   }
 
   const Authenticator auth_;
+  const int max_plans_;
   std::atomic<int> device_id_{-1};
   std::atomic<uint64_t> incarnation_{0};
   BufferStore store_;
@@ -473,6 +528,8 @@ class WorkerService final : public WorkerServiceBase {
   Transport transport_;
   absl::Mutex plans_mu_;
   std::map<uint64_t, std::shared_ptr<const LoadedPlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
+  int64_t plans_evicted_ ABSL_GUARDED_BY(plans_mu_) = 0;
+  std::atomic<uint64_t> plan_ticks_{0};
   // For GetStats (tessera status).
   struct RunCounts {
     int64_t runs = 0;
@@ -482,6 +539,8 @@ class WorkerService final : public WorkerServiceBase {
   };
   absl::Mutex runs_mu_;
   RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
+  // Last: its threads use everything above, and its destructor joins them.
+  ThreadPool plan_threads_;
 };
 
 void PlanStreamReactor::OnReadDone(bool ok) {
@@ -537,17 +596,20 @@ void PlanStreamReactor::OnReadDone(bool ok) {
     running_[execution] = cancelled;
   }
   StartRead(&request_);
-  std::thread([self = shared_from_this(), loaded = std::move(loaded), req, cancelled] {
-    absl::Status status = self->service_->run(*loaded, *req, [cancelled] { return cancelled->load(); });
-    self->post(req->execution_id(), status);
+  auto done = [self = shared_from_this(), execution](const absl::Status& status) {
+    self->post(execution, status);
     bool finish = false;
     {
       absl::MutexLock lock(&self->mu_);
-      self->running_.erase(req->execution_id());
+      self->running_.erase(execution);
       finish = self->finish_now_locked();
     }
     if (finish) self->Finish(grpc::Status::OK);
-  }).detach();
+  };
+  absl::Status started = service_->plan_threads().run([service = service_, loaded, req, cancelled, done] {
+    done(service->run(*loaded, *req, [cancelled] { return cancelled->load(); }));
+  });
+  if (!started.ok()) done(service_->on_this_device(started));
 }
 
 void PlanStreamReactor::post(uint64_t id, const absl::Status& status) {
@@ -581,9 +643,7 @@ void PlanStreamReactor::OnWriteDone(bool ok) {
 class WorkerServerImpl final : public WorkerServer {
  public:
   explicit WorkerServerImpl(const WorkerOptions& options)
-      : options_(options),
-        identity_(daemon_identity(options.credentials)),
-        service_(options.memory_bytes, options.credentials) {}
+      : options_(options), identity_(daemon_identity(options.credentials)), service_(options) {}
   ~WorkerServerImpl() override { shutdown(); }
 
   absl::Status init() {
@@ -641,10 +701,10 @@ class WorkerServerImpl final : public WorkerServer {
       if (!absl::IsUnavailable(registered) && !absl::IsDeadlineExceeded(registered)) return registered;
       const absl::Duration left = deadline - absl::Now();
       if (left <= pause) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "tessera-worker: could not register with coordinator ", options_.coordinator_address, " within ",
-            absl::FormatDuration(options_.register_timeout), " (", attempt, " attempts); the last: ",
-            registered.message()));
+        return absl::DeadlineExceededError(absl::StrCat("tessera-worker: could not register with coordinator ",
+                                                        options_.coordinator_address, " within ",
+                                                        absl::FormatDuration(options_.register_timeout), " (", attempt,
+                                                        " attempts); the last: ", registered.message()));
       }
       std::fprintf(stderr, "tessera-worker: registration attempt %d failed: %s; retrying in %s (%s left)\n", attempt,
                    std::string(registered.message()).c_str(), absl::FormatDuration(pause).c_str(),

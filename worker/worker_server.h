@@ -28,7 +28,7 @@ struct WorkerOptions {
   // resolve), and to listen on unless bind_host is set.
   std::string host = "127.0.0.1";
   std::string bind_host;  // e.g. "0.0.0.0" when `host` is a name (a pod's DNS name)
-  int port = 0;  // 0: an ephemeral port
+  int port = 0;           // 0: an ephemeral port
   // Stable name; a worker restarting with the same name keeps its device id. Default: address.
   std::string name;
   int device_id = -1;  // -1: the coordinator picks
@@ -51,6 +51,16 @@ struct WorkerOptions {
   // The tokens callers must present, and the cluster one this worker presents to the
   // coordinator and its peers (docs/design.md, "Security"). Empty: the development mode.
   Credentials credentials;
+  // At most this many loaded plans (LoadPlan); a new one beyond it drops the least recently run
+  // (the coordinator, which unloads what it evicts from its own cache, loads it again).
+  int max_plans = 4096;
+  // At most this many plans run at once on threads of their own (the others run where their
+  // request arrived); one more fails RESOURCE_EXHAUSTED naming the limit.
+  int max_plan_threads = 256;
+  // Collective messages from one peer that may wait in the mailbox (charged to memory_bytes);
+  // a message of an op that has not started here within mailbox_ttl of its arrival is dropped.
+  int64_t mailbox_bytes_per_peer = int64_t{64} << 20;
+  absl::Duration mailbox_ttl = absl::Seconds(60);
 };
 
 class WorkerServer {
