@@ -56,6 +56,9 @@ constexpr absl::Duration kFailureGrace = absl::Milliseconds(500);
 // client's first call should not fail for being early.
 constexpr absl::Duration kRegistrationGrace = absl::Seconds(5);
 
+// The most a GetClusterStatus reply lists (kMaxMessageBytes is the limit).
+constexpr size_t kMaxStatusBytes = 3 << 20;
+
 // How often a long wait in a handler checks whether its caller cancelled.
 constexpr absl::Duration kCancelCheck = absl::Milliseconds(100);
 
@@ -452,14 +455,29 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       asked[i]->clear_stats();
       asked[i]->set_stats_error(statuses[i].error_message());
     }
+    // Within kMaxStatusBytes: the devices first, then arrays and programs while they fit (the
+    // rest counted), so that no number of them makes the status too large for everyone.
+    size_t bytes = reply->ByteSizeLong();
     for (const ArrayRecord& a : registry_.arrays()) {
-      if (everything || (a.session != 0 && a.session == caller->session)) to_proto(a, reply->add_arrays());
+      if (!everything && (a.session == 0 || a.session != caller->session)) continue;
+      pb::ArrayInfo info;
+      to_proto(a, &info);
+      bytes += info.ByteSizeLong() + 8;
+      if (bytes > kMaxStatusBytes) {
+        reply->set_arrays_omitted(reply->arrays_omitted() + 1);
+        continue;
+      }
+      *reply->add_arrays() = std::move(info);
     }
     absl::MutexLock lock(&programs_mu_);
     reply->set_compilations(compilations_);
     reply->set_programs_evicted(evictions_);
     for (const auto& [id, program] : programs_) {
       if (!everything && program->sessions.count(caller->session) == 0) continue;
+      if (bytes > kMaxStatusBytes) {
+        reply->set_executables_omitted(reply->executables_omitted() + 1);
+        continue;
+      }
       pb::ExecutableInfo* info = reply->add_executables();
       info->set_executable_id(id);
       tessera::to_proto(program->exe.mesh, info->mutable_mesh());
@@ -467,15 +485,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       for (const PartitionSpec& spec : program->exe.output_specs) to_proto(spec, info->add_output_specs());
       info->set_graph_nodes(static_cast<int64_t>(program->graph.size()));
       info->set_executions(program->executions.load());
+      bytes += info->ByteSizeLong() + 8;
     }
     return grpc::Status::OK;
   }
 
  private:
-  // The session a request acts for: a client's own (proved by its session credential), which
-  // a session id in the request must match; an admin or a daemon may name any (0: none).
-  // UNAUTHENTICATED as Authenticator::authenticate; PERMISSION_DENIED naming `method` for a
-  // client without a session credential or naming another session.
   // Whether `n` devices are alive within `wait`; false early if the caller cancelled.
   bool wait_for_alive(const grpc::ServerContextBase& ctx, int n, absl::Duration wait) const {
     const absl::Time deadline = absl::Now() + wait;
@@ -485,6 +500,10 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return true;
   }
 
+  // The session a request acts for: a client's own (proved by its session credential), which
+  // a session id in the request must match; an admin or a daemon may name any (0: none).
+  // UNAUTHENTICATED as Authenticator::authenticate; PERMISSION_DENIED naming `method` for a
+  // client without a session credential or naming another session.
   absl::StatusOr<uint64_t> acting_session(const grpc::ServerContextBase& ctx, uint64_t requested,
                                           absl::string_view method) const {
     TESSERA_ASSIGN_OR_RETURN(Caller caller, auth_.authenticate(ctx));

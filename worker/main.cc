@@ -65,6 +65,10 @@ ABSL_FLAG(int64_t, mailbox_ttl_ms, 60000,
           "a collective message whose op has not started here this long after it arrived is dropped "
           "(env TESSERA_WORKER_MAILBOX_TTL_MS)");
 
+ABSL_FLAG(int64_t, put_stall_ms, 10000,
+          "a PutShard stream that receives nothing this long is cancelled and its reserved memory released "
+          "(env TESSERA_WORKER_PUT_STALL_MS)");
+
 ABSL_FLAG(std::string, credentials, "",
           "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
           "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
@@ -94,6 +98,7 @@ int main(int argc, char** argv) {
                         {"max_plan_threads", "TESSERA_WORKER_MAX_PLAN_THREADS"},
                         {"mailbox_bytes_per_peer", "TESSERA_WORKER_MAILBOX_BYTES_PER_PEER"},
                         {"mailbox_ttl_ms", "TESSERA_WORKER_MAILBOX_TTL_MS"},
+                        {"put_stall_ms", "TESSERA_WORKER_PUT_STALL_MS"},
                         {"credentials", "TESSERA_WORKER_CREDENTIALS"}});
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
@@ -135,6 +140,7 @@ int main(int argc, char** argv) {
   options.max_plan_threads = absl::GetFlag(FLAGS_max_plan_threads);
   options.mailbox_bytes_per_peer = absl::GetFlag(FLAGS_mailbox_bytes_per_peer);
   options.mailbox_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_mailbox_ttl_ms));
+  options.put_stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_put_stall_ms));
   absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
   if (!credentials.ok()) {
     std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";

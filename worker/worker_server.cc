@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -125,6 +126,7 @@ class WorkerService final : public WorkerServiceBase {
         store_(options.memory_bytes),
         started_(absl::Now()),
         transport_(options.credentials),
+        put_stall_timeout_(options.put_stall_timeout),
         plan_threads_("plan runs on threads of their own (--max_plan_threads)", std::max(1, options.max_plan_threads)) {
   }
 
@@ -132,6 +134,17 @@ class WorkerService final : public WorkerServiceBase {
   absl::Status on_this_device(const absl::Status& status) const {
     if (status.ok()) return status;
     return absl::Status(status.code(), absl::StrCat("device ", device_id_.load(), ": ", status.message()));
+  }
+
+  // Cancels the PutShard streams that received nothing for put_stall_timeout (their
+  // reservations are released as they end). Called by the heartbeat thread.
+  void cancel_stalled_puts(absl::Time now) {
+    absl::MutexLock lock(&puts_mu_);
+    for (const std::shared_ptr<PutWatch>& w : puts_) {
+      if (now - absl::FromUnixNanos(w->progress.load()) <= put_stall_timeout_ || w->cancelled) continue;
+      w->cancelled = true;
+      w->ctx->TryCancel();
+    }
   }
 
   // The threads plans that may wait run on (see PlanStreamReactor).
@@ -198,11 +211,26 @@ class WorkerService final : public WorkerServiceBase {
     absl::StatusOr<std::shared_ptr<HostArray>> data = begin_put(chunk.header());
     if (!data.ok()) return to_grpc(data.status());
     const uint64_t id = chunk.header().buffer_id();
+    // Watched while it holds its reservation: a stream that stalls is cancelled (see
+    // cancel_stalled_puts), and the reservation goes with it.
+    std::shared_ptr<PutWatch> watch = watch_put(ctx);
     absl::Status status = read_put_shard(
-        &chunk, [reader](pb::ShardChunk* next) { return reader->Read(next); }, data->get());
-    if (!status.ok()) {
+        &chunk,
+        [reader, &watch](pb::ShardChunk* next) {
+          const bool more = reader->Read(next);
+          watch->progress = absl::ToUnixNanos(absl::Now());
+          return more;
+        },
+        data->get());
+    unwatch_put(watch);
+    if (!status.ok() || watch->cancelled) {
       store_.cancel(id);
-      return to_grpc(status);
+      if (watch->cancelled) {
+        status = absl::DeadlineExceededError(absl::StrCat("PutShard: buffer ", id, " received no data for ",
+                                                          absl::FormatDuration(put_stall_timeout_),
+                                                          "; its reservation was released (--put_stall_ms)"));
+      }
+      return to_grpc(on_this_device(status));
     }
     reply->set_bytes((*data)->nbytes());
     store_.commit(id, std::move(*data));
@@ -386,6 +414,25 @@ class WorkerService final : public WorkerServiceBase {
   }
 
  private:
+  // A PutShard stream holding a reservation, and when it last received a message.
+  struct PutWatch {
+    grpc::ServerContext* ctx = nullptr;
+    std::atomic<int64_t> progress{0};  // Unix ns
+    std::atomic<bool> cancelled{false};
+  };
+  std::shared_ptr<PutWatch> watch_put(grpc::ServerContext* ctx) {
+    auto w = std::make_shared<PutWatch>();
+    w->ctx = ctx;
+    w->progress = absl::ToUnixNanos(absl::Now());
+    absl::MutexLock lock(&puts_mu_);
+    puts_.insert(w);
+    return w;
+  }
+  void unwatch_put(const std::shared_ptr<PutWatch>& w) {
+    absl::MutexLock lock(&puts_mu_);  // cancel_stalled_puts never touches its context after this
+    puts_.erase(w);
+  }
+
   // Validates the header, reserves the memory and allocates the destination.
   absl::StatusOr<std::shared_ptr<HostArray>> begin_put(const pb::ShardHeader& header) {
     TESSERA_ASSIGN_OR_RETURN(ArrayType type, put_shard_type(header));
@@ -529,6 +576,9 @@ class WorkerService final : public WorkerServiceBase {
   absl::Mutex plans_mu_;
   std::map<uint64_t, std::shared_ptr<const LoadedPlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
   int64_t plans_evicted_ ABSL_GUARDED_BY(plans_mu_) = 0;
+  const absl::Duration put_stall_timeout_;
+  absl::Mutex puts_mu_;
+  std::set<std::shared_ptr<PutWatch>> puts_ ABSL_GUARDED_BY(puts_mu_);
   std::atomic<uint64_t> plan_ticks_{0};
   // For GetStats (tessera status).
   struct RunCounts {
@@ -770,6 +820,7 @@ class WorkerServerImpl final : public WorkerServer {
       grpc::ClientContext ctx;
       set_deadline(&ctx, heartbeat_interval_ * 4);
       const grpc::Status status = coordinator_->Heartbeat(&ctx, req, &reply);
+      service_.cancel_stalled_puts(absl::Now());
       // A missed heartbeat is not fatal: the coordinator decides when a device is lost. One it
       // refuses means it marked this device lost, or restarted and does not know it: register
       // again, keeping the device id (and the buffers, which the coordinator is told about).

@@ -61,6 +61,9 @@ struct WorkerOptions {
   // a message of an op that has not started here within mailbox_ttl of its arrival is dropped.
   int64_t mailbox_bytes_per_peer = int64_t{64} << 20;
   absl::Duration mailbox_ttl = absl::Seconds(60);
+  // A PutShard stream that receives nothing for this long is cancelled and its reservation
+  // released (checked at every heartbeat), so a stalled client cannot hold the memory.
+  absl::Duration put_stall_timeout = absl::Seconds(10);
 };
 
 class WorkerServer {

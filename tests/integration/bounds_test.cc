@@ -138,6 +138,48 @@ TEST_F(BoundsTest, TheCompileCacheEvictsAndAnEvictedProgramIsCompiledAgain) {
   }
 }
 
+// Workers that keep fewer plans than the coordinator's cache: a run of a plan the worker
+// dropped fails NOT_FOUND there, the coordinator forgets the device has it and answers
+// ABORTED, and the SDK's retry loads it again. Every call gets its own program's answer.
+TEST(BoundsWorkerPlans, AWorkerThatDroppedAPlanGetsItAgain) {
+  absl::StatusOr<ProcessCluster> cluster =
+      ProcessCluster::start(TESSERA_BIN_DIR, kWorkers, {}, {"--max_plans=2", "--memory_bytes=8388608"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ConnectOptions options;
+  options.min_devices = kWorkers;
+  absl::StatusOr<Client> client = Client::connect(cluster->address, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok());
+  const HostArray x0 = HostArray::arange(DType::kF32, {16});
+  absl::StatusOr<Array> x = client->device_put(x0, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  std::vector<Jitted> programs;
+  for (int k = 1; k <= 4; ++k) {
+    programs.push_back(jit([k](const std::vector<Value>& in) { return std::vector<Value>{in[0] * k - 2}; }));
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 1; k <= 4; ++k) {
+      SCOPED_TRACE(absl::StrCat("round ", round, ", k = ", k));
+      absl::StatusOr<std::vector<Array>> out = programs[k - 1]({*x});
+      ASSERT_TRUE(out.ok()) << out.status();
+      absl::StatusOr<HostArray> got = (*out)[0].fetch();
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (int64_t i = 0; i < x0.size(); ++i) ASSERT_EQ(got->values<float>()[i], x0.values<float>()[i] * k - 2);
+    }
+  }
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok());
+  for (const Device& d : *devices) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::WorkerStats stats;
+    ASSERT_TRUE(pb::Worker::NewStub(make_channel(d.address))->GetStats(&ctx, {}, &stats).ok());
+    EXPECT_LE(stats.plans_loaded(), 2);
+    EXPECT_GE(stats.plans_evicted(), 8);
+  }
+}
+
 TEST_F(BoundsTest, RequestLimitsNameTheLimit) {
   // A timeout of 2^62 ms overflowed into an immediate DEADLINE_EXCEEDED blaming every device.
   pb::RunCollectiveRequest collective;
@@ -253,6 +295,72 @@ TEST_F(BoundsTest, RequestLimitsNameTheLimit) {
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
   expect_serving(5);
+}
+
+// However many arrays there are, the status stays within the message limit: the rest are
+// counted, not listed (each of these records carries 32 axis names of 128 bytes, ~4 KiB).
+TEST_F(BoundsTest, ClusterStatusListsWhatFitsAndCountsTheRest) {
+  pb::CreateArrayRequest create;
+  create.set_dtype(pb::F32);
+  create.mutable_shape()->add_dims(1);
+  pb::Mesh* mesh = create.mutable_sharding()->mutable_mesh();
+  for (int a = 0; a < 32; ++a) {
+    mesh->add_shape(1);
+    mesh->add_axis_names(absl::StrCat(a, std::string(120, 'a')));
+  }
+  mesh->add_device_ids(0);
+  constexpr int kArrays = 1000;
+  for (int i = 0; i < kArrays; ++i) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::CreateArrayReply reply;
+    grpc::Status s = coordinator_->CreateArray(&ctx, create, &reply);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  pb::ClusterStatus status = cluster_status();  // an admin's: every array
+  EXPECT_GT(status.arrays_omitted(), 0);
+  EXPECT_EQ(status.arrays_size() + status.arrays_omitted(), kArrays + 1);  // and x
+  EXPECT_LE(status.ByteSizeLong(), size_t{3} << 20);
+  EXPECT_EQ(status.devices_size(), kWorkers);
+  expect_serving(7);
+}
+
+// A PutShard that reserves most of a device and stalls held every other put there for as long
+// as it stayed open; now the worker cancels it after --put_stall_ms and frees the memory.
+TEST(BoundsPutShard, AStalledPutLosesItsReservation) {
+  absl::StatusOr<ProcessCluster> cluster =
+      ProcessCluster::start(TESSERA_BIN_DIR, 1, {}, {"--memory_bytes=8388608", "--put_stall_ms=300"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<Client> client = Client::connect(cluster->address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok());
+  auto worker = pb::Worker::NewStub(make_channel((*devices)[0].address));
+  grpc::ClientContext stalled_ctx;
+  set_deadline(&stalled_ctx, absl::Seconds(60));
+  pb::PutShardReply stalled_reply;
+  std::unique_ptr<grpc::ClientWriter<pb::ShardChunk>> stalled = worker->PutShard(&stalled_ctx, &stalled_reply);
+  pb::ShardChunk header;
+  header.mutable_header()->set_buffer_id(uint64_t{1} << 60);
+  header.mutable_header()->set_dtype(pb::F32);
+  header.mutable_header()->mutable_shape()->add_dims(6 << 18);  // 6 MiB of the 8, then nothing
+  ASSERT_TRUE(stalled->Write(header));
+  absl::StatusOr<Mesh> mesh = client->make_mesh({1}, {"x"});
+  ASSERT_TRUE(mesh.ok());
+  const HostArray big = HostArray::arange(DType::kF32, {1 << 20});  // 4 MiB
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  absl::StatusOr<Array> put = absl::UnknownError("not tried");
+  while (absl::Now() < deadline) {
+    put = client->device_put(big, NamedSharding(*mesh, P()));
+    if (put.ok()) break;
+    ASSERT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
+    absl::SleepFor(absl::Milliseconds(50));  // polling, bounded: the stall bound is 300 ms
+  }
+  ASSERT_TRUE(put.ok()) << put.status();
+  absl::StatusOr<HostArray> back = put->fetch();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == big);
+  EXPECT_FALSE(stalled->Finish().ok());  // the worker cancelled it
 }
 
 // A flood of messages for ops that never start (a late or broken peer): the mailbox keeps at
