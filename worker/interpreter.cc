@@ -95,6 +95,16 @@ PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<c
   return peak;
 }
 
+bool runs_inline(const DevicePlan& plan, int64_t input_bytes) {
+  if (plan.code.size() > kInlineInstructions) return false;
+  int64_t bytes = input_bytes;
+  for (const Instruction& inst : plan.code) {
+    if (inst.kind == Instruction::Kind::kCollective) return false;
+    if (inst.kind != Instruction::Kind::kFree) bytes += num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
+  }
+  return bytes <= kInlineBytes;
+}
+
 uint64_t plan_op_id(uint64_t execution, size_t index) { return execution + 1 + static_cast<uint64_t>(index); }
 
 absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(

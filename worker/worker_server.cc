@@ -29,15 +29,6 @@
 namespace tessera {
 namespace {
 
-// A plan with no collective, at most kInlinePlanInstructions instructions and at most this
-// many bytes of inputs and results (every instruction's, so an iota or a matmul counts as much
-// as the memory it writes) runs on the gRPC thread that received its request: it neither waits
-// for anyone nor holds the thread for long. Any other runs on a thread of its own, since a
-// plan waiting for its peers' collective data must not hold one of the few threads that
-// deliver that data, nor the RunPlans stream's reads.
-constexpr int64_t kInlinePlanBytes = 64 << 10;
-constexpr size_t kInlinePlanInstructions = 64;
-
 // At most this many held buffers go in a registration (about 25 bytes each, well under the
 // coordinator's 4 MiB message limit); the others cannot be adopted after a coordinator restart.
 constexpr int kMaxHeldBuffersReported = 100'000;
@@ -47,7 +38,6 @@ struct LoadedPlan {
   DevicePlan plan;
   std::map<int, std::string> peers;  // device id -> address, for its collectives
   bool has_collectives = false;
-  int64_t result_bytes = 0;                   // the bytes of every instruction's result
   mutable std::atomic<uint64_t> last_run{0};  // when it was last loaded or run (a tick, for LRU)
 };
 
@@ -308,9 +298,6 @@ class WorkerService final : public WorkerServiceBase {
     for (const pb::PeerAddress& peer : req->peers()) loaded->peers[peer.device_id()] = peer.address();
     for (const Instruction& inst : loaded->plan.code) {
       if (inst.kind == Instruction::Kind::kCollective) loaded->has_collectives = true;
-      if (inst.kind != Instruction::Kind::kFree) {
-        loaded->result_bytes += num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
-      }
     }
     loaded->last_run = ++plan_ticks_;
     absl::MutexLock lock(&plans_mu_);
@@ -349,7 +336,7 @@ class WorkerService final : public WorkerServiceBase {
   }
 
   // The loaded plan of `req`, and whether it may run on a gRPC callback thread (see
-  // kInlinePlanBytes). NOT_FOUND naming this device if it is not loaded.
+  // runs_inline). NOT_FOUND naming this device if it is not loaded.
   absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan_for(const pb::RunPlanRequest& req) {
     absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded = loaded_plan(req.plan_id());
     if (!loaded.ok()) return on_this_device(loaded.status());
@@ -498,16 +485,14 @@ class WorkerService final : public WorkerServiceBase {
     return it->second;
   }
 
-  // Whether `plan` may run on a gRPC callback thread (see kInlinePlanBytes): by what it costs,
-  // its inputs and every result it makes.
+  // Whether `plan` may run on a gRPC callback thread: by its cost (runs_inline).
   bool runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const {
-    if (plan.has_collectives || plan.plan.code.size() > kInlinePlanInstructions) return false;
-    int64_t bytes = plan.result_bytes;
+    int64_t input_bytes = 0;
     for (uint64_t id : req.input_buffers()) {
       absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_.get(id);
-      if (buffer.ok()) bytes += (*buffer)->nbytes();
+      if (buffer.ok()) input_bytes += (*buffer)->nbytes();
     }
-    return bytes <= kInlinePlanBytes;
+    return tessera::runs_inline(plan.plan, input_bytes);
   }
 
   // Runs a loaded plan on stored buffers and stores its outputs.
@@ -656,8 +641,8 @@ void PlanStreamReactor::OnReadDone(bool ok) {
     }
     if (finish) self->Finish(grpc::Status::OK);
   };
-  absl::Status started = service_->plan_threads().run([service = service_, loaded, req, cancelled, done] {
-    done(service->run(*loaded, *req, [cancelled] { return cancelled->load(); }));
+  absl::Status started = service_->plan_threads().run([service = service_, plan = loaded, req, cancelled, done] {
+    done(service->run(*plan, *req, [cancelled] { return cancelled->load(); }));
   });
   if (!started.ok()) done(service_->on_this_device(started));
 }

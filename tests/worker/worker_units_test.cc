@@ -219,6 +219,34 @@ TEST(PlanMemory, AnIntermediateWithoutInputsCounts) {
   EXPECT_EQ(instruction_name(plan.code[peak.instruction]), "reduce_sum");
 }
 
+// Inline runs are decided by cost, not input bytes: the iota plan has no inputs but writes
+// 512 MiB; x - y * y on f32[1000] touches 16,000 bytes; a collective never runs inline.
+TEST(PlanCost, RunsInlineOnlyWhenSmallAndAlone) {
+  EXPECT_TRUE(runs_inline(sgd_plan(1000, false), 8000));
+  EXPECT_FALSE(runs_inline(sgd_plan(1000, false), kInlineBytes));  // with its results, over
+  EXPECT_FALSE(runs_inline(sgd_plan(100'000, false), 0));
+  DevicePlan iota;
+  iota.num_slots = 1;
+  iota.output_slots = {0};
+  Instruction make;
+  make.out = 0;
+  make.node.op = Op::kIota;
+  make.node.dtype = DType::kF32;
+  make.node.shape = {int64_t{1} << 27};
+  iota.code = {make};
+  EXPECT_FALSE(runs_inline(iota, 0));
+  DevicePlan with_collective = sgd_plan(10, false);
+  Instruction all_reduce;
+  all_reduce.kind = Instruction::Kind::kCollective;
+  all_reduce.out = 3;
+  all_reduce.in = {3};
+  all_reduce.node.dtype = DType::kF32;
+  all_reduce.node.shape = {10};
+  with_collective.code.push_back(all_reduce);
+  EXPECT_FALSE(runs_inline(with_collective, 0));
+  EXPECT_TRUE(runs_inline(sgd_plan(10, false), 0));
+}
+
 TEST(BufferStore, ChargedBytesCountAgainstTheLimit) {
   BufferStore store(100);
   EXPECT_TRUE(store.charge(60));
