@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, ca_file, "",
 ABSL_FLAG(std::string, tls_hosts, "127.0.0.1,localhost",
           "credentials: the addresses and DNS names the daemons' certificate is valid for ('*.domain' covers a "
           "domain); empty: no TLS, tokens only. up: its --host is added");
+ABSL_FLAG(bool, keep_existing, false,
+          "credentials: if DIR holds credentials already, keep them and exit 0 (a deployment's first start makes "
+          "them, every later start keeps them); default: refuse");
 ABSL_FLAG(bool, insecure, false,
           "up: start the daemons without credentials (the development mode: nothing is checked; --host must be a "
           "loopback address)");
@@ -86,9 +89,10 @@ constexpr char kUsage[] =
     "      waits until all N have registered, and prints the coordinator's address; the daemons check\n"
     "      credentials and TLS: fresh tokens, a cluster CA and the daemons' certificate in\n"
     "      STATE-credentials/ (programs need client.token and ca.pem; admin.token is for status)\n"
-    "  tessera credentials DIR [--tls_hosts H1,H2,...]\n"
+    "  tessera credentials DIR [--tls_hosts H1,H2,...] [--keep_existing]\n"
     "      writes fresh tokens into DIR (cluster.token, client.token, admin.token; mode 0600) and, unless\n"
-    "      --tls_hosts is empty, a cluster CA (ca.pem) and a daemon certificate for those hosts\n"
+    "      --tls_hosts is empty, a cluster CA (ca.pem) and a daemon certificate for those hosts; a DIR\n"
+    "      that holds credentials is refused, or with --keep_existing kept as it is\n"
     "  tessera status [--coordinator HOST:PORT] [--token_file FILE] [--json]\n"
     "      one row per device (id, address, state, incarnation, buffers, bytes used / limit,\n"
     "      programs loaded, plan runs and failures, BLAS kernel, uptime, last error), then the\n"
@@ -522,6 +526,12 @@ absl::Status credentials(const std::vector<char*>& args) {
   if (args.size() != 3) return absl::InvalidArgumentError("credentials: DIR is required");
   const std::string dir = args[2];
   if (access(absl::StrCat(dir, "/", kClusterTokenFile).c_str(), F_OK) == 0) {
+    if (absl::GetFlag(FLAGS_keep_existing)) {
+      // Kept only if they load: a half-written directory is an error, never silently reused.
+      TESSERA_RETURN_IF_ERROR(load_credentials(dir).status());
+      std::printf("%s (kept)\n", dir.c_str());
+      return absl::OkStatus();
+    }
     return absl::AlreadyExistsError(absl::StrCat("credentials: ", dir,
                                                  " holds credentials already; a cluster may "
                                                  "use them: remove them first to make new ones"));

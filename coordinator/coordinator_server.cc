@@ -1341,6 +1341,13 @@ class CoordinatorServerImpl final : public CoordinatorServer {
       return absl::UnavailableError(
           absl::StrCat("tessera-coordinator: cannot listen on ", options_.host, ":", options_.port));
     }
+    if (options_.health_port >= 0) {
+      absl::StatusOr<std::unique_ptr<HealthPort>> health_port =
+          health_.serve_plaintext(options_.host, options_.health_port);
+      if (!health_port.ok())
+        return absl::UnavailableError(absl::StrCat("tessera-coordinator: ", health_port.status().message()));
+      health_port_ = *std::move(health_port);
+    }
     update_health();
     service_.set_address(address());
     monitor_ = std::thread([this] { monitor_loop(); });
@@ -1355,11 +1362,13 @@ class CoordinatorServerImpl final : public CoordinatorServer {
 
   std::string address() const override { return absl::StrCat(options_.host, ":", port_); }
   int port() const override { return port_; }
+  int health_port() const override { return health_port_ == nullptr ? -1 : health_port_->port(); }
 
   void shutdown() override {
     // The server first: its pending Executes end by their deadlines, which the monitor
     // enforces, so it stops only after them.
     health_.set_ready(false);
+    health_port_.reset();
     if (server_ != nullptr) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
       server_->Wait();
@@ -1400,6 +1409,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   const CoordinatorOptions options_;
   CoordinatorService service_;
   HealthService health_;
+  std::unique_ptr<HealthPort> health_port_;  // options_.health_port's server, if any
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Notification stopping_;

@@ -20,6 +20,9 @@ namespace tessera {
 struct CoordinatorOptions {
   std::string host = "127.0.0.1";  // address to listen on
   int port = 0;                    // 0: an ephemeral port
+  // A plaintext port answering only grpc.health.v1 (proto/health.h), on `host`, for probes that
+  // speak no TLS; -1: none, 0: an ephemeral one.
+  int health_port = -1;
   // Workers heartbeat every interval; one silent for `heartbeat_timeout` is marked lost.
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
@@ -52,6 +55,8 @@ class CoordinatorServer {
   virtual ~CoordinatorServer() = default;
   virtual std::string address() const = 0;
   virtual int port() const = 0;
+  // The plaintext health port (CoordinatorOptions::health_port), or -1.
+  virtual int health_port() const = 0;
   // Stops the service and the heartbeat monitor. Idempotent.
   virtual void shutdown() = 0;
 };

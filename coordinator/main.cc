@@ -12,6 +12,9 @@
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "address to listen on; 0.0.0.0 for every interface (env TESSERA_COORDINATOR_HOST)");
 ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one, printed at startup (env TESSERA_COORDINATOR_PORT)");
+ABSL_FLAG(int, health_port, -1,
+          "also answer grpc.health.v1 (only) on this plaintext port, for probes that speak no TLS (Kubernetes'); "
+          "-1: none, 0: a free one, printed at startup (env TESSERA_COORDINATOR_HEALTH_PORT)");
 ABSL_FLAG(int, heartbeat_interval_ms, 500,
           "how often workers heartbeat (env TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS)");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
   tessera::parse_flags(argc, argv, "tessera-coordinator",
                        {{"host", "TESSERA_COORDINATOR_HOST"},
                         {"port", "TESSERA_COORDINATOR_PORT"},
+                        {"health_port", "TESSERA_COORDINATOR_HEALTH_PORT"},
                         {"heartbeat_interval_ms", "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS"},
                         {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"},
                         {"lease_timeout_ms", "TESSERA_COORDINATOR_LEASE_TIMEOUT_MS"},
@@ -54,6 +58,7 @@ int main(int argc, char** argv) {
   tessera::CoordinatorOptions options;
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
+  options.health_port = absl::GetFlag(FLAGS_health_port);
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
@@ -73,6 +78,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("tessera-coordinator: listening on %s\n", (*server)->address().c_str());
+  if ((*server)->health_port() >= 0) {
+    std::printf("tessera-coordinator: health checks (plaintext) on port %d\n", (*server)->health_port());
+  }
   std::fflush(stdout);
   // After the line that says it serves (which tools and tests wait for as the first).
   if (std::string warning = tessera::open_mode_warning(options.credentials, options.host, "tessera-coordinator");

@@ -1,5 +1,11 @@
 #include "proto/health.h"
 
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "proto/health.grpc.pb.h"
 
 namespace tessera {
@@ -36,5 +42,40 @@ HealthService::HealthService() : impl_(std::make_unique<Impl>(&ready_)) {}
 HealthService::~HealthService() = default;
 
 grpc::Service* HealthService::service() { return impl_.get(); }
+
+namespace {
+
+class PlaintextHealthPort final : public HealthPort {
+ public:
+  PlaintextHealthPort(std::unique_ptr<HealthService::Impl> impl, std::unique_ptr<grpc::Server> server, int port)
+      : impl_(std::move(impl)), server_(std::move(server)), port_(port) {}
+  ~PlaintextHealthPort() override {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+    server_->Wait();
+  }
+  int port() const override { return port_; }
+
+ private:
+  std::unique_ptr<HealthService::Impl> impl_;  // a service registers with one server: its own
+  std::unique_ptr<grpc::Server> server_;
+  int port_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HealthPort>> HealthService::serve_plaintext(const std::string& host, int port) {
+  auto impl = std::make_unique<Impl>(&ready_);
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(), &bound);
+  builder.RegisterService(impl.get());
+  // Probes only: a small request limit and few threads.
+  builder.SetMaxReceiveMessageSize(4096);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port, " for health checks"));
+  }
+  return std::make_unique<PlaintextHealthPort>(std::move(impl), std::move(server), bound);
+}
 
 }  // namespace tessera

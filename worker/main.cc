@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, bind_host, "",
           "address to listen on, such as 0.0.0.0 when --host is a name that may not resolve yet; default: "
           "--host (env TESSERA_WORKER_BIND_HOST)");
 ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one, printed at startup (env TESSERA_WORKER_PORT)");
+ABSL_FLAG(int, health_port, -1,
+          "also answer grpc.health.v1 (only) on this plaintext port, for probes that speak no TLS (Kubernetes'); "
+          "-1: none, 0: a free one, printed at startup (env TESSERA_WORKER_HEALTH_PORT)");
 ABSL_FLAG(std::string, name, "",
           "stable worker name; a restart with the same name keeps the device id; default: the address "
           "(env TESSERA_WORKER_NAME)");
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
                         {"host", "TESSERA_WORKER_HOST"},
                         {"bind_host", "TESSERA_WORKER_BIND_HOST"},
                         {"port", "TESSERA_WORKER_PORT"},
+                        {"health_port", "TESSERA_WORKER_HEALTH_PORT"},
                         {"name", "TESSERA_WORKER_NAME"},
                         {"device_id", "TESSERA_WORKER_DEVICE_ID"},
                         {"device_id_from", "TESSERA_WORKER_DEVICE_ID_FROM"},
@@ -118,6 +122,7 @@ int main(int argc, char** argv) {
   options.host = absl::GetFlag(FLAGS_host);
   options.bind_host = absl::GetFlag(FLAGS_bind_host);
   options.port = absl::GetFlag(FLAGS_port);
+  options.health_port = absl::GetFlag(FLAGS_health_port);
   options.name = absl::GetFlag(FLAGS_name);
   options.device_id = absl::GetFlag(FLAGS_device_id);
   if (const std::string from = absl::GetFlag(FLAGS_device_id_from); !from.empty()) {
@@ -155,6 +160,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("tessera-worker: device %d listening on %s\n", (*worker)->device_id(), (*worker)->address().c_str());
+  if ((*worker)->health_port() >= 0) {
+    std::printf("tessera-worker: health checks (plaintext) on port %d\n", (*worker)->health_port());
+  }
   std::fflush(stdout);
   // After the line that says it serves (which tools and tests wait for as the first).
   if (std::string warning = tessera::open_mode_warning(

@@ -695,6 +695,12 @@ class WorkerServerImpl final : public WorkerServer {
       return absl::UnavailableError(absl::StrCat("tessera-worker: cannot listen on ", bind, ":", options_.port));
     }
     address_ = absl::StrCat(options_.host, ":", port);
+    if (options_.health_port >= 0) {
+      absl::StatusOr<std::unique_ptr<HealthPort>> health_port = health_.serve_plaintext(bind, options_.health_port);
+      if (!health_port.ok())
+        return absl::UnavailableError(absl::StrCat("tessera-worker: ", health_port.status().message()));
+      health_port_ = *std::move(health_port);
+    }
 
     TESSERA_RETURN_IF_ERROR(register_until_deadline());
     health_.set_ready(true);
@@ -704,10 +710,12 @@ class WorkerServerImpl final : public WorkerServer {
 
   int device_id() const override { return device_id_; }
   std::string address() const override { return address_; }
+  int health_port() const override { return health_port_ == nullptr ? -1 : health_port_->port(); }
 
   void shutdown() override {
     if (!stopping_.HasBeenNotified()) stopping_.Notify();
     health_.set_ready(false);
+    health_port_.reset();
     if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
     if (server_ != nullptr) {
       // Peers keep Exchange streams open for good: cancel what is in flight promptly.
@@ -832,6 +840,7 @@ class WorkerServerImpl final : public WorkerServer {
   const std::shared_ptr<const CallIdentity> identity_;  // what this worker sends the coordinator
   WorkerService service_;
   HealthService health_;
+  std::unique_ptr<HealthPort> health_port_;  // options_.health_port's server, if any
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;
   std::string address_;

@@ -29,6 +29,9 @@ struct WorkerOptions {
   std::string host = "127.0.0.1";
   std::string bind_host;  // e.g. "0.0.0.0" when `host` is a name (a pod's DNS name)
   int port = 0;           // 0: an ephemeral port
+  // A plaintext port answering only grpc.health.v1 (proto/health.h), on the bind address, for
+  // probes that speak no TLS; -1: none, 0: an ephemeral one.
+  int health_port = -1;
   // Stable name; a worker restarting with the same name keeps its device id. Default: address.
   std::string name;
   int device_id = -1;  // -1: the coordinator picks
@@ -79,6 +82,8 @@ class WorkerServer {
 
   virtual int device_id() const = 0;
   virtual std::string address() const = 0;
+  // The plaintext health port (WorkerOptions::health_port), or -1.
+  virtual int health_port() const = 0;
 
   // Stops heartbeats and the service, cancelling transfers in flight. Idempotent.
   virtual void shutdown() = 0;

@@ -162,6 +162,21 @@ TEST(Cli, CredentialsWritesFreshTokensOnceAndDaemonsReadThem) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->first, 1);
   EXPECT_THAT(again->second, HasSubstr("holds credentials already"));
+  // --keep_existing (a deployment's every start) keeps them, byte for byte.
+  absl::StatusOr<std::pair<int, std::string>> kept = tessera({"credentials", dir + "/c", "--keep_existing"});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->first, 0) << kept->second;
+  EXPECT_THAT(kept->second, HasSubstr("(kept)"));
+  absl::StatusOr<Credentials> same = load_credentials(dir + "/c");
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->cluster, c->cluster);
+  EXPECT_EQ(same->ca_pem, c->ca_pem);
+  // ... but not a broken directory: one token missing is named, not papered over.
+  ASSERT_EQ(unlink((dir + "/c/admin.token").c_str()), 0);
+  absl::StatusOr<std::pair<int, std::string>> broken = tessera({"credentials", dir + "/c", "--keep_existing"});
+  ASSERT_TRUE(broken.ok());
+  EXPECT_EQ(broken->first, 1);
+  EXPECT_THAT(broken->second, HasSubstr("admin.token"));
   // A daemon refuses a directory without them, naming the file.
   absl::StatusOr<std::pair<int, std::string>> bad =
       Subprocess::run({kBin + "/tessera-coordinator", "--credentials=" + dir + "/none"}, absl::Seconds(30));
@@ -252,6 +267,41 @@ TEST(Cli, HealthFollowsRegistrationsAndALateCoordinatorIsWaitedFor) {
   // A device lost (3 s without heartbeats): not ready again.
   (*w1)->kill();
   EXPECT_THAT(wait_health({"--address=" + address}, 1), HasSubstr("NOT_SERVING"));
+}
+
+// Daemons serving TLS answer grpc.health.v1 on a plaintext --health_port too (Kubernetes' gRPC
+// probes speak no TLS), following the same readiness, while their main port stays TLS only.
+TEST(Cli, APlaintextHealthPortAnswersForATlsDaemon) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  absl::StatusOr<std::pair<int, std::string>> made = tessera({"credentials", dir + "/c"});
+  ASSERT_TRUE(made.ok() && made->first == 0) << (made.ok() ? made->second : made.status().ToString());
+  const std::string credentials = "--credentials=" + dir + "/c";
+  absl::StatusOr<std::unique_ptr<Subprocess>> coordinator = Subprocess::spawn(
+      {kBin + "/tessera-coordinator", "--port=0", "--health_port=0", "--expected_devices=1", credentials});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  absl::StatusOr<std::string> line = (*coordinator)->read_line_with("listening on", absl::Seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = last_word(*line);
+  absl::StatusOr<std::string> health_line = (*coordinator)->read_line_with("health checks", absl::Seconds(20));
+  ASSERT_TRUE(health_line.ok()) << health_line.status();
+  const std::string health = "127.0.0.1:" + last_word(*health_line);
+  EXPECT_THAT(wait_health({"--address=" + health, "--service=liveness"}, 0), HasSubstr("serving: " + health));
+  EXPECT_THAT(wait_health({"--address=" + health}, 1), HasSubstr("NOT_SERVING"));
+  // The main port speaks only TLS: a plaintext probe there gets no answer.
+  absl::StatusOr<std::pair<int, std::string>> plain =
+      tessera({"health", "--timeout_s=2", "--address=" + address, "--service=liveness"}, absl::Seconds(10));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->first, 1) << plain->second;
+
+  absl::StatusOr<std::unique_ptr<Subprocess>> worker = Subprocess::spawn(
+      {kBin + "/tessera-worker", "--coordinator=" + address, "--device_id=0", "--health_port=0", credentials});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->read_line_with("device 0 listening on", absl::Seconds(20)).ok());
+  absl::StatusOr<std::string> worker_health = (*worker)->read_line_with("health checks", absl::Seconds(20));
+  ASSERT_TRUE(worker_health.ok()) << worker_health.status();
+  EXPECT_THAT(wait_health({"--address=127.0.0.1:" + last_word(*worker_health)}, 0), HasSubstr("serving"));
+  EXPECT_THAT(wait_health({"--address=" + health}, 0), HasSubstr("serving: " + health));
 }
 
 // status: per device the programs loaded, plan runs and failures and the last error, in the

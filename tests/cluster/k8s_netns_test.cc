@@ -26,6 +26,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/credentials.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
@@ -113,6 +114,18 @@ class K8sNetnsTest : public ::testing::Test {
     topology_ = make_cluster_topology(8, &skip, &error);
     if (topology_ == nullptr) GTEST_SKIP() << skip;
     ASSERT_TRUE(error.ok()) << error;
+    // The Secret tessera-credentials, as deploy/README.md makes it: tokens, and TLS for the
+    // names the daemons are reached by in this namespace (the probes use the plaintext health
+    // ports); the kubelet would mount it where the manifests say.
+    char dir[] = "/tmp/tessera-k8s-secret-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    secret_ = dir;
+    absl::StatusOr<Credentials> tokens = generate_credentials();
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    const std::string domain = absl::StrCat(kNamespace, ".svc.cluster.local");
+    ASSERT_TRUE(
+        add_tls(&*tokens, {"*.tessera-workers." + domain, "tessera." + domain, "tessera-coordinator." + domain}).ok());
+    ASSERT_TRUE(write_credentials(secret_, *tokens).ok());
   }
 
   void TearDown() override {
@@ -121,6 +134,12 @@ class K8sNetnsTest : public ::testing::Test {
     if (topology_ != nullptr) {
       topology_->remove();
       EXPECT_THAT(topology_->leftovers(), ::testing::IsEmpty());
+    }
+    if (!secret_.empty()) {
+      for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
+        unlink((secret_ + "/" + f).c_str());
+      }
+      rmdir(secret_.c_str());
     }
   }
 
@@ -171,7 +190,10 @@ class K8sNetnsTest : public ::testing::Test {
   absl::StatusOr<Subprocess*> start(const Pod& pod) {
     std::vector<std::string> argv = {
         "/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", "/usr/bin/env", "-i", absl::StrCat("PATH=", TESSERA_BIN_DIR)};
-    for (const auto& [k, v] : pod.env) argv.push_back(absl::StrCat(k, "=", v));
+    for (const auto& [k, v] : pod.env) {
+      // The Secret's mount point is the test's copy of it (a volume, as the kubelet mounts one).
+      argv.push_back(absl::StrCat(k, "=", v == kSecretMount ? secret_ : v));
+    }
     argv.insert(argv.end(), pod.argv.begin(), pod.argv.end());
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::spawn(topology_->in(pod.host, argv)));
     Subprocess* raw = p.get();
@@ -181,7 +203,13 @@ class K8sNetnsTest : public ::testing::Test {
 
   // `tessera health` from the client's host until it exits with `want` (0 serving, 1 not),
   // for at most `timeout`; returns its last output.
-  std::string wait_health(const std::string& address, const std::string& service, int want, absl::Duration timeout) {
+  // `main_address` is a daemon's main port; the probe goes, as the kubelet's, to its plaintext
+  // health port (deploy/daemons.json: the main port + 1).
+  std::string wait_health(const std::string& main_address, const std::string& service, int want,
+                          absl::Duration timeout) {
+    const size_t colon = main_address.rfind(':');
+    const std::string address =
+        absl::StrCat(main_address.substr(0, colon), ":", std::stoi(main_address.substr(colon + 1)) + 1);
     const absl::Time deadline = absl::Now() + timeout;
     std::string last;
     while (true) {
@@ -205,6 +233,15 @@ class K8sNetnsTest : public ::testing::Test {
     absl::StatusOr<std::string> end = p->read_line_with("\x01 never printed", limit);
     const absl::Duration took = absl::Now() - start;
     return absl::IsUnavailable(end.status()) ? took : limit + absl::Seconds(1);
+  }
+
+  // `argv` as an application in the client's namespace runs it: verifying the daemons with the
+  // Secret's CA and, unless `anonymous`, presenting its client token.
+  std::vector<std::string> as_client(std::vector<std::string> argv, bool anonymous = false) const {
+    std::vector<std::string> env = {"/usr/bin/env", absl::StrCat("TESSERA_CA_FILE=", secret_, "/", kCaFile)};
+    if (!anonymous) env.push_back(absl::StrCat("TESSERA_TOKEN_FILE=", secret_, "/", kClientTokenFile));
+    argv.insert(argv.begin(), env.begin(), env.end());
+    return topology_->in("cl", argv);
   }
 
   std::string cluster_address(const std::string& service) const {
@@ -233,17 +270,26 @@ class K8sNetnsTest : public ::testing::Test {
 
   void run_seed_program() {
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::pair<int, std::string>> seed =
-        Subprocess::run(topology_->in("cl", {bin("example_seed_layer"), "--coordinator=" + cluster_address("tessera")}),
-                        absl::Seconds(60));
+    absl::StatusOr<std::pair<int, std::string>> seed = Subprocess::run(
+        as_client({bin("example_seed_layer"), "--coordinator=" + cluster_address("tessera")}), absl::Seconds(60));
     ASSERT_TRUE(seed.ok()) << seed.status();
     EXPECT_EQ(seed->first, 0) << seed->second;
     EXPECT_EQ(seed->second, kSeedOutput);
     std::printf("[ timing ] seed program from the client namespace: %s\n",
                 absl::FormatDuration(absl::Now() - start).c_str());
+    // The daemons check the Secret's tokens: without one the same program is refused.
+    absl::StatusOr<std::pair<int, std::string>> anonymous =
+        Subprocess::run(as_client({bin("example_seed_layer"), "--coordinator=" + cluster_address("tessera")},
+                                  /*anonymous=*/true),
+                        absl::Seconds(60));
+    ASSERT_TRUE(anonymous.ok()) << anonymous.status();
+    EXPECT_NE(anonymous->first, 0) << anonymous->second;
+    EXPECT_THAT(anonymous->second, HasSubstr("UNAUTHENTICATED"));
   }
 
+  static constexpr char kSecretMount[] = "/etc/tessera/credentials";
   std::unique_ptr<Topology> topology_;
+  std::string secret_;                          // the Secret's files
   std::map<std::string, std::string> address_;  // pod name -> its host's address
   std::map<std::string, std::unique_ptr<Subprocess>> processes_;
   std::unique_ptr<Subprocess> client_;
@@ -300,7 +346,7 @@ TEST_F(K8sNetnsTest, StatefulSetWorkersWaitForALateCoordinatorThenServeAndDrain)
 
   run_seed_program();
   absl::StatusOr<std::unique_ptr<Subprocess>> client =
-      Subprocess::spawn(topology_->in("cl", {bin("cluster_client"), "--coordinator=" + cluster_address("tessera")}),
+      Subprocess::spawn(as_client({bin("cluster_client"), "--coordinator=" + cluster_address("tessera")}),
                         SubprocessOptions{.pipe_stdin = true});
   ASSERT_TRUE(client.ok()) << client.status();
   client_ = *std::move(client);

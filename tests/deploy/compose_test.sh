@@ -5,7 +5,8 @@
 #      the runtime image is at most 200 MB and runs as an unprivileged user;
 #   2. `docker-compose up` of the coordinator and 8 workers; all nine healthy within 120 s; the
 #      coordinator published on 127.0.0.1 only, and `tessera status` from the host through it
-#      sees 8 alive devices;
+#      (with the admin token and CA the `credentials` service made, copied out) sees 8 alive
+#      devices, while without a token it is refused;
 #   3. from client containers on the compose network: the seed program prints its three lines
 #      (and checks every value against the host, exit status), and the digits MLP trains to a
 #      test accuracy of at least 0.95;
@@ -107,16 +108,29 @@ engine_wait_healthy "$project" 9 120 || fail "the cluster did not become healthy
 timing "up -> coordinator and 8 workers healthy: $((SECONDS - start)) s"
 published=$("$DOCKER" port "$("${compose[@]}" ps -q coordinator)" 5000/tcp)
 case $published in 127.0.0.1:*) ;; *) fail "the coordinator is published on '$published', expected 127.0.0.1 only" ;; esac
-status=$(timeout 60 "$bin/tessera" status --coordinator="$published") || fail "tessera status from the host: $status"
+# The credentials the one-shot service made (tokens, CA, TLS for 127.0.0.1 too), as a user
+# copies them out: docker cp from a container that mounts the volume.
+mkdir -m 0700 "$run/credentials"
+for f in admin.token ca.pem; do
+  "$DOCKER" cp "$("${compose[@]}" ps -q coordinator):/etc/tessera/credentials/$f" "$run/credentials/$f"
+done
+anonymous=$(timeout 60 "$bin/tessera" status --coordinator="$published" --ca_file="$run/credentials/ca.pem" 2>&1) &&
+  fail "tessera status without a token was served: $anonymous"
+grep -q UNAUTHENTICATED <<<"$anonymous" || fail "tessera status without a token: $anonymous"
+status=$(timeout 60 "$bin/tessera" status --coordinator="$published" --token_file="$run/credentials/admin.token" \
+           --ca_file="$run/credentials/ca.pem") || fail "tessera status from the host: $status"
 grep -q "devices 8 (8 alive)" <<<"$status" || fail "tessera status from the host: $status"
 grep -q "worker-7:6000" <<<"$status" || fail "tessera status does not show worker-7's address: $status"
 
 # 3. The programs, each from a client container on the project's network.
 network=${project}_default
+# What a client container needs: the volume, its client token and the CA.
+credentials=(-v "${project}_credentials:/etc/tessera/credentials:ro"
+             -e TESSERA_TOKEN_FILE=/etc/tessera/credentials/client.token -e TESSERA_CA_FILE=/etc/tessera/credentials/ca.pem)
 client() {   # client SECONDS IMAGE COMMAND...: runs COMMAND in a new container on the project's network
   local seconds=$1 image=$2; shift 2
   timeout "$seconds" "$DOCKER" run --rm --name "$project-client-$BASHPID" --network "$network" \
-    -e TESSERA_COORDINATOR=coordinator:5000 -v "$digits:/data/digits.csv:ro" "$image" "$@"
+    -e TESSERA_COORDINATOR=coordinator:5000 "${credentials[@]}" -v "$digits:/data/digits.csv:ro" "$image" "$@"
 }
 start=$(date +%s%N)
 timeout 60 "$DOCKER" run --rm --network "$network" tessera:latest /bin/sh -c true 2>/dev/null
@@ -134,7 +148,8 @@ grep -qE '^test accuracy: (0\.9[5-9]|1\.0)' <<<"$mlp" || fail "example_mlp_train
 # 4. A worker's process dies under a client.
 step "a client holding arrays on every device"
 coproc CL { timeout 300 "$DOCKER" run --rm -i --name "$project-client-fault" --network "$network" \
-              -e TESSERA_COORDINATOR=coordinator:5000 tessera-check:latest cluster_client 2>"$run/client.err"; }
+              -e TESSERA_COORDINATOR=coordinator:5000 "${credentials[@]}" tessera-check:latest cluster_client \
+              2>"$run/client.err"; }
 ask() {   # ask COMMAND SECONDS: one line to the client, its one-line answer (or why there is none)
   local answer
   if [ -z "${CL[1]:-}" ]; then

@@ -159,8 +159,9 @@ async function failuresOf(rendered, compose, binDir) {
       if (port !== d.port) fail(where, `port grpc is ${port}, deploy/daemons.json says ${d.port}`);
       for (const [probe, service] of [["startupProbe", "liveness"], ["livenessProbe", "liveness"], ["readinessProbe", ""]]) {
         const g = c[probe]?.grpc;
-        if (!g || g.port !== d.port || (g.service ?? "") !== service) {
-          fail(where, `${probe} must be grpc on port ${d.port}, service '${service}' (grpc.health.v1)`);
+        // On the plaintext health port: the main one may serve TLS only, which the kubelet cannot probe.
+        if (!g || g.port !== d.health_port || (g.service ?? "") !== service) {
+          fail(where, `${probe} must be grpc on the health port ${d.health_port}, service '${service}' (grpc.health.v1)`);
         }
       }
       const limit = c.resources?.limits?.memory, request = c.resources?.requests?.memory;
@@ -171,6 +172,8 @@ async function failuresOf(rendered, compose, binDir) {
       if (!mount?.readOnly || volume?.secret?.secretName !== "tessera-credentials") {
         fail(where, "needs Secret tessera-credentials mounted read-only at /etc/tessera/credentials");
       }
+      // A missing Secret must stop the pod, never start a daemon that checks nothing.
+      if (volume?.secret?.optional !== false) fail(where, "the credentials Secret must be required (optional: false)");
       // Every $(VAR) must name a variable defined before it, or the kubelet leaves it as is.
       const env = {}, defined = {};
       for (const e of c.env ?? []) {
@@ -228,10 +231,13 @@ const MUTATIONS = [
   ["a value off the description", (r) => (envVar(r, "worker", "TESSERA_WORKER_PORT").value = "6001"), "TESSERA_WORKER_PORT"],
   ["a variable no binary reads", (r) => container(r, "worker").env.push({ name: "TESSERA_WORKER_PROT", value: "1" }), "read by no flag"],
   ["a reference to a later variable", (r) => container(r, "worker").env.unshift({ name: "X", value: "$(POD_NAME)" }), "not defined before"],
+  ["a probe on the TLS port", (r) => (container(r, "worker").livenessProbe.grpc.port = 6000), "livenessProbe must be grpc on the health port"],
   ["an HTTP probe", (r) => (container(r, "coordinator").readinessProbe = { httpGet: { port: 5000 } }), "readinessProbe"],
   ["a discovery Service hiding pods", (r) => delete service(r, "tessera-workers").spec.publishNotReadyAddresses, "publishNotReadyAddresses"],
   ["a Service whose links set TESSERA_COORDINATOR_PORT", (r) => delete service(r, "tessera-coordinator").spec.clusterIP, "would set TESSERA_COORDINATOR_PORT"],
   ["a worker count off the coordinator's", (r) => (envVar(r, "coordinator", "TESSERA_COORDINATOR_EXPECTED_DEVICES").value = "7"), "expects 7 devices"],
+  ["an optional credentials Secret", (r) => (workload(r, "worker").spec.template.spec.volumes.find((v) => v.name === "credentials").secret.optional = true), "must be required"],
+  ["compose without credentials", (r, c) => delete c.services["worker-5"].environment.TESSERA_WORKER_CREDENTIALS, "docker-compose.yml: worker-5"],
   ["compose drifting", (r, c) => (c.services["worker-2"].environment.TESSERA_WORKER_MEMORY_BYTES = "1"), "docker-compose.yml: worker-2"],
 ];
 const first = (r) => Object.values(r)[0];
