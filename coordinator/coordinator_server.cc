@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -15,8 +16,10 @@
 #include "coordinator/compiler/propagate.h"
 #include "coordinator/plan_stream.h"
 #include "coordinator/registry.h"
+#include "coordinator/request_limits.h"
 #include "core/collective.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/auth.h"
@@ -52,6 +55,12 @@ constexpr absl::Duration kFailureGrace = absl::Milliseconds(500);
 // names to register: after a restart the workers come back within a heartbeat or two, and a
 // client's first call should not fail for being early.
 constexpr absl::Duration kRegistrationGrace = absl::Seconds(5);
+
+// The most a GetClusterStatus reply lists (kMaxMessageBytes is the limit).
+constexpr size_t kMaxStatusBytes = 3 << 20;
+
+// How often a long wait in a handler checks whether its caller cancelled.
+constexpr absl::Duration kCancelCheck = absl::Milliseconds(100);
 
 // The coordinator's line to one worker.
 struct WorkerChannel {
@@ -93,7 +102,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         registry_(options.heartbeat_timeout, started_, options.lease_timeout),
         registration_grace_(std::max(kRegistrationGrace, 2 * options.heartbeat_timeout)),
         auth_(options.credentials),
-        identity_(daemon_identity(options.credentials)) {}
+        identity_(daemon_identity(options.credentials)),
+        plan_loads_("first calls loading their plans (max_plan_loads)", std::max(1, options.max_plan_loads)) {}
 
   void set_address(const std::string& address) { address_ = address; }
 
@@ -115,9 +125,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     if (!caller.ok()) return to_grpc(caller.status());
     absl::Status version = check_protocol_version(req->protocol_version(), absl::StrCat("worker at ", req->address()));
     if (!version.ok()) return to_grpc(version);
-    if (req->address().empty() || req->name().empty()) {
-      return to_grpc(absl::InvalidArgumentError("RegisterWorker: name and address are required"));
-    }
+    absl::Status valid = check_registration(req->name(), req->address(), req->requested_device_id());
+    if (!valid.ok()) return to_grpc(valid);
     if (req->memory_bytes() <= 0) {
       return to_grpc(absl::InvalidArgumentError(
           absl::StrCat("RegisterWorker: memory_bytes must be positive, got ", req->memory_bytes())));
@@ -173,8 +182,11 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
     if (!caller.ok()) return to_grpc(caller.status());
     if (req->min_alive_devices() > 0) {
-      const absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600'000));
-      if (!registry_.wait_for_alive(req->min_alive_devices(), wait)) {
+      // Bounded by the caller's deadline too, and given up when the caller goes: an abandoned
+      // wait must not hold a server thread.
+      absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600'000));
+      wait = std::min(wait, absl::FromChrono(ctx->deadline() - std::chrono::system_clock::now()));
+      if (!wait_for_alive(*ctx, req->min_alive_devices(), wait)) {
         int alive = 0;
         std::vector<std::string> lost;
         for (const DeviceRecord& d : registry_.devices()) {
@@ -331,14 +343,19 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     } else if (missing_plans(*(*e)->program, (*e)->members).empty()) {
       run_plans(*std::move(e));
     } else {
-      std::thread([this, e = *std::move(e)]() mutable {
-        absl::Status loaded = load_plans(*e->program, e->members, e->workers);
+      // Loading waits for the workers: on a thread of the pool, never this one. The server
+      // waits for Finish before it goes, and the pool's destructor for the thread.
+      std::shared_ptr<Execution> execution = *std::move(e);
+      absl::Status started = plan_loads_.run([this, execution] {
+        absl::Status loaded = load_plans(*execution->program, execution->members, execution->workers);
         if (loaded.ok()) {
-          run_plans(std::move(e));
+          run_plans(execution);
         } else {
-          fail_execution(*e, loaded);
+          fail_execution(*execution, loaded);
         }
-      }).detach();  // the server waits for Finish before it goes
+      });
+      if (!started.ok())
+        fail_execution(*execution, absl::Status(started.code(), absl::StrCat("execute: ", started.message())));
     }
     return reactor;
   }
@@ -386,6 +403,11 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       }
     }
     for (const std::shared_ptr<PlanStream>& s : streams) s->close(absl::Seconds(2));
+    // The calls nobody waited for end by their deadline (kConnectDeadline): their callbacks
+    // use this service.
+    absl::MutexLock lock(&async_mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(async_mu_) { return async_calls_ == 0; };
+    async_mu_.AwaitWithTimeout(absl::Condition(&none), kConnectDeadline + absl::Seconds(1));
   }
 
   grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::RunCollectiveRequest* req,
@@ -403,7 +425,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
 
   // The coordinator's metrics (core/metrics.h), from what it counts anyway.
   std::vector<MetricSample> metrics() {
-    int64_t alive = 0, devices = 0, compilations = 0, programs = 0;
+    int64_t alive = 0, devices = 0, compilations = 0, programs = 0, evictions = 0;
     for (const DeviceRecord& d : registry_.devices()) {
       ++devices;
       alive += d.alive ? 1 : 0;
@@ -411,6 +433,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     {
       absl::MutexLock lock(&programs_mu_);
       compilations = compilations_;
+      evictions = evictions_;
       programs = static_cast<int64_t>(programs_.size());
     }
     const auto arrays = static_cast<double>(registry_.arrays().size());
@@ -423,6 +446,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         counter("tessera_coordinator_compilations_total", "Programs compiled.", compilations),
         counter("tessera_coordinator_compile_cache_hits_total", "Compile requests answered from the cache.",
                 cache_hits_.load()),
+        counter("tessera_coordinator_compile_cache_evictions_total",
+                "Programs evicted from the cache (least recently used, beyond --max_programs).", evictions),
         counter("tessera_coordinator_executions_total", kExecutions, executions_ok_.load(), {{"result", "ok"}}),
         counter("tessera_coordinator_executions_total", kExecutions, executions_failed_.load(), {{"result", "error"}}),
         gauge("tessera_coordinator_uptime_seconds", "Since the process started.",
@@ -463,12 +488,29 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       asked[i]->clear_stats();
       asked[i]->set_stats_error(statuses[i].error_message());
     }
+    // Within kMaxStatusBytes: the devices first, then arrays and programs while they fit (the
+    // rest counted), so that no number of them makes the status too large for everyone.
+    size_t bytes = reply->ByteSizeLong();
     for (const ArrayRecord& a : registry_.arrays()) {
-      if (everything || (a.session != 0 && a.session == caller->session)) to_proto(a, reply->add_arrays());
+      if (!everything && (a.session == 0 || a.session != caller->session)) continue;
+      pb::ArrayInfo info;
+      to_proto(a, &info);
+      bytes += info.ByteSizeLong() + 8;
+      if (bytes > kMaxStatusBytes) {
+        reply->set_arrays_omitted(reply->arrays_omitted() + 1);
+        continue;
+      }
+      *reply->add_arrays() = std::move(info);
     }
     absl::MutexLock lock(&programs_mu_);
+    reply->set_compilations(compilations_);
+    reply->set_programs_evicted(evictions_);
     for (const auto& [id, program] : programs_) {
       if (!everything && program->sessions.count(caller->session) == 0) continue;
+      if (bytes > kMaxStatusBytes) {
+        reply->set_executables_omitted(reply->executables_omitted() + 1);
+        continue;
+      }
       pb::ExecutableInfo* info = reply->add_executables();
       info->set_executable_id(id);
       tessera::to_proto(program->exe.mesh, info->mutable_mesh());
@@ -476,11 +518,21 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       for (const PartitionSpec& spec : program->exe.output_specs) to_proto(spec, info->add_output_specs());
       info->set_graph_nodes(static_cast<int64_t>(program->graph.size()));
       info->set_executions(program->executions.load());
+      bytes += info->ByteSizeLong() + 8;
     }
     return grpc::Status::OK;
   }
 
  private:
+  // Whether `n` devices are alive within `wait`; false early if the caller cancelled.
+  bool wait_for_alive(const grpc::ServerContextBase& ctx, int n, absl::Duration wait) const {
+    const absl::Time deadline = absl::Now() + wait;
+    while (!registry_.wait_for_alive(n, std::min(deadline - absl::Now(), kCancelCheck))) {
+      if (absl::Now() >= deadline || ctx.IsCancelled()) return false;
+    }
+    return true;
+  }
+
   // The session a request acts for: a client's own (proved by its session credential), which
   // a session id in the request must match; an admin or a daemon may name any (0: none).
   // UNAUTHENTICATED as Authenticator::authenticate; PERMISSION_DENIED naming `method` for a
@@ -531,8 +583,32 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     absl::Mutex mu;
     std::map<int, std::vector<uint64_t>> loaded ABSL_GUARDED_BY(mu);
     std::atomic<int64_t> executions{0};
-    // The sessions that compiled it (guarded by programs_mu_): it is freed when the last lapses.
+    // Guarded by programs_mu_: the sessions that compiled it (it is freed when the last
+    // lapses); its compile_key; when it was last compiled or executed (a tick of use_ticks_,
+    // for the cache's LRU order); the executions using it (it is not evicted while any runs).
     std::set<uint64_t> sessions;
+    std::string key;
+    uint64_t last_used = 0;
+    int running = 0;
+  };
+
+  // Keeps a program out of eviction while an execution uses it (until destroyed).
+  class ProgramUse {
+   public:
+    // REQUIRES: programs_mu_ held.
+    ProgramUse(CoordinatorService* service, Program* program) : service_(service), program_(program) {
+      ++program_->running;
+    }
+    ~ProgramUse() {
+      absl::MutexLock lock(&service_->programs_mu_);
+      --program_->running;
+    }
+    ProgramUse(const ProgramUse&) = delete;
+    ProgramUse& operator=(const ProgramUse&) = delete;
+
+   private:
+    CoordinatorService* const service_;
+    Program* const program_;
   };
 
   // The devices of one fan-out, in order: where to reach each and which incarnation of it.
@@ -548,6 +624,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     grpc::ServerUnaryReactor* reactor = nullptr;
     pb::ExecuteReply* reply = nullptr;
     std::shared_ptr<Program> program;
+    std::unique_ptr<ProgramUse> use;  // before `program` goes
     Members members;
     std::vector<WorkerChannel*> workers;
     std::vector<uint64_t> output_ids;
@@ -605,6 +682,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
 
   // Compiles (or finds) the program of `req`, held by `session` from now on.
   absl::StatusOr<std::shared_ptr<Program>> compile(const pb::CompileRequest& req, uint64_t session) {
+    TESSERA_RETURN_IF_ERROR(check_compile_graph(req.graph(), req.input_specs_size()));
     TESSERA_ASSIGN_OR_RETURN(Graph graph, graph_from_proto(req.graph()));
     TESSERA_ASSIGN_OR_RETURN(Mesh mesh, mesh_from_proto(req.mesh()));
     await_registration(mesh.device_ids());
@@ -643,20 +721,50 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     TESSERA_ASSIGN_OR_RETURN(Executable exe, partition(graph, mesh, propagation, outputs, donated));
     compile_seconds_.observe(absl::Now() - compile_start);
     auto program = std::make_shared<Program>(std::move(graph), std::move(exe));
-    absl::MutexLock lock(&programs_mu_);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return hold_locked(programs_[it->second], session);  // compiled concurrently
-    program->id = registry_.ids().next();
-    ++compilations_;
-    cache_[std::move(key)] = program->id;
-    programs_[program->id] = program;
-    return hold_locked(program, session);
+    std::vector<std::shared_ptr<Program>> evicted;
+    {
+      absl::MutexLock lock(&programs_mu_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) return hold_locked(programs_[it->second], session);  // compiled concurrently
+      program->id = registry_.ids().next();
+      ++compilations_;
+      program->key = key;
+      cache_[std::move(key)] = program->id;
+      programs_[program->id] = program;
+      hold_locked(program, session);
+      evicted = evict_locked();
+    }
+    unload_plans(evicted, /*wait=*/false);
+    return program;
+  }
+
+  // The least recently used programs beyond max_programs that no execution uses, forgotten;
+  // their plans are the workers' to drop.
+  std::vector<std::shared_ptr<Program>> evict_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(programs_mu_) {
+    std::vector<std::shared_ptr<Program>> evicted;
+    const size_t limit = static_cast<size_t>(std::max(1, options_.max_programs));
+    while (programs_.size() > limit) {
+      auto oldest = programs_.end();
+      for (auto it = programs_.begin(); it != programs_.end(); ++it) {
+        if (it->second->running == 0 &&
+            (oldest == programs_.end() || it->second->last_used < oldest->second->last_used)) {
+          oldest = it;
+        }
+      }
+      if (oldest == programs_.end()) break;  // every one is running: over the bound until they end
+      cache_.erase(oldest->second->key);
+      evicted.push_back(std::move(oldest->second));
+      programs_.erase(oldest);
+      ++evictions_;
+    }
+    return evicted;
   }
 
   // `session` (0: none) holds `program` from now on.
   std::shared_ptr<Program> hold_locked(std::shared_ptr<Program> program, uint64_t session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(programs_mu_) {
     if (session != 0) program->sessions.insert(session);
+    program->last_used = ++use_ticks_;
     return program;
   }
 
@@ -667,6 +775,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                                                                pb::ExecuteReply* reply) {
     TESSERA_ASSIGN_OR_RETURN(const uint64_t session, acting_session(caller, req.session_id(), "execute"));
     std::shared_ptr<Program> program;
+    std::unique_ptr<ProgramUse> use;
     const uint64_t epoch = registry_.epoch();
     if (req.epoch() != 0 && req.epoch() != epoch) {
       return absl::AbortedError(absl::StrCat("execute: executable ", req.executable_id(),
@@ -682,15 +791,22 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                                                  " belongs to an earlier incarnation of the coordinator, which "
                                                  "restarted since; compile again"));
         }
-        return absl::NotFoundError(absl::StrCat("execute: executable ", req.executable_id(), " does not exist"));
+        // Evicted from the compile cache, or released with the last session holding it: the
+        // client compiles it again (the SDK does so by itself on ABORTED).
+        return absl::AbortedError(absl::StrCat("execute: executable ", req.executable_id(),
+                                               " is not in the compile cache (it holds the ", options_.max_programs,
+                                               " most recently used programs, --max_programs); compile again"));
       }
       program = it->second;
+      program->last_used = ++use_ticks_;
+      use = std::make_unique<ProgramUse>(this, program.get());
       if (!caller.at_least(Role::kAdmin) && program->sessions.count(caller.session) == 0) {
         return absl::PermissionDeniedError(absl::StrCat("execute: executable ", req.executable_id(),
                                                         " was compiled by another session; a client runs only the "
                                                         "programs its own session compiled (Compile it first)"));
       }
     }
+    TESSERA_ASSIGN_OR_RETURN(const absl::Duration timeout, run_timeout("execute", req.timeout_ms()));
     const Graph& graph = program->graph;
     const Executable& exe = program->exe;
     if (req.input_arrays_size() != static_cast<int>(graph.parameters().size())) {
@@ -728,19 +844,19 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       e->outputs.push_back(*registry_.get_array(*id));
     }
     const size_t n = members.peers.size();
-    const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
     e->id = registry_.ids().next(program->op_span + 1);
     pb::RunPlanRequest& r = e->request;
     r.set_execution_id(e->id);
     r.set_plan_id(program->id);
     for (uint64_t id : input_ids) r.add_input_buffers(id);
     for (uint64_t id : e->output_ids) r.add_output_buffers(id);
-    r.set_timeout_ms(timeout_ms);
+    r.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
     for (size_t k = 0; k < n; ++k) e->workers.push_back(worker(members.peers[k].address()));
     e->statuses.resize(n);
     e->reactor = reactor;
     e->reply = reply;
     e->program = std::move(program);
+    e->use = std::move(use);
     e->members = std::move(members);
     return e;
   }
@@ -808,17 +924,32 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       executions_.erase(e->id);
     }
     absl::Status status;
+    bool unloaded = false;
     {
       absl::MutexLock lock(&e->mu);
       if (e->lost >= 0) {
         e->statuses[e->lost] = lost_status();
       }
       status = first_failure(e->statuses, e->members.peers, "execute");
+      // A worker that dropped the plan (it keeps at most --max_plans) gets it again next time.
+      for (size_t k = 0; k < e->statuses.size(); ++k) {
+        const grpc::Status& s = e->statuses[k];
+        if (s.error_code() != grpc::StatusCode::NOT_FOUND || !absl::StrContains(s.error_message(), "is not loaded")) {
+          continue;
+        }
+        absl::MutexLock program_lock(&e->program->mu);
+        e->program->loaded.erase(e->members.peers[k].device_id());
+        unloaded = true;
+      }
+    }
+    if (unloaded) {
+      // ABORTED: the SDK compiles again (a cache hit) and retries, which loads the plan again.
+      status = absl::AbortedError(absl::StrCat(status.message(), "; its plan is loaded again at the next call"));
     }
     execute_seconds_.observe(absl::Now() - e->started);
     if (!status.ok()) {
       executions_failed_.fetch_add(1);
-      std::thread([this, e, status] { fail_execution(*e, status); }).detach();  // it waits for the workers
+      fail_execution(*e, status);  // never waits
       return;
     }
     executions_ok_.fetch_add(1);
@@ -831,9 +962,10 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     e->reactor->Finish(grpc::Status::OK);
   }
 
-  // Deletes a failed execution's outputs everywhere, then answers with `status`. Blocks.
+  // Starts deleting a failed execution's outputs everywhere and answers with `status`. Never
+  // waits: it may run on a gRPC callback thread.
   void fail_execution(Execution& e, const absl::Status& status) {
-    delete_buffers(registry_.remove_arrays(e.output_ids));
+    delete_buffers(buffers_of(registry_.remove_arrays(e.output_ids)), /*wait=*/false);
     e.reactor->Finish(to_grpc(status));
   }
 
@@ -965,8 +1097,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return out;
   }
 
-  // Frees `buffers` (by device), as above.
-  void delete_buffers(const std::map<int, std::vector<uint64_t>>& buffers) {
+  // Frees `buffers` (by device), as above; without `wait`, only starts to (never blocks).
+  void delete_buffers(const std::map<int, std::vector<uint64_t>>& buffers, bool wait = true) {
     std::map<int, pb::DeleteBuffersRequest> per_device;
     for (const auto& [device, ids] : buffers) {
       if (!ids.empty()) per_device[device].mutable_buffer_ids()->Assign(ids.begin(), ids.end());
@@ -1006,6 +1138,15 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         --acks->left;
       });
     }
+    if (!wait) {
+      for (size_t i = 0; i < workers.size(); ++i) {
+        call_async<pb::DeleteBuffersRequest, pb::DeleteBuffersReply>(
+            workers[i], *requests[i], [](auto* stub, auto* ctx, auto* req, auto* reply, auto done) {
+              stub->DeleteBuffers(ctx, req, reply, std::move(done));
+            });
+      }
+      return;  // a stream that never answers fails its deletions when it ends
+    }
     std::vector<pb::DeleteBuffersReply> replies(workers.size());
     fan_out(workers, kConnectDeadline, [&](int i, grpc::ClientContext* ctx, auto done) {
       workers[i]->stub->async()->DeleteBuffers(ctx, requests[i], &replies[i], std::move(done));
@@ -1031,6 +1172,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     TESSERA_ASSIGN_OR_RETURN(ArrayRecord in, registry_.get_array(req.array_id()));
     TESSERA_RETURN_IF_ERROR(check_owner(caller, in, "RunCollective", "read"));
     TESSERA_ASSIGN_OR_RETURN(CollectiveSpec spec, collective_from_proto(req.spec()));
+    TESSERA_ASSIGN_OR_RETURN(const absl::Duration timeout, run_timeout("RunCollective", req.timeout_ms()));
     const std::string name = collective_name(spec.kind);
     const NamedSharding& sharding = in.sharding;
     TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_result_shape(spec, in));
@@ -1040,20 +1182,19 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     const std::vector<pb::PeerAddress>& peers = members.peers;
     TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, out_shape, sharding, session));
 
-    const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 10'000;
     pb::WorkerCollectiveRequest request;
     request.set_op_id(out_id);  // array ids are unique: so are the ops that make them
     *request.mutable_spec() = req.spec();
     request.set_input_buffer(in.id);
     request.set_output_buffer(out_id);
     for (const pb::PeerAddress& p : peers) *request.add_peers() = p;
-    request.set_timeout_ms(timeout_ms);
+    request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
     request.set_barrier_first(req.barrier_first());
     std::vector<pb::WorkerCollectiveReply> replies(peers.size());
     std::vector<WorkerChannel*> workers;
     for (const pb::PeerAddress& p : peers) workers.push_back(worker(p.address()));
     std::vector<grpc::Status> statuses = fan_out(
-        workers, absl::Milliseconds(timeout_ms) + absl::Seconds(5),
+        workers, timeout + absl::Seconds(5),
         [&](int i, grpc::ClientContext* ctx, auto done) {
           workers[i]->stub->async()->RunCollective(ctx, &request, &replies[i], std::move(done));
         },
@@ -1125,8 +1266,9 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   }
 
   // Tells the devices that loaded `programs` to drop their plans (bounded; a device that does
-  // not answer keeps them: plan ids are never reused).
-  void unload_plans(const std::vector<std::shared_ptr<Program>>& programs) {
+  // not answer keeps them: plan ids are never reused). Without `wait`, only starts to.
+  void unload_plans(const std::vector<std::shared_ptr<Program>>& programs, bool wait = true) {
+    if (programs.empty()) return;
     std::map<int, pb::UnloadPlansRequest> per_device;
     for (const std::shared_ptr<Program>& p : programs) {
       absl::MutexLock lock(&p->mu);
@@ -1140,9 +1282,41 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       workers.push_back(worker(d->address));
       requests.push_back(&request);
     }
+    if (!wait) {
+      for (size_t i = 0; i < workers.size(); ++i) {
+        call_async<pb::UnloadPlansRequest, pb::UnloadPlansReply>(
+            workers[i], *requests[i], [](auto* stub, auto* ctx, auto* req, auto* reply, auto done) {
+              stub->UnloadPlans(ctx, req, reply, std::move(done));
+            });
+      }
+      return;
+    }
     std::vector<pb::UnloadPlansReply> replies(workers.size());
     fan_out(workers, kConnectDeadline, [&](int i, grpc::ClientContext* ctx, auto done) {
       workers[i]->stub->async()->UnloadPlans(ctx, requests[i], &replies[i], std::move(done));
+    });
+  }
+
+  // Starts one call to `w` that nobody waits for (deadline kConnectDeadline); counted until
+  // its callback has run, so the service outlives it (close_plan_streams waits).
+  // start(stub->async(), ctx, request, reply, done) starts it.
+  template <typename Request, typename Reply, typename Start>
+  void call_async(WorkerChannel* w, const Request& request, Start start) {
+    struct Call {
+      grpc::ClientContext ctx;
+      Request request;
+      Reply reply;
+    };
+    auto call = std::make_shared<Call>();
+    call->request = request;
+    set_deadline(&call->ctx, kConnectDeadline);
+    {
+      absl::MutexLock lock(&async_mu_);
+      ++async_calls_;
+    }
+    start(w->stub->async(), &call->ctx, &call->request, &call->reply, [this, call](grpc::Status) {
+      absl::MutexLock lock(&async_mu_);
+      --async_calls_;
     });
   }
 
@@ -1175,6 +1349,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   absl::flat_hash_map<std::string, uint64_t> cache_ ABSL_GUARDED_BY(programs_mu_);  // compile_key -> id
   std::map<uint64_t, std::shared_ptr<Program>> programs_ ABSL_GUARDED_BY(programs_mu_);
   int64_t compilations_ ABSL_GUARDED_BY(programs_mu_) = 0;
+  int64_t evictions_ ABSL_GUARDED_BY(programs_mu_) = 0;
+  uint64_t use_ticks_ ABSL_GUARDED_BY(programs_mu_) = 0;
 
   // What --metrics_port reports beyond the registry (metrics()).
   std::atomic<int64_t> cache_hits_{0};
@@ -1191,6 +1367,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
 
   absl::Mutex stubs_mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<WorkerChannel>> workers_ ABSL_GUARDED_BY(stubs_mu_);
+
+  absl::Mutex async_mu_;
+  int async_calls_ ABSL_GUARDED_BY(async_mu_) = 0;  // call_async's calls in flight
+
+  // Last: its threads use everything above, and its destructor joins them.
+  ThreadPool plan_loads_;
 };
 
 class CoordinatorServerImpl final : public CoordinatorServer {

@@ -39,6 +39,13 @@ struct CoordinatorOptions {
   // what this coordinator presents to the workers. Empty: the development mode, nothing is
   // checked.
   Credentials credentials;
+  // The compile cache holds at most this many programs (those running may exceed it for
+  // their run); the least recently used one goes first, unloaded from the workers. A client
+  // whose cached executable went compiles it again (Execute answers ABORTED).
+  int max_programs = 1024;
+  // First calls of programs whose plans are being loaded, at most this many at once (each
+  // waits for the workers on a thread); one more fails RESOURCE_EXHAUSTED.
+  int max_plan_loads = 64;
 };
 
 class CoordinatorServer {

@@ -31,6 +31,10 @@ ABSL_FLAG(int, expected_devices, 0,
           "grpc.health.v1 reports SERVING (ready) while at least this many devices are alive; 0: once serving "
           "(env TESSERA_COORDINATOR_EXPECTED_DEVICES)");
 
+ABSL_FLAG(int, max_programs, 1024,
+          "compiled programs kept in the compile cache; the least recently used beyond it are dropped and "
+          "unloaded from the workers (their clients compile them again) (env TESSERA_COORDINATOR_MAX_PROGRAMS)");
+
 ABSL_FLAG(std::string, credentials, "",
           "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
           "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
@@ -51,6 +55,7 @@ int main(int argc, char** argv) {
                         {"heartbeat_timeout_ms", "TESSERA_COORDINATOR_HEARTBEAT_TIMEOUT_MS"},
                         {"lease_timeout_ms", "TESSERA_COORDINATOR_LEASE_TIMEOUT_MS"},
                         {"expected_devices", "TESSERA_COORDINATOR_EXPECTED_DEVICES"},
+                        {"max_programs", "TESSERA_COORDINATOR_MAX_PROGRAMS"},
                         {"credentials", "TESSERA_COORDINATOR_CREDENTIALS"}});
   tessera::block_termination_signals();
 
@@ -63,6 +68,7 @@ int main(int argc, char** argv) {
   options.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
   options.log_registrations = true;
   options.expected_devices = absl::GetFlag(FLAGS_expected_devices);
+  options.max_programs = absl::GetFlag(FLAGS_max_programs);
   absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
   if (!credentials.ok()) {
     std::cerr << "tessera-coordinator: --credentials: " << credentials.status().message() << "\n";

@@ -13,9 +13,19 @@ absl::StatusOr<Mesh> Mesh::create(std::vector<int64_t> shape, std::vector<std::s
     return absl::InvalidArgumentError(
         absl::StrCat("mesh: shape has ", shape.size(), " axes but ", axis_names.size(), " axis names were given"));
   }
+  // Names and axes travel in every request and status reply that carries the mesh: bounded,
+  // so that one client's mesh cannot make replies too large for everyone (tessera status).
+  constexpr size_t kMaxAxes = 32, kMaxAxisName = 128;
+  if (shape.size() > kMaxAxes) {
+    return absl::InvalidArgumentError(absl::StrCat("mesh: ", shape.size(), " axes exceed the limit of ", kMaxAxes));
+  }
   int64_t total = 1;
   std::set<std::string> seen_names;
   for (size_t i = 0; i < shape.size(); ++i) {
+    if (axis_names[i].size() > kMaxAxisName) {
+      return absl::InvalidArgumentError(absl::StrCat("mesh: the name of axis ", i, " has ", axis_names[i].size(),
+                                                     " bytes, over the limit of ", kMaxAxisName));
+    }
     if (shape[i] < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("mesh: axis '", axis_names[i], "' has size ", shape[i], "; sizes must be >= 1"));

@@ -69,6 +69,12 @@ absl::Status from_grpc(const grpc::Status& status, absl::string_view who) {
 }
 
 void set_deadline(grpc::ClientContext* ctx, absl::Duration timeout) {
+  // Beyond a year is no deadline: now + an enormous duration would overflow the clock into
+  // the past (and fail the call at once).
+  if (timeout > absl::Hours(24 * 365)) {
+    ctx->set_deadline(std::chrono::system_clock::time_point::max());
+    return;
+  }
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(timeout));
 }
 
@@ -81,7 +87,7 @@ absl::Status check_protocol_version(uint32_t theirs, absl::string_view who) {
 
 void configure_server(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder->SetMaxReceiveMessageSize(static_cast<int>(4 * kMaxChunkBytes));
+  builder->SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   // Accept the clients' keepalive pings (see make_channel).
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMs / 2);
@@ -106,7 +112,10 @@ void configure_server(grpc::ServerBuilder* builder) {
 grpc::ChannelArguments channel_arguments() {
   grpc::ChannelArguments args;
   // Shards travel in chunks of at most kMaxChunkBytes; leave headroom for framing.
-  args.SetMaxReceiveMessageSize(static_cast<int>(4 * kMaxChunkBytes));
+  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
+  // The servers' limit too: a request over it fails here with RESOURCE_EXHAUSTED naming the
+  // sizes, rather than being cut off by the server mid-stream.
+  args.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
   // Fail fast on a dead peer instead of backing off for minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);

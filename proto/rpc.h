@@ -34,6 +34,10 @@ inline constexpr uint64_t kOpTableDigest = 0x7fbbfa83e1fd2465;
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;
 
+// Largest message a Tessera server receives, and a Tessera channel sends or receives: a
+// chunk with headroom for framing. Larger requests fail RESOURCE_EXHAUSTED.
+inline constexpr int64_t kMaxMessageBytes = 4 * kMaxChunkBytes;
+
 // Deadline of a small control RPC.
 inline constexpr absl::Duration kControlDeadline = absl::Seconds(10);
 
@@ -53,7 +57,8 @@ grpc::Status to_grpc(const absl::Status& status);
 // caller sees which device or service failed.
 absl::Status from_grpc(const grpc::Status& status, absl::string_view who);
 
-// Sets the deadline of `ctx` to now + `timeout`.
+// Sets the deadline of `ctx` to now + `timeout` (none for more than a year, so that a huge
+// timeout never overflows the clock).
 void set_deadline(grpc::ClientContext* ctx, absl::Duration timeout);
 
 // Checks a peer's protocol version against ours.

@@ -19,6 +19,18 @@ absl::Status BufferStore::reserve(uint64_t id, int64_t bytes) {
   return absl::OkStatus();
 }
 
+bool BufferStore::charge(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (bytes > limit_ - bytes_used_) return false;
+  bytes_used_ += bytes;
+  return true;
+}
+
+void BufferStore::uncharge(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  bytes_used_ -= bytes;
+}
+
 void BufferStore::cancel(uint64_t id) {
   absl::MutexLock lock(&mu_);
   doomed_.erase(id);

@@ -32,6 +32,11 @@ class BufferStore {
   // RESOURCE_EXHAUSTED (naming the sizes) if the bytes do not fit under the limit.
   absl::Status reserve(uint64_t id, int64_t bytes);
 
+  // Counts `bytes` held outside any buffer (collective messages waiting in the mailbox)
+  // against the limit; false, counting nothing, if they do not fit. uncharge gives them back.
+  bool charge(int64_t bytes);
+  void uncharge(int64_t bytes);
+
   // Releases a reservation that will not be committed. No-op if none.
   void cancel(uint64_t id);
 

@@ -43,9 +43,69 @@ int reusable_operand(const DevicePlan& plan, size_t k, const std::vector<std::sh
 
 }  // namespace
 
-uint64_t plan_op_id(uint64_t execution, size_t index) {
-  return execution + 1 + static_cast<uint64_t>(index);
+std::string instruction_name(const Instruction& i) {
+  return i.kind == Instruction::Kind::kCollective   ? collective_name(i.collective.kind)
+         : i.kind == Instruction::Kind::kLocalSlice ? std::string("local_slice")
+         : i.kind == Instruction::Kind::kFree       ? std::string("free")
+                                                    : op_name(i.node.op);
 }
+
+PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs) {
+  // What each slot holds that counts: its array's bytes, 0 for an input the caller keeps.
+  std::vector<int64_t> charged(static_cast<size_t>(plan.num_slots), 0);
+  std::vector<ArrayType> types(static_cast<size_t>(plan.num_slots));
+  int64_t live = 0;
+  for (size_t i = 0; i < inputs.size() && i < plan.input_slots.size(); ++i) {
+    types[plan.input_slots[i]] = {inputs[i]->dtype(), inputs[i]->shape()};
+  }
+  for (int d : plan.donated_inputs) {
+    if (d < 0 || d >= static_cast<int>(inputs.size())) continue;
+    charged[plan.input_slots[d]] = inputs[d]->nbytes();
+    live += inputs[d]->nbytes();
+  }
+  PlanPeak peak{live, -1};
+  for (size_t k = 0; k < plan.code.size(); ++k) {
+    const Instruction& inst = plan.code[k];
+    if (inst.kind == Instruction::Kind::kFree) {
+      live -= charged[inst.in[0]];
+      charged[inst.in[0]] = 0;
+      continue;
+    }
+    const int64_t bytes = num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
+    int reuse = -1;
+    if (inst.kind == Instruction::Kind::kKernel) {
+      for (int s : inst.in) {
+        if (charged[s] > 0 && can_run_in_place(inst.node, types[s].dtype, types[s].shape) && dies_at(plan, k, s)) {
+          reuse = s;
+          break;
+        }
+      }
+    }
+    types[inst.out] = {inst.node.dtype, inst.node.shape};
+    if (reuse >= 0) {  // the result takes the operand's storage, which its free then leaves alone
+      charged[inst.out] = charged[reuse];
+      charged[reuse] = 0;
+      continue;
+    }
+    live += bytes;  // the slot's old value goes only once the new one is made
+    if (live > peak.bytes) peak = {live, static_cast<int>(k)};
+    live -= charged[inst.out];
+    charged[inst.out] = bytes;
+  }
+  return peak;
+}
+
+bool runs_inline(const DevicePlan& plan, int64_t input_bytes) {
+  if (plan.code.size() > kInlineInstructions) return false;
+  int64_t bytes = input_bytes;
+  for (const Instruction& inst : plan.code) {
+    if (inst.kind == Instruction::Kind::kCollective) return false;
+    if (inst.kind != Instruction::Kind::kFree) bytes += num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
+  }
+  return bytes <= kInlineBytes;
+}
+
+uint64_t plan_op_id(uint64_t execution, size_t index) { return execution + 1 + static_cast<uint64_t>(index); }
 
 absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
     const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
@@ -93,11 +153,10 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
       }
     }
     if (!out.ok()) {
-      const std::string what = inst.kind == Instruction::Kind::kCollective   ? collective_name(inst.collective.kind)
-                               : inst.kind == Instruction::Kind::kLocalSlice ? std::string("local_slice")
-                                                                             : op_name(inst.node.op);
+      // The ops of the instructions it will not run: peers' messages for them go, now and later.
+      transport.finish_ops(plan_op_id(run.execution, k), plan_op_id(run.execution, plan.code.size()));
       return absl::Status(out.status().code(),
-                          absl::StrCat("instruction ", k, " (", what, "): ", out.status().message()));
+                          absl::StrCat("instruction ", k, " (", instruction_name(inst), "): ", out.status().message()));
     }
     slots[inst.out] = *std::move(out);
   }

@@ -44,6 +44,30 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
     const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
     const PlanRun& run);
 
+// The most memory a run of `plan` on `inputs` holds at once beyond the inputs the caller keeps
+// (its intermediates and outputs, and the donated inputs, which the caller gives up), by the
+// plan's liveness: every instruction's result from its instruction to its free, none for a
+// kernel that writes over an operand dying there (as run_plan does for an intermediate or a
+// donated input). Kernels' temporaries are not counted. `instruction` is where the peak is
+// reached (-1 for an empty plan).
+struct PlanPeak {
+  int64_t bytes = 0;
+  int instruction = -1;
+};
+PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs);
+
+// Whether a run of `plan` on inputs of `input_bytes` may run on the gRPC callback thread that
+// received its request: no collective (it would wait for peers, whose data those few threads
+// deliver), at most kInlineInstructions instructions, and at most kInlineBytes of inputs and
+// results, every instruction's result counted (a plan with no inputs that makes a large iota
+// or matmul costs as much as the memory it writes). Anything else runs on a thread of a pool.
+inline constexpr int64_t kInlineBytes = 64 << 10;
+inline constexpr size_t kInlineInstructions = 64;
+bool runs_inline(const DevicePlan& plan, int64_t input_bytes);
+
+// The name of instruction `i` in errors: its op, "local_slice" or its collective's kind.
+std::string instruction_name(const Instruction& i);
+
 }  // namespace tessera
 
 #endif  // TESSERA_WORKER_INTERPRETER_H_

@@ -58,6 +58,23 @@ ABSL_FLAG(std::string, all_reduce_algorithm, "",
           "for measuring: every all_reduce up to 512 KiB runs tree, recursive_doubling, direct or ring instead "
           "of the table's choice; give every worker the same");
 
+ABSL_FLAG(int, max_plans, 4096,
+          "loaded plans kept; a new one beyond this drops the least recently run (env TESSERA_WORKER_MAX_PLANS)");
+ABSL_FLAG(int, max_plan_threads, 256,
+          "plans that may run at once on threads of their own; one more fails RESOURCE_EXHAUSTED "
+          "(env TESSERA_WORKER_MAX_PLAN_THREADS)");
+
+ABSL_FLAG(int64_t, mailbox_bytes_per_peer, int64_t{64} << 20,
+          "bytes of collective messages from one peer that may wait here for their op, charged to --memory_bytes; "
+          "more are dropped and fail their op (env TESSERA_WORKER_MAILBOX_BYTES_PER_PEER)");
+ABSL_FLAG(int64_t, mailbox_ttl_ms, 60000,
+          "a collective message whose op has not started here this long after it arrived is dropped "
+          "(env TESSERA_WORKER_MAILBOX_TTL_MS)");
+
+ABSL_FLAG(int64_t, put_stall_ms, 10000,
+          "a PutShard stream that receives nothing this long is cancelled and its reserved memory released "
+          "(env TESSERA_WORKER_PUT_STALL_MS)");
+
 ABSL_FLAG(std::string, credentials, "",
           "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
           "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
@@ -85,6 +102,11 @@ int main(int argc, char** argv) {
                         {"shm", "TESSERA_WORKER_SHM"},
                         {"shm_ring_bytes", "TESSERA_WORKER_SHM_RING_BYTES"},
                         {"shm_host", "TESSERA_WORKER_SHM_HOST"},
+                        {"max_plans", "TESSERA_WORKER_MAX_PLANS"},
+                        {"max_plan_threads", "TESSERA_WORKER_MAX_PLAN_THREADS"},
+                        {"mailbox_bytes_per_peer", "TESSERA_WORKER_MAILBOX_BYTES_PER_PEER"},
+                        {"mailbox_ttl_ms", "TESSERA_WORKER_MAILBOX_TTL_MS"},
+                        {"put_stall_ms", "TESSERA_WORKER_PUT_STALL_MS"},
                         {"credentials", "TESSERA_WORKER_CREDENTIALS"}});
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
@@ -123,6 +145,11 @@ int main(int argc, char** argv) {
   options.shm_ring_bytes = absl::GetFlag(FLAGS_shm_ring_bytes);
   options.shm_host = absl::GetFlag(FLAGS_shm_host);
   options.all_reduce_algorithm = absl::GetFlag(FLAGS_all_reduce_algorithm);
+  options.max_plans = absl::GetFlag(FLAGS_max_plans);
+  options.max_plan_threads = absl::GetFlag(FLAGS_max_plan_threads);
+  options.mailbox_bytes_per_peer = absl::GetFlag(FLAGS_mailbox_bytes_per_peer);
+  options.mailbox_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_mailbox_ttl_ms));
+  options.put_stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_put_stall_ms));
   absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
   if (!credentials.ok()) {
     std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";

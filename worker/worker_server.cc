@@ -4,12 +4,14 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "core/slicing.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/auth.h"
@@ -27,12 +29,6 @@
 namespace tessera {
 namespace {
 
-// A plan with no collective whose inputs are at most this many bytes runs on the gRPC thread
-// that received its request: it neither waits for anyone nor holds the thread for long. Any
-// other runs on a thread of its own, since a plan waiting for its peers' collective data must
-// not hold one of the few threads that deliver that data, nor the RunPlans stream's reads.
-constexpr int64_t kInlinePlanBytes = 64 << 10;
-
 // At most this many held buffers go in a registration (about 25 bytes each, well under the
 // coordinator's 4 MiB message limit); the others cannot be adopted after a coordinator restart.
 constexpr int kMaxHeldBuffersReported = 100'000;
@@ -42,6 +38,7 @@ struct LoadedPlan {
   DevicePlan plan;
   std::map<int, std::string> peers;  // device id -> address, for its collectives
   bool has_collectives = false;
+  mutable std::atomic<uint64_t> last_run{0};  // when it was last loaded or run (a tick, for LRU)
 };
 
 using WorkerServiceBase =
@@ -113,8 +110,35 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
 
 class WorkerService final : public WorkerServiceBase {
  public:
-  WorkerService(int64_t memory_bytes, const Credentials& credentials)
-      : auth_(credentials), store_(memory_bytes), started_(absl::Now()), transport_(credentials) {}
+  explicit WorkerService(const WorkerOptions& options)
+      : auth_(options.credentials),
+        max_plans_(std::max(1, options.max_plans)),
+        store_(options.memory_bytes),
+        started_(absl::Now()),
+        transport_(options.credentials),
+        put_stall_timeout_(options.put_stall_timeout),
+        plan_threads_("plan runs on threads of their own (--max_plan_threads)", std::max(1, options.max_plan_threads)) {
+  }
+
+  // "device N: " before an error's message.
+  absl::Status on_this_device(const absl::Status& status) const {
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat("device ", device_id_.load(), ": ", status.message()));
+  }
+
+  // Cancels the PutShard streams that received nothing for put_stall_timeout (their
+  // reservations are released as they end). Called by the heartbeat thread.
+  void cancel_stalled_puts(absl::Time now) {
+    absl::MutexLock lock(&puts_mu_);
+    for (const std::shared_ptr<PutWatch>& w : puts_) {
+      if (now - absl::FromUnixNanos(w->progress.load()) <= put_stall_timeout_ || w->cancelled) continue;
+      w->cancelled = true;
+      w->ctx->TryCancel();
+    }
+  }
+
+  // The threads plans that may wait run on (see PlanStreamReactor).
+  ThreadPool& plan_threads() { return plan_threads_; }
 
   void set_device_id(int id) {
     device_id_ = id;
@@ -133,6 +157,12 @@ class WorkerService final : public WorkerServiceBase {
       }
       transport_.force_all_reduce(forced);
     }
+    MailboxOptions mailbox;
+    mailbox.bytes_per_peer = options.mailbox_bytes_per_peer;
+    mailbox.unclaimed_ttl = options.mailbox_ttl;
+    mailbox.reserve = [this](int64_t bytes) { return store_.charge(bytes); };
+    mailbox.release = [this](int64_t bytes) { store_.uncharge(bytes); };
+    TESSERA_RETURN_IF_ERROR(transport_.set_mailbox(std::move(mailbox)));
     return transport_.set_shm({options.shm, options.shm_ring_bytes, options.shm_host});
   }
 
@@ -171,11 +201,26 @@ class WorkerService final : public WorkerServiceBase {
     absl::StatusOr<std::shared_ptr<HostArray>> data = begin_put(chunk.header());
     if (!data.ok()) return to_grpc(data.status());
     const uint64_t id = chunk.header().buffer_id();
+    // Watched while it holds its reservation: a stream that stalls is cancelled (see
+    // cancel_stalled_puts), and the reservation goes with it.
+    std::shared_ptr<PutWatch> watch = watch_put(ctx);
     absl::Status status = read_put_shard(
-        &chunk, [reader](pb::ShardChunk* next) { return reader->Read(next); }, data->get());
-    if (!status.ok()) {
+        &chunk,
+        [reader, &watch](pb::ShardChunk* next) {
+          const bool more = reader->Read(next);
+          watch->progress = absl::ToUnixNanos(absl::Now());
+          return more;
+        },
+        data->get());
+    unwatch_put(watch);
+    if (!status.ok() || watch->cancelled) {
       store_.cancel(id);
-      return to_grpc(status);
+      if (watch->cancelled) {
+        status = absl::DeadlineExceededError(absl::StrCat("PutShard: buffer ", id, " received no data for ",
+                                                          absl::FormatDuration(put_stall_timeout_),
+                                                          "; its reservation was released (--put_stall_ms)"));
+      }
+      return to_grpc(on_this_device(status));
     }
     reply->set_bytes((*data)->nbytes());
     store_.commit(id, std::move(*data));
@@ -254,7 +299,17 @@ class WorkerService final : public WorkerServiceBase {
     for (const Instruction& inst : loaded->plan.code) {
       if (inst.kind == Instruction::Kind::kCollective) loaded->has_collectives = true;
     }
+    loaded->last_run = ++plan_ticks_;
     absl::MutexLock lock(&plans_mu_);
+    if (plans_.count(req->plan_id()) == 0 && static_cast<int>(plans_.size()) >= max_plans_) {
+      // Full: the least recently run goes (a run in progress keeps its own reference).
+      auto oldest = plans_.begin();
+      for (auto it = plans_.begin(); it != plans_.end(); ++it) {
+        if (it->second->last_run < oldest->second->last_run) oldest = it;
+      }
+      plans_.erase(oldest);
+      ++plans_evicted_;
+    }
     plans_[req->plan_id()] = std::move(loaded);
     return grpc::Status::OK;
   }
@@ -281,7 +336,7 @@ class WorkerService final : public WorkerServiceBase {
   }
 
   // The loaded plan of `req`, and whether it may run on a gRPC callback thread (see
-  // kInlinePlanBytes). NOT_FOUND naming this device if it is not loaded.
+  // runs_inline). NOT_FOUND naming this device if it is not loaded.
   absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan_for(const pb::RunPlanRequest& req) {
     absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded = loaded_plan(req.plan_id());
     if (!loaded.ok()) return on_this_device(loaded.status());
@@ -334,6 +389,8 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_bytes_used(stats.bytes_used);
     reply->set_memory_limit_bytes(stats.limit_bytes);
     reply->set_collective_messages_pending(transport_.pending_messages());
+    reply->set_collective_bytes_pending(transport_.pending_bytes());
+    reply->set_exchange_messages_dropped(transport_.dropped_messages());
     reply->set_shm_messages_received(transport_.shm_messages_received());
     reply->set_blas_kernel(blas_kernel_name());
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
@@ -341,6 +398,7 @@ class WorkerService final : public WorkerServiceBase {
     {
       absl::MutexLock lock(&plans_mu_);
       reply->set_plans_loaded(static_cast<int64_t>(plans_.size()));
+      reply->set_plans_evicted(plans_evicted_);
     }
     absl::MutexLock lock(&runs_mu_);
     reply->set_plan_runs(runs_.runs);
@@ -352,6 +410,25 @@ class WorkerService final : public WorkerServiceBase {
   const LatencyHistogram& run_seconds() const { return run_seconds_; }
 
  private:
+  // A PutShard stream holding a reservation, and when it last received a message.
+  struct PutWatch {
+    grpc::ServerContext* ctx = nullptr;
+    std::atomic<int64_t> progress{0};  // Unix ns
+    std::atomic<bool> cancelled{false};
+  };
+  std::shared_ptr<PutWatch> watch_put(grpc::ServerContext* ctx) {
+    auto w = std::make_shared<PutWatch>();
+    w->ctx = ctx;
+    w->progress = absl::ToUnixNanos(absl::Now());
+    absl::MutexLock lock(&puts_mu_);
+    puts_.insert(w);
+    return w;
+  }
+  void unwatch_put(const std::shared_ptr<PutWatch>& w) {
+    absl::MutexLock lock(&puts_mu_);  // cancel_stalled_puts never touches its context after this
+    puts_.erase(w);
+  }
+
   // Validates the header, reserves the memory and allocates the destination.
   absl::StatusOr<std::shared_ptr<HostArray>> begin_put(const pb::ShardHeader& header) {
     TESSERA_ASSIGN_OR_RETURN(ArrayType type, put_shard_type(header));
@@ -409,28 +486,22 @@ class WorkerService final : public WorkerServiceBase {
     return status;
   }
 
-  // "device N: " before an error's message.
-  absl::Status on_this_device(const absl::Status& status) const {
-    if (status.ok()) return status;
-    return absl::Status(status.code(), absl::StrCat("device ", device_id_.load(), ": ", status.message()));
-  }
-
   absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded_plan(uint64_t plan_id) {
     absl::MutexLock lock(&plans_mu_);
     auto it = plans_.find(plan_id);
     if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("plan ", plan_id, " is not loaded"));
+    it->second->last_run = ++plan_ticks_;
     return it->second;
   }
 
-  // Whether `plan` may run on a gRPC callback thread (see kInlinePlanBytes).
+  // Whether `plan` may run on a gRPC callback thread: by its cost (runs_inline).
   bool runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const {
-    if (plan.has_collectives) return false;
-    int64_t bytes = 0;
+    int64_t input_bytes = 0;
     for (uint64_t id : req.input_buffers()) {
       absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_.get(id);
-      if (buffer.ok()) bytes += (*buffer)->nbytes();
+      if (buffer.ok()) input_bytes += (*buffer)->nbytes();
     }
-    return bytes <= kInlinePlanBytes;
+    return tessera::runs_inline(plan.plan, input_bytes);
   }
 
   // Runs a loaded plan on stored buffers and stores its outputs.
@@ -454,6 +525,19 @@ class WorkerService final : public WorkerServiceBase {
     std::vector<uint64_t> donated;
     for (int d : plan.donated_inputs) donated.push_back(req.input_buffers(d));
     if (!donated.empty()) store_.erase(donated);
+    // What the run holds at its peak (intermediates, outputs, donated inputs) is reserved in
+    // the store for the run, under the execution's id (no buffer has it), before anything runs.
+    const PlanPeak peak = peak_memory(plan, inputs);
+    if (absl::Status reserved = store_.reserve(req.execution_id(), peak.bytes); !reserved.ok()) {
+      const BufferStore::Stats stats = store_.stats();
+      const std::string at = peak.instruction < 0 ? std::string("its donated inputs")
+                                                  : absl::StrCat("instruction ", peak.instruction, " (",
+                                                                 instruction_name(plan.code[peak.instruction]), ")");
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "run: plan ", req.plan_id(), " needs ", peak.bytes, " bytes at once for its intermediates and outputs (at ",
+          at, ") but only ", stats.limit_bytes - stats.bytes_used, " of the device's ", stats.limit_bytes,
+          " bytes are free (--memory_bytes)"));
+    }
     PlanRun run;
     run.execution = req.execution_id();
     if (loaded.has_collectives) run.peers = loaded.peers;
@@ -461,20 +545,23 @@ class WorkerService final : public WorkerServiceBase {
     const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
     run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
     run.cancelled = std::move(cancelled);
-    TESSERA_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<const HostArray>> outputs,
-                             tessera::run_plan(plan, std::move(inputs), transport_, run));
+    absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> outputs =
+        tessera::run_plan(plan, std::move(inputs), transport_, run);
+    store_.cancel(req.execution_id());  // the outputs are reserved one by one below
+    if (!outputs.ok()) return outputs.status();
     for (int i = 0; i < req.output_buffers_size(); ++i) {
-      absl::Status reserved = store_.reserve(req.output_buffers(i), outputs[i]->nbytes());
+      absl::Status reserved = store_.reserve(req.output_buffers(i), (*outputs)[i]->nbytes());
       if (!reserved.ok()) {
         for (int j = 0; j < i; ++j) store_.erase({req.output_buffers(j)});
         return reserved;
       }
-      store_.commit(req.output_buffers(i), outputs[i]);
+      store_.commit(req.output_buffers(i), (*outputs)[i]);
     }
     return absl::OkStatus();
   }
 
   const Authenticator auth_;
+  const int max_plans_;
   std::atomic<int> device_id_{-1};
   std::atomic<uint64_t> incarnation_{0};
   BufferStore store_;
@@ -482,6 +569,11 @@ class WorkerService final : public WorkerServiceBase {
   Transport transport_;
   absl::Mutex plans_mu_;
   std::map<uint64_t, std::shared_ptr<const LoadedPlan>> plans_ ABSL_GUARDED_BY(plans_mu_);
+  int64_t plans_evicted_ ABSL_GUARDED_BY(plans_mu_) = 0;
+  const absl::Duration put_stall_timeout_;
+  absl::Mutex puts_mu_;
+  std::set<std::shared_ptr<PutWatch>> puts_ ABSL_GUARDED_BY(puts_mu_);
+  std::atomic<uint64_t> plan_ticks_{0};
   // For GetStats (tessera status).
   struct RunCounts {
     int64_t runs = 0;
@@ -493,6 +585,8 @@ class WorkerService final : public WorkerServiceBase {
   RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
   LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
                                 "Plan runs on this device, from the start of the run to its outputs stored."};
+  // Last: its threads use everything above, and its destructor joins them.
+  ThreadPool plan_threads_;
 };
 
 void PlanStreamReactor::OnReadDone(bool ok) {
@@ -548,17 +642,20 @@ void PlanStreamReactor::OnReadDone(bool ok) {
     running_[execution] = cancelled;
   }
   StartRead(&request_);
-  std::thread([self = shared_from_this(), loaded = std::move(loaded), req, cancelled] {
-    absl::Status status = self->service_->run(*loaded, *req, [cancelled] { return cancelled->load(); });
-    self->post(req->execution_id(), status);
+  auto done = [self = shared_from_this(), execution](const absl::Status& status) {
+    self->post(execution, status);
     bool finish = false;
     {
       absl::MutexLock lock(&self->mu_);
-      self->running_.erase(req->execution_id());
+      self->running_.erase(execution);
       finish = self->finish_now_locked();
     }
     if (finish) self->Finish(grpc::Status::OK);
-  }).detach();
+  };
+  absl::Status started = service_->plan_threads().run([service = service_, plan = loaded, req, cancelled, done] {
+    done(service->run(*plan, *req, [cancelled] { return cancelled->load(); }));
+  });
+  if (!started.ok()) done(service_->on_this_device(started));
 }
 
 void PlanStreamReactor::post(uint64_t id, const absl::Status& status) {
@@ -592,9 +689,7 @@ void PlanStreamReactor::OnWriteDone(bool ok) {
 class WorkerServerImpl final : public WorkerServer {
  public:
   explicit WorkerServerImpl(const WorkerOptions& options)
-      : options_(options),
-        identity_(daemon_identity(options.credentials)),
-        service_(options.memory_bytes, options.credentials) {}
+      : options_(options), identity_(daemon_identity(options.credentials)), service_(options) {}
   ~WorkerServerImpl() override { shutdown(); }
 
   absl::Status init() {
@@ -755,6 +850,7 @@ class WorkerServerImpl final : public WorkerServer {
       grpc::ClientContext ctx;
       set_deadline(&ctx, heartbeat_interval_ * 4);
       const grpc::Status status = coordinator_->Heartbeat(&ctx, req, &reply);
+      service_.cancel_stalled_puts(absl::Now());
       // A missed heartbeat is not fatal: the coordinator decides when a device is lost. One it
       // refuses means it marked this device lost, or restarted and does not know it: register
       // again, keeping the device id (and the buffers, which the coordinator is told about).

@@ -55,6 +55,19 @@ struct WorkerOptions {
   // The tokens callers must present, and the cluster one this worker presents to the
   // coordinator and its peers (docs/design.md, "Security"). Empty: the development mode.
   Credentials credentials;
+  // At most this many loaded plans (LoadPlan); a new one beyond it drops the least recently run
+  // (the coordinator, which unloads what it evicts from its own cache, loads it again).
+  int max_plans = 4096;
+  // At most this many plans run at once on threads of their own (the others run where their
+  // request arrived); one more fails RESOURCE_EXHAUSTED naming the limit.
+  int max_plan_threads = 256;
+  // Collective messages from one peer that may wait in the mailbox (charged to memory_bytes);
+  // a message of an op that has not started here within mailbox_ttl of its arrival is dropped.
+  int64_t mailbox_bytes_per_peer = int64_t{64} << 20;
+  absl::Duration mailbox_ttl = absl::Seconds(60);
+  // A PutShard stream that receives nothing for this long is cancelled and its reservation
+  // released (checked at every heartbeat), so a stalled client cannot hold the memory.
+  absl::Duration put_stall_timeout = absl::Seconds(10);
 };
 
 class WorkerServer {

@@ -3,9 +3,11 @@
 // incarnations, and arrays adopted again after a restart from what the workers hold.
 #include "coordinator/registry.h"
 
+#include "coordinator/request_limits.h"
 #include "core/mesh.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/tessera.pb.h"
 
 namespace tessera {
 namespace {
@@ -205,6 +207,64 @@ TEST(RegistrySessions, EarlierSessionsAreTakenOverAndUnadoptedOrphansLapse) {
   EXPECT_EQ(lapsed.orphans, 1);
   EXPECT_THAT(lapsed.buffers[0], ElementsAre(std::next(held.begin())->first));
   EXPECT_TRUE(after.get_array(kept.id).ok());
+}
+
+// Request limits (coordinator/request_limits.h): each refusal names the value and the rule.
+TEST(RequestLimits, RunTimeoutsAreBoundedInsteadOfOverflowing) {
+  EXPECT_EQ(*run_timeout("execute", 0), absl::Seconds(10));
+  EXPECT_EQ(*run_timeout("execute", 2500), absl::Milliseconds(2500));
+  absl::StatusOr<absl::Duration> huge = run_timeout("execute", int64_t{1} << 62);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(huge.status().message()),
+              AllOf(HasSubstr("execute: timeout_ms 4611686018427387904"), HasSubstr("limit of 3600000")));
+}
+
+TEST(RequestLimits, RegistrationsNeedAnIdInRangeAndAHostAndPort) {
+  EXPECT_TRUE(check_registration("worker-0", "127.0.0.1:4000", -1).ok());
+  EXPECT_TRUE(check_registration("w", "tessera-workers-3.tessera-workers:5000", 3).ok());
+  EXPECT_TRUE(check_registration("w", "[::1]:5000", 65535).ok());
+  struct Case {
+    std::string name, address;
+    int64_t id;
+    std::string error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"w", "127.0.0.1:1", 2147483647,
+            "requested device id 2147483647 is out of range (-1 for any, or 0 to 65535)"},
+           {"w", "127.0.0.1:1", -2, "requested device id -2"},
+           {"w", "not an address", 0, "has a space or a byte that is not printable ASCII"},
+           {"w", "nocolon", 0, "address 'nocolon' is not host:port"},
+           {"w", "host:0", 0, "is not host:port with a port from 1 to 65535"},
+           {"w", "host:65536", 0, "is not host:port"},
+           {"w", ":80", 0, "is not host:port"},
+           {"w", "::1:80", 0, "an IPv6 host in brackets"},
+           {"", "h:1", 0, "name is empty"},
+           {std::string(256, 'n'), "h:1", 0, "(256 bytes) is longer than 255 bytes"},
+       }) {
+    SCOPED_TRACE(c.address);
+    absl::Status s = check_registration(c.name, c.address, c.id);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.error));
+  }
+}
+
+TEST(RequestLimits, CompileGraphsNeedAnOutputAndParametersInOrder) {
+  pb::Graph graph;
+  absl::Status empty = check_compile_graph(graph, 0);
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(empty.message()), HasSubstr("has 0 nodes and 0 outputs; a program needs an output"));
+  pb::KernelNode* p = graph.add_nodes()->mutable_node();
+  p->set_op(pb::OP_PARAMETER);
+  p->mutable_parameter()->set_index(7);
+  graph.add_outputs(0);
+  absl::Status seven = check_compile_graph(graph, 1);
+  EXPECT_EQ(seven.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(seven.message()), HasSubstr("graph node 0 is parameter index 7 but it is parameter 0"));
+  p->mutable_parameter()->set_index(0);
+  EXPECT_TRUE(check_compile_graph(graph, 1).ok());
+  absl::Status specs = check_compile_graph(graph, 2);
+  EXPECT_THAT(std::string(specs.message()),
+              HasSubstr("the graph has 1 parameters but the request gives 2 input specs"));
 }
 
 }  // namespace

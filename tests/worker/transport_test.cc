@@ -25,6 +25,7 @@
 namespace tessera {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A transport behind a gRPC server of its own (only Exchange is served).
@@ -350,8 +351,8 @@ TEST(TransportDeliver, AnAuthenticatedStreamCarriesOnlyItsDevicesMessagesAndRing
   ASSERT_TRUE(transport.deliver(&message, &source, 2).ok());
   EXPECT_EQ(source, 2);
   const std::string data = "wxyz";
-  ASSERT_TRUE((*ring)->write({5, 0, 0, 4}, reinterpret_cast<const std::byte*>(data.data()),
-                             absl::Now() + absl::Seconds(10)));
+  ASSERT_TRUE(
+      (*ring)->write({5, 0, 0, 4}, reinterpret_cast<const std::byte*>(data.data()), absl::Now() + absl::Seconds(10)));
   absl::StatusOr<Received> got =
       transport.receive(2, "", {5, 0, 0}, absl::InfinitePast(), absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(got.ok()) << got.status();
@@ -360,10 +361,108 @@ TEST(TransportDeliver, AnAuthenticatedStreamCarriesOnlyItsDevicesMessagesAndRing
   EXPECT_EQ(bytes, data);
   EXPECT_TRUE((*ring)->attached());
   EXPECT_EQ(transport.shm_messages_received(), 1);
-  absl::StatusOr<Received> as_forged =
-      transport.receive(1, "", {5, 0, 0}, absl::InfinitePast(), absl::InfinitePast());
+  absl::StatusOr<Received> as_forged = transport.receive(1, "", {5, 0, 0}, absl::InfinitePast(), absl::InfinitePast());
   EXPECT_EQ(as_forged.status().code(), absl::StatusCode::kDeadlineExceeded) << as_forged.status();
   EXPECT_EQ(transport.forged_messages(), 2);
+}
+
+// The mailbox's bounds (issue #17 item 5): a source's share, the device's memory, messages of
+// ops that never start, and the ops a failed run will not start.
+pb::ExchangeMessage data_message(int source, uint64_t op, int chunk, std::string data) {
+  pb::ExchangeMessage m;
+  m.set_source_device(source);
+  m.set_op_id(op);
+  m.set_chunk(chunk);
+  m.set_data(std::move(data));
+  return m;
+}
+
+absl::Status deliver(Transport& transport, const pb::ExchangeMessage& m) {
+  grpc::ByteBuffer buffer = raw(m.SerializeAsString());
+  int source = -1;
+  return transport.deliver(&buffer, &source, -1);
+}
+
+TEST(TransportMailbox, ASourcesShareAndTheDevicesMemoryBoundItAndTheOpFailsAtOnce) {
+  Transport transport;
+  transport.set_self(0);
+  int64_t charged = 0;
+  bool memory_full = false;
+  MailboxOptions options;
+  options.bytes_per_peer = 8;
+  options.reserve = [&](int64_t bytes) {
+    if (memory_full) return false;
+    charged += bytes;
+    return true;
+  };
+  options.release = [&](int64_t bytes) { charged -= bytes; };
+  ASSERT_TRUE(transport.set_mailbox(options).ok());
+  ASSERT_TRUE(deliver(transport, data_message(2, 9, 0, "abcd")).ok());
+  ASSERT_TRUE(deliver(transport, data_message(2, 9, 1, "efgh")).ok());
+  ASSERT_TRUE(deliver(transport, data_message(2, 9, 2, "ijkl")).ok());  // over device 2's 8 bytes: dropped
+  ASSERT_TRUE(deliver(transport, data_message(3, 9, 0, "mnop")).ok());  // device 3's share is its own
+  EXPECT_EQ(transport.pending_messages(), 3);
+  EXPECT_EQ(transport.pending_bytes(), 12);
+  EXPECT_EQ(charged, 12);
+  EXPECT_EQ(transport.dropped_messages(), 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<Received> dropped = transport.receive(2, "h:1", {9, 0, 2}, absl::InfinitePast(), deadline);
+  EXPECT_EQ(dropped.status().code(), absl::StatusCode::kResourceExhausted) << dropped.status();
+  EXPECT_THAT(std::string(dropped.status().message()),
+              AllOf(HasSubstr("op 9 from device 2"), HasSubstr("8 bytes, --mailbox_bytes_per_peer")));
+  absl::StatusOr<Received> kept = transport.receive(3, "h:1", {9, 0, 0}, absl::InfinitePast(), deadline);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(charged, 8);
+  memory_full = true;
+  ASSERT_TRUE(deliver(transport, data_message(3, 10, 0, "qrst")).ok());
+  absl::StatusOr<Received> no_memory = transport.receive(3, "h:1", {10, 0, 0}, absl::InfinitePast(), deadline);
+  EXPECT_EQ(no_memory.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(no_memory.status().message()), HasSubstr("free memory (--memory_bytes)"));
+  transport.finish_op(9);
+  transport.finish_op(10);
+  EXPECT_EQ(transport.pending_messages(), 0);
+  EXPECT_EQ(transport.pending_bytes(), 0);
+  EXPECT_EQ(charged, 0);
+}
+
+TEST(TransportMailbox, MessagesOfOpsThatNeverStartAreDroppedAfterTheTtl) {
+  Transport transport;
+  transport.set_self(0);
+  MailboxOptions options;
+  options.unclaimed_ttl = absl::Milliseconds(40);
+  ASSERT_TRUE(transport.set_mailbox(options).ok());
+  // Op 21 has started here (a receive waited for it), op 20 never does.
+  EXPECT_EQ(transport.receive(1, "h:1", {21, 0, 1}, absl::InfinitePast(), absl::InfinitePast()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(deliver(transport, data_message(1, 20, 0, "old")).ok());
+  ASSERT_TRUE(deliver(transport, data_message(1, 21, 0, "awaited")).ok());
+  absl::SleepFor(absl::Milliseconds(60));  // the rule under test is an age: let them age past it
+  ASSERT_TRUE(deliver(transport, data_message(1, 22, 0, "new")).ok());  // a delivery sweeps
+  EXPECT_EQ(transport.pending_messages(), 2);
+  EXPECT_EQ(transport.dropped_messages(), 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<Received> old = transport.receive(1, "h:1", {20, 0, 0}, absl::InfinitePast(), deadline);
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(old.status().message()), HasSubstr("longer than the mailbox keeps unclaimed messages"));
+  EXPECT_TRUE(transport.receive(1, "h:1", {21, 0, 0}, absl::InfinitePast(), deadline).ok());
+  EXPECT_TRUE(transport.receive(1, "h:1", {22, 0, 0}, absl::InfinitePast(), deadline).ok());
+}
+
+TEST(TransportMailbox, FinishingARangeDropsItsOpsNowAndLater) {
+  Transport transport;
+  transport.set_self(0);
+  for (uint64_t op : {30, 31, 35}) ASSERT_TRUE(deliver(transport, data_message(1, op, 0, "x")).ok());
+  transport.finish_ops(30, 35);  // a failed run's ops 30..34
+  EXPECT_EQ(transport.pending_messages(), 1);
+  ASSERT_TRUE(deliver(transport, data_message(1, 32, 0, "late")).ok());
+  ASSERT_TRUE(deliver(transport, data_message(1, 34, 0, "late")).ok());
+  EXPECT_EQ(transport.pending_messages(), 1);
+  EXPECT_EQ(transport.dropped_messages(), 2);
+  EXPECT_TRUE(transport.receive(1, "h:1", {35, 0, 0}, absl::InfinitePast(), absl::Now() + absl::Seconds(10)).ok());
+  // Single ops finished one after another merge into one range; none is forgotten early.
+  for (uint64_t op = 100; op < 100 + 10'000; ++op) transport.finish_op(op);
+  ASSERT_TRUE(deliver(transport, data_message(1, 100, 0, "late")).ok());
+  EXPECT_EQ(transport.pending_messages(), 0);
 }
 
 }  // namespace

@@ -1,10 +1,14 @@
 // Unit tests of the worker's pieces that need no network: the buffer store, the reduction
-// kernels, and the interpreter's in-place writes.
+// kernels, the interpreter's in-place writes and memory estimate, and the thread pool.
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "core/thread_pool.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/buffer_store.h"
 #include "worker/collectives/reduce.h"
@@ -172,6 +176,117 @@ TEST(Reduce, IntegerSumsWrapAround) {
   int32_t a = 2147483647, b = 1;
   reduce_into(DType::kI32, ReduceOp::kSum, reinterpret_cast<std::byte*>(&a), reinterpret_cast<const std::byte*>(&b), 1);
   EXPECT_EQ(a, -2147483647 - 1);
+}
+
+// The estimate follows the interpreter: y * y is new memory, x - (y * y) writes over it (it
+// dies there and nothing else holds it); a donated x counts from the start and takes the
+// subtraction's result. Hand-counted: 4000 bytes per f32[1000].
+TEST(PlanMemory, PeakFollowsLivenessAndInPlaceWrites) {
+  auto x = std::make_shared<const HostArray>(HostArray::arange(DType::kF32, {1000}));
+  auto y = std::make_shared<const HostArray>(HostArray::ones(DType::kF32, {1000}));
+  PlanPeak kept = peak_memory(sgd_plan(1000, false), {x, y});
+  EXPECT_EQ(kept.bytes, 4000);
+  EXPECT_EQ(kept.instruction, 0);  // the mul; the sub reuses its slot
+  PlanPeak donated = peak_memory(sgd_plan(1000, true), {x, y});
+  EXPECT_EQ(donated.bytes, 8000);  // x, donated, and y * y
+  EXPECT_EQ(donated.instruction, 0);
+}
+
+// A plan with no inputs that makes a 512 MiB intermediate (the program, which ran on
+// an 8 MiB device): iota f32[2^27], then its sum. Both live at the reduction.
+TEST(PlanMemory, AnIntermediateWithoutInputsCounts) {
+  DevicePlan plan;
+  plan.num_slots = 2;
+  plan.output_slots = {1};
+  Instruction iota;
+  iota.out = 0;
+  iota.node.op = Op::kIota;
+  iota.node.dtype = DType::kF32;
+  iota.node.shape = {int64_t{1} << 27};
+  Instruction sum;
+  sum.out = 1;
+  sum.in = {0};
+  sum.node.op = Op::kReduceSum;
+  sum.node.dtype = DType::kF32;
+  sum.node.shape = {};
+  Instruction free;
+  free.kind = Instruction::Kind::kFree;
+  free.in = {0};
+  plan.code = {iota, sum, free};
+  PlanPeak peak = peak_memory(plan, {});
+  EXPECT_EQ(peak.bytes, (int64_t{512} << 20) + 4);
+  EXPECT_EQ(peak.instruction, 1);
+  EXPECT_EQ(instruction_name(plan.code[peak.instruction]), "reduce_sum");
+}
+
+// Inline runs are decided by cost, not input bytes: the iota plan has no inputs but writes
+// 512 MiB; x - y * y on f32[1000] touches 16,000 bytes; a collective never runs inline.
+TEST(PlanCost, RunsInlineOnlyWhenSmallAndAlone) {
+  EXPECT_TRUE(runs_inline(sgd_plan(1000, false), 8000));
+  EXPECT_FALSE(runs_inline(sgd_plan(1000, false), kInlineBytes));  // with its results, over
+  EXPECT_FALSE(runs_inline(sgd_plan(100'000, false), 0));
+  DevicePlan iota;
+  iota.num_slots = 1;
+  iota.output_slots = {0};
+  Instruction make;
+  make.out = 0;
+  make.node.op = Op::kIota;
+  make.node.dtype = DType::kF32;
+  make.node.shape = {int64_t{1} << 27};
+  iota.code = {make};
+  EXPECT_FALSE(runs_inline(iota, 0));
+  DevicePlan with_collective = sgd_plan(10, false);
+  Instruction all_reduce;
+  all_reduce.kind = Instruction::Kind::kCollective;
+  all_reduce.out = 3;
+  all_reduce.in = {3};
+  all_reduce.node.dtype = DType::kF32;
+  all_reduce.node.shape = {10};
+  with_collective.code.push_back(all_reduce);
+  EXPECT_FALSE(runs_inline(with_collective, 0));
+  EXPECT_TRUE(runs_inline(sgd_plan(10, false), 0));
+}
+
+TEST(BufferStore, ChargedBytesCountAgainstTheLimit) {
+  BufferStore store(100);
+  EXPECT_TRUE(store.charge(60));
+  EXPECT_FALSE(store.charge(41));
+  EXPECT_EQ(store.stats().bytes_used, 60);
+  EXPECT_EQ(store.reserve(1, 50).code(), absl::StatusCode::kResourceExhausted);
+  store.uncharge(60);
+  EXPECT_TRUE(store.reserve(1, 50).ok());
+}
+
+TEST(ThreadPool, RefusesPastItsLimitReusesThreadsAndJoinsThem) {
+  std::atomic<int> ran{0};
+  {
+    ThreadPool pool("test work", 2);
+    absl::Notification release;
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(pool.run([&] {
+                        release.WaitForNotificationWithTimeout(absl::Seconds(30));
+                        ++ran;
+                      })
+                      .ok());
+    }
+    absl::Status refused = pool.run([&] { ++ran; });
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("test work: 2 are running already"));
+    release.Notify();
+    // Once the two are done, more work reuses their threads.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (pool.busy() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));  // polling, bounded
+    for (int i = 0; i < 10; ++i) {
+      absl::Status started = pool.run([&] { ++ran; });
+      if (!started.ok()) {  // both may still be running the previous ones
+        --i;
+        ASSERT_LT(absl::Now(), deadline);
+        absl::SleepFor(absl::Milliseconds(1));  // polling, bounded
+      }
+    }
+    EXPECT_EQ(pool.threads(), 2);
+  }  // joins after the work handed over has run
+  EXPECT_EQ(ran.load(), 12);
 }
 
 }  // namespace

@@ -179,7 +179,8 @@ class Transport::Link {
   void offer_ring() {
     // Sparse until written: a ring the peer never opens (another host) costs a header page.
     std::random_device random;
-    absl::StatusOr<std::unique_ptr<ShmRing>> created = ShmRing::create(ring_bytes_, uint64_t{random()} << 32 | random());
+    absl::StatusOr<std::unique_ptr<ShmRing>> created =
+        ShmRing::create(ring_bytes_, uint64_t{random()} << 32 | random());
     if (!created.ok()) {
       std::fprintf(stderr, "tessera-worker: no shared memory to device %d, using gRPC: %s\n", peer_,
                    created.status().ToString().c_str());
@@ -384,7 +385,9 @@ class Transport::Link {
 class Transport::InboundRing {
  public:
   InboundRing(Transport* transport, int source, std::string segment, uint64_t token)
-      : transport_(transport), source_(source), segment_(std::move(segment)), token_(token), thread_([this] { run(); }) {}
+      : transport_(transport), source_(source), segment_(std::move(segment)), token_(token), thread_([this] {
+          run();
+        }) {}
 
   ~InboundRing() {
     stop();
@@ -428,10 +431,11 @@ class Transport::InboundRing {
       ShmRing::Record record;
       absl::StatusOr<bool> got = ring->next(&record, absl::Now() + kRingRecheck);
       if (!got.ok() || (*got && record.bytes > kMaxChunkBytes)) {
-        std::fprintf(stderr, "tessera-worker: dropping the shared-memory ring from device %d: %s\n", source_,
-                     got.ok() ? absl::StrCat("a message of ", record.bytes, " bytes exceeds the limit of ",
-                                             kMaxChunkBytes).c_str()
-                              : got.status().ToString().c_str());
+        std::fprintf(
+            stderr, "tessera-worker: dropping the shared-memory ring from device %d: %s\n", source_,
+            got.ok()
+                ? absl::StrCat("a message of ", record.bytes, " bytes exceeds the limit of ", kMaxChunkBytes).c_str()
+                : got.status().ToString().c_str());
         break;
       }
       if (!*got) {
@@ -571,7 +575,8 @@ std::shared_ptr<Transport::Link> Transport::current_link_locked(int peer, const 
   // A broken link, or one to an address the peer no longer has (it restarted elsewhere), is
   // replaced; the old one is retired (destroyed later, outside the lock).
   if (slot != nullptr && (slot->broken() || slot->address() != address)) retired_.push_back(std::move(slot));
-  if (slot == nullptr) slot = std::make_shared<Link>(this, self_, peer, address, shm_.enabled ? shm_.ring_bytes : 0, shm_.host);
+  if (slot == nullptr)
+    slot = std::make_shared<Link>(this, self_, peer, address, shm_.enabled ? shm_.ring_bytes : 0, shm_.host);
   return slot;
 }
 
@@ -581,7 +586,7 @@ void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     for (uint64_t op : ops) {
-      if (finished_.count(op) > 0) continue;
+      if (finished_locked(op)) continue;
       failed_ops_[op] = peer_name(failed.peer(), failed.address());
       if (failed_ops_.size() > kRememberedOps) failed_ops_.erase(failed_ops_.begin());  // the oldest op
     }
@@ -607,13 +612,12 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
 }
 
 absl::Status Transport::stream_failed(uint64_t op, const std::string& peer) {
-  return absl::UnavailableError(absl::StrCat("the stream to ", peer, " failed with messages of op ", op,
-                                             " in flight, which may be lost"));
+  return absl::UnavailableError(
+      absl::StrCat("the stream to ", peer, " failed with messages of op ", op, " in flight, which may be lost"));
 }
 
-absl::StatusOr<Received> Transport::receive(int source, const std::string& address, MessageTag tag,
-                                            absl::Time op_start, absl::Time deadline,
-                                            const std::function<bool()>& cancelled) {
+absl::StatusOr<Received> Transport::receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
+                                            absl::Time deadline, const std::function<bool()>& cancelled) {
   const Key key{tag.op, source, tag.step, tag.chunk};
   absl::MutexLock lock(&mu_);
   // A source counts as gone only if its stream ended while this op ran: a stream that ended
@@ -624,8 +628,10 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
   };
   const std::pair<uint64_t, int> from{tag.op, source};
   auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return mailbox_.count(key) > 0 || gone() || lost_.count(from) > 0 || failed_ops_.count(tag.op) > 0;
+    return mailbox_.count(key) > 0 || gone() || lost_.count(from) > 0 || failed_ops_.count(tag.op) > 0 ||
+           refused_.count(from) > 0;
   };
+  started_.insert(tag.op);  // its messages are awaited now: no longer unclaimed
   // Wake up now and then to notice a cancelled call (the coordinator gave up on the op).
   while (!mu_.AwaitWithDeadline(absl::Condition(&arrived), std::min(deadline, absl::Now() + kCancelPoll))) {
     if (absl::Now() >= deadline) {
@@ -636,6 +642,10 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
   }
   auto it = mailbox_.find(key);
   if (it == mailbox_.end()) {
+    if (auto refused = refused_.find(from); refused != refused_.end()) {
+      return absl::ResourceExhaustedError(absl::StrCat("a message of op ", tag.op, " from ", peer_name(source, address),
+                                                       " was dropped: ", refused->second));
+    }
     if (auto failed = failed_ops_.find(tag.op); failed != failed_ops_.end()) {
       return stream_failed(tag.op, failed->second);
     }
@@ -645,22 +655,83 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
     }
     return absl::UnavailableError(absl::StrCat(peer_name(source, address), " went away during op ", tag.op));
   }
-  Received data = std::move(it->second);
-  mailbox_.erase(it);
+  Received data = std::move(it->second.data);
+  take_locked(it);
   return data;
 }
 
-void Transport::finish_op(uint64_t op) {
+void Transport::finish_ops(uint64_t first, uint64_t end) {
+  if (end <= first) return;
   absl::MutexLock lock(&mu_);
-  mailbox_.erase(mailbox_.lower_bound(Key{op, INT32_MIN, INT32_MIN, INT32_MIN}),
-                 mailbox_.upper_bound(Key{op, INT32_MAX, INT32_MAX, INT32_MAX}));
-  failed_ops_.erase(op);
-  lost_.erase(lost_.lower_bound({op, INT_MIN}), lost_.upper_bound({op, INT_MAX}));
-  if (finished_.insert(op).second) finished_order_.push_back(op);
-  while (finished_order_.size() > kRememberedOps) {
-    finished_.erase(finished_order_.front());
-    finished_order_.pop_front();
+  for (auto it = mailbox_.lower_bound(Key{first, INT_MIN, INT32_MIN, INT32_MIN});
+       it != mailbox_.end() && std::get<0>(it->first) < end;) {
+    take_locked(it++);
   }
+  failed_ops_.erase(failed_ops_.lower_bound(first), failed_ops_.lower_bound(end));
+  lost_.erase(lost_.lower_bound({first, INT_MIN}), lost_.lower_bound({end, INT_MIN}));
+  refused_.erase(refused_.lower_bound({first, INT_MIN}), refused_.lower_bound({end, INT_MIN}));
+  started_.erase(started_.lower_bound(first), started_.lower_bound(end));
+  // Kept as ranges, merged with the one before when they touch (a run's ops finish in order).
+  auto next = finished_.upper_bound(first);
+  if (next != finished_.begin() && std::prev(next)->second >= first) {
+    std::prev(next)->second = std::max(std::prev(next)->second, end);
+  } else {
+    finished_[first] = end;
+  }
+  while (finished_.size() > kRememberedOps) finished_.erase(finished_.begin());  // the oldest ids
+}
+
+bool Transport::finished_locked(uint64_t op) const {
+  auto it = finished_.upper_bound(op);  // the first range starting after op
+  return it != finished_.begin() && std::prev(it)->second > op;
+}
+
+void Transport::take_locked(std::map<Key, Held>::iterator it) {
+  const int64_t bytes = it->second.data.size();
+  held_bytes_[std::get<1>(it->first)] -= bytes;
+  pending_bytes_ -= bytes;
+  if (mailbox_options_.release) mailbox_options_.release(bytes);
+  mailbox_.erase(it);
+}
+
+void Transport::refuse_locked(uint64_t op, int from, std::string why) {
+  if (dropped_++ < 10) {
+    std::fprintf(stderr, "tessera-worker: dropped a message of op %lu from device %d: %s\n",
+                 static_cast<unsigned long>(op), from, why.c_str());
+  }
+  refused_.emplace(std::make_pair(op, from), std::move(why));
+  if (refused_.size() > kRememberedOps) refused_.erase(refused_.begin());  // the oldest op
+}
+
+void Transport::sweep_locked(absl::Time now) {
+  const absl::Duration ttl = mailbox_options_.unclaimed_ttl;
+  if (now - last_sweep_ < ttl / 4) return;
+  last_sweep_ = now;
+  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
+    const uint64_t op = std::get<0>(it->first);
+    const int from = std::get<1>(it->first);
+    if (now - it->second.arrived <= ttl || started_.count(op) > 0) {
+      ++it;
+      continue;
+    }
+    refuse_locked(
+        op, from,
+        absl::StrCat("it waited ", absl::FormatDuration(absl::Trunc(now - it->second.arrived, absl::Milliseconds(1))),
+                     " for its op to start here, longer than the mailbox keeps unclaimed messages (",
+                     absl::FormatDuration(ttl), ")"));
+    take_locked(it++);
+  }
+}
+
+absl::Status Transport::set_mailbox(MailboxOptions options) {
+  if (options.bytes_per_peer <= 0 || options.unclaimed_ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("mailbox: bytes_per_peer (", options.bytes_per_peer,
+                                                   ") and unclaimed_ttl (", absl::FormatDuration(options.unclaimed_ttl),
+                                                   ") must be positive"));
+  }
+  absl::MutexLock lock(&mu_);
+  mailbox_options_ = std::move(options);
+  return absl::OkStatus();
 }
 
 namespace {
@@ -763,7 +834,7 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
   if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
   SliceReader reader(data.slices_);
   uint64_t fields[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};  // source_device, op_id, step, chunk; shm_token at 8
-  std::string shm_segment, shm_host;  // an offer (see ExchangeMessage.shm_segment)
+  std::string shm_segment, shm_host;                 // an offer (see ExchangeMessage.shm_segment)
   bool has_data = false;
   std::vector<uint64_t> lost_ops;  // a notice (see ExchangeMessage.lost_ops)
   uint64_t key = 0;
@@ -780,8 +851,8 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
         return absl::InvalidArgumentError("Exchange: truncated message");
       }
       if (length > kMaxOfferString) {
-        return absl::InvalidArgumentError(absl::StrCat("Exchange: field ", field, " of ", length,
-                                                       " bytes exceeds the limit of ", kMaxOfferString));
+        return absl::InvalidArgumentError(
+            absl::StrCat("Exchange: field ", field, " of ", length, " bytes exceeds the limit of ", kMaxOfferString));
       }
       std::string& out = field == 7 ? shm_segment : shm_host;
       out.clear();
@@ -873,7 +944,7 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
     // The sender's earlier streams here failed: waits for these ops' messages from it fail at
     // once (what arrived before stays in the mailbox and is still delivered).
     for (uint64_t op : lost_ops) {
-      if (finished_.count(op) > 0) continue;
+      if (finished_locked(op)) continue;
       lost_.insert({op, from});
       if (lost_.size() > kRememberedOps) lost_.erase(lost_.begin());  // the oldest op
     }
@@ -887,8 +958,31 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
 void Transport::file_message(int from, MessageTag tag, Received data, bool via_shm) {
   absl::MutexLock lock(&mu_);
   if (via_shm) ++shm_received_;
-  if (finished_.count(tag.op) > 0) return;
-  mailbox_[Key{tag.op, from, tag.step, tag.chunk}] = std::move(data);
+  if (finished_locked(tag.op)) {  // late: nobody will ask for it
+    ++dropped_;
+    return;
+  }
+  const absl::Time now = absl::Now();
+  sweep_locked(now);
+  if (refused_.count({tag.op, from}) > 0) return;  // the op fails anyway: keep nothing of it
+  const Key key{tag.op, from, tag.step, tag.chunk};
+  if (auto old = mailbox_.find(key); old != mailbox_.end()) take_locked(old);  // a repeat replaces it
+  const int64_t bytes = data.size();
+  int64_t& held = held_bytes_[from];
+  if (held + bytes > mailbox_options_.bytes_per_peer) {
+    refuse_locked(tag.op, from,
+                  absl::StrCat("the device's messages waiting here would exceed their share of the mailbox (",
+                               mailbox_options_.bytes_per_peer, " bytes, --mailbox_bytes_per_peer)"));
+    return;
+  }
+  if (mailbox_options_.reserve && !mailbox_options_.reserve(bytes)) {
+    refuse_locked(tag.op, from,
+                  absl::StrCat("its ", bytes, " bytes do not fit in this device's free memory (--memory_bytes)"));
+    return;
+  }
+  held += bytes;
+  pending_bytes_ += bytes;
+  mailbox_.emplace(key, Held{std::move(data), now});
 }
 
 // Reads one peer's stream. Never blocks in a reaction: filing a message takes the
@@ -964,6 +1058,16 @@ void Transport::stream_ended(int source) {
 int64_t Transport::pending_messages() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(mailbox_.size());
+}
+
+int64_t Transport::pending_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return pending_bytes_;
+}
+
+int64_t Transport::dropped_messages() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_;
 }
 
 }  // namespace tessera

@@ -13,6 +13,11 @@
 //   absl::StatusOr<Received> data = transport.receive(source, address, {op, step, chunk}, start, deadline);
 //   data->copy_to(dst);   // or data->reduce_into(dtype, op, acc)
 //   transport.finish_op(op);     // drops what is left of op; late messages are discarded
+//
+// The mailbox is bounded (MailboxOptions): each source may hold at most bytes_per_peer there,
+// charged to the device's memory, and a message of an op that has not started here within
+// unclaimed_ttl of its arrival is dropped. Either way the drop is counted and remembered, so
+// the op's wait for that message fails at once, saying why, instead of at its deadline.
 #ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 #define TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 
@@ -36,10 +41,10 @@
 #include "core/collective.h"
 #include "core/credentials.h"
 #include "core/dtype.h"
-#include "worker/collectives/algorithms.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/slice.h"
+#include "worker/collectives/algorithms.h"
 
 namespace tessera {
 
@@ -70,6 +75,16 @@ class Received {
   int64_t bytes_ = 0;
 };
 
+// The mailbox's bounds (see above).
+struct MailboxOptions {
+  int64_t bytes_per_peer = int64_t{64} << 20;
+  absl::Duration unclaimed_ttl = absl::Seconds(60);
+  // The device's memory: reserve(bytes) is false when they do not fit; release gives them back.
+  // Unset: nothing is charged.
+  std::function<bool(int64_t)> reserve;
+  std::function<void(int64_t)> release;
+};
+
 // The shared-memory data path between workers of one host (see shm_ring.h).
 struct ShmOptions {
   bool enabled = false;
@@ -88,6 +103,10 @@ class Transport {
   ~Transport();  // cancels every link and joins its writer
 
   void set_self(int device_id);
+
+  // Bounds the mailbox (before the first message arrives). INVALID_ARGUMENT for a bound that
+  // is not positive.
+  absl::Status set_mailbox(MailboxOptions options);
 
   // Offers a shared-memory ring to every peer this worker sends to from now on: a peer on the
   // same host (the same ShmOptions::host) that has it enabled too opens it, and the messages
@@ -122,13 +141,16 @@ class Transport {
   // Waits for the message `tag` from `source` (at `address`, for errors). DEADLINE_EXCEEDED
   // naming the source at `deadline`; UNAVAILABLE as soon as the source's stream to this worker
   // ends after `op_start`, the source's notice says its messages of the op may be lost, or a
-  // link of ours failed with messages of the op in flight (naming that peer); CANCELLED soon
-  // after `cancelled()` turns true.
+  // link of ours failed with messages of the op in flight (naming that peer); RESOURCE_EXHAUSTED
+  // naming the bound when a message of the op from the source was dropped for the mailbox's
+  // bounds; CANCELLED soon after `cancelled()` turns true.
   absl::StatusOr<Received> receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
                                    absl::Time deadline, const std::function<bool()>& cancelled = nullptr);
 
   // Drops every stored message of `op` and discards any that arrive later.
-  void finish_op(uint64_t op);
+  void finish_op(uint64_t op) { finish_ops(op, op + 1); }
+  // The same for every op in [first, end): a failed plan run's ops it will never start.
+  void finish_ops(uint64_t first, uint64_t end);
 
   // The reactor that reads one peer's Exchange stream into this transport (the worker's
   // raw Exchange handler returns it; it deletes itself when the stream ends).
@@ -140,8 +162,12 @@ class Transport {
   // Messages dropped because their sender was not the device their stream authenticated.
   int64_t forged_messages() const;
 
-  // Messages held in the mailbox (for tests: zero after every collective has finished).
+  // Messages held in the mailbox (for tests: zero after every collective has finished), and
+  // their bytes.
   int64_t pending_messages() const;
+  int64_t pending_bytes() const;
+  // Messages dropped unconsumed: of finished ops, or for the mailbox's bounds.
+  int64_t dropped_messages() const;
 
   // Parses one raw ExchangeMessage and files it; `source` is the stream's sender (-1 before
   // its first message). INVALID_ARGUMENT for malformed bytes or a change of sender. A message
@@ -167,8 +193,20 @@ class Transport {
   // callback threads; never blocks.
   void link_failed(const Link& failed, const std::vector<uint64_t>& ops);
   static absl::Status stream_failed(uint64_t op, const std::string& peer);
-  // Files one message of `from` in the mailbox (dropped if its op has finished).
+  // Files one message of `from` in the mailbox (dropped if its op has finished, or over the
+  // mailbox's bounds).
   void file_message(int from, MessageTag tag, Received data, bool via_shm);
+  struct Held {
+    Received data;
+    absl::Time arrived;
+  };
+  bool finished_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a message from the mailbox, giving back its bytes.
+  void take_locked(std::map<Key, Held>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the messages of ops not started here within unclaimed_ttl (every ttl/4 at most).
+  void sweep_locked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a dropped message of (op, from) and remembers why, for the op's wait.
+  void refuse_locked(uint64_t op, int from, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
   // reader thread, which opens it, and returns).
   void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host);
@@ -182,11 +220,21 @@ class Transport {
   int self_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t forged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
-  std::map<Key, Received> mailbox_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Held> mailbox_ ABSL_GUARDED_BY(mu_);
+  MailboxOptions mailbox_options_ ABSL_GUARDED_BY(mu_);
+  std::map<int, int64_t> held_bytes_ ABSL_GUARDED_BY(mu_);  // per source
+  int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> started_ ABSL_GUARDED_BY(mu_);  // ops a receive began here, until they finish
+  // (op, source): messages dropped for the bounds, and why (until the op finishes; at most
+  // kRememberedOps, the oldest ids dropped first).
+  std::map<std::pair<uint64_t, int>, std::string> refused_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> live_streams_ ABSL_GUARDED_BY(mu_);       // per source: streams that carried data
   std::map<int, absl::Time> down_since_ ABSL_GUARDED_BY(mu_);  // sources whose streams all ended, and when
-  std::set<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
-  std::deque<uint64_t> finished_order_ ABSL_GUARDED_BY(mu_);
+  // Finished ops as ranges [first, end) by first, at most kRememberedOps (the oldest go first:
+  // ids only grow).
+  std::map<uint64_t, uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   // Ops whose messages a link of ours may have lost, with the peer (until the op finishes;
   // at most kRememberedOps, the oldest ids dropped first: ids only grow).
   std::map<uint64_t, std::string> failed_ops_ ABSL_GUARDED_BY(mu_);

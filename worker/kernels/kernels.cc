@@ -30,16 +30,16 @@ absl::Status error(const Node& node, const Args&... args) {
 struct Registry {
   internal::KernelFn cpu[kNumOps] = {};
   Registry() {
-    for (absl::Span<const internal::KernelEntry> family :
-         {internal::elementwise_kernels(), internal::layout_kernels(), internal::reduction_kernels(),
-          internal::dot_kernels()}) {
+    for (absl::Span<const internal::KernelEntry> family : {internal::elementwise_kernels(), internal::layout_kernels(),
+                                                           internal::reduction_kernels(), internal::dot_kernels()}) {
       for (const internal::KernelEntry& k : family) cpu[static_cast<int>(k.op)] = k.fn;
     }
   }
 };
 
 absl::Status check_node(const Node& node, const std::vector<const HostArray*>& xs) {
-  if (!is_op(node.op)) return absl::InvalidArgumentError(absl::StrCat("run_kernel: unknown op ", static_cast<int>(node.op)));
+  if (!is_op(node.op))
+    return absl::InvalidArgumentError(absl::StrCat("run_kernel: unknown op ", static_cast<int>(node.op)));
   if (node.op == Op::kParameter) {
     return error(node, "has no kernel: a parameter's value is an input of the program, not computed");
   }
@@ -75,7 +75,11 @@ KernelFn find_kernel(Op op, Backend backend) {
 }  // namespace internal
 
 bool can_run_in_place(const Node& node, const HostArray& operand) {
-  return has_trait(node.op, kInPlace) && operand.dtype() == node.dtype && operand.shape() == node.shape;
+  return can_run_in_place(node, operand.dtype(), operand.shape());
+}
+
+bool can_run_in_place(const Node& node, DType dtype, const Shape& shape) {
+  return has_trait(node.op, kInPlace) && dtype == node.dtype && shape == node.shape;
 }
 
 absl::Status run_kernel_in_place(const Node& node, const std::vector<const HostArray*>& operands, int reuse) {

@@ -44,6 +44,8 @@ absl::StatusOr<HostArray> run_kernel(const Node& node, const std::vector<const H
 // Whether `node` can write its result over `operand`'s storage: it is elementwise (unary,
 // arithmetic binary or select) and its result has the operand's dtype and shape.
 bool can_run_in_place(const Node& node, const HostArray& operand);
+// The same for an operand of `dtype` and `shape` (a plan's memory estimate, before it runs).
+bool can_run_in_place(const Node& node, DType dtype, const Shape& shape);
 
 // run_kernel with the result written over operands[reuse]'s elements instead of new storage,
 // so that array then holds the result. The interpreter uses it for an operand whose slot dies
