@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/client_impl.h"
 #include "client/transfer.h"
 #include "core/credentials.h"
@@ -304,24 +305,31 @@ absl::StatusOr<std::vector<Device>> Client::devices() const {
 }
 
 absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names) const {
+  return make_mesh(std::move(shape), std::move(axis_names), std::initializer_list<AxisType>{});
+}
+
+absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
+                                       std::initializer_list<AxisType> axis_types) const {
   TESSERA_ASSIGN_OR_RETURN(std::vector<Device> all, devices());
   std::vector<int> ids;
   for (const Device& d : all) {
     if (d.alive) ids.push_back(d.id);
   }
   int64_t wanted = 1;
-  for (int64_t s : shape) wanted *= s;
-  if (wanted != static_cast<int64_t>(ids.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("make_mesh: the mesh shape needs ", wanted,
-                                                   " devices but the cluster has ", ids.size(),
-                                                   " alive; pass device ids to use a subset"));
+  for (int64_t s : shape) wanted = s > 0 && wanted <= (int64_t{1} << 24) ? wanted * s : 0;
+  // As jax.make_mesh: the first prod(shape) devices; more than there are is an error.
+  if (wanted > static_cast<int64_t>(ids.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("make_mesh: the mesh shape (", absl::StrJoin(shape, ", "),
+                                                   ") needs ", wanted, " devices but the cluster has ", ids.size(),
+                                                   " alive"));
   }
-  return tessera::make_mesh(std::move(shape), std::move(axis_names), std::move(ids));
+  if (wanted > 0) ids.resize(static_cast<size_t>(wanted));
+  return tessera::make_mesh(std::move(shape), std::move(axis_names), std::move(ids), axis_types);
 }
 
 absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
-                                       std::vector<int> device_ids) const {
-  return tessera::make_mesh(std::move(shape), std::move(axis_names), std::move(device_ids));
+                                       std::vector<int> device_ids, std::vector<AxisType> axis_types) const {
+  return tessera::make_mesh(std::move(shape), std::move(axis_names), std::move(device_ids), std::move(axis_types));
 }
 
 absl::StatusOr<Array> Client::device_put(const HostArray& host, const NamedSharding& sharding) const {

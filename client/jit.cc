@@ -33,6 +33,10 @@ struct Jitted::State {
   // The text of `compiled` as `kind` asks (for one device's view: `device`), or a line
   // naming the error.
   static std::string text_of(const Compiled& compiled, pb::CompileRequest::Text kind, int device);
+  // What the coordinator would refuse of a traced `graph` for arguments on `mesh`, refused
+  // here, once, naming the meshes (never its address): a constraint or a shard_map onto
+  // another mesh; out_shardings that do not fit the outputs (NamedSharding::validate's rules).
+  absl::Status check_traced(const Graph& graph, const Mesh& mesh) const;
   // Traces and compiles the function for `signature` (args' types and shardings), and caches
   // the result under it.
   absl::StatusOr<std::shared_ptr<const Compiled>> compile(const std::string& signature, const Mesh& mesh,
@@ -135,19 +139,34 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     if (a.client != first.client)
       return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " is on another client"));
     if (a.sharding.mesh() != mesh) {
-      return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " is on ", a.sharding.mesh().to_string(),
-                                                     ", argument 0 on ", mesh.to_string(),
-                                                     "; every argument must be on one mesh"));
+      const auto [this_mesh, first_mesh] = distinguish(a.sharding.mesh(), mesh);
+      return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " is on ", this_mesh, ", argument 0 on ",
+                                                     first_mesh, "; every argument must be on one mesh"));
     }
-    if (!in_shardings.empty() && in_shardings[i].has_value() && !(*in_shardings[i] == a.sharding.spec())) {
-      return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " has sharding ",
-                                                     a.sharding.spec().to_string(), " but in_shardings[", i, "] is ",
-                                                     in_shardings[i]->to_string(),
-                                                     "; committed arrays are not moved implicitly (as in JAX): "
-                                                     "device_put it with the wanted sharding"));
+    if (!in_shardings.empty() && in_shardings[i].has_value()) {
+      // The checks and the message of an out_shardings entry that does not fit its output.
+      const NamedSharding wanted(mesh, *in_shardings[i]);
+      absl::Status fits = wanted.validate(a.shape);
+      if (!fits.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("jit: input ", i, " ", type_to_string(a.dtype, a.shape), ": ",
+                                                       fits.message(), " (in_shardings[", i, "])"));
+      }
+      if (!wanted.is_equivalent_to(a.sharding, static_cast<int>(a.shape.size()))) {
+        return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " has sharding ",
+                                                       a.sharding.spec().to_string(), " but in_shardings[", i, "] is ",
+                                                       in_shardings[i]->to_string(),
+                                                       "; committed arrays are not moved implicitly (as in JAX): "
+                                                       "device_put it with the wanted sharding"));
+      }
     }
     types.push_back({a.dtype, a.shape});
     absl::StrAppend(&signature, dtype_name(a.dtype), shape_to_string(a.shape), a.sharding.spec().to_string(), ";");
+  }
+  if (mesh.has_axis_type(AxisType::kExplicit) || mesh.has_axis_type(AxisType::kManual)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "jit: the arguments are on ", mesh.to_string(),
+        ", but Tessera compiles only for Auto mesh axes yet (explicit sharding is not built): make the mesh with "
+        "AxisType::kAuto axes (make_mesh's default)"));
   }
   std::shared_ptr<const State::Compiled> compiled;
   {
@@ -266,10 +285,38 @@ void Jitted::State::recompile(const std::shared_ptr<State>& state, const std::st
       });
 }
 
+absl::Status Jitted::State::check_traced(const Graph& graph, const Mesh& mesh) const {
+  for (int id = 0; id < graph.size(); ++id) {
+    const Node& n = graph.node(id);
+    const Mesh* on = mesh_of(n);
+    if (on == nullptr || *on == mesh) continue;
+    const auto [theirs, ours] = distinguish(*on, mesh);
+    const char* what = n.op == Op::kShardingConstraint ? "with_sharding_constraint" : "shard_map";
+    return absl::InvalidArgumentError(
+        absl::StrCat("jit: a ", what, " onto ", theirs, " in a function whose arguments are on ", ours,
+                     "; Tessera moves values within one mesh: put the arguments on that mesh, or name theirs"));
+  }
+  if (!options.out_shardings.empty() && options.out_shardings.size() != graph.outputs().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("jit: out_shardings has ", options.out_shardings.size(),
+                                                   " entries for ", graph.outputs().size(), " outputs"));
+  }
+  for (size_t i = 0; i < options.out_shardings.size(); ++i) {
+    if (!options.out_shardings[i].has_value()) continue;
+    const Node& o = graph.node(graph.outputs()[i]);
+    absl::Status fits = NamedSharding(mesh, *options.out_shardings[i]).validate(o.shape);
+    if (!fits.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("jit: output ", i, " ", type_to_string(o.dtype, o.shape), ": ", fits.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::compile(
     const std::string& signature, const Mesh& mesh, const std::vector<ArrayType>& types, const std::vector<Array>& args,
     const std::string& who) {
   TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(f, types));
+  TESSERA_RETURN_IF_ERROR(check_traced(graph, mesh));
   pb::CompileRequest req;
   to_proto(graph, req.mutable_graph());
   to_proto(mesh, req.mutable_mesh());

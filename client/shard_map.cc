@@ -183,9 +183,17 @@ absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, con
     Variance& v = var[id];
     for (int o : n.operands) v.insert(var[o].begin(), var[o].end());
     switch (n.op) {
-      case Op::kAllReduce:
-      case Op::kAllGather:  // every device along the axes ends with the same value
+      case Op::kAllReduce:  // every device along the axes ends with the same value
         for (const std::string& a : n.attrs<CollectiveAttrs>().axes) v.erase(a);
+        break;
+      case Op::kAllGather:
+        // Its devices hold the same values, but JAX types the result as varying (Varying ->
+        // Varying in shard_map.md's table of collectives: all_gather is psum_scatter's
+        // transpose), and so does this check, to accept what JAX accepts.
+        for (const std::string& a : n.attrs<CollectiveAttrs>().axes) {
+          v[a] = absl::StrCat("it depends on all_gather over ", axes_text(n.attrs<CollectiveAttrs>().axes),
+                              ", whose result JAX types as varying along it");
+        }
         break;
       case Op::kReduceScatter:
       case Op::kAllToAll:
@@ -213,11 +221,11 @@ absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, con
       if (std::find(named.begin(), named.end(), a) != named.end()) continue;
       auto it = var[results[i]].find(a);
       if (it == var[results[i]].end()) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "output ", i, " ", type_to_string(r.dtype, r.shape), " may differ along mesh axis '", a, "' (", it->second,
-          "), but out_specs[", i, "] = ", out_specs[i].to_string(), " leaves '", a,
-          "' out, which says it is the same on every device along it; reduce it over '", a,
-          "' (psum, pmean, pmax, pmin, all_gather), name '", a, "' in the out_spec, or set check_vma = false"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("output ", i, " ", type_to_string(r.dtype, r.shape), " may differ along mesh axis '", a, "' (",
+                       it->second, "), but out_specs[", i, "] = ", out_specs[i].to_string(), " leaves '", a,
+                       "' out, which says it is the same on every device along it; reduce it over '", a,
+                       "' (psum, pmean, pmax, pmin), name '", a, "' in the out_spec, or set check_vma = false"));
     }
   }
   return absl::OkStatus();

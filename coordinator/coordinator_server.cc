@@ -822,7 +822,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         return absl::InvalidArgumentError(absl::StrCat("execute: input ", i, " is ", type_to_string(a.dtype, a.shape),
                                                        " but the program takes ", type_to_string(p.dtype, p.shape)));
       }
-      if (a.sharding != NamedSharding(exe.mesh, exe.input_specs[i])) {
+      // The same layout (P('x') is P('x', None) for a matrix), not the same spec as written.
+      if (!a.sharding.is_equivalent_to(NamedSharding(exe.mesh, exe.input_specs[i]), static_cast<int>(a.shape.size()))) {
         return absl::InvalidArgumentError(absl::StrCat("execute: input ", i, " is laid out as ", a.sharding.to_string(),
                                                        " but the program was compiled for ",
                                                        NamedSharding(exe.mesh, exe.input_specs[i]).to_string()));

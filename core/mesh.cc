@@ -1,5 +1,6 @@
 #include "core/mesh.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -7,8 +8,20 @@
 
 namespace tessera {
 
+const char* axis_type_name(AxisType type) {
+  switch (type) {
+    case AxisType::kAuto:
+      return "Auto";
+    case AxisType::kExplicit:
+      return "Explicit";
+    case AxisType::kManual:
+      return "Manual";
+  }
+  return "?";
+}
+
 absl::StatusOr<Mesh> Mesh::create(std::vector<int64_t> shape, std::vector<std::string> axis_names,
-                                  std::vector<int> device_ids) {
+                                  std::vector<int> device_ids, std::vector<AxisType> axis_types) {
   if (shape.size() != axis_names.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("mesh: shape has ", shape.size(), " axes but ", axis_names.size(), " axis names were given"));
@@ -18,6 +31,11 @@ absl::StatusOr<Mesh> Mesh::create(std::vector<int64_t> shape, std::vector<std::s
   constexpr size_t kMaxAxes = 32, kMaxAxisName = 128;
   if (shape.size() > kMaxAxes) {
     return absl::InvalidArgumentError(absl::StrCat("mesh: ", shape.size(), " axes exceed the limit of ", kMaxAxes));
+  }
+  if (axis_types.empty()) axis_types.assign(axis_names.size(), AxisType::kAuto);
+  if (axis_types.size() != axis_names.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("mesh: ", axis_names.size(), " axis names but ", axis_types.size(),
+                                                   " axis types were given; give one per axis (or none: all Auto)"));
   }
   int64_t total = 1;
   std::set<std::string> seen_names;
@@ -56,7 +74,12 @@ absl::StatusOr<Mesh> Mesh::create(std::vector<int64_t> shape, std::vector<std::s
   mesh.shape_ = std::move(shape);
   mesh.axis_names_ = std::move(axis_names);
   mesh.device_ids_ = std::move(device_ids);
+  mesh.axis_types_ = std::move(axis_types);
   return mesh;
+}
+
+bool Mesh::has_axis_type(AxisType type) const {
+  return std::find(axis_types_.begin(), axis_types_.end(), type) != axis_types_.end();
 }
 
 int Mesh::axis_index(absl::string_view name) const {
@@ -95,15 +118,35 @@ int Mesh::device_at(const std::vector<int64_t>& coords) const {
   return device_ids_[position];
 }
 
-std::string Mesh::to_string() const {
+namespace {
+
+// The text inside "Mesh(...)": "'data': 4, 'model': 2, axis_types=(Auto, Auto)" (a Python
+// tuple: one entry keeps its trailing comma).
+std::string mesh_fields(const Mesh& m) {
   std::vector<std::string> parts;
-  for (int i = 0; i < rank(); ++i) parts.push_back(absl::StrCat("'", axis_names_[i], "': ", shape_[i]));
-  return absl::StrCat("Mesh(", absl::StrJoin(parts, ", "), ")");
+  for (int i = 0; i < m.rank(); ++i) parts.push_back(absl::StrCat("'", m.axis_names()[i], "': ", m.shape()[i]));
+  std::vector<std::string> types;
+  for (AxisType t : m.axis_types()) types.push_back(axis_type_name(t));
+  return absl::StrCat(absl::StrJoin(parts, ", "), parts.empty() ? "" : ", ", "axis_types=(", absl::StrJoin(types, ", "),
+                      types.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace
+
+std::string Mesh::to_string() const { return absl::StrCat("Mesh(", mesh_fields(*this), ")"); }
+
+std::string Mesh::to_string_with_devices() const {
+  return absl::StrCat("Mesh(", mesh_fields(*this), ", device_ids=[", absl::StrJoin(device_ids_, ", "), "])");
+}
+
+std::pair<std::string, std::string> distinguish(const Mesh& a, const Mesh& b) {
+  if (a != b && a.to_string() == b.to_string()) return {a.to_string_with_devices(), b.to_string_with_devices()};
+  return {a.to_string(), b.to_string()};
 }
 
 absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
-                               std::vector<int> devices) {
-  return Mesh::create(std::move(shape), std::move(axis_names), std::move(devices));
+                               std::vector<int> devices, std::vector<AxisType> axis_types) {
+  return Mesh::create(std::move(shape), std::move(axis_names), std::move(devices), std::move(axis_types));
 }
 
 }  // namespace tessera

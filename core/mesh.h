@@ -1,16 +1,21 @@
-// Mesh: devices arranged as an n-dimensional grid with named axes, as jax.sharding.Mesh.
+// Mesh: devices arranged as an n-dimensional grid with named axes, each of a type, as
+// jax.sharding.Mesh.
 //
 // Device ids are stored row-major over the grid: on a (4, 2) mesh ("data", "model") built by
 // make_mesh from devices 0..7, the device at coordinates (i, j) is 2 * i + j, as JAX orders
-// CPU devices.
+// CPU devices. Each axis has an AxisType, as jax.sharding.AxisType: Auto (the compiler
+// propagates shardings over it, GSPMD-style: what Tessera's jit does), Explicit (shardings are
+// part of the values' types) or Manual (per-device code, what shard_map makes).
 //
 //   absl::StatusOr<Mesh> mesh = make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
 //   mesh->axis_size("data") == 4; mesh->device_at({3, 1}) == 7;
+//   mesh->to_string() == "Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto))"
 #ifndef TESSERA_CORE_MESH_H_
 #define TESSERA_CORE_MESH_H_
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,19 +23,31 @@
 
 namespace tessera {
 
-// A value type, compared by shape, axis names and device order.
+// jax.sharding.AxisType.
+enum class AxisType { kAuto, kExplicit, kManual };
+
+// "Auto", "Explicit", "Manual": as JAX prints an AxisType.
+const char* axis_type_name(AxisType type);
+
+// A value type, compared by shape, axis names, axis types and device order.
 class Mesh {
  public:
-  // The mesh of `device_ids` laid row-major over `shape`. INVALID_ARGUMENT when: shape and
-  // axis_names differ in length; an axis size is < 1; an axis name is empty or repeated; the
-  // mesh has more than 2^24 devices; device_ids has not exactly prod(shape) entries, or
-  // repeats an id, or holds a negative id. Whether the devices exist is not checked.
+  // The mesh of `device_ids` laid row-major over `shape`, its axes of `axis_types` (empty: all
+  // Auto, as jax.sharding.Mesh's default). INVALID_ARGUMENT when: shape and axis_names differ
+  // in length; axis_types is neither empty nor one per axis; an axis size is < 1; an axis name
+  // is empty or repeated; the mesh has more than 2^24 devices; device_ids has not exactly
+  // prod(shape) entries, or repeats an id, or holds a negative id. Whether the devices exist
+  // is not checked.
   static absl::StatusOr<Mesh> create(std::vector<int64_t> shape, std::vector<std::string> axis_names,
-                                     std::vector<int> device_ids);
+                                     std::vector<int> device_ids, std::vector<AxisType> axis_types = {});
 
   const std::vector<int64_t>& shape() const { return shape_; }
   const std::vector<std::string>& axis_names() const { return axis_names_; }
   const std::vector<int>& device_ids() const { return device_ids_; }
+  // One per axis.
+  const std::vector<AxisType>& axis_types() const { return axis_types_; }
+  // Whether some axis is of `type`.
+  bool has_axis_type(AxisType type) const;
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t size() const { return static_cast<int64_t>(device_ids_.size()); }
 
@@ -46,11 +63,15 @@ class Mesh {
   std::vector<int64_t> coords(int64_t position) const;
   int device_at(const std::vector<int64_t>& coords) const;
 
-  // "Mesh('data': 4, 'model': 2)", as JAX prints a mesh.
+  // "Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto))", as JAX prints a mesh (str(mesh));
+  // its devices are not shown (see distinguish()).
   std::string to_string() const;
+  // to_string() and the devices: "Mesh('x': 4, axis_types=(Auto,), device_ids=[4, 5, 6, 7])".
+  std::string to_string_with_devices() const;
 
   bool operator==(const Mesh& other) const {
-    return shape_ == other.shape_ && axis_names_ == other.axis_names_ && device_ids_ == other.device_ids_;
+    return shape_ == other.shape_ && axis_names_ == other.axis_names_ && axis_types_ == other.axis_types_ &&
+           device_ids_ == other.device_ids_;
   }
   bool operator!=(const Mesh& other) const { return !(*this == other); }
 
@@ -60,16 +81,23 @@ class Mesh {
   std::vector<int64_t> shape_;
   std::vector<std::string> axis_names_;
   std::vector<int> device_ids_;
+  std::vector<AxisType> axis_types_;
 };
+
+// How a message names two meshes: their to_string(), or, when two different meshes would
+// print alike (the same shape, names and types on other devices), to_string_with_devices().
+std::pair<std::string, std::string> distinguish(const Mesh& a, const Mesh& b);
 
 // "('data',)", "('data', 'model')": mesh axes as a Python tuple prints.
 std::string axes_to_string(const std::vector<std::string>& axes);
 
 // jax.make_mesh: the devices, taken in the given order, laid row-major over `shape`; the same
 // as Mesh::create, with its errors (INVALID_ARGUMENT when prod(shape) differs from the
-// number of devices, ...).
+// number of devices, ...). Surprising: axis types default to Auto, where JAX >= 0.9 makes
+// Explicit axes; Tessera's compiler has only Auto's rules yet (docs/guide.md, "Where Tessera
+// differs from JAX").
 absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
-                               std::vector<int> devices);
+                               std::vector<int> devices, std::vector<AxisType> axis_types = {});
 
 }  // namespace tessera
 

@@ -11,12 +11,6 @@ const Axes& empty_axes() {
   return *kEmpty;
 }
 
-size_t significant_size(const std::vector<Axes>& dims) {
-  size_t n = dims.size();
-  while (n > 0 && dims[n - 1].empty()) --n;
-  return n;
-}
-
 }  // namespace
 
 const Axes& PartitionSpec::axes(int d) const { return d >= 0 && d < size() ? dims_[d] : empty_axes(); }
@@ -44,15 +38,6 @@ std::string PartitionSpec::to_string() const {
   // JAX prints the spec's tuple: one entry keeps Python's trailing comma, P('data',).
   std::string tail = dims_.size() == 1 ? "," : "";
   return absl::StrCat("P(", absl::StrJoin(parts, ", "), tail, ")");
-}
-
-bool PartitionSpec::operator==(const PartitionSpec& other) const {
-  size_t n = significant_size(dims_);
-  if (n != significant_size(other.dims_)) return false;
-  for (size_t i = 0; i < n; ++i) {
-    if (dims_[i] != other.dims_[i]) return false;
-  }
-  return true;
 }
 
 }  // namespace tessera

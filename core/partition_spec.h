@@ -1,8 +1,9 @@
 // PartitionSpec: for each array dimension, the mesh axes it is split over, as
 // jax.sharding.PartitionSpec.
 //
-// An entry is None (not split), one axis, or several axes major-to-minor. Trailing Nones are
-// insignificant: P('data') == P('data', None).
+// An entry is None (not split), one axis, or several axes major-to-minor. Specs compare as
+// written, as JAX's do: P('data') != P('data', None), although both lay a matrix out alike
+// (NamedSharding::is_equivalent_to says so).
 //
 //   PartitionSpec a = P("data", None);             // P('data', None)
 //   PartitionSpec b = P(Axes{"data", "model"});    // P(('data', 'model'),)
@@ -58,8 +59,8 @@ class PartitionSpec {
   // written, trailing Nones included.
   std::string to_string() const;
 
-  // Equal up to trailing Nones.
-  bool operator==(const PartitionSpec& other) const;
+  // Equal entries, as written (trailing Nones count), as jax.sharding.PartitionSpec.
+  bool operator==(const PartitionSpec& other) const { return dims_ == other.dims_; }
   bool operator!=(const PartitionSpec& other) const { return !(*this == other); }
 
  private:

@@ -79,12 +79,8 @@ std::vector<DeviceShard> NamedSharding::device_shards(const Shape& shape) const 
     shard.device_id = mesh_.device_ids()[pos];
     shard.mesh_position = pos;
     for (size_t d = 0; d < shape.size(); ++d) {
-      int64_t block_index = 0;
-      for (const std::string& axis : spec_.axes(static_cast<int>(d))) {
-        int a = mesh_.axis_index(axis);
-        block_index = block_index * mesh_.shape()[a] + c[a];
-      }
-      shard.index.push_back({block_index * block[d], (block_index + 1) * block[d]});
+      const int64_t b = block_index(c, static_cast<int>(d));
+      shard.index.push_back({b * block[d], (b + 1) * block[d]});
     }
     for (int a = 0; a < mesh_.rank(); ++a) {
       if (!used[a]) shard.replica_id = shard.replica_id * mesh_.shape()[a] + c[a];
@@ -97,6 +93,33 @@ std::vector<DeviceShard> NamedSharding::device_shards(const Shape& shape) const 
 bool NamedSharding::is_fully_replicated() const { return num_replicas() == mesh_.size(); }
 
 int64_t NamedSharding::num_replicas() const { return mesh_.size() / mesh_.axes_size(spec_.used_axes()); }
+
+bool NamedSharding::is_equivalent_to(const NamedSharding& other, int ndim) const {
+  if (mesh_.device_ids() != other.mesh_.device_ids()) return false;
+  if (spec_.size() > ndim || other.spec_.size() > ndim) return false;
+  if (!validate_spec().ok() || !other.validate_spec().ok()) return false;
+  // Per dimension, the same number of blocks and, on every device, the same block: then both
+  // hold the same pieces on the same devices. (Replicas follow: the devices of one block.)
+  for (int d = 0; d < ndim; ++d) {
+    if (num_blocks(d) != other.num_blocks(d)) return false;
+  }
+  for (int64_t pos = 0; pos < mesh_.size(); ++pos) {
+    const std::vector<int64_t> c = mesh_.coords(pos), other_c = other.mesh_.coords(pos);
+    for (int d = 0; d < ndim; ++d) {
+      if (block_index(c, d) != other.block_index(other_c, d)) return false;
+    }
+  }
+  return true;
+}
+
+int64_t NamedSharding::block_index(const std::vector<int64_t>& coords, int dim) const {
+  int64_t block = 0;
+  for (const std::string& axis : spec_.axes(dim)) {
+    const int a = mesh_.axis_index(axis);
+    block = block * mesh_.shape()[a] + coords[a];
+  }
+  return block;
+}
 
 std::string NamedSharding::to_string() const {
   return absl::StrCat("NamedSharding(mesh=", mesh_.to_string(), ", spec=", spec_.to_string(), ")");

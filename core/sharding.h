@@ -80,11 +80,22 @@ class NamedSharding {
   // REQUIRES: validate_spec() is OK.
   int64_t num_blocks(int dim) const;
 
-  // Same mesh (devices in the same order) and equivalent spec.
+  // jax.sharding.NamedSharding.is_equivalent_to: whether both place the same blocks of an
+  // array of rank `ndim` on the same devices (mesh order and replicas included), whatever
+  // their meshes' shapes and specs say: P('x') and P('x', None) on one mesh are equivalent
+  // for a matrix. False when either does not fit rank `ndim` (validate_spec, or a spec
+  // longer than the rank).
+  bool is_equivalent_to(const NamedSharding& other, int ndim) const;
+
+  // The same mesh (devices in the same order, the same axis types) and the same spec as
+  // written, as JAX compares NamedShardings; see is_equivalent_to.
   bool operator==(const NamedSharding& o) const { return mesh_ == o.mesh_ && spec_ == o.spec_; }
   bool operator!=(const NamedSharding& o) const { return !(*this == o); }
 
  private:
+  // Which block of dimension `dim` the device at mesh coordinates `coords` holds.
+  int64_t block_index(const std::vector<int64_t>& coords, int dim) const;
+
   Mesh mesh_;
   PartitionSpec spec_;
 };

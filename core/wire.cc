@@ -81,6 +81,13 @@ void to_proto(const Mesh& mesh, pb::Mesh* out) {
   } else {
     out->mutable_device_ids()->Assign(ids.begin(), ids.end());
   }
+  if (mesh.has_axis_type(AxisType::kExplicit) || mesh.has_axis_type(AxisType::kManual)) {
+    for (AxisType t : mesh.axis_types()) {
+      out->add_axis_types(t == AxisType::kExplicit ? pb::AXIS_EXPLICIT
+                          : t == AxisType::kManual ? pb::AXIS_MANUAL
+                                                   : pb::AXIS_AUTO);
+    }
+  }
 }
 
 absl::StatusOr<Mesh> mesh_from_proto(const pb::Mesh& mesh) {
@@ -100,8 +107,19 @@ absl::StatusOr<Mesh> mesh_from_proto(const pb::Mesh& mesh) {
     }
     for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int>(i));
   }
+  std::vector<AxisType> types;
+  for (int t : mesh.axis_types()) {
+    if (t != pb::AXIS_AUTO && t != pb::AXIS_EXPLICIT && t != pb::AXIS_MANUAL) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh: axis type ", t, " is not one of Auto (0), Explicit (1), Manual (2)"));
+    }
+    types.push_back(t == pb::AXIS_EXPLICIT ? AxisType::kExplicit
+                    : t == pb::AXIS_MANUAL ? AxisType::kManual
+                                           : AxisType::kAuto);
+  }
   return Mesh::create(std::vector<int64_t>(mesh.shape().begin(), mesh.shape().end()),
-                      std::vector<std::string>(mesh.axis_names().begin(), mesh.axis_names().end()), std::move(ids));
+                      std::vector<std::string>(mesh.axis_names().begin(), mesh.axis_names().end()), std::move(ids),
+                      std::move(types));
 }
 
 void to_proto(const PartitionSpec& spec, pb::PartitionSpec* out) {

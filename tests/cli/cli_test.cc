@@ -111,7 +111,7 @@ TEST(Cli, UpStatusRunExampleHealthDown) {
   EXPECT_THAT(status->second, AllOf(HasSubstr("devices 8 (8 alive)"), HasSubstr("256.0 MiB"), HasSubstr("EXECUTABLE"),
                                     HasSubstr("P('data', 'model')")));
   // The example's executable stays cached on the coordinator, run once.
-  EXPECT_THAT(status->second, HasSubstr("Mesh('data': 4, 'model': 2)"));
+  EXPECT_THAT(status->second, HasSubstr("Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto))"));
 
   // The daemons check the credentials up made: none is refused, the client token accepted.
   const std::string credentials = dir + "/state-credentials";

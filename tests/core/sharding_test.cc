@@ -95,9 +95,53 @@ TEST(Mesh, DeviceAtFollowsGivenDeviceOrder) {
   EXPECT_EQ(Mesh4x2(), Mesh4x2());
 }
 
+// jax/_src/mesh.py Mesh.__str__ always shows the axis types, a Python tuple of their names;
+// docs/multi_process.md prints `Mesh('a': 8, axis_types=(Explicit,))`.
 TEST(Mesh, ToStringAsJax) {
-  EXPECT_EQ(Mesh4x2().to_string(), "Mesh('data': 4, 'model': 2)");
-  EXPECT_EQ(make_mesh({8}, {"x"}, kDevices).value().to_string(), "Mesh('x': 8)");
+  EXPECT_EQ(Mesh4x2().to_string(), "Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto))");
+  EXPECT_EQ(make_mesh({8}, {"x"}, kDevices).value().to_string(), "Mesh('x': 8, axis_types=(Auto,))");
+  EXPECT_EQ(make_mesh({8}, {"a"}, kDevices, {AxisType::kExplicit}).value().to_string(),
+            "Mesh('a': 8, axis_types=(Explicit,))");
+  EXPECT_EQ(make_mesh({2, 2}, {"x", "y"}, {0, 1, 2, 3}, {AxisType::kExplicit, AxisType::kExplicit}).value().to_string(),
+            "Mesh('x': 2, 'y': 2, axis_types=(Explicit, Explicit))");
+  EXPECT_EQ(make_mesh({2, 4}, {"x", "y"}, kDevices, {AxisType::kManual, AxisType::kAuto}).value().to_string(),
+            "Mesh('x': 2, 'y': 4, axis_types=(Manual, Auto))");
+}
+
+// jax.sharding.Mesh defaults every axis to Auto (jax/_src/mesh.py, _normalize_axis_types with
+// AxisType.Auto), and a mesh is the same mesh only with the same devices and axis types.
+TEST(Mesh, AxisTypes) {
+  const Mesh m = Mesh4x2();
+  EXPECT_EQ(m.axis_types(), (std::vector<AxisType>{AxisType::kAuto, AxisType::kAuto}));
+  EXPECT_TRUE(m.has_axis_type(AxisType::kAuto));
+  EXPECT_FALSE(m.has_axis_type(AxisType::kExplicit));
+  const Mesh explicit_mesh =
+      make_mesh({4, 2}, {"data", "model"}, kDevices, {AxisType::kExplicit, AxisType::kAuto}).value();
+  EXPECT_TRUE(explicit_mesh.has_axis_type(AxisType::kExplicit));
+  EXPECT_NE(explicit_mesh, m);
+  EXPECT_EQ(explicit_mesh,
+            make_mesh({4, 2}, {"data", "model"}, kDevices, {AxisType::kExplicit, AxisType::kAuto}).value());
+  EXPECT_EQ(make_mesh({4, 2}, {"data", "model"}, kDevices, {AxisType::kAuto, AxisType::kAuto}).value(), m);
+  // JAX: "Number of axis names should match the number of axis_types".
+  absl::StatusOr<Mesh> short_types = make_mesh({4, 2}, {"data", "model"}, kDevices, {AxisType::kExplicit});
+  ASSERT_EQ(short_types.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_types.status().message(), HasSubstr("2 axis names but 1 axis types"));
+  EXPECT_EQ(std::string(axis_type_name(AxisType::kManual)), "Manual");
+}
+
+// Two meshes that print alike are told apart by their devices; others print as they are.
+TEST(Mesh, DistinguishNamesDevicesOnlyWhenNeeded) {
+  const Mesh low = make_mesh({4}, {"x"}, {0, 1, 2, 3}).value();
+  const Mesh high = make_mesh({4}, {"x"}, {4, 5, 6, 7}).value();
+  auto [a, b] = distinguish(high, low);
+  EXPECT_EQ(a, "Mesh('x': 4, axis_types=(Auto,), device_ids=[4, 5, 6, 7])");
+  EXPECT_EQ(b, "Mesh('x': 4, axis_types=(Auto,), device_ids=[0, 1, 2, 3])");
+  auto [c, d] = distinguish(Mesh4x2(), low);
+  EXPECT_EQ(c, "Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto))");
+  EXPECT_EQ(d, "Mesh('x': 4, axis_types=(Auto,))");
+  auto [e, f] = distinguish(low, low);
+  EXPECT_EQ(e, f);
+  EXPECT_EQ(e, low.to_string());
 }
 
 TEST(Mesh, WrongDeviceCount) {
@@ -285,7 +329,7 @@ TEST(Sharding, ReplicatedOn4x2Mesh16x8) {
 
 // ---- Other layouts ---------------------------------------------------------------------------
 
-// Dimensions past the spec are whole, as with trailing Nones; P('data') == P('data', None).
+// Dimensions past the spec are whole, as with trailing Nones: P('data') lays a matrix out as P('data', None).
 TEST(Sharding, ShortSpecLeavesTrailingDimensionsWhole) {
   CheckLayout({8, 2}, P("data"), {2, 2}, 2, false,
               {{{{0, 2}, {0, 2}}, 0},
@@ -339,11 +383,45 @@ TEST(Sharding, PermutedDevicesKeepMeshOrder) {
 
 TEST(Sharding, ToStringAndEquality) {
   NamedSharding s(Mesh4x2(), P("data", None));
-  EXPECT_EQ(s.to_string(), "NamedSharding(mesh=Mesh('data': 4, 'model': 2), spec=P('data', None))");
-  EXPECT_EQ(s, NamedSharding(Mesh4x2(), P("data")));
+  EXPECT_EQ(s.to_string(),
+            "NamedSharding(mesh=Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto)), spec=P('data', None))");
+  EXPECT_EQ(s, NamedSharding(Mesh4x2(), P("data", None)));
+  // As jax.sharding.NamedSharding.__eq__: the specs as written (jax/_src/named_sharding.py).
+  EXPECT_NE(s, NamedSharding(Mesh4x2(), P("data")));
   EXPECT_NE(s, NamedSharding(Mesh4x2(), P(None, "data")));
   Mesh reversed = make_mesh({4, 2}, {"data", "model"}, {7, 6, 5, 4, 3, 2, 1, 0}).value();
   EXPECT_NE(s, NamedSharding(reversed, P("data", None)));
+  EXPECT_NE(
+      s, NamedSharding(make_mesh({4, 2}, {"data", "model"}, kDevices, {AxisType::kExplicit, AxisType::kAuto}).value(),
+                       P("data", None)));
+}
+
+// jax.sharding.NamedSharding.is_equivalent_to(other, ndim): the same blocks on the same
+// devices. The cases follow JAX's tests/array_test.py test_are_shardings_equivalent where
+// they involve NamedShardings only: P('x') on a one-device mesh is the whole array on that
+// device, and a (2, 1) mesh's P('x', 'y') is a (2,) mesh's P('x') on the same devices.
+TEST(Sharding, IsEquivalentTo) {
+  const NamedSharding s(Mesh4x2(), P("data"));
+  EXPECT_TRUE(s.is_equivalent_to(NamedSharding(Mesh4x2(), P("data", None)), 2));
+  EXPECT_TRUE(NamedSharding(Mesh4x2(), P("data", None)).is_equivalent_to(s, 2));
+  EXPECT_FALSE(s.is_equivalent_to(NamedSharding(Mesh4x2(), P("data", None)), 1));  // P('data', None) has rank 2
+  EXPECT_FALSE(s.is_equivalent_to(NamedSharding(Mesh4x2(), P(None, "data")), 2));
+  EXPECT_FALSE(s.is_equivalent_to(NamedSharding(Mesh4x2(), P("model")), 2));
+  EXPECT_FALSE(s.is_equivalent_to(NamedSharding(Mesh4x2(), P(Axes{"data", "model"})), 2));
+  const Mesh one = make_mesh({1}, {"x"}, {0}).value();
+  EXPECT_TRUE(NamedSharding(one, P("x")).is_equivalent_to(NamedSharding(one, P()), 2));
+  const Mesh tall = make_mesh({2, 1}, {"x", "y"}, {0, 1}).value();
+  const Mesh flat = make_mesh({2}, {"x"}, {0, 1}).value();
+  EXPECT_TRUE(NamedSharding(tall, P("x", "y")).is_equivalent_to(NamedSharding(flat, P("x")), 2));
+  EXPECT_FALSE(NamedSharding(tall, P("x", "y")).is_equivalent_to(NamedSharding(flat, P()), 2));
+  EXPECT_FALSE(
+      NamedSharding(flat, P("x")).is_equivalent_to(NamedSharding(make_mesh({2}, {"x"}, {1, 0}).value(), P("x")), 1));
+  // The same layout on meshes of other shapes: (4, 2)'s P(('data', 'model')) is an (8,) mesh's
+  // P('i'), device by device.
+  const Mesh line = make_mesh({8}, {"i"}, kDevices).value();
+  EXPECT_TRUE(NamedSharding(Mesh4x2(), P(Axes{"data", "model"})).is_equivalent_to(NamedSharding(line, P("i")), 1));
+  EXPECT_FALSE(NamedSharding(Mesh4x2(), P(Axes{"model", "data"})).is_equivalent_to(NamedSharding(line, P("i")), 1));
+  EXPECT_FALSE(NamedSharding(Mesh4x2(), P("nope")).is_equivalent_to(s, 2));
 }
 
 // ---- Validation ------------------------------------------------------------------------------

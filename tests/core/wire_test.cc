@@ -54,5 +54,31 @@ TEST(Wire, MeshInOrderFromTheWireIsChecked) {
               HasSubstr("device_ids_in_order is set but device_ids are listed too"));
 }
 
+// Axis types travel with the mesh; an all-Auto mesh (the common one) sends none, so its wire
+// form and compile keys are what they were before axis types.
+TEST(Wire, MeshAxisTypesRoundTrip) {
+  const Mesh typed = *Mesh::create({2, 2}, {"x", "y"}, {0, 1, 2, 3}, {AxisType::kExplicit, AxisType::kManual});
+  pb::Mesh wire;
+  to_proto(typed, &wire);
+  ASSERT_EQ(wire.axis_types_size(), 2);
+  absl::StatusOr<Mesh> back = mesh_from_proto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, typed);
+  EXPECT_EQ(back->to_string(), "Mesh('x': 2, 'y': 2, axis_types=(Explicit, Manual))");
+
+  const Mesh automatic = *Mesh::create({2, 2}, {"x", "y"}, {0, 1, 2, 3});
+  pb::Mesh plain;
+  to_proto(automatic, &plain);
+  EXPECT_EQ(plain.axis_types_size(), 0);
+  EXPECT_EQ(*mesh_from_proto(plain), automatic);
+  EXPECT_NE(compile_key(Graph(), automatic, {}, {}, {}), compile_key(Graph(), typed, {}, {}, {}));
+
+  wire.set_axis_types(1, static_cast<pb::AxisType>(7));
+  EXPECT_EQ(mesh_from_proto(wire).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(mesh_from_proto(wire).status().message()), HasSubstr("axis type 7 is not one of"));
+  wire.mutable_axis_types()->RemoveLast();
+  EXPECT_THAT(std::string(mesh_from_proto(wire).status().message()), HasSubstr("2 axis names but 1 axis types"));
+}
+
 }  // namespace
 }  // namespace tessera

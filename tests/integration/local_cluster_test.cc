@@ -198,11 +198,22 @@ TEST_F(LocalClusterTest, BuffersAreReleasedWithTheLastHandle) {
   EXPECT_EQ(total_buffers(), before);
 }
 
-TEST_F(LocalClusterTest, MakeMeshNeedsEveryDevice) {
+// jax.make_mesh (jax/_src/sharding_impls.py): more devices than the cluster has is an error
+// ("Number of devices 8 must be >= the product of mesh_shape"); fewer takes the first ones.
+TEST_F(LocalClusterTest, MakeMeshTakesTheFirstDevices) {
   absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 4}, {"a", "b"});
   ASSERT_FALSE(mesh.ok());
   EXPECT_EQ(mesh.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(mesh.status().message()), AllOf(HasSubstr("16 devices"), HasSubstr("8 alive")));
+  absl::StatusOr<Mesh> first = client_->make_mesh({2, 2}, {"a", "b"});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->device_ids(), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(first->to_string(), "Mesh('a': 2, 'b': 2, axis_types=(Auto, Auto))");
+  absl::StatusOr<Array> on_first =
+      client_->device_put(HostArray::arange(DType::kF32, {4, 2}), NamedSharding(*first, P("a", "b")));
+  ASSERT_TRUE(on_first.ok()) << on_first.status();
+  EXPECT_EQ(on_first->addressable_shards().size(), 4u);
+  EXPECT_EQ(on_first->addressable_shards()[3].device_id(), 3);
   absl::StatusOr<Mesh> subset = client_->make_mesh({2}, {"x"}, {6, 3});
   ASSERT_TRUE(subset.ok()) << subset.status();
   const HostArray host = HostArray::arange(DType::kI32, {6});
@@ -221,31 +232,31 @@ TEST_F(LocalClusterTest, UnknownDeviceInMeshIsNotFound) {
   EXPECT_THAT(std::string(a.status().message()), HasSubstr("device 42"));
 }
 
+// The picture of a placed array is its sharding's (metadata only). Expected: derived from
+// jax/_src/debugging.py's visualize_sharding for a (16, 8) array on (4, 2) (JAX shows no such
+// picture; tests/client/visualize_test.cc checks the algorithm against JAX's own pictures).
 TEST_F(LocalClusterTest, VisualizeMatchesJaxPictures) {
-  absl::StatusOr<std::string> grid = visualize_sharding({16, 8}, NamedSharding(*mesh_, P("data", "model")));
+  absl::StatusOr<Array> x =
+      client_->device_put(HostArray::arange(DType::kF32, {16, 8}), NamedSharding(*mesh_, P("data", "model")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  absl::StatusOr<std::string> grid = visualize_array_sharding(*x);
   ASSERT_TRUE(grid.ok()) << grid.status();
   EXPECT_EQ(*grid,
-            "┌──────────┬──────────┐\n"
-            "│  CPU 0   │  CPU 1   │\n"
-            "├──────────┼──────────┤\n"
-            "│  CPU 2   │  CPU 3   │\n"
-            "├──────────┼──────────┤\n"
-            "│  CPU 4   │  CPU 5   │\n"
-            "├──────────┼──────────┤\n"
-            "│  CPU 6   │  CPU 7   │\n"
-            "└──────────┴──────────┘\n");
-  absl::StatusOr<std::string> columns = visualize_sharding({16, 8}, NamedSharding(*mesh_, P(None, "model")));
-  ASSERT_TRUE(columns.ok());
-  EXPECT_THAT(*columns, HasSubstr("│CPU 0,2,4,6│CPU 1,3,5,7│\n"));
+            "┌───────┬───────┐\n"
+            "│ CPU 0 │ CPU 1 │\n"
+            "├───────┼───────┤\n"
+            "│ CPU 2 │ CPU 3 │\n"
+            "├───────┼───────┤\n"
+            "│ CPU 4 │ CPU 5 │\n"
+            "├───────┼───────┤\n"
+            "│ CPU 6 │ CPU 7 │\n"
+            "└───────┴───────┘\n");
   absl::StatusOr<std::string> vector = visualize_sharding({8}, NamedSharding(*mesh_, P("model")));
   ASSERT_TRUE(vector.ok());
   EXPECT_EQ(*vector,
             "┌───────────┬───────────┐\n"
             "│CPU 0,2,4,6│CPU 1,3,5,7│\n"
             "└───────────┴───────────┘\n");
-  absl::StatusOr<std::string> cube = visualize_sharding({2, 2, 2}, NamedSharding(*mesh_, P()));
-  ASSERT_FALSE(cube.ok());
-  EXPECT_EQ(cube.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(LocalClusterMemory, OutOfMemoryIsResourceExhaustedAndLosesNothing) {

@@ -11,6 +11,7 @@
 #define TESSERA_CLIENT_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,16 +107,22 @@ class Client {
   // UNAVAILABLE or DEADLINE_EXCEEDED naming the coordinator when it does not answer.
   absl::StatusOr<std::vector<Device>> devices() const;
 
-  // jax.make_mesh: all alive devices, by id, laid row-major over `shape`. INVALID_ARGUMENT
-  // when prod(shape) differs from the number of alive devices (pass `device_ids` to use a
-  // subset), or as Mesh::create; devices()'s errors when the coordinator does not answer.
+  // jax.make_mesh: the first prod(shape) alive devices, by id, laid row-major over `shape`
+  // (the others are left out, as JAX leaves them), every axis Auto (see tessera::make_mesh
+  // for why not Explicit, JAX's default). INVALID_ARGUMENT when prod(shape) exceeds the
+  // number of alive devices, or as Mesh::create; devices()'s errors when the coordinator does
+  // not answer.
   absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names) const;
-  // The mesh of `device_ids`, in that order: exactly tessera::make_mesh (core/mesh.h), and
-  // its errors. Surprising: it does not ask the cluster, so ids that are lost or not in the
-  // cluster are accepted here, and only device_put or a jitted call fails on them (NOT_FOUND
-  // for an id not in the cluster).
+  // The same with the axes of `axis_types`, one per axis: make_mesh({4, 2}, {"data", "model"},
+  // {AxisType::kExplicit, AxisType::kExplicit}). (A list, not a vector: {0} stays device ids.)
   absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
-                                 std::vector<int> device_ids) const;
+                                 std::initializer_list<AxisType> axis_types) const;
+  // The mesh of `device_ids`, in that order (jax.make_mesh's `devices`): exactly
+  // tessera::make_mesh (core/mesh.h), and its errors. Surprising: it does not ask the cluster,
+  // so ids that are lost or not in the cluster are accepted here, and only device_put or a
+  // jitted call fails on them (NOT_FOUND for an id not in the cluster).
+  absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
+                                 std::vector<int> device_ids, std::vector<AxisType> axis_types = {}) const;
 
   // jax.device_put: validates `sharding` against the array's shape (INVALID_ARGUMENT naming
   // the rule broken), then sends each device exactly its own shard, in parallel and straight
