@@ -343,6 +343,92 @@ Value concatenate(const std::vector<Value>& xs, int64_t axis) {
   return t->make(t->graph.add_concatenate(ids, normalize_axis(axis, xs[0].rank())));
 }
 
+Value gather(const Value& x, const Value& indices, int64_t axis, IndexMode mode, std::optional<Scalar> fill_value) {
+  TraceState* t = TraceState::common({&x, &indices});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_gather(TraceState::id(x), TraceState::id(indices),
+                                     GatherAttrs{normalize_axis(axis, x.rank()), mode, fill_value}));
+}
+
+namespace {
+
+Value scatter_op(Op op, const Value& x, const Value& indices, const Value& updates, int64_t axis, IndexMode mode) {
+  TraceState* t = TraceState::common({&x, &indices, &updates});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_scatter(op, TraceState::id(x), TraceState::id(indices), TraceState::id(updates),
+                                      GatherAttrs{normalize_axis(axis, x.rank()), mode, std::nullopt}));
+}
+
+// jnp's _normalize_index: an index in [-n, 0) counts from the end of a dimension of size n.
+Value wrap_negative(const Value& x, const Value& indices, int64_t axis) {
+  axis = normalize_axis(axis, x.rank());
+  if (!x.ok() || !indices.ok() || axis < 0 || axis >= x.rank()) return indices;
+  const Value n = full(indices.shape(), static_cast<double>(x.shape()[axis]), indices.dtype());
+  return where(indices < full(indices.shape(), 0.0, indices.dtype()), indices + n, indices);
+}
+
+// The updates of a scatter into x at `indices`: broadcast to their shape, in x's dtype.
+Value updates_for(const Value& x, const Value& indices, int64_t axis, const Value& updates) {
+  axis = normalize_axis(axis, x.rank());
+  if (!x.ok() || !indices.ok() || axis < 0 || axis >= x.rank()) return updates;
+  const Shape xs = x.shape(), i = indices.shape();  // by value: one copy each
+  Shape shape(xs.begin(), xs.begin() + axis);
+  shape.insert(shape.end(), i.begin(), i.end());
+  shape.insert(shape.end(), xs.begin() + axis + 1, xs.end());
+  return broadcast_to(convert(updates, x.dtype()), shape);
+}
+
+}  // namespace
+
+Value scatter(const Value& x, const Value& indices, const Value& updates, int64_t axis, IndexMode mode) {
+  return scatter_op(Op::kScatter, x, indices, updates, axis, mode);
+}
+Value scatter_add(const Value& x, const Value& indices, const Value& updates, int64_t axis, IndexMode mode) {
+  return scatter_op(Op::kScatterAdd, x, indices, updates, axis, mode);
+}
+
+Value take(const Value& x, const Value& indices, int64_t axis, IndexMode mode, std::optional<Scalar> fill_value) {
+  // jnp.take wraps negative indices in fill mode only (jax/_src/numpy/indexing.py, _take).
+  const Value i = mode == IndexMode::kFillOrDrop ? wrap_negative(x, indices, axis) : indices;
+  return gather(x, i, axis, mode, fill_value);
+}
+
+Value IndexRef::get() const { return gather(x_, wrap_negative(x_, indices_, axis_), axis_, IndexMode::kClip); }
+Value IndexRef::set(const Value& updates) const {
+  return scatter(x_, wrap_negative(x_, indices_, axis_), updates_for(x_, indices_, axis_, updates), axis_);
+}
+Value IndexRef::add(const Value& updates) const {
+  return scatter_add(x_, wrap_negative(x_, indices_, axis_), updates_for(x_, indices_, axis_, updates), axis_);
+}
+
+namespace {
+
+// Scalar starts as one vector of their promoted integer dtype (int32 for none).
+Value stack_starts(const std::vector<Value>& starts) {
+  if (starts.empty()) return full({0}, 0.0, DType::kI32);
+  DType dtype = DType::kI32;
+  for (const Value& s : starts) dtype = promote_types(dtype, s.dtype());
+  std::vector<Value> parts;
+  for (const Value& s : starts) parts.push_back(reshape(convert(s, dtype), {1}));
+  return concatenate(parts, 0);
+}
+
+}  // namespace
+
+Value dynamic_slice(const Value& x, const std::vector<Value>& starts, std::vector<int64_t> sizes) {
+  const Value s = stack_starts(starts);
+  TraceState* t = TraceState::common({&x, &s});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_dynamic_slice(TraceState::id(x), TraceState::id(s), std::move(sizes)));
+}
+
+Value dynamic_update_slice(const Value& x, const Value& update, const std::vector<Value>& starts) {
+  const Value s = stack_starts(starts);
+  TraceState* t = TraceState::common({&x, &update, &s});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_dynamic_update_slice(TraceState::id(x), TraceState::id(update), TraceState::id(s)));
+}
+
 Value iota(DType dtype, Shape shape, int64_t dimension) {
   TraceState* t = TraceState::current;
   if (t == nullptr || !t->error.ok()) return Value();

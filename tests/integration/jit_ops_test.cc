@@ -590,6 +590,54 @@ void add_large(int m, std::vector<OpCase>* cases) {
   }
 }
 
+// Indexing (issue #15): an embedding table (16, 8) under every layout, indices (8, 4) whole or
+// split, each op in its out-of-range modes (indices in [-20, 20]: negative, wrapped and beyond
+// the table's 16 rows). The compiled plans are asserted in partition_test.cc.
+void add_indexing(int m, std::vector<OpCase>* cases) {
+  const MeshDef& mesh = meshes()[m];
+  const std::string a = mesh.axes[0];
+  const bool two = mesh.axes.size() == 2;
+  const std::string b = two ? mesh.axes[1] : a;
+  std::vector<PartitionSpec> tables = {P(), P(a, None), P(None, a)};
+  if (two) {
+    for (const PartitionSpec& s : {P(b, None), P(None, b), P(a, b), P(Axes{a, b}, None)}) tables.push_back(s);
+  }
+  auto add_case = [&](const PartitionSpec& table, const PartitionSpec& indices) {
+    OpCase c;
+    c.name = std::string("indexing_") + mesh.name + "_" + spec_name(table) + "_at_" + spec_name(indices);
+    c.mesh = m;
+    c.inputs = {{DType::kF32, {16, 8}, Domain::kSigned, table}, {DType::kI32, {8, 4}, Domain::kSigned, indices}};
+    c.outputs = {"take fill", "take clip",         "at get",       "take axis 1",   "take i32 fill",       "at add",
+                 "at set",    "scatter_add zeros", "scatter clip", "dynamic_slice", "dynamic_update_slice"};
+    c.f = [](const std::vector<Value>& in, const Mesh&) {
+      const Value &t = in[0], &i = in[1];
+      const Value far = i * 5;  // [-20, 20]
+      const Value rows = take(t, i, 0) * 0.5;
+      const Value start = sum(i) + 2;  // traced, and a pending sum when i is split
+      return std::vector<Value>{take(t, far, 0),
+                                take(t, far, 0, IndexMode::kClip),
+                                at(t, far).get(),
+                                take(t, i, 1),
+                                take(convert(t * 4.0, DType::kI32), far, 0),
+                                at(t, far).add(rows),
+                                at(t, i * 3).set(rows),
+                                at(full({16, 8}, 0.0), i).add(rows),
+                                scatter(t, far, rows, 0, IndexMode::kClip),
+                                dynamic_slice(t, {start, full({}, 0.0, DType::kI32)}, {4, 8}),
+                                dynamic_update_slice(t, slice(t, {0, 0}, {4, 8}) * 2.0, {start, start})};
+    };
+    cases->push_back(std::move(c));
+  };
+  for (const PartitionSpec& t : tables) {
+    add_case(t, P());
+    add_case(t, P(a, None));
+  }
+  if (two) {
+    add_case(P(a, None), P(b, None));
+    add_case(P(None, a), P(None, b));
+  }
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases;
   for (int m = 0; m < static_cast<int>(meshes().size()); ++m) {
@@ -600,6 +648,7 @@ std::vector<OpCase> all_cases() {
     add_edges(m, &cases);
     add_backward(m, &cases);
     add_large(m, &cases);
+    add_indexing(m, &cases);
   }
   return cases;
 }

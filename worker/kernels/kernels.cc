@@ -32,14 +32,15 @@ struct Registry {
   Registry() {
     for (absl::Span<const internal::KernelEntry> family :
          {internal::elementwise_kernels(), internal::layout_kernels(), internal::reduction_kernels(),
-          internal::dot_kernels()}) {
+          internal::dot_kernels(), internal::indexing_kernels()}) {
       for (const internal::KernelEntry& k : family) cpu[static_cast<int>(k.op)] = k.fn;
     }
   }
 };
 
 absl::Status check_node(const Node& node, const std::vector<const HostArray*>& xs) {
-  if (!is_op(node.op)) return absl::InvalidArgumentError(absl::StrCat("run_kernel: unknown op ", static_cast<int>(node.op)));
+  if (!is_op(node.op))
+    return absl::InvalidArgumentError(absl::StrCat("run_kernel: unknown op ", static_cast<int>(node.op)));
   if (node.op == Op::kParameter) {
     return error(node, "has no kernel: a parameter's value is an input of the program, not computed");
   }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -197,6 +198,50 @@ Value dot(const Value& lhs, const Value& rhs);
 // `axis`, agreeing in dtype and in every other dimension.
 Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit);
 Value concatenate(const std::vector<Value>& xs, int64_t axis);
+
+// Indexing with an integer (int32 or int64) index array along one dimension, as JAX. The result
+// of a gather (and the updates of a scatter) has shape x[:axis] + indices + x[axis+1:].
+// Out-of-range indices behave as JAX documents each form (jax.Array.at; jnp.take; lax.gather and
+// lax.scatter's GatherScatterMode in jax/_src/lax/slicing.py):
+//   take(x, i, axis)          jnp.take: negative indices count from the end; in the default fill
+//                             mode an index outside [-n, n) gives `fill_value` (NaN for floats,
+//                             the lowest integer, true for bool); IndexMode::kClip clamps
+//                             instead, without wrapping negatives (jnp.take(mode='clip')).
+//   at(x, i, axis).get()      x[i] / x.at[i].get(): negatives wrap, out of range clamps.
+//   at(x, i, axis).set(u)     x.at[i].set(u) / .add(u): negatives wrap, out-of-range updates are
+//   at(x, i, axis).add(u)     dropped; u broadcasts to the updates' shape and takes x's dtype. With
+//                             repeated indices add applies every update, set one of them.
+//   gather / scatter / scatter_add: lax's forms, no wrapping of negative indices (out of range).
+//   Value rows = take(embedding, token_ids, 0);                  // (vocab, d) -> (batch, seq, d)
+//   Value grad_table = at(zeros, token_ids).add(g);               // its transpose
+// grad differentiates x and the updates (a scatter's with unique indices only, as JAX's set).
+Value gather(const Value& x, const Value& indices, int64_t axis, IndexMode mode = IndexMode::kFillOrDrop,
+             std::optional<Scalar> fill_value = std::nullopt);
+Value scatter(const Value& x, const Value& indices, const Value& updates, int64_t axis,
+              IndexMode mode = IndexMode::kFillOrDrop);
+Value scatter_add(const Value& x, const Value& indices, const Value& updates, int64_t axis,
+                  IndexMode mode = IndexMode::kFillOrDrop);
+Value take(const Value& x, const Value& indices, int64_t axis, IndexMode mode = IndexMode::kFillOrDrop,
+           std::optional<Scalar> fill_value = std::nullopt);
+// x.at[(slice(None),) * axis + (indices,)], for get, set and add.
+class IndexRef {
+ public:
+  IndexRef(Value x, Value indices, int64_t axis) : x_(std::move(x)), indices_(std::move(indices)), axis_(axis) {}
+  Value get() const;
+  Value set(const Value& updates) const;
+  Value add(const Value& updates) const;
+
+ private:
+  Value x_, indices_;
+  int64_t axis_;
+};
+inline IndexRef at(const Value& x, const Value& indices, int64_t axis = 0) { return IndexRef(x, indices, axis); }
+
+// lax.dynamic_slice / dynamic_update_slice: the window of `sizes` of x at `starts` (integer
+// scalars, traced: one per dimension), and x with `update` written there. Each start is clamped
+// to [0, dim - size] so the window fits, as lax does.
+Value dynamic_slice(const Value& x, const std::vector<Value>& starts, std::vector<int64_t> sizes);
+Value dynamic_update_slice(const Value& x, const Value& update, const std::vector<Value>& starts);
 
 // Arrays made inside the traced function: iota counts along `dimension` (not bool); full
 // holds `value` converted to dtype. Called outside a trace they return an invalid Value.
