@@ -38,6 +38,12 @@ Value unary(Op op, const Value& x) {
   return t->make(t->graph.add_unary(op, TraceState::id(x)));
 }
 
+// The transcendental ops compute integers and bools in float32, as jnp promotes them
+// (promote_dtypes_inexact).
+Value inexact_unary(Op op, const Value& x) {
+  return unary(op, x.ok() && !is_floating(x.dtype()) ? convert(x, DType::kF32) : x);
+}
+
 Value binary(Op op, const Value& x, const Value& y) {
   TraceState* t = TraceState::common({&x, &y});
   if (t == nullptr) return Value();
@@ -106,15 +112,15 @@ absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType
 
 Value neg(const Value& x) { return unary(Op::kNeg, x); }
 Value abs(const Value& x) { return unary(Op::kAbs, x); }
-Value exp(const Value& x) { return unary(Op::kExp, x); }
-Value log(const Value& x) { return unary(Op::kLog, x); }
-Value tanh(const Value& x) { return unary(Op::kTanh, x); }
-Value erf(const Value& x) { return unary(Op::kErf, x); }
-Value logistic(const Value& x) { return unary(Op::kLogistic, x); }
-Value sqrt(const Value& x) { return unary(Op::kSqrt, x); }
-Value rsqrt(const Value& x) { return unary(Op::kRsqrt, x); }
-Value sin(const Value& x) { return unary(Op::kSin, x); }
-Value cos(const Value& x) { return unary(Op::kCos, x); }
+Value exp(const Value& x) { return inexact_unary(Op::kExp, x); }
+Value log(const Value& x) { return inexact_unary(Op::kLog, x); }
+Value tanh(const Value& x) { return inexact_unary(Op::kTanh, x); }
+Value erf(const Value& x) { return inexact_unary(Op::kErf, x); }
+Value logistic(const Value& x) { return inexact_unary(Op::kLogistic, x); }
+Value sqrt(const Value& x) { return inexact_unary(Op::kSqrt, x); }
+Value rsqrt(const Value& x) { return inexact_unary(Op::kRsqrt, x); }
+Value sin(const Value& x) { return inexact_unary(Op::kSin, x); }
+Value cos(const Value& x) { return inexact_unary(Op::kCos, x); }
 Value floor(const Value& x) { return unary(Op::kFloor, x); }
 Value ceil(const Value& x) { return unary(Op::kCeil, x); }
 Value sign(const Value& x) { return unary(Op::kSign, x); }
@@ -129,6 +135,18 @@ Value maximum(const Value& x, const Value& y) { return binary(Op::kMax, x, y); }
 Value minimum(const Value& x, const Value& y) { return binary(Op::kMin, x, y); }
 Value logical_and(const Value& x, const Value& y) { return binary(Op::kAnd, x, y); }
 Value logical_or(const Value& x, const Value& y) { return binary(Op::kOr, x, y); }
+Value rem(const Value& x, const Value& y) { return binary(Op::kRem, x, y); }
+
+Value remainder(const Value& x, const Value& y) {
+  // jnp.remainder: lax.rem, moved by y where it is nonzero and its sign differs from y's.
+  const Value r = rem(x, y);
+  if (!r.ok()) return r;
+  const Value zero = full({}, 0.0, r.dtype());
+  return where(logical_and(r != zero, (r < zero) != (y < zero)), r + y, r);
+}
+
+Value clamp(const Value& lo, const Value& x, const Value& hi) { return minimum(maximum(x, lo), hi); }
+Value clip(const Value& x, const Value& lo, const Value& hi) { return clamp(lo, x, hi); }
 
 Value where(const Value& pred, const Value& on_true, const Value& on_false) {
   TraceState* t = TraceState::common({&pred, &on_true, &on_false});
@@ -162,10 +180,13 @@ namespace {
 Value weak_float(const Value& x) { return is_floating(x.dtype()) ? x : convert(x, DType::kF32); }
 Value weak_int(const Value& x) { return x.dtype() == DType::kBool ? convert(x, DType::kI32) : x; }
 
-// `a op y` (`y op a` when scalar_first), y a constant of a's dtype and shape.
+// `a op y` (`y op a` when scalar_first), y a constant of a's dtype and shape; kRem stands for
+// remainder (Python's %).
 Value with_scalar(Op op, const Value& a, Scalar y, bool scalar_first) {
   const Value s = like(a, y);
-  return scalar_first ? binary(op, s, a) : binary(op, a, s);
+  const Value& l = scalar_first ? s : a;
+  const Value& r = scalar_first ? a : s;
+  return op == Op::kRem ? remainder(l, r) : binary(op, l, r);
 }
 
 }  // namespace
@@ -190,6 +211,11 @@ Value operator<(const Value& x, const Value& y) { return binary(Op::kLt, x, y); 
 Value operator<=(const Value& x, const Value& y) { return binary(Op::kLe, x, y); }
 Value operator>(const Value& x, const Value& y) { return binary(Op::kGt, x, y); }
 Value operator>=(const Value& x, const Value& y) { return binary(Op::kGe, x, y); }
+Value operator%(const Value& x, const Value& y) { return remainder(x, y); }
+
+Value internal::with_weak_float(Op op, const Value& x, double y, bool scalar_first) {
+  return with_scalar(op, weak_float(x), y, scalar_first);
+}
 
 Value convert(const Value& x, DType dtype) {
   TraceState* t = TraceState::common({&x});
@@ -303,19 +329,37 @@ Value matmul(const Value& lhs, const Value& rhs) {
   TraceState* t = TraceState::common({&lhs, &rhs});
   if (t == nullptr) return Value();
   const int a = lhs.rank(), b = rhs.rank();
-  if (a == 0 || b == 0 || (a > 2 && a != b) || (b > 2 && a != b)) {
-    return t->fail(absl::InvalidArgumentError(absl::StrCat("matmul: shapes ", shape_to_string(lhs.shape()), " and ",
-                                                           shape_to_string(rhs.shape()),
-                                                           " are not matrices, vectors or equal-rank batches")));
+  const Shape ls = lhs.shape(), rs = rhs.shape();
+  if (a == 0 || b == 0) {
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat("matmul: shapes ", shape_to_string(ls), " and ", shape_to_string(rs), " include a scalar")));
   }
+  // A vector or a matrix on the right contracts with lhs's last dimension and leaves lhs's
+  // others in front, as jnp: (B, S, D) @ (D, F) is (B, S, F), one dot_general, no batch.
+  if (b <= 2) return dot_general(lhs, rhs, DotDims{{}, {}, {a - 1}, {0}});
+  // A vector on the left contracts with rhs's second to last: (K) @ (..., K, N) is (..., N).
+  if (a == 1) return dot_general(lhs, rhs, DotDims{{}, {}, {0}, {b - 2}});
+  // Otherwise numpy broadcasts the batch dimensions (all but the last two) of both.
+  const Shape lb(ls.begin(), ls.end() - 2), rb(rs.begin(), rs.end() - 2);
+  std::optional<Shape> batch = broadcast_shapes(lb, rb);
+  if (!batch.has_value()) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat("matmul: the batch dimensions of ", shape_to_string(ls),
+                                                           " and ", shape_to_string(rs), " do not broadcast")));
+  }
+  auto batched = [&](const Value& v, const Shape& s) {
+    Shape full = *batch;
+    full.insert(full.end(), s.end() - 2, s.end());
+    return broadcast_to(v, full);
+  };
+  const int r = static_cast<int>(batch->size()) + 2;
   DotDims dims;
-  for (int i = 0; i + 2 < a; ++i) {
+  for (int i = 0; i + 2 < r; ++i) {
     dims.lhs_batch.push_back(i);
     dims.rhs_batch.push_back(i);
   }
-  dims.lhs_contracting = {a - 1};
-  dims.rhs_contracting = {b == 1 ? 0 : b - 2};
-  return dot_general(lhs, rhs, std::move(dims));
+  dims.lhs_contracting = {r - 1};
+  dims.rhs_contracting = {r - 2};
+  return dot_general(batched(lhs, ls), batched(rhs, rs), std::move(dims));
 }
 
 Value dot(const Value& lhs, const Value& rhs) { return matmul(lhs, rhs); }

@@ -573,6 +573,7 @@ constexpr OpDef kOps[] = {
     {Op::kDynamicSlice, "dynamic_slice", 60, 2, kHasKernel, 0, kAttrsIndex<DynamicSliceAttrs>, infer_dynamic_slice},
     {Op::kDynamicUpdateSlice, "dynamic_update_slice", 61, 3, kHasKernel, 0, kAttrsIndex<NoAttrs>,
      infer_dynamic_update_slice},
+    {Op::kRem, "rem", 62, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 

@@ -101,9 +101,10 @@ enum class Op : uint8_t {
   kScatterAdd,
   kDynamicSlice,        // (x, starts): a window of `sizes` at traced starts, clamped as lax
   kDynamicUpdateSlice,  // (x, update, starts): x with `update` written at traced starts
+  kRem,                 // lax.rem: the remainder of truncating division (the dividend's sign)
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kDynamicUpdateSlice) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kRem) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {

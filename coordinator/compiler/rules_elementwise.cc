@@ -109,6 +109,7 @@ absl::Span<const ShardingRuleEntry> elementwise_rules() {
       {Op::kLe, kElementwise},      {Op::kGt, kElementwise},
       {Op::kGe, kElementwise},      {Op::kSelect, kElementwise},
       {Op::kConvert, kElementwise}, {Op::kErf, kElementwise},
+      {Op::kRem, kElementwise},
   };
   return kRules;
 }

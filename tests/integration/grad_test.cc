@@ -54,6 +54,14 @@ std::vector<GradCase> grad_cases() {
   out.push_back({"pow", {m, m}, Domain::kPositive, [](V in) { return pow(in[0], in[1]); }});
   out.push_back({"max", {m, m}, Domain::kSigned, [](V in) { return maximum(in[0], in[1]); }});
   out.push_back({"min", {m, m}, Domain::kSigned, [](V in) { return minimum(in[0], in[1]); }});
+  out.push_back({"rem", {m, m}, Domain::kPositive, [](V in) { return rem(in[0] * 3.0, in[1]); }});
+  out.push_back({"remainder", {m}, Domain::kSigned, [](V in) { return in[0] % 0.75; }});
+  out.push_back(
+      {"clamp", {m}, Domain::kSigned, [](V in) { return clamp(full({}, -0.9), in[0] * 2.0, full({}, 1.1)); }});
+  out.push_back(
+      {"matmul_batch_broadcast", {{2, 4, 8}, {8, 6}}, Domain::kSigned, [](V in) { return matmul(in[0], in[1]); }});
+  out.push_back(
+      {"matmul_matrix_by_batch", {{4, 8}, {3, 8, 6}}, Domain::kSigned, [](V in) { return matmul(in[0], in[1]); }});
   out.push_back({"broadcasting_add", {m, {8}}, Domain::kSigned, [](V in) { return in[0] + in[1]; }});
   out.push_back({"where", {m, m}, Domain::kSigned, [](V in) { return where(in[0] > in[1], in[0] * 2.0, in[1]); }});
   out.push_back({"broadcast_in_dim_stretched", {{8, 1}}, Domain::kSigned, [](V in) {

@@ -422,6 +422,7 @@ TEST(Kernels, BinaryOps) {
       {Op::kDiv, {DType::kF32, DType::kF64}, [](double a, double b) { return a / b; }},
       {Op::kDiv, {DType::kI32, DType::kI64}, [](double a, double b) { return std::trunc(a / b); }},
       {Op::kPow, numeric, [](double a, double b) { return std::pow(a, b); }},
+      {Op::kRem, numeric, [](double a, double b) { return std::fmod(a, b); }},
       {Op::kMax,
        {DType::kF32, DType::kF64, DType::kI32, DType::kI64, DType::kBool},
        [](double a, double b) { return std::max(a, b); }},
@@ -442,7 +443,7 @@ TEST(Kernels, BinaryOps) {
         const Node node = node_of(g, g.add_binary(c.op, g.add_parameter(dtype, shape), g.add_parameter(dtype, shape)));
         HostArray x = random_array(dtype, shape, rng, -9, 9);
         HostArray y = random_array(dtype, shape, rng, -9, 9);
-        if (c.op == Op::kDiv) avoid_zeros(&y);
+        if (c.op == Op::kDiv || c.op == Op::kRem) avoid_zeros(&y);
         if (c.op == Op::kPow) {  // positive bases for floats; exponents the integers can take exactly
           x = is_floating(dtype) ? random_array(dtype, shape, rng, 0.1, 3) : random_array(dtype, shape, rng, -5, 5);
           y = is_floating(dtype) ? random_array(dtype, shape, rng, -2, 2) : random_array(dtype, shape, rng, 0, 4);
@@ -465,6 +466,8 @@ TEST(Kernels, IntegerArithmeticWrapsAndDivisionFollowsXla) {
   EXPECT_EQ(apply(Op::kMul), HostArray::from_vector<int32_t>({6}, {L::max(), L::min(), L::min(), 0, -14, -10}));
   // x / 0 == -1, INT_MIN / -1 == INT_MIN, truncation toward zero.
   EXPECT_EQ(apply(Op::kDiv), HostArray::from_vector<int32_t>({6}, {L::max(), L::min(), L::min(), -1, -3, -2}));
+  // rem takes the dividend's sign; x % 0 == x and INT_MIN % -1 == 0, as XLA's integer remainder.
+  EXPECT_EQ(apply(Op::kRem), HostArray::from_vector<int32_t>({6}, {0, 0, 0, 7, -1, 1}));
 
   // pow: wraps; a negative exponent gives 1 for base 1, else 0.
   const HostArray base = HostArray::from_vector<int64_t>({5}, {2, 3, 1, -1, 2});
