@@ -562,6 +562,21 @@ TEST_F(PartitionTest, EmbeddingGradientScattersIntoTheLocalRows) {
   EXPECT_THAT(exe.as_text(), HasSubstr("f32[16384,64]"));
 }
 
+// A scatter_add whose updates outweigh its result (a histogram of 64 rows into 8) adds each
+// device's share of the batch into a pending sum over 'data' and all-reduces the small result,
+// x counted once (a select keeps it on the first device along 'data' only), instead of gathering
+// the updates.
+TEST_F(PartitionTest, ScatterAddOfManyUpdatesIsAPendingSum) {
+  Executable exe = compile([](const std::vector<Value>& in) { return std::vector<Value>{at(in[0], in[1]).add(in[2])}; },
+                           {{DType::kF32, {8, 16}}, {DType::kI32, {64}}, {DType::kF32, {64, 16}}},
+                           {P(), P("data"), P("data", None)});
+  EXPECT_THAT(collectives_of(exe),
+              ElementsAre(IsCollective(CollectiveKind::kAllReduce, {"data"}, -1, 2 * 3 * 8 * 16 * 4 / 4)))
+      << exe.as_text();
+  EXPECT_THAT(exe.as_text(), HasSubstr("= select("));
+  EXPECT_THAT(exe.as_text(), HasSubstr("= scatter_add("));
+}
+
 // dynamic_slice keeps a split on a dimension its window covers whole (the start clamps to 0
 // there) and gathers one it cuts; dynamic_update_slice likewise.
 TEST_F(PartitionTest, DynamicWindowsKeepWholeCoveredSplits) {

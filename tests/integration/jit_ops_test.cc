@@ -669,6 +669,17 @@ void add_indexing(int m, std::vector<OpCase>* cases) {
     add_case(P(a, None), P(b, None));
     add_case(P(None, a), P(None, b));
   }
+  // Many updates into a small x: a pending sum over the batch's axis, x counted once.
+  OpCase c;
+  c.name = std::string("scatter_add_histogram_") + mesh.name;
+  c.mesh = m;
+  c.inputs = {{DType::kF32, {8, 16}, Domain::kSigned, P()},
+              {DType::kI32, {64}, Domain::kSigned, P(a)},
+              {DType::kF32, {64, 16}, Domain::kSigned, P(a, None)}};
+  c.outputs = {"at add"};
+  c.f = [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{at(in[0], in[1]).add(in[2])}; };
+  c.want_in_plan = {"all_reduce"};
+  cases->push_back(std::move(c));
 }
 
 std::vector<OpCase> all_cases() {
