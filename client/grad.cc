@@ -19,7 +19,7 @@ VjpRule find_vjp(Op op) {
     VjpRule rules[kNumOps] = {};
     Registry() {
       for (absl::Span<const VjpEntry> family :
-           {elementwise_vjps(), layout_vjps(), reduction_vjps(), dot_vjps(), shard_map_vjps()}) {
+           {elementwise_vjps(), layout_vjps(), reduction_vjps(), dot_vjps(), indexing_vjps(), shard_map_vjps()}) {
         for (const VjpEntry& e : family) rules[static_cast<int>(e.op)] = e.rule;
       }
     }

@@ -38,6 +38,12 @@ Value unary(Op op, const Value& x) {
   return t->make(t->graph.add_unary(op, TraceState::id(x)));
 }
 
+// The transcendental ops compute integers and bools in float32, as jnp promotes them
+// (promote_dtypes_inexact).
+Value inexact_unary(Op op, const Value& x) {
+  return unary(op, x.ok() && !is_floating(x.dtype()) ? convert(x, DType::kF32) : x);
+}
+
 Value binary(Op op, const Value& x, const Value& y) {
   TraceState* t = TraceState::common({&x, &y});
   if (t == nullptr) return Value();
@@ -106,15 +112,15 @@ absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType
 
 Value neg(const Value& x) { return unary(Op::kNeg, x); }
 Value abs(const Value& x) { return unary(Op::kAbs, x); }
-Value exp(const Value& x) { return unary(Op::kExp, x); }
-Value log(const Value& x) { return unary(Op::kLog, x); }
-Value tanh(const Value& x) { return unary(Op::kTanh, x); }
-Value erf(const Value& x) { return unary(Op::kErf, x); }
-Value logistic(const Value& x) { return unary(Op::kLogistic, x); }
-Value sqrt(const Value& x) { return unary(Op::kSqrt, x); }
-Value rsqrt(const Value& x) { return unary(Op::kRsqrt, x); }
-Value sin(const Value& x) { return unary(Op::kSin, x); }
-Value cos(const Value& x) { return unary(Op::kCos, x); }
+Value exp(const Value& x) { return inexact_unary(Op::kExp, x); }
+Value log(const Value& x) { return inexact_unary(Op::kLog, x); }
+Value tanh(const Value& x) { return inexact_unary(Op::kTanh, x); }
+Value erf(const Value& x) { return inexact_unary(Op::kErf, x); }
+Value logistic(const Value& x) { return inexact_unary(Op::kLogistic, x); }
+Value sqrt(const Value& x) { return inexact_unary(Op::kSqrt, x); }
+Value rsqrt(const Value& x) { return inexact_unary(Op::kRsqrt, x); }
+Value sin(const Value& x) { return inexact_unary(Op::kSin, x); }
+Value cos(const Value& x) { return inexact_unary(Op::kCos, x); }
 Value floor(const Value& x) { return unary(Op::kFloor, x); }
 Value ceil(const Value& x) { return unary(Op::kCeil, x); }
 Value sign(const Value& x) { return unary(Op::kSign, x); }
@@ -129,6 +135,18 @@ Value maximum(const Value& x, const Value& y) { return binary(Op::kMax, x, y); }
 Value minimum(const Value& x, const Value& y) { return binary(Op::kMin, x, y); }
 Value logical_and(const Value& x, const Value& y) { return binary(Op::kAnd, x, y); }
 Value logical_or(const Value& x, const Value& y) { return binary(Op::kOr, x, y); }
+Value rem(const Value& x, const Value& y) { return binary(Op::kRem, x, y); }
+
+Value remainder(const Value& x, const Value& y) {
+  // jnp.remainder: lax.rem, moved by y where it is nonzero and its sign differs from y's.
+  const Value r = rem(x, y);
+  if (!r.ok()) return r;
+  const Value zero = full({}, 0.0, r.dtype());
+  return where(logical_and(r != zero, (r < zero) != (y < zero)), r + y, r);
+}
+
+Value clamp(const Value& lo, const Value& x, const Value& hi) { return minimum(maximum(x, lo), hi); }
+Value clip(const Value& x, const Value& lo, const Value& hi) { return clamp(lo, x, hi); }
 
 Value where(const Value& pred, const Value& on_true, const Value& on_false) {
   TraceState* t = TraceState::common({&pred, &on_true, &on_false});
@@ -162,10 +180,13 @@ namespace {
 Value weak_float(const Value& x) { return is_floating(x.dtype()) ? x : convert(x, DType::kF32); }
 Value weak_int(const Value& x) { return x.dtype() == DType::kBool ? convert(x, DType::kI32) : x; }
 
-// `a op y` (`y op a` when scalar_first), y a constant of a's dtype and shape.
+// `a op y` (`y op a` when scalar_first), y a constant of a's dtype and shape; kRem stands for
+// remainder (Python's %).
 Value with_scalar(Op op, const Value& a, Scalar y, bool scalar_first) {
   const Value s = like(a, y);
-  return scalar_first ? binary(op, s, a) : binary(op, a, s);
+  const Value& l = scalar_first ? s : a;
+  const Value& r = scalar_first ? a : s;
+  return op == Op::kRem ? remainder(l, r) : binary(op, l, r);
 }
 
 }  // namespace
@@ -190,6 +211,11 @@ Value operator<(const Value& x, const Value& y) { return binary(Op::kLt, x, y); 
 Value operator<=(const Value& x, const Value& y) { return binary(Op::kLe, x, y); }
 Value operator>(const Value& x, const Value& y) { return binary(Op::kGt, x, y); }
 Value operator>=(const Value& x, const Value& y) { return binary(Op::kGe, x, y); }
+Value operator%(const Value& x, const Value& y) { return remainder(x, y); }
+
+Value internal::with_weak_float(Op op, const Value& x, double y, bool scalar_first) {
+  return with_scalar(op, weak_float(x), y, scalar_first);
+}
 
 Value convert(const Value& x, DType dtype) {
   TraceState* t = TraceState::common({&x});
@@ -303,19 +329,37 @@ Value matmul(const Value& lhs, const Value& rhs) {
   TraceState* t = TraceState::common({&lhs, &rhs});
   if (t == nullptr) return Value();
   const int a = lhs.rank(), b = rhs.rank();
-  if (a == 0 || b == 0 || (a > 2 && a != b) || (b > 2 && a != b)) {
-    return t->fail(absl::InvalidArgumentError(absl::StrCat("matmul: shapes ", shape_to_string(lhs.shape()), " and ",
-                                                           shape_to_string(rhs.shape()),
-                                                           " are not matrices, vectors or equal-rank batches")));
+  const Shape ls = lhs.shape(), rs = rhs.shape();
+  if (a == 0 || b == 0) {
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat("matmul: shapes ", shape_to_string(ls), " and ", shape_to_string(rs), " include a scalar")));
   }
+  // A vector or a matrix on the right contracts with lhs's last dimension and leaves lhs's
+  // others in front, as jnp: (B, S, D) @ (D, F) is (B, S, F), one dot_general, no batch.
+  if (b <= 2) return dot_general(lhs, rhs, DotDims{{}, {}, {a - 1}, {0}});
+  // A vector on the left contracts with rhs's second to last: (K) @ (..., K, N) is (..., N).
+  if (a == 1) return dot_general(lhs, rhs, DotDims{{}, {}, {0}, {b - 2}});
+  // Otherwise numpy broadcasts the batch dimensions (all but the last two) of both.
+  const Shape lb(ls.begin(), ls.end() - 2), rb(rs.begin(), rs.end() - 2);
+  std::optional<Shape> batch = broadcast_shapes(lb, rb);
+  if (!batch.has_value()) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat("matmul: the batch dimensions of ", shape_to_string(ls),
+                                                           " and ", shape_to_string(rs), " do not broadcast")));
+  }
+  auto batched = [&](const Value& v, const Shape& s) {
+    Shape full = *batch;
+    full.insert(full.end(), s.end() - 2, s.end());
+    return broadcast_to(v, full);
+  };
+  const int r = static_cast<int>(batch->size()) + 2;
   DotDims dims;
-  for (int i = 0; i + 2 < a; ++i) {
+  for (int i = 0; i + 2 < r; ++i) {
     dims.lhs_batch.push_back(i);
     dims.rhs_batch.push_back(i);
   }
-  dims.lhs_contracting = {a - 1};
-  dims.rhs_contracting = {b == 1 ? 0 : b - 2};
-  return dot_general(lhs, rhs, std::move(dims));
+  dims.lhs_contracting = {r - 1};
+  dims.rhs_contracting = {r - 2};
+  return dot_general(batched(lhs, ls), batched(rhs, rs), std::move(dims));
 }
 
 Value dot(const Value& lhs, const Value& rhs) { return matmul(lhs, rhs); }
@@ -341,6 +385,92 @@ Value concatenate(const std::vector<Value>& xs, int64_t axis) {
     ids.push_back(TraceState::id(x));
   }
   return t->make(t->graph.add_concatenate(ids, normalize_axis(axis, xs[0].rank())));
+}
+
+Value gather(const Value& x, const Value& indices, int64_t axis, IndexMode mode, std::optional<Scalar> fill_value) {
+  TraceState* t = TraceState::common({&x, &indices});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_gather(TraceState::id(x), TraceState::id(indices),
+                                     GatherAttrs{normalize_axis(axis, x.rank()), mode, fill_value}));
+}
+
+namespace {
+
+Value scatter_op(Op op, const Value& x, const Value& indices, const Value& updates, int64_t axis, IndexMode mode) {
+  TraceState* t = TraceState::common({&x, &indices, &updates});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_scatter(op, TraceState::id(x), TraceState::id(indices), TraceState::id(updates),
+                                      GatherAttrs{normalize_axis(axis, x.rank()), mode, std::nullopt}));
+}
+
+// jnp's _normalize_index: an index in [-n, 0) counts from the end of a dimension of size n.
+Value wrap_negative(const Value& x, const Value& indices, int64_t axis) {
+  axis = normalize_axis(axis, x.rank());
+  if (!x.ok() || !indices.ok() || axis < 0 || axis >= x.rank()) return indices;
+  const Value n = full(indices.shape(), static_cast<double>(x.shape()[axis]), indices.dtype());
+  return where(indices < full(indices.shape(), 0.0, indices.dtype()), indices + n, indices);
+}
+
+// The updates of a scatter into x at `indices`: broadcast to their shape, in x's dtype.
+Value updates_for(const Value& x, const Value& indices, int64_t axis, const Value& updates) {
+  axis = normalize_axis(axis, x.rank());
+  if (!x.ok() || !indices.ok() || axis < 0 || axis >= x.rank()) return updates;
+  const Shape xs = x.shape(), i = indices.shape();  // by value: one copy each
+  Shape shape(xs.begin(), xs.begin() + axis);
+  shape.insert(shape.end(), i.begin(), i.end());
+  shape.insert(shape.end(), xs.begin() + axis + 1, xs.end());
+  return broadcast_to(convert(updates, x.dtype()), shape);
+}
+
+}  // namespace
+
+Value scatter(const Value& x, const Value& indices, const Value& updates, int64_t axis, IndexMode mode) {
+  return scatter_op(Op::kScatter, x, indices, updates, axis, mode);
+}
+Value scatter_add(const Value& x, const Value& indices, const Value& updates, int64_t axis, IndexMode mode) {
+  return scatter_op(Op::kScatterAdd, x, indices, updates, axis, mode);
+}
+
+Value take(const Value& x, const Value& indices, int64_t axis, IndexMode mode, std::optional<Scalar> fill_value) {
+  // jnp.take wraps negative indices in fill mode only (jax/_src/numpy/indexing.py, _take).
+  const Value i = mode == IndexMode::kFillOrDrop ? wrap_negative(x, indices, axis) : indices;
+  return gather(x, i, axis, mode, fill_value);
+}
+
+Value IndexRef::get() const { return gather(x_, wrap_negative(x_, indices_, axis_), axis_, IndexMode::kClip); }
+Value IndexRef::set(const Value& updates) const {
+  return scatter(x_, wrap_negative(x_, indices_, axis_), updates_for(x_, indices_, axis_, updates), axis_);
+}
+Value IndexRef::add(const Value& updates) const {
+  return scatter_add(x_, wrap_negative(x_, indices_, axis_), updates_for(x_, indices_, axis_, updates), axis_);
+}
+
+namespace {
+
+// Scalar starts as one vector of their promoted integer dtype (int32 for none).
+Value stack_starts(const std::vector<Value>& starts) {
+  if (starts.empty()) return full({0}, 0.0, DType::kI32);
+  DType dtype = DType::kI32;
+  for (const Value& s : starts) dtype = promote_types(dtype, s.dtype());
+  std::vector<Value> parts;
+  for (const Value& s : starts) parts.push_back(reshape(convert(s, dtype), {1}));
+  return concatenate(parts, 0);
+}
+
+}  // namespace
+
+Value dynamic_slice(const Value& x, const std::vector<Value>& starts, std::vector<int64_t> sizes) {
+  const Value s = stack_starts(starts);
+  TraceState* t = TraceState::common({&x, &s});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_dynamic_slice(TraceState::id(x), TraceState::id(s), std::move(sizes)));
+}
+
+Value dynamic_update_slice(const Value& x, const Value& update, const std::vector<Value>& starts) {
+  const Value s = stack_starts(starts);
+  TraceState* t = TraceState::common({&x, &update, &s});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_dynamic_update_slice(TraceState::id(x), TraceState::id(update), TraceState::id(s)));
 }
 
 Value iota(DType dtype, Shape shape, int64_t dimension) {

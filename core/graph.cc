@@ -46,6 +46,12 @@ std::string text(const AxisIndexAttrs& a, Op) {
   return absl::StrCat(" axes=", axes_to_string(a.axes), a.mesh.has_value() ? mesh_text(*a.mesh) : "");
 }
 
+std::string text(const GatherAttrs& a, Op) {
+  return absl::StrCat(" dims={", a.axis, "} mode=", a.mode == IndexMode::kClip ? "clip" : "fill_or_drop",
+                      a.fill_value.has_value() ? " fill=" + a.fill_value->to_string() : "");
+}
+std::string text(const DynamicSliceAttrs& a, Op) { return " sizes=" + dims_to_string(a.sizes); }
+
 // A collective prints the dimension list it is built from (add_collective).
 std::string text(const CollectiveAttrs& c, Op op) {
   std::vector<int64_t> dims;
@@ -268,6 +274,25 @@ absl::StatusOr<int> Graph::add_collective(Op op, int x, const Mesh& mesh, std::v
 
 absl::StatusOr<int> Graph::add_axis_index(const Mesh& mesh, std::vector<std::string> axes) {
   return add_node(make_node(Op::kAxisIndex, {}, AxisIndexAttrs{mesh, std::move(axes)}));
+}
+
+absl::StatusOr<int> Graph::add_gather(int x, int indices, GatherAttrs attrs) {
+  return add_node(make_node(Op::kGather, {x, indices}, std::move(attrs)));
+}
+
+absl::StatusOr<int> Graph::add_scatter(Op op, int x, int indices, int updates, GatherAttrs attrs) {
+  if (op != Op::kScatter && op != Op::kScatterAdd) {
+    return absl::InvalidArgumentError(absl::StrCat(op_name(op), " is not a scatter"));
+  }
+  return add_node(make_node(op, {x, indices, updates}, std::move(attrs)));
+}
+
+absl::StatusOr<int> Graph::add_dynamic_slice(int x, int starts, std::vector<int64_t> sizes) {
+  return add_node(make_node(Op::kDynamicSlice, {x, starts}, DynamicSliceAttrs{std::move(sizes)}));
+}
+
+absl::StatusOr<int> Graph::add_dynamic_update_slice(int x, int update, int starts) {
+  return add_node(make_node(Op::kDynamicUpdateSlice, {x, update, starts}));
 }
 
 absl::StatusOr<int> Graph::add_sharding_as(int x, int like) { return add_node(make_node(Op::kShardingAs, {x, like})); }

@@ -122,6 +122,15 @@ class Graph {
                                      std::vector<int64_t> dims, ReduceOp reduce_op = ReduceOp::kSum);
   // This device's position along `axes` (distinct, in `mesh`): an i32 scalar.
   absl::StatusOr<int> add_axis_index(const Mesh& mesh, std::vector<std::string> axes);
+  // x's slices at `indices` (int32/int64) along attrs.axis: X[:a] + I + X[a+1:] (GatherAttrs).
+  absl::StatusOr<int> add_gather(int x, int indices, GatherAttrs attrs);
+  // kScatter or kScatterAdd: x with `updates` (of the shape add_gather would give) set or added
+  // at `indices` along attrs.axis.
+  absl::StatusOr<int> add_scatter(Op op, int x, int indices, int updates, GatherAttrs attrs);
+  // The window of `sizes` of x at `starts` (an int32/int64 vector, one per dimension), and x with
+  // `update` written there; starts are clamped so the window fits, as lax.dynamic_slice.
+  absl::StatusOr<int> add_dynamic_slice(int x, int starts, std::vector<int64_t> sizes);
+  absl::StatusOr<int> add_dynamic_update_slice(int x, int update, int starts);
   // `x` pinned to the layout `like` gets (same shape), as grad pins gradients. An
   // implementation detail of grad.
   absl::StatusOr<int> add_sharding_as(int x, int like);

@@ -7,6 +7,7 @@
 #include "core/op.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -302,6 +303,100 @@ absl::StatusOr<ArrayType> infer_dot_general(const Node& n, absl::Span<const Arra
   return out;
 }
 
+// ---- Indexing --------------------------------------------------------------------------------
+
+absl::Status check_index_dtype(const std::string& what, const ArrayType& indices) {
+  if (indices.dtype == DType::kI32 || indices.dtype == DType::kI64) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": indices are ", type_of(indices), "; they need int32 or int64"));
+}
+
+// X[:axis] + I + X[axis+1:]: a gather's result, a scatter's updates.
+absl::StatusOr<Shape> indexed_shape(const std::string& what, const GatherAttrs& a, const ArrayType& x,
+                                    const ArrayType& indices) {
+  TESSERA_RETURN_IF_ERROR(check_index_dtype(what, indices));
+  TESSERA_RETURN_IF_ERROR(check_axes({a.axis}, x.shape.size(), what));
+  if (a.mode != IndexMode::kClip && a.mode != IndexMode::kFillOrDrop) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown index mode ", static_cast<int>(a.mode)));
+  }
+  if (x.shape[a.axis] == 0 && num_elements(indices.shape) > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", a.axis, " has size 0: nothing to index"));
+  }
+  Shape out(x.shape.begin(), x.shape.begin() + a.axis);
+  out.insert(out.end(), indices.shape.begin(), indices.shape.end());
+  out.insert(out.end(), x.shape.begin() + a.axis + 1, x.shape.end());
+  TESSERA_RETURN_IF_ERROR(validate_shape(out, dtype_size(x.dtype), what));
+  return out;
+}
+
+absl::StatusOr<ArrayType> infer_gather(const Node& n, absl::Span<const ArrayType> in) {
+  const GatherAttrs& a = n.attrs<GatherAttrs>();
+  const std::string what = absl::StrCat("gather of ", type_of(in[0]), " at ", type_of(in[1]), " along axis ", a.axis);
+  TESSERA_ASSIGN_OR_RETURN(Shape shape, indexed_shape(what, a, in[0], in[1]));
+  if (a.fill_value.has_value() && a.mode != IndexMode::kFillOrDrop) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a fill value needs the fill mode"));
+  }
+  if (a.fill_value.has_value() && !is_floating(in[0].dtype) && !a.fill_value->is_integer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": fill value ", a.fill_value->to_string(), " is not an integer"));
+  }
+  return ArrayType{in[0].dtype, std::move(shape)};
+}
+
+absl::StatusOr<ArrayType> infer_scatter(const Node& n, absl::Span<const ArrayType> in) {
+  const GatherAttrs& a = n.attrs<GatherAttrs>();
+  const std::string what = absl::StrCat(op_name(n.op), " into ", type_of(in[0]), " at ", type_of(in[1]), " of ",
+                                        type_of(in[2]), " along axis ", a.axis);
+  TESSERA_ASSIGN_OR_RETURN(Shape shape, indexed_shape(what, a, in[0], in[1]));
+  if (a.fill_value.has_value())
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a scatter takes no fill value"));
+  if (in[2].dtype != in[0].dtype || in[2].shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the updates must be ", type_to_string(in[0].dtype, shape)));
+  }
+  if (n.op == Op::kScatterAdd && in[0].dtype == DType::kBool) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bool is not a numeric dtype"));
+  }
+  return in[0];
+}
+
+// The starts of a dynamic window into a rank-`rank` operand: one integer per dimension.
+absl::Status check_starts(const std::string& what, const ArrayType& starts, size_t rank) {
+  TESSERA_RETURN_IF_ERROR(check_index_dtype(what, starts));
+  if (starts.shape != Shape{static_cast<int64_t>(rank)}) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the start indices are ", type_of(starts),
+                                                   "; they need one per dimension, shape (", rank, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ArrayType> infer_dynamic_slice(const Node& n, absl::Span<const ArrayType> in) {
+  const std::vector<int64_t>& sizes = n.attrs<DynamicSliceAttrs>().sizes;
+  const std::string what = absl::StrCat("dynamic_slice of ", type_of(in[0]), " of sizes ", dims_to_string(sizes));
+  TESSERA_RETURN_IF_ERROR(check_starts(what, in[1], in[0].shape.size()));
+  if (sizes.size() != in[0].shape.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": needs one size per dimension"));
+  }
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] < 0 || sizes[d] > in[0].shape[d]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": size ", sizes[d], " of dimension ", d, " is outside [0, ", in[0].shape[d], "]"));
+    }
+  }
+  return ArrayType{in[0].dtype, sizes};
+}
+
+absl::StatusOr<ArrayType> infer_dynamic_update_slice(const Node&, absl::Span<const ArrayType> in) {
+  const std::string what = absl::StrCat("dynamic_update_slice of ", type_of(in[0]), " with ", type_of(in[1]));
+  TESSERA_RETURN_IF_ERROR(check_starts(what, in[2], in[0].shape.size()));
+  bool fits = in[1].dtype == in[0].dtype && in[1].shape.size() == in[0].shape.size();
+  for (size_t d = 0; fits && d < in[0].shape.size(); ++d) fits = in[1].shape[d] <= in[0].shape[d];
+  if (!fits) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the update needs the operand's dtype and rank and no larger dimensions"));
+  }
+  return in[0];
+}
+
 // ---- Placement and shard_map -----------------------------------------------------------------
 
 absl::StatusOr<ArrayType> infer_sharding_constraint(const Node& n, absl::Span<const ArrayType> in) {
@@ -472,6 +567,13 @@ constexpr OpDef kOps[] = {
     {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned | kNoGradient, 0, kAttrsIndex<NoAttrs>,
      infer_sharding_as},
     {Op::kErf, "erf", 56, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kGather, "gather", 57, 2, kHasKernel, 0, kAttrsIndex<GatherAttrs>, infer_gather},
+    {Op::kScatter, "scatter", 58, 3, kHasKernel, 0, kAttrsIndex<GatherAttrs>, infer_scatter},
+    {Op::kScatterAdd, "scatter_add", 59, 3, kHasKernel, 0, kAttrsIndex<GatherAttrs>, infer_scatter},
+    {Op::kDynamicSlice, "dynamic_slice", 60, 2, kHasKernel, 0, kAttrsIndex<DynamicSliceAttrs>, infer_dynamic_slice},
+    {Op::kDynamicUpdateSlice, "dynamic_update_slice", 61, 3, kHasKernel, 0, kAttrsIndex<NoAttrs>,
+     infer_dynamic_update_slice},
+    {Op::kRem, "rem", 62, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 
@@ -531,6 +633,21 @@ absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayTyp
   }
   TESSERA_RETURN_IF_ERROR(check_attrs(node));
   return d.infer(node, operands);
+}
+
+Scalar default_fill_value(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kF64:
+      return std::numeric_limits<double>::quiet_NaN();
+    case DType::kI32:
+      return std::numeric_limits<int32_t>::min();
+    case DType::kI64:
+      return std::numeric_limits<int64_t>::min();
+    case DType::kBool:
+      break;
+  }
+  return 1;
 }
 
 uint64_t op_table_digest() {

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/dtype.h"
+#include "core/scalar.h"
 #include "core/shape.h"
 
 namespace tessera {
@@ -92,9 +93,18 @@ enum class Op : uint8_t {
   // Operand 0 laid out as operand 1 is (whole): gradients take their parameter's sharding.
   kShardingAs,
   kErf,  // the error function, as lax.erf
+  // Indexing (GatherAttrs: the operand dimension indexed and the out-of-range mode):
+  // gather(x, indices) takes x's slices at `indices` along `axis` (jnp.take);
+  // scatter(x, indices, updates) sets them, scatter_add adds to them (x.at[i].set / add).
+  kGather,
+  kScatter,
+  kScatterAdd,
+  kDynamicSlice,        // (x, starts): a window of `sizes` at traced starts, clamped as lax
+  kDynamicUpdateSlice,  // (x, update, starts): x with `update` written at traced starts
+  kRem,                 // lax.rem: the remainder of truncating division (the dividend's sign)
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kErf) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kRem) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {
@@ -167,6 +177,11 @@ absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayTyp
 // OK when `node` carries its op's attributes; otherwise INVALID_ARGUMENT naming the op and
 // both kinds. REQUIRES: is_op(node.op).
 absl::Status check_attrs(const Node& node);
+
+// What a gather in IndexMode::kFillOrDrop gives for an out-of-range index when its node names
+// no fill_value, as jnp.take documents: NaN for float dtypes, the lowest value of a signed
+// integer dtype, true for bool.
+Scalar default_fill_value(DType dtype);
 
 // A digest of what the wire depends on in the table: each op's name, wire number, arity, what
 // it is given and its attributes' kind. proto/rpc.h records the value next to kProtocolVersion; op_table_test fails

@@ -118,10 +118,35 @@ struct AxisIndexAttrs {
   std::vector<std::string> axes;
 };
 
+// What an index outside [0, n) of the indexed dimension does, as lax.GatherScatterMode:
+// kClip clamps it to [0, n - 1]; kFillOrDrop makes a gather return `fill_value` for it and a
+// scatter drop its update. Negative indices are out of range here (jnp's functions wrap them
+// before, see trace.h).
+enum class IndexMode : uint8_t { kClip, kFillOrDrop };
+
+// gather, scatter, scatter_add: JAX's common indexing forms, one integer index array along one
+// operand dimension. With x of shape X, indices of shape I and axis a, the gathered value (and
+// a scatter's updates) has shape X[:a] + I + X[a+1:]: element (p, j, q) is x[p, indices[j], q].
+// That is jnp.take(x, i, axis=a), x[:, ..., i] and x.at[:, ..., i].get / set / add. fill_value
+// (a gather in kFillOrDrop mode only) is what an out-of-range index gives; unset, JAX's
+// default: NaN for floats, the lowest value for signed integers, true for bool
+// (default_fill_value).
+struct GatherAttrs {
+  static constexpr const char* kName = "gather";
+  int64_t axis = 0;
+  IndexMode mode = IndexMode::kFillOrDrop;
+  std::optional<Scalar> fill_value;
+};
+// dynamic_slice: the window's size along each dimension.
+struct DynamicSliceAttrs {
+  static constexpr const char* kName = "dynamic_slice";
+  std::vector<int64_t> sizes;
+};
+
 // Every kind of attributes. NoAttrs first: a default Node carries none.
-using Attrs =
-    std::variant<NoAttrs, ParameterAttrs, ConstantAttrs, IotaAttrs, BroadcastAttrs, TransposeAttrs, ReduceAttrs,
-                 ArgmaxAttrs, SliceAttrs, ConcatAttrs, DotAttrs, ShardingAttrs, CollectiveAttrs, AxisIndexAttrs>;
+using Attrs = std::variant<NoAttrs, ParameterAttrs, ConstantAttrs, IotaAttrs, BroadcastAttrs, TransposeAttrs,
+                           ReduceAttrs, ArgmaxAttrs, SliceAttrs, ConcatAttrs, DotAttrs, ShardingAttrs, CollectiveAttrs,
+                           AxisIndexAttrs, GatherAttrs, DynamicSliceAttrs>;
 
 namespace internal {
 template <class T, class... Ts>

@@ -285,6 +285,17 @@ void attrs_to_proto(const AxisIndexAttrs& a, pb::KernelNode* n) {
   w->mutable_axes()->Assign(a.axes.begin(), a.axes.end());
 }
 
+void attrs_to_proto(const GatherAttrs& a, pb::KernelNode* n) {
+  pb::GatherAttrs* w = n->mutable_gather();
+  w->set_axis(a.axis);
+  w->set_mode(a.mode == IndexMode::kClip ? pb::INDEX_MODE_CLIP : pb::INDEX_MODE_FILL_OR_DROP);
+  if (a.fill_value.has_value() && a.fill_value->is_integer()) w->set_fill_int(a.fill_value->int_value());
+  if (a.fill_value.has_value() && !a.fill_value->is_integer()) w->set_fill_float(a.fill_value->float_value());
+}
+void attrs_to_proto(const DynamicSliceAttrs& a, pb::KernelNode* n) {
+  n->mutable_dynamic_slice()->mutable_sizes()->Assign(a.sizes.begin(), a.sizes.end());
+}
+
 // Writes its wire number, its type and its attributes. Plan instructions other than kernels
 // carry only a result type (their node's op is kParameter's default, with no attributes).
 void node_to_proto(const Node& node, pb::KernelNode* n) {
@@ -359,6 +370,21 @@ absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::strin
       if (!known) return absl::InvalidArgumentError(absl::StrCat(where, " has unknown reduce op ", c.reduce_op()));
       return out;
     }
+    case pb::KernelNode::kGather: {
+      const pb::GatherAttrs& w = n.gather();
+      GatherAttrs out;
+      out.axis = w.axis();
+      if (w.mode() == pb::INDEX_MODE_CLIP) {
+        out.mode = IndexMode::kClip;
+      } else if (w.mode() != pb::INDEX_MODE_FILL_OR_DROP) {
+        return absl::InvalidArgumentError(absl::StrCat(where, " has unknown index mode ", w.mode()));
+      }
+      if (w.fill_value_case() == pb::GatherAttrs::kFillInt) out.fill_value = Scalar(w.fill_int());
+      if (w.fill_value_case() == pb::GatherAttrs::kFillFloat) out.fill_value = Scalar(w.fill_float());
+      return out;
+    }
+    case pb::KernelNode::kDynamicSlice:
+      return DynamicSliceAttrs{v(n.dynamic_slice().sizes())};
     case pb::KernelNode::kAxisIndex: {
       AxisIndexAttrs out;
       TESSERA_ASSIGN_OR_RETURN(out.mesh, optional_mesh(n.axis_index().has_mesh(), n.axis_index().mesh(), where));

@@ -62,6 +62,14 @@ absl::Span<const VjpEntry> elementwise_vjps() {
          a.add(1, -(a.g * a.x[0] / (a.x[1] * a.x[1])));
          return absl::OkStatus();
        }},
+      // lax.rem's derivatives: 1 in x, -trunc(x / y) in y.
+      {Op::kRem,
+       [](const VjpArgs& a) {
+         const Value q = a.x[0] / a.x[1];
+         a.add(0, a.g);
+         a.add(1, -(a.g * sign(q) * floor(abs(q))));
+         return absl::OkStatus();
+       }},
       {Op::kPow,
        [](const VjpArgs& a) {
          const Value &x = a.x[0], &y = a.x[1];

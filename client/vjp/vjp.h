@@ -40,6 +40,7 @@ absl::Span<const VjpEntry> elementwise_vjps();  // elementwise.cc
 absl::Span<const VjpEntry> layout_vjps();       // layout.cc: layout ops and sharding_constraint
 absl::Span<const VjpEntry> reduction_vjps();    // reduction.cc
 absl::Span<const VjpEntry> dot_vjps();          // dot.cc
+absl::Span<const VjpEntry> indexing_vjps();     // indexing.cc
 absl::Span<const VjpEntry> shard_map_vjps();    // shard_map.cc: shard_map boundaries, collectives
 
 // The rule registered for `op`, or null.

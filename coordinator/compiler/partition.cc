@@ -193,6 +193,35 @@ absl::Status partition_kernel(PartitionContext& c, int id) {
   return absl::OkStatus();
 }
 
+int emit_kernel(PartitionContext& c, int id, Op op, DType dtype, Shape shape, std::vector<int> in, Attrs attributes) {
+  Instruction inst;
+  inst.kind = Instruction::Kind::kKernel;
+  inst.in = in;
+  inst.value = id;
+  inst.cause = c.cause(id);
+  inst.node.op = op;
+  inst.node.dtype = dtype;
+  inst.node.shape = std::move(shape);
+  inst.node.operands = std::move(in);
+  inst.node.attributes = std::move(attributes);
+  return c.emit(std::move(inst));
+}
+
+int emit_block_start(PartitionContext& c, int id, const Axes& axes, int64_t block, DType dtype) {
+  Instruction position;
+  position.kind = Instruction::Kind::kKernel;
+  position.node.op = Op::kAxisIndex;
+  position.node.dtype = DType::kI32;
+  position.node.attributes = AxisIndexAttrs{};  // the axes are the instruction's
+  position.axes = axes;
+  position.value = id;
+  position.cause = c.cause(id);
+  int start = c.emit(std::move(position));
+  if (dtype != DType::kI32) start = emit_kernel(c, id, Op::kConvert, dtype, {}, {start});
+  const int extent = emit_kernel(c, id, Op::kConstant, dtype, {}, {}, ConstantAttrs{Scalar(block)});
+  return emit_kernel(c, id, Op::kMul, dtype, {}, {start, extent});
+}
+
 }  // namespace internal
 
 std::string Executable::as_text() const {

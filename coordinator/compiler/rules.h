@@ -5,6 +5,7 @@
 //   rules_reduction.cc    reduce_{sum,max,min,prod}, argmax
 //   rules_dot.cc          dot_general
 //   rules_placement.cc    parameter, sharding_constraint, sharding_as, shard_map and its collectives
+//   rules_indexing.cc     gather, scatter, scatter_add, dynamic_slice, dynamic_update_slice
 //
 // A rule's forward half decides a node's result layout from its operands' (the layouts seen
 // so far) and what it needs of each operand; its backward half says how the operands'
@@ -98,6 +99,15 @@ class PartitionContext {
 // The default partition handler: the operands resharded as needed, then local_kernel.
 absl::Status partition_kernel(PartitionContext& c, int id);
 
+// A kernel of `op` on slots `in` giving a (dtype, shape) value, emitted for node `id` (its
+// cause); returns its slot. For the local arithmetic a handler adds around a node's kernel.
+int emit_kernel(PartitionContext& c, int id, Op op, DType dtype, Shape shape, std::vector<int> in,
+                Attrs attributes = NoAttrs{});
+// The position of this device's block along a dimension split over mesh `axes` whose blocks
+// hold `block` elements: axis_index(axes) * block, a scalar of `dtype` (each device resolves
+// axis_index). REQUIRES: axes is not empty; dtype is numeric.
+int emit_block_start(PartitionContext& c, int id, const Axes& axes, int64_t block, DType dtype);
+
 struct ShardingRule {
   absl::Status (*forward)(ShardingContext& c, int id);
   DimMap (*backward)(const Graph& g, const Node& n);
@@ -116,6 +126,7 @@ absl::Span<const ShardingRuleEntry> layout_rules();
 absl::Span<const ShardingRuleEntry> reduction_rules();
 absl::Span<const ShardingRuleEntry> dot_rules();
 absl::Span<const ShardingRuleEntry> placement_rules();
+absl::Span<const ShardingRuleEntry> indexing_rules();
 
 // The rule of a value inside a shard_map body (collectives, axis_index, and every op there):
 // a replicated value of the block's shape, never moved; each device holds its own.

@@ -77,36 +77,10 @@ absl::Status partition_iota(PartitionContext& c, int id) {
     c.bind(id, counted);
     return absl::OkStatus();
   }
-  auto emit = [&](Node node) {
-    Instruction inst;
-    inst.kind = Instruction::Kind::kKernel;
-    inst.in = node.operands;
-    inst.value = id;
-    inst.cause = c.cause(id);
-    inst.node = std::move(node);
-    return c.emit(std::move(inst));
-  };
-  auto node = [](Op op, DType dtype, Shape shape, std::vector<int> in, Attrs attributes = NoAttrs{}) {
-    Node m;
-    m.op = op;
-    m.dtype = dtype;
-    m.shape = std::move(shape);
-    m.operands = std::move(in);
-    m.attributes = std::move(attributes);
-    return m;
-  };
-  Instruction position;
-  position.kind = Instruction::Kind::kKernel;
-  position.node = node(Op::kAxisIndex, DType::kI32, {}, {}, AxisIndexAttrs{});  // the axes are the instruction's
-  position.axes = axes;
-  position.value = id;
-  position.cause = c.cause(id);
-  int offset = c.emit(std::move(position));
-  if (n.dtype != DType::kI32) offset = emit(node(Op::kConvert, n.dtype, {}, {offset}));
-  const int extent = emit(node(Op::kConstant, n.dtype, {}, {}, ConstantAttrs{Scalar(block[dimension])}));
-  offset = emit(node(Op::kMul, n.dtype, {}, {offset, extent}));
-  offset = emit(node(Op::kBroadcastInDim, n.dtype, block, {offset}, BroadcastAttrs{}));  // of a scalar: no dims
-  c.bind(id, emit(node(Op::kAdd, n.dtype, block, {counted, offset})));
+  const int offset = emit_kernel(c, id, Op::kBroadcastInDim, n.dtype, block,
+                                 {emit_block_start(c, id, axes, block[dimension], n.dtype)},
+                                 BroadcastAttrs{});  // of a scalar: no dims
+  c.bind(id, emit_kernel(c, id, Op::kAdd, n.dtype, block, {counted, offset}));
   return absl::OkStatus();
 }
 
@@ -135,6 +109,7 @@ absl::Span<const ShardingRuleEntry> elementwise_rules() {
       {Op::kLe, kElementwise},      {Op::kGt, kElementwise},
       {Op::kGe, kElementwise},      {Op::kSelect, kElementwise},
       {Op::kConvert, kElementwise}, {Op::kErf, kElementwise},
+      {Op::kRem, kElementwise},
   };
   return kRules;
 }

@@ -503,5 +503,103 @@ TEST_F(PartitionTest, PendingMaxIsReducedBeforeItIsBroadcast) {
   EXPECT_EQ(exe.output_specs[0], P(None, "model"));
 }
 
+// Issue #15: an embedding table split over the vocabulary (P('model', None)) is looked up
+// locally — each device's rows for the indices that fall in them, 0 for the others — and the
+// (batch, seq, d_model) result is summed over 'model' by one all_reduce: Megatron's
+// vocabulary-parallel embedding. The 32k-row table (8 MiB) never moves; what each device
+// receives is 2 * (2-1)/2 of its block of the result.
+TEST_F(PartitionTest, VocabularyParallelEmbeddingIsALocalLookupAndOnePsum) {
+  auto embed = [](const std::vector<Value>& in) { return std::vector<Value>{take(in[0], in[1], 0)}; };
+  for (const PartitionSpec& ids : {P(), P("data", None)}) {
+    SCOPED_TRACE(ids.to_string());
+    Executable exe = compile(embed, {{DType::kF32, {32768, 64}}, {DType::kI32, {8, 16}}}, {P("model", None), ids});
+    const int64_t batch = ids == P() ? 8 : 2;
+    const int64_t result_block = batch * 16 * 64 * 4;
+    EXPECT_THAT(collectives_of(exe), ElementsAre(IsCollective(CollectiveKind::kAllReduce, {"model"}, -1, result_block)))
+        << exe.as_text();
+    EXPECT_EQ(collective_bytes_per_device(exe.program, exe.mesh), result_block);
+    const std::string text = exe.as_text();
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("= gather(s0, ")));
+    // The lookup in this device's rows, the others' giving 0 to the sum.
+    int lookups = 0;
+    for (const Instruction& i : exe.program.code) {
+      if (i.kind != Instruction::Kind::kKernel || i.node.op != Op::kGather) continue;
+      ++lookups;
+      EXPECT_EQ(i.node.shape, (Shape{batch, 16, 64}));
+      EXPECT_EQ(i.node.attrs<GatherAttrs>().fill_value, std::optional<Scalar>(Scalar(0)));
+    }
+    EXPECT_EQ(lookups, 1);
+    EXPECT_THAT(text, Not(HasSubstr("[32768"))) << "nothing table-sized is built or moved";
+    EXPECT_EQ(exe.output_specs[0].axes(0), ids == P() ? Axes{} : Axes{"data"});
+  }
+}
+
+// A table split over the hidden dimension needs no communication: each device gathers its
+// columns of the rows, and the result is split over d_model.
+TEST_F(PartitionTest, HiddenSplitEmbeddingNeedsNoCommunication) {
+  Executable exe = compile([](const std::vector<Value>& in) { return std::vector<Value>{take(in[0], in[1], 0)}; },
+                           {{DType::kF32, {32768, 64}}, {DType::kI32, {8, 16}}}, {P(None, "model"), P("data", None)});
+  EXPECT_THAT(collectives_of(exe), ::testing::IsEmpty()) << exe.as_text();
+  EXPECT_EQ(exe.output_specs[0], P("data", None, "model"));
+}
+
+// The embedding's gradient (scatter_add of the cotangent into zeros) lands in the table's own
+// layout: each device adds the batch's rows that fall in its block. The batch-split cotangent
+// and ids are gathered over 'data' (3/4 of 32 KiB and of 512 B), which is cheaper than the
+// alternative of summing a table-sized partial gradient over 'data'.
+TEST_F(PartitionTest, EmbeddingGradientScattersIntoTheLocalRows) {
+  auto loss = [](const std::vector<Value>& in) { return std::vector<Value>{sum(take(in[0], in[1], 0) * in[2])}; };
+  Executable exe =
+      compile(grad(loss, {0}), {{DType::kF32, {32768, 64}}, {DType::kI32, {8, 16}}, {DType::kF32, {8, 16, 64}}},
+              {P("model", None), P("data", None), P("data", None, None)});
+  EXPECT_EQ(exe.output_specs[0], P("model", None));
+  const std::vector<::tessera::testing::CollectiveInfo> moves = collectives_of(exe);
+  EXPECT_FALSE(moves.empty());
+  for (const auto& c : moves) {
+    EXPECT_EQ(c.kind, CollectiveKind::kAllGather) << c;
+    EXPECT_LE(c.bytes, 3 * 8 * 16 * 64 * 4 / 4) << c;
+  }
+  EXPECT_THAT(exe.as_text(), HasSubstr("= scatter_add("));
+  EXPECT_THAT(exe.as_text(), HasSubstr("f32[16384,64]"));
+}
+
+// A scatter_add whose updates outweigh its result (a histogram of 64 rows into 8) adds each
+// device's share of the batch into a pending sum over 'data' and all-reduces the small result,
+// x counted once (a select keeps it on the first device along 'data' only), instead of gathering
+// the updates.
+TEST_F(PartitionTest, ScatterAddOfManyUpdatesIsAPendingSum) {
+  Executable exe = compile([](const std::vector<Value>& in) { return std::vector<Value>{at(in[0], in[1]).add(in[2])}; },
+                           {{DType::kF32, {8, 16}}, {DType::kI32, {64}}, {DType::kF32, {64, 16}}},
+                           {P(), P("data"), P("data", None)});
+  EXPECT_THAT(collectives_of(exe),
+              ElementsAre(IsCollective(CollectiveKind::kAllReduce, {"data"}, -1, 2 * 3 * 8 * 16 * 4 / 4)))
+      << exe.as_text();
+  EXPECT_THAT(exe.as_text(), HasSubstr("= select("));
+  EXPECT_THAT(exe.as_text(), HasSubstr("= scatter_add("));
+}
+
+// dynamic_slice keeps a split on a dimension its window covers whole (the start clamps to 0
+// there) and gathers one it cuts; dynamic_update_slice likewise.
+TEST_F(PartitionTest, DynamicWindowsKeepWholeCoveredSplits) {
+  Executable kept = compile(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{dynamic_slice(in[0], {in[1], in[1]}, {4, 8})};
+      },
+      {{DType::kF32, {16, 8}}, {DType::kI32, {}}}, {P(None, "model"), P()});
+  EXPECT_THAT(collectives_of(kept), ::testing::IsEmpty()) << kept.as_text();
+  EXPECT_EQ(kept.output_specs[0], P(None, "model"));
+  for (const Instruction& i : kept.program.code) {
+    if (i.kind == Instruction::Kind::kKernel && i.node.op == Op::kDynamicSlice) {
+      EXPECT_EQ(i.node.attrs<DynamicSliceAttrs>().sizes, (std::vector<int64_t>{4, 4}));  // the local block's columns
+    }
+  }
+  Executable cut = compile(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{dynamic_slice(in[0], {in[1], in[1]}, {4, 8})};
+      },
+      {{DType::kF32, {16, 8}}, {DType::kI32, {}}}, {P("data", None), P()});
+  EXPECT_THAT(collectives_of(cut), ElementsAre(IsCollective(CollectiveKind::kAllGather, {"data"}, 0))) << cut.as_text();
+}
+
 }  // namespace
 }  // namespace tessera

@@ -38,7 +38,8 @@ struct Request {
 // value, iota dimension, broadcast result_dims, transpose permutation, reduction axes,
 // argmax axis, slice start/limit, concatenate axis, all four dot dimension lists, the
 // shardings of sharding_constraint and shard_map_in/out, each collective's mesh, axes,
-// reduce op, dimension, split/concat dimensions and positions, and axis_index's mesh and axes.
+// reduce op, dimension, split/concat dimensions and positions, axis_index's mesh and axes,
+// gather and scatter's axis, mode and fill value, and dynamic_slice's sizes.
 struct Knobs {
   DType dtype = DType::kF32;
   Shape shape = {8, 4};
@@ -71,6 +72,12 @@ struct Knobs {
   std::vector<int64_t> positions = {0, 1, 1, 0};
   std::vector<std::string> index_axes = {"x"};
   std::vector<int> index_devices = {0, 1, 2, 3, 4, 5, 6, 7};
+  int64_t take_axis = 0;
+  IndexMode take_mode = IndexMode::kFillOrDrop;
+  std::optional<Scalar> take_fill;
+  Op scatter_op = Op::kScatter;
+  IndexMode scatter_mode = IndexMode::kFillOrDrop;
+  std::vector<int64_t> window = {2, 2};
 };
 
 Request build(const Knobs& k) {
@@ -83,6 +90,11 @@ Request build(const Knobs& k) {
   EXPECT_TRUE(g.add_argmax(q, k.argmax_axis, DType::kI32).ok());
   EXPECT_TRUE(g.add_concatenate({q, q}, k.concat_axis).ok());
   EXPECT_TRUE(g.add_dot_general(q, q, k.q_dot).ok());
+  const int idx = *g.add_iota(DType::kI32, {3}, 0);
+  EXPECT_TRUE(g.add_gather(q, idx, GatherAttrs{k.take_axis, k.take_mode, k.take_fill}).ok());
+  const int rows = *g.add_gather(q, idx, GatherAttrs{});
+  EXPECT_TRUE(g.add_scatter(k.scatter_op, q, idx, rows, GatherAttrs{0, k.scatter_mode, std::nullopt}).ok());
+  EXPECT_TRUE(g.add_dynamic_slice(q, *g.add_iota(DType::kI32, {2}, 0), k.window).ok());
   const int c = *g.add_constant(k.constant_dtype, k.shape, k.constant);
   const int cc = k.constant_dtype == k.dtype ? c : *g.add_convert(c, k.dtype);
   const int io = *g.add_iota(k.dtype, k.shape, k.iota_dim);
@@ -218,6 +230,16 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
        }},
       {"axis_index axes", [](Knobs& k) { k.index_axes = {"y"}; }},
       {"axis_index mesh", [](Knobs& k) { k.index_devices = {7, 6, 5, 4, 3, 2, 1, 0}; }},
+      {"gather axis", [](Knobs& k) { k.take_axis = 1; }},
+      {"gather mode", [](Knobs& k) { k.take_mode = IndexMode::kClip; }},
+      {"gather fill 0.0", [](Knobs& k) { k.take_fill = Scalar(0.0); }},
+      {"gather fill 0", [](Knobs& k) { k.take_fill = Scalar(0); }},
+      {"scatter op", [](Knobs& k) { k.scatter_op = Op::kScatterAdd; }},
+      {"scatter mode", [](Knobs& k) { k.scatter_mode = IndexMode::kClip; }},
+      {"dynamic_slice sizes",
+       [](Knobs& k) {
+         k.window = {2, 3};
+       }},
   };
   std::map<std::string, std::string> keys;  // key -> variation
   for (const auto& [name, vary] : node_variations) {

@@ -142,16 +142,17 @@ void expect_each_op_once(const std::vector<absl::Span<const Entry>>& families, c
 }
 
 TEST(OpTable, FamiliesRegisterEachOpOnce) {
-  expect_each_op_once<internal::KernelEntry>({internal::elementwise_kernels(), internal::layout_kernels(),
-                                              internal::reduction_kernels(), internal::dot_kernels()},
-                                             "kernel");
+  expect_each_op_once<internal::KernelEntry>(
+      {internal::elementwise_kernels(), internal::layout_kernels(), internal::reduction_kernels(),
+       internal::dot_kernels(), internal::indexing_kernels()},
+      "kernel");
   expect_each_op_once<internal::VjpEntry>(
       {internal::elementwise_vjps(), internal::layout_vjps(), internal::reduction_vjps(), internal::dot_vjps(),
-       internal::shard_map_vjps()},
+       internal::indexing_vjps(), internal::shard_map_vjps()},
       "VJP");
   expect_each_op_once<internal::ShardingRuleEntry>(
       {internal::elementwise_rules(), internal::layout_rules(), internal::reduction_rules(), internal::dot_rules(),
-       internal::placement_rules()},
+       internal::placement_rules(), internal::indexing_rules()},
       "sharding rule");
 }
 

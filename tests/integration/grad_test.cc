@@ -54,6 +54,14 @@ std::vector<GradCase> grad_cases() {
   out.push_back({"pow", {m, m}, Domain::kPositive, [](V in) { return pow(in[0], in[1]); }});
   out.push_back({"max", {m, m}, Domain::kSigned, [](V in) { return maximum(in[0], in[1]); }});
   out.push_back({"min", {m, m}, Domain::kSigned, [](V in) { return minimum(in[0], in[1]); }});
+  out.push_back({"rem", {m, m}, Domain::kPositive, [](V in) { return rem(in[0] * 3.0, in[1]); }});
+  out.push_back({"remainder", {m}, Domain::kSigned, [](V in) { return in[0] % 0.75; }});
+  out.push_back(
+      {"clamp", {m}, Domain::kSigned, [](V in) { return clamp(full({}, -0.9), in[0] * 2.0, full({}, 1.1)); }});
+  out.push_back(
+      {"matmul_batch_broadcast", {{2, 4, 8}, {8, 6}}, Domain::kSigned, [](V in) { return matmul(in[0], in[1]); }});
+  out.push_back(
+      {"matmul_matrix_by_batch", {{4, 8}, {3, 8, 6}}, Domain::kSigned, [](V in) { return matmul(in[0], in[1]); }});
   out.push_back({"broadcasting_add", {m, {8}}, Domain::kSigned, [](V in) { return in[0] + in[1]; }});
   out.push_back({"where", {m, m}, Domain::kSigned, [](V in) { return where(in[0] > in[1], in[0] * 2.0, in[1]); }});
   out.push_back({"broadcast_in_dim_stretched", {{8, 1}}, Domain::kSigned, [](V in) {
@@ -128,6 +136,39 @@ std::vector<GradCase> grad_cases() {
                        mesh, {P("data", "model"), P("model", None)}, {P("data", "model")});
                    return exp(f({tanh(in[0]), in[1] * 2.0})[0] * 0.5);
                  }});
+  // Indexing: index arrays are made in the function (the test differentiates float inputs),
+  // with repeats, negatives and, where the mode drops or clamps them, out-of-range indices.
+  const auto ids = [](std::vector<int32_t> v) {
+    // iota-based, so the values are traced: ids[k] = v[k] through a one-hot sum.
+    Value out = full({static_cast<int64_t>(v.size())}, 0.0, DType::kI32);
+    for (size_t k = 0; k < v.size(); ++k) {
+      const Value at_k = convert(iota(DType::kI32, {static_cast<int64_t>(v.size())}, 0) ==
+                                     full({static_cast<int64_t>(v.size())}, static_cast<double>(k), DType::kI32),
+                                 DType::kI32);
+      out = out + at_k * v[k];
+    }
+    return out;
+  };
+  out.push_back({"take", {{6, 4}}, Domain::kSigned, [ids](V in) { return take(in[0], ids({3, -1, 3, 0, 5}), 0); }});
+  out.push_back({"take_axis1_clip", {{6, 4}}, Domain::kSigned, [ids](V in) {
+                   return take(in[0] * in[0], ids({2, 9, -7, 2}), 1, IndexMode::kClip);
+                 }});
+  out.push_back({"take_fill_out_of_range", {{6, 4}}, Domain::kSigned, [ids](V in) {
+                   return take(in[0], ids({1, 8, 4}), 0, IndexMode::kFillOrDrop, Scalar(0.0));
+                 }});
+  out.push_back({"scatter_add", {{6, 4}, {5, 4}}, Domain::kSigned, [ids](V in) {
+                   return at(in[0], ids({1, 4, 1, -2, 7})).add(in[1] * in[1]);
+                 }});
+  out.push_back({"scatter_set", {{6, 4}, {3, 4}}, Domain::kSigned, [ids](V in) {
+                   return tanh(at(in[0], ids({4, 0, 2})).set(in[1]));
+                 }});
+  out.push_back({"dynamic_slice", {{6, 4}}, Domain::kSigned, [](V in) {
+                   return dynamic_slice(in[0], {full({}, 4.0, DType::kI32), full({}, 1.0, DType::kI32)}, {3, 2});
+                 }});
+  out.push_back(
+      {"dynamic_update_slice", {{6, 4}, {2, 4}}, Domain::kSigned, [](V in) {
+         return dynamic_update_slice(in[0], sin(in[1]), {full({}, 3.0, DType::kI32), full({}, 0.0, DType::kI32)});
+       }});
   // tessera::nn's composites (their values: tests/client/nn_test.cc).
   out.push_back({"nn_softmax", {m}, Domain::kSigned, [](V in) { return nn::softmax(in[0]); }});
   out.push_back({"nn_log_softmax", {m}, Domain::kSigned, [](V in) { return nn::log_softmax(in[0], 0); }});

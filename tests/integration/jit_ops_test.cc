@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
+#include "tests/support/host_eval.h"
 #include "tests/support/jit_check.h"
 
 namespace tessera {
@@ -165,6 +166,32 @@ void add_layout_families(int m, const PartitionSpec& s, std::vector<OpCase>* cas
             where(u > v, u, v),      where(p, i, -i),         convert(u * 3.0, DType::kI32),  convert(i, DType::kF32),
             convert(p, DType::kF32), convert(u, DType::kF64), convert(floor(u), DType::kBool)};
       });
+  // Issue #15 item 1: rem and Python's %, clamp, comparisons with weakly typed scalars, and
+  // the transcendental ops on integers (computed in float32, as jnp).
+  add_case(
+      "rem_clamp_scalars", {x, pos, i32, i32},
+      {"rem", "x % q", "x % 1.5", "-2.5 % q", "i % 3", "i % j", "rem i j", "clamp", "clip i32", "x > 0.0", "0.5 < x",
+       "i >= 1", "2 == i", "i > 0.5", "sin(i)", "exp(i)"},
+      [](const std::vector<Value>& in, const Mesh&) {
+        const Value &u = in[0], &q = in[1], &i = in[2], &j = in[3];
+        return std::vector<Value>{rem(u, q),
+                                  u % q,
+                                  u % 1.5,
+                                  -2.5 % q,
+                                  i % 3,
+                                  i % j,
+                                  rem(i, j),
+                                  clamp(full({}, -0.5), u, q),
+                                  clip(i, full({}, -1.0, DType::kI32), j),
+                                  u > 0.0,
+                                  0.5 < u,
+                                  i >= 1,
+                                  2 == i,
+                                  i > 0.5,
+                                  sin(i),
+                                  exp(i)};
+      },
+      std::vector<std::optional<PartitionSpec>>(16, s));
   // numpy broadcasting inserts broadcast_in_dim: a row vector laid out like the matrix's rows.
   add_case("broadcast_binary", {x, Input{DType::kF32, {16}, Domain::kSigned, spec_of({s1})}}, {"x + row", "row * x"},
            [](const std::vector<Value>& in, const Mesh&) {
@@ -362,6 +389,12 @@ void add_dots(int m, std::vector<OpCase>* cases) {
              return std::vector<Value>{dot_general(in[0], in[1], DotDims{{}, {}, {1, 2}, {1, 0}})};
            },
            std::nullopt, {});
+  // jnp.matmul's batch broadcasting: (B, S, D) @ (D, F) is one contraction that keeps the batch
+  // split; batch dimensions of size 1 and missing ones broadcast.
+  add_case("matmul_rank3_by_matrix", mat({8, 4, 16}, P(a)), mat({16, 8}, P()), matmul_f, P(a), {}, true);
+  add_case("matmul_matrix_by_rank3", mat({8, 16}, P()), mat({4, 16, 8}, two ? P(b) : P()), matmul_f, std::nullopt, {});
+  add_case("matmul_batch_broadcast", mat({2, 1, 8, 16}, P()), mat({8, 16, 8}, P(a)), matmul_f, std::nullopt, {});
+  add_case("matvec_rank3", mat({8, 4, 16}, P(a)), mat({16}, P()), matmul_f, P(a), {}, true);
   // Vectors: dot of two sharded vectors is a partial scalar; matrix-vector.
   add_case("dot_vectors", mat({16}, P(a)), mat({16}, P(a)),
            [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{dot(in[0], in[1])}; }, P(),
@@ -590,6 +623,65 @@ void add_large(int m, std::vector<OpCase>* cases) {
   }
 }
 
+// Indexing (issue #15): an embedding table (16, 8) under every layout, indices (8, 4) whole or
+// split, each op in its out-of-range modes (indices in [-20, 20]: negative, wrapped and beyond
+// the table's 16 rows). The compiled plans are asserted in partition_test.cc.
+void add_indexing(int m, std::vector<OpCase>* cases) {
+  const MeshDef& mesh = meshes()[m];
+  const std::string a = mesh.axes[0];
+  const bool two = mesh.axes.size() == 2;
+  const std::string b = two ? mesh.axes[1] : a;
+  std::vector<PartitionSpec> tables = {P(), P(a, None), P(None, a)};
+  if (two) {
+    for (const PartitionSpec& s : {P(b, None), P(None, b), P(a, b), P(Axes{a, b}, None)}) tables.push_back(s);
+  }
+  auto add_case = [&](const PartitionSpec& table, const PartitionSpec& indices) {
+    OpCase c;
+    c.name = std::string("indexing_") + mesh.name + "_" + spec_name(table) + "_at_" + spec_name(indices);
+    c.mesh = m;
+    c.inputs = {{DType::kF32, {16, 8}, Domain::kSigned, table}, {DType::kI32, {8, 4}, Domain::kSigned, indices}};
+    c.outputs = {"take fill", "take clip",         "at get",       "take axis 1",   "take i32 fill",       "at add",
+                 "at set",    "scatter_add zeros", "scatter clip", "dynamic_slice", "dynamic_update_slice"};
+    c.f = [](const std::vector<Value>& in, const Mesh&) {
+      const Value &t = in[0], &i = in[1];
+      const Value far = i * 5;  // [-20, 20]
+      const Value rows = take(t, i, 0) * 0.5;
+      const Value start = sum(i) + 2;  // traced, and a pending sum when i is split
+      return std::vector<Value>{take(t, far, 0),
+                                take(t, far, 0, IndexMode::kClip),
+                                at(t, far).get(),
+                                take(t, i, 1),
+                                take(convert(t * 4.0, DType::kI32), far, 0),
+                                at(t, far).add(rows),
+                                at(t, i * 3).set(rows),
+                                at(full({16, 8}, 0.0), i).add(rows),
+                                scatter(t, far, rows, 0, IndexMode::kClip),
+                                dynamic_slice(t, {start, full({}, 0.0, DType::kI32)}, {4, 8}),
+                                dynamic_update_slice(t, slice(t, {0, 0}, {4, 8}) * 2.0, {start, start})};
+    };
+    cases->push_back(std::move(c));
+  };
+  for (const PartitionSpec& t : tables) {
+    add_case(t, P());
+    add_case(t, P(a, None));
+  }
+  if (two) {
+    add_case(P(a, None), P(b, None));
+    add_case(P(None, a), P(None, b));
+  }
+  // Many updates into a small x: a pending sum over the batch's axis, x counted once.
+  OpCase c;
+  c.name = std::string("scatter_add_histogram_") + mesh.name;
+  c.mesh = m;
+  c.inputs = {{DType::kF32, {8, 16}, Domain::kSigned, P()},
+              {DType::kI32, {64}, Domain::kSigned, P(a)},
+              {DType::kF32, {64, 16}, Domain::kSigned, P(a, None)}};
+  c.outputs = {"at add"};
+  c.f = [](const std::vector<Value>& in, const Mesh&) { return std::vector<Value>{at(in[0], in[1]).add(in[2])}; };
+  c.want_in_plan = {"all_reduce"};
+  cases->push_back(std::move(c));
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases;
   for (int m = 0; m < static_cast<int>(meshes().size()); ++m) {
@@ -600,6 +692,7 @@ std::vector<OpCase> all_cases() {
     add_edges(m, &cases);
     add_backward(m, &cases);
     add_large(m, &cases);
+    add_indexing(m, &cases);
   }
   return cases;
 }
@@ -608,6 +701,46 @@ uint32_t seed_of(const std::string& name) {
   uint32_t h = 2166136261u;
   for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 16777619u;
   return h;
+}
+
+// The values these ops give by JAX's documentation, evaluated on the host: Python's % takes the
+// divisor's sign (jnp.remainder(-3, 2) == 1, jnp.remainder(3, -2) == -1), lax.rem the
+// dividend's (lax.rem(-3, 2) == -1); jnp.clip; a weakly typed 0.5 compares an int32 array in
+// float32 (1 > 0.5); jnp.sin of int32 is float32.
+TEST(JnpSemantics, RemainderClampComparisonsAndPromotion) {
+  absl::StatusOr<Graph> g = trace(
+      [](const std::vector<Value>& in) {
+        const Value& i = in[0];
+        const Value two = full({4}, 2.0, DType::kI32);
+        return std::vector<Value>{
+            i % 2,   i % -2, rem(i, two), convert(in[1], DType::kF32) % 1.5, clip(i, two - 3, two),
+            i > 0.5, 0 < i,  sin(i)};
+      },
+      {{DType::kI32, {4}}, {DType::kF32, {4}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  const HostArray i = HostArray::from_vector<int32_t>({4}, {-3, 3, 0, 1});
+  const HostArray f = HostArray::from_vector<float>({4}, {-2.0f, 4.0f, -0.5f, 1.5f});
+  absl::StatusOr<std::vector<HostArray>> out = evaluate_on_host(*g, {&i, &f});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0], HostArray::from_vector<int32_t>({4}, {1, 1, 0, 1}));
+  EXPECT_EQ((*out)[1], HostArray::from_vector<int32_t>({4}, {-1, -1, 0, -1}));
+  EXPECT_EQ((*out)[2], HostArray::from_vector<int32_t>({4}, {-1, 1, 0, 1}));
+  EXPECT_EQ((*out)[3], HostArray::from_vector<float>({4}, {1.0f, 1.0f, 1.0f, 0.0f}));
+  EXPECT_EQ((*out)[4], HostArray::from_vector<int32_t>({4}, {-1, 2, 0, 1}));
+  EXPECT_EQ((*out)[5], HostArray::from_vector<bool>({4}, {false, true, false, true}));
+  EXPECT_EQ((*out)[6], HostArray::from_vector<bool>({4}, {false, true, false, true}));
+  ASSERT_EQ((*out)[7].dtype(), DType::kF32);
+  EXPECT_FLOAT_EQ((*out)[7].values<float>()[1], std::sin(3.0f));
+  // matmul broadcasts batch dimensions as jnp: (2, 1, 3, 4) @ (5, 4, 6) is (2, 5, 3, 6).
+  absl::StatusOr<Graph> m = trace([](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1])}; },
+                                  {{DType::kF32, {2, 1, 3, 4}}, {DType::kF32, {5, 4, 6}}});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->node(m->outputs()[0]).shape, (Shape{2, 5, 3, 6}));
+  EXPECT_THAT(trace([](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1])}; },
+                    {{DType::kF32, {2, 3, 4}}, {DType::kF32, {3, 4, 6}}})
+                  .status()
+                  .message(),
+              HasSubstr("matmul: the batch dimensions of (2, 3, 4) and (3, 4, 6) do not broadcast"));
 }
 
 class JitOpsTest : public MeshesSuite, public ::testing::WithParamInterface<OpCase> {};

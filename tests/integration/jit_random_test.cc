@@ -131,7 +131,7 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
     const Shape s = v.shape();
     const int r = v.rank();
     std::optional<Slot> y;
-    switch (rng() % 18) {
+    switch (rng() % 20) {
       case 0: {
         Value (*const kFloat[])(const Value&) = {tanh, sin, cos, neg, abs, logistic};
         Value (*const kInteger[])(const Value&) = {neg, abs, sign};
@@ -268,6 +268,18 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
         axes.erase(axes.begin() + rng() % 3);
         y = rng() % 2 == 0 ? Slot{scaled(sum(v, axes), 1.0 / static_cast<double>(s[axes[0]] * s[axes[1]])), false}
                            : Slot{max(v, axes), x.exact};
+        break;
+      }
+      case 18:
+      case 19: {
+        // take along a random dimension at 4 indices, some clamped (-2, and past the end);
+        // or the transposed scatter_add of those rows back into v (repeats add up).
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        if (s[d] < 2 || num_elements(s) / s[d] * 4 > kMaxElements) break;
+        const Value idx = iota(DType::kI32, {4}, 0) * static_cast<int32_t>(s[d] / 2) - 2;
+        const Value rows = take(v, idx, d, IndexMode::kClip);
+        y = rng() % 2 == 0 ? Slot{rows, x.exact}
+                           : Slot{scatter_add(v, idx, scaled(rows, 0.5), d, IndexMode::kClip), integer};
         break;
       }
     }

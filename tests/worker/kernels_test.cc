@@ -422,6 +422,7 @@ TEST(Kernels, BinaryOps) {
       {Op::kDiv, {DType::kF32, DType::kF64}, [](double a, double b) { return a / b; }},
       {Op::kDiv, {DType::kI32, DType::kI64}, [](double a, double b) { return std::trunc(a / b); }},
       {Op::kPow, numeric, [](double a, double b) { return std::pow(a, b); }},
+      {Op::kRem, numeric, [](double a, double b) { return std::fmod(a, b); }},
       {Op::kMax,
        {DType::kF32, DType::kF64, DType::kI32, DType::kI64, DType::kBool},
        [](double a, double b) { return std::max(a, b); }},
@@ -442,7 +443,7 @@ TEST(Kernels, BinaryOps) {
         const Node node = node_of(g, g.add_binary(c.op, g.add_parameter(dtype, shape), g.add_parameter(dtype, shape)));
         HostArray x = random_array(dtype, shape, rng, -9, 9);
         HostArray y = random_array(dtype, shape, rng, -9, 9);
-        if (c.op == Op::kDiv) avoid_zeros(&y);
+        if (c.op == Op::kDiv || c.op == Op::kRem) avoid_zeros(&y);
         if (c.op == Op::kPow) {  // positive bases for floats; exponents the integers can take exactly
           x = is_floating(dtype) ? random_array(dtype, shape, rng, 0.1, 3) : random_array(dtype, shape, rng, -5, 5);
           y = is_floating(dtype) ? random_array(dtype, shape, rng, -2, 2) : random_array(dtype, shape, rng, 0, 4);
@@ -465,6 +466,8 @@ TEST(Kernels, IntegerArithmeticWrapsAndDivisionFollowsXla) {
   EXPECT_EQ(apply(Op::kMul), HostArray::from_vector<int32_t>({6}, {L::max(), L::min(), L::min(), 0, -14, -10}));
   // x / 0 == -1, INT_MIN / -1 == INT_MIN, truncation toward zero.
   EXPECT_EQ(apply(Op::kDiv), HostArray::from_vector<int32_t>({6}, {L::max(), L::min(), L::min(), -1, -3, -2}));
+  // rem takes the dividend's sign; x % 0 == x and INT_MIN % -1 == 0, as XLA's integer remainder.
+  EXPECT_EQ(apply(Op::kRem), HostArray::from_vector<int32_t>({6}, {0, 0, 0, 7, -1, 1}));
 
   // pow: wraps; a negative exponent gives 1 for base 1, else 0.
   const HostArray base = HostArray::from_vector<int64_t>({5}, {2, 3, 1, -1, 2});
@@ -1055,6 +1058,210 @@ TEST(Kernels, DotGeneralLargeFloat32UsesBlas) {
 }
 
 // ---- Errors ----------------------------------------------------------------------------------
+
+// ---- Indexing -------------------------------------------------------------------------------
+
+const Node gather_node(DType dtype, const Shape& x, DType index_dtype, const Shape& i, GatherAttrs attrs) {
+  Graph g;
+  const int xp = g.add_parameter(dtype, x);
+  return node_of(g, g.add_gather(xp, g.add_parameter(index_dtype, i), std::move(attrs)));
+}
+
+// jnp.take's docstring (jax/_src/numpy/indexing.py) with x = [[1, 2, 3], [4, 5, 6]] and
+// indices [2, 0]: along axis 1 [[3, 1], [6, 4]]; along axis 0, where 2 is out of range, fill
+// mode gives [[nan, nan, nan], [1, 2, 3]] and clip mode [[4, 5, 6], [1, 2, 3]].
+TEST(Kernels, GatherMatchesJaxTakeExamples) {
+  const HostArray x = HostArray::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  const HostArray i = HostArray::from_vector<int32_t>({2}, {2, 0});
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  expect_matches(
+      run(gather_node(DType::kF32, {2, 3}, DType::kI32, {2}, GatherAttrs{1, IndexMode::kFillOrDrop, std::nullopt}),
+          {&x, &i}),
+      Expected{DType::kF32, {2, 2}, {3, 1, 6, 4}, {}});
+  expect_matches(
+      run(gather_node(DType::kF32, {2, 3}, DType::kI32, {2}, GatherAttrs{0, IndexMode::kFillOrDrop, std::nullopt}),
+          {&x, &i}),
+      Expected{DType::kF32, {2, 3}, {nan, nan, nan, 1, 2, 3}, {}});
+  expect_matches(
+      run(gather_node(DType::kF32, {2, 3}, DType::kI32, {2}, GatherAttrs{0, IndexMode::kClip, std::nullopt}), {&x, &i}),
+      Expected{DType::kF32, {2, 3}, {4, 5, 6, 1, 2, 3}, {}});
+  // The other default fill values (jnp.take: the lowest signed integer, true for bool), and a
+  // given one; lax.gather reads a negative index as out of range.
+  const HostArray n = HostArray::from_vector<int32_t>({2, 2}, {1, 2, 3, 4});
+  const HostArray b = HostArray::from_vector<bool>({2}, {false, false});
+  const HostArray j = HostArray::from_vector<int64_t>({3}, {-1, 1, 5});
+  expect_matches(
+      run(gather_node(DType::kI32, {2, 2}, DType::kI64, {3}, GatherAttrs{0, IndexMode::kFillOrDrop, std::nullopt}),
+          {&n, &j}),
+      Expected{DType::kI32, {3, 2}, {-2147483648.0, -2147483648.0, 3, 4, -2147483648.0, -2147483648.0}, {}});
+  expect_matches(
+      run(gather_node(DType::kBool, {2}, DType::kI64, {3}, GatherAttrs{0, IndexMode::kFillOrDrop, std::nullopt}),
+          {&b, &j}),
+      Expected{DType::kBool, {3}, {1, 0, 1}, {}});
+  expect_matches(
+      run(gather_node(DType::kI32, {2, 2}, DType::kI64, {3}, GatherAttrs{1, IndexMode::kFillOrDrop, Scalar(7)}),
+          {&n, &j}),
+      Expected{DType::kI32, {2, 3}, {7, 2, 7, 7, 4, 7}, {}});
+}
+
+// Index i of a dimension of size n under `mode`, or -1 for none (fill / drop).
+int64_t reference_index(int64_t i, int64_t n, IndexMode mode) {
+  if (mode == IndexMode::kClip) return std::min(std::max<int64_t>(i, 0), n - 1);
+  return i >= 0 && i < n ? i : -1;
+}
+
+// Every axis of a rank-3 operand, rank 0, 1 and 2 index arrays with out-of-range and negative
+// indices, both modes and every dtype, against a loop over the result's multi-index.
+TEST(Kernels, GatherAgainstLoops) {
+  const Shape x_shape = {3, 4, 2};
+  const std::vector<Shape> index_shapes = {{}, {5}, {2, 3}};
+  std::mt19937 rng(21);
+  for (DType dtype : kAllDTypes) {
+    for (int64_t axis = 0; axis < 3; ++axis) {
+      for (const Shape& i_shape : index_shapes) {
+        for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+          SCOPED_TRACE(absl::StrCat(trace(Op::kGather, dtype, x_shape), " axis ", axis, " indices ",
+                                    shape_to_string(i_shape), mode == IndexMode::kClip ? " clip" : " fill"));
+          const HostArray x = random_array(dtype, x_shape, rng);
+          const HostArray idx = random_array(DType::kI32, i_shape, rng, -2, 5);
+          const Node node = gather_node(dtype, x_shape, DType::kI32, i_shape, GatherAttrs{axis, mode, std::nullopt});
+          const double fill = default_fill_value(dtype).to_double();
+          Expected want{dtype, node.shape, {}, {}};
+          for (int64_t r = 0; r < num_elements(node.shape); ++r) {
+            const std::vector<int64_t> at = unravel(r, node.shape);
+            const std::vector<int64_t> j(at.begin() + axis, at.begin() + axis + static_cast<int64_t>(i_shape.size()));
+            const int64_t k =
+                reference_index(static_cast<int64_t>(idx.element_as_double(ravel(j, i_shape))), x_shape[axis], mode);
+            std::vector<int64_t> from(at.begin(), at.begin() + axis);
+            from.push_back(k);
+            from.insert(from.end(), at.begin() + axis + static_cast<int64_t>(i_shape.size()), at.end());
+            want.values.push_back(k < 0 ? fill : x.element_as_double(ravel(from, x_shape)));
+          }
+          expect_matches(run(node, {&x, &idx}), want);
+        }
+      }
+    }
+  }
+}
+
+// scatter sets, scatter_add adds every update, repeated indices included (jax.Array.at: "all
+// updates will be applied"); out-of-range updates are dropped in fill/drop mode and clamped in
+// clip mode.
+TEST(Kernels, ScatterAgainstLoops) {
+  const Shape x_shape = {4, 3};
+  const Shape i_shape = {5};
+  std::mt19937 rng(22);
+  for (Op op : {Op::kScatter, Op::kScatterAdd}) {
+    for (DType dtype : kAllDTypes) {
+      if (op == Op::kScatterAdd && dtype == DType::kBool) continue;
+      for (int64_t axis = 0; axis < 2; ++axis) {
+        for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+          SCOPED_TRACE(
+              absl::StrCat(trace(op, dtype, x_shape), " axis ", axis, mode == IndexMode::kClip ? " clip" : ""));
+          const HostArray x = random_array(dtype, x_shape, rng);
+          // scatter (set): distinct in-range targets, so that which repeat lands does not matter.
+          const HostArray idx = op == Op::kScatter ? HostArray::from_vector<int32_t>({5}, {2, -1, 0, 9, 1})
+                                                   : HostArray::from_vector<int32_t>({5}, {1, 2, 1, -3, 7});
+          Shape u_shape = x_shape;
+          u_shape[axis] = 5;
+          const HostArray u = random_array(dtype, u_shape, rng);
+          Graph g;
+          const int xp = g.add_parameter(dtype, x_shape), ip = g.add_parameter(DType::kI32, i_shape);
+          const Node node = node_of(
+              g, g.add_scatter(op, xp, ip, g.add_parameter(dtype, u_shape), GatherAttrs{axis, mode, std::nullopt}));
+          std::vector<double> want(static_cast<size_t>(x.size()));
+          for (int64_t e = 0; e < x.size(); ++e) want[e] = x.element_as_double(e);
+          std::vector<std::vector<double>> written(want.size());  // scatter: every update aimed at each element
+          for (int64_t e = 0; e < u.size(); ++e) {
+            std::vector<int64_t> at = unravel(e, u_shape);
+            const int64_t k =
+                reference_index(static_cast<int64_t>(idx.element_as_double(at[axis])), x_shape[axis], mode);
+            if (k < 0) continue;
+            at[axis] = k;
+            const int64_t t = ravel(at, x_shape);
+            if (op == Op::kScatterAdd) {
+              want[t] = as_dtype(want[t] + u.element_as_double(e), dtype);
+            } else {
+              written[t].push_back(u.element_as_double(e));
+              want[t] = u.element_as_double(e);
+            }
+          }
+          const HostArray got = run(node, {&x, &idx, &u});
+          // Clip mode folds -1 and 9 onto rows 0 and the last: a set there lands one of the
+          // updates aimed at it (JAX leaves which one to the implementation).
+          for (size_t t = 0; t < want.size(); ++t) {
+            if (written[t].size() < 2) continue;
+            const double g = got.element_as_double(static_cast<int64_t>(t));
+            EXPECT_NE(std::find(written[t].begin(), written[t].end(), g), written[t].end()) << "element " << t;
+            want[t] = g;
+          }
+          expect_matches(got, Expected{dtype, x_shape, want, std::vector<double>(want.size(), 8.0)});
+        }
+      }
+    }
+  }
+}
+
+// lax.dynamic_slice's and lax.dynamic_update_slice's docstrings (jax/_src/lax/slicing.py): with
+// x = arange(12).reshape(3, 4), starts (1, 1) and sizes (2, 3) give [[5, 6, 7], [9, 10, 11]],
+// sizes (2, 4) clamp the column start to 0: [[4, 5, 6, 7], [8, 9, 10, 11]]; ones(3) written into
+// zeros(6) at 2 gives [0, 0, 1, 1, 1, 0], at 5 the start clamps to 3: [0, 0, 0, 1, 1, 1].
+TEST(Kernels, DynamicSliceAndUpdateClampTheirStartsAsLax) {
+  std::vector<int32_t> twelve(12);
+  for (int k = 0; k < 12; ++k) twelve[k] = k;
+  const HostArray x = HostArray::from_vector<int32_t>({3, 4}, twelve);
+  const HostArray starts = HostArray::from_vector<int32_t>({2}, {1, 1});
+  auto window = [&](Shape sizes, const HostArray& at) {
+    Graph g;
+    const int xp = g.add_parameter(DType::kI32, {3, 4});
+    return run(node_of(g, g.add_dynamic_slice(xp, g.add_parameter(at.dtype(), at.shape()), std::move(sizes))),
+               {&x, &at});
+  };
+  expect_matches(window({2, 3}, starts), Expected{DType::kI32, {2, 3}, {5, 6, 7, 9, 10, 11}, {}});
+  expect_matches(window({2, 4}, starts), Expected{DType::kI32, {2, 4}, {4, 5, 6, 7, 8, 9, 10, 11}, {}});
+  const HostArray negative = HostArray::from_vector<int64_t>({2}, {-5, 7});
+  expect_matches(window({1, 2}, negative), Expected{DType::kI32, {1, 2}, {2, 3}, {}});
+  const HostArray zeros = HostArray::zeros(DType::kF32, {6});
+  const HostArray ones = HostArray::from_vector<float>({3}, {1, 1, 1});
+  auto update = [&](int32_t at) {
+    const HostArray s = HostArray::from_vector<int32_t>({1}, {at});
+    Graph g;
+    const int xp = g.add_parameter(DType::kF32, {6}), up = g.add_parameter(DType::kF32, {3});
+    return run(node_of(g, g.add_dynamic_update_slice(xp, up, g.add_parameter(DType::kI32, {1}))), {&zeros, &ones, &s});
+  };
+  expect_matches(update(2), Expected{DType::kF32, {6}, {0, 0, 1, 1, 1, 0}, {}});
+  expect_matches(update(5), Expected{DType::kF32, {6}, {0, 0, 0, 1, 1, 1}, {}});
+  expect_matches(update(-2), Expected{DType::kF32, {6}, {1, 1, 1, 0, 0, 0}, {}});
+  // A rank-2 update inside a rank-2 operand.
+  const HostArray patch = HostArray::from_vector<int32_t>({2, 2}, {-1, -2, -3, -4});
+  Graph g;
+  const int xp = g.add_parameter(DType::kI32, {3, 4}), pp = g.add_parameter(DType::kI32, {2, 2});
+  expect_matches(
+      run(node_of(g, g.add_dynamic_update_slice(xp, pp, g.add_parameter(DType::kI32, {2}))), {&x, &patch, &starts}),
+      Expected{DType::kI32, {3, 4}, {0, 1, 2, 3, 4, -1, -2, 7, 8, -3, -4, 11}, {}});
+}
+
+// The type rules refuse what the kernels cannot index with, naming the rule.
+TEST(KernelErrors, IndexingTypeRules) {
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {4, 3});
+  const int f = g.add_parameter(DType::kF32, {2});
+  const int i = g.add_parameter(DType::kI32, {2});
+  EXPECT_THAT(std::string(g.add_gather(x, f, GatherAttrs{0, IndexMode::kFillOrDrop, std::nullopt}).status().message()),
+              HasSubstr("indices are f32[2]; they need int32 or int64"));
+  EXPECT_THAT(std::string(g.add_gather(x, i, GatherAttrs{2, IndexMode::kFillOrDrop, std::nullopt}).status().message()),
+              HasSubstr("axis 2 is out of range"));
+  EXPECT_THAT(std::string(g.add_gather(x, i, GatherAttrs{0, IndexMode::kClip, Scalar(0)}).status().message()),
+              HasSubstr("a fill value needs the fill mode"));
+  EXPECT_THAT(std::string(g.add_scatter(Op::kScatterAdd, x, i, x, GatherAttrs{0, IndexMode::kFillOrDrop, std::nullopt})
+                              .status()
+                              .message()),
+              HasSubstr("the updates must be f32[2,3]"));
+  EXPECT_THAT(std::string(g.add_dynamic_slice(x, i, {5, 1}).status().message()),
+              HasSubstr("size 5 of dimension 0 is outside [0, 4]"));
+  EXPECT_THAT(std::string(g.add_dynamic_slice(x, g.add_parameter(DType::kI32, {3}), {1, 1}).status().message()),
+              HasSubstr("they need one per dimension, shape (2)"));
+}
 
 TEST(KernelErrors, ParameterHasNoKernel) {
   Graph g;

@@ -68,6 +68,15 @@ T int_div(T a, T b) {
   return static_cast<T>(a / b);
 }
 
+// XLA's integer remainder: x % 0 == x and INT_MIN % -1 == 0 (C++ leaves both undefined); otherwise
+// C++'s, which takes the dividend's sign as lax.rem does.
+template <typename T>
+T int_rem(T a, T b) {
+  if (b == 0) return a;
+  if (b == -1) return 0;
+  return static_cast<T>(a % b);
+}
+
 // Exponentiation by squaring, wrapping; a negative exponent gives 1 for base 1, else 0 (XLA).
 template <typename T>
 T int_pow(T base, T exponent) {
@@ -240,6 +249,9 @@ absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArra
       case Op::kPow:
         return map2<T, T>(
             x, y, [](T a, T b) { return int_pow(a, b); }, into);
+      case Op::kRem:
+        return map2<T, T>(
+            x, y, [](T a, T b) { return int_rem(a, b); }, into);
       case Op::kMax:
         return map2<T, T>(
             x, y, [](T a, T b) { return a > b ? a : b; }, into);
@@ -272,6 +284,9 @@ absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArra
       case Op::kPow:
         return map2<T, T>(
             x, y, [](T a, T b) { return std::pow(a, b); }, into);
+      case Op::kRem:
+        return map2<T, T>(
+            x, y, [](T a, T b) { return std::fmod(a, b); }, into);
       case Op::kMax:
         return map2<T, T>(
             x, y, [](T a, T b) { return float_max(a, b); }, into);
@@ -388,6 +403,7 @@ absl::Span<const KernelEntry> elementwise_kernels() {
       {Op::kLe, Backend::kCpu, binary_kernel},   {Op::kGt, Backend::kCpu, binary_kernel},
       {Op::kGe, Backend::kCpu, binary_kernel},   {Op::kSelect, Backend::kCpu, select_kernel},
       {Op::kConvert, Backend::kCpu, kConvert},   {Op::kErf, Backend::kCpu, unary_kernel},
+      {Op::kRem, Backend::kCpu, binary_kernel},
   };
   return kKernels;
 }

@@ -7,6 +7,7 @@
 //   layout.cc        broadcast_in_dim, reshape, transpose, slice, concatenate (and gather)
 //   reduction.cc     reduce_{sum,max,min,prod}, argmax
 //   dot.cc           dot_general (BLAS for float32/float64)
+//   indexing.cc      gather, scatter, scatter_add, dynamic_slice, dynamic_update_slice
 #ifndef TESSERA_WORKER_KERNELS_INTERNAL_H_
 #define TESSERA_WORKER_KERNELS_INTERNAL_H_
 
@@ -98,6 +99,7 @@ absl::Span<const KernelEntry> elementwise_kernels();  // elementwise.cc
 absl::Span<const KernelEntry> layout_kernels();       // layout.cc
 absl::Span<const KernelEntry> reduction_kernels();    // reduction.cc
 absl::Span<const KernelEntry> dot_kernels();          // dot.cc
+absl::Span<const KernelEntry> indexing_kernels();     // indexing.cc
 
 // The kernel registered for (op, backend), or null.
 KernelFn find_kernel(Op op, Backend backend = Backend::kCpu);

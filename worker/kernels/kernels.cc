@@ -30,8 +30,9 @@ absl::Status error(const Node& node, const Args&... args) {
 struct Registry {
   internal::KernelFn cpu[kNumOps] = {};
   Registry() {
-    for (absl::Span<const internal::KernelEntry> family : {internal::elementwise_kernels(), internal::layout_kernels(),
-                                                           internal::reduction_kernels(), internal::dot_kernels()}) {
+    for (absl::Span<const internal::KernelEntry> family :
+         {internal::elementwise_kernels(), internal::layout_kernels(), internal::reduction_kernels(),
+          internal::dot_kernels(), internal::indexing_kernels()}) {
       for (const internal::KernelEntry& k : family) cpu[static_cast<int>(k.op)] = k.fn;
     }
   }

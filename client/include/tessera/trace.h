@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -64,7 +65,9 @@ using TracedFunction = std::function<std::vector<Value>(const std::vector<Value>
 absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs);
 
 // Elementwise unary ops, keeping dtype and shape. neg, abs and sign need a numeric dtype
-// (not bool); the others but logical_not need float32 or float64 (convert first).
+// (not bool); floor and ceil need float32 or float64. exp, log, tanh, logistic, sqrt, rsqrt,
+// sin, cos and erf compute an integer or bool operand in float32, as jnp does (jnp.sin of an
+// int32 array is float32).
 // Surprising: logical_not on an integer is a bitwise not (~x), not jnp's bool result.
 Value neg(const Value& x);
 Value abs(const Value& x);
@@ -96,6 +99,13 @@ Value minimum(const Value& x, const Value& y);
 Value logical_and(const Value& x, const Value& y);
 Value logical_or(const Value& x, const Value& y);
 Value where(const Value& pred, const Value& on_true, const Value& on_false);
+// lax.rem: x - y * trunc(x / y), the dividend's sign (C's fmod; integer x % 0 is x, as XLA).
+// remainder is jnp.remainder (Python's %, the divisor's sign), also operator% below.
+Value rem(const Value& x, const Value& y);
+Value remainder(const Value& x, const Value& y);
+// lax.clamp(lo, x, hi): min(max(x, lo), hi), broadcasting as the binary ops; jnp.clip(x, lo, hi).
+Value clamp(const Value& lo, const Value& x, const Value& hi);
+Value clip(const Value& x, const Value& lo, const Value& hi);
 
 Value operator-(const Value& x);
 Value operator+(const Value& x, const Value& y);
@@ -119,8 +129,10 @@ Value operator*(double x, const Value& y);
 Value operator/(double x, const Value& y);
 
 namespace internal {
-// `x op y` (or `y op x` when scalar_first) with y a weakly typed integer.
+// `x op y` (or `y op x` when scalar_first) with y a weakly typed integer, or float; Op::kRem
+// stands for remainder (Python's %).
 Value with_weak_int(Op op, const Value& x, int64_t y, bool scalar_first);
+Value with_weak_float(Op op, const Value& x, double y, bool scalar_first);
 template <typename I>
 using IfInteger = std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>, int>;
 }  // namespace internal
@@ -157,13 +169,34 @@ template <typename I, internal::IfInteger<I> = 0>
 Value operator/(I x, const Value& y) {
   return internal::with_weak_int(Op::kDiv, y, static_cast<int64_t>(x), true);
 }
-// Comparisons give bool Values (as jnp's do).
+// Comparisons give bool Values (as jnp's do). A scalar on either side is weakly typed as in
+// the arithmetic above: `x > 0.0` compares an integer x in float32, `0 < x` in x's dtype.
 Value operator==(const Value& x, const Value& y);
 Value operator!=(const Value& x, const Value& y);
 Value operator<(const Value& x, const Value& y);
 Value operator<=(const Value& x, const Value& y);
 Value operator>(const Value& x, const Value& y);
 Value operator>=(const Value& x, const Value& y);
+Value operator%(const Value& x, const Value& y);  // remainder
+#define TESSERA_SCALAR_OPERATOR(OP, OPCODE)                                                                     \
+  inline Value operator OP(const Value& x, double y) { return internal::with_weak_float(OPCODE, x, y, false); } \
+  inline Value operator OP(double x, const Value& y) { return internal::with_weak_float(OPCODE, y, x, true); }  \
+  template <typename I, internal::IfInteger<I> = 0>                                                             \
+  Value operator OP(const Value& x, I y) {                                                                      \
+    return internal::with_weak_int(OPCODE, x, static_cast<int64_t>(y), false);                                  \
+  }                                                                                                             \
+  template <typename I, internal::IfInteger<I> = 0>                                                             \
+  Value operator OP(I x, const Value& y) {                                                                      \
+    return internal::with_weak_int(OPCODE, y, static_cast<int64_t>(x), true);                                   \
+  }
+TESSERA_SCALAR_OPERATOR(==, Op::kEq)
+TESSERA_SCALAR_OPERATOR(!=, Op::kNe)
+TESSERA_SCALAR_OPERATOR(<, Op::kLt)
+TESSERA_SCALAR_OPERATOR(<=, Op::kLe)
+TESSERA_SCALAR_OPERATOR(>, Op::kGt)
+TESSERA_SCALAR_OPERATOR(>=, Op::kGe)
+TESSERA_SCALAR_OPERATOR(%, Op::kRem)  // remainder with a scalar (Op::kRem marks it)
+#undef TESSERA_SCALAR_OPERATOR
 
 // Shapes and types. convert casts to any dtype (float to int saturates, NaN gives 0);
 // broadcast_in_dim maps operand dimension i to result dimension dims[i] (increasing);
@@ -187,7 +220,8 @@ Value mean(const Value& x, std::vector<int64_t> axes = {}, bool keepdims = false
 Value argmax(const Value& x, int64_t axis, DType index_dtype = DType::kI32);
 
 // Contractions, on operands of one non-bool dtype (no promotion): dot_general as lax;
-// matmul as jnp, but operands of rank > 2 must have equal ranks (no batch broadcasting).
+// matmul as jnp, with numpy's broadcasting of the batch dimensions ((B, S, D) @ (D, F) is
+// (B, S, F); (2, 1, M, K) @ (3, K, N) is (2, 3, M, N)).
 // Surprising: dot is matmul, which differs from jnp.dot for rank > 2.
 Value dot_general(const Value& lhs, const Value& rhs, DotDims dims);
 Value matmul(const Value& lhs, const Value& rhs);
@@ -197,6 +231,50 @@ Value dot(const Value& lhs, const Value& rhs);
 // `axis`, agreeing in dtype and in every other dimension.
 Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit);
 Value concatenate(const std::vector<Value>& xs, int64_t axis);
+
+// Indexing with an integer (int32 or int64) index array along one dimension, as JAX. The result
+// of a gather (and the updates of a scatter) has shape x[:axis] + indices + x[axis+1:].
+// Out-of-range indices behave as JAX documents each form (jax.Array.at; jnp.take; lax.gather and
+// lax.scatter's GatherScatterMode in jax/_src/lax/slicing.py):
+//   take(x, i, axis)          jnp.take: negative indices count from the end; in the default fill
+//                             mode an index outside [-n, n) gives `fill_value` (NaN for floats,
+//                             the lowest integer, true for bool); IndexMode::kClip clamps
+//                             instead, without wrapping negatives (jnp.take(mode='clip')).
+//   at(x, i, axis).get()      x[i] / x.at[i].get(): negatives wrap, out of range clamps.
+//   at(x, i, axis).set(u)     x.at[i].set(u) / .add(u): negatives wrap, out-of-range updates are
+//   at(x, i, axis).add(u)     dropped; u broadcasts to the updates' shape and takes x's dtype. With
+//                             repeated indices add applies every update, set one of them.
+//   gather / scatter / scatter_add: lax's forms, no wrapping of negative indices (out of range).
+//   Value rows = take(embedding, token_ids, 0);                  // (vocab, d) -> (batch, seq, d)
+//   Value grad_table = at(zeros, token_ids).add(g);               // its transpose
+// grad differentiates x and the updates (a scatter's with unique indices only, as JAX's set).
+Value gather(const Value& x, const Value& indices, int64_t axis, IndexMode mode = IndexMode::kFillOrDrop,
+             std::optional<Scalar> fill_value = std::nullopt);
+Value scatter(const Value& x, const Value& indices, const Value& updates, int64_t axis,
+              IndexMode mode = IndexMode::kFillOrDrop);
+Value scatter_add(const Value& x, const Value& indices, const Value& updates, int64_t axis,
+                  IndexMode mode = IndexMode::kFillOrDrop);
+Value take(const Value& x, const Value& indices, int64_t axis, IndexMode mode = IndexMode::kFillOrDrop,
+           std::optional<Scalar> fill_value = std::nullopt);
+// x.at[(slice(None),) * axis + (indices,)], for get, set and add.
+class IndexRef {
+ public:
+  IndexRef(Value x, Value indices, int64_t axis) : x_(std::move(x)), indices_(std::move(indices)), axis_(axis) {}
+  Value get() const;
+  Value set(const Value& updates) const;
+  Value add(const Value& updates) const;
+
+ private:
+  Value x_, indices_;
+  int64_t axis_;
+};
+inline IndexRef at(const Value& x, const Value& indices, int64_t axis = 0) { return IndexRef(x, indices, axis); }
+
+// lax.dynamic_slice / dynamic_update_slice: the window of `sizes` of x at `starts` (integer
+// scalars, traced: one per dimension), and x with `update` written there. Each start is clamped
+// to [0, dim - size] so the window fits, as lax does.
+Value dynamic_slice(const Value& x, const std::vector<Value>& starts, std::vector<int64_t> sizes);
+Value dynamic_update_slice(const Value& x, const Value& update, const std::vector<Value>& starts);
 
 // Arrays made inside the traced function: iota counts along `dimension` (not bool); full
 // holds `value` converted to dtype. Called outside a trace they return an invalid Value.

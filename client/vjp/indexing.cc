@@ -1,0 +1,62 @@
+// VJPs of the indexing ops: a gather's cotangent is scattered back (added, where indices
+// repeat), a scatter's is gathered; the dynamic window ops move the cotangent back through the
+// same clamped window. Index operands are integers and get no cotangent.
+#include "absl/status/status.h"
+#include "client/vjp/vjp.h"
+
+namespace tessera::internal {
+namespace {
+
+// The cotangent rows at a scatter's indices: what each update contributed (0 for a dropped one).
+Value gathered(const VjpArgs& a, const Value& g) {
+  const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
+  return attrs.mode == IndexMode::kClip ? gather(g, a.x[1], attrs.axis, IndexMode::kClip)
+                                        : gather(g, a.x[1], attrs.axis, IndexMode::kFillOrDrop, Scalar(0));
+}
+
+}  // namespace
+
+absl::Span<const VjpEntry> indexing_vjps() {
+  static const VjpEntry kRules[] = {
+      // An index out of range in fill mode read nothing: its cotangent is dropped.
+      {Op::kGather,
+       [](const VjpArgs& a) {
+         const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
+         a.add(0, scatter_add(zeros_like(a.x[0]), a.x[1], a.g, attrs.axis, attrs.mode));
+         return absl::OkStatus();
+       }},
+      {Op::kScatterAdd,
+       [](const VjpArgs& a) {
+         a.add(0, a.g);
+         a.add(2, gathered(a, a.g));
+         return absl::OkStatus();
+       }},
+      // Overwritten elements of x get no cotangent; each update gets its element's (unique
+      // indices: with repeats only one update lands, which this does not single out).
+      {Op::kScatter,
+       [](const VjpArgs& a) {
+         const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
+         a.add(0, scatter(a.g, a.x[1], zeros_like(a.x[2]), attrs.axis, attrs.mode));
+         a.add(2, gathered(a, a.g));
+         return absl::OkStatus();
+       }},
+      {Op::kDynamicSlice,
+       [](const VjpArgs& a) {
+         TraceState* t = a.trace;
+         const Value zeros = zeros_like(a.x[0]);
+         a.add(0, t->make(t->graph.add_dynamic_update_slice(zeros.node(), a.g.node(), a.x[1].node())));
+         return absl::OkStatus();
+       }},
+      {Op::kDynamicUpdateSlice,
+       [](const VjpArgs& a) {
+         TraceState* t = a.trace;
+         const Value zeros = zeros_like(a.x[1]);
+         a.add(0, t->make(t->graph.add_dynamic_update_slice(a.g.node(), zeros.node(), a.x[2].node())));
+         a.add(1, t->make(t->graph.add_dynamic_slice(a.g.node(), a.x[2].node(), a.x[1].shape())));
+         return absl::OkStatus();
+       }},
+  };
+  return kRules;
+}
+
+}  // namespace tessera::internal
