@@ -106,7 +106,7 @@ class _Jitted:
             return leaf
         if sharding is None:
             committed = next((l for l in leaves if isinstance(l, Array)), None)
-            target = NamedSharding(committed.sharding.mesh, PartitionSpec()) if committed else _default_sharding()
+            target = NamedSharding(committed.sharding.mesh, PartitionSpec()) if committed is not None else _default_sharding()
         else:
             target = _as_named(sharding, "jit in_shardings")
         return _put_numpy(leaf, target)

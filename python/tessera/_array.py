@@ -30,7 +30,8 @@ class Shard:
 class Array:
     """A global array on the cluster's devices (jax.Array). np.asarray(a) fetches it."""
 
-    __array_priority__ = 100  # numpy's operators defer to ours
+    __array_priority__ = 100
+    __array_ufunc__ = None  # numpy's operators defer to ours (ndarray + Array is an Array)
 
     def __init__(self, cpp):
         self._a = cpp

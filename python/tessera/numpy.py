@@ -109,13 +109,21 @@ def _has_array(tree):
     return any(isinstance(l, (Array, _np.ndarray)) for l in tree_leaves(tree))
 
 
+def _has_tracer(tree):
+    from .tree_util import tree_leaves
+    return any(isinstance(l, Tracer) for l in tree_leaves(tree))
+
+
 def _op(fn):
     """Makes `fn` (written on Tracers) usable on Arrays and numpy arrays outside a trace too."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if in_trace() or not _has_array((args, kwargs)):
+        if in_trace() or _has_tracer((args, kwargs)):
             return fn(*args, **kwargs)
+        if not _has_array((args, kwargs)):
+            # Only Python scalars (jnp.sqrt(2)): JAX makes them arrays on the default device.
+            args = tuple(_np.asarray(a, canonical_dtype(_np.asarray(a).dtype)) if _is_scalar(a) else a for a in args)
         from ._api import _eager
         return _eager(fn, args, kwargs)
 
