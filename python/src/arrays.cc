@@ -41,9 +41,9 @@ DType dtype_of_numpy(const py::array& a) {
   for (DType d : kAllDTypes) {
     if (a.dtype().is(numpy_dtype(d)) || a.dtype().equal(numpy_dtype(d))) return d;
   }
-  throw StatusError(absl::InvalidArgumentError(
-      absl::StrCat("device_put: numpy dtype ", std::string(py::str(a.dtype())),
-                   " is not one of Tessera's (float32, float64, int32, int64, bool)")));
+  throw StatusError(
+      absl::InvalidArgumentError(absl::StrCat("device_put: numpy dtype ", std::string(py::str(a.dtype())),
+                                              " is not one of Tessera's (float32, float64, int32, int64, bool)")));
 }
 
 Shape shape_of(const py::array& a) { return Shape(a.shape(), a.shape() + a.ndim()); }
@@ -120,23 +120,26 @@ void bind_arrays(py::module_& m) {
       .def_property_readonly("mesh", &NamedSharding::mesh)
       .def_property_readonly("spec", &NamedSharding::spec)
       .def("validate", [](const NamedSharding& s, const Shape& shape) { check(s.validate(shape)); })
-      .def("shard_shape", [](const NamedSharding& s, const Shape& shape) {
-        check(s.validate(shape));
-        return s.shard_shape(shape);
-      })
+      .def("shard_shape",
+           [](const NamedSharding& s, const Shape& shape) {
+             check(s.validate(shape));
+             return s.shard_shape(shape);
+           })
       // (device id, index as ((start, stop), ...), replica id) per device, in mesh order.
-      .def("device_shards", [](const NamedSharding& s, const Shape& shape) {
-        check(s.validate(shape));
-        py::list out;
-        for (const DeviceShard& d : s.device_shards(shape)) {
-          out.append(py::make_tuple(d.device_id, index_tuple(d.index), d.replica_id));
-        }
-        return out;
-      })
-      .def("is_fully_replicated", [](const NamedSharding& s) {
-        check(s.validate_spec());
-        return s.is_fully_replicated();
-      })
+      .def("device_shards",
+           [](const NamedSharding& s, const Shape& shape) {
+             check(s.validate(shape));
+             py::list out;
+             for (const DeviceShard& d : s.device_shards(shape)) {
+               out.append(py::make_tuple(d.device_id, index_tuple(d.index), d.replica_id));
+             }
+             return out;
+           })
+      .def("is_fully_replicated",
+           [](const NamedSharding& s) {
+             check(s.validate_spec());
+             return s.is_fully_replicated();
+           })
       .def("__repr__", &NamedSharding::to_string)
       .def(py::self == py::self);
 
@@ -183,9 +186,8 @@ void bind_arrays(py::module_& m) {
     }
     check(status);
   });
-  m.def("visualize_sharding", [](const Shape& shape, const NamedSharding& s) {
-    return value_or_throw(visualize_sharding(shape, s));
-  });
+  m.def("visualize_sharding",
+        [](const Shape& shape, const NamedSharding& s) { return value_or_throw(visualize_sharding(shape, s)); });
 
   py::class_<Client>(m, "Client")
       .def_static("local",

@@ -59,17 +59,35 @@ Value scalar_op_int(const std::string& op, const Value& x, int64_t y, bool rever
 
 void bind_ops(py::module_& m) {
   using V = const Value&;
-  for (auto [name, fn] : std::vector<std::pair<const char*, Value (*)(V)>>{
-           {"neg", &neg},     {"abs", &abs},         {"exp", &exp},   {"log", &log},   {"tanh", &tanh},
-           {"logistic", &logistic}, {"sqrt", &sqrt}, {"rsqrt", &rsqrt}, {"sin", &sin}, {"cos", &cos},
-           {"erf", &erf},     {"floor", &floor},     {"ceil", &ceil}, {"sign", &sign}, {"logical_not", &logical_not},
-           {"relu", &nn::relu}, {"silu", &nn::silu}}) {
+  for (auto [name, fn] : std::vector<std::pair<const char*, Value (*)(V)>>{{"neg", &neg},
+                                                                           {"abs", &abs},
+                                                                           {"exp", &exp},
+                                                                           {"log", &log},
+                                                                           {"tanh", &tanh},
+                                                                           {"logistic", &logistic},
+                                                                           {"sqrt", &sqrt},
+                                                                           {"rsqrt", &rsqrt},
+                                                                           {"sin", &sin},
+                                                                           {"cos", &cos},
+                                                                           {"erf", &erf},
+                                                                           {"floor", &floor},
+                                                                           {"ceil", &ceil},
+                                                                           {"sign", &sign},
+                                                                           {"logical_not", &logical_not},
+                                                                           {"relu", &nn::relu},
+                                                                           {"silu", &nn::silu}}) {
     m.def(name, fn);
   }
-  for (auto [name, fn] : std::vector<std::pair<const char*, Value (*)(V, V)>>{
-           {"add", &add}, {"sub", &sub}, {"mul", &mul}, {"div", &div}, {"pow", &pow}, {"maximum", &maximum},
-           {"minimum", &minimum}, {"logical_and", &logical_and}, {"logical_or", &logical_or},
-           {"cross_entropy", &nn::cross_entropy}}) {
+  for (auto [name, fn] : std::vector<std::pair<const char*, Value (*)(V, V)>>{{"add", &add},
+                                                                              {"sub", &sub},
+                                                                              {"mul", &mul},
+                                                                              {"div", &div},
+                                                                              {"pow", &pow},
+                                                                              {"maximum", &maximum},
+                                                                              {"minimum", &minimum},
+                                                                              {"logical_and", &logical_and},
+                                                                              {"logical_or", &logical_or},
+                                                                              {"cross_entropy", &nn::cross_entropy}}) {
     m.def(name, fn);
   }
   m.def("truediv", [](V x, V y) { return x / y; });
@@ -126,8 +144,9 @@ void bind_ops(py::module_& m) {
   m.def("pmean", [](V x, Axes axes) { return pmean(x, AxisNames(std::move(axes))); });
   m.def("pmax", [](V x, Axes axes) { return pmax(x, AxisNames(std::move(axes))); });
   m.def("pmin", [](V x, Axes axes) { return pmin(x, AxisNames(std::move(axes))); });
-  m.def("all_gather",
-        [](V x, Axes axes, int64_t axis, bool tiled) { return all_gather(x, AxisNames(std::move(axes)), axis, tiled); });
+  m.def("all_gather", [](V x, Axes axes, int64_t axis, bool tiled) {
+    return all_gather(x, AxisNames(std::move(axes)), axis, tiled);
+  });
   m.def("psum_scatter", [](V x, Axes axes, int64_t dim, bool tiled) {
     return psum_scatter(x, AxisNames(std::move(axes)), dim, tiled);
   });

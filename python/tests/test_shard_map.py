@@ -79,3 +79,17 @@ def test_shard_map_inside_jit_and_its_errors(mesh):
         bad(xs)
     with pytest.raises(ValueError, match="nope"):
         shard_map(lambda b: jax.lax.psum(b, "nope"), mesh=mesh, in_specs=P("data"), out_specs=P("data"))(xs)
+
+
+def test_several_outputs_under_one_spec_inside_jit(mesh8):
+    x = np.arange(8 * 2, dtype=np.float32).reshape(8, 2)
+    body = shard_map(lambda b: (b + 1, jax.lax.psum(b, "x") * 0 + b * 2), mesh=mesh8, in_specs=P("x"),
+                     out_specs=P("x"))
+    # (A numpy argument would go to device 0, not to the body's mesh: put it there first.)
+    a, b = jax.jit(lambda x: body(x))(jax.device_put(x, NamedSharding(mesh8, P("x"))))
+    np.testing.assert_array_equal(np.asarray(a), x + 1)
+    np.testing.assert_array_equal(np.asarray(b), x * 2)
+    # device_get and block_until_ready over a pytree of outputs.
+    host = jax.device_get(jax.block_until_ready({"a": a, "b": [b]}))
+    assert isinstance(host["b"][0], np.ndarray)
+    np.testing.assert_array_equal(host["a"], x + 1)
