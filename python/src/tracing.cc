@@ -26,7 +26,13 @@ namespace {
 // that is not a list of Values gives an invalid Value, which fails the trace.
 TracedFunction traced(py::object f) {
   std::shared_ptr<py::object> held(new py::object(std::move(f)), [](py::object* o) {
-    if (!Py_IsInitialized()) return;  // the interpreter is gone: leak rather than crash
+  // An interpreter that is gone or shutting down (a gRPC thread dropping the last copy at
+  // exit): leak rather than take a GIL that no longer exists.
+#if PY_VERSION_HEX >= 0x030D0000
+    if (!Py_IsInitialized() || Py_IsFinalizing()) return;
+#else
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+#endif
     py::gil_scoped_acquire gil;
     delete o;
   });

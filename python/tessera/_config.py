@@ -9,6 +9,8 @@ Without either: TESSERA_COORDINATOR, then JAX_NUM_CPU_DEVICES, then XLA_FLAGS'
 one CPU device). Changing the cluster after first use raises FailedPreconditionError (JAX
 only warns and keeps the old backend).
 """
+import atexit
+import gc
 import os
 import re
 import threading
@@ -76,4 +78,16 @@ class Config:
             return self._client
 
 
+    def _shutdown(self):
+        """At exit, while the interpreter is whole: drop the client (and with it an embedded
+        cluster, once no Array holds it) and the jit caches, rather than during finalization."""
+        from . import _api
+        _api._eager_cache.clear()
+        _api._reshard.clear()
+        with self._lock:
+            self._client = None
+        gc.collect()
+
+
 config = Config()
+atexit.register(config._shutdown)
