@@ -1,0 +1,222 @@
+// Clients, meshes, shardings and arrays: tessera._tessera's half that moves data. numpy
+// arrays go to device_put as HostViews (read in place) and come back from fetch written in
+// place (Array::fetch_into) or, for a shard, as the HostArray the SDK returns, owned by the
+// numpy array (no copy). Every call that waits on the cluster releases the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/operators.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "python/src/binding.h"
+#include "tessera/tessera.h"
+
+namespace tessera::python {
+namespace {
+
+py::dtype numpy_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return py::dtype::of<float>();
+    case DType::kF64:
+      return py::dtype::of<double>();
+    case DType::kI32:
+      return py::dtype::of<int32_t>();
+    case DType::kI64:
+      return py::dtype::of<int64_t>();
+    case DType::kBool:
+      return py::dtype::of<bool>();
+  }
+  return py::dtype::of<float>();
+}
+
+// The DType of a numpy array; INVALID_ARGUMENT naming numpy's dtype for one Tessera lacks.
+DType dtype_of_numpy(const py::array& a) {
+  for (DType d : kAllDTypes) {
+    if (a.dtype().is(numpy_dtype(d)) || a.dtype().equal(numpy_dtype(d))) return d;
+  }
+  throw StatusError(
+      absl::InvalidArgumentError(absl::StrCat("device_put: numpy dtype ", std::string(py::str(a.dtype())),
+                                              " is not one of Tessera's (float32, float64, int32, int64, bool)")));
+}
+
+Shape shape_of(const py::array& a) { return Shape(a.shape(), a.shape() + a.ndim()); }
+
+// A numpy array owning `host` (moved to the heap; freed with the numpy array).
+py::array to_numpy(HostArray host) {
+  auto* owned = new HostArray(std::move(host));
+  py::capsule base(owned, [](void* p) { delete static_cast<HostArray*>(p); });
+  return py::array(numpy_dtype(owned->dtype()), owned->shape(), owned->data(), base);
+}
+
+py::array fetch(const Array& array) {
+  py::array out(numpy_dtype(array.dtype()), array.shape());
+  MutableHostView view{array.dtype(), array.shape(), out.mutable_data()};
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = array.fetch_into(view);
+  }
+  check(status);
+  return out;
+}
+
+Array device_put(const Client& client, const py::array& host, const NamedSharding& sharding) {
+  if (!(host.flags() & py::array::c_style)) {
+    throw StatusError(absl::InvalidArgumentError("device_put: the numpy array must be C-contiguous"));
+  }
+  HostView view{dtype_of_numpy(host), shape_of(host), host.data()};
+  py::gil_scoped_release release;  // `host` stays referenced by the caller's frame
+  return value_or_throw(client.device_put(view, sharding));
+}
+
+py::tuple index_tuple(const Index& index) {
+  py::tuple t(index.size());
+  for (size_t d = 0; d < index.size(); ++d) t[d] = py::make_tuple(index[d].start, index[d].stop);
+  return t;
+}
+
+}  // namespace
+
+void bind_arrays(py::module_& m) {
+  py::enum_<DType>(m, "DType")
+      .value("float32", DType::kF32)
+      .value("float64", DType::kF64)
+      .value("int32", DType::kI32)
+      .value("int64", DType::kI64)
+      .value("bool", DType::kBool);
+  m.def("numpy_dtype", &numpy_dtype);
+  m.def("promote_types", &promote_types);
+
+  py::class_<Device>(m, "Device")
+      .def_readonly("id", &Device::id)
+      .def_readonly("address", &Device::address)
+      .def_readonly("alive", &Device::alive);
+
+  py::class_<Mesh>(m, "Mesh")
+      .def(py::init([](std::vector<int64_t> shape, std::vector<std::string> names, std::vector<int> ids) {
+        return value_or_throw(Mesh::create(std::move(shape), std::move(names), std::move(ids)));
+      }))
+      .def_property_readonly("shape", &Mesh::shape)
+      .def_property_readonly("axis_names", &Mesh::axis_names)
+      .def_property_readonly("device_ids", &Mesh::device_ids)
+      .def("__repr__", &Mesh::to_string)
+      .def(py::self == py::self);
+
+  py::class_<PartitionSpec>(m, "PartitionSpec")
+      .def(py::init<std::vector<Axes>>())
+      .def_property_readonly("dims", &PartitionSpec::dims)
+      .def("__repr__", &PartitionSpec::to_string)
+      .def(py::self == py::self);
+
+  py::class_<NamedSharding>(m, "NamedSharding")
+      .def(py::init<Mesh, PartitionSpec>())
+      .def_property_readonly("mesh", &NamedSharding::mesh)
+      .def_property_readonly("spec", &NamedSharding::spec)
+      .def("validate", [](const NamedSharding& s, const Shape& shape) { check(s.validate(shape)); })
+      .def("shard_shape",
+           [](const NamedSharding& s, const Shape& shape) {
+             check(s.validate(shape));
+             return s.shard_shape(shape);
+           })
+      // (device id, index as ((start, stop), ...), replica id) per device, in mesh order.
+      .def("device_shards",
+           [](const NamedSharding& s, const Shape& shape) {
+             check(s.validate(shape));
+             py::list out;
+             for (const DeviceShard& d : s.device_shards(shape)) {
+               out.append(py::make_tuple(d.device_id, index_tuple(d.index), d.replica_id));
+             }
+             return out;
+           })
+      .def("is_fully_replicated",
+           [](const NamedSharding& s) {
+             check(s.validate_spec());
+             return s.is_fully_replicated();
+           })
+      .def("__repr__", &NamedSharding::to_string)
+      .def(py::self == py::self);
+
+  py::class_<Shard>(m, "Shard")
+      .def_property_readonly("device_id", &Shard::device_id)
+      .def_property_readonly("index", [](const Shard& s) { return index_tuple(s.index()); })
+      .def_property_readonly("replica_id", &Shard::replica_id)
+      .def_property_readonly("shape", &Shard::shape)
+      .def("data", [](const Shard& s) {
+        absl::StatusOr<HostArray> host;
+        {
+          py::gil_scoped_release release;
+          host = s.data();
+        }
+        return to_numpy(value_or_throw(std::move(host)));
+      });
+
+  py::class_<Array>(m, "Array")
+      .def_property_readonly("shape", &Array::shape)
+      .def_property_readonly("dtype", &Array::dtype)
+      .def_property_readonly("sharding", &Array::sharding)
+      .def_property_readonly("addressable_shards", &Array::addressable_shards)
+      .def("fetch", &fetch)
+      .def("is_ready", &Array::is_ready)
+      .def("block_until_ready", [](const Array& a) {
+        absl::Status status;
+        {
+          py::gil_scoped_release release;
+          status = a.block_until_ready();
+        }
+        check(status);
+      });
+
+  m.def("device_get", [](const std::vector<Array>& arrays) {
+    py::list out;
+    for (const Array& a : arrays) out.append(fetch(a));
+    return out;
+  });
+  m.def("block_until_ready", [](const std::vector<Array>& arrays) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = block_until_ready(arrays);
+    }
+    check(status);
+  });
+  m.def("visualize_sharding",
+        [](const Shape& shape, const NamedSharding& s) { return value_or_throw(visualize_sharding(shape, s)); });
+
+  py::class_<Client>(m, "Client")
+      .def_static("local",
+                  [](int n) {
+                    py::gil_scoped_release release;
+                    return value_or_throw(Client::local(n));
+                  })
+      .def_static("connect",
+                  [](const std::string& address, int min_devices, double timeout_s) {
+                    ConnectOptions options;
+                    options.min_devices = min_devices;
+                    options.timeout = absl::Seconds(timeout_s);
+                    py::gil_scoped_release release;
+                    return value_or_throw(Client::connect(address, options));
+                  })
+      .def("devices",
+           [](const Client& c) {
+             py::gil_scoped_release release;
+             return value_or_throw(c.devices());
+           })
+      .def("make_mesh",
+           [](const Client& c, std::vector<int64_t> shape, std::vector<std::string> names,
+              std::optional<std::vector<int>> ids) {
+             py::gil_scoped_release release;
+             return value_or_throw(ids ? c.make_mesh(std::move(shape), std::move(names), std::move(*ids))
+                                       : c.make_mesh(std::move(shape), std::move(names)));
+           })
+      .def("device_put", &device_put)
+      .def_property_readonly("coordinator_address", &Client::coordinator_address);
+}
+
+}  // namespace tessera::python

@@ -1,0 +1,225 @@
+// Tracing, jit, grad and shard_map: tessera._tessera's half that records programs. A Python
+// function becomes a TracedFunction that takes the GIL and calls it on the Values; the
+// tracer, the compiler and the executions are the SDK's. The Python side (tessera/_trace.py)
+// wraps Values in its Tracer class, flattens pytrees and keeps a Python error raised inside a
+// traced function, which it raises again when the trace fails.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "python/src/binding.h"
+#include "tessera/tessera.h"
+
+namespace tessera::python {
+namespace {
+
+// `f` (a Python callable from a list of Values to a list of Values) as a TracedFunction. The
+// SDK may copy it and drop the copies on its own threads, so the Python object is released
+// under the GIL. An exception escaping `f` (tessera/_trace.py catches them first) or a result
+// that is not a list of Values gives an invalid Value, which fails the trace.
+TracedFunction traced(py::object f) {
+  std::shared_ptr<py::object> held(new py::object(std::move(f)), [](py::object* o) {
+  // An interpreter that is gone or shutting down (a gRPC thread dropping the last copy at
+  // exit): leak rather than take a GIL that no longer exists.
+#if PY_VERSION_HEX >= 0x030D0000
+    if (!Py_IsInitialized() || Py_IsFinalizing()) return;
+#else
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+#endif
+    py::gil_scoped_acquire gil;
+    delete o;
+  });
+  return [held](const std::vector<Value>& in) -> std::vector<Value> {
+    py::gil_scoped_acquire gil;
+    try {
+      return (*held)(in).cast<std::vector<Value>>();
+    } catch (const py::error_already_set&) {
+      return {Value()};
+    } catch (const py::cast_error&) {
+      return {Value()};
+    }
+  };
+}
+
+Value scalar_op(const std::string& op, const Value& x, double y, bool reverse) {
+  if (op == "add") return reverse ? y + x : x + y;
+  if (op == "sub") return reverse ? y - x : x - y;
+  if (op == "mul") return reverse ? y * x : x * y;
+  if (op == "truediv") return reverse ? y / x : x / y;
+  throw StatusError(absl::InvalidArgumentError(absl::StrCat("scalar_op: unknown op '", op, "'")));
+}
+Value scalar_op_int(const std::string& op, const Value& x, int64_t y, bool reverse) {
+  if (op == "add") return reverse ? y + x : x + y;
+  if (op == "sub") return reverse ? y - x : x - y;
+  if (op == "mul") return reverse ? y * x : x * y;
+  if (op == "truediv") return reverse ? y / x : x / y;
+  throw StatusError(absl::InvalidArgumentError(absl::StrCat("scalar_op_int: unknown op '", op, "'")));
+}
+
+void bind_ops(py::module_& m) {
+  using V = const Value&;
+  for (auto [name, fn] : std::vector<std::pair<const char*, Value (*)(V)>>{{"neg", &neg},
+                                                                           {"abs", &abs},
+                                                                           {"exp", &exp},
+                                                                           {"log", &log},
+                                                                           {"tanh", &tanh},
+                                                                           {"logistic", &logistic},
+                                                                           {"sqrt", &sqrt},
+                                                                           {"rsqrt", &rsqrt},
+                                                                           {"sin", &sin},
+                                                                           {"cos", &cos},
+                                                                           {"erf", &erf},
+                                                                           {"floor", &floor},
+                                                                           {"ceil", &ceil},
+                                                                           {"sign", &sign},
+                                                                           {"logical_not", &logical_not},
+                                                                           {"relu", &nn::relu},
+                                                                           {"silu", &nn::silu}}) {
+    m.def(name, fn);
+  }
+  for (auto [name, fn] : std::vector<std::pair<const char*, Value (*)(V, V)>>{{"add", &add},
+                                                                              {"sub", &sub},
+                                                                              {"mul", &mul},
+                                                                              {"div", &div},
+                                                                              {"pow", &pow},
+                                                                              {"maximum", &maximum},
+                                                                              {"minimum", &minimum},
+                                                                              {"logical_and", &logical_and},
+                                                                              {"logical_or", &logical_or},
+                                                                              {"cross_entropy", &nn::cross_entropy}}) {
+    m.def(name, fn);
+  }
+  m.def("truediv", [](V x, V y) { return x / y; });
+  m.def("eq", [](V x, V y) { return x == y; });
+  m.def("ne", [](V x, V y) { return x != y; });
+  m.def("lt", [](V x, V y) { return x < y; });
+  m.def("le", [](V x, V y) { return x <= y; });
+  m.def("gt", [](V x, V y) { return x > y; });
+  m.def("ge", [](V x, V y) { return x >= y; });
+  m.def("where", &where);
+  m.def("scalar_op", &scalar_op);
+  m.def("scalar_op_int", &scalar_op_int);
+
+  m.def("convert", &convert);
+  m.def("broadcast_in_dim", &broadcast_in_dim);
+  m.def("broadcast_to", &broadcast_to);
+  m.def("reshape", &reshape);
+  m.def("transpose", &transpose);
+  m.def("expand_dims", &expand_dims);
+  m.def("squeeze", &squeeze);
+  m.def("sum", [](V x, std::vector<int64_t> axes, bool keepdims) { return sum(x, std::move(axes), keepdims); });
+  m.def("max", [](V x, std::vector<int64_t> axes, bool keepdims) { return max(x, std::move(axes), keepdims); });
+  m.def("min", [](V x, std::vector<int64_t> axes, bool keepdims) { return min(x, std::move(axes), keepdims); });
+  m.def("prod", [](V x, std::vector<int64_t> axes, bool keepdims) { return prod(x, std::move(axes), keepdims); });
+  m.def("mean", [](V x, std::vector<int64_t> axes, bool keepdims) { return mean(x, std::move(axes), keepdims); });
+  m.def("argmax", &argmax);
+  m.def("dot_general", [](V lhs, V rhs, std::vector<int64_t> lhs_contracting, std::vector<int64_t> rhs_contracting,
+                          std::vector<int64_t> lhs_batch, std::vector<int64_t> rhs_batch) {
+    DotDims dims;
+    dims.lhs_contracting = std::move(lhs_contracting);
+    dims.rhs_contracting = std::move(rhs_contracting);
+    dims.lhs_batch = std::move(lhs_batch);
+    dims.rhs_batch = std::move(rhs_batch);
+    return dot_general(lhs, rhs, dims);
+  });
+  m.def("matmul", &matmul);
+  m.def("slice", &slice);
+  m.def("concatenate", &concatenate);
+  m.def("iota", &iota);
+  m.def("full", &full);
+  m.def("with_sharding_constraint", &with_sharding_constraint);
+
+  m.def("gelu", &nn::gelu);
+  m.def("softmax", &nn::softmax);
+  m.def("log_softmax", &nn::log_softmax);
+  m.def("logsumexp", &nn::logsumexp);
+  m.def("one_hot", &nn::one_hot);
+  m.def("layer_norm", &nn::layer_norm);
+  m.def("rms_norm", &nn::rms_norm);
+  m.def("dot_product_attention", &nn::dot_product_attention);
+
+  // The shard_map collectives; `axes` is one mesh axis or several, major to minor.
+  m.def("psum", [](V x, Axes axes) { return psum(x, AxisNames(std::move(axes))); });
+  m.def("pmean", [](V x, Axes axes) { return pmean(x, AxisNames(std::move(axes))); });
+  m.def("pmax", [](V x, Axes axes) { return pmax(x, AxisNames(std::move(axes))); });
+  m.def("pmin", [](V x, Axes axes) { return pmin(x, AxisNames(std::move(axes))); });
+  m.def("all_gather", [](V x, Axes axes, int64_t axis, bool tiled) {
+    return all_gather(x, AxisNames(std::move(axes)), axis, tiled);
+  });
+  m.def("psum_scatter", [](V x, Axes axes, int64_t dim, bool tiled) {
+    return psum_scatter(x, AxisNames(std::move(axes)), dim, tiled);
+  });
+  m.def("ppermute", [](V x, Axes axes, const std::vector<std::pair<int64_t, int64_t>>& perm) {
+    return ppermute(x, AxisNames(std::move(axes)), perm);
+  });
+  m.def("all_to_all", [](V x, Axes axes, int64_t split, int64_t concat, bool tiled) {
+    return all_to_all(x, AxisNames(std::move(axes)), split, concat, tiled);
+  });
+  m.def("axis_index", [](Axes axes) { return axis_index(AxisNames(std::move(axes))); });
+  m.def("axis_size", [](Axes axes) { return axis_size(AxisNames(std::move(axes))); });
+}
+
+}  // namespace
+
+void bind_tracing(py::module_& m) {
+  py::class_<Value>(m, "Value")
+      .def_property_readonly("dtype", &Value::dtype)
+      .def_property_readonly("shape", &Value::shape)
+      .def_property_readonly("ok", &Value::ok);
+  bind_ops(m);
+
+  // The traced Graph of `f` on inputs of these (dtype, shape)s, as text (for tests and
+  // debugging; jit is what runs programs).
+  m.def("trace_text", [](py::object f, const std::vector<std::pair<DType, Shape>>& inputs) {
+    std::vector<ArrayType> types;
+    for (const auto& [dtype, shape] : inputs) types.push_back(ArrayType{dtype, shape});
+    return value_or_throw(trace(traced(std::move(f)), types)).to_text();
+  });
+
+  py::class_<Jitted>(m, "Jitted")
+      .def(py::init([](py::object f, std::vector<std::optional<PartitionSpec>> in_shardings,
+                       std::vector<int> donate_argnums, double timeout_s) {
+        JitOptions options;
+        options.in_shardings = std::move(in_shardings);
+        options.donate_argnums = std::move(donate_argnums);
+        options.timeout = absl::Seconds(timeout_s);
+        return Jitted(traced(std::move(f)), std::move(options));
+      }))
+      .def("__call__",
+           [](const Jitted& j, const std::vector<Array>& args) {
+             py::gil_scoped_release release;
+             return value_or_throw(j(args));
+           })
+      .def("as_text", [](const Jitted& j) { return j.as_text(); })
+      .def("compilations", &Jitted::compilations);
+
+  // grad / value_and_grad of `f` as a function of Values (called inside a trace).
+  m.def("grad", [](py::object f, std::vector<int> argnums, bool with_value) {
+    TracedFunction fn = traced(std::move(f));
+    return with_value ? value_and_grad(std::move(fn), std::move(argnums)) : grad(std::move(fn), std::move(argnums));
+  });
+
+  py::class_<ShardMapped>(m, "ShardMapped")
+      .def("call_values", [](const ShardMapped& s, const std::vector<Value>& args) { return s(args); })
+      .def("call_arrays",
+           [](const ShardMapped& s, const std::vector<Array>& args) {
+             py::gil_scoped_release release;
+             return value_or_throw(s(args));
+           })
+      .def("as_text", &ShardMapped::as_text);
+  m.def("shard_map", [](py::object f, const Mesh& mesh, std::vector<PartitionSpec> in_specs,
+                        std::vector<PartitionSpec> out_specs, bool check_vma) {
+    ShardMapOptions options;
+    options.check_vma = check_vma;
+    return shard_map(traced(std::move(f)), mesh, std::move(in_specs), std::move(out_specs), options);
+  });
+}
+
+}  // namespace tessera::python

@@ -1,0 +1,382 @@
+"""jit, grad, shard_map, device_put and friends: JAX's transformations over the SDK's. Python
+handles only what C++ cannot see: pytrees (flattened to the SDK's flat lists of arrays),
+static arguments (part of the cache key), numpy arguments (placed first) and the calls back
+into the Python function while the SDK traces."""
+import functools
+
+import numpy as _np
+
+from . import _tessera as _t
+from . import _trace
+from . import errors
+from ._array import Array
+from ._config import config
+from ._trace import Tracer
+from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, devices
+from .tree_util import tree_flatten, tree_unflatten, tree_leaves, broadcast_prefix, tree_map
+
+
+def _is_dynamic(x):
+    return isinstance(x, (Array, _np.ndarray, _np.generic, Tracer))
+
+
+def _static_key(x):
+    if isinstance(x, slice):
+        return ("slice", x.start, x.stop, x.step)
+    if isinstance(x, tuple):
+        return tuple(_static_key(v) for v in x)
+    try:
+        hash(x)
+    except TypeError:
+        raise TypeError(f"jit: a non-array argument must be hashable (it is part of the cache key), got {x!r}") \
+            from None
+    return x
+
+
+def _is_sharding(x):
+    return x is None or isinstance(x, (NamedSharding, PartitionSpec))
+
+
+def _default_sharding():
+    return NamedSharding(Mesh(devices()[:1], ("_default",)), PartitionSpec())
+
+
+def _sdk_call(fn, *args):
+    """fn(*args) on the SDK; a Python error raised inside a traced function wins over the
+    trace error it caused."""
+    _trace.clear_pending()
+    try:
+        return fn(*args)
+    except _trace._SDK_ERRORS as e:
+        _trace.raise_pending(e)
+
+
+def _put_numpy(x, sharding):
+    from .numpy import canonical_dtype
+    host = _np.ascontiguousarray(_np.asarray(x), dtype=canonical_dtype(_np.asarray(x).dtype))
+    return Array(config.client().device_put(host, sharding._cpp))
+
+
+class _Jitted:
+    """What jit returns: one SDK Jitted per argument structure and static values, each of
+    which compiles once per signature of dtypes, shapes and shardings."""
+
+    def __init__(self, fun, in_shardings, out_shardings, static_argnums, donate_argnums):
+        self._fun = fun
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
+        self._static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        self._donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+        self._cache = {}
+        functools.update_wrapper(self, fun)
+
+    def _call_traced(self, args, kwargs):
+        return _constrain_outputs(self._fun(*args, **kwargs), self._out_shardings)
+
+    def __call__(self, *args, **kwargs):
+        n = len(args)
+        static = {i % n if n else i for i in self._static}
+        dyn = tuple(a for i, a in enumerate(args) if i not in static)
+        if any(isinstance(l, Tracer) for l in tree_leaves((args, kwargs))):
+            return self._call_traced(args, kwargs)  # inside another trace: inline
+        leaves, treedef = tree_flatten((dyn, kwargs))
+        dyn_pos = [i for i, l in enumerate(leaves) if _is_dynamic(l)]
+        if not dyn_pos:
+            raise ValueError(f"jit: {getattr(self._fun, '__name__', 'the function')} got no array argument "
+                             "(Tessera's jit needs at least one Array or numpy array)")
+        key = (treedef, tuple(_static_key(args[i]) for i in sorted(static)),
+               tuple((i, _static_key(l)) for i, l in enumerate(leaves) if not _is_dynamic(l)))
+        shardings = self._arg_shardings(dyn, kwargs, len(leaves))
+        arrays = [self._place(leaves[i], shardings[i], leaves) for i in dyn_pos]
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn)
+        cpp, out_tree = entry
+        outs = _sdk_call(cpp, [a._a for a in arrays])
+        return tree_unflatten(out_tree[0], [Array(o) for o in outs])
+
+    def _arg_shardings(self, dyn, kwargs, n):
+        if self._in_shardings is None:
+            return [None] * n
+        flat = broadcast_prefix(self._in_shardings, dyn, _is_sharding)
+        return flat + [None] * (n - len(flat))
+
+    def _place(self, leaf, sharding, leaves):
+        if isinstance(leaf, Array):
+            return leaf
+        if sharding is None:
+            committed = next((l for l in leaves if isinstance(l, Array)), None)
+            target = NamedSharding(committed.sharding.mesh, PartitionSpec()) if committed is not None else _default_sharding()
+        else:
+            target = _as_named(sharding, "jit in_shardings")
+        return _put_numpy(leaf, target)
+
+    def _make(self, args, static, leaves, treedef, dyn_pos, shardings, dyn):
+        out_tree = [None]
+        fun = self._fun
+        n = len(args)
+
+        def body(values):
+            flat = list(leaves)
+            for i, v in zip(dyn_pos, values):
+                flat[i] = Tracer(v)
+            dyn_args, kw = tree_unflatten(treedef, flat)
+            it = iter(dyn_args)
+            full = [args[i] if i in static else next(it) for i in range(n)]
+            out = _constrain_outputs(fun(*full, **kw), self._out_shardings)
+            out_leaves, out_tree[0] = tree_flatten(out)
+            return [_as_value(o) for o in out_leaves]
+
+        in_specs = []
+        for i in dyn_pos:
+            s = shardings[i]
+            in_specs.append(None if s is None or not isinstance(leaves[i], Array)
+                            else (s.spec if isinstance(s, NamedSharding) else s)._cpp())
+        donate = []
+        if self._donate:
+            # Top-level positions to positions among the flat dynamic leaves.
+            pos, k = {}, 0
+            dyn_index = [i for i in range(n) if i not in static]
+            for j, i in enumerate(dyn_index):
+                for l in tree_leaves(dyn[j]):
+                    if _is_dynamic(l):
+                        pos.setdefault(i, []).append(k)
+                        k += 1
+            donate = [k for i in self._donate for k in pos.get(i % n, [])]
+        cpp = _t.Jitted(_trace.callback(body), in_specs, donate, 60.0)
+        return cpp.__call__, out_tree
+
+    def lower(self, *args, **kwargs):
+        raise NotImplementedError("jit(...).lower: use as_text() after a call")
+
+    def as_text(self):
+        """The compiled program of the last-made signature (the SDK's Jitted::as_text)."""
+        if not self._cache:
+            return ""
+        return next(reversed(self._cache.values()))[0].__self__.as_text()
+
+
+def _as_value(x):
+    from .numpy import _tracer
+    return _tracer(x)._v
+
+
+def _constrain_outputs(out, out_shardings):
+    if out_shardings is None:
+        return out
+    flat, tree = tree_flatten(out)
+    specs = broadcast_prefix(out_shardings, out, _is_sharding)
+    from .lax import with_sharding_constraint
+    return tree_unflatten(tree, [o if s is None else with_sharding_constraint(o, s) for o, s in zip(flat, specs)])
+
+
+def jit(fun=None, *, in_shardings=None, out_shardings=None, static_argnums=(), donate_argnums=(), **unsupported):
+    """jax.jit: `fun` traced on its arguments' types and shardings, compiled by the
+    coordinator and run on the devices; returns the outputs at once (asynchronous dispatch)."""
+    if unsupported:
+        raise TypeError(f"jit: unsupported options {sorted(unsupported)}")
+    if fun is None:
+        return functools.partial(jit, in_shardings=in_shardings, out_shardings=out_shardings,
+                                 static_argnums=static_argnums, donate_argnums=donate_argnums)
+    return _Jitted(fun, in_shardings, out_shardings, static_argnums, donate_argnums)
+
+
+_eager_cache = {}
+
+
+def _eager(fn, args, kwargs):
+    """One op on concrete arrays: a jitted program of that op, cached per op."""
+    j = _eager_cache.get(fn)
+    if j is None:
+        j = _eager_cache[fn] = _Jitted(fn, None, None, (), ())
+    return j(*args, **kwargs)
+
+
+# ---- grad -------------------------------------------------------------------------------
+
+def _grad(fun, argnums, has_aux, with_value):
+    if has_aux:
+        raise NotImplementedError("grad(has_aux=True) is not supported yet")
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+    def traced(*args):
+        per_arg = [tree_flatten(a) for a in args]
+        values, owner = [], []
+        for i, (ls, _) in enumerate(per_arg):
+            for l in ls:
+                from .numpy import _tracer
+                values.append(_tracer(l)._v)
+                owner.append(i)
+        flat_nums = [k for i in nums for k, o in enumerate(owner) if o == i % len(args)]
+
+        def body(vals):
+            it = iter(Tracer(v) for v in vals)
+            rebuilt = [tree_unflatten(t, [next(it) for _ in ls]) for ls, t in per_arg]
+            return [_as_value(fun(*rebuilt))]
+
+        outs = [Tracer(v) for v in _t.grad(_trace.callback(body), flat_nums, with_value)(values)]
+        value = outs.pop(0) if with_value else None
+        grads, k = [], 0
+        for i in nums:
+            ls, t = per_arg[i % len(args)]
+            grads.append(tree_unflatten(t, outs[k:k + len(ls)]))
+            k += len(ls)
+        g = grads[0] if isinstance(argnums, int) else tuple(grads)
+        return (value, g) if with_value else g
+
+    jitted = _Jitted(traced, None, None, (), ())
+
+    @functools.wraps(fun)
+    def run(*args):
+        if _trace.in_trace() or any(isinstance(l, Tracer) for l in tree_leaves(args)):
+            return traced(*args)
+        return jitted(*args)
+
+    return run
+
+
+def grad(fun, argnums=0, has_aux=False):
+    """jax.grad over pytrees of dicts, lists and tuples: the SDK's reverse mode."""
+    return _grad(fun, argnums, has_aux, False)
+
+
+def value_and_grad(fun, argnums=0, has_aux=False):
+    return _grad(fun, argnums, has_aux, True)
+
+
+# ---- shard_map --------------------------------------------------------------------------
+
+def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, check_rep=None, **unsupported):
+    """jax.shard_map(f, mesh=, in_specs=, out_specs=): f runs per device on blocks, with the
+    collectives of tessera.lax; the SDK's shard_map."""
+    if unsupported:
+        raise TypeError(f"shard_map: unsupported options {sorted(unsupported)}")
+    if f is None:
+        return functools.partial(shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                 check_vma=check_vma, check_rep=check_rep)
+    if mesh is None or in_specs is None or out_specs is None:
+        raise TypeError("shard_map needs mesh, in_specs and out_specs")
+    check = check_vma if check_rep is None else check_rep
+    cache = {}
+
+    def make(args, out_flat):
+        leaves, treedef = tree_flatten(args)
+        prefix = in_specs if isinstance(in_specs, (tuple, list)) and not isinstance(in_specs, PartitionSpec) \
+            else (in_specs,) * len(args)
+        specs = broadcast_prefix(tuple(prefix), args, lambda p: isinstance(p, PartitionSpec))
+        # One out_spec per output: the leaves of out_specs, until the body has shown its outputs.
+        if out_flat is None:
+            out_flat = tree_leaves(out_specs, lambda p: isinstance(p, PartitionSpec))
+        seen = {}
+
+        def body(values):
+            out = f(*tree_unflatten(treedef, [Tracer(v) for v in values]))
+            out_leaves, seen["tree"] = tree_flatten(out)
+            seen["specs"] = broadcast_prefix(out_specs, out, lambda p: isinstance(p, PartitionSpec))
+            return [_as_value(o) for o in out_leaves]
+
+        sm = _t.shard_map(_trace.callback(body), mesh._cpp, [s._cpp() for s in specs],
+                          [s._cpp() for s in out_flat], check)
+        return sm, seen, specs, len(out_flat)
+
+    def run(entry, leaves, traced):
+        sm, seen, specs, _ = entry
+        if traced:
+            from .numpy import _tracer
+            return [Tracer(v) for v in sm.call_values([_tracer(l)._v for l in leaves])]
+        arrays = [l if isinstance(l, Array) else _put_numpy(l, NamedSharding(mesh, s)) for l, s in zip(leaves, specs)]
+        return [Array(o) for o in _sdk_call(sm.call_arrays, [a._a for a in arrays])]
+
+    def call(*args):
+        leaves, treedef = tree_flatten(args)
+        traced = _trace.in_trace() or any(isinstance(l, Tracer) for l in leaves)
+        key = (treedef, traced)
+        entry = cache.get(key)
+        if entry is None:
+            entry = make(args, None)
+            if traced and isinstance(out_specs, PartitionSpec):
+                # Inside a trace a wrong output count would fail the enclosing trace: learn the
+                # body's outputs first from a throwaway trace of its own.
+                from .numpy import _tracer
+                values = [_tracer(l)._v for l in leaves]
+                try:
+                    _t.trace_text(lambda vs: entry[0].call_values(vs), [(v.dtype, v.shape) for v in values])
+                except errors.InvalidArgumentError:
+                    pass
+                if "specs" in entry[1] and len(entry[1]["specs"]) != entry[3]:
+                    entry = make(args, entry[1]["specs"])
+        try:
+            outs = run(entry, leaves, traced)
+            error = None
+        except errors.InvalidArgumentError as e:
+            outs, error = None, e
+        seen = entry[1]
+        if "specs" in seen and len(seen["specs"]) != entry[3]:
+            # out_specs is a prefix of more outputs than it has leaves: make the program again
+            # with one spec per output, now that the body has shown them.
+            entry = make(args, seen["specs"])
+            outs, error = run(entry, leaves, traced), None
+        if error is not None:
+            raise error
+        cache[key] = entry
+        return tree_unflatten(entry[1]["tree"], outs)
+
+    return call
+
+
+# ---- placement --------------------------------------------------------------------------
+
+def device_put(x, device=None, *, donate=False, may_alias=None):
+    """jax.device_put: numpy arrays (and Python scalars) to the cluster under a sharding
+    (each device receives exactly its block); an Array to another sharding (on its mesh,
+    a jitted reshard; on another mesh, through the host). A pytree of either, with a
+    sharding or a prefix pytree of them."""
+    leaves, treedef = tree_flatten(x)
+    targets = broadcast_prefix(device, x, lambda p: p is None or isinstance(p, (NamedSharding, PartitionSpec, Device)))
+    return tree_unflatten(treedef, [_put_one(l, t) for l, t in zip(leaves, targets)])
+
+
+_reshard = {}
+
+
+def _put_one(x, target):
+    if target is None:
+        target = x.sharding if isinstance(x, Array) else _default_sharding()
+    elif isinstance(target, Device):
+        target = NamedSharding(Mesh([target], ("_default",)), PartitionSpec())
+    else:
+        target = _as_named(target, "device_put")
+    if isinstance(x, Array):
+        if x.sharding == target:
+            return x
+        if x.sharding.mesh == target.mesh:
+            from .lax import with_sharding_constraint
+            j = _reshard.get(target)
+            if j is None:
+                j = _reshard[target] = _Jitted(lambda a: with_sharding_constraint(a, target), None, None, (), ())
+            return j(x)
+        return _put_numpy(_np.asarray(x), target)
+    return _put_numpy(x, target)
+
+
+def device_get(x):
+    leaves, treedef = tree_flatten(x)
+    idx = [i for i, l in enumerate(leaves) if isinstance(l, Array)]
+    hosts = _t.device_get([leaves[i]._a for i in idx])
+    for i, h in zip(idx, hosts):
+        leaves[i] = h
+    return tree_unflatten(treedef, leaves)
+
+
+def block_until_ready(x):
+    arrays = [l._a for l in tree_leaves(x) if isinstance(l, Array)]
+    _t.block_until_ready(arrays)
+    return x
+
+
+def make_mesh(axis_shapes, axis_names, devices=None, **unused):
+    """jax.make_mesh: the devices (all alive ones by default) laid row-major over the shape."""
+    names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    ids = None if devices is None else [d.id for d in _np.asarray(devices, dtype=object).flat]
+    cpp = config.client().make_mesh([int(s) for s in axis_shapes], list(names), ids)
+    return Mesh._from_cpp(cpp)

@@ -1,0 +1,107 @@
+"""tessera.Array (jax.Array) and its Shards, over the SDK's Array. Operators and methods
+are installed by tessera.numpy (they run as small jitted programs, as JAX dispatches ops)."""
+import numpy as np
+
+from . import _tessera
+from .sharding import NamedSharding, _device
+
+
+class Shard:
+    """One device's block of an Array (jax.Shard): device, index (a tuple of slices),
+    replica_id, and data (the block as a numpy array, downloaded on first access)."""
+
+    def __init__(self, cpp):
+        self._cpp = cpp
+        self._data = None
+        self.device = _device(cpp.device_id)
+        self.index = tuple(slice(a, b) for a, b in cpp.index)
+        self.replica_id = cpp.replica_id
+
+    @property
+    def data(self):
+        if self._data is None:
+            self._data = self._cpp.data()
+        return self._data
+
+    def __repr__(self):
+        return f"Shard(device={self.device!r}, index={self.index}, replica_id={self.replica_id})"
+
+
+class Array:
+    """A global array on the cluster's devices (jax.Array). np.asarray(a) fetches it."""
+
+    __array_priority__ = 100
+    __array_ufunc__ = None  # numpy's operators defer to ours (ndarray + Array is an Array)
+
+    def __init__(self, cpp):
+        self._a = cpp
+
+    @property
+    def shape(self):
+        return tuple(self._a.shape)
+
+    @property
+    def dtype(self):
+        return np.dtype(_tessera.numpy_dtype(self._a.dtype))
+
+    @property
+    def ndim(self):
+        return len(self._a.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def sharding(self):
+        return NamedSharding._from_cpp(self._a.sharding)
+
+    @property
+    def addressable_shards(self):
+        return [Shard(s) for s in self._a.addressable_shards]
+
+    global_shards = addressable_shards
+
+    @property
+    def is_fully_addressable(self):
+        return True
+
+    def is_ready(self):
+        return self._a.is_ready()
+
+    def block_until_ready(self):
+        self._a.block_until_ready()
+        return self
+
+    def __array__(self, dtype=None, copy=None):
+        host = self._a.fetch()
+        return host if dtype is None else host.astype(dtype, copy=False)
+
+    def item(self):
+        return np.asarray(self).item()
+
+    def tolist(self):
+        return np.asarray(self).tolist()
+
+    def __float__(self):
+        return float(np.asarray(self))
+
+    def __int__(self):
+        return int(np.asarray(self))
+
+    def __bool__(self):
+        return bool(np.asarray(self))
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __iter__(self):
+        return iter(np.asarray(self))
+
+    def __repr__(self):
+        return f"Array({np.array2string(np.asarray(self), separator=', ')}, dtype={self.dtype})"
+
+    def __format__(self, spec):
+        return format(np.asarray(self), spec) if not self.shape else repr(self)

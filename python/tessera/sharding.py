@@ -1,0 +1,196 @@
+"""jax.sharding's names: Mesh, NamedSharding, PartitionSpec (P), over the SDK's C++ types.
+
+    mesh = tessera.make_mesh((4, 2), ("data", "model"))
+    s = NamedSharding(mesh, P("data", None))
+    s.shard_shape((16, 8))   # (4, 8)
+"""
+import numpy as np
+
+from . import _tessera
+from ._config import config
+
+
+class Device:
+    """One device of the cluster, as a jax Device (id, platform, ...)."""
+
+    platform = "cpu"
+    device_kind = "cpu"
+    process_index = 0
+
+    def __init__(self, id, address=""):
+        self.id = id
+        self.address = address
+
+    def __repr__(self):
+        return f"CpuDevice(id={self.id})"
+
+    def __str__(self):
+        return f"TFRT_CPU_{self.id}"
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self):
+        return hash(("tessera.Device", self.id))
+
+
+_devices_cache = {}
+
+
+def _device(id):
+    d = _devices_cache.get(id)
+    if d is None:
+        d = _devices_cache[id] = Device(id)
+    return d
+
+
+def devices():
+    """The cluster's devices, by id (jax.devices())."""
+    out = []
+    for d in config.client().devices():
+        dev = _device(d.id)
+        dev.address = d.address
+        out.append(dev)
+    return out
+
+
+class PartitionSpec(tuple):
+    """jax.sharding.PartitionSpec: per dimension None, one mesh axis, or a tuple of axes."""
+
+    def __new__(cls, *entries):
+        for e in entries:
+            ok = e is None or isinstance(e, str) or (isinstance(e, tuple) and all(isinstance(a, str) for a in e))
+            if not ok:
+                raise TypeError(f"PartitionSpec entries are None, an axis name or a tuple of them, not {e!r}")
+        return super().__new__(cls, entries)
+
+    def _cpp(self):
+        return _tessera.PartitionSpec([[] if e is None else [e] if isinstance(e, str) else list(e) for e in self])
+
+    @staticmethod
+    def _from_cpp(spec):
+        return PartitionSpec(*[None if not a else a[0] if len(a) == 1 else tuple(a) for a in spec.dims])
+
+    def __repr__(self):
+        return repr(self._cpp())
+
+    def __getnewargs__(self):
+        return tuple(self)
+
+
+P = PartitionSpec
+
+
+class Mesh:
+    """jax.sharding.Mesh: an ndarray of devices with named axes."""
+
+    def __init__(self, devices, axis_names):
+        devs = np.asarray(devices, dtype=object)
+        axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+        self._cpp = _tessera.Mesh(list(devs.shape), list(axis_names), [d.id for d in devs.flat])
+        self.devices = devs
+        self.axis_names = axis_names
+
+    @staticmethod
+    def _from_cpp(cpp):
+        devs = np.empty(len(cpp.device_ids), dtype=object)
+        for i, id in enumerate(cpp.device_ids):
+            devs[i] = _device(id)
+        return Mesh(devs.reshape(cpp.shape), cpp.axis_names)
+
+    @property
+    def shape(self):
+        return dict(zip(self.axis_names, self.devices.shape))
+
+    @property
+    def axis_sizes(self):
+        return tuple(self.devices.shape)
+
+    @property
+    def size(self):
+        return self.devices.size
+
+    @property
+    def device_ids(self):
+        return np.vectorize(lambda d: d.id, otypes=[int])(self.devices)
+
+    def __eq__(self, other):
+        return isinstance(other, Mesh) and self._cpp == other._cpp
+
+    def __hash__(self):
+        return hash((self.axis_names, self.devices.shape, tuple(d.id for d in self.devices.flat)))
+
+    def __repr__(self):
+        return repr(self._cpp)
+
+    def __enter__(self):
+        _mesh_stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _mesh_stack.pop()
+        return False
+
+
+_mesh_stack = []
+
+
+def _context_mesh(what):
+    if not _mesh_stack:
+        raise ValueError(f"{what}: a bare PartitionSpec needs a mesh: use NamedSharding(mesh, spec) or `with mesh:`")
+    return _mesh_stack[-1]
+
+
+class NamedSharding:
+    """jax.sharding.NamedSharding(mesh, spec)."""
+
+    def __init__(self, mesh, spec):
+        if not isinstance(spec, PartitionSpec):
+            raise TypeError(f"NamedSharding's spec must be a PartitionSpec, not {spec!r}")
+        self.mesh = mesh
+        self.spec = spec
+        self._cpp = _tessera.NamedSharding(mesh._cpp, spec._cpp())
+
+    @staticmethod
+    def _from_cpp(cpp):
+        return NamedSharding(Mesh._from_cpp(cpp.mesh), PartitionSpec._from_cpp(cpp.spec))
+
+    def shard_shape(self, global_shape):
+        return tuple(self._cpp.shard_shape(list(global_shape)))
+
+    @property
+    def is_fully_replicated(self):
+        return self._cpp.is_fully_replicated()
+
+    @property
+    def device_set(self):
+        return set(self.mesh.devices.flat)
+
+    addressable_devices = device_set
+
+    @property
+    def num_devices(self):
+        return self.mesh.size
+
+    def devices_indices_map(self, global_shape):
+        """{device: index as a tuple of slices} (jax's Sharding.devices_indices_map)."""
+        return {_device(d): tuple(slice(a, b) for a, b in index)
+                for d, index, _ in self._cpp.device_shards(list(global_shape))}
+
+    def __eq__(self, other):
+        return isinstance(other, NamedSharding) and self._cpp == other._cpp
+
+    def __hash__(self):
+        return hash((self.mesh, tuple(self.spec)))
+
+    def __repr__(self):
+        return repr(self._cpp)
+
+
+def _as_named(sharding, what):
+    """A NamedSharding from one, or from a bare P under `with mesh:`."""
+    if isinstance(sharding, NamedSharding):
+        return sharding
+    if isinstance(sharding, PartitionSpec):
+        return NamedSharding(_context_mesh(what), sharding)
+    raise TypeError(f"{what}: expected a NamedSharding or PartitionSpec, not {sharding!r}")

@@ -1,0 +1,121 @@
+# Placement, shards and errors against what JAX documents. References:
+#   [DA] https://docs.jax.dev/en/latest/notebooks/Distributed_arrays_and_automatic_parallelization.html
+#   [SC] https://docs.jax.dev/en/latest/sharded-computation.html
+#   [TP] https://docs.jax.dev/en/latest/type_promotion.html
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tessera
+import tessera.numpy as jnp
+from tessera.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from conftest import SOURCE_DIR
+
+
+def test_seed_program_prints_jax_lines():
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "examples", "python", "seed.py")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "(16, 4)\nP('data', 'model')\n8 (4, 2)\n"
+
+
+def test_devices_and_mesh(mesh):
+    devs = tessera.devices()
+    assert [d.id for d in devs] == list(range(8))
+    assert tessera.device_count() == 8
+    # [DA]: make_mesh lays the devices row-major: mesh.devices is a (4, 2) array of them.
+    assert mesh.shape == {"data": 4, "model": 2}
+    assert mesh.axis_names == ("data", "model")
+    assert [[d.id for d in row] for row in mesh.devices] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert mesh == Mesh(np.array(devs).reshape(4, 2), ("data", "model"))
+    assert repr(P("data", None)) == "P('data', None)"
+    assert P(("data", "model")) == (("data", "model"),)
+
+
+def test_device_put_shards_follow_named_sharding(mesh):
+    x = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
+    # [DA]: under P('data', 'model') on a (4, 2) mesh each device holds a (4, 4) block, the
+    # device at mesh position (i, j) rows 4i:4i+4 and columns 4j:4j+4.
+    a = tessera.device_put(x, NamedSharding(mesh, P("data", "model")))
+    assert a.shape == (16, 8) and a.dtype == np.float32
+    assert a.sharding == NamedSharding(mesh, P("data", "model"))
+    shards = a.addressable_shards
+    assert len(shards) == 8
+    for s in shards:
+        i, j = divmod(s.device.id, 2)
+        assert s.index == (slice(4 * i, 4 * i + 4), slice(4 * j, 4 * j + 4))
+        assert s.replica_id == 0
+        np.testing.assert_array_equal(s.data, x[s.index])
+    np.testing.assert_array_equal(np.asarray(a), x)
+    # [DA]: P('data', None) replicates each row block over 'model': replica ids 0, 1.
+    b = tessera.device_put(x, NamedSharding(mesh, P("data")))
+    assert [s.replica_id for s in b.addressable_shards] == [0, 1] * 4
+    assert [s.index[0] for s in b.addressable_shards][:2] == [slice(0, 4), slice(0, 4)]
+    assert b.sharding.shard_shape(b.shape) == (4, 8)
+    np.testing.assert_array_equal(np.asarray(b), x)
+
+
+def test_visualize_array_sharding(mesh, capsys):
+    a = tessera.device_put(np.zeros((16, 8), np.float32), NamedSharding(mesh, P("data", None)))
+    tessera.debug.visualize_array_sharding(a)
+    out = capsys.readouterr().out
+    # [DA]: one tile per row block, labelled with the two devices holding it.
+    for label in ("CPU 0,1", "CPU 2,3", "CPU 4,5", "CPU 6,7"):
+        assert label in out
+
+
+def test_dtypes_round_trip_and_x64_canonicalization(mesh):
+    s = NamedSharding(mesh, P())
+    for dt in (np.float32, np.int32, np.bool_):
+        x = (np.arange(12).reshape(3, 4) % 3).astype(dt)
+        a = tessera.device_put(x, s)
+        assert a.dtype == dt
+        np.testing.assert_array_equal(np.asarray(a), x)
+    # [TP]: with jax_enable_x64 off (the default), 64-bit inputs become 32-bit arrays.
+    assert tessera.device_put(np.ones(4, np.float64), s).dtype == np.float32
+    assert tessera.device_put(np.arange(4), s).dtype == np.int32
+    assert jnp.ones((2, 2)).dtype == np.float32
+
+
+def test_device_put_reshards_an_array(mesh):
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    a = tessera.device_put(x, NamedSharding(mesh, P("data", None)))
+    b = tessera.device_put(a, NamedSharding(mesh, P(None, "model")))
+    assert b.sharding.spec == P(None, "model")
+    np.testing.assert_array_equal(np.asarray(b), x)
+    # A pytree with one sharding for every leaf.
+    tree = tessera.device_put({"w": x, "b": [x[0], x[1]]}, NamedSharding(mesh, P()))
+    np.testing.assert_array_equal(np.asarray(tree["b"][1]), x[1])
+
+
+def test_errors_raise_python_exceptions_with_codes(mesh):
+    with pytest.raises(ValueError) as e:
+        tessera.device_put(np.ones((10, 8), np.float32), NamedSharding(mesh, P("data")))
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert "divisible" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        tessera.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P("nope")))
+    assert "nope" in str(e.value)
+    with pytest.raises(ValueError) as e:  # a trace error names the op and shapes
+        tessera.jit(lambda a, b: a @ b)(np.ones((4, 3), np.float32), np.ones((4, 3), np.float32))
+    assert e.value.code == "INVALID_ARGUMENT"
+    # A Python error inside the traced function comes out as itself.
+    def bad(x):
+        raise KeyError("inside the trace")
+    with pytest.raises(KeyError, match="inside the trace"):
+        tessera.jit(bad)(np.ones(4, np.float32))
+    # JAX's "too late": the cluster is in use; changing it is an error, not ignored.
+    with pytest.raises(RuntimeError) as e:
+        tessera.config.update("jax_num_cpu_devices", 4)
+    assert e.value.code == "FAILED_PRECONDITION" and "too late" in str(e.value)
+    tessera.config.update("jax_num_cpu_devices", 8)  # the same value is fine
+    with pytest.raises(AttributeError):
+        tessera.config.update("jax_no_such_option", 1)
+    # Tracers have no concrete value.
+    with pytest.raises(TypeError, match="not known while tracing"):
+        tessera.jit(lambda x: x if x.sum() > 0 else -x)(np.ones(4, np.float32))

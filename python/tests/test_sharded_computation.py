@@ -1,0 +1,122 @@
+# The code cells of JAX's "Introduction to parallel programming" tutorial ([SC]), nearly
+# verbatim (imports changed; jax.random replaced by numpy), with the shardings and values the
+# tutorial shows. [SC] https://docs.jax.dev/en/latest/sharded-computation.html
+import numpy as np
+import pytest
+
+import tessera as jax
+import tessera.numpy as jnp
+from tessera.sharding import PartitionSpec as P
+
+
+def test_automatic_parallelism_cells(capsys):
+  arr = jnp.arange(32.0).reshape(4, 8)
+  mesh = jax.make_mesh((2, 4), ('x', 'y'))
+  sharding = jax.sharding.NamedSharding(mesh, P('x', 'y'))
+  arr_sharded = jax.device_put(arr, sharding)
+  print(arr_sharded)
+  jax.debug.visualize_array_sharding(arr_sharded)
+  out = capsys.readouterr().out
+  assert "CPU 0" in out and "CPU 7" in out
+
+  @jax.jit
+  def f_elementwise(x):
+    return 2 * jnp.sin(x) + 1
+
+  result = f_elementwise(arr_sharded)
+  np.testing.assert_allclose(np.asarray(result), 2 * np.sin(arr) + 1, rtol=1e-5, atol=1e-6)
+  # [SC]: "the result has the same sharding as the input".
+  assert result.sharding == sharding
+
+  @jax.jit
+  def f_contract(x):
+    return x.sum(axis=0)
+
+  result = f_contract(arr_sharded)
+  np.testing.assert_allclose(np.asarray(result), arr.sum(0))
+  # [SC]: the result is sharded over 'y' (and replicated over 'x'): P('y',).
+  assert result.sharding.spec == P('y')
+
+
+def test_sharding_constraint_cell():
+  mesh = jax.make_mesh((2, 4), ('x', 'y'))
+  sharding_a = jax.sharding.NamedSharding(mesh, P('x', 'y'))
+  sharding_b = jax.sharding.NamedSharding(mesh, P(None, 'x'))
+  x = jax.device_put(jnp.arange(32.0).reshape(4, 8), sharding_a)
+
+  @jax.jit
+  def f(x):
+    x = x + 1
+    y = jax.lax.with_sharding_constraint(x, sharding_b)
+    return y
+
+  y = f(x)
+  assert y.sharding == sharding_b
+  np.testing.assert_array_equal(np.asarray(y), np.arange(32.0).reshape(4, 8) + 1)
+
+
+def test_explicit_sharding_cells(capsys):
+  mesh = jax.make_mesh((8,), ('x',))
+
+  @jax.jit
+  def f_elementwise(x):
+    return 2 * jnp.sin(x) + 1
+
+  f_elementwise_sharded = jax.shard_map(
+      f_elementwise,
+      mesh=mesh,
+      in_specs=P('x'),
+      out_specs=P('x'))
+
+  arr = jnp.arange(32)
+  np.testing.assert_allclose(np.asarray(f_elementwise_sharded(arr)), 2 * np.sin(arr) + 1, rtol=1e-5, atol=1e-6)
+
+  x = jnp.arange(32)
+  print(f"global shape: {x.shape=}")
+
+  def f(x):
+    print(f"device local shape: {x.shape=}")
+    return x * 2
+
+  y = jax.shard_map(f, mesh=mesh, in_specs=P('x'), out_specs=P('x'))(x)
+  print(f"global shape: {y.shape=}")
+  out = capsys.readouterr().out
+  assert out == "global shape: x.shape=(32,)\ndevice local shape: x.shape=(4,)\nglobal shape: y.shape=(32,)\n"
+  np.testing.assert_array_equal(np.asarray(y), x * 2)
+
+  def f(x):
+    sum_in_shard = x.sum()
+    return jax.lax.psum(sum_in_shard, 'x')
+
+  y = jax.shard_map(f, mesh=mesh, in_specs=P('x'), out_specs=P())(x)
+  # [SC]: Array(496, dtype=int32)
+  assert y.shape == () and y.dtype == np.int32 and int(y) == 496
+
+
+def test_layer_cells():
+  @jax.jit
+  def layer(x, weights, bias):
+    return jax.nn.sigmoid(x @ weights + bias)
+
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(32,)).astype(np.float32)
+  weights = rng.normal(size=(32, 4)).astype(np.float32)
+  bias = rng.normal(size=(4,)).astype(np.float32)
+  want = 1 / (1 + np.exp(-(x @ weights + bias)))
+  np.testing.assert_allclose(np.asarray(layer(x, weights, bias)), want, rtol=1e-5)
+
+  mesh = jax.make_mesh((8,), ('x',))
+  x_sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, P('x')))
+  weights_sharded = jax.device_put(weights, jax.sharding.NamedSharding(mesh, P()))
+  np.testing.assert_allclose(np.asarray(layer(x_sharded, weights_sharded, bias)), want, rtol=1e-5)
+
+  @jax.jit
+  def layer_sharded(x, weights, bias):
+    return jax.shard_map(layer_block, mesh=mesh, in_specs=(P('x'), P('x', None), P()), out_specs=P())(
+        x, weights, bias)
+
+  def layer_block(x, weights, bias):
+    return jax.nn.sigmoid(jax.lax.psum(x @ weights, 'x') + bias)
+
+  weights_sharded = jax.device_put(weights, jax.sharding.NamedSharding(mesh, P('x', None)))
+  np.testing.assert_allclose(np.asarray(layer_sharded(x_sharded, weights_sharded, bias)), want, rtol=1e-5)
