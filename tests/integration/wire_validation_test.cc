@@ -232,9 +232,9 @@ TEST_F(WireValidationTest, GetArrayOfUnknownId) {
   }
   ASSERT_GT(epoch.epoch(), 123456u);
   const uint64_t never = epoch.epoch() + (uint64_t{1} << 40);
-  for (const auto& [id, code, words] :
-       {std::tuple{never, grpc::StatusCode::NOT_FOUND, std::string("does not exist")},
-        std::tuple{uint64_t{123456}, grpc::StatusCode::ABORTED, std::string("earlier incarnation of the coordinator")}}) {
+  for (const auto& [id, code, words] : {std::tuple{never, grpc::StatusCode::NOT_FOUND, std::string("does not exist")},
+                                        std::tuple{uint64_t{123456}, grpc::StatusCode::ABORTED,
+                                                   std::string("earlier incarnation of the coordinator")}}) {
     grpc::ClientContext ctx;
     set_deadline(&ctx, absl::Seconds(10));
     pb::GetArrayRequest req;
