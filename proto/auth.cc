@@ -21,6 +21,14 @@
 namespace tessera {
 namespace {
 
+// OpenSSL frees its global state (locks, providers) in an atexit handler unless told not to. A
+// process that exits while an embedded cluster still serves calls — a Python program, whose
+// interpreter exits with Client::local's threads running — then hashed a token with freed
+// locks and crashed (SIGSEGV in CRYPTO_THREAD_read_lock under Authenticator::authenticate, one
+// exit in a few). Asked at static initialisation, before gRPC or anything else here starts
+// OpenSSL; the memory is the process's until it ends anyway.
+[[maybe_unused]] const bool kOpenSslKeptUntilExit = OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+
 std::string sha256(absl::string_view data) {
   unsigned char out[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
