@@ -9,8 +9,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -205,8 +203,15 @@ absl::StatusOr<DaemonProcess> DaemonProcess::start(const std::vector<std::string
 
 uint64_t process_start_ticks(pid_t pid) {
   if (pid <= 0) return 0;
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // read(2), not a stream: when the process exits while its stat is read, read fails with
+  // ESRCH, which libstdc++'s filebuf reports by throwing (`tessera down` died of it once).
+  const int fd = open(absl::StrCat("/proc/", pid, "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buffer[4096];  // a stat line is a few hundred bytes: comm is at most 16 characters
+  const ssize_t n = read(fd, buffer, sizeof(buffer));
+  close(fd);
+  if (n <= 0) return 0;
+  const std::string stat(buffer, static_cast<size_t>(n));
   // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields resume after
   // the last ')'. State is field 3, starttime field 22.
   const size_t close = stat.rfind(')');
