@@ -436,7 +436,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       evictions = evictions_;
       programs = static_cast<int64_t>(programs_.size());
     }
-    const auto arrays = static_cast<double>(registry_.arrays().size());
+    const auto arrays = static_cast<double>(registry_.array_count());
     const char* const kExecutions = "Executions answered, by result.";
     return {
         gauge("tessera_coordinator_devices", "Devices registered (alive or lost).", devices),

@@ -85,17 +85,11 @@ int main(int argc, char** argv) {
   if ((*server)->health_port() >= 0) {
     std::printf("tessera-coordinator: health checks (plaintext) on port %d\n", (*server)->health_port());
   }
-  std::unique_ptr<tessera::MetricsServer> metrics;
-  if (const int port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
-    tessera::CoordinatorServer* daemon = (*server).get();
-    absl::StatusOr<std::unique_ptr<tessera::MetricsServer>> started = tessera::MetricsServer::start(
-        options.host, port, [daemon] { return daemon->metrics(); }, daemon->histograms());
-    if (!started.ok()) {
-      std::cerr << "tessera-coordinator: --metrics_port: " << started.status().message() << "\n";
-      return 1;
-    }
-    metrics = *std::move(started);
-    std::printf("tessera-coordinator: metrics on port %d\n", metrics->port());
+  absl::StatusOr<std::unique_ptr<tessera::MetricsServer>> metrics = tessera::serve_daemon_metrics(
+      "tessera-coordinator", (*server).get(), options.host, absl::GetFlag(FLAGS_metrics_port));
+  if (!metrics.ok()) {
+    std::cerr << "tessera-coordinator: " << metrics.status().message() << "\n";
+    return 1;
   }
   std::fflush(stdout);
   // After the line that says it serves (which tools and tests wait for as the first).
@@ -105,7 +99,7 @@ int main(int argc, char** argv) {
   }
   int sig = tessera::wait_for_termination_signal();
   std::fprintf(stderr, "tessera-coordinator: signal %d, shutting down\n", sig);
-  metrics.reset();  // it reads the server
+  metrics->reset();  // it reads the server
   (*server)->shutdown();
   return 0;
 }

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -79,6 +80,20 @@ class MetricsServer {
                                                               std::vector<const LatencyHistogram*> histograms);
   virtual int port() const = 0;
 };
+
+// A daemon's --metrics_port: serves `daemon`'s metrics() and histograms() on host:port and
+// prints "NAME: metrics on port N"; nullptr when port < 0 (none). The error names the flag.
+template <typename Daemon>
+absl::StatusOr<std::unique_ptr<MetricsServer>> serve_daemon_metrics(const char* name, Daemon* daemon,
+                                                                    const std::string& host, int port) {
+  if (port < 0) return nullptr;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> started = MetricsServer::start(
+      host, port, [daemon] { return daemon->metrics(); }, daemon->histograms());
+  if (!started.ok())
+    return absl::Status(started.status().code(), "--metrics_port: " + std::string(started.status().message()));
+  std::printf("%s: metrics on port %d\n", name, (*started)->port());
+  return started;
+}
 
 }  // namespace tessera
 

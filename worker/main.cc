@@ -167,18 +167,12 @@ int main(int argc, char** argv) {
   if ((*worker)->health_port() >= 0) {
     std::printf("tessera-worker: health checks (plaintext) on port %d\n", (*worker)->health_port());
   }
-  std::unique_ptr<tessera::MetricsServer> metrics;
-  if (const int port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
-    tessera::WorkerServer* daemon = (*worker).get();
-    absl::StatusOr<std::unique_ptr<tessera::MetricsServer>> started = tessera::MetricsServer::start(
-        options.bind_host.empty() ? options.host : options.bind_host, port, [daemon] { return daemon->metrics(); },
-        daemon->histograms());
-    if (!started.ok()) {
-      std::cerr << "tessera-worker: --metrics_port: " << started.status().message() << "\n";
-      return 1;
-    }
-    metrics = *std::move(started);
-    std::printf("tessera-worker: metrics on port %d\n", metrics->port());
+  absl::StatusOr<std::unique_ptr<tessera::MetricsServer>> metrics = tessera::serve_daemon_metrics(
+      "tessera-worker", (*worker).get(), options.bind_host.empty() ? options.host : options.bind_host,
+      absl::GetFlag(FLAGS_metrics_port));
+  if (!metrics.ok()) {
+    std::cerr << "tessera-worker: " << metrics.status().message() << "\n";
+    return 1;
   }
   std::fflush(stdout);
   // After the line that says it serves (which tools and tests wait for as the first).
@@ -189,7 +183,7 @@ int main(int argc, char** argv) {
   }
   int sig = tessera::wait_for_termination_signal();
   std::fprintf(stderr, "tessera-worker: signal %d, shutting down\n", sig);
-  metrics.reset();  // it reads the server
+  metrics->reset();  // it reads the server
   (*worker)->shutdown();
   return 0;
 }
