@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -164,6 +165,22 @@ void bind_ops(py::module_& m) {
   });
   m.def("axis_index", [](Axes axes) { return axis_index(AxisNames(std::move(axes))); });
   m.def("axis_size", [](Axes axes) { return axis_size(AxisNames(std::move(axes))); });
+
+  // Indexing (trace.h states each form's out-of-range rule; tessera/numpy.py maps jnp's and
+  // lax's signatures onto these). `fill_value` is a float or an int (None: JAX's default).
+  m.def("rem", &rem);
+  m.def("remainder", &remainder);
+  m.def("clamp", &clamp);
+  m.def("take", [](V x, V indices, int64_t axis, bool clip, std::optional<std::variant<int64_t, double>> fill) {
+    std::optional<Scalar> fill_value;
+    if (fill) fill_value = std::visit([](auto v) { return Scalar(v); }, *fill);
+    return take(x, indices, axis, clip ? IndexMode::kClip : IndexMode::kFillOrDrop, fill_value);
+  });
+  m.def("at_get", [](V x, V indices, int64_t axis) { return at(x, indices, axis).get(); });
+  m.def("at_set", [](V x, V indices, int64_t axis, V updates) { return at(x, indices, axis).set(updates); });
+  m.def("at_add", [](V x, V indices, int64_t axis, V updates) { return at(x, indices, axis).add(updates); });
+  m.def("dynamic_slice", &dynamic_slice);
+  m.def("dynamic_update_slice", &dynamic_update_slice);
 }
 
 }  // namespace

@@ -107,3 +107,49 @@ def iota(dtype, size):
 
 def select(pred, on_true, on_false):
     return _jnp.where(pred, on_true, on_false)
+
+
+def _starts(start_indices):
+    return [_tracer(i)._v for i in start_indices]
+
+
+@_op
+def dynamic_slice(operand, start_indices, slice_sizes):
+    """lax.dynamic_slice: each start (traced or not) is clamped so the window fits."""
+    return _wrap(_t.dynamic_slice(_tracer(operand)._v, _starts(start_indices), list(slice_sizes)))
+
+
+@_op
+def dynamic_update_slice(operand, update, start_indices):
+    """lax.dynamic_update_slice: each start is clamped so the update fits."""
+    x = _tracer(operand)
+    return _wrap(_t.dynamic_update_slice(x._v, _tracer(update, x)._v, _starts(start_indices)))
+
+
+def dynamic_slice_in_dim(operand, start_index, slice_size, axis=0):
+    starts = [0] * operand.ndim
+    starts[axis] = start_index
+    sizes = list(operand.shape)
+    sizes[axis] = slice_size
+    return dynamic_slice(operand, starts, sizes)
+
+
+def dynamic_update_slice_in_dim(operand, update, start_index, axis):
+    starts = [0] * operand.ndim
+    starts[axis] = start_index
+    return dynamic_update_slice(operand, update, starts)
+
+
+def dynamic_index_in_dim(operand, index, axis=0, keepdims=True):
+    out = dynamic_slice_in_dim(operand, index, 1, axis)
+    return out if keepdims else _jnp.squeeze(out, axis)
+
+
+rem = _jnp.fmod
+
+
+@_op
+def clamp(min, x, max):
+    """lax.clamp(min, x, max)."""
+    t = _tracer(x)
+    return _wrap(_t.clamp(_tracer(min, t)._v, t._v, _tracer(max, t)._v))

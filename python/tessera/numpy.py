@@ -499,7 +499,23 @@ asarray = array
 
 # ---- indexing ---------------------------------------------------------------------------
 
-def _getitem(x, idx):
+def _is_index_array(i):
+    """An integer index array (not a Python or numpy integer, which index one position)."""
+    if isinstance(i, (Tracer, Array, _np.ndarray, list)):
+        kind = _np.asarray(i).dtype.kind if isinstance(i, list) else i.dtype.kind
+        if kind == "b":
+            raise NotImplementedError("indexing with a boolean mask: its result's shape depends on the values "
+                                      "(JAX refuses it inside jit too); use jnp.where")
+        if kind not in "iu":
+            raise IndexError(f"indexing with an array of dtype {_np.asarray(i).dtype if isinstance(i, list) else i.dtype}: "
+                             "indices must be integers")
+        return True
+    return False
+
+
+def _expand_index(x, idx):
+    """idx as one entry per result-relevant position: Ellipsis expanded, missing trailing
+    dimensions filled with slice(None)."""
     idx = idx if isinstance(idx, tuple) else (idx,)
     if builtins.sum(1 for i in idx if i is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
@@ -512,10 +528,21 @@ def _getitem(x, idx):
             expanded.extend([slice(None)] * (x.ndim - n_real))
         else:
             expanded.append(i)
-    if Ellipsis not in idx:
+    if not builtins.any(i is Ellipsis for i in idx):  # not `in`: == on an index array is elementwise
         expanded.extend([slice(None)] * (x.ndim - n_real))
+    return expanded
+
+
+def _getitem(x, idx):
+    """x[idx] as jnp indexes: ints, unit-step slices, None, ... and at most one integer index
+    array (an embedding lookup, x[:, ids]). An index array's out-of-range entries clamp and
+    negative ones count from the end (JAX's "Out-of-bounds indexing" in the sharp bits:
+    retrieval clamps). Where numpy's advanced indexing puts the index array's dimensions first
+    (an int and an array separated by a slice or None), they go first here too."""
+    expanded = _expand_index(x, idx)
     start, limit, out_shape, d = [], [], [], 0
-    for i in expanded:
+    array_pos, array_index, advanced = None, None, []
+    for k, i in enumerate(expanded):
         if i is None:
             out_shape.append(1)
             continue
@@ -531,14 +558,153 @@ def _getitem(x, idx):
             if not 0 <= j < size:
                 raise IndexError(f"index {int(i)} is out of bounds for axis {d} with size {size}")
             start.append(j), limit.append(j + 1)
+            advanced.append(k)
+        elif _is_index_array(i):
+            if array_index is not None:
+                raise NotImplementedError("indexing with two index arrays: Tessera's gather takes one index array "
+                                          "along one dimension (use jnp.take twice)")
+            array_pos, array_index = len(out_shape), i
+            start.append(0), limit.append(size), out_shape.append(size)
+            advanced.append(k)
         else:
             raise NotImplementedError(f"indexing with {type(i).__name__} {i!r}: Tessera supports ints, slices, "
-                                      "None and ...")
+                                      "None, ... and one integer index array")
         d += 1
     out = _wrap(_t.slice(x._v, start, limit))
     if tuple(out_shape) != out.shape:
         out = reshape(out, out_shape)
+    if array_index is None:
+        return out
+    out = _wrap(_t.at_get(out._v, _tracer(array_index)._v, array_pos))
+    n = _np.ndim(array_index)
+    if advanced != list(range(advanced[0], advanced[-1] + 1)) and array_pos > 0:
+        # numpy: advanced indices not next to each other put the broadcast dimensions first.
+        perm = list(range(array_pos, array_pos + n)) + list(range(array_pos)) + \
+            list(range(array_pos + n, out.ndim))
+        out = transpose(out, perm)
     return out
+
+
+def _at_axis(x, idx):
+    """The (axis, index) of an .at[] index: slices over whole dimensions, then one int or one
+    integer index array (x.at[i], x.at[:, i], x.at[..., i])."""
+    expanded = _expand_index(x, idx)
+    def whole(i):
+        return isinstance(i, slice) and i == slice(None)
+
+    while len(expanded) > 1 and whole(expanded[-1]):
+        expanded.pop()
+    *lead, last = expanded
+    if not builtins.all(whole(i) for i in lead) or not (
+            _is_index_array(last) or (isinstance(last, (int, _np.integer)) and not isinstance(last, bool))):
+        raise NotImplementedError(f"x.at[{idx!r}]: Tessera's .at takes whole slices and then one int or one "
+                                  "integer index array (x.at[i], x.at[:, i])")
+    return len(lead), _tracer(_np.asarray(last, _int_dtype()) if not isinstance(last, (Tracer, Array, _np.ndarray))
+                              else last)
+
+
+@_op
+def _at_get(x, idx):
+    axis, i = _at_axis(x, idx)
+    return _wrap(_t.at_get(x._v, i._v, axis))
+
+
+@_op
+def _at_set(x, idx, values):
+    axis, i = _at_axis(x, idx)
+    return _wrap(_t.at_set(x._v, i._v, axis, _tracer(values, x)._v))
+
+
+@_op
+def _at_add(x, idx, values):
+    axis, i = _at_axis(x, idx)
+    return _wrap(_t.at_add(x._v, i._v, axis, _tracer(values, x)._v))
+
+
+class _IndexUpdateRef:
+    """x.at[idx]: get(), set(values), add(values), as jax.Array.at (updates at out-of-range
+    indices are dropped; negative indices count from the end)."""
+
+    __slots__ = ("_x", "_idx")
+
+    def __init__(self, x, idx):
+        self._x, self._idx = x, idx
+
+    def _args(self):
+        return self._x, _eager_index(self._idx)
+
+    def get(self, **unsupported):
+        _no_options("get", unsupported)
+        return _at_get(*self._args())
+
+    def set(self, values, **unsupported):
+        _no_options("set", unsupported)
+        return _at_set(*self._args(), values)
+
+    def add(self, values, **unsupported):
+        _no_options("add", unsupported)
+        return _at_add(*self._args(), values)
+
+
+def _no_options(name, options):
+    if options:
+        raise NotImplementedError(f".at[].{name}: options {sorted(options)} are not supported")
+
+
+class _IndexUpdateHelper:
+    __slots__ = ("_x",)
+
+    def __init__(self, x):
+        self._x = x
+
+    def __getitem__(self, idx):
+        return _IndexUpdateRef(self._x, idx)
+
+
+def _eager_index(idx):
+    """Lists of ints in an index as numpy arrays, so that an eager call passes them as arrays
+    (a pytree would take a list apart into Python ints)."""
+    if isinstance(idx, list):
+        return _np.asarray(idx)
+    if isinstance(idx, tuple):
+        return tuple(_np.asarray(i) if isinstance(i, list) else i for i in idx)
+    return idx
+
+
+@_op
+def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sorted=False, fill_value=None):
+    """jnp.take: mode None or "fill" (out-of-range indices give fill_value: NaN, the lowest
+    integer or True by default; negatives count from the end), "clip" (clamped, negatives
+    included) or "wrap" (taken modulo the size)."""
+    a = _tracer(a)
+    if axis is None:
+        a, axis = reshape(a, (-1,)), 0
+    axis = axis % a.ndim if a.ndim else axis
+    i = _tracer(indices)
+    if mode == "wrap":
+        i, mode = remainder(i, a.shape[axis]), "clip"
+    if mode not in (None, "fill", "clip", "promise_in_bounds"):
+        raise ValueError(f"take: mode {mode!r} is not one of 'fill', 'clip', 'wrap', 'promise_in_bounds'")
+    if isinstance(fill_value, _np.generic):
+        fill_value = fill_value.item()
+    return _wrap(_t.take(a._v, i._v, axis, mode in ("clip", "promise_in_bounds"), fill_value))
+
+
+@_op
+def remainder(x, y):
+    """jnp.remainder (Python's %: the result has the divisor's sign)."""
+    a, b = _pair(x, y)
+    return _wrap(_t.remainder(a._v, b._v))
+
+
+mod = remainder
+
+
+@_op
+def fmod(x, y):
+    """jnp.fmod (C's fmod: the result has the dividend's sign)."""
+    a, b = _pair(x, y)
+    return _wrap(_t.rem(a._v, b._v))
 
 
 # ---- operators and methods of Tracer and Array ------------------------------------------
@@ -552,13 +718,13 @@ def _install(cls):
            "__mul__": multiply, "__rmul__": _swap(multiply), "__truediv__": divide, "__rtruediv__": _swap(divide),
            "__pow__": power, "__rpow__": _swap(power), "__matmul__": matmul, "__rmatmul__": _swap(matmul),
            "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
-           "__and__": logical_and, "__or__": logical_or,
+           "__and__": logical_and, "__or__": logical_or, "__mod__": remainder, "__rmod__": _swap(remainder),
            "__neg__": negative, "__pos__": lambda x: x, "__abs__": abs, "__invert__": logical_not,
            "astype": astype, "reshape": lambda x, *s, **k: reshape(x, s[0] if len(s) == 1 else s, **k),
            "transpose": lambda x, *axes: transpose(x, (axes[0] if len(axes) == 1 else axes) or None),
            "sum": sum, "mean": mean, "max": max, "min": min, "prod": prod, "argmax": argmax, "argmin": argmin,
            "var": var, "std": std, "squeeze": squeeze, "ravel": ravel, "flatten": ravel, "dot": dot,
-           "T": property(lambda x: transpose(x))}
+           "T": property(lambda x: transpose(x)), "at": property(_IndexUpdateHelper)}
     for name, fn in ops.items():
         setattr(cls, name, fn)
     cls.__eq__ = equal
@@ -572,7 +738,7 @@ def _install(cls):
 
 def _eager_getitem(x, idx):
     from ._api import _eager
-    return _eager(_getitem, (x, idx), {})
+    return _eager(_getitem, (x, _eager_index(idx)), {})
 
 
 _install(Tracer)
