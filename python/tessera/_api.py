@@ -195,8 +195,6 @@ def _eager(fn, args, kwargs):
 # ---- grad -------------------------------------------------------------------------------
 
 def _grad(fun, argnums, has_aux, with_value):
-    if has_aux:
-        raise NotImplementedError("grad(has_aux=True) is not supported yet")
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
 
     def traced(*args):
@@ -209,10 +207,19 @@ def _grad(fun, argnums, has_aux, with_value):
                 owner.append(i)
         flat_nums = [k for i in nums for k, o in enumerate(owner) if o == i % len(args)]
 
+        aux = []  # has_aux: the SDK records fun in this trace, so its aux values are ours too
+
         def body(vals):
             it = iter(Tracer(v) for v in vals)
             rebuilt = [tree_unflatten(t, [next(it) for _ in ls]) for ls, t in per_arg]
-            return [_as_value(fun(*rebuilt))]
+            out = fun(*rebuilt)
+            if has_aux:
+                if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                    raise TypeError("grad(has_aux=True) requires the function to return a pair (value, aux), "
+                                    f"not a {type(out).__name__}")
+                out, a = out
+                aux.append(a)
+            return [_as_value(out)]
 
         outs = [Tracer(v) for v in _t.grad(_trace.callback(body), flat_nums, with_value)(values)]
         value = outs.pop(0) if with_value else None
@@ -222,6 +229,8 @@ def _grad(fun, argnums, has_aux, with_value):
             grads.append(tree_unflatten(t, outs[k:k + len(ls)]))
             k += len(ls)
         g = grads[0] if isinstance(argnums, int) else tuple(grads)
+        if has_aux:
+            return ((value, aux[0]), g) if with_value else (g, aux[0])
         return (value, g) if with_value else g
 
     jitted = _Jitted(traced, None, None, (), ())
@@ -236,7 +245,8 @@ def _grad(fun, argnums, has_aux, with_value):
 
 
 def grad(fun, argnums=0, has_aux=False):
-    """jax.grad over pytrees of dicts, lists and tuples: the SDK's reverse mode."""
+    """jax.grad over pytrees of dicts, lists and tuples: the SDK's reverse mode. With has_aux
+    the function returns (value, aux) and grad returns (gradients, aux), as JAX."""
     return _grad(fun, argnums, has_aux, False)
 
 

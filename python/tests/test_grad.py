@@ -39,6 +39,29 @@ def test_grad_over_a_dict_of_params(mesh):
     np.testing.assert_allclose(np.asarray(gp["b"]), dz.sum(0), rtol=1e-4, atol=1e-6)
 
 
+def test_has_aux_returns_the_aux_pytree_undifferentiated(mesh):
+    # jax.grad(has_aux=True): f returns (value, aux); grad gives (g, aux), value_and_grad
+    # ((value, aux), g) (jax.grad's docstring).
+    x = rng.normal(size=(16, 8)).astype(np.float32)
+    w = rng.normal(size=(8,)).astype(np.float32)
+
+    def loss(w, x):
+        y = x @ w
+        return jnp.sum(y * y), {"mean": jnp.mean(y), "pred": y}
+
+    xs = tessera.device_put(x, NamedSharding(mesh, P("data", None)))
+    g, aux = jax.jit(jax.grad(loss, has_aux=True))(w, xs)
+    y = x @ w
+    np.testing.assert_allclose(np.asarray(g), 2 * x.T @ y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(aux["pred"]), y, rtol=1e-5, atol=1e-6)
+    (v, aux2), g2 = jax.value_and_grad(loss, has_aux=True)(w, xs)
+    assert float(v) == pytest.approx(float(np.sum(y * y)), rel=1e-5)
+    assert float(aux2["mean"]) == pytest.approx(float(y.mean()), rel=1e-4, abs=1e-6)
+    np.testing.assert_allclose(np.asarray(g2), np.asarray(g), rtol=1e-6)
+    with pytest.raises(TypeError, match="return a pair"):
+        jax.grad(lambda w, x: jnp.sum(x @ w), has_aux=True)(w, xs)
+
+
 def test_grad_of_integer_input_is_an_error(mesh):
     with pytest.raises(ValueError, match="float"):
         jax.jit(jax.grad(lambda x: jnp.sum(x * 2.0)))(np.arange(4, dtype=np.int32))
