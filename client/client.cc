@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "proto/rpc.h"
+#include "tessera/mesh_context.h"
 
 namespace tessera {
 namespace internal {
@@ -334,6 +335,15 @@ absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<s
 
 absl::StatusOr<Array> Client::device_put(const HostArray& host, const NamedSharding& sharding) const {
   return device_put(host.view(), sharding);
+}
+
+absl::StatusOr<Array> Client::device_put(const HostArray& host, const PartitionSpec& spec) const {
+  return device_put(host.view(), spec);
+}
+
+absl::StatusOr<Array> Client::device_put(const HostView& host, const PartitionSpec& spec) const {
+  TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, ambient_sharding(spec, "device_put"));
+  return device_put(host, sharding);
 }
 
 absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedSharding& sharding) const {

@@ -8,6 +8,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "proto/rpc.h"
+#include "tessera/mesh_context.h"
 
 namespace tessera {
 
@@ -110,6 +111,10 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   // (another client's executable would be refused, another cluster's would be another program).
   std::string signature = absl::StrCat(first.client->serial(), ":", first.client->session(), ";", mesh.to_string(),
                                        absl::StrJoin(mesh.device_ids(), ","), ";");
+  // So is the ambient mesh, which bare specs in the function resolve against while it traces.
+  if (std::optional<Mesh> ambient = get_abstract_mesh()) {
+    absl::StrAppend(&signature, "ambient ", ambient->to_string(), absl::StrJoin(ambient->device_ids(), ","), ";");
+  }
   const std::vector<std::optional<PartitionSpec>>& in_shardings = state_->options.in_shardings;
   if (!in_shardings.empty() && in_shardings.size() != args.size()) {
     return absl::InvalidArgumentError(

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/trace_state.h"
+#include "tessera/mesh_context.h"
 
 namespace tessera {
 
@@ -240,6 +241,16 @@ ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in
   out.state_->body = body;
   out.state_->jitted.emplace(jit([body](const std::vector<Value>& in) { return (*body)(in); }, options.jit));
   return out;
+}
+
+absl::StatusOr<ShardMapped> shard_map(TracedFunction f, std::vector<PartitionSpec> in_specs,
+                                      std::vector<PartitionSpec> out_specs, ShardMapOptions options) {
+  std::optional<Mesh> mesh = get_abstract_mesh();
+  if (!mesh.has_value()) {
+    return absl::InvalidArgumentError(
+        "shard_map: no mesh given and no ambient mesh: pass one, or set one with `MeshScope scope = set_mesh(mesh);`");
+  }
+  return shard_map(std::move(f), *std::move(mesh), std::move(in_specs), std::move(out_specs), options);
 }
 
 std::vector<Value> ShardMapped::operator()(const std::vector<Value>& args) const { return (*state_->body)(args); }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/trace_state.h"
+#include "tessera/mesh_context.h"
 
 namespace tessera {
 namespace internal {
@@ -489,6 +490,17 @@ Value with_sharding_constraint(const Value& x, const NamedSharding& sharding) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
   return t->make(t->graph.add_sharding_constraint(TraceState::id(x), sharding));
+}
+
+Value with_sharding_constraint(const Value& x, const PartitionSpec& spec) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  absl::StatusOr<NamedSharding> sharding = ambient_sharding(spec, "with_sharding_constraint");
+  if (!sharding.ok()) {
+    t->fail(sharding.status());
+    return Value();
+  }
+  return with_sharding_constraint(x, *sharding);
 }
 
 }  // namespace tessera

@@ -135,7 +135,8 @@ void bind_ops(py::module_& m) {
   m.def("concatenate", &concatenate);
   m.def("iota", &iota);
   m.def("full", &full);
-  m.def("with_sharding_constraint", &with_sharding_constraint);
+  m.def("with_sharding_constraint",
+        static_cast<Value (*)(const Value&, const NamedSharding&)>(&with_sharding_constraint));
 
   m.def("gelu", &nn::gelu);
   m.def("softmax", &nn::softmax);

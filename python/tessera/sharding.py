@@ -135,9 +135,42 @@ class Mesh:
 _mesh_stack = []
 
 
+class _MeshContext:
+    """What set_mesh returns: the mesh is set already; leaving a `with` block restores the
+    mesh that was set before."""
+
+    def __init__(self, depth):
+        self._depth = depth
+
+    def __enter__(self):
+        return _mesh_stack[-1]
+
+    def __exit__(self, *exc):
+        del _mesh_stack[self._depth:]
+        return False
+
+
+def set_mesh(mesh):
+    """jax.set_mesh(mesh): makes `mesh` the ambient mesh that bare PartitionSpecs (device_put,
+    with_sharding_constraint, jit's shardings) and a mesh-less shard_map resolve against; as a
+    context manager (`with tessera.set_mesh(mesh):`) only inside its block."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"set_mesh: expected a Mesh, got {type(mesh).__name__}")
+    depth = len(_mesh_stack)
+    _mesh_stack.append(mesh)
+    return _MeshContext(depth)
+
+
+def get_abstract_mesh():
+    """jax.sharding.get_abstract_mesh(): the ambient mesh, or None when none is set (JAX
+    returns an empty AbstractMesh)."""
+    return _mesh_stack[-1] if _mesh_stack else None
+
+
 def _context_mesh(what):
     if not _mesh_stack:
-        raise ValueError(f"{what}: a bare PartitionSpec needs a mesh: use NamedSharding(mesh, spec) or `with mesh:`")
+        raise ValueError(f"{what}: a bare PartitionSpec needs a mesh: use NamedSharding(mesh, spec), "
+                         "`with tessera.set_mesh(mesh):` or `with mesh:`")
     return _mesh_stack[-1]
 
 

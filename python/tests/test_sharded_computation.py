@@ -120,3 +120,35 @@ def test_layer_cells():
 
   weights_sharded = jax.device_put(weights, jax.sharding.NamedSharding(mesh, P('x', None)))
   np.testing.assert_allclose(np.asarray(layer_sharded(x_sharded, weights_sharded, bias)), want, rtol=1e-5)
+
+
+def test_set_mesh_is_the_ambient_mesh_of_bare_specs(mesh, mesh8):
+    # jax.set_mesh as JAX's explicit-sharding guide uses it: bare P's in device_put,
+    # with_sharding_constraint and a mesh-less shard_map resolve against the ambient mesh; a jit
+    # traced under one mesh is traced again under another (jax.jit's cache keys on it).
+    from tessera.sharding import Mesh, NamedSharding, get_abstract_mesh
+    x = np.arange(64, dtype=np.float32).reshape(16, 4)
+    f = jax.jit(lambda a: jax.lax.with_sharding_constraint(a * 2, P("data")))
+    assert get_abstract_mesh() is None
+    with jax.set_mesh(mesh):
+        a = jax.device_put(x, P(None, "model"))
+        assert a.sharding == NamedSharding(mesh, P(None, "model"))
+        y = f(a)
+        assert y.sharding == NamedSharding(mesh, P("data", None))  # the compiler writes every dimension
+        np.testing.assert_array_equal(np.asarray(y), x * 2)
+        with jax.set_mesh(mesh8):
+            b = jax.device_put(x, P("x"))
+            assert b.sharding == NamedSharding(mesh8, P("x"))
+            total = jax.shard_map(lambda v: jax.lax.psum(v.sum(), "x"), in_specs=P("x"), out_specs=P())(b)
+            assert float(total) == float(x.sum())
+        assert get_abstract_mesh() == mesh
+        # The same devices in another order: f(a) is traced again, and its constraint now names
+        # a mesh that is not its argument's, which is refused (never the cached program).
+        reversed_mesh = Mesh(np.array(jax.devices()[::-1]).reshape(4, 2), ("data", "model"))
+        with jax.set_mesh(reversed_mesh):
+            with pytest.raises(ValueError, match="mesh"):
+                f(a)
+        np.testing.assert_array_equal(np.asarray(f(a)), x * 2)
+    assert get_abstract_mesh() is None
+    with pytest.raises(ValueError, match="needs a mesh"):
+        jax.device_put(x, P("data"))

@@ -517,5 +517,75 @@ TEST_F(JitTest, CombinedAndDeduplicatedProgramsMatchTheHost) {
   expect_near(fetch((*g)[1]), col);
 }
 
+// The ambient mesh (jax.set_mesh, jax.sharding.get_abstract_mesh; JAX's "Explicit sharding"
+// guide uses `with jax.set_mesh(mesh):` so that device_put, with_sharding_constraint and
+// shard_map take bare P's): scopes nest and end, bare specs resolve against the innermost, a
+// jitted function traced under one mesh is traced again under another, and without a mesh a
+// bare spec is an error that says how to give one.
+TEST_F(JitTest, TheAmbientMeshResolvesBareSpecs) {
+  EXPECT_FALSE(get_abstract_mesh().has_value());
+  absl::StatusOr<Mesh> other = client_->make_mesh({8}, {"data"});
+  ASSERT_TRUE(other.ok()) << other.status();
+  const HostArray x = random_f32({16, 8}, 21);
+  std::vector<double> want(x.size());
+  for (int64_t i = 0; i < x.size(); ++i) want[i] = x.values<float>()[i] * 2.0;
+  Jitted f = jit([](const std::vector<Value>& in) {
+    return std::vector<Value>{with_sharding_constraint(in[0] * 2.0, P("data", None))};
+  });
+  {
+    MeshScope scope = set_mesh(*mesh_);
+    ASSERT_TRUE(get_abstract_mesh().has_value());
+    EXPECT_EQ(*get_abstract_mesh(), *mesh_);
+    absl::StatusOr<Array> a = client_->device_put(x, P(None, "model"));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->sharding(), NamedSharding(*mesh_, P(None, "model")));
+    absl::StatusOr<std::vector<Array>> y = f({*a});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ((*y)[0].sharding(), NamedSharding(*mesh_, P("data", None)));
+    expect_near(fetch((*y)[0]), want);
+    const int64_t first = f.compilations();  // the coordinator's count at this compilation
+    {
+      MeshScope inner = set_mesh(*other);
+      EXPECT_EQ(*get_abstract_mesh(), *other);
+      absl::StatusOr<Array> b = client_->device_put(x, P("data"));
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(b->sharding(), NamedSharding(*other, P("data")));
+      // The same function under another ambient mesh is traced again, onto that mesh.
+      absl::StatusOr<std::vector<Array>> z = f({*b});
+      ASSERT_TRUE(z.ok()) << z.status();
+      EXPECT_EQ((*z)[0].sharding(), NamedSharding(*other, P("data", None)));
+      expect_near(fetch((*z)[0]), want);
+      EXPECT_GT(f.compilations(), first);
+      // shard_map without a mesh takes the ambient one: each of the 8 blocks sums its 2 rows.
+      absl::StatusOr<ShardMapped> g =
+          shard_map([](const std::vector<Value>& in) { return std::vector<Value>{psum(sum(in[0]), "data")}; },
+                    {P("data")}, {P()});
+      ASSERT_TRUE(g.ok()) << g.status();
+      absl::StatusOr<std::vector<Array>> s = (*g)({*b});
+      ASSERT_TRUE(s.ok()) << s.status();
+      double total = 0;
+      for (float v : x.values<float>()) total += v;
+      expect_near(fetch((*s)[0]), {total}, 1e-4);
+    }
+    EXPECT_EQ(*get_abstract_mesh(), *mesh_);  // the inner scope ended
+    // Under the outer mesh again the call hits the first compilation: nothing is compiled.
+    const int64_t second = f.compilations();
+    ASSERT_TRUE(f({*a}).ok());
+    EXPECT_EQ(f.compilations(), second);
+  }
+  EXPECT_FALSE(get_abstract_mesh().has_value());
+  absl::StatusOr<Array> none = client_->device_put(x, P("data"));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), HasSubstr("device_put: the bare PartitionSpec "));
+  EXPECT_THAT(none.status().message(), HasSubstr("needs a mesh"));
+  absl::StatusOr<std::vector<Array>> traced = f({put(x, P())});
+  EXPECT_EQ(traced.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(traced.status().message(), HasSubstr("with_sharding_constraint: the bare PartitionSpec"));
+  EXPECT_THAT(traced.status().message(), HasSubstr("set_mesh(mesh)"));
+  absl::StatusOr<ShardMapped> g = shard_map([](const std::vector<Value>& in) { return in; }, {P("data")}, {P("data")});
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(g.status().message(), HasSubstr("no ambient mesh"));
+}
+
 }  // namespace
 }  // namespace tessera

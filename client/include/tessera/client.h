@@ -137,6 +137,10 @@ class Client {
   // (whole rows), else gathered first. INVALID_ARGUMENT also for an invalid view
   // (validate_view). The memory is only read, and not after the call returns.
   absl::StatusOr<Array> device_put(const HostView& host, const NamedSharding& sharding) const;
+  // With a bare spec, on the ambient mesh (tessera/mesh_context.h's set_mesh), as
+  // jax.device_put(x, P(...)) under jax.set_mesh; INVALID_ARGUMENT when none is set.
+  absl::StatusOr<Array> device_put(const HostArray& host, const PartitionSpec& spec) const;
+  absl::StatusOr<Array> device_put(const HostView& host, const PartitionSpec& spec) const;
 
   // What the device's worker reports about its memory, asked now. NOT_FOUND when the device
   // is not in the cluster; UNAVAILABLE or DEADLINE_EXCEEDED naming the coordinator or the

@@ -81,6 +81,10 @@ class ShardMapped {
 // result of `f`. Never fails itself: the specs are checked when the result is traced.
 ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs,
                       std::vector<PartitionSpec> out_specs, ShardMapOptions options = {});
+// jax.shard_map(f, in_specs=, out_specs=) without a mesh: over the ambient mesh
+// (tessera/mesh_context.h's set_mesh) at this call; INVALID_ARGUMENT when none is set.
+absl::StatusOr<ShardMapped> shard_map(TracedFunction f, std::vector<PartitionSpec> in_specs,
+                                      std::vector<PartitionSpec> out_specs, ShardMapOptions options = {});
 
 // Collectives, only inside a shard_map body. Each runs over the devices that differ only
 // along `axes`, ordered by their coordinates on them, and returns this device's result

@@ -24,6 +24,7 @@
 #include "tessera/collective.h"
 #include "tessera/grad.h"
 #include "tessera/jit.h"
+#include "tessera/mesh_context.h"
 #include "tessera/nn.h"
 #include "tessera/shard_map.h"
 #include "tessera/trace.h"

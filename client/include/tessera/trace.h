@@ -284,6 +284,9 @@ Value full(Shape shape, double value, DType dtype = DType::kF32);
 // jax.lax.with_sharding_constraint: pins the sharding of an intermediate. Fails the trace
 // when `sharding` does not fit x's shape (NamedSharding::validate).
 Value with_sharding_constraint(const Value& x, const NamedSharding& sharding);
+// The same with a bare spec, on the ambient mesh (tessera/mesh_context.h's set_mesh); with
+// none the trace fails with INVALID_ARGUMENT saying how to give one.
+Value with_sharding_constraint(const Value& x, const PartitionSpec& spec);
 
 }  // namespace tessera
 

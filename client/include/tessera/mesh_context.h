@@ -1,0 +1,58 @@
+// The ambient mesh, as jax.set_mesh and jax.sharding.get_abstract_mesh: a scope that makes
+// `mesh` the mesh that bare PartitionSpecs resolve against on this thread.
+//
+//   {
+//     MeshScope scope = set_mesh(*mesh);
+//     absl::StatusOr<Array> x = client->device_put(host, P("data"));  // NamedSharding(*mesh, P("data"))
+//     Jitted f = jit([](const std::vector<Value>& in) {
+//       return std::vector<Value>{with_sharding_constraint(in[0] * 2.0, P("data"))};
+//     });
+//     absl::StatusOr<ShardMapped> g = shard_map(body, {P("data")}, {P("data")});  // over *mesh
+//   }
+//
+// Scopes nest (the innermost wins) and end with their object. The ambient mesh is per thread,
+// as JAX's configuration contexts are (a trace runs on the thread that calls the jitted
+// function the first time for a signature). A jitted function's cache keys on the ambient
+// mesh, so a function traced under one mesh is traced again under another, as jax.jit's cache
+// does. Bare specs with no ambient mesh are INVALID_ARGUMENT naming the call and the two ways
+// to give one.
+#ifndef TESSERA_MESH_CONTEXT_H_
+#define TESSERA_MESH_CONTEXT_H_
+
+#include <cstddef>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/mesh.h"
+#include "core/partition_spec.h"
+#include "core/sharding.h"
+
+namespace tessera {
+
+// While it lives, its mesh is this thread's ambient mesh. Neither copyable nor movable: it
+// ends where it was made (set_mesh returns it by guaranteed copy elision).
+class [[nodiscard]] MeshScope {
+ public:
+  explicit MeshScope(Mesh mesh);
+  ~MeshScope();
+  MeshScope(const MeshScope&) = delete;
+  MeshScope& operator=(const MeshScope&) = delete;
+
+ private:
+  size_t depth_;  // the stack's size before this scope
+};
+
+// jax.set_mesh(mesh) used as a context manager.
+inline MeshScope set_mesh(Mesh mesh) { return MeshScope(std::move(mesh)); }
+
+// jax.sharding.get_abstract_mesh(): the innermost ambient mesh of this thread, or none.
+std::optional<Mesh> get_abstract_mesh();
+
+// NamedSharding(ambient mesh, spec); INVALID_ARGUMENT "<who>: the bare PartitionSpec P(...)
+// needs a mesh: ..." when there is none.
+absl::StatusOr<NamedSharding> ambient_sharding(const PartitionSpec& spec, absl::string_view who);
+
+}  // namespace tessera
+
+#endif  // TESSERA_MESH_CONTEXT_H_
