@@ -416,7 +416,8 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.collective_messages_pending(),
                        stats.blas_kernel(),
                        stats.plans_loaded(),
-                       stats.shm_messages_received()};
+                       stats.shm_messages_received(),
+                       stats.plan_runs_in_flight()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

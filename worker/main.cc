@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -71,6 +72,10 @@ ABSL_FLAG(int64_t, mailbox_ttl_ms, 60000,
           "a collective message whose op has not started here this long after it arrived is dropped "
           "(env TESSERA_WORKER_MAILBOX_TTL_MS)");
 
+ABSL_FLAG(int64_t, drain_timeout_ms, 5000,
+          "on SIGTERM or SIGINT, how long to keep serving while plan runs are in flight (reporting not ready), so "
+          "that they finish rather than fail; keep it below the orchestrator's grace period (Kubernetes' "
+          "terminationGracePeriodSeconds) (env TESSERA_WORKER_DRAIN_TIMEOUT_MS)");
 ABSL_FLAG(int64_t, put_stall_ms, 10000,
           "a PutShard stream that receives nothing this long is cancelled and its reserved memory released "
           "(env TESSERA_WORKER_PUT_STALL_MS)");
@@ -107,6 +112,7 @@ int main(int argc, char** argv) {
                         {"mailbox_bytes_per_peer", "TESSERA_WORKER_MAILBOX_BYTES_PER_PEER"},
                         {"mailbox_ttl_ms", "TESSERA_WORKER_MAILBOX_TTL_MS"},
                         {"put_stall_ms", "TESSERA_WORKER_PUT_STALL_MS"},
+                        {"drain_timeout_ms", "TESSERA_WORKER_DRAIN_TIMEOUT_MS"},
                         {"credentials", "TESSERA_WORKER_CREDENTIALS"}});
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
@@ -183,6 +189,7 @@ int main(int argc, char** argv) {
   }
   int sig = tessera::wait_for_termination_signal();
   std::fprintf(stderr, "tessera-worker: signal %d, shutting down\n", sig);
+  (*worker)->drain(absl::Milliseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_drain_timeout_ms))));
   metrics->reset();  // it reads the server
   (*worker)->shutdown();
   return 0;

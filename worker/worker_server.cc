@@ -347,9 +347,15 @@ class WorkerService final : public WorkerServiceBase {
   // Runs a loaded plan on stored buffers and stores its outputs; errors name this device.
   absl::Status run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
     const absl::Time start = absl::Now();
+    {
+      absl::MutexLock lock(&runs_mu_);
+      ++runs_.in_flight;
+    }
     absl::Status status = on_this_device(run_plan(loaded, req, std::move(cancelled)));
     run_seconds_.observe(absl::Now() - start);
     absl::MutexLock lock(&runs_mu_);
+    --runs_.in_flight;
+    runs_.last_end = absl::Now();
     ++runs_.runs;
     if (!status.ok()) {
       ++runs_.failed;
@@ -357,6 +363,31 @@ class WorkerService final : public WorkerServiceBase {
       runs_.last_error_at = absl::Now();
     }
     return status;
+  }
+
+  // Waits until no run has been in flight for `quiet` (runs the coordinator sent just before
+  // the wait still arrive and finish), at most until `deadline`; returns the runs still in
+  // flight then (0: drained).
+  int64_t wait_for_idle(absl::Duration quiet, absl::Time deadline) {
+    absl::MutexLock lock(&runs_mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return runs_.in_flight == 0; };
+    for (;;) {
+      if (!runs_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) return runs_.in_flight;
+      const absl::Time quiet_until = std::max(runs_.last_end, drain_started_) + quiet;
+      if (absl::Now() >= quiet_until) return 0;
+      // Something may start meanwhile: wake at the end of the quiet period, or at a start.
+      auto busy_or_quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return runs_.in_flight > 0; };
+      runs_mu_.AwaitWithDeadline(absl::Condition(&busy_or_quiet), std::min(quiet_until, deadline));
+      if (absl::Now() >= deadline) return runs_.in_flight;
+    }
+  }
+  void start_drain() {
+    absl::MutexLock lock(&runs_mu_);
+    drain_started_ = absl::Now();
+  }
+  int64_t runs_in_flight() {
+    absl::MutexLock lock(&runs_mu_);
+    return runs_.in_flight;
   }
 
   // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
@@ -401,6 +432,7 @@ class WorkerService final : public WorkerServiceBase {
       reply->set_plans_evicted(plans_evicted_);
     }
     absl::MutexLock lock(&runs_mu_);
+    reply->set_plan_runs_in_flight(runs_.in_flight);
     reply->set_plan_runs(runs_.runs);
     reply->set_plan_runs_failed(runs_.failed);
     reply->set_last_error(runs_.last_error);
@@ -576,6 +608,8 @@ class WorkerService final : public WorkerServiceBase {
   std::atomic<uint64_t> plan_ticks_{0};
   // For GetStats (tessera status).
   struct RunCounts {
+    int64_t in_flight = 0;  // started, not finished
+    absl::Time last_end;    // when the last run finished
     int64_t runs = 0;
     int64_t failed = 0;
     std::string last_error;
@@ -583,6 +617,7 @@ class WorkerService final : public WorkerServiceBase {
   };
   absl::Mutex runs_mu_;
   RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
+  absl::Time drain_started_ ABSL_GUARDED_BY(runs_mu_);
   LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
                                 "Plan runs on this device, from the start of the run to its outputs stored."};
   // Last: its threads use everything above, and its destructor joins them.
@@ -748,6 +783,24 @@ class WorkerServerImpl final : public WorkerServer {
     };
   }
   std::vector<const LatencyHistogram*> histograms() const override { return {&service_.run_seconds()}; }
+
+  int64_t drain(absl::Duration timeout) override {
+    health_.set_ready(false);
+    service_.start_drain();
+    const int64_t busy = service_.runs_in_flight();
+    if (busy > 0) {
+      std::fprintf(stderr, "tessera-worker: draining: %lld plan run(s) in flight; waiting up to %s for them\n",
+                   static_cast<long long>(busy), absl::FormatDuration(timeout).c_str());
+    }
+    const int64_t left = service_.wait_for_idle(kDrainQuiet, absl::Now() + timeout);
+    if (left > 0) {
+      std::fprintf(stderr, "tessera-worker: drain timed out: %lld plan run(s) still in flight fail\n",
+                   static_cast<long long>(left));
+    } else if (busy > 0) {
+      std::fprintf(stderr, "tessera-worker: drained: every plan run in flight finished\n");
+    }
+    return left;
+  }
 
   void shutdown() override {
     if (!stopping_.HasBeenNotified()) stopping_.Notify();

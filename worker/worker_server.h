@@ -70,6 +70,9 @@ struct WorkerOptions {
   absl::Duration put_stall_timeout = absl::Seconds(10);
 };
 
+// How long a drain waits with no run in flight before it counts the device as idle.
+inline constexpr absl::Duration kDrainQuiet = absl::Milliseconds(200);
+
 class WorkerServer {
  public:
   // Binds, registers with the coordinator and starts heartbeating. Serves grpc.health.v1
@@ -88,6 +91,12 @@ class WorkerServer {
   // What --metrics_port reports (core/metrics.h): the stats GetStats answers, and histograms.
   virtual std::vector<MetricSample> metrics() = 0;
   virtual std::vector<const LatencyHistogram*> histograms() const = 0;
+
+  // The first half of a graceful stop (SIGTERM): reports not ready, then waits until no plan
+  // run has been in flight for kDrainQuiet (runs sent just before still arrive and finish; the
+  // worker keeps heartbeating and serving meanwhile), at most `timeout`. Returns the runs still
+  // in flight (0: drained), which shutdown() then fails. Logs what it waits for.
+  virtual int64_t drain(absl::Duration timeout) = 0;
 
   // Stops heartbeats and the service, cancelling transfers in flight. Idempotent.
   virtual void shutdown() = 0;

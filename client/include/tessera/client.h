@@ -47,6 +47,7 @@ struct DeviceStats {
   std::string blas_kernel;                  // OpenBLAS's kernel on that device
   int64_t plans_loaded = 0;                 // compiled programs' plans the device holds
   int64_t shm_messages_received = 0;        // collective messages that came through shared memory
+  int64_t plan_runs_in_flight = 0;          // program runs started there and not finished
 };
 
 // Options of Client::connect.
