@@ -10,9 +10,10 @@ std::vector<double> default_bounds() {
 
 }  // namespace
 
-LatencyHistogram::LatencyHistogram(std::string name, std::string help, std::vector<double> bounds)
+LatencyHistogram::LatencyHistogram(std::string name, std::string help, std::vector<double> bounds, MetricLabels labels)
     : name_(std::move(name)),
       help_(std::move(help)),
+      labels_(std::move(labels)),
       bounds_(bounds.empty() ? default_bounds() : std::move(bounds)),
       counts_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
   for (size_t i = 0; i <= bounds_.size(); ++i) counts_[i].store(0);

@@ -47,8 +47,9 @@ inline MetricSample counter(std::string name, std::string help, double value, Me
 // A histogram of durations with fixed buckets (seconds, upper bounds), counted with atomics.
 class LatencyHistogram {
  public:
-  // Default buckets: 100 µs to 60 s, roughly ×2.5 apart.
-  LatencyHistogram(std::string name, std::string help, std::vector<double> bounds = {});
+  // Default buckets: 100 µs to 60 s, roughly ×2.5 apart. Histograms of one name with
+  // different `labels` are one family (e.g. one per collective kind, label `op`).
+  LatencyHistogram(std::string name, std::string help, std::vector<double> bounds = {}, MetricLabels labels = {});
   void observe(absl::Duration d);
 
   struct Snapshot {
@@ -60,9 +61,11 @@ class LatencyHistogram {
   Snapshot snapshot() const;
   const std::string& name() const { return name_; }
   const std::string& help() const { return help_; }
+  const MetricLabels& labels() const { return labels_; }
 
  private:
   const std::string name_, help_;
+  const MetricLabels labels_;
   const std::vector<double> bounds_;
   std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // per bucket, the last one +Inf
   std::atomic<uint64_t> count_{0};

@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 
+#include "CivetServer.h"
 #include "absl/strings/str_cat.h"
 #include "core/metrics.h"
 #include "prometheus/collectable.h"
@@ -40,20 +41,25 @@ class Collector final : public prometheus::Collectable {
       }
       families[it->second].metric.push_back(std::move(m));
     }
+    std::map<std::string, size_t> histogram_family;  // histograms of one name share a family too
     for (const LatencyHistogram* h : histograms_) {
       const LatencyHistogram::Snapshot snap = h->snapshot();
-      prometheus::MetricFamily f;
-      f.name = h->name();
-      f.help = h->help();
-      f.type = prometheus::MetricType::Histogram;
+      auto [it, added] = histogram_family.emplace(h->name(), families.size());
+      if (added) {
+        prometheus::MetricFamily f;
+        f.name = h->name();
+        f.help = h->help();
+        f.type = prometheus::MetricType::Histogram;
+        families.push_back(std::move(f));
+      }
       prometheus::ClientMetric m;
+      for (const auto& [k, v] : h->labels()) m.label.push_back({k, v});
       m.histogram.sample_count = snap.count;
       m.histogram.sample_sum = snap.sum_seconds;
       for (size_t i = 0; i < snap.bounds.size(); ++i)
         m.histogram.bucket.push_back({snap.cumulative[i], snap.bounds[i]});
       m.histogram.bucket.push_back({snap.count, std::numeric_limits<double>::infinity()});
-      f.metric.push_back(std::move(m));
-      families.push_back(std::move(f));
+      families[it->second].metric.push_back(std::move(m));
     }
     return families;
   }
@@ -62,6 +68,19 @@ class Collector final : public prometheus::Collectable {
   const std::function<std::vector<MetricSample>()> source_;
   const std::vector<const LatencyHistogram*> histograms_;
 };
+
+// Debian's civetweb 1.15 crashes (SIGSEGV in mg_printf, under mg_send_http_error) when it
+// answers an error itself: any request but GET /metrics (another path, POST, HEAD) killed the
+// daemon. Answering errors here, with one mg_write of a whole response, avoids its path.
+int answer_http_error(mg_connection* conn, int status, const char* /*message*/) {
+  const char* reason = status == 404 ? "Not Found" : status == 405 ? "Method Not Allowed" : "Error";
+  const std::string body = absl::StrCat(status, " ", reason, ": this port serves GET /metrics only\n");
+  const std::string response =
+      absl::StrCat("HTTP/1.1 ", status, " ", reason, "\r\nContent-Type: text/plain\r\nContent-Length: ", body.size(),
+                   "\r\nConnection: close\r\n\r\n", body);
+  mg_write(conn, response.data(), response.size());
+  return 0;  // handled
+}
 
 class MetricsServerImpl final : public MetricsServer {
  public:
@@ -85,7 +104,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::s
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
     // Two threads: scrapes are rare and cheap.
-    exposer = std::make_unique<prometheus::Exposer>(address, 2);
+    CivetCallbacks callbacks;  // copied by civetweb when it starts
+    callbacks.http_error = answer_http_error;
+    exposer = std::make_unique<prometheus::Exposer>(address, 2, &callbacks);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }

@@ -139,6 +139,7 @@ class WorkerService final : public WorkerServiceBase {
 
   // The threads plans that may wait run on (see PlanStreamReactor).
   ThreadPool& plan_threads() { return plan_threads_; }
+  const CollectiveMetrics& collective_metrics() const { return transport_.collective_metrics(); }
 
   void set_device_id(int id) {
     device_id_ = id;
@@ -223,6 +224,7 @@ class WorkerService final : public WorkerServiceBase {
       return to_grpc(on_this_device(status));
     }
     reply->set_bytes((*data)->nbytes());
+    bytes_put_.fetch_add((*data)->nbytes(), std::memory_order_relaxed);
     store_.commit(id, std::move(*data));
     return grpc::Status::OK;
   }
@@ -252,6 +254,7 @@ class WorkerService final : public WorkerServiceBase {
       }
       chunk.clear_header();
     } while (offset < data.nbytes());
+    bytes_fetched_.fetch_add(data.nbytes(), std::memory_order_relaxed);
     return grpc::Status::OK;
   }
 
@@ -433,6 +436,8 @@ class WorkerService final : public WorkerServiceBase {
     }
     absl::MutexLock lock(&runs_mu_);
     reply->set_plan_runs_in_flight(runs_.in_flight);
+    reply->set_bytes_put(bytes_put_.load(std::memory_order_relaxed));
+    reply->set_bytes_fetched(bytes_fetched_.load(std::memory_order_relaxed));
     reply->set_plan_runs(runs_.runs);
     reply->set_plan_runs_failed(runs_.failed);
     reply->set_last_error(runs_.last_error);
@@ -617,6 +622,7 @@ class WorkerService final : public WorkerServiceBase {
   };
   absl::Mutex runs_mu_;
   RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
+  std::atomic<int64_t> bytes_put_{0}, bytes_fetched_{0};  // PutShard / GetShard, whole shards
   absl::Time drain_started_ ABSL_GUARDED_BY(runs_mu_);
   LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
                                 "Plan runs on this device, from the start of the run to its outputs stored."};
@@ -762,7 +768,13 @@ class WorkerServerImpl final : public WorkerServer {
     pb::WorkerStats s;
     service_.fill_stats(&s);
     const MetricLabels device = {{"device", absl::StrCat(s.device_id())}};
-    return {
+    std::vector<MetricSample> samples = {
+        counter("tessera_worker_put_bytes_total", "Bytes of shards clients (and peers) put here (PutShard).",
+                s.bytes_put(), device),
+        counter("tessera_worker_fetched_bytes_total", "Bytes of shards read from here (GetShard).", s.bytes_fetched(),
+                device),
+        gauge("tessera_worker_plan_runs_in_flight", "Plan runs started and not finished.", s.plan_runs_in_flight(),
+              device),
         gauge("tessera_worker_buffers", "Buffers held on this device.", s.buffer_count(), device),
         gauge("tessera_worker_used_bytes", "Bytes of the buffers held.", s.bytes_used(), device),
         gauge("tessera_worker_memory_limit_bytes", "The device's memory limit (--memory_bytes).",
@@ -781,8 +793,26 @@ class WorkerServerImpl final : public WorkerServer {
         gauge("tessera_worker_incarnation", "The registration this worker holds.", s.incarnation(), device),
         gauge("tessera_worker_uptime_seconds", "Since the process started.", s.uptime_ms() / 1000.0, device),
     };
+    // Collectives by op, algorithm and the path whose table chose it (worker/collectives/algorithms.h).
+    for (const CollectiveMetrics::Row& r : service_.collective_metrics().rows()) {
+      MetricLabels labels = {{"device", absl::StrCat(s.device_id())},
+                             {"op", collective_name(r.kind)},
+                             {"algorithm", algorithm_name(r.algorithm)},
+                             {"path", path_name(r.path)}};
+      samples.push_back(
+          counter("tessera_worker_collectives_total", "Collectives run on this device.", r.count, labels));
+      samples.push_back(counter("tessera_worker_collectives_failed_total", "Collectives that failed on this device.",
+                                r.failed, labels));
+      samples.push_back(counter("tessera_worker_collective_bytes_total",
+                                "Bytes of this device's inputs to its collectives.", r.bytes, labels));
+    }
+    return samples;
   }
-  std::vector<const LatencyHistogram*> histograms() const override { return {&service_.run_seconds()}; }
+  std::vector<const LatencyHistogram*> histograms() const override {
+    std::vector<const LatencyHistogram*> out = {&service_.run_seconds()};
+    for (const LatencyHistogram* h : service_.collective_metrics().histograms()) out.push_back(h);
+    return out;
+  }
 
   int64_t drain(absl::Duration timeout) override {
     health_.set_ready(false);

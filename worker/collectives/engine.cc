@@ -35,9 +35,15 @@ class Group {
   // algorithm applies up to one chunk (bigger single messages would exceed the wire's limit).
   Algorithm choose(CollectiveKind kind, int64_t bytes) const {
     const std::optional<Algorithm> forced = transport_.forced_all_reduce();
-    if (kind == CollectiveKind::kAllReduce && forced.has_value() && n() > 1 && bytes <= kChunkBytes) return *forced;
-    return choose_algorithm(kind, bytes, n(), transport_.shm_enabled() ? Path::kShm : Path::kGrpc);
+    if (kind == CollectiveKind::kAllReduce && forced.has_value() && n() > 1 && bytes <= kChunkBytes) {
+      return chosen_ = *forced;
+    }
+    return chosen_ = choose_algorithm(kind, bytes, n(), path());
   }
+  // The path whose threshold table chooses (algorithms.h), and the last choice (for metrics;
+  // direct when nothing chose: all_to_all, collective_permute).
+  Path path() const { return transport_.shm_enabled() ? Path::kShm : Path::kGrpc; }
+  Algorithm chosen() const { return chosen_; }
   int rank() const { return rank_; }
   int next() const { return mod(rank_ + 1, n()); }
   int prev() const { return mod(rank_ - 1, n()); }
@@ -81,6 +87,7 @@ class Group {
 
  private:
   Transport& transport_;
+  mutable Algorithm chosen_ = Algorithm::kDirect;
   const CollectiveRun& run_;
   const std::vector<int>& members_;
   const int rank_;
@@ -460,21 +467,27 @@ absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& trans
   }
   TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input->shape()));
   Group g(transport, run, members, rank);
-  switch (run.spec.kind) {
-    case CollectiveKind::kAllReduce:
-      return all_reduce(g, run.spec.reduce_op, input);
-    case CollectiveKind::kReduceScatter:
-      return reduce_scatter(g, run.spec.reduce_op, run.spec.dimension, input, out_shape);
-    case CollectiveKind::kAllGather:
-      return all_gather(g, run.spec.dimension, input, out_shape);
-    case CollectiveKind::kAllToAll:
-      return all_to_all(g, run.spec.split_dimension, run.spec.concat_dimension, input, out_shape);
-    case CollectiveKind::kCollectivePermute:
-      return collective_permute(g, run, members, input);
-    case CollectiveKind::kBroadcast:
-      return broadcast(g, run.spec.root, input);
-  }
-  return absl::InvalidArgumentError("unknown collective");
+  const absl::Time start = absl::Now();
+  const int64_t bytes = input->nbytes();
+  absl::StatusOr<std::shared_ptr<const HostArray>> out = [&]() -> absl::StatusOr<std::shared_ptr<const HostArray>> {
+    switch (run.spec.kind) {
+      case CollectiveKind::kAllReduce:
+        return all_reduce(g, run.spec.reduce_op, input);
+      case CollectiveKind::kReduceScatter:
+        return reduce_scatter(g, run.spec.reduce_op, run.spec.dimension, input, out_shape);
+      case CollectiveKind::kAllGather:
+        return all_gather(g, run.spec.dimension, input, out_shape);
+      case CollectiveKind::kAllToAll:
+        return all_to_all(g, run.spec.split_dimension, run.spec.concat_dimension, input, out_shape);
+      case CollectiveKind::kCollectivePermute:
+        return collective_permute(g, run, members, input);
+      case CollectiveKind::kBroadcast:
+        return broadcast(g, run.spec.root, input);
+    }
+    return absl::InvalidArgumentError("unknown collective");
+  }();
+  transport.collective_metrics().record(run.spec.kind, g.chosen(), g.path(), bytes, absl::Now() - start, out.ok());
+  return out;
 }
 
 }  // namespace tessera

@@ -45,6 +45,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/slice.h"
 #include "worker/collectives/algorithms.h"
+#include "worker/collectives/collective_metrics.h"
 
 namespace tessera {
 
@@ -121,6 +122,10 @@ class Transport {
   // every all_reduce of at most one chunk runs `algorithm` (give every worker the same).
   void force_all_reduce(std::optional<Algorithm> algorithm);
   std::optional<Algorithm> forced_all_reduce() const;
+
+  // What this device's collectives did (run_collective records each), for --metrics_port.
+  CollectiveMetrics& collective_metrics() { return collective_metrics_; }
+  const CollectiveMetrics& collective_metrics() const { return collective_metrics_; }
 
   // Messages of at least this many bytes are sent from the caller's memory when it passes
   // an owner; smaller ones are always copied.
@@ -249,6 +254,7 @@ class Transport {
   std::vector<std::unique_ptr<InboundRing>> stopped_inbound_ ABSL_GUARDED_BY(mu_);
   int64_t shm_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Algorithm> forced_all_reduce_ ABSL_GUARDED_BY(mu_);
+  CollectiveMetrics collective_metrics_;
 };
 
 }  // namespace tessera
