@@ -25,8 +25,10 @@
 #include "tessera/grad.h"
 #include "tessera/jit.h"
 #include "tessera/nn.h"
+#include "tessera/optim.h"
 #include "tessera/shard_map.h"
 #include "tessera/trace.h"
+#include "tessera/tree.h"
 #include "tessera/version.h"
 #include "tessera/visualize.h"
 
