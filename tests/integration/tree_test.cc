@@ -139,6 +139,12 @@ TEST(TreeDevicePut, PlacesEachLeafByTheRuleAndDeviceGetRoundTrips) {
   EXPECT_THAT(bad.status().message(), HasSubstr("device_put: 'embed': "));
 }
 
+std::vector<double> from_host_doubles(const Array& a) {
+  absl::StatusOr<HostArray> h = a.fetch();
+  EXPECT_TRUE(h.ok()) << h.status();
+  return h.ok() ? std::vector<double>(h->values<double>().begin(), h->values<double>().end()) : std::vector<double>{};
+}
+
 std::vector<float> floats(const HostArray& a) {
   return std::vector<float>(a.values<float>().begin(), a.values<float>().end());
 }
@@ -282,6 +288,54 @@ TEST(TreeGrad, GradientsByNameInTheirParametersLayout) {
   out = jit(grad(loss, {0}))({with_step, x});
   EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(out.status().message(), HasSubstr("argument 0 leaf 'step' is i32[]"));
+}
+
+// jax.jit's static_argnums (C++: a second list of static values): a value change compiles
+// again, an equal value reuses the program, and values differing in the 16th digit are told
+// apart (the coordinator's compile key once confused constants past 6 digits).
+TEST(JitStatic, StaticValuesArePartOfTheCompileKeyExactly) {
+  const Mesh mesh = data_mesh(2);
+  HostArray xh = HostArray::from_vector<double>({2, 2}, {1.0, 2.0, -3.0, 0.5});
+  Array x = *shared_client().device_put(xh, NamedSharding(mesh, P("data", None)));
+  int traces = 0;
+  Jitted f = jit([&](const std::vector<Value>& in, const std::vector<StaticValue>& s) {
+    ++traces;
+    Value y = in[0] * std::get<double>(s[0]);
+    if (std::get<int64_t>(s[1]) > 0) y = y + std::get<int64_t>(s[1]);
+    if (std::get<std::string>(s[2]) == "neg") y = -y;
+    return std::vector<Value>{y};
+  });
+  auto run = [&](double scale, int64_t shift, std::string mode) {
+    absl::StatusOr<std::vector<Array>> out = f({x}, {scale, shift, mode});
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? from_host_doubles((*out)[0]) : std::vector<double>{};
+  };
+  auto want = [&](double scale, int64_t shift, bool neg) {
+    std::vector<double> w;
+    for (double v : xh.values<double>()) {
+      double y = v * scale + (shift > 0 ? static_cast<double>(shift) : 0.0);
+      w.push_back(neg ? -y : y);
+    }
+    return w;
+  };
+  const double a = 1.0000000000000002, b = 1.0000000000000004;  // adjacent doubles
+  EXPECT_EQ(run(a, 0, "pos"), want(a, 0, false));
+  EXPECT_EQ(traces, 1);
+  EXPECT_EQ(run(a, 0, "pos"), want(a, 0, false));
+  EXPECT_EQ(traces, 1);  // equal values: the cached program
+  EXPECT_EQ(run(b, 0, "pos"), want(b, 0, false));
+  EXPECT_EQ(traces, 2);
+  EXPECT_NE(want(a, 0, false), want(b, 0, false));  // the programs' results differ too
+  EXPECT_EQ(run(b, 3, "neg"), want(b, 3, true));
+  EXPECT_EQ(traces, 3);
+  EXPECT_EQ(run(a, 0, "pos"), want(a, 0, false));
+  EXPECT_EQ(traces, 3);
+
+  // A function without static arguments refuses them.
+  absl::StatusOr<std::vector<Array>> refused =
+      jit([](const std::vector<Value>& in) { return in; })({x}, {StaticValue(1.0)});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("1 static arguments for a function that takes none"));
 }
 
 }  // namespace
