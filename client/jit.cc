@@ -1,5 +1,6 @@
 #include "tessera/jit.h"
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -14,6 +15,7 @@ namespace tessera {
 
 struct Jitted::State {
   TracedFunction f;
+  StaticTracedFunction with_statics;  // set instead of f for a function with static arguments
   JitOptions options;
   // What a call needs of a compiled signature: the executable and its outputs' types, and
   // what it takes to compile it again after a coordinator restart (the request, and the
@@ -42,7 +44,8 @@ struct Jitted::State {
   // the result under it.
   absl::StatusOr<std::shared_ptr<const Compiled>> compile(const std::string& signature, const Mesh& mesh,
                                                           const std::vector<ArrayType>& types,
-                                                          const std::vector<Array>& args, const std::string& who);
+                                                          const std::vector<Array>& args, const std::string& who,
+                                                          const std::vector<StaticValue>& statics);
 
   // internal::Recompile for `old`, cached under `signature`: AdoptArrays of the inputs, then
   // Compile of the same request; the cache then holds the new executable.
@@ -62,7 +65,27 @@ Jitted::Jitted(TracedFunction f, JitOptions options) : state_(std::make_shared<S
   state_->options = std::move(options);
 }
 
+Jitted::Jitted(StaticTracedFunction f, JitOptions options) : state_(std::make_shared<State>()) {
+  state_->with_statics = std::move(f);
+  state_->options = std::move(options);
+}
+
 Jitted jit(TracedFunction f, JitOptions options) { return Jitted(std::move(f), std::move(options)); }
+
+Jitted jit(StaticTracedFunction f, JitOptions options) { return Jitted(std::move(f), std::move(options)); }
+
+namespace {
+
+// A static value in a compilation's key: its type and its exact value (a double's bits).
+std::string static_key(const StaticValue& v) {
+  if (const bool* b = std::get_if<bool>(&v)) return *b ? "b1" : "b0";
+  if (const int64_t* i = std::get_if<int64_t>(&v)) return absl::StrCat("i", *i);
+  if (const double* d = std::get_if<double>(&v)) return absl::StrCat("d", absl::bit_cast<uint64_t>(*d));
+  const std::string& s = std::get<std::string>(v);
+  return absl::StrCat("s", s.size(), ":", s);
+}
+
+}  // namespace
 
 std::string Jitted::State::text_of(const Compiled& compiled, pb::CompileRequest::Text kind, int device) {
   std::shared_ptr<internal::ClientImpl> client = compiled.client.lock();
@@ -102,7 +125,17 @@ int64_t Jitted::compilations() const {
 }
 
 absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& args) const {
+  return (*this)(args, {});
+}
+
+absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& args,
+                                                      const std::vector<StaticValue>& statics) const {
   if (args.empty()) return absl::InvalidArgumentError("jit: a jitted function needs at least one array argument");
+  if (!statics.empty() && !state_->with_statics) {
+    return absl::InvalidArgumentError(absl::StrCat("jit: ", statics.size(),
+                                                   " static arguments for a function that takes none (make it "
+                                                   "from a StaticTracedFunction)"));
+  }
   const internal::ArrayState& first = internal::array_state(args[0]);
   const Mesh& mesh = first.sharding.mesh();
   std::vector<ArrayType> types;
@@ -167,6 +200,7 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     types.push_back({a.dtype, a.shape});
     absl::StrAppend(&signature, dtype_name(a.dtype), shape_to_string(a.shape), a.sharding.spec().to_string(), ";");
   }
+  for (const StaticValue& v : statics) absl::StrAppend(&signature, "static ", static_key(v), ";");
   if (mesh.has_axis_type(AxisType::kExplicit) || mesh.has_axis_type(AxisType::kManual)) {
     return absl::UnimplementedError(absl::StrCat(
         "jit: the arguments are on ", mesh.to_string(),
@@ -185,7 +219,7 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   internal::ClientImpl& client = *first.client;
   const std::string who = absl::StrCat("jit: coordinator ", client.coordinator_address());
   if (compiled == nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(compiled, state_->compile(signature, mesh, types, args, who));
+    TESSERA_ASSIGN_OR_RETURN(compiled, state_->compile(signature, mesh, types, args, who, statics));
   }
   // An argument whose call has already failed fails this one at once.
   std::vector<std::shared_ptr<internal::ArrayBuffers>> inputs;
@@ -319,8 +353,10 @@ absl::Status Jitted::State::check_traced(const Graph& graph, const Mesh& mesh) c
 
 absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::compile(
     const std::string& signature, const Mesh& mesh, const std::vector<ArrayType>& types, const std::vector<Array>& args,
-    const std::string& who) {
-  TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(f, types));
+    const std::string& who, const std::vector<StaticValue>& statics) {
+  TracedFunction traced = f;
+  if (with_statics) traced = [&](const std::vector<Value>& in) { return with_statics(in, statics); };
+  TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(traced, types));
   TESSERA_RETURN_IF_ERROR(check_traced(graph, mesh));
   pb::CompileRequest req;
   to_proto(graph, req.mutable_graph());

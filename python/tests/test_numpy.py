@@ -123,6 +123,23 @@ def test_nn_functions(xy):
         close(g, w, 1e-5)
 
 
+def test_jit_static_values_differing_past_six_digits_compile_apart(xy):
+    # static_argnums: each value is its own program (the compile key once confused constants
+    # past 6 digits); an equal value reuses it.
+    x = xy[0]
+    traces = []
+
+    def scale(a, s):
+        traces.append(s)
+        return a * s
+
+    f = tessera.jit(scale, static_argnums=1)
+    for s in (1.5, 1.5000001, 1.5):
+        np.testing.assert_array_equal(np.asarray(f(x, s)), X * np.float32(s))
+    assert traces == [1.5, 1.5000001]
+    assert not np.array_equal(X * np.float32(1.5), X * np.float32(1.5000001))
+
+
 def test_jit_options(mesh, xy):
     x = xy[0]
     # out_shardings, static_argnums, in_shardings (numpy argument placed by it), donation.

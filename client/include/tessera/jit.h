@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -56,11 +57,23 @@ struct JitOptions {
   std::vector<int> donate_argnums = {};
 };
 
+// A static argument of a jitted call, as jax.jit's static_argnums: a compile-time constant the
+// traced function sees as a plain value (to choose shapes or branches, or to bake in), not an
+// array. Its type and exact value are part of the compilation's key: a call with another value
+// traces and compiles again, one with an equal value (same type; doubles equal bit for bit, so
+// 0.1 and 0.1 + 1e-17, or 0.0 and -0.0, differ) reuses the program.
+// Surprising: unlike Python's, int 1, double 1.0 and true are three different keys.
+using StaticValue = std::variant<bool, int64_t, double, std::string>;
+// A traced function with static arguments: `statics` are the call's, in order.
+using StaticTracedFunction =
+    std::function<std::vector<Value>(const std::vector<Value>& arrays, const std::vector<StaticValue>& statics)>;
+
 // A function compiled by jit. Copies share the compilation cache.
 class Jitted {
  public:
   // Nothing is traced or compiled until the first call. Prefer jit().
   Jitted(TracedFunction f, JitOptions options);
+  Jitted(StaticTracedFunction f, JitOptions options);
 
   // Runs the function on `args` (all on one mesh of one client), asynchronously as jax.jit:
   // after the compilation (first call of a signature, synchronous) it returns the output
@@ -77,6 +90,11 @@ class Jitted {
   // code, naming the original failure). With 16 calls of this client in flight, waits for one
   // to finish first (DEADLINE_EXCEEDED if none does by its deadline).
   absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args) const;
+  // The same with static arguments (the C++ form of static_argnums: arrays and static values
+  // come in two lists, so no position needs marking). INVALID_ARGUMENT when `statics` is not
+  // empty and the function was made from a TracedFunction (it takes none).
+  absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args,
+                                                const std::vector<StaticValue>& statics) const;
 
   // The compiled program of the most recently used signature, like JAX's
   // lower(...).compile().as_text(): the one program every device runs (SPMD), its collectives
@@ -100,6 +118,13 @@ class Jitted {
 // jax.jit: `f` compiled on its first call for each argument signature. Never fails itself;
 // errors come from the calls.
 Jitted jit(TracedFunction f, JitOptions options = {});
+// jax.jit with static arguments: `f` traced and compiled once per argument signature and
+// static values.
+//   Jitted scale = jit([](const std::vector<Value>& in, const std::vector<StaticValue>& s) {
+//     return std::vector<Value>{in[0] * std::get<double>(s[0])};
+//   });
+//   scale({x}, {2.0});   scale({x}, {3.0});    // two programs
+Jitted jit(StaticTracedFunction f, JitOptions options = {});
 
 }  // namespace tessera
 

@@ -26,8 +26,10 @@
 #include "tessera/jit.h"
 #include "tessera/mesh_context.h"
 #include "tessera/nn.h"
+#include "tessera/optim.h"
 #include "tessera/shard_map.h"
 #include "tessera/trace.h"
+#include "tessera/tree.h"
 #include "tessera/version.h"
 #include "tessera/visualize.h"
 
