@@ -18,8 +18,8 @@ VjpRule find_vjp(Op op) {
   struct Registry {
     VjpRule rules[kNumOps] = {};
     Registry() {
-      for (absl::Span<const VjpEntry> family :
-           {elementwise_vjps(), layout_vjps(), reduction_vjps(), dot_vjps(), indexing_vjps(), shard_map_vjps()}) {
+      for (absl::Span<const VjpEntry> family : {elementwise_vjps(), layout_vjps(), reduction_vjps(), dot_vjps(),
+                                                indexing_vjps(), shard_map_vjps(), control_vjps()}) {
         for (const VjpEntry& e : family) rules[static_cast<int>(e.op)] = e.rule;
       }
     }

@@ -42,6 +42,7 @@ absl::Span<const VjpEntry> reduction_vjps();    // reduction.cc
 absl::Span<const VjpEntry> dot_vjps();          // dot.cc
 absl::Span<const VjpEntry> indexing_vjps();     // indexing.cc
 absl::Span<const VjpEntry> shard_map_vjps();    // shard_map.cc: shard_map boundaries, collectives
+absl::Span<const VjpEntry> control_vjps();      // control.cc: scan
 
 // The rule registered for `op`, or null.
 VjpRule find_vjp(Op op);
