@@ -1,4 +1,5 @@
 // Control flow: scan, traced into a body sub-graph (core/op_attrs.h's ScanAttrs).
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -90,6 +91,27 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init, const std
     (j < carries ? out.carry : out.ys).push_back(v);
   }
   return out;
+}
+
+std::vector<Value> fori_loop(int64_t lower, int64_t upper, const ForiBody& body, const std::vector<Value>& init) {
+  TraceState* t = trace_of(init, {});
+  if (t == nullptr) return std::vector<Value>(init.size());
+  TraceState* outer = TraceState::current;
+  TraceState::current = t;  // the counter's constant goes into the operands' trace
+  const Value i0 = full({}, static_cast<double>(lower), DType::kI32);
+  TraceState::current = outer;
+  std::vector<Value> carry = {i0};
+  carry.insert(carry.end(), init.begin(), init.end());
+  ScanResult r = scan(
+      [&body](const std::vector<Value>& c, const std::vector<Value>&) {
+        std::vector<Value> rest(c.begin() + 1, c.end());
+        std::vector<Value> next = {c[0] + 1};
+        std::vector<Value> out = body(c[0], rest);
+        next.insert(next.end(), out.begin(), out.end());
+        return ScanStep{next, {}};
+      },
+      carry, {}, std::max<int64_t>(0, upper - lower));
+  return std::vector<Value>(r.carry.begin() + 1, r.carry.end());
 }
 
 }  // namespace tessera

@@ -260,19 +260,109 @@ TEST_F(MeshesSuite, ScanOfLengthZeroAndFewerErrors) {
                     .carry;
               }),
               HasSubstr("different traces"));
-  // Not differentiable yet: grad names it rather than passing no cotangent.
-  absl::Status g =
-      trace(grad([](const std::vector<Value>& in) {
-              return std::vector<Value>{sum(scan(
-                                                [](const std::vector<Value>& c, const std::vector<Value>& x) {
-                                                  return ScanStep{{c[0] * x[0]}, {}};
-                                                },
-                                                {in[0]}, {in[1]})
-                                                .carry[0])};
-            }),
-            {{DType::kF32, {4}}, {DType::kF32, {3, 4}}})
-          .status();
-  EXPECT_THAT(g.message(), HasSubstr("scan has no VJP yet"));
+}
+
+// jax.grad through a scan (client/vjp/control.cc: a saving scan forward, a reverse scan of the
+// body's VJP backward) gives the gradient of the unrolled program, on every mesh with the
+// carry split along the contraction (a collective in each iteration of both scans).
+TEST_F(MeshesSuite, ScanGradientIsTheUnrolledGradient) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(11);
+  HostArray h = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray w = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray xs = random_array(DType::kF32, {4, kDim, kDim}, Domain::kSigned, rng);
+  auto loss = [](bool loop) {
+    return [loop](const std::vector<Value>& in) {
+      std::vector<Value> r = loop ? scanned(in, true) : unrolled(in, true);
+      return std::vector<Value>{sum(r[0] * r[0]) + sum(r[2] * 0.25) + sum(r[3])};
+    };
+  };
+  for (size_t m = 0; m < meshes_.size(); ++m) {
+    const std::string last = test_meshes()[m].axes.back();
+    const std::vector<PartitionSpec> specs = {P(None, last), P(last, None), P(None, None, last)};
+    std::vector<std::vector<HostArray>> got(2);
+    for (bool loop : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(test_meshes()[m].name, loop ? " scan" : " unrolled"));
+      std::vector<Array> args;
+      for (size_t i = 0; i < 3; ++i) {
+        absl::StatusOr<Array> a =
+            client_->device_put(*std::vector<const HostArray*>{&h, &w, &xs}[i], NamedSharding(meshes_[m], specs[i]));
+        ASSERT_TRUE(a.ok()) << a.status();
+        args.push_back(*std::move(a));
+      }
+      Jitted step = jit(value_and_grad(loss(loop), {0, 1, 2}));
+      absl::StatusOr<std::vector<Array>> out = step(args);
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (const Array& a : *out) {
+        absl::StatusOr<HostArray> v = a.fetch();
+        ASSERT_TRUE(v.ok()) << v.status();
+        got[loop ? 0 : 1].push_back(*std::move(v));
+      }
+    }
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      EXPECT_TRUE(results_match(got[0][i], got[1][i], 1e-4)) << test_meshes()[m].name << " output " << i;
+    }
+  }
+}
+
+// A loop far longer than its run's timeout (10^8 iterations of a body with no collective, so
+// nothing else would look at the deadline) fails with the worker's deadline, naming the
+// iteration, instead of running on: the interpreter checks the run's deadline and cancel flag
+// before every iteration.
+TEST_F(MeshesSuite, ALongLoopEndsAtItsRunsDeadline) {
+  ASSERT_NE(client_, nullptr);
+  HostArray x = HostArray::zeros(DType::kF32, {8});
+  absl::StatusOr<Array> a = client_->device_put(x, NamedSharding(meshes_[0], P("data")));
+  ASSERT_TRUE(a.ok()) << a.status();
+  JitOptions options;
+  options.timeout = absl::Milliseconds(300);
+  Jitted f = jit(
+      [](const std::vector<Value>& in) {
+        return fori_loop(0, 100000000,
+                         [](const Value&, const std::vector<Value>& c) { return std::vector<Value>{c[0] + 1.0}; },
+                         {in[0]});
+      },
+      options);
+  absl::StatusOr<std::vector<Array>> out = f({*a});
+  absl::Status s = out.ok() ? (*out)[0].fetch().status() : out.status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the run's deadline passed at iteration")) << s;
+}
+
+// fori_loop with static bounds (a scan with the counter in its carry, as JAX lowers it): the
+// counter's values reach the body, against the host and the unrolled loop; bounds the wrong
+// way round run no iteration (jax.lax.fori_loop's documented Python-loop semantics).
+TEST_F(MeshesSuite, ForiLoopMatchesItsUnrolledForm) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(5);
+  HostArray h = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray w = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  auto step = [](const Value& i, const std::vector<Value>& c) {
+    return std::vector<Value>{tanh(matmul(c[0], c[1]) * 0.5 + convert(i, DType::kF32) * 0.1), c[1]};
+  };
+  for (size_t m = 0; m < meshes_.size(); ++m) {
+    const std::string first = test_meshes()[m].axes.front();
+    absl::StatusOr<JitCheck> loop = run_against_host(
+        *client_, meshes_[m],
+        [&](const std::vector<Value>& in) {
+          return std::vector<Value>{fori_loop(2, 7, step, {in[0], in[1]})[0], fori_loop(3, 1, step, {in[0], in[1]})[0]};
+        },
+        {&h, &w}, {P(first, None), P()});
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    absl::StatusOr<JitCheck> flat = run_against_host(*client_, meshes_[m],
+                                                     [&](const std::vector<Value>& in) {
+                                                       std::vector<Value> c = {in[0], in[1]};
+                                                       for (int i = 2; i < 7; ++i)
+                                                         c = step(full({}, i, DType::kI32), c);
+                                                       return std::vector<Value>{c[0], in[0] * 1.0};
+                                                     },
+                                                     {&h, &w}, {P(first, None), P()});
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(results_match(loop->got[i], loop->want[i], kF32Tolerance)) << "against the host loop " << i;
+      EXPECT_TRUE(results_match(loop->got[i], flat->got[i], kF32Tolerance)) << "against the unrolled program " << i;
+    }
+  }
 }
 
 }  // namespace

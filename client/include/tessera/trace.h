@@ -314,6 +314,14 @@ struct ScanResult {
 ScanResult scan(const ScanFunction& f, const std::vector<Value>& init, const std::vector<Value>& xs,
                 std::optional<int64_t> length = std::nullopt, bool reverse = false);
 
+// jax.lax.fori_loop(lower, upper, body, init) with static bounds, lowered as JAX lowers it
+// then: a scan of max(0, upper - lower) iterations with no xs, whose carry is (i, carry...),
+// i an int32 scalar from lower. body(i, carry) returns the next carries (same types). Returns
+// the final carries; differentiable (through scan's VJP), as JAX's fori_loop with static
+// bounds is.
+using ForiBody = std::function<std::vector<Value>(const Value& i, const std::vector<Value>& carry)>;
+std::vector<Value> fori_loop(int64_t lower, int64_t upper, const ForiBody& body, const std::vector<Value>& init);
+
 }  // namespace tessera
 
 #endif  // TESSERA_TRACE_H_
