@@ -1,11 +1,13 @@
 #include "tessera/grad.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "client/trace_state.h"
 #include "client/vjp/vjp.h"
+#include "core/status.h"
 
 namespace tessera {
 
@@ -18,8 +20,8 @@ VjpRule find_vjp(Op op) {
   struct Registry {
     VjpRule rules[kNumOps] = {};
     Registry() {
-      for (absl::Span<const VjpEntry> family :
-           {elementwise_vjps(), layout_vjps(), reduction_vjps(), dot_vjps(), indexing_vjps(), shard_map_vjps()}) {
+      for (absl::Span<const VjpEntry> family : {elementwise_vjps(), layout_vjps(), reduction_vjps(), dot_vjps(),
+                                                indexing_vjps(), shard_map_vjps(), control_vjps()}) {
         for (const VjpEntry& e : family) rules[static_cast<int>(e.op)] = e.rule;
       }
     }
@@ -31,6 +33,45 @@ VjpRule find_vjp(Op op) {
 }  // namespace internal
 
 namespace {
+
+// The vector-Jacobian products of nodes `last` down to `start` of trace t, from the cotangents
+// in `ct` (by node; accumulated there). INVALID_ARGUMENT naming an op without a rule, or its
+// rule's error.
+absl::Status backprop(TraceState* t, int start, int last, std::map<int, Value>& ct) {
+  auto value = [&](int id) { return t->make(id); };
+  auto add_ct = [&](int id, const Value& g) {
+    if (!g.ok() || !is_floating(t->graph.node(id).dtype)) return;
+    auto it = ct.find(id);
+    if (it == ct.end()) {
+      ct.emplace(id, g);
+    } else {
+      it->second = it->second + g;
+    }
+  };
+  const std::function<Value(int)> take = [&](int other) {
+    auto it = ct.find(other);
+    if (it == ct.end()) return Value();
+    Value v = it->second;
+    ct.erase(it);
+    return v;
+  };
+  for (int id = last; id >= start; --id) {
+    auto it = ct.find(id);
+    if (it == ct.end()) continue;
+    const Value g = it->second;
+    const Node n = t->graph.node(id);  // a copy: the rules below add nodes
+    std::vector<Value> x;
+    for (int o : n.operands) x.push_back(value(o));
+    const Value out = value(id);
+    if (has_trait(n.op, kNoGradient)) continue;
+    const internal::VjpRule rule = internal::find_vjp(n.op);
+    if (rule == nullptr) return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), " has no VJP rule"));
+    const std::function<void(size_t, const Value&)> add = [&](size_t k, const Value& v) { add_ct(n.operands[k], v); };
+    TESSERA_RETURN_IF_ERROR(rule(internal::VjpArgs{n, x, out, g, t, add, take}));
+    if (!t->error.ok()) return t->error;
+  }
+  return absl::OkStatus();
+}
 
 // Records f on `args` in their trace, then the vector-Jacobian products back from its first
 // result: {value, gradients of argnums}.
@@ -67,33 +108,12 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
     return fail(
         absl::StrCat("the function must return a float scalar first, not ", type_to_string(y.dtype(), y.shape())));
   }
-  auto value = [&](int id) { return t->make(id); };
   std::map<int, Value> ct;  // cotangents, by node
-  auto add_ct = [&](int id, const Value& g) {
-    if (!g.ok() || !is_floating(t->graph.node(id).dtype)) return;
-    auto it = ct.find(id);
-    if (it == ct.end()) {
-      ct.emplace(id, g);
-    } else {
-      it->second = it->second + g;
-    }
-  };
-  add_ct(TraceState::id(y), full({}, 1.0, y.dtype()));
-  for (int id = TraceState::id(y); id >= start; --id) {
-    auto it = ct.find(id);
-    if (it == ct.end()) continue;
-    const Value g = it->second;
-    const Node n = t->graph.node(id);  // a copy: the rules below add nodes
-    std::vector<Value> x;
-    for (int o : n.operands) x.push_back(value(o));
-    const Value out = value(id);
-    if (has_trait(n.op, kNoGradient)) continue;
-    const internal::VjpRule rule = internal::find_vjp(n.op);
-    if (rule == nullptr) return fail(absl::StrCat(op_name(n.op), " has no VJP rule"));
-    const std::function<void(size_t, const Value&)> add = [&](size_t k, const Value& v) { add_ct(n.operands[k], v); };
-    absl::Status status = rule(internal::VjpArgs{n, x, out, g, t, add});
-    if (!status.ok()) return fail(std::string(status.message()));
+  ct.emplace(TraceState::id(y), full({}, 1.0, y.dtype()));
+  absl::Status status = backprop(t, start, TraceState::id(y), ct);
+  if (!status.ok()) {
     if (!t->error.ok()) return failed;
+    return fail(std::string(status.message()));
   }
   // Each gradient in its argument's layout, as JAX gives it.
   std::vector<Value> out = {y};
@@ -106,6 +126,48 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
 }
 
 }  // namespace
+
+namespace internal {
+
+std::vector<Value> vjp(const TracedFunction& f, const std::vector<Value>& primals,
+                       const std::vector<Value>& cotangents) {
+  std::vector<Value> failed(primals.size());
+  TraceState* t = TraceState::current;
+  for (const Value& p : primals) {
+    if (!p.ok()) return failed;
+    t = TraceState::of(p);
+  }
+  if (t == nullptr || !t->error.ok()) return failed;
+  const int start = t->graph.size();
+  std::vector<Value> results = f(primals);
+  if (!t->error.ok()) return failed;
+  std::map<int, Value> ct;
+  int last = start - 1;
+  for (size_t j = 0; j < results.size() && j < cotangents.size(); ++j) {
+    if (!results[j].ok() || !cotangents[j].ok() || !is_floating(results[j].dtype())) continue;
+    const int id = TraceState::id(results[j]);
+    auto it = ct.find(id);
+    if (it == ct.end()) {
+      ct.emplace(id, cotangents[j]);
+    } else {
+      it->second = it->second + cotangents[j];
+    }
+    last = std::max(last, id);
+  }
+  absl::Status status = backprop(t, start, last, ct);
+  if (!status.ok()) {
+    t->fail(status);
+    return failed;
+  }
+  std::vector<Value> out;
+  for (const Value& p : primals) {
+    auto it = ct.find(TraceState::id(p));
+    out.push_back(it != ct.end() ? it->second : zeros_like(p));
+  }
+  return out;
+}
+
+}  // namespace internal
 
 TracedFunction grad(TracedFunction f, std::vector<int> argnums) {
   return [f = std::move(f), argnums = std::move(argnums)](const std::vector<Value>& args) {

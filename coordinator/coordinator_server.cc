@@ -571,8 +571,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // know it under an old address (an address changes only with a new incarnation).
   struct Program {
     Program(Graph g, Executable e) : graph(std::move(g)), exe(std::move(e)) {
-      // Each device resolves the one program into a plan of as many instructions.
-      op_span = std::max<uint64_t>(op_span, exe.program.code.size());
+      // Each device resolves the one program into a plan of as many instructions (and loops).
+      op_span = std::max<uint64_t>(op_span, plan_op_span(exe.program));
     }
     uint64_t id = 0;
     Graph graph;

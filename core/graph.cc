@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "core/status.h"
 
 namespace tessera {
@@ -51,6 +52,14 @@ std::string text(const GatherAttrs& a, Op) {
                       a.fill_value.has_value() ? " fill=" + a.fill_value->to_string() : "");
 }
 std::string text(const DynamicSliceAttrs& a, Op) { return " sizes=" + dims_to_string(a.sizes); }
+
+// A scan prints its body indented under it, one node per line.
+std::string text(const ScanAttrs& a, Op) {
+  std::string body = a.body == nullptr ? "" : a.body->to_text();
+  if (!body.empty() && body.back() == '\n') body.pop_back();
+  return absl::StrCat(" length=", a.length, a.reverse ? " reverse" : "", " num_carry=", a.num_carry,
+                      " output=", a.output, " body={\n    ", absl::StrReplaceAll(body, {{"\n", "\n    "}}), "\n  }");
+}
 
 // A collective prints the dimension list it is built from (add_collective).
 std::string text(const CollectiveAttrs& c, Op op) {

@@ -492,6 +492,62 @@ absl::StatusOr<ArrayType> infer_axis_index(const Node& n, absl::Span<const Array
   return ArrayType{DType::kI32, {}};
 }
 
+// ---- Control flow ----------------------------------------------------------------------------
+
+absl::StatusOr<ArrayType> infer_scan(const Node& n, absl::Span<const ArrayType> in) {
+  const ScanAttrs& a = n.attrs<ScanAttrs>();
+  auto fail = [](const std::string& m) { return absl::InvalidArgumentError(absl::StrCat("scan: ", m)); };
+  if (a.body == nullptr) return fail("the node has no body");
+  const Graph& body = *a.body;
+  const int64_t operands = static_cast<int64_t>(in.size());
+  if (a.length < 0) return fail(absl::StrCat("length ", a.length, " is negative"));
+  if (a.num_carry < 0 || a.num_carry > operands) {
+    return fail(absl::StrCat("num_carry ", a.num_carry, " is not within the ", operands, " operands"));
+  }
+  if (static_cast<int64_t>(body.parameters().size()) != operands) {
+    return fail(absl::StrCat("the body takes ", body.parameters().size(), " parameters, but the scan has ", operands,
+                             " operands (carries and xs)"));
+  }
+  const int64_t outputs = static_cast<int64_t>(body.outputs().size());
+  if (outputs < a.num_carry) {
+    return fail(absl::StrCat("the body returns ", outputs, " values, fewer than its ", a.num_carry, " carries"));
+  }
+  if (a.output < 0 || a.output >= outputs) {
+    return fail(absl::StrCat("output ", a.output, " is not one of the body's ", outputs, " results"));
+  }
+  auto param = [&](int64_t k) {
+    const Node& p = body.node(body.parameters()[k]);
+    return ArrayType{p.dtype, p.shape};
+  };
+  auto result = [&](int64_t k) {
+    const Node& r = body.node(body.outputs()[k]);
+    return ArrayType{r.dtype, r.shape};
+  };
+  for (int64_t c = 0; c < a.num_carry; ++c) {
+    if (param(c) != in[c] || result(c) != in[c]) {
+      return fail(absl::StrCat("carry ", c, " enters as ", type_of(in[c]), "; the body takes ", type_of(param(c)),
+                               " and returns ", type_of(result(c)), " (a carry keeps its type)"));
+    }
+  }
+  for (int64_t k = a.num_carry; k < operands; ++k) {
+    ArrayType row = in[k];
+    if (row.shape.empty() || row.shape[0] != a.length) {
+      return fail(absl::StrCat("xs ", k - a.num_carry, " is ", type_of(in[k]),
+                               "; its leading dimension must be the length ", a.length));
+    }
+    row.shape.erase(row.shape.begin());
+    if (param(k) != row) {
+      return fail(absl::StrCat("xs ", k - a.num_carry, " gives rows of ", type_of(row), " but the body takes ",
+                               type_of(param(k))));
+    }
+  }
+  if (a.output < a.num_carry) return in[a.output];
+  ArrayType stacked = result(a.output);
+  stacked.shape.insert(stacked.shape.begin(), a.length);
+  TESSERA_RETURN_IF_ERROR(validate_shape(stacked.shape, dtype_size(stacked.dtype), "scan: the stacked ys"));
+  return stacked;
+}
+
 // ---- The table -------------------------------------------------------------------------------
 
 constexpr uint32_t kUnaryOp = kUnary | kElementwise | kInPlace | kHasKernel;
@@ -574,6 +630,7 @@ constexpr OpDef kOps[] = {
     {Op::kDynamicUpdateSlice, "dynamic_update_slice", 61, 3, kHasKernel, 0, kAttrsIndex<NoAttrs>,
      infer_dynamic_update_slice},
     {Op::kRem, "rem", 62, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
+    {Op::kScan, "scan", 90, kVariadic, 0, 0, kAttrsIndex<ScanAttrs>, infer_scan},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 

@@ -14,6 +14,7 @@
 #define TESSERA_CORE_OP_ATTRS_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -26,6 +27,8 @@
 #include "core/sharding.h"
 
 namespace tessera {
+
+class Graph;
 
 // dot_general's dimension numbers, as lax.dot_general: batch dimensions pair up, contracting
 // dimensions are summed over. The result is batch, then lhs free, then rhs free dimensions.
@@ -143,10 +146,27 @@ struct DynamicSliceAttrs {
   std::vector<int64_t> sizes;
 };
 
+// scan (lax.scan): `body` takes the carries then one slice of each xs (its leading dimension
+// dropped) and returns the new carries then the ys. The scan's operands are the initial
+// carries (`num_carry` of them) then the xs, each with `length` rows; the body runs for rows
+// 0 .. length-1 (length-1 .. 0 when `reverse`). The scan's results are one node each:
+// `output` < num_carry is the final carry `output`, else the ys of body output `output`
+// stacked along a new leading dimension of `length` (row i from the run on row i of the xs).
+// The nodes of one scan share their operands and every field but `output` (the compiler runs
+// them as one loop). Equality is by value: the wire form holds the whole body.
+struct ScanAttrs {
+  static constexpr const char* kName = "scan";
+  std::shared_ptr<const Graph> body;
+  int64_t length = 0;
+  bool reverse = false;
+  int64_t num_carry = 0;
+  int64_t output = 0;
+};
+
 // Every kind of attributes. NoAttrs first: a default Node carries none.
 using Attrs = std::variant<NoAttrs, ParameterAttrs, ConstantAttrs, IotaAttrs, BroadcastAttrs, TransposeAttrs,
                            ReduceAttrs, ArgmaxAttrs, SliceAttrs, ConcatAttrs, DotAttrs, ShardingAttrs, CollectiveAttrs,
-                           AxisIndexAttrs, GatherAttrs, DynamicSliceAttrs>;
+                           AxisIndexAttrs, GatherAttrs, DynamicSliceAttrs, ScanAttrs>;
 
 namespace internal {
 template <class T, class... Ts>

@@ -6,6 +6,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "core/status.h"
 
 namespace tessera {
@@ -77,6 +78,13 @@ absl::StatusOr<int64_t> position_along(const std::vector<std::vector<int>>& grou
 }
 
 absl::Status resolve_instruction(Instruction& i, const Mesh& mesh, int device_id, int64_t position) {
+  if (i.kind == Instruction::Kind::kLoop) {
+    if (i.body == nullptr) return absl::InvalidArgumentError("a loop has no body");
+    absl::StatusOr<DevicePlan> body = resolve(*i.body, mesh, device_id);
+    if (!body.ok()) return absl::Status(body.status().code(), absl::StrCat("its body: ", body.status().message()));
+    i.body = std::make_shared<const DevicePlan>(*std::move(body));
+    return absl::OkStatus();
+  }
   if (i.kind == Instruction::Kind::kKernel && i.node.op == Op::kAxisIndex) {
     if (i.node.dtype != DType::kI32 || !i.node.shape.empty()) {
       return absl::InvalidArgumentError(
@@ -146,7 +154,36 @@ absl::StatusOr<DevicePlan> resolve(const DevicePlan& program, const Mesh& mesh, 
   return out;
 }
 
+uint64_t plan_op_span(const DevicePlan& program) {
+  uint64_t span = 0;
+  for (const Instruction& i : program.code) {
+    span += i.kind == Instruction::Kind::kLoop && i.body != nullptr
+                ? 1 + static_cast<uint64_t>(i.trip_count) * plan_op_span(*i.body)
+                : 1;
+  }
+  return span;
+}
+
+bool plan_has_collectives(const DevicePlan& program) {
+  for (const Instruction& i : program.code) {
+    if (i.kind == Instruction::Kind::kCollective) return true;
+    if (i.kind == Instruction::Kind::kLoop && i.body != nullptr && plan_has_collectives(*i.body)) return true;
+  }
+  return false;
+}
+
+int64_t plan_size(const DevicePlan& program) {
+  int64_t size = 0;
+  for (const Instruction& i : program.code) {
+    size += 1 + (i.kind == Instruction::Kind::kLoop && i.body != nullptr ? plan_size(*i.body) : 0);
+  }
+  return size;
+}
+
 int64_t collective_bytes_per_device(const Instruction& i, const Mesh& mesh) {
+  if (i.kind == Instruction::Kind::kLoop && i.body != nullptr) {
+    return i.trip_count * collective_bytes_per_device(*i.body, mesh);
+  }
   if (i.kind != Instruction::Kind::kCollective) return 0;
   int64_t bytes = dtype_size(i.node.dtype);
   for (int64_t d : i.node.shape) bytes *= d;
@@ -235,6 +272,17 @@ std::string plan_to_text(const DevicePlan& plan, const Mesh& mesh, const std::st
       case Instruction::Kind::kFree:
         absl::StrAppend(&out, "  free ", in[0], "\n");
         break;
+      case Instruction::Kind::kLoop: {
+        std::vector<std::string> outs = {slot(i.out)};
+        for (int s : i.extra_out) outs.push_back(slot(s));
+        std::string body = i.body == nullptr ? "" : plan_to_text(*i.body, mesh, "  body:");
+        if (!body.empty() && body.back() == '\n') body.pop_back();
+        absl::StrAppend(&out, "  ", absl::StrJoin(outs, ", "), " = loop(", absl::StrJoin(in, ", "),
+                        ", trip_count=", i.trip_count, i.reverse ? ", reverse" : "", ", carries=", i.num_carry, ") ",
+                        collective_bytes_per_device(i, mesh), "B/device  ; ", i.cause, "\n  ",
+                        absl::StrReplaceAll(body, {{"\n", "\n  "}}), "\n");
+        break;
+      }
     }
   }
   absl::StrAppend(&out, "  outputs: ",

@@ -16,24 +16,26 @@
 #ifndef TESSERA_CORE_PLAN_H_
 #define TESSERA_CORE_PLAN_H_
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-
 #include "core/collective.h"
 #include "core/graph.h"
 #include "core/sharding.h"
 
 namespace tessera {
 
+struct DevicePlan;
+
 struct Instruction {
-  enum class Kind { kKernel, kCollective, kLocalSlice, kFree };
+  enum class Kind { kKernel, kCollective, kLocalSlice, kFree, kLoop };
   Kind kind = Kind::kKernel;
-  int out = -1;         // slot written (not for kFree)
-  std::vector<int> in;  // slots read (kFree: the slot freed)
-  Node node;            // kKernel: the op on local shapes; otherwise the result's dtype and shape
+  int out = -1;               // slot written (not for kFree)
+  std::vector<int> in;        // slots read (kFree: the slot freed)
+  Node node;                  // kKernel: the op on local shapes; otherwise the result's dtype and shape
   CollectiveSpec collective;  // kCollective: kind, reduce op, dimensions; groups and pairs once resolved
   Index slice;                // kLocalSlice, resolved: the block of the input this device keeps
   std::string cause;          // the graph op that needed this instruction, e.g. "%3 = tanh" (not sent)
@@ -51,6 +53,20 @@ struct Instruction {
   std::vector<std::string> axes;
   std::vector<int64_t> positions;
   std::optional<Relayout> relayout;
+
+  // kLoop (a scan): `body` (a plan of its own slots) runs `trip_count` times. Its inputs are
+  // the carries — the first `num_carry` of `in` on the first iteration, then what the body
+  // returned for them — and row t of each other input (its leading dimension dropped), for
+  // t = 0 .. trip_count-1 (backwards when `reverse`). Its first num_carry outputs are the next
+  // carries; the others are stacked: row t of output j is what iteration t returned. `out`
+  // gets the loop's result 0, `extra_out` results 1..; `out_types` has every result's local
+  // type (the final carries, then the stacked results). `node` holds result 0's type.
+  std::shared_ptr<const DevicePlan> body;
+  int64_t trip_count = 0;
+  bool reverse = false;
+  int num_carry = 0;
+  std::vector<int> extra_out;
+  std::vector<ArrayType> out_types;
 };
 
 struct DevicePlan {
@@ -70,6 +86,18 @@ struct DevicePlan {
 // unknown axis, a position outside the axes, a layout that does not fit the shape) or the
 // resolved collective breaks validate_collective's rules.
 absl::StatusOr<DevicePlan> resolve(const DevicePlan& program, const Mesh& mesh, int device_id);
+
+// How many op ids a run of `program` uses for its collectives (worker/interpreter.h's
+// plan_op_id): one per instruction, and for a loop one per instruction of its body (counted
+// so, recursively) per iteration. What an execution reserves beyond its own id.
+uint64_t plan_op_span(const DevicePlan& program);
+
+// Whether `program` runs a collective (in a loop body too).
+bool plan_has_collectives(const DevicePlan& program);
+
+// The instructions of `program`, those of loop bodies included (once each, whatever their
+// trip counts): a program's size.
+int64_t plan_size(const DevicePlan& program);
 
 // The bytes one device receives for collective `i` of a program on `mesh`, by the algorithms'
 // own accounting (nccl-tests' convention, with S the result's bytes on the device and n the

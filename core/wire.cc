@@ -296,6 +296,15 @@ void attrs_to_proto(const DynamicSliceAttrs& a, pb::KernelNode* n) {
   n->mutable_dynamic_slice()->mutable_sizes()->Assign(a.sizes.begin(), a.sizes.end());
 }
 
+void attrs_to_proto(const ScanAttrs& a, pb::KernelNode* n) {
+  pb::ScanAttrs* w = n->mutable_scan();
+  if (a.body != nullptr) to_proto(*a.body, w->mutable_body());
+  w->set_length(a.length);
+  w->set_reverse(a.reverse);
+  w->set_num_carry(a.num_carry);
+  w->set_output(a.output);
+}
+
 // Writes its wire number, its type and its attributes. Plan instructions other than kernels
 // carry only a result type (their node's op is kParameter's default, with no attributes).
 void node_to_proto(const Node& node, pb::KernelNode* n) {
@@ -385,6 +394,15 @@ absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::strin
     }
     case pb::KernelNode::kDynamicSlice:
       return DynamicSliceAttrs{v(n.dynamic_slice().sizes())};
+    case pb::KernelNode::kScan: {
+      const pb::ScanAttrs& w = n.scan();
+      absl::StatusOr<Graph> body = graph_from_proto(w.body());
+      if (!body.ok()) {
+        return absl::Status(body.status().code(), absl::StrCat(where, ": its body: ", body.status().message()));
+      }
+      return ScanAttrs{std::make_shared<const Graph>(*std::move(body)), w.length(), w.reverse(), w.num_carry(),
+                       w.output()};
+    }
     case pb::KernelNode::kAxisIndex: {
       AxisIndexAttrs out;
       TESSERA_ASSIGN_OR_RETURN(out.mesh, optional_mesh(n.axis_index().has_mesh(), n.axis_index().mesh(), where));
@@ -462,10 +480,24 @@ void to_proto(const Instruction& i, pb::Instruction* w) {
     case Instruction::Kind::kFree:
       w->set_kind(pb::Instruction::FREE);
       break;
+    case Instruction::Kind::kLoop:
+      w->set_kind(pb::Instruction::LOOP);
+      if (i.body != nullptr) to_proto(*i.body, w->mutable_body());
+      w->set_trip_count(i.trip_count);
+      w->set_reverse(i.reverse);
+      w->set_num_carry(i.num_carry);
+      w->mutable_extra_out()->Assign(i.extra_out.begin(), i.extra_out.end());
+      for (const ArrayType& t : i.out_types) {
+        Node typed;
+        typed.dtype = t.dtype;
+        typed.shape = t.shape;
+        node_to_proto(typed, w->add_out_types());
+      }
+      break;
   }
   w->set_out(i.out);
   w->mutable_in()->Assign(i.in.begin(), i.in.end());
-  node_to_proto(i.node, w->mutable_node());
+  if (i.kind != Instruction::Kind::kLoop) node_to_proto(i.node, w->mutable_node());  // a loop's types: out_types
   if (i.kind == Instruction::Kind::kCollective) to_proto(i.collective, w->mutable_collective());
   for (const Slice& sl : i.slice) {
     pb::SliceRange* r = w->add_slice();
@@ -495,6 +527,53 @@ void to_proto(const DevicePlan& plan, pb::DevicePlan* out) {
   out->mutable_donated_inputs()->Assign(plan.donated_inputs.begin(), plan.donated_inputs.end());
   for (const Instruction& i : plan.code) to_proto(i, out->add_code());
 }
+
+namespace {
+
+// A loop instruction's body, trip count, carries and result types (not its slots), checked
+// against each other: as many body inputs as `in`, as many body outputs as results, carries
+// among both, stacked results of trip_count rows.
+absl::StatusOr<Instruction> loop_from_proto(const pb::Instruction& w, const std::string& where) {
+  auto fail = [&where](const std::string& m) { return absl::InvalidArgumentError(absl::StrCat("plan: ", where, m)); };
+  if (!w.has_body()) return fail(" is a loop without a body");
+  if (w.has_node()) return fail(" is a loop with a node (its results' types are its out_types)");
+  absl::StatusOr<DevicePlan> body = plan_from_proto(w.body());
+  if (!body.ok()) return absl::Status(body.status().code(), absl::StrCat(where, "'s body: ", body.status().message()));
+  Instruction i;
+  i.trip_count = w.trip_count();
+  i.reverse = w.reverse();
+  i.num_carry = w.num_carry();
+  i.extra_out.assign(w.extra_out().begin(), w.extra_out().end());
+  for (const pb::KernelNode& t : w.out_types()) {
+    absl::StatusOr<DType> dtype = dtype_from_proto(t.dtype());
+    absl::StatusOr<Shape> shape = dtype.ok() ? shape_from_proto(t.shape(), *dtype) : dtype.status();
+    if (!shape.ok()) return fail(absl::StrCat(" result ", i.out_types.size(), ": ", shape.status().message()));
+    i.out_types.push_back({*dtype, *std::move(shape)});
+  }
+  const int inputs = static_cast<int>(body->input_slots.size());
+  const int results = static_cast<int>(body->output_slots.size());
+  if (i.trip_count < 0) return fail(absl::StrCat(" has trip count ", i.trip_count));
+  if (inputs != w.in_size()) return fail(absl::StrCat(" reads ", w.in_size(), " slots; its body takes ", inputs));
+  if (results != 1 + w.extra_out_size() || results != static_cast<int>(i.out_types.size())) {
+    return fail(absl::StrCat(" writes ", 1 + w.extra_out_size(), " slots of ", i.out_types.size(),
+                             " types; its body returns ", results));
+  }
+  if (i.num_carry < 0 || i.num_carry > inputs || i.num_carry > results) {
+    return fail(absl::StrCat(" has ", i.num_carry, " carries of ", inputs, " inputs and ", results, " results"));
+  }
+  for (size_t k = static_cast<size_t>(i.num_carry); k < i.out_types.size(); ++k) {
+    if (i.out_types[k].shape.empty() || i.out_types[k].shape[0] != i.trip_count) {
+      return fail(absl::StrCat(" stacks result ", k, " as ", type_to_string(i.out_types[k].dtype, i.out_types[k].shape),
+                               ", not ", i.trip_count, " rows"));
+    }
+  }
+  i.body = std::make_shared<const DevicePlan>(*std::move(body));
+  i.node.dtype = i.out_types[0].dtype;
+  i.node.shape = i.out_types[0].shape;
+  return i;
+}
+
+}  // namespace
 
 absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
   constexpr int kMaxSlots = 1 << 20;
@@ -541,6 +620,9 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
       case pb::Instruction::FREE:
         i.kind = Instruction::Kind::kFree;
         break;
+      case pb::Instruction::LOOP:
+        i.kind = Instruction::Kind::kLoop;
+        break;
       default:
         return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has unknown kind ", w.kind()));
     }
@@ -562,6 +644,33 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     TESSERA_RETURN_IF_ERROR(slot_ok(w.out(), where));
     i.out = w.out();
     const pb::KernelNode& n = w.node();
+    if (i.kind == Instruction::Kind::kLoop) {
+      TESSERA_ASSIGN_OR_RETURN(Instruction loop, loop_from_proto(w, where));
+      loop.kind = i.kind;
+      loop.in = std::move(i.in);
+      loop.out = i.out;
+      loop.node.operands = loop.in;
+      std::vector<int> outs = {loop.out};
+      outs.insert(outs.end(), loop.extra_out.begin(), loop.extra_out.end());
+      for (size_t k = 0; k < outs.size(); ++k) {
+        TESSERA_RETURN_IF_ERROR(slot_ok(outs[k], where));
+        if (absl::c_count(outs, outs[k]) != 1) {
+          return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " writes slot ", outs[k], " twice"));
+        }
+        state[outs[k]] = 1;
+        type[outs[k]] = loop.out_types[k];
+      }
+      for (int c = 0; c < loop.num_carry; ++c) {
+        if (type[loop.in[c]].has_value() && *type[loop.in[c]] != loop.out_types[c]) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("plan: ", where, ": carry ", c, " enters as ",
+                           type_to_string(type[loop.in[c]]->dtype, type[loop.in[c]]->shape), " but leaves as ",
+                           type_to_string(loop.out_types[c].dtype, loop.out_types[c].shape)));
+        }
+      }
+      out.code.push_back(std::move(loop));
+      continue;
+    }
     if (i.kind == Instruction::Kind::kKernel) {
       // Kernels of a plan: every op with one but placement (the partitioner's business), and
       // those each device resolves to a constant (axis_index).

@@ -1,6 +1,7 @@
 #include "worker/interpreter.h"
 
 #include <atomic>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/slicing.h"
@@ -46,6 +47,7 @@ int reusable_operand(const DevicePlan& plan, size_t k, const std::vector<std::sh
 std::string instruction_name(const Instruction& i) {
   return i.kind == Instruction::Kind::kCollective   ? collective_name(i.collective.kind)
          : i.kind == Instruction::Kind::kLocalSlice ? std::string("local_slice")
+         : i.kind == Instruction::Kind::kLoop       ? std::string("loop")
          : i.kind == Instruction::Kind::kFree       ? std::string("free")
                                                     : op_name(i.node.op);
 }
@@ -69,6 +71,20 @@ PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<c
     if (inst.kind == Instruction::Kind::kFree) {
       live -= charged[inst.in[0]];
       charged[inst.in[0]] = 0;
+      continue;
+    }
+    if (inst.kind == Instruction::Kind::kLoop) {  // its results, and its body's peak on top while it runs
+      std::vector<int> outs = {inst.out};
+      outs.insert(outs.end(), inst.extra_out.begin(), inst.extra_out.end());
+      const int64_t body = inst.body == nullptr ? 0 : peak_memory(*inst.body, {}).bytes;
+      for (size_t j = 0; j < outs.size() && j < inst.out_types.size(); ++j) {
+        const ArrayType& t = inst.out_types[j];
+        types[outs[j]] = t;
+        const int64_t bytes = num_elements(t.shape) * dtype_size(t.dtype);
+        live += bytes - charged[outs[j]];
+        charged[outs[j]] = bytes;
+      }
+      if (live + body > peak.bytes) peak = {live + body, static_cast<int>(k)};
       continue;
     }
     const int64_t bytes = num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
@@ -99,7 +115,7 @@ bool runs_inline(const DevicePlan& plan, int64_t input_bytes) {
   if (plan.code.size() > kInlineInstructions) return false;
   int64_t bytes = input_bytes;
   for (const Instruction& inst : plan.code) {
-    if (inst.kind == Instruction::Kind::kCollective) return false;
+    if (inst.kind == Instruction::Kind::kCollective || inst.kind == Instruction::Kind::kLoop) return false;
     if (inst.kind != Instruction::Kind::kFree) bytes += num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
   }
   return bytes <= kInlineBytes;
@@ -107,20 +123,113 @@ bool runs_inline(const DevicePlan& plan, int64_t input_bytes) {
 
 uint64_t plan_op_id(uint64_t execution, size_t index) { return execution + 1 + static_cast<uint64_t>(index); }
 
-absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
-    const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
-    const PlanRun& run) {
+namespace {
+
+using Arrays = std::vector<std::shared_ptr<const HostArray>>;
+
+absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transport& transport, const PlanRun& run,
+                                   uint64_t first_op);
+
+int64_t row_bytes(const ArrayType& stacked) {
+  return stacked.shape.empty() || stacked.shape[0] == 0
+             ? 0
+             : num_elements(stacked.shape) / stacked.shape[0] * dtype_size(stacked.dtype);
+}
+
+std::string type_text(const HostArray& a) { return type_to_string(a.dtype(), a.shape()); }
+
+// A loop instruction (a scan) on its operands: the body once per row, its collectives'
+// op ids from `first_op` (iteration t's from first_op + t * the body's span). Checks the
+// types the body gives back, and the run's cancellation and deadline before every iteration,
+// so a long loop without collectives still ends when its run is given up on.
+absl::StatusOr<Arrays> run_loop(const Instruction& inst, const std::vector<const HostArray*>& in,
+                                const Arrays& operands, Transport& transport, const PlanRun& run, uint64_t first_op) {
+  const DevicePlan& body = *inst.body;
+  const size_t carries = static_cast<size_t>(inst.num_carry);
+  Arrays carry(operands.begin(), operands.begin() + carries);
+  std::vector<ArrayType> rows;  // of each xs
+  for (size_t k = carries; k < in.size(); ++k) {
+    if (in[k]->shape().empty() || in[k]->shape()[0] != inst.trip_count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", k, " is ", type_text(*in[k]), ", not ", inst.trip_count, " rows"));
+    }
+    Shape row(in[k]->shape().begin() + 1, in[k]->shape().end());
+    rows.push_back({in[k]->dtype(), std::move(row)});
+  }
+  std::vector<HostArray> stacked;
+  for (size_t j = carries; j < inst.out_types.size(); ++j) {
+    stacked.emplace_back(inst.out_types[j].dtype, inst.out_types[j].shape);
+  }
+  const uint64_t span = plan_op_span(body);
+  for (int64_t t = 0; t < inst.trip_count; ++t) {
+    if (run.cancelled && run.cancelled()) {
+      return absl::CancelledError(absl::StrCat("the run was cancelled at iteration ", t, " of ", inst.trip_count));
+    }
+    if (run.deadline != absl::Time() && absl::Now() > run.deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the run's deadline passed at iteration ", t, " of ", inst.trip_count));
+    }
+    const int64_t row = inst.reverse ? inst.trip_count - 1 - t : t;
+    Arrays args = carry;
+    for (size_t k = carries; k < in.size(); ++k) {
+      auto x = std::make_shared<HostArray>(rows[k - carries].dtype, rows[k - carries].shape);
+      std::memcpy(x->data(), in[k]->data() + row * x->nbytes(), static_cast<size_t>(x->nbytes()));
+      args.push_back(std::move(x));
+    }
+    absl::StatusOr<Arrays> outs = run_plan_at(body, std::move(args), transport, run, first_op + t * span);
+    if (!outs.ok()) {
+      return absl::Status(outs.status().code(), absl::StrCat("iteration ", t, ": ", outs.status().message()));
+    }
+    if (outs->size() != inst.out_types.size()) {
+      return absl::InternalError(
+          absl::StrCat("the body returned ", outs->size(), " values, not ", inst.out_types.size()));
+    }
+    for (size_t j = 0; j < outs->size(); ++j) {
+      const HostArray& v = *(*outs)[j];
+      ArrayType want = inst.out_types[j];
+      if (j >= carries) want.shape.erase(want.shape.begin());
+      if (v.dtype() != want.dtype || v.shape() != want.shape) {
+        return absl::InvalidArgumentError(absl::StrCat("iteration ", t, ": the body's result ", j, " is ", type_text(v),
+                                                       ", not ", type_to_string(want.dtype, want.shape)));
+      }
+      if (j < carries) {
+        carry[j] = (*outs)[j];
+      } else {
+        HostArray& dst = stacked[j - carries];
+        const int64_t bytes = row_bytes(inst.out_types[j]);
+        std::memcpy(dst.data() + row * bytes, v.data(), static_cast<size_t>(bytes));
+      }
+    }
+  }
+  for (size_t c = 0; c < carries; ++c) {  // a loop of no iterations returns its initial carries
+    if (carry[c]->dtype() != inst.out_types[c].dtype || carry[c]->shape() != inst.out_types[c].shape) {
+      return absl::InvalidArgumentError(absl::StrCat("carry ", c, " is ", type_text(*carry[c]), ", not ",
+                                                     type_to_string(inst.out_types[c].dtype, inst.out_types[c].shape)));
+    }
+  }
+  Arrays results = std::move(carry);
+  for (HostArray& s : stacked) results.push_back(std::make_shared<const HostArray>(std::move(s)));
+  return results;
+}
+
+absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transport& transport, const PlanRun& run,
+                                   uint64_t first_op) {
   if (inputs.size() != plan.input_slots.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ", inputs.size()));
   }
-  std::vector<std::shared_ptr<const HostArray>> slots(static_cast<size_t>(plan.num_slots));
+  const uint64_t end_op = first_op + plan_op_span(plan);
+  Arrays slots(static_cast<size_t>(plan.num_slots));
   for (size_t i = 0; i < inputs.size(); ++i) slots[plan.input_slots[i]] = std::move(inputs[i]);
+  uint64_t op = first_op;  // instruction k's first op id
   for (size_t k = 0; k < plan.code.size(); ++k) {
     const Instruction& inst = plan.code[k];
     std::vector<const HostArray*> in;
     for (int s : inst.in) in.push_back(slots[s].get());
     absl::StatusOr<std::shared_ptr<const HostArray>> out = absl::InternalError("unset");
+    const uint64_t this_op = op;
+    op += inst.kind == Instruction::Kind::kLoop ? 1 + static_cast<uint64_t>(inst.trip_count) * plan_op_span(*inst.body)
+                                                : 1;
     switch (inst.kind) {
       case Instruction::Kind::kFree:
         slots[inst.in[0]].reset();
@@ -140,7 +249,7 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
       }
       case Instruction::Kind::kCollective: {
         CollectiveRun c;
-        c.op = plan_op_id(run.execution, k);
+        c.op = this_op;
         c.spec = inst.collective;
         c.peers = run.peers;
         c.self = run.self;
@@ -151,18 +260,38 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
         transport.finish_op(c.op);
         break;
       }
+      case Instruction::Kind::kLoop: {
+        Arrays operands;
+        for (int s : inst.in) operands.push_back(slots[s]);
+        absl::StatusOr<Arrays> results = run_loop(inst, in, operands, transport, run, this_op + 1);
+        if (results.ok()) {
+          slots[inst.out] = (*results)[0];
+          for (size_t j = 0; j < inst.extra_out.size(); ++j) slots[inst.extra_out[j]] = (*results)[j + 1];
+          continue;
+        }
+        out = results.status();
+        break;
+      }
     }
     if (!out.ok()) {
       // The ops of the instructions it will not run: peers' messages for them go, now and later.
-      transport.finish_ops(plan_op_id(run.execution, k), plan_op_id(run.execution, plan.code.size()));
+      transport.finish_ops(this_op, end_op);
       return absl::Status(out.status().code(),
                           absl::StrCat("instruction ", k, " (", instruction_name(inst), "): ", out.status().message()));
     }
     slots[inst.out] = *std::move(out);
   }
-  std::vector<std::shared_ptr<const HostArray>> outputs;
+  Arrays outputs;
   for (int s : plan.output_slots) outputs.push_back(slots[s]);
   return outputs;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
+    const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
+    const PlanRun& run) {
+  return run_plan_at(plan, std::move(inputs), transport, run, plan_op_id(run.execution, 0));
 }
 
 }  // namespace tessera

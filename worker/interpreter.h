@@ -29,9 +29,12 @@ struct PlanRun {
   std::function<bool()> cancelled;
 };
 
-// The op id of instruction `index` of execution `execution`: execution + 1 + index. The
-// coordinator reserves those ids for the execution (one more than the longest plan's
-// instructions, from the counter every id comes from), so they never meet another op's.
+// The op id of instruction `index` of execution `execution` in a plan without loops:
+// execution + 1 + index. A loop instruction takes 1 + trip_count * (its body's span) ids
+// (core/plan.h's plan_op_span), iteration t of its body's from its own + 1 + t * span, so every
+// collective of every iteration has an id of its own. The coordinator reserves plan_op_span
+// ids after the execution's own (from the counter every id comes from), so they never meet
+// another op's.
 uint64_t plan_op_id(uint64_t execution, size_t index);
 
 // Runs `plan` on `inputs` (one per plan input slot); returns the output slots' arrays. Errors

@@ -299,9 +299,7 @@ class WorkerService final : public WorkerServiceBase {
     auto loaded = std::make_shared<LoadedPlan>();
     loaded->plan = *std::move(plan);
     for (const pb::PeerAddress& peer : req->peers()) loaded->peers[peer.device_id()] = peer.address();
-    for (const Instruction& inst : loaded->plan.code) {
-      if (inst.kind == Instruction::Kind::kCollective) loaded->has_collectives = true;
-    }
+    loaded->has_collectives = plan_has_collectives(loaded->plan);
     loaded->last_run = ++plan_ticks_;
     absl::MutexLock lock(&plans_mu_);
     if (plans_.count(req->plan_id()) == 0 && static_cast<int>(plans_.size()) >= max_plans_) {

@@ -27,6 +27,10 @@ struct VjpArgs {
   const Value& g;               // the result's cotangent
   TraceState* trace;
   const std::function<void(size_t operand, const Value& cotangent)>& add;
+  // Takes (and removes) the cotangent accumulated so far for another node of the trace,
+  // invalid if none: how a rule for an op of several nodes (a scan's results) gathers the
+  // cotangents of its other nodes, whose consumers all come after them.
+  const std::function<Value(int node)>& take_cotangent;
 };
 
 // OK, or INVALID_ARGUMENT for a case the rule does not differentiate (grad fails with it).
@@ -42,9 +46,17 @@ absl::Span<const VjpEntry> reduction_vjps();    // reduction.cc
 absl::Span<const VjpEntry> dot_vjps();          // dot.cc
 absl::Span<const VjpEntry> indexing_vjps();     // indexing.cc
 absl::Span<const VjpEntry> shard_map_vjps();    // shard_map.cc: shard_map boundaries, collectives
+absl::Span<const VjpEntry> control_vjps();      // control.cc: scan
 
 // The rule registered for `op`, or null.
 VjpRule find_vjp(Op op);
+
+// The cotangents of `primals` (distinct Values of one trace) for f's results given theirs
+// (`cotangents`, one per result; an invalid Value or a non-float result: none): f is recorded
+// on the primals, then its VJP. Zeros for a primal nothing reaches; invalid Values, with the
+// error kept by the trace, when f or a rule fails.
+std::vector<Value> vjp(const TracedFunction& f, const std::vector<Value>& primals,
+                       const std::vector<Value>& cotangents);
 
 // A zero array of x's dtype and shape.
 inline Value zeros_like(const Value& x) { return full(x.shape(), 0.0, x.dtype()); }

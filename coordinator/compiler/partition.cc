@@ -67,6 +67,7 @@ class ProgramPartitioner : public internal::PartitionContext {
     exe_->input_specs.push_back(p_.result[id].spec());
     return slot_of_[id];
   }
+  int fresh_slot() override { return new_slot(); }
   int emit(Instruction inst) override {
     inst.out = new_slot();
     plan_.code.push_back(std::move(inst));

@@ -351,7 +351,7 @@ const internal::ShardingRule* find_sharding_rule(Op op) {
     Registry() {
       for (absl::Span<const internal::ShardingRuleEntry> family :
            {internal::elementwise_rules(), internal::layout_rules(), internal::reduction_rules(), internal::dot_rules(),
-            internal::placement_rules(), internal::indexing_rules()}) {
+            internal::placement_rules(), internal::indexing_rules(), internal::control_rules()}) {
         for (const internal::ShardingRuleEntry& e : family) rules[static_cast<int>(e.op)] = &e.rule;
       }
     }

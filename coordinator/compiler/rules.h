@@ -6,6 +6,7 @@
 //   rules_dot.cc          dot_general
 //   rules_placement.cc    parameter, sharding_constraint, sharding_as, shard_map and its collectives
 //   rules_indexing.cc     gather, scatter, scatter_add, dynamic_slice, dynamic_update_slice
+//   rules_control.cc      scan (its body compiled as a program of its own)
 //
 // A rule's forward half decides a node's result layout from its operands' (the layouts seen
 // so far) and what it needs of each operand; its backward half says how the operands'
@@ -89,6 +90,8 @@ class PartitionContext {
                                       const std::string& cause) = 0;
   // Appends `inst` writing a new slot; returns the slot.
   virtual int emit(Instruction inst) = 0;
+  // A slot no instruction writes yet (a loop's results beyond its first).
+  virtual int fresh_slot() = 0;
 
   // The slots of node `id`'s operands, each resharded to what the node needs of it.
   absl::StatusOr<std::vector<int>> operands_as_needed(int id);
@@ -127,6 +130,7 @@ absl::Span<const ShardingRuleEntry> reduction_rules();
 absl::Span<const ShardingRuleEntry> dot_rules();
 absl::Span<const ShardingRuleEntry> placement_rules();
 absl::Span<const ShardingRuleEntry> indexing_rules();
+absl::Span<const ShardingRuleEntry> control_rules();
 
 // The rule of a value inside a shard_map body (collectives, axis_index, and every op there):
 // a replicated value of the block's shape, never moved; each device holds its own.

@@ -6,6 +6,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -222,6 +223,35 @@ void bind_tracing(py::module_& m) {
   m.def("grad", [](py::object f, std::vector<int> argnums, bool with_value) {
     TracedFunction fn = traced(std::move(f));
     return with_value ? value_and_grad(std::move(fn), std::move(argnums)) : grad(std::move(fn), std::move(argnums));
+  });
+
+  // lax.scan / fori_loop inside a trace: `f` takes the flat [carries..., x rows...] and
+  // returns the flat [carries..., ys...] (tessera/lax.py flattens the pytrees).
+  m.def("scan", [](py::object f, const std::vector<Value>& init, const std::vector<Value>& xs,
+                   std::optional<int64_t> length, bool reverse) {
+    TracedFunction fn = traced(std::move(f));
+    const size_t carries = init.size();
+    ScanResult r = scan(
+        [fn, carries](const std::vector<Value>& c, const std::vector<Value>& x) {
+          std::vector<Value> in = c;
+          in.insert(in.end(), x.begin(), x.end());
+          std::vector<Value> out = fn(in);
+          const size_t n = std::min(carries, out.size());
+          return ScanStep{{out.begin(), out.begin() + n}, {out.begin() + n, out.end()}};
+        },
+        init, xs, length, reverse);
+    return std::make_pair(r.carry, r.ys);
+  });
+  m.def("fori_loop", [](int64_t lower, int64_t upper, py::object f, const std::vector<Value>& init) {
+    TracedFunction fn = traced(std::move(f));
+    return fori_loop(
+        lower, upper,
+        [fn](const Value& i, const std::vector<Value>& c) {
+          std::vector<Value> in = {i};
+          in.insert(in.end(), c.begin(), c.end());
+          return fn(in);
+        },
+        init);
   });
 
   py::class_<ShardMapped>(m, "ShardMapped")

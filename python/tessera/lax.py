@@ -9,6 +9,7 @@ from .numpy import _op, _rsqrt as rsqrt, _logistic as logistic, _erf as erf, _tr
 from .sharding import _as_named
 from .tree_util import tree_map, broadcast_prefix, tree_flatten, tree_unflatten
 from ._trace import Tracer
+from . import _trace
 
 
 def _axes(axis_name):
@@ -153,3 +154,47 @@ def clamp(min, x, max):
     """lax.clamp(min, x, max)."""
     t = _tracer(x)
     return _wrap(_t.clamp(_tracer(min, t)._v, t._v, _tracer(max, t)._v))
+
+
+# ---- control flow (inside jit: the SDK traces the body into a loop the devices run) -------
+
+def _values(leaves):
+    return [_tracer(l)._v for l in leaves]
+
+
+def scan(f, init, xs=None, length=None, reverse=False):
+    """jax.lax.scan: f(carry, x) -> (carry, y) over the leading axis of xs (pytrees of arrays;
+    xs None for none, then length is required). Returns (final carry, stacked ys)."""
+    c_leaves, c_tree = tree_flatten(init)
+    x_leaves, x_tree = tree_flatten(xs)
+    y_tree = [None]
+
+    def body(values):
+        n = len(c_leaves)
+        c = tree_unflatten(c_tree, [Tracer(v) for v in values[:n]])
+        x = tree_unflatten(x_tree, [Tracer(v) for v in values[n:]])
+        new_c, y = f(c, x)
+        nc_leaves, nc_tree = tree_flatten(new_c)
+        if nc_tree != c_tree:
+            raise TypeError(f"scan: the body's carry {nc_tree} differs from the initial carry {c_tree}")
+        y_leaves, y_tree[0] = tree_flatten(y)
+        return _values(nc_leaves) + _values(y_leaves)
+
+    carry, ys = _t.scan(_trace.callback(body), _values(c_leaves), _values(x_leaves),
+                        None if length is None else int(length), bool(reverse))
+    out_c = tree_unflatten(c_tree, [Tracer(v) for v in carry])
+    return out_c, (tree_unflatten(y_tree[0], [Tracer(v) for v in ys]) if y_tree[0] is not None else None)
+
+
+def fori_loop(lower, upper, body_fun, init_val):
+    """jax.lax.fori_loop with static (Python int) bounds: a scan, as JAX lowers it then."""
+    leaves, tree = tree_flatten(init_val)
+
+    def body(values):
+        out, out_tree = tree_flatten(body_fun(Tracer(values[0]), tree_unflatten(tree, [Tracer(v) for v in values[1:]])))
+        if out_tree != tree:
+            raise TypeError(f"fori_loop: the body returned {out_tree}, not the carry's {tree}")
+        return _values(out)
+
+    out = _t.fori_loop(int(lower), int(upper), _trace.callback(body), _values(leaves))
+    return tree_unflatten(tree, [Tracer(v) for v in out])

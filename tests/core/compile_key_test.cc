@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 
 #include "core/graph.h"
 #include "core/wire.h"
@@ -39,7 +40,8 @@ struct Request {
 // argmax axis, slice start/limit, concatenate axis, all four dot dimension lists, the
 // shardings of sharding_constraint and shard_map_in/out, each collective's mesh, axes,
 // reduce op, dimension, split/concat dimensions and positions, axis_index's mesh and axes,
-// gather and scatter's axis, mode and fill value, and dynamic_slice's sizes.
+// gather and scatter's axis, mode and fill value, dynamic_slice's sizes, and scan's length,
+// reverse, carry count, output and body.
 struct Knobs {
   DType dtype = DType::kF32;
   Shape shape = {8, 4};
@@ -78,7 +80,34 @@ struct Knobs {
   Op scatter_op = Op::kScatter;
   IndexMode scatter_mode = IndexMode::kFillOrDrop;
   std::vector<int64_t> window = {2, 2};
+  // scan: its loop's fields and a field of a node of its body.
+  int64_t scan_length = 4;
+  bool scan_reverse = false;
+  int64_t scan_carries = 1;  // 1: a carry and an xs; 2: two carries, no xs
+  int64_t scan_output = 0;
+  double scan_body_constant = 2.0;
 };
+
+// The scan of `k`: carries of f32[4] (c' = c + other * constant, the second carry kept),
+// xs rows of f32[4]; the body's last result is c * other.
+absl::StatusOr<int> add_scan(Graph& g, const Knobs& k) {
+  auto body = std::make_shared<Graph>();
+  const int c = body->add_parameter(DType::kF32, {4});
+  const int other = body->add_parameter(DType::kF32, {4});
+  const int scaled = *body->add_binary(Op::kMul, other, *body->add_constant(DType::kF32, {4}, k.scan_body_constant));
+  std::vector<int> outs = {*body->add_binary(Op::kAdd, c, scaled)};
+  if (k.scan_carries == 2) outs.push_back(other);
+  outs.push_back(*body->add_binary(Op::kMul, c, other));
+  EXPECT_TRUE(body->set_outputs(outs).ok());
+  const int init = *g.add_constant(DType::kF32, {4}, 0.0);
+  const int second =
+      k.scan_carries == 2 ? *g.add_constant(DType::kF32, {4}, 1.0) : *g.add_iota(DType::kF32, {k.scan_length, 4}, 1);
+  Node n;
+  n.op = Op::kScan;
+  n.operands = {init, second};
+  n.attributes = ScanAttrs{body, k.scan_length, k.scan_reverse, k.scan_carries, k.scan_output};
+  return g.add_node(std::move(n));
+}
 
 Request build(const Knobs& k) {
   Request r;
@@ -115,6 +144,7 @@ Request build(const Knobs& k) {
   EXPECT_TRUE(g.add_collective(Op::kAllToAll, in, body_mesh, {"y"}, k.all_to_all_dims).ok());
   EXPECT_TRUE(g.add_collective(Op::kCollectivePermute, in, body_mesh, {"y"}, k.positions).ok());
   EXPECT_TRUE(g.add_axis_index(*make_mesh({4, 2}, {"x", "y"}, k.index_devices), k.index_axes).ok());
+  EXPECT_TRUE(add_scan(g, k).ok());
   EXPECT_TRUE(g.set_outputs(k.two_outputs ? std::vector<int>{red, out} : std::vector<int>{out, red}).ok());
   r.inputs = {P("x", None)};
   r.outputs = {std::nullopt, P("x", None)};
@@ -240,6 +270,11 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
        [](Knobs& k) {
          k.window = {2, 3};
        }},
+      {"scan length", [](Knobs& k) { k.scan_length = 3; }},
+      {"scan reverse", [](Knobs& k) { k.scan_reverse = true; }},
+      {"scan num_carry", [](Knobs& k) { k.scan_carries = 2; }},
+      {"scan output", [](Knobs& k) { k.scan_output = 1; }},
+      {"scan body", [](Knobs& k) { k.scan_body_constant = 3.0; }},
   };
   std::map<std::string, std::string> keys;  // key -> variation
   for (const auto& [name, vary] : node_variations) {

@@ -185,6 +185,28 @@ std::vector<GradCase> grad_cases() {
   out.push_back({"nn_causal_attention", {{2, 4, 2, 4}, {2, 4, 2, 4}, {2, 4, 2, 4}}, Domain::kSigned, [](V in) {
                    return nn::dot_product_attention(in[0], in[1], in[2], std::nullopt, true);
                  }});
+  // Control flow (client/vjp/control.cc): a recurrent layer h' = tanh(h @ w / 2 + x) scanned
+  // over 4 rows, its final carry and both stacked outputs; reverse; fori_loop.
+  for (bool reverse : {false, true}) {
+    out.push_back({reverse ? "scan_reverse" : "scan", {{4, 4}, {4, 4}, {4, 4, 4}}, Domain::kSigned, [reverse](V in) {
+                     ScanResult r = scan(
+                         [](const std::vector<Value>& c, const std::vector<Value>& x) {
+                           const Value h = tanh(matmul(c[0], c[1]) * 0.5 + x[0]);
+                           return ScanStep{{h, c[1]}, {h * h, sum(h * x[0])}};
+                         },
+                         {in[0], in[1]}, {in[2]}, std::nullopt, reverse);
+                     return r.carry[0] + sum(r.ys[0], {0}) + sum(r.ys[1]) + r.carry[1];
+                   }});
+  }
+  out.push_back(
+      {"fori_loop", {{4, 4}, {4, 4}}, Domain::kSigned, [](V in) {
+         return fori_loop(
+             0, 3,
+             [](const Value& i, const std::vector<Value>& c) {
+               return std::vector<Value>{tanh(matmul(c[0], c[1]) * 0.5 + convert(i, DType::kF64) * 0.1), c[1] * 0.9};
+             },
+             {in[0], in[1]})[0];
+       }});
   return out;
 }
 

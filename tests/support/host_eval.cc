@@ -106,6 +106,51 @@ absl::StatusOr<std::vector<HostArray>> reference_collective(const Node& n, const
   return out;
 }
 
+// A scan by its definition: the body graph evaluated on the host once per row, in order, the
+// carries passed along and the ys stacked (nothing of the plan's loop involved).
+absl::StatusOr<HostArray> reference_scan(const Node& n, const std::vector<const HostArray*>& operands) {
+  const ScanAttrs& a = n.attrs<ScanAttrs>();
+  std::vector<HostArray> carry;
+  for (int64_t c = 0; c < a.num_carry; ++c) carry.push_back(operands[c]->clone());
+  std::vector<std::vector<HostArray>> ys(a.body->outputs().size());
+  for (int64_t step = 0; step < a.length; ++step) {
+    const int64_t row = a.reverse ? a.length - 1 - step : step;
+    std::vector<HostArray> rows;
+    for (size_t k = a.num_carry; k < operands.size(); ++k) {
+      Index index;
+      for (int64_t d : operands[k]->shape()) index.push_back({0, d});
+      index[0] = {row, row + 1};
+      Shape shape(operands[k]->shape().begin() + 1, operands[k]->shape().end());
+      rows.push_back(extract_block(*operands[k], index).reshaped(shape));
+    }
+    std::vector<const HostArray*> in;
+    for (const HostArray& c : carry) in.push_back(&c);
+    for (const HostArray& r : rows) in.push_back(&r);
+    absl::StatusOr<std::vector<HostArray>> out = evaluate_on_host(*a.body, in);
+    if (!out.ok()) return out.status();
+    for (size_t j = 0; j < out->size(); ++j) {
+      if (static_cast<int64_t>(j) < a.num_carry) {
+        carry[j] = std::move((*out)[j]);
+      } else {
+        ys[j].push_back(std::move((*out)[j]));
+      }
+    }
+  }
+  if (a.output < a.num_carry) return std::move(carry[a.output]);
+  HostArray stacked = HostArray::zeros(n.dtype, n.shape);
+  for (int64_t step = 0; step < a.length; ++step) {
+    const int64_t row = a.reverse ? a.length - 1 - step : step;
+    Index index;
+    for (int64_t d : n.shape) index.push_back({0, d});
+    index[0] = {row, row + 1};
+    Shape one = n.shape;
+    one[0] = 1;
+    HostArray y = ys[a.output][step].clone();
+    insert_block(std::move(y).reshaped(one), index, &stacked);
+  }
+  return stacked;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
@@ -186,7 +231,7 @@ absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
     }
     std::vector<const HostArray*> operands;
     for (int o : n.operands) operands.push_back(&values[o]);
-    absl::StatusOr<HostArray> v = run_kernel(n, operands);
+    absl::StatusOr<HostArray> v = n.op == Op::kScan ? reference_scan(n, operands) : run_kernel(n, operands);
     if (!v.ok()) {
       return absl::Status(v.status().code(), absl::StrCat("evaluate_on_host: %", id, ": ", v.status().message()));
     }

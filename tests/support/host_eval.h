@@ -7,7 +7,8 @@
 // with_sharding_constraint is the identity. A shard_map body runs once per mesh position on
 // that position's blocks, and its collectives are computed from their definitions with the
 // same kernels (a sum over the group is adds, a gather a concatenate, ...): nothing of the
-// workers' collective engine is involved.
+// workers' collective engine is involved. A scan runs its body graph on the host once per row
+// (recursively), nothing of the plan's loop involved.
 //
 //   absl::StatusOr<Graph> g = trace(f, {{DType::kF32, {16, 8}}});
 //   HostArray x = ...;

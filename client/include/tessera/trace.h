@@ -288,6 +288,43 @@ Value with_sharding_constraint(const Value& x, const NamedSharding& sharding);
 // none the trace fails with INVALID_ARGUMENT saying how to give one.
 Value with_sharding_constraint(const Value& x, const PartitionSpec& spec);
 
+// ---- Control flow (client/control.cc) ------------------------------------------------------
+//
+// jax.lax.scan(f, init, xs, length, reverse): f(carry, x) -> (carry, y), with the carry and
+// the xs / ys as lists of Values (JAX's pytrees, flattened as jit and grad take them). f is
+// traced once, into a body sub-graph; the loop runs on the devices as a loop (never unrolled):
+//   carry = init
+//   for i in (reverse ? length-1 .. 0 : 0 .. length-1): carry, y[i] = f(carry, [x[i] for x in xs])
+//   return carry, ys (each y stacked along a new leading dimension of `length`)
+// length is the xs' common leading dimension; it must be given when there are no xs (and must
+// agree with them when there are). Every carry must come back from f with its dtype and shape.
+// The body may read only its arguments (pass other values in the carry or the xs, as with
+// shard_map). Errors fail the trace (INVALID_ARGUMENT naming scan and the rule).
+//
+//   ScanResult r = scan([](const std::vector<Value>& c, const std::vector<Value>& x) {
+//     Value next = c[0] + x[0];
+//     return ScanStep{{next}, {next * 2.0}};
+//   }, {zeros}, {xs});           // r.carry[0]: the sum of the rows; r.ys[0]: twice the cumsum
+struct ScanStep {
+  std::vector<Value> carry;
+  std::vector<Value> ys;
+};
+using ScanFunction = std::function<ScanStep(const std::vector<Value>& carry, const std::vector<Value>& x)>;
+struct ScanResult {
+  std::vector<Value> carry;  // the final carries (invalid Values when the trace failed)
+  std::vector<Value> ys;     // each y stacked: (length, ...)
+};
+ScanResult scan(const ScanFunction& f, const std::vector<Value>& init, const std::vector<Value>& xs,
+                std::optional<int64_t> length = std::nullopt, bool reverse = false);
+
+// jax.lax.fori_loop(lower, upper, body, init) with static bounds, lowered as JAX lowers it
+// then: a scan of max(0, upper - lower) iterations with no xs, whose carry is (i, carry...),
+// i an int32 scalar from lower. body(i, carry) returns the next carries (same types). Returns
+// the final carries; differentiable (through scan's VJP), as JAX's fori_loop with static
+// bounds is.
+using ForiBody = std::function<std::vector<Value>(const Value& i, const std::vector<Value>& carry)>;
+std::vector<Value> fori_loop(int64_t lower, int64_t upper, const ForiBody& body, const std::vector<Value>& init);
+
 }  // namespace tessera
 
 #endif  // TESSERA_TRACE_H_

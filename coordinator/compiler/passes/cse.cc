@@ -19,6 +19,10 @@ void eliminate_common_subexpressions(DevicePlan* program) {
   for (Instruction& i : program->code) {
     for (int& s : i.in) s = renamed[s];
     i.node.operands = i.in;
+    if (i.kind == Instruction::Kind::kLoop) {  // several results: never merged (a scan is run once anyway)
+      code.push_back(std::move(i));
+      continue;
+    }
     Instruction key = i;
     key.out = -1;
     key.cause.clear();

@@ -13,7 +13,9 @@ void eliminate_dead_code(DevicePlan* program) {
   std::vector<bool> keep(program->code.size(), false);
   for (size_t k = program->code.size(); k-- > 0;) {
     const Instruction& i = program->code[k];
-    if (!live[i.out]) continue;
+    bool used = live[i.out];
+    for (int s : i.extra_out) used = used || live[s];  // a loop's other results
+    if (!used) continue;
     keep[k] = true;
     for (int s : i.in) live[s] = true;
   }

@@ -21,6 +21,7 @@ void number_densely(DevicePlan* p) {
   for (Instruction& i : p->code) {
     for (int& s : i.in) renumber(s);
     renumber(i.out);
+    for (int& s : i.extra_out) renumber(s);
     i.node.operands = i.in;
   }
   for (int& s : p->output_slots) renumber(s);
@@ -34,6 +35,7 @@ void insert_frees(DevicePlan* p) {
   std::vector<int> last_use(p->num_slots, -1);
   for (size_t i = 0; i < p->code.size(); ++i) {
     last_use[p->code[i].out] = std::max<int>(last_use[p->code[i].out], static_cast<int>(i));
+    for (int s : p->code[i].extra_out) last_use[s] = std::max<int>(last_use[s], static_cast<int>(i));
     for (int s : p->code[i].in) last_use[s] = static_cast<int>(i);
   }
   std::vector<bool> keep(p->num_slots, false);
@@ -45,6 +47,7 @@ void insert_frees(DevicePlan* p) {
     code.push_back(p->code[i]);
     std::vector<int> slots = p->code[i].in;
     slots.push_back(p->code[i].out);
+    slots.insert(slots.end(), p->code[i].extra_out.begin(), p->code[i].extra_out.end());
     for (int s : slots) {
       if (!keep[s] && last_use[s] == static_cast<int>(i)) {
         Instruction free;
