@@ -416,6 +416,9 @@ absl::StatusOr<ArrayType> infer_sharding_as(const Node&, absl::Span<const ArrayT
   return in[0];
 }
 
+// Any dtype and shape, kept (stop_gradient).
+absl::StatusOr<ArrayType> infer_identity(const Node&, absl::Span<const ArrayType> in) { return in[0]; }
+
 absl::StatusOr<ArrayType> infer_shard_map_in(const Node& n, absl::Span<const ArrayType> in) {
   const NamedSharding* sharding = &n.attrs<ShardingAttrs>().sharding;
   absl::Status fits = sharding->validate(in[0].shape);
@@ -574,6 +577,8 @@ constexpr OpDef kOps[] = {
     {Op::kDynamicUpdateSlice, "dynamic_update_slice", 61, 3, kHasKernel, 0, kAttrsIndex<NoAttrs>,
      infer_dynamic_update_slice},
     {Op::kRem, "rem", 62, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
+    {Op::kStopGradient, "stop_gradient", 63, 1, kUnary | kElementwise | kLinear | kHasKernel | kNoGradient, 0,
+     kAttrsIndex<NoAttrs>, infer_identity},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 

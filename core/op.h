@@ -102,9 +102,11 @@ enum class Op : uint8_t {
   kDynamicSlice,        // (x, starts): a window of `sizes` at traced starts, clamped as lax
   kDynamicUpdateSlice,  // (x, update, starts): x with `update` written at traced starts
   kRem,                 // lax.rem: the remainder of truncating division (the dividend's sign)
+  // lax.stop_gradient: the operand's value; grad passes no cotangent through it (kNoGradient).
+  kStopGradient,
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kRem) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kStopGradient) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {

@@ -107,3 +107,33 @@ def iota(dtype, size):
 
 def select(pred, on_true, on_false):
     return _jnp.where(pred, on_true, on_false)
+
+
+# ---- issue #15: stop_gradient, pad and the cumulative reductions, under lax's names ------
+
+@_op
+def stop_gradient(x):
+    return tree_map(lambda v: _wrap(_t.stop_gradient(_tracer(v)._v)), x)
+
+
+@_op
+def pad(operand, padding_value, padding_config):
+    x = _tracer(operand)
+    value = _tracer(padding_value, x).astype(x.dtype)
+    return _wrap(_t.pad(x._v, value._v, [tuple(int(v) for v in c) for c in padding_config]))
+
+
+def cumsum(operand, axis=0, reverse=False):
+    return _jnp._scan("cumsum", operand, axis, reverse)
+
+
+def cumprod(operand, axis=0, reverse=False):
+    return _jnp._scan("cumprod", operand, axis, reverse)
+
+
+def cummax(operand, axis=0, reverse=False):
+    return _jnp._scan("cummax", operand, axis, reverse)
+
+
+def cummin(operand, axis=0, reverse=False):
+    return _jnp._scan("cummin", operand, axis, reverse)
