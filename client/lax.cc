@@ -70,7 +70,49 @@ Value triangle(const char* name, const Value& x, int64_t k, bool lower) {
   return where(keep, x, full(x.shape(), 0.0, x.dtype()));
 }
 
+// x[..., idx[..., j]] along the last dimension (jnp.take_along_axis): one gather on the
+// flattened x, the indices offset by their row, so grad is gather's (a scatter_add).
+Value take_along_last(const Value& x, const Value& idx) {
+  const int64_t n = x.shape().back(), k = idx.shape().back();
+  if (n == 0 || k == 0) return reshape(x, idx.shape());
+  const int64_t rows = num_elements(x.shape()) / n;
+  const Value flat_idx = reshape(reshape(idx, {rows, k}) + iota(DType::kI32, {rows, k}, 0) * n, {rows * k});
+  return reshape(gather(reshape(x, {rows * n}), flat_idx, 0, IndexMode::kClip), idx.shape());
+}
+
 }  // namespace
+
+Value argsort(const Value& x, int64_t axis, bool descending) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  Node n;
+  n.op = descending ? Op::kArgsortDescending : Op::kArgsort;
+  n.operands = {TraceState::id(x)};
+  n.attributes = ArgmaxAttrs{normalize_axis(axis, x.rank())};
+  return t->make(t->graph.add_node(std::move(n)));
+}
+
+Value sort(const Value& x) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  if (x.rank() == 0) return invalid(t, "sort: the operand is a scalar; it needs rank >= 1");
+  return take_along_last(x, argsort(x, -1));
+}
+
+std::pair<Value, Value> top_k(const Value& x, int64_t k) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return {};
+  if (x.rank() == 0 || k < 0 || k > x.shape().back()) {
+    invalid(t, absl::StrCat("top_k: k = ", k, " for an operand of shape ", shape_to_string(x.shape()),
+                            "; it needs rank >= 1 and 0 <= k <= the last dimension"));
+    return {};
+  }
+  std::vector<int64_t> start(x.rank(), 0);
+  std::vector<int64_t> limit = x.shape();
+  limit.back() = k;
+  const Value indices = slice(argsort(x, -1, true), std::move(start), std::move(limit));
+  return {take_along_last(x, indices), indices};
+}
 
 Value pad(const Value& x, const Value& padding_value, const std::vector<PadDim>& config) {
   TraceState* t = TraceState::common({&x, &padding_value});

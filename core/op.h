@@ -104,9 +104,14 @@ enum class Op : uint8_t {
   kRem,                 // lax.rem: the remainder of truncating division (the dividend's sign)
   // lax.stop_gradient: the operand's value; grad passes no cotangent through it (kNoGradient).
   kStopGradient,
+  // jnp.argsort (ArgmaxAttrs: the axis): int32 indices that sort the operand along `axis`,
+  // stably, by JAX's comparator (NaNs last, -0 equal to 0); the descending one is
+  // jnp.argsort(descending=True): NaNs first, equal elements still in index order.
+  kArgsort,
+  kArgsortDescending,
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kStopGradient) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kArgsortDescending) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {

@@ -30,7 +30,7 @@ namespace tessera {
 // 13: credentials, session credentials and array grants; 14: mesh axis types; 15: the
 // indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: issue #15's further ops.)
 inline constexpr uint32_t kProtocolVersion = 16;
-inline constexpr uint64_t kOpTableDigest = 0x60e70356e04bc4bc;
+inline constexpr uint64_t kOpTableDigest = 0x4354c5ed577bc1aa;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;

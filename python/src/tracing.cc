@@ -150,6 +150,9 @@ void bind_ops(py::module_& m) {
   m.def("tril", &tril);
   m.def("triu", &triu);
   m.def("einsum", &einsum);
+  m.def("argsort", &argsort);
+  m.def("sort", &sort);
+  m.def("top_k", &top_k);
 
   m.def("gelu", &nn::gelu);
   m.def("softmax", &nn::softmax);

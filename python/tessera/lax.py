@@ -123,6 +123,12 @@ def pad(operand, padding_value, padding_config):
     return _wrap(_t.pad(x._v, value._v, [tuple(int(v) for v in c) for c in padding_config]))
 
 
+@_op
+def top_k(operand, k):
+    values, indices = _t.top_k(_tracer(operand)._v, k)
+    return _wrap(values), _wrap(indices)
+
+
 def cumsum(operand, axis=0, reverse=False):
     return _jnp._scan("cumsum", operand, axis, reverse)
 

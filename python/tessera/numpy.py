@@ -433,6 +433,19 @@ def pad(array, pad_width, mode="constant", constant_values=0):
 
 
 @_op
+def argsort(a, axis=-1, descending=False):
+    return _wrap(_t.argsort(_tracer(a)._v, axis, descending))
+
+
+@_op
+def sort(a, axis=-1):
+    a = _tracer(a)
+    if axis not in (-1, len(a.shape) - 1):
+        raise NotImplementedError("jnp.sort: only the last axis is supported")
+    return _wrap(_t.sort(a._v))
+
+
+@_op
 def einsum(subscripts, a, b):
     """jnp.einsum of two operands with an explicit '->' output (one dot_general)."""
     return _wrap(_t.einsum(subscripts, _tracer(a)._v, _tracer(b)._v))

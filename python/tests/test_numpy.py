@@ -170,3 +170,9 @@ def test_pad_scans_triangles_einsum_stop_gradient(xy):
         close(g, w, 1e-4)
     g = tessera.jit(tessera.grad(lambda x: jnp.sum(x * lax.stop_gradient(x))))(x)
     close(g, X)
+    s, order, (values, indices) = tessera.jit(lambda y: (jnp.sort(y), jnp.argsort(y, axis=0), lax.top_k(y, 3)))(y)
+    close(s, np.sort(Y, axis=-1))
+    np.testing.assert_array_equal(np.asarray(order), np.argsort(Y, axis=0, kind="stable"))
+    want_idx = np.argsort(-Y, axis=-1, kind="stable")[:, :3]
+    np.testing.assert_array_equal(np.asarray(indices), want_idx)
+    close(values, np.take_along_axis(Y, want_idx, -1))

@@ -189,6 +189,9 @@ std::vector<GradCase> grad_cases() {
   out.push_back({"einsum_batch_summed", {{2, 4, 3}, {2, 3, 5}}, Domain::kSigned, [](V in) {
                    return einsum("bij,bjk->kb", in[0], in[1]);
                  }});
+  // sort and top_k: the cotangent goes back through the permutation (a gather's VJP).
+  out.push_back({"sort", {m}, Domain::kSigned, [](V in) { return sort(in[0]) * iota(DType::kF64, {4, 8}, 1); }});
+  out.push_back({"top_k_values", {m}, Domain::kSigned, [](V in) { return top_k(exp(in[0]), 3).first; }});
   out.push_back({"nn_softmax", {m}, Domain::kSigned, [](V in) { return nn::softmax(in[0]); }});
   out.push_back({"nn_log_softmax", {m}, Domain::kSigned, [](V in) { return nn::log_softmax(in[0], 0); }});
   out.push_back({"nn_logsumexp", {m}, Domain::kSigned, [](V in) { return nn::logsumexp(in[0]); }});

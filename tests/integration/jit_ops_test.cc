@@ -243,6 +243,19 @@ void add_layout_families(int m, const PartitionSpec& s, std::vector<OpCase>* cas
                                        einsum("ij,ij->i", u, v)};
            },
            {s});
+  // argsort along either axis (a split one is gathered), sort and top_k along the last; the
+  // int32 inputs in [-4, 4] tie often, so the tie order is checked across every layout too.
+  add_case("sort_top_k", {x, i32},
+           {"argsort 0", "argsort 1", "argsort 0 descending", "sort", "top_k values", "top_k indices", "sort i32",
+            "argsort i32 1", "top_k i32 values", "top_k i32 indices"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             const Value &u = in[0], &i = in[1];
+             const auto [values, indices] = top_k(u, 5);
+             const auto [ivalues, iindices] = top_k(i, 16);
+             return std::vector<Value>{argsort(u, 0), argsort(u, 1), argsort(u, 0, true), sort(u), values,
+                                       indices,       sort(i),       argsort(i),          ivalues, iindices};
+           },
+           {spec_of({{}, s1}), spec_of({s0, {}})});
   // numpy broadcasting inserts broadcast_in_dim: a row vector laid out like the matrix's rows.
   add_case("broadcast_binary", {x, Input{DType::kF32, {16}, Domain::kSigned, spec_of({s1})}}, {"x + row", "row * x"},
            [](const std::vector<Value>& in, const Mesh&) {
@@ -851,8 +864,8 @@ TEST(JnpSemantics, PadScansArgminTrianglesEinsum) {
   auto bt = [&](int i, int j) { return b.values<double>()[i * 7 + j]; };
   auto expect = [](const HostArray& got, int64_t k, double want, const std::string& what) {
     const double g = got.element_as_double(k);
-    if (std::isnan(want)) {
-      EXPECT_TRUE(std::isnan(g)) << what << " element " << k;
+    if (std::isnan(want) || std::isinf(want)) {
+      EXPECT_TRUE(std::isnan(want) ? std::isnan(g) : g == want) << what << " element " << k << ": " << g;
     } else {
       EXPECT_NEAR(g, want, 1e-12 * (1 + std::abs(want))) << what << " element " << k;
     }
@@ -909,6 +922,46 @@ TEST(JnpSemantics, PadScansArgminTrianglesEinsum) {
     }
     expect(r[9], j, s, "einsum ij,ik->j (k summed first)");
   }
+  // argsort, sort and top_k against ranks counted pairwise (no sort involved): element k of a
+  // lane goes to position #(elements before it in the order) — strictly smaller ones, and
+  // equal ones with a lower index; NaNs (all equal) after everything ascending, before
+  // everything descending; -0 equals 0.
+  const HostArray s = HostArray::from_vector<double>(
+      {3, 7}, {2.0, -1.0, 2.0,  std::nan(""), -0.0, 0.0,          -1.0, 5.0,       4.0,      3.0, 2.0,
+               1.0, 0.0,  -1.0, std::nan(""), 1.0,  std::nan(""), 1.0,  -INFINITY, INFINITY, 1.0});
+  std::vector<HostArray> so = run(
+      [](const std::vector<Value>& in) {
+        const auto [values, indices] = top_k(in[0], 4);
+        return std::vector<Value>{argsort(in[0]), argsort(in[0], -1, true), sort(in[0]), values,
+                                  indices,        argsort(in[0], 0)};
+      },
+      {{DType::kF64, {3, 7}}}, {&s});
+  ASSERT_EQ(so.size(), 6u);
+  auto before = [](double p, int64_t i, double q, int64_t j, bool descending) {  // p (at i) before q (at j)?
+    const bool pn = std::isnan(p), qn = std::isnan(q);
+    const bool less = descending ? (pn && !qn) || (!pn && !qn && p > q) : (!pn && qn) || (!pn && !qn && p < q);
+    const bool equal = (pn && qn) || (!pn && !qn && p == q);
+    return less || (equal && i < j);
+  };
+  for (bool descending : {false, true}) {
+    for (int row = 0; row < 3; ++row) {
+      for (int k = 0; k < 7; ++k) {
+        int64_t position = 0;
+        for (int j = 0; j < 7; ++j)
+          position += before(s.values<double>()[row * 7 + j], j, s.values<double>()[row * 7 + k], k, descending);
+        const HostArray& order = so[descending ? 1 : 0];
+        EXPECT_EQ(order.element_as_double(row * 7 + position), k)
+            << (descending ? "descending" : "ascending") << " row " << row;
+        if (!descending) expect(so[2], row * 7 + position, s.values<double>()[row * 7 + k], "sort");
+        if (descending && position < 4) {
+          expect(so[3], row * 4 + position, s.values<double>()[row * 7 + k], "top_k values");
+          EXPECT_EQ(so[4].element_as_double(row * 4 + position), k) << "top_k indices row " << row;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(so[4], HostArray::from_vector<int32_t>({3, 4}, {3, 0, 2, 4, 0, 1, 2, 3, 0, 2, 5, 1}));
+  EXPECT_EQ(so[5].shape(), (Shape{3, 7}));
   // The refusals name the rule.
   const std::vector<ArrayType> two = {{DType::kF32, {4, 4}}, {DType::kF32, {4, 4}}};
   auto message = [&](std::function<Value(const Value&, const Value&)> f) {
@@ -930,6 +983,8 @@ TEST(JnpSemantics, PadScansArgminTrianglesEinsum) {
               HasSubstr("pad: 1 padding entries for an operand of shape (4, 4)"));
   EXPECT_THAT(message([](const Value& u, const Value&) { return cumsum(u, 2); }),
               HasSubstr("cumsum: axis 2 is out of range for shape (4, 4)"));
+  EXPECT_THAT(message([](const Value& u, const Value&) { return top_k(u, 5).first; }),
+              HasSubstr("top_k: k = 5 for an operand of shape (4, 4); it needs rank >= 1 and 0 <= k <= the last"));
 }
 
 class JitOpsTest : public MeshesSuite, public ::testing::WithParamInterface<OpCase> {};

@@ -19,7 +19,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -314,6 +316,18 @@ Value triu(const Value& x, int64_t k = 0);
 // labels within an operand (traces, diagonals) and ellipses are refused. One dot_general and a
 // transpose to the output's order.
 Value einsum(const std::string& subscripts, const Value& a, const Value& b);
+
+// jnp.argsort(x, axis, descending): int32 indices sorting x stably along `axis` (the ops
+// argsort / argsort_descending): ascending puts NaNs last and keeps -0 and 0 in index order,
+// descending puts NaNs first, then larger values, equal ones still in index order. A split
+// `axis` is gathered; other dimensions keep their splits.
+Value argsort(const Value& x, int64_t axis = -1, bool descending = false);
+// jnp.sort along the last axis (its values through the argsort permutation: one gather, so
+// grad scatters the cotangent back through the permutation). lax.top_k(x, k) along the last
+// axis: the k largest values and their int32 indices, ties to the lower index, NaNs first
+// (as argsort descending); grad flows to the values.
+Value sort(const Value& x);
+std::pair<Value, Value> top_k(const Value& x, int64_t k);
 
 // jax.lax.with_sharding_constraint: pins the sharding of an intermediate. Fails the trace
 // when `sharding` does not fit x's shape (NamedSharding::validate).
