@@ -123,6 +123,7 @@ Value rsqrt(const Value& x) { return inexact_unary(Op::kRsqrt, x); }
 Value sin(const Value& x) { return inexact_unary(Op::kSin, x); }
 Value cos(const Value& x) { return inexact_unary(Op::kCos, x); }
 Value floor(const Value& x) { return unary(Op::kFloor, x); }
+Value stop_gradient(const Value& x) { return unary(Op::kStopGradient, x); }
 Value ceil(const Value& x) { return unary(Op::kCeil, x); }
 Value sign(const Value& x) { return unary(Op::kSign, x); }
 Value logical_not(const Value& x) { return unary(Op::kNot, x); }

@@ -416,6 +416,15 @@ absl::StatusOr<ArrayType> infer_sharding_as(const Node&, absl::Span<const ArrayT
   return in[0];
 }
 
+// Any dtype and shape, kept (stop_gradient).
+absl::StatusOr<ArrayType> infer_identity(const Node&, absl::Span<const ArrayType> in) { return in[0]; }
+
+absl::StatusOr<ArrayType> infer_argsort(const Node& n, absl::Span<const ArrayType> in) {
+  TESSERA_RETURN_IF_ERROR(
+      check_axes({n.attrs<ArgmaxAttrs>().axis}, in[0].shape.size(), absl::StrCat("argsort of ", type_of(in[0]))));
+  return ArrayType{DType::kI32, in[0].shape};
+}
+
 absl::StatusOr<ArrayType> infer_shard_map_in(const Node& n, absl::Span<const ArrayType> in) {
   const NamedSharding* sharding = &n.attrs<ShardingAttrs>().sharding;
   absl::Status fits = sharding->validate(in[0].shape);
@@ -630,6 +639,11 @@ constexpr OpDef kOps[] = {
     {Op::kDynamicUpdateSlice, "dynamic_update_slice", 61, 3, kHasKernel, 0, kAttrsIndex<NoAttrs>,
      infer_dynamic_update_slice},
     {Op::kRem, "rem", 62, 2, kBinaryOp, 0, kAttrsIndex<NoAttrs>, infer_arithmetic},
+    {Op::kStopGradient, "stop_gradient", 63, 1, kUnary | kElementwise | kLinear | kHasKernel | kNoGradient, 0,
+     kAttrsIndex<NoAttrs>, infer_identity},
+    {Op::kArgsort, "argsort", 64, 1, kHasKernel | kNoGradient, 0, kAttrsIndex<ArgmaxAttrs>, infer_argsort},
+    {Op::kArgsortDescending, "argsort_descending", 65, 1, kHasKernel | kNoGradient, 0, kAttrsIndex<ArgmaxAttrs>,
+     infer_argsort},
     {Op::kScan, "scan", 90, kVariadic, 0, 0, kAttrsIndex<ScanAttrs>, infer_scan},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");

@@ -102,6 +102,13 @@ enum class Op : uint8_t {
   kDynamicSlice,        // (x, starts): a window of `sizes` at traced starts, clamped as lax
   kDynamicUpdateSlice,  // (x, update, starts): x with `update` written at traced starts
   kRem,                 // lax.rem: the remainder of truncating division (the dividend's sign)
+  // lax.stop_gradient: the operand's value; grad passes no cotangent through it (kNoGradient).
+  kStopGradient,
+  // jnp.argsort (ArgmaxAttrs: the axis): int32 indices that sort the operand along `axis`,
+  // stably, by JAX's comparator (NaNs last, -0 equal to 0); the descending one is
+  // jnp.argsort(descending=True): NaNs first, equal elements still in index order.
+  kArgsort,
+  kArgsortDescending,
   // Control flow (ScanAttrs: a body sub-graph). scan(carry..., xs...) runs the body `length`
   // times; each node is one of its results (`output`): a final carry or a stacked y.
   kScan,

@@ -109,7 +109,7 @@ absl::Span<const ShardingRuleEntry> elementwise_rules() {
       {Op::kLe, kElementwise},      {Op::kGt, kElementwise},
       {Op::kGe, kElementwise},      {Op::kSelect, kElementwise},
       {Op::kConvert, kElementwise}, {Op::kErf, kElementwise},
-      {Op::kRem, kElementwise},
+      {Op::kRem, kElementwise},     {Op::kStopGradient, kElementwise},
   };
   return kRules;
 }

@@ -54,6 +54,28 @@ absl::Status argmax(ShardingContext& c, int id) {
   return absl::OkStatus();
 }
 
+// argsort needs its axis whole too (gathered: a lane's order depends on all of it); the other
+// dimensions keep their splits.
+absl::Status argsort(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  ValueSharding q = c.of_or_replicated(n.operands[0]);
+  q.partial.clear();
+  q.dims[n.attrs<ArgmaxAttrs>().axis].clear();
+  c.needs(id) = {q};
+  c.set(id, q.dims);
+  return absl::OkStatus();
+}
+
+// Every dimension but the sorted one follows the result.
+DimMap argsort_map(const Graph&, const Node& n) {
+  const int64_t axis = n.attrs<ArgmaxAttrs>().axis;
+  DimMap m{std::vector<std::vector<int>>(1), std::vector<bool>(n.shape.size(), true)};
+  for (size_t d = 0; d < n.shape.size(); ++d)
+    m.follow[0].push_back(static_cast<int64_t>(d) == axis ? -1 : static_cast<int>(d));
+  m.free[axis] = false;
+  return m;
+}
+
 // Kept dimensions follow the result in order; reduced ones follow nothing.
 DimMap reduce_map(const Graph& g, const Node& n) {
   DimMap m{std::vector<std::vector<int>>(1), std::vector<bool>(n.shape.size(), true)};
@@ -71,9 +93,13 @@ DimMap reduce_map(const Graph& g, const Node& n) {
 
 absl::Span<const ShardingRuleEntry> reduction_rules() {
   static constexpr ShardingRuleEntry kRules[] = {
-      {Op::kReduceSum, {reduce, reduce_map}}, {Op::kReduceMax, {reduce, reduce_map}},
-      {Op::kReduceMin, {reduce, reduce_map}}, {Op::kReduceProd, {reduce, reduce_map}},
+      {Op::kReduceSum, {reduce, reduce_map}},
+      {Op::kReduceMax, {reduce, reduce_map}},
+      {Op::kReduceMin, {reduce, reduce_map}},
+      {Op::kReduceProd, {reduce, reduce_map}},
       {Op::kArgmax, {argmax, reduce_map}},
+      {Op::kArgsort, {argsort, argsort_map}},
+      {Op::kArgsortDescending, {argsort, argsort_map}},
   };
   return kRules;
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -138,6 +139,23 @@ void bind_ops(py::module_& m) {
   m.def("full", &full);
   m.def("with_sharding_constraint",
         static_cast<Value (*)(const Value&, const NamedSharding&)>(&with_sharding_constraint));
+  // Issue #15's stop_gradient and the composites of client/lax.cc.
+  m.def("stop_gradient", &stop_gradient);
+  m.def("pad", [](V x, V padding_value, const std::vector<std::tuple<int64_t, int64_t, int64_t>>& config) {
+    std::vector<PadDim> dims;
+    for (const auto& [low, high, interior] : config) dims.push_back({low, high, interior});
+    return pad(x, padding_value, dims);
+  });
+  for (auto [name, fn] : std::vector<std::pair<const char*, Value (*)(V, int64_t, bool)>>{
+           {"cumsum", &cumsum}, {"cumprod", &cumprod}, {"cummax", &cummax}, {"cummin", &cummin}}) {
+    m.def(name, fn);
+  }
+  m.def("tril", &tril);
+  m.def("triu", &triu);
+  m.def("einsum", &einsum);
+  m.def("argsort", &argsort);
+  m.def("sort", &sort);
+  m.def("top_k", &top_k);
 
   m.def("gelu", &nn::gelu);
   m.def("softmax", &nn::softmax);

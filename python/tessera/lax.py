@@ -198,3 +198,39 @@ def fori_loop(lower, upper, body_fun, init_val):
 
     out = _t.fori_loop(int(lower), int(upper), _trace.callback(body), _values(leaves))
     return tree_unflatten(tree, [Tracer(v) for v in out])
+
+
+# ---- issue #15: stop_gradient, pad and the cumulative reductions, under lax's names ------
+
+@_op
+def stop_gradient(x):
+    return tree_map(lambda v: _wrap(_t.stop_gradient(_tracer(v)._v)), x)
+
+
+@_op
+def pad(operand, padding_value, padding_config):
+    x = _tracer(operand)
+    value = _tracer(padding_value, x).astype(x.dtype)
+    return _wrap(_t.pad(x._v, value._v, [tuple(int(v) for v in c) for c in padding_config]))
+
+
+@_op
+def top_k(operand, k):
+    values, indices = _t.top_k(_tracer(operand)._v, k)
+    return _wrap(values), _wrap(indices)
+
+
+def cumsum(operand, axis=0, reverse=False):
+    return _jnp._scan("cumsum", operand, axis, reverse)
+
+
+def cumprod(operand, axis=0, reverse=False):
+    return _jnp._scan("cumprod", operand, axis, reverse)
+
+
+def cummax(operand, axis=0, reverse=False):
+    return _jnp._scan("cummax", operand, axis, reverse)
+
+
+def cummin(operand, axis=0, reverse=False):
+    return _jnp._scan("cummin", operand, axis, reverse)

@@ -395,6 +395,62 @@ def argmin(a, axis=None, keepdims=False):
     return argmax(negative(a), axis=axis, keepdims=keepdims)
 
 
+@_op
+def _scan(name, a, axis, reverse=False):
+    """lax's cumulative reduction `name`; axis None scans the flattened array (jnp)."""
+    a = _tracer(a)
+    if axis is None:
+        a, axis = reshape(a, (-1,)), 0
+    return _wrap(getattr(_t, name)(a._v, axis, reverse))
+
+
+def cumsum(a, axis=None):
+    return _scan("cumsum", a, axis)
+
+
+def cumprod(a, axis=None):
+    return _scan("cumprod", a, axis)
+
+
+@_op
+def tril(m, k=0):
+    return _wrap(_t.tril(_tracer(m)._v, k))
+
+
+@_op
+def triu(m, k=0):
+    return _wrap(_t.triu(_tracer(m)._v, k))
+
+
+@_op
+def pad(array, pad_width, mode="constant", constant_values=0):
+    """jnp.pad's constant mode: pad_width an int, (before, after) or one pair per dimension."""
+    if mode != "constant":
+        raise NotImplementedError(f"jnp.pad: mode '{mode}' is not supported (only 'constant')")
+    a = _tracer(array)
+    widths = _np.broadcast_to(_np.asarray(pad_width, dtype=_np.int64), (len(a.shape), 2))
+    return _wrap(_t.pad(a._v, _tracer(constant_values, a).astype(a.dtype)._v, [(int(lo), int(hi), 0) for lo, hi in widths]))
+
+
+@_op
+def argsort(a, axis=-1, descending=False):
+    return _wrap(_t.argsort(_tracer(a)._v, axis, descending))
+
+
+@_op
+def sort(a, axis=-1):
+    a = _tracer(a)
+    if axis not in (-1, len(a.shape) - 1):
+        raise NotImplementedError("jnp.sort: only the last axis is supported")
+    return _wrap(_t.sort(a._v))
+
+
+@_op
+def einsum(subscripts, a, b):
+    """jnp.einsum of two operands with an explicit '->' output (one dot_general)."""
+    return _wrap(_t.einsum(subscripts, _tracer(a)._v, _tracer(b)._v))
+
+
 # ---- contractions -----------------------------------------------------------------------
 
 def _same_dtype(a, b):

@@ -165,3 +165,31 @@ def test_pytrees_mixed_with_numpy(xy):
     out = f({"w": x, "b": np.float32(1.5)}, (Y, V))
     close(out["out"], X @ Y.T + 1.5, 1e-4)
     close(out["n"][0], V * 2)
+
+
+def test_pad_scans_triangles_einsum_stop_gradient(xy):
+    # lax.pad with negative and interior padding, jnp.pad, the scans, tril/triu and einsum on
+    # sharded inputs against numpy; grad through stop_gradient (only the other factor counts).
+    from tessera import lax
+    x, y, _ = xy
+    got = tessera.jit(lambda x, y: (lax.pad(x, -1.0, [(2, -3, 1), (-1, 2, 0)]), jnp.pad(x, ((1, 2), (0, 3)), constant_values=5),
+                                    jnp.cumsum(x, axis=1), lax.cumsum(x, 0, reverse=True), jnp.cumprod(x, axis=0),
+                                    lax.cummax(y, 1), lax.cummin(y, 0), jnp.tril(x, 1), jnp.triu(x, -2),
+                                    jnp.einsum("ij,kj->ki", x, y), jnp.cumsum(x)))(x, y)
+    interior = np.full((31, 8), -1.0, np.float32)
+    interior[::2] = X
+    want_pad = np.concatenate([np.full((2, 8), -1.0, np.float32), interior[:-3]])[:, 1:]
+    want_pad = np.concatenate([want_pad, np.full((want_pad.shape[0], 2), -1.0, np.float32)], axis=1)
+    want = (want_pad, np.pad(X, ((1, 2), (0, 3)), constant_values=5), np.cumsum(X, 1), np.cumsum(X[::-1], 0)[::-1],
+            np.cumprod(X, 0), np.maximum.accumulate(Y, 1), np.minimum.accumulate(Y, 0), np.tril(X, 1), np.triu(X, -2),
+            np.einsum("ij,kj->ki", X, Y), np.cumsum(X))
+    for g, w in zip(got, want):
+        close(g, w, 1e-4)
+    g = tessera.jit(tessera.grad(lambda x: jnp.sum(x * lax.stop_gradient(x))))(x)
+    close(g, X)
+    s, order, (values, indices) = tessera.jit(lambda y: (jnp.sort(y), jnp.argsort(y, axis=0), lax.top_k(y, 3)))(y)
+    close(s, np.sort(Y, axis=-1))
+    np.testing.assert_array_equal(np.asarray(order), np.argsort(Y, axis=0, kind="stable"))
+    want_idx = np.argsort(-Y, axis=-1, kind="stable")[:, :3]
+    np.testing.assert_array_equal(np.asarray(indices), want_idx)
+    close(values, np.take_along_axis(Y, want_idx, -1))

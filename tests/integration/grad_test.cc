@@ -170,6 +170,28 @@ std::vector<GradCase> grad_cases() {
          return dynamic_update_slice(in[0], sin(in[1]), {full({}, 3.0, DType::kI32), full({}, 0.0, DType::kI32)});
        }});
   // tessera::nn's composites (their values: tests/client/nn_test.cc).
+  // Issue #15's composites (client/lax.cc): pad's VJP slices the cotangent (strided through
+  // the interior padding) and sums the rest into padding_value, as lax's transpose of pad;
+  // the scans differentiate through their combines (JAX: associative_scan).
+  out.push_back({"pad_negative_interior", {m, {}}, Domain::kSigned, [](V in) {
+                   return pad(in[0], in[1], {{2, -1, 1}, {-3, 2, 2}});
+                 }});
+  out.push_back({"jnp_pad", {m}, Domain::kSigned, [](V in) { return sin(pad(in[0], {{1, 2}, {0, 3}}, 0.5)); }});
+  out.push_back({"cumsum", {m}, Domain::kSigned, [](V in) { return cumsum(in[0], 1); }});
+  out.push_back({"cumsum_reverse", {m}, Domain::kSigned, [](V in) { return cumsum(in[0], 0, true); }});
+  out.push_back({"cumprod", {m}, Domain::kNearOne, [](V in) { return cumprod(in[0], 1); }});
+  out.push_back({"cumprod_reverse", {{4, 7}}, Domain::kSigned, [](V in) { return cumprod(in[0], 1, true); }});
+  out.push_back({"cummax", {m}, Domain::kSigned, [](V in) { return cummax(in[0], 1); }});
+  out.push_back({"cummin_reverse", {m}, Domain::kSigned, [](V in) { return cummin(in[0], 0, true); }});
+  out.push_back({"tril_triu", {m}, Domain::kSigned, [](V in) { return tril(in[0], 2) * 2.0 + triu(in[0], -1); }});
+  out.push_back(
+      {"einsum_transposed", {{4, 8}, {6, 8}}, Domain::kSigned, [](V in) { return einsum("ij,kj->ki", in[0], in[1]); }});
+  out.push_back({"einsum_batch_summed", {{2, 4, 3}, {2, 3, 5}}, Domain::kSigned, [](V in) {
+                   return einsum("bij,bjk->kb", in[0], in[1]);
+                 }});
+  // sort and top_k: the cotangent goes back through the permutation (a gather's VJP).
+  out.push_back({"sort", {m}, Domain::kSigned, [](V in) { return sort(in[0]) * iota(DType::kF64, {4, 8}, 1); }});
+  out.push_back({"top_k_values", {m}, Domain::kSigned, [](V in) { return top_k(exp(in[0]), 3).first; }});
   out.push_back({"nn_softmax", {m}, Domain::kSigned, [](V in) { return nn::softmax(in[0]); }});
   out.push_back({"nn_log_softmax", {m}, Domain::kSigned, [](V in) { return nn::log_softmax(in[0], 0); }});
   out.push_back({"nn_logsumexp", {m}, Domain::kSigned, [](V in) { return nn::logsumexp(in[0]); }});
@@ -330,6 +352,22 @@ TEST(Grad, ErrorsAndNonDifferentiablePaths) {
   absl::StatusOr<std::vector<HostArray>> d = evaluate_on_host(*g, {&x});
   ASSERT_TRUE(d.ok()) << d.status();
   for (int64_t i = 0; i < 4; ++i) EXPECT_EQ((*d)[0].element_as_double(i), 0.0);
+}
+
+// lax.stop_gradient: grad(lambda x: sum(x * stop_gradient(x) + stop_gradient(exp(x))))(x) is
+// stop_gradient(x) = x (the documented example of jax.lax.stop_gradient differentiates
+// through one factor only). Finite differences cannot see this, so the values are exact.
+TEST(Grad, StopGradientPassesNoCotangent) {
+  absl::StatusOr<Graph> g = trace(grad([](const std::vector<Value>& in) {
+                                    const Value& x = in[0];
+                                    return std::vector<Value>{sum(x * stop_gradient(x) + stop_gradient(exp(x)))};
+                                  }),
+                                  {{DType::kF64, {5}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  const HostArray x = HostArray::from_vector<double>({5}, {0.5, -1.5, 2.25, 3.0, -0.125});
+  absl::StatusOr<std::vector<HostArray>> d = evaluate_on_host(*g, {&x});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)[0], x);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 // plus the contraction layouts of dot_general and every transition with_sharding_constraint
 // can force. Integer and bool results must be exact, float32 ones within kF32Tolerance.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <random>
@@ -192,6 +193,69 @@ void add_layout_families(int m, const PartitionSpec& s, std::vector<OpCase>* cas
                                   exp(i)};
       },
       std::vector<std::optional<PartitionSpec>>(16, s));
+  // Issue #15: stop_gradient keeps the layout; the composites of client/lax.cc (pad with
+  // negative and interior padding, the cumulative scans along a split or whole axis, argmin,
+  // tril/triu, einsum) under every layout. Their semantics are checked against plain loops
+  // and JAX's documented examples in JnpSemantics.PadScansArgminTrianglesEinsum.
+  add_case("lax_composites", {x, x, Input{DType::kF32, kMatrix, Domain::kNearOne, s}, i32},
+           {"stop_gradient",
+            "pad (2,-3,1) (-1,2,0)",
+            "jnp.pad 1",
+            "pad interior crop",
+            "jnp.pad i32",
+            "cumsum 0",
+            "cumsum 1 reverse",
+            "cumprod 1",
+            "cummax 0 reverse",
+            "cummin 1",
+            "cumsum i32 1",
+            "argmin 0",
+            "argmin 1",
+            "argmin i32 0",
+            "tril",
+            "triu 2",
+            "tril -3",
+            "einsum ij,kj->ik",
+            "einsum ij,ik->kj",
+            "einsum ij,ij->i"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             const Value &u = in[0], &v = in[1], &n = in[2], &i = in[3];
+             const Value fill = full({}, -1.0);
+             return std::vector<Value>{stop_gradient(u),
+                                       pad(u, fill, {{2, -3, 1}, {-1, 2, 0}}),
+                                       pad(u, {{1, 1}}),
+                                       pad(u, fill, {{0, 0, 0}, {-4, -5, 2}}),
+                                       pad(i, {{3, 0}, {0, 5}}, 7.0),
+                                       cumsum(u, 0),
+                                       cumsum(u, 1, true),
+                                       cumprod(n, 1),
+                                       cummax(u, 0, true),
+                                       cummin(u, -1),
+                                       cumsum(i, 1),
+                                       argmin(u, 0),
+                                       argmin(u, 1),
+                                       argmin(i, 0),
+                                       tril(u),
+                                       triu(u, 2),
+                                       tril(u, -3),
+                                       einsum("ij,kj->ik", u, v),
+                                       einsum("ij,ik->kj", u, v),
+                                       einsum("ij,ij->i", u, v)};
+           },
+           {s});
+  // argsort along either axis (a split one is gathered), sort and top_k along the last; the
+  // int32 inputs in [-4, 4] tie often, so the tie order is checked across every layout too.
+  add_case("sort_top_k", {x, i32},
+           {"argsort 0", "argsort 1", "argsort 0 descending", "sort", "top_k values", "top_k indices", "sort i32",
+            "argsort i32 1", "top_k i32 values", "top_k i32 indices"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             const Value &u = in[0], &i = in[1];
+             const auto [values, indices] = top_k(u, 5);
+             const auto [ivalues, iindices] = top_k(i, 16);
+             return std::vector<Value>{argsort(u, 0), argsort(u, 1), argsort(u, 0, true), sort(u), values,
+                                       indices,       sort(i),       argsort(i),          ivalues, iindices};
+           },
+           {spec_of({{}, s1}), spec_of({s0, {}})});
   // numpy broadcasting inserts broadcast_in_dim: a row vector laid out like the matrix's rows.
   add_case("broadcast_binary", {x, Input{DType::kF32, {16}, Domain::kSigned, spec_of({s1})}}, {"x + row", "row * x"},
            [](const std::vector<Value>& in, const Mesh&) {
@@ -741,6 +805,186 @@ TEST(JnpSemantics, RemainderClampComparisonsAndPromotion) {
                   .status()
                   .message(),
               HasSubstr("matmul: the batch dimensions of (2, 3, 4) and (3, 4, 6) do not broadcast"));
+}
+
+// The composites of client/lax.cc on the host against JAX's docstring examples (lax.pad in
+// jax/_src/lax/lax.py, jnp.pad in jax/_src/numpy/lax_numpy.py, jnp.cumsum) and plain loops.
+TEST(JnpSemantics, PadScansArgminTrianglesEinsum) {
+  auto run = [](const TracedFunction& f, std::vector<ArrayType> types, std::vector<const HostArray*> in) {
+    absl::StatusOr<Graph> g = trace(f, types);
+    EXPECT_TRUE(g.ok()) << g.status();
+    absl::StatusOr<std::vector<HostArray>> out = g.ok() ? evaluate_on_host(*g, in) : g.status();
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *std::move(out) : std::vector<HostArray>{};
+  };
+  auto ints = [](Shape s, std::vector<int32_t> v) { return HostArray::from_vector<int32_t>(std::move(s), v); };
+  const HostArray x4 = ints({4}, {1, 2, 3, 4}), x5 = ints({5}, {1, 2, 3, 4, 5}), x10 = ints({4}, {10, 20, 30, 40});
+  const HostArray x23 = ints({2, 3}, {1, 2, 3, 4, 5, 6});
+  std::vector<HostArray> p = run(
+      [](const std::vector<Value>& in) {
+        const Value zero = full({}, 0.0, DType::kI32);
+        return std::vector<Value>{
+            pad(in[0], zero, {{2, 3, 0}}),   pad(in[0], zero, {{0, 0, 1}}),
+            pad(in[1], zero, {{-1, -2, 0}}), pad(in[3], full({}, -1.0, DType::kI32), {{2, 2, 0}, {2, 2, 0}}),
+            pad(in[2], {{2, 2}}, 99.0),      pad(in[2], {{2, 4}}),
+            pad(in[3], {{1, 2}, {3, 0}}),    cumsum(in[3], 1),
+            cumsum(reshape(in[3], {6}), 0)};
+      },
+      {{DType::kI32, {4}}, {DType::kI32, {5}}, {DType::kI32, {4}}, {DType::kI32, {2, 3}}}, {&x4, &x5, &x10, &x23});
+  ASSERT_EQ(p.size(), 9u);
+  EXPECT_EQ(p[0], ints({9}, {0, 0, 1, 2, 3, 4, 0, 0, 0}));
+  EXPECT_EQ(p[1], ints({7}, {1, 0, 2, 0, 3, 0, 4}));
+  EXPECT_EQ(p[2], ints({2}, {2, 3}));
+  EXPECT_EQ(p[3], ints({6, 7}, {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1,  2,  3,  -1, -1,
+                                -1, -1, 4,  5,  6,  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}));
+  EXPECT_EQ(p[4], ints({8}, {99, 99, 10, 20, 30, 40, 99, 99}));
+  EXPECT_EQ(p[5], ints({10}, {0, 0, 10, 20, 30, 40, 0, 0, 0, 0}));
+  EXPECT_EQ(p[6],
+            ints({5, 6}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 4, 5, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(p[7], ints({2, 3}, {1, 3, 6, 4, 9, 15}));
+  EXPECT_EQ(p[8], ints({6}, {1, 3, 6, 10, 15, 21}));
+
+  // Plain loops on a random (5, 7) matrix (odd sizes: the scans' last step is partial).
+  std::mt19937 rng(7);
+  HostArray a = random_array(DType::kF64, {5, 7}, Domain::kSigned, rng);
+  const HostArray b = random_array(DType::kF64, {5, 7}, Domain::kSigned, rng);
+  a.mutable_values<double>()[2 * 7 + 4] = a.values<double>()[0 * 7 + 4];  // a tie in column 4: the first wins
+  a.mutable_values<double>()[3 * 7 + 1] = std::nan("");                   // a NaN in column 1 and row 3
+  std::vector<HostArray> r = run(
+      [](const std::vector<Value>& in) {
+        const Value &u = in[0], &v = in[1];
+        return std::vector<Value>{
+            cumsum(u, 0),    cumprod(u, 1, true), cummax(u, 1), cummin(u, 0, true),        argmin(u, 0),
+            argmin(u, 1),    tril(u, 1),          triu(u, -1),  einsum("ij,kj->ki", u, v), einsum("ij,ik->j", u, v),
+            stop_gradient(u)};
+      },
+      {{DType::kF64, {5, 7}}, {DType::kF64, {5, 7}}}, {&a, &b});
+  ASSERT_EQ(r.size(), 11u);
+  auto at = [&](int i, int j) { return a.values<double>()[i * 7 + j]; };
+  auto bt = [&](int i, int j) { return b.values<double>()[i * 7 + j]; };
+  auto expect = [](const HostArray& got, int64_t k, double want, const std::string& what) {
+    const double g = got.element_as_double(k);
+    if (std::isnan(want) || std::isinf(want)) {
+      EXPECT_TRUE(std::isnan(want) ? std::isnan(g) : g == want) << what << " element " << k << ": " << g;
+    } else {
+      EXPECT_NEAR(g, want, 1e-12 * (1 + std::abs(want))) << what << " element " << k;
+    }
+  };
+  // NaN propagates through max and min as in XLA; the loops use fmax-like NaN-first rules.
+  auto nan_max = [](double p, double q) { return std::isnan(p) || std::isnan(q) ? std::nan("") : std::max(p, q); };
+  auto nan_min = [](double p, double q) { return std::isnan(p) || std::isnan(q) ? std::nan("") : std::min(p, q); };
+  for (int i = 0; i < 5; ++i) {
+    for (int j = 0; j < 7; ++j) {
+      double s = 0, pr = 1, mx = -INFINITY, mn = INFINITY;
+      for (int k = 0; k <= i; ++k) s += at(k, j);
+      for (int k = j; k < 7; ++k) pr *= at(i, k);
+      for (int k = 0; k <= j; ++k) mx = nan_max(mx, at(i, k));
+      for (int k = i; k < 5; ++k) mn = nan_min(mn, at(k, j));
+      const int64_t e = i * 7 + j;
+      expect(r[0], e, s, "cumsum 0");
+      expect(r[1], e, pr, "cumprod 1 reverse");
+      expect(r[2], e, mx, "cummax 1");
+      expect(r[3], e, mn, "cummin 0 reverse");
+      expect(r[6], e, j <= i + 1 ? at(i, j) : 0.0, "tril 1");
+      expect(r[7], e, j >= i - 1 ? at(i, j) : 0.0, "triu -1");
+      expect(r[10], e, at(i, j), "stop_gradient");
+    }
+  }
+  auto first_min = [](std::vector<double> v) {
+    int64_t best = 0;
+    for (int64_t k = 1; k < static_cast<int64_t>(v.size()); ++k) {
+      if (!std::isnan(v[best]) && (std::isnan(v[k]) || v[k] < v[best])) best = k;
+    }
+    return best;
+  };
+  for (int j = 0; j < 7; ++j) {
+    std::vector<double> col;
+    for (int i = 0; i < 5; ++i) col.push_back(at(i, j));
+    EXPECT_EQ(r[4].element_as_double(j), first_min(col)) << "argmin 0 column " << j;
+  }
+  EXPECT_EQ(r[4].element_as_double(1), 3) << "the NaN";
+  for (int i = 0; i < 5; ++i) {
+    std::vector<double> row;
+    for (int j = 0; j < 7; ++j) row.push_back(at(i, j));
+    EXPECT_EQ(r[5].element_as_double(i), first_min(row)) << "argmin 1 row " << i;
+  }
+  for (int k = 0; k < 5; ++k) {
+    for (int i = 0; i < 5; ++i) {
+      double s = 0;
+      for (int j = 0; j < 7; ++j) s += at(i, j) * bt(k, j);
+      expect(r[8], k * 5 + i, s, "einsum ij,kj->ki");
+    }
+  }
+  for (int j = 0; j < 7; ++j) {
+    double s = 0;
+    for (int i = 0; i < 5; ++i) {
+      for (int k = 0; k < 7; ++k) s += at(i, j) * bt(i, k);
+    }
+    expect(r[9], j, s, "einsum ij,ik->j (k summed first)");
+  }
+  // argsort, sort and top_k against ranks counted pairwise (no sort involved): element k of a
+  // lane goes to position #(elements before it in the order) — strictly smaller ones, and
+  // equal ones with a lower index; NaNs (all equal) after everything ascending, before
+  // everything descending; -0 equals 0.
+  const HostArray s = HostArray::from_vector<double>(
+      {3, 7}, {2.0, -1.0, 2.0,  std::nan(""), -0.0, 0.0,          -1.0, 5.0,       4.0,      3.0, 2.0,
+               1.0, 0.0,  -1.0, std::nan(""), 1.0,  std::nan(""), 1.0,  -INFINITY, INFINITY, 1.0});
+  std::vector<HostArray> so = run(
+      [](const std::vector<Value>& in) {
+        const auto [values, indices] = top_k(in[0], 4);
+        return std::vector<Value>{argsort(in[0]), argsort(in[0], -1, true), sort(in[0]), values,
+                                  indices,        argsort(in[0], 0)};
+      },
+      {{DType::kF64, {3, 7}}}, {&s});
+  ASSERT_EQ(so.size(), 6u);
+  auto before = [](double p, int64_t i, double q, int64_t j, bool descending) {  // p (at i) before q (at j)?
+    const bool pn = std::isnan(p), qn = std::isnan(q);
+    const bool less = descending ? (pn && !qn) || (!pn && !qn && p > q) : (!pn && qn) || (!pn && !qn && p < q);
+    const bool equal = (pn && qn) || (!pn && !qn && p == q);
+    return less || (equal && i < j);
+  };
+  for (bool descending : {false, true}) {
+    for (int row = 0; row < 3; ++row) {
+      for (int k = 0; k < 7; ++k) {
+        int64_t position = 0;
+        for (int j = 0; j < 7; ++j)
+          position += before(s.values<double>()[row * 7 + j], j, s.values<double>()[row * 7 + k], k, descending);
+        const HostArray& order = so[descending ? 1 : 0];
+        EXPECT_EQ(order.element_as_double(row * 7 + position), k)
+            << (descending ? "descending" : "ascending") << " row " << row;
+        if (!descending) expect(so[2], row * 7 + position, s.values<double>()[row * 7 + k], "sort");
+        if (descending && position < 4) {
+          expect(so[3], row * 4 + position, s.values<double>()[row * 7 + k], "top_k values");
+          EXPECT_EQ(so[4].element_as_double(row * 4 + position), k) << "top_k indices row " << row;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(so[4], HostArray::from_vector<int32_t>({3, 4}, {3, 0, 2, 4, 0, 1, 2, 3, 0, 2, 5, 1}));
+  EXPECT_EQ(so[5].shape(), (Shape{3, 7}));
+  // The refusals name the rule.
+  const std::vector<ArrayType> two = {{DType::kF32, {4, 4}}, {DType::kF32, {4, 4}}};
+  auto message = [&](std::function<Value(const Value&, const Value&)> f) {
+    return std::string(trace([f](const std::vector<Value>& in) { return std::vector<Value>{f(in[0], in[1])}; }, two)
+                           .status()
+                           .message());
+  };
+  EXPECT_THAT(message([](const Value& u, const Value& v) { return einsum("ii,ij->ij", u, v); }),
+              HasSubstr("label 'i' repeats in operand 0 ('ii'); traces and diagonals are not supported"));
+  EXPECT_THAT(message([](const Value& u, const Value& v) { return einsum("ij,jk", u, v); }),
+              HasSubstr("must have the form 'ab,bc->ac'"));
+  EXPECT_THAT(message([](const Value& u, const Value&) {
+                return pad(u, full({}, 0.0), {{-3, -2, 0}, {0, 0, 0}});
+              }),
+              HasSubstr("pad: dimension 0 of (4, 4) padded by (-3, -2, 0) would have negative size -1"));
+  EXPECT_THAT(message([](const Value& u, const Value&) {
+                return pad(u, full({}, 0, DType::kI32), {{0, 0, 0}});
+              }),
+              HasSubstr("pad: 1 padding entries for an operand of shape (4, 4)"));
+  EXPECT_THAT(message([](const Value& u, const Value&) { return cumsum(u, 2); }),
+              HasSubstr("cumsum: axis 2 is out of range for shape (4, 4)"));
+  EXPECT_THAT(message([](const Value& u, const Value&) { return top_k(u, 5).first; }),
+              HasSubstr("top_k: k = 5 for an operand of shape (4, 4); it needs rank >= 1 and 0 <= k <= the last"));
 }
 
 class JitOpsTest : public MeshesSuite, public ::testing::WithParamInterface<OpCase> {};

@@ -148,6 +148,9 @@ absl::Span<const KernelEntry> layout_kernels() {
       // Placement only: the operand's value (where it lives is the caller's business).
       {Op::kShardingConstraint, Backend::kCpu,
        [](const Node&, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return xs[0]->clone(); }},
+      // lax.stop_gradient: the operand's value (what it stops is grad's business).
+      {Op::kStopGradient, Backend::kCpu,
+       [](const Node&, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return xs[0]->clone(); }},
   };
   return kKernels;
 }

@@ -1,4 +1,4 @@
-// Reductions and argmax.
+// Reductions, argmax and argsort.
 //
 // A reduction reads its operand once, in memory order, folding each element into the result
 // element it belongs to: along a reduced last dimension that is a running fold of a contiguous
@@ -159,6 +159,47 @@ HostArray argmax_kernel(const Node& node, const HostArray& x) {
   return out;
 }
 
+// jnp.argsort: each lane along `axis` sorted stably by JAX's comparator, which canonicalizes
+// floats first (jax/_src/lax/lax.py, _canonicalize_float_for_sort: -0 equals 0, every NaN is
+// one NaN, sorted last). Descending (jnp.argsort(descending=True), the reverse of the
+// ascending sort of the reversed lane): NaNs first, then larger first, ties in index order.
+HostArray argsort_kernel(const Node& node, const HostArray& x) {
+  HostArray out(DType::kI32, x.shape());
+  const size_t axis = static_cast<size_t>(node.attrs<ArgmaxAttrs>().axis);
+  const Shape& shape = x.shape();
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t n = shape[axis];
+  const bool descending = node.op == Op::kArgsortDescending;
+  int32_t* index = out.mutable_values<int32_t>().data();
+  visit_dtype(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const Stored<T>* in = stored<T>(x);
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    std::vector<Stored<T>> lane(static_cast<size_t>(n));
+    for (int64_t i = 0; i < outer; ++i) {
+      for (int64_t j = 0; j < inner; ++j) {
+        const int64_t base = i * n * inner + j;
+        for (int64_t k = 0; k < n; ++k) {
+          order[k] = static_cast<int32_t>(k);
+          lane[k] = static_cast<Stored<T>>(load<T>(in[base + k * inner]));
+        }
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+          if (descending) std::swap(a, b);  // "b before a" for the strict order, ties kept in place
+          if constexpr (kIsFloat<T>) {
+            return !std::isnan(lane[a]) && (std::isnan(lane[b]) || lane[a] < lane[b]);
+          } else {
+            return lane[a] < lane[b];
+          }
+        });
+        for (int64_t k = 0; k < n; ++k) index[base + k * inner] = order[k];
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 absl::Span<const KernelEntry> reduction_kernels() {
@@ -173,6 +214,10 @@ absl::Span<const KernelEntry> reduction_kernels() {
       {Op::kReduceProd, Backend::kCpu, kReduce},
       {Op::kArgmax, Backend::kCpu,
        [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return argmax_kernel(n, *xs[0]); }},
+      {Op::kArgsort, Backend::kCpu,
+       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return argsort_kernel(n, *xs[0]); }},
+      {Op::kArgsortDescending, Backend::kCpu,
+       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return argsort_kernel(n, *xs[0]); }},
   };
   return kKernels;
 }

@@ -19,7 +19,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -84,6 +86,9 @@ Value floor(const Value& x);
 Value ceil(const Value& x);
 Value sign(const Value& x);
 Value logical_not(const Value& x);
+// lax.stop_gradient: x's value (any dtype), through which grad passes no cotangent; its
+// layout is x's.
+Value stop_gradient(const Value& x);
 
 // Elementwise binary ops with numpy broadcasting; mixed dtypes meet at promote_types.
 // add, sub, mul, div and pow need numeric operands (not bool); logical_and and logical_or
@@ -280,6 +285,49 @@ Value dynamic_update_slice(const Value& x, const Value& update, const std::vecto
 // holds `value` converted to dtype. Called outside a trace they return an invalid Value.
 Value iota(DType dtype, Shape shape, int64_t dimension);
 Value full(Shape shape, double value, DType dtype = DType::kF32);
+
+// Composites (client/lax.cc), traced from the ops above: their kernels, sharding rules and
+// VJPs are those ops'.
+// lax.pad: per dimension, `low` and `high` fills at the edges (negative ones crop) and
+// `interior` fills between elements; padding_value is a scalar of x's dtype. jnp.pad's
+// constant mode: (before, after) per dimension (one pair for all), non-negative.
+struct PadDim {
+  int64_t low = 0, high = 0, interior = 0;
+};
+Value pad(const Value& x, const Value& padding_value, const std::vector<PadDim>& config);
+Value pad(const Value& x, std::vector<std::pair<int64_t, int64_t>> pad_width, double constant_value = 0.0);
+// lax.cumsum / cumprod / cummax / cummin along `axis` (inclusive; `reverse` scans from the
+// end). jnp's bool counts as int32 in cumsum and cumprod. A log2(n)-step prefix scan of slices
+// and concatenates, so grad goes through the scan's combines, as JAX differentiates these
+// through associative_scan (jax/_src/lax/control_flow/loops.py, _cumulative_jvp_rule): for
+// cummax the cotangent goes to the element that attained the running maximum (halved at ties).
+Value cumsum(const Value& x, int64_t axis, bool reverse = false);
+Value cumprod(const Value& x, int64_t axis, bool reverse = false);
+Value cummax(const Value& x, int64_t axis, bool reverse = false);
+Value cummin(const Value& x, int64_t axis, bool reverse = false);
+// jnp.argmin: the first index of the minimum along `axis`; the first NaN if there is one.
+Value argmin(const Value& x, int64_t axis, DType index_dtype = DType::kI32);
+// jnp.tril / triu over the last two dimensions: zeros above (below) diagonal k.
+Value tril(const Value& x, int64_t k = 0);
+Value triu(const Value& x, int64_t k = 0);
+// jnp.einsum of two operands with an explicit output, "bij,bjk->bik": labels in both operands
+// and the output are batch dimensions, in both and not the output contracted, in one and the
+// output free; a label in one operand only and not the output is summed first. Repeated
+// labels within an operand (traces, diagonals) and ellipses are refused. One dot_general and a
+// transpose to the output's order.
+Value einsum(const std::string& subscripts, const Value& a, const Value& b);
+
+// jnp.argsort(x, axis, descending): int32 indices sorting x stably along `axis` (the ops
+// argsort / argsort_descending): ascending puts NaNs last and keeps -0 and 0 in index order,
+// descending puts NaNs first, then larger values, equal ones still in index order. A split
+// `axis` is gathered; other dimensions keep their splits.
+Value argsort(const Value& x, int64_t axis = -1, bool descending = false);
+// jnp.sort along the last axis (its values through the argsort permutation: one gather, so
+// grad scatters the cotangent back through the permutation). lax.top_k(x, k) along the last
+// axis: the k largest values and their int32 indices, ties to the lower index, NaNs first
+// (as argsort descending); grad flows to the values.
+Value sort(const Value& x);
+std::pair<Value, Value> top_k(const Value& x, int64_t k);
 
 // jax.lax.with_sharding_constraint: pins the sharding of an intermediate. Fails the trace
 // when `sharding` does not fit x's shape (NamedSharding::validate).
