@@ -30,7 +30,7 @@ namespace tessera {
 // 13: credentials, session credentials and array grants; 14: mesh axis types; 15: the
 // indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: scan, ScanAttrs and loop instructions; stop_gradient, argsort.)
 inline constexpr uint32_t kProtocolVersion = 16;
-inline constexpr uint64_t kOpTableDigest = 0x12bb87add38944d6;
+inline constexpr uint64_t kOpTableDigest = 0xcb827f1a2935cbe4;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;
