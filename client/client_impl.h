@@ -42,6 +42,8 @@ class ClientImpl {
 
   // The session every array and program of this client belongs to (OpenSession).
   uint64_t session() const { return session_.load(); }
+  // A number for a new call, unique within this client (ExecuteRequest.call_id).
+  uint64_t next_call_id() { return call_ids_.fetch_add(1) + 1; }
   // Unique among the clients this process ever made.
   uint64_t serial() const { return serial_; }
 
@@ -95,6 +97,7 @@ class ClientImpl {
   grpc::ClientContext* renewing_ ABSL_GUARDED_BY(mu_) = nullptr;  // the renewer's call, to cancel
 
   std::atomic<uint64_t> session_{0};
+  std::atomic<uint64_t> call_ids_{0};
   uint64_t epoch_ = 0;  // of the coordinator that renewed the lease last; the renewer's
   absl::Notification stopping_;
   std::thread renewer_;
