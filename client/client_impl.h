@@ -66,6 +66,9 @@ class ClientImpl {
   // Best effort: asks the coordinator to forget the array and free its buffers. Returns when
   // that is done, except on a gRPC callback thread, where it only starts the RPC.
   void delete_array(uint64_t id);
+  // Deletes `arrays` (ids and grants) with one asynchronous DeleteArray. `counted`: the
+  // caller already counts as a call in flight (InFlight::end_execution handed it these).
+  void delete_arrays_async(std::vector<std::pair<uint64_t, std::string>> arrays, bool counted);
 
   const std::shared_ptr<InFlight>& in_flight() const { return in_flight_; }
 

@@ -56,10 +56,26 @@ void InFlight::begin_call(absl::Time finish_by) {
   latest_ = std::max(latest_, finish_by);
 }
 
-void InFlight::end_execution() {
+std::vector<std::pair<uint64_t, std::string>> InFlight::end_execution() {
   absl::MutexLock lock(&mu_);
-  --executions_;
-  --count_;
+  std::vector<std::pair<uint64_t, std::string>> deletes;
+  if (--executions_ == 0) deletes.swap(deletes_);
+  if (deletes.empty()) --count_;  // else the count stays for the caller's DeleteArray
+  return deletes;
+}
+
+bool InFlight::defer_delete(uint64_t id, const std::string& grant) {
+  absl::MutexLock lock(&mu_);
+  if (executions_ == 0 || deletes_.size() >= kMaxDeferredDeletes) return false;
+  deletes_.emplace_back(id, grant);
+  return true;
+}
+
+std::vector<std::pair<uint64_t, std::string>> InFlight::take_deletes() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<uint64_t, std::string>> deletes;
+  deletes.swap(deletes_);
+  return deletes;
 }
 
 void InFlight::end_call() {
@@ -238,6 +254,10 @@ void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool
   call->request.set_timeout_ms(absl::ToInt64Milliseconds(timeout_));
   call->request.set_session_id(client_->session());
   call->request.set_call_id(call_id_);
+  for (auto& [id, grant] : in_flight_->take_deletes()) {
+    call->request.add_delete_arrays(id);
+    call->request.add_delete_grants(std::move(grant));
+  }
   const bool named = !pending.empty();
   for (pb::CallOutput& p : pending) *call->request.add_pending_inputs() = std::move(p);
   call->ctx.set_deadline(absl::ToChronoTime(rpc_deadline));
@@ -334,8 +354,10 @@ void Execution::finish(absl::Status status, std::vector<uint64_t> ids, absl::Sta
   named_producers_.clear();
   for (uint64_t id : orphans) client_->delete_array(id);
   for (std::function<void()>& f : continuations) f();
-  // Last: once this execution no longer counts, ~ClientImpl may run.
-  in_flight_->end_execution();
+  // Last: once this execution no longer counts, ~ClientImpl may run (unless it was the last
+  // and hands over deletions, which then count until their RPC ends).
+  std::vector<std::pair<uint64_t, std::string>> deletes = in_flight_->end_execution();
+  if (!deletes.empty()) client_->delete_arrays_async(std::move(deletes), /*counted=*/true);
 }
 
 bool Execution::ready() const {

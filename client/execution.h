@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,6 +37,8 @@ class Execution;
 // How many calls of one client may be in flight (dispatched or waiting for their inputs)
 // before a new call waits for one to finish.
 inline constexpr int kMaxExecutionsInFlight = 16;
+// How many deletions may wait for the next Execute to carry them (beyond, they go at once).
+inline constexpr size_t kMaxDeferredDeletes = 256;
 
 // True on a thread running one of this SDK's gRPC callbacks: work there must not block.
 bool on_callback_thread();
@@ -51,9 +54,16 @@ class InFlight {
   absl::Status begin_execution(absl::Time finish_by, const std::string& who);
   // Counts an asynchronous RPC that ends by `finish_by`.
   void begin_call(absl::Time finish_by);
-  // One execution, or one call, ended.
-  void end_execution();
+  // One execution, or one call, ended. If it was the last execution in flight, end_execution
+  // returns the deletions deferred meanwhile: the caller then still counts as a call in flight
+  // (it sends them with ClientImpl::delete_arrays_async(..., counted=true)).
+  std::vector<std::pair<uint64_t, std::string>> end_execution();
   void end_call();
+  // While executions are in flight, keeps a deletion (an id and its grant) for the next
+  // Execute to carry; false (the caller deletes it now) when none is, or kMaxDeferredDeletes wait.
+  bool defer_delete(uint64_t id, const std::string& grant);
+  // The deletions deferred so far, for an Execute to carry.
+  std::vector<std::pair<uint64_t, std::string>> take_deletes();
   // Waits until nothing is in flight. Everything counted ends by its deadline (gRPC calls
   // their callbacks by then), so this returns by the latest one.
   void wait_idle();
@@ -63,6 +73,7 @@ class InFlight {
   int executions_ ABSL_GUARDED_BY(mu_) = 0;
   int count_ ABSL_GUARDED_BY(mu_) = 0;  // executions and calls
   absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::vector<std::pair<uint64_t, std::string>> deletes_ ABSL_GUARDED_BY(mu_);
 };
 
 // The buffers of one array on its devices: placed by id, or output `output` of `producer`.

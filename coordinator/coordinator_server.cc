@@ -250,29 +250,39 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                            pb::DeleteArrayReply*) override {
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
     if (!caller.ok()) return to_grpc(caller.status());
-    std::vector<uint64_t> ids(req->array_ids().begin(), req->array_ids().end());
-    // Every array named must be the caller's (unknown ids are skipped, as before).
+    absl::StatusOr<std::map<int, std::vector<uint64_t>>> buffers =
+        take_arrays(*caller, req->array_ids(), req->grants(), "DeleteArray");
+    if (!buffers.ok()) return to_grpc(buffers.status());
+    delete_buffers(*buffers);
+    return grpc::Status::OK;
+  }
+
+  // Forgets the arrays `ids` (with their `grants`, in order; may be shorter) for a deletion by
+  // `caller`, and returns their buffers by device, to be deleted there. PERMISSION_DENIED if
+  // one is another session's (nothing is forgotten then); unknown ids are skipped.
+  absl::StatusOr<std::map<int, std::vector<uint64_t>>> take_arrays(
+      const Caller& caller, const google::protobuf::RepeatedField<uint64_t>& ids,
+      const google::protobuf::RepeatedPtrField<std::string>& grants, absl::string_view method) {
     for (uint64_t id : ids) {
       absl::StatusOr<ArrayRecord> a = registry_.get_array(id);
       if (!a.ok()) continue;
-      absl::Status owner = check_owner(*caller, *a, "DeleteArray", "delete");
-      if (!owner.ok()) return to_grpc(owner);
+      TESSERA_RETURN_IF_ERROR(check_owner(caller, *a, method, "delete"));
     }
-    std::map<int, std::vector<uint64_t>> buffers = buffers_of(registry_.remove_arrays(ids));
+    std::map<int, std::vector<uint64_t>> buffers =
+        buffers_of(registry_.remove_arrays(std::vector<uint64_t>(ids.begin(), ids.end())));
     // Arrays of an earlier incarnation that nobody adopted: their buffers go too. Their owner
     // is unknown here, so they go with their grant (or for an admin); else the lease reaps them.
     std::vector<uint64_t> orphan_ids;
-    for (int i = 0; i < req->array_ids_size(); ++i) {
-      const std::string grant = i < req->grants_size() ? req->grants(i) : "";
-      if (caller->at_least(Role::kAdmin) || auth_.check_grant(req->array_ids(i), grant, "DeleteArray").ok()) {
-        orphan_ids.push_back(req->array_ids(i));
+    for (int i = 0; i < ids.size(); ++i) {
+      const std::string grant = i < grants.size() ? grants[i] : "";
+      if (caller.at_least(Role::kAdmin) || auth_.check_grant(ids[i], grant, method).ok()) {
+        orphan_ids.push_back(ids[i]);
       }
     }
     for (auto& [device, orphans] : registry_.remove_orphans(orphan_ids)) {
       buffers[device].insert(buffers[device].end(), orphans.begin(), orphans.end());
     }
-    delete_buffers(buffers);
-    return grpc::Status::OK;
+    return buffers;
   }
 
   grpc::Status AdoptArrays(grpc::ServerContext* ctx, const pb::AdoptArraysRequest* req,
@@ -388,15 +398,25 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       reactor->Finish(to_grpc(session.status()));
       return reactor;
     }
+    // The client's deletions riding on this call: done whatever becomes of the call.
+    absl::StatusOr<std::map<int, std::vector<uint64_t>>> frees =
+        take_arrays(*caller, req->delete_arrays(), req->delete_grants(), "execute: delete_arrays");
+    if (!frees.ok()) {
+      reactor->Finish(to_grpc(frees.status()));
+      return reactor;
+    }
     const CallKey key{*session, req->call_id()};
     absl::Status arrived = arrive_call(key);
     if (!arrived.ok()) {
+      delete_buffers(*frees, /*wait=*/false);
       reactor->Finish(to_grpc(arrived));  // not recorded: the call id is another call's
       return reactor;
     }
     if (req->pending_inputs_size() == 0) {
-      start_execution(key, *caller, *req, reactor, reply);
+      start_execution(key, *caller, *req, reactor, reply, {}, *std::move(frees));
     } else {
+      // Not kept while the call waits for its producers: nothing reads these buffers.
+      delete_buffers(*frees, /*wait=*/false);
       await_producers(key, *caller, req, reactor, reply);
     }
     return reactor;
@@ -405,11 +425,15 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // Checks `req` and runs it (its inputs all exist, or are outputs of `producers`, whose runs
   // were sent): the reply goes when every device answered, or at once with an error. Never
   // blocks.
+  // `frees` are buffers to delete by device (arrays the client dropped): they ride on the runs
+  // when every device holding one is a member, and are deleted on their own otherwise.
   void start_execution(const CallKey& key, const Caller& caller, const pb::ExecuteRequest& req,
                        grpc::ServerUnaryReactor* reactor, pb::ExecuteReply* reply,
-                       std::vector<std::pair<int, std::shared_ptr<Execution>>> producers = {}) {
+                       std::vector<std::pair<int, std::shared_ptr<Execution>>> producers = {},
+                       std::map<int, std::vector<uint64_t>> frees = {}) {
     absl::StatusOr<std::shared_ptr<Execution>> e = prepare_execution(req, caller, reactor, reply);
     if (!e.ok()) {
+      delete_buffers(frees, /*wait=*/false);
       complete_call(key, e.status(), {});
       reactor->Finish(to_grpc(e.status()));
       return;
@@ -418,9 +442,24 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     (*e)->producers = std::move(producers);
     publish_running(key, *e);
     if (missing_plans(*(*e)->program, (*e)->members).empty()) {
+      bool ride = true;
+      for (const auto& [device, ids] : frees) {
+        bool member = false;
+        for (const pb::PeerAddress& p : (*e)->members.peers) member = member || p.device_id() == device;
+        ride = ride && member;
+      }
+      if (ride) {
+        std::set<uint64_t> ids;
+        for (const auto& [device, buffers] : frees) ids.insert(buffers.begin(), buffers.end());
+        for (uint64_t id : ids) (*e)->request.add_free_buffers(id);
+        (*e)->frees = std::move(frees);
+      } else {
+        delete_buffers(frees, /*wait=*/false);
+      }
       run_plans(*std::move(e));
       return;
     }
+    delete_buffers(frees, /*wait=*/false);
     // Loading waits for the workers: on a thread of the pool, never this one. The server
     // waits for Finish before it goes, and the pool's destructor for the thread.
     std::shared_ptr<Execution> execution = *std::move(e);
@@ -925,6 +964,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     // The running calls whose outputs are inputs (by input index): this call's runs go after
     // theirs on every stream, and its reply waits for their outcome (a failed one fails this).
     std::vector<std::pair<int, std::shared_ptr<Execution>>> producers;
+    // The buffers request.free_buffers deletes, by device (for a member with no stream).
+    std::map<int, std::vector<uint64_t>> frees;
     grpc::ServerUnaryReactor* reactor = nullptr;
     pb::ExecuteReply* reply = nullptr;
     std::shared_ptr<Program> program;
@@ -1264,6 +1305,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         finish_execution(e);
       };
       if (e->streams[k] == nullptr) {
+        auto it = e->frees.find(e->members.peers[k].device_id());
+        if (it != e->frees.end()) delete_buffers({{it->first, it->second}}, /*wait=*/false);
         done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker registered anew since the call was checked"));
       } else {
         e->streams[k]->run(e->request, std::move(done));

@@ -653,6 +653,8 @@ void PlanStreamReactor::OnReadDone(bool ok) {
   auto req = std::make_shared<pb::RunPlanRequest>();
   req->Swap(request_.mutable_run());
   const uint64_t execution = req->execution_id();
+  // Deletions riding on the run: nothing reads these buffers any more.
+  if (req->free_buffers_size() > 0) service_->erase(req->free_buffers());
   absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan = service_->plan_for(*req);
   if (!plan.ok()) {
     StartRead(&request_);
