@@ -7,10 +7,13 @@
 // latency, p50 and p99), the call alone (dispatch: how long the caller is held), and N calls
 // issued back to back and then waited for (time per call: what asynchronous dispatch buys),
 // both on one input and as a chain where each call consumes the previous one's output.
+#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -32,6 +35,30 @@ ABSL_FLAG(bool, json, false, "one JSON object instead of text");
 ABSL_FLAG(bool, check_credentials, true,
           "the cluster checks tokens (as Client::local does); false: the development mode, to see what the checks "
           "cost");
+
+namespace {
+
+// Context switches (voluntary and not) of every thread of this process so far: the embedded
+// cluster's coordinator and workers run in it too, so this counts the whole path of a call.
+long context_switches() {
+  long total = 0;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream status(std::string("/proc/self/task/") + e->d_name + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0 || line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) {
+        total += std::stol(line.substr(line.find(':') + 1));
+      }
+    }
+  }
+  closedir(dir);
+  return total;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Times jit dispatch against a gRPC round trip.\nUsage: bench_dispatch [--iters=200]");
@@ -62,7 +89,9 @@ int main(int argc, char** argv) {
     return 1;
   };
   std::vector<double> jit_us, dispatch_us, rpc_us;
+  long switches_before = 0;
   for (int i = 0; i < iters + 10; ++i) {
+    if (i == 10) switches_before = context_switches();
     const absl::Time t = absl::Now();
     absl::StatusOr<std::vector<Array>> y = f({*x});
     const absl::Time dispatched = absl::Now();
@@ -75,10 +104,11 @@ int main(int argc, char** argv) {
       dispatch_us.push_back(absl::ToDoubleMicroseconds(dispatched - t));
     }
   }
+  const double switches_per_call = static_cast<double>(context_switches() - switches_before) / iters;
   // N calls back to back, then one wait for all of them: independent calls on one input, and
   // a chain where each call consumes the previous output (it runs when that one is ready).
   const int n = std::max(1, absl::GetFlag(FLAGS_back_to_back));
-  double independent_us = 0, chained_us = 0;
+  double independent_us = 0, chained_us = 0, chained_switches = 0;
   {
     std::vector<Array> outputs;
     const absl::Time t = absl::Now();
@@ -94,6 +124,7 @@ int main(int argc, char** argv) {
   {
     Jitted g = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 0.5 + 1.0}; });
     Array y = *x;
+    const long before = context_switches();
     const absl::Time t = absl::Now();
     for (int i = 0; i < n; ++i) {
       absl::StatusOr<std::vector<Array>> next = g({y});
@@ -103,6 +134,7 @@ int main(int argc, char** argv) {
     absl::Status ready = y.block_until_ready();
     if (!ready.ok()) return fail(ready);
     chained_us = absl::ToDoubleMicroseconds(absl::Now() - t) / n;
+    chained_switches = static_cast<double>(context_switches() - before) / n;
   }
   auto stub = pb::Coordinator::NewStub(
       make_channel(client->coordinator_address(), std::make_shared<CallIdentity>(credentials->client)));
@@ -120,16 +152,20 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_json)) {
     std::printf(
         "{\"p50_us\": %.1f, \"p99_us\": %.1f, \"grpc_p50_us\": %.1f, \"dispatch_p50_us\": %.1f, "
-        "\"back_to_back\": %d, \"back_to_back_us_per_call\": %.1f, \"chained_us_per_call\": %.1f}\n",
-        p50, p99, grpc50, dispatch50, n, independent_us, chained_us);
+        "\"back_to_back\": %d, \"back_to_back_us_per_call\": %.1f, \"chained_us_per_call\": %.1f, "
+        "\"context_switches_per_call\": %.1f, \"chained_context_switches_per_call\": %.1f}\n",
+        p50, p99, grpc50, dispatch50, n, independent_us, chained_us, switches_per_call, chained_switches);
   } else {
     std::printf(
         "cached jit (8, 8) on 8 workers, call + block_until_ready: p50 %.0f us, p99 %.0f us; gRPC unary round trip "
         "p50 %.0f us (jit/rpc %.1fx)\n"
         "dispatch alone (the call returns): p50 %.0f us\n"
         "%d calls back to back, then block_until_ready: %.0f us per call (independent), %.0f us per call (each "
-        "consuming the previous output)\n",
-        p50, p99, grpc50, p50 / grpc50, dispatch50, n, independent_us, chained_us);
+        "consuming the previous output; chained/independent %.2fx)\n"
+        "context switches per call, all threads (client, coordinator, workers): %.1f (call + block_until_ready), "
+        "%.1f (chained)\n",
+        p50, p99, grpc50, p50 / grpc50, dispatch50, n, independent_us, chained_us, chained_us / independent_us,
+        switches_per_call, chained_switches);
   }
   for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile}) {
     std::remove(absl::StrCat(dir, "/", f).c_str());

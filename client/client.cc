@@ -201,22 +201,10 @@ void ClientImpl::delete_array(uint64_t id) {
     }
   }
   if (on_callback_thread()) {
-    // gRPC's callback threads must not block: send it and let ~ClientImpl wait for it.
-    struct DeleteCall {
-      grpc::ClientContext ctx;
-      pb::DeleteArrayRequest request;
-      pb::DeleteArrayReply reply;
-    };
-    auto* call = new DeleteCall;
-    call->request.add_array_ids(id);
-    call->request.add_grants(grant);
-    set_deadline(&call->ctx, kControlDeadline);
-    in_flight_->begin_call(absl::Now() + kControlDeadline);
-    coordinator_->async()->DeleteArray(&call->ctx, &call->request, &call->reply,
-                                       [call, in_flight = in_flight_](grpc::Status) {
-                                         delete call;
-                                         in_flight->end_call();
-                                       });
+    // gRPC's callback threads must not block. While calls are in flight, the next Execute
+    // carries the deletion (no RPC of its own); else it goes now, and ~ClientImpl waits for it.
+    if (in_flight_->defer_delete(id, grant)) return;
+    delete_arrays_async({{id, std::move(grant)}}, /*counted=*/false);
     return;
   }
   pb::DeleteArrayRequest req;
@@ -228,6 +216,26 @@ void ClientImpl::delete_array(uint64_t id) {
   // Best effort: if the coordinator is gone, so is the metadata; buffers on live workers stay
   // until they restart.
   coordinator_->DeleteArray(&ctx, req, &reply);
+}
+
+void ClientImpl::delete_arrays_async(std::vector<std::pair<uint64_t, std::string>> arrays, bool counted) {
+  struct DeleteCall {
+    grpc::ClientContext ctx;
+    pb::DeleteArrayRequest request;
+    pb::DeleteArrayReply reply;
+  };
+  auto* call = new DeleteCall;
+  for (auto& [id, grant] : arrays) {
+    call->request.add_array_ids(id);
+    call->request.add_grants(std::move(grant));
+  }
+  set_deadline(&call->ctx, kControlDeadline);
+  if (!counted) in_flight_->begin_call(absl::Now() + kControlDeadline);
+  coordinator_->async()->DeleteArray(&call->ctx, &call->request, &call->reply,
+                                     [call, in_flight = in_flight_](grpc::Status) {
+                                       delete call;
+                                       in_flight->end_call();
+                                     });
 }
 
 absl::Status with_adoption(const ArrayState& a, uint64_t id, const std::function<absl::Status()>& call) {

@@ -42,6 +42,8 @@ class ClientImpl {
 
   // The session every array and program of this client belongs to (OpenSession).
   uint64_t session() const { return session_.load(); }
+  // A number for a new call, unique within this client (ExecuteRequest.call_id).
+  uint64_t next_call_id() { return call_ids_.fetch_add(1) + 1; }
   // Unique among the clients this process ever made.
   uint64_t serial() const { return serial_; }
 
@@ -64,6 +66,9 @@ class ClientImpl {
   // Best effort: asks the coordinator to forget the array and free its buffers. Returns when
   // that is done, except on a gRPC callback thread, where it only starts the RPC.
   void delete_array(uint64_t id);
+  // Deletes `arrays` (ids and grants) with one asynchronous DeleteArray. `counted`: the
+  // caller already counts as a call in flight (InFlight::end_execution handed it these).
+  void delete_arrays_async(std::vector<std::pair<uint64_t, std::string>> arrays, bool counted);
 
   const std::shared_ptr<InFlight>& in_flight() const { return in_flight_; }
 
@@ -95,6 +100,7 @@ class ClientImpl {
   grpc::ClientContext* renewing_ ABSL_GUARDED_BY(mu_) = nullptr;  // the renewer's call, to cancel
 
   std::atomic<uint64_t> session_{0};
+  std::atomic<uint64_t> call_ids_{0};
   uint64_t epoch_ = 0;  // of the coordinator that renewed the lease last; the renewer's
   absl::Notification stopping_;
   std::thread renewer_;

@@ -56,10 +56,26 @@ void InFlight::begin_call(absl::Time finish_by) {
   latest_ = std::max(latest_, finish_by);
 }
 
-void InFlight::end_execution() {
+std::vector<std::pair<uint64_t, std::string>> InFlight::end_execution() {
   absl::MutexLock lock(&mu_);
-  --executions_;
-  --count_;
+  std::vector<std::pair<uint64_t, std::string>> deletes;
+  if (--executions_ == 0) deletes.swap(deletes_);
+  if (deletes.empty()) --count_;  // else the count stays for the caller's DeleteArray
+  return deletes;
+}
+
+bool InFlight::defer_delete(uint64_t id, const std::string& grant) {
+  absl::MutexLock lock(&mu_);
+  if (executions_ == 0 || deletes_.size() >= kMaxDeferredDeletes) return false;
+  deletes_.emplace_back(id, grant);
+  return true;
+}
+
+std::vector<std::pair<uint64_t, std::string>> InFlight::take_deletes() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<uint64_t, std::string>> deletes;
+  deletes.swap(deletes_);
+  return deletes;
 }
 
 void InFlight::end_call() {
@@ -130,6 +146,7 @@ Execution::Execution(ClientImpl* client, std::vector<std::shared_ptr<ArrayBuffer
       timeout_(timeout),
       who_(std::move(who)),
       deadline_(deadline),
+      call_id_(client->next_call_id()),
       inputs_(std::move(inputs)),
       released_(static_cast<size_t>(num_outputs), false) {}
 
@@ -147,6 +164,17 @@ void Execution::start(ExecutableRef executable, const std::vector<std::shared_pt
                       Recompile recompile) {
   executable_ = executable;
   recompile_ = std::move(recompile);
+  // Inputs whose producers' Execute is in flight are named as those calls' outputs: sent now.
+  bool in_flight = false, can_forward = after.empty();
+  for (const auto& in : inputs_) {
+    if (in->producer() == nullptr || in->producer()->ready()) continue;
+    in_flight = true;
+    if (!in->producer()->sent()) can_forward = false;  // still waiting for its own inputs
+  }
+  if (in_flight && can_forward) {
+    forward();
+    return;
+  }
   // One count per input still being computed and per call to wait for, and one for this
   // function, so that dispatch() runs once, after the last of them.
   std::vector<std::shared_ptr<Execution>> waits = after;
@@ -178,20 +206,89 @@ void Execution::dispatch() {
   send(std::move(ids), absl::Now() + timeout_ + kRpcSlack, recompile_ != nullptr);
 }
 
-void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool may_recompile) {
+void Execution::forward() {
+  std::vector<uint64_t> ids(inputs_.size(), 0);
+  std::vector<pb::CallOutput> pending;
+  named_producers_.assign(inputs_.size(), nullptr);
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const std::shared_ptr<Execution>& producer = inputs_[i]->producer();
+    if (producer != nullptr && !producer->ready()) {
+      pb::CallOutput& p = pending.emplace_back();
+      p.set_input(static_cast<int32_t>(i));
+      p.set_call_id(producer->call_id());
+      p.set_output(inputs_[i]->output());
+      named_producers_[i] = producer;
+      continue;
+    }
+    absl::StatusOr<uint64_t> id = inputs_[i]->wait();  // ready: does not block
+    if (!id.ok()) {
+      finish(failed_input(who_, i, *producer), {}, producer->root_cause());
+      return;
+    }
+    ids[i] = *id;
+  }
+  // By the producers' deadlines plus this call's timeout (deadline_ is one second later).
+  send(std::move(ids), deadline_ - absl::Seconds(1), recompile_ != nullptr, std::move(pending));
+}
+
+void Execution::after_producers(std::function<void()> f) {
+  auto left = std::make_shared<std::atomic<int>>(1);
+  auto then = std::make_shared<std::function<void()>>(std::move(f));
+  auto one_done = [left, then] {
+    if (left->fetch_sub(1) == 1) (*then)();
+  };
+  for (const std::shared_ptr<Execution>& p : named_producers_) {
+    if (p == nullptr) continue;
+    left->fetch_add(1);
+    p->on_finish(one_done);
+  }
+  one_done();
+}
+
+void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool may_recompile,
+                     std::vector<pb::CallOutput> pending) {
   auto call = std::make_unique<ExecuteCall>();
   call->request.set_executable_id(executable_.id);
   call->request.set_epoch(executable_.epoch);
   call->request.mutable_input_arrays()->Assign(inputs.begin(), inputs.end());
   call->request.set_timeout_ms(absl::ToInt64Milliseconds(timeout_));
   call->request.set_session_id(client_->session());
+  call->request.set_call_id(call_id_);
+  for (auto& [id, grant] : in_flight_->take_deletes()) {
+    call->request.add_delete_arrays(id);
+    call->request.add_delete_grants(std::move(grant));
+  }
+  const bool named = !pending.empty();
+  for (pb::CallOutput& p : pending) *call->request.add_pending_inputs() = std::move(p);
   call->ctx.set_deadline(absl::ToChronoTime(rpc_deadline));
   ExecuteCall* raw = call.release();
+  sent_.store(true);
   client_->coordinator()->async()->Execute(
       &raw->ctx, &raw->request, &raw->reply,
-      [self = shared_from_this(), raw, inputs = std::move(inputs), may_recompile](grpc::Status s) mutable {
+      [self = shared_from_this(), raw, inputs = std::move(inputs), may_recompile, named](grpc::Status s) mutable {
         CallbackScope scope;
         std::unique_ptr<ExecuteCall> owned(raw);
+        if (!s.ok() && named) {
+          // Report a failed producer's own error (its reply may come after this one); after a
+          // coordinator restart (ABORTED), send again the usual way once the producers are done.
+          owned.reset();
+          const bool aborted = s.error_code() == grpc::StatusCode::ABORTED;
+          self->after_producers([self, status = from_grpc(s, self->who_), aborted]() mutable {
+            for (size_t i = 0; i < self->named_producers_.size(); ++i) {
+              const std::shared_ptr<Execution>& p = self->named_producers_[i];
+              if (p != nullptr && !p->wait().ok()) {  // finished: does not block
+                self->finish(failed_input(self->who_, i, *p), {}, p->root_cause());
+                return;
+              }
+            }
+            if (aborted) {
+              self->dispatch();
+            } else {
+              self->finish(std::move(status), {});
+            }
+          });
+          return;
+        }
         if (s.error_code() == grpc::StatusCode::ABORTED && may_recompile) {
           // The coordinator restarted since the program was compiled: adopt the inputs and
           // compile again, then send once more, all within this call's deadline (the
@@ -214,9 +311,10 @@ void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool
         absl::Status status = from_grpc(s, self->who_);
         std::vector<uint64_t> ids;
         if (status.ok()) {
-          for (const pb::ArrayInfo& info : owned->reply.outputs()) {
-            ids.push_back(info.array_id());
-            self->client_->remember_grant(info.array_id(), info.grant());
+          const pb::ExecuteReply& reply = owned->reply;
+          for (int k = 0; k < reply.output_ids_size(); ++k) {
+            ids.push_back(reply.output_ids(k));
+            self->client_->remember_grant(reply.output_ids(k), k < reply.grants_size() ? reply.grants(k) : "");
           }
           if (static_cast<int>(ids.size()) != self->num_outputs_) {
             status = absl::InternalError(absl::StrCat(self->who_, ": Execute returned ", ids.size(),
@@ -253,10 +351,13 @@ void Execution::finish(absl::Status status, std::vector<uint64_t> ids, absl::Sta
 
   // The inputs are no longer read: their buffers may go now (if this held the last owner).
   inputs_.clear();
+  named_producers_.clear();
   for (uint64_t id : orphans) client_->delete_array(id);
   for (std::function<void()>& f : continuations) f();
-  // Last: once this execution no longer counts, ~ClientImpl may run.
-  in_flight_->end_execution();
+  // Last: once this execution no longer counts, ~ClientImpl may run (unless it was the last
+  // and hands over deletions, which then count until their RPC ends).
+  std::vector<std::pair<uint64_t, std::string>> deletes = in_flight_->end_execution();
+  if (!deletes.empty()) client_->delete_arrays_async(std::move(deletes), /*counted=*/true);
 }
 
 bool Execution::ready() const {

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,6 +37,8 @@ class Execution;
 // How many calls of one client may be in flight (dispatched or waiting for their inputs)
 // before a new call waits for one to finish.
 inline constexpr int kMaxExecutionsInFlight = 16;
+// How many deletions may wait for the next Execute to carry them (beyond, they go at once).
+inline constexpr size_t kMaxDeferredDeletes = 256;
 
 // True on a thread running one of this SDK's gRPC callbacks: work there must not block.
 bool on_callback_thread();
@@ -51,9 +54,16 @@ class InFlight {
   absl::Status begin_execution(absl::Time finish_by, const std::string& who);
   // Counts an asynchronous RPC that ends by `finish_by`.
   void begin_call(absl::Time finish_by);
-  // One execution, or one call, ended.
-  void end_execution();
+  // One execution, or one call, ended. If it was the last execution in flight, end_execution
+  // returns the deletions deferred meanwhile: the caller then still counts as a call in flight
+  // (it sends them with ClientImpl::delete_arrays_async(..., counted=true)).
+  std::vector<std::pair<uint64_t, std::string>> end_execution();
   void end_call();
+  // While executions are in flight, keeps a deletion (an id and its grant) for the next
+  // Execute to carry; false (the caller deletes it now) when none is, or kMaxDeferredDeletes wait.
+  bool defer_delete(uint64_t id, const std::string& grant);
+  // The deletions deferred so far, for an Execute to carry.
+  std::vector<std::pair<uint64_t, std::string>> take_deletes();
   // Waits until nothing is in flight. Everything counted ends by its deadline (gRPC calls
   // their callbacks by then), so this returns by the latest one.
   void wait_idle();
@@ -63,6 +73,7 @@ class InFlight {
   int executions_ ABSL_GUARDED_BY(mu_) = 0;
   int count_ ABSL_GUARDED_BY(mu_) = 0;  // executions and calls
   absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::vector<std::pair<uint64_t, std::string>> deletes_ ABSL_GUARDED_BY(mu_);
 };
 
 // The buffers of one array on its devices: placed by id, or output `output` of `producer`.
@@ -84,6 +95,7 @@ class ArrayBuffers {
   absl::StatusOr<uint64_t> wait() const;
 
   const std::shared_ptr<Execution>& producer() const { return producer_; }
+  int output() const { return output_; }
 
   // Donation (jit's donate_argnums): marks the array as taken by a call, which frees its
   // buffers when it finishes (this then frees nothing). Returns the calls still reading it:
@@ -134,15 +146,21 @@ class Execution : public std::enable_shared_from_this<Execution> {
   // The deadline finish_by() of an execution on `inputs` started now with `timeout`.
   static absl::Time finish_by(const std::vector<std::shared_ptr<ArrayBuffers>>& inputs, absl::Duration timeout);
 
-  // Sends Execute(executable) once every input is ready and every call in `after` has
-  // finished (whatever its outcome), or fails without sending when an input's producer
-  // failed. Returns at once. When the coordinator answers that the executable belongs to an
-  // earlier incarnation of it (ABORTED: it restarted), `recompile` (if given) gets a new one
+  // Sends Execute(executable), or fails without sending when an input's producer is known to
+  // have failed. Returns at once. An input whose producer's Execute is in flight is named as
+  // that call's output (the coordinator runs this call after it: no round trip here per link
+  // of a chain); otherwise, or with calls in `after`, Execute is sent once every input is
+  // ready and every call in `after` has finished (whatever its outcome). When the coordinator answers that the
+  // executable belongs to an earlier incarnation of it (ABORTED: it restarted), `recompile` (if given) gets a new one
   // and Execute is sent once more.
   void start(ExecutableRef executable, const std::vector<std::shared_ptr<Execution>>& after = {},
              Recompile recompile = nullptr);
 
   bool ready() const;
+  // Whether this call's Execute has been sent (it may be in flight): a consumer may then name
+  // its outputs by call_id().
+  bool sent() const { return sent_.load(); }
+  uint64_t call_id() const { return call_id_; }
   absl::Time deadline() const { return deadline_; }
   // The call's outcome: OK, its error (naming the device that failed), or DEADLINE_EXCEEDED
   // when it has not finished by deadline().
@@ -170,8 +188,14 @@ class Execution : public std::enable_shared_from_this<Execution> {
  private:
   void input_ready();
   void dispatch();
-  // Sends Execute on `inputs` (array ids), by `rpc_deadline`; on ABORTED, recompiles once.
-  void send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool may_recompile);
+  // Sends Execute at once, naming the inputs still in flight as their producers' outputs.
+  void forward();
+  // Runs `f` once every producer named by forward() has finished.
+  void after_producers(std::function<void()> f);
+  // Sends Execute on `inputs` (array ids; 0 for the `pending` ones), by `rpc_deadline`; on
+  // ABORTED, recompiles once (or, with pending inputs, waits for them and sends again).
+  void send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool may_recompile,
+            std::vector<pb::CallOutput> pending = {});
   // Records the outcome (and its root cause: `status` itself when not given), frees the
   // outputs already released, runs the continuations and ends this execution in InFlight.
   // Called once.
@@ -184,6 +208,8 @@ class Execution : public std::enable_shared_from_this<Execution> {
   const absl::Duration timeout_;
   const std::string who_;
   const absl::Time deadline_;
+  const uint64_t call_id_;
+  std::atomic<bool> sent_{false};
 
   // Set by start() (and by a recompilation); read by dispatch() and send(), which run after
   // the last input_ready(), one after another.
@@ -191,6 +217,9 @@ class Execution : public std::enable_shared_from_this<Execution> {
   Recompile recompile_;
   std::shared_ptr<const std::vector<pb::ArrayInfo>> outputs_;
   std::atomic<int> pending_inputs_{0};
+  // The producers forward() named by their calls (null entries: inputs that existed). Set
+  // before Execute is sent; read by its callback.
+  std::vector<std::shared_ptr<Execution>> named_producers_;
   // Released by finish(). Touched only by start(), dispatch() and finish(), one after another.
   std::vector<std::shared_ptr<ArrayBuffers>> inputs_;
 

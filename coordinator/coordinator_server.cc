@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <deque>
 #include <functional>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -61,6 +63,16 @@ constexpr size_t kMaxStatusBytes = 3 << 20;
 
 // How often a long wait in a handler checks whether its caller cancelled.
 constexpr absl::Duration kCancelCheck = absl::Milliseconds(100);
+
+// Calls naming the outputs of calls still in flight (ExecuteRequest.pending_inputs): how long
+// a call waits for a producer that has not reached the coordinator (gRPC may hand two calls to
+// the handlers out of order; a producer whose Execute never came fails its consumers then),
+// how many such producers may be awaited at once, and how many finished calls' outcomes are
+// remembered for consumers that arrive after them (the SDK has at most 16 calls in flight).
+constexpr absl::Duration kProducerArrival = absl::Seconds(10);
+constexpr size_t kMaxAwaitedCalls = 1024;
+constexpr size_t kMaxRememberedCalls = 4096;
+constexpr size_t kMaxCalls = 1 << 16;
 
 // The coordinator's line to one worker.
 struct WorkerChannel {
@@ -238,29 +250,39 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
                            pb::DeleteArrayReply*) override {
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
     if (!caller.ok()) return to_grpc(caller.status());
-    std::vector<uint64_t> ids(req->array_ids().begin(), req->array_ids().end());
-    // Every array named must be the caller's (unknown ids are skipped, as before).
+    absl::StatusOr<std::map<int, std::vector<uint64_t>>> buffers =
+        take_arrays(*caller, req->array_ids(), req->grants(), "DeleteArray");
+    if (!buffers.ok()) return to_grpc(buffers.status());
+    delete_buffers(*buffers);
+    return grpc::Status::OK;
+  }
+
+  // Forgets the arrays `ids` (with their `grants`, in order; may be shorter) for a deletion by
+  // `caller`, and returns their buffers by device, to be deleted there. PERMISSION_DENIED if
+  // one is another session's (nothing is forgotten then); unknown ids are skipped.
+  absl::StatusOr<std::map<int, std::vector<uint64_t>>> take_arrays(
+      const Caller& caller, const google::protobuf::RepeatedField<uint64_t>& ids,
+      const google::protobuf::RepeatedPtrField<std::string>& grants, absl::string_view method) {
     for (uint64_t id : ids) {
       absl::StatusOr<ArrayRecord> a = registry_.get_array(id);
       if (!a.ok()) continue;
-      absl::Status owner = check_owner(*caller, *a, "DeleteArray", "delete");
-      if (!owner.ok()) return to_grpc(owner);
+      TESSERA_RETURN_IF_ERROR(check_owner(caller, *a, method, "delete"));
     }
-    std::map<int, std::vector<uint64_t>> buffers = buffers_of(registry_.remove_arrays(ids));
+    std::map<int, std::vector<uint64_t>> buffers =
+        buffers_of(registry_.remove_arrays(std::vector<uint64_t>(ids.begin(), ids.end())));
     // Arrays of an earlier incarnation that nobody adopted: their buffers go too. Their owner
     // is unknown here, so they go with their grant (or for an admin); else the lease reaps them.
     std::vector<uint64_t> orphan_ids;
-    for (int i = 0; i < req->array_ids_size(); ++i) {
-      const std::string grant = i < req->grants_size() ? req->grants(i) : "";
-      if (caller->at_least(Role::kAdmin) || auth_.check_grant(req->array_ids(i), grant, "DeleteArray").ok()) {
-        orphan_ids.push_back(req->array_ids(i));
+    for (int i = 0; i < ids.size(); ++i) {
+      const std::string grant = i < grants.size() ? grants[i] : "";
+      if (caller.at_least(Role::kAdmin) || auth_.check_grant(ids[i], grant, method).ok()) {
+        orphan_ids.push_back(ids[i]);
       }
     }
     for (auto& [device, orphans] : registry_.remove_orphans(orphan_ids)) {
       buffers[device].insert(buffers[device].end(), orphans.begin(), orphans.end());
     }
-    delete_buffers(buffers);
-    return grpc::Status::OK;
+    return buffers;
   }
 
   grpc::Status AdoptArrays(grpc::ServerContext* ctx, const pb::AdoptArraysRequest* req,
@@ -328,36 +350,353 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return grpc::Status::OK;
   }
 
+  // One call of a session, by the client's call id (0: a call no other names).
+  struct CallKey {
+    uint64_t session = 0;
+    uint64_t call = 0;
+    bool operator==(const CallKey& o) const { return session == o.session && call == o.call; }
+    template <typename H>
+    friend H AbslHashValue(H h, const CallKey& k) {
+      return H::combine(std::move(h), k.session, k.call);
+    }
+  };
+  // How a call ended: OK with its outputs' ids, or its error.
+  struct CallOutcome {
+    absl::Status status;
+    std::vector<uint64_t> outputs;
+  };
+
+ private:
+  struct Execution;
+  // Called once a named call is checked and about to run (`running`), or has failed before
+  // (`outcome`): exactly one of them is set.
+  using CallWaiter = std::function<void(const CallOutcome* outcome, const std::shared_ptr<Execution>& running)>;
+  // A call others name: awaited (named before it arrived), arrived, running, or finished.
+  struct CallEntry {
+    bool arrived = false;
+    absl::Time awaited_until = absl::InfiniteFuture();  // while not arrived
+    std::shared_ptr<Execution> running;                 // from its checks to its end
+    std::optional<CallOutcome> outcome;
+    std::vector<CallWaiter> waiters;  // until it runs or ends
+  };
+
+ public:
   // Callback API: the RunPlan fan-out is asynchronous and the reply goes from the last
   // worker's answer, on the thread that received it: no server thread waits for the workers,
   // and none has to be woken to answer (each hand-off is a context switch on this machine).
-  // The first call of a program on a device loads its plan first, on a thread of its own.
+  // The first call of a program on a device loads its plan first, on a thread of its own. A
+  // call naming outputs of calls still in flight (pending_inputs) is sent to the workers as
+  // soon as those calls' runs were (each worker runs it after them, in stream order): neither
+  // the client nor the coordinator waits for them to finish.
   grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx, const pb::ExecuteRequest* req,
                                     pb::ExecuteReply* reply) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
-    absl::StatusOr<std::shared_ptr<Execution>> e =
-        caller.ok() ? prepare_execution(*req, *caller, reactor, reply) : caller.status();
-    if (!e.ok()) {
-      reactor->Finish(to_grpc(e.status()));
-    } else if (missing_plans(*(*e)->program, (*e)->members).empty()) {
-      run_plans(*std::move(e));
+    absl::StatusOr<uint64_t> session =
+        caller.ok() ? acting_session(*caller, req->session_id(), "execute") : caller.status();
+    if (!session.ok()) {
+      reactor->Finish(to_grpc(session.status()));
+      return reactor;
+    }
+    // The client's deletions riding on this call: done whatever becomes of the call.
+    absl::StatusOr<std::map<int, std::vector<uint64_t>>> frees =
+        take_arrays(*caller, req->delete_arrays(), req->delete_grants(), "execute: delete_arrays");
+    if (!frees.ok()) {
+      reactor->Finish(to_grpc(frees.status()));
+      return reactor;
+    }
+    const CallKey key{*session, req->call_id()};
+    absl::Status arrived = arrive_call(key);
+    if (!arrived.ok()) {
+      delete_buffers(*frees, /*wait=*/false);
+      reactor->Finish(to_grpc(arrived));  // not recorded: the call id is another call's
+      return reactor;
+    }
+    if (req->pending_inputs_size() == 0) {
+      start_execution(key, *caller, *req, reactor, reply, {}, *std::move(frees));
     } else {
-      // Loading waits for the workers: on a thread of the pool, never this one. The server
-      // waits for Finish before it goes, and the pool's destructor for the thread.
-      std::shared_ptr<Execution> execution = *std::move(e);
-      absl::Status started = plan_loads_.run([this, execution] {
-        absl::Status loaded = load_plans(*execution->program, execution->members, execution->workers);
-        if (loaded.ok()) {
-          run_plans(execution);
-        } else {
-          fail_execution(*execution, loaded);
-        }
-      });
-      if (!started.ok())
-        fail_execution(*execution, absl::Status(started.code(), absl::StrCat("execute: ", started.message())));
+      // Not kept while the call waits for its producers: nothing reads these buffers.
+      delete_buffers(*frees, /*wait=*/false);
+      await_producers(key, *caller, req, reactor, reply);
     }
     return reactor;
+  }
+
+  // Checks `req` and runs it (its inputs all exist, or are outputs of `producers`, whose runs
+  // were sent): the reply goes when every device answered, or at once with an error. Never
+  // blocks.
+  // `frees` are buffers to delete by device (arrays the client dropped): they ride on the runs
+  // when every device holding one is a member, and are deleted on their own otherwise.
+  void start_execution(const CallKey& key, const Caller& caller, const pb::ExecuteRequest& req,
+                       grpc::ServerUnaryReactor* reactor, pb::ExecuteReply* reply,
+                       std::vector<std::pair<int, std::shared_ptr<Execution>>> producers = {},
+                       std::map<int, std::vector<uint64_t>> frees = {}) {
+    absl::StatusOr<std::shared_ptr<Execution>> e = prepare_execution(req, caller, reactor, reply);
+    if (!e.ok()) {
+      delete_buffers(frees, /*wait=*/false);
+      complete_call(key, e.status(), {});
+      reactor->Finish(to_grpc(e.status()));
+      return;
+    }
+    (*e)->call = key;
+    (*e)->producers = std::move(producers);
+    publish_running(key, *e);
+    if (missing_plans(*(*e)->program, (*e)->members).empty()) {
+      bool ride = true;
+      for (const auto& [device, ids] : frees) {
+        bool member = false;
+        for (const pb::PeerAddress& p : (*e)->members.peers) member = member || p.device_id() == device;
+        ride = ride && member;
+      }
+      if (ride) {
+        std::set<uint64_t> ids;
+        for (const auto& [device, buffers] : frees) ids.insert(buffers.begin(), buffers.end());
+        for (uint64_t id : ids) (*e)->request.add_free_buffers(id);
+        (*e)->frees = std::move(frees);
+      } else {
+        delete_buffers(frees, /*wait=*/false);
+      }
+      run_plans(*std::move(e));
+      return;
+    }
+    delete_buffers(frees, /*wait=*/false);
+    // Loading waits for the workers: on a thread of the pool, never this one. The server
+    // waits for Finish before it goes, and the pool's destructor for the thread.
+    std::shared_ptr<Execution> execution = *std::move(e);
+    absl::Status started = plan_loads_.run([this, execution] {
+      absl::Status loaded = load_plans(*execution->program, execution->members, execution->workers);
+      if (loaded.ok()) {
+        run_plans(execution);
+      } else {
+        fail_execution(*execution, loaded);
+      }
+    });
+    if (!started.ok())
+      fail_execution(*execution, absl::Status(started.code(), absl::StrCat("execute: ", started.message())));
+  }
+
+  // Records that call `key` reached the coordinator. INVALID_ARGUMENT if the session used its
+  // id already (for a call that is not being retried), RESOURCE_EXHAUSTED past kMaxCalls.
+  absl::Status arrive_call(const CallKey& key) {
+    if (key.call == 0) return absl::OkStatus();
+    absl::MutexLock lock(&calls_mu_);
+    auto it = calls_.find(key);
+    if (it == calls_.end()) {
+      if (calls_.size() >= kMaxCalls) {
+        return absl::ResourceExhaustedError(absl::StrCat("execute: ", kMaxCalls,
+                                                         " calls named by call id are in flight or awaited; call ",
+                                                         key.call, " is one too many"));
+      }
+      calls_[key].arrived = true;
+      return absl::OkStatus();
+    }
+    if (it->second.arrived || it->second.outcome.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("execute: call id ", key.call, " was used already by session ",
+                                                     key.session, "; each call of a session needs an id of its own"));
+    }
+    it->second.arrived = true;  // awaited by calls that came first
+    --awaited_calls_;
+    return absl::OkStatus();
+  }
+
+  // Call `key` ended with `status` (and these outputs): the calls waiting for it go on. One
+  // that failed ABORTED (an earlier coordinator's program, or one out of the cache) is sent
+  // again by the client under the same id: its consumers wait for that.
+  void complete_call(const CallKey& key, const absl::Status& status, std::vector<uint64_t> outputs) {
+    if (key.call == 0) return;
+    std::vector<CallWaiter> waiters;
+    CallOutcome outcome{status, std::move(outputs)};
+    {
+      absl::MutexLock lock(&calls_mu_);
+      auto it = calls_.find(key);
+      if (it == calls_.end()) return;
+      CallEntry& entry = it->second;
+      if (status.code() == absl::StatusCode::kAborted) {
+        if (entry.waiters.empty()) {
+          calls_.erase(it);
+        } else {
+          entry.arrived = false;
+          entry.awaited_until = absl::Now() + kProducerArrival;
+          ++awaited_calls_;
+        }
+        return;
+      }
+      entry.outcome = outcome;
+      entry.running = nullptr;
+      waiters.swap(entry.waiters);
+      remembered_.push_back(key);
+      while (remembered_.size() > kMaxRememberedCalls) {
+        calls_.erase(remembered_.front());
+        remembered_.pop_front();
+      }
+    }
+    for (auto& w : waiters) w(&outcome, nullptr);
+  }
+
+  // Call `key` passed its checks as `e`: the calls waiting for it are sent after it.
+  void publish_running(const CallKey& key, const std::shared_ptr<Execution>& e) {
+    if (key.call == 0) return;
+    std::vector<CallWaiter> waiters;
+    {
+      absl::MutexLock lock(&calls_mu_);
+      auto it = calls_.find(key);
+      if (it == calls_.end()) return;
+      it->second.running = e;
+      waiters.swap(it->second.waiters);
+    }
+    for (auto& w : waiters) w(nullptr, e);
+  }
+
+  // Every tick of the monitor: calls awaited longer than kProducerArrival fail their waiters.
+  void expire_awaited_calls() {
+    std::vector<std::pair<CallKey, std::vector<CallWaiter>>> expired;
+    const absl::Time now = absl::Now();
+    {
+      absl::MutexLock lock(&calls_mu_);
+      for (auto it = calls_.begin(); it != calls_.end();) {
+        if (it->second.arrived || it->second.outcome.has_value() || now < it->second.awaited_until) {
+          ++it;
+          continue;
+        }
+        expired.emplace_back(it->first, std::move(it->second.waiters));
+        --awaited_calls_;
+        calls_.erase(it++);
+      }
+    }
+    for (auto& [key, waiters] : expired) {
+      CallOutcome outcome{absl::DeadlineExceededError(absl::StrCat("call ", key.call, " of session ", key.session,
+                                                                   " did not reach the coordinator within ",
+                                                                   absl::FormatDuration(kProducerArrival))),
+                          {}};
+      for (auto& w : waiters) w(&outcome, nullptr);
+    }
+  }
+
+  // A call waiting for the producers its pending_inputs name.
+  struct ProducerWait {
+    CallKey key;
+    Caller caller;
+    pb::ExecuteRequest request;  // a copy, its pending inputs filled in as they finish
+    grpc::ServerUnaryReactor* reactor = nullptr;
+    pb::ExecuteReply* reply = nullptr;
+    std::atomic<int> pending{0};
+    absl::Mutex mu;
+    absl::Status failure ABSL_GUARDED_BY(mu);  // the first producer's error
+    std::vector<std::pair<int, std::shared_ptr<Execution>>> producers ABSL_GUARDED_BY(mu);  // running, by input
+  };
+
+  // Registers `req`'s wait for its producers; the last to finish starts it (or fails it with
+  // the first failure). Never blocks.
+  void await_producers(const CallKey& key, const Caller& caller, const pb::ExecuteRequest* req,
+                       grpc::ServerUnaryReactor* reactor, pb::ExecuteReply* reply) {
+    const uint64_t epoch = registry_.epoch();
+    if (req->epoch() != 0 && req->epoch() != epoch) {
+      // The producers ran under an earlier coordinator: nothing here is theirs.
+      absl::Status aborted = absl::AbortedError(
+          absl::StrCat("execute: executable ", req->executable_id(), " was compiled by coordinator epoch ",
+                       req->epoch(), " but this is epoch ", epoch, " (the coordinator restarted); compile again"));
+      complete_call(key, aborted, {});
+      reactor->Finish(to_grpc(aborted));
+      return;
+    }
+    auto wait = std::make_shared<ProducerWait>();
+    wait->key = key;
+    wait->caller = caller;
+    wait->request = *req;
+    wait->reactor = reactor;
+    wait->reply = reply;
+    const int n = req->pending_inputs_size();
+    wait->pending.store(n + 1);  // one for this function
+    auto one_done = [this, wait] {
+      if (wait->pending.fetch_sub(1) != 1) return;
+      absl::Status failure;
+      std::vector<std::pair<int, std::shared_ptr<Execution>>> producers;
+      {
+        absl::MutexLock lock(&wait->mu);
+        failure = wait->failure;
+        producers.swap(wait->producers);
+      }
+      if (!failure.ok()) {
+        complete_call(wait->key, failure, {});
+        wait->reactor->Finish(to_grpc(failure));
+        return;
+      }
+      start_execution(wait->key, wait->caller, wait->request, wait->reactor, wait->reply, std::move(producers));
+    };
+    auto fail = [wait](absl::Status status) {
+      absl::MutexLock lock(&wait->mu);
+      if (wait->failure.ok()) wait->failure = std::move(status);
+    };
+    for (int k = 0; k < n; ++k) {
+      const pb::CallOutput& p = req->pending_inputs(k);
+      if (p.input() < 0 || p.input() >= req->input_arrays_size() || req->input_arrays(p.input()) != 0 ||
+          p.call_id() == 0 || p.call_id() == key.call || p.output() < 0) {
+        fail(absl::InvalidArgumentError(absl::StrCat(
+            "execute: pending input ", k, " (input ", p.input(), ", call ", p.call_id(), ", output ", p.output(),
+            ") must name one of the ", req->input_arrays_size(), " inputs left 0, and an output of another call")));
+        one_done();
+        continue;
+      }
+      // The producer ended (outcome) or runs: then this is sent after its runs were.
+      auto resolve = [wait, p, fail, one_done](const CallOutcome* outcome, const std::shared_ptr<Execution>& running) {
+        auto take = [wait, p, fail, one_done](const absl::Status& status, const std::vector<uint64_t>& outputs,
+                                              std::shared_ptr<Execution> producer) {
+          if (!status.ok()) {
+            fail(absl::Status(status.code(), absl::StrCat("execute: input ", p.input(),
+                                                          " is an output of a failed call: ", status.message())));
+          } else if (p.output() >= static_cast<int>(outputs.size())) {
+            fail(absl::InvalidArgumentError(absl::StrCat("execute: input ", p.input(), " names output ", p.output(),
+                                                         " of call ", p.call_id(), ", which has ", outputs.size())));
+          } else {
+            absl::MutexLock lock(&wait->mu);
+            wait->request.set_input_arrays(p.input(), outputs[p.output()]);
+            if (producer != nullptr) wait->producers.emplace_back(p.input(), std::move(producer));
+          }
+          one_done();
+        };
+        if (outcome != nullptr) {
+          take(outcome->status, outcome->outputs, nullptr);
+          return;
+        }
+        when_sent(*running, [take, running] {
+          const absl::Status failed = failed_before_finish(*running);
+          take(failed, running->output_ids, failed.ok() ? running : nullptr);
+        });
+      };
+      std::optional<CallOutcome> known;
+      std::shared_ptr<Execution> running;
+      absl::Status refused;
+      {
+        absl::MutexLock lock(&calls_mu_);
+        const CallKey producer{key.session, p.call_id()};
+        auto it = calls_.find(producer);
+        if (it != calls_.end() && it->second.outcome.has_value()) {
+          known = it->second.outcome;
+        } else if (it != calls_.end() && it->second.running != nullptr) {
+          running = it->second.running;
+        } else if (it == calls_.end() && (awaited_calls_ >= kMaxAwaitedCalls || calls_.size() >= kMaxCalls)) {
+          refused = absl::ResourceExhaustedError(
+              absl::StrCat("execute: input ", p.input(), " names call ", p.call_id(), ", which has not arrived, and ",
+                           awaited_calls_, " such calls are awaited already (at most ", kMaxAwaitedCalls, ")"));
+        } else {
+          CallEntry& entry = calls_[producer];
+          if (it == calls_.end()) {
+            entry.awaited_until = absl::Now() + kProducerArrival;
+            ++awaited_calls_;
+          }
+          entry.waiters.push_back(resolve);
+        }
+      }
+      if (known.has_value()) {
+        resolve(&*known, nullptr);
+      } else if (running != nullptr) {
+        resolve(nullptr, running);
+      } else if (!refused.ok()) {
+        fail(refused);
+        one_done();
+      }
+    }
+    one_done();
   }
 
   // Every tick of the monitor: an execution with a member lost (or registered anew) meanwhile
@@ -621,6 +960,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // device.
   struct Execution {
     uint64_t id = 0;
+    CallKey call;  // the client's call, if others name it
+    // The running calls whose outputs are inputs (by input index): this call's runs go after
+    // theirs on every stream, and its reply waits for their outcome (a failed one fails this).
+    std::vector<std::pair<int, std::shared_ptr<Execution>>> producers;
+    // The buffers request.free_buffers deletes, by device (for a member with no stream).
+    std::map<int, std::vector<uint64_t>> frees;
     grpc::ServerUnaryReactor* reactor = nullptr;
     pb::ExecuteReply* reply = nullptr;
     std::shared_ptr<Program> program;
@@ -638,9 +983,57 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     int done ABSL_GUARDED_BY(mu) = 0;
     absl::Time first_failure ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
     bool cancelled ABSL_GUARDED_BY(mu) = false;
-    bool sent ABSL_GUARDED_BY(mu) = false;  // every run handed to its stream
-    int lost ABSL_GUARDED_BY(mu) = -1;      // the member that was lost meanwhile, if any
+    bool sent ABSL_GUARDED_BY(mu) = false;      // every run handed to its stream
+    int lost ABSL_GUARDED_BY(mu) = -1;          // the member that was lost meanwhile, if any
+    bool finished ABSL_GUARDED_BY(mu) = false;  // answered; `outcome` is how
+    absl::Status outcome ABSL_GUARDED_BY(mu);
+    absl::Status producer_failure;  // set before the reply is made, if a producer failed
+    // What waits for `sent` (or an end before it) and for the end.
+    std::vector<std::function<void()>> on_sent ABSL_GUARDED_BY(mu);
+    std::vector<std::function<void()>> on_finished ABSL_GUARDED_BY(mu);
   };
+
+  // Runs `f` once every run of `e` is handed to its stream, or `e` ended before: at once, on
+  // this thread, if so. `f` must not block.
+  static void when_sent(Execution& e, std::function<void()> f) {
+    {
+      absl::MutexLock lock(&e.mu);
+      if (!e.sent && !e.finished) {
+        e.on_sent.push_back(std::move(f));
+        return;
+      }
+    }
+    f();
+  }
+  // Runs `f` once `e` ended (as when_sent).
+  static void when_finished(Execution& e, std::function<void()> f) {
+    {
+      absl::MutexLock lock(&e.mu);
+      if (!e.finished) {
+        e.on_finished.push_back(std::move(f));
+        return;
+      }
+    }
+    f();
+  }
+  // The error `e` ended with before its runs were all sent; OK otherwise.
+  static absl::Status failed_before_finish(Execution& e) {
+    absl::MutexLock lock(&e.mu);
+    return e.finished ? e.outcome : absl::OkStatus();
+  }
+  // `e` ended with `outcome`: what waited for it goes on.
+  static void settle(Execution& e, const absl::Status& outcome) {
+    std::vector<std::function<void()>> waiting;
+    {
+      absl::MutexLock lock(&e.mu);
+      e.finished = true;
+      e.outcome = outcome;
+      waiting.swap(e.on_sent);
+      for (auto& f : e.on_finished) waiting.push_back(std::move(f));
+      e.on_finished.clear();
+    }
+    for (auto& f : waiting) f();
+  }
 
   // The index of the first of `members` that is lost or has registered anew since; -1 if none.
   int changed_member(const Members& members) const {
@@ -891,7 +1284,10 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // was) is the monitor's to enforce.
   void run_plans(std::shared_ptr<Execution> e) {
     const int n = static_cast<int>(e->workers.size());
-    e->deadline = absl::Now() + run_wait(*e);
+    // Its runs start on the workers after its producers' runs: its wait starts after theirs.
+    absl::Time start = absl::Now();
+    for (const auto& [input, p] : e->producers) start = std::max(start, p->deadline);
+    e->deadline = start + run_wait(*e);
     for (int k = 0; k < n; ++k) e->streams.push_back(e->workers[k]->plan_stream(e->members.incarnations[k]));
     {
       absl::MutexLock lock(&executions_mu_);
@@ -909,17 +1305,47 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         finish_execution(e);
       };
       if (e->streams[k] == nullptr) {
+        auto it = e->frees.find(e->members.peers[k].device_id());
+        if (it != e->frees.end()) delete_buffers({{it->first, it->second}}, /*wait=*/false);
         done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker registered anew since the call was checked"));
       } else {
         e->streams[k]->run(e->request, std::move(done));
       }
     }
-    absl::MutexLock lock(&e->mu);
-    e->sent = true;
+    std::vector<std::function<void()>> on_sent;
+    {
+      absl::MutexLock lock(&e->mu);
+      e->sent = true;
+      on_sent.swap(e->on_sent);
+    }
+    for (auto& f : on_sent) f();
   }
 
   // After every member answered: the reply, or the first failure.
   void finish_execution(const std::shared_ptr<Execution>& e) {
+    if (!e->producers.empty()) {
+      // Answer after the producers did: with the first one's error if one failed.
+      auto producers = std::make_shared<std::vector<std::pair<int, std::shared_ptr<Execution>>>>();
+      producers->swap(e->producers);
+      auto left = std::make_shared<std::atomic<int>>(static_cast<int>(producers->size()) + 1);
+      auto one_done = [this, e, producers, left] {
+        if (left->fetch_sub(1) != 1) return;
+        for (const auto& [input, p] : *producers) {
+          const absl::Status failed = failed_before_finish(*p);  // finished: its outcome
+          if (!failed.ok()) {
+            e->producer_failure = absl::Status(
+                failed.code(),
+                absl::StrCat("execute: input ", input, " is an output of a failed call: ", failed.message()));
+            break;
+          }
+        }
+        producers->clear();
+        finish_execution(e);
+      };
+      for (const auto& [input, p] : *producers) when_finished(*p, one_done);
+      one_done();
+      return;
+    }
     {
       absl::MutexLock lock(&executions_mu_);
       executions_.erase(e->id);
@@ -947,6 +1373,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       // ABORTED: the SDK compiles again (a cache hit) and retries, which loads the plan again.
       status = absl::AbortedError(absl::StrCat(status.message(), "; its plan is loaded again at the next call"));
     }
+    if (!e->producer_failure.ok()) status = e->producer_failure;
     execute_seconds_.observe(absl::Now() - e->started);
     if (!status.ok()) {
       executions_failed_.fetch_add(1);
@@ -956,10 +1383,11 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     executions_ok_.fetch_add(1);
     e->program->executions.fetch_add(1);
     for (const ArrayRecord& a : e->outputs) {
-      pb::ArrayInfo* out = e->reply->add_outputs();
-      to_proto(a, out);
-      out->set_grant(auth_.grant(a.id));
+      e->reply->add_output_ids(a.id);
+      e->reply->add_grants(auth_.grant(a.id));
     }
+    complete_call(e->call, absl::OkStatus(), e->output_ids);
+    settle(*e, absl::OkStatus());
     e->reactor->Finish(grpc::Status::OK);
   }
 
@@ -967,6 +1395,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // waits: it may run on a gRPC callback thread.
   void fail_execution(Execution& e, const absl::Status& status) {
     delete_buffers(buffers_of(registry_.remove_arrays(e.output_ids)), /*wait=*/false);
+    complete_call(e.call, status, {});
+    settle(e, status);
     e.reactor->Finish(to_grpc(status));
   }
 
@@ -1362,6 +1792,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   LatencyHistogram execute_seconds_{"tessera_coordinator_execute_seconds",
                                     "Executions, from the request to every device's answer."};
 
+  absl::Mutex calls_mu_;
+  // Calls others name (ExecuteRequest.call_id): running, awaited or recently finished.
+  absl::flat_hash_map<CallKey, CallEntry> calls_ ABSL_GUARDED_BY(calls_mu_);
+  std::deque<CallKey> remembered_ ABSL_GUARDED_BY(calls_mu_);  // finished, oldest first
+  size_t awaited_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
+
   absl::Mutex executions_mu_;
   // The executions whose RunPlans are in flight, by id.
   absl::flat_hash_map<uint64_t, std::shared_ptr<Execution>> executions_ ABSL_GUARDED_BY(executions_mu_);
@@ -1446,6 +1882,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
                      absl::FormatDuration(options_.heartbeat_timeout).c_str());
       }
       service_.watch_executions();
+      service_.expire_awaited_calls();
       update_health();
     }
   }

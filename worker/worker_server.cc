@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <set>
 #include <thread>
@@ -33,6 +34,9 @@ namespace {
 // coordinator's 4 MiB message limit); the others cannot be adopted after a coordinator restart.
 constexpr int kMaxHeldBuffersReported = 100'000;
 
+// Runs of one RunPlans stream that may wait for the runs making their inputs at once.
+constexpr size_t kMaxDeferredRuns = 4096;
+
 // A plan as LoadPlan delivered it, with what every run of it needs.
 struct LoadedPlan {
   DevicePlan plan;
@@ -58,7 +62,11 @@ class Refused final : public Reactor {
 // The server side of the coordinator's RunPlans stream: each request is a run (or the cancel
 // of one); each run's result goes back as its own message when the run ends, in any order.
 // Reads never wait for a run: the next read starts first, then a small local plan runs on the
-// thread that read it, and every other plan on a thread of its own. One write is in flight;
+// thread that read it, and every other plan on a thread of its own. A run whose inputs are
+// outputs of runs sent before it on this stream and still going (the coordinator forwards a
+// call naming an earlier call's outputs at once) waits, without a thread, until they ended:
+// it starts on the thread that ended the last of them, after that one's result is queued,
+// or fails at once with the error of one that failed. One write is in flight;
 // results finished meanwhile queue behind it. The reactor owns itself (runs on threads hold
 // it too) until gRPC is done with it; when the coordinator's side ends, runs in progress are
 // told to stop and their results dropped.
@@ -87,6 +95,20 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
  private:
   explicit PlanStreamReactor(WorkerService* service) : service_(service) {}
 
+  // A run waiting for the runs before it on this stream that make its inputs.
+  struct Deferred {
+    std::shared_ptr<pb::RunPlanRequest> req;
+    std::shared_ptr<const LoadedPlan> loaded;
+    int waiting = 0;       // producers still going
+    absl::Status failure;  // of the first that failed
+  };
+
+  // Starts `req` on a thread of the plan pool (it is in running_ and its inputs exist).
+  void run_on_thread(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded);
+  // Run `req` (one in running_) ended with `status`: posts its result, then starts the runs
+  // that waited for it (or fails them with its error), and finishes the stream if it is done.
+  void end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status);
+
   // Whether the stream is to be finished now: the reading ended, no write is in flight and no
   // run is left on a thread of its own (the server, and the service those runs use, wait for
   // Finish before they go). The caller calls Finish, outside the lock.
@@ -103,8 +125,13 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
   WriteQueue<pb::RunPlanResult> results_ ABSL_GUARDED_BY(mu_);
   bool reading_ended_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  // Runs on threads of their own, by execution, with the flag that tells them to stop.
+  // Runs on threads of their own or waiting for their inputs, by execution, with the flag that
+  // tells them to stop.
   std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_ ABSL_GUARDED_BY(mu_);
+  // Of those: the run making each output buffer, the runs waiting, and what each waits for.
+  std::map<uint64_t, uint64_t> producing_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Deferred> deferred_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::vector<uint64_t>> dependents_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<PlanStreamReactor> self_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -140,6 +167,8 @@ class WorkerService final : public WorkerServiceBase {
   // The threads plans that may wait run on (see PlanStreamReactor).
   ThreadPool& plan_threads() { return plan_threads_; }
   const CollectiveMetrics& collective_metrics() const { return transport_.collective_metrics(); }
+  // Whether `req` may run on the thread at hand now that its inputs exist (see plan_for).
+  bool may_run_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const { return runs_inline(plan, req); }
 
   void set_device_id(int id) {
     device_id_ = id;
@@ -663,6 +692,8 @@ void PlanStreamReactor::OnReadDone(bool ok) {
   auto req = std::make_shared<pb::RunPlanRequest>();
   req->Swap(request_.mutable_run());
   const uint64_t execution = req->execution_id();
+  // Deletions riding on the run: nothing reads these buffers any more.
+  if (req->free_buffers_size() > 0) service_->erase(req->free_buffers());
   absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan = service_->plan_for(*req);
   if (!plan.ok()) {
     StartRead(&request_);
@@ -670,31 +701,110 @@ void PlanStreamReactor::OnReadDone(bool ok) {
     return;
   }
   auto [loaded, inline_run] = *std::move(plan);
-  if (inline_run) {  // short, and nothing to wait for: no cancellation either
-    StartRead(&request_);
-    post(execution, service_->run(*loaded, *req, nullptr));
-    return;
-  }
-  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  absl::Status refused;
+  bool deferred = false;
   {
     absl::MutexLock lock(&mu_);
-    running_[execution] = cancelled;
+    std::set<uint64_t> producers;
+    for (uint64_t id : req->input_buffers()) {
+      auto it = producing_.find(id);
+      if (it != producing_.end()) producers.insert(it->second);
+    }
+    if (!producers.empty() && deferred_.size() >= kMaxDeferredRuns) {
+      refused = service_->on_this_device(absl::ResourceExhaustedError(absl::StrCat(
+          "run: ", kMaxDeferredRuns, " runs on this stream wait for the runs making their inputs already")));
+    } else {
+      // Inline runs too: the next read (a consumer of this run) may be handled meanwhile.
+      running_[execution] = std::make_shared<std::atomic<bool>>(false);
+      for (uint64_t id : req->output_buffers()) producing_[id] = execution;
+      if (!producers.empty()) {
+        deferred = true;
+        Deferred& d = deferred_[execution];
+        d.req = req;
+        d.loaded = loaded;
+        d.waiting = static_cast<int>(producers.size());
+        for (uint64_t p : producers) dependents_[p].push_back(execution);
+      }
+    }
   }
   StartRead(&request_);
-  auto done = [self = shared_from_this(), execution](const absl::Status& status) {
-    self->post(execution, status);
+  if (!refused.ok()) {
+    post(execution, refused);
+  } else if (deferred) {
+    // Started by the end of the last of its producers.
+  } else if (inline_run) {  // short, and nothing to wait for: no cancellation either
+    absl::Status status = service_->run(*loaded, *req, nullptr);
+    end_run(std::move(req), std::move(status));
+  } else {
+    run_on_thread(std::move(req), std::move(loaded));
+  }
+}
+
+void PlanStreamReactor::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req,
+                                      std::shared_ptr<const LoadedPlan> loaded) {
+  std::shared_ptr<std::atomic<bool>> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = running_[req->execution_id()];
+  }
+  absl::Status started = service_->plan_threads().run([self = shared_from_this(), plan = loaded, req, cancelled] {
+    self->end_run(req, self->service_->run(*plan, *req, [cancelled] { return cancelled->load(); }));
+  });
+  if (!started.ok()) end_run(std::move(req), service_->on_this_device(started));
+}
+
+void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status) {
+  // A queue, not recursion: a long chain of waiting runs may end here one after another.
+  std::deque<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>> ended;
+  ended.emplace_back(std::move(req), std::move(status));
+  while (!ended.empty()) {
+    auto [run, result] = std::move(ended.front());
+    ended.pop_front();
+    const uint64_t execution = run->execution_id();
+    post(execution, result);                       // before its dependents run: results go back in order
+    std::vector<std::pair<Deferred, bool>> ready;  // and whether it was cancelled meanwhile
     bool finish = false;
     {
-      absl::MutexLock lock(&self->mu_);
-      self->running_.erase(execution);
-      finish = self->finish_now_locked();
+      absl::MutexLock lock(&mu_);
+      running_.erase(execution);
+      for (uint64_t id : run->output_buffers()) {
+        auto it = producing_.find(id);
+        if (it != producing_.end() && it->second == execution) producing_.erase(it);
+      }
+      auto deps = dependents_.find(execution);
+      if (deps != dependents_.end()) {
+        for (uint64_t d : deps->second) {
+          auto it = deferred_.find(d);
+          if (it == deferred_.end()) continue;
+          Deferred& w = it->second;
+          if (!result.ok() && w.failure.ok()) {
+            w.failure = absl::Status(result.code(),
+                                     absl::StrCat("run: an input was to be made by execution ", execution,
+                                                  " before it on this device, which failed: ", result.message()));
+          }
+          if (--w.waiting > 0) continue;
+          auto flag = running_.find(d);
+          ready.emplace_back(std::move(w), flag != running_.end() && flag->second->load());
+          deferred_.erase(it);
+        }
+        dependents_.erase(deps);
+      }
+      finish = finish_now_locked();
     }
-    if (finish) self->Finish(grpc::Status::OK);
-  };
-  absl::Status started = service_->plan_threads().run([service = service_, plan = loaded, req, cancelled, done] {
-    done(service->run(*plan, *req, [cancelled] { return cancelled->load(); }));
-  });
-  if (!started.ok()) done(service_->on_this_device(started));
+    for (auto& [w, cancelled] : ready) {
+      if (!w.failure.ok()) {
+        ended.emplace_back(std::move(w.req), std::move(w.failure));
+      } else if (cancelled) {
+        ended.emplace_back(std::move(w.req), service_->on_this_device(absl::CancelledError("run: cancelled")));
+      } else if (service_->may_run_inline(*w.loaded, *w.req)) {
+        absl::Status s = service_->run(*w.loaded, *w.req, nullptr);
+        ended.emplace_back(std::move(w.req), std::move(s));
+      } else {
+        run_on_thread(std::move(w.req), std::move(w.loaded));
+      }
+    }
+    if (finish) Finish(grpc::Status::OK);
+  }
 }
 
 void PlanStreamReactor::post(uint64_t id, const absl::Status& status) {

@@ -4,6 +4,7 @@
 // again, and collectives run (never hang on op ids the workers remember as finished).
 // Results are checked against host computations; every wait has a deadline; teardown kills
 // only this test's processes, by pid.
+#include <cmath>
 #include <cstdio>
 #include <optional>
 
@@ -129,6 +130,85 @@ TEST_F(CoordinatorRestartTest, CollectivesAndJitCallsRunAgainAndOldArraysAreAdop
   for (int d = 0; d < kWorkers; ++d) held.push_back(client->device_stats(d)->buffer_count);
   unused.reset();
   for (int d = 0; d < kWorkers; ++d) EXPECT_EQ(client->device_stats(d)->buffer_count, held[d] - 1) << "device " << d;
+}
+
+// A chain of calls sent at once (each naming the previous one's output before its reply came)
+// when the coordinator dies: every link either fails, naming why, or holds exactly its host
+// value; none runs against another program's outputs. Chains sent afterwards are right.
+TEST_F(CoordinatorRestartTest, AChainInFlightFailsOrIsRightAndNeverRunsAgainstOtherOutputs) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  constexpr int64_t n = 512;
+  HostArray eye = HostArray::zeros(DType::kF32, {n, n});
+  for (int64_t i = 0; i < n; ++i) eye.mutable_values<float>()[i * n + i] = 1.0f;
+  const HostArray host = affine(HostArray::arange(DType::kF32, {n, n}), 1.0f / (n * n), -0.5f);
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
+  absl::StatusOr<Array> w = client->device_put(eye, NamedSharding(*mesh, P()));
+  ASSERT_TRUE(x.ok() && w.ok());
+  // Slow: 8 (128, 512) x (512, 512) matmuls per device; with w the identity, tanh 8 times.
+  Jitted slow = jit([](const std::vector<Value>& in) {
+    Value y = in[0];
+    for (int i = 0; i < 8; ++i) y = tanh(matmul(y, in[1]));
+    return std::vector<Value>{y};
+  });
+  Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  HostArray head_host(DType::kF32, {n, n});
+  for (int64_t i = 0; i < n * n; ++i) {
+    float y = host.values<float>()[i];
+    for (int k = 0; k < 8; ++k) y = std::tanh(y);
+    head_host.mutable_values<float>()[i] = y;
+  }
+  ASSERT_TRUE(twice({*x}).ok());
+  absl::StatusOr<std::vector<Array>> head = slow({*x, *w});
+  ASSERT_TRUE(head.ok()) << head.status();
+  std::vector<Array> chain = {(*head)[0]};
+  for (int i = 0; i < 8; ++i) {
+    absl::StatusOr<std::vector<Array>> next = twice({chain.back()});
+    ASSERT_TRUE(next.ok()) << next.status();
+    chain.push_back((*next)[0]);
+  }
+  EXPECT_FALSE(chain.back().is_ready());
+  restart_coordinator();
+  HostArray want = head_host.clone();
+  for (size_t k = 0; k < chain.size(); ++k) {
+    absl::StatusOr<HostArray> got = chain[k].fetch();
+    if (got.ok()) {
+      ASSERT_EQ(got->shape(), want.shape());
+      for (int64_t i = 0; i < n * n; ++i) {
+        const float v = want.values<float>()[i];
+        ASSERT_NEAR(got->values<float>()[i], v, 1e-5 * (1 + std::abs(v))) << "link " << k << ", element " << i;
+      }
+    } else {
+      EXPECT_THAT(got.status().code(),
+                  testing::AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kAborted,
+                                 absl::StatusCode::kCancelled, absl::StatusCode::kFailedPrecondition))
+          << "link " << k << ": " << got.status();
+      if (k > 0 && !chain[k - 1].block_until_ready().ok()) {
+        EXPECT_THAT(std::string(got.status().message()), HasSubstr("output of a failed call")) << "link " << k;
+      }
+    }
+    want = affine(want, 2, 0);
+  }
+  // Another client's program on the new coordinator, then this client's chain again.
+  absl::StatusOr<Client> other = connect();
+  ASSERT_TRUE(other.ok()) << other.status();
+  Jitted g = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 3.0 + 7.0}; });
+  absl::StatusOr<Array> ox = other->device_put(host, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(ox.ok()) << ox.status();
+  absl::StatusOr<std::vector<Array>> og = g({*ox});
+  ASSERT_TRUE(og.ok()) << og.status();
+  absl::StatusOr<Array> fresh = client->device_put(host, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  Array last = *fresh;
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<std::vector<Array>> next = twice({last});
+    ASSERT_TRUE(next.ok()) << next.status();
+    last = (*next)[0];
+  }
+  expect_equal(last, affine(host, 64, 0));
+  expect_equal((*og)[0], affine(host, 3, 7));
 }
 
 // A worker that restarted too lost its shards: the arrays that had one there fail precisely,

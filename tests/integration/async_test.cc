@@ -372,5 +372,144 @@ TEST_F(AsyncProcessTest, AWorkerKilledDuringACallFailsItsOutputsAndTheirConsumer
   EXPECT_TRUE(*kept == values);
 }
 
+// Chains sent at once (issue #18 item 1): a call whose input is an output of a call still in
+// flight is sent without waiting for that call's reply; the coordinator forwards it to the
+// workers, which run it after its producer on each RunPlans stream.
+std::vector<double> halve_plus_one(std::vector<double> v, int times) {
+  for (int t = 0; t < times; ++t) {
+    for (double& e : v) e = static_cast<float>(static_cast<float>(e) * 0.5f + 1.0f);
+  }
+  return v;
+}
+
+TEST_F(AsyncProcessTest, AChainOfFiftyCallsSentAtOnceMatchesTheHostAndFreesItsIntermediates) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = random_f32({16, 8}, 11);
+  absl::StatusOr<Array> x = client_->device_put(host, NamedSharding(*mesh, P("data", "model")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  absl::StatusOr<Array> w = client_->device_put(identity_f32(kSlowN), NamedSharding(*mesh, P()));
+  absl::StatusOr<Array> big =
+      client_->device_put(random_f32({kSlowN, kSlowN}, 12), NamedSharding(*mesh, P("data", None)));
+  ASSERT_TRUE(w.ok() && big.ok());
+  Jitted step = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 0.5 + 1.0}; });
+  Jitted slow = jit(slow_layers);
+  ASSERT_TRUE(step({*x}).ok());  // compiled (and its plans loaded) before the chain
+  absl::StatusOr<std::vector<Array>> warm = slow({*big, *w});
+  ASSERT_TRUE(warm.ok() && (*warm)[0].block_until_ready().ok());
+  warm->clear();
+  const std::vector<int64_t> baseline = buffer_counts(*client_, 8);
+
+  // A slow call first, so that the chain behind it is in flight; then 50 dependent calls.
+  absl::StatusOr<std::vector<Array>> head = slow({*big, *w});
+  ASSERT_TRUE(head.ok()) << head.status();
+  Array y = *x;
+  std::vector<Array> every_tenth;
+  for (int i = 0; i < 50; ++i) {
+    absl::StatusOr<std::vector<Array>> next = step({y});
+    ASSERT_TRUE(next.ok()) << next.status();
+    y = (*next)[0];  // the previous link's handle goes: freed once nothing reads it
+    if (i % 10 == 9) every_tenth.push_back(y);
+  }
+  const std::vector<double> start(host.values<float>().begin(), host.values<float>().end());
+  for (size_t k = 0; k < every_tenth.size(); ++k) {
+    absl::StatusOr<HostArray> got = every_tenth[k].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    expect_near(*got, halve_plus_one(start, static_cast<int>(10 * (k + 1))), 1e-6);
+  }
+  absl::StatusOr<HostArray> slow_result = (*head)[0].fetch();
+  ASSERT_TRUE(slow_result.ok()) << slow_result.status();
+  head->clear();
+  // Only the five kept links remain (y is the last of them): every other intermediate was
+  // freed on every device. Deletions go asynchronously: wait for them, bounded.
+  std::vector<int64_t> want = baseline;
+  for (int64_t& n : want) n += 5;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  std::vector<int64_t> counts = buffer_counts(*client_, 8);
+  while (counts != want && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));  // polling a count, with a deadline
+    counts = buffer_counts(*client_, 8);
+  }
+  EXPECT_EQ(counts, want);
+}
+
+TEST_F(AsyncProcessTest, AFailingProducerFailsTheWholeChainSentAfterItWithItsError) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Array> x = client_->device_put(random_f32({16, 8}, 13), NamedSharding(*mesh, P("data", None)));
+  ASSERT_TRUE(x.ok()) << x.status();
+  // Each device's block of the broadcast is (4, 8, 2^22) f32, 512 MiB: more than the
+  // workers' 256 MiB (--memory_bytes), so every device refuses the run.
+  Jitted big = jit([](const std::vector<Value>& in) {
+    return std::vector<Value>{broadcast_in_dim(in[0], {16, 8, 1 << 22}, {0, 1}), in[0] + 1.0};
+  });
+  Jitted neg = jit([](const std::vector<Value>& in) { return std::vector<Value>{-in[0]}; });
+  ASSERT_TRUE(neg({*x}).ok());
+  absl::StatusOr<std::vector<Array>> y = big({*x});
+  ASSERT_TRUE(y.ok()) << y.status();
+  std::vector<Array> chain;
+  Array last = (*y)[1];
+  for (int i = 0; i < 20; ++i) {
+    absl::StatusOr<std::vector<Array>> next = neg({last});
+    if (!next.ok()) {  // the failure was known by then: the call itself fails, with it
+      EXPECT_EQ(next.status().code(), absl::StatusCode::kResourceExhausted) << next.status();
+      EXPECT_THAT(std::string(next.status().message()), HasSubstr("bytes at once"));
+      break;
+    }
+    last = (*next)[0];
+    chain.push_back(last);
+  }
+  for (const Array& a : chain) {
+    absl::Status status = a.block_until_ready();
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    const std::string message(status.message());
+    EXPECT_THAT(message, HasSubstr("argument 0 is an output of a failed call"));
+    EXPECT_THAT(message, HasSubstr("device "));
+    EXPECT_THAT(message, HasSubstr("bytes at once"));
+  }
+  // The cluster goes on: a new chain on the same input is right.
+  absl::StatusOr<std::vector<Array>> a = neg({*x});
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::vector<Array>> b = neg({(*a)[0]});
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<HostArray> got = (*b)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  absl::StatusOr<HostArray> want = x->fetch();
+  ASSERT_TRUE(want.ok());
+  EXPECT_TRUE(*got == *want);
+}
+
+TEST_F(AsyncProcessTest, AWorkerKilledMidChainFailsTheRestOfItNamingTheDevice) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Array> x =
+      client_->device_put(random_f32({kSlowN, kSlowN}, 14), NamedSharding(*mesh, P("data", None)));
+  absl::StatusOr<Array> w = client_->device_put(identity_f32(kSlowN), NamedSharding(*mesh, P()));
+  ASSERT_TRUE(x.ok() && w.ok());
+  Jitted slow = jit(slow_layers);
+  Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  ASSERT_TRUE(twice({*x}).ok());
+  absl::StatusOr<std::vector<Array>> y = slow({*x, *w});
+  ASSERT_TRUE(y.ok()) << y.status();
+  std::vector<Array> chain;
+  Array last = (*y)[0];
+  for (int i = 0; i < 10; ++i) {
+    absl::StatusOr<std::vector<Array>> next = twice({last});
+    ASSERT_TRUE(next.ok()) << next.status();
+    last = (*next)[0];
+    chain.push_back(last);
+  }
+  EXPECT_FALSE(last.is_ready());
+  workers_[7]->kill();
+  const absl::Time start = absl::Now();
+  for (const Array& a : chain) {
+    absl::Status status = a.block_until_ready();
+    expect_names_lost_device(status, "device 7");
+    EXPECT_THAT(std::string(status.message()), HasSubstr("argument 0 is an output of a failed call"));
+  }
+  // The heartbeat timeout is 1.5 s; far below the calls' 60 s timeout.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
 }  // namespace
 }  // namespace tessera
