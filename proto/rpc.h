@@ -28,9 +28,9 @@ namespace tessera {
 // SPMD program per executable; 9: the op table and its OpCodes; 10: ids carry the
 // coordinator's epoch; 11: sessions and leases; 12: typed op attributes, a KernelNode oneof;
 // 13: credentials, session credentials and array grants; 14: mesh axis types; 15: the
-// indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: scan, ScanAttrs and loop instructions; stop_gradient, argsort;
-// calls name in-flight calls' outputs (ExecuteRequest.pending_inputs), and ExecuteReply carries
-// only ids and grants.)
+// indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: scan, ScanAttrs and loop instructions; stop_gradient,
+// argsort; calls name in-flight calls' outputs (ExecuteRequest.pending_inputs), and ExecuteReply carries only ids and
+// grants.)
 inline constexpr uint32_t kProtocolVersion = 16;
 inline constexpr uint64_t kOpTableDigest = 0xcb827f1a2935cbe4;
 
