@@ -145,6 +145,7 @@ Value remainder(const Value& x, const Value& y) {
   return where(logical_and(r != zero, (r < zero) != (y < zero)), r + y, r);
 }
 
+Value shift_right_logical(const Value& x, const Value& y) { return binary(Op::kShiftRightLogical, x, y); }
 Value clamp(const Value& lo, const Value& x, const Value& hi) { return minimum(maximum(x, lo), hi); }
 Value clip(const Value& x, const Value& lo, const Value& hi) { return clamp(lo, x, hi); }
 

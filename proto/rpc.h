@@ -28,9 +28,10 @@ namespace tessera {
 // SPMD program per executable; 9: the op table and its OpCodes; 10: ids carry the
 // coordinator's epoch; 11: sessions and leases; 12: typed op attributes, a KernelNode oneof;
 // 13: credentials, session credentials and array grants; 14: mesh axis types; 15: the
-// indexing ops and rem, GatherAttrs and DynamicSliceAttrs.)
-inline constexpr uint32_t kProtocolVersion = 15;
-inline constexpr uint64_t kOpTableDigest = 0xf81330678816a320;
+// indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: uint32, random_bits with
+// RandomBitsAttrs, shift_right_logical.)
+inline constexpr uint32_t kProtocolVersion = 16;
+inline constexpr uint64_t kOpTableDigest = 0x7bb2d22350fc6351;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;

@@ -39,7 +39,8 @@ struct Request {
 // argmax axis, slice start/limit, concatenate axis, all four dot dimension lists, the
 // shardings of sharding_constraint and shard_map_in/out, each collective's mesh, axes,
 // reduce op, dimension, split/concat dimensions and positions, axis_index's mesh and axes,
-// gather and scatter's axis, mode and fill value, and dynamic_slice's sizes.
+// gather and scatter's axis, mode and fill value, dynamic_slice's sizes, and random_bits' shape
+// and words.
 struct Knobs {
   DType dtype = DType::kF32;
   Shape shape = {8, 4};
@@ -78,6 +79,8 @@ struct Knobs {
   Op scatter_op = Op::kScatter;
   IndexMode scatter_mode = IndexMode::kFillOrDrop;
   std::vector<int64_t> window = {2, 2};
+  Shape random_shape = {3, 4};  // random_bits' counted shape
+  bool random_words = false;
 };
 
 Request build(const Knobs& k) {
@@ -95,6 +98,9 @@ Request build(const Knobs& k) {
   const int rows = *g.add_gather(q, idx, GatherAttrs{});
   EXPECT_TRUE(g.add_scatter(k.scatter_op, q, idx, rows, GatherAttrs{0, k.scatter_mode, std::nullopt}).ok());
   EXPECT_TRUE(g.add_dynamic_slice(q, *g.add_iota(DType::kI32, {2}, 0), k.window).ok());
+  EXPECT_TRUE(g.add_random_bits(*g.add_constant(DType::kU32, {2}, Scalar(0)),
+                                *g.add_constant(DType::kI64, {}, Scalar(0)), k.random_shape, k.random_words)
+                  .ok());
   const int c = *g.add_constant(k.constant_dtype, k.shape, k.constant);
   const int cc = k.constant_dtype == k.dtype ? c : *g.add_convert(c, k.dtype);
   const int io = *g.add_iota(k.dtype, k.shape, k.iota_dim);
@@ -240,6 +246,11 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
        [](Knobs& k) {
          k.window = {2, 3};
        }},
+      {"random_bits shape",
+       [](Knobs& k) {
+         k.random_shape = {4, 3};
+       }},
+      {"random_bits words", [](Knobs& k) { k.random_words = true; }},
   };
   std::map<std::string, std::string> keys;  // key -> variation
   for (const auto& [name, vary] : node_variations) {

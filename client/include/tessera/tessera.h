@@ -25,6 +25,7 @@
 #include "tessera/grad.h"
 #include "tessera/jit.h"
 #include "tessera/nn.h"
+#include "tessera/random.h"
 #include "tessera/shard_map.h"
 #include "tessera/trace.h"
 #include "tessera/version.h"

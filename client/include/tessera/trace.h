@@ -105,6 +105,9 @@ Value rem(const Value& x, const Value& y);
 Value remainder(const Value& x, const Value& y);
 // lax.clamp(lo, x, hi): min(max(x, lo), hi), broadcasting as the binary ops; jnp.clip(x, lo, hi).
 Value clamp(const Value& lo, const Value& x, const Value& hi);
+// lax.shift_right_logical on integers: zeros shift in (also for signed x); a shift by the bit
+// width or more (or a negative one) gives 0, as XLA's.
+Value shift_right_logical(const Value& x, const Value& y);
 Value clip(const Value& x, const Value& lo, const Value& hi);
 
 Value operator-(const Value& x);
