@@ -3,6 +3,9 @@
 // the arithmetic JAX puts around it.
 #include "tessera/random.h"
 
+#include <cmath>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "client/trace_state.h"
 
@@ -102,6 +105,58 @@ Value uniform(const Value& key, Shape shape, DType dtype, double minval, double 
     return fail(key, absl::StrCat("random::uniform: dtype ", dtype_name(dtype), " is not float32 or float64"));
   }
   return maximum(full(shape, lo, dtype), floats * span + lo);
+}
+
+Value normal(const Value& key, Shape shape, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kF64) {
+    return fail(key, absl::StrCat("random::normal: dtype ", dtype_name(dtype), " is not float32 or float64"));
+  }
+  const double lo = dtype == DType::kF32 ? std::nextafter(-1.0f, 0.0f) : std::nextafter(-1.0, 0.0);
+  return erf_inv(uniform(key, std::move(shape), dtype, lo, 1.0)) * std::sqrt(2.0);
+}
+
+Value truncated_normal(const Value& key, double lower, double upper, Shape shape, DType dtype) {
+  double a, b, above, below;  // erf of the bounds over sqrt(2), and the open interval's ends
+  if (dtype == DType::kF32) {
+    const float sqrt2 = static_cast<float>(std::sqrt(2.0)), l = static_cast<float>(lower),
+                u = static_cast<float>(upper);
+    a = std::erf(l / sqrt2);
+    b = std::erf(u / sqrt2);
+    above = std::nextafter(l, std::numeric_limits<float>::infinity());
+    below = std::nextafter(u, -std::numeric_limits<float>::infinity());
+  } else if (dtype == DType::kF64) {
+    a = std::erf(lower / std::sqrt(2.0));
+    b = std::erf(upper / std::sqrt(2.0));
+    above = std::nextafter(lower, std::numeric_limits<double>::infinity());
+    below = std::nextafter(upper, -std::numeric_limits<double>::infinity());
+  } else {
+    return fail(key, absl::StrCat("random::truncated_normal: dtype ", dtype_name(dtype), " is not float32 or float64"));
+  }
+  const Value out = erf_inv(uniform(key, shape, dtype, a, b)) * std::sqrt(2.0);
+  return clamp(full({}, above, dtype), out, full({}, below, dtype));
+}
+
+Value bernoulli(const Value& key, double p, Shape shape) { return uniform(key, std::move(shape)) < p; }
+
+Value bernoulli(const Value& key, const Value& p, Shape shape) {
+  if (!p.ok()) return Value();
+  if (!is_floating(p.dtype())) {
+    return fail(p, absl::StrCat("random::bernoulli: p is ", type_to_string(p.dtype(), p.shape()),
+                                "; it must have a floating dtype"));
+  }
+  return uniform(key, std::move(shape), p.dtype()) < p;
+}
+
+Value categorical(const Value& key, const Value& logits, int64_t axis) {
+  if (!logits.ok()) return Value();
+  if (!is_floating(logits.dtype())) {
+    return fail(logits, absl::StrCat("random::categorical: logits are ", type_to_string(logits.dtype(), logits.shape()),
+                                     "; they must have a floating dtype"));
+  }
+  const double tiny =
+      logits.dtype() == DType::kF32 ? std::numeric_limits<float>::min() : std::numeric_limits<double>::min();
+  const Value gumbel = -log(-log(uniform(key, logits.shape(), logits.dtype(), tiny, 1.0)));
+  return argmax(gumbel + logits, axis);
 }
 
 }  // namespace tessera::random

@@ -116,6 +116,7 @@ Value exp(const Value& x) { return inexact_unary(Op::kExp, x); }
 Value log(const Value& x) { return inexact_unary(Op::kLog, x); }
 Value tanh(const Value& x) { return inexact_unary(Op::kTanh, x); }
 Value erf(const Value& x) { return inexact_unary(Op::kErf, x); }
+Value erf_inv(const Value& x) { return inexact_unary(Op::kErfInv, x); }
 Value logistic(const Value& x) { return inexact_unary(Op::kLogistic, x); }
 Value sqrt(const Value& x) { return inexact_unary(Op::kSqrt, x); }
 Value rsqrt(const Value& x) { return inexact_unary(Op::kRsqrt, x); }

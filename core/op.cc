@@ -613,6 +613,7 @@ constexpr OpDef kOps[] = {
      infer_random_bits},
     {Op::kShiftRightLogical, "shift_right_logical", 81, 2, kBinaryOp | kNoGradient, 0, kAttrsIndex<NoAttrs>,
      infer_shift},
+    {Op::kErfInv, "erf_inv", 82, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 

@@ -108,9 +108,10 @@ enum class Op : uint8_t {
   // a last dimension of 2): JAX's partitionable random bits, split and fold_in.
   kRandomBits,
   kShiftRightLogical,  // lax.shift_right_logical on integers: zeros in; by >= the width gives 0
+  kErfInv,             // lax.erf_inv: the inverse error function on (-1, 1); +-1 give +-inf
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kShiftRightLogical) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kErfInv) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {

@@ -29,9 +29,9 @@ namespace tessera {
 // coordinator's epoch; 11: sessions and leases; 12: typed op attributes, a KernelNode oneof;
 // 13: credentials, session credentials and array grants; 14: mesh axis types; 15: the
 // indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: uint32, random_bits with
-// RandomBitsAttrs, shift_right_logical.)
+// RandomBitsAttrs, shift_right_logical, erf_inv.)
 inline constexpr uint32_t kProtocolVersion = 16;
-inline constexpr uint64_t kOpTableDigest = 0x7bb2d22350fc6351;
+inline constexpr uint64_t kOpTableDigest = 0x4c212fa3df3914f6;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;

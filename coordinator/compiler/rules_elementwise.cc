@@ -157,6 +157,7 @@ absl::Span<const ShardingRuleEntry> elementwise_rules() {
       {Op::kRem, kElementwise},
       {Op::kRandomBits, kRandomBits},
       {Op::kShiftRightLogical, kElementwise},
+      {Op::kErfInv, kElementwise},
   };
   // clang-format on
   return kRules;

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -165,14 +167,22 @@ TEST_F(PrngTest, UniformTakesMinvalMaxvalAndFloat64) {
 }
 
 // Every sampler under every layout of a (16, 8) result on each mesh equals the unsharded
-// result bit for bit, and the program has no collective (the compiler's accounting).
+// result bit for bit, and the program has no collective (the compiler's accounting:
+// categorical's logits are replicated, so its argmax is local too).
 TEST_F(PrngTest, ShardedSamplesEqualTheUnshardedResultAndMoveNothing) {
   ASSERT_NE(client_, nullptr);
   const TracedFunction f = [](const std::vector<Value>& in) {
-    return std::vector<Value>{random::bits(in[0], {16, 8}), random::uniform(in[0], {16, 8}),
-                              random::uniform(in[0], {16, 8}, DType::kF64, -1.0, 1.0)};
+    return std::vector<Value>{random::bits(in[0], {16, 8}),
+                              random::uniform(in[0], {16, 8}),
+                              random::uniform(in[0], {16, 8}, DType::kF64, -1.0, 1.0),
+                              random::normal(in[0], {16, 8}),
+                              random::truncated_normal(in[0], -0.5, 2.0, {16, 8}),
+                              random::bernoulli(in[0], 0.3, {16, 8}),
+                              random::categorical(in[0], in[1])};
   };
   const HostArray key = HostArray::from_vector<uint32_t>({2}, {0, 42});
+  std::mt19937 rng(5);
+  const HostArray logits = random_array(DType::kF32, {16, 8, 4}, Domain::kSigned, rng);
   for (size_t m = 0; m < meshes_.size(); ++m) {
     const std::vector<std::string>& axes = test_meshes()[m].axes;
     std::vector<PartitionSpec> layouts = {P(axes[0]), P(None, axes[0]), P()};
@@ -184,8 +194,8 @@ TEST_F(PrngTest, ShardedSamplesEqualTheUnshardedResultAndMoveNothing) {
     for (const PartitionSpec& spec : layouts) {
       SCOPED_TRACE(std::string(test_meshes()[m].name) + " " + spec.to_string());
       JitOptions options;
-      options.out_shardings = {spec, spec, spec};
-      absl::StatusOr<JitCheck> r = run_against_host(*client_, meshes_[m], f, {&key}, {P()}, options);
+      options.out_shardings = std::vector<std::optional<PartitionSpec>>(7, spec);
+      absl::StatusOr<JitCheck> r = run_against_host(*client_, meshes_[m], f, {&key, &logits}, {P(), P()}, options);
       ASSERT_TRUE(r.ok()) << r.status();
       for (size_t o = 0; o < r->got.size(); ++o) {
         EXPECT_TRUE(results_match(r->got[o], r->want[o], 0.0)) << "output " << o;
@@ -195,6 +205,69 @@ TEST_F(PrngTest, ShardedSamplesEqualTheUnshardedResultAndMoveNothing) {
       EXPECT_NE(r->plan_text.find(": 0 collectives, 0 bytes received per device"), std::string::npos) << r->plan_text;
     }
   }
+}
+
+// The samplers built on uniform, on 2^16 samples of a fixed key: each value as JAX's formula
+// gives it from the bits (normal within float rounding of a double-precision inverse error
+// function, the others exactly), and the sample moments within 5 standard errors of the
+// distribution's (a bound that a fixed key either meets or not: the test cannot flake).
+TEST_F(PrngTest, NormalTruncatedNormalBernoulliAndCategoricalFollowJaxsFormulas) {
+  ASSERT_NE(client_, nullptr);
+  constexpr int64_t kRows = 256, kCols = 256, kN = kRows * kCols;
+  const TracedFunction f = [](const std::vector<Value>& in) {
+    const Value logits = log(full({kRows, 3}, 1.0) * in[1]);  // each row log(0.1, 0.2, 0.7)
+    return std::vector<Value>{random::bits(in[0], {kRows, kCols}), random::normal(in[0], {kRows, kCols}),
+                              random::truncated_normal(in[0], 0.0, 2.0, {kRows, kCols}),
+                              random::bernoulli(in[0], 0.3, {kRows, kCols}), random::categorical(in[0], logits)};
+  };
+  const std::vector<HostArray> out = run(
+      f, arrays(HostArray::from_vector<uint32_t>({2}, {0, 7}), HostArray::from_vector<float>({3}, {0.1f, 0.2f, 0.7f})));
+  ASSERT_EQ(out.size(), 5u);
+  // Double-precision erfinv by Newton's method on std::erf, independent of the kernel's.
+  auto erfinv = [](double x) {
+    double y = 0;
+    for (int i = 0; i < 100; ++i) y -= (std::erf(y) - x) / (1.1283791670955126 * std::exp(-y * y));
+    return y;
+  };
+  const float lo = std::nextafter(-1.0f, 0.0f), span = 1.0f - lo;
+  double normal_sum = 0, normal_sq = 0, trunc_sum = 0, ones = 0;
+  for (int64_t i = 0; i < kN; ++i) {
+    SCOPED_TRACE(i);
+    const uint32_t b = out[0].values<uint32_t>()[i];
+    // normal: sqrt(2) * erf_inv(uniform in [nextafter(-1, 0), 1)) (jax _normal_real).
+    const double z = out[1].values<float>()[i];
+    // XLA's float32 erf_inv (Giles' single-precision polynomial, so JAX's too) is within a few
+    // 1e-6 relative in the far tails (|z| > 3).
+    ASSERT_NEAR(z, std::sqrt(2.0) * erfinv(reference_uniform(b, lo, span)), 1e-5 * std::max(1.0, std::abs(z)));
+    normal_sum += z;
+    normal_sq += z * z;
+    const float t = out[2].values<float>()[i];
+    ASSERT_GT(t, 0.0f);
+    ASSERT_LT(t, 2.0f);
+    trunc_sum += t;
+    // bernoulli: uniform < p, exactly.
+    ASSERT_EQ(out[3].values<bool>()[i], reference_uniform(b, 0.0f, 1.0f) < 0.3f);
+    ones += out[3].values<bool>()[i] ? 1 : 0;
+  }
+  const double n = static_cast<double>(kN);
+  EXPECT_NEAR(normal_sum / n, 0.0, 5 / std::sqrt(n));
+  EXPECT_NEAR(normal_sq / n - (normal_sum / n) * (normal_sum / n), 1.0, 5 * std::sqrt(2 / n));
+  // A standard normal truncated to (0, 2): mean (phi(0) - phi(2)) / (Phi(2) - Phi(0)), standard
+  // deviation below 0.6.
+  const double phi0 = 1 / std::sqrt(2 * M_PI), phi2 = std::exp(-2.0) / std::sqrt(2 * M_PI);
+  EXPECT_NEAR(trunc_sum / n, (phi0 - phi2) / (0.5 * std::erf(2 / std::sqrt(2.0))), 5 * 0.6 / std::sqrt(n));
+  EXPECT_NEAR(ones / n, 0.3, 5 * std::sqrt(0.3 * 0.7 / n));
+  // categorical over 256 rows of (0.1, 0.2, 0.7): counts within 5 standard errors.
+  ASSERT_EQ(out[4].shape(), (Shape{kRows}));
+  double counts[3] = {0, 0, 0};
+  for (int64_t r = 0; r < kRows; ++r) {
+    const int32_t c = out[4].values<int32_t>()[r];
+    ASSERT_GE(c, 0);
+    ASSERT_LT(c, 3);
+    counts[c] += 1;
+  }
+  const double p[3] = {0.1, 0.2, 0.7};
+  for (int c = 0; c < 3; ++c) EXPECT_NEAR(counts[c] / kRows, p[c], 5 * std::sqrt(p[c] * (1 - p[c]) / kRows)) << c;
 }
 
 }  // namespace

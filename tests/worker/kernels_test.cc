@@ -1610,5 +1610,48 @@ TEST(Kernels, Uint32ArithmeticWrapsAndConvertsAsXla) {
   EXPECT_EQ(promote_types(DType::kU32, DType::kF32), DType::kF32);
 }
 
+TEST(Kernels, ErfInvMatchesTabulatedValuesAndInvertsErf) {
+  // erfinv(0.5), erfinv(0.9), erfinv(-0.999), erfinv(0.1) to 16 digits (the published values,
+  // e.g. scipy.special.erfinv's; each checked here by math.erf(y) == x in double).
+  const std::vector<double> x = {0.0, 0.5, 0.9, -0.999, 0.1};
+  const std::vector<double> want = {0.0, 0.4769362762044699, 1.1630871536766743, -2.3267537655135246,
+                                    0.08885599049425769};
+  for (DType dtype : kFloats) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Graph g;
+    const Node node = node_of(g, g.add_unary(Op::kErfInv, g.add_parameter(dtype, {5})));
+    const HostArray typed = dtype == DType::kF64
+                                ? HostArray::from_vector<double>({5}, x)
+                                : HostArray::from_vector<float>({5}, std::vector<float>(x.begin(), x.end()));
+    const HostArray out = run(node, {&typed});
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double got = dtype == DType::kF32 ? out.values<float>()[i] : out.values<double>()[i];
+      EXPECT_NEAR(got, want[i], (dtype == DType::kF32 ? 3e-6 : 1e-14) * std::max(1.0, std::abs(want[i])))
+          << "erf_inv(" << x[i] << ")";
+    }
+    // erf(erf_inv(v)) == v across (-1, 1), the tails included; +-1 give +-inf, beyond NaN.
+    std::vector<double> grid;
+    for (double v = -0.9999; v < 1; v += 0.0137) grid.push_back(v);
+    for (double v : {1 - 1e-6, -(1 - 1e-9), 1.0, -1.0, 1.5}) grid.push_back(v);
+    const HostArray in = dtype == DType::kF64
+                             ? HostArray::from_vector<double>({static_cast<int64_t>(grid.size())}, grid)
+                             : HostArray::from_vector<float>({static_cast<int64_t>(grid.size())},
+                                                             std::vector<float>(grid.begin(), grid.end()));
+    const HostArray inverse = run(node_of(g, g.add_unary(Op::kErfInv, g.add_parameter(dtype, in.shape()))), {&in});
+    for (int64_t i = 0; i < in.size(); ++i) {
+      const double v = in.element_as_double(i), y = inverse.element_as_double(i);
+      if (std::abs(v) > 1) {
+        EXPECT_TRUE(std::isnan(y)) << v;
+      } else if (std::abs(v) == 1) {
+        EXPECT_EQ(y, v * std::numeric_limits<double>::infinity());
+      } else if (dtype == DType::kF64) {
+        EXPECT_NEAR(std::erf(y), v, 4e-16) << v;
+      } else {
+        EXPECT_NEAR(std::erf(y), v, 4e-7) << v;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera

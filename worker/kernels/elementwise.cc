@@ -126,6 +126,40 @@ To convert_value(From v) {
   }
 }
 
+// lax.erf_inv as XLA computes it in float32 (ErfInv32 in xla/client/lib/math.cc: Giles,
+// "Approximating the erfinv function", GPU Computing Gems 2010): w = -log1p(-x^2), a degree-8
+// polynomial in w - 2.5 (w < 5) or sqrt(w) - 3, times x; +-1 give +-inf, |x| > 1 NaN. float64
+// starts from the same polynomial in double and takes two Newton steps on erf (erfc in the
+// tails, where erf(y) - x would cancel), which reach double precision.
+template <typename T>
+T erf_inv(T x) {
+  static constexpr float kCentral[9] = {2.81022636e-08f,  3.43273939e-07f, -3.5233877e-06f,
+                                        -4.39150654e-06f, 0.00021858087f,  -0.00125372503f,
+                                        -0.00417768164f,  0.246640727f,    1.50140941f};
+  static constexpr float kTail[9] = {-0.000200214257f, 0.000100950558f, 0.00134934322f, -0.00367342844f, 0.00573950773f,
+                                     -0.0076224613f,   0.00943887047f,  1.00167406f,    2.83297682f};
+  if (std::abs(x) == T(1)) return x * std::numeric_limits<T>::infinity();
+  T w = -std::log1p(-x * x);
+  const bool central = w < T(5);
+  const float* c = central ? kCentral : kTail;
+  w = central ? w - T(2.5) : std::sqrt(w) - T(3);
+  T p = c[0];
+  for (int i = 1; i < 9; ++i) p = T(c[i]) + p * w;
+  T y = p * x;
+  if constexpr (std::is_same_v<T, double>) {
+    constexpr double kTwoOverSqrtPi = 1.1283791670955126;
+    for (int step = 0; step < 2 && std::isfinite(y); ++step) {
+      const double slope = kTwoOverSqrtPi * std::exp(-y * y);
+      if (std::abs(x) <= 0.5) {
+        y -= (std::erf(y) - x) / slope;
+      } else {  // on |y|: erfc(|y|) = 1 - |x|, whose terms keep their precision
+        y += (x > 0 ? 1 : -1) * (std::erfc(std::abs(y)) - (1 - std::abs(x))) / slope;
+      }
+    }
+  }
+  return y;
+}
+
 template <typename T>
 absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into) {
   if constexpr (kIsBool<T>) {
@@ -201,6 +235,9 @@ absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into
       case Op::kErf:
         return map1<T, T>(
             x, [](T v) { return std::erf(v); }, into);
+      case Op::kErfInv:
+        return map1<T, T>(
+            x, [](T v) { return erf_inv(v); }, into);
       case Op::kFloor:
         return map1<T, T>(
             x, [](T v) { return std::floor(v); }, into);
@@ -500,6 +537,7 @@ absl::Span<const KernelEntry> elementwise_kernels() {
       {Op::kRem, Backend::kCpu, binary_kernel},
       {Op::kRandomBits, Backend::kCpu, kRandomBits},
       {Op::kShiftRightLogical, Backend::kCpu, binary_kernel},
+      {Op::kErfInv, Backend::kCpu, unary_kernel},
   };
   // clang-format on
   return kKernels;

@@ -49,6 +49,19 @@ Value bits(const Value& key, Shape shape = {});
 // 52 mantissa bits come from both words, as JAX's 64-bit bits with jax_enable_x64).
 Value uniform(const Value& key, Shape shape = {}, DType dtype = DType::kF32, double minval = 0.0, double maxval = 1.0);
 
+// jax.random.normal: sqrt(2) * erf_inv(uniform(key, shape, dtype, nextafter(-1, 0), 1)).
+Value normal(const Value& key, Shape shape = {}, DType dtype = DType::kF32);
+// jax.random.truncated_normal on (lower, upper): sqrt(2) * erf_inv(u) for u uniform in
+// [erf(lower / sqrt(2)), erf(upper / sqrt(2))), clipped to the open interval.
+Value truncated_normal(const Value& key, double lower, double upper, Shape shape = {}, DType dtype = DType::kF32);
+// jax.random.bernoulli (its default mode 'low'): uniform(key, shape, dtype(p)) < p, bool. A
+// double p is weakly typed, so compares in float32, as a Python float in JAX.
+Value bernoulli(const Value& key, double p = 0.5, Shape shape = {});
+Value bernoulli(const Value& key, const Value& p, Shape shape);
+// jax.random.categorical (replace=True, shape None, gumbel mode 'low'): the argmax along
+// `axis` of logits + -log(-log(uniform(key, logits.shape, minval=tiny))), int32.
+Value categorical(const Value& key, const Value& logits, int64_t axis = -1);
+
 }  // namespace tessera::random
 
 #endif  // TESSERA_RANDOM_H_

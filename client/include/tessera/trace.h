@@ -80,6 +80,7 @@ Value rsqrt(const Value& x);
 Value sin(const Value& x);
 Value cos(const Value& x);
 Value erf(const Value& x);
+Value erf_inv(const Value& x);  // lax.erf_inv: the inverse of erf on (-1, 1)
 Value floor(const Value& x);
 Value ceil(const Value& x);
 Value sign(const Value& x);
