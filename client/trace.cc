@@ -117,6 +117,7 @@ Value exp(const Value& x) { return inexact_unary(Op::kExp, x); }
 Value log(const Value& x) { return inexact_unary(Op::kLog, x); }
 Value tanh(const Value& x) { return inexact_unary(Op::kTanh, x); }
 Value erf(const Value& x) { return inexact_unary(Op::kErf, x); }
+Value erf_inv(const Value& x) { return inexact_unary(Op::kErfInv, x); }
 Value logistic(const Value& x) { return inexact_unary(Op::kLogistic, x); }
 Value sqrt(const Value& x) { return inexact_unary(Op::kSqrt, x); }
 Value rsqrt(const Value& x) { return inexact_unary(Op::kRsqrt, x); }
@@ -147,6 +148,7 @@ Value remainder(const Value& x, const Value& y) {
   return where(logical_and(r != zero, (r < zero) != (y < zero)), r + y, r);
 }
 
+Value shift_right_logical(const Value& x, const Value& y) { return binary(Op::kShiftRightLogical, x, y); }
 Value clamp(const Value& lo, const Value& x, const Value& hi) { return minimum(maximum(x, lo), hi); }
 Value clip(const Value& x, const Value& lo, const Value& hi) { return clamp(lo, x, hi); }
 

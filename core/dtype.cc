@@ -3,11 +3,14 @@
 namespace tessera {
 
 DType promote_types(DType a, DType b) {
+  // The one pair the chain below does not order: neither holds the other's values.
+  if ((a == DType::kI32 && b == DType::kU32) || (a == DType::kU32 && b == DType::kI32)) return DType::kI64;
   auto rank = [](DType d) {
     switch (d) {
       case DType::kBool:
         return 0;
       case DType::kI32:
+      case DType::kU32:
         return 1;
       case DType::kI64:
         return 2;
@@ -28,6 +31,7 @@ int64_t dtype_size(DType dtype) {
     case DType::kF64:
       return 8;
     case DType::kI32:
+    case DType::kU32:
       return 4;
     case DType::kI64:
       return 8;
@@ -49,6 +53,8 @@ std::string dtype_name(DType dtype) {
       return "int64";
     case DType::kBool:
       return "bool";
+    case DType::kU32:
+      return "uint32";
   }
   return "invalid";
 }

@@ -52,6 +52,7 @@ std::string text(const GatherAttrs& a, Op) {
                       a.fill_value.has_value() ? " fill=" + a.fill_value->to_string() : "");
 }
 std::string text(const DynamicSliceAttrs& a, Op) { return " sizes=" + dims_to_string(a.sizes); }
+std::string text(const RandomBitsAttrs& a, Op) { return " of=" + dims_to_string(a.shape) + (a.words ? " words" : ""); }
 
 // A scan prints its body indented under it, one node per line.
 std::string text(const ScanAttrs& a, Op) {
@@ -294,6 +295,14 @@ absl::StatusOr<int> Graph::add_scatter(Op op, int x, int indices, int updates, G
     return absl::InvalidArgumentError(absl::StrCat(op_name(op), " is not a scatter"));
   }
   return add_node(make_node(op, {x, indices, updates}, std::move(attrs)));
+}
+
+absl::StatusOr<int> Graph::add_random_bits(int key, int counter, Shape shape, bool words) {
+  Node n = make_node(Op::kRandomBits, {key, counter}, RandomBitsAttrs{shape, words});
+  n.dtype = DType::kU32;
+  if (words) shape.push_back(2);
+  n.shape = std::move(shape);
+  return add_node(std::move(n));
 }
 
 absl::StatusOr<int> Graph::add_dynamic_slice(int x, int starts, std::vector<int64_t> sizes) {

@@ -90,6 +90,9 @@ void for_dtype(DType dtype, F&& f) {
     case DType::kBool:
       f(bool{});
       break;
+    case DType::kU32:
+      f(uint32_t{});
+      break;
   }
 }
 

@@ -557,6 +557,41 @@ absl::StatusOr<ArrayType> infer_scan(const Node& n, absl::Span<const ArrayType> 
   return stacked;
 }
 
+// ---- Randomness ------------------------------------------------------------------------------
+
+absl::StatusOr<ArrayType> infer_random_bits(const Node& n, absl::Span<const ArrayType> in) {
+  const RandomBitsAttrs& a = n.attrs<RandomBitsAttrs>();
+  const std::string what = absl::StrCat("random_bits of ", shape_to_string(a.shape), a.words ? " (both words)" : "");
+  TESSERA_RETURN_IF_ERROR(validate_shape(a.shape, 4, what));
+  TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, 4, what));
+  if (in[0] != ArrayType{DType::kU32, {2}}) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the key is ", type_of(in[0]), "; it must be uint32[2]"));
+  }
+  if (in[1] != ArrayType{DType::kI64, {}}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the counter is ", type_of(in[1]), "; it must be an int64 scalar"));
+  }
+  const size_t rank = a.shape.size();
+  bool fits = n.shape.size() == rank + (a.words ? 1 : 0) && (!a.words || n.shape[rank] == 2);
+  for (size_t d = 0; fits && d < rank; ++d) fits = n.shape[d] <= a.shape[d];
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the result shape ", shape_to_string(n.shape),
+                                                   " is not a block of it",
+                                                   a.words ? " with a last dimension of 2" : ""));
+  }
+  if (n.dtype != DType::kU32) return absl::InvalidArgumentError(absl::StrCat(what, ": the result dtype is uint32"));
+  return ArrayType{DType::kU32, n.shape};
+}
+
+absl::StatusOr<ArrayType> infer_shift(const Node& n, absl::Span<const ArrayType> in) {
+  TESSERA_RETURN_IF_ERROR(same_types(n, in));
+  if (is_floating(in[0].dtype) || in[0].dtype == DType::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op_name(n.op), ": operands are ", type_of(in[0]), "; it needs an integer dtype"));
+  }
+  return in[0];
+}
+
 // ---- The table -------------------------------------------------------------------------------
 
 constexpr uint32_t kUnaryOp = kUnary | kElementwise | kInPlace | kHasKernel;
@@ -645,6 +680,11 @@ constexpr OpDef kOps[] = {
     {Op::kArgsortDescending, "argsort_descending", 65, 1, kHasKernel | kNoGradient, 0, kAttrsIndex<ArgmaxAttrs>,
      infer_argsort},
     {Op::kScan, "scan", 90, kVariadic, 0, 0, kAttrsIndex<ScanAttrs>, infer_scan},
+    {Op::kRandomBits, "random_bits", 80, 2, kHasKernel | kNoGradient, kGiven, kAttrsIndex<RandomBitsAttrs>,
+     infer_random_bits},
+    {Op::kShiftRightLogical, "shift_right_logical", 81, 2, kBinaryOp | kNoGradient, 0, kAttrsIndex<NoAttrs>,
+     infer_shift},
+    {Op::kErfInv, "erf_inv", 82, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 
@@ -715,6 +755,8 @@ Scalar default_fill_value(DType dtype) {
       return std::numeric_limits<int32_t>::min();
     case DType::kI64:
       return std::numeric_limits<int64_t>::min();
+    case DType::kU32:
+      return static_cast<int64_t>(std::numeric_limits<uint32_t>::max());
     case DType::kBool:
       break;
   }

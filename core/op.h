@@ -112,9 +112,16 @@ enum class Op : uint8_t {
   // Control flow (ScanAttrs: a body sub-graph). scan(carry..., xs...) runs the body `length`
   // times; each node is one of its results (`output`): a final carry or a stacked y.
   kScan,
+  // Randomness (RandomBitsAttrs): random_bits(key, counter) is Threefry-2x32 of `key` (uint32[2])
+  // at the 64-bit counters `counter` (an int64 scalar's bits) + the flat index of each element
+  // of an array of the attributes' shape, the two words xor-ed into one uint32 (or both, in
+  // a last dimension of 2): JAX's partitionable random bits, split and fold_in.
+  kRandomBits,
+  kShiftRightLogical,  // lax.shift_right_logical on integers: zeros in; by >= the width gives 0
+  kErfInv,             // lax.erf_inv: the inverse error function on (-1, 1); +-1 give +-inf
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kScan) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kErfInv) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {
@@ -189,8 +196,8 @@ absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayTyp
 absl::Status check_attrs(const Node& node);
 
 // What a gather in IndexMode::kFillOrDrop gives for an out-of-range index when its node names
-// no fill_value, as jnp.take documents: NaN for float dtypes, the lowest value of a signed
-// integer dtype, true for bool.
+// no fill_value, as jnp.take documents: NaN for float dtypes, the highest value of uint32 (lax's gather fill), the
+// lowest value of a signed integer dtype, true for bool.
 Scalar default_fill_value(DType dtype);
 
 // A digest of what the wire depends on in the table: each op's name, wire number, arity, what

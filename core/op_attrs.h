@@ -163,10 +163,20 @@ struct ScanAttrs {
   int64_t output = 0;
 };
 
+// random_bits: `shape` is the array whose elements are counted (row-major flat index i gets
+// counter `counter + i`); the node's shape is that shape's leading block (a device's, which
+// its counter operand starts at), with a last dimension of 2 when `words` keeps both words of
+// the hash instead of their xor (keys: split, fold_in).
+struct RandomBitsAttrs {
+  static constexpr const char* kName = "random_bits";
+  std::vector<int64_t> shape;
+  bool words = false;
+};
+
 // Every kind of attributes. NoAttrs first: a default Node carries none.
 using Attrs = std::variant<NoAttrs, ParameterAttrs, ConstantAttrs, IotaAttrs, BroadcastAttrs, TransposeAttrs,
                            ReduceAttrs, ArgmaxAttrs, SliceAttrs, ConcatAttrs, DotAttrs, ShardingAttrs, CollectiveAttrs,
-                           AxisIndexAttrs, GatherAttrs, DynamicSliceAttrs, ScanAttrs>;
+                           AxisIndexAttrs, GatherAttrs, DynamicSliceAttrs, ScanAttrs, RandomBitsAttrs>;
 
 namespace internal {
 template <class T, class... Ts>

@@ -36,6 +36,8 @@ pb::DType to_proto(DType dtype) {
       return pb::I64;
     case DType::kBool:
       return pb::BOOL;
+    case DType::kU32:
+      return pb::U32;
   }
   return pb::DTYPE_INVALID;
 }
@@ -52,6 +54,8 @@ absl::StatusOr<DType> dtype_from_proto(int dtype) {
       return DType::kI64;
     case pb::BOOL:
       return DType::kBool;
+    case pb::U32:
+      return DType::kU32;
     default:
       return absl::InvalidArgumentError(absl::StrCat("dtype ", dtype, " is not a known dtype"));
   }
@@ -295,6 +299,10 @@ void attrs_to_proto(const GatherAttrs& a, pb::KernelNode* n) {
 void attrs_to_proto(const DynamicSliceAttrs& a, pb::KernelNode* n) {
   n->mutable_dynamic_slice()->mutable_sizes()->Assign(a.sizes.begin(), a.sizes.end());
 }
+void attrs_to_proto(const RandomBitsAttrs& a, pb::KernelNode* n) {
+  n->mutable_random_bits()->mutable_shape()->Assign(a.shape.begin(), a.shape.end());
+  n->mutable_random_bits()->set_words(a.words);
+}
 
 void attrs_to_proto(const ScanAttrs& a, pb::KernelNode* n) {
   pb::ScanAttrs* w = n->mutable_scan();
@@ -403,6 +411,8 @@ absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::strin
       return ScanAttrs{std::make_shared<const Graph>(*std::move(body)), w.length(), w.reverse(), w.num_carry(),
                        w.output()};
     }
+    case pb::KernelNode::kRandomBits:
+      return RandomBitsAttrs{v(n.random_bits().shape()), n.random_bits().words()};
     case pb::KernelNode::kAxisIndex: {
       AxisIndexAttrs out;
       TESSERA_ASSIGN_OR_RETURN(out.mesh, optional_mesh(n.axis_index().has_mesh(), n.axis_index().mesh(), where));

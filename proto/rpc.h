@@ -30,7 +30,7 @@ namespace tessera {
 // 13: credentials, session credentials and array grants; 14: mesh axis types; 15: the
 // indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: scan, ScanAttrs and loop instructions; stop_gradient,
 // argsort; calls name in-flight calls' outputs (ExecuteRequest.pending_inputs), and ExecuteReply carries only ids and
-// grants.)
+// grants; uint32, random_bits with RandomBitsAttrs, shift_right_logical, erf_inv.)
 inline constexpr uint32_t kProtocolVersion = 16;
 inline constexpr uint64_t kOpTableDigest = 0xcb827f1a2935cbe4;
 

@@ -38,6 +38,7 @@ absl::Span<const VjpEntry> elementwise_vjps() {
       {Op::kSin, TESSERA_UNARY_VJP(g * cos(x))},
       {Op::kCos, TESSERA_UNARY_VJP(-(g * sin(x)))},
       {Op::kErf, TESSERA_UNARY_VJP(g * kTwoOverSqrtPi * exp(-(x * x)))},
+      {Op::kErfInv, TESSERA_UNARY_VJP(g / kTwoOverSqrtPi * exp(out * out))},
       {Op::kAdd,
        [](const VjpArgs& a) {
          a.add(0, a.g);

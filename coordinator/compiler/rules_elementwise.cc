@@ -1,6 +1,7 @@
-// Sharding rules of the elementwise ops (and of constant and iota, which their users decide),
-// and iota's partition handler.
+// Sharding rules of the elementwise ops (and of constant, iota and random_bits, which their
+// users decide), and the partition handlers of iota and random_bits.
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "coordinator/compiler/rules.h"
 #include "core/status.h"
 
@@ -84,13 +85,57 @@ absl::Status partition_iota(PartitionContext& c, int id) {
   return absl::OkStatus();
 }
 
+// random_bits: decided by its users, as iota; the key and the counter stay whole.
+absl::Status random_source(ShardingContext& c, int id) {
+  std::vector<ValueSharding>& req = c.needs(id);
+  req.clear();
+  for (int o : c.graph().node(id).operands) req.push_back(ValueSharding::replicated(c.graph().node(o).shape.size()));
+  return absl::OkStatus();
+}
+
+// The result's counted dimensions follow its users; the words dimension stays whole.
+DimMap random_map(const Graph&, const Node& n) {
+  DimMap m{{{-1}, {}}, std::vector<bool>(n.shape.size(), true)};
+  if (n.attrs<RandomBitsAttrs>().words) m.free.back() = false;
+  return m;
+}
+
+// Random bits are generated where they live, as an iota is: each device runs the kernel on its
+// block with the counter moved to its block's first element, the sum over split dimensions d of
+// axis_index(d's axes) * block[d] * stride[d] (row-major strides of the whole shape). Nothing
+// moves between devices, and every bit equals the unsharded result's (JAX's partitionable
+// threefry).
+absl::Status partition_random_bits(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const RandomBitsAttrs& a = n.attrs<RandomBitsAttrs>();
+  const Dims& dims = c.propagation().result[id].dims;
+  if (a.words && !dims.back().empty()) {
+    return absl::InternalError(absl::StrCat("random_bits %", id, ": its words dimension is split"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  const Shape block = c.local_kernel(id, in).node.shape;
+  int64_t stride = 1;
+  for (int64_t d = static_cast<int64_t>(a.shape.size()) - 1; d >= 0; --d) {
+    if (!dims[d].empty()) {
+      const int start = emit_block_start(c, id, dims[d], block[d] * stride, DType::kI64);
+      in[1] = emit_kernel(c, id, Op::kAdd, DType::kI64, {}, {in[1], start});
+    }
+    stride *= a.shape[d];
+  }
+  c.bind(id, c.emit(c.local_kernel(id, in)));
+  return absl::OkStatus();
+}
+
 constexpr ShardingRule kElementwise = {elementwise, identity_map};
 constexpr ShardingRule kSource = {source, identity_map};
 constexpr ShardingRule kIota = {source, identity_map, false, partition_iota};
+constexpr ShardingRule kRandomBits = {random_source, random_map, false, partition_random_bits};
 
 }  // namespace
 
 absl::Span<const ShardingRuleEntry> elementwise_rules() {
+  // Rows are appended one per line, the table above them kept as it is.
+  // clang-format off
   static constexpr ShardingRuleEntry kRules[] = {
       {Op::kConstant, kSource},     {Op::kIota, kIota},
       {Op::kNeg, kElementwise},     {Op::kAbs, kElementwise},
@@ -110,7 +155,11 @@ absl::Span<const ShardingRuleEntry> elementwise_rules() {
       {Op::kGe, kElementwise},      {Op::kSelect, kElementwise},
       {Op::kConvert, kElementwise}, {Op::kErf, kElementwise},
       {Op::kRem, kElementwise},     {Op::kStopGradient, kElementwise},
+      {Op::kRandomBits, kRandomBits},
+      {Op::kShiftRightLogical, kElementwise},
+      {Op::kErfInv, kElementwise},
   };
+  // clang-format on
   return kRules;
 }
 

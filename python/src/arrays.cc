@@ -32,6 +32,8 @@ py::dtype numpy_dtype(DType dtype) {
       return py::dtype::of<int64_t>();
     case DType::kBool:
       return py::dtype::of<bool>();
+    case DType::kU32:
+      return py::dtype::of<uint32_t>();
   }
   return py::dtype::of<float>();
 }
@@ -41,9 +43,9 @@ DType dtype_of_numpy(const py::array& a) {
   for (DType d : kAllDTypes) {
     if (a.dtype().is(numpy_dtype(d)) || a.dtype().equal(numpy_dtype(d))) return d;
   }
-  throw StatusError(
-      absl::InvalidArgumentError(absl::StrCat("device_put: numpy dtype ", std::string(py::str(a.dtype())),
-                                              " is not one of Tessera's (float32, float64, int32, int64, bool)")));
+  throw StatusError(absl::InvalidArgumentError(
+      absl::StrCat("device_put: numpy dtype ", std::string(py::str(a.dtype())),
+                   " is not one of Tessera's (float32, float64, int32, int64, bool, uint32)")));
 }
 
 Shape shape_of(const py::array& a) { return Shape(a.shape(), a.shape() + a.ndim()); }
@@ -90,7 +92,8 @@ void bind_arrays(py::module_& m) {
       .value("float64", DType::kF64)
       .value("int32", DType::kI32)
       .value("int64", DType::kI64)
-      .value("bool", DType::kBool);
+      .value("bool", DType::kBool)
+      .value("uint32", DType::kU32);
   m.def("numpy_dtype", &numpy_dtype);
   m.def("promote_types", &promote_types);
 

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "proto/tessera.pb.h"
 #include "tessera/grad.h"
+#include "tessera/random.h"
 #include "tessera/trace.h"
 #include "tests/support/plan_matchers.h"
 
@@ -599,6 +600,36 @@ TEST_F(PartitionTest, DynamicWindowsKeepWholeCoveredSplits) {
       },
       {{DType::kF32, {16, 8}}, {DType::kI32, {}}}, {P("data", None), P()});
   EXPECT_THAT(collectives_of(cut), ElementsAre(IsCollective(CollectiveKind::kAllGather, {"data"}, 0))) << cut.as_text();
+}
+
+// random::uniform of a sharded shape is made where it lives (JAX's partitionable threefry, as
+// jax tests/array_test.py test_random_bits_is_pure_map_2d checks of XLA's program): no
+// collective, no byte received, and no instruction of the global shape; each device's
+// random_bits kernel is its block, counting from its block's first element.
+TEST_F(PartitionTest, ShardedUniformIsGeneratedWhereItLivesWithNoCommunication) {
+  for (const PartitionSpec& out :
+       {P("data", "model"), P(None, "model"), P(Axes{"data", "model"}, None), P("model", "data"), P()}) {
+    SCOPED_TRACE(out.to_string());
+    Executable exe = compile(
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{random::uniform(in[0], {64, 32})};
+        },
+        {{DType::kU32, {2}}}, {P()}, {out});
+    EXPECT_THAT(collectives_of(exe), ::testing::IsEmpty()) << exe.as_text();
+    EXPECT_EQ(collective_bytes_per_device(exe.program, exe.mesh), 0);
+    const Shape block = NamedSharding(mesh_, out).shard_shape({64, 32});
+    int random_kernels = 0;
+    for (const Instruction& i : exe.program.code) {
+      if (out != P()) {
+        EXPECT_NE(i.node.shape, (Shape{64, 32})) << op_name(i.node.op) << "\n" << exe.as_text();
+      }
+      if (i.node.op == Op::kRandomBits) {
+        ++random_kernels;
+        EXPECT_EQ(i.node.shape, block);
+      }
+    }
+    EXPECT_EQ(random_kernels, 1) << exe.as_text();
+  }
 }
 
 }  // namespace

@@ -40,8 +40,8 @@ struct Request {
 // argmax axis, slice start/limit, concatenate axis, all four dot dimension lists, the
 // shardings of sharding_constraint and shard_map_in/out, each collective's mesh, axes,
 // reduce op, dimension, split/concat dimensions and positions, axis_index's mesh and axes,
-// gather and scatter's axis, mode and fill value, dynamic_slice's sizes, and scan's length,
-// reverse, carry count, output and body.
+// gather and scatter's axis, mode and fill value, dynamic_slice's sizes, scan's length,
+// reverse, carry count, output and body, and random_bits' shape and words.
 struct Knobs {
   DType dtype = DType::kF32;
   Shape shape = {8, 4};
@@ -86,6 +86,8 @@ struct Knobs {
   int64_t scan_carries = 1;  // 1: a carry and an xs; 2: two carries, no xs
   int64_t scan_output = 0;
   double scan_body_constant = 2.0;
+  Shape random_shape = {3, 4};  // random_bits' counted shape
+  bool random_words = false;
 };
 
 // The scan of `k`: carries of f32[4] (c' = c + other * constant, the second carry kept),
@@ -124,6 +126,9 @@ Request build(const Knobs& k) {
   const int rows = *g.add_gather(q, idx, GatherAttrs{});
   EXPECT_TRUE(g.add_scatter(k.scatter_op, q, idx, rows, GatherAttrs{0, k.scatter_mode, std::nullopt}).ok());
   EXPECT_TRUE(g.add_dynamic_slice(q, *g.add_iota(DType::kI32, {2}, 0), k.window).ok());
+  EXPECT_TRUE(g.add_random_bits(*g.add_constant(DType::kU32, {2}, Scalar(0)),
+                                *g.add_constant(DType::kI64, {}, Scalar(0)), k.random_shape, k.random_words)
+                  .ok());
   const int c = *g.add_constant(k.constant_dtype, k.shape, k.constant);
   const int cc = k.constant_dtype == k.dtype ? c : *g.add_convert(c, k.dtype);
   const int io = *g.add_iota(k.dtype, k.shape, k.iota_dim);
@@ -275,6 +280,11 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
       {"scan num_carry", [](Knobs& k) { k.scan_carries = 2; }},
       {"scan output", [](Knobs& k) { k.scan_output = 1; }},
       {"scan body", [](Knobs& k) { k.scan_body_constant = 3.0; }},
+      {"random_bits shape",
+       [](Knobs& k) {
+         k.random_shape = {4, 3};
+       }},
+      {"random_bits words", [](Knobs& k) { k.random_words = true; }},
   };
   std::map<std::string, std::string> keys;  // key -> variation
   for (const auto& [name, vary] : node_variations) {

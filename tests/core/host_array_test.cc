@@ -31,11 +31,9 @@ TEST(DType, SizesAndNumpyNames) {
     int64_t size;
     std::string name;
   };
-  const std::vector<Case> cases = {{DType::kF32, 4, "float32"},
-                                   {DType::kF64, 8, "float64"},
-                                   {DType::kI32, 4, "int32"},
-                                   {DType::kI64, 8, "int64"},
-                                   {DType::kBool, 1, "bool"}};
+  const std::vector<Case> cases = {{DType::kF32, 4, "float32"}, {DType::kF64, 8, "float64"},
+                                   {DType::kI32, 4, "int32"},   {DType::kI64, 8, "int64"},
+                                   {DType::kBool, 1, "bool"},   {DType::kU32, 4, "uint32"}};
   ASSERT_EQ(std::size(kAllDTypes), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(kAllDTypes[i], cases[i].dtype);
@@ -158,6 +156,8 @@ HostArray ExpectedArange2x3(DType dtype) {
       return HostArray::from_vector<int64_t>({2, 3}, {0, 1, 2, 3, 4, 5});
     case DType::kBool:
       return HostArray::from_vector<bool>({2, 3}, {false, true, false, true, false, true});
+    case DType::kU32:
+      return HostArray::from_vector<uint32_t>({2, 3}, {0, 1, 2, 3, 4, 5});
   }
   return HostArray();
 }

@@ -121,6 +121,9 @@ HostArray RandomArray(DType dtype, const Shape& shape, std::mt19937* rng) {
     case DType::kBool:
       FillRandom<bool>(&a, rng);
       break;
+    case DType::kU32:
+      FillRandom<uint32_t>(&a, rng);
+      break;
   }
   return a;
 }

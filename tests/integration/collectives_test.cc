@@ -138,6 +138,9 @@ Mat block_of(const HostArray& a, int p, int64_t rows) {
     case DType::kBool:
       to_doubles<bool>(a, begin, &m.v);
       break;
+    case DType::kU32:
+      to_doubles<uint32_t>(a, begin, &m.v);
+      break;
   }
   return m;
 }
@@ -163,6 +166,9 @@ HostArray small_integers(DType dtype, const Shape& shape, uint32_t seed) {
         break;
       case DType::kBool:
         a.mutable_values<bool>()[i] = v > 0;
+        break;
+      case DType::kU32:
+        a.mutable_values<uint32_t>()[i] = static_cast<uint32_t>(v + 3);  // 0..6: sums of 8 stay exact
         break;
     }
   }

@@ -47,6 +47,7 @@ std::vector<GradCase> grad_cases() {
   unary("sin", sin);
   unary("cos", cos);
   unary("erf", erf);
+  out.push_back({"erf_inv", {m}, Domain::kSigned, [](V in) { return erf_inv(in[0] * 0.4); }});
   out.push_back({"add", {m, m}, Domain::kSigned, [](V in) { return in[0] + in[1]; }});
   out.push_back({"sub", {m, m}, Domain::kSigned, [](V in) { return in[0] - in[1]; }});
   out.push_back({"mul", {m, m}, Domain::kSigned, [](V in) { return in[0] * in[1]; }});

@@ -40,6 +40,9 @@ HostArray random_array(DType dtype, const Shape& shape, uint32_t seed) {
       case DType::kBool:
         a.mutable_values<bool>()[i] = v % 2 == 0;
         break;
+      case DType::kU32:
+        a.mutable_values<uint32_t>()[i] = static_cast<uint32_t>(v) * 2654435761u;  // high bits set too
+        break;
     }
   }
   return a;

@@ -29,6 +29,9 @@ HostArray random_array(DType dtype, const Shape& shape, Domain domain, std::mt19
     case DType::kBool:
       for (bool& v : a.mutable_values<bool>()) v = (rng() & 1) != 0;
       break;
+    case DType::kU32:
+      for (uint32_t& v : a.mutable_values<uint32_t>()) v = static_cast<uint32_t>(rng());
+      break;
   }
   return a;
 }

@@ -78,6 +78,9 @@ void reduce(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const 
     case DType::kBool:
       reduce_typed<bool>(op, out, a, b, n);
       break;
+    case DType::kU32:
+      reduce_typed<uint32_t>(op, out, a, b, n);
+      break;
   }
 }
 

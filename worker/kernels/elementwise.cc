@@ -1,11 +1,12 @@
-// Elementwise kernels: constant, iota, unary and binary arithmetic, comparisons, select,
-// convert. Plain loops over the operands' storage; the op and dtype are resolved once, outside
+// Elementwise kernels: constant, iota, random_bits, unary and binary arithmetic, comparisons,
+// select, convert. Plain loops over the operands' storage; the op and dtype are resolved once, outside
 // the loop, so each loop body is a single inlined expression.
 #include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/kernels/internal.h"
@@ -63,8 +64,10 @@ T wrapping_neg(T v) {
 // XLA's choices for the two divisions C leaves undefined.
 template <typename T>
 T int_div(T a, T b) {
-  if (b == 0) return T(-1);
-  if (b == -1) return wrapping_neg(a);  // INT_MIN / -1 == INT_MIN
+  if (b == 0) return static_cast<T>(-1);  // all ones for unsigned types
+  if constexpr (std::is_signed_v<T>) {
+    if (b == -1) return wrapping_neg(a);  // INT_MIN / -1 == INT_MIN
+  }
   return static_cast<T>(a / b);
 }
 
@@ -73,14 +76,18 @@ T int_div(T a, T b) {
 template <typename T>
 T int_rem(T a, T b) {
   if (b == 0) return a;
-  if (b == -1) return 0;
+  if constexpr (std::is_signed_v<T>) {
+    if (b == -1) return 0;
+  }
   return static_cast<T>(a % b);
 }
 
 // Exponentiation by squaring, wrapping; a negative exponent gives 1 for base 1, else 0 (XLA).
 template <typename T>
 T int_pow(T base, T exponent) {
-  if (exponent < 0) return base == 1 ? T(1) : T(0);
+  if constexpr (std::is_signed_v<T>) {
+    if (exponent < 0) return base == 1 ? T(1) : T(0);
+  }
   Unsigned<T> result = 1;
   Unsigned<T> b = static_cast<Unsigned<T>>(base);
   for (Unsigned<T> e = static_cast<Unsigned<T>>(exponent); e != 0; e >>= 1) {
@@ -107,14 +114,50 @@ To convert_value(From v) {
   if constexpr (kIsBool<To>) {
     return v != From{};
   } else if constexpr (kIsInt<To> && kIsFloat<From>) {
-    constexpr From kLow = static_cast<From>(std::numeric_limits<To>::min());  // -2^(bits-1): exact
+    // 2^digits and -2^(bits-1) (signed) or 0 (unsigned): exact in every float type.
+    const From high = std::ldexp(From(1), std::numeric_limits<To>::digits);
+    constexpr From kLow = static_cast<From>(std::numeric_limits<To>::min());
     if (std::isnan(v)) return 0;
     if (v <= kLow) return std::numeric_limits<To>::min();
-    if (v >= -kLow) return std::numeric_limits<To>::max();
+    if (v >= high) return std::numeric_limits<To>::max();
     return static_cast<To>(v);
   } else {
     return static_cast<To>(v);
   }
+}
+
+// lax.erf_inv as XLA computes it in float32 (ErfInv32 in xla/client/lib/math.cc: Giles,
+// "Approximating the erfinv function", GPU Computing Gems 2010): w = -log1p(-x^2), a degree-8
+// polynomial in w - 2.5 (w < 5) or sqrt(w) - 3, times x; +-1 give +-inf, |x| > 1 NaN. float64
+// starts from the same polynomial in double and takes two Newton steps on erf (erfc in the
+// tails, where erf(y) - x would cancel), which reach double precision.
+template <typename T>
+T erf_inv(T x) {
+  static constexpr float kCentral[9] = {2.81022636e-08f,  3.43273939e-07f, -3.5233877e-06f,
+                                        -4.39150654e-06f, 0.00021858087f,  -0.00125372503f,
+                                        -0.00417768164f,  0.246640727f,    1.50140941f};
+  static constexpr float kTail[9] = {-0.000200214257f, 0.000100950558f, 0.00134934322f, -0.00367342844f, 0.00573950773f,
+                                     -0.0076224613f,   0.00943887047f,  1.00167406f,    2.83297682f};
+  if (std::abs(x) == T(1)) return x * std::numeric_limits<T>::infinity();
+  T w = -std::log1p(-x * x);
+  const bool central = w < T(5);
+  const float* c = central ? kCentral : kTail;
+  w = central ? w - T(2.5) : std::sqrt(w) - T(3);
+  T p = c[0];
+  for (int i = 1; i < 9; ++i) p = T(c[i]) + p * w;
+  T y = p * x;
+  if constexpr (std::is_same_v<T, double>) {
+    constexpr double kTwoOverSqrtPi = 1.1283791670955126;
+    for (int step = 0; step < 2 && std::isfinite(y); ++step) {
+      const double slope = kTwoOverSqrtPi * std::exp(-y * y);
+      if (std::abs(x) <= 0.5) {
+        y -= (std::erf(y) - x) / slope;
+      } else {  // on |y|: erfc(|y|) = 1 - |x|, whose terms keep their precision
+        y += (x > 0 ? 1 : -1) * (std::erfc(std::abs(y)) - (1 - std::abs(x))) / slope;
+      }
+    }
+  }
+  return y;
 }
 
 template <typename T>
@@ -123,6 +166,23 @@ absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into
     if (op == Op::kNot)
       return map1<T, T>(
           x, [](bool v) { return !v; }, into);
+  } else if constexpr (kIsInt<T> && !std::is_signed_v<T>) {
+    switch (op) {  // unsigned: abs is the identity, sign is 0 or 1, neg wraps
+      case Op::kNeg:
+        return map1<T, T>(
+            x, [](T v) { return wrapping_neg(v); }, into);
+      case Op::kAbs:
+        return map1<T, T>(
+            x, [](T v) { return v; }, into);
+      case Op::kSign:
+        return map1<T, T>(
+            x, [](T v) { return static_cast<T>(v != 0); }, into);
+      case Op::kNot:
+        return map1<T, T>(
+            x, [](T v) { return static_cast<T>(~v); }, into);
+      default:
+        break;
+    }
   } else if constexpr (kIsInt<T>) {
     switch (op) {
       case Op::kNeg:
@@ -175,6 +235,9 @@ absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into
       case Op::kErf:
         return map1<T, T>(
             x, [](T v) { return std::erf(v); }, into);
+      case Op::kErfInv:
+        return map1<T, T>(
+            x, [](T v) { return erf_inv(v); }, into);
       case Op::kFloor:
         return map1<T, T>(
             x, [](T v) { return std::floor(v); }, into);
@@ -264,6 +327,14 @@ absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArra
       case Op::kOr:
         return map2<T, T>(
             x, y, [](T a, T b) { return static_cast<T>(a | b); }, into);
+      case Op::kShiftRightLogical:
+        return map2<T, T>(
+            x, y,
+            [](T a, T b) {
+              const U by = static_cast<U>(b);  // a negative shift is a huge one, as in XLA
+              return by >= sizeof(T) * 8 ? T(0) : static_cast<T>(static_cast<U>(a) >> by);
+            },
+            into);
       default:
         break;
     }
@@ -337,6 +408,61 @@ absl::StatusOr<HostArray> iota_kernel(const Node& node) {
   return out;
 }
 
+// Threefry-2x32 with 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
+// SC'11; as jax/_src/random/threefry2x32.py): the two words of counter (x0, x1) under key
+// (k0, k1). Four rounds of add, rotate and xor per block, the key schedule injected after each.
+std::pair<uint32_t, uint32_t> threefry2x32(uint32_t k0, uint32_t k1, uint32_t x0, uint32_t x1) {
+  static constexpr int kRotations[2][4] = {{13, 15, 26, 6}, {17, 29, 16, 24}};
+  const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ 0x1BD11BDAu};
+  x0 += ks[0];
+  x1 += ks[1];
+  for (int i = 0; i < 5; ++i) {
+    for (int r : kRotations[i % 2]) {
+      x0 += x1;
+      x1 = (x1 << r) | (x1 >> (32 - r));
+      x1 ^= x0;
+    }
+    x0 += ks[(i + 1) % 3];
+    x1 += ks[(i + 2) % 3] + static_cast<uint32_t>(i + 1);
+  }
+  return {x0, x1};
+}
+
+// Element i of the counted shape (row-major) gets counter `first + i`, split into its high and
+// low words as jax's iota_2x32_shape does; a block (a device's) walks its own elements only.
+absl::StatusOr<HostArray> random_bits_kernel(const Node& node, const std::vector<const HostArray*>& xs) {
+  const RandomBitsAttrs& a = node.attrs<RandomBitsAttrs>();
+  const uint32_t* key = stored<uint32_t>(*xs[0]);
+  const uint64_t first = static_cast<uint64_t>(*stored<int64_t>(*xs[1]));
+  const size_t rank = a.shape.size();
+  const std::vector<int64_t> strides = row_major_strides(Shape(a.shape));
+  const Shape block(node.shape.begin(), node.shape.begin() + static_cast<int64_t>(rank));
+  HostArray out(DType::kU32, node.shape);
+  uint32_t* o = mutable_stored<uint32_t>(&out);
+  const int64_t inner = rank == 0 ? 1 : block[rank - 1];
+  const int64_t rows = inner == 0 ? 0 : num_elements(block) / inner;
+  std::vector<int64_t> index(rank, 0);  // of the row's first element
+  for (int64_t row = 0; row < rows; ++row) {
+    uint64_t counter = first;
+    for (size_t d = 0; d + 1 < rank; ++d) counter += static_cast<uint64_t>(index[d] * strides[d]);
+    for (int64_t j = 0; j < inner; ++j, ++counter) {
+      const auto [w0, w1] =
+          threefry2x32(key[0], key[1], static_cast<uint32_t>(counter >> 32), static_cast<uint32_t>(counter));
+      if (a.words) {
+        *o++ = w0;
+        *o++ = w1;
+      } else {
+        *o++ = w0 ^ w1;
+      }
+    }
+    for (int64_t d = static_cast<int64_t>(rank) - 2; d >= 0; --d) {
+      if (++index[d] < block[d]) break;
+      index[d] = 0;
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<HostArray> unary_kernel(const Node& node, const std::vector<const HostArray*>& xs, std::byte* into) {
   const HostArray& x = *xs[0];
   return visit_dtype(x.dtype(), [&](auto zero) { return unary_typed<decltype(zero)>(node.op, x, into); });
@@ -385,6 +511,11 @@ absl::Span<const KernelEntry> elementwise_kernels() {
   static constexpr KernelFn kConvert = [](const Node& n, const std::vector<const HostArray*>& xs, std::byte*) {
     return convert_kernel(n, *xs[0]);
   };
+  static constexpr KernelFn kRandomBits = [](const Node& n, const std::vector<const HostArray*>& xs, std::byte*) {
+    return random_bits_kernel(n, xs);
+  };
+  // Rows are appended one per line, the table above them kept as it is.
+  // clang-format off
   static constexpr KernelEntry kKernels[] = {
       {Op::kConstant, Backend::kCpu, kConstant}, {Op::kIota, Backend::kCpu, kIota},
       {Op::kNeg, Backend::kCpu, unary_kernel},   {Op::kAbs, Backend::kCpu, unary_kernel},
@@ -404,7 +535,11 @@ absl::Span<const KernelEntry> elementwise_kernels() {
       {Op::kGe, Backend::kCpu, binary_kernel},   {Op::kSelect, Backend::kCpu, select_kernel},
       {Op::kConvert, Backend::kCpu, kConvert},   {Op::kErf, Backend::kCpu, unary_kernel},
       {Op::kRem, Backend::kCpu, binary_kernel},
+      {Op::kRandomBits, Backend::kCpu, kRandomBits},
+      {Op::kShiftRightLogical, Backend::kCpu, binary_kernel},
+      {Op::kErfInv, Backend::kCpu, unary_kernel},
   };
+  // clang-format on
   return kKernels;
 }
 

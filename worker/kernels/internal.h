@@ -36,6 +36,8 @@ decltype(auto) visit_dtype(DType dtype, F&& f) {
       return f(int32_t{});
     case DType::kI64:
       return f(int64_t{});
+    case DType::kU32:
+      return f(uint32_t{});
     case DType::kBool:
       break;
   }

@@ -18,7 +18,7 @@
 namespace tessera {
 namespace {
 
-bool is_known(DType d) { return static_cast<uint8_t>(d) <= static_cast<uint8_t>(DType::kBool); }
+bool is_known(DType d) { return static_cast<uint8_t>(d) <= static_cast<uint8_t>(DType::kU32); }
 
 // INVALID_ARGUMENT "<op>: <message>".
 template <typename... Args>

@@ -27,6 +27,7 @@
 #include "tessera/mesh_context.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"
+#include "tessera/random.h"
 #include "tessera/shard_map.h"
 #include "tessera/trace.h"
 #include "tessera/tree.h"

@@ -82,6 +82,7 @@ Value rsqrt(const Value& x);
 Value sin(const Value& x);
 Value cos(const Value& x);
 Value erf(const Value& x);
+Value erf_inv(const Value& x);  // lax.erf_inv: the inverse of erf on (-1, 1)
 Value floor(const Value& x);
 Value ceil(const Value& x);
 Value sign(const Value& x);
@@ -110,6 +111,9 @@ Value rem(const Value& x, const Value& y);
 Value remainder(const Value& x, const Value& y);
 // lax.clamp(lo, x, hi): min(max(x, lo), hi), broadcasting as the binary ops; jnp.clip(x, lo, hi).
 Value clamp(const Value& lo, const Value& x, const Value& hi);
+// lax.shift_right_logical on integers: zeros shift in (also for signed x); a shift by the bit
+// width or more (or a negative one) gives 0, as XLA's.
+Value shift_right_logical(const Value& x, const Value& y);
 Value clip(const Value& x, const Value& lo, const Value& hi);
 
 Value operator-(const Value& x);
