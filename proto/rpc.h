@@ -32,7 +32,7 @@ namespace tessera {
 // argsort; calls name in-flight calls' outputs (ExecuteRequest.pending_inputs), and ExecuteReply carries only ids and
 // grants; uint32, random_bits with RandomBitsAttrs, shift_right_logical, erf_inv.)
 inline constexpr uint32_t kProtocolVersion = 16;
-inline constexpr uint64_t kOpTableDigest = 0xcb827f1a2935cbe4;
+inline constexpr uint64_t kOpTableDigest = 0xd1b45289b985a16e;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;
