@@ -1,5 +1,6 @@
 #include "core/subprocess.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -201,25 +202,50 @@ absl::StatusOr<DaemonProcess> DaemonProcess::start(const std::vector<std::string
   return process;
 }
 
-uint64_t process_start_ticks(pid_t pid) {
-  if (pid <= 0) return 0;
-  // read(2), not a stream: when the process exits while its stat is read, read fails with
-  // ESRCH, which libstdc++'s filebuf reports by throwing (`tessera down` died of it once).
-  const int fd = open(absl::StrCat("/proc/", pid, "/stat").c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+namespace {
+
+// The fields of a /proc stat file after "pid (comm)", from the state on (field 3); empty if
+// it cannot be read. read(2), not a stream: when the process exits while its stat is read,
+// read fails with ESRCH, which libstdc++'s filebuf reports by throwing (`tessera down` died
+// of it once).
+std::vector<std::string> stat_fields(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
   char buffer[4096];  // a stat line is a few hundred bytes: comm is at most 16 characters
   const ssize_t n = read(fd, buffer, sizeof(buffer));
   close(fd);
-  if (n <= 0) return 0;
+  if (n <= 0) return {};
   const std::string stat(buffer, static_cast<size_t>(n));
-  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields resume after
-  // the last ')'. State is field 3, starttime field 22.
+  // comm may hold spaces and parentheses; the fields resume after the last ')'.
   const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
+  if (close == std::string::npos || close + 2 >= stat.size()) return {};
+  return absl::StrSplit(stat.substr(close + 2), ' ');
+}
+
+}  // namespace
+
+uint64_t process_start_ticks(pid_t pid) {
+  if (pid <= 0) return 0;
+  // State is field 3, starttime field 22.
+  const std::vector<std::string> fields = stat_fields(absl::StrCat("/proc/", pid, "/stat"));
   if (fields.size() < 20 || fields[0] == "Z" || fields[0] == "X") return 0;
   uint64_t ticks = 0;
   return absl::SimpleAtoi(fields[19], &ticks) ? ticks : 0;
+}
+
+bool all_threads_stopped(pid_t pid) {
+  if (pid <= 0) return false;
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return false;
+  bool all = true;
+  for (dirent* e; all && (e = readdir(d)) != nullptr;) {
+    if (e->d_name[0] == '.') continue;
+    const std::vector<std::string> fields = stat_fields(absl::StrCat(dir, "/", e->d_name, "/stat"));
+    all = !fields.empty() && fields[0] == "T";
+  }
+  closedir(d);
+  return all;
 }
 
 bool process_running(const DaemonProcess& process) {

@@ -89,6 +89,11 @@ uint64_t process_start_ticks(pid_t pid);
 // Whether `process` (pid and start time) is still running.
 bool process_running(const DaemonProcess& process);
 
+// Whether every thread of process `pid` is stopped (state T in /proc/PID/task/*/stat, as
+// SIGSTOP leaves it): kill(SIGSTOP) returns before a thread busy in the kernel has stopped.
+// False if there is no such process.
+bool all_threads_stopped(pid_t pid);
+
 // Stops `process`: SIGTERM, then SIGKILL if it is still running after `grace`, then waits
 // (bounded) for it to go. Does nothing to a pid that now belongs to another process.
 // Returns "stopped", "killed" or "not running"; DEADLINE_EXCEEDED if it survived SIGKILL.

@@ -123,6 +123,7 @@ void bind_ops(py::module_& m) {
   m.def("prod", [](V x, std::vector<int64_t> axes, bool keepdims) { return prod(x, std::move(axes), keepdims); });
   m.def("mean", [](V x, std::vector<int64_t> axes, bool keepdims) { return mean(x, std::move(axes), keepdims); });
   m.def("argmax", &argmax);
+  m.def("argmin", &argmin);
   m.def("dot_general", [](V lhs, V rhs, std::vector<int64_t> lhs_contracting, std::vector<int64_t> rhs_contracting,
                           std::vector<int64_t> lhs_batch, std::vector<int64_t> rhs_batch) {
     DotDims dims;

@@ -382,17 +382,23 @@ def std(a, axis=None, keepdims=False):
     return sqrt(var(a, axis=axis, keepdims=keepdims))
 
 
-@_op
-def argmax(a, axis=None, keepdims=False):
-    a = _tracer(a)
-    if axis is None:
-        a, axis = reshape(a, (-1,)), 0
-    out = _wrap(_t.argmax(a._v, axis, _enum(_int_dtype())))
-    return expand_dims(out, axis) if keepdims else out
+def _arg_reduction(name):
+    cpp = getattr(_t, name)
+
+    @_op
+    def f(a, axis=None, keepdims=False):
+        a = _tracer(a)
+        if axis is None:
+            a, axis = reshape(a, (-1,)), 0
+        out = _wrap(cpp(a._v, axis, _enum(_int_dtype())))
+        return expand_dims(out, axis) if keepdims else out
+
+    f.__name__ = name
+    return f
 
 
-def argmin(a, axis=None, keepdims=False):
-    return argmax(negative(a), axis=axis, keepdims=keepdims)
+argmax = _arg_reduction("argmax")  # the first index of the maximum (the first NaN), as jnp
+argmin = _arg_reduction("argmin")
 
 
 @_op

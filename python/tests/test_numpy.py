@@ -193,3 +193,14 @@ def test_pad_scans_triangles_einsum_stop_gradient(xy):
     want_idx = np.argsort(-Y, axis=-1, kind="stable")[:, :3]
     np.testing.assert_array_equal(np.asarray(indices), want_idx)
     close(values, np.take_along_axis(Y, want_idx, -1))
+
+
+def test_argmin_is_the_sdks(mesh):
+    # jnp.argmin: the first index of the minimum, the first NaN for floats; integers at their
+    # lowest value too (argmax of the negation overflowed there).
+    x = np.array([[3.0, np.nan, -1.0, np.nan], [2.0, 0.5, 0.5, 9.0]], np.float32)
+    i = np.array([[5, np.iinfo(np.int32).min, 7, np.iinfo(np.int32).min]], np.int32)
+    got = tessera.jit(lambda x, i: (jnp.argmin(x, axis=1), jnp.argmin(i), x.argmin(axis=0, keepdims=True)))(x, i)
+    np.testing.assert_array_equal(np.asarray(got[0]), [1, 1])
+    assert int(got[1]) == 1
+    np.testing.assert_array_equal(np.asarray(got[2]), [[1, 0, 0, 0]])

@@ -6,10 +6,7 @@
 // worker killed while runs are pending on its stream fails all of them, naming it.
 // Ordering is asserted through readiness, never through timing; every wait has a deadline;
 // teardown resumes and kills only this test's processes, by pid.
-#include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <optional>
 #include <string>
@@ -43,26 +40,6 @@ class PlanStreamTest : public ProcessClusterTest {
       ASSERT_LT(absl::Now(), deadline) << "worker " << device << " did not stop";
       absl::SleepFor(absl::Milliseconds(1));  // between polls of /proc, which has no change feed
     }
-  }
-  // Whether every thread of `pid` is in state T (stopped), from /proc/PID/task/*/stat.
-  static bool all_threads_stopped(pid_t pid) {
-    const std::string dir = absl::StrCat("/proc/", pid, "/task");
-    DIR* d = opendir(dir.c_str());
-    if (d == nullptr) return false;
-    bool all = true;
-    for (dirent* e; all && (e = readdir(d)) != nullptr;) {
-      if (e->d_name[0] == '.') continue;
-      // read(2), not a filebuf: libstdc++'s throws when a thread exits mid-read (see c4d6835).
-      std::string line(512, '\0');
-      const int fd = open(absl::StrCat(dir, "/", e->d_name, "/stat").c_str(), O_RDONLY);
-      const ssize_t n = fd < 0 ? -1 : read(fd, line.data(), line.size());
-      if (fd >= 0) close(fd);
-      line.resize(n > 0 ? static_cast<size_t>(n) : 0);
-      const size_t close = line.rfind(')');  // the state follows the command name in parentheses
-      all = close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T';
-    }
-    closedir(d);
-    return all;
   }
   void resume() {
     ASSERT_EQ(::kill(stopped_, SIGCONT), 0);
