@@ -12,7 +12,7 @@ from . import errors
 from ._array import Array
 from ._config import config
 from ._trace import Tracer
-from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, devices
+from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, devices, get_abstract_mesh
 from .tree_util import tree_flatten, tree_unflatten, tree_leaves, broadcast_prefix, tree_map
 
 
@@ -84,7 +84,6 @@ class _Jitted:
         if not dyn_pos:
             raise ValueError(f"jit: {getattr(self._fun, '__name__', 'the function')} got no array argument "
                              "(Tessera's jit needs at least one Array or numpy array)")
-        from .sharding import get_abstract_mesh
         # The ambient mesh is part of the key: bare specs inside fun resolve against it.
         key = (treedef, tuple(_static_key(args[i]) for i in sorted(static)),
                tuple((i, _static_key(l)) for i, l in enumerate(leaves) if not _is_dynamic(l)), get_abstract_mesh())
@@ -267,7 +266,6 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
         return functools.partial(shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                  check_vma=check_vma, check_rep=check_rep)
     if mesh is None:
-        from .sharding import get_abstract_mesh
         mesh = get_abstract_mesh()  # jax.shard_map without mesh=: the ambient mesh (set_mesh)
     if mesh is None or in_specs is None or out_specs is None:
         raise TypeError("shard_map needs mesh (or an ambient mesh: tessera.set_mesh), in_specs and out_specs")

@@ -139,11 +139,11 @@ class _MeshContext:
     """What set_mesh returns: the mesh is set already; leaving a `with` block restores the
     mesh that was set before."""
 
-    def __init__(self, depth):
-        self._depth = depth
+    def __init__(self, mesh, depth):
+        self._mesh, self._depth = mesh, depth
 
     def __enter__(self):
-        return _mesh_stack[-1]
+        return self._mesh
 
     def __exit__(self, *exc):
         del _mesh_stack[self._depth:]
@@ -158,7 +158,7 @@ def set_mesh(mesh):
         raise TypeError(f"set_mesh: expected a Mesh, got {type(mesh).__name__}")
     depth = len(_mesh_stack)
     _mesh_stack.append(mesh)
-    return _MeshContext(depth)
+    return _MeshContext(mesh, depth)
 
 
 def get_abstract_mesh():
