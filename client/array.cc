@@ -82,6 +82,10 @@ bool Array::is_ready() const { return state_->buffers->ready(); }
 
 absl::Status Array::block_until_ready() const { return state_->ready_id().status(); }
 
+bool Array::await_ready(absl::Duration max_wait) const {
+  return state_->buffers->donated() || state_->buffers->await_ready(max_wait);
+}
+
 absl::Status block_until_ready(const std::vector<Array>& arrays) {
   absl::Status first;
   for (const Array& a : arrays) first.Update(a.block_until_ready());

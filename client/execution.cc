@@ -131,6 +131,10 @@ void ArrayBuffers::add_reader(const std::shared_ptr<Execution>& reader) {
 
 bool ArrayBuffers::ready() const { return producer_ == nullptr || producer_->ready(); }
 
+bool ArrayBuffers::await_ready(absl::Duration max_wait) const {
+  return producer_ == nullptr || producer_->await_done(max_wait);
+}
+
 absl::StatusOr<uint64_t> ArrayBuffers::wait() const {
   if (producer_ == nullptr) return id_;
   absl::Status status = producer_->wait();
@@ -363,6 +367,12 @@ void Execution::finish(absl::Status status, std::vector<uint64_t> ids, absl::Sta
 bool Execution::ready() const {
   absl::MutexLock lock(&mu_);
   return done_;
+}
+
+bool Execution::await_done(absl::Duration max_wait) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time until = std::min(absl::Now() + max_wait, deadline_);
+  return mu_.AwaitWithDeadline(absl::Condition(&done_), until) || absl::Now() >= deadline_;
 }
 
 absl::Status Execution::wait() const {

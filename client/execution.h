@@ -90,6 +90,8 @@ class ArrayBuffers {
 
   // Whether the data exists or the producer failed (never blocks).
   bool ready() const;
+  // Waits at most `max_wait` until wait() would return at once (Execution::await_done).
+  bool await_ready(absl::Duration max_wait) const;
   // The array's id once its producer finished; the producer's error if it failed, and
   // DEADLINE_EXCEEDED if it has not finished by its deadline.
   absl::StatusOr<uint64_t> wait() const;
@@ -157,6 +159,9 @@ class Execution : public std::enable_shared_from_this<Execution> {
              Recompile recompile = nullptr);
 
   bool ready() const;
+  // Waits at most `max_wait` until wait() would return at once: true when the call finished
+  // or its deadline passed.
+  bool await_done(absl::Duration max_wait) const;
   // Whether this call's Execute has been sent (it may be in flight): a consumer may then name
   // its outputs by call_id().
   bool sent() const { return sent_.load(); }

@@ -57,7 +57,25 @@ py::array to_numpy(HostArray host) {
   return py::array(numpy_dtype(owned->dtype()), owned->shape(), owned->data(), base);
 }
 
+// Waits for `arrays` with the GIL released, in slices short enough that a pending signal
+// (Ctrl-C: KeyboardInterrupt) ends the wait within ~0.1 s by raising its exception here. The
+// calls themselves go on on the cluster; their arrays become ready (or fail) as without it.
+void wait_interruptibly(const std::vector<Array>& arrays) {
+  for (const Array& a : arrays) {
+    while (true) {
+      bool ready;
+      {
+        py::gil_scoped_release release;
+        ready = a.await_ready(absl::Milliseconds(100));
+      }
+      if (ready) break;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+}
+
 py::array fetch(const Array& array) {
+  wait_interruptibly({array});
   py::array out(numpy_dtype(array.dtype()), array.shape());
   MutableHostView view{array.dtype(), array.shape(), out.mutable_data()};
   absl::Status status;
@@ -168,6 +186,7 @@ void bind_arrays(py::module_& m) {
       .def("fetch", &fetch)
       .def("is_ready", &Array::is_ready)
       .def("block_until_ready", [](const Array& a) {
+        wait_interruptibly({a});
         absl::Status status;
         {
           py::gil_scoped_release release;
@@ -182,6 +201,7 @@ void bind_arrays(py::module_& m) {
     return out;
   });
   m.def("block_until_ready", [](const std::vector<Array>& arrays) {
+    wait_interruptibly(arrays);
     absl::Status status;
     {
       py::gil_scoped_release release;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "core/dtype.h"
 #include "core/host_array.h"
 #include "core/sharding.h"
@@ -108,6 +109,11 @@ class Array {
   // deadline (JitOptions::timeout plus about 11 s, counted from the dispatch or from the
   // latest deadline of the calls computing its arguments, whichever is later).
   absl::Status block_until_ready() const;
+
+  // Waits at most `max_wait` for is_ready(); true when block_until_ready() would now return
+  // at once (the data exists, the call finished, or its deadline passed). For callers that
+  // must stay responsive while they wait, e.g. to a KeyboardInterrupt in Python.
+  bool await_ready(absl::Duration max_wait) const;
 
  private:
   friend class Client;
