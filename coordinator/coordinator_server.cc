@@ -27,6 +27,7 @@
 #include "proto/auth.h"
 #include "proto/health.h"
 #include "proto/rpc.h"
+#include "proto/rpc_errors.h"
 #include "proto/tessera.grpc.pb.h"
 
 namespace tessera {
@@ -764,10 +765,12 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
 
   // The coordinator's metrics (core/metrics.h), from what it counts anyway.
   std::vector<MetricSample> metrics() {
-    int64_t alive = 0, devices = 0, compilations = 0, programs = 0, evictions = 0;
+    int64_t alive = 0, devices = 0, compilations = 0, programs = 0, evictions = 0, again = 0, lost = 0;
     for (const DeviceRecord& d : registry_.devices()) {
       ++devices;
       alive += d.alive ? 1 : 0;
+      again += static_cast<int64_t>(d.incarnation) - 1;
+      lost += static_cast<int64_t>(d.times_lost);
     }
     {
       absl::MutexLock lock(&programs_mu_);
@@ -777,9 +780,14 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     }
     const auto arrays = static_cast<double>(registry_.array_count());
     const char* const kExecutions = "Executions answered, by result.";
+    const char* const kRegistrations =
+        "Worker registrations: a device's first, and again (the same worker back, or a new process under its name).";
     return {
         gauge("tessera_coordinator_devices", "Devices registered (alive or lost).", devices),
         gauge("tessera_coordinator_devices_alive", "Devices alive.", alive),
+        counter("tessera_coordinator_registrations_total", kRegistrations, devices, {{"kind", "first"}}),
+        counter("tessera_coordinator_registrations_total", kRegistrations, again, {{"kind", "again"}}),
+        counter("tessera_coordinator_devices_lost_total", "Times a device was marked lost (missed heartbeats).", lost),
         gauge("tessera_coordinator_arrays", "Arrays the coordinator knows.", arrays),
         gauge("tessera_coordinator_programs", "Compiled programs held.", programs),
         counter("tessera_coordinator_compilations_total", "Programs compiled.", compilations),
@@ -1822,6 +1830,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), server_credentials(options_.credentials),
                              &port_);
     configure_server(&builder);
+    rpc_errors_.install(&builder);
     builder.RegisterService(&service_);
     builder.RegisterService(health_.service());
     server_ = builder.BuildAndStart();
@@ -1851,7 +1860,12 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   std::string address() const override { return absl::StrCat(options_.host, ":", port_); }
   int port() const override { return port_; }
   int health_port() const override { return health_port_ == nullptr ? -1 : health_port_->port(); }
-  std::vector<MetricSample> metrics() override { return service_.metrics(); }
+  std::vector<MetricSample> metrics() override {
+    std::vector<MetricSample> samples = service_.metrics();
+    for (MetricSample& m : rpc_errors_.samples("tessera_coordinator_rpc_errors_total", {}))
+      samples.push_back(std::move(m));
+    return samples;
+  }
   std::vector<const LatencyHistogram*> histograms() const override { return service_.histograms(); }
 
   void shutdown() override {
@@ -1901,6 +1915,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   CoordinatorService service_;
   HealthService health_;
   std::unique_ptr<HealthPort> health_port_;  // options_.health_port's server, if any
+  RpcErrorCounter rpc_errors_;               // outlives server_
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Notification stopping_;

@@ -98,6 +98,7 @@ std::vector<int> Registry::mark_lost(absl::Time now) {
   for (auto& [id, d] : devices_) {
     if (d.alive && now - d.last_heartbeat > heartbeat_timeout_) {
       d.alive = false;
+      ++d.times_lost;
       lost.push_back(id);
     }
   }

@@ -36,7 +36,8 @@ struct DeviceRecord {
   std::string address;
   bool alive = false;
   int64_t memory_bytes = 0;
-  uint64_t incarnation = 0;
+  uint64_t incarnation = 0;  // registrations of the device with this coordinator process
+  uint64_t times_lost = 0;   // how often it was marked lost (missed heartbeats)
   absl::Time last_heartbeat;
   absl::Time registered_at;  // of the current incarnation
 };

@@ -18,6 +18,7 @@
 #include "proto/auth.h"
 #include "proto/health.h"
 #include "proto/rpc.h"
+#include "proto/rpc_errors.h"
 #include "proto/tessera.grpc.pb.h"
 #include "proto/write_queue.h"
 #include "worker/buffer_store.h"
@@ -848,6 +849,7 @@ class WorkerServerImpl final : public WorkerServer {
     const std::string bind = options_.bind_host.empty() ? options_.host : options_.bind_host;
     builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), server_credentials(options_.credentials), &port);
     configure_server(&builder);
+    rpc_errors_.install(&builder);
     builder.RegisterService(&service_);
     builder.RegisterService(health_.service());
     server_ = builder.BuildAndStart();
@@ -914,6 +916,8 @@ class WorkerServerImpl final : public WorkerServer {
       samples.push_back(counter("tessera_worker_collective_bytes_total",
                                 "Bytes of this device's inputs to its collectives.", r.bytes, labels));
     }
+    for (MetricSample& m : rpc_errors_.samples("tessera_worker_rpc_errors_total", device))
+      samples.push_back(std::move(m));
     return samples;
   }
   std::vector<const LatencyHistogram*> histograms() const override {
@@ -1069,6 +1073,7 @@ class WorkerServerImpl final : public WorkerServer {
   WorkerService service_;
   HealthService health_;
   std::unique_ptr<HealthPort> health_port_;  // options_.health_port's server, if any
+  RpcErrorCounter rpc_errors_;               // outlives server_
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;
   std::string address_;

@@ -22,6 +22,8 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "proto/rpc.h"
+#include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
 
 namespace tessera {
@@ -29,6 +31,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kBin = TESSERA_BIN_DIR;
 
@@ -420,6 +423,69 @@ TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
   EXPECT_EQ(sample(*w, "tessera_worker_collective_bytes_total" + labels), 4) << *w;
   EXPECT_EQ(sample(*w, "tessera_worker_collective_seconds_count{op=\"all_reduce\"}"), 1) << *w;
   EXPECT_EQ(sample(*w, "tessera_worker_collective_seconds_count{op=\"all_gather\"}"), 0) << *w;
+
+  // RPC errors by method and code: a handshake of another protocol version, refused by each
+  // daemon with FAILED_PRECONDITION, twice to the coordinator and once to the worker.
+  EXPECT_THAT(*w, Not(HasSubstr("tessera_worker_rpc_errors_total{")));
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  auto old_handshake = [](const std::string& address, bool to_worker) {
+    auto channel = make_channel(address);
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::HandshakeRequest req;
+    req.set_protocol_version(kProtocolVersion - 1);
+    pb::HandshakeReply reply;
+    return to_worker ? pb::Worker::NewStub(channel)->Handshake(&ctx, req, &reply).error_code()
+                     : pb::Coordinator::NewStub(channel)->Handshake(&ctx, req, &reply).error_code();
+  };
+  EXPECT_EQ(old_handshake(cluster->address, false), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(old_handshake(cluster->address, false), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(old_handshake((*devices)[1].address, true), grpc::StatusCode::FAILED_PRECONDITION);
+  const std::string handshake = absl::StrCat("method=\"/", pb::Coordinator::service_full_name(), "/Handshake\"");
+  const std::string worker_handshake = absl::StrCat("method=\"/", pb::Worker::service_full_name(), "/Handshake\"");
+  absl::StatusOr<std::string> c = http_get(coordinator, "/metrics");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(sample(*c, "tessera_coordinator_rpc_errors_total{" + handshake + ",code=\"FAILED_PRECONDITION\"}"), 2)
+      << *c;
+  w = http_get(worker, "/metrics");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(
+      sample(*w, "tessera_worker_rpc_errors_total{device=\"1\"," + worker_handshake + ",code=\"FAILED_PRECONDITION\"}"),
+      1)
+      << *w;
+}
+
+// The coordinator counts registrations (first and again) and devices marked lost: a worker
+// stopped past the heartbeat timeout (3 s by default) is lost once, and registers again
+// once continued.
+TEST(Cli, TheCoordinatorCountsLostDevicesAndRegistrationsAgain) {
+  absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(kBin, 1, {"--metrics_port=0"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::string> line = cluster->coordinator->read_line_with("metrics on port", absl::Seconds(20));
+  int port = -1;
+  ASSERT_TRUE(line.ok() && absl::SimpleAtoi(last_word(*line), &port)) << line.status();
+  auto scrape_until = [port](const std::string& series, double value) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    std::string last;
+    while (absl::Now() < deadline) {
+      last = http_get(port, "/metrics").value_or("");
+      if (sample(last, series) == value) return testing::AssertionSuccess();
+      absl::SleepFor(absl::Milliseconds(50));  // a poll interval, bounded by the deadline
+    }
+    return testing::AssertionFailure() << series << " never became " << value << ":\n" << last;
+  };
+  EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"first\"}", 1));
+  EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"again\"}", 0));
+  EXPECT_TRUE(scrape_until("tessera_coordinator_devices_lost_total", 0));
+  const pid_t worker = cluster->workers[0]->pid();
+  ASSERT_EQ(::kill(worker, SIGSTOP), 0);
+  EXPECT_TRUE(scrape_until("tessera_coordinator_devices_lost_total", 1));
+  EXPECT_TRUE(scrape_until("tessera_coordinator_devices_alive", 0));
+  ASSERT_EQ(::kill(worker, SIGCONT), 0);
+  EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"again\"}", 1));
+  EXPECT_TRUE(scrape_until("tessera_coordinator_devices_alive", 1));
+  EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"first\"}", 1));
 }
 
 // status: per device the programs loaded, plan runs and failures and the last error, in the

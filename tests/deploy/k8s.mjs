@@ -164,6 +164,14 @@ async function failuresOf(rendered, compose, binDir) {
           fail(where, `${probe} must be grpc on the health port ${d.health_port}, service '${service}' (grpc.health.v1)`);
         }
       }
+      // Prometheus finds the metrics port by the pod's annotations (and a PodMonitor by its name).
+      const annotations = o.spec.template.metadata?.annotations ?? {};
+      const metrics = c.ports?.find((p) => p.name === "metrics")?.containerPort;
+      if (metrics !== d.metrics_port) fail(where, `port metrics is ${metrics}, deploy/daemons.json says ${d.metrics_port}`);
+      if (annotations["prometheus.io/scrape"] !== "true" || annotations["prometheus.io/port"] !== String(d.metrics_port) ||
+          annotations["prometheus.io/path"] !== "/metrics") {
+        fail(where, `needs the annotations prometheus.io/scrape "true", prometheus.io/port "${d.metrics_port}", prometheus.io/path /metrics`);
+      }
       const limit = c.resources?.limits?.memory, request = c.resources?.requests?.memory;
       if (!limit || bytes(limit) !== d.memory_limit_bytes) fail(where, `memory limit ${limit} is not ${d.memory_limit_bytes} bytes`);
       if (!request || bytes(request) !== bytes(limit)) fail(where, `memory request ${request} must equal the limit`);
@@ -232,6 +240,7 @@ const MUTATIONS = [
   ["a variable no binary reads", (r) => container(r, "worker").env.push({ name: "TESSERA_WORKER_PROT", value: "1" }), "read by no flag"],
   ["a reference to a later variable", (r) => container(r, "worker").env.unshift({ name: "X", value: "$(POD_NAME)" }), "not defined before"],
   ["a probe on the TLS port", (r) => (container(r, "worker").livenessProbe.grpc.port = 6000), "livenessProbe must be grpc on the health port"],
+  ["a scrape annotation off the metrics port", (r) => (workload(r, "worker").spec.template.metadata.annotations["prometheus.io/port"] = "6001"), "prometheus.io/port"],
   ["an HTTP probe", (r) => (container(r, "coordinator").readinessProbe = { httpGet: { port: 5000 } }), "readinessProbe"],
   ["a discovery Service hiding pods", (r) => delete service(r, "tessera-workers").spec.publishNotReadyAddresses, "publishNotReadyAddresses"],
   ["a Service whose links set TESSERA_COORDINATOR_PORT", (r) => delete service(r, "tessera-coordinator").spec.clusterIP, "would set TESSERA_COORDINATOR_PORT"],
