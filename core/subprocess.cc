@@ -248,6 +248,20 @@ bool all_threads_stopped(pid_t pid) {
   return all;
 }
 
+absl::Status sigstop_and_wait(pid_t pid, absl::Duration timeout) {
+  if (::kill(pid, SIGSTOP) != 0)
+    return absl::InternalError(absl::StrCat("kill(", pid, ", SIGSTOP): ", std::strerror(errno)));
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!all_threads_stopped(pid)) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("process ", pid, " had threads still running ",
+                                                      absl::FormatDuration(timeout), " after SIGSTOP"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));  // between polls of /proc, which has no change feed
+  }
+  return absl::OkStatus();
+}
+
 bool process_running(const DaemonProcess& process) {
   return process.start_ticks != 0 && process_start_ticks(process.pid) == process.start_ticks;
 }

@@ -94,6 +94,11 @@ bool process_running(const DaemonProcess& process);
 // False if there is no such process.
 bool all_threads_stopped(pid_t pid);
 
+// SIGSTOP to `pid`, then waits (at most `timeout`) until all_threads_stopped: what a test
+// needs before relying on the process being stopped. INTERNAL if kill fails,
+// DEADLINE_EXCEEDED naming the pid if it has not stopped by then.
+absl::Status sigstop_and_wait(pid_t pid, absl::Duration timeout = absl::Seconds(5));
+
 // Stops `process`: SIGTERM, then SIGKILL if it is still running after `grace`, then waits
 // (bounded) for it to go. Does nothing to a pid that now belongs to another process.
 // Returns "stopped", "killed" or "not running"; DEADLINE_EXCEEDED if it survived SIGKILL.

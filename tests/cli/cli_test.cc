@@ -479,7 +479,7 @@ TEST(Cli, TheCoordinatorCountsLostDevicesAndRegistrationsAgain) {
   EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"again\"}", 0));
   EXPECT_TRUE(scrape_until("tessera_coordinator_devices_lost_total", 0));
   const pid_t worker = cluster->workers[0]->pid();
-  ASSERT_EQ(::kill(worker, SIGSTOP), 0);
+  ASSERT_TRUE(sigstop_and_wait(worker).ok());
   EXPECT_TRUE(scrape_until("tessera_coordinator_devices_lost_total", 1));
   EXPECT_TRUE(scrape_until("tessera_coordinator_devices_alive", 0));
   ASSERT_EQ(::kill(worker, SIGCONT), 0);

@@ -64,7 +64,7 @@ TEST_F(ShmPeerKilledTest, AMemberKilledMidCollectiveFailsItBoundedNamingTheDevic
   // The victim stops before the op, so the op is surely under way without it: device 0 sends
   // device 1 its segment through shared memory, then everyone waits for the victim.
   stopped_ = cluster_.workers[kVictim]->pid();
-  ASSERT_EQ(::kill(stopped_, SIGSTOP), 0);
+  ASSERT_TRUE(sigstop_and_wait(stopped_).ok());
   absl::Status result;
   std::thread call([&] { result = run_collective(*x, spec, kCallTimeout).status(); });
   const absl::Time deadline = absl::Now() + absl::Seconds(20);

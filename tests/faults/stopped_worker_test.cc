@@ -39,7 +39,7 @@ class StoppedWorkerTest : public FaultClusterTest {
 
   void stop() {
     stopped_ = cluster_.workers[kStoppedDevice]->pid();
-    ASSERT_EQ(::kill(stopped_, SIGSTOP), 0);
+    ASSERT_TRUE(sigstop_and_wait(stopped_).ok());
   }
   void resume() {
     ASSERT_EQ(::kill(stopped_, SIGCONT), 0);

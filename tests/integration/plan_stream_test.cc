@@ -34,12 +34,7 @@ class PlanStreamTest : public ProcessClusterTest {
   // call sent in that window could still be served (seen once in a fresh-Debian run).
   void stop(int device) {
     stopped_ = workers_[static_cast<size_t>(device)]->pid();
-    ASSERT_EQ(::kill(stopped_, SIGSTOP), 0);
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (!all_threads_stopped(stopped_)) {
-      ASSERT_LT(absl::Now(), deadline) << "worker " << device << " did not stop";
-      absl::SleepFor(absl::Milliseconds(1));  // between polls of /proc, which has no change feed
-    }
+    ASSERT_TRUE(sigstop_and_wait(stopped_).ok()) << "worker " << device << " did not stop";
   }
   void resume() {
     ASSERT_EQ(::kill(stopped_, SIGCONT), 0);
