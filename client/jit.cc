@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/client_impl.h"
 #include "client/execution.h"
+#include "client/explicit/rules.h"
 #include "core/status.h"
 #include "core/wire.h"
 #include "proto/rpc.h"
@@ -124,6 +125,27 @@ int64_t Jitted::compilations() const {
   return state_->compilations;
 }
 
+ShapedType type_of(const Array& x) {
+  const int rank = static_cast<int>(x.shape().size());
+  return ShapedType{
+      x.dtype(), x.shape(),
+      internal::to_partition_spec(internal::type_spec_of(x.sharding().spec(), x.sharding().mesh(), rank))};
+}
+
+absl::StatusOr<Array> reshard(const Array& x, const PartitionSpec& spec) {
+  const NamedSharding target(x.sharding().mesh(), spec);
+  absl::Status fits = target.validate(x.shape());
+  if (!fits.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("reshard: ", type_to_string(x.dtype(), x.shape()), " to ",
+                                                   spec.to_string(), ": ", fits.message()));
+  }
+  if (target == x.sharding()) return x;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, jit([target](const std::vector<Value>& in) {
+                             return std::vector<Value>{with_sharding_constraint(in[0], target)};
+                           })({x}));
+  return out[0];
+}
+
 absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& args) const {
   return (*this)(args, {});
 }
@@ -201,11 +223,10 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     absl::StrAppend(&signature, dtype_name(a.dtype), shape_to_string(a.shape), a.sharding.spec().to_string(), ";");
   }
   for (const StaticValue& v : statics) absl::StrAppend(&signature, "static ", static_key(v), ";");
-  if (mesh.has_axis_type(AxisType::kExplicit) || mesh.has_axis_type(AxisType::kManual)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "jit: the arguments are on ", mesh.to_string(),
-        ", but Tessera compiles only for Auto mesh axes yet (explicit sharding is not built): make the mesh with "
-        "AxisType::kAuto axes (make_mesh's default)"));
+  if (mesh.has_axis_type(AxisType::kManual)) {
+    return absl::UnimplementedError(absl::StrCat("jit: the arguments are on ", mesh.to_string(),
+                                                 ", but Tessera compiles only for Auto and Explicit mesh axes (a "
+                                                 "Manual axis is shard_map's): make the mesh's axes Auto or Explicit"));
   }
   std::shared_ptr<const State::Compiled> compiled;
   {
@@ -356,7 +377,9 @@ absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::co
     const std::string& who, const std::vector<StaticValue>& statics) {
   TracedFunction traced = f;
   if (with_statics) traced = [&](const std::vector<Value>& in) { return with_statics(in, statics); };
-  TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(traced, types));
+  std::vector<NamedSharding> shardings;
+  for (const Array& a : args) shardings.push_back(a.sharding());
+  TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(traced, types, shardings));
   TESSERA_RETURN_IF_ERROR(check_traced(graph, mesh));
   pb::CompileRequest req;
   to_proto(graph, req.mutable_graph());

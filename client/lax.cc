@@ -191,6 +191,10 @@ Value argmin(const Value& x, int64_t axis, DType index_dtype) {
 Value tril(const Value& x, int64_t k) { return triangle("tril", x, k, true); }
 Value triu(const Value& x, int64_t k) { return triangle("triu", x, k, false); }
 
+Value einsum(const std::string& subscripts, const Value& a, const Value& b, const PartitionSpec& out_sharding) {
+  return internal::with_out_sharding(a, out_sharding, [&] { return einsum(subscripts, a, b); });
+}
+
 Value einsum(const std::string& subscripts, const Value& a, const Value& b) {
   TraceState* t = TraceState::common({&a, &b});
   if (t == nullptr) return Value();

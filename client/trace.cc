@@ -12,6 +12,21 @@ namespace internal {
 
 thread_local TraceState* TraceState::current = nullptr;
 
+absl::Status TraceState::type_new_nodes() {
+  for (int id = static_cast<int>(specs.size()); id < graph.size(); ++id) {
+    const Node& n = graph.node(id);
+    TypeRuleCall call{*explicit_mesh, n, {}, out_sharding_scopes > 0};
+    for (int o : n.operands) {
+      const Node& on = graph.node(o);
+      call.operands.push_back({on.dtype, on.shape, specs[o]});
+    }
+    absl::StatusOr<TypeSpec> spec = result_type_spec(call);
+    if (!spec.ok()) return spec.status();
+    specs.push_back(*std::move(spec));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace internal
 
 using internal::normalize_axis;
@@ -87,11 +102,31 @@ DType Value::dtype() const { return ok() ? trace_->graph.node(id_).dtype : DType
 Shape Value::shape() const { return ok() ? trace_->graph.node(id_).shape : Shape(); }
 
 absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs) {
+  return trace(f, inputs, {});
+}
+
+absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs,
+                            const std::vector<NamedSharding>& input_shardings) {
   auto state = std::make_shared<TraceState>();
+  if (!input_shardings.empty()) {
+    if (input_shardings.size() != inputs.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trace: ", input_shardings.size(), " input shardings for ", inputs.size(), " inputs"));
+    }
+    const Mesh& mesh = input_shardings[0].mesh();
+    if (mesh.has_axis_type(AxisType::kExplicit)) state->explicit_mesh = mesh;
+  }
   std::vector<Value> in;
   for (size_t i = 0; i < inputs.size(); ++i) {
     absl::Status valid = validate_shape(inputs[i].shape, dtype_size(inputs[i].dtype), absl::StrCat("input ", i));
     if (!valid.ok()) return valid;
+    if (state->explicit_mesh.has_value()) {
+      if (input_shardings[i].mesh() != *state->explicit_mesh) {
+        return absl::InvalidArgumentError(absl::StrCat("trace: input ", i, " is on another mesh than input 0"));
+      }
+      state->specs.push_back(internal::type_spec_of(input_shardings[i].spec(), *state->explicit_mesh,
+                                                    static_cast<int>(inputs[i].shape.size())));
+    }
     in.push_back(state->make(state->graph.add_parameter(inputs[i].dtype, inputs[i].shape)));
   }
   TraceState* outer = TraceState::current;
@@ -103,6 +138,14 @@ absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType
   for (size_t i = 0; i < out.size(); ++i) {
     if (!out[i].ok() || TraceState::of(out[i]) != state.get()) {
       return absl::InvalidArgumentError(absl::StrCat("trace: output ", i, " is not a value of this trace"));
+    }
+    // In explicit mode a result is laid out as its type says: pinned, so the compiler cannot
+    // choose another layout for it.
+    if (state->explicit_mesh.has_value()) {
+      out[i] = with_sharding_constraint(
+          out[i],
+          NamedSharding(*state->explicit_mesh, internal::to_partition_spec(state->specs[TraceState::id(out[i])])));
+      if (!state->error.ok()) return state->error;
     }
     ids.push_back(TraceState::id(out[i]));
   }
@@ -368,6 +411,18 @@ Value matmul(const Value& lhs, const Value& rhs) {
 
 Value dot(const Value& lhs, const Value& rhs) { return matmul(lhs, rhs); }
 
+Value dot_general(const Value& lhs, const Value& rhs, DotDims dims, const PartitionSpec& out_sharding) {
+  return internal::with_out_sharding(lhs, out_sharding, [&] { return dot_general(lhs, rhs, std::move(dims)); });
+}
+
+Value matmul(const Value& lhs, const Value& rhs, const PartitionSpec& out_sharding) {
+  return internal::with_out_sharding(lhs, out_sharding, [&] { return matmul(lhs, rhs); });
+}
+
+Value reshape(const Value& x, Shape shape, const PartitionSpec& out_sharding) {
+  return internal::with_out_sharding(x, out_sharding, [&] { return reshape(x, std::move(shape)); });
+}
+
 Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
@@ -494,6 +549,45 @@ Value with_sharding_constraint(const Value& x, const NamedSharding& sharding) {
   if (t == nullptr) return Value();
   return t->make(t->graph.add_sharding_constraint(TraceState::id(x), sharding));
 }
+
+std::string ShapedType::to_string() const { return internal::type_string(dtype, shape, spec.dims()); }
+
+ShapedType type_of(const Value& v) {
+  ShapedType type{v.dtype(), v.shape(), PartitionSpec(std::vector<Axes>(v.shape().size()))};
+  TraceState* t = v.ok() ? TraceState::of(v) : nullptr;
+  if (t != nullptr && t->explicit_mesh.has_value() && t->type_new_nodes().ok()) {
+    type.spec = internal::to_partition_spec(t->specs[TraceState::id(v)]);
+  }
+  return type;
+}
+
+Value reshard(const Value& x, const PartitionSpec& spec) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  if (t->explicit_mesh.has_value()) return with_sharding_constraint(x, NamedSharding(*t->explicit_mesh, spec));
+  absl::StatusOr<NamedSharding> sharding = ambient_sharding(spec, "reshard");
+  if (!sharding.ok()) return t->fail(sharding.status());
+  return with_sharding_constraint(x, *sharding);
+}
+
+namespace internal {
+
+Value with_out_sharding(const Value& operand, const PartitionSpec& out_sharding, const std::function<Value()>& op) {
+  TraceState* t = TraceState::common({&operand});
+  if (t == nullptr) return Value();
+  ++t->out_sharding_scopes;
+  const Value r = op();
+  --t->out_sharding_scopes;
+  return reshard(r, out_sharding);
+}
+
+Value typed_as(const Value& like, const std::function<Value()>& op) {
+  TraceState* t = TraceState::common({&like});
+  if (t == nullptr || !t->explicit_mesh.has_value()) return op();
+  return with_out_sharding(like, type_of(like).spec, op);
+}
+
+}  // namespace internal
 
 Value with_sharding_constraint(const Value& x, const PartitionSpec& spec) {
   TraceState* t = TraceState::common({&x});

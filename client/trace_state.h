@@ -5,9 +5,11 @@
 
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "client/explicit/rules.h"
 #include "core/graph.h"
 #include "core/mesh.h"
 #include "tessera/trace.h"
@@ -22,6 +24,16 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // The shard_map bodies being traced, innermost last: their mesh (what collectives run over).
   std::vector<Mesh> manual_meshes;
 
+  // Explicit sharding (client/explicit/rules.h): the arguments' mesh when it has an Explicit
+  // axis, and then every node's type spec, by id (filled by make() as nodes are added); inside
+  // an out_sharding, rules may leave an ambiguous result to it (out_sharding_scopes > 0).
+  std::optional<Mesh> explicit_mesh;
+  std::vector<TypeSpec> specs;
+  int out_sharding_scopes = 0;
+
+  // The type specs of the nodes added since the last call (their rules' errors name the op).
+  absl::Status type_new_nodes();
+
   // The trace running on this thread (for ops without operands: iota, full).
   static thread_local TraceState* current;
 
@@ -30,6 +42,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
 
   Value make(absl::StatusOr<int> id) {
     if (!id.ok()) return fail(id.status());
+    if (explicit_mesh.has_value()) {
+      absl::Status typed = type_new_nodes();
+      if (!typed.ok()) return fail(typed);
+    }
     return Value(shared_from_this(), *id);
   }
   Value fail(const absl::Status& status) {

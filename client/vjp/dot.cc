@@ -56,8 +56,11 @@ absl::Span<const VjpEntry> dot_vjps() {
   static const VjpEntry kRules[] = {
       {Op::kDotGeneral,
        [](const VjpArgs& a) {
-         a.add(0, dot_cotangent(a.g, a.x[1], a.node.attrs<DotAttrs>().dims, /*lhs=*/true, a.x[0].rank()));
-         a.add(1, dot_cotangent(a.g, a.x[0], a.node.attrs<DotAttrs>().dims, /*lhs=*/false, a.x[1].rank()));
+         // In explicit mode each cotangent is laid out as its operand (the contraction over a
+         // dimension the result's cotangent splits is otherwise ambiguous).
+         const DotDims& dd = a.node.attrs<DotAttrs>().dims;
+         a.add(0, typed_as(a.x[0], [&] { return dot_cotangent(a.g, a.x[1], dd, /*lhs=*/true, a.x[0].rank()); }));
+         a.add(1, typed_as(a.x[1], [&] { return dot_cotangent(a.g, a.x[0], dd, /*lhs=*/false, a.x[1].rank()); }));
          return absl::OkStatus();
        }},
   };

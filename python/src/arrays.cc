@@ -120,11 +120,19 @@ void bind_arrays(py::module_& m) {
       .def_readonly("address", &Device::address)
       .def_readonly("alive", &Device::alive);
 
+  py::enum_<AxisType>(m, "AxisType")
+      .value("Auto", AxisType::kAuto)
+      .value("Explicit", AxisType::kExplicit)
+      .value("Manual", AxisType::kManual);
+
   py::class_<Mesh>(m, "Mesh")
-      .def(py::init([](std::vector<int64_t> shape, std::vector<std::string> names, std::vector<int> ids) {
-        return value_or_throw(Mesh::create(std::move(shape), std::move(names), std::move(ids)));
-      }))
+      .def(py::init([](std::vector<int64_t> shape, std::vector<std::string> names, std::vector<int> ids,
+                       std::vector<AxisType> types) {
+             return value_or_throw(Mesh::create(std::move(shape), std::move(names), std::move(ids), std::move(types)));
+           }),
+           py::arg("shape"), py::arg("names"), py::arg("ids"), py::arg("types") = std::vector<AxisType>{})
       .def_property_readonly("shape", &Mesh::shape)
+      .def_property_readonly("axis_types", &Mesh::axis_types)
       .def_property_readonly("axis_names", &Mesh::axis_names)
       .def_property_readonly("device_ids", &Mesh::device_ids)
       .def("__repr__", &Mesh::to_string)
@@ -231,13 +239,16 @@ void bind_arrays(py::module_& m) {
              py::gil_scoped_release release;
              return value_or_throw(c.devices());
            })
-      .def("make_mesh",
-           [](const Client& c, std::vector<int64_t> shape, std::vector<std::string> names,
-              std::optional<std::vector<int>> ids) {
-             py::gil_scoped_release release;
-             return value_or_throw(ids ? c.make_mesh(std::move(shape), std::move(names), std::move(*ids))
-                                       : c.make_mesh(std::move(shape), std::move(names)));
-           })
+      .def(
+          "make_mesh",
+          [](const Client& c, std::vector<int64_t> shape, std::vector<std::string> names,
+             std::optional<std::vector<int>> ids, std::vector<AxisType> types) {
+            py::gil_scoped_release release;
+            if (ids) return value_or_throw(c.make_mesh(std::move(shape), std::move(names), std::move(*ids), types));
+            Mesh first = value_or_throw(c.make_mesh(shape, names));
+            return value_or_throw(Mesh::create(std::move(shape), std::move(names), first.device_ids(), types));
+          },
+          py::arg("shape"), py::arg("names"), py::arg("ids") = std::nullopt, py::arg("types") = std::vector<AxisType>{})
       .def("device_put", &device_put)
       .def_property_readonly("coordinator_address", &Client::coordinator_address);
 }

@@ -113,7 +113,7 @@ void bind_ops(py::module_& m) {
   m.def("convert", &convert);
   m.def("broadcast_in_dim", &broadcast_in_dim);
   m.def("broadcast_to", &broadcast_to);
-  m.def("reshape", &reshape);
+  m.def("reshape", static_cast<Value (*)(V, Shape)>(&reshape));
   m.def("transpose", &transpose);
   m.def("expand_dims", &expand_dims);
   m.def("squeeze", &squeeze);
@@ -133,7 +133,14 @@ void bind_ops(py::module_& m) {
     dims.rhs_batch = std::move(rhs_batch);
     return dot_general(lhs, rhs, dims);
   });
-  m.def("matmul", &matmul);
+  m.def("matmul", static_cast<Value (*)(V, V)>(&matmul));
+  // With out_sharding; `mesh` (Python's ambient mesh, or the NamedSharding's) for a trace not
+  // in explicit mode, whose bare specs resolve against the SDK's ambient mesh.
+  m.def("matmul", [](V a, V b, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    std::optional<MeshScope> scope;
+    if (mesh) scope.emplace(*std::move(mesh));
+    return matmul(a, b, spec);
+  });
   m.def("slice", &slice);
   m.def("concatenate", &concatenate);
   m.def("iota", &iota);
@@ -153,7 +160,20 @@ void bind_ops(py::module_& m) {
   }
   m.def("tril", &tril);
   m.def("triu", &triu);
-  m.def("einsum", &einsum);
+  m.def("einsum", static_cast<Value (*)(const std::string&, V, V)>(&einsum));
+  m.def("einsum", [](const std::string& subscripts, V a, V b, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    std::optional<MeshScope> scope;
+    if (mesh) scope.emplace(*std::move(mesh));
+    return einsum(subscripts, a, b, spec);
+  });
+  // Explicit sharding (issue 16 item 2): jax.typeof as JAX prints it, and reshard in a trace.
+  m.def("type_of", [](V x) { return type_of(x).to_string(); });
+  m.def("type_of_array", [](const Array& x) { return type_of(x).to_string(); });
+  m.def("reshard", [](V x, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    std::optional<MeshScope> scope;
+    if (mesh) scope.emplace(*std::move(mesh));
+    return reshard(x, spec);
+  });
   m.def("argsort", &argsort);
   m.def("sort", &sort);
   m.def("top_k", &top_k);

@@ -18,7 +18,7 @@ from ._config import config
 from ._array import Array, Shard
 from .sharding import Device, devices, NamedSharding, PartitionSpec, set_mesh  # noqa: F401 (jax.NamedSharding)
 from ._api import (jit, grad, value_and_grad, shard_map, device_put, device_get, block_until_ready,  # noqa: F401
-                   make_mesh)
+                   make_mesh, reshard, typeof)
 from . import numpy, lax, nn, debug, sharding  # noqa: F401
 
 
@@ -44,6 +44,3 @@ def process_count():
 def default_backend():
     return "cpu"
 
-
-def typeof(x):
-    return f"{x.dtype}{list(x.shape)}"

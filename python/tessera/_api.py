@@ -372,6 +372,62 @@ def _put_one(x, target):
     return _put_numpy(x, target)
 
 
+def reshard(x, out_shardings):
+    """jax.reshard / jax.sharding.reshard: x (a pytree of arrays or traced values) laid out by
+    out_shardings (a NamedSharding, a P on the explicit or ambient mesh, or a prefix pytree of
+    them). Inside a trace the move is part of the program and the type becomes the spec;
+    outside, an Array moves on its mesh by collectives on the workers."""
+    leaves, treedef = tree_flatten(x)
+    targets = broadcast_prefix(out_shardings, x, lambda p: isinstance(p, (NamedSharding, PartitionSpec)))
+    out = []
+    for l, t in zip(leaves, targets):
+        if isinstance(l, Tracer):
+            from .numpy import _wrap
+            mesh = t.mesh if isinstance(t, NamedSharding) else get_abstract_mesh()
+            spec = t.spec if isinstance(t, NamedSharding) else t
+            out.append(_wrap(_t.reshard(l._v, spec._cpp(), None if mesh is None else mesh._cpp)))
+        elif isinstance(l, Array) and isinstance(t, PartitionSpec):
+            out.append(_put_one(l, NamedSharding(l.sharding.mesh, t)))
+        else:
+            out.append(_put_one(l, t))
+    return tree_unflatten(treedef, out)
+
+
+class ShapedArray:
+    """What typeof gives: shape, dtype and the sharding over Explicit mesh axes; prints as
+    JAX's short form of a type, f32[8@X,2] (jax/_src/core.py, str_short)."""
+
+    def __init__(self, shape, dtype, text):
+        self.shape, self.dtype, self._text = tuple(shape), dtype, text
+
+    def __str__(self):
+        return self._text
+
+    __repr__ = __str__
+
+    def __eq__(self, other):
+        return isinstance(other, ShapedArray) and other._text == self._text
+
+    def __hash__(self):
+        return hash(self._text)
+
+
+_short = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "bool", "uint32": "u32"}
+
+
+def typeof(x):
+    """jax.typeof: inside a trace of explicit mode (a mesh with Explicit axes) the Value's
+    sharding is part of its type, f32[16@data,8]; an Array's type shows its mesh's Explicit
+    axes; anything else its dtype and shape."""
+    if isinstance(x, Tracer):
+        return ShapedArray(x.shape, x.dtype, _t.type_of(x._v))
+    if isinstance(x, Array):
+        return ShapedArray(x.shape, x.dtype, _t.type_of_array(x._a))
+    a = _np.asarray(x)
+    dt = _short.get(a.dtype.name, a.dtype.name)
+    return ShapedArray(a.shape, a.dtype, f"{dt}[{','.join(str(d) for d in a.shape)}]")
+
+
 def device_get(x):
     leaves, treedef = tree_flatten(x)
     idx = [i for i, l in enumerate(leaves) if isinstance(l, Array)]
@@ -387,9 +443,17 @@ def block_until_ready(x):
     return x
 
 
-def make_mesh(axis_shapes, axis_names, devices=None, **unused):
-    """jax.make_mesh: the devices (all alive ones by default) laid row-major over the shape."""
+def make_mesh(axis_shapes, axis_names, axis_types=None, devices=None, **unused):
+    """jax.make_mesh: the devices (all alive ones by default) laid row-major over the shape,
+    each axis of `axis_types` (an AxisType or one per axis). Surprising: the default is Auto
+    axes, where JAX >= 0.9 makes Explicit ones (docs/guide.md, "Where Tessera differs").
+    (`devices` may also come third, as before axis_types existed.)"""
+    from .sharding import _axis_types
     names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    if devices is None and axis_types is not None and not isinstance(axis_types, _t.AxisType) and \
+            all(isinstance(d, Device) for d in _np.asarray(axis_types, dtype=object).flat):
+        devices, axis_types = axis_types, None
     ids = None if devices is None else [d.id for d in _np.asarray(devices, dtype=object).flat]
-    cpp = config.client().make_mesh([int(s) for s in axis_shapes], list(names), ids)
+    types = _axis_types(axis_types, len(names), "make_mesh")
+    cpp = config.client().make_mesh([int(s) for s in axis_shapes], list(names), ids, types)
     return Mesh._from_cpp(cpp)

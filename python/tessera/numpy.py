@@ -452,9 +452,32 @@ def sort(a, axis=-1):
 
 
 @_op
-def einsum(subscripts, a, b):
-    """jnp.einsum of two operands with an explicit '->' output (one dot_general)."""
+def _einsum(subscripts, a, b):
     return _wrap(_t.einsum(subscripts, _tracer(a)._v, _tracer(b)._v))
+
+
+def _with_out_sharding(args, out_sharding, traced):
+    """fn(*args) laid out by out_sharding (a NamedSharding, or a P on the explicit or ambient
+    mesh): `traced(tracers, spec, mesh)` inside a trace, a jitted call of it outside."""
+    if not (in_trace() or _has_tracer(args)):
+        from ._api import jit
+        return jit(lambda *xs: _with_out_sharding(xs, out_sharding, traced))(*args)
+    from .sharding import NamedSharding, get_abstract_mesh
+    if isinstance(out_sharding, NamedSharding):
+        spec, mesh = out_sharding.spec, out_sharding.mesh
+    else:
+        spec, mesh = out_sharding, get_abstract_mesh()
+    return _wrap(traced([_tracer(a)._v for a in args], spec._cpp(), None if mesh is None else mesh._cpp))
+
+
+def einsum(subscripts, a, b, out_sharding=None):
+    """jnp.einsum of two operands with an explicit '->' output (one dot_general). out_sharding
+    lays the result out (explicit mode needs it when a contracted dimension is split on both
+    operands: P('X', 'Y') reduce-scatters the sum, P('X', None) all-reduces it)."""
+    if out_sharding is None:
+        return _einsum(subscripts, a, b)
+    return _with_out_sharding((a, b), out_sharding,
+                              lambda v, spec, mesh: _t.einsum(subscripts, v[0], v[1], spec, mesh))
 
 
 # ---- contractions -----------------------------------------------------------------------
@@ -466,9 +489,21 @@ def _same_dtype(a, b):
 
 
 @_op
-def matmul(a, b):
+def _matmul(a, b):
     a, b = _same_dtype(a, b)
     return _wrap(_t.matmul(a._v, b._v))
+
+
+def matmul(a, b, out_sharding=None):
+    """jnp.matmul; out_sharding as einsum's."""
+    if out_sharding is None:
+        return _matmul(a, b)
+
+    def traced(v, spec, mesh):
+        x, y = _same_dtype(Tracer(v[0]), Tracer(v[1]))
+        return _t.matmul(x._v, y._v, spec, mesh)
+
+    return _with_out_sharding((a, b), out_sharding, traced)
 
 
 @_op

@@ -81,22 +81,50 @@ class PartitionSpec(tuple):
 P = PartitionSpec
 
 
-class Mesh:
-    """jax.sharding.Mesh: an ndarray of devices with named axes."""
+class AxisType:
+    """jax.sharding.AxisType: Auto (the compiler propagates shardings), Explicit (shardings are
+    part of the values' types: jax.typeof shows them, each op has a rule) and Manual
+    (shard_map's)."""
 
-    def __init__(self, devices, axis_names):
+    Auto = _tessera.AxisType.Auto
+    Explicit = _tessera.AxisType.Explicit
+    Manual = _tessera.AxisType.Manual
+
+
+def _axis_types(axis_types, n, what):
+    if axis_types is None:
+        return []
+    if isinstance(axis_types, _tessera.AxisType):
+        axis_types = (axis_types,) * n
+    axis_types = tuple(axis_types)
+    for t in axis_types:
+        if not isinstance(t, _tessera.AxisType):
+            raise TypeError(f"{what}: axis_types entries are AxisType.Auto, .Explicit or .Manual, not {t!r}")
+    return list(axis_types)
+
+
+class Mesh:
+    """jax.sharding.Mesh: an ndarray of devices with named axes, each of an AxisType (Auto by
+    default, as jax.sharding.Mesh)."""
+
+    def __init__(self, devices, axis_names, axis_types=None):
         devs = np.asarray(devices, dtype=object)
         axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
-        self._cpp = _tessera.Mesh(list(devs.shape), list(axis_names), [d.id for d in devs.flat])
+        types = _axis_types(axis_types, len(axis_names), "Mesh")
+        self._cpp = _tessera.Mesh(list(devs.shape), list(axis_names), [d.id for d in devs.flat], types)
         self.devices = devs
         self.axis_names = axis_names
+
+    @property
+    def axis_types(self):
+        return tuple(self._cpp.axis_types)
 
     @staticmethod
     def _from_cpp(cpp):
         devs = np.empty(len(cpp.device_ids), dtype=object)
         for i, id in enumerate(cpp.device_ids):
             devs[i] = _device(id)
-        return Mesh(devs.reshape(cpp.shape), cpp.axis_names)
+        return Mesh(devs.reshape(cpp.shape), cpp.axis_names, cpp.axis_types)
 
     @property
     def shape(self):
@@ -118,7 +146,8 @@ class Mesh:
         return isinstance(other, Mesh) and self._cpp == other._cpp
 
     def __hash__(self):
-        return hash((self.axis_names, self.devices.shape, tuple(d.id for d in self.devices.flat)))
+        return hash((self.axis_names, self.devices.shape, tuple(d.id for d in self.devices.flat),
+                     tuple(int(t) for t in self._cpp.axis_types)))
 
     def __repr__(self):
         return repr(self._cpp)
@@ -227,3 +256,9 @@ def _as_named(sharding, what):
     if isinstance(sharding, PartitionSpec):
         return NamedSharding(_context_mesh(what), sharding)
     raise TypeError(f"{what}: expected a NamedSharding or PartitionSpec, not {sharding!r}")
+
+
+def reshard(x, out_shardings):
+    """jax.sharding.reshard (tessera.reshard)."""
+    from ._api import reshard as _reshard
+    return _reshard(x, out_shardings)

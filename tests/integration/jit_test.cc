@@ -253,25 +253,144 @@ TEST_F(JitTest, AConstraintOntoAnotherMeshIsRefusedAtTheCall) {
   }
 }
 
-// Explicit axes are a mesh's type, printed and compared as JAX does; Tessera's compiler has
-// only Auto axes' rules yet, so a jitted call on such a mesh is UNIMPLEMENTED rather than
-// silently propagated as Auto. Placing and fetching work.
-TEST_F(JitTest, ExplicitAxesArePlacedButNotCompiledYet) {
-  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"}, {AxisType::kExplicit, AxisType::kExplicit});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  EXPECT_EQ(mesh->to_string(), "Mesh('data': 4, 'model': 2, axis_types=(Explicit, Explicit))");
-  const HostArray x = random_f32({16, 8}, 17);
-  absl::StatusOr<Array> a = client_->device_put(x, NamedSharding(*mesh, P("data", None)));
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->sharding().mesh(), *mesh);
-  absl::StatusOr<HostArray> back = a->fetch();
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_TRUE(*back == x);
-  absl::StatusOr<std::vector<Array>> y =
-      jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; })({*a});
-  ASSERT_FALSE(y.ok());
-  EXPECT_EQ(y.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(y.status().message()), HasSubstr("axis_types=(Explicit, Explicit)"));
+// Explicit axes (issue 16 item 2): a mesh's type, printed and compared as JAX does; on such a
+// mesh jit traces in explicit mode, the values' types carry their shardings over the Explicit
+// axes, and the program lays each result out as its type says. Values against the host.
+class ExplicitJitTest : public jit_support::LocalJitSuite {
+ protected:
+  static Mesh explicit_mesh() {
+    absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"X", "Y"}, {AxisType::kExplicit, AxisType::kExplicit});
+    EXPECT_TRUE(mesh.ok()) << mesh.status();
+    return *mesh;
+  }
+  static Array put_on(const Mesh& mesh, const HostArray& a, const PartitionSpec& spec) {
+    absl::StatusOr<Array> r = client_->device_put(a, NamedSharding(mesh, spec));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  }
+};
+
+TEST_F(ExplicitJitTest, ALayerRunsLaidOutByItsTypes) {
+  const Mesh mesh = explicit_mesh();
+  EXPECT_EQ(mesh.to_string(), "Mesh('X': 4, 'Y': 2, axis_types=(Explicit, Explicit))");
+  const HostArray x = random_f32({16, 8}, 1), w = random_f32({8, 4}, 2);
+  std::vector<double> want = matmul_ref(x, w);
+  for (double& v : want) v = std::tanh(v);
+  std::vector<std::string> seen;
+  Jitted f = jit([&](const std::vector<Value>& in) {
+    Value y = tanh(matmul(in[0], in[1]));
+    seen = {type_of(in[0]).to_string(), type_of(in[1]).to_string(), type_of(y).to_string()};
+    return std::vector<Value>{y};
+  });
+  const Array xs = put_on(mesh, x, P("X", None)), ws = put_on(mesh, w, P(None, "Y"));
+  EXPECT_EQ(type_of(xs).to_string(), "f32[16@X,8]");
+  absl::StatusOr<std::vector<Array>> y = f({xs, ws});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_THAT(seen, ::testing::ElementsAre("f32[16@X,8]", "f32[8,4@Y]", "f32[16@X,4@Y]"));
+  EXPECT_TRUE((*y)[0].sharding().is_equivalent_to(NamedSharding(mesh, P("X", "Y")), 2));
+  EXPECT_EQ((*y)[0].sharding().mesh(), mesh);
+  EXPECT_EQ(type_of((*y)[0]).to_string(), "f32[16@X,4@Y]");
+  expect_near(fetch((*y)[0]), want);
+  EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("all_")));
+}
+
+// The scaling book's example (jax-ml/scaling-book, "Programming TPUs in JAX"): a contraction
+// split on both operands is refused until out_sharding says how to resolve the sum: P('X', 'Y')
+// is a reduce-scatter, P('X', None) an all-reduce (the book's two readings).
+TEST_F(ExplicitJitTest, OutShardingResolvesAContractionSplitOnBothSides) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray a = random_f32({8, 16}, 3), w = random_f32({16, 32}, 4);
+  std::vector<double> want(8 * 32, 0.0);
+  for (int64_t b = 0; b < 8; ++b) {
+    for (int64_t d = 0; d < 16; ++d) {
+      const double sq = double(a.values<float>()[b * 16 + d]) * a.values<float>()[b * 16 + d];
+      for (int64_t f = 0; f < 32; ++f) want[b * 32 + f] += sq * w.values<float>()[d * 32 + f];
+    }
+  }
+  const Array as = put_on(mesh, a, P("X", "Y")), ws = put_on(mesh, w, P("Y", None));
+  absl::StatusOr<std::vector<Array>> bad = jit([](const std::vector<Value>& in) {
+    return std::vector<Value>{einsum("bd,df->bf", in[0] * in[0], in[1])};
+  })({as, ws});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::AllOf(HasSubstr("dot_general: contracting dimensions are split on both operands"),
+                               HasSubstr("(operands f32[8@X,16@Y], f32[16@Y,32])"), HasSubstr("give out_sharding")));
+  struct Case {
+    PartitionSpec out;
+    const char* type;
+    const char* collective;
+  };
+  for (const Case& c :
+       {Case{P("X", "Y"), "f32[8@X,32@Y]", "reduce_scatter"}, Case{P("X", None), "f32[8@X,32]", "all_reduce"}}) {
+    SCOPED_TRACE(c.out.to_string());
+    std::string type;
+    Jitted f = jit([&](const std::vector<Value>& in) {
+      Value out = einsum("bd,df->bf", in[0] * in[0], in[1], c.out);
+      type = type_of(out).to_string();
+      return std::vector<Value>{out};
+    });
+    absl::StatusOr<std::vector<Array>> y = f({as, ws});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(type, c.type);
+    EXPECT_TRUE((*y)[0].sharding().is_equivalent_to(NamedSharding(mesh, c.out), 2));
+    EXPECT_THAT(f.as_text(), HasSubstr(c.collective));
+    expect_near(fetch((*y)[0]), want, 1e-4);
+  }
+}
+
+// jax.sharding.reshard outside jit moves an array on its mesh (collectives on the workers);
+// its type follows. Inside jit it is the program's move, and the type is the spec.
+TEST_F(ExplicitJitTest, ReshardMovesArraysAndValues) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray x = random_f32({16, 8}, 5);
+  const Array xs = put_on(mesh, x, P("X", None));
+  absl::StatusOr<Array> moved = reshard(xs, P(None, "Y"));
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(type_of(*moved).to_string(), "f32[16,8@Y]");
+  EXPECT_TRUE(moved->sharding().is_equivalent_to(NamedSharding(mesh, P(None, "Y")), 2));
+  EXPECT_TRUE(fetch(*moved) == x);
+  absl::StatusOr<Array> same = reshard(xs, P("X", None));
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_TRUE(fetch(*same) == x);
+  absl::StatusOr<Array> bad = reshard(xs, P("X", "X"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("reshard: f32[16,8] to P('X', 'X')"));
+  std::string inside;
+  absl::StatusOr<std::vector<Array>> y = jit([&](const std::vector<Value>& in) {
+    Value r = reshard(in[0] * 2.0, P(Axes{"X", "Y"}, None));
+    inside = type_of(r).to_string();
+    return std::vector<Value>{r};
+  })({xs});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(inside, "f32[16@(X,Y),8]");
+  EXPECT_TRUE((*y)[0].sharding().is_equivalent_to(NamedSharding(mesh, P(Axes{"X", "Y"}, None)), 2));
+  std::vector<double> want(x.size());
+  for (int64_t i = 0; i < x.size(); ++i) want[i] = 2.0 * x.values<float>()[i];
+  expect_near(fetch((*y)[0]), want);
+}
+
+// grad in explicit mode: each cotangent takes its primal's type, so d/dw sum(tanh(x @ w)) =
+// x^T (1 - tanh(x w)^2) comes back laid out as w, equal to the host's.
+TEST_F(ExplicitJitTest, GradientsComeBackLaidOutAsTheirPrimals) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray x = random_f32({16, 8}, 6), w = random_f32({8, 4}, 7);
+  const std::vector<double> xw = matmul_ref(x, w);
+  std::vector<double> want(8 * 4, 0.0);
+  for (int64_t i = 0; i < 16; ++i) {
+    for (int64_t j = 0; j < 4; ++j) {
+      const double t = std::tanh(xw[i * 4 + j]);
+      for (int64_t k = 0; k < 8; ++k) want[k * 4 + j] += double(x.values<float>()[i * 8 + k]) * (1.0 - t * t);
+    }
+  }
+  Jitted step =
+      jit(grad([](const std::vector<Value>& p) { return std::vector<Value>{sum(tanh(matmul(p[0], p[1])))}; }, {1}));
+  absl::StatusOr<std::vector<Array>> g = step({put_on(mesh, x, P("X", None)), put_on(mesh, w, P(None, "Y"))});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE((*g)[0].sharding().is_equivalent_to(NamedSharding(mesh, P(None, "Y")), 2));
+  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,4@Y]");
+  expect_near(fetch((*g)[0]), want, 1e-4);
 }
 
 // Total buffers on the mesh's devices, from their stats.

@@ -126,6 +126,16 @@ Jitted jit(TracedFunction f, JitOptions options = {});
 //   scale({x}, {2.0});   scale({x}, {3.0});    // two programs
 Jitted jit(StaticTracedFunction f, JitOptions options = {});
 
+// jax.typeof of an array: its dtype, shape and sharding over its mesh's Explicit axes
+// ("f32[8@X,2]"; "f32[8,2]" on an all-Auto mesh, as JAX's type shows no Auto axes).
+ShapedType type_of(const Array& x);
+
+// jax.sharding.reshard(x, spec) outside a trace: x laid out by `spec` on its own mesh, moved by
+// collectives on the workers (a jitted sharding constraint), never through the client. x itself
+// when it is laid out so already; INVALID_ARGUMENT when `spec` does not fit x
+// (NamedSharding::validate's rules). Inside a trace, reshard(Value, spec) in tessera/trace.h.
+absl::StatusOr<Array> reshard(const Array& x, const PartitionSpec& spec);
+
 }  // namespace tessera
 
 #endif  // TESSERA_JIT_H_

@@ -65,6 +65,23 @@ using TracedFunction = std::function<std::vector<Value>(const std::vector<Value>
 // input shape with a negative dimension or too many bytes, or for a result that is not a
 // valid Value of this trace.
 absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs);
+// The same with the inputs' shardings (one per input, all on one mesh; empty: none). On a mesh
+// with an Explicit axis the trace is in explicit mode (see type_of below): every Value's type
+// carries its sharding over the Explicit axes, each op's rule (client/explicit/) decides its
+// result's or fails the trace, and each result is pinned to its type's layout.
+absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs,
+                            const std::vector<NamedSharding>& input_shardings);
+
+// jax.typeof: a Value's dtype, shape and, in explicit mode, its sharding over the Explicit mesh
+// axes (one spec entry per dimension; Auto axes are not part of a type, as in JAX); to_string()
+// prints it as JAX does: "f32[16@data,8]", "f32[8@(X,Y),4]", "f32[16,8]" when not split.
+struct ShapedType {
+  DType dtype = DType::kF32;
+  Shape shape;
+  PartitionSpec spec;
+  std::string to_string() const;
+};
+ShapedType type_of(const Value& v);
 
 // Elementwise unary ops, keeping dtype and shape. neg, abs and sign need a numeric dtype
 // (not bool); floor and ceil need float32 or float64. exp, log, tanh, logistic, sqrt, rsqrt,
@@ -214,6 +231,9 @@ Value convert(const Value& x, DType dtype);
 Value broadcast_in_dim(const Value& x, Shape shape, std::vector<int64_t> dims);
 Value broadcast_to(const Value& x, Shape shape);  // numpy rules
 Value reshape(const Value& x, Shape shape);
+// With out_sharding: the result's layout, which explicit mode needs when a reshape splits or
+// merges a split dimension.
+Value reshape(const Value& x, Shape shape, const PartitionSpec& out_sharding);
 Value transpose(const Value& x, std::vector<int64_t> permutation);
 Value expand_dims(const Value& x, int64_t axis);
 Value squeeze(const Value& x, std::vector<int64_t> axes);
@@ -235,6 +255,12 @@ Value argmax(const Value& x, int64_t axis, DType index_dtype = DType::kI32);
 Value dot_general(const Value& lhs, const Value& rhs, DotDims dims);
 Value matmul(const Value& lhs, const Value& rhs);
 Value dot(const Value& lhs, const Value& rhs);
+// The same with out_sharding (jax.lax.dot_general's and jnp.matmul's): the result is laid out
+// by it (on the explicit mesh in explicit mode, else on the ambient mesh), which is how explicit
+// mode resolves a contraction over a dimension split on both operands: P('X', 'Y') on the
+// result reduce-scatters the sum, P('X', None) all-reduces it.
+Value dot_general(const Value& lhs, const Value& rhs, DotDims dims, const PartitionSpec& out_sharding);
+Value matmul(const Value& lhs, const Value& rhs, const PartitionSpec& out_sharding);
 
 // x[start:limit], one start and limit per dimension (no negative indices); xs joined along
 // `axis`, agreeing in dtype and in every other dimension.
@@ -320,6 +346,7 @@ Value triu(const Value& x, int64_t k = 0);
 // labels within an operand (traces, diagonals) and ellipses are refused. One dot_general and a
 // transpose to the output's order.
 Value einsum(const std::string& subscripts, const Value& a, const Value& b);
+Value einsum(const std::string& subscripts, const Value& a, const Value& b, const PartitionSpec& out_sharding);
 
 // jnp.argsort(x, axis, descending): int32 indices sorting x stably along `axis` (the ops
 // argsort / argsort_descending): ascending puts NaNs last and keeps -0 and 0 in index order,
@@ -339,6 +366,20 @@ Value with_sharding_constraint(const Value& x, const NamedSharding& sharding);
 // The same with a bare spec, on the ambient mesh (tessera/mesh_context.h's set_mesh); with
 // none the trace fails with INVALID_ARGUMENT saying how to give one.
 Value with_sharding_constraint(const Value& x, const PartitionSpec& spec);
+
+// jax.sharding.reshard(x, spec) inside a trace: x laid out by `spec` (a move the program makes
+// on purpose), on the explicit mesh in explicit mode, else on the ambient mesh (set_mesh); its
+// type is `spec`. Outside a trace, reshard(Array, spec) in tessera/jit.h.
+Value reshard(const Value& x, const PartitionSpec& spec);
+
+namespace internal {
+// `op()` (an op on `operand`'s trace) in an out_sharding scope: its rules may leave an
+// ambiguous result to out_sharding, which then lays the result out (reshard).
+Value with_out_sharding(const Value& operand, const PartitionSpec& out_sharding, const std::function<Value()>& op);
+// In explicit mode, `op()` with out_sharding the type of `like` (a cotangent takes its
+// primal's sharding, as JAX's transpose rules give it); otherwise just `op()`.
+Value typed_as(const Value& like, const std::function<Value()>& op);
+}  // namespace internal
 
 // ---- Control flow (client/control.cc) ------------------------------------------------------
 //

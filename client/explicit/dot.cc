@@ -1,0 +1,75 @@
+// Explicit-mode sharding rule of dot_general, as JAX's _dot_general_sharding_rule
+// (jax/_src/lax/lax.py): batch dimensions must agree, and so must contracting ones; a
+// contracting dimension split on both operands leaves a sum over devices whose layout is
+// ambiguous (all-reduce to a replicated result, or reduce-scatter to a split one), an error
+// unless the call gives out_sharding. The result is batch, lhs free, rhs free, each keeping
+// its operand's split.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/explicit/rules.h"
+
+namespace tessera::internal {
+namespace {
+
+std::string spec_tuple(const TypeSpec& spec, const std::vector<int64_t>& dims) {
+  std::vector<std::string> parts;
+  for (int64_t d : dims) {
+    const Axes& a = spec[d];
+    parts.push_back(a.empty() ? "None" : a.size() == 1 ? absl::StrCat("'", a[0], "'") : axes_to_string(a));
+  }
+  return absl::StrCat("(", absl::StrJoin(parts, ", "), parts.size() == 1 ? ",)" : ")");
+}
+
+TypeRuleResult dot_general(const TypeRuleCall& c) {
+  TypeRuleResult r;
+  const DotDims& dd = c.node.attrs<DotAttrs>().dims;
+  const TypeSpec& l = c.operands[0].spec;
+  const TypeSpec& rs = c.operands[1].spec;
+  for (size_t i = 0; i < dd.lhs_batch.size(); ++i) {
+    const Axes &a = l[dd.lhs_batch[i]], &b = rs[dd.rhs_batch[i]];
+    if (!a.empty() && !b.empty() && a != b) {
+      r.error = absl::StrCat("batch dimensions must be split alike, got lhs ", spec_tuple(l, dd.lhs_batch), " and rhs ",
+                             spec_tuple(rs, dd.rhs_batch));
+      r.fix = "reshard one operand to the other's batch sharding (reshard(x, P(...)))";
+      return r;
+    }
+    r.spec.push_back(a.empty() ? b : a);
+  }
+  bool both_split = false;
+  for (size_t i = 0; i < dd.lhs_contracting.size(); ++i) {
+    const Axes &a = l[dd.lhs_contracting[i]], &b = rs[dd.rhs_contracting[i]];
+    if (!a.empty() && !b.empty() && a != b) {
+      r.error = absl::StrCat("contracting dimensions must be split alike, got lhs ", spec_tuple(l, dd.lhs_contracting),
+                             " and rhs ", spec_tuple(rs, dd.rhs_contracting));
+      r.fix = "reshard one operand to the other's contracting sharding (reshard(x, P(...)))";
+      return r;
+    }
+    both_split = both_split || (!a.empty() && !b.empty());
+  }
+  if (both_split && !c.out_sharding_given) {
+    r.error = absl::StrCat(
+        "contracting dimensions are split on both operands, so the result is a sum over devices and it is ambiguous "
+        "how it should be sharded (as JAX says: lhs_contracting_spec=",
+        spec_tuple(l, dd.lhs_contracting), ", rhs_contracting_spec=", spec_tuple(rs, dd.rhs_contracting), ")");
+    r.fix =
+        "give out_sharding: the contracted axes on a result dimension reduce-scatter, a result without them "
+        "all-reduces";
+    return r;
+  }
+  for (int64_t d : dot_free_dims(static_cast<int64_t>(l.size()), dd.lhs_batch, dd.lhs_contracting)) {
+    r.spec.push_back(l[d]);
+  }
+  for (int64_t d : dot_free_dims(static_cast<int64_t>(rs.size()), dd.rhs_batch, dd.rhs_contracting)) {
+    r.spec.push_back(rs[d]);
+  }
+  return r;
+}
+
+}  // namespace
+
+absl::Span<const std::pair<Op, TypeRule>> dot_type_rules() {
+  static const std::pair<Op, TypeRule> kRules[] = {{Op::kDotGeneral, dot_general}};
+  return kRules;
+}
+
+}  // namespace tessera::internal

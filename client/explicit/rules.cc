@@ -1,0 +1,123 @@
+#include "client/explicit/rules.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tessera::internal {
+
+TypeRule find_type_rule(Op op) {
+  for (auto family :
+       {elementwise_type_rules, layout_type_rules, reduction_type_rules, dot_type_rules, placement_type_rules}) {
+    for (const auto& [o, rule] : family()) {
+      if (o == op) return rule;
+    }
+  }
+  return nullptr;
+}
+
+TypeRuleResult consensus(const TypeRuleCall& c) {
+  TypeRuleResult r;
+  r.spec.assign(c.node.shape.size(), Axes{});
+  for (size_t d = 0; d < r.spec.size(); ++d) {
+    for (const TypedOperand& o : c.operands) {
+      if (d >= o.spec.size() || o.spec[d].empty()) continue;
+      if (r.spec[d].empty()) {
+        r.spec[d] = o.spec[d];
+      } else if (r.spec[d] != o.spec[d]) {
+        r.error = absl::StrCat("dimension ", d, " is split over ", axes_to_string(r.spec[d]),
+                               " in one operand and over ", axes_to_string(o.spec[d]), " in another");
+        r.fix = "reshard one operand to the other's sharding (reshard(x, P(...)))";
+        return r;
+      }
+    }
+  }
+  return r;
+}
+
+TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank) {
+  TypeSpec out(rank);
+  for (int d = 0; d < rank; ++d) {
+    for (const std::string& a : spec.axes(d)) {
+      const int i = mesh.axis_index(a);
+      if (i >= 0 && mesh.axis_types()[i] == AxisType::kExplicit) out[d].push_back(a);
+    }
+  }
+  return out;
+}
+
+std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec) {
+  std::string name = type_to_string(dtype, {});
+  name.resize(name.size() - 2);  // "f32[]" -> "f32"
+  std::vector<std::string> dims;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const Axes none;
+    const Axes& axes = d < spec.size() ? spec[d] : none;
+    if (axes.empty()) {
+      dims.push_back(absl::StrCat(shape[d]));
+    } else if (axes.size() == 1) {
+      dims.push_back(absl::StrCat(shape[d], "@", axes[0]));
+    } else {
+      dims.push_back(absl::StrCat(shape[d], "@(", absl::StrJoin(axes, ","), ")"));
+    }
+  }
+  return absl::StrCat(name, "[", absl::StrJoin(dims, ","), "]");
+}
+
+absl::StatusOr<TypeSpec> result_type_spec(const TypeRuleCall& call) {
+  const Node& n = call.node;
+  auto fail = [&](const std::string& what, const std::string& fix) {
+    std::vector<std::string> types;
+    for (const TypedOperand& o : call.operands) types.push_back(type_string(o.dtype, o.shape, o.spec));
+    return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), ": ", what, " (operand",
+                                                   types.size() == 1 ? " " : "s ", absl::StrJoin(types, ", "), "); ",
+                                                   fix));
+  };
+  TypeRuleResult r;
+  if (TypeRule rule = find_type_rule(n.op)) {
+    r = rule(call);
+  } else {
+    // No rule yet: replicated operands give a replicated result, anything else is refused
+    // rather than guessed.
+    r.spec.assign(n.shape.size(), Axes{});
+    for (const TypedOperand& o : call.operands) {
+      for (const Axes& a : o.spec) {
+        if (!a.empty()) {
+          r.error = "has no explicit-sharding rule yet, and an operand is split over an Explicit mesh axis";
+          r.fix = "reshard it to P() first, or make that mesh axis Auto";
+        }
+      }
+    }
+  }
+  if (!r.error.empty()) return fail(r.error, r.fix);
+  r.spec.resize(n.shape.size());
+  std::set<std::string> seen;
+  for (const Axes& axes : r.spec) {
+    for (const std::string& a : axes) {
+      if (!seen.insert(a).second) {
+        // JAX's wording (docs/notebooks/explicit-sharding.ipynb): "add operation with inputs:
+        // i32[4@X,4], i32[4,4@X] produces an illegally sharded result: i32[4@X,4@X]".
+        std::vector<std::string> types;
+        for (const TypedOperand& o : call.operands) types.push_back(type_string(o.dtype, o.shape, o.spec));
+        return absl::InvalidArgumentError(
+            absl::StrCat(op_name(n.op), " operation with inputs: ", absl::StrJoin(types, ", "),
+                         " produces an illegally sharded result: ", type_string(n.dtype, n.shape, r.spec),
+                         " (mesh axis '", a, "' twice); ", kReshardFix));
+      }
+    }
+  }
+  // A split must divide its dimension, as NamedSharding::validate requires of any layout.
+  for (size_t d = 0; d < r.spec.size(); ++d) {
+    if (r.spec[d].empty()) continue;
+    const int64_t blocks = call.mesh.axes_size(r.spec[d]);
+    if (n.shape[d] % blocks != 0) {
+      return fail(absl::StrCat("the result would be ", type_string(n.dtype, n.shape, r.spec), ", but dimension ", d,
+                               " (", n.shape[d], ") does not divide into ", blocks, " blocks"),
+                  kReshardFix);
+    }
+  }
+  return r.spec;
+}
+
+}  // namespace tessera::internal

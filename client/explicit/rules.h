@@ -1,0 +1,83 @@
+// Explicit sharding ("sharding in types", issue 16 item 2): on a mesh with Explicit axes a
+// traced Value's type carries its sharding over those axes, and every op has a rule giving its
+// result's sharding from its operands', or an error. The rules follow JAX's
+// (docs/notebooks/explicit-sharding.md, "Sharding rules and operations with ambiguous
+// sharding"; jax/_src/lax/lax.py's broadcasting_sharding_rule and _dot_general_sharding_rule),
+// one file per op family as the compiler's rules are: explicit/{elementwise,layout,reduction,
+// dot,placement}.cc. Internal to the client library.
+#ifndef TESSERA_CLIENT_EXPLICIT_RULES_H_
+#define TESSERA_CLIENT_EXPLICIT_RULES_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/graph.h"
+#include "core/mesh.h"
+#include "core/partition_spec.h"
+
+namespace tessera::internal {
+
+// A value's sharding in its type: the Explicit mesh axes of each dimension (one entry per
+// dimension; empty: not split over an Explicit axis).
+using TypeSpec = std::vector<Axes>;
+
+struct TypedOperand {
+  DType dtype;
+  Shape shape;
+  TypeSpec spec;
+};
+
+// What a rule sees: the node (its op and attributes, the result's dtype and shape), its
+// operands' types, and whether the call gave an out_sharding (which then decides the result:
+// a rule may leave an ambiguous result to it instead of failing).
+struct TypeRuleCall {
+  const Mesh& mesh;
+  const Node& node;
+  std::vector<TypedOperand> operands;
+  bool out_sharding_given = false;
+};
+
+// A rule's answer: the result's spec, or what is wrong ("dimension 0 is split over 'X' in one
+// operand and over 'Y' in another") and how to fix it; the caller names the op and the types.
+struct TypeRuleResult {
+  TypeSpec spec;
+  std::string error;
+  std::string fix;
+};
+using TypeRule = TypeRuleResult (*)(const TypeRuleCall&);
+
+// The families' rules.
+absl::Span<const std::pair<Op, TypeRule>> elementwise_type_rules();
+absl::Span<const std::pair<Op, TypeRule>> layout_type_rules();
+absl::Span<const std::pair<Op, TypeRule>> reduction_type_rules();
+absl::Span<const std::pair<Op, TypeRule>> dot_type_rules();
+absl::Span<const std::pair<Op, TypeRule>> placement_type_rules();
+// The rule of `op`, or null when it has none yet (then only replicated operands are accepted).
+TypeRule find_type_rule(Op op);
+
+// The result's type spec of `call`: the op's rule, then the checks every result gets (no mesh
+// axis twice). INVALID_ARGUMENT "<op>: <what> (operands f32[8@X,4], f32[8@Y,4]); <fix>".
+absl::StatusOr<TypeSpec> result_type_spec(const TypeRuleCall& call);
+
+// `spec` of a value of rank `rank` as its type sees it: padded to the rank, only Explicit axes
+// of `mesh` kept.
+TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank);
+// "f32[16@data,8]", "f32[8@(X,Y),4]": as JAX prints a type (jax/_src/core.py,
+// _get_shape_sharding_str), with Tessera's dtype names.
+std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec);
+// The spec as a PartitionSpec, one entry per dimension.
+inline PartitionSpec to_partition_spec(const TypeSpec& spec) { return PartitionSpec(spec); }
+
+// The elementwise rule, also concatenate's: each dimension takes the one split its operands
+// give it; an unsplit dimension meets any split, two different splits are an error.
+TypeRuleResult consensus(const TypeRuleCall& call);
+
+// Shared by the families: "reshard(x, P(...)) an operand first" and friends.
+inline constexpr const char* kReshardFix = "reshard an operand first (reshard(x, P(...)))";
+
+}  // namespace tessera::internal
+
+#endif  // TESSERA_CLIENT_EXPLICIT_RULES_H_
