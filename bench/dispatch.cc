@@ -2,17 +2,22 @@
 // 8 local workers, next to a plain gRPC unary round trip measured in the same run.
 //
 //   bin/bench_dispatch [--iters=200] [--back_to_back=200] [--json] [--check_credentials=false]
+//                      [--profile=/tmp/dispatch.json]
 //
 // Calls are asynchronous, so it times three things: a call followed by block_until_ready (the
 // latency, p50 and p99), the call alone (dispatch: how long the caller is held), and N calls
 // issued back to back and then waited for (time per call: what asynchronous dispatch buys),
 // both on one input and as a chain where each call consumes the previous one's output.
+// --profile records all of that as a timeline (Client::profile), to compare with a run without;
+// every run also times a span while no profile runs (core/profile.h) and counts the spans one
+// call records, so the cost of the recording points when off is a ratio against the call.
 #include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -23,6 +28,7 @@
 #include "bench/stats.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
+#include "core/profile.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/auth.h"
 #include "proto/rpc.h"
@@ -32,6 +38,7 @@
 ABSL_FLAG(int, iters, 200, "timed calls");
 ABSL_FLAG(int, back_to_back, 200, "calls issued back to back before waiting for them");
 ABSL_FLAG(bool, json, false, "one JSON object instead of text");
+ABSL_FLAG(std::string, profile, "", "record the timed calls in this trace (and PATH.html); empty: no profile");
 ABSL_FLAG(bool, check_credentials, true,
           "the cluster checks tokens (as Client::local does); false: the development mode, to see what the checks "
           "cost");
@@ -88,6 +95,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_dispatch: %s\n", status.ToString().c_str());
     return 1;
   };
+  const std::string profile_path = absl::GetFlag(FLAGS_profile);
+  if (!profile_path.empty()) {
+    absl::Status started = client->start_profile();
+    if (!started.ok()) return fail(started);
+  }
   std::vector<double> jit_us, dispatch_us, rpc_us;
   long switches_before = 0;
   for (int i = 0; i < iters + 10; ++i) {
@@ -136,6 +148,42 @@ int main(int argc, char** argv) {
     chained_us = absl::ToDoubleMicroseconds(absl::Now() - t) / n;
     chained_switches = static_cast<double>(context_switches() - before) / n;
   }
+  if (!profile_path.empty()) {
+    absl::Status stopped = client->stop_profile(profile_path);
+    if (!stopped.ok()) return fail(stopped);
+  }
+  // What the recording points cost while no profile runs: a span on a recorder that is off,
+  // times the spans one call records (counted in a profile of 20 calls).
+  double span_off_ns = 0;
+  {
+    ProfileRecorder off;
+    constexpr int kSpans = 10000000;
+    const absl::Time t = absl::Now();
+    for (int i = 0; i < kSpans; ++i) {
+      ProfileSpan span(&off, "kernel", [] { return std::string("never"); });
+    }
+    span_off_ns = absl::ToDoubleNanoseconds(absl::Now() - t) / kSpans;
+  }
+  double spans_per_call = 0;
+  {
+    const std::string counted = absl::StrCat(dir, "/spans.json");
+    absl::Status started = client->start_profile();
+    if (!started.ok()) return fail(started);
+    constexpr int kCalls = 20;
+    for (int i = 0; i < kCalls; ++i) {
+      absl::StatusOr<std::vector<Array>> y = f({*x});
+      if (!y.ok() || !(*y)[0].block_until_ready().ok()) return fail(y.ok() ? absl::InternalError("call") : y.status());
+    }
+    absl::Status stopped = client->stop_profile(counted);
+    if (!stopped.ok()) return fail(stopped);
+    std::ifstream in(counted);
+    const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (size_t at = json.find("\"ph\":\"X\""); at != std::string::npos; at = json.find("\"ph\":\"X\"", at + 1)) {
+      spans_per_call += 1.0 / kCalls;
+    }
+    std::remove(counted.c_str());
+    std::remove((counted + ".html").c_str());
+  }
   auto stub = pb::Coordinator::NewStub(
       make_channel(client->coordinator_address(), std::make_shared<CallIdentity>(credentials->client)));
   for (int i = 0; i < iters + 10; ++i) {
@@ -153,8 +201,10 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"p50_us\": %.1f, \"p99_us\": %.1f, \"grpc_p50_us\": %.1f, \"dispatch_p50_us\": %.1f, "
         "\"back_to_back\": %d, \"back_to_back_us_per_call\": %.1f, \"chained_us_per_call\": %.1f, "
-        "\"context_switches_per_call\": %.1f, \"chained_context_switches_per_call\": %.1f}\n",
-        p50, p99, grpc50, dispatch50, n, independent_us, chained_us, switches_per_call, chained_switches);
+        "\"context_switches_per_call\": %.1f, \"chained_context_switches_per_call\": %.1f, \"profiled\": %s, "
+        "\"span_off_ns\": %.2f, \"spans_per_call\": %.1f}\n",
+        p50, p99, grpc50, dispatch50, n, independent_us, chained_us, switches_per_call, chained_switches,
+        profile_path.empty() ? "false" : "true", span_off_ns, spans_per_call);
   } else {
     std::printf(
         "cached jit (8, 8) on 8 workers, call + block_until_ready: p50 %.0f us, p99 %.0f us; gRPC unary round trip "
@@ -166,6 +216,11 @@ int main(int argc, char** argv) {
         "%.1f (chained)\n",
         p50, p99, grpc50, p50 / grpc50, dispatch50, n, independent_us, chained_us, chained_us / independent_us,
         switches_per_call, chained_switches);
+    std::printf(
+        "%s; with no profile running a span costs %.2f ns and a call records %.0f spans (all daemons): "
+        "%.5f%% of the call's p50\n",
+        profile_path.empty() ? "not profiled" : "profiled (the timed calls above were recorded)", span_off_ns,
+        spans_per_call, 100.0 * span_off_ns * spans_per_call / 1000.0 / p50);
   }
   for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile}) {
     std::remove(absl::StrCat(dir, "/", f).c_str());

@@ -8,6 +8,7 @@
 //   tessera down                       # stops exactly the processes `up` started, by pid
 //   tessera health --address HOST:PORT # grpc.health.v1: exit 0 when the daemon there is ready
 //   tessera credentials DIR            # fresh tokens for a cluster (up makes its own)
+//   tessera profile --duration_ms=2000 --out=trace.json   # a timeline of whatever the cluster runs
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,9 +40,10 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
+#include "tessera/client.h"
 
 ABSL_FLAG(std::string, coordinator, "",
-          "status, top, run-example: host:port of the coordinator; default: the cluster in the state file "
+          "status, top, run-example, profile: host:port of the coordinator; default: the cluster in the state file "
           "(env TESSERA_COORDINATOR)");
 ABSL_FLAG(std::string, state, "",
           "up, down, status, run-example: the state file that up writes and down reads; default: "
@@ -56,8 +58,8 @@ ABSL_FLAG(bool, json, false,
           "status: print the coordinator's ClusterStatus as JSON (proto3 mapping: 64-bit numbers are strings)");
 ABSL_FLAG(int, iterations, 0, "top: stop after this many refreshes; 0: until interrupted");
 ABSL_FLAG(std::string, token_file, "",
-          "status, top, run-example: the file holding the token to present; default: the admin token (for "
-          "run-example: the client token) of the cluster `up` started, if any (env TESSERA_TOKEN_FILE)");
+          "status, top, run-example, profile: the file holding the token to present; default: the admin token (for "
+          "run-example and profile: the client token) of the cluster `up` started, if any (env TESSERA_TOKEN_FILE)");
 ABSL_FLAG(std::string, credentials, "",
           "up: the daemons' credentials directory (`tessera credentials DIR` makes one); default: fresh ones in "
           "STATE-credentials/ (env TESSERA_CREDENTIALS)");
@@ -73,6 +75,12 @@ ABSL_FLAG(bool, keep_existing, false,
 ABSL_FLAG(bool, insecure, false,
           "up: start the daemons without credentials (the development mode: nothing is checked; --host must be a "
           "loopback address)");
+ABSL_FLAG(int64_t, duration_ms, 1000,
+          "profile: how long to record, in milliseconds (SIGINT/SIGTERM ends it early, and the trace is still "
+          "written)");
+ABSL_FLAG(std::string, out, "", "profile: the trace file to write (Chrome trace-event JSON), and OUT.html beside it");
+ABSL_FLAG(int64_t, events_per_daemon, int64_t{1} << 16,
+          "profile: each daemon's ring of events, at most 1048576; beyond it the oldest go (counted in the trace)");
 ABSL_FLAG(std::string, service, "",
           "health: the grpc.health.v1 service to ask for: '' (ready: a registered worker, a coordinator with its "
           "expected devices alive) or 'liveness' (the process serves)");
@@ -104,6 +112,14 @@ constexpr char kUsage[] =
     "  tessera run-example NAME [--coordinator HOST:PORT] [-- ARGS...]\n"
     "      runs bin/example_NAME --coordinator=HOST:PORT ARGS... (NAME: device_put, seed_layer,\n"
     "      shard_map, mlp_train; mlp_train takes --data=PATH)\n"
+    "  tessera profile --out FILE [--duration_ms MS] [--coordinator HOST:PORT] [--token_file FILE]\n"
+    "                  [--events_per_daemon N]\n"
+    "      records a timeline of everything the cluster runs for MS milliseconds (default 1000; Ctrl-C\n"
+    "      ends it early): every client's calls' compiles and dispatches on the coordinator, and each\n"
+    "      device's plan runs, kernels, collectives (bytes, algorithm, path), messages and transfers;\n"
+    "      writes FILE, Chrome's trace-event JSON (open it in https://ui.perfetto.dev or\n"
+    "      chrome://tracing), clocks aligned to the coordinator's, and FILE.html, a viewer that needs\n"
+    "      no network; presents the client token (of the cluster up started, or --token_file)\n"
     "  tessera health --address HOST:PORT [--service liveness]\n"
     "      grpc.health.v1 Check: exit 0 if the daemon there is SERVING: a worker that has registered, a\n"
     "      coordinator with its --expected_devices alive; with --service liveness, one that serves at all\n"
@@ -544,6 +560,39 @@ absl::Status credentials(const std::vector<char*>& args) {
   return absl::OkStatus();
 }
 
+// A timeline of the running cluster (Client::start_profile / stop_profile, as a client).
+absl::Status profile(const std::string& state_path) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return absl::InvalidArgumentError("profile: --out FILE is required");
+  const int64_t duration_ms = absl::GetFlag(FLAGS_duration_ms);
+  if (duration_ms < 1 || duration_ms > 3600 * 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: --duration_ms ", duration_ms, " is outside [1, 3600000] (one hour)"));
+  }
+  block_termination_signals();  // before the client's threads: Ctrl-C ends the recording, not the process
+  TESSERA_ASSIGN_OR_RETURN(std::string address, coordinator_address(state_path));
+  ConnectOptions options;
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  options.token_file = absl::GetFlag(FLAGS_token_file);
+  if (options.token_file.empty() && cluster_of_state()) {
+    const std::string file = absl::StrCat(credentials_dir(state_path), "/", kClientTokenFile);
+    if (access(file.c_str(), R_OK) == 0) options.token_file = file;
+  }
+  options.ca_file = absl::GetFlag(FLAGS_ca_file);
+  if (options.ca_file.empty() && cluster_of_state()) {
+    const std::string file = absl::StrCat(credentials_dir(state_path), "/", kCaFile);
+    if (access(file.c_str(), R_OK) == 0) options.ca_file = file;
+  }
+  TESSERA_ASSIGN_OR_RETURN(Client client, Client::connect(address, options));
+  TESSERA_RETURN_IF_ERROR(client.start_profile(ProfileOptions{absl::GetFlag(FLAGS_events_per_daemon)}));
+  std::fprintf(stderr, "profiling %s for %ld ms\n", address.c_str(), static_cast<long>(duration_ms));
+  const int signal = wait_for_termination_signal_for(absl::Milliseconds(duration_ms));
+  if (signal != 0) std::fprintf(stderr, "signal %d: stopping early\n", signal);
+  TESSERA_RETURN_IF_ERROR(client.stop_profile(out));
+  std::printf("%s\n%s.html\n", out.c_str(), out.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status run_example(const std::string& state_path, const std::vector<char*>& args) {
   if (args.size() < 3)
     return absl::InvalidArgumentError("run-example: NAME is required (device_put, seed_layer, shard_map, mlp_train)");
@@ -606,6 +655,8 @@ int main(int argc, char** argv) {
     status = tessera::health(state_path);
   } else if (command == "credentials") {
     status = tessera::credentials(args);
+  } else if (command == "profile") {
+    status = tessera::profile(state_path);
   } else if (command == "run-example") {
     status = tessera::run_example(state_path, args);
   } else if (command == "help") {

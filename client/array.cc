@@ -121,6 +121,8 @@ absl::Status Array::fetch_into(const MutableHostView& out) const {
         dtype_name(state_->dtype), " ", shape_to_string(state_->shape), "; they must match"));
   }
   TESSERA_ASSIGN_OR_RETURN(const uint64_t id, state_->ready_id());
+  ProfileSpan span(&state_->client->profile(), "client", [] { return std::string("fetch"); });
+  span.arg("bytes", absl::StrCat(num_elements(out.shape) * dtype_size(out.dtype)));
   std::set<int> restarted;
   std::string grant;
   TESSERA_ASSIGN_OR_RETURN(auto devices, array_devices(*state_, id, &restarted, &grant));

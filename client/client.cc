@@ -370,6 +370,8 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
   }
   absl::Status valid = sharding.validate(host.shape);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("device_put: ", valid.message()));
+  ProfileSpan span(&impl_->profile(), "client", [] { return std::string("device_put"); });
+  span.arg("bytes", absl::StrCat(num_elements(host.shape) * dtype_size(host.dtype)));
 
   pb::CreateArrayRequest req;
   req.set_dtype(to_proto(host.dtype));

@@ -19,6 +19,7 @@
 #include "client/execution.h"
 #include "client/local_cluster.h"
 #include "core/graph.h"
+#include "core/profile.h"
 #include "proto/auth.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/client.h"
@@ -72,6 +73,13 @@ class ClientImpl {
 
   const std::shared_ptr<InFlight>& in_flight() const { return in_flight_; }
 
+  // This client's timeline (core/profile.h): its calls and waits; and the profile running
+  // across the cluster (client/profile.cc), if any.
+  ProfileRecorder& profile() { return profile_; }
+  struct Profiling;
+  absl::Mutex profiling_mu;
+  std::shared_ptr<Profiling> profiling ABSL_GUARDED_BY(profiling_mu);  // shared: Profiling is client/profile.cc's
+
  private:
   // Renews the session's lease every quarter lease until stopping_. After a coordinator
   // restart (the epoch changed) adopts every tracked array again; after a lapse (the client
@@ -87,6 +95,7 @@ class ClientImpl {
   const std::shared_ptr<CallIdentity> identity_;  // the token, and the session's credential once open
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;
   const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
+  ProfileRecorder profile_;
   const uint64_t serial_ = next_serial();
   static uint64_t next_serial() {
     static std::atomic<uint64_t> next{1};

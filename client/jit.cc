@@ -159,6 +159,9 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
                                                    "from a StaticTracedFunction)"));
   }
   const internal::ArrayState& first = internal::array_state(args[0]);
+  // The call on this thread: its checks and, the first time, its trace and compile; the
+  // execution itself runs asynchronously (a wait shows as "wait").
+  ProfileSpan span(&first.client->profile(), "client", [] { return std::string("jit call"); });
   const Mesh& mesh = first.sharding.mesh();
   std::vector<ArrayType> types;
   // The mesh (with its device order) is part of the signature: the same specs on another

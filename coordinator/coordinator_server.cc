@@ -20,6 +20,7 @@
 #include "coordinator/registry.h"
 #include "coordinator/request_limits.h"
 #include "core/collective.h"
+#include "core/profile_wire.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "core/wire.h"
@@ -330,7 +331,15 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     unload_plans(unused);
   }
 
+  // Any client may profile (workers answer the same): a trace holds op names and times, no data.
+  grpc::Status Profile(grpc::ServerContext* ctx, const pb::ProfileRequest* req, pb::ProfileReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
+    return to_grpc(answer_profile(profile_, *req, -1, reply));
+  }
+
   grpc::Status Compile(grpc::ServerContext* ctx, const pb::CompileRequest* req, pb::CompileReply* reply) override {
+    ProfileSpan span(&profile_, "compile", [] { return std::string("compile"); });
     absl::StatusOr<uint64_t> acting = acting_session(*ctx, req->session_id(), "Compile");
     if (!acting.ok()) return to_grpc(acting.status());
     absl::Status session = registry_.check_session(*acting, absl::Now());
@@ -348,6 +357,10 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     reply->set_epoch(registry_.epoch());
     absl::MutexLock lock(&programs_mu_);
     reply->set_compilations(compilations_);
+    if (span) {
+      span.arg("executable", absl::StrCat((*program)->id));
+      span.arg("compilations", absl::StrCat(compilations_));
+    }
     return grpc::Status::OK;
   }
 
@@ -391,6 +404,11 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // the client nor the coordinator waits for them to finish.
   grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx, const pb::ExecuteRequest* req,
                                     pb::ExecuteReply* reply) override {
+    // What this thread does for the call: its checks and, unless it waits for producers or
+    // plans to load, handing the runs to the workers' streams.
+    ProfileSpan span(&profile_, "dispatch", [] { return std::string("execute"); });
+    span.arg("executable", absl::StrCat(req->executable_id()));
+    span.arg("call", absl::StrCat(req->call_id()));
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
     absl::StatusOr<uint64_t> session =
@@ -1778,6 +1796,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // Constant after construction.
   const CoordinatorOptions options_;
   const absl::Time started_;
+  ProfileRecorder profile_;  // this coordinator's timeline (core/profile.h): compiles and dispatches
   Registry registry_;
   const absl::Duration registration_grace_;
   std::string address_;  // set once, right after the port is bound and before it is announced

@@ -230,6 +230,15 @@ absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transp
     const uint64_t this_op = op;
     op += inst.kind == Instruction::Kind::kLoop ? 1 + static_cast<uint64_t>(inst.trip_count) * plan_op_span(*inst.body)
                                                 : 1;
+    // Kernels and local slices are timed here, collectives by the engine (with their bytes).
+    ProfileSpan span(inst.kind == Instruction::Kind::kKernel || inst.kind == Instruction::Kind::kLocalSlice
+                         ? &transport.profile()
+                         : nullptr,
+                     "kernel", [&] { return instruction_name(inst); });
+    if (span) {
+      span.arg("result", type_to_string(inst.node.dtype, inst.node.shape));
+      span.arg("instruction", absl::StrCat(k));
+    }
     switch (inst.kind) {
       case Instruction::Kind::kFree:
         slots[inst.in[0]].reset();
@@ -291,6 +300,8 @@ absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transp
 absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
     const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
     const PlanRun& run) {
+  ProfileSpan span(&transport.profile(), "plan", [] { return std::string("plan"); });
+  span.arg("execution", absl::StrCat(run.execution));
   return run_plan_at(plan, std::move(inputs), transport, run, plan_op_id(run.execution, 0));
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "core/profile_wire.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -229,9 +230,14 @@ class WorkerService final : public WorkerServiceBase {
       absl::Status granted = auth_.check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard");
       if (!granted.ok()) return to_grpc(on_this_device(granted));
     }
+    ProfileSpan span(&transport_.profile(), "transfer", [] { return std::string("put_shard"); });
     absl::StatusOr<std::shared_ptr<HostArray>> data = begin_put(chunk.header());
     if (!data.ok()) return to_grpc(data.status());
     const uint64_t id = chunk.header().buffer_id();
+    if (span) {
+      span.arg("buffer", absl::StrCat(id));
+      span.arg("bytes", absl::StrCat((*data)->nbytes()));
+    }
     // Watched while it holds its reservation: a stream that stalls is cancelled (see
     // cancel_stalled_puts), and the reservation goes with it.
     std::shared_ptr<PutWatch> watch = watch_put(ctx);
@@ -270,6 +276,11 @@ class WorkerService final : public WorkerServiceBase {
     absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_.get(req->buffer_id());
     if (!buffer.ok()) return to_grpc(buffer.status());
     const HostArray& data = **buffer;
+    ProfileSpan span(&transport_.profile(), "transfer", [] { return std::string("get_shard"); });
+    if (span) {
+      span.arg("buffer", absl::StrCat(req->buffer_id()));
+      span.arg("bytes", absl::StrCat(data.nbytes()));
+    }
     pb::ShardChunk chunk;
     chunk.mutable_header()->set_buffer_id(req->buffer_id());
     chunk.mutable_header()->set_dtype(to_proto(data.dtype()));
@@ -433,6 +444,14 @@ class WorkerService final : public WorkerServiceBase {
           absl::PermissionDeniedError("Exchange: the stream does not say which device sends it ('tessera-device')"));
     }
     return transport_.new_exchange_reader(response, caller->device);
+  }
+
+  // Any client may profile (as it may read GetStats): a trace holds op names, shapes and times,
+  // never data.
+  grpc::Status Profile(grpc::ServerContext* ctx, const pb::ProfileRequest* req, pb::ProfileReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
+    return to_grpc(answer_profile(transport_.profile(), *req, device_id_.load(), reply));
   }
 
   grpc::Status GetStats(grpc::ServerContext* ctx, const pb::GetStatsRequest*, pb::WorkerStats* reply) override {

@@ -250,6 +250,16 @@ void bind_arrays(py::module_& m) {
           },
           py::arg("shape"), py::arg("names"), py::arg("ids") = std::nullopt, py::arg("types") = std::vector<AxisType>{})
       .def("device_put", &device_put)
+      .def("start_profile",
+           [](const Client& c, int64_t events_per_daemon) {
+             py::gil_scoped_release release;
+             check(c.start_profile(ProfileOptions{events_per_daemon}));
+           })
+      .def("stop_profile",
+           [](const Client& c, const std::string& path) {
+             py::gil_scoped_release release;
+             check(c.stop_profile(path));
+           })
       .def_property_readonly("coordinator_address", &Client::coordinator_address);
 }
 

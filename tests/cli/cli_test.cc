@@ -7,8 +7,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -553,6 +557,83 @@ TEST(Cli, StatusShowsRunsAndTheLastErrorPerDeviceAndTopRefreshes) {
   const std::vector<std::string> frames = absl::StrSplit(top->second, "\x1b[H\x1b[2J", absl::SkipEmpty());
   ASSERT_EQ(frames.size(), 2u) << top->second;
   for (const std::string& frame : frames) EXPECT_THAT(frame, HasSubstr("devices 2 (2 alive)"));
+}
+
+// `tessera profile` records whatever the cluster runs meanwhile: here a client's jitted calls
+// on the cluster `up` started (TLS and tokens), through the client token.
+TEST(Cli, ProfileRecordsARunningClustersTimeline) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  const std::string state_flag = "--state=" + dir + "/state";
+  absl::StatusOr<std::pair<int, std::string>> no_out = tessera({"profile", state_flag});
+  ASSERT_TRUE(no_out.ok());
+  EXPECT_EQ(no_out->first, 1);
+  EXPECT_THAT(no_out->second, HasSubstr("--out FILE is required"));
+  absl::StatusOr<std::pair<int, std::string>> up =
+      tessera({"up", "--workers=2", "--memory_bytes=268435456", state_flag});
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_EQ(up->first, 0) << up->second;
+  absl::StatusOr<ClusterState> state = read_state(dir + "/state");
+  ASSERT_TRUE(state.ok()) << state.status();
+  ConnectOptions options;
+  options.token_file = dir + "/state-credentials/client.token";
+  options.ca_file = dir + "/state-credentials/ca.pem";
+  options.min_devices = 2;
+  absl::StatusOr<Client> client = Client::connect(state->coordinator_address, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({2}, {"data"});
+  ASSERT_TRUE(mesh.ok());
+  absl::StatusOr<Array> x =
+      client->device_put(HostArray::arange(DType::kF32, {8, 4}), NamedSharding(*mesh, P("data", None)));
+  ASSERT_TRUE(x.ok()) << x.status();
+  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(exp(in[0]))}; });
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  std::thread caller([&] {
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (!stop.load() && absl::Now() < give_up) {
+      absl::StatusOr<std::vector<Array>> y = f({*x});
+      if (!y.ok() || !(*y)[0].block_until_ready().ok()) return;
+      calls.fetch_add(1);
+    }
+  });
+  const std::string out = dir + "/trace.json";
+  absl::StatusOr<std::pair<int, std::string>> profile =
+      tessera({"profile", "--duration_ms=1500", "--out=" + out, state_flag});
+  stop.store(true);
+  caller.join();
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_EQ(profile->first, 0) << profile->second;
+  EXPECT_THAT(profile->second, HasSubstr(out + ".html"));
+  EXPECT_GT(calls.load(), 0);
+  std::ifstream in(out);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  google::protobuf::Struct trace;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &trace).ok()) << json.substr(0, 500);
+  // Rows for the coordinator and both devices; each device ran the reduction's kernels, the
+  // coordinator dispatched the calls (the profile's own client made none).
+  std::map<double, std::string> names;
+  std::map<std::string, int> spans;  // "pid/cat/name"
+  for (const google::protobuf::Value& v : trace.fields().at("traceEvents").list_value().values()) {
+    const auto& e = v.struct_value().fields();
+    if (e.at("ph").string_value() == "M" && e.at("name").string_value() == "process_name") {
+      names[e.at("pid").number_value()] = e.at("args").struct_value().fields().at("name").string_value();
+    }
+    if (e.at("ph").string_value() == "X") {
+      ++spans[absl::StrCat(static_cast<int64_t>(e.at("pid").number_value()), "/", e.at("cat").string_value(), "/",
+                           e.at("name").string_value())];
+    }
+  }
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_THAT(names[d], HasSubstr(absl::StrCat("device ", d, " (")));
+    EXPECT_GT(spans[absl::StrCat(d, "/kernel/exp")], 0) << d;
+    EXPECT_GT(spans[absl::StrCat(d, "/plan/plan")], 0) << d;
+  }
+  EXPECT_GT(spans["1000000/dispatch/execute"], 0);
+  EXPECT_EQ(access((out + ".html").c_str(), R_OK), 0);
+  absl::StatusOr<std::pair<int, std::string>> down = tessera({"down", state_flag});
+  ASSERT_TRUE(down.ok()) << down.status();
+  EXPECT_EQ(down->first, 0) << down->second;
 }
 
 TEST(Cli, EveryBinaryHasHelpNamingItsEnvironmentVariables) {

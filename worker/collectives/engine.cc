@@ -469,6 +469,7 @@ absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& trans
   Group g(transport, run, members, rank);
   const absl::Time start = absl::Now();
   const int64_t bytes = input->nbytes();
+  ProfileSpan span(&transport.profile(), "collective", [&] { return collective_name(run.spec.kind); });
   absl::StatusOr<std::shared_ptr<const HostArray>> out = [&]() -> absl::StatusOr<std::shared_ptr<const HostArray>> {
     switch (run.spec.kind) {
       case CollectiveKind::kAllReduce:
@@ -487,6 +488,14 @@ absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& trans
     return absl::InvalidArgumentError("unknown collective");
   }();
   transport.collective_metrics().record(run.spec.kind, g.chosen(), g.path(), bytes, absl::Now() - start, out.ok());
+  if (span) {
+    span.arg("bytes", absl::StrCat(bytes));
+    span.arg("algorithm", algorithm_name(g.chosen()));
+    span.arg("path", path_name(g.path()));
+    span.arg("group_size", absl::StrCat(members.size()));
+    span.arg("op", absl::StrCat(run.op));
+    if (!out.ok()) span.arg("error", std::string(out.status().message()));
+  }
   return out;
 }
 

@@ -604,11 +604,20 @@ void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops
 
 absl::Status Transport::send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
                              absl::Time deadline, std::shared_ptr<const void> owner) {
+  int self = -1;
   {
     absl::MutexLock lock(&mu_);
     if (auto it = failed_ops_.find(tag.op); it != failed_ops_.end()) return stream_failed(tag.op, it->second);
+    self = self_;
   }
-  return link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
+  // The send's time is taken before the write: the peer may take the message before enqueue returns.
+  const int64_t sent_ns = profile_.on() ? absl::GetCurrentTimeNanos() : 0;
+  absl::Status queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
+  if (queued.ok() && sent_ns != 0) {
+    profile_flow(profile_, ProfileEvent::kFlowStart, message_flow_id(self, peer, tag.op, tag.step, tag.chunk),
+                 "message", sent_ns);
+  }
+  return queued;
 }
 
 absl::Status Transport::stream_failed(uint64_t op, const std::string& peer) {
@@ -657,6 +666,10 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
   }
   Received data = std::move(it->second.data);
   take_locked(it);
+  if (profile_.on()) {
+    profile_flow(profile_, ProfileEvent::kFlowEnd, message_flow_id(source, self_, tag.op, tag.step, tag.chunk),
+                 "message");
+  }
   return data;
 }
 

@@ -41,6 +41,7 @@
 #include "core/collective.h"
 #include "core/credentials.h"
 #include "core/dtype.h"
+#include "core/profile.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/slice.h"
@@ -126,6 +127,9 @@ class Transport {
   // What this device's collectives did (run_collective records each), for --metrics_port.
   CollectiveMetrics& collective_metrics() { return collective_metrics_; }
   const CollectiveMetrics& collective_metrics() const { return collective_metrics_; }
+  // This device's timeline (core/profile.h): the interpreter's kernels, the engine's
+  // collectives, each message sent and taken (flow events), the worker's transfers.
+  ProfileRecorder& profile() { return profile_; }
 
   // Messages of at least this many bytes are sent from the caller's memory when it passes
   // an owner; smaller ones are always copied.
@@ -255,6 +259,7 @@ class Transport {
   int64_t shm_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Algorithm> forced_all_reduce_ ABSL_GUARDED_BY(mu_);
   CollectiveMetrics collective_metrics_;
+  ProfileRecorder profile_;
 };
 
 }  // namespace tessera

@@ -81,6 +81,33 @@ struct LocalOptions {
   std::string credentials_dir{};
 };
 
+// Options of Client::start_profile.
+struct ProfileOptions {
+  // Each daemon's (and this client's) ring of events, in [1, 2^20]: beyond it the oldest go,
+  // counted in the trace's metadata (dropped_events).
+  int64_t events_per_daemon = int64_t{1} << 16;
+};
+
+class Client;
+
+// A running profile (Client::profile): stops it and writes the trace when finished, or when
+// destroyed (an error then goes to stderr). Movable.
+class ProfileScope {
+ public:
+  ProfileScope(ProfileScope&& other) noexcept;
+  ProfileScope& operator=(ProfileScope&&) = delete;
+  ~ProfileScope();
+  // Client::stop_profile(path) and its errors; FAILED_PRECONDITION the second time.
+  absl::Status finish();
+
+ private:
+  friend class Client;
+  ProfileScope(std::shared_ptr<internal::ClientImpl> impl, std::string path)
+      : impl_(std::move(impl)), path_(std::move(path)) {}
+  std::shared_ptr<internal::ClientImpl> impl_;
+  std::string path_;
+};
+
 // A connection to a cluster (see above); copies share it.
 class Client {
  public:
@@ -151,7 +178,28 @@ class Client {
   // The coordinator's "host:port" (for local(), its 127.0.0.1 ephemeral port).
   std::string coordinator_address() const;
 
+  // A timeline (docs/guide.md, "Seeing where the time goes"; as jax.profiler.start_trace):
+  // records this client's calls and waits, the coordinator's compiles and dispatches, and on
+  // every alive device its plan runs, kernels, collectives (bytes, algorithm, path), the
+  // messages between devices (flow arrows from each send to its receive) and shard transfers,
+  // whoever's calls caused them. FAILED_PRECONDITION if this client is profiling already;
+  // INVALID_ARGUMENT for events_per_daemon outside [1, 2^20]; UNAVAILABLE or DEADLINE_EXCEEDED
+  // naming a daemon that does not answer (those started are stopped again).
+  absl::Status start_profile(const ProfileOptions& options = {}) const;
+  // Stops the profile and writes `path`, Chrome's trace-event JSON (Perfetto and
+  // chrome://tracing open it), every daemon's clock aligned to the coordinator's, and `path`.html,
+  // a viewer that needs no network (one row per device). FAILED_PRECONDITION if none runs;
+  // INTERNAL naming a file that cannot be written; a daemon that does not answer: its error
+  // naming it, after the others' trace was written (its metadata lists the failure); ABORTED
+  // naming a daemon whose recording another profile restarted meanwhile (one profile at a time
+  // per cluster: its row is left out).
+  absl::Status stop_profile(const std::string& path) const;
+  // start_profile now; stop_profile(path) when the scope finishes or goes:
+  //   { absl::StatusOr<ProfileScope> p = client.profile("/tmp/step.json"); ... step ...; p->finish(); }
+  absl::StatusOr<ProfileScope> profile(const std::string& path, const ProfileOptions& options = {}) const;
+
  private:
+  friend class ProfileScope;
   explicit Client(std::shared_ptr<internal::ClientImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<internal::ClientImpl> impl_;
 };
