@@ -38,7 +38,7 @@ namespace tessera::transformer {
 struct Config {
   int64_t vocab = 256, d_model = 128, heads = 4, layers = 4, seq = 128, batch = 32;
   double lr = 3e-3, weight_decay = 0.01, clip = 1.0;
-  int64_t warmup = 50, steps = 600;  // the schedule: warmup, then cosine decay to lr/10 at `steps`
+  int64_t warmup = 20, steps = 200;  // the schedule: warmup, then cosine decay to lr/10 at `steps`
   int64_t hidden() const { return 4 * d_model; }
   int64_t head_dim() const { return d_model / heads; }
 };
