@@ -49,8 +49,8 @@ struct Figures {
 
 absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, const Config& c, Layout layout, int iters) {
   const Model model(c, layout, mesh);
-  TESSERA_ASSIGN_OR_RETURN(Array key,
-                           client.device_put(HostArray::from_vector<uint32_t>({2}, {0, 1}), NamedSharding(mesh, P())));
+  const HostArray host_key = HostArray::from_vector<uint32_t>({2}, {0, 1});
+  TESSERA_ASSIGN_OR_RETURN(Array key, client.device_put(host_key, NamedSharding(mesh, P())));
   TESSERA_ASSIGN_OR_RETURN(std::vector<Tree<Array>> params, model.init()({Tree<Array>(key)}));
   TESSERA_ASSIGN_OR_RETURN(std::vector<Tree<Array>> state, model.optimizer_init()({params[0]}));
   std::mt19937 rng(1);
@@ -67,7 +67,8 @@ absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, cons
   std::vector<double> times;
   for (int i = 0; i < iters + 2; ++i) {
     const absl::Time t = absl::Now();
-    TESSERA_ASSIGN_OR_RETURN(std::vector<Tree<Array>> out, step({p, s, b}));
+    const std::vector<Tree<Array>> args = {p, s, b};
+    TESSERA_ASSIGN_OR_RETURN(std::vector<Tree<Array>> out, step(args));
     TESSERA_RETURN_IF_ERROR(out[0].find("")->block_until_ready());
     if (i >= 2) times.push_back(1e3 * absl::ToDoubleSeconds(absl::Now() - t));
     p = out[1];
