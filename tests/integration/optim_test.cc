@@ -6,6 +6,7 @@
 // sharded parameters on Client::local(8) giving the run of one device.
 #include "tessera/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
