@@ -264,7 +264,8 @@ TEST(Transformer, FirstLossIsTheHostForwardOfTheInitialParameters) {
       EXPECT_EQ(rms, info.stddev < 0 ? 1.0 : 0.0) << name;
     }
   }
-  const double host = mean_of(host_losses(tiny(), ref.initial, batches(tiny())[0]));
+  const std::vector<Tree<HostArray>> all = batches(tiny());
+  const double host = mean_of(host_losses(tiny(), ref.initial, all[0]));
   EXPECT_NEAR(ref.losses[0], host, 1e-5 * host);
   EXPECT_NEAR(host, std::log(16.0), 0.1) << "small initial weights predict about uniformly";
 }
@@ -284,7 +285,8 @@ TEST(Transformer, EvalOfLargeWeightsIsTheHostForward) {
     }
     big.set(name, std::move(a));
   }
-  const Tree<HostArray>& batch = batches(tiny())[1];
+  const std::vector<Tree<HostArray>> all = batches(tiny());
+  const Tree<HostArray>& batch = all[1];
   const std::vector<double> want = host_losses(tiny(), big, batch);
   double spread = 0;
   for (double w : want) spread = std::max(spread, std::abs(w - mean_of(want)));
