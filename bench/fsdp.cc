@@ -16,7 +16,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "bench/fsdp_mlp.h"
 #include "bench/stats.h"
@@ -35,18 +34,6 @@ struct Figures {
   double bytes = 0;  // received by device 0 per step
   int collectives = 0;
 };
-
-// "..., 16 collectives, 20393037 bytes received per device": the program's header line.
-void parse_header(const std::string& text, Figures* f) {
-  const size_t bytes_at = text.find(" bytes received per device");
-  const size_t coll_at = text.find(" collective");
-  if (bytes_at == std::string::npos || coll_at == std::string::npos) return;
-  const size_t b0 = text.rfind(' ', bytes_at - 1) + 1, c0 = text.rfind(' ', coll_at - 1) + 1;
-  double bytes = 0;
-  int collectives = 0;
-  if (absl::SimpleAtod(text.substr(b0, bytes_at - b0), &bytes)) f->bytes = bytes;
-  if (absl::SimpleAtoi(text.substr(c0, coll_at - c0), &collectives)) f->collectives = collectives;
-}
 
 absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, FsdpLayout layout, int iters) {
   std::mt19937 rng(1);
@@ -76,7 +63,9 @@ absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, Fsdp
   }
   Figures f;
   f.step_ms = median(times);
-  parse_header(step.as_text(), &f);
+  const PlanFigures plan = parse_plan_header(step.as_text());
+  f.bytes = plan.bytes;
+  f.collectives = plan.collectives;
   return f;
 }
 

@@ -1,4 +1,5 @@
-// Order statistics of benchmark samples, shared by the bench_* programs.
+// Order statistics of benchmark samples and the compiler's byte accounting, shared by the
+// bench_* programs.
 //
 //   double m = median(times);              // the upper median: v[n / 2] once sorted
 //   double p99 = percentile(times, 0.99);  // v[p * (n - 1)] once sorted
@@ -7,7 +8,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
 #include <vector>
+
+#include "absl/strings/numbers.h"
 
 namespace tessera {
 
@@ -21,6 +25,25 @@ inline double median(std::vector<double> v) {
 inline double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1))];
+}
+
+// The compiler's accounting in the header line of a program's as_text(): "..., 16 collectives,
+// 20393037 bytes received per device". Zeros when the text has no such line.
+struct PlanFigures {
+  double bytes = 0;  // received by each device per run
+  int collectives = 0;
+};
+inline PlanFigures parse_plan_header(const std::string& text) {
+  PlanFigures f;
+  const size_t bytes_at = text.find(" bytes received per device");
+  const size_t coll_at = text.find(" collective");
+  if (bytes_at == std::string::npos || coll_at == std::string::npos) return f;
+  const size_t b0 = text.rfind(' ', bytes_at - 1) + 1, c0 = text.rfind(' ', coll_at - 1) + 1;
+  double bytes = 0;
+  int collectives = 0;
+  if (absl::SimpleAtod(text.substr(b0, bytes_at - b0), &bytes)) f.bytes = bytes;
+  if (absl::SimpleAtoi(text.substr(c0, coll_at - c0), &collectives)) f.collectives = collectives;
+  return f;
 }
 
 }  // namespace tessera

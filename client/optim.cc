@@ -1,5 +1,7 @@
 #include "tessera/optim.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -160,6 +162,38 @@ GradientTransformation chain(std::vector<GradientTransformation> transformations
           }};
 }
 
+Schedule warmup_cosine_decay_schedule(double init_value, double peak_value, int64_t warmup_steps, int64_t decay_steps,
+                                      double end_value) {
+  return [=](const Value& count) {
+    // optax: join_schedules([linear_schedule(init, peak, warmup), cosine_decay_schedule(peak,
+    // decay_steps - warmup, alpha=end/peak)], [warmup]).
+    const Value c = convert(count, DType::kF32);
+    const double warmup = static_cast<double>(std::max<int64_t>(warmup_steps, 0));
+    const Value ramp =
+        warmup > 0 ? init_value + (peak_value - init_value) * (minimum(c, full({}, warmup)) / warmup) : full({}, 0.0);
+    const double span = static_cast<double>(std::max<int64_t>(decay_steps - warmup_steps, 1));
+    const Value t = minimum(maximum(c - warmup, full({}, 0.0)), full({}, span));
+    const Value cosine = 0.5 * (cos(t * (M_PI / span)) + 1.0);
+    const Value decayed = (peak_value - end_value) * cosine + end_value;
+    return where(c < warmup, ramp, decayed);
+  };
+}
+
+GradientTransformation scale_by_schedule(Schedule step_size) {
+  return {[](const Tree<Value>&) { return Tree<Value>().set("count", full({}, 0.0, DType::kI32)); },
+          [step_size](const Tree<Value>& u, const Tree<Value>& state, const Tree<Value>&) -> Update {
+            const Value* count = state.find("count");
+            if (count == nullptr) {
+              TraceState* t = trace_of({&u, &state});
+              if (t != nullptr) t->fail(absl::InvalidArgumentError("optim: the schedule state has no 'count'"));
+              return {};
+            }
+            const Value s = step_size(*count);
+            return {tree_map(u, [&](const std::string&, const Value& x) { return x * convert(s, x.dtype()); }),
+                    Tree<Value>().set("count", *count + 1)};
+          }};
+}
+
 GradientTransformation sgd(double learning_rate, double momentum, bool nesterov) {
   if (momentum == 0.0) return scale(-learning_rate);
   return chain({trace(momentum, nesterov), scale(-learning_rate)});
@@ -171,6 +205,11 @@ GradientTransformation adam(double learning_rate, double b1, double b2, double e
 
 GradientTransformation adamw(double learning_rate, double b1, double b2, double eps, double weight_decay) {
   return chain({scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay), scale(-learning_rate)});
+}
+
+GradientTransformation adamw(Schedule learning_rate, double b1, double b2, double eps, double weight_decay) {
+  Schedule negated = [learning_rate](const Value& count) { return -learning_rate(count); };
+  return chain({scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay), scale_by_schedule(negated)});
 }
 
 Tree<Value> apply_updates(const Tree<Value>& params, const Tree<Value>& updates) {

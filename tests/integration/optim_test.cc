@@ -6,6 +6,7 @@
 // sharded parameters on Client::local(8) giving the run of one device.
 #include "tessera/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -34,14 +35,31 @@ struct Case {
   double lr = 0.1, momentum = 0, b1 = 0.9, b2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool nesterov = false, adamw = false;
   double max_norm = 0;  // 0: no clipping
+  // With decay_steps > 0, adamw's learning rate is warmup_cosine_decay_schedule(0, lr, warmup,
+  // decay_steps, lr / 10).
+  int64_t warmup = 0, decay_steps = 0;
 };
+
+// optax.warmup_cosine_decay_schedule(init, peak, warmup, decay_steps, end) at `count`
+// (optax/_src/schedule.py: linear_schedule, then cosine_decay_schedule with alpha = end / peak).
+double host_schedule(double init, double peak, int64_t warmup, int64_t decay_steps, double end, int64_t count) {
+  if (count < warmup) return init + (peak - init) * static_cast<double>(count) / static_cast<double>(warmup);
+  const double span = static_cast<double>(decay_steps - warmup);
+  const double t = std::min(static_cast<double>(count - warmup), span);
+  const double alpha = end / peak;
+  return peak * ((1 - alpha) * 0.5 * (1 + std::cos(M_PI * t / span)) + alpha);
+}
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 optim::GradientTransformation make(const Case& c) {
-  optim::GradientTransformation opt = !c.adam   ? optim::sgd(c.lr, c.momentum, c.nesterov)
-                                      : c.adamw ? optim::adamw(c.lr, c.b1, c.b2, c.eps, c.weight_decay)
-                                                : optim::adam(c.lr, c.b1, c.b2, c.eps);
+  optim::GradientTransformation opt =
+      !c.adam ? optim::sgd(c.lr, c.momentum, c.nesterov)
+      : c.decay_steps > 0
+          ? optim::adamw(optim::warmup_cosine_decay_schedule(0.0, c.lr, c.warmup, c.decay_steps, c.lr / 10), c.b1, c.b2,
+                         c.eps, c.weight_decay)
+      : c.adamw ? optim::adamw(c.lr, c.b1, c.b2, c.eps, c.weight_decay)
+                : optim::adam(c.lr, c.b1, c.b2, c.eps);
   return c.max_norm > 0 ? optim::chain({optim::clip_by_global_norm(c.max_norm), opt}) : opt;
 }
 
@@ -83,7 +101,9 @@ struct HostOptimizer {
           u = m_hat / (std::sqrt(v_hat) + c.eps);
           if (c.adamw) u += c.weight_decay * p[i];
         }
-        p[i] += -c.lr * u;
+        const double lr =
+            c.decay_steps > 0 ? host_schedule(0.0, c.lr, c.warmup, c.decay_steps, c.lr / 10, count - 1) : c.lr;
+        p[i] += -lr * u;
       }
     }
   }
@@ -141,7 +161,7 @@ TEST_P(OptimTest, MatchesOptaxFormulasOverSteps) {
     return std::vector<Tree<Value>>{opt.init(in[0]), in[0]};
   })({params});
   ASSERT_TRUE(state.ok()) << state.status();
-  EXPECT_EQ(state->at(0).size(), c.momentum == 0 && !c.adam ? 0u : c.adam ? 5u : 2u);
+  EXPECT_EQ(state->at(0).size(), c.momentum == 0 && !c.adam ? 0u : c.adam ? (c.decay_steps > 0 ? 6u : 5u) : 2u);
   // The state is split like its parameter.
   for (const auto& [name, a] : state->at(0)) {
     if (absl::EndsWith(name, ".w")) {
@@ -173,7 +193,10 @@ TEST_P(OptimTest, MatchesOptaxFormulasOverSteps) {
       std::vector<double> got = from_host(*params.find(n)->fetch());
       ASSERT_EQ(params.find(n)->dtype(), dtype);
       for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_NEAR(got[i], want[i], dtype == DType::kF64 ? 1e-12 : 2e-6 * std::max(1.0, std::abs(want[i])))
+        // (A schedule's step size is float32, as optax's without x64: in float64 each scheduled
+        // step carries its float32 rounding, about 1e-9 here.)
+        const double f64 = c.decay_steps > 0 ? 1e-8 : 1e-12;
+        EXPECT_NEAR(got[i], want[i], dtype == DType::kF64 ? f64 : 2e-6 * std::max(1.0, std::abs(want[i])))
             << c.name << " step " << s << " " << n << "[" << i << "]";
       }
     }
@@ -192,9 +215,35 @@ INSTANTIATE_TEST_SUITE_P(
             Case{.name = "Nesterov", .momentum = 0.9, .nesterov = true}, Case{.name = "Adam", .adam = true, .lr = 0.01},
             Case{.name = "AdamW", .adam = true, .lr = 0.01, .weight_decay = 0.1, .adamw = true},
             Case{.name = "ClippedAdamW", .adam = true, .lr = 0.01, .weight_decay = 0.1, .adamw = true, .max_norm = 1.0},
-            Case{.name = "ClippedSgd", .max_norm = 1.0}),
+            Case{.name = "ClippedSgd", .max_norm = 1.0},
+            Case{.name = "ScheduledAdamW",
+                 .adam = true,
+                 .lr = 0.01,
+                 .weight_decay = 0.1,
+                 .adamw = true,
+                 .warmup = 2,
+                 .decay_steps = 5}),
         ::testing::Values(DType::kF32, DType::kF64)),
     case_name);
+
+TEST(Optim, WarmupCosineDecayScheduleIsOptaxs) {
+  const Mesh mesh = *shared_client().make_mesh({1}, {"data"}, {0});
+  std::vector<int32_t> counts(12);
+  for (size_t i = 0; i < counts.size(); ++i) counts[i] = static_cast<int32_t>(i);
+  absl::StatusOr<Array> in =
+      shared_client().device_put(HostArray::from_vector<int32_t>({12}, counts), NamedSharding(mesh, P()));
+  ASSERT_TRUE(in.ok()) << in.status();
+  const optim::Schedule schedule = optim::warmup_cosine_decay_schedule(0.1, 1.0, 3, 9, 0.05);
+  absl::StatusOr<std::vector<Array>> out =
+      jit([&](const std::vector<Value>& x) { return std::vector<Value>{schedule(x[0])}; })({*in});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const HostArray got = *(*out)[0].fetch();
+  ASSERT_EQ(got.dtype(), DType::kF32);
+  for (int32_t c : counts) {  // warmup, the decay, and the end value held past decay_steps
+    EXPECT_NEAR(got.element_as_double(c), host_schedule(0.1, 1.0, 3, 9, 0.05, c), 1e-6) << "count " << c;
+  }
+  EXPECT_NEAR(got.element_as_double(11), 0.05, 1e-7);
+}
 
 TEST(Optim, MismatchedTreesNameTheLeaf) {
   const Mesh mesh = *shared_client().make_mesh({1}, {"data"}, {0});

@@ -57,6 +57,19 @@ GradientTransformation clip_by_global_norm(double max_norm);
 // chain(ts): each transformation's update feeds the next; state {"0": ts[0]'s, "1": ...}.
 GradientTransformation chain(std::vector<GradientTransformation> transformations);
 
+// Learning-rate schedules, as optax's: a traced function of the step count (an int32 Value of
+// any shape, elementwise) giving the step size as float32.
+using Schedule = std::function<Value(const Value& count)>;
+// optax.warmup_cosine_decay_schedule (optax/_src/schedule.py): linear from init_value to
+// peak_value over warmup_steps, then cosine decay from peak_value to end_value reached at
+// decay_steps (counted from 0, warmup included), end_value after. REQUIRES: 0 <= warmup_steps
+// < decay_steps.
+Schedule warmup_cosine_decay_schedule(double init_value, double peak_value, int64_t warmup_steps, int64_t decay_steps,
+                                      double end_value = 0.0);
+// scale_by_schedule(f): u * f(count), count from 0 and incremented after each update (optax's
+// scale_by_schedule). State {"count": int32 ()}.
+GradientTransformation scale_by_schedule(Schedule step_size);
+
 // The optimisers (optax.sgd, optax.adam, optax.adamw):
 // sgd: chain(trace(momentum, nesterov), scale(-lr)); with momentum 0, scale(-lr) alone (no state).
 GradientTransformation sgd(double learning_rate, double momentum = 0.0, bool nesterov = false);
@@ -65,6 +78,10 @@ GradientTransformation adam(double learning_rate, double b1 = 0.9, double b2 = 0
 // adamw: chain(scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay), scale(-lr)): the
 // decay decoupled from the moments and scaled by the learning rate, as optax.adamw.
 GradientTransformation adamw(double learning_rate, double b1 = 0.9, double b2 = 0.999, double eps = 1e-8,
+                             double weight_decay = 1e-4);
+// adamw with a learning-rate schedule: the last scale is scale_by_schedule(-schedule(count)), as
+// optax.adamw with a callable learning_rate.
+GradientTransformation adamw(Schedule learning_rate, double b1 = 0.9, double b2 = 0.999, double eps = 1e-8,
                              double weight_decay = 1e-4);
 
 // optax.apply_updates: params + updates, leaf by leaf, in each parameter's dtype.

@@ -1,0 +1,160 @@
+// bench_transformer: the training step of example_transformer (examples/transformer_model.h)
+// on a (1, 1) mesh and under each layout (dp, tp, fsdp, fsdp_tp) of a (4, 2) mesh of
+// Client::local(8), measured in the same run: step time, tokens per second, and the bytes each
+// device receives per step by the compiler's accounting (the program's as_text() header, as
+// bench_fsdp reads it); then the plan size of a 16-layer model next to a 2-layer one (layers
+// run by one scan, so the plan should not grow with the depth).
+//
+//   bin/bench_transformer [--iters=3] [--json] [--d_model=128 --layers=4 --seq=128 --batch=32]
+//
+// Times are medians of --iters steps after two warm-up steps, parameters and optimiser state
+// donated. Issue #15's goals: tp and dp within 1.3x the (1, 1) step, fsdp within 1.5x, on this
+// 2-core machine (where 8 workers share 2 cores); plan of 16 layers within 1.2x of 2 layers.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/stats.h"
+#include "core/daemon.h"
+#include "examples/transformer_model.h"
+#include "tessera/tessera.h"
+#include "worker/kernels/blas.h"
+
+ABSL_FLAG(int, iters, 3, "timed steps per layout (median)");
+ABSL_FLAG(bool, json, false, "one JSON object per line (per layout, then the plan sizes) instead of text");
+ABSL_FLAG(int64_t, d_model, 128, "model width");
+ABSL_FLAG(int64_t, heads, 4, "attention heads");
+ABSL_FLAG(int64_t, layers, 4, "transformer blocks");
+ABSL_FLAG(int64_t, seq, 128, "context length");
+ABSL_FLAG(int64_t, batch, 32, "sequences per step");
+
+namespace tessera {
+namespace {
+
+using transformer::Config;
+using transformer::Layout;
+using transformer::Model;
+
+struct Figures {
+  double step_ms = 0;
+  double bytes = 0;
+  int64_t plan_lines = 0;  // lines of as_text(): a loop's body is printed once
+};
+
+absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, const Config& c, Layout layout, int iters) {
+  const Model model(c, layout, mesh);
+  const HostArray host_key = HostArray::from_vector<uint32_t>({2}, {0, 1});
+  TESSERA_ASSIGN_OR_RETURN(Array key, client.device_put(host_key, NamedSharding(mesh, P())));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Tree<Array>> params, model.init()({Tree<Array>(key)}));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Tree<Array>> state, model.optimizer_init()({params[0]}));
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab) - 1);
+  Tree<HostArray> batch;
+  for (const char* name : {"tokens", "targets"}) {
+    HostArray a(DType::kI32, {c.batch, c.seq});
+    for (int32_t& v : a.mutable_values<int32_t>()) v = tok(rng);
+    batch.set(name, std::move(a));
+  }
+  TESSERA_ASSIGN_OR_RETURN(Tree<Array> b, device_put(client, batch, mesh, ShardingRule(P("data", None))));
+  const TreeJitted step = model.train_step();
+  Tree<Array> p = params[0], s = state[0];
+  std::vector<double> times;
+  for (int i = 0; i < iters + 2; ++i) {
+    const absl::Time t = absl::Now();
+    const std::vector<Tree<Array>> args = {p, s, b};
+    TESSERA_ASSIGN_OR_RETURN(std::vector<Tree<Array>> out, step(args));
+    TESSERA_RETURN_IF_ERROR(out[0].find("")->block_until_ready());
+    if (i >= 2) times.push_back(1e3 * absl::ToDoubleSeconds(absl::Now() - t));
+    p = out[1];
+    s = out[2];
+  }
+  Figures f;
+  f.step_ms = median(times);
+  const std::string text = step.as_text();
+  f.bytes = parse_plan_header(text).bytes;
+  f.plan_lines = static_cast<int64_t>(std::count(text.begin(), text.end(), '\n'));
+  return f;
+}
+
+int fail(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "bench_transformer: %s: %s\n", what.c_str(), status.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  using namespace tessera;
+  ensure_fast_blas(argv);  // the in-process workers compute with this process's OpenBLAS
+  absl::SetProgramUsageMessage(
+      "Times example_transformer's training step on (1, 1) and under each layout of (4, 2), and its plan size.\n"
+      "Usage: bench_transformer [--iters=3] [--json]");
+  parse_flags(argc, argv, "bench_transformer", {});
+  const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
+  const bool json = absl::GetFlag(FLAGS_json);
+  Config c;
+  c.d_model = absl::GetFlag(FLAGS_d_model);
+  c.heads = absl::GetFlag(FLAGS_heads);
+  c.layers = absl::GetFlag(FLAGS_layers);
+  c.seq = absl::GetFlag(FLAGS_seq);
+  c.batch = absl::GetFlag(FLAGS_batch);
+  absl::StatusOr<Client> client = Client::local(8);
+  if (!client.ok()) return fail("Client::local(8)", client.status());
+  absl::StatusOr<Mesh> one = client->make_mesh({1, 1}, {"data", "model"}, {0});
+  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+  if (!one.ok() || !mesh.ok()) return fail("make_mesh", one.ok() ? mesh.status() : one.status());
+  const double tokens = static_cast<double>(c.batch * c.seq);
+  if (!json) {
+    std::printf("transformer step: d_model %lld, %lld heads, %lld layers, seq %lld, batch %lld (median of %d steps)\n",
+                static_cast<long long>(c.d_model), static_cast<long long>(c.heads), static_cast<long long>(c.layers),
+                static_cast<long long>(c.seq), static_cast<long long>(c.batch), iters);
+  }
+  absl::StatusOr<Figures> ref = time_layout(*client, *one, c, Layout::kDp, iters);
+  if (!ref.ok()) return fail("1x1", ref.status());
+  auto report = [&](const char* name, const Figures& f) {
+    if (json) {
+      std::printf(
+          "{\"layout\": \"%s\", \"step_ms\": %.1f, \"tokens_per_s\": %.0f, \"bytes_per_step\": %.0f, "
+          "\"time_vs_1x1\": %.3f}\n",
+          name, f.step_ms, tokens / (f.step_ms / 1e3), f.bytes, f.step_ms / ref->step_ms);
+    } else {
+      std::printf("  %-8s %8.1f ms  %7.0f tokens/s  %.2fx the 1x1 step  %8.2f MB received per device per step\n", name,
+                  f.step_ms, tokens / (f.step_ms / 1e3), f.step_ms / ref->step_ms, f.bytes / 1e6);
+    }
+    std::fflush(stdout);
+  };
+  report("1x1", *ref);
+  for (Layout l : {Layout::kDp, Layout::kTp, Layout::kFsdp, Layout::kFsdpTp}) {
+    absl::StatusOr<Figures> f = time_layout(*client, *mesh, c, l, iters);
+    if (!f.ok()) return fail(transformer::layout_name(l), f.status());
+    report(transformer::layout_name(l), *f);
+  }
+  // Plan size against depth: a small model of 2 and of 16 layers, fsdp_tp on (4, 2).
+  Config small = c;
+  small.d_model = 32;
+  small.seq = 16;
+  small.batch = 8;
+  int64_t lines[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    small.layers = k == 0 ? 2 : 16;
+    absl::StatusOr<Figures> f = time_layout(*client, *mesh, small, Layout::kFsdpTp, 1);
+    if (!f.ok()) return fail("plan size", f.status());
+    lines[k] = f->plan_lines;
+  }
+  const double ratio = static_cast<double>(lines[1]) / static_cast<double>(lines[0]);
+  if (json) {
+    std::printf("{\"plan_lines_2_layers\": %lld, \"plan_lines_16_layers\": %lld, \"ratio\": %.3f}\n",
+                static_cast<long long>(lines[0]), static_cast<long long>(lines[1]), ratio);
+  } else {
+    std::printf("plan (fsdp_tp, as_text lines): 2 layers %lld, 16 layers %lld: %.2fx (goal <= 1.2x)\n",
+                static_cast<long long>(lines[0]), static_cast<long long>(lines[1]), ratio);
+  }
+  return 0;
+}

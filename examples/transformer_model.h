@@ -1,0 +1,259 @@
+// The decoder-only transformer of example_transformer, shared with its test and
+// bench_transformer: a character-level language model with token and position embeddings
+// (`take`), pre-norm blocks (causal multi-head attention, a gelu MLP) run by `scan` over
+// parameters stacked along a leading layer dimension, a final layer norm and an output
+// projection; trained with clip_by_global_norm + AdamW under a warmup-cosine schedule.
+//
+//   transformer::Model m{config, Layout::kFsdp, mesh};
+//   TreeJitted init = m.init();                     // key -> parameters, made on the devices
+//   TreeJitted opt_init = m.optimizer_init(), step = m.train_step();
+//   // step({params, state, batch}) -> {loss, params, state}; batch {"tokens", "targets"}
+//
+// Layouts over a ('data', 'model') mesh:
+//   dp       the batch over 'data'; parameters replicated.
+//   tp       Megatron: q/k/v and the MLP's first weight split by columns (heads, hidden) over
+//            'model', the attention output and the MLP's second weight by rows, so each block
+//            joins its halves with one all-reduce per pass.
+//   fsdp     dp, with every parameter (and so its optimiser state) stored split over 'data'
+//            along its first dimension that divides; each is constrained to its use layout
+//            (replicated) where it is read, so the compiler all-gathers it there, and its
+//            gradient goes back to the stored layout.
+//   fsdp_tp  tp's use layouts, stored with 'data' on a remaining dimension.
+#ifndef TESSERA_EXAMPLES_TRANSFORMER_MODEL_H_
+#define TESSERA_EXAMPLES_TRANSFORMER_MODEL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tessera/tessera.h"
+
+namespace tessera::transformer {
+
+struct Config {
+  int64_t vocab = 256, d_model = 128, heads = 4, layers = 4, seq = 128, batch = 32;
+  double lr = 3e-3, weight_decay = 0.01, clip = 1.0;
+  int64_t warmup = 20, steps = 200;  // the schedule: warmup, then cosine decay to lr/10 at `steps`
+  int64_t hidden() const { return 4 * d_model; }
+  int64_t head_dim() const { return d_model / heads; }
+};
+
+enum class Layout { kDp, kTp, kFsdp, kFsdpTp };
+
+inline const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::kDp:
+      return "dp";
+    case Layout::kTp:
+      return "tp";
+    case Layout::kFsdp:
+      return "fsdp";
+    case Layout::kFsdpTp:
+      break;
+  }
+  return "fsdp_tp";
+}
+
+inline absl::StatusOr<Layout> parse_layout(const std::string& s) {
+  for (Layout l : {Layout::kDp, Layout::kTp, Layout::kFsdp, Layout::kFsdpTp}) {
+    if (s == layout_name(l)) return l;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--parallel=", s, " is not one of dp, tp, fsdp, fsdp_tp"));
+}
+
+// Every parameter: its name, global shape, use spec (the layout it is read in: one layer's row
+// for the stacked "layers.*" leaves) and initial standard deviation (0: zeros; < 0: ones).
+struct ParamInfo {
+  Shape shape;
+  std::vector<Axes> use;  // one entry per dimension of the row
+  double stddev = 0;
+};
+
+inline std::map<std::string, ParamInfo> param_infos(const Config& c, Layout layout) {
+  const bool tp = layout == Layout::kTp || layout == Layout::kFsdpTp;
+  const Axes m = tp ? Axes{"model"} : Axes{};
+  const int64_t L = c.layers, D = c.d_model, F = c.hidden(), V = c.vocab;
+  const double w = 0.02, residual = 0.02 / std::sqrt(2.0 * static_cast<double>(L));  // GPT-2's
+  std::map<std::string, ParamInfo> p;
+  p["embed"] = {{V, D}, {{}, {}}, w};
+  p["pos"] = {{c.seq, D}, {{}, {}}, w};
+  p["ln_f.scale"] = {{D}, {{}}, -1};
+  p["ln_f.bias"] = {{D}, {{}}, 0};
+  p["head"] = {{D, V}, {{}, {}}, w};
+  p["layers.ln1.scale"] = {{L, D}, {{}}, -1};
+  p["layers.ln1.bias"] = {{L, D}, {{}}, 0};
+  p["layers.ln2.scale"] = {{L, D}, {{}}, -1};
+  p["layers.ln2.bias"] = {{L, D}, {{}}, 0};
+  for (const char* n : {"layers.attn.wq", "layers.attn.wk", "layers.attn.wv"}) p[n] = {{L, D, D}, {{}, m}, w};
+  p["layers.attn.wo"] = {{L, D, D}, {m, {}}, residual};
+  p["layers.mlp.w1"] = {{L, D, F}, {{}, m}, w};
+  p["layers.mlp.b1"] = {{L, F}, {m}, 0};
+  p["layers.mlp.w2"] = {{L, F, D}, {m, {}}, residual};
+  p["layers.mlp.b2"] = {{L, D}, {{}}, 0};
+  return p;
+}
+
+inline bool stacked(const std::string& name) { return absl::StartsWith(name, "layers."); }
+
+// The layout parameter `name` is stored in: its use spec (after the layer dimension of a
+// stacked leaf), with 'data' on the first unsplit dimension it divides under fsdp layouts.
+inline PartitionSpec storage_spec(const Config& c, Layout layout, const Mesh& mesh, const std::string& name) {
+  const ParamInfo info = param_infos(c, layout).at(name);
+  std::vector<Axes> dims = info.use;
+  if (stacked(name)) dims.insert(dims.begin(), Axes{});
+  if (layout == Layout::kFsdp || layout == Layout::kFsdpTp) {
+    const int64_t n = mesh.axis_size("data");
+    for (size_t d = stacked(name) ? 1 : 0; d < dims.size(); ++d) {
+      if (dims[d].empty() && info.shape[d] % n == 0) {
+        dims[d] = {"data"};
+        break;
+      }
+    }
+  }
+  return PartitionSpec(dims);
+}
+
+class Model {
+ public:
+  Model(Config config, Layout layout, Mesh mesh) : c_(config), layout_(layout), mesh_(std::move(mesh)) {}
+  const Config& config() const { return c_; }
+
+  ShardingRule param_rule() const {
+    Config c = c_;
+    Layout layout = layout_;
+    Mesh mesh = mesh_;
+    return ShardingRule([c, layout, mesh](absl::string_view name) -> std::optional<PartitionSpec> {
+      const std::map<std::string, ParamInfo> infos = param_infos(c, layout);
+      if (infos.count(std::string(name)) == 0) return std::nullopt;
+      return storage_spec(c, layout, mesh, std::string(name));
+    });
+  }
+  // Tokens and targets (batch, seq): the batch over 'data'.
+  NamedSharding batch_sharding() const { return NamedSharding(mesh_, P("data", None)); }
+
+  // {key uint32[2]} -> {parameters}: leaf i (in name order) drawn from split(key, n)[i], as
+  // normal * stddev (or zeros, ones), each generated where its storage layout puts it.
+  TreeJitted init() const {
+    const Model self = *this;
+    return jit(
+        [self](const std::vector<Tree<Value>>& in) {
+          const std::map<std::string, ParamInfo> infos = param_infos(self.c_, self.layout_);
+          const Value keys = random::split(*in[0].find(""), static_cast<int64_t>(infos.size()));
+          Tree<Value> params;
+          int64_t i = 0;
+          for (const auto& [name, info] : infos) {
+            const Value v = info.stddev > 0   ? random::normal(random::key_at(keys, i), info.shape) * info.stddev
+                            : info.stddev < 0 ? full(info.shape, 1.0)
+                                              : full(info.shape, 0.0);
+            params.set(name, v);
+            ++i;
+          }
+          return std::vector<Tree<Value>>{params};
+        },
+        {.out_shardings = {param_rule()}});
+  }
+
+  optim::GradientTransformation optimizer() const {
+    return optim::chain({optim::clip_by_global_norm(c_.clip),
+                         optim::adamw(optim::warmup_cosine_decay_schedule(0.0, c_.lr, c_.warmup, c_.steps, c_.lr / 10),
+                                      0.9, 0.99, 1e-8, c_.weight_decay)});
+  }
+  TreeJitted optimizer_init() const {
+    const optim::GradientTransformation opt = optimizer();
+    return jit([opt](const std::vector<Tree<Value>>& in) { return std::vector<Tree<Value>>{opt.init(in[0])}; });
+  }
+
+  // Logits (batch, seq, vocab) of tokens (batch, seq) int32.
+  Value logits(const Tree<Value>& params, const Value& tokens) const {
+    const int64_t B = tokens.shape()[0], T = tokens.shape()[1];
+    auto use = [&](const std::string& name, const Value& v) {
+      if (layout_ == Layout::kDp || layout_ == Layout::kTp) return v;
+      return with_sharding_constraint(v, NamedSharding(mesh_, PartitionSpec(param_infos(c_, layout_).at(name).use)));
+    };
+    auto get = [&](const std::string& name) { return use(name, *params.find(name)); };
+    Value pos = get("pos");
+    if (T < c_.seq) pos = slice(pos, {0, 0}, {T, c_.d_model});
+    Value x = take(get("embed"), tokens, 0) + pos;
+    // The stacked leaves, in name order, are the scan's xs; the body sees one layer's row.
+    std::vector<std::string> names;
+    std::vector<Value> stacks;
+    for (const auto& [name, v] : params) {
+      if (stacked(name)) {
+        names.push_back(name);
+        stacks.push_back(v);
+      }
+    }
+    const Config c = c_;
+    ScanResult r = scan(
+        [&](const std::vector<Value>& carry, const std::vector<Value>& rows) {
+          std::map<std::string, Value> l;
+          for (size_t i = 0; i < names.size(); ++i) l[names[i].substr(7)] = use(names[i], rows[i]);
+          const Value h = carry[0];
+          const Value a = nn::layer_norm(h, l["ln1.scale"], l["ln1.bias"]);
+          auto heads = [&](const Value& w) { return reshape(matmul(a, w), {B, T, c.heads, c.head_dim()}); };
+          const Value att =
+              nn::dot_product_attention(heads(l["attn.wq"]), heads(l["attn.wk"]), heads(l["attn.wv"]), std::nullopt,
+                                        /*is_causal=*/true);
+          const Value h1 = h + matmul(reshape(att, {B, T, c.d_model}), l["attn.wo"]);
+          const Value m = nn::layer_norm(h1, l["ln2.scale"], l["ln2.bias"]);
+          const Value h2 = h1 + (matmul(nn::gelu(matmul(m, l["mlp.w1"]) + l["mlp.b1"]), l["mlp.w2"]) + l["mlp.b2"]);
+          return ScanStep{{h2}, {}};
+        },
+        {x}, stacks);
+    x = nn::layer_norm(r.carry[0], get("ln_f.scale"), get("ln_f.bias"));
+    return matmul(x, get("head"));
+  }
+
+  // Mean cross-entropy (nats per token) of the next-token predictions.
+  Value loss(const Tree<Value>& params, const Value& tokens, const Value& targets) const {
+    return mean(nn::cross_entropy(logits(params, tokens), targets));
+  }
+
+  // {params, opt_state, {"tokens", "targets"}} -> {loss, params, opt_state}; the parameters
+  // and the state are donated.
+  TreeJitted train_step() const {
+    const Model self = *this;
+    const optim::GradientTransformation opt = optimizer();
+    return jit(
+        [self, opt](const std::vector<Tree<Value>>& in) {
+          TreeFunction loss = [&self](const std::vector<Tree<Value>>& a) {
+            return std::vector<Tree<Value>>{self.loss(a[0], *a[1].find("tokens"), *a[1].find("targets"))};
+          };
+          std::vector<Tree<Value>> vg = value_and_grad(loss, {0})({in[0], in[2]});
+          auto [updates, state] = opt.update(vg[1], in[1], in[0]);
+          return std::vector<Tree<Value>>{vg[0], optim::apply_updates(in[0], updates), state};
+        },
+        {.out_shardings = {std::nullopt, param_rule(), std::nullopt}, .donate_argnums = {0, 1}});
+  }
+
+  // {params, {"tokens", "targets"}} -> {per-example mean loss (batch,)}.
+  TreeJitted eval() const {
+    const Model self = *this;
+    return jit([self](const std::vector<Tree<Value>>& in) {
+      const Value ce = nn::cross_entropy(self.logits(in[0], *in[1].find("tokens")), *in[1].find("targets"));
+      return std::vector<Tree<Value>>{mean(ce, {1})};
+    });
+  }
+
+  // {params, tokens} -> {the greedy next token after each position (batch, seq) int32}.
+  TreeJitted predict() const {
+    const Model self = *this;
+    return jit([self](const std::vector<Tree<Value>>& in) {
+      return std::vector<Tree<Value>>{argmax(self.logits(in[0], *in[1].find("")), 2)};
+    });
+  }
+
+ private:
+  Config c_;
+  Layout layout_;
+  Mesh mesh_;
+};
+
+}  // namespace tessera::transformer
+
+#endif  // TESSERA_EXAMPLES_TRANSFORMER_MODEL_H_
