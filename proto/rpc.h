@@ -31,8 +31,8 @@ namespace tessera {
 // indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: scan, ScanAttrs and loop instructions; stop_gradient,
 // argsort; calls name in-flight calls' outputs (ExecuteRequest.pending_inputs), and ExecuteReply carries only ids and
 // grants; uint32, random_bits with RandomBitsAttrs, shift_right_logical, erf_inv.)
-inline constexpr uint32_t kProtocolVersion = 16;
-inline constexpr uint64_t kOpTableDigest = 0xd1b45289b985a16e;
+inline constexpr uint32_t kProtocolVersion = 17;
+inline constexpr uint64_t kOpTableDigest = 0xce9033f4e9f7f670;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;

@@ -250,16 +250,103 @@ TEST_F(MeshesSuite, ScanOfLengthZeroAndFewerErrors) {
               HasSubstr("xs 0 has 3 rows, but the length is 5"));
   EXPECT_THAT(trace_error([&](const std::vector<Value>& in) { return scan(accumulate, {in[0]}, {}).carry; }),
               HasSubstr("with no xs, the length must be given"));
-  EXPECT_THAT(trace_error([](const std::vector<Value>& in) {
-                const Value outside = in[0];
-                return scan(
-                           [&outside](const std::vector<Value>& c, const std::vector<Value>& x) {
-                             return ScanStep{{c[0] + x[0] + outside}, {}};
-                           },
-                           {in[0]}, {in[1]})
-                    .carry;
-              }),
-              HasSubstr("different traces"));
+}
+
+// The values of `f` and of its gradient with respect to every input, jitted on `mesh` with the
+// inputs laid out as `specs`.
+std::vector<HostArray> values_and_grads(Client& client, const Mesh& mesh, const TracedFunction& f,
+                                        const std::vector<const HostArray*>& inputs,
+                                        const std::vector<PartitionSpec>& specs) {
+  std::vector<Array> args;
+  std::vector<int> all;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    absl::StatusOr<Array> a = client.device_put(*inputs[i], NamedSharding(mesh, specs[i]));
+    EXPECT_TRUE(a.ok()) << a.status();
+    if (!a.ok()) return {};
+    args.push_back(*std::move(a));
+    all.push_back(static_cast<int>(i));
+  }
+  absl::StatusOr<std::vector<Array>> out = jit(value_and_grad(f, all))(args);
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return {};
+  std::vector<HostArray> got;
+  for (const Array& a : *out) {
+    absl::StatusOr<HostArray> v = a.fetch();
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (v.ok()) got.push_back(*std::move(v));
+  }
+  return got;
+}
+
+// A body that reads values traced outside it (a closure, as JAX bodies do: the values become
+// the loop's closed-over consts, jax/_src/lax/control_flow/loops.py's `consts`): w and b are
+// never passed in. On every mesh, w split along the contraction (a collective per iteration),
+// against the host loop and the unrolled program, forward and through grad (the consts'
+// cotangents summed over the iterations); a fori_loop nested in the body captures w through it.
+std::vector<Value> closure(const std::vector<Value>& in, bool loop) {
+  const Value w = in[1], b = in[3];
+  auto step = [&](const Value& h, const Value& x) { return tanh(matmul(h, w) * 0.5 + x) + b * 0.25; };
+  auto inner = [&](const Value& h) {
+    return fori_loop(0, 2, [&](const Value&, const std::vector<Value>& c) { return std::vector<Value>{step(c[0], h)}; },
+                     {h})[0];
+  };
+  if (loop) {
+    ScanResult r = scan(
+        [&](const std::vector<Value>& c, const std::vector<Value>& x) {
+          const Value h = step(c[0], x[0]);
+          return ScanStep{{h}, {h * b, inner(h)}};
+        },
+        {in[0]}, {in[2]});
+    return {r.carry[0], r.ys[0], r.ys[1]};
+  }
+  const int64_t length = in[2].shape()[0];
+  Value h = in[0];
+  std::vector<Value> ys0, ys1;
+  for (int64_t row = 0; row < length; ++row) {
+    h = step(h, reshape(slice(in[2], {row, 0, 0}, {row + 1, kDim, kDim}), {kDim, kDim}));
+    ys0.push_back(expand_dims(h * b, 0));
+    Value g = h;
+    for (int i = 0; i < 2; ++i) g = step(g, h);
+    ys1.push_back(expand_dims(g, 0));
+  }
+  return {h, concatenate(ys0, 0), concatenate(ys1, 0)};
+}
+
+TEST_F(MeshesSuite, ScanBodiesReadOuterValues) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(13);
+  HostArray h = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray w = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray xs = random_array(DType::kF32, {4, kDim, kDim}, Domain::kSigned, rng);
+  HostArray b = random_array(DType::kF32, {kDim}, Domain::kSigned, rng);
+  const std::vector<const HostArray*> inputs = {&h, &w, &xs, &b};
+  auto loss = [](bool loop) {
+    return [loop](const std::vector<Value>& in) {
+      std::vector<Value> r = closure(in, loop);
+      return std::vector<Value>{sum(r[0] * r[0]) + sum(r[1]) + sum(r[2] * 0.5)};
+    };
+  };
+  for (size_t m = 0; m < meshes_.size(); ++m) {
+    SCOPED_TRACE(test_meshes()[m].name);
+    const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
+    const std::vector<PartitionSpec> specs = {P(first, None), P(last, None), P(None, None, last), P(last)};
+    absl::StatusOr<JitCheck> loop = run_against_host(
+        *client_, meshes_[m], [](const std::vector<Value>& in) { return closure(in, true); }, inputs, specs);
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    absl::StatusOr<JitCheck> flat = run_against_host(
+        *client_, meshes_[m], [](const std::vector<Value>& in) { return closure(in, false); }, inputs, specs);
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    for (size_t i = 0; i < loop->got.size(); ++i) {
+      EXPECT_TRUE(results_match(loop->got[i], loop->want[i], kF32Tolerance)) << "against the host loop " << i;
+      EXPECT_TRUE(results_match(loop->got[i], flat->got[i], kF32Tolerance)) << "against the unrolled program " << i;
+    }
+    EXPECT_THAT(loop->plan_text, HasSubstr("loop("));
+    const std::vector<HostArray> g = values_and_grads(*client_, meshes_[m], loss(true), inputs, specs);
+    const std::vector<HostArray> want = values_and_grads(*client_, meshes_[m], loss(false), inputs, specs);
+    ASSERT_EQ(g.size(), 5u);
+    ASSERT_EQ(want.size(), 5u);
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(results_match(g[i], want[i], 1e-4)) << "gradient output " << i;
+  }
 }
 
 // jax.grad through a scan (client/vjp/control.cc: a saving scan forward, a reverse scan of the

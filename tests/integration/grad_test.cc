@@ -221,6 +221,32 @@ std::vector<GradCase> grad_cases() {
                      return r.carry[0] + sum(r.ys[0], {0}) + sum(r.ys[1]) + r.carry[1];
                    }});
   }
+  // A body reading outer values (closed-over consts, JAX's scan consts): their cotangents sum
+  // over the iterations; a nested scan captures through the outer body.
+  out.push_back({"scan_closure", {{4, 4}, {4, 4}, {4, 4, 4}, {4}}, Domain::kSigned, [](V in) {
+                   const Value w = in[1], b = in[3];
+                   ScanResult r = scan(
+                       [&](const std::vector<Value>& c, const std::vector<Value>& x) {
+                         const Value h = tanh(matmul(c[0], w) * 0.5 + x[0] + b);
+                         return ScanStep{{h}, {h * b}};
+                       },
+                       {in[0]}, {in[2]});
+                   return r.carry[0] + sum(r.ys[0], {0});
+                 }});
+  out.push_back({"scan_closure_nested", {{4, 4}, {4, 4}, {3, 4, 4}}, Domain::kSigned, [](V in) {
+                   const Value w = in[1];
+                   ScanResult r = scan(
+                       [&](const std::vector<Value>& c, const std::vector<Value>& x) {
+                         const Value inner = fori_loop(0, 2,
+                                                       [&](const Value&, const std::vector<Value>& d) {
+                                                         return std::vector<Value>{tanh(matmul(d[0], w) * 0.5 + x[0])};
+                                                       },
+                                                       {c[0]})[0];
+                         return ScanStep{{inner * 0.9}, {}};
+                       },
+                       {in[0]}, {in[2]});
+                   return r.carry[0];
+                 }});
   out.push_back(
       {"fori_loop", {{4, 4}, {4, 4}}, Domain::kSigned, [](V in) {
          return fori_loop(
