@@ -17,7 +17,7 @@ from . import errors, tree_util
 from ._config import config
 from ._array import Array, Shard
 from .sharding import Device, devices, NamedSharding, PartitionSpec, set_mesh  # noqa: F401 (jax.NamedSharding)
-from ._api import (jit, grad, value_and_grad, shard_map, device_put, device_get, block_until_ready,  # noqa: F401
+from ._api import (checkpoint, remat, jit, grad, value_and_grad, shard_map, device_put, device_get, block_until_ready,  # noqa: F401
                    make_mesh)
 from . import numpy, lax, nn, debug, sharding  # noqa: F401
 
