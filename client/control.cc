@@ -1,4 +1,5 @@
-// Control flow: scan, traced into a body sub-graph (core/op_attrs.h's ScanAttrs).
+// Control flow: scan, traced into a body sub-graph (core/op_attrs.h's ScanAttrs); a body may
+// read values of the enclosing traces (TraceState::capture), which become loop invariants.
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -13,12 +14,14 @@ using internal::TraceState;
 
 namespace {
 
-// The trace the operands belong to (the current one when there are none), or null.
-TraceState* trace_of(const std::vector<Value>& a, const std::vector<Value>& b) {
+// The trace the operands belong to (the current one when there are none), or null. Inside a
+// body, operands of an enclosing trace are captured first (`local`).
+TraceState* trace_of(std::vector<Value>& a, std::vector<Value>& b) {
   TraceState* t = nullptr;
-  for (const std::vector<Value>* list : {&a, &b}) {
-    for (const Value& v : *list) {
+  for (std::vector<Value>* list : {&a, &b}) {
+    for (Value& v : *list) {
       if (!v.ok()) return nullptr;
+      v = TraceState::local(v);
       if (t == nullptr) t = TraceState::of(v);
       if (TraceState::of(v) != t) {
         t->fail(absl::InvalidArgumentError("scan: the carries and xs come from different traces"));
@@ -30,11 +33,21 @@ TraceState* trace_of(const std::vector<Value>& a, const std::vector<Value>& b) {
   return t != nullptr && t->error.ok() ? t : nullptr;
 }
 
+std::vector<Value> concat(std::vector<Value> a, const std::vector<Value>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<Value> range(const std::vector<Value>& v, size_t from, size_t to) {
+  return std::vector<Value>(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(to));
+}
+
 }  // namespace
 
-ScanResult scan(const ScanFunction& f, const std::vector<Value>& init, const std::vector<Value>& xs,
+ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const std::vector<Value>& xs_in,
                 std::optional<int64_t> length, bool reverse) {
-  ScanResult failed{std::vector<Value>(init.size()), {}};
+  ScanResult failed{std::vector<Value>(init_in.size()), {}};
+  std::vector<Value> init = init_in, xs = xs_in;
   TraceState* t = trace_of(init, xs);
   if (t == nullptr) return failed;
   auto fail = [&](const std::string& message) {
@@ -57,35 +70,47 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init, const std
   if (!length.has_value()) return fail("with no xs, the length must be given");
   const size_t carries = init.size();
   size_t returned = carries;  // how many carries the body gave back
-  absl::StatusOr<Graph> body = trace(
+  std::vector<Value> consts;  // the outer values the body reads
+  absl::StatusOr<Graph> traced = internal::trace_body(
+      t,
       [&](const std::vector<Value>& in) {
-        std::vector<Value> carry(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(carries));
-        std::vector<Value> x(in.begin() + static_cast<std::ptrdiff_t>(carries), in.end());
-        ScanStep step = f(carry, x);
+        ScanStep step = f(range(in, 0, carries), range(in, carries, in.size()));
         returned = step.carry.size();
-        std::vector<Value> out = std::move(step.carry);
-        out.insert(out.end(), step.ys.begin(), step.ys.end());
-        return out;
+        return concat(std::move(step.carry), step.ys);
       },
-      types);
-  if (!t->error.ok()) return failed;  // the body mixed in a value of this trace, say
+      types, &consts);
+  if (!t->error.ok()) return failed;
   if (returned != carries) {
     return fail(absl::StrCat("the body returned ", returned, " carries for ", carries, " initial ones"));
   }
-  if (!body.ok()) {
-    return fail(absl::StrCat("its body: ", body.status().message(),
-                             " (the body may read only its carries and xs: pass other values in them)"));
-  }
+  if (!traced.ok()) return fail(absl::StrCat("its body: ", traced.status().message()));
+  // The consts become carries the body hands on unchanged (loop invariants), after the
+  // carries: the body takes (carries, consts, rows) and returns (carries, consts, ys).
+  const size_t num_k = consts.size();
+  std::vector<ArrayType> order(types.begin(), types.begin() + static_cast<std::ptrdiff_t>(carries));
+  for (const Value& k : consts) order.push_back({k.dtype(), k.shape()});
+  order.insert(order.end(), types.begin() + static_cast<std::ptrdiff_t>(carries), types.end());
+  absl::StatusOr<Graph> body =
+      num_k == 0 ? std::move(traced)
+                 : trace(
+                       [&](const std::vector<Value>& in) {
+                         const std::vector<Value> k = range(in, carries, carries + num_k);
+                         std::vector<Value> out = internal::inline_graph(
+                             *traced, concat(concat(range(in, 0, carries), range(in, carries + num_k, in.size())), k));
+                         return concat(concat(range(out, 0, carries), k), range(out, carries, out.size()));
+                       },
+                       order);
+  if (!body.ok()) return fail(absl::StrCat("its body: ", body.status().message()));
   auto shared = std::make_shared<const Graph>(*std::move(body));
   std::vector<int> operands;
-  for (const Value& c : init) operands.push_back(TraceState::id(c));
-  for (const Value& x : xs) operands.push_back(TraceState::id(x));
+  for (const Value& v : concat(concat(init, consts), xs)) operands.push_back(TraceState::id(v));
   ScanResult out;
   for (size_t j = 0; j < shared->outputs().size(); ++j) {
+    if (j >= carries && j < carries + num_k) continue;  // a const: the loop's own
     Node n;
     n.op = Op::kScan;
     n.operands = operands;
-    n.attributes = ScanAttrs{shared, *length, reverse, static_cast<int64_t>(carries), static_cast<int64_t>(j)};
+    n.attributes = ScanAttrs{shared, *length, reverse, static_cast<int64_t>(carries + num_k), static_cast<int64_t>(j)};
     Value v = t->make(t->graph.add_node(std::move(n)));
     if (!v.ok()) return failed;
     (j < carries ? out.carry : out.ys).push_back(v);
@@ -94,14 +119,14 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init, const std
 }
 
 std::vector<Value> fori_loop(int64_t lower, int64_t upper, const ForiBody& body, const std::vector<Value>& init) {
-  TraceState* t = trace_of(init, {});
+  std::vector<Value> none, operands = init;
+  TraceState* t = trace_of(operands, none);
   if (t == nullptr) return std::vector<Value>(init.size());
   TraceState* outer = TraceState::current;
   TraceState::current = t;  // the counter's constant goes into the operands' trace
   const Value i0 = full({}, static_cast<double>(lower), DType::kI32);
   TraceState::current = outer;
-  std::vector<Value> carry = {i0};
-  carry.insert(carry.end(), init.begin(), init.end());
+  std::vector<Value> carry = concat({i0}, operands);
   ScanResult r = scan(
       [&body](const std::vector<Value>& c, const std::vector<Value>&) {
         std::vector<Value> rest(c.begin() + 1, c.end());
@@ -112,6 +137,252 @@ std::vector<Value> fori_loop(int64_t lower, int64_t upper, const ForiBody& body,
       },
       carry, {}, std::max<int64_t>(0, upper - lower));
   return std::vector<Value>(r.carry.begin() + 1, r.carry.end());
+}
+
+}  // namespace tessera
+
+// ---- while_loop, switch, cond, checkpoint ----------------------------------------------------
+
+namespace tessera {
+namespace {
+
+using internal::TraceState;
+
+std::vector<ArrayType> types_of(const std::vector<Value>& values) {
+  std::vector<ArrayType> out;
+  for (const Value& v : values) out.push_back({v.dtype(), v.shape()});
+  return out;
+}
+
+std::string types_text(const std::vector<ArrayType>& types) {
+  std::string out;
+  for (const ArrayType& t : types) absl::StrAppend(&out, out.empty() ? "" : ", ", type_to_string(t.dtype, t.shape));
+  return "(" + out + ")";
+}
+
+// One function of a while loop or switch traced into a sub-graph of trace t: its graph
+// (parameters: its inputs, then the outer values it read, `consts`).
+struct SubGraph {
+  Graph graph;
+  std::vector<Value> consts;
+};
+
+// `g` (parameters: `inputs` then its consts) as a graph of the inputs then all of `all`
+// (where each of its consts is, by node; `all` grows by the ones missing), returning its
+// results and, when `hand_on`, `all` after them (a while body's loop invariants).
+absl::StatusOr<Graph> over_consts(const SubGraph& g, const std::vector<ArrayType>& inputs,
+                                  const std::vector<Value>& all, bool hand_on) {
+  std::vector<size_t> where;
+  for (const Value& k : g.consts) {
+    for (size_t j = 0; j < all.size(); ++j) {
+      if (all[j].node() == k.node()) where.push_back(j);
+    }
+  }
+  std::vector<ArrayType> types = inputs;
+  for (const Value& k : all) types.push_back({k.dtype(), k.shape()});
+  const size_t n = inputs.size();
+  return trace(
+      [&](const std::vector<Value>& in) {
+        std::vector<Value> args = range(in, 0, n);
+        for (size_t w : where) args.push_back(in[n + w]);
+        std::vector<Value> out = internal::inline_graph(g.graph, args);
+        return hand_on ? concat(out, range(in, n, in.size())) : out;
+      },
+      types);
+}
+
+// The consts of every sub-graph, each once (by node of trace t).
+std::vector<Value> all_consts(const std::vector<SubGraph>& subs) {
+  std::vector<Value> all;
+  for (const SubGraph& s : subs) {
+    for (const Value& k : s.consts) {
+      bool seen = false;
+      for (const Value& a : all) seen = seen || a.node() == k.node();
+      if (!seen) all.push_back(k);
+    }
+  }
+  return all;
+}
+
+// Nodes of `op` with BranchesAttrs on `operands`, one per result: the op's results.
+std::vector<Value> add_nodes(TraceState* t, Op op, std::vector<std::shared_ptr<const Graph>> graphs,
+                             const std::vector<Value>& operands, size_t results) {
+  std::vector<int> ids;
+  for (const Value& v : operands) ids.push_back(TraceState::id(v));
+  std::vector<Value> out;
+  for (size_t j = 0; j < results; ++j) {
+    Node n;
+    n.op = op;
+    n.operands = ids;
+    n.attributes = BranchesAttrs{graphs, static_cast<int64_t>(j)};
+    Value v = t->make(t->graph.add_node(std::move(n)));
+    if (!v.ok()) return std::vector<Value>(results);
+    out.push_back(v);
+  }
+  return out;
+}
+
+// The trace of `values` (captured into the current body when they are outer values), or
+// null with the error recorded; refuses a shard_map body, where values are per device.
+TraceState* control_trace(const char* op, std::vector<Value>& values) {
+  std::vector<Value> none;
+  TraceState* t = trace_of(values, none);
+  if (t != nullptr && !t->manual_meshes.empty()) {
+    t->fail(absl::UnimplementedError(absl::StrCat(
+        op, " inside a shard_map body is not built (its predicate or index would be a per-device value)")));
+    return nullptr;
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, const std::vector<Value>& init_in) {
+  std::vector<Value> failed(init_in.size()), init = init_in;
+  TraceState* t = control_trace("while_loop", init);
+  if (t == nullptr) return failed;
+  auto fail = [&](const std::string& m) {
+    t->fail(absl::InvalidArgumentError(absl::StrCat("while_loop: ", m)));
+    return failed;
+  };
+  if (init.empty()) return fail("it needs at least one carry");
+  const std::vector<ArrayType> types = types_of(init);
+  std::vector<SubGraph> subs(2);
+  std::vector<ArrayType> pred_type;
+  absl::StatusOr<Graph> p = internal::trace_body(
+      t,
+      [&](const std::vector<Value>& c) {
+        const Value v = cond(c);
+        if (v.ok()) pred_type = {{v.dtype(), v.shape()}};
+        return std::vector<Value>{v};
+      },
+      types, &subs[0].consts);
+  if (!t->error.ok()) return failed;
+  if (!p.ok()) return fail(absl::StrCat("cond_fun: ", p.status().message()));
+  if (pred_type != std::vector<ArrayType>{{DType::kBool, {}}}) {
+    return fail(absl::StrCat("cond_fun must return a bool scalar, not ", types_text(pred_type)));
+  }
+  subs[0].graph = *std::move(p);
+  std::vector<ArrayType> returned;
+  absl::StatusOr<Graph> b = internal::trace_body(
+      t,
+      [&](const std::vector<Value>& c) {
+        std::vector<Value> out = body(c);
+        returned = types_of(out);
+        return out;
+      },
+      types, &subs[1].consts);
+  if (!t->error.ok()) return failed;
+  if (!b.ok()) return fail(absl::StrCat("body_fun: ", b.status().message()));
+  if (returned != types) {
+    return fail(absl::StrCat("body_fun returns ", types_text(returned), " for carries ", types_text(types),
+                             " (a carry keeps its dtype and shape)"));
+  }
+  subs[1].graph = *std::move(b);
+  const std::vector<Value> consts = all_consts(subs);
+  absl::StatusOr<Graph> pg = over_consts(subs[0], types, consts, false);
+  absl::StatusOr<Graph> bg = pg.ok() ? over_consts(subs[1], types, consts, true) : pg.status();
+  if (!bg.ok()) return fail(std::string(bg.status().message()));
+  std::vector<Value> out = add_nodes(
+      t, Op::kWhile, {std::make_shared<const Graph>(*std::move(pg)), std::make_shared<const Graph>(*std::move(bg))},
+      concat(init, consts), init.size() + consts.size());
+  out.resize(init.size());  // the consts' results are the loop's own
+  return out;
+}
+
+namespace {
+
+bool is_integral(DType d) { return d != DType::kBool && !is_floating(d); }
+
+// lax.switch, its errors naming `op` and each branch by `name(k)`.
+std::vector<Value> switch_named(const char* op, const std::function<std::string(size_t)>& name, const Value& index_in,
+                                const std::vector<Branch>& branches, const std::vector<Value>& operands_in) {
+  std::vector<Value> values = concat({index_in}, operands_in);
+  TraceState* t = control_trace(op, values);
+  if (t == nullptr) return {};
+  auto fail = [&](const std::string& m) {
+    t->fail(absl::InvalidArgumentError(absl::StrCat(op, ": ", m)));
+    return std::vector<Value>();
+  };
+  Value index = values[0];
+  const std::vector<Value> operands = range(values, 1, values.size());
+  if (branches.empty()) return fail("it needs at least one branch");
+  if (index.rank() != 0 || !(is_integral(index.dtype()) || index.dtype() == DType::kBool)) {
+    return fail(absl::StrCat("the index is ", type_to_string(index.dtype(), index.shape()), ", not an integer scalar"));
+  }
+  if (index.dtype() != DType::kI32) {  // clamped before it narrows, as lax.switch clamps
+    if (index.dtype() != DType::kBool) {
+      index =
+          clamp(full({}, 0.0, index.dtype()), index, full({}, static_cast<double>(branches.size() - 1), index.dtype()));
+    }
+    index = convert(index, DType::kI32);
+  }
+  const std::vector<ArrayType> types = types_of(operands);
+  std::vector<SubGraph> subs(branches.size());
+  std::vector<std::vector<ArrayType>> results(branches.size());
+  for (size_t k = 0; k < branches.size(); ++k) {
+    absl::StatusOr<Graph> g = internal::trace_body(
+        t,
+        [&](const std::vector<Value>& in) {
+          std::vector<Value> out = branches[k](in);
+          results[k] = types_of(out);
+          return out;
+        },
+        types, &subs[k].consts);
+    if (!t->error.ok()) return {};
+    if (!g.ok()) return fail(absl::StrCat(name(k), ": ", g.status().message()));
+    if (results[k] != results[0]) {
+      return fail(absl::StrCat(name(k), " returns ", types_text(results[k]), " but ", name(0), " returns ",
+                               types_text(results[0]), " (every branch must return the same dtypes and shapes)"));
+    }
+    subs[k].graph = *std::move(g);
+  }
+  if (results[0].empty()) return fail("the branches return nothing");
+  const std::vector<Value> consts = all_consts(subs);
+  std::vector<std::shared_ptr<const Graph>> graphs;
+  for (const SubGraph& s : subs) {
+    absl::StatusOr<Graph> g = over_consts(s, types, consts, false);
+    if (!g.ok()) return fail(std::string(g.status().message()));
+    graphs.push_back(std::make_shared<const Graph>(*std::move(g)));
+  }
+  return add_nodes(t, Op::kSwitch, std::move(graphs), concat(concat({index}, operands), consts), results[0].size());
+}
+
+}  // namespace
+
+std::vector<Value> switch_(const Value& index, const std::vector<Branch>& branches,
+                           const std::vector<Value>& operands) {
+  return switch_named(
+      "switch", [](size_t k) { return absl::StrCat("branch ", k); }, index, branches, operands);
+}
+
+std::vector<Value> cond(const Value& pred, const Branch& on_true, const Branch& on_false,
+                        const std::vector<Value>& operands) {
+  Value p = pred;
+  if (p.ok() && p.rank() != 0) {
+    TraceState::of(p)->fail(absl::InvalidArgumentError(
+        absl::StrCat("cond: the predicate is ", type_to_string(p.dtype(), p.shape()), ", not a scalar")));
+    return {};
+  }
+  if (p.ok() && p.dtype() != DType::kBool) p = p != full({}, 0.0, p.dtype());  // a number: nonzero is true
+  return switch_named(
+      "cond", [](size_t k) { return std::string(k == 0 ? "false_fun" : "true_fun"); }, p, {on_false, on_true},
+      operands);
+}
+
+TracedFunction checkpoint(TracedFunction f) {
+  return [f = std::move(f)](const std::vector<Value>& args) -> std::vector<Value> {
+    std::vector<Value> in = args;
+    TraceState* t = control_trace("checkpoint", in);
+    if (t == nullptr) return std::vector<Value>(1);
+    TraceState* outer = TraceState::current;
+    TraceState::current = t;
+    const Value zero = full({}, 0, DType::kI32);
+    TraceState::current = outer;
+    return switch_named(
+        "checkpoint", [](size_t) { return std::string("f"); }, zero,
+        {[&f](const std::vector<Value>& a) { return f(a); }}, in);
+  };
 }
 
 }  // namespace tessera

@@ -101,13 +101,25 @@ Value reduce(Op op, const Value& x, std::vector<int64_t> axes, bool keepdims) {
 DType Value::dtype() const { return ok() ? trace_->graph.node(id_).dtype : DType::kF32; }
 Shape Value::shape() const { return ok() ? trace_->graph.node(id_).shape : Shape(); }
 
-absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs) {
-  return trace(f, inputs, {});
+namespace internal {
+
+int TraceState::capture(const Value& v) {
+  const Value outer = of(v) == parent ? v : parent->make(parent->capture(v));  // through the bodies between
+  for (size_t k = 0; k < captured.size(); ++k) {
+    if (captured[k].id_ == outer.id_) return captured_params[k];
+  }
+  const int p = graph.add_parameter(outer.dtype(), outer.shape());
+  captured.push_back(outer);
+  captured_params.push_back(p);
+  return p;
 }
 
-absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs,
-                            const std::vector<NamedSharding>& input_shardings) {
+namespace {
+
+absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
+                               const std::vector<NamedSharding>& input_shardings, std::vector<Value>* captured) {
   auto state = std::make_shared<TraceState>();
+  state->parent = parent;
   if (!input_shardings.empty()) {
     if (input_shardings.size() != inputs.size()) {
       return absl::InvalidArgumentError(
@@ -132,11 +144,11 @@ absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType
   TraceState* outer = TraceState::current;
   TraceState::current = state.get();
   std::vector<Value> out = f(in);
-  TraceState::current = outer;
-  if (!state->error.ok()) return state->error;
   std::vector<int> ids;
-  for (size_t i = 0; i < out.size(); ++i) {
+  for (size_t i = 0; i < out.size() && state->error.ok(); ++i) {
+    if (out[i].ok() && parent != nullptr) out[i] = TraceState::local(out[i]);  // a body may return a captured value
     if (!out[i].ok() || TraceState::of(out[i]) != state.get()) {
+      TraceState::current = outer;
       return absl::InvalidArgumentError(absl::StrCat("trace: output ", i, " is not a value of this trace"));
     }
     // In explicit mode a result is laid out as its type says: pinned, so the compiler cannot
@@ -149,9 +161,51 @@ absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType
     }
     ids.push_back(TraceState::id(out[i]));
   }
+  TraceState::current = outer;
+  if (!state->error.ok()) return state->error;
   absl::Status set = state->graph.set_outputs(ids);
   if (!set.ok()) return set;
+  if (captured != nullptr) *captured = std::move(state->captured);
   return std::move(state->graph);
+}
+
+}  // namespace
+
+absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
+                                 std::vector<Value>* captured) {
+  return trace_in(parent, f, inputs, {}, captured);
+}
+
+std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args) {
+  std::vector<Value> value(g.size());
+  TraceState* t = TraceState::current;
+  if (!args.empty() && args[0].ok() && (t == nullptr || t->parent == nullptr)) t = TraceState::of(args[0]);
+  for (int id = 0; id < g.size(); ++id) {
+    Node n = g.node(id);
+    if (n.op == Op::kParameter) {
+      value[id] = args[n.attrs<ParameterAttrs>().index];
+      continue;
+    }
+    for (int& o : n.operands) {
+      if (!value[o].ok()) return std::vector<Value>(g.outputs().size());
+      o = TraceState::id(value[o]);
+    }
+    value[id] = t->make(t->graph.add_node(std::move(n)));
+  }
+  std::vector<Value> out;
+  for (int o : g.outputs()) out.push_back(TraceState::local(value[o]));
+  return out;
+}
+
+}  // namespace internal
+
+absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs) {
+  return internal::trace_in(nullptr, f, inputs, {}, nullptr);
+}
+
+absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType>& inputs,
+                            const std::vector<NamedSharding>& input_shardings) {
+  return internal::trace_in(nullptr, f, inputs, input_shardings, nullptr);
 }
 
 Value neg(const Value& x) { return unary(Op::kNeg, x); }

@@ -37,8 +37,39 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // The trace running on this thread (for ops without operands: iota, full).
   static thread_local TraceState* current;
 
+  // A control-flow body (scan, while_loop, cond) traced inside `parent`: an op of the body
+  // that reads a Value of an enclosing trace captures it (JAX's closed-over consts): the
+  // value becomes a parameter of the body, after its own ones, and `captured` lists those
+  // values, as values of the parent (a value of a trace further out is captured by each body
+  // in between). Null for a top-level trace, where another trace's value is an error.
+  TraceState* parent = nullptr;
+  std::vector<Value> captured;
+  std::vector<int> captured_params;  // the body's parameter node for each
+
   static TraceState* of(const Value& v) { return v.trace_.get(); }
-  static int id(const Value& v) { return v.id_; }
+  // v's node in the trace being recorded: its own, or (a value of an enclosing trace, read
+  // inside a body) the body's parameter capturing it.
+  static int id(const Value& v) {
+    TraceState* c = current;
+    if (c != nullptr && c->parent != nullptr && v.trace_.get() != c && c->encloses(v.trace_.get())) {
+      return c->capture(v);
+    }
+    return v.id_;
+  }
+  // v as a value of the current trace (captured when it belongs to an enclosing one).
+  static Value local(const Value& v) {
+    TraceState* c = current;
+    if (!v.ok() || c == nullptr || v.trace_.get() == c || !c->encloses(v.trace_.get())) return v;
+    return c->make(c->capture(v));
+  }
+  // Whether `t` is an enclosing trace of this body.
+  bool encloses(const TraceState* t) const {
+    for (const TraceState* p = parent; p != nullptr; p = p->parent) {
+      if (p == t) return true;
+    }
+    return false;
+  }
+  int capture(const Value& v);  // trace.cc
 
   Value make(absl::StatusOr<int> id) {
     if (!id.ok()) return fail(id.status());
@@ -56,6 +87,14 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // The trace all of `values` belong to, or null (recording why) if one failed already or
   // they come from different traces.
   static TraceState* common(std::initializer_list<const Value*> values) {
+    if (current != nullptr && current->parent != nullptr) {  // a body: its values and captured ones
+      bool inside = true;
+      for (const Value* v : values) {
+        if (!v->ok()) return nullptr;
+        inside = inside && (of(*v) == current || current->encloses(of(*v)));
+      }
+      if (inside) return current;
+    }
     TraceState* t = nullptr;
     for (const Value* v : values) {
       if (!v->ok()) return nullptr;
@@ -68,6 +107,15 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
     return t;
   }
 };
+
+// f traced as a control-flow body of trace `parent`: parameters `inputs`, then one per value
+// of an enclosing trace f reads (`captured`: those values, of `parent`).
+absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
+                                 std::vector<Value>* captured);
+
+// `g` recorded in the current trace on `args` (its parameters, in order): its outputs
+// (invalid Values when the trace failed).
+std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args);
 
 // A dimension given numpy-style (negative counts from the end) as a position in 0..rank-1
 // (out-of-range values stay out of range, for the graph to refuse).

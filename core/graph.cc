@@ -62,6 +62,17 @@ std::string text(const ScanAttrs& a, Op) {
                       " output=", a.output, " body={\n    ", absl::StrReplaceAll(body, {{"\n", "\n    "}}), "\n  }");
 }
 
+// while / switch print their sub-graphs indented under them.
+std::string text(const BranchesAttrs& a, Op) {
+  std::string out = absl::StrCat(" output=", a.output);
+  for (size_t k = 0; k < a.graphs.size(); ++k) {
+    std::string g = a.graphs[k] == nullptr ? "" : a.graphs[k]->to_text();
+    if (!g.empty() && g.back() == '\n') g.pop_back();
+    absl::StrAppend(&out, " graph", k, "={\n    ", absl::StrReplaceAll(g, {{"\n", "\n    "}}), "\n  }");
+  }
+  return out;
+}
+
 // A collective prints the dimension list it is built from (add_collective).
 std::string text(const CollectiveAttrs& c, Op op) {
   std::vector<int64_t> dims;

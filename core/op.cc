@@ -557,6 +557,76 @@ absl::StatusOr<ArrayType> infer_scan(const Node& n, absl::Span<const ArrayType> 
   return stacked;
 }
 
+// The checks of a sub-graph against the types it is given and returns.
+absl::Status check_graph(const char* op, const std::string& what, const Graph* g, absl::Span<const ArrayType> params,
+                         const std::vector<ArrayType>* results) {
+  auto fail = [&](const std::string& m) { return absl::InvalidArgumentError(absl::StrCat(op, ": ", what, m)); };
+  if (g == nullptr) return fail(" is missing");
+  if (g->parameters().size() != params.size()) {
+    return fail(absl::StrCat(" takes ", g->parameters().size(), " parameters, but the op gives it ", params.size()));
+  }
+  for (size_t k = 0; k < params.size(); ++k) {
+    const Node& p = g->node(g->parameters()[k]);
+    if (ArrayType{p.dtype, p.shape} != params[k]) {
+      return fail(absl::StrCat(" takes ", type_of({p.dtype, p.shape}), " as parameter ", k, ", but is given ",
+                               type_of(params[k])));
+    }
+  }
+  if (results == nullptr) return absl::OkStatus();
+  if (g->outputs().size() != results->size()) {
+    return fail(absl::StrCat(" returns ", g->outputs().size(), " values, not ", results->size()));
+  }
+  for (size_t k = 0; k < results->size(); ++k) {
+    const Node& r = g->node(g->outputs()[k]);
+    if (ArrayType{r.dtype, r.shape} != (*results)[k]) {
+      return fail(
+          absl::StrCat(" returns ", type_of({r.dtype, r.shape}), " as result ", k, ", not ", type_of((*results)[k])));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ArrayType> graph_results(const Graph& g) {
+  std::vector<ArrayType> out;
+  for (int o : g.outputs()) out.push_back({g.node(o).dtype, g.node(o).shape});
+  return out;
+}
+
+absl::StatusOr<ArrayType> infer_while(const Node& n, absl::Span<const ArrayType> in) {
+  const BranchesAttrs& a = n.attrs<BranchesAttrs>();
+  if (a.graphs.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("while: the node has ", a.graphs.size(), " sub-graphs, not 2 (the predicate and the body)"));
+  }
+  const std::vector<ArrayType> carries(in.begin(), in.end());
+  const std::vector<ArrayType> pred = {{DType::kBool, {}}};
+  TESSERA_RETURN_IF_ERROR(check_graph("while", "the predicate", a.graphs[0].get(), in, &pred));
+  TESSERA_RETURN_IF_ERROR(check_graph("while", "the body (a carry keeps its type)", a.graphs[1].get(), in, &carries));
+  if (a.output < 0 || a.output >= static_cast<int64_t>(in.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("while: output ", a.output, " is not one of its ", in.size(), " carries"));
+  }
+  return in[a.output];
+}
+
+absl::StatusOr<ArrayType> infer_switch(const Node& n, absl::Span<const ArrayType> in) {
+  const BranchesAttrs& a = n.attrs<BranchesAttrs>();
+  if (in[0] != ArrayType{DType::kI32, {}}) {
+    return absl::InvalidArgumentError(absl::StrCat("switch: the index is ", type_of(in[0]), ", not an int32 scalar"));
+  }
+  if (a.graphs.empty() || a.graphs[0] == nullptr) return absl::InvalidArgumentError("switch: the node has no branches");
+  const std::vector<ArrayType> results = graph_results(*a.graphs[0]);
+  for (size_t b = 0; b < a.graphs.size(); ++b) {
+    TESSERA_RETURN_IF_ERROR(
+        check_graph("switch", absl::StrCat("branch ", b), a.graphs[b].get(), in.subspan(1), &results));
+  }
+  if (a.output < 0 || a.output >= static_cast<int64_t>(results.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("switch: output ", a.output, " is not one of the branches' ", results.size(), " results"));
+  }
+  return results[a.output];
+}
+
 // ---- Randomness ------------------------------------------------------------------------------
 
 absl::StatusOr<ArrayType> infer_random_bits(const Node& n, absl::Span<const ArrayType> in) {
@@ -685,6 +755,8 @@ constexpr OpDef kOps[] = {
     {Op::kShiftRightLogical, "shift_right_logical", 81, 2, kBinaryOp | kNoGradient, 0, kAttrsIndex<NoAttrs>,
      infer_shift},
     {Op::kErfInv, "erf_inv", 82, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
+    {Op::kWhile, "while", 91, kVariadic, 0, 0, kAttrsIndex<BranchesAttrs>, infer_while},
+    {Op::kSwitch, "switch", 92, kVariadic, 0, 0, kAttrsIndex<BranchesAttrs>, infer_switch},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 

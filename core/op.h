@@ -119,9 +119,14 @@ enum class Op : uint8_t {
   kRandomBits,
   kShiftRightLogical,  // lax.shift_right_logical on integers: zeros in; by >= the width gives 0
   kErfInv,             // lax.erf_inv: the inverse error function on (-1, 1); +-1 give +-inf
+  // Control flow with sub-graphs (BranchesAttrs; each node is one of the results, `output`):
+  // while(carry...) runs graphs[1] (the body) while graphs[0] (the predicate, a bool scalar)
+  // holds; switch(index, operands...) runs graphs[clamp(index, 0, n-1)] on the operands.
+  kWhile,
+  kSwitch,
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kErfInv) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kSwitch) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {

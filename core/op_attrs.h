@@ -173,10 +173,18 @@ struct RandomBitsAttrs {
   bool words = false;
 };
 
+// while / switch: sub-graphs (while: the predicate, then the body; switch: the branches) and
+// which of the op's results the node is.
+struct BranchesAttrs {
+  static constexpr const char* kName = "branches";
+  std::vector<std::shared_ptr<const Graph>> graphs;
+  int64_t output = 0;
+};
+
 // Every kind of attributes. NoAttrs first: a default Node carries none.
 using Attrs = std::variant<NoAttrs, ParameterAttrs, ConstantAttrs, IotaAttrs, BroadcastAttrs, TransposeAttrs,
                            ReduceAttrs, ArgmaxAttrs, SliceAttrs, ConcatAttrs, DotAttrs, ShardingAttrs, CollectiveAttrs,
-                           AxisIndexAttrs, GatherAttrs, DynamicSliceAttrs, ScanAttrs, RandomBitsAttrs>;
+                           AxisIndexAttrs, GatherAttrs, DynamicSliceAttrs, ScanAttrs, RandomBitsAttrs, BranchesAttrs>;
 
 namespace internal {
 template <class T, class... Ts>

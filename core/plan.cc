@@ -1,5 +1,6 @@
 #include "core/plan.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -78,6 +79,13 @@ absl::StatusOr<int64_t> position_along(const std::vector<std::vector<int>>& grou
 }
 
 absl::Status resolve_instruction(Instruction& i, const Mesh& mesh, int device_id, int64_t position) {
+  for (size_t b = 0; b < i.branches.size(); ++b) {
+    if (i.branches[b] == nullptr) return absl::InvalidArgumentError(absl::StrCat("its sub-plan ", b, " is missing"));
+    absl::StatusOr<DevicePlan> p = resolve(*i.branches[b], mesh, device_id);
+    if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat("its sub-plan ", b, ": ", p.status().message()));
+    i.branches[b] = std::make_shared<const DevicePlan>(*std::move(p));
+  }
+  if (i.kind == Instruction::Kind::kSwitch) return absl::OkStatus();
   if (i.kind == Instruction::Kind::kLoop) {
     if (i.body == nullptr) return absl::InvalidArgumentError("a loop has no body");
     absl::StatusOr<DevicePlan> body = resolve(*i.body, mesh, device_id);
@@ -154,13 +162,20 @@ absl::StatusOr<DevicePlan> resolve(const DevicePlan& program, const Mesh& mesh, 
   return out;
 }
 
+uint64_t instruction_op_span(const Instruction& i) {
+  if (i.kind == Instruction::Kind::kSwitch) {
+    uint64_t widest = 0;
+    for (const auto& b : i.branches) widest = std::max(widest, b == nullptr ? 0 : plan_op_span(*b));
+    return 1 + widest;
+  }
+  if (i.kind != Instruction::Kind::kLoop || i.body == nullptr) return 1;
+  const uint64_t pred = i.branches.empty() || i.branches[0] == nullptr ? 0 : plan_op_span(*i.branches[0]);
+  return 1 + static_cast<uint64_t>(i.trip_count) * (plan_op_span(*i.body) + pred) + pred;
+}
+
 uint64_t plan_op_span(const DevicePlan& program) {
   uint64_t span = 0;
-  for (const Instruction& i : program.code) {
-    span += i.kind == Instruction::Kind::kLoop && i.body != nullptr
-                ? 1 + static_cast<uint64_t>(i.trip_count) * plan_op_span(*i.body)
-                : 1;
-  }
+  for (const Instruction& i : program.code) span += instruction_op_span(i);
   return span;
 }
 
@@ -168,6 +183,9 @@ bool plan_has_collectives(const DevicePlan& program) {
   for (const Instruction& i : program.code) {
     if (i.kind == Instruction::Kind::kCollective) return true;
     if (i.kind == Instruction::Kind::kLoop && i.body != nullptr && plan_has_collectives(*i.body)) return true;
+    for (const auto& b : i.branches) {
+      if (b != nullptr && plan_has_collectives(*b)) return true;
+    }
   }
   return false;
 }
@@ -176,11 +194,21 @@ int64_t plan_size(const DevicePlan& program) {
   int64_t size = 0;
   for (const Instruction& i : program.code) {
     size += 1 + (i.kind == Instruction::Kind::kLoop && i.body != nullptr ? plan_size(*i.body) : 0);
+    for (const auto& b : i.branches) size += b == nullptr ? 0 : plan_size(*b);
   }
   return size;
 }
 
 int64_t collective_bytes_per_device(const Instruction& i, const Mesh& mesh) {
+  if (i.kind == Instruction::Kind::kSwitch) {  // the costliest branch
+    int64_t most = 0;
+    for (const auto& b : i.branches) most = std::max(most, b == nullptr ? 0 : collective_bytes_per_device(*b, mesh));
+    return most;
+  }
+  if (i.kind == Instruction::Kind::kLoop && i.body != nullptr && !i.branches.empty()) {  // a while: one iteration
+    return collective_bytes_per_device(*i.body, mesh) +
+           (i.branches[0] == nullptr ? 0 : collective_bytes_per_device(*i.branches[0], mesh));
+  }
   if (i.kind == Instruction::Kind::kLoop && i.body != nullptr) {
     return i.trip_count * collective_bytes_per_device(*i.body, mesh);
   }
@@ -276,11 +304,29 @@ std::string plan_to_text(const DevicePlan& plan, const Mesh& mesh, const std::st
         std::vector<std::string> outs = {slot(i.out)};
         for (int s : i.extra_out) outs.push_back(slot(s));
         std::string body = i.body == nullptr ? "" : plan_to_text(*i.body, mesh, "  body:");
+        if (!i.branches.empty() && i.branches[0] != nullptr) {
+          body = absl::StrCat(plan_to_text(*i.branches[0], mesh, "  predicate:"), body);
+        }
         if (!body.empty() && body.back() == '\n') body.pop_back();
-        absl::StrAppend(&out, "  ", absl::StrJoin(outs, ", "), " = loop(", absl::StrJoin(in, ", "),
-                        ", trip_count=", i.trip_count, i.reverse ? ", reverse" : "", ", carries=", i.num_carry, ") ",
-                        collective_bytes_per_device(i, mesh), "B/device  ; ", i.cause, "\n  ",
+        absl::StrAppend(&out, "  ", absl::StrJoin(outs, ", "), i.branches.empty() ? " = loop(" : " = while(",
+                        absl::StrJoin(in, ", "), ", trip_count=", i.trip_count, i.reverse ? ", reverse" : "",
+                        ", carries=", i.num_carry, ") ", collective_bytes_per_device(i, mesh), "B/device",
+                        i.branches.empty() ? "" : " per iteration", "  ; ", i.cause, "\n  ",
                         absl::StrReplaceAll(body, {{"\n", "\n  "}}), "\n");
+        break;
+      }
+      case Instruction::Kind::kSwitch: {
+        std::vector<std::string> outs = {slot(i.out)};
+        for (int s : i.extra_out) outs.push_back(slot(s));
+        std::string branches;
+        for (size_t b = 0; b < i.branches.size(); ++b) {
+          if (i.branches[b] != nullptr)
+            absl::StrAppend(&branches, plan_to_text(*i.branches[b], mesh, absl::StrCat("  branch ", b, ":")));
+        }
+        if (!branches.empty() && branches.back() == '\n') branches.pop_back();
+        absl::StrAppend(&out, "  ", absl::StrJoin(outs, ", "), " = switch(", absl::StrJoin(in, ", "),
+                        ", branches=", i.branches.size(), ") ", collective_bytes_per_device(i, mesh), "B/device  ; ",
+                        i.cause, "\n  ", absl::StrReplaceAll(branches, {{"\n", "\n  "}}), "\n");
         break;
       }
     }

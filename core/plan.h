@@ -31,7 +31,7 @@ namespace tessera {
 struct DevicePlan;
 
 struct Instruction {
-  enum class Kind { kKernel, kCollective, kLocalSlice, kFree, kLoop };
+  enum class Kind { kKernel, kCollective, kLocalSlice, kFree, kLoop, kSwitch };
   Kind kind = Kind::kKernel;
   int out = -1;               // slot written (not for kFree)
   std::vector<int> in;        // slots read (kFree: the slot freed)
@@ -67,6 +67,18 @@ struct Instruction {
   int num_carry = 0;
   std::vector<int> extra_out;
   std::vector<ArrayType> out_types;
+
+  // A kLoop with one of `branches` is a while loop: before each iteration branches[0] (the
+  // predicate) runs on the carries and gives a bool scalar (replicated: every device computes
+  // the same); the loop ends when it is false. Every input is a carry, every result a final
+  // carry (no rows, nothing stacked). `trip_count` bounds the iterations only when the
+  // predicate or the body has collectives (their op ids are reserved per run: iteration t
+  // takes first + t * (span(predicate) + span(body)), the predicate's first); 0 when neither
+  // has, and the loop runs until the predicate fails or the run is cancelled or times out.
+  // kSwitch (lax.switch): `in[0]` is an int32 scalar index (replicated), clamped to
+  // [0, branches.size() - 1]; that branch runs on the other inputs, its results written to
+  // `out`, `extra_out` (types `out_types`), its collectives' op ids from this op's + 1.
+  std::vector<std::shared_ptr<const DevicePlan>> branches;
 };
 
 struct DevicePlan {
@@ -91,6 +103,10 @@ absl::StatusOr<DevicePlan> resolve(const DevicePlan& program, const Mesh& mesh, 
 // plan_op_id): one per instruction, and for a loop one per instruction of its body (counted
 // so, recursively) per iteration. What an execution reserves beyond its own id.
 uint64_t plan_op_span(const DevicePlan& program);
+// One instruction's share of that: 1; a scan 1 + trip_count * span(body); a while loop
+// 1 + trip_count * (span(predicate) + span(body)) + span(predicate) (its last test); a switch
+// 1 + its widest branch's span.
+uint64_t instruction_op_span(const Instruction& i);
 
 // Whether `program` runs a collective (in a loop body too).
 bool plan_has_collectives(const DevicePlan& program);

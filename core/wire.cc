@@ -304,6 +304,15 @@ void attrs_to_proto(const RandomBitsAttrs& a, pb::KernelNode* n) {
   n->mutable_random_bits()->set_words(a.words);
 }
 
+void attrs_to_proto(const BranchesAttrs& a, pb::KernelNode* n) {
+  pb::BranchesAttrs* w = n->mutable_branches();
+  for (const std::shared_ptr<const Graph>& g : a.graphs) {
+    pb::Graph* out = w->add_graphs();
+    if (g != nullptr) to_proto(*g, out);
+  }
+  w->set_output(a.output);
+}
+
 void attrs_to_proto(const ScanAttrs& a, pb::KernelNode* n) {
   pb::ScanAttrs* w = n->mutable_scan();
   if (a.body != nullptr) to_proto(*a.body, w->mutable_body());
@@ -411,6 +420,19 @@ absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::strin
       return ScanAttrs{std::make_shared<const Graph>(*std::move(body)), w.length(), w.reverse(), w.num_carry(),
                        w.output()};
     }
+    case pb::KernelNode::kBranches: {
+      BranchesAttrs out;
+      out.output = n.branches().output();
+      for (const pb::Graph& w : n.branches().graphs()) {
+        absl::StatusOr<Graph> g = graph_from_proto(w);
+        if (!g.ok()) {
+          return absl::Status(g.status().code(),
+                              absl::StrCat(where, ": its sub-graph ", out.graphs.size(), ": ", g.status().message()));
+        }
+        out.graphs.push_back(std::make_shared<const Graph>(*std::move(g)));
+      }
+      return out;
+    }
     case pb::KernelNode::kRandomBits:
       return RandomBitsAttrs{v(n.random_bits().shape()), n.random_bits().words()};
     case pb::KernelNode::kAxisIndex: {
@@ -490,9 +512,14 @@ void to_proto(const Instruction& i, pb::Instruction* w) {
     case Instruction::Kind::kFree:
       w->set_kind(pb::Instruction::FREE);
       break;
+    case Instruction::Kind::kSwitch:
     case Instruction::Kind::kLoop:
-      w->set_kind(pb::Instruction::LOOP);
+      w->set_kind(i.kind == Instruction::Kind::kLoop ? pb::Instruction::LOOP : pb::Instruction::SWITCH);
       if (i.body != nullptr) to_proto(*i.body, w->mutable_body());
+      for (const auto& b : i.branches) {
+        pb::DevicePlan* p = w->add_branches();
+        if (b != nullptr) to_proto(*b, p);
+      }
       w->set_trip_count(i.trip_count);
       w->set_reverse(i.reverse);
       w->set_num_carry(i.num_carry);
@@ -507,7 +534,9 @@ void to_proto(const Instruction& i, pb::Instruction* w) {
   }
   w->set_out(i.out);
   w->mutable_in()->Assign(i.in.begin(), i.in.end());
-  if (i.kind != Instruction::Kind::kLoop) node_to_proto(i.node, w->mutable_node());  // a loop's types: out_types
+  if (i.kind != Instruction::Kind::kLoop && i.kind != Instruction::Kind::kSwitch) {
+    node_to_proto(i.node, w->mutable_node());  // a loop's and a switch's types: out_types
+  }
   if (i.kind == Instruction::Kind::kCollective) to_proto(i.collective, w->mutable_collective());
   for (const Slice& sl : i.slice) {
     pb::SliceRange* r = w->add_slice();
@@ -545,10 +574,8 @@ namespace {
 // among both, stacked results of trip_count rows.
 absl::StatusOr<Instruction> loop_from_proto(const pb::Instruction& w, const std::string& where) {
   auto fail = [&where](const std::string& m) { return absl::InvalidArgumentError(absl::StrCat("plan: ", where, m)); };
-  if (!w.has_body()) return fail(" is a loop without a body");
-  if (w.has_node()) return fail(" is a loop with a node (its results' types are its out_types)");
-  absl::StatusOr<DevicePlan> body = plan_from_proto(w.body());
-  if (!body.ok()) return absl::Status(body.status().code(), absl::StrCat(where, "'s body: ", body.status().message()));
+  const bool is_switch = w.kind() == pb::Instruction::SWITCH;
+  if (w.has_node()) return fail(" is a loop or switch with a node (its results' types are its out_types)");
   Instruction i;
   i.trip_count = w.trip_count();
   i.reverse = w.reverse();
@@ -559,6 +586,50 @@ absl::StatusOr<Instruction> loop_from_proto(const pb::Instruction& w, const std:
     absl::StatusOr<Shape> shape = dtype.ok() ? shape_from_proto(t.shape(), *dtype) : dtype.status();
     if (!shape.ok()) return fail(absl::StrCat(" result ", i.out_types.size(), ": ", shape.status().message()));
     i.out_types.push_back({*dtype, *std::move(shape)});
+  }
+  for (int b = 0; b < w.branches_size(); ++b) {
+    absl::StatusOr<DevicePlan> p = plan_from_proto(w.branches(b));
+    if (!p.ok())
+      return absl::Status(p.status().code(), absl::StrCat(where, "'s sub-plan ", b, ": ", p.status().message()));
+    i.branches.push_back(std::make_shared<const DevicePlan>(*std::move(p)));
+  }
+  if (is_switch) {
+    if (i.out_types.empty() || static_cast<int>(i.out_types.size()) != 1 + w.extra_out_size()) {
+      return fail(absl::StrCat(" writes ", 1 + w.extra_out_size(), " slots of ", i.out_types.size(), " types"));
+    }
+    i.node.dtype = i.out_types[0].dtype;
+    i.node.shape = i.out_types[0].shape;
+    if (w.has_body() || i.trip_count != 0 || i.reverse || i.num_carry != 0) {
+      return fail(" is a switch with a loop's body, trip count, direction or carries");
+    }
+    if (i.branches.empty()) return fail(" is a switch without branches");
+    for (size_t b = 0; b < i.branches.size(); ++b) {
+      if (static_cast<int>(i.branches[b]->input_slots.size()) + 1 != w.in_size() ||
+          i.branches[b]->output_slots.size() != i.out_types.size()) {
+        return fail(absl::StrCat(" reads ", w.in_size(), " slots (the index first) and writes ", i.out_types.size(),
+                                 "; its branch ", b, " takes ", i.branches[b]->input_slots.size(), " and returns ",
+                                 i.branches[b]->output_slots.size()));
+      }
+    }
+    return i;
+  }
+  if (!w.has_body()) return fail(" is a loop without a body");
+  absl::StatusOr<DevicePlan> body = plan_from_proto(w.body());
+  if (!body.ok()) return absl::Status(body.status().code(), absl::StrCat(where, "'s body: ", body.status().message()));
+  if (i.branches.size() > 1) return fail(absl::StrCat(" is a loop with ", i.branches.size(), " predicates"));
+  if (i.branches.size() == 1) {  // a while loop
+    const DevicePlan& pred = *i.branches[0];
+    if (i.num_carry != w.in_size() || i.num_carry != static_cast<int>(i.out_types.size()) || i.reverse) {
+      return fail(absl::StrCat(" is a while loop of ", w.in_size(), " inputs, ", i.out_types.size(), " results and ",
+                               i.num_carry, " carries (all must be carries, and it has no direction)"));
+    }
+    if (static_cast<int>(pred.input_slots.size()) != i.num_carry || pred.output_slots.size() != 1) {
+      return fail(absl::StrCat(" has a predicate taking ", pred.input_slots.size(), " values and returning ",
+                               pred.output_slots.size(), ", not its ", i.num_carry, " carries and one bool"));
+    }
+    if (i.trip_count == 0 && (plan_has_collectives(pred) || plan_has_collectives(*body))) {
+      return fail(" is a while loop with collectives and no bound on its iterations (their op ids need one)");
+    }
   }
   const int inputs = static_cast<int>(body->input_slots.size());
   const int results = static_cast<int>(body->output_slots.size());
@@ -571,7 +642,7 @@ absl::StatusOr<Instruction> loop_from_proto(const pb::Instruction& w, const std:
   if (i.num_carry < 0 || i.num_carry > inputs || i.num_carry > results) {
     return fail(absl::StrCat(" has ", i.num_carry, " carries of ", inputs, " inputs and ", results, " results"));
   }
-  for (size_t k = static_cast<size_t>(i.num_carry); k < i.out_types.size(); ++k) {
+  for (size_t k = static_cast<size_t>(i.num_carry); i.branches.empty() && k < i.out_types.size(); ++k) {
     if (i.out_types[k].shape.empty() || i.out_types[k].shape[0] != i.trip_count) {
       return fail(absl::StrCat(" stacks result ", k, " as ", type_to_string(i.out_types[k].dtype, i.out_types[k].shape),
                                ", not ", i.trip_count, " rows"));
@@ -633,6 +704,9 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
       case pb::Instruction::LOOP:
         i.kind = Instruction::Kind::kLoop;
         break;
+      case pb::Instruction::SWITCH:
+        i.kind = Instruction::Kind::kSwitch;
+        break;
       default:
         return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " has unknown kind ", w.kind()));
     }
@@ -654,7 +728,7 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     TESSERA_RETURN_IF_ERROR(slot_ok(w.out(), where));
     i.out = w.out();
     const pb::KernelNode& n = w.node();
-    if (i.kind == Instruction::Kind::kLoop) {
+    if (i.kind == Instruction::Kind::kLoop || i.kind == Instruction::Kind::kSwitch) {
       TESSERA_ASSIGN_OR_RETURN(Instruction loop, loop_from_proto(w, where));
       loop.kind = i.kind;
       loop.in = std::move(i.in);

@@ -31,9 +31,9 @@ namespace tessera {
 // indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: scan, ScanAttrs and loop instructions; stop_gradient,
 // argsort; calls name in-flight calls' outputs (ExecuteRequest.pending_inputs), and ExecuteReply carries only ids and
 // grants; uint32, random_bits with RandomBitsAttrs, shift_right_logical, erf_inv. 17: the Profile RPC of both
-// services.)
+// services; while and switch (BranchesAttrs, the SWITCH instruction).)
 inline constexpr uint32_t kProtocolVersion = 17;
-inline constexpr uint64_t kOpTableDigest = 0xd1b45289b985a16e;
+inline constexpr uint64_t kOpTableDigest = 0xce9033f4e9f7f670;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;

@@ -1,5 +1,6 @@
 #include "worker/interpreter.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -47,7 +48,8 @@ int reusable_operand(const DevicePlan& plan, size_t k, const std::vector<std::sh
 std::string instruction_name(const Instruction& i) {
   return i.kind == Instruction::Kind::kCollective   ? collective_name(i.collective.kind)
          : i.kind == Instruction::Kind::kLocalSlice ? std::string("local_slice")
-         : i.kind == Instruction::Kind::kLoop       ? std::string("loop")
+         : i.kind == Instruction::Kind::kLoop       ? std::string(i.branches.empty() ? "loop" : "while")
+         : i.kind == Instruction::Kind::kSwitch     ? std::string("switch")
          : i.kind == Instruction::Kind::kFree       ? std::string("free")
                                                     : op_name(i.node.op);
 }
@@ -73,10 +75,12 @@ PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<c
       charged[inst.in[0]] = 0;
       continue;
     }
-    if (inst.kind == Instruction::Kind::kLoop) {  // its results, and its body's peak on top while it runs
+    if (inst.kind == Instruction::Kind::kLoop || inst.kind == Instruction::Kind::kSwitch) {
+      // its results, and its body's (predicate's, branch's) peak on top while it runs
       std::vector<int> outs = {inst.out};
       outs.insert(outs.end(), inst.extra_out.begin(), inst.extra_out.end());
-      const int64_t body = inst.body == nullptr ? 0 : peak_memory(*inst.body, {}).bytes;
+      int64_t body = inst.body == nullptr ? 0 : peak_memory(*inst.body, {}).bytes;
+      for (const auto& b : inst.branches) body = std::max(body, b == nullptr ? 0 : peak_memory(*b, {}).bytes);
       for (size_t j = 0; j < outs.size() && j < inst.out_types.size(); ++j) {
         const ArrayType& t = inst.out_types[j];
         types[outs[j]] = t;
@@ -115,7 +119,10 @@ bool runs_inline(const DevicePlan& plan, int64_t input_bytes) {
   if (plan.code.size() > kInlineInstructions) return false;
   int64_t bytes = input_bytes;
   for (const Instruction& inst : plan.code) {
-    if (inst.kind == Instruction::Kind::kCollective || inst.kind == Instruction::Kind::kLoop) return false;
+    if (inst.kind == Instruction::Kind::kCollective || inst.kind == Instruction::Kind::kLoop ||
+        inst.kind == Instruction::Kind::kSwitch) {
+      return false;
+    }
     if (inst.kind != Instruction::Kind::kFree) bytes += num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
   }
   return bytes <= kInlineBytes;
@@ -212,6 +219,74 @@ absl::StatusOr<Arrays> run_loop(const Instruction& inst, const std::vector<const
   return results;
 }
 
+// The results of a sub-plan (a while's body, a switch's branch) checked against `types`.
+absl::Status check_results(const Arrays& outs, const std::vector<ArrayType>& types, const std::string& what) {
+  if (outs.size() != types.size()) {
+    return absl::InternalError(absl::StrCat(what, " returned ", outs.size(), " values, not ", types.size()));
+  }
+  for (size_t j = 0; j < outs.size(); ++j) {
+    if (outs[j]->dtype() != types[j].dtype || outs[j]->shape() != types[j].shape) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "'s result ", j, " is ", type_text(*outs[j]), ", not ",
+                                                     type_to_string(types[j].dtype, types[j].shape)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A while loop (lax.while_loop): the predicate on the carries, then the body while it holds.
+// The predicate is replicated (the compiler makes it so), so every device stops at the same
+// iteration. Before each iteration: the run's cancellation and deadline (so a loop that never
+// ends is ended when its run is given up on), and the bound a loop with collectives has.
+absl::StatusOr<Arrays> run_while(const Instruction& inst, Arrays carry, Transport& transport, const PlanRun& run,
+                                 uint64_t first_op) {
+  const DevicePlan& pred = *inst.branches[0];
+  const uint64_t pred_span = plan_op_span(pred), span = pred_span + plan_op_span(*inst.body);
+  for (int64_t t = 0;; ++t) {
+    if (run.cancelled && run.cancelled()) {
+      return absl::CancelledError(absl::StrCat("the run was cancelled at iteration ", t, " of a while loop"));
+    }
+    if (run.deadline != absl::Time() && absl::Now() > run.deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the run's deadline passed at iteration ", t, " of a while loop"));
+    }
+    const uint64_t at = first_op + static_cast<uint64_t>(t) * span;
+    absl::StatusOr<Arrays> p = run_plan_at(pred, carry, transport, run, at);
+    if (!p.ok())
+      return absl::Status(p.status().code(), absl::StrCat("iteration ", t, "'s predicate: ", p.status().message()));
+    TESSERA_RETURN_IF_ERROR(check_results(*p, {{DType::kBool, {}}}, "the predicate"));
+    if ((*p)[0]->data()[0] == std::byte{0}) break;
+    if (inst.trip_count > 0 && t >= inst.trip_count) {
+      return absl::OutOfRangeError(absl::StrCat("a while loop with collectives reached its bound of ", inst.trip_count,
+                                                " iterations (the op ids a run reserves for them)"));
+    }
+    absl::StatusOr<Arrays> outs = run_plan_at(*inst.body, carry, transport, run, at + pred_span);
+    if (!outs.ok())
+      return absl::Status(outs.status().code(), absl::StrCat("iteration ", t, ": ", outs.status().message()));
+    TESSERA_RETURN_IF_ERROR(check_results(*outs, inst.out_types, absl::StrCat("iteration ", t, ": the body")));
+    carry = *std::move(outs);
+  }
+  TESSERA_RETURN_IF_ERROR(check_results(carry, inst.out_types, "the loop"));
+  return carry;
+}
+
+// A switch (lax.switch): the branch at the index, clamped into range as lax.switch does.
+absl::StatusOr<Arrays> run_switch(const Instruction& inst, const Arrays& operands, Transport& transport,
+                                  const PlanRun& run, uint64_t first_op) {
+  const HostArray& index = *operands[0];
+  if (index.dtype() != DType::kI32 || !index.shape().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the index is ", type_text(index), ", not i32[]"));
+  }
+  int32_t k = 0;
+  std::memcpy(&k, index.data(), sizeof(k));
+  const int64_t n = static_cast<int64_t>(inst.branches.size());
+  const int64_t b = std::clamp<int64_t>(k, 0, n - 1);
+  absl::StatusOr<Arrays> outs =
+      run_plan_at(*inst.branches[b], Arrays(operands.begin() + 1, operands.end()), transport, run, first_op);
+  if (!outs.ok()) return absl::Status(outs.status().code(), absl::StrCat("branch ", b, ": ", outs.status().message()));
+  TESSERA_RETURN_IF_ERROR(check_results(*outs, inst.out_types, absl::StrCat("branch ", b)));
+  return outs;
+}
+
 absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transport& transport, const PlanRun& run,
                                    uint64_t first_op) {
   if (inputs.size() != plan.input_slots.size()) {
@@ -228,8 +303,7 @@ absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transp
     for (int s : inst.in) in.push_back(slots[s].get());
     absl::StatusOr<std::shared_ptr<const HostArray>> out = absl::InternalError("unset");
     const uint64_t this_op = op;
-    op += inst.kind == Instruction::Kind::kLoop ? 1 + static_cast<uint64_t>(inst.trip_count) * plan_op_span(*inst.body)
-                                                : 1;
+    op += instruction_op_span(inst);
     // Kernels and local slices are timed here, collectives by the engine (with their bytes).
     ProfileSpan span(inst.kind == Instruction::Kind::kKernel || inst.kind == Instruction::Kind::kLocalSlice
                          ? &transport.profile()
@@ -269,10 +343,14 @@ absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transp
         transport.finish_op(c.op);
         break;
       }
+      case Instruction::Kind::kSwitch:
       case Instruction::Kind::kLoop: {
         Arrays operands;
         for (int s : inst.in) operands.push_back(slots[s]);
-        absl::StatusOr<Arrays> results = run_loop(inst, in, operands, transport, run, this_op + 1);
+        absl::StatusOr<Arrays> results =
+            inst.kind == Instruction::Kind::kSwitch ? run_switch(inst, operands, transport, run, this_op + 1)
+            : inst.branches.empty()                 ? run_loop(inst, in, operands, transport, run, this_op + 1)
+                                                    : run_while(inst, operands, transport, run, this_op + 1);
         if (results.ok()) {
           slots[inst.out] = (*results)[0];
           for (size_t j = 0; j < inst.extra_out.size(); ++j) slots[inst.extra_out[j]] = (*results)[j + 1];

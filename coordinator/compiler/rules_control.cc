@@ -1,4 +1,5 @@
-// Sharding rules of control flow: scan (lax.scan) — a loop whose body is a graph of its own.
+// Sharding rules of control flow: scan (lax.scan) — a loop whose body is a graph of its own —,
+// while_loop and switch (below).
 //
 // A scan's carries keep one layout through the loop (a fixed point): each carry enters as its
 // initial value's layout (whole), and the body is propagated with its carries pinned to that
@@ -150,8 +151,198 @@ absl::Status scan_partition(PartitionContext& c, int id) {
   return absl::OkStatus();
 }
 
+// ---- while_loop and switch (BranchesAttrs) ---------------------------------------------------
+//
+// A while loop's carries are a fixed point as a scan's: each enters in its initial value's
+// layout (whole) and the body is compiled with its carries pinned to it at both ends. The
+// predicate is compiled with its bool result pinned replicated, P(): a pending reduction
+// (`sum(x) < 1` of a split x) is all-reduced in the predicate's program, and a collective
+// gives every member bitwise the same result (worker/collectives/engine.h), so every device
+// computes the same predicate and leaves the loop at the same iteration.
+//
+// A switch's index is needed replicated (so every device runs the same branch, and the same
+// collectives); its other operands enter whole in their own layouts. The branches' results are
+// joined to one layout: each branch is compiled with its results free, and a result keeps the
+// split of a dimension only where every branch leaves it the same; elsewhere it is whole.
+// Then every branch is compiled with its results pinned to that join, so each branch's
+// program moves its results there.
+
+// Whether a while loop with collectives in its predicate or body must stop (core/plan.h):
+// the op ids a run reserves for them are this many iterations' worth.
+constexpr int64_t kWhileBound = int64_t{1} << 16;
+
+std::vector<ValueSharding> whole_needs(const ShardingContext& c, int id) {
+  std::vector<ValueSharding> needs;
+  for (int o : c.graph().node(id).operands) {
+    ValueSharding v = c.of_or_replicated(o);
+    v.partial.clear();
+    needs.push_back(std::move(v));
+  }
+  return needs;
+}
+
+absl::StatusOr<Executable> compile_graph(const Mesh& mesh, const Graph& g, const std::vector<PartitionSpec>& inputs,
+                                         const std::vector<std::optional<PartitionSpec>>& outputs,
+                                         const std::string& what) {
+  absl::StatusOr<Propagation> p = propagate(g, mesh, inputs, outputs);
+  absl::StatusOr<Executable> exe = p.ok() ? partition(g, mesh, *p, outputs) : p.status();
+  if (!exe.ok()) return absl::Status(exe.status().code(), absl::StrCat(what, ": ", exe.status().message()));
+  return exe;
+}
+
+std::vector<PartitionSpec> specs_of(const std::vector<ValueSharding>& v, size_t from = 0) {
+  std::vector<PartitionSpec> out;
+  for (size_t k = from; k < v.size(); ++k) out.push_back(v[k].spec());
+  return out;
+}
+
+// The while loop's predicate and body programs for carries laid out as `needs`.
+absl::StatusOr<std::pair<Executable, Executable>> compile_while(const Mesh& mesh, const BranchesAttrs& a,
+                                                                const std::vector<ValueSharding>& needs, int id) {
+  const std::vector<PartitionSpec> in = specs_of(needs);
+  TESSERA_ASSIGN_OR_RETURN(Executable pred, compile_graph(mesh, *a.graphs[0], in, {PartitionSpec()},
+                                                          absl::StrCat("%", id, " = while: its predicate")));
+  std::vector<std::optional<PartitionSpec>> out(in.begin(), in.end());
+  TESSERA_ASSIGN_OR_RETURN(Executable body,
+                           compile_graph(mesh, *a.graphs[1], in, out, absl::StrCat("%", id, " = while: its body")));
+  return std::make_pair(std::move(pred), std::move(body));
+}
+
+absl::Status while_forward(ShardingContext& c, int id) {
+  const BranchesAttrs& a = c.graph().node(id).attrs<BranchesAttrs>();
+  std::vector<ValueSharding> needs = whole_needs(c, id);
+  TESSERA_RETURN_IF_ERROR(compile_while(c.mesh(), a, needs, id).status());
+  c.set(id, needs[a.output].dims);
+  c.needs(id) = std::move(needs);
+  return absl::OkStatus();
+}
+
+// The join of the branches' result layouts (the rule above), and each branch compiled to it.
+absl::StatusOr<std::vector<Executable>> compile_switch(const Mesh& mesh, const BranchesAttrs& a,
+                                                       const std::vector<ValueSharding>& needs, int id) {
+  const std::vector<PartitionSpec> in = specs_of(needs, 1);
+  const size_t results = a.graphs[0]->outputs().size();
+  std::vector<std::optional<Dims>> join(results);
+  for (size_t b = 0; b < a.graphs.size(); ++b) {
+    TESSERA_ASSIGN_OR_RETURN(Executable free,
+                             compile_graph(mesh, *a.graphs[b], in, std::vector<std::optional<PartitionSpec>>(results),
+                                           absl::StrCat("%", id, " = switch: its branch ", b)));
+    for (size_t j = 0; j < results; ++j) {
+      const size_t rank = a.graphs[b]->node(a.graphs[b]->outputs()[j]).shape.size();
+      Dims dims(rank);
+      for (int d = 0; d < free.output_specs[j].size() && d < static_cast<int>(rank); ++d) {
+        dims[d] = free.output_specs[j].axes(d);
+      }
+      if (!join[j].has_value()) {
+        join[j] = dims;
+        continue;
+      }
+      for (size_t d = 0; d < rank; ++d) {
+        if ((*join[j])[d] != dims[d]) (*join[j])[d].clear();
+      }
+    }
+  }
+  std::vector<std::optional<PartitionSpec>> pinned;
+  for (const std::optional<Dims>& d : join) pinned.push_back(PartitionSpec(*d));
+  std::vector<Executable> out;
+  for (size_t b = 0; b < a.graphs.size(); ++b) {
+    TESSERA_ASSIGN_OR_RETURN(Executable e, compile_graph(mesh, *a.graphs[b], in, pinned,
+                                                         absl::StrCat("%", id, " = switch: its branch ", b)));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<ValueSharding> switch_needs(const ShardingContext& c, int id) {
+  std::vector<ValueSharding> needs = whole_needs(c, id);
+  needs[0] = ValueSharding::replicated(0);  // the index: every device takes the same branch
+  return needs;
+}
+
+Dims switch_result(const BranchesAttrs& a, const Executable& branch0) {
+  const PartitionSpec& spec = branch0.output_specs[a.output];
+  Dims dims(a.graphs[0]->node(a.graphs[0]->outputs()[a.output]).shape.size());
+  for (int d = 0; d < spec.size() && d < static_cast<int>(dims.size()); ++d) dims[d] = spec.axes(d);
+  return dims;
+}
+
+absl::Status switch_forward(ShardingContext& c, int id) {
+  const BranchesAttrs& a = c.graph().node(id).attrs<BranchesAttrs>();
+  std::vector<ValueSharding> needs = switch_needs(c, id);
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Executable> branches, compile_switch(c.mesh(), a, needs, id));
+  c.set(id, switch_result(a, branches[0]));
+  c.needs(id) = std::move(needs);
+  return absl::OkStatus();
+}
+
+// Whether `a` and `b` are results of one while loop or switch (decoded from the wire, each
+// node holds its own copy of the sub-graphs).
+bool same_branches(const Node& a, const Node& b, const Mesh& mesh) {
+  if (b.op != a.op || b.operands != a.operands) return false;
+  const auto& x = a.attrs<BranchesAttrs>().graphs;
+  const auto& y = b.attrs<BranchesAttrs>().graphs;
+  if (x.size() != y.size()) return false;
+  for (size_t k = 0; k < x.size(); ++k) {
+    if (x[k] != y[k] && compile_key(*x[k], mesh, {}, {}, {}) != compile_key(*y[k], mesh, {}, {}, {})) return false;
+  }
+  return true;
+}
+
+// One instruction for all the op's nodes (the first emits it and binds the others' slots).
+absl::Status branches_partition(PartitionContext& c, int id) {
+  if (c.slot_of(id) >= 0) return absl::OkStatus();
+  const Graph& g = c.graph();
+  const Node& n = g.node(id);
+  const BranchesAttrs& a = n.attrs<BranchesAttrs>();
+  const std::vector<ValueSharding>& needs = c.propagation().operands[id];
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  Instruction inst;
+  inst.in = in;
+  inst.node.operands = in;
+  inst.value = id;
+  inst.cause = c.cause(id);
+  std::vector<Dims> result_dims;
+  const Graph& shape_of = n.op == Op::kWhile ? *a.graphs[1] : *a.graphs[0];
+  if (n.op == Op::kWhile) {
+    TESSERA_ASSIGN_OR_RETURN(auto programs, compile_while(c.mesh(), a, needs, id));
+    inst.kind = Instruction::Kind::kLoop;
+    inst.num_carry = static_cast<int>(in.size());
+    inst.trip_count =
+        plan_has_collectives(programs.first.program) || plan_has_collectives(programs.second.program) ? kWhileBound : 0;
+    inst.branches.push_back(std::make_shared<const DevicePlan>(std::move(programs.first.program)));
+    inst.body = std::make_shared<const DevicePlan>(std::move(programs.second.program));
+    for (const ValueSharding& v : needs) result_dims.push_back(v.dims);
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<Executable> branches, compile_switch(c.mesh(), a, needs, id));
+    inst.kind = Instruction::Kind::kSwitch;
+    for (size_t j = 0; j < shape_of.outputs().size(); ++j) {
+      BranchesAttrs r = a;
+      r.output = static_cast<int64_t>(j);
+      result_dims.push_back(switch_result(r, branches[0]));
+    }
+    for (Executable& e : branches) inst.branches.push_back(std::make_shared<const DevicePlan>(std::move(e.program)));
+  }
+  for (size_t j = 0; j < shape_of.outputs().size(); ++j) {
+    const Node& out = shape_of.node(shape_of.outputs()[j]);
+    inst.out_types.push_back({out.dtype, local_shape(c.mesh(), ValueSharding{result_dims[j], {}}, out.shape)});
+  }
+  inst.node.dtype = inst.out_types[0].dtype;
+  inst.node.shape = inst.out_types[0].shape;
+  for (size_t j = 1; j < inst.out_types.size(); ++j) inst.extra_out.push_back(c.fresh_slot());
+  const std::vector<int> extra = inst.extra_out;
+  const int first = c.emit(std::move(inst));
+  for (int m = id; m < g.size(); ++m) {
+    if (m != id && !same_branches(n, g.node(m), c.mesh())) continue;
+    const int64_t j = g.node(m).attrs<BranchesAttrs>().output;
+    c.bind(m, j == 0 ? first : extra[j - 1]);
+  }
+  return absl::OkStatus();
+}
+
 const ShardingRuleEntry kControlRules[] = {
     {Op::kScan, {scan_forward, scan_map, false, scan_partition}},
+    {Op::kWhile, {while_forward, scan_map, false, branches_partition}},
+    {Op::kSwitch, {switch_forward, scan_map, false, branches_partition}},
 };
 
 }  // namespace

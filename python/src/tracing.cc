@@ -293,6 +293,28 @@ void bind_tracing(py::module_& m) {
         init);
   });
 
+  // lax.while_loop / switch / cond and jax.checkpoint inside a trace, on flat lists of Values
+  // (tessera/lax.py and _api.py flatten the pytrees); cond returns a one-element list.
+  m.def("while_loop", [](py::object cond_fun, py::object body_fun, const std::vector<Value>& init) {
+    TracedFunction c = traced(std::move(cond_fun));
+    return while_loop(
+        [c](const std::vector<Value>& x) {
+          std::vector<Value> r = c(x);
+          return r.empty() ? Value() : r[0];
+        },
+        traced(std::move(body_fun)), init);
+  });
+  m.def("switch", [](const Value& index, std::vector<py::object> branches, const std::vector<Value>& operands) {
+    std::vector<Branch> fns;
+    for (py::object& f : branches) fns.push_back(traced(std::move(f)));
+    return switch_(index, fns, operands);
+  });
+  m.def("cond", [](const Value& pred, py::object on_true, py::object on_false, const std::vector<Value>& operands) {
+    return cond(pred, traced(std::move(on_true)), traced(std::move(on_false)), operands);
+  });
+  m.def("checkpoint",
+        [](py::object f, const std::vector<Value>& args) { return checkpoint(traced(std::move(f)))(args); });
+
   py::class_<ShardMapped>(m, "ShardMapped")
       .def("call_values", [](const ShardMapped& s, const std::vector<Value>& args) { return s(args); })
       .def("call_arrays",

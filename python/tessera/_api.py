@@ -255,6 +255,35 @@ def value_and_grad(fun, argnums=0, has_aux=False):
     return _grad(fun, argnums, has_aux, True)
 
 
+def checkpoint(fun, *, prevent_cse=True, policy=None, static_argnums=()):
+    """jax.checkpoint / jax.remat(fun), inside a trace: the same values, but grad recomputes
+    fun's forward in the backward pass instead of keeping its intermediates (the SDK's
+    checkpoint). Saving policies and static_argnums are not supported."""
+    if policy is not None or static_argnums:
+        raise TypeError("checkpoint: policy and static_argnums are not supported")
+    del prevent_cse  # the recomputation is inside a sub-program: nothing can merge it away
+
+    @functools.wraps(fun)
+    def wrapped(*args):
+        from .numpy import _tracer
+        leaves, tree = tree_flatten(args)
+        out_tree = [None]
+
+        def body(values):
+            out, out_tree[0] = tree_flatten(fun(*tree_unflatten(tree, [Tracer(v) for v in values])))
+            return [_tracer(o)._v for o in out]
+
+        out = _t.checkpoint(_trace.callback(body), [_tracer(l)._v for l in leaves])
+        if out_tree[0] is None:  # fun raised: its exception (kept by the callback) goes on
+            raise getattr(_trace._state, "error", None) or TypeError("checkpoint: the function returned no value")
+        return tree_unflatten(out_tree[0], [Tracer(v) for v in out])
+
+    return wrapped
+
+
+remat = checkpoint
+
+
 # ---- shard_map --------------------------------------------------------------------------
 
 def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, check_rep=None, **unsupported):

@@ -200,6 +200,67 @@ def fori_loop(lower, upper, body_fun, init_val):
     return tree_unflatten(tree, [Tracer(v) for v in out])
 
 
+def while_loop(cond_fun, body_fun, init_val):
+    """jax.lax.while_loop: `while cond_fun(val): val = body_fun(val)`, run by the devices as a
+    loop (forward only, as in JAX: grad of it is an error). cond_fun returns a bool scalar."""
+    leaves, tree = tree_flatten(init_val)
+
+    def unflat(values):
+        return tree_unflatten(tree, [Tracer(v) for v in values])
+
+    def cond(values):
+        return _values([cond_fun(unflat(values))])
+
+    def body(values):
+        out, out_tree = tree_flatten(body_fun(unflat(values)))
+        if out_tree != tree:
+            raise TypeError(f"while_loop: body_fun returned {out_tree}, not the carry's {tree}")
+        return _values(out)
+
+    out = _t.while_loop(_trace.callback(cond), _trace.callback(body), _values(leaves))
+    return unflat(out)
+
+
+def _branches(fns, operands, name):
+    """The branch functions on flat Values, and the result's tree (set by the first traced)."""
+    leaves, tree = tree_flatten(operands)
+    out_tree = [None]
+
+    def wrap(k, f):
+        def branch(values):
+            out, t = tree_flatten(f(*tree_unflatten(tree, [Tracer(v) for v in values])))
+            if out_tree[0] is None:
+                out_tree[0] = t
+            elif t != out_tree[0]:
+                raise TypeError(f"{name}: branch {k} returns {t} but another returns {out_tree[0]}")
+            return _values(out)
+        return _trace.callback(branch)
+
+    return [wrap(k, f) for k, f in enumerate(fns)], _values(leaves), out_tree
+
+
+def switch(index, branches, *operands):
+    """jax.lax.switch: branches[clamp(index, 0, len(branches) - 1)](*operands); only the taken
+    branch runs on the devices, and grad goes through it."""
+    fns, values, out_tree = _branches(branches, operands, "switch")
+    out = _t.switch(_scalar(index, "switch", "index")._v, fns, values)
+    return tree_unflatten(out_tree[0], [Tracer(v) for v in out])
+
+
+def cond(pred, true_fun, false_fun, *operands):
+    """jax.lax.cond: true_fun(*operands) if pred else false_fun(*operands), pred a scalar."""
+    (t, f), values, out_tree = _branches([true_fun, false_fun], operands, "cond")
+    out = _t.cond(_scalar(pred, "cond", "predicate")._v, t, f, values)
+    return tree_unflatten(out_tree[0], [Tracer(v) for v in out])
+
+
+def _scalar(x, op, what):
+    t = _tracer(x)
+    if tuple(t.shape) != ():
+        raise TypeError(f"{op}: the {what} has shape {tuple(t.shape)}; it must be a scalar")
+    return t
+
+
 # ---- issue #15: stop_gradient, pad and the cumulative reductions, under lax's names ------
 
 @_op

@@ -2,6 +2,7 @@
 # by their documented semantics (jax.lax.scan's Python-loop definition in its docstring), and
 # grad through scan against the gradient worked out by hand.
 import numpy as np
+import pytest
 
 import tessera as jax
 import tessera.numpy as jnp
@@ -52,3 +53,86 @@ def test_grad_through_scan_and_fori_loop(mesh):
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
     dx = jax.jit(jax.grad(lambda x: jnp.sum(lax.fori_loop(0, 3, lambda i, c: c * c, x))))(x)
     np.testing.assert_allclose(np.asarray(dx), 8 * x ** 7, rtol=1e-4)
+
+
+def test_scan_body_reads_outer_values(mesh):
+    # A closure over w (JAX's closed-over consts): the loop, its unrolled numpy form, and grad
+    # with respect to the captured w (its cotangent summed over the iterations).
+    xs = rng.normal(size=(5, 4)).astype(np.float32)
+    w = rng.normal(size=(4,)).astype(np.float32)
+
+    def loss(xs, w):
+        c, ys = lax.scan(lambda c, x: (c * 0.5 + x * w, c * w), jnp.zeros((4,), jnp.float32), xs)
+        return jnp.sum(c) + jnp.sum(ys)
+
+    got = jax.jit(loss)(xs, w)
+    c, want = np.zeros(4, np.float32), 0.0
+    for x in xs:
+        want += np.sum(c * w)
+        c = c * 0.5 + x * w
+    np.testing.assert_allclose(float(got), want + np.sum(c), rtol=1e-5)
+    g = jax.jit(jax.grad(loss, argnums=1))(xs, w)
+    eps = 1e-3
+    num = np.array([(loss_np(xs, w + eps * e) - loss_np(xs, w - eps * e)) / (2 * eps) for e in np.eye(4)])
+    np.testing.assert_allclose(np.asarray(g), num, rtol=1e-2, atol=1e-3)
+
+
+def loss_np(xs, w):
+    c, total = np.zeros(4, np.float64), 0.0
+    for x in xs.astype(np.float64):
+        total += np.sum(c * w)
+        c = c * 0.5 + x * w
+    return total + np.sum(c)
+
+
+def test_while_loop_cond_switch(mesh):
+    x = rng.normal(size=(8, 4)).astype(np.float32)
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+
+    # while_loop on a split carry: the predicate's sum is all-reduced, every device agrees.
+    def grow(x):
+        return lax.while_loop(lambda c: jnp.sum(jnp.abs(c[1])) < 500.0,
+                              lambda c: (c[0] + 1, c[1] * 1.5 + 1.0), (jnp.zeros((), jnp.int32), x))
+
+    n, out = jax.jit(grow)(xs)
+    k, want = 0, x.copy()
+    while np.sum(np.abs(want)) < 500.0:
+        k, want = k + 1, want * 1.5 + 1.0
+    assert int(n) == k and k > 1
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5)
+    with pytest.raises(Exception, match="reverse-mode differentiation does not work for lax.while_loop"):
+        jax.jit(jax.grad(lambda x: jnp.sum(grow(x)[1])))(xs)
+
+    # cond on data; switch with the index clamped as lax.switch.
+    def pick(x, i):
+        a = lax.cond(jnp.sum(x) > 0.0, lambda v: v * 2.0, lambda v: -v, x)
+        b = lax.switch(i, [lambda v: v + 1.0, lambda v: jnp.tanh(v), lambda v: v * v], x)
+        return a, b
+
+    for i in (-2, 0, 1, 2, 9):
+        a, b = jax.jit(lambda x, i: pick(x, jnp.sum(i)))(xs, np.array([i], np.int32))
+        np.testing.assert_allclose(np.asarray(a), x * 2.0 if x.sum() > 0 else -x, rtol=1e-6)
+        branch = [lambda v: v + 1.0, np.tanh, lambda v: v * v][min(max(i, 0), 2)]
+        np.testing.assert_allclose(np.asarray(b), branch(x), rtol=1e-5)
+    # grad through cond: the taken branch's.
+    g = jax.jit(jax.grad(lambda x: jnp.sum(lax.cond(jnp.sum(x) > 1e9, lambda v: v * v, lambda v: v * 3.0, x))))(xs)
+    np.testing.assert_allclose(np.asarray(g), np.full_like(x, 3.0))
+
+
+def test_checkpoint_gives_the_same_gradients(mesh):
+    x = rng.normal(size=(8, 8)).astype(np.float32)
+    w = rng.normal(size=(8, 8)).astype(np.float32)
+
+    def block(h, w):
+        return jnp.tanh(h @ w * 0.5 + h)
+
+    def loss(remat):
+        f = jax.checkpoint(block) if remat else block
+        return lambda x, w: jnp.sum(f(f(x, w), w) ** 2)
+
+    assert jax.remat is jax.checkpoint
+    v1, g1 = jax.jit(jax.value_and_grad(loss(True), argnums=(0, 1)))(x, w)
+    v0, g0 = jax.jit(jax.value_and_grad(loss(False), argnums=(0, 1)))(x, w)
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-6)
+    for a, b in zip(g1, g0):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

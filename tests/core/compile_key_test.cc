@@ -86,6 +86,9 @@ struct Knobs {
   int64_t scan_carries = 1;  // 1: a carry and an xs; 2: two carries, no xs
   int64_t scan_output = 0;
   double scan_body_constant = 2.0;
+  int64_t branches = 2;  // a switch's branch count (BranchesAttrs.graphs)
+  int64_t branches_output = 0;
+  double branch_constant = 2.0;
   Shape random_shape = {3, 4};  // random_bits' counted shape
   bool random_words = false;
 };
@@ -108,6 +111,24 @@ absl::StatusOr<int> add_scan(Graph& g, const Knobs& k) {
   n.op = Op::kScan;
   n.operands = {init, second};
   n.attributes = ScanAttrs{body, k.scan_length, k.scan_reverse, k.scan_carries, k.scan_output};
+  return g.add_node(std::move(n));
+}
+
+// A switch of `branches` branches (x * c, x + c, ...) with two results each: every field of
+// BranchesAttrs.
+absl::StatusOr<int> add_switch(Graph& g, const Knobs& k) {
+  std::vector<std::shared_ptr<const Graph>> graphs;
+  for (int64_t b = 0; b < k.branches; ++b) {
+    auto body = std::make_shared<Graph>();
+    const int x = body->add_parameter(DType::kF32, {4});
+    const int c = *body->add_constant(DType::kF32, {4}, b == 0 ? k.branch_constant : 1.0);
+    EXPECT_TRUE(body->set_outputs({*body->add_binary(b == 0 ? Op::kMul : Op::kAdd, x, c), x}).ok());
+    graphs.push_back(body);
+  }
+  Node n;
+  n.op = Op::kSwitch;
+  n.operands = {*g.add_constant(DType::kI32, {}, 1), *g.add_constant(DType::kF32, {4}, 0.5)};
+  n.attributes = BranchesAttrs{graphs, k.branches_output};
   return g.add_node(std::move(n));
 }
 
@@ -150,6 +171,7 @@ Request build(const Knobs& k) {
   EXPECT_TRUE(g.add_collective(Op::kCollectivePermute, in, body_mesh, {"y"}, k.positions).ok());
   EXPECT_TRUE(g.add_axis_index(*make_mesh({4, 2}, {"x", "y"}, k.index_devices), k.index_axes).ok());
   EXPECT_TRUE(add_scan(g, k).ok());
+  EXPECT_TRUE(add_switch(g, k).ok());
   EXPECT_TRUE(g.set_outputs(k.two_outputs ? std::vector<int>{red, out} : std::vector<int>{out, red}).ok());
   r.inputs = {P("x", None)};
   r.outputs = {std::nullopt, P("x", None)};
@@ -280,6 +302,9 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
       {"scan num_carry", [](Knobs& k) { k.scan_carries = 2; }},
       {"scan output", [](Knobs& k) { k.scan_output = 1; }},
       {"scan body", [](Knobs& k) { k.scan_body_constant = 3.0; }},
+      {"branch count", [](Knobs& k) { k.branches = 3; }},
+      {"branches output", [](Knobs& k) { k.branches_output = 1; }},
+      {"a branch's body", [](Knobs& k) { k.branch_constant = 3.0; }},
       {"random_bits shape",
        [](Knobs& k) {
          k.random_shape = {4, 3};

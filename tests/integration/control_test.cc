@@ -4,6 +4,7 @@
 // function unrolled into straight-line code, on the (8), (4, 2) and (2, 4) meshes with carries
 // split and replicated; the compiled loop's shape (one loop instruction, the body's
 // collectives inside it, the program's size independent of the length); and errors.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "tessera/tessera.h"
 #include "tests/support/host_eval.h"
 #include "tests/support/jit_check.h"
+#include "worker/interpreter.h"
 
 namespace tessera {
 namespace {
@@ -250,16 +252,103 @@ TEST_F(MeshesSuite, ScanOfLengthZeroAndFewerErrors) {
               HasSubstr("xs 0 has 3 rows, but the length is 5"));
   EXPECT_THAT(trace_error([&](const std::vector<Value>& in) { return scan(accumulate, {in[0]}, {}).carry; }),
               HasSubstr("with no xs, the length must be given"));
-  EXPECT_THAT(trace_error([](const std::vector<Value>& in) {
-                const Value outside = in[0];
-                return scan(
-                           [&outside](const std::vector<Value>& c, const std::vector<Value>& x) {
-                             return ScanStep{{c[0] + x[0] + outside}, {}};
-                           },
-                           {in[0]}, {in[1]})
-                    .carry;
-              }),
-              HasSubstr("different traces"));
+}
+
+// The values of `f` and of its gradient with respect to every input, jitted on `mesh` with the
+// inputs laid out as `specs`.
+std::vector<HostArray> values_and_grads(Client& client, const Mesh& mesh, const TracedFunction& f,
+                                        const std::vector<const HostArray*>& inputs,
+                                        const std::vector<PartitionSpec>& specs) {
+  std::vector<Array> args;
+  std::vector<int> all;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    absl::StatusOr<Array> a = client.device_put(*inputs[i], NamedSharding(mesh, specs[i]));
+    EXPECT_TRUE(a.ok()) << a.status();
+    if (!a.ok()) return {};
+    args.push_back(*std::move(a));
+    all.push_back(static_cast<int>(i));
+  }
+  absl::StatusOr<std::vector<Array>> out = jit(value_and_grad(f, all))(args);
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return {};
+  std::vector<HostArray> got;
+  for (const Array& a : *out) {
+    absl::StatusOr<HostArray> v = a.fetch();
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (v.ok()) got.push_back(*std::move(v));
+  }
+  return got;
+}
+
+// A body that reads values traced outside it (a closure, as JAX bodies do: the values become
+// the loop's closed-over consts, jax/_src/lax/control_flow/loops.py's `consts`): w and b are
+// never passed in. On every mesh, w split along the contraction (a collective per iteration),
+// against the host loop and the unrolled program, forward and through grad (the consts'
+// cotangents summed over the iterations); a fori_loop nested in the body captures w through it.
+std::vector<Value> closure(const std::vector<Value>& in, bool loop) {
+  const Value w = in[1], b = in[3];
+  auto step = [&](const Value& h, const Value& x) { return tanh(matmul(h, w) * 0.5 + x) + b * 0.25; };
+  auto inner = [&](const Value& h) {
+    return fori_loop(0, 2, [&](const Value&, const std::vector<Value>& c) { return std::vector<Value>{step(c[0], h)}; },
+                     {h})[0];
+  };
+  if (loop) {
+    ScanResult r = scan(
+        [&](const std::vector<Value>& c, const std::vector<Value>& x) {
+          const Value h = step(c[0], x[0]);
+          return ScanStep{{h}, {h * b, inner(h)}};
+        },
+        {in[0]}, {in[2]});
+    return {r.carry[0], r.ys[0], r.ys[1]};
+  }
+  const int64_t length = in[2].shape()[0];
+  Value h = in[0];
+  std::vector<Value> ys0, ys1;
+  for (int64_t row = 0; row < length; ++row) {
+    h = step(h, reshape(slice(in[2], {row, 0, 0}, {row + 1, kDim, kDim}), {kDim, kDim}));
+    ys0.push_back(expand_dims(h * b, 0));
+    Value g = h;
+    for (int i = 0; i < 2; ++i) g = step(g, h);
+    ys1.push_back(expand_dims(g, 0));
+  }
+  return {h, concatenate(ys0, 0), concatenate(ys1, 0)};
+}
+
+TEST_F(MeshesSuite, ScanBodiesReadOuterValues) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(13);
+  HostArray h = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray w = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray xs = random_array(DType::kF32, {4, kDim, kDim}, Domain::kSigned, rng);
+  HostArray b = random_array(DType::kF32, {kDim}, Domain::kSigned, rng);
+  const std::vector<const HostArray*> inputs = {&h, &w, &xs, &b};
+  auto loss = [](bool loop) {
+    return [loop](const std::vector<Value>& in) {
+      std::vector<Value> r = closure(in, loop);
+      return std::vector<Value>{sum(r[0] * r[0]) + sum(r[1]) + sum(r[2] * 0.5)};
+    };
+  };
+  for (size_t m = 0; m < meshes_.size(); ++m) {
+    SCOPED_TRACE(test_meshes()[m].name);
+    const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
+    const std::vector<PartitionSpec> specs = {P(first, None), P(last, None), P(None, None, last), P(last)};
+    absl::StatusOr<JitCheck> loop = run_against_host(
+        *client_, meshes_[m], [](const std::vector<Value>& in) { return closure(in, true); }, inputs, specs);
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    absl::StatusOr<JitCheck> flat = run_against_host(
+        *client_, meshes_[m], [](const std::vector<Value>& in) { return closure(in, false); }, inputs, specs);
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    for (size_t i = 0; i < loop->got.size(); ++i) {
+      EXPECT_TRUE(results_match(loop->got[i], loop->want[i], kF32Tolerance)) << "against the host loop " << i;
+      EXPECT_TRUE(results_match(loop->got[i], flat->got[i], kF32Tolerance)) << "against the unrolled program " << i;
+    }
+    EXPECT_THAT(loop->plan_text, HasSubstr("loop("));
+    const std::vector<HostArray> g = values_and_grads(*client_, meshes_[m], loss(true), inputs, specs);
+    const std::vector<HostArray> want = values_and_grads(*client_, meshes_[m], loss(false), inputs, specs);
+    ASSERT_EQ(g.size(), 5u);
+    ASSERT_EQ(want.size(), 5u);
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(results_match(g[i], want[i], 1e-4)) << "gradient output " << i;
+  }
 }
 
 // jax.grad through a scan (client/vjp/control.cc: a saving scan forward, a reverse scan of the
@@ -363,6 +452,306 @@ TEST_F(MeshesSuite, ForiLoopMatchesItsUnrolledForm) {
       EXPECT_TRUE(results_match(loop->got[i], flat->got[i], kF32Tolerance)) << "against the unrolled program " << i;
     }
   }
+}
+
+// ---- while_loop -------------------------------------------------------------------------------
+
+// lax.while_loop(cond, body, (i, h)) whose trip count depends on the data: h grows until the
+// sum of its magnitudes passes a bound (or 12 iterations), w and b read from outside (consts).
+// The unrolled form is the definition with the carry frozen once the predicate fails:
+// `for t < 12: c = where(cond(c), body(c), c)` (a frozen carry keeps the predicate false).
+Value keep_going(const std::vector<Value>& c) {
+  return logical_and(c[0] < full({}, 12, DType::kI32), sum(abs(c[1])) < full({}, 900.0, DType::kF32));
+}
+std::vector<Value> grow(const std::vector<Value>& c, const Value& w, const Value& b) {
+  return {c[0] + 1, c[1] * 1.5 + tanh(matmul(c[1], w)) + b};
+}
+std::vector<Value> while_program(const std::vector<Value>& in, bool loop) {
+  const Value w = in[1], b = in[2];
+  std::vector<Value> c = {full({}, 0, DType::kI32), in[0]};
+  if (loop)
+    return while_loop(
+        keep_going, [&](const std::vector<Value>& x) { return grow(x, w, b); }, c);
+  for (int t = 0; t < 12; ++t) {
+    const Value go = keep_going(c);
+    const std::vector<Value> next = grow(c, w, b);
+    c = {where(go, next[0], c[0]), where(go, next[1], c[1])};
+  }
+  return c;
+}
+
+// Random h and w of (kDim, kDim) and b of (kDim).
+std::vector<HostArray> random_hwb(unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<HostArray> out;
+  for (const Shape& s : {Shape{kDim, kDim}, Shape{kDim, kDim}, Shape{kDim}}) {
+    out.push_back(random_array(DType::kF32, s, Domain::kSigned, rng));
+  }
+  return out;
+}
+
+TEST_F(MeshesSuite, WhileLoopMatchesTheHostAndItsUnrolledForm) {
+  ASSERT_NE(client_, nullptr);
+  const std::vector<HostArray> hwb = random_hwb(17);
+  const HostArray &h = hwb[0], &w = hwb[1], &b = hwb[2];
+  for (size_t m = 0; m < meshes_.size(); ++m) {
+    SCOPED_TRACE(test_meshes()[m].name);
+    const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
+    // h split by rows (the predicate's sum is a pending sum, all-reduced), w along the
+    // contraction (the body all-reduces h @ w).
+    const std::vector<PartitionSpec> specs = {first == last ? P(first, None) : P(first, last), P(last, None), P()};
+    absl::StatusOr<JitCheck> loop = run_against_host(
+        *client_, meshes_[m], [](const std::vector<Value>& in) { return while_program(in, true); }, {&h, &w, &b},
+        specs);
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    absl::StatusOr<JitCheck> flat = run_against_host(
+        *client_, meshes_[m], [](const std::vector<Value>& in) { return while_program(in, false); }, {&h, &w, &b},
+        specs);
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(results_match(loop->got[i], loop->want[i], kF32Tolerance)) << "against the host loop " << i;
+      EXPECT_TRUE(results_match(loop->got[i], flat->got[i], kF32Tolerance)) << "against the unrolled form " << i;
+    }
+    // The data ended the loop, not the counter: it ran some iterations, fewer than 12.
+    const int32_t trips = loop->got[0].values<int32_t>()[0];
+    EXPECT_GT(trips, 1);
+    EXPECT_LT(trips, 12);
+    EXPECT_EQ(loop->out_specs[1], specs[0]) << "the carry leaves as it entered\n" << loop->plan_text;
+    EXPECT_THAT(loop->plan_text, HasSubstr("= while("));
+    EXPECT_THAT(loop->plan_text, HasSubstr("trip_count=65536")) << "collectives: the bound";
+  }
+}
+
+TEST(WhilePlan, ThePredicateIsReplicatedAndTheProgramSurvivesTheWire) {
+  absl::StatusOr<Executable> exe =
+      compile([](const std::vector<Value>& in) { return while_program(in, true); },
+              {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kDim, kDim}}, {DType::kF32, {kDim}}},
+              {P("data", "model"), P("model", None), P()});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const Instruction* loop = the_loop(exe->program);
+  ASSERT_NE(loop, nullptr) << exe->as_text();
+  ASSERT_EQ(loop->branches.size(), 1u);
+  // sum(abs(h)) of a split h is resolved inside the predicate: one all-reduce of a scalar.
+  EXPECT_GE(collectives(*loop->branches[0]), 1) << exe->as_text();
+  EXPECT_EQ(loop->trip_count, 65536);
+  EXPECT_EQ(plan_op_span(exe->program), exe->program.code.size() +
+                                            65536 * (plan_op_span(*loop->body) + plan_op_span(*loop->branches[0])) +
+                                            plan_op_span(*loop->branches[0]));
+  pb::DevicePlan wire;
+  to_proto(exe->program, &wire);
+  absl::StatusOr<DevicePlan> back = plan_from_proto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(canonical_bytes(*the_loop(*back)), canonical_bytes(*loop));
+  ASSERT_TRUE(resolve(*back, exe->mesh, 5).ok());
+  int k = 0;
+  while (wire.code(k).kind() != pb::Instruction::LOOP) ++k;
+  pb::DevicePlan bad = wire;
+  bad.mutable_code(k)->set_trip_count(0);
+  EXPECT_THAT(plan_from_proto(bad).status().message(), HasSubstr("collectives and no bound"));
+  bad = wire;
+  *bad.mutable_code(k)->add_branches() = wire.code(k).branches(0);
+  EXPECT_THAT(plan_from_proto(bad).status().message(), HasSubstr("a loop with 2 predicates"));
+}
+
+TEST_F(MeshesSuite, WhileLoopErrors) {
+  ASSERT_NE(client_, nullptr);
+  auto trace_error = [](const TracedFunction& f) {
+    absl::Status s = trace(f, {{DType::kF32, {4}}}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  const WhileBody twice = [](const std::vector<Value>& c) { return std::vector<Value>{c[0] * 2.0}; };
+  EXPECT_THAT(trace_error([&](const std::vector<Value>& in) {
+                return while_loop([](const std::vector<Value>& c) { return sum(c[0]); }, twice, {in[0]});
+              }),
+              HasSubstr("while_loop: cond_fun must return a bool scalar, not (f32[])"));
+  EXPECT_THAT(trace_error([&](const std::vector<Value>& in) {
+                return while_loop([](const std::vector<Value>& c) { return sum(c[0]) < 9.0; },
+                                  [](const std::vector<Value>& c) { return std::vector<Value>{sum(c[0])}; }, {in[0]});
+              }),
+              HasSubstr("body_fun returns (f32[]) for carries (f32[4])"));
+  // grad: JAX's rule (jax/_src/lax/control_flow/loops.py: "Reverse-mode differentiation does
+  // not work for lax.while_loop").
+  EXPECT_THAT(trace_error(grad([&](const std::vector<Value>& in) {
+                return std::vector<Value>{
+                    sum(while_loop([](const std::vector<Value>& c) { return sum(c[0]) < 9.0; }, twice, {in[0]})[0])};
+              })),
+              HasSubstr("reverse-mode differentiation does not work for lax.while_loop"));
+}
+
+// A while loop that never ends, with no collective (the carry replicated: no op ids, so no
+// bound), ends at its run's deadline: the interpreter checks it before every iteration.
+TEST_F(MeshesSuite, AWhileLoopThatNeverEndsEndsAtItsRunsDeadline) {
+  ASSERT_NE(client_, nullptr);
+  absl::StatusOr<Array> a = client_->device_put(HostArray::zeros(DType::kF32, {8}), NamedSharding(meshes_[0], P()));
+  ASSERT_TRUE(a.ok()) << a.status();
+  JitOptions options;
+  options.timeout = absl::Milliseconds(300);
+  Jitted f = jit(
+      [](const std::vector<Value>& in) {
+        return while_loop([](const std::vector<Value>& c) { return sum(c[0]) > -1.0; },
+                          [](const std::vector<Value>& c) { return std::vector<Value>{c[0] + 1.0}; }, {in[0]});
+      },
+      options);
+  absl::StatusOr<std::vector<Array>> out = f({*a});
+  absl::Status s = out.ok() ? (*out)[0].fetch().status() : out.status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(s.message(), HasSubstr("of a while loop")) << s;
+  EXPECT_THAT(f.as_text(), HasSubstr("trip_count=0")) << "no collectives: no bound";
+}
+
+// ---- cond / switch -----------------------------------------------------------------------------
+
+// Three branches of different shapes of computation on (h, w), reading b from outside: one
+// contracts the split dimension (a collective inside the branch), one is elementwise, one
+// transposes (so the branches leave their results in different layouts, which are joined).
+std::vector<Branch> three_branches(const Value& b) {
+  return {[](const std::vector<Value>& o) {
+            return std::vector<Value>{matmul(o[0], o[1]), sum(o[0])};
+          },
+          [b](const std::vector<Value>& o) {
+            return std::vector<Value>{tanh(o[0]) * o[1] + b, sum(o[1] * 2.0)};
+          },
+          [](const std::vector<Value>& o) {
+            return std::vector<Value>{transpose(o[0], {1, 0}) - o[1], sum(o[0] * o[1])};
+          }};
+}
+
+TEST_F(MeshesSuite, SwitchRunsTheClampedBranchAndCondTheTakenOne) {
+  ASSERT_NE(client_, nullptr);
+  const std::vector<HostArray> hwb = random_hwb(19);
+  const HostArray &h = hwb[0], &w = hwb[1], &b = hwb[2];
+  for (size_t m = 0; m < meshes_.size(); ++m) {
+    const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
+    const std::vector<PartitionSpec> specs = {P(first, None), P(last, None), P(), P()};
+    // lax.switch clamps the index into range (jax/_src/lax/control_flow/conditionals.py).
+    for (int32_t index : {-3, 0, 1, 2, 7}) {
+      SCOPED_TRACE(absl::StrCat(test_meshes()[m].name, " index ", index));
+      HostArray i = HostArray::from_vector<int32_t>({}, {index});
+      absl::StatusOr<JitCheck> got = run_against_host(
+          *client_, meshes_[m],
+          [](const std::vector<Value>& in) {
+            return switch_(in[3], three_branches(in[2]), {in[0], in[1]});
+          },
+          {&h, &w, &b, &i}, specs);
+      ASSERT_TRUE(got.ok()) << got.status();
+      const int taken = std::clamp(index, 0, 2);
+      absl::StatusOr<JitCheck> want = run_against_host(
+          *client_, meshes_[m],
+          [taken](const std::vector<Value>& in) {
+            return three_branches(in[2])[taken]({in[0], in[1]});
+          },
+          {&h, &w, &b, &i}, specs);
+      ASSERT_TRUE(want.ok()) << want.status();
+      for (size_t k = 0; k < 2; ++k) {
+        EXPECT_TRUE(results_match(got->got[k], got->want[k], kF32Tolerance)) << "against the host " << k;
+        EXPECT_TRUE(results_match(got->got[k], want->got[k], kF32Tolerance)) << "against the branch itself " << k;
+      }
+      EXPECT_THAT(got->plan_text, HasSubstr("= switch("));
+    }
+    // cond on a predicate computed from split data, against both branches and a select.
+    absl::StatusOr<JitCheck> c = run_against_host(
+        *client_, meshes_[m],
+        [](const std::vector<Value>& in) {
+          std::vector<Branch> br = three_branches(in[2]);
+          const Value pred = sum(in[0]) > 0.0;
+          std::vector<Value> out = cond(pred, br[1], br[0], {in[0], in[1]});
+          std::vector<Value> t = br[1]({in[0], in[1]}), f = br[0]({in[0], in[1]});
+          out.push_back(where(pred, t[0], f[0]));
+          out.push_back(cond(logical_not(pred), br[1], br[0], {in[0], in[1]})[0]);
+          out.push_back(where(pred, f[0], t[0]));
+          return out;
+        },
+        {&h, &w, &b, &h}, specs);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(results_match(c->got[0], c->want[0], kF32Tolerance));
+    EXPECT_TRUE(results_match(c->got[0], c->got[2], kF32Tolerance)) << "cond is the select of its branches";
+    EXPECT_TRUE(results_match(c->got[3], c->got[4], kF32Tolerance)) << "and the other way round";
+  }
+}
+
+TEST_F(MeshesSuite, CondAndSwitchErrors) {
+  ASSERT_NE(client_, nullptr);
+  auto trace_error = [](const TracedFunction& f) {
+    absl::Status s = trace(f, {{DType::kF32, {4}}}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  const Branch same = [](const std::vector<Value>& o) { return o; };
+  const Branch summed = [](const std::vector<Value>& o) { return std::vector<Value>{sum(o[0])}; };
+  EXPECT_THAT(trace_error([&](const std::vector<Value>& in) { return cond(sum(in[0]) > 0.0, same, summed, in); }),
+              HasSubstr("cond: true_fun returns (f32[4]) but false_fun returns (f32[])"));
+  EXPECT_THAT(trace_error([&](const std::vector<Value>& in) {
+                return switch_(in[0], {same, same}, in);
+              }),
+              HasSubstr("switch: the index is f32[4], not an integer scalar"));
+  EXPECT_THAT(trace_error([&](const std::vector<Value>& in) { return cond(in[0] > 0.0, same, same, in); }),
+              HasSubstr("cond: the predicate is bool[4], not a scalar"));
+}
+
+// ---- checkpoint (remat) ----------------------------------------------------------------------
+
+// Four blocks of three tanh layers on a (64, 64) activation. Without checkpoint, grad keeps
+// every layer's output from the forward pass for the backward one; with each block under
+// checkpoint it keeps only the blocks' inputs and recomputes a block's layers inside its
+// backward (jax.checkpoint's documented trade: jax/_src/ad_checkpoint.py).
+constexpr int64_t kWide = 64;
+Value block(const Value& h, const Value& w) {
+  Value x = h;
+  for (int l = 0; l < 3; ++l) x = tanh(matmul(x, w) * 0.125 + x);
+  return x;
+}
+TracedFunction blocks_loss(bool remat) {
+  return [remat](const std::vector<Value>& in) {
+    Value h = in[0];
+    for (int k = 0; k < 4; ++k) {
+      const Value w = in[1 + k];
+      h = remat
+              ? checkpoint([](const std::vector<Value>& a) { return std::vector<Value>{block(a[0], a[1])}; })({h, w})[0]
+              : block(h, w);
+    }
+    return std::vector<Value>{sum(h * h)};
+  };
+}
+
+TEST_F(MeshesSuite, CheckpointGivesTheSameGradientsAndKeepsLessForTheBackwardPass) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(23);
+  std::vector<HostArray> args;
+  for (int k = 0; k < 5; ++k) args.push_back(random_array(DType::kF32, {kWide, kWide}, Domain::kSigned, rng));
+  std::vector<const HostArray*> inputs;
+  for (const HostArray& a : args) inputs.push_back(&a);
+  for (size_t m = 0; m < meshes_.size(); ++m) {
+    SCOPED_TRACE(test_meshes()[m].name);
+    const std::string first = test_meshes()[m].axes.front();
+    std::vector<PartitionSpec> specs = {P(first, None), P(), P(), P(), P()};
+    const std::vector<HostArray> with = values_and_grads(*client_, meshes_[m], blocks_loss(true), inputs, specs);
+    const std::vector<HostArray> without = values_and_grads(*client_, meshes_[m], blocks_loss(false), inputs, specs);
+    ASSERT_EQ(with.size(), 6u);
+    ASSERT_EQ(without.size(), 6u);
+    for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(results_match(with[i], without[i], 1e-4)) << "output " << i;
+  }
+  // The compiler's accounting (worker/interpreter.h's peak_memory): what a device holds at
+  // the program's peak, the residuals kept for the backward pass included.
+  std::vector<ArrayType> types(5, {DType::kF32, {kWide, kWide}});
+  auto peak = [&](bool remat) -> int64_t {
+    absl::StatusOr<Executable> exe =
+        compile(value_and_grad(blocks_loss(remat), {0, 1, 2, 3, 4}), types, {P("data", None), P(), P(), P(), P()});
+    EXPECT_TRUE(exe.ok()) << exe.status();
+    if (!exe.ok()) return 0;
+    std::vector<std::shared_ptr<const HostArray>> in;
+    for (int k = 0; k < 5; ++k) {
+      in.push_back(std::make_shared<HostArray>(DType::kF32, k == 0 ? Shape{kWide / 4, kWide} : Shape{kWide, kWide}));
+    }
+    return peak_memory(exe->program, in).bytes;
+  };
+  const int64_t kept = peak(false), recomputed = peak(true);
+  RecordProperty("peak_bytes_without_checkpoint", std::to_string(kept));
+  RecordProperty("peak_bytes_with_checkpoint", std::to_string(recomputed));
+  // Twelve layer outputs of a (16, 64) block each (4 KiB) kept without checkpoint; with it,
+  // the four block inputs and one block's layers at a time.
+  EXPECT_LT(recomputed, kept) << recomputed << " vs " << kept;
+  EXPECT_LE(recomputed + 4 * 4096, kept) << recomputed << " vs " << kept;
 }
 
 }  // namespace

@@ -221,6 +221,60 @@ std::vector<GradCase> grad_cases() {
                      return r.carry[0] + sum(r.ys[0], {0}) + sum(r.ys[1]) + r.carry[1];
                    }});
   }
+  // A body reading outer values (closed-over consts, JAX's scan consts): their cotangents sum
+  // over the iterations; a nested scan captures through the outer body.
+  out.push_back({"scan_closure", {{4, 4}, {4, 4}, {4, 4, 4}, {4}}, Domain::kSigned, [](V in) {
+                   const Value w = in[1], b = in[3];
+                   ScanResult r = scan(
+                       [&](const std::vector<Value>& c, const std::vector<Value>& x) {
+                         const Value h = tanh(matmul(c[0], w) * 0.5 + x[0] + b);
+                         return ScanStep{{h}, {h * b}};
+                       },
+                       {in[0]}, {in[2]});
+                   return r.carry[0] + sum(r.ys[0], {0});
+                 }});
+  out.push_back({"scan_closure_nested", {{4, 4}, {4, 4}, {3, 4, 4}}, Domain::kSigned, [](V in) {
+                   const Value w = in[1];
+                   ScanResult r = scan(
+                       [&](const std::vector<Value>& c, const std::vector<Value>& x) {
+                         const Value inner = fori_loop(0, 2,
+                                                       [&](const Value&, const std::vector<Value>& d) {
+                                                         return std::vector<Value>{tanh(matmul(d[0], w) * 0.5 + x[0])};
+                                                       },
+                                                       {c[0]})[0];
+                         return ScanStep{{inner * 0.9}, {}};
+                       },
+                       {in[0]}, {in[2]});
+                   return r.carry[0];
+                 }});
+  // cond / switch: the cotangent goes through the taken branch (JAX's cond transpose); the
+  // branches read an outer value; checkpoint recomputes its function in the backward pass.
+  out.push_back({"cond", {{4, 4}, {4, 4}}, Domain::kSigned, [](V in) {
+                   const Value w = in[1];
+                   const Branch a = [&](const std::vector<Value>& o) {
+                     return std::vector<Value>{tanh(matmul(o[0], w)), sum(o[0] * o[0])};
+                   };
+                   const Branch b = [](const std::vector<Value>& o) {
+                     return std::vector<Value>{exp(o[0] * 0.5), sum(o[0])};
+                   };
+                   std::vector<Value> r = cond(sum(in[0] * 0.0) < 1.0, a, b, {in[0]});      // true_fun
+                   std::vector<Value> q = cond(sum(in[0] * 0.0) > 1.0, a, b, {in[0] * w});  // false_fun
+                   return r[0] * r[1] + q[0] + q[1];
+                 }});
+  out.push_back({"switch", {{4, 4}, {4, 4}}, Domain::kSigned, [](V in) {
+                   const std::vector<Branch> br = {
+                       [](const std::vector<Value>& o) { return std::vector<Value>{o[0] * o[1]}; },
+                       [](const std::vector<Value>& o) { return std::vector<Value>{matmul(o[0], o[1]) * 0.5}; },
+                       [](const std::vector<Value>& o) { return std::vector<Value>{sin(o[1])}; }};
+                   return switch_(full({}, 1, DType::kI32), br, {in[0], in[1]})[0] +
+                          switch_(full({}, 9, DType::kI32), br, {in[0], in[1]})[0];
+                 }});
+  out.push_back({"checkpoint", {{4, 4}, {4, 4}}, Domain::kSigned, [](V in) {
+                   const TracedFunction layer = checkpoint([](const std::vector<Value>& a) {
+                     return std::vector<Value>{tanh(matmul(a[0], a[1]) * 0.5 + a[0])};
+                   });
+                   return layer({layer({in[0], in[1]})[0], in[1]})[0];
+                 }});
   out.push_back(
       {"fori_loop", {{4, 4}, {4, 4}}, Domain::kSigned, [](V in) {
          return fori_loop(

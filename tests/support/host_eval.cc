@@ -1,5 +1,7 @@
 #include "tests/support/host_eval.h"
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -104,6 +106,38 @@ absl::StatusOr<std::vector<HostArray>> reference_collective(const Node& n, const
     }
   }
   return out;
+}
+
+// lax.while_loop by its definition: `while cond(carry): carry = body(carry)`, on the host. A
+// loop that does not end within 10^6 iterations is an error (a test's bound, not the op's).
+absl::StatusOr<HostArray> reference_while(const Node& n, const std::vector<const HostArray*>& operands) {
+  const BranchesAttrs& a = n.attrs<BranchesAttrs>();
+  std::vector<HostArray> carry;
+  for (const HostArray* o : operands) carry.push_back(o->clone());
+  for (int64_t t = 0;; ++t) {
+    if (t > 1000000) return absl::DeadlineExceededError("reference_while: over 10^6 iterations");
+    std::vector<const HostArray*> in;
+    for (const HostArray& c : carry) in.push_back(&c);
+    absl::StatusOr<std::vector<HostArray>> p = evaluate_on_host(*a.graphs[0], in);
+    if (!p.ok()) return p.status();
+    if ((*p)[0].data()[0] == std::byte{0}) break;
+    absl::StatusOr<std::vector<HostArray>> next = evaluate_on_host(*a.graphs[1], in);
+    if (!next.ok()) return next.status();
+    carry = *std::move(next);
+  }
+  return std::move(carry[a.output]);
+}
+
+// lax.switch by its definition: branches[clamp(index, 0, n - 1)](*operands), on the host.
+absl::StatusOr<HostArray> reference_switch(const Node& n, const std::vector<const HostArray*>& operands) {
+  const BranchesAttrs& a = n.attrs<BranchesAttrs>();
+  int32_t k = 0;
+  std::memcpy(&k, operands[0]->data(), sizeof(k));
+  const int64_t b = std::clamp<int64_t>(k, 0, static_cast<int64_t>(a.graphs.size()) - 1);
+  absl::StatusOr<std::vector<HostArray>> out =
+      evaluate_on_host(*a.graphs[b], std::vector<const HostArray*>(operands.begin() + 1, operands.end()));
+  if (!out.ok()) return out.status();
+  return std::move((*out)[a.output]);
 }
 
 // A scan by its definition: the body graph evaluated on the host once per row, in order, the
@@ -231,7 +265,10 @@ absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
     }
     std::vector<const HostArray*> operands;
     for (int o : n.operands) operands.push_back(&values[o]);
-    absl::StatusOr<HostArray> v = n.op == Op::kScan ? reference_scan(n, operands) : run_kernel(n, operands);
+    absl::StatusOr<HostArray> v = n.op == Op::kScan     ? reference_scan(n, operands)
+                                  : n.op == Op::kWhile  ? reference_while(n, operands)
+                                  : n.op == Op::kSwitch ? reference_switch(n, operands)
+                                                        : run_kernel(n, operands);
     if (!v.ok()) {
       return absl::Status(v.status().code(), absl::StrCat("evaluate_on_host: %", id, ": ", v.status().message()));
     }

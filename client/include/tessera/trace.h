@@ -391,8 +391,9 @@ Value typed_as(const Value& like, const std::function<Value()>& op);
 //   return carry, ys (each y stacked along a new leading dimension of `length`)
 // length is the xs' common leading dimension; it must be given when there are no xs (and must
 // agree with them when there are). Every carry must come back from f with its dtype and shape.
-// The body may read only its arguments (pass other values in the carry or the xs, as with
-// shard_map). Errors fail the trace (INVALID_ARGUMENT naming scan and the rule).
+// The body may read Values traced outside it (a closure): each becomes a loop invariant
+// of the loop (JAX's closed-over consts), and grad sums its cotangent over the iterations.
+// Errors fail the trace (INVALID_ARGUMENT naming scan and the rule).
 //
 //   ScanResult r = scan([](const std::vector<Value>& c, const std::vector<Value>& x) {
 //     Value next = c[0] + x[0];
@@ -417,6 +418,39 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init, const std
 // bounds is.
 using ForiBody = std::function<std::vector<Value>(const Value& i, const std::vector<Value>& carry)>;
 std::vector<Value> fori_loop(int64_t lower, int64_t upper, const ForiBody& body, const std::vector<Value>& init);
+
+// jax.lax.while_loop(cond_fun, body_fun, init_val): `carry = init; while cond(carry): carry =
+// body(carry); return carry`, run by the devices as a loop. cond returns a bool scalar, body
+// the carries with their types. Forward only, as in JAX: grad through it fails naming the
+// rule. The predicate is computed replicated (a pending reduction over split carries is
+// all-reduced, bitwise alike on every device), so every device leaves at the same iteration.
+// No bound on iterations without collectives in cond or body (the run's timeout or a cancel
+// ends a loop that does not); with collectives, at most 65536 (their op ids are reserved per
+// run; OUT_OF_RANGE past that). Both functions may read outer Values (closures).
+using WhileCond = std::function<Value(const std::vector<Value>& carry)>;
+using WhileBody = std::function<std::vector<Value>(const std::vector<Value>& carry)>;
+std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, const std::vector<Value>& init);
+
+// jax.lax.switch(index, branches, *operands): branches[clamp(index, 0, n-1)](operands), an
+// integer scalar index (clamped as lax.switch documents). Every branch must return the same
+// dtypes and shapes (an error names the two that differ). Each branch is traced into a
+// sub-graph and only the taken one runs; grad goes through the taken branch. Results are laid
+// out as the branches agree (a dimension split the same way in every branch stays split;
+// otherwise whole). Branches may read outer Values.
+using Branch = std::function<std::vector<Value>(const std::vector<Value>& operands)>;
+std::vector<Value> switch_(const Value& index, const std::vector<Branch>& branches, const std::vector<Value>& operands);
+
+// jax.lax.cond(pred, true_fun, false_fun, *operands): switch_(pred, {false_fun, true_fun}),
+// pred a bool (or number: nonzero is true) scalar.
+std::vector<Value> cond(const Value& pred, const Branch& on_true, const Branch& on_false,
+                        const std::vector<Value>& operands);
+
+// jax.checkpoint / jax.remat(f): the same values, but grad recomputes f's forward in the
+// backward pass instead of keeping its intermediates (f becomes a sub-graph called once,
+// whose VJP runs f again beside its own backward). Saves memory between the forward and
+// backward passes at the cost of computing f twice.
+TracedFunction checkpoint(TracedFunction f);
+inline TracedFunction remat(TracedFunction f) { return checkpoint(std::move(f)); }
 
 }  // namespace tessera
 

@@ -19,7 +19,7 @@ void eliminate_common_subexpressions(DevicePlan* program) {
   for (Instruction& i : program->code) {
     for (int& s : i.in) s = renamed[s];
     i.node.operands = i.in;
-    if (i.kind == Instruction::Kind::kLoop) {  // several results: never merged (a scan is run once anyway)
+    if (i.kind == Instruction::Kind::kLoop || i.kind == Instruction::Kind::kSwitch) {  // several results: never merged
       code.push_back(std::move(i));
       continue;
     }
