@@ -30,8 +30,9 @@ namespace tessera {
 // 13: credentials, session credentials and array grants; 14: mesh axis types; 15: the
 // indexing ops and rem, GatherAttrs and DynamicSliceAttrs; 16: scan, ScanAttrs and loop instructions; stop_gradient,
 // argsort; calls name in-flight calls' outputs (ExecuteRequest.pending_inputs), and ExecuteReply carries only ids and
-// grants; uint32, random_bits with RandomBitsAttrs, shift_right_logical, erf_inv.)
-inline constexpr uint32_t kProtocolVersion = 16;
+// grants; uint32, random_bits with RandomBitsAttrs, shift_right_logical, erf_inv; 17: the dtypes bfloat16, float16,
+// uint8, int8, int16.)
+inline constexpr uint32_t kProtocolVersion = 17;
 inline constexpr uint64_t kOpTableDigest = 0xd1b45289b985a16e;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
