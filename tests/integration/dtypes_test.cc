@@ -214,7 +214,8 @@ TEST_F(DTypesTest, CollectivesOnHalves) {
           return std::vector<Value>{psum(in[0], axes), pmax(in[0], axes), all_gather(in[0], axes, 0, true),
                                     psum_scatter(in[0], axes, 1, true)};
         },
-        mesh, {P(axes, None)}, {P(), P(), P(), P(None, axes)});
+        // (check_vma off: JAX types a tiled all_gather's result as varying, though it is not.)
+        mesh, {P(axes, None)}, {P(), P(), P(), P(None, axes)}, {.check_vma = false});
     const std::vector<float> v = small_integers(static_cast<int>(rows * cols), rng);
     for (DType d : {DType::kBF16, DType::kF16}) {
       const HostArray x = d == DType::kBF16 ? halves<BFloat16>({rows, cols}, v) : halves<Float16>({rows, cols}, v);
