@@ -2,6 +2,8 @@
 // share memory: the shm path) against a host reference computed here element by element; a
 // representative subset again on 8 worker processes run with --shm=false (the gRPC path),
 // and the all_reduce algorithms the table does not choose, forced.
+#include <algorithm>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -185,17 +187,20 @@ HostArray small_integers(DType dtype, const Shape& shape, uint32_t seed) {
       case DType::kU32:
         a.mutable_values<uint32_t>()[i] = static_cast<uint32_t>(v + 3);  // 0..6: sums of 8 stay exact
         break;
-      case DType::kBF16:  // halves: each step adds in float32 and rounds; small integers stay exact
-        a.mutable_values<BFloat16>()[i] = BFloat16(v);
+      // Halves compute each step in float32 and round: in [-2, 2] products of 8 are signed powers
+      // of two up to 256 and sums at most 16, all exact in bfloat16 and float16. One-byte integers
+      // would wrap on a product of 8 values beyond +-1 (uint8: 0 or 1).
+      case DType::kBF16:
+        a.mutable_values<BFloat16>()[i] = BFloat16(std::clamp(v, -2, 2));
         break;
       case DType::kF16:
-        a.mutable_values<Float16>()[i] = Float16(v);
+        a.mutable_values<Float16>()[i] = Float16(std::clamp(v, -2, 2));
         break;
       case DType::kU8:
-        a.mutable_values<uint8_t>()[i] = static_cast<uint8_t>(v + 3);
+        a.mutable_values<uint8_t>()[i] = static_cast<uint8_t>(v > 0);
         break;
       case DType::kI8:
-        a.mutable_values<int8_t>()[i] = static_cast<int8_t>(v);
+        a.mutable_values<int8_t>()[i] = static_cast<int8_t>(std::clamp(v, -1, 1));
         break;
       case DType::kI16:
         a.mutable_values<int16_t>()[i] = static_cast<int16_t>(v);
