@@ -138,7 +138,8 @@ CollectiveSpec collective_of(const Node& n) {
 }
 
 std::string type_to_string(DType dtype, const Shape& shape) {
-  static const char* const kShort[] = {"f32", "f64", "i32", "i64", "bool"};
+  static const char* const kShort[] = {"f32", "f64", "i32", "i64", "bool", "u32", "bf16", "f16", "u8", "i8", "i16"};
+  static_assert(std::size(kShort) == std::size(kAllDTypes), "one short name per dtype");
   return absl::StrCat(kShort[static_cast<int>(dtype)], "[", absl::StrJoin(shape, ","), "]");
 }
 

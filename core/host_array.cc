@@ -93,6 +93,21 @@ void for_dtype(DType dtype, F&& f) {
     case DType::kU32:
       f(uint32_t{});
       break;
+    case DType::kBF16:
+      f(BFloat16{});
+      break;
+    case DType::kF16:
+      f(Float16{});
+      break;
+    case DType::kU8:
+      f(uint8_t{});
+      break;
+    case DType::kI8:
+      f(int8_t{});
+      break;
+    case DType::kI16:
+      f(int16_t{});
+      break;
   }
 }
 

@@ -81,8 +81,8 @@ absl::StatusOr<ArrayType> infer_float_unary(const Node& n, absl::Span<const Arra
         absl::StrCat(name, ": operand is ", type_of(in[0]), "; bool is not a numeric dtype"));
   }
   if (!is_floating(in[0].dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": operand is ", type_of(in[0]), "; it needs float32 or float64 (convert first)"));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": operand is ", type_of(in[0]),
+                                                   "; it needs float32, float64, bfloat16 or float16 (convert first)"));
   }
   return in[0];
 }
@@ -822,6 +822,8 @@ Scalar default_fill_value(DType dtype) {
   switch (dtype) {
     case DType::kF32:
     case DType::kF64:
+    case DType::kBF16:
+    case DType::kF16:
       return std::numeric_limits<double>::quiet_NaN();
     case DType::kI32:
       return std::numeric_limits<int32_t>::min();
@@ -829,6 +831,12 @@ Scalar default_fill_value(DType dtype) {
       return std::numeric_limits<int64_t>::min();
     case DType::kU32:
       return static_cast<int64_t>(std::numeric_limits<uint32_t>::max());
+    case DType::kU8:
+      return static_cast<int64_t>(std::numeric_limits<uint8_t>::max());
+    case DType::kI8:
+      return static_cast<int64_t>(std::numeric_limits<int8_t>::min());
+    case DType::kI16:
+      return static_cast<int64_t>(std::numeric_limits<int16_t>::min());
     case DType::kBool:
       break;
   }

@@ -38,6 +38,16 @@ pb::DType to_proto(DType dtype) {
       return pb::BOOL;
     case DType::kU32:
       return pb::U32;
+    case DType::kBF16:
+      return pb::BF16;
+    case DType::kF16:
+      return pb::F16;
+    case DType::kU8:
+      return pb::U8;
+    case DType::kI8:
+      return pb::I8;
+    case DType::kI16:
+      return pb::I16;
   }
   return pb::DTYPE_INVALID;
 }
@@ -56,6 +66,16 @@ absl::StatusOr<DType> dtype_from_proto(int dtype) {
       return DType::kBool;
     case pb::U32:
       return DType::kU32;
+    case pb::BF16:
+      return DType::kBF16;
+    case pb::F16:
+      return DType::kF16;
+    case pb::U8:
+      return DType::kU8;
+    case pb::I8:
+      return DType::kI8;
+    case pb::I16:
+      return DType::kI16;
     default:
       return absl::InvalidArgumentError(absl::StrCat("dtype ", dtype, " is not a known dtype"));
   }

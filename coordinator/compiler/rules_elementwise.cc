@@ -40,7 +40,8 @@ absl::Status elementwise(ShardingContext& c, int id) {
       keep_partial[1] = true;
     }
   } else if (n.op == Op::kConvert && in[0] && in[0]->partial_op == ReduceOp::kSum && is_floating(n.dtype) &&
-             is_floating(c.graph().node(n.operands[0]).dtype)) {
+             !is_half(n.dtype) && is_floating(c.graph().node(n.operands[0]).dtype)) {
+    // (A sum resolves before a rounding to bfloat16/float16, not in the half after it.)
     partial = in[0]->partial;
     keep_partial[0] = true;
   }

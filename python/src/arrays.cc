@@ -34,18 +34,33 @@ py::dtype numpy_dtype(DType dtype) {
       return py::dtype::of<bool>();
     case DType::kU32:
       return py::dtype::of<uint32_t>();
+    case DType::kF16:
+      return py::dtype("float16");  // numpy's own: the same IEEE binary16 bits, no copy
+    case DType::kU8:
+      return py::dtype::of<uint8_t>();
+    case DType::kI8:
+      return py::dtype::of<int8_t>();
+    case DType::kI16:
+      return py::dtype::of<int16_t>();
+    case DType::kBF16:
+      break;
   }
-  return py::dtype::of<float>();
+  // numpy has no bfloat16 (ml_dtypes, which adds one, is not a dependency).
+  throw StatusError(absl::InvalidArgumentError(
+      "bfloat16 has no numpy dtype without ml_dtypes, which Tessera's Python package does not use: bfloat16 arrays "
+      "are not supported from Python (the C++ SDK has them)"));
 }
 
 // The DType of a numpy array; INVALID_ARGUMENT naming numpy's dtype for one Tessera lacks.
 DType dtype_of_numpy(const py::array& a) {
   for (DType d : kAllDTypes) {
+    if (d == DType::kBF16) continue;  // no numpy dtype
     if (a.dtype().is(numpy_dtype(d)) || a.dtype().equal(numpy_dtype(d))) return d;
   }
-  throw StatusError(absl::InvalidArgumentError(
-      absl::StrCat("device_put: numpy dtype ", std::string(py::str(a.dtype())),
-                   " is not one of Tessera's (float32, float64, int32, int64, bool, uint32)")));
+  throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+      "device_put: numpy dtype ", std::string(py::str(a.dtype())),
+      " is not one of Tessera's (float32, float64, int32, int64, bool, uint32, float16, uint8, int8, int16; "
+      "bfloat16 is made on the devices with astype)")));
 }
 
 Shape shape_of(const py::array& a) { return Shape(a.shape(), a.shape() + a.ndim()); }
@@ -111,7 +126,12 @@ void bind_arrays(py::module_& m) {
       .value("int32", DType::kI32)
       .value("int64", DType::kI64)
       .value("bool", DType::kBool)
-      .value("uint32", DType::kU32);
+      .value("uint32", DType::kU32)
+      .value("bfloat16", DType::kBF16)
+      .value("float16", DType::kF16)
+      .value("uint8", DType::kU8)
+      .value("int8", DType::kI8)
+      .value("int16", DType::kI16);
   m.def("numpy_dtype", &numpy_dtype);
   m.def("promote_types", &promote_types);
 

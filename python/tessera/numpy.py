@@ -20,6 +20,7 @@ from ._config import config as _config
 from ._trace import Tracer, in_trace
 
 float32, float64, int32, int64 = _np.float32, _np.float64, _np.int32, _np.int64
+float16, int8, uint8, int16 = _np.float16, _np.int8, _np.uint8, _np.int16
 bool_ = _np.bool_
 newaxis = None
 pi, e, inf, nan = _np.pi, _np.e, _np.inf, _np.nan
@@ -27,24 +28,36 @@ ndarray = Array
 
 _DTYPES = {_np.dtype(_np.float32): _t.DType.float32, _np.dtype(_np.float64): _t.DType.float64,
            _np.dtype(_np.int32): _t.DType.int32, _np.dtype(_np.int64): _t.DType.int64,
-           _np.dtype(_np.bool_): _t.DType.bool}
+           _np.dtype(_np.bool_): _t.DType.bool, _np.dtype(_np.float16): _t.DType.float16,
+           _np.dtype(_np.int8): _t.DType.int8, _np.dtype(_np.uint8): _t.DType.uint8,
+           _np.dtype(_np.int16): _t.DType.int16}
 
 
 def canonical_dtype(dtype):
-    """JAX's dtype for `dtype`: 64-bit types become 32-bit ones unless jax_enable_x64."""
+    """JAX's dtype for `dtype`: 64-bit types become 32-bit ones unless jax_enable_x64; float16,
+    int8, uint8 and int16 stay as they are (jax.dtypes.canonicalize_dtype)."""
     d = _np.dtype(dtype)
     x64 = _config.jax_enable_x64
     if d.kind == "b":
         return _np.dtype(_np.bool_)
+    if d in (_np.dtype(_np.float16), _np.dtype(_np.int8), _np.dtype(_np.uint8), _np.dtype(_np.int16)):
+        return d
     if d.kind in "iu":
         return _np.dtype(_np.int64 if x64 and d.itemsize == 8 else _np.int32)
     if d.kind == "f":
         return _np.dtype(_np.float64 if x64 and d.itemsize == 8 else _np.float32)
-    raise TypeError(f"dtype {d} is not supported by Tessera (float32, float64, int32, int64, bool)")
+    raise TypeError(f"dtype {d} is not supported by Tessera (float32, float64, int32, int64, bool, float16, "
+                    "int8, uint8, int16)")
 
 
 def _enum(dtype):
     return _DTYPES[canonical_dtype(dtype)]
+
+
+def promote_types(a, b):
+    """jnp.promote_types: the join on JAX's lattice (float16 with int32 is float16, not numpy's
+    float64; int8 with uint8 is int16)."""
+    return _np.dtype(_t.numpy_dtype(_t.promote_types(_enum(a), _enum(b))))
 
 
 def _float_dtype():
@@ -332,7 +345,7 @@ def broadcast_to(array, shape):
 @_op
 def concatenate(arrays, axis=0):
     ts = [_tracer(a) for a in arrays]
-    dt = functools.reduce(_np.promote_types, [t.dtype for t in ts])
+    dt = functools.reduce(promote_types, [t.dtype for t in ts])
     ts = [t if t.dtype == dt else t.astype(dt) for t in ts]
     return _wrap(_t.concatenate([t._v for t in ts], axis))
 
@@ -484,7 +497,7 @@ def einsum(subscripts, a, b, out_sharding=None):
 
 def _same_dtype(a, b):
     a, b = _pair(a, b)
-    dt = _np.promote_types(a.dtype, b.dtype)
+    dt = promote_types(a.dtype, b.dtype)
     return (a if a.dtype == dt else a.astype(dt)), (b if b.dtype == dt else b.astype(dt))
 
 

@@ -64,7 +64,7 @@ TEST(Graph, ElementwiseDtypes) {
   EXPECT_EQ(g.node(*g.add_select(b, f, f)).dtype, DType::kF32);
   expect_invalid(g.add_binary(Op::kAdd, b, b), "bool is not a numeric dtype");
   expect_invalid(g.add_binary(Op::kAnd, f, f), "needs bool or an integer dtype");
-  expect_invalid(g.add_unary(Op::kExp, i), "needs float32 or float64");
+  expect_invalid(g.add_unary(Op::kExp, i), "needs float32, float64, bfloat16 or float16");
   expect_invalid(g.add_select(f, f, f), "bool predicate");
   expect_invalid(g.add_binary(Op::kAdd, f, i), "differ");
   expect_invalid(g.add_unary(Op::kTanh, 99), "operand %99 does not exist");

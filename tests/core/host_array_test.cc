@@ -31,9 +31,11 @@ TEST(DType, SizesAndNumpyNames) {
     int64_t size;
     std::string name;
   };
-  const std::vector<Case> cases = {{DType::kF32, 4, "float32"}, {DType::kF64, 8, "float64"},
-                                   {DType::kI32, 4, "int32"},   {DType::kI64, 8, "int64"},
-                                   {DType::kBool, 1, "bool"},   {DType::kU32, 4, "uint32"}};
+  const std::vector<Case> cases = {
+      {DType::kF32, 4, "float32"},   {DType::kF64, 8, "float64"}, {DType::kI32, 4, "int32"},
+      {DType::kI64, 8, "int64"},     {DType::kBool, 1, "bool"},   {DType::kU32, 4, "uint32"},
+      {DType::kBF16, 2, "bfloat16"}, {DType::kF16, 2, "float16"}, {DType::kU8, 1, "uint8"},
+      {DType::kI8, 1, "int8"},       {DType::kI16, 2, "int16"}};
   ASSERT_EQ(std::size(kAllDTypes), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(kAllDTypes[i], cases[i].dtype);
@@ -158,6 +160,20 @@ HostArray ExpectedArange2x3(DType dtype) {
       return HostArray::from_vector<bool>({2, 3}, {false, true, false, true, false, true});
     case DType::kU32:
       return HostArray::from_vector<uint32_t>({2, 3}, {0, 1, 2, 3, 4, 5});
+    case DType::kBF16:  // 0x3F80 is 1.0, 0x4000 2.0, ... (float32's top 16 bits)
+      return HostArray::from_vector<BFloat16>(
+          {2, 3}, {BFloat16::from_bits(0), BFloat16::from_bits(0x3F80), BFloat16::from_bits(0x4000),
+                   BFloat16::from_bits(0x4040), BFloat16::from_bits(0x4080), BFloat16::from_bits(0x40A0)});
+    case DType::kF16:
+      return HostArray::from_vector<Float16>(
+          {2, 3}, {Float16::from_bits(0), Float16::from_bits(0x3C00), Float16::from_bits(0x4000),
+                   Float16::from_bits(0x4200), Float16::from_bits(0x4400), Float16::from_bits(0x4500)});
+    case DType::kU8:
+      return HostArray::from_vector<uint8_t>({2, 3}, {0, 1, 2, 3, 4, 5});
+    case DType::kI8:
+      return HostArray::from_vector<int8_t>({2, 3}, {0, 1, 2, 3, 4, 5});
+    case DType::kI16:
+      return HostArray::from_vector<int16_t>({2, 3}, {0, 1, 2, 3, 4, 5});
   }
   return HostArray();
 }

@@ -98,7 +98,10 @@ testing::AssertionResult SameArray(const HostArray& actual, const HostArray& exp
 
 template <typename T>
 void FillRandom(HostArray* a, std::mt19937* rng) {
-  std::uniform_int_distribution<int> dist(std::is_same_v<T, bool> ? 0 : 1, std::is_same_v<T, bool> ? 1 : 1 << 20);
+  // (1-byte integers: up to 100, so that no value wraps to 0.)
+  std::uniform_int_distribution<int> dist(std::is_same_v<T, bool> ? 0 : 1, std::is_same_v<T, bool> ? 1
+                                                                           : sizeof(T) == 1        ? 100
+                                                                                                   : 1 << 20);
   for (T& v : a->mutable_values<T>()) v = static_cast<T>(dist(*rng));
 }
 
@@ -123,6 +126,21 @@ HostArray RandomArray(DType dtype, const Shape& shape, std::mt19937* rng) {
       break;
     case DType::kU32:
       FillRandom<uint32_t>(&a, rng);
+      break;
+    case DType::kBF16:
+      FillRandom<BFloat16>(&a, rng);
+      break;
+    case DType::kF16:
+      FillRandom<Float16>(&a, rng);
+      break;
+    case DType::kU8:
+      FillRandom<uint8_t>(&a, rng);
+      break;
+    case DType::kI8:
+      FillRandom<int8_t>(&a, rng);
+      break;
+    case DType::kI16:
+      FillRandom<int16_t>(&a, rng);
       break;
   }
   return a;

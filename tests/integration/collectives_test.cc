@@ -2,6 +2,8 @@
 // share memory: the shm path) against a host reference computed here element by element; a
 // representative subset again on 8 worker processes run with --shm=false (the gRPC path),
 // and the all_reduce algorithms the table does not choose, forced.
+#include <algorithm>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -141,6 +143,21 @@ Mat block_of(const HostArray& a, int p, int64_t rows) {
     case DType::kU32:
       to_doubles<uint32_t>(a, begin, &m.v);
       break;
+    case DType::kBF16:
+      to_doubles<BFloat16>(a, begin, &m.v);
+      break;
+    case DType::kF16:
+      to_doubles<Float16>(a, begin, &m.v);
+      break;
+    case DType::kU8:
+      to_doubles<uint8_t>(a, begin, &m.v);
+      break;
+    case DType::kI8:
+      to_doubles<int8_t>(a, begin, &m.v);
+      break;
+    case DType::kI16:
+      to_doubles<int16_t>(a, begin, &m.v);
+      break;
   }
   return m;
 }
@@ -169,6 +186,24 @@ HostArray small_integers(DType dtype, const Shape& shape, uint32_t seed) {
         break;
       case DType::kU32:
         a.mutable_values<uint32_t>()[i] = static_cast<uint32_t>(v + 3);  // 0..6: sums of 8 stay exact
+        break;
+      // Halves compute each step in float32 and round: in [-2, 2] products of 8 are signed powers
+      // of two up to 256 and sums at most 16, all exact in bfloat16 and float16. One-byte integers
+      // would wrap on a product of 8 values beyond +-1 (uint8: 0 or 1).
+      case DType::kBF16:
+        a.mutable_values<BFloat16>()[i] = BFloat16(std::clamp(v, -2, 2));
+        break;
+      case DType::kF16:
+        a.mutable_values<Float16>()[i] = Float16(std::clamp(v, -2, 2));
+        break;
+      case DType::kU8:
+        a.mutable_values<uint8_t>()[i] = static_cast<uint8_t>(v > 0);
+        break;
+      case DType::kI8:
+        a.mutable_values<int8_t>()[i] = static_cast<int8_t>(std::clamp(v, -1, 1));
+        break;
+      case DType::kI16:
+        a.mutable_values<int16_t>()[i] = static_cast<int16_t>(v);
         break;
     }
   }
@@ -352,15 +387,17 @@ class ProcessCollectives {
     cluster_ = *std::move(cluster);
     absl::StatusOr<Client> client = Client::connect(cluster_.address, {.min_devices = 8});
     EXPECT_TRUE(client.ok()) << client.status();
-    if (client.ok()) client_.emplace(*std::move(client));
+    if (client.ok()) client_ = std::make_unique<Client>(*std::move(client));
   }
   ~ProcessCollectives() { client_.reset(); }  // before the processes go
 
-  const Client* client() const { return client_ ? &*client_ : nullptr; }
+  const Client* client() const { return client_.get(); }
 
  private:
   ProcessCluster cluster_;
-  std::optional<Client> client_;
+  // (A unique_ptr, not an optional: GCC 12 warns that an optional's destructor may read an
+  // uninitialized member, a false positive that -Werror turns into a failure.)
+  std::unique_ptr<Client> client_;
 };
 
 // The gRPC path (workers run --shm=false): one case of each collective over the 1-D and a

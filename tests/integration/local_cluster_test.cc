@@ -43,6 +43,21 @@ HostArray random_array(DType dtype, const Shape& shape, uint32_t seed) {
       case DType::kU32:
         a.mutable_values<uint32_t>()[i] = static_cast<uint32_t>(v) * 2654435761u;  // high bits set too
         break;
+      case DType::kBF16:
+        a.mutable_values<BFloat16>()[i] = BFloat16(static_cast<float>(v) / 7.0f);
+        break;
+      case DType::kF16:
+        a.mutable_values<Float16>()[i] = Float16(static_cast<float>(v) / 7.0f);
+        break;
+      case DType::kU8:
+        a.mutable_values<uint8_t>()[i] = static_cast<uint8_t>(v);
+        break;
+      case DType::kI8:
+        a.mutable_values<int8_t>()[i] = static_cast<int8_t>(v);
+        break;
+      case DType::kI16:
+        a.mutable_values<int16_t>()[i] = static_cast<int16_t>(v * 31);
+        break;
     }
   }
   return a;

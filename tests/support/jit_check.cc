@@ -32,6 +32,21 @@ HostArray random_array(DType dtype, const Shape& shape, Domain domain, std::mt19
     case DType::kU32:
       for (uint32_t& v : a.mutable_values<uint32_t>()) v = static_cast<uint32_t>(rng());
       break;
+    case DType::kBF16:
+      for (BFloat16& v : a.mutable_values<BFloat16>()) v = BFloat16(real(rng));
+      break;
+    case DType::kF16:
+      for (Float16& v : a.mutable_values<Float16>()) v = Float16(real(rng));
+      break;
+    case DType::kU8:
+      for (uint8_t& v : a.mutable_values<uint8_t>()) v = static_cast<uint8_t>(small(rng) + 4);
+      break;
+    case DType::kI8:
+      for (int8_t& v : a.mutable_values<int8_t>()) v = static_cast<int8_t>(small(rng));
+      break;
+    case DType::kI16:
+      for (int16_t& v : a.mutable_values<int16_t>()) v = static_cast<int16_t>(small(rng));
+      break;
   }
   return a;
 }

@@ -96,6 +96,21 @@ HostArray random_array(DType dtype, const Shape& shape, std::mt19937& rng, doubl
       case DType::kU32:
         a.mutable_values<uint32_t>()[i] = static_cast<uint32_t>(integer(rng));
         break;
+      case DType::kBF16:
+        a.mutable_values<BFloat16>()[i] = BFloat16(real(rng));
+        break;
+      case DType::kF16:
+        a.mutable_values<Float16>()[i] = Float16(real(rng));
+        break;
+      case DType::kU8:
+        a.mutable_values<uint8_t>()[i] = static_cast<uint8_t>(integer(rng));
+        break;
+      case DType::kI8:
+        a.mutable_values<int8_t>()[i] = static_cast<int8_t>(integer(rng));
+        break;
+      case DType::kI16:
+        a.mutable_values<int16_t>()[i] = static_cast<int16_t>(integer(rng));
+        break;
     }
   }
   return a;
@@ -125,6 +140,21 @@ HostArray small_integers(DType dtype, const Shape& shape, std::mt19937& rng) {
         break;
       case DType::kU32:
         out.mutable_values<uint32_t>()[i] = static_cast<uint32_t>(v);
+        break;
+      case DType::kBF16:
+        out.mutable_values<BFloat16>()[i] = BFloat16(v);
+        break;
+      case DType::kF16:
+        out.mutable_values<Float16>()[i] = Float16(v);
+        break;
+      case DType::kU8:
+        out.mutable_values<uint8_t>()[i] = static_cast<uint8_t>(v);
+        break;
+      case DType::kI8:
+        out.mutable_values<int8_t>()[i] = static_cast<int8_t>(v);
+        break;
+      case DType::kI16:
+        out.mutable_values<int16_t>()[i] = static_cast<int16_t>(v);
         break;
     }
   }
@@ -201,6 +231,16 @@ double as_dtype(double v, DType dtype) {
       return v != 0;
     case DType::kU32:
       return std::isnan(v) ? 0 : std::clamp(std::trunc(v), 0.0, 4294967295.0);
+    case DType::kBF16:
+      return static_cast<double>(BFloat16(v));
+    case DType::kF16:
+      return static_cast<double>(Float16(v));
+    case DType::kU8:
+      return std::isnan(v) ? 0 : std::clamp(std::trunc(v), 0.0, 255.0);
+    case DType::kI8:
+      return std::isnan(v) ? 0 : std::clamp(std::trunc(v), -128.0, 127.0);
+    case DType::kI16:
+      return std::isnan(v) ? 0 : std::clamp(std::trunc(v), -32768.0, 32767.0);
   }
   return v;
 }
@@ -353,7 +393,8 @@ TEST(Kernels, ErfMatchesTabulatedValues) {
   }
   Graph g;
   EXPECT_EQ(g.add_unary(Op::kErf, g.add_parameter(DType::kI32, {2})).status(),
-            absl::InvalidArgumentError("erf: operand is i32[2]; it needs float32 or float64 (convert first)"));
+            absl::InvalidArgumentError(
+                "erf: operand is i32[2]; it needs float32, float64, bfloat16 or float16 (convert first)"));
 }
 
 TEST(Kernels, UnaryIntegerAndBoolOps) {
@@ -1312,7 +1353,8 @@ TEST(KernelErrors, MismatchedOperandType) {
   const HostArray f32_5 = HostArray::zeros(DType::kF32, {5});
   const Node tanh = node_of(g, g.add_unary(Op::kTanh, x));
   EXPECT_EQ(run_kernel(tanh, {&i32}).status(),
-            absl::InvalidArgumentError("tanh: operand is i32[4]; it needs float32 or float64 (convert first)"));
+            absl::InvalidArgumentError(
+                "tanh: operand is i32[4]; it needs float32, float64, bfloat16 or float16 (convert first)"));
   EXPECT_EQ(run_kernel(tanh, {&f32_5}).status(),
             absl::InvalidArgumentError("tanh: the operands (f32[5]) give f32[5] but the node is f32[4]"));
   const Node add = node_of(g, g.add_binary(Op::kAdd, x, x));
@@ -1365,7 +1407,8 @@ TEST(KernelErrors, OpNotDefinedForTheDtype) {
   exp.dtype = DType::kI32;
   const HostArray i32 = HostArray::zeros(DType::kI32, {2});
   absl::Status s = run_kernel(exp, {&i32}).status();
-  EXPECT_EQ(s, absl::InvalidArgumentError("exp: operand is i32[2]; it needs float32 or float64 (convert first)"));
+  EXPECT_EQ(s, absl::InvalidArgumentError(
+                   "exp: operand is i32[2]; it needs float32, float64, bfloat16 or float16 (convert first)"));
 
   Node and_node =
       node_of(g, g.add_binary(Op::kAnd, g.add_parameter(DType::kI32, {2}), g.add_parameter(DType::kI32, {2})));

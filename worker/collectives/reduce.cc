@@ -11,7 +11,9 @@ namespace {
 template <typename T>
 auto wide(T x) {
   if constexpr (std::is_integral_v<T>) {
-    return static_cast<std::make_unsigned_t<T>>(x);
+    // unsigned int for the types C++ promotes to int, where int16 * int16 could overflow.
+    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+    return static_cast<U>(x);
   } else {
     return x;
   }
@@ -59,6 +61,26 @@ void reduce_typed(ReduceOp op, std::byte* out, const std::byte* x, const std::by
   }
 }
 
+// bfloat16/float16: each step computes in float32 and rounds to the half (a ring's partial sums
+// are rounded once per hop, as XLA's bf16 all-reduce on CPU).
+template <typename T>
+void reduce_half(ReduceOp op, std::byte* out, const std::byte* x, const std::byte* y, int64_t n) {
+  apply<T>(out, x, y, n, [op](T a, T b) {
+    const float fa = static_cast<float>(a), fb = static_cast<float>(b);
+    switch (op) {
+      case ReduceOp::kSum:
+        return T(fa + fb);
+      case ReduceOp::kMax:
+        return T(std::max(fa, fb));
+      case ReduceOp::kMin:
+        return T(std::min(fa, fb));
+      case ReduceOp::kProd:
+        break;
+    }
+    return T(fa * fb);
+  });
+}
+
 }  // namespace
 
 void reduce(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, int64_t n) {
@@ -80,6 +102,21 @@ void reduce(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const 
       break;
     case DType::kU32:
       reduce_typed<uint32_t>(op, out, a, b, n);
+      break;
+    case DType::kBF16:
+      reduce_half<BFloat16>(op, out, a, b, n);
+      break;
+    case DType::kF16:
+      reduce_half<Float16>(op, out, a, b, n);
+      break;
+    case DType::kU8:
+      reduce_typed<uint8_t>(op, out, a, b, n);
+      break;
+    case DType::kI8:
+      reduce_typed<int8_t>(op, out, a, b, n);
+      break;
+    case DType::kI16:
+      reduce_typed<int16_t>(op, out, a, b, n);
       break;
   }
 }

@@ -95,7 +95,7 @@ struct Accumulator {
 };
 template <typename T>
 struct Accumulator<T, true> {
-  using type = std::make_unsigned_t<T>;
+  using type = Wrapping<T>;
 };
 
 template <typename T>
@@ -170,19 +170,23 @@ absl::StatusOr<HostArray> dot_general_kernel(const Node& node, const HostArray& 
   }
   visit_dtype(node.dtype, [&](auto zero) {
     using T = decltype(zero);
-    if constexpr (!kIsBool<T>) dot_typed<T>(node, lhs, rhs, &out);
+    if constexpr (!kIsBool<T> && !kIsHalf<T>) dot_typed<T>(node, lhs, rhs, &out);  // halves: dot_entry widens
   });
   return out;
+}
+
+// bfloat16/float16 operands multiply in float32 (BLAS), accumulating in float32, and a half
+// result is rounded once (in_float32), as XLA:CPU's dot on bf16.
+absl::StatusOr<HostArray> dot_entry(const Node& n, const std::vector<const HostArray*>& xs, std::byte* into) {
+  if (has_half(n, xs)) return in_float32(dot_entry, n, xs, into);
+  return dot_general_kernel(n, *xs[0], *xs[1]);
 }
 
 }  // namespace
 
 absl::Span<const KernelEntry> dot_kernels() {
   static constexpr KernelEntry kKernels[] = {
-      {Op::kDotGeneral, Backend::kCpu,
-       [](const Node& n, const std::vector<const HostArray*>& xs, std::byte*) {
-         return dot_general_kernel(n, *xs[0], *xs[1]);
-       }},
+      {Op::kDotGeneral, Backend::kCpu, dot_entry},
   };
   return kKernels;
 }

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 #include "worker/kernels/internal.h"
 
 namespace tessera::internal {
@@ -52,9 +53,9 @@ HostArray map2(const HostArray& x, const HostArray& y, F f, std::byte* into) {
   return out;
 }
 
-// Integer arithmetic that can overflow runs in the unsigned type, where it wraps by definition.
+// Integer arithmetic that can overflow runs in an unsigned type, where it wraps by definition.
 template <typename T>
-using Unsigned = std::make_unsigned_t<T>;
+using Unsigned = Wrapping<T>;
 
 template <typename T>
 T wrapping_neg(T v) {
@@ -111,7 +112,11 @@ T float_min(T a, T b) {
 // toward zero and saturates, NaN becoming 0 (as XLA; a plain cast would be undefined).
 template <typename To, typename From>
 To convert_value(From v) {
-  if constexpr (kIsBool<To>) {
+  if constexpr (kIsHalf<From>) {
+    return convert_value<To>(static_cast<float>(v));  // exact, then as from float32
+  } else if constexpr (kIsHalf<To>) {
+    return To(v);  // rounded once, to nearest even (core/float16.h)
+  } else if constexpr (kIsBool<To>) {
     return v != From{};
   } else if constexpr (kIsInt<To> && kIsFloat<From>) {
     // 2^digits and -2^(bits-1) (signed) or 0 (unsigned): exact in every float type.
@@ -162,7 +167,9 @@ T erf_inv(T x) {
 
 template <typename T>
 absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into) {
-  if constexpr (kIsBool<T>) {
+  if constexpr (kIsHalf<T>) {
+    return undefined_for(op, x);  // unreachable: unary_kernel widens halves (in_float32)
+  } else if constexpr (kIsBool<T>) {
     if (op == Op::kNot)
       return map1<T, T>(
           x, [](bool v) { return !v; }, into);
@@ -258,7 +265,19 @@ absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into
 }
 
 template <typename T>
+absl::StatusOr<HostArray> binary_typed_numeric(Op op, const HostArray& x, const HostArray& y, std::byte* into);
+
+template <typename T>
 absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArray& y, std::byte* into) {
+  if constexpr (kIsHalf<T>) {
+    return undefined_for(op, x);  // unreachable: binary_kernel widens halves (in_float32)
+  } else {
+    return binary_typed_numeric<T>(op, x, y, into);
+  }
+}
+
+template <typename T>
+absl::StatusOr<HostArray> binary_typed_numeric(Op op, const HostArray& x, const HostArray& y, std::byte* into) {
   switch (op) {
     case Op::kEq:
       return map2<T, bool>(
@@ -332,7 +351,8 @@ absl::StatusOr<HostArray> binary_typed(Op op, const HostArray& x, const HostArra
             x, y,
             [](T a, T b) {
               const U by = static_cast<U>(b);  // a negative shift is a huge one, as in XLA
-              return by >= sizeof(T) * 8 ? T(0) : static_cast<T>(static_cast<U>(a) >> by);
+              // Shifted in T's own width: zeros come in at bit sizeof(T) * 8 - 1.
+              return by >= sizeof(T) * 8 ? T(0) : static_cast<T>(static_cast<std::make_unsigned_t<T>>(a) >> by);
             },
             into);
       default:
@@ -464,11 +484,13 @@ absl::StatusOr<HostArray> random_bits_kernel(const Node& node, const std::vector
 }
 
 absl::StatusOr<HostArray> unary_kernel(const Node& node, const std::vector<const HostArray*>& xs, std::byte* into) {
+  if (has_half(node, xs)) return in_float32(unary_kernel, node, xs, into);
   const HostArray& x = *xs[0];
   return visit_dtype(x.dtype(), [&](auto zero) { return unary_typed<decltype(zero)>(node.op, x, into); });
 }
 
 absl::StatusOr<HostArray> binary_kernel(const Node& node, const std::vector<const HostArray*>& xs, std::byte* into) {
+  if (has_half(node, xs)) return in_float32(binary_kernel, node, xs, into);
   const HostArray &x = *xs[0], &y = *xs[1];
   return visit_dtype(x.dtype(), [&](auto zero) { return binary_typed<decltype(zero)>(node.op, x, y, into); });
 }
@@ -500,6 +522,48 @@ absl::StatusOr<HostArray> convert_kernel(const Node& node, const HostArray& x) {
 }
 
 }  // namespace
+
+bool has_half(const Node& node, const std::vector<const HostArray*>& xs) {
+  if (is_half(node.dtype)) return true;
+  for (const HostArray* x : xs) {
+    if (is_half(x->dtype())) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<HostArray> in_float32(KernelFn kernel, const Node& node, const std::vector<const HostArray*>& xs,
+                                     std::byte* into) {
+  std::vector<HostArray> widened;
+  widened.reserve(xs.size());  // the pointers below stay valid
+  std::vector<const HostArray*> operands;
+  for (const HostArray* x : xs) {
+    if (is_half(x->dtype())) {
+      Node convert = node;
+      convert.dtype = DType::kF32;
+      TESSERA_ASSIGN_OR_RETURN(HostArray w, convert_kernel(convert, *x));
+      widened.push_back(std::move(w));
+      operands.push_back(&widened.back());
+    } else {
+      operands.push_back(x);
+    }
+  }
+  Node wide = node;
+  if (is_half(node.dtype)) wide.dtype = DType::kF32;
+  TESSERA_ASSIGN_OR_RETURN(HostArray out, kernel(wide, operands, nullptr));
+  if (!is_half(node.dtype)) return out;  // a comparison's bool, an argmax's indices
+  return visit_dtype(node.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (kIsHalf<T>) {
+      HostArray rounded = result<T>(into, node.shape);
+      T* o = destination<T>(into, &rounded);
+      const float* in = stored<float>(out);
+      for (int64_t i = 0; i < out.size(); ++i) o[i] = T(in[i]);
+      return rounded;
+    } else {
+      return HostArray();  // unreachable: node.dtype is a half
+    }
+  });
+}
 
 absl::Span<const KernelEntry> elementwise_kernels() {
   static constexpr KernelFn kConstant = [](const Node& n, const std::vector<const HostArray*>&, std::byte*) {

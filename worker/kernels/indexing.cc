@@ -82,7 +82,9 @@ absl::StatusOr<HostArray> gather_kernel(const Node& node, const std::vector<cons
 
 // x with each update row set (kScatter) or added (kScatterAdd) at its index; integers add
 // wrapping around, as lax.
-absl::StatusOr<HostArray> scatter_kernel(const Node& node, const std::vector<const HostArray*>& xs, std::byte*) {
+absl::StatusOr<HostArray> scatter_kernel(const Node& node, const std::vector<const HostArray*>& xs, std::byte* into) {
+  // scatter_add adds in float32 (rounded once per element); scatter only moves elements.
+  if (node.op == Op::kScatterAdd && has_half(node, xs)) return in_float32(scatter_kernel, node, xs, into);
   const HostArray &x = *xs[0], &updates = *xs[2];
   const GatherAttrs& a = node.attrs<GatherAttrs>();
   const IndexedView v = view(x.shape(), a.axis);
@@ -103,9 +105,9 @@ absl::StatusOr<HostArray> scatter_kernel(const Node& node, const std::vector<con
           if (node.op == Op::kScatter) {
             dst[k] = src[k];
           } else if constexpr (kIsInt<T>) {
-            using U = std::make_unsigned_t<T>;
+            using U = Wrapping<T>;
             dst[k] = static_cast<T>(static_cast<U>(dst[k]) + static_cast<U>(src[k]));
-          } else if constexpr (!kIsBool<T>) {
+          } else if constexpr (!kIsBool<T> && !kIsHalf<T>) {
             dst[k] += src[k];
           }
         }

@@ -38,6 +38,16 @@ decltype(auto) visit_dtype(DType dtype, F&& f) {
       return f(int64_t{});
     case DType::kU32:
       return f(uint32_t{});
+    case DType::kBF16:
+      return f(BFloat16{});
+    case DType::kF16:
+      return f(Float16{});
+    case DType::kU8:
+      return f(uint8_t{});
+    case DType::kI8:
+      return f(int8_t{});
+    case DType::kI16:
+      return f(int16_t{});
     case DType::kBool:
       break;
   }
@@ -50,6 +60,11 @@ template <typename T>
 inline constexpr bool kIsBool = std::is_same_v<T, bool>;
 template <typename T>
 inline constexpr bool kIsInt = std::is_integral_v<T> && !kIsBool<T>;
+
+// The unsigned type integer T's arithmetic wraps in: T's own, or unsigned int for the types C++
+// promotes to int (int16 * int16 in int could overflow, which is undefined behaviour).
+template <typename T>
+using Wrapping = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
 
 // Kernels access bool elements as bytes: an array that came over the wire may hold a byte
 // other than 0 or 1, and reading that through a bool is undefined behaviour. Every such byte
@@ -80,7 +95,7 @@ std::vector<int64_t> row_major_strides(const Shape& shape);
 // Writes the num_elements(shape) elements (`elem_size` bytes each) whose multi-index i lies at
 // element offset `offset + sum(i[d] * strides[d])` of `src`, row-major, to `dst`. A stride may
 // be 0 (broadcasting) or any permutation of the source's strides (transposing).
-// REQUIRES: elem_size is 1, 4 or 8, and every such offset lies inside `src`.
+// REQUIRES: elem_size is 1, 2, 4 or 8, and every such offset lies inside `src`.
 void gather(const std::byte* src, int64_t elem_size, int64_t offset, const Shape& shape,
             const std::vector<int64_t>& strides, std::byte* dst);
 
@@ -102,6 +117,18 @@ absl::Span<const KernelEntry> layout_kernels();       // layout.cc
 absl::Span<const KernelEntry> reduction_kernels();    // reduction.cc
 absl::Span<const KernelEntry> dot_kernels();          // dot.cc
 absl::Span<const KernelEntry> indexing_kernels();     // indexing.cc
+
+// bfloat16 and float16 are storage types: a family's arithmetic kernels compute on them in
+// float32 and round the result back once, as XLA:CPU does (its float normalization upcasts
+// every bf16/f16 op it has no native kernel for). in_float32 runs `kernel` so: every half
+// operand widened to float32 (exact), the node's dtype float32 where it is a half, and a half
+// result rounded to nearest even (into `into` when not null). Reductions and dot_general thereby
+// accumulate in float32 and round once. Families call it first thing in the kernels whose
+// operands or result has_half; layout and indexing ops that only move elements copy their two
+// bytes as they are.
+bool has_half(const Node& node, const std::vector<const HostArray*>& xs);
+absl::StatusOr<HostArray> in_float32(KernelFn kernel, const Node& node, const std::vector<const HostArray*>& xs,
+                                     std::byte* into);
 
 // The kernel registered for (op, backend), or null.
 KernelFn find_kernel(Op op, Backend backend = Backend::kCpu);

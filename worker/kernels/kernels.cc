@@ -18,7 +18,7 @@
 namespace tessera {
 namespace {
 
-bool is_known(DType d) { return static_cast<uint8_t>(d) <= static_cast<uint8_t>(DType::kU32); }
+bool is_known(DType d) { return static_cast<uint8_t>(d) <= static_cast<uint8_t>(kLastDType); }
 
 // INVALID_ARGUMENT "<op>: <message>".
 template <typename... Args>

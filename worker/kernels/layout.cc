@@ -62,6 +62,9 @@ void gather(const std::byte* src, int64_t elem_size, int64_t offset, const Shape
     case 1:
       gather_fixed<1>(src, offset, shape, strides, dst);
       break;
+    case 2:
+      gather_fixed<2>(src, offset, shape, strides, dst);
+      break;
     case 4:
       gather_fixed<4>(src, offset, shape, strides, dst);
       break;

@@ -75,7 +75,7 @@ HostArray reduce_typed(const Node& node, const HostArray& x) {
     }
     return reduce_with<T>(node, x, uint8_t{1}, [](uint8_t a, bool v) -> uint8_t { return a & v; });
   } else if constexpr (kIsInt<T>) {
-    using U = std::make_unsigned_t<T>;
+    using U = Wrapping<T>;
     switch (node.op) {
       case Op::kReduceSum:
         return reduce_with<T>(node, x, U{0}, [](U a, T v) -> U { return a + static_cast<U>(v); });
@@ -141,8 +141,16 @@ void argmax_typed(const HostArray& x, size_t axis, HostArray* out) {
   }
 }
 
+// REQUIRES (here and below): x is not a half (reduction_entry widened it).
 HostArray reduce_kernel(const Node& node, const HostArray& x) {
-  return visit_dtype(x.dtype(), [&](auto zero) { return reduce_typed<decltype(zero)>(node, x); });
+  return visit_dtype(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (kIsHalf<T>) {
+      return HostArray();
+    } else {
+      return reduce_typed<T>(node, x);
+    }
+  });
 }
 
 HostArray argmax_kernel(const Node& node, const HostArray& x) {
@@ -150,7 +158,9 @@ HostArray argmax_kernel(const Node& node, const HostArray& x) {
   const size_t axis = static_cast<size_t>(node.attrs<ArgmaxAttrs>().axis);
   visit_dtype(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    if (node.dtype == DType::kI32) {
+    if constexpr (kIsHalf<T>) {
+      return;
+    } else if (node.dtype == DType::kI32) {
       argmax_typed<T, int32_t>(x, axis, &out);
     } else {
       argmax_typed<T, int64_t>(x, axis, &out);
@@ -175,49 +185,56 @@ HostArray argsort_kernel(const Node& node, const HostArray& x) {
   int32_t* index = out.mutable_values<int32_t>().data();
   visit_dtype(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const Stored<T>* in = stored<T>(x);
-    std::vector<int32_t> order(static_cast<size_t>(n));
-    std::vector<Stored<T>> lane(static_cast<size_t>(n));
-    for (int64_t i = 0; i < outer; ++i) {
-      for (int64_t j = 0; j < inner; ++j) {
-        const int64_t base = i * n * inner + j;
-        for (int64_t k = 0; k < n; ++k) {
-          order[k] = static_cast<int32_t>(k);
-          lane[k] = static_cast<Stored<T>>(load<T>(in[base + k * inner]));
-        }
-        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-          if (descending) std::swap(a, b);  // "b before a" for the strict order, ties kept in place
-          if constexpr (kIsFloat<T>) {
-            return !std::isnan(lane[a]) && (std::isnan(lane[b]) || lane[a] < lane[b]);
-          } else {
-            return lane[a] < lane[b];
+    if constexpr (!kIsHalf<T>) {
+      const Stored<T>* in = stored<T>(x);
+      std::vector<int32_t> order(static_cast<size_t>(n));
+      std::vector<Stored<T>> lane(static_cast<size_t>(n));
+      for (int64_t i = 0; i < outer; ++i) {
+        for (int64_t j = 0; j < inner; ++j) {
+          const int64_t base = i * n * inner + j;
+          for (int64_t k = 0; k < n; ++k) {
+            order[k] = static_cast<int32_t>(k);
+            lane[k] = static_cast<Stored<T>>(load<T>(in[base + k * inner]));
           }
-        });
-        for (int64_t k = 0; k < n; ++k) index[base + k * inner] = order[k];
+          std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+            if (descending) std::swap(a, b);  // "b before a" for the strict order, ties kept in place
+            if constexpr (kIsFloat<T>) {
+              return !std::isnan(lane[a]) && (std::isnan(lane[b]) || lane[a] < lane[b]);
+            } else {
+              return lane[a] < lane[b];
+            }
+          });
+          for (int64_t k = 0; k < n; ++k) index[base + k * inner] = order[k];
+        }
       }
     }
   });
   return out;
 }
 
+using Operands = const std::vector<const HostArray*>&;
+
+// The family's entry: bfloat16/float16 operands reduce (or are ranked) in float32, a half sum
+// or product rounded once at the end (in_float32).
+template <HostArray (*kernel)(const Node&, const HostArray&)>
+absl::StatusOr<HostArray> reduction_entry(const Node& n, Operands xs, std::byte* into) {
+  if (has_half(n, xs)) return in_float32(reduction_entry<kernel>, n, xs, into);
+  return kernel(n, *xs[0]);
+}
+
 }  // namespace
 
 absl::Span<const KernelEntry> reduction_kernels() {
-  using Operands = const std::vector<const HostArray*>&;
-  static constexpr KernelFn kReduce = [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> {
-    return reduce_kernel(n, *xs[0]);
-  };
+  static constexpr KernelFn kReduce = reduction_entry<reduce_kernel>;
+  static constexpr KernelFn kArgsort = reduction_entry<argsort_kernel>;
   static constexpr KernelEntry kKernels[] = {
       {Op::kReduceSum, Backend::kCpu, kReduce},
       {Op::kReduceMax, Backend::kCpu, kReduce},
       {Op::kReduceMin, Backend::kCpu, kReduce},
       {Op::kReduceProd, Backend::kCpu, kReduce},
-      {Op::kArgmax, Backend::kCpu,
-       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return argmax_kernel(n, *xs[0]); }},
-      {Op::kArgsort, Backend::kCpu,
-       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return argsort_kernel(n, *xs[0]); }},
-      {Op::kArgsortDescending, Backend::kCpu,
-       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return argsort_kernel(n, *xs[0]); }},
+      {Op::kArgmax, Backend::kCpu, reduction_entry<argmax_kernel>},
+      {Op::kArgsort, Backend::kCpu, kArgsort},
+      {Op::kArgsortDescending, Backend::kCpu, kArgsort},
   };
   return kKernels;
 }
