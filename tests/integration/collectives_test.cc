@@ -342,7 +342,15 @@ void check_against_reference(const Client& client, const Layout& layout, const C
   spec.root = n > 1 ? 1 : 0;
   const NamedSharding per_device(*mesh, P(Axes(layout.names.begin(), layout.names.end()), None));
   uint32_t seed = 7;
+  // The dtypes of #15 item 6 (halves and small integers) run on one layout per group size
+  // (8, 4, 2: every algorithm the tables choose), the older ones on all: the kernels are the
+  // same per dtype whatever the mesh, and the suite stays within its time.
+  const bool every_dtype =
+      layout.label == "8_over_x" || layout.label == "4x2_over_data" || layout.label == "4x2_over_model";
   for (DType dtype : kAllDTypes) {
+    const bool added = dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kU8 || dtype == DType::kI8 ||
+                       dtype == DType::kI16;
+    if (added && !every_dtype) continue;
     for (const Shape& block : block_shapes(spec, dtype, n)) {
       SCOPED_TRACE(dtype_name(dtype) + " block " + shape_to_string(block));
       const HostArray host = small_integers(dtype, {8 * block[0], block[1]}, seed++);
