@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/daemon.h"
+#include "examples/mesh_flag.h"
 #include "examples/mlp_model.h"
 #include "tessera/tessera.h"
 
@@ -106,15 +107,9 @@ int main(int argc, char** argv) {
       "Trains a two-layer MLP on the digits data set on a sharded mesh.\n"
       "Usage: example_mlp_train --data=PATH/digits.csv [--mesh=4x2] [--epochs=40]");
   parse_flags(argc, argv, "example_mlp_train", {{"coordinator", "TESSERA_COORDINATOR"}});
-  int64_t data_size = 0, model_size = 0;
-  {
-    std::vector<std::string> parts = absl::StrSplit(absl::GetFlag(FLAGS_mesh), 'x');
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &data_size) || !absl::SimpleAtoi(parts[1], &model_size) ||
-        data_size < 1 || model_size < 1) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("--mesh=", absl::GetFlag(FLAGS_mesh), " is not DATAxMODEL (e.g. 4x2 or 1x1)")));
-    }
-  }
+  absl::StatusOr<std::pair<int64_t, int64_t>> mesh_sizes = parse_mesh_flag(absl::GetFlag(FLAGS_mesh));
+  if (!mesh_sizes.ok()) return fail(mesh_sizes.status());
+  const auto [data_size, model_size] = *mesh_sizes;
   const int epochs = absl::GetFlag(FLAGS_epochs), hidden = absl::GetFlag(FLAGS_hidden),
             batch = absl::GetFlag(FLAGS_batch);
   if (batch % data_size != 0 || hidden % model_size != 0) {

@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/daemon.h"
+#include "examples/mesh_flag.h"
 #include "examples/transformer_model.h"
 #include "tessera/tessera.h"
 #include "worker/kernels/blas.h"
@@ -84,15 +85,9 @@ int main(int argc, char** argv) {
       "Trains a character-level transformer language model on the GPL-3 text on a sharded mesh.\n"
       "Usage: example_transformer [--parallel=dp|tp|fsdp|fsdp_tp] [--mesh=4x2] [--steps=200] [--coordinator=H:P]");
   parse_flags(argc, argv, "example_transformer", {{"coordinator", "TESSERA_COORDINATOR"}});
-  int64_t data_size = 0, model_size = 0;
-  {
-    std::vector<std::string> parts = absl::StrSplit(absl::GetFlag(FLAGS_mesh), 'x');
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &data_size) || !absl::SimpleAtoi(parts[1], &model_size) ||
-        data_size < 1 || model_size < 1) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("--mesh=", absl::GetFlag(FLAGS_mesh), " is not DATAxMODEL (e.g. 4x2 or 1x1)")));
-    }
-  }
+  absl::StatusOr<std::pair<int64_t, int64_t>> mesh_sizes = parse_mesh_flag(absl::GetFlag(FLAGS_mesh));
+  if (!mesh_sizes.ok()) return fail(mesh_sizes.status());
+  const auto [data_size, model_size] = *mesh_sizes;
   absl::StatusOr<transformer::Layout> layout = transformer::parse_layout(absl::GetFlag(FLAGS_parallel));
   if (!layout.ok()) return fail(layout.status());
   Config c;
