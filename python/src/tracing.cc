@@ -187,6 +187,18 @@ void bind_ops(py::module_& m) {
   m.def("rms_norm", &nn::rms_norm);
   m.def("dot_product_attention", &nn::dot_product_attention);
 
+  // jax.random (tessera/random.h: raw uint32[2] keys, threefry2x32, partitionable); the
+  // Python names and defaults are tessera/random.py's.
+  m.def("random_key", static_cast<Value (*)(V)>(&random::key));
+  m.def("random_split", static_cast<Value (*)(V, Shape)>(&random::split));
+  m.def("random_fold_in", static_cast<Value (*)(V, V)>(&random::fold_in));
+  m.def("random_bits", &random::bits);
+  m.def("random_uniform", &random::uniform);
+  m.def("random_normal", &random::normal);
+  m.def("random_truncated_normal", &random::truncated_normal);
+  m.def("random_bernoulli", static_cast<Value (*)(V, V, Shape)>(&random::bernoulli));
+  m.def("random_categorical", &random::categorical);
+
   // The shard_map collectives; `axes` is one mesh axis or several, major to minor.
   m.def("psum", [](V x, Axes axes) { return psum(x, AxisNames(std::move(axes))); });
   m.def("pmean", [](V x, Axes axes) { return pmean(x, AxisNames(std::move(axes))); });

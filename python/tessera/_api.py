@@ -53,7 +53,9 @@ def _sdk_call(fn, *args):
 
 def _put_numpy(x, sharding):
     from .numpy import canonical_dtype
-    host = _np.ascontiguousarray(_np.asarray(x), dtype=canonical_dtype(_np.asarray(x).dtype))
+    # Not np.ascontiguousarray, which makes a 0-d array 1-d: jnp.sqrt(2) and device_put of a
+    # numpy scalar keep shape ().
+    host = _np.asarray(x, dtype=canonical_dtype(_np.asarray(x).dtype), order="C")
     return Array(config.client().device_put(host, sharding._cpp))
 
 

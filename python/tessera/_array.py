@@ -103,5 +103,9 @@ class Array:
     def __repr__(self):
         return f"Array({np.array2string(np.asarray(self), separator=', ')}, dtype={self.dtype})"
 
+    def __str__(self):
+        # jax.Array's str is its values' numpy str: print(x) shows [1. 2.], repr shows Array(...).
+        return str(np.asarray(self))
+
     def __format__(self, spec):
         return format(np.asarray(self), spec) if not self.shape else repr(self)

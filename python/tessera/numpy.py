@@ -20,7 +20,7 @@ from ._config import config as _config
 from ._trace import Tracer, in_trace
 
 float32, float64, int32, int64 = _np.float32, _np.float64, _np.int32, _np.int64
-float16, int8, uint8, int16 = _np.float16, _np.int8, _np.uint8, _np.int16
+float16, int8, uint8, int16, uint32 = _np.float16, _np.int8, _np.uint8, _np.int16, _np.uint32
 bool_ = _np.bool_
 newaxis = None
 pi, e, inf, nan = _np.pi, _np.e, _np.inf, _np.nan
@@ -30,7 +30,7 @@ _DTYPES = {_np.dtype(_np.float32): _t.DType.float32, _np.dtype(_np.float64): _t.
            _np.dtype(_np.int32): _t.DType.int32, _np.dtype(_np.int64): _t.DType.int64,
            _np.dtype(_np.bool_): _t.DType.bool, _np.dtype(_np.float16): _t.DType.float16,
            _np.dtype(_np.int8): _t.DType.int8, _np.dtype(_np.uint8): _t.DType.uint8,
-           _np.dtype(_np.int16): _t.DType.int16}
+           _np.dtype(_np.int16): _t.DType.int16, _np.dtype(_np.uint32): _t.DType.uint32}
 
 
 def canonical_dtype(dtype):
@@ -40,14 +40,17 @@ def canonical_dtype(dtype):
     x64 = _config.jax_enable_x64
     if d.kind == "b":
         return _np.dtype(_np.bool_)
-    if d in (_np.dtype(_np.float16), _np.dtype(_np.int8), _np.dtype(_np.uint8), _np.dtype(_np.int16)):
+    if d in (_np.dtype(_np.float16), _np.dtype(_np.int8), _np.dtype(_np.uint8), _np.dtype(_np.int16),
+             _np.dtype(_np.uint32)):
         return d
-    if d.kind in "iu":
+    if d == _np.dtype(_np.uint64) and not x64:
+        return _np.dtype(_np.uint32)
+    if d.kind == "i":
         return _np.dtype(_np.int64 if x64 and d.itemsize == 8 else _np.int32)
     if d.kind == "f":
         return _np.dtype(_np.float64 if x64 and d.itemsize == 8 else _np.float32)
     raise TypeError(f"dtype {d} is not supported by Tessera (float32, float64, int32, int64, bool, float16, "
-                    "int8, uint8, int16)")
+                    "int8, uint8, int16, uint32)")
 
 
 def _enum(dtype):

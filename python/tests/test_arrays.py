@@ -80,6 +80,10 @@ def test_dtypes_round_trip_and_x64_canonicalization(mesh):
     assert tessera.device_put(np.ones(4, np.float64), s).dtype == np.float32
     assert tessera.device_put(np.arange(4), s).dtype == np.int32
     assert jnp.ones((2, 2)).dtype == np.float32
+    # Scalars stay 0-d (jnp.sqrt(2) is an f32[] array in JAX); np.ascontiguousarray had made them 1-d.
+    assert tessera.device_put(np.float32(2.5), s).shape == ()
+    assert jnp.sqrt(2).shape == ()
+    assert float(np.asarray(tessera.jit(lambda v: v + 1)(np.int32(3)))) == 4
 
 
 def test_device_put_reshards_an_array(mesh):
