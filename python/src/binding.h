@@ -1,6 +1,7 @@
-// The pybind11 binding of the client SDK (tessera._tessera), shared by its three files:
+// The pybind11 binding of the client SDK (tessera._tessera), shared by its four files:
 // module.cc (errors, the module), arrays.cc (Client, Mesh, shardings, Array), tracing.cc
-// (Value ops, jit, grad, shard_map, the collectives). Only the binding includes this header.
+// (Value ops, jit, grad, shard_map, the collectives), optim.cc (the optimisers). Only the
+// binding includes this header.
 #ifndef TESSERA_PYTHON_SRC_BINDING_H_
 #define TESSERA_PYTHON_SRC_BINDING_H_
 
@@ -42,6 +43,7 @@ T value_or_throw(absl::StatusOr<T> result) {
 
 void bind_arrays(py::module_& m);
 void bind_tracing(py::module_& m);
+void bind_optim(py::module_& m);  // optim.cc: tessera/optim.h for tessera/optax.py
 
 }  // namespace tessera::python
 

@@ -25,6 +25,7 @@ PYBIND11_MODULE(_tessera, m) {
   py::register_exception_translator(&translate);
   bind_arrays(m);
   bind_tracing(m);
+  bind_optim(m);
 }
 
 }  // namespace tessera::python
