@@ -39,9 +39,9 @@ def host_adamw(params, grads, lr, b1=0.9, b2=0.999, eps=1e-8, wd=1e-4, clip=None
     return p, mu, nu
 
 
-def run(opt, params, grads, put=lambda x: x):
-    params = tessera.device_put(params, put(None)) if put(None) is not None else params
-    state = opt.init(params)
+def train(opt, params, grads, state=None):
+    """The optax loop: init (unless given), then one jitted step per gradient."""
+    state = opt.init(params) if state is None else state
 
     @tessera.jit
     def step(params, state, g):
@@ -54,7 +54,7 @@ def run(opt, params, grads, put=lambda x: x):
 
 
 def test_adamw_over_three_steps_is_optaxs_formula():
-    params, state = run(optax.adamw(1e-2), PARAMS, GRADS)
+    params, state = train(optax.adamw(1e-2), PARAMS, GRADS)
     want, mu, nu = host_adamw(PARAMS, GRADS, 1e-2)
     for got, w in zip(leaves(params), want):
         np.testing.assert_allclose(np.asarray(got), w, rtol=2e-5, atol=1e-6)
@@ -82,14 +82,7 @@ def test_clipped_adamw_with_a_schedule_on_a_sharded_tree(mesh):
     state = opt.init(params)
     # Each moment is sharded as its parameter.
     assert state["1"]["0"]["mu"]["w"].sharding.spec == P("data", None)
-
-    @tessera.jit
-    def step(params, state, g):
-        updates, state = opt.update(g, state, params)
-        return optax.apply_updates(params, updates), state
-
-    for g in GRADS:
-        params, state = step(params, state, g)
+    params, state = train(opt, params, GRADS, state)
     want, _, _ = host_adamw(PARAMS, GRADS, host_sched, clip=1.0)
     for got, w in zip(leaves(params), want):
         np.testing.assert_allclose(np.asarray(got), w, rtol=2e-5, atol=1e-6)
@@ -97,7 +90,7 @@ def test_clipped_adamw_with_a_schedule_on_a_sharded_tree(mesh):
 
 
 def test_sgd_with_momentum_and_global_norm():
-    params, state = run(optax.sgd(0.1, momentum=0.9), PARAMS, GRADS)
+    params, state = train(optax.sgd(0.1, momentum=0.9), PARAMS, GRADS)
     p = [np.float64(x) for x in leaves(PARAMS)]
     tr = [np.zeros_like(x) for x in p]
     for g in GRADS:  # optax.trace: t = g + decay * t; then scale(-lr)
