@@ -1,0 +1,39 @@
+#include "coordinator/access.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+absl::StatusOr<uint64_t> acting_session(const Caller& caller, uint64_t requested, absl::string_view method) {
+  if (caller.at_least(Role::kAdmin)) return requested;
+  if (caller.session == 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        method, ": a client acts for its session; send the credential OpenSession handed out ('tessera-session')"));
+  }
+  if (requested != 0 && requested != caller.session) {
+    return absl::PermissionDeniedError(absl::StrCat(method, ": session ", requested,
+                                                    " is not the caller's (its credential is session ", caller.session,
+                                                    "); a client acts only for its own session"));
+  }
+  return caller.session;
+}
+
+absl::Status check_owner(const Caller& caller, const ArrayRecord& a, absl::string_view method,
+                         absl::string_view action) {
+  if (caller.at_least(Role::kAdmin) || (a.session != 0 && a.session == caller.session)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(method, ": array ", a.id, " belongs to another session; only ",
+                                                  "its owner (or an admin credential) may ", action, " it"));
+}
+
+absl::Status check_not_lost(const Registry& registry, const ArrayRecord& a, const std::string& what) {
+  if (a.lost_devices.empty()) return absl::OkStatus();
+  const int d = *a.lost_devices.begin();
+  std::optional<DeviceRecord> device = registry.device(d);
+  return absl::FailedPreconditionError(absl::StrCat(what, ": array ", a.id, " lost its shard on ",
+                                                    describe_device(d, device ? device->address : "?"),
+                                                    " when that worker restarted; put the array again"));
+}
+
+}  // namespace tessera

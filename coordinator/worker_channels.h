@@ -1,0 +1,82 @@
+// WorkerChannels: the coordinator's line to each worker, by address: its stub, whether a call
+// ever reached it, and its RunPlans stream (coordinator/plan_stream.h) for the worker's
+// current incarnation. A channel lives as long as the coordinator (addresses are few).
+//
+// Locks: mu_ guards the table of channels; each WorkerChannel's mu guards its stream. Order:
+// mu_ before a WorkerChannel::mu (take_plan_streams holds both). Neither is held across a
+// call: opening a stream starts it without waiting, and a stale stream is closed (without
+// waiting) after its channel's lock is released.
+//
+//   WorkerChannels channels(identity);
+//   WorkerChannel* w = channels.get("127.0.0.1:4000");
+//   std::shared_ptr<PlanStream> s = w->plan_stream(incarnation);
+#ifndef TESSERA_COORDINATOR_WORKER_CHANNELS_H_
+#define TESSERA_COORDINATOR_WORKER_CHANNELS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/plan_stream.h"
+#include "proto/auth.h"
+#include "proto/tessera.grpc.pb.h"
+
+namespace tessera {
+
+// The coordinator's line to one worker.
+struct WorkerChannel {
+  // The RunPlans stream to the worker's `incarnation`, opened if there is none or the one there
+  // broke or belongs to an older incarnation (a stale one is closed; its pending runs fail).
+  // Null if the worker has a newer incarnation already: a call checked before the worker
+  // registered anew must not close the stream of the calls made since.
+  std::shared_ptr<PlanStream> plan_stream(uint64_t incarnation) {
+    std::shared_ptr<PlanStream> stale, current;
+    {
+      absl::MutexLock lock(&mu);
+      if (plans != nullptr && plans->incarnation() > incarnation) return nullptr;
+      if (plans != nullptr && (plans->broken() || plans->incarnation() != incarnation)) stale = std::move(plans);
+      if (plans == nullptr) plans = PlanStream::open(stub.get(), incarnation);
+      current = plans;
+    }
+    if (stale != nullptr) stale->close(absl::ZeroDuration());  // does not wait
+    return current;
+  }
+
+  // The RunPlans stream to the worker's `incarnation` if one is open and healthy; else null.
+  std::shared_ptr<PlanStream> open_plan_stream(uint64_t incarnation) {
+    absl::MutexLock lock(&mu);
+    if (plans == nullptr || plans->broken() || plans->incarnation() != incarnation) return nullptr;
+    return plans;
+  }
+
+  std::unique_ptr<pb::Worker::Stub> stub;
+  std::atomic<bool> reached{false};  // a call has succeeded: the worker was up at least once
+  absl::Mutex mu;
+  std::shared_ptr<PlanStream> plans ABSL_GUARDED_BY(mu);
+};
+
+class WorkerChannels {
+ public:
+  explicit WorkerChannels(std::shared_ptr<const CallIdentity> identity) : identity_(std::move(identity)) {}
+
+  // The channel to `address`, made at its first use. Never null.
+  WorkerChannel* get(const std::string& address);
+
+  // Takes every open RunPlans stream out of its channel, for the owner to close (shutdown).
+  std::vector<std::shared_ptr<PlanStream>> take_plan_streams();
+
+ private:
+  const std::shared_ptr<const CallIdentity> identity_;  // what this coordinator sends the workers
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<WorkerChannel>> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COORDINATOR_WORKER_CHANNELS_H_

@@ -1,0 +1,403 @@
+#include "worker/plan_runner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/slicing.h"
+#include "core/status.h"
+#include "proto/write_queue.h"
+#include "worker/interpreter.h"
+
+namespace tessera {
+namespace {
+
+// Runs of one RunPlans stream that may wait for the runs making their inputs at once.
+constexpr size_t kMaxDeferredRuns = 4096;
+
+// The server side of the coordinator's RunPlans stream: each request is a run (or the cancel
+// of one); each run's result goes back as its own message when the run ends, in any order.
+// Reads never wait for a run: the next read starts first, then a small local plan runs on the
+// thread that read it, and every other plan on a thread of its own. A run whose inputs are
+// outputs of runs sent before it on this stream and still going (the coordinator forwards a
+// call naming an earlier call's outputs at once) waits, without a thread, until they ended:
+// it starts on the thread that ended the last of them, after that one's result is queued,
+// or fails at once with the error of one that failed. One write is in flight;
+// results finished meanwhile queue behind it. The reactor owns itself (runs on threads hold
+// it too) until gRPC is done with it; when the coordinator's side ends, runs in progress are
+// told to stop and their results dropped.
+class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>,
+                                public std::enable_shared_from_this<PlanStreamReactor> {
+ public:
+  static PlanStreamReactor* start(PlanRunner* runner) {
+    std::shared_ptr<PlanStreamReactor> r(new PlanStreamReactor(runner));
+    r->self_ = r;
+    r->StartRead(&r->request_);
+    return r.get();
+  }
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone() override {
+    std::shared_ptr<PlanStreamReactor> self;
+    absl::MutexLock lock(&mu_);
+    for (auto& [execution, cancelled] : running_) *cancelled = true;
+    self = std::move(self_);  // the last reference may be a run's, on its own thread
+  }
+
+  // Queues the result of request `id`; starts its write if none is in flight.
+  void post(uint64_t id, const absl::Status& status);
+
+ private:
+  explicit PlanStreamReactor(PlanRunner* runner) : runner_(runner) {}
+
+  // A run waiting for the runs before it on this stream that make its inputs.
+  struct Deferred {
+    std::shared_ptr<pb::RunPlanRequest> req;
+    std::shared_ptr<const LoadedPlan> loaded;
+    int waiting = 0;       // producers still going
+    absl::Status failure;  // of the first that failed
+  };
+
+  // Starts `req` on a thread of the plan pool (it is in running_ and its inputs exist).
+  void run_on_thread(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded);
+  // Run `req` (one in running_) ended with `status`: posts its result, then starts the runs
+  // that waited for it (or fails them with its error), and finishes the stream if it is done.
+  void end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status);
+
+  // Whether the stream is to be finished now: the reading ended, no write is in flight and no
+  // run is left on a thread of its own (the server, and the service those runs use, wait for
+  // Finish before they go). The caller calls Finish, outside the lock.
+  bool finish_now_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!reading_ended_ || results_.writing() || finished_ || !running_.empty()) return false;
+    finished_ = true;
+    return true;
+  }
+
+  PlanRunner* const runner_;
+  pb::PlanStreamRequest request_;  // the read in flight; touched only by the reading callback
+
+  absl::Mutex mu_;
+  WriteQueue<pb::RunPlanResult> results_ ABSL_GUARDED_BY(mu_);
+  bool reading_ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Runs on threads of their own or waiting for their inputs, by execution, with the flag that
+  // tells them to stop.
+  std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_ ABSL_GUARDED_BY(mu_);
+  // Of those: the run making each output buffer, the runs waiting, and what each waits for.
+  std::map<uint64_t, uint64_t> producing_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Deferred> deferred_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::vector<uint64_t>> dependents_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<PlanStreamReactor> self_ ABSL_GUARDED_BY(mu_);
+};
+
+void PlanStreamReactor::OnReadDone(bool ok) {
+  if (!ok) {  // the coordinator closed or cancelled the stream, or went away
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ended_ = true;  // results not yet sent are dropped (see OnWriteDone)
+      for (auto& [execution, cancelled] : running_) *cancelled = true;
+      finish = finish_now_locked();
+    }
+    if (finish) Finish(grpc::Status::OK);
+    return;
+  }
+  if (request_.kind_case() == pb::PlanStreamRequest::kCancelExecution) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = running_.find(request_.cancel_execution());
+      if (it != running_.end()) *it->second = true;
+    }
+    StartRead(&request_);
+    return;
+  }
+  if (request_.kind_case() == pb::PlanStreamRequest::kDeleteBuffers) {
+    const uint64_t id = request_.delete_buffers().request_id();
+    runner_->erase(request_.delete_buffers().buffer_ids());
+    StartRead(&request_);
+    post(id, absl::OkStatus());
+    return;
+  }
+  if (request_.kind_case() != pb::PlanStreamRequest::kRun) {
+    StartRead(&request_);  // a kind this build does not know: nothing to answer
+    return;
+  }
+  auto req = std::make_shared<pb::RunPlanRequest>();
+  req->Swap(request_.mutable_run());
+  const uint64_t execution = req->execution_id();
+  // Deletions riding on the run: nothing reads these buffers any more.
+  if (req->free_buffers_size() > 0) runner_->erase(req->free_buffers());
+  absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan = runner_->plan_for(*req);
+  if (!plan.ok()) {
+    StartRead(&request_);
+    post(execution, plan.status());
+    return;
+  }
+  auto [loaded, inline_run] = *std::move(plan);
+  absl::Status refused;
+  bool deferred = false;
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<uint64_t> producers;
+    for (uint64_t id : req->input_buffers()) {
+      auto it = producing_.find(id);
+      if (it != producing_.end()) producers.insert(it->second);
+    }
+    if (!producers.empty() && deferred_.size() >= kMaxDeferredRuns) {
+      refused = runner_->device().name_in(absl::ResourceExhaustedError(absl::StrCat(
+          "run: ", kMaxDeferredRuns, " runs on this stream wait for the runs making their inputs already")));
+    } else {
+      // Inline runs too: the next read (a consumer of this run) may be handled meanwhile.
+      running_[execution] = std::make_shared<std::atomic<bool>>(false);
+      for (uint64_t id : req->output_buffers()) producing_[id] = execution;
+      if (!producers.empty()) {
+        deferred = true;
+        Deferred& d = deferred_[execution];
+        d.req = req;
+        d.loaded = loaded;
+        d.waiting = static_cast<int>(producers.size());
+        for (uint64_t p : producers) dependents_[p].push_back(execution);
+      }
+    }
+  }
+  StartRead(&request_);
+  if (!refused.ok()) {
+    post(execution, refused);
+  } else if (deferred) {
+    // Started by the end of the last of its producers.
+  } else if (inline_run) {  // short, and nothing to wait for: no cancellation either
+    absl::Status status = runner_->run(*loaded, *req, nullptr);
+    end_run(std::move(req), std::move(status));
+  } else {
+    run_on_thread(std::move(req), std::move(loaded));
+  }
+}
+
+void PlanStreamReactor::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req,
+                                      std::shared_ptr<const LoadedPlan> loaded) {
+  std::shared_ptr<std::atomic<bool>> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = running_[req->execution_id()];
+  }
+  absl::Status started = runner_->plan_threads().run([self = shared_from_this(), plan = loaded, req, cancelled] {
+    self->end_run(req, self->runner_->run(*plan, *req, [cancelled] { return cancelled->load(); }));
+  });
+  if (!started.ok()) end_run(std::move(req), runner_->device().name_in(started));
+}
+
+void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status) {
+  // A queue, not recursion: a long chain of waiting runs may end here one after another.
+  std::deque<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>> ended;
+  ended.emplace_back(std::move(req), std::move(status));
+  while (!ended.empty()) {
+    auto [run, result] = std::move(ended.front());
+    ended.pop_front();
+    const uint64_t execution = run->execution_id();
+    post(execution, result);                       // before its dependents run: results go back in order
+    std::vector<std::pair<Deferred, bool>> ready;  // and whether it was cancelled meanwhile
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      running_.erase(execution);
+      for (uint64_t id : run->output_buffers()) {
+        auto it = producing_.find(id);
+        if (it != producing_.end() && it->second == execution) producing_.erase(it);
+      }
+      auto deps = dependents_.find(execution);
+      if (deps != dependents_.end()) {
+        for (uint64_t d : deps->second) {
+          auto it = deferred_.find(d);
+          if (it == deferred_.end()) continue;
+          Deferred& w = it->second;
+          if (!result.ok() && w.failure.ok()) {
+            w.failure = absl::Status(result.code(),
+                                     absl::StrCat("run: an input was to be made by execution ", execution,
+                                                  " before it on this device, which failed: ", result.message()));
+          }
+          if (--w.waiting > 0) continue;
+          auto flag = running_.find(d);
+          ready.emplace_back(std::move(w), flag != running_.end() && flag->second->load());
+          deferred_.erase(it);
+        }
+        dependents_.erase(deps);
+      }
+      finish = finish_now_locked();
+    }
+    for (auto& [w, cancelled] : ready) {
+      if (!w.failure.ok()) {
+        ended.emplace_back(std::move(w.req), std::move(w.failure));
+      } else if (cancelled) {
+        ended.emplace_back(std::move(w.req), runner_->device().name_in(absl::CancelledError("run: cancelled")));
+      } else if (runner_->may_run_inline(*w.loaded, *w.req)) {
+        absl::Status s = runner_->run(*w.loaded, *w.req, nullptr);
+        ended.emplace_back(std::move(w.req), std::move(s));
+      } else {
+        run_on_thread(std::move(w.req), std::move(w.loaded));
+      }
+    }
+    if (finish) Finish(grpc::Status::OK);
+  }
+}
+
+void PlanStreamReactor::post(uint64_t id, const absl::Status& status) {
+  const pb::RunPlanResult* first = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (reading_ended_ || finished_) return;  // the coordinator is gone or done with this stream
+    pb::RunPlanResult result;
+    result.set_id(id);
+    result.set_code(static_cast<int32_t>(status.code()));
+    result.set_message(std::string(status.message()));
+    first = results_.push(std::move(result));
+  }
+  if (first != nullptr) StartWrite(first);
+}
+
+// Results not yet sent when the reading ended are dropped: nobody reads them.
+void PlanStreamReactor::OnWriteDone(bool ok) {
+  const pb::RunPlanResult* next = nullptr;
+  bool finish = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!ok) reading_ended_ = true;  // the stream is broken: the read fails too
+    next = results_.pop(reading_ended_);
+    finish = finish_now_locked();
+  }
+  if (next != nullptr) StartWrite(next);
+  if (finish) Finish(grpc::Status::OK);
+}
+
+}  // namespace
+
+grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* PlanRunner::open_stream() {
+  return PlanStreamReactor::start(this);
+}
+
+absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> PlanRunner::plan_for(const pb::RunPlanRequest& req) {
+  absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded = plans_->find(req.plan_id());
+  if (!loaded.ok()) return device_->name_in(loaded.status());
+  const bool inline_run = runs_inline(**loaded, req);
+  return std::make_pair(*std::move(loaded), inline_run);
+}
+
+absl::Status PlanRunner::run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
+  const absl::Time start = absl::Now();
+  {
+    absl::MutexLock lock(&runs_mu_);
+    ++runs_.in_flight;
+  }
+  absl::Status status = device_->name_in(run_plan(loaded, req, std::move(cancelled)));
+  run_seconds_.observe(absl::Now() - start);
+  absl::MutexLock lock(&runs_mu_);
+  --runs_.in_flight;
+  runs_.last_end = absl::Now();
+  ++runs_.runs;
+  if (!status.ok()) {
+    ++runs_.failed;
+    runs_.last_error = status.ToString();
+    runs_.last_error_at = absl::Now();
+  }
+  return status;
+}
+
+int64_t PlanRunner::wait_for_idle(absl::Duration quiet, absl::Time deadline) {
+  absl::MutexLock lock(&runs_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return runs_.in_flight == 0; };
+  for (;;) {
+    if (!runs_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) return runs_.in_flight;
+    const absl::Time quiet_until = std::max(runs_.last_end, drain_started_) + quiet;
+    if (absl::Now() >= quiet_until) return 0;
+    // Something may start meanwhile: wake at the end of the quiet period, or at a start.
+    auto busy_or_quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return runs_.in_flight > 0; };
+    runs_mu_.AwaitWithDeadline(absl::Condition(&busy_or_quiet), std::min(quiet_until, deadline));
+    if (absl::Now() >= deadline) return runs_.in_flight;
+  }
+}
+
+void PlanRunner::start_drain() {
+  absl::MutexLock lock(&runs_mu_);
+  drain_started_ = absl::Now();
+}
+
+int64_t PlanRunner::runs_in_flight() {
+  absl::MutexLock lock(&runs_mu_);
+  return runs_.in_flight;
+}
+
+bool PlanRunner::runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const {
+  int64_t input_bytes = 0;
+  for (uint64_t id : req.input_buffers()) {
+    absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_->get(id);
+    if (buffer.ok()) input_bytes += (*buffer)->nbytes();
+  }
+  return tessera::runs_inline(plan.plan, input_bytes);
+}
+
+absl::Status PlanRunner::run_plan(const LoadedPlan& loaded, const pb::RunPlanRequest& req,
+                                  std::function<bool()> cancelled) {
+  const DevicePlan& plan = loaded.plan;
+  if (req.output_buffers_size() != static_cast<int>(plan.output_slots.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("run: the plan has ", plan.output_slots.size(), " outputs, got ",
+                                                   req.output_buffers_size(), " output buffers"));
+  }
+  if (req.input_buffers_size() != static_cast<int>(plan.input_slots.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ",
+                                                   req.input_buffers_size(), " input buffers"));
+  }
+  std::vector<std::shared_ptr<const HostArray>> inputs;
+  for (uint64_t id : req.input_buffers()) {
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const HostArray> buffer, store_->get(id));
+    inputs.push_back(std::move(buffer));
+  }
+  // Donated inputs leave the store: the run holds the only reference, so its kernels may
+  // write over them, and their memory counts as free from now on.
+  std::vector<uint64_t> donated;
+  for (int d : plan.donated_inputs) donated.push_back(req.input_buffers(d));
+  if (!donated.empty()) store_->erase(donated);
+  // What the run holds at its peak (intermediates, outputs, donated inputs) is reserved in
+  // the store for the run, under the execution's id (no buffer has it), before anything runs.
+  const PlanPeak peak = peak_memory(plan, inputs);
+  if (absl::Status reserved = store_->reserve(req.execution_id(), peak.bytes); !reserved.ok()) {
+    const BufferStore::Stats stats = store_->stats();
+    const std::string at = peak.instruction < 0 ? std::string("its donated inputs")
+                                                : absl::StrCat("instruction ", peak.instruction, " (",
+                                                               instruction_name(plan.code[peak.instruction]), ")");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "run: plan ", req.plan_id(), " needs ", peak.bytes, " bytes at once for its intermediates and outputs (at ", at,
+        ") but only ", stats.limit_bytes - stats.bytes_used, " of the device's ", stats.limit_bytes,
+        " bytes are free (--memory_bytes)"));
+  }
+  PlanRun run;
+  run.execution = req.execution_id();
+  if (loaded.has_collectives) run.peers = loaded.peers;
+  run.self = device_->id();
+  const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
+  run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+  run.cancelled = std::move(cancelled);
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> outputs =
+      tessera::run_plan(plan, std::move(inputs), *transport_, run);
+  store_->cancel(req.execution_id());  // the outputs are reserved one by one below
+  if (!outputs.ok()) return outputs.status();
+  for (int i = 0; i < req.output_buffers_size(); ++i) {
+    absl::Status reserved = store_->reserve(req.output_buffers(i), (*outputs)[i]->nbytes());
+    if (!reserved.ok()) {
+      for (int j = 0; j < i; ++j) store_->erase({req.output_buffers(j)});
+      return reserved;
+    }
+    store_->commit(req.output_buffers(i), (*outputs)[i]);
+  }
+  return absl::OkStatus();
+}
+
+PlanRunner::RunCounts PlanRunner::counts() {
+  absl::MutexLock lock(&runs_mu_);
+  return runs_;
+}
+
+}  // namespace tessera

@@ -1,0 +1,112 @@
+// PlanRunner: runs loaded plans on stored buffers, for the coordinator's RunPlans streams.
+// Each stream (a reactor in plan_runner.cc) reads runs in order; a small local plan runs on
+// the gRPC thread that read it (runs_inline), every other on a thread of the plan pool, and a
+// run naming outputs of runs before it on its stream waits for them without a thread. A
+// cancel on the stream (or its end) tells the run to stop. The runner counts runs for
+// GetStats and for a drain (wait_for_idle).
+//
+// Locks: runs_mu_ guards the run counts and the drain's start; held only to count, and to
+// wait in wait_for_idle (the drain's thread). Each stream's reactor has its own mu_ over its
+// write queue and the runs it tracks; it is never held across a run, a pool hand-off or a
+// gRPC call (StartWrite, Finish are called after it is released). Order: a stream's mu_ and
+// runs_mu_ are never held together; neither is held while calling BufferStore or PlanStore
+// (which take their own locks).
+//
+//   PlanRunner runner(&store, &plans, &transport, &device, 256);
+//   return runner.open_stream();   // from the RunPlans handler, the caller checked
+#ifndef TESSERA_WORKER_PLAN_RUNNER_H_
+#define TESSERA_WORKER_PLAN_RUNNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/metrics.h"
+#include "core/thread_pool.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tessera.grpc.pb.h"
+#include "worker/buffer_store.h"
+#include "worker/collectives/transport.h"
+#include "worker/device.h"
+#include "worker/plan_store.h"
+
+namespace tessera {
+
+class PlanRunner {
+ public:
+  PlanRunner(BufferStore* store, PlanStore* plans, Transport* transport, const WorkerDevice* device,
+             int max_plan_threads)
+      : store_(store),
+        plans_(plans),
+        transport_(transport),
+        device_(device),
+        plan_threads_("plan runs on threads of their own (--max_plan_threads)", std::max(1, max_plan_threads)) {}
+
+  // A new RunPlans stream (the reactor owns itself until gRPC is done with it).
+  grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* open_stream();
+
+  // The loaded plan of `req`, and whether it may run on a gRPC callback thread (see
+  // runs_inline). NOT_FOUND naming this device if it is not loaded.
+  absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan_for(const pb::RunPlanRequest& req);
+  // Runs a loaded plan on stored buffers and stores its outputs; errors name this device.
+  absl::Status run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled);
+  // Whether `req` may run on the thread at hand now that its inputs exist (see plan_for).
+  bool may_run_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const { return runs_inline(plan, req); }
+
+  // Frees the buffers `ids` (those this device holds); returns how many it held.
+  int erase(const google::protobuf::RepeatedField<uint64_t>& ids) {
+    return store_->erase(std::vector<uint64_t>(ids.begin(), ids.end()));
+  }
+
+  // Waits until no run has been in flight for `quiet` (runs the coordinator sent just before
+  // the wait still arrive and finish), at most until `deadline`; returns the runs still in
+  // flight then (0: drained).
+  int64_t wait_for_idle(absl::Duration quiet, absl::Time deadline);
+  void start_drain();
+  int64_t runs_in_flight();
+
+  // For GetStats (tessera status).
+  struct RunCounts {
+    int64_t in_flight = 0;  // started, not finished
+    absl::Time last_end;    // when the last run finished
+    int64_t runs = 0;
+    int64_t failed = 0;
+    std::string last_error;
+    absl::Time last_error_at;
+  };
+  RunCounts counts();
+
+  const LatencyHistogram& run_seconds() const { return run_seconds_; }
+  // The threads plans that may wait run on (see the reactor).
+  ThreadPool& plan_threads() { return plan_threads_; }
+  const WorkerDevice& device() const { return *device_; }
+
+ private:
+  // Whether `plan` may run on a gRPC callback thread: by its cost (runs_inline).
+  bool runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const;
+  // Runs a loaded plan on stored buffers and stores its outputs.
+  absl::Status run_plan(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled);
+
+  BufferStore* const store_;
+  PlanStore* const plans_;
+  Transport* const transport_;
+  const WorkerDevice* const device_;
+
+  absl::Mutex runs_mu_;
+  RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
+  absl::Time drain_started_ ABSL_GUARDED_BY(runs_mu_);
+  LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
+                                "Plan runs on this device, from the start of the run to its outputs stored."};
+  // Last: its threads use everything above, and its destructor joins them.
+  ThreadPool plan_threads_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_PLAN_RUNNER_H_

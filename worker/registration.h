@@ -1,0 +1,94 @@
+// Registration: a worker's membership of the cluster: it registers with the coordinator
+// (retrying until register_timeout), then heartbeats on a thread of its own, registering
+// again, under the same device id and with the buffers it holds, when the coordinator has
+// marked it lost or restarted. Each heartbeat also cancels stalled PutShard streams.
+//
+// No lock: the registration's state (device id, incarnation, epoch, interval) is written by
+// start() before the heartbeat thread starts and afterwards only by that thread; what other
+// threads read of it (device_id()) is atomic. The heartbeat thread blocks on its own calls to
+// the coordinator (each bounded by four heartbeat intervals) and holds no lock meanwhile.
+//
+//   Registration registration(options, identity, &store, &plans, &transfers, &health, on_registered);
+//   TESSERA_RETURN_IF_ERROR(registration.start(address));
+//   registration.start_heartbeats();
+//   registration.stop();   // joins the heartbeat thread
+#ifndef TESSERA_WORKER_REGISTRATION_H_
+#define TESSERA_WORKER_REGISTRATION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/auth.h"
+#include "proto/health.h"
+#include "proto/tessera.grpc.pb.h"
+#include "worker/buffer_store.h"
+#include "worker/plan_store.h"
+#include "worker/transfers.h"
+#include "worker/worker_server.h"
+
+namespace tessera {
+
+class Registration {
+ public:
+  // `registered(device_id, incarnation)` runs after every successful registration.
+  Registration(const WorkerOptions& options, std::shared_ptr<const CallIdentity> identity, const BufferStore* store,
+               PlanStore* plans, Transfers* transfers, HealthService* health,
+               std::function<void(int, uint64_t)> registered)
+      : options_(options),
+        identity_(std::move(identity)),
+        store_(store),
+        plans_(plans),
+        transfers_(transfers),
+        health_(health),
+        registered_(std::move(registered)) {}
+  ~Registration() { stop(); }
+
+  // The first registration, of the worker serving at `address` (see WorkerServer::start).
+  absl::Status start(const std::string& address);
+  void start_heartbeats();
+  // Stops the heartbeats. Idempotent.
+  void stop();
+
+  int device_id() const { return device_id_.load(); }
+
+ private:
+  // The first registration: attempts of at most kConnectDeadline each, every failure to reach
+  // the coordinator logged and retried on a new channel (so a name that did not resolve is
+  // looked up again), pauses from 1 s doubling to 5 s, until register_timeout.
+  absl::Status register_until_deadline();
+  // Registers (again) as `device_id` (-1: any), telling the coordinator which incarnation
+  // this process held before, if any: its buffers are still here.
+  // `wait_for_ready`: wait for the connection until the deadline, instead of failing at once
+  // when the coordinator cannot be reached (the first registration retries by itself).
+  absl::Status register_worker(int device_id, absl::Duration timeout, bool wait_for_ready);
+  void heartbeat_loop();
+
+  const WorkerOptions options_;
+  const std::shared_ptr<const CallIdentity> identity_;  // what this worker sends the coordinator
+  const BufferStore* const store_;
+  PlanStore* const plans_;
+  Transfers* const transfers_;
+  HealthService* const health_;
+  const std::function<void(int, uint64_t)> registered_;
+
+  std::string address_;
+  std::unique_ptr<pb::Coordinator::Stub> coordinator_;
+  std::atomic<int> device_id_{-1};
+  uint64_t incarnation_ = 0;
+  uint64_t epoch_ = 0;  // of the coordinator incarnation this worker registered with
+  absl::Duration heartbeat_interval_;
+
+  absl::Notification stopping_;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_REGISTRATION_H_

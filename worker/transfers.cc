@@ -1,0 +1,127 @@
+#include "worker/transfers.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/slicing.h"
+#include "core/status.h"
+#include "core/wire.h"
+#include "proto/rpc.h"
+#include "worker/put_shard.h"
+
+namespace tessera {
+
+grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc::ServerReader<pb::ShardChunk>* reader,
+                            pb::PutShardReply* reply) {
+  pb::ShardChunk chunk;
+  if (!reader->Read(&chunk)) return to_grpc(absl::InvalidArgumentError("PutShard: empty stream"));
+  if (!chunk.has_header()) {
+    return to_grpc(absl::InvalidArgumentError("PutShard: the first message must carry the shard header"));
+  }
+  if (!caller.at_least(Role::kDaemon)) {
+    absl::Status granted = auth_->check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard");
+    if (!granted.ok()) return to_grpc(device_->name_in(granted));
+  }
+  ProfileSpan span(profile_, "transfer", [] { return std::string("put_shard"); });
+  absl::StatusOr<std::shared_ptr<HostArray>> data = begin_put(chunk.header());
+  if (!data.ok()) return to_grpc(data.status());
+  const uint64_t id = chunk.header().buffer_id();
+  if (span) {
+    span.arg("buffer", absl::StrCat(id));
+    span.arg("bytes", absl::StrCat((*data)->nbytes()));
+  }
+  // Watched while it holds its reservation: a stream that stalls is cancelled (see
+  // cancel_stalled_puts), and the reservation goes with it.
+  std::shared_ptr<PutWatch> watch = watch_put(ctx);
+  absl::Status status = read_put_shard(
+      &chunk,
+      [reader, &watch](pb::ShardChunk* next) {
+        const bool more = reader->Read(next);
+        watch->progress = absl::ToUnixNanos(absl::Now());
+        return more;
+      },
+      data->get());
+  unwatch_put(watch);
+  if (!status.ok() || watch->cancelled) {
+    store_->cancel(id);
+    if (watch->cancelled) {
+      status = absl::DeadlineExceededError(absl::StrCat("PutShard: buffer ", id, " received no data for ",
+                                                        absl::FormatDuration(put_stall_timeout_),
+                                                        "; its reservation was released (--put_stall_ms)"));
+    }
+    return to_grpc(device_->name_in(status));
+  }
+  reply->set_bytes((*data)->nbytes());
+  bytes_put_.fetch_add((*data)->nbytes(), std::memory_order_relaxed);
+  store_->commit(id, std::move(*data));
+  return grpc::Status::OK;
+}
+
+grpc::Status Transfers::get(grpc::ServerContext* ctx, const Caller& caller, const pb::GetShardRequest* req,
+                            grpc::ServerWriter<pb::ShardChunk>* writer) {
+  if (!caller.at_least(Role::kDaemon)) {
+    absl::Status granted = auth_->check_grant(req->buffer_id(), req->grant(), "GetShard");
+    if (!granted.ok()) return to_grpc(device_->name_in(granted));
+  }
+  absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_->get(req->buffer_id());
+  if (!buffer.ok()) return to_grpc(buffer.status());
+  const HostArray& data = **buffer;
+  ProfileSpan span(profile_, "transfer", [] { return std::string("get_shard"); });
+  if (span) {
+    span.arg("buffer", absl::StrCat(req->buffer_id()));
+    span.arg("bytes", absl::StrCat(data.nbytes()));
+  }
+  pb::ShardChunk chunk;
+  chunk.mutable_header()->set_buffer_id(req->buffer_id());
+  chunk.mutable_header()->set_dtype(to_proto(data.dtype()));
+  to_proto(data.shape(), chunk.mutable_header()->mutable_shape());
+  int64_t offset = 0;
+  do {
+    const int64_t n = std::min(kMaxChunkBytes, data.nbytes() - offset);
+    chunk.set_data(data.data() + offset, static_cast<size_t>(n));
+    offset += n;
+    if (ctx->IsCancelled() || !writer->Write(chunk)) {
+      return to_grpc(absl::CancelledError("GetShard: the reader went away"));
+    }
+    chunk.clear_header();
+  } while (offset < data.nbytes());
+  bytes_fetched_.fetch_add(data.nbytes(), std::memory_order_relaxed);
+  return grpc::Status::OK;
+}
+
+void Transfers::cancel_stalled_puts(absl::Time now) {
+  absl::MutexLock lock(&puts_mu_);
+  for (const std::shared_ptr<PutWatch>& w : puts_) {
+    if (now - absl::FromUnixNanos(w->progress.load()) <= put_stall_timeout_ || w->cancelled) continue;
+    w->cancelled = true;
+    w->ctx->TryCancel();
+  }
+}
+
+std::shared_ptr<Transfers::PutWatch> Transfers::watch_put(grpc::ServerContext* ctx) {
+  auto w = std::make_shared<PutWatch>();
+  w->ctx = ctx;
+  w->progress = absl::ToUnixNanos(absl::Now());
+  absl::MutexLock lock(&puts_mu_);
+  puts_.insert(w);
+  return w;
+}
+
+void Transfers::unwatch_put(const std::shared_ptr<PutWatch>& w) {
+  absl::MutexLock lock(&puts_mu_);  // cancel_stalled_puts never touches its context after this
+  puts_.erase(w);
+}
+
+absl::StatusOr<std::shared_ptr<HostArray>> Transfers::begin_put(const pb::ShardHeader& header) {
+  TESSERA_ASSIGN_OR_RETURN(ArrayType type, put_shard_type(header));
+  const int64_t bytes = num_elements(type.shape) * dtype_size(type.dtype);
+  absl::Status reserved = store_->reserve(header.buffer_id(), bytes);
+  if (!reserved.ok()) {
+    return absl::Status(reserved.code(),
+                        absl::StrCat("shard ", type_to_string(type.dtype, type.shape), ": ", reserved.message()));
+  }
+  return std::make_shared<HostArray>(type.dtype, std::move(type.shape));
+}
+
+}  // namespace tessera

@@ -1,0 +1,80 @@
+// Transfers: the shard data paths of a worker: PutShard (check the grant, reserve, read the
+// chunks, commit; a stream that stalls is cancelled and its reservation released) and
+// GetShard (check the grant, send the chunks), with the bytes each moved.
+//
+// Lock: puts_mu_ guards puts_, the PutShard streams holding a reservation. It is held only to
+// insert, erase or scan them; cancel_stalled_puts calls ServerContext::TryCancel under it
+// (which does not block), so a stream's context is never touched after it left the set.
+// PutShard and GetShard are synchronous handlers: they block their gRPC thread on the
+// stream's reads and writes (bounded: a stall is cancelled, a reader that goes cancels).
+//
+//   Transfers transfers(&store, &auth, &device, &profile, absl::Seconds(10));
+//   return transfers.put(ctx, caller, reader, reply);   // from the PutShard handler
+//   transfers.cancel_stalled_puts(absl::Now());         // from the heartbeat thread
+#ifndef TESSERA_WORKER_TRANSFERS_H_
+#define TESSERA_WORKER_TRANSFERS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <set>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/profile.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/auth.h"
+#include "proto/tessera.grpc.pb.h"
+#include "worker/buffer_store.h"
+#include "worker/device.h"
+
+namespace tessera {
+
+class Transfers {
+ public:
+  Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, ProfileRecorder* profile,
+            absl::Duration put_stall_timeout)
+      : store_(store), auth_(auth), device_(device), profile_(profile), put_stall_timeout_(put_stall_timeout) {}
+
+  // The PutShard and GetShard handlers after `caller` was authenticated: a caller below a
+  // daemon must present the buffer's grant.
+  grpc::Status put(grpc::ServerContext* ctx, const Caller& caller, grpc::ServerReader<pb::ShardChunk>* reader,
+                   pb::PutShardReply* reply);
+  grpc::Status get(grpc::ServerContext* ctx, const Caller& caller, const pb::GetShardRequest* req,
+                   grpc::ServerWriter<pb::ShardChunk>* writer);
+
+  // Cancels the PutShard streams that received nothing for put_stall_timeout (their
+  // reservations are released as they end). Called by the heartbeat thread.
+  void cancel_stalled_puts(absl::Time now);
+
+  int64_t bytes_put() const { return bytes_put_.load(std::memory_order_relaxed); }
+  int64_t bytes_fetched() const { return bytes_fetched_.load(std::memory_order_relaxed); }
+
+ private:
+  // A PutShard stream holding a reservation, and when it last received a message.
+  struct PutWatch {
+    grpc::ServerContext* ctx = nullptr;
+    std::atomic<int64_t> progress{0};  // Unix ns
+    std::atomic<bool> cancelled{false};
+  };
+  std::shared_ptr<PutWatch> watch_put(grpc::ServerContext* ctx);
+  void unwatch_put(const std::shared_ptr<PutWatch>& w);
+
+  // Validates the header, reserves the memory and allocates the destination.
+  absl::StatusOr<std::shared_ptr<HostArray>> begin_put(const pb::ShardHeader& header);
+
+  BufferStore* const store_;
+  const Authenticator* const auth_;
+  const WorkerDevice* const device_;
+  ProfileRecorder* const profile_;
+  const absl::Duration put_stall_timeout_;
+  std::atomic<int64_t> bytes_put_{0}, bytes_fetched_{0};  // PutShard / GetShard, whole shards
+
+  absl::Mutex puts_mu_;
+  std::set<std::shared_ptr<PutWatch>> puts_ ABSL_GUARDED_BY(puts_mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_TRANSFERS_H_
