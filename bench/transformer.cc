@@ -6,18 +6,21 @@
 // run by one scan, so the plan should not grow with the depth).
 //
 //   bin/bench_transformer [--iters=3] [--json] [--d_model=128 --layers=4 --seq=128 --batch=32]
+//                         [--layouts=dp,tp,fsdp,fsdp_tp] [--profile=/tmp/step]
 //
 // Times are medians of --iters steps after two warm-up steps, parameters and optimiser state
 // donated. Issue #15's goals: tp and dp within 1.3x the (1, 1) step, fsdp within 1.5x, on this
 // 2-core machine (where 8 workers share 2 cores); plan of 16 layers within 1.2x of 2 layers.
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/stats.h"
@@ -33,6 +36,11 @@ ABSL_FLAG(int64_t, heads, 4, "attention heads");
 ABSL_FLAG(int64_t, layers, 4, "transformer blocks");
 ABSL_FLAG(int64_t, seq, 128, "context length");
 ABSL_FLAG(int64_t, batch, 32, "sequences per step");
+ABSL_FLAG(std::string, layouts, "dp,tp,fsdp,fsdp_tp",
+          "the layouts of (4, 2) to time after 1x1 (comma-separated); empty also skips the plan sizes");
+ABSL_FLAG(std::string, profile, "",
+          "when set, the timeline of each layout's timed steps goes to PATH-LAYOUT.json (Client::profile; "
+          "docs/guide.md, \"Seeing where the time goes\")");
 
 namespace tessera {
 namespace {
@@ -47,7 +55,8 @@ struct Figures {
   int64_t plan_lines = 0;  // lines of as_text(): a loop's body is printed once
 };
 
-absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, const Config& c, Layout layout, int iters) {
+absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, const Config& c, Layout layout, int iters,
+                                    const std::string& profile_path = "") {
   const Model model(c, layout, mesh);
   const HostArray host_key = HostArray::from_vector<uint32_t>({2}, {0, 1});
   TESSERA_ASSIGN_OR_RETURN(Array key, client.device_put(host_key, NamedSharding(mesh, P())));
@@ -65,7 +74,12 @@ absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, cons
   const TreeJitted step = model.train_step();
   Tree<Array> p = params[0], s = state[0];
   std::vector<double> times;
+  std::optional<ProfileScope> profile;
   for (int i = 0; i < iters + 2; ++i) {
+    if (i == 2 && !profile_path.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(ProfileScope scope, client.profile(profile_path));
+      profile.emplace(std::move(scope));
+    }
     const absl::Time t = absl::Now();
     const std::vector<Tree<Array>> args = {p, s, b};
     TESSERA_ASSIGN_OR_RETURN(std::vector<Tree<Array>> out, step(args));
@@ -74,6 +88,7 @@ absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, cons
     p = out[1];
     s = out[2];
   }
+  if (profile) TESSERA_RETURN_IF_ERROR(profile->finish());
   Figures f;
   f.step_ms = median(times);
   const std::string text = step.as_text();
@@ -116,7 +131,11 @@ int main(int argc, char** argv) {
                 static_cast<long long>(c.d_model), static_cast<long long>(c.heads), static_cast<long long>(c.layers),
                 static_cast<long long>(c.seq), static_cast<long long>(c.batch), iters);
   }
-  absl::StatusOr<Figures> ref = time_layout(*client, *one, c, Layout::kDp, iters);
+  const std::string profile = absl::GetFlag(FLAGS_profile);
+  auto profile_path = [&](const char* layout) {
+    return profile.empty() ? std::string() : absl::StrCat(profile, "-", layout, ".json");
+  };
+  absl::StatusOr<Figures> ref = time_layout(*client, *one, c, Layout::kDp, iters, profile_path("1x1"));
   if (!ref.ok()) return fail("1x1", ref.status());
   auto report = [&](const char* name, const Figures& f) {
     if (json) {
@@ -131,11 +150,15 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
   report("1x1", *ref);
-  for (Layout l : {Layout::kDp, Layout::kTp, Layout::kFsdp, Layout::kFsdpTp}) {
-    absl::StatusOr<Figures> f = time_layout(*client, *mesh, c, l, iters);
-    if (!f.ok()) return fail(transformer::layout_name(l), f.status());
-    report(transformer::layout_name(l), *f);
+  const std::string layouts = absl::GetFlag(FLAGS_layouts);
+  for (absl::string_view name : absl::StrSplit(layouts, ',', absl::SkipEmpty())) {
+    absl::StatusOr<Layout> l = transformer::parse_layout(std::string(name));
+    if (!l.ok()) return fail("--layouts", l.status());
+    absl::StatusOr<Figures> f = time_layout(*client, *mesh, c, *l, iters, profile_path(transformer::layout_name(*l)));
+    if (!f.ok()) return fail(transformer::layout_name(*l), f.status());
+    report(transformer::layout_name(*l), *f);
   }
+  if (layouts.empty()) return 0;
   // Plan size against depth: a small model of 2 and of 16 layers, fsdp_tp on (4, 2).
   Config small = c;
   small.d_model = 32;

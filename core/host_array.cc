@@ -5,10 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <iterator>
+#include <list>
 #include <new>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
@@ -22,48 +25,60 @@ constexpr size_t kAlignment = 64;
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kHugePageMinBytes = size_t{4} << 20;
 
-// Freed large buffers are kept (up to kCachedBytes in all, oldest dropped first) and handed
-// to the next allocation of the same size: memory fresh from the kernel is zeroed page by
-// page on first touch, which for a 64 MiB collective result costs more than moving its data
-// over loopback. Steady-state programs allocate the same sizes every step.
-constexpr size_t kCachedBytes = size_t{256} << 20;
+// Freed buffers of kCachedMinBytes or more are kept (up to kCachedBytes in all, oldest dropped
+// first) and handed to the next allocation of the same size: memory fresh from the kernel is
+// zeroed page by page on first touch, and glibc returns buffers of this size to the kernel when
+// they are freed (mmap/munmap, or trimming the arena), so a freed-and-remade intermediate cost
+// its page faults again every time. A transformer step measured a third of its time zeroing
+// fresh pages, and with 8 in-process devices faulting at once far more (they share the
+// process's page tables). Steady-state programs allocate the same sizes every step: the cache
+// holds what a step freed until the next step asks for it.
+constexpr size_t kCachedMinBytes = size_t{64} << 10;
+constexpr size_t kCachedBytes = size_t{1} << 30;
 
 class BufferCache {
  public:
   void* take(size_t bytes) {
     absl::MutexLock lock(&mu_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->first != bytes) continue;
-      void* p = it->second;
-      free_.erase(it);
-      cached_ -= bytes;
-      return p;
-    }
-    return nullptr;
+    auto it = by_size_.find(bytes);
+    if (it == by_size_.end() || it->second.empty()) return nullptr;
+    const auto entry = it->second.back();  // the most recent: likeliest still in the caches
+    it->second.pop_back();
+    void* p = entry->second;
+    age_.erase(entry);
+    cached_ -= bytes;
+    return p;
   }
 
   void give(void* p, size_t bytes) {
-    std::deque<void*> dropped;
+    std::vector<void*> dropped;
     {
       absl::MutexLock lock(&mu_);
       if (bytes > kCachedBytes) {
         dropped.push_back(p);
       } else {
-        free_.emplace_back(bytes, p);
+        age_.emplace_back(bytes, p);
+        by_size_[bytes].push_back(std::prev(age_.end()));
         cached_ += bytes;
       }
-      while (cached_ > kCachedBytes) {
-        dropped.push_back(free_.front().second);
-        cached_ -= free_.front().first;
-        free_.pop_front();
+      while (cached_ > kCachedBytes) {  // the oldest is the first of its size
+        const auto [size, q] = age_.front();
+        std::deque<Entry>& same = by_size_[size];
+        same.pop_front();
+        if (same.empty()) by_size_.erase(size);
+        age_.pop_front();
+        cached_ -= size;
+        dropped.push_back(q);
       }
     }
     for (void* q : dropped) std::free(q);
   }
 
  private:
+  using Entry = std::list<std::pair<size_t, void*>>::iterator;
   absl::Mutex mu_;
-  std::deque<std::pair<size_t, void*>> free_ ABSL_GUARDED_BY(mu_);  // oldest first
+  std::list<std::pair<size_t, void*>> age_ ABSL_GUARDED_BY(mu_);                 // oldest first
+  absl::flat_hash_map<size_t, std::deque<Entry>> by_size_ ABSL_GUARDED_BY(mu_);  // each oldest first
   size_t cached_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -118,7 +133,7 @@ HostArray::HostArray(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move
   const size_t alignment = bytes >= kHugePageMinBytes ? kHugePage : kAlignment;
   size_t rounded = (bytes + alignment - 1) / alignment * alignment;
   if (rounded == 0) rounded = kAlignment;
-  void* p = alignment == kHugePage ? buffer_cache().take(rounded) : nullptr;
+  void* p = rounded >= kCachedMinBytes ? buffer_cache().take(rounded) : nullptr;
   if (p == nullptr) {
     p = std::aligned_alloc(alignment, rounded);
     if (p == nullptr) throw std::bad_alloc();
@@ -128,7 +143,7 @@ HostArray::HostArray(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move
 }
 
 void HostArray::FreeDeleter::operator()(std::byte* p) const {
-  if (bytes >= kHugePageMinBytes) {
+  if (bytes >= kCachedMinBytes) {
     buffer_cache().give(p, bytes);
   } else {
     std::free(p);

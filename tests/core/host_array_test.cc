@@ -145,6 +145,32 @@ TEST(HostArray, StorageIs64ByteAligned) {
   }
 }
 
+// A freed buffer of 64 KiB or more goes to the next array of the same size (core/host_array.cc:
+// memory fresh from the kernel costs page faults), the most recently freed first; other sizes
+// get other storage, and reused storage keeps the 64-byte alignment (and the 2 MiB one of
+// large buffers). Nothing else in this test allocates these sizes.
+TEST(HostArray, FreedStorageGoesToTheNextArrayOfItsSize) {
+  for (const int64_t n : {int64_t{40000}, int64_t{3} << 20}) {  // 160 KB; 12 MB (huge pages)
+    SCOPED_TRACE(n);
+    const std::byte* first = nullptr;
+    const std::byte* second = nullptr;
+    {
+      HostArray a(DType::kF32, {n});
+      HostArray b(DType::kF32, {n});
+      first = a.data();
+      second = b.data();
+    }  // b is freed first, then a
+    HostArray other(DType::kF32, {n + 4096});
+    EXPECT_NE(other.data(), first);
+    EXPECT_NE(other.data(), second);
+    HostArray c(DType::kF32, {n});
+    EXPECT_EQ(c.data(), first);
+    HostArray d(DType::kF32, {n});
+    EXPECT_EQ(d.data(), second);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(d.data()) % (n >= (int64_t{1} << 20) ? (2 << 20) : 64), 0u);
+  }
+}
+
 // arange(dtype, (2, 3)) spelled out per dtype.
 HostArray ExpectedArange2x3(DType dtype) {
   switch (dtype) {

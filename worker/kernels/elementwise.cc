@@ -208,6 +208,14 @@ absl::StatusOr<HostArray> unary_typed(Op op, const HostArray& x, std::byte* into
         break;
     }
   } else {
+    if constexpr (std::is_same_v<T, float>) {
+      if (op == Op::kExp || op == Op::kTanh) {  // vectorized (vector_math.cc)
+        HostArray out = result<T>(into, x.shape());
+        float* o = destination<T>(into, &out);
+        (op == Op::kExp ? exp_f32 : tanh_f32)(stored<T>(x), o, x.size());
+        return out;
+      }
+    }
     switch (op) {
       case Op::kNeg:
         return map1<T, T>(

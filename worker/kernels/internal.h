@@ -7,6 +7,7 @@
 //   layout.cc        broadcast_in_dim, reshape, transpose, slice, concatenate (and gather)
 //   reduction.cc     reduce_{sum,max,min,prod}, argmax
 //   dot.cc           dot_general (BLAS for float32/float64)
+//   vector_math.cc   vectorized float32 exp and tanh (used by elementwise.cc)
 //   indexing.cc      gather, scatter, scatter_add, dynamic_slice, dynamic_update_slice
 #ifndef TESSERA_WORKER_KERNELS_INTERNAL_H_
 #define TESSERA_WORKER_KERNELS_INTERNAL_H_
@@ -129,6 +130,11 @@ absl::Span<const KernelEntry> indexing_kernels();     // indexing.cc
 bool has_half(const Node& node, const std::vector<const HostArray*>& xs);
 absl::StatusOr<HostArray> in_float32(KernelFn kernel, const Node& node, const std::vector<const HostArray*>& xs,
                                      std::byte* into);
+
+// float32 exp and tanh of n elements (vector_math.cc: vectorized polynomials within 1 and 2 ulps
+// of the correctly rounded result, as XLA:CPU's own). `out` may equal `in`.
+void exp_f32(const float* in, float* out, int64_t n);
+void tanh_f32(const float* in, float* out, int64_t n);
 
 // The kernel registered for (op, backend), or null.
 KernelFn find_kernel(Op op, Backend backend = Backend::kCpu);
