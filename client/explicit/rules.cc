@@ -1,5 +1,6 @@
 #include "client/explicit/rules.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,15 @@ TypeRuleResult consensus(const TypeRuleCall& c) {
     }
   }
   return r;
+}
+
+void without_axes(TypeSpec& spec, const std::vector<std::string>& axes) {
+  if (axes.empty()) return;
+  for (Axes& a : spec) {
+    a.erase(std::remove_if(a.begin(), a.end(),
+                           [&](const std::string& x) { return std::find(axes.begin(), axes.end(), x) != axes.end(); }),
+            a.end());
+  }
 }
 
 TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank) {

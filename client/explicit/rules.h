@@ -71,6 +71,10 @@ std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec);
 // The spec as a PartitionSpec, one entry per dimension.
 inline PartitionSpec to_partition_spec(const TypeSpec& spec) { return PartitionSpec(spec); }
 
+// `spec` with `axes` taken out of every dimension (auto_axes, explicit_axes: the axes that
+// are Auto there or again).
+void without_axes(TypeSpec& spec, const std::vector<std::string>& axes);
+
 // The elementwise rule, also concatenate's: each dimension takes the one split its operands
 // give it; an unsplit dimension meets any split, two different splits are an error.
 TypeRuleResult consensus(const TypeRuleCall& call);

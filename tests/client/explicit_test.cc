@@ -143,6 +143,94 @@ TEST(ExplicitJaxDocs, TypesPrintAsJaxAndShowOnlyExplicitAxes) {
             "f32[8,4]");
 }
 
+// The notebook's "Working around unimplemented sharding rules": under auto_axes the same add
+// is allowed, and with out_shardings=P("X", None) its result is int32[4@X,4]; and its
+// "Using a mixture of sharding modes": inside auto_axes over 'X' a f32[4@X,4@Y] value is
+// float32[4,4@Y] ("the type of arr1 is ShapedArray(float32[4,4@Y])"), and the result
+// resharded to P("X", "Y") is f32[4@X,4@Y] again outside.
+TEST(ExplicitJaxDocs, AutoAxesSwitchTheTypesOff) {
+  EXPECT_EQ(one_type(xy(), {{DType::kI32, {4, 4}, P("X", None)}, {DType::kI32, {4, 4}, P(None, "X")}},
+                     auto_axes([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; }, {},
+                               {P("X", None)})),
+            "i32[4@X,4]");
+  std::vector<std::string> inside;
+  absl::StatusOr<std::vector<std::string>> t =
+      result_types(xy(), {{DType::kF32, {4, 4}, P("X", "Y")}}, [&](const std::vector<Value>& in) {
+        const Value x = sin(in[0]);
+        TracedFunction g = auto_axes(
+            [&](const std::vector<Value>& y) {
+              inside.push_back(type_of(y[0]).to_string());
+              return std::vector<Value>{y[0] * 2.0};
+            },
+            {"X"}, {P("X", "Y")});
+        const Value z = g({x})[0];
+        return std::vector<Value>{x, z, z + 1.0};
+      });
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(inside, ::testing::ElementsAre("f32[4,4@Y]"));
+  EXPECT_THAT(*t, ::testing::ElementsAre("f32[4@X,4@Y]", "f32[4@X,4@Y]", "f32[4@X,4@Y]"));
+  // An axis must be one of the mesh's; with no Explicit axis to switch (here: outside
+  // explicit mode) f runs as it is (jax/_src/pjit.py, _auto_axes: `return fun(*args)`).
+  EXPECT_THAT(one_type(xy(), {{DType::kF32, {4, 4}, P()}},
+                       auto_axes([](const std::vector<Value>& in) { return in; }, {"Z"}, {P()})),
+              HasSubstr("auto_axes: 'Z' is not an axis of Mesh('X': 2, 'Y': 4"));
+  EXPECT_EQ(one_type(mesh_of({2, 4}, {"X", "Y"}, {}), {{DType::kF32, {4, 4}, P("X", None)}},
+                     auto_axes([](const std::vector<Value>& in) { return in; }, {}, {P()})),
+            "f32[4,4]");
+}
+
+// The notebook's explicit_axes example (docs/notebooks/explicit-sharding.md, "Using a mixture
+// of sharding modes"): on an all-Auto (2, 4) mesh set as the context mesh, explicit_g(x,
+// in_shardings=P("X", "Y")) sees y and z = y * 2 typed with both axes ("sharding is visible on
+// the type of arrays inside g"), while outside, in Auto mode, the types show none again.
+TEST(ExplicitJaxDocs, ExplicitAxesSwitchTheTypesOn) {
+  const Mesh autos = mesh_of({2, 4}, {"X", "Y"}, {});
+  MeshScope scope = set_mesh(autos);
+  std::vector<std::string> inside;
+  absl::StatusOr<std::vector<std::string>> t =
+      result_types(autos, {{DType::kF32, {4, 4}, P("X", "Y")}}, [&](const std::vector<Value>& in) {
+        TracedFunction g = explicit_axes(
+            [&](const std::vector<Value>& y) {
+              const Value z = y[0] * 2.0;
+              inside = {type_of(y[0]).to_string(), type_of(z).to_string()};
+              return std::vector<Value>{z};
+            },
+            {"X", "Y"}, {P("X", "Y")});
+        const Value z = g({sin(in[0])})[0];
+        return std::vector<Value>{z, z + 1.0};
+      });
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(inside, ::testing::ElementsAre("f32[4@X,4@Y]", "f32[4@X,4@Y]"));
+  EXPECT_THAT(*t, ::testing::ElementsAre("f32[4,4]", "f32[4,4]"));
+  // Inside, the explicit rules hold: an axis used twice is refused as in explicit mode.
+  EXPECT_THAT(one_type(autos, {{DType::kI32, {4, 4}, P()}, {DType::kI32, {4, 4}, P()}},
+                       explicit_axes([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; }, {},
+                                     {P("X", None), P(None, "X")})),
+              HasSubstr("add operation with inputs: i32[4@X,4], i32[4,4@X] produces an illegally sharded result"));
+  // Only over some axes: on a mesh Explicit over Y, explicit_axes over X types both inside,
+  // and Y only after.
+  const Mesh mixed = mesh_of({2, 4}, {"X", "Y"}, {AxisType::kAuto, kE});
+  inside.clear();
+  EXPECT_EQ(one_type(mixed, {{DType::kF32, {4, 4}, P(None, "Y")}},
+                     explicit_axes(
+                         [&](const std::vector<Value>& y) {
+                           inside.push_back(type_of(y[0]).to_string());
+                           return std::vector<Value>{exp(y[0])};
+                         },
+                         {"X"}, {P("X", "Y")})),
+            "f32[4,4@Y]");
+  EXPECT_THAT(inside, ::testing::ElementsAre("f32[4@X,4@Y]"));
+  EXPECT_THAT(one_type(autos, {{DType::kF32, {4, 4}, P()}},
+                       explicit_axes([](const std::vector<Value>& in) { return in; }, {}, {P(), P()})),
+              HasSubstr("explicit_axes: 2 in_shardings for 1 arguments"));
+}
+
+TEST(ExplicitJaxDocs, ExplicitAxesNeedAMesh) {
+  EXPECT_THAT(one_type(mesh_of({2, 4}, {"X", "Y"}, {}), {{DType::kF32, {4, 4}, P()}},
+                       explicit_axes([](const std::vector<Value>& in) { return in; }, {}, {P()})),
+              HasSubstr("Context mesh cannot be empty"));
+}
+
 // The grid: each op on two explicit meshes ((2, 4) and (4, 2), axes "a", "b") under several
 // specs, the result's type or the error, by the rules of docs/notebooks/explicit-sharding.md's
 // "Sharding rules" and lax.py's rules (cited per family in client/explicit/).

@@ -393,6 +393,66 @@ TEST_F(ExplicitJitTest, GradientsComeBackLaidOutAsTheirPrimals) {
   expect_near(fetch((*g)[0]), want, 1e-4);
 }
 
+// The explicit-sharding notebook's auto_axes examples (docs/notebooks/explicit-sharding.ipynb,
+// jax-ml/jax) with their printed values: some_x P("X", None) + some_y P(None, "X") (both
+// arange(16).reshape(4, 4)) under auto_axes with out_shardings=P("X", None) is int32[4@X,4];
+// and f(some_x) = g(sin(x)) + 1, g = auto_axes(y * 2, axes='X', out_shardings=P("X", "Y")),
+// prints "Array([[ 1.        ,  2.682942  ,  2.818595  ,  1.28224   ], [-0.513605  , ...".
+// explicit_axes (the notebook's next example) on an Auto mesh: sin, then y * 2 typed inside,
+// then + 1 back in Auto mode, the same values.
+TEST_F(ExplicitJitTest, AutoAxesAndExplicitAxesRunAsTheNotebookPrints) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray ints = HostArray::arange(DType::kI32, {4, 4});
+  TracedFunction add = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; };
+  absl::StatusOr<std::vector<Array>> sum =
+      jit(auto_axes(add, {}, {P("X", None)}))({put_on(mesh, ints, P("X", None)), put_on(mesh, ints, P(None, "X"))});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(type_of((*sum)[0]).to_string(), "i32[4@X,4]");
+  std::vector<int32_t> twice(16);
+  for (int i = 0; i < 16; ++i) twice[i] = 2 * i;
+  EXPECT_TRUE(fetch((*sum)[0]) == HostArray::from_vector<int32_t>({4, 4}, twice));
+
+  std::vector<double> want(16);
+  for (int i = 0; i < 16; ++i) want[i] = 2.0 * std::sin(double(i)) + 1.0;
+  // The notebook's first row and the first of the second, as printed.
+  for (auto [i, printed] :
+       std::vector<std::pair<int, double>>{{0, 1.0}, {1, 2.682942}, {2, 2.818595}, {3, 1.28224}, {4, -0.513605}}) {
+    EXPECT_NEAR(want[i], printed, 1e-6);
+  }
+  const HostArray x = HostArray::arange(DType::kF32, {4, 4});
+  std::string inside;
+  TracedFunction g = auto_axes(
+      [&](const std::vector<Value>& y) {
+        inside = type_of(y[0]).to_string();
+        return std::vector<Value>{y[0] * 2.0};
+      },
+      {"X"}, {P("X", "Y")});
+  absl::StatusOr<std::vector<Array>> z = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{g({sin(in[0])})[0] + 1.0};
+  })({put_on(mesh, x, P("X", "Y"))});
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_EQ(inside, "f32[4,4@Y]");
+  EXPECT_EQ(type_of((*z)[0]).to_string(), "f32[4@X,4@Y]");
+  expect_near(fetch((*z)[0]), want);
+
+  absl::StatusOr<Mesh> autos = client_->make_mesh({4, 2}, {"X", "Y"}, {AxisType::kAuto, AxisType::kAuto});
+  ASSERT_TRUE(autos.ok()) << autos.status();
+  MeshScope scope = set_mesh(*autos);
+  TracedFunction explicit_g = explicit_axes(
+      [&](const std::vector<Value>& y) {
+        const Value r = y[0] * 2.0;
+        inside = type_of(r).to_string();
+        return std::vector<Value>{r};
+      },
+      {"X", "Y"}, {P("X", "Y")});
+  z = jit([&](const std::vector<Value>& in) { return std::vector<Value>{explicit_g({sin(in[0])})[0] + 1.0}; })(
+      {put_on(*autos, x, P("X", "Y"))});
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_EQ(inside, "f32[4@X,4@Y]");
+  EXPECT_EQ(type_of((*z)[0]).to_string(), "f32[4,4]");
+  expect_near(fetch((*z)[0]), want);
+}
+
 // Total buffers on the mesh's devices, from their stats.
 int64_t buffers_on_devices(const Client& client) {
   int64_t n = 0;
