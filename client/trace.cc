@@ -640,6 +640,12 @@ Value with_out_sharding(const Value& operand, const PartitionSpec& out_sharding,
   return reshard(r, out_sharding);
 }
 
+std::optional<TypedOperand> typed_operand(const Value& x) {
+  TraceState* t = x.ok() ? TraceState::of(x) : nullptr;
+  if (t == nullptr || !t->explicit_mesh.has_value() || !t->type_new_nodes().ok()) return std::nullopt;
+  return TypedOperand{x.dtype(), x.shape(), t->without_auto_axes(t->specs[TraceState::id(x)])};
+}
+
 Value typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();

@@ -112,6 +112,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   }
 };
 
+// In explicit mode, `x`'s type as the rules see it (Auto axes of auto_axes left out); none
+// outside explicit mode (or for an invalid x). For composites checking their rule first.
+std::optional<TypedOperand> typed_operand(const Value& x);
+
 // f traced as a control-flow body of trace `parent`: parameters `inputs`, then one per value
 // of an enclosing trace f reads (`captured`: those values, of `parent`).
 absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,

@@ -1,6 +1,7 @@
 // jit end to end on Client::local(8): compiled programs against host computations written
 // out here, across layouts that need no communication, all_reduce, reduce_scatter,
 // all_to_all, all_gather and local slices; compilation caching; errors.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -451,6 +452,61 @@ TEST_F(ExplicitJitTest, AutoAxesAndExplicitAxesRunAsTheNotebookPrints) {
   EXPECT_EQ(inside, "f32[4@X,4@Y]");
   EXPECT_EQ(type_of((*z)[0]).to_string(), "f32[4,4]");
   expect_near(fetch((*z)[0]), want);
+}
+
+// The families given explicit rules after the first ones (client/explicit/{sort,reduction,
+// layout,placement}.cc), each on split operands of the (4, 2) mesh: its type and its values
+// against the host.
+TEST_F(ExplicitJitTest, SortCumulativePadDynamicSlicesAndScatterRunByTheirTypes) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray x = random_f32({16, 8}, 11), u = random_f32({16, 4}, 12), upd = random_f32({6, 8}, 13);
+  const HostArray idx = HostArray::from_vector<int32_t>({6}, {3, 0, 3, 15, 7, 0});
+  std::vector<std::string> types;
+  absl::StatusOr<std::vector<Array>> out = jit([&](const std::vector<Value>& in) {
+    const Value i4 = full({}, 4.0, DType::kI32), i2 = full({}, 2.0, DType::kI32), i0 = full({}, 0.0, DType::kI32);
+    std::vector<Value> r = {sort(in[0]),
+                            top_k(in[0], 3).first,
+                            cumsum(in[0], 1),
+                            pad(in[0], full({}, -1.0), {{0, 0, 0}, {1, 2, 1}}),
+                            dynamic_slice(in[0], {i4, i2}, {8, 4}),
+                            dynamic_update_slice(in[0], in[1], {i0, i2}),
+                            scatter_add(reshard(in[0], P(None, "Y")), in[2], in[3], 0)};
+    for (const Value& v : r) types.push_back(type_of(v).to_string());
+    return r;
+  })({put_on(mesh, x, P("X", None)), put_on(mesh, u, P("X", None)), put_on(mesh, idx, P()),
+      put_on(mesh, upd, P(None, "Y"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(types, ::testing::ElementsAre("f32[16@X,8]", "f32[16@X,3]", "f32[16@X,8]", "f32[16@X,18]", "f32[8@X,4]",
+                                            "f32[16@X,8]", "f32[16,8@Y]"));
+  const float* xv = x.values<float>().data();
+  std::vector<double> sorted, top, cum, padded, sliced, updated(xv, xv + 128), scattered(xv, xv + 128);
+  for (int r = 0; r < 16; ++r) {
+    std::vector<double> row(xv + r * 8, xv + r * 8 + 8);
+    double acc = 0;
+    for (double v : row) cum.push_back(acc += v);
+    padded.push_back(-1.0);
+    for (int c = 0; c < 8; ++c) {
+      padded.push_back(row[c]);
+      if (c < 7) padded.push_back(-1.0);
+    }
+    padded.insert(padded.end(), {-1.0, -1.0});
+    std::sort(row.begin(), row.end());
+    sorted.insert(sorted.end(), row.begin(), row.end());
+    top.insert(top.end(), {row[7], row[6], row[5]});
+    for (int c = 0; c < 4; ++c) updated[r * 8 + 2 + c] = u.values<float>()[r * 4 + c];
+  }
+  for (int r = 4; r < 12; ++r) {
+    for (int c = 2; c < 6; ++c) sliced.push_back(xv[r * 8 + c]);
+  }
+  for (int k = 0; k < 6; ++k) {
+    for (int c = 0; c < 8; ++c) scattered[idx.values<int32_t>()[k] * 8 + c] += upd.values<float>()[k * 8 + c];
+  }
+  for (const auto& [i, want] : std::vector<std::pair<int, const std::vector<double>*>>{
+           {0, &sorted}, {1, &top}, {2, &cum}, {3, &padded}, {4, &sliced}, {5, &updated}, {6, &scattered}}) {
+    SCOPED_TRACE(i);
+    expect_near(fetch((*out)[i]), *want);
+  }
+  EXPECT_TRUE((*out)[6].sharding().is_equivalent_to(NamedSharding(mesh, P(None, "Y")), 2));
 }
 
 // Total buffers on the mesh's devices, from their stats.
