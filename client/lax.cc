@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,10 @@ Value cumulative(const char* name, const Value& x, int64_t axis, bool reverse,
   if (axis < 0 || axis >= x.rank()) {
     return invalid(t, absl::StrCat(name, ": axis ", axis, " is out of range for shape ", shape_to_string(x.shape())));
   }
+  if (std::optional<internal::TypedOperand> typed = internal::typed_operand(x)) {
+    internal::TypeRuleResult r = internal::cumulative_type_rule(*typed, axis);
+    if (!r.error.empty()) return t->fail(internal::type_rule_error(name, {*typed}, r));
+  }
   const int64_t n = x.shape()[axis];
   Value y = x;
   for (int64_t d = 1; d < n; d *= 2) {
@@ -71,13 +76,17 @@ Value triangle(const char* name, const Value& x, int64_t k, bool lower) {
 }
 
 // x[..., idx[..., j]] along the last dimension (jnp.take_along_axis): one gather on the
-// flattened x, the indices offset by their row, so grad is gather's (a scatter_add).
+// flattened x, the indices offset by their row, so grad is gather's (a scatter_add). In
+// explicit mode the result is typed as idx (the flattening is laid out by the compiler).
 Value take_along_last(const Value& x, const Value& idx) {
-  const int64_t n = x.shape().back(), k = idx.shape().back();
-  if (n == 0 || k == 0) return reshape(x, idx.shape());
-  const int64_t rows = num_elements(x.shape()) / n;
-  const Value flat_idx = reshape(reshape(idx, {rows, k}) + iota(DType::kI32, {rows, k}, 0) * n, {rows * k});
-  return reshape(gather(reshape(x, {rows * n}), flat_idx, 0, IndexMode::kClip), idx.shape());
+  if (!x.ok() || !idx.ok()) return Value();
+  return internal::typed_as(idx, [&] {
+    const int64_t n = x.shape().back(), k = idx.shape().back();
+    if (n == 0 || k == 0) return reshape(x, idx.shape());
+    const int64_t rows = num_elements(x.shape()) / n;
+    const Value flat_idx = reshape(reshape(idx, {rows, k}) + iota(DType::kI32, {rows, k}, 0) * n, {rows * k});
+    return reshape(gather(reshape(x, {rows * n}), flat_idx, 0, IndexMode::kClip), idx.shape());
+  });
 }
 
 }  // namespace
@@ -107,6 +116,13 @@ std::pair<Value, Value> top_k(const Value& x, int64_t k) {
                             "; it needs rank >= 1 and 0 <= k <= the last dimension"));
     return {};
   }
+  if (std::optional<internal::TypedOperand> typed = internal::typed_operand(x)) {
+    internal::TypeRuleResult r = internal::top_k_type_rule(*typed, x.rank() - 1);
+    if (!r.error.empty()) {
+      t->fail(internal::type_rule_error("top_k", {*typed}, r));
+      return {};
+    }
+  }
   std::vector<int64_t> start(x.rank(), 0);
   std::vector<int64_t> limit = x.shape();
   limit.back() = k;
@@ -126,36 +142,50 @@ Value pad(const Value& x, const Value& padding_value, const std::vector<PadDim>&
                    absl::StrCat("pad: padding_value is ", type_to_string(padding_value.dtype(), padding_value.shape()),
                                 "; it must be a scalar of the operand's dtype ", dtype_name(x.dtype())));
   }
-  Value y = x;
+  Shape out = x.shape();
   for (int64_t d = 0; d < x.rank(); ++d) {
     const PadDim& p = config[d];
-    const int64_t n = y.shape()[d];
+    const int64_t n = x.shape()[d];
     if (p.interior < 0) {
       return invalid(t, absl::StrCat("pad: interior padding ", p.interior, " of dimension ", d, " is negative"));
     }
-    const int64_t size = p.low + p.high + n + std::max<int64_t>(n - 1, 0) * p.interior;
-    if (size < 0) {
+    out[d] = p.low + p.high + n + std::max<int64_t>(n - 1, 0) * p.interior;
+    if (out[d] < 0) {
       return invalid(t, absl::StrCat("pad: dimension ", d, " of ", shape_to_string(x.shape()), " padded by (", p.low,
-                                     ", ", p.high, ", ", p.interior, ") would have negative size ", size));
-    }
-    auto fill = [&](const Shape& s) { return broadcast_in_dim(padding_value, s, {}); };
-    if (p.interior > 0 && n > 1) {  // each element followed by `interior` fills, the last one's dropped
-      Shape column = y.shape();
-      column.insert(column.begin() + d + 1, 1);
-      const Value spread = concatenate({reshape(y, column), fill(with_dim(column, d + 1, p.interior))}, d + 1);
-      y = slice_dim(reshape(spread, with_dim(y.shape(), d, n * (1 + p.interior))), d, 0, n + (n - 1) * p.interior);
-    }
-    std::vector<Value> parts;
-    if (p.low > 0) parts.push_back(fill(with_dim(y.shape(), d, p.low)));
-    parts.push_back(y);
-    if (p.high > 0) parts.push_back(fill(with_dim(y.shape(), d, p.high)));
-    if (parts.size() > 1) y = concatenate(parts, d);
-    if (p.low < 0 || p.high < 0) {  // negative padding crops
-      const int64_t start = std::max<int64_t>(-p.low, 0);
-      y = slice_dim(y, d, start, start + size);
+                                     ", ", p.high, ", ", p.interior, ") would have negative size ", out[d]));
     }
   }
-  return y;
+  auto padded = [&] {
+    Value y = x;
+    for (int64_t d = 0; d < x.rank(); ++d) {
+      const PadDim& p = config[d];
+      const int64_t n = y.shape()[d];
+      auto fill = [&](const Shape& s) { return broadcast_in_dim(padding_value, s, {}); };
+      if (p.interior > 0 && n > 1) {  // each element followed by `interior` fills, the last one's dropped
+        Shape column = y.shape();
+        column.insert(column.begin() + d + 1, 1);
+        const Value spread = concatenate({reshape(y, column), fill(with_dim(column, d + 1, p.interior))}, d + 1);
+        y = slice_dim(reshape(spread, with_dim(y.shape(), d, n * (1 + p.interior))), d, 0, n + (n - 1) * p.interior);
+      }
+      std::vector<Value> parts;
+      if (p.low > 0) parts.push_back(fill(with_dim(y.shape(), d, p.low)));
+      parts.push_back(y);
+      if (p.high > 0) parts.push_back(fill(with_dim(y.shape(), d, p.high)));
+      if (parts.size() > 1) y = concatenate(parts, d);
+      if (p.low < 0 || p.high < 0) {  // negative padding crops
+        const int64_t start = std::max<int64_t>(-p.low, 0);
+        y = slice_dim(y, d, start, start + out[d]);
+      }
+    }
+    return y;
+  };
+  // In explicit mode, lax.py's _pad_sharding_rule gives the result's type; the steps between
+  // are the compiler's to lay out.
+  std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
+  if (!typed.has_value()) return padded();
+  internal::TypeRuleResult r = internal::pad_type_rule(*t->explicit_mesh, *typed, out);
+  if (!r.error.empty()) return t->fail(internal::type_rule_error("pad", {*typed}, r));
+  return internal::with_out_sharding(x, internal::to_partition_spec(r.spec), padded);
 }
 
 Value pad(const Value& x, std::vector<std::pair<int64_t, int64_t>> pad_width, double constant_value) {

@@ -12,17 +12,22 @@ namespace internal {
 
 thread_local TraceState* TraceState::current = nullptr;
 
+TypeSpec TraceState::without_auto_axes(TypeSpec spec) const {
+  without_axes(spec, auto_axes);
+  return spec;
+}
+
 absl::Status TraceState::type_new_nodes() {
   for (int id = static_cast<int>(specs.size()); id < graph.size(); ++id) {
     const Node& n = graph.node(id);
     TypeRuleCall call{*explicit_mesh, n, {}, out_sharding_scopes > 0};
     for (int o : n.operands) {
       const Node& on = graph.node(o);
-      call.operands.push_back({on.dtype, on.shape, specs[o]});
+      call.operands.push_back({on.dtype, on.shape, without_auto_axes(specs[o])});
     }
     absl::StatusOr<TypeSpec> spec = result_type_spec(call);
     if (!spec.ok()) return spec.status();
-    specs.push_back(*std::move(spec));
+    specs.push_back(without_auto_axes(*std::move(spec)));
   }
   return absl::OkStatus();
 }
@@ -610,7 +615,7 @@ ShapedType type_of(const Value& v) {
   ShapedType type{v.dtype(), v.shape(), PartitionSpec(std::vector<Axes>(v.shape().size()))};
   TraceState* t = v.ok() ? TraceState::of(v) : nullptr;
   if (t != nullptr && t->explicit_mesh.has_value() && t->type_new_nodes().ok()) {
-    type.spec = internal::to_partition_spec(t->specs[TraceState::id(v)]);
+    type.spec = internal::to_partition_spec(t->without_auto_axes(t->specs[TraceState::id(v)]));
   }
   return type;
 }
@@ -635,6 +640,12 @@ Value with_out_sharding(const Value& operand, const PartitionSpec& out_sharding,
   return reshard(r, out_sharding);
 }
 
+std::optional<TypedOperand> typed_operand(const Value& x) {
+  TraceState* t = x.ok() ? TraceState::of(x) : nullptr;
+  if (t == nullptr || !t->explicit_mesh.has_value() || !t->type_new_nodes().ok()) return std::nullopt;
+  return TypedOperand{x.dtype(), x.shape(), t->without_auto_axes(t->specs[TraceState::id(x)])};
+}
+
 Value typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
@@ -642,6 +653,125 @@ Value typed_as(const Value& like, const std::function<Value()>& op) {
 }
 
 }  // namespace internal
+
+namespace {
+
+// The axes `axes` names (all of the mesh's when empty), each checked to be an axis of `mesh`
+// that is not Manual (JAX: going from Manual to Auto or Explicit is not allowed).
+absl::StatusOr<std::vector<std::string>> switched_axes(const char* who, const Mesh& mesh,
+                                                       std::vector<std::string> axes) {
+  if (axes.empty()) axes = mesh.axis_names();
+  for (const std::string& a : axes) {
+    const int i = mesh.axis_index(a);
+    if (i < 0) return absl::InvalidArgumentError(absl::StrCat(who, ": '", a, "' is not an axis of ", mesh.to_string()));
+    if (mesh.axis_types()[i] == AxisType::kManual) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": '", a,
+                                                     "' is a Manual axis (inside shard_map); going from Manual to ",
+                                                     who, " is not allowed, as in JAX"));
+    }
+  }
+  return axes;
+}
+
+}  // namespace
+
+namespace internal {
+
+TracedFunction auto_axes(TracedFunction f, std::vector<std::string> axes,
+                         std::function<std::vector<PartitionSpec>()> out_shardings_of) {
+  return [f = std::move(f), axes = std::move(axes),
+          out_shardings_of = std::move(out_shardings_of)](const std::vector<Value>& in) -> std::vector<Value> {
+    TraceState* t = TraceState::current;
+    if (t == nullptr) return {Value()};
+    // As jax.sharding.auto_axes: with no Explicit axis to switch, f runs as it is.
+    if (!t->explicit_mesh.has_value()) return f(in);
+    const Mesh& mesh = *t->explicit_mesh;
+    absl::StatusOr<std::vector<std::string>> names = switched_axes("auto_axes", mesh, axes);
+    if (!names.ok()) return {t->fail(names.status())};
+    std::vector<std::string> explicit_names;
+    for (const std::string& a : *names) {
+      if (mesh.axis_types()[mesh.axis_index(a)] == AxisType::kExplicit) explicit_names.push_back(a);
+    }
+    if (explicit_names.empty()) return f(in);
+    absl::Status typed = t->type_new_nodes();
+    if (!typed.ok()) return {t->fail(typed)};
+    const size_t depth = t->auto_axes.size();
+    t->auto_axes.insert(t->auto_axes.end(), explicit_names.begin(), explicit_names.end());
+    std::vector<Value> out = f(in);
+    typed = t->type_new_nodes();
+    t->auto_axes.resize(depth);
+    if (!typed.ok()) return {t->fail(typed)};
+    const std::vector<PartitionSpec> out_shardings = out_shardings_of();
+    if (out_shardings.size() != out.size()) {
+      t->fail(absl::InvalidArgumentError(
+          absl::StrCat("auto_axes: ", out_shardings.size(), " out_shardings for ", out.size(), " results")));
+      return {Value()};
+    }
+    for (size_t i = 0; i < out.size(); ++i) out[i] = reshard(out[i], out_shardings[i]);
+    return out;
+  };
+}
+
+}  // namespace internal
+
+TracedFunction auto_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> out_shardings) {
+  return internal::auto_axes(std::move(f), std::move(axes),
+                             [out_shardings = std::move(out_shardings)] { return out_shardings; });
+}
+
+TracedFunction explicit_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> in_shardings) {
+  return [f = std::move(f), axes = std::move(axes),
+          in_shardings = std::move(in_shardings)](const std::vector<Value>& in) -> std::vector<Value> {
+    TraceState* t = TraceState::current;
+    if (t == nullptr) return {Value()};
+    std::optional<Mesh> mesh = t->explicit_mesh.has_value() ? t->explicit_mesh : get_abstract_mesh();
+    if (!mesh.has_value()) {
+      // JAX's wording (jax/_src/pjit.py, _explicit_axes).
+      return {t->fail(absl::InvalidArgumentError(
+          "explicit_axes: Context mesh cannot be empty. Please use `set_mesh` (a MeshScope) to enter into a mesh "
+          "context when using `explicit_axes` API (or call it inside a trace in explicit mode)."))};
+    }
+    absl::StatusOr<std::vector<std::string>> names = switched_axes("explicit_axes", *mesh, axes);
+    if (!names.ok()) return {t->fail(names.status())};
+    if (in_shardings.size() != in.size()) {
+      return {t->fail(absl::InvalidArgumentError(
+          absl::StrCat("explicit_axes: ", in_shardings.size(), " in_shardings for ", in.size(), " arguments")))};
+    }
+    // The axes that become Explicit here, and the mesh the types see meanwhile.
+    std::vector<std::string> switched;
+    std::vector<AxisType> types = mesh->axis_types();
+    for (const std::string& a : *names) {
+      AxisType& type = types[mesh->axis_index(a)];
+      if (type != AxisType::kExplicit) switched.push_back(a);
+      type = AxisType::kExplicit;
+    }
+    absl::StatusOr<Mesh> inner = Mesh::create(mesh->shape(), mesh->axis_names(), mesh->device_ids(), types);
+    if (!inner.ok()) return {t->fail(inner.status())};
+    const std::optional<Mesh> saved = t->explicit_mesh;
+    if (saved.has_value()) {
+      absl::Status typed = t->type_new_nodes();
+      if (!typed.ok()) return {t->fail(typed)};
+    }
+    // Nodes traced outside explicit mode are untyped: unsplit over every Explicit axis.
+    for (int id = static_cast<int>(t->specs.size()); id < t->graph.size(); ++id) {
+      t->specs.emplace_back(t->graph.node(id).shape.size());
+    }
+    const int start = t->graph.size();
+    t->explicit_mesh = *inner;
+    std::vector<Value> args;
+    for (size_t i = 0; i < in.size(); ++i) {
+      args.push_back(with_sharding_constraint(in[i], NamedSharding(*mesh, in_shardings[i])));
+    }
+    std::vector<Value> out = f(args);
+    absl::Status typed = t->type_new_nodes();
+    // Leaving: the switched axes leave the types of what was traced inside (JAX reshards the
+    // results to their specs without those axes, which on Auto axes constrains nothing).
+    for (int id = start; id < static_cast<int>(t->specs.size()); ++id) internal::without_axes(t->specs[id], switched);
+    t->explicit_mesh = saved;
+    if (!typed.ok()) return {t->fail(typed)};
+    return out;
+  };
+}
 
 Value with_sharding_constraint(const Value& x, const PartitionSpec& spec) {
   TraceState* t = TraceState::common({&x});

@@ -30,6 +30,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   std::optional<Mesh> explicit_mesh;
   std::vector<TypeSpec> specs;
   int out_sharding_scopes = 0;
+  // Inside auto_axes: the Explicit mesh axes treated as Auto there (left out of the types).
+  std::vector<std::string> auto_axes;
+  // `spec` without the axes of auto_axes.
+  TypeSpec without_auto_axes(TypeSpec spec) const;
 
   // The type specs of the nodes added since the last call (their rules' errors name the op).
   absl::Status type_new_nodes();
@@ -107,6 +111,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
     return t;
   }
 };
+
+// In explicit mode, `x`'s type as the rules see it (Auto axes of auto_axes left out); none
+// outside explicit mode (or for an invalid x). For composites checking their rule first.
+std::optional<TypedOperand> typed_operand(const Value& x);
 
 // f traced as a control-flow body of trace `parent`: parameters `inputs`, then one per value
 // of an enclosing trace f reads (`captured`: those values, of `parent`).

@@ -2,7 +2,13 @@
 // permutes it, broadcast_in_dim maps it, slice keeps it, as JAX's rules in jax/_src/lax/lax.py
 // and slicing.py); reshape as the explicit-sharding notebook describes (singleton dimensions
 // stripped; a dimension kept whole keeps its split; a split or merge of unsplit dimensions is
-// unsplit; a split or merge touching a split dimension is an error asking for out_sharding).
+// unsplit; a split or merge touching a split dimension is an error asking for out_sharding);
+// slice, dynamic_slice and pad keep the operand's sharding when each changed split dimension
+// still divides (slicing.py's _get_sharding_for_varying_out_shape, and lax.py's
+// _pad_sharding_rule), dynamic_update_slice needs the update laid out as the operand
+// (_dynamic_update_slice_sharding_rule).
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/explicit/rules.h"
@@ -27,7 +33,44 @@ TypeRuleResult broadcast_in_dim(const TypeRuleCall& c) {
   return r;
 }
 
-TypeRuleResult keep(const TypeRuleCall& c) { return TypeRuleResult{c.operands[0].spec, "", ""}; }
+// JAX's _get_sharding_for_varying_out_shape (jax/_src/lax/slicing.py), the rule of slice,
+// dynamic_slice and pad: the result keeps the operand's sharding, and a split dimension whose
+// size changes must still divide by its axes.
+TypeRuleResult varying_shape(const Mesh& mesh, const TypedOperand& x, const Shape& out, const char* name) {
+  TypeRuleResult r{x.spec, "", ""};
+  if (std::all_of(out.begin(), out.end(), [](int64_t n) { return n == 1; })) {
+    r.spec.assign(out.size(), Axes{});
+    return r;
+  }
+  for (size_t d = 0; d < out.size(); ++d) {
+    if (x.shape[d] == out[d] || x.spec[d].empty()) continue;
+    const int64_t blocks = mesh.axes_size(x.spec[d]);
+    if (out[d] % blocks != 0) {
+      r.error = absl::StrCat(name, " on sharded dims where out dim (", out[d], ") is not divisible by mesh axes (",
+                             blocks, ") with spec ", axes_to_string(x.spec[d]),
+                             " is not implemented. Got input type=", type_string(x.dtype, x.shape, x.spec),
+                             " and output shape=", shape_to_string(out));
+      r.fix = absl::StrCat("reshard the operand so that dimension ", d, " is not split (reshard(x, P(...)))");
+      return r;
+    }
+  }
+  return r;
+}
+
+TypeRuleResult slice(const TypeRuleCall& c) { return varying_shape(c.mesh, c.operands[0], c.node.shape, "slicing"); }
+TypeRuleResult dynamic_slice(const TypeRuleCall& c) {
+  return varying_shape(c.mesh, c.operands[0], c.node.shape, "dynamic_slice");
+}
+
+// JAX's _dynamic_update_slice_sharding_rule: the update must be laid out as the operand.
+TypeRuleResult dynamic_update_slice(const TypeRuleCall& c) {
+  TypeRuleResult r{c.operands[0].spec, "", ""};
+  if (c.operands[0].spec != c.operands[1].spec) {
+    r.error = "dynamic_update_slice operand sharding must be equal to update sharding";
+    r.fix = "reshard the update to the operand's sharding (reshard(update, P(...)))";
+  }
+  return r;
+}
 
 TypeRuleResult concatenate(const TypeRuleCall& c) { return consensus(c); }
 
@@ -80,10 +123,19 @@ TypeRuleResult reshape(const TypeRuleCall& c) {
 
 }  // namespace
 
+TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shape& out) {
+  return varying_shape(mesh, x, out, "padding");
+}
+
 absl::Span<const std::pair<Op, TypeRule>> layout_type_rules() {
   static const std::pair<Op, TypeRule> kRules[] = {
-      {Op::kTranspose, transpose}, {Op::kBroadcastInDim, broadcast_in_dim}, {Op::kReshape, reshape},
-      {Op::kSlice, keep},          {Op::kConcatenate, concatenate},
+      {Op::kTranspose, transpose},
+      {Op::kBroadcastInDim, broadcast_in_dim},
+      {Op::kReshape, reshape},
+      {Op::kSlice, slice},
+      {Op::kConcatenate, concatenate},
+      {Op::kDynamicSlice, dynamic_slice},
+      {Op::kDynamicUpdateSlice, dynamic_update_slice},
   };
   return kRules;
 }

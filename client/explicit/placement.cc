@@ -3,7 +3,7 @@
 // is its second operand's; constants, iota and random bits are unsplit, as JAX's nullary ops
 // are without out_sharding (docs/notebooks/explicit-sharding.md); a gather keeps the splits
 // of the table's other dimensions and of the indices, and refuses a split of the dimension it
-// indexes.
+// indexes; a scatter is the gather's rule in reverse (below).
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
 
@@ -35,6 +35,35 @@ TypeRuleResult gather(const TypeRuleCall& c) {
   return r;
 }
 
+// JAX's _scatter_sharding_rule (_scatter_spec_computation, jax/_src/lax/slicing.py) on
+// Tessera's scatter (the table x indexed along `axis` by every element of `indices`; the
+// updates x[:axis] + indices.shape + x[axis+1:]): the indexed dimension of x and the queries'
+// dimensions (of the indices, and the updates' matching ones) must be unsplit, and each other
+// dimension of x takes the one split x and the updates give it.
+TypeRuleResult scatter(const TypeRuleCall& c) {
+  TypeRuleResult r;
+  const int64_t axis = c.node.attrs<GatherAttrs>().axis;
+  const TypeSpec &x = c.operands[0].spec, &idx = c.operands[1].spec, &upd = c.operands[2].spec;
+  const int64_t q = static_cast<int64_t>(idx.size());
+  bool ambiguous = !x[axis].empty();
+  for (int64_t d = 0; d < q; ++d) ambiguous = ambiguous || !idx[d].empty() || !upd[axis + d].empty();
+  r.spec.assign(x.size(), Axes{});
+  for (int64_t d = 0; d < static_cast<int64_t>(x.size()) && !ambiguous; ++d) {
+    if (d == axis) continue;
+    const Axes& u = upd[d < axis ? d : d - 1 + q];
+    ambiguous = !x[d].empty() && !u.empty() && x[d] != u;
+    r.spec[d] = x[d].empty() ? u : x[d];
+  }
+  if (ambiguous) {
+    r.error =
+        "out sharding could not be resolved unambiguously (or would require collectives on inputs): the indexed "
+        "dimension and the indices must be unsplit, and the other dimensions split alike in the operand and the "
+        "updates";
+    r.fix = "reshard the operands accordingly (reshard(x, P(...))), or scatter inside auto_axes";
+  }
+  return r;
+}
+
 }  // namespace
 
 absl::Span<const std::pair<Op, TypeRule>> placement_type_rules() {
@@ -45,6 +74,8 @@ absl::Span<const std::pair<Op, TypeRule>> placement_type_rules() {
       {Op::kIota, unsplit},
       {Op::kRandomBits, unsplit},
       {Op::kGather, gather},
+      {Op::kScatter, scatter},
+      {Op::kScatterAdd, scatter},
   };
   return kRules;
 }

@@ -4,6 +4,7 @@
 // replicated over those axes.
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
 
 namespace tessera::internal {
@@ -22,6 +23,18 @@ TypeRuleResult reduce(const TypeRuleCall& c) { return drop_dims(c, c.node.attrs<
 TypeRuleResult argmax(const TypeRuleCall& c) { return drop_dims(c, {c.node.attrs<ArgmaxAttrs>().axis}); }
 
 }  // namespace
+
+// jax/_src/lax/control_flow/loops.py, _cumred_sharding_rule: cumsum/cumprod/cummax/cummin
+// keep the operand's sharding, and refuse a split scanned dimension.
+TypeRuleResult cumulative_type_rule(const TypedOperand& x, int64_t axis) {
+  TypeRuleResult r{x.spec, "", ""};
+  if (!x.spec[axis].empty()) {
+    r.error = absl::StrCat("Input should be unsharded over the axis being reduced. Got input type=",
+                           type_string(x.dtype, x.shape, x.spec), " and axis=", axis);
+    r.fix = absl::StrCat("reshard the operand so that dimension ", axis, " is not split (reshard(x, P(...)))");
+  }
+  return r;
+}
 
 absl::Span<const std::pair<Op, TypeRule>> reduction_type_rules() {
   static const std::pair<Op, TypeRule> kRules[] = {

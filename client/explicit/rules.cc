@@ -1,5 +1,6 @@
 #include "client/explicit/rules.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -8,8 +9,8 @@
 namespace tessera::internal {
 
 TypeRule find_type_rule(Op op) {
-  for (auto family :
-       {elementwise_type_rules, layout_type_rules, reduction_type_rules, dot_type_rules, placement_type_rules}) {
+  for (auto family : {elementwise_type_rules, layout_type_rules, reduction_type_rules, dot_type_rules,
+                      placement_type_rules, sort_type_rules}) {
     for (const auto& [o, rule] : family()) {
       if (o == op) return rule;
     }
@@ -34,6 +35,15 @@ TypeRuleResult consensus(const TypeRuleCall& c) {
     }
   }
   return r;
+}
+
+void without_axes(TypeSpec& spec, const std::vector<std::string>& axes) {
+  if (axes.empty()) return;
+  for (Axes& a : spec) {
+    a.erase(std::remove_if(a.begin(), a.end(),
+                           [&](const std::string& x) { return std::find(axes.begin(), axes.end(), x) != axes.end(); }),
+            a.end());
+  }
 }
 
 TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank) {
@@ -65,14 +75,18 @@ std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec) {
   return absl::StrCat(name, "[", absl::StrJoin(dims, ","), "]");
 }
 
+absl::Status type_rule_error(absl::string_view name, const std::vector<TypedOperand>& operands,
+                             const TypeRuleResult& r) {
+  std::vector<std::string> types;
+  for (const TypedOperand& o : operands) types.push_back(type_string(o.dtype, o.shape, o.spec));
+  return absl::InvalidArgumentError(absl::StrCat(name, ": ", r.error, " (operand", types.size() == 1 ? " " : "s ",
+                                                 absl::StrJoin(types, ", "), "); ", r.fix));
+}
+
 absl::StatusOr<TypeSpec> result_type_spec(const TypeRuleCall& call) {
   const Node& n = call.node;
   auto fail = [&](const std::string& what, const std::string& fix) {
-    std::vector<std::string> types;
-    for (const TypedOperand& o : call.operands) types.push_back(type_string(o.dtype, o.shape, o.spec));
-    return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), ": ", what, " (operand",
-                                                   types.size() == 1 ? " " : "s ", absl::StrJoin(types, ", "), "); ",
-                                                   fix));
+    return type_rule_error(op_name(n.op), call.operands, TypeRuleResult{{}, what, fix});
   };
   TypeRuleResult r;
   if (TypeRule rule = find_type_rule(n.op)) {

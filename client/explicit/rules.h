@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/graph.h"
 #include "core/mesh.h"
@@ -55,8 +56,20 @@ absl::Span<const std::pair<Op, TypeRule>> layout_type_rules();
 absl::Span<const std::pair<Op, TypeRule>> reduction_type_rules();
 absl::Span<const std::pair<Op, TypeRule>> dot_type_rules();
 absl::Span<const std::pair<Op, TypeRule>> placement_type_rules();
+absl::Span<const std::pair<Op, TypeRule>> sort_type_rules();
 // The rule of `op`, or null when it has none yet (then only replicated operands are accepted).
 TypeRule find_type_rule(Op op);
+
+// The rules of the composites (client/lax.cc), each on its operand's type, in its family's
+// file: top_k (sort.cc), the cumulative reductions (reduction.cc), pad (layout.cc: the
+// result's shape `out`).
+TypeRuleResult top_k_type_rule(const TypedOperand& x, int64_t axis);
+TypeRuleResult cumulative_type_rule(const TypedOperand& x, int64_t axis);
+TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shape& out);
+// A composite's rule failed: INVALID_ARGUMENT "<name>: <error> (operand <type>); <fix>", as
+// result_type_spec words an op's.
+absl::Status type_rule_error(absl::string_view name, const std::vector<TypedOperand>& operands,
+                             const TypeRuleResult& r);
 
 // The result's type spec of `call`: the op's rule, then the checks every result gets (no mesh
 // axis twice). INVALID_ARGUMENT "<op>: <what> (operands f32[8@X,4], f32[8@Y,4]); <fix>".
@@ -70,6 +83,10 @@ TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank);
 std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec);
 // The spec as a PartitionSpec, one entry per dimension.
 inline PartitionSpec to_partition_spec(const TypeSpec& spec) { return PartitionSpec(spec); }
+
+// `spec` with `axes` taken out of every dimension (auto_axes, explicit_axes: the axes that
+// are Auto there or again).
+void without_axes(TypeSpec& spec, const std::vector<std::string>& axes);
 
 // The elementwise rule, also concatenate's: each dimension takes the one split its operands
 // give it; an unsplit dimension meets any split, two different splits are an error.

@@ -174,6 +174,29 @@ void bind_ops(py::module_& m) {
     if (mesh) scope.emplace(*std::move(mesh));
     return reshard(x, spec);
   });
+  // jax.sharding.auto_axes / explicit_axes inside a trace, on flat lists of Values;
+  // `out_specs` (auto_axes) is called once f has run, for the flattened out_sharding prefix.
+  m.def("auto_axes",
+        [](py::object f, const std::vector<Value>& args, std::vector<std::string> axes, py::object out_specs) {
+          auto specs = std::make_shared<py::object>(std::move(out_specs));
+          TracedFunction g = internal::auto_axes(traced(std::move(f)), std::move(axes), [specs] {
+            py::gil_scoped_acquire gil;
+            try {
+              return (*specs)().cast<std::vector<PartitionSpec>>();
+            } catch (const py::error_already_set&) {
+              return std::vector<PartitionSpec>();
+            } catch (const py::cast_error&) {
+              return std::vector<PartitionSpec>();
+            }
+          });
+          return g(args);
+        });
+  m.def("explicit_axes", [](py::object f, const std::vector<Value>& args, std::vector<std::string> axes,
+                            std::vector<PartitionSpec> in_specs, std::optional<Mesh> mesh) {
+    std::optional<MeshScope> scope;
+    if (mesh) scope.emplace(*std::move(mesh));
+    return explicit_axes(traced(std::move(f)), std::move(axes), std::move(in_specs))(args);
+  });
   m.def("argsort", &argsort);
   m.def("sort", &sort);
   m.def("top_k", &top_k);

@@ -4,6 +4,8 @@
     s = NamedSharding(mesh, P("data", None))
     s.shard_shape((16, 8))   # (4, 8)
 """
+import functools
+
 import numpy as np
 
 from . import _tessera
@@ -262,3 +264,93 @@ def reshard(x, out_shardings):
     """jax.sharding.reshard (tessera.reshard)."""
     from ._api import reshard as _reshard
     return _reshard(x, out_shardings)
+
+
+def _switch_axes(name, f, args, kwargs, run):
+    """f(*args, **kwargs) with its array arguments flattened to Values, through `run(body,
+    values)` (the SDK's auto_axes / explicit_axes); outside a trace, under jit, as JAX's run
+    eagerly. Returns f's result tree."""
+    from . import _tessera as _t  # noqa: F401
+    from ._trace import Tracer, callback
+    from .tree_util import tree_flatten, tree_unflatten
+    from .lax import _values
+    leaves, tree = tree_flatten(args)
+    if not any(isinstance(l, Tracer) for l in leaves):
+        from ._api import jit
+        return jit(lambda *a: _switch_axes(name, f, a, kwargs, run))(*args)
+    out_tree = [None]
+
+    def body(values):
+        out, out_tree[0] = tree_flatten(f(*tree_unflatten(tree, [Tracer(v) for v in values]), **kwargs))
+        return _values(out)
+
+    out = run(callback(body), _values(leaves), out_tree)
+    return tree_unflatten(out_tree[0], [Tracer(v) for v in out])
+
+
+def _specs(shardings, out_tree):
+    """The PartitionSpec of each leaf of `out_tree` from `shardings` (a P, a NamedSharding, or
+    a prefix pytree of them)."""
+    from .tree_util import tree_unflatten, broadcast_prefix
+    outs = tree_unflatten(out_tree, [0] * out_tree.num_leaves)
+    each = broadcast_prefix(shardings, outs, lambda p: isinstance(p, (NamedSharding, PartitionSpec)))
+    return [(s.spec if isinstance(s, NamedSharding) else s)._cpp() for s in each]
+
+
+def _required(kwargs, given, key):
+    """`given`, else the call's keyword `key` (or key + "s"), popped; TypeError as JAX's when
+    neither is there."""
+    for k in (key, key + "s"):
+        if k in kwargs:
+            given = kwargs.pop(k)
+    if given is None:
+        raise TypeError(f"Missing required keyword argument: '{key}'")
+    return given
+
+
+def _axis_list(axes):
+    return [] if axes is None else [axes] if isinstance(axes, str) else list(axes)
+
+
+def auto_axes(f=None, /, *, axes=None, out_sharding=None):
+    """jax.sharding.auto_axes: f with the Explicit mesh axes `axes` (a name, a tuple, or None:
+    all) Auto inside (the types leave them out, the compiler decides there); its results are
+    then resharded to out_sharding (here or, as JAX, the call's `out_sharding=` keyword;
+    `out_shardings=` as the explicit-sharding notebook spells it)."""
+    if f is None:
+        return lambda g: auto_axes(g, axes=axes, out_sharding=out_sharding)
+
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        out = _required(kwargs, out_sharding, "out_sharding")
+        from . import _tessera as _t
+        from ._trace import callback
+
+        def run(body, values, tree):
+            specs = callback(lambda _: _specs(out, tree[0]))  # an error fails the trace
+            return _t.auto_axes(body, values, _axis_list(axes), lambda: specs(None))
+
+        return _switch_axes("auto_axes", f, args, kwargs, run)
+
+    return wrapped
+
+
+def explicit_axes(f=None, /, *, axes=None, in_sharding=None):
+    """jax.sharding.explicit_axes: f with the mesh axes `axes` (a name, a tuple, or None: all)
+    Explicit inside: its arguments are first resharded to in_sharding (here or the call's
+    `in_sharding=` / `in_shardings=` keyword), every op has its explicit rule, and the results'
+    types leave those axes out again. Needs the ambient mesh (set_mesh) or an explicit trace."""
+    if f is None:
+        return lambda g: explicit_axes(g, axes=axes, in_sharding=in_sharding)
+
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        ins = _required(kwargs, in_sharding, "in_sharding")
+        from . import _tessera as _t
+        from .tree_util import tree_structure
+        mesh = get_abstract_mesh()
+        return _switch_axes("explicit_axes", f, args, kwargs, lambda body, values, tree: _t.explicit_axes(
+            body, values, _axis_list(axes), _specs(ins, tree_structure(args)),
+            None if mesh is None else mesh._cpp))
+
+    return wrapped

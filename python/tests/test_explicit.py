@@ -120,3 +120,69 @@ def test_reshard_inside_and_outside_jit(xy):
 def test_auto_mesh_types_show_no_sharding(mesh):
   x = jax.device_put(np.ones((16, 8), np.float32), jax.sharding.NamedSharding(mesh, P("data", None)))
   assert str(jax.typeof(x)) == "f32[16,8]"
+
+
+def test_auto_axes_and_explicit_axes_as_the_notebook(xy):
+  from tessera.sharding import auto_axes, explicit_axes
+  import functools
+  with set_mesh(xy):
+    # [ES] "Working around unimplemented sharding rules": with auto_axes the add runs and
+    # "Result type: ShapedArray(int32[4@X,4])".
+    some_x = reshard(np.arange(16, dtype=np.int32).reshape(4, 4), P("X", None))
+    some_y = reshard(np.arange(16, dtype=np.int32).reshape(4, 4), P(None, "X"))
+
+    @auto_axes
+    def add_with_out_sharding_kwarg(x, y):
+      return x + y
+
+    result = add_with_out_sharding_kwarg(some_x, some_y, out_shardings=P("X", None))
+    assert str(jax.typeof(result)) == "i32[4@X,4]"
+    np.testing.assert_array_equal(np.asarray(result), 2 * np.arange(16).reshape(4, 4))
+    with pytest.raises(TypeError, match="Missing required keyword argument: 'out_sharding'"):
+      add_with_out_sharding_kwarg(some_x, some_y)
+
+    # [ES] "Using a mixture of sharding modes": inside g "ShapedArray(float32[4,4@Y])", then
+    # "z.sharding: ShapedArray(float32[4@X,4@Y])" and the printed Array.
+    seen = []
+
+    @functools.partial(auto_axes, axes='X')
+    def g(y):
+      seen.append(str(jax.typeof(y)))
+      return y * 2
+
+    @jax.jit
+    def f(arr1):
+      x = jnp.sin(arr1)
+      seen.append(str(jax.typeof(x)))
+      z = g(x, out_sharding=P("X", "Y"))
+      seen.append(str(jax.typeof(z)))
+      return z + 1
+
+    out = f(reshard(np.arange(16, dtype=np.float32).reshape(4, 4), P("X", "Y")))
+    assert seen == ["f32[4@X,4@Y]", "f32[4,4@Y]", "f32[4@X,4@Y]"]
+    printed = [[1., 2.682942, 2.818595, 1.28224], [-0.513605, -0.9178486, 0.44116902, 2.3139732],
+               [2.9787164, 1.824237, -0.08804226, -0.99998045], [-0.07314587, 1.840334, 2.9812148, 2.3005757]]
+    np.testing.assert_allclose(np.asarray(out), printed, rtol=1e-5, atol=1e-6)
+
+  # [ES]: explicit_axes over ('X', 'Y') on an Auto mesh: inside, the types show both axes.
+  auto_mesh = jax.make_mesh((2, 4), ("X", "Y"), axis_types=(AxisType.Auto, AxisType.Auto))
+  inside = []
+
+  @functools.partial(explicit_axes, axes=('X', 'Y'))
+  def explicit_g(y):
+    z = y * 2
+    inside.extend([str(jax.typeof(y)), str(jax.typeof(z))])
+    return z
+
+  @jax.jit
+  def f2(arr1):
+    x = jnp.sin(arr1)
+    z = explicit_g(x, in_shardings=P("X", "Y"))
+    inside.append(str(jax.typeof(z)))
+    return z + 1
+
+  with set_mesh(auto_mesh):
+    some_x = jax.device_put(np.arange(16, dtype=np.float32).reshape(4, 4), P("X", "Y"))
+    out = f2(some_x)
+  assert inside == ["f32[4@X,4@Y]", "f32[4@X,4@Y]", "f32[4,4]"]
+  np.testing.assert_allclose(np.asarray(out), printed, rtol=1e-5, atol=1e-6)

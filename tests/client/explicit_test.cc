@@ -143,6 +143,94 @@ TEST(ExplicitJaxDocs, TypesPrintAsJaxAndShowOnlyExplicitAxes) {
             "f32[8,4]");
 }
 
+// The notebook's "Working around unimplemented sharding rules": under auto_axes the same add
+// is allowed, and with out_shardings=P("X", None) its result is int32[4@X,4]; and its
+// "Using a mixture of sharding modes": inside auto_axes over 'X' a f32[4@X,4@Y] value is
+// float32[4,4@Y] ("the type of arr1 is ShapedArray(float32[4,4@Y])"), and the result
+// resharded to P("X", "Y") is f32[4@X,4@Y] again outside.
+TEST(ExplicitJaxDocs, AutoAxesSwitchTheTypesOff) {
+  EXPECT_EQ(one_type(xy(), {{DType::kI32, {4, 4}, P("X", None)}, {DType::kI32, {4, 4}, P(None, "X")}},
+                     auto_axes([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; }, {},
+                               {P("X", None)})),
+            "i32[4@X,4]");
+  std::vector<std::string> inside;
+  absl::StatusOr<std::vector<std::string>> t =
+      result_types(xy(), {{DType::kF32, {4, 4}, P("X", "Y")}}, [&](const std::vector<Value>& in) {
+        const Value x = sin(in[0]);
+        TracedFunction g = auto_axes(
+            [&](const std::vector<Value>& y) {
+              inside.push_back(type_of(y[0]).to_string());
+              return std::vector<Value>{y[0] * 2.0};
+            },
+            {"X"}, {P("X", "Y")});
+        const Value z = g({x})[0];
+        return std::vector<Value>{x, z, z + 1.0};
+      });
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(inside, ::testing::ElementsAre("f32[4,4@Y]"));
+  EXPECT_THAT(*t, ::testing::ElementsAre("f32[4@X,4@Y]", "f32[4@X,4@Y]", "f32[4@X,4@Y]"));
+  // An axis must be one of the mesh's; with no Explicit axis to switch (here: outside
+  // explicit mode) f runs as it is (jax/_src/pjit.py, _auto_axes: `return fun(*args)`).
+  EXPECT_THAT(one_type(xy(), {{DType::kF32, {4, 4}, P()}},
+                       auto_axes([](const std::vector<Value>& in) { return in; }, {"Z"}, {P()})),
+              HasSubstr("auto_axes: 'Z' is not an axis of Mesh('X': 2, 'Y': 4"));
+  EXPECT_EQ(one_type(mesh_of({2, 4}, {"X", "Y"}, {}), {{DType::kF32, {4, 4}, P("X", None)}},
+                     auto_axes([](const std::vector<Value>& in) { return in; }, {}, {P()})),
+            "f32[4,4]");
+}
+
+// The notebook's explicit_axes example (docs/notebooks/explicit-sharding.md, "Using a mixture
+// of sharding modes"): on an all-Auto (2, 4) mesh set as the context mesh, explicit_g(x,
+// in_shardings=P("X", "Y")) sees y and z = y * 2 typed with both axes ("sharding is visible on
+// the type of arrays inside g"), while outside, in Auto mode, the types show none again.
+TEST(ExplicitJaxDocs, ExplicitAxesSwitchTheTypesOn) {
+  const Mesh autos = mesh_of({2, 4}, {"X", "Y"}, {});
+  MeshScope scope = set_mesh(autos);
+  std::vector<std::string> inside;
+  absl::StatusOr<std::vector<std::string>> t =
+      result_types(autos, {{DType::kF32, {4, 4}, P("X", "Y")}}, [&](const std::vector<Value>& in) {
+        TracedFunction g = explicit_axes(
+            [&](const std::vector<Value>& y) {
+              const Value z = y[0] * 2.0;
+              inside = {type_of(y[0]).to_string(), type_of(z).to_string()};
+              return std::vector<Value>{z};
+            },
+            {"X", "Y"}, {P("X", "Y")});
+        const Value z = g({sin(in[0])})[0];
+        return std::vector<Value>{z, z + 1.0};
+      });
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(inside, ::testing::ElementsAre("f32[4@X,4@Y]", "f32[4@X,4@Y]"));
+  EXPECT_THAT(*t, ::testing::ElementsAre("f32[4,4]", "f32[4,4]"));
+  // Inside, the explicit rules hold: an axis used twice is refused as in explicit mode.
+  EXPECT_THAT(one_type(autos, {{DType::kI32, {4, 4}, P()}, {DType::kI32, {4, 4}, P()}},
+                       explicit_axes([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; }, {},
+                                     {P("X", None), P(None, "X")})),
+              HasSubstr("add operation with inputs: i32[4@X,4], i32[4,4@X] produces an illegally sharded result"));
+  // Only over some axes: on a mesh Explicit over Y, explicit_axes over X types both inside,
+  // and Y only after.
+  const Mesh mixed = mesh_of({2, 4}, {"X", "Y"}, {AxisType::kAuto, kE});
+  inside.clear();
+  EXPECT_EQ(one_type(mixed, {{DType::kF32, {4, 4}, P(None, "Y")}},
+                     explicit_axes(
+                         [&](const std::vector<Value>& y) {
+                           inside.push_back(type_of(y[0]).to_string());
+                           return std::vector<Value>{exp(y[0])};
+                         },
+                         {"X"}, {P("X", "Y")})),
+            "f32[4,4@Y]");
+  EXPECT_THAT(inside, ::testing::ElementsAre("f32[4@X,4@Y]"));
+  EXPECT_THAT(one_type(autos, {{DType::kF32, {4, 4}, P()}},
+                       explicit_axes([](const std::vector<Value>& in) { return in; }, {}, {P(), P()})),
+              HasSubstr("explicit_axes: 2 in_shardings for 1 arguments"));
+}
+
+TEST(ExplicitJaxDocs, ExplicitAxesNeedAMesh) {
+  EXPECT_THAT(one_type(mesh_of({2, 4}, {"X", "Y"}, {}), {{DType::kF32, {4, 4}, P()}},
+                       explicit_axes([](const std::vector<Value>& in) { return in; }, {}, {P()})),
+              HasSubstr("Context mesh cannot be empty"));
+}
+
 // The grid: each op on two explicit meshes ((2, 4) and (4, 2), axes "a", "b") under several
 // specs, the result's type or the error, by the rules of docs/notebooks/explicit-sharding.md's
 // "Sharding rules" and lax.py's rules (cited per family in client/explicit/).
@@ -229,7 +317,7 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        [](V v) {
          return slice(v[0], {0, 0}, {16, 3});
        },
-       "error: does not divide into"},
+       "error: slice: slicing on sharded dims where out dim (3) is not divisible by mesh axes"},
       {"concatenate",
        {{f32, {16, 8}, P(None, "b")}, {f32, {16, 8}, P()}},
        [](V v) {
@@ -301,6 +389,90 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        {{f32, {32, 8}, P("a", None)}, {DType::kI32, {16}, P()}},
        [](V v) { return take(v[0], v[1], 0); },
        "error: the indexed dimension 0 is split over ('a',)"},
+      // Sorting (lax.py's _sort_abstract_eval, _top_k_abstract_eval): the sorted dimension
+      // must be unsplit; the result keeps the operand's sharding.
+      {"argsort_rows", {{f32, {16, 8}, P("a", None)}}, [](V v) { return argsort(v[0], 1); }, "i32[16@a,8]"},
+      {"argsort_split_dim",
+       {{f32, {16, 8}, P("a", None)}},
+       [](V v) { return argsort(v[0], 0); },
+       "error: argsort: Arguments to sort must be unsharded over the sorting dimension. Got sorting dimension=0 "
+       "split over ('a',)"},
+      {"sort_rows", {{f32, {16, 8}, P("a", None)}}, [](V v) { return sort(v[0]); }, "f32[16@a,8]"},
+      {"sort_split_dim",
+       {{f32, {16, 8}, P(None, "b")}},
+       [](V v) { return sort(v[0]); },
+       "error: Arguments to sort must be unsharded over the sorting dimension"},
+      {"top_k_values", {{f32, {16, 8}, P("a", None)}}, [](V v) { return top_k(v[0], 3).first; }, "f32[16@a,3]"},
+      {"top_k_indices", {{f32, {16, 8}, P("a", None)}}, [](V v) { return top_k(v[0], 3).second; }, "i32[16@a,3]"},
+      {"top_k_split_axis",
+       {{f32, {16, 8}, P(None, "b")}},
+       [](V v) { return top_k(v[0], 3).first; },
+       "error: top_k: The input should be unsharded over the axis along which to compute the top_k values. Got "
+       "input type=f32[16,8@b] and axis=1"},
+      // Cumulative reductions (loops.py's _cumred_sharding_rule).
+      {"cumsum_rows", {{f32, {16, 8}, P("a", None)}}, [](V v) { return cumsum(v[0], 1); }, "f32[16@a,8]"},
+      {"cummax_reverse", {{f32, {16, 8}, P(None, "b")}}, [](V v) { return cummax(v[0], 0, true); }, "f32[16,8@b]"},
+      {"cumsum_split_axis",
+       {{f32, {16, 8}, P("a", None)}},
+       [](V v) { return cumsum(v[0], 0); },
+       "error: cumsum: Input should be unsharded over the axis being reduced. Got input type=f32[16@a,8] and "
+       "axis=0"},
+      // pad, dynamic_slice (slicing.py's _get_sharding_for_varying_out_shape): the operand's
+      // sharding, if each resized split dimension still divides.
+      {"pad_unsplit_dim",
+       {{f32, {16, 8}, P("a", None)}},
+       [](V v) {
+         return pad(v[0], full({}, 0.0), {{0, 0, 0}, {1, 2, 0}});
+       },
+       "f32[16@a,11]"},
+      {"pad_split_dim_divides",
+       {{f32, {16, 8}, P("a", "b")}},
+       [](V v) { return pad(v[0], full({}, 0.0), {{0, 1, 1}, {0, 0, 0}}); },
+       "f32[32@a,8@b]"},
+      {"pad_split_dim_indivisible",
+       {{f32, {16, 8}, P("a", None)}},
+       [](V v) { return pad(v[0], full({}, 0.0), {{1, 2, 0}, {0, 0, 0}}); },
+       "error: pad: padding on sharded dims where out dim (19) is not divisible by mesh axes"},
+      {"dynamic_slice_divides",
+       {{f32, {16, 8}, P("a", None)}},
+       [](V v) { return dynamic_slice(v[0], {full({}, 4.0, DType::kI32), full({}, 2.0, DType::kI32)}, {8, 4}); },
+       "f32[8@a,4]"},
+      {"dynamic_slice_indivisible",
+       {{f32, {16, 8}, P("a", None)}},
+       [](V v) { return dynamic_slice(v[0], {full({}, 4.0, DType::kI32), full({}, 2.0, DType::kI32)}, {5, 4}); },
+       "error: dynamic_slice on sharded dims where out dim (5) is not divisible by mesh axes"},
+      // dynamic_update_slice (_dynamic_update_slice_sharding_rule): the update as the operand.
+      {"dynamic_update_slice",
+       {{f32, {16, 8}, P("a", None)}, {f32, {16, 4}, P("a", None)}},
+       [](V v) { return dynamic_update_slice(v[0], v[1], {full({}, 0.0, DType::kI32), full({}, 2.0, DType::kI32)}); },
+       "f32[16@a,8]"},
+      {"dynamic_update_slice_differs",
+       {{f32, {16, 8}, P("a", None)}, {f32, {16, 4}, P()}},
+       [](V v) { return dynamic_update_slice(v[0], v[1], {full({}, 0.0, DType::kI32), full({}, 2.0, DType::kI32)}); },
+       "error: dynamic_update_slice operand sharding must be equal to update sharding (operands f32[16@a,8], "
+       "f32[16,4], i32[2])"},
+      // scatter (slicing.py's _scatter_spec_computation): the indexed dimension and the queries
+      // unsplit; the window dimensions agree between the operand and the updates.
+      {"scatter_window_split",
+       {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P(None, "b")}},
+       [](V v) { return scatter(v[0], v[1], v[2], 0); },
+       "f32[32,8@b]"},
+      {"scatter_add_updates_split",
+       {{f32, {32, 8}, P()}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P(None, "b")}},
+       [](V v) { return scatter_add(v[0], v[1], v[2], 0); },
+       "f32[32,8@b]"},
+      {"scatter_indexed_dim_split",
+       {{f32, {32, 8}, P("a", None)}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P()}},
+       [](V v) { return scatter(v[0], v[1], v[2], 0); },
+       "error: scatter: out sharding could not be resolved unambiguously"},
+      {"scatter_indices_split",
+       {{f32, {32, 8}, P()}, {DType::kI32, {16}, P("a")}, {f32, {16, 8}, P("a", None)}},
+       [](V v) { return scatter_add(v[0], v[1], v[2], 0); },
+       "error: scatter_add: out sharding could not be resolved unambiguously"},
+      {"scatter_window_disagree",
+       {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P(None, "a")}},
+       [](V v) { return scatter(v[0], v[1], v[2], 0); },
+       "error: out sharding could not be resolved unambiguously"},
       // reshard moves the spec on purpose.
       {"reshard", {{f32, {16, 8}, P("a", None)}}, [](V v) { return reshard(v[0], P(None, "a")); }, "f32[16,8@a]"},
   };
@@ -319,17 +491,17 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
   }
 }
 
-// An op with no explicit rule yet (cumulative sums are built from slices and concatenates,
-// which have rules; argsort has none) takes replicated operands and refuses split ones, naming
-// the op, the operand's type and the fix, rather than guessing.
+// An op with no explicit rule yet (while_loop here) takes replicated operands and refuses
+// split ones, naming the op, the operand's type and the fix, rather than guessing.
 TEST(ExplicitGrid, AnOpWithoutARuleRefusesSplitOperands) {
-  EXPECT_EQ(one_type(xy(), {{DType::kF32, {8, 4}, P()}},
-                     [](const std::vector<Value>& in) { return std::vector<Value>{argsort(in[0], 0)}; }),
-            "i32[8,4]");
-  EXPECT_EQ(one_type(xy(), {{DType::kF32, {8, 4}, P("X", None)}},
-                     [](const std::vector<Value>& in) { return std::vector<Value>{argsort(in[0], 1)}; }),
-            "error: argsort: has no explicit-sharding rule yet, and an operand is split over an Explicit mesh axis "
-            "(operand f32[8@X,4]); reshard it to P() first, or make that mesh axis Auto");
+  auto loop = [](const std::vector<Value>& in) {
+    return while_loop([](const std::vector<Value>& c) { return sum(c[0]) < 100.0; },
+                      [](const std::vector<Value>& c) { return std::vector<Value>{c[0] * 2.0}; }, {in[0]});
+  };
+  EXPECT_EQ(one_type(xy(), {{DType::kF32, {8, 4}, P()}}, loop), "f32[8,4]");
+  EXPECT_THAT(one_type(xy(), {{DType::kF32, {8, 4}, P("X", None)}}, loop),
+              HasSubstr("has no explicit-sharding rule yet, and an operand is split over an Explicit mesh axis "
+                        "(operand f32[8@X,4]); reshard it to P() first, or make that mesh axis Auto"));
 }
 
 // grad in explicit mode: a cotangent takes its primal's type (the notebook's "tangent values

@@ -1,6 +1,7 @@
 // jit end to end on Client::local(8): compiled programs against host computations written
 // out here, across layouts that need no communication, all_reduce, reduce_scatter,
 // all_to_all, all_gather and local slices; compilation caching; errors.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -391,6 +392,121 @@ TEST_F(ExplicitJitTest, GradientsComeBackLaidOutAsTheirPrimals) {
   EXPECT_TRUE((*g)[0].sharding().is_equivalent_to(NamedSharding(mesh, P(None, "Y")), 2));
   EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,4@Y]");
   expect_near(fetch((*g)[0]), want, 1e-4);
+}
+
+// The explicit-sharding notebook's auto_axes examples (docs/notebooks/explicit-sharding.ipynb,
+// jax-ml/jax) with their printed values: some_x P("X", None) + some_y P(None, "X") (both
+// arange(16).reshape(4, 4)) under auto_axes with out_shardings=P("X", None) is int32[4@X,4];
+// and f(some_x) = g(sin(x)) + 1, g = auto_axes(y * 2, axes='X', out_shardings=P("X", "Y")),
+// prints "Array([[ 1.        ,  2.682942  ,  2.818595  ,  1.28224   ], [-0.513605  , ...".
+// explicit_axes (the notebook's next example) on an Auto mesh: sin, then y * 2 typed inside,
+// then + 1 back in Auto mode, the same values.
+TEST_F(ExplicitJitTest, AutoAxesAndExplicitAxesRunAsTheNotebookPrints) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray ints = HostArray::arange(DType::kI32, {4, 4});
+  TracedFunction add = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; };
+  absl::StatusOr<std::vector<Array>> sum =
+      jit(auto_axes(add, {}, {P("X", None)}))({put_on(mesh, ints, P("X", None)), put_on(mesh, ints, P(None, "X"))});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(type_of((*sum)[0]).to_string(), "i32[4@X,4]");
+  std::vector<int32_t> twice(16);
+  for (int i = 0; i < 16; ++i) twice[i] = 2 * i;
+  EXPECT_TRUE(fetch((*sum)[0]) == HostArray::from_vector<int32_t>({4, 4}, twice));
+
+  std::vector<double> want(16);
+  for (int i = 0; i < 16; ++i) want[i] = 2.0 * std::sin(double(i)) + 1.0;
+  // The notebook's first row and the first of the second, as printed.
+  for (auto [i, printed] :
+       std::vector<std::pair<int, double>>{{0, 1.0}, {1, 2.682942}, {2, 2.818595}, {3, 1.28224}, {4, -0.513605}}) {
+    EXPECT_NEAR(want[i], printed, 1e-6);
+  }
+  const HostArray x = HostArray::arange(DType::kF32, {4, 4});
+  std::string inside;
+  TracedFunction g = auto_axes(
+      [&](const std::vector<Value>& y) {
+        inside = type_of(y[0]).to_string();
+        return std::vector<Value>{y[0] * 2.0};
+      },
+      {"X"}, {P("X", "Y")});
+  absl::StatusOr<std::vector<Array>> z = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{g({sin(in[0])})[0] + 1.0};
+  })({put_on(mesh, x, P("X", "Y"))});
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_EQ(inside, "f32[4,4@Y]");
+  EXPECT_EQ(type_of((*z)[0]).to_string(), "f32[4@X,4@Y]");
+  expect_near(fetch((*z)[0]), want);
+
+  absl::StatusOr<Mesh> autos = client_->make_mesh({4, 2}, {"X", "Y"}, {AxisType::kAuto, AxisType::kAuto});
+  ASSERT_TRUE(autos.ok()) << autos.status();
+  MeshScope scope = set_mesh(*autos);
+  TracedFunction explicit_g = explicit_axes(
+      [&](const std::vector<Value>& y) {
+        const Value r = y[0] * 2.0;
+        inside = type_of(r).to_string();
+        return std::vector<Value>{r};
+      },
+      {"X", "Y"}, {P("X", "Y")});
+  z = jit([&](const std::vector<Value>& in) { return std::vector<Value>{explicit_g({sin(in[0])})[0] + 1.0}; })(
+      {put_on(*autos, x, P("X", "Y"))});
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_EQ(inside, "f32[4@X,4@Y]");
+  EXPECT_EQ(type_of((*z)[0]).to_string(), "f32[4,4]");
+  expect_near(fetch((*z)[0]), want);
+}
+
+// The families given explicit rules after the first ones (client/explicit/{sort,reduction,
+// layout,placement}.cc), each on split operands of the (4, 2) mesh: its type and its values
+// against the host.
+TEST_F(ExplicitJitTest, SortCumulativePadDynamicSlicesAndScatterRunByTheirTypes) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray x = random_f32({16, 8}, 11), u = random_f32({16, 4}, 12), upd = random_f32({6, 8}, 13);
+  const HostArray idx = HostArray::from_vector<int32_t>({6}, {3, 0, 3, 15, 7, 0});
+  std::vector<std::string> types;
+  absl::StatusOr<std::vector<Array>> out = jit([&](const std::vector<Value>& in) {
+    const Value i4 = full({}, 4.0, DType::kI32), i2 = full({}, 2.0, DType::kI32), i0 = full({}, 0.0, DType::kI32);
+    std::vector<Value> r = {sort(in[0]),
+                            top_k(in[0], 3).first,
+                            cumsum(in[0], 1),
+                            pad(in[0], full({}, -1.0), {{0, 0, 0}, {1, 2, 1}}),
+                            dynamic_slice(in[0], {i4, i2}, {8, 4}),
+                            dynamic_update_slice(in[0], in[1], {i0, i2}),
+                            scatter_add(reshard(in[0], P(None, "Y")), in[2], in[3], 0)};
+    for (const Value& v : r) types.push_back(type_of(v).to_string());
+    return r;
+  })({put_on(mesh, x, P("X", None)), put_on(mesh, u, P("X", None)), put_on(mesh, idx, P()),
+      put_on(mesh, upd, P(None, "Y"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(types, ::testing::ElementsAre("f32[16@X,8]", "f32[16@X,3]", "f32[16@X,8]", "f32[16@X,18]", "f32[8@X,4]",
+                                            "f32[16@X,8]", "f32[16,8@Y]"));
+  const float* xv = x.values<float>().data();
+  std::vector<double> sorted, top, cum, padded, sliced, updated(xv, xv + 128), scattered(xv, xv + 128);
+  for (int r = 0; r < 16; ++r) {
+    std::vector<double> row(xv + r * 8, xv + r * 8 + 8);
+    double acc = 0;
+    for (double v : row) cum.push_back(acc += v);
+    padded.push_back(-1.0);
+    for (int c = 0; c < 8; ++c) {
+      padded.push_back(row[c]);
+      if (c < 7) padded.push_back(-1.0);
+    }
+    padded.insert(padded.end(), {-1.0, -1.0});
+    std::sort(row.begin(), row.end());
+    sorted.insert(sorted.end(), row.begin(), row.end());
+    top.insert(top.end(), {row[7], row[6], row[5]});
+    for (int c = 0; c < 4; ++c) updated[r * 8 + 2 + c] = u.values<float>()[r * 4 + c];
+  }
+  for (int r = 4; r < 12; ++r) {
+    for (int c = 2; c < 6; ++c) sliced.push_back(xv[r * 8 + c]);
+  }
+  for (int k = 0; k < 6; ++k) {
+    for (int c = 0; c < 8; ++c) scattered[idx.values<int32_t>()[k] * 8 + c] += upd.values<float>()[k * 8 + c];
+  }
+  for (const auto& [i, want] : std::vector<std::pair<int, const std::vector<double>*>>{
+           {0, &sorted}, {1, &top}, {2, &cum}, {3, &padded}, {4, &sliced}, {5, &updated}, {6, &scattered}}) {
+    SCOPED_TRACE(i);
+    expect_near(fetch((*out)[i]), *want);
+  }
+  EXPECT_TRUE((*out)[6].sharding().is_equivalent_to(NamedSharding(mesh, P(None, "Y")), 2));
 }
 
 // Total buffers on the mesh's devices, from their stats.

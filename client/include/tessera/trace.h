@@ -372,7 +372,27 @@ Value with_sharding_constraint(const Value& x, const PartitionSpec& spec);
 // type is `spec`. Outside a trace, reshard(Array, spec) in tessera/jit.h.
 Value reshard(const Value& x, const PartitionSpec& spec);
 
+// jax.sharding.auto_axes(f, axes, out_sharding): f traced with the Explicit mesh axes `axes`
+// (all of the mesh's when empty) treated as Auto: its values' types leave them out and its
+// ops' rules ignore them (the compiler decides there), and each result is then resharded to
+// its out_shardings entry (its type outside). The way around an op whose explicit rule refuses
+// its operands. As JAX's, f runs as it is when no axis of `axes` is Explicit (outside explicit
+// mode too). INVALID_ARGUMENT (failing the trace) for an axis not in the mesh or Manual, or
+// for out_shardings not one per result.
+TracedFunction auto_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> out_shardings);
+
+// jax.sharding.explicit_axes(f, axes, in_sharding): f traced with the mesh axes `axes` (all
+// when empty) Explicit: its arguments are first resharded to in_shardings (one per argument),
+// which become their types, and every op inside has its explicit rule; the results' types
+// then leave those axes out again. The mesh: the trace's explicit mesh, else the ambient one
+// (set_mesh); none is INVALID_ARGUMENT with JAX's "Context mesh cannot be empty".
+TracedFunction explicit_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> in_shardings);
+
 namespace internal {
+// auto_axes with out_shardings computed from f's results once they are known (the Python
+// binding: a pytree prefix of the outputs).
+TracedFunction auto_axes(TracedFunction f, std::vector<std::string> axes,
+                         std::function<std::vector<PartitionSpec>()> out_shardings);
 // `op()` (an op on `operand`'s trace) in an out_sharding scope: its rules may leave an
 // ambiguous result to out_sharding, which then lays the result out (reshard).
 Value with_out_sharding(const Value& operand, const PartitionSpec& out_sharding, const std::function<Value()>& op);
