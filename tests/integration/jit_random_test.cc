@@ -131,7 +131,7 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
     const Shape s = v.shape();
     const int r = v.rank();
     std::optional<Slot> y;
-    switch (rng() % 20) {
+    switch (rng() % 22) {
       case 0: {
         Value (*const kFloat[])(const Value&) = {tanh, sin, cos, neg, abs, logistic};
         Value (*const kInteger[])(const Value&) = {neg, abs, sign};
@@ -146,7 +146,8 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
         break;
       }
       case 2:
-        y = Slot{v * (integer ? 3.0 : 0.5) + 1.0, x.exact};
+        // (Integer scalars for integer graphs: a double would make an int32 value float32.)
+        y = Slot{integer ? v * 3 + 1 : v * 0.5 + 1.0, x.exact};
         break;
       case 3: {
         if (r < 2) break;
@@ -229,7 +230,7 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
       case 11: {
         if (!x.exact) break;
         std::optional<Slot> o = same_shape(v);
-        y = Slot{where(v > full(s, 0.25, dtype), v, o ? o->v * 0.5 : -v), o ? o->exact : true};
+        y = Slot{where(v > full(s, 0.25, dtype), v, o ? scaled(o->v, 0.5) : -v), o ? o->exact : true};
         break;
       }
       case 12:
@@ -280,6 +281,44 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
         const Value rows = take(v, idx, d, IndexMode::kClip);
         y = rng() % 2 == 0 ? Slot{rows, x.exact}
                            : Slot{scatter_add(v, idx, scaled(rows, 0.5), d, IndexMode::kClip), integer};
+        break;
+      }
+      case 20: {
+        // A cumulative scan along a random dimension, either way (issue #15).
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        const bool reverse = rng() % 2 == 0;
+        switch (rng() % 3) {
+          case 0:
+            y = Slot{scaled(cumsum(v, d, reverse), 1.0 / static_cast<double>(s[d])), false};
+            break;
+          case 1:
+            y = Slot{cummax(v, d, reverse), x.exact};
+            break;
+          default:
+            y = Slot{cummin(v, d, reverse), x.exact};
+            break;
+        }
+        break;
+      }
+      case 21: {
+        // A shape-keeping pad (shifted by one along a dimension), a sort of the last dimension,
+        // or the argsort of a random one (exact values only: near ties could reorder).
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        switch (rng() % 3) {
+          case 0: {
+            std::vector<PadDim> config(r);
+            config[d] = rng() % 2 == 0 ? PadDim{1, -1, 0} : PadDim{-1, 1, 0};
+            y = Slot{pad(v, full({}, 0.5, dtype), config), x.exact};
+            break;
+          }
+          case 1:
+            y = Slot{sort(v), x.exact};
+            break;
+          default:
+            if (!x.exact) break;
+            y = Slot{scaled(convert(argsort(v, d), dtype), 0.125), true};
+            break;
+        }
         break;
       }
     }
