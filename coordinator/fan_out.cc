@@ -27,21 +27,24 @@ std::vector<grpc::Status> FanOut::fan_out(const std::vector<WorkerChannel*>& wor
       ++done;
     });
   }
-  absl::MutexLock lock(&mu);
   auto all_done = [&]() { return done == n; };
   auto all_done_or_failed = [&]() { return done == n || failed; };
   int lost = -1;  // index of a watched target that was lost meanwhile
+  mu.Lock();
   while (!mu.AwaitWithTimeout(absl::Condition(&all_done_or_failed), heartbeat_interval_ / 4)) {
     if (watch == nullptr) continue;
     lost = changed_member(*watch);
     if (lost >= 0) break;
   }
-  if (lost >= 0) {
+  if (lost >= 0 ||
+      (done < n && grace != absl::InfiniteDuration() && !mu.AwaitWithTimeout(absl::Condition(&all_done), grace))) {
+    // Not under mu: the calls' callbacks take it, and gRPC may run one inside TryCancel.
+    mu.Unlock();
     for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
-  } else if (done < n && grace != absl::InfiniteDuration() && !mu.AwaitWithTimeout(absl::Condition(&all_done), grace)) {
-    for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
+    mu.Lock();
   }
   mu.Await(absl::Condition(&all_done));
+  mu.Unlock();
   if (lost >= 0) {
     statuses[lost] = lost_status();
   }

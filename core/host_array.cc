@@ -33,6 +33,8 @@ constexpr size_t kHugePageMinBytes = size_t{4} << 20;
 // fresh pages, and with 8 in-process devices faulting at once far more (they share the
 // process's page tables). Steady-state programs allocate the same sizes every step: the cache
 // holds what a step freed until the next step asks for it.
+// (The limit is HostArray::set_buffer_cache_limit's; a tessera-worker sets its
+// --buffer_cache_bytes, which its container's memory headroom must hold.)
 constexpr size_t kCachedMinBytes = size_t{64} << 10;
 constexpr size_t kCachedBytes = size_t{1} << 30;
 
@@ -54,29 +56,50 @@ class BufferCache {
     std::vector<void*> dropped;
     {
       absl::MutexLock lock(&mu_);
-      if (bytes > kCachedBytes) {
+      if (bytes > limit_) {
         dropped.push_back(p);
       } else {
         age_.emplace_back(bytes, p);
         by_size_[bytes].push_back(std::prev(age_.end()));
         cached_ += bytes;
       }
-      while (cached_ > kCachedBytes) {  // the oldest is the first of its size
-        const auto [size, q] = age_.front();
-        std::deque<Entry>& same = by_size_[size];
-        same.pop_front();
-        if (same.empty()) by_size_.erase(size);
-        age_.pop_front();
-        cached_ -= size;
-        dropped.push_back(q);
-      }
+      drop_over_limit(&dropped);
+    }
+    for (void* q : dropped) std::free(q);
+  }
+
+  size_t bytes() {
+    absl::MutexLock lock(&mu_);
+    return cached_;
+  }
+
+  void set_limit(size_t bytes) {
+    std::vector<void*> dropped;
+    {
+      absl::MutexLock lock(&mu_);
+      limit_ = bytes;
+      drop_over_limit(&dropped);
     }
     for (void* q : dropped) std::free(q);
   }
 
  private:
   using Entry = std::list<std::pair<size_t, void*>>::iterator;
+
+  void drop_over_limit(std::vector<void*>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (cached_ > limit_) {  // the oldest is the first of its size
+      const auto [size, q] = age_.front();
+      std::deque<Entry>& same = by_size_[size];
+      same.pop_front();
+      if (same.empty()) by_size_.erase(size);
+      age_.pop_front();
+      cached_ -= size;
+      dropped->push_back(q);
+    }
+  }
+
   absl::Mutex mu_;
+  size_t limit_ ABSL_GUARDED_BY(mu_) = kCachedBytes;
   std::list<std::pair<size_t, void*>> age_ ABSL_GUARDED_BY(mu_);                 // oldest first
   absl::flat_hash_map<size_t, std::deque<Entry>> by_size_ ABSL_GUARDED_BY(mu_);  // each oldest first
   size_t cached_ ABSL_GUARDED_BY(mu_) = 0;
@@ -86,6 +109,7 @@ BufferCache& buffer_cache() {
   static BufferCache* const kCache = new BufferCache;  // never destroyed: arrays may outlive main
   return *kCache;
 }
+
 
 template <typename F>
 void for_dtype(DType dtype, F&& f) {
@@ -127,6 +151,9 @@ void for_dtype(DType dtype, F&& f) {
 }
 
 }  // namespace
+
+void HostArray::set_buffer_cache_limit(size_t bytes) { buffer_cache().set_limit(bytes); }
+size_t HostArray::buffer_cache_bytes() { return buffer_cache().bytes(); }
 
 HostArray::HostArray(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)), size_(num_elements(shape_)) {
   const size_t bytes = static_cast<size_t>(nbytes());

@@ -60,6 +60,14 @@ class HostArray {
   HostArray(DType dtype, Shape shape);
 
   // Filled with 0 (false), or 1 (true). Same requirements as the constructor.
+  // Freed buffers of 64 KiB and more are kept for the next array of the same size (fresh
+  // pages cost their zeroing again), oldest dropped first beyond `bytes` in all per process
+  // (default 1 GiB). This memory is not any device's: a daemon under a memory limit sets what
+  // its headroom holds (tessera-worker --buffer_cache_bytes).
+  static void set_buffer_cache_limit(size_t bytes);
+  // The bytes the cache holds now.
+  static size_t buffer_cache_bytes();
+
   static HostArray zeros(DType dtype, Shape shape);
   static HostArray ones(DType dtype, Shape shape);
   // Element i (row-major) holds i converted to dtype; for bool, i % 2 == 1.

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
+#include "core/host_array.h"
 #include "worker/kernels/blas.h"
 #include "worker/worker_server.h"
 
@@ -76,6 +77,13 @@ ABSL_FLAG(int64_t, drain_timeout_ms, 5000,
           "on SIGTERM or SIGINT, how long to keep serving while plan runs are in flight (reporting not ready), so "
           "that they finish rather than fail; keep it below the orchestrator's grace period (Kubernetes' "
           "terminationGracePeriodSeconds) (env TESSERA_WORKER_DRAIN_TIMEOUT_MS)");
+ABSL_FLAG(int64_t, buffer_cache_bytes, 268435456,
+          "freed host buffers (64 KiB and more) kept for reuse by the next array of their size, in bytes in all; "
+          "on top of --memory_bytes, so the container's memory headroom must hold it (env "
+          "TESSERA_WORKER_BUFFER_CACHE_BYTES)");
+ABSL_FLAG(int64_t, drain_quiet_ms, 200,
+          "on SIGTERM, how long no plan run must have been in flight before the drain ends: the time clients "
+          "have to fetch what the last runs made before the worker exits (env TESSERA_WORKER_DRAIN_QUIET_MS)");
 ABSL_FLAG(int64_t, put_stall_ms, 10000,
           "a PutShard stream that receives nothing this long is cancelled and its reserved memory released "
           "(env TESSERA_WORKER_PUT_STALL_MS)");
@@ -112,6 +120,8 @@ int main(int argc, char** argv) {
                         {"mailbox_bytes_per_peer", "TESSERA_WORKER_MAILBOX_BYTES_PER_PEER"},
                         {"mailbox_ttl_ms", "TESSERA_WORKER_MAILBOX_TTL_MS"},
                         {"put_stall_ms", "TESSERA_WORKER_PUT_STALL_MS"},
+                        {"drain_quiet_ms", "TESSERA_WORKER_DRAIN_QUIET_MS"},
+                        {"buffer_cache_bytes", "TESSERA_WORKER_BUFFER_CACHE_BYTES"},
                         {"drain_timeout_ms", "TESSERA_WORKER_DRAIN_TIMEOUT_MS"},
                         {"credentials", "TESSERA_WORKER_CREDENTIALS"}});
   tessera::block_termination_signals();
@@ -156,6 +166,9 @@ int main(int argc, char** argv) {
   options.mailbox_bytes_per_peer = absl::GetFlag(FLAGS_mailbox_bytes_per_peer);
   options.mailbox_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_mailbox_ttl_ms));
   options.put_stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_put_stall_ms));
+  tessera::HostArray::set_buffer_cache_limit(
+      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_buffer_cache_bytes))));
+  options.drain_quiet = absl::Milliseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_drain_quiet_ms)));
   absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
   if (!credentials.ok()) {
     std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";

@@ -389,7 +389,7 @@ class WorkerServerImpl final : public WorkerServer {
       std::fprintf(stderr, "tessera-worker: draining: %lld plan run(s) in flight; waiting up to %s for them\n",
                    static_cast<long long>(busy), absl::FormatDuration(timeout).c_str());
     }
-    const int64_t left = service_.runner().wait_for_idle(kDrainQuiet, absl::Now() + timeout);
+    const int64_t left = service_.runner().wait_for_idle(options_.drain_quiet, absl::Now() + timeout);
     if (left > 0) {
       std::fprintf(stderr, "tessera-worker: drain timed out: %lld plan run(s) still in flight fail\n",
                    static_cast<long long>(left));

@@ -68,10 +68,10 @@ struct WorkerOptions {
   // A PutShard stream that receives nothing for this long is cancelled and its reservation
   // released (checked at every heartbeat), so a stalled client cannot hold the memory.
   absl::Duration put_stall_timeout = absl::Seconds(10);
+  // How long a drain waits with no run in flight before it counts the device as idle: the
+  // time clients have to fetch what the last runs made before the worker exits.
+  absl::Duration drain_quiet = absl::Milliseconds(200);
 };
-
-// How long a drain waits with no run in flight before it counts the device as idle.
-inline constexpr absl::Duration kDrainQuiet = absl::Milliseconds(200);
 
 class WorkerServer {
  public:
@@ -93,7 +93,7 @@ class WorkerServer {
   virtual std::vector<const LatencyHistogram*> histograms() const = 0;
 
   // The first half of a graceful stop (SIGTERM): reports not ready, then waits until no plan
-  // run has been in flight for kDrainQuiet (runs sent just before still arrive and finish; the
+  // run has been in flight for WorkerOptions::drain_quiet (runs sent just before still arrive and finish; the
   // worker keeps heartbeating and serving meanwhile), at most `timeout`. Returns the runs still
   // in flight (0: drained), which shutdown() then fails. Logs what it waits for.
   virtual int64_t drain(absl::Duration timeout) = 0;

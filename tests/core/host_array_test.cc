@@ -171,6 +171,24 @@ TEST(HostArray, FreedStorageGoesToTheNextArrayOfItsSize) {
   }
 }
 
+// The cache holds what is freed up to its limit; lowering the limit drops what is kept.
+TEST(HostArray, TheBufferCacheKeepsNoMoreThanItsLimit) {
+  constexpr int64_t n = 50000;  // 200 KB, rounded up to 64 bytes
+  constexpr size_t kBytes = 200000;
+  const size_t before = HostArray::buffer_cache_bytes();
+  { HostArray a(DType::kF32, {n}); }
+  EXPECT_EQ(HostArray::buffer_cache_bytes(), before + kBytes);
+  HostArray::set_buffer_cache_limit(0);
+  EXPECT_EQ(HostArray::buffer_cache_bytes(), 0u);
+  { HostArray b(DType::kF32, {n}); }
+  EXPECT_EQ(HostArray::buffer_cache_bytes(), 0u);  // freed over the limit: given back at once
+  HostArray::set_buffer_cache_limit(kBytes);
+  { HostArray c(DType::kF32, {n}); }
+  { HostArray d(DType::kF32, {2 * n}); }  // alone over the limit: not kept
+  EXPECT_EQ(HostArray::buffer_cache_bytes(), kBytes);
+  HostArray::set_buffer_cache_limit(size_t{1} << 30);
+}
+
 // arange(dtype, (2, 3)) spelled out per dtype.
 HostArray ExpectedArange2x3(DType dtype) {
   switch (dtype) {

@@ -42,14 +42,19 @@ class FaultClusterTest : public ::testing::Test {
       ASSERT_TRUE(add_tls(&credentials_, {"127.0.0.1"}).ok());
     }
     ASSERT_TRUE(write_credentials(credentials_dir_, credentials_).ok());
-    absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(
-        kBin, kFaultWorkers, coordinator_flags(), {"--memory_bytes=268435456", "--credentials=" + credentials_dir_});
+    std::vector<std::string> worker_flags = drill_worker_flags();
+    worker_flags.push_back("--memory_bytes=268435456");
+    worker_flags.push_back("--credentials=" + credentials_dir_);
+    absl::StatusOr<ProcessCluster> cluster =
+        ProcessCluster::start(kBin, kFaultWorkers, coordinator_flags(), worker_flags);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
   }
 
   // The coordinator's flags (a drill may add its own), with the credentials.
   virtual std::vector<std::string> drill_flags() const { return kFaultCoordinatorFlags; }
+  // Flags a drill adds to every worker's.
+  virtual std::vector<std::string> drill_worker_flags() const { return {}; }
   std::vector<std::string> coordinator_flags() const {
     std::vector<std::string> flags = drill_flags();
     flags.push_back("--credentials=" + credentials_dir_);
