@@ -47,23 +47,33 @@ absl::StatusOr<std::shared_ptr<Program>> ProgramCache::compile(std::string key, 
 
 absl::StatusOr<std::shared_ptr<Program>> ProgramCache::use(uint64_t id, const Caller& caller,
                                                            std::unique_ptr<ProgramUse>* use) {
-  auto it = programs_.find(id);
-  if (it == programs_.end()) {
-    if (registry_->ids().before_epoch(id)) {
-      return absl::AbortedError(absl::StrCat("execute: executable ", id,
-                                             " belongs to an earlier incarnation of the coordinator, which "
-                                             "restarted since; compile again"));
+  std::shared_ptr<Program> program;
+  std::unique_ptr<ProgramUse> held;
+  bool denied = false;
+  {
+    // Execute calls this on gRPC callback threads, concurrently with compile (insert, evict)
+    // and release (erase): the lookup, the tick and `running` change under mu_.
+    absl::MutexLock lock(&mu_);
+    auto it = programs_.find(id);
+    if (it == programs_.end()) {
+      if (registry_->ids().before_epoch(id)) {
+        return absl::AbortedError(absl::StrCat("execute: executable ", id,
+                                               " belongs to an earlier incarnation of the coordinator, which "
+                                               "restarted since; compile again"));
+      }
+      // Evicted from the compile cache, or released with the last session holding it: the
+      // client compiles it again (the SDK does so by itself on ABORTED).
+      return absl::AbortedError(absl::StrCat("execute: executable ", id, " is not in the compile cache (it holds the ",
+                                             max_programs_,
+                                             " most recently used programs, --max_programs); compile again"));
     }
-    // Evicted from the compile cache, or released with the last session holding it: the
-    // client compiles it again (the SDK does so by itself on ABORTED).
-    return absl::AbortedError(absl::StrCat("execute: executable ", id, " is not in the compile cache (it holds the ",
-                                           max_programs_,
-                                           " most recently used programs, --max_programs); compile again"));
+    program = it->second;
+    program->last_used = ++use_ticks_;
+    held = std::make_unique<ProgramUse>(this, program.get());
+    denied = !caller.at_least(Role::kAdmin) && program->sessions.count(caller.session) == 0;
   }
-  std::shared_ptr<Program> program = it->second;
-  program->last_used = ++use_ticks_;
-  *use = std::make_unique<ProgramUse>(this, program.get());
-  if (!caller.at_least(Role::kAdmin) && program->sessions.count(caller.session) == 0) {
+  *use = std::move(held);  // (outside mu_: a use it replaces takes mu_ as it ends)
+  if (denied) {
     return absl::PermissionDeniedError(absl::StrCat("execute: executable ", id,
                                                     " was compiled by another session; a client runs only the "
                                                     "programs its own session compiled (Compile it first)"));

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -43,9 +44,10 @@ class BufferCache {
   void* take(size_t bytes) {
     absl::MutexLock lock(&mu_);
     auto it = by_size_.find(bytes);
-    if (it == by_size_.end() || it->second.empty()) return nullptr;
+    if (it == by_size_.end()) return nullptr;
     const auto entry = it->second.back();  // the most recent: likeliest still in the caches
     it->second.pop_back();
+    if (it->second.empty()) by_size_.erase(it);  // no entry per size ever seen
     void* p = entry->second;
     age_.erase(entry);
     cached_ -= bytes;
@@ -110,7 +112,6 @@ BufferCache& buffer_cache() {
   return *kCache;
 }
 
-
 template <typename F>
 void for_dtype(DType dtype, F&& f) {
   switch (dtype) {
@@ -157,9 +158,11 @@ size_t HostArray::buffer_cache_bytes() { return buffer_cache().bytes(); }
 
 HostArray::HostArray(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)), size_(num_elements(shape_)) {
   const size_t bytes = static_cast<size_t>(nbytes());
-  const size_t alignment = bytes >= kHugePageMinBytes ? kHugePage : kAlignment;
-  size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-  if (rounded == 0) rounded = kAlignment;
+  // The alignment follows from the rounded size alone, so a cached buffer of that size always
+  // has the alignment its next user expects (4 MiB less a few bytes rounds to 4 MiB: huge).
+  size_t rounded = std::max<size_t>((bytes + kAlignment - 1) / kAlignment * kAlignment, kAlignment);
+  const size_t alignment = rounded >= kHugePageMinBytes ? kHugePage : kAlignment;
+  rounded = (rounded + alignment - 1) / alignment * alignment;
   void* p = rounded >= kCachedMinBytes ? buffer_cache().take(rounded) : nullptr;
   if (p == nullptr) {
     p = std::aligned_alloc(alignment, rounded);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
@@ -166,9 +167,16 @@ int main(int argc, char** argv) {
   options.mailbox_bytes_per_peer = absl::GetFlag(FLAGS_mailbox_bytes_per_peer);
   options.mailbox_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_mailbox_ttl_ms));
   options.put_stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_put_stall_ms));
-  tessera::HostArray::set_buffer_cache_limit(
-      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_buffer_cache_bytes))));
-  options.drain_quiet = absl::Milliseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_drain_quiet_ms)));
+  for (const auto& [name, value] :
+       {std::pair<const char*, int64_t>{"buffer_cache_bytes", absl::GetFlag(FLAGS_buffer_cache_bytes)},
+        {"drain_quiet_ms", absl::GetFlag(FLAGS_drain_quiet_ms)}}) {
+    if (value < 0) {
+      std::fprintf(stderr, "tessera-worker: --%s=%lld: must be at least 0\n", name, static_cast<long long>(value));
+      return 2;
+    }
+  }
+  tessera::HostArray::set_buffer_cache_limit(static_cast<size_t>(absl::GetFlag(FLAGS_buffer_cache_bytes)));
+  options.drain_quiet = absl::Milliseconds(absl::GetFlag(FLAGS_drain_quiet_ms));
   absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
   if (!credentials.ok()) {
     std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";

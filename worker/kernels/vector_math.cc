@@ -37,7 +37,9 @@ inline float exp_one(float x) {
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
   // Past 89 the result overflows and below -105 it is 0 (2^-150 rounds to 0); clamping keeps n
   // within the two exponent steps.
-  const float xc = x > 89.0f ? 89.0f : (x < -105.0f ? -105.0f : x);
+  // (Written so that NaN clamps too: converting a NaN n to int would be undefined behaviour;
+  // the select at the end returns the NaN.)
+  const float xc = !(x <= 89.0f) ? 89.0f : (!(x >= -105.0f) ? -105.0f : x);
   const float n = (xc * kLog2e + kRound) - kRound;
   const float r = (xc - n * kLn2Hi) - n * kLn2Lo;
   const float p = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
