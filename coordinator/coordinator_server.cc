@@ -338,7 +338,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
     absl::StatusOr<uint64_t> session =
-        caller.ok() ? acting_session(*caller, req->session_id(), "execute") : caller.status();
+        caller.ok() ? tessera::acting_session(*caller, req->session_id(), "execute") : caller.status();
     if (!session.ok()) {
       reactor->Finish(to_grpc(session.status()));
       return reactor;
@@ -500,9 +500,6 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   absl::StatusOr<uint64_t> acting_session(const grpc::ServerContextBase& ctx, uint64_t requested,
                                           absl::string_view method) const {
     TESSERA_ASSIGN_OR_RETURN(Caller caller, auth_.authenticate(ctx));
-    return acting_session(caller, requested, method);
-  }
-  static absl::StatusOr<uint64_t> acting_session(const Caller& caller, uint64_t requested, absl::string_view method) {
     return tessera::acting_session(caller, requested, method);
   }
 
@@ -543,7 +540,8 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // `caller` must own the input (or be an admin); the output belongs to its session.
   absl::StatusOr<ArrayRecord> run_collective(const pb::RunCollectiveRequest& req, const Caller& caller,
                                              int64_t* collective_ns) {
-    TESSERA_ASSIGN_OR_RETURN(const uint64_t session, acting_session(caller, req.session_id(), "RunCollective"));
+    TESSERA_ASSIGN_OR_RETURN(const uint64_t session,
+                             tessera::acting_session(caller, req.session_id(), "RunCollective"));
     TESSERA_ASSIGN_OR_RETURN(ArrayRecord in, registry_.get_array(req.array_id()));
     TESSERA_RETURN_IF_ERROR(check_owner(caller, in, "RunCollective", "read"));
     TESSERA_ASSIGN_OR_RETURN(CollectiveSpec spec, collective_from_proto(req.spec()));
