@@ -270,21 +270,29 @@ TEST(Transformer, FirstLossIsTheHostForwardOfTheInitialParameters) {
   EXPECT_NEAR(host, std::log(16.0), 0.1) << "small initial weights predict about uniformly";
 }
 
+// The initial parameters with every weight `factor` times larger and the layer norms' scales
+// and every bias moved by 0.5: attention, gelu and the layer norms far from linear.
+Tree<HostArray> scaled(const Tree<HostArray>& initial, float factor) {
+  Tree<HostArray> out;
+  for (const auto& [name, info] : param_infos(tiny(), Layout::kDp)) {
+    HostArray a = HostArray::zeros(DType::kF32, info.shape);
+    const HostArray& init = *initial.find(name);
+    for (int64_t i = 0; i < a.size(); ++i) {
+      a.mutable_values<float>()[i] =
+          info.stddev > 0 ? factor * init.values<float>()[i] : init.values<float>()[i] + 0.5f;
+    }
+    out.set(name, std::move(a));
+  }
+  return out;
+}
+
 // With weights 20 times larger than initialised (so attention, gelu and the layer norms are
 // far from linear), the per-example losses of eval on one device and under tp on (2, 4) and
 // fsdp_tp on (4, 2) are the host's.
 TEST(Transformer, EvalOfLargeWeightsIsTheHostForward) {
   const TrainRun& ref = one_device();
   ASSERT_EQ(ref.initial.size(), 17u);
-  Tree<HostArray> big;
-  for (const auto& [name, info] : param_infos(tiny(), Layout::kDp)) {
-    HostArray a = HostArray::zeros(DType::kF32, info.shape);
-    const HostArray& init = *ref.initial.find(name);
-    for (int64_t i = 0; i < a.size(); ++i) {
-      a.mutable_values<float>()[i] = info.stddev > 0 ? 20 * init.values<float>()[i] : init.values<float>()[i] + 0.5f;
-    }
-    big.set(name, std::move(a));
-  }
+  const Tree<HostArray> big = scaled(ref.initial, 20);
   const std::vector<Tree<HostArray>> all = batches(tiny());
   const Tree<HostArray>& batch = all[1];
   const std::vector<double> want = host_losses(tiny(), big, batch);
@@ -307,6 +315,82 @@ TEST(Transformer, EvalOfLargeWeightsIsTheHostForward) {
     for (size_t i = 0; i < want.size(); ++i) {
       EXPECT_NEAR(got->element_as_double(static_cast<int64_t>(i)), want[i], 2e-4 * std::abs(want[i]))
           << "example " << i;
+    }
+  }
+}
+
+
+// The gradient of the training loss with respect to every parameter, as train_step computes it
+// (value_and_grad of Model::loss), against central differences of the host forward above in
+// double: for each parameter, the derivative along a random +-1 direction over all its
+// elements. Weights 5 times their initial size keep every path nonlinear, and the batch's
+// targets need the context: the next token is the one two positions back (the first two
+// targets are the token itself), so attention's gradients carry real signal.
+TEST(Transformer, GradientsAreTheHostForwardsCentralDifferences) {
+  const TrainRun& ref = one_device();
+  ASSERT_EQ(ref.initial.size(), 17u);
+  const Config c = tiny();
+  const Tree<HostArray> params = scaled(ref.initial, 5);
+  Tree<HostArray> batch = std::move(batches(c)[2]);
+  {
+    const HostArray& tokens = *batch.find("tokens");
+    HostArray targets(DType::kI32, tokens.shape());
+    for (int64_t i = 0; i < tokens.size(); ++i) {
+      targets.mutable_values<int32_t>()[i] = tokens.values<int32_t>()[i % c.seq < 2 ? i : i - 2];
+    }
+    batch.set("targets", std::move(targets));
+  }
+  // Directions, and the host's derivative along each: (L(p + e d) - L(p - e d)) / 2e.
+  std::mt19937 rng(11);
+  std::map<std::string, std::vector<double>> direction;
+  std::map<std::string, double> want;
+  const double e = 1e-4;
+  for (const auto& [name, a] : params) {
+    std::vector<double>& d = direction[name];
+    for (int64_t i = 0; i < a.size(); ++i) d.push_back(rng() % 2 ? 1.0 : -1.0);
+    double side[2];
+    for (int s = 0; s < 2; ++s) {
+      Tree<HostArray> moved;
+      for (const auto& [other, v] : params) moved.set(other, v.clone());
+      HostArray m = HostArray::zeros(DType::kF64, a.shape());
+      for (int64_t i = 0; i < a.size(); ++i) {
+        m.mutable_values<double>()[i] = a.element_as_double(i) + (s == 0 ? e : -e) * d[i];
+      }
+      moved.set(name, std::move(m));
+      side[s] = mean_of(host_losses(c, moved, batch));
+    }
+    want[name] = (side[0] - side[1]) / (2 * e);
+  }
+  for (auto [data, model, layout] : std::vector<std::tuple<int64_t, int64_t, Layout>>{
+           {1, 1, Layout::kDp}, {2, 4, Layout::kTp}, {4, 2, Layout::kFsdpTp}}) {
+    SCOPED_TRACE(absl::StrCat(layout_name(layout), " on (", data, ", ", model, ")"));
+    const Mesh mesh = mesh_of(data, model);
+    const Model m(c, layout, mesh);
+    const TreeJitted grads = jit([m](const std::vector<Tree<Value>>& in) {
+      TreeFunction loss = [&m](const std::vector<Tree<Value>>& a) {
+        return std::vector<Tree<Value>>{m.loss(a[0], *a[1].find("tokens"), *a[1].find("targets"))};
+      };
+      return value_and_grad(loss, {0})(in);
+    });
+    absl::StatusOr<Tree<Array>> p = device_put(client(), params, mesh, m.param_rule());
+    absl::StatusOr<Tree<Array>> b = device_put(client(), batch, mesh, ShardingRule(P("data", None)));
+    ASSERT_TRUE(p.ok() && b.ok()) << p.status() << b.status();
+    absl::StatusOr<std::vector<Tree<Array>>> out = grads({*p, *b});
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<Tree<HostArray>> g = device_get(out->at(1));
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (const auto& [name, d] : direction) {
+      const HostArray* gi = g->find(name);
+      ASSERT_NE(gi, nullptr) << name;
+      double got = 0, scale = 0;
+      for (int64_t i = 0; i < gi->size(); ++i) {
+        got += gi->element_as_double(i) * d[i];
+        scale += std::abs(gi->element_as_double(i));
+      }
+      // float32 on the devices: within 1e-3 of the derivative's size, or of the gradient's
+      // elements summed without cancellation where the direction cancels most of them.
+      EXPECT_NEAR(got, want[name], 1e-3 * std::max(std::abs(want[name]), 0.05 * scale)) << name;
+      EXPECT_GT(scale, 0) << name << "'s gradient is zero";
     }
   }
 }
