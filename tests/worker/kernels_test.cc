@@ -1115,6 +1115,13 @@ TEST(Kernels, DotGeneral) {
       {"empty free dimension", {0, 5}, {5, 3}, {{}, {}, {1}, {0}}},
       {"size-1 dimensions", {1, 5, 1}, {5, 1}, {{}, {}, {1}, {0}}},
       {"scalars", {}, {}, {{}, {}, {}, {}}},
+      // Operands BLAS reads in place with strided rows (nn::dot_product_attention's two).
+      {"attention logits (B,T,N,H)x(B,S,N,H)", {2, 5, 3, 4}, {2, 6, 3, 4}, {{0, 2}, {0, 2}, {3}, {3}}},
+      {"attention values (B,N,T,S)x(B,S,N,H)", {2, 3, 5, 6}, {2, 6, 3, 4}, {{0, 1}, {0, 2}, {3}, {1}}},
+      {"strided rows, transposed (K,B,M)x(B,K,N)", {5, 2, 3}, {2, 5, 4}, {{1}, {0}, {0}, {1}}},
+      {"rows of two dimensions (B,M1,M2,K)x(K,N)", {2, 3, 2, 5}, {5, 4}, {{}, {}, {3}, {0}}},
+      {"columns that do not collapse: copied", {3, 4, 5}, {5, 4, 2}, {{}, {}, {1, 2}, {1, 0}}},
+      {"size-1 dimensions in every group", {1, 3, 1, 4}, {4, 1, 2, 1}, {{0}, {3}, {3}, {0}}},
   };
   std::mt19937 rng(15);
   for (DType dtype : kNumeric) {

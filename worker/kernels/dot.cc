@@ -2,11 +2,14 @@
 //
 // With B, M, K, N the products of the batch, lhs free, contracting and rhs free dimensions,
 // the result (batch, lhs free, rhs free) is row-major [B, M, N], and the operands are wanted as
-// [B, M, K] and [B, K, N]. An operand whose dimensions are already in that order is used in
-// place; one already in the order [B, K, M] (resp. [B, N, K]) is used in place too, BLAS reading
-// it transposed; any other is first copied into [B, M, K] (resp. [B, K, N]). Float32/float64
-// then go through cblas_sgemm/dgemm once per batch element; integers through a plain loop that
-// wraps like the other integer kernels.
+// B matrices [M, K] and [K, N]. BLAS takes a matrix whose rows are any fixed number of elements
+// apart (its leading dimension) and whose columns are adjacent, or the transpose of one. So an
+// operand is used in place wherever its row dimensions collapse into one strided dimension and
+// its column dimensions into one contiguous one (or the reverse, read transposed), whatever the
+// strides of its batch dimensions: attention's (B, T, N, H) queries, batched over B and N, are
+// B*N matrices of T rows N*H apart. Any other operand is first copied into [B, M, K]
+// (resp. [B, K, N]). Float32/float64 then go through cblas_sgemm/dgemm once per batch element;
+// integers through a plain loop over copies that wraps like the other integer kernels.
 #include <cblas.h>
 
 #include <algorithm>
@@ -41,38 +44,94 @@ bool is_identity(const std::vector<int64_t>& perm) {
   return true;
 }
 
-// One operand as a batch of row-major matrices: its own storage, or a permuted copy.
+// Dimensions `dims` of an array of `shape` and element `strides`, in this order, as one
+// dimension: the stride of that dimension if they collapse into one (each one's stride is the
+// next one's times its size; dimensions of size 1 do not count), 0 if they hold one element
+// (any stride will do), -1 if they do not collapse.
+int64_t collapsed_stride(const Shape& shape, const std::vector<int64_t>& strides, const std::vector<int64_t>& dims) {
+  int64_t stride = 0, span = 0;
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+    const auto d = static_cast<size_t>(*it);
+    if (shape[d] == 1) continue;
+    if (stride == 0) {
+      stride = strides[d];
+    } else if (strides[d] != span) {
+      return -1;
+    }
+    span = strides[d] * shape[d];
+  }
+  return stride;
+}
+
+// One operand as a batch of row-major matrices: batch element b's matrix starts at
+// data + offsets[b], its rows `ld` elements apart, or (`transposed`) it is stored as the
+// transpose, BLAS reading it with Trans.
 template <typename T>
 struct Matrices {
   const T* data = nullptr;
-  bool transposed = false;  // stored as [B, cols, rows]: BLAS reads it with Trans
+  bool transposed = false;
+  int64_t ld = 0;
+  std::vector<int64_t> offsets;
   std::vector<T> copy;
 };
 
-// `x` as [B, rows, cols] where `perm` (batch, row, column dimensions) orders x's dimensions
-// that way, or, when `allow_transposed`, as [B, cols, rows] when `transposed_perm` is the
-// identity. Copies only when neither order is x's own.
-template <typename T>
-void as_matrices(const HostArray& x, const std::vector<int64_t>& perm, const std::vector<int64_t>& transposed_perm,
-                 bool allow_transposed, Matrices<T>* out) {
-  const T* own = x.values<T>().data();
-  if (is_identity(perm)) {
-    out->data = own;
-  } else if (allow_transposed && is_identity(transposed_perm)) {
-    out->data = own;
-    out->transposed = true;
-  } else {
-    const std::vector<int64_t> x_strides = row_major_strides(x.shape());
-    Shape shape(perm.size());
-    std::vector<int64_t> strides(perm.size());
-    for (size_t i = 0; i < perm.size(); ++i) {
-      shape[i] = x.shape()[static_cast<size_t>(perm[i])];
-      strides[i] = x_strides[static_cast<size_t>(perm[i])];
+// The offsets of the batch elements of x: its `batch` dimensions (in this order) row-major.
+std::vector<int64_t> batch_offsets(const Shape& shape, const std::vector<int64_t>& strides,
+                                   const std::vector<int64_t>& batch) {
+  std::vector<int64_t> offsets = {0};
+  for (int64_t d : batch) {
+    std::vector<int64_t> next;
+    next.reserve(offsets.size() * static_cast<size_t>(shape[static_cast<size_t>(d)]));
+    for (int64_t o : offsets) {
+      for (int64_t i = 0; i < shape[static_cast<size_t>(d)]; ++i)
+        next.push_back(o + i * strides[static_cast<size_t>(d)]);
     }
-    out->copy.resize(static_cast<size_t>(x.size()));
-    gather(x.data(), sizeof(T), 0, shape, strides, reinterpret_cast<std::byte*>(out->copy.data()));
-    out->data = out->copy.data();
+    offsets = std::move(next);
   }
+  return offsets;
+}
+
+// `x` as a batch of [rows, cols] matrices, its dimensions grouped as `batch`, `rows` and `cols`:
+// in place when BLAS can read it (`strided`: rows collapse to one strided dimension and cols to a
+// contiguous one, or the reverse), else in a copy ordered [batch, rows, cols].
+template <typename T>
+void as_matrices(const HostArray& x, const std::vector<int64_t>& batch, const std::vector<int64_t>& rows,
+                 const std::vector<int64_t>& cols, bool strided, Matrices<T>* out) {
+  const T* own = x.values<T>().data();
+  const std::vector<int64_t> x_strides = row_major_strides(x.shape());
+  const int64_t m = product(x.shape(), rows), n = product(x.shape(), cols);
+  const int64_t row_stride = collapsed_stride(x.shape(), x_strides, rows);
+  const int64_t col_stride = collapsed_stride(x.shape(), x_strides, cols);
+  constexpr int64_t kMaxLd = std::numeric_limits<blasint>::max();
+  if (row_stride >= 0 && col_stride >= 0 && row_stride <= kMaxLd && col_stride <= kMaxLd &&
+      (strided || is_identity(joined(batch, rows, cols)))) {
+    if (col_stride <= 1 && (row_stride == 0 ? n : row_stride) >= n) {
+      out->data = own;
+      out->ld = std::max<int64_t>(1, row_stride == 0 ? n : row_stride);
+      out->offsets = batch_offsets(x.shape(), x_strides, batch);
+      return;
+    }
+    if (strided && row_stride <= 1 && col_stride >= m) {
+      out->data = own;
+      out->transposed = true;
+      out->ld = std::max<int64_t>(1, col_stride);
+      out->offsets = batch_offsets(x.shape(), x_strides, batch);
+      return;
+    }
+  }
+  const std::vector<int64_t> perm = joined(batch, rows, cols);
+  Shape shape(perm.size());
+  std::vector<int64_t> strides(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) {
+    shape[i] = x.shape()[static_cast<size_t>(perm[i])];
+    strides[i] = x_strides[static_cast<size_t>(perm[i])];
+  }
+  out->copy.resize(static_cast<size_t>(x.size()));
+  gather(x.data(), sizeof(T), 0, shape, strides, reinterpret_cast<std::byte*>(out->copy.data()));
+  out->data = out->copy.data();
+  out->ld = std::max<int64_t>(1, n);
+  out->offsets.resize(static_cast<size_t>(product(x.shape(), batch)));
+  for (size_t b = 0; b < out->offsets.size(); ++b) out->offsets[b] = static_cast<int64_t>(b) * m * n;
 }
 
 void gemm(bool trans_a, bool trans_b, blasint m, blasint n, blasint k, const float* a, blasint lda, const float* b,
@@ -134,19 +193,16 @@ void dot_typed(const Node& node, const HostArray& lhs, const HostArray& rhs, Hos
   const bool use_blas = kIsFloat<T> && m <= kMaxBlas && n <= kMaxBlas && k <= kMaxBlas;
 
   Matrices<T> a, b;
-  as_matrices(lhs, joined(dd.lhs_batch, lhs_free, dd.lhs_contracting),
-              joined(dd.lhs_batch, dd.lhs_contracting, lhs_free), use_blas, &a);
-  as_matrices(rhs, joined(dd.rhs_batch, dd.rhs_contracting, rhs_free),
-              joined(dd.rhs_batch, rhs_free, dd.rhs_contracting), use_blas, &b);
+  as_matrices(lhs, dd.lhs_batch, lhs_free, dd.lhs_contracting, use_blas, &a);
+  as_matrices(rhs, dd.rhs_batch, dd.rhs_contracting, rhs_free, use_blas, &b);
   T* c = out->mutable_values<T>().data();
 
   if constexpr (kIsFloat<T>) {
     if (use_blas) {
       const auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n), bk = static_cast<blasint>(k);
-      const blasint lda = a.transposed ? bm : bk;
-      const blasint ldb = b.transposed ? bk : bn;
       for (int64_t bi = 0; bi < batch; ++bi) {
-        gemm(a.transposed, b.transposed, bm, bn, bk, a.data + bi * m * k, lda, b.data + bi * k * n, ldb,
+        gemm(a.transposed, b.transposed, bm, bn, bk, a.data + a.offsets[static_cast<size_t>(bi)],
+             static_cast<blasint>(a.ld), b.data + b.offsets[static_cast<size_t>(bi)], static_cast<blasint>(b.ld),
              c + bi * m * n);
       }
       return;
