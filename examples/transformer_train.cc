@@ -47,8 +47,11 @@ ABSL_FLAG(int64_t, batch, 32, "sequences per step");
 ABSL_FLAG(int64_t, steps, 200, "training steps (the defaults take about 9 minutes on dp 4x2 on 2 shared cores)");
 ABSL_FLAG(int64_t, warmup, 20, "linear learning-rate warmup steps (then cosine decay to lr/10 at --steps)");
 ABSL_FLAG(double, lr, 3e-3, "peak AdamW learning rate");
+ABSL_FLAG(double, weight_decay, 0.01, "AdamW's decoupled weight decay");
 ABSL_FLAG(int64_t, seed, 0, "seed of the parameters (tessera::random on the devices) and of the batches");
 ABSL_FLAG(int64_t, print_every, 50, "print the loss every N steps");
+ABSL_FLAG(int64_t, eval_every, 0,
+          "also print the held-out loss every N steps (0: only at the end), to see where it is lowest");
 ABSL_FLAG(int64_t, sample, 200, "characters of greedy sample to print");
 
 namespace {
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
   c.steps = absl::GetFlag(FLAGS_steps);
   c.warmup = absl::GetFlag(FLAGS_warmup);
   c.lr = absl::GetFlag(FLAGS_lr);
+  c.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   const int64_t print_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_print_every));
   if (c.vocab < 256 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0 || c.layers < 1 || c.seq < 2 ||
       c.batch < 1 || c.steps < 1) {
@@ -155,6 +159,29 @@ int main(int argc, char** argv) {
               static_cast<long long>(c.heads), static_cast<long long>(c.seq), static_cast<long long>(c.batch),
               transformer::layout_name(*layout), mesh->to_string().c_str());
 
+  // The held-out loss: mean nats per character over the held-out text in consecutive windows,
+  // `batch` at a time (the last batch padded with repeats of its first window, not counted).
+  const TreeJitted eval = model.eval();
+  std::vector<int64_t> all;
+  for (int64_t st = 0; st + c.seq + 1 <= static_cast<int64_t>(held_out.size()); st += c.seq) all.push_back(st);
+  auto held_out_loss = [&](const Tree<Array>& params) -> absl::StatusOr<double> {
+    double total = 0;
+    for (size_t b = 0; b < all.size(); b += c.batch) {
+      std::vector<int64_t> starts(all.begin() + b, all.begin() + std::min(all.size(), b + c.batch));
+      const size_t real = starts.size();
+      starts.resize(c.batch, starts[0]);
+      absl::StatusOr<Tree<Array>> batch =
+          device_put(*client, windows(held_out, starts, c.seq), *mesh, ShardingRule(P("data", None)));
+      if (!batch.ok()) return batch.status();
+      absl::StatusOr<std::vector<Tree<Array>>> out = eval({params, *batch});
+      absl::StatusOr<HostArray> losses = out.ok() ? out->at(0).find("")->fetch() : out.status();
+      if (!losses.ok()) return losses.status();
+      for (size_t r = 0; r < real; ++r) total += losses->element_as_double(static_cast<int64_t>(r));
+    }
+    return total / static_cast<double>(all.size());
+  };
+  const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
+
   const TreeJitted step = model.train_step();
   std::mt19937_64 rng(static_cast<uint64_t>(seed));
   std::uniform_int_distribution<int64_t> start_of(0, static_cast<int64_t>(train.size()) - c.seq - 1);
@@ -179,28 +206,18 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       since = absl::Now();
     }
+    if (eval_every > 0 && i % eval_every == 0 && i < c.steps) {
+      absl::StatusOr<double> l = held_out_loss(p);
+      if (!l.ok()) return fail(l.status());
+      std::printf("step %lld held-out loss %.4f\n", static_cast<long long>(i), *l);
+      std::fflush(stdout);
+      since = absl::Now();  // the evaluation's time is not the steps'
+    }
   }
-
-  // The held-out text in consecutive windows, `batch` at a time (the last batch padded with
-  // repeats of its first window, which are not counted).
-  const TreeJitted eval = model.eval();
-  std::vector<int64_t> all;
-  for (int64_t st = 0; st + c.seq + 1 <= static_cast<int64_t>(held_out.size()); st += c.seq) all.push_back(st);
-  double total = 0;
-  for (size_t b = 0; b < all.size(); b += c.batch) {
-    std::vector<int64_t> starts(all.begin() + b, all.begin() + std::min(all.size(), b + c.batch));
-    const size_t real = starts.size();
-    starts.resize(c.batch, starts[0]);
-    absl::StatusOr<Tree<Array>> batch =
-        device_put(*client, windows(held_out, starts, c.seq), *mesh, ShardingRule(P("data", None)));
-    if (!batch.ok()) return fail(batch.status());
-    absl::StatusOr<std::vector<Tree<Array>>> out = eval({p, *batch});
-    absl::StatusOr<HostArray> losses = out.ok() ? out->at(0).find("")->fetch() : out.status();
-    if (!losses.ok()) return fail(losses.status());
-    for (size_t r = 0; r < real; ++r) total += losses->element_as_double(static_cast<int64_t>(r));
-  }
-  std::printf("held-out loss: %.4f (nats/char, %zu windows of %lld)\n", total / static_cast<double>(all.size()),
-              all.size(), static_cast<long long>(c.seq));
+  absl::StatusOr<double> final_loss = held_out_loss(p);
+  if (!final_loss.ok()) return fail(final_loss.status());
+  std::printf("held-out loss: %.4f (nats/char, %zu windows of %lld)\n", *final_loss, all.size(),
+              static_cast<long long>(c.seq));
 
   // Greedy sampling: the context (at most seq characters) at positions 0.., the prediction
   // read at its last position. One row per 'data' position, all the same.
