@@ -13,6 +13,7 @@
 // 2-core machine (where 8 workers share 2 cores); plan of 16 layers within 1.2x of 2 layers.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <string>
@@ -38,6 +39,9 @@ ABSL_FLAG(int64_t, seq, 128, "context length");
 ABSL_FLAG(int64_t, batch, 32, "sequences per step");
 ABSL_FLAG(std::string, layouts, "dp,tp,fsdp,fsdp_tp",
           "the layouts of (4, 2) to time after 1x1 (comma-separated); empty also skips the plan sizes");
+ABSL_FLAG(std::string, plan, "",
+          "when set, each layout's step plan (Jitted::as_text: every instruction with its collectives' bytes) goes to "
+          "PATH-LAYOUT.txt");
 ABSL_FLAG(std::string, profile, "",
           "when set, the timeline of each layout's timed steps goes to PATH-LAYOUT.json (Client::profile; "
           "docs/guide.md, \"Seeing where the time goes\")");
@@ -56,7 +60,7 @@ struct Figures {
 };
 
 absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, const Config& c, Layout layout, int iters,
-                                    const std::string& profile_path = "") {
+                                    const std::string& profile_path = "", const std::string& plan_path = "") {
   const Model model(c, layout, mesh);
   const HostArray host_key = HostArray::from_vector<uint32_t>({2}, {0, 1});
   TESSERA_ASSIGN_OR_RETURN(Array key, client.device_put(host_key, NamedSharding(mesh, P())));
@@ -92,6 +96,11 @@ absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, cons
   Figures f;
   f.step_ms = median(times);
   const std::string text = step.as_text();
+  if (!plan_path.empty()) {
+    std::ofstream out(plan_path);
+    out << text;
+    if (!out) return absl::InternalError(absl::StrCat("--plan: cannot write ", plan_path));
+  }
   f.bytes = parse_plan_header(text).bytes;
   f.plan_lines = static_cast<int64_t>(std::count(text.begin(), text.end(), '\n'));
   return f;
@@ -135,7 +144,12 @@ int main(int argc, char** argv) {
   auto profile_path = [&](const char* layout) {
     return profile.empty() ? std::string() : absl::StrCat(profile, "-", layout, ".json");
   };
-  absl::StatusOr<Figures> ref = time_layout(*client, *one, c, Layout::kDp, iters, profile_path("1x1"));
+  const std::string plan = absl::GetFlag(FLAGS_plan);
+  auto plan_path = [&](const char* layout) {
+    return plan.empty() ? std::string() : absl::StrCat(plan, "-", layout, ".txt");
+  };
+  absl::StatusOr<Figures> ref =
+      time_layout(*client, *one, c, Layout::kDp, iters, profile_path("1x1"), plan_path("1x1"));
   if (!ref.ok()) return fail("1x1", ref.status());
   auto report = [&](const char* name, const Figures& f) {
     if (json) {
@@ -154,7 +168,8 @@ int main(int argc, char** argv) {
   for (absl::string_view name : absl::StrSplit(layouts, ',', absl::SkipEmpty())) {
     absl::StatusOr<Layout> l = transformer::parse_layout(std::string(name));
     if (!l.ok()) return fail("--layouts", l.status());
-    absl::StatusOr<Figures> f = time_layout(*client, *mesh, c, *l, iters, profile_path(transformer::layout_name(*l)));
+    absl::StatusOr<Figures> f = time_layout(*client, *mesh, c, *l, iters, profile_path(transformer::layout_name(*l)),
+                                            plan_path(transformer::layout_name(*l)));
     if (!f.ok()) return fail(transformer::layout_name(*l), f.status());
     report(transformer::layout_name(*l), *f);
   }
