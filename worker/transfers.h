@@ -2,7 +2,8 @@
 // chunks, commit; a stream that stalls is cancelled and its reservation released) and
 // GetShard (check the grant, send the chunks), with the bytes each moved.
 //
-// Lock: puts_mu_ guards puts_, the PutShard streams holding a reservation. It is held only to
+// Lock: puts_mu_ guards puts_, the PutShard streams open (from their start, whether or not
+// they hold a reservation yet). It is held only to
 // insert, erase or scan them; cancel_stalled_puts calls ServerContext::TryCancel under it
 // (which does not block), so a stream's context is never touched after it left the set.
 // PutShard and GetShard are synchronous handlers: they block their gRPC thread on the
@@ -17,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "absl/base/thread_annotations.h"
@@ -60,6 +62,10 @@ class Transfers {
   };
   std::shared_ptr<PutWatch> watch_put(grpc::ServerContext* ctx);
   void unwatch_put(const std::shared_ptr<PutWatch>& w);
+
+  // DEADLINE_EXCEEDED for a put cancelled for stalling: before its header (no id) or while
+  // receiving buffer `id`.
+  absl::Status stalled(std::optional<uint64_t> id) const;
 
   // Validates the header, reserves the memory and allocates the destination.
   absl::StatusOr<std::shared_ptr<HostArray>> begin_put(const pb::ShardHeader& header);

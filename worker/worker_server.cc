@@ -303,7 +303,7 @@ class WorkerServerImpl final : public WorkerServer {
     int port = 0;
     const std::string bind = options_.bind_host.empty() ? options_.host : options_.bind_host;
     builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), server_credentials(options_.credentials), &port);
-    configure_server(&builder);
+    configure_server(&builder, options_.max_sync_threads);
     rpc_errors_.install(&builder);
     builder.RegisterService(&service_);
     builder.RegisterService(health_.service());
@@ -431,6 +431,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::start(const WorkerOp
     return absl::InvalidArgumentError(
         absl::StrCat("tessera-worker: memory_bytes must be positive, got ", options.memory_bytes));
   }
+  TESSERA_RETURN_IF_ERROR(check_max_sync_threads(options.max_sync_threads, "max_sync_threads"));
   auto server = std::make_unique<WorkerServerImpl>(options);
   TESSERA_RETURN_IF_ERROR(server->init());
   return std::unique_ptr<WorkerServer>(std::move(server));
