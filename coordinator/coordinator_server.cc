@@ -40,6 +40,7 @@ void to_proto(const DeviceRecord& d, pb::DeviceInfo* out) {
   out->set_state(d.alive ? pb::ALIVE : pb::LOST);
   out->set_memory_bytes(d.memory_bytes);
   out->set_incarnation(d.incarnation);
+  out->set_draining(d.draining);
 }
 
 void to_proto(const ArrayRecord& a, pb::ArrayInfo* out) {
@@ -171,9 +172,14 @@ class CoordinatorService final : public CoordinatorServiceBase {
                                       pb::HeartbeatReply*) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Heartbeat");
-    reactor->Finish(to_grpc(caller.ok()
-                                ? registry_.heartbeat(req->device_id(), req->epoch(), req->incarnation(), absl::Now())
-                                : caller.status()));
+    bool newly_draining = false;
+    const absl::Status beat = caller.ok() ? registry_.heartbeat(req->device_id(), req->epoch(), req->incarnation(),
+                                                                absl::Now(), req->draining(), &newly_draining)
+                                          : caller.status();
+    if (newly_draining && options_.log_registrations) {
+      std::fprintf(stderr, "tessera-coordinator: device %d is draining; no new work goes to it\n", req->device_id());
+    }
+    reactor->Finish(to_grpc(beat));
     return reactor;
   }
 
@@ -542,6 +548,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
         return absl::NotFoundError(absl::StrCat("jit: the mesh names device ", d, ", which is not in the cluster"));
       }
     }
+    TESSERA_RETURN_IF_ERROR(check_not_draining(registry_, mesh.device_ids(), "jit"));
     std::vector<PartitionSpec> inputs;
     for (const pb::PartitionSpec& s : req.input_specs()) inputs.push_back(spec_from_proto(s));
     std::vector<std::optional<PartitionSpec>> outputs;
@@ -617,6 +624,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
     TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(req.shape(), dtype));
     TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(req.sharding()));
     await_registration(sharding.mesh().device_ids());
+    TESSERA_RETURN_IF_ERROR(check_not_draining(registry_, sharding.mesh().device_ids(), "device_put"));
     return registry_.create_array(dtype, shape, sharding, session);
   }
 

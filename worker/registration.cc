@@ -26,8 +26,26 @@ void Registration::start_heartbeats() {
   heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
 }
 
+void Registration::announce_draining() {
+  draining_ = true;
+  absl::MutexLock lock(&wake_mu_);
+  wake_ = true;
+}
+
+bool Registration::wait_for_next_heartbeat() {
+  absl::MutexLock lock(&wake_mu_);
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return wake_; };
+  wake_mu_.AwaitWithTimeout(absl::Condition(&woken), heartbeat_interval_);
+  wake_ = false;
+  return stopping_.HasBeenNotified();
+}
+
 void Registration::stop() {
   if (!stopping_.HasBeenNotified()) stopping_.Notify();
+  {
+    absl::MutexLock lock(&wake_mu_);
+    wake_ = true;
+  }
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
 }
 
@@ -101,8 +119,9 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
 }
 
 void Registration::heartbeat_loop() {
-  while (!stopping_.WaitForNotificationWithTimeout(heartbeat_interval_)) {
+  while (!wait_for_next_heartbeat()) {
     pb::HeartbeatRequest req;
+    req.set_draining(draining_.load());
     req.set_device_id(device_id_);
     req.set_incarnation(incarnation_);
     req.set_epoch(epoch_);

@@ -3,9 +3,10 @@
 // again, under the same device id and with the buffers it holds, when the coordinator has
 // marked it lost or restarted. Each heartbeat also cancels stalled PutShard streams.
 //
-// No lock: the registration's state (device id, incarnation, epoch, interval) is written by
-// start() before the heartbeat thread starts and afterwards only by that thread; what other
-// threads read of it (device_id()) is atomic. The heartbeat thread blocks on its own calls to
+// The registration's state (device id, incarnation, epoch, interval) is written by start()
+// before the heartbeat thread starts and afterwards only by that thread; what other threads
+// read or set (device_id(), draining_) is atomic. wake_mu_, a leaf, guards only wake_: the
+// request to send the next heartbeat early. The heartbeat thread blocks on its own calls to
 // the coordinator (each bounded by four heartbeat intervals) and holds no lock meanwhile.
 //
 //   Registration registration(options, identity, &store, &plans, &transfers, &health, on_registered);
@@ -22,7 +23,9 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "proto/auth.h"
@@ -53,6 +56,9 @@ class Registration {
   // The first registration, of the worker serving at `address` (see WorkerServer::start).
   absl::Status start(const std::string& address);
   void start_heartbeats();
+  // Says, in a heartbeat sent now and in every one after it, that this worker drains: the
+  // coordinator sends it no new work (DeviceRecord::draining). Returns at once.
+  void announce_draining();
   // Stops the heartbeats. Idempotent.
   void stop();
 
@@ -69,6 +75,8 @@ class Registration {
   // when the coordinator cannot be reached (the first registration retries by itself).
   absl::Status register_worker(int device_id, absl::Duration timeout, bool wait_for_ready);
   void heartbeat_loop();
+  // Waits one heartbeat interval, or until woken (announce_draining, stop); true when stopping.
+  bool wait_for_next_heartbeat();
 
   const WorkerOptions options_;
   const std::shared_ptr<const CallIdentity> identity_;  // what this worker sends the coordinator
@@ -85,7 +93,10 @@ class Registration {
   uint64_t epoch_ = 0;  // of the coordinator incarnation this worker registered with
   absl::Duration heartbeat_interval_;
 
+  std::atomic<bool> draining_{false};
   absl::Notification stopping_;
+  absl::Mutex wake_mu_;
+  bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;  // send the next heartbeat now
   std::thread heartbeat_thread_;
 };
 

@@ -383,6 +383,7 @@ class WorkerServerImpl final : public WorkerServer {
 
   int64_t drain(absl::Duration timeout) override {
     health_.set_ready(false);
+    registration_.announce_draining();  // the coordinator stops sending work here
     service_.runner().start_drain();
     const int64_t busy = service_.runner().runs_in_flight();
     if (busy > 0) {
