@@ -129,7 +129,6 @@ void Registration::heartbeat_loop() {
     grpc::ClientContext ctx;
     set_deadline(&ctx, heartbeat_interval_ * 4);
     const grpc::Status status = coordinator_->Heartbeat(&ctx, req, &reply);
-    transfers_->cancel_stalled_puts(absl::Now());
     // A missed heartbeat is not fatal: the coordinator decides when a device is lost. One it
     // refuses means it marked this device lost, or restarted and does not know it: register
     // again, keeping the device id (and the buffers, which the coordinator is told about).

@@ -1,7 +1,7 @@
 // Registration: a worker's membership of the cluster: it registers with the coordinator
 // (retrying until register_timeout), then heartbeats on a thread of its own, registering
 // again, under the same device id and with the buffers it holds, when the coordinator has
-// marked it lost or restarted. Each heartbeat also cancels stalled PutShard streams.
+// marked it lost or restarted.
 //
 // The registration's state (device id, incarnation, epoch, interval) is written by start()
 // before the heartbeat thread starts and afterwards only by that thread; what other threads
@@ -9,7 +9,7 @@
 // request to send the next heartbeat early. The heartbeat thread blocks on its own calls to
 // the coordinator (each bounded by four heartbeat intervals) and holds no lock meanwhile.
 //
-//   Registration registration(options, identity, &store, &plans, &transfers, &health, on_registered);
+//   Registration registration(options, identity, &store, &plans, &health, on_registered);
 //   TESSERA_RETURN_IF_ERROR(registration.start(address));
 //   registration.start_heartbeats();
 //   registration.stop();   // joins the heartbeat thread
@@ -33,7 +33,6 @@
 #include "proto/tessera.grpc.pb.h"
 #include "worker/buffer_store.h"
 #include "worker/plan_store.h"
-#include "worker/transfers.h"
 #include "worker/worker_server.h"
 
 namespace tessera {
@@ -42,13 +41,11 @@ class Registration {
  public:
   // `registered(device_id, incarnation)` runs after every successful registration.
   Registration(const WorkerOptions& options, std::shared_ptr<const CallIdentity> identity, const BufferStore* store,
-               PlanStore* plans, Transfers* transfers, HealthService* health,
-               std::function<void(int, uint64_t)> registered)
+               PlanStore* plans, HealthService* health, std::function<void(int, uint64_t)> registered)
       : options_(options),
         identity_(std::move(identity)),
         store_(store),
         plans_(plans),
-        transfers_(transfers),
         health_(health),
         registered_(std::move(registered)) {}
   ~Registration() { stop(); }
@@ -82,7 +79,6 @@ class Registration {
   const std::shared_ptr<const CallIdentity> identity_;  // what this worker sends the coordinator
   const BufferStore* const store_;
   PlanStore* const plans_;
-  Transfers* const transfers_;
   HealthService* const health_;
   const std::function<void(int, uint64_t)> registered_;
 

@@ -12,6 +12,20 @@
 
 namespace tessera {
 
+Transfers::Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device,
+                     ProfileRecorder* profile, absl::Duration put_stall_timeout)
+    : store_(store), auth_(auth), device_(device), profile_(profile), put_stall_timeout_(put_stall_timeout) {
+  const absl::Duration every = std::clamp(put_stall_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
+  stall_watch_ = std::thread([this, every] {
+    while (!stopping_.WaitForNotificationWithTimeout(every)) cancel_stalled_puts(absl::Now());
+  });
+}
+
+Transfers::~Transfers() {
+  stopping_.Notify();
+  stall_watch_.join();
+}
+
 grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc::ServerReader<pb::ShardChunk>* reader,
                             pb::PutShardReply* reply) {
   // Watched from its start: a stream that stalls, before its header or after it, is cancelled

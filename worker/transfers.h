@@ -11,7 +11,7 @@
 //
 //   Transfers transfers(&store, &auth, &device, &profile, absl::Seconds(10));
 //   return transfers.put(ctx, caller, reader, reply);   // from the PutShard handler
-//   transfers.cancel_stalled_puts(absl::Now());         // from the heartbeat thread
+//   (its own thread cancels stalled puts every put_stall_timeout / 4)
 #ifndef TESSERA_WORKER_TRANSFERS_H_
 #define TESSERA_WORKER_TRANSFERS_H_
 
@@ -20,9 +20,11 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/profile.h"
 #include "grpcpp/grpcpp.h"
@@ -35,9 +37,12 @@ namespace tessera {
 
 class Transfers {
  public:
+  // Starts the stall watch: a thread of its own that runs cancel_stalled_puts every
+  // put_stall_timeout / 4 (10 ms to 1 s), so that no other wait (a heartbeat to a slow
+  // coordinator, say) delays it. The destructor stops and joins it.
   Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, ProfileRecorder* profile,
-            absl::Duration put_stall_timeout)
-      : store_(store), auth_(auth), device_(device), profile_(profile), put_stall_timeout_(put_stall_timeout) {}
+            absl::Duration put_stall_timeout);
+  ~Transfers();
 
   // The PutShard and GetShard handlers after `caller` was authenticated: a caller below a
   // daemon must present the buffer's grant.
@@ -47,7 +52,7 @@ class Transfers {
                    grpc::ServerWriter<pb::ShardChunk>* writer);
 
   // Cancels the PutShard streams that received nothing for put_stall_timeout (their
-  // reservations are released as they end). Called by the heartbeat thread.
+  // reservations are released as they end). Called by the stall watch.
   void cancel_stalled_puts(absl::Time now);
 
   int64_t bytes_put() const { return bytes_put_.load(std::memory_order_relaxed); }
@@ -79,6 +84,10 @@ class Transfers {
 
   absl::Mutex puts_mu_;
   std::set<std::shared_ptr<PutWatch>> puts_ ABSL_GUARDED_BY(puts_mu_);
+
+  // Last: the stall watch uses everything above.
+  absl::Notification stopping_;
+  std::thread stall_watch_;
 };
 
 }  // namespace tessera

@@ -292,8 +292,7 @@ class WorkerServerImpl final : public WorkerServer {
   explicit WorkerServerImpl(const WorkerOptions& options)
       : options_(options),
         service_(options),
-        registration_(options, daemon_identity(options.credentials), &service_.store(), &service_.plans(),
-                      &service_.transfers(), &health_,
+        registration_(options, daemon_identity(options.credentials), &service_.store(), &service_.plans(), &health_,
                       [this](int id, uint64_t incarnation) { service_.registered(id, incarnation); }) {}
   ~WorkerServerImpl() override { shutdown(); }
 

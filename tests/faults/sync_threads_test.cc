@@ -6,6 +6,7 @@
 // methods (Execute, the workers' Heartbeat, RunPlans, Exchange) go on serving, no device is
 // marked lost, and the daemon serves everything again once the waits end. Every wait has a
 // deadline; teardown kills only this test's processes, by pid.
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <functional>
@@ -336,6 +337,41 @@ TEST_F(StalledHeaderTest, APutThatSendsNothingIsCancelledAfterTheStallTimeout) {
   // The worker cancels the call: the client sees CANCELLED (gRPC sends no status then).
   EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(1000));
+}
+
+// The stall watch does not wait on the coordinator: with the coordinator stopped (SIGSTOP),
+// each Heartbeat RPC takes its whole deadline (4 intervals, 8 s here), after which alone the
+// stall was checked before; a put stalled for --put_stall_ms is now cancelled within about
+// that time.
+class StalledPutSlowCoordinatorTest : public FaultClusterTest {
+  std::vector<std::string> drill_flags() const override {
+    return {"--heartbeat_interval_ms=2000", "--heartbeat_timeout_ms=20000"};
+  }
+  std::vector<std::string> drill_worker_flags() const override { return {"--put_stall_ms=500"}; }
+};
+
+TEST_F(StalledPutSlowCoordinatorTest, AStalledPutIsCancelledWhileHeartbeatsHang) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  auto stub =
+      pb::Worker::NewStub(make_channel((*devices)[0].address, std::make_shared<CallIdentity>(credentials_.client)));
+  ASSERT_EQ(::kill(cluster_.coordinator->pid(), SIGSTOP), 0);
+  struct Continue {  // the coordinator runs again however the test ends
+    ~Continue() { ::kill(pid, SIGCONT); }
+    pid_t pid;
+  } resume{cluster_.coordinator->pid()};
+  Ends ends;
+  const absl::Time start = absl::Now();
+  StalledPut put(stub.get(), &ends);
+  ASSERT_TRUE(ends.await(1, kBound)) << "the stalled put was not cancelled";
+  const absl::Duration took = absl::Now() - start;
+  const grpc::Status s = ends.statuses()[0];
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_GE(took, absl::Milliseconds(500));
+  // 500 ms, checked every 125 ms: well under one 8 s heartbeat RPC to the stopped coordinator.
+  EXPECT_LT(took, absl::Seconds(3)) << "the stall was noticed late";
 }
 
 TEST(SyncThreadsFlags, OutOfRangeIsRefusedNamingTheFlag) {
