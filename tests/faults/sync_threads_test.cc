@@ -340,12 +340,13 @@ TEST_F(StalledHeaderTest, APutThatSendsNothingIsCancelledAfterTheStallTimeout) {
 }
 
 // The stall watch does not wait on the coordinator: with the coordinator stopped (SIGSTOP),
-// each Heartbeat RPC takes its whole deadline (4 intervals, 8 s here), after which alone the
-// stall was checked before; a put stalled for --put_stall_ms is now cancelled within about
-// that time.
+// each Heartbeat RPC takes its whole deadline (4 intervals, 20 s here), after which alone the
+// stall was checked before (so the old check passed this test only if a heartbeat happened to
+// return in the 2.5 s after the put began: about 1 run in 10); a put stalled for
+// --put_stall_ms is now cancelled within about that time.
 class StalledPutSlowCoordinatorTest : public FaultClusterTest {
   std::vector<std::string> drill_flags() const override {
-    return {"--heartbeat_interval_ms=2000", "--heartbeat_timeout_ms=20000"};
+    return {"--heartbeat_interval_ms=5000", "--heartbeat_timeout_ms=60000"};
   }
   std::vector<std::string> drill_worker_flags() const override { return {"--put_stall_ms=500"}; }
 };
@@ -370,7 +371,7 @@ TEST_F(StalledPutSlowCoordinatorTest, AStalledPutIsCancelledWhileHeartbeatsHang)
   const grpc::Status s = ends.statuses()[0];
   EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
   EXPECT_GE(took, absl::Milliseconds(500));
-  // 500 ms, checked every 125 ms: well under one 8 s heartbeat RPC to the stopped coordinator.
+  // 500 ms, checked every 125 ms: well under one 20 s heartbeat RPC to the stopped coordinator.
   EXPECT_LT(took, absl::Seconds(3)) << "the stall was noticed late";
 }
 
