@@ -93,43 +93,51 @@ class StalledPut final : public grpc::ClientWriteReactor<pb::ShardChunk> {
   pb::PutShardReply reply_;
 };
 
-// Cancels `calls` and waits (bounded) until all of them ended: their objects may go then.
+// kStarted calls of `Call` started at once, each holding a synchronous thread of its server
+// until cancelled. The destructor cancels those still held and waits (bounded) for them.
 template <typename Call>
-bool cancel_all(std::vector<std::unique_ptr<Call>>& calls, Ends& ends) {
-  for (auto& c : calls) c->ctx.TryCancel();
-  return ends.await(calls.size(), kBound);
-}
+class Occupation {
+ public:
+  template <typename Stub>
+  explicit Occupation(Stub* stub) {
+    for (int i = 0; i < kStarted; ++i) calls_.push_back(std::make_unique<Call>(stub, &ends_));
+  }
+  ~Occupation() { cancel_all(); }
 
-// Calls `cancel` when it goes: a test that stops early leaves no call in flight.
-struct CancelAtEnd {
-  ~CancelAtEnd() { cancel(); }
-  std::function<bool()> cancel;
+  // Waits until the calls beyond the threads were refused; expects exactly kHeld of them to
+  // be held after `probe` (a call made after them) was refused too.
+  void expect_refused_beyond_the_threads(const std::function<grpc::Status()>& probe) {
+    ASSERT_TRUE(ends_.await(kStarted - kHeld, kBound)) << "fewer calls than expected were refused";
+    const grpc::Status refused = probe();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+    EXPECT_EQ(refused.error_message(), kExhausted);
+    const std::vector<grpc::Status> ended = ends_.statuses();
+    EXPECT_EQ(ended.size(), static_cast<size_t>(kStarted - kHeld)) << "not exactly " << kHeld << " calls were held";
+    for (const grpc::Status& s : ended) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+      EXPECT_EQ(s.error_message(), kExhausted);
+    }
+  }
+
+  // Ends the held calls (their callers cancel), expecting each call refused or cancelled.
+  void end() {
+    ASSERT_TRUE(cancel_all()) << "the cancelled calls did not end";
+    for (const grpc::Status& s : ends_.statuses()) {
+      EXPECT_TRUE(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                  s.error_code() == grpc::StatusCode::CANCELLED)
+          << s.error_code() << " " << s.error_message();
+    }
+  }
+
+ private:
+  bool cancel_all() {
+    for (auto& c : calls_) c->ctx.TryCancel();
+    return ends_.await(calls_.size(), kBound);
+  }
+
+  Ends ends_;  // outlives the calls
+  std::vector<std::unique_ptr<Call>> calls_;
 };
-
-// cancel_all, expecting each call to have been refused or cancelled.
-template <typename Call>
-void cancel_and_await(std::vector<std::unique_ptr<Call>>& calls, Ends& ends) {
-  ASSERT_TRUE(cancel_all(calls, ends)) << "the cancelled calls did not end";
-  for (const grpc::Status& s : ends.statuses()) {
-    EXPECT_TRUE(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED || s.error_code() == grpc::StatusCode::CANCELLED)
-        << s.error_code() << " " << s.error_message();
-  }
-}
-
-// Waits until `calls` started and those beyond the threads were refused; expects exactly
-// kHeld of them to be held, after `probe` (a call made after them) was refused too.
-void expect_refused_beyond_the_threads(Ends& ends, const std::function<grpc::Status()>& probe) {
-  ASSERT_TRUE(ends.await(kStarted - kHeld, kBound)) << "fewer calls than expected were refused";
-  const grpc::Status refused = probe();
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
-  EXPECT_EQ(refused.error_message(), kExhausted);
-  const std::vector<grpc::Status> ended = ends.statuses();
-  EXPECT_EQ(ended.size(), static_cast<size_t>(kStarted - kHeld)) << "not exactly " << kHeld << " calls were held";
-  for (const grpc::Status& s : ended) {
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-    EXPECT_EQ(s.error_message(), kExhausted);
-  }
-}
 
 // Whether the child `pid` is still running (not exited, not killed by a signal).
 bool running(pid_t pid) {
@@ -234,17 +242,14 @@ class SyncThreadsTest : public FaultClusterTest {
 
 TEST_F(SyncThreadsTest, CoordinatorRefusesSyncCallsBeyondItsThreadsAndKeepsExecuting) {
   auto stub = pb::Coordinator::NewStub(make_channel(cluster_.address, identity()));
-  Ends ends;
-  std::vector<std::unique_ptr<TopologyWait>> waits;
-  CancelAtEnd cancel_waits{[&] { return cancel_all(waits, ends); }};
-  for (int i = 0; i < kStarted; ++i) waits.push_back(std::make_unique<TopologyWait>(stub.get(), &ends));
+  Occupation<TopologyWait> waits(stub.get());
   auto topology = [&stub](pb::Topology* reply) {
     grpc::ClientContext ctx;
     set_deadline(&ctx, kControlDeadline);
     return stub->GetTopology(&ctx, pb::GetTopologyRequest(), reply);
   };
   pb::Topology ignored;
-  expect_refused_beyond_the_threads(ends, [&] { return topology(&ignored); });
+  waits.expect_refused_beyond_the_threads([&] { return topology(&ignored); });
 
   // grpc.health.v1 (a callback service: the orchestrator's probes), Execute and the workers'
   // heartbeats (callback methods) go on.
@@ -261,7 +266,7 @@ TEST_F(SyncThreadsTest, CoordinatorRefusesSyncCallsBeyondItsThreadsAndKeepsExecu
   ASSERT_EQ(made.size(), 2u);
 
   // The waits end (their callers cancel); the coordinator serves synchronous calls again.
-  cancel_and_await(waits, ends);
+  waits.end();
   pb::Topology topo;
   const grpc::Status again = once_threads_free([&] { return topology(&topo); });
   ASSERT_TRUE(again.ok()) << again.error_code() << " " << again.error_message();
@@ -282,17 +287,14 @@ TEST_F(SyncThreadsTest, WorkerRefusesSyncCallsBeyondItsThreadsAndKeepsRunningPla
   absl::StatusOr<std::vector<Device>> devices = client_->devices();
   ASSERT_TRUE(devices.ok()) << devices.status();
   auto stub = pb::Worker::NewStub(make_channel((*devices)[kBusy].address, identity()));
-  Ends ends;
-  std::vector<std::unique_ptr<StalledPut>> puts;
-  CancelAtEnd cancel_puts{[&] { return cancel_all(puts, ends); }};
-  for (int i = 0; i < kStarted; ++i) puts.push_back(std::make_unique<StalledPut>(stub.get(), &ends));
+  Occupation<StalledPut> puts(stub.get());
   auto stats = [&stub](pb::WorkerStats* reply) {
     grpc::ClientContext ctx;
     set_deadline(&ctx, kControlDeadline);
     return stub->GetStats(&ctx, pb::GetStatsRequest(), reply);
   };
   pb::WorkerStats ignored;
-  expect_refused_beyond_the_threads(ends, [&] { return stats(&ignored); });
+  puts.expect_refused_beyond_the_threads([&] { return stats(&ignored); });
   // A put to that device is refused at once, saying so.
   absl::StatusOr<Array> refused = client_->device_put(host_, NamedSharding(*mesh_, P("x", None)));
   ASSERT_FALSE(refused.ok());
@@ -303,7 +305,7 @@ TEST_F(SyncThreadsTest, WorkerRefusesSyncCallsBeyondItsThreadsAndKeepsRunningPla
   std::vector<Array> made = run_through_heartbeat_timeouts();
   ASSERT_EQ(made.size(), 2u);
 
-  cancel_and_await(puts, ends);
+  puts.end();
   pb::WorkerStats after;
   const grpc::Status again = once_threads_free([&] { return stats(&after); });
   ASSERT_TRUE(again.ok()) << again.error_code() << " " << again.error_message();
@@ -316,27 +318,48 @@ TEST_F(SyncThreadsTest, WorkerRefusesSyncCallsBeyondItsThreadsAndKeepsRunningPla
   expect_every_daemon_running();
 }
 
+// Opens a PutShard stream on `stub` that sends nothing; returns how long until the worker
+// cancelled it (the client sees CANCELLED: gRPC sends no status then), or kBound.
+absl::Duration stalled_put_lifetime(pb::Worker::Stub* stub) {
+  Ends ends;
+  const absl::Time start = absl::Now();
+  StalledPut put(stub, &ends);
+  if (!ends.await(1, kBound)) {
+    ADD_FAILURE() << "the stalled put was not cancelled";
+    put.ctx.TryCancel();
+    EXPECT_TRUE(ends.await(1, kBound));
+    return kBound;
+  }
+  const grpc::Status s = ends.statuses()[0];
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  return absl::Now() - start;
+}
+
+// A cluster whose tests call a worker directly.
+class WorkerCallsTest : public FaultClusterTest {
+ protected:
+  // A stub of device `d`'s worker (its address from the topology) calling with the client token.
+  std::unique_ptr<pb::Worker::Stub> worker_stub(int d) {
+    absl::StatusOr<Client> client = connect();
+    EXPECT_TRUE(client.ok()) << client.status();
+    absl::StatusOr<std::vector<Device>> devices = client.ok() ? client->devices() : client.status();
+    EXPECT_TRUE(devices.ok()) << devices.status();
+    const std::string address = devices.ok() ? (*devices)[d].address : "127.0.0.1:1";
+    return pb::Worker::NewStub(make_channel(address, std::make_shared<CallIdentity>(credentials_.client)));
+  }
+};
+
 // A PutShard stream that never sends its header is cancelled after --put_stall_ms, as one
 // that stalls after it: it held a synchronous thread without bound before.
-class StalledHeaderTest : public FaultClusterTest {
+class StalledHeaderTest : public WorkerCallsTest {
   std::vector<std::string> drill_worker_flags() const override { return {"--put_stall_ms=1000"}; }
 };
 
 TEST_F(StalledHeaderTest, APutThatSendsNothingIsCancelledAfterTheStallTimeout) {
-  absl::StatusOr<Client> client = connect();
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<std::vector<Device>> devices = client->devices();
-  ASSERT_TRUE(devices.ok()) << devices.status();
-  auto stub =
-      pb::Worker::NewStub(make_channel((*devices)[0].address, std::make_shared<CallIdentity>(credentials_.client)));
-  Ends ends;
-  const absl::Time start = absl::Now();
-  StalledPut put(stub.get(), &ends);
-  ASSERT_TRUE(ends.await(1, kBound)) << "the stalled put was not cancelled";
-  const grpc::Status s = ends.statuses()[0];
-  // The worker cancels the call: the client sees CANCELLED (gRPC sends no status then).
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(1000));
+  std::unique_ptr<pb::Worker::Stub> stub = worker_stub(0);
+  const absl::Duration lifetime = stalled_put_lifetime(stub.get());
+  EXPECT_GE(lifetime, absl::Milliseconds(1000));
+  EXPECT_LT(lifetime, kBound);
 }
 
 // The stall watch does not wait on the coordinator: with the coordinator stopped (SIGSTOP),
@@ -344,7 +367,7 @@ TEST_F(StalledHeaderTest, APutThatSendsNothingIsCancelledAfterTheStallTimeout) {
 // stall was checked before (so the old check passed this test only if a heartbeat happened to
 // return in the 2.5 s after the put began: about 1 run in 10); a put stalled for
 // --put_stall_ms is now cancelled within about that time.
-class StalledPutSlowCoordinatorTest : public FaultClusterTest {
+class StalledPutSlowCoordinatorTest : public WorkerCallsTest {
   std::vector<std::string> drill_flags() const override {
     return {"--heartbeat_interval_ms=5000", "--heartbeat_timeout_ms=60000"};
   }
@@ -352,27 +375,16 @@ class StalledPutSlowCoordinatorTest : public FaultClusterTest {
 };
 
 TEST_F(StalledPutSlowCoordinatorTest, AStalledPutIsCancelledWhileHeartbeatsHang) {
-  absl::StatusOr<Client> client = connect();
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<std::vector<Device>> devices = client->devices();
-  ASSERT_TRUE(devices.ok()) << devices.status();
-  auto stub =
-      pb::Worker::NewStub(make_channel((*devices)[0].address, std::make_shared<CallIdentity>(credentials_.client)));
+  std::unique_ptr<pb::Worker::Stub> stub = worker_stub(0);
   ASSERT_EQ(::kill(cluster_.coordinator->pid(), SIGSTOP), 0);
   struct Continue {  // the coordinator runs again however the test ends
     ~Continue() { ::kill(pid, SIGCONT); }
     pid_t pid;
   } resume{cluster_.coordinator->pid()};
-  Ends ends;
-  const absl::Time start = absl::Now();
-  StalledPut put(stub.get(), &ends);
-  ASSERT_TRUE(ends.await(1, kBound)) << "the stalled put was not cancelled";
-  const absl::Duration took = absl::Now() - start;
-  const grpc::Status s = ends.statuses()[0];
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
-  EXPECT_GE(took, absl::Milliseconds(500));
+  const absl::Duration lifetime = stalled_put_lifetime(stub.get());
+  EXPECT_GE(lifetime, absl::Milliseconds(500));
   // 500 ms, checked every 125 ms: well under one 20 s heartbeat RPC to the stopped coordinator.
-  EXPECT_LT(took, absl::Seconds(3)) << "the stall was noticed late";
+  EXPECT_LT(lifetime, absl::Seconds(3)) << "the stall was noticed late";
 }
 
 TEST(SyncThreadsFlags, OutOfRangeIsRefusedNamingTheFlag) {
