@@ -142,7 +142,8 @@ class DrainingRefusedTest : public FaultClusterTest {
   }
 };
 
-void expect_refused_as_draining(const absl::Status& status, absl::Duration took) {
+void expect_refused_as_draining(const absl::Status& status, absl::Duration took, const char* call) {
+  ::testing::Test::RecordProperty(absl::StrCat(call, "_refused_us"), absl::StrCat(absl::ToInt64Microseconds(took)));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("device ", kDrained, " (")));
   EXPECT_THAT(std::string(status.message()), HasSubstr("is draining")) << status;
@@ -189,19 +190,20 @@ TEST_F(DrainingRefusedTest, TheCoordinatorSendsADrainingDeviceNoNewWorkAndStatus
   ASSERT_TRUE(draining) << "the coordinator never saw device " << kDrained << " draining";
   const absl::Duration noticed = absl::Now() - start;
   EXPECT_LT(noticed, absl::Seconds(2)) << "the drain was announced late";
+  RecordProperty("draining_seen_us", absl::StrCat(absl::ToInt64Microseconds(noticed)));
 
   absl::Time t = absl::Now();
   absl::StatusOr<std::vector<Array>> executed = f({*x});  // Execute of a compiled program
   absl::Status status = executed.ok() ? (*executed)[0].block_until_ready() : executed.status();
-  expect_refused_as_draining(status, absl::Now() - t);
+  expect_refused_as_draining(status, absl::Now() - t, "execute");
   t = absl::Now();
   Jitted g = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 3.0}; }, options);
   absl::StatusOr<std::vector<Array>> compiled = g({*x});  // Compile
   status = compiled.ok() ? (*compiled)[0].block_until_ready() : compiled.status();
-  expect_refused_as_draining(status, absl::Now() - t);
+  expect_refused_as_draining(status, absl::Now() - t, "compile");
   t = absl::Now();
   absl::StatusOr<Array> put = client->device_put(host, NamedSharding(*mesh, P("x")));  // CreateArray
-  expect_refused_as_draining(put.status(), absl::Now() - t);
+  expect_refused_as_draining(put.status(), absl::Now() - t, "device_put");
 
   // `tessera status` lists it as draining, the others alive.
   absl::StatusOr<std::pair<int, std::string>> shown = Subprocess::run(
