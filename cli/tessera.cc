@@ -422,7 +422,7 @@ void print_status(const std::string& address, const pb::ClusterStatus& cluster) 
               "BUFFERS", "USED / LIMIT", "PROGRAMS", "RUNS (FAIL)", "BLAS", "UPTIME", "LAST ERROR");
   for (const pb::DeviceStatus& d : cluster.devices()) {
     const pb::DeviceInfo& info = d.info();
-    const char* state = info.state() == pb::ALIVE ? "alive" : "lost";
+    const char* state = info.state() != pb::ALIVE ? "lost" : info.draining() ? "draining" : "alive";
     if (d.has_stats()) {
       const pb::WorkerStats& s = d.stats();
       const std::string last_error =

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace tessera {
 
@@ -34,6 +35,24 @@ absl::Status check_not_lost(const Registry& registry, const ArrayRecord& a, cons
   return absl::FailedPreconditionError(absl::StrCat(what, ": array ", a.id, " lost its shard on ",
                                                     describe_device(d, device ? device->address : "?"),
                                                     " when that worker restarted; put the array again"));
+}
+
+absl::Status check_not_draining(const DeviceRecord& d, absl::string_view what) {
+  if (!d.draining) return absl::OkStatus();
+  // UNAVAILABLE, not FAILED_PRECONDITION: nothing the caller holds is wrong, and the same call
+  // succeeds once the device is back (an orchestrator restarts the worker under its name and
+  // device id: Kubernetes' StatefulSet does) or when made on a mesh without it: retry later.
+  return absl::UnavailableError(absl::StrCat(what, ": ", describe_device(d.id, d.address),
+                                             " is draining (its worker is stopping) and takes no new work; retry "
+                                             "once it is back, or use a mesh without it"));
+}
+
+absl::Status check_not_draining(const Registry& registry, const std::vector<int>& ids, absl::string_view what) {
+  for (int id : ids) {
+    std::optional<DeviceRecord> d = registry.device(id);
+    if (d.has_value()) TESSERA_RETURN_IF_ERROR(check_not_draining(*d, what));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tessera

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -30,6 +31,12 @@ absl::Status check_owner(const Caller& caller, const ArrayRecord& a, absl::strin
 // FAILED_PRECONDITION when a device of `a` restarted since the array was placed: that
 // shard is gone, and the array must be put again.
 absl::Status check_not_lost(const Registry& registry, const ArrayRecord& a, const std::string& what);
+
+// UNAVAILABLE naming `what` and the device when device `d` is draining (its worker got
+// SIGTERM and finishes only what it runs): the coordinator sends it no new work.
+absl::Status check_not_draining(const DeviceRecord& d, absl::string_view what);
+// The same for each of `ids` that the registry knows.
+absl::Status check_not_draining(const Registry& registry, const std::vector<int>& ids, absl::string_view what);
 
 }  // namespace tessera
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -39,6 +40,7 @@ void to_proto(const DeviceRecord& d, pb::DeviceInfo* out) {
   out->set_state(d.alive ? pb::ALIVE : pb::LOST);
   out->set_memory_bytes(d.memory_bytes);
   out->set_incarnation(d.incarnation);
+  out->set_draining(d.draining);
 }
 
 void to_proto(const ArrayRecord& a, pb::ArrayInfo* out) {
@@ -59,11 +61,25 @@ constexpr size_t kMaxStatusBytes = 3 << 20;
 // How often a long wait in a handler checks whether its caller cancelled.
 constexpr absl::Duration kCancelCheck = absl::Milliseconds(100);
 
+// The time left before the caller's deadline (about 290 years without one): what a handler
+// that waits may wait at most, so that a caller gone by its deadline holds no thread.
+absl::Duration time_left(const grpc::ServerContextBase& ctx) {
+  return std::max(absl::ZeroDuration(), absl::FromChrono(ctx.deadline() - std::chrono::system_clock::now()));
+}
+
 // The Coordinator service's edge: each handler checks its caller and the request, and hands
 // the work to the part of the coordinator it belongs to (Registry, ProgramCache,
 // ExecutionDriver, FanOut, WorkerChannels; docs/design.md, "The daemons by concept"). Holds
 // no lock of its own.
-class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Execute<pb::Coordinator::Service> {
+// Execute, and the workers' Heartbeat and RegisterWorker, are callback methods: they never
+// block, and they must not wait for one of the synchronous threads (max_sync_threads), which
+// long waits (GetTopology, GetClusterStatus, RunCollective) can all hold: a worker whose
+// heartbeats were refused for that would be marked lost.
+using CoordinatorServiceBase =
+    pb::Coordinator::WithCallbackMethod_Execute<pb::Coordinator::WithCallbackMethod_Heartbeat<
+        pb::Coordinator::WithCallbackMethod_RegisterWorker<pb::Coordinator::Service>>>;
+
+class CoordinatorService final : public CoordinatorServiceBase {
  public:
   explicit CoordinatorService(const CoordinatorOptions& options)
       : options_(options),
@@ -91,9 +107,17 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
   }
 
-  grpc::Status RegisterWorker(grpc::ServerContext* ctx, const pb::RegisterWorkerRequest* req,
-                              pb::RegisterWorkerReply* reply) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "RegisterWorker");
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx, const pb::RegisterWorkerRequest* req,
+                                           pb::RegisterWorkerReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(register_worker(*ctx, req, reply));
+    return reactor;
+  }
+
+  // RegisterWorker's work (on its callback thread: it never blocks).
+  grpc::Status register_worker(const grpc::ServerContextBase& ctx, const pb::RegisterWorkerRequest* req,
+                               pb::RegisterWorkerReply* reply) {
+    absl::StatusOr<Caller> caller = auth_.require(ctx, Role::kDaemon, "RegisterWorker");
     if (!caller.ok()) return to_grpc(caller.status());
     absl::Status version = check_protocol_version(req->protocol_version(), absl::StrCat("worker at ", req->address()));
     if (!version.ok()) return to_grpc(version);
@@ -144,10 +168,19 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     return grpc::Status::OK;
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req, pb::HeartbeatReply*) override {
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const pb::HeartbeatRequest* req,
+                                      pb::HeartbeatReply*) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Heartbeat");
-    if (!caller.ok()) return to_grpc(caller.status());
-    return to_grpc(registry_.heartbeat(req->device_id(), req->epoch(), req->incarnation(), absl::Now()));
+    bool newly_draining = false;
+    const absl::Status beat = caller.ok() ? registry_.heartbeat(req->device_id(), req->epoch(), req->incarnation(),
+                                                                absl::Now(), req->draining(), &newly_draining)
+                                          : caller.status();
+    if (newly_draining && options_.log_registrations) {
+      std::fprintf(stderr, "tessera-coordinator: device %d is draining; no new work goes to it\n", req->device_id());
+    }
+    reactor->Finish(to_grpc(beat));
+    return reactor;
   }
 
   grpc::Status GetTopology(grpc::ServerContext* ctx, const pb::GetTopologyRequest* req, pb::Topology* reply) override {
@@ -157,7 +190,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
       // Bounded by the caller's deadline too, and given up when the caller goes: an abandoned
       // wait must not hold a server thread.
       absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600'000));
-      wait = std::min(wait, absl::FromChrono(ctx->deadline() - std::chrono::system_clock::now()));
+      wait = std::min(wait, time_left(*ctx));
       if (!wait_for_alive(*ctx, req->min_alive_devices(), wait)) {
         int alive = 0;
         std::vector<std::string> lost;
@@ -381,7 +414,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
     if (!caller.ok()) return to_grpc(caller.status());
     int64_t collective_ns = 0;
-    absl::StatusOr<ArrayRecord> out = run_collective(*req, *caller, &collective_ns);
+    absl::StatusOr<ArrayRecord> out = run_collective(*req, *caller, time_left(*ctx), &collective_ns);
     if (!out.ok()) return to_grpc(out.status());
     reply->set_collective_ns(collective_ns);
     to_proto(*out, reply->mutable_result());
@@ -442,9 +475,10 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
     // Every alive worker's stats, asked all at once; a worker that does not answer in time
     // gets its error instead.
-    const absl::Duration timeout = req->stats_timeout_ms() > 0
-                                       ? absl::Milliseconds(std::min<int64_t>(req->stats_timeout_ms(), 60'000))
-                                       : absl::Seconds(2);
+    const absl::Duration timeout =
+        std::min(req->stats_timeout_ms() > 0 ? absl::Milliseconds(std::min<int64_t>(req->stats_timeout_ms(), 60'000))
+                                             : absl::Seconds(2),
+                 time_left(*ctx));
     std::vector<DeviceRecord> devices = registry_.devices();
     std::vector<WorkerChannel*> workers;
     std::vector<pb::DeviceStatus*> asked;
@@ -514,6 +548,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
         return absl::NotFoundError(absl::StrCat("jit: the mesh names device ", d, ", which is not in the cluster"));
       }
     }
+    TESSERA_RETURN_IF_ERROR(check_not_draining(registry_, mesh.device_ids(), "jit"));
     std::vector<PartitionSpec> inputs;
     for (const pb::PartitionSpec& s : req.input_specs()) inputs.push_back(spec_from_proto(s));
     std::vector<std::optional<PartitionSpec>> outputs;
@@ -537,9 +572,10 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
   // Runs one collective on the blocks of an array; the results become a new array with the
   // same sharding (so every device must hold a block of its own).
   // Sets *collective_ns to the slowest member's time (see RunCollectiveReply).
-  // `caller` must own the input (or be an admin); the output belongs to its session.
+  // `caller` must own the input (or be an admin); the output belongs to its session. Waits for
+  // the workers at most until the caller's deadline (`time_left`) or the run's timeout.
   absl::StatusOr<ArrayRecord> run_collective(const pb::RunCollectiveRequest& req, const Caller& caller,
-                                             int64_t* collective_ns) {
+                                             absl::Duration time_left, int64_t* collective_ns) {
     TESSERA_ASSIGN_OR_RETURN(const uint64_t session,
                              tessera::acting_session(caller, req.session_id(), "RunCollective"));
     TESSERA_ASSIGN_OR_RETURN(ArrayRecord in, registry_.get_array(req.array_id()));
@@ -567,7 +603,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     std::vector<WorkerChannel*> workers;
     for (const pb::PeerAddress& p : peers) workers.push_back(channels_.get(p.address()));
     std::vector<grpc::Status> statuses = fan_out_.fan_out(
-        workers, timeout + absl::Seconds(5),
+        workers, std::min(timeout + absl::Seconds(5), time_left),
         [&](int i, grpc::ClientContext* ctx, auto done) {
           workers[i]->stub->async()->RunCollective(ctx, &request, &replies[i], std::move(done));
         },
@@ -588,6 +624,7 @@ class CoordinatorService final : public pb::Coordinator::WithCallbackMethod_Exec
     TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(req.shape(), dtype));
     TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(req.sharding()));
     await_registration(sharding.mesh().device_ids());
+    TESSERA_RETURN_IF_ERROR(check_not_draining(registry_, sharding.mesh().device_ids(), "device_put"));
     return registry_.create_array(dtype, shape, sharding, session);
   }
 
@@ -646,7 +683,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     grpc::ServerBuilder builder;
     builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), server_credentials(options_.credentials),
                              &port_);
-    configure_server(&builder);
+    configure_server(&builder, options_.max_sync_threads);
     rpc_errors_.install(&builder);
     builder.RegisterService(&service_);
     builder.RegisterService(health_.service());
@@ -756,6 +793,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::start(cons
     return absl::InvalidArgumentError(
         absl::StrCat("tessera-coordinator: expected_devices must not be negative, got ", options.expected_devices));
   }
+  TESSERA_RETURN_IF_ERROR(check_max_sync_threads(options.max_sync_threads, "max_sync_threads"));
   auto server = std::make_unique<CoordinatorServerImpl>(options);
   TESSERA_RETURN_IF_ERROR(server->init());
   return std::unique_ptr<CoordinatorServer>(std::move(server));

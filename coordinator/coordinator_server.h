@@ -46,6 +46,10 @@ struct CoordinatorOptions {
   // First calls of programs whose plans are being loaded, at most this many at once (each
   // waits for the workers on a thread); one more fails RESOURCE_EXHAUSTED.
   int max_plan_loads = 64;
+  // At most this many gRPC threads serve the synchronous methods (all but Execute, Heartbeat
+  // and RegisterWorker; one thread polls); a call that finds none fails RESOURCE_EXHAUSTED
+  // "Server Threadpool Exhausted" (proto/rpc.h, configure_server). 2 to 65536.
+  int max_sync_threads = 256;  // proto/rpc.h's kDefaultMaxSyncThreads
 };
 
 class CoordinatorServer {

@@ -4,6 +4,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/access.h"
+#include "core/status.h"
 #include "proto/rpc.h"
 
 namespace tessera {
@@ -152,6 +154,7 @@ absl::StatusOr<Members> FanOut::alive_members(const std::vector<int>& ids, const
       return absl::UnavailableError(
           absl::StrCat(what, ": ", describe_device(d, device ? device->address : "?"), " is lost"));
     }
+    TESSERA_RETURN_IF_ERROR(check_not_draining(*device, what));
     pb::PeerAddress peer;
     peer.set_device_id(d);
     peer.set_address(device->address);

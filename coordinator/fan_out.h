@@ -123,7 +123,8 @@ class FanOut {
 
   // The index of the first of `members` that is lost or has registered anew since; -1 if none.
   int changed_member(const Members& members) const;
-  // The devices `ids`, all alive; UNAVAILABLE naming the first that is lost.
+  // The devices `ids`, all alive and taking work; UNAVAILABLE naming the first that is lost
+  // or draining (check_not_draining).
   absl::StatusOr<Members> alive_members(const std::vector<int>& ids, const std::string& what) const;
   // What a member marked lost fails with.
   grpc::Status lost_status() const;

@@ -8,6 +8,7 @@
 #include "coordinator/coordinator_server.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
+#include "proto/rpc.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "address to listen on; 0.0.0.0 for every interface (env TESSERA_COORDINATOR_HOST)");
@@ -35,6 +36,11 @@ ABSL_FLAG(int, max_programs, 1024,
           "compiled programs kept in the compile cache; the least recently used beyond it are dropped and "
           "unloaded from the workers (their clients compile them again) (env TESSERA_COORDINATOR_MAX_PROGRAMS)");
 
+ABSL_FLAG(int, max_sync_threads, 256,
+          "gRPC threads serving synchronous calls (every call but Execute, Heartbeat and RegisterWorker), one of "
+          "them polling; a call that finds none free fails RESOURCE_EXHAUSTED 'Server Threadpool Exhausted' at "
+          "once. 2 to 65536 (env TESSERA_COORDINATOR_MAX_SYNC_THREADS)");
+
 ABSL_FLAG(std::string, credentials, "",
           "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
           "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
@@ -56,6 +62,7 @@ int main(int argc, char** argv) {
                         {"lease_timeout_ms", "TESSERA_COORDINATOR_LEASE_TIMEOUT_MS"},
                         {"expected_devices", "TESSERA_COORDINATOR_EXPECTED_DEVICES"},
                         {"max_programs", "TESSERA_COORDINATOR_MAX_PROGRAMS"},
+                        {"max_sync_threads", "TESSERA_COORDINATOR_MAX_SYNC_THREADS"},
                         {"credentials", "TESSERA_COORDINATOR_CREDENTIALS"}});
   tessera::block_termination_signals();
 
@@ -69,6 +76,12 @@ int main(int argc, char** argv) {
   options.log_registrations = true;
   options.expected_devices = absl::GetFlag(FLAGS_expected_devices);
   options.max_programs = absl::GetFlag(FLAGS_max_programs);
+  options.max_sync_threads = absl::GetFlag(FLAGS_max_sync_threads);
+  if (absl::Status threads = tessera::check_max_sync_threads(options.max_sync_threads, "--max_sync_threads");
+      !threads.ok()) {
+    std::cerr << "tessera-coordinator: " << threads.message() << "\n";
+    return 2;
+  }
   absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
   if (!credentials.ok()) {
     std::cerr << "tessera-coordinator: --credentials: " << credentials.status().message() << "\n";

@@ -63,6 +63,7 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
   }
   record->address = r.address;
   record->alive = true;
+  record->draining = false;  // a new registration: a new process, or the same one back
   record->memory_bytes = r.memory_bytes;
   record->incarnation += 1;
   record->last_heartbeat = now;
@@ -70,7 +71,8 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
   return *record;
 }
 
-absl::Status Registry::heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now) {
+absl::Status Registry::heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now, bool draining,
+                                 bool* newly_draining) {
   if (epoch != this->epoch()) {
     return absl::NotFoundError(absl::StrCat("device ", id, " registered with coordinator epoch ", epoch,
                                             " but this coordinator is epoch ", this->epoch(), " (it restarted)"));
@@ -89,6 +91,8 @@ absl::Status Registry::heartbeat(int id, uint64_t epoch, uint64_t incarnation, a
                      absl::FormatDuration(heartbeat_timeout_), "; it must register again"));
   }
   it->second.last_heartbeat = now;
+  if (newly_draining != nullptr) *newly_draining = draining && !it->second.draining;
+  it->second.draining = it->second.draining || draining;
   return absl::OkStatus();
 }
 

@@ -38,6 +38,7 @@ struct DeviceRecord {
   int64_t memory_bytes = 0;
   uint64_t incarnation = 0;  // registrations of the device with this coordinator process
   uint64_t times_lost = 0;   // how often it was marked lost (missed heartbeats)
+  bool draining = false;     // its worker said it drains: no new work (until it registers again)
   absl::Time last_heartbeat;
   absl::Time registered_at;  // of the current incarnation
 };
@@ -104,7 +105,10 @@ class Registry {
   // NOT_FOUND for an unknown device or a registration with another coordinator incarnation
   // (`epoch`); FAILED_PRECONDITION for a stale incarnation or a device marked lost: either
   // way the worker must register again.
-  absl::Status heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now);
+  // `draining`: the worker says it drains (DeviceRecord::draining, kept until it registers
+  // again); *newly_draining (if given) says whether this heartbeat was the first to say so.
+  absl::Status heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now, bool draining = false,
+                         bool* newly_draining = nullptr);
 
   // Marks alive devices whose last heartbeat is older than the timeout as lost; returns them.
   std::vector<int> mark_lost(absl::Time now);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 
@@ -85,7 +86,19 @@ absl::Status check_protocol_version(uint32_t theirs, absl::string_view who) {
                                                     "; run matching builds of the client, coordinator and workers"));
 }
 
-void configure_server(grpc::ServerBuilder* builder) {
+absl::Status check_max_sync_threads(int max_sync_threads, absl::string_view flag) {
+  if (max_sync_threads >= 2 && max_sync_threads <= 65536) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, "=", max_sync_threads,
+                   ": must be 2 to 65536 (one thread polls for calls; the others serve synchronous calls)"));
+}
+
+void configure_server(grpc::ServerBuilder* builder, int max_sync_threads) {
+  // gRPC's sync server otherwise makes a thread per waiting call, without bound. The builder
+  // keeps its own reference to the quota.
+  grpc::ResourceQuota quota;
+  quota.SetMaxThreads(max_sync_threads);
+  builder->SetResourceQuota(quota);
   builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder->SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   // Accept the clients' keepalive pings (see make_channel).

@@ -32,8 +32,8 @@ namespace tessera {
 // argsort; calls name in-flight calls' outputs (ExecuteRequest.pending_inputs), and ExecuteReply carries only ids and
 // grants; uint32, random_bits with RandomBitsAttrs, shift_right_logical, erf_inv. 17: the Profile RPC of both
 // services; while and switch (BranchesAttrs, the SWITCH instruction); the dtypes bfloat16, float16, uint8, int8,
-// int16.)
-inline constexpr uint32_t kProtocolVersion = 17;
+// int16. 18: a worker's heartbeat says it drains (HeartbeatRequest.draining, DeviceInfo.draining).)
+inline constexpr uint32_t kProtocolVersion = 18;
 inline constexpr uint64_t kOpTableDigest = 0xce9033f4e9f7f670;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
@@ -69,10 +69,23 @@ void set_deadline(grpc::ClientContext* ctx, absl::Duration timeout);
 // Checks a peer's protocol version against ours.
 absl::Status check_protocol_version(uint32_t theirs, absl::string_view who);
 
+// Threads a daemon's gRPC server may use for its synchronous calls by default (its pollers
+// among them); see configure_server.
+inline constexpr int kDefaultMaxSyncThreads = 256;
+
 // Applies the server settings Tessera uses everywhere: no SO_REUSEPORT (with it, two servers
-// binding port 0 can be handed the same port and split each other's connections), and a
-// receive limit that fits a kMaxChunkBytes chunk.
-void configure_server(grpc::ServerBuilder* builder);
+// binding port 0 can be handed the same port and split each other's connections), a receive
+// limit that fits a kMaxChunkBytes chunk, and a thread quota: at most `max_sync_threads`
+// threads serve the synchronous methods (callback methods do not count, nor use them). gRPC
+// 1.51 answers a synchronous call that finds no thread RESOURCE_EXHAUSTED "Server Threadpool
+// Exhausted" at once (docs/design.md, "Bounds"), so at most max_sync_threads - 1 such calls
+// run at once (one thread keeps polling).
+// REQUIRES: check_max_sync_threads(max_sync_threads, ...) is OK.
+void configure_server(grpc::ServerBuilder* builder, int max_sync_threads = kDefaultMaxSyncThreads);
+
+// INVALID_ARGUMENT naming `flag` unless 2 <= max_sync_threads <= 65536 (gRPC aborts the
+// process when it cannot start its one poller; one handler thread at least).
+absl::Status check_max_sync_threads(int max_sync_threads, absl::string_view flag);
 
 // The channel settings Tessera uses everywhere (limits, keepalive, retries).
 grpc::ChannelArguments channel_arguments();

@@ -15,6 +15,7 @@
 #include "core/credentials.h"
 #include "core/daemon.h"
 #include "core/host_array.h"
+#include "proto/rpc.h"
 #include "worker/kernels/blas.h"
 #include "worker/worker_server.h"
 
@@ -66,6 +67,10 @@ ABSL_FLAG(int, max_plans, 4096,
 ABSL_FLAG(int, max_plan_threads, 256,
           "plans that may run at once on threads of their own; one more fails RESOURCE_EXHAUSTED "
           "(env TESSERA_WORKER_MAX_PLAN_THREADS)");
+ABSL_FLAG(int, max_sync_threads, 256,
+          "gRPC threads serving synchronous calls (every call but RunPlans and Exchange: transfers, RunCollective, "
+          "LoadPlan, GetStats, ...), one of them polling; a call that finds none free fails RESOURCE_EXHAUSTED "
+          "'Server Threadpool Exhausted' at once. 2 to 65536 (env TESSERA_WORKER_MAX_SYNC_THREADS)");
 
 ABSL_FLAG(int64_t, mailbox_bytes_per_peer, int64_t{64} << 20,
           "bytes of collective messages from one peer that may wait here for their op, charged to --memory_bytes; "
@@ -118,6 +123,7 @@ int main(int argc, char** argv) {
                         {"shm_host", "TESSERA_WORKER_SHM_HOST"},
                         {"max_plans", "TESSERA_WORKER_MAX_PLANS"},
                         {"max_plan_threads", "TESSERA_WORKER_MAX_PLAN_THREADS"},
+                        {"max_sync_threads", "TESSERA_WORKER_MAX_SYNC_THREADS"},
                         {"mailbox_bytes_per_peer", "TESSERA_WORKER_MAILBOX_BYTES_PER_PEER"},
                         {"mailbox_ttl_ms", "TESSERA_WORKER_MAILBOX_TTL_MS"},
                         {"put_stall_ms", "TESSERA_WORKER_PUT_STALL_MS"},
@@ -164,6 +170,12 @@ int main(int argc, char** argv) {
   options.all_reduce_algorithm = absl::GetFlag(FLAGS_all_reduce_algorithm);
   options.max_plans = absl::GetFlag(FLAGS_max_plans);
   options.max_plan_threads = absl::GetFlag(FLAGS_max_plan_threads);
+  options.max_sync_threads = absl::GetFlag(FLAGS_max_sync_threads);
+  if (absl::Status threads = tessera::check_max_sync_threads(options.max_sync_threads, "--max_sync_threads");
+      !threads.ok()) {
+    std::cerr << "tessera-worker: " << threads.message() << "\n";
+    return 2;
+  }
   options.mailbox_bytes_per_peer = absl::GetFlag(FLAGS_mailbox_bytes_per_peer);
   options.mailbox_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_mailbox_ttl_ms));
   options.put_stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_put_stall_ms));

@@ -26,8 +26,26 @@ void Registration::start_heartbeats() {
   heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
 }
 
+void Registration::announce_draining() {
+  draining_ = true;
+  absl::MutexLock lock(&wake_mu_);
+  wake_ = true;
+}
+
+bool Registration::wait_for_next_heartbeat() {
+  absl::MutexLock lock(&wake_mu_);
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return wake_; };
+  wake_mu_.AwaitWithTimeout(absl::Condition(&woken), heartbeat_interval_);
+  wake_ = false;
+  return stopping_.HasBeenNotified();
+}
+
 void Registration::stop() {
   if (!stopping_.HasBeenNotified()) stopping_.Notify();
+  {
+    absl::MutexLock lock(&wake_mu_);
+    wake_ = true;
+  }
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
 }
 
@@ -101,8 +119,9 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
 }
 
 void Registration::heartbeat_loop() {
-  while (!stopping_.WaitForNotificationWithTimeout(heartbeat_interval_)) {
+  while (!wait_for_next_heartbeat()) {
     pb::HeartbeatRequest req;
+    req.set_draining(draining_.load());
     req.set_device_id(device_id_);
     req.set_incarnation(incarnation_);
     req.set_epoch(epoch_);
@@ -110,7 +129,6 @@ void Registration::heartbeat_loop() {
     grpc::ClientContext ctx;
     set_deadline(&ctx, heartbeat_interval_ * 4);
     const grpc::Status status = coordinator_->Heartbeat(&ctx, req, &reply);
-    transfers_->cancel_stalled_puts(absl::Now());
     // A missed heartbeat is not fatal: the coordinator decides when a device is lost. One it
     // refuses means it marked this device lost, or restarted and does not know it: register
     // again, keeping the device id (and the buffers, which the coordinator is told about).

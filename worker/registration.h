@@ -1,14 +1,15 @@
 // Registration: a worker's membership of the cluster: it registers with the coordinator
 // (retrying until register_timeout), then heartbeats on a thread of its own, registering
 // again, under the same device id and with the buffers it holds, when the coordinator has
-// marked it lost or restarted. Each heartbeat also cancels stalled PutShard streams.
+// marked it lost or restarted.
 //
-// No lock: the registration's state (device id, incarnation, epoch, interval) is written by
-// start() before the heartbeat thread starts and afterwards only by that thread; what other
-// threads read of it (device_id()) is atomic. The heartbeat thread blocks on its own calls to
+// The registration's state (device id, incarnation, epoch, interval) is written by start()
+// before the heartbeat thread starts and afterwards only by that thread; what other threads
+// read or set (device_id(), draining_) is atomic. wake_mu_, a leaf, guards only wake_: the
+// request to send the next heartbeat early. The heartbeat thread blocks on its own calls to
 // the coordinator (each bounded by four heartbeat intervals) and holds no lock meanwhile.
 //
-//   Registration registration(options, identity, &store, &plans, &transfers, &health, on_registered);
+//   Registration registration(options, identity, &store, &plans, &health, on_registered);
 //   TESSERA_RETURN_IF_ERROR(registration.start(address));
 //   registration.start_heartbeats();
 //   registration.stop();   // joins the heartbeat thread
@@ -22,7 +23,9 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "proto/auth.h"
@@ -30,7 +33,6 @@
 #include "proto/tessera.grpc.pb.h"
 #include "worker/buffer_store.h"
 #include "worker/plan_store.h"
-#include "worker/transfers.h"
 #include "worker/worker_server.h"
 
 namespace tessera {
@@ -39,13 +41,11 @@ class Registration {
  public:
   // `registered(device_id, incarnation)` runs after every successful registration.
   Registration(const WorkerOptions& options, std::shared_ptr<const CallIdentity> identity, const BufferStore* store,
-               PlanStore* plans, Transfers* transfers, HealthService* health,
-               std::function<void(int, uint64_t)> registered)
+               PlanStore* plans, HealthService* health, std::function<void(int, uint64_t)> registered)
       : options_(options),
         identity_(std::move(identity)),
         store_(store),
         plans_(plans),
-        transfers_(transfers),
         health_(health),
         registered_(std::move(registered)) {}
   ~Registration() { stop(); }
@@ -53,6 +53,9 @@ class Registration {
   // The first registration, of the worker serving at `address` (see WorkerServer::start).
   absl::Status start(const std::string& address);
   void start_heartbeats();
+  // Says, in a heartbeat sent now and in every one after it, that this worker drains: the
+  // coordinator sends it no new work (DeviceRecord::draining). Returns at once.
+  void announce_draining();
   // Stops the heartbeats. Idempotent.
   void stop();
 
@@ -69,12 +72,13 @@ class Registration {
   // when the coordinator cannot be reached (the first registration retries by itself).
   absl::Status register_worker(int device_id, absl::Duration timeout, bool wait_for_ready);
   void heartbeat_loop();
+  // Waits one heartbeat interval, or until woken (announce_draining, stop); true when stopping.
+  bool wait_for_next_heartbeat();
 
   const WorkerOptions options_;
   const std::shared_ptr<const CallIdentity> identity_;  // what this worker sends the coordinator
   const BufferStore* const store_;
   PlanStore* const plans_;
-  Transfers* const transfers_;
   HealthService* const health_;
   const std::function<void(int, uint64_t)> registered_;
 
@@ -85,7 +89,10 @@ class Registration {
   uint64_t epoch_ = 0;  // of the coordinator incarnation this worker registered with
   absl::Duration heartbeat_interval_;
 
+  std::atomic<bool> draining_{false};
   absl::Notification stopping_;
+  absl::Mutex wake_mu_;
+  bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;  // send the next heartbeat now
   std::thread heartbeat_thread_;
 };
 

@@ -12,28 +12,47 @@
 
 namespace tessera {
 
+Transfers::Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device,
+                     ProfileRecorder* profile, absl::Duration put_stall_timeout)
+    : store_(store), auth_(auth), device_(device), profile_(profile), put_stall_timeout_(put_stall_timeout) {
+  const absl::Duration every = std::clamp(put_stall_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
+  stall_watch_ = std::thread([this, every] {
+    while (!stopping_.WaitForNotificationWithTimeout(every)) cancel_stalled_puts(absl::Now());
+  });
+}
+
+Transfers::~Transfers() {
+  stopping_.Notify();
+  stall_watch_.join();
+}
+
 grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc::ServerReader<pb::ShardChunk>* reader,
                             pb::PutShardReply* reply) {
+  // Watched from its start: a stream that stalls, before its header or after it, is cancelled
+  // (see cancel_stalled_puts), and its thread and its reservation go with it.
+  std::shared_ptr<PutWatch> watch = watch_put(ctx);
   pb::ShardChunk chunk;
-  if (!reader->Read(&chunk)) return to_grpc(absl::InvalidArgumentError("PutShard: empty stream"));
-  if (!chunk.has_header()) {
-    return to_grpc(absl::InvalidArgumentError("PutShard: the first message must carry the shard header"));
+  const bool first = reader->Read(&chunk);
+  watch->progress = absl::ToUnixNanos(absl::Now());
+  absl::Status header = first ? absl::OkStatus() : absl::InvalidArgumentError("PutShard: empty stream");
+  if (header.ok() && !chunk.has_header()) {
+    header = absl::InvalidArgumentError("PutShard: the first message must carry the shard header");
   }
-  if (!caller.at_least(Role::kDaemon)) {
-    absl::Status granted = auth_->check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard");
-    if (!granted.ok()) return to_grpc(device_->name_in(granted));
+  if (header.ok() && !caller.at_least(Role::kDaemon)) {
+    header = device_->name_in(auth_->check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard"));
   }
   ProfileSpan span(profile_, "transfer", [] { return std::string("put_shard"); });
-  absl::StatusOr<std::shared_ptr<HostArray>> data = begin_put(chunk.header());
-  if (!data.ok()) return to_grpc(data.status());
+  absl::StatusOr<std::shared_ptr<HostArray>> data = header.ok() ? begin_put(chunk.header()) : header;
+  if (!data.ok()) {
+    unwatch_put(watch);
+    if (watch->cancelled) return to_grpc(device_->name_in(stalled(std::nullopt)));
+    return to_grpc(data.status());
+  }
   const uint64_t id = chunk.header().buffer_id();
   if (span) {
     span.arg("buffer", absl::StrCat(id));
     span.arg("bytes", absl::StrCat((*data)->nbytes()));
   }
-  // Watched while it holds its reservation: a stream that stalls is cancelled (see
-  // cancel_stalled_puts), and the reservation goes with it.
-  std::shared_ptr<PutWatch> watch = watch_put(ctx);
   absl::Status status = read_put_shard(
       &chunk,
       [reader, &watch](pb::ShardChunk* next) {
@@ -45,11 +64,7 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
   unwatch_put(watch);
   if (!status.ok() || watch->cancelled) {
     store_->cancel(id);
-    if (watch->cancelled) {
-      status = absl::DeadlineExceededError(absl::StrCat("PutShard: buffer ", id, " received no data for ",
-                                                        absl::FormatDuration(put_stall_timeout_),
-                                                        "; its reservation was released (--put_stall_ms)"));
-    }
+    if (watch->cancelled) status = stalled(id);
     return to_grpc(device_->name_in(status));
   }
   reply->set_bytes((*data)->nbytes());
@@ -88,6 +103,17 @@ grpc::Status Transfers::get(grpc::ServerContext* ctx, const Caller& caller, cons
   } while (offset < data.nbytes());
   bytes_fetched_.fetch_add(data.nbytes(), std::memory_order_relaxed);
   return grpc::Status::OK;
+}
+
+absl::Status Transfers::stalled(std::optional<uint64_t> id) const {
+  if (!id.has_value()) {
+    return absl::DeadlineExceededError(absl::StrCat("PutShard: the stream sent no shard header for ",
+                                                    absl::FormatDuration(put_stall_timeout_),
+                                                    " and was cancelled (--put_stall_ms)"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("PutShard: buffer ", *id, " received no data for ",
+                                                  absl::FormatDuration(put_stall_timeout_),
+                                                  "; its reservation was released (--put_stall_ms)"));
 }
 
 void Transfers::cancel_stalled_puts(absl::Time now) {

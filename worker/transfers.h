@@ -2,7 +2,8 @@
 // chunks, commit; a stream that stalls is cancelled and its reservation released) and
 // GetShard (check the grant, send the chunks), with the bytes each moved.
 //
-// Lock: puts_mu_ guards puts_, the PutShard streams holding a reservation. It is held only to
+// Lock: puts_mu_ guards puts_, the PutShard streams open (from their start, whether or not
+// they hold a reservation yet). It is held only to
 // insert, erase or scan them; cancel_stalled_puts calls ServerContext::TryCancel under it
 // (which does not block), so a stream's context is never touched after it left the set.
 // PutShard and GetShard are synchronous handlers: they block their gRPC thread on the
@@ -10,17 +11,20 @@
 //
 //   Transfers transfers(&store, &auth, &device, &profile, absl::Seconds(10));
 //   return transfers.put(ctx, caller, reader, reply);   // from the PutShard handler
-//   transfers.cancel_stalled_puts(absl::Now());         // from the heartbeat thread
+//   (its own thread cancels stalled puts every put_stall_timeout / 4)
 #ifndef TESSERA_WORKER_TRANSFERS_H_
 #define TESSERA_WORKER_TRANSFERS_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/profile.h"
 #include "grpcpp/grpcpp.h"
@@ -33,9 +37,12 @@ namespace tessera {
 
 class Transfers {
  public:
+  // Starts the stall watch: a thread of its own that runs cancel_stalled_puts every
+  // put_stall_timeout / 4 (10 ms to 1 s), so that no other wait (a heartbeat to a slow
+  // coordinator, say) delays it. The destructor stops and joins it.
   Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, ProfileRecorder* profile,
-            absl::Duration put_stall_timeout)
-      : store_(store), auth_(auth), device_(device), profile_(profile), put_stall_timeout_(put_stall_timeout) {}
+            absl::Duration put_stall_timeout);
+  ~Transfers();
 
   // The PutShard and GetShard handlers after `caller` was authenticated: a caller below a
   // daemon must present the buffer's grant.
@@ -45,7 +52,7 @@ class Transfers {
                    grpc::ServerWriter<pb::ShardChunk>* writer);
 
   // Cancels the PutShard streams that received nothing for put_stall_timeout (their
-  // reservations are released as they end). Called by the heartbeat thread.
+  // reservations are released as they end). Called by the stall watch.
   void cancel_stalled_puts(absl::Time now);
 
   int64_t bytes_put() const { return bytes_put_.load(std::memory_order_relaxed); }
@@ -61,6 +68,10 @@ class Transfers {
   std::shared_ptr<PutWatch> watch_put(grpc::ServerContext* ctx);
   void unwatch_put(const std::shared_ptr<PutWatch>& w);
 
+  // DEADLINE_EXCEEDED for a put cancelled for stalling: before its header (no id) or while
+  // receiving buffer `id`.
+  absl::Status stalled(std::optional<uint64_t> id) const;
+
   // Validates the header, reserves the memory and allocates the destination.
   absl::StatusOr<std::shared_ptr<HostArray>> begin_put(const pb::ShardHeader& header);
 
@@ -73,6 +84,10 @@ class Transfers {
 
   absl::Mutex puts_mu_;
   std::set<std::shared_ptr<PutWatch>> puts_ ABSL_GUARDED_BY(puts_mu_);
+
+  // Last: the stall watch uses everything above.
+  absl::Notification stopping_;
+  std::thread stall_watch_;
 };
 
 }  // namespace tessera

@@ -292,8 +292,7 @@ class WorkerServerImpl final : public WorkerServer {
   explicit WorkerServerImpl(const WorkerOptions& options)
       : options_(options),
         service_(options),
-        registration_(options, daemon_identity(options.credentials), &service_.store(), &service_.plans(),
-                      &service_.transfers(), &health_,
+        registration_(options, daemon_identity(options.credentials), &service_.store(), &service_.plans(), &health_,
                       [this](int id, uint64_t incarnation) { service_.registered(id, incarnation); }) {}
   ~WorkerServerImpl() override { shutdown(); }
 
@@ -303,7 +302,7 @@ class WorkerServerImpl final : public WorkerServer {
     int port = 0;
     const std::string bind = options_.bind_host.empty() ? options_.host : options_.bind_host;
     builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), server_credentials(options_.credentials), &port);
-    configure_server(&builder);
+    configure_server(&builder, options_.max_sync_threads);
     rpc_errors_.install(&builder);
     builder.RegisterService(&service_);
     builder.RegisterService(health_.service());
@@ -383,6 +382,7 @@ class WorkerServerImpl final : public WorkerServer {
 
   int64_t drain(absl::Duration timeout) override {
     health_.set_ready(false);
+    registration_.announce_draining();  // the coordinator stops sending work here
     service_.runner().start_drain();
     const int64_t busy = service_.runner().runs_in_flight();
     if (busy > 0) {
@@ -431,6 +431,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::start(const WorkerOp
     return absl::InvalidArgumentError(
         absl::StrCat("tessera-worker: memory_bytes must be positive, got ", options.memory_bytes));
   }
+  TESSERA_RETURN_IF_ERROR(check_max_sync_threads(options.max_sync_threads, "max_sync_threads"));
   auto server = std::make_unique<WorkerServerImpl>(options);
   TESSERA_RETURN_IF_ERROR(server->init());
   return std::unique_ptr<WorkerServer>(std::move(server));

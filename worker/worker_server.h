@@ -66,8 +66,13 @@ struct WorkerOptions {
   int64_t mailbox_bytes_per_peer = int64_t{64} << 20;
   absl::Duration mailbox_ttl = absl::Seconds(60);
   // A PutShard stream that receives nothing for this long is cancelled and its reservation
-  // released (checked at every heartbeat), so a stalled client cannot hold the memory.
+  // released (checked every put_stall_timeout / 4 by a thread of its own), so a stalled client
+  // cannot hold the memory or the thread.
   absl::Duration put_stall_timeout = absl::Seconds(10);
+  // At most this many gRPC threads serve the synchronous methods (every method but RunPlans and
+  // Exchange; one thread polls); a call that finds none fails RESOURCE_EXHAUSTED "Server
+  // Threadpool Exhausted" (proto/rpc.h, configure_server). 2 to 65536.
+  int max_sync_threads = 256;  // proto/rpc.h's kDefaultMaxSyncThreads
   // How long a drain waits with no run in flight before it counts the device as idle: the
   // time clients have to fetch what the last runs made before the worker exits.
   absl::Duration drain_quiet = absl::Milliseconds(200);

@@ -3,6 +3,7 @@
 // incarnations, and arrays adopted again after a restart from what the workers hold.
 #include "coordinator/registry.h"
 
+#include "coordinator/access.h"
 #include "coordinator/request_limits.h"
 #include "core/mesh.h"
 #include "gmock/gmock.h"
@@ -53,6 +54,30 @@ TEST_F(RegistryTest, ALostDeviceComesBackOnlyByRegisteringAgain) {
   EXPECT_TRUE(registry_.heartbeat(1, epoch, 2, t0_ + absl::Seconds(7)).ok());
   EXPECT_EQ(registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(7)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(registry_.get_array(array_)->lost_devices, IsEmpty());
+}
+
+TEST_F(RegistryTest, ADrainingDeviceIsRefusedWorkUntilItRegistersAgain) {
+  const uint64_t epoch = registry_.epoch();
+  bool newly = true;
+  ASSERT_TRUE(registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(1), false, &newly).ok());
+  EXPECT_FALSE(newly);
+  EXPECT_TRUE(check_not_draining(registry_, {0, 1}, "jit").ok());
+  ASSERT_TRUE(registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(2), true, &newly).ok());
+  EXPECT_TRUE(newly);
+  ASSERT_TRUE(registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(2), true, &newly).ok());
+  EXPECT_FALSE(newly);  // said once
+  // A heartbeat without the mark (an older one, arriving late) does not clear it.
+  ASSERT_TRUE(registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(2)).ok());
+  EXPECT_TRUE(registry_.device(1)->draining);
+  EXPECT_TRUE(registry_.device(1)->alive);
+  const absl::Status refused = check_not_draining(registry_, {0, 1}, "jit");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("jit: device 1 (h:1) is draining"));
+  EXPECT_TRUE(check_not_draining(registry_, {0}, "jit").ok());
+  // The worker back (the same process, or a new one under its name): it takes work again.
+  ASSERT_TRUE(registry_.register_worker({"w1", "h:1", 1, 1 << 20, epoch, 1, {}}, t0_ + absl::Seconds(3)).ok());
+  EXPECT_FALSE(registry_.device(1)->draining);
+  EXPECT_TRUE(check_not_draining(registry_, {0, 1}, "jit").ok());
 }
 
 TEST_F(RegistryTest, ANewProcessUnderAKnownNameLosesTheShardsItHeld) {

@@ -9,8 +9,14 @@
 #include <cmath>
 #include <random>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/auth.h"
+#include "proto/rpc.h"
+#include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
 #include "tests/faults/fault_cluster.h"
 
@@ -123,6 +129,103 @@ TEST_F(DrainTest, ARunInFlightAtSigtermFinishesThenTheWorkerExits) {
   absl::Status status = third.ok() ? (*third)[0].block_until_ready() : third.status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("device ", kDrained))) << status;
+}
+
+// A draining worker tells the coordinator at once (its heartbeat says so, sent when SIGTERM
+// arrives): the coordinator refuses new Execute, Compile and CreateArray calls that need the
+// device, UNAVAILABLE naming it, without waiting for the worker to go, and `tessera status`
+// shows it draining. The drain lasts --drain_quiet_ms (no run is in flight), long enough for
+// the checks; the worker then exits.
+class DrainingRefusedTest : public FaultClusterTest {
+  std::vector<std::string> drill_worker_flags() const override {
+    return {"--drain_quiet_ms=15000", "--drain_timeout_ms=30000"};
+  }
+};
+
+void expect_refused_as_draining(const absl::Status& status, absl::Duration took, const char* call) {
+  ::testing::Test::RecordProperty(absl::StrCat(call, "_refused_us"), absl::StrCat(absl::ToInt64Microseconds(took)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("device ", kDrained, " (")));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("is draining")) << status;
+  EXPECT_LT(took, absl::Seconds(5)) << "not refused at once";
+}
+
+TEST_F(DrainingRefusedTest, TheCoordinatorSendsADrainingDeviceNoNewWorkAndStatusShowsIt) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = HostArray::arange(DType::kF32, {8, 4});
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  JitOptions options;
+  options.timeout = kBound;
+  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; }, options);
+  absl::StatusOr<std::vector<Array>> before = f({*x});
+  ASSERT_TRUE(before.ok()) << before.status();
+  expect_equal((*before)[0], affine(host, 2, 1));
+
+  ASSERT_EQ(::kill(cluster_.workers[kDrained]->pid(), SIGTERM), 0);
+  // The coordinator learns it from the heartbeat the drain sends at once.
+  auto stub =
+      pb::Coordinator::NewStub(make_channel(cluster_.address, std::make_shared<CallIdentity>(credentials_.client)));
+  const absl::Time start = absl::Now();
+  bool draining = false;
+  while (!draining && absl::Now() - start < kBound) {
+    pb::Topology topology;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    const grpc::Status s = stub->GetTopology(&ctx, pb::GetTopologyRequest(), &topology);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    for (const pb::DeviceInfo& d : topology.devices()) {
+      if (d.id() == kDrained) {
+        EXPECT_EQ(d.state(), pb::ALIVE);  // it still finishes what it runs
+        draining = d.draining();
+      } else {
+        EXPECT_FALSE(d.draining()) << "device " << d.id();
+      }
+    }
+    if (!draining) absl::SleepFor(absl::Milliseconds(5));  // between polls of a state with no change feed
+  }
+  ASSERT_TRUE(draining) << "the coordinator never saw device " << kDrained << " draining";
+  const absl::Duration noticed = absl::Now() - start;
+  EXPECT_LT(noticed, absl::Seconds(2)) << "the drain was announced late";
+  RecordProperty("draining_seen_us", absl::StrCat(absl::ToInt64Microseconds(noticed)));
+
+  absl::Time t = absl::Now();
+  absl::StatusOr<std::vector<Array>> executed = f({*x});  // Execute of a compiled program
+  absl::Status status = executed.ok() ? (*executed)[0].block_until_ready() : executed.status();
+  expect_refused_as_draining(status, absl::Now() - t, "execute");
+  t = absl::Now();
+  Jitted g = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 3.0}; }, options);
+  absl::StatusOr<std::vector<Array>> compiled = g({*x});  // Compile
+  status = compiled.ok() ? (*compiled)[0].block_until_ready() : compiled.status();
+  expect_refused_as_draining(status, absl::Now() - t, "compile");
+  t = absl::Now();
+  absl::StatusOr<Array> put = client->device_put(host, NamedSharding(*mesh, P("x")));  // CreateArray
+  expect_refused_as_draining(put.status(), absl::Now() - t, "device_put");
+
+  // `tessera status` lists it as draining, the others alive.
+  absl::StatusOr<std::pair<int, std::string>> shown = Subprocess::run(
+      {kBin + "/tessera", "status", "--coordinator=" + cluster_.address, "--token_file=" + client_token_file()},
+      absl::Seconds(30));
+  ASSERT_TRUE(shown.ok()) << shown.status();
+  ASSERT_EQ(shown->first, 0) << shown->second;
+  int devices = 0;
+  for (absl::string_view line : absl::StrSplit(shown->second, '\n')) {
+    // DEVICE ADDRESS STATE ...: the rows whose second word is an address.
+    std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int id = -1;
+    if (words.size() < 3 || !absl::SimpleAtoi(words[0], &id) || words[1].find(':') == std::string::npos) continue;
+    EXPECT_EQ(words[2], id == kDrained ? "draining" : "alive") << line;
+    ++devices;
+  }
+  EXPECT_EQ(devices, kFaultWorkers) << shown->second;
+
+  // The drained array is still readable (a fetch is not new work), and the worker then exits.
+  expect_equal((*before)[0], affine(host, 2, 1));
+  absl::StatusOr<std::string> line = cluster_.workers[kDrained]->read_line_with("no such line", kBound);
+  EXPECT_EQ(line.status().code(), absl::StatusCode::kUnavailable) << line.status();
 }
 
 }  // namespace
