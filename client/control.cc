@@ -113,11 +113,10 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const 
     init_types = internal::typed(init);
     xs_types = internal::typed(xs);
     if (!init_types.has_value() || !xs_types.has_value()) return failed;
+    // A split scanned dimension fails the trace here, as JAX checks it first; the body is
+    // still traced (its errors no longer count) so that the failed result has its ys.
     const internal::TypeRuleResult r = internal::scan_xs_type_rule(*xs_types);
-    if (!r.error.empty()) {
-      t->fail(internal::type_rule_error("scan", *xs_types, r));
-      return failed;
-    }
+    if (!r.error.empty()) t->fail(internal::type_rule_error("scan", *xs_types, r));
     specs = internal::specs_of(*init_types);
     for (internal::TypeSpec s : internal::specs_of(*xs_types)) {
       s.erase(s.begin());
@@ -131,6 +130,7 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const 
       [&](const std::vector<Value>& in) {
         ScanStep step = f(range(in, 0, carries), range(in, carries, in.size()));
         returned = step.carry.size();
+        failed.ys.resize(step.ys.size());  // from here a failed scan has as many (invalid) ys
         return concat(std::move(step.carry), step.ys);
       },
       types, &consts, specs);
