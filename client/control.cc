@@ -2,6 +2,8 @@
 // read values of the enclosing traces (TraceState::capture), which become loop invariants.
 #include <algorithm>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -44,6 +46,40 @@ std::vector<Value> range(const std::vector<Value>& v, size_t from, size_t to) {
 
 }  // namespace
 
+namespace internal {
+namespace {
+
+// Explicit mode (client/explicit/control.cc): the types of `values`, values of one trace in
+// explicit mode; nullopt outside it (or when typing failed, with the trace's error recorded).
+std::optional<std::vector<TypedOperand>> typed(const std::vector<Value>& values) {
+  std::vector<TypedOperand> out;
+  for (const Value& v : values) {
+    std::optional<TypedOperand> o = typed_operand(v);
+    if (!o.has_value()) return std::nullopt;
+    out.push_back(*std::move(o));
+  }
+  return out;
+}
+
+std::vector<TypeSpec> specs_of(const std::vector<TypedOperand>& types) {
+  std::vector<TypeSpec> out;
+  for (const TypedOperand& t : types) out.push_back(t.spec);
+  return out;
+}
+
+// The types of the first `n` results of `g`, a body traced in explicit mode over `mesh`.
+std::vector<TypedOperand> output_types(const Graph& g, const Mesh& mesh, size_t n) {
+  std::vector<TypedOperand> out;
+  for (size_t j = 0; j < n && j < g.outputs().size(); ++j) {
+    const Node& r = g.node(g.outputs()[j]);
+    out.push_back({r.dtype, r.shape, body_output_spec(g, j, mesh)});
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace internal
+
 ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const std::vector<Value>& xs_in,
                 std::optional<int64_t> length, bool reverse) {
   ScanResult failed{std::vector<Value>(init_in.size()), {}};
@@ -69,6 +105,24 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const 
   }
   if (!length.has_value()) return fail("with no xs, the length must be given");
   const size_t carries = init.size();
+  // Explicit mode: the body's parameters are typed, a carry as its initial value, a row as
+  // its xs without the scanned dimension, which must be unsplit (JAX's _infer_scan_length).
+  std::optional<std::vector<internal::TypedOperand>> init_types, xs_types;
+  std::vector<internal::TypeSpec> specs;
+  if (t->explicit_mesh.has_value()) {
+    init_types = internal::typed(init);
+    xs_types = internal::typed(xs);
+    if (!init_types.has_value() || !xs_types.has_value()) return failed;
+    // A split scanned dimension fails the trace here, as JAX checks it first; the body is
+    // still traced (its errors no longer count) so that the failed result has its ys.
+    const internal::TypeRuleResult r = internal::scan_xs_type_rule(*xs_types);
+    if (!r.error.empty()) t->fail(internal::type_rule_error("scan", *xs_types, r));
+    specs = internal::specs_of(*init_types);
+    for (internal::TypeSpec s : internal::specs_of(*xs_types)) {
+      s.erase(s.begin());
+      specs.push_back(std::move(s));
+    }
+  }
   size_t returned = carries;  // how many carries the body gave back
   std::vector<Value> consts;  // the outer values the body reads
   absl::StatusOr<Graph> traced = internal::trace_body(
@@ -76,14 +130,23 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const 
       [&](const std::vector<Value>& in) {
         ScanStep step = f(range(in, 0, carries), range(in, carries, in.size()));
         returned = step.carry.size();
+        failed.ys.resize(step.ys.size());  // from here a failed scan has as many (invalid) ys
         return concat(std::move(step.carry), step.ys);
       },
-      types, &consts);
+      types, &consts, specs);
   if (!t->error.ok()) return failed;
   if (returned != carries) {
     return fail(absl::StrCat("the body returned ", returned, " carries for ", carries, " initial ones"));
   }
   if (!traced.ok()) return fail(absl::StrCat("its body: ", traced.status().message()));
+  if (init_types.has_value()) {  // a carry keeps its type, sharding included (_check_carry_type)
+    const std::string mismatch = internal::carry_type_mismatch(
+        "scan body", *init_types, internal::output_types(*traced, *t->explicit_mesh, carries));
+    if (!mismatch.empty()) {
+      t->fail(absl::InvalidArgumentError(mismatch));
+      return failed;
+    }
+  }
   // The consts become carries the body hands on unchanged (loop invariants), after the
   // carries: the body takes (carries, consts, rows) and returns (carries, consts, ys).
   const size_t num_k = consts.size();
@@ -247,6 +310,13 @@ std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, cons
   };
   if (init.empty()) return fail("it needs at least one carry");
   const std::vector<ArrayType> types = types_of(init);
+  std::optional<std::vector<internal::TypedOperand>> init_types;  // explicit mode
+  if (t->explicit_mesh.has_value()) {
+    init_types = internal::typed(init);
+    if (!init_types.has_value()) return failed;
+  }
+  const std::vector<internal::TypeSpec> specs =
+      init_types.has_value() ? internal::specs_of(*init_types) : std::vector<internal::TypeSpec>{};
   std::vector<SubGraph> subs(2);
   std::vector<ArrayType> pred_type;
   absl::StatusOr<Graph> p = internal::trace_body(
@@ -256,7 +326,7 @@ std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, cons
         if (v.ok()) pred_type = {{v.dtype(), v.shape()}};
         return std::vector<Value>{v};
       },
-      types, &subs[0].consts);
+      types, &subs[0].consts, specs);
   if (!t->error.ok()) return failed;
   if (!p.ok()) return fail(absl::StrCat("cond_fun: ", p.status().message()));
   if (pred_type != std::vector<ArrayType>{{DType::kBool, {}}}) {
@@ -271,9 +341,17 @@ std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, cons
         returned = types_of(out);
         return out;
       },
-      types, &subs[1].consts);
+      types, &subs[1].consts, specs);
   if (!t->error.ok()) return failed;
   if (!b.ok()) return fail(absl::StrCat("body_fun: ", b.status().message()));
+  if (init_types.has_value() && returned.size() == types.size()) {  // as scan's carries
+    const std::string mismatch = internal::carry_type_mismatch(
+        "while_loop body", *init_types, internal::output_types(*b, *t->explicit_mesh, types.size()));
+    if (!mismatch.empty()) {
+      t->fail(absl::InvalidArgumentError(mismatch));
+      return failed;
+    }
+  }
   if (returned != types) {
     return fail(absl::StrCat("body_fun returns ", types_text(returned), " for carries ", types_text(types),
                              " (a carry keeps its dtype and shape)"));
@@ -294,9 +372,12 @@ namespace {
 
 bool is_integral(DType d) { return d != DType::kBool && !is_floating(d); }
 
-// lax.switch, its errors naming `op` and each branch by `name(k)`.
+// lax.switch, its errors naming `op` and each branch by `name(k)`; in explicit mode JAX's
+// message for branches whose output types differ compares branch 0 with branch k, or (cond,
+// `true_first`) true_fun, branch 1, with false_fun, as conditionals.py's _check_branch_outputs.
 std::vector<Value> switch_named(const char* op, const std::function<std::string(size_t)>& name, const Value& index_in,
-                                const std::vector<Branch>& branches, const std::vector<Value>& operands_in) {
+                                const std::vector<Branch>& branches, const std::vector<Value>& operands_in,
+                                bool true_first = false) {
   std::vector<Value> values = concat({index_in}, operands_in);
   TraceState* t = control_trace(op, values);
   if (t == nullptr) return {};
@@ -318,8 +399,16 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
     index = convert(index, DType::kI32);
   }
   const std::vector<ArrayType> types = types_of(operands);
+  std::optional<std::vector<internal::TypedOperand>> operand_types;  // explicit mode
+  if (t->explicit_mesh.has_value()) {
+    operand_types = internal::typed(operands);
+    if (!operand_types.has_value()) return {};
+  }
+  const std::vector<internal::TypeSpec> specs =
+      operand_types.has_value() ? internal::specs_of(*operand_types) : std::vector<internal::TypeSpec>{};
   std::vector<SubGraph> subs(branches.size());
   std::vector<std::vector<ArrayType>> results(branches.size());
+  std::vector<std::vector<internal::TypedOperand>> typed_results(branches.size());
   for (size_t k = 0; k < branches.size(); ++k) {
     absl::StatusOr<Graph> g = internal::trace_body(
         t,
@@ -328,9 +417,19 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
           results[k] = types_of(out);
           return out;
         },
-        types, &subs[k].consts);
+        types, &subs[k].consts, specs);
     if (!t->error.ok()) return {};
     if (!g.ok()) return fail(absl::StrCat(name(k), ": ", g.status().message()));
+    if (operand_types.has_value() && results[k].size() == results[0].size()) {
+      typed_results[k] = internal::output_types(*g, *t->explicit_mesh, results[k].size());
+      const size_t a = true_first ? k : 0, b = true_first ? 0 : k;
+      const std::string mismatch =
+          internal::branch_type_mismatch(op, name(a), name(b), typed_results[a], typed_results[b]);
+      if (!mismatch.empty()) {
+        t->fail(absl::InvalidArgumentError(mismatch));
+        return {};
+      }
+    }
     if (results[k] != results[0]) {
       return fail(absl::StrCat(name(k), " returns ", types_text(results[k]), " but ", name(0), " returns ",
                                types_text(results[0]), " (every branch must return the same dtypes and shapes)"));
@@ -366,8 +465,8 @@ std::vector<Value> cond(const Value& pred, const Branch& on_true, const Branch& 
   }
   if (p.ok() && p.dtype() != DType::kBool) p = p != full({}, 0.0, p.dtype());  // a number: nonzero is true
   return switch_named(
-      "cond", [](size_t k) { return std::string(k == 0 ? "false_fun" : "true_fun"); }, p, {on_false, on_true},
-      operands);
+      "cond", [](size_t k) { return std::string(k == 0 ? "false_fun" : "true_fun"); }, p, {on_false, on_true}, operands,
+      /*true_first=*/true);
 }
 
 TracedFunction checkpoint(TracedFunction f) {

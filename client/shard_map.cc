@@ -90,8 +90,8 @@ struct ShardMapBody {
  private:
   // Checks that each result is the same on every device along the axes its out_spec leaves
   // out, tracking for every body value the axes it may differ along and why.
-  absl::Status check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
-                                 const std::vector<int>& results) const;
+  absl::Status check_replication(const Graph& g, int body_start, const std::vector<PartitionSpec>& specs,
+                                 const std::vector<int>& in_ids, const std::vector<int>& results) const;
 };
 
 }  // namespace internal
@@ -116,14 +116,34 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     return failed;
   };
   if (!t->manual_meshes.empty()) return fail("a shard_map inside a shard_map body is not supported");
-  if (args.size() != in_specs.size()) {
-    return fail(absl::StrCat(args.size(), " arguments but ", in_specs.size(), " in_specs"));
+  // On a mesh of Explicit axes only, in_specs may be omitted (empty): each argument enters as
+  // its type says (jax/_src/shard_map.py, in_specs=Infer).
+  bool all_explicit = true;
+  for (AxisType type : mesh.axis_types()) all_explicit = all_explicit && type == AxisType::kExplicit;
+  std::vector<PartitionSpec> specs = in_specs;
+  if (specs.empty() && !args.empty() && all_explicit && t->explicit_mesh.has_value()) {
+    for (const Value& a : args) {
+      std::optional<internal::TypedOperand> typed = internal::typed_operand(a);
+      if (!typed.has_value()) return failed;
+      specs.push_back(internal::to_partition_spec(typed->spec));
+    }
+  }
+  if (args.size() != specs.size()) {
+    return fail(
+        absl::StrCat(args.size(), " arguments but ", specs.size(), " in_specs",
+                     specs.empty() ? " (in_specs may be omitted only on a mesh whose axes are all Explicit)" : ""));
   }
   std::vector<Value> blocks;
   std::vector<int> in_ids;
   for (size_t i = 0; i < args.size(); ++i) {
     if (TraceState::of(args[i]) != t) return fail("the arguments come from different traces");
-    absl::StatusOr<int> id = t->graph.add_shard_map_in(TraceState::id(args[i]), NamedSharding(mesh, in_specs[i]));
+    // Explicit mode: an argument enters with its own sharding; a different in_spec is an error
+    // rather than an implicit reshard (JAX >= 0.9; client/explicit/shard_map.cc).
+    if (std::optional<internal::TypedOperand> typed = internal::typed_operand(args[i])) {
+      const internal::TypeRuleResult r = internal::shard_map_in_type_rule(*typed, NamedSharding(mesh, specs[i]));
+      if (!r.error.empty()) return fail(absl::StrCat(r.error, ". ", r.fix));
+    }
+    absl::StatusOr<int> id = t->graph.add_shard_map_in(TraceState::id(args[i]), NamedSharding(mesh, specs[i]));
     if (!id.ok()) return fail(absl::StrCat("argument ", i, ": ", id.status().message()));
     in_ids.push_back(*id);
     blocks.push_back(t->make(*id));
@@ -159,7 +179,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     result_ids.push_back(TraceState::id(results[i]));
   }
   if (check_vma) {
-    absl::Status replicated = check_replication(t->graph, body_start, in_ids, result_ids);
+    absl::Status replicated = check_replication(t->graph, body_start, specs, in_ids, result_ids);
     if (!replicated.ok()) return fail(std::string(replicated.message()));
   }
   std::vector<Value> out;
@@ -171,12 +191,12 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   return out;
 }
 
-absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
-                                             const std::vector<int>& results) const {
+absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, const std::vector<PartitionSpec>& specs,
+                                             const std::vector<int>& in_ids, const std::vector<int>& results) const {
   std::map<int, Variance> var;
   for (size_t i = 0; i < in_ids.size(); ++i) {
-    for (const std::string& a : in_specs[i].used_axes()) {
-      var[in_ids[i]][a] = absl::StrCat("argument ", i, " is split over it by its in_spec ", in_specs[i].to_string());
+    for (const std::string& a : specs[i].used_axes()) {
+      var[in_ids[i]][a] = absl::StrCat("argument ", i, " is split over it by its in_spec ", specs[i].to_string());
     }
   }
   for (int id = body_start; id < g.size(); ++id) {

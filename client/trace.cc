@@ -113,7 +113,17 @@ int TraceState::capture(const Value& v) {
   for (size_t k = 0; k < captured.size(); ++k) {
     if (captured[k].id_ == outer.id_) return captured_params[k];
   }
+  // In explicit mode the parameter has the captured value's type (every node before it is
+  // typed first, so its spec lands at its id).
+  if (explicit_mesh.has_value()) {
+    absl::Status typed = type_new_nodes();
+    if (!typed.ok()) fail(typed);
+  }
   const int p = graph.add_parameter(outer.dtype(), outer.shape());
+  if (explicit_mesh.has_value() && error.ok() && static_cast<int>(specs.size()) == p) {
+    const bool typed_outside = parent->explicit_mesh.has_value() && outer.id_ < static_cast<int>(parent->specs.size());
+    specs.push_back(typed_outside ? parent->specs[outer.id_] : TypeSpec(outer.shape().size()));
+  }
   captured.push_back(outer);
   captured_params.push_back(p);
   return p;
@@ -122,9 +132,22 @@ int TraceState::capture(const Value& v) {
 namespace {
 
 absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
-                               const std::vector<NamedSharding>& input_shardings, std::vector<Value>* captured) {
+                               const std::vector<NamedSharding>& input_shardings, std::vector<Value>* captured,
+                               const std::vector<TypeSpec>& input_specs = {}) {
   auto state = std::make_shared<TraceState>();
   state->parent = parent;
+  // A body of a trace in explicit mode is typed too, its parameters by `input_specs`.
+  if (parent != nullptr && parent->explicit_mesh.has_value()) {
+    if (!input_specs.empty() && input_specs.size() != inputs.size()) {
+      return absl::InternalError(
+          absl::StrCat("trace: ", input_specs.size(), " input specs for ", inputs.size(), " inputs"));
+    }
+    state->explicit_mesh = parent->explicit_mesh;
+    state->auto_axes = parent->auto_axes;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      state->specs.push_back(input_specs.empty() ? TypeSpec(inputs[i].shape.size()) : input_specs[i]);
+    }
+  }
   if (!input_shardings.empty()) {
     if (input_shardings.size() != inputs.size()) {
       return absl::InvalidArgumentError(
@@ -137,7 +160,7 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
   for (size_t i = 0; i < inputs.size(); ++i) {
     absl::Status valid = validate_shape(inputs[i].shape, dtype_size(inputs[i].dtype), absl::StrCat("input ", i));
     if (!valid.ok()) return valid;
-    if (state->explicit_mesh.has_value()) {
+    if (state->explicit_mesh.has_value() && parent == nullptr) {
       if (input_shardings[i].mesh() != *state->explicit_mesh) {
         return absl::InvalidArgumentError(absl::StrCat("trace: input ", i, " is on another mesh than input 0"));
       }
@@ -177,14 +200,34 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
 }  // namespace
 
 absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
-                                 std::vector<Value>* captured) {
-  return trace_in(parent, f, inputs, {}, captured);
+                                 std::vector<Value>* captured, const std::vector<TypeSpec>& input_specs) {
+  return trace_in(parent, f, inputs, {}, captured, input_specs);
 }
 
 std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args) {
   std::vector<Value> value(g.size());
   TraceState* t = TraceState::current;
   if (!args.empty() && args[0].ok() && (t == nullptr || t->parent == nullptr)) t = TraceState::of(args[0]);
+  // Explicit mode types the inlined nodes again. A graph does not record which ops were traced
+  // with out_sharding (dot_general, reshape, ...: the op, then a constraint to it), so a node
+  // whose only way out is into a sharding constraint is typed as inside an out_sharding (the
+  // constraint then gives its type, as the op's out_sharding did).
+  std::vector<bool> pinned(g.size(), false);
+  if (t != nullptr && t->explicit_mesh.has_value()) {
+    std::vector<int> uses(g.size(), 0), user(g.size(), -1);
+    for (int o : g.outputs()) ++uses[o];
+    for (int id = 0; id < g.size(); ++id) {
+      for (int o : g.node(id).operands) {
+        ++uses[o];
+        user[o] = id;
+      }
+    }
+    for (int id = g.size() - 1; id >= 0; --id) {
+      if (uses[id] == 1 && user[id] >= 0) {
+        pinned[id] = g.node(user[id]).op == Op::kShardingConstraint || pinned[user[id]];
+      }
+    }
+  }
   for (int id = 0; id < g.size(); ++id) {
     Node n = g.node(id);
     if (n.op == Op::kParameter) {
@@ -195,7 +238,9 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args) 
       if (!value[o].ok()) return std::vector<Value>(g.outputs().size());
       o = TraceState::id(value[o]);
     }
+    if (pinned[id]) ++t->out_sharding_scopes;
     value[id] = t->make(t->graph.add_node(std::move(n)));
+    if (pinned[id]) --t->out_sharding_scopes;
   }
   std::vector<Value> out;
   for (int o : g.outputs()) out.push_back(TraceState::local(value[o]));

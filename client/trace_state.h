@@ -117,9 +117,11 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
 std::optional<TypedOperand> typed_operand(const Value& x);
 
 // f traced as a control-flow body of trace `parent`: parameters `inputs`, then one per value
-// of an enclosing trace f reads (`captured`: those values, of `parent`).
+// of an enclosing trace f reads (`captured`: those values, of `parent`). When `parent` is in
+// explicit mode so is the body: its parameters typed by `input_specs` (a captured value by its
+// type in `parent`), its results pinned to their types (body_output_spec reads them back).
 absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
-                                 std::vector<Value>* captured);
+                                 std::vector<Value>* captured, const std::vector<TypeSpec>& input_specs = {});
 
 // `g` recorded in the current trace on `args` (its parameters, in order): its outputs
 // (invalid Values when the trace failed).

@@ -94,8 +94,8 @@ std::string axes_to_string(const std::vector<std::string>& axes);
 // jax.make_mesh: the devices, taken in the given order, laid row-major over `shape`; the same
 // as Mesh::create, with its errors (INVALID_ARGUMENT when prod(shape) differs from the
 // number of devices, ...). Surprising: axis types default to Auto, where JAX >= 0.9 makes
-// Explicit axes; Tessera's compiler has only Auto's rules yet (docs/guide.md, "Where Tessera
-// differs from JAX").
+// Explicit axes; docs/design.md ("Meshes, specs and shardings") lists what the flip still
+// breaks (docs/guide.md, "Where Tessera differs from JAX").
 absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
                                std::vector<int> devices, std::vector<AxisType> axis_types = {});
 

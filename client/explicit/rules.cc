@@ -10,7 +10,7 @@ namespace tessera::internal {
 
 TypeRule find_type_rule(Op op) {
   for (auto family : {elementwise_type_rules, layout_type_rules, reduction_type_rules, dot_type_rules,
-                      placement_type_rules, sort_type_rules}) {
+                      placement_type_rules, sort_type_rules, control_type_rules, shard_map_type_rules}) {
     for (const auto& [o, rule] : family()) {
       if (o == op) return rule;
     }

@@ -4,7 +4,7 @@
 // (docs/notebooks/explicit-sharding.md, "Sharding rules and operations with ambiguous
 // sharding"; jax/_src/lax/lax.py's broadcasting_sharding_rule and _dot_general_sharding_rule),
 // one file per op family as the compiler's rules are: explicit/{elementwise,layout,reduction,
-// dot,placement}.cc. Internal to the client library.
+// dot,placement,sort,control,shard_map}.cc. Internal to the client library.
 #ifndef TESSERA_CLIENT_EXPLICIT_RULES_H_
 #define TESSERA_CLIENT_EXPLICIT_RULES_H_
 
@@ -57,6 +57,8 @@ absl::Span<const std::pair<Op, TypeRule>> reduction_type_rules();
 absl::Span<const std::pair<Op, TypeRule>> dot_type_rules();
 absl::Span<const std::pair<Op, TypeRule>> placement_type_rules();
 absl::Span<const std::pair<Op, TypeRule>> sort_type_rules();
+absl::Span<const std::pair<Op, TypeRule>> control_type_rules();
+absl::Span<const std::pair<Op, TypeRule>> shard_map_type_rules();
 // The rule of `op`, or null when it has none yet (then only replicated operands are accepted).
 TypeRule find_type_rule(Op op);
 
@@ -66,6 +68,23 @@ TypeRule find_type_rule(Op op);
 TypeRuleResult top_k_type_rule(const TypedOperand& x, int64_t axis);
 TypeRuleResult cumulative_type_rule(const TypedOperand& x, int64_t axis);
 TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shape& out);
+// Control flow (control.cc). The type spec of result `j` of sub-graph `g`, a body traced in
+// explicit mode (which pins each result to its type; an unpinned result is unsplit).
+TypeSpec body_output_spec(const Graph& g, size_t j, const Mesh& mesh);
+// scan's xs must be unsplit along the scanned dimension: JAX's "0th dimension of all xs should
+// be replicated. Got P(...), ..." (loops.py, _infer_scan_length).
+TypeRuleResult scan_xs_type_rule(const std::vector<TypedOperand>& xs);
+// Empty when the carries' types agree, else JAX's _check_carry_type message for `name`
+// ("scan body", "while_loop body"), the carries at paths [k].
+std::string carry_type_mismatch(absl::string_view name, const std::vector<TypedOperand>& in,
+                                const std::vector<TypedOperand>& out);
+// Empty when the branches' output types agree, else JAX's _check_branch_outputs message for
+// `api` ("cond", "switch") without the functions' source lines.
+std::string branch_type_mismatch(absl::string_view api, absl::string_view name1, absl::string_view name2,
+                                 const std::vector<TypedOperand>& out1, const std::vector<TypedOperand>& out2);
+// shard_map (shard_map.cc): on a mesh of only Explicit axes the in_spec `in` must be x's type.
+TypeRuleResult shard_map_in_type_rule(const TypedOperand& x, const NamedSharding& in);
+
 // A composite's rule failed: INVALID_ARGUMENT "<name>: <error> (operand <type>); <fix>", as
 // result_type_spec words an op's.
 absl::Status type_rule_error(absl::string_view name, const std::vector<TypedOperand>& operands,

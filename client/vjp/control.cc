@@ -7,6 +7,8 @@
 // cotangents. Its final carry is the cotangent of the initial carries, its stacked ys those of
 // the xs. Carries the body hands on unchanged (captured consts: loop invariants) are not
 // saved; their cotangents are carries of the backward scan, so they sum over the iterations.
+#include <optional>
+
 #include "client/vjp/vjp.h"
 
 namespace tessera::internal {
@@ -15,6 +17,18 @@ namespace {
 std::vector<Value> concat(std::vector<Value> a, const std::vector<Value>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+// Explicit mode: each of `values`' types (nullopt outside it). A cotangent has its primal's
+// type, as JAX's transposes give it (so a backward carry keeps its type through the loop, and
+// every backward branch returns the operands' types).
+std::vector<std::optional<TypedOperand>> types_of(const std::vector<Value>& values) {
+  std::vector<std::optional<TypedOperand>> out;
+  for (const Value& v : values) out.push_back(typed_operand(v));
+  return out;
+}
+Value as_type(const Value& v, const std::optional<TypedOperand>& type) {
+  return type.has_value() && v.ok() ? reshard(v, to_partition_spec(type->spec)) : v;
 }
 
 absl::Status scan_vjp(const VjpArgs& a) {
@@ -65,7 +79,9 @@ absl::Status scan_vjp(const VjpArgs& a) {
       init, xs, s.length, s.reverse);
   const size_t num_saved = saved.ys.size();
   // Backwards: carry the carries' cotangents; per row, the body's VJP at (carry_t, x_t).
-  const std::vector<Value> ct_carry(ct.begin(), ct.begin() + static_cast<std::ptrdiff_t>(carries));
+  const std::vector<std::optional<TypedOperand>> carry_types = types_of(init);
+  std::vector<Value> ct_carry(ct.begin(), ct.begin() + static_cast<std::ptrdiff_t>(carries));
+  for (size_t k = 0; k < carries; ++k) ct_carry[k] = as_type(ct_carry[k], carry_types[k]);
   const std::vector<Value> ct_ys(ct.begin() + static_cast<std::ptrdiff_t>(carries), ct.end());
   ScanResult back = scan(
       [&](const std::vector<Value>& dc, const std::vector<Value>& row) {
@@ -76,11 +92,14 @@ absl::Status scan_vjp(const VjpArgs& a) {
         const std::vector<Value> dy(row.begin() + static_cast<std::ptrdiff_t>(num_saved + xs.size()), row.end());
         std::vector<Value> d =
             vjp([&](const std::vector<Value>& in) { return inline_graph(body, in); }, at, concat(dc, dy));
-        const std::vector<Value> d_carry(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(carries));
+        std::vector<Value> d_carry(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(carries));
+        for (size_t k = 0; k < carries; ++k) d_carry[k] = as_type(d_carry[k], carry_types[k]);
         const std::vector<Value> d_x(d.begin() + static_cast<std::ptrdiff_t>(carries), d.end());
         return ScanStep{d_carry, d_x};
       },
       ct_carry, concat(concat(saved.ys, xs), ct_ys), s.length, !s.reverse);
+  // A failed scan records its error and returns no ys: stop before reading them.
+  if (!a.trace->error.ok()) return a.trace->error;
   for (size_t k = 0; k < carries; ++k) a.add(k, back.carry[k]);
   for (size_t k = 0; k < xs.size(); ++k) a.add(carries + k, back.ys[k]);
   return absl::OkStatus();
@@ -115,12 +134,15 @@ absl::Status switch_vjp(const VjpArgs& a) {
   }
   const std::vector<Value> operands(a.x.begin() + 1, a.x.end());
   const size_t n = operands.size();
+  const std::vector<std::optional<TypedOperand>> operand_types = types_of(operands);
   std::vector<Branch> backward;
   for (const std::shared_ptr<const Graph>& g : s.graphs) {
-    backward.push_back([g, n](const std::vector<Value>& in) {
+    backward.push_back([g, n, &operand_types](const std::vector<Value>& in) {
       const std::vector<Value> primals(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(n));
       const std::vector<Value> cts(in.begin() + static_cast<std::ptrdiff_t>(n), in.end());
-      return vjp([&g](const std::vector<Value>& p) { return inline_graph(*g, p); }, primals, cts);
+      std::vector<Value> d = vjp([&g](const std::vector<Value>& p) { return inline_graph(*g, p); }, primals, cts);
+      for (size_t k = 0; k < d.size() && k < operand_types.size(); ++k) d[k] = as_type(d[k], operand_types[k]);
+      return d;
     });
   }
   const std::vector<Value> d = switch_(a.x[0], backward, concat(operands, ct));

@@ -25,7 +25,11 @@ absl::Span<const VjpEntry> shard_map_vjps() {
        [](const VjpArgs& a) {
          const NamedSharding& s = a.node.attrs<ShardingAttrs>().sharding;
          const int64_t copies = s.num_replicas();
-         Value blocks = a.trace->make(a.trace->graph.add_shard_map_in(TraceState::id(a.g), s));
+         // Explicit mode: the cotangent enters as its primal's type, the out_spec (an in_spec
+         // other than its type would be refused, as JAX refuses one).
+         const Value g = a.trace->explicit_mesh.has_value() ? with_sharding_constraint(a.g, s) : a.g;
+         if (!g.ok()) return absl::OkStatus();
+         Value blocks = a.trace->make(a.trace->graph.add_shard_map_in(TraceState::id(g), s));
          a.add(0, copies == 1 ? blocks : blocks * (1.0 / static_cast<double>(copies)));
          return absl::OkStatus();
        }},

@@ -491,17 +491,188 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
   }
 }
 
-// An op with no explicit rule yet (while_loop here) takes replicated operands and refuses
-// split ones, naming the op, the operand's type and the fix, rather than guessing.
-TEST(ExplicitGrid, AnOpWithoutARuleRefusesSplitOperands) {
-  auto loop = [](const std::vector<Value>& in) {
-    return while_loop([](const std::vector<Value>& c) { return sum(c[0]) < 100.0; },
-                      [](const std::vector<Value>& c) { return std::vector<Value>{c[0] * 2.0}; }, {in[0]});
+// Control flow in explicit mode (client/explicit/control.cc): a carry's sharding is part of
+// its type. The expected types and messages are JAX's: jax-ml/jax tests/pjit_test.py
+// (ShardingInTypesTest: test_scan, test_scan_carry_shardings_diff_error,
+// test_cond_lowering_constraint) and the messages of jax/_src/lax/control_flow/loops.py
+// (_check_carry_type, _infer_scan_length) and conditionals.py (_check_branch_outputs), without
+// the functions' names and source lines, which C++ callables do not have (so a carry is "the\n// input carry at path
+// [k]", as JAX says when it cannot read the body's signature).
+using V = const std::vector<Value>&;
+
+const Mesh& x2y2() {
+  static const Mesh m = mesh_of({2, 2}, {"x", "y"}, {kE, kE});
+  return m;
+}
+const Mesh& x2() {
+  static const Mesh m = mesh_of({2}, {"x"}, {kE});
+  return m;
+}
+
+// test_scan: carry f32[2,8] P(None, 'x'), xs f32[8,8,2] P(None, 'x', 'y'); inside the body the
+// carry is P(None, 'x'), a row P('x', 'y'), the einsums' results their out_shardings; the final
+// carry P(None, 'x') and the stacked ys P(None, None, 'y'). Gradients take their primals'
+// shardings (the test's jit(grad(g, argnums=(0, 1)))). A split leading dimension of xs is
+// "0th dimension of all xs should be replicated".
+TEST(ExplicitControlFlow, ScanTypesCarriesRowsAndStackedYsAsJaxTestScan) {
+  const std::vector<Input> in = {{DType::kF32, {2, 8}, P(None, "x")}, {DType::kF32, {8, 8, 2}, P(None, "x", "y")}};
+  std::vector<std::string> inside;
+  auto f = [&inside](V v) {
+    ScanResult r = scan(
+        [&inside](V c, V x) {
+          const Value y = einsum("xy,yz->xz", c[0], x[0], P(None, "y"));
+          const Value z = nn::relu(y);
+          const Value a = einsum("xy,yz->xz", z, transpose(x[0], {1, 0}), P(None, "x"));
+          inside = {type_of(c[0]).to_string(), type_of(x[0]).to_string(), type_of(y).to_string(),
+                    type_of(z).to_string(), type_of(a).to_string()};
+          return ScanStep{{a}, {y}};
+        },
+        {v[0]}, {v[1]});
+    return std::vector<Value>{r.carry[0], r.ys[0]};  // a failed scan's ys are invalid Values too
   };
-  EXPECT_EQ(one_type(xy(), {{DType::kF32, {8, 4}, P()}}, loop), "f32[8,4]");
-  EXPECT_THAT(one_type(xy(), {{DType::kF32, {8, 4}, P("X", None)}}, loop),
-              HasSubstr("has no explicit-sharding rule yet, and an operand is split over an Explicit mesh axis "
-                        "(operand f32[8@X,4]); reshard it to P() first, or make that mesh axis Auto"));
+  absl::StatusOr<std::vector<std::string>> t = result_types(x2y2(), in, f);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(inside, ::testing::ElementsAre("f32[2,8@x]", "f32[8@x,2@y]", "f32[2,2@y]", "f32[2,2@y]", "f32[2,8@x]"));
+  EXPECT_THAT(*t, ::testing::ElementsAre("f32[2,8@x]", "f32[8,2,2@y]"));
+
+  absl::StatusOr<std::vector<std::string>> g = result_types(x2y2(), in, [&f](V v) {
+    return grad([&f](V p) { return std::vector<Value>{sum(f(p)[0])}; }, {0, 1})(v);
+  });
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(*g, ::testing::ElementsAre("f32[2,8@x]", "f32[8,8@x,2@y]"));
+
+  EXPECT_EQ(one_type(x2y2(), {in[0], {DType::kF32, {8, 8, 2}, P("x", None, None)}}, f),
+            "error: scan: 0th dimension of all xs should be replicated. Got P('x', None, None) (operand "
+            "f32[8@x,8,2]); reshard the xs so that the scanned dimension is not split (reshard(xs, P(None, ...)))");
+}
+
+// test_scan_carry_shardings_diff_error: on a (2,) mesh, a body that reshards its carry i32[4]
+// P('x') to P() fails with "scan body function carry input and carry output must have equal\n// types"; the whole text
+// is _check_carry_type's (aval_mismatch_extra says nothing of shardings). while_loop's body is checked the same way
+// ('while_loop body').
+TEST(ExplicitControlFlow, ABodyThatChangesACarrysShardingIsRefusedInJaxsWords) {
+  const std::vector<Input> in = {{DType::kI32, {4}, P("x")}};
+  EXPECT_EQ(one_type(x2(), in,
+                     [](V v) {
+                       return scan([](V c, V) { return ScanStep{{reshard(c[0], P())}, {}}; }, {v[0]}, {}, 1).carry;
+                     }),
+            "error: scan body function carry input and carry output must have equal types, but they differ:\n\n"
+            "The input carry at path [0] has type i32[4@x] but the corresponding output carry component has type "
+            "i32[4].\n\nRevise the function so that all output types match the corresponding input types.");
+  EXPECT_EQ(one_type(x2(), in,
+                     [](V v) {
+                       return while_loop([](V c) { return sum(c[0]) < 100; },
+                                         [](V c) { return std::vector<Value>{reshard(c[0] * 2, P())}; }, {v[0]});
+                     }),
+            "error: while_loop body function carry input and carry output must have equal types, but they differ:\n\n"
+            "The input carry at path [0] has type i32[4@x] but the corresponding output carry component has type "
+            "i32[4].\n\nRevise the function so that all output types match the corresponding input types.");
+  // Two carries differing: JAX's bullet list.
+  const std::vector<Input> two = {{DType::kI32, {4}, P("x")}, {DType::kI32, {4}, P()}};
+  EXPECT_EQ(one_type(x2(), two,
+                     [](V v) {
+                       return scan(
+                                  [](V c, V) {
+                                    return ScanStep{{reshard(c[0], P()), reshard(c[1], P("x"))}, {}};
+                                  },
+                                  {v[0], v[1]}, {}, 1)
+                           .carry;
+                     }),
+            "error: scan body function carry input and carry output must have equal types, but they differ:\n\n"
+            "  * the input carry at path [0] has type i32[4@x] but the corresponding output carry component has "
+            "type i32[4];\n\n  * the input carry at path [1] has type i32[4] but the corresponding output carry "
+            "component has type i32[4@x].\n\nRevise the function so that all output types match the corresponding "
+            "input types.");
+}
+
+// Split carries go through while_loop, fori_loop and scan keeping their types; a value the body
+// reads from outside keeps its type there (the stacked ys of a split outer value are split).
+TEST(ExplicitControlFlow, LoopsKeepSplitCarriesAndCapturedValuesTypes) {
+  const std::vector<Input> in = {{DType::kF32, {8, 4}, P("X", None)}, {DType::kF32, {8, 4}, P(None, "Y")}};
+  EXPECT_EQ(one_type(xy(), in,
+                     [](V v) {
+                       return while_loop([](V c) { return sum(c[0]) < 100.0; },
+                                         [](V c) { return std::vector<Value>{c[0] * 2.0}; }, {v[0]});
+                     }),
+            "f32[8@X,4]");
+  EXPECT_EQ(one_type(xy(), in,
+                     [](V v) {
+                       return fori_loop(0, 3, [](const Value&, V c) { return std::vector<Value>{c[0] + 1.0}; }, {v[1]});
+                     }),
+            "f32[8,4@Y]");
+  EXPECT_EQ(one_type(xy(), in,
+                     [](V v) {
+                       const Value w = v[1];
+                       return scan([&w](V c, V) { return ScanStep{{c[0]}, {w * 2.0}}; }, {v[0]}, {}, 3).ys;
+                     }),
+            "f32[3,8,4@Y]");
+}
+
+// test_cond_lowering_constraint: cond(True, lambda x, y: x, lambda x, y: y, x, y) of two i32[8]
+// P('x') arrays is P('x'), and so is out * 2. Branches whose output types differ are refused
+// with _check_branch_outputs' text (cond: true_fun first; switch: branch 0 against branch k).
+// checkpoint is a one-branch switch: its results have f's types.
+TEST(ExplicitControlFlow, BranchesAgreeOnTheirOutputTypesAsJaxConditionals) {
+  const std::vector<Input> in = {{DType::kI32, {8}, P("x")}, {DType::kI32, {8}, P("x")}};
+  EXPECT_EQ(one_type(x2(), in,
+                     [](V v) {
+                       const Value out = cond(
+                           full({}, 1.0, DType::kBool), [](V a) { return std::vector<Value>{a[0]}; },
+                           [](V a) { return std::vector<Value>{a[1]}; }, v)[0];
+                       return std::vector<Value>{out * 2};
+                     }),
+            "i32[8@x]");
+  EXPECT_EQ(one_type(x2(), in,
+                     [](V v) {
+                       return cond(
+                           full({}, 1.0, DType::kBool), [](V a) { return std::vector<Value>{a[0]}; },
+                           [](V a) { return std::vector<Value>{reshard(a[1], P())}; }, v);
+                     }),
+            "error: cond branches must have equal output types but they differ.\n\nThe output of true_fun at path "
+            "[0] has type i32[8@x] but the corresponding output of false_fun has type i32[8].\n\nRevise true_fun "
+            "and/or false_fun so that all output types match.");
+  auto id = [](V a) { return std::vector<Value>{a[0] + 1}; };
+  EXPECT_EQ(one_type(x2(), in, [&](V v) { return switch_(full({}, 2.0, DType::kI32), {id, id, id}, v); }), "i32[8@x]");
+  EXPECT_EQ(one_type(x2(), in,
+                     [&](V v) {
+                       return switch_(full({}, 2.0, DType::kI32),
+                                      {id, id, [](V a) { return std::vector<Value>{reshard(a[0], P())}; }}, v);
+                     }),
+            "error: switch branches must have equal output types but they differ.\n\nThe output of branch 0 at path "
+            "[0] has type i32[8@x] but the corresponding output of branch 2 has type i32[8].\n\nRevise branch 0 "
+            "and/or branch 2 so that all output types match.");
+  EXPECT_EQ(one_type(xy(), {{DType::kF32, {8, 4}, P("X", "Y")}},
+                     [](V v) { return checkpoint([](V a) { return std::vector<Value>{tanh(a[0])}; })(v); }),
+            "f32[8@X,4@Y]");
+}
+
+// shard_map on a mesh of Explicit axes (jax/_src/shard_map.py, JAX >= 0.9): an in_spec other
+// than the argument's type is an error, not an implicit reshard; omitted in_specs are the
+// arguments' types (test_shmap_full_manual_context_explicit in tests/shard_map_test.py omits
+// them); inside the body values are blocks split over no mesh axis; a result's type is its
+// out_spec.
+TEST(ExplicitShardMap, InSpecsMustBeTheArgumentsTypesAndResultsAreTypedByOutSpecs) {
+  const std::vector<Input> in = {{DType::kF32, {16, 8}, P("X", None)}};
+  std::string body_type;
+  auto twice = [&body_type](V b) {
+    body_type = type_of(b[0]).to_string();
+    return std::vector<Value>{b[0] * 2.0};
+  };
+  EXPECT_EQ(one_type(xy(), in, [&](V v) { return shard_map(twice, xy(), {P("X", None)}, {P("X", None)})(v); }),
+            "f32[16@X,8]");
+  EXPECT_EQ(body_type, "f32[8,8]");
+  EXPECT_EQ(one_type(xy(), in, [&](V v) { return shard_map(twice, xy(), {}, {P("X", None)})(v); }), "f32[16@X,8]");
+  EXPECT_EQ(one_type(xy(), in,
+                     [&](V v) {
+                       return shard_map([](V b) { return std::vector<Value>{psum(b[0], "X")}; }, xy(), {},
+                                        {P(None, "Y")})(v);
+                     }),
+            "f32[8,32@Y]");
+  EXPECT_EQ(one_type(xy(), in, [&](V v) { return shard_map(twice, xy(), {P()}, {P()})(v); }),
+            "error: shard_map: in_specs passed to shard_map: P(None, None) does not match the specs of the input: "
+            "P('X', None) for arg: f32[16@X,8]. `in_specs` is an optional argument so you can omit specifying it and "
+            "shard_map will infer the in_specs from the arguments. If you want to reshard your inputs, you can use "
+            "`reshard` on the arguments and then pass those args to shard_map.");
 }
 
 // grad in explicit mode: a cotangent takes its primal's type (the notebook's "tangent values

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -507,6 +508,116 @@ TEST_F(ExplicitJitTest, SortCumulativePadDynamicSlicesAndScatterRunByTheirTypes)
     expect_near(fetch((*out)[i]), *want);
   }
   EXPECT_TRUE((*out)[6].sharding().is_equivalent_to(NamedSharding(mesh, P(None, "Y")), 2));
+}
+
+// Control flow in explicit mode (client/explicit/control.cc) on the (4, 2) mesh: a scan over
+// xs split along a later dimension carries h f32[16@X,8] (its type kept, as JAX's
+// _check_carry_type requires) and stacks ys f32[5,16@X] (the row type with an unsplit leading
+// dimension, as _scan_abstract_eval's unmapped avals); its gradient comes back as its primal's
+// type (tests/pjit_test.py test_scan); fori_loop, while_loop, cond and checkpoint keep split
+// operands' types. Values against a host computation in double.
+TEST_F(ExplicitJitTest, ControlFlowRunsByItsTypes) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray h0 = random_f32({16, 8}, 31), xs = random_f32({5, 16, 8}, 32), w = random_f32({16, 8}, 33);
+  std::vector<std::string> types;
+  auto recurrence = [](const Value& h, const Value& x) {
+    ScanResult r = scan(
+        [](const std::vector<Value>& c, const std::vector<Value>& row) {
+          const Value next = tanh(c[0] + row[0] * 0.5);
+          return ScanStep{{next}, {sum(next, {1})}};
+        },
+        {h}, {x});
+    return r;
+  };
+  absl::StatusOr<std::vector<Array>> out = jit([&](const std::vector<Value>& in) {
+    const ScanResult r = recurrence(in[0], in[1]);
+    const Value dh = grad([&](const std::vector<Value>& p) {
+      return std::vector<Value>{sum(recurrence(p[0], in[1]).carry[0])};
+    })({in[0]})[0];
+    const Value looped =
+        fori_loop(0, 3, [](const Value&, const std::vector<Value>& c) { return std::vector<Value>{c[0] * 0.5 + 1.0}; },
+                  {in[2]})[0];
+    const Value doubled =
+        while_loop([](const std::vector<Value>& c) { return sum(c[0]) < full({}, 1000.0); },
+                   [](const std::vector<Value>& c) { return std::vector<Value>{c[0] * 2.0}; }, {abs(in[2]) + 1.0})[0];
+    const Value chosen = cond(
+        sum(in[2]) > full({}, 0.0), [](const std::vector<Value>& a) { return std::vector<Value>{a[0] * 2.0}; },
+        [](const std::vector<Value>& a) { return std::vector<Value>{a[0] - 1.0}; }, {in[2]})[0];
+    const Value remat =
+        checkpoint([](const std::vector<Value>& a) { return std::vector<Value>{tanh(a[0])}; })({in[2]})[0];
+    std::vector<Value> results = {r.carry[0], r.ys[0], dh, looped, doubled, chosen, remat};
+    for (const Value& v : results) types.push_back(type_of(v).to_string());
+    return results;
+  })({put_on(mesh, h0, P("X", None)), put_on(mesh, xs, P(None, "X", None)), put_on(mesh, w, P("X", "Y"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(types, ::testing::ElementsAre("f32[16@X,8]", "f32[5,16@X]", "f32[16@X,8]", "f32[16@X,8@Y]",
+                                            "f32[16@X,8@Y]", "f32[16@X,8@Y]", "f32[16@X,8@Y]"));
+  // The host: h_{t+1} = tanh(h_t + x_t / 2), ys_t = the rows' sums of h_{t+1}; d sum(h_5) / d h_0
+  // is the product over t of (1 - h_{t+1}^2).
+  const float *hv = h0.values<float>().data(), *xv = xs.values<float>().data(), *wv = w.values<float>().data();
+  std::vector<double> h(hv, hv + 128), dh(128, 1.0), ys;
+  for (int t = 0; t < 5; ++t) {
+    for (int i = 0; i < 128; ++i) {
+      h[i] = std::tanh(h[i] + 0.5 * xv[t * 128 + i]);
+      dh[i] *= 1 - h[i] * h[i];
+    }
+    for (int r = 0; r < 16; ++r) ys.push_back(std::accumulate(h.begin() + r * 8, h.begin() + r * 8 + 8, 0.0));
+  }
+  std::vector<double> looped(wv, wv + 128), doubled, chosen, remat;
+  double total = 0, doubled_total = 0;
+  for (int i = 0; i < 128; ++i) {
+    for (int k = 0; k < 3; ++k) looped[i] = looped[i] * 0.5 + 1.0;
+    total += wv[i];
+    doubled.push_back(std::abs(wv[i]) + 1.0);
+    doubled_total += doubled.back();
+    remat.push_back(std::tanh(wv[i]));
+  }
+  while (doubled_total < 1000.0) {
+    for (double& v : doubled) v *= 2;
+    doubled_total *= 2;
+  }
+  for (int i = 0; i < 128; ++i) chosen.push_back(total > 0 ? wv[i] * 2.0 : wv[i] - 1.0);
+  for (const auto& [i, want] : std::vector<std::pair<int, const std::vector<double>*>>{
+           {0, &h}, {1, &ys}, {2, &dh}, {3, &looped}, {4, &doubled}, {5, &chosen}, {6, &remat}}) {
+    SCOPED_TRACE(i);
+    expect_near(fetch((*out)[i]), *want, 1e-4);
+  }
+  EXPECT_TRUE((*out)[0].sharding().is_equivalent_to(NamedSharding(mesh, P("X", None)), 2));
+  EXPECT_TRUE((*out)[1].sharding().is_equivalent_to(NamedSharding(mesh, P(None, "X")), 2));
+  EXPECT_TRUE((*out)[2].sharding().is_equivalent_to(NamedSharding(mesh, P("X", None)), 2));
+  EXPECT_TRUE((*out)[4].sharding().is_equivalent_to(NamedSharding(mesh, P("X", "Y")), 2));
+}
+
+// shard_map on an Explicit mesh (jax/_src/shard_map.py, JAX >= 0.9), as tests/shard_map_test.py's
+// test_shmap_full_manual_context_explicit: in_specs omitted, the argument enters as its type
+// P('X', 'Y'); the result is typed and laid out by out_specs; values x * 2 against the host. An
+// in_spec that is not the argument's type is refused rather than resharded.
+TEST_F(ExplicitJitTest, ShardMapTakesItsArgumentsAsTheirTypesSay) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray x = random_f32({16, 8}, 41);
+  const Array xs = put_on(mesh, x, P("X", "Y"));
+  std::string block;
+  ShardMapped f = shard_map(
+      [&block](const std::vector<Value>& b) {
+        block = type_of(b[0]).to_string();
+        return std::vector<Value>{b[0] * 2.0};
+      },
+      mesh, {}, {P("X", "Y")});
+  absl::StatusOr<std::vector<Array>> y = f({xs});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(block, "f32[4,4]");
+  EXPECT_EQ(type_of((*y)[0]).to_string(), "f32[16@X,8@Y]");
+  std::vector<double> want;
+  for (float v : x.values<float>()) want.push_back(2.0 * v);
+  expect_near(fetch((*y)[0]), want);
+  absl::StatusOr<std::vector<Array>> refused =
+      shard_map([](const std::vector<Value>& b) { return std::vector<Value>{b[0] * 2.0}; }, mesh, {P("X", None)},
+                {P("X", None)})({xs});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("in_specs passed to shard_map: P('X', None) does not match the specs of the input: P('X', 'Y') "
+                        "for arg: f32[16@X,8@Y]"));
 }
 
 // Total buffers on the mesh's devices, from their stats.

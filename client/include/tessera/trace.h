@@ -426,7 +426,9 @@ struct ScanStep {
 using ScanFunction = std::function<ScanStep(const std::vector<Value>& carry, const std::vector<Value>& x)>;
 struct ScanResult {
   std::vector<Value> carry;  // the final carries (invalid Values when the trace failed)
-  std::vector<Value> ys;     // each y stacked: (length, ...)
+  // Each y stacked: (length, ...); invalid Values when the trace failed (none when it failed
+  // before the body was traced: invalid operands, xs without a common leading dimension).
+  std::vector<Value> ys;
 };
 ScanResult scan(const ScanFunction& f, const std::vector<Value>& init, const std::vector<Value>& xs,
                 std::optional<int64_t> length = std::nullopt, bool reverse = false);

@@ -1,0 +1,142 @@
+// Explicit-mode sharding rules of control flow, as JAX's (jax/_src/lax/control_flow/): a
+// carry's sharding is part of its type, so a body must give each carry back with the type it
+// got (loops.py, _check_carry_type: "scan body function carry input and carry output must have
+// equal types"); scan's xs enter split along their leading dimension by the scan, each row
+// typed as its xs without that dimension (core.py, _map_shaped_array), and an xs whose leading
+// dimension is split is an error (loops.py, _infer_scan_length: "0th dimension of all xs
+// should be replicated"); the stacked ys are the body's result types with an unsplit leading
+// dimension (_unmap_shaped_array with no mesh axis, in _scan_abstract_eval); cond/switch
+// branches must agree on their output types (conditionals.py, _check_branch_outputs), which
+// are the results' types. while_loop and fori_loop are scan's carry rule; checkpoint is a
+// one-branch switch.
+//
+// A body traced in explicit mode pins each result to its type (trace.cc), so the sub-graphs
+// carry their result types as those constraints: body_output_spec reads them back, which lets
+// a scan or switch node be typed again wherever its graph is inlined.
+#include <cctype>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/explicit/rules.h"
+#include "core/op_attrs.h"
+
+namespace tessera::internal {
+namespace {
+
+// JAX's list of differences: one is a sentence, several a bullet list ("  * a;\n\n  * b.\n"
+// for carries, "  * a;\n  * b.\n" for branch outputs).
+std::string differences(std::vector<std::string> diffs, const char* between) {
+  if (diffs.size() == 1) {
+    diffs[0][0] = static_cast<char>(std::toupper(static_cast<unsigned char>(diffs[0][0])));
+    return absl::StrCat(diffs[0], ".\n");
+  }
+  std::string out;
+  for (size_t i = 0; i + 1 < diffs.size(); ++i) absl::StrAppend(&out, "  * ", diffs[i], ";", between);
+  return absl::StrCat(out, "  * ", diffs.back(), ".\n");
+}
+
+// core.py's aval_mismatch_extra: what differs besides the sharding (which it leaves unsaid).
+std::string mismatch_extra(const TypedOperand& a, const TypedOperand& b) {
+  std::vector<std::string> m;
+  if (a.dtype != b.dtype) m.push_back("the dtypes do not match");
+  if (a.shape != b.shape) m.push_back("the shapes do not match");
+  if (m.empty()) return "";
+  if (m.size() == 1) return ", so " + m[0];
+  return absl::StrCat(", so ", m[0], ", and ", m[1]);
+}
+
+bool same_type(const TypedOperand& a, const TypedOperand& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && a.spec == b.spec;
+}
+
+std::string type_text(const TypedOperand& x) { return type_string(x.dtype, x.shape, x.spec); }
+
+TypeRuleResult scan(const TypeRuleCall& c) {
+  const ScanAttrs& a = c.node.attrs<ScanAttrs>();
+  TypeRuleResult r = scan_xs_type_rule(
+      std::vector<TypedOperand>(c.operands.begin() + static_cast<std::ptrdiff_t>(a.num_carry), c.operands.end()));
+  if (!r.error.empty()) return r;
+  if (a.output < a.num_carry) {
+    r.spec = c.operands[a.output].spec;  // a carry keeps its type (checked when traced)
+    return r;
+  }
+  r.spec = body_output_spec(*a.body, static_cast<size_t>(a.output), c.mesh);
+  r.spec.insert(r.spec.begin(), Axes{});
+  return r;
+}
+
+// while_loop(carry...): each result is its carry, of the carry's type.
+TypeRuleResult while_loop(const TypeRuleCall& c) {
+  return TypeRuleResult{c.operands[c.node.attrs<BranchesAttrs>().output].spec, "", ""};
+}
+
+// switch(index, operands...): the branches' output type (they agree: checked when traced).
+TypeRuleResult switch_(const TypeRuleCall& c) {
+  const BranchesAttrs& a = c.node.attrs<BranchesAttrs>();
+  return TypeRuleResult{body_output_spec(*a.graphs[0], static_cast<size_t>(a.output), c.mesh), "", ""};
+}
+
+}  // namespace
+
+TypeSpec body_output_spec(const Graph& g, size_t j, const Mesh& mesh) {
+  const Node& n = g.node(g.outputs()[j]);
+  const int rank = static_cast<int>(n.shape.size());
+  if (n.op != Op::kShardingConstraint) return TypeSpec(rank);
+  return type_spec_of(n.attrs<ShardingAttrs>().sharding.spec(), mesh, rank);
+}
+
+TypeRuleResult scan_xs_type_rule(const std::vector<TypedOperand>& xs) {
+  TypeRuleResult r;
+  bool split = false;
+  std::vector<std::string> specs;
+  for (const TypedOperand& x : xs) {
+    split = split || (!x.spec.empty() && !x.spec[0].empty());
+    specs.push_back(to_partition_spec(x.spec).to_string());
+  }
+  if (split) {
+    r.error = absl::StrCat("0th dimension of all xs should be replicated. Got ", absl::StrJoin(specs, ", "));
+    r.fix = "reshard the xs so that the scanned dimension is not split (reshard(xs, P(None, ...)))";
+  }
+  return r;
+}
+
+std::string carry_type_mismatch(absl::string_view name, const std::vector<TypedOperand>& in,
+                                const std::vector<TypedOperand>& out) {
+  std::vector<std::string> diffs;
+  for (size_t k = 0; k < in.size() && k < out.size(); ++k) {
+    if (same_type(in[k], out[k])) continue;
+    diffs.push_back(absl::StrCat("the input carry at path [", k, "] has type ", type_text(in[k]),
+                                 " but the corresponding output carry component has type ", type_text(out[k]),
+                                 mismatch_extra(in[k], out[k])));
+  }
+  if (diffs.empty()) return "";
+  return absl::StrCat(name, " function carry input and carry output must have equal types, but they differ:\n\n",
+                      differences(std::move(diffs), "\n\n"),
+                      "\nRevise the function so that all output types match the corresponding input types.");
+}
+
+std::string branch_type_mismatch(absl::string_view api, absl::string_view name1, absl::string_view name2,
+                                 const std::vector<TypedOperand>& out1, const std::vector<TypedOperand>& out2) {
+  std::vector<std::string> diffs;
+  for (size_t j = 0; j < out1.size() && j < out2.size(); ++j) {
+    if (same_type(out1[j], out2[j])) continue;
+    diffs.push_back(absl::StrCat("the output of ", name1, " at path [", j, "] has type ", type_text(out1[j]),
+                                 " but the corresponding output of ", name2, " has type ", type_text(out2[j]),
+                                 mismatch_extra(out1[j], out2[j])));
+  }
+  if (diffs.empty()) return "";
+  return absl::StrCat(api, " branches must have equal output types but they differ.\n\n",
+                      differences(std::move(diffs), "\n"), "\nRevise ", name1, " and/or ", name2,
+                      " so that all output types match.");
+}
+
+absl::Span<const std::pair<Op, TypeRule>> control_type_rules() {
+  static const std::pair<Op, TypeRule> kRules[] = {
+      {Op::kScan, scan},
+      {Op::kWhile, while_loop},
+      {Op::kSwitch, switch_},
+  };
+  return kRules;
+}
+
+}  // namespace tessera::internal
