@@ -16,7 +16,8 @@ arrays. randint, permutation and choice are JAX's algorithms (jax/_src/random/co
 _randint, _shuffle, choice) composed from the SDK's ops, so their values are JAX's for the
 same key; randint and choice of 64-bit integers (jax_enable_x64) would need 64-bit random
 bits, which Tessera does not draw, and permutation(independent=True) of an array of more than
-one dimension a per-lane gather (take_along_axis), which the SDK lacks.
+one dimension a per-lane gather (take_along_axis), which the SDK lacks; choice's mode='high'
+is not supported.
 """
 from . import _tessera as _t
 import math
@@ -273,13 +274,14 @@ def permutation(key, x, axis=0, independent=False):
 
 def choice(key, a, shape=(), replace=True, p=None, axis=0, mode=None):
     """jax.random.choice: `shape` samples of arange(a) for an integer a, else of a's slices
-    along `axis`; with replace=False no element twice. JAX's algorithm (randint indices with
-    replacement, a permutation's first entries without), so JAX's values for the same key."""
+    along `axis`, uniformly or with probabilities p; with replace=False no element twice.
+    JAX's algorithms (randint indices or inverse-CDF draws with replacement; a permutation's
+    first entries or the Gumbel top-k without), so JAX's values for the same key."""
     from collections.abc import Sequence
     if not isinstance(shape, Sequence):
         raise TypeError(f"shape argument of jax.random.choice must be a sequence, got {shape}")
-    if p is not None:
-        raise NotImplementedError("random.choice with p= is not implemented yet")
+    if mode not in (None, "low"):
+        raise NotImplementedError(f"random.choice: mode {mode!r} is not supported (the default 'low' is)")
     shape = _shape(tuple(shape), "random.choice")
     scalar = isinstance(a, (int, _np.integer)) and not isinstance(a, bool)
     if not scalar and (_np.ndim(a) if not hasattr(a, "ndim") else a.ndim) == 0:
@@ -303,7 +305,33 @@ def choice(key, a, shape=(), replace=True, p=None, axis=0, mode=None):
     if not replace and n_draws > n_inputs:
         raise ValueError(f"Cannot take a larger sample (size {n_draws}) than population (size {n_inputs}) "
                          "when 'replace=False'")
+    if p is not None:
+        if (tuple(p.shape) if hasattr(p, "shape") else _np.shape(p)) != (n_inputs,):
+            raise ValueError("p must be None or a 1D vector with the same size as a.shape[axis]. "
+                             f"p has shape {_np.shape(p)} and a.shape[axis] is {n_inputs}.")
+        return _choice_p(key, a, p, shape, bool(replace), axis, n_draws)
     return _choice(key, a, shape, bool(replace), axis, n_inputs, n_draws)
+
+
+@_op
+def _choice_p(key, a, p, shape, replace, axis, n_draws):
+    """core.py choice with p: inverse-CDF sampling with replacement (jnp.searchsorted, here
+    the count of cumsum(p) entries below each draw), the Gumbel top-k trick without."""
+    key = _tracer(key)
+    arr = None if isinstance(a, int) else _tracer(a)
+    p = _tracer(p)
+    if p.dtype.kind != "f":
+        p = p.astype(_float_dtype())
+    if replace:
+        p_cuml = _jnp.cumsum(p)
+        r = p_cuml[-1] * (1 - uniform(key, shape, dtype=p.dtype))
+        ind = _jnp.sum((p_cuml < _jnp.expand_dims(r, -1)).astype(_int_dtype()), axis=-1)
+    else:
+        tiny = float(_np.finfo(p.dtype).tiny)
+        g = -_jnp.log(-_jnp.log(uniform(key, (p.shape[0],), dtype=p.dtype, minval=tiny, maxval=1.0))) + _jnp.log(p)
+        ind = _wrap(_t.top_k(g._v, n_draws)[1]).astype(_int_dtype())
+    result = ind if arr is None else _jnp.take(arr, ind, axis=axis)
+    return _jnp.reshape(result, shape if arr is None else arr.shape[:axis] + tuple(shape) + arr.shape[axis + 1:])
 
 
 @_op

@@ -272,3 +272,23 @@ def test_choice_is_jax_algorithm():
         random.choice(key, 5, 2, replace=False)
     with pytest.raises(ValueError, match="larger sample"):
         random.choice(key, 5, (6,), replace=False)
+
+
+def test_choice_with_p_is_jax_algorithm():
+    key = random.PRNGKey(5)
+    p = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+    # With replacement (core.py choice): r = cumsum(p)[-1] * (1 - uniform(key, shape)), the
+    # index searchsorted(cumsum(p), r) (side 'left': the count of cumsum entries below r).
+    c = np.asarray(random.choice(key, 4, (2000,), p=p))
+    cum = np.cumsum(p, dtype=np.float32)
+    r = cum[-1] * (np.float32(1) - np.asarray(random.uniform(key, (2000,))))
+    assert c.dtype == np.int32 and c.tolist() == np.searchsorted(cum, r, side="left").tolist()
+    assert np.allclose(np.bincount(c, minlength=4) / 2000, p, atol=0.04)
+    # Without: the Gumbel top-k trick, -log(-log(uniform(minval=tiny))) + log(p).
+    x = np.arange(40, dtype=np.float32).reshape(4, 10)
+    got = np.asarray(random.choice(key, x, (3,), replace=False, p=p))
+    u = np.asarray(random.uniform(key, (4,), minval=float(np.finfo(np.float32).tiny), maxval=1.0))
+    g = -np.log(-np.log(u)) + np.log(p)
+    assert got.tolist() == x[np.argsort(-g, kind="stable")[:3]].tolist()
+    with pytest.raises(ValueError, match="same size"):
+        random.choice(key, 5, (2,), p=p)
