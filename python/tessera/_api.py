@@ -51,12 +51,21 @@ def _sdk_call(fn, *args):
         _trace.raise_pending(e)
 
 
-def _put_numpy(x, sharding):
+def _put_numpy(x, sharding, committed=True):
     from .numpy import canonical_dtype
     # Not np.ascontiguousarray, which makes a 0-d array 1-d: jnp.sqrt(2) and device_put of a
     # numpy scalar keep shape ().
     host = _np.asarray(x, dtype=canonical_dtype(_np.asarray(x).dtype), order="C")
-    return Array(config.client().device_put(host, sharding._cpp))
+    return Array(config.client().device_put(host, sharding._cpp), committed)
+
+
+def _uncommitted_array(host):
+    """What a creation function returns outside a trace: an uncommitted Array on device 0."""
+    return _put_numpy(host, _default_sharding(), committed=False)
+
+
+def _is_uncommitted(x):
+    return isinstance(x, Array) and not x._committed
 
 
 class _Jitted:
@@ -91,12 +100,14 @@ class _Jitted:
                tuple((i, _static_key(l)) for i, l in enumerate(leaves) if not _is_dynamic(l)), get_abstract_mesh())
         shardings = self._arg_shardings(dyn, kwargs, len(leaves))
         arrays = [self._place(leaves[i], shardings[i], leaves) for i in dyn_pos]
+        # Outputs of only uncommitted inputs (and no shardings asked for) stay uncommitted.
+        committed = any(a._committed for a in arrays) or self._out_shardings is not None
         entry = self._cache.get(key)
         if entry is None:
             entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn)
         cpp, out_tree = entry
         outs = _sdk_call(cpp, [a._a for a in arrays])
-        return tree_unflatten(out_tree[0], [Array(o) for o in outs])
+        return tree_unflatten(out_tree[0], [Array(o, committed) for o in outs])
 
     def _arg_shardings(self, dyn, kwargs, n):
         if self._in_shardings is None:
@@ -105,13 +116,18 @@ class _Jitted:
         return flat + [None] * (n - len(flat))
 
     def _place(self, leaf, sharding, leaves):
-        if isinstance(leaf, Array):
+        if isinstance(leaf, Array) and leaf._committed:
             return leaf
         if sharding is None:
-            committed = next((l for l in leaves if isinstance(l, Array)), None)
-            target = NamedSharding(committed.sharding.mesh, PartitionSpec()) if committed is not None else _default_sharding()
+            committed = next((l for l in leaves if isinstance(l, Array) and l._committed), None)
+            if committed is None:
+                # Only uncommitted arrays and numpy data: all on device 0, uncommitted.
+                return leaf if isinstance(leaf, Array) else _put_numpy(leaf, _default_sharding(), False)
+            target = NamedSharding(committed.sharding.mesh, PartitionSpec())
         else:
             target = _as_named(sharding, "jit in_shardings")
+        if isinstance(leaf, Array):
+            return _put_one(leaf, target)
         return _put_numpy(leaf, target)
 
     def _make(self, args, static, leaves, treedef, dyn_pos, shardings, dyn):
@@ -339,7 +355,8 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
         if traced:
             from .numpy import _tracer
             return [Tracer(v) for v in sm.call_values([_tracer(l)._v for l in leaves])]
-        arrays = [l if isinstance(l, Array) else _put_numpy(l, NamedSharding(mesh, s)) for l, s in zip(leaves, specs)]
+        arrays = [l if isinstance(l, Array) and l._committed else _put_one(l, NamedSharding(mesh, s))
+                  for l, s in zip(leaves, specs)]
         return [Array(o) for o in _sdk_call(sm.call_arrays, [a._a for a in arrays])]
 
     def call(*args):
@@ -407,20 +424,22 @@ _reshard = {}
 
 def _put_one(x, target):
     if target is None:
-        target = x.sharding if isinstance(x, Array) else _default_sharding()
+        if isinstance(x, Array):
+            return x  # jax.device_put(x): where it is, committed or not
+        target = _default_sharding()
     elif isinstance(target, Device):
         target = NamedSharding(Mesh([target], ("_default",)), PartitionSpec())
     else:
         target = _as_named(target, "device_put")
     if isinstance(x, Array):
         if x.sharding == target:
-            return x
+            return x if x._committed else Array(x._a)
         if x.sharding.mesh == target.mesh:
             from .lax import with_sharding_constraint
             j = _reshard.get(target)
             if j is None:
                 j = _reshard[target] = _Jitted(lambda a: with_sharding_constraint(a, target), None, None, (), ())
-            return j(x)
+            return Array(j(x)._a)  # committed to the sharding asked for
         return _put_numpy(_np.asarray(x), target)
     return _put_numpy(x, target)
 

@@ -551,7 +551,14 @@ def full(shape, fill_value, dtype=None):
     dt = canonical_dtype(dtype)
     if in_trace():
         return _full(shape, fill_value, dt)
-    return _np.full(shape, fill_value, dtype=dt)
+    return _device(_np.full(shape, fill_value, dtype=dt))
+
+
+def _device(host):
+    """A creation function's result outside a trace: an uncommitted Array on device 0, as
+    JAX's (jit and shard_map move it to their arguments' mesh)."""
+    from ._api import _uncommitted_array
+    return _uncommitted_array(host)
 
 
 def zeros(shape, dtype=None):
@@ -582,7 +589,7 @@ def arange(start, stop=None, step=1, dtype=None):
     dt = canonical_dtype(dtype)
     n = builtins.max(0, int(_np.ceil((stop - start) / step)))
     if not in_trace():
-        return _np.arange(start, stop, step).astype(dt)
+        return _device(_np.arange(start, stop, step).astype(dt))
     out = Tracer(_t.iota(_enum(dt), [n], 0))
     return out * step + start if (step != 1 or start != 0) else out
 
@@ -591,7 +598,7 @@ def eye(N, M=None, dtype=None):
     M = N if M is None else M
     dt = _creation_dtype(dtype, _float_dtype())
     if not in_trace():
-        return _np.eye(N, M, dtype=dt)
+        return _device(_np.eye(N, M, dtype=dt))
     i = Tracer(_t.iota(_t.DType.int32, [N, M], 0))
     j = Tracer(_t.iota(_t.DType.int32, [N, M], 1))
     return (i == j).astype(dt)
@@ -604,7 +611,7 @@ def array(x, dtype=None):
     dt = canonical_dtype(host.dtype if dtype is None else dtype)
     if in_trace():
         return _tracer(host.astype(dt)[()] if host.ndim == 0 else host.astype(dt))
-    return host.astype(dt)
+    return _device(host.astype(dt))
 
 
 asarray = array

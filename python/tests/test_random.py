@@ -40,7 +40,7 @@ def test_keys_split_fold_in_and_uniform_match_jax():
 
 
 def test_inside_jit_a_sharded_sample_equals_the_unsharded_one(mesh):
-    # (The key goes onto the mesh first: Tessera does not move uncommitted arrays yet, #16 item 4.)
+    # (The key goes onto the mesh explicitly; an uncommitted key would be moved there too.)
     key = tessera.device_put(random.PRNGKey(1701), NamedSharding(mesh, P()))
     whole = np.asarray(random.normal(key, (16, 8)))
     f = tessera.jit(lambda k: random.normal(k, (16, 8)), out_shardings=NamedSharding(mesh, P("data", "model")))

@@ -142,3 +142,30 @@ def test_remat_with_a_policy_and_inside_shard_map_keeps_values_and_gradients(mes
     assert np.asarray(g).tolist() == np.asarray(plain_g).tolist()
     # Outside shard_map, a policy is accepted too (jit of remat as before).
     assert np.allclose(np.asarray(jax.jit(partial(jax.remat, policy=None)(lambda v: v * 2))(w)), w * 2)
+
+
+def test_creation_functions_make_uncommitted_arrays_that_jit_and_shard_map_move(mesh8):
+    # sharded-computation tutorial: jnp.arange(32.0).reshape(4, 8) is an Array on device 0
+    # (arr.devices(), arr.sharding); shard_map notebook's check_shmap: jnp.concatenate of
+    # blocks of a jnp array compared (jit) with a shard_map result on a mesh. An uncommitted
+    # array moves to the committed arguments' mesh; a committed one on another mesh does not.
+    arr = jnp.arange(32.0).reshape(4, 8)
+    assert isinstance(arr, jax.Array) and arr.devices() == {jax.devices()[0]}
+    assert not arr._committed and arr.sharding.spec == P(None, None)
+    y = jax.device_put(np.arange(32.0, dtype=np.float32), NamedSharding(mesh8, P("x")))
+    assert y._committed
+    out = jax.jit(lambda a, b: a + b)(y, jnp.ones(32))
+    assert out._committed and out.sharding.mesh == mesh8
+    assert np.asarray(out).tolist() == (np.arange(32.0) + 1).tolist()
+    blocks = jnp.concatenate(jnp.split(jnp.arange(32.0), 4))
+    assert not blocks._committed
+    assert bool(jnp.allclose(y, blocks))
+    sm = jax.shard_map(lambda b: b * 2, mesh=mesh8, in_specs=P("x"), out_specs=P("x"))(jnp.arange(8.0))
+    assert sm.sharding.spec == P("x") and np.asarray(sm).tolist() == (np.arange(8.0) * 2).tolist()
+    # device_put commits; numpy functions take Arrays as arrays, and ndarray + Array is an Array.
+    assert jax.device_put(arr)._committed is False and jax.device_put(arr, jax.devices()[0])._committed
+    assert isinstance(np.sin(arr), np.ndarray) and isinstance(np.ones((4, 8)) + arr, jax.Array)
+    other = jax.make_mesh((2,), ("x",), devices=jax.devices()[2:4])
+    z = jax.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(other, P("x")))
+    with pytest.raises(ValueError, match="every argument must be on one mesh"):
+        jax.jit(lambda a, b: a + b)(y[:8], z)
