@@ -51,12 +51,21 @@ def _sdk_call(fn, *args):
         _trace.raise_pending(e)
 
 
-def _put_numpy(x, sharding):
+def _put_numpy(x, sharding, committed=True):
     from .numpy import canonical_dtype
     # Not np.ascontiguousarray, which makes a 0-d array 1-d: jnp.sqrt(2) and device_put of a
     # numpy scalar keep shape ().
     host = _np.asarray(x, dtype=canonical_dtype(_np.asarray(x).dtype), order="C")
-    return Array(config.client().device_put(host, sharding._cpp))
+    return Array(config.client().device_put(host, sharding._cpp), committed)
+
+
+def _uncommitted_array(host):
+    """What a creation function returns outside a trace: an uncommitted Array on device 0."""
+    return _put_numpy(host, _default_sharding(), committed=False)
+
+
+def _is_uncommitted(x):
+    return isinstance(x, Array) and not x._committed
 
 
 class _Jitted:
@@ -91,12 +100,14 @@ class _Jitted:
                tuple((i, _static_key(l)) for i, l in enumerate(leaves) if not _is_dynamic(l)), get_abstract_mesh())
         shardings = self._arg_shardings(dyn, kwargs, len(leaves))
         arrays = [self._place(leaves[i], shardings[i], leaves) for i in dyn_pos]
+        # Outputs of only uncommitted inputs (and no shardings asked for) stay uncommitted.
+        committed = any(a._committed for a in arrays) or self._out_shardings is not None
         entry = self._cache.get(key)
         if entry is None:
             entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn)
         cpp, out_tree = entry
         outs = _sdk_call(cpp, [a._a for a in arrays])
-        return tree_unflatten(out_tree[0], [Array(o) for o in outs])
+        return tree_unflatten(out_tree[0], [Array(o, committed) for o in outs])
 
     def _arg_shardings(self, dyn, kwargs, n):
         if self._in_shardings is None:
@@ -105,13 +116,18 @@ class _Jitted:
         return flat + [None] * (n - len(flat))
 
     def _place(self, leaf, sharding, leaves):
-        if isinstance(leaf, Array):
+        if isinstance(leaf, Array) and leaf._committed:
             return leaf
         if sharding is None:
-            committed = next((l for l in leaves if isinstance(l, Array)), None)
-            target = NamedSharding(committed.sharding.mesh, PartitionSpec()) if committed is not None else _default_sharding()
+            committed = next((l for l in leaves if isinstance(l, Array) and l._committed), None)
+            if committed is None:
+                # Only uncommitted arrays and numpy data: all on device 0, uncommitted.
+                return leaf if isinstance(leaf, Array) else _put_numpy(leaf, _default_sharding(), False)
+            target = NamedSharding(committed.sharding.mesh, PartitionSpec())
         else:
             target = _as_named(sharding, "jit in_shardings")
+        if isinstance(leaf, Array):
+            return _put_one(leaf, target)
         return _put_numpy(leaf, target)
 
     def _make(self, args, static, leaves, treedef, dyn_pos, shardings, dyn):
@@ -260,14 +276,21 @@ def value_and_grad(fun, argnums=0, has_aux=False):
 def checkpoint(fun, *, prevent_cse=True, policy=None, static_argnums=()):
     """jax.checkpoint / jax.remat(fun), inside a trace: the same values, but grad recomputes
     fun's forward in the backward pass instead of keeping its intermediates (the SDK's
-    checkpoint). Saving policies and static_argnums are not supported."""
-    if policy is not None or static_argnums:
-        raise TypeError("checkpoint: policy and static_argnums are not supported")
-    del prevent_cse  # the recomputation is inside a sub-program: nothing can merge it away
+    checkpoint). A saving policy is accepted and not followed: nothing is saved, everything is
+    recomputed (the values and gradients are the same; only the memory and time differ). Inside
+    a shard_map body, where the SDK's checkpoint is not built, fun runs as it is (again the same
+    values and gradients, its intermediates kept). static_argnums is not supported."""
+    if static_argnums:
+        raise TypeError("checkpoint: static_argnums is not supported")
+    del prevent_cse, policy  # the recomputation is inside a sub-program: nothing can merge it away
 
     @functools.wraps(fun)
     def wrapped(*args):
         from .numpy import _tracer
+        if getattr(_trace._state, "manual", 0):
+            # Inside a shard_map body the SDK's checkpoint is not built (control.cc's
+            # control_trace): fun runs as it is, its intermediates kept for the backward pass.
+            return fun(*args)
         leaves, tree = tree_flatten(args)
         out_tree = [None]
 
@@ -296,14 +319,14 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
     if f is None:
         return functools.partial(shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                  check_vma=check_vma, check_rep=check_rep)
-    if mesh is None:
-        mesh = get_abstract_mesh()  # jax.shard_map without mesh=: the ambient mesh (set_mesh)
-    if mesh is None or in_specs is None or out_specs is None:
-        raise TypeError("shard_map needs mesh (or an ambient mesh: tessera.set_mesh), in_specs and out_specs")
+    if in_specs is None or out_specs is None:
+        raise TypeError("shard_map needs in_specs and out_specs (Tessera does not infer in_specs from the "
+                        "arguments' types)")
     check = check_vma if check_rep is None else check_rep
     cache = {}
+    fixed_mesh = mesh
 
-    def make(args, out_flat):
+    def make(args, out_flat, mesh):
         leaves, treedef = tree_flatten(args)
         prefix = in_specs if isinstance(in_specs, (tuple, list)) and not isinstance(in_specs, PartitionSpec) \
             else (in_specs,) * len(args)
@@ -314,7 +337,11 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
         seen = {}
 
         def body(values):
-            out = f(*tree_unflatten(treedef, [Tracer(v) for v in values]))
+            _trace._state.manual = getattr(_trace._state, "manual", 0) + 1
+            try:
+                out = f(*tree_unflatten(treedef, [Tracer(v) for v in values]))
+            finally:
+                _trace._state.manual -= 1
             out_leaves, seen["tree"] = tree_flatten(out)
             seen["specs"] = broadcast_prefix(out_specs, out, lambda p: isinstance(p, PartitionSpec))
             return [_as_value(o) for o in out_leaves]
@@ -323,21 +350,26 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
                           [s._cpp() for s in out_flat], check)
         return sm, seen, specs, len(out_flat)
 
-    def run(entry, leaves, traced):
+    def run(entry, leaves, traced, mesh):
         sm, seen, specs, _ = entry
         if traced:
             from .numpy import _tracer
             return [Tracer(v) for v in sm.call_values([_tracer(l)._v for l in leaves])]
-        arrays = [l if isinstance(l, Array) else _put_numpy(l, NamedSharding(mesh, s)) for l, s in zip(leaves, specs)]
+        arrays = [l if isinstance(l, Array) and l._committed else _put_one(l, NamedSharding(mesh, s))
+                  for l, s in zip(leaves, specs)]
         return [Array(o) for o in _sdk_call(sm.call_arrays, [a._a for a in arrays])]
 
     def call(*args):
+        # Without mesh=, the ambient mesh when called (as JAX resolves it), not when defined.
+        mesh = fixed_mesh if fixed_mesh is not None else get_abstract_mesh()
+        if mesh is None:
+            raise TypeError("shard_map needs mesh= or an ambient mesh (tessera.set_mesh) when called")
         leaves, treedef = tree_flatten(args)
         traced = _trace.in_trace() or any(isinstance(l, Tracer) for l in leaves)
-        key = (treedef, traced)
+        key = (treedef, traced, mesh)
         entry = cache.get(key)
         if entry is None:
-            entry = make(args, None)
+            entry = make(args, None, mesh)
             if traced and isinstance(out_specs, PartitionSpec):
                 # Inside a trace a wrong output count would fail the enclosing trace: learn the
                 # body's outputs first from a throwaway trace of its own.
@@ -348,9 +380,9 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
                 except errors.InvalidArgumentError:
                     pass
                 if "specs" in entry[1] and len(entry[1]["specs"]) != entry[3]:
-                    entry = make(args, entry[1]["specs"])
+                    entry = make(args, entry[1]["specs"], mesh)
         try:
-            outs = run(entry, leaves, traced)
+            outs = run(entry, leaves, traced, mesh)
             error = None
         except errors.InvalidArgumentError as e:
             outs, error = None, e
@@ -358,10 +390,17 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
         if "specs" in seen and len(seen["specs"]) != entry[3]:
             # out_specs is a prefix of more outputs than it has leaves: make the program again
             # with one spec per output, now that the body has shown them.
-            entry = make(args, seen["specs"])
-            outs, error = run(entry, leaves, traced), None
+            entry = make(args, seen["specs"], mesh)
+            outs, error = run(entry, leaves, traced, mesh), None
         if error is not None:
             raise error
+        if "tree" not in entry[1]:
+            # The body raised inside an enclosing trace: its exception is the error to show.
+            pending = getattr(_trace._state, "error", None)
+            if pending is not None:
+                _trace._state.error = None
+                raise pending
+            raise TypeError("shard_map: the body returned no value")
         cache[key] = entry
         return tree_unflatten(entry[1]["tree"], outs)
 
@@ -385,20 +424,22 @@ _reshard = {}
 
 def _put_one(x, target):
     if target is None:
-        target = x.sharding if isinstance(x, Array) else _default_sharding()
+        if isinstance(x, Array):
+            return x  # jax.device_put(x): where it is, committed or not
+        target = _default_sharding()
     elif isinstance(target, Device):
         target = NamedSharding(Mesh([target], ("_default",)), PartitionSpec())
     else:
         target = _as_named(target, "device_put")
     if isinstance(x, Array):
         if x.sharding == target:
-            return x
+            return x if x._committed else Array(x._a)
         if x.sharding.mesh == target.mesh:
             from .lax import with_sharding_constraint
             j = _reshard.get(target)
             if j is None:
                 j = _reshard[target] = _Jitted(lambda a: with_sharding_constraint(a, target), None, None, (), ())
-            return j(x)
+            return Array(j(x)._a)  # committed to the sharding asked for
         return _put_numpy(_np.asarray(x), target)
     return _put_numpy(x, target)
 
@@ -425,16 +466,38 @@ def reshard(x, out_shardings):
 
 
 class ShapedArray:
-    """What typeof gives: shape, dtype and the sharding over Explicit mesh axes; prints as
-    JAX's short form of a type, f32[8@X,2] (jax/_src/core.py, str_short)."""
+    """What typeof gives: shape, dtype and the sharding over Explicit mesh axes. str() is JAX's
+    (jax/_src/core.py ShapedArray.__str__, str_short_aval with the dtype's full name):
+    float32[8@X,2]; repr() is ShapedArray(float32[8@X,2]); `.sharding.spec` the type's spec
+    (None for dimensions on no Explicit axis)."""
 
-    def __init__(self, shape, dtype, text):
-        self.shape, self.dtype, self._text = tuple(shape), dtype, text
+    def __init__(self, shape, dtype, text, mesh=None):
+        self.shape, self.dtype = tuple(shape), _np.dtype(dtype)
+        # The SDK's text starts with the short dtype name (f32[...]); JAX's str has the full one.
+        self._text = self.dtype.name + text[text.index("["):]
+        self._mesh = mesh
 
     def __str__(self):
         return self._text
 
-    __repr__ = __str__
+    def __repr__(self):
+        return f"ShapedArray({self._text})"
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def sharding(self):
+        """NamedSharding(mesh, the type's spec) (a bare spec holder when no mesh is known)."""
+        import re
+        dims = self._text[self._text.index("[") + 1:self._text.index("]")]
+        entries = []
+        for _, axes in re.findall(r"(\d+)(?:@(\([^)]*\)|[^,\]]+))?", dims):
+            entries.append(None if not axes else tuple(axes.strip("()").split(",")) if axes.startswith("(") else axes)
+        spec = PartitionSpec(*entries)
+        mesh = self._mesh if self._mesh is not None else get_abstract_mesh()
+        return NamedSharding(mesh, spec) if mesh is not None else _TypeSpec(spec)
 
     def __eq__(self, other):
         return isinstance(other, ShapedArray) and other._text == self._text
@@ -443,20 +506,26 @@ class ShapedArray:
         return hash(self._text)
 
 
+class _TypeSpec:
+    def __init__(self, spec):
+        self.spec = spec
+
+
 _short = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "bool", "uint32": "u32"}
 
 
 def typeof(x):
     """jax.typeof: inside a trace of explicit mode (a mesh with Explicit axes) the Value's
-    sharding is part of its type, f32[16@data,8]; an Array's type shows its mesh's Explicit
-    axes; anything else its dtype and shape."""
+    sharding is part of its type, float32[16@data,8]; an Array's type shows its mesh's Explicit
+    axes; anything else its (JAX-canonical) dtype and shape."""
     if isinstance(x, Tracer):
         return ShapedArray(x.shape, x.dtype, _t.type_of(x._v))
     if isinstance(x, Array):
-        return ShapedArray(x.shape, x.dtype, _t.type_of_array(x._a))
+        return ShapedArray(x.shape, x.dtype, _t.type_of_array(x._a), x.sharding.mesh)
+    from .numpy import canonical_dtype
     a = _np.asarray(x)
-    dt = _short.get(a.dtype.name, a.dtype.name)
-    return ShapedArray(a.shape, a.dtype, f"{dt}[{','.join(str(d) for d in a.shape)}]")
+    dt = canonical_dtype(a.dtype)
+    return ShapedArray(a.shape, dt, f"[{','.join(str(d) for d in a.shape)}]")
 
 
 def device_get(x):

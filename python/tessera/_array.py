@@ -28,13 +28,24 @@ class Shard:
 
 
 class Array:
-    """A global array on the cluster's devices (jax.Array). np.asarray(a) fetches it."""
+    """A global array on the cluster's devices (jax.Array). np.asarray(a) fetches it.
 
+    Uncommitted (JAX's word): made by a creation function (jnp.arange, zeros, array, ...) or
+    by ops on such arrays only, on device 0; jit and shard_map move it to the mesh of the
+    committed arguments (replicated) as they place numpy data. device_put and results of
+    computations on committed arrays are committed."""
+
+    # As jax.Array: no __array_ufunc__, so numpy's operators defer to ours by priority
+    # (ndarray + Array is an Array) while numpy functions (np.sin(a)) take it as an array.
     __array_priority__ = 100
-    __array_ufunc__ = None  # numpy's operators defer to ours (ndarray + Array is an Array)
 
-    def __init__(self, cpp):
+    def __init__(self, cpp, committed=True):
         self._a = cpp
+        self._committed = committed
+
+    def devices(self):
+        """The set of devices holding a block (jax.Array.devices())."""
+        return {s.device for s in self.addressable_shards}
 
     @property
     def shape(self):

@@ -122,12 +122,12 @@ def _wrap(v):
 
 def _has_array(tree):
     from .tree_util import tree_leaves
-    return any(isinstance(l, (Array, _np.ndarray)) for l in tree_leaves(tree))
+    return builtins.any(isinstance(l, (Array, _np.ndarray)) for l in tree_leaves(tree))
 
 
 def _has_tracer(tree):
     from .tree_util import tree_leaves
-    return any(isinstance(l, Tracer) for l in tree_leaves(tree))
+    return builtins.any(isinstance(l, Tracer) for l in tree_leaves(tree))
 
 
 def _op(fn):
@@ -551,7 +551,14 @@ def full(shape, fill_value, dtype=None):
     dt = canonical_dtype(dtype)
     if in_trace():
         return _full(shape, fill_value, dt)
-    return _np.full(shape, fill_value, dtype=dt)
+    return _device(_np.full(shape, fill_value, dtype=dt))
+
+
+def _device(host):
+    """A creation function's result outside a trace: an uncommitted Array on device 0, as
+    JAX's (jit and shard_map move it to their arguments' mesh)."""
+    from ._api import _uncommitted_array
+    return _uncommitted_array(host)
 
 
 def zeros(shape, dtype=None):
@@ -582,7 +589,7 @@ def arange(start, stop=None, step=1, dtype=None):
     dt = canonical_dtype(dtype)
     n = builtins.max(0, int(_np.ceil((stop - start) / step)))
     if not in_trace():
-        return _np.arange(start, stop, step).astype(dt)
+        return _device(_np.arange(start, stop, step).astype(dt))
     out = Tracer(_t.iota(_enum(dt), [n], 0))
     return out * step + start if (step != 1 or start != 0) else out
 
@@ -591,7 +598,7 @@ def eye(N, M=None, dtype=None):
     M = N if M is None else M
     dt = _creation_dtype(dtype, _float_dtype())
     if not in_trace():
-        return _np.eye(N, M, dtype=dt)
+        return _device(_np.eye(N, M, dtype=dt))
     i = Tracer(_t.iota(_t.DType.int32, [N, M], 0))
     j = Tracer(_t.iota(_t.DType.int32, [N, M], 1))
     return (i == j).astype(dt)
@@ -604,7 +611,7 @@ def array(x, dtype=None):
     dt = canonical_dtype(host.dtype if dtype is None else dtype)
     if in_trace():
         return _tracer(host.astype(dt)[()] if host.ndim == 0 else host.astype(dt))
-    return host.astype(dt)
+    return _device(host.astype(dt))
 
 
 asarray = array
@@ -856,3 +863,171 @@ def _eager_getitem(x, idx):
 
 _install(Tracer)
 _install(Array)
+
+
+# ---- compositions the JAX tutorials use (jnp's definitions, over the ops above) ----------
+
+@_op
+def all(a, axis=None, keepdims=False):
+    """jnp.all: True where no element is zero (a count of the zeros, so empty is True)."""
+    a = _tracer(a)
+    zeros = (a == 0) if a.dtype.kind != "b" else logical_not(a)
+    return sum(zeros.astype(_int_dtype()), axis=axis, keepdims=keepdims) == 0
+
+
+@_op
+def any(a, axis=None, keepdims=False):
+    """jnp.any: True where some element is nonzero."""
+    a = _tracer(a)
+    nonzero = (a != 0) if a.dtype.kind != "b" else a
+    return sum(nonzero.astype(_int_dtype()), axis=axis, keepdims=keepdims) > 0
+
+
+alltrue, sometrue = all, any
+
+
+@_op
+def isnan(x):
+    x = _tracer(x)
+    return x != x if x.dtype.kind == "f" else full_like(x, False, _np.bool_)
+
+
+@_op
+def isinf(x):
+    x = _tracer(x)
+    return abs(x) == inf if x.dtype.kind == "f" else full_like(x, False, _np.bool_)
+
+
+@_op
+def isfinite(x):
+    x = _tracer(x)
+    return logical_not(isnan(x) | isinf(x)) if x.dtype.kind == "f" else full_like(x, True, _np.bool_)
+
+
+@_op
+def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """jnp.isclose (jax/_src/numpy/lax_numpy.py): |a - b| <= atol + rtol * |b| for floats, an
+    infinity close only to itself, NaN close to NaN only with equal_nan; integers compare equal."""
+    a, b = _same_dtype(a, b)
+    if a.dtype.kind != "f":
+        return a == b
+    out = abs(a - b) <= atol + rtol * abs(b)
+    a_inf, b_inf = isinf(a), isinf(b)
+    out = where(a_inf | b_inf, False, out) | (a_inf & b_inf & (a == b))
+    if equal_nan:
+        out = out | (isnan(a) & isnan(b))
+    return out
+
+
+def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """jnp.allclose: all(isclose(...)), a bool scalar array."""
+    return all(isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def array_equal(a1, a2, equal_nan=False):
+    if _np.shape(a1) != _np.shape(a2):
+        return False
+    eq = equal(a1, a2)
+    if equal_nan:
+        eq = eq | (isnan(a1) & isnan(a2))
+    return all(eq)
+
+
+@_op
+def copy(a, order=None):
+    """jnp.copy: the same values in a new array (arrays are immutable: an identity program)."""
+    return _tracer(a)
+
+
+def _ndim(a):
+    return a.ndim if isinstance(a, (Tracer, Array)) else _np.ndim(a)
+
+
+def _shape_of(a):
+    return tuple(a.shape) if isinstance(a, (Tracer, Array)) else _np.shape(a)
+
+
+def split(ary, indices_or_sections, axis=0):
+    """jnp.split: a list of slices of `ary` along `axis`, at the given indices or into that
+    many equal sections."""
+    size = _shape_of(ary)[axis]
+    if isinstance(indices_or_sections, (int, _np.integer)):
+        n = int(indices_or_sections)
+        if n <= 0 or size % n:
+            raise ValueError(f"array split does not result in an equal division: {size} into {n}")
+        bounds = [size // n * k for k in range(n + 1)]
+    else:
+        bounds = [0] + [builtins.min(builtins.max(int(i) + (size if i < 0 else 0), 0), size)
+                        for i in indices_or_sections] + [size]
+    axis = axis % _ndim(ary)
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        idx = (slice(None),) * axis + (slice(lo, builtins.max(lo, hi)),)
+        out.append(ary[idx])
+    return out
+
+
+def array_split(ary, indices_or_sections, axis=0):
+    """jnp.array_split: as split, the first size % n sections one longer."""
+    if not isinstance(indices_or_sections, (int, _np.integer)):
+        return split(ary, indices_or_sections, axis)
+    size, n = _shape_of(ary)[axis], int(indices_or_sections)
+    q, r = divmod(size, n)
+    cuts = _np.cumsum([q + 1] * r + [q] * (n - r))[:-1]
+    return split(ary, [int(c) for c in cuts], axis)
+
+
+@_op
+def tile(A, reps):
+    """jnp.tile: A repeated reps[i] times along each dimension (a broadcast and a reshape)."""
+    a = _tracer(A)
+    reps = (reps,) if isinstance(reps, int) else tuple(int(r) for r in reps)
+    ndim = builtins.max(a.ndim, len(reps))
+    shape = (1,) * (ndim - a.ndim) + a.shape
+    reps = (1,) * (ndim - len(reps)) + reps
+    a = reshape(a, [d for s in shape for d in (1, s)])
+    a = broadcast_to(a, [d for r, s in zip(reps, shape) for d in (r, s)])
+    return reshape(a, [r * s for r, s in zip(reps, shape)])
+
+
+@_op
+def roll(a, shift, axis=None):
+    """jnp.roll with static shifts: the array's two parts along each axis, swapped."""
+    a = _tracer(a)
+    if axis is None:
+        return reshape(roll(ravel(a), shift, 0), a.shape)
+    shifts = (shift,) if isinstance(shift, int) else tuple(shift)
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    if len(shifts) == 1 and len(axes) > 1:
+        shifts = shifts * len(axes)
+    for s, ax in zip(shifts, axes):
+        ax %= a.ndim
+        n = a.shape[ax]
+        if n == 0 or int(s) % n == 0:
+            continue
+        k = int(s) % n
+        head = (slice(None),) * ax
+        a = concatenate([a[head + (slice(n - k, n),)], a[head + (slice(0, n - k),)]], axis=ax)
+    return a
+
+
+def _dot_with_out_sharding(a, b, out_sharding):
+    if out_sharding is None:
+        return _dot(a, b)
+    if _ndim(a) != 2 or _ndim(b) != 2:
+        raise NotImplementedError("jnp.dot(out_sharding=...) of operands that are not matrices")
+    return matmul(a, b, out_sharding=out_sharding)
+
+
+_dot = dot
+
+
+def dot(a, b, *, precision=None, preferred_element_type=None, out_sharding=None):
+    """jnp.dot; out_sharding (matrices) as matmul's. precision is accepted and ignored (the CPU
+    kernels compute in the operands' dtype)."""
+    out = _dot_with_out_sharding(a, b, out_sharding)
+    return out if preferred_element_type is None else astype(out, preferred_element_type)
+
+
+for _cls in (Tracer, Array):
+    _cls.all, _cls.any, _cls.copy, _cls.dot = all, any, copy, dot

@@ -11,11 +11,21 @@ Every function works on concrete arrays and inside jit.
 
 Where this differs from jax.random: `key(seed)` returns a raw key too (JAX's typed keys,
 dtype key<fry> and shape (), do not exist here; `key_data` and `wrap_key_data` are identities),
-and minval/maxval/lower/upper are Python numbers, not arrays. `randint`, `permutation` and
-`choice` are not implemented yet.
+and uniform's minval/maxval and truncated_normal's lower/upper are Python numbers, not
+arrays. randint, permutation and choice are JAX's algorithms (jax/_src/random/core.py:
+_randint, _shuffle, choice) composed from the SDK's ops, so their values are JAX's for the
+same key; randint and choice of 64-bit integers (jax_enable_x64) would need 64-bit random
+bits, which Tessera does not draw, and permutation(independent=True) of an array of more than
+one dimension a per-lane gather (take_along_axis), which the SDK lacks; choice's mode='high'
+is not supported.
 """
 from . import _tessera as _t
-from .numpy import _op, _tracer, _wrap, _enum, _float_dtype, canonical_dtype
+import math
+
+import numpy as _np
+
+from . import numpy as _jnp
+from .numpy import _op, _tracer, _wrap, _enum, _float_dtype, _int_dtype, canonical_dtype
 
 
 def _shape(shape, name):
@@ -115,3 +125,224 @@ def categorical(key, logits, axis=-1, shape=None):
     if shape is not None:
         raise NotImplementedError("random.categorical: shape= is not supported; Tessera draws one sample per row")
     return _wrap(_t.random_categorical(_tracer(key)._v, _tracer(logits)._v, axis))
+
+
+# ---- integers, permutations and choices: JAX's algorithms over the ops above ----------------
+
+def _convert_and_clip_integer(x, dtype):
+    """jax/_src/random/core.py _convert_and_clip_integer: x in `dtype`, clipped to the values
+    both types represent (not wrapped)."""
+    dtype = _np.dtype(dtype)
+    if x.dtype == dtype:
+        return x
+    src, dst = _np.iinfo(x.dtype), _np.iinfo(dtype)
+    lo, hi = max(src.min, dst.min), min(src.max, dst.max)
+    if lo > src.min:
+        x = _jnp.maximum(x, _full_like(x, lo))
+    if hi < src.max:
+        x = _jnp.minimum(x, _full_like(x, hi))
+    return x.astype(dtype)
+
+
+def _full_like(x, value):
+    return _wrap(_t.full(list(x.shape), float(value), _enum(x.dtype)))
+
+
+def _int_operand(v, name):
+    """minval/maxval as a traced integer array (a Python int is JAX's default int; a float
+    becomes it too, as _randint's astype(int))."""
+    if isinstance(v, (int, _np.integer)) and not isinstance(v, bool):
+        v = int(v)
+        info = _np.iinfo(_int_dtype())
+        if not info.min <= v <= info.max:
+            # JAX: "Python int too large to convert to int32" (jnp.asarray without x64).
+            raise OverflowError(f"random.randint: Python int {name}={v} too large to convert to {_int_dtype()}")
+        return _wrap(_t.full([], float(v), _enum(_int_dtype())))
+    t = _tracer(v)
+    return t if t.dtype.kind in "iu" else t.astype(_int_dtype())
+
+
+def _randint32(key, shape, minval, maxval, dtype):
+    """jax/_src/random/core.py _randint for a 32-bit dtype: two words of bits per value, their
+    remainders combined modulo the span in uint32 arithmetic."""
+    try:
+        bshape = _np.broadcast_shapes(shape, minval.shape, maxval.shape)
+    except ValueError:
+        bshape = None
+    if bshape != shape:
+        raise ValueError(f"randint parameter shapes must be broadcast-compatible with shape argument, and the "
+                         f"result of broadcasting the shapes must equal the shape argument, but got result "
+                         f"{bshape} for shape argument {shape}.")
+    # Where maxval is above dtype's range (randint(key, shape, 0, 256, 'uint8') samples int32).
+    maxval_out_of_range = maxval > _max_of(dtype, maxval.dtype)
+    minval = _jnp.broadcast_to(_convert_and_clip_integer(minval, dtype), shape)
+    maxval = _jnp.broadcast_to(_convert_and_clip_integer(maxval, dtype), shape)
+    maxval_out_of_range = _jnp.broadcast_to(maxval_out_of_range, shape)
+    k1, k2 = split(key)
+    higher_bits, lower_bits = bits(k1, shape), bits(k2, shape)
+    span = (maxval - minval).astype(_np.uint32)
+    one = _full_like(span, 1)
+    # span 1 where maxval <= minval, so minval is returned (JAX issue #222); one larger where
+    # maxval was clipped (wrapping to 0 when it is 2**32: the remainders then change nothing).
+    span = _jnp.where(maxval <= minval, one, span)
+    span = _jnp.where(_jnp.logical_and(maxval_out_of_range, maxval > minval), span + one, span)
+    # (a * b) % N == ((a % N) * (b % N)) % N: 2**32 % span from 2**16 % span.
+    multiplier = _rem(_full_like(span, 2 ** 16), span)
+    multiplier = _rem(multiplier * multiplier, span)
+    offset = _rem(_rem(higher_bits, span) * multiplier + _rem(lower_bits, span), span)
+    return minval + offset.astype(dtype)
+
+
+def _max_of(dtype, like_dtype):
+    """iinfo(dtype).max as a scalar of `like_dtype`, clipped to it (JAX's
+    _convert_and_clip_integer(jnp.array(iinfo(dtype).max, dtype), maxval.dtype))."""
+    return _wrap(_t.full([], float(min(_np.iinfo(dtype).max, _np.iinfo(like_dtype).max)), _enum(like_dtype)))
+
+
+def _rem(x, y):
+    return _wrap(_t.rem(x._v, y._v))
+
+
+@_op
+def randint(key, shape, minval, maxval, dtype=None):
+    """jax.random.randint: integers in [minval, maxval) (int32 by default); minval and maxval
+    are ints or integer arrays broadcasting to `shape`. JAX's modulus algorithm, bit for bit:
+    two uint32 words per value, combined modulo maxval - minval (biased when that is not a power
+    of two, as JAX documents); 8- and 16-bit dtypes are sampled in int32 and converted."""
+    shape = _shape(shape, "random.randint")
+    dtype = canonical_dtype(_int_dtype() if dtype is None else dtype)
+    if dtype.kind not in "iu":
+        raise TypeError(f"randint only accepts integer dtypes, got {dtype}")
+    if dtype.itemsize == 8:
+        raise NotImplementedError(f"random.randint: dtype {dtype} needs 64-bit random bits; Tessera draws "
+                                  "uint32 words (use dtype='int32')")
+    lo, hi = _int_operand(minval, "minval"), _int_operand(maxval, "maxval")
+    if dtype.itemsize < 4:
+        info = _np.iinfo(dtype)
+        i32 = _np.dtype(_np.int32)
+        lo = _convert_and_clip_integer(lo, i32)
+        hi = _convert_and_clip_integer(hi, i32)
+        lo = _jnp.minimum(_jnp.maximum(lo, _full_like(lo, info.min)), _full_like(lo, info.max))
+        hi = _jnp.minimum(_jnp.maximum(hi, _full_like(hi, info.min)), _full_like(hi, info.max + 1))
+        return _randint32(_tracer(key), shape, lo, hi, i32).astype(dtype)
+    return _randint32(_tracer(key), shape, lo, hi, dtype)
+
+
+def _shuffle(key, x, axis):
+    """jax/_src/random/core.py _shuffle: ceil(3 ln(size) / ln(2**32 - 1)) rounds, each a stable
+    sort of x along `axis` by fresh uint32 keys (lax.sort_key_val: here x taken at the keys'
+    stable argsort)."""
+    num_rounds = int(_np.ceil(3 * _np.log(max(1, x.size)) / _np.log(_np.iinfo(_np.uint32).max)))
+    for _ in range(num_rounds):
+        key, subkey = split(key)
+        sort_keys = bits(subkey, x.shape)
+        order = _jnp.argsort(sort_keys, axis=axis)
+        if x.ndim != 1:
+            raise NotImplementedError("random.permutation(independent=True) of an array of more than one "
+                                      "dimension: Tessera has no per-lane gather (take_along_axis)")
+        x = _jnp.take(x, order, axis=0)
+    return x
+
+
+@_op
+def _permutation(key, x, axis, independent):
+    key = _tracer(key)
+    if isinstance(x, int):
+        return _shuffle(key, _jnp.arange(x, dtype=_int_dtype()), 0)
+    x = _tracer(x)
+    if independent or x.ndim == 1:
+        return _shuffle(key, x, axis)
+    ind = _shuffle(key, _jnp.arange(x.shape[axis], dtype=_int_dtype()), 0)
+    return _jnp.take(x, ind, axis=axis)
+
+
+def permutation(key, x, axis=0, independent=False):
+    """jax.random.permutation: a shuffled arange(x) for an integer x, else x shuffled along
+    `axis` (with independent=True each lane on its own). JAX's algorithm: sorts by random
+    uint32 keys, bit for bit."""
+    if isinstance(x, (int, _np.integer)) and not isinstance(x, bool):
+        if axis not in (0, -1):
+            raise ValueError(f"random.permutation: axis {axis} is out of bounds for arange({int(x)})")
+        return _permutation(key, int(x), 0, independent)
+    ndim = _np.ndim(x) if not hasattr(x, "ndim") else x.ndim
+    if ndim == 0:
+        raise TypeError("x must be an integer or at least 1-dimensional")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"random.permutation: axis {axis} is out of bounds for an array of {ndim} dimensions")
+    return _permutation(key, x, axis % ndim, bool(independent))
+
+
+def choice(key, a, shape=(), replace=True, p=None, axis=0, mode=None):
+    """jax.random.choice: `shape` samples of arange(a) for an integer a, else of a's slices
+    along `axis`, uniformly or with probabilities p; with replace=False no element twice.
+    JAX's algorithms (randint indices or inverse-CDF draws with replacement; a permutation's
+    first entries or the Gumbel top-k without), so JAX's values for the same key."""
+    from collections.abc import Sequence
+    if not isinstance(shape, Sequence):
+        raise TypeError(f"shape argument of jax.random.choice must be a sequence, got {shape}")
+    if mode not in (None, "low"):
+        raise NotImplementedError(f"random.choice: mode {mode!r} is not supported (the default 'low' is)")
+    shape = _shape(tuple(shape), "random.choice")
+    scalar = isinstance(a, (int, _np.integer)) and not isinstance(a, bool)
+    if not scalar and (_np.ndim(a) if not hasattr(a, "ndim") else a.ndim) == 0:
+        raise TypeError(f"random.choice: a must be an int or an array of at least one dimension, not {a!r}")
+    if scalar:
+        n_inputs, a = int(a), int(a)
+    else:
+        if not hasattr(a, "shape"):
+            a = _np.asarray(a)
+        a_shape = tuple(a.shape)
+        ndim = len(a_shape)
+        if not -ndim <= axis < ndim:
+            raise ValueError(f"random.choice: axis {axis} is out of bounds for an array of {ndim} dimensions")
+        axis %= ndim
+        n_inputs = a_shape[axis]
+    n_draws = math.prod(shape)
+    if n_draws == 0:
+        return _jnp.zeros(shape, dtype=_int_dtype() if scalar else a.dtype)
+    if n_inputs <= 0:
+        raise ValueError("a must be greater than 0 unless no samples are taken")
+    if not replace and n_draws > n_inputs:
+        raise ValueError(f"Cannot take a larger sample (size {n_draws}) than population (size {n_inputs}) "
+                         "when 'replace=False'")
+    if p is not None:
+        if (tuple(p.shape) if hasattr(p, "shape") else _np.shape(p)) != (n_inputs,):
+            raise ValueError("p must be None or a 1D vector with the same size as a.shape[axis]. "
+                             f"p has shape {_np.shape(p)} and a.shape[axis] is {n_inputs}.")
+        return _choice_p(key, a, p, shape, bool(replace), axis, n_draws)
+    return _choice(key, a, shape, bool(replace), axis, n_inputs, n_draws)
+
+
+@_op
+def _choice_p(key, a, p, shape, replace, axis, n_draws):
+    """core.py choice with p: inverse-CDF sampling with replacement (jnp.searchsorted, here
+    the count of cumsum(p) entries below each draw), the Gumbel top-k trick without."""
+    key = _tracer(key)
+    arr = None if isinstance(a, int) else _tracer(a)
+    p = _tracer(p)
+    if p.dtype.kind != "f":
+        p = p.astype(_float_dtype())
+    if replace:
+        p_cuml = _jnp.cumsum(p)
+        r = p_cuml[-1] * (1 - uniform(key, shape, dtype=p.dtype))
+        ind = _jnp.sum((p_cuml < _jnp.expand_dims(r, -1)).astype(_int_dtype()), axis=-1)
+    else:
+        tiny = float(_np.finfo(p.dtype).tiny)
+        g = -_jnp.log(-_jnp.log(uniform(key, (p.shape[0],), dtype=p.dtype, minval=tiny, maxval=1.0))) + _jnp.log(p)
+        ind = _wrap(_t.top_k(g._v, n_draws)[1]).astype(_int_dtype())
+    result = ind if arr is None else _jnp.take(arr, ind, axis=axis)
+    return _jnp.reshape(result, shape if arr is None else arr.shape[:axis] + tuple(shape) + arr.shape[axis + 1:])
+
+
+@_op
+def _choice(key, a, shape, replace, axis, n_inputs, n_draws):
+    key = _tracer(key)
+    arr = None if isinstance(a, int) else _tracer(a)
+    if replace:
+        ind = randint(key, shape, 0, n_inputs)
+        result = ind if arr is None else _jnp.take(arr, ind, axis=axis)
+    else:
+        perm = _permutation(key, n_inputs if arr is None else arr, axis, False)
+        idx = (slice(None),) * axis + (slice(n_draws),)
+        result = perm[idx]
+    return _jnp.reshape(result, shape if arr is None else arr.shape[:axis] + tuple(shape) + arr.shape[axis + 1:])

@@ -96,6 +96,19 @@ def tree_map(f, tree, *rest, is_leaf=None):
     return tree_unflatten(treedef, [f(*xs) for xs in zip(leaves, *others)])
 
 
+def tree_all(tree, *, is_leaf=None):
+    """jax.tree_util.tree_all: whether every leaf is truthy (a bool Array leaf is fetched)."""
+    return all(bool(l) for l in tree_leaves(tree, is_leaf))
+
+
+def tree_reduce(function, tree, initializer=None, is_leaf=None):
+    """jax.tree_util.tree_reduce: functools.reduce over the leaves."""
+    import functools
+    leaves = tree_leaves(tree, is_leaf)
+    return functools.reduce(function, leaves) if initializer is None else \
+        functools.reduce(function, leaves, initializer)
+
+
 def treedef_leaves_of(treedef, tree):
     """The leaves of `tree`, which must have `treedef`'s structure (ValueError otherwise)."""
     leaves, other = tree_flatten(tree)

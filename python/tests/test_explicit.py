@@ -36,13 +36,13 @@ def test_notebook_cells(xy):
     # [ES]: "replicated_array type: int32[4,2]", "sharded_array type: int32[4@X,2]".
     replicated_array = np.arange(8, dtype=np.int32).reshape(4, 2)
     sharded_array = reshard(replicated_array, P("X", None))
-    assert str(jax.typeof(replicated_array)) == "i32[4,2]"
-    assert str(jax.typeof(sharded_array)) == "i32[4@X,2]"
+    assert str(jax.typeof(replicated_array)) == "int32[4,2]"
+    assert str(jax.typeof(sharded_array)) == "int32[4@X,2]"
     # [ES]: arg0 int32[4@X,1] + arg1 int32[1,8@Y] is int32[4@X,8@Y], under jit too.
     arg0 = reshard(np.arange(4, dtype=np.int32).reshape(4, 1), P("X", None))
     arg1 = reshard(np.arange(8, dtype=np.int32).reshape(1, 8), P(None, "Y"))
     result = arg0 + arg1
-    assert [str(jax.typeof(a)) for a in (arg0, arg1, result)] == ["i32[4@X,1]", "i32[1,8@Y]", "i32[4@X,8@Y]"]
+    assert [str(jax.typeof(a)) for a in (arg0, arg1, result)] == ["int32[4@X,1]", "int32[1,8@Y]", "int32[4@X,8@Y]"]
     seen = []
 
     @jax.jit
@@ -52,7 +52,7 @@ def test_notebook_cells(xy):
       return ans
 
     out = add_arrays(arg0, arg1)
-    assert seen == ["i32[4@X,1]", "i32[1,8@Y]", "i32[4@X,8@Y]"]
+    assert seen == ["int32[4@X,1]", "int32[1,8@Y]", "int32[4@X,8@Y]"]
     # [ES]'s printed value: row i is i + [0..7].
     np.testing.assert_array_equal(np.asarray(out), np.arange(4)[:, None] + np.arange(8)[None, :])
     # [ES]: "add operation with inputs: i32[4@X,4], i32[4,4@X] produces an illegally sharded
@@ -88,12 +88,12 @@ def test_out_sharding_resolves_a_split_contraction(xy):
       return out
 
     out = resolved(In, W)
-    assert types == ["f32[8@X,32@Y]"]
-    assert str(jax.typeof(out)) == "f32[8@X,32@Y]"
+    assert types == ["float32[8@X,32@Y]"]
+    assert str(jax.typeof(out)) == "float32[8@X,32@Y]"
     np.testing.assert_allclose(np.asarray(out), (a * a) @ w, rtol=1e-4, atol=1e-4)
     # Outside jit too, and matmul's all-reduce reading.
     out2 = jnp.matmul(In, W, out_sharding=P("X", None))
-    assert str(jax.typeof(out2)) == "f32[8@X,32]"
+    assert str(jax.typeof(out2)) == "float32[8@X,32]"
     np.testing.assert_allclose(np.asarray(out2), a @ w, rtol=1e-4, atol=1e-4)
 
 
@@ -101,7 +101,7 @@ def test_reshard_inside_and_outside_jit(xy):
   x = np.arange(32.0, dtype=np.float32).reshape(8, 4)
   xs = jax.device_put(x, jax.sharding.NamedSharding(xy, P("X", None)))
   moved = reshard(xs, P(None, "Y"))
-  assert str(jax.typeof(moved)) == "f32[8,4@Y]"
+  assert str(jax.typeof(moved)) == "float32[8,4@Y]"
   assert moved.sharding.mesh == xy
   np.testing.assert_array_equal(np.asarray(moved), x)
   inner = []
@@ -113,13 +113,13 @@ def test_reshard_inside_and_outside_jit(xy):
     return r
 
   y = f(xs)
-  assert inner == ["f32[8@(X,Y),4]"]
+  assert inner == ["float32[8@(X,Y),4]"]
   np.testing.assert_array_equal(np.asarray(y), 2 * x)
 
 
 def test_auto_mesh_types_show_no_sharding(mesh):
   x = jax.device_put(np.ones((16, 8), np.float32), jax.sharding.NamedSharding(mesh, P("data", None)))
-  assert str(jax.typeof(x)) == "f32[16,8]"
+  assert str(jax.typeof(x)) == "float32[16,8]"
 
 
 def test_auto_axes_and_explicit_axes_as_the_notebook(xy):
@@ -136,7 +136,7 @@ def test_auto_axes_and_explicit_axes_as_the_notebook(xy):
       return x + y
 
     result = add_with_out_sharding_kwarg(some_x, some_y, out_shardings=P("X", None))
-    assert str(jax.typeof(result)) == "i32[4@X,4]"
+    assert str(jax.typeof(result)) == "int32[4@X,4]"
     np.testing.assert_array_equal(np.asarray(result), 2 * np.arange(16).reshape(4, 4))
     with pytest.raises(TypeError, match="Missing required keyword argument: 'out_sharding'"):
       add_with_out_sharding_kwarg(some_x, some_y)
@@ -159,7 +159,7 @@ def test_auto_axes_and_explicit_axes_as_the_notebook(xy):
       return z + 1
 
     out = f(reshard(np.arange(16, dtype=np.float32).reshape(4, 4), P("X", "Y")))
-    assert seen == ["f32[4@X,4@Y]", "f32[4,4@Y]", "f32[4@X,4@Y]"]
+    assert seen == ["float32[4@X,4@Y]", "float32[4,4@Y]", "float32[4@X,4@Y]"]
     printed = [[1., 2.682942, 2.818595, 1.28224], [-0.513605, -0.9178486, 0.44116902, 2.3139732],
                [2.9787164, 1.824237, -0.08804226, -0.99998045], [-0.07314587, 1.840334, 2.9812148, 2.3005757]]
     np.testing.assert_allclose(np.asarray(out), printed, rtol=1e-5, atol=1e-6)
@@ -184,5 +184,5 @@ def test_auto_axes_and_explicit_axes_as_the_notebook(xy):
   with set_mesh(auto_mesh):
     some_x = jax.device_put(np.arange(16, dtype=np.float32).reshape(4, 4), P("X", "Y"))
     out = f2(some_x)
-  assert inside == ["f32[4@X,4@Y]", "f32[4@X,4@Y]", "f32[4,4]"]
+  assert inside == ["float32[4@X,4@Y]", "float32[4@X,4@Y]", "float32[4,4]"]
   np.testing.assert_allclose(np.asarray(out), printed, rtol=1e-5, atol=1e-6)

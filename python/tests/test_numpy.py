@@ -98,7 +98,11 @@ def test_creation_inside_and_outside_traces(xy):
     want = (X + 1, np.zeros_like(X), np.arange(5) * 2, np.eye(3), np.full(2, 7))
     for g, w in zip(got, want):
         close(g, w)
-    assert isinstance(jnp.zeros((2, 3)), np.ndarray) and jnp.arange(4).dtype == np.int32
+    # Outside a trace creation functions make uncommitted Arrays on device 0 (as JAX's), which
+    # jit moves to the committed arguments' mesh.
+    z = jnp.zeros((2, 3))
+    assert isinstance(z, tessera.Array) and not z._committed and jnp.arange(4).dtype == np.int32
+    assert z.devices() == {tessera.devices()[0]}
 
 
 def test_eager_ops_on_arrays(xy):
