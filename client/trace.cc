@@ -185,7 +185,10 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
       out[i] = with_sharding_constraint(
           out[i],
           NamedSharding(*state->explicit_mesh, internal::to_partition_spec(state->specs[TraceState::id(out[i])])));
-      if (!state->error.ok()) return state->error;
+      if (!state->error.ok()) {
+        TraceState::current = outer;  // `state` dies with this call
+        return state->error;
+      }
     }
     ids.push_back(TraceState::id(out[i]));
   }

@@ -597,7 +597,11 @@ class CoordinatorService final : public CoordinatorServiceBase {
     request.set_input_buffer(in.id);
     request.set_output_buffer(out_id);
     for (const pb::PeerAddress& p : peers) *request.add_peers() = p;
-    request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    // The workers stop a second before the caller's deadline, when the fan-out gives up: a run
+    // that finished after it would leave its output buffer on the workers, unrecorded.
+    const absl::Duration worker_timeout =
+        std::max(absl::Milliseconds(1), std::min(timeout, time_left - absl::Seconds(1)));
+    request.set_timeout_ms(absl::ToInt64Milliseconds(worker_timeout));
     request.set_barrier_first(req.barrier_first());
     std::vector<pb::WorkerCollectiveReply> replies(peers.size());
     std::vector<WorkerChannel*> workers;

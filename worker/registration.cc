@@ -144,6 +144,12 @@ void Registration::heartbeat_loop() {
     if (registered.ok()) {
       std::fprintf(stderr, "tessera-worker: device %d registered again, incarnation %lu\n", device_id_.load(),
                    static_cast<unsigned long>(incarnation_));
+      // A registration clears the coordinator's draining mark: say it again at once rather
+      // than a heartbeat interval later, when new work may already have been sent here.
+      if (draining_.load()) {
+        absl::MutexLock lock(&wake_mu_);
+        wake_ = true;
+      }
     } else {
       std::fprintf(stderr, "tessera-worker: device %d: %s\n", device_id_.load(),
                    std::string(registered.message()).c_str());

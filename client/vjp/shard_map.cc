@@ -28,7 +28,10 @@ absl::Span<const VjpEntry> shard_map_vjps() {
          // Explicit mode: the cotangent enters as its primal's type, the out_spec (an in_spec
          // other than its type would be refused, as JAX refuses one).
          const Value g = a.trace->explicit_mesh.has_value() ? with_sharding_constraint(a.g, s) : a.g;
-         if (!g.ok()) return absl::OkStatus();
+         if (!g.ok()) {
+           return a.trace->error.ok() ? absl::InternalError("shard_map: the cotangent of an output could not be typed")
+                                      : a.trace->error;
+         }
          Value blocks = a.trace->make(a.trace->graph.add_shard_map_in(TraceState::id(g), s));
          a.add(0, copies == 1 ? blocks : blocks * (1.0 / static_cast<double>(copies)));
          return absl::OkStatus();

@@ -101,8 +101,10 @@ def _tracer(x, like=None):
             return _full((), x, _weak_dtype(x, like.dtype))
         dt = _np.dtype(_np.bool_) if isinstance(x, bool) else _int_dtype() if isinstance(x, int) else _float_dtype()
         return _full((), x, dt)
-    if isinstance(x, (_np.generic, _np.ndarray)) and _np.ndim(x) == 0:
-        return _full((), _np.asarray(x).item(), canonical_dtype(_np.asarray(x).dtype))
+    if isinstance(x, (_np.generic, _np.ndarray, Array)) and _np.ndim(x) == 0:
+        # A 0-d Array (jnp.array(1e-5) closed over) is fetched once and embedded, as a numpy scalar.
+        v = _np.asarray(x)
+        return _full((), v.item(), canonical_dtype(v.dtype))
     raise TypeError(f"a {type(x).__name__} of shape {_np.shape(x)} used inside a traced function: Tessera traces "
                     "no array constants; pass it to the jitted function as an argument")
 
@@ -833,13 +835,28 @@ def _swap(f):
     return lambda x, y: f(y, x)
 
 
+def _bool_only(op, fn):
+    # &, | and ~ are jnp's bitwise ops: on bools they are the logical ones; the SDK has no bitwise
+    # integer ops, so an integer operand is refused rather than given a logical answer.
+    def f(*args):
+        for a in args:
+            kind = getattr(getattr(a, "dtype", None), "kind", "b" if isinstance(a, bool) else "i")
+            if kind != "b":
+                raise TypeError(f"the {op} operator on a {getattr(a, 'dtype', type(a).__name__)} operand: Tessera "
+                                "has no bitwise integer ops yet (jnp.bitwise_*); only bool arrays take &, | and ~")
+        return fn(*args)
+    return f
+
+
 def _install(cls):
     ops = {"__add__": add, "__radd__": _swap(add), "__sub__": subtract, "__rsub__": _swap(subtract),
            "__mul__": multiply, "__rmul__": _swap(multiply), "__truediv__": divide, "__rtruediv__": _swap(divide),
            "__pow__": power, "__rpow__": _swap(power), "__matmul__": matmul, "__rmatmul__": _swap(matmul),
            "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
-           "__and__": logical_and, "__or__": logical_or, "__mod__": remainder, "__rmod__": _swap(remainder),
-           "__neg__": negative, "__pos__": lambda x: x, "__abs__": abs, "__invert__": logical_not,
+           "__and__": _bool_only("&", logical_and), "__rand__": _bool_only("&", _swap(logical_and)),
+           "__or__": _bool_only("|", logical_or), "__ror__": _bool_only("|", _swap(logical_or)),
+           "__mod__": remainder, "__rmod__": _swap(remainder),
+           "__neg__": negative, "__pos__": lambda x: x, "__abs__": abs, "__invert__": _bool_only("~", logical_not),
            "astype": astype, "reshape": lambda x, *s, **k: reshape(x, s[0] if len(s) == 1 else s, **k),
            "transpose": lambda x, *axes: transpose(x, (axes[0] if len(axes) == 1 else axes) or None),
            "sum": sum, "mean": mean, "max": max, "min": min, "prod": prod, "argmax": argmax, "argmin": argmin,

@@ -14,7 +14,8 @@ dtype key<fry> and shape (), do not exist here; `key_data` and `wrap_key_data` a
 and uniform's minval/maxval and truncated_normal's lower/upper are Python numbers, not
 arrays. randint, permutation and choice are JAX's algorithms (jax/_src/random/core.py:
 _randint, _shuffle, choice) composed from the SDK's ops, so their values are JAX's for the
-same key; randint and choice of 64-bit integers (jax_enable_x64) would need 64-bit random
+same key for 32-bit dtypes (8- and 16-bit ones are sampled in int32 and converted, which JAX,
+drawing as many bits as the dtype has, does not: their values differ from JAX's); randint and choice of 64-bit integers (jax_enable_x64) would need 64-bit random
 bits, which Tessera does not draw, and permutation(independent=True) of an array of more than
 one dimension a per-lane gather (take_along_axis), which the SDK lacks; choice's mode='high'
 is not supported.

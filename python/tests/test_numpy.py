@@ -208,3 +208,27 @@ def test_argmin_is_the_sdks(mesh):
     np.testing.assert_array_equal(np.asarray(got[0]), [1, 1])
     assert int(got[1]) == 1
     np.testing.assert_array_equal(np.asarray(got[2]), [[1, 0, 0, 0]])
+
+
+def test_and_or_invert_are_logical_on_bools_and_refused_on_integers():
+    # jnp's &, | and ~ are bitwise (https://docs.jax.dev/en/latest/_autosummary/jax.numpy.bitwise_and.html): on
+    # bools the logical ops; Tessera has no bitwise integer ops, so an integer operand must raise, never give a
+    # logical answer (jnp.arange(8) & 1 is [0 1 0 1 ...] in JAX, not booleans).
+    a = jnp.array(np.array([True, False, True]))
+    b = jnp.array(np.array([True, True, False]))
+    np.testing.assert_array_equal(np.asarray(a & b), [True, False, False])
+    np.testing.assert_array_equal(np.asarray(a | b), [True, True, True])
+    np.testing.assert_array_equal(np.asarray(~a), [False, True, False])
+    np.testing.assert_array_equal(np.asarray(True & b), [True, True, False])
+    for f in (lambda x: x & 1, lambda x: 1 | x, lambda x: ~x):
+        with pytest.raises(TypeError, match="no bitwise integer ops"):
+            f(jnp.arange(8))
+    with pytest.raises(TypeError, match="no bitwise integer ops"):
+        tessera.jit(lambda x: x & 1)(np.arange(8, dtype=np.int32))
+
+
+def test_a_closed_over_0d_array_is_a_constant():
+    # JAX embeds concrete arrays a traced function closes over; Tessera embeds 0-d ones (jnp.array(1e-5)).
+    eps = jnp.array(0.5)
+    got = tessera.jit(lambda x: x + eps)(np.ones(4, np.float32))
+    np.testing.assert_allclose(np.asarray(got), np.full(4, 1.5, np.float32))

@@ -103,15 +103,20 @@ void as_matrices(const HostArray& x, const std::vector<int64_t>& batch, const st
   const int64_t row_stride = collapsed_stride(x.shape(), x_strides, rows);
   const int64_t col_stride = collapsed_stride(x.shape(), x_strides, cols);
   constexpr int64_t kMaxLd = std::numeric_limits<blasint>::max();
-  if (row_stride >= 0 && col_stride >= 0 && row_stride <= kMaxLd && col_stride <= kMaxLd &&
-      (strided || is_identity(joined(batch, rows, cols)))) {
+  if (!strided && is_identity(joined(batch, rows, cols))) {  // the loop: contiguous [B, rows, cols] as it is
+    out->data = own;
+    out->ld = std::max<int64_t>(1, n);
+    out->offsets = batch_offsets(x.shape(), x_strides, batch);
+    return;
+  }
+  if (strided && row_stride >= 0 && col_stride >= 0 && row_stride <= kMaxLd && col_stride <= kMaxLd) {
     if (col_stride <= 1 && (row_stride == 0 ? n : row_stride) >= n) {
       out->data = own;
       out->ld = std::max<int64_t>(1, row_stride == 0 ? n : row_stride);
       out->offsets = batch_offsets(x.shape(), x_strides, batch);
       return;
     }
-    if (strided && row_stride <= 1 && col_stride >= m) {
+    if (row_stride <= 1 && col_stride >= m) {
       out->data = own;
       out->transposed = true;
       out->ld = std::max<int64_t>(1, col_stride);
