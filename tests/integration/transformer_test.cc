@@ -319,7 +319,6 @@ TEST(Transformer, EvalOfLargeWeightsIsTheHostForward) {
   }
 }
 
-
 // The gradient of the training loss with respect to every parameter, as train_step computes it
 // (value_and_grad of Model::loss), against central differences of the host forward above in
 // double: for each parameter, the derivative along a random +-1 direction over all its
