@@ -208,9 +208,27 @@ absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, co
 }
 
 std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args) {
+  std::vector<size_t> all(g.outputs().size());
+  for (size_t j = 0; j < all.size(); ++j) all[j] = j;
+  return inline_graph(g, args, {}, all);
+}
+
+std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, const std::map<int, Value>& given,
+                                const std::vector<size_t>& wanted) {
   std::vector<Value> value(g.size());
   TraceState* t = TraceState::current;
-  if (!args.empty() && args[0].ok() && (t == nullptr || t->parent == nullptr)) t = TraceState::of(args[0]);
+  for (const Value& a : args) {
+    if (!a.ok()) continue;
+    if (t == nullptr || t->parent == nullptr) t = TraceState::of(a);
+    break;
+  }
+  // What the wanted outputs read, back to the given nodes.
+  std::vector<bool> needed(g.size(), false);
+  for (size_t j : wanted) needed[g.outputs()[j]] = true;
+  for (int id = g.size() - 1; id >= 0; --id) {
+    if (!needed[id] || given.count(id) > 0) continue;
+    for (int o : g.node(id).operands) needed[o] = true;
+  }
   // Explicit mode types the inlined nodes again. A graph does not record which ops were traced
   // with out_sharding (dot_general, reshape, ...: the op, then a constraint to it), so a node
   // whose only way out is into a sharding constraint is typed as inside an out_sharding (the
@@ -232,13 +250,18 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args) 
     }
   }
   for (int id = 0; id < g.size(); ++id) {
+    if (!needed[id]) continue;
+    if (auto it = given.find(id); it != given.end()) {
+      value[id] = it->second;
+      continue;
+    }
     Node n = g.node(id);
     if (n.op == Op::kParameter) {
       value[id] = args[n.attrs<ParameterAttrs>().index];
       continue;
     }
     for (int& o : n.operands) {
-      if (!value[o].ok()) return std::vector<Value>(g.outputs().size());
+      if (!value[o].ok()) return std::vector<Value>(wanted.size());
       o = TraceState::id(value[o]);
     }
     if (pinned[id]) ++t->out_sharding_scopes;
@@ -246,7 +269,7 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args) 
     if (pinned[id]) --t->out_sharding_scopes;
   }
   std::vector<Value> out;
-  for (int o : g.outputs()) out.push_back(TraceState::local(value[o]));
+  for (size_t j : wanted) out.push_back(TraceState::local(value[g.outputs()[j]]));
   return out;
 }
 

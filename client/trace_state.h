@@ -4,6 +4,7 @@
 #define TESSERA_CLIENT_TRACE_STATE_H_
 
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -126,6 +127,11 @@ absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, co
 // `g` recorded in the current trace on `args` (its parameters, in order): its outputs
 // (invalid Values when the trace failed).
 std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args);
+// As above, but only what g's outputs at positions `wanted` need is recorded, and the nodes
+// in `given` (by id) are not recorded: each is the Value given for it. A parameter nothing
+// wanted reads may be an invalid Value in `args`. Returns the wanted outputs' values.
+std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, const std::map<int, Value>& given,
+                                const std::vector<size_t>& wanted);
 
 // A dimension given numpy-style (negative counts from the end) as a position in 0..rank-1
 // (out-of-range values stay out of range, for the graph to refuse).

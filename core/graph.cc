@@ -137,6 +137,21 @@ CollectiveSpec collective_of(const Node& n) {
   return spec;
 }
 
+bool graph_extends(const Graph& big, const Graph& small) {
+  if (&big == &small) return true;
+  if (big.size() < small.size() || big.outputs().size() < small.outputs().size()) return false;
+  if (!std::equal(small.outputs().begin(), small.outputs().end(), big.outputs().begin())) return false;
+  for (int id = 0; id < small.size(); ++id) {
+    const Node& a = big.node(id);
+    const Node& b = small.node(id);
+    if (a.op != b.op || a.dtype != b.dtype || a.shape != b.shape || a.operands != b.operands ||
+        attrs_to_text(a) != attrs_to_text(b)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::string type_to_string(DType dtype, const Shape& shape) {
   static const char* const kShort[] = {"f32", "f64", "i32", "i64", "bool", "u32", "bf16", "f16", "u8", "i8", "i16"};
   static_assert(std::size(kShort) == std::size(kAllDTypes), "one short name per dtype");

@@ -162,6 +162,11 @@ class Graph {
   std::vector<int> outputs_;
 };
 
+// Whether `big` is `small` with more after it: small's nodes are its first nodes and small's
+// outputs its first outputs. A scan's VJP extends the forward body with the values its
+// backward pass reads (client/vjp/control.cc); the compiler runs both scans as one loop.
+bool graph_extends(const Graph& big, const Graph& small);
+
 // "f32[16,8]", as node types print.
 std::string type_to_string(DType dtype, const Shape& shape);
 

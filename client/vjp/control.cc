@@ -1,15 +1,14 @@
 // VJPs of control flow: scan, switch (and so cond and checkpoint); while_loop has none.
-//
-// The simplest correct form (JAX's scan transpose, without its partial evaluation): a second
-// forward scan saves the carry entering each iteration, stacked; the backward pass is a scan
-// the other way over (saved carry, x, cotangent of y) rows whose body is the VJP of the forward
-// body at (carry_t, x_t) — the body's forward recomputed inside it — carrying the carries'
-// cotangents. Its final carry is the cotangent of the initial carries, its stacked ys those of
-// the xs. Carries the body hands on unchanged (captured consts: loop invariants) are not
-// saved; their cotangents are carries of the backward scan, so they sum over the iterations.
+#include <algorithm>
+#include <functional>
+#include <map>
 #include <optional>
+#include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/vjp/vjp.h"
+#include "core/status.h"
 
 namespace tessera::internal {
 namespace {
@@ -31,6 +30,81 @@ Value as_type(const Value& v, const std::optional<TypedOperand>& type) {
   return type.has_value() && v.ok() ? reshard(v, to_partition_spec(type->spec)) : v;
 }
 
+// How each node of a scan's joint body (primal carries and rows, then cotangents: the body's
+// VJP) depends on its inputs; a node takes the first class that applies.
+enum class Needs {
+  kCotangent,  // reads a cotangent: the backward pass proper
+  kCaptured,   // reads a value of the enclosing trace: recomputed in the backward body
+  kVarying,    // reads a carry that changes, or a row: the forward loop saves what is read
+  kInvariant,  // loop invariants and constants only: recomputed in the backward body
+};
+
+std::vector<Needs> classify(const Graph& g, size_t primals, size_t inputs, const std::vector<bool>& invariant) {
+  std::vector<Needs> c(g.size(), Needs::kInvariant);
+  for (int id = 0; id < g.size(); ++id) {
+    const Node& n = g.node(id);
+    if (n.op == Op::kParameter) {
+      const auto p = static_cast<size_t>(n.attrs<ParameterAttrs>().index);
+      c[id] = p >= inputs                            ? Needs::kCaptured
+              : p >= primals                         ? Needs::kCotangent
+              : p < invariant.size() && invariant[p] ? Needs::kInvariant
+                                                     : Needs::kVarying;
+      continue;
+    }
+    for (int o : n.operands) c[id] = std::min(c[id], c[o]);
+  }
+  return c;
+}
+
+// A node's identity within one graph: op, type, operands and attributes.
+std::string node_key(const Node& n) {
+  return absl::StrCat(static_cast<int>(n.op), " ", type_to_string(n.dtype, n.shape), " ",
+                      absl::StrJoin(n.operands, ","), attrs_to_text(n));
+}
+
+// The forward body `body` extended by the joint graph's `results` (node ids whose class is
+// kVarying or kInvariant): their nodes appended where `body` lacks them, as extra results. A
+// joint parameter below `primals` is the body's parameter of that index. The compiler runs the
+// forward scan and the scan of the extension as one loop (coordinator/compiler/rules_control.cc).
+absl::StatusOr<Graph> extend_body(const Graph& body, const Graph& joint, const std::vector<int>& results) {
+  Graph out = body;
+  std::map<std::string, int> known;
+  for (int id = 0; id < body.size(); ++id) {
+    if (body.node(id).op != Op::kParameter) known.emplace(node_key(body.node(id)), id);
+  }
+  std::vector<int> at(joint.size(), -1);  // joint id -> out id
+  std::function<absl::StatusOr<int>(int)> add = [&](int id) -> absl::StatusOr<int> {
+    if (at[id] >= 0) return at[id];
+    Node n = joint.node(id);
+    if (n.op == Op::kParameter) return at[id] = body.parameters()[n.attrs<ParameterAttrs>().index];
+    for (int& o : n.operands) {
+      TESSERA_ASSIGN_OR_RETURN(o, add(o));
+    }
+    const std::string key = node_key(n);
+    if (auto it = known.find(key); it != known.end()) return at[id] = it->second;
+    TESSERA_ASSIGN_OR_RETURN(const int made, out.add_node(std::move(n)));
+    known.emplace(key, made);
+    return at[id] = made;
+  };
+  std::vector<int> outputs = body.outputs();
+  for (int r : results) {
+    TESSERA_ASSIGN_OR_RETURN(const int made, add(r));
+    outputs.push_back(made);
+  }
+  TESSERA_RETURN_IF_ERROR(out.set_outputs(std::move(outputs)));
+  return out;
+}
+
+// JAX's scan transpose with partial evaluation (jax/_src/lax/control_flow/loops.py,
+// _scan_partial_eval): the body's VJP is traced once as a joint body of (carry_t, x_t) and the
+// cotangents; the values of it that depend on the iteration but not on the cotangents and that
+// the backward part reads (residuals) become extra stacked results of the forward loop itself —
+// the forward scan's body extended, which the compiler runs as the same loop — and the backward
+// scan reads them by row instead of computing the forward again. What depends only on loop
+// invariants (a weight's transpose) is recomputed in the backward body rather than stacked. A
+// residual that is a row of an xs is read from the xs. Carries the body hands on unchanged
+// (captured consts: loop invariants) have cotangents that are carries of the backward scan, so
+// they sum over the iterations.
 absl::Status scan_vjp(const VjpArgs& a) {
   const ScanAttrs& s = a.node.attrs<ScanAttrs>();
   const Graph& body = *s.body;
@@ -55,8 +129,7 @@ absl::Status scan_vjp(const VjpArgs& a) {
     if (j >= carries) shape.insert(shape.begin(), s.length);
     ct[j] = full(shape, 0.0, out.dtype);
   }
-  // A carry the body hands on unchanged (a captured const, a weight) is a loop invariant: it
-  // is not saved per row; the backward body reads it as a const of its own.
+  // A carry the body hands on unchanged (a captured const, a weight) is a loop invariant.
   std::vector<bool> invariant(carries);
   for (size_t k = 0; k < carries; ++k) {
     const Node& r = body.node(body.outputs()[k]);
@@ -65,39 +138,111 @@ absl::Status scan_vjp(const VjpArgs& a) {
       if (invariant[j] && a.node.operands[j] == a.node.operands[k]) invariant[k] = false;
     }
   }
-  // The other carries entering each iteration, stacked by row.
-  ScanResult saved = scan(
-      [&](const std::vector<Value>& c, const std::vector<Value>& x) {
-        std::vector<Value> out = inline_graph(body, concat(c, x));
-        out.resize(carries);
-        std::vector<Value> entering;
-        for (size_t k = 0; k < carries; ++k) {
-          if (!invariant[k]) entering.push_back(c[k]);
-        }
-        return ScanStep{out, entering};
-      },
-      init, xs, s.length, s.reverse);
-  const size_t num_saved = saved.ys.size();
-  // Backwards: carry the carries' cotangents; per row, the body's VJP at (carry_t, x_t).
   const std::vector<std::optional<TypedOperand>> carry_types = types_of(init);
   std::vector<Value> ct_carry(ct.begin(), ct.begin() + static_cast<std::ptrdiff_t>(carries));
   for (size_t k = 0; k < carries; ++k) ct_carry[k] = as_type(ct_carry[k], carry_types[k]);
   const std::vector<Value> ct_ys(ct.begin() + static_cast<std::ptrdiff_t>(carries), ct.end());
+
+  // The joint body: (carries, rows, carries' cotangents, ys rows' cotangents) -> (the carries'
+  // and rows' cotangents, then the residuals).
+  const size_t primals = carries + xs.size();
+  const size_t inputs = primals + results;
+  std::vector<ArrayType> types;
+  std::vector<TypeSpec> specs;
+  const bool typed = a.trace->explicit_mesh.has_value();
+  auto add_input = [&](const Value& v, bool row) {
+    Shape shape = v.shape();
+    if (row) shape.erase(shape.begin());
+    types.push_back({v.dtype(), shape});
+    if (!typed) return;
+    std::optional<TypedOperand> t = typed_operand(v);
+    TypeSpec spec = t.has_value() ? t->spec : TypeSpec(v.shape().size());
+    if (row && !spec.empty()) spec.erase(spec.begin());
+    specs.push_back(std::move(spec));
+  };
+  for (const Value& v : init) add_input(v, false);
+  for (const Value& v : xs) add_input(v, true);
+  for (const Value& v : ct_carry) add_input(v, false);
+  for (const Value& v : ct_ys) add_input(v, true);
+  std::vector<int> residuals;  // joint node ids
+  std::vector<Value> captured;
+  absl::StatusOr<Graph> joint = trace_body(
+      a.trace,
+      [&](const std::vector<Value>& in) {
+        const std::vector<Value> at(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(primals));
+        const std::vector<Value> cts(in.begin() + static_cast<std::ptrdiff_t>(primals), in.end());
+        std::vector<Value> d = vjp([&](const std::vector<Value>& p) { return inline_graph(body, p); }, at, cts);
+        for (size_t k = 0; k < carries; ++k) d[k] = as_type(d[k], carry_types[k]);
+        // The residuals: varying values the backward part, or the results, read.
+        TraceState* t = TraceState::current;
+        const Graph& g = t->graph;
+        const std::vector<Needs> c = classify(g, primals, inputs, invariant);
+        std::vector<bool> residual(g.size(), false);
+        auto backward = [&](int id) { return c[id] == Needs::kCotangent || c[id] == Needs::kCaptured; };
+        for (int id = 0; id < g.size(); ++id) {
+          if (!backward(id)) continue;
+          for (int o : g.node(id).operands) residual[o] = residual[o] || c[o] == Needs::kVarying;
+        }
+        for (const Value& v : d) {
+          if (v.ok() && TraceState::of(v) == t && c[TraceState::id(v)] == Needs::kVarying) {
+            residual[TraceState::id(v)] = true;
+          }
+        }
+        for (int id = 0; id < g.size(); ++id) {
+          if (!residual[id]) continue;
+          residuals.push_back(id);
+          d.push_back(t->make(id));
+        }
+        return d;
+      },
+      types, &captured, specs);
+  if (!a.trace->error.ok()) return a.trace->error;
+  if (!joint.ok()) return joint.status();
+  // Each residual's stack: an xs itself for a row, else a result of the extended forward loop.
+  std::vector<int> extra;  // joint output ids the forward loop adds
+  for (size_t i = 0; i < residuals.size(); ++i) {
+    const Node& r = joint->node(residuals[i]);
+    const bool row = r.op == Op::kParameter && static_cast<size_t>(r.attrs<ParameterAttrs>().index) >= carries;
+    if (!row) extra.push_back(joint->outputs()[primals + i]);
+  }
+  TESSERA_ASSIGN_OR_RETURN(Graph extended, extend_body(body, *joint, extra));
+  auto forward = std::make_shared<const Graph>(std::move(extended));
+  std::vector<Value> stacks;
+  for (size_t i = 0, next = 0; i < residuals.size(); ++i) {
+    const Node& r = joint->node(residuals[i]);
+    if (r.op == Op::kParameter && static_cast<size_t>(r.attrs<ParameterAttrs>().index) >= carries) {
+      stacks.push_back(xs[static_cast<size_t>(r.attrs<ParameterAttrs>().index) - carries]);
+      continue;
+    }
+    Node n;
+    n.op = Op::kScan;
+    n.operands = a.node.operands;
+    n.attributes = ScanAttrs{forward, s.length, s.reverse, s.num_carry, static_cast<int64_t>(results + next++)};
+    stacks.push_back(a.trace->make(a.trace->graph.add_node(std::move(n))));
+  }
+  if (!a.trace->error.ok()) return a.trace->error;
+  // Backwards: carry the carries' cotangents; per row, the joint body's backward part on the
+  // residuals' rows.
+  std::vector<size_t> wanted(primals);
+  for (size_t j = 0; j < primals; ++j) wanted[j] = j;
+  const size_t num_res = residuals.size();
   ScanResult back = scan(
       [&](const std::vector<Value>& dc, const std::vector<Value>& row) {
-        std::vector<Value> at;
-        for (size_t k = 0, next = 0; k < carries; ++k)
-          at.push_back(invariant[k] ? TraceState::local(init[k]) : row[next++]);
-        for (size_t k = 0; k < xs.size(); ++k) at.push_back(row[num_saved + k]);
-        const std::vector<Value> dy(row.begin() + static_cast<std::ptrdiff_t>(num_saved + xs.size()), row.end());
-        std::vector<Value> d =
-            vjp([&](const std::vector<Value>& in) { return inline_graph(body, in); }, at, concat(dc, dy));
+        std::vector<Value> args(inputs);
+        for (size_t k = 0; k < carries; ++k) {
+          if (invariant[k]) args[k] = TraceState::local(init[k]);
+          args[primals + k] = dc[k];
+        }
+        for (size_t j = 0; j + carries < results; ++j) args[primals + carries + j] = row[num_res + j];
+        for (const Value& v : captured) args.push_back(TraceState::local(v));
+        std::map<int, Value> given;
+        for (size_t i = 0; i < num_res; ++i) given.emplace(residuals[i], row[i]);
+        std::vector<Value> d = inline_graph(*joint, args, given, wanted);
         std::vector<Value> d_carry(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(carries));
-        for (size_t k = 0; k < carries; ++k) d_carry[k] = as_type(d_carry[k], carry_types[k]);
         const std::vector<Value> d_x(d.begin() + static_cast<std::ptrdiff_t>(carries), d.end());
         return ScanStep{d_carry, d_x};
       },
-      ct_carry, concat(concat(saved.ys, xs), ct_ys), s.length, !s.reverse);
+      ct_carry, concat(stacks, ct_ys), s.length, !s.reverse);
   // A failed scan records its error and returns no ys: stop before reading them.
   if (!a.trace->error.ok()) return a.trace->error;
   for (size_t k = 0; k < carries; ++k) a.add(k, back.carry[k]);

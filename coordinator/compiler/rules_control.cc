@@ -83,8 +83,32 @@ Dims result_dims(const ScanAttrs& a, const std::vector<ValueSharding>& needs, co
   return dims;
 }
 
+// Whether scan nodes `a` and `b` have one header: the same operands, length, direction and carries.
+bool same_header(const Node& a, const Node& b) {
+  if (b.op != Op::kScan || a.operands != b.operands) return false;
+  const ScanAttrs& x = a.attrs<ScanAttrs>();
+  const ScanAttrs& y = b.attrs<ScanAttrs>();
+  return x.length == y.length && x.reverse == y.reverse && x.num_carry == y.num_carry;
+}
+
+// The loop scan node `id` is a result of: of the nodes of its header whose bodies extend its
+// own (a scan's VJP extends the forward body with what its backward pass reads; JAX's partial
+// evaluation of scan), the body with the most results (the first of them), as `id`'s result.
+ScanAttrs loop_of(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  ScanAttrs loop = n.attrs<ScanAttrs>();
+  const Graph& own = *loop.body;
+  for (int m = 0; m < g.size(); ++m) {
+    const Node& o = g.node(m);
+    if (m == id || !same_header(n, o)) continue;
+    const std::shared_ptr<const Graph>& body = o.attrs<ScanAttrs>().body;
+    if (body->outputs().size() > loop.body->outputs().size() && graph_extends(*body, own)) loop.body = body;
+  }
+  return loop;
+}
+
 absl::Status scan_forward(ShardingContext& c, int id) {
-  const ScanAttrs& a = c.graph().node(id).attrs<ScanAttrs>();
+  const ScanAttrs a = loop_of(c.graph(), id);
   std::vector<ValueSharding> needs = scan_needs(c, id);
   TESSERA_ASSIGN_OR_RETURN(Executable body, compile_body(c.mesh(), a, needs, id));
   c.set(id, result_dims(a, needs, body));
@@ -99,22 +123,13 @@ DimMap scan_map(const Graph& g, const Node& n) {
   return m;
 }
 
-// Whether scan nodes `a` and `b` are results of one loop: the same operands and the same loop.
-bool same_loop(const Node& a, const Node& b, const Mesh& mesh) {
-  if (b.op != Op::kScan || a.operands != b.operands) return false;
-  const ScanAttrs& x = a.attrs<ScanAttrs>();
-  const ScanAttrs& y = b.attrs<ScanAttrs>();
-  if (x.length != y.length || x.reverse != y.reverse || x.num_carry != y.num_carry) return false;
-  return x.body == y.body || compile_key(*x.body, mesh, {}, {}, {}) == compile_key(*y.body, mesh, {}, {}, {});
-}
-
 // One loop instruction for all the scan's nodes (the first one emits it, the others find
 // their slots bound): the operands resharded as the scan needs, the body's program inside.
 absl::Status scan_partition(PartitionContext& c, int id) {
   if (c.slot_of(id) >= 0) return absl::OkStatus();
   const Graph& g = c.graph();
   const Node& n = g.node(id);
-  const ScanAttrs& a = n.attrs<ScanAttrs>();
+  const ScanAttrs a = loop_of(g, id);
   const std::vector<ValueSharding>& needs = c.propagation().operands[id];
   TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
   TESSERA_ASSIGN_OR_RETURN(Executable body, compile_body(c.mesh(), a, needs, id));
@@ -143,9 +158,12 @@ absl::Status scan_partition(PartitionContext& c, int id) {
   const std::vector<int> extra = loop.extra_out;
   const int first = c.emit(std::move(loop));
   for (int m = id; m < g.size(); ++m) {
-    const Node& other = g.node(m);
-    if (m != id && !same_loop(n, other, c.mesh())) continue;
-    const int64_t j = other.attrs<ScanAttrs>().output;
+    if (m != id) {  // a result of this loop: of its header, with the same loop
+      if (!same_header(n, g.node(m)) || c.slot_of(m) >= 0) continue;
+      const Graph& other = *loop_of(g, m).body;
+      if (other.outputs().size() != a.body->outputs().size() || !graph_extends(*a.body, other)) continue;
+    }
+    const int64_t j = g.node(m).attrs<ScanAttrs>().output;
     c.bind(m, j == 0 ? first : extra[j - 1]);
   }
   return absl::OkStatus();

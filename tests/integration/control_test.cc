@@ -182,6 +182,47 @@ TEST(ScanPlan, OneLoopWhoseBodyHoldsTheCollectivesAndWhoseSizeIgnoresTheLength) 
   }
 }
 
+int kernels_of(const DevicePlan& plan, Op op) {
+  int n = 0;
+  for (const Instruction& i : plan.code) n += i.kind == Instruction::Kind::kKernel && i.node.op == op ? 1 : 0;
+  return n;
+}
+
+// The gradient of a scan runs its forward body once, as JAX's partial evaluation of scan does
+// (jax/_src/lax/control_flow/loops.py, _scan_partial_eval): one forward loop that also stacks
+// the residuals (the values of each iteration the backward pass reads), and one backward loop
+// that reads them by row and computes no forward op again. `layer` has one matmul and one tanh
+// per iteration; its VJP two matmuls (h's and w's cotangents) and no tanh (tanh's derivative
+// reads tanh's result, a residual). The values against the unrolled form:
+// MeshesSuite.ScanGradientIsTheUnrolledGradient.
+TEST(ScanPlan, ItsGradientRunsTheForwardBodyOnceAndReadsTheResidualsBackwards) {
+  const std::vector<PartitionSpec> specs = {P(None, "model"), P("model", None), P(None, None, "model")};
+  absl::StatusOr<Executable> exe =
+      compile(value_and_grad(
+                  [](const std::vector<Value>& in) {
+                    std::vector<Value> r = scanned(in, false);
+                    return std::vector<Value>{sum(r[0] * r[0]) + sum(r[2] * 0.25) + sum(r[3])};
+                  },
+                  {0, 1, 2}),
+              {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kDim, kDim}}, {DType::kF32, {5, kDim, kDim}}}, specs);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  std::vector<const Instruction*> loops;
+  for (const Instruction& i : exe->program.code) {
+    if (i.kind == Instruction::Kind::kLoop) loops.push_back(&i);
+  }
+  ASSERT_EQ(loops.size(), 2u) << "a forward and a backward loop\n" << exe->as_text();
+  const Instruction& forward = *loops[0];
+  const Instruction& backward = *loops[1];
+  EXPECT_FALSE(forward.reverse);
+  EXPECT_TRUE(backward.reverse);
+  EXPECT_EQ(kernels_of(*forward.body, Op::kDotGeneral), 1) << exe->as_text();
+  EXPECT_EQ(kernels_of(*forward.body, Op::kTanh), 1) << exe->as_text();
+  EXPECT_EQ(kernels_of(*backward.body, Op::kDotGeneral), 2) << exe->as_text();
+  EXPECT_EQ(kernels_of(*backward.body, Op::kTanh), 0) << exe->as_text();
+  // The forward loop's results: the final carries and the two ys, then the stacked residuals.
+  EXPECT_GT(forward.out_types.size(), 4u) << exe->as_text();
+}
+
 TEST(ScanPlan, MalformedLoopsAreRejected) {
   absl::StatusOr<Executable> exe = compile(
       [](const std::vector<Value>& in) { return scanned(in, false); },
