@@ -10,6 +10,7 @@
 namespace tessera::optim {
 
 using internal::TraceState;
+using internal::sharded_like;
 
 namespace {
 
@@ -31,12 +32,6 @@ bool same_names(const Tree<Value>& a, absl::string_view a_what, const Tree<Value
   TraceState* t = trace_of({&a, &b});
   if (t != nullptr) t->fail(absl::InvalidArgumentError(absl::StrCat("optim: ", s.message())));
   return false;
-}
-
-// `v` laid out as `like` (same shape), as grad lays out gradients.
-Value sharded_like(const Value& v, const Value& like) {
-  TraceState* t = TraceState::common({&v, &like});
-  return t == nullptr ? Value() : t->make(t->graph.add_sharding_as(TraceState::id(v), TraceState::id(like)));
 }
 
 Tree<Value> zeros_like(const Tree<Value>& params) {

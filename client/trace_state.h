@@ -113,6 +113,12 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   }
 };
 
+// `v` laid out as `like` (same shape), as grad lays out gradients.
+inline Value sharded_like(const Value& v, const Value& like) {
+  TraceState* t = TraceState::common({&v, &like});
+  return t == nullptr ? Value() : t->make(t->graph.add_sharding_as(TraceState::id(v), TraceState::id(like)));
+}
+
 // In explicit mode, `x`'s type as the rules see it (Auto axes of auto_axes left out); none
 // outside explicit mode (or for an invalid x). For composites checking their rule first.
 std::optional<TypedOperand> typed_operand(const Value& x);

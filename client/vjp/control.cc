@@ -226,6 +226,10 @@ absl::Status scan_vjp(const VjpArgs& a) {
   std::vector<size_t> wanted(primals);
   for (size_t j = 0; j < primals; ++j) wanted[j] = j;
   const size_t num_res = residuals.size();
+  std::vector<Value> floating_xs;  // read for their rows' layouts
+  for (const Value& x : xs) {
+    if (is_floating(x.dtype())) floating_xs.push_back(x);
+  }
   ScanResult back = scan(
       [&](const std::vector<Value>& dc, const std::vector<Value>& row) {
         std::vector<Value> args(inputs);
@@ -239,10 +243,17 @@ absl::Status scan_vjp(const VjpArgs& a) {
         for (size_t i = 0; i < num_res; ++i) given.emplace(residuals[i], row[i]);
         std::vector<Value> d = inline_graph(*joint, args, given, wanted);
         std::vector<Value> d_carry(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(carries));
-        const std::vector<Value> d_x(d.begin() + static_cast<std::ptrdiff_t>(carries), d.end());
+        std::vector<Value> d_x(d.begin() + static_cast<std::ptrdiff_t>(carries), d.end());
+        // Each row's cotangent laid out as the row: a gradient summed over a split batch is
+        // reduce-scattered to a weight's split (FSDP) rather than all-reduced whole.
+        for (size_t k = 0, next = num_res + (results - carries); k < xs.size(); ++k) {
+          if (!is_floating(xs[k].dtype())) continue;
+          const Value& x_row = row[next++];
+          if (d_x[k].ok()) d_x[k] = sharded_like(d_x[k], x_row);
+        }
         return ScanStep{d_carry, d_x};
       },
-      ct_carry, concat(stacks, ct_ys), s.length, !s.reverse);
+      ct_carry, concat(concat(stacks, ct_ys), floating_xs), s.length, !s.reverse);
   // A failed scan records its error and returns no ys: stop before reading them.
   if (!a.trace->error.ok()) return a.trace->error;
   for (size_t k = 0; k < carries; ++k) a.add(k, back.carry[k]);

@@ -387,6 +387,23 @@ TEST_F(PartitionTest, IndependentAllReducesAreCombined) {
   EXPECT_THAT(text, HasSubstr("f32[16,4]"));
 }
 
+// FSDP's gradient: w is gathered for use by a sharding constraint, so its cotangent is pinned
+// whole by the constraint's VJP (a pending sum over 'data' all-reduced), then laid out as w by
+// grad (a local slice of 'data'). The reduce-scatter creator (XLA's ReduceScatterCreator)
+// makes the pair one reduce_scatter: 3/4 of w's 512 B received instead of 2 * 3/4.
+TEST_F(PartitionTest, AnAllReduceThatIsSlicedOverItsAxesIsAReduceScatter) {
+  auto loss = [this](const std::vector<Value>& in) {
+    return std::vector<Value>{sum(tanh(matmul(in[0], with_sharding_constraint(in[1], NamedSharding(mesh_, P())))))};
+  };
+  Executable exe =
+      compile(grad(loss, {1}), {{DType::kF32, {32, 8}}, {DType::kF32, {8, 16}}}, {P("data", None), P("data", None)});
+  const std::string text = exe.as_text();
+  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('data',))")) << text;
+  EXPECT_EQ(count_text(text, "= all_reduce("), 0) << text;
+  EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
+  EXPECT_EQ(collective_bytes_per_device(exe.program, exe.mesh), 384 + 384) << text;  // the gather, the scatter
+}
+
 // Issue 14 item 6: the rules that get the common programs right, each on its minimal
 // reproduction, asserting the collectives and the bytes each device receives.
 

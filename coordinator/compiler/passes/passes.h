@@ -6,6 +6,9 @@
 //                                           op, attributes and inputs: a reshard emitted for
 //                                           each consumer, a constant built twice) reuses its
 //                                           result
+//   create_reduce_scatters        reduce_scatter.cc  an all_reduce whose result one local_slice
+//                                           splits over the reduced axes becomes a
+//                                           reduce_scatter onto that dimension
 //   combine_all_reduces           combine_all_reduce.cc  independent all_reduces over the same
 //                                           axes, reduce op and dtype sent as one message (up
 //                                           to kCombineBytes)
@@ -29,6 +32,7 @@ namespace tessera {
 // REQUIRES for all: `program` has no frees yet, every slot is written once before it is read.
 void eliminate_dead_code(DevicePlan* program);
 void eliminate_common_subexpressions(DevicePlan* program);
+void create_reduce_scatters(DevicePlan* program);
 void insert_frees(DevicePlan* program);
 
 // What one combined all_reduce carries at most. A larger all_reduce goes alone.
@@ -38,6 +42,7 @@ void combine_all_reduces(DevicePlan* program);
 inline void run_passes(DevicePlan* program) {
   eliminate_common_subexpressions(program);  // first: duplicates removed, their producers may die
   eliminate_dead_code(program);
+  create_reduce_scatters(program);  // before combining: a combined all_reduce is read by many
   combine_all_reduces(program);
   insert_frees(program);
 }
