@@ -176,6 +176,37 @@ TEST(Cli, CredentialsWritesFreshTokensOnceAndDaemonsReadThem) {
   EXPECT_EQ(c->client.size(), 64u);
   EXPECT_NE(c->client, c->admin);
   EXPECT_TRUE(c->tls()) << "a CA and a daemon certificate for 127.0.0.1 and localhost";
+  // And one certificate per device 0 .. 7 (the default --devices), each naming its device in a
+  // SAN URI (read back with the openssl program, independently of our code), the coordinator's
+  // naming none; a worker takes its own, and one with no certificate is refused, naming it.
+  ASSERT_EQ(c->devices.size(), 8u);
+  for (int device : {0, 7}) {
+    absl::StatusOr<std::pair<int, std::string>> text =
+        Subprocess::run({"openssl", "x509", "-noout", "-ext", "subjectAltName", "-in",
+                         absl::StrCat(dir, "/c/", device_cert_file(device))},
+                        absl::Seconds(30));
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_THAT(text->second, AllOf(HasSubstr(absl::StrCat("URI:tessera://device/", device)),
+                                    HasSubstr("IP Address:127.0.0.1"), HasSubstr("DNS:localhost")));
+    int chosen = device;
+    absl::StatusOr<Credentials> own = credentials_for_device(*c, &chosen);
+    ASSERT_TRUE(own.ok()) << own.status();
+    EXPECT_EQ(own->cert_pem, c->devices.at(device).cert_pem);
+    EXPECT_NE(own->cert_pem, c->cert_pem);
+    EXPECT_TRUE(own->devices.empty()) << "a worker keeps no other device's key";
+  }
+  absl::StatusOr<std::pair<int, std::string>> coordinator_san = Subprocess::run(
+      {"openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", dir + "/c/daemon.pem"}, absl::Seconds(30));
+  ASSERT_TRUE(coordinator_san.ok()) << coordinator_san.status();
+  EXPECT_THAT(coordinator_san->second, Not(HasSubstr("URI:")));
+  int unknown = 8;
+  EXPECT_EQ(credentials_for_device(*c, &unknown).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::pair<int, std::string>> no_certificate = Subprocess::run(
+      {kBin + "/tessera-worker", "--coordinator=127.0.0.1:1", "--device_id=8", "--credentials=" + dir + "/c"},
+      absl::Seconds(30));
+  ASSERT_TRUE(no_certificate.ok()) << no_certificate.status();
+  EXPECT_NE(no_certificate->first, 0);
+  EXPECT_THAT(no_certificate->second, HasSubstr("no certificate for device 8 (device-8.pem)"));
   absl::StatusOr<std::pair<int, std::string>> again = tessera({"credentials", dir + "/c"});
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->first, 1);
