@@ -60,6 +60,19 @@ pb::DeleteBuffersRequest delete_buffers(uint64_t id) {
   return req;
 }
 
+// Sends `messages` on one Exchange stream; returns how the worker ended it.
+grpc::Status exchange(pb::Worker::Stub* stub, const std::vector<pb::ExchangeMessage>& messages) {
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  pb::ExchangeReply reply;
+  auto writer = stub->Exchange(&ctx, &reply);
+  for (const pb::ExchangeMessage& m : messages) {
+    if (!writer->Write(m)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
 class AuthTest : public FaultClusterTest {
  protected:
   void SetUp() override {
@@ -167,19 +180,6 @@ class AuthTest : public FaultClusterTest {
       if (data != nullptr) *data += chunk.data();
     }
     return reader->Finish();
-  }
-
-  // Sends `messages` on one Exchange stream; returns how the worker ended it.
-  static grpc::Status exchange(pb::Worker::Stub* stub, const std::vector<pb::ExchangeMessage>& messages) {
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, kControlDeadline);
-    pb::ExchangeReply reply;
-    auto writer = stub->Exchange(&ctx, &reply);
-    for (const pb::ExchangeMessage& m : messages) {
-      if (!writer->Write(m)) break;
-    }
-    writer->WritesDone();
-    return writer->Finish();
   }
 
   const HostArray host_ = HostArray::arange(DType::kF32, {8, 4});
@@ -387,22 +387,27 @@ TEST_F(AuthTest, ExchangeMessagesComeOnlyFromDaemonsAsTheDeviceTheirStreamAuthen
 class TlsTest : public FaultClusterTest {
  protected:
   bool tls() const override { return true; }
+
+  // Column sums of an (8, 4) array sharded over every device: an all-reduce, whose messages go
+  // over the workers' Exchange streams (mutual TLS), checked against the host's.
+  static void expect_all_reduce_right(const Client& client) {
+    absl::StatusOr<Mesh> mesh = client.make_mesh({kFaultWorkers}, {"x"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const HostArray host = HostArray::arange(DType::kF32, {8, 4});
+    absl::StatusOr<Array> x = client.device_put(host, NamedSharding(*mesh, P("x")));
+    ASSERT_TRUE(x.ok()) << x.status();
+    Jitted column_sum = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; });
+    absl::StatusOr<std::vector<Array>> total = column_sum({*x});
+    ASSERT_TRUE(total.ok()) << total.status();
+    expect_equal((*total)[0], column_sums(host));
+    expect_equal(*x, host);
+  }
 };
 
 TEST_F(TlsTest, ClientsVerifyTheServersAndDaemonsProveThemselvesWithTheCertificate) {
   absl::StatusOr<Client> client = connect();
   ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const HostArray host = HostArray::arange(DType::kF32, {8, 4});
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
-  ASSERT_TRUE(x.ok()) << x.status();
-  // An all-reduce: the workers' Exchange streams run over mutual TLS.
-  Jitted column_sum = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; });
-  absl::StatusOr<std::vector<Array>> total = column_sum({*x});
-  ASSERT_TRUE(total.ok()) << total.status();
-  expect_equal((*total)[0], column_sums(host));
-  expect_equal(*x, host);
+  expect_all_reduce_right(*client);
 
   // Plaintext to a TLS server does not connect: the handshake waits for a connection that
   // never comes up (the TLS handshake fails), until the deadline.
@@ -446,17 +451,6 @@ TEST_F(TlsTest, AWorkerCannotClaimAnotherDevicesId) {
   };
   auto coordinator = [&](std::shared_ptr<CallIdentity> id) {
     return pb::Coordinator::NewStub(make_channel(cluster_.address, std::move(id)));
-  };
-  auto exchange = [](pb::Worker::Stub* stub, const std::vector<pb::ExchangeMessage>& messages) {
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, kControlDeadline);
-    pb::ExchangeReply reply;
-    auto writer = stub->Exchange(&ctx, &reply);
-    for (const pb::ExchangeMessage& m : messages) {
-      if (!writer->Write(m)) break;
-    }
-    writer->WritesDone();
-    return writer->Finish();
   };
   auto message_from = [](int device, uint64_t op_id) {
     pb::ExchangeMessage m;
@@ -522,15 +516,7 @@ TEST_F(TlsTest, AWorkerCannotClaimAnotherDevicesId) {
   ASSERT_TRUE(after.ok()) << after.status();
   ASSERT_EQ(after->size(), devices->size());
   for (size_t i = 0; i < after->size(); ++i) EXPECT_EQ((*after)[i].address, (*devices)[i].address);
-  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const HostArray host = HostArray::arange(DType::kF32, {8, 4});
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
-  ASSERT_TRUE(x.ok()) << x.status();
-  Jitted column_sum = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; });
-  absl::StatusOr<std::vector<Array>> total = column_sum({*x});
-  ASSERT_TRUE(total.ok()) << total.status();
-  expect_equal((*total)[0], column_sums(host));
+  expect_all_reduce_right(*client);
 }
 
 }  // namespace
