@@ -412,8 +412,6 @@ class CoordinatorService final : public CoordinatorServiceBase {
     return reactor;
   }
 
-  // Ends every RunPlans stream, waiting (bounded) for gRPC to be done with each: after the
-  // server stopped, before the service goes.
   // Evicts the channel of every address no alive device has (a worker lost, or registered
   // again elsewhere): the channels are as many as the alive devices, not every address ever
   // seen. Never blocks on a call.
@@ -425,6 +423,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
     channels_.retain(alive);
   }
 
+  // Ends every RunPlans stream, waiting (bounded) for gRPC to be done with each: after the
+  // server stopped, before the service goes.
   void close_plan_streams() {
     for (const std::shared_ptr<PlanStream>& s : channels_.take_plan_streams()) s->close(absl::Seconds(2));
     // The calls nobody waited for end by their deadline (kConnectDeadline): their callbacks
