@@ -69,6 +69,10 @@ ABSL_FLAG(std::string, ca_file, "",
 ABSL_FLAG(std::string, tls_hosts, "127.0.0.1,localhost",
           "credentials: the addresses and DNS names the daemons' certificate is valid for ('*.domain' covers a "
           "domain); empty: no TLS, tokens only. up: its --host is added");
+ABSL_FLAG(int, devices, 8,
+          "credentials: with TLS, how many workers get a certificate of their own naming their device id "
+          "(device-N.pem and device-N.key for N = 0 .. devices-1; a worker presents its own, so it cannot claim "
+          "another device)");
 ABSL_FLAG(bool, keep_existing, false,
           "credentials: if DIR holds credentials already, keep them and exit 0 (a deployment's first start makes "
           "them, every later start keeps them); default: refuse");
@@ -95,11 +99,13 @@ constexpr char kUsage[] =
     "             [--credentials DIR | --insecure]\n"
     "      starts a coordinator and N workers as background daemons (logs beside the state file),\n"
     "      waits until all N have registered, and prints the coordinator's address; the daemons check\n"
-    "      credentials and TLS: fresh tokens, a cluster CA and the daemons' certificate in\n"
+    "      credentials and TLS: fresh tokens, a cluster CA, the coordinator's certificate and one per\n"
+    "      worker (naming its device) in\n"
     "      STATE-credentials/ (programs need client.token and ca.pem; admin.token is for status)\n"
-    "  tessera credentials DIR [--tls_hosts H1,H2,...] [--keep_existing]\n"
+    "  tessera credentials DIR [--tls_hosts H1,H2,...] [--devices N] [--keep_existing]\n"
     "      writes fresh tokens into DIR (cluster.token, client.token, admin.token; mode 0600) and, unless\n"
-    "      --tls_hosts is empty, a cluster CA (ca.pem) and a daemon certificate for those hosts; a DIR\n"
+    "      --tls_hosts is empty, a cluster CA (ca.pem), the coordinator's certificate (daemon.pem) and\n"
+    "      one per device 0 .. N-1 (device-N.pem, naming it; default 8) for those hosts; a DIR\n"
     "      that holds credentials is refused, or with --keep_existing kept as it is\n"
     "  tessera status [--coordinator HOST:PORT] [--token_file FILE] [--json]\n"
     "      one row per device (id, address, state, incarnation, buffers, bytes used / limit,\n"
@@ -281,7 +287,7 @@ absl::Status up(const std::string& state_path) {
     TESSERA_ASSIGN_OR_RETURN(tokens, generate_credentials());
     std::vector<std::string> hosts = {"127.0.0.1", "localhost"};
     if (host != "127.0.0.1" && host != "localhost") hosts.push_back(host);
-    TESSERA_RETURN_IF_ERROR(add_tls(&tokens, hosts));
+    TESSERA_RETURN_IF_ERROR(add_tls(&tokens, hosts, workers));
   } else {
     TESSERA_ASSIGN_OR_RETURN(tokens, load_credentials(credentials));
   }
@@ -372,11 +378,7 @@ absl::Status down(const std::string& state_path) {
     return absl::InternalError(absl::StrCat("down: cannot remove ", state_path));
   }
   // The tokens up made die with the cluster.
-  const std::string dir = credentials_dir(state_path);
-  for (const char* file : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
-    std::remove(absl::StrCat(dir, "/", file).c_str());
-  }
-  rmdir(dir.c_str());
+  remove_credentials(credentials_dir(state_path));
   std::fprintf(stderr, "tessera: cluster %s is down; logs kept in %s-*.log\n", state.coordinator_address.c_str(),
                state_path.c_str());
   return absl::OkStatus();
@@ -554,7 +556,7 @@ absl::Status credentials(const std::vector<char*>& args) {
   }
   TESSERA_ASSIGN_OR_RETURN(Credentials tokens, generate_credentials());
   const std::vector<std::string> hosts = absl::StrSplit(absl::GetFlag(FLAGS_tls_hosts), ',', absl::SkipEmpty());
-  if (!hosts.empty()) TESSERA_RETURN_IF_ERROR(add_tls(&tokens, hosts));
+  if (!hosts.empty()) TESSERA_RETURN_IF_ERROR(add_tls(&tokens, hosts, absl::GetFlag(FLAGS_devices)));
   TESSERA_RETURN_IF_ERROR(write_credentials(dir, tokens));
   std::printf("%s\n", dir.c_str());
   return absl::OkStatus();

@@ -308,7 +308,9 @@ std::string Client::coordinator_address() const { return impl_->coordinator_addr
 absl::StatusOr<std::vector<Device>> Client::devices() const {
   TESSERA_ASSIGN_OR_RETURN(pb::Topology topology, impl_->topology());
   std::vector<Device> out;
-  for (const pb::DeviceInfo& d : topology.devices()) out.push_back({d.id(), d.address(), d.state() == pb::ALIVE});
+  for (const pb::DeviceInfo& d : topology.devices()) {
+    out.push_back({d.id(), d.address(), d.state() == pb::ALIVE, d.draining()});
+  }
   std::sort(out.begin(), out.end(), [](const Device& a, const Device& b) { return a.id < b.id; });
   return out;
 }
@@ -320,17 +322,22 @@ absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<s
 absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
                                        std::initializer_list<AxisType> axis_types) const {
   TESSERA_ASSIGN_OR_RETURN(std::vector<Device> all, devices());
+  // The devices that take work: alive and not draining (a draining one refuses every new
+  // program and array, so a mesh with it would fail until its worker is back).
   std::vector<int> ids;
+  std::vector<int> draining;
   for (const Device& d : all) {
-    if (d.alive) ids.push_back(d.id);
+    if (d.alive && !d.draining) ids.push_back(d.id);
+    if (d.alive && d.draining) draining.push_back(d.id);
   }
   int64_t wanted = 1;
   for (int64_t s : shape) wanted = s > 0 && wanted <= (int64_t{1} << 24) ? wanted * s : 0;
   // As jax.make_mesh: the first prod(shape) devices; more than there are is an error.
   if (wanted > static_cast<int64_t>(ids.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("make_mesh: the mesh shape (", absl::StrJoin(shape, ", "),
-                                                   ") needs ", wanted, " devices but the cluster has ", ids.size(),
-                                                   " alive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("make_mesh: the mesh shape (", absl::StrJoin(shape, ", "), ") needs ", wanted,
+                     " devices but the cluster has ", ids.size(), " alive and not draining",
+                     draining.empty() ? "" : absl::StrCat(" (draining: ", absl::StrJoin(draining, ", "), ")")));
   }
   if (wanted > 0) ids.resize(static_cast<size_t>(wanted));
   return tessera::make_mesh(std::move(shape), std::move(axis_names), std::move(ids), axis_types);

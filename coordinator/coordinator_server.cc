@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -119,6 +120,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
                                pb::RegisterWorkerReply* reply) {
     absl::StatusOr<Caller> caller = auth_.require(ctx, Role::kDaemon, "RegisterWorker");
     if (!caller.ok()) return to_grpc(caller.status());
+    absl::Status certified = auth_.check_device(*caller, req->requested_device_id(), "RegisterWorker");
+    if (!certified.ok()) return to_grpc(certified);
     absl::Status version = check_protocol_version(req->protocol_version(), absl::StrCat("worker at ", req->address()));
     if (!version.ok()) return to_grpc(version);
     absl::Status valid = check_registration(req->name(), req->address(), req->requested_device_id());
@@ -158,6 +161,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
                    describe_device(d->id, d->address).c_str(), d->name.c_str(),
                    static_cast<unsigned long>(d->incarnation), how.c_str());
     }
+    // A worker back at another address leaves no channel to its old one.
+    evict_worker_channels();
     // The next call to this worker waits for the connection: the coordinator's channel may
     // still be backing off from the time the worker was unreachable (or gone).
     channels_.get(d->address)->reached = false;
@@ -172,6 +177,11 @@ class CoordinatorService final : public CoordinatorServiceBase {
                                       pb::HeartbeatReply*) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Heartbeat");
+    if (caller.ok()) {
+      if (absl::Status certified = auth_.check_device(*caller, req->device_id(), "Heartbeat"); !certified.ok()) {
+        caller = certified;
+      }
+    }
     bool newly_draining = false;
     const absl::Status beat = caller.ok() ? registry_.heartbeat(req->device_id(), req->epoch(), req->incarnation(),
                                                                 absl::Now(), req->draining(), &newly_draining)
@@ -192,20 +202,22 @@ class CoordinatorService final : public CoordinatorServiceBase {
       absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600'000));
       wait = std::min(wait, time_left(*ctx));
       if (!wait_for_alive(*ctx, req->min_alive_devices(), wait)) {
+        // Draining devices are alive but take no new work: they do not count.
         int alive = 0;
-        std::vector<std::string> lost;
+        std::vector<std::string> lost, draining;
         for (const DeviceRecord& d : registry_.devices()) {
-          if (d.alive) {
+          if (d.alive && !d.draining) {
             ++alive;
           } else {
-            lost.push_back(describe_device(d.id, d.address));
+            (d.alive ? draining : lost).push_back(describe_device(d.id, d.address));
           }
         }
         return to_grpc(absl::DeadlineExceededError(
             absl::StrCat("waited ", absl::FormatDuration(wait), " for ", req->min_alive_devices(),
-                         " alive devices but ", alive, " are alive",
-                         lost.empty() ? std::string(" (no other device has registered)")
-                                      : absl::StrCat("; lost: ", absl::StrJoin(lost, ", ")))));
+                         " alive devices (not draining) but ", alive, " are",
+                         lost.empty() && draining.empty() ? std::string(" (no other device has registered)") : "",
+                         lost.empty() ? "" : absl::StrCat("; lost: ", absl::StrJoin(lost, ", ")),
+                         draining.empty() ? "" : absl::StrCat("; draining: ", absl::StrJoin(draining, ", ")))));
       }
     }
     for (const DeviceRecord& d : registry_.devices()) to_proto(d, reply->add_devices());
@@ -400,6 +412,17 @@ class CoordinatorService final : public CoordinatorServiceBase {
     return reactor;
   }
 
+  // Evicts the channel of every address no alive device has (a worker lost, or registered
+  // again elsewhere): the channels are as many as the alive devices, not every address ever
+  // seen. Never blocks on a call.
+  void evict_worker_channels() {
+    absl::flat_hash_set<std::string> alive;
+    for (const DeviceRecord& d : registry_.devices()) {
+      if (d.alive) alive.insert(d.address);
+    }
+    channels_.retain(alive);
+  }
+
   // Ends every RunPlans stream, waiting (bounded) for gRPC to be done with each: after the
   // server stopped, before the service goes.
   void close_plan_streams() {
@@ -457,6 +480,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
         counter("tessera_coordinator_executions_total", kExecutions, driver_.executions_ok(), {{"result", "ok"}}),
         counter("tessera_coordinator_executions_total", kExecutions, driver_.executions_failed(),
                 {{"result", "error"}}),
+        gauge("tessera_coordinator_worker_channels", "Channels to workers held (one per alive device's address).",
+              channels_.size()),
         gauge("tessera_coordinator_uptime_seconds", "Since the process started.",
               absl::ToDoubleSeconds(absl::Now() - started_)),
     };
@@ -480,7 +505,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
                                              : absl::Seconds(2),
                  time_left(*ctx));
     std::vector<DeviceRecord> devices = registry_.devices();
-    std::vector<WorkerChannel*> workers;
+    std::vector<std::shared_ptr<WorkerChannel>> workers;
     std::vector<pb::DeviceStatus*> asked;
     for (const DeviceRecord& d : devices) {
       pb::DeviceStatus* status = reply->add_devices();
@@ -518,10 +543,11 @@ class CoordinatorService final : public CoordinatorServiceBase {
   }
 
  private:
-  // Whether `n` devices are alive within `wait`; false early if the caller cancelled.
+  // Whether `n` devices are alive and take work (not draining) within `wait`; false early if
+  // the caller cancelled.
   bool wait_for_alive(const grpc::ServerContextBase& ctx, int n, absl::Duration wait) const {
     const absl::Time deadline = absl::Now() + wait;
-    while (!registry_.wait_for_alive(n, std::min(deadline - absl::Now(), kCancelCheck))) {
+    while (!registry_.wait_for_alive(n, std::min(deadline - absl::Now(), kCancelCheck), /*taking_work=*/true)) {
       if (absl::Now() >= deadline || ctx.IsCancelled()) return false;
     }
     return true;
@@ -604,7 +630,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
     request.set_timeout_ms(absl::ToInt64Milliseconds(worker_timeout));
     request.set_barrier_first(req.barrier_first());
     std::vector<pb::WorkerCollectiveReply> replies(peers.size());
-    std::vector<WorkerChannel*> workers;
+    std::vector<std::shared_ptr<WorkerChannel>> workers;
     for (const pb::PeerAddress& p : peers) workers.push_back(channels_.get(p.address()));
     std::vector<grpc::Status> statuses = fan_out_.fan_out(
         workers, std::min(timeout + absl::Seconds(5), time_left),
@@ -754,6 +780,8 @@ class CoordinatorServerImpl final : public CoordinatorServer {
                      absl::FormatDuration(options_.heartbeat_timeout).c_str());
       }
       service_.driver().watch_executions();
+      // After the watch, which fails the executions of devices just marked lost naming them.
+      service_.evict_worker_channels();
       service_.driver().expire_awaited_calls();
       update_health();
     }

@@ -79,7 +79,7 @@ struct Execution {
   std::shared_ptr<Program> program;
   std::unique_ptr<ProgramUse> use;  // before `program` goes
   Members members;
-  std::vector<WorkerChannel*> workers;
+  std::vector<std::shared_ptr<WorkerChannel>> workers;
   std::vector<uint64_t> output_ids;
   std::vector<ArrayRecord> outputs;
   pb::RunPlanRequest request;                        // the same for every member

@@ -10,8 +10,9 @@
 
 namespace tessera {
 
-std::vector<grpc::Status> FanOut::fan_out(const std::vector<WorkerChannel*>& workers, absl::Duration deadline,
-                                          const StartCall& start, absl::Duration grace, const Members* watch) {
+std::vector<grpc::Status> FanOut::fan_out(const std::vector<std::shared_ptr<WorkerChannel>>& workers,
+                                          absl::Duration deadline, const StartCall& start, absl::Duration grace,
+                                          const Members* watch) {
   const int n = static_cast<int>(workers.size());
   std::vector<grpc::Status> statuses(static_cast<size_t>(n));
   std::vector<grpc::ClientContext> contexts(static_cast<size_t>(n));
@@ -79,14 +80,14 @@ void FanOut::delete_buffers(const std::map<int, std::vector<uint64_t>>& buffers,
   for (const auto& [device, ids] : buffers) {
     if (!ids.empty()) per_device[device].mutable_buffer_ids()->Assign(ids.begin(), ids.end());
   }
-  std::vector<WorkerChannel*> workers;
+  std::vector<std::shared_ptr<WorkerChannel>> workers;
   std::vector<const pb::DeleteBuffersRequest*> requests;
   std::vector<std::shared_ptr<PlanStream>> streams;
   std::vector<pb::StreamDelete> stream_requests;
   for (const auto& [device_id, request] : per_device) {
     std::optional<DeviceRecord> d = registry_->device(device_id);
     if (!d.has_value() || !d->alive) continue;
-    WorkerChannel* w = channels_->get(d->address);
+    std::shared_ptr<WorkerChannel> w = channels_->get(d->address);
     std::shared_ptr<PlanStream> stream = w->open_plan_stream(d->incarnation);
     if (stream == nullptr) {
       workers.push_back(w);

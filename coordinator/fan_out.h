@@ -65,7 +65,7 @@ class FanOut {
   // every call is cancelled and the device's status says it was lost. A worker cut off the
   // network fails an execution within the heartbeat timeout, not the execution's deadline.
   using StartCall = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
-  std::vector<grpc::Status> fan_out(const std::vector<WorkerChannel*>& workers, absl::Duration deadline,
+  std::vector<grpc::Status> fan_out(const std::vector<std::shared_ptr<WorkerChannel>>& workers, absl::Duration deadline,
                                     const StartCall& start, absl::Duration grace = absl::InfiniteDuration(),
                                     const Members* watch = nullptr);
 
@@ -79,13 +79,15 @@ class FanOut {
   // its callback has run, so the service outlives it (wait_for_calls waits).
   // start(stub->async(), ctx, request, reply, done) starts it.
   template <typename Request, typename Reply, typename Start>
-  void call_async(WorkerChannel* w, const Request& request, Start start) {
+  void call_async(const std::shared_ptr<WorkerChannel>& w, const Request& request, Start start) {
     struct Call {
+      std::shared_ptr<WorkerChannel> channel;  // kept while the call runs, even if evicted meanwhile
       grpc::ClientContext ctx;
       Request request;
       Reply reply;
     };
     auto call = std::make_shared<Call>();
+    call->channel = w;
     call->request = request;
     set_deadline(&call->ctx, kConnectDeadline);
     {

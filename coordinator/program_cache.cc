@@ -133,7 +133,7 @@ void ProgramCache::unload_plans(const std::vector<std::shared_ptr<Program>>& pro
     absl::MutexLock lock(&p->mu);
     for (const auto& [device, incarnations] : p->loaded) per_device[device].add_plan_ids(p->id);
   }
-  std::vector<WorkerChannel*> workers;
+  std::vector<std::shared_ptr<WorkerChannel>> workers;
   std::vector<const pb::UnloadPlansRequest*> requests;
   for (const auto& [device, request] : per_device) {
     std::optional<DeviceRecord> d = registry_->device(device);
@@ -167,12 +167,12 @@ std::vector<int> ProgramCache::missing_plans(Program& program, const Members& me
 }
 
 absl::Status ProgramCache::load_plans(Program& program, const Members& members,
-                                      const std::vector<WorkerChannel*>& workers) {
+                                      const std::vector<std::shared_ptr<WorkerChannel>>& workers) {
   const std::vector<pb::PeerAddress>& peers = members.peers;
   const std::vector<int> missing = missing_plans(program, members);
   if (missing.empty()) return absl::OkStatus();
   std::vector<pb::LoadPlanReply> replies(missing.size());
-  std::vector<WorkerChannel*> targets;
+  std::vector<std::shared_ptr<WorkerChannel>> targets;
   Members target;
   // One program for every device (each resolves it for its position): encoded once, and
   // every call reads the same request.

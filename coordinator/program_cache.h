@@ -112,7 +112,8 @@ class ProgramCache {
   static std::vector<int> missing_plans(Program& program, const Members& members);
 
   // Sends the program's plan to every device that does not have it yet (blocks: FanOut).
-  absl::Status load_plans(Program& program, const Members& members, const std::vector<WorkerChannel*>& workers);
+  absl::Status load_plans(Program& program, const Members& members,
+                          const std::vector<std::shared_ptr<WorkerChannel>>& workers);
 
   struct Counts {
     int64_t programs = 0;

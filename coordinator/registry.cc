@@ -123,15 +123,15 @@ std::optional<DeviceRecord> Registry::device(int id) const {
   return it->second;
 }
 
-int Registry::alive_count() const {
+int Registry::alive_count(bool taking_work) const {
   int n = 0;
-  for (const auto& [id, d] : devices_) n += d.alive ? 1 : 0;
+  for (const auto& [id, d] : devices_) n += d.alive && !(taking_work && d.draining) ? 1 : 0;
   return n;
 }
 
-bool Registry::wait_for_alive(int n, absl::Duration timeout) const {
+bool Registry::wait_for_alive(int n, absl::Duration timeout, bool taking_work) const {
   absl::MutexLock lock(&mu_);
-  auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return alive_count() >= n; };
+  auto enough = [this, n, taking_work]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return alive_count(taking_work) >= n; };
   return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
 }
 

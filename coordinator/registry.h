@@ -117,7 +117,8 @@ class Registry {
   std::optional<DeviceRecord> device(int id) const;
 
   // Waits until at least `n` devices are alive; false on timeout.
-  bool wait_for_alive(int n, absl::Duration timeout) const;
+  // With `taking_work`, only the devices that take new work count: alive and not draining.
+  bool wait_for_alive(int n, absl::Duration timeout, bool taking_work = false) const;
 
   // Waits until every device of `ids` is alive, at most until `deadline`; false if not.
   bool wait_for_devices(const std::vector<int>& ids, absl::Time deadline) const;
@@ -172,7 +173,7 @@ class Registry {
   std::vector<ArrayRecord> arrays() const;
 
  private:
-  int alive_count() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int alive_count(bool taking_work = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status check_session_locked(uint64_t session, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.

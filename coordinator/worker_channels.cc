@@ -4,14 +4,41 @@
 
 namespace tessera {
 
-WorkerChannel* WorkerChannels::get(const std::string& address) {
+std::shared_ptr<WorkerChannel> WorkerChannels::get(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& w = workers_[address];
   if (w == nullptr) {
-    w = std::make_unique<WorkerChannel>();
+    w = std::make_shared<WorkerChannel>();
     w->stub = pb::Worker::NewStub(make_channel(address, identity_));
   }
-  return w.get();
+  return w;
+}
+
+int WorkerChannels::retain(const absl::flat_hash_set<std::string>& addresses) {
+  std::vector<std::shared_ptr<PlanStream>> streams;
+  int evicted = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (addresses.contains(it->first)) {
+        ++it;
+        continue;
+      }
+      {
+        absl::MutexLock stream_lock(&it->second->mu);
+        if (it->second->plans != nullptr) streams.push_back(std::move(it->second->plans));
+      }
+      workers_.erase(it++);
+      ++evicted;
+    }
+  }
+  for (const std::shared_ptr<PlanStream>& s : streams) s->close(absl::ZeroDuration());  // does not wait
+  return evicted;
+}
+
+int WorkerChannels::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(workers_.size());
 }
 
 std::vector<std::shared_ptr<PlanStream>> WorkerChannels::take_plan_streams() {

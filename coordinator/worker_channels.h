@@ -1,6 +1,9 @@
 // WorkerChannels: the coordinator's line to each worker, by address: its stub, whether a call
 // ever reached it, and its RunPlans stream (coordinator/plan_stream.h) for the worker's
-// current incarnation. A channel lives as long as the coordinator (addresses are few).
+// current incarnation. The table holds a channel only while an alive device has its address
+// (retain, after every registration and whenever devices are marked lost): a worker gone, or
+// back at another address, leaves none behind. Callers hold their channel by shared_ptr, so an
+// evicted one lives until the calls that use it end.
 //
 // Locks: mu_ guards the table of channels; each WorkerChannel's mu guards its stream. Order:
 // mu_ before a WorkerChannel::mu (take_plan_streams holds both). Neither is held across a
@@ -8,8 +11,9 @@
 // waiting) after its channel's lock is released.
 //
 //   WorkerChannels channels(identity);
-//   WorkerChannel* w = channels.get("127.0.0.1:4000");
+//   std::shared_ptr<WorkerChannel> w = channels.get("127.0.0.1:4000");
 //   std::shared_ptr<PlanStream> s = w->plan_stream(incarnation);
+//   channels.retain({"127.0.0.1:4001"});  // 127.0.0.1:4000's worker is gone
 #ifndef TESSERA_COORDINATOR_WORKER_CHANNELS_H_
 #define TESSERA_COORDINATOR_WORKER_CHANNELS_H_
 
@@ -21,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/plan_stream.h"
 #include "proto/auth.h"
@@ -64,8 +69,17 @@ class WorkerChannels {
  public:
   explicit WorkerChannels(std::shared_ptr<const CallIdentity> identity) : identity_(std::move(identity)) {}
 
-  // The channel to `address`, made at its first use. Never null.
-  WorkerChannel* get(const std::string& address);
+  // The channel to `address`, made at its first use (or its first since it was evicted). Never
+  // null.
+  std::shared_ptr<WorkerChannel> get(const std::string& address);
+
+  // Evicts the channel of every address not in `addresses` (those of the alive devices) and
+  // closes its RunPlans stream without waiting (its pending runs fail; the worker is gone or
+  // elsewhere). Returns how many were evicted.
+  int retain(const absl::flat_hash_set<std::string>& addresses);
+
+  // How many channels the table holds.
+  int size() const;
 
   // Takes every open RunPlans stream out of its channel, for the owner to close (shutdown).
   std::vector<std::shared_ptr<PlanStream>> take_plan_streams();
@@ -73,8 +87,8 @@ class WorkerChannels {
  private:
   const std::shared_ptr<const CallIdentity> identity_;  // what this coordinator sends the workers
 
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<WorkerChannel>> workers_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<WorkerChannel>> workers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
 #include "core/credentials.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,8 +16,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "core/status.h"
 #include "core/subprocess.h"
 
 namespace tessera {
@@ -44,7 +48,46 @@ absl::Status write_file(const std::string& path, const std::string& contents, mo
   return absl::OkStatus();
 }
 
+constexpr char kDeviceUriPrefix[] = "tessera://device/";
+constexpr int kMaxDeviceCertificates = 4096;
+
+// The device of a file named device-N.pem, or -1.
+int device_of_cert_file(absl::string_view name) {
+  int device = -1;
+  if (!absl::ConsumePrefix(&name, "device-") || !absl::ConsumeSuffix(&name, ".pem") ||
+      !absl::SimpleAtoi(name, &device) || device < 0 || name != absl::StrCat(device)) {
+    return -1;
+  }
+  return device;
+}
+
+// The device-N.pem files of `dir`, by device.
+std::vector<int> device_cert_files(const std::string& dir) {
+  std::vector<int> devices;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return devices;
+  while (const dirent* e = readdir(d)) {
+    if (int device = device_of_cert_file(e->d_name); device >= 0) devices.push_back(device);
+  }
+  closedir(d);
+  return devices;
+}
+
 }  // namespace
+
+std::string device_cert_file(int device) { return absl::StrCat("device-", device, ".pem"); }
+std::string device_key_file(int device) { return absl::StrCat("device-", device, ".key"); }
+std::string device_uri(int device) { return absl::StrCat(kDeviceUriPrefix, device); }
+
+int device_of_uri(const std::string& uri) {
+  absl::string_view rest = uri;
+  int device = -1;
+  if (!absl::ConsumePrefix(&rest, kDeviceUriPrefix) || !absl::SimpleAtoi(rest, &device) || device < 0 ||
+      rest != absl::StrCat(device)) {
+    return -1;
+  }
+  return device;
+}
 
 absl::StatusOr<std::string> read_file(const std::string& file) {
   std::ifstream in(file);
@@ -87,8 +130,37 @@ absl::StatusOr<Credentials> load_credentials(const std::string& dir) {
       if (!text.ok()) return text.status();
       *pem = *std::move(text);
     }
+    for (int device : device_cert_files(dir)) {
+      KeyPair& pair = c.devices[device];
+      TESSERA_ASSIGN_OR_RETURN(pair.cert_pem, read_file(absl::StrCat(dir, "/", device_cert_file(device))));
+      TESSERA_ASSIGN_OR_RETURN(pair.key_pem, read_file(absl::StrCat(dir, "/", device_key_file(device))));
+    }
   }
   return c;
+}
+
+absl::StatusOr<Credentials> credentials_for_device(const Credentials& c, int* device) {
+  if (!c.tls()) return c;
+  if (*device < 0) {
+    if (c.devices.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "credentials: with TLS a worker presents its device's own certificate; give --device_id (the credentials ",
+          "hold ", c.devices.size(), " device certificates, so none can be chosen for it)"));
+    }
+    *device = c.devices.begin()->first;
+  }
+  auto it = c.devices.find(*device);
+  if (it == c.devices.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "credentials: no certificate for device ", *device, " (", device_cert_file(*device),
+        "): with TLS every worker presents its own, naming its device; make them with `tessera credentials DIR ",
+        "--devices=N`"));
+  }
+  Credentials out = c;
+  out.cert_pem = it->second.cert_pem;
+  out.key_pem = it->second.key_pem;
+  out.devices.clear();  // a worker keeps no other device's key
+  return out;
 }
 
 absl::StatusOr<Credentials> generate_credentials() {
@@ -118,10 +190,29 @@ absl::Status write_credentials(const std::string& dir, const Credentials& c) {
     absl::Status s = write_file(absl::StrCat(dir, "/", name), *pem, mode);
     if (!s.ok()) return s;
   }
+  for (const auto& [device, pair] : c.devices) {
+    TESSERA_RETURN_IF_ERROR(write_file(absl::StrCat(dir, "/", device_cert_file(device)), pair.cert_pem, 0600));
+    TESSERA_RETURN_IF_ERROR(write_file(absl::StrCat(dir, "/", device_key_file(device)), pair.key_pem, 0600));
+  }
   return absl::OkStatus();
 }
 
-absl::Status add_tls(Credentials* c, const std::vector<std::string>& hosts) {
+void remove_credentials(const std::string& dir) {
+  for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
+    std::remove(absl::StrCat(dir, "/", f).c_str());
+  }
+  for (int device : device_cert_files(dir)) {
+    std::remove(absl::StrCat(dir, "/", device_cert_file(device)).c_str());
+    std::remove(absl::StrCat(dir, "/", device_key_file(device)).c_str());
+  }
+  rmdir(dir.c_str());
+}
+
+absl::Status add_tls(Credentials* c, const std::vector<std::string>& hosts, int devices) {
+  if (devices < 0 || devices > kMaxDeviceCertificates) {
+    return absl::InvalidArgumentError(absl::StrCat("credentials: the number of device certificates must be in [0, ",
+                                                   kMaxDeviceCertificates, "], got ", devices));
+  }
   char dir_template[] = "/tmp/tessera-tls-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("credentials: cannot make a temporary directory");
   const std::string dir = dir_template;
@@ -133,13 +224,28 @@ absl::Status add_tls(Credentials* c, const std::vector<std::string>& hosts) {
     names.push_back(absl::StrCat(ip ? "IP:" : "DNS:", h));
   }
   const std::string san = absl::StrCat("subjectAltName=", absl::StrJoin(names, ","));
-  const std::vector<std::vector<std::string>> steps = {
+  // The certificates to make: the coordinator's ("daemon"), which names no device, and each
+  // device's, which also names it in a URI.
+  struct Leaf {
+    std::string name, subject, san;
+    KeyPair* out;
+  };
+  std::vector<Leaf> leaves = {{"daemon", "/CN=tessera daemon", san, nullptr}};
+  std::map<int, KeyPair> made_devices;
+  for (int d = 0; d < devices; ++d) {
+    leaves.push_back({absl::StrCat("device-", d), absl::StrCat("/CN=tessera device ", d),
+                      absl::StrCat(san, names.empty() ? "" : ",", "URI:", device_uri(d)), &made_devices[d]});
+  }
+  std::vector<std::vector<std::string>> steps = {
       {"openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-       dir + "/ca.key", "-out", dir + "/ca.pem", "-days", "3650", "-subj", "/CN=tessera cluster CA"},
-      {"openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-       dir + "/daemon.key", "-out", dir + "/daemon.csr", "-subj", "/CN=tessera daemon", "-addext", san},
-      {"openssl", "x509", "-req", "-in", dir + "/daemon.csr", "-CA", dir + "/ca.pem", "-CAkey", dir + "/ca.key",
-       "-CAcreateserial", "-out", dir + "/daemon.pem", "-days", "825", "-copy_extensions", "copy"}};
+       dir + "/ca.key", "-out", dir + "/ca.pem", "-days", "3650", "-subj", "/CN=tessera cluster CA"}};
+  for (const Leaf& leaf : leaves) {
+    const std::string base = absl::StrCat(dir, "/", leaf.name);
+    steps.push_back({"openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+                     base + ".key", "-out", base + ".csr", "-subj", leaf.subject, "-addext", leaf.san});
+    steps.push_back({"openssl", "x509", "-req", "-in", base + ".csr", "-CA", dir + "/ca.pem", "-CAkey", dir + "/ca.key",
+                     "-CAcreateserial", "-out", base + ".pem", "-days", "825", "-copy_extensions", "copy"});
+  }
   absl::Status status;
   for (const std::vector<std::string>& argv : steps) {
     absl::StatusOr<std::pair<int, std::string>> ran = Subprocess::run(argv, absl::Seconds(30));
@@ -153,11 +259,22 @@ absl::Status add_tls(Credentials* c, const std::vector<std::string>& hosts) {
       break;
     }
   }
+  std::string ca_pem;
+  KeyPair daemon;
   if (status.ok()) {
-    for (const auto& [name, pem] : {std::pair<const char*, std::string*>{"ca.pem", &c->ca_pem},
-                                    {"daemon.pem", &c->cert_pem},
-                                    {"daemon.key", &c->key_pem}}) {
-      absl::StatusOr<std::string> text = read_file(absl::StrCat(dir, "/", name));
+    absl::StatusOr<std::string> ca = read_file(dir + "/ca.pem");
+    if (ca.ok()) {
+      ca_pem = *std::move(ca);
+    } else {
+      status = ca.status();
+    }
+  }
+  for (const Leaf& leaf : leaves) {
+    if (!status.ok()) break;
+    KeyPair* out = leaf.out != nullptr ? leaf.out : &daemon;
+    for (const auto& [suffix, pem] :
+         {std::pair<const char*, std::string*>{".pem", &out->cert_pem}, {".key", &out->key_pem}}) {
+      absl::StatusOr<std::string> text = read_file(absl::StrCat(dir, "/", leaf.name, suffix));
       if (!text.ok()) {
         status = text.status();
         break;
@@ -165,12 +282,18 @@ absl::Status add_tls(Credentials* c, const std::vector<std::string>& hosts) {
       *pem = *std::move(text);
     }
   }
-  // The CA's key is not kept: nobody can sign another daemon certificate for this cluster.
-  for (const char* f : {"ca.key", "ca.pem", "ca.srl", "daemon.key", "daemon.csr", "daemon.pem"}) {
-    std::remove(absl::StrCat(dir, "/", f).c_str());
+  // The CA's key is not kept: nobody can sign another certificate for this cluster.
+  for (const char* f : {"ca.key", "ca.pem", "ca.srl"}) std::remove(absl::StrCat(dir, "/", f).c_str());
+  for (const Leaf& leaf : leaves) {
+    for (const char* suffix : {".key", ".csr", ".pem"}) std::remove(absl::StrCat(dir, "/", leaf.name, suffix).c_str());
   }
   rmdir(dir.c_str());
-  return status;
+  if (!status.ok()) return status;
+  c->ca_pem = std::move(ca_pem);
+  c->cert_pem = std::move(daemon.cert_pem);
+  c->key_pem = std::move(daemon.key_pem);
+  c->devices = std::move(made_devices);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Credentials> credentials_from_flag(const std::string& dir) {

@@ -2,7 +2,8 @@
 // "Security"). Three bearer tokens, one per role: the daemons' (coordinator and workers, to
 // each other), the clients', and the admins' (who may act on every session's arrays and
 // programs). A credentials directory holds one file per token, and optionally the cluster's
-// TLS: its CA certificate and the daemons' certificate and key (`tessera up` makes them).
+// TLS: its CA certificate, the coordinator's certificate and key, and each worker's own,
+// naming its device id (`tessera up` makes them).
 //
 //   absl::StatusOr<Credentials> c = load_credentials("/etc/tessera/credentials");
 //   CoordinatorOptions options;
@@ -12,6 +13,7 @@
 #ifndef TESSERA_CORE_CREDENTIALS_H_
 #define TESSERA_CORE_CREDENTIALS_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,11 @@
 
 namespace tessera {
 
+// A certificate and its private key (PEM).
+struct KeyPair {
+  std::string cert_pem, key_pem;
+};
+
 struct Credentials {
   std::string cluster;  // the daemons' token; also keys session credentials and array grants
   std::string client;   // accepted from clients
@@ -27,6 +34,12 @@ struct Credentials {
   // TLS (PEM), all three or none: the cluster CA's certificate, and the certificate (signed by
   // it) and key every daemon serves and presents to the others (mutual TLS).
   std::string ca_pem, cert_pem, key_pem;
+  // TLS, per worker: device N's certificate (signed by the CA, valid for the same hosts, and
+  // naming the device in the SAN URI tessera://device/N) and key. A worker serves and presents
+  // its own instead of cert_pem (credentials_for_device), so that its peers and the
+  // coordinator know which device it is; cert_pem, which names no device, is the
+  // coordinator's.
+  std::map<int, KeyPair> devices;
   bool tls() const { return !ca_pem.empty(); }
   // No tokens at all: the daemons check nothing (the development mode, loopback only).
   bool empty() const { return cluster.empty() && client.empty() && admin.empty(); }
@@ -39,24 +52,44 @@ inline constexpr char kAdminTokenFile[] = "admin.token";
 inline constexpr char kCaFile[] = "ca.pem";  // clients need it too (ConnectOptions::ca_file)
 inline constexpr char kCertFile[] = "daemon.pem";
 inline constexpr char kKeyFile[] = "daemon.key";
+// Device N's certificate and key: device-N.pem, device-N.key.
+std::string device_cert_file(int device);
+std::string device_key_file(int device);
+// The SAN URI of device N's certificate.
+std::string device_uri(int device);
+// The device a certificate's SAN URI names (tessera://device/N), or -1 for any other string.
+int device_of_uri(const std::string& uri);
 
 // Reads `dir`'s three token files (surrounding whitespace dropped), and its TLS files when
-// ca.pem is there. NOT_FOUND naming a missing file; INVALID_ARGUMENT naming a token shorter
-// than 16 characters, or two equal tokens.
+// ca.pem is there (and every device-N.pem with its device-N.key). NOT_FOUND naming a missing file; INVALID_ARGUMENT
+// naming a token shorter than 16 characters, or two equal tokens.
 absl::StatusOr<Credentials> load_credentials(const std::string& dir);
 
 // Three fresh random tokens (32 bytes each from /dev/urandom, as hex).
 absl::StatusOr<Credentials> generate_credentials();
 
-// Adds a fresh cluster CA and a daemon certificate signed by it (P-256 keys, made with the
-// openssl program) valid for `hosts` (IP addresses or DNS names the daemons are reached by; a
-// `*.` name covers a domain) to `c`. INTERNAL with openssl's output if it fails (NOT_FOUND if
-// there is no openssl: Debian's package `openssl`).
-absl::Status add_tls(Credentials* c, const std::vector<std::string>& hosts);
+// Adds a fresh cluster CA, the coordinator's certificate and one certificate per device 0 ..
+// devices-1 (Credentials::devices), all signed by it (P-256 keys, made with the openssl
+// program) and valid for `hosts` (IP addresses or DNS names the daemons are reached by; a
+// `*.` name covers a domain), to `c`. INTERNAL with openssl's output if it fails (NOT_FOUND if
+// there is no openssl: Debian's package `openssl`); INVALID_ARGUMENT for `devices` outside
+// [0, 4096].
+absl::Status add_tls(Credentials* c, const std::vector<std::string>& hosts, int devices);
+
+// What worker `*device` serves and presents: `c` with device *device's certificate and key in
+// cert_pem and key_pem (the SAN URI names the device, so peers can check the claim). Without
+// TLS, `c` as it is. For *device = -1 (the coordinator picks), the one device certificate `c`
+// holds, setting *device to its id. NOT_FOUND naming device-N.pem when `c` has TLS but no
+// certificate for the device; INVALID_ARGUMENT for -1 with none or several.
+absl::StatusOr<Credentials> credentials_for_device(const Credentials& c, int* device);
 
 // Writes `c` into `dir` (created if needed, mode 0700; files 0600; ca.pem 0644). INTERNAL
 // naming the path on an I/O error.
 absl::Status write_credentials(const std::string& dir, const Credentials& c);
+
+// Removes what write_credentials writes (every device-N file included) from `dir`, and `dir`
+// if that leaves it empty. Best effort: missing files are no error.
+void remove_credentials(const std::string& dir);
 
 // A token from `file` (whitespace dropped). NOT_FOUND naming the file; INVALID_ARGUMENT if
 // it is empty.

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "grpc/grpc_security_constants.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/auth_context.h"
 #include "grpcpp/security/credentials.h"
@@ -45,6 +46,20 @@ absl::string_view metadata(const grpc::ServerContextBase& ctx, const char* key, 
   auto it = md.find(key);
   *present = it != md.end();
   return *present ? absl::string_view(it->second.data(), it->second.size()) : absl::string_view();
+}
+
+// The device the certificate of a TLS caller names (its SAN URI tessera://device/N), or -1.
+int certificate_device(const grpc::ServerContextBase& ctx) {
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr) return -1;
+  for (const grpc::string_ref& san : auth->FindPropertyValues(GRPC_X509_SAN_PROPERTY_NAME)) {
+    if (int device = device_of_uri(std::string(san.data(), san.size())); device >= 0) return device;
+  }
+  return -1;
+}
+
+std::string certificate_holder(int device) {
+  return device >= 0 ? absl::StrCat("device ", device, "'s") : "the coordinator's (it names no device)";
 }
 
 // Adds the identity's metadata to every call of a channel.
@@ -124,6 +139,10 @@ absl::StatusOr<Caller> Authenticator::authenticate(const grpc::ServerContextBase
           "the cluster token came without the cluster's daemon certificate: daemons use mutual TLS");
     }
     caller.role = Role::kDaemon;
+    if (credentials_.tls()) {
+      caller.certified = true;
+      caller.certified_device = certificate_device(ctx);
+    }
   } else if (admin) {
     caller.role = Role::kAdmin;
   } else if (client) {
@@ -146,7 +165,21 @@ absl::StatusOr<Caller> Authenticator::authenticate(const grpc::ServerContextBase
   if (present && caller.role == Role::kDaemon && !absl::SimpleAtoi(device, &caller.device)) {
     return absl::UnauthenticatedError(absl::StrCat("the 'tessera-device' metadata '", device, "' is not a device id"));
   }
+  if (present && caller.certified && caller.device != caller.certified_device) {
+    return absl::PermissionDeniedError(absl::StrCat("the caller claims device ", caller.device,
+                                                    " ('tessera-device') but its certificate is ",
+                                                    certificate_holder(caller.certified_device)));
+  }
   return caller;
+}
+
+absl::Status Authenticator::check_device(const Caller& caller, int device, absl::string_view method) const {
+  if (!caller.certified || (caller.certified_device >= 0 && caller.certified_device == device)) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(method, ": the caller claims device ", device,
+                                                  " but its certificate is ",
+                                                  certificate_holder(caller.certified_device)));
 }
 
 absl::StatusOr<Caller> Authenticator::require(const grpc::ServerContextBase& ctx, Role min,

@@ -44,6 +44,10 @@ struct Caller {
   uint64_t session = 0;  // the session its credential proves; 0: none sent
   int device = -1;       // a daemon's tessera-device; -1: none sent
   bool open = false;     // the development mode: nothing was checked, everyone may do anything
+  // Over TLS, a daemon's certificate names the device it is (tessera://device/N) or none (the
+  // coordinator's): the device, or -1. Unused without TLS, where tokens cannot tell daemons apart.
+  bool certified = false;
+  int certified_device = -1;
   bool at_least(Role r) const { return static_cast<int>(role) >= static_cast<int>(r); }
 };
 
@@ -56,11 +60,17 @@ class Authenticator {
 
   // The caller of `ctx`: its bearer token, compared in constant time with each role's, and
   // its session credential if it sent one. UNAUTHENTICATED for a missing or unknown token or
-  // a session credential that does not verify.
+  // a session credential that does not verify. Over TLS, a daemon that sends tessera-device
+  // must present that device's certificate: PERMISSION_DENIED naming both ids otherwise.
   absl::StatusOr<Caller> authenticate(const grpc::ServerContextBase& ctx) const;
   // authenticate, and PERMISSION_DENIED naming `method` and the role it takes when the
   // caller's is less.
   absl::StatusOr<Caller> require(const grpc::ServerContextBase& ctx, Role min, absl::string_view method) const;
+
+  // OK if `caller` may act as worker `device` in `method` (RegisterWorker, Heartbeat): over
+  // TLS its certificate must name that device; without TLS any daemon may (tokens cannot tell
+  // the daemons apart; docs/design.md, "Security"). PERMISSION_DENIED naming both ids otherwise.
+  absl::Status check_device(const Caller& caller, int device, absl::string_view method) const;
 
   // The credential of `session` (what OpenSession hands its client): the id and its MAC.
   std::string session_credential(uint64_t session) const;

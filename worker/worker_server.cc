@@ -432,7 +432,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::start(const WorkerOp
         absl::StrCat("tessera-worker: memory_bytes must be positive, got ", options.memory_bytes));
   }
   TESSERA_RETURN_IF_ERROR(check_max_sync_threads(options.max_sync_threads, "max_sync_threads"));
-  auto server = std::make_unique<WorkerServerImpl>(options);
+  // With TLS the worker serves and presents its device's own certificate (which names it).
+  WorkerOptions own = options;
+  TESSERA_ASSIGN_OR_RETURN(own.credentials, credentials_for_device(options.credentials, &own.device_id));
+  auto server = std::make_unique<WorkerServerImpl>(own);
   TESSERA_RETURN_IF_ERROR(server->init());
   return std::unique_ptr<WorkerServer>(std::move(server));
 }

@@ -138,7 +138,8 @@ void bind_arrays(py::module_& m) {
   py::class_<Device>(m, "Device")
       .def_readonly("id", &Device::id)
       .def_readonly("address", &Device::address)
-      .def_readonly("alive", &Device::alive);
+      .def_readonly("alive", &Device::alive)
+      .def_readonly("draining", &Device::draining);
 
   py::enum_<AxisType>(m, "AxisType")
       .value("Auto", AxisType::kAuto)

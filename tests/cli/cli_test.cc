@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/state.h"
@@ -123,6 +124,11 @@ TEST(Cli, UpStatusRunExampleHealthDown) {
   // The daemons check the credentials up made: none is refused, the client token accepted.
   const std::string credentials = dir + "/state-credentials";
   EXPECT_THAT(up->second, HasSubstr(credentials + "/client.token"));
+  // Each worker has a certificate of its own, naming its device (and the workers started with them).
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(access(absl::StrCat(credentials, "/", device_cert_file(i)).c_str(), F_OK), 0) << i;
+  }
+  EXPECT_NE(access(absl::StrCat(credentials, "/", device_cert_file(8)).c_str(), F_OK), 0);
   ConnectOptions no_token;
   no_token.token = "not-this-clusters-token";
   no_token.timeout = absl::Seconds(5);
@@ -170,6 +176,37 @@ TEST(Cli, CredentialsWritesFreshTokensOnceAndDaemonsReadThem) {
   EXPECT_EQ(c->client.size(), 64u);
   EXPECT_NE(c->client, c->admin);
   EXPECT_TRUE(c->tls()) << "a CA and a daemon certificate for 127.0.0.1 and localhost";
+  // And one certificate per device 0 .. 7 (the default --devices), each naming its device in a
+  // SAN URI (read back with the openssl program, independently of our code), the coordinator's
+  // naming none; a worker takes its own, and one with no certificate is refused, naming it.
+  ASSERT_EQ(c->devices.size(), 8u);
+  for (int device : {0, 7}) {
+    absl::StatusOr<std::pair<int, std::string>> text =
+        Subprocess::run({"openssl", "x509", "-noout", "-ext", "subjectAltName", "-in",
+                         absl::StrCat(dir, "/c/", device_cert_file(device))},
+                        absl::Seconds(30));
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_THAT(text->second, AllOf(HasSubstr(absl::StrCat("URI:tessera://device/", device)),
+                                    HasSubstr("IP Address:127.0.0.1"), HasSubstr("DNS:localhost")));
+    int chosen = device;
+    absl::StatusOr<Credentials> own = credentials_for_device(*c, &chosen);
+    ASSERT_TRUE(own.ok()) << own.status();
+    EXPECT_EQ(own->cert_pem, c->devices.at(device).cert_pem);
+    EXPECT_NE(own->cert_pem, c->cert_pem);
+    EXPECT_TRUE(own->devices.empty()) << "a worker keeps no other device's key";
+  }
+  absl::StatusOr<std::pair<int, std::string>> coordinator_san = Subprocess::run(
+      {"openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", dir + "/c/daemon.pem"}, absl::Seconds(30));
+  ASSERT_TRUE(coordinator_san.ok()) << coordinator_san.status();
+  EXPECT_THAT(coordinator_san->second, Not(HasSubstr("URI:")));
+  int unknown = 8;
+  EXPECT_EQ(credentials_for_device(*c, &unknown).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::pair<int, std::string>> no_certificate = Subprocess::run(
+      {kBin + "/tessera-worker", "--coordinator=127.0.0.1:1", "--device_id=8", "--credentials=" + dir + "/c"},
+      absl::Seconds(30));
+  ASSERT_TRUE(no_certificate.ok()) << no_certificate.status();
+  EXPECT_NE(no_certificate->first, 0);
+  EXPECT_THAT(no_certificate->second, HasSubstr("no certificate for device 8 (device-8.pem)"));
   absl::StatusOr<std::pair<int, std::string>> again = tessera({"credentials", dir + "/c"});
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->first, 1);
@@ -492,8 +529,10 @@ TEST(Cli, TheCoordinatorCountsLostDevicesAndRegistrationsAgain) {
   EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"first\"}", 1));
 }
 
-// status: per device the programs loaded, plan runs and failures and the last error, in the
-// table and as JSON; top: the same every second.
+// status (issue #19 item 6): per device its address, state, incarnation, buffers and bytes used
+// against the limit, the programs loaded, plan runs and failures and the last error, in the
+// table and as JSON; top: the same every second. The references: the SDK's topology for the
+// addresses, and what the test put there (x and the two kept outputs, 4 KiB each per device).
 TEST(Cli, StatusShowsRunsAndTheLastErrorPerDeviceAndTopRefreshes) {
   // 1 MiB per device: a program whose 2 MiB output cannot be stored fails on every device.
   absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(kBin, 2, {}, {"--memory_bytes=1048576"});
@@ -507,11 +546,16 @@ TEST(Cli, StatusShowsRunsAndTheLastErrorPerDeviceAndTopRefreshes) {
   ASSERT_TRUE(x.ok()) << x.status();
   Jitted small = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; });
   Jitted big = jit([](const std::vector<Value>& in) { return std::vector<Value>{broadcast_to(in[0], {512, 1024})}; });
+  std::vector<Array> kept;  // each run's output stays: 3 buffers of 4 KiB per device
   for (int i = 0; i < 2; ++i) {
     absl::StatusOr<std::vector<Array>> out = small({*x});
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_TRUE((*out)[0].block_until_ready().ok());
+    kept.push_back((*out)[0]);
   }
+  absl::StatusOr<std::vector<Device>> devices_seen = client->devices();
+  ASSERT_TRUE(devices_seen.ok()) << devices_seen.status();
+  ASSERT_EQ(devices_seen->size(), 2u);
   absl::StatusOr<std::vector<Array>> failed = big({*x});
   absl::Status outcome = failed.ok() ? (*failed)[0].block_until_ready() : failed.status();
   ASSERT_EQ(outcome.code(), absl::StatusCode::kResourceExhausted) << outcome;
@@ -526,7 +570,11 @@ TEST(Cli, StatusShowsRunsAndTheLastErrorPerDeviceAndTopRefreshes) {
     if (cells.size() < 13 || (cells[0] != "0" && cells[0] != "1")) continue;
     ++rows;
     // DEVICE ADDRESS STATE INC BUFFERS USED / LIMIT(4 words) PROGRAMS RUNS (FAIL) ...
+    EXPECT_EQ(cells[1], (*devices_seen)[cells[0] == "0" ? 0 : 1].address) << row;
     EXPECT_EQ(cells[2], "alive") << row;
+    EXPECT_EQ(cells[3], "1") << row;  // the first incarnation
+    EXPECT_EQ(cells[4], "3") << row;  // buffers
+    EXPECT_EQ(absl::StrJoin(cells.begin() + 5, cells.begin() + 10, " "), "12.0 KiB / 1.0 MiB") << row;
     EXPECT_EQ(cells[10], "2") << row;    // both programs loaded
     EXPECT_EQ(cells[11], "3") << row;    // three runs
     EXPECT_EQ(cells[12], "(1)") << row;  // one failed
@@ -543,7 +591,17 @@ TEST(Cli, StatusShowsRunsAndTheLastErrorPerDeviceAndTopRefreshes) {
   const auto& devices = parsed.fields().at("devices").list_value().values();
   ASSERT_EQ(devices.size(), 2);
   for (const auto& d : devices) {
+    const auto& info = d.struct_value().fields().at("info").struct_value().fields();
+    const int id = static_cast<int>(info.at("id").number_value());
+    ASSERT_TRUE(id == 0 || id == 1) << json->second;
+    EXPECT_EQ(info.at("address").string_value(), (*devices_seen)[id].address);
+    EXPECT_EQ(info.at("state").string_value(), "ALIVE");
+    EXPECT_FALSE(info.at("draining").bool_value());
+    EXPECT_EQ(info.at("incarnation").string_value(), "1");
     const auto& stats = d.struct_value().fields().at("stats").struct_value().fields();
+    EXPECT_EQ(stats.at("buffer_count").string_value(), "3");
+    EXPECT_EQ(stats.at("bytes_used").string_value(), "12288");
+    EXPECT_EQ(stats.at("memory_limit_bytes").string_value(), "1048576");
     EXPECT_EQ(stats.at("plans_loaded").string_value(), "2");
     EXPECT_EQ(stats.at("plan_runs").string_value(), "3");
     EXPECT_EQ(stats.at("plan_runs_failed").string_value(), "1");

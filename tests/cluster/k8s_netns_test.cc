@@ -124,7 +124,8 @@ class K8sNetnsTest : public ::testing::Test {
     ASSERT_TRUE(tokens.ok()) << tokens.status();
     const std::string domain = absl::StrCat(kNamespace, ".svc.cluster.local");
     ASSERT_TRUE(
-        add_tls(&*tokens, {"*.tessera-workers." + domain, "tessera." + domain, "tessera-coordinator." + domain}).ok());
+        add_tls(&*tokens, {"*.tessera-workers." + domain, "tessera." + domain, "tessera-coordinator." + domain}, 8)
+            .ok());
     ASSERT_TRUE(write_credentials(secret_, *tokens).ok());
   }
 
@@ -136,10 +137,7 @@ class K8sNetnsTest : public ::testing::Test {
       EXPECT_THAT(topology_->leftovers(), ::testing::IsEmpty());
     }
     if (!secret_.empty()) {
-      for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
-        unlink((secret_ + "/" + f).c_str());
-      }
-      rmdir(secret_.c_str());
+      remove_credentials(secret_);
     }
   }
 

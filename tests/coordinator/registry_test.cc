@@ -70,6 +70,10 @@ TEST_F(RegistryTest, ADrainingDeviceIsRefusedWorkUntilItRegistersAgain) {
   ASSERT_TRUE(registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(2)).ok());
   EXPECT_TRUE(registry_.device(1)->draining);
   EXPECT_TRUE(registry_.device(1)->alive);
+  // It is alive (the health check counts it) but takes no work (GetTopology's wait does not).
+  EXPECT_TRUE(registry_.wait_for_alive(2, absl::ZeroDuration()));
+  EXPECT_FALSE(registry_.wait_for_alive(2, absl::ZeroDuration(), /*taking_work=*/true));
+  EXPECT_TRUE(registry_.wait_for_alive(1, absl::ZeroDuration(), /*taking_work=*/true));
   const absl::Status refused = check_not_draining(registry_, {0, 1}, "jit");
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(refused.message()), HasSubstr("jit: device 1 (h:1) is draining"));
@@ -78,6 +82,7 @@ TEST_F(RegistryTest, ADrainingDeviceIsRefusedWorkUntilItRegistersAgain) {
   ASSERT_TRUE(registry_.register_worker({"w1", "h:1", 1, 1 << 20, epoch, 1, {}}, t0_ + absl::Seconds(3)).ok());
   EXPECT_FALSE(registry_.device(1)->draining);
   EXPECT_TRUE(check_not_draining(registry_, {0, 1}, "jit").ok());
+  EXPECT_TRUE(registry_.wait_for_alive(2, absl::ZeroDuration(), /*taking_work=*/true));
 }
 
 TEST_F(RegistryTest, ANewProcessUnderAKnownNameLosesTheShardsItHeld) {

@@ -60,6 +60,19 @@ pb::DeleteBuffersRequest delete_buffers(uint64_t id) {
   return req;
 }
 
+// Sends `messages` on one Exchange stream; returns how the worker ended it.
+grpc::Status exchange(pb::Worker::Stub* stub, const std::vector<pb::ExchangeMessage>& messages) {
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  pb::ExchangeReply reply;
+  auto writer = stub->Exchange(&ctx, &reply);
+  for (const pb::ExchangeMessage& m : messages) {
+    if (!writer->Write(m)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
 class AuthTest : public FaultClusterTest {
  protected:
   void SetUp() override {
@@ -167,19 +180,6 @@ class AuthTest : public FaultClusterTest {
       if (data != nullptr) *data += chunk.data();
     }
     return reader->Finish();
-  }
-
-  // Sends `messages` on one Exchange stream; returns how the worker ended it.
-  static grpc::Status exchange(pb::Worker::Stub* stub, const std::vector<pb::ExchangeMessage>& messages) {
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, kControlDeadline);
-    pb::ExchangeReply reply;
-    auto writer = stub->Exchange(&ctx, &reply);
-    for (const pb::ExchangeMessage& m : messages) {
-      if (!writer->Write(m)) break;
-    }
-    writer->WritesDone();
-    return writer->Finish();
   }
 
   const HostArray host_ = HostArray::arange(DType::kF32, {8, 4});
@@ -387,22 +387,27 @@ TEST_F(AuthTest, ExchangeMessagesComeOnlyFromDaemonsAsTheDeviceTheirStreamAuthen
 class TlsTest : public FaultClusterTest {
  protected:
   bool tls() const override { return true; }
+
+  // Column sums of an (8, 4) array sharded over every device: an all-reduce, whose messages go
+  // over the workers' Exchange streams (mutual TLS), checked against the host's.
+  static void expect_all_reduce_right(const Client& client) {
+    absl::StatusOr<Mesh> mesh = client.make_mesh({kFaultWorkers}, {"x"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const HostArray host = HostArray::arange(DType::kF32, {8, 4});
+    absl::StatusOr<Array> x = client.device_put(host, NamedSharding(*mesh, P("x")));
+    ASSERT_TRUE(x.ok()) << x.status();
+    Jitted column_sum = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; });
+    absl::StatusOr<std::vector<Array>> total = column_sum({*x});
+    ASSERT_TRUE(total.ok()) << total.status();
+    expect_equal((*total)[0], column_sums(host));
+    expect_equal(*x, host);
+  }
 };
 
 TEST_F(TlsTest, ClientsVerifyTheServersAndDaemonsProveThemselvesWithTheCertificate) {
   absl::StatusOr<Client> client = connect();
   ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const HostArray host = HostArray::arange(DType::kF32, {8, 4});
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
-  ASSERT_TRUE(x.ok()) << x.status();
-  // An all-reduce: the workers' Exchange streams run over mutual TLS.
-  Jitted column_sum = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; });
-  absl::StatusOr<std::vector<Array>> total = column_sum({*x});
-  ASSERT_TRUE(total.ok()) << total.status();
-  expect_equal((*total)[0], column_sums(host));
-  expect_equal(*x, host);
+  expect_all_reduce_right(*client);
 
   // Plaintext to a TLS server does not connect: the handshake waits for a connection that
   // never comes up (the TLS handshake fails), until the deadline.
@@ -420,6 +425,98 @@ TEST_F(TlsTest, ClientsVerifyTheServersAndDaemonsProveThemselvesWithTheCertifica
   expect_error(unary(pb::Coordinator::NewStub(make_channel(cluster_.address, no_certificate)).get(),
                      &pb::Coordinator::Stub::RegisterWorker, req),
                grpc::StatusCode::UNAUTHENTICATED, "without the cluster's daemon certificate");
+}
+
+// Issue #17 item 1, per-device identity: over TLS each worker presents its own certificate,
+// which names its device (SAN URI tessera://device/N). A daemon holding device 2's certificate
+// (and the cluster token) that claims device 3 is refused on Exchange, RegisterWorker and
+// Heartbeat with PERMISSION_DENIED naming both ids, and a real tessera-worker process given
+// device 2's certificate as device 3's is refused registration; the cluster's results stay
+// right throughout.
+TEST_F(TlsTest, AWorkerCannotClaimAnotherDevicesId) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  ASSERT_EQ(devices->size(), static_cast<size_t>(kFaultWorkers));
+  ASSERT_EQ(credentials_.devices.size(), static_cast<size_t>(kFaultWorkers));
+  const KeyPair& device2 = credentials_.devices.at(2);
+  // A daemon with device 2's certificate, claiming `device` in its tessera-device metadata.
+  auto as_device_2 = [&](int device) {
+    return std::make_shared<CallIdentity>(credentials_.cluster, device, credentials_.ca_pem, device2.cert_pem,
+                                          device2.key_pem);
+  };
+  auto worker0 = [&](std::shared_ptr<CallIdentity> id) {
+    return pb::Worker::NewStub(make_channel((*devices)[0].address, std::move(id)));
+  };
+  auto coordinator = [&](std::shared_ptr<CallIdentity> id) {
+    return pb::Coordinator::NewStub(make_channel(cluster_.address, std::move(id)));
+  };
+  auto message_from = [](int device, uint64_t op_id) {
+    pb::ExchangeMessage m;
+    m.set_source_device(device);
+    m.set_op_id(op_id);
+    m.set_data(std::string(16, '\x7f'));
+    return m;
+  };
+
+  // Exchange: device 2's certificate claiming device 3 is refused, naming both.
+  expect_error(exchange(worker0(as_device_2(3)).get(), {message_from(3, 1u << 20)}),
+               grpc::StatusCode::PERMISSION_DENIED,
+               "claims device 3 ('tessera-device') but its certificate is device 2's");
+  // The coordinator's certificate names no device: it cannot claim one either.
+  auto coordinator_certificate = std::make_shared<CallIdentity>(credentials_.cluster, 1, credentials_.ca_pem,
+                                                                credentials_.cert_pem, credentials_.key_pem);
+  expect_error(exchange(worker0(coordinator_certificate).get(), {message_from(1, 1u << 20)}),
+               grpc::StatusCode::PERMISSION_DENIED, "certificate is the coordinator's");
+  // Claiming its own device, the stream is accepted; a message on it naming another sender is
+  // dropped and counted (the stream goes on).
+  EXPECT_TRUE(exchange(worker0(as_device_2(2)).get(), {message_from(3, 1u << 20)}).ok());
+  pb::WorkerStats stats;
+  ASSERT_TRUE(unary(worker0(std::make_shared<CallIdentity>(credentials_.admin, -1, credentials_.ca_pem)).get(),
+                    &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &stats)
+                  .ok());
+  EXPECT_EQ(stats.exchange_messages_forged(), 1);
+  EXPECT_EQ(stats.collective_messages_pending(), 0);
+
+  // RegisterWorker and Heartbeat as device 3 with device 2's certificate.
+  pb::RegisterWorkerRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_name("impostor");
+  req.set_address("127.0.0.1:1");
+  req.set_requested_device_id(3);
+  req.set_memory_bytes(1 << 30);
+  expect_error(unary(coordinator(as_device_2(-1)).get(), &pb::Coordinator::Stub::RegisterWorker, req),
+               grpc::StatusCode::PERMISSION_DENIED,
+               "RegisterWorker: the caller claims device 3 but its certificate is device 2's");
+  pb::HeartbeatRequest beat;
+  beat.set_device_id(3);
+  expect_error(unary(coordinator(as_device_2(-1)).get(), &pb::Coordinator::Stub::Heartbeat, beat),
+               grpc::StatusCode::PERMISSION_DENIED,
+               "Heartbeat: the caller claims device 3 but its certificate is device 2's");
+
+  // A real worker process told to be device 3, whose device-3 certificate is device 2's.
+  const std::string forged_dir = credentials_dir_ + "-forged";
+  Credentials forged = credentials_;
+  forged.devices = {{3, device2}};
+  ASSERT_TRUE(write_credentials(forged_dir, forged).ok());
+  absl::StatusOr<std::pair<int, std::string>> impostor = Subprocess::run(
+      {kBin + "/tessera-worker", "--coordinator=" + cluster_.address, "--port=0", "--device_id=3", "--name=impostor",
+       "--memory_bytes=268435456", "--register_timeout_s=10", "--credentials=" + forged_dir},
+      absl::Seconds(30));
+  remove_credentials(forged_dir);
+  ASSERT_TRUE(impostor.ok()) << impostor.status();
+  EXPECT_NE(impostor->first, 0) << impostor->second;
+  EXPECT_THAT(impostor->second,
+              HasSubstr("RegisterWorker: the caller claims device 3 but its certificate is device 2's"));
+
+  // The cluster is untouched: still the 4 real devices at their addresses, and an all-reduce
+  // over all of them (through the Exchange streams) is right.
+  absl::StatusOr<std::vector<Device>> after = client->devices();
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->size(), devices->size());
+  for (size_t i = 0; i < after->size(); ++i) EXPECT_EQ((*after)[i].address, (*devices)[i].address);
+  expect_all_reduce_right(*client);
 }
 
 }  // namespace

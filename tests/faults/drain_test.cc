@@ -23,6 +23,7 @@
 namespace tessera {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kDrained = 1;
@@ -221,6 +222,47 @@ TEST_F(DrainingRefusedTest, TheCoordinatorSendsADrainingDeviceNoNewWorkAndStatus
     ++devices;
   }
   EXPECT_EQ(devices, kFaultWorkers) << shown->second;
+
+  // The SDK sees it draining, and a new default mesh leaves it out (as jax.make_mesh takes the
+  // devices that can run work): 3 devices make a mesh of the others, which computes right;
+  // 4 are not there. GetTopology's wait for alive devices does not count it either.
+  absl::StatusOr<std::vector<Device>> seen = client->devices();
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  ASSERT_EQ(seen->size(), static_cast<size_t>(kFaultWorkers));
+  for (const Device& d : *seen) {
+    EXPECT_TRUE(d.alive) << d.id;
+    EXPECT_EQ(d.draining, d.id == kDrained) << d.id;
+  }
+  absl::StatusOr<Mesh> others = client->make_mesh({kFaultWorkers - 1}, {"x"});
+  ASSERT_TRUE(others.ok()) << others.status();
+  std::vector<int> expected_ids;
+  for (int id = 0; id < kFaultWorkers; ++id) {
+    if (id != kDrained) expected_ids.push_back(id);
+  }
+  EXPECT_EQ(others->device_ids(), expected_ids);
+  const HostArray rows = HostArray::arange(DType::kF32, {6, 4});
+  absl::StatusOr<Array> y = client->device_put(rows, NamedSharding(*others, P("x")));
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::StatusOr<std::vector<Array>> on_others = f({*y});
+  ASSERT_TRUE(on_others.ok()) << on_others.status();
+  expect_equal((*on_others)[0], affine(rows, 2, 1));
+  absl::StatusOr<Mesh> all = client->make_mesh({kFaultWorkers}, {"x"});
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kInvalidArgument) << all.status();
+  EXPECT_THAT(std::string(all.status().message()),
+              HasSubstr(absl::StrCat("the cluster has ", kFaultWorkers - 1,
+                                     " alive and not draining (draining: ", kDrained, ")")));
+  {
+    pb::GetTopologyRequest wait_all;
+    wait_all.set_min_alive_devices(kFaultWorkers);
+    wait_all.set_wait_ms(200);
+    pb::Topology topology;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    const grpc::Status s = stub->GetTopology(&ctx, wait_all, &topology);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    EXPECT_THAT(s.error_message(), AllOf(HasSubstr(absl::StrCat("but ", kFaultWorkers - 1, " are")),
+                                         HasSubstr(absl::StrCat("draining: device ", kDrained, " ("))));
+  }
 
   // The drained array is still readable (a fetch is not new work), and the worker then exits.
   expect_equal((*before)[0], affine(host, 2, 1));

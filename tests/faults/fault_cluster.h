@@ -39,7 +39,7 @@ class FaultClusterTest : public ::testing::Test {
     ASSERT_TRUE(credentials.ok()) << credentials.status();
     credentials_ = *credentials;
     if (tls()) {
-      ASSERT_TRUE(add_tls(&credentials_, {"127.0.0.1"}).ok());
+      ASSERT_TRUE(add_tls(&credentials_, {"127.0.0.1"}, kFaultWorkers).ok());
     }
     ASSERT_TRUE(write_credentials(credentials_dir_, credentials_).ok());
     std::vector<std::string> worker_flags = drill_worker_flags();
@@ -61,14 +61,10 @@ class FaultClusterTest : public ::testing::Test {
     return flags;
   }
 
-  ~FaultClusterTest() override {
-    for (const char* f : {kClusterTokenFile, kClientTokenFile, kAdminTokenFile, kCaFile, kCertFile, kKeyFile}) {
-      std::remove(absl::StrCat(credentials_dir_, "/", f).c_str());
-    }
-    rmdir(credentials_dir_.c_str());
-  }
+  ~FaultClusterTest() override { remove_credentials(credentials_dir_); }
 
-  // Whether the daemons serve TLS (a cluster CA of the test's own; mutual TLS between them).
+  // Whether the daemons serve TLS (a cluster CA of the test's own; mutual TLS between them, each
+  // worker with its device's own certificate).
   virtual bool tls() const { return false; }
 
   // The file holding the client token (what a client's --token_file names).

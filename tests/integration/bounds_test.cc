@@ -3,7 +3,10 @@
 // 4 programs, a mailbox share of 4 MiB and a 500 ms TTL). Each test crosses a bound, checks
 // the precise error (code, the limit and the value), and then that the daemons still serve
 // right answers.
+#include <set>
+
 #include "absl/strings/str_cat.h"
+#include "coordinator/coordinator_server.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -11,6 +14,7 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
+#include "worker/worker_server.h"
 
 namespace tessera {
 namespace {
@@ -415,6 +419,78 @@ TEST_F(BoundsTest, AFloodOfUnclaimedExchangeMessagesIsBoundedAndExpires) {
   set_deadline(&last, absl::Seconds(10));
   ASSERT_TRUE(worker->GetStats(&last, {}, &stats).ok());
   EXPECT_EQ(stats.bytes_used(), x0_.nbytes() / kWorkers) << "the mailbox gave its memory back";
+}
+
+// The coordinator's channels to the workers are as many as the alive devices, not one per
+// address ever seen (issue #17 item 5: "a WorkerChannel per address ever seen"): a device whose
+// worker is replaced by one at another address, five times over, leaves no channel to the old
+// addresses, and devices marked lost leave none at all. A coordinator and workers in this
+// process (a worker restarted under its name gets a new ephemeral port, as a process would);
+// the count is the coordinator's gauge tessera_coordinator_worker_channels.
+TEST(BoundsWorkerChannels, AReplacedOrLostWorkerLeavesNoChannel) {
+  CoordinatorOptions coordinator_options;
+  coordinator_options.heartbeat_interval = absl::Milliseconds(100);
+  coordinator_options.heartbeat_timeout = absl::Milliseconds(600);
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> coordinator = CoordinatorServer::start(coordinator_options);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto gauge_value = [&](const std::string& name) {
+    for (const MetricSample& m : (*coordinator)->metrics()) {
+      if (m.name == name) return m.value;
+    }
+    ADD_FAILURE() << "no metric " << name;
+    return -1.0;
+  };
+  auto channels = [&] { return gauge_value("tessera_coordinator_worker_channels"); };
+  WorkerOptions options;
+  options.coordinator_address = (*coordinator)->address();
+  options.memory_bytes = int64_t{16} << 20;
+  options.shm = false;
+  options.name = "stable";
+  options.device_id = 1;
+  absl::StatusOr<std::unique_ptr<WorkerServer>> stable = WorkerServer::start(options);
+  ASSERT_TRUE(stable.ok()) << stable.status();
+
+  options.name = "replaced";
+  options.device_id = 0;
+  std::set<std::string> addresses;  // device 0's, one per worker that served it
+  std::unique_ptr<WorkerServer> replaced;
+  for (int i = 0; i < 5; ++i) {
+    if (replaced != nullptr) replaced->shutdown();
+    absl::StatusOr<std::unique_ptr<WorkerServer>> w = WorkerServer::start(options);  // returns once registered
+    ASSERT_TRUE(w.ok()) << w.status();
+    replaced = *std::move(w);
+    addresses.insert(replaced->address());
+    EXPECT_EQ(channels(), 2) << "after worker " << i << " of device 0, at " << replaced->address();
+  }
+  EXPECT_GE(addresses.size(), 2u);  // the ports differ (a reuse of one would only weaken the check)
+
+  // The last replacement serves: a device_put over both devices and its fetch are right.
+  ConnectOptions connect;
+  connect.min_devices = 2;
+  absl::StatusOr<Client> client = Client::connect((*coordinator)->address(), connect);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({2}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = HostArray::arange(DType::kF32, {4, 2});
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  absl::StatusOr<HostArray> got = x->fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == host);
+  EXPECT_EQ(channels(), 2);
+
+  // Both workers go: once both devices are marked lost, no channel is left.
+  x = absl::CancelledError("dropped");
+  client = absl::CancelledError("dropped");
+  replaced->shutdown();
+  (*stable)->shutdown();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((gauge_value("tessera_coordinator_devices_alive") > 0 || channels() > 0) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));  // polling a state with no change feed
+  }
+  EXPECT_EQ(gauge_value("tessera_coordinator_devices_alive"), 0);
+  EXPECT_EQ(channels(), 0);
+  (*coordinator)->shutdown();
 }
 
 }  // namespace

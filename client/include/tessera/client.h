@@ -35,6 +35,9 @@ struct Device {
   int id = 0;
   std::string address;  // the worker's host:port
   bool alive = false;   // false once the worker has missed its heartbeats (lost)
+  // Alive but its worker is stopping (SIGTERM): it finishes its runs and serves fetches but
+  // takes no new work, so make_mesh(shape, names) leaves it out, until it registers again.
+  bool draining = false;
 };
 
 // What a worker reports about its memory.
