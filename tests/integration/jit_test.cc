@@ -298,6 +298,24 @@ TEST_F(ExplicitJitTest, ALayerRunsLaidOutByItsTypes) {
   EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("all_")));
 }
 
+// With out_sharding JAX's dot_general checks no split (jax/_src/lax/lax.py,
+// _dot_general_sharding_rule returns out_sharding first): a contraction split over 'X' on one
+// operand and over 'Y' on the other runs, and its result is laid out as out_sharding says.
+TEST_F(ExplicitJitTest, OutShardingAcceptsContractingSplitsThatDisagree) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray x = random_f32({16, 8}, 21), w = random_f32({8, 4}, 22);
+  std::string type;
+  absl::StatusOr<std::vector<Array>> y = jit([&type](const std::vector<Value>& in) {
+    Value p = matmul(in[0], in[1], P("X", None));
+    type = type_of(p).to_string();
+    return std::vector<Value>{p};
+  })({put_on(mesh, x, P(None, "X")), put_on(mesh, w, P("Y", None))});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(type, "f32[16@X,4]");
+  EXPECT_EQ((*y)[0].sharding().spec(), P("X", None));
+  expect_near(fetch((*y)[0]), matmul_ref(x, w));
+}
+
 // The scaling book's example (jax-ml/scaling-book, "Programming TPUs in JAX"): a contraction
 // split on both operands is refused until out_sharding says how to resolve the sum: P('X', 'Y')
 // is a reduce-scatter, P('X', None) an all-reduce (the book's two readings).
