@@ -146,6 +146,9 @@ std::pair<std::string, std::string> distinguish(const Mesh& a, const Mesh& b) {
 
 absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
                                std::vector<int> devices, std::vector<AxisType> axis_types) {
+  // As jax.make_mesh since JAX 0.9 (jax/_src/sharding_impls.py: `axis_types = (AxisType.Explicit,) *
+  // len(mesh_devices.shape)` when none are given); Mesh::create keeps jax.sharding.Mesh's Auto.
+  if (axis_types.empty()) axis_types.assign(axis_names.size(), AxisType::kExplicit);
   return Mesh::create(std::move(shape), std::move(axis_names), std::move(devices), std::move(axis_types));
 }
 

@@ -91,11 +91,10 @@ std::pair<std::string, std::string> distinguish(const Mesh& a, const Mesh& b);
 // "('data',)", "('data', 'model')": mesh axes as a Python tuple prints.
 std::string axes_to_string(const std::vector<std::string>& axes);
 
-// jax.make_mesh: the devices, taken in the given order, laid row-major over `shape`; the same
-// as Mesh::create, with its errors (INVALID_ARGUMENT when prod(shape) differs from the
-// number of devices, ...). Surprising: axis types default to Auto, where JAX >= 0.9 makes
-// Explicit axes; docs/design.md ("Meshes, specs and shardings") lists what the flip still
-// breaks (docs/guide.md, "Where Tessera differs from JAX").
+// jax.make_mesh: the devices, taken in the given order, laid row-major over `shape`, every axis
+// Explicit unless `axis_types` says otherwise (as JAX >= 0.9's make_mesh; Mesh::create
+// defaults to Auto, as jax.sharding.Mesh); Mesh::create's errors (INVALID_ARGUMENT when
+// prod(shape) differs from the number of devices, ...).
 absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
                                std::vector<int> devices, std::vector<AxisType> axis_types = {});
 

@@ -125,7 +125,11 @@ int main(int argc, char** argv) {
   if (!client.ok()) return fail(client.status());
   std::vector<int> devices(data_size * model_size);
   std::iota(devices.begin(), devices.end(), 0);
-  absl::StatusOr<Mesh> mesh = client->make_mesh({data_size, model_size}, {"data", "model"}, devices);
+  // Auto axes: the compiler propagates the layouts and adds the collectives (GSPMD), as
+  // jax.make_mesh(..., axis_types=(Auto, Auto)); on make_mesh's default Explicit axes the second
+  // matmul, contracting the 'model'-split hidden layer, would need an out_sharding.
+  absl::StatusOr<Mesh> mesh =
+      client->make_mesh({data_size, model_size}, {"data", "model"}, devices, {AxisType::kAuto, AxisType::kAuto});
   if (!mesh.ok()) return fail(mesh.status());
 
   // Held-out 20%, and the training order, from a fixed seed.

@@ -139,7 +139,11 @@ int main(int argc, char** argv) {
   if (!client.ok()) return fail(client.status());
   std::vector<int> devices(n_devices);
   std::iota(devices.begin(), devices.end(), 0);
-  absl::StatusOr<Mesh> mesh = client->make_mesh({data_size, model_size}, {"data", "model"}, devices);
+  // Auto axes: the layouts are sharding rules the compiler propagates from (GSPMD), as
+  // jax.make_mesh(..., axis_types=(Auto, Auto)); on make_mesh's default Explicit axes JAX >= 0.9
+  // refuses the embedding gradient of a batch-split step (a scatter-add of batch-split indices).
+  absl::StatusOr<Mesh> mesh =
+      client->make_mesh({data_size, model_size}, {"data", "model"}, devices, {AxisType::kAuto, AxisType::kAuto});
   if (!mesh.ok()) return fail(mesh.status());
   const transformer::Model model(c, *layout, *mesh);
 

@@ -3,7 +3,7 @@
 // contracting dimension split on both operands leaves a sum over devices whose layout is
 // ambiguous (all-reduce to a replicated result, or reduce-scatter to a split one), an error
 // unless the call gives out_sharding. The result is batch, lhs free, rhs free, each keeping
-// its operand's split.
+// its operand's split. With out_sharding nothing is checked: the result is out_sharding.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/explicit/rules.h"
@@ -22,6 +22,13 @@ std::string spec_tuple(const TypeSpec& spec, const std::vector<int64_t>& dims) {
 
 TypeRuleResult dot_general(const TypeRuleCall& c) {
   TypeRuleResult r;
+  if (c.out_sharding_given) {
+    // JAX's rule returns out_sharding as it is, checking neither batch nor contracting splits
+    // (operands split differently are resharded to it); the constraint after the op types the
+    // result, and the product before it is the compiler's to lay out.
+    r.spec.assign(c.node.shape.size(), Axes{});
+    return r;
+  }
   const DotDims& dd = c.node.attrs<DotAttrs>().dims;
   const TypeSpec& l = c.operands[0].spec;
   const TypeSpec& rs = c.operands[1].spec;

@@ -12,7 +12,7 @@ import numpy as np
 
 import tessera as jax
 import tessera.numpy as jnp
-from tessera.sharding import NamedSharding, PartitionSpec as P
+from tessera.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 
 def load_digits(path):
@@ -55,7 +55,9 @@ def train(path, epochs=40, batch=64, lr=0.5, seed=2026, log=print):
     test, train_idx = order[:n_test], order[n_test:]
     params0 = init_params(rng)
 
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    # Auto axes: the compiler propagates the layouts (GSPMD); on make_mesh's default Explicit
+    # axes the second matmul, contracting the 'model'-split hidden layer, needs an out_sharding.
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     shardings = [NamedSharding(mesh, s) for s in (P(None, "model"), P("model"), P("model", None), P())]
     params = [jax.device_put(p, s) for p, s in zip(params0, shardings)]
     batch_sharding = NamedSharding(mesh, P("data", None))

@@ -267,7 +267,7 @@ void bind_arrays(py::module_& m) {
             py::gil_scoped_release release;
             if (ids) return value_or_throw(c.make_mesh(std::move(shape), std::move(names), std::move(*ids), types));
             Mesh first = value_or_throw(c.make_mesh(shape, names));
-            return value_or_throw(Mesh::create(std::move(shape), std::move(names), first.device_ids(), types));
+            return value_or_throw(tessera::make_mesh(std::move(shape), std::move(names), first.device_ids(), types));
           },
           py::arg("shape"), py::arg("names"), py::arg("ids") = std::nullopt, py::arg("types") = std::vector<AxisType>{})
       .def("device_put", &device_put)

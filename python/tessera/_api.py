@@ -545,9 +545,9 @@ def block_until_ready(x):
 
 def make_mesh(axis_shapes, axis_names, axis_types=None, devices=None, **unused):
     """jax.make_mesh: the devices (by default all alive ones that are not draining) laid
-    row-major over the shape, each axis of `axis_types` (an AxisType or one per axis).
-    Surprising: the default is Auto axes, where JAX >= 0.9 makes Explicit ones (docs/guide.md,
-    "Where Tessera differs"). (`devices` may also come third, as before axis_types existed.)"""
+    row-major over the shape, each axis of `axis_types` (an AxisType or one per axis; Explicit
+    by default, as JAX >= 0.9; `Mesh(...)` stays Auto, as jax.sharding.Mesh).
+    (`devices` may also come third, as before axis_types existed.)"""
     from .sharding import _axis_types
     names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
     if devices is None and axis_types is not None and not isinstance(axis_types, _t.AxisType) and \

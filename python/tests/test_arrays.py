@@ -11,7 +11,7 @@ import pytest
 
 import tessera
 import tessera.numpy as jnp
-from tessera.sharding import Mesh, NamedSharding, PartitionSpec as P
+from tessera.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from conftest import SOURCE_DIR
 
@@ -24,7 +24,8 @@ def test_seed_program_prints_jax_lines():
     assert out.stdout == "(16, 4)\nP('data', 'model')\n8 (4, 2)\n"
 
 
-def test_devices_and_mesh(mesh):
+def test_devices_and_mesh():
+    mesh = tessera.make_mesh((4, 2), ("data", "model"))
     devs = tessera.devices()
     assert [d.id for d in devs] == list(range(8))
     assert tessera.device_count() == 8
@@ -32,7 +33,11 @@ def test_devices_and_mesh(mesh):
     assert mesh.shape == {"data": 4, "model": 2}
     assert mesh.axis_names == ("data", "model")
     assert [[d.id for d in row] for row in mesh.devices] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert mesh == Mesh(np.array(devs).reshape(4, 2), ("data", "model"))
+    # make_mesh's axes are Explicit (JAX >= 0.9, tests/array_test.py test_make_mesh_axis_types),
+    # Mesh's Auto: the same devices and names are another mesh unless the types agree.
+    assert mesh.axis_types == (AxisType.Explicit, AxisType.Explicit)
+    assert mesh == Mesh(np.array(devs).reshape(4, 2), ("data", "model"), AxisType.Explicit)
+    assert mesh != Mesh(np.array(devs).reshape(4, 2), ("data", "model"))
     assert repr(P("data", None)) == "P('data', None)"
     assert P(("data", "model")) == (("data", "model"),)
 

@@ -20,9 +20,13 @@ def test_axis_types_and_printing(xy):
   # (Tessera prints a concrete Mesh as JAX's str(mesh) does).
   assert repr(xy) == "Mesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))"
   assert xy.axis_types == (AxisType.Explicit, AxisType.Explicit)
-  auto = jax.make_mesh((2, 4), ("X", "Y"))
+  # jax.make_mesh defaults to Explicit axes (JAX >= 0.9; tests/array_test.py
+  # test_make_mesh_axis_types), jax.sharding.Mesh to Auto (jax/_src/mesh.py).
+  assert jax.make_mesh((2, 4), ("X", "Y")) == xy
+  auto = jax.make_mesh((2, 4), ("X", "Y"), axis_types=AxisType.Auto)
   assert auto.axis_types == (AxisType.Auto, AxisType.Auto)
   assert auto != xy and hash(auto) != hash(xy)
+  assert jax.sharding.Mesh(xy.devices, ("X", "Y")) == auto
   assert jax.make_mesh((2, 4), ("X", "Y"), AxisType.Explicit) == xy
   with pytest.raises(TypeError, match="axis_types entries"):
     jax.make_mesh((2, 4), ("X", "Y"), axis_types=("Explicit", "Explicit"))

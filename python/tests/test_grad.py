@@ -9,7 +9,7 @@ import pytest
 import tessera
 import tessera as jax
 import tessera.numpy as jnp
-from tessera.sharding import NamedSharding, PartitionSpec as P
+from tessera.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 rng = np.random.default_rng(1)
 
@@ -132,7 +132,10 @@ def test_distributed_arrays_mlp_data_and_tensor_parallel():
   steps = 5
 
   # 8-way batch data parallelism
-  mesh = jax.make_mesh((8,), ('batch',))
+  # Auto axes: the tutorial's layouts are propagated by the compiler (its tensor-parallel step
+  # contracts a 'model'-split hidden layer on both operands, which Explicit axes refuse without
+  # out_sharding); JAX's guides write such a mesh jax.make_mesh(shape, names, (Auto, ...)).
+  mesh = jax.make_mesh((8,), ('batch',), axis_types=(AxisType.Auto,))
   sharding = jax.NamedSharding(mesh, P('batch'))
   replicated_sharding = jax.NamedSharding(mesh, P())
   batch = jax.device_put(batch, sharding)
@@ -147,7 +150,7 @@ def test_distributed_arrays_mlp_data_and_tensor_parallel():
   assert float(got) == pytest.approx(host_train(host_params, host_batch, step_size, steps), rel=1e-4)
 
   # 4-way batch data parallelism and 2-way model tensor parallelism
-  mesh = jax.make_mesh((4, 2), ('batch', 'model'))
+  mesh = jax.make_mesh((4, 2), ('batch', 'model'), axis_types=(AxisType.Auto, AxisType.Auto))
   batch = jax.device_put(host_batch, jax.NamedSharding(mesh, P('batch', None)))
   sharding = jax.NamedSharding(mesh, P(None, 'model'))
   replicated_sharding = jax.NamedSharding(mesh, P())

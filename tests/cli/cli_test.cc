@@ -118,8 +118,8 @@ TEST(Cli, UpStatusRunExampleHealthDown) {
   EXPECT_EQ(status->first, 0) << status->second;
   EXPECT_THAT(status->second, AllOf(HasSubstr("devices 8 (8 alive)"), HasSubstr("256.0 MiB"), HasSubstr("EXECUTABLE"),
                                     HasSubstr("P('data', 'model')")));
-  // The example's executable stays cached on the coordinator, run once.
-  EXPECT_THAT(status->second, HasSubstr("Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto))"));
+  // The example's executable stays cached on the coordinator, run once, on make_mesh's Explicit axes.
+  EXPECT_THAT(status->second, HasSubstr("Mesh('data': 4, 'model': 2, axis_types=(Explicit, Explicit))"));
 
   // The daemons check the credentials up made: none is refused, the client token accepted.
   const std::string credentials = dir + "/state-credentials";

@@ -351,6 +351,18 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        {{f32, {16, 8}, P(None, "b")}, {f32, {8, 8}, P("b", None)}},
        [](V v) { return matmul(v[0], v[1], P(None, "b")); },
        "f32[16,8@b]"},
+      // With out_sharding JAX checks no split (_dot_general_sharding_rule in jax/_src/lax/lax.py
+      // returns out_sharding before comparing the batch and contracting specs).
+      {"matmul_contracting_disagree_with_out_sharding",
+       {{f32, {16, 8}, P(None, "a")}, {f32, {8, 8}, P("b", None)}},
+       [](V v) { return matmul(v[0], v[1], P("a", "b")); },
+       "f32[16@a,8@b]"},
+      {"batched_dot_disagree_with_out_sharding",
+       {{f32, {8, 16, 8}, P("a", None, None)}, {f32, {8, 8, 8}, P("b", None, None)}},
+       [](V v) {
+         return dot_general(v[0], v[1], DotDims{{0}, {0}, {2}, {1}}, P("b", None, None));
+       },
+       "f32[8@b,16,8]"},
       {"batched_dot",
        {{f32, {8, 16, 8}, P("a", None, None)}, {f32, {8, 8, 8}, P("a", None, "b")}},
        [](V v) {
@@ -421,9 +433,7 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
       // sharding, if each resized split dimension still divides.
       {"pad_unsplit_dim",
        {{f32, {16, 8}, P("a", None)}},
-       [](V v) {
-         return pad(v[0], full({}, 0.0), {{0, 0, 0}, {1, 2, 0}});
-       },
+       [](V v) { return pad(v[0], full({}, 0.0), {{0, 0, 0}, {1, 2, 0}}); },
        "f32[16@a,11]"},
       {"pad_split_dim_divides",
        {{f32, {16, 8}, P("a", "b")}},

@@ -54,7 +54,8 @@ class Session {
     w_ = *w;
     const Mesh m = *mesh_;
     program_ = jit([m](const std::vector<Value>& in) {
-      Value h = tanh(matmul(in[0], in[1]));                                      // all_reduce over 'model'
+      // make_mesh's axes are Explicit: out_sharding resolves the sum over 'model' (all_reduce).
+      Value h = tanh(matmul(in[0], in[1], P("data", None)));
       Value t = with_sharding_constraint(h, NamedSharding(m, P(None, "data")));  // all_to_all
       Value g = with_sharding_constraint(t, NamedSharding(m, P()));              // all_gather
       return std::vector<Value>{sum(g * g, {1}), t};

@@ -94,9 +94,10 @@ TEST_F(PartitionTest, SeedLayerIsPurelyLocal) {
   EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 0);
   EXPECT_EQ(exe.output_specs[0], P("data", "model"));
   const std::string text = exe.as_text();
-  EXPECT_THAT(text, HasSubstr("program on Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto)) (8 devices, each "
-                              "resolves it for its position): "
-                              "0 collectives, 0 bytes received per device\n"));
+  EXPECT_THAT(text,
+              HasSubstr("program on Mesh('data': 4, 'model': 2, axis_types=(Explicit, Explicit)) (8 devices, each "
+                        "resolves it for its position): "
+                        "0 collectives, 0 bytes received per device\n"));
   EXPECT_THAT(text, HasSubstr("s2 = dot_general(s0, s1) f32[4,2]  ; %2 = dot_general"));
   EXPECT_THAT(text, HasSubstr("s3 = tanh(s2) f32[4,2]  ; %3 = tanh"));
   EXPECT_THAT(text, HasSubstr("free s2"));

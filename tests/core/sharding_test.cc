@@ -96,10 +96,14 @@ TEST(Mesh, DeviceAtFollowsGivenDeviceOrder) {
 }
 
 // jax/_src/mesh.py Mesh.__str__ always shows the axis types, a Python tuple of their names;
-// docs/multi_process.md prints `Mesh('a': 8, axis_types=(Explicit,))`.
+// docs/multi_process.md prints `Mesh('a': 8, axis_types=(Explicit,))`, and
+// docs/pallas/tpu/core_map.md prints `jax.make_mesh((jax.device_count(),), ('device',))` as
+// `Mesh('device': 4, axis_types=(Explicit,))` (make_mesh's default since JAX 0.9).
 TEST(Mesh, ToStringAsJax) {
-  EXPECT_EQ(Mesh4x2().to_string(), "Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto))");
-  EXPECT_EQ(make_mesh({8}, {"x"}, kDevices).value().to_string(), "Mesh('x': 8, axis_types=(Auto,))");
+  EXPECT_EQ(Mesh4x2().to_string(), "Mesh('data': 4, 'model': 2, axis_types=(Explicit, Explicit))");
+  EXPECT_EQ(make_mesh({4}, {"device"}, {0, 1, 2, 3}).value().to_string(), "Mesh('device': 4, axis_types=(Explicit,))");
+  EXPECT_EQ(Mesh::create({8}, {"x"}, kDevices).value().to_string(), "Mesh('x': 8, axis_types=(Auto,))");
+  EXPECT_EQ(make_mesh({8}, {"x"}, kDevices, {AxisType::kAuto}).value().to_string(), "Mesh('x': 8, axis_types=(Auto,))");
   EXPECT_EQ(make_mesh({8}, {"a"}, kDevices, {AxisType::kExplicit}).value().to_string(),
             "Mesh('a': 8, axis_types=(Explicit,))");
   EXPECT_EQ(make_mesh({2, 2}, {"x", "y"}, {0, 1, 2, 3}, {AxisType::kExplicit, AxisType::kExplicit}).value().to_string(),
@@ -109,12 +113,18 @@ TEST(Mesh, ToStringAsJax) {
 }
 
 // jax.sharding.Mesh defaults every axis to Auto (jax/_src/mesh.py, _normalize_axis_types with
-// AxisType.Auto), and a mesh is the same mesh only with the same devices and axis types.
+// AxisType.Auto) and jax.make_mesh to Explicit (tests/array_test.py test_make_mesh_axis_types:
+// `jax.make_mesh((1, 1), ('x', 'y'))` has axis_types `(AxisType.Explicit,) * 2`); a mesh is the
+// same mesh only with the same devices and axis types.
 TEST(Mesh, AxisTypes) {
-  const Mesh m = Mesh4x2();
+  EXPECT_EQ(make_mesh({1, 1}, {"x", "y"}, {0}).value().axis_types(),
+            (std::vector<AxisType>{AxisType::kExplicit, AxisType::kExplicit}));
+  EXPECT_EQ(Mesh4x2().axis_types(), (std::vector<AxisType>{AxisType::kExplicit, AxisType::kExplicit}));
+  const Mesh m = Mesh::create({4, 2}, {"data", "model"}, kDevices).value();
   EXPECT_EQ(m.axis_types(), (std::vector<AxisType>{AxisType::kAuto, AxisType::kAuto}));
   EXPECT_TRUE(m.has_axis_type(AxisType::kAuto));
   EXPECT_FALSE(m.has_axis_type(AxisType::kExplicit));
+  EXPECT_NE(Mesh4x2(), m);
   const Mesh explicit_mesh =
       make_mesh({4, 2}, {"data", "model"}, kDevices, {AxisType::kExplicit, AxisType::kAuto}).value();
   EXPECT_TRUE(explicit_mesh.has_axis_type(AxisType::kExplicit));
@@ -134,11 +144,15 @@ TEST(Mesh, DistinguishNamesDevicesOnlyWhenNeeded) {
   const Mesh low = make_mesh({4}, {"x"}, {0, 1, 2, 3}).value();
   const Mesh high = make_mesh({4}, {"x"}, {4, 5, 6, 7}).value();
   auto [a, b] = distinguish(high, low);
-  EXPECT_EQ(a, "Mesh('x': 4, axis_types=(Auto,), device_ids=[4, 5, 6, 7])");
-  EXPECT_EQ(b, "Mesh('x': 4, axis_types=(Auto,), device_ids=[0, 1, 2, 3])");
+  EXPECT_EQ(a, "Mesh('x': 4, axis_types=(Explicit,), device_ids=[4, 5, 6, 7])");
+  EXPECT_EQ(b, "Mesh('x': 4, axis_types=(Explicit,), device_ids=[0, 1, 2, 3])");
   auto [c, d] = distinguish(Mesh4x2(), low);
-  EXPECT_EQ(c, "Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto))");
-  EXPECT_EQ(d, "Mesh('x': 4, axis_types=(Auto,))");
+  EXPECT_EQ(c, "Mesh('data': 4, 'model': 2, axis_types=(Explicit, Explicit))");
+  EXPECT_EQ(d, "Mesh('x': 4, axis_types=(Explicit,))");
+  // The same devices and names with other axis types print apart without their devices.
+  auto [g, h] = distinguish(low, Mesh::create({4}, {"x"}, {0, 1, 2, 3}).value());
+  EXPECT_EQ(g, "Mesh('x': 4, axis_types=(Explicit,))");
+  EXPECT_EQ(h, "Mesh('x': 4, axis_types=(Auto,))");
   auto [e, f] = distinguish(low, low);
   EXPECT_EQ(e, f);
   EXPECT_EQ(e, low.to_string());
@@ -384,7 +398,7 @@ TEST(Sharding, PermutedDevicesKeepMeshOrder) {
 TEST(Sharding, ToStringAndEquality) {
   NamedSharding s(Mesh4x2(), P("data", None));
   EXPECT_EQ(s.to_string(),
-            "NamedSharding(mesh=Mesh('data': 4, 'model': 2, axis_types=(Auto, Auto)), spec=P('data', None))");
+            "NamedSharding(mesh=Mesh('data': 4, 'model': 2, axis_types=(Explicit, Explicit)), spec=P('data', None))");
   EXPECT_EQ(s, NamedSharding(Mesh4x2(), P("data", None)));
   // As jax.sharding.NamedSharding.__eq__: the specs as written (jax/_src/named_sharding.py).
   EXPECT_NE(s, NamedSharding(Mesh4x2(), P("data")));

@@ -3,7 +3,10 @@
 // on the host (tests/support/host_eval.cc), nothing of the plan's loop — and against the same
 // function unrolled into straight-line code, on the (8), (4, 2) and (2, 4) meshes with carries
 // split and replicated; the compiled loop's shape (one loop instruction, the body's
-// collectives inside it, the program's size independent of the length); and errors.
+// collectives inside it, the program's size independent of the length); and errors. The meshes
+// have Auto axes (MeshesSuite's auto_meshes_): the carries' and operands' layouts meet in the
+// bodies and the compiler reconciles them (GSPMD), which explicit mode refuses as JAX >= 0.9
+// does (explicit control flow: trace_test's ExplicitControlFlow, ExplicitJitTest).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -85,7 +88,7 @@ class ScanTest : public MeshesSuite, public ::testing::WithParamInterface<ScanCa
 TEST_P(ScanTest, MatchesTheHostLoopAndTheUnrolledForm) {
   ASSERT_NE(client_, nullptr);
   const ScanCase& c = GetParam();
-  const Mesh& mesh = meshes_[c.mesh];
+  const Mesh& mesh = auto_meshes_[c.mesh];
   std::mt19937 rng(7);
   const int64_t length = 8;  // divisible by every mesh axis: the xs may be split along it
   HostArray h = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
@@ -251,7 +254,7 @@ TEST(ScanPlan, MalformedLoopsAreRejected) {
 
 TEST_F(MeshesSuite, ScanOfLengthZeroAndFewerErrors) {
   ASSERT_NE(client_, nullptr);
-  const Mesh& mesh = meshes_[1];
+  const Mesh& mesh = auto_meshes_[1];
   // length 0: the carries come back as they went in, the ys are empty (lax.scan's definition).
   HostArray h = HostArray::arange(DType::kF32, {kDim, kDim});
   HostArray w = HostArray::arange(DType::kF32, {kDim, kDim});
@@ -369,23 +372,23 @@ TEST_F(MeshesSuite, ScanBodiesReadOuterValues) {
       return std::vector<Value>{sum(r[0] * r[0]) + sum(r[1]) + sum(r[2] * 0.5)};
     };
   };
-  for (size_t m = 0; m < meshes_.size(); ++m) {
+  for (size_t m = 0; m < auto_meshes_.size(); ++m) {
     SCOPED_TRACE(test_meshes()[m].name);
     const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
     const std::vector<PartitionSpec> specs = {P(first, None), P(last, None), P(None, None, last), P(last)};
     absl::StatusOr<JitCheck> loop = run_against_host(
-        *client_, meshes_[m], [](const std::vector<Value>& in) { return closure(in, true); }, inputs, specs);
+        *client_, auto_meshes_[m], [](const std::vector<Value>& in) { return closure(in, true); }, inputs, specs);
     ASSERT_TRUE(loop.ok()) << loop.status();
     absl::StatusOr<JitCheck> flat = run_against_host(
-        *client_, meshes_[m], [](const std::vector<Value>& in) { return closure(in, false); }, inputs, specs);
+        *client_, auto_meshes_[m], [](const std::vector<Value>& in) { return closure(in, false); }, inputs, specs);
     ASSERT_TRUE(flat.ok()) << flat.status();
     for (size_t i = 0; i < loop->got.size(); ++i) {
       EXPECT_TRUE(results_match(loop->got[i], loop->want[i], kF32Tolerance)) << "against the host loop " << i;
       EXPECT_TRUE(results_match(loop->got[i], flat->got[i], kF32Tolerance)) << "against the unrolled program " << i;
     }
     EXPECT_THAT(loop->plan_text, HasSubstr("loop("));
-    const std::vector<HostArray> g = values_and_grads(*client_, meshes_[m], loss(true), inputs, specs);
-    const std::vector<HostArray> want = values_and_grads(*client_, meshes_[m], loss(false), inputs, specs);
+    const std::vector<HostArray> g = values_and_grads(*client_, auto_meshes_[m], loss(true), inputs, specs);
+    const std::vector<HostArray> want = values_and_grads(*client_, auto_meshes_[m], loss(false), inputs, specs);
     ASSERT_EQ(g.size(), 5u);
     ASSERT_EQ(want.size(), 5u);
     for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(results_match(g[i], want[i], 1e-4)) << "gradient output " << i;
@@ -407,7 +410,7 @@ TEST_F(MeshesSuite, ScanGradientIsTheUnrolledGradient) {
       return std::vector<Value>{sum(r[0] * r[0]) + sum(r[2] * 0.25) + sum(r[3])};
     };
   };
-  for (size_t m = 0; m < meshes_.size(); ++m) {
+  for (size_t m = 0; m < auto_meshes_.size(); ++m) {
     const std::string last = test_meshes()[m].axes.back();
     const std::vector<PartitionSpec> specs = {P(None, last), P(last, None), P(None, None, last)};
     std::vector<std::vector<HostArray>> got(2);
@@ -415,8 +418,8 @@ TEST_F(MeshesSuite, ScanGradientIsTheUnrolledGradient) {
       SCOPED_TRACE(absl::StrCat(test_meshes()[m].name, loop ? " scan" : " unrolled"));
       std::vector<Array> args;
       for (size_t i = 0; i < 3; ++i) {
-        absl::StatusOr<Array> a =
-            client_->device_put(*std::vector<const HostArray*>{&h, &w, &xs}[i], NamedSharding(meshes_[m], specs[i]));
+        absl::StatusOr<Array> a = client_->device_put(*std::vector<const HostArray*>{&h, &w, &xs}[i],
+                                                      NamedSharding(auto_meshes_[m], specs[i]));
         ASSERT_TRUE(a.ok()) << a.status();
         args.push_back(*std::move(a));
       }
@@ -442,7 +445,7 @@ TEST_F(MeshesSuite, ScanGradientIsTheUnrolledGradient) {
 TEST_F(MeshesSuite, ALongLoopEndsAtItsRunsDeadline) {
   ASSERT_NE(client_, nullptr);
   HostArray x = HostArray::zeros(DType::kF32, {8});
-  absl::StatusOr<Array> a = client_->device_put(x, NamedSharding(meshes_[0], P("data")));
+  absl::StatusOr<Array> a = client_->device_put(x, NamedSharding(auto_meshes_[0], P("data")));
   ASSERT_TRUE(a.ok()) << a.status();
   JitOptions options;
   options.timeout = absl::Milliseconds(300);
@@ -470,16 +473,16 @@ TEST_F(MeshesSuite, ForiLoopMatchesItsUnrolledForm) {
   auto step = [](const Value& i, const std::vector<Value>& c) {
     return std::vector<Value>{tanh(matmul(c[0], c[1]) * 0.5 + convert(i, DType::kF32) * 0.1), c[1]};
   };
-  for (size_t m = 0; m < meshes_.size(); ++m) {
+  for (size_t m = 0; m < auto_meshes_.size(); ++m) {
     const std::string first = test_meshes()[m].axes.front();
     absl::StatusOr<JitCheck> loop = run_against_host(
-        *client_, meshes_[m],
+        *client_, auto_meshes_[m],
         [&](const std::vector<Value>& in) {
           return std::vector<Value>{fori_loop(2, 7, step, {in[0], in[1]})[0], fori_loop(3, 1, step, {in[0], in[1]})[0]};
         },
         {&h, &w}, {P(first, None), P()});
     ASSERT_TRUE(loop.ok()) << loop.status();
-    absl::StatusOr<JitCheck> flat = run_against_host(*client_, meshes_[m],
+    absl::StatusOr<JitCheck> flat = run_against_host(*client_, auto_meshes_[m],
                                                      [&](const std::vector<Value>& in) {
                                                        std::vector<Value> c = {in[0], in[1]};
                                                        for (int i = 2; i < 7; ++i)
@@ -535,18 +538,18 @@ TEST_F(MeshesSuite, WhileLoopMatchesTheHostAndItsUnrolledForm) {
   ASSERT_NE(client_, nullptr);
   const std::vector<HostArray> hwb = random_hwb(17);
   const HostArray &h = hwb[0], &w = hwb[1], &b = hwb[2];
-  for (size_t m = 0; m < meshes_.size(); ++m) {
+  for (size_t m = 0; m < auto_meshes_.size(); ++m) {
     SCOPED_TRACE(test_meshes()[m].name);
     const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
     // h split by rows (the predicate's sum is a pending sum, all-reduced), w along the
     // contraction (the body all-reduces h @ w).
     const std::vector<PartitionSpec> specs = {first == last ? P(first, None) : P(first, last), P(last, None), P()};
     absl::StatusOr<JitCheck> loop = run_against_host(
-        *client_, meshes_[m], [](const std::vector<Value>& in) { return while_program(in, true); }, {&h, &w, &b},
+        *client_, auto_meshes_[m], [](const std::vector<Value>& in) { return while_program(in, true); }, {&h, &w, &b},
         specs);
     ASSERT_TRUE(loop.ok()) << loop.status();
     absl::StatusOr<JitCheck> flat = run_against_host(
-        *client_, meshes_[m], [](const std::vector<Value>& in) { return while_program(in, false); }, {&h, &w, &b},
+        *client_, auto_meshes_[m], [](const std::vector<Value>& in) { return while_program(in, false); }, {&h, &w, &b},
         specs);
     ASSERT_TRUE(flat.ok()) << flat.status();
     for (size_t i = 0; i < 2; ++i) {
@@ -624,7 +627,8 @@ TEST_F(MeshesSuite, WhileLoopErrors) {
 // bound), ends at its run's deadline: the interpreter checks it before every iteration.
 TEST_F(MeshesSuite, AWhileLoopThatNeverEndsEndsAtItsRunsDeadline) {
   ASSERT_NE(client_, nullptr);
-  absl::StatusOr<Array> a = client_->device_put(HostArray::zeros(DType::kF32, {8}), NamedSharding(meshes_[0], P()));
+  absl::StatusOr<Array> a =
+      client_->device_put(HostArray::zeros(DType::kF32, {8}), NamedSharding(auto_meshes_[0], P()));
   ASSERT_TRUE(a.ok()) << a.status();
   JitOptions options;
   options.timeout = absl::Milliseconds(300);
@@ -662,7 +666,7 @@ TEST_F(MeshesSuite, SwitchRunsTheClampedBranchAndCondTheTakenOne) {
   ASSERT_NE(client_, nullptr);
   const std::vector<HostArray> hwb = random_hwb(19);
   const HostArray &h = hwb[0], &w = hwb[1], &b = hwb[2];
-  for (size_t m = 0; m < meshes_.size(); ++m) {
+  for (size_t m = 0; m < auto_meshes_.size(); ++m) {
     const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
     const std::vector<PartitionSpec> specs = {P(first, None), P(last, None), P(), P()};
     // lax.switch clamps the index into range (jax/_src/lax/control_flow/conditionals.py).
@@ -670,7 +674,7 @@ TEST_F(MeshesSuite, SwitchRunsTheClampedBranchAndCondTheTakenOne) {
       SCOPED_TRACE(absl::StrCat(test_meshes()[m].name, " index ", index));
       HostArray i = HostArray::from_vector<int32_t>({}, {index});
       absl::StatusOr<JitCheck> got = run_against_host(
-          *client_, meshes_[m],
+          *client_, auto_meshes_[m],
           [](const std::vector<Value>& in) {
             return switch_(in[3], three_branches(in[2]), {in[0], in[1]});
           },
@@ -678,7 +682,7 @@ TEST_F(MeshesSuite, SwitchRunsTheClampedBranchAndCondTheTakenOne) {
       ASSERT_TRUE(got.ok()) << got.status();
       const int taken = std::clamp(index, 0, 2);
       absl::StatusOr<JitCheck> want = run_against_host(
-          *client_, meshes_[m],
+          *client_, auto_meshes_[m],
           [taken](const std::vector<Value>& in) {
             return three_branches(in[2])[taken]({in[0], in[1]});
           },
@@ -692,7 +696,7 @@ TEST_F(MeshesSuite, SwitchRunsTheClampedBranchAndCondTheTakenOne) {
     }
     // cond on a predicate computed from split data, against both branches and a select.
     absl::StatusOr<JitCheck> c = run_against_host(
-        *client_, meshes_[m],
+        *client_, auto_meshes_[m],
         [](const std::vector<Value>& in) {
           std::vector<Branch> br = three_branches(in[2]);
           const Value pred = sum(in[0]) > 0.0;
@@ -762,12 +766,13 @@ TEST_F(MeshesSuite, CheckpointGivesTheSameGradientsAndKeepsLessForTheBackwardPas
   for (int k = 0; k < 5; ++k) args.push_back(random_array(DType::kF32, {kWide, kWide}, Domain::kSigned, rng));
   std::vector<const HostArray*> inputs;
   for (const HostArray& a : args) inputs.push_back(&a);
-  for (size_t m = 0; m < meshes_.size(); ++m) {
+  for (size_t m = 0; m < auto_meshes_.size(); ++m) {
     SCOPED_TRACE(test_meshes()[m].name);
     const std::string first = test_meshes()[m].axes.front();
     std::vector<PartitionSpec> specs = {P(first, None), P(), P(), P(), P()};
-    const std::vector<HostArray> with = values_and_grads(*client_, meshes_[m], blocks_loss(true), inputs, specs);
-    const std::vector<HostArray> without = values_and_grads(*client_, meshes_[m], blocks_loss(false), inputs, specs);
+    const std::vector<HostArray> with = values_and_grads(*client_, auto_meshes_[m], blocks_loss(true), inputs, specs);
+    const std::vector<HostArray> without =
+        values_and_grads(*client_, auto_meshes_[m], blocks_loss(false), inputs, specs);
     ASSERT_EQ(with.size(), 6u);
     ASSERT_EQ(without.size(), 6u);
     for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(results_match(with[i], without[i], 1e-4)) << "output " << i;

@@ -140,23 +140,27 @@ TEST_F(DTypesTest, ElementwiseOpsRoundAfterEachOpOnEveryLayout) {
 // bounded by the number of roundings times half an ulp of the sum of |terms|.
 TEST_F(DTypesTest, MatmulsAndSumsAccumulateInFloat32) {
   ASSERT_NE(client_, nullptr);
-  const TracedFunction f = [](const std::vector<Value>& in) {
-    return std::vector<Value>{matmul(in[0], in[1]), sum(in[0], {1})};
-  };
   constexpr int m = 16, k = 256, n = 8;
   std::mt19937 rng(13);
   const HostArray x = halves<BFloat16>({m, k}, uniform_floats(m * k, -1, 1, rng));
   const HostArray w = halves<BFloat16>({k, n}, uniform_floats(k * n, -1, 1, rng));
   const std::vector<float> xs = floats<BFloat16>(x), ws = floats<BFloat16>(w);
+  // A contraction split on both operands says where its sum goes (out_sharding, as JAX >= 0.9
+  // asks on make_mesh's Explicit axes): all-reduced, the result keeping x's row split.
   struct Layout {
     PartitionSpec x, w;
     bool split_contraction;
+    PartitionSpec out = P();
   };
   for (const Mesh& mesh : meshes_) {
-    std::vector<Layout> cases = {{P("data", None), P(), false}, {P(None, "data"), P("data", None), true}};
-    if (mesh.axis_names().size() == 2) cases.push_back({P("data", "model"), P("model", None), true});
+    std::vector<Layout> cases = {{P("data", None), P(), false}, {P(None, "data"), P("data", None), true, P()}};
+    if (mesh.axis_names().size() == 2) cases.push_back({P("data", "model"), P("model", None), true, P("data", None)});
     for (const Layout& l : cases) {
       const std::string where = absl::StrCat(mesh.to_string(), " x ", l.x.to_string(), " w ", l.w.to_string());
+      const TracedFunction f = [&l](const std::vector<Value>& in) {
+        return std::vector<Value>{l.split_contraction ? matmul(in[0], in[1], l.out) : matmul(in[0], in[1]),
+                                  sum(in[0], {1})};
+      };
       const std::vector<HostArray> out = call(f, {put(x, mesh, l.x), put(w, mesh, l.w)});
       ASSERT_EQ(out.size(), 2u);
       ASSERT_EQ(out[0].dtype(), DType::kBF16) << where;

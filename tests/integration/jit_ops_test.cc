@@ -992,7 +992,9 @@ class JitOpsTest : public MeshesSuite, public ::testing::WithParamInterface<OpCa
 TEST_P(JitOpsTest, MatchesHostReference) {
   const OpCase& c = GetParam();
   ASSERT_NE(client_, nullptr);
-  const Mesh& mesh = meshes_[c.mesh];
+  // Auto axes: each case's expected layouts and collectives are the compiler's propagation
+  // (GSPMD); explicit mode's are ExplicitGrid's and ExplicitJitTest's.
+  const Mesh& mesh = auto_meshes_[c.mesh];
   std::mt19937 rng(seed_of(c.name));
   std::vector<HostArray> inputs;
   std::vector<const HostArray*> ptrs;

@@ -35,8 +35,10 @@ inline void expect_near(const HostArray& got, const std::vector<double>& want, d
   }
 }
 
-// One embedded cluster of 8 devices for a whole suite, and a (4, 2) mesh over it. `Base` is
-// ::testing::Test, or ::testing::TestWithParam<T> for a parameterized suite.
+// One embedded cluster of 8 devices for a whole suite, and a (4, 2) mesh over it: make_mesh's,
+// Explicit axes (JAX >= 0.9's default), and the same devices with Auto axes for tests of
+// GSPMD-style propagation (what a JAX user writes as make_mesh(..., axis_types=(Auto, Auto))).
+// `Base` is ::testing::Test, or ::testing::TestWithParam<T> for a parameterized suite.
 template <typename Base>
 class LocalSuite : public Base {
  protected:
@@ -49,14 +51,19 @@ class LocalSuite : public Base {
     absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     mesh_ = new Mesh(*std::move(mesh));
+    absl::StatusOr<Mesh> auto_mesh = client_->make_mesh({4, 2}, {"data", "model"}, {AxisType::kAuto, AxisType::kAuto});
+    ASSERT_TRUE(auto_mesh.ok()) << auto_mesh.status();
+    auto_mesh_ = new Mesh(*std::move(auto_mesh));
   }
   static void TearDownTestSuite() {
+    delete auto_mesh_;
     delete mesh_;
     delete client_;
   }
-  // `a` placed on the suite's mesh under `spec` (a test failure if that fails).
-  static Array put(const HostArray& a, const PartitionSpec& spec) {
-    absl::StatusOr<Array> r = client_->device_put(a, NamedSharding(*mesh_, spec));
+  // `a` placed on the suite's mesh (or `mesh`) under `spec` (a test failure if that fails).
+  static Array put(const HostArray& a, const PartitionSpec& spec) { return put_on(*mesh_, a, spec); }
+  static Array put_on(const Mesh& mesh, const HostArray& a, const PartitionSpec& spec) {
+    absl::StatusOr<Array> r = client_->device_put(a, NamedSharding(mesh, spec));
     EXPECT_TRUE(r.ok()) << r.status();
     return *std::move(r);
   }
@@ -68,6 +75,7 @@ class LocalSuite : public Base {
   }
   inline static Client* client_ = nullptr;
   inline static Mesh* mesh_ = nullptr;
+  inline static Mesh* auto_mesh_ = nullptr;
 };
 using LocalJitSuite = LocalSuite<::testing::Test>;
 

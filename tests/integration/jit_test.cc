@@ -38,6 +38,9 @@ class JitTest : public jit_support::LocalJitSuite {};
 
 std::vector<Value> layer(const std::vector<Value>& in) { return {tanh(matmul(in[0], in[1]))}; }
 
+// On Auto axes the compiler chooses each layout's collectives (GSPMD); on make_mesh's Explicit
+// axes JAX >= 0.9 refuses a contraction split on both operands without out_sharding
+// (ExplicitJitTest covers those).
 TEST_F(JitTest, LayerUnderEveryWeightLayout) {
   const HostArray x = random_f32({16, 8}, 1), w = random_f32({8, 4}, 2);
   std::vector<double> want = matmul_ref(x, w);
@@ -52,7 +55,7 @@ TEST_F(JitTest, LayerUnderEveryWeightLayout) {
         Case{P(Axes{"data", "model"}), P(), ""}}) {
     SCOPED_TRACE(c.x.to_string() + " @ " + c.w.to_string());
     Jitted f = jit(layer);
-    absl::StatusOr<std::vector<Array>> y = f({put(x, c.x), put(w, c.w)});
+    absl::StatusOr<std::vector<Array>> y = f({put_on(*auto_mesh_, x, c.x), put_on(*auto_mesh_, w, c.w)});
     ASSERT_TRUE(y.ok()) << y.status();
     expect_near(fetch((*y)[0]), want);
     if (*c.collective) {
@@ -63,11 +66,14 @@ TEST_F(JitTest, LayerUnderEveryWeightLayout) {
   }
 }
 
+// Auto axes: jit's out_shardings decide how the partial product is resolved (on Explicit axes
+// matmul's out_sharding does; ExplicitJitTest).
 TEST_F(JitTest, PartialProductWantedShardedIsReduceScattered) {
   const HostArray x = random_f32({16, 8}, 3), w = random_f32({8, 4}, 4);
   Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1])}; },
                  {.out_shardings = {P(None, "model")}});
-  absl::StatusOr<std::vector<Array>> y = f({put(x, P(None, "model")), put(w, P("model", None))});
+  absl::StatusOr<std::vector<Array>> y =
+      f({put_on(*auto_mesh_, x, P(None, "model")), put_on(*auto_mesh_, w, P("model", None))});
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_EQ((*y)[0].sharding().spec(), P(None, "model"));
   EXPECT_THAT(f.as_text(), HasSubstr("reduce_scatter"));
@@ -120,8 +126,9 @@ TEST_F(JitTest, SameSignatureNeverRecompiles) {
   std::vector<double> want = matmul_ref(x, w);
   for (double& v : want) v = std::tanh(v);
   expect_near(fetch((*ry)[0]), want);
-  // Another sharding is another program (one no other test here uses).
-  ASSERT_TRUE(f({put(x, P(None, "data")), put(w, P("data", "model"))}).ok());
+  // Another sharding is another program (one no other test here uses; on Auto axes, where a
+  // contraction split on both operands is the compiler's to resolve).
+  ASSERT_TRUE(f({put_on(*auto_mesh_, x, P(None, "data")), put_on(*auto_mesh_, w, P("data", "model"))}).ok());
   EXPECT_EQ(f.compilations(), after_first + 2);
 }
 
@@ -227,8 +234,8 @@ TEST_F(JitTest, MeshesInMessagesShowTheirDevicesWhenTheyWouldLookAlike) {
   ASSERT_FALSE(y.ok());
   EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(y.status().message()),
-            "jit: argument 1 is on Mesh('x': 4, axis_types=(Auto,), device_ids=[4, 5, 6, 7]), argument 0 on "
-            "Mesh('x': 4, axis_types=(Auto,), device_ids=[0, 1, 2, 3]); every argument must be on one mesh");
+            "jit: argument 1 is on Mesh('x': 4, axis_types=(Explicit,), device_ids=[4, 5, 6, 7]), argument 0 on "
+            "Mesh('x': 4, axis_types=(Explicit,), device_ids=[0, 1, 2, 3]); every argument must be on one mesh");
 }
 
 // JAX's sharded-computation tutorial constrains a value of a (4, 2) mesh onto an (8,) mesh of
@@ -265,11 +272,6 @@ class ExplicitJitTest : public jit_support::LocalJitSuite {
     EXPECT_TRUE(mesh.ok()) << mesh.status();
     return *mesh;
   }
-  static Array put_on(const Mesh& mesh, const HostArray& a, const PartitionSpec& spec) {
-    absl::StatusOr<Array> r = client_->device_put(a, NamedSharding(mesh, spec));
-    EXPECT_TRUE(r.ok()) << r.status();
-    return *r;
-  }
 };
 
 TEST_F(ExplicitJitTest, ALayerRunsLaidOutByItsTypes) {
@@ -294,6 +296,24 @@ TEST_F(ExplicitJitTest, ALayerRunsLaidOutByItsTypes) {
   EXPECT_EQ(type_of((*y)[0]).to_string(), "f32[16@X,4@Y]");
   expect_near(fetch((*y)[0]), want);
   EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("all_")));
+}
+
+// With out_sharding JAX's dot_general checks no split (jax/_src/lax/lax.py,
+// _dot_general_sharding_rule returns out_sharding first): a contraction split over 'X' on one
+// operand and over 'Y' on the other runs, and its result is laid out as out_sharding says.
+TEST_F(ExplicitJitTest, OutShardingAcceptsContractingSplitsThatDisagree) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray x = random_f32({16, 8}, 21), w = random_f32({8, 4}, 22);
+  std::string type;
+  absl::StatusOr<std::vector<Array>> y = jit([&type](const std::vector<Value>& in) {
+    Value p = matmul(in[0], in[1], P("X", None));
+    type = type_of(p).to_string();
+    return std::vector<Value>{p};
+  })({put_on(mesh, x, P(None, "X")), put_on(mesh, w, P("Y", None))});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(type, "f32[16@X,4]");
+  EXPECT_EQ((*y)[0].sharding().spec(), P("X", None));
+  expect_near(fetch((*y)[0]), matmul_ref(x, w));
 }
 
 // The scaling book's example (jax-ml/scaling-book, "Programming TPUs in JAX"): a contraction

@@ -226,7 +226,7 @@ TEST_F(LocalClusterTest, MakeMeshTakesTheFirstDevices) {
   absl::StatusOr<Mesh> first = client_->make_mesh({2, 2}, {"a", "b"});
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->device_ids(), (std::vector<int>{0, 1, 2, 3}));
-  EXPECT_EQ(first->to_string(), "Mesh('a': 2, 'b': 2, axis_types=(Auto, Auto))");
+  EXPECT_EQ(first->to_string(), "Mesh('a': 2, 'b': 2, axis_types=(Explicit, Explicit))");
   absl::StatusOr<Array> on_first =
       client_->device_put(HostArray::arange(DType::kF32, {4, 2}), NamedSharding(*first, P("a", "b")));
   ASSERT_TRUE(on_first.ok()) << on_first.status();

@@ -15,9 +15,12 @@ namespace {
 
 constexpr int64_t kBatch = 32, kIn = 8, kHidden = 16, kSteps = 25;
 
+// On make_mesh's Explicit axes (JAX >= 0.9's default) the hidden layer's 'model' split is
+// contracted on both operands of the second matmul: out_sharding says the sum over 'model' is
+// all-reduced into rows over 'data' (what JAX's _dot_general_sharding_rule asks for).
 std::vector<Value> loss(const std::vector<Value>& in) {
   const Value h = tanh(matmul(in[4], in[0]) + in[1]);
-  const Value err = matmul(h, in[2]) + in[3] - in[5];
+  const Value err = matmul(h, in[2], P("data", None)) + in[3] - in[5];
   return {mean(err * err)};
 }
 

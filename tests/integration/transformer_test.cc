@@ -105,10 +105,14 @@ TrainRun train(const Mesh& mesh, Layout layout) {
   return run;
 }
 
+// Auto axes: the layouts are sharding rules the compiler propagates from (GSPMD), as
+// examples/transformer_train.cc runs them. On make_mesh's Explicit axes JAX >= 0.9 refuses the
+// embedding gradient of a batch-split step too (a scatter_add of batch-split indices:
+// jax/_src/lax/slicing.py _scatter_spec_computation).
 Mesh mesh_of(int64_t data, int64_t model) {
   std::vector<int> ids(data * model);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
-  return *client().make_mesh({data, model}, {"data", "model"}, ids);
+  return *client().make_mesh({data, model}, {"data", "model"}, ids, {AxisType::kAuto, AxisType::kAuto});
 }
 
 const TrainRun& one_device() {

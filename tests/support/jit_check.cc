@@ -90,18 +90,25 @@ const std::vector<MeshDef>& test_meshes() {
   return *kMeshes;
 }
 
+Mesh with_auto_axes(const Mesh& mesh) {
+  return *Mesh::create(mesh.shape(), mesh.axis_names(), mesh.device_ids(),
+                       std::vector<AxisType>(mesh.axis_names().size(), AxisType::kAuto));
+}
+
 void MeshesSuite::SetUpTestSuite() {
   client_ = start_local_client().release();
   if (client_ == nullptr) return;
   for (const MeshDef& m : test_meshes()) {
     absl::StatusOr<Mesh> mesh = client_->make_mesh(m.shape, m.axes);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
+    auto_meshes_.push_back(with_auto_axes(*mesh));
     meshes_.push_back(*std::move(mesh));
   }
 }
 
 void MeshesSuite::TearDownTestSuite() {
   meshes_.clear();
+  auto_meshes_.clear();
   delete client_;
   client_ = nullptr;
 }

@@ -52,14 +52,20 @@ struct MeshDef {
 const std::vector<MeshDef>& test_meshes();
 
 // A suite fixture: one Client::local(8) for the whole suite, and test_meshes() on it (tests
-// ASSERT_NE(client_, nullptr) first: null when the cluster could not start).
+// ASSERT_NE(client_, nullptr) first: null when the cluster could not start): meshes_ with
+// make_mesh's Explicit axes (JAX >= 0.9's default), auto_meshes_ the same with Auto axes, for
+// tests of GSPMD-style propagation (as make_mesh(..., axis_types=(Auto, ...)) in JAX).
 class MeshesSuite : public ::testing::Test {
  protected:
   static void SetUpTestSuite();
   static void TearDownTestSuite();
   inline static Client* client_ = nullptr;
   inline static std::vector<Mesh> meshes_;
+  inline static std::vector<Mesh> auto_meshes_;
 };
+
+// `mesh` with every axis Auto.
+Mesh with_auto_axes(const Mesh& mesh);
 
 struct JitCheck {
   std::vector<HostArray> got;   // fetched from the cluster

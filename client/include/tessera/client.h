@@ -139,8 +139,8 @@ class Client {
   absl::StatusOr<std::vector<Device>> devices() const;
 
   // jax.make_mesh: the first prod(shape) alive devices, by id, laid row-major over `shape`
-  // (the others are left out, as JAX leaves them), every axis Auto (see tessera::make_mesh
-  // for why not Explicit, JAX's default). INVALID_ARGUMENT when prod(shape) exceeds the
+  // (the others are left out, as JAX leaves them), every axis Explicit (JAX >= 0.9's default;
+  // pass {AxisType::kAuto, ...} for GSPMD-style propagation). INVALID_ARGUMENT when prod(shape) exceeds the
   // number of alive devices, or as Mesh::create; devices()'s errors when the coordinator does
   // not answer.
   absl::StatusOr<Mesh> make_mesh(std::vector<int64_t> shape, std::vector<std::string> axis_names) const;
