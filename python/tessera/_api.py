@@ -106,6 +106,10 @@ class _Jitted:
         if entry is None:
             entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn)
         cpp, out_tree = entry
+        for i in self._donate:  # a donated Array's values are gone: so is its host copy
+            for l in tree_leaves(args[i % n] if n else ()):
+                if isinstance(l, Array):
+                    l._host = None
         outs = _sdk_call(cpp, [a._a for a in arrays])
         return tree_unflatten(out_tree[0], [Array(o, committed) for o in outs])
 
@@ -349,8 +353,8 @@ def vmap(fun, in_axes=0, out_axes=0, axis_name=None, axis_size=None, spmd_axis_n
 
         values = _t.vmap(_trace.callback(body), [_tracer(l)._v for l in leaves], axes,
                          lambda: out["axes"], axis_size)
-        if "tree" not in out:  # fun raised: its exception (kept by the callback) goes on
-            raise getattr(_trace._state, "error", None) or TypeError("vmap: the function returned no value")
+        if "tree" not in out:  # fun raised (its exception, kept by the callback, goes on) or did not run
+            raise getattr(_trace._state, "error", None) or _trace.TraceFailed("vmap: see the trace's error")
         return tree_unflatten(out["tree"], [Tracer(v) for v in values])
 
     jitted = _Jitted(traced, None, None, (), ())
