@@ -544,7 +544,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
             if pending is not None:
                 _trace._state.error = None
                 raise pending
-            raise TypeError("shard_map: the body returned no value")
+            raise _trace.TraceFailed("shard_map: see the trace's error")  # the SDK's, raised at the trace's end
         cache[key] = entry
         return tree_unflatten(entry[1]["tree"], outs)
 

@@ -325,6 +325,7 @@ def swapaxes(a, axis1, axis2):
 
 
 @_op
+@_op
 def expand_dims(a, axis):
     a = _tracer(a)
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
@@ -355,6 +356,7 @@ def concatenate(arrays, axis=0):
     return _wrap(_t.concatenate([t._v for t in ts], axis))
 
 
+@_op
 def stack(arrays, axis=0):
     return concatenate([expand_dims(a, axis) for a in arrays], axis)
 

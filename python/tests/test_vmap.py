@@ -15,6 +15,9 @@ def test_vmap_of_row_dot_matches_the_loop():
   ans = jax.vmap(lambda x: x @ x, in_axes=(0,), out_axes=0)(xs)
   np.testing.assert_array_equal(np.asarray(ans), np.stack([x @ x for x in xs]))
   assert ans.shape == (4,) and ans.dtype == np.int32
+  # The notebook's reference, on Arrays: eager x[i] per row and jnp.stack of the scalars.
+  expected = jnp.stack([(lambda x: x @ x)(x) for x in jnp.arange(12).reshape(4, 3)])
+  np.testing.assert_array_equal(np.asarray(expected), np.asarray(ans))
 
 
 def test_vmap_in_axes_out_axes_and_unmapped_arguments():
