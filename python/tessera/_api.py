@@ -215,6 +215,20 @@ def _eager(fn, args, kwargs):
     return j(*args, **kwargs)
 
 
+def _traced_or_jitted(fun, traced):
+    """A transformation's function (`traced`, written on Tracers): called in a trace it records
+    there; on concrete arrays it runs as a jitted program of its own."""
+    jitted = _Jitted(traced, None, None, (), ())
+
+    @functools.wraps(fun)
+    def run(*args):
+        if _trace.in_trace() or any(isinstance(l, Tracer) for l in tree_leaves(args)):
+            return traced(*args)
+        return jitted(*args)
+
+    return run
+
+
 # ---- grad -------------------------------------------------------------------------------
 
 def _grad(fun, argnums, has_aux, with_value):
@@ -256,15 +270,7 @@ def _grad(fun, argnums, has_aux, with_value):
             return ((value, aux[0]), g) if with_value else (g, aux[0])
         return (value, g) if with_value else g
 
-    jitted = _Jitted(traced, None, None, (), ())
-
-    @functools.wraps(fun)
-    def run(*args):
-        if _trace.in_trace() or any(isinstance(l, Tracer) for l in tree_leaves(args)):
-            return traced(*args)
-        return jitted(*args)
-
-    return run
+    return _traced_or_jitted(fun, traced)
 
 
 def grad(fun, argnums=0, has_aux=False):
@@ -357,15 +363,7 @@ def vmap(fun, in_axes=0, out_axes=0, axis_name=None, axis_size=None, spmd_axis_n
             raise getattr(_trace._state, "error", None) or _trace.TraceFailed("vmap: see the trace's error")
         return tree_unflatten(out["tree"], [Tracer(v) for v in values])
 
-    jitted = _Jitted(traced, None, None, (), ())
-
-    @functools.wraps(fun)
-    def run(*args):
-        if _trace.in_trace() or any(isinstance(l, Tracer) for l in tree_leaves(args)):
-            return traced(*args)
-        return jitted(*args)
-
-    return run
+    return _traced_or_jitted(fun, traced)
 
 
 # ---- make_jaxpr -------------------------------------------------------------------------
