@@ -164,11 +164,16 @@ def test_eager_integer_indexing_runs_one_program_for_every_index(mesh):
     X = np.arange(40, dtype=np.float32).reshape(8, 5)
     x = tessera.device_put(X, NamedSharding(mesh, P("data")))
     _api._eager_cache.pop(jnp._int_index, None)
-    for i in (0, 3, 7, -1, -8):
-        np.testing.assert_array_equal(np.asarray(x[i]), X[i])
+    np.testing.assert_array_equal(np.asarray(x[0]), X[0])
     j = _api._eager_cache[jnp._int_index]
+    sdk_jitted = next(iter(j._cache.values()))[0].__self__
+    # Jitted::compilations: the coordinator's count when this function last compiled a
+    # signature; it stays put while the calls hit the compiled program.
+    compiled_at = sdk_jitted.compilations()
+    for i in (3, 7, -1, -8):
+        np.testing.assert_array_equal(np.asarray(x[i]), X[i])
     assert len(j._cache) == 1  # x[0], x[3], x[7], x[-1], x[-8]: one traced program ...
-    assert next(iter(j._cache.values()))[0].__self__.compilations() == 1  # ... compiled once (the SDK Jitted)
+    assert sdk_jitted.compilations() == compiled_at  # ... compiled once
     np.testing.assert_array_equal(np.asarray(x[2, 1:4]), X[2, 1:4])
     np.testing.assert_array_equal(np.asarray(x[None, 5, ..., 2]), X[None, 5, ..., 2])
     with pytest.raises(IndexError, match="index 8 is out of bounds for axis 0 with size 8"):
