@@ -118,10 +118,8 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   if (!t->manual_meshes.empty()) return fail("a shard_map inside a shard_map body is not supported");
   // On a mesh of Explicit axes only, in_specs may be omitted (empty): each argument enters as
   // its type says (jax/_src/shard_map.py, in_specs=Infer).
-  bool all_explicit = true;
-  for (AxisType type : mesh.axis_types()) all_explicit = all_explicit && type == AxisType::kExplicit;
   std::vector<PartitionSpec> specs = in_specs;
-  if (specs.empty() && !args.empty() && all_explicit && t->explicit_mesh.has_value()) {
+  if (specs.empty() && !args.empty() && internal::all_explicit(mesh) && t->explicit_mesh.has_value()) {
     for (const Value& a : args) {
       std::optional<internal::TypedOperand> typed = internal::typed_operand(a);
       if (!typed.has_value()) return failed;

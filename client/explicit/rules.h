@@ -84,6 +84,9 @@ std::string branch_type_mismatch(absl::string_view api, absl::string_view name1,
                                  const std::vector<TypedOperand>& out1, const std::vector<TypedOperand>& out2);
 // shard_map (shard_map.cc): on a mesh of only Explicit axes the in_spec `in` must be x's type.
 TypeRuleResult shard_map_in_type_rule(const TypedOperand& x, const NamedSharding& in);
+// Whether every axis of `mesh` is Explicit: where shard_map checks in_specs against the
+// arguments' types and infers omitted ones from them (client/explicit/shard_map.cc).
+bool all_explicit(const Mesh& mesh);
 
 // A composite's rule failed: INVALID_ARGUMENT "<name>: <error> (operand <type>); <fix>", as
 // result_type_spec words an op's.

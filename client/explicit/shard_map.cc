@@ -11,7 +11,6 @@
 #include "core/op_attrs.h"
 
 namespace tessera::internal {
-namespace {
 
 bool all_explicit(const Mesh& mesh) {
   for (AxisType t : mesh.axis_types()) {
@@ -19,6 +18,8 @@ bool all_explicit(const Mesh& mesh) {
   }
   return true;
 }
+
+namespace {
 
 TypeRuleResult shard_map_in(const TypeRuleCall& c) {
   TypeRuleResult r = shard_map_in_type_rule(c.operands[0], c.node.attrs<ShardingAttrs>().sharding);

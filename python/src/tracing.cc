@@ -276,6 +276,19 @@ void bind_tracing(py::module_& m) {
     return value_or_throw(trace(traced(std::move(f)), types)).to_text();
   });
 
+  // The same Graph as its nodes, for tessera.make_jaxpr: ([(op name, operand ids, type as
+  // "f32[6]", attributes as Graph::to_text prints them)], parameter ids, output ids).
+  m.def("trace_nodes", [](py::object f, const std::vector<std::pair<DType, Shape>>& inputs) {
+    std::vector<ArrayType> types;
+    for (const auto& [dtype, shape] : inputs) types.push_back(ArrayType{dtype, shape});
+    const Graph g = value_or_throw(trace(traced(std::move(f)), types));
+    std::vector<std::tuple<std::string, std::vector<int>, std::string, std::string>> nodes;
+    for (const Node& n : g.nodes()) {
+      nodes.emplace_back(op_name(n.op), n.operands, type_to_string(n.dtype, n.shape), attrs_to_text(n));
+    }
+    return std::make_tuple(std::move(nodes), g.parameters(), g.outputs());
+  });
+
   py::class_<Jitted>(m, "Jitted")
       .def(py::init([](py::object f, std::vector<std::optional<PartitionSpec>> in_shardings,
                        std::vector<int> donate_argnums, double timeout_s) {
@@ -346,6 +359,26 @@ void bind_tracing(py::module_& m) {
   });
   m.def("cond", [](const Value& pred, py::object on_true, py::object on_false, const std::vector<Value>& operands) {
     return cond(pred, traced(std::move(on_true)), traced(std::move(on_false)), operands);
+  });
+  // jax.vmap inside a trace, on flat lists of Values; `out_axes` (tessera/_api.py flattens the
+  // out_axes pytree against f's results) is called once f has run.
+  m.def("vmap", [](py::object f, const std::vector<Value>& args, std::vector<std::optional<int64_t>> in_axes,
+                   py::object out_axes, std::optional<int64_t> axis_size) {
+    auto axes = std::make_shared<py::object>(std::move(out_axes));
+    TracedFunction g = internal::vmap(
+        traced(std::move(f)), std::move(in_axes),
+        [axes](size_t) {
+          py::gil_scoped_acquire gil;
+          try {
+            return (*axes)().cast<std::vector<std::optional<int64_t>>>();
+          } catch (const py::error_already_set&) {
+            return std::vector<std::optional<int64_t>>{};
+          } catch (const py::cast_error&) {
+            return std::vector<std::optional<int64_t>>{};
+          }
+        },
+        axis_size);
+    return g(args);
   });
   m.def("checkpoint",
         [](py::object f, const std::vector<Value>& args) { return checkpoint(traced(std::move(f)))(args); });

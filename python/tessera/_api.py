@@ -106,6 +106,10 @@ class _Jitted:
         if entry is None:
             entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn)
         cpp, out_tree = entry
+        for i in self._donate:  # a donated Array's values are gone: so is its host copy
+            for l in tree_leaves(args[i % n] if n else ()):
+                if isinstance(l, Array):
+                    l._host = None
         outs = _sdk_call(cpp, [a._a for a in arrays])
         return tree_unflatten(out_tree[0], [Array(o, committed) for o in outs])
 
@@ -211,6 +215,20 @@ def _eager(fn, args, kwargs):
     return j(*args, **kwargs)
 
 
+def _traced_or_jitted(fun, traced):
+    """A transformation's function (`traced`, written on Tracers): called in a trace it records
+    there; on concrete arrays it runs as a jitted program of its own."""
+    jitted = _Jitted(traced, None, None, (), ())
+
+    @functools.wraps(fun)
+    def run(*args):
+        if _trace.in_trace() or any(isinstance(l, Tracer) for l in tree_leaves(args)):
+            return traced(*args)
+        return jitted(*args)
+
+    return run
+
+
 # ---- grad -------------------------------------------------------------------------------
 
 def _grad(fun, argnums, has_aux, with_value):
@@ -252,15 +270,7 @@ def _grad(fun, argnums, has_aux, with_value):
             return ((value, aux[0]), g) if with_value else (g, aux[0])
         return (value, g) if with_value else g
 
-    jitted = _Jitted(traced, None, None, (), ())
-
-    @functools.wraps(fun)
-    def run(*args):
-        if _trace.in_trace() or any(isinstance(l, Tracer) for l in tree_leaves(args)):
-            return traced(*args)
-        return jitted(*args)
-
-    return run
+    return _traced_or_jitted(fun, traced)
 
 
 def grad(fun, argnums=0, has_aux=False):
@@ -309,6 +319,130 @@ def checkpoint(fun, *, prevent_cse=True, policy=None, static_argnums=()):
 remat = checkpoint
 
 
+# ---- vmap -------------------------------------------------------------------------------
+
+def _is_axis(a):
+    return a is None or isinstance(a, int)
+
+
+def vmap(fun, in_axes=0, out_axes=0, axis_name=None, axis_size=None, spmd_axis_name=None):
+    """jax.vmap(fun, in_axes, out_axes, axis_size): fun mapped over one dimension of its
+    arguments (in_axes: an int, None, or a pytree prefix of the arguments' tuple, as JAX), its
+    results' mapped dimension put at out_axes (likewise, of the results). The SDK's vmap: fun
+    is traced once on one example's shapes and each of its ops batched by its batching rule,
+    so the mapped program is one program of the ordinary ops. Called on concrete arrays it is
+    compiled and run as jit runs it. axis_name (collectives over the mapped axis) and
+    spmd_axis_name are not supported."""
+    if axis_name is not None or spmd_axis_name is not None:
+        raise NotImplementedError("vmap: axis_name and spmd_axis_name are not supported (no collectives over a "
+                                  "mapped axis)")
+    if isinstance(in_axes, list):
+        in_axes = tuple(in_axes)  # as JAX: a list of in_axes is a tuple, one per argument
+
+    def traced(*args):
+        from .numpy import _tracer
+        prefix = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+        if isinstance(in_axes, tuple) and len(in_axes) != len(args):
+            raise ValueError(f"vmap in_axes must be an int, None, or a tuple of entries corresponding to the "
+                             f"positional arguments passed to the function, but got len(in_axes)={len(in_axes)}, "
+                             f"len(args)={len(args)}")
+        axes = broadcast_prefix(prefix, args, _is_axis)
+        leaves, tree = tree_flatten(args)
+        out = {}
+
+        def body(values):
+            res = fun(*tree_unflatten(tree, [Tracer(v) for v in values]))
+            flat, out["tree"] = tree_flatten(res)
+            out["axes"] = broadcast_prefix(out_axes, res, _is_axis) if not _is_axis(out_axes) \
+                else [out_axes] * len(flat)
+            return [_as_value(o) for o in flat]
+
+        values = _t.vmap(_trace.callback(body), [_tracer(l)._v for l in leaves], axes,
+                         lambda: out["axes"], axis_size)
+        if "tree" not in out:  # fun raised (its exception, kept by the callback, goes on) or did not run
+            raise getattr(_trace._state, "error", None) or _trace.TraceFailed("vmap: see the trace's error")
+        return tree_unflatten(out["tree"], [Tracer(v) for v in values])
+
+    return _traced_or_jitted(fun, traced)
+
+
+# ---- make_jaxpr -------------------------------------------------------------------------
+
+def _var_name(k):
+    """JAX's variable names: a, b, ..., z, ba, bb, ..."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    name = letters[k % 26]
+    k //= 26
+    while k:
+        name = letters[k % 26] + name
+        k //= 26
+    return name
+
+
+class ClosedJaxpr:
+    """What make_jaxpr returns: the traced program printed as JAX prints a jaxpr, one
+    equation per op of the SDK's Graph (its op names and attributes, not JAX's primitives),
+    without the ops no output reads (which the compiler drops too). `eqns` is the equations'
+    text, `in_avals` / `out_avals` the inputs' and outputs' types."""
+
+    def __init__(self, nodes, params, outputs):
+        live = set(outputs)
+        for i in range(len(nodes) - 1, -1, -1):
+            if i in live:
+                live.update(nodes[i][1])
+        names = {}
+
+        def name(i):
+            if i not in names:
+                names[i] = _var_name(len(names))
+            return names[i]
+
+        self.in_avals = [nodes[p][2] for p in params]
+        self.out_avals = [nodes[o][2] for o in outputs]
+        invars = " ".join(f"{name(p)}:{nodes[p][2]}" for p in params)
+        self.eqns = []
+        for i, (op, operands, type_text, attrs) in enumerate(nodes):
+            if i not in live or i in params:
+                continue
+            attrs = attrs.strip()
+            args = " ".join(name(o) for o in operands)
+            self.eqns.append(f"{name(i)}:{type_text} = {op}{f'[{attrs}]' if attrs else ''}{' ' if args else ''}{args}")
+        body = "".join(f"\n    {e}" for e in self.eqns)
+        outs = ", ".join(name(o) for o in outputs) + ("," if len(outputs) == 1 else "")
+        self._text = f"{{ lambda ; {invars}. let{body}\n  in ({outs}) }}"
+
+    def __str__(self):
+        return self._text
+
+    __repr__ = __str__
+
+
+def make_jaxpr(fun, static_argnums=()):
+    """jax.make_jaxpr(fun)(*args): the program fun traces to on the arguments' types (Arrays,
+    numpy arrays or ShapeDtypeStruct-like values with .shape and .dtype), as a ClosedJaxpr
+    whose str() reads like JAX's listing. static_argnums is not supported."""
+    if static_argnums:
+        raise TypeError("make_jaxpr: static_argnums is not supported")
+
+    @functools.wraps(fun)
+    def make(*args, **kwargs):
+        from .numpy import _DTYPES, canonical_dtype
+        leaves, tree = tree_flatten((args, kwargs))
+        types = []
+        for l in leaves:
+            a = l if hasattr(l, "shape") and hasattr(l, "dtype") else _np.asarray(l)
+            types.append((_DTYPES[canonical_dtype(_np.dtype(a.dtype))], list(a.shape)))
+
+        def body(values):
+            a, k = tree_unflatten(tree, [Tracer(v) for v in values])
+            return [_as_value(o) for o in tree_leaves(fun(*a, **k))]
+
+        nodes, params, outputs = _sdk_call(_t.trace_nodes, _trace.callback(body), types)
+        return ClosedJaxpr(nodes, params, outputs)
+
+    return make
+
+
 # ---- shard_map --------------------------------------------------------------------------
 
 def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, check_rep=None, **unsupported):
@@ -319,18 +453,26 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
     if f is None:
         return functools.partial(shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                  check_vma=check_vma, check_rep=check_rep)
-    if in_specs is None or out_specs is None:
-        raise TypeError("shard_map needs in_specs and out_specs (Tessera does not infer in_specs from the "
-                        "arguments' types)")
+    if out_specs is None:
+        raise TypeError("shard_map needs out_specs")
     check = check_vma if check_rep is None else check_rep
     cache = {}
     fixed_mesh = mesh
 
     def make(args, out_flat, mesh):
         leaves, treedef = tree_flatten(args)
-        prefix = in_specs if isinstance(in_specs, (tuple, list)) and not isinstance(in_specs, PartitionSpec) \
-            else (in_specs,) * len(args)
-        specs = broadcast_prefix(tuple(prefix), args, lambda p: isinstance(p, PartitionSpec))
+        if in_specs is None:
+            # Omitted: the SDK infers each from its argument's type, on a mesh whose axes are
+            # all Explicit (JAX's in_specs=Infer), and reports any other mesh. An argument
+            # placed here goes as its type will then say: a committed Array as it is, others
+            # replicated.
+            specs = [l.sharding.spec if isinstance(l, Array) and l._committed else PartitionSpec() for l in leaves]
+            cpp_specs = []
+        else:
+            prefix = in_specs if isinstance(in_specs, (tuple, list)) and not isinstance(in_specs, PartitionSpec) \
+                else (in_specs,) * len(args)
+            specs = broadcast_prefix(tuple(prefix), args, lambda p: isinstance(p, PartitionSpec))
+            cpp_specs = [s._cpp() for s in specs]
         # One out_spec per output: the leaves of out_specs, until the body has shown its outputs.
         if out_flat is None:
             out_flat = tree_leaves(out_specs, lambda p: isinstance(p, PartitionSpec))
@@ -346,7 +488,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
             seen["specs"] = broadcast_prefix(out_specs, out, lambda p: isinstance(p, PartitionSpec))
             return [_as_value(o) for o in out_leaves]
 
-        sm = _t.shard_map(_trace.callback(body), mesh._cpp, [s._cpp() for s in specs],
+        sm = _t.shard_map(_trace.callback(body), mesh._cpp, cpp_specs,
                           [s._cpp() for s in out_flat], check)
         return sm, seen, specs, len(out_flat)
 
@@ -400,7 +542,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
             if pending is not None:
                 _trace._state.error = None
                 raise pending
-            raise TypeError("shard_map: the body returned no value")
+            raise _trace.TraceFailed("shard_map: see the trace's error")  # the SDK's, raised at the trace's end
         cache[key] = entry
         return tree_unflatten(entry[1]["tree"], outs)
 

@@ -42,6 +42,7 @@ class Array:
     def __init__(self, cpp, committed=True):
         self._a = cpp
         self._committed = committed
+        self._host = None  # the fetched values, kept: an Array never changes (see __array__)
 
     def devices(self):
         """The set of devices holding a block (jax.Array.devices())."""
@@ -85,8 +86,18 @@ class Array:
         return self
 
     def __array__(self, dtype=None, copy=None):
-        host = self._a.fetch()
-        return host if dtype is None else host.astype(dtype, copy=False)
+        # Fetched once: an Array's values never change, so np.asarray, print and float() of
+        # one Array after the first cost no transfer. The cached copy is read-only (as JAX's
+        # np.asarray of an Array is); jit drops it when it donates the Array (_api.py), after
+        # which a fetch fails as the SDK says.
+        host = self._host
+        if host is None:
+            host = self._a.fetch()
+            host.flags.writeable = False
+            self._host = host
+        if dtype is not None:
+            return host.astype(dtype, copy=bool(copy))
+        return host.copy() if copy else host
 
     def item(self):
         return np.asarray(self).item()

@@ -98,13 +98,20 @@ def clear_pending():
         _state.error = None
 
 
+class TraceFailed(Exception):
+    """Raised inside a traced function when an SDK call failed and recorded its error in the
+    trace, before the function could go on (vmap's checks of its arguments): the trace's end
+    raises the SDK's error instead of this."""
+
+
 def raise_pending(cpp_error):
     """After a failed SDK call: the Python exception a traced function raised, if any, else
     the SDK's own error."""
     e = getattr(_state, "error", None)
     if e is not None and not in_trace():
         _state.error = None
-        raise e
+        if not isinstance(e, TraceFailed):
+            raise e
     raise cpp_error
 
 

@@ -325,6 +325,7 @@ def swapaxes(a, axis1, axis2):
 
 
 @_op
+@_op
 def expand_dims(a, axis):
     a = _tracer(a)
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
@@ -355,6 +356,7 @@ def concatenate(arrays, axis=0):
     return _wrap(_t.concatenate([t._v for t in ts], axis))
 
 
+@_op
 def stack(arrays, axis=0):
     return concatenate([expand_dims(a, axis) for a in arrays], axis)
 
@@ -572,7 +574,15 @@ def ones(shape, dtype=None):
 
 
 def full_like(a, fill_value, dtype=None, shape=None):
-    return full(a.shape if shape is None else shape, fill_value, a.dtype if dtype is None else dtype)
+    """jnp.full_like. Of a committed Array (its shape kept), the result has a's sharding, as
+    lax.full_like documents ("the output will have the same sharding as the input"; an
+    uncommitted input gets the default placement)."""
+    shape = a.shape if shape is None else ((shape,) if isinstance(shape, int) else tuple(shape))
+    dtype = a.dtype if dtype is None else dtype
+    if isinstance(a, Array) and a._committed and tuple(shape) == a.shape and not in_trace():
+        from ._api import _put_numpy
+        return _put_numpy(_np.full(shape, fill_value, dtype=canonical_dtype(dtype)), a.sharding)
+    return full(shape, fill_value, dtype)
 
 
 def zeros_like(a, dtype=None):
@@ -873,9 +883,59 @@ def _install(cls):
         cls.__getitem__ = lambda x, idx: _eager_getitem(x, idx)
 
 
+def _is_int(i):
+    return isinstance(i, (int, _np.integer)) and not isinstance(i, bool)
+
+
 def _eager_getitem(x, idx):
+    """x[idx] on an Array, as a small jitted program. Ints in idx (with slices, None and ...)
+    are passed as traced values, so x[0], x[1], ... run one program, not one each (ints are
+    checked against the bounds here, as _getitem checks them)."""
     from ._api import _eager
-    return _eager(_getitem, (x, _eager_index(idx)), {})
+    idx = _eager_index(idx)
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    if builtins.any(_is_int(i) for i in parts) and \
+            builtins.all(i is None or i is Ellipsis or isinstance(i, slice) or _is_int(i) for i in parts):
+        starts, pattern, d = [], [], 0
+        for i in _expand_index(x, parts):
+            if i is None:
+                pattern.append(None)
+                continue
+            if _is_int(i):
+                size = x.shape[d]
+                j = int(i) + size if i < 0 else int(i)
+                if not 0 <= j < size:
+                    raise IndexError(f"index {int(i)} is out of bounds for axis {d} with size {size}")
+                starts.append(j)
+                pattern.append("int")
+            else:
+                pattern.append(i)
+            d += 1
+        return _eager(_int_index, (x, _np.asarray(starts, _int_dtype()), tuple(pattern)), {})
+    return _eager(_getitem, (x, idx), {})
+
+
+def _int_index(x, starts, pattern):
+    """x indexed by `pattern` (slices, None, and "int" where `starts`, a traced vector of the
+    in-bounds ints, gives the position): a dynamic_slice and a reshape."""
+    from .lax import dynamic_slice
+    at, sizes, out_shape, k = [], [], [], 0
+    for p in pattern:
+        if p is None:
+            out_shape.append(1)
+        elif isinstance(p, slice):
+            s, e, step = p.indices(x.shape[len(at)])
+            if step != 1:
+                raise NotImplementedError(f"indexing with step {step}: Tessera's slice has unit strides")
+            e = builtins.max(e, s)
+            at.append(starts.dtype.type(s))
+            sizes.append(e - s)
+            out_shape.append(e - s)
+        else:
+            at.append(starts[k])
+            sizes.append(1)
+            k += 1
+    return reshape(dynamic_slice(x, at, sizes), out_shape)
 
 
 _install(Tracer)

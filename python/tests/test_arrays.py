@@ -128,3 +128,58 @@ def test_errors_raise_python_exceptions_with_codes(mesh):
     # Tracers have no concrete value.
     with pytest.raises(TypeError, match="not known while tracing"):
         tessera.jit(lambda x: x if x.sum() > 0 else -x)(np.ones(4, np.float32))
+
+
+def test_an_array_is_fetched_once_and_its_host_copy_is_read_only(mesh):
+    # jax.Array is immutable and np.asarray of one is read-only (JAX's Array.__array__ returns
+    # a non-writeable view of its host copy): fetching twice gives the same values without a
+    # second transfer, and donating the Array drops the copy (a fetch then fails as the SDK says).
+    X = np.arange(32, dtype=np.float32).reshape(8, 4)
+    x = tessera.device_put(X, NamedSharding(mesh, P("data", "model")))
+    first = np.asarray(x)
+    np.testing.assert_array_equal(first, X)
+    assert np.asarray(x) is first  # the cached copy, not a second fetch
+    assert not first.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        first[0, 0] = 1.0
+    copied = np.array(x)  # np.array copies, writeable, as numpy's copy=True
+    copied[0, 0] = -1.0
+    assert np.asarray(x)[0, 0] == 0.0 and str(x).startswith("[[ 0.  1.")
+    tessera.jit(lambda a: a * 2, donate_argnums=0)(x)
+    with pytest.raises(Exception, match="donat"):
+        np.asarray(x)
+
+
+def test_zeros_like_keeps_a_committed_arrays_sharding(mesh):
+    # lax.full_like (jax/_src/lax/lax.py): "If not specified, the output will have the same
+    # sharding as the input ... If x is weakly typed or uncommitted, will use default sharding."
+    x = tessera.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("data", "model")))
+    z = jnp.zeros_like(x)
+    assert z.sharding == x.sharding and z._committed
+    np.testing.assert_array_equal(np.asarray(z), np.zeros((8, 4), np.float32))
+    o = jnp.full_like(x, 3, dtype=np.int32)
+    assert o.sharding == x.sharding and o.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(o), np.full((8, 4), 3, np.int32))
+    u = jnp.zeros_like(jnp.ones((8, 4)))  # uncommitted: the default placement
+    assert not u._committed and len(u.sharding.mesh.devices.flat) == 1
+
+
+def test_eager_integer_indexing_runs_one_program_for_every_index(mesh):
+    from tessera import _api
+    X = np.arange(40, dtype=np.float32).reshape(8, 5)
+    x = tessera.device_put(X, NamedSharding(mesh, P("data")))
+    _api._eager_cache.pop(jnp._int_index, None)
+    np.testing.assert_array_equal(np.asarray(x[0]), X[0])
+    j = _api._eager_cache[jnp._int_index]
+    sdk_jitted = next(iter(j._cache.values()))[0].__self__
+    # Jitted::compilations: the coordinator's count when this function last compiled a
+    # signature; it stays put while the calls hit the compiled program.
+    compiled_at = sdk_jitted.compilations()
+    for i in (3, 7, -1, -8):
+        np.testing.assert_array_equal(np.asarray(x[i]), X[i])
+    assert len(j._cache) == 1  # x[0], x[3], x[7], x[-1], x[-8]: one traced program ...
+    assert sdk_jitted.compilations() == compiled_at  # ... compiled once
+    np.testing.assert_array_equal(np.asarray(x[2, 1:4]), X[2, 1:4])
+    np.testing.assert_array_equal(np.asarray(x[None, 5, ..., 2]), X[None, 5, ..., 2])
+    with pytest.raises(IndexError, match="index 8 is out of bounds for axis 0 with size 8"):
+        x[8]

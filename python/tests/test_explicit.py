@@ -190,3 +190,18 @@ def test_auto_axes_and_explicit_axes_as_the_notebook(xy):
     out = f2(some_x)
   assert inside == ["float32[4@X,4@Y]", "float32[4@X,4@Y]", "float32[4,4]"]
   np.testing.assert_allclose(np.asarray(out), printed, rtol=1e-5, atol=1e-6)
+
+
+def test_shard_map_infers_omitted_in_specs_from_explicit_types():
+    # JAX's shard_map (jax/_src/shard_map.py, in_specs=Infer): on a mesh whose axes are all
+    # Explicit, omitted in_specs are the arguments' types; eager and under jit alike.
+    mesh = jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Explicit,))
+    x = jax.device_put(np.arange(8.0, dtype=np.float32), jax.NamedSharding(mesh, P("batch")))
+    w = jax.device_put(np.float32(2.0), jax.NamedSharding(mesh, P()))
+    f = jax.shard_map(lambda w, x: jax.lax.psum(jnp.sum(x * w), "batch"), mesh=mesh, out_specs=P())
+    assert float(f(w, x)) == float(np.sum(np.arange(8.0) * 2.0))
+    assert float(jax.jit(f)(w, x)) == 56.0
+    auto = jax.make_mesh((4,), ("batch",))
+    g = jax.shard_map(lambda x: x, mesh=auto, out_specs=P("batch"))
+    with pytest.raises(ValueError, match="in_specs may be omitted only on a mesh whose axes are all Explicit"):
+        g(jax.device_put(np.arange(8.0, dtype=np.float32), jax.NamedSharding(auto, P("batch"))))

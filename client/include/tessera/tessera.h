@@ -33,5 +33,6 @@
 #include "tessera/tree.h"
 #include "tessera/version.h"
 #include "tessera/visualize.h"
+#include "tessera/vmap.h"
 
 #endif  // TESSERA_TESSERA_H_

@@ -1,0 +1,72 @@
+// Batching rules: how vmap (client/vmap.cc) maps one op over a new leading dimension,
+// registered per op family, each family in its own file of this folder. Internal to the
+// client library.
+//
+// vmap records f on one example's shapes, then replays each recorded node that reads a
+// batched value through its op's rule. A rule sees the node and its operands as Values of
+// the trace, the batched ones with the batch dimension first ([size] + the example's shape),
+// and returns the op's batched result, batch dimension first.
+//
+//   {Op::kTranspose, [](const BatchArgs& a) -> absl::StatusOr<Value> {
+//      std::vector<int64_t> p = {0};
+//      for (int64_t d : a.node.attrs<TransposeAttrs>().permutation) p.push_back(d + 1);
+//      return transpose(a.x[0], p); }},
+#ifndef TESSERA_CLIENT_BATCHING_BATCHING_H_
+#define TESSERA_CLIENT_BATCHING_BATCHING_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/trace_state.h"
+#include "core/graph.h"
+#include "tessera/trace.h"
+
+namespace tessera::internal {
+
+struct BatchArgs {
+  const Node& node;             // a copy: rules add nodes to the graph
+  const std::vector<Value>& x;  // the operands; batched ones with the batch dimension first
+  const std::vector<bool>& batched;
+  int64_t size;  // the batch dimension's size
+  TraceState* trace;
+
+  // Operand k batched: itself when it is, else broadcast along a new leading dimension.
+  Value batched_operand(size_t k) const;
+  // `n` (the node, its attributes adjusted by the rule) added again on `operands`, with
+  // `shape` as its shape when its op takes the shape as given.
+  Value add(Node n, const std::vector<Value>& operands, Shape shape) const;
+};
+
+// The batched result, batch dimension first, or INVALID_ARGUMENT for a case the rule does not
+// batch (vmap fails with it).
+using BatchRule = absl::StatusOr<Value> (*)(const BatchArgs& args);
+struct BatchEntry {
+  Op op;
+  BatchRule rule;
+};
+
+absl::Span<const BatchEntry> elementwise_batching();  // elementwise.cc
+absl::Span<const BatchEntry> layout_batching();       // layout.cc
+absl::Span<const BatchEntry> reduction_batching();    // reduction.cc
+absl::Span<const BatchEntry> dot_batching();          // dot.cc
+absl::Span<const BatchEntry> indexing_batching();     // indexing.cc
+absl::Span<const BatchEntry> shard_map_batching();    // shard_map.cc: the collectives
+
+// The rule registered for `op`, or null.
+BatchRule find_batching(Op op);
+
+// x with dimension `from` moved to position `to` (the others keep their order).
+Value move_dim(const Value& x, int64_t from, int64_t to);
+
+// x (an example's value) the same for each of `size` examples: broadcast along a new
+// leading dimension.
+Value broadcast_batch(const Value& x, int64_t size);
+
+// `dims` each shifted by one: the example's dimensions in the batched value.
+std::vector<int64_t> shifted(const std::vector<int64_t>& dims);
+
+}  // namespace tessera::internal
+
+#endif  // TESSERA_CLIENT_BATCHING_BATCHING_H_

@@ -1,0 +1,53 @@
+// Vectorizing map of traced functions, as jax.vmap.
+//
+// vmap(f, in_axes, out_axes) is itself a traced function: called inside jit (or any trace,
+// a shard_map body included) it maps f over one dimension of its arguments. f is recorded
+// once on one example's shapes; then every recorded op that reads a mapped value is recorded
+// again over the whole batch by its op's batching rule (client/batching/), so the batched
+// program is the ops of trace.h, compiled, differentiated and partitioned like any other.
+// The example's recording reaches no output and is dropped by the compiler.
+//
+//   TracedFunction row_dot = [](const std::vector<Value>& in) {
+//     return std::vector<Value>{dot(in[0], in[0])};                 // f32[3] -> f32[]
+//   };
+//   Jitted f = jit(vmap(row_dot, {0}, {0}));                         // f32[4,3] -> f32[4]
+//
+// Rules: the elementwise ops, broadcasts, reshape, transpose, slice, concatenate, the
+// reductions, argmax/argsort, dot_general, gather/scatter with unmapped indices and the
+// shard_map collectives. Other ops reading a mapped value (control flow, dynamic_slice,
+// random bits, sharding constraints) fail the trace with INVALID_ARGUMENT naming the op.
+#ifndef TESSERA_VMAP_H_
+#define TESSERA_VMAP_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "tessera/trace.h"
+
+namespace tessera {
+
+// f mapped over dimension in_axes[i] of argument i (nullopt: the argument is not mapped and
+// every example sees it whole; negative axes count from the end; empty: 0 for every argument),
+// its result j's mapped dimension put at out_axes[j] (nullopt: the result must not depend on
+// a mapped argument and is returned as it is; one entry: the same for every result; empty: 0).
+// The batch size is the mapped arguments' (they must agree) or `axis_size`, which must agree
+// with them and is needed when no argument is mapped. Errors fail the enclosing trace with
+// INVALID_ARGUMENT naming the argument or result and the rule: in_axes of the wrong length, an
+// axis out of range, sizes that differ, out_axes nullopt for a mapped result, an op without a
+// batching rule. Called outside a trace it records nothing and returns invalid Values.
+TracedFunction vmap(TracedFunction f, std::vector<std::optional<int64_t>> in_axes = {},
+                    std::vector<std::optional<int64_t>> out_axes = {}, std::optional<int64_t> axis_size = {});
+
+namespace internal {
+// As vmap, with the out_axes given once f has run (by the results' count), for bindings whose
+// out_axes depend on the structure f returns.
+TracedFunction vmap(TracedFunction f, std::vector<std::optional<int64_t>> in_axes,
+                    std::function<std::vector<std::optional<int64_t>>(size_t num_results)> out_axes,
+                    std::optional<int64_t> axis_size);
+}  // namespace internal
+
+}  // namespace tessera
+
+#endif  // TESSERA_VMAP_H_
