@@ -51,7 +51,7 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
   ProfileSpan span(profile_, "transfer", [] { return std::string("put_shard"); });
   if (const uint64_t token = in_process_ ? handoff_token(*ctx) : 0; header.ok() && token != 0) {
     unwatch_put(watch);
-    return to_grpc(device_->name_in(put_handed_over(chunk, token, reply)));
+    return to_grpc(put_handed_over(chunk, token, reply));  // named by the client, as begin_put's errors
   }
   absl::StatusOr<std::shared_ptr<HostArray>> data = header.ok() ? begin_put(chunk.header()) : header;
   if (!data.ok()) {
