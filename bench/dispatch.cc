@@ -1,8 +1,10 @@
 // bench_dispatch: latency of a cached jitted elementwise op on small (8, 8) arrays sharded over
-// 8 local workers, next to a plain gRPC unary round trip measured in the same run.
+// 8 local workers, next to plain gRPC unary round trips measured in the same run: to the
+// coordinator over the cluster's own channel (in-process unless --in_process=false), and to a
+// health server on 127.0.0.1 over TCP (what the cluster's hops cost before they were in process).
 //
 //   bin/bench_dispatch [--iters=200] [--back_to_back=200] [--json] [--check_credentials=false]
-//                      [--profile=/tmp/dispatch.json]
+//                      [--in_process=false] [--profile=/tmp/dispatch.json]
 //
 // Calls are asynchronous, so it times three things: a call followed by block_until_ready (the
 // latency, p50 and p99), the call alone (dispatch: how long the caller is held), and N calls
@@ -31,6 +33,8 @@
 #include "core/profile.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/auth.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/health.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
@@ -42,6 +46,9 @@ ABSL_FLAG(std::string, profile, "", "record the timed calls in this trace (and P
 ABSL_FLAG(bool, check_credentials, true,
           "the cluster checks tokens (as Client::local does); false: the development mode, to see what the checks "
           "cost");
+
+ABSL_FLAG(bool, in_process, true,
+          "the embedded cluster's channels are in-process ones (LocalOptions::in_process); false: TCP on 127.0.0.1");
 
 namespace {
 
@@ -82,6 +89,7 @@ int main(int argc, char** argv) {
   LocalOptions local;
   local.check_credentials = absl::GetFlag(FLAGS_check_credentials);
   local.credentials_dir = dir;
+  local.in_process = absl::GetFlag(FLAGS_in_process);
   absl::StatusOr<Client> client = Client::local(8, local);
   absl::StatusOr<Mesh> mesh = client.ok() ? client->make_mesh({4, 2}, {"data", "model"}) : client.status();
   if (!mesh.ok()) {
@@ -195,27 +203,46 @@ int main(int argc, char** argv) {
     stub->Handshake(&ctx, req, &reply);
     if (i >= 10) rpc_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
   }
+  // The TCP reference: a unary call to a health server on a loopback port of this process.
+  HealthService health;
+  absl::StatusOr<std::unique_ptr<HealthPort>> health_port = health.serve_plaintext("127.0.0.1", 0);
+  if (!health_port.ok()) return fail(health_port.status());
+  auto health_stub =
+      grpc::health::v1::Health::NewStub(make_channel(absl::StrCat("127.0.0.1:", (*health_port)->port())));
+  std::vector<double> tcp_us;
+  for (int i = 0; i < iters + 10; ++i) {
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse reply;
+    grpc::ClientContext ctx;
+    const absl::Time t = absl::Now();
+    health_stub->Check(&ctx, req, &reply);
+    if (i >= 10) tcp_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+  }
   const double p50 = percentile(jit_us, 0.5), p99 = percentile(jit_us, 0.99), grpc50 = percentile(rpc_us, 0.5);
+  const double tcp50 = percentile(tcp_us, 0.5);
+  const char* transport = local.in_process && !credentials->tls() ? "in_process" : "tcp";
   const double dispatch50 = percentile(dispatch_us, 0.5);
   if (absl::GetFlag(FLAGS_json)) {
     std::printf(
-        "{\"p50_us\": %.1f, \"p99_us\": %.1f, \"grpc_p50_us\": %.1f, \"dispatch_p50_us\": %.1f, "
+        "{\"transport\": \"%s\", \"p50_us\": %.1f, \"p99_us\": %.1f, \"grpc_p50_us\": %.1f, "
+        "\"grpc_tcp_p50_us\": %.1f, \"dispatch_p50_us\": %.1f, "
         "\"back_to_back\": %d, \"back_to_back_us_per_call\": %.1f, \"chained_us_per_call\": %.1f, "
         "\"context_switches_per_call\": %.1f, \"chained_context_switches_per_call\": %.1f, \"profiled\": %s, "
         "\"span_off_ns\": %.2f, \"spans_per_call\": %.1f}\n",
-        p50, p99, grpc50, dispatch50, n, independent_us, chained_us, switches_per_call, chained_switches,
-        profile_path.empty() ? "false" : "true", span_off_ns, spans_per_call);
+        transport, p50, p99, grpc50, tcp50, dispatch50, n, independent_us, chained_us, switches_per_call,
+        chained_switches, profile_path.empty() ? "false" : "true", span_off_ns, spans_per_call);
   } else {
     std::printf(
-        "cached jit (8, 8) on 8 workers, call + block_until_ready: p50 %.0f us, p99 %.0f us; gRPC unary round trip "
-        "p50 %.0f us (jit/rpc %.1fx)\n"
+        "cached jit (8, 8) on 8 workers (%s), call + block_until_ready: p50 %.0f us, p99 %.0f us; gRPC unary "
+        "round trip p50 %.0f us on the cluster's channel (jit/rpc %.1fx), %.0f us over TCP loopback (jit/rpc "
+        "%.1fx)\n"
         "dispatch alone (the call returns): p50 %.0f us\n"
         "%d calls back to back, then block_until_ready: %.0f us per call (independent), %.0f us per call (each "
         "consuming the previous output; chained/independent %.2fx)\n"
         "context switches per call, all threads (client, coordinator, workers): %.1f (call + block_until_ready), "
         "%.1f (chained)\n",
-        p50, p99, grpc50, p50 / grpc50, dispatch50, n, independent_us, chained_us, chained_us / independent_us,
-        switches_per_call, chained_switches);
+        transport, p50, p99, grpc50, p50 / grpc50, tcp50, p50 / tcp50, dispatch50, n, independent_us, chained_us,
+        chained_us / independent_us, switches_per_call, chained_switches);
     std::printf(
         "%s; with no profile running a span costs %.2f ns and a call records %.0f spans (all daemons): "
         "%.5f%% of the call's p50\n",

@@ -12,6 +12,7 @@
 #include "client/transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
+#include "proto/in_process.h"
 #include "proto/rpc.h"
 
 namespace tessera {
@@ -64,7 +65,8 @@ absl::StatusOr<HostArray> Shard::data() const {
   HostArray out(array_->dtype, shape());
   Index whole;
   for (int64_t n : out.shape()) whole.push_back({0, n});
-  TESSERA_RETURN_IF_ERROR(internal::get_shard(stub, id, grant, whole, out.mutable_view(), who));
+  TESSERA_RETURN_IF_ERROR(
+      internal::get_shard(stub, id, grant, whole, out.mutable_view(), who, is_in_process_address(d.address())));
   return out;
 }
 
@@ -163,7 +165,7 @@ absl::Status Array::fetch_into(const MutableHostView& out) const {
     const Source& src = sources[i];
     const std::string who = absl::StrCat("fetch of array ", id, " from ", describe(*src.device));
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, state_->client->worker(src.device->address(), who));
-    return internal::get_shard(stub, id, grant, src.index, out, who);
+    return internal::get_shard(stub, id, grant, src.index, out, who, is_in_process_address(src.device->address()));
   });
 }
 

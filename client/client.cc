@@ -10,13 +10,14 @@
 #include "core/daemon.h"
 #include "core/status.h"
 #include "core/wire.h"
+#include "proto/in_process.h"
 #include "proto/rpc.h"
 #include "tessera/mesh_context.h"
 
 namespace tessera {
 namespace internal {
 
-ClientImpl::ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster, std::string token,
+ClientImpl::ClientImpl(std::string coordinator_address, std::shared_ptr<LocalCluster> cluster, std::string token,
                        std::string ca_pem)
     : cluster_(std::move(cluster)),
       coordinator_address_(std::move(coordinator_address)),
@@ -279,7 +280,8 @@ absl::StatusOr<Client> Client::connect(const std::string& address, const Connect
   } else {
     ca = embedded.ca_pem;
   }
-  auto impl = std::make_shared<internal::ClientImpl>(address, nullptr, std::move(token), std::move(ca));
+  auto impl = std::make_shared<internal::ClientImpl>(address, internal::LocalCluster::find(address), std::move(token),
+                                                     std::move(ca));
   TESSERA_RETURN_IF_ERROR(impl->init(options));
   return Client(std::move(impl));
 }
@@ -292,7 +294,7 @@ absl::StatusOr<Client> Client::local(int num_devices, const LocalOptions& option
     if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat("Client::local: ", c.status().message()));
     credentials = *std::move(c);
   }
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<internal::LocalCluster> cluster,
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<internal::LocalCluster> cluster,
                            internal::LocalCluster::start(num_devices, options, credentials));
   const std::string address = cluster->coordinator_address();
   auto impl =
@@ -410,7 +412,8 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
     const std::string& address = addresses[shard.device_id];
     const std::string who = absl::StrCat("device_put: device ", shard.device_id, " (", address, ")");
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, impl_->worker(address, who));
-    return internal::put_shard(stub, reply.array_id(), reply.grant(), host, shard.index, who);
+    return internal::put_shard(stub, reply.array_id(), reply.grant(), host, shard.index, who,
+                               is_in_process_address(address));
   }));
   return array;
 }

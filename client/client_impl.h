@@ -30,7 +30,7 @@ class ClientImpl {
  public:
   // `token`: the credential every call presents (empty: none); `ca_pem`: the cluster CA's
   // certificate, for TLS (empty: plaintext).
-  ClientImpl(std::string coordinator_address, std::unique_ptr<LocalCluster> cluster, std::string token,
+  ClientImpl(std::string coordinator_address, std::shared_ptr<LocalCluster> cluster, std::string token,
              std::string ca_pem = "");
   // Waits for the calls in flight to finish (each by its deadline) and frees the buffers of
   // their outputs that nobody holds, before the connection (and an embedded cluster) goes;
@@ -89,8 +89,10 @@ class ClientImpl {
   // Runs `call` on a context the destructor cancels (the renewer's calls).
   grpc::Status cancellable(absl::Duration timeout, const std::function<grpc::Status(grpc::ClientContext*)>& call);
 
-  // Declared first so that it is destroyed last, after every stub that talks to it.
-  std::unique_ptr<LocalCluster> cluster_;
+  // Declared first so that it is destroyed last, after every stub that talks to it. Shared by
+  // every client of the cluster in this process (Client::connect to its address): an in-process
+  // cluster must outlive every channel to it (proto/in_process.h).
+  std::shared_ptr<LocalCluster> cluster_;
   const std::string coordinator_address_;
   const std::shared_ptr<CallIdentity> identity_;  // the token, and the session's credential once open
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;

@@ -11,9 +11,13 @@
 namespace tessera::internal {
 namespace {
 
+struct Embedded {
+  Credentials credentials;
+  std::weak_ptr<LocalCluster> cluster;
+};
 absl::Mutex clusters_mu(absl::kConstInit);
-std::map<std::string, Credentials>& clusters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(clusters_mu) {
-  static auto* by_address = new std::map<std::string, Credentials>();
+std::map<std::string, Embedded>& clusters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(clusters_mu) {
+  static auto* by_address = new std::map<std::string, Embedded>();
   return *by_address;
 }
 
@@ -22,25 +26,34 @@ std::map<std::string, Credentials>& clusters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(clu
 Credentials LocalCluster::credentials_of(const std::string& address) {
   absl::MutexLock lock(&clusters_mu);
   auto it = clusters().find(address);
-  return it == clusters().end() ? Credentials{} : it->second;
+  return it == clusters().end() ? Credentials{} : it->second.credentials;
 }
 
-absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_devices, const LocalOptions& options,
+std::shared_ptr<LocalCluster> LocalCluster::find(const std::string& address) {
+  absl::MutexLock lock(&clusters_mu);
+  auto it = clusters().find(address);
+  return it == clusters().end() ? nullptr : it->second.cluster.lock();
+}
+
+absl::StatusOr<std::shared_ptr<LocalCluster>> LocalCluster::start(int num_devices, const LocalOptions& options,
                                                                   const Credentials& credentials) {
   if (num_devices < 1 || num_devices > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("Client::local: num_devices must be in [1, 1024], got ", num_devices));
   }
-  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  std::shared_ptr<LocalCluster> cluster(new LocalCluster());
   CoordinatorOptions coordinator_options;
   coordinator_options.heartbeat_interval = options.heartbeat_interval;
   coordinator_options.heartbeat_timeout = options.heartbeat_timeout;
   coordinator_options.credentials = credentials;
+  // TLS needs a wire: a cluster with TLS files keeps TCP (and the daemons' mutual TLS).
+  const bool in_process = options.in_process && !credentials.tls();
+  coordinator_options.in_process = in_process;
   TESSERA_ASSIGN_OR_RETURN(cluster->coordinator_, CoordinatorServer::start(coordinator_options));
   cluster->registered_address_ = cluster->coordinator_->address();
   {
     absl::MutexLock lock(&clusters_mu);
-    clusters()[cluster->registered_address_] = credentials;
+    clusters()[cluster->registered_address_] = Embedded{credentials, cluster};
   }
   for (int i = 0; i < num_devices; ++i) {
     WorkerOptions worker_options;
@@ -49,6 +62,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(int num_device
     worker_options.device_id = i;
     worker_options.memory_bytes = options.memory_bytes_per_device;
     worker_options.credentials = credentials;
+    worker_options.in_process = in_process;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::start(worker_options));
     cluster->workers_.push_back(std::move(worker));
   }
@@ -61,8 +75,9 @@ LocalCluster::~LocalCluster() {
     absl::MutexLock lock(&clusters_mu);
     clusters().erase(registered_address_);
   }
-  for (auto& worker : workers_) worker->shutdown();
+  for (auto& worker : workers_) worker->stop_heartbeats();
   if (coordinator_ != nullptr) coordinator_->shutdown();
+  for (auto& worker : workers_) worker->shutdown();
 }
 
 }  // namespace tessera::internal

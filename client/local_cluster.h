@@ -1,5 +1,7 @@
-// LocalCluster: a coordinator and n workers inside this process, on 127.0.0.1 ephemeral ports
-// — what Client::local runs on, the stand-in for JAX's simulated CPU devices.
+// LocalCluster: a coordinator and n workers inside this process, reached through gRPC's
+// in-process transport (proto/in_process.h), or on 127.0.0.1 ephemeral ports with TLS or
+// LocalOptions::in_process off — what Client::local runs on, the stand-in for JAX's simulated
+// CPU devices.
 #ifndef TESSERA_CLIENT_LOCAL_CLUSTER_H_
 #define TESSERA_CLIENT_LOCAL_CLUSTER_H_
 
@@ -18,8 +20,10 @@ class LocalCluster {
  public:
   // Starts the coordinator, then the workers as devices 0 .. num_devices - 1.
   // The servers check `credentials` (none: the development mode).
-  static absl::StatusOr<std::unique_ptr<LocalCluster>> start(int num_devices, const LocalOptions& options,
+  static absl::StatusOr<std::shared_ptr<LocalCluster>> start(int num_devices, const LocalOptions& options,
                                                              const Credentials& credentials);
+  // Stops the workers' heartbeats, then the coordinator (nothing calls a worker after it), then
+  // the workers: an in-process server must not be called once stopped (proto/in_process.h).
   ~LocalCluster();
 
   std::string coordinator_address() const { return coordinator_->address(); }
@@ -27,6 +31,9 @@ class LocalCluster {
   // The credentials of this process's embedded cluster whose coordinator is at `address`, or
   // none: what a Client::connect to it in the same process presents when given no token.
   static Credentials credentials_of(const std::string& address);
+  // This process's embedded cluster whose coordinator is at `address`, or nullptr: a
+  // Client::connect to it shares it, so that it lives as long as any of its clients.
+  static std::shared_ptr<LocalCluster> find(const std::string& address);
 
  private:
   LocalCluster() = default;

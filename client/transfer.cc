@@ -3,24 +3,70 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/handoff.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
+#include "proto/in_process.h"
 #include "proto/rpc.h"
 
 namespace tessera::internal {
 
+namespace {
+
+void fill_header(uint64_t buffer_id, const std::string& grant, DType dtype, const Shape& shape,
+                 pb::ShardHeader* header) {
+  header->set_buffer_id(buffer_id);
+  header->set_grant(grant);
+  header->set_dtype(to_proto(dtype));
+  to_proto(shape, header->mutable_shape());
+}
+
+// The buffer a GetShard's worker handed over (the token in its initial metadata), or nullptr.
+std::shared_ptr<const HostArray> take_handed_over(const grpc::ClientContext& ctx) {
+  const auto& md = ctx.GetServerInitialMetadata();
+  auto it = md.find(kHandoffKey);
+  uint64_t token = 0;
+  if (it == md.end() || !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &token)) {
+    return nullptr;
+  }
+  return Handoff::take(token);
+}
+
+}  // namespace
+
 absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
-                       const Index& index, const std::string& who) {
+                       const Index& index, const std::string& who, bool same_process) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
+  const auto* global_data = static_cast<const std::byte*>(global.data);
+  if (same_process) {
+    // The worker keeps this copy: the one copy of the bytes.
+    auto block = std::make_shared<HostArray>(global.dtype, shape);
+    copy_block_out(global_data, global.shape, elem, index, block->data());
+    absl::StatusOr<uint64_t> token = Handoff::deposit(std::move(block));
+    if (token.ok()) {
+      grpc::ClientContext ctx;
+      set_deadline(&ctx, kControlDeadline);
+      ctx.AddMetadata(kHandoffKey, absl::StrCat(*token));
+      pb::PutShardReply reply;
+      std::unique_ptr<grpc::ClientWriter<pb::ShardChunk>> writer = stub->PutShard(&ctx, &reply);
+      pb::ShardChunk chunk;
+      fill_header(buffer_id, grant, global.dtype, shape, chunk.mutable_header());
+      writer->Write(chunk);  // a failure shows in Finish()
+      writer->WritesDone();
+      const absl::Status status = from_grpc(writer->Finish(), who);
+      Handoff::take(*token);  // not taken if the worker refused the put
+      return status;
+    }
+  }
   // A contiguous block streams straight from the global array; others are gathered first.
   HostArray gathered;
   const std::byte* src = nullptr;
   const int64_t offset = contiguous_block_offset(global.shape, index);
-  const auto* global_data = static_cast<const std::byte*>(global.data);
   if (offset >= 0) {
     src = global_data + offset * elem;
   } else {
@@ -34,11 +80,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   pb::PutShardReply reply;
   std::unique_ptr<grpc::ClientWriter<pb::ShardChunk>> writer = stub->PutShard(&ctx, &reply);
   pb::ShardChunk chunk;
-  pb::ShardHeader* header = chunk.mutable_header();
-  header->set_buffer_id(buffer_id);
-  header->set_grant(grant);
-  header->set_dtype(to_proto(global.dtype));
-  to_proto(shape, header->mutable_shape());
+  fill_header(buffer_id, grant, global.dtype, shape, chunk.mutable_header());
   int64_t sent = 0;
   do {
     const int64_t n = std::min(kMaxChunkBytes, bytes - sent);
@@ -53,23 +95,19 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 }
 
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
-                       const MutableHostView& global, const std::string& who) {
+                       const MutableHostView& global, const std::string& who, bool same_process) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
-  HostArray staging;
-  std::byte* dst = nullptr;
   const int64_t offset = contiguous_block_offset(global.shape, index);
   auto* global_data = static_cast<std::byte*>(global.data);
-  if (offset >= 0) {
-    dst = global_data + offset * elem;
-  } else {
-    staging = HostArray(global.dtype, shape);
-    dst = staging.data();
-  }
+  HostArray staging;
+  std::byte* dst = nullptr;                 // where streamed chunks go, set at the first one
+  std::shared_ptr<const HostArray> handed;  // the worker's buffer, when it hands it over
 
   grpc::ClientContext ctx;
   set_deadline(&ctx, transfer_deadline(bytes));
+  if (same_process) ctx.AddMetadata(kHandoffKey, kHandoffFetch);
   pb::GetShardRequest req;
   req.set_buffer_id(buffer_id);
   req.set_grant(grant);
@@ -90,6 +128,13 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
         ctx.TryCancel();
         break;
       }
+      if (same_process) handed = take_handed_over(ctx);
+      if (offset >= 0) {
+        dst = global_data + offset * elem;
+      } else if (handed == nullptr) {
+        staging = HostArray(global.dtype, shape);
+        dst = staging.data();
+      }
     }
     const int64_t n = static_cast<int64_t>(chunk.data().size());
     if (n > bytes - received) {
@@ -103,6 +148,11 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   absl::Status finish = from_grpc(reader->Finish(), who);
   if (!status.ok()) return status;
   TESSERA_RETURN_IF_ERROR(finish);
+  if (handed != nullptr && received == 0 && handed->nbytes() == bytes) {
+    // The one copy, from the worker's buffer (which it keeps) into the caller's array.
+    copy_block_in(handed->data(), global.shape, elem, index, global_data);
+    return absl::OkStatus();
+  }
   if (received != bytes) {
     return absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " sent ", received, " of ", bytes, " bytes"));
   }

@@ -16,14 +16,17 @@ namespace tessera::internal {
 
 // Uploads block `index` of `global` as buffer `buffer_id`. Errors are prefixed with `who`.
 // REQUIRES: validate_view(global) and validate_index(index, global.shape) are OK.
-// `grant`: the array's (ArrayInfo.grant), which the worker checks.
+// `grant`: the array's (ArrayInfo.grant), which the worker checks. `same_process`: the worker
+// is in this process (an in-process address): the block is copied once into a buffer handed
+// over to it (core/handoff.h) instead of streamed.
 absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
-                       const Index& index, const std::string& who);
+                       const Index& index, const std::string& who, bool same_process = false);
 
 // Downloads buffer `buffer_id` into block `index` of `global`, checking that the worker's
-// dtype and shape are the ones expected (DATA_LOSS otherwise). Same REQUIRES.
+// dtype and shape are the ones expected (DATA_LOSS otherwise). Same REQUIRES. `same_process`:
+// asks the worker to hand its buffer over, copied once into `global`.
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
-                       const MutableHostView& global, const std::string& who);
+                       const MutableHostView& global, const std::string& who, bool same_process = false);
 
 // Runs task(0) .. task(n - 1) on their own threads; returns the first error by task index.
 absl::Status run_parallel(int n, const std::function<absl::Status(int)>& task);

@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/auth.h"
 #include "proto/health.h"
+#include "proto/in_process.h"
 #include "proto/rpc.h"
 #include "proto/rpc_errors.h"
 #include "proto/tessera.grpc.pb.h"
@@ -711,18 +712,26 @@ class CoordinatorServerImpl final : public CoordinatorServer {
 
   absl::Status init() {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port), server_credentials(options_.credentials),
-                             &port_);
+    if (!options_.in_process) {
+      builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.port),
+                               server_credentials(options_.credentials), &port_);
+    }
     configure_server(&builder, options_.max_sync_threads);
     rpc_errors_.install(&builder);
     builder.RegisterService(&service_);
     builder.RegisterService(health_.service());
     server_ = builder.BuildAndStart();
-    if (server_ == nullptr || port_ == 0) {
+    if (server_ == nullptr || (port_ == 0 && !options_.in_process)) {
       return absl::UnavailableError(
           absl::StrCat("tessera-coordinator: cannot listen on ", options_.host, ":", options_.port));
     }
-    if (options_.health_port >= 0) {
+    if (options_.in_process) {
+      TESSERA_ASSIGN_OR_RETURN(in_process_, InProcessAddress::add(server_.get()));
+      address_ = in_process_->address();
+    } else {
+      address_ = absl::StrCat(options_.host, ":", port_);
+    }
+    if (options_.health_port >= 0 && !options_.in_process) {
       absl::StatusOr<std::unique_ptr<HealthPort>> health_port =
           health_.serve_plaintext(options_.host, options_.health_port);
       if (!health_port.ok())
@@ -741,7 +750,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     return absl::OkStatus();
   }
 
-  std::string address() const override { return absl::StrCat(options_.host, ":", port_); }
+  std::string address() const override { return address_; }
   int port() const override { return port_; }
   int health_port() const override { return health_port_ == nullptr ? -1 : health_port_->port(); }
   std::vector<MetricSample> metrics() override {
@@ -757,6 +766,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     // enforces, so it stops only after them.
     health_.set_ready(false);
     health_port_.reset();
+    if (in_process_ != nullptr) in_process_->reset();  // no new channels to a server going away
     if (server_ != nullptr) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
       server_->Wait();
@@ -803,7 +813,9 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   std::unique_ptr<HealthPort> health_port_;  // options_.health_port's server, if any
   RpcErrorCounter rpc_errors_;               // outlives server_
   std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  int port_ = 0;                                  // 0 in process
+  std::unique_ptr<InProcessAddress> in_process_;  // options_.in_process: server_'s address
+  std::string address_;                           // set once in init()
   absl::Notification stopping_;
   std::thread monitor_;
   std::thread reaper_;

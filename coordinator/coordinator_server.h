@@ -21,6 +21,10 @@ namespace tessera {
 struct CoordinatorOptions {
   std::string host = "127.0.0.1";  // address to listen on
   int port = 0;                    // 0: an ephemeral port
+  // Listen on no port: only this process reaches the coordinator, through in-process channels
+  // (proto/in_process.h), at address() "in-process:<n>"; host, port and health_port are unused.
+  // What Client::local's embedded cluster does unless it runs TLS.
+  bool in_process = false;
   // A plaintext port answering only grpc.health.v1 (proto/health.h), on `host`, for probes that
   // speak no TLS; -1: none, 0: an ephemeral one.
   int health_port = -1;
@@ -59,7 +63,7 @@ class CoordinatorServer {
 
   virtual ~CoordinatorServer() = default;
   virtual std::string address() const = 0;
-  virtual int port() const = 0;
+  virtual int port() const = 0;  // 0 in process
   // The plaintext health port (CoordinatorOptions::health_port), or -1.
   virtual int health_port() const = 0;
   // What --metrics_port reports (core/metrics.h): counts of the registry, the compile cache

@@ -17,6 +17,7 @@
 #include "grpcpp/security/auth_context.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/client_interceptor.h"
+#include "proto/in_process.h"
 #include "proto/rpc.h"
 
 namespace tessera {
@@ -83,6 +84,7 @@ class IdentityInterceptor final : public grpc::experimental::Interceptor {
 class IdentityInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
   explicit IdentityInterceptorFactory(std::shared_ptr<const CallIdentity> identity) : identity_(std::move(identity)) {}
+  const CallIdentity& identity() const { return *identity_; }
   grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
     return new IdentityInterceptor(identity_.get());
   }
@@ -228,16 +230,19 @@ std::shared_ptr<grpc::ServerCredentials> server_credentials(const Credentials& c
 }
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address, std::shared_ptr<const CallIdentity> identity) {
-  std::shared_ptr<grpc::ChannelCredentials> transport = grpc::InsecureChannelCredentials();
-  if (!identity->ca_pem().empty()) {
-    grpc::SslCredentialsOptions options;
-    options.pem_root_certs = identity->ca_pem();
-    options.pem_cert_chain = identity->cert_pem();
-    options.pem_private_key = identity->key_pem();
-    transport = grpc::SslCredentials(options);
-  }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<IdentityInterceptorFactory>(std::move(identity)));
+  // A server of this process (Client::local's): no wire, so no TLS (such a cluster has none).
+  if (is_in_process_address(address)) return in_process_channel(address, channel_arguments(), std::move(interceptors));
+  const CallIdentity& who = static_cast<IdentityInterceptorFactory&>(*interceptors.front()).identity();
+  std::shared_ptr<grpc::ChannelCredentials> transport = grpc::InsecureChannelCredentials();
+  if (!who.ca_pem().empty()) {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = who.ca_pem();
+    options.pem_cert_chain = who.cert_pem();
+    options.pem_private_key = who.key_pem();
+    transport = grpc::SslCredentials(options);
+  }
   return grpc::experimental::CreateCustomChannelWithInterceptors(address, transport, channel_arguments(),
                                                                  std::move(interceptors));
 }

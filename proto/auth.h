@@ -135,7 +135,8 @@ std::shared_ptr<CallIdentity> daemon_identity(const Credentials& c, int device =
 // plaintext without TLS credentials.
 std::shared_ptr<grpc::ServerCredentials> server_credentials(const Credentials& c);
 
-// make_channel (proto/rpc.h) whose every call carries `identity`, over TLS when it has a CA.
+// make_channel (proto/rpc.h) whose every call carries `identity`, over TLS when it has a CA
+// (an in-process address: the in-process channel, proto/in_process.h).
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address, std::shared_ptr<const CallIdentity> identity);
 
 }  // namespace tessera

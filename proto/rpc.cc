@@ -7,6 +7,7 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "proto/in_process.h"
 
 namespace tessera {
 namespace {
@@ -147,6 +148,7 @@ grpc::ChannelArguments channel_arguments() {
 }
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
+  if (is_in_process_address(address)) return in_process_channel(address, channel_arguments(), {});
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_arguments());
 }
 

@@ -91,7 +91,8 @@ absl::Status check_max_sync_threads(int max_sync_threads, absl::string_view flag
 grpc::ChannelArguments channel_arguments();
 
 // A channel to `address` with channel_arguments() that sends no credentials (a cluster in
-// the development mode, health probes). proto/auth.h has the one that sends them.
+// the development mode, health probes). proto/auth.h has the one that sends them. An
+// in-process address (proto/in_process.h) gets an in-process channel to that server.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address);
 
 }  // namespace tessera

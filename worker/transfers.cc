@@ -4,17 +4,24 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/handoff.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
+#include "proto/in_process.h"
 #include "proto/rpc.h"
 #include "worker/put_shard.h"
 
 namespace tessera {
 
 Transfers::Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device,
-                     ProfileRecorder* profile, absl::Duration put_stall_timeout)
-    : store_(store), auth_(auth), device_(device), profile_(profile), put_stall_timeout_(put_stall_timeout) {
+                     ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process)
+    : store_(store),
+      auth_(auth),
+      device_(device),
+      profile_(profile),
+      put_stall_timeout_(put_stall_timeout),
+      in_process_(in_process) {
   const absl::Duration every = std::clamp(put_stall_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
   stall_watch_ = std::thread([this, every] {
     while (!stopping_.WaitForNotificationWithTimeout(every)) cancel_stalled_puts(absl::Now());
@@ -42,6 +49,10 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     header = device_->name_in(auth_->check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard"));
   }
   ProfileSpan span(profile_, "transfer", [] { return std::string("put_shard"); });
+  if (const uint64_t token = in_process_ ? handoff_token(*ctx) : 0; header.ok() && token != 0) {
+    unwatch_put(watch);
+    return to_grpc(put_handed_over(chunk, token, reply));  // named by the client, as begin_put's errors
+  }
   absl::StatusOr<std::shared_ptr<HostArray>> data = header.ok() ? begin_put(chunk.header()) : header;
   if (!data.ok()) {
     unwatch_put(watch);
@@ -91,6 +102,18 @@ grpc::Status Transfers::get(grpc::ServerContext* ctx, const Caller& caller, cons
   chunk.mutable_header()->set_buffer_id(req->buffer_id());
   chunk.mutable_header()->set_dtype(to_proto(data.dtype()));
   to_proto(data.shape(), chunk.mutable_header()->mutable_shape());
+  if (in_process_ && handoff_requested(*ctx)) {
+    // The reader shares the buffer and copies it once, where it wants it; a full table streams.
+    if (absl::StatusOr<uint64_t> token = Handoff::deposit(*buffer); token.ok()) {
+      ctx->AddInitialMetadata(kHandoffKey, absl::StrCat(*token));
+      if (ctx->IsCancelled() || !writer->Write(chunk)) {
+        Handoff::take(*token);
+        return to_grpc(absl::CancelledError("GetShard: the reader went away"));
+      }
+      bytes_fetched_.fetch_add(data.nbytes(), std::memory_order_relaxed);
+      return grpc::Status::OK;
+    }
+  }
   int64_t offset = 0;
   do {
     const int64_t n = std::min(kMaxChunkBytes, data.nbytes() - offset);
@@ -139,7 +162,7 @@ void Transfers::unwatch_put(const std::shared_ptr<PutWatch>& w) {
   puts_.erase(w);
 }
 
-absl::StatusOr<std::shared_ptr<HostArray>> Transfers::begin_put(const pb::ShardHeader& header) {
+absl::StatusOr<ArrayType> Transfers::reserve_put(const pb::ShardHeader& header) {
   TESSERA_ASSIGN_OR_RETURN(ArrayType type, put_shard_type(header));
   const int64_t bytes = num_elements(type.shape) * dtype_size(type.dtype);
   absl::Status reserved = store_->reserve(header.buffer_id(), bytes);
@@ -147,7 +170,32 @@ absl::StatusOr<std::shared_ptr<HostArray>> Transfers::begin_put(const pb::ShardH
     return absl::Status(reserved.code(),
                         absl::StrCat("shard ", type_to_string(type.dtype, type.shape), ": ", reserved.message()));
   }
+  return type;
+}
+
+absl::StatusOr<std::shared_ptr<HostArray>> Transfers::begin_put(const pb::ShardHeader& header) {
+  TESSERA_ASSIGN_OR_RETURN(ArrayType type, reserve_put(header));
   return std::make_shared<HostArray>(type.dtype, std::move(type.shape));
+}
+
+absl::Status Transfers::put_handed_over(const pb::ShardChunk& first, uint64_t token, pb::PutShardReply* reply) {
+  std::shared_ptr<const HostArray> data = Handoff::take(token);
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PutShard: no buffer waits under handoff token ", token, " (core/handoff.h)"));
+  }
+  const uint64_t id = first.header().buffer_id();
+  TESSERA_ASSIGN_OR_RETURN(ArrayType type, reserve_put(first.header()));
+  if (type.dtype != data->dtype() || type.shape != data->shape() || !first.data().empty()) {
+    store_->cancel(id);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PutShard: the header announces ", type_to_string(type.dtype, type.shape), " but the buffer handed over is ",
+        type_to_string(data->dtype(), data->shape()), first.data().empty() ? "" : " (and the message carries data)"));
+  }
+  reply->set_bytes(data->nbytes());
+  bytes_put_.fetch_add(data->nbytes(), std::memory_order_relaxed);
+  store_->commit(id, std::move(data));
+  return absl::OkStatus();
 }
 
 }  // namespace tessera

@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "core/op.h"
 #include "core/profile.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/auth.h"
@@ -40,8 +41,10 @@ class Transfers {
   // Starts the stall watch: a thread of its own that runs cancel_stalled_puts every
   // put_stall_timeout / 4 (10 ms to 1 s), so that no other wait (a heartbeat to a slow
   // coordinator, say) delays it. The destructor stops and joins it.
+  // `in_process`: the worker has no port, so every caller is in this process and may hand
+  // buffers over (core/handoff.h) instead of streaming them.
   Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, ProfileRecorder* profile,
-            absl::Duration put_stall_timeout);
+            absl::Duration put_stall_timeout, bool in_process = false);
   ~Transfers();
 
   // The PutShard and GetShard handlers after `caller` was authenticated: a caller below a
@@ -72,14 +75,20 @@ class Transfers {
   // receiving buffer `id`.
   absl::Status stalled(std::optional<uint64_t> id) const;
 
-  // Validates the header, reserves the memory and allocates the destination.
+  // Validates the header and reserves the memory of the shard it announces.
+  absl::StatusOr<ArrayType> reserve_put(const pb::ShardHeader& header);
+  // reserve_put, and allocates the destination.
   absl::StatusOr<std::shared_ptr<HostArray>> begin_put(const pb::ShardHeader& header);
+  // A put whose bytes a client of this process handed over under `token`: takes the buffer,
+  // checks it is the shard the header announces, reserves and commits it.
+  absl::Status put_handed_over(const pb::ShardChunk& first, uint64_t token, pb::PutShardReply* reply);
 
   BufferStore* const store_;
   const Authenticator* const auth_;
   const WorkerDevice* const device_;
   ProfileRecorder* const profile_;
   const absl::Duration put_stall_timeout_;
+  const bool in_process_;
   std::atomic<int64_t> bytes_put_{0}, bytes_fetched_{0};  // PutShard / GetShard, whole shards
 
   absl::Mutex puts_mu_;

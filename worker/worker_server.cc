@@ -13,6 +13,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/auth.h"
 #include "proto/health.h"
+#include "proto/in_process.h"
 #include "proto/rpc.h"
 #include "proto/rpc_errors.h"
 #include "proto/tessera.grpc.pb.h"
@@ -53,7 +54,7 @@ class WorkerService final : public WorkerServiceBase {
         started_(absl::Now()),
         transport_(options.credentials),
         plans_(options.max_plans),
-        transfers_(&store_, &auth_, &device_, &transport_.profile(), options.put_stall_timeout),
+        transfers_(&store_, &auth_, &device_, &transport_.profile(), options.put_stall_timeout, options.in_process),
         runner_(&store_, &plans_, &transport_, &device_, options.max_plan_threads) {}
 
   const CollectiveMetrics& collective_metrics() const { return transport_.collective_metrics(); }
@@ -301,17 +302,24 @@ class WorkerServerImpl final : public WorkerServer {
     grpc::ServerBuilder builder;
     int port = 0;
     const std::string bind = options_.bind_host.empty() ? options_.host : options_.bind_host;
-    builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), server_credentials(options_.credentials), &port);
+    if (!options_.in_process) {
+      builder.AddListeningPort(absl::StrCat(bind, ":", options_.port), server_credentials(options_.credentials), &port);
+    }
     configure_server(&builder, options_.max_sync_threads);
     rpc_errors_.install(&builder);
     builder.RegisterService(&service_);
     builder.RegisterService(health_.service());
     server_ = builder.BuildAndStart();
-    if (server_ == nullptr || port == 0) {
+    if (server_ == nullptr || (port == 0 && !options_.in_process)) {
       return absl::UnavailableError(absl::StrCat("tessera-worker: cannot listen on ", bind, ":", options_.port));
     }
-    address_ = absl::StrCat(options_.host, ":", port);
-    if (options_.health_port >= 0) {
+    if (options_.in_process) {
+      TESSERA_ASSIGN_OR_RETURN(in_process_, InProcessAddress::add(server_.get()));
+      address_ = in_process_->address();
+    } else {
+      address_ = absl::StrCat(options_.host, ":", port);
+    }
+    if (options_.health_port >= 0 && !options_.in_process) {
       absl::StatusOr<std::unique_ptr<HealthPort>> health_port = health_.serve_plaintext(bind, options_.health_port);
       if (!health_port.ok())
         return absl::UnavailableError(absl::StrCat("tessera-worker: ", health_port.status().message()));
@@ -399,10 +407,13 @@ class WorkerServerImpl final : public WorkerServer {
     return left;
   }
 
+  void stop_heartbeats() override { registration_.stop(); }
+
   void shutdown() override {
     health_.set_ready(false);
     health_port_.reset();
     registration_.stop();
+    if (in_process_ != nullptr) in_process_->reset();  // no new channels to a server going away
     if (server_ != nullptr) {
       // Peers keep Exchange streams open for good: cancel what is in flight promptly.
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
@@ -419,6 +430,7 @@ class WorkerServerImpl final : public WorkerServer {
   std::unique_ptr<HealthPort> health_port_;  // options_.health_port's server, if any
   RpcErrorCounter rpc_errors_;               // outlives server_
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<InProcessAddress> in_process_;  // options_.in_process: server_'s address
   std::string address_;
   // After what it uses; stopped in shutdown(), before the server goes.
   Registration registration_;

@@ -30,6 +30,10 @@ struct WorkerOptions {
   std::string host = "127.0.0.1";
   std::string bind_host;  // e.g. "0.0.0.0" when `host` is a name (a pod's DNS name)
   int port = 0;           // 0: an ephemeral port
+  // Listen on no port: only this process reaches the worker, through in-process channels
+  // (proto/in_process.h), at address() "in-process:<n>"; host, bind_host, port and
+  // health_port are unused. What Client::local's embedded cluster does unless it runs TLS.
+  bool in_process = false;
   // A plaintext port answering only grpc.health.v1 (proto/health.h), on the bind address, for
   // probes that speak no TLS; -1: none, 0: an ephemeral one.
   int health_port = -1;
@@ -103,6 +107,8 @@ class WorkerServer {
   // in flight (0: drained), which shutdown() then fails. Logs what it waits for.
   virtual int64_t drain(absl::Duration timeout) = 0;
 
+  // Stops the heartbeats only (the coordinator is about to go). Idempotent.
+  virtual void stop_heartbeats() = 0;
   // Stops heartbeats and the service, cancelling transfers in flight. Idempotent.
   virtual void shutdown() = 0;
 };

@@ -1,5 +1,5 @@
 // Integration tests of device_put, fetch, shards and deletion on an embedded 8-device cluster
-// (Client::local: a real coordinator and real workers over gRPC on 127.0.0.1), including host
+// (Client::local: a real coordinator and real workers over gRPC's in-process transport), including host
 // data in and out through views, device_get and xtensor containers.
 #include <cstring>
 #include <random>
@@ -102,7 +102,7 @@ TEST_F(LocalClusterTest, DevicesAreNumberedAndAlive) {
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ((*devices)[i].id, i);
     EXPECT_TRUE((*devices)[i].alive);
-    EXPECT_THAT((*devices)[i].address, HasSubstr("127.0.0.1:"));
+    EXPECT_THAT((*devices)[i].address, HasSubstr("in-process:"));  // proto/in_process.h
   }
   EXPECT_EQ(mesh_->device_ids(), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
 }

@@ -82,6 +82,11 @@ struct LocalOptions {
   // development mode, nothing is checked.
   bool check_credentials = true;
   std::string credentials_dir{};
+  // The client, coordinator and workers talk through gRPC's in-process transport: no port is
+  // opened, and only this process (a Client::connect to coordinator_address() among them)
+  // reaches the cluster. false, or TLS files in credentials_dir: over TCP on 127.0.0.1
+  // ephemeral ports, reachable by other processes of this host.
+  bool in_process = true;
 };
 
 // Options of Client::start_profile.

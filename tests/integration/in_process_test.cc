@@ -1,0 +1,216 @@
+// Client::local's in-process transport (proto/in_process.h): the embedded cluster opens no TCP
+// socket, as the kernel sees it (/proc), yet runs puts, fetches, compiled calls and collectives
+// over the same services; puts and fetches hand buffers over (core/handoff.h) rather than stream
+// them; an in-process address whose server has stopped fails its calls UNAVAILABLE in bounded
+// time.
+#include "proto/in_process.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "core/handoff.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/health.h"
+#include "proto/rpc.h"
+#include "tessera/tessera.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// The TCP sockets this process holds, by the kernel's tables: the inodes of /proc/self/fd's
+// "socket:[inode]" links found in /proc/self/net/tcp and tcp6 (state 0A is LISTEN).
+struct TcpSockets {
+  int listening = 0;
+  int all = 0;
+};
+TcpSockets tcp_sockets_of_this_process() {
+  std::set<std::string> inodes;
+  DIR* dir = opendir("/proc/self/fd");
+  EXPECT_NE(dir, nullptr);
+  if (dir == nullptr) return {};
+  while (dirent* e = readdir(dir)) {
+    char target[256];
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+    if (n <= 0) continue;
+    const std::string t(target, static_cast<size_t>(n));
+    if (t.rfind("socket:[", 0) == 0) inodes.insert(t.substr(8, t.size() - 9));
+  }
+  closedir(dir);
+  TcpSockets out;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+      std::istringstream fields(line);
+      std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+      if (inodes.count(inode) == 0) continue;
+      ++out.all;
+      if (state == "0A") ++out.listening;
+    }
+  }
+  return out;
+}
+
+// psum over 4 devices of x[i] = i + 1 (one element each): every device holds 1 + 2 + 3 + 4.
+void run_puts_calls_and_a_collective(Client& client) {
+  absl::StatusOr<Mesh> mesh = client.make_mesh({4}, {"data"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  HostArray x = HostArray::arange(DType::kF32, {4});
+  for (int i = 0; i < 4; ++i) x.mutable_values<float>()[i] += 1.0f;
+  absl::StatusOr<Array> a = client.device_put(x, NamedSharding(*mesh, P("data")));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ShardMapped f = shard_map([](const std::vector<Value>& in) { return std::vector<Value>{psum(in[0], "data")}; }, *mesh,
+                            {P("data")}, {P("data")}, {.check_vma = false});
+  absl::StatusOr<std::vector<Array>> out = f({*a});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> sums = (*out)[0].fetch();
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  ASSERT_EQ(sums->shape(), (Shape{4}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(sums->values<float>()[i], 10.0f) << "device " << i;
+  absl::StatusOr<HostArray> back = a->fetch();
+  ASSERT_TRUE(back.ok()) << back.status();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(back->values<float>()[i], static_cast<float>(i + 1));
+}
+
+TEST(InProcessCluster, OpensNoTcpSocket) {
+  const TcpSockets before = tcp_sockets_of_this_process();
+  {
+    absl::StatusOr<Client> client = Client::local(4);  // in process by default
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::StatusOr<std::vector<Device>> devices = client->devices();
+    ASSERT_TRUE(devices.ok()) << devices.status();
+    for (const Device& d : *devices) EXPECT_THAT(d.address, StartsWith("in-process:"));
+    EXPECT_THAT(client->coordinator_address(), StartsWith("in-process:"));
+    run_puts_calls_and_a_collective(*client);
+    const TcpSockets during = tcp_sockets_of_this_process();
+    EXPECT_EQ(during.listening, before.listening);
+    EXPECT_EQ(during.all, before.all);
+    // A second client of the cluster in this process reaches it too, by its address.
+    absl::StatusOr<Client> other = Client::connect(client->coordinator_address());
+    ASSERT_TRUE(other.ok()) << other.status();
+    absl::StatusOr<std::vector<Device>> seen = other->devices();
+    ASSERT_TRUE(seen.ok()) << seen.status();
+    EXPECT_EQ(seen->size(), 4u);
+  }
+}
+
+// The control: over TCP the same check sees the coordinator's and the workers' listeners.
+TEST(InProcessCluster, TcpWhenAskedListensOnePortPerDaemon) {
+  const TcpSockets before = tcp_sockets_of_this_process();
+  LocalOptions options;
+  options.in_process = false;
+  absl::StatusOr<Client> client = Client::local(4, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_THAT(client->coordinator_address(), StartsWith("127.0.0.1:"));
+  run_puts_calls_and_a_collective(*client);
+  EXPECT_EQ(tcp_sockets_of_this_process().listening, before.listening + 5);
+}
+
+// Every shard of a put and of a fetch is handed over, contiguous in the host array or not, and
+// arrives intact; over TCP nothing is.
+TEST(InProcessCluster, PutsAndFetchesHandBuffersOver) {
+  for (bool in_process : {true, false}) {
+    SCOPED_TRACE(in_process ? "in process" : "tcp");
+    LocalOptions options;
+    options.in_process = in_process;
+    absl::StatusOr<Client> client = Client::local(4, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::StatusOr<Mesh> mesh = client->make_mesh({4}, {"data"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    for (const PartitionSpec& spec : {P("data", None), P(None, "data")}) {
+      SCOPED_TRACE(spec.to_string());
+      HostArray x = HostArray::zeros(DType::kI32, {8, 12});
+      for (int64_t i = 0; i < x.size(); ++i) x.mutable_values<int32_t>()[i] = static_cast<int32_t>(i * 7919 - 300);
+      const int64_t before = Handoff::taken();
+      absl::StatusOr<Array> a = client->device_put(x, NamedSharding(*mesh, spec));
+      ASSERT_TRUE(a.ok()) << a.status();
+      EXPECT_EQ(Handoff::taken() - before, in_process ? 4 : 0);
+      absl::StatusOr<HostArray> back = a->fetch();
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(Handoff::taken() - before, in_process ? 8 : 0);
+      ASSERT_EQ(back->shape(), x.shape());
+      for (int64_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(back->values<int32_t>()[i], x.values<int32_t>()[i]) << "element " << i;
+      }
+    }
+  }
+}
+
+grpc::Status check_health(const std::shared_ptr<grpc::Channel>& channel, absl::Duration timeout) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, timeout);
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse reply;
+  return stub->Check(&ctx, req, &reply);
+}
+
+TEST(InProcessAddress, StoppedServerFailsUnavailableWithinTheDeadline) {
+  HealthService health;
+  grpc::ServerBuilder builder;  // no listening port
+  configure_server(&builder);
+  builder.RegisterService(health.service());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<std::unique_ptr<InProcessAddress>> registered = InProcessAddress::add(server.get());
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  const std::string address = (*registered)->address();
+  EXPECT_TRUE(is_in_process_address(address));
+  EXPECT_FALSE(is_in_process_address("127.0.0.1:5000"));
+  std::shared_ptr<grpc::Channel> before = make_channel(address);
+  EXPECT_TRUE(check_health(before, absl::Seconds(5)).ok());
+
+  // Unregistered: a channel made from now on fails at once (the deadline is long), before and
+  // after the server stops. (`before` is not called again: see proto/in_process.h.)
+  (*registered)->reset();
+  for (bool stopped : {false, true}) {
+    if (stopped) {
+      server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+      server->Wait();
+    }
+    const absl::Time start = absl::Now();
+    const grpc::Status status = check_health(make_channel(address), absl::Seconds(20));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  }
+}
+
+// A second client of an in-process cluster shares it: the cluster outlives the client that
+// started it, and the second one keeps working (its channels must never see a stopped server).
+TEST(InProcessCluster, ASecondClientKeepsTheClusterAlive) {
+  absl::StatusOr<Client> owner = Client::local(2);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  absl::StatusOr<Client> other = Client::connect(owner->coordinator_address());
+  ASSERT_TRUE(other.ok()) << other.status();
+  owner = absl::CancelledError("dropped");  // the owner's client goes; `other` holds the cluster
+  absl::StatusOr<Mesh> mesh = other->make_mesh({2}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray x = HostArray::arange(DType::kF32, {4, 2});
+  absl::StatusOr<Array> a = other->device_put(x, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(a.ok()) << a.status();
+  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; });
+  absl::StatusOr<std::vector<Array>> y = f({*a});
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::StatusOr<HostArray> back = (*y)[0].fetch();
+  ASSERT_TRUE(back.ok()) << back.status();
+  for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(back->values<float>()[i], 2.0f * static_cast<float>(i) + 1.0f);
+}
+
+}  // namespace
+}  // namespace tessera
