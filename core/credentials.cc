@@ -48,7 +48,6 @@ absl::Status write_file(const std::string& path, const std::string& contents, mo
   return absl::OkStatus();
 }
 
-constexpr char kDeviceUriPrefix[] = "tessera://device/";
 constexpr int kMaxDeviceCertificates = 4096;
 
 // The device of a file named device-N.pem, or -1.
@@ -78,16 +77,6 @@ std::vector<int> device_cert_files(const std::string& dir) {
 std::string device_cert_file(int device) { return absl::StrCat("device-", device, ".pem"); }
 std::string device_key_file(int device) { return absl::StrCat("device-", device, ".key"); }
 std::string device_uri(int device) { return absl::StrCat(kDeviceUriPrefix, device); }
-
-int device_of_uri(const std::string& uri) {
-  absl::string_view rest = uri;
-  int device = -1;
-  if (!absl::ConsumePrefix(&rest, kDeviceUriPrefix) || !absl::SimpleAtoi(rest, &device) || device < 0 ||
-      rest != absl::StrCat(device)) {
-    return -1;
-  }
-  return device;
-}
 
 absl::StatusOr<std::string> read_file(const std::string& file) {
   std::ifstream in(file);

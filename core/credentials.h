@@ -19,6 +19,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace tessera {
 
@@ -58,7 +61,17 @@ std::string device_key_file(int device);
 // The SAN URI of device N's certificate.
 std::string device_uri(int device);
 // The device a certificate's SAN URI names (tessera://device/N), or -1 for any other string.
-int device_of_uri(const std::string& uri);
+// Inline: the proto library's authenticator reads it, and the core library links that one.
+inline constexpr char kDeviceUriPrefix[] = "tessera://device/";
+inline int device_of_uri(const std::string& uri) {
+  absl::string_view rest = uri;
+  int device = -1;
+  if (!absl::ConsumePrefix(&rest, kDeviceUriPrefix) || !absl::SimpleAtoi(rest, &device) || device < 0 ||
+      rest != absl::StrCat(device)) {
+    return -1;
+  }
+  return device;
+}
 
 // Reads `dir`'s three token files (surrounding whitespace dropped), and its TLS files when
 // ca.pem is there (and every device-N.pem with its device-N.key). NOT_FOUND naming a missing file; INVALID_ARGUMENT
