@@ -201,7 +201,7 @@ def test_shard_map_infers_omitted_in_specs_from_explicit_types():
     f = jax.shard_map(lambda w, x: jax.lax.psum(jnp.sum(x * w), "batch"), mesh=mesh, out_specs=P())
     assert float(f(w, x)) == float(np.sum(np.arange(8.0) * 2.0))
     assert float(jax.jit(f)(w, x)) == 56.0
-    auto = jax.make_mesh((4,), ("batch",))
+    auto = jax.make_mesh((4,), ("batch",), axis_types=(AxisType.Auto,))
     g = jax.shard_map(lambda x: x, mesh=auto, out_specs=P("batch"))
     with pytest.raises(ValueError, match="in_specs may be omitted only on a mesh whose axes are all Explicit"):
         g(jax.device_put(np.arange(8.0, dtype=np.float32), jax.NamedSharding(auto, P("batch"))))
