@@ -9,8 +9,8 @@
 
 namespace tessera::optim {
 
-using internal::TraceState;
 using internal::sharded_like;
+using internal::TraceState;
 
 namespace {
 
