@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_fsdp: %s\n", client.status().ToString().c_str());
     return 1;
   }
-  absl::StatusOr<Mesh> one = client->make_mesh({1}, {"data"}, {0});
+  // Auto axes throughout: automatic FSDP is GSPMD-style propagation from pinned parameters.
+  absl::StatusOr<Mesh> one = client->make_mesh({1}, {"data"}, {0}, {AxisType::kAuto});
   absl::StatusOr<Figures> reference =
       one.ok() ? time_layout(*client, *one, FsdpLayout::kDataParallel, iters) : absl::StatusOr<Figures>(one.status());
   if (!reference.ok()) {
@@ -101,7 +102,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> axes;
   };
   for (const MeshCase& m : {MeshCase{"(8,)", {8}, {"data"}}, MeshCase{"(4,2)", {4, 2}, {"data", "model"}}}) {
-    absl::StatusOr<Mesh> mesh = client->make_mesh(m.shape, m.axes);
+    absl::StatusOr<Mesh> mesh = client->make_mesh(m.shape, m.axes, {0, 1, 2, 3, 4, 5, 6, 7},
+                                                  std::vector<AxisType>(m.axes.size(), AxisType::kAuto));
     if (!mesh.ok()) {
       std::fprintf(stderr, "bench_fsdp: %s\n", mesh.status().ToString().c_str());
       return 1;

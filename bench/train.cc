@@ -160,8 +160,12 @@ int main(int argc, char** argv) {
   const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
   const int64_t batch = absl::GetFlag(FLAGS_batch), hidden = absl::GetFlag(FLAGS_hidden);
   absl::StatusOr<Client> client = Client::local(8);
-  absl::StatusOr<Mesh> single = client.ok() ? client->make_mesh({1, 1}, {"data", "model"}, {0}) : client.status();
-  absl::StatusOr<Mesh> sharded = client.ok() ? client->make_mesh({4, 2}, {"data", "model"}) : client.status();
+  // Auto axes: the step relies on GSPMD-style propagation (Explicit axes would ask for out_sharding).
+  const std::vector<AxisType> automatic = {AxisType::kAuto, AxisType::kAuto};
+  absl::StatusOr<Mesh> single =
+      client.ok() ? client->make_mesh({1, 1}, {"data", "model"}, {0}, automatic) : client.status();
+  absl::StatusOr<Mesh> sharded =
+      client.ok() ? client->make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7}, automatic) : client.status();
   if (!single.ok() || !sharded.ok()) {
     std::fprintf(stderr, "bench_train: %s\n", (single.ok() ? sharded.status() : single.status()).ToString().c_str());
     return 1;

@@ -131,8 +131,11 @@ int main(int argc, char** argv) {
   c.batch = absl::GetFlag(FLAGS_batch);
   absl::StatusOr<Client> client = Client::local(8);
   if (!client.ok()) return fail("Client::local(8)", client.status());
-  absl::StatusOr<Mesh> one = client->make_mesh({1, 1}, {"data", "model"}, {0});
-  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+  // Auto axes (JAX's GSPMD-style propagation, what the layouts below pin and let propagate):
+  // make_mesh's default Explicit axes would ask for out_sharding on every ambiguous op.
+  const std::vector<AxisType> automatic = {AxisType::kAuto, AxisType::kAuto};
+  absl::StatusOr<Mesh> one = client->make_mesh({1, 1}, {"data", "model"}, {0}, automatic);
+  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7}, automatic);
   if (!one.ok() || !mesh.ok()) return fail("make_mesh", one.ok() ? mesh.status() : one.status());
   const double tokens = static_cast<double>(c.batch * c.seq);
   if (!json) {
