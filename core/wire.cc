@@ -1,6 +1,10 @@
 #include "core/wire.h"
 
+#include <memory>
+#include <type_traits>
+
 #include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -324,31 +328,61 @@ void attrs_to_proto(const RandomBitsAttrs& a, pb::KernelNode* n) {
   n->mutable_random_bits()->set_words(a.words);
 }
 
-void attrs_to_proto(const BranchesAttrs& a, pb::KernelNode* n) {
-  pb::BranchesAttrs* w = n->mutable_branches();
-  for (const std::shared_ptr<const Graph>& g : a.graphs) {
-    pb::Graph* out = w->add_graphs();
-    if (g != nullptr) to_proto(*g, out);
+// The sub-graphs of one graph's nodes, each written once into its `subgraphs` (a scan, while or
+// switch has one node per result, all sharing their sub-graphs): by pointer, then by content,
+// so equal sub-graphs get one entry whoever built them and compile_key stays canonical.
+class SubgraphTable {
+ public:
+  explicit SubgraphTable(pb::Graph* out) : out_(out) {}
+
+  int32_t index_of(const std::shared_ptr<const Graph>& g) {
+    if (auto it = by_pointer_.find(g.get()); it != by_pointer_.end()) return it->second;
+    pb::Graph written;
+    if (g != nullptr) to_proto(*g, &written);
+    auto [it, added] = by_bytes_.try_emplace(deterministic_bytes(written), out_->subgraphs_size());
+    if (added) *out_->add_subgraphs() = std::move(written);
+    by_pointer_.emplace(g.get(), it->second);
+    return it->second;
   }
+
+ private:
+  pb::Graph* out_;
+  absl::flat_hash_map<const Graph*, int32_t> by_pointer_;
+  absl::flat_hash_map<std::string, int32_t> by_bytes_;
+};
+
+void attrs_to_proto(const BranchesAttrs& a, pb::KernelNode* n, SubgraphTable& table) {
+  pb::BranchesAttrs* w = n->mutable_branches();
+  for (const std::shared_ptr<const Graph>& g : a.graphs) w->add_graphs(table.index_of(g));
   w->set_output(a.output);
 }
 
-void attrs_to_proto(const ScanAttrs& a, pb::KernelNode* n) {
+void attrs_to_proto(const ScanAttrs& a, pb::KernelNode* n, SubgraphTable& table) {
   pb::ScanAttrs* w = n->mutable_scan();
-  if (a.body != nullptr) to_proto(*a.body, w->mutable_body());
+  w->set_body(table.index_of(a.body));
   w->set_length(a.length);
   w->set_reverse(a.reverse);
   w->set_num_carry(a.num_carry);
   w->set_output(a.output);
 }
 
-// Writes its wire number, its type and its attributes. Plan instructions other than kernels
-// carry only a result type (their node's op is kParameter's default, with no attributes).
-void node_to_proto(const Node& node, pb::KernelNode* n) {
+// Writes its wire number, its type and its attributes; sub-graphs go to `table` (none for plan
+// instructions). Plan instructions other than kernels carry only a result type (their node's
+// op is kParameter's default, with no attributes).
+void node_to_proto(const Node& node, pb::KernelNode* n, SubgraphTable* table = nullptr) {
   n->set_op(op_def(node.op).wire);
   n->set_dtype(to_proto(node.dtype));
   to_proto(node.shape, n->mutable_shape());
-  std::visit([n](const auto& a) { attrs_to_proto(a, n); }, node.attributes);
+  std::visit(
+      [n, table](const auto& a) {
+        using A = std::decay_t<decltype(a)>;
+        if constexpr (std::is_same_v<A, ScanAttrs> || std::is_same_v<A, BranchesAttrs>) {
+          if (table != nullptr) attrs_to_proto(a, n, *table);
+        } else {
+          attrs_to_proto(a, n);
+        }
+      },
+      node.attributes);
 }
 
 std::vector<int64_t> v(const google::protobuf::RepeatedField<int64_t>& r) { return {r.begin(), r.end()}; }
@@ -364,7 +398,17 @@ absl::StatusOr<std::optional<Mesh>> optional_mesh(bool has, const pb::Mesh& mesh
 
 // The attributes that arrived (NoAttrs for none); only the enum values and the meshes and
 // shardings are checked here, the rest by the op's type rule.
-absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::string& where) {
+// `subgraphs`: the enclosing graph's decoded sub-graphs, which scan and branches attributes
+// index (none for a plan's kernels).
+absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::string& where,
+                                       const std::vector<std::shared_ptr<const Graph>>& subgraphs) {
+  const auto subgraph = [&](int32_t index, const std::string& what) -> absl::StatusOr<std::shared_ptr<const Graph>> {
+    if (index < 0 || index >= static_cast<int32_t>(subgraphs.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", what, " is sub-graph ", index, ", but the graph has ",
+                                                     subgraphs.size(), " (indices from 0)"));
+    }
+    return subgraphs[static_cast<size_t>(index)];
+  };
   switch (n.attrs_case()) {
     case pb::KernelNode::ATTRS_NOT_SET:
       return NoAttrs{};
@@ -433,23 +477,16 @@ absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::strin
       return DynamicSliceAttrs{v(n.dynamic_slice().sizes())};
     case pb::KernelNode::kScan: {
       const pb::ScanAttrs& w = n.scan();
-      absl::StatusOr<Graph> body = graph_from_proto(w.body());
-      if (!body.ok()) {
-        return absl::Status(body.status().code(), absl::StrCat(where, ": its body: ", body.status().message()));
-      }
-      return ScanAttrs{std::make_shared<const Graph>(*std::move(body)), w.length(), w.reverse(), w.num_carry(),
-                       w.output()};
+      TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Graph> body, subgraph(w.body(), "its body"));
+      return ScanAttrs{std::move(body), w.length(), w.reverse(), w.num_carry(), w.output()};
     }
     case pb::KernelNode::kBranches: {
       BranchesAttrs out;
       out.output = n.branches().output();
-      for (const pb::Graph& w : n.branches().graphs()) {
-        absl::StatusOr<Graph> g = graph_from_proto(w);
-        if (!g.ok()) {
-          return absl::Status(g.status().code(),
-                              absl::StrCat(where, ": its sub-graph ", out.graphs.size(), ": ", g.status().message()));
-        }
-        out.graphs.push_back(std::make_shared<const Graph>(*std::move(g)));
+      for (int32_t index : n.branches().graphs()) {
+        TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const Graph> g,
+                                 subgraph(index, absl::StrCat("its sub-graph ", out.graphs.size())));
+        out.graphs.push_back(std::move(g));
       }
       return out;
     }
@@ -467,14 +504,15 @@ absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::strin
 
 // The op, its type and its attributes, from the wire: the attributes must be the op's kind
 // (the type rule checks their values). `where` prefixes errors.
-absl::StatusOr<Node> node_from_proto(const pb::KernelNode& n, const std::string& where) {
+absl::StatusOr<Node> node_from_proto(const pb::KernelNode& n, const std::string& where,
+                                     const std::vector<std::shared_ptr<const Graph>>& subgraphs = {}) {
   absl::StatusOr<Op> op = op_from_wire(n.op());
   if (!op.ok()) return absl::InvalidArgumentError(absl::StrCat(where, " has ", op.status().message()));
   Node out;
   out.op = *op;
   TESSERA_ASSIGN_OR_RETURN(out.dtype, dtype_from_proto(n.dtype()));
   TESSERA_ASSIGN_OR_RETURN(out.shape, shape_from_proto(n.shape(), out.dtype));
-  TESSERA_ASSIGN_OR_RETURN(out.attributes, attrs_from_proto(n, where));
+  TESSERA_ASSIGN_OR_RETURN(out.attributes, attrs_from_proto(n, where, subgraphs));
   absl::Status kind = check_attrs(out);
   if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", kind.message()));
   return out;
@@ -483,9 +521,10 @@ absl::StatusOr<Node> node_from_proto(const pb::KernelNode& n, const std::string&
 }  // namespace
 
 void to_proto(const Graph& graph, pb::Graph* out) {
+  SubgraphTable table(out);
   for (const Node& node : graph.nodes()) {
     pb::GraphNode* n = out->add_nodes();
-    node_to_proto(node, n->mutable_node());
+    node_to_proto(node, n->mutable_node(), &table);
     n->mutable_operands()->Assign(node.operands.begin(), node.operands.end());
   }
   out->mutable_outputs()->Assign(graph.outputs().begin(), graph.outputs().end());
@@ -497,10 +536,19 @@ absl::StatusOr<Graph> graph_from_proto(const pb::Graph& graph) {
     return absl::InvalidArgumentError(
         absl::StrCat("graph: ", graph.nodes_size(), " nodes is over the limit of ", kMaxNodes));
   }
+  std::vector<std::shared_ptr<const Graph>> subgraphs;
+  for (const pb::Graph& w : graph.subgraphs()) {
+    absl::StatusOr<Graph> sub = graph_from_proto(w);
+    if (!sub.ok()) {
+      return absl::Status(sub.status().code(),
+                          absl::StrCat("graph: sub-graph ", subgraphs.size(), ": ", sub.status().message()));
+    }
+    subgraphs.push_back(std::make_shared<const Graph>(*std::move(sub)));
+  }
   Graph g;
   for (int id = 0; id < graph.nodes_size(); ++id) {
     const pb::GraphNode& w = graph.nodes(id);
-    TESSERA_ASSIGN_OR_RETURN(Node node, node_from_proto(w.node(), absl::StrCat("graph: node ", id)));
+    TESSERA_ASSIGN_OR_RETURN(Node node, node_from_proto(w.node(), absl::StrCat("graph: node ", id), subgraphs));
     const ArrayType claimed{node.dtype, node.shape};
     node.operands.assign(w.operands().begin(), w.operands().end());
     absl::StatusOr<int> added = g.add_node(std::move(node));

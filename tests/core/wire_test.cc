@@ -2,6 +2,11 @@
 // compile key (compile_key_test.cc).
 #include "core/wire.h"
 
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/graph.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/tessera.pb.h"
@@ -78,6 +83,81 @@ TEST(Wire, MeshAxisTypesRoundTrip) {
   EXPECT_THAT(std::string(mesh_from_proto(wire).status().message()), HasSubstr("axis type 7 is not one of"));
   wire.mutable_axis_types()->RemoveLast();
   EXPECT_THAT(std::string(mesh_from_proto(wire).status().message()), HasSubstr("2 axis names but 1 axis types"));
+}
+
+// A scan of `results` result nodes (as the tracer makes them: one node per result, all sharing
+// one body; the scan VJP's forward loop has one per residual) over a body of c' = c * 2 and
+// ys = c + c, the body given per node by `body_of(j)`.
+Graph scan_graph(int results, const std::function<std::shared_ptr<const Graph>(int)>& body_of) {
+  Graph g;
+  const int init = *g.add_constant(DType::kF32, {4}, 1.0);
+  std::vector<int> outs;
+  for (int j = 0; j < results; ++j) {
+    Node n;
+    n.op = Op::kScan;
+    n.operands = {init};
+    n.attributes = ScanAttrs{body_of(j), 3, false, 1, j == 0 ? 0 : 1};
+    outs.push_back(*g.add_node(std::move(n)));
+  }
+  EXPECT_TRUE(g.set_outputs(outs).ok());
+  return g;
+}
+
+std::shared_ptr<const Graph> doubling_body() {
+  auto body = std::make_shared<Graph>();
+  const int c = body->add_parameter(DType::kF32, {4});
+  EXPECT_TRUE(body->set_outputs({*body->add_binary(Op::kMul, c, *body->add_constant(DType::kF32, {4}, 2.0)),
+                                 *body->add_binary(Op::kAdd, c, c)})
+                  .ok());
+  return body;
+}
+
+// Protocol 19: a graph's sub-graphs are written once each, however many result nodes share them
+// (before, each scan node carried its own copy: the transformer's step was 275 KB, mostly copies).
+TEST(Wire, SubGraphsSharedByResultNodesAreWrittenOnceAndDecodedShared) {
+  const std::shared_ptr<const Graph> body = doubling_body();
+  pb::Graph two, eight;
+  to_proto(scan_graph(2, [&](int) { return body; }), &two);
+  to_proto(scan_graph(8, [&](int) { return body; }), &eight);
+  ASSERT_EQ(eight.subgraphs_size(), 1);
+  EXPECT_EQ(eight.nodes(1).node().scan().body(), 0);
+  EXPECT_EQ(eight.nodes(8).node().scan().body(), 0);
+  // Six more result nodes cost six small nodes, not six bodies.
+  const size_t body_bytes = eight.subgraphs(0).ByteSizeLong();
+  EXPECT_LT(eight.ByteSizeLong() - two.ByteSizeLong(), 6 * body_bytes);
+
+  absl::StatusOr<Graph> back = graph_from_proto(eight);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const Node& first = back->node(1);
+  for (int id = 2; id <= 8; ++id) {
+    EXPECT_EQ(back->node(id).attrs<ScanAttrs>().body.get(), first.attrs<ScanAttrs>().body.get()) << id;
+  }
+  EXPECT_TRUE(graph_extends(*first.attrs<ScanAttrs>().body, *body));
+  EXPECT_TRUE(graph_extends(*body, *first.attrs<ScanAttrs>().body));
+
+  // Equal bodies built apart are one entry too, so the compile key does not depend on sharing.
+  pb::Graph apart;
+  to_proto(scan_graph(8, [](int) { return doubling_body(); }), &apart);
+  EXPECT_EQ(apart.subgraphs_size(), 1);
+  EXPECT_EQ(compile_key(scan_graph(8, [](int) { return doubling_body(); }), *Mesh::create({1}, {"x"}, {0}), {}, {}, {}),
+            compile_key(scan_graph(8, [&](int) { return body; }), *Mesh::create({1}, {"x"}, {0}), {}, {}, {}));
+}
+
+TEST(Wire, ASubGraphIndexOutsideTheTableIsRefusedNamingIt) {
+  const std::shared_ptr<const Graph> body = doubling_body();
+  pb::Graph wire;
+  to_proto(scan_graph(2, [&](int) { return body; }), &wire);
+  wire.mutable_nodes(2)->mutable_node()->mutable_scan()->set_body(1);
+  absl::StatusOr<Graph> bad = graph_from_proto(wire);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("graph: node 2: its body is sub-graph 1, but the graph has 1 (indices from 0)"));
+  wire.mutable_nodes(2)->mutable_node()->mutable_scan()->set_body(-3);
+  EXPECT_THAT(std::string(graph_from_proto(wire).status().message()), HasSubstr("its body is sub-graph -3"));
+  // A broken sub-graph is named by its index.
+  wire.mutable_nodes(2)->mutable_node()->mutable_scan()->set_body(0);
+  wire.mutable_subgraphs(0)->mutable_outputs()->Set(0, 9);
+  EXPECT_THAT(std::string(graph_from_proto(wire).status().message()), HasSubstr("graph: sub-graph 0: "));
 }
 
 }  // namespace
