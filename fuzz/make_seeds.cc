@@ -1,6 +1,6 @@
 // fuzz_seeds: writes the seed corpus of fuzz/ (fuzz/corpus/<target>/seed-*) from real
-// programs: the digits MLP's training step (examples/mlp_model.h) and a shard_map ring
-// matmul with psum, psum_scatter, ppermute and axis_index, traced and compiled for a (4, 2)
+// programs: the digits MLP's training step (examples/mlp_model.h), a shard_map ring matmul with
+// psum, psum_scatter, ppermute and axis_index, and the gradient of a scan, traced and compiled for a (4, 2)
 // mesh as the coordinator does; their Compile requests, their LoadPlan requests, and the
 // Exchange, PutShard and RunCollective messages of their runs. Deterministic: a rerun
 // rewrites the same bytes unless the wire format or the compiler changed.
@@ -16,6 +16,7 @@
 #include "core/wire.h"
 #include "examples/mlp_model.h"
 #include "proto/tessera.pb.h"
+#include "tessera/grad.h"
 #include "tessera/shard_map.h"
 
 namespace tessera {
@@ -120,6 +121,22 @@ int main(int argc, char** argv) {
                        return std::vector<Value>{out[0], sum(out[1], {0})};
                      },
                      {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}, mesh, {P("data", "model"), P("model", None)}) &&
+       ok;
+
+  // The gradient of a scan over stacked weights (a layer loop, as the transformer's): the scan
+  // VJP's forward loop has a result node per residual, all sharing one body, so the Compile
+  // request has sub-graph tables (protocol 19) and the plan has loop instructions.
+  const TracedFunction layers = [](const std::vector<Value>& in) {
+    const ScanResult r = scan(
+        [](const std::vector<Value>& c, const std::vector<Value>& w) {
+          const Value next = tanh(matmul(c[0], w[0]));
+          return ScanStep{{next}, {}};
+        },
+        {in[0]}, {in[1]});
+    return std::vector<Value>{sum(r.carry[0] * r.carry[0], {0, 1})};
+  };
+  ok = program_seeds("scan_grad", value_and_grad(layers, {1}), {{DType::kF32, {16, 8}}, {DType::kF32, {3, 8, 8}}}, mesh,
+                     {P("data", None), P()}) &&
        ok;
 
   // Exchange: a collective's data messages on one stream (one split inside the header, one in
