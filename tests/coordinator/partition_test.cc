@@ -388,6 +388,31 @@ TEST_F(PartitionTest, IndependentAllReducesAreCombined) {
   EXPECT_THAT(text, HasSubstr("f32[16,4]"));
 }
 
+// A global-norm clip's squared norm: a replicated running total plus each parameter's sum of
+// squares, pending over the axes its parameter is split on. Each add needs its all_reduce first,
+// so in program order every all_reduce is read before the next one starts; by data flow they are
+// independent, and the combiner (XLA's AllReduceCombiner, which combines independent
+// all-reduces wherever they are) moves the adds after them: one all_reduce per set of axes,
+// ('data', 'model') and ('model', 'data') being one set. The value is checked against the
+// host by the Transformer and Optim tests (clip_by_global_norm).
+TEST_F(PartitionTest, AllReducesReadOneAfterAnotherAreCombinedWhenIndependent) {
+  auto squared_norm = [](const std::vector<Value>& in) {
+    Value total = sum(in[0] * in[0]);
+    for (size_t k = 1; k < in.size(); ++k) total = total + sum(in[k] * in[k]);
+    return std::vector<Value>{total};
+  };
+  const std::vector<ArrayType> types(6, ArrayType{DType::kF32, {8, 8}});
+  Executable exe = compile(squared_norm, types,
+                           {P(), P("data", None), P(None, "model"), P("data", None), P(Axes{"data", "model"}, None),
+                            P(Axes{"model", "data"}, None)});
+  const std::string text = exe.as_text();
+  EXPECT_EQ(count(exe, Instruction::Kind::kCollective), 3) << text;
+  EXPECT_THAT(text, HasSubstr("= all_reduce(sum, axes=('data',)) s")) << text;
+  EXPECT_THAT(text, HasSubstr("f32[2] 12B/device  ; combined 2 all_reduces")) << text;  // the two over 'data'
+  EXPECT_THAT(text, HasSubstr("f32[2] 14B/device  ; combined 2 all_reduces")) << text;  // over both axes
+  EXPECT_THAT(text, HasSubstr("= all_reduce(sum, axes=('model',)) s")) << text;
+}
+
 // FSDP's gradient: w is gathered for use by a sharding constraint, so its cotangent is pinned
 // whole by the constraint's VJP (a pending sum over 'data' all-reduced), then laid out as w by
 // grad (a local slice of 'data'). The reduce-scatter creator (XLA's ReduceScatterCreator)

@@ -9,9 +9,10 @@
 //   create_reduce_scatters        reduce_scatter.cc  an all_reduce whose result one local_slice
 //                                           splits over the reduced axes becomes a
 //                                           reduce_scatter onto that dimension
-//   combine_all_reduces           combine_all_reduce.cc  independent all_reduces over the same
-//                                           axes, reduce op and dtype sent as one message (up
-//                                           to kCombineBytes)
+//   combine_all_reduces           combine_all_reduce.cc  independent all_reduces (by data
+//                                           flow: the program is re-scheduled so that their
+//                                           readers wait) over the same axes, reduce op and
+//                                           dtype sent as one message (up to kCombineBytes)
 //   insert_frees                  frees.cc  slots numbered densely, each freed after its last
 //                                           use (not outputs, nor inputs the caller keeps)
 //
