@@ -124,7 +124,7 @@ class WorkerService final : public WorkerServiceBase {
   grpc::Status DeleteBuffers(grpc::ServerContext* ctx, const pb::DeleteBuffersRequest* req,
                              pb::DeleteBuffersReply* reply) override {
     // Clients delete through the coordinator (DeleteArray), which checks the owner.
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kAdmin, "DeleteBuffers");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kAdmin, "DeleteBuffers");
     if (!caller.ok()) return to_grpc(caller.status());
     reply->set_deleted(runner_.erase(req->buffer_ids()));
     return grpc::Status::OK;
@@ -132,7 +132,7 @@ class WorkerService final : public WorkerServiceBase {
 
   grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::WorkerCollectiveRequest* req,
                              pb::WorkerCollectiveReply* reply) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "RunCollective");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "RunCollective");
     if (!caller.ok()) return to_grpc(caller.status());
     absl::StatusOr<Shape> shape = run_collective(
         *req, [ctx] { return ctx->IsCancelled(); }, reply);
@@ -145,7 +145,7 @@ class WorkerService final : public WorkerServiceBase {
   }
 
   grpc::Status LoadPlan(grpc::ServerContext* ctx, const pb::LoadPlanRequest* req, pb::LoadPlanReply*) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "LoadPlan");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "LoadPlan");
     if (!caller.ok()) return to_grpc(caller.status());
     // The program is the same for every device: this one resolves it for its own position.
     absl::StatusOr<DevicePlan> program = plan_from_proto(req->plan());
@@ -164,7 +164,7 @@ class WorkerService final : public WorkerServiceBase {
 
   grpc::Status UnloadPlans(grpc::ServerContext* ctx, const pb::UnloadPlansRequest* req,
                            pb::UnloadPlansReply* reply) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "UnloadPlans");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "UnloadPlans");
     if (!caller.ok()) return to_grpc(caller.status());
     reply->set_unloaded(plans_.unload(std::vector<uint64_t>(req->plan_ids().begin(), req->plan_ids().end())));
     return grpc::Status::OK;
@@ -173,7 +173,7 @@ class WorkerService final : public WorkerServiceBase {
   // The coordinator's RunPlans stream (see PlanRunner).
   grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* RunPlans(
       grpc::CallbackServerContext* ctx) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "RunPlans");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "RunPlans");
     if (!caller.ok()) {
       return new Refused<grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>>(caller.status());
     }
