@@ -54,6 +54,7 @@ std::vector<std::shared_ptr<PlanStream>> WorkerChannels::take_plan_streams() {
 
 std::map<int, std::string> WorkerChannels::unconfirmed(const std::vector<Registered>& registered, absl::Time deadline) {
   struct Probe {
+    std::shared_ptr<WorkerChannel> channel;  // kept until the call is done, even if evicted
     grpc::ClientContext ctx;
     pb::HandshakeRequest request;
     pb::HandshakeReply reply;
@@ -63,13 +64,13 @@ std::map<int, std::string> WorkerChannels::unconfirmed(const std::vector<Registe
   absl::Mutex mu;
   size_t answered = 0;  // guarded by mu
   for (const Registered& r : registered) {
-    std::shared_ptr<WorkerChannel> w = get(r.address);
     Probe& p = *probes.emplace_back(std::make_unique<Probe>());
+    p.channel = get(r.address);
     p.request.set_protocol_version(kProtocolVersion);
     p.request.set_peer("tessera-coordinator");
     p.ctx.set_deadline(absl::ToChronoTime(deadline));
     // No wait for the connection: a dead address answers at once (the caller asks again).
-    w->stub->async()->Handshake(&p.ctx, &p.request, &p.reply, [&mu, &answered, &p](grpc::Status status) {
+    p.channel->stub->async()->Handshake(&p.ctx, &p.request, &p.reply, [&mu, &answered, &p](grpc::Status status) {
       absl::MutexLock lock(&mu);
       p.status = std::move(status);
       ++answered;
