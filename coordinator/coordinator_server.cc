@@ -62,6 +62,8 @@ constexpr size_t kMaxStatusBytes = 3 << 20;
 
 // How often a long wait in a handler checks whether its caller cancelled.
 constexpr absl::Duration kCancelCheck = absl::Milliseconds(100);
+// How long GetTopology's wait gives the counted workers to confirm their registration.
+constexpr absl::Duration kConfirmTimeout = absl::Seconds(1);
 
 // The time left before the caller's deadline (about 290 years without one): what a handler
 // that waits may wait at most, so that a caller gone by its deadline holds no thread.
@@ -202,12 +204,15 @@ class CoordinatorService final : public CoordinatorServiceBase {
       // wait must not hold a server thread.
       absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 600'000));
       wait = std::min(wait, time_left(*ctx));
-      if (!wait_for_alive(*ctx, req->min_alive_devices(), wait)) {
+      std::map<int, std::string> unconfirmed;
+      if (!wait_for_alive(*ctx, req->min_alive_devices(), wait, &unconfirmed)) {
         // Draining devices are alive but take no new work: they do not count.
         int alive = 0;
-        std::vector<std::string> lost, draining;
+        std::vector<std::string> lost, draining, unconfirmed_ones;
         for (const DeviceRecord& d : registry_.devices()) {
-          if (d.alive && !d.draining) {
+          if (d.alive && !d.draining && unconfirmed.count(d.id) > 0) {
+            unconfirmed_ones.push_back(absl::StrCat(describe_device(d.id, d.address), ": ", unconfirmed.at(d.id)));
+          } else if (d.alive && !d.draining) {
             ++alive;
           } else {
             (d.alive ? draining : lost).push_back(describe_device(d.id, d.address));
@@ -216,8 +221,13 @@ class CoordinatorService final : public CoordinatorServiceBase {
         return to_grpc(absl::DeadlineExceededError(
             absl::StrCat("waited ", absl::FormatDuration(wait), " for ", req->min_alive_devices(),
                          " alive devices (not draining) but ", alive, " are",
-                         lost.empty() && draining.empty() ? std::string(" (no other device has registered)") : "",
+                         lost.empty() && draining.empty() && unconfirmed_ones.empty()
+                             ? std::string(" (no other device has registered)")
+                             : "",
                          lost.empty() ? "" : absl::StrCat("; lost: ", absl::StrJoin(lost, ", ")),
+                         unconfirmed_ones.empty() ? ""
+                                                  : absl::StrCat("; registered but not confirmed by their workers: ",
+                                                                 absl::StrJoin(unconfirmed_ones, "; ")),
                          draining.empty() ? "" : absl::StrCat("; draining: ", absl::StrJoin(draining, ", ")))));
       }
     }
@@ -544,14 +554,32 @@ class CoordinatorService final : public CoordinatorServiceBase {
   }
 
  private:
-  // Whether `n` devices are alive and take work (not draining) within `wait`; false early if
-  // the caller cancelled.
-  bool wait_for_alive(const grpc::ServerContextBase& ctx, int n, absl::Duration wait) const {
+  // Whether `n` devices are alive and take work (not draining) within `wait`, each confirmed
+  // by its worker: the process at its address must answer that it holds the incarnation the
+  // registry counts. A worker killed and started again is counted alive until its heartbeat
+  // timeout, and its new process serves before it registers: without the confirmation a
+  // client's wait answered at once, its put reached the dead or the unregistered process, and
+  // the new process's registration then declared the shards lost. False early if the caller
+  // cancelled; on false, *unconfirmed says which counted devices their workers did not confirm.
+  bool wait_for_alive(const grpc::ServerContextBase& ctx, int n, absl::Duration wait,
+                      std::map<int, std::string>* unconfirmed) {
     const absl::Time deadline = absl::Now() + wait;
-    while (!registry_.wait_for_alive(n, std::min(deadline - absl::Now(), kCancelCheck), /*taking_work=*/true)) {
+    for (;;) {
+      while (!registry_.wait_for_alive(n, std::min(deadline - absl::Now(), kCancelCheck), /*taking_work=*/true)) {
+        if (absl::Now() >= deadline || ctx.IsCancelled()) return false;
+      }
+      const absl::Time checked = absl::Now();
+      std::vector<WorkerChannels::Registered> counted;
+      for (const DeviceRecord& d : registry_.devices()) {
+        if (d.alive && !d.draining) counted.push_back({d.id, d.address, registry_.epoch(), d.incarnation});
+      }
+      *unconfirmed = channels_.unconfirmed(counted, std::min(deadline, checked + kConfirmTimeout));
+      if (static_cast<int>(counted.size() - unconfirmed->size()) >= n) return true;
       if (absl::Now() >= deadline || ctx.IsCancelled()) return false;
+      // Ask again once a device registers (the new process), the registry marks one lost, or
+      // after a short while (a channel still backing off from the outage).
+      registry_.wait_for_registration(checked, std::min(deadline, absl::Now() + kCancelCheck));
     }
-    return true;
   }
 
   // The session a request acts for: a client's own (proved by its session credential), which

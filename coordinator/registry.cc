@@ -135,6 +135,17 @@ bool Registry::wait_for_alive(int n, absl::Duration timeout, bool taking_work) c
   return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
 }
 
+bool Registry::wait_for_registration(absl::Time since, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto registered = [this, since]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, d] : devices_) {
+      if (d.registered_at > since) return true;
+    }
+    return false;
+  };
+  return mu_.AwaitWithDeadline(absl::Condition(&registered), deadline);
+}
+
 bool Registry::wait_for_devices(const std::vector<int>& ids, absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
   auto all_alive = [this, &ids]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

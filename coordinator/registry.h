@@ -120,6 +120,9 @@ class Registry {
   // With `taking_work`, only the devices that take new work count: alive and not draining.
   bool wait_for_alive(int n, absl::Duration timeout, bool taking_work = false) const;
 
+  // Waits until a device registers after `since`, at most until `deadline`; false if none did.
+  bool wait_for_registration(absl::Time since, absl::Time deadline) const;
+
   // Waits until every device of `ids` is alive, at most until `deadline`; false if not.
   bool wait_for_devices(const std::vector<int>& ids, absl::Time deadline) const;
 

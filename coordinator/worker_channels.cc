@@ -1,5 +1,6 @@
 #include "coordinator/worker_channels.h"
 
+#include "absl/strings/str_cat.h"
 #include "proto/rpc.h"
 
 namespace tessera {
@@ -49,6 +50,54 @@ std::vector<std::shared_ptr<PlanStream>> WorkerChannels::take_plan_streams() {
     if (w->plans != nullptr) streams.push_back(std::move(w->plans));
   }
   return streams;
+}
+
+std::map<int, std::string> WorkerChannels::unconfirmed(const std::vector<Registered>& registered, absl::Time deadline) {
+  struct Probe {
+    std::shared_ptr<WorkerChannel> channel;  // kept until the call is done, even if evicted
+    grpc::ClientContext ctx;
+    pb::HandshakeRequest request;
+    pb::HandshakeReply reply;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Probe>> probes;
+  absl::Mutex mu;
+  size_t answered = 0;  // guarded by mu
+  for (const Registered& r : registered) {
+    Probe& p = *probes.emplace_back(std::make_unique<Probe>());
+    p.channel = get(r.address);
+    p.request.set_protocol_version(kProtocolVersion);
+    p.request.set_peer("tessera-coordinator");
+    p.ctx.set_deadline(absl::ToChronoTime(deadline));
+    // No wait for the connection: a dead address answers at once (the caller asks again).
+    p.channel->stub->async()->Handshake(&p.ctx, &p.request, &p.reply, [&mu, &answered, &p](grpc::Status status) {
+      absl::MutexLock lock(&mu);
+      p.status = std::move(status);
+      ++answered;
+    });
+  }
+  {
+    // Every call has `deadline`, so every callback runs by then; cancelled if gRPC is late.
+    absl::MutexLock lock(&mu);
+    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return answered == probes.size(); };
+    if (!mu.AwaitWithDeadline(absl::Condition(&all), deadline + absl::Seconds(1))) {
+      for (const std::unique_ptr<Probe>& p : probes) p->ctx.TryCancel();
+      mu.Await(absl::Condition(&all));  // the callbacks use `probes`: they must have run
+    }
+  }
+  std::map<int, std::string> out;
+  for (size_t i = 0; i < registered.size(); ++i) {
+    const Registered& r = registered[i];
+    const Probe& p = *probes[i];
+    if (!p.status.ok()) {
+      out[r.device] = absl::StrCat("its worker did not answer (", p.status.error_message(), ")");
+    } else if (p.reply.epoch() != r.epoch || p.reply.incarnation() != r.incarnation) {
+      out[r.device] = absl::StrCat("the worker there holds registration ", p.reply.epoch(), "/", p.reply.incarnation(),
+                                   ", not ", r.epoch, "/", r.incarnation,
+                                   p.reply.incarnation() == 0 ? " (a new process, not registered yet)" : "");
+    }
+  }
+  return out;
 }
 
 }  // namespace tessera

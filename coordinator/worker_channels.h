@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "coordinator/plan_stream.h"
 #include "proto/auth.h"
 #include "proto/tessera.grpc.pb.h"
@@ -83,6 +85,21 @@ class WorkerChannels {
 
   // Takes every open RunPlans stream out of its channel, for the owner to close (shutdown).
   std::vector<std::shared_ptr<PlanStream>> take_plan_streams();
+
+  // A registration the coordinator counts: the device, its worker's address, and the
+  // coordinator epoch and incarnation it registered with.
+  struct Registered {
+    int device = 0;
+    std::string address;
+    uint64_t epoch = 0;
+    uint64_t incarnation = 0;
+  };
+  // Asks each worker of `registered` at once (Handshake, waiting for the connection, until
+  // `deadline`) which registration it holds. Returns, for each one that is not the incarnation
+  // given (its process is gone and the address refuses or does not answer, or a new process
+  // there has not registered yet), why not; empty if all are. Blocks until every answer is in
+  // or the deadline passed: never call it on a gRPC callback thread.
+  std::map<int, std::string> unconfirmed(const std::vector<Registered>& registered, absl::Time deadline);
 
  private:
   const std::shared_ptr<const CallIdentity> identity_;  // what this coordinator sends the workers

@@ -194,6 +194,18 @@ absl::StatusOr<Caller> Authenticator::require(const grpc::ServerContextBase& ctx
   return caller;
 }
 
+absl::StatusOr<Caller> Authenticator::require_coordinator(const grpc::ServerContextBase& ctx, Role min,
+                                                          absl::string_view method) const {
+  absl::StatusOr<Caller> caller = require(ctx, min, method);
+  if (caller.ok() && caller->certified && caller->certified_device >= 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        method, " is the coordinator's to send, but the caller presents ", certificate_holder(caller->certified_device),
+        " certificate: a worker takes plans, runs and deletions only from the coordinator (whose certificate names "
+        "no device)"));
+  }
+  return caller;
+}
+
 std::string Authenticator::mac(absl::string_view purpose, uint64_t id) const {
   const std::string message = absl::StrCat("tessera-v1:", purpose, ":", id);
   unsigned char out[EVP_MAX_MD_SIZE];

@@ -66,6 +66,13 @@ class Authenticator {
   // authenticate, and PERMISSION_DENIED naming `method` and the role it takes when the
   // caller's is less.
   absl::StatusOr<Caller> require(const grpc::ServerContextBase& ctx, Role min, absl::string_view method) const;
+  // require, for a worker's method that only the coordinator sends (plans, runs, deletions):
+  // over TLS a daemon must also present the coordinator's certificate, PERMISSION_DENIED
+  // naming `method` and the device whose certificate it presented otherwise (a worker holding
+  // the cluster token and its own device's key cannot drive another worker). Without TLS the
+  // daemons cannot be told apart and any may (docs/design.md, "Security").
+  absl::StatusOr<Caller> require_coordinator(const grpc::ServerContextBase& ctx, Role min,
+                                             absl::string_view method) const;
 
   // OK if `caller` may act as worker `device` in `method` (RegisterWorker, Heartbeat): over
   // TLS its certificate must name that device; without TLS any daemon may (tokens cannot tell

@@ -33,8 +33,9 @@ namespace tessera {
 // grants; uint32, random_bits with RandomBitsAttrs, shift_right_logical, erf_inv. 17: the Profile RPC of both
 // services; while and switch (BranchesAttrs, the SWITCH instruction); the dtypes bfloat16, float16, uint8, int8,
 // int16. 18: a worker's heartbeat says it drains (HeartbeatRequest.draining, DeviceInfo.draining). 19: a Graph's
-// sub-graphs in one table (Graph.subgraphs), which ScanAttrs.body and BranchesAttrs.graphs index.)
-inline constexpr uint32_t kProtocolVersion = 19;
+// sub-graphs in one table (Graph.subgraphs), which ScanAttrs.body and BranchesAttrs.graphs index. 20: a worker's
+// HandshakeReply says which registration it holds (epoch, incarnation).)
+inline constexpr uint32_t kProtocolVersion = 20;
 inline constexpr uint64_t kOpTableDigest = 0xce9033f4e9f7f670;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

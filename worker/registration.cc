@@ -113,7 +113,7 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
   incarnation_ = reply.incarnation();
   if (reply.epoch() != epoch_) plans_->drop_before(reply.epoch());
   epoch_ = reply.epoch();
-  registered_(device_id_, incarnation_);
+  registered_(device_id_, epoch_, incarnation_);
   heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, reply.heartbeat_interval_ms()));
   return absl::OkStatus();
 }

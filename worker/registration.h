@@ -39,9 +39,9 @@ namespace tessera {
 
 class Registration {
  public:
-  // `registered(device_id, incarnation)` runs after every successful registration.
+  // `registered(device_id, epoch, incarnation)` runs after every successful registration.
   Registration(const WorkerOptions& options, std::shared_ptr<const CallIdentity> identity, const BufferStore* store,
-               PlanStore* plans, HealthService* health, std::function<void(int, uint64_t)> registered)
+               PlanStore* plans, HealthService* health, std::function<void(int, uint64_t, uint64_t)> registered)
       : options_(options),
         identity_(std::move(identity)),
         store_(store),
@@ -80,7 +80,7 @@ class Registration {
   const BufferStore* const store_;
   PlanStore* const plans_;
   HealthService* const health_;
-  const std::function<void(int, uint64_t)> registered_;
+  const std::function<void(int, uint64_t, uint64_t)> registered_;
 
   std::string address_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;

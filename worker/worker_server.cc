@@ -65,9 +65,11 @@ class WorkerService final : public WorkerServiceBase {
   const LatencyHistogram& run_seconds() const { return runner_.run_seconds(); }
 
   // A registration's answer: the device id and incarnation this worker holds now.
-  void registered(int id, uint64_t incarnation) {
+  void registered(int id, uint64_t epoch, uint64_t incarnation) {
     device_.set(id);
     transport_.set_self(id);
+    absl::MutexLock lock(&registration_mu_);
+    epoch_ = epoch;
     incarnation_ = incarnation;
   }
 
@@ -97,6 +99,11 @@ class WorkerService final : public WorkerServiceBase {
     if (!caller.ok()) return to_grpc(caller.status());
     reply->set_protocol_version(kProtocolVersion);
     reply->set_server(absl::StrCat("tessera-worker device ", device_.id()));
+    {
+      absl::MutexLock lock(&registration_mu_);
+      reply->set_epoch(epoch_);
+      reply->set_incarnation(incarnation_);
+    }
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
   }
 
@@ -117,7 +124,7 @@ class WorkerService final : public WorkerServiceBase {
   grpc::Status DeleteBuffers(grpc::ServerContext* ctx, const pb::DeleteBuffersRequest* req,
                              pb::DeleteBuffersReply* reply) override {
     // Clients delete through the coordinator (DeleteArray), which checks the owner.
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kAdmin, "DeleteBuffers");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kAdmin, "DeleteBuffers");
     if (!caller.ok()) return to_grpc(caller.status());
     reply->set_deleted(runner_.erase(req->buffer_ids()));
     return grpc::Status::OK;
@@ -125,7 +132,7 @@ class WorkerService final : public WorkerServiceBase {
 
   grpc::Status RunCollective(grpc::ServerContext* ctx, const pb::WorkerCollectiveRequest* req,
                              pb::WorkerCollectiveReply* reply) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "RunCollective");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "RunCollective");
     if (!caller.ok()) return to_grpc(caller.status());
     absl::StatusOr<Shape> shape = run_collective(
         *req, [ctx] { return ctx->IsCancelled(); }, reply);
@@ -138,7 +145,7 @@ class WorkerService final : public WorkerServiceBase {
   }
 
   grpc::Status LoadPlan(grpc::ServerContext* ctx, const pb::LoadPlanRequest* req, pb::LoadPlanReply*) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "LoadPlan");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "LoadPlan");
     if (!caller.ok()) return to_grpc(caller.status());
     // The program is the same for every device: this one resolves it for its own position.
     absl::StatusOr<DevicePlan> program = plan_from_proto(req->plan());
@@ -157,7 +164,7 @@ class WorkerService final : public WorkerServiceBase {
 
   grpc::Status UnloadPlans(grpc::ServerContext* ctx, const pb::UnloadPlansRequest* req,
                            pb::UnloadPlansReply* reply) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "UnloadPlans");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "UnloadPlans");
     if (!caller.ok()) return to_grpc(caller.status());
     reply->set_unloaded(plans_.unload(std::vector<uint64_t>(req->plan_ids().begin(), req->plan_ids().end())));
     return grpc::Status::OK;
@@ -166,7 +173,7 @@ class WorkerService final : public WorkerServiceBase {
   // The coordinator's RunPlans stream (see PlanRunner).
   grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* RunPlans(
       grpc::CallbackServerContext* ctx) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "RunPlans");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "RunPlans");
     if (!caller.ok()) {
       return new Refused<grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>>(caller.status());
     }
@@ -216,7 +223,10 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_shm_messages_received(transport_.shm_messages_received());
     reply->set_blas_kernel(blas_kernel_name());
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
-    reply->set_incarnation(incarnation_.load());
+    {
+      absl::MutexLock lock(&registration_mu_);
+      reply->set_incarnation(incarnation_);
+    }
     const PlanStore::Stats plans = plans_.stats();
     reply->set_plans_loaded(plans.loaded);
     reply->set_plans_evicted(plans.evicted);
@@ -278,7 +288,10 @@ class WorkerService final : public WorkerServiceBase {
 
   const Authenticator auth_;
   WorkerDevice device_;
-  std::atomic<uint64_t> incarnation_{0};
+  // The registration this worker holds (0 and 0 before the first), as Handshake reports it.
+  absl::Mutex registration_mu_;
+  uint64_t epoch_ ABSL_GUARDED_BY(registration_mu_) = 0;
+  uint64_t incarnation_ ABSL_GUARDED_BY(registration_mu_) = 0;
   BufferStore store_;
   const absl::Time started_;
   Transport transport_;
@@ -293,8 +306,9 @@ class WorkerServerImpl final : public WorkerServer {
   explicit WorkerServerImpl(const WorkerOptions& options)
       : options_(options),
         service_(options),
-        registration_(options, daemon_identity(options.credentials), &service_.store(), &service_.plans(), &health_,
-                      [this](int id, uint64_t incarnation) { service_.registered(id, incarnation); }) {}
+        registration_(
+            options, daemon_identity(options.credentials), &service_.store(), &service_.plans(), &health_,
+            [this](int id, uint64_t epoch, uint64_t incarnation) { service_.registered(id, epoch, incarnation); }) {}
   ~WorkerServerImpl() override { shutdown(); }
 
   absl::Status init() {

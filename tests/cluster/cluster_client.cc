@@ -40,16 +40,6 @@ class Session {
  public:
   explicit Session(std::string address) : address_(std::move(address)) {}
 
-  // x and w placed on the mesh: "" or the error's answer.
-  std::string put_inputs() {
-    absl::StatusOr<Array> x = client_->device_put(x_host_, NamedSharding(*mesh_, P("data", "model")));
-    absl::StatusOr<Array> w = client_->device_put(w_host_, NamedSharding(*mesh_, P("model", None)));
-    if (!x.ok() || !w.ok()) return absl::StrCat("error 0 ", (x.ok() ? w.status() : x.status()).ToString());
-    x_ = *x;
-    w_ = *w;
-    return "";
-  }
-
   std::string setup() {
     absl::StatusOr<Client> client = Client::connect(address_, {.min_devices = 8, .timeout = absl::Seconds(30)});
     if (!client.ok()) return absl::StrCat("error 0 ", client.status().ToString());
@@ -57,7 +47,11 @@ class Session {
     absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
     if (!mesh.ok()) return absl::StatusOr<std::string>(mesh.status()).status().ToString();
     mesh_ = *mesh;
-    if (std::string put = put_inputs(); !put.empty()) return put;
+    absl::StatusOr<Array> x = client_->device_put(x_host_, NamedSharding(*mesh_, P("data", "model")));
+    absl::StatusOr<Array> w = client_->device_put(w_host_, NamedSharding(*mesh_, P("model", None)));
+    if (!x.ok() || !w.ok()) return absl::StrCat("error 0 ", (x.ok() ? w.status() : x.status()).ToString());
+    x_ = *x;
+    w_ = *w;
     const Mesh m = *mesh_;
     program_ = jit([m](const std::vector<Value>& in) {
       // make_mesh's axes are Explicit: out_sharding resolves the sum over 'model' (all_reduce).
@@ -67,15 +61,6 @@ class Session {
       return std::vector<Value>{sum(g * g, {1}), t};
     });
     std::string answer = run();
-    // A put racing a restarted worker's registration (the old incarnation still counted alive
-    // by wait_devices) is refused precisely, FAILED_PRECONDITION "... lost its shard on device
-    // N ... when that worker restarted; put the array again": do as it says, once. Seen once
-    // in session 12's CI (deploy_compose); the coordinator's side of the race is not yet
-    // understood (issue #17 note).
-    if (absl::StrContains(answer, "put the array again")) {
-      if (std::string put = put_inputs(); !put.empty()) return put;
-      answer = run();
-    }
     if (!absl::StartsWith(answer, "ok")) return answer;
     const std::string text = program_->as_text();
     std::string kinds;

@@ -60,6 +60,18 @@ pb::DeleteBuffersRequest delete_buffers(uint64_t id) {
   return req;
 }
 
+// Opens a RunPlans stream, sends nothing and ends it; returns how the worker ended it.
+grpc::Status run_plans(pb::Worker::Stub* stub) {
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, kControlDeadline);
+  auto stream = stub->RunPlans(&ctx);
+  stream->WritesDone();
+  pb::RunPlanResult ignored;
+  while (stream->Read(&ignored)) {
+  }
+  return stream->Finish();
+}
+
 // Sends `messages` on one Exchange stream; returns how the worker ended it.
 grpc::Status exchange(pb::Worker::Stub* stub, const std::vector<pb::ExchangeMessage>& messages) {
   grpc::ClientContext ctx;
@@ -516,6 +528,55 @@ TEST_F(TlsTest, AWorkerCannotClaimAnotherDevicesId) {
   ASSERT_TRUE(after.ok()) << after.status();
   ASSERT_EQ(after->size(), devices->size());
   for (size_t i = 0; i < after->size(); ++i) EXPECT_EQ((*after)[i].address, (*devices)[i].address);
+  expect_all_reduce_right(*client);
+}
+
+// Issue #17 item 1, "workers accept plans ... only from the coordinator": over TLS, a daemon
+// holding the cluster token and device 2's certificate (what a compromised worker 2 holds)
+// cannot load, unload or run plans, run collectives or delete buffers on worker 0: each is
+// PERMISSION_DENIED naming the method and device 2's certificate. A client's credential is
+// refused by its role, as before; an admin may still delete buffers (DeleteBuffers is the
+// admin's and the coordinator's). The peers' Exchange streams and the coordinator's own calls
+// go on: an all-reduce afterwards is right.
+TEST_F(TlsTest, WorkersTakePlansRunsAndDeletionsOnlyFromTheCoordinator) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  expect_all_reduce_right(*client);
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  const KeyPair& device2 = credentials_.devices.at(2);
+  auto worker0 = [&](std::shared_ptr<CallIdentity> id) {
+    return pb::Worker::NewStub(make_channel((*devices)[0].address, std::move(id)));
+  };
+  const auto as_device_2 = worker0(
+      std::make_shared<CallIdentity>(credentials_.cluster, 2, credentials_.ca_pem, device2.cert_pem, device2.key_pem));
+  const auto as_client = worker0(std::make_shared<CallIdentity>(credentials_.client, -1, credentials_.ca_pem));
+  const auto as_admin = worker0(std::make_shared<CallIdentity>(credentials_.admin, -1, credentials_.ca_pem));
+
+  const std::string not_coordinator = "certificate: a worker takes plans, runs and deletions only from the coordinator";
+  for (auto* stub : {as_device_2.get(), as_client.get()}) {
+    const bool device = stub == as_device_2.get();
+    SCOPED_TRACE(device ? "device 2's certificate" : "the client credential");
+    const grpc::StatusCode code = grpc::StatusCode::PERMISSION_DENIED;
+    auto says = [&](const std::string& method) {
+      return device ? absl::StrCat(method, " is the coordinator's to send, but the caller presents device 2's ",
+                                   not_coordinator)
+                    : absl::StrCat(method, " takes the daemon credential; the caller presented the client one");
+    };
+    expect_error(unary(stub, &pb::Worker::Stub::LoadPlan, pb::LoadPlanRequest()), code, says("LoadPlan"));
+    expect_error(unary(stub, &pb::Worker::Stub::UnloadPlans, pb::UnloadPlansRequest()), code, says("UnloadPlans"));
+    expect_error(unary(stub, &pb::Worker::Stub::RunCollective, pb::WorkerCollectiveRequest()), code,
+                 says("RunCollective"));
+    expect_error(run_plans(stub), code, says("RunPlans"));
+    expect_error(unary(stub, &pb::Worker::Stub::DeleteBuffers, delete_buffers(1)), code,
+                 device ? says("DeleteBuffers") : "DeleteBuffers takes the admin credential");
+  }
+  // An admin deletes (a buffer id that is nobody's: nothing is deleted).
+  pb::DeleteBuffersReply deleted;
+  ASSERT_TRUE(unary(as_admin.get(), &pb::Worker::Stub::DeleteBuffers, delete_buffers(1), &deleted).ok());
+  EXPECT_EQ(deleted.deleted(), 0);
+  // A client still reads its own array's shards directly from the workers (GetShard with its
+  // grant), and the cluster's collectives still run.
   expect_all_reduce_right(*client);
 }
 
