@@ -554,7 +554,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
 def device_put(x, device=None, *, donate=False, may_alias=None):
     """jax.device_put: numpy arrays (and Python scalars) to the cluster under a sharding
     (each device receives exactly its block); an Array to another sharding (on its mesh,
-    a jitted reshard; on another mesh, through the host). A pytree of either, with a
+    a jitted reshard; on another mesh, worker to worker). A pytree of either, with a
     sharding or a prefix pytree of them."""
     leaves, treedef = tree_flatten(x)
     targets = broadcast_prefix(device, x, lambda p: p is None or isinstance(p, (NamedSharding, PartitionSpec, Device)))
@@ -582,7 +582,8 @@ def _put_one(x, target):
             if j is None:
                 j = _reshard[target] = _Jitted(lambda a: with_sharding_constraint(a, target), None, None, (), ())
             return Array(j(x)._a)  # committed to the sharding asked for
-        return _put_numpy(_np.asarray(x), target)
+        # Another mesh: the workers move the blocks between them (never through this process).
+        return Array(config.client().device_put_array(x._a, target._cpp))
     return _put_numpy(x, target)
 
 
