@@ -245,18 +245,25 @@ class WorkerService final : public WorkerServiceBase {
 
  private:
   // Validates the request, runs this device's part and stores the result.
+  // A run's op id, peers and clock from its request (RunCollective's or Reshard's): it starts
+  // now and ends after the request's timeout_ms (0: 10 s; at most an hour).
+  template <typename Request, typename Run>
+  void start_run(const Request& req, std::function<bool()> cancelled, Run* run) const {
+    run->op = req.op_id();
+    run->self = device_.id();
+    for (const pb::PeerAddress& peer : req.peers()) run->peers[peer.device_id()] = peer.address();
+    const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
+    run->start = absl::Now();
+    run->deadline = run->start + absl::Milliseconds(timeout_ms);
+    run->cancelled = std::move(cancelled);
+  }
+
   // This device's part of a ReshardArray (worker/collectives/move_blocks.h): its output block
   // reserved first, stored only when complete.
   absl::Status reshard(const pb::WorkerReshardRequest& req, std::function<bool()> cancelled,
                        pb::WorkerReshardReply* reply) {
     BlockMoveRun run;
-    run.op = req.op_id();
-    run.self = device_.id();
-    for (const pb::PeerAddress& peer : req.peers()) run.peers[peer.device_id()] = peer.address();
-    const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
-    run.start = absl::Now();
-    run.deadline = run.start + absl::Milliseconds(timeout_ms);
-    run.cancelled = std::move(cancelled);
+    start_run(req, std::move(cancelled), &run);
     for (auto [pieces, list] : {std::pair{&req.sends(), &run.sends}, std::pair{&req.receives(), &run.receives}}) {
       for (const pb::BlockPiece& p : *pieces) {
         if (p.start_size() != p.limit_size()) {
@@ -295,14 +302,8 @@ class WorkerService final : public WorkerServiceBase {
   absl::StatusOr<Shape> run_collective(const pb::WorkerCollectiveRequest& req, std::function<bool()> cancelled,
                                        pb::WorkerCollectiveReply* reply) {
     CollectiveRun run;
-    run.op = req.op_id();
     TESSERA_ASSIGN_OR_RETURN(run.spec, collective_from_proto(req.spec()));
-    run.self = device_.id();
-    for (const pb::PeerAddress& peer : req.peers()) run.peers[peer.device_id()] = peer.address();
-    const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
-    run.start = absl::Now();
-    run.deadline = run.start + absl::Milliseconds(timeout_ms);
-    run.cancelled = std::move(cancelled);
+    start_run(req, std::move(cancelled), &run);
     TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const HostArray> input, store_.get(req.input_buffer()));
     TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input->shape()));
     const int64_t out_bytes = num_elements(out_shape) * dtype_size(input->dtype());
