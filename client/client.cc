@@ -12,6 +12,7 @@
 #include "core/wire.h"
 #include "proto/in_process.h"
 #include "proto/rpc.h"
+#include "tessera/jit.h"
 #include "tessera/mesh_context.h"
 
 namespace tessera {
@@ -363,6 +364,44 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const PartitionSp
   return device_put(host, sharding);
 }
 
+absl::StatusOr<Array> Client::device_put(const Array& x, const PartitionSpec& spec) const {
+  TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, ambient_sharding(spec, "device_put"));
+  return device_put(x, sharding);
+}
+
+absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sharding) const {
+  const internal::ArrayState& state = internal::array_state(x);
+  if (state.client != impl_) {
+    return absl::InvalidArgumentError("device_put: the array is on another client's cluster");
+  }
+  absl::Status valid = sharding.validate(x.shape());
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_put: ", type_to_string(x.dtype(), x.shape()), ": ", valid.message()));
+  }
+  if (sharding == x.sharding()) return x;
+  if (sharding.mesh() == x.sharding().mesh()) return reshard(x, sharding.spec());
+  ProfileSpan span(&impl_->profile(), "client", [] { return std::string("device_put (reshard)"); });
+  TESSERA_ASSIGN_OR_RETURN(uint64_t input_id, state.ready_id());
+  pb::ReshardArrayRequest req;
+  req.set_array_id(input_id);
+  to_proto(sharding, req.mutable_sharding());
+  req.set_session_id(impl_->session());
+  constexpr absl::Duration kTimeout = absl::Seconds(60);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(kTimeout));
+  pb::ReshardArrayReply reply;
+  TESSERA_RETURN_IF_ERROR(internal::with_adoption(state, input_id, [&] {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kTimeout + absl::Seconds(10));
+    return from_grpc(impl_->coordinator()->ReshardArray(&ctx, req, &reply),
+                     absl::StrCat("device_put: coordinator ", impl_->coordinator_address()));
+  }));
+  const pb::ArrayInfo& info = reply.result();
+  impl_->track(info.array_id(), info);
+  impl_->remember_grant(info.array_id(), info.grant());
+  return internal::make_array(internal::ArrayState::placed(impl_, info.array_id(), x.dtype(), x.shape(), sharding));
+}
+
 absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedSharding& sharding) const {
   TESSERA_RETURN_IF_ERROR(validate_view(host.dtype, host.shape, host.data, "device_put"));
   // Bool elements travel as bytes 0 and 1: another byte (from a view of foreign memory) would
@@ -437,7 +476,9 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.blas_kernel(),
                        stats.plans_loaded(),
                        stats.shm_messages_received(),
-                       stats.plan_runs_in_flight()};
+                       stats.plan_runs_in_flight(),
+                       stats.bytes_put(),
+                       stats.bytes_fetched()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

@@ -1,5 +1,7 @@
 #include "tessera/jit.h"
 
+#include <algorithm>
+
 #include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -84,6 +86,14 @@ std::string static_key(const StaticValue& v) {
   if (const double* d = std::get_if<double>(&v)) return absl::StrCat("d", absl::bit_cast<uint64_t>(*d));
   const std::string& s = std::get<std::string>(v);
   return absl::StrCat("s", s.size(), ":", s);
+}
+
+// Whether two meshes hold the same devices, in whatever order and shape.
+bool same_devices(const Mesh& a, const Mesh& b) {
+  std::vector<int> x = a.device_ids(), y = b.device_ids();
+  std::sort(x.begin(), x.end());
+  std::sort(y.begin(), y.end());
+  return x == y;
 }
 
 }  // namespace
@@ -201,6 +211,15 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     }
     if (a.client != first.client)
       return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " is on another client"));
+    if (a.sharding.mesh() != mesh && !same_devices(a.sharding.mesh(), mesh)) {
+      // JAX's "Received incompatible devices for jitted computation": both device lists.
+      return absl::InvalidArgumentError(
+          absl::StrCat("jit: incompatible devices: argument ", i, " (", type_to_string(a.dtype, a.shape),
+                       ") is on device ids [", absl::StrJoin(a.sharding.mesh().device_ids(), ", "), "] (",
+                       a.sharding.mesh().to_string(), ") and argument 0 (", type_to_string(first.dtype, first.shape),
+                       ") on device ids [", absl::StrJoin(mesh.device_ids(), ", "), "] (", mesh.to_string(),
+                       "); every argument must be on one mesh: device_put one onto the other's sharding"));
+    }
     if (a.sharding.mesh() != mesh) {
       const auto [this_mesh, first_mesh] = distinguish(a.sharding.mesh(), mesh);
       return absl::InvalidArgumentError(absl::StrCat("jit: argument ", i, " is on ", this_mesh, ", argument 0 on ",

@@ -37,12 +37,28 @@ const Mesh* manual_mesh(TraceState* t, const std::string& call) {
   return &t->manual_meshes.back();
 }
 
+// False after failing the trace when `axes` names an axis of the body's mesh that the body is
+// not manual over (shard_map's axis_names): JAX binds only the manual axes for collectives.
+bool only_manual_axes(TraceState* t, const Axes& axes, const std::string& call) {
+  const Mesh* mesh = manual_mesh(t, call);
+  if (mesh == nullptr) return false;
+  const std::vector<std::string>& manual = t->manual_axes.back();
+  for (const std::string& a : axes) {
+    if (mesh->axis_index(a) < 0 || std::find(manual.begin(), manual.end(), a) != manual.end()) continue;
+    t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": unbound axis name: ", a,
+                                                    " (the shard_map body is manual over ", axes_to_string(manual),
+                                                    " only, its axis_names; '", a, "' is automatic there)")));
+    return false;
+  }
+  return true;
+}
+
 Value collective(Op op, const Value& x, const AxisNames& axes, std::vector<int64_t> dims, ReduceOp reduce_op,
                  const std::string& call) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
   const Mesh* mesh = manual_mesh(t, call);
-  if (mesh == nullptr) return Value();
+  if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
   absl::StatusOr<int> id =
       t->graph.add_collective(op, TraceState::id(x), *mesh, axes.names, std::move(dims), reduce_op);
   if (!id.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", id.status().message())));
@@ -52,7 +68,7 @@ Value collective(Op op, const Value& x, const AxisNames& axes, std::vector<int64
 // The axes' total size on the innermost body's mesh, or nullopt after failing the trace.
 std::optional<int64_t> group_size(TraceState* t, const AxisNames& axes, const std::string& call) {
   const Mesh* mesh = manual_mesh(t, call);
-  if (mesh == nullptr) return std::nullopt;
+  if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return std::nullopt;
   for (const std::string& a : axes.names) {
     if (mesh->axis_index(a) < 0) {
       t->fail(
@@ -73,17 +89,19 @@ namespace internal {
 // What the body is; shared by the traced and the jitted entry points.
 struct ShardMapBody {
   ShardMapBody(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs, std::vector<PartitionSpec> out_specs,
-               bool check_vma)
+               bool check_vma, std::vector<std::string> axis_names)
       : f(std::move(f)),
         mesh(std::move(mesh)),
         in_specs(std::move(in_specs)),
         out_specs(std::move(out_specs)),
-        check_vma(check_vma) {}
+        check_vma(check_vma),
+        axis_names(std::move(axis_names)) {}
 
   TracedFunction f;
   Mesh mesh;
   std::vector<PartitionSpec> in_specs, out_specs;
   bool check_vma;
+  std::vector<std::string> axis_names;  // as given: empty is every axis
 
   std::vector<Value> operator()(const std::vector<Value>& args) const;
 
@@ -91,7 +109,12 @@ struct ShardMapBody {
   // Checks that each result is the same on every device along the axes its out_spec leaves
   // out, tracking for every body value the axes it may differ along and why.
   absl::Status check_replication(const Graph& g, int body_start, const std::vector<PartitionSpec>& specs,
-                                 const std::vector<int>& in_ids, const std::vector<int>& results) const;
+                                 const std::vector<int>& in_ids, const std::vector<int>& results,
+                                 const std::vector<std::string>& manual) const;
+  // The manual axes in mesh order (axis_names, or all), or INVALID_ARGUMENT naming an axis
+  // that is not the mesh's; then that every spec names only manual axes, as
+  // jax/_src/shard_map.py's _shmap_checks and _check_specs.
+  absl::StatusOr<std::vector<std::string>> manual_axes(const std::vector<PartitionSpec>& specs) const;
 };
 
 }  // namespace internal
@@ -116,6 +139,14 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     return failed;
   };
   if (!t->manual_meshes.empty()) return fail("a shard_map inside a shard_map body is not supported");
+  absl::StatusOr<std::vector<std::string>> manual = manual_axes(in_specs);
+  if (!manual.ok()) return fail(std::string(manual.status().message()));
+  // The axes the body is automatic over: left out of the arguments' types (explicit mode)
+  // where the specs are compared or inferred, as JAX's _manual_spec keeps only manual axes.
+  std::vector<std::string> automatic;
+  for (const std::string& a : mesh.axis_names()) {
+    if (std::find(manual->begin(), manual->end(), a) == manual->end()) automatic.push_back(a);
+  }
   // On a mesh of Explicit axes only, in_specs may be omitted (empty): each argument enters as
   // its type says (jax/_src/shard_map.py, in_specs=Infer).
   std::vector<PartitionSpec> specs = in_specs;
@@ -123,6 +154,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     for (const Value& a : args) {
       std::optional<internal::TypedOperand> typed = internal::typed_operand(a);
       if (!typed.has_value()) return failed;
+      internal::without_axes(typed->spec, automatic);
       specs.push_back(internal::to_partition_spec(typed->spec));
     }
   }
@@ -138,6 +170,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     // Explicit mode: an argument enters with its own sharding; a different in_spec is an error
     // rather than an implicit reshard (JAX >= 0.9; client/explicit/shard_map.cc).
     if (std::optional<internal::TypedOperand> typed = internal::typed_operand(args[i])) {
+      internal::without_axes(typed->spec, automatic);
       const internal::TypeRuleResult r = internal::shard_map_in_type_rule(*typed, NamedSharding(mesh, specs[i]));
       if (!r.error.empty()) return fail(absl::StrCat(r.error, ". ", r.fix));
     }
@@ -150,7 +183,9 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   TraceState* outer = TraceState::current;
   TraceState::current = t;
   t->manual_meshes.push_back(mesh);
+  t->manual_axes.push_back(*manual);
   std::vector<Value> results = f(blocks);
+  t->manual_axes.pop_back();
   t->manual_meshes.pop_back();
   TraceState::current = outer;
   if (!t->error.ok()) return failed;
@@ -177,7 +212,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     result_ids.push_back(TraceState::id(results[i]));
   }
   if (check_vma) {
-    absl::Status replicated = check_replication(t->graph, body_start, specs, in_ids, result_ids);
+    absl::Status replicated = check_replication(t->graph, body_start, specs, in_ids, result_ids, *manual);
     if (!replicated.ok()) return fail(std::string(replicated.message()));
   }
   std::vector<Value> out;
@@ -189,8 +224,36 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   return out;
 }
 
+absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::vector<PartitionSpec>& specs) const {
+  for (const std::string& a : axis_names) {
+    if (mesh.axis_index(a) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("axis_names ", axes_to_string(axis_names),
+                                                     " must be a subset of the mesh's axis names ",
+                                                     axes_to_string(mesh.axis_names()), ", but '", a, "' is not one"));
+    }
+  }
+  std::vector<std::string> manual;
+  for (const std::string& a : mesh.axis_names()) {
+    if (axis_names.empty() || std::find(axis_names.begin(), axis_names.end(), a) != axis_names.end()) {
+      manual.push_back(a);
+    }
+  }
+  for (const auto& [kind, list] : {std::pair{"in", &specs}, std::pair{"out", &out_specs}}) {
+    for (size_t i = 0; i < list->size(); ++i) {
+      for (const std::string& a : (*list)[i].used_axes()) {
+        if (std::find(manual.begin(), manual.end(), a) != manual.end()) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            kind, "_specs argument must refer to an axis marked as manual ", axes_to_string(manual), ", but ", kind,
+            "_specs[", i, "] refers to '", a, "'; check the ", kind, "_specs values passed to shard_map"));
+      }
+    }
+  }
+  return manual;
+}
+
 absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, const std::vector<PartitionSpec>& specs,
-                                             const std::vector<int>& in_ids, const std::vector<int>& results) const {
+                                             const std::vector<int>& in_ids, const std::vector<int>& results,
+                                             const std::vector<std::string>& manual) const {
   std::map<int, Variance> var;
   for (size_t i = 0; i < in_ids.size(); ++i) {
     for (const std::string& a : specs[i].used_axes()) {
@@ -236,7 +299,7 @@ absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, con
   for (size_t i = 0; i < results.size(); ++i) {
     const std::vector<std::string> named = out_specs[i].used_axes();
     const Node& r = g.node(results[i]);
-    for (const std::string& a : mesh.axis_names()) {
+    for (const std::string& a : manual) {
       if (std::find(named.begin(), named.end(), a) != named.end()) continue;
       auto it = var[results[i]].find(a);
       if (it == var[results[i]].end()) continue;
@@ -253,7 +316,7 @@ absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, con
 ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs,
                       std::vector<PartitionSpec> out_specs, ShardMapOptions options) {
   auto body = std::make_shared<const ShardMapBody>(std::move(f), std::move(mesh), std::move(in_specs),
-                                                   std::move(out_specs), options.check_vma);
+                                                   std::move(out_specs), options.check_vma, options.axis_names);
   ShardMapped out;
   out.state_ = std::make_shared<ShardMapped::State>();
   out.state_->body = body;
@@ -373,7 +436,7 @@ Value axis_index(const AxisNames& axes) {
   if (t == nullptr || !t->error.ok()) return Value();
   const std::string call = absl::StrCat("axis_index(", axes_text(axes.names), ")");
   const Mesh* mesh = manual_mesh(t, call);
-  if (mesh == nullptr) return Value();
+  if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
   absl::StatusOr<int> id = t->graph.add_axis_index(*mesh, axes.names);
   if (!id.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", id.status().message())));
   return t->make(*id);

@@ -24,6 +24,9 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   absl::Status error;
   // The shard_map bodies being traced, innermost last: their mesh (what collectives run over).
   std::vector<Mesh> manual_meshes;
+  // For each of those bodies, the mesh axes it is manual over (shard_map's axis_names; all of
+  // them by default): collectives may name only these.
+  std::vector<std::vector<std::string>> manual_axes;
 
   // Explicit sharding (client/explicit/rules.h): the arguments' mesh when it has an Explicit
   // axis, and then every node's type spec, by id (filled by make() as nodes are added); inside

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/access.h"
+#include "coordinator/block_moves.h"
 #include "coordinator/execution_driver.h"
 #include "coordinator/fan_out.h"
 #include "coordinator/plan_stream.h"
@@ -22,6 +23,7 @@
 #include "coordinator/worker_channels.h"
 #include "core/collective.h"
 #include "core/profile_wire.h"
+#include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
 #include "grpcpp/grpcpp.h"
@@ -456,6 +458,17 @@ class CoordinatorService final : public CoordinatorServiceBase {
     return grpc::Status::OK;
   }
 
+  grpc::Status ReshardArray(grpc::ServerContext* ctx, const pb::ReshardArrayRequest* req,
+                            pb::ReshardArrayReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
+    if (!caller.ok()) return to_grpc(caller.status());
+    absl::StatusOr<ArrayRecord> out = reshard_array(*req, *caller, time_left(*ctx));
+    if (!out.ok()) return to_grpc(out.status());
+    to_proto(*out, reply->mutable_result());
+    reply->mutable_result()->set_grant(auth_.grant(out->id));
+    return grpc::Status::OK;
+  }
+
   // The coordinator's metrics (core/metrics.h), from what it counts anyway.
   std::vector<MetricSample> metrics() {
     int64_t alive = 0, devices = 0, compilations = 0, programs = 0, evictions = 0, again = 0, lost = 0;
@@ -674,6 +687,93 @@ class CoordinatorService final : public CoordinatorServiceBase {
     }
     *collective_ns = 0;
     for (const pb::WorkerCollectiveReply& r : replies) *collective_ns = std::max(*collective_ns, r.elapsed_ns());
+    return registry_.get_array(out_id);
+  }
+
+  // device_put of an array already on devices: a new array of the same values laid out by
+  // req.sharding, on its mesh's devices, whatever they are. The coordinator plans the boxes
+  // each device sends and receives (block_moves.h) and every device involved (holders of the
+  // input that send, devices of the result) runs its part (the workers' Reshard): the data
+  // moves worker to worker. `caller` must own the input; the result belongs to its session.
+  absl::StatusOr<ArrayRecord> reshard_array(const pb::ReshardArrayRequest& req, const Caller& caller,
+                                            absl::Duration time_left) {
+    const std::string what = "device_put";
+    TESSERA_ASSIGN_OR_RETURN(const uint64_t session, tessera::acting_session(caller, req.session_id(), "ReshardArray"));
+    TESSERA_ASSIGN_OR_RETURN(ArrayRecord in, registry_.get_array(req.array_id()));
+    TESSERA_RETURN_IF_ERROR(check_owner(caller, in, "ReshardArray", "read"));
+    TESSERA_ASSIGN_OR_RETURN(NamedSharding target, sharding_from_proto(req.sharding()));
+    absl::Status fits = target.validate(in.shape);
+    if (!fits.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", fits.message()));
+    TESSERA_ASSIGN_OR_RETURN(const absl::Duration timeout, run_timeout("ReshardArray", req.timeout_ms()));
+    TESSERA_RETURN_IF_ERROR(check_not_lost(registry_, in, what));
+    await_registration(target.mesh().device_ids());
+    const std::vector<BlockMove> moves = plan_block_moves(in.shape, in.sharding, target);
+    // Each device's part: its block of the result (if any) and the pieces it sends and receives.
+    struct Part {
+      std::optional<Index> out_block;
+      pb::WorkerReshardRequest request;
+    };
+    std::map<int, Index> in_blocks;
+    for (const DeviceShard& s : in.sharding.device_shards(in.shape)) in_blocks[s.device_id] = s.index;
+    std::map<int, Part> involved;
+    for (const DeviceShard& s : target.device_shards(in.shape)) involved[s.device_id].out_block = s.index;
+    int tag = 0;
+    for (const BlockMove& m : moves) {
+      auto add = [&](pb::BlockPiece* piece, int peer, const Index& block) {
+        piece->set_peer(peer);
+        piece->set_tag(tag);
+        for (const Slice& s : relative_box(m.box, block)) {
+          piece->add_start(s.start);
+          piece->add_limit(s.stop);
+        }
+      };
+      add(involved[m.source].request.add_sends(), m.target, in_blocks.at(m.source));
+      Part& receiver = involved[m.target];
+      add(receiver.request.add_receives(), m.source, *receiver.out_block);
+      ++tag;
+    }
+    std::vector<int> devices;
+    for (const auto& [d, p] : involved) devices.push_back(d);
+    TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, in.shape, target, session));
+    absl::StatusOr<Members> members = fan_out_.alive_members(devices, what);
+    if (!members.ok()) {
+      registry_.remove_arrays({out_id});
+      return members.status();
+    }
+    const std::vector<pb::PeerAddress>& peers = members->peers;
+    // The workers stop a second before the caller's deadline, when the fan-out gives up (see
+    // run_collective).
+    const absl::Duration worker_timeout =
+        std::max(absl::Milliseconds(1), std::min(timeout, time_left - absl::Seconds(1)));
+    std::vector<pb::WorkerReshardRequest> requests;
+    std::vector<std::shared_ptr<WorkerChannel>> workers;
+    for (const pb::PeerAddress& peer : peers) {
+      Part& p = involved[peer.device_id()];
+      pb::WorkerReshardRequest& r = p.request;
+      r.set_op_id(out_id);  // array ids are unique: so are the ops that make them
+      if (r.sends_size() > 0) r.set_input_buffer(in.id);
+      if (p.out_block.has_value()) {
+        r.set_output_buffer(out_id);
+        tessera::to_proto(block_shape(*p.out_block), r.mutable_output_shape());
+      }
+      r.set_dtype(tessera::to_proto(in.dtype));
+      r.set_timeout_ms(absl::ToInt64Milliseconds(worker_timeout));
+      for (const pb::PeerAddress& other : peers) *r.add_peers() = other;
+      requests.push_back(std::move(r));
+      workers.push_back(channels_.get(peer.address()));
+    }
+    std::vector<pb::WorkerReshardReply> replies(peers.size());
+    std::vector<grpc::Status> statuses = fan_out_.fan_out(
+        workers, std::min(timeout + absl::Seconds(5), time_left),
+        [&](int i, grpc::ClientContext* ctx, auto done) {
+          workers[i]->stub->async()->Reshard(ctx, &requests[i], &replies[i], std::move(done));
+        },
+        kFailureGrace, &*members);
+    absl::Status failed = FanOut::first_failure(statuses, peers, what);
+    if (!failed.ok()) {
+      fan_out_.delete_buffers(registry_.remove_arrays({out_id}));
+      return failed;
+    }
     return registry_.get_array(out_id);
   }
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@
 #include "proto/tessera.grpc.pb.h"
 #include "worker/buffer_store.h"
 #include "worker/collectives/engine.h"
+#include "worker/collectives/move_blocks.h"
 #include "worker/collectives/transport.h"
 #include "worker/device.h"
 #include "worker/interpreter.h"
@@ -144,6 +146,17 @@ class WorkerService final : public WorkerServiceBase {
     return grpc::Status::OK;
   }
 
+  grpc::Status Reshard(grpc::ServerContext* ctx, const pb::WorkerReshardRequest* req,
+                       pb::WorkerReshardReply* reply) override {
+    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Reshard");
+    if (!caller.ok()) return to_grpc(caller.status());
+    absl::Status done = reshard(
+        *req, [ctx] { return ctx->IsCancelled(); }, reply);
+    transport_.finish_op(req->op_id());
+    if (!done.ok()) return to_grpc(device_.name_in(done));
+    return grpc::Status::OK;
+  }
+
   grpc::Status LoadPlan(grpc::ServerContext* ctx, const pb::LoadPlanRequest* req, pb::LoadPlanReply*) override {
     absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "LoadPlan");
     if (!caller.ok()) return to_grpc(caller.status());
@@ -242,17 +255,65 @@ class WorkerService final : public WorkerServiceBase {
 
  private:
   // Validates the request, runs this device's part and stores the result.
+  // A run's op id, peers and clock from its request (RunCollective's or Reshard's): it starts
+  // now and ends after the request's timeout_ms (0: 10 s; at most an hour).
+  template <typename Request, typename Run>
+  void start_run(const Request& req, std::function<bool()> cancelled, Run* run) const {
+    run->op = req.op_id();
+    run->self = device_.id();
+    for (const pb::PeerAddress& peer : req.peers()) run->peers[peer.device_id()] = peer.address();
+    const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
+    run->start = absl::Now();
+    run->deadline = run->start + absl::Milliseconds(timeout_ms);
+    run->cancelled = std::move(cancelled);
+  }
+
+  // This device's part of a ReshardArray (worker/collectives/move_blocks.h): its output block
+  // reserved first, stored only when complete.
+  absl::Status reshard(const pb::WorkerReshardRequest& req, std::function<bool()> cancelled,
+                       pb::WorkerReshardReply* reply) {
+    BlockMoveRun run;
+    start_run(req, std::move(cancelled), &run);
+    for (auto [pieces, list] : {std::pair{&req.sends(), &run.sends}, std::pair{&req.receives(), &run.receives}}) {
+      for (const pb::BlockPiece& p : *pieces) {
+        if (p.start_size() != p.limit_size()) {
+          return absl::InvalidArgumentError(absl::StrCat("reshard: a piece (tag ", p.tag(), ") has ", p.start_size(),
+                                                         " starts and ", p.limit_size(), " limits"));
+        }
+        BlockPiece piece{p.peer(), p.tag(), {}};
+        for (int d = 0; d < p.start_size(); ++d) piece.box.push_back({p.start(d), p.limit(d)});
+        list->push_back(std::move(piece));
+      }
+    }
+    TESSERA_ASSIGN_OR_RETURN(const DType dtype, dtype_from_proto(req.dtype()));
+    std::shared_ptr<const HostArray> input;
+    if (req.input_buffer() != 0) {
+      TESSERA_ASSIGN_OR_RETURN(input, store_.get(req.input_buffer()));
+    }
+    std::optional<Shape> out_shape;
+    if (req.output_buffer() != 0) {
+      TESSERA_ASSIGN_OR_RETURN(out_shape, shape_from_proto(req.output_shape(), dtype));
+      TESSERA_RETURN_IF_ERROR(store_.reserve(req.output_buffer(), num_elements(*out_shape) * dtype_size(dtype)));
+    }
+    absl::StatusOr<std::shared_ptr<const HostArray>> out = move_blocks(transport_, run, input, dtype, out_shape);
+    if (!out.ok()) {
+      if (req.output_buffer() != 0) store_.cancel(req.output_buffer());
+      return absl::Status(out.status().code(), absl::StrCat("reshard (op ", run.op, "): ", out.status().message()));
+    }
+    if (req.output_buffer() != 0) store_.commit(req.output_buffer(), *std::move(out));
+    int64_t sent = 0;
+    for (const BlockPiece& p : run.sends) {
+      if (p.peer != run.self) sent += num_elements(block_shape(p.box)) * dtype_size(dtype);
+    }
+    reply->set_bytes_sent(sent);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<Shape> run_collective(const pb::WorkerCollectiveRequest& req, std::function<bool()> cancelled,
                                        pb::WorkerCollectiveReply* reply) {
     CollectiveRun run;
-    run.op = req.op_id();
     TESSERA_ASSIGN_OR_RETURN(run.spec, collective_from_proto(req.spec()));
-    run.self = device_.id();
-    for (const pb::PeerAddress& peer : req.peers()) run.peers[peer.device_id()] = peer.address();
-    const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
-    run.start = absl::Now();
-    run.deadline = run.start + absl::Milliseconds(timeout_ms);
-    run.cancelled = std::move(cancelled);
+    start_run(req, std::move(cancelled), &run);
     TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const HostArray> input, store_.get(req.input_buffer()));
     TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input->shape()));
     const int64_t out_bytes = num_elements(out_shape) * dtype_size(input->dtype());

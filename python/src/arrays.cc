@@ -271,6 +271,11 @@ void bind_arrays(py::module_& m) {
           },
           py::arg("shape"), py::arg("names"), py::arg("ids") = std::nullopt, py::arg("types") = std::vector<AxisType>{})
       .def("device_put", &device_put)
+      .def("device_put_array",
+           [](const Client& c, const Array& x, const NamedSharding& sharding) {
+             py::gil_scoped_release release;
+             return value_or_throw(c.device_put(x, sharding));
+           })
       .def("start_profile",
            [](const Client& c, int64_t events_per_daemon) {
              py::gil_scoped_release release;

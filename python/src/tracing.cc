@@ -391,12 +391,17 @@ void bind_tracing(py::module_& m) {
              return value_or_throw(s(args));
            })
       .def("as_text", &ShardMapped::as_text);
-  m.def("shard_map", [](py::object f, const Mesh& mesh, std::vector<PartitionSpec> in_specs,
-                        std::vector<PartitionSpec> out_specs, bool check_vma) {
-    ShardMapOptions options;
-    options.check_vma = check_vma;
-    return shard_map(traced(std::move(f)), mesh, std::move(in_specs), std::move(out_specs), options);
-  });
+  m.def(
+      "shard_map",
+      [](py::object f, const Mesh& mesh, std::vector<PartitionSpec> in_specs, std::vector<PartitionSpec> out_specs,
+         bool check_vma, std::vector<std::string> axis_names) {
+        ShardMapOptions options;
+        options.check_vma = check_vma;
+        options.axis_names = std::move(axis_names);
+        return shard_map(traced(std::move(f)), mesh, std::move(in_specs), std::move(out_specs), options);
+      },
+      py::arg("f"), py::arg("mesh"), py::arg("in_specs"), py::arg("out_specs"), py::arg("check_vma"),
+      py::arg("axis_names") = std::vector<std::string>{});
 }
 
 }  // namespace tessera::python

@@ -445,14 +445,20 @@ def make_jaxpr(fun, static_argnums=()):
 
 # ---- shard_map --------------------------------------------------------------------------
 
-def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, check_rep=None, **unsupported):
-    """jax.shard_map(f, mesh=, in_specs=, out_specs=): f runs per device on blocks, with the
-    collectives of tessera.lax; the SDK's shard_map."""
+def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, check_rep=None, axis_names=frozenset(),
+              **unsupported):
+    """jax.shard_map(f, mesh=, in_specs=, out_specs=, axis_names=): f runs per device on blocks,
+    with the collectives of tessera.lax; the SDK's shard_map. axis_names (a set; empty: every
+    mesh axis) are the axes the body is manual over; the specs and collectives may name only
+    those."""
     if unsupported:
         raise TypeError(f"shard_map: unsupported options {sorted(unsupported)}")
+    if not isinstance(axis_names, (set, frozenset)):
+        raise TypeError("`axis_names` argument of shard_map should be of type `frozenset` or `set`. "
+                        f"Got type: {type(axis_names)}")
     if f is None:
         return functools.partial(shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                                 check_vma=check_vma, check_rep=check_rep)
+                                 check_vma=check_vma, check_rep=check_rep, axis_names=axis_names)
     if out_specs is None:
         raise TypeError("shard_map needs out_specs")
     check = check_vma if check_rep is None else check_rep
@@ -488,8 +494,11 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
             seen["specs"] = broadcast_prefix(out_specs, out, lambda p: isinstance(p, PartitionSpec))
             return [_as_value(o) for o in out_leaves]
 
+        # The mesh's order, then any name not in the mesh (which the SDK reports).
+        names = [a for a in mesh.axis_names if a in axis_names]
+        names += sorted(a for a in axis_names if a not in mesh.axis_names)
         sm = _t.shard_map(_trace.callback(body), mesh._cpp, cpp_specs,
-                          [s._cpp() for s in out_flat], check)
+                          [s._cpp() for s in out_flat], check, names)
         return sm, seen, specs, len(out_flat)
 
     def run(entry, leaves, traced, mesh):
@@ -554,7 +563,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
 def device_put(x, device=None, *, donate=False, may_alias=None):
     """jax.device_put: numpy arrays (and Python scalars) to the cluster under a sharding
     (each device receives exactly its block); an Array to another sharding (on its mesh,
-    a jitted reshard; on another mesh, through the host). A pytree of either, with a
+    a jitted reshard; on another mesh, worker to worker). A pytree of either, with a
     sharding or a prefix pytree of them."""
     leaves, treedef = tree_flatten(x)
     targets = broadcast_prefix(device, x, lambda p: p is None or isinstance(p, (NamedSharding, PartitionSpec, Device)))
@@ -582,7 +591,8 @@ def _put_one(x, target):
             if j is None:
                 j = _reshard[target] = _Jitted(lambda a: with_sharding_constraint(a, target), None, None, (), ())
             return Array(j(x)._a)  # committed to the sharding asked for
-        return _put_numpy(_np.asarray(x), target)
+        # Another mesh: the workers move the blocks between them (never through this process).
+        return Array(config.client().device_put_array(x._a, target._cpp))
     return _put_numpy(x, target)
 
 

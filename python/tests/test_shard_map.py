@@ -93,3 +93,39 @@ def test_several_outputs_under_one_spec_inside_jit(mesh8):
     host = jax.device_get(jax.block_until_ready({"a": a, "b": [b]}))
     assert isinstance(host["b"][0], np.ndarray)
     np.testing.assert_array_equal(host["a"], x + 1)
+
+
+@pytest.mark.parametrize("shape", [(4, 2), (2, 4)])
+def test_axis_names_manual_over_some_axes(shape):
+  # JAX >= 0.9's partial-manual shard_map (tests/shard_map_test.py's test_partial_auto):
+  # manual over 'x' only; 'y' stays automatic around and inside the body.
+  from tessera.sharding import AxisType
+  mesh = jax.make_mesh(shape, ('x', 'y'), axis_types=(AxisType.Auto,) * 2)
+  x = np.arange(16 * 8, dtype=np.float32).reshape(16, 8) / 100
+  w = np.linspace(-1, 1, 8 * 4, dtype=np.float32).reshape(8, 4)
+
+  @partial(jax.shard_map, mesh=mesh, in_specs=(P('x', None), P()), out_specs=(P('x', None), P(), P('x')),
+           axis_names={'x'})
+  def body(xb, wb):
+    h = jnp.tanh(xb @ wb)
+    return h, jax.lax.psum(h.sum(axis=0), 'x'), jax.lax.axis_index('x').reshape(1)
+
+  @jax.jit
+  def f(x, w):
+    h, s, i = body(x * 2, w)
+    return jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(None, 'y'))), s, i
+
+  h, s, i = f(jax.device_put(x, NamedSharding(mesh, P('x', 'y'))), jax.device_put(w, NamedSharding(mesh, P())))
+  want = np.tanh((x * 2) @ w)
+  np.testing.assert_allclose(np.asarray(h), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(s), want.sum(0), rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(i), np.arange(shape[0]))
+
+  # The specs may name only the manual axes, as JAX's _check_specs says.
+  with pytest.raises(ValueError, match="in_specs argument must refer to an axis marked as manual.*refers to 'y'"):
+    jax.shard_map(lambda b: b, mesh=mesh, in_specs=P('x', 'y'), out_specs=P('x'), axis_names={'x'})(x)
+  with pytest.raises(ValueError, match="unbound axis name: y"):
+    jax.shard_map(lambda b: jax.lax.psum(b, 'y'), mesh=mesh, in_specs=P('x'), out_specs=P('x'),
+                  axis_names={'x'})(x)
+  with pytest.raises(TypeError, match="frozenset"):
+    jax.shard_map(lambda b: b, mesh=mesh, in_specs=P('x'), out_specs=P('x'), axis_names=['x'])

@@ -152,3 +152,26 @@ def test_set_mesh_is_the_ambient_mesh_of_bare_specs(mesh, mesh8):
     assert get_abstract_mesh() is None
     with pytest.raises(ValueError, match="needs a mesh"):
         jax.device_put(x, P("data"))
+
+
+def test_device_put_of_an_array_onto_other_devices():
+    # jax.device_put(x, sharding) of an array already on devices: onto other devices, a mesh of
+    # another shape over the same devices, a subset; the values stay, the sharding is the new
+    # one. Arrays on different devices meet in jit only after that (JAX: "incompatible devices").
+    from tessera.sharding import Mesh, NamedSharding
+    devs = jax.devices()
+    x = np.arange(8 * 12, dtype=np.float32).reshape(8, 12)
+    low = Mesh(np.array(devs[:4]), ("x",))
+    a = jax.device_put(x, NamedSharding(low, P("x")))
+    for mesh, spec in [(Mesh(np.array(devs[4:]).reshape(2, 2), ("a", "b")), P("b", "a")),
+                       (Mesh(np.array(devs[:4]).reshape(2, 2), ("a", "b")), P(None, ("a", "b"))),
+                       (Mesh(np.array(devs[1:3]), ("x",)), P(None, "x"))]:
+        b = jax.device_put(a, NamedSharding(mesh, spec))
+        assert b.sharding == NamedSharding(mesh, spec)
+        assert b.sharding.device_set == set(mesh.devices.flat)
+        np.testing.assert_array_equal(np.asarray(b), x)
+    high = jax.device_put(x * 2, NamedSharding(Mesh(np.array(devs[4:]), ("x",)), P("x")))
+    add = jax.jit(lambda u, v: u + v)
+    with pytest.raises(ValueError, match=r"incompatible devices.*device ids \[0, 1, 2, 3\].*device ids \[4, 5, 6, 7\]"):
+        add(high, a)
+    np.testing.assert_array_equal(np.asarray(add(jax.device_put(high, a.sharding), a)), x * 3)

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "core/slicing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
@@ -219,23 +220,173 @@ TEST_F(JitTest, InShardingsAreValidatedAsOutShardingsAre) {
   }
 }
 
-// Two meshes that print alike (same shape and names, other devices) are told apart in
-// messages by their device ids, as JAX's "device ids [0, 1, 2, 3]" in its mismatch errors.
+// Two meshes that print alike (same shape and names, the same devices in another order) are
+// told apart in messages by their device ids, as JAX's "device ids [0, 1, 2, 3]" in its
+// mismatch errors.
 TEST_F(JitTest, MeshesInMessagesShowTheirDevicesWhenTheyWouldLookAlike) {
-  absl::StatusOr<Mesh> low = client_->make_mesh({4}, {"x"}, {0, 1, 2, 3});
-  absl::StatusOr<Mesh> high = client_->make_mesh({4}, {"x"}, {4, 5, 6, 7});
-  ASSERT_TRUE(low.ok() && high.ok());
+  absl::StatusOr<Mesh> up = client_->make_mesh({4}, {"x"}, {0, 1, 2, 3});
+  absl::StatusOr<Mesh> down = client_->make_mesh({4}, {"x"}, {3, 2, 1, 0});
+  ASSERT_TRUE(up.ok() && down.ok());
   const HostArray x = random_f32({8}, 15);
-  absl::StatusOr<Array> a = client_->device_put(x, NamedSharding(*low, P("x")));
-  absl::StatusOr<Array> b = client_->device_put(x, NamedSharding(*high, P("x")));
+  absl::StatusOr<Array> a = client_->device_put(x, NamedSharding(*up, P("x")));
+  absl::StatusOr<Array> b = client_->device_put(x, NamedSharding(*down, P("x")));
   ASSERT_TRUE(a.ok() && b.ok());
   absl::StatusOr<std::vector<Array>> y =
       jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; })({*a, *b});
   ASSERT_FALSE(y.ok());
   EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(y.status().message()),
-            "jit: argument 1 is on Mesh('x': 4, axis_types=(Explicit,), device_ids=[4, 5, 6, 7]), argument 0 on "
+            "jit: argument 1 is on Mesh('x': 4, axis_types=(Explicit,), device_ids=[3, 2, 1, 0]), argument 0 on "
             "Mesh('x': 4, axis_types=(Explicit,), device_ids=[0, 1, 2, 3]); every argument must be on one mesh");
+}
+
+// Committed arrays on different devices passed together: JAX's jit refuses them naming both
+// device lists ("Received incompatible devices for jitted computation. Got argument x of f
+// with shape float32[8] and device ids [0, 1, 2, 3] ... and argument y ... device ids [4, 5,
+// 6, 7]", jax/_src/interpreters/pxla.py's _raise_incompatible_devices). device_put of one onto
+// the other's sharding then makes the call work.
+TEST_F(JitTest, CommittedArraysOnDifferentDevicesAreRefusedNamingBothDeviceLists) {
+  absl::StatusOr<Mesh> low = client_->make_mesh({4}, {"x"}, {0, 1, 2, 3});
+  absl::StatusOr<Mesh> high = client_->make_mesh({2, 2}, {"a", "b"}, {4, 5, 6, 7});
+  ASSERT_TRUE(low.ok() && high.ok());
+  const HostArray x = random_f32({8}, 15);
+  const HostArray w = random_f32({8}, 16);
+  absl::StatusOr<Array> a = client_->device_put(x, NamedSharding(*low, P("x")));
+  absl::StatusOr<Array> b = client_->device_put(w, NamedSharding(*high, P("a")));
+  ASSERT_TRUE(a.ok() && b.ok());
+  Jitted add = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; });
+  absl::StatusOr<std::vector<Array>> y = add({*a, *b});
+  ASSERT_FALSE(y.ok());
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(y.status().message()),
+            "jit: incompatible devices: argument 1 (f32[8]) is on device ids [4, 5, 6, 7] (Mesh('a': 2, 'b': 2, "
+            "axis_types=(Explicit, Explicit))) and argument 0 (f32[8]) on device ids [0, 1, 2, 3] (Mesh('x': 4, "
+            "axis_types=(Explicit,))); every argument must be on one mesh: device_put one onto the other's sharding");
+  absl::StatusOr<Array> moved = client_->device_put(*b, a->sharding());
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  y = add({*a, *moved});
+  ASSERT_TRUE(y.ok()) << y.status();
+  std::vector<double> want;
+  for (int i = 0; i < 8; ++i) want.push_back(double{x.values<float>()[i]} + w.values<float>()[i]);
+  expect_near(fetch((*y)[0]), want);
+}
+
+// Shard bytes clients put on or fetched from the cluster's 8 devices so far (the workers count
+// both, GetStats); a reshard that moves data worker to worker changes neither.
+int64_t client_transfer_bytes(const Client& client) {
+  int64_t bytes = 0;
+  for (int d = 0; d < 8; ++d) {
+    absl::StatusOr<DeviceStats> stats = client.device_stats(d);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    if (stats.ok()) bytes += stats->bytes_put + stats->bytes_fetched;
+  }
+  return bytes;
+}
+
+// Every device's block of `a` (each replica's, read from that device) is its block of `host`.
+void expect_blocks_of(const Array& a, const HostArray& host) {
+  for (const Shard& shard : a.addressable_shards()) {
+    absl::StatusOr<HostArray> block = shard.data();
+    ASSERT_TRUE(block.ok()) << block.status();
+    EXPECT_TRUE(*block == extract_block(host, shard.index()))
+        << "device " << shard.device_id() << " block " << index_to_string(shard.index());
+  }
+}
+
+// jax.device_put(x, sharding) of an array already on devices (JAX's
+// tests/array_test.py/pjit_test.py device_put resharding: the values are unchanged, the
+// sharding is the new one, on the new devices): onto other devices, a mesh of another shape
+// over the same devices, a subset and a superset of them, a replicated layout and back, within
+// the mesh (a jitted reshard). The client neither puts nor fetches a byte for it: the workers'
+// counts of client transfers stay put until the test reads the blocks back.
+TEST_F(JitTest, DevicePutOfAnArrayMovesItWorkerToWorkerOntoAnyDevices) {
+  const HostArray host = random_f32({8, 12}, 21);
+  absl::StatusOr<Mesh> low = client_->make_mesh({4}, {"x"}, {0, 1, 2, 3});
+  ASSERT_TRUE(low.ok());
+  absl::StatusOr<Array> x = client_->device_put(host, NamedSharding(*low, P("x", None)));
+  ASSERT_TRUE(x.ok()) << x.status();
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<std::string> names;
+    std::vector<int> devices;
+    PartitionSpec spec;
+  };
+  const std::vector<Case> cases = {
+      {{4}, {"x"}, {4, 5, 6, 7}, P("x", None)},                    // other devices, same layout
+      {{2, 2}, {"a", "b"}, {4, 5, 6, 7}, P("b", "a")},             // other devices, other shape
+      {{2, 2}, {"a", "b"}, {0, 1, 2, 3}, P("a", "b")},             // same devices, other shape
+      {{4}, {"x"}, {3, 2, 1, 0}, P(None, "x")},                    // same devices, other order
+      {{2}, {"x"}, {1, 2}, P(None, "x")},                          // a subset
+      {{4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7}, P()},  // a superset, replicated
+      {{4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7}, P(Axes{"model", "data"}, None)},
+      {{3}, {"x"}, {5, 6, 7}, P(None, "x")},  // devices partly shared
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Mesh> mesh = client_->make_mesh(c.shape, c.names, c.devices);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const NamedSharding target(*mesh, c.spec);
+    SCOPED_TRACE(target.to_string() + " " + mesh->to_string());
+    const int64_t before = client_transfer_bytes(*client_);
+    absl::StatusOr<Array> y = client_->device_put(*x, target);
+    ASSERT_TRUE(y.ok()) << y.status();
+    ASSERT_TRUE(y->block_until_ready().ok());
+    EXPECT_EQ(client_transfer_bytes(*client_), before);
+    EXPECT_TRUE(y->sharding() == target);
+    EXPECT_EQ(y->shape(), host.shape());
+    expect_blocks_of(*y, host);
+    EXPECT_GT(client_transfer_bytes(*client_), before);  // the counts do see the client's reads
+    // And back from there onto the first layout, from whichever replicas hold it.
+    const int64_t again = client_transfer_bytes(*client_);
+    absl::StatusOr<Array> back = client_->device_put(*y, x->sharding());
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_TRUE(back->block_until_ready().ok());
+    EXPECT_EQ(client_transfer_bytes(*client_), again);
+    expect_blocks_of(*back, host);
+  }
+  // Within its own mesh: a jitted reshard (collectives), no client transfer either.
+  const int64_t before = client_transfer_bytes(*client_);
+  absl::StatusOr<Array> columns = client_->device_put(*x, NamedSharding(*low, P(None, "x")));
+  ASSERT_TRUE(columns.ok()) << columns.status();
+  ASSERT_TRUE(columns->block_until_ready().ok());
+  EXPECT_EQ(client_transfer_bytes(*client_), before);
+  expect_blocks_of(*columns, host);
+  // Its own sharding: x itself, as JAX returns an array already laid out so.
+  absl::StatusOr<Array> same = client_->device_put(*x, x->sharding());
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->id(), x->id());
+  expect_blocks_of(*x, host);  // the source is untouched
+}
+
+// device_put of an array: a sharding that does not fit is refused on the client with the
+// rule; a device outside the cluster is NOT_FOUND; the output of a jitted call is moved once
+// that call has finished; a bare spec resolves against the ambient mesh.
+TEST_F(JitTest, DevicePutOfAnArrayChecksTheShardingAndWaitsForItsInput) {
+  const HostArray host = random_f32({6, 4}, 22);
+  absl::StatusOr<Mesh> pair = client_->make_mesh({2}, {"x"}, {0, 1});
+  absl::StatusOr<Mesh> four = client_->make_mesh({4}, {"x"}, {4, 5, 6, 7});
+  absl::StatusOr<Mesh> outside = client_->make_mesh({2}, {"x"}, {6, 42});
+  ASSERT_TRUE(pair.ok() && four.ok() && outside.ok());
+  absl::StatusOr<Array> x = client_->device_put(host, NamedSharding(*pair, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  absl::StatusOr<Array> bad = client_->device_put(*x, NamedSharding(*four, P("x")));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(bad.status().message()),
+            absl::StrCat("device_put: f32[6,4]: ", NamedSharding(*four, P("x")).validate(host.shape()).message()));
+  bad = client_->device_put(*x, NamedSharding(*outside, P(None, "x")));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("device 42"));
+  absl::StatusOr<std::vector<Array>> doubled =
+      jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; })({*x});
+  ASSERT_TRUE(doubled.ok()) << doubled.status();
+  MeshScope scope = set_mesh(*four);
+  absl::StatusOr<Array> y = client_->device_put((*doubled)[0], P(None, "x"));
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(y->sharding() == NamedSharding(*four, P(None, "x")));
+  std::vector<double> want;
+  for (float v : host.values<float>()) want.push_back(2.0 * v);
+  expect_near(fetch(*y), want);
 }
 
 // JAX's sharded-computation tutorial constrains a value of a (4, 2) mesh onto an (8,) mesh of

@@ -281,6 +281,112 @@ TEST_F(ShardMapTest, NestedInJitWithAutomaticCodeAround) {
   EXPECT_THAT(r->plan_text, HasSubstr("reduce_scatter("));
 }
 
+// shard_map's axis_names (JAX >= 0.9; tests/shard_map_test.py's test_partial_auto): manual over
+// 'data' only, automatic over 'model'. The body's collectives over 'data' work, the code around
+// it (and a constraint over 'model' after it) is partitioned automatically, and the results
+// are a plain host computation's: tanh(x @ w), its column sums (a psum over 'data' of each
+// block's), and each device's position along 'data'. On the (4, 2) and (2, 4) meshes, Auto axes.
+TEST_F(ShardMapTest, AxisNamesMakeTheBodyManualOverSomeAxesOnly) {
+  ASSERT_NE(client_, nullptr);
+  for (int m : {1, 2}) {
+    const Mesh& mesh = auto_meshes_[m];
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t data = mesh.shape()[0];
+    ShardMapped body = shard_map(
+        [](const std::vector<Value>& in) {
+          Value h = tanh(matmul(in[0], in[1]));  // this device's rows of tanh(x @ w)
+          return std::vector<Value>{h, psum(sum(h, {0}), "data"),
+                                    broadcast_to(convert(axis_index("data"), DType::kF32), {1})};
+        },
+        mesh, {P("data", None), P()}, {P("data", None), P(), P("data")}, {.axis_names = {"data"}});
+    Jitted f = jit([body, mesh](const std::vector<Value>& in) {
+      std::vector<Value> out = body({in[0] * 0.5, in[1]});  // automatic code before it
+      // and after, over 'model'
+      out[0] = with_sharding_constraint(out[0] + 1.0, NamedSharding(mesh, P(None, "model")));
+      return out;
+    });
+    std::mt19937 rng(31 + m);
+    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+    const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
+    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
+    absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
+    ASSERT_TRUE(xs.ok() && ws.ok());
+    absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
+    ASSERT_TRUE(out.ok()) << out.status();
+    // The host computation, without shard_map.
+    absl::StatusOr<Graph> plain = trace(
+        [](const std::vector<Value>& in) {
+          Value h = tanh(matmul(in[0] * 0.5, in[1]));
+          return std::vector<Value>{h + 1.0, sum(h, {0})};
+        },
+        {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*plain, {&x, &w});
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::StatusOr<HostArray> h = (*out)[0].fetch();
+    absl::StatusOr<HostArray> sums = (*out)[1].fetch();
+    absl::StatusOr<HostArray> positions = (*out)[2].fetch();
+    ASSERT_TRUE(h.ok() && sums.ok() && positions.ok());
+    EXPECT_TRUE(results_match(*h, (*want)[0], kF32Tolerance)) << f.as_text();
+    EXPECT_TRUE(results_match(*sums, (*want)[1], kF32Tolerance)) << f.as_text();
+    ASSERT_EQ(positions->shape(), (Shape{data}));
+    for (int64_t i = 0; i < data; ++i) EXPECT_EQ(positions->element_as_double(i), i);
+    EXPECT_EQ((*out)[0].sharding().spec(), P(None, "model"));
+    EXPECT_EQ((*out)[1].sharding().spec(), P(None));
+  }
+}
+
+// What axis_names refuses, in JAX's words (jax/_src/shard_map.py's _shmap_checks and
+// _check_specs; tests/shard_map_test.py's test_partial_auto_error_wrong_in_specs: "in_specs
+// refers to 'j'"): specs naming an automatic axis, axis_names outside the mesh, and (JAX:
+// "unbound axis name") a collective or axis_index over an automatic axis.
+TEST_F(ShardMapTest, AxisNamesRefuseSpecsAndCollectivesOverAutomaticAxes) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = auto_meshes_[1];
+  auto identity = [](const std::vector<Value>& in) { return std::vector<Value>{in[0]}; };
+  absl::Status s = trace_error([&](const std::vector<Value>& in) {
+    return shard_map(identity, mesh, {P("data", "model")}, {P("data", None)}, {.axis_names = {"data"}})(in);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()),
+            "shard_map: in_specs argument must refer to an axis marked as manual ('data',), but in_specs[0] refers "
+            "to 'model'; check the in_specs values passed to shard_map");
+  s = trace_error([&](const std::vector<Value>& in) {
+    return shard_map(identity, mesh, {P("data", None)}, {P("data", "model")}, {.axis_names = {"data"}})(in);
+  });
+  EXPECT_EQ(std::string(s.message()),
+            "shard_map: out_specs argument must refer to an axis marked as manual ('data',), but out_specs[0] "
+            "refers to 'model'; check the out_specs values passed to shard_map");
+  s = trace_error([&](const std::vector<Value>& in) {
+    return shard_map(identity, mesh, {P("data", None)}, {P("data", None)}, {.axis_names = {"data", "rows"}})(in);
+  });
+  EXPECT_EQ(std::string(s.message()),
+            "shard_map: axis_names ('data', 'rows') must be a subset of the mesh's axis names ('data', 'model'), "
+            "but 'rows' is not one");
+  s = trace_error([&](const std::vector<Value>& in) {
+    return shard_map([](const std::vector<Value>& b) { return std::vector<Value>{psum(b[0], "model")}; }, mesh,
+                     {P("data", None)}, {P("data", None)}, {.axis_names = {"data"}})(in);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()),
+            "psum(f32[4,8], 'model'): unbound axis name: model (the shard_map body is manual over ('data',) only, "
+            "its axis_names; 'model' is automatic there)");
+  s = trace_error([&](const std::vector<Value>& in) {
+    return shard_map(
+        [](const std::vector<Value>& b) {
+          return std::vector<Value>{b[0] + convert(axis_index(AxisNames{"data", "model"}), DType::kF32)};
+        },
+        mesh, {P("data", None)}, {P("data", None)}, {.axis_names = {"data"}})(in);
+  });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("axis_index(('data', 'model')): unbound axis name: model"));
+  // All axes named: the full manual shard_map, as an empty axis_names.
+  s = trace_error([&](const std::vector<Value>& in) {
+    return shard_map([](const std::vector<Value>& b) { return std::vector<Value>{psum(b[0], "model")}; }, mesh,
+                     {P("data", "model")}, {P("data", None)}, {.axis_names = {"model", "data"}})(in);
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST_F(ShardMapTest, OutputNotReplicatedWhereTheOutSpecSaysIsAnError) {
   ASSERT_NE(client_, nullptr);
   auto body = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; };

@@ -51,6 +51,8 @@ struct DeviceStats {
   int64_t plans_loaded = 0;                 // compiled programs' plans the device holds
   int64_t shm_messages_received = 0;        // collective messages that came through shared memory
   int64_t plan_runs_in_flight = 0;          // program runs started there and not finished
+  int64_t bytes_put = 0;                    // shard bytes put there by clients (device_put), in all
+  int64_t bytes_fetched = 0;                // shard bytes read from there by clients (fetch), in all
 };
 
 // Options of Client::connect.
@@ -177,6 +179,18 @@ class Client {
   // jax.device_put(x, P(...)) under jax.set_mesh; INVALID_ARGUMENT when none is set.
   absl::StatusOr<Array> device_put(const HostArray& host, const PartitionSpec& spec) const;
   absl::StatusOr<Array> device_put(const HostView& host, const PartitionSpec& spec) const;
+  // jax.device_put(x, sharding) of an array already on devices: the same values laid out by
+  // `sharding` on its mesh's devices, which may be x's, some of them, more, or others. The data
+  // moves worker to worker, never through this client: within x's own mesh by collectives (a
+  // jitted reshard, as tessera::reshard), else each device of `sharding` gets its boxes straight
+  // from devices holding them (itself first). x itself when `sharding` is x's. Waits until x is
+  // ready (first its block_until_ready errors). INVALID_ARGUMENT naming the rule when
+  // `sharding` does not fit x's shape, or when x is another client's; NOT_FOUND for a device
+  // not in the cluster; UNAVAILABLE naming a device that is lost, draining or unreachable;
+  // FAILED_PRECONDITION when x lost a shard to a worker restart.
+  absl::StatusOr<Array> device_put(const Array& x, const NamedSharding& sharding) const;
+  // The same on the ambient mesh (set_mesh), as jax.device_put(x, P(...)) under jax.set_mesh.
+  absl::StatusOr<Array> device_put(const Array& x, const PartitionSpec& spec) const;
 
   // What the device's worker reports about its memory, asked now. NOT_FOUND when the device
   // is not in the cluster; UNAVAILABLE or DEADLINE_EXCEEDED naming the coordinator or the

@@ -48,6 +48,11 @@ struct ShardMapOptions {
   // Check that every result is replicated over the mesh axes its out_spec leaves out (JAX's
   // check_vma); when off, such a result is whatever the devices hold (device order decides).
   bool check_vma = true;
+  // jax.shard_map's axis_names: the mesh axes the body is manual over; empty: all of them. Over
+  // the others the body is automatic: in_specs and out_specs may not name them, nor may its
+  // collectives, and each device computes its block whole along them (the compiler does not
+  // yet split a body's work over an automatic axis).
+  std::vector<std::string> axis_names = {};
   // For calls on Arrays: the jit options of the program shard_map compiles to.
   JitOptions jit = {};
 };
@@ -78,7 +83,8 @@ class ShardMapped {
 };
 
 // jax.shard_map(f, mesh, in_specs, out_specs): one in_spec per argument, one out_spec per
-// result of `f`. Never fails itself: the specs are checked when the result is traced.
+// result of `f`. Never fails itself: the specs (and options.axis_names) are checked when the
+// result is traced.
 ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs,
                       std::vector<PartitionSpec> out_specs, ShardMapOptions options = {});
 // jax.shard_map(f, in_specs=, out_specs=) without a mesh: over the ambient mesh

@@ -1,0 +1,62 @@
+#include "coordinator/block_moves.h"
+
+#include <algorithm>
+#include <optional>
+
+namespace tessera {
+namespace {
+
+// The intersection of two blocks, or nothing when it holds no element. A rank-0 array's one
+// element is every block's.
+std::optional<Index> intersect(const Index& a, const Index& b) {
+  Index out(a.size());
+  for (size_t d = 0; d < a.size(); ++d) {
+    out[d] = {std::max(a[d].start, b[d].start), std::min(a[d].stop, b[d].stop)};
+    if (out[d].start >= out[d].stop) return std::nullopt;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<BlockMove> plan_block_moves(const Shape& shape, const NamedSharding& from, const NamedSharding& to) {
+  // The distinct blocks of `from`, each with its holders in mesh order.
+  struct Held {
+    Index block;
+    std::vector<int> holders;
+    size_t next = 0;  // the holder that sends the next box another device needs
+  };
+  std::vector<Held> held;
+  for (const DeviceShard& s : from.device_shards(shape)) {
+    auto it = std::find_if(held.begin(), held.end(), [&](const Held& h) { return h.block == s.index; });
+    if (it == held.end()) {
+      held.push_back({s.index, {s.device_id}});
+    } else {
+      it->holders.push_back(s.device_id);
+    }
+  }
+  std::vector<BlockMove> moves;
+  for (const DeviceShard& t : to.device_shards(shape)) {
+    for (Held& h : held) {
+      std::optional<Index> box = intersect(t.index, h.block);
+      if (!box.has_value()) continue;
+      int source;
+      if (std::find(h.holders.begin(), h.holders.end(), t.device_id) != h.holders.end()) {
+        source = t.device_id;
+      } else {
+        source = h.holders[h.next];
+        h.next = (h.next + 1) % h.holders.size();
+      }
+      moves.push_back({source, t.device_id, *std::move(box)});
+    }
+  }
+  return moves;
+}
+
+Index relative_box(const Index& box, const Index& block) {
+  Index out(box.size());
+  for (size_t d = 0; d < box.size(); ++d) out[d] = {box[d].start - block[d].start, box[d].stop - block[d].start};
+  return out;
+}
+
+}  // namespace tessera
