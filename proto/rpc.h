@@ -32,8 +32,9 @@ namespace tessera {
 // argsort; calls name in-flight calls' outputs (ExecuteRequest.pending_inputs), and ExecuteReply carries only ids and
 // grants; uint32, random_bits with RandomBitsAttrs, shift_right_logical, erf_inv. 17: the Profile RPC of both
 // services; while and switch (BranchesAttrs, the SWITCH instruction); the dtypes bfloat16, float16, uint8, int8,
-// int16. 18: a worker's heartbeat says it drains (HeartbeatRequest.draining, DeviceInfo.draining).)
-inline constexpr uint32_t kProtocolVersion = 18;
+// int16. 18: a worker's heartbeat says it drains (HeartbeatRequest.draining, DeviceInfo.draining). 19: a
+// replicated put's fan-out (ShardHeader.fan_out, CreateArrayReply.peers, PeerAddress.grant).)
+inline constexpr uint32_t kProtocolVersion = 19;
 inline constexpr uint64_t kOpTableDigest = 0xce9033f4e9f7f670;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

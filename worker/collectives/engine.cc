@@ -422,7 +422,7 @@ absl::StatusOr<ArrayPtr> collective_permute(Group& g, const CollectiveRun& run, 
   return std::make_shared<const HostArray>(HostArray::zeros(in->dtype(), in->shape()));
 }
 
-absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in) {
+absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in, std::shared_ptr<HostArray> into) {
   const int n = g.n(), r = g.rank();
   if (n == 1) return in;
   const Range whole{0, in->nbytes()};
@@ -438,7 +438,8 @@ absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in) {
     }
     return in;
   }
-  auto out = std::make_shared<HostArray>(in->dtype(), in->shape());
+  std::shared_ptr<HostArray> out =
+      into != nullptr ? std::move(into) : std::make_shared<HostArray>(in->dtype(), in->shape());
   if (direct) {
     TESSERA_RETURN_IF_ERROR(g.receive_range(root, 0, out->data(), whole));
     return out;
@@ -483,7 +484,7 @@ absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& trans
       case CollectiveKind::kCollectivePermute:
         return collective_permute(g, run, members, input);
       case CollectiveKind::kBroadcast:
-        return broadcast(g, run.spec.root, input);
+        return broadcast(g, run.spec.root, input, run.broadcast_into);
     }
     return absl::InvalidArgumentError("unknown collective");
   }();
