@@ -361,11 +361,11 @@ namespace {
 // it is large enough and the coordinator vouched for every replica's address, it goes to one
 // replica, which broadcasts it to the others (a fan-out, appended to `fan_outs`). Successive
 // blocks' uploads go to different positions of their replica sets, spreading them over the
-// workers.
+// workers. The first of a fan-out's calls to fail cancels the others (`calls`).
 std::vector<internal::PutRoute> put_routes(const HostView& host, const std::vector<DeviceShard>& shards,
                                            const std::map<int, std::string>& addresses,
                                            const pb::CreateArrayReply& reply, std::vector<pb::ShardFanOut>* fan_outs,
-                                           std::vector<uint64_t>* handoffs) {
+                                           std::vector<uint64_t>* handoffs, internal::PutCalls* calls) {
   std::vector<internal::PutRoute> routes(shards.size());
   std::map<int, const pb::PeerAddress*> vouched;
   for (const pb::PeerAddress& peer : reply.peers()) vouched[peer.device_id()] = &peer;
@@ -403,6 +403,7 @@ std::vector<internal::PutRoute> put_routes(const HostView& host, const std::vect
       const size_t i = replicas[(first + k) % replicas.size()];
       *fan_out.add_members() = *vouched[shards[i].device_id];
       routes[i].fan_out = &fan_out;
+      routes[i].calls = calls;
     }
     routes[replicas[first]].uploader = true;
   }
@@ -470,7 +471,8 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
   const std::vector<DeviceShard> shards = sharding.device_shards(host.shape);
   std::vector<pb::ShardFanOut> fan_outs;
   std::vector<uint64_t> handoffs;
-  std::vector<internal::PutRoute> routes = put_routes(host, shards, addresses, reply, &fan_outs, &handoffs);
+  internal::PutCalls calls;
+  std::vector<internal::PutRoute> routes = put_routes(host, shards, addresses, reply, &fan_outs, &handoffs, &calls);
   const absl::Status uploaded = internal::run_parallel(static_cast<int>(shards.size()), [&](int i) -> absl::Status {
     const DeviceShard& shard = shards[i];
     const std::string& address = addresses[shard.device_id];
@@ -479,7 +481,8 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
     return internal::put_shard(stub, reply.array_id(), reply.grant(), host, shard.index, who,
                                is_in_process_address(address), routes[i]);
   });
-  for (uint64_t token : handoffs) Handoff::withdraw(token);  // what a failed put left
+  for (uint64_t token : handoffs) Handoff::withdraw(token);                     // what a failed put left
+  if (!uploaded.ok() && !calls.first_error().ok()) return calls.first_error();  // the cause, not a cancellation
   TESSERA_RETURN_IF_ERROR(uploaded);
   return array;
 }

@@ -25,20 +25,41 @@ void fill_header(uint64_t buffer_id, const std::string& grant, DType dtype, cons
   to_proto(shape, header->mutable_shape());
 }
 
+// Registers a call with a put's PutCalls (if any) for its lifetime.
+class CallScope {
+ public:
+  CallScope(PutCalls* calls, grpc::ClientContext* ctx) : calls_(calls), ctx_(ctx) {
+    if (calls_ != nullptr) calls_->start(ctx_);
+  }
+  ~CallScope() {
+    if (calls_ != nullptr) calls_->done(ctx_, status_);
+  }
+  absl::Status finish(absl::Status status) {
+    status_ = status;
+    return status;
+  }
+
+ private:
+  PutCalls* const calls_;
+  grpc::ClientContext* const ctx_;
+  absl::Status status_;
+};
+
 // A PutShard of `header` alone: the bytes wait under handoff `token` (0: none; a fan-out
 // member's come from its peers).
 absl::Status put_header(pb::Worker::Stub* stub, const pb::ShardHeader& header, uint64_t token, absl::Duration deadline,
-                        const std::string& who) {
+                        const std::string& who, PutCalls* calls) {
   grpc::ClientContext ctx;
   set_deadline(&ctx, deadline);
   if (token != 0) ctx.AddMetadata(kHandoffKey, absl::StrCat(token));
+  CallScope scope(calls, &ctx);
   pb::PutShardReply reply;
   std::unique_ptr<grpc::ClientWriter<pb::ShardChunk>> writer = stub->PutShard(&ctx, &reply);
   pb::ShardChunk chunk;
   *chunk.mutable_header() = header;
   writer->Write(chunk);  // a failure shows in Finish()
   writer->WritesDone();
-  return from_grpc(writer->Finish(), who);
+  return scope.finish(from_grpc(writer->Finish(), who));
 }
 
 // The buffer a GetShard's worker handed over (the token in its initial metadata), or nullptr.
@@ -84,8 +105,8 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   if (route.fan_out != nullptr) *header.mutable_fan_out() = *route.fan_out;
   // Only the header travels: the buffer waits already (route.handoff), or the fan-out's
   // uploader brings the bytes.
-  if (route.handoff != 0) return put_header(stub, header, route.handoff, kControlDeadline, who);
-  if (route.fan_out != nullptr && !route.uploader) return put_header(stub, header, 0, deadline, who);
+  if (route.handoff != 0) return put_header(stub, header, route.handoff, kControlDeadline, who, nullptr);
+  if (route.fan_out != nullptr && !route.uploader) return put_header(stub, header, 0, deadline, who, route.calls);
   if (same_process) {
     // The worker keeps this copy: the one copy of the bytes.
     auto block = std::make_shared<HostArray>(global.dtype, shape);
@@ -93,7 +114,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
     absl::StatusOr<uint64_t> token = Handoff::deposit(std::move(block));
     if (token.ok()) {
       const absl::Status status =
-          put_header(stub, header, *token, route.fan_out != nullptr ? deadline : kControlDeadline, who);
+          put_header(stub, header, *token, route.fan_out != nullptr ? deadline : kControlDeadline, who, route.calls);
       Handoff::withdraw(*token);  // not taken if the worker refused the put
       return status;
     }
@@ -112,6 +133,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 
   grpc::ClientContext ctx;
   set_deadline(&ctx, deadline);
+  CallScope scope(route.calls, &ctx);
   pb::PutShardReply reply;
   std::unique_ptr<grpc::ClientWriter<pb::ShardChunk>> writer = stub->PutShard(&ctx, &reply);
   pb::ShardChunk chunk;
@@ -126,7 +148,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
     chunk.clear_header();
   } while (sent < bytes);
   writer->WritesDone();
-  return from_grpc(writer->Finish(), who);
+  return scope.finish(from_grpc(writer->Finish(), who));
 }
 
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
@@ -193,6 +215,25 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   }
   if (offset < 0) copy_block_in(staging.data(), global.shape, elem, index, global_data);
   return absl::OkStatus();
+}
+
+void PutCalls::start(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (!first_error_.ok()) ctx->TryCancel();
+  running_.insert(ctx);
+}
+
+void PutCalls::done(grpc::ClientContext* ctx, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  running_.erase(ctx);
+  if (status.ok() || !first_error_.ok()) return;
+  first_error_ = status;
+  for (grpc::ClientContext* other : running_) other->TryCancel();
+}
+
+absl::Status PutCalls::first_error() const {
+  absl::MutexLock lock(&mu_);
+  return first_error_;
 }
 
 absl::Status run_parallel(int n, const std::function<absl::Status(int)>& task) {

@@ -5,10 +5,13 @@
 
 #include <cstddef>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "core/host_array.h"
 #include "core/sharding.h"
 #include "proto/tessera.grpc.pb.h"
@@ -20,12 +23,31 @@ namespace tessera::internal {
 // from here (a broadcast costs a round of messages more than it saves).
 inline constexpr int64_t kFanOutMinBytes = 256 << 10;
 
+// The calls of one device_put that fan blocks out: the first to fail cancels the others, whose
+// workers would otherwise wait out the broadcast's deadline for a member that is gone (an
+// uploader that died before it ever sent them anything). Thread-safe.
+class PutCalls {
+ public:
+  // Registers `ctx` until done(ctx); cancels it at once if a call failed already.
+  void start(grpc::ClientContext* ctx);
+  // Unregisters `ctx`; the first failure cancels the calls still registered.
+  void done(grpc::ClientContext* ctx, const absl::Status& status);
+  // The first failure (what the others' cancellations follow from), or OK.
+  absl::Status first_error() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::set<grpc::ClientContext*> running_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
 // How one device's put travels, besides the default (its own copy of the block, streamed, or
 // handed over when the worker is in this process).
 struct PutRoute {
   // The block's fan-out: `uploader` sends the data with it, every other member the header alone.
   const pb::ShardFanOut* fan_out = nullptr;
   bool uploader = false;
+  PutCalls* calls = nullptr;  // with a fan-out: the put's calls
   // In process: the block waits already under this handoff token, deposited once for all its
   // replicas (Handoff::deposit with a taker each; the caller withdraws it afterwards).
   uint64_t handoff = 0;

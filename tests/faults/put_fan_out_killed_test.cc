@@ -109,5 +109,53 @@ TEST_F(PutFanOutKilledTest, AMemberKilledMidBroadcastFailsThePutBoundedNamingIt)
   }
 }
 
+// The uploader killed before it sent anything, on a fresh cluster (no Exchange link between
+// the workers yet, so no stream's end tells the other members): the client's call to it fails,
+// which cancels the members' calls, so the put fails in bounded time naming it rather than
+// after the broadcast's deadline (10 s + 1 s per 16 MiB).
+TEST_F(PutFanOutKilledTest, TheUploaderKilledBeforeItSendsFailsThePutBoundedNamingIt) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = HostArray::ones(DType::kF32, {12, 1 << 20});  // 48 MiB
+  std::vector<int64_t> used;
+  for (int d = 0; d < kFaultWorkers; ++d) used.push_back(stats_of(*client, d).bytes_used);
+  constexpr int kUploader = 0;  // the first replica of the array's one block
+  stopped_ = cluster_.workers[kUploader]->pid();
+  ASSERT_TRUE(sigstop_and_wait(stopped_).ok());
+  absl::Status result;
+  std::thread put([&] { result = client->device_put(host, NamedSharding(*mesh, P())).status(); });
+  // The other members reserve the block when their header arrives, then wait for the uploader.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (int d = 1; d < kFaultWorkers; ++d) {
+    while (stats_of(*client, d).bytes_used < used[d] + host.nbytes() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));  // polling a condition, with a deadline
+    }
+    EXPECT_GE(stats_of(*client, d).bytes_used, used[d] + host.nbytes()) << "device " << d << " did not start";
+  }
+  cluster_.workers[kUploader]->kill();
+  stopped_ = -1;
+  const absl::Time killed = absl::Now();
+  put.join();
+  const absl::Duration took = absl::Now() - killed;
+  std::printf("replicated put with its uploader killed failed %s after the kill: %s\n",
+              absl::FormatDuration(took).c_str(), result.ToString().c_str());
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
+  EXPECT_THAT(std::string(result.message()), HasSubstr(absl::StrCat("device ", kUploader)));
+  // The failed put drops its array, whose DeleteArray is the coordinator's first contact with
+  // the dead uploader on this fresh cluster: that waits up to 5 s for the connection (docs/
+  // design.md, "Control path and failure"). Still far below the broadcast's deadline (13 s).
+  EXPECT_LT(took, kBound + absl::Seconds(5));
+  // The members gave their reservations back.
+  const absl::Time release_deadline = absl::Now() + absl::Seconds(10);
+  for (int d = 1; d < kFaultWorkers; ++d) {
+    while (stats_of(*client, d).bytes_used != used[d] && absl::Now() < release_deadline) {
+      absl::SleepFor(absl::Milliseconds(10));  // polling a condition, with a deadline
+    }
+    EXPECT_EQ(stats_of(*client, d).bytes_used, used[d]) << "device " << d;
+  }
+}
+
 }  // namespace
 }  // namespace tessera
