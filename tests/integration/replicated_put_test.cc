@@ -57,6 +57,7 @@ std::vector<Case> cases() {
   return {
       {{8}, {"x"}, P(), {256, 512}, 1},    // 512 KiB, 8 copies
       {{8}, {"x"}, P(), {1024, 1024}, 1},  // 4 MiB: a stream of several chunks, a chain of several
+      {{8}, {"x"}, P(), {2048, 3072}, 1},  // 24 MiB: more chunks than the chain's window (engine.cc)
       {{4, 2}, {"data", "model"}, P("data", None), {512, 1024}, 4},       // 2 replicas a block
       {{2, 4}, {"data", "model"}, P("data", None), {256, 1024}, 2},       // 4 replicas a block
       {{2, 2, 2}, {"a", "b", "c"}, P("a", None, "c"), {8, 64, 1024}, 4},  // 3-D, 'b' replicates
