@@ -27,16 +27,7 @@ constexpr int kVictim = 2;
 // put's own deadline (10 s + 1 s per 16 MiB).
 constexpr absl::Duration kBound = absl::Seconds(5);
 
-class PutFanOutKilledTest : public FaultClusterTest {
- protected:
-  std::vector<std::string> drill_flags() const override {
-    return {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=60000"};
-  }
-  void TearDown() override {
-    if (stopped_ > 0) ::kill(stopped_, SIGCONT);
-  }
-  pid_t stopped_ = -1;
-};
+class PutFanOutKilledTest : public PeerKilledDrill {};
 
 DeviceStats stats_of(const Client& client, int device) {
   absl::StatusOr<DeviceStats> stats = client.device_stats(device);
@@ -81,11 +72,8 @@ TEST_F(PutFanOutKilledTest, AMemberKilledMidBroadcastFailsThePutBoundedNamingIt)
   const int64_t shm_before = stats_of(*client, 1).shm_messages_received;
   absl::Status result;
   std::thread put([&] { result = client->device_put(host, NamedSharding(*mesh, P())).status(); });
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (stats_of(*client, 1).shm_messages_received == shm_before && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));  // polling a condition, with a deadline
-  }
-  EXPECT_GT(stats_of(*client, 1).shm_messages_received, shm_before) << "the broadcast did not start";
+  EXPECT_TRUE(poll_until([&] { return stats_of(*client, 1).shm_messages_received > shm_before; }, absl::Seconds(20)))
+      << "the broadcast did not start";
   cluster_.workers[kVictim]->kill();
   stopped_ = -1;
   const absl::Time killed = absl::Now();
@@ -99,12 +87,9 @@ TEST_F(PutFanOutKilledTest, AMemberKilledMidBroadcastFailsThePutBoundedNamingIt)
 
   // No copy of either array stays: the survivors drop what they stored of the failed one (and
   // of the first, whose handle went).
-  const absl::Time drop_deadline = absl::Now() + absl::Seconds(10);
   for (int d = 0; d < kFaultWorkers; ++d) {
     if (d == kVictim) continue;
-    while (stats_of(*client, d).buffer_count != before[d].buffer_count && absl::Now() < drop_deadline) {
-      absl::SleepFor(absl::Milliseconds(10));  // polling a condition, with a deadline
-    }
+    poll_until([&] { return stats_of(*client, d).buffer_count == before[d].buffer_count; }, absl::Seconds(10));
     EXPECT_EQ(stats_of(*client, d).buffer_count, before[d].buffer_count) << "device " << d;
   }
 }
@@ -127,12 +112,10 @@ TEST_F(PutFanOutKilledTest, TheUploaderKilledBeforeItSendsFailsThePutBoundedNami
   absl::Status result;
   std::thread put([&] { result = client->device_put(host, NamedSharding(*mesh, P())).status(); });
   // The other members reserve the block when their header arrives, then wait for the uploader.
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
   for (int d = 1; d < kFaultWorkers; ++d) {
-    while (stats_of(*client, d).bytes_used < used[d] + host.nbytes() && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(10));  // polling a condition, with a deadline
-    }
-    EXPECT_GE(stats_of(*client, d).bytes_used, used[d] + host.nbytes()) << "device " << d << " did not start";
+    EXPECT_TRUE(
+        poll_until([&] { return stats_of(*client, d).bytes_used >= used[d] + host.nbytes(); }, absl::Seconds(20)))
+        << "device " << d << " did not start";
   }
   cluster_.workers[kUploader]->kill();
   stopped_ = -1;
@@ -148,11 +131,8 @@ TEST_F(PutFanOutKilledTest, TheUploaderKilledBeforeItSendsFailsThePutBoundedNami
   // design.md, "Control path and failure"). Still far below the broadcast's deadline (13 s).
   EXPECT_LT(took, kBound + absl::Seconds(5));
   // The members gave their reservations back.
-  const absl::Time release_deadline = absl::Now() + absl::Seconds(10);
   for (int d = 1; d < kFaultWorkers; ++d) {
-    while (stats_of(*client, d).bytes_used != used[d] && absl::Now() < release_deadline) {
-      absl::SleepFor(absl::Milliseconds(10));  // polling a condition, with a deadline
-    }
+    poll_until([&] { return stats_of(*client, d).bytes_used == used[d]; }, absl::Seconds(10));
     EXPECT_EQ(stats_of(*client, d).bytes_used, used[d]) << "device " << d;
   }
 }
