@@ -1,60 +1,45 @@
-// bench_transfer: device_put + fetch of a large float32 array on Client::local(8), next to a
-// plain memcpy of the same bytes measured in the same run.
+// bench_transfer: device_put + fetch of a large float32 array on 8 devices, next to a plain
+// memcpy of the same bytes measured in the same run: on Client::local(8) (in process), and on 8
+// tessera-worker processes and a coordinator on 127.0.0.1 reached with Client::connect (TCP
+// for the client's transfers; shared memory between the workers).
 //
-//   bin/bench_transfer [--mib=256] [--iters=3] [--json]
+//   bin/bench_transfer [--mib=256] [--iters=3] [--cluster=in_process|processes|both] [--json]
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/stats.h"
 #include "core/daemon.h"
+#include "core/subprocess.h"
 #include "tessera/tessera.h"
 
 ABSL_FLAG(int, mib, 256, "array size in MiB");
 ABSL_FLAG(int, iters, 3, "repetitions; the median is reported");
 ABSL_FLAG(bool, json, false, "one JSON object per line instead of a table");
+ABSL_FLAG(std::string, cluster, "both",
+          "in_process (Client::local(8)), processes (8 tessera-worker processes, Client::connect) or both");
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Times device_put and fetch against memcpy.\nUsage: bench_transfer [--mib=256] [--iters=3] [--json]");
-  tessera::parse_flags(argc, argv, "bench_transfer", {});
-  using namespace tessera;
-  const int64_t mib = absl::GetFlag(FLAGS_mib);
-  const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
-  const int64_t cols = 1024;
-  const Shape shape = {mib * 256, cols};  // float32 rows of 4 KiB
-  HostArray host = HostArray::arange(DType::kF32, shape);
-  HostArray copy(DType::kF32, shape);
+namespace tessera {
+namespace {
 
-  std::vector<double> memcpy_s;
-  for (int i = 0; i < iters; ++i) {
-    const absl::Time t = absl::Now();
-    std::memcpy(copy.data(), host.data(), static_cast<size_t>(host.nbytes()));
-    memcpy_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
-  }
-
-  absl::StatusOr<Client> client = Client::local(8, {.memory_bytes_per_device = int64_t{4} << 30});
-  if (!client.ok()) {
-    std::fprintf(stderr, "bench_transfer: %s\n", client.status().ToString().c_str());
+// Puts and fetches `host` in each layout on `client`'s (4, 2) mesh; prints a row each. 1 on a failure.
+int run_layouts(const Client& client, const std::string& cluster, const HostArray& host, int iters, double base) {
+  absl::StatusOr<Mesh> mesh = client.make_mesh({4, 2}, {"data", "model"});
+  if (!mesh.ok()) {
+    std::fprintf(stderr, "bench_transfer: %s\n", mesh.status().ToString().c_str());
     return 1;
-  }
-  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
-  const double base = median(memcpy_s);
-  const double gib = static_cast<double>(host.nbytes()) / (1 << 30);
-  if (!absl::GetFlag(FLAGS_json)) {
-    std::printf("%lld MiB float32 on 8 local workers; memcpy %.1f ms (%.2f GiB/s)\n", static_cast<long long>(mib),
-                base * 1e3, gib / base);
-    std::printf("%-24s %12s %12s %12s %12s\n", "layout", "put ms", "fetch ms", "put/memcpy", "fetch/memcpy");
   }
   for (const PartitionSpec& spec : {P("data", None), P("data", "model"), P()}) {
     std::vector<double> put_s, fetch_s;
     for (int i = 0; i < iters; ++i) {
       absl::Time t = absl::Now();
-      absl::StatusOr<Array> a = client->device_put(host, NamedSharding(*mesh, spec));
+      absl::StatusOr<Array> a = client.device_put(host, NamedSharding(*mesh, spec));
       put_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
       if (!a.ok()) {
         std::fprintf(stderr, "device_put: %s\n", a.status().ToString().c_str());
@@ -71,13 +56,76 @@ int main(int argc, char** argv) {
     const double put = median(put_s), fetch = median(fetch_s);
     if (absl::GetFlag(FLAGS_json)) {
       std::printf(
-          "{\"layout\": \"%s\", \"bytes\": %lld, \"put_seconds\": %.6f, \"fetch_seconds\": %.6f, "
+          "{\"cluster\": \"%s\", \"layout\": \"%s\", \"bytes\": %lld, \"put_seconds\": %.6f, \"fetch_seconds\": %.6f, "
           "\"memcpy_seconds\": %.6f}\n",
-          spec.to_string().c_str(), static_cast<long long>(host.nbytes()), put, fetch, base);
+          cluster.c_str(), spec.to_string().c_str(), static_cast<long long>(host.nbytes()), put, fetch, base);
     } else {
-      std::printf("%-24s %12.1f %12.1f %12.1fx %12.1fx\n", spec.to_string().c_str(), put * 1e3, fetch * 1e3, put / base,
-                  fetch / base);
+      std::printf("%-11s %-24s %12.1f %12.1f %12.1fx %12.1fx\n", cluster.c_str(), spec.to_string().c_str(), put * 1e3,
+                  fetch * 1e3, put / base, fetch / base);
     }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Times device_put and fetch against memcpy.\nUsage: bench_transfer [--mib=256] [--iters=3] "
+      "[--cluster=in_process|processes|both] [--json]");
+  tessera::parse_flags(argc, argv, "bench_transfer", {});
+  using namespace tessera;
+  const int64_t mib = absl::GetFlag(FLAGS_mib);
+  const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
+  const int64_t cols = 1024;
+  const Shape shape = {mib * 256, cols};  // float32 rows of 4 KiB
+  HostArray host = HostArray::arange(DType::kF32, shape);
+  HostArray copy(DType::kF32, shape);
+
+  std::vector<double> memcpy_s;
+  for (int i = 0; i < iters; ++i) {
+    const absl::Time t = absl::Now();
+    std::memcpy(copy.data(), host.data(), static_cast<size_t>(host.nbytes()));
+    memcpy_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+  }
+
+  const bool json = absl::GetFlag(FLAGS_json);
+  const double base = median(memcpy_s);
+  const double gib = static_cast<double>(host.nbytes()) / (1 << 30);
+  if (!json) {
+    std::printf("%lld MiB float32 on 8 workers; memcpy %.1f ms (%.2f GiB/s)\n", static_cast<long long>(mib), base * 1e3,
+                gib / base);
+    std::printf("%-11s %-24s %12s %12s %12s %12s\n", "cluster", "layout", "put ms", "fetch ms", "put/memcpy",
+                "fetch/memcpy");
+  }
+  const std::string which = absl::GetFlag(FLAGS_cluster);
+  if (which != "in_process" && which != "processes" && which != "both") {
+    std::fprintf(stderr, "bench_transfer: --cluster=%s is none of in_process, processes, both\n", which.c_str());
+    return 1;
+  }
+  const int64_t memory = std::max<int64_t>(int64_t{4} << 30, 4 * host.nbytes());
+  if (which != "processes") {
+    absl::StatusOr<Client> client = Client::local(8, {.memory_bytes_per_device = memory});
+    if (!client.ok()) {
+      std::fprintf(stderr, "bench_transfer: %s\n", client.status().ToString().c_str());
+      return 1;
+    }
+    if (run_layouts(*client, "in_process", host, iters, base) != 0) return 1;
+  }
+  if (which != "in_process") {
+    absl::StatusOr<ProcessCluster> cluster =
+        ProcessCluster::start(executable_dir(), 8, {}, {absl::StrCat("--memory_bytes=", memory)});
+    if (!cluster.ok()) {
+      std::fprintf(stderr, "bench_transfer: %s\n", cluster.status().ToString().c_str());
+      return 1;
+    }
+    absl::StatusOr<Client> client = Client::connect(cluster->address, {.min_devices = 8});
+    if (!client.ok()) {
+      std::fprintf(stderr, "bench_transfer: %s\n", client.status().ToString().c_str());
+      return 1;
+    }
+    if (run_layouts(*client, "processes", host, iters, base) != 0) return 1;
   }
   return 0;
 }

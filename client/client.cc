@@ -1,6 +1,7 @@
 #include "tessera/client.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -8,6 +9,8 @@
 #include "client/transfer.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
+#include "core/handoff.h"
+#include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
 #include "proto/in_process.h"
@@ -351,6 +354,65 @@ absl::StatusOr<Mesh> Client::make_mesh(std::vector<int64_t> shape, std::vector<s
   return tessera::make_mesh(std::move(shape), std::move(axis_names), std::move(device_ids), std::move(axis_types));
 }
 
+namespace {
+
+// How each of `shards` travels (see internal::PutRoute): a replicated block goes from here
+// once. In this process (every replica's worker embedded) it is copied once into a buffer all
+// its devices share (its token appended to `handoffs`); to workers of other processes, when
+// it is large enough and the coordinator vouched for every replica's address, it goes to one
+// replica, which broadcasts it to the others (a fan-out, appended to `fan_outs`). Successive
+// blocks' uploads go to different positions of their replica sets, spreading them over the
+// workers. The first of a fan-out's calls to fail cancels the others (`calls`).
+std::vector<internal::PutRoute> put_routes(const HostView& host, const std::vector<DeviceShard>& shards,
+                                           const std::map<int, std::string>& addresses,
+                                           const pb::CreateArrayReply& reply, std::vector<pb::ShardFanOut>* fan_outs,
+                                           std::vector<uint64_t>* handoffs, internal::PutCalls* calls) {
+  std::vector<internal::PutRoute> routes(shards.size());
+  std::map<int, const pb::PeerAddress*> vouched;
+  for (const pb::PeerAddress& peer : reply.peers()) vouched[peer.device_id()] = &peer;
+  const std::vector<std::vector<size_t>> blocks = internal::replicas_by_block(shards);
+  fan_outs->reserve(blocks.size());  // routes point into it
+  const int64_t elem = dtype_size(host.dtype);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const std::vector<size_t>& replicas = blocks[b];
+    if (replicas.size() < 2) continue;
+    const Index& index = shards[replicas[0]].index;
+    const int64_t bytes = num_elements(block_shape(index)) * elem;
+    auto address = [&](size_t i) {
+      auto it = addresses.find(shards[i].device_id);
+      return it == addresses.end() ? std::string() : it->second;
+    };
+    if (std::all_of(replicas.begin(), replicas.end(), [&](size_t i) { return is_in_process_address(address(i)); })) {
+      auto block = std::make_shared<HostArray>(host.dtype, block_shape(index));
+      copy_block_out(static_cast<const std::byte*>(host.data), host.shape, elem, index, block->data());
+      absl::StatusOr<uint64_t> token = Handoff::deposit(std::move(block), static_cast<int>(replicas.size()));
+      if (!token.ok()) continue;  // a full table: each replica its own copy
+      handoffs->push_back(*token);
+      for (size_t i : replicas) routes[i].handoff = *token;
+      continue;
+    }
+    if (bytes < internal::kFanOutMinBytes || std::any_of(replicas.begin(), replicas.end(), [&](size_t i) {
+          auto it = vouched.find(shards[i].device_id);
+          return it == vouched.end() || it->second->address() != address(i);
+        })) {
+      continue;
+    }
+    pb::ShardFanOut& fan_out = fan_outs->emplace_back();
+    fan_out.set_timeout_ms(absl::ToInt64Milliseconds(transfer_deadline(bytes)));
+    const size_t first = b % replicas.size();
+    for (size_t k = 0; k < replicas.size(); ++k) {
+      const size_t i = replicas[(first + k) % replicas.size()];
+      *fan_out.add_members() = *vouched[shards[i].device_id];
+      routes[i].fan_out = &fan_out;
+      routes[i].calls = calls;
+    }
+    routes[replicas[first]].uploader = true;
+  }
+  return routes;
+}
+
+}  // namespace
+
 absl::StatusOr<Array> Client::device_put(const HostArray& host, const NamedSharding& sharding) const {
   return device_put(host.view(), sharding);
 }
@@ -446,14 +508,21 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
   for (const pb::DeviceInfo& d : topology.devices()) addresses[d.id()] = d.address();
 
   const std::vector<DeviceShard> shards = sharding.device_shards(host.shape);
-  TESSERA_RETURN_IF_ERROR(internal::run_parallel(static_cast<int>(shards.size()), [&](int i) -> absl::Status {
+  std::vector<pb::ShardFanOut> fan_outs;
+  std::vector<uint64_t> handoffs;
+  internal::PutCalls calls;
+  std::vector<internal::PutRoute> routes = put_routes(host, shards, addresses, reply, &fan_outs, &handoffs, &calls);
+  const absl::Status uploaded = internal::run_parallel(static_cast<int>(shards.size()), [&](int i) -> absl::Status {
     const DeviceShard& shard = shards[i];
     const std::string& address = addresses[shard.device_id];
     const std::string who = absl::StrCat("device_put: device ", shard.device_id, " (", address, ")");
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, impl_->worker(address, who));
     return internal::put_shard(stub, reply.array_id(), reply.grant(), host, shard.index, who,
-                               is_in_process_address(address));
-  }));
+                               is_in_process_address(address), routes[i]);
+  });
+  for (uint64_t token : handoffs) Handoff::withdraw(token);                     // what a failed put left
+  if (!uploaded.ok() && !calls.first_error().ok()) return calls.first_error();  // the cause, not a cancellation
+  TESSERA_RETURN_IF_ERROR(uploaded);
   return array;
 }
 
@@ -478,7 +547,8 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.shm_messages_received(),
                        stats.plan_runs_in_flight(),
                        stats.bytes_put(),
-                       stats.bytes_fetched()};
+                       stats.bytes_fetched(),
+                       stats.bytes_fanned_out()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

@@ -1,5 +1,6 @@
 #include "client/transfer.h"
 
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -24,6 +25,43 @@ void fill_header(uint64_t buffer_id, const std::string& grant, DType dtype, cons
   to_proto(shape, header->mutable_shape());
 }
 
+// Registers a call with a put's PutCalls (if any) for its lifetime.
+class CallScope {
+ public:
+  CallScope(PutCalls* calls, grpc::ClientContext* ctx) : calls_(calls), ctx_(ctx) {
+    if (calls_ != nullptr) calls_->start(ctx_);
+  }
+  ~CallScope() {
+    if (calls_ != nullptr) calls_->done(ctx_, status_);
+  }
+  absl::Status finish(absl::Status status) {
+    status_ = status;
+    return status;
+  }
+
+ private:
+  PutCalls* const calls_;
+  grpc::ClientContext* const ctx_;
+  absl::Status status_;
+};
+
+// A PutShard of `header` alone: the bytes wait under handoff `token` (0: none; a fan-out
+// member's come from its peers).
+absl::Status put_header(pb::Worker::Stub* stub, const pb::ShardHeader& header, uint64_t token, absl::Duration deadline,
+                        const std::string& who, PutCalls* calls) {
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, deadline);
+  if (token != 0) ctx.AddMetadata(kHandoffKey, absl::StrCat(token));
+  CallScope scope(calls, &ctx);
+  pb::PutShardReply reply;
+  std::unique_ptr<grpc::ClientWriter<pb::ShardChunk>> writer = stub->PutShard(&ctx, &reply);
+  pb::ShardChunk chunk;
+  *chunk.mutable_header() = header;
+  writer->Write(chunk);  // a failure shows in Finish()
+  writer->WritesDone();
+  return scope.finish(from_grpc(writer->Finish(), who));
+}
+
 // The buffer a GetShard's worker handed over (the token in its initial metadata), or nullptr.
 std::shared_ptr<const HostArray> take_handed_over(const grpc::ClientContext& ctx) {
   const auto& md = ctx.GetServerInitialMetadata();
@@ -37,29 +75,47 @@ std::shared_ptr<const HostArray> take_handed_over(const grpc::ClientContext& ctx
 
 }  // namespace
 
+std::vector<std::vector<size_t>> replicas_by_block(const std::vector<DeviceShard>& shards) {
+  std::vector<std::vector<size_t>> blocks;
+  std::map<std::vector<int64_t>, size_t> by_start;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::vector<int64_t> key;
+    for (const Slice& sl : shards[i].index) key.push_back(sl.start);
+    auto [it, inserted] = by_start.emplace(std::move(key), blocks.size());
+    if (inserted) blocks.emplace_back();
+    blocks[it->second].push_back(i);
+  }
+  return blocks;
+}
+
 absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
-                       const Index& index, const std::string& who, bool same_process) {
+                       const Index& index, const std::string& who, bool same_process, const PutRoute& route) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
   const auto* global_data = static_cast<const std::byte*>(global.data);
+  // A fan-out member waits through the upload and the broadcast, which the workers bound by
+  // fan_out.timeout_ms: the call outlives that, so that their error (naming the device that
+  // failed it) is what comes back.
+  const absl::Duration deadline = route.fan_out != nullptr
+                                      ? absl::Milliseconds(route.fan_out->timeout_ms()) + kControlDeadline
+                                      : transfer_deadline(bytes);
+  pb::ShardHeader header;
+  fill_header(buffer_id, grant, global.dtype, shape, &header);
+  if (route.fan_out != nullptr) *header.mutable_fan_out() = *route.fan_out;
+  // Only the header travels: the buffer waits already (route.handoff), or the fan-out's
+  // uploader brings the bytes.
+  if (route.handoff != 0) return put_header(stub, header, route.handoff, kControlDeadline, who, nullptr);
+  if (route.fan_out != nullptr && !route.uploader) return put_header(stub, header, 0, deadline, who, route.calls);
   if (same_process) {
     // The worker keeps this copy: the one copy of the bytes.
     auto block = std::make_shared<HostArray>(global.dtype, shape);
     copy_block_out(global_data, global.shape, elem, index, block->data());
     absl::StatusOr<uint64_t> token = Handoff::deposit(std::move(block));
     if (token.ok()) {
-      grpc::ClientContext ctx;
-      set_deadline(&ctx, kControlDeadline);
-      ctx.AddMetadata(kHandoffKey, absl::StrCat(*token));
-      pb::PutShardReply reply;
-      std::unique_ptr<grpc::ClientWriter<pb::ShardChunk>> writer = stub->PutShard(&ctx, &reply);
-      pb::ShardChunk chunk;
-      fill_header(buffer_id, grant, global.dtype, shape, chunk.mutable_header());
-      writer->Write(chunk);  // a failure shows in Finish()
-      writer->WritesDone();
-      const absl::Status status = from_grpc(writer->Finish(), who);
-      Handoff::take(*token);  // not taken if the worker refused the put
+      const absl::Status status =
+          put_header(stub, header, *token, route.fan_out != nullptr ? deadline : kControlDeadline, who, route.calls);
+      Handoff::withdraw(*token);  // not taken if the worker refused the put
       return status;
     }
   }
@@ -76,11 +132,12 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   }
 
   grpc::ClientContext ctx;
-  set_deadline(&ctx, transfer_deadline(bytes));
+  set_deadline(&ctx, deadline);
+  CallScope scope(route.calls, &ctx);
   pb::PutShardReply reply;
   std::unique_ptr<grpc::ClientWriter<pb::ShardChunk>> writer = stub->PutShard(&ctx, &reply);
   pb::ShardChunk chunk;
-  fill_header(buffer_id, grant, global.dtype, shape, chunk.mutable_header());
+  *chunk.mutable_header() = std::move(header);
   int64_t sent = 0;
   do {
     const int64_t n = std::min(kMaxChunkBytes, bytes - sent);
@@ -91,7 +148,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
     chunk.clear_header();
   } while (sent < bytes);
   writer->WritesDone();
-  return from_grpc(writer->Finish(), who);
+  return scope.finish(from_grpc(writer->Finish(), who));
 }
 
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
@@ -158,6 +215,25 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   }
   if (offset < 0) copy_block_in(staging.data(), global.shape, elem, index, global_data);
   return absl::OkStatus();
+}
+
+void PutCalls::start(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (!first_error_.ok()) ctx->TryCancel();
+  running_.insert(ctx);
+}
+
+void PutCalls::done(grpc::ClientContext* ctx, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  running_.erase(ctx);
+  if (status.ok() || !first_error_.ok()) return;
+  first_error_ = status;
+  for (grpc::ClientContext* other : running_) other->TryCancel();
+}
+
+absl::Status PutCalls::first_error() const {
+  absl::MutexLock lock(&mu_);
+  return first_error_;
 }
 
 absl::Status run_parallel(int n, const std::function<absl::Status(int)>& task) {

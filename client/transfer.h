@@ -5,14 +5,57 @@
 
 #include <cstddef>
 #include <functional>
+#include <set>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "core/host_array.h"
 #include "core/sharding.h"
 #include "proto/tessera.grpc.pb.h"
 
 namespace tessera::internal {
+
+// A replicated block of at least this many bytes on workers of other processes is uploaded
+// once and fanned out by the workers (ShardHeader.fan_out); a smaller one goes to each replica
+// from here (a broadcast costs a round of messages more than it saves).
+inline constexpr int64_t kFanOutMinBytes = 256 << 10;
+
+// The calls of one device_put that fan blocks out: the first to fail cancels the others, whose
+// workers would otherwise wait out the broadcast's deadline for a member that is gone (an
+// uploader that died before it ever sent them anything). Thread-safe.
+class PutCalls {
+ public:
+  // Registers `ctx` until done(ctx); cancels it at once if a call failed already.
+  void start(grpc::ClientContext* ctx);
+  // Unregisters `ctx`; the first failure cancels the calls still registered.
+  void done(grpc::ClientContext* ctx, const absl::Status& status);
+  // The first failure (what the others' cancellations follow from), or OK.
+  absl::Status first_error() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::set<grpc::ClientContext*> running_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+// How one device's put travels, besides the default (its own copy of the block, streamed, or
+// handed over when the worker is in this process).
+struct PutRoute {
+  // The block's fan-out: `uploader` sends the data with it, every other member the header alone.
+  const pb::ShardFanOut* fan_out = nullptr;
+  bool uploader = false;
+  PutCalls* calls = nullptr;  // with a fan-out: the put's calls
+  // In process: the block waits already under this handoff token, deposited once for all its
+  // replicas (Handoff::deposit with a taker each; the caller withdraws it afterwards).
+  uint64_t handoff = 0;
+};
+
+// The positions in `shards` of each distinct block's replicas, blocks in order of first
+// appearance, replicas in `shards`' order.
+std::vector<std::vector<size_t>> replicas_by_block(const std::vector<DeviceShard>& shards);
 
 // Uploads block `index` of `global` as buffer `buffer_id`. Errors are prefixed with `who`.
 // REQUIRES: validate_view(global) and validate_index(index, global.shape) are OK.
@@ -20,7 +63,8 @@ namespace tessera::internal {
 // is in this process (an in-process address): the block is copied once into a buffer handed
 // over to it (core/handoff.h) instead of streamed.
 absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
-                       const Index& index, const std::string& who, bool same_process = false);
+                       const Index& index, const std::string& who, bool same_process = false,
+                       const PutRoute& route = {});
 
 // Downloads buffer `buffer_id` into block `index` of `global`, checking that the worker's
 // dtype and shape are the ones expected (DATA_LOSS otherwise). Same REQUIRES. `same_process`:

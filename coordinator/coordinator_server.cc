@@ -245,6 +245,17 @@ class CoordinatorService final : public CoordinatorServiceBase {
     if (!id.ok()) return to_grpc(id.status());
     reply->set_array_id(*id);
     reply->set_grant(auth_.grant(*id));
+    // The addresses a replicated put's fan-out may send to (ShardHeader.fan_out), vouched for.
+    absl::StatusOr<ArrayRecord> a = registry_.get_array(*id);
+    if (!a.ok()) return to_grpc(a.status());
+    for (int device : a->sharding.mesh().device_ids()) {
+      std::optional<DeviceRecord> d = registry_.device(device);
+      if (!d.has_value()) continue;
+      pb::PeerAddress* peer = reply->add_peers();
+      peer->set_device_id(device);
+      peer->set_address(d->address);
+      peer->set_grant(auth_.address_grant(*id, device, d->address));
+    }
     return grpc::Status::OK;
   }
 

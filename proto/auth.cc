@@ -207,7 +207,10 @@ absl::StatusOr<Caller> Authenticator::require_coordinator(const grpc::ServerCont
 }
 
 std::string Authenticator::mac(absl::string_view purpose, uint64_t id) const {
-  const std::string message = absl::StrCat("tessera-v1:", purpose, ":", id);
+  return mac_of(absl::StrCat("tessera-v1:", purpose, ":", id));
+}
+
+std::string Authenticator::mac_of(absl::string_view message) const {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   HMAC(EVP_sha256(), credentials_.cluster.data(), static_cast<int>(credentials_.cluster.size()),
@@ -221,6 +224,19 @@ std::string Authenticator::session_credential(uint64_t session) const {
 }
 
 std::string Authenticator::grant(uint64_t array_id) const { return enabled() ? mac("array", array_id) : ""; }
+
+std::string Authenticator::address_grant(uint64_t array_id, int device, absl::string_view address) const {
+  // The address last: it is the only part that may contain ':'.
+  return enabled() ? mac_of(absl::StrCat("tessera-v1:address:", array_id, ":", device, ":", address)) : "";
+}
+
+absl::Status Authenticator::check_address_grant(uint64_t array_id, int device, absl::string_view address,
+                                                absl::string_view grant, absl::string_view what) const {
+  if (!enabled() || same(address_grant(array_id, device, address), grant)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(what, ": the coordinator did not vouch for device ", device, " at '",
+                                                  address, "' in array ", array_id,
+                                                  " (CreateArrayReply.peers carries the grants)"));
+}
 
 absl::Status Authenticator::check_grant(uint64_t array_id, absl::string_view grant, absl::string_view what) const {
   if (!enabled() || same(mac("array", array_id), grant)) return absl::OkStatus();

@@ -88,8 +88,19 @@ class Authenticator {
   // and the array otherwise.
   absl::Status check_grant(uint64_t array_id, absl::string_view grant, absl::string_view what) const;
 
+  // The coordinator's word that device `device` of array `array_id` serves at `address`
+  // (CreateArrayReply.peers): a MAC of the three, so that a worker fanning a put out sends the
+  // cluster's credential only to addresses the coordinator vouched for, never to one a client
+  // made up. Empty in the development mode.
+  std::string address_grant(uint64_t array_id, int device, absl::string_view address) const;
+  // OK if `grant` is address_grant(array_id, device, address) (or nothing is checked);
+  // PERMISSION_DENIED naming `what`, the device and the address otherwise.
+  absl::Status check_address_grant(uint64_t array_id, int device, absl::string_view address, absl::string_view grant,
+                                   absl::string_view what) const;
+
  private:
   std::string mac(absl::string_view purpose, uint64_t id) const;
+  std::string mac_of(absl::string_view message) const;
 
   const Credentials credentials_;
   // SHA-256 of each role's token: presented tokens are hashed and compared in constant time.

@@ -35,8 +35,9 @@ namespace tessera {
 // int16. 18: a worker's heartbeat says it drains (HeartbeatRequest.draining, DeviceInfo.draining). 19: a Graph's
 // sub-graphs in one table (Graph.subgraphs), which ScanAttrs.body and BranchesAttrs.graphs index. 20: a worker's
 // HandshakeReply says which registration it holds (epoch, incarnation). 21: ReshardArray and the workers' Reshard
-// (device_put of an array already on devices).)
-inline constexpr uint32_t kProtocolVersion = 21;
+// (device_put of an array already on devices). 22: a replicated put's fan-out (ShardHeader.fan_out,
+// CreateArrayReply.peers, PeerAddress.grant).)
+inline constexpr uint32_t kProtocolVersion = 22;
 inline constexpr uint64_t kOpTableDigest = 0xce9033f4e9f7f670;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

@@ -14,14 +14,15 @@
 
 namespace tessera {
 
-Transfers::Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device,
+Transfers::Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, Transport* transport,
                      ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process)
     : store_(store),
       auth_(auth),
       device_(device),
       profile_(profile),
       put_stall_timeout_(put_stall_timeout),
-      in_process_(in_process) {
+      in_process_(in_process),
+      transport_(transport) {
   const absl::Duration every = std::clamp(put_stall_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
   stall_watch_ = std::thread([this, every] {
     while (!stopping_.WaitForNotificationWithTimeout(every)) cancel_stalled_puts(absl::Now());
@@ -48,10 +49,34 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
   if (header.ok() && !caller.at_least(Role::kDaemon)) {
     header = device_->name_in(auth_->check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard"));
   }
+  // A fan-out's broadcast, checked before anything is reserved.
+  std::optional<CollectiveRun> fan_out_of;
+  if (header.ok() && chunk.header().has_fan_out()) {
+    absl::StatusOr<CollectiveRun> run = fan_out_run(ctx, chunk.header());
+    if (run.ok()) fan_out_of = *std::move(run);
+    header = run.status();
+  }
   ProfileSpan span(profile_, "transfer", [] { return std::string("put_shard"); });
   if (const uint64_t token = in_process_ ? handoff_token(*ctx) : 0; header.ok() && token != 0) {
     unwatch_put(watch);
-    return to_grpc(put_handed_over(chunk, token, reply));  // named by the client, as begin_put's errors
+    // Named by the client, as begin_put's errors.
+    absl::StatusOr<std::shared_ptr<const HostArray>> data = take_handed_over(chunk, token);
+    if (!data.ok()) return to_grpc(data.status());
+    if (fan_out_of.has_value()) return to_grpc(device_->name_in(fan_out(*fan_out_of, chunk.header(), *data, reply)));
+    commit_put(chunk.header().buffer_id(), *std::move(data), reply);
+    return grpc::Status::OK;
+  }
+  if (header.ok() && fan_out_of.has_value() && fan_out_of->self != fan_out_of->spec.groups[0][0]) {
+    // A member that receives from its peers: the stream holds the header alone.
+    pb::ShardChunk extra;
+    if (!chunk.data().empty() || reader->Read(&extra)) {
+      header = absl::InvalidArgumentError(
+          "PutShard: a fan-out member other than the uploader (fan_out.members[0]) takes no data from the stream");
+    }
+    unwatch_put(watch);
+    if (watch->cancelled) return to_grpc(device_->name_in(stalled(std::nullopt)));
+    if (!header.ok()) return to_grpc(header);
+    return to_grpc(device_->name_in(fan_out(*fan_out_of, chunk.header(), nullptr, reply)));
   }
   absl::StatusOr<std::shared_ptr<HostArray>> data = header.ok() ? begin_put(chunk.header()) : header;
   if (!data.ok()) {
@@ -60,6 +85,9 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     return to_grpc(data.status());
   }
   const uint64_t id = chunk.header().buffer_id();
+  // read_put_shard reads the later messages into `chunk`: a fan-out keeps the header.
+  pb::ShardHeader header_of_put;
+  if (fan_out_of.has_value()) header_of_put = chunk.header();
   if (span) {
     span.arg("buffer", absl::StrCat(id));
     span.arg("bytes", absl::StrCat((*data)->nbytes()));
@@ -78,10 +106,81 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     if (watch->cancelled) status = stalled(id);
     return to_grpc(device_->name_in(status));
   }
-  reply->set_bytes((*data)->nbytes());
-  bytes_put_.fetch_add((*data)->nbytes(), std::memory_order_relaxed);
-  store_->commit(id, std::move(*data));
+  if (fan_out_of.has_value()) {
+    // The reservation made by begin_put carries over: fan_out commits or releases it.
+    return to_grpc(device_->name_in(fan_out(*fan_out_of, header_of_put, *std::move(data), reply)));
+  }
+  commit_put(id, *std::move(data), reply);
   return grpc::Status::OK;
+}
+
+void Transfers::commit_put(uint64_t id, std::shared_ptr<const HostArray> data, pb::PutShardReply* reply) {
+  reply->set_bytes(data->nbytes());
+  bytes_put_.fetch_add(data->nbytes(), std::memory_order_relaxed);
+  store_->commit(id, std::move(data));
+}
+
+absl::StatusOr<CollectiveRun> Transfers::fan_out_run(grpc::ServerContext* ctx, const pb::ShardHeader& header) const {
+  const pb::ShardFanOut& f = header.fan_out();
+  const uint64_t id = header.buffer_id();
+  if (f.members_size() < 2 || f.members_size() > kMaxFanOut) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PutShard: a fan-out has ", f.members_size(), " members; it takes 2 to ", kMaxFanOut));
+  }
+  CollectiveRun run;
+  run.op = id | kFanOutOpBit;
+  run.self = device_->id();
+  run.spec.kind = CollectiveKind::kBroadcast;
+  run.spec.root = 0;
+  std::vector<int>& members = run.spec.groups.emplace_back();
+  for (const pb::PeerAddress& m : f.members()) {
+    if (m.device_id() < 0 || !run.peers.emplace(m.device_id(), m.address()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PutShard: fan-out member device ", m.device_id(), " is negative or named twice"));
+    }
+    TESSERA_RETURN_IF_ERROR(auth_->check_address_grant(id, m.device_id(), m.address(), m.grant(), "PutShard fan-out"));
+    members.push_back(m.device_id());
+  }
+  if (run.peers.count(run.self) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PutShard: device ", run.self, " is not a member of the fan-out of buffer ", id));
+  }
+  // A member waits through the uploader's upload and then the broadcast: the client's timeout
+  // covers both (and its call's deadline bounds it too).
+  const int64_t timeout_ms = f.timeout_ms() > 0 ? std::min<int64_t>(f.timeout_ms(), 3'600'000) : 10'000;
+  run.start = absl::Now();
+  run.deadline = run.start + absl::Milliseconds(timeout_ms);
+  run.cancelled = [ctx] { return ctx->IsCancelled(); };
+  return run;
+}
+
+absl::Status Transfers::fan_out(const CollectiveRun& fan_out, const pb::ShardHeader& header,
+                                std::shared_ptr<const HostArray> data, pb::PutShardReply* reply) {
+  const uint64_t id = header.buffer_id();
+  CollectiveRun run = fan_out;
+  if (data == nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(ArrayType type, reserve_put(header));
+    run.broadcast_into = std::make_shared<HostArray>(type.dtype, std::move(type.shape));
+    data = run.broadcast_into;
+  }
+  // From this part's start: the uploader's upload came first.
+  run.start = absl::Now();
+  run.deadline = run.start + (fan_out.deadline - fan_out.start);
+  absl::StatusOr<std::shared_ptr<const HostArray>> out = run_collective(*transport_, run, data);
+  transport_->finish_op(run.op);
+  if (!out.ok()) {
+    store_->cancel(id);
+    return absl::Status(out.status().code(),
+                        absl::StrCat("PutShard fan-out of buffer ", id, ": ", out.status().message()));
+  }
+  if (run.broadcast_into == nullptr) {
+    commit_put(id, *std::move(out), reply);
+  } else {
+    reply->set_bytes((*out)->nbytes());
+    bytes_fanned_out_.fetch_add((*out)->nbytes(), std::memory_order_relaxed);
+    store_->commit(id, *std::move(out));
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status Transfers::get(grpc::ServerContext* ctx, const Caller& caller, const pb::GetShardRequest* req,
@@ -178,7 +277,8 @@ absl::StatusOr<std::shared_ptr<HostArray>> Transfers::begin_put(const pb::ShardH
   return std::make_shared<HostArray>(type.dtype, std::move(type.shape));
 }
 
-absl::Status Transfers::put_handed_over(const pb::ShardChunk& first, uint64_t token, pb::PutShardReply* reply) {
+absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::take_handed_over(const pb::ShardChunk& first,
+                                                                             uint64_t token) {
   std::shared_ptr<const HostArray> data = Handoff::take(token);
   if (data == nullptr) {
     return absl::InvalidArgumentError(
@@ -192,10 +292,7 @@ absl::Status Transfers::put_handed_over(const pb::ShardChunk& first, uint64_t to
         "PutShard: the header announces ", type_to_string(type.dtype, type.shape), " but the buffer handed over is ",
         type_to_string(data->dtype(), data->shape()), first.data().empty() ? "" : " (and the message carries data)"));
   }
-  reply->set_bytes(data->nbytes());
-  bytes_put_.fetch_add(data->nbytes(), std::memory_order_relaxed);
-  store_->commit(id, std::move(data));
-  return absl::OkStatus();
+  return data;
 }
 
 }  // namespace tessera

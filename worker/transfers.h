@@ -1,6 +1,8 @@
 // Transfers: the shard data paths of a worker: PutShard (check the grant, reserve, read the
 // chunks, commit; a stream that stalls is cancelled and its reservation released) and
-// GetShard (check the grant, send the chunks), with the bytes each moved.
+// GetShard (check the grant, send the chunks), with the bytes each moved. A replicated block's
+// put fans out (ShardHeader.fan_out): its uploader broadcasts it to the other members over the
+// collectives' Transport, whose members' streams carry only the header.
 //
 // Lock: puts_mu_ guards puts_, the PutShard streams open (from their start, whether or not
 // they hold a reservation yet). It is held only to
@@ -32,19 +34,27 @@
 #include "proto/auth.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/buffer_store.h"
+#include "worker/collectives/engine.h"
 #include "worker/device.h"
 
 namespace tessera {
 
 class Transfers {
  public:
+  // A fan-out's broadcast runs under the op id buffer id | kFanOutOpBit: no other op id has
+  // bit 63 (coordinator ids stay below 2^62, barriers set bit 62), and a device holds one block
+  // of an array, so it is in one fan-out of it.
+  static constexpr uint64_t kFanOutOpBit = uint64_t{1} << 63;
+  static constexpr int kMaxFanOut = 65536;
+
   // Starts the stall watch: a thread of its own that runs cancel_stalled_puts every
   // put_stall_timeout / 4 (10 ms to 1 s), so that no other wait (a heartbeat to a slow
   // coordinator, say) delays it. The destructor stops and joins it.
   // `in_process`: the worker has no port, so every caller is in this process and may hand
   // buffers over (core/handoff.h) instead of streaming them.
-  Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, ProfileRecorder* profile,
-            absl::Duration put_stall_timeout, bool in_process = false);
+  // `transport` carries fan-outs (ShardHeader.fan_out) to the other members.
+  Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, Transport* transport,
+            ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process = false);
   ~Transfers();
 
   // The PutShard and GetShard handlers after `caller` was authenticated: a caller below a
@@ -58,7 +68,10 @@ class Transfers {
   // reservations are released as they end). Called by the stall watch.
   void cancel_stalled_puts(absl::Time now);
 
+  // Bytes received from clients (streamed or handed over); a fan-out member's bytes, which
+  // came from its peers, count in bytes_fanned_out() instead.
   int64_t bytes_put() const { return bytes_put_.load(std::memory_order_relaxed); }
+  int64_t bytes_fanned_out() const { return bytes_fanned_out_.load(std::memory_order_relaxed); }
   int64_t bytes_fetched() const { return bytes_fetched_.load(std::memory_order_relaxed); }
 
  private:
@@ -80,8 +93,20 @@ class Transfers {
   // reserve_put, and allocates the destination.
   absl::StatusOr<std::shared_ptr<HostArray>> begin_put(const pb::ShardHeader& header);
   // A put whose bytes a client of this process handed over under `token`: takes the buffer,
-  // checks it is the shard the header announces, reserves and commits it.
-  absl::Status put_handed_over(const pb::ShardChunk& first, uint64_t token, pb::PutShardReply* reply);
+  // checks it is the shard the header announces and reserves it.
+  absl::StatusOr<std::shared_ptr<const HostArray>> take_handed_over(const pb::ShardChunk& first, uint64_t token);
+
+  // The broadcast of a fan-out (header.fan_out), checked: two to kMaxFanOut distinct members,
+  // this device among them, each address vouched for by the coordinator (PERMISSION_DENIED
+  // otherwise); INVALID_ARGUMENT naming what is wrong.
+  absl::StatusOr<CollectiveRun> fan_out_run(grpc::ServerContext* ctx, const pb::ShardHeader& header) const;
+  // Runs this member's part of `run`: the uploader sends `data`; another member receives into a
+  // buffer of the header's type, reserved here. Either way the result is committed as the
+  // header's buffer, or the reservation released.
+  absl::Status fan_out(const CollectiveRun& run, const pb::ShardHeader& header, std::shared_ptr<const HostArray> data,
+                       pb::PutShardReply* reply);
+  // Stores a put's buffer `id`, counted as bytes put.
+  void commit_put(uint64_t id, std::shared_ptr<const HostArray> data, pb::PutShardReply* reply);
 
   BufferStore* const store_;
   const Authenticator* const auth_;
@@ -89,7 +114,9 @@ class Transfers {
   ProfileRecorder* const profile_;
   const absl::Duration put_stall_timeout_;
   const bool in_process_;
+  Transport* const transport_;
   std::atomic<int64_t> bytes_put_{0}, bytes_fetched_{0};  // PutShard / GetShard, whole shards
+  std::atomic<int64_t> bytes_fanned_out_{0};              // received from fan-out peers
 
   absl::Mutex puts_mu_;
   std::set<std::shared_ptr<PutWatch>> puts_ ABSL_GUARDED_BY(puts_mu_);

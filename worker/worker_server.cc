@@ -56,7 +56,8 @@ class WorkerService final : public WorkerServiceBase {
         started_(absl::Now()),
         transport_(options.credentials),
         plans_(options.max_plans),
-        transfers_(&store_, &auth_, &device_, &transport_.profile(), options.put_stall_timeout, options.in_process),
+        transfers_(&store_, &auth_, &device_, &transport_, &transport_.profile(), options.put_stall_timeout,
+                   options.in_process),
         runner_(&store_, &plans_, &transport_, &device_, options.max_plan_threads) {}
 
   const CollectiveMetrics& collective_metrics() const { return transport_.collective_metrics(); }
@@ -247,6 +248,7 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_plan_runs_in_flight(runs.in_flight);
     reply->set_bytes_put(transfers_.bytes_put());
     reply->set_bytes_fetched(transfers_.bytes_fetched());
+    reply->set_bytes_fanned_out(transfers_.bytes_fanned_out());
     reply->set_plan_runs(runs.runs);
     reply->set_plan_runs_failed(runs.failed);
     reply->set_last_error(runs.last_error);

@@ -11,9 +11,11 @@
 #ifndef TESSERA_TESTS_FAULTS_FAULT_CLUSTER_H_
 #define TESSERA_TESTS_FAULTS_FAULT_CLUSTER_H_
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,28 @@ class FaultClusterTest : public ::testing::Test {
  private:
   inline static int dirs_made_ = 0;
 };
+
+// A drill that stops (SIGSTOP) and kills workers mid-op, with the coordinator's heartbeat
+// timeout (60 s) far beyond its bounds, so that what notices a dead peer is the transport, not
+// the coordinator. A worker left stopped (stopped_) is resumed at teardown.
+class PeerKilledDrill : public FaultClusterTest {
+ protected:
+  std::vector<std::string> drill_flags() const override {
+    return {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=60000"};
+  }
+  void TearDown() override {
+    if (stopped_ > 0) ::kill(stopped_, SIGCONT);
+  }
+  pid_t stopped_ = -1;
+};
+
+// Polls `done` every 10 ms until it holds or `timeout` passed (a condition with a deadline,
+// not a sleep as synchronisation); returns done().
+inline bool poll_until(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  return done();
+}
 
 // a * x + b, elementwise, for float32 x.
 inline HostArray affine(const HostArray& x, float a, float b) {

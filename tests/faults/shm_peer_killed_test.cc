@@ -24,16 +24,7 @@ constexpr absl::Duration kCallTimeout = absl::Seconds(30);
 // What "bounded" means: well under the call's timeout and the coordinator's heartbeat timeout.
 constexpr absl::Duration kBound = absl::Seconds(5);
 
-class ShmPeerKilledTest : public FaultClusterTest {
- protected:
-  std::vector<std::string> drill_flags() const override {
-    return {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=60000"};
-  }
-  void TearDown() override {
-    if (stopped_ > 0) ::kill(stopped_, SIGCONT);
-  }
-  pid_t stopped_ = -1;
-};
+class ShmPeerKilledTest : public PeerKilledDrill {};
 
 int64_t shm_messages(const Client& client, int device) {
   absl::StatusOr<DeviceStats> stats = client.device_stats(device);

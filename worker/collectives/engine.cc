@@ -422,10 +422,34 @@ absl::StatusOr<ArrayPtr> collective_permute(Group& g, const CollectiveRun& run, 
   return std::make_shared<const HostArray>(HostArray::zeros(in->dtype(), in->shape()));
 }
 
-absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in) {
+// The chain's flow control. Each member forwards chunk c only once its successor acknowledged
+// every chunk before c - kChainWindow + 1, so at most kChainWindow chunks (16 MiB) of one op
+// wait in a member's mailbox whatever the speed downstream: without it, a member held up by a
+// slow successor kept receiving (the shared-memory reader drains its ring into the mailbox)
+// until the mailbox's share of its predecessor overflowed (a 256 MiB broadcast, or a put's
+// fan-out, failed RESOURCE_EXHAUSTED). An acknowledgement is an empty message of step
+// kChainAckStep every kChainAckEvery chunks, sent only when the predecessor will wait for it.
+constexpr int kChainWindow = 32;
+constexpr int kChainAckEvery = 8;
+constexpr int kChainAckStep = 1;
+
+// Whether the sender of chunk c waits for acknowledgement (c - kChainWindow) / kChainAckEvery first.
+bool chain_waits_before(int c) { return c >= kChainWindow && c % kChainAckEvery == 0; }
+// Whether acknowledgement k is waited for (and so sent) on a range of `chunks` chunks.
+bool chain_ack_needed(int k, int chunks) { return k * kChainAckEvery + kChainWindow < chunks; }
+
+absl::Status chain_send(Group& g, int c, const std::byte* data, int64_t bytes, std::shared_ptr<const void> owner) {
+  if (chain_waits_before(c)) {
+    TESSERA_RETURN_IF_ERROR(g.receive(g.next(), kChainAckStep, (c - kChainWindow) / kChainAckEvery, 0).status());
+  }
+  return g.send(g.next(), 0, c, data, bytes, std::move(owner));
+}
+
+absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in, std::shared_ptr<HostArray> into) {
   const int n = g.n(), r = g.rank();
   if (n == 1) return in;
   const Range whole{0, in->nbytes()};
+  const int chunks = whole.chunks();
   const bool direct = g.choose(CollectiveKind::kBroadcast, in->nbytes()) == Algorithm::kDirect;
   if (r == root) {
     if (direct) {
@@ -434,21 +458,28 @@ absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in) {
       }
     } else {
       // A chain root -> root+1 -> ... pipelined per chunk.
-      TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), 0, in->data(), whole, in));
+      for (int c = 0; c < chunks; ++c) {
+        TESSERA_RETURN_IF_ERROR(chain_send(g, c, in->data() + whole.chunk_offset(c), whole.chunk_bytes(c), in));
+      }
     }
     return in;
   }
-  auto out = std::make_shared<HostArray>(in->dtype(), in->shape());
+  std::shared_ptr<HostArray> out =
+      into != nullptr ? std::move(into) : std::make_shared<HostArray>(in->dtype(), in->shape());
   if (direct) {
     TESSERA_RETURN_IF_ERROR(g.receive_range(root, 0, out->data(), whole));
     return out;
   }
   const bool forward = g.next() != root;
-  for (int c = 0; c < whole.chunks(); ++c) {
+  for (int c = 0; c < chunks; ++c) {
     std::byte* dst = out->data() + whole.chunk_offset(c);
     TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), 0, c, whole.chunk_bytes(c)));
     data.copy_to(dst);
-    if (forward) TESSERA_RETURN_IF_ERROR(g.send(g.next(), 0, c, dst, data.size(), out));
+    if (forward) TESSERA_RETURN_IF_ERROR(chain_send(g, c, dst, data.size(), out));
+    if (const int k = c / kChainAckEvery; c % kChainAckEvery == kChainAckEvery - 1 && chain_ack_needed(k, chunks)) {
+      static constexpr std::byte kNothing{};
+      TESSERA_RETURN_IF_ERROR(g.send(g.prev(), kChainAckStep, k, &kNothing, 0, nullptr));
+    }
   }
   return out;
 }
@@ -483,7 +514,7 @@ absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& trans
       case CollectiveKind::kCollectivePermute:
         return collective_permute(g, run, members, input);
       case CollectiveKind::kBroadcast:
-        return broadcast(g, run.spec.root, input);
+        return broadcast(g, run.spec.root, input, run.broadcast_into);
     }
     return absl::InvalidArgumentError("unknown collective");
   }();

@@ -37,6 +37,10 @@ struct CollectiveRun {
   absl::Time start;  // when this device began the op
   absl::Time deadline;
   std::function<bool()> cancelled;  // true once the caller gave up on the op
+  // A broadcast member other than the root that has no input of its own (a replicated put's
+  // fan-out, worker/transfers.h): the buffer to receive into, of the input's dtype and shape
+  // (the input then only says those, and may be this buffer).
+  std::shared_ptr<HostArray> broadcast_into;
 };
 
 // Runs this device's part. REQUIRES: validate_collective(run.spec) is OK and self is in a

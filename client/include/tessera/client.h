@@ -51,8 +51,9 @@ struct DeviceStats {
   int64_t plans_loaded = 0;                 // compiled programs' plans the device holds
   int64_t shm_messages_received = 0;        // collective messages that came through shared memory
   int64_t plan_runs_in_flight = 0;          // program runs started there and not finished
-  int64_t bytes_put = 0;                    // shard bytes put there by clients (device_put), in all
+  int64_t bytes_put = 0;                    // shard bytes clients put there (streamed or handed over), in all
   int64_t bytes_fetched = 0;                // shard bytes read from there by clients (fetch), in all
+  int64_t bytes_fanned_out = 0;             // shard bytes a replicated put's fan-out brought from peers
 };
 
 // Options of Client::connect.

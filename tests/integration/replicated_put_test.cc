@@ -1,0 +1,148 @@
+// A replicated or partly replicated device_put sends each distinct block from the client once
+// (docs/design.md, "Data path"): in process the block is copied once into a buffer all its
+// devices share; over TCP it goes to one replica, which broadcasts it to the others (a fan-out,
+// ShardHeader.fan_out). Every device's own copy of its block is read back (Shard::data, not
+// fetch, which reads one replica per block) and compared with the host array's block, sliced
+// here by plain loops; the bytes the workers received from the client and from their peers are
+// counted through GetStats.
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/handoff.h"
+#include "gtest/gtest.h"
+#include "tessera/tessera.h"
+
+namespace tessera {
+namespace {
+
+// The block `index` of row-major `host`, element by element (an odometer over the block).
+std::vector<int32_t> host_block(const HostArray& host, const Index& index) {
+  const Shape& shape = host.shape();
+  const int rank = static_cast<int>(shape.size());
+  std::vector<int64_t> at(rank);
+  for (int d = 0; d < rank; ++d) at[d] = index[d].start;
+  std::vector<int32_t> out;
+  while (true) {
+    int64_t flat = 0;
+    for (int d = 0; d < rank; ++d) flat = flat * shape[d] + at[d];
+    out.push_back(host.values<int32_t>()[flat]);
+    int d = rank - 1;
+    while (d >= 0 && ++at[d] == index[d].stop) {
+      at[d] = index[d].start;
+      --d;
+    }
+    if (d < 0) return out;
+  }
+}
+
+// Distinct values everywhere, so a block from the wrong place cannot pass.
+HostArray numbered(const Shape& shape) {
+  HostArray x(DType::kI32, shape);
+  for (int64_t i = 0; i < x.size(); ++i) x.mutable_values<int32_t>()[i] = static_cast<int32_t>(i * 7919 + 13);
+  return x;
+}
+
+struct Case {
+  std::vector<int64_t> mesh_shape;
+  std::vector<std::string> axes;
+  PartitionSpec spec;
+  Shape shape;
+  int64_t distinct_blocks;
+};
+
+// Every block at least 256 KiB (client/transfer.h's kFanOutMinBytes), so that the TCP cluster
+// fans them out, and one small replicated array, which goes to each replica from the client.
+std::vector<Case> cases() {
+  return {
+      {{8}, {"x"}, P(), {256, 512}, 1},    // 512 KiB, 8 copies
+      {{8}, {"x"}, P(), {1024, 1024}, 1},  // 4 MiB: a stream of several chunks, a chain of several
+      {{8}, {"x"}, P(), {2048, 3072}, 1},  // 24 MiB: more chunks than the chain's window (engine.cc)
+      {{4, 2}, {"data", "model"}, P("data", None), {512, 1024}, 4},       // 2 replicas a block
+      {{2, 4}, {"data", "model"}, P("data", None), {256, 1024}, 2},       // 4 replicas a block
+      {{2, 2, 2}, {"a", "b", "c"}, P("a", None, "c"), {8, 64, 1024}, 4},  // 3-D, 'b' replicates
+      {{2, 2, 2}, {"a", "b", "c"}, P(None, "b", None), {4, 6, 10}, 2},    // small: no fan-out
+  };
+}
+
+int64_t block_bytes(const Case& c) { return num_elements(c.shape) * 4 / c.distinct_blocks; }
+
+void expect_every_copy_equal(const Array& a, const HostArray& host) {
+  absl::StatusOr<HostArray> whole = a.fetch();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == host);
+  for (const Shard& s : a.addressable_shards()) {
+    SCOPED_TRACE(absl::StrCat("device ", s.device_id(), " block ", index_to_string(s.index())));
+    absl::StatusOr<HostArray> got = s.data();
+    ASSERT_TRUE(got.ok()) << got.status();
+    const std::vector<int32_t> want = host_block(host, s.index());
+    ASSERT_EQ(got->size(), static_cast<int64_t>(want.size()));
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got->values<int32_t>()[i], want[i]) << "element " << i;
+  }
+}
+
+struct Counts {
+  int64_t put = 0, fanned_out = 0;
+};
+Counts counts(const Client& client) {
+  Counts c;
+  for (int d = 0; d < 8; ++d) {
+    absl::StatusOr<DeviceStats> s = client.device_stats(d);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) continue;
+    c.put += s->bytes_put;
+    c.fanned_out += s->bytes_fanned_out;
+  }
+  return c;
+}
+
+// Over TCP: the workers received each distinct block from the client once, and every other
+// replica's bytes from their peers.
+TEST(ReplicatedPut, OverTcpEachDistinctBlockLeavesTheClientOnce) {
+  LocalOptions options;
+  options.in_process = false;
+  absl::StatusOr<Client> client = Client::local(8, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (const Case& c : cases()) {
+    const PartitionSpec& spec = c.spec;
+    SCOPED_TRACE(absl::StrCat(spec.to_string(), " on a mesh of ", c.mesh_shape.size(), " axes"));
+    absl::StatusOr<Mesh> mesh = client->make_mesh(c.mesh_shape, c.axes);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const HostArray host = numbered(c.shape);
+    const Counts before = counts(*client);
+    absl::StatusOr<Array> a = client->device_put(host, NamedSharding(*mesh, spec));
+    ASSERT_TRUE(a.ok()) << a.status();
+    const Counts after = counts(*client);
+    const int64_t replicas = 8 / c.distinct_blocks;
+    if (block_bytes(c) >= (256 << 10)) {
+      EXPECT_EQ(after.put - before.put, host.nbytes());
+      EXPECT_EQ(after.fanned_out - before.fanned_out, host.nbytes() * (replicas - 1));
+    } else {
+      EXPECT_EQ(after.put - before.put, host.nbytes() * replicas);
+      EXPECT_EQ(after.fanned_out - before.fanned_out, 0);
+    }
+    expect_every_copy_equal(*a, host);
+  }
+}
+
+// In process: the client copies each distinct block once (one handoff deposit) and every
+// replica's device takes that buffer.
+TEST(ReplicatedPut, InProcessEachDistinctBlockIsCopiedOnce) {
+  absl::StatusOr<Client> client = Client::local(8);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.spec.to_string());
+    absl::StatusOr<Mesh> mesh = client->make_mesh(c.mesh_shape, c.axes);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const HostArray host = numbered(c.shape);
+    const int64_t deposited = Handoff::deposited(), taken = Handoff::taken();
+    absl::StatusOr<Array> a = client->device_put(host, NamedSharding(*mesh, c.spec));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(Handoff::deposited() - deposited, c.distinct_blocks);
+    EXPECT_EQ(Handoff::taken() - taken, 8);
+    expect_every_copy_equal(*a, host);
+  }
+}
+
+}  // namespace
+}  // namespace tessera
