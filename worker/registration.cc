@@ -120,6 +120,7 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
 
 void Registration::heartbeat_loop() {
   while (!wait_for_next_heartbeat()) {
+    tick_();
     pb::HeartbeatRequest req;
     req.set_draining(draining_.load());
     req.set_device_id(device_id_);

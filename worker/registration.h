@@ -39,15 +39,20 @@ namespace tessera {
 
 class Registration {
  public:
-  // `registered(device_id, epoch, incarnation)` runs after every successful registration.
-  Registration(const WorkerOptions& options, std::shared_ptr<const CallIdentity> identity, const BufferStore* store,
-               PlanStore* plans, HealthService* health, std::function<void(int, uint64_t, uint64_t)> registered)
+  // `registered(device_id, epoch, incarnation)` runs after every successful registration;
+  // `tick()` on the heartbeat thread once per heartbeat interval (housekeeping that must not wait
+  // for traffic: it must not block).
+  Registration(
+      const WorkerOptions& options, std::shared_ptr<const CallIdentity> identity, const BufferStore* store,
+      PlanStore* plans, HealthService* health, std::function<void(int, uint64_t, uint64_t)> registered,
+      std::function<void()> tick = [] {})
       : options_(options),
         identity_(std::move(identity)),
         store_(store),
         plans_(plans),
         health_(health),
-        registered_(std::move(registered)) {}
+        registered_(std::move(registered)),
+        tick_(std::move(tick)) {}
   ~Registration() { stop(); }
 
   // The first registration, of the worker serving at `address` (see WorkerServer::start).
@@ -81,6 +86,7 @@ class Registration {
   PlanStore* const plans_;
   HealthService* const health_;
   const std::function<void(int, uint64_t, uint64_t)> registered_;
+  const std::function<void()> tick_;
 
   std::string address_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;

@@ -68,6 +68,9 @@ class WorkerService final : public WorkerServiceBase {
   const LatencyHistogram& run_seconds() const { return runner_.run_seconds(); }
 
   // A registration's answer: the device id and incarnation this worker holds now.
+  // Once per heartbeat: the mailbox forgets messages of ops that never started.
+  void tick() { transport_.sweep(); }
+
   void registered(int id, uint64_t epoch, uint64_t incarnation) {
     device_.set(id);
     transport_.set_self(id);
@@ -371,7 +374,8 @@ class WorkerServerImpl final : public WorkerServer {
         service_(options),
         registration_(
             options, daemon_identity(options.credentials), &service_.store(), &service_.plans(), &health_,
-            [this](int id, uint64_t epoch, uint64_t incarnation) { service_.registered(id, epoch, incarnation); }) {}
+            [this](int id, uint64_t epoch, uint64_t incarnation) { service_.registered(id, epoch, incarnation); },
+            [this] { service_.tick(); }) {}
   ~WorkerServerImpl() override { shutdown(); }
 
   absl::Status init() {

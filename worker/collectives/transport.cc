@@ -716,6 +716,11 @@ void Transport::refuse_locked(uint64_t op, int from, std::string why) {
   if (refused_.size() > kRememberedOps) refused_.erase(refused_.begin());  // the oldest op
 }
 
+void Transport::sweep() {
+  absl::MutexLock lock(&mu_);
+  sweep_locked(absl::Now());
+}
+
 void Transport::sweep_locked(absl::Time now) {
   const absl::Duration ttl = mailbox_options_.unclaimed_ttl;
   if (now - last_sweep_ < ttl / 4) return;

@@ -171,6 +171,11 @@ class Transport {
   // Messages dropped because their sender was not the device their stream authenticated.
   int64_t forged_messages() const;
 
+  // Drops the mailbox's messages whose op has not started within the time-to-live
+  // (MailboxOptions::unclaimed_ttl). Filing a message does this too; the worker also calls it on
+  // each heartbeat, so messages of ops that never start go even when no more messages come.
+  void sweep();
+
   // Messages held in the mailbox (for tests: zero after every collective has finished), and
   // their bytes.
   int64_t pending_messages() const;
