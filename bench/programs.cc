@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bench/stats.h"
 #include "core/status.h"
 #include "core/subprocess.h"
 #include "tessera/tessera.h"
@@ -33,22 +34,6 @@ ABSL_FLAG(bool, reference, true, "also run the reference (bounds beyond the prog
 
 namespace tessera {
 namespace {
-
-// VmRSS of `pid` in KiB (0 if unreadable).
-int64_t rss_kib(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) != 0) continue;
-    int64_t kib = 0;
-    std::string digits;
-    for (char c : line) {
-      if (c >= '0' && c <= '9') digits.push_back(c);
-    }
-    return absl::SimpleAtoi(digits, &kib) ? kib : 0;
-  }
-  return 0;
-}
 
 struct Sample {
   int programs = 0;

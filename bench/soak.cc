@@ -12,7 +12,9 @@
 // remaining calls on the last 16 programs, (4) the flood on worker 0's Exchange service, half
 // claiming another device than the stream authenticated (dropped and counted), half for op ids
 // that never start (kept in the mailbox until its per-peer cap or their time-to-live, 3 s
-// here), (5) once worker 0 holds none of them. RSS is read after each phase; the figure is each
+// here), (5) once worker 0 holds none of them. (bench_programs measures the program-cache part
+// alone, against a reference run with nothing evicted; this one adds the flood and reads every
+// daemon.) RSS is read after each phase; the figure is each
 // daemon's largest reading over its baseline. Every 97th
 // call's result is fetched and checked against the host (x * c for its program's c).
 #include <unistd.h>
@@ -27,6 +29,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/stats.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
 #include "core/subprocess.h"
@@ -47,16 +50,6 @@ ABSL_FLAG(bool, json, false, "one JSON object per daemon instead of text");
 
 namespace tessera {
 namespace {
-
-// Resident set size of `pid` in KiB (VmRSS), -1 if unreadable.
-long rss_kib(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return -1;
-}
 
 int fail(const std::string& what, const absl::Status& s) {
   std::fprintf(stderr, "bench_soak: %s: %s\n", what.c_str(), s.ToString().c_str());
@@ -132,7 +125,7 @@ int main(int argc, char** argv) {
     names.push_back(absl::StrCat("worker ", w));
   }
   // By daemon, the RSS after each phase: warm-up (the baseline), distinct programs, repeated calls, flood.
-  std::vector<std::vector<long>> rss(pids.size());
+  std::vector<std::vector<int64_t>> rss(pids.size());
   const auto read_rss = [&] {
     for (size_t d = 0; d < pids.size(); ++d) rss[d].push_back(rss_kib(pids[d]));
   };
@@ -222,15 +215,15 @@ int main(int argc, char** argv) {
   }
   double worst = 0;
   for (size_t d = 0; d < pids.size(); ++d) {
-    const std::vector<long>& r = rss[d];
-    const long peak = *std::max_element(r.begin(), r.end());
+    const std::vector<int64_t>& r = rss[d];
+    const int64_t peak = *std::max_element(r.begin(), r.end());
     const double ratio = r[0] > 0 ? static_cast<double>(peak) / static_cast<double>(r[0]) : 0;
     worst = std::max(worst, ratio);
     if (json) {
       std::printf(
           "{\"daemon\": \"%s\", \"warmup_kib\": %ld, \"programs_kib\": %ld, \"calls_kib\": %ld, "
-          "\"flood_kib\": %ld, \"ratio\": %.3f}\n",
-          names[d].c_str(), r[0], r[1], r[2], r[3], ratio);
+          "\"flood_kib\": %ld, \"after_ttl_kib\": %ld, \"ratio\": %.3f}\n",
+          names[d].c_str(), r[0], r[1], r[2], r[3], r[4], ratio);
     } else {
       std::printf("%-12s %10ld %10ld %10ld %10ld %10ld %9.2fx\n", names[d].c_str(), r[0], r[1], r[2], r[3], r[4],
                   ratio);

@@ -1,19 +1,40 @@
-// Order statistics of benchmark samples and the compiler's byte accounting, shared by the
-// bench_* programs.
+// Order statistics of benchmark samples, the compiler's byte accounting and a process's
+// resident memory, shared by the bench_* programs.
 //
 //   double m = median(times);              // the upper median: v[n / 2] once sorted
 //   double p99 = percentile(times, 0.99);  // v[p * (n - 1)] once sorted
 #ifndef TESSERA_BENCH_STATS_H_
 #define TESSERA_BENCH_STATS_H_
 
+#include <sys/types.h>
+
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace tessera {
+
+// VmRSS of process `pid` in KiB, from /proc/PID/status (0 if unreadable).
+inline int64_t rss_kib(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) != 0) continue;
+    int64_t kib = 0;
+    std::string digits;
+    for (char c : line) {
+      if (c >= '0' && c <= '9') digits.push_back(c);
+    }
+    return absl::SimpleAtoi(digits, &kib) ? kib : 0;
+  }
+  return 0;
+}
 
 // REQUIRES: !v.empty().
 inline double median(std::vector<double> v) {
