@@ -298,6 +298,16 @@ TEST(TransportDeliver, RejectsTruncatedEmptyAndUnsourcedMessagesAndFilesAGoodOne
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("field 7 has byte 255, not printable ASCII"));
   EXPECT_EQ(source, -1);
+  // Found by fuzz_exchange in CI (session 13's last run): lost_ops (field 6) whose length is a
+  // 10-byte varint above 2^63 was compared as a negative int64, passed the bounds check, read
+  // as no ops, and the data after it was filed; protobuf rejects the length.
+  grpc::ByteBuffer huge_length =
+      raw(std::string("\x32\xfb\xff\xff\xff\xff\xff\xff\xff\xff\x01\x10\x09\x2a\x04\x61\x62\x0c\x64", 19));
+  status = transport.deliver(&huge_length, &source, -1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("truncated"));
+  EXPECT_EQ(source, -1);
+  EXPECT_EQ(transport.pending_messages(), 0);
 
   m.set_source_device(2);
   grpc::ByteBuffer good = raw(m.SerializeAsString());

@@ -865,7 +865,7 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
       if (!reader.varint(&fields[field])) return absl::InvalidArgumentError("Exchange: truncated message");
     } else if ((field == 7 || field == 9) && wire == 2) {
       uint64_t length = 0;
-      if (!reader.varint(&length) || static_cast<int64_t>(length) > reader.remaining()) {
+      if (!reader.varint(&length) || length > static_cast<uint64_t>(reader.remaining())) {
         return absl::InvalidArgumentError("Exchange: truncated message");
       }
       if (length > kMaxOfferString) {
@@ -887,7 +887,7 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
       }
     } else if (field == 6 && wire == 2) {
       uint64_t length = 0;
-      if (!reader.varint(&length) || static_cast<int64_t>(length) > reader.remaining()) {
+      if (!reader.varint(&length) || length > static_cast<uint64_t>(reader.remaining())) {
         return absl::InvalidArgumentError("Exchange: truncated message");
       }
       const int64_t end = reader.remaining() - static_cast<int64_t>(length);
@@ -906,7 +906,7 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
       uint64_t length = 0;
       if (!reader.varint(&length)) return absl::InvalidArgumentError("Exchange: truncated message");
       const auto [slice, offset] = reader.where();
-      if (static_cast<int64_t>(length) != reader.remaining()) {
+      if (length != static_cast<uint64_t>(reader.remaining())) {
         return absl::InvalidArgumentError(
             absl::StrCat("Exchange: data of ", length, " bytes in a message with ", reader.remaining(), " left"));
       }
