@@ -89,19 +89,21 @@ namespace internal {
 // What the body is; shared by the traced and the jitted entry points.
 struct ShardMapBody {
   ShardMapBody(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs, std::vector<PartitionSpec> out_specs,
-               bool check_vma, std::vector<std::string> axis_names)
+               bool check_vma, std::vector<std::string> axis_names, bool out_specs_for_all)
       : f(std::move(f)),
         mesh(std::move(mesh)),
         in_specs(std::move(in_specs)),
         out_specs(std::move(out_specs)),
         check_vma(check_vma),
-        axis_names(std::move(axis_names)) {}
+        axis_names(std::move(axis_names)),
+        out_specs_for_all(out_specs_for_all) {}
 
   TracedFunction f;
   Mesh mesh;
   std::vector<PartitionSpec> in_specs, out_specs;
   bool check_vma;
   std::vector<std::string> axis_names;  // as given: empty is every axis
+  bool out_specs_for_all;               // ShardMapOptions::out_specs_for_all
 
   std::vector<Value> operator()(const std::vector<Value>& args) const;
 
@@ -110,7 +112,7 @@ struct ShardMapBody {
   // out, tracking for every body value the axes it may differ along and why.
   absl::Status check_replication(const Graph& g, int body_start, const std::vector<PartitionSpec>& specs,
                                  const std::vector<int>& in_ids, const std::vector<int>& results,
-                                 const std::vector<std::string>& manual) const;
+                                 const std::vector<PartitionSpec>& outs, const std::vector<std::string>& manual) const;
   // The manual axes in mesh order (axis_names, or all), or INVALID_ARGUMENT naming an axis
   // that is not the mesh's; then that every spec names only manual axes, as
   // jax/_src/shard_map.py's _shmap_checks and _check_specs.
@@ -184,18 +186,28 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   TraceState::current = t;
   t->manual_meshes.push_back(mesh);
   t->manual_axes.push_back(*manual);
+  t->manual_bodies.push_back({body_start, in_ids, {}});
   std::vector<Value> results = f(blocks);
+  // A result the body closed over is lifted into it too (TraceState::id), before it ends.
+  std::vector<int> result_ids;
+  for (const Value& r : results) result_ids.push_back(r.ok() && TraceState::of(r) == t ? TraceState::id(r) : -1);
+  std::set<int> lifted;
+  for (const auto& [value, in] : t->manual_bodies.back().lifted) lifted.insert(in);
+  t->manual_bodies.pop_back();
   t->manual_axes.pop_back();
   t->manual_meshes.pop_back();
   TraceState::current = outer;
   if (!t->error.ok()) return failed;
-  if (results.size() != out_specs.size()) {
+  const std::vector<PartitionSpec> outs =
+      out_specs_for_all && out_specs.size() == 1 ? std::vector<PartitionSpec>(results.size(), out_specs[0]) : out_specs;
+  if (results.size() != outs.size()) {
     return fail(
-        absl::StrCat("the body returned ", results.size(), " results but there are ", out_specs.size(), " out_specs"));
+        absl::StrCat("the body returned ", results.size(), " results but there are ", outs.size(), " out_specs"));
   }
   const std::set<int> inputs(in_ids.begin(), in_ids.end());
   auto inside = [&](int id) { return id >= body_start || inputs.count(id) > 0; };
   for (int id = body_start; id < t->graph.size(); ++id) {
+    if (lifted.count(id) > 0) continue;  // a closed-over value entering the body
     for (int o : t->graph.node(id).operands) {
       if (!inside(o)) {
         return fail(absl::StrCat("the body uses %", o, " ",
@@ -204,25 +216,61 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
       }
     }
   }
-  std::vector<int> result_ids;
   for (size_t i = 0; i < results.size(); ++i) {
-    if (!results[i].ok() || TraceState::of(results[i]) != t || !inside(TraceState::id(results[i]))) {
+    if (result_ids[i] < 0 || !inside(result_ids[i])) {
       return fail(absl::StrCat("result ", i, " is not a value of the body"));
     }
-    result_ids.push_back(TraceState::id(results[i]));
   }
   if (check_vma) {
-    absl::Status replicated = check_replication(t->graph, body_start, specs, in_ids, result_ids, *manual);
+    absl::Status replicated = check_replication(t->graph, body_start, specs, in_ids, result_ids, outs, *manual);
     if (!replicated.ok()) return fail(std::string(replicated.message()));
   }
   std::vector<Value> out;
   for (size_t i = 0; i < result_ids.size(); ++i) {
-    absl::StatusOr<int> id = t->graph.add_shard_map_out(result_ids[i], NamedSharding(mesh, out_specs[i]));
+    absl::StatusOr<int> id = t->graph.add_shard_map_out(result_ids[i], NamedSharding(mesh, outs[i]));
     if (!id.ok()) return fail(absl::StrCat("output ", i, ": ", id.status().message()));
     out.push_back(t->make(*id));
   }
   return out;
 }
+
+}  // namespace tessera
+
+namespace tessera::internal {
+
+int TraceState::lift(int id) {
+  ManualBody& body = manual_bodies.back();
+  if (id >= body.start || std::find(body.inputs.begin(), body.inputs.end(), id) != body.inputs.end()) return id;
+  auto it = body.lifted.find(id);
+  if (it != body.lifted.end()) return it->second;
+  if (explicit_mesh.has_value()) {  // a value split by its type would not be whole on each device
+    absl::Status typed = type_new_nodes();
+    if (!typed.ok()) {
+      fail(typed);
+      return id;
+    }
+    const Node& n = graph.node(id);
+    const TypeSpec& spec = specs.at(static_cast<size_t>(id));
+    if (std::any_of(spec.begin(), spec.end(), [](const Axes& a) { return !a.empty(); })) {
+      fail(absl::InvalidArgumentError(absl::StrCat(
+          "shard_map: the body closes over %", id, " ", type_string(n.dtype, n.shape, spec),
+          ", which enters it whole on every device (P()), but its type is split; reshard it to P() first, or pass "
+          "it in as an argument with its in_spec")));
+      return id;
+    }
+  }
+  absl::StatusOr<int> in = graph.add_shard_map_in(id, NamedSharding(manual_meshes.back(), PartitionSpec()));
+  if (!in.ok()) {
+    fail(in.status());
+    return id;
+  }
+  body.lifted.emplace(id, *in);
+  return *in;
+}
+
+}  // namespace tessera::internal
+
+namespace tessera {
 
 absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::vector<PartitionSpec>& specs) const {
   for (const std::string& a : axis_names) {
@@ -253,6 +301,7 @@ absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::ve
 
 absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, const std::vector<PartitionSpec>& specs,
                                              const std::vector<int>& in_ids, const std::vector<int>& results,
+                                             const std::vector<PartitionSpec>& outs,
                                              const std::vector<std::string>& manual) const {
   std::map<int, Variance> var;
   for (size_t i = 0; i < in_ids.size(); ++i) {
@@ -297,7 +346,7 @@ absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, con
     }
   }
   for (size_t i = 0; i < results.size(); ++i) {
-    const std::vector<std::string> named = out_specs[i].used_axes();
+    const std::vector<std::string> named = outs[i].used_axes();
     const Node& r = g.node(results[i]);
     for (const std::string& a : manual) {
       if (std::find(named.begin(), named.end(), a) != named.end()) continue;
@@ -305,7 +354,7 @@ absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, con
       if (it == var[results[i]].end()) continue;
       return absl::InvalidArgumentError(
           absl::StrCat("output ", i, " ", type_to_string(r.dtype, r.shape), " may differ along mesh axis '", a, "' (",
-                       it->second, "), but out_specs[", i, "] = ", out_specs[i].to_string(), " leaves '", a,
+                       it->second, "), but out_specs[", i, "] = ", outs[i].to_string(), " leaves '", a,
                        "' out, which says it is the same on every device along it; reduce it over '", a,
                        "' (psum, pmean, pmax, pmin), name '", a, "' in the out_spec, or set check_vma = false"));
     }
@@ -315,8 +364,9 @@ absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, con
 
 ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs,
                       std::vector<PartitionSpec> out_specs, ShardMapOptions options) {
-  auto body = std::make_shared<const ShardMapBody>(std::move(f), std::move(mesh), std::move(in_specs),
-                                                   std::move(out_specs), options.check_vma, options.axis_names);
+  auto body =
+      std::make_shared<const ShardMapBody>(std::move(f), std::move(mesh), std::move(in_specs), std::move(out_specs),
+                                           options.check_vma, options.axis_names, options.out_specs_for_all);
   ShardMapped out;
   out.state_ = std::make_shared<ShardMapped::State>();
   out.state_->body = body;

@@ -27,6 +27,18 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // For each of those bodies, the mesh axes it is manual over (shard_map's axis_names; all of
   // them by default): collectives may name only these.
   std::vector<std::vector<std::string>> manual_axes;
+  // For each of those bodies (traced inline, into this graph): its first node, its inputs, and
+  // the values of before it that it read. Such a value enters the body whole on every device
+  // (a shard_map_in of P(), made once, where it is first read), as JAX's shard_map passes a
+  // body's closed-over values (jax/_src/shard_map.py: in_names {} for the consts). Only the
+  // outermost body lifts values; one nested in another reads its own body's values only.
+  struct ManualBody {
+    int start = 0;
+    std::vector<int> inputs;
+    std::map<int, int> lifted;  // outer value -> its shard_map_in
+  };
+  std::vector<ManualBody> manual_bodies;
+  int lift(int id);  // shard_map.cc: id, or its shard_map_in in the body being traced
 
   // Explicit sharding (client/explicit/rules.h): the arguments' mesh when it has an Explicit
   // axis, and then every node's type spec, by id (filled by make() as nodes are added); inside
@@ -60,8 +72,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   static int id(const Value& v) {
     TraceState* c = current;
     if (c != nullptr && c->parent != nullptr && v.trace_.get() != c && c->encloses(v.trace_.get())) {
-      return c->capture(v);
+      const int captured = c->capture(v);
+      return c->manual_bodies.size() == 1 ? c->lift(captured) : captured;
     }
+    if (c != nullptr && v.trace_.get() == c && c->manual_bodies.size() == 1) return c->lift(v.id_);
     return v.id_;
   }
   // v as a value of the current trace (captured when it belongs to an enclosing one).

@@ -394,14 +394,15 @@ void bind_tracing(py::module_& m) {
   m.def(
       "shard_map",
       [](py::object f, const Mesh& mesh, std::vector<PartitionSpec> in_specs, std::vector<PartitionSpec> out_specs,
-         bool check_vma, std::vector<std::string> axis_names) {
+         bool check_vma, std::vector<std::string> axis_names, bool out_specs_for_all) {
         ShardMapOptions options;
         options.check_vma = check_vma;
         options.axis_names = std::move(axis_names);
+        options.out_specs_for_all = out_specs_for_all;
         return shard_map(traced(std::move(f)), mesh, std::move(in_specs), std::move(out_specs), options);
       },
       py::arg("f"), py::arg("mesh"), py::arg("in_specs"), py::arg("out_specs"), py::arg("check_vma"),
-      py::arg("axis_names") = std::vector<std::string>{});
+      py::arg("axis_names") = std::vector<std::string>{}, py::arg("out_specs_for_all") = false);
 }
 
 }  // namespace tessera::python

@@ -20,6 +20,18 @@ def _is_dynamic(x):
     return isinstance(x, (Array, _np.ndarray, _np.generic, Tracer))
 
 
+def _signature(x):
+    """What a dynamic argument's trace depends on: its dtype, shape and, committed, sharding (one
+    SDK Jitted, and one set of captures, per signature: a trace of one never changes another's)."""
+    if isinstance(x, Array):
+        sig = x.__dict__.get("_signature")
+        if sig is None:  # an Array never changes: its signature is kept (dispatch cost)
+            sig = x.__dict__["_signature"] = (x.dtype.str, x.shape, x.sharding if x._committed else None)
+        return sig
+    a = _np.asarray(x)
+    return (a.dtype.str, a.shape, None)
+
+
 def _static_key(x):
     if isinstance(x, slice):
         return ("slice", x.start, x.stop, x.step)
@@ -68,12 +80,55 @@ def _is_uncommitted(x):
     return isinstance(x, Array) and not x._committed
 
 
+class Captures:
+    """The concrete arrays a jitted function closes over. JAX makes each a constant of the traced
+    program (a jaxpr constvar, fed to the computation), its value the one at trace time; here
+    each becomes an extra argument of the jitted program, after the function's own, so nothing
+    is copied into the program text and the compile cache sees only its type. An Array is
+    captured by identity (passed as it is at each call); numpy data by content, put on the
+    devices once when first met (as JAX bakes its value). A trace that meets arrays not yet
+    captured stands each in with a placeholder of its type (so one trace finds them all),
+    then fails with _trace.Retrace; the jit adds them and traces again."""
+
+    MAX_RETRACES = 3  # a function that meets new arrays at every trace (it creates Arrays) is refused
+
+    def __init__(self):
+        self.arrays = []   # the captured Arrays, in argument order
+        self._index = {}   # identity (an Array's id) or content (numpy) -> position
+        self._keep = []    # the objects met, so that their ids stay theirs
+        self.tracers = None  # this trace's Tracers of self.arrays
+        self.new = False   # whether this trace met arrays not yet captured
+
+    @staticmethod
+    def _key(x):
+        if isinstance(x, Array):
+            return ("array", id(x))
+        a = _np.ascontiguousarray(x)
+        return ("numpy", a.dtype.str, a.shape, hash(a.tobytes()))
+
+    def tracer(self, x):
+        """x's Tracer in this trace, or None (it is recorded, and the trace will be made again)."""
+        key = self._key(x)
+        i = self._index.get(key)
+        if i is not None and self.tracers is not None and i < len(self.tracers):
+            return self.tracers[i]
+        if i is None:
+            self._index[key] = len(self.arrays)
+            self._keep.append(x)
+            self.arrays.append(x if isinstance(x, Array) else _put_numpy(x, _default_sharding(), committed=False))
+        self.new = True
+        return None
+
+
 class _Jitted:
     """What jit returns: one SDK Jitted per argument structure and static values, each of
     which compiles once per signature of dtypes, shapes and shardings."""
 
-    def __init__(self, fun, in_shardings, out_shardings, static_argnums, donate_argnums):
+    def __init__(self, fun, in_shardings, out_shardings, static_argnums, donate_argnums, default_mesh=None):
         self._fun = fun
+        # Where arguments and captures go when none is committed (device 0 without it): an
+        # eager shard_map's mesh.
+        self._default_mesh = default_mesh
         self._in_shardings = in_shardings
         self._out_shardings = out_shardings
         self._static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
@@ -88,29 +143,53 @@ class _Jitted:
         n = len(args)
         static = {i % n if n else i for i in self._static}
         dyn = tuple(a for i, a in enumerate(args) if i not in static)
+        if _trace.capture_scope() is not None:
+            # Called on concrete arrays inside a jit's trace: inlined there, the arrays captured.
+            from .numpy import _tracer
+            args, kwargs = tree_map(lambda l: _tracer(l) if isinstance(l, (Array, _np.ndarray)) else l,
+                                    (args, kwargs))
         if any(isinstance(l, Tracer) for l in tree_leaves((args, kwargs))):
             return self._call_traced(args, kwargs)  # inside another trace: inline
         leaves, treedef = tree_flatten((dyn, kwargs))
         dyn_pos = [i for i, l in enumerate(leaves) if _is_dynamic(l)]
-        if not dyn_pos:
-            raise ValueError(f"jit: {getattr(self._fun, '__name__', 'the function')} got no array argument "
-                             "(Tessera's jit needs at least one Array or numpy array)")
         # The ambient mesh is part of the key: bare specs inside fun resolve against it.
         key = (treedef, tuple(_static_key(args[i]) for i in sorted(static)),
-               tuple((i, _static_key(l)) for i, l in enumerate(leaves) if not _is_dynamic(l)), get_abstract_mesh())
+               tuple((i, _static_key(l)) for i, l in enumerate(leaves) if not _is_dynamic(l)), get_abstract_mesh(),
+               tuple(_signature(leaves[i]) for i in dyn_pos))
         shardings = self._arg_shardings(dyn, kwargs, len(leaves))
-        arrays = [self._place(leaves[i], shardings[i], leaves) for i in dyn_pos]
-        # Outputs of only uncommitted inputs (and no shardings asked for) stay uncommitted.
-        committed = any(a._committed for a in arrays) or self._out_shardings is not None
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn)
-        cpp, out_tree = entry
+            captures = Captures()
+            if not dyn_pos:
+                # No argument to trace on: one trace of placeholders finds what it closes over.
+                self._discover(args, static, leaves, treedef, dyn_pos, dyn, captures)
+                if not captures.arrays:
+                    raise ValueError(f"jit: {getattr(self._fun, '__name__', 'the function')} got no array argument "
+                                     "and closes over none (Tessera's jit needs at least one Array or numpy array)")
+            entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn, captures)
         for i in self._donate:  # a donated Array's values are gone: so is its host copy
             for l in tree_leaves(args[i % n] if n else ()):
                 if isinstance(l, Array):
                     l._host = None
-        outs = _sdk_call(cpp, [a._a for a in arrays])
+        for attempt in range(Captures.MAX_RETRACES + 1):
+            cpp, out_tree, captures = entry
+            # Uncommitted arguments and captures go where the committed ones are (JAX's rule).
+            arrays = [self._place(leaves[i], shardings[i], leaves + captures.arrays) for i in dyn_pos]
+            consts = [self._place(c, None, arrays + captures.arrays) for c in captures.arrays]
+            # Outputs of only uncommitted inputs (and no shardings asked for) stay uncommitted.
+            committed = any(a._committed for a in arrays + consts) or self._out_shardings is not None \
+                or self._default_mesh is not None
+            try:
+                outs = _sdk_call(cpp, [a._a for a in arrays + consts])
+                break
+            except _trace.Retrace:
+                if attempt == Captures.MAX_RETRACES:
+                    raise ValueError(f"jit: {getattr(self._fun, '__name__', 'the function')} closed over new arrays "
+                                     f"each of the {attempt + 1} times it was traced (does it create Arrays, e.g. "
+                                     "with device_put, while traced? create them inside with tessera.numpy, or "
+                                     "pass them as arguments)") from None
+                entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn,
+                                                      captures)
         return tree_unflatten(out_tree[0], [Array(o, committed) for o in outs])
 
     def _arg_shardings(self, dyn, kwargs, n):
@@ -124,18 +203,21 @@ class _Jitted:
             return leaf
         if sharding is None:
             committed = next((l for l in leaves if isinstance(l, Array) and l._committed), None)
-            if committed is None:
+            if committed is not None:
+                target = NamedSharding(committed.sharding.mesh, PartitionSpec())
+            elif self._default_mesh is not None:
+                target = NamedSharding(self._default_mesh, PartitionSpec())
+            else:
                 # Only uncommitted arrays and numpy data: all on device 0, uncommitted.
                 return leaf if isinstance(leaf, Array) else _put_numpy(leaf, _default_sharding(), False)
-            target = NamedSharding(committed.sharding.mesh, PartitionSpec())
         else:
             target = _as_named(sharding, "jit in_shardings")
         if isinstance(leaf, Array):
             return _put_one(leaf, target)
         return _put_numpy(leaf, target)
 
-    def _make(self, args, static, leaves, treedef, dyn_pos, shardings, dyn):
-        out_tree = [None]
+    def _body(self, args, static, leaves, treedef, dyn_pos, captures, out_tree):
+        """The function the SDK traces: values are the dynamic leaves', then the captures'."""
         fun = self._fun
         n = len(args)
 
@@ -146,10 +228,32 @@ class _Jitted:
             dyn_args, kw = tree_unflatten(treedef, flat)
             it = iter(dyn_args)
             full = [args[i] if i in static else next(it) for i in range(n)]
-            out = _constrain_outputs(fun(*full, **kw), self._out_shardings)
+            outer = _trace.capture_scope()
+            captures.tracers, captures.new = [Tracer(v) for v in values[len(dyn_pos):]], False
+            _trace._state.capture = captures
+            try:
+                out = _constrain_outputs(fun(*full, **kw), self._out_shardings)
+            finally:
+                _trace._state.capture = outer
+                captures.tracers = None
+            if captures.new:
+                raise _trace.Retrace()
             out_leaves, out_tree[0] = tree_flatten(out)
             return [_as_value(o) for o in out_leaves]
 
+        return body
+
+    def _discover(self, args, static, leaves, treedef, dyn_pos, dyn, captures):
+        body = self._body(args, static, leaves, treedef, dyn_pos, captures, [None])
+        try:
+            _sdk_call(_t.trace_nodes, _trace.callback(body), [])
+        except _trace.Retrace:
+            pass
+
+    def _make(self, args, static, leaves, treedef, dyn_pos, shardings, dyn, captures):
+        out_tree = [None]
+        n = len(args)
+        body = self._body(args, static, leaves, treedef, dyn_pos, captures, out_tree)
         in_specs = []
         for i in dyn_pos:
             s = shardings[i]
@@ -166,8 +270,9 @@ class _Jitted:
                         pos.setdefault(i, []).append(k)
                         k += 1
             donate = [k for i in self._donate for k in pos.get(i % n, [])]
+        in_specs += [None] * len(captures.arrays)  # each capture as it is placed
         cpp = _t.Jitted(_trace.callback(body), in_specs, donate, 60.0)
-        return cpp.__call__, out_tree
+        return cpp.__call__, out_tree, captures
 
     def lower(self, *args, **kwargs):
         raise NotImplementedError("jit(...).lower: use as_text() after a call")
@@ -465,23 +570,28 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
     cache = {}
     fixed_mesh = mesh
 
-    def make(args, out_flat, mesh):
-        leaves, treedef = tree_flatten(args)
+    eager = {}
+    # out_specs=P(...) is a prefix of any output tree: the SDK gives that one spec to every result.
+    for_all = isinstance(out_specs, PartitionSpec)
+
+    def leaf_specs(args, leaves):
         if in_specs is None:
             # Omitted: the SDK infers each from its argument's type, on a mesh whose axes are
             # all Explicit (JAX's in_specs=Infer), and reports any other mesh. An argument
             # placed here goes as its type will then say: a committed Array as it is, others
             # replicated.
-            specs = [l.sharding.spec if isinstance(l, Array) and l._committed else PartitionSpec() for l in leaves]
-            cpp_specs = []
-        else:
-            prefix = in_specs if isinstance(in_specs, (tuple, list)) and not isinstance(in_specs, PartitionSpec) \
-                else (in_specs,) * len(args)
-            specs = broadcast_prefix(tuple(prefix), args, lambda p: isinstance(p, PartitionSpec))
-            cpp_specs = [s._cpp() for s in specs]
+            return [l.sharding.spec if isinstance(l, Array) and l._committed else PartitionSpec() for l in leaves]
+        prefix = in_specs if isinstance(in_specs, (tuple, list)) and not isinstance(in_specs, PartitionSpec) \
+            else (in_specs,) * len(args)
+        return broadcast_prefix(tuple(prefix), args, lambda p: isinstance(p, PartitionSpec))
+
+    def make(args, out_flat, mesh):
+        leaves, treedef = tree_flatten(args)
+        specs = leaf_specs(args, leaves)
+        cpp_specs = [] if in_specs is None else [s._cpp() for s in specs]
         # One out_spec per output: the leaves of out_specs, until the body has shown its outputs.
         if out_flat is None:
-            out_flat = tree_leaves(out_specs, lambda p: isinstance(p, PartitionSpec))
+            out_flat = [out_specs] if for_all else tree_leaves(out_specs, lambda p: isinstance(p, PartitionSpec))
         seen = {}
 
         def body(values):
@@ -498,17 +608,12 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
         names = [a for a in mesh.axis_names if a in axis_names]
         names += sorted(a for a in axis_names if a not in mesh.axis_names)
         sm = _t.shard_map(_trace.callback(body), mesh._cpp, cpp_specs,
-                          [s._cpp() for s in out_flat], check, names)
-        return sm, seen, specs, len(out_flat)
+                          [s._cpp() for s in out_flat], check, names, for_all and len(out_flat) == 1)
+        return sm, seen, specs, None if for_all else len(out_flat)
 
-    def run(entry, leaves, traced, mesh):
-        sm, seen, specs, _ = entry
-        if traced:
-            from .numpy import _tracer
-            return [Tracer(v) for v in sm.call_values([_tracer(l)._v for l in leaves])]
-        arrays = [l if isinstance(l, Array) and l._committed else _put_one(l, NamedSharding(mesh, s))
-                  for l, s in zip(leaves, specs)]
-        return [Array(o) for o in _sdk_call(sm.call_arrays, [a._a for a in arrays])]
+    def run(entry, leaves):
+        from .numpy import _tracer
+        return [Tracer(v) for v in entry[0].call_values([_tracer(l)._v for l in leaves])]
 
     def call(*args):
         # Without mesh=, the ambient mesh when called (as JAX resolves it), not when defined.
@@ -516,33 +621,30 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
         if mesh is None:
             raise TypeError("shard_map needs mesh= or an ambient mesh (tessera.set_mesh) when called")
         leaves, treedef = tree_flatten(args)
-        traced = _trace.in_trace() or any(isinstance(l, Tracer) for l in leaves)
-        key = (treedef, traced, mesh)
+        if not (_trace.in_trace() or any(isinstance(l, Tracer) for l in leaves)):
+            # Outside a trace: the jit of this shard_map (so the arrays its body closes over are
+            # captured as jit captures them), its arguments placed by their in_specs first.
+            placed = [l if isinstance(l, Array) and l._committed else _put_one(l, NamedSharding(mesh, s))
+                      for l, s in zip(leaves, leaf_specs(args, leaves))]
+            j = eager.get((treedef, mesh))
+            if j is None:
+                j = eager[(treedef, mesh)] = _Jitted(call, None, None, (), (), default_mesh=mesh)
+            return j(*tree_unflatten(treedef, placed))
+        key = (treedef, mesh)
         entry = cache.get(key)
         if entry is None:
             entry = make(args, None, mesh)
-            if traced and isinstance(out_specs, PartitionSpec):
-                # Inside a trace a wrong output count would fail the enclosing trace: learn the
-                # body's outputs first from a throwaway trace of its own.
-                from .numpy import _tracer
-                values = [_tracer(l)._v for l in leaves]
-                try:
-                    _t.trace_text(lambda vs: entry[0].call_values(vs), [(v.dtype, v.shape) for v in values])
-                except errors.InvalidArgumentError:
-                    pass
-                if "specs" in entry[1] and len(entry[1]["specs"]) != entry[3]:
-                    entry = make(args, entry[1]["specs"], mesh)
         try:
-            outs = run(entry, leaves, traced, mesh)
+            outs = run(entry, leaves)
             error = None
         except errors.InvalidArgumentError as e:
             outs, error = None, e
         seen = entry[1]
-        if "specs" in seen and len(seen["specs"]) != entry[3]:
+        if entry[3] is not None and "specs" in seen and len(seen["specs"]) != entry[3]:
             # out_specs is a prefix of more outputs than it has leaves: make the program again
             # with one spec per output, now that the body has shown them.
             entry = make(args, seen["specs"], mesh)
-            outs, error = run(entry, leaves, traced, mesh), None
+            outs, error = run(entry, leaves), None
         if error is not None:
             raise error
         if "tree" not in entry[1]:

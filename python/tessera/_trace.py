@@ -74,6 +74,16 @@ def in_trace():
     return getattr(_state, "depth", 0) > 0
 
 
+def capture_scope():
+    """The Captures of the jit being traced (tessera._api), or None."""
+    return getattr(_state, "capture", None)
+
+
+class Retrace(Exception):
+    """Raised at the end of a trace that met concrete arrays not yet among its jit's captures:
+    the jit adds them as arguments and traces again."""
+
+
 def callback(fn):
     """`fn` (a list of Values -> a list of Values) as the SDK calls it while tracing: the
     first exception is kept (pending_error) and the SDK sees no result, which fails its trace."""

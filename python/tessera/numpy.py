@@ -17,6 +17,7 @@ import numpy as _np
 from . import _tessera as _t
 from ._array import Array
 from ._config import config as _config
+from . import _trace
 from ._trace import Tracer, in_trace
 
 float32, float64, int32, int64 = _np.float32, _np.float64, _np.int32, _np.int64
@@ -105,8 +106,15 @@ def _tracer(x, like=None):
         # A 0-d Array (jnp.array(1e-5) closed over) is fetched once and embedded, as a numpy scalar.
         v = _np.asarray(x)
         return _full((), v.item(), canonical_dtype(v.dtype))
-    raise TypeError(f"a {type(x).__name__} of shape {_np.shape(x)} used inside a traced function: Tessera traces "
-                    "no array constants; pass it to the jitted function as an argument")
+    scope = _trace.capture_scope()
+    if scope is not None and isinstance(x, (_np.ndarray, Array)):
+        # Closed over by a jitted function: one of its jit's captured arguments (a stand-in of
+        # its type until the jit has traced again with it; see _api.Captures).
+        t = scope.tracer(x)
+        return t if t is not None else _full(_np.shape(x), 0, canonical_dtype(x.dtype))
+    raise TypeError(f"a {type(x).__name__} of shape {_np.shape(x)} used inside a traced function outside jit: Tessera "
+                    "traces no array constants there; pass it as an argument, or trace under tessera.jit, which "
+                    "captures the arrays a function closes over")
 
 
 def _pair(x, y):

@@ -496,14 +496,72 @@ TEST_F(ShardMapTest, BadUseIsAnInvalidArgumentAtTraceTime) {
   // Outside a shard_map body.
   absl::Status s = trace_error([](const std::vector<Value>& in) { return std::vector<Value>{psum(in[0], "data")}; });
   EXPECT_THAT(std::string(s.message()), HasSubstr("only inside a shard_map body"));
-  // A value of the enclosing function used inside the body.
-  s = trace_error([&](const std::vector<Value>& in) {
-    Value outer = in[0] * 2.0;
-    ShardMapped f = shard_map([outer](const std::vector<Value>& v) { return std::vector<Value>{v[0] + outer}; },
-                              mesh42(), {P()}, {P()});
-    return f(in);
+}
+
+// A value of the enclosing function that the body reads (closes over) enters the body whole on
+// every device, as JAX's shard_map passes a body's closed-over values (jax/_src/shard_map.py:
+// the consts go in with in_names {}, i.e. P()); as the shard_map notebook's
+// `shard_map(lambda: x, in_specs=(), out_specs=P('i', 'j'))()` prints jnp.tile(x, (4, 2)).
+// Worked by hand: x[i, j] = 8i + j (16, 8) under P('data', None) on (4, 2); w = 2 * arange(8)
+// closed over; out[i, j] = x[i, j] + w[j]; the closed-over value returned as it is under
+// P('data') (each of the 4 devices along 'data' returns the whole (8,): tiled to (32,)).
+TEST_F(ShardMapTest, AValueTheBodyClosesOverEntersItWholeOnEveryDevice) {
+  ASSERT_NE(client_, nullptr);
+  const HostArray x = HostArray::arange(DType::kF32, {16, 8});
+  const HostArray w = HostArray::arange(DType::kF32, {8});
+  Jitted f = jit([&](const std::vector<Value>& in) {
+    const Value outer = in[1] * 2.0;
+    ShardMapped body = shard_map(
+        [outer](const std::vector<Value>& v) {
+          return std::vector<Value>{v[0] + broadcast_to(outer, {4, 8}), outer};
+        },
+        mesh42(), {P("data", None)}, {P("data", None), P("data")});
+    return body({in[0]});
   });
-  EXPECT_THAT(std::string(s.message()), HasSubstr("a value from outside it; pass it in as an argument"));
+  absl::StatusOr<std::vector<Array>> out = f({put(x, P("data", None)), put(w, P())});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> sum = (*out)[0].fetch();
+  absl::StatusOr<HostArray> tiled = (*out)[1].fetch();
+  ASSERT_TRUE(sum.ok() && tiled.ok());
+  ASSERT_EQ(sum->shape(), (Shape{16, 8}));
+  for (int64_t e = 0; e < 16 * 8; ++e) EXPECT_EQ(sum->element_as_double(e), e + 2 * (e % 8)) << e;
+  ASSERT_EQ(tiled->shape(), (Shape{32}));
+  for (int64_t e = 0; e < 32; ++e) EXPECT_EQ(tiled->element_as_double(e), 2 * (e % 8)) << e;
+  // Read twice, it enters once; the trace shows one shard_map_in per argument and capture.
+  absl::StatusOr<Graph> g = trace(
+      [&](const std::vector<Value>& in) {
+        ShardMapped body =
+            shard_map([&in](const std::vector<Value>& v) { return std::vector<Value>{v[0] * in[1] + in[1]}; }, mesh42(),
+                      {P("data", None)}, {P("data", None)});
+        return body({in[0]});
+      },
+      {{DType::kF32, {16, 8}}, {DType::kF32, {4, 8}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  int ins = 0;
+  for (const Node& n : g->nodes()) ins += n.op == Op::kShardMapIn ? 1 : 0;
+  EXPECT_EQ(ins, 2) << g->to_text();
+}
+
+// On Explicit axes a closed-over value whose type is split would not be whole on each device:
+// an error naming it and the two ways out.
+TEST_F(ShardMapTest, OnExplicitAxesAClosedOverSplitValueIsAnErrorNamingIt) {
+  ASSERT_NE(client_, nullptr);
+  ASSERT_EQ(mesh42().axis_types()[0], AxisType::kExplicit);
+  const HostArray x = HostArray::arange(DType::kF32, {16, 8});
+  Jitted f = jit([&](const std::vector<Value>& in) {
+    ShardMapped body = shard_map(
+        [&in](const std::vector<Value>& v) {
+          return std::vector<Value>{v[0] + slice(in[0], {0, 0}, {4, 8})};
+        },
+        mesh42(), {P("data", None)}, {P("data", None)});
+    return body({in[0]});
+  });
+  absl::StatusOr<std::vector<Array>> out = f({put(x, P("data", None))});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(out.status().message()),
+              HasSubstr("the body closes over %0 f32[16@data,8], which enters it whole on every device (P()), but its "
+                        "type is split; reshard it to P() first, or pass it in as an argument with its in_spec"));
 }
 
 TEST_F(ShardMapTest, AMeshOtherThanTheArgumentsIsAnError) {

@@ -53,6 +53,9 @@ struct ShardMapOptions {
   // collectives, and each device computes its block whole along them (the compiler does not
   // yet split a body's work over an automatic axis).
   std::vector<std::string> axis_names = {};
+  // out_specs is one spec that every result takes, however many the body returns (Python's
+  // out_specs=P(...), a prefix of any output tree).
+  bool out_specs_for_all = false;
   // For calls on Arrays: the jit options of the program shard_map compiles to.
   JitOptions jit = {};
 };
@@ -63,8 +66,7 @@ class ShardMapped {
   // Inside a traced function (jit, or another trace): the body inlined on these global
   // Values; returns the global results (one per out_spec). Errors fail the trace with
   // INVALID_ARGUMENT naming the argument or output and the rule: an in_spec that does not
-  // fit its argument, as many arguments or results as specs, a body that reads a Value from
-  // outside it (pass it in as an argument), a result not replicated where its out_spec says,
+  // fit its argument, as many arguments or results as specs, a result not replicated where its out_spec says,
   // a bad collective, a shard_map inside a shard_map body (not supported). Called outside a
   // trace it records nothing and returns invalid Values.
   std::vector<Value> operator()(const std::vector<Value>& args) const;
