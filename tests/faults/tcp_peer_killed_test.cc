@@ -115,5 +115,40 @@ TEST_F(TcpPeerKilledTest, AMemberKilledMidCollectiveFailsTheCallBoundedNamingThe
   expect_equal((*total2)[0], column_sums(small));
 }
 
+// kill -9 of a worker between calls, its RunPlans stream idle: the coordinator's next call
+// fails at once naming it, long before the heartbeat timeout (60 s here; 1.5 s by default) marks
+// the device lost. Before, the stream that replaced the broken one waited for a connection
+// that never came (wait_for_ready), and the call failed only at the heartbeat timeout.
+TEST_F(TcpPeerKilledTest, AWorkerKilledBetweenCallsFailsTheNextCallAtOnce) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = HostArray::arange(DType::kF32, {kFaultWorkers * 2, 16});
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  JitOptions options;
+  options.timeout = absl::Seconds(30);
+  Jitted scale = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 3.0f + 1.0f}; }, options);
+  {
+    absl::StatusOr<std::vector<Array>> warm = scale({*x});  // every device's stream is open
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    expect_equal((*warm)[0], affine(host, 3, 1));
+  }
+  cluster_.workers[kVictim]->kill();
+  const absl::Time killed = absl::Now();
+  const absl::Status next = outcome(scale({*x}));
+  const absl::Duration took = absl::Now() - killed;
+  std::printf("call after a kill -9 between calls failed %s after the kill: %s\n", absl::FormatDuration(took).c_str(),
+              next.ToString().c_str());
+  EXPECT_EQ(next.code(), absl::StatusCode::kUnavailable) << next;
+  EXPECT_THAT(std::string(next.message()), HasSubstr(absl::StrCat("device ", kVictim)));
+  EXPECT_LT(took, absl::Seconds(1));
+  // A second call fails as fast (its stream does not wait for the dead worker either).
+  const absl::Time again = absl::Now();
+  EXPECT_FALSE(outcome(scale({*x})).ok());
+  EXPECT_LT(absl::Now() - again, absl::Seconds(1));
+}
+
 }  // namespace
 }  // namespace tessera
