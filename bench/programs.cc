@@ -1,130 +1,250 @@
-// bench_programs: the daemons' memory over many distinct programs (issue #17's goal: RSS
-// flat within 10% over 30,000 calls with 4,000 distinct programs). Starts a coordinator and
-// --workers tessera-worker processes on 127.0.0.1 twice: with the compile cache bounded
-// (--max_programs, the default 1024) and, as the reference in the same run, with bounds
-// beyond the program count (nothing evicted: what the daemons did before the bound). Each
-// run compiles and calls --programs distinct programs (x * k + 1) once, then calls the most
-// recent 256 of them until --calls calls were made in all, and prints the coordinator's and
-// the largest worker's RSS (VmRSS) at every quarter of the programs and at the end.
+// bench_programs: the trust issue's memory goal (#17): each daemon's resident memory stays flat
+// (within 10 %) over 30,000 calls with 4,000 distinct programs and a flood of 10,000 forged or
+// never-started Exchange messages. Real processes: a tessera-coordinator and --workers
+// tessera-worker processes on 127.0.0.1 checking tokens (credentials of the run's own), and
+// this process as their client; started twice, with the compile caches bounded
+// (--max_programs, the coordinator's default 1024) and, as the reference, with bounds beyond
+// the program count (nothing evicted: what the daemons did before the bound).
 //
-//   bin/bench_programs [--programs=4000] [--calls=30000] [--workers=4] [--max_programs=1024]
-//                      [--reference=false]
-
+//   bin/bench_programs [--workers=8] [--programs=4000] [--warmup=2000] [--calls=30000]
+//                      [--flood=10000] [--max_programs=1024] [--reference=true] [--json]
+//
+// Phases of each run: (1) warm-up: --warmup distinct programs (x * c + 1, one c each), one
+// call each (past the program-cache bound, so it evicts from here on); the baseline RSS of
+// every daemon is read (VmRSS of /proc/PID/status). (2) the rest of the distinct programs, one
+// call each, (3) the remaining calls on the last 16 programs, (4) the flood on worker 0's
+// Exchange service, half claiming another device than the stream authenticated (dropped and
+// counted), half for op ids that never start (kept in the mailbox until its per-peer cap or
+// their time-to-live, 3 s here), (5) once worker 0 holds none of them. RSS is read after each
+// phase; the figure is each daemon's largest reading over its baseline. Every 97th call's
+// result, and the last call's, is fetched and checked against the host.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "bench/stats.h"
+#include "core/credentials.h"
+#include "core/daemon.h"
 #include "core/status.h"
 #include "core/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/auth.h"
+#include "proto/rpc.h"
+#include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
 
-ABSL_FLAG(int, programs, 4000, "distinct programs compiled and called");
-ABSL_FLAG(int, calls, 30000, "calls in all (the first --programs compile)");
-ABSL_FLAG(int, workers, 4, "worker processes");
-ABSL_FLAG(int, max_programs, 1024, "the coordinator's compile cache bound in the bounded run");
+ABSL_FLAG(int, workers, 8, "tessera-worker processes");
+ABSL_FLAG(int, programs, 4000, "distinct programs (x * c + 1, one c each)");
+ABSL_FLAG(int, warmup, 2000,
+          "of the distinct programs, how many run before the baseline (default: more than the coordinator's "
+          "--max_programs, so its program cache is full and evicting at the baseline)");
+ABSL_FLAG(int, calls, 30000, "calls in all (at least --programs)");
+ABSL_FLAG(int, flood, 10000, "Exchange messages sent to worker 0 (half forged, half for ops that never start)");
+ABSL_FLAG(int, max_programs, 1024, "the coordinator's program-cache bound in the bounded run");
 ABSL_FLAG(bool, reference, true, "also run the reference (bounds beyond the program count)");
+ABSL_FLAG(bool, json, false, "one JSON object per daemon and run instead of text");
 
 namespace tessera {
 namespace {
 
-struct Sample {
-  int programs = 0;
-  int calls = 0;
-  int64_t coordinator_kib = 0;
-  int64_t worker_kib = 0;  // the largest worker's
-};
+constexpr int kPhases = 5;
+const char* const kPhaseNames[kPhases] = {"warm-up", "programs", "calls", "flood", "ttl"};
 
-Sample sample(const ProcessCluster& cluster, int programs, int calls) {
-  Sample s{programs, calls, rss_kib(cluster.coordinator->pid()), 0};
-  for (const auto& w : cluster.workers) s.worker_kib = std::max(s.worker_kib, rss_kib(w->pid()));
-  return s;
+// One Exchange stream to `stub` carrying `count` messages of 1 KiB from a stream authenticated
+// as device `as`: even ones claim device `as + 1` (forged), odd ones are `as`'s own for op ids
+// far beyond any run's (never started). Returns how the worker ended the stream.
+grpc::Status flood(pb::Worker::Stub* stub, int as, int count, uint64_t first_op) {
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, absl::Seconds(60));
+  pb::ExchangeReply reply;
+  auto writer = stub->Exchange(&ctx, &reply);
+  for (int k = 0; k < count; ++k) {
+    pb::ExchangeMessage m;
+    m.set_source_device(k % 2 == 0 ? as + 1 : as);
+    m.set_op_id(first_op + static_cast<uint64_t>(k));
+    m.set_data(std::string(1024, '\x7f'));
+    if (!writer->Write(m)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
 }
 
-// One cluster's run; the samples, or an error.
-absl::StatusOr<std::vector<Sample>> run(int max_programs, int max_plans) {
-  const int workers = absl::GetFlag(FLAGS_workers), programs = absl::GetFlag(FLAGS_programs);
-  const int calls = absl::GetFlag(FLAGS_calls);
-  char self[4096] = {};
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  const std::string path(self, n > 0 ? static_cast<size_t>(n) : 0);
-  const std::string bin_dir = path.substr(0, path.rfind('/'));  // where the daemons are built too
+// One run's readings: by daemon (coordinator first), the RSS in KiB after each phase.
+struct Run {
+  int max_programs = 0;
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> rss;
+  int calls = 0, checked = 0, sent = 0, streams = 0;
+  int64_t pending = -1;  // worker 0's unconsumed Exchange messages at the end
+  double seconds = 0;
+};
+
+absl::StatusOr<Run> run(const Credentials& credentials, const std::string& credentials_dir, int max_programs,
+                        int max_plans) {
+  const int workers = std::max(2, absl::GetFlag(FLAGS_workers));
+  const int programs = std::max(4, absl::GetFlag(FLAGS_programs));
+  const int calls = std::max(programs, absl::GetFlag(FLAGS_calls));
+  const int flood_count = std::max(0, absl::GetFlag(FLAGS_flood));
+  const int warmup = std::clamp(absl::GetFlag(FLAGS_warmup), 1, programs);
   TESSERA_ASSIGN_OR_RETURN(
       ProcessCluster cluster,
-      ProcessCluster::start(bin_dir, workers, {absl::StrCat("--max_programs=", max_programs)},
-                            {absl::StrCat("--max_plans=", max_plans), "--memory_bytes=268435456"}));
+      ProcessCluster::start(executable_dir(), workers,
+                            {"--credentials=" + credentials_dir, absl::StrCat("--max_programs=", max_programs)},
+                            {"--credentials=" + credentials_dir, absl::StrCat("--max_plans=", max_plans),
+                             "--memory_bytes=268435456", "--mailbox_ttl_ms=3000"}));
   ConnectOptions options;
   options.min_devices = workers;
+  options.timeout = absl::Seconds(30);
+  options.token = credentials.client;
   TESSERA_ASSIGN_OR_RETURN(Client client, Client::connect(cluster.address, options));
   TESSERA_ASSIGN_OR_RETURN(Mesh mesh, client.make_mesh({workers}, {"x"}));
-  const HostArray x0 = HostArray::arange(DType::kF32, {8 * workers});
-  TESSERA_ASSIGN_OR_RETURN(Array x, client.device_put(x0, NamedSharding(mesh, P("x"))));
-  std::vector<Sample> samples{sample(cluster, 0, 0)};
-  std::vector<Jitted> recent;  // the last 256, called again after the distinct ones
-  int made = 0;
-  auto call = [&](Jitted& f, int k) -> absl::Status {
+  HostArray host(DType::kF32, {static_cast<int64_t>(workers), 16});
+  for (int64_t i = 0; i < num_elements(host.shape()); ++i)
+    host.mutable_values<float>()[i] = 0.25f * static_cast<float>(i);
+  TESSERA_ASSIGN_OR_RETURN(Array x, client.device_put(host, NamedSharding(mesh, P("x"))));
+
+  Run r;
+  r.max_programs = max_programs;
+  std::vector<pid_t> pids = {cluster.coordinator->pid()};
+  r.names = {"coordinator"};
+  for (int w = 0; w < workers; ++w) {
+    pids.push_back(cluster.workers[w]->pid());
+    r.names.push_back(absl::StrCat("worker ", w));
+  }
+  r.rss.resize(pids.size());
+  const auto read_rss = [&] {
+    for (size_t d = 0; d < pids.size(); ++d) r.rss[d].push_back(rss_kib(pids[d]));
+  };
+  const auto call = [&](int program, bool check) -> absl::Status {
+    const float c = 0.5f + static_cast<float>(program);
+    Jitted f = jit([c](const std::vector<Value>& in) { return std::vector<Value>{in[0] * c + 1}; });
     TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, f({x}));
-    TESSERA_ASSIGN_OR_RETURN(HostArray got, out[0].fetch());
-    if (got.values<float>()[1] != x0.values<float>()[1] * static_cast<float>(k) + 1) {
-      return absl::InternalError(absl::StrCat("program ", k, " computed a wrong value"));
+    if (++r.calls % 97 == 0 || check) {
+      TESSERA_ASSIGN_OR_RETURN(HostArray got, out[0].fetch());
+      for (int64_t i = 0; i < num_elements(host.shape()); ++i) {
+        const float want = host.values<float>()[i] * c + 1;
+        if (got.values<float>()[i] != want) {
+          return absl::InternalError(
+              absl::StrCat("program ", program, " element ", i, ": ", got.values<float>()[i], ", want ", want));
+        }
+      }
+      ++r.checked;
     }
-    ++made;
     return absl::OkStatus();
   };
-  for (int k = 1; k <= programs; ++k) {
-    Jitted f = jit([k](const std::vector<Value>& in) { return std::vector<Value>{in[0] * k + 1}; });
-    TESSERA_RETURN_IF_ERROR(call(f, k));
-    if (programs - k < 256) recent.push_back(std::move(f));
-    if (k % (programs / 4) == 0) samples.push_back(sample(cluster, k, made));
+  const absl::Time start = absl::Now();
+  for (int p = 0; p < warmup; ++p) TESSERA_RETURN_IF_ERROR(call(p, false));
+  read_rss();
+  for (int p = warmup; p < programs; ++p) TESSERA_RETURN_IF_ERROR(call(p, false));
+  read_rss();
+  while (r.calls < calls) TESSERA_RETURN_IF_ERROR(call(programs - 1 - r.calls % 16, false));
+  read_rss();
+
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Device> devices, client.devices());
+  auto stub =
+      pb::Worker::NewStub(make_channel(devices[0].address, std::make_shared<CallIdentity>(credentials.cluster, 1)));
+  while (r.sent < flood_count && r.streams < 1000) {
+    const int batch = std::min(1000, flood_count - r.sent);
+    grpc::Status s = flood(stub.get(), 1, batch, (uint64_t{1} << 60) + static_cast<uint64_t>(r.sent));
+    ++r.streams;
+    if (!s.ok() && s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      return absl::InternalError(absl::StrCat("flood: ", s.error_message()));
+    }
+    r.sent += batch;
   }
-  for (int i = 0; made < calls; ++i) {
-    const int index = i % static_cast<int>(recent.size());
-    TESSERA_RETURN_IF_ERROR(call(recent[index], programs - static_cast<int>(recent.size()) + 1 + index));
+  read_rss();
+  // The never-started ops' messages outlive their time-to-live (--mailbox_ttl_ms=3000): wait
+  // (at most 10 s) until worker 0 has dropped them all, then read the RSS once more.
+  auto admin = pb::Worker::NewStub(make_channel(devices[0].address, std::make_shared<CallIdentity>(credentials.admin)));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(5));
+    pb::WorkerStats stats;
+    grpc::Status s = admin->GetStats(&ctx, pb::GetStatsRequest(), &stats);
+    if (!s.ok()) return absl::InternalError(absl::StrCat("GetStats: ", s.error_message()));
+    r.pending = stats.collective_messages_pending();
+    if (r.pending == 0) break;
+    absl::SleepFor(absl::Milliseconds(200));  // polling a counter, bounded by the deadline
   }
-  samples.push_back(sample(cluster, programs, made));
-  return samples;
+  read_rss();
+  // Everyone else is still served: one more checked call.
+  TESSERA_RETURN_IF_ERROR(call(0, true));
+  r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return r;
+}
+
+// Each daemon's largest reading over its warm-up reading.
+double ratio(const std::vector<int64_t>& rss) {
+  return rss[0] > 0 ? static_cast<double>(*std::max_element(rss.begin(), rss.end())) / static_cast<double>(rss[0]) : 0;
+}
+
+void print(const Run& r, bool reference, bool json) {
+  const char* label = reference ? "reference" : "bounded";
+  if (!json) {
+    std::printf(
+        "%s run (--max_programs=%d): %d calls, %d results checked, %d Exchange messages to worker 0 in %d "
+        "streams, %.1f s\n",
+        label, r.max_programs, r.calls, r.checked, r.sent, r.streams, r.seconds);
+    if (r.pending != 0) {
+      std::printf("worker 0 still held %lld unconsumed Exchange messages 10 s after the flood (time-to-live 3 s)\n",
+                  static_cast<long long>(r.pending));
+    }
+    std::printf("%-12s", "RSS KiB");
+    for (const char* phase : kPhaseNames) std::printf(" %10s", phase);
+    std::printf(" %10s\n", "peak/base");
+  }
+  double worst = 0;
+  for (size_t d = 0; d < r.rss.size(); ++d) {
+    const std::vector<int64_t>& v = r.rss[d];
+    worst = std::max(worst, ratio(v));
+    if (json) {
+      std::printf(
+          "{\"run\": \"%s\", \"daemon\": \"%s\", \"warmup_kib\": %ld, \"programs_kib\": %ld, \"calls_kib\": %ld, "
+          "\"flood_kib\": %ld, \"after_ttl_kib\": %ld, \"ratio\": %.3f}\n",
+          label, r.names[d].c_str(), v[0], v[1], v[2], v[3], v[4], ratio(v));
+    } else {
+      std::printf("%-12s", r.names[d].c_str());
+      for (int64_t kib : v) std::printf(" %10ld", kib);
+      std::printf(" %9.2fx\n", ratio(v));
+    }
+  }
+  if (!json) std::printf("%s: largest growth over the warm-up %.2fx (goal <= 1.10x)\n", label, worst);
+}
+
+int fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "bench_programs: %s: %s\n", what.c_str(), s.ToString().c_str());
+  return 1;
 }
 
 int main_impl() {
-  const int bound = absl::GetFlag(FLAGS_max_programs), programs = absl::GetFlag(FLAGS_programs);
-  const int unbounded = 10 * programs + 1000;
-  std::printf("%d distinct programs, %d calls, %d workers; RSS in MiB (coordinator / largest worker)\n", programs,
-              absl::GetFlag(FLAGS_calls), absl::GetFlag(FLAGS_workers));
-  std::vector<std::vector<Sample>> runs;
-  std::vector<int> limits = {bound};
-  if (absl::GetFlag(FLAGS_reference)) limits.push_back(unbounded);
-  for (int limit : limits) {
-    absl::StatusOr<std::vector<Sample>> samples = run(limit, limit == bound ? 4096 : unbounded);
-    if (!samples.ok()) {
-      std::fprintf(stderr, "bench_programs: %s\n", std::string(samples.status().message()).c_str());
-      return 1;
-    }
-    runs.push_back(*std::move(samples));
+  absl::StatusOr<Credentials> credentials = generate_credentials();
+  if (!credentials.ok()) return fail("credentials", credentials.status());
+  const std::string dir = absl::StrCat("/tmp/tessera-bench-programs-", getpid());
+  absl::Status written = write_credentials(dir, *credentials);
+  if (!written.ok()) return fail("credentials", written);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { remove_credentials(dir); }
+  } cleanup{dir};
+  const bool json = absl::GetFlag(FLAGS_json);
+  const int bound = absl::GetFlag(FLAGS_max_programs);
+  absl::StatusOr<Run> bounded = run(*credentials, dir, bound, 4096);
+  if (!bounded.ok()) return fail("the bounded run", bounded.status());
+  print(*bounded, false, json);
+  if (absl::GetFlag(FLAGS_reference)) {
+    const int unbounded = 10 * absl::GetFlag(FLAGS_programs) + 1000;
+    absl::StatusOr<Run> reference = run(*credentials, dir, unbounded, unbounded);
+    if (!reference.ok()) return fail("the reference run", reference.status());
+    print(*reference, true, json);
   }
-  if (runs.size() == 1) runs.push_back(runs[0]);  // no reference: its columns repeat the run
-  std::printf("%10s %8s | %-28s | %-28s\n", "programs", "calls", absl::StrCat("--max_programs=", bound).c_str(),
-              "reference (nothing evicted)");
-  for (size_t i = 0; i < runs[0].size() && i < runs[1].size(); ++i) {
-    const Sample &a = runs[0][i], &b = runs[1][i];
-    std::printf("%10d %8d | %12.1f / %12.1f | %12.1f / %12.1f\n", a.programs, a.calls, a.coordinator_kib / 1024.0,
-                a.worker_kib / 1024.0, b.coordinator_kib / 1024.0, b.worker_kib / 1024.0);
-  }
-  // Flat: the growth from the first quarter (past the bound's warm-up when programs >= 4 x
-  // the bound) to the end, against the reference's growth over the same span.
-  const Sample &a0 = runs[0][1], &a1 = runs[0].back(), &b0 = runs[1][1], &b1 = runs[1].back();
-  std::printf(
-      "growth from %d programs to the end: coordinator %+.1f%% (reference %+.1f%%), worker %+.1f%% "
-      "(reference %+.1f%%)\n",
-      a0.programs, 100.0 * (a1.coordinator_kib - a0.coordinator_kib) / a0.coordinator_kib,
-      100.0 * (b1.coordinator_kib - b0.coordinator_kib) / b0.coordinator_kib,
-      100.0 * (a1.worker_kib - a0.worker_kib) / a0.worker_kib, 100.0 * (b1.worker_kib - b0.worker_kib) / b0.worker_kib);
   return 0;
 }
 
@@ -132,6 +252,10 @@ int main_impl() {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "Resident memory of each daemon over many calls, programs and forged messages (issue #17's goal).\n"
+      "Usage: bench_programs [--workers=8] [--programs=4000] [--warmup=2000] [--calls=30000] [--flood=10000]\n"
+      "                      [--max_programs=1024] [--reference=true] [--json]");
+  tessera::parse_flags(argc, argv, "bench_programs", {});
   return tessera::main_impl();
 }

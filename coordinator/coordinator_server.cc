@@ -102,6 +102,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
 
   Registry& registry() { return registry_; }
   ExecutionDriver& driver() { return driver_; }
+  ProgramCache& programs() { return programs_; }
 
   grpc::Status Handshake(grpc::ServerContext* ctx, const pb::HandshakeRequest* req,
                          pb::HandshakeReply* reply) override {
@@ -932,6 +933,8 @@ class CoordinatorServerImpl final : public CoordinatorServer {
       // After the watch, which fails the executions of devices just marked lost naming them.
       service_.evict_worker_channels();
       service_.driver().expire_awaited_calls();
+      // Evicted programs' pages back to the kernel (core/heap.h): off the RPC threads.
+      service_.programs().heap().trim_if_released();
       update_health();
     }
   }

@@ -8,6 +8,7 @@
 #include "coordinator/coordinator_server.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
+#include "core/heap.h"
 #include "proto/rpc.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -41,6 +42,11 @@ ABSL_FLAG(int, max_sync_threads, 256,
           "them polling; a call that finds none free fails RESOURCE_EXHAUSTED 'Server Threadpool Exhausted' at "
           "once. 2 to 65536 (env TESSERA_COORDINATOR_MAX_SYNC_THREADS)");
 
+ABSL_FLAG(int, malloc_arenas, 0,
+          "glibc malloc arenas at most (M_ARENA_MAX); 0: as many as cores, at least 2. Fewer arenas keep the "
+          "freed memory of evicted programs reusable instead of growing the heap (docs/design.md, Memory) "
+          "(env TESSERA_COORDINATOR_MALLOC_ARENAS)");
+
 ABSL_FLAG(std::string, credentials, "",
           "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
           "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
@@ -63,7 +69,9 @@ int main(int argc, char** argv) {
                         {"expected_devices", "TESSERA_COORDINATOR_EXPECTED_DEVICES"},
                         {"max_programs", "TESSERA_COORDINATOR_MAX_PROGRAMS"},
                         {"max_sync_threads", "TESSERA_COORDINATOR_MAX_SYNC_THREADS"},
+                        {"malloc_arenas", "TESSERA_COORDINATOR_MALLOC_ARENAS"},
                         {"credentials", "TESSERA_COORDINATOR_CREDENTIALS"}});
+  tessera::limit_malloc_arenas(absl::GetFlag(FLAGS_malloc_arenas));  // before our threads start
   tessera::block_termination_signals();
 
   tessera::CoordinatorOptions options;

@@ -10,13 +10,13 @@ namespace tessera {
 // The reactor keeps one hold from open() until the stream is ending and no write is in flight:
 // OnDone cannot run while a sender may still start a write (gRPC forbids a write after
 // OnDone), and every write is started only while the hold is kept.
-std::shared_ptr<PlanStream> PlanStream::open(pb::Worker::Stub* stub, uint64_t incarnation) {
+std::shared_ptr<PlanStream> PlanStream::open(pb::Worker::Stub* stub, uint64_t incarnation, bool wait_for_ready) {
   std::shared_ptr<PlanStream> s(new PlanStream(incarnation));
   {
     absl::MutexLock lock(&s->mu_);
     s->self_ = s;
   }
-  s->ctx_.set_wait_for_ready(true);
+  s->ctx_.set_wait_for_ready(wait_for_ready);
   stub->async()->RunPlans(&s->ctx_, s.get());
   s->AddHold();
   s->StartRead(&s->result_);

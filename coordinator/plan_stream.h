@@ -31,11 +31,13 @@ class PlanStream final : public grpc::ClientBidiReactor<pb::PlanStreamRequest, p
  public:
   using Done = std::function<void(grpc::Status)>;
 
-  // Opens a stream on `stub` (which must outlive it) to the worker's `incarnation`. It waits
-  // for the connection (wait_for_ready), as a first call to a worker does: the process may
-  // have just restarted under the same address. A worker that never answers leaves its runs
-  // to the owner's deadlines and lost-device watch.
-  static std::shared_ptr<PlanStream> open(pb::Worker::Stub* stub, uint64_t incarnation);
+  // Opens a stream on `stub` (which must outlive it) to the worker's `incarnation`. With
+  // `wait_for_ready` it waits for the connection, as a first call to a worker does: the
+  // process may have just registered, or restarted under the same address. A worker that
+  // never answers leaves its runs to the owner's deadlines and lost-device watch. Without, a
+  // worker that cannot be connected to (its process is gone) fails the stream, and its runs
+  // with UNAVAILABLE, at once.
+  static std::shared_ptr<PlanStream> open(pb::Worker::Stub* stub, uint64_t incarnation, bool wait_for_ready = true);
 
   // Sends `request`. `done` runs exactly once, on a gRPC thread or the caller's: with the
   // worker's result, with UNAVAILABLE if the stream broke first (or had already), or with the

@@ -41,6 +41,7 @@ absl::StatusOr<std::shared_ptr<Program>> ProgramCache::compile(std::string key, 
     hold_locked(program, session);
     evicted = evict_locked();
   }
+  if (!evicted.empty()) heap_.released();
   unload_plans(evicted, /*wait=*/false);
   return program;
 }
@@ -123,6 +124,7 @@ std::vector<std::shared_ptr<Program>> ProgramCache::release(const std::vector<ui
     it = programs_.erase(it);
   }
   absl::erase_if(cache_, [&](const auto& entry) { return programs_.count(entry.second) == 0; });
+  if (!unused.empty()) heap_.released();
   return unused;
 }
 

@@ -33,6 +33,7 @@
 #include "coordinator/registry.h"
 #include "coordinator/worker_channels.h"
 #include "core/graph.h"
+#include "core/heap.h"
 #include "core/metrics.h"
 #include "proto/auth.h"
 #include "proto/tessera.grpc.pb.h"
@@ -122,6 +123,8 @@ class ProgramCache {
   };
   Counts counts();
   int64_t cache_hits() const { return cache_hits_.load(); }
+  // Told of every eviction and release: the coordinator's monitor trims the heap after them.
+  HeapTrimmer& heap() { return heap_; }
   const LatencyHistogram& compile_seconds() const { return compile_seconds_; }
 
   // GetClusterStatus's programs (those of `session` unless `everything`), while `*bytes`
@@ -149,6 +152,7 @@ class ProgramCache {
   uint64_t use_ticks_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::atomic<int64_t> cache_hits_{0};
+  HeapTrimmer heap_;
   LatencyHistogram compile_seconds_{"tessera_coordinator_compile_seconds",
                                     "Compilations (propagation and partitioning) of programs not in the cache."};
 };

@@ -40,14 +40,21 @@ struct WorkerChannel {
   // The RunPlans stream to the worker's `incarnation`, opened if there is none or the one there
   // broke or belongs to an older incarnation (a stale one is closed; its pending runs fail).
   // Null if the worker has a newer incarnation already: a call checked before the worker
-  // registered anew must not close the stream of the calls made since.
+  // registered anew must not close the stream of the calls made since. The stream that
+  // replaces a broken one of the same incarnation does not wait for the connection: that
+  // process was reached and its stream ended (kill -9 closes its sockets), so a call to it
+  // fails at once with UNAVAILABLE instead of waiting for the heartbeat timeout (a process
+  // back at the address registers anew, under a new incarnation, and is waited for).
   std::shared_ptr<PlanStream> plan_stream(uint64_t incarnation) {
     std::shared_ptr<PlanStream> stale, current;
     {
       absl::MutexLock lock(&mu);
       if (plans != nullptr && plans->incarnation() > incarnation) return nullptr;
       if (plans != nullptr && (plans->broken() || plans->incarnation() != incarnation)) stale = std::move(plans);
-      if (plans == nullptr) plans = PlanStream::open(stub.get(), incarnation);
+      if (plans == nullptr) {
+        const bool broke = stale != nullptr && stale->incarnation() == incarnation;
+        plans = PlanStream::open(stub.get(), incarnation, /*wait_for_ready=*/!broke);
+      }
       current = plans;
     }
     if (stale != nullptr) stale->close(absl::ZeroDuration());  // does not wait

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
+#include "core/heap.h"
 #include "core/host_array.h"
 #include "proto/rpc.h"
 #include "worker/kernels/blas.h"
@@ -94,6 +95,11 @@ ABSL_FLAG(int64_t, put_stall_ms, 10000,
           "a PutShard stream that receives nothing this long is cancelled and its reserved memory released "
           "(env TESSERA_WORKER_PUT_STALL_MS)");
 
+ABSL_FLAG(int, malloc_arenas, 0,
+          "glibc malloc arenas at most (M_ARENA_MAX); 0: as many as cores, at least 2. Fewer arenas keep the "
+          "freed memory of evicted programs reusable instead of growing the heap (docs/design.md, Memory) "
+          "(env TESSERA_WORKER_MALLOC_ARENAS)");
+
 ABSL_FLAG(std::string, credentials, "",
           "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
           "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
@@ -130,7 +136,9 @@ int main(int argc, char** argv) {
                         {"drain_quiet_ms", "TESSERA_WORKER_DRAIN_QUIET_MS"},
                         {"buffer_cache_bytes", "TESSERA_WORKER_BUFFER_CACHE_BYTES"},
                         {"drain_timeout_ms", "TESSERA_WORKER_DRAIN_TIMEOUT_MS"},
+                        {"malloc_arenas", "TESSERA_WORKER_MALLOC_ARENAS"},
                         {"credentials", "TESSERA_WORKER_CREDENTIALS"}});
+  tessera::limit_malloc_arenas(absl::GetFlag(FLAGS_malloc_arenas));  // before our threads start
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
   // instead of a fresh mmap (and a page fault per 4 KiB) for every one. 32 MiB is the

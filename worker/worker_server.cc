@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/heap.h"
 #include "core/profile_wire.h"
 #include "core/slicing.h"
 #include "core/status.h"
@@ -68,8 +69,15 @@ class WorkerService final : public WorkerServiceBase {
   const LatencyHistogram& run_seconds() const { return runner_.run_seconds(); }
 
   // A registration's answer: the device id and incarnation this worker holds now.
-  // Once per heartbeat: the mailbox forgets messages of ops that never started.
-  void tick() { transport_.sweep(); }
+  // Once per heartbeat: the mailbox forgets messages of ops that never started, and the heap
+  // gives back the pages of plans and messages dropped since the last tick (core/heap.h).
+  void tick() {
+    transport_.sweep();
+    const int64_t dropped = transport_.dropped_messages() + plans_.stats().evicted;
+    if (dropped != last_dropped_) heap_.released();
+    last_dropped_ = dropped;
+    heap_.trim_if_released();
+  }
 
   void registered(int id, uint64_t epoch, uint64_t incarnation) {
     device_.set(id);
@@ -184,6 +192,7 @@ class WorkerService final : public WorkerServiceBase {
     absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "UnloadPlans");
     if (!caller.ok()) return to_grpc(caller.status());
     reply->set_unloaded(plans_.unload(std::vector<uint64_t>(req->plan_ids().begin(), req->plan_ids().end())));
+    if (reply->unloaded() > 0) heap_.released();
     return grpc::Status::OK;
   }
 
@@ -360,6 +369,8 @@ class WorkerService final : public WorkerServiceBase {
   uint64_t incarnation_ ABSL_GUARDED_BY(registration_mu_) = 0;
   BufferStore store_;
   const absl::Time started_;
+  HeapTrimmer heap_;
+  int64_t last_dropped_ = 0;  // by tick(), on the heartbeat thread only
   Transport transport_;
   PlanStore plans_;
   Transfers transfers_;

@@ -8,11 +8,14 @@
 // kills only this test's processes, by pid.
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/codegen/sync_stream.h"
 #include "gtest/gtest.h"
 #include "proto/auth.h"
 #include "proto/rpc.h"
@@ -26,37 +29,79 @@ namespace {
 constexpr int kStreamsPerWorker = 10;
 constexpr int kMessagesPerStream = 100;  // 4 workers x 10 streams x 100 = 4,000 forged messages
 
-class FloodTest : public FaultClusterTest {};
+class FloodTest : public FaultClusterTest {
+ protected:
+  // The victim: a client with x on every device, and its collective-heavy call, checked once.
+  void start_victim() {
+    absl::StatusOr<Client> client = connect();
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_.emplace(*std::move(client));
+    absl::StatusOr<std::vector<Device>> devices = client_->devices();
+    ASSERT_TRUE(devices.ok()) << devices.status();
+    devices_ = *devices;
+    absl::StatusOr<Mesh> mesh = client_->make_mesh({kFaultWorkers}, {"x"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    absl::StatusOr<Array> x = client_->device_put(host_, NamedSharding(*mesh, P("x")));
+    ASSERT_TRUE(x.ok()) << x.status();
+    x_.emplace(*std::move(x));
+    check_victim_call();
+  }
+  void check_victim_call() {
+    absl::StatusOr<std::vector<Array>> total = column_sum_({*x_});
+    ASSERT_TRUE(total.ok()) << total.status();
+    expect_equal((*total)[0], want_);
+  }
+  // Every worker's stats, as the admin sees them.
+  std::vector<pb::WorkerStats> worker_stats() {
+    auto admin = std::make_shared<CallIdentity>(credentials_.admin);
+    std::vector<pb::WorkerStats> out(kFaultWorkers);
+    for (int w = 0; w < kFaultWorkers; ++w) {
+      grpc::ClientContext ctx;
+      set_deadline(&ctx, kControlDeadline);
+      const grpc::Status s =
+          pb::Worker::NewStub(make_channel(devices_[w].address, admin))->GetStats(&ctx, pb::GetStatsRequest(), &out[w]);
+      EXPECT_TRUE(s.ok()) << "worker " << w << ": " << s.error_message();
+    }
+    return out;
+  }
+  // The daemons still serve: a new client's put and call.
+  void check_served_afterwards() {
+    absl::StatusOr<Client> after = connect();
+    ASSERT_TRUE(after.ok()) << after.status();
+    absl::StatusOr<Mesh> mesh = after->make_mesh({kFaultWorkers}, {"x"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    absl::StatusOr<Array> y = after->device_put(host_, NamedSharding(*mesh, P("x")));
+    ASSERT_TRUE(y.ok()) << y.status();
+    absl::StatusOr<std::vector<Array>> total = column_sum_({*y});
+    ASSERT_TRUE(total.ok()) << total.status();
+    expect_equal((*total)[0], want_);
+  }
+
+  const HostArray host_ = HostArray::arange(DType::kF32, {kFaultWorkers * 4, 64});
+  const HostArray want_ = column_sums(host_);
+  Jitted column_sum_ = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; },
+                           [] {
+                             JitOptions options;
+                             options.timeout = absl::Seconds(10);
+                             return options;
+                           }());
+  std::optional<Client> client_;
+  std::vector<Device> devices_;
+  std::optional<Array> x_;
+};
 
 TEST_F(FloodTest, ForgedExchangeMessagesDuringCollectivesAreDroppedAndResultsStayRight) {
-  absl::StatusOr<Client> client = connect();
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<std::vector<Device>> devices = client->devices();
-  ASSERT_TRUE(devices.ok()) << devices.status();
-  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const HostArray host = HostArray::arange(DType::kF32, {kFaultWorkers * 4, 64});
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
-  ASSERT_TRUE(x.ok()) << x.status();
-  JitOptions options;
-  options.timeout = absl::Seconds(10);
-  Jitted column_sum = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; }, options);
-  const HostArray want = column_sums(host);
-  {
-    absl::StatusOr<std::vector<Array>> first = column_sum({*x});
-    ASSERT_TRUE(first.ok()) << first.status();
-    expect_equal((*first)[0], want);
-  }
+  ASSERT_NO_FATAL_FAILURE(start_victim());
 
   // The flood: worker w's streams claim device (w + 1) % n and carry messages naming
   // (w + 2) % n, op ids from the victim's last array id on (ids are predictable).
-  const uint64_t base = x->id();
+  const uint64_t base = x_->id();
   std::vector<std::atomic<int64_t>> sent(kFaultWorkers);
   std::vector<std::thread> flooders;
   for (int w = 0; w < kFaultWorkers; ++w) {
     flooders.emplace_back([&, w] {
       auto identity = std::make_shared<CallIdentity>(credentials_.cluster, (w + 1) % kFaultWorkers);
-      std::unique_ptr<pb::Worker::Stub> stub = pb::Worker::NewStub(make_channel((*devices)[w].address, identity));
+      std::unique_ptr<pb::Worker::Stub> stub = pb::Worker::NewStub(make_channel(devices_[w].address, identity));
       for (int s = 0; s < kStreamsPerWorker; ++s) {
         grpc::ClientContext ctx;
         set_deadline(&ctx, kControlDeadline);
@@ -77,36 +122,94 @@ TEST_F(FloodTest, ForgedExchangeMessagesDuringCollectivesAreDroppedAndResultsSta
     });
   }
   // Meanwhile the victim's all-reduces, right every time.
-  for (int i = 0; i < 20; ++i) {
-    absl::StatusOr<std::vector<Array>> total = column_sum({*x});
-    ASSERT_TRUE(total.ok()) << total.status();
-    expect_equal((*total)[0], want);
-  }
+  for (int i = 0; i < 20; ++i) ASSERT_NO_FATAL_FAILURE(check_victim_call());
   for (std::thread& t : flooders) t.join();
 
-  auto admin = std::make_shared<CallIdentity>(credentials_.admin);
+  const std::vector<pb::WorkerStats> stats = worker_stats();
   for (int w = 0; w < kFaultWorkers; ++w) {
     SCOPED_TRACE(absl::StrCat("worker ", w));
-    pb::WorkerStats stats;
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, kControlDeadline);
-    ASSERT_TRUE(pb::Worker::NewStub(make_channel((*devices)[w].address, admin))
-                    ->GetStats(&ctx, pb::GetStatsRequest(), &stats)
-                    .ok());
     EXPECT_EQ(sent[w].load(), kStreamsPerWorker * kMessagesPerStream);
-    EXPECT_EQ(stats.exchange_messages_forged(), sent[w].load());
-    EXPECT_EQ(stats.collective_messages_pending(), 0);
+    EXPECT_EQ(stats[w].exchange_messages_forged(), sent[w].load());
+    EXPECT_EQ(stats[w].collective_messages_pending(), 0);
   }
-  // The daemons still serve: a new client's put and call.
-  absl::StatusOr<Client> after = connect();
-  ASSERT_TRUE(after.ok()) << after.status();
-  absl::StatusOr<Mesh> mesh2 = after->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh2.ok()) << mesh2.status();
-  absl::StatusOr<Array> y = after->device_put(host, NamedSharding(*mesh2, P("x")));
-  ASSERT_TRUE(y.ok()) << y.status();
-  absl::StatusOr<std::vector<Array>> total = column_sum({*y});
-  ASSERT_TRUE(total.ok()) << total.status();
-  expect_equal((*total)[0], want);
+  check_served_afterwards();
+}
+
+// Issue #17 item 8, "a flood of malformed ... messages": bytes that are no ExchangeMessage,
+// over streams authenticated with the cluster token, at every worker while the victim's
+// collectives run. The worker's decoder (Transport::deliver) refuses each stream's first
+// message and ends the stream with INVALID_ARGUMENT naming what is wrong; nothing is filed,
+// the victim's results stay right and the daemons serve afterwards.
+struct Malformed {
+  std::string bytes;
+  std::string error;  // what the worker's error says
+};
+const std::vector<Malformed>& malformed_messages() {
+  static const auto* const kMessages = new std::vector<Malformed>{
+      // A key varint of more than 5 bytes.
+      {std::string(8, '\xff'), "key longer than 5 bytes"},
+      // source_device (field 1, varint) cut short.
+      {std::string("\x08\x80", 2), "truncated message"},
+      // data (field 5) claiming 200 bytes, carrying 3.
+      {std::string("\x08\x01\x10\x07\x2a\xc8\x01"
+                   "abc",
+                   10),
+       "data of 200 bytes in a message with 3 left"},
+      // A field ExchangeMessage does not have (15, varint).
+      {std::string("\x08\x01\x78\x01", 4), "unexpected field 15 of wire type 0"},
+      // Only a header: no data, no lost ops, no offer.
+      {std::string("\x08\x01\x10\x07", 4), "neither data"},
+      // A group start (wire type 3), which proto3 has no use for.
+      {std::string("\x0b\x0c", 2), "unexpected field 1 of wire type 3"},
+  };
+  return *kMessages;
+}
+
+TEST_F(FloodTest, MalformedExchangeMessagesDuringCollectivesEndTheirStreamsAndResultsStayRight) {
+  ASSERT_NO_FATAL_FAILURE(start_victim());
+  const std::vector<pb::WorkerStats> before = worker_stats();
+  const grpc::internal::RpcMethod exchange("/tessera.pb.Worker/Exchange", grpc::internal::RpcMethod::CLIENT_STREAMING);
+  std::vector<std::atomic<int>> refused(kFaultWorkers);
+  std::vector<std::thread> flooders;
+  for (int w = 0; w < kFaultWorkers; ++w) {
+    flooders.emplace_back([&, w] {
+      auto identity = std::make_shared<CallIdentity>(credentials_.cluster, (w + 1) % kFaultWorkers);
+      std::shared_ptr<grpc::Channel> channel = make_channel(devices_[w].address, identity);
+      for (int s = 0; s < kStreamsPerWorker * 5; ++s) {
+        const Malformed& m = malformed_messages()[s % malformed_messages().size()];
+        grpc::ClientContext ctx;
+        set_deadline(&ctx, kControlDeadline);
+        grpc::ByteBuffer reply;
+        std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+            grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), exchange, &ctx, &reply));
+        // Several copies: the worker reads the first, ends the stream, and the rest fail to write.
+        for (int k = 0; k < 10; ++k) {
+          grpc::Slice slice(m.bytes);
+          if (!writer->Write(grpc::ByteBuffer(&slice, 1))) break;
+        }
+        writer->WritesDone();
+        const grpc::Status status = writer->Finish();
+        EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+            << "worker " << w << ": " << status.error_message();
+        EXPECT_THAT(status.error_message(), ::testing::HasSubstr("Exchange: "));
+        EXPECT_THAT(status.error_message(), ::testing::HasSubstr(m.error));
+        if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) refused[w].fetch_add(1);
+      }
+    });
+  }
+  for (int i = 0; i < 20; ++i) ASSERT_NO_FATAL_FAILURE(check_victim_call());
+  for (std::thread& t : flooders) t.join();
+
+  const std::vector<pb::WorkerStats> after = worker_stats();
+  for (int w = 0; w < kFaultWorkers; ++w) {
+    SCOPED_TRACE(absl::StrCat("worker ", w));
+    EXPECT_EQ(refused[w].load(), kStreamsPerWorker * 5);
+    // Nothing of it was filed, dropped or counted as forged: it never was a message.
+    EXPECT_EQ(after[w].collective_messages_pending(), 0);
+    EXPECT_EQ(after[w].exchange_messages_forged(), before[w].exchange_messages_forged());
+    EXPECT_EQ(after[w].exchange_messages_dropped(), before[w].exchange_messages_dropped());
+  }
+  check_served_afterwards();
 }
 
 }  // namespace
