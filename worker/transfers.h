@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -100,11 +101,12 @@ class Transfers {
   // this device among them, each address vouched for by the coordinator (PERMISSION_DENIED
   // otherwise); INVALID_ARGUMENT naming what is wrong.
   absl::StatusOr<CollectiveRun> fan_out_run(grpc::ServerContext* ctx, const pb::ShardHeader& header) const;
-  // Runs this member's part of `run`: the uploader sends `data`; another member receives into a
-  // buffer of the header's type, reserved here. Either way the result is committed as the
-  // header's buffer, or the reservation released.
+  // Runs this member's part of `run`: the uploader sends `data` (whose bytes `input_ready`,
+  // if set, brings in as the broadcast needs them: CollectiveRun::input_ready); another member
+  // receives into a buffer of the header's type, reserved here. Either way the result is
+  // committed as the header's buffer, or the reservation released.
   absl::Status fan_out(const CollectiveRun& run, const pb::ShardHeader& header, std::shared_ptr<const HostArray> data,
-                       pb::PutShardReply* reply);
+                       pb::PutShardReply* reply, std::function<absl::Status(int64_t)> input_ready = nullptr);
   // Stores a put's buffer `id`, counted as bytes put.
   void commit_put(uint64_t id, std::shared_ptr<const HostArray> data, pb::PutShardReply* reply);
 
