@@ -47,7 +47,7 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     header = absl::InvalidArgumentError("PutShard: the first message must carry the shard header");
   }
   if (header.ok() && !caller.at_least(Role::kDaemon)) {
-    header = device_->name_in(auth_->check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard"));
+    header = auth_->check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard");
   }
   // A fan-out's broadcast, checked before anything is reserved.
   std::optional<CollectiveRun> fan_out_of;
@@ -62,7 +62,7 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     // Named by the client, as begin_put's errors.
     absl::StatusOr<std::shared_ptr<const HostArray>> data = take_handed_over(chunk, token);
     if (!data.ok()) return to_grpc(data.status());
-    if (fan_out_of.has_value()) return to_grpc(device_->name_in(fan_out(*fan_out_of, chunk.header(), *data, reply)));
+    if (fan_out_of.has_value()) return to_grpc(fan_out(*fan_out_of, chunk.header(), *data, reply));
     commit_put(chunk.header().buffer_id(), *std::move(data), reply);
     return grpc::Status::OK;
   }
@@ -74,14 +74,14 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
           "PutShard: a fan-out member other than the uploader (fan_out.members[0]) takes no data from the stream");
     }
     unwatch_put(watch);
-    if (watch->cancelled) return to_grpc(device_->name_in(stalled(std::nullopt)));
+    if (watch->cancelled) return to_grpc(stalled(std::nullopt));
     if (!header.ok()) return to_grpc(header);
-    return to_grpc(device_->name_in(fan_out(*fan_out_of, chunk.header(), nullptr, reply)));
+    return to_grpc(fan_out(*fan_out_of, chunk.header(), nullptr, reply));
   }
   absl::StatusOr<std::shared_ptr<HostArray>> data = header.ok() ? begin_put(chunk.header()) : header;
   if (!data.ok()) {
     unwatch_put(watch);
-    if (watch->cancelled) return to_grpc(device_->name_in(stalled(std::nullopt)));
+    if (watch->cancelled) return to_grpc(stalled(std::nullopt));
     return to_grpc(data.status());
   }
   const uint64_t id = chunk.header().buffer_id();
@@ -120,14 +120,14 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     absl::Status status = fan_out(*fan_out_of, header_of_put, *std::move(data), reply, std::move(input_ready));
     unwatch_put(watch);
     if (watch->cancelled) status = stalled(id);
-    return to_grpc(device_->name_in(status));
+    return to_grpc(status);
   }
   absl::Status status = read_put_shard(&chunk, next, data->get());
   unwatch_put(watch);
   if (!status.ok() || watch->cancelled) {
     store_->cancel(id);
     if (watch->cancelled) status = stalled(id);
-    return to_grpc(device_->name_in(status));
+    return to_grpc(status);
   }
   commit_put(id, *std::move(data), reply);
   return grpc::Status::OK;

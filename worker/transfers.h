@@ -59,7 +59,9 @@ class Transfers {
   ~Transfers();
 
   // The PutShard and GetShard handlers after `caller` was authenticated: a caller below a
-  // daemon must present the buffer's grant.
+  // daemon must present the buffer's grant. PutShard's errors do not name this device: its
+  // caller, the client, names the device it called ("device_put: device 3 (address): ..."), so
+  // a fan-out's error names the member that failed it once, and the peer it blames after it.
   grpc::Status put(grpc::ServerContext* ctx, const Caller& caller, grpc::ServerReader<pb::ShardChunk>* reader,
                    pb::PutShardReply* reply);
   grpc::Status get(grpc::ServerContext* ctx, const Caller& caller, const pb::GetShardRequest* req,

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/handoff.h"
+#include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -172,6 +173,32 @@ TEST(ReplicatedPut, OverTcpTheUploaderForwardsBeforeTheUploadEnds) {
   EXPECT_GE(forwarded[0], host.nbytes() - (1 << 20));
   EXPECT_LT(forwarded[0], host.nbytes());
   expect_every_copy_equal(*a, host);
+}
+
+// A fan-out member that cannot take the block fails the put with its reservation's error,
+// naming the member once: the client names the device it called, and the worker does not name
+// itself again (the message used to read "device_put: device 3 (...): device 3: shard ...").
+// Device 3 alone holds 768 KiB of its 1 MiB first, so the 512 KiB replicated block fits
+// everywhere else; the free bytes in the message are the host's arithmetic, 1 MiB - 768 KiB.
+TEST(ReplicatedPut, AMemberWithoutRoomFailsThePutNamingItOnce) {
+  LocalOptions options;
+  options.in_process = false;
+  options.memory_bytes_per_device = 1 << 20;
+  absl::StatusOr<Client> client = Client::local(8, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> just_3 = client->make_mesh({1}, {"x"}, std::vector<int>{3});
+  ASSERT_TRUE(just_3.ok()) << just_3.status();
+  absl::StatusOr<Array> filler = client->device_put(numbered({192, 1024}), NamedSharding(*just_3, P()));
+  ASSERT_TRUE(filler.ok()) << filler.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({8}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Array> a = client->device_put(numbered({256, 512}), NamedSharding(*mesh, P()));
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
+  EXPECT_THAT(std::string(a.status().message()),
+              ::testing::MatchesRegex("device_put: device 3 \\(127\\.0\\.0\\.1:[0-9]+\\): shard i32\\[256,512\\]: "
+                                      "buffer [0-9]+ needs 524288 bytes but only "
+                                      "262144 of the device's 1048576 bytes are free"));
 }
 
 // In process: the client copies each distinct block once (one handoff deposit) and every
