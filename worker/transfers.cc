@@ -47,7 +47,7 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     header = absl::InvalidArgumentError("PutShard: the first message must carry the shard header");
   }
   if (header.ok() && !caller.at_least(Role::kDaemon)) {
-    header = device_->name_in(auth_->check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard"));
+    header = auth_->check_grant(chunk.header().buffer_id(), chunk.header().grant(), "PutShard");
   }
   // A fan-out's broadcast, checked before anything is reserved.
   std::optional<CollectiveRun> fan_out_of;
@@ -62,7 +62,7 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     // Named by the client, as begin_put's errors.
     absl::StatusOr<std::shared_ptr<const HostArray>> data = take_handed_over(chunk, token);
     if (!data.ok()) return to_grpc(data.status());
-    if (fan_out_of.has_value()) return to_grpc(device_->name_in(fan_out(*fan_out_of, chunk.header(), *data, reply)));
+    if (fan_out_of.has_value()) return to_grpc(fan_out(*fan_out_of, chunk.header(), *data, reply));
     commit_put(chunk.header().buffer_id(), *std::move(data), reply);
     return grpc::Status::OK;
   }
@@ -74,14 +74,14 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
           "PutShard: a fan-out member other than the uploader (fan_out.members[0]) takes no data from the stream");
     }
     unwatch_put(watch);
-    if (watch->cancelled) return to_grpc(device_->name_in(stalled(std::nullopt)));
+    if (watch->cancelled) return to_grpc(stalled(std::nullopt));
     if (!header.ok()) return to_grpc(header);
-    return to_grpc(device_->name_in(fan_out(*fan_out_of, chunk.header(), nullptr, reply)));
+    return to_grpc(fan_out(*fan_out_of, chunk.header(), nullptr, reply));
   }
   absl::StatusOr<std::shared_ptr<HostArray>> data = header.ok() ? begin_put(chunk.header()) : header;
   if (!data.ok()) {
     unwatch_put(watch);
-    if (watch->cancelled) return to_grpc(device_->name_in(stalled(std::nullopt)));
+    if (watch->cancelled) return to_grpc(stalled(std::nullopt));
     return to_grpc(data.status());
   }
   const uint64_t id = chunk.header().buffer_id();
@@ -92,23 +92,42 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     span.arg("buffer", absl::StrCat(id));
     span.arg("bytes", absl::StrCat((*data)->nbytes()));
   }
-  absl::Status status = read_put_shard(
-      &chunk,
-      [reader, &watch](pb::ShardChunk* next) {
-        const bool more = reader->Read(next);
-        watch->progress = absl::ToUnixNanos(absl::Now());
-        return more;
-      },
-      data->get());
+  auto next = [reader, &watch](pb::ShardChunk* next) {
+    const bool more = reader->Read(next);
+    watch->progress = absl::ToUnixNanos(absl::Now());
+    return more;
+  };
+  if (fan_out_of.has_value()) {
+    // The uploader forwards each chunk of the broadcast as soon as its bytes arrived, and its
+    // last only once the stream ended with the shard whole. The reservation made by begin_put
+    // carries over: fan_out commits or releases it.
+    PutShardStream stream(&chunk, next, data->get());
+    const int64_t total = (*data)->nbytes();
+    int64_t forwarded = 0;  // bytes handed to the broadcast so far
+    std::function<absl::Status(int64_t)> input_ready = [&](int64_t bytes) -> absl::Status {
+      watch->progress = absl::ToUnixNanos(absl::Now());
+      const bool had_all = stream.received() == total;
+      absl::Status read = bytes < total ? stream.read_until(bytes) : stream.finish();
+      if (bytes == total) unwatch_put(watch);
+      if (watch->cancelled) return stalled(id);
+      // What the pipelining gained, on the timeline (tests/integration/replicated_put_test.cc).
+      if (span && !had_all && stream.received() == total) {
+        span.arg("forwarded_before_last_byte", absl::StrCat(forwarded));
+      }
+      forwarded = bytes;
+      return read;
+    };
+    absl::Status status = fan_out(*fan_out_of, header_of_put, *std::move(data), reply, std::move(input_ready));
+    unwatch_put(watch);
+    if (watch->cancelled) status = stalled(id);
+    return to_grpc(status);
+  }
+  absl::Status status = read_put_shard(&chunk, next, data->get());
   unwatch_put(watch);
   if (!status.ok() || watch->cancelled) {
     store_->cancel(id);
     if (watch->cancelled) status = stalled(id);
-    return to_grpc(device_->name_in(status));
-  }
-  if (fan_out_of.has_value()) {
-    // The reservation made by begin_put carries over: fan_out commits or releases it.
-    return to_grpc(device_->name_in(fan_out(*fan_out_of, header_of_put, *std::move(data), reply)));
+    return to_grpc(status);
   }
   commit_put(id, *std::move(data), reply);
   return grpc::Status::OK;
@@ -155,9 +174,11 @@ absl::StatusOr<CollectiveRun> Transfers::fan_out_run(grpc::ServerContext* ctx, c
 }
 
 absl::Status Transfers::fan_out(const CollectiveRun& fan_out, const pb::ShardHeader& header,
-                                std::shared_ptr<const HostArray> data, pb::PutShardReply* reply) {
+                                std::shared_ptr<const HostArray> data, pb::PutShardReply* reply,
+                                std::function<absl::Status(int64_t)> input_ready) {
   const uint64_t id = header.buffer_id();
   CollectiveRun run = fan_out;
+  run.input_ready = std::move(input_ready);
   if (data == nullptr) {
     TESSERA_ASSIGN_OR_RETURN(ArrayType type, reserve_put(header));
     run.broadcast_into = std::make_shared<HostArray>(type.dtype, std::move(type.shape));

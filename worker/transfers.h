@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -58,7 +59,9 @@ class Transfers {
   ~Transfers();
 
   // The PutShard and GetShard handlers after `caller` was authenticated: a caller below a
-  // daemon must present the buffer's grant.
+  // daemon must present the buffer's grant. PutShard's errors do not name this device: its
+  // caller, the client, names the device it called ("device_put: device 3 (address): ..."), so
+  // a fan-out's error names the member that failed it once, and the peer it blames after it.
   grpc::Status put(grpc::ServerContext* ctx, const Caller& caller, grpc::ServerReader<pb::ShardChunk>* reader,
                    pb::PutShardReply* reply);
   grpc::Status get(grpc::ServerContext* ctx, const Caller& caller, const pb::GetShardRequest* req,
@@ -100,11 +103,12 @@ class Transfers {
   // this device among them, each address vouched for by the coordinator (PERMISSION_DENIED
   // otherwise); INVALID_ARGUMENT naming what is wrong.
   absl::StatusOr<CollectiveRun> fan_out_run(grpc::ServerContext* ctx, const pb::ShardHeader& header) const;
-  // Runs this member's part of `run`: the uploader sends `data`; another member receives into a
-  // buffer of the header's type, reserved here. Either way the result is committed as the
-  // header's buffer, or the reservation released.
+  // Runs this member's part of `run`: the uploader sends `data` (whose bytes `input_ready`,
+  // if set, brings in as the broadcast needs them: CollectiveRun::input_ready); another member
+  // receives into a buffer of the header's type, reserved here. Either way the result is
+  // committed as the header's buffer, or the reservation released.
   absl::Status fan_out(const CollectiveRun& run, const pb::ShardHeader& header, std::shared_ptr<const HostArray> data,
-                       pb::PutShardReply* reply);
+                       pb::PutShardReply* reply, std::function<absl::Status(int64_t)> input_ready = nullptr);
   // Stores a put's buffer `id`, counted as bytes put.
   void commit_put(uint64_t id, std::shared_ptr<const HostArray> data, pb::PutShardReply* reply);
 

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -356,6 +357,108 @@ TEST_F(AuthTest, AnotherSessionCannotListReadOverwriteDeleteOrRunTheVictimsArray
   ASSERT_EQ(block.size(), 8 * sizeof(float));
   const float* values = reinterpret_cast<const float*>(block.data());
   for (int i = 0; i < 8; ++i) EXPECT_EQ(values[i], host_.values<float>()[i]);
+}
+
+// A replicated put's fan-out (ShardHeader.fan_out) makes the uploader open Exchange streams to
+// the members' addresses, so each member must carry the coordinator's MAC of (array, device,
+// address) from CreateArrayReply.peers (docs/design.md, "Security"): a member whose grant was
+// altered, whose address was changed, whose grant is another array's, or who has none is
+// refused with PERMISSION_DENIED naming the device, the address and the array, before anything
+// is reserved. The same fan-out with the coordinator's own peers then succeeds, under the same
+// buffer id (nothing was left reserved by the refusals), and the member holds the uploader's bytes.
+TEST_F(AuthTest, AFanOutTakesOnlyMembersTheCoordinatorVouchedFor) {
+  auto attacker_identity = attacker();
+  auto c = coordinator(attacker_identity);
+  pb::CreateArrayRequest create;
+  create.set_dtype(pb::F32);
+  create.mutable_shape()->add_dims(2);
+  create.mutable_shape()->add_dims(4);
+  pb::Mesh* mesh = create.mutable_sharding()->mutable_mesh();
+  mesh->add_shape(kFaultWorkers);
+  mesh->add_axis_names("x");
+  mesh->set_device_ids_in_order(true);
+  pb::CreateArrayReply array, other;
+  ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, create, &array).ok());
+  ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, create, &other).ok());
+  ASSERT_EQ(array.peers_size(), kFaultWorkers);
+  ASSERT_EQ(other.peers_size(), kFaultWorkers);
+  const uint64_t id = array.array_id();
+
+  // Devices 0 (the uploader) and 1; each header names both.
+  auto fan_out_block = [&](const pb::PeerAddress& uploader, const pb::PeerAddress& member) {
+    pb::ShardChunk chunk = forged_block(id, array.grant());
+    pb::ShardFanOut* f = chunk.mutable_header()->mutable_fan_out();
+    *f->add_members() = uploader;
+    *f->add_members() = member;
+    f->set_timeout_ms(10'000);
+    return chunk;
+  };
+  const pb::PeerAddress& vouched_0 = array.peers(0);
+  const pb::PeerAddress& vouched_1 = array.peers(1);
+  ASSERT_EQ(vouched_0.device_id(), 0);
+  ASSERT_EQ(vouched_1.device_id(), 1);
+  auto refusal = [&](const std::string& address) {
+    return absl::StrCat("PutShard fan-out: the coordinator did not vouch for device 1 at '", address, "' in array ", id,
+                        " (CreateArrayReply.peers carries the grants)");
+  };
+  auto uploader_stub = worker(0, attacker_identity);
+  {
+    pb::PeerAddress altered = vouched_1;
+    std::string grant = altered.grant();
+    ASSERT_FALSE(grant.empty());
+    grant.back() = static_cast<char>(grant.back() ^ 1);
+    altered.set_grant(grant);
+    const grpc::Status s = put(uploader_stub.get(), fan_out_block(vouched_0, altered));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_EQ(s.error_message(), refusal(vouched_1.address()));
+  }
+  {
+    pb::PeerAddress redirected = vouched_1;
+    redirected.set_address("127.0.0.1:1");
+    const grpc::Status s = put(uploader_stub.get(), fan_out_block(vouched_0, redirected));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_EQ(s.error_message(), refusal("127.0.0.1:1"));
+  }
+  {
+    ASSERT_EQ(other.peers(1).address(), vouched_1.address());
+    ASSERT_NE(other.peers(1).grant(), vouched_1.grant());
+    const grpc::Status s = put(uploader_stub.get(), fan_out_block(vouched_0, other.peers(1)));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_EQ(s.error_message(), refusal(vouched_1.address()));
+  }
+  {
+    pb::PeerAddress unsigned_member = vouched_1;
+    unsigned_member.clear_grant();
+    // Refused at the member too, which takes the header alone.
+    for (int device : {0, 1}) {
+      pb::ShardChunk chunk = fan_out_block(vouched_0, unsigned_member);
+      if (device == 1) chunk.clear_data();
+      const grpc::Status s = put(worker(device, attacker_identity).get(), chunk);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << "device " << device << ": " << s.error_message();
+      EXPECT_EQ(s.error_message(), refusal(vouched_1.address())) << "device " << device;
+    }
+  }
+
+  // The coordinator's peers as they came: the put goes through, and device 1 got the bytes
+  // from device 0.
+  grpc::Status uploaded, received;
+  {
+    std::thread member([&] {
+      pb::ShardChunk header_only = fan_out_block(vouched_0, vouched_1);
+      header_only.clear_data();
+      received = put(worker(1, attacker_identity).get(), header_only);
+    });
+    uploaded = put(uploader_stub.get(), fan_out_block(vouched_0, vouched_1));
+    member.join();
+  }
+  ASSERT_TRUE(uploaded.ok()) << uploaded.error_message();
+  ASSERT_TRUE(received.ok()) << received.error_message();
+  std::string block;
+  ASSERT_TRUE(get(worker(1, attacker_identity).get(), id, array.grant(), &block).ok());
+  ASSERT_EQ(block.size(), 8 * sizeof(float));
+  const float* values = reinterpret_cast<const float*>(block.data());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(values[i], 42.0f) << "element " << i;
 }
 
 TEST_F(AuthTest, ExchangeMessagesComeOnlyFromDaemonsAsTheDeviceTheirStreamAuthenticated) {

@@ -6,10 +6,17 @@
 // here by plain loops; the bytes the workers received from the client and from their peers are
 // counted through GetStats.
 #include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/handoff.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
 
@@ -123,6 +130,75 @@ TEST(ReplicatedPut, OverTcpEachDistinctBlockLeavesTheClientOnce) {
     }
     expect_every_copy_equal(*a, host);
   }
+}
+
+// The uploader forwards the block while the upload still streams in (docs/design.md, "Data
+// path"): when the last byte of a 24 MiB block arrived from the client, it had already handed
+// the broadcast everything before the client's last message (at most kMaxChunkBytes, 1 MiB).
+// Read from the put's timeline: the uploader's put_shard span says how many bytes it had
+// forwarded then (forwarded_before_last_byte). Receiving the whole block before broadcasting
+// it, as the fan-out first did, reads 0.
+TEST(ReplicatedPut, OverTcpTheUploaderForwardsBeforeTheUploadEnds) {
+  LocalOptions options;
+  options.in_process = false;
+  absl::StatusOr<Client> client = Client::local(8, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({8}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = numbered({2048, 3072});
+  const std::string path = ::testing::TempDir() + "/replicated_put_forwarding.json";
+  ASSERT_TRUE(client->start_profile().ok());
+  absl::StatusOr<Array> a = client->device_put(host, NamedSharding(*mesh, P()));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const absl::Status stopped = client->stop_profile(path);
+  ASSERT_TRUE(stopped.ok()) << stopped;
+
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream json;
+  json << in.rdbuf();
+  google::protobuf::Struct root;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.str(), &root).ok());
+  std::vector<int64_t> forwarded;  // one per uploader
+  for (const google::protobuf::Value& v : root.fields().at("traceEvents").list_value().values()) {
+    const auto& f = v.struct_value().fields();
+    if (f.count("name") == 0 || f.at("name").string_value() != "put_shard" || f.count("args") == 0) continue;
+    const auto& args = f.at("args").struct_value().fields();
+    auto it = args.find("forwarded_before_last_byte");
+    if (it == args.end()) continue;
+    int64_t bytes = -1;
+    EXPECT_TRUE(absl::SimpleAtoi(it->second.string_value(), &bytes)) << it->second.string_value();
+    forwarded.push_back(bytes);
+  }
+  ASSERT_EQ(forwarded.size(), 1u) << "one block, one uploader";
+  EXPECT_GE(forwarded[0], host.nbytes() - (1 << 20));
+  EXPECT_LT(forwarded[0], host.nbytes());
+  expect_every_copy_equal(*a, host);
+}
+
+// A fan-out member that cannot take the block fails the put with its reservation's error,
+// naming the member once: the client names the device it called, and the worker does not name
+// itself again (the message used to read "device_put: device 3 (...): device 3: shard ...").
+// Device 3 alone holds 768 KiB of its 1 MiB first, so the 512 KiB replicated block fits
+// everywhere else; the free bytes in the message are the host's arithmetic, 1 MiB - 768 KiB.
+TEST(ReplicatedPut, AMemberWithoutRoomFailsThePutNamingItOnce) {
+  LocalOptions options;
+  options.in_process = false;
+  options.memory_bytes_per_device = 1 << 20;
+  absl::StatusOr<Client> client = Client::local(8, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> just_3 = client->make_mesh({1}, {"x"}, std::vector<int>{3});
+  ASSERT_TRUE(just_3.ok()) << just_3.status();
+  absl::StatusOr<Array> filler = client->device_put(numbered({192, 1024}), NamedSharding(*just_3, P()));
+  ASSERT_TRUE(filler.ok()) << filler.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({8}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Array> a = client->device_put(numbered({256, 512}), NamedSharding(*mesh, P()));
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
+  EXPECT_THAT(std::string(a.status().message()),
+              ::testing::MatchesRegex("device_put: device 3 \\(127\\.0\\.0\\.1:[0-9]+\\): shard i32\\[256,512\\]: "
+                                      "buffer [0-9]+ needs 524288 bytes but only "
+                                      "262144 of the device's 1048576 bytes are free"));
 }
 
 // In process: the client copies each distinct block once (one handoff deposit) and every

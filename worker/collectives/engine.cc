@@ -445,21 +445,29 @@ absl::Status chain_send(Group& g, int c, const std::byte* data, int64_t bytes, s
   return g.send(g.next(), 0, c, data, bytes, std::move(owner));
 }
 
-absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in, std::shared_ptr<HostArray> into) {
+// The root sends each chunk once input_ready (CollectiveRun::input_ready, if set) says its bytes
+// are in, so that a chain forwards the start of a put while the rest is still arriving.
+absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in, std::shared_ptr<HostArray> into,
+                                   const std::function<absl::Status(int64_t)>& input_ready) {
   const int n = g.n(), r = g.rank();
-  if (n == 1) return in;
   const Range whole{0, in->nbytes()};
   const int chunks = whole.chunks();
+  if (n == 1) {
+    if (input_ready) TESSERA_RETURN_IF_ERROR(input_ready(whole.bytes));
+    return in;
+  }
   const bool direct = g.choose(CollectiveKind::kBroadcast, in->nbytes()) == Algorithm::kDirect;
   if (r == root) {
-    if (direct) {
-      for (int j = 0; j < n; ++j) {
-        if (j != r) TESSERA_RETURN_IF_ERROR(g.send_range(j, 0, in->data(), whole, in));
+    for (int c = 0; c < chunks; ++c) {
+      const int64_t offset = whole.chunk_offset(c), bytes = whole.chunk_bytes(c);
+      if (input_ready) TESSERA_RETURN_IF_ERROR(input_ready(offset + bytes));
+      if (!direct) {
+        // A chain root -> root+1 -> ... pipelined per chunk.
+        TESSERA_RETURN_IF_ERROR(chain_send(g, c, in->data() + offset, bytes, in));
+        continue;
       }
-    } else {
-      // A chain root -> root+1 -> ... pipelined per chunk.
-      for (int c = 0; c < chunks; ++c) {
-        TESSERA_RETURN_IF_ERROR(chain_send(g, c, in->data() + whole.chunk_offset(c), whole.chunk_bytes(c), in));
+      for (int j = 0; j < n; ++j) {
+        if (j != r) TESSERA_RETURN_IF_ERROR(g.send(j, 0, c, in->data() + offset, bytes, in));
       }
     }
     return in;
@@ -514,7 +522,7 @@ absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& trans
       case CollectiveKind::kCollectivePermute:
         return collective_permute(g, run, members, input);
       case CollectiveKind::kBroadcast:
-        return broadcast(g, run.spec.root, input, run.broadcast_into);
+        return broadcast(g, run.spec.root, input, run.broadcast_into, run.input_ready);
     }
     return absl::InvalidArgumentError("unknown collective");
   }();

@@ -41,6 +41,11 @@ struct CollectiveRun {
   // fan-out, worker/transfers.h): the buffer to receive into, of the input's dtype and shape
   // (the input then only says those, and may be this buffer).
   std::shared_ptr<HostArray> broadcast_into;
+  // A broadcast's root whose input is still arriving (a replicated put's uploader, reading its
+  // client's stream): called before each chunk is sent with the number of leading bytes of the
+  // input that chunk needs, returns once they are in place (an error fails the op). Unset: the
+  // input is whole.
+  std::function<absl::Status(int64_t)> input_ready;
 };
 
 // Runs this device's part. REQUIRES: validate_collective(run.spec) is OK and self is in a
