@@ -2,7 +2,8 @@
 //
 //   node tests/deploy/k8s.mjs check SOURCE_DIR BIN_DIR
 //       renders every overlay with `kubectl kustomize`, validates each object against the
-//       Kubernetes OpenAPI schemas (the npm package kubernetes-models), checks what the
+//       Kubernetes OpenAPI schemas (the npm package kubernetes-models), unknown fields
+//       rejected (unknownFields below), checks what the
 //       deployment relies on (below), and checks deploy/docker-compose.yml and every overlay
 //       against deploy/daemons.json and against the variables the binaries in BIN_DIR read.
 //   node tests/deploy/k8s.mjs pods SOURCE_DIR OVERLAY NAMESPACE
@@ -117,6 +118,37 @@ const HEARTBEATS_IN_FLIGHT = 4;
 const EXIT_MARGIN_MS = 1000;
 const SHUTDOWN_SOURCE = { coordinator: "coordinator/coordinator_server.cc", worker: "worker/worker_server.cc" };
 
+// The fields of an object that its schema does not name. kubernetes-models' validators (ajv,
+// compiled) accept them, as an API server without strict field validation does, so a misspelt
+// field (`terminationGracePeriodSecond`) would pass and be dropped by the server. A validator
+// reads every property its schema names, and enumerates the keys of a map (labels, limits);
+// validating a copy whose objects record what is read shows the keys no schema looked at.
+async function unknownFields(modelFile, object) {
+  const source = fs.readFileSync(modelFile, "utf8");
+  const schema = /import\{validate\}from"([^"]+)"/.exec(source)?.[1];
+  if (!schema) throw new Error(`${modelFile} imports no schema validator`);
+  const { validate } = await import(pathToFileURL(path.resolve(path.dirname(modelFile), schema)));
+  const tracked = [];
+  const track = (value, at) => {
+    if (Array.isArray(value)) return value.map((v, i) => track(v, `${at}[${i}]`));
+    if (value === null || typeof value !== "object") return value;
+    const seen = { at, keys: Object.keys(value), read: new Set(), enumerated: false };
+    tracked.push(seen);
+    const copy = Object.fromEntries(Object.entries(value).map(([k, v]) => [k, track(v, at ? `${at}.${k}` : k)]));
+    const note = (k) => typeof k === "string" && seen.read.add(k);
+    return new Proxy(copy, {
+      get: (t, k, receiver) => (note(k), Reflect.get(t, k, receiver)),
+      has: (t, k) => (note(k), Reflect.has(t, k)),
+      getOwnPropertyDescriptor: (t, k) => (note(k), Reflect.getOwnPropertyDescriptor(t, k)),
+      ownKeys: (t) => ((seen.enumerated = true), Reflect.ownKeys(t)),
+    });
+  };
+  validate(track(object, ""));  // its errors are the other pass's to report
+  return tracked
+    .filter((t) => !t.enumerated)
+    .flatMap((t) => t.keys.filter((k) => !t.read.has(k)).map((k) => (t.at ? `${t.at}.${k}` : k)));
+}
+
 // Every rule below, over rendered overlays ({name: objects}) and the parsed compose file;
 // returns the failures, each naming the file or object and the rule.
 async function failuresOf(rendered, compose, binDir) {
@@ -211,6 +243,7 @@ async function failuresOf(rendered, compose, binDir) {
       } catch (e) {
         fail(where, `invalid: ${e.message}`);
       }
+      for (const field of await unknownFields(file, o)) fail(where, `unknown field ${field} (not in the ${o.apiVersion} ${o.kind} schema)`);
       if (o.metadata?.labels?.["app.kubernetes.io/part-of"] !== "tessera") fail(where, "no part-of label");
       if (o.kind === "Service") {
         const headless = o.spec.clusterIP === "None";
@@ -353,6 +386,12 @@ const MUTATIONS = [
   ["slower heartbeats the grace period does not cover", (r) => container(r, "coordinator").env.push({ name: "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS", value: "2000" }), "a heartbeat in flight 8000"],
   ["a coordinator stopped before its calls end", (r) => (workload(r, "coordinator").spec.template.spec.terminationGracePeriodSeconds = 2), "grace period 2 s is shorter than its shutdown"],
   ["compose stopping a worker before its drain ends", (r, c) => (c.services["worker-6"].stop_grace_period = "5s"), "docker-compose.yml: worker-6: grace period 5 s"],
+  // Misspelt: accepted by the schemas' validators and dropped by a server; the rule for the
+  // field itself sees the real one (the first) or none (the second).
+  ["a misspelt field", (r) => (workload(r, "worker").spec.template.spec.terminationGracePeriodSecond = 10), "unknown field spec.template.spec.terminationGracePeriodSecond"],
+  ["a misspelt field in a list", (r) => (container(r, "coordinator").securityContext.readOnlyRootFilesytem = true), "unknown field spec.template.spec.containers[0].securityContext.readOnlyRootFilesytem"],
+  ["a misspelt Service field", (r) => (service(r, "tessera-workers").spec.publishNotReadyAdresses = true), "unknown field spec.publishNotReadyAdresses"],
+  ["a misspelt top-level field", (r) => (service(r, "tessera").metdata = { name: "x" }), "unknown field metdata"],
   ["compose drifting", (r, c) => (c.services["worker-2"].environment.TESSERA_WORKER_MEMORY_BYTES = "1"), "docker-compose.yml: worker-2"],
 ];
 const first = (r) => Object.values(r)[0];
