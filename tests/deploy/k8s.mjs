@@ -102,8 +102,8 @@ const variablesRead = (bin) => helpOf(bin).read;
 // 23 MiB idle; at most 42 MiB in bench_programs (docs/design.md, "Bounds"); but under
 // example_transformer (dp on 2 workers, 30 steps, --buffer_cache_bytes=0) a worker reached
 // 1.3-1.5 GiB with at most 369 MiB of device memory in use, still growing, and kept it once its
-// arrays were freed (held by the allocator or by something --memory_bytes does not count; not
-// found yet: deploy/README.md, "Memory"). So the rule below is necessary, not sufficient.
+// arrays were freed: memory glibc's allocator keeps (malloc_trim(0) took it to 47 MiB;
+// deploy/README.md, "Memory"). So the rule below is necessary, not sufficient.
 const WORKER_PROCESS_BYTES = 256 * 2 ** 20;
 
 // On SIGTERM (deploy/README.md, "Stopping") a worker drains: at most --drain_timeout_ms, the
