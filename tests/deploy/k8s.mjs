@@ -2,7 +2,8 @@
 //
 //   node tests/deploy/k8s.mjs check SOURCE_DIR BIN_DIR
 //       renders every overlay with `kubectl kustomize`, validates each object against the
-//       Kubernetes OpenAPI schemas (the npm package kubernetes-models), checks what the
+//       Kubernetes OpenAPI schemas (the npm package kubernetes-models), unknown fields
+//       rejected (unknownFields below), checks what the
 //       deployment relies on (below), and checks deploy/docker-compose.yml and every overlay
 //       against deploy/daemons.json and against the variables the binaries in BIN_DIR read.
 //   node tests/deploy/k8s.mjs pods SOURCE_DIR OVERLAY NAMESPACE
@@ -60,6 +61,14 @@ function bytes(q) {
   return Number(m[1]) * (units[m[2]] ?? compose[m[2]]);
 }
 
+// A compose duration ("10s", "1m30s", "500ms") in milliseconds.
+function milliseconds(d) {
+  const units = { h: 3600e3, m: 60e3, s: 1e3, ms: 1, us: 1e-3 };
+  const parts = [...String(d).matchAll(/([0-9.]+)(h|ms|us|m|s)/g)];
+  if (parts.map((p) => p[0]).join("") !== String(d)) throw new Error(`not a duration: ${d}`);
+  return parts.reduce((sum, p) => sum + Number(p[1]) * units[p[2]], 0);
+}
+
 // Expands $(VAR) as the kubelet does: only variables defined before; $$ escapes; others stay.
 function expand(text, vars) {
   return String(text).replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (all, name) =>
@@ -67,15 +76,77 @@ function expand(text, vars) {
   );
 }
 
-// The variables the binary reads: its --help names each ("env TESSERA_...").
+// The variables the binary reads: its --help names each ("env TESSERA_..."); and the default of
+// each flag that names its variable (abseil's "(env TESSERA_X)); default: V;").
 const helpCache = new Map();
-function variablesRead(bin) {
+function helpOf(bin) {
   if (helpCache.has(bin)) return helpCache.get(bin);
   // abseil's --help exits 1 after printing.
   const help = spawnSync(bin, ["--help"], { encoding: "utf8" }).stdout ?? "";
   if (!help.includes("Flags from")) throw new Error(`${bin} --help printed no flags`);
-  helpCache.set(bin, new Set([...help.matchAll(/\b(TESSERA_[A-Z0-9_]+)/g)].map((m) => m[1])));
+  const defaults = new Map();
+  for (const flag of help.split(/\n\s*--(?=[a-z0-9_]+ \()/).slice(1)) {
+    const variable = /\(env\s+(TESSERA_[A-Z0-9_]+)\)/.exec(flag)?.[1];
+    const value = [...flag.matchAll(/\);\s+default:\s+(?:"([^"]*)"|([^;\s]*));/g)].at(-1);
+    if (variable && value) defaults.set(variable, value[1] ?? value[2]);
+  }
+  helpCache.set(bin, { read: new Set([...help.matchAll(/\b(TESSERA_[A-Z0-9_]+)/g)].map((m) => m[1])), defaults });
   return helpCache.get(bin);
+}
+const variablesRead = (bin) => helpOf(bin).read;
+
+// What a worker's container must hold besides the device's buffers (--memory_bytes) and the
+// freed buffers kept for reuse (--buffer_cache_bytes, which are no device's): the process
+// itself, its code and libraries, gRPC's buffers, OpenBLAS's, thread stacks and the allocator's
+// slack. 256 MiB is ASSUMED, not a bound anything enforces. Measured (RSS, this 2-core machine):
+// 23 MiB idle; at most 42 MiB in bench_programs (docs/design.md, "Bounds"); but under
+// example_transformer (dp on 2 workers, 30 steps, --buffer_cache_bytes=0) a worker reached
+// 1.3-1.5 GiB with at most 369 MiB of device memory in use, still growing, and kept it once its
+// arrays were freed: memory glibc's allocator keeps (malloc_trim(0) took it to 47 MiB;
+// deploy/README.md, "Memory"). So the rule below is necessary, not sufficient.
+const WORKER_PROCESS_BYTES = 256 * 2 ** 20;
+
+// On SIGTERM (deploy/README.md, "Stopping") a worker drains: at most --drain_timeout_ms, the
+// quiet period --drain_quiet_ms included (PlanRunner::wait_for_idle's deadline), counted again
+// here to stay clear of it; then it stops heartbeating, which waits for a heartbeat in flight
+// (its deadline: 4 heartbeat intervals, the coordinator's --heartbeat_interval_ms; worker/
+// registration.cc), and shuts its server down. The coordinator only shuts its server down.
+// Each server's shutdown wait is a constant of its source, read from there; EXIT_MARGIN_MS is
+// for the rest (threads joined, the process's exit, the signal's delivery). Measured exits:
+// worker 0.32 s idle, coordinator 0.01 s (k8s_netns_test).
+const HEARTBEATS_IN_FLIGHT = 4;
+const EXIT_MARGIN_MS = 1000;
+const SHUTDOWN_SOURCE = { coordinator: "coordinator/coordinator_server.cc", worker: "worker/worker_server.cc" };
+
+// The fields of an object that its schema does not name. kubernetes-models' validators (ajv,
+// compiled) accept them, as an API server without strict field validation does, so a misspelt
+// field (`terminationGracePeriodSecond`) would pass and be dropped by the server. A validator
+// reads every property its schema names, and enumerates the keys of a map (labels, limits);
+// validating a copy whose objects record what is read shows the keys no schema looked at.
+async function unknownFields(modelFile, object) {
+  const source = fs.readFileSync(modelFile, "utf8");
+  const schema = /import\{validate\}from"([^"]+)"/.exec(source)?.[1];
+  if (!schema) throw new Error(`${modelFile} imports no schema validator`);
+  const { validate } = await import(pathToFileURL(path.resolve(path.dirname(modelFile), schema)));
+  const tracked = [];
+  const track = (value, at) => {
+    if (Array.isArray(value)) return value.map((v, i) => track(v, `${at}[${i}]`));
+    if (value === null || typeof value !== "object") return value;
+    const seen = { at, keys: Object.keys(value), read: new Set(), enumerated: false };
+    tracked.push(seen);
+    const copy = Object.fromEntries(Object.entries(value).map(([k, v]) => [k, track(v, at ? `${at}.${k}` : k)]));
+    const note = (k) => typeof k === "string" && seen.read.add(k);
+    return new Proxy(copy, {
+      get: (t, k, receiver) => (note(k), Reflect.get(t, k, receiver)),
+      has: (t, k) => (note(k), Reflect.has(t, k)),
+      getOwnPropertyDescriptor: (t, k) => (note(k), Reflect.getOwnPropertyDescriptor(t, k)),
+      ownKeys: (t) => ((seen.enumerated = true), Reflect.ownKeys(t)),
+    });
+  };
+  validate(track(object, ""));  // its errors are the other pass's to report
+  return tracked
+    .filter((t) => !t.enumerated)
+    .flatMap((t) => t.keys.filter((k) => !t.read.has(k)).map((k) => (t.at ? `${t.at}.${k}` : k)));
 }
 
 // Every rule below, over rendered overlays ({name: objects}) and the parsed compose file;
@@ -87,6 +158,60 @@ async function failuresOf(rendered, compose, binDir) {
   const read = {};
   for (const r of ["coordinator", "worker"]) read[r] = variablesRead(path.join(binDir, description[r].binary));
   const everyRead = new Set([...read.coordinator, ...read.worker, ...variablesRead(path.join(binDir, "tessera"))]);
+
+  // A setting of one container: its variable, or else the flag's default (the binary's --help).
+  function setting(where, r, env, name) {
+    const text = env[name] ?? helpOf(path.join(binDir, description[r].binary)).defaults.get(name);
+    const value = Number(text);
+    if (text === undefined || text === "" || !Number.isFinite(value)) fail(where, `${name} is ${JSON.stringify(text)}, not a number`);
+    return value;
+  }
+
+  // The worker's container holds the device's buffers, the buffer cache and the process.
+  function checkWorkerMemory(where, env, limitBytes) {
+    const memory = setting(where, "worker", env, "TESSERA_WORKER_MEMORY_BYTES");
+    const cache = setting(where, "worker", env, "TESSERA_WORKER_BUFFER_CACHE_BYTES");
+    if (memory + cache + WORKER_PROCESS_BYTES > limitBytes) {
+      fail(where, `--memory_bytes ${memory} + --buffer_cache_bytes ${cache} + ${WORKER_PROCESS_BYTES} for the ` +
+                  `process itself is ${memory + cache + WORKER_PROCESS_BYTES} bytes, over the memory limit of ${limitBytes}`);
+    }
+  }
+
+  // How long the daemon's gRPC server gives calls in flight when it shuts down (its source's
+  // `server_->Shutdown(now + N)`): not a flag, so read where it is set.
+  const shutdownWaits = {};
+  function shutdownWaitMs(r) {
+    return (shutdownWaits[r] ??= readShutdownWaitMs(r));
+  }
+  function readShutdownWaitMs(r) {
+    const file = SHUTDOWN_SOURCE[r];
+    const text = fs.readFileSync(path.join(sourceDir, file), "utf8");
+    const found = [...text.matchAll(/server_->Shutdown\(std::chrono::system_clock::now\(\) \+ std::chrono::(seconds|milliseconds)\((\d+)\)\)/g)];
+    if (found.length !== 1) {
+      fail(file, `${found.length} server shutdowns of the form server_->Shutdown(now + N), not one: the grace period rule needs it`);
+      return NaN;
+    }
+    return Number(found[0][2]) * (found[0][1] === "seconds" ? 1000 : 1);
+  }
+
+  // The grace period (the kubelet's, or docker's stop_grace_period) covers the daemon's stop.
+  function checkGrace(where, r, env, coordinatorEnv, graceMs) {
+    const server = shutdownWaitMs(r);
+    if (r === "coordinator") {
+      if (!(graceMs >= server + EXIT_MARGIN_MS)) {
+        fail(where, `grace period ${graceMs / 1000} s is shorter than its shutdown: the server's ${server} ms + ${EXIT_MARGIN_MS} ms to exit`);
+      }
+      return;
+    }
+    const timeout = setting(where, "worker", env, "TESSERA_WORKER_DRAIN_TIMEOUT_MS");
+    const quiet = setting(where, "worker", env, "TESSERA_WORKER_DRAIN_QUIET_MS");
+    const heartbeat = HEARTBEATS_IN_FLIGHT * setting(where, "coordinator", coordinatorEnv, "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS");
+    const need = timeout + quiet + heartbeat + server + EXIT_MARGIN_MS;
+    if (!(graceMs >= need)) {
+      fail(where, `grace period ${graceMs / 1000} s is shorter than the drain and stop: --drain_timeout_ms ${timeout} + ` +
+                  `--drain_quiet_ms ${quiet} + a heartbeat in flight ${heartbeat} + the server's ${server} + ${EXIT_MARGIN_MS} ms to exit = ${need} ms`);
+    }
+  }
 
   // The TESSERA_ variables of one container against the description.
   function checkEnv(where, r, target, env) {
@@ -103,7 +228,7 @@ async function failuresOf(rendered, compose, binDir) {
   }
 
   for (const [overlay, docs] of Object.entries(rendered)) {
-    const workloads = {};
+    const workloads = {}, stopping = {};
     for (const o of docs) {
       const where = `${overlay}: ${o.kind} ${o.metadata?.name}`;
       const [group, version] = o.apiVersion.includes("/") ? o.apiVersion.split("/") : [null, o.apiVersion];
@@ -118,6 +243,7 @@ async function failuresOf(rendered, compose, binDir) {
       } catch (e) {
         fail(where, `invalid: ${e.message}`);
       }
+      for (const field of await unknownFields(file, o)) fail(where, `unknown field ${field} (not in the ${o.apiVersion} ${o.kind} schema)`);
       if (o.metadata?.labels?.["app.kubernetes.io/part-of"] !== "tessera") fail(where, "no part-of label");
       if (o.kind === "Service") {
         const headless = o.spec.clusterIP === "None";
@@ -194,11 +320,9 @@ async function failuresOf(rendered, compose, binDir) {
         env[e.name] = e.value;
       }
       checkEnv(where, r, "k8s", env);
+      stopping[r] = { where, env, graceMs: (pod.terminationGracePeriodSeconds ?? 30) * 1000 };
       if (r === "worker") {
-        const memoryBytes = Number(env.TESSERA_WORKER_MEMORY_BYTES);
-        if (memoryBytes + d.memory_headroom_bytes > bytes(limit)) {
-          fail(where, `--memory_bytes ${memoryBytes} leaves less than ${d.memory_headroom_bytes} bytes of the limit`);
-        }
+        if (limit) checkWorkerMemory(where, env, bytes(limit));
         const count = o.kind === "StatefulSet" ? o.spec.replicas : o.spec.completions;
         if (count !== description.workers) fail(where, `${count} workers, deploy/daemons.json says ${description.workers}`);
         if (o.kind === "Job" && (o.spec.parallelism !== count || o.spec.completionMode !== "Indexed")) {
@@ -208,6 +332,9 @@ async function failuresOf(rendered, compose, binDir) {
       }
     }
     for (const r of ["coordinator", "worker"]) if (!workloads[r]) fail(overlay, `no ${r} workload`);
+    for (const [r, { where, env, graceMs }] of Object.entries(stopping)) {
+      checkGrace(where, r, env, stopping.coordinator?.env ?? {}, graceMs);
+    }
     const expected = workloads.coordinator?.spec.template.spec.containers[0].env.find(
       (e) => e.name === "TESSERA_COORDINATOR_EXPECTED_DEVICES",
     )?.value;
@@ -224,6 +351,9 @@ async function failuresOf(rendered, compose, binDir) {
     if (JSON.stringify(s.command) !== JSON.stringify([description[r].binary])) fail(where, "wrong command");
     if (bytes(s.mem_limit) !== description[r].memory_limit_bytes) fail(where, `mem_limit ${s.mem_limit}`);
     checkEnv(where, r, "compose", s.environment);
+    if (r === "worker") checkWorkerMemory(where, s.environment, bytes(s.mem_limit));
+    // Docker's default grace is 10 s.
+    checkGrace(where, r, s.environment, compose.services.coordinator?.environment ?? {}, milliseconds(s.stop_grace_period ?? "10s"));
     if (r === "worker" && s.environment.TESSERA_WORKER_DEVICE_ID !== name.slice(7)) fail(where, "device id != its number");
   }
   if (composeWorkers !== description.workers) fail("docker-compose.yml", `${composeWorkers} workers`);
@@ -247,6 +377,21 @@ const MUTATIONS = [
   ["a worker count off the coordinator's", (r) => (envVar(r, "coordinator", "TESSERA_COORDINATOR_EXPECTED_DEVICES").value = "7"), "expects 7 devices"],
   ["an optional credentials Secret", (r) => (workload(r, "worker").spec.template.spec.volumes.find((v) => v.name === "credentials").secret.optional = true), "must be required"],
   ["compose without credentials", (r, c) => delete c.services["worker-5"].environment.TESSERA_WORKER_CREDENTIALS, "docker-compose.yml: worker-5"],
+  // The audit's case: 768 MiB of buffers and the default 256 MiB cache filled a 1 GiB limit.
+  ["a buffer cache the memory limit does not hold", (r) => (envVar(r, "worker", "TESSERA_WORKER_BUFFER_CACHE_BYTES").value = "268435457"), "for the process itself"],
+  ["compose without room for the process", (r, c) => (c.services["worker-3"].mem_limit = "1g"), "docker-compose.yml: worker-3: --memory_bytes"],
+  // Stopped before the drain ends: the runs in flight fail instead of finishing.
+  ["a grace period shorter than the drain", (r) => (workload(r, "worker").spec.template.spec.terminationGracePeriodSeconds = 8), "grace period 8 s is shorter than the drain"],
+  ["a drain the grace period does not cover", (r) => (envVar(r, "worker", "TESSERA_WORKER_DRAIN_TIMEOUT_MS").value = "7000"), "--drain_timeout_ms 7000"],
+  ["slower heartbeats the grace period does not cover", (r) => container(r, "coordinator").env.push({ name: "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS", value: "2000" }), "a heartbeat in flight 8000"],
+  ["a coordinator stopped before its calls end", (r) => (workload(r, "coordinator").spec.template.spec.terminationGracePeriodSeconds = 2), "grace period 2 s is shorter than its shutdown"],
+  ["compose stopping a worker before its drain ends", (r, c) => (c.services["worker-6"].stop_grace_period = "5s"), "docker-compose.yml: worker-6: grace period 5 s"],
+  // Misspelt: accepted by the schemas' validators and dropped by a server; the rule for the
+  // field itself sees the real one (the first) or none (the second).
+  ["a misspelt field", (r) => (workload(r, "worker").spec.template.spec.terminationGracePeriodSecond = 10), "unknown field spec.template.spec.terminationGracePeriodSecond"],
+  ["a misspelt field in a list", (r) => (container(r, "coordinator").securityContext.readOnlyRootFilesytem = true), "unknown field spec.template.spec.containers[0].securityContext.readOnlyRootFilesytem"],
+  ["a misspelt Service field", (r) => (service(r, "tessera-workers").spec.publishNotReadyAdresses = true), "unknown field spec.publishNotReadyAdresses"],
+  ["a misspelt top-level field", (r) => (service(r, "tessera").metdata = { name: "x" }), "unknown field metdata"],
   ["compose drifting", (r, c) => (c.services["worker-2"].environment.TESSERA_WORKER_MEMORY_BYTES = "1"), "docker-compose.yml: worker-2"],
 ];
 const first = (r) => Object.values(r)[0];
