@@ -147,6 +147,8 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   for (const std::string& a : mesh.axis_names()) {
     if (std::find(manual->begin(), manual->end(), a) == manual->end()) automatic.push_back(a);
   }
+  // What the boundaries record (ShardingAttrs::manual_axes): empty when manual over every axis.
+  const std::vector<std::string> recorded = automatic.empty() ? std::vector<std::string>{} : *manual;
   // On a mesh of Explicit axes only, in_specs may be omitted (empty): each argument enters as
   // its type says (jax/_src/shard_map.py, in_specs=Infer).
   std::vector<PartitionSpec> specs = in_specs;
@@ -174,7 +176,8 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
       const internal::TypeRuleResult r = internal::shard_map_in_type_rule(*typed, NamedSharding(mesh, specs[i]));
       if (!r.error.empty()) return fail(absl::StrCat(r.error, ". ", r.fix));
     }
-    absl::StatusOr<int> id = t->graph.add_shard_map_in(TraceState::id(args[i]), NamedSharding(mesh, specs[i]));
+    absl::StatusOr<int> id =
+        t->graph.add_shard_map_in(TraceState::id(args[i]), NamedSharding(mesh, specs[i]), recorded);
     if (!id.ok()) return fail(absl::StrCat("argument ", i, ": ", id.status().message()));
     in_ids.push_back(*id);
     blocks.push_back(t->make(*id));
@@ -217,7 +220,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   }
   std::vector<Value> out;
   for (size_t i = 0; i < result_ids.size(); ++i) {
-    absl::StatusOr<int> id = t->graph.add_shard_map_out(result_ids[i], NamedSharding(mesh, out_specs[i]));
+    absl::StatusOr<int> id = t->graph.add_shard_map_out(result_ids[i], NamedSharding(mesh, out_specs[i]), recorded);
     if (!id.ok()) return fail(absl::StrCat("output ", i, ": ", id.status().message()));
     out.push_back(t->make(*id));
   }

@@ -129,3 +129,34 @@ def test_axis_names_manual_over_some_axes(shape):
                   axis_names={'x'})(x)
   with pytest.raises(TypeError, match="frozenset"):
     jax.shard_map(lambda b: b, mesh=mesh, in_specs=P('x'), out_specs=P('x'), axis_names=['x'])
+
+
+def test_axis_names_body_is_split_over_the_automatic_axes():
+  # JAX's tests/shard_map_test.py, test_partial_auto_propagate_through: a body manual over 'j'
+  # and 'k' constrains x * x over its automatic axis 'i'; the result is v * v, laid out P('i').
+  from tessera.sharding import AxisType
+  mesh = jax.make_mesh((2, 2, 2), ('i', 'j', 'k'), axis_types=(AxisType.Auto,) * 3)
+  sharding = NamedSharding(mesh, P('i'))
+
+  def g(x):
+    return jax.lax.with_sharding_constraint(x * x, sharding)
+
+  @jax.jit
+  def f(x):
+    return jax.shard_map(g, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False,
+                         axis_names=frozenset({'j', 'k'}))(x)
+
+  v = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+  actual = f(jax.device_put(v, sharding))
+  np.testing.assert_array_equal(np.asarray(actual), v * v)
+  assert actual.sharding.spec == P('i', None)
+
+  # test_partial_auto_error_wsc_manual: a constraint naming a manual axis is refused.
+  mesh2 = jax.make_mesh((2, 2), ('i', 'j'), axis_types=(AxisType.Auto,) * 2)
+
+  def h(x):
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh2, P('i', 'j'))) * x
+
+  with pytest.raises(ValueError, match="manual"):
+    jax.jit(lambda x: jax.shard_map(h, mesh=mesh2, in_specs=P('i', None), out_specs=P('i', None), check_vma=False,
+                                    axis_names=frozenset({'i'}))(x))(v)

@@ -336,6 +336,116 @@ TEST_F(ShardMapTest, AxisNamesMakeTheBodyManualOverSomeAxesOnly) {
   }
 }
 
+// The line of `plan` that computes `op` (its first), for the local shape each device computes.
+std::string plan_line(const std::string& plan, const std::string& op) {
+  const size_t at = plan.find(absl::StrCat("= ", op, "("));
+  if (at == std::string::npos) return "";
+  const size_t start = plan.rfind('\n', at);
+  return plan.substr(start == std::string::npos ? 0 : start + 1, plan.find('\n', at) - start - 1);
+}
+
+// A body manual over 'data' only has its work split over 'model' by the compiler, as GSPMD and
+// Shardy split a partial-manual JAX body (the body sees its values sharded over the automatic
+// axes: tests/shard_map_test.py's test_partial_auto_explicit_multi_explicit types the result
+// P(('i', 'l'), ('j', 'k'), ...), the manual axes then the automatic ones): each device
+// multiplies its block of x by its own columns of w — the dot's local result is
+// (rows / data, 4 / model), not the whole block — nothing is gathered, and the result leaves
+// split over both axes. Checked against a plain host computation.
+TEST_F(ShardMapTest, AxisNamesSplitTheBodysWorkOverTheAutomaticAxes) {
+  ASSERT_NE(client_, nullptr);
+  for (int m : {1, 2}) {
+    const Mesh& mesh = auto_meshes_[m];
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t data = mesh.shape()[0], model = mesh.shape()[1];
+    ShardMapped body =
+        shard_map([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; }, mesh,
+                  {P("data", None), P()}, {P("data", None)}, {.axis_names = {"data"}});
+    Jitted f = jit([body](const std::vector<Value>& in) { return body(in); });
+    std::mt19937 rng(71 + m);
+    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+    const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
+    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", None)));
+    absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
+    ASSERT_TRUE(xs.ok() && ws.ok());
+    absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<Graph> plain =
+        trace([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; },
+              {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*plain, {&x, &w});
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::StatusOr<HostArray> got = (*out)[0].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(results_match(*got, (*want)[0], kF32Tolerance)) << f.as_text();
+    const std::string plan = f.as_text();
+    EXPECT_THAT(plan_line(plan, "dot_general"), HasSubstr(absl::StrCat(" f32[", 16 / data, ",", 4 / model, "]")))
+        << plan;
+    EXPECT_THAT(plan, ::testing::Not(HasSubstr("all_gather"))) << plan;
+    EXPECT_EQ((*out)[0].sharding().spec().to_string(), "P('data', 'model')");
+  }
+}
+
+// JAX's tests/shard_map_test.py, on a (2, 2, 2) mesh: test_partial_auto_propagate_through (a
+// body manual over 'j' and 'k' constrains x * x to P('i'), its automatic axis: the result is
+// v * v, laid out P('i')), and test_partial_auto_ppermute on (4, 2) (a constraint over the
+// automatic 'j', then a ppermute over the manual 'i': [6, 7, 0, 1, 2, 3, 4, 5]); and
+// test_partial_auto_error_wsc_manual: a constraint naming a manual axis is refused ("manual").
+TEST_F(ShardMapTest, AxisNamesBodiesTakeConstraintsOverTheAutomaticAxes) {
+  ASSERT_NE(client_, nullptr);
+  absl::StatusOr<Mesh> made = client_->make_mesh({2, 2, 2}, {"i", "j", "k"});
+  ASSERT_TRUE(made.ok()) << made.status();
+  const Mesh mesh3 = with_auto_axes(*made);
+  const NamedSharding sharding(mesh3, P("i"));
+  ShardMapped g = shard_map(
+      [sharding](const std::vector<Value>& in) {
+        return std::vector<Value>{with_sharding_constraint(in[0] * in[0], sharding)};
+      },
+      mesh3, {P()}, {P()}, {.check_vma = false, .axis_names = {"j", "k"}});
+  Jitted f = jit([g](const std::vector<Value>& in) { return g(in); });
+  const HostArray v = HostArray::arange(DType::kF32, {4, 8});
+  absl::StatusOr<Array> vs = client_->device_put(v, sharding);
+  ASSERT_TRUE(vs.ok()) << vs.status();
+  absl::StatusOr<std::vector<Array>> out = f({*vs});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->shape(), (Shape{4, 8}));
+  for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(got->element_as_double(i), static_cast<double>(i * i)) << i;
+  EXPECT_TRUE((*out)[0].sharding().is_equivalent_to(sharding, 2)) << (*out)[0].sharding().to_string();
+  // Each device squares its half of the rows, not the whole (4, 8).
+  EXPECT_THAT(plan_line(f.as_text(), "mul"), HasSubstr(" f32[2,8]")) << f.as_text();
+
+  const Mesh& mesh = auto_meshes_[1];
+  ShardMapped permuted = shard_map(
+      [&mesh](const std::vector<Value>& in) {
+        Value x = with_sharding_constraint(in[0], NamedSharding(mesh, P("model")));
+        return std::vector<Value>{ppermute(x, "data", {{0, 1}, {1, 2}, {2, 3}, {3, 0}})};
+      },
+      mesh, {P("data")}, {P("data")}, {.check_vma = false, .axis_names = {"data"}});
+  Jitted p = jit([permuted](const std::vector<Value>& in) { return permuted(in); });
+  absl::StatusOr<Array> xs = client_->device_put(HostArray::arange(DType::kF32, {8}), NamedSharding(mesh, P()));
+  ASSERT_TRUE(xs.ok()) << xs.status();
+  out = p({*xs});
+  ASSERT_TRUE(out.ok()) << out.status();
+  got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::vector<double> want = {6, 7, 0, 1, 2, 3, 4, 5};
+  for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(got->element_as_double(i), want[i]) << i;
+
+  absl::Status s = trace_error([&mesh](const std::vector<Value>& in) {
+    return shard_map(
+        [&mesh](const std::vector<Value>& b) {
+          return std::vector<Value>{with_sharding_constraint(b[0], NamedSharding(mesh, P("data", "model"))) * 2.0};
+        },
+        mesh, {P("data", None)}, {P("data", None)}, {.check_vma = false, .axis_names = {"data"}})(in);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()),
+            "with_sharding_constraint: P('data', 'model') names 'data', a manual axis of the enclosing shard_map (its "
+            "axis_names are ('data',)); inside the body only its automatic axes may be named");
+}
+
 // What axis_names refuses, in JAX's words (jax/_src/shard_map.py's _shmap_checks and
 // _check_specs; tests/shard_map_test.py's test_partial_auto_error_wrong_in_specs: "in_specs
 // refers to 'j'"): specs naming an automatic axis, axis_names outside the mesh, and (JAX:
