@@ -43,8 +43,12 @@ absl::Span<const VjpEntry> shard_map_vjps() {
          int64_t copies = 1;
          for (const std::string& axis : unnamed_manual_axes(attrs)) copies *= s.mesh().axis_size(axis);
          // Explicit mode: the cotangent enters as its primal's type, the out_spec (an in_spec
-         // other than its type would be refused, as JAX refuses one).
-         const Value g = a.trace->explicit_mesh.has_value() ? with_sharding_constraint(a.g, s) : a.g;
+         // other than its type would be refused, as JAX refuses one); in a body manual over
+         // some axes only, with the block's split over the others after it (type_of(out)).
+         const Value g = !a.trace->explicit_mesh.has_value() ? a.g
+                         : attrs.manual_axes.empty()
+                             ? with_sharding_constraint(a.g, s)
+                             : with_sharding_constraint(a.g, NamedSharding(s.mesh(), type_of(a.out).spec));
          if (!g.ok()) {
            return a.trace->error.ok() ? absl::InternalError("shard_map: the cotangent of an output could not be typed")
                                       : a.trace->error;

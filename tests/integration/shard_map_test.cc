@@ -446,6 +446,55 @@ TEST_F(ShardMapTest, AxisNamesBodiesTakeConstraintsOverTheAutomaticAxes) {
             "axis_names are ('data',)); inside the body only its automatic axes may be named");
 }
 
+// JAX's tests/shard_map_test.py, test_partial_auto_explicit_multi_explicit, on Explicit axes:
+// on a (2, 1, 2, 2) mesh ('i', 'j', 'k', 'l'), an argument P('i', 'j', 'k', 'l') enters a body
+// manual over 'i' and 'j' (in_specs inferred from its type) typed P(None, None, 'k', 'l'); its
+// transpose is P('l', 'k', None, None), and the shard_map's result under out_specs
+// P('i', 'j', None, None) is P(('i', 'l'), ('j', 'k'), None, None), in its type and on the
+// devices. Values against the host.
+TEST_F(ShardMapTest, AxisNamesOnExplicitAxesKeepTheAutomaticSplitInTheTypes) {
+  ASSERT_NE(client_, nullptr);
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({2, 1, 2, 2}, {"i", "j", "k", "l"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  std::string inside, transposed, result;
+  ShardMapped g = shard_map(
+      [&](const std::vector<Value>& in) {
+        inside = type_of(in[0]).to_string();
+        Value out = transpose(in[0], {3, 2, 1, 0});
+        transposed = type_of(out).to_string();
+        return std::vector<Value>{out};
+      },
+      *mesh, {}, {P("i", "j", None, None)}, {.axis_names = {"i", "j"}});
+  Jitted f = jit([&](const std::vector<Value>& in) {
+    std::vector<Value> out = g(in);
+    result = type_of(out[0]).to_string();
+    return out;
+  });
+  const HostArray v = HostArray::arange(DType::kF32, {4, 2, 2, 4});
+  absl::StatusOr<Array> vs = client_->device_put(v, NamedSharding(*mesh, P("i", "j", "k", "l")));
+  ASSERT_TRUE(vs.ok()) << vs.status();
+  absl::StatusOr<std::vector<Array>> out = f({*vs});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(inside, "f32[2,2,2@k,4@l]");
+  EXPECT_EQ(transposed, "f32[4@l,2@k,2,2]");
+  EXPECT_EQ(result, "f32[8@(i,l),2@(j,k),2,2]");
+  EXPECT_EQ((*out)[0].sharding().spec().to_string(), "P(('i', 'l'), ('j', 'k'), None, None)");
+  // The host: each 'i' block of rows (2 of them) transposed, the blocks stacked along dim 0.
+  absl::StatusOr<Graph> plain = trace(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{concatenate({transpose(slice(in[0], {0, 0, 0, 0}, {2, 2, 2, 4}), {3, 2, 1, 0}),
+                                               transpose(slice(in[0], {2, 0, 0, 0}, {4, 2, 2, 4}), {3, 2, 1, 0})},
+                                              0)};
+      },
+      {{DType::kF32, {4, 2, 2, 4}}});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*plain, {&v});
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(results_match(*got, (*want)[0], 0.0)) << f.as_text();
+}
+
 // What axis_names refuses, in JAX's words (jax/_src/shard_map.py's _shmap_checks and
 // _check_specs; tests/shard_map_test.py's test_partial_auto_error_wrong_in_specs: "in_specs
 // refers to 'j'"): specs naming an automatic axis, axis_names outside the mesh, and (JAX:
