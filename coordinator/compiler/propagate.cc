@@ -99,14 +99,14 @@ class Propagator : public internal::ShardingContext {
     return (n - 1) / n * local_bytes(v, g_.node(id)) + kLatencyBytes;
   }
 
+  const std::vector<std::string>& automatic_axes(int id) const override { return automatic_[id]; }
+
   // The op's rule (rules_*.cc); inside a shard_map body, the body's, except where the body is
-  // automatic: there only collectives and axis_index, which run per device, are.
+  // automatic: there the ops' own (collectives' and axis_index's included: see
+  // rules_placement.cc).
   absl::Status forward(int id) {
-    const Node& n = g_.node(id);
-    const ShardingRule& rule = *find_sharding_rule(n.op);
-    if (manual_[id] && !rule.in_body && (automatic_[id].empty() || has_trait(n.op, kBlockResult))) {
-      return internal::body_value(*this, id);
-    }
+    const ShardingRule& rule = *find_sharding_rule(g_.node(id).op);
+    if (manual_[id] && !rule.in_body && automatic_[id].empty()) return internal::body_value(*this, id);
     return rule.forward(*this, id);
   }
 

@@ -71,6 +71,19 @@ absl::Status shard_map_out(ShardingContext& c, int id) {
   return absl::OkStatus();
 }
 
+// all_reduce and ppermute act on each element alone, so in a body automatic over some axes
+// (axis_names) they run on each device's piece of the block as it is split over those axes
+// (whole: a pending sum is resolved first, as a max of partial sums would be wrong); the groups
+// over manual axes hold the same piece index along the automatic ones. Elsewhere, and for the
+// other collectives, whose dimensions move, body_value.
+absl::Status elementwise_collective(ShardingContext& c, int id) {
+  if (c.automatic_axes(id).empty()) return body_value(c, id);
+  const Dims dims = c.of_or_replicated(c.graph().node(id).operands[0]).dims;
+  c.needs(id) = {ValueSharding{dims, {}, ReduceOp::kSum}};
+  c.set(id, dims);
+  return absl::OkStatus();
+}
+
 // Partition handlers.
 
 absl::Status partition_parameter(PartitionContext& c, int id) {
@@ -105,7 +118,7 @@ absl::Status partition_collective(PartitionContext& c, int id) {
   inst.value = id;
   inst.cause = c.cause(id);
   inst.node.dtype = n.dtype;
-  inst.node.shape = n.shape;
+  inst.node.shape = NamedSharding(c.mesh(), c.propagation().result[id].spec()).shard_shape(n.shape);
   inst.collective = collective_of(n);
   inst.axes = n.attrs<CollectiveAttrs>().axes;
   if (n.op == Op::kCollectivePermute) inst.positions = n.attrs<CollectiveAttrs>().positions;
@@ -146,11 +159,11 @@ absl::Span<const ShardingRuleEntry> placement_rules() {
       {Op::kShardingAs, {sharding_as, identity_map, /*in_body=*/true, partition_sharding_as}},
       {Op::kShardMapIn, {shard_map_in, identity_map, /*in_body=*/true, partition_as_operand}},
       {Op::kShardMapOut, {shard_map_out, identity_map, /*in_body=*/true, partition_as_operand}},
-      {Op::kAllReduce, {body_value, identity_map, false, partition_collective}},
+      {Op::kAllReduce, {elementwise_collective, identity_map, false, partition_collective}},
       {Op::kAllGather, {body_value, identity_map, false, partition_collective}},
       {Op::kReduceScatter, {body_value, identity_map, false, partition_collective}},
       {Op::kAllToAll, {body_value, identity_map, false, partition_collective}},
-      {Op::kCollectivePermute, {body_value, identity_map, false, partition_collective}},
+      {Op::kCollectivePermute, {elementwise_collective, identity_map, false, partition_collective}},
       {Op::kAxisIndex, {body_value, identity_map, false, partition_axis_index}},
   };
   return kRules;

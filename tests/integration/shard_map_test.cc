@@ -332,7 +332,8 @@ TEST_F(ShardMapTest, AxisNamesMakeTheBodyManualOverSomeAxesOnly) {
     ASSERT_EQ(positions->shape(), (Shape{data}));
     for (int64_t i = 0; i < data; ++i) EXPECT_EQ(positions->element_as_double(i), i);
     EXPECT_EQ((*out)[0].sharding().spec(), P(None, "model"));
-    EXPECT_EQ((*out)[1].sharding().spec(), P(None));
+    // The psum ran on the sum's split over 'model' (AxisNamesCollectivesRunOnTheAutomaticSplit).
+    EXPECT_EQ((*out)[1].sharding().spec().to_string(), "P('model',)");
   }
 }
 
@@ -383,6 +384,67 @@ TEST_F(ShardMapTest, AxisNamesSplitTheBodysWorkOverTheAutomaticAxes) {
         << plan;
     EXPECT_THAT(plan, ::testing::Not(HasSubstr("all_gather"))) << plan;
     EXPECT_EQ((*out)[0].sharding().spec().to_string(), "P('data', 'model')");
+  }
+}
+
+// A psum and a ppermute over the manual axis act on each element alone, so they run on each
+// device's piece of the block as the compiler split it over 'model' (local (rows/data,
+// 4/model)), with nothing gathered first; values against the host: the psum adds the 'data'
+// blocks of tanh(x @ w), the ppermute moves block i to i + 1 around the ring.
+TEST_F(ShardMapTest, AxisNamesCollectivesRunOnTheAutomaticSplit) {
+  ASSERT_NE(client_, nullptr);
+  for (int m : {1, 2}) {
+    const Mesh& mesh = auto_meshes_[m];
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t data = mesh.shape()[0], model = mesh.shape()[1], rows = 16 / data;
+    std::vector<std::pair<int64_t, int64_t>> ring;
+    for (int64_t i = 0; i < data; ++i) ring.push_back({i, (i + 1) % data});
+    ShardMapped body = shard_map(
+        [ring](const std::vector<Value>& in) {
+          Value h = tanh(matmul(in[0], in[1]));
+          return std::vector<Value>{psum(h, "data"), ppermute(h, "data", ring)};
+        },
+        mesh, {P("data", None), P()}, {P(), P("data", None)}, {.axis_names = {"data"}});
+    Jitted f = jit([body](const std::vector<Value>& in) { return body(in); });
+    std::mt19937 rng(91 + m);
+    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+    const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
+    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", None)));
+    absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
+    ASSERT_TRUE(xs.ok() && ws.ok());
+    absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<Graph> plain =
+        trace([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; },
+              {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<std::vector<HostArray>> h = evaluate_on_host(*plain, {&x, &w});
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::StatusOr<HostArray> sums = (*out)[0].fetch();
+    absl::StatusOr<HostArray> moved = (*out)[1].fetch();
+    ASSERT_TRUE(sums.ok() && moved.ok());
+    ASSERT_EQ(sums->shape(), (Shape{rows, 4}));
+    ASSERT_EQ(moved->shape(), (Shape{16, 4}));
+    const HostArray& want = (*h)[0];
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < 4; ++c) {
+        double sum = 0;
+        for (int64_t b = 0; b < data; ++b) sum += want.element_as_double((b * rows + r) * 4 + c);
+        EXPECT_NEAR(sums->element_as_double(r * 4 + c), sum, 1e-5) << r << "," << c;
+      }
+    }
+    for (int64_t r = 0; r < 16; ++r) {
+      const int64_t from = ((r / rows + data - 1) % data) * rows + r % rows;  // block i came from i - 1
+      for (int64_t c = 0; c < 4; ++c) {
+        EXPECT_EQ(moved->element_as_double(r * 4 + c), want.element_as_double(from * 4 + c)) << r << "," << c;
+      }
+    }
+    const std::string plan = f.as_text();
+    const std::string local = absl::StrCat(" f32[", rows, ",", 4 / model, "]");
+    EXPECT_THAT(plan_line(plan, "all_reduce"), HasSubstr(local)) << plan;
+    EXPECT_THAT(plan_line(plan, "collective_permute"), HasSubstr(local)) << plan;
+    EXPECT_THAT(plan, ::testing::Not(HasSubstr("all_gather"))) << plan;
+    EXPECT_EQ((*out)[0].sharding().spec().to_string(), "P(None, 'model')");
   }
 }
 
