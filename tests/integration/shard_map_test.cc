@@ -175,6 +175,37 @@ class ShardMapTest : public MeshesSuite {
   static absl::Status trace_error(const TracedFunction& f, Shape shape = {16, 8}) {
     return trace(f, {{DType::kF32, std::move(shape)}}).status();
   }
+
+  // `body` (of x, w) run in jit on random x (16, 8) laid out P('data', None) and w (8, 4)
+  // P(None, 'model') of `mesh`: its results fetched, its plan, and tanh(x @ w) on the host.
+  struct TanhMatmulRun {
+    std::vector<HostArray> got;
+    std::vector<PartitionSpec> specs;
+    std::string plan;
+    HostArray want;
+  };
+  static absl::StatusOr<TanhMatmulRun> run_tanh_matmul(const Mesh& mesh, const ShardMapped& body, uint32_t seed) {
+    Jitted f = jit([body](const std::vector<Value>& in) { return body(in); });
+    std::mt19937 rng(seed);
+    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+    const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
+    TESSERA_ASSIGN_OR_RETURN(Array xs, client_->device_put(x, NamedSharding(mesh, P("data", None))));
+    TESSERA_ASSIGN_OR_RETURN(Array ws, client_->device_put(w, NamedSharding(mesh, P(None, "model"))));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, f({xs, ws}));
+    TanhMatmulRun run;
+    for (const Array& a : out) {
+      TESSERA_ASSIGN_OR_RETURN(HostArray h, a.fetch());
+      run.got.push_back(std::move(h));
+      run.specs.push_back(a.sharding().spec());
+    }
+    run.plan = f.as_text();
+    TESSERA_ASSIGN_OR_RETURN(
+        Graph plain, trace([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; },
+                           {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<HostArray> want, evaluate_on_host(plain, {&x, &w}));
+    run.want = std::move(want[0]);
+    return run;
+  }
 };
 
 // Results worked out by hand from JAX's documented semantics, independent of host_eval.
@@ -361,29 +392,13 @@ TEST_F(ShardMapTest, AxisNamesSplitTheBodysWorkOverTheAutomaticAxes) {
     ShardMapped body =
         shard_map([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; }, mesh,
                   {P("data", None), P()}, {P("data", None)}, {.axis_names = {"data"}});
-    Jitted f = jit([body](const std::vector<Value>& in) { return body(in); });
-    std::mt19937 rng(71 + m);
-    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
-    const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
-    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", None)));
-    absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
-    ASSERT_TRUE(xs.ok() && ws.ok());
-    absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
-    ASSERT_TRUE(out.ok()) << out.status();
-    absl::StatusOr<Graph> plain =
-        trace([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; },
-              {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
-    ASSERT_TRUE(plain.ok()) << plain.status();
-    absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*plain, {&x, &w});
-    ASSERT_TRUE(want.ok()) << want.status();
-    absl::StatusOr<HostArray> got = (*out)[0].fetch();
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_TRUE(results_match(*got, (*want)[0], kF32Tolerance)) << f.as_text();
-    const std::string plan = f.as_text();
-    EXPECT_THAT(plan_line(plan, "dot_general"), HasSubstr(absl::StrCat(" f32[", 16 / data, ",", 4 / model, "]")))
-        << plan;
-    EXPECT_THAT(plan, ::testing::Not(HasSubstr("all_gather"))) << plan;
-    EXPECT_EQ((*out)[0].sharding().spec().to_string(), "P('data', 'model')");
+    absl::StatusOr<TanhMatmulRun> run = run_tanh_matmul(mesh, body, 71 + m);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_TRUE(results_match(run->got[0], run->want, kF32Tolerance)) << run->plan;
+    EXPECT_THAT(plan_line(run->plan, "dot_general"), HasSubstr(absl::StrCat(" f32[", 16 / data, ",", 4 / model, "]")))
+        << run->plan;
+    EXPECT_THAT(run->plan, ::testing::Not(HasSubstr("all_gather"))) << run->plan;
+    EXPECT_EQ(run->specs[0].to_string(), "P('data', 'model')");
   }
 }
 
@@ -405,27 +420,13 @@ TEST_F(ShardMapTest, AxisNamesCollectivesRunOnTheAutomaticSplit) {
           return std::vector<Value>{psum(h, "data"), ppermute(h, "data", ring)};
         },
         mesh, {P("data", None), P()}, {P(), P("data", None)}, {.axis_names = {"data"}});
-    Jitted f = jit([body](const std::vector<Value>& in) { return body(in); });
-    std::mt19937 rng(91 + m);
-    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
-    const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
-    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", None)));
-    absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
-    ASSERT_TRUE(xs.ok() && ws.ok());
-    absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
-    ASSERT_TRUE(out.ok()) << out.status();
-    absl::StatusOr<Graph> plain =
-        trace([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; },
-              {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
-    ASSERT_TRUE(plain.ok()) << plain.status();
-    absl::StatusOr<std::vector<HostArray>> h = evaluate_on_host(*plain, {&x, &w});
-    ASSERT_TRUE(h.ok()) << h.status();
-    absl::StatusOr<HostArray> sums = (*out)[0].fetch();
-    absl::StatusOr<HostArray> moved = (*out)[1].fetch();
-    ASSERT_TRUE(sums.ok() && moved.ok());
+    absl::StatusOr<TanhMatmulRun> run = run_tanh_matmul(mesh, body, 91 + m);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const HostArray* sums = &run->got[0];
+    const HostArray* moved = &run->got[1];
     ASSERT_EQ(sums->shape(), (Shape{rows, 4}));
     ASSERT_EQ(moved->shape(), (Shape{16, 4}));
-    const HostArray& want = (*h)[0];
+    const HostArray& want = run->want;
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < 4; ++c) {
         double sum = 0;
@@ -439,12 +440,11 @@ TEST_F(ShardMapTest, AxisNamesCollectivesRunOnTheAutomaticSplit) {
         EXPECT_EQ(moved->element_as_double(r * 4 + c), want.element_as_double(from * 4 + c)) << r << "," << c;
       }
     }
-    const std::string plan = f.as_text();
     const std::string local = absl::StrCat(" f32[", rows, ",", 4 / model, "]");
-    EXPECT_THAT(plan_line(plan, "all_reduce"), HasSubstr(local)) << plan;
-    EXPECT_THAT(plan_line(plan, "collective_permute"), HasSubstr(local)) << plan;
-    EXPECT_THAT(plan, ::testing::Not(HasSubstr("all_gather"))) << plan;
-    EXPECT_EQ((*out)[0].sharding().spec().to_string(), "P(None, 'model')");
+    EXPECT_THAT(plan_line(run->plan, "all_reduce"), HasSubstr(local)) << run->plan;
+    EXPECT_THAT(plan_line(run->plan, "collective_permute"), HasSubstr(local)) << run->plan;
+    EXPECT_THAT(run->plan, ::testing::Not(HasSubstr("all_gather"))) << run->plan;
+    EXPECT_EQ(run->specs[0].to_string(), "P(None, 'model')");
   }
 }
 
