@@ -149,6 +149,8 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   for (const std::string& a : mesh.axis_names()) {
     if (std::find(manual->begin(), manual->end(), a) == manual->end()) automatic.push_back(a);
   }
+  // What the boundaries record (ShardingAttrs::manual_axes): empty when manual over every axis.
+  const std::vector<std::string> recorded = automatic.empty() ? std::vector<std::string>{} : *manual;
   // On a mesh of Explicit axes only, in_specs may be omitted (empty): each argument enters as
   // its type says (jax/_src/shard_map.py, in_specs=Infer).
   std::vector<PartitionSpec> specs = in_specs;
@@ -176,7 +178,8 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
       const internal::TypeRuleResult r = internal::shard_map_in_type_rule(*typed, NamedSharding(mesh, specs[i]));
       if (!r.error.empty()) return fail(absl::StrCat(r.error, ". ", r.fix));
     }
-    absl::StatusOr<int> id = t->graph.add_shard_map_in(TraceState::id(args[i]), NamedSharding(mesh, specs[i]));
+    absl::StatusOr<int> id =
+        t->graph.add_shard_map_in(TraceState::id(args[i]), NamedSharding(mesh, specs[i]), recorded);
     if (!id.ok()) return fail(absl::StrCat("argument ", i, ": ", id.status().message()));
     in_ids.push_back(*id);
     blocks.push_back(t->make(*id));
@@ -186,7 +189,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   TraceState::current = t;
   t->manual_meshes.push_back(mesh);
   t->manual_axes.push_back(*manual);
-  t->manual_bodies.push_back({body_start, in_ids, {}});
+  t->manual_bodies.push_back({body_start, in_ids, {}, *manual, recorded});
   std::vector<Value> results = f(blocks);
   // A result the body closed over is lifted into it too (TraceState::id), before it ends.
   std::vector<int> result_ids;
@@ -227,7 +230,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   }
   std::vector<Value> out;
   for (size_t i = 0; i < result_ids.size(); ++i) {
-    absl::StatusOr<int> id = t->graph.add_shard_map_out(result_ids[i], NamedSharding(mesh, outs[i]));
+    absl::StatusOr<int> id = t->graph.add_shard_map_out(result_ids[i], NamedSharding(mesh, outs[i]), recorded);
     if (!id.ok()) return fail(absl::StrCat("output ", i, ": ", id.status().message()));
     out.push_back(t->make(*id));
   }
@@ -251,7 +254,11 @@ int TraceState::lift(int id) {
     }
     const Node& n = graph.node(id);
     const TypeSpec& spec = specs.at(static_cast<size_t>(id));
-    if (std::any_of(spec.begin(), spec.end(), [](const Axes& a) { return !a.empty(); })) {
+    const auto manual_axis = [&](const std::string& a) {
+      return std::find(body.manual.begin(), body.manual.end(), a) != body.manual.end();
+    };
+    if (std::any_of(spec.begin(), spec.end(),
+                    [&](const Axes& axes) { return std::any_of(axes.begin(), axes.end(), manual_axis); })) {
       fail(absl::InvalidArgumentError(absl::StrCat(
           "shard_map: the body closes over %", id, " ", type_string(n.dtype, n.shape, spec),
           ", which enters it whole on every device (P()), but its type is split; reshard it to P() first, or pass "
@@ -259,7 +266,8 @@ int TraceState::lift(int id) {
       return id;
     }
   }
-  absl::StatusOr<int> in = graph.add_shard_map_in(id, NamedSharding(manual_meshes.back(), PartitionSpec()));
+  absl::StatusOr<int> in =
+      graph.add_shard_map_in(id, NamedSharding(manual_meshes.back(), PartitionSpec()), body.recorded);
   if (!in.ok()) {
     fail(in.status());
     return id;

@@ -677,6 +677,18 @@ Value full(Shape shape, double value, DType dtype) {
 Value with_sharding_constraint(const Value& x, const NamedSharding& sharding) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
+  // In a shard_map body manual over some axes only, a constraint may name only the others,
+  // where the compiler lays the body's values out (JAX's test_partial_auto_error_wsc_manual).
+  if (!t->manual_axes.empty() && t->manual_axes.back().size() < t->manual_meshes.back().axis_names().size()) {
+    const std::vector<std::string>& manual = t->manual_axes.back();
+    for (const std::string& axis : sharding.spec().used_axes()) {
+      if (std::find(manual.begin(), manual.end(), axis) == manual.end()) continue;
+      return t->fail(absl::InvalidArgumentError(
+          absl::StrCat("with_sharding_constraint: ", sharding.spec().to_string(), " names '", axis,
+                       "', a manual axis of the enclosing shard_map (its axis_names are ", axes_to_string(manual),
+                       "); inside the body only its automatic axes may be named")));
+    }
+  }
   return t->make(t->graph.add_sharding_constraint(TraceState::id(x), sharding));
 }
 

@@ -29,13 +29,16 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   std::vector<std::vector<std::string>> manual_axes;
   // For each of those bodies (traced inline, into this graph): its first node, its inputs, and
   // the values of before it that it read. Such a value enters the body whole on every device
-  // (a shard_map_in of P(), made once, where it is first read), as JAX's shard_map passes a
+  // (a shard_map_in of P(), made once, where it is first read; split along the automatic axes
+  // as its own layout says), as JAX's shard_map passes a
   // body's closed-over values (jax/_src/shard_map.py: in_names {} for the consts). Only the
   // outermost body lifts values; one nested in another reads its own body's values only.
   struct ManualBody {
     int start = 0;
     std::vector<int> inputs;
-    std::map<int, int> lifted;  // outer value -> its shard_map_in
+    std::map<int, int> lifted;          // outer value -> its shard_map_in
+    std::vector<std::string> manual;    // the axes it is manual over
+    std::vector<std::string> recorded;  // what its boundaries record (ShardingAttrs::manual_axes)
   };
   std::vector<ManualBody> manual_bodies;
   int lift(int id);  // shard_map.cc: id, or its shard_map_in in the body being traced

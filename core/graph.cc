@@ -41,7 +41,8 @@ std::string text(const DotAttrs& a, Op) {
 }
 std::string text(const ShardingAttrs& a, Op) {
   return absl::StrCat(" sharding=", a.sharding.to_string(), " devices={",
-                      absl::StrJoin(a.sharding.mesh().device_ids(), ","), "}");
+                      absl::StrJoin(a.sharding.mesh().device_ids(), ","), "}",
+                      a.manual_axes.empty() ? "" : absl::StrCat(" manual_axes=", axes_to_string(a.manual_axes)));
 }
 std::string text(const AxisIndexAttrs& a, Op) {
   return absl::StrCat(" axes=", axes_to_string(a.axes), a.mesh.has_value() ? mesh_text(*a.mesh) : "");
@@ -280,12 +281,12 @@ absl::StatusOr<int> Graph::add_sharding_constraint(int x, NamedSharding sharding
   return add_node(make_node(Op::kShardingConstraint, {x}, ShardingAttrs{std::move(sharding)}));
 }
 
-absl::StatusOr<int> Graph::add_shard_map_in(int x, NamedSharding sharding) {
-  return add_node(make_node(Op::kShardMapIn, {x}, ShardingAttrs{std::move(sharding)}));
+absl::StatusOr<int> Graph::add_shard_map_in(int x, NamedSharding sharding, std::vector<std::string> manual_axes) {
+  return add_node(make_node(Op::kShardMapIn, {x}, ShardingAttrs{std::move(sharding), std::move(manual_axes)}));
 }
 
-absl::StatusOr<int> Graph::add_shard_map_out(int x, NamedSharding sharding) {
-  return add_node(make_node(Op::kShardMapOut, {x}, ShardingAttrs{std::move(sharding)}));
+absl::StatusOr<int> Graph::add_shard_map_out(int x, NamedSharding sharding, std::vector<std::string> manual_axes) {
+  return add_node(make_node(Op::kShardMapOut, {x}, ShardingAttrs{std::move(sharding), std::move(manual_axes)}));
 }
 
 absl::StatusOr<int> Graph::add_collective(Op op, int x, const Mesh& mesh, std::vector<std::string> axes,

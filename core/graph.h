@@ -111,9 +111,11 @@ class Graph {
   // `sharding` must fit x's shape (NamedSharding::validate).
   absl::StatusOr<int> add_sharding_constraint(int x, NamedSharding sharding);
   // shard_map: `x` enters a body as this device's block of `sharding` (which must fit it), a
-  // body value leaves as one block of a global value laid out by `sharding`.
-  absl::StatusOr<int> add_shard_map_in(int x, NamedSharding sharding);
-  absl::StatusOr<int> add_shard_map_out(int x, NamedSharding sharding);
+  // body value leaves as one block of a global value laid out by `sharding`. `manual_axes`:
+  // the body is manual over these axes only (ShardingAttrs; empty: all); the spec may name no
+  // other.
+  absl::StatusOr<int> add_shard_map_in(int x, NamedSharding sharding, std::vector<std::string> manual_axes = {});
+  absl::StatusOr<int> add_shard_map_out(int x, NamedSharding sharding, std::vector<std::string> manual_axes = {});
   // A collective of a shard_map body over mesh `axes` (distinct, in `mesh`); `dims` and
   // `reduce_op` as the node attributes above. INVALID_ARGUMENT naming the rule broken: a
   // dimension out of range or not divisible by the axes' size, a permutation that repeats a

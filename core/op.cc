@@ -399,7 +399,34 @@ absl::StatusOr<ArrayType> infer_dynamic_update_slice(const Node&, absl::Span<con
 
 // ---- Placement and shard_map -----------------------------------------------------------------
 
+// A shard_map boundary's manual axes (ShardingAttrs): the mesh's, each once, in mesh order,
+// and every axis its spec names among them. Empty: every axis.
+absl::Status check_manual_axes(const ShardingAttrs& a, const std::string& what) {
+  if (a.manual_axes.empty()) return absl::OkStatus();
+  const Mesh& mesh = a.sharding.mesh();
+  int last = -1;
+  for (const std::string& axis : a.manual_axes) {
+    const int i = mesh.axis_index(axis);
+    if (i <= last) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": manual axes ", axes_to_string(a.manual_axes),
+                                                     " must be distinct axes of ", mesh.to_string(), " in its order"));
+    }
+    last = i;
+  }
+  for (const std::string& axis : a.sharding.spec().used_axes()) {
+    if (std::find(a.manual_axes.begin(), a.manual_axes.end(), axis) == a.manual_axes.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": spec ", a.sharding.spec().to_string(), " names '", axis,
+                                                     "', which is not one of the manual axes ",
+                                                     axes_to_string(a.manual_axes)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ArrayType> infer_sharding_constraint(const Node& n, absl::Span<const ArrayType> in) {
+  if (!n.attrs<ShardingAttrs>().manual_axes.empty()) {
+    return absl::InvalidArgumentError("with_sharding_constraint: manual axes belong to shard_map boundaries only");
+  }
   absl::Status fits = n.attrs<ShardingAttrs>().sharding.validate(in[0].shape);
   if (!fits.ok()) {
     return absl::InvalidArgumentError(
@@ -427,6 +454,7 @@ absl::StatusOr<ArrayType> infer_argsort(const Node& n, absl::Span<const ArrayTyp
 
 absl::StatusOr<ArrayType> infer_shard_map_in(const Node& n, absl::Span<const ArrayType> in) {
   const NamedSharding* sharding = &n.attrs<ShardingAttrs>().sharding;
+  TESSERA_RETURN_IF_ERROR(check_manual_axes(n.attrs<ShardingAttrs>(), "shard_map_in"));
   absl::Status fits = sharding->validate(in[0].shape);
   if (!fits.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("shard_map: in_spec for ", type_of(in[0]), ": ", fits.message()));
@@ -437,6 +465,7 @@ absl::StatusOr<ArrayType> infer_shard_map_in(const Node& n, absl::Span<const Arr
 absl::StatusOr<ArrayType> infer_shard_map_out(const Node& n, absl::Span<const ArrayType> in) {
   const NamedSharding* sharding = &n.attrs<ShardingAttrs>().sharding;
   TESSERA_RETURN_IF_ERROR(sharding->validate_spec());
+  TESSERA_RETURN_IF_ERROR(check_manual_axes(n.attrs<ShardingAttrs>(), "shard_map_out"));
   const PartitionSpec& spec = sharding->spec();
   if (spec.size() > static_cast<int>(in[0].shape.size())) {
     return absl::InvalidArgumentError(absl::StrCat("shard_map: out_spec ", spec.to_string(), " has ", spec.size(),

@@ -99,6 +99,10 @@ struct DotAttrs {
 struct ShardingAttrs {
   static constexpr const char* kName = "sharding";
   NamedSharding sharding;
+  // shard_map_in/out of a body manual over these axes only (shard_map's axis_names), in mesh
+  // order; empty: every axis (and for a constraint). The compiler splits the body's work over
+  // the others, the automatic axes.
+  std::vector<std::string> manual_axes = {};
 };
 // A shard_map collective: it runs over the replica groups of mesh `axes` of `mesh`.
 //   all_reduce: reduce_op; reduce_scatter: reduce_op, dimension; all_gather: dimension;

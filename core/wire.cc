@@ -294,6 +294,7 @@ void attrs_to_proto(const DotAttrs& a, pb::KernelNode* n) {
 }
 void attrs_to_proto(const ShardingAttrs& a, pb::KernelNode* n) {
   to_proto(a.sharding, n->mutable_sharding()->mutable_sharding());
+  n->mutable_sharding()->mutable_manual_axes()->Assign(a.manual_axes.begin(), a.manual_axes.end());
 }
 void attrs_to_proto(const CollectiveAttrs& a, pb::KernelNode* n) {
   pb::CollectiveAttrs* w = n->mutable_collective();
@@ -442,7 +443,7 @@ absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::strin
       if (!sharding.ok()) {
         return absl::Status(sharding.status().code(), absl::StrCat(where, ": ", sharding.status().message()));
       }
-      return ShardingAttrs{*std::move(sharding)};
+      return ShardingAttrs{*std::move(sharding), v(n.sharding().manual_axes())};
     }
     case pb::KernelNode::kCollective: {
       const pb::CollectiveAttrs& c = n.collective();

@@ -5,7 +5,10 @@
 // from the arguments' types (client/shard_map.cc). Inside the body values are per-device
 // blocks, split over no Explicit axis (the body's axes are Manual: its types carry no mesh
 // axis, as _shard_shaped_array's); a result's type is its out_spec (_unshard_shaped_array).
+// A body manual over some axes only (axis_names) keeps its values' split over the others.
 // On a mesh mixing Auto and Explicit axes JAX checks nothing, and neither does this.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
 #include "core/op_attrs.h"
@@ -21,16 +24,46 @@ bool all_explicit(const Mesh& mesh) {
 
 namespace {
 
+// The mesh axes a boundary leaves automatic (shard_map's axis_names; none when it is manual
+// over every axis).
+std::vector<std::string> automatic_axes(const ShardingAttrs& a) {
+  std::vector<std::string> out;
+  if (a.manual_axes.empty()) return out;
+  for (const std::string& axis : a.sharding.mesh().axis_names()) {
+    if (std::find(a.manual_axes.begin(), a.manual_axes.end(), axis) == a.manual_axes.end()) out.push_back(axis);
+  }
+  return out;
+}
+
+// In a body manual over some axes only, the block keeps the argument's split over the others
+// (JAX's test_partial_auto_explicit_multi_explicit: P('i', 'j', 'k', 'l') under axis_names
+// {'i', 'j'} is P(None, None, 'k', 'l') inside), and only the manual axes meet the in_spec.
 TypeRuleResult shard_map_in(const TypeRuleCall& c) {
-  TypeRuleResult r = shard_map_in_type_rule(c.operands[0], c.node.attrs<ShardingAttrs>().sharding);
+  const ShardingAttrs& a = c.node.attrs<ShardingAttrs>();
+  TypedOperand manual = c.operands[0];
+  without_axes(manual.spec, automatic_axes(a));
+  TypeRuleResult r = shard_map_in_type_rule(manual, a.sharding);
   r.spec = TypeSpec(c.node.shape.size());
+  if (!a.manual_axes.empty()) {
+    r.spec = c.operands[0].spec;
+    without_axes(r.spec, a.manual_axes);
+  }
   return r;
 }
 
+// The out_spec's manual axes, then on each dimension the block's split over the automatic
+// ones (the same test: x.T of P(None, None, 'k', 'l') under out_specs P('i', 'j', None, None)
+// is P(('i', 'l'), ('j', 'k'), None, None)).
 TypeRuleResult shard_map_out(const TypeRuleCall& c) {
-  return TypeRuleResult{
-      type_spec_of(c.node.attrs<ShardingAttrs>().sharding.spec(), c.mesh, static_cast<int>(c.node.shape.size())), "",
-      ""};
+  const ShardingAttrs& a = c.node.attrs<ShardingAttrs>();
+  TypeSpec spec = type_spec_of(a.sharding.spec(), c.mesh, static_cast<int>(c.node.shape.size()));
+  if (!a.manual_axes.empty()) {
+    const TypeSpec& block = c.operands[0].spec;
+    for (size_t d = 0; d < spec.size() && d < block.size(); ++d) {
+      spec[d].insert(spec[d].end(), block[d].begin(), block[d].end());
+    }
+  }
+  return TypeRuleResult{spec, "", ""};
 }
 
 }  // namespace

@@ -17,39 +17,58 @@ Value collective(const VjpArgs& a, Op op, const Value& v, std::vector<int64_t> d
   return a.trace->make(a.trace->graph.add_collective(op, TraceState::id(v), c.mesh, c.axes, std::move(dims)));
 }
 
+// The manual axes of a boundary (all the mesh's, when it records none) that its spec does not
+// name: the axes along which each device's block is a copy.
+std::vector<std::string> unnamed_manual_axes(const ShardingAttrs& attrs) {
+  const std::vector<std::string>& manual =
+      attrs.manual_axes.empty() ? attrs.sharding.mesh().axis_names() : attrs.manual_axes;
+  const std::vector<std::string> named = attrs.sharding.spec().used_axes();
+  std::vector<std::string> unnamed;
+  for (const std::string& axis : manual) {
+    if (std::find(named.begin(), named.end(), axis) == named.end()) unnamed.push_back(axis);
+  }
+  return unnamed;
+}
+
 }  // namespace
 
 absl::Span<const VjpEntry> shard_map_vjps() {
   static const VjpEntry kRules[] = {
       {Op::kShardMapOut,
        [](const VjpArgs& a) {
-         const NamedSharding& s = a.node.attrs<ShardingAttrs>().sharding;
-         const int64_t copies = s.num_replicas();
+         const ShardingAttrs& attrs = a.node.attrs<ShardingAttrs>();
+         const NamedSharding& s = attrs.sharding;
+         // Copies only along the manual axes the out_spec leaves out: along automatic ones the
+         // body's value is one value, split by the compiler.
+         int64_t copies = 1;
+         for (const std::string& axis : unnamed_manual_axes(attrs)) copies *= s.mesh().axis_size(axis);
          // Explicit mode: the cotangent enters as its primal's type, the out_spec (an in_spec
-         // other than its type would be refused, as JAX refuses one).
-         const Value g = a.trace->explicit_mesh.has_value() ? with_sharding_constraint(a.g, s) : a.g;
+         // other than its type would be refused, as JAX refuses one); in a body manual over
+         // some axes only, with the block's split over the others after it (type_of(out)).
+         const Value g = !a.trace->explicit_mesh.has_value() ? a.g
+                         : attrs.manual_axes.empty()
+                             ? with_sharding_constraint(a.g, s)
+                             : with_sharding_constraint(a.g, NamedSharding(s.mesh(), type_of(a.out).spec));
          if (!g.ok()) {
            return a.trace->error.ok() ? absl::InternalError("shard_map: the cotangent of an output could not be typed")
                                       : a.trace->error;
          }
-         Value blocks = a.trace->make(a.trace->graph.add_shard_map_in(TraceState::id(g), s));
+         Value blocks = a.trace->make(a.trace->graph.add_shard_map_in(TraceState::id(g), s, attrs.manual_axes));
          a.add(0, copies == 1 ? blocks : blocks * (1.0 / static_cast<double>(copies)));
          return absl::OkStatus();
        }},
       {Op::kShardMapIn,
        [](const VjpArgs& a) {
-         const NamedSharding& s = a.node.attrs<ShardingAttrs>().sharding;
-         std::vector<std::string> unnamed;
-         const std::vector<std::string> named = s.spec().used_axes();
-         for (const std::string& axis : s.mesh().axis_names()) {
-           if (std::find(named.begin(), named.end(), axis) == named.end()) unnamed.push_back(axis);
-         }
+         const ShardingAttrs& attrs = a.node.attrs<ShardingAttrs>();
+         const NamedSharding& s = attrs.sharding;
+         const std::vector<std::string> unnamed = unnamed_manual_axes(attrs);
          Value summed = a.g;
          if (!unnamed.empty()) {
            summed =
                a.trace->make(a.trace->graph.add_collective(Op::kAllReduce, TraceState::id(a.g), s.mesh(), unnamed, {}));
          }
-         if (summed.ok()) a.add(0, a.trace->make(a.trace->graph.add_shard_map_out(TraceState::id(summed), s)));
+         if (summed.ok())
+           a.add(0, a.trace->make(a.trace->graph.add_shard_map_out(TraceState::id(summed), s, attrs.manual_axes)));
          return absl::OkStatus();
        }},
       {Op::kAllReduce,

@@ -44,7 +44,10 @@ class Propagator : public internal::ShardingContext {
     }
     // shard_map bodies are explicit per-device code: their values are blocks, every device
     // holding its own — to propagation, replicated values of the block's shape, never moved.
+    // A body manual over some axes only (shard_map's axis_names) is automatic over the others:
+    // its values are blocks laid out over those axes, by the ops' own rules (automatic_).
     manual_.assign(g_.size(), false);
+    automatic_.assign(g_.size(), {});
     for (int id = 0; id < g_.size(); ++id) {
       const Node& n = g_.node(id);
       if (const Mesh* on = mesh_of(n); on != nullptr && *on != mesh_) {
@@ -55,7 +58,13 @@ class Propagator : public internal::ShardingContext {
       if (find_sharding_rule(n.op) == nullptr) {
         return absl::InternalError(absl::StrCat("jit: %", id, " = ", op_name(n.op), " has no sharding rule"));
       }
-      for (int o : n.operands) manual_[id] = manual_[id] || (manual_[o] && !has_trait(n.op, kLeavesBody));
+      for (int o : n.operands) {
+        if (!manual_[o] || has_trait(n.op, kLeavesBody)) continue;
+        manual_[id] = true;
+        if (automatic_[id].empty()) automatic_[id] = automatic_[o];
+      }
+      if (n.op == Op::kShardMapIn) automatic_[id] = automatic_axes(n.attrs<ShardingAttrs>());
+      TESSERA_RETURN_IF_ERROR(check_body_constraint(id));
     }
     for (int id = 0; id < g_.size(); ++id) {
       TESSERA_RETURN_IF_ERROR(forward(id));  // a parameter's rule keeps its input layout
@@ -90,11 +99,41 @@ class Propagator : public internal::ShardingContext {
     return (n - 1) / n * local_bytes(v, g_.node(id)) + kLatencyBytes;
   }
 
-  // The op's rule (rules_*.cc); inside a shard_map body, the body's.
+  const std::vector<std::string>& automatic_axes(int id) const override { return automatic_[id]; }
+
+  // The op's rule (rules_*.cc); inside a shard_map body, the body's, except where the body is
+  // automatic: there the ops' own (collectives' and axis_index's included: see
+  // rules_placement.cc).
   absl::Status forward(int id) {
     const ShardingRule& rule = *find_sharding_rule(g_.node(id).op);
-    if (manual_[id] && !rule.in_body) return internal::body_value(*this, id);
+    if (manual_[id] && !rule.in_body && automatic_[id].empty()) return internal::body_value(*this, id);
     return rule.forward(*this, id);
+  }
+
+  // The mesh axes a shard_map boundary leaves automatic (none when it is manual over all).
+  std::vector<std::string> automatic_axes(const ShardingAttrs& a) const {
+    std::vector<std::string> out;
+    if (a.manual_axes.empty()) return out;
+    for (const std::string& axis : mesh_.axis_names()) {
+      if (!absl::c_linear_search(a.manual_axes, axis)) out.push_back(axis);
+    }
+    return out;
+  }
+
+  // A constraint in a body automatic over some axes may name only those: the others are the
+  // body's manual axes, along which each device holds its own block.
+  absl::Status check_body_constraint(int id) const {
+    const Node& n = g_.node(id);
+    if (n.op != Op::kShardingConstraint || automatic_[id].empty()) return absl::OkStatus();
+    for (const std::string& axis : n.attrs<ShardingAttrs>().sharding.spec().used_axes()) {
+      if (!absl::c_linear_search(automatic_[id], axis)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("jit: %", id, " = sharding_constraint ", n.attrs<ShardingAttrs>().sharding.spec().to_string(),
+                         " inside a shard_map body names '", axis,
+                         "', a manual axis of the body (its automatic axes are ", axes_to_string(automatic_[id]), ")"));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // ---- Backward pass -------------------------------------------------------------------
@@ -305,6 +344,8 @@ class Propagator : public internal::ShardingContext {
   std::vector<bool> assigned_;
   std::vector<bool> is_output_;
   std::vector<bool> manual_;  // in a shard_map body
+  // In a body manual over some axes only: the others, over which its values are laid out.
+  std::vector<std::vector<std::string>> automatic_;
   Propagation out_;
 };
 

@@ -50,6 +50,9 @@ class ShardingContext {
   // cheaper reduce_scatter); each collective also costs a fixed latency. 0 when nothing moves.
   virtual double move_cost(int id, const ValueSharding& from, const ValueSharding& to) const = 0;
   virtual double reduce_cost(int id, const ValueSharding& v) const = 0;
+  // The mesh axes over which value `id` is automatic: in a shard_map body manual over some
+  // axes only (axis_names), the others; else none.
+  virtual const std::vector<std::string>& automatic_axes(int id) const = 0;
 
   // of(id), or replicated when not decided yet.
   ValueSharding of_or_replicated(int id) const;

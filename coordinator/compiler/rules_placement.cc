@@ -2,6 +2,9 @@
 // layout is the caller's), sharding_constraint and sharding_as (a layout asked for), and
 // shard_map's boundaries, collectives and axis_index (per-device code, whose values are each
 // device's own block).
+#include <set>
+
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "coordinator/compiler/rules.h"
 #include "core/status.h"
@@ -29,22 +32,55 @@ absl::Status sharding_as(ShardingContext& c, int id) {
   return absl::OkStatus();
 }
 
-// The operand in the in_spec's layout, whole: each device's block.
+// The operand in the in_spec's layout, whole: each device's block. In a body manual over some
+// axes only, each dimension also keeps the automatic axes the operand splits it over (those
+// that divide the block, after the manual ones): the block stays split over them.
 absl::Status shard_map_in(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
-  c.needs(id) = {
-      ValueSharding{c.padded(n.attrs<ShardingAttrs>().sharding.spec(), c.graph().node(n.operands[0]).shape.size()),
-                    {},
-                    ReduceOp::kSum}};
-  c.set(id, Dims(n.shape.size()));
+  const ShardingAttrs& a = n.attrs<ShardingAttrs>();
+  Dims need = c.padded(a.sharding.spec(), c.graph().node(n.operands[0]).shape.size());
+  Dims block(n.shape.size());
+  if (!a.manual_axes.empty()) {
+    const ValueSharding have = c.of_or_replicated(n.operands[0]);
+    std::set<std::string> taken(a.manual_axes.begin(), a.manual_axes.end());
+    for (size_t d = 0; d < block.size(); ++d) {
+      Axes automatic;
+      for (const std::string& axis : have.dims[d]) {
+        if (!absl::c_linear_search(a.manual_axes, axis)) automatic.push_back(axis);
+      }
+      block[d] = c.usable(automatic, n.shape[d], &taken);
+      need[d].insert(need[d].end(), block[d].begin(), block[d].end());
+    }
+  }
+  c.needs(id) = {ValueSharding{need, {}, ReduceOp::kSum}};
+  c.set(id, std::move(block));
   return absl::OkStatus();
 }
 
-// The blocks are the global value's shards.
+// The blocks are the global value's shards. In a body manual over some axes only, the block's
+// split over the automatic axes carries on inside each manual block.
 absl::Status shard_map_out(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
-  c.needs(id) = {ValueSharding::replicated(c.graph().node(n.operands[0]).shape.size())};
-  c.set(id, c.padded(n.attrs<ShardingAttrs>().sharding.spec(), n.shape.size()));
+  const ShardingAttrs& a = n.attrs<ShardingAttrs>();
+  Dims block(n.shape.size());
+  if (!a.manual_axes.empty()) block = c.of_or_replicated(n.operands[0]).dims;
+  Dims result = c.padded(a.sharding.spec(), n.shape.size());
+  for (size_t d = 0; d < result.size(); ++d) result[d].insert(result[d].end(), block[d].begin(), block[d].end());
+  c.needs(id) = {ValueSharding{std::move(block), {}, ReduceOp::kSum}};
+  c.set(id, std::move(result));
+  return absl::OkStatus();
+}
+
+// all_reduce and ppermute act on each element alone, so in a body automatic over some axes
+// (axis_names) they run on each device's piece of the block as it is split over those axes
+// (whole: a pending sum is resolved first, as a max of partial sums would be wrong); the groups
+// over manual axes hold the same piece index along the automatic ones. Elsewhere, and for the
+// other collectives, whose dimensions move, body_value.
+absl::Status elementwise_collective(ShardingContext& c, int id) {
+  if (c.automatic_axes(id).empty()) return body_value(c, id);
+  const Dims dims = c.of_or_replicated(c.graph().node(id).operands[0]).dims;
+  c.needs(id) = {ValueSharding{dims, {}, ReduceOp::kSum}};
+  c.set(id, dims);
   return absl::OkStatus();
 }
 
@@ -82,7 +118,7 @@ absl::Status partition_collective(PartitionContext& c, int id) {
   inst.value = id;
   inst.cause = c.cause(id);
   inst.node.dtype = n.dtype;
-  inst.node.shape = n.shape;
+  inst.node.shape = NamedSharding(c.mesh(), c.propagation().result[id].spec()).shard_shape(n.shape);
   inst.collective = collective_of(n);
   inst.axes = n.attrs<CollectiveAttrs>().axes;
   if (n.op == Op::kCollectivePermute) inst.positions = n.attrs<CollectiveAttrs>().positions;
@@ -123,11 +159,11 @@ absl::Span<const ShardingRuleEntry> placement_rules() {
       {Op::kShardingAs, {sharding_as, identity_map, /*in_body=*/true, partition_sharding_as}},
       {Op::kShardMapIn, {shard_map_in, identity_map, /*in_body=*/true, partition_as_operand}},
       {Op::kShardMapOut, {shard_map_out, identity_map, /*in_body=*/true, partition_as_operand}},
-      {Op::kAllReduce, {body_value, identity_map, false, partition_collective}},
+      {Op::kAllReduce, {elementwise_collective, identity_map, false, partition_collective}},
       {Op::kAllGather, {body_value, identity_map, false, partition_collective}},
       {Op::kReduceScatter, {body_value, identity_map, false, partition_collective}},
       {Op::kAllToAll, {body_value, identity_map, false, partition_collective}},
-      {Op::kCollectivePermute, {body_value, identity_map, false, partition_collective}},
+      {Op::kCollectivePermute, {elementwise_collective, identity_map, false, partition_collective}},
       {Op::kAxisIndex, {body_value, identity_map, false, partition_axis_index}},
   };
   return kRules;

@@ -129,3 +129,64 @@ def test_axis_names_manual_over_some_axes(shape):
                   axis_names={'x'})(x)
   with pytest.raises(TypeError, match="frozenset"):
     jax.shard_map(lambda b: b, mesh=mesh, in_specs=P('x'), out_specs=P('x'), axis_names=['x'])
+
+
+def test_axis_names_body_is_split_over_the_automatic_axes():
+  # JAX's tests/shard_map_test.py, test_partial_auto_propagate_through: a body manual over 'j'
+  # and 'k' constrains x * x over its automatic axis 'i'; the result is v * v, laid out P('i').
+  from tessera.sharding import AxisType
+  mesh = jax.make_mesh((2, 2, 2), ('i', 'j', 'k'), axis_types=(AxisType.Auto,) * 3)
+  sharding = NamedSharding(mesh, P('i'))
+
+  def g(x):
+    return jax.lax.with_sharding_constraint(x * x, sharding)
+
+  @jax.jit
+  def f(x):
+    return jax.shard_map(g, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False,
+                         axis_names=frozenset({'j', 'k'}))(x)
+
+  v = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+  actual = f(jax.device_put(v, sharding))
+  np.testing.assert_array_equal(np.asarray(actual), v * v)
+  assert actual.sharding.spec == P('i', None)
+
+  # test_partial_auto_error_wsc_manual: a constraint naming a manual axis is refused.
+  mesh2 = jax.make_mesh((2, 2), ('i', 'j'), axis_types=(AxisType.Auto,) * 2)
+
+  def h(x):
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh2, P('i', 'j'))) * x
+
+  with pytest.raises(ValueError, match="manual"):
+    jax.jit(lambda x: jax.shard_map(h, mesh=mesh2, in_specs=P('i', None), out_specs=P('i', None), check_vma=False,
+                                    axis_names=frozenset({'i'}))(x))(v)
+
+
+def test_axis_names_on_explicit_axes_keep_the_automatic_split():
+  # On Explicit axes (make_mesh's default) an argument P('x', 'y') enters a body manual over 'x'
+  # as its type says without 'y' (jax/_src/shard_map.py's _manual_spec), stays split over 'y'
+  # inside, and results leave split over 'x' then 'y' (tests/shard_map_test.py's
+  # test_partial_auto_explicit_multi_explicit: P(('i', 'l'), ('j', 'k'), ...)). Its gradient is
+  # laid out as its primal, 3 x^2 for x^3.
+  mesh = jax.make_mesh((4, 2), ('x', 'y'))
+  x = np.arange(16 * 8, dtype=np.float32).reshape(16, 8) / 100
+  xs = jax.device_put(x, NamedSharding(mesh, P('x', 'y')))
+
+  def body(a):
+    return jnp.tanh(a * 2.0), (a * a).sum(axis=0)
+
+  f = jax.jit(lambda a: jax.shard_map(body, mesh=mesh, in_specs=(P('x', None),), out_specs=(P('x', None), P('x')),
+                                      axis_names={'x'})(a))
+  h, s = f(xs)
+  np.testing.assert_allclose(np.asarray(h), np.tanh(x * 2), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(s), (x * x).reshape(4, 4, 8).sum(1).reshape(-1), rtol=1e-4)
+  assert h.sharding.spec == P('x', 'y')
+  assert s.sharding.spec == P(('x', 'y'))
+
+  def loss(a):
+    return jax.shard_map(lambda b: b * b * b, mesh=mesh, in_specs=P('x', None), out_specs=P('x', None),
+                         axis_names={'x'})(a).sum()
+
+  g = jax.jit(jax.grad(loss))(xs)
+  np.testing.assert_allclose(np.asarray(g), 3 * x * x, rtol=1e-5, atol=1e-6)
+  assert g.sharding.spec == P('x', 'y')

@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tessera/shard_map.h"
 #include "tessera/trace.h"
 #include "tests/support/plan_matchers.h"
 
@@ -224,6 +225,47 @@ TEST_F(PropagateTest, ConstantsUsedTwoWaysTakeTheCheaperLayout) {
     if (graph_.node(i).op != Op::kConstant) continue;
     EXPECT_NE(prop_.result[i].to_string(), "P(None, None)") << "constant %" << i;
   }
+}
+
+// A shard_map body manual over 'data' only (axis_names): the compiler lays its values out over
+// 'model', as GSPMD/Shardy propagate shardings through JAX's partial-manual bodies (JAX's
+// tests/shard_map_test.py, test_partial_auto_explicit_multi_explicit: the result is split over
+// the manual axis then the automatic one, P(('i', 'l'), ...)). w's columns stay split over
+// 'model', so each device multiplies its block of x by its columns only, and nothing moves.
+TEST_F(PropagateTest, BodyManualOverSomeAxesIsSplitOverTheOthers) {
+  const Mesh mesh = *Mesh::create({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  const TracedFunction body = [mesh](const std::vector<Value>& in) {
+    return shard_map([](const std::vector<Value>& b) { return std::vector<Value>{tanh(matmul(b[0], b[1]))}; }, mesh,
+                     {P("data", None), P()}, {P("data", None)}, {.axis_names = {"data"}})(in);
+  };
+  absl::StatusOr<Graph> g = trace(body, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  graph_ = *std::move(g);
+  absl::StatusOr<Propagation> p = propagate(graph_, mesh, {P("data", None), P(None, "model")}, {std::nullopt});
+  ASSERT_TRUE(p.ok()) << p.status();
+  prop_ = *std::move(p);
+  const int d = find(Op::kDotGeneral);
+  ASSERT_GE(d, 0);
+  EXPECT_EQ(prop_.result[d].to_string(), "P(None, 'model')");
+  EXPECT_EQ(need(d, 1), "P(None, 'model')");
+  // w enters the body as it is: manual axes (none) first, then its automatic split.
+  const int w_in = graph_.node(d).operands[1];
+  ASSERT_EQ(graph_.node(w_in).op, Op::kShardMapIn);
+  EXPECT_EQ(need(w_in, 0), "P(None, 'model')");
+  EXPECT_EQ(prop_.result[graph_.outputs()[0]].to_string(), "P('data', 'model')");
+  // A body manual over every axis keeps its values whole (blocks never split).
+  const TracedFunction full = [mesh](const std::vector<Value>& in) {
+    return shard_map([](const std::vector<Value>& b) { return std::vector<Value>{tanh(matmul(b[0], b[1]))}; }, mesh,
+                     {P("data", None), P()}, {P("data", None)})(in);
+  };
+  g = trace(full, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  graph_ = *std::move(g);
+  p = propagate(graph_, mesh, {P("data", None), P(None, "model")}, {std::nullopt});
+  ASSERT_TRUE(p.ok()) << p.status();
+  prop_ = *std::move(p);
+  EXPECT_EQ(prop_.result[find(Op::kDotGeneral)].to_string(), "P(None, None)");
+  EXPECT_EQ(prop_.result[graph_.outputs()[0]].to_string(), "P('data', None)");
 }
 
 TEST_F(PropagateTest, BadSpecsNameTheInput) {

@@ -147,6 +147,39 @@ void expect_refused(const pb::Graph& wire, const std::string& part) {
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr(part));
 }
 
+// shard_map boundaries of a body manual over some axes only (axis_names) carry those axes
+// across the wire; axes outside the mesh, out of its order or repeated, a spec naming another
+// axis, and manual axes on a constraint are refused, in memory and from the wire.
+TEST(Graph, ManualAxesOfShardMapBoundariesRoundTripAndAreChecked) {
+  const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {16, 8});
+  const int in = *g.add_shard_map_in(x, NamedSharding(mesh, P("data", None)), {"data"});
+  const int out = *g.add_shard_map_out(in, NamedSharding(mesh, P("data", None)), {"data"});
+  ASSERT_TRUE(g.set_outputs({out}).ok());
+  EXPECT_THAT(g.to_text(), HasSubstr("manual_axes=('data',)"));
+  pb::Graph wire;
+  to_proto(g, &wire);
+  absl::StatusOr<Graph> back = graph_from_proto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->node(in).attrs<ShardingAttrs>().manual_axes, (std::vector<std::string>{"data"}));
+  EXPECT_EQ(back->to_text(), g.to_text());
+  expect_invalid(g.add_shard_map_in(x, NamedSharding(mesh, P("data", "model")), {"data"}),
+                 "shard_map_in: spec P('data', 'model') names 'model', which is not one of the manual axes ('data',)");
+  expect_invalid(g.add_shard_map_in(x, NamedSharding(mesh, P("data", None)), {"model", "data"}),
+                 "manual axes ('model', 'data') must be distinct axes of");
+  expect_invalid(g.add_shard_map_out(in, NamedSharding(mesh, P()), {"data", "data"}), "must be distinct axes");
+  expect_invalid(g.add_shard_map_out(in, NamedSharding(mesh, P()), {"rows"}), "must be distinct axes");
+  pb::Graph bad = wire;
+  bad.mutable_nodes(in)->mutable_node()->mutable_sharding()->set_manual_axes(0, "model");
+  expect_refused(bad, "names 'data', which is not one of the manual axes ('model',)");
+  Node constraint;
+  constraint.op = Op::kShardingConstraint;
+  constraint.operands = {x};
+  constraint.attributes = ShardingAttrs{NamedSharding(mesh, P()), {"data"}};
+  expect_invalid(g.add_node(constraint), "manual axes belong to shard_map boundaries only");
+}
+
 // Each op's node carries its op's attributes struct (OpDef::attrs); one of another kind, from
 // memory or from the wire, is refused naming the op and both kinds.
 TEST(Graph, NodesCarryTheirOpsAttributesKind) {

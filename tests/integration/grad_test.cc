@@ -140,6 +140,24 @@ std::vector<GradCase> grad_cases() {
                        mesh, {P("data", "model"), P("model", None)}, {P("data", "model")});
                    return exp(f({tanh(in[0]), in[1] * 2.0})[0] * 0.5);
                  }});
+  // Bodies manual over 'data' only (axis_names), their work split over 'model' by the
+  // compiler: x * x * x as JAX's test_grad_nested_partial_auto_with_residuals differentiates it
+  // (tests/shard_map_test.py: 3 v^2), and a matmul whose weights enter replicated over the
+  // manual axis and split over the automatic one, with a psum over the manual axis.
+  auto partial_manual = [&](std::string name, std::vector<Shape> shapes, std::vector<PartitionSpec> in_specs,
+                            PartitionSpec out_spec, std::function<Value(const std::vector<Value>&)> body) {
+    out.push_back({"shard_map_axis_names_" + name, std::move(shapes), Domain::kSigned, [=](V in) {
+                     const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7},
+                                                  {AxisType::kAuto, AxisType::kAuto});
+                     ShardMapped f =
+                         shard_map([body](const std::vector<Value>& b) { return std::vector<Value>{body(b)}; }, mesh,
+                                   in_specs, {out_spec}, {.axis_names = {"data"}});
+                     return f(in)[0];
+                   }});
+  };
+  partial_manual("cube", {m}, {P("data", None)}, P("data", None), [](V b) { return b[0] * b[0] * b[0]; });
+  partial_manual("matmul_psum", {{8, 8}, {8, 4}}, {P("data", None), P()}, P(),
+                 [](V b) { return psum(tanh(matmul(b[0], b[1])), "data"); });
   // Indexing: index arrays are made in the function (the test differentiates float inputs),
   // with repeats, negatives and, where the mode drops or clamps them, out-of-range indices.
   const auto ids = [](std::vector<int32_t> v) {

@@ -175,6 +175,37 @@ class ShardMapTest : public MeshesSuite {
   static absl::Status trace_error(const TracedFunction& f, Shape shape = {16, 8}) {
     return trace(f, {{DType::kF32, std::move(shape)}}).status();
   }
+
+  // `body` (of x, w) run in jit on random x (16, 8) laid out P('data', None) and w (8, 4)
+  // P(None, 'model') of `mesh`: its results fetched, its plan, and tanh(x @ w) on the host.
+  struct TanhMatmulRun {
+    std::vector<HostArray> got;
+    std::vector<PartitionSpec> specs;
+    std::string plan;
+    HostArray want;
+  };
+  static absl::StatusOr<TanhMatmulRun> run_tanh_matmul(const Mesh& mesh, const ShardMapped& body, uint32_t seed) {
+    Jitted f = jit([body](const std::vector<Value>& in) { return body(in); });
+    std::mt19937 rng(seed);
+    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+    const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
+    TESSERA_ASSIGN_OR_RETURN(Array xs, client_->device_put(x, NamedSharding(mesh, P("data", None))));
+    TESSERA_ASSIGN_OR_RETURN(Array ws, client_->device_put(w, NamedSharding(mesh, P(None, "model"))));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, f({xs, ws}));
+    TanhMatmulRun run;
+    for (const Array& a : out) {
+      TESSERA_ASSIGN_OR_RETURN(HostArray h, a.fetch());
+      run.got.push_back(std::move(h));
+      run.specs.push_back(a.sharding().spec());
+    }
+    run.plan = f.as_text();
+    TESSERA_ASSIGN_OR_RETURN(
+        Graph plain, trace([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; },
+                           {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}}));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<HostArray> want, evaluate_on_host(plain, {&x, &w}));
+    run.want = std::move(want[0]);
+    return run;
+  }
 };
 
 // Results worked out by hand from JAX's documented semantics, independent of host_eval.
@@ -332,8 +363,198 @@ TEST_F(ShardMapTest, AxisNamesMakeTheBodyManualOverSomeAxesOnly) {
     ASSERT_EQ(positions->shape(), (Shape{data}));
     for (int64_t i = 0; i < data; ++i) EXPECT_EQ(positions->element_as_double(i), i);
     EXPECT_EQ((*out)[0].sharding().spec(), P(None, "model"));
-    EXPECT_EQ((*out)[1].sharding().spec(), P(None));
+    // The psum ran on the sum's split over 'model' (AxisNamesCollectivesRunOnTheAutomaticSplit).
+    EXPECT_EQ((*out)[1].sharding().spec().to_string(), "P('model',)");
   }
+}
+
+// The line of `plan` that computes `op` (its first), for the local shape each device computes.
+std::string plan_line(const std::string& plan, const std::string& op) {
+  const size_t at = plan.find(absl::StrCat("= ", op, "("));
+  if (at == std::string::npos) return "";
+  const size_t start = plan.rfind('\n', at);
+  return plan.substr(start == std::string::npos ? 0 : start + 1, plan.find('\n', at) - start - 1);
+}
+
+// A body manual over 'data' only has its work split over 'model' by the compiler, as GSPMD and
+// Shardy split a partial-manual JAX body (the body sees its values sharded over the automatic
+// axes: tests/shard_map_test.py's test_partial_auto_explicit_multi_explicit types the result
+// P(('i', 'l'), ('j', 'k'), ...), the manual axes then the automatic ones): each device
+// multiplies its block of x by its own columns of w — the dot's local result is
+// (rows / data, 4 / model), not the whole block — nothing is gathered, and the result leaves
+// split over both axes. Checked against a plain host computation.
+TEST_F(ShardMapTest, AxisNamesSplitTheBodysWorkOverTheAutomaticAxes) {
+  ASSERT_NE(client_, nullptr);
+  for (int m : {1, 2}) {
+    const Mesh& mesh = auto_meshes_[m];
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t data = mesh.shape()[0], model = mesh.shape()[1];
+    ShardMapped body =
+        shard_map([](const std::vector<Value>& in) { return std::vector<Value>{tanh(matmul(in[0], in[1]))}; }, mesh,
+                  {P("data", None), P()}, {P("data", None)}, {.axis_names = {"data"}});
+    absl::StatusOr<TanhMatmulRun> run = run_tanh_matmul(mesh, body, 71 + m);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_TRUE(results_match(run->got[0], run->want, kF32Tolerance)) << run->plan;
+    EXPECT_THAT(plan_line(run->plan, "dot_general"), HasSubstr(absl::StrCat(" f32[", 16 / data, ",", 4 / model, "]")))
+        << run->plan;
+    EXPECT_THAT(run->plan, ::testing::Not(HasSubstr("all_gather"))) << run->plan;
+    EXPECT_EQ(run->specs[0].to_string(), "P('data', 'model')");
+  }
+}
+
+// A psum and a ppermute over the manual axis act on each element alone, so they run on each
+// device's piece of the block as the compiler split it over 'model' (local (rows/data,
+// 4/model)), with nothing gathered first; values against the host: the psum adds the 'data'
+// blocks of tanh(x @ w), the ppermute moves block i to i + 1 around the ring.
+TEST_F(ShardMapTest, AxisNamesCollectivesRunOnTheAutomaticSplit) {
+  ASSERT_NE(client_, nullptr);
+  for (int m : {1, 2}) {
+    const Mesh& mesh = auto_meshes_[m];
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t data = mesh.shape()[0], model = mesh.shape()[1], rows = 16 / data;
+    std::vector<std::pair<int64_t, int64_t>> ring;
+    for (int64_t i = 0; i < data; ++i) ring.push_back({i, (i + 1) % data});
+    ShardMapped body = shard_map(
+        [ring](const std::vector<Value>& in) {
+          Value h = tanh(matmul(in[0], in[1]));
+          return std::vector<Value>{psum(h, "data"), ppermute(h, "data", ring)};
+        },
+        mesh, {P("data", None), P()}, {P(), P("data", None)}, {.axis_names = {"data"}});
+    absl::StatusOr<TanhMatmulRun> run = run_tanh_matmul(mesh, body, 91 + m);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const HostArray* sums = &run->got[0];
+    const HostArray* moved = &run->got[1];
+    ASSERT_EQ(sums->shape(), (Shape{rows, 4}));
+    ASSERT_EQ(moved->shape(), (Shape{16, 4}));
+    const HostArray& want = run->want;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < 4; ++c) {
+        double sum = 0;
+        for (int64_t b = 0; b < data; ++b) sum += want.element_as_double((b * rows + r) * 4 + c);
+        EXPECT_NEAR(sums->element_as_double(r * 4 + c), sum, 1e-5) << r << "," << c;
+      }
+    }
+    for (int64_t r = 0; r < 16; ++r) {
+      const int64_t from = ((r / rows + data - 1) % data) * rows + r % rows;  // block i came from i - 1
+      for (int64_t c = 0; c < 4; ++c) {
+        EXPECT_EQ(moved->element_as_double(r * 4 + c), want.element_as_double(from * 4 + c)) << r << "," << c;
+      }
+    }
+    const std::string local = absl::StrCat(" f32[", rows, ",", 4 / model, "]");
+    EXPECT_THAT(plan_line(run->plan, "all_reduce"), HasSubstr(local)) << run->plan;
+    EXPECT_THAT(plan_line(run->plan, "collective_permute"), HasSubstr(local)) << run->plan;
+    EXPECT_THAT(run->plan, ::testing::Not(HasSubstr("all_gather"))) << run->plan;
+    EXPECT_EQ(run->specs[0].to_string(), "P(None, 'model')");
+  }
+}
+
+// JAX's tests/shard_map_test.py, on a (2, 2, 2) mesh: test_partial_auto_propagate_through (a
+// body manual over 'j' and 'k' constrains x * x to P('i'), its automatic axis: the result is
+// v * v, laid out P('i')), and test_partial_auto_ppermute on (4, 2) (a constraint over the
+// automatic 'j', then a ppermute over the manual 'i': [6, 7, 0, 1, 2, 3, 4, 5]); and
+// test_partial_auto_error_wsc_manual: a constraint naming a manual axis is refused ("manual").
+TEST_F(ShardMapTest, AxisNamesBodiesTakeConstraintsOverTheAutomaticAxes) {
+  ASSERT_NE(client_, nullptr);
+  absl::StatusOr<Mesh> made = client_->make_mesh({2, 2, 2}, {"i", "j", "k"});
+  ASSERT_TRUE(made.ok()) << made.status();
+  const Mesh mesh3 = with_auto_axes(*made);
+  const NamedSharding sharding(mesh3, P("i"));
+  ShardMapped g = shard_map(
+      [sharding](const std::vector<Value>& in) {
+        return std::vector<Value>{with_sharding_constraint(in[0] * in[0], sharding)};
+      },
+      mesh3, {P()}, {P()}, {.check_vma = false, .axis_names = {"j", "k"}});
+  Jitted f = jit([g](const std::vector<Value>& in) { return g(in); });
+  const HostArray v = HostArray::arange(DType::kF32, {4, 8});
+  absl::StatusOr<Array> vs = client_->device_put(v, sharding);
+  ASSERT_TRUE(vs.ok()) << vs.status();
+  absl::StatusOr<std::vector<Array>> out = f({*vs});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->shape(), (Shape{4, 8}));
+  for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(got->element_as_double(i), static_cast<double>(i * i)) << i;
+  EXPECT_TRUE((*out)[0].sharding().is_equivalent_to(sharding, 2)) << (*out)[0].sharding().to_string();
+  // Each device squares its half of the rows, not the whole (4, 8).
+  EXPECT_THAT(plan_line(f.as_text(), "mul"), HasSubstr(" f32[2,8]")) << f.as_text();
+
+  const Mesh& mesh = auto_meshes_[1];
+  ShardMapped permuted = shard_map(
+      [&mesh](const std::vector<Value>& in) {
+        Value x = with_sharding_constraint(in[0], NamedSharding(mesh, P("model")));
+        return std::vector<Value>{ppermute(x, "data", {{0, 1}, {1, 2}, {2, 3}, {3, 0}})};
+      },
+      mesh, {P("data")}, {P("data")}, {.check_vma = false, .axis_names = {"data"}});
+  Jitted p = jit([permuted](const std::vector<Value>& in) { return permuted(in); });
+  absl::StatusOr<Array> xs = client_->device_put(HostArray::arange(DType::kF32, {8}), NamedSharding(mesh, P()));
+  ASSERT_TRUE(xs.ok()) << xs.status();
+  out = p({*xs});
+  ASSERT_TRUE(out.ok()) << out.status();
+  got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::vector<double> want = {6, 7, 0, 1, 2, 3, 4, 5};
+  for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(got->element_as_double(i), want[i]) << i;
+
+  absl::Status s = trace_error([&mesh](const std::vector<Value>& in) {
+    return shard_map(
+        [&mesh](const std::vector<Value>& b) {
+          return std::vector<Value>{with_sharding_constraint(b[0], NamedSharding(mesh, P("data", "model"))) * 2.0};
+        },
+        mesh, {P("data", None)}, {P("data", None)}, {.check_vma = false, .axis_names = {"data"}})(in);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()),
+            "with_sharding_constraint: P('data', 'model') names 'data', a manual axis of the enclosing shard_map (its "
+            "axis_names are ('data',)); inside the body only its automatic axes may be named");
+}
+
+// JAX's tests/shard_map_test.py, test_partial_auto_explicit_multi_explicit, on Explicit axes:
+// on a (2, 1, 2, 2) mesh ('i', 'j', 'k', 'l'), an argument P('i', 'j', 'k', 'l') enters a body
+// manual over 'i' and 'j' (in_specs inferred from its type) typed P(None, None, 'k', 'l'); its
+// transpose is P('l', 'k', None, None), and the shard_map's result under out_specs
+// P('i', 'j', None, None) is P(('i', 'l'), ('j', 'k'), None, None), in its type and on the
+// devices. Values against the host.
+TEST_F(ShardMapTest, AxisNamesOnExplicitAxesKeepTheAutomaticSplitInTheTypes) {
+  ASSERT_NE(client_, nullptr);
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({2, 1, 2, 2}, {"i", "j", "k", "l"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  std::string inside, transposed, result;
+  ShardMapped g = shard_map(
+      [&](const std::vector<Value>& in) {
+        inside = type_of(in[0]).to_string();
+        Value out = transpose(in[0], {3, 2, 1, 0});
+        transposed = type_of(out).to_string();
+        return std::vector<Value>{out};
+      },
+      *mesh, {}, {P("i", "j", None, None)}, {.axis_names = {"i", "j"}});
+  Jitted f = jit([&](const std::vector<Value>& in) {
+    std::vector<Value> out = g(in);
+    result = type_of(out[0]).to_string();
+    return out;
+  });
+  const HostArray v = HostArray::arange(DType::kF32, {4, 2, 2, 4});
+  absl::StatusOr<Array> vs = client_->device_put(v, NamedSharding(*mesh, P("i", "j", "k", "l")));
+  ASSERT_TRUE(vs.ok()) << vs.status();
+  absl::StatusOr<std::vector<Array>> out = f({*vs});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(inside, "f32[2,2,2@k,4@l]");
+  EXPECT_EQ(transposed, "f32[4@l,2@k,2,2]");
+  EXPECT_EQ(result, "f32[8@(i,l),2@(j,k),2,2]");
+  EXPECT_EQ((*out)[0].sharding().spec().to_string(), "P(('i', 'l'), ('j', 'k'), None, None)");
+  // The host: each 'i' block of rows (2 of them) transposed, the blocks stacked along dim 0.
+  absl::StatusOr<Graph> plain = trace(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{concatenate({transpose(slice(in[0], {0, 0, 0, 0}, {2, 2, 2, 4}), {3, 2, 1, 0}),
+                                               transpose(slice(in[0], {2, 0, 0, 0}, {4, 2, 2, 4}), {3, 2, 1, 0})},
+                                              0)};
+      },
+      {{DType::kF32, {4, 2, 2, 4}}});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*plain, {&v});
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(results_match(*got, (*want)[0], 0.0)) << f.as_text();
 }
 
 // What axis_names refuses, in JAX's words (jax/_src/shard_map.py's _shmap_checks and

@@ -50,8 +50,9 @@ struct ShardMapOptions {
   bool check_vma = true;
   // jax.shard_map's axis_names: the mesh axes the body is manual over; empty: all of them. Over
   // the others the body is automatic: in_specs and out_specs may not name them, nor may its
-  // collectives, and each device computes its block whole along them (the compiler does not
-  // yet split a body's work over an automatic axis).
+  // collectives; the compiler splits the body's work over them (its values are blocks laid out
+  // over the automatic axes, as GSPMD propagates them), and with_sharding_constraint inside the
+  // body may name them (only them).
   std::vector<std::string> axis_names = {};
   // out_specs is one spec that every result takes, however many the body returns (Python's
   // out_specs=P(...), a prefix of any output tree).
