@@ -97,6 +97,7 @@ class Captures:
         self._index = {}   # identity (an Array's id) or content (numpy) -> position
         self._keep = []    # the objects met, so that their ids stay theirs
         self.tracers = None  # this trace's Tracers of self.arrays
+        self.placed = None   # self.arrays as the jit passes them (placed once)
         self.new = False   # whether this trace met arrays not yet captured
 
     @staticmethod
@@ -144,10 +145,12 @@ class _Jitted:
         static = {i % n if n else i for i in self._static}
         dyn = tuple(a for i, a in enumerate(args) if i not in static)
         if _trace.capture_scope() is not None:
-            # Called on concrete arrays inside a jit's trace: inlined there, the arrays captured.
+            # Called inside a jit's trace: inlined there (as JAX inlines a nested jit), whatever
+            # its arguments; concrete ones are captured.
             from .numpy import _tracer
             args, kwargs = tree_map(lambda l: _tracer(l) if isinstance(l, (Array, _np.ndarray)) else l,
                                     (args, kwargs))
+            return self._call_traced(args, kwargs)
         if any(isinstance(l, Tracer) for l in tree_leaves((args, kwargs))):
             return self._call_traced(args, kwargs)  # inside another trace: inline
         leaves, treedef = tree_flatten((dyn, kwargs))
@@ -175,7 +178,9 @@ class _Jitted:
             cpp, out_tree, captures = entry
             # Uncommitted arguments and captures go where the committed ones are (JAX's rule).
             arrays = [self._place(leaves[i], shardings[i], leaves + captures.arrays) for i in dyn_pos]
-            consts = [self._place(c, None, arrays + captures.arrays) for c in captures.arrays]
+            if captures.placed is None:  # placed once per signature (the key fixes where they go)
+                captures.placed = [self._place(c, None, arrays + captures.arrays) for c in captures.arrays]
+            consts = captures.placed
             # Outputs of only uncommitted inputs (and no shardings asked for) stay uncommitted.
             committed = any(a._committed for a in arrays + consts) or self._out_shardings is not None \
                 or self._default_mesh is not None
@@ -188,6 +193,7 @@ class _Jitted:
                                      f"each of the {attempt + 1} times it was traced (does it create Arrays, e.g. "
                                      "with device_put, while traced? create them inside with tessera.numpy, or "
                                      "pass them as arguments)") from None
+                captures.placed = None
                 entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn,
                                                       captures)
         return tree_unflatten(out_tree[0], [Array(o, committed) for o in outs])
@@ -233,6 +239,10 @@ class _Jitted:
             _trace._state.capture = captures
             try:
                 out = _constrain_outputs(fun(*full, **kw), self._out_shardings)
+            except Exception:
+                if captures.new:  # perhaps a placeholder's doing: trace again with the real arrays
+                    raise _trace.Retrace() from None
+                raise
             finally:
                 _trace._state.capture = outer
                 captures.tracers = None

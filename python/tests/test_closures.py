@@ -111,3 +111,28 @@ def test_a_shard_map_body_reads_closed_over_arrays_whole_on_every_device(mesh):
     g = tessera.jit(lambda a: tessera.shard_map(lambda b: b * a[0], mesh=mesh, in_specs=P("data", None),
                                                 out_specs=P("data", None))(a))
     np.testing.assert_array_equal(np.asarray(g(y)), y_host * y_host[0])
+
+
+def test_a_jit_called_inside_another_is_inlined_even_without_array_arguments(mesh):
+    # JAX inlines a nested jit; here one of no arguments, closing over an array, and one that
+    # only creates arrays, are traced into the outer program (not run during its trace).
+    w = jnp.ones(3)
+    g = tessera.jit(lambda: w * 2)
+    zeros = tessera.jit(lambda: jnp.zeros(3))
+    out = tessera.jit(lambda x: x + g() + zeros())(np.arange(3.0, dtype=np.float32))
+    np.testing.assert_array_equal(np.asarray(out), np.arange(3.0) + 2)
+
+
+def test_numpy_data_closed_over_is_put_on_the_devices_once(mesh):
+    # Captures.placed: a second call must not copy the closed-over numpy array to the devices
+    # again (the jit's argument is committed, so the capture goes onto its mesh replicated).
+    big = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+    x = tessera.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P("data", None)))
+    f = tessera.jit(lambda a: a + big)
+    np.testing.assert_array_equal(np.asarray(f(x)), 1 + big)
+    np.testing.assert_array_equal(np.asarray(f(x)), 1 + big)
+    entry = next(iter(f._cache.values()))
+    assert entry[2].placed is not None and len(entry[2].placed) == 1
+    placed = entry[2].placed[0]
+    f(x)
+    assert entry[2].placed[0] is placed, "the capture was placed again"

@@ -143,11 +143,13 @@ TEST_F(TcpPeerKilledTest, AWorkerKilledBetweenCallsFailsTheNextCallAtOnce) {
               next.ToString().c_str());
   EXPECT_EQ(next.code(), absl::StatusCode::kUnavailable) << next;
   EXPECT_THAT(std::string(next.message()), HasSubstr(absl::StrCat("device ", kVictim)));
-  EXPECT_LT(took, absl::Seconds(1));
-  // A second call fails as fast (its stream does not wait for the dead worker either).
+  // The bound is the (a dead worker named within 5 s), far below what the fault used to
+  // cost (the heartbeat timeout, 60 s here, or the call's deadline): not a speed measurement.
+  EXPECT_LT(took, kBound);
+  // A second call fails within it too (its stream does not wait for the dead worker either).
   const absl::Time again = absl::Now();
   EXPECT_FALSE(outcome(scale({*x})).ok());
-  EXPECT_LT(absl::Now() - again, absl::Seconds(1));
+  EXPECT_LT(absl::Now() - again, kBound);
 }
 
 }  // namespace
