@@ -94,8 +94,9 @@ class Captures:
 
     def __init__(self):
         self.arrays = []   # the captured Arrays, in argument order
-        self._index = {}   # identity (an Array's id) or content (numpy) -> position
-        self._keep = []    # the objects met, so that their ids stay theirs
+        # identity (an Array's id: self.arrays holds the Array, so its id stays its own) or
+        # content (numpy) -> position
+        self._index = {}
         self.tracers = None  # this trace's Tracers of self.arrays
         self.placed = None   # self.arrays as the jit passes them (placed once)
         self.new = False   # whether this trace met arrays not yet captured
@@ -115,7 +116,6 @@ class Captures:
             return self.tracers[i]
         if i is None:
             self._index[key] = len(self.arrays)
-            self._keep.append(x)
             self.arrays.append(x if isinstance(x, Array) else _put_numpy(x, _default_sharding(), committed=False))
         self.new = True
         return None
@@ -165,7 +165,7 @@ class _Jitted:
             captures = Captures()
             if not dyn_pos:
                 # No argument to trace on: one trace of placeholders finds what it closes over.
-                self._discover(args, static, leaves, treedef, dyn_pos, dyn, captures)
+                self._discover(args, static, leaves, treedef, dyn_pos, captures)
                 if not captures.arrays:
                     raise ValueError(f"jit: {getattr(self._fun, '__name__', 'the function')} got no array argument "
                                      "and closes over none (Tessera's jit needs at least one Array or numpy array)")
@@ -253,7 +253,7 @@ class _Jitted:
 
         return body
 
-    def _discover(self, args, static, leaves, treedef, dyn_pos, dyn, captures):
+    def _discover(self, args, static, leaves, treedef, dyn_pos, captures):
         body = self._body(args, static, leaves, treedef, dyn_pos, captures, [None])
         try:
             _sdk_call(_t.trace_nodes, _trace.callback(body), [])
