@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/compiler/propagate.h"
@@ -41,7 +42,6 @@ absl::StatusOr<std::shared_ptr<Program>> ProgramCache::compile(std::string key, 
     hold_locked(program, session);
     evicted = evict_locked();
   }
-  if (!evicted.empty()) heap_.released();
   unload_plans(evicted, /*wait=*/false);
   return program;
 }
@@ -124,12 +124,14 @@ std::vector<std::shared_ptr<Program>> ProgramCache::release(const std::vector<ui
     it = programs_.erase(it);
   }
   absl::erase_if(cache_, [&](const auto& entry) { return programs_.count(entry.second) == 0; });
-  if (!unused.empty()) heap_.released();
   return unused;
 }
 
 void ProgramCache::unload_plans(const std::vector<std::shared_ptr<Program>>& programs, bool wait) {
   if (programs.empty()) return;
+  // Counted last, when the caller is about to drop `programs` (their memory goes then): a trim
+  // between an earlier count and that drop would leave those pages for the next eviction.
+  absl::Cleanup count_release = [this] { heap_.released(); };
   std::map<int, pb::UnloadPlansRequest> per_device;
   for (const std::shared_ptr<Program>& p : programs) {
     absl::MutexLock lock(&p->mu);

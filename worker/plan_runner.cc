@@ -149,8 +149,8 @@ void PlanStreamReactor::OnReadDone(bool ok) {
       if (it != producing_.end()) producers.insert(it->second);
     }
     if (!producers.empty() && deferred_.size() >= kMaxDeferredRuns) {
-      refused = runner_->device().name_in(absl::ResourceExhaustedError(absl::StrCat(
-          "run: ", kMaxDeferredRuns, " runs on this stream wait for the runs making their inputs already")));
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "run: ", kMaxDeferredRuns, " runs on this stream wait for the runs making their inputs already"));
     } else {
       // Inline runs too: the next read (a consumer of this run) may be handled meanwhile.
       running_[execution] = std::make_shared<std::atomic<bool>>(false);
@@ -188,7 +188,7 @@ void PlanStreamReactor::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req,
   absl::Status started = runner_->plan_threads().run([self = shared_from_this(), plan = loaded, req, cancelled] {
     self->end_run(req, self->runner_->run(*plan, *req, [cancelled] { return cancelled->load(); }));
   });
-  if (!started.ok()) end_run(std::move(req), runner_->device().name_in(started));
+  if (!started.ok()) end_run(std::move(req), started);
 }
 
 void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status) {
@@ -233,7 +233,7 @@ void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::S
       if (!w.failure.ok()) {
         ended.emplace_back(std::move(w.req), std::move(w.failure));
       } else if (cancelled) {
-        ended.emplace_back(std::move(w.req), runner_->device().name_in(absl::CancelledError("run: cancelled")));
+        ended.emplace_back(std::move(w.req), absl::CancelledError("run: cancelled"));
       } else if (runner_->may_run_inline(*w.loaded, *w.req)) {
         absl::Status s = runner_->run(*w.loaded, *w.req, nullptr);
         ended.emplace_back(std::move(w.req), std::move(s));
@@ -281,7 +281,7 @@ grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* PlanRunner::o
 
 absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> PlanRunner::plan_for(const pb::RunPlanRequest& req) {
   absl::StatusOr<std::shared_ptr<const LoadedPlan>> loaded = plans_->find(req.plan_id());
-  if (!loaded.ok()) return device_->name_in(loaded.status());
+  if (!loaded.ok()) return loaded.status();
   const bool inline_run = runs_inline(**loaded, req);
   return std::make_pair(*std::move(loaded), inline_run);
 }
@@ -292,7 +292,9 @@ absl::Status PlanRunner::run(const LoadedPlan& loaded, const pb::RunPlanRequest&
     absl::MutexLock lock(&runs_mu_);
     ++runs_.in_flight;
   }
-  absl::Status status = device_->name_in(run_plan(loaded, req, std::move(cancelled)));
+  // Not named here: a run's only caller, the coordinator, names the device it called
+  // (FanOut, "device 1 (address): ..."); it had read "device 1 (address): device 1: ...".
+  absl::Status status = run_plan(loaded, req, std::move(cancelled));
   run_seconds_.observe(absl::Now() - start);
   absl::MutexLock lock(&runs_mu_);
   --runs_.in_flight;

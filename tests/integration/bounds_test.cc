@@ -22,6 +22,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kWorkers = 2;
 constexpr int kMaxPrograms = 4;
@@ -97,6 +98,9 @@ TEST_F(BoundsTest, APlanWhosePeakExceedsTheDeviceFailsBeforeItRuns) {
               AllOf(HasSubstr("bytes at once for its intermediates and outputs"),
                     ContainsRegex("at instruction [0-9]+ \\((iota|reduce_sum)\\)"),
                     HasSubstr("of the device's 8388608 bytes are free (--memory_bytes)")));
+  // The coordinator names the device it called, once ("device 1 (addr): ..."); the worker
+  // used to name itself again ("device 1 (addr): device 1: ...").
+  EXPECT_THAT(std::string(status.message()), Not(ContainsRegex("device [0-9]+ \\([^)]*\\): device [0-9]+:")));
   for (int d = 0; d < kWorkers; ++d) {
     absl::StatusOr<DeviceStats> stats = client_->device_stats(d);
     ASSERT_TRUE(stats.ok()) << stats.status();
