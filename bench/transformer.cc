@@ -37,6 +37,8 @@ ABSL_FLAG(int64_t, heads, 4, "attention heads");
 ABSL_FLAG(int64_t, layers, 4, "transformer blocks");
 ABSL_FLAG(int64_t, seq, 128, "context length");
 ABSL_FLAG(int64_t, batch, 32, "sequences per step");
+ABSL_FLAG(std::string, remat, "none",
+          "what each block keeps for the backward pass: none, dots or full (jax.checkpoint)");
 ABSL_FLAG(std::string, layouts, "dp,tp,fsdp,fsdp_tp",
           "the layouts of (4, 2) to time after 1x1 (comma-separated); empty also skips the plan sizes");
 ABSL_FLAG(std::string, plan, "",
@@ -129,6 +131,8 @@ int main(int argc, char** argv) {
   c.layers = absl::GetFlag(FLAGS_layers);
   c.seq = absl::GetFlag(FLAGS_seq);
   c.batch = absl::GetFlag(FLAGS_batch);
+  c.remat = absl::GetFlag(FLAGS_remat);
+  if (absl::Status r = transformer::check_remat(c.remat); !r.ok()) return fail("--remat", r);
   absl::StatusOr<Client> client = Client::local(8);
   if (!client.ok()) return fail("Client::local(8)", client.status());
   // Auto axes (JAX's GSPMD-style propagation, what the layouts below pin and let propagate):

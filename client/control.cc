@@ -269,7 +269,7 @@ std::vector<Value> all_consts(const std::vector<SubGraph>& subs) {
 
 // Nodes of `op` with BranchesAttrs on `operands`, one per result: the op's results.
 std::vector<Value> add_nodes(TraceState* t, Op op, std::vector<std::shared_ptr<const Graph>> graphs,
-                             const std::vector<Value>& operands, size_t results) {
+                             const std::vector<Value>& operands, size_t results, int64_t saved = 0) {
   std::vector<int> ids;
   for (const Value& v : operands) ids.push_back(TraceState::id(v));
   std::vector<Value> out;
@@ -277,7 +277,7 @@ std::vector<Value> add_nodes(TraceState* t, Op op, std::vector<std::shared_ptr<c
     Node n;
     n.op = op;
     n.operands = ids;
-    n.attributes = BranchesAttrs{graphs, static_cast<int64_t>(j)};
+    n.attributes = BranchesAttrs{graphs, static_cast<int64_t>(j), saved};
     Value v = t->make(t->graph.add_node(std::move(n)));
     if (!v.ok()) return std::vector<Value>(results);
     out.push_back(v);
@@ -375,9 +375,10 @@ bool is_integral(DType d) { return d != DType::kBool && !is_floating(d); }
 // lax.switch, its errors naming `op` and each branch by `name(k)`; in explicit mode JAX's
 // message for branches whose output types differ compares branch 0 with branch k, or (cond,
 // `true_first`) true_fun, branch 1, with false_fun, as conditionals.py's _check_branch_outputs.
+// `saved`, when given, is read once the branches are traced: BranchesAttrs::saved.
 std::vector<Value> switch_named(const char* op, const std::function<std::string(size_t)>& name, const Value& index_in,
                                 const std::vector<Branch>& branches, const std::vector<Value>& operands_in,
-                                bool true_first = false) {
+                                bool true_first = false, const int64_t* saved = nullptr) {
   std::vector<Value> values = concat({index_in}, operands_in);
   TraceState* t = control_trace(op, values);
   if (t == nullptr) return {};
@@ -444,7 +445,8 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
     if (!g.ok()) return fail(std::string(g.status().message()));
     graphs.push_back(std::make_shared<const Graph>(*std::move(g)));
   }
-  return add_nodes(t, Op::kSwitch, std::move(graphs), concat(concat({index}, operands), consts), results[0].size());
+  return add_nodes(t, Op::kSwitch, std::move(graphs), concat(concat({index}, operands), consts), results[0].size(),
+                   saved == nullptr ? 0 : *saved);
 }
 
 }  // namespace
@@ -469,8 +471,51 @@ std::vector<Value> cond(const Value& pred, const Branch& on_true, const Branch& 
       /*true_first=*/true);
 }
 
-TracedFunction checkpoint(TracedFunction f) {
-  return [f = std::move(f)](const std::vector<Value>& args) -> std::vector<Value> {
+namespace checkpoint_policies {
+bool everything_saveable(const SaveableOp&) { return true; }
+bool nothing_saveable(const SaveableOp&) { return false; }
+bool dots_saveable(const SaveableOp& op) { return op.primitive == "dot_general"; }
+bool dots_with_no_batch_dims_saveable(const SaveableOp& op) {
+  return op.primitive == "dot_general" && op.lhs_batch.empty() && op.rhs_batch.empty();
+}
+}  // namespace checkpoint_policies
+
+namespace {
+
+// What `policy` keeps of the values f's `results` are computed from in body trace `t` (not
+// its parameters: the arguments, which the VJP has anyway). A result may be kept too
+// (returned twice): the VJP reads kept values only.
+std::vector<Value> kept_by(const CheckpointPolicy& policy, TraceState* t, const std::vector<Value>& results) {
+  std::vector<bool> needed(t->graph.size(), false);
+  for (const Value& r : results) {
+    if (r.ok() && TraceState::of(r) == t) needed[TraceState::id(r)] = true;
+  }
+  for (int id = t->graph.size() - 1; id >= 0; --id) {
+    if (!needed[id]) continue;
+    for (int o : t->graph.node(id).operands) needed[o] = true;
+  }
+  std::vector<Value> kept;
+  for (int id = 0; id < t->graph.size(); ++id) {
+    const Node& n = t->graph.node(id);
+    if (!needed[id] || n.op == Op::kParameter) continue;
+    SaveableOp op;
+    op.primitive = op_name(n.op);
+    if (n.op == Op::kDotGeneral) {
+      const DotDims& d = n.attrs<DotAttrs>().dims;
+      op.lhs_contracting = d.lhs_contracting;
+      op.rhs_contracting = d.rhs_contracting;
+      op.lhs_batch = d.lhs_batch;
+      op.rhs_batch = d.rhs_batch;
+    }
+    if (policy(op)) kept.push_back(t->make(id));
+  }
+  return kept;
+}
+
+}  // namespace
+
+TracedFunction checkpoint(TracedFunction f, CheckpointPolicy policy) {
+  return [f = std::move(f), policy = std::move(policy)](const std::vector<Value>& args) -> std::vector<Value> {
     std::vector<Value> in = args;
     TraceState* t = control_trace("checkpoint", in);
     if (t == nullptr) return std::vector<Value>(1);
@@ -478,9 +523,20 @@ TracedFunction checkpoint(TracedFunction f) {
     TraceState::current = t;
     const Value zero = full({}, 0, DType::kI32);
     TraceState::current = outer;
-    return switch_named(
-        "checkpoint", [](size_t) { return std::string("f"); }, zero,
-        {[&f](const std::vector<Value>& a) { return f(a); }}, in);
+    size_t results = 0;
+    int64_t saved = 0;
+    std::vector<Value> out = switch_named(
+        "checkpoint", [](size_t) { return std::string("f"); }, zero, {[&](const std::vector<Value>& a) {
+          std::vector<Value> r = f(a);
+          results = r.size();
+          if (policy == nullptr || !TraceState::current->error.ok()) return r;
+          const std::vector<Value> kept = kept_by(policy, TraceState::current, r);
+          saved = static_cast<int64_t>(kept.size());
+          return concat(r, kept);
+        }},
+        in, false, &saved);
+    if (out.size() > results) out.resize(results);  // the kept values are the VJP's
+    return out;
   };
 }
 

@@ -214,8 +214,9 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args) 
 }
 
 std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, const std::map<int, Value>& given,
-                                const std::vector<size_t>& wanted) {
+                                const std::vector<size_t>& wanted, std::vector<int>* recorded) {
   std::vector<Value> value(g.size());
+  if (recorded != nullptr) recorded->assign(g.size(), -1);
   TraceState* t = TraceState::current;
   for (const Value& a : args) {
     if (!a.ok()) continue;
@@ -265,7 +266,9 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, 
       o = TraceState::id(value[o]);
     }
     if (pinned[id]) ++t->out_sharding_scopes;
-    value[id] = t->make(t->graph.add_node(std::move(n)));
+    const absl::StatusOr<int> added = t->graph.add_node(std::move(n));
+    if (recorded != nullptr && added.ok()) (*recorded)[id] = *added;
+    value[id] = t->make(added);
     if (pinned[id]) --t->out_sharding_scopes;
   }
   std::vector<Value> out;

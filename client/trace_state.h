@@ -155,9 +155,11 @@ absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, co
 std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args);
 // As above, but only what g's outputs at positions `wanted` need is recorded, and the nodes
 // in `given` (by id) are not recorded: each is the Value given for it. A parameter nothing
-// wanted reads may be an invalid Value in `args`. Returns the wanted outputs' values.
+// wanted reads may be an invalid Value in `args`. Returns the wanted outputs' values; with
+// `recorded`, also each of g's nodes' node in the trace (-1 for one not recorded: a parameter,
+// a given node, or one nothing wanted reads).
 std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, const std::map<int, Value>& given,
-                                const std::vector<size_t>& wanted);
+                                const std::vector<size_t>& wanted, std::vector<int>* recorded = nullptr);
 
 // A dimension given numpy-style (negative counts from the end) as a position in 0..rank-1
 // (out-of-range values stay out of range, for the graph to refuse).

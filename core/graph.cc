@@ -349,6 +349,23 @@ absl::Status Graph::set_outputs(std::vector<int> outputs) {
   return absl::OkStatus();
 }
 
+absl::Status Graph::replace_uses(int from, int to) {
+  TESSERA_RETURN_IF_ERROR(check_operand(from, "replace_uses"));
+  TESSERA_RETURN_IF_ERROR(check_operand(to, "replace_uses"));
+  const Node& a = nodes_[from];
+  const Node& b = nodes_[to];
+  if (to >= from || a.dtype != b.dtype || a.shape != b.shape) {
+    return absl::InvalidArgumentError(absl::StrCat("replace_uses: %", to, " (", type_to_string(b.dtype, b.shape),
+                                                   ") cannot stand for %", from, " (", type_to_string(a.dtype, a.shape),
+                                                   "): it must come first and have the same type"));
+  }
+  for (int id = from + 1; id < size(); ++id) {
+    for (int& o : nodes_[id].operands) o = o == from ? to : o;
+  }
+  for (int& o : outputs_) o = o == from ? to : o;
+  return absl::OkStatus();
+}
+
 std::string Graph::to_text() const {
   std::string out;
   for (int id = 0; id < size(); ++id) {

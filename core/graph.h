@@ -143,6 +143,12 @@ class Graph {
   // INVALID_ARGUMENT for an id that is not a node.
   absl::Status set_outputs(std::vector<int> outputs);
 
+  // Every use of node `from` (by a node, or as an output) reads `to` instead: a value known
+  // to equal it, recorded before it (same dtype and shape; INVALID_ARGUMENT otherwise).
+  // `from` itself stays, read by nothing (dead-code elimination drops it). How checkpoint's
+  // VJP reads a value its forward pass kept instead of computing it again.
+  absl::Status replace_uses(int from, int to);
+
   // The nodes, by id. node(id) REQUIRES: 0 <= id < size(); the reference dangles once a
   // node is added.
   int size() const { return static_cast<int>(nodes_.size()); }

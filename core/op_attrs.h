@@ -178,11 +178,16 @@ struct RandomBitsAttrs {
 };
 
 // while / switch: sub-graphs (while: the predicate, then the body; switch: the branches) and
-// which of the op's results the node is.
+// which of the op's results the node is. `saved`: a checkpoint with a saving policy (a
+// one-branch switch) returns the values its policy keeps after f's results, as its last
+// `saved` outputs, which its VJP reads instead of computing them again
+// (client/vjp/control.cc). It is the client's bookkeeping for grad and is not sent: the
+// program is the same switch with more results.
 struct BranchesAttrs {
   static constexpr const char* kName = "branches";
   std::vector<std::shared_ptr<const Graph>> graphs;
   int64_t output = 0;
+  int64_t saved = 0;
 };
 
 // Every kind of attributes. NoAttrs first: a default Node carries none.

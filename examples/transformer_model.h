@@ -39,6 +39,11 @@ struct Config {
   int64_t vocab = 256, d_model = 128, heads = 4, layers = 4, seq = 128, batch = 32;
   double lr = 3e-3, weight_decay = 0.01, clip = 1.0;
   int64_t warmup = 20, steps = 200;  // the schedule: warmup, then cosine decay to lr/10 at `steps`
+  // Each block under checkpoint (jax.checkpoint_policies): "none" keeps every activation for
+  // the backward pass; "dots" keeps the matmuls' results (dots_with_no_batch_dims_saveable:
+  // the projections, not the attention scores) and recomputes the rest; "full" keeps only
+  // the blocks' inputs.
+  std::string remat = "none";
   int64_t hidden() const { return 4 * d_model; }
   int64_t head_dim() const { return d_model / heads; }
 };
@@ -57,6 +62,11 @@ inline const char* layout_name(Layout l) {
       break;
   }
   return "fsdp_tp";
+}
+
+inline absl::Status check_remat(const std::string& s) {
+  if (s == "none" || s == "dots" || s == "full") return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--remat=", s, " is not one of none, dots, full"));
 }
 
 inline absl::StatusOr<Layout> parse_layout(const std::string& s) {
@@ -189,20 +199,29 @@ class Model {
       }
     }
     const Config c = c_;
+    const TracedFunction block = [&](const std::vector<Value>& in) {
+      std::map<std::string, Value> l;
+      for (size_t i = 0; i < names.size(); ++i) l[names[i].substr(7)] = use(names[i], in[1 + i]);
+      const Value h = in[0];
+      const Value a = nn::layer_norm(h, l["ln1.scale"], l["ln1.bias"]);
+      auto heads = [&](const Value& w) { return reshape(matmul(a, w), {B, T, c.heads, c.head_dim()}); };
+      const Value att =
+          nn::dot_product_attention(heads(l["attn.wq"]), heads(l["attn.wk"]), heads(l["attn.wv"]), std::nullopt,
+                                    /*is_causal=*/true);
+      const Value h1 = h + matmul(reshape(att, {B, T, c.d_model}), l["attn.wo"]);
+      const Value m = nn::layer_norm(h1, l["ln2.scale"], l["ln2.bias"]);
+      const Value h2 = h1 + (matmul(nn::gelu(matmul(m, l["mlp.w1"]) + l["mlp.b1"]), l["mlp.w2"]) + l["mlp.b2"]);
+      return std::vector<Value>{h2};
+    };
+    const TracedFunction layer = c.remat == "full" ? checkpoint(block)
+                                 : c.remat == "dots"
+                                     ? checkpoint(block, checkpoint_policies::dots_with_no_batch_dims_saveable)
+                                     : block;
     ScanResult r = scan(
         [&](const std::vector<Value>& carry, const std::vector<Value>& rows) {
-          std::map<std::string, Value> l;
-          for (size_t i = 0; i < names.size(); ++i) l[names[i].substr(7)] = use(names[i], rows[i]);
-          const Value h = carry[0];
-          const Value a = nn::layer_norm(h, l["ln1.scale"], l["ln1.bias"]);
-          auto heads = [&](const Value& w) { return reshape(matmul(a, w), {B, T, c.heads, c.head_dim()}); };
-          const Value att =
-              nn::dot_product_attention(heads(l["attn.wq"]), heads(l["attn.wk"]), heads(l["attn.wv"]), std::nullopt,
-                                        /*is_causal=*/true);
-          const Value h1 = h + matmul(reshape(att, {B, T, c.d_model}), l["attn.wo"]);
-          const Value m = nn::layer_norm(h1, l["ln2.scale"], l["ln2.bias"]);
-          const Value h2 = h1 + (matmul(nn::gelu(matmul(m, l["mlp.w1"]) + l["mlp.b1"]), l["mlp.w2"]) + l["mlp.b2"]);
-          return ScanStep{{h2}, {}};
+          std::vector<Value> in = {carry[0]};
+          in.insert(in.end(), rows.begin(), rows.end());
+          return ScanStep{layer(in), {}};
         },
         {x}, stacks);
     x = nn::layer_norm(r.carry[0], get("ln_f.scale"), get("ln_f.bias"));

@@ -49,6 +49,9 @@ ABSL_FLAG(int64_t, steps, 400,
           "plateau after about 150 steps)");
 ABSL_FLAG(int64_t, warmup, 20, "linear learning-rate warmup steps (then cosine decay to lr/10 at --steps)");
 ABSL_FLAG(double, lr, 3e-3, "peak AdamW learning rate");
+ABSL_FLAG(std::string, remat, "none",
+          "what each block keeps for the backward pass: none (everything), dots (its matmuls' results; the rest "
+          "is recomputed), full (only its input; jax.checkpoint)");
 ABSL_FLAG(double, weight_decay, 0.01, "AdamW's decoupled weight decay");
 ABSL_FLAG(int64_t, seed, 0, "seed of the parameters (tessera::random on the devices) and of the batches");
 ABSL_FLAG(int64_t, print_every, 50, "print the loss every N steps");
@@ -106,6 +109,8 @@ int main(int argc, char** argv) {
   c.warmup = absl::GetFlag(FLAGS_warmup);
   c.lr = absl::GetFlag(FLAGS_lr);
   c.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  c.remat = absl::GetFlag(FLAGS_remat);
+  if (absl::Status r = transformer::check_remat(c.remat); !r.ok()) return fail(r);
   const int64_t print_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_print_every));
   if (c.vocab < 256 || c.d_model < 1 || c.heads < 1 || c.d_model % c.heads != 0 || c.layers < 1 || c.seq < 2 ||
       c.batch < 1 || c.steps < 1) {

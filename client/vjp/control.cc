@@ -272,36 +272,64 @@ absl::Status while_vjp(const VjpArgs&) {
 // A switch's VJP is a switch on the same index over the branches' VJPs (JAX's cond transpose):
 // branch b's backward is the VJP of branch b at the operands, its forward recomputed there, so
 // the cotangent goes through the taken branch only and nothing of the forward is kept. This is
-// also checkpoint's: its function is a one-branch switch.
+// also checkpoint's: its function is a one-branch switch. A checkpoint with a saving policy
+// returns the values it keeps after f's results (BranchesAttrs::saved): its backward reads
+// them, as JAX's remat partial evaluation does with the policy's residuals
+// (jax/_src/ad_checkpoint.py, remat_partial_eval). f's VJP is recorded as without them, then
+// every use of a kept node reads the kept value instead (Graph::replace_uses), so the node,
+// and what only it needed, is not computed again: the compiler drops them as dead code.
 absl::Status switch_vjp(const VjpArgs& a) {
   const BranchesAttrs& s = a.node.attrs<BranchesAttrs>();
   const Graph& first = *s.graphs[0];
-  const size_t results = first.outputs().size();
-  std::vector<Value> ct(results);
+  const size_t outputs = first.outputs().size();
+  const size_t saved = static_cast<size_t>(s.saved);
+  const size_t results = outputs - saved;
+  std::vector<Value> ct(results), kept(saved);
   const int self = TraceState::id(a.out);
   for (int id = 0; id < a.trace->graph.size(); ++id) {
     const Node& m = a.trace->graph.node(id);
     if (m.op != Op::kSwitch || m.operands != a.node.operands || m.attrs<BranchesAttrs>().graphs != s.graphs) continue;
-    const int64_t j = m.attrs<BranchesAttrs>().output;
-    ct[j] = id == self ? a.g : a.take_cotangent(id);
+    const size_t j = static_cast<size_t>(m.attrs<BranchesAttrs>().output);
+    if (j >= results) {
+      kept[j - results] = a.trace->make(id);
+    } else {
+      ct[j] = id == self ? a.g : a.take_cotangent(id);
+    }
   }
   for (size_t j = 0; j < results; ++j) {
     if (!ct[j].ok()) ct[j] = full(first.node(first.outputs()[j]).shape, 0.0, first.node(first.outputs()[j]).dtype);
   }
+  for (size_t j = 0; j < saved; ++j) {  // a kept value nothing read in the forward pass
+    if (kept[j].ok()) continue;
+    Node m = a.node;
+    m.attrs<BranchesAttrs>().output = static_cast<int64_t>(results + j);
+    kept[j] = a.trace->make(a.trace->graph.add_node(std::move(m)));
+  }
   const std::vector<Value> operands(a.x.begin() + 1, a.x.end());
   const size_t n = operands.size();
   const std::vector<std::optional<TypedOperand>> operand_types = types_of(operands);
+  std::vector<size_t> wanted(results);
+  for (size_t j = 0; j < results; ++j) wanted[j] = j;
   std::vector<Branch> backward;
   for (const std::shared_ptr<const Graph>& g : s.graphs) {
-    backward.push_back([g, n, &operand_types](const std::vector<Value>& in) {
-      const std::vector<Value> primals(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(n));
-      const std::vector<Value> cts(in.begin() + static_cast<std::ptrdiff_t>(n), in.end());
-      std::vector<Value> d = vjp([&g](const std::vector<Value>& p) { return inline_graph(*g, p); }, primals, cts);
+    backward.push_back([g, n, saved, &wanted, &operand_types](const std::vector<Value>& in) {
+      const auto at = [&in](size_t k) { return in.begin() + static_cast<std::ptrdiff_t>(k); };
+      const std::vector<Value> primals(in.begin(), at(n)), kept_in(at(n), at(n + saved)), cts(at(n + saved), in.end());
+      std::vector<int> recorded;
+      std::vector<Value> d =
+          vjp([&](const std::vector<Value>& p) { return inline_graph(*g, p, {}, wanted, &recorded); }, primals, cts);
+      TraceState* t = TraceState::current;
+      for (size_t j = 0; j < saved && t->error.ok(); ++j) {
+        const int node = recorded.empty() ? -1 : recorded[g->outputs()[wanted.size() + j]];
+        if (node < 0) continue;  // nothing f's results need
+        const absl::Status replaced = t->graph.replace_uses(node, TraceState::id(kept_in[j]));
+        if (!replaced.ok()) t->fail(replaced);
+      }
       for (size_t k = 0; k < d.size() && k < operand_types.size(); ++k) d[k] = as_type(d[k], operand_types[k]);
       return d;
     });
   }
-  const std::vector<Value> d = switch_(a.x[0], backward, concat(operands, ct));
+  const std::vector<Value> d = switch_(a.x[0], backward, concat(concat(operands, kept), ct));
   if (!a.trace->error.ok()) return a.trace->error;
   for (size_t k = 0; k < n && k < d.size(); ++k) a.add(1 + k, d[k]);
   return absl::OkStatus();

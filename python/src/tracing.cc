@@ -380,8 +380,32 @@ void bind_tracing(py::module_& m) {
         axis_size);
     return g(args);
   });
-  m.def("checkpoint",
-        [](py::object f, const std::vector<Value>& args) { return checkpoint(traced(std::move(f)))(args); });
+  // `policy`: None (nothing_saveable), or `decide(primitive, dimension_numbers)` -> bool,
+  // tessera/_api.py's, which calls the user's jax.checkpoint_policies-style policy and keeps
+  // what it raises (so nothing escapes here; an exception reads as "not saved").
+  m.def("checkpoint", [](py::object f, const std::vector<Value>& args, py::object policy) {
+    CheckpointPolicy decide;
+    if (!policy.is_none()) {
+      auto held = std::make_shared<py::object>(std::move(policy));
+      decide = [held](const SaveableOp& op) {
+        py::gil_scoped_acquire gil;
+        py::object dims = py::none();
+        if (op.primitive == "dot_general") {
+          dims = py::make_tuple(
+              py::make_tuple(py::tuple(py::cast(op.lhs_contracting)), py::tuple(py::cast(op.rhs_contracting))),
+              py::make_tuple(py::tuple(py::cast(op.lhs_batch)), py::tuple(py::cast(op.rhs_batch))));
+        }
+        try {
+          return (*held)(op.primitive, dims).cast<bool>();
+        } catch (const py::error_already_set&) {
+          return false;
+        } catch (const py::cast_error&) {
+          return false;
+        }
+      };
+    }
+    return checkpoint(traced(std::move(f)), std::move(decide))(args);
+  });
 
   py::class_<ShardMapped>(m, "ShardMapped")
       .def("call_values", [](const ShardMapped& s, const std::vector<Value>& args) { return s(args); })

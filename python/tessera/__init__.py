@@ -19,7 +19,7 @@ from ._array import Array, Shard
 from .sharding import Device, devices, NamedSharding, PartitionSpec, set_mesh  # noqa: F401 (jax.NamedSharding)
 from ._api import (checkpoint, remat, jit, grad, value_and_grad, shard_map, vmap, make_jaxpr, device_put, device_get,  # noqa: F401
                    block_until_ready, make_mesh, reshard, typeof)
-from . import numpy, lax, nn, random, optax, debug, sharding, profiler  # noqa: F401
+from . import numpy, lax, nn, random, optax, debug, sharding, profiler, checkpoint_policies  # noqa: F401
 
 
 def local_devices():

@@ -9,6 +9,7 @@ import numpy as _np
 from . import _tessera as _t
 from . import _trace
 from . import errors
+from . import checkpoint_policies
 from ._array import Array
 from ._config import config
 from ._trace import Tracer
@@ -401,13 +402,27 @@ def value_and_grad(fun, argnums=0, has_aux=False):
 def checkpoint(fun, *, prevent_cse=True, policy=None, static_argnums=()):
     """jax.checkpoint / jax.remat(fun), inside a trace: the same values, but grad recomputes
     fun's forward in the backward pass instead of keeping its intermediates (the SDK's
-    checkpoint). A saving policy is accepted and not followed: nothing is saved, everything is
-    recomputed (the values and gradients are the same; only the memory and time differ). Inside
-    a shard_map body, where the SDK's checkpoint is not built, fun runs as it is (again the same
-    values and gradients, its intermediates kept). static_argnums is not supported."""
+    checkpoint). `policy` (tessera.checkpoint_policies, or any callable taking JAX's
+    `(prim, *args, **params)`) names the values to keep instead: grad reads them and does not
+    compute them again. Inside a shard_map body, where the SDK's checkpoint is not built, fun
+    runs as it is (the same values and gradients, its intermediates kept). static_argnums is
+    not supported."""
     if static_argnums:
         raise TypeError("checkpoint: static_argnums is not supported")
-    del prevent_cse, policy  # the recomputation is inside a sub-program: nothing can merge it away
+    del prevent_cse  # the recomputation is inside a sub-program: nothing can merge it away
+    if policy is not None and not callable(policy):
+        raise TypeError(f"checkpoint: policy must be callable as jax.checkpoint_policies' are, not {policy!r}")
+    raised = []
+
+    def decide(primitive, dimension_numbers):
+        if raised:
+            return False
+        try:
+            params = {} if dimension_numbers is None else {"dimension_numbers": dimension_numbers}
+            return bool(policy(checkpoint_policies.Primitive(primitive), **params))
+        except Exception as e:  # raised by checkpoint once the trace is back
+            raised.append(e)
+            return False
 
     @functools.wraps(fun)
     def wrapped(*args):
@@ -423,7 +438,9 @@ def checkpoint(fun, *, prevent_cse=True, policy=None, static_argnums=()):
             out, out_tree[0] = tree_flatten(fun(*tree_unflatten(tree, [Tracer(v) for v in values])))
             return [_tracer(o)._v for o in out]
 
-        out = _t.checkpoint(_trace.callback(body), [_tracer(l)._v for l in leaves])
+        out = _t.checkpoint(_trace.callback(body), [_tracer(l)._v for l in leaves], None if policy is None else decide)
+        if raised:
+            raise raised[0]
         if out_tree[0] is None:  # fun raised: its exception (kept by the callback) goes on
             raise getattr(_trace._state, "error", None) or TypeError("checkpoint: the function returned no value")
         return tree_unflatten(out_tree[0], [Tracer(v) for v in out])

@@ -136,3 +136,44 @@ def test_checkpoint_gives_the_same_gradients(mesh):
     np.testing.assert_allclose(float(v1), float(v0), rtol=1e-6)
     for a, b in zip(g1, g0):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_policies_keep_what_they_name_and_give_the_gradients_worked_by_hand(mesh):
+    # jax.checkpoint_policies (jax/_src/ad_checkpoint.py): the gradient is the same whatever is
+    # kept; a kept dot_general is not computed again in the backward pass.
+    x = rng.normal(size=(8, 8)).astype(np.float32)
+    w = rng.normal(size=(8, 8)).astype(np.float32)
+    h = np.tanh(x @ w)
+    da = 2 * h * (1 - h * h)  # loss = sum(tanh(x @ w) ** 2)
+    seen = []
+
+    def spy(prim, *_, **params):
+        seen.append((str(prim), prim.name, params.get("dimension_numbers")))
+        return str(prim) == "dot_general"
+
+    dots = {}
+    for name, policy in [("none", None), ("nothing", jax.checkpoint_policies.nothing_saveable),
+                         ("dots", jax.checkpoint_policies.dots_saveable),
+                         ("no_batch", jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
+                         ("everything", jax.checkpoint_policies.everything_saveable), ("spy", spy)]:
+        f = jax.checkpoint(lambda x, w: jnp.tanh(x @ w), policy=policy)
+        step = jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w) ** 2), argnums=(0, 1)))
+        gx, gw = step(x, w)
+        np.testing.assert_allclose(np.asarray(gx), da @ w.T, rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(np.asarray(gw), x.T @ da, rtol=1e-4, atol=1e-5, err_msg=name)
+        dots[name] = sum(" = dot_general(" in line for line in step.as_text().splitlines())  # kernels
+    # The forward dot, the two of its VJP, and (when not kept) the dot again.
+    assert dots["none"] == dots["nothing"] == dots["dots"] + 1 == dots["no_batch"] + 1 == dots["spy"] + 1
+    assert dots["everything"] == dots["dots"]
+    assert ("dot_general", "dot_general", (((1,), (0,)), ((), ()))) in seen
+    assert ("tanh", "tanh", None) in seen
+
+
+def test_a_checkpoint_policy_that_raises_fails_the_trace_with_its_exception():
+    def bad(prim, *_, **__):
+        raise ValueError(f"no policy for {prim}")
+
+    with pytest.raises(ValueError, match="no policy for"):
+        jax.jit(jax.grad(lambda x: jnp.sum(jax.checkpoint(jnp.sin, policy=bad)(x))))(np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="policy must be callable"):
+        jax.checkpoint(jnp.sin, policy="dots")

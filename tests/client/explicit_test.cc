@@ -654,6 +654,13 @@ TEST(ExplicitControlFlow, BranchesAgreeOnTheirOutputTypesAsJaxConditionals) {
   EXPECT_EQ(one_type(xy(), {{DType::kF32, {8, 4}, P("X", "Y")}},
                      [](V v) { return checkpoint([](V a) { return std::vector<Value>{tanh(a[0])}; })(v); }),
             "f32[8@X,4@Y]");
+  // With a policy, the kept values are more results of the switch, not of the checkpoint.
+  absl::StatusOr<std::vector<std::string>> kept = result_types(xy(), {{DType::kF32, {8, 4}, P("X", "Y")}}, [](V v) {
+    return checkpoint([](V a) { return std::vector<Value>{tanh(a[0] * 2)}; },
+                      checkpoint_policies::everything_saveable)(v);
+  });
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, std::vector<std::string>{"f32[8@X,4@Y]"});
 }
 
 // shard_map on a mesh of Explicit axes (jax/_src/shard_map.py, JAX >= 0.9): an in_spec other

@@ -746,14 +746,14 @@ Value block(const Value& h, const Value& w) {
   for (int l = 0; l < 3; ++l) x = tanh(matmul(x, w) * 0.125 + x);
   return x;
 }
-TracedFunction blocks_loss(bool remat) {
-  return [remat](const std::vector<Value>& in) {
+TracedFunction blocks_loss(bool remat, CheckpointPolicy policy = nullptr) {
+  return [remat, policy](const std::vector<Value>& in) {
     Value h = in[0];
     for (int k = 0; k < 4; ++k) {
       const Value w = in[1 + k];
-      h = remat
-              ? checkpoint([](const std::vector<Value>& a) { return std::vector<Value>{block(a[0], a[1])}; })({h, w})[0]
-              : block(h, w);
+      h = remat ? checkpoint([](const std::vector<Value>& a) { return std::vector<Value>{block(a[0], a[1])}; },
+                             policy)({h, w})[0]
+                : block(h, w);
     }
     return std::vector<Value>{sum(h * h)};
   };
@@ -773,16 +773,22 @@ TEST_F(MeshesSuite, CheckpointGivesTheSameGradientsAndKeepsLessForTheBackwardPas
     const std::vector<HostArray> with = values_and_grads(*client_, auto_meshes_[m], blocks_loss(true), inputs, specs);
     const std::vector<HostArray> without =
         values_and_grads(*client_, auto_meshes_[m], blocks_loss(false), inputs, specs);
+    const std::vector<HostArray> dots = values_and_grads(
+        *client_, auto_meshes_[m], blocks_loss(true, checkpoint_policies::dots_saveable), inputs, specs);
     ASSERT_EQ(with.size(), 6u);
     ASSERT_EQ(without.size(), 6u);
-    for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(results_match(with[i], without[i], 1e-4)) << "output " << i;
+    ASSERT_EQ(dots.size(), 6u);
+    for (size_t i = 0; i < with.size(); ++i) {
+      EXPECT_TRUE(results_match(with[i], without[i], 1e-4)) << "output " << i;
+      EXPECT_TRUE(results_match(dots[i], without[i], 1e-4)) << "output " << i << " (dots_saveable)";
+    }
   }
   // The compiler's accounting (worker/interpreter.h's peak_memory): what a device holds at
   // the program's peak, the residuals kept for the backward pass included.
   std::vector<ArrayType> types(5, {DType::kF32, {kWide, kWide}});
-  auto peak = [&](bool remat) -> int64_t {
-    absl::StatusOr<Executable> exe =
-        compile(value_and_grad(blocks_loss(remat), {0, 1, 2, 3, 4}), types, {P("data", None), P(), P(), P(), P()});
+  auto peak = [&](bool remat, CheckpointPolicy policy = nullptr) -> int64_t {
+    absl::StatusOr<Executable> exe = compile(value_and_grad(blocks_loss(remat, std::move(policy)), {0, 1, 2, 3, 4}),
+                                             types, {P("data", None), P(), P(), P(), P()});
     EXPECT_TRUE(exe.ok()) << exe.status();
     if (!exe.ok()) return 0;
     std::vector<std::shared_ptr<const HostArray>> in;
@@ -792,12 +798,60 @@ TEST_F(MeshesSuite, CheckpointGivesTheSameGradientsAndKeepsLessForTheBackwardPas
     return peak_memory(exe->program, in).bytes;
   };
   const int64_t kept = peak(false), recomputed = peak(true);
+  const int64_t dots = peak(true, checkpoint_policies::dots_saveable);  // keeps the twelve matmuls' results
+  RecordProperty("peak_bytes_with_dots_saveable", std::to_string(dots));
   RecordProperty("peak_bytes_without_checkpoint", std::to_string(kept));
   RecordProperty("peak_bytes_with_checkpoint", std::to_string(recomputed));
   // Twelve layer outputs of a (16, 64) block each (4 KiB) kept without checkpoint; with it,
   // the four block inputs and one block's layers at a time.
   EXPECT_LT(recomputed, kept) << recomputed << " vs " << kept;
   EXPECT_LE(recomputed + 4 * 4096, kept) << recomputed << " vs " << kept;
+  EXPECT_GT(dots, recomputed) << dots << " vs " << recomputed;
+  EXPECT_LE(dots, kept) << dots << " vs " << kept;
+}
+
+// A saving policy keeps what it names for the backward pass (jax.checkpoint_policies,
+// jax/_src/ad_checkpoint.py: dots_saveable keeps every dot_general's result,
+// dots_with_no_batch_dims_saveable those without batch dimensions, everything_saveable all):
+// the backward branch computes them no more. The block: a matmul (no batch dimensions), a
+// tanh, a batched dot_general of the tanh with itself, a tanh. Its VJP needs four dots (two
+// per dot_general) whatever the policy; what is not kept is computed again before them.
+// The gradients' values: grad_test's checkpoint_* cases (against central differences).
+TEST(CheckpointPlan, APolicyKeepsWhatItNamesAndTheBackwardComputesItNoMore) {
+  const TracedFunction block = [](const std::vector<Value>& a) {
+    const Value h = reshape(tanh(matmul(a[0], a[1])), {2, 4, 8});
+    return std::vector<Value>{tanh(dot_general(h, h, DotDims{{0}, {0}, {2}, {2}}))};
+  };
+  struct Expect {
+    const char* name;
+    CheckpointPolicy policy;
+    int backward_dots, backward_tanhs;
+  };
+  const std::vector<Expect> expect = {
+      {"nothing_saveable", checkpoint_policies::nothing_saveable, 4 + 2, 2},
+      {"dots_with_no_batch_dims_saveable", checkpoint_policies::dots_with_no_batch_dims_saveable, 4 + 1, 2},
+      {"dots_saveable", checkpoint_policies::dots_saveable, 4, 2},
+      {"everything_saveable", checkpoint_policies::everything_saveable, 4, 0},
+  };
+  for (const Expect& e : expect) {
+    SCOPED_TRACE(e.name);
+    absl::StatusOr<Executable> exe =
+        compile(value_and_grad(
+                    [&](const std::vector<Value>& in) {
+                      return std::vector<Value>{sum(checkpoint(block, e.policy)({in[0], in[1]})[0])};
+                    },
+                    {0, 1}),
+                {{DType::kF32, {8, 8}}, {DType::kF32, {8, 8}}}, {P(), P()});
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    std::vector<const Instruction*> switches;
+    for (const Instruction& i : exe->program.code) {
+      if (i.kind == Instruction::Kind::kSwitch) switches.push_back(&i);
+    }
+    ASSERT_EQ(switches.size(), 2u) << "the checkpoint and its backward\n" << exe->as_text();
+    EXPECT_EQ(kernels_of(*switches[0]->branches[0], Op::kDotGeneral), 2) << exe->as_text();
+    EXPECT_EQ(kernels_of(*switches[1]->branches[0], Op::kDotGeneral), e.backward_dots) << exe->as_text();
+    EXPECT_EQ(kernels_of(*switches[1]->branches[0], Op::kTanh), e.backward_tanhs) << exe->as_text();
+  }
 }
 
 }  // namespace

@@ -296,6 +296,46 @@ std::vector<GradCase> grad_cases() {
                    });
                    return layer({layer({in[0], in[1]})[0], in[1]})[0];
                  }});
+  // With a saving policy (jax.checkpoint_policies): the kept values are read in the backward
+  // pass, not computed again. Two matmuls in a row (the second reads the first's kept
+  // result), a batched dot_general (kept by dots_saveable only), and checkpoint as a scan
+  // body whose kept dots become the scan's residuals.
+  const auto policy_case = [](CheckpointPolicy policy) {
+    return [policy](V in) {
+      const TracedFunction layer = checkpoint(
+          [](const std::vector<Value>& a) {
+            const Value h = tanh(matmul(a[0], a[1]) * 0.5 + a[0]);
+            const Value batched =
+                dot_general(reshape(h, {2, 2, 4}), reshape(a[1], {2, 4, 2}), DotDims{{0}, {0}, {2}, {1}});
+            return std::vector<Value>{sin(matmul(h, a[1])) + sum(batched * batched) * 0.05};
+          },
+          policy);
+      return layer({layer({in[0], in[1]})[0], in[1]})[0];
+    };
+  };
+  out.push_back(
+      {"checkpoint_dots_saveable", {{4, 4}, {4, 4}}, Domain::kSigned, policy_case(checkpoint_policies::dots_saveable)});
+  out.push_back({"checkpoint_dots_with_no_batch_dims_saveable",
+                 {{4, 4}, {4, 4}},
+                 Domain::kSigned,
+                 policy_case(checkpoint_policies::dots_with_no_batch_dims_saveable)});
+  out.push_back({"checkpoint_everything_saveable",
+                 {{4, 4}, {4, 4}},
+                 Domain::kSigned,
+                 policy_case(checkpoint_policies::everything_saveable)});
+  out.push_back(
+      {"checkpoint_dots_in_scan", {{4, 4}, {4, 4}, {3, 4, 4}}, Domain::kSigned, [](V in) {
+         const TracedFunction body = checkpoint(
+             [](const std::vector<Value>& a) { return std::vector<Value>{tanh(matmul(a[0], a[1]) * 0.5 + a[2])}; },
+             checkpoint_policies::dots_saveable);
+         ScanResult r = scan(
+             [&](const std::vector<Value>& c, const std::vector<Value>& x) {
+               const Value h = body({c[0], c[1], x[0]})[0];
+               return ScanStep{{h, c[1]}, {h * h}};
+             },
+             {in[0], in[1]}, {in[2]});
+         return r.carry[0] + sum(r.ys[0], {0});
+       }});
   out.push_back(
       {"fori_loop", {{4, 4}, {4, 4}}, Domain::kSigned, [](V in) {
          return fori_loop(

@@ -65,8 +65,9 @@ struct TrainRun {
   Tree<PartitionSpec> params_layout, mu_layout;  // after the steps
 };
 
-TrainRun train(const Mesh& mesh, Layout layout) {
-  const Config c = tiny();
+TrainRun train(const Mesh& mesh, Layout layout, const std::string& remat = "none") {
+  Config c = tiny();
+  c.remat = remat;
   const Model model(c, layout, mesh);
   TrainRun run;
   absl::StatusOr<Array> key =
@@ -151,6 +152,24 @@ TEST(Transformer, EveryMeshAndLayoutGivesTheOneDeviceLossesAndTheLossFalls) {
   EXPECT_EQ(storage_spec(tiny(), Layout::kFsdp, m, "embed"), P("data", None));
   EXPECT_EQ(storage_spec(tiny(), Layout::kFsdpTp, m, "layers.attn.wo"), P(None, "model", "data"));
   EXPECT_EQ(storage_spec(tiny(), Layout::kDp, m, "layers.attn.wq"), P(None, None, None));
+}
+
+// Each block under checkpoint, keeping its projections (dots_with_no_batch_dims_saveable) or
+// only its input: the same training (checkpoint changes what is kept, not what is computed),
+// against the one-device run.
+TEST(Transformer, RematerialisedBlocksTrainAsTheOneDeviceRun) {
+  const TrainRun& ref = one_device();
+  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
+  for (const char* remat : {"dots", "full"}) {
+    for (Layout layout : {Layout::kDp, Layout::kFsdpTp}) {
+      SCOPED_TRACE(absl::StrCat(remat, ", ", layout_name(layout), " on (4, 2)"));
+      const TrainRun run = train(mesh_of(4, 2), layout, remat);
+      ASSERT_EQ(run.losses.size(), ref.losses.size());
+      for (size_t i = 0; i < run.losses.size(); ++i) {
+        EXPECT_NEAR(run.losses[i], ref.losses[i], 1e-4 * std::abs(ref.losses[i])) << "step " << i + 1;
+      }
+    }
+  }
 }
 
 // ---- The host reference: the model's forward pass in double, by its definition ---------------

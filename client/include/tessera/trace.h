@@ -467,12 +467,37 @@ std::vector<Value> switch_(const Value& index, const std::vector<Branch>& branch
 std::vector<Value> cond(const Value& pred, const Branch& on_true, const Branch& on_false,
                         const std::vector<Value>& operands);
 
-// jax.checkpoint / jax.remat(f): the same values, but grad recomputes f's forward in the
-// backward pass instead of keeping its intermediates (f becomes a sub-graph called once,
+// What a checkpoint's policy is asked about each value f computes (jax.checkpoint_policies'
+// `policy(prim, *args, **params)`): the op that computes it, by the name it prints with
+// (JAX's primitive name for the ops JAX has: "dot_general", "tanh", "all_gather"), and for a
+// dot_general its dimension numbers.
+struct SaveableOp {
+  std::string primitive;
+  std::vector<int64_t> lhs_contracting, rhs_contracting, lhs_batch, rhs_batch;
+};
+// True keeps the value for grad's backward pass; false computes it again there.
+using CheckpointPolicy = std::function<bool(const SaveableOp&)>;
+
+// jax.checkpoint_policies (jax/_src/ad_checkpoint.py), by the same names.
+namespace checkpoint_policies {
+bool everything_saveable(const SaveableOp&);  // as if there were no checkpoint
+bool nothing_saveable(const SaveableOp&);     // checkpoint's default: keep only f's arguments
+bool dots_saveable(const SaveableOp&);        // keep dot_general results (checkpoint_dots)
+// Keep the results of dot_generals without batch dimensions (a transformer's projections,
+// not its attention scores); checkpoint_dots_with_no_batch_dims.
+bool dots_with_no_batch_dims_saveable(const SaveableOp&);
+}  // namespace checkpoint_policies
+
+// jax.checkpoint / jax.remat(f, policy=): the same values, but grad recomputes f's forward in
+// the backward pass instead of keeping its intermediates (f becomes a sub-graph called once,
 // whose VJP runs f again beside its own backward). Saves memory between the forward and
-// backward passes at the cost of computing f twice.
-TracedFunction checkpoint(TracedFunction f);
-inline TracedFunction remat(TracedFunction f) { return checkpoint(std::move(f)); }
+// backward passes at the cost of computing f twice. A policy (null: nothing_saveable) keeps
+// the values it names: f's sub-graph also returns them, and the backward pass reads them
+// instead of computing them again (what only they need is not recomputed either).
+TracedFunction checkpoint(TracedFunction f, CheckpointPolicy policy = nullptr);
+inline TracedFunction remat(TracedFunction f, CheckpointPolicy policy = nullptr) {
+  return checkpoint(std::move(f), std::move(policy));
+}
 
 }  // namespace tessera
 
