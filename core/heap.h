@@ -37,7 +37,7 @@ int limit_malloc_arenas(int arenas);
 class HeapTrimmer {
  public:
   struct IdleTrim {
-    // Trim once this many bytes were freed since the last trim (0: never on idle).
+    // Trim once this many bytes were freed since the last idle trim (0: never on idle).
     int64_t min_freed_bytes = 0;
     // ... and nothing has run for this long: a daemon busy with back-to-back work (a training
     // loop) does not trim between its steps, whose next one would fault the pages in again.

@@ -437,6 +437,9 @@ class WorkerServerImpl final : public WorkerServer {
     pb::WorkerStats s;
     service_.fill_stats(&s);
     const MetricLabels device = {{"device", absl::StrCat(s.device_id())}};
+    const char* const kTrims =
+        "Times the heap's free pages went back to the kernel (malloc_trim): after unloads and dropped messages "
+        "(released), or once idle after the runs freed --heap_trim_freed_bytes (idle).";
     std::vector<MetricSample> samples = {
         counter("tessera_worker_put_bytes_total", "Bytes of shards clients (and peers) put here (PutShard).",
                 s.bytes_put(), device),
@@ -459,13 +462,11 @@ class WorkerServerImpl final : public WorkerServer {
         counter("tessera_worker_exchange_messages_forged_total",
                 "Exchange messages dropped because their sender was not their stream's device.",
                 s.exchange_messages_forged(), device),
-        counter("tessera_worker_heap_trims_total",
-                "Times the heap's free pages went back to the kernel (malloc_trim), by what prompted it.",
+        counter("tessera_worker_heap_trims_total", kTrims,
                 static_cast<double>(service_.heap().trims() - service_.heap().idle_trims()),
                 {device[0], {"reason", "released"}}),
-        counter("tessera_worker_heap_trims_total",
-                "Times the heap's free pages went back to the kernel (malloc_trim), by what prompted it.",
-                static_cast<double>(service_.heap().idle_trims()), {device[0], {"reason", "idle"}}),
+        counter("tessera_worker_heap_trims_total", kTrims, static_cast<double>(service_.heap().idle_trims()),
+                {device[0], {"reason", "idle"}}),
         counter("tessera_worker_heap_trimmed_bytes_total",
                 "Resident bytes the trims gave back to the kernel (the process's VmRSS drop across each).",
                 static_cast<double>(service_.heap().trimmed_bytes()), device),
