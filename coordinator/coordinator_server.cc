@@ -511,6 +511,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
         counter("tessera_coordinator_compilations_total", "Programs compiled.", compilations),
         counter("tessera_coordinator_compile_cache_hits_total", "Compile requests answered from the cache.",
                 programs_.cache_hits()),
+        counter("tessera_coordinator_compile_cache_misses_total",
+                "Compile requests the cache did not hold, each compiled (it may then fail).", programs_.cache_misses()),
         counter("tessera_coordinator_compile_cache_evictions_total",
                 "Programs evicted from the cache (least recently used, beyond --max_programs).", evictions),
         counter("tessera_coordinator_executions_total", kExecutions, driver_.executions_ok(), {{"result", "ok"}}),

@@ -24,6 +24,7 @@ absl::StatusOr<std::shared_ptr<Program>> ProgramCache::compile(std::string key, 
       return hold_locked(programs_[it->second], session);
     }
   }
+  cache_misses_.fetch_add(1);
   const absl::Time compile_start = absl::Now();
   TESSERA_ASSIGN_OR_RETURN(Propagation propagation, propagate(graph, mesh, inputs, outputs));
   TESSERA_ASSIGN_OR_RETURN(Executable exe, partition(graph, mesh, propagation, outputs, donated));

@@ -123,6 +123,9 @@ class ProgramCache {
   };
   Counts counts();
   int64_t cache_hits() const { return cache_hits_.load(); }
+  // Compile requests the cache did not hold (each compiled, whether it then failed or another
+  // request compiled the same program meanwhile): with cache_hits(), every compile request.
+  int64_t cache_misses() const { return cache_misses_.load(); }
   // Told of every eviction and release: the coordinator's monitor trims the heap after them.
   HeapTrimmer& heap() { return heap_; }
   const LatencyHistogram& compile_seconds() const { return compile_seconds_; }
@@ -152,6 +155,7 @@ class ProgramCache {
   uint64_t use_ticks_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::atomic<int64_t> cache_hits_{0};
+  std::atomic<int64_t> cache_misses_{0};
   HeapTrimmer heap_;
   LatencyHistogram compile_seconds_{"tessera_coordinator_compile_seconds",
                                     "Compilations (propagation and partitioning) of programs not in the cache."};

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -39,6 +40,14 @@ constexpr size_t kHugePageMinBytes = size_t{4} << 20;
 constexpr size_t kCachedMinBytes = size_t{64} << 10;
 constexpr size_t kCachedBytes = size_t{1} << 30;
 
+// HostArray::bytes_freed's count: relaxed, as it only paces trims.
+std::atomic<int64_t> freed_bytes{0};
+
+void free_counted(void* p, size_t bytes) {
+  freed_bytes.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  std::free(p);
+}
+
 class BufferCache {
  public:
   void* take(size_t bytes) {
@@ -55,11 +64,11 @@ class BufferCache {
   }
 
   void give(void* p, size_t bytes) {
-    std::vector<void*> dropped;
+    std::vector<std::pair<size_t, void*>> dropped;
     {
       absl::MutexLock lock(&mu_);
       if (bytes > limit_) {
-        dropped.push_back(p);
+        dropped.emplace_back(bytes, p);
       } else {
         age_.emplace_back(bytes, p);
         by_size_[bytes].push_back(std::prev(age_.end()));
@@ -67,7 +76,7 @@ class BufferCache {
       }
       drop_over_limit(&dropped);
     }
-    for (void* q : dropped) std::free(q);
+    for (const auto& [size, q] : dropped) free_counted(q, size);
   }
 
   size_t bytes() {
@@ -76,19 +85,19 @@ class BufferCache {
   }
 
   void set_limit(size_t bytes) {
-    std::vector<void*> dropped;
+    std::vector<std::pair<size_t, void*>> dropped;
     {
       absl::MutexLock lock(&mu_);
       limit_ = bytes;
       drop_over_limit(&dropped);
     }
-    for (void* q : dropped) std::free(q);
+    for (const auto& [size, q] : dropped) free_counted(q, size);
   }
 
  private:
   using Entry = std::list<std::pair<size_t, void*>>::iterator;
 
-  void drop_over_limit(std::vector<void*>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void drop_over_limit(std::vector<std::pair<size_t, void*>>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (cached_ > limit_) {  // the oldest is the first of its size
       const auto [size, q] = age_.front();
       std::deque<Entry>& same = by_size_[size];
@@ -96,7 +105,7 @@ class BufferCache {
       if (same.empty()) by_size_.erase(size);
       age_.pop_front();
       cached_ -= size;
-      dropped->push_back(q);
+      dropped->emplace_back(size, q);
     }
   }
 
@@ -155,6 +164,7 @@ void for_dtype(DType dtype, F&& f) {
 
 void HostArray::set_buffer_cache_limit(size_t bytes) { buffer_cache().set_limit(bytes); }
 size_t HostArray::buffer_cache_bytes() { return buffer_cache().bytes(); }
+int64_t HostArray::bytes_freed() { return freed_bytes.load(std::memory_order_relaxed); }
 
 HostArray::HostArray(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)), size_(num_elements(shape_)) {
   const size_t bytes = static_cast<size_t>(nbytes());
@@ -176,7 +186,7 @@ void HostArray::FreeDeleter::operator()(std::byte* p) const {
   if (bytes >= kCachedMinBytes) {
     buffer_cache().give(p, bytes);
   } else {
-    std::free(p);
+    free_counted(p, bytes);
   }
 }
 

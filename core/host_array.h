@@ -67,6 +67,10 @@ class HostArray {
   static void set_buffer_cache_limit(size_t bytes);
   // The bytes the cache holds now.
   static size_t buffer_cache_bytes();
+  // The bytes of array storage handed back to malloc in this process since it started (freed,
+  // or dropped by the cache; not those the cache keeps): what a daemon's heap may hold as free
+  // chunks until it trims (core/heap.h). Monotonic; any thread.
+  static int64_t bytes_freed();
 
   static HostArray zeros(DType dtype, Shape shape);
   static HostArray ones(DType dtype, Shape shape);

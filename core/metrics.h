@@ -48,7 +48,9 @@ inline MetricSample counter(std::string name, std::string help, double value, Me
 class LatencyHistogram {
  public:
   // Default buckets: 100 µs to 60 s, roughly ×2.5 apart. Histograms of one name with
-  // different `labels` are one family (e.g. one per collective kind, label `op`).
+  // different `labels` are one family (e.g. one per collective op, algorithm and path). One
+  // with labels is served once it has observed something (as a labelled counter appears
+  // once its labels occur: no series for combinations that never ran); one without, always.
   LatencyHistogram(std::string name, std::string help, std::vector<double> bounds = {}, MetricLabels labels = {});
   void observe(absl::Duration d);
 

@@ -44,6 +44,7 @@ class Collector final : public prometheus::Collectable {
     std::map<std::string, size_t> histogram_family;  // histograms of one name share a family too
     for (const LatencyHistogram* h : histograms_) {
       const LatencyHistogram::Snapshot snap = h->snapshot();
+      if (!h->labels().empty() && snap.count == 0) continue;  // a labelled one once observed (metrics.h)
       auto [it, added] = histogram_family.emplace(h->name(), families.size());
       if (added) {
         prometheus::MetricFamily f;

@@ -91,6 +91,13 @@ ABSL_FLAG(int64_t, buffer_cache_bytes, 268435456,
 ABSL_FLAG(int64_t, drain_quiet_ms, 200,
           "on SIGTERM, how long no plan run must have been in flight before the drain ends: the time clients "
           "have to fetch what the last runs made before the worker exits (env TESSERA_WORKER_DRAIN_QUIET_MS)");
+ABSL_FLAG(int64_t, heap_trim_freed_bytes, int64_t{64} << 20,
+          "give the heap's free pages back to the kernel (malloc_trim) once arrays of this many bytes were freed "
+          "since the last such trim and no plan has run for --heap_trim_quiet_ms (checked each heartbeat); 0: "
+          "never (env TESSERA_WORKER_HEAP_TRIM_FREED_BYTES)");
+ABSL_FLAG(int64_t, heap_trim_quiet_ms, 200,
+          "how long no plan run must have been in flight before freed memory is trimmed: back-to-back runs (a "
+          "training loop) keep their pages (env TESSERA_WORKER_HEAP_TRIM_QUIET_MS)");
 ABSL_FLAG(int64_t, put_stall_ms, 10000,
           "a PutShard stream that receives nothing this long is cancelled and its reserved memory released "
           "(env TESSERA_WORKER_PUT_STALL_MS)");
@@ -134,6 +141,8 @@ int main(int argc, char** argv) {
                         {"mailbox_ttl_ms", "TESSERA_WORKER_MAILBOX_TTL_MS"},
                         {"put_stall_ms", "TESSERA_WORKER_PUT_STALL_MS"},
                         {"drain_quiet_ms", "TESSERA_WORKER_DRAIN_QUIET_MS"},
+                        {"heap_trim_freed_bytes", "TESSERA_WORKER_HEAP_TRIM_FREED_BYTES"},
+                        {"heap_trim_quiet_ms", "TESSERA_WORKER_HEAP_TRIM_QUIET_MS"},
                         {"buffer_cache_bytes", "TESSERA_WORKER_BUFFER_CACHE_BYTES"},
                         {"drain_timeout_ms", "TESSERA_WORKER_DRAIN_TIMEOUT_MS"},
                         {"malloc_arenas", "TESSERA_WORKER_MALLOC_ARENAS"},
@@ -189,7 +198,9 @@ int main(int argc, char** argv) {
   options.put_stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_put_stall_ms));
   for (const auto& [name, value] :
        {std::pair<const char*, int64_t>{"buffer_cache_bytes", absl::GetFlag(FLAGS_buffer_cache_bytes)},
-        {"drain_quiet_ms", absl::GetFlag(FLAGS_drain_quiet_ms)}}) {
+        {"drain_quiet_ms", absl::GetFlag(FLAGS_drain_quiet_ms)},
+        {"heap_trim_freed_bytes", absl::GetFlag(FLAGS_heap_trim_freed_bytes)},
+        {"heap_trim_quiet_ms", absl::GetFlag(FLAGS_heap_trim_quiet_ms)}}) {
     if (value < 0) {
       std::fprintf(stderr, "tessera-worker: --%s=%lld: must be at least 0\n", name, static_cast<long long>(value));
       return 2;
@@ -197,6 +208,8 @@ int main(int argc, char** argv) {
   }
   tessera::HostArray::set_buffer_cache_limit(static_cast<size_t>(absl::GetFlag(FLAGS_buffer_cache_bytes)));
   options.drain_quiet = absl::Milliseconds(absl::GetFlag(FLAGS_drain_quiet_ms));
+  options.heap_trim_freed_bytes = absl::GetFlag(FLAGS_heap_trim_freed_bytes);
+  options.heap_trim_quiet = absl::Milliseconds(absl::GetFlag(FLAGS_heap_trim_quiet_ms));
   absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
   if (!credentials.ok()) {
     std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";

@@ -332,6 +332,12 @@ int64_t PlanRunner::runs_in_flight() {
   return runs_.in_flight;
 }
 
+absl::Duration PlanRunner::idle_for(absl::Time since) {
+  absl::MutexLock lock(&runs_mu_);
+  if (runs_.in_flight > 0) return absl::ZeroDuration();
+  return absl::Now() - std::max(since, runs_.last_end);
+}
+
 bool PlanRunner::runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const {
   int64_t input_bytes = 0;
   for (uint64_t id : req.input_buffers()) {

@@ -70,6 +70,9 @@ class PlanRunner {
   int64_t wait_for_idle(absl::Duration quiet, absl::Time deadline);
   void start_drain();
   int64_t runs_in_flight();
+  // How long no run has been in flight: zero while one is, from the start of the process
+  // (`since`) before the first.
+  absl::Duration idle_for(absl::Time since);
 
   // For GetStats (tessera status).
   struct RunCounts {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/heap.h"
+#include "core/host_array.h"
 #include "core/profile_wire.h"
 #include "core/slicing.h"
 #include "core/status.h"
@@ -55,6 +56,7 @@ class WorkerService final : public WorkerServiceBase {
       : auth_(options.credentials),
         store_(options.memory_bytes),
         started_(absl::Now()),
+        heap_(HeapTrimmer::IdleTrim{options.heap_trim_freed_bytes, options.heap_trim_quiet}),
         transport_(options.credentials),
         plans_(options.max_plans),
         transfers_(&store_, &auth_, &device_, &transport_, &transport_.profile(), options.put_stall_timeout,
@@ -70,14 +72,17 @@ class WorkerService final : public WorkerServiceBase {
 
   // A registration's answer: the device id and incarnation this worker holds now.
   // Once per heartbeat: the mailbox forgets messages of ops that never started, and the heap
-  // gives back the pages of plans and messages dropped since the last tick (core/heap.h).
+  // gives back the pages of plans and messages dropped since the last tick, or of the arrays
+  // freed since the last idle trim once no run has been in flight for a while (core/heap.h):
+  // here, off the run path, so a run never waits for a trim it did not cause.
   void tick() {
     transport_.sweep();
     const int64_t dropped = transport_.dropped_messages() + plans_.stats().evicted;
     if (dropped != last_dropped_) heap_.released();
     last_dropped_ = dropped;
-    heap_.trim_if_released();
+    if (!heap_.trim_if_released()) heap_.trim_if_idle(HostArray::bytes_freed(), runner_.idle_for(started_));
   }
+  const HeapTrimmer& heap() const { return heap_; }
 
   void registered(int id, uint64_t epoch, uint64_t incarnation) {
     device_.set(id);
@@ -432,6 +437,9 @@ class WorkerServerImpl final : public WorkerServer {
     pb::WorkerStats s;
     service_.fill_stats(&s);
     const MetricLabels device = {{"device", absl::StrCat(s.device_id())}};
+    const char* const kTrims =
+        "Times the heap's free pages went back to the kernel (malloc_trim): after unloads and dropped messages "
+        "(released), or once idle after the runs freed --heap_trim_freed_bytes (idle).";
     std::vector<MetricSample> samples = {
         counter("tessera_worker_put_bytes_total", "Bytes of shards clients (and peers) put here (PutShard).",
                 s.bytes_put(), device),
@@ -454,6 +462,20 @@ class WorkerServerImpl final : public WorkerServer {
         counter("tessera_worker_exchange_messages_forged_total",
                 "Exchange messages dropped because their sender was not their stream's device.",
                 s.exchange_messages_forged(), device),
+        counter("tessera_worker_heap_trims_total", kTrims,
+                static_cast<double>(service_.heap().trims() - service_.heap().idle_trims()),
+                {device[0], {"reason", "released"}}),
+        counter("tessera_worker_heap_trims_total", kTrims, static_cast<double>(service_.heap().idle_trims()),
+                {device[0], {"reason", "idle"}}),
+        counter("tessera_worker_heap_trimmed_bytes_total",
+                "Resident bytes the trims gave back to the kernel (the process's VmRSS drop across each).",
+                static_cast<double>(service_.heap().trimmed_bytes()), device),
+        counter("tessera_worker_freed_bytes_total",
+                "Bytes of arrays freed to the allocator in this process (not kept by the buffer cache).",
+                static_cast<double>(HostArray::bytes_freed()), device),
+        gauge("tessera_worker_buffer_cache_bytes",
+              "Bytes of freed buffers this process keeps for reuse (--buffer_cache_bytes bounds them).",
+              static_cast<double>(HostArray::buffer_cache_bytes()), device),
         gauge("tessera_worker_incarnation", "The registration this worker holds.", s.incarnation(), device),
         gauge("tessera_worker_uptime_seconds", "Since the process started.", s.uptime_ms() / 1000.0, device),
     };

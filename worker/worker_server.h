@@ -80,6 +80,12 @@ struct WorkerOptions {
   // How long a drain waits with no run in flight before it counts the device as idle: the
   // time clients have to fetch what the last runs made before the worker exits.
   absl::Duration drain_quiet = absl::Milliseconds(200);
+  // Freed memory back to the kernel (core/heap.h): once the arrays freed since the last such
+  // trim (runs' intermediates and inputs, deleted arrays; HostArray::bytes_freed) reach
+  // heap_trim_freed_bytes and no plan has run for heap_trim_quiet, the next heartbeat tick
+  // calls malloc_trim. 0 bytes: never (only after unloads and dropped messages, as before).
+  int64_t heap_trim_freed_bytes = int64_t{64} << 20;
+  absl::Duration heap_trim_quiet = absl::Milliseconds(200);
 };
 
 class WorkerServer {

@@ -391,9 +391,32 @@ double sample(const std::string& scrape, const std::string& series) {
   return -1;
 }
 
+// Each (series, value) of `expected` is in `scrape`.
+void expect_samples(const std::string& scrape, const std::vector<std::pair<std::string, double>>& expected) {
+  for (const auto& [series, value] : expected) EXPECT_EQ(sample(scrape, series), value) << series << " in:\n" << scrape;
+}
+
+// Scrapes `port` until the sample `series` is `value` (or, with `at_least`, at least `value`),
+// for 30 s at most; the failure shows the last scrape. For what a daemon updates after the call
+// that caused it returned (deletions are asynchronous; heartbeat ticks).
+testing::AssertionResult scrape_until(int port, const std::string& series, double value, bool at_least = false) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  std::string last;
+  while (absl::Now() < deadline) {
+    last = http_get(port, "/metrics").value_or("");
+    const double v = sample(last, series);
+    if (v == value || (at_least && v >= value)) return testing::AssertionSuccess();
+    absl::SleepFor(absl::Milliseconds(50));  // a poll interval, bounded by the deadline
+  }
+  return testing::AssertionFailure() << series << " never became " << (at_least ? "at least " : "") << value << ":\n"
+                                     << last;
+}
+
 // --metrics_port: each daemon serves Prometheus' text format, and the counters follow the calls.
+// The coordinator keeps one program (--max_programs=1), so the second program evicts the first.
 TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
-  absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(kBin, 2, {"--metrics_port=0"}, {"--metrics_port=0"});
+  absl::StatusOr<ProcessCluster> cluster =
+      ProcessCluster::start(kBin, 2, {"--metrics_port=0", "--max_programs=1"}, {"--metrics_port=0"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto port_of = [](Subprocess& p) {
     absl::StatusOr<std::string> line = p.read_line_with("metrics on port", absl::Seconds(20));
@@ -409,6 +432,9 @@ TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
   EXPECT_THAT(*before, AllOf(HasSubstr("200 OK"), HasSubstr("# TYPE tessera_coordinator_executions_total counter")));
   EXPECT_EQ(sample(*before, "tessera_coordinator_devices_alive"), 2) << *before;
   EXPECT_EQ(sample(*before, "tessera_coordinator_executions_total{result=\"ok\"}"), 0) << *before;
+  EXPECT_EQ(sample(*before, "tessera_coordinator_compile_cache_misses_total"), 0) << *before;
+  EXPECT_EQ(sample(*before, "tessera_coordinator_compile_cache_hits_total"), 0) << *before;
+  EXPECT_EQ(sample(*before, "tessera_coordinator_compile_seconds_count"), 0) << *before;
 
   absl::StatusOr<Client> client = Client::connect(cluster->address, {.min_devices = 2});
   ASSERT_TRUE(client.ok()) << client.status();
@@ -416,7 +442,13 @@ TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   absl::StatusOr<Array> x = client->device_put(HostArray(DType::kF32, {1024}), NamedSharding(*mesh, P("data")));
   ASSERT_TRUE(x.ok()) << x.status();
-  // Two Jitted objects of one program: one compilation, then a cache hit; three executions.
+  // Buffers and bytes per device: x's shard on each (512 float32).
+  absl::StatusOr<std::string> put = http_get(worker, "/metrics");
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(sample(*put, "tessera_worker_buffers{device=\"1\"}"), 1) << *put;
+  EXPECT_EQ(sample(*put, "tessera_worker_used_bytes{device=\"1\"}"), 512 * 4) << *put;
+  // Two Jitted objects of one program: a miss (one compilation), then a cache hit; three
+  // executions.
   auto plus_one = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; };
   Jitted first = jit(plus_one), second = jit(plus_one);
   std::vector<Array> kept;
@@ -428,18 +460,29 @@ TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
   }
   absl::StatusOr<std::string> after = http_get(coordinator, "/metrics");
   ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_EQ(sample(*after, "tessera_coordinator_compilations_total"), 1) << *after;
-  EXPECT_EQ(sample(*after, "tessera_coordinator_compile_cache_hits_total"), 1) << *after;
-  EXPECT_EQ(sample(*after, "tessera_coordinator_executions_total{result=\"ok\"}"), 3) << *after;
-  EXPECT_EQ(sample(*after, "tessera_coordinator_executions_total{result=\"error\"}"), 0) << *after;
-  EXPECT_EQ(sample(*after, "tessera_coordinator_execute_seconds_count"), 3) << *after;
-  EXPECT_EQ(sample(*after, "tessera_coordinator_execute_seconds_bucket{le=\"+Inf\"}"), 3) << *after;
+  expect_samples(*after, {{"tessera_coordinator_compilations_total", 1},
+                          {"tessera_coordinator_compile_cache_hits_total", 1},
+                          {"tessera_coordinator_compile_cache_misses_total", 1},
+                          {"tessera_coordinator_compile_seconds_count", 1},
+                          {"tessera_coordinator_compile_seconds_bucket{le=\"+Inf\"}", 1},
+                          {"tessera_coordinator_compile_cache_evictions_total", 0},
+                          {"tessera_coordinator_programs", 1},
+                          {"tessera_coordinator_executions_total{result=\"ok\"}", 3},
+                          {"tessera_coordinator_executions_total{result=\"error\"}", 0},
+                          {"tessera_coordinator_execute_seconds_count", 3},
+                          {"tessera_coordinator_execute_seconds_bucket{le=\"+Inf\"}", 3}});
+  EXPECT_GT(sample(*after, "tessera_coordinator_compile_seconds_sum"), 0) << *after;
   absl::StatusOr<std::string> w = http_get(worker, "/metrics");
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(sample(*w, "tessera_worker_plan_runs_total{device=\"1\"}"), 3) << *w;
   EXPECT_EQ(sample(*w, "tessera_worker_plan_run_seconds_count"), 3) << *w;
   // x's shard and the three outputs' shards (all kept), 512 float32 each.
   EXPECT_EQ(sample(*w, "tessera_worker_used_bytes{device=\"1\"}"), 4 * 512 * 4) << *w;
+  EXPECT_EQ(sample(*w, "tessera_worker_buffers{device=\"1\"}"), 4) << *w;
+  // The outputs dropped: their buffers are deleted (asynchronously), x's stays.
+  kept.clear();
+  EXPECT_TRUE(scrape_until(worker, "tessera_worker_used_bytes{device=\"1\"}", 512 * 4));
+  EXPECT_TRUE(scrape_until(worker, "tessera_worker_buffers{device=\"1\"}", 1));
   // Anything but GET /metrics is a 404, and the daemon goes on serving (Debian's civetweb used to
   // crash answering such a request itself: core/metrics_server.cc).
   EXPECT_THAT(http_get(worker, "/other").value_or(""), HasSubstr("404 Not Found"));
@@ -462,8 +505,24 @@ TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
   EXPECT_EQ(sample(*w, "tessera_worker_collectives_total" + labels), 1) << *w;
   EXPECT_EQ(sample(*w, "tessera_worker_collectives_failed_total" + labels), 0) << *w;
   EXPECT_EQ(sample(*w, "tessera_worker_collective_bytes_total" + labels), 4) << *w;
-  EXPECT_EQ(sample(*w, "tessera_worker_collective_seconds_count{op=\"all_reduce\"}"), 1) << *w;
-  EXPECT_EQ(sample(*w, "tessera_worker_collective_seconds_count{op=\"all_gather\"}"), 0) << *w;
+  // Its latency, labelled alike (no device label: a worker process is one device); no series
+  // for what never ran.
+  const std::string latency = "{op=\"all_reduce\",algorithm=\"tree\",path=\"shm\"";
+  EXPECT_EQ(sample(*w, "tessera_worker_collective_seconds_count" + latency + "}"), 1) << *w;
+  EXPECT_EQ(sample(*w, "tessera_worker_collective_seconds_bucket" + latency + ",le=\"+Inf\"}"), 1) << *w;
+  EXPECT_GT(sample(*w, "tessera_worker_collective_seconds_sum" + latency + "}"), 0) << *w;
+  EXPECT_THAT(*w, Not(HasSubstr("tessera_worker_collective_seconds_count{op=\"all_gather\"")));
+  EXPECT_THAT(*w, Not(HasSubstr("tessera_worker_collective_seconds_count{op=\"all_reduce\",algorithm=\"ring\"")));
+  // The second program evicted the first (--max_programs=1): a miss, a compilation and an
+  // eviction more.
+  absl::StatusOr<std::string> evicted = http_get(coordinator, "/metrics");
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  expect_samples(*evicted, {{"tessera_coordinator_compile_cache_misses_total", 2},
+                            {"tessera_coordinator_compilations_total", 2},
+                            {"tessera_coordinator_compile_cache_hits_total", 1},
+                            {"tessera_coordinator_compile_cache_evictions_total", 1},
+                            {"tessera_coordinator_programs", 1},
+                            {"tessera_coordinator_compile_seconds_count", 2}});
 
   // RPC errors by method and code: a handshake of another protocol version, refused by each
   // daemon with FAILED_PRECONDITION, twice to the coordinator and once to the worker.
@@ -506,27 +565,73 @@ TEST(Cli, TheCoordinatorCountsLostDevicesAndRegistrationsAgain) {
   absl::StatusOr<std::string> line = cluster->coordinator->read_line_with("metrics on port", absl::Seconds(20));
   int port = -1;
   ASSERT_TRUE(line.ok() && absl::SimpleAtoi(last_word(*line), &port)) << line.status();
-  auto scrape_until = [port](const std::string& series, double value) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    std::string last;
-    while (absl::Now() < deadline) {
-      last = http_get(port, "/metrics").value_or("");
-      if (sample(last, series) == value) return testing::AssertionSuccess();
-      absl::SleepFor(absl::Milliseconds(50));  // a poll interval, bounded by the deadline
-    }
-    return testing::AssertionFailure() << series << " never became " << value << ":\n" << last;
-  };
-  EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"first\"}", 1));
-  EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"again\"}", 0));
-  EXPECT_TRUE(scrape_until("tessera_coordinator_devices_lost_total", 0));
+  EXPECT_TRUE(scrape_until(port, "tessera_coordinator_registrations_total{kind=\"first\"}", 1));
+  EXPECT_TRUE(scrape_until(port, "tessera_coordinator_registrations_total{kind=\"again\"}", 0));
+  EXPECT_TRUE(scrape_until(port, "tessera_coordinator_devices_lost_total", 0));
   const pid_t worker = cluster->workers[0]->pid();
   ASSERT_TRUE(sigstop_and_wait(worker).ok());
-  EXPECT_TRUE(scrape_until("tessera_coordinator_devices_lost_total", 1));
-  EXPECT_TRUE(scrape_until("tessera_coordinator_devices_alive", 0));
+  EXPECT_TRUE(scrape_until(port, "tessera_coordinator_devices_lost_total", 1));
+  EXPECT_TRUE(scrape_until(port, "tessera_coordinator_devices_alive", 0));
   ASSERT_EQ(::kill(worker, SIGCONT), 0);
-  EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"again\"}", 1));
-  EXPECT_TRUE(scrape_until("tessera_coordinator_devices_alive", 1));
-  EXPECT_TRUE(scrape_until("tessera_coordinator_registrations_total{kind=\"first\"}", 1));
+  EXPECT_TRUE(scrape_until(port, "tessera_coordinator_registrations_total{kind=\"again\"}", 1));
+  EXPECT_TRUE(scrape_until(port, "tessera_coordinator_devices_alive", 1));
+  EXPECT_TRUE(scrape_until(port, "tessera_coordinator_registrations_total{kind=\"first\"}", 1));
+}
+
+// A worker gives the memory its runs freed back to the kernel once it is idle (core/heap.h,
+// --heap_trim_freed_bytes, --heap_trim_quiet_ms), checked on every heartbeat tick (50 ms
+// here): not while runs follow each other, though each frees more than the bound, and once
+// they stop. No buffer cache, so freed arrays go back to malloc and count.
+TEST(Cli, AWorkerTrimsItsHeapOnceIdleAfterItsRunsFreedMemory) {
+  constexpr int64_t kBound = int64_t{4} << 20;
+  absl::StatusOr<ProcessCluster> cluster =
+      ProcessCluster::start(kBin, 1, {"--heartbeat_interval_ms=50"},
+                            {"--metrics_port=0", "--buffer_cache_bytes=0",
+                             absl::StrCat("--heap_trim_freed_bytes=", kBound), "--heap_trim_quiet_ms=2000"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::string> line = cluster->workers[0]->read_line_with("metrics on port", absl::Seconds(20));
+  int port = -1;
+  ASSERT_TRUE(line.ok() && absl::SimpleAtoi(last_word(*line), &port)) << line.status();
+  const std::string idle_trims = "tessera_worker_heap_trims_total{device=\"0\",reason=\"idle\"}";
+  const std::string freed = "tessera_worker_freed_bytes_total{device=\"0\"}";
+  absl::StatusOr<std::string> start = http_get(port, "/metrics");
+  ASSERT_TRUE(start.ok()) << start.status();
+  EXPECT_EQ(sample(*start, idle_trims), 0) << *start;
+  const double freed_at_start = sample(*start, freed);
+  ASSERT_GE(freed_at_start, 0) << *start;
+
+  absl::StatusOr<Client> client = Client::connect(cluster->address, {.min_devices = 1});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({1}, {"data"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Array> x = client->device_put(HostArray::zeros(DType::kF32, {kBound / 4}), NamedSharding(*mesh, P()));
+  ASSERT_TRUE(x.ok()) << x.status();
+  // A chain of runs issued back to back, each output (4 MiB) the next one's input and then
+  // dropped: the worker always has the next run, and frees at least the bound per run.
+  Jitted step = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 0.5 + 1.0}; });
+  constexpr int kRuns = 200;
+  Array y = *x;
+  for (int i = 0; i < kRuns; ++i) {
+    absl::StatusOr<std::vector<Array>> out = step({y});
+    ASSERT_TRUE(out.ok()) << out.status();
+    y = (*out)[0];
+  }
+  ASSERT_TRUE(y.block_until_ready().ok());
+  absl::StatusOr<std::string> busy = http_get(port, "/metrics");
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_EQ(sample(*busy, "tessera_worker_plan_runs_total{device=\"0\"}"), kRuns) << *busy;
+  EXPECT_EQ(sample(*busy, idle_trims), 0) << "a trim between back-to-back runs:\n" << *busy;
+  // Every output but the last is freed (deletions are asynchronous), then the worker idles.
+  EXPECT_TRUE(scrape_until(port, freed, freed_at_start + (kRuns - 1) * kBound, /*at_least=*/true));
+  EXPECT_TRUE(scrape_until(port, idle_trims, 1, /*at_least=*/true));
+  absl::StatusOr<std::string> after = http_get(port, "/metrics");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_LT(sample(*after, idle_trims), 10) << *after;  // far fewer than the runs: after them
+  EXPECT_GT(sample(*after, "tessera_worker_heap_trimmed_bytes_total{device=\"0\"}"), 0) << *after;
+  // The results are still right after the trims: 200 steps of y -> y/2 + 1 from 0 reach 2.
+  absl::StatusOr<HostArray> result = y.fetch();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FLOAT_EQ(result->values<float>()[0], 2.0f);
 }
 
 // status (issue #19 item 6): per device its address, state, incarnation, buffers and bytes used

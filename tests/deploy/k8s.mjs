@@ -101,9 +101,9 @@ const variablesRead = (bin) => helpOf(bin).read;
 // slack. 256 MiB is ASSUMED, not a bound anything enforces. Measured (RSS, this 2-core machine):
 // 23 MiB idle; at most 42 MiB in bench_programs (docs/design.md, "Bounds"); but under
 // example_transformer (dp on 2 workers, 30 steps, --buffer_cache_bytes=0) a worker reached
-// 1.3-1.5 GiB with at most 369 MiB of device memory in use, still growing, and kept it once its
-// arrays were freed: memory glibc's allocator keeps (malloc_trim(0) took it to 47 MiB;
-// deploy/README.md, "Memory"). So the rule below is necessary, not sufficient.
+// 1.3-1.5 GiB with at most 369 MiB of device memory in use, still growing: memory glibc's
+// allocator keeps, which a worker now gives back once idle (--heap_trim_freed_bytes), not while
+// it trains (deploy/README.md, "Memory"). So the rule below is necessary, not sufficient.
 const WORKER_PROCESS_BYTES = 256 * 2 ** 20;
 
 // On SIGTERM (deploy/README.md, "Stopping") a worker drains: at most --drain_timeout_ms, the

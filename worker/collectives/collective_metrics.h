@@ -1,6 +1,6 @@
 // CollectiveMetrics: what one device's collectives did, by kind, algorithm and the path whose
 // threshold table chose the algorithm (algorithms.h), for tessera-worker --metrics_port:
-// counts, failures and input bytes, and a latency histogram per kind. Lock-free (atomics);
+// counts, failures, input bytes and a latency histogram for each combination. Lock-free (atomics);
 // the Transport owns one, the engine records every run_collective into it.
 //
 //   metrics.record(CollectiveKind::kAllReduce, Algorithm::kTree, Path::kShm, 4096, took, true);
@@ -27,11 +27,22 @@ class CollectiveMetrics {
   static constexpr int kAlgorithms = 5;  // Algorithm's values
   static constexpr int kPaths = 2;       // Path's values
 
+  // One latency histogram per combination (labels op, algorithm and path); each appears in
+  // the scrape once it has observed a collective (core/metrics.h).
   CollectiveMetrics() {
     for (int k = 0; k < kKinds; ++k) {
-      latency_[k] = std::make_unique<LatencyHistogram>(
-          "tessera_worker_collective_seconds", "Collectives on this device, from its start to its result, by op.",
-          std::vector<double>{}, MetricLabels{{"op", collective_name(static_cast<CollectiveKind>(k))}});
+      for (int a = 0; a < kAlgorithms; ++a) {
+        for (int p = 0; p < kPaths; ++p) {
+          cells_[index(static_cast<CollectiveKind>(k), static_cast<Algorithm>(a), static_cast<Path>(p))].latency =
+              std::make_unique<LatencyHistogram>(
+                  "tessera_worker_collective_seconds",
+                  "Collectives on this device, from its start to its result, by op, algorithm and path.",
+                  std::vector<double>{},
+                  MetricLabels{{"op", collective_name(static_cast<CollectiveKind>(k))},
+                               {"algorithm", algorithm_name(static_cast<Algorithm>(a))},
+                               {"path", path_name(static_cast<Path>(p))}});
+        }
+      }
     }
   }
 
@@ -40,7 +51,7 @@ class CollectiveMetrics {
     c.count.fetch_add(1, std::memory_order_relaxed);
     if (!ok) c.failed.fetch_add(1, std::memory_order_relaxed);
     c.bytes.fetch_add(bytes, std::memory_order_relaxed);
-    latency_[static_cast<int>(kind)]->observe(took);
+    c.latency->observe(took);
   }
 
   struct Row {
@@ -67,7 +78,7 @@ class CollectiveMetrics {
   }
   std::vector<const LatencyHistogram*> histograms() const {
     std::vector<const LatencyHistogram*> out;
-    for (const auto& h : latency_) out.push_back(h.get());
+    for (const Cell& c : cells_) out.push_back(c.latency.get());
     return out;
   }
 
@@ -77,9 +88,9 @@ class CollectiveMetrics {
   }
   struct Cell {
     std::atomic<int64_t> count{0}, failed{0}, bytes{0};
+    std::unique_ptr<LatencyHistogram> latency;  // set by the constructor
   };
   std::array<Cell, kKinds * kAlgorithms * kPaths> cells_;
-  std::array<std::unique_ptr<LatencyHistogram>, kKinds> latency_;
 };
 
 }  // namespace tessera
