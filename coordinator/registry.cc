@@ -64,6 +64,7 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
   record->address = r.address;
   record->alive = true;
   record->draining = false;  // a new registration: a new process, or the same one back
+  record->left = false;
   record->memory_bytes = r.memory_bytes;
   record->incarnation += 1;
   record->last_heartbeat = now;
@@ -84,6 +85,10 @@ absl::Status Registry::heartbeat(int id, uint64_t epoch, uint64_t incarnation, a
     return absl::FailedPreconditionError(absl::StrCat("device ", id, " heartbeat from incarnation ", incarnation,
                                                       " but the current one is ", it->second.incarnation));
   }
+  if (it->second.left) {
+    return absl::FailedPreconditionError(absl::StrCat(describe_device(id, it->second.address),
+                                                      " left (its worker deregistered); it must register again"));
+  }
   if (!it->second.alive) {
     // Its state is unknown since (a link cut, a pause): it comes back through registration.
     return absl::FailedPreconditionError(
@@ -93,6 +98,25 @@ absl::Status Registry::heartbeat(int id, uint64_t epoch, uint64_t incarnation, a
   it->second.last_heartbeat = now;
   if (newly_draining != nullptr) *newly_draining = draining && !it->second.draining;
   it->second.draining = it->second.draining || draining;
+  return absl::OkStatus();
+}
+
+absl::Status Registry::deregister(int id, uint64_t epoch, uint64_t incarnation) {
+  if (epoch != this->epoch()) {
+    return absl::NotFoundError(absl::StrCat("device ", id, " registered with coordinator epoch ", epoch,
+                                            " but this coordinator is epoch ", this->epoch(), " (it restarted)"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = devices_.find(id);
+  if (it == devices_.end()) return absl::NotFoundError(absl::StrCat("device ", id, " is not registered"));
+  if (it->second.incarnation != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat("device ", id, " deregistration from incarnation ", incarnation,
+                                                      " but the current one is ", it->second.incarnation));
+  }
+  if (!it->second.left) ++it->second.times_left;
+  it->second.alive = false;
+  it->second.left = true;
+  it->second.draining = false;  // done draining: gone
   return absl::OkStatus();
 }
 

@@ -39,6 +39,10 @@ struct DeviceRecord {
   uint64_t incarnation = 0;  // registrations of the device with this coordinator process
   uint64_t times_lost = 0;   // how often it was marked lost (missed heartbeats)
   bool draining = false;     // its worker said it drains: no new work (until it registers again)
+  // Its worker drained and deregistered (not alive, and not lost: it said it goes), until it
+  // registers again.
+  bool left = false;
+  uint64_t times_left = 0;  // how often it deregistered
   absl::Time last_heartbeat;
   absl::Time registered_at;  // of the current incarnation
 };
@@ -109,6 +113,11 @@ class Registry {
   // again); *newly_draining (if given) says whether this heartbeat was the first to say so.
   absl::Status heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now, bool draining = false,
                          bool* newly_draining = nullptr);
+
+  // The worker of device `id` drained and exits: the device is no longer alive and is
+  // recorded as left (DeviceRecord::left), not lost. The same errors as heartbeat, except that
+  // a device marked lost meanwhile may still leave (its worker says where it went).
+  absl::Status deregister(int id, uint64_t epoch, uint64_t incarnation);
 
   // Marks alive devices whose last heartbeat is older than the timeout as lost; returns them.
   std::vector<int> mark_lost(absl::Time now);

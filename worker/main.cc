@@ -197,7 +197,8 @@ int main(int argc, char** argv) {
   }
   tessera::HostArray::set_buffer_cache_limit(static_cast<size_t>(absl::GetFlag(FLAGS_buffer_cache_bytes)));
   options.drain_quiet = absl::Milliseconds(absl::GetFlag(FLAGS_drain_quiet_ms));
-  absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
+  absl::StatusOr<tessera::Credentials> credentials =
+      tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials), tessera::CredentialsHolder::kWorker);
   if (!credentials.ok()) {
     std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";
     return 2;

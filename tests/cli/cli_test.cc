@@ -30,6 +30,7 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
+#include "tests/metrics_scrape.h"
 
 namespace tessera {
 namespace {
@@ -351,44 +352,6 @@ TEST(Cli, APlaintextHealthPortAnswersForATlsDaemon) {
   ASSERT_TRUE(worker_health.ok()) << worker_health.status();
   EXPECT_THAT(wait_health({"--address=127.0.0.1:" + last_word(*worker_health)}, 0), HasSubstr("serving"));
   EXPECT_THAT(wait_health({"--address=" + health}, 0), HasSubstr("serving: " + health));
-}
-
-// GET `path` from 127.0.0.1:`port` over HTTP/1.0 (the connection closes after the answer), for
-// at most 10 s; the whole response, headers included, or an error.
-// `method` `path` over HTTP/1.0 to 127.0.0.1:port; the whole response.
-absl::StatusOr<std::string> http_request(int port, const std::string& method, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket");
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat(method, " ", path, " HTTP/1.0\r\n\r\n");
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  if (response.empty()) return absl::UnavailableError(absl::StrCat("no answer from 127.0.0.1:", port, path));
-  return response;
-}
-absl::StatusOr<std::string> http_get(int port, const std::string& path) { return http_request(port, "GET", path); }
-
-// The value of the sample `series` (name and labels, as the text format prints them) in a
-// Prometheus scrape; -1 if it is not there.
-double sample(const std::string& scrape, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
-    if (!absl::StartsWith(line, series + " ")) continue;
-    double value = -1;
-    if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
-  }
-  return -1;
 }
 
 // --metrics_port: each daemon serves Prometheus' text format, and the counters follow the calls.
