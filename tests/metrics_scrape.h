@@ -46,7 +46,9 @@ inline absl::StatusOr<std::string> http_request(int port, const std::string& met
   return response;
 }
 // GET `path`, as http_request.
-inline absl::StatusOr<std::string> http_get(int port, const std::string& path) { return http_request(port, "GET", path); }
+inline absl::StatusOr<std::string> http_get(int port, const std::string& path) {
+  return http_request(port, "GET", path);
+}
 
 // The value of the sample `series` (name and labels, as the text format prints them) in a
 // Prometheus scrape; -1 if it is not there.

@@ -286,8 +286,7 @@ class DeregisterTest : public FaultClusterTest {
 };
 
 TEST_F(DeregisterTest, ADrainedWorkerLeavesAndIsNotCountedLost) {
-  absl::StatusOr<std::string> metrics_line =
-      cluster_.coordinator->read_line_with("metrics on port", absl::Seconds(20));
+  absl::StatusOr<std::string> metrics_line = cluster_.coordinator->read_line_with("metrics on port", absl::Seconds(20));
   ASSERT_TRUE(metrics_line.ok()) << metrics_line.status();
   int metrics_port = -1;
   ASSERT_TRUE(absl::SimpleAtoi(metrics_line->substr(metrics_line->rfind(' ') + 1), &metrics_port)) << *metrics_line;
