@@ -186,6 +186,11 @@ class Registry {
 
  private:
   int alive_count(bool taking_work = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Device `id` if `epoch` and `incarnation` are its current registration's: NOT_FOUND for an
+  // unknown device or another coordinator epoch, FAILED_PRECONDITION (naming `what`) for a
+  // stale incarnation.
+  absl::StatusOr<DeviceRecord*> current_device(int id, uint64_t epoch, uint64_t incarnation, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status check_session_locked(uint64_t session, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.

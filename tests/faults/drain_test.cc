@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -81,6 +82,25 @@ void expect_close(const Array& got, const std::vector<std::vector<double>>& want
   }
 }
 
+// `tessera status` of the cluster at `coordinator` lists every device, kDrained in state
+// `drained` and the others alive.
+void expect_status_states(const std::string& coordinator, const std::string& token_file, const std::string& drained) {
+  absl::StatusOr<std::pair<int, std::string>> shown = Subprocess::run(
+      {kBin + "/tessera", "status", "--coordinator=" + coordinator, "--token_file=" + token_file}, absl::Seconds(30));
+  ASSERT_TRUE(shown.ok()) << shown.status();
+  ASSERT_EQ(shown->first, 0) << shown->second;
+  int devices = 0;
+  for (absl::string_view line : absl::StrSplit(shown->second, '\n')) {
+    // DEVICE ADDRESS STATE ...: the rows whose second word is an address.
+    std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int id = -1;
+    if (words.size() < 3 || !absl::SimpleAtoi(words[0], &id) || words[1].find(':') == std::string::npos) continue;
+    EXPECT_EQ(words[2], id == kDrained ? drained : "alive") << line;
+    ++devices;
+  }
+  EXPECT_EQ(devices, kFaultWorkers) << shown->second;
+}
+
 // The drained worker exits once no run has been in flight for --drain_quiet_ms; the test
 // fetches the last run's result from it in that time, which 200 ms (the default) does not
 // always leave on a loaded machine.
@@ -133,12 +153,43 @@ TEST_F(DrainTest, ARunInFlightAtSigtermFinishesThenTheWorkerExits) {
   EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("device ", kDrained))) << status;
 }
 
+// What the drills below run before and after a device drains: `2x + 1` jitted over an (8, 4)
+// array on every device, run once and checked against the host.
+class AffineDrill : public FaultClusterTest {
+ protected:
+  void run_affine() {
+    absl::StatusOr<Client> client = connect();
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_.emplace(*std::move(client));
+    absl::StatusOr<Mesh> mesh = client_->make_mesh({kFaultWorkers}, {"x"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    mesh_.emplace(*mesh);
+    absl::StatusOr<Array> x = client_->device_put(host_, NamedSharding(*mesh_, P("x")));
+    ASSERT_TRUE(x.ok()) << x.status();
+    x_.emplace(*x);
+    JitOptions options;
+    options.timeout = kBound;
+    f_.emplace(jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; }, options));
+    absl::StatusOr<std::vector<Array>> before = (*f_)({*x_});
+    ASSERT_TRUE(before.ok()) << before.status();
+    expect_equal((*before)[0], affine(host_, 2, 1));
+    before_.emplace(*before);
+  }
+
+  const HostArray host_ = HostArray::arange(DType::kF32, {8, 4});
+  std::optional<Client> client_;
+  std::optional<Mesh> mesh_;
+  std::optional<Array> x_;
+  std::optional<Jitted> f_;
+  std::optional<std::vector<Array>> before_;
+};
+
 // A draining worker tells the coordinator at once (its heartbeat says so, sent when SIGTERM
 // arrives): the coordinator refuses new Execute, Compile and CreateArray calls that need the
 // device, UNAVAILABLE naming it, without waiting for the worker to go, and `tessera status`
 // shows it draining. The drain lasts --drain_quiet_ms (no run is in flight), long enough for
 // the checks; the worker then exits.
-class DrainingRefusedTest : public FaultClusterTest {
+class DrainingRefusedTest : public AffineDrill {
   std::vector<std::string> drill_worker_flags() const override {
     return {"--drain_quiet_ms=15000", "--drain_timeout_ms=30000"};
   }
@@ -153,19 +204,15 @@ void expect_refused_as_draining(const absl::Status& status, absl::Duration took,
 }
 
 TEST_F(DrainingRefusedTest, TheCoordinatorSendsADrainingDeviceNoNewWorkAndStatusShowsIt) {
-  absl::StatusOr<Client> client = connect();
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const HostArray host = HostArray::arange(DType::kF32, {8, 4});
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
-  ASSERT_TRUE(x.ok()) << x.status();
+  ASSERT_NO_FATAL_FAILURE(run_affine());
+  std::optional<Client>& client = client_;
+  std::optional<Mesh>& mesh = mesh_;
+  std::optional<Array>& x = x_;
+  Jitted& f = *f_;
+  std::optional<std::vector<Array>>& before = before_;
+  const HostArray& host = host_;
   JitOptions options;
   options.timeout = kBound;
-  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; }, options);
-  absl::StatusOr<std::vector<Array>> before = f({*x});
-  ASSERT_TRUE(before.ok()) << before.status();
-  expect_equal((*before)[0], affine(host, 2, 1));
 
   ASSERT_EQ(::kill(cluster_.workers[kDrained]->pid(), SIGTERM), 0);
   // The coordinator learns it from the heartbeat the drain sends at once.
@@ -208,21 +255,7 @@ TEST_F(DrainingRefusedTest, TheCoordinatorSendsADrainingDeviceNoNewWorkAndStatus
   expect_refused_as_draining(put.status(), absl::Now() - t, "device_put");
 
   // `tessera status` lists it as draining, the others alive.
-  absl::StatusOr<std::pair<int, std::string>> shown = Subprocess::run(
-      {kBin + "/tessera", "status", "--coordinator=" + cluster_.address, "--token_file=" + client_token_file()},
-      absl::Seconds(30));
-  ASSERT_TRUE(shown.ok()) << shown.status();
-  ASSERT_EQ(shown->first, 0) << shown->second;
-  int devices = 0;
-  for (absl::string_view line : absl::StrSplit(shown->second, '\n')) {
-    // DEVICE ADDRESS STATE ...: the rows whose second word is an address.
-    std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    int id = -1;
-    if (words.size() < 3 || !absl::SimpleAtoi(words[0], &id) || words[1].find(':') == std::string::npos) continue;
-    EXPECT_EQ(words[2], id == kDrained ? "draining" : "alive") << line;
-    ++devices;
-  }
-  EXPECT_EQ(devices, kFaultWorkers) << shown->second;
+  expect_status_states(cluster_.address, client_token_file(), "draining");
 
   // The SDK sees it draining, and a new default mesh leaves it out (as jax.make_mesh takes the
   // devices that can run work): 3 devices make a mesh of the others, which computes right;
@@ -277,7 +310,7 @@ TEST_F(DrainingRefusedTest, TheCoordinatorSendsADrainingDeviceNoNewWorkAndStatus
 // the left one counts it, the state stays LEFT past several heartbeat timeouts (the
 // coordinator's loss check runs meanwhile and must not turn it into LOST), and a call needing
 // the device fails at once, UNAVAILABLE naming it and saying it left.
-class DeregisterTest : public FaultClusterTest {
+class DeregisterTest : public AffineDrill {
   std::vector<std::string> drill_flags() const override {
     std::vector<std::string> flags = kFaultCoordinatorFlags;  // heartbeat timeout 1.5 s
     flags.push_back("--metrics_port=0");
@@ -294,19 +327,9 @@ TEST_F(DeregisterTest, ADrainedWorkerLeavesAndIsNotCountedLost) {
     absl::StatusOr<std::string> scrape = http_get(metrics_port, "/metrics");
     return scrape.ok() ? sample(*scrape, series) : -2;
   };
-  absl::StatusOr<Client> client = connect();
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const HostArray host = HostArray::arange(DType::kF32, {8, 4});
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
-  ASSERT_TRUE(x.ok()) << x.status();
-  JitOptions options;
-  options.timeout = kBound;
-  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; }, options);
-  absl::StatusOr<std::vector<Array>> before = f({*x});
-  ASSERT_TRUE(before.ok()) << before.status();
-  expect_equal((*before)[0], affine(host, 2, 1));
+  ASSERT_NO_FATAL_FAILURE(run_affine());
+  std::optional<Array>& x = x_;
+  Jitted& f = *f_;
   EXPECT_EQ(counter("tessera_coordinator_devices_lost_total"), 0);
   EXPECT_EQ(counter("tessera_coordinator_devices_left_total"), 0);
 
@@ -365,20 +388,7 @@ TEST_F(DeregisterTest, ADrainedWorkerLeavesAndIsNotCountedLost) {
   EXPECT_EQ(counter("tessera_coordinator_devices_alive"), kFaultWorkers - 1);
 
   // `tessera status` shows it left, the others alive.
-  absl::StatusOr<std::pair<int, std::string>> shown = Subprocess::run(
-      {kBin + "/tessera", "status", "--coordinator=" + cluster_.address, "--token_file=" + client_token_file()},
-      absl::Seconds(30));
-  ASSERT_TRUE(shown.ok()) << shown.status();
-  ASSERT_EQ(shown->first, 0) << shown->second;
-  int devices = 0;
-  for (absl::string_view row : absl::StrSplit(shown->second, '\n')) {
-    std::vector<std::string> words = absl::StrSplit(row, ' ', absl::SkipEmpty());
-    int id = -1;
-    if (words.size() < 3 || !absl::SimpleAtoi(words[0], &id) || words[1].find(':') == std::string::npos) continue;
-    EXPECT_EQ(words[2], id == kDrained ? "left" : "alive") << row;
-    ++devices;
-  }
-  EXPECT_EQ(devices, kFaultWorkers) << shown->second;
+  expect_status_states(cluster_.address, client_token_file(), "left");
 }
 
 }  // namespace
