@@ -100,10 +100,12 @@ ABSL_FLAG(int, malloc_arenas, 0,
           "freed memory of evicted programs reusable instead of growing the heap (docs/design.md, Memory) "
           "(env TESSERA_WORKER_MALLOC_ARENAS)");
 
-ABSL_FLAG(std::string, credentials, "",
-          "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
-          "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
-          "warning says so) (env TESSERA_WORKER_CREDENTIALS)");
+ABSL_FLAG(
+    std::string, credentials, "",
+    "directory of the cluster's tokens (`tessera credentials DIR` makes one): every call must present one of "
+    "them. A worker needs cluster.token, client.token and, with TLS, ca.pem and its device-N.pem/.key (admin.token "
+    "and daemon.pem may be missing: `tessera select-credentials` copies only these). Empty: the development mode, "
+    "nothing is checked (a warning says so) (env TESSERA_WORKER_CREDENTIALS)");
 
 int main(int argc, char** argv) {
   tessera::ensure_fast_blas(argv);
