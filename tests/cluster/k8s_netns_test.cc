@@ -475,6 +475,20 @@ TEST_F(K8sNetnsTest, StatefulSetWorkersWaitForALateCoordinatorThenServeAndDrain)
   const absl::Duration worker_stop = stop(*workers[3], grace);
   EXPECT_LE(worker_stop, grace);
   EXPECT_THAT(wait_health(cluster_address("tessera"), "", 1, absl::Seconds(10)), HasSubstr("NOT_SERVING"));
+  // It deregistered on its way out: the coordinator shows it left, not lost.
+  {
+    absl::StatusOr<std::pair<int, std::string>> shown = Subprocess::run(
+        as_client({bin("tessera"), "status", "--coordinator=" + cluster_address("tessera")}), absl::Seconds(30));
+    ASSERT_TRUE(shown.ok()) << shown.status();
+    ASSERT_EQ(shown->first, 0) << shown->second;
+    std::string row;
+    for (absl::string_view line : absl::StrSplit(shown->second, '\n')) {
+      if (absl::StartsWith(line, "3 ")) row = std::string(line);
+    }
+    std::vector<std::string> words = absl::StrSplit(row, ' ', absl::SkipEmpty());
+    ASSERT_GE(words.size(), 3u) << shown->second;
+    EXPECT_EQ(words[2], "left") << row;
+  }
   // The StatefulSet makes the pod again under the same name: device 3 again, ready again.
   ASSERT_TRUE(start(*workers[3]).ok());
   absl::StatusOr<std::string> again =
