@@ -76,6 +76,13 @@ ABSL_FLAG(int, devices, 8,
 ABSL_FLAG(bool, keep_existing, false,
           "credentials: if DIR holds credentials already, keep them and exit 0 (a deployment's first start makes "
           "them, every later start keeps them); default: refuse");
+ABSL_FLAG(std::string, role, "",
+          "select-credentials: whose files to copy: 'coordinator' (every token, ca.pem, daemon.pem/.key) or "
+          "'worker' (cluster.token, client.token, ca.pem, and its own device-N.pem/.key)");
+ABSL_FLAG(std::string, device_id_from, "",
+          "select-credentials: a worker's device id from the environment, as tessera-worker's flag of that name: "
+          "'ordinal' ($POD_NAME's last number) or 'job_index' ($JOB_COMPLETION_INDEX)");
+ABSL_FLAG(int, device_id, -1, "select-credentials: a worker's device id (instead of --device_id_from)");
 ABSL_FLAG(bool, insecure, false,
           "up: start the daemons without credentials (the development mode: nothing is checked; --host must be a "
           "loopback address)");
@@ -107,6 +114,11 @@ constexpr char kUsage[] =
     "      --tls_hosts is empty, a cluster CA (ca.pem), the coordinator's certificate (daemon.pem) and\n"
     "      one per device 0 .. N-1 (device-N.pem, naming it; default 8) for those hosts; a DIR\n"
     "      that holds credentials is refused, or with --keep_existing kept as it is\n"
+    "  tessera select-credentials FROM TO --role coordinator|worker [--device_id_from ordinal|job_index]\n"
+    "      copies into TO only the files of credentials directory FROM that one daemon needs (a\n"
+    "      Kubernetes init container's job: the daemon never sees the whole Secret): the coordinator's\n"
+    "      tokens, ca.pem and daemon.pem/.key, or worker N's cluster.token, client.token, ca.pem and\n"
+    "      device-N.pem/.key; then checks TO loads as that daemon's --credentials\n"
     "  tessera status [--coordinator HOST:PORT] [--token_file FILE] [--json]\n"
     "      one row per device (id, address, state, incarnation, buffers, bytes used / limit,\n"
     "      programs loaded, plan runs and failures, BLAS kernel, uptime, last error), then the\n"
@@ -424,7 +436,10 @@ void print_status(const std::string& address, const pb::ClusterStatus& cluster) 
               "BUFFERS", "USED / LIMIT", "PROGRAMS", "RUNS (FAIL)", "BLAS", "UPTIME", "LAST ERROR");
   for (const pb::DeviceStatus& d : cluster.devices()) {
     const pb::DeviceInfo& info = d.info();
-    const char* state = info.state() != pb::ALIVE ? "lost" : info.draining() ? "draining" : "alive";
+    const char* state = info.state() == pb::LEFT    ? "left"
+                        : info.state() != pb::ALIVE ? "lost"
+                        : info.draining()           ? "draining"
+                                                    : "alive";
     if (d.has_stats()) {
       const pb::WorkerStats& s = d.stats();
       const std::string last_error =
@@ -562,6 +577,30 @@ absl::Status credentials(const std::vector<char*>& args) {
   return absl::OkStatus();
 }
 
+// One daemon's share of a credentials directory (a Kubernetes init container runs this).
+absl::Status select_credentials_command(const std::vector<char*>& args) {
+  if (args.size() != 4) return absl::InvalidArgumentError("select-credentials: FROM and TO are required");
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role == "coordinator") {
+    TESSERA_RETURN_IF_ERROR(tessera::select_credentials(args[2], args[3], CredentialsHolder::kCoordinator, -1));
+    std::printf("%s: the coordinator's credentials\n", args[3]);
+    return absl::OkStatus();
+  }
+  if (role != "worker") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("select-credentials: --role '", role, "' is neither 'coordinator' nor 'worker'"));
+  }
+  int device = absl::GetFlag(FLAGS_device_id);
+  if (const std::string from = absl::GetFlag(FLAGS_device_id_from); !from.empty()) {
+    if (device >= 0)
+      return absl::InvalidArgumentError("select-credentials: give --device_id or --device_id_from, not both");
+    TESSERA_ASSIGN_OR_RETURN(device, device_id_from_environment(from));
+  }
+  TESSERA_RETURN_IF_ERROR(tessera::select_credentials(args[2], args[3], CredentialsHolder::kWorker, device));
+  std::printf("%s: device %d's credentials\n", args[3], device);
+  return absl::OkStatus();
+}
+
 // A timeline of the running cluster (Client::start_profile / stop_profile, as a client).
 absl::Status profile(const std::string& state_path) {
   const std::string out = absl::GetFlag(FLAGS_out);
@@ -657,6 +696,8 @@ int main(int argc, char** argv) {
     status = tessera::health(state_path);
   } else if (command == "credentials") {
     status = tessera::credentials(args);
+  } else if (command == "select-credentials") {
+    status = tessera::select_credentials_command(args);
   } else if (command == "profile") {
     status = tessera::profile(state_path);
   } else if (command == "run-example") {

@@ -60,7 +60,11 @@ absl::StatusOr<HostArray> Shard::data() const {
   if (restarted.count(d.id()) > 0) {
     return absl::FailedPreconditionError(absl::StrCat(who, ": the worker restarted and the shard is gone"));
   }
-  if (d.state() != pb::ALIVE) return absl::UnavailableError(absl::StrCat(who, ": the device is lost"));
+  if (d.state() != pb::ALIVE) {
+    return absl::UnavailableError(absl::StrCat(who, d.state() == pb::LEFT
+                                                        ? ": the device left (its worker drained and deregistered)"
+                                                        : ": the device is lost"));
+  }
   TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, array_->client->worker(d.address(), who));
   HostArray out(array_->dtype, shape());
   Index whole;

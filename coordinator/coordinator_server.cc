@@ -41,7 +41,7 @@ void to_proto(const DeviceRecord& d, pb::DeviceInfo* out) {
   out->set_id(d.id);
   out->set_address(d.address);
   out->set_name(d.name);
-  out->set_state(d.alive ? pb::ALIVE : pb::LOST);
+  out->set_state(d.alive ? pb::ALIVE : d.left ? pb::LEFT : pb::LOST);
   out->set_memory_bytes(d.memory_bytes);
   out->set_incarnation(d.incarnation);
   out->set_draining(d.draining);
@@ -189,9 +189,17 @@ class CoordinatorService final : public CoordinatorServiceBase {
       }
     }
     bool newly_draining = false;
-    const absl::Status beat = caller.ok() ? registry_.heartbeat(req->device_id(), req->epoch(), req->incarnation(),
-                                                                absl::Now(), req->draining(), &newly_draining)
-                                          : caller.status();
+    absl::Status beat = caller.status();
+    if (caller.ok() && req->leaving()) {
+      beat = registry_.deregister(req->device_id(), req->epoch(), req->incarnation());
+      if (beat.ok() && options_.log_registrations) {
+        std::fprintf(stderr, "tessera-coordinator: device %d left (its worker drained and deregistered)\n",
+                     req->device_id());
+      }
+    } else if (caller.ok()) {
+      beat = registry_.heartbeat(req->device_id(), req->epoch(), req->incarnation(), absl::Now(), req->draining(),
+                                 &newly_draining);
+    }
     if (newly_draining && options_.log_registrations) {
       std::fprintf(stderr, "tessera-coordinator: device %d is draining; no new work goes to it\n", req->device_id());
     }
@@ -211,23 +219,24 @@ class CoordinatorService final : public CoordinatorServiceBase {
       if (!wait_for_alive(*ctx, req->min_alive_devices(), wait, &unconfirmed)) {
         // Draining devices are alive but take no new work: they do not count.
         int alive = 0;
-        std::vector<std::string> lost, draining, unconfirmed_ones;
+        std::vector<std::string> lost, draining, left, unconfirmed_ones;
         for (const DeviceRecord& d : registry_.devices()) {
           if (d.alive && !d.draining && unconfirmed.count(d.id) > 0) {
             unconfirmed_ones.push_back(absl::StrCat(describe_device(d.id, d.address), ": ", unconfirmed.at(d.id)));
           } else if (d.alive && !d.draining) {
             ++alive;
           } else {
-            (d.alive ? draining : lost).push_back(describe_device(d.id, d.address));
+            (d.alive ? draining : d.left ? left : lost).push_back(describe_device(d.id, d.address));
           }
         }
         return to_grpc(absl::DeadlineExceededError(
             absl::StrCat("waited ", absl::FormatDuration(wait), " for ", req->min_alive_devices(),
                          " alive devices (not draining) but ", alive, " are",
-                         lost.empty() && draining.empty() && unconfirmed_ones.empty()
+                         lost.empty() && draining.empty() && left.empty() && unconfirmed_ones.empty()
                              ? std::string(" (no other device has registered)")
                              : "",
                          lost.empty() ? "" : absl::StrCat("; lost: ", absl::StrJoin(lost, ", ")),
+                         left.empty() ? "" : absl::StrCat("; left (drained): ", absl::StrJoin(left, ", ")),
                          unconfirmed_ones.empty() ? ""
                                                   : absl::StrCat("; registered but not confirmed by their workers: ",
                                                                  absl::StrJoin(unconfirmed_ones, "; ")),
@@ -483,12 +492,13 @@ class CoordinatorService final : public CoordinatorServiceBase {
 
   // The coordinator's metrics (core/metrics.h), from what it counts anyway.
   std::vector<MetricSample> metrics() {
-    int64_t alive = 0, devices = 0, compilations = 0, programs = 0, evictions = 0, again = 0, lost = 0;
+    int64_t alive = 0, devices = 0, compilations = 0, programs = 0, evictions = 0, again = 0, lost = 0, left = 0;
     for (const DeviceRecord& d : registry_.devices()) {
       ++devices;
       alive += d.alive ? 1 : 0;
       again += static_cast<int64_t>(d.incarnation) - 1;
       lost += static_cast<int64_t>(d.times_lost);
+      left += static_cast<int64_t>(d.times_left);
     }
     {
       const ProgramCache::Counts counts = programs_.counts();
@@ -501,11 +511,13 @@ class CoordinatorService final : public CoordinatorServiceBase {
     const char* const kRegistrations =
         "Worker registrations: a device's first, and again (the same worker back, or a new process under its name).";
     return {
-        gauge("tessera_coordinator_devices", "Devices registered (alive or lost).", devices),
+        gauge("tessera_coordinator_devices", "Devices registered (alive, lost or left).", devices),
         gauge("tessera_coordinator_devices_alive", "Devices alive.", alive),
         counter("tessera_coordinator_registrations_total", kRegistrations, devices, {{"kind", "first"}}),
         counter("tessera_coordinator_registrations_total", kRegistrations, again, {{"kind", "again"}}),
         counter("tessera_coordinator_devices_lost_total", "Times a device was marked lost (missed heartbeats).", lost),
+        counter("tessera_coordinator_devices_left_total",
+                "Times a device's worker drained and deregistered (SIGTERM): gone, not lost.", left),
         gauge("tessera_coordinator_arrays", "Arrays the coordinator knows.", arrays),
         gauge("tessera_coordinator_programs", "Compiled programs held.", programs),
         counter("tessera_coordinator_compilations_total", "Programs compiled.", compilations),

@@ -152,8 +152,12 @@ absl::StatusOr<Members> FanOut::alive_members(const std::vector<int>& ids, const
   for (int d : ids) {
     std::optional<DeviceRecord> device = registry_->device(d);
     if (!device.has_value() || !device->alive) {
-      return absl::UnavailableError(
-          absl::StrCat(what, ": ", describe_device(d, device ? device->address : "?"), " is lost"));
+      return absl::UnavailableError(absl::StrCat(
+          what, ": ", describe_device(d, device ? device->address : "?"),
+          device.has_value() && device->left
+              ? " left the cluster (its worker drained and deregistered); retry once it is back, or use a mesh "
+                "without it"
+              : " is lost"));
     }
     TESSERA_RETURN_IF_ERROR(check_not_draining(*device, what));
     pb::PeerAddress peer;

@@ -90,7 +90,8 @@ int main(int argc, char** argv) {
     std::cerr << "tessera-coordinator: " << threads.message() << "\n";
     return 2;
   }
-  absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
+  absl::StatusOr<tessera::Credentials> credentials =
+      tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials), tessera::CredentialsHolder::kCoordinator);
   if (!credentials.ok()) {
     std::cerr << "tessera-coordinator: --credentials: " << credentials.status().message() << "\n";
     return 2;

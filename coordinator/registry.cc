@@ -64,6 +64,7 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
   record->address = r.address;
   record->alive = true;
   record->draining = false;  // a new registration: a new process, or the same one back
+  record->left = false;
   record->memory_bytes = r.memory_bytes;
   record->incarnation += 1;
   record->last_heartbeat = now;
@@ -71,28 +72,48 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
   return *record;
 }
 
-absl::Status Registry::heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now, bool draining,
-                                 bool* newly_draining) {
+absl::StatusOr<DeviceRecord*> Registry::current_device(int id, uint64_t epoch, uint64_t incarnation,
+                                                       absl::string_view what) {
   if (epoch != this->epoch()) {
     return absl::NotFoundError(absl::StrCat("device ", id, " registered with coordinator epoch ", epoch,
                                             " but this coordinator is epoch ", this->epoch(), " (it restarted)"));
   }
-  absl::MutexLock lock(&mu_);
   auto it = devices_.find(id);
   if (it == devices_.end()) return absl::NotFoundError(absl::StrCat("device ", id, " is not registered"));
   if (it->second.incarnation != incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat("device ", id, " heartbeat from incarnation ", incarnation,
+    return absl::FailedPreconditionError(absl::StrCat("device ", id, " ", what, " from incarnation ", incarnation,
                                                       " but the current one is ", it->second.incarnation));
   }
-  if (!it->second.alive) {
+  return &it->second;
+}
+
+absl::Status Registry::heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now, bool draining,
+                                 bool* newly_draining) {
+  absl::MutexLock lock(&mu_);
+  TESSERA_ASSIGN_OR_RETURN(DeviceRecord * d, current_device(id, epoch, incarnation, "heartbeat"));
+  if (d->left) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(describe_device(id, d->address), " left (its worker deregistered); it must register again"));
+  }
+  if (!d->alive) {
     // Its state is unknown since (a link cut, a pause): it comes back through registration.
     return absl::FailedPreconditionError(
-        absl::StrCat(describe_device(id, it->second.address), " was marked lost after missing heartbeats for ",
+        absl::StrCat(describe_device(id, d->address), " was marked lost after missing heartbeats for ",
                      absl::FormatDuration(heartbeat_timeout_), "; it must register again"));
   }
-  it->second.last_heartbeat = now;
-  if (newly_draining != nullptr) *newly_draining = draining && !it->second.draining;
-  it->second.draining = it->second.draining || draining;
+  d->last_heartbeat = now;
+  if (newly_draining != nullptr) *newly_draining = draining && !d->draining;
+  d->draining = d->draining || draining;
+  return absl::OkStatus();
+}
+
+absl::Status Registry::deregister(int id, uint64_t epoch, uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  TESSERA_ASSIGN_OR_RETURN(DeviceRecord * d, current_device(id, epoch, incarnation, "deregistration"));
+  if (!d->left) ++d->times_left;
+  d->alive = false;
+  d->left = true;
+  d->draining = false;  // done draining: gone
   return absl::OkStatus();
 }
 

@@ -39,6 +39,10 @@ struct DeviceRecord {
   uint64_t incarnation = 0;  // registrations of the device with this coordinator process
   uint64_t times_lost = 0;   // how often it was marked lost (missed heartbeats)
   bool draining = false;     // its worker said it drains: no new work (until it registers again)
+  // Its worker drained and deregistered (not alive, and not lost: it said it goes), until it
+  // registers again.
+  bool left = false;
+  uint64_t times_left = 0;  // how often it deregistered
   absl::Time last_heartbeat;
   absl::Time registered_at;  // of the current incarnation
 };
@@ -110,6 +114,11 @@ class Registry {
   absl::Status heartbeat(int id, uint64_t epoch, uint64_t incarnation, absl::Time now, bool draining = false,
                          bool* newly_draining = nullptr);
 
+  // The worker of device `id` drained and exits: the device is no longer alive and is
+  // recorded as left (DeviceRecord::left), not lost. The same errors as heartbeat, except that
+  // a device marked lost meanwhile may still leave (its worker says where it went).
+  absl::Status deregister(int id, uint64_t epoch, uint64_t incarnation);
+
   // Marks alive devices whose last heartbeat is older than the timeout as lost; returns them.
   std::vector<int> mark_lost(absl::Time now);
 
@@ -177,6 +186,11 @@ class Registry {
 
  private:
   int alive_count(bool taking_work = false) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Device `id` if `epoch` and `incarnation` are its current registration's: NOT_FOUND for an
+  // unknown device or another coordinator epoch, FAILED_PRECONDITION (naming `what`) for a
+  // stale incarnation.
+  absl::StatusOr<DeviceRecord*> current_device(int id, uint64_t epoch, uint64_t incarnation, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status check_session_locked(uint64_t session, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.

@@ -94,12 +94,15 @@ absl::StatusOr<std::string> read_token_file(const std::string& file) {
   return token;
 }
 
-absl::StatusOr<Credentials> load_credentials(const std::string& dir) {
+absl::StatusOr<Credentials> load_credentials(const std::string& dir, CredentialsHolder holder) {
+  const bool worker = holder == CredentialsHolder::kWorker;
   Credentials c;
   const std::pair<const char*, std::string*> files[] = {
       {kClusterTokenFile, &c.cluster}, {kClientTokenFile, &c.client}, {kAdminTokenFile, &c.admin}};
   for (const auto& [name, token] : files) {
     const std::string path = absl::StrCat(dir, "/", name);
+    // A worker's directory may lack the admin token: it verifies clients and daemons only.
+    if (worker && token == &c.admin && access(path.c_str(), F_OK) != 0) continue;
     absl::StatusOr<std::string> t = read_token_file(path);
     if (!t.ok()) return t.status();
     if (t->size() < kMinTokenLength) {
@@ -115,9 +118,10 @@ absl::StatusOr<Credentials> load_credentials(const std::string& dir) {
   if (access(absl::StrCat(dir, "/", kCaFile).c_str(), F_OK) == 0) {
     for (const auto& [name, pem] :
          {std::pair<const char*, std::string*>{kCaFile, &c.ca_pem}, {kCertFile, &c.cert_pem}, {kKeyFile, &c.key_pem}}) {
-      absl::StatusOr<std::string> text = read_file(absl::StrCat(dir, "/", name));
-      if (!text.ok()) return text.status();
-      *pem = *std::move(text);
+      const std::string path = absl::StrCat(dir, "/", name);
+      // The coordinator's certificate is not a worker's to hold (it presents its device's).
+      if (worker && pem != &c.ca_pem && access(path.c_str(), F_OK) != 0) continue;
+      TESSERA_ASSIGN_OR_RETURN(*pem, read_file(path));
     }
     for (int device : device_cert_files(dir)) {
       KeyPair& pair = c.devices[device];
@@ -126,6 +130,45 @@ absl::StatusOr<Credentials> load_credentials(const std::string& dir) {
     }
   }
   return c;
+}
+
+std::vector<std::string> credential_files_for(CredentialsHolder holder, int device, bool tls) {
+  std::vector<std::string> files = {kClusterTokenFile, kClientTokenFile};
+  if (holder != CredentialsHolder::kWorker) files.push_back(kAdminTokenFile);
+  if (!tls) return files;
+  files.push_back(kCaFile);
+  if (holder == CredentialsHolder::kWorker) {
+    files.push_back(device_cert_file(device));
+    files.push_back(device_key_file(device));
+  } else {
+    files.push_back(kCertFile);
+    files.push_back(kKeyFile);
+  }
+  return files;
+}
+
+absl::Status select_credentials(const std::string& from, const std::string& to, CredentialsHolder holder, int device) {
+  const bool worker = holder == CredentialsHolder::kWorker;
+  if (worker && device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("credentials: a worker's credentials are its device's; device ", device, " is not a device id"));
+  }
+  if (mkdir(to.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrCat("credentials: mkdir ", to, ": ", std::strerror(errno)));
+  }
+  const bool tls = access(absl::StrCat(from, "/", kCaFile).c_str(), F_OK) == 0;
+  for (const std::string& name : credential_files_for(holder, device, tls)) {
+    absl::StatusOr<std::string> text = read_file(absl::StrCat(from, "/", name));
+    if (!text.ok()) {
+      return absl::NotFoundError(absl::StrCat("credentials: ", from, " has no ", name, ", which the ",
+                                              worker ? absl::StrCat("worker of device ", device) : "coordinator",
+                                              " needs (", text.status().message(), ")"));
+    }
+    TESSERA_RETURN_IF_ERROR(write_file(absl::StrCat(to, "/", name), *text, name == kCaFile ? 0644 : 0600));
+  }
+  TESSERA_ASSIGN_OR_RETURN(Credentials loaded, load_credentials(to, holder));
+  if (worker) return credentials_for_device(loaded, &device).status();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Credentials> credentials_for_device(const Credentials& c, int* device) {
@@ -285,9 +328,9 @@ absl::Status add_tls(Credentials* c, const std::vector<std::string>& hosts, int 
   return absl::OkStatus();
 }
 
-absl::StatusOr<Credentials> credentials_from_flag(const std::string& dir) {
+absl::StatusOr<Credentials> credentials_from_flag(const std::string& dir, CredentialsHolder holder) {
   if (dir.empty()) return Credentials{};
-  return load_credentials(dir);
+  return load_credentials(dir, holder);
 }
 
 std::string open_mode_warning(const Credentials& c, const std::string& listen_host, const std::string& program) {

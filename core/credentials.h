@@ -73,10 +73,36 @@ inline int device_of_uri(const std::string& uri) {
   return device;
 }
 
-// Reads `dir`'s three token files (surrounding whitespace dropped), and its TLS files when
-// ca.pem is there (and every device-N.pem with its device-N.key). NOT_FOUND naming a missing file; INVALID_ARGUMENT
-// naming a token shorter than 16 characters, or two equal tokens.
-absl::StatusOr<Credentials> load_credentials(const std::string& dir);
+// Who reads a credentials directory, and so which of its files must be there. A deployment
+// gives each daemon only what it needs (docs/design.md, "Security"; select_credentials):
+//   kAll          every token; with ca.pem, daemon.pem and daemon.key (what `tessera credentials`
+//                 writes; the CLI, `tessera up`)
+//   kCoordinator  the same files: the coordinator verifies every role and presents daemon.pem
+//   kWorker       cluster.token and client.token (admin.token if there: a worker without it
+//                 refuses the admin token, which it needs for nothing but DeleteBuffers); with
+//                 ca.pem its own device-N.pem and device-N.key (daemon.pem if there)
+enum class CredentialsHolder { kAll, kCoordinator, kWorker };
+
+// Reads `dir`'s token files (surrounding whitespace dropped), and its TLS files when ca.pem is
+// there (and every device-N.pem with its device-N.key). NOT_FOUND naming a missing file that
+// `holder` needs; INVALID_ARGUMENT naming a token shorter than 16 characters, or two equal
+// tokens.
+absl::StatusOr<Credentials> load_credentials(const std::string& dir,
+                                             CredentialsHolder holder = CredentialsHolder::kAll);
+
+// The files of a credentials directory that `holder` needs and nothing else: the coordinator's
+// tokens, ca.pem, daemon.pem and daemon.key; worker `device`'s cluster.token, client.token, ca.pem,
+// device-N.pem and device-N.key (the TLS files only when `tls`). For kAll, every file but the
+// device ones.
+std::vector<std::string> credential_files_for(CredentialsHolder holder, int device, bool tls);
+
+// Copies from `from` (the whole directory, e.g. a Kubernetes Secret) into `to` (created if
+// needed, mode 0700; files 0600, ca.pem 0644) only the files `holder` needs
+// (credential_files_for; TLS ones when `from` holds ca.pem), then loads `to` as `holder` would.
+// For a worker, `device` is its id: with TLS, device-N.pem and device-N.key must be in `from`.
+// NOT_FOUND naming a missing file; INVALID_ARGUMENT for a worker's device below 0; INTERNAL
+// naming the path on an I/O error.
+absl::Status select_credentials(const std::string& from, const std::string& to, CredentialsHolder holder, int device);
 
 // Three fresh random tokens (32 bytes each from /dev/urandom, as hex).
 absl::StatusOr<Credentials> generate_credentials();
@@ -111,8 +137,9 @@ absl::StatusOr<std::string> read_token_file(const std::string& file);
 absl::StatusOr<std::string> read_file(const std::string& file);
 
 // The credentials from `dir` or, for an empty `dir`, none (the development mode). What the
-// daemons do with --credentials.
-absl::StatusOr<Credentials> credentials_from_flag(const std::string& dir);
+// daemons do with --credentials, each as its `holder`.
+absl::StatusOr<Credentials> credentials_from_flag(const std::string& dir,
+                                                  CredentialsHolder holder = CredentialsHolder::kAll);
 
 // What a daemon started without credentials prints on stderr: that it checks nothing, and
 // louder when `listen_host` is not a loopback address. Empty when `c` has tokens.

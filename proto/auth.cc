@@ -108,9 +108,13 @@ const char* role_name(Role role) {
 }
 
 Authenticator::Authenticator(Credentials credentials) : credentials_(std::move(credentials)) {
-  cluster_hash_ = sha256(credentials_.cluster);
-  client_hash_ = sha256(credentials_.client);
-  admin_hash_ = sha256(credentials_.admin);
+  // A role without a token (a worker holds no admin.token) keeps an empty hash, which no
+  // presented token's digest equals.
+  for (const auto& [token, hash] : {std::pair<const std::string*, std::string*>{&credentials_.cluster, &cluster_hash_},
+                                    {&credentials_.client, &client_hash_},
+                                    {&credentials_.admin, &admin_hash_}}) {
+    if (!token->empty()) *hash = sha256(*token);
+  }
 }
 
 absl::StatusOr<Caller> Authenticator::authenticate(const grpc::ServerContextBase& ctx) const {

@@ -37,8 +37,9 @@ namespace tessera {
 // HandshakeReply says which registration it holds (epoch, incarnation). 21: ReshardArray and the workers' Reshard
 // (device_put of an array already on devices). 22: a replicated put's fan-out (ShardHeader.fan_out,
 // CreateArrayReply.peers, PeerAddress.grant). 23: ShardingAttrs.manual_axes (a shard_map body manual over some
-// axes only, its work split over the others).)
-inline constexpr uint32_t kProtocolVersion = 23;
+// axes only, its work split over the others). 24: a drained worker deregisters (HeartbeatRequest.leaving, the
+// DeviceState LEFT).)
+inline constexpr uint32_t kProtocolVersion = 24;
 inline constexpr uint64_t kOpTableDigest = 0xce9033f4e9f7f670;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

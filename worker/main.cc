@@ -107,10 +107,12 @@ ABSL_FLAG(int, malloc_arenas, 0,
           "freed memory of evicted programs reusable instead of growing the heap (docs/design.md, Memory) "
           "(env TESSERA_WORKER_MALLOC_ARENAS)");
 
-ABSL_FLAG(std::string, credentials, "",
-          "directory of the cluster's tokens (cluster.token, client.token, admin.token; `tessera credentials DIR` "
-          "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
-          "warning says so) (env TESSERA_WORKER_CREDENTIALS)");
+ABSL_FLAG(
+    std::string, credentials, "",
+    "directory of the cluster's tokens (`tessera credentials DIR` makes one): every call must present one of "
+    "them. A worker needs cluster.token, client.token and, with TLS, ca.pem and its device-N.pem/.key (admin.token "
+    "and daemon.pem may be missing: `tessera select-credentials` copies only these). Empty: the development mode, "
+    "nothing is checked (a warning says so) (env TESSERA_WORKER_CREDENTIALS)");
 
 int main(int argc, char** argv) {
   tessera::ensure_fast_blas(argv);
@@ -210,7 +212,8 @@ int main(int argc, char** argv) {
   options.drain_quiet = absl::Milliseconds(absl::GetFlag(FLAGS_drain_quiet_ms));
   options.heap_trim_freed_bytes = absl::GetFlag(FLAGS_heap_trim_freed_bytes);
   options.heap_trim_quiet = absl::Milliseconds(absl::GetFlag(FLAGS_heap_trim_quiet_ms));
-  absl::StatusOr<tessera::Credentials> credentials = tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials));
+  absl::StatusOr<tessera::Credentials> credentials =
+      tessera::credentials_from_flag(absl::GetFlag(FLAGS_credentials), tessera::CredentialsHolder::kWorker);
   if (!credentials.ok()) {
     std::cerr << "tessera-worker: --credentials: " << credentials.status().message() << "\n";
     return 2;

@@ -49,6 +49,22 @@ void Registration::stop() {
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
 }
 
+absl::Status Registration::leave() {
+  stop();  // no heartbeat after this one: it would register the device again
+  if (coordinator_ == nullptr || device_id_.load() < 0) return absl::OkStatus();  // never registered
+  pb::HeartbeatRequest req;
+  req.set_draining(true);
+  req.set_leaving(true);
+  req.set_device_id(device_id_);
+  req.set_incarnation(incarnation_);
+  req.set_epoch(epoch_);
+  pb::HeartbeatReply reply;
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, heartbeat_interval_ * 2);
+  return from_grpc(coordinator_->Heartbeat(&ctx, req, &reply),
+                   absl::StrCat("coordinator ", options_.coordinator_address));
+}
+
 absl::Status Registration::register_until_deadline() {
   const absl::Time deadline = absl::Now() + options_.register_timeout;
   absl::Duration pause = absl::Seconds(1);

@@ -63,6 +63,12 @@ class Registration {
   void announce_draining();
   // Stops the heartbeats. Idempotent.
   void stop();
+  // After a drain: stops the heartbeats, then tells the coordinator this worker leaves (a last
+  // heartbeat with `leaving`), so it records the device as left rather than lost and fails
+  // calls needing it at once. Waits at most two heartbeat intervals for the answer; a
+  // coordinator that does not answer will mark the device lost instead. The coordinator's
+  // error, if any (nothing to do about it: the worker exits either way).
+  absl::Status leave();
 
   int device_id() const { return device_id_.load(); }
 

@@ -518,6 +518,15 @@ class WorkerServerImpl final : public WorkerServer {
     } else if (busy > 0) {
       std::fprintf(stderr, "tessera-worker: drained: every plan run in flight finished\n");
     }
+    // Deregister: the coordinator records the device as left, not lost after the heartbeat
+    // timeout, and calls needing it fail at once naming it.
+    if (absl::Status gone = registration_.leave(); gone.ok()) {
+      std::fprintf(stderr, "tessera-worker: device %d deregistered\n", registration_.device_id());
+    } else {
+      std::fprintf(stderr,
+                   "tessera-worker: device %d: deregistration failed (the coordinator will count it lost): %s\n",
+                   registration_.device_id(), std::string(gone.message()).c_str());
+    }
     return left;
   }
 

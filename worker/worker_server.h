@@ -110,7 +110,9 @@ class WorkerServer {
   // The first half of a graceful stop (SIGTERM): reports not ready, then waits until no plan
   // run has been in flight for WorkerOptions::drain_quiet (runs sent just before still arrive and finish; the
   // worker keeps heartbeating and serving meanwhile), at most `timeout`. Returns the runs still
-  // in flight (0: drained), which shutdown() then fails. Logs what it waits for.
+  // in flight (0: drained), which shutdown() then fails. Then deregisters: the coordinator
+  // records the device as left (DeviceState LEFT), not lost, and no heartbeat follows. Logs
+  // what it waits for.
   virtual int64_t drain(absl::Duration timeout) = 0;
 
   // Stops the heartbeats only (the coordinator is about to go). Idempotent.

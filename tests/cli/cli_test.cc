@@ -27,14 +27,17 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
+#include "tests/metrics_scrape.h"
 
 namespace tessera {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -234,6 +237,90 @@ TEST(Cli, CredentialsWritesFreshTokensOnceAndDaemonsReadThem) {
   EXPECT_THAT(bad->second, HasSubstr(dir + "/none/cluster.token"));
 }
 
+// A Kubernetes init container's job (deploy/k8s/): each daemon's share of the credentials and
+// nothing else; a worker serves with only its share, refuses the admin token it does not hold,
+// and the files' absence is named, never papered over.
+TEST(Cli, SelectCredentialsGivesEachDaemonOnlyItsFiles) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  absl::StatusOr<std::pair<int, std::string>> made = tessera({"credentials", dir + "/all"});
+  ASSERT_TRUE(made.ok() && made->first == 0) << made.status() << (made.ok() ? made->second : "");
+  auto files = [](const std::string& d) {
+    absl::StatusOr<std::pair<int, std::string>> ls = Subprocess::run({"/bin/ls", "-A", d}, absl::Seconds(10));
+    return ls.ok() ? std::vector<std::string>(absl::StrSplit(ls->second, '\n', absl::SkipEmpty()))
+                   : std::vector<std::string>{ls.status().ToString()};
+  };
+  absl::StatusOr<std::pair<int, std::string>> worker3 =
+      tessera({"select-credentials", "--role=worker", "--device_id=3", dir + "/all", dir + "/w3"});
+  ASSERT_TRUE(worker3.ok());
+  ASSERT_EQ(worker3->first, 0) << worker3->second;
+  EXPECT_THAT(files(dir + "/w3"),
+              ElementsAre("ca.pem", "client.token", "cluster.token", "device-3.key", "device-3.pem"));
+  absl::StatusOr<Credentials> all = load_credentials(dir + "/all");
+  ASSERT_TRUE(all.ok()) << all.status();
+  absl::StatusOr<Credentials> own = load_credentials(dir + "/w3", CredentialsHolder::kWorker);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(own->cluster, all->cluster);
+  EXPECT_EQ(own->client, all->client);
+  EXPECT_TRUE(own->admin.empty());
+  EXPECT_TRUE(own->cert_pem.empty()) << "not the coordinator's certificate";
+  ASSERT_EQ(own->devices.size(), 1u);
+  EXPECT_EQ(own->devices.at(3).key_pem, all->devices.at(3).key_pem);
+  // As the coordinator would load it (every token), it is incomplete, and says what is missing.
+  EXPECT_THAT(load_credentials(dir + "/w3").status().message(), HasSubstr("w3/admin.token"));
+  // The device from the environment, as a StatefulSet's pod has it.
+  absl::StatusOr<std::pair<int, std::string>> ordinal =
+      Subprocess::run({"/usr/bin/env", "-i", "POD_NAME=tessera-worker-5", kBin + "/tessera", "select-credentials",
+                       "--role=worker", "--device_id_from=ordinal", dir + "/all", dir + "/w5"},
+                      absl::Seconds(30));
+  ASSERT_TRUE(ordinal.ok());
+  ASSERT_EQ(ordinal->first, 0) << ordinal->second;
+  EXPECT_THAT(files(dir + "/w5"),
+              ElementsAre("ca.pem", "client.token", "cluster.token", "device-5.key", "device-5.pem"));
+  absl::StatusOr<std::pair<int, std::string>> coordinator =
+      tessera({"select-credentials", "--role=coordinator", dir + "/all", dir + "/c"});
+  ASSERT_TRUE(coordinator.ok());
+  ASSERT_EQ(coordinator->first, 0) << coordinator->second;
+  EXPECT_THAT(files(dir + "/c"),
+              ElementsAre("admin.token", "ca.pem", "client.token", "cluster.token", "daemon.key", "daemon.pem"));
+  // A device the Secret has no certificate for is named.
+  absl::StatusOr<std::pair<int, std::string>> missing =
+      tessera({"select-credentials", "--role=worker", "--device_id=9", dir + "/all", dir + "/w9"});
+  ASSERT_TRUE(missing.ok());
+  EXPECT_EQ(missing->first, 1);
+  EXPECT_THAT(missing->second, HasSubstr("has no device-9.pem, which the worker of device 9 needs"));
+
+  // A cluster of those shares: worker 3 serves with its own files (TLS, its certificate) and
+  // answers the client token; the admin token, which it does not hold, is not one it knows.
+  absl::StatusOr<std::unique_ptr<Subprocess>> c =
+      Subprocess::spawn({kBin + "/tessera-coordinator", "--port=0", "--credentials=" + dir + "/c"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<std::string> c_line = (*c)->read_line_with("listening on", absl::Seconds(20));
+  ASSERT_TRUE(c_line.ok()) << c_line.status();
+  absl::StatusOr<std::unique_ptr<Subprocess>> w =
+      Subprocess::spawn({kBin + "/tessera-worker", "--coordinator=" + last_word(*c_line), "--device_id=3",
+                         "--credentials=" + dir + "/w3"});
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<std::string> w_line = (*w)->read_line_with("device 3 listening on", absl::Seconds(20));
+  ASSERT_TRUE(w_line.ok()) << w_line.status();
+  auto stats = [&](const std::string& token) {
+    auto stub =
+        pb::Worker::NewStub(make_channel(last_word(*w_line), std::make_shared<CallIdentity>(token, -1, all->ca_pem)));
+    pb::WorkerStats reply;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    return stub->GetStats(&ctx, pb::GetStatsRequest(), &reply);
+  };
+  const grpc::Status as_client = stats(all->client);
+  EXPECT_TRUE(as_client.ok()) << as_client.error_message();
+  const grpc::Status as_admin = stats(all->admin);
+  EXPECT_EQ(as_admin.error_code(), grpc::StatusCode::UNAUTHENTICATED) << as_admin.error_message();
+  EXPECT_THAT(as_admin.error_message(), HasSubstr("not one of this cluster's credentials"));
+  (*w)->kill();
+  (*c)->kill();
+  for (const char* d : {"/w3", "/w5", "/c", "/all"}) remove_credentials(dir + d);
+}
+
 TEST(Cli, HealthOfNothingFailsAndUnknownCommandsAreNamed) {
   absl::StatusOr<std::pair<int, std::string>> health =
       tessera({"health", "--address=127.0.0.1:1", "--timeout_s=1"}, absl::Seconds(30));
@@ -351,44 +438,6 @@ TEST(Cli, APlaintextHealthPortAnswersForATlsDaemon) {
   ASSERT_TRUE(worker_health.ok()) << worker_health.status();
   EXPECT_THAT(wait_health({"--address=127.0.0.1:" + last_word(*worker_health)}, 0), HasSubstr("serving"));
   EXPECT_THAT(wait_health({"--address=" + health}, 0), HasSubstr("serving: " + health));
-}
-
-// GET `path` from 127.0.0.1:`port` over HTTP/1.0 (the connection closes after the answer), for
-// at most 10 s; the whole response, headers included, or an error.
-// `method` `path` over HTTP/1.0 to 127.0.0.1:port; the whole response.
-absl::StatusOr<std::string> http_request(int port, const std::string& method, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket");
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat(method, " ", path, " HTTP/1.0\r\n\r\n");
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  if (response.empty()) return absl::UnavailableError(absl::StrCat("no answer from 127.0.0.1:", port, path));
-  return response;
-}
-absl::StatusOr<std::string> http_get(int port, const std::string& path) { return http_request(port, "GET", path); }
-
-// The value of the sample `series` (name and labels, as the text format prints them) in a
-// Prometheus scrape; -1 if it is not there.
-double sample(const std::string& scrape, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
-    if (!absl::StartsWith(line, series + " ")) continue;
-    double value = -1;
-    if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
-  }
-  return -1;
 }
 
 // Each (series, value) of `expected` is in `scrape`.

@@ -25,6 +25,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/credentials.h"
 #include "core/subprocess.h"
@@ -45,14 +46,41 @@ constexpr char kSeedOutput[] = "(16, 4)\nP('data', 'model')\n8 (4, 2)\n";
 
 std::string bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
 
-// One pod of a rendered overlay, as tests/deploy/k8s.mjs describes it.
-struct Pod {
-  std::string name, role, hostname;
+// A volume mount of a container: "secret" (the Secret) or "emptyDir" (the pod's own).
+struct Mount {
+  std::string path, volume, kind;
+  bool read_only = false;
+};
+
+// A container as the kubelet starts it.
+struct Container {
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
+  std::vector<Mount> mounts;
+};
+
+// One pod of a rendered overlay, as tests/deploy/k8s.mjs describes it.
+struct Pod : Container {
+  std::string name, role, hostname;
+  std::vector<Container> init;  // run to completion, in order, before the daemon
   int grace_seconds = 0;
   std::string host;  // the namespace it runs in
 };
+
+Container container_of(const google::protobuf::Struct& json) {
+  const auto& f = json.fields();
+  Container c;
+  for (const auto& a : f.at("argv").list_value().values()) c.argv.push_back(a.string_value());
+  for (const auto& e : f.at("env").list_value().values()) {
+    c.env.emplace_back(e.list_value().values(0).string_value(), e.list_value().values(1).string_value());
+  }
+  for (const auto& m : f.at("mounts").list_value().values()) {
+    const auto& mf = m.struct_value().fields();
+    c.mounts.push_back(Mount{mf.at("path").string_value(), mf.at("volume").string_value(), mf.at("kind").string_value(),
+                             mf.at("read_only").bool_value()});
+  }
+  return c;
+}
 
 struct Rendered {
   std::vector<Pod> pods;
@@ -82,14 +110,12 @@ absl::StatusOr<Rendered> render(const std::string& overlay, std::string* skip) {
   for (const auto& p : json.fields().at("pods").list_value().values()) {
     const auto& f = p.struct_value().fields();
     Pod pod;
+    static_cast<Container&>(pod) = container_of(p.struct_value());
     pod.name = f.at("name").string_value();
     pod.role = f.at("role").string_value();
     pod.hostname = f.at("hostname").string_value();
     pod.grace_seconds = static_cast<int>(f.at("grace_seconds").number_value());
-    for (const auto& a : f.at("argv").list_value().values()) pod.argv.push_back(a.string_value());
-    for (const auto& e : f.at("env").list_value().values()) {
-      pod.env.emplace_back(e.list_value().values(0).string_value(), e.list_value().values(1).string_value());
-    }
+    for (const auto& i : f.at("init").list_value().values()) pod.init.push_back(container_of(i.struct_value()));
     r.pods.push_back(pod);
   }
   for (const auto& [name, pods] : json.fields().at("dns").struct_value().fields()) {
@@ -139,6 +165,8 @@ class K8sNetnsTest : public ::testing::Test {
     if (!secret_.empty()) {
       remove_credentials(secret_);
     }
+    // The pods' emptyDirs: the credentials files, and then each directory (the others stay empty).
+    for (const auto& [name, dir] : volumes_) remove_credentials(dir);
   }
 
   // Places the pods on the hosts (the coordinator on "c", worker i on "wi") and gives every
@@ -183,20 +211,79 @@ class K8sNetnsTest : public ::testing::Test {
     return absl::OkStatus();
   }
 
-  // Starts `pod`'s container: exactly its command line and environment (env -i), the image's
-  // PATH pointing at this build; stderr merged into the pipe the test reads.
-  absl::StatusOr<Subprocess*> start(const Pod& pod) {
+  // The directory standing for `volume` of `pod`: the Secret is the test's copy of it; each
+  // emptyDir is a directory of the pod's own, made on first use (a volume, as the kubelet
+  // mounts one).
+  absl::StatusOr<std::string> volume_dir(const Pod& pod, const Mount& m) {
+    if (m.kind == "secret") return secret_;
+    std::string& dir = volumes_[pod.name + "/" + m.volume];
+    if (dir.empty()) {
+      char made[] = "/tmp/tessera-k8s-volume-XXXXXX";
+      if (mkdtemp(made) == nullptr) return absl::InternalError("mkdtemp failed");
+      dir = made;
+    }
+    return dir;
+  }
+
+  // `c`'s command line under env -i, the image's PATH pointing at this build, each path under
+  // one of its mounts replaced by the volume's directory.
+  absl::StatusOr<std::vector<std::string>> command_of(const Pod& pod, const Container& c) {
+    std::vector<std::pair<std::string, std::string>> mounted;  // mount path -> directory
+    for (const Mount& m : c.mounts) {
+      TESSERA_ASSIGN_OR_RETURN(std::string dir, volume_dir(pod, m));
+      mounted.emplace_back(m.path, dir);
+    }
+    auto map = [&](std::string text) {
+      for (const auto& [path, dir] : mounted) {
+        if (absl::StartsWith(text, path) && (text.size() == path.size() || text[path.size()] == '/')) {
+          return dir + text.substr(path.size());
+        }
+      }
+      return text;
+    };
     std::vector<std::string> argv = {
         "/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", "/usr/bin/env", "-i", absl::StrCat("PATH=", TESSERA_BIN_DIR)};
-    for (const auto& [k, v] : pod.env) {
-      // The Secret's mount point is the test's copy of it (a volume, as the kubelet mounts one).
-      argv.push_back(absl::StrCat(k, "=", v == kSecretMount ? secret_ : v));
+    for (const auto& [k, v] : c.env) argv.push_back(absl::StrCat(k, "=", map(v)));
+    for (const std::string& a : c.argv) argv.push_back(map(a));
+    return argv;
+  }
+
+  // Starts `pod`: its init containers run to completion, in order (one that fails is an
+  // error with its output, as the kubelet would not start the pod), then its container:
+  // exactly its command line and environment; stderr merged into the pipe the test reads.
+  absl::StatusOr<Subprocess*> start(const Pod& pod) {
+    for (const Container& init : pod.init) {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> argv, command_of(pod, init));
+      TESSERA_ASSIGN_OR_RETURN(auto done, Subprocess::run(topology_->in(pod.host, argv), absl::Seconds(30)));
+      if (done.first != 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(pod.name, ": init container ", init.argv[0], " exited ", done.first, ": ", done.second));
+      }
     }
-    argv.insert(argv.end(), pod.argv.begin(), pod.argv.end());
+    TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> argv, command_of(pod, pod));
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::spawn(topology_->in(pod.host, argv)));
     Subprocess* raw = p.get();
     processes_[pod.name] = std::move(p);
     return raw;
+  }
+
+  // The files `pod`'s daemon sees in its credentials directory (its --credentials, through
+  // the environment the manifest gives it), sorted; and that it mounts no Secret.
+  std::vector<std::string> credential_files(const Pod& pod) {
+    for (const Mount& m : pod.mounts) EXPECT_NE(m.kind, "secret") << pod.name << " mounts the Secret at " << m.path;
+    const std::string variable =
+        pod.role == "worker" ? "TESSERA_WORKER_CREDENTIALS" : "TESSERA_COORDINATOR_CREDENTIALS";
+    const std::string path = env_of(pod, variable);
+    for (const Mount& m : pod.mounts) {
+      if (m.path != path) continue;
+      EXPECT_TRUE(m.read_only) << pod.name << ": " << path;
+      absl::StatusOr<std::string> dir = volume_dir(pod, m);
+      if (!dir.ok()) return {dir.status().ToString()};
+      absl::StatusOr<std::pair<int, std::string>> ls = Subprocess::run({"/bin/ls", "-A", *dir}, absl::Seconds(10));
+      if (!ls.ok()) return {ls.status().ToString()};
+      return absl::StrSplit(ls->second, '\n', absl::SkipEmpty());
+    }
+    return {absl::StrCat(pod.name, ": ", variable, "=", path, " is no mount of its container")};
   }
 
   // `tessera health` from the client's host until it exits with `want` (0 serving, 1 not),
@@ -285,10 +372,10 @@ class K8sNetnsTest : public ::testing::Test {
     EXPECT_THAT(anonymous->second, HasSubstr("UNAUTHENTICATED"));
   }
 
-  static constexpr char kSecretMount[] = "/etc/tessera/credentials";
   std::unique_ptr<Topology> topology_;
   std::string secret_;                          // the Secret's files
   std::map<std::string, std::string> address_;  // pod name -> its host's address
+  std::map<std::string, std::string> volumes_;  // "pod/volume" -> the directory standing for an emptyDir
   std::map<std::string, std::unique_ptr<Subprocess>> processes_;
   std::unique_ptr<Subprocess> client_;
 };
@@ -331,8 +418,37 @@ TEST_F(K8sNetnsTest, StatefulSetWorkersWaitForALateCoordinatorThenServeAndDrain)
   EXPECT_THAT(wait_health(worker0, "liveness", 0, absl::Seconds(10)), HasSubstr("serving"));
   EXPECT_THAT(wait_health(worker0, "", 1, absl::Seconds(10)), HasSubstr("NOT_SERVING"));
 
+  // Each worker sees only its own credentials: what its init container (`tessera
+  // select-credentials`, from the manifest) copied out of the Secret, which the worker's own
+  // container does not mount. What a worker needs (docs/design.md, "Security"): the tokens it
+  // verifies callers by, the CA, and its device's certificate and key; no other device's key,
+  // no admin token, not the coordinator's certificate.
+  for (size_t i = 0; i < workers.size(); ++i) {
+    EXPECT_THAT(credential_files(*workers[i]),
+                ::testing::ElementsAre("ca.pem", "client.token", "cluster.token", absl::StrCat("device-", i, ".key"),
+                                       absl::StrCat("device-", i, ".pem")))
+        << workers[i]->name;
+  }
+  // Holding device 3's files, a worker cannot be device 4: it has no certificate to present.
+  {
+    const std::string dir = env_of(*workers[3], "TESSERA_WORKER_CREDENTIALS");
+    std::string own;
+    for (const Mount& m : workers[3]->mounts) {
+      if (m.path == dir) own = *volume_dir(*workers[3], m);
+    }
+    absl::StatusOr<std::pair<int, std::string>> as_4 =
+        Subprocess::run(topology_->in("w4", {bin("tessera-worker"), "--device_id=4", "--credentials=" + own,
+                                             "--coordinator=" + coordinator_name, "--register_timeout_s=1"}),
+                        absl::Seconds(20));
+    ASSERT_TRUE(as_4.ok()) << as_4.status();
+    EXPECT_NE(as_4->first, 0) << as_4->second;
+    EXPECT_THAT(as_4->second, HasSubstr("no certificate for device 4 (device-4.pem)"));
+  }
+
   // The coordinator's pod appears, and with it its DNS records.
   ASSERT_TRUE(start(*coordinator).ok());
+  EXPECT_THAT(credential_files(*coordinator), ::testing::ElementsAre("admin.token", "ca.pem", "client.token",
+                                                                     "cluster.token", "daemon.key", "daemon.pem"));
   ASSERT_TRUE(processes_.at(coordinator->name)->read_line_with("listening on", absl::Seconds(20)).ok());
   const absl::Time up = absl::Now();
   ASSERT_TRUE(publish_dns(*rendered, "").ok());
@@ -359,6 +475,20 @@ TEST_F(K8sNetnsTest, StatefulSetWorkersWaitForALateCoordinatorThenServeAndDrain)
   const absl::Duration worker_stop = stop(*workers[3], grace);
   EXPECT_LE(worker_stop, grace);
   EXPECT_THAT(wait_health(cluster_address("tessera"), "", 1, absl::Seconds(10)), HasSubstr("NOT_SERVING"));
+  // It deregistered on its way out: the coordinator shows it left, not lost.
+  {
+    absl::StatusOr<std::pair<int, std::string>> shown = Subprocess::run(
+        as_client({bin("tessera"), "status", "--coordinator=" + cluster_address("tessera")}), absl::Seconds(30));
+    ASSERT_TRUE(shown.ok()) << shown.status();
+    ASSERT_EQ(shown->first, 0) << shown->second;
+    std::string row;
+    for (absl::string_view line : absl::StrSplit(shown->second, '\n')) {
+      if (absl::StartsWith(line, "3 ")) row = std::string(line);
+    }
+    std::vector<std::string> words = absl::StrSplit(row, ' ', absl::SkipEmpty());
+    ASSERT_GE(words.size(), 3u) << shown->second;
+    EXPECT_EQ(words[2], "left") << row;
+  }
   // The StatefulSet makes the pod again under the same name: device 3 again, ready again.
   ASSERT_TRUE(start(*workers[3]).ok());
   absl::StatusOr<std::string> again =
@@ -391,6 +521,13 @@ TEST_F(K8sNetnsTest, IndexedJobWorkersTakeTheirCompletionIndex) {
     ASSERT_TRUE(start(p).ok()) << p.name;
   }
   expect_workers_registered(*rendered, absl::Seconds(30));
+  for (const Pod& p : rendered->pods) {
+    if (p.role != "worker") continue;
+    const std::string device = env_of(p, "JOB_COMPLETION_INDEX");
+    EXPECT_THAT(credential_files(p), ::testing::ElementsAre("ca.pem", "client.token", "cluster.token",
+                                                            "device-" + device + ".key", "device-" + device + ".pem"))
+        << p.name;
+  }
   EXPECT_THAT(wait_health(cluster_address("tessera"), "", 0, absl::Seconds(10)), HasSubstr("serving"));
   run_seed_program();
 }

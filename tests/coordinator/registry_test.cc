@@ -85,6 +85,35 @@ TEST_F(RegistryTest, ADrainingDeviceIsRefusedWorkUntilItRegistersAgain) {
   EXPECT_TRUE(registry_.wait_for_alive(2, absl::ZeroDuration(), /*taking_work=*/true));
 }
 
+TEST_F(RegistryTest, ADeregisteredDeviceHasLeftAndIsNeverCountedLost) {
+  const uint64_t epoch = registry_.epoch();
+  ASSERT_TRUE(registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(1), /*draining=*/true).ok());
+  // A deregistration from another incarnation, or of another coordinator's, is refused.
+  EXPECT_EQ(registry_.deregister(1, epoch, 2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.deregister(1, epoch + 1, 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.deregister(7, epoch, 1).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(registry_.deregister(1, epoch, 1).ok());
+  ASSERT_TRUE(registry_.deregister(1, epoch, 1).ok());  // said twice (a retried call): counted once
+  std::optional<DeviceRecord> d = registry_.device(1);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_TRUE(d->left);
+  EXPECT_FALSE(d->alive);
+  EXPECT_FALSE(d->draining);
+  EXPECT_EQ(d->times_left, 1u);
+  // Long past the heartbeat timeout: device 0 (silent) is lost, device 1 is not.
+  EXPECT_THAT(registry_.mark_lost(t0_ + absl::Seconds(10)), ElementsAre(0));
+  EXPECT_EQ(registry_.device(1)->times_lost, 0u);
+  EXPECT_TRUE(registry_.device(1)->left);
+  const absl::Status beat = registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(11));
+  EXPECT_EQ(beat.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(beat.message()), HasSubstr("device 1 (h:1) left (its worker deregistered)"));
+  // Back under its name: alive, no longer left.
+  ASSERT_TRUE(registry_.register_worker({"w1", "h:1", 1, 1 << 20, 0, 0, {}}, t0_ + absl::Seconds(12)).ok());
+  EXPECT_TRUE(registry_.device(1)->alive);
+  EXPECT_FALSE(registry_.device(1)->left);
+  EXPECT_EQ(registry_.device(1)->times_left, 1u);
+}
+
 TEST_F(RegistryTest, ANewProcessUnderAKnownNameLosesTheShardsItHeld) {
   absl::StatusOr<DeviceRecord> fresh = registry_.register_worker({"w0", "h:9", -1, 1 << 20, 0, 0, {}}, t0_);
   ASSERT_TRUE(fresh.ok());

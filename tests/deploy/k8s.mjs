@@ -8,7 +8,8 @@
 //       against deploy/daemons.json and against the variables the binaries in BIN_DIR read.
 //   node tests/deploy/k8s.mjs pods SOURCE_DIR OVERLAY NAMESPACE
 //       prints, as JSON, the pods the overlay makes and how the kubelet starts their
-//       containers (downward-API values filled in, $(VAR) references expanded), and the DNS
+//       containers and init containers (downward-API values filled in, $(VAR) references
+//       expanded, volume mounts with their volumes' kinds), and the DNS
 //       names the cluster's DNS gives them: what tests/cluster/k8s_netns_test.cc runs.
 //
 // The npm packages come from .cache/node (./dev install puts them there from
@@ -110,11 +111,12 @@ const WORKER_PROCESS_BYTES = 256 * 2 ** 20;
 // quiet period --drain_quiet_ms included (PlanRunner::wait_for_idle's deadline), counted again
 // here to stay clear of it; then it stops heartbeating, which waits for a heartbeat in flight
 // (its deadline: 4 heartbeat intervals, the coordinator's --heartbeat_interval_ms; worker/
-// registration.cc), and shuts its server down. The coordinator only shuts its server down.
+// registration.cc), deregisters (a last heartbeat, its deadline 2 intervals:
+// Registration::leave), and shuts its server down. The coordinator only shuts its server down.
 // Each server's shutdown wait is a constant of its source, read from there; EXIT_MARGIN_MS is
 // for the rest (threads joined, the process's exit, the signal's delivery). Measured exits:
 // worker 0.32 s idle, coordinator 0.01 s (k8s_netns_test).
-const HEARTBEATS_IN_FLIGHT = 4;
+const HEARTBEATS_IN_FLIGHT = 4 + 2;
 const EXIT_MARGIN_MS = 1000;
 const SHUTDOWN_SOURCE = { coordinator: "coordinator/coordinator_server.cc", worker: "worker/worker_server.cc" };
 
@@ -209,8 +211,53 @@ async function failuresOf(rendered, compose, binDir) {
     const need = timeout + quiet + heartbeat + server + EXIT_MARGIN_MS;
     if (!(graceMs >= need)) {
       fail(where, `grace period ${graceMs / 1000} s is shorter than the drain and stop: --drain_timeout_ms ${timeout} + ` +
-                  `--drain_quiet_ms ${quiet} + a heartbeat in flight ${heartbeat} + the server's ${server} + ${EXIT_MARGIN_MS} ms to exit = ${need} ms`);
+                  `--drain_quiet_ms ${quiet} + a heartbeat in flight and the deregistration ${heartbeat} + the server's ${server} + ${EXIT_MARGIN_MS} ms to exit = ${need} ms`);
     }
+  }
+
+  // Each daemon sees only its own credentials (docs/design.md, "Security"): an init container
+  // mounts the Secret and copies this pod's files (`tessera select-credentials`) into an
+  // in-memory emptyDir, which the daemon mounts read-only; no daemon container mounts the Secret.
+  function checkCredentials(where, o, r, env) {
+    const pod = o.spec.template.spec;
+    const volumeOf = (m) => pod.volumes?.find((v) => v.name === m?.name);
+    for (const c of pod.containers) {
+      for (const m of c.volumeMounts ?? []) {
+        const v = volumeOf(m);
+        const secrets = [v?.secret?.secretName, ...(v?.projected?.sources ?? []).map((s) => s.secret?.name)].filter(Boolean);
+        if (secrets.length > 0) {
+          fail(where, `container ${c.name} mounts the Secret ${secrets.join(", ")} (volume ${m.name} at ${m.mountPath}): ` +
+                      "every device's key and the admin token; only the init container may");
+        }
+      }
+    }
+    const c = pod.containers[0];
+    const mount = c.volumeMounts?.find((m) => m.mountPath === "/etc/tessera/credentials");
+    const volume = volumeOf(mount);
+    if (!mount?.readOnly || volume?.emptyDir?.medium !== "Memory") {
+      fail(where, "needs its credentials read-only at /etc/tessera/credentials from an in-memory emptyDir (medium Memory)");
+    }
+    const inits = (pod.initContainers ?? []).filter((i) => JSON.stringify(i.command?.slice(0, 2)) === '["tessera","select-credentials"]');
+    if (inits.length !== 1) {
+      fail(where, "needs one init container running `tessera select-credentials` into the credentials volume");
+      return;
+    }
+    const init = inits[0];
+    const args = [...init.command.slice(2), ...(init.args ?? [])];
+    if (!args.includes(`--role=${r}`)) fail(where, `the init container must select the ${r}'s files (--role=${r})`);
+    if (r === "worker" && !args.includes(`--device_id_from=${env.TESSERA_WORKER_DEVICE_ID_FROM}`)) {
+      fail(where, `the init container's device must be the worker's: --device_id_from=${env.TESSERA_WORKER_DEVICE_ID_FROM}`);
+    }
+    const [from, to] = args.filter((a) => !a.startsWith("--"));
+    const fromMount = init.volumeMounts?.find((m) => m.mountPath === from);
+    const toMount = init.volumeMounts?.find((m) => m.mountPath === to);
+    const secret = volumeOf(fromMount)?.secret;
+    if (!fromMount?.readOnly || secret?.secretName !== "tessera-credentials") {
+      fail(where, `the init container must read Secret tessera-credentials mounted read-only at ${from}`);
+    }
+    // A missing Secret must stop the pod, never start a daemon that checks nothing.
+    if (secret?.optional !== false) fail(where, "the credentials Secret must be required (optional: false)");
+    if (!toMount || toMount.name !== mount?.name) fail(where, `the init container must write ${to} into the volume the daemon mounts (${mount?.name})`);
   }
 
   // The TESSERA_ variables of one container against the description.
@@ -301,13 +348,6 @@ async function failuresOf(rendered, compose, binDir) {
       const limit = c.resources?.limits?.memory, request = c.resources?.requests?.memory;
       if (!limit || bytes(limit) !== d.memory_limit_bytes) fail(where, `memory limit ${limit} is not ${d.memory_limit_bytes} bytes`);
       if (!request || bytes(request) !== bytes(limit)) fail(where, `memory request ${request} must equal the limit`);
-      const mount = c.volumeMounts?.find((m) => m.mountPath === "/etc/tessera/credentials");
-      const volume = pod.volumes?.find((v) => v.name === mount?.name);
-      if (!mount?.readOnly || volume?.secret?.secretName !== "tessera-credentials") {
-        fail(where, "needs Secret tessera-credentials mounted read-only at /etc/tessera/credentials");
-      }
-      // A missing Secret must stop the pod, never start a daemon that checks nothing.
-      if (volume?.secret?.optional !== false) fail(where, "the credentials Secret must be required (optional: false)");
       // Every $(VAR) must name a variable defined before it, or the kubelet leaves it as is.
       const env = {}, defined = {};
       for (const e of c.env ?? []) {
@@ -320,6 +360,7 @@ async function failuresOf(rendered, compose, binDir) {
         env[e.name] = e.value;
       }
       checkEnv(where, r, "k8s", env);
+      checkCredentials(where, o, r, env);
       stopping[r] = { where, env, graceMs: (pod.terminationGracePeriodSeconds ?? 30) * 1000 };
       if (r === "worker") {
         if (limit) checkWorkerMemory(where, env, bytes(limit));
@@ -375,7 +416,14 @@ const MUTATIONS = [
   ["a discovery Service hiding pods", (r) => delete service(r, "tessera-workers").spec.publishNotReadyAddresses, "publishNotReadyAddresses"],
   ["a Service whose links set TESSERA_COORDINATOR_PORT", (r) => delete service(r, "tessera-coordinator").spec.clusterIP, "would set TESSERA_COORDINATOR_PORT"],
   ["a worker count off the coordinator's", (r) => (envVar(r, "coordinator", "TESSERA_COORDINATOR_EXPECTED_DEVICES").value = "7"), "expects 7 devices"],
-  ["an optional credentials Secret", (r) => (workload(r, "worker").spec.template.spec.volumes.find((v) => v.name === "credentials").secret.optional = true), "must be required"],
+  ["an optional credentials Secret", (r) => (workload(r, "worker").spec.template.spec.volumes.find((v) => v.name === "secret").secret.optional = true), "must be required"],
+  // The audit's case: every worker held every device's key and the admin token.
+  ["a worker mounting the whole Secret", (r) => container(r, "worker").volumeMounts.push({ name: "secret", mountPath: "/etc/tessera/secret", readOnly: true }), "container worker mounts the Secret tessera-credentials"],
+  ["a coordinator mounting the whole Secret", (r) => (container(r, "coordinator").volumeMounts.find((m) => m.name === "credentials").name = "secret"), "container coordinator mounts the Secret"],
+  ["credentials on the node's disk", (r) => delete workload(r, "worker").spec.template.spec.volumes.find((v) => v.name === "credentials").emptyDir.medium, "in-memory emptyDir"],
+  ["a worker given the coordinator's files", (r) => (workload(r, "worker").spec.template.spec.initContainers[0].command[2] = "--role=coordinator"), "--role=worker"],
+  ["a worker's files for another device id", (r) => (workload(r, "worker").spec.template.spec.initContainers[0].command[3] = "--device_id=0"), "--device_id_from="],
+  ["no init container", (r) => delete workload(r, "coordinator").spec.template.spec.initContainers, "select-credentials"],
   ["compose without credentials", (r, c) => delete c.services["worker-5"].environment.TESSERA_WORKER_CREDENTIALS, "docker-compose.yml: worker-5"],
   // The audit's case: 768 MiB of buffers and the default 256 MiB cache filled a 1 GiB limit.
   ["a buffer cache the memory limit does not hold", (r) => (envVar(r, "worker", "TESSERA_WORKER_BUFFER_CACHE_BYTES").value = "268435457"), "for the process itself"],
@@ -383,7 +431,7 @@ const MUTATIONS = [
   // Stopped before the drain ends: the runs in flight fail instead of finishing.
   ["a grace period shorter than the drain", (r) => (workload(r, "worker").spec.template.spec.terminationGracePeriodSeconds = 8), "grace period 8 s is shorter than the drain"],
   ["a drain the grace period does not cover", (r) => (envVar(r, "worker", "TESSERA_WORKER_DRAIN_TIMEOUT_MS").value = "7000"), "--drain_timeout_ms 7000"],
-  ["slower heartbeats the grace period does not cover", (r) => container(r, "coordinator").env.push({ name: "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS", value: "2000" }), "a heartbeat in flight 8000"],
+  ["slower heartbeats the grace period does not cover", (r) => container(r, "coordinator").env.push({ name: "TESSERA_COORDINATOR_HEARTBEAT_INTERVAL_MS", value: "2000" }), "a heartbeat in flight and the deregistration 12000"],
   ["a coordinator stopped before its calls end", (r) => (workload(r, "coordinator").spec.template.spec.terminationGracePeriodSeconds = 2), "grace period 2 s is shorter than its shutdown"],
   ["compose stopping a worker before its drain ends", (r, c) => (c.services["worker-6"].stop_grace_period = "5s"), "docker-compose.yml: worker-6: grace period 5 s"],
   // Misspelt: accepted by the schemas' validators and dropped by a server; the rule for the
@@ -469,27 +517,38 @@ function pods() {
         if (fieldPath === "metadata.namespace") return meta.namespace;
         throw new Error(`${p.name}: fieldRef ${fieldPath} is not emulated`);
       };
-      const c = t.spec.containers[0];
-      const vars = {};
-      const env = [];
-      const envList = [...(c.env ?? [])];
-      // The Job controller appends JOB_COMPLETION_INDEX unless the container declares it.
-      if (p.jobIndex !== undefined && !envList.some((e) => e.name === "JOB_COMPLETION_INDEX")) {
-        envList.push({ name: "JOB_COMPLETION_INDEX", value: p.jobIndex });
-      }
-      for (const e of envList) {
-        let value;
-        if (e.valueFrom?.fieldRef) value = field(e.valueFrom.fieldRef.fieldPath);
-        else if (e.valueFrom) throw new Error(`${p.name}: ${e.name}: only fieldRef is emulated`);
-        else value = expand(e.value ?? "", vars);
-        vars[e.name] = value;
-        env.push([e.name, value]);
-      }
-      // What the runtime adds: the pod's host name (the image's PATH is the test's to give).
-      env.push(["HOSTNAME", p.hostname]);
-      const argv = [...(c.command ?? []), ...(c.args ?? [])].map((a) => expand(a, vars));
+      // A container as the kubelet starts it: its command line, environment, and volume mounts
+      // (each with the volume's kind: "secret" for the Secret, "emptyDir" for one of the pod's own).
+      const started = (c) => {
+        const vars = {};
+        const env = [];
+        const envList = [...(c.env ?? [])];
+        // The Job controller appends JOB_COMPLETION_INDEX unless the container declares it.
+        if (p.jobIndex !== undefined && !envList.some((e) => e.name === "JOB_COMPLETION_INDEX")) {
+          envList.push({ name: "JOB_COMPLETION_INDEX", value: p.jobIndex });
+        }
+        for (const e of envList) {
+          let value;
+          if (e.valueFrom?.fieldRef) value = field(e.valueFrom.fieldRef.fieldPath);
+          else if (e.valueFrom) throw new Error(`${p.name}: ${e.name}: only fieldRef is emulated`);
+          else value = expand(e.value ?? "", vars);
+          vars[e.name] = value;
+          env.push([e.name, value]);
+        }
+        // What the runtime adds: the pod's host name (the image's PATH is the test's to give).
+        env.push(["HOSTNAME", p.hostname]);
+        const argv = [...(c.command ?? []), ...(c.args ?? [])].map((a) => expand(a, vars));
+        const mounts = (c.volumeMounts ?? []).map((m) => {
+          const v = (t.spec.volumes ?? []).find((x) => x.name === m.name);
+          const kind = v?.secret ? "secret" : v?.emptyDir ? "emptyDir" : null;
+          if (!kind) throw new Error(`${p.name}: volume ${m.name}: only secret and emptyDir are emulated`);
+          return { path: m.mountPath, volume: m.name, kind, read_only: m.readOnly === true };
+        });
+        return { argv, env, mounts };
+      };
       out.pods.push({ name: p.name, role: meta.labels["app.kubernetes.io/component"], hostname: p.hostname,
-                      argv, env, grace_seconds: t.spec.terminationGracePeriodSeconds ?? 30 });
+                      ...started(t.spec.containers[0]), init: (t.spec.initContainers ?? []).map(started),
+                      grace_seconds: t.spec.terminationGracePeriodSeconds ?? 30 });
       made.push({ ...p, labels: meta.labels });
     }
   }

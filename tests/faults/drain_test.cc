@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -19,6 +20,7 @@
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
 #include "tests/faults/fault_cluster.h"
+#include "tests/metrics_scrape.h"
 
 namespace tessera {
 namespace {
@@ -80,6 +82,25 @@ void expect_close(const Array& got, const std::vector<std::vector<double>>& want
   }
 }
 
+// `tessera status` of the cluster at `coordinator` lists every device, kDrained in state
+// `drained` and the others alive.
+void expect_status_states(const std::string& coordinator, const std::string& token_file, const std::string& drained) {
+  absl::StatusOr<std::pair<int, std::string>> shown = Subprocess::run(
+      {kBin + "/tessera", "status", "--coordinator=" + coordinator, "--token_file=" + token_file}, absl::Seconds(30));
+  ASSERT_TRUE(shown.ok()) << shown.status();
+  ASSERT_EQ(shown->first, 0) << shown->second;
+  int devices = 0;
+  for (absl::string_view line : absl::StrSplit(shown->second, '\n')) {
+    // DEVICE ADDRESS STATE ...: the rows whose second word is an address.
+    std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int id = -1;
+    if (words.size() < 3 || !absl::SimpleAtoi(words[0], &id) || words[1].find(':') == std::string::npos) continue;
+    EXPECT_EQ(words[2], id == kDrained ? drained : "alive") << line;
+    ++devices;
+  }
+  EXPECT_EQ(devices, kFaultWorkers) << shown->second;
+}
+
 // The drained worker exits once no run has been in flight for --drain_quiet_ms; the test
 // fetches the last run's result from it in that time, which 200 ms (the default) does not
 // always leave on a loaded machine.
@@ -132,12 +153,43 @@ TEST_F(DrainTest, ARunInFlightAtSigtermFinishesThenTheWorkerExits) {
   EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("device ", kDrained))) << status;
 }
 
+// What the drills below run before and after a device drains: `2x + 1` jitted over an (8, 4)
+// array on every device, run once and checked against the host.
+class AffineDrill : public FaultClusterTest {
+ protected:
+  void run_affine() {
+    absl::StatusOr<Client> client = connect();
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_.emplace(*std::move(client));
+    absl::StatusOr<Mesh> mesh = client_->make_mesh({kFaultWorkers}, {"x"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    mesh_.emplace(*mesh);
+    absl::StatusOr<Array> x = client_->device_put(host_, NamedSharding(*mesh_, P("x")));
+    ASSERT_TRUE(x.ok()) << x.status();
+    x_.emplace(*x);
+    JitOptions options;
+    options.timeout = kBound;
+    f_.emplace(jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; }, options));
+    absl::StatusOr<std::vector<Array>> before = (*f_)({*x_});
+    ASSERT_TRUE(before.ok()) << before.status();
+    expect_equal((*before)[0], affine(host_, 2, 1));
+    before_.emplace(*before);
+  }
+
+  const HostArray host_ = HostArray::arange(DType::kF32, {8, 4});
+  std::optional<Client> client_;
+  std::optional<Mesh> mesh_;
+  std::optional<Array> x_;
+  std::optional<Jitted> f_;
+  std::optional<std::vector<Array>> before_;
+};
+
 // A draining worker tells the coordinator at once (its heartbeat says so, sent when SIGTERM
 // arrives): the coordinator refuses new Execute, Compile and CreateArray calls that need the
 // device, UNAVAILABLE naming it, without waiting for the worker to go, and `tessera status`
 // shows it draining. The drain lasts --drain_quiet_ms (no run is in flight), long enough for
 // the checks; the worker then exits.
-class DrainingRefusedTest : public FaultClusterTest {
+class DrainingRefusedTest : public AffineDrill {
   std::vector<std::string> drill_worker_flags() const override {
     return {"--drain_quiet_ms=15000", "--drain_timeout_ms=30000"};
   }
@@ -152,19 +204,15 @@ void expect_refused_as_draining(const absl::Status& status, absl::Duration took,
 }
 
 TEST_F(DrainingRefusedTest, TheCoordinatorSendsADrainingDeviceNoNewWorkAndStatusShowsIt) {
-  absl::StatusOr<Client> client = connect();
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const HostArray host = HostArray::arange(DType::kF32, {8, 4});
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
-  ASSERT_TRUE(x.ok()) << x.status();
+  ASSERT_NO_FATAL_FAILURE(run_affine());
+  std::optional<Client>& client = client_;
+  std::optional<Mesh>& mesh = mesh_;
+  std::optional<Array>& x = x_;
+  Jitted& f = *f_;
+  std::optional<std::vector<Array>>& before = before_;
+  const HostArray& host = host_;
   JitOptions options;
   options.timeout = kBound;
-  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; }, options);
-  absl::StatusOr<std::vector<Array>> before = f({*x});
-  ASSERT_TRUE(before.ok()) << before.status();
-  expect_equal((*before)[0], affine(host, 2, 1));
 
   ASSERT_EQ(::kill(cluster_.workers[kDrained]->pid(), SIGTERM), 0);
   // The coordinator learns it from the heartbeat the drain sends at once.
@@ -207,21 +255,7 @@ TEST_F(DrainingRefusedTest, TheCoordinatorSendsADrainingDeviceNoNewWorkAndStatus
   expect_refused_as_draining(put.status(), absl::Now() - t, "device_put");
 
   // `tessera status` lists it as draining, the others alive.
-  absl::StatusOr<std::pair<int, std::string>> shown = Subprocess::run(
-      {kBin + "/tessera", "status", "--coordinator=" + cluster_.address, "--token_file=" + client_token_file()},
-      absl::Seconds(30));
-  ASSERT_TRUE(shown.ok()) << shown.status();
-  ASSERT_EQ(shown->first, 0) << shown->second;
-  int devices = 0;
-  for (absl::string_view line : absl::StrSplit(shown->second, '\n')) {
-    // DEVICE ADDRESS STATE ...: the rows whose second word is an address.
-    std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    int id = -1;
-    if (words.size() < 3 || !absl::SimpleAtoi(words[0], &id) || words[1].find(':') == std::string::npos) continue;
-    EXPECT_EQ(words[2], id == kDrained ? "draining" : "alive") << line;
-    ++devices;
-  }
-  EXPECT_EQ(devices, kFaultWorkers) << shown->second;
+  expect_status_states(cluster_.address, client_token_file(), "draining");
 
   // The SDK sees it draining, and a new default mesh leaves it out (as jax.make_mesh takes the
   // devices that can run work): 3 devices make a mesh of the others, which computes right;
@@ -268,6 +302,93 @@ TEST_F(DrainingRefusedTest, TheCoordinatorSendsADrainingDeviceNoNewWorkAndStatus
   expect_equal((*before)[0], affine(host, 2, 1));
   absl::StatusOr<std::string> line = cluster_.workers[kDrained]->read_line_with("no such line", kBound);
   EXPECT_EQ(line.status().code(), absl::StatusCode::kUnavailable) << line.status();
+}
+
+// A drained worker deregisters (issue #19): after SIGTERM and its drain, its last heartbeat
+// says it leaves, and the coordinator records the device as LEFT, not lost: within a bound
+// well under the heartbeat timeout (1.5 s here), the lost-device counter stays at 0 while
+// the left one counts it, the state stays LEFT past several heartbeat timeouts (the
+// coordinator's loss check runs meanwhile and must not turn it into LOST), and a call needing
+// the device fails at once, UNAVAILABLE naming it and saying it left.
+class DeregisterTest : public AffineDrill {
+  std::vector<std::string> drill_flags() const override {
+    std::vector<std::string> flags = kFaultCoordinatorFlags;  // heartbeat timeout 1.5 s
+    flags.push_back("--metrics_port=0");
+    return flags;
+  }
+};
+
+TEST_F(DeregisterTest, ADrainedWorkerLeavesAndIsNotCountedLost) {
+  absl::StatusOr<std::string> metrics_line = cluster_.coordinator->read_line_with("metrics on port", absl::Seconds(20));
+  ASSERT_TRUE(metrics_line.ok()) << metrics_line.status();
+  int metrics_port = -1;
+  ASSERT_TRUE(absl::SimpleAtoi(metrics_line->substr(metrics_line->rfind(' ') + 1), &metrics_port)) << *metrics_line;
+  auto counter = [&](const std::string& series) {
+    absl::StatusOr<std::string> scrape = http_get(metrics_port, "/metrics");
+    return scrape.ok() ? sample(*scrape, series) : -2;
+  };
+  ASSERT_NO_FATAL_FAILURE(run_affine());
+  std::optional<Array>& x = x_;
+  Jitted& f = *f_;
+  EXPECT_EQ(counter("tessera_coordinator_devices_lost_total"), 0);
+  EXPECT_EQ(counter("tessera_coordinator_devices_left_total"), 0);
+
+  ASSERT_EQ(::kill(cluster_.workers[kDrained]->pid(), SIGTERM), 0);
+  const absl::Time signalled = absl::Now();
+  auto stub =
+      pb::Coordinator::NewStub(make_channel(cluster_.address, std::make_shared<CallIdentity>(credentials_.client)));
+  auto state_of_drained = [&]() {
+    pb::Topology topology;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    const grpc::Status s = stub->GetTopology(&ctx, pb::GetTopologyRequest(), &topology);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    for (const pb::DeviceInfo& d : topology.devices()) {
+      if (d.id() == kDrained) return d.state();
+      EXPECT_EQ(d.state(), pb::ALIVE) << "device " << d.id();
+    }
+    return pb::DEVICE_STATE_INVALID;
+  };
+  pb::DeviceState state = pb::ALIVE;
+  while (state == pb::ALIVE && absl::Now() - signalled < kBound) {
+    state = state_of_drained();
+    if (state == pb::ALIVE) absl::SleepFor(absl::Milliseconds(5));  // between polls of a state with no change feed
+  }
+  const absl::Duration left_after = absl::Now() - signalled;
+  ASSERT_EQ(state, pb::LEFT) << pb::DeviceState_Name(state) << " after " << left_after;
+  // The drain's quiet period (200 ms) and a heartbeat's round trip: well before the 1.5 s
+  // after which a silent worker would be marked lost.
+  EXPECT_LT(left_after, absl::Milliseconds(1500));
+  RecordProperty("left_seen_us", absl::StrCat(absl::ToInt64Microseconds(left_after)));
+  std::printf("[ timing ] SIGTERM -> device %d LEFT at the coordinator: %s\n", kDrained,
+              absl::FormatDuration(left_after).c_str());
+  absl::StatusOr<std::string> line = cluster_.workers[kDrained]->read_line_with("no such line", kBound);
+  EXPECT_EQ(line.status().code(), absl::StatusCode::kUnavailable) << line.status();
+
+  // A call needing it fails at once, naming it and saying it left.
+  const absl::Time t = absl::Now();
+  absl::StatusOr<std::vector<Array>> after = f({*x});
+  const absl::Status status = after.ok() ? (*after)[0].block_until_ready() : after.status();
+  const absl::Duration refused = absl::Now() - t;
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()),
+              AllOf(HasSubstr(absl::StrCat("device ", kDrained, " (")), HasSubstr("left the cluster")))
+      << status;
+  EXPECT_LT(refused, absl::Seconds(1)) << status;
+  RecordProperty("refused_us", absl::StrCat(absl::ToInt64Microseconds(refused)));
+
+  // Watched for three heartbeat timeouts from the worker's exit: still LEFT, never LOST.
+  const absl::Time watch_end = absl::Now() + absl::Milliseconds(3 * 1500);
+  while (absl::Now() < watch_end) {
+    ASSERT_EQ(state_of_drained(), pb::LEFT);
+    absl::SleepFor(absl::Milliseconds(50));  // an observation window: nothing is awaited
+  }
+  EXPECT_EQ(counter("tessera_coordinator_devices_lost_total"), 0);
+  EXPECT_EQ(counter("tessera_coordinator_devices_left_total"), 1);
+  EXPECT_EQ(counter("tessera_coordinator_devices_alive"), kFaultWorkers - 1);
+
+  // `tessera status` shows it left, the others alive.
+  expect_status_states(cluster_.address, client_token_file(), "left");
 }
 
 }  // namespace
