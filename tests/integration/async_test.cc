@@ -54,15 +54,23 @@ std::vector<double> slow_reference(const HostArray& x) {
   return out;
 }
 
-// Buffers held by each device of `client`'s cluster.
-std::vector<int64_t> buffer_counts(const Client& client, int devices) {
+// What each device of `client`'s cluster reports in `field` (device_stats flushes the
+// client's deletions first).
+std::vector<int64_t> per_device(const Client& client, int devices, int64_t DeviceStats::*field) {
   std::vector<int64_t> out;
   for (int d = 0; d < devices; ++d) {
     absl::StatusOr<DeviceStats> stats = client.device_stats(d);
     EXPECT_TRUE(stats.ok()) << stats.status();
-    out.push_back(stats.ok() ? stats->buffer_count : -1);
+    out.push_back(stats.ok() ? (*stats).*field : -1);
   }
   return out;
+}
+// Buffers held, and bytes in use, on each device.
+std::vector<int64_t> buffer_counts(const Client& client, int devices) {
+  return per_device(client, devices, &DeviceStats::buffer_count);
+}
+std::vector<int64_t> bytes_used(const Client& client, int devices) {
+  return per_device(client, devices, &DeviceStats::bytes_used);
 }
 
 class AsyncTest : public jit_support::LocalJitSuite {};
@@ -201,17 +209,6 @@ TEST(AsyncBuffers, InputsOfAnUnfinishedCallOutliveTheirHandles) {
   expect_near(*got, slow_reference(x));
   y->clear();  // the last handle of a finished output: freed at once
   EXPECT_EQ(buffer_counts(*client, 8), baseline);
-}
-
-// Bytes in use on each device of `client`'s cluster (device_stats flushes deletions first).
-std::vector<int64_t> bytes_used(const Client& client, int devices) {
-  std::vector<int64_t> out;
-  for (int d = 0; d < devices; ++d) {
-    absl::StatusOr<DeviceStats> stats = client.device_stats(d);
-    EXPECT_TRUE(stats.ok()) << stats.status();
-    out.push_back(stats.ok() ? stats->bytes_used : -1);
-  }
-  return out;
 }
 
 // Drops go in the background (docs/design.md, "Sessions and leases"): once flush_deletes
