@@ -142,8 +142,9 @@ TEST_F(PutFanOutKilledTest, TheUploaderKilledBeforeItSendsFailsThePutBoundedNami
 // times the client's stream only while the broadcast waits for the client's bytes; a wait on a
 // member (room in the link to it, its acknowledgement) has the same deadline and, crossed,
 // fails the put DEADLINE_EXCEEDED naming that member. The old watch kept timing the client
-// while the broadcast waited on a member, so it cancelled the upload as the client's stall
-// ("PutShard: buffer N received no data for 1s"), naming no member. Device 1, the uploader's
+// while the broadcast waited on a member, so it cancelled the upload's stream as the client's
+// stall: device_put failed CANCELLED "device_put: device 0 (...): Cancelled on the server
+// side", naming no member (this test on the old worker). Device 1, the uploader's
 // successor in the chain, is stopped (SIGSTOP) before the put: it takes nothing, so the
 // uploader's wait for it crosses the deadline; resumed, the next put stores every copy.
 class PutFanOutStallTest : public PutFanOutKilledTest {
