@@ -1,6 +1,7 @@
 #include "tessera/client.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,9 @@ ClientImpl::ClientImpl(std::string coordinator_address, std::shared_ptr<LocalClu
       coordinator_(pb::Coordinator::NewStub(make_channel(coordinator_address_, identity_))) {}
 
 ClientImpl::~ClientImpl() {
+  // Nothing dropped stays behind: what waits is sent, and waited for with the rest.
+  Deletes batch = in_flight_->start_flush();
+  if (!batch.empty()) send_deletes(std::move(batch));
   in_flight_->wait_idle();
   {
     absl::MutexLock lock(&mu_);
@@ -205,42 +209,87 @@ void ClientImpl::delete_array(uint64_t id) {
       grants_.erase(it);
     }
   }
-  if (on_callback_thread()) {
-    // gRPC's callback threads must not block. While calls are in flight, the next Execute
-    // carries the deletion (no RPC of its own); else it goes now, and ~ClientImpl waits for it.
-    if (in_flight_->defer_delete(id, grant)) return;
-    delete_arrays_async({{id, std::move(grant)}}, /*counted=*/false);
+  // Queued, not sent: the next Execute carries it, or the background DeleteArray (see InFlight).
+  Deletes batch;
+  if (in_flight_->queue_delete(id, grant, &batch)) {
+    if (!batch.empty()) send_deletes(std::move(batch));
     return;
   }
+  // kMaxQueuedDeletes wait. gRPC's callback threads must not block: a DeleteArray of its own,
+  // which ~ClientImpl waits for.
+  if (on_callback_thread()) {
+    send_deletes({{id, std::move(grant)}}, /*batch=*/false);
+    return;
+  }
+  // A user thread waits for its deletion: the back-pressure on a loop that drops faster than
+  // the coordinator deletes.
   pb::DeleteArrayRequest req;
   req.add_array_ids(id);
   req.add_grants(grant);
   pb::DeleteArrayReply reply;
   grpc::ClientContext ctx;
   set_deadline(&ctx, kControlDeadline);
-  // Best effort: if the coordinator is gone, so is the metadata; buffers on live workers stay
-  // until they restart.
-  coordinator_->DeleteArray(&ctx, req, &reply);
+  const grpc::Status status = coordinator_->DeleteArray(&ctx, req, &reply);
+  if (!status.ok()) {
+    const absl::Status error = from_grpc(status, "DeleteArray");
+    report_failed_deletes({{id, ""}}, error);
+    in_flight_->count_failed_deletes(1, error);
+  }
 }
 
-void ClientImpl::delete_arrays_async(std::vector<std::pair<uint64_t, std::string>> arrays, bool counted) {
+void ClientImpl::report_failed_deletes(const Deletes& arrays, const absl::Status& status) {
+  // Best effort: the buffers stay on live workers until they restart, or an admin frees them
+  // (`tessera status` lists the arrays). Never silent: logged with the ids and counted
+  // (Client::failed_deletes).
+  std::string ids;
+  for (size_t i = 0; i < arrays.size() && i < 8; ++i) absl::StrAppend(&ids, i == 0 ? "" : ", ", arrays[i].first);
+  if (arrays.size() > 8) absl::StrAppend(&ids, " and ", arrays.size() - 8, " more");
+  std::fprintf(stderr, "tessera client: deleting array%s %s failed: %s\n", arrays.size() == 1 ? "" : "s", ids.c_str(),
+               status.ToString().c_str());
+}
+
+void ClientImpl::send_deletes(Deletes arrays, bool batch) {
   struct DeleteCall {
     grpc::ClientContext ctx;
     pb::DeleteArrayRequest request;
     pb::DeleteArrayReply reply;
+    Deletes arrays;
   };
   auto* call = new DeleteCall;
   for (auto& [id, grant] : arrays) {
     call->request.add_array_ids(id);
     call->request.add_grants(std::move(grant));
   }
+  call->arrays = std::move(arrays);
   set_deadline(&call->ctx, kControlDeadline);
-  if (!counted) in_flight_->begin_call(absl::Now() + kControlDeadline);
+  if (!batch) in_flight_->begin_call(absl::Now() + kControlDeadline);
+  // The callback touches `this` only while the call still counts in InFlight (so ~ClientImpl
+  // waits for it): before next_delete_batch, or when that hands it the next batch.
   coordinator_->async()->DeleteArray(&call->ctx, &call->request, &call->reply,
-                                     [call, in_flight = in_flight_](grpc::Status) {
+                                     [this, call, batch, in_flight = in_flight_](grpc::Status s) {
+                                       Deletes failed;
+                                       absl::Status error;
+                                       if (!s.ok()) {
+                                         error = from_grpc(s, "DeleteArray");
+                                         report_failed_deletes(call->arrays, error);
+                                         failed = std::move(call->arrays);
+                                       }
                                        delete call;
-                                       in_flight->end_call();
+                                       in_flight->count_failed_deletes(static_cast<int64_t>(failed.size()), error);
+                                       if (!batch) {
+                                         in_flight->end_call();
+                                         return;
+                                       }
+                                       Deletes next = in_flight->next_delete_batch();
+                                       if (!next.empty()) send_deletes(std::move(next));
                                      });
+}
+
+absl::Status ClientImpl::flush_deletes() {
+  Deletes batch = in_flight_->start_flush();
+  if (!batch.empty()) send_deletes(std::move(batch));
+  // One DeleteArray may be in flight and one more carry what queued meanwhile.
+  return in_flight_->await_deletes(absl::Now() + 2 * kControlDeadline + absl::Seconds(1));
 }
 
 absl::Status with_adoption(const ArrayState& a, uint64_t id, const std::function<absl::Status()>& call) {
@@ -443,6 +492,7 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
   }
   if (sharding == x.sharding()) return x;
   if (sharding.mesh() == x.sharding().mesh()) return reshard(x, sharding.spec());
+  impl_->flush_deletes().IgnoreError();
   ProfileSpan span(&impl_->profile(), "client", [] { return std::string("device_put (reshard)"); });
   TESSERA_ASSIGN_OR_RETURN(uint64_t input_id, state.ready_id());
   pb::ReshardArrayRequest req;
@@ -466,6 +516,8 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
 
 absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedSharding& sharding) const {
   TESSERA_RETURN_IF_ERROR(validate_view(host.dtype, host.shape, host.data, "device_put"));
+  // The memory of arrays dropped before is free first (a failure was logged and counted).
+  impl_->flush_deletes().IgnoreError();
   // Bool elements travel as bytes 0 and 1: another byte (from a view of foreign memory) would
   // later be read back as an invalid bool.
   if (host.dtype == DType::kBool) {
@@ -526,7 +578,16 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
   return array;
 }
 
+absl::Status Client::flush_deletes() const {
+  TESSERA_RETURN_IF_ERROR(impl_->flush_deletes());
+  return impl_->in_flight()->take_delete_error();
+}
+
+int64_t Client::failed_deletes() const { return impl_->in_flight()->deletes_failed(); }
+
 absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
+  // What it reports counts the arrays dropped before as freed (a failure was logged and counted).
+  impl_->flush_deletes().IgnoreError();
   TESSERA_ASSIGN_OR_RETURN(std::vector<Device> all, devices());
   for (const Device& d : all) {
     if (d.id != device_id) continue;

@@ -64,12 +64,17 @@ class ClientImpl {
 
   absl::StatusOr<pb::Topology> topology();
 
-  // Best effort: asks the coordinator to forget the array and free its buffers. Returns when
-  // that is done, except on a gRPC callback thread, where it only starts the RPC.
+  // Best effort: the coordinator is to forget the array and free its buffers. Never waits for
+  // it (InFlight's deletion queue) unless kMaxQueuedDeletes wait already: then a user thread
+  // deletes it synchronously. A failure is logged with the array's id and counted.
   void delete_array(uint64_t id);
-  // Deletes `arrays` (ids and grants) with one asynchronous DeleteArray. `counted`: the
-  // caller already counts as a call in flight (InFlight::end_execution handed it these).
-  void delete_arrays_async(std::vector<std::pair<uint64_t, std::string>> arrays, bool counted);
+  // Sends `arrays` with one asynchronous DeleteArray. `batch`: the caller is the sender of a
+  // batch of InFlight's queue (counted there), and the reply's callback sends the next one;
+  // else a lone deletion, counted as a call in flight until its reply.
+  void send_deletes(Deletes arrays, bool batch = true);
+  // Sends the deletions that wait and waits until every DeleteArray is answered (the buffers
+  // are then free on the alive devices): Client::flush_deletes.
+  absl::Status flush_deletes();
 
   const std::shared_ptr<InFlight>& in_flight() const { return in_flight_; }
 
@@ -86,6 +91,8 @@ class ClientImpl {
   // was stopped for longer than the lease) opens a new session: the old arrays are gone.
   void renew_leases(absl::Duration lease);
   void adopt_tracked();
+  // Logs the ids of `arrays`, whose deletion failed with `status`.
+  static void report_failed_deletes(const Deletes& arrays, const absl::Status& status);
   // Runs `call` on a context the destructor cancels (the renewer's calls).
   grpc::Status cancellable(absl::Duration timeout, const std::function<grpc::Status(grpc::ClientContext*)>& call);
 

@@ -56,26 +56,75 @@ void InFlight::begin_call(absl::Time finish_by) {
   latest_ = std::max(latest_, finish_by);
 }
 
-std::vector<std::pair<uint64_t, std::string>> InFlight::end_execution() {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::pair<uint64_t, std::string>> deletes;
-  if (--executions_ == 0) deletes.swap(deletes_);
-  if (deletes.empty()) --count_;  // else the count stays for the caller's DeleteArray
-  return deletes;
+Deletes InFlight::start_batch() {
+  if (delete_in_flight_ || deletes_.empty()) return {};
+  delete_in_flight_ = true;
+  ++count_;
+  latest_ = std::max(latest_, absl::Now() + kControlDeadline);
+  Deletes batch;
+  batch.swap(deletes_);
+  return batch;
 }
 
-bool InFlight::defer_delete(uint64_t id, const std::string& grant) {
+Deletes InFlight::end_execution() {
   absl::MutexLock lock(&mu_);
-  if (executions_ == 0 || deletes_.size() >= kMaxDeferredDeletes) return false;
-  deletes_.emplace_back(id, grant);
+  --count_;
+  return --executions_ == 0 ? start_batch() : Deletes();
+}
+
+bool InFlight::queue_delete(uint64_t id, std::string grant, Deletes* batch) {
+  absl::MutexLock lock(&mu_);
+  if (deletes_.size() >= kMaxQueuedDeletes) return false;
+  deletes_.emplace_back(id, std::move(grant));
+  if (executions_ == 0) *batch = start_batch();
   return true;
 }
 
-std::vector<std::pair<uint64_t, std::string>> InFlight::take_deletes() {
+Deletes InFlight::take_deletes() {
   absl::MutexLock lock(&mu_);
-  std::vector<std::pair<uint64_t, std::string>> deletes;
+  Deletes deletes;
   deletes.swap(deletes_);
   return deletes;
+}
+
+void InFlight::count_failed_deletes(int64_t n, const absl::Status& error) {
+  if (n == 0) return;
+  absl::MutexLock lock(&mu_);
+  deletes_failed_ += n;
+  delete_error_ = error;
+}
+
+Deletes InFlight::next_delete_batch() {
+  absl::MutexLock lock(&mu_);
+  delete_in_flight_ = false;
+  --count_;
+  return start_batch();
+}
+
+Deletes InFlight::start_flush() {
+  absl::MutexLock lock(&mu_);
+  return start_batch();
+}
+
+absl::Status InFlight::await_deletes(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return deletes_.empty() && !delete_in_flight_; };
+  if (mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat("flush_deletes: ", deletes_.size(),
+                                                  " deletions still wait and a DeleteArray is ",
+                                                  delete_in_flight_ ? "in flight" : "not in flight"));
+}
+
+int64_t InFlight::deletes_failed() const {
+  absl::MutexLock lock(&mu_);
+  return deletes_failed_;
+}
+
+absl::Status InFlight::take_delete_error() {
+  absl::MutexLock lock(&mu_);
+  absl::Status error = std::move(delete_error_);
+  delete_error_ = absl::OkStatus();
+  return error;
 }
 
 void InFlight::end_call() {
@@ -359,9 +408,9 @@ void Execution::finish(absl::Status status, std::vector<uint64_t> ids, absl::Sta
   for (uint64_t id : orphans) client_->delete_array(id);
   for (std::function<void()>& f : continuations) f();
   // Last: once this execution no longer counts, ~ClientImpl may run (unless it was the last
-  // and hands over deletions, which then count until their RPC ends).
-  std::vector<std::pair<uint64_t, std::string>> deletes = in_flight_->end_execution();
-  if (!deletes.empty()) client_->delete_arrays_async(std::move(deletes), /*counted=*/true);
+  // and sends the deletions that wait, which then count until their RPC ends).
+  Deletes deletes = in_flight_->end_execution();
+  if (!deletes.empty()) client_->send_deletes(std::move(deletes));
 }
 
 bool Execution::ready() const {

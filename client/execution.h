@@ -37,15 +37,29 @@ class Execution;
 // How many calls of one client may be in flight (dispatched or waiting for their inputs)
 // before a new call waits for one to finish.
 inline constexpr int kMaxExecutionsInFlight = 16;
-// How many deletions may wait for the next Execute to carry them (beyond, they go at once).
-inline constexpr size_t kMaxDeferredDeletes = 256;
+// How many deletions of dropped arrays may wait in the client, for the next Execute to carry
+// them or for the background DeleteArray (at most one in flight, carrying all that wait): a
+// drop beyond it deletes with a DeleteArray of its own (synchronous on a user thread: the
+// back-pressure; asynchronous on a gRPC callback thread, which must not block).
+inline constexpr size_t kMaxQueuedDeletes = 1024;
+
+// Deletions: array ids and their grants.
+using Deletes = std::vector<std::pair<uint64_t, std::string>>;
 
 // True on a thread running one of this SDK's gRPC callbacks: work there must not block.
 bool on_callback_thread();
 
 // What a client has in flight: executions not yet finished and calls started from gRPC's
-// threads (deletions). ~ClientImpl waits until none remain; callbacks hold this by
-// shared_ptr, so the last end() never touches freed memory.
+// threads (deletions), and the deletions of dropped arrays waiting to be sent. ~ClientImpl
+// waits until none remain; callbacks hold this by shared_ptr, so the last end() never touches
+// freed memory.
+//
+// The deletion queue: a drop queues its array (queue_delete) and returns. While executions
+// are in flight the next Execute carries what waits (take_deletes); else one DeleteArray at a
+// time carries everything queued, its sender (the dropper that found none in flight, the
+// execution that ended last, or a flush) sending the next batch from the reply's callback
+// until the queue is empty. The client deletes an array only once no call of its reads it
+// (ArrayBuffers), so no order against calls is needed.
 class InFlight {
  public:
   // Counts a new execution that will finish by `finish_by`. While kMaxExecutionsInFlight are
@@ -54,26 +68,49 @@ class InFlight {
   absl::Status begin_execution(absl::Time finish_by, const std::string& who);
   // Counts an asynchronous RPC that ends by `finish_by`.
   void begin_call(absl::Time finish_by);
-  // One execution, or one call, ended. If it was the last execution in flight, end_execution
-  // returns the deletions deferred meanwhile: the caller then still counts as a call in flight
-  // (it sends them with ClientImpl::delete_arrays_async(..., counted=true)).
-  std::vector<std::pair<uint64_t, std::string>> end_execution();
+  // One execution, or one call, ended. If it was the last execution in flight and deletions
+  // wait with no DeleteArray in flight, end_execution returns them as a batch: the caller is
+  // then its sender (ClientImpl::send_deletes), counted as a call in flight.
+  Deletes end_execution();
   void end_call();
-  // While executions are in flight, keeps a deletion (an id and its grant) for the next
-  // Execute to carry; false (the caller deletes it now) when none is, or kMaxDeferredDeletes wait.
-  bool defer_delete(uint64_t id, const std::string& grant);
-  // The deletions deferred so far, for an Execute to carry.
-  std::vector<std::pair<uint64_t, std::string>> take_deletes();
+  // Queues the deletion of array `id`; false (the caller deletes it itself) when
+  // kMaxQueuedDeletes wait. When no execution and no DeleteArray is in flight, `*batch` gets
+  // everything queued and the caller is its sender, as above.
+  bool queue_delete(uint64_t id, std::string grant, Deletes* batch);
+  // The deletions queued so far, for an Execute to carry.
+  Deletes take_deletes();
+  // The sender of a batch had its reply: the next batch, everything queued meanwhile, for the
+  // same sender; empty when nothing waits, and the sender no longer counts.
+  Deletes next_delete_batch();
+  // `n` deletions failed with `error` (nothing when n is 0): counted, and kept for
+  // take_delete_error.
+  void count_failed_deletes(int64_t n, const absl::Status& error);
+  // A flush: everything queued as a batch for the caller to send, unless a DeleteArray is in
+  // flight already (its sender sends what waits next) or nothing waits.
+  Deletes start_flush();
+  // Waits until no deletion waits and no DeleteArray is in flight, at most until `deadline`:
+  // DEADLINE_EXCEEDED saying how many still wait.
+  absl::Status await_deletes(absl::Time deadline);
+  // Deletions whose DeleteArray failed, since the client started; and the last such error
+  // since the previous call (then OK until another fails).
+  int64_t deletes_failed() const;
+  absl::Status take_delete_error();
   // Waits until nothing is in flight. Everything counted ends by its deadline (gRPC calls
   // their callbacks by then), so this returns by the latest one.
   void wait_idle();
 
  private:
-  absl::Mutex mu_;
+  // Everything queued as a batch whose sender the caller becomes, if none is in flight.
+  Deletes start_batch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
   int executions_ ABSL_GUARDED_BY(mu_) = 0;
-  int count_ ABSL_GUARDED_BY(mu_) = 0;  // executions and calls
+  int count_ ABSL_GUARDED_BY(mu_) = 0;  // executions and calls (a batch's sender counts once)
   absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::vector<std::pair<uint64_t, std::string>> deletes_ ABSL_GUARDED_BY(mu_);
+  Deletes deletes_ ABSL_GUARDED_BY(mu_);                // queued, not sent
+  bool delete_in_flight_ ABSL_GUARDED_BY(mu_) = false;  // a batch's DeleteArray
+  int64_t deletes_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status delete_error_ ABSL_GUARDED_BY(mu_);
 };
 
 // The buffers of one array on its devices: placed by id, or output `output` of `producer`.

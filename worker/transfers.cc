@@ -104,10 +104,15 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     PutShardStream stream(&chunk, next, data->get());
     const int64_t total = (*data)->nbytes();
     int64_t forwarded = 0;  // bytes handed to the broadcast so far
+    // The stall watch times the client's stream only while the broadcast waits for its bytes
+    // (here): between, the broadcast waits on the members, each bound by the same stall
+    // deadline (CollectiveRun::stall_timeout), which names the member that made no progress.
     std::function<absl::Status(int64_t)> input_ready = [&](int64_t bytes) -> absl::Status {
       watch->progress = absl::ToUnixNanos(absl::Now());
+      watch->paused = false;
       const bool had_all = stream.received() == total;
       absl::Status read = bytes < total ? stream.read_until(bytes) : stream.finish();
+      watch->paused = true;
       if (bytes == total) unwatch_put(watch);
       if (watch->cancelled) return stalled(id);
       // What the pipelining gained, on the timeline (tests/integration/replicated_put_test.cc).
@@ -179,6 +184,7 @@ absl::Status Transfers::fan_out(const CollectiveRun& fan_out, const pb::ShardHea
   const uint64_t id = header.buffer_id();
   CollectiveRun run = fan_out;
   run.input_ready = std::move(input_ready);
+  run.stall_timeout = put_stall_timeout_;
   if (data == nullptr) {
     TESSERA_ASSIGN_OR_RETURN(ArrayType type, reserve_put(header));
     run.broadcast_into = std::make_shared<HostArray>(type.dtype, std::move(type.shape));
@@ -262,7 +268,7 @@ absl::Status Transfers::stalled(std::optional<uint64_t> id) const {
 void Transfers::cancel_stalled_puts(absl::Time now) {
   absl::MutexLock lock(&puts_mu_);
   for (const std::shared_ptr<PutWatch>& w : puts_) {
-    if (now - absl::FromUnixNanos(w->progress.load()) <= put_stall_timeout_ || w->cancelled) continue;
+    if (now - absl::FromUnixNanos(w->progress.load()) <= put_stall_timeout_ || w->cancelled || w->paused) continue;
     w->cancelled = true;
     w->ctx->TryCancel();
   }

@@ -67,8 +67,8 @@ class Transfers {
   grpc::Status get(grpc::ServerContext* ctx, const Caller& caller, const pb::GetShardRequest* req,
                    grpc::ServerWriter<pb::ShardChunk>* writer);
 
-  // Cancels the PutShard streams that received nothing for put_stall_timeout (their
-  // reservations are released as they end). Called by the stall watch.
+  // Cancels the PutShard streams that received nothing for put_stall_timeout while waiting
+  // for the client (their reservations are released as they end). Called by the stall watch.
   void cancel_stalled_puts(absl::Time now);
 
   // Bytes received from clients (streamed or handed over); a fan-out member's bytes, which
@@ -83,6 +83,9 @@ class Transfers {
     grpc::ServerContext* ctx = nullptr;
     std::atomic<int64_t> progress{0};  // Unix ns
     std::atomic<bool> cancelled{false};
+    // Not reading the client's stream: a fan-out's uploader while its broadcast waits on the
+    // members (their own stall deadline applies, see CollectiveRun::stall_timeout).
+    std::atomic<bool> paused{false};
   };
   std::shared_ptr<PutWatch> watch_put(grpc::ServerContext* ctx);
   void unwatch_put(const std::shared_ptr<PutWatch>& w);

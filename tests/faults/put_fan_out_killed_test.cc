@@ -19,6 +19,7 @@ namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Members in chain order 0 -> 1 -> 2 -> 3 (the uploader of a one-block array is its first
 // replica); the victim is in the middle, so that both a sender and a receiver must notice.
@@ -134,6 +135,58 @@ TEST_F(PutFanOutKilledTest, TheUploaderKilledBeforeItSendsFailsThePutBoundedNami
   for (int d = 1; d < kFaultWorkers; ++d) {
     poll_until([&] { return stats_of(*client, d).bytes_used == used[d]; }, absl::Seconds(10));
     EXPECT_EQ(stats_of(*client, d).bytes_used, used[d]) << "device " << d;
+  }
+}
+
+// The stall deadline during the broadcast (docs/design.md, "Data path"): the uploader's watch
+// times the client's stream only while the broadcast waits for the client's bytes; a wait on a
+// member (room in the link to it, its acknowledgement) has the same deadline and, crossed,
+// fails the put DEADLINE_EXCEEDED naming that member. The old watch kept timing the client
+// while the broadcast waited on a member, so it cancelled the upload's stream as the client's
+// stall: device_put failed CANCELLED "device_put: device 0 (...): Cancelled on the server
+// side", naming no member (this test on the old worker). Device 1, the uploader's
+// successor in the chain, is stopped (SIGSTOP) before the put: it takes nothing, so the
+// uploader's wait for it crosses the deadline; resumed, the next put stores every copy.
+class PutFanOutStallTest : public PutFanOutKilledTest {
+ protected:
+  // The stopped member's mailbox keeps the chunks that reached it for an op it never starts:
+  // swept after the TTL (2 s here), so that its memory comes back within the test's wait.
+  std::vector<std::string> drill_worker_flags() const override {
+    return {"--put_stall_ms=1000", "--mailbox_ttl_ms=2000"};
+  }
+};
+
+TEST_F(PutFanOutStallTest, AMemberMakingNoProgressFailsThePutNamingItNotTheClient) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  HostArray host(DType::kI32, {12, 1 << 20});  // 48 MiB, far more than the rings and queues hold
+  for (int64_t i = 0; i < host.size(); ++i) host.mutable_values<int32_t>()[i] = static_cast<int32_t>(i * 13 + 5);
+  std::vector<int64_t> used;
+  for (int d = 0; d < kFaultWorkers; ++d) used.push_back(stats_of(*client, d).bytes_used);
+  constexpr int kSlow = 1;
+  stopped_ = cluster_.workers[kSlow]->pid();
+  ASSERT_TRUE(sigstop_and_wait(stopped_).ok());
+  const absl::Status result = client->device_put(host, NamedSharding(*mesh, P())).status();
+  ASSERT_EQ(::kill(stopped_, SIGCONT), 0);
+  stopped_ = -1;
+  std::printf("replicated put with member %d stopped: %s\n", kSlow, result.ToString().c_str());
+  EXPECT_EQ(result.code(), absl::StatusCode::kDeadlineExceeded) << result;
+  EXPECT_THAT(std::string(result.message()), HasSubstr(absl::StrCat("device ", kSlow, " (")));
+  EXPECT_THAT(std::string(result.message()), HasSubstr("--put_stall_ms"));
+  EXPECT_THAT(std::string(result.message()), Not(HasSubstr("received no data")));
+  // Nothing stays: the members' reservations and the stopped member's undelivered chunks.
+  for (int d = 0; d < kFaultWorkers; ++d) {
+    poll_until([&] { return stats_of(*client, d).bytes_used == used[d]; }, absl::Seconds(10));
+    EXPECT_EQ(stats_of(*client, d).bytes_used, used[d]) << "device " << d;
+  }
+  absl::StatusOr<Array> a = client->device_put(host, NamedSharding(*mesh, P()));
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (const Shard& s : a->addressable_shards()) {
+    absl::StatusOr<HostArray> got = s.data();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == host) << "device " << s.device_id();
   }
 }
 

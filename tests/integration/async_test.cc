@@ -4,10 +4,14 @@
 // and a destroyed client free what they held. Embedded clusters (Client::local) and real
 // processes (ProcessCluster, a worker killed by pid). Ordering is asserted through readiness
 // (Array::is_ready), never through timing thresholds; every wait has a deadline.
+#include <signal.h>
+
 #include <cmath>
 #include <optional>
 #include <random>
+#include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -50,15 +54,23 @@ std::vector<double> slow_reference(const HostArray& x) {
   return out;
 }
 
-// Buffers held by each device of `client`'s cluster.
-std::vector<int64_t> buffer_counts(const Client& client, int devices) {
+// What each device of `client`'s cluster reports in `field` (device_stats flushes the
+// client's deletions first).
+std::vector<int64_t> per_device(const Client& client, int devices, int64_t DeviceStats::*field) {
   std::vector<int64_t> out;
   for (int d = 0; d < devices; ++d) {
     absl::StatusOr<DeviceStats> stats = client.device_stats(d);
     EXPECT_TRUE(stats.ok()) << stats.status();
-    out.push_back(stats.ok() ? stats->buffer_count : -1);
+    out.push_back(stats.ok() ? (*stats).*field : -1);
   }
   return out;
+}
+// Buffers held, and bytes in use, on each device.
+std::vector<int64_t> buffer_counts(const Client& client, int devices) {
+  return per_device(client, devices, &DeviceStats::buffer_count);
+}
+std::vector<int64_t> bytes_used(const Client& client, int devices) {
+  return per_device(client, devices, &DeviceStats::bytes_used);
 }
 
 class AsyncTest : public jit_support::LocalJitSuite {};
@@ -197,6 +209,44 @@ TEST(AsyncBuffers, InputsOfAnUnfinishedCallOutliveTheirHandles) {
   expect_near(*got, slow_reference(x));
   y->clear();  // the last handle of a finished output: freed at once
   EXPECT_EQ(buffer_counts(*client, 8), baseline);
+}
+
+// Drops go in the background (docs/design.md, "Sessions and leases"): once flush_deletes
+// returns, every dropped array's memory is free on the workers again, whether the arrays were
+// put, outputs of finished calls or outputs of calls still running when dropped. The baseline
+// is the workers' own count of their bytes, taken before anything was put.
+TEST(AsyncBuffers, DroppedArraysAreFreedOnTheWorkersWhenAFlushReturns) {
+  absl::StatusOr<Client> client = Client::local(8);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok());
+  const std::vector<int64_t> baseline = bytes_used(*client, 8);
+  const std::vector<int64_t> baseline_buffers = buffer_counts(*client, 8);
+  Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  {
+    std::vector<Array> arrays;
+    for (int i = 0; i < 100; ++i) {
+      absl::StatusOr<Array> a =
+          client->device_put(random_f32({16, 8 * (1 + i % 4)}, i), NamedSharding(*mesh, P("data", "model")));
+      ASSERT_TRUE(a.ok()) << a.status();
+      arrays.push_back(*a);
+    }
+    std::vector<Array> outputs;
+    for (int i = 0; i < 100; ++i) {
+      absl::StatusOr<std::vector<Array>> y = twice({arrays[i]});
+      ASSERT_TRUE(y.ok()) << y.status();
+      outputs.push_back((*y)[0]);
+      if (i % 2 == 0) {
+        ASSERT_TRUE(outputs.back().block_until_ready().ok());
+      }
+    }
+    // Everything goes here: inputs, finished outputs and perhaps unfinished ones.
+  }
+  const absl::Status flushed = client->flush_deletes();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+  EXPECT_EQ(client->failed_deletes(), 0);
+  EXPECT_EQ(bytes_used(*client, 8), baseline);
+  EXPECT_EQ(buffer_counts(*client, 8), baseline_buffers);
 }
 
 TEST_F(AsyncTest, AKernelErrorReachesTheOutputsAndTheirConsumers) {
@@ -431,6 +481,60 @@ TEST_F(AsyncProcessTest, AChainOfFiftyCallsSentAtOnceMatchesTheHostAndFreesItsIn
     counts = buffer_counts(*client_, 8);
   }
   EXPECT_EQ(counts, want);
+}
+
+// A drop never waits for the coordinator: with the coordinator process stopped (SIGSTOP), a
+// synchronous DeleteArray could not return before its 10 s deadline, yet dropping the last
+// handles of 20 arrays returns (asserted with a 5 s bound). Once the coordinator runs again a
+// flush returns with every buffer freed on the workers (their bytes back to the baseline).
+TEST_F(AsyncProcessTest, DropsReturnWhileTheCoordinatorIsStoppedAndAreFreedOnceItRunsAgain) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const std::vector<int64_t> baseline = bytes_used(*client_, 8);
+  std::vector<Array> arrays;
+  for (int i = 0; i < 20; ++i) {
+    absl::StatusOr<Array> a = client_->device_put(random_f32({64, 64}, 100 + i), NamedSharding(*mesh, P("data", None)));
+    ASSERT_TRUE(a.ok()) << a.status();
+    arrays.push_back(*std::move(a));
+  }
+  ASSERT_NE(bytes_used(*client_, 8), baseline);
+  const pid_t coordinator = cluster_.coordinator->pid();
+  ASSERT_TRUE(sigstop_and_wait(coordinator).ok());
+  absl::Notification dropped;
+  std::thread dropper([&] {
+    arrays.clear();
+    dropped.Notify();
+  });
+  const bool returned = dropped.WaitForNotificationWithTimeout(absl::Seconds(5));
+  ASSERT_EQ(kill(coordinator, SIGCONT), 0);
+  dropper.join();
+  EXPECT_TRUE(returned) << "dropping arrays waited for the stopped coordinator";
+  const absl::Status flushed = client_->flush_deletes();
+  EXPECT_TRUE(flushed.ok()) << flushed;
+  EXPECT_EQ(client_->failed_deletes(), 0);
+  EXPECT_EQ(bytes_used(*client_, 8), baseline);
+}
+
+// A background deletion that fails does not vanish: with the coordinator gone, the drop still
+// returns, and the flush reports the DeleteArray's error, counted in failed_deletes (and the
+// array's id logged to stderr).
+TEST_F(AsyncProcessTest, AFailedBackgroundDeletionIsCountedAndReportedByTheFlush) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  std::optional<Array> a;
+  {
+    absl::StatusOr<Array> put = client_->device_put(random_f32({8, 8}, 3), NamedSharding(*mesh, P("data", None)));
+    ASSERT_TRUE(put.ok()) << put.status();
+    a = *std::move(put);
+  }
+  EXPECT_EQ(client_->failed_deletes(), 0);
+  cluster_.coordinator->kill();
+  a.reset();
+  const absl::Status flushed = client_->flush_deletes();
+  EXPECT_EQ(flushed.code(), absl::StatusCode::kUnavailable) << flushed;
+  EXPECT_THAT(std::string(flushed.message()), HasSubstr("DeleteArray"));
+  EXPECT_EQ(client_->failed_deletes(), 1);
+  EXPECT_TRUE(client_->flush_deletes().ok()) << "an error is reported once";
 }
 
 TEST_F(AsyncProcessTest, AFailingProducerFailsTheWholeChainSentAfterItWithItsError) {

@@ -419,6 +419,10 @@ TEST_F(BoundsTest, AFloodOfUnclaimedExchangeMessagesIsBoundedAndExpires) {
   }
   EXPECT_EQ(stats.collective_bytes_pending(), 0);
   EXPECT_EQ(stats.exchange_messages_dropped(), 20);
+  // The gathered arrays' deletions go in the background: done once the flush returns (the
+  // worker's own GetStats below does not flush, as Client::device_stats does).
+  const absl::Status flushed = client_->flush_deletes();
+  ASSERT_TRUE(flushed.ok()) << flushed;
   grpc::ClientContext last;
   set_deadline(&last, absl::Seconds(10));
   ASSERT_TRUE(worker->GetStats(&last, {}, &stats).ok());

@@ -1,5 +1,6 @@
 #include "worker/collectives/engine.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -49,24 +50,41 @@ class Group {
   int prev() const { return mod(rank_ - 1, n()); }
 
   // See Transport::send for `owner`: with one, the bytes must never change afterwards.
+  // `stall`: as for receive, the wait for room in the link.
   absl::Status send(int to, int step, int chunk, const std::byte* data, int64_t bytes,
-                    std::shared_ptr<const void> owner) {
+                    std::shared_ptr<const void> owner, bool stall = false) {
     const int device = members_[to];
-    return transport_.send(device, run_.peers.at(device), {run_.op, step, chunk}, data, bytes, run_.deadline,
-                           std::move(owner));
+    const absl::Time stalled_at = stall ? absl::Now() + run_.stall_timeout : absl::InfiniteFuture();
+    return stalled(transport_.send(device, run_.peers.at(device), {run_.op, step, chunk}, data, bytes,
+                                   std::min(run_.deadline, stalled_at), std::move(owner)),
+                   stalled_at);
   }
 
-  // Receives one chunk of exactly `bytes` bytes.
-  absl::StatusOr<Received> receive(int from, int step, int chunk, int64_t bytes) {
+  // Receives one chunk of exactly `bytes` bytes. `stall`: the wait ends at the run's stall
+  // deadline from now too (CollectiveRun::stall_timeout), saying so.
+  absl::StatusOr<Received> receive(int from, int step, int chunk, int64_t bytes, bool stall = false) {
     const int device = members_[from];
+    const absl::Time stalled_at = stall ? absl::Now() + run_.stall_timeout : absl::InfiniteFuture();
     absl::StatusOr<Received> data = transport_.receive(device, run_.peers.at(device), {run_.op, step, chunk},
-                                                       run_.start, run_.deadline, run_.cancelled);
-    if (!data.ok()) return data.status();
+                                                       run_.start, std::min(run_.deadline, stalled_at), run_.cancelled);
+    if (!data.ok()) return stalled(data.status(), stalled_at);
     if (data->size() != bytes) {
       return absl::DataLossError(absl::StrCat("device ", device, " sent ", data->size(), " bytes for step ", step,
                                               " chunk ", chunk, ", expected ", bytes));
     }
     return data;
+  }
+
+  // A wait that failed at the stall deadline `stalled_at` says so (the transport's message
+  // names the member).
+  absl::Status stalled(absl::Status status, absl::Time stalled_at) const {
+    if (status.code() != absl::StatusCode::kDeadlineExceeded || stalled_at >= run_.deadline ||
+        absl::Now() < stalled_at) {
+      return status;
+    }
+    return absl::DeadlineExceededError(absl::StrCat(status.message(), ": no progress for ",
+                                                    absl::FormatDuration(run_.stall_timeout),
+                                                    ", the stall deadline (--put_stall_ms)"));
   }
 
   absl::Status send_range(int to, int step, const std::byte* base, const Range& r,
@@ -438,11 +456,13 @@ bool chain_waits_before(int c) { return c >= kChainWindow && c % kChainAckEvery 
 // Whether acknowledgement k is waited for (and so sent) on a range of `chunks` chunks.
 bool chain_ack_needed(int k, int chunks) { return k * kChainAckEvery + kChainWindow < chunks; }
 
+// Both waits are on the successor's progress: each ends at the run's stall deadline too.
 absl::Status chain_send(Group& g, int c, const std::byte* data, int64_t bytes, std::shared_ptr<const void> owner) {
   if (chain_waits_before(c)) {
-    TESSERA_RETURN_IF_ERROR(g.receive(g.next(), kChainAckStep, (c - kChainWindow) / kChainAckEvery, 0).status());
+    TESSERA_RETURN_IF_ERROR(
+        g.receive(g.next(), kChainAckStep, (c - kChainWindow) / kChainAckEvery, 0, /*stall=*/true).status());
   }
-  return g.send(g.next(), 0, c, data, bytes, std::move(owner));
+  return g.send(g.next(), 0, c, data, bytes, std::move(owner), /*stall=*/true);
 }
 
 // The root sends each chunk once input_ready (CollectiveRun::input_ready, if set) says its bytes
@@ -467,7 +487,7 @@ absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in, std::
         continue;
       }
       for (int j = 0; j < n; ++j) {
-        if (j != r) TESSERA_RETURN_IF_ERROR(g.send(j, 0, c, in->data() + offset, bytes, in));
+        if (j != r) TESSERA_RETURN_IF_ERROR(g.send(j, 0, c, in->data() + offset, bytes, in, /*stall=*/true));
       }
     }
     return in;

@@ -46,6 +46,10 @@ struct CollectiveRun {
   // input that chunk needs, returns once they are in place (an error fails the op). Unset: the
   // input is whole.
   std::function<absl::Status(int64_t)> input_ready;
+  // A broadcast's stall deadline (a replicated put's, --put_stall_ms): a wait on a member's
+  // progress (a chain's acknowledgement, room in the link to it) that lasts this long fails
+  // DEADLINE_EXCEEDED naming the member, before the op's deadline. Infinite: the deadline alone.
+  absl::Duration stall_timeout = absl::InfiniteDuration();
 };
 
 // Runs this device's part. REQUIRES: validate_collective(run.spec) is OK and self is in a

@@ -193,9 +193,21 @@ class Client {
   // The same on the ambient mesh (set_mesh), as jax.device_put(x, P(...)) under jax.set_mesh.
   absl::StatusOr<Array> device_put(const Array& x, const PartitionSpec& spec) const;
 
+  // Dropping an Array's last handle never waits for its deletion: the client queues it, and
+  // the next call carries it or a DeleteArray sent in the background does (docs/design.md,
+  // "Sessions and leases"). flush_deletes sends what waits and returns once the coordinator
+  // answered every deletion made before it: the buffers are then free on the alive devices
+  // (device_put and device_stats flush first, and so does the client when it goes; a deletion
+  // riding on a call is done when that call is). DEADLINE_EXCEEDED if the coordinator has not
+  // answered within about 20 s; else the error of the last deletion that failed since the
+  // previous flush (its arrays' ids are logged to stderr), or OK.
+  absl::Status flush_deletes() const;
+  // Deletions that failed since this client started (each logged with its array's id).
+  int64_t failed_deletes() const;
+
   // What the device's worker reports about its memory, asked now. NOT_FOUND when the device
   // is not in the cluster; UNAVAILABLE or DEADLINE_EXCEEDED naming the coordinator or the
-  // device when it does not answer (a lost device is asked too).
+  // device when it does not answer (a lost device is asked too). Flushes deletions first.
   absl::StatusOr<DeviceStats> device_stats(int device_id) const;
 
   // The coordinator's "host:port" (for local(), its 127.0.0.1 ephemeral port).
