@@ -183,7 +183,7 @@ class _Jitted:
             consts = captures.placed
             # Outputs of only uncommitted inputs (and no shardings asked for) stay uncommitted.
             committed = any(a._committed for a in arrays + consts) or self._out_shardings is not None \
-                or self._default_mesh is not None
+                or self._uncommitted_mesh() is not None
             try:
                 outs = _sdk_call(cpp, [a._a for a in arrays + consts])
                 break
@@ -198,6 +198,15 @@ class _Jitted:
                                                       captures)
         return tree_unflatten(out_tree[0], [Array(o, committed) for o in outs])
 
+    def _uncommitted_mesh(self):
+        """Where arguments and captures go when none is committed: an eager shard_map's mesh, or
+        the mesh of the shard_map this jit wraps (jit(shard_map(f, ...)): JAX moves uncommitted
+        arguments to the computation's devices); None: device 0."""
+        if self._default_mesh is not None:
+            return self._default_mesh
+        mesh_of = getattr(self._fun, "_shard_map_mesh", None)
+        return mesh_of() if mesh_of is not None else None
+
     def _arg_shardings(self, dyn, kwargs, n):
         if self._in_shardings is None:
             return [None] * n
@@ -211,8 +220,8 @@ class _Jitted:
             committed = next((l for l in leaves if isinstance(l, Array) and l._committed), None)
             if committed is not None:
                 target = NamedSharding(committed.sharding.mesh, PartitionSpec())
-            elif self._default_mesh is not None:
-                target = NamedSharding(self._default_mesh, PartitionSpec())
+            elif self._uncommitted_mesh() is not None:
+                target = NamedSharding(self._uncommitted_mesh(), PartitionSpec())
             else:
                 # Only uncommitted arrays and numpy data: all on device 0, uncommitted.
                 return leaf if isinstance(leaf, Array) else _put_numpy(leaf, _default_sharding(), False)
@@ -636,6 +645,13 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
             raise TypeError("shard_map needs mesh= or an ambient mesh (tessera.set_mesh) when called")
         leaves, treedef = tree_flatten(args)
         if not (_trace.in_trace() or any(isinstance(l, Tracer) for l in leaves)):
+            if not for_all and not tree_leaves(out_specs, lambda p: isinstance(p, PartitionSpec)):
+                # No results (out_specs=None): nothing to run, and the SDK compiles no program
+                # without outputs; the body is traced (what it prints, it prints) and its empty
+                # result returned, as JAX returns it.
+                result = []
+                make_jaxpr(lambda *a: result.append(call(*a)) or result[-1])(*args)
+                return result[-1]
             # Outside a trace: the jit of this shard_map (so the arrays its body closes over are
             # captured as jit captures them), its arguments placed by their in_specs first.
             placed = [l if isinstance(l, Array) and l._committed else _put_one(l, NamedSharding(mesh, s))
@@ -671,6 +687,8 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
         cache[key] = entry
         return tree_unflatten(entry[1]["tree"], outs)
 
+    # Its mesh when called, for a jit of it to move uncommitted arguments there.
+    call._shard_map_mesh = lambda: fixed_mesh if fixed_mesh is not None else get_abstract_mesh()
     return call
 
 

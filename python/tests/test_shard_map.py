@@ -254,7 +254,9 @@ def test_grad_through_pcast_matches_numpy(mesh8):
   w = rng.standard_normal(8 * 4).astype(np.float32)
   body = shard_map(lambda x, w: jnp.sin(jax.lax.pcast(x, 'x', to='varying')) * w, mesh=mesh8,
                    in_specs=(P(), P('x')), out_specs=P('x'))
-  dx, dw = jax.jit(jax.grad(lambda x, w: body(x, w).sum(), argnums=(0, 1)))(x, w)
+  xs = jax.device_put(x, NamedSharding(mesh8, P()))
+  ws = jax.device_put(w, NamedSharding(mesh8, P('x')))
+  dx, dw = jax.jit(jax.grad(lambda x, w: body(x, w).sum(), argnums=(0, 1)))(xs, ws)
   np.testing.assert_allclose(np.asarray(dx), np.cos(x) * w.reshape(8, 4).sum(0), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(dw), np.tile(np.sin(x), 8), rtol=1e-6)
 
@@ -268,3 +270,14 @@ def test_out_specs_none_for_a_body_returning_none(mesh8):
 
   assert shard_map(body, mesh=mesh8, in_specs=P(), out_specs=None)(np.arange(6.0)) is None
   assert seen == ['float32[6]{V:x}']
+
+
+def test_jit_of_shard_map_moves_uncommitted_arguments_to_its_mesh(mesh8):
+  # JAX moves an uncommitted argument (jnp.arange: no sharding asked for) to the devices of the
+  # computation; jit(shard_map(...)) on the 8-device mesh takes it there, replicated, and the
+  # in_spec splits it.
+  f = jax.jit(shard_map(lambda b: b * 2 + jax.lax.axis_index('x').astype(jnp.float32), mesh=mesh8, in_specs=P('x'),
+                        out_specs=P('x')))
+  out = f(jnp.arange(8.0))
+  np.testing.assert_array_equal(np.asarray(out), np.arange(8.0) * 3)
+  assert out.sharding.spec == P('x')
