@@ -137,9 +137,10 @@ int64_t Jitted::compilations() const {
 
 ShapedType type_of(const Array& x) {
   const int rank = static_cast<int>(x.shape().size());
-  return ShapedType{
-      x.dtype(), x.shape(),
-      internal::to_partition_spec(internal::type_spec_of(x.sharding().spec(), x.sharding().mesh(), rank))};
+  return ShapedType{x.dtype(),
+                    x.shape(),
+                    internal::to_partition_spec(internal::type_spec_of(x.sharding().spec(), x.sharding().mesh(), rank)),
+                    {}};
 }
 
 absl::StatusOr<Array> reshard(const Array& x, const PartitionSpec& spec) {

@@ -82,6 +82,75 @@ std::optional<int64_t> group_size(TraceState* t, const AxisNames& axes, const st
 // How a body value may differ between the devices along each mesh axis: axis -> why.
 using Variance = std::map<std::string, std::string>;
 
+// JAX's rule for the varying manual axes of each op that changes them (the table of
+// collectives in docs/notebooks/shard_map.md; the abstract evals of jax/_src/lax/parallel.py):
+// an `invariant` op's result is the same on every device along its axes (psum: Varying ->
+// Invariant); the others' results vary along theirs. Any other op's result varies along the
+// union of its operands' axes.
+struct VaryingRule {
+  Op op;
+  bool invariant;
+  const char* call;    // the JAX function that makes such a node, for messages
+  const char* effect;  // why its result varies
+};
+constexpr VaryingRule kVaryingRules[] = {
+    {Op::kAllReduce, true, "psum", ""},
+    // Its devices hold the same values, but JAX types the result as varying (Varying ->
+    // Varying in the table: all_gather is psum_scatter's transpose), and so does this.
+    {Op::kAllGather, false, "all_gather", "whose result JAX types as varying along it"},
+    {Op::kReduceScatter, false, "psum_scatter", "which differs along it"},
+    {Op::kAllToAll, false, "all_to_all", "which differs along it"},
+    {Op::kCollectivePermute, false, "ppermute", "which differs along it"},
+    {Op::kAxisIndex, false, "axis_index", "which differs along it"},
+    {Op::kPvary, false, "pvary", "which types it as varying along it"},
+};
+
+const VaryingRule* varying_rule(Op op) {
+  for (const VaryingRule& r : kVaryingRules) {
+    if (r.op == op) return &r;
+  }
+  return nullptr;
+}
+
+// The mesh axes a node with a varying rule acts over (axis_index's attributes, or a
+// collective's and pvary's).
+const std::vector<std::string>& node_axes(const Node& n) {
+  if (const auto* a = std::get_if<AxisIndexAttrs>(&n.attributes)) return a->axes;
+  return n.attrs<CollectiveAttrs>().axes;
+}
+
+// How each value of a body may differ between devices along each mesh axis, and why: its
+// arguments `inputs` (shard_map_in nodes: along the axes their in_specs name) and the values
+// from `start` on (a value lifted into the body is a shard_map_in of P(): along none).
+std::map<int, Variance> body_variance(const Graph& g, int start, const std::vector<int>& inputs) {
+  std::map<int, Variance> var;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const PartitionSpec& spec = g.node(inputs[i]).attrs<ShardingAttrs>().sharding.spec();
+    for (const std::string& a : spec.used_axes()) {
+      var[inputs[i]][a] = absl::StrCat("argument ", i, " is split over it by its in_spec ", spec.to_string());
+    }
+  }
+  for (int id = start; id < g.size(); ++id) {
+    const Node& n = g.node(id);
+    Variance& v = var[id];
+    for (int o : n.operands) {
+      auto it = var.find(o);
+      if (it != var.end()) v.insert(it->second.begin(), it->second.end());
+    }
+    const VaryingRule* rule = varying_rule(n.op);
+    if (rule == nullptr) continue;
+    const std::vector<std::string>& axes = node_axes(n);
+    for (const std::string& a : axes) {
+      if (rule->invariant) {
+        v.erase(a);
+      } else {
+        v[a] = absl::StrCat("it depends on ", rule->call, " over ", axes_text(axes), ", ", rule->effect);
+      }
+    }
+  }
+  return var;
+}
+
 }  // namespace
 
 namespace internal {
@@ -110,9 +179,9 @@ struct ShardMapBody {
  private:
   // Checks that each result is the same on every device along the axes its out_spec leaves
   // out, tracking for every body value the axes it may differ along and why.
-  absl::Status check_replication(const Graph& g, int body_start, const std::vector<PartitionSpec>& specs,
-                                 const std::vector<int>& in_ids, const std::vector<int>& results,
-                                 const std::vector<PartitionSpec>& outs, const std::vector<std::string>& manual) const;
+  absl::Status check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
+                                 const std::vector<int>& results, const std::vector<PartitionSpec>& outs,
+                                 const std::vector<std::string>& manual) const;
   // The manual axes in mesh order (axis_names, or all), or INVALID_ARGUMENT naming an axis
   // that is not the mesh's; then that every spec names only manual axes, as
   // jax/_src/shard_map.py's _shmap_checks and _check_specs.
@@ -189,7 +258,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   TraceState::current = t;
   t->manual_meshes.push_back(mesh);
   t->manual_axes.push_back(*manual);
-  t->manual_bodies.push_back({body_start, in_ids, {}, *manual, recorded});
+  t->manual_bodies.push_back({body_start, in_ids, {}, *manual, recorded, check_vma});
   std::vector<Value> results = f(blocks);
   // A result the body closed over is lifted into it too (TraceState::id), before it ends.
   std::vector<int> result_ids;
@@ -225,7 +294,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     }
   }
   if (check_vma) {
-    absl::Status replicated = check_replication(t->graph, body_start, specs, in_ids, result_ids, outs, *manual);
+    absl::Status replicated = check_replication(t->graph, body_start, in_ids, result_ids, outs, *manual);
     if (!replicated.ok()) return fail(std::string(replicated.message()));
   }
   std::vector<Value> out;
@@ -276,6 +345,20 @@ int TraceState::lift(int id) {
   return *in;
 }
 
+std::vector<std::pair<std::string, std::string>> TraceState::varying(int id) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (manual_bodies.empty() || !manual_bodies.back().check_vma) return out;
+  const ManualBody& body = manual_bodies.back();
+  const std::map<int, Variance> var = body_variance(graph, body.start, body.inputs);
+  auto it = var.find(id);
+  if (it == var.end()) return out;
+  for (const std::string& a : manual_meshes.back().axis_names()) {
+    auto why = it->second.find(a);
+    if (why != it->second.end()) out.emplace_back(a, why->second);
+  }
+  return out;
+}
+
 }  // namespace tessera::internal
 
 namespace tessera {
@@ -307,52 +390,10 @@ absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::ve
   return manual;
 }
 
-absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, const std::vector<PartitionSpec>& specs,
-                                             const std::vector<int>& in_ids, const std::vector<int>& results,
-                                             const std::vector<PartitionSpec>& outs,
+absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
+                                             const std::vector<int>& results, const std::vector<PartitionSpec>& outs,
                                              const std::vector<std::string>& manual) const {
-  std::map<int, Variance> var;
-  for (size_t i = 0; i < in_ids.size(); ++i) {
-    for (const std::string& a : specs[i].used_axes()) {
-      var[in_ids[i]][a] = absl::StrCat("argument ", i, " is split over it by its in_spec ", specs[i].to_string());
-    }
-  }
-  for (int id = body_start; id < g.size(); ++id) {
-    const Node& n = g.node(id);
-    Variance& v = var[id];
-    for (int o : n.operands) v.insert(var[o].begin(), var[o].end());
-    switch (n.op) {
-      case Op::kAllReduce:  // every device along the axes ends with the same value
-        for (const std::string& a : n.attrs<CollectiveAttrs>().axes) v.erase(a);
-        break;
-      case Op::kAllGather:
-        // Its devices hold the same values, but JAX types the result as varying (Varying ->
-        // Varying in shard_map.md's table of collectives: all_gather is psum_scatter's
-        // transpose), and so does this check, to accept what JAX accepts.
-        for (const std::string& a : n.attrs<CollectiveAttrs>().axes) {
-          v[a] = absl::StrCat("it depends on all_gather over ", axes_text(n.attrs<CollectiveAttrs>().axes),
-                              ", whose result JAX types as varying along it");
-        }
-        break;
-      case Op::kReduceScatter:
-      case Op::kAllToAll:
-      case Op::kCollectivePermute:
-      case Op::kAxisIndex: {
-        const char* what = n.op == Op::kReduceScatter       ? "psum_scatter"
-                           : n.op == Op::kAllToAll          ? "all_to_all"
-                           : n.op == Op::kCollectivePermute ? "ppermute"
-                                                            : "axis_index";
-        const std::vector<std::string>& axes =
-            n.op == Op::kAxisIndex ? n.attrs<AxisIndexAttrs>().axes : n.attrs<CollectiveAttrs>().axes;
-        for (const std::string& a : axes) {
-          v.emplace(a, absl::StrCat("it depends on ", what, " over ", axes_text(axes), ", which differs along it"));
-        }
-        break;
-      }
-      default:
-        break;
-    }
-  }
+  std::map<int, Variance> var = body_variance(g, body_start, in_ids);
   for (size_t i = 0; i < results.size(); ++i) {
     const std::vector<std::string> named = outs[i].used_axes();
     const Node& r = g.node(results[i]);
@@ -504,6 +545,81 @@ int64_t axis_size(const AxisNames& axes) {
   TraceState* t = TraceState::current;
   if (t == nullptr) return 1;
   return group_size(t, axes, absl::StrCat("axis_size(", axes_text(axes.names), ")")).value_or(1);
+}
+
+Value pvary(const Value& x, const AxisNames& axes) {
+  const std::string call = call_text("pvary", x, axes);
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  if (axes.names.empty()) return x;
+  const Mesh* mesh = manual_mesh(t, call);
+  if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
+  // The axes in mesh order, as jax/_src/core.py's pvary orders them (checked as a collective's).
+  std::vector<std::string> ordered;
+  for (const std::string& a : mesh->axis_names()) {
+    if (std::find(axes.names.begin(), axes.names.end(), a) != axes.names.end()) ordered.push_back(a);
+  }
+  const int id = TraceState::id(x);
+  if (ordered.size() != axes.names.size()) {  // an axis not in the mesh, or one named twice: the op's check says which
+    absl::StatusOr<int> bad = t->graph.add_pvary(id, *mesh, axes.names);
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat(call, ": ", bad.ok() ? "the axes do not match the mesh" : bad.status().message())));
+  }
+  if (!t->manual_bodies.back().check_vma) return x;  // nothing is typed: JAX returns x too
+  std::vector<std::string> already;
+  std::string why;
+  for (const auto& [a, reason] : t->varying(id)) {
+    if (std::find(ordered.begin(), ordered.end(), a) == ordered.end()) continue;
+    already.push_back(a);
+    if (why.empty()) why = reason;
+  }
+  if (!already.empty()) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat(
+        call,
+        ": pvary is an invariant->varying cast, so the axes it names must not be ones x already varies along, "
+        "but x varies along ",
+        axes_to_string(already), " (", why, "); leave them out, or drop the pvary")));
+  }
+  absl::StatusOr<int> out = t->graph.add_pvary(id, *mesh, std::move(ordered));
+  if (!out.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", out.status().message())));
+  return t->make(*out);
+}
+
+Value pcast(const Value& x, const AxisNames& axes, const std::string& to) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  const std::string call =
+      absl::StrCat("pcast(", type_to_string(x.dtype(), x.shape()), ", ", axes_text(axes.names), ", to='", to, "')");
+  if (axes.names.empty()) return x;
+  if (to != "varying" && to != "reduced" && to != "unreduced") {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat(
+        call, ": Got unexpected `to` value. Allowed `to` values are: {'unreduced', 'reduced', 'varying'}")));
+  }
+  if (to != "varying") {
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat(call,
+                     ": Tessera's shard_map types only varying axes, not reduced or unreduced ones; "
+                     "to='varying' (pvary) is the cast it has")));
+  }
+  const Mesh* mesh = manual_mesh(t, call);
+  if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
+  // The state of x along the axes, as jax/_src/lax/parallel.py's _get_from: one of them.
+  size_t varying = 0;
+  for (const auto& [a, why] : t->varying(TraceState::id(x))) {
+    varying += std::count(axes.names.begin(), axes.names.end(), a);
+  }
+  if (varying == axes.names.size()) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat(
+        call, ": Unsupported pcast from=varying, to='varying' (x already varies along ", axes_text(axes.names), ")")));
+  }
+  if (varying > 0) {
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat(call,
+                     ": pcast can only accept axis_name which corresponds to one of varying, unreduced, reduced or "
+                     "invarying state of the input; x is varying along some of ",
+                     axes_text(axes.names), " and invarying along the others")));
+  }
+  return pvary(x, axes);
 }
 
 }  // namespace tessera

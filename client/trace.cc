@@ -695,13 +695,33 @@ Value with_sharding_constraint(const Value& x, const NamedSharding& sharding) {
   return t->make(t->graph.add_sharding_constraint(TraceState::id(x), sharding));
 }
 
-std::string ShapedType::to_string() const { return internal::type_string(dtype, shape, spec.dims()); }
+std::string ShapedType::to_string() const {
+  std::string out = internal::type_string(dtype, shape, spec.dims());
+  if (varying.empty()) return out;
+  // As jax/_src/core.py's _vma_ur_str: {V:i}, or {V:(i,j)} for several.
+  const std::string axes = absl::StrJoin(varying, ",");
+  return absl::StrCat(out, "{V:", varying.size() == 1 ? axes : absl::StrCat("(", axes, ")"), "}");
+}
 
-ShapedType type_of(const Value& v) {
-  ShapedType type{v.dtype(), v.shape(), PartitionSpec(std::vector<Axes>(v.shape().size()))};
+namespace {
+
+// The sharding part of v's type: its spec over the Explicit axes (all None outside explicit mode).
+PartitionSpec type_spec(const Value& v) {
   TraceState* t = v.ok() ? TraceState::of(v) : nullptr;
   if (t != nullptr && t->explicit_mesh.has_value() && t->type_new_nodes().ok()) {
-    type.spec = internal::to_partition_spec(t->without_auto_axes(t->specs[TraceState::id(v)]));
+    return internal::to_partition_spec(t->without_auto_axes(t->specs[TraceState::id(v)]));
+  }
+  return PartitionSpec(std::vector<Axes>(v.shape().size()));
+}
+
+}  // namespace
+
+ShapedType type_of(const Value& v) {
+  ShapedType type{v.dtype(), v.shape(), type_spec(v), {}};
+  TraceState* t = v.ok() ? TraceState::of(v) : nullptr;
+  // The varying axes are computed from the body's graph when asked (TraceState::varying).
+  if (t != nullptr && !t->manual_bodies.empty()) {
+    for (const auto& [axis, why] : t->varying(TraceState::id(v))) type.varying.push_back(axis);
   }
   return type;
 }
@@ -735,7 +755,7 @@ std::optional<TypedOperand> typed_operand(const Value& x) {
 Value typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
-  return with_out_sharding(like, type_of(like).spec, op);
+  return with_out_sharding(like, type_spec(like), op);
 }
 
 }  // namespace internal

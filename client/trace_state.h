@@ -39,9 +39,14 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
     std::map<int, int> lifted;          // outer value -> its shard_map_in
     std::vector<std::string> manual;    // the axes it is manual over
     std::vector<std::string> recorded;  // what its boundaries record (ShardingAttrs::manual_axes)
+    bool check_vma = true;              // whether its values are typed by their varying axes
   };
   std::vector<ManualBody> manual_bodies;
   int lift(int id);  // shard_map.cc: id, or its shard_map_in in the body being traced
+  // In the innermost body, traced with check_vma: the manual axes along which value `id` (of
+  // the body) may differ between devices, each with why, in mesh order (JAX's varying manual
+  // axes; tessera/shard_map.h). Empty outside a body or with check_vma off. shard_map.cc.
+  std::vector<std::pair<std::string, std::string>> varying(int id);
 
   // Explicit sharding (client/explicit/rules.h): the arguments' mesh when it has an Explicit
   // axis, and then every node's type spec, by id (filled by make() as nodes are added); inside

@@ -314,6 +314,10 @@ absl::StatusOr<int> Graph::add_axis_index(const Mesh& mesh, std::vector<std::str
   return add_node(make_node(Op::kAxisIndex, {}, AxisIndexAttrs{mesh, std::move(axes)}));
 }
 
+absl::StatusOr<int> Graph::add_pvary(int x, const Mesh& mesh, std::vector<std::string> axes) {
+  return add_node(make_node(Op::kPvary, {x}, CollectiveAttrs{mesh, std::move(axes), ReduceOp::kSum, 0, 0, 0, {}}));
+}
+
 absl::StatusOr<int> Graph::add_gather(int x, int indices, GatherAttrs attrs) {
   return add_node(make_node(Op::kGather, {x, indices}, std::move(attrs)));
 }

@@ -124,6 +124,8 @@ class Graph {
                                      std::vector<int64_t> dims, ReduceOp reduce_op = ReduceOp::kSum);
   // This device's position along `axes` (distinct, in `mesh`): an i32 scalar.
   absl::StatusOr<int> add_axis_index(const Mesh& mesh, std::vector<std::string> axes);
+  // pvary(x) over mesh `axes` of `mesh` (core/op.h): x's value, typed as varying along them.
+  absl::StatusOr<int> add_pvary(int x, const Mesh& mesh, std::vector<std::string> axes);
   // x's slices at `indices` (int32/int64) along attrs.axis: X[:a] + I + X[a+1:] (GatherAttrs).
   absl::StatusOr<int> add_gather(int x, int indices, GatherAttrs attrs);
   // kScatter or kScatterAdd: x with `updates` (of the shape add_gather would give) set or added

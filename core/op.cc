@@ -523,6 +523,18 @@ absl::StatusOr<ArrayType> infer_collective(const Node& n, absl::Span<const Array
   return ArrayType{in[0].dtype, *shape};
 }
 
+// pvary: the operand's type, over distinct axes of its mesh; none of the other collectives'
+// attributes.
+absl::StatusOr<ArrayType> infer_pvary(const Node& n, absl::Span<const ArrayType> in) {
+  const CollectiveAttrs& c = n.attrs<CollectiveAttrs>();
+  TESSERA_RETURN_IF_ERROR(check_mesh_axes(c.mesh, c.axes, "pvary"));
+  if (c.reduce_op != ReduceOp::kSum || c.dimension != 0 || c.split_dimension != 0 || c.concat_dimension != 0 ||
+      !c.positions.empty()) {
+    return absl::InvalidArgumentError("pvary: takes only a mesh and axes, not a reduce op, dimensions or positions");
+  }
+  return in[0];
+}
+
 absl::StatusOr<ArrayType> infer_axis_index(const Node& n, absl::Span<const ArrayType>) {
   const AxisIndexAttrs& a = n.attrs<AxisIndexAttrs>();
   TESSERA_ASSIGN_OR_RETURN(const Mesh* mesh, needs_mesh(n, a.mesh));
@@ -786,6 +798,8 @@ constexpr OpDef kOps[] = {
     {Op::kErfInv, "erf_inv", 82, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
     {Op::kWhile, "while", 91, kVariadic, 0, 0, kAttrsIndex<BranchesAttrs>, infer_while},
     {Op::kSwitch, "switch", 92, kVariadic, 0, 0, kAttrsIndex<BranchesAttrs>, infer_switch},
+    {Op::kPvary, "pvary", 66, 1, kUnary | kElementwise | kLinear | kPlacement, 0, kAttrsIndex<CollectiveAttrs>,
+     infer_pvary},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 

@@ -124,9 +124,14 @@ enum class Op : uint8_t {
   // holds; switch(index, operands...) runs graphs[clamp(index, 0, n-1)] on the operands.
   kWhile,
   kSwitch,
+  // lax.pvary / lax.pcast(to='varying') (CollectiveAttrs: mesh, axes): inside a shard_map body,
+  // the operand's value, typed as varying along `axes` (JAX's varying manual axes). No
+  // instruction runs it: the partitioner aliases it to its operand, as JAX lowers it to its
+  // operand. Its VJP passes the cotangent through (client/vjp/shard_map.cc says why).
+  kPvary,
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kSwitch) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kPvary) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {
@@ -149,7 +154,7 @@ enum OpTrait : uint32_t {
   kContraction = 1u << 8,        // sums products over paired dimensions (dot_general)
   kCollective = 1u << 9,         // a shard_map collective: runs as a collective, never as a kernel
   kBlockResult = 1u << 10,       // its result is each device's own block (shard_map_in, collectives, axis_index)
-  kPlacement = 1u << 11,         // only says where a value lives: its value is its operand's
+  kPlacement = 1u << 11,         // says where a value lives, or how it is typed (pvary): its value is its operand's
   kHasKernel = 1u << 12,         // a worker kernel computes it (worker/kernels/)
   kNoGradient = 1u << 13,        // grad passes no cotangent through it: it has no VJP rule, on purpose
   kLeavesBody = 1u << 14,        // makes blocks of a shard_map body one global value (shard_map_out)

@@ -38,9 +38,9 @@ namespace tessera {
 // (device_put of an array already on devices). 22: a replicated put's fan-out (ShardHeader.fan_out,
 // CreateArrayReply.peers, PeerAddress.grant). 23: ShardingAttrs.manual_axes (a shard_map body manual over some
 // axes only, its work split over the others). 24: a drained worker deregisters (HeartbeatRequest.leaving, the
-// DeviceState LEFT).)
+// DeviceState LEFT); the pvary op (OP_PVARY, lax.pvary / pcast to 'varying').)
 inline constexpr uint32_t kProtocolVersion = 24;
-inline constexpr uint64_t kOpTableDigest = 0xce9033f4e9f7f670;
+inline constexpr uint64_t kOpTableDigest = 0x5e43fe384ecb66da;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
 inline constexpr int64_t kMaxChunkBytes = 1 << 20;

@@ -18,7 +18,7 @@ absl::StatusOr<Value> collective_rule(const BatchArgs& a) {
 
 constexpr BatchEntry kRules[] = {
     {Op::kAllReduce, collective_rule}, {Op::kAllGather, collective_rule},         {Op::kReduceScatter, collective_rule},
-    {Op::kAllToAll, collective_rule},  {Op::kCollectivePermute, collective_rule},
+    {Op::kAllToAll, collective_rule},  {Op::kCollectivePermute, collective_rule}, {Op::kPvary, collective_rule},
 };
 
 }  // namespace

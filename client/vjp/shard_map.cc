@@ -101,6 +101,19 @@ absl::Span<const VjpEntry> shard_map_vjps() {
          a.add(0, collective(a, Op::kAllToAll, a.g, {c.concat_dimension, c.split_dimension}));
          return absl::OkStatus();
        }},
+      // pvary's value is its operand's on every device, so each device's cotangent passes
+      // through. JAX's transpose is a psum over its axes (jax/_src/lax/parallel.py,
+      // _pvary_transpose_rule): with check_vma, JAX gives an invariant value's cotangent whole
+      // to every device. Here, as in JAX with check_vma=false, each device's copy of an
+      // invariant value is its own variable and gets its share of the cotangent, and what
+      // made the value invariant sums the shares in its own VJP (shard_map_in along the axes
+      // its in_spec leaves out; a psum by a psum): the sum JAX does at pvary is done once,
+      // there. Summing here too would count it once per device along the axes.
+      {Op::kPvary,
+       [](const VjpArgs& a) {
+         a.add(0, a.g);
+         return absl::OkStatus();
+       }},
       {Op::kCollectivePermute,
        [](const VjpArgs& a) {  // back along every pair
          std::vector<int64_t> inverted;

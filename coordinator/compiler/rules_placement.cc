@@ -1,7 +1,7 @@
 // Sharding rules and partition handlers of the ops that place values rather than compute them: parameters (their
 // layout is the caller's), sharding_constraint and sharding_as (a layout asked for), and
-// shard_map's boundaries, collectives and axis_index (per-device code, whose values are each
-// device's own block).
+// shard_map's boundaries, collectives, axis_index and pvary (per-device code, whose values are
+// each device's own block).
 #include <set>
 
 #include "absl/algorithm/container.h"
@@ -165,6 +165,8 @@ absl::Span<const ShardingRuleEntry> placement_rules() {
       {Op::kAllToAll, {body_value, identity_map, false, partition_collective}},
       {Op::kCollectivePermute, {elementwise_collective, identity_map, false, partition_collective}},
       {Op::kAxisIndex, {body_value, identity_map, false, partition_axis_index}},
+      // pvary changes a type only: its value is its operand's slot, with no instruction.
+      {Op::kPvary, {elementwise_collective, identity_map, false, partition_as_operand}},
   };
   return kRules;
 }

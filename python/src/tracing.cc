@@ -240,6 +240,11 @@ void bind_ops(py::module_& m) {
     return all_to_all(x, AxisNames(std::move(axes)), split, concat, tiled);
   });
   m.def("axis_index", [](Axes axes) { return axis_index(AxisNames(std::move(axes))); });
+  // Varying manual axes (tessera/shard_map.h): lax.pvary / lax.pcast, and a body value's varying
+  // axes (jax.typeof(x).manual_axis_type.varying).
+  m.def("pvary", [](V x, Axes axes) { return pvary(x, AxisNames(std::move(axes))); });
+  m.def("pcast", [](V x, Axes axes, const std::string& to) { return pcast(x, AxisNames(std::move(axes)), to); });
+  m.def("varying_axes", [](V x) { return type_of(x).varying; });
   m.def("axis_size", [](Axes axes) { return axis_size(AxisNames(std::move(axes))); });
 
   // Indexing (trace.h states each form's out-of-range rule; tessera/numpy.py maps jnp's and

@@ -184,7 +184,7 @@ class _Jitted:
             consts = captures.placed
             # Outputs of only uncommitted inputs (and no shardings asked for) stay uncommitted.
             committed = any(a._committed for a in arrays + consts) or self._out_shardings is not None \
-                or self._default_mesh is not None
+                or self._uncommitted_mesh() is not None
             try:
                 outs = _sdk_call(cpp, [a._a for a in arrays + consts])
                 break
@@ -199,6 +199,15 @@ class _Jitted:
                                                       captures)
         return tree_unflatten(out_tree[0], [Array(o, committed) for o in outs])
 
+    def _uncommitted_mesh(self):
+        """Where arguments and captures go when none is committed: an eager shard_map's mesh, or
+        the mesh of the shard_map this jit wraps (jit(shard_map(f, ...)): JAX moves uncommitted
+        arguments to the computation's devices); None: device 0."""
+        if self._default_mesh is not None:
+            return self._default_mesh
+        mesh_of = getattr(self._fun, "_shard_map_mesh", None)
+        return mesh_of() if mesh_of is not None else None
+
     def _arg_shardings(self, dyn, kwargs, n):
         if self._in_shardings is None:
             return [None] * n
@@ -212,8 +221,8 @@ class _Jitted:
             committed = next((l for l in leaves if isinstance(l, Array) and l._committed), None)
             if committed is not None:
                 target = NamedSharding(committed.sharding.mesh, PartitionSpec())
-            elif self._default_mesh is not None:
-                target = NamedSharding(self._default_mesh, PartitionSpec())
+            elif self._uncommitted_mesh() is not None:
+                target = NamedSharding(self._uncommitted_mesh(), PartitionSpec())
             else:
                 # Only uncommitted arrays and numpy data: all on device 0, uncommitted.
                 return leaf if isinstance(leaf, Array) else _put_numpy(leaf, _default_sharding(), False)
@@ -577,12 +586,16 @@ def make_jaxpr(fun, static_argnums=()):
 
 # ---- shard_map --------------------------------------------------------------------------
 
-def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, check_rep=None, axis_names=frozenset(),
-              **unsupported):
+_NO_OUT_SPECS = object()  # out_specs not given (None is a pytree: no outputs)
+
+
+def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_vma=True, check_rep=None,
+              axis_names=frozenset(), **unsupported):
     """jax.shard_map(f, mesh=, in_specs=, out_specs=, axis_names=): f runs per device on blocks,
     with the collectives of tessera.lax; the SDK's shard_map. axis_names (a set; empty: every
     mesh axis) are the axes the body is manual over; the specs and collectives may name only
-    those."""
+    those. out_specs is a pytree prefix of the results: None (no leaves) for a body returning
+    None."""
     if unsupported:
         raise TypeError(f"shard_map: unsupported options {sorted(unsupported)}")
     if not isinstance(axis_names, (set, frozenset)):
@@ -591,7 +604,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
     if f is None:
         return functools.partial(shard_map, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                  check_vma=check_vma, check_rep=check_rep, axis_names=axis_names)
-    if out_specs is None:
+    if out_specs is _NO_OUT_SPECS:
         raise TypeError("shard_map needs out_specs")
     check = check_vma if check_rep is None else check_rep
     cache = {}
@@ -649,6 +662,13 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
             raise TypeError("shard_map needs mesh= or an ambient mesh (tessera.set_mesh) when called")
         leaves, treedef = tree_flatten(args)
         if not (_trace.in_trace() or any(isinstance(l, Tracer) for l in leaves)):
+            if not for_all and not tree_leaves(out_specs, lambda p: isinstance(p, PartitionSpec)):
+                # No results (out_specs=None): nothing to run, and the SDK compiles no program
+                # without outputs; the body is traced (what it prints, it prints) and its empty
+                # result returned, as JAX returns it.
+                result = []
+                make_jaxpr(lambda *a: result.append(call(*a)) or result[-1])(*args)
+                return result[-1]
             # Outside a trace: the jit of this shard_map (so the arrays its body closes over are
             # captured as jit captures them), its arguments placed by their in_specs first.
             placed = [l if isinstance(l, Array) and l._committed else _put_one(l, NamedSharding(mesh, s))
@@ -684,6 +704,8 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=None, check_vma=True, 
         cache[key] = entry
         return tree_unflatten(entry[1]["tree"], outs)
 
+    # Its mesh when called, for a jit of it to move uncommitted arguments there.
+    call._shard_map_mesh = lambda: fixed_mesh if fixed_mesh is not None else get_abstract_mesh()
     return call
 
 
@@ -746,17 +768,37 @@ def reshard(x, out_shardings):
     return tree_unflatten(treedef, out)
 
 
-class ShapedArray:
-    """What typeof gives: shape, dtype and the sharding over Explicit mesh axes. str() is JAX's
-    (jax/_src/core.py ShapedArray.__str__, str_short_aval with the dtype's full name):
-    float32[8@X,2]; repr() is ShapedArray(float32[8@X,2]); `.sharding.spec` the type's spec
-    (None for dimensions on no Explicit axis)."""
+class ManualAxisType:
+    """jax's ManualAxisType (jax/_src/core.py): the manual mesh axes a value of a shard_map body
+    varies along (`varying`, a frozenset). Tessera's types have no reduced or unreduced axes."""
 
-    def __init__(self, shape, dtype, text, mesh=None):
+    def __init__(self, varying=()):
+        self.varying = frozenset(varying)
+        self.unreduced = frozenset()
+        self.reduced = frozenset()
+
+    def __repr__(self):
+        return f"ManualAxisType(varying={self.varying}, unreduced={self.unreduced}, reduced={self.reduced})"
+
+
+class ShapedArray:
+    """What typeof gives: shape, dtype, the sharding over Explicit mesh axes and, inside a
+    shard_map body, the manual axes the value varies along. str() is JAX's (jax/_src/core.py
+    ShapedArray.__str__, str_short_aval with the dtype's full name): float32[8@X,2],
+    float32[2,2]{V:(i,j)}; repr() is ShapedArray(float32[8@X,2]); `.sharding.spec` the type's
+    spec (None for dimensions on no Explicit axis); `.manual_axis_type.varying` (also `.mat`)
+    the varying axes."""
+
+    def __init__(self, shape, dtype, text, mesh=None, varying=()):
         self.shape, self.dtype = tuple(shape), _np.dtype(dtype)
         # The SDK's text starts with the short dtype name (f32[...]); JAX's str has the full one.
         self._text = self.dtype.name + text[text.index("["):]
         self._mesh = mesh
+        self.manual_axis_type = ManualAxisType(varying)
+
+    @property
+    def mat(self):
+        return self.manual_axis_type
 
     def __str__(self):
         return self._text
@@ -800,7 +842,7 @@ def typeof(x):
     sharding is part of its type, float32[16@data,8]; an Array's type shows its mesh's Explicit
     axes; anything else its (JAX-canonical) dtype and shape."""
     if isinstance(x, Tracer):
-        return ShapedArray(x.shape, x.dtype, _t.type_of(x._v))
+        return ShapedArray(x.shape, x.dtype, _t.type_of(x._v), varying=_t.varying_axes(x._v))
     if isinstance(x, Array):
         return ShapedArray(x.shape, x.dtype, _t.type_of_array(x._a), x.sharding.mesh)
     from .numpy import canonical_dtype

@@ -59,6 +59,29 @@ def axis_size(axis_name):
     return _t.axis_size(_axes(axis_name))
 
 
+def pvary(x, axis_name):
+    """jax.lax.pvary (older JAX; jax.lax.pcast(x, axis_name, to='varying') now): inside a
+    shard_map body, x typed as varying along the manual axes `axis_name` as well (jax.typeof
+    shows them, {V:i}); each device's value is unchanged. x must not vary along them already.
+    Its gradient comes out as JAX's, whose transpose of pvary is a psum."""
+    if not axis_name:
+        return x
+    return tree_map(lambda v: _wrap(_t.pvary(_tracer(v)._v, _axes(axis_name))), x)
+
+
+def pcast(x, axis_name, *, to):
+    """jax.lax.pcast: to='varying' casts an invariant value to varying along `axis_name` (pvary);
+    from varying, or from a mix, is JAX's ValueError; Tessera's types have no 'reduced' or
+    'unreduced' axes."""
+    if isinstance(axis_name, (set, frozenset)):
+        raise TypeError(f"axis_name={axis_name!r} must be a tuple or a str. Got {axis_name}")
+    if not axis_name:
+        return x
+    if to not in ("unreduced", "reduced", "varying"):
+        raise ValueError("Got unexpected `to` value. Allowed `to` values are: {'unreduced', 'reduced', 'varying'}")
+    return tree_map(lambda v: _wrap(_t.pcast(_tracer(v)._v, _axes(axis_name), to)), x)
+
+
 def with_sharding_constraint(x, shardings):
     """jax.lax.with_sharding_constraint: pins intermediates' shardings (a NamedSharding, or a
     bare P under `with mesh:`, or a prefix pytree of them)."""

@@ -127,6 +127,8 @@ def broadcast_prefix(prefix, tree, is_prefix_leaf):
         if is_prefix_leaf(p):
             out.extend([p] * tree_structure(t).num_leaves)
             return
+        if p is None and t is None:  # both the empty pytree (out_specs=None for a body returning None)
+            return
         if isinstance(p, (tuple, list)) and isinstance(t, (tuple, list)) and len(p) == len(t):
             for a, b in zip(p, t):
                 walk(a, b)

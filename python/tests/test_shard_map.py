@@ -190,3 +190,94 @@ def test_axis_names_on_explicit_axes_keep_the_automatic_split():
   g = jax.jit(jax.grad(loss))(xs)
   np.testing.assert_allclose(np.asarray(g), 3 * x * x, rtol=1e-5, atol=1e-6)
   assert g.sharding.spec == P('x', 'y')
+
+
+# Varying manual axes (JAX's vma) and lax.pvary / lax.pcast, from the shard_map notebook
+# (docs/notebooks/shard_map.md at JAX cec06d1, "Tracking how values vary over manual mesh
+# axes"): its comments give the types printed, and jax/_src/lax/parallel.py the rules
+# (_pvary_abstract_eval, _pvary_transpose_rule: a psum; pcast's _get_from).
+def test_typeof_shows_varying_axes_as_the_notebook_prints_them():
+  mesh = jax.make_mesh((4, 2), ('i', 'j'))
+  seen = {}
+
+  @partial(shard_map, mesh=mesh, in_specs=P('i', 'j'), out_specs=P('i'))
+  def f(x):
+    seen['x'] = jax.typeof(x)
+    y = jax.lax.psum(x, 'j')
+    seen['y'] = jax.typeof(y)
+    return y
+
+  x = jax.device_put(np.arange(8 * 4.).reshape(8, 4), NamedSharding(mesh, P('i', 'j')))
+  out = f(x)
+  assert str(seen['x']) == 'float32[2,2]{V:(i,j)}'
+  assert seen['x'].manual_axis_type.varying == {'i', 'j'}
+  assert str(seen['y']) == 'float32[2,2]{V:i}'
+  assert seen['y'].manual_axis_type.varying == {'i'} and seen['y'].mat.varying == {'i'}
+  want = np.arange(8 * 4.).reshape(8, 2, 2).sum(1)  # each row's two column blocks summed
+  np.testing.assert_allclose(np.asarray(out), want)
+
+
+def test_pcast_and_pvary_make_a_replicated_value_varying(mesh8):
+  x = np.arange(6.0, dtype=np.float32)
+  seen = {}
+
+  def body(v):
+    seen['before'] = jax.typeof(v)
+    w = jax.lax.pcast(v, 'x', to='varying')
+    seen['after'] = jax.typeof(w)
+    return w * (jax.lax.axis_index('x') + 1).astype(jnp.float32)
+
+  out = shard_map(body, mesh=mesh8, in_specs=P(), out_specs=P('x'))(x)
+  assert str(seen['before']) == 'float32[6]' and str(seen['after']) == 'float32[6]{V:x}'
+  np.testing.assert_allclose(np.asarray(out), np.concatenate([x * (d + 1) for d in range(8)]))
+  # pvary (older JAX's name) is the same cast; out_specs=P() on its result is refused, as JAX
+  # refuses it, and so is a cast from varying.
+  np.testing.assert_allclose(
+      np.asarray(shard_map(lambda v: jax.lax.pvary(v, 'x'), mesh=mesh8, in_specs=P(), out_specs=P('x'))(x)),
+      np.tile(x, 8))
+  with pytest.raises(ValueError, match="it depends on pvary over 'x'"):
+    shard_map(lambda v: jax.lax.pvary(v, 'x'), mesh=mesh8, in_specs=P(), out_specs=P())(x)
+  with pytest.raises(ValueError, match="Unsupported pcast from=varying, to='varying'"):
+    shard_map(lambda v: jax.lax.pcast(v, 'x', to='varying'), mesh=mesh8, in_specs=P('x'), out_specs=P('x'))(
+        np.arange(8.0, dtype=np.float32))
+  with pytest.raises(ValueError, match="Allowed `to` values"):
+    shard_map(lambda v: jax.lax.pcast(v, 'x', to='sideways'), mesh=mesh8, in_specs=P(), out_specs=P('x'))(x)
+  with pytest.raises(TypeError, match="must be a tuple or a str"):
+    shard_map(lambda v: jax.lax.pcast(v, {'x'}, to='varying'), mesh=mesh8, in_specs=P(), out_specs=P('x'))(x)
+
+
+def test_grad_through_pcast_matches_numpy(mesh8):
+  # loss(x, w) = sum_d sum(sin(pcast(x)) * w_d): d/dx = cos(x) * sum_d w_d (JAX's transpose of
+  # pvary is a psum over 'x'), d/dw_d = sin(x).
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal(4).astype(np.float32)
+  w = rng.standard_normal(8 * 4).astype(np.float32)
+  body = shard_map(lambda x, w: jnp.sin(jax.lax.pcast(x, 'x', to='varying')) * w, mesh=mesh8,
+                   in_specs=(P(), P('x')), out_specs=P('x'))
+  xs = jax.device_put(x, NamedSharding(mesh8, P()))
+  ws = jax.device_put(w, NamedSharding(mesh8, P('x')))
+  dx, dw = jax.jit(jax.grad(lambda x, w: body(x, w).sum(), argnums=(0, 1)))(xs, ws)
+  np.testing.assert_allclose(np.asarray(dx), np.cos(x) * w.reshape(8, 4).sum(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(dw), np.tile(np.sin(x), 8), rtol=1e-6)
+
+
+def test_out_specs_none_for_a_body_returning_none(mesh8):
+  # The notebook's `@jax.shard_map(in_specs=P(), out_specs=None)` on a body that only prints.
+  seen = []
+
+  def body(v):
+    seen.append(str(jax.typeof(jax.lax.pcast(v, 'x', to='varying'))))
+
+  assert shard_map(body, mesh=mesh8, in_specs=P(), out_specs=None)(np.arange(6.0)) is None
+  assert seen == ['float32[6]{V:x}']
+
+
+def test_jit_of_shard_map_moves_uncommitted_arguments_to_its_mesh(mesh8):
+  # JAX moves an uncommitted argument (jnp.arange: no sharding asked for) to the devices of the
+  # computation; jit(shard_map(...)) on the 8-device mesh takes it there, replicated, and the
+  # in_spec splits it.
+  f = jax.jit(shard_map(lambda b: b * 2 + jax.lax.axis_index('x').astype(jnp.float32), mesh=mesh8, in_specs=P('x'),
+                        out_specs=P('x')))
+  out = f(jnp.arange(8.0))
+  np.testing.assert_array_equal(np.asarray(out), np.arange(8.0) * 3)
+  assert out.sharding.spec == P('x')

@@ -130,6 +130,11 @@ std::vector<GradCase> grad_cases() {
                [](V b) { return all_to_all(exp(b[0]), "model", 1, 0, true); });
   shard_mapped("matmul_psum", {{4, 8}, {8, 6}}, {P(None, "model"), P("model", None)}, P(),
                [](V b) { return psum(matmul(b[0], b[1]), "model"); });
+  // pvary of a replicated argument, and of a psum's result (both invariant along the axis).
+  shard_mapped("pvary", {{2, 8}, {8, 8}}, {P(), P("data", None)}, P("data", None),
+               [](V b) { return tanh(pvary(b[0], "data")) * b[1]; });
+  shard_mapped("pvary_of_psum", {{4, 8}}, {P(None, "model")}, P(None, "model"),
+               [](V b) { return pvary(psum(b[0] * b[0], "model"), "model") * sin(b[0]); });
   out.push_back({"shard_map_inside_automatic_code", {{4, 8}, {8, 6}}, Domain::kSigned, [](V in) {
                    const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7},
                                                 {AxisType::kAuto, AxisType::kAuto});

@@ -3,6 +3,7 @@
 // the body once per mesh position and computes collectives from their definitions), a few
 // results against values worked out by hand from JAX's documentation, shard_map standalone
 // and nested in jit with automatic code around it, and the replication check and errors.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::vector<MeshDef>& meshes() { return test_meshes(); }
 
@@ -537,8 +539,11 @@ TEST_F(ShardMapTest, AxisNamesOnExplicitAxesKeepTheAutomaticSplitInTheTypes) {
   ASSERT_TRUE(vs.ok()) << vs.status();
   absl::StatusOr<std::vector<Array>> out = f({*vs});
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(inside, "f32[2,2,2@k,4@l]");
-  EXPECT_EQ(transposed, "f32[4@l,2@k,2,2]");
+  // Varying along the manual axes its inferred in_spec names (JAX prints {V:(i,j)} after the
+  // shape; jax/_src/core.py's _vma_ur_str, size-1 axes kept as remove_size_one_mesh_axis_from_type
+  // defaults to False).
+  EXPECT_EQ(inside, "f32[2,2,2@k,4@l]{V:(i,j)}");
+  EXPECT_EQ(transposed, "f32[4@l,2@k,2,2]{V:(i,j)}");
   EXPECT_EQ(result, "f32[8@(i,l),2@(j,k),2,2]");
   EXPECT_EQ((*out)[0].sharding().spec().to_string(), "P(('i', 'l'), ('j', 'k'), None, None)");
   // The host: each 'i' block of rows (2 of them) transposed, the blocks stacked along dim 0.
@@ -812,6 +817,180 @@ TEST_F(ShardMapTest, AxisSizeIsKnownWhileTracing) {
       mesh42(), {P()}, {P()});
   ASSERT_TRUE(trace_error([f](const std::vector<Value>& in) { return f(in); }).ok());
   EXPECT_EQ(sizes, (std::vector<int64_t>{4, 2, 8}));
+}
+
+// Varying manual axes as JAX types them (docs/notebooks/shard_map.md at JAX cec06d1, the cell
+// whose comments read f32[2,2]{V:(i,j)} for an argument under P('i', 'j') and f32[2,2]{V:i}
+// after psum over 'j', and `jax.typeof(y).manual_axis_type.varying == {'i'}`): type_of shows
+// them in mesh order, psum drops its axes, and with check_vma off nothing is typed.
+TEST_F(ShardMapTest, TypeOfShowsTheVaryingManualAxesAsJaxDoes) {
+  ASSERT_NE(client_, nullptr);
+  std::vector<ShapedType> types;
+  auto body = [&types](const std::vector<Value>& in) {
+    const Value y = psum(in[0], "model");
+    types = {type_of(in[0]), type_of(y), type_of(in[1]), type_of(pvary(in[1], "model"))};
+    return std::vector<Value>{y};
+  };
+  auto traced = [](const ShardMapped& f) {
+    return trace([f](const std::vector<Value>& in) { return f(in); }, {{DType::kF32, {16, 8}}, {DType::kF32, {4}}});
+  };
+  absl::StatusOr<Graph> g = traced(shard_map(body, mesh42(), {P("data", "model"), P()}, {P("data", None)}));
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(types.size(), 4u);
+  EXPECT_EQ(types[0].varying, (std::vector<std::string>{"data", "model"}));
+  EXPECT_EQ(types[0].to_string(), "f32[4,4]{V:(data,model)}");
+  EXPECT_EQ(types[1].varying, (std::vector<std::string>{"data"}));
+  EXPECT_EQ(types[1].to_string(), "f32[4,4]{V:data}");
+  EXPECT_TRUE(types[2].varying.empty());  // in_spec P(): invariant, printed as JAX prints it
+  EXPECT_EQ(types[2].to_string(), "f32[4]");
+  EXPECT_EQ(types[3].to_string(), "f32[4]{V:model}");
+  g = traced(shard_map(body, mesh42(), {P("data", "model"), P()}, {P("data", None)}, {.check_vma = false}));
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const ShapedType& t : types) EXPECT_TRUE(t.varying.empty()) << t.to_string();
+}
+
+// lax.pvary / pcast(to='varying') (jax/_src/lax/parallel.py: _pvary_abstract_eval adds its
+// axes to the input's varying set and lowers to its operand): a replicated argument made
+// varying may leave by an out_spec naming the axis, where each device's copy is one block
+// (x tiled 4 times along 'data', worked by hand); out_spec P() on it is refused naming pvary,
+// as JAX refuses it; the plan runs no instruction for it.
+TEST_F(ShardMapTest, PvaryMakesAValueVaryingAndRunsAsItsOperand) {
+  ASSERT_NE(client_, nullptr);
+  const HostArray x = HostArray::arange(DType::kF32, {4, 8});
+  ShardMapped f = shard_map([](const std::vector<Value>& in) { return std::vector<Value>{pvary(in[0] * 2.0, "data")}; },
+                            mesh42(), {P()}, {P("data", None)});
+  absl::StatusOr<std::vector<Array>> out = f({put(x, P())});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->shape(), (Shape{16, 8}));
+  for (int64_t e = 0; e < got->size(); ++e) EXPECT_EQ(got->element_as_double(e), 2.0 * (e % 32)) << e;
+  EXPECT_THAT(f.as_text(), Not(HasSubstr("pvary")));
+  // pcast(to='varying') is the same op.
+  ShardMapped g =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{pcast(in[0], "model", "varying")}; },
+                mesh42(), {P()}, {P(None, "model")});
+  out = g({put(x, P())});
+  ASSERT_TRUE(out.ok()) << out.status();
+  got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->shape(), (Shape{4, 16}));
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < 16; ++c) EXPECT_EQ(got->element_as_double(r * 16 + c), r * 8 + c % 8) << r << "," << c;
+  }
+  // Refused where the out_spec leaves the axis out; accepted without the pvary.
+  absl::Status s = trace_error([this](const std::vector<Value>& in) {
+    return shard_map([](const std::vector<Value>& b) { return std::vector<Value>{pvary(b[0], "data")}; }, mesh42(),
+                     {P()}, {P()})(in);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("may differ along mesh axis 'data' (it depends on pvary over 'data', which types it as "
+                        "varying along it), but out_specs[0] = P() leaves 'data' out"));
+  s = trace_error([this](const std::vector<Value>& in) {
+    return shard_map([](const std::vector<Value>& b) { return std::vector<Value>{b[0] * 2.0}; }, mesh42(), {P()},
+                     {P()})(in);
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// pvary's and pcast's errors, as JAX's (jax/_src/lax/parallel.py: _pvary_abstract_eval's
+// "pvary is a invariant->variant collective", _get_from's mixed states, pcast's
+// "Unsupported pcast from=varying, to='varying'" and "Got unexpected `to` value"); with
+// check_vma off pvary is x itself, as jax/_src/core.py's pvary returns x then.
+TEST_F(ShardMapTest, PvaryAndPcastRefuseWhatJaxRefuses) {
+  ASSERT_NE(client_, nullptr);
+  auto error_of = [&](std::function<Value(const Value&)> body, PartitionSpec in = P("data", None)) {
+    absl::Status s = trace_error([&](const std::vector<Value>& v) {
+      return shard_map([body](const std::vector<Value>& b) { return std::vector<Value>{body(b[0])}; }, mesh42(), {in},
+                       {P("data", "model")})(v);
+    });
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  EXPECT_THAT(error_of([](const Value& x) { return pvary(x, "data"); }),
+              HasSubstr("pvary(f32[4,8], 'data'): pvary is an invariant->varying cast, so the axes it names must not "
+                        "be ones x already varies along, but x varies along ('data',) (argument 0 is split over it "
+                        "by its in_spec P('data', None))"));
+  EXPECT_THAT(error_of([](const Value& x) { return pcast(x, "data", "varying"); }),
+              HasSubstr("Unsupported pcast from=varying, to='varying'"));
+  EXPECT_THAT(error_of([](const Value& x) {
+                return pcast(x, AxisNames{"data", "model"}, "varying");
+              }),
+              HasSubstr("pcast can only accept axis_name which corresponds to one of varying, unreduced, reduced or "
+                        "invarying state of the input"));
+  EXPECT_THAT(error_of([](const Value& x) { return pcast(x, "model", "sideways"); }),
+              HasSubstr("Got unexpected `to` value. Allowed `to` values are: {'unreduced', 'reduced', 'varying'}"));
+  EXPECT_THAT(error_of([](const Value& x) { return pcast(x, "model", "reduced"); }),
+              HasSubstr("Tessera's shard_map types only varying axes"));
+  EXPECT_THAT(error_of([](const Value& x) { return pvary(x, "rows"); }, P()),
+              HasSubstr("pvary: axis 'rows' is not in the mesh"));
+  EXPECT_THAT(error_of(
+                  [](const Value& x) {
+                    return pvary(x, AxisNames{"model", "model"});
+                  },
+                  P()),
+              HasSubstr("axis 'model' is named twice"));
+  absl::Status s = trace_error([](const std::vector<Value>& in) { return std::vector<Value>{pvary(in[0], "data")}; });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("only inside a shard_map body"));
+  // Both axes at once, in mesh order whatever the order named.
+  std::string text;
+  s = trace_error([this, &text](const std::vector<Value>& in) {
+    return shard_map(
+        [&text](const std::vector<Value>& b) {
+          const Value y = pvary(b[0], AxisNames{"model", "data"});
+          text = type_of(y).to_string();
+          return std::vector<Value>{y};
+        },
+        mesh42(), {P()}, {P("data", "model")})(in);
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(text, "f32[16,8]{V:(data,model)}");
+  // check_vma off: no node, the value itself.
+  int before = -1, after = -2;
+  s = trace_error([&](const std::vector<Value>& in) {
+    return shard_map(
+        [&](const std::vector<Value>& b) {
+          before = b[0].node();
+          after = pvary(b[0], "data").node();
+          return std::vector<Value>{b[0]};
+        },
+        mesh42(), {P()}, {P()}, {.check_vma = false})(in);
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(before, after);
+}
+
+// grad through pvary against the host. loss(x, w) = sum(tanh(pvary(x, 'data')) * w_block) over
+// the four devices along 'data', x (4, 8) whole on each (P()), w (16, 8) under P('data', None):
+//   d loss / dx[r, c] = (1 - tanh(x[r, c])^2) * sum_d w[4d + r, c]   (JAX: pvary's transpose psums)
+//   d loss / dw[4d + r, c] = tanh(x[r, c]).
+TEST_F(ShardMapTest, GradThroughPvaryMatchesTheHost) {
+  ASSERT_NE(client_, nullptr);
+  ShardMapped body =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{tanh(pvary(in[0], "data")) * in[1]}; },
+                mesh42(), {P(), P("data", None)}, {P("data", None)});
+  TracedFunction loss = [body](const std::vector<Value>& in) { return std::vector<Value>{sum(body(in)[0], {})}; };
+  Jitted f = jit(grad(loss, {0, 1}));
+  std::mt19937 rng(11);
+  const HostArray x = random_array(DType::kF32, {4, 8}, Domain::kSigned, rng);
+  const HostArray w = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+  absl::StatusOr<std::vector<Array>> out = f({put(x, P()), put(w, P("data", None))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> dx = (*out)[0].fetch();
+  absl::StatusOr<HostArray> dw = (*out)[1].fetch();
+  ASSERT_TRUE(dx.ok() && dw.ok());
+  ASSERT_EQ(dx->shape(), (Shape{4, 8}));
+  ASSERT_EQ(dw->shape(), (Shape{16, 8}));
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 8; ++c) {
+      const double t = std::tanh(x.element_as_double(r * 8 + c));
+      double column = 0;
+      for (int d = 0; d < 4; ++d) column += w.element_as_double((4 * d + r) * 8 + c);
+      EXPECT_NEAR(dx->element_as_double(r * 8 + c), (1 - t * t) * column, 1e-5) << r << "," << c;
+      for (int d = 0; d < 4; ++d) EXPECT_NEAR(dw->element_as_double((4 * d + r) * 8 + c), t, 1e-6) << d << "," << r;
+    }
+  }
 }
 
 }  // namespace

@@ -209,8 +209,9 @@ absl::StatusOr<std::vector<HostArray>> evaluate_on_host(const Graph& graph,
       values[id] = in->clone();
       continue;
     }
-    if (has_trait(n.op, kPlacement)) {  // placement only: the operand's value
+    if (has_trait(n.op, kPlacement)) {  // placement or typing only: the operand's value (or blocks)
       values[id] = values[n.operands[0]].clone();
+      for (const HostArray& b : blocks[n.operands[0]]) blocks[id].push_back(b.clone());
       continue;
     }
     // shard_map: a body's values are one block per mesh position, computed one position at a

@@ -123,6 +123,25 @@ Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int6
 Value axis_index(const AxisNames& axes);
 int64_t axis_size(const AxisNames& axes);
 
+// Varying manual axes (JAX's vma; docs/notebooks/shard_map.md "Tracking how values vary over
+// manual mesh axes"). With check_vma, every value of a body has the manual axes along which
+// its devices' blocks may differ (type_of(v).varying): an argument those its in_spec names,
+// psum/pmean/pmax/pmin drop theirs, all_gather, psum_scatter, all_to_all, ppermute and
+// axis_index add theirs, any other op takes the union of its operands'. An out_spec must
+// name every axis its result varies along.
+//
+// jax.lax.pvary (older JAX; now pcast(x, axes, to='varying')): x, typed as varying along
+// `axes` as well; each device's value is unchanged and no instruction runs. x must not vary
+// along any of them already (INVALID_ARGUMENT naming the axes, as JAX's "pvary is a invariant->variant collective").
+// With check_vma off, or no axes, it returns x, as JAX does. Its gradient is the cotangent (JAX's transpose is a psum:
+// see client/vjp/shard_map.cc for why the sum happens elsewhere here).
+Value pvary(const Value& x, const AxisNames& axes);
+// jax.lax.pcast(x, axes, to=...): to = "varying" from invariant is pvary; from varying along
+// the axes, or from a mix, INVALID_ARGUMENT with JAX's words; "reduced" and "unreduced" are
+// JAX's casts that Tessera's types do not have (INVALID_ARGUMENT); anything else is JAX's
+// "Got unexpected `to` value".
+Value pcast(const Value& x, const AxisNames& axes, const std::string& to);
+
 }  // namespace tessera
 
 #endif  // TESSERA_SHARD_MAP_H_

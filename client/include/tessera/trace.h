@@ -74,11 +74,15 @@ absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType
 
 // jax.typeof: a Value's dtype, shape and, in explicit mode, its sharding over the Explicit mesh
 // axes (one spec entry per dimension; Auto axes are not part of a type, as in JAX); to_string()
-// prints it as JAX does: "f32[16@data,8]", "f32[8@(X,Y),4]", "f32[16,8]" when not split.
+// prints it as JAX does: "f32[16@data,8]", "f32[8@(X,Y),4]", "f32[16,8]" when not split. Inside
+// a shard_map body with check_vma, also the manual axes the value varies along (JAX's
+// `manual_axis_type.varying`, in mesh order; tessera/shard_map.h): "f32[2,2]{V:i}",
+// "f32[2,2]{V:(i,j)}".
 struct ShapedType {
   DType dtype = DType::kF32;
   Shape shape;
   PartitionSpec spec;
+  std::vector<std::string> varying;
   std::string to_string() const;
 };
 ShapedType type_of(const Value& v);
