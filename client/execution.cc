@@ -87,6 +87,11 @@ Deletes InFlight::take_deletes() {
   return deletes;
 }
 
+void InFlight::requeue(Deletes deletes) {
+  absl::MutexLock lock(&mu_);
+  for (auto& d : deletes) deletes_.push_back(std::move(d));
+}
+
 void InFlight::count_failed_deletes(int64_t n, const absl::Status& error) {
   if (n == 0) return;
   absl::MutexLock lock(&mu_);
@@ -321,6 +326,14 @@ void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool
       [self = shared_from_this(), raw, inputs = std::move(inputs), may_recompile, named](grpc::Status s) mutable {
         CallbackScope scope;
         std::unique_ptr<ExecuteCall> owned(raw);
+        if (!s.ok() && owned->request.delete_arrays_size() > 0) {  // the deletions it carried wait again
+          Deletes carried;
+          for (int k = 0; k < owned->request.delete_arrays_size(); ++k) {
+            carried.emplace_back(owned->request.delete_arrays(k),
+                                 k < owned->request.delete_grants_size() ? owned->request.delete_grants(k) : "");
+          }
+          self->in_flight_->requeue(std::move(carried));
+        }
         if (!s.ok() && named) {
           // Report a failed producer's own error (its reply may come after this one); after a
           // coordinator restart (ABORTED), send again the usual way once the producers are done.

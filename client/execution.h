@@ -79,6 +79,10 @@ class InFlight {
   bool queue_delete(uint64_t id, std::string grant, Deletes* batch);
   // The deletions queued so far, for an Execute to carry.
   Deletes take_deletes();
+  // An Execute that carried `deletes` failed, perhaps before the coordinator took them: they
+  // wait again (a second deletion of an array is skipped). The queue may then hold up to
+  // twice kMaxQueuedDeletes.
+  void requeue(Deletes deletes);
   // The sender of a batch had its reply: the next batch, everything queued meanwhile, for the
   // same sender; empty when nothing waits, and the sender no longer counts.
   Deletes next_delete_batch();

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,14 +38,21 @@ absl::StatusOr<std::string> random_token() {
   return absl::BytesToHexString(bytes);
 }
 
+// Created with `mode` (and set to it if the file existed), then written: a token or key is
+// never readable by others, not even while it is being written.
 absl::Status write_file(const std::string& path, const std::string& contents, mode_t mode) {
-  std::ofstream out(path, std::ios::trunc);
-  out << contents;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("credentials: cannot write ", path));
-  if (chmod(path.c_str(), mode) != 0) {
-    return absl::InternalError(absl::StrCat("credentials: chmod ", path, ": ", std::strerror(errno)));
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return absl::InternalError(absl::StrCat("credentials: cannot write ", path, ": ", std::strerror(errno)));
+  bool ok = fchmod(fd, mode) == 0;
+  for (size_t done = 0; ok && done < contents.size();) {
+    const ssize_t n = write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
   }
+  const int error = errno;
+  ok = close(fd) == 0 && ok;
+  if (!ok) return absl::InternalError(absl::StrCat("credentials: cannot write ", path, ": ", std::strerror(error)));
   return absl::OkStatus();
 }
 

@@ -37,9 +37,11 @@ void HeapTrimmer::trim() {
   trims_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool HeapTrimmer::trim_if_released() {
+bool HeapTrimmer::trim_if_released(int64_t freed_bytes) {
   if (released_.exchange(0, std::memory_order_relaxed) == 0) return false;
+  if (freed_bytes >= 0) freed_at_last_trim_.store(freed_bytes, std::memory_order_relaxed);
   trim();
+  released_trims_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

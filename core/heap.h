@@ -52,8 +52,9 @@ class HeapTrimmer {
 
   // malloc_trim(0) if released() was called since the last trim; returns whether it trimmed.
   // Takes each arena's lock in turn (about 0.1-1 ms for a 20 MB heap in 2 arenas here): call
-  // it from a thread that may block briefly.
-  bool trim_if_released();
+  // it from a thread that may block briefly. `freed_bytes` (trim_if_idle's running count, if
+  // known) marks what this trim returned, so the next idle trim waits for as much more.
+  bool trim_if_released(int64_t freed_bytes = -1);
 
   // malloc_trim(0) if at least IdleTrim::min_freed_bytes were freed since its last trim and
   // `idle_for` (how long the daemon has had nothing in flight; zero while it is busy) is
@@ -63,8 +64,10 @@ class HeapTrimmer {
   bool trim_if_idle(int64_t freed_bytes, absl::Duration idle_for);
 
   int64_t trims() const { return trims_.load(std::memory_order_relaxed); }
-  // Of trims(), those trim_if_idle made.
+  // Of trims(), those trim_if_idle made, and those trim_if_released made (counted apart, so
+  // each count only grows as a scrape reads it).
   int64_t idle_trims() const { return idle_trims_.load(std::memory_order_relaxed); }
+  int64_t released_trims() const { return released_trims_.load(std::memory_order_relaxed); }
   // The bytes the trims gave back: the drop of the process's resident memory across each trim
   // (VmRSS from /proc/self/statm; what other threads allocate meanwhile counts against it).
   int64_t trimmed_bytes() const { return trimmed_bytes_.load(std::memory_order_relaxed); }
@@ -77,6 +80,7 @@ class HeapTrimmer {
   std::atomic<int64_t> released_{0};
   std::atomic<int64_t> trims_{0};
   std::atomic<int64_t> idle_trims_{0};
+  std::atomic<int64_t> released_trims_{0};
   std::atomic<int64_t> trimmed_bytes_{0};
   // trim_if_idle's `freed_bytes` at the last trim (the running count starts at 0).
   std::atomic<int64_t> freed_at_last_trim_{0};

@@ -775,7 +775,7 @@ constexpr OpDef kOps[] = {
      infer_collective},
     {Op::kAxisIndex, "axis_index", 54, 0, kBlockResult | kResolvedByDevice | kNoGradient, 0,
      kAttrsIndex<AxisIndexAttrs>, infer_axis_index},
-    {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned | kNoGradient, 0, kAttrsIndex<NoAttrs>,
+    {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned, 0, kAttrsIndex<NoAttrs>,
      infer_sharding_as},
     {Op::kErf, "erf", 56, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
     {Op::kGather, "gather", 57, 2, kHasKernel, 0, kAttrsIndex<GatherAttrs>, infer_gather},

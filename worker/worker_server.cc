@@ -80,7 +80,8 @@ class WorkerService final : public WorkerServiceBase {
     const int64_t dropped = transport_.dropped_messages() + plans_.stats().evicted;
     if (dropped != last_dropped_) heap_.released();
     last_dropped_ = dropped;
-    if (!heap_.trim_if_released()) heap_.trim_if_idle(HostArray::bytes_freed(), runner_.idle_for(started_));
+    const int64_t freed = HostArray::bytes_freed();
+    if (!heap_.trim_if_released(freed)) heap_.trim_if_idle(freed, runner_.idle_for(started_));
   }
   const HeapTrimmer& heap() const { return heap_; }
 
@@ -462,8 +463,7 @@ class WorkerServerImpl final : public WorkerServer {
         counter("tessera_worker_exchange_messages_forged_total",
                 "Exchange messages dropped because their sender was not their stream's device.",
                 s.exchange_messages_forged(), device),
-        counter("tessera_worker_heap_trims_total", kTrims,
-                static_cast<double>(service_.heap().trims() - service_.heap().idle_trims()),
+        counter("tessera_worker_heap_trims_total", kTrims, static_cast<double>(service_.heap().released_trims()),
                 {device[0], {"reason", "released"}}),
         counter("tessera_worker_heap_trims_total", kTrims, static_cast<double>(service_.heap().idle_trims()),
                 {device[0], {"reason", "idle"}}),

@@ -282,21 +282,25 @@ absl::Status switch_vjp(const VjpArgs& a) {
   const BranchesAttrs& s = a.node.attrs<BranchesAttrs>();
   const Graph& first = *s.graphs[0];
   const size_t outputs = first.outputs().size();
-  const size_t saved = static_cast<size_t>(s.saved);
-  const size_t results = outputs - saved;
-  std::vector<Value> ct(results), kept(saved);
+  const size_t results = outputs - static_cast<size_t>(s.saved);
+  std::vector<Value> ct(outputs), kept(outputs - results);
   const int self = TraceState::id(a.out);
   for (int id = 0; id < a.trace->graph.size(); ++id) {
     const Node& m = a.trace->graph.node(id);
     if (m.op != Op::kSwitch || m.operands != a.node.operands || m.attrs<BranchesAttrs>().graphs != s.graphs) continue;
     const size_t j = static_cast<size_t>(m.attrs<BranchesAttrs>().output);
-    if (j >= results) {
-      kept[j - results] = a.trace->make(id);
-    } else {
-      ct[j] = id == self ? a.g : a.take_cotangent(id);
-    }
+    ct[j] = id == self ? a.g : a.take_cotangent(id);
+    if (j >= results) kept[j - results] = a.trace->make(id);
   }
-  for (size_t j = 0; j < results; ++j) {
+  // A kept value with a cotangent (grad of grad: the first backward pass read it) is one more
+  // result of f to differentiate; then f's VJP recomputes everything, reading nothing kept.
+  bool kept_differentiated = false;
+  for (size_t j = results; j < outputs; ++j) kept_differentiated = kept_differentiated || ct[j].ok();
+  const size_t differentiated = kept_differentiated ? outputs : results;
+  const size_t saved = kept_differentiated ? 0 : outputs - results;
+  ct.resize(differentiated);
+  if (saved == 0) kept.clear();
+  for (size_t j = 0; j < differentiated; ++j) {
     if (!ct[j].ok()) ct[j] = full(first.node(first.outputs()[j]).shape, 0.0, first.node(first.outputs()[j]).dtype);
   }
   for (size_t j = 0; j < saved; ++j) {  // a kept value nothing read in the forward pass
@@ -308,8 +312,8 @@ absl::Status switch_vjp(const VjpArgs& a) {
   const std::vector<Value> operands(a.x.begin() + 1, a.x.end());
   const size_t n = operands.size();
   const std::vector<std::optional<TypedOperand>> operand_types = types_of(operands);
-  std::vector<size_t> wanted(results);
-  for (size_t j = 0; j < results; ++j) wanted[j] = j;
+  std::vector<size_t> wanted(differentiated);
+  for (size_t j = 0; j < differentiated; ++j) wanted[j] = j;
   std::vector<Branch> backward;
   for (const std::shared_ptr<const Graph>& g : s.graphs) {
     backward.push_back([g, n, saved, &wanted, &operand_types](const std::vector<Value>& in) {
@@ -321,8 +325,9 @@ absl::Status switch_vjp(const VjpArgs& a) {
       TraceState* t = TraceState::current;
       for (size_t j = 0; j < saved && t->error.ok(); ++j) {
         const int node = recorded.empty() ? -1 : recorded[g->outputs()[wanted.size() + j]];
-        if (node < 0) continue;  // nothing f's results need
-        const absl::Status replaced = t->graph.replace_uses(node, TraceState::id(kept_in[j]));
+        const int kept_id = TraceState::id(kept_in[j]);
+        if (node <= kept_id) continue;  // nothing f's results need (or not a node of f's VJP)
+        const absl::Status replaced = t->graph.replace_uses(node, kept_id);
         if (!replaced.ok()) t->fail(replaced);
       }
       for (size_t k = 0; k < d.size() && k < operand_types.size(); ++k) d[k] = as_type(d[k], operand_types[k]);

@@ -89,6 +89,13 @@ absl::Span<const VjpEntry> layout_vjps() {
          a.add(0, with_sharding_constraint(a.g, a.node.attrs<ShardingAttrs>().sharding));
          return absl::OkStatus();
        }},
+      // grad lays each gradient out as its argument (sharding_as); a second grad goes back
+      // through it the same way. The layout operand is not differentiated.
+      {Op::kShardingAs,
+       [](const VjpArgs& a) {
+         a.add(0, sharded_like(a.g, a.x[0]));
+         return absl::OkStatus();
+       }},
   };
   return kRules;
 }

@@ -177,3 +177,15 @@ def test_a_checkpoint_policy_that_raises_fails_the_trace_with_its_exception():
         jax.jit(jax.grad(lambda x: jnp.sum(jax.checkpoint(jnp.sin, policy=bad)(x))))(np.ones(4, np.float32))
     with pytest.raises(TypeError, match="policy must be callable"):
         jax.checkpoint(jnp.sin, policy="dots")
+
+
+def test_grad_of_grad_is_the_second_derivative_also_through_a_checkpoint():
+    # d/dx sum(d/dy sum(sin(y)) at x) = -sin(x); d/dx sum(3 x^2) = 6 x (worked by hand). It
+    # had been 0: the outer grad stopped at the inner one's layout of its gradient.
+    x = np.array([0.5, 1.0, -2.0], np.float32)
+    g2 = jax.jit(jax.grad(lambda x: jnp.sum(jax.grad(lambda y: jnp.sum(jnp.sin(y)))(x))))(x)
+    np.testing.assert_allclose(np.asarray(g2), -np.sin(x), rtol=1e-5)
+    for policy in [None, jax.checkpoint_policies.dots_saveable, jax.checkpoint_policies.everything_saveable]:
+        cube = jax.checkpoint(lambda y: jnp.sum(y * y * y), policy=policy)
+        g2 = jax.jit(jax.grad(lambda x: jnp.sum(jax.grad(cube)(x))))(x)
+        np.testing.assert_allclose(np.asarray(g2), 6 * x, rtol=1e-5)

@@ -56,11 +56,16 @@ TEST(HeapTrimmer, TrimsOnceIdleAfterFreeingEnoughAndNotBetweenBusyRuns) {
   EXPECT_TRUE(trimmer.trim_if_idle(freed + 1000, absl::Seconds(7)));
   EXPECT_EQ(trimmer.trims(), 2);
   EXPECT_EQ(trimmer.idle_trims(), 2);
-  // The release-driven trims count apart.
+  // The release-driven trims count apart; one given the running count returns what was freed
+  // so far, so the next idle tick does not trim the same bytes again.
   trimmer.released();
-  EXPECT_TRUE(trimmer.trim_if_released());
+  EXPECT_TRUE(trimmer.trim_if_released(freed + 5000));
   EXPECT_EQ(trimmer.trims(), 3);
   EXPECT_EQ(trimmer.idle_trims(), 2);
+  EXPECT_EQ(trimmer.released_trims(), 1);
+  EXPECT_FALSE(trimmer.trim_if_idle(freed + 5000, absl::Seconds(8)));
+  EXPECT_TRUE(trimmer.trim_if_idle(freed + 6000, absl::Seconds(9)));
+  EXPECT_EQ(trimmer.idle_trims(), 3);
 }
 
 TEST(HeapTrimmer, NeverTrimsOnIdleWithoutABound) {

@@ -328,6 +328,28 @@ std::vector<GradCase> grad_cases() {
                  {{4, 4}, {4, 4}},
                  Domain::kSigned,
                  policy_case(checkpoint_policies::everything_saveable)});
+  // Second order: the case's value is a first-order gradient (checked by the cases above), so
+  // its gradient is a grad of grad, against central differences of that value. grad lays each
+  // gradient out as its argument (sharding_as), which the outer grad goes back through; with a
+  // saving policy the outer grad differentiates the kept values too.
+  const auto second_order = [](CheckpointPolicy policy, bool remat) {
+    return [policy, remat](V in) {
+      const TracedFunction layer = [](const std::vector<Value>& a) {
+        return std::vector<Value>{tanh(matmul(a[0], a[1]) * 0.5) * a[0]};
+      };
+      const TracedFunction f = remat ? checkpoint(layer, policy) : layer;
+      const TracedFunction loss = [f](const std::vector<Value>& a) {
+        const Value y = f(a)[0];
+        return std::vector<Value>{sum(y * y)};
+      };
+      const std::vector<Value> g = grad(loss, {0, 1})({in[0], in[1]});
+      return g[0] * g[0] + sin(g[1]);
+    };
+  };
+  out.push_back({"grad_of_grad", {{4, 4}, {4, 4}}, Domain::kSigned, second_order(nullptr, false)});
+  out.push_back({"grad_of_grad_checkpoint", {{4, 4}, {4, 4}}, Domain::kSigned, second_order(nullptr, true)});
+  out.push_back({"grad_of_grad_checkpoint_dots_saveable", {{4, 4}, {4, 4}}, Domain::kSigned,
+                 second_order(checkpoint_policies::dots_saveable, true)});
   out.push_back(
       {"checkpoint_dots_in_scan", {{4, 4}, {4, 4}, {3, 4, 4}}, Domain::kSigned, [](V in) {
          const TracedFunction body = checkpoint(

@@ -195,10 +195,11 @@ class Client {
 
   // Dropping an Array's last handle never waits for its deletion: the client queues it, and
   // the next call carries it or a DeleteArray sent in the background does (docs/design.md,
-  // "Sessions and leases"). flush_deletes sends what waits and returns once the coordinator
-  // answered every deletion made before it: the buffers are then free on the alive devices
-  // (device_put and device_stats flush first, and so does the client when it goes; a deletion
-  // riding on a call is done when that call is). DEADLINE_EXCEEDED if the coordinator has not
+  // "Asynchronous dispatch", drops never wait). flush_deletes sends what waits and returns
+  // once the coordinator answered every deletion made before it: the buffers are then free on
+  // the alive devices (device_put and device_stats flush first, and so does the client when it
+  // goes; a deletion riding on a call is done when that call is, and an output of a call still
+  // running when dropped is deleted once the call finishes). DEADLINE_EXCEEDED if the coordinator has not
   // answered within about 20 s; else the error of the last deletion that failed since the
   // previous flush (its arrays' ids are logged to stderr), or OK.
   absl::Status flush_deletes() const;
