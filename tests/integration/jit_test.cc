@@ -761,8 +761,10 @@ TEST_F(ExplicitJitTest, ControlFlowRunsByItsTypes) {
 
 // shard_map on an Explicit mesh (jax/_src/shard_map.py, JAX >= 0.9), as tests/shard_map_test.py's
 // test_shmap_full_manual_context_explicit: in_specs omitted, the argument enters as its type
-// P('X', 'Y'); the result is typed and laid out by out_specs; values x * 2 against the host. An
-// in_spec that is not the argument's type is refused rather than resharded.
+// P('X', 'Y'); the block is typed varying over both axes, printed as JAX's shard_map notebook
+// prints it (docs/notebooks/shard_map.md: `print(jax.typeof(x))  # f32[2,2]{V:(i,j)}`); the
+// result is typed and laid out by out_specs; values x * 2 against the host. An in_spec that is
+// not the argument's type is refused rather than resharded.
 TEST_F(ExplicitJitTest, ShardMapTakesItsArgumentsAsTheirTypesSay) {
   const Mesh mesh = explicit_mesh();
   const HostArray x = random_f32({16, 8}, 41);
@@ -776,7 +778,7 @@ TEST_F(ExplicitJitTest, ShardMapTakesItsArgumentsAsTheirTypesSay) {
       mesh, {}, {P("X", "Y")});
   absl::StatusOr<std::vector<Array>> y = f({xs});
   ASSERT_TRUE(y.ok()) << y.status();
-  EXPECT_EQ(block, "f32[4,4]");
+  EXPECT_EQ(block, "f32[4,4]{V:(X,Y)}");
   EXPECT_EQ(type_of((*y)[0]).to_string(), "f32[16@X,8@Y]");
   std::vector<double> want;
   for (float v : x.values<float>()) want.push_back(2.0 * v);
