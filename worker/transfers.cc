@@ -14,6 +14,9 @@
 
 namespace tessera {
 
+// The transport remembers the ends of fan-outs apart from the runs' ordered op ids.
+static_assert(Transfers::kFanOutOpBit == Transport::kUnorderedOps);
+
 Transfers::Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, Transport* transport,
                      ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process)
     : store_(store),

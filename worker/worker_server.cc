@@ -147,6 +147,11 @@ class WorkerService final : public WorkerServiceBase {
     absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kAdmin, "DeleteBuffers");
     if (!caller.ok()) return to_grpc(caller.status());
     reply->set_deleted(runner_.erase(req->buffer_ids()));
+    // A put's fan-out that failed may have left chunks here for an op this device never
+    // started (its call was cancelled before it began): the array's deletion ends that op, so
+    // they go now and any still on the way are dropped as they arrive, rather than holding
+    // memory and the sender's mailbox share until the time-to-live (--mailbox_ttl_ms).
+    for (uint64_t id : req->buffer_ids()) transport_.finish_op(id | Transfers::kFanOutOpBit);
     return grpc::Status::OK;
   }
 

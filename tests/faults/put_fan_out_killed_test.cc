@@ -146,14 +146,15 @@ TEST_F(PutFanOutKilledTest, TheUploaderKilledBeforeItSendsFailsThePutBoundedNami
 // stall: device_put failed CANCELLED "device_put: device 0 (...): Cancelled on the server
 // side", naming no member (this test on the old worker). Device 1, the uploader's
 // successor in the chain, is stopped (SIGSTOP) before the put: it takes nothing, so the
-// uploader's wait for it crosses the deadline; resumed, the next put stores every copy.
+// uploader's wait for it crosses the deadline; resumed, it finds the uploader's first chunks
+// for an op it never started (its own call was cancelled). The failed put's deletion ends that
+// op there (worker DeleteBuffers), so those chunks go at once: before, 32 of them (16 MiB of
+// the device's memory) stayed until the mailbox's time-to-live (60 s by default, kept here),
+// and this test failed on that (the old worker: 16777216 bytes used after the retry). The
+// retried put stores every copy, and nothing else stays.
 class PutFanOutStallTest : public PutFanOutKilledTest {
  protected:
-  // The stopped member's mailbox keeps the chunks that reached it for an op it never starts:
-  // swept after the TTL (2 s here), so that its memory comes back within the test's wait.
-  std::vector<std::string> drill_worker_flags() const override {
-    return {"--put_stall_ms=1000", "--mailbox_ttl_ms=2000"};
-  }
+  std::vector<std::string> drill_worker_flags() const override { return {"--put_stall_ms=1000"}; }
 };
 
 TEST_F(PutFanOutStallTest, AMemberMakingNoProgressFailsThePutNamingItNotTheClient) {
@@ -176,17 +177,26 @@ TEST_F(PutFanOutStallTest, AMemberMakingNoProgressFailsThePutNamingItNotTheClien
   EXPECT_THAT(std::string(result.message()), HasSubstr(absl::StrCat("device ", kSlow, " (")));
   EXPECT_THAT(std::string(result.message()), HasSubstr("--put_stall_ms"));
   EXPECT_THAT(std::string(result.message()), Not(HasSubstr("received no data")));
-  // Nothing stays: the members' reservations and the stopped member's undelivered chunks.
+  // The failed put's array is deleted on every device, the resumed one included.
+  ASSERT_TRUE(client->flush_deletes().ok());
+  {
+    // Its chunks from the uploader reach the resumed member before the retry's (one ring per
+    // pair, in order), and go as they arrive.
+    absl::StatusOr<Array> a = client->device_put(host, NamedSharding(*mesh, P()));
+    ASSERT_TRUE(a.ok()) << a.status();
+    for (const Shard& s : a->addressable_shards()) {
+      absl::StatusOr<HostArray> got = s.data();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(*got == host) << "device " << s.device_id();
+    }
+  }
+  ASSERT_TRUE(client->flush_deletes().ok());
+  // Nothing stays: the members' reservations, the copies, the failed put's chunks. Everything
+  // that could come has come (the retry followed it), so a reading equal to the start is final.
   for (int d = 0; d < kFaultWorkers; ++d) {
     poll_until([&] { return stats_of(*client, d).bytes_used == used[d]; }, absl::Seconds(10));
     EXPECT_EQ(stats_of(*client, d).bytes_used, used[d]) << "device " << d;
-  }
-  absl::StatusOr<Array> a = client->device_put(host, NamedSharding(*mesh, P()));
-  ASSERT_TRUE(a.ok()) << a.status();
-  for (const Shard& s : a->addressable_shards()) {
-    absl::StatusOr<HostArray> got = s.data();
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_TRUE(*got == host) << "device " << s.device_id();
+    EXPECT_EQ(stats_of(*client, d).collective_messages_pending, 0) << "device " << d;
   }
 }
 

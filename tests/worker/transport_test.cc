@@ -494,5 +494,24 @@ TEST(TransportMailbox, FinishingARangeDropsItsOpsNowAndLater) {
   EXPECT_EQ(transport.pending_messages(), 0);
 }
 
+// A put's fan-out runs under its buffer id with bit 63 (Transfers::kFanOutOpBit), ids that do
+// not grow with the runs': their ends are remembered apart, so that many fan-outs never push a
+// run's range out (before, 4,096 of them did: each new run's range was then the lowest and
+// forgotten at once, and a late message of a finished run was filed and held until the
+// time-to-live); and the first finished of them are the first forgotten.
+TEST(TransportMailbox, FanOutEndsAreRememberedApartFromTheRunsRanges) {
+  Transport transport;
+  transport.set_self(0);
+  const uint64_t fan_out = Transport::kUnorderedOps;
+  for (uint64_t id = 5'000; id > 0; --id) transport.finish_op(fan_out | id);  // ids in any order
+  transport.finish_op(7);                                                     // a run's op, after them
+  ASSERT_TRUE(deliver(transport, data_message(1, 7, 0, "late")).ok());
+  ASSERT_TRUE(deliver(transport, data_message(1, fan_out | 1, 0, "late")).ok());  // finished last: kept in mind
+  EXPECT_EQ(transport.pending_messages(), 0);
+  EXPECT_EQ(transport.dropped_messages(), 2);
+  ASSERT_TRUE(deliver(transport, data_message(1, fan_out | 5'000, 0, "unknown")).ok());  // finished first: forgotten
+  EXPECT_EQ(transport.pending_messages(), 1);
+}
+
 }  // namespace
 }  // namespace tessera

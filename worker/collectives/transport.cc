@@ -684,6 +684,14 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
   lost_.erase(lost_.lower_bound({first, INT_MIN}), lost_.lower_bound({end, INT_MIN}));
   refused_.erase(refused_.lower_bound({first, INT_MIN}), refused_.lower_bound({end, INT_MIN}));
   started_.erase(started_.lower_bound(first), started_.lower_bound(end));
+  if (first >= kUnorderedOps && end == first + 1) {  // named by a buffer id: remembered apart
+    if (finished_unordered_.insert(first).second) finished_unordered_order_.push_back(first);
+    while (finished_unordered_order_.size() > kRememberedOps) {  // the first finished go first
+      finished_unordered_.erase(finished_unordered_order_.front());
+      finished_unordered_order_.pop_front();
+    }
+    return;
+  }
   // Kept as ranges, merged with the one before when they touch (a run's ops finish in order).
   auto next = finished_.upper_bound(first);
   if (next != finished_.begin() && std::prev(next)->second >= first) {
@@ -695,6 +703,7 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
 }
 
 bool Transport::finished_locked(uint64_t op) const {
+  if (op >= kUnorderedOps) return finished_unordered_.count(op) > 0;
   auto it = finished_.upper_bound(op);  // the first range starting after op
   return it != finished_.begin() && std::prev(it)->second > op;
 }

@@ -156,6 +156,12 @@ class Transport {
   absl::StatusOr<Received> receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
                                    absl::Time deadline, const std::function<bool()>& cancelled = nullptr);
 
+  // Ops from this id up (bit 63: a put's fan-out, Transfers::kFanOutOpBit) are named by buffer
+  // ids, which do not grow as the coordinator's op ids do: their ends are remembered apart,
+  // one by one, the first finished forgotten first (at most 4096), so that they never push
+  // the ranges of runs out of memory.
+  static constexpr uint64_t kUnorderedOps = uint64_t{1} << 63;
+
   // Drops every stored message of `op` and discards any that arrive later.
   void finish_op(uint64_t op) { finish_ops(op, op + 1); }
   // The same for every op in [first, end): a failed plan run's ops it will never start.
@@ -249,6 +255,9 @@ class Transport {
   // Finished ops as ranges [first, end) by first, at most kRememberedOps (the oldest go first:
   // ids only grow).
   std::map<uint64_t, uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+  // Finished ops from kUnorderedOps up, and the order they finished in.
+  std::set<uint64_t> finished_unordered_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> finished_unordered_order_ ABSL_GUARDED_BY(mu_);
   // Ops whose messages a link of ours may have lost, with the peer (until the op finishes;
   // at most kRememberedOps, the oldest ids dropped first: ids only grow).
   std::map<uint64_t, std::string> failed_ops_ ABSL_GUARDED_BY(mu_);
