@@ -379,7 +379,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
                    static_cast<long>(lapsed.arrays), unused.size(), static_cast<long>(lapsed.orphans));
     }
     fan_out_.delete_buffers(lapsed.buffers);
-    programs_.unload_plans(unused);
+    programs_.unload_plans(std::move(unused));
   }
 
   // Any client may profile (workers answer the same): a trace holds op names and times, no data.
