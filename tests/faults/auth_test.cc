@@ -207,17 +207,22 @@ class AuthTest : public FaultClusterTest {
     return m;
   }
 
-  // An (8, 4) f32 array of the session `id` acts for, sharded by rows over every device, each
-  // device's block put with the array's grant and filled with `value`.
-  pb::CreateArrayReply own_array(pb::Coordinator::Stub* c, const std::shared_ptr<CallIdentity>& id, float value) {
+  // The CreateArray of an (8, 4) f32 array sharded by rows over every device (as the victim's).
+  static pb::CreateArrayRequest rows_array() {
     pb::CreateArrayRequest create;
     create.set_dtype(pb::F32);
     create.mutable_shape()->add_dims(8);
     create.mutable_shape()->add_dims(4);
     *create.mutable_sharding()->mutable_mesh() = fault_mesh();
     create.mutable_sharding()->mutable_spec()->add_dims()->add_axes("x");
+    return create;
+  }
+
+  // A rows_array of the session `id` acts for, each device's block put with the array's grant
+  // and filled with `value`.
+  pb::CreateArrayReply own_array(pb::Coordinator::Stub* c, const std::shared_ptr<CallIdentity>& id, float value) {
     pb::CreateArrayReply array;
-    const grpc::Status created = unary(c, &pb::Coordinator::Stub::CreateArray, create, &array);
+    const grpc::Status created = unary(c, &pb::Coordinator::Stub::CreateArray, rows_array(), &array);
     EXPECT_TRUE(created.ok()) << created.error_message();
     for (int d = 0; d < kFaultWorkers && created.ok(); ++d) {
       pb::ShardChunk chunk = forged_block(array.array_id(), array.grant());
@@ -300,12 +305,7 @@ TEST_F(AuthTest, AnotherSessionCannotListReadOverwriteDeleteOrRunTheVictimsArray
   auto w = worker(0, attacker_identity);
 
   // Its own array, whose grant it holds (and tries on the victim's).
-  pb::CreateArrayRequest create;
-  create.set_dtype(pb::F32);
-  create.mutable_shape()->add_dims(8);
-  create.mutable_shape()->add_dims(4);
-  *create.mutable_sharding()->mutable_mesh() = fault_mesh();
-  create.mutable_sharding()->mutable_spec()->add_dims()->add_axes("x");
+  const pb::CreateArrayRequest create = rows_array();
   pb::CreateArrayReply own;
   ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, create, &own).ok());
   EXPECT_FALSE(own.grant().empty());
