@@ -231,10 +231,13 @@ void ClientImpl::delete_array(uint64_t id) {
   set_deadline(&ctx, kControlDeadline);
   const grpc::Status status = coordinator_->DeleteArray(&ctx, req, &reply);
   if (!status.ok()) {
-    const absl::Status error = from_grpc(status, "DeleteArray");
-    report_failed_deletes({{id, ""}}, error);
-    in_flight_->count_failed_deletes(1, error);
+    deletes_failed({{id, ""}}, from_grpc(status, "DeleteArray"));
   }
+}
+
+void ClientImpl::deletes_failed(const Deletes& arrays, const absl::Status& error) {
+  report_failed_deletes(arrays, error);
+  in_flight_->count_failed_deletes(static_cast<int64_t>(arrays.size()), error);
 }
 
 void ClientImpl::report_failed_deletes(const Deletes& arrays, const absl::Status& status) {

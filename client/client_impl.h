@@ -77,6 +77,10 @@ class ClientImpl {
   absl::Status flush_deletes();
 
   const std::shared_ptr<InFlight>& in_flight() const { return in_flight_; }
+  // The deletions `arrays` failed with `error` (a DeleteArray's, or refused on an Execute that
+  // carried them): logged with their ids and counted (Client::failed_deletes); the next
+  // flush_deletes returns the error.
+  void deletes_failed(const Deletes& arrays, const absl::Status& error);
 
   // This client's timeline (core/profile.h): its calls and waits; and the profile running
   // across the cluster (client/profile.cc), if any.

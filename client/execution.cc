@@ -378,6 +378,16 @@ void Execution::send(std::vector<uint64_t> inputs, absl::Time rpc_deadline, bool
         std::vector<uint64_t> ids;
         if (status.ok()) {
           const pb::ExecuteReply& reply = owned->reply;
+          if (reply.refused_deletes_size() > 0) {
+            // The call ran; some deletions it carried were refused (another session's arrays,
+            // left untouched): failed deletions, as a refused DeleteArray's would be.
+            Deletes refused;
+            for (uint64_t id : reply.refused_deletes()) refused.emplace_back(id, "");
+            self->client_->deletes_failed(
+                refused, absl::PermissionDeniedError(reply.delete_error().empty()
+                                                         ? "execute: delete_arrays: refused by the coordinator"
+                                                         : reply.delete_error()));
+          }
           for (int k = 0; k < reply.output_ids_size(); ++k) {
             ids.push_back(reply.output_ids(k));
             self->client_->remember_grant(reply.output_ids(k), k < reply.grants_size() ? reply.grants(k) : "");

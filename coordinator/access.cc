@@ -21,11 +21,39 @@ absl::StatusOr<uint64_t> acting_session(const Caller& caller, uint64_t requested
   return caller.session;
 }
 
+bool is_owner(const Caller& caller, const ArrayRecord& a) {
+  return caller.at_least(Role::kAdmin) || (a.session != 0 && a.session == caller.session);
+}
+
 absl::Status check_owner(const Caller& caller, const ArrayRecord& a, absl::string_view method,
                          absl::string_view action) {
-  if (caller.at_least(Role::kAdmin) || (a.session != 0 && a.session == caller.session)) return absl::OkStatus();
+  if (is_owner(caller, a)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(method, ": array ", a.id, " belongs to another session; only ",
                                                   "its owner (or an admin credential) may ", action, " it"));
+}
+
+absl::Status refused_deletions(absl::string_view method, const std::vector<uint64_t>& refused, int64_t deleted,
+                               int64_t batch) {
+  if (refused.empty()) return absl::OkStatus();
+  const bool one = refused.size() == 1;
+  std::string ids;
+  for (size_t i = 0; i < refused.size() && i < 8; ++i) absl::StrAppend(&ids, i == 0 ? "" : ", ", refused[i]);
+  if (refused.size() > 8) absl::StrAppend(&ids, " and ", refused.size() - 8, " more");
+  std::string message =
+      one ? absl::StrCat(method, ": array ", ids,
+                         " belongs to another session; only its owner (or an admin credential) may delete it")
+          : absl::StrCat(method, ": arrays ", ids,
+                         " belong to other sessions; only their owners (or an admin credential) may delete them");
+  const int64_t others = batch - static_cast<int64_t>(refused.size());
+  if (others > 0 && deleted == others) {
+    absl::StrAppend(&message, " (the other ", others, " of the ", batch, " arrays ", others == 1 ? "was" : "were",
+                    " deleted)");
+  } else if (others > 0) {
+    // Ids the registry did not know were skipped: deleted already, or never made.
+    absl::StrAppend(&message, " (", deleted, " of the other ", others, " of the ", batch, " arrays ",
+                    deleted == 1 ? "was" : "were", " deleted; the rest are unknown here)");
+  }
+  return absl::PermissionDeniedError(message);
 }
 
 absl::Status check_not_lost(const Registry& registry, const ArrayRecord& a, const std::string& what) {

@@ -27,6 +27,15 @@ absl::StatusOr<uint64_t> acting_session(const Caller& caller, uint64_t requested
 // naming the array and the rule otherwise.
 absl::Status check_owner(const Caller& caller, const ArrayRecord& a, absl::string_view method,
                          absl::string_view action);
+// Whether `caller` may act on array `a`: check_owner's rule, as a test.
+bool is_owner(const Caller& caller, const ArrayRecord& a);
+
+// The answer to a deletion of `batch` ids by `method` (DeleteArray, or an Execute's
+// delete_arrays) when each id was decided on its own: OK when `refused` is empty, else
+// PERMISSION_DENIED naming the refused ids (another session's arrays, left untouched; the
+// first 8) and saying how many of the batch were `deleted`.
+absl::Status refused_deletions(absl::string_view method, const std::vector<uint64_t>& refused, int64_t deleted,
+                               int64_t batch);
 
 // FAILED_PRECONDITION when a device of `a` restarted since the array was placed: that
 // shard is gone, and the array must be put again.

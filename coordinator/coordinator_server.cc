@@ -289,39 +289,53 @@ class CoordinatorService final : public CoordinatorServiceBase {
                            pb::DeleteArrayReply*) override {
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
     if (!caller.ok()) return to_grpc(caller.status());
-    absl::StatusOr<std::map<int, std::vector<uint64_t>>> buffers =
-        take_arrays(*caller, req->array_ids(), req->grants(), "DeleteArray");
-    if (!buffers.ok()) return to_grpc(buffers.status());
-    fan_out_.delete_buffers(*buffers);
-    return grpc::Status::OK;
+    Taken taken = take_arrays(*caller, req->array_ids(), req->grants(), "DeleteArray");
+    // The caller's arrays go even when others of the batch were refused.
+    fan_out_.delete_buffers(taken.buffers);
+    return to_grpc(taken.refusal);
   }
 
-  // Forgets the arrays `ids` (with their `grants`, in order; may be shorter) for a deletion by
-  // `caller`, and returns their buffers by device, to be deleted there. PERMISSION_DENIED if
-  // one is another session's (nothing is forgotten then); unknown ids are skipped.
-  absl::StatusOr<std::map<int, std::vector<uint64_t>>> take_arrays(
-      const Caller& caller, const google::protobuf::RepeatedField<uint64_t>& ids,
-      const google::protobuf::RepeatedPtrField<std::string>& grants, absl::string_view method) {
-    for (uint64_t id : ids) {
-      absl::StatusOr<ArrayRecord> a = registry_.get_array(id);
-      if (!a.ok()) continue;
-      TESSERA_RETURN_IF_ERROR(check_owner(caller, *a, method, "delete"));
-    }
-    std::map<int, std::vector<uint64_t>> buffers =
-        FanOut::buffers_of(registry_.remove_arrays(std::vector<uint64_t>(ids.begin(), ids.end())));
+  // What take_arrays took for deletion, and what it refused.
+  struct Taken {
+    std::map<int, std::vector<uint64_t>> buffers;  // of the arrays forgotten, by device
+    std::vector<uint64_t> refused;                 // another session's arrays, left untouched
+    absl::Status refusal;                          // refused_deletions: OK when none was refused
+  };
+
+  // Forgets the arrays `ids` (with their `grants`, in order; may be shorter) that `caller` may
+  // delete, deciding each id on its own, and returns their buffers by device, to be deleted
+  // there. Another session's array is refused and left untouched (Taken::refused, refusal),
+  // whatever else the batch holds: one foreign id must not keep the caller's own deletions
+  // from happening, nor fail the Execute they ride on. Unknown ids are skipped silently: a
+  // failed Execute's deletions are sent again by the client (InFlight::requeue) whether or
+  // not this coordinator took them the first time, so an id deleted already must be no error.
+  Taken take_arrays(const Caller& caller, const google::protobuf::RepeatedField<uint64_t>& ids,
+                    const google::protobuf::RepeatedPtrField<std::string>& grants, absl::string_view method) {
+    Taken taken;
+    std::vector<ArrayRecord> arrays = registry_.remove_arrays_if(
+        std::vector<uint64_t>(ids.begin(), ids.end()), [&caller](const ArrayRecord& a) { return is_owner(caller, a); },
+        &taken.refused);
+    int64_t deleted = static_cast<int64_t>(arrays.size());
+    taken.buffers = FanOut::buffers_of(arrays);
     // Arrays of an earlier incarnation that nobody adopted: their buffers go too. Their owner
     // is unknown here, so they go with their grant (or for an admin); else the lease reaps them.
+    const absl::flat_hash_set<uint64_t> refused(taken.refused.begin(), taken.refused.end());
     std::vector<uint64_t> orphan_ids;
     for (int i = 0; i < ids.size(); ++i) {
+      if (refused.contains(ids[i])) continue;
       const std::string grant = i < grants.size() ? grants[i] : "";
       if (caller.at_least(Role::kAdmin) || auth_.check_grant(ids[i], grant, method).ok()) {
         orphan_ids.push_back(ids[i]);
       }
     }
+    absl::flat_hash_set<uint64_t> orphans_taken;
     for (auto& [device, orphans] : registry_.remove_orphans(orphan_ids)) {
-      buffers[device].insert(buffers[device].end(), orphans.begin(), orphans.end());
+      orphans_taken.insert(orphans.begin(), orphans.end());
+      taken.buffers[device].insert(taken.buffers[device].end(), orphans.begin(), orphans.end());
     }
-    return buffers;
+    deleted += static_cast<int64_t>(orphans_taken.size());
+    taken.refusal = refused_deletions(method, taken.refused, deleted, ids.size());
+    return taken;
   }
 
   grpc::Status AdoptArrays(grpc::ServerContext* ctx, const pb::AdoptArraysRequest* req,
@@ -365,7 +379,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
                    static_cast<long>(lapsed.arrays), unused.size(), static_cast<long>(lapsed.orphans));
     }
     fan_out_.delete_buffers(lapsed.buffers);
-    programs_.unload_plans(unused);
+    programs_.unload_plans(std::move(unused));
   }
 
   // Any client may profile (workers answer the same): a trace holds op names and times, no data.
@@ -422,25 +436,26 @@ class CoordinatorService final : public CoordinatorServiceBase {
       reactor->Finish(to_grpc(session.status()));
       return reactor;
     }
-    // The client's deletions riding on this call: done whatever becomes of the call.
-    absl::StatusOr<std::map<int, std::vector<uint64_t>>> frees =
-        take_arrays(*caller, req->delete_arrays(), req->delete_grants(), "execute: delete_arrays");
-    if (!frees.ok()) {
-      reactor->Finish(to_grpc(frees.status()));
-      return reactor;
+    // The client's deletions riding on this call: done whatever becomes of the call. Those
+    // refused (another session's arrays) do not fail it: the call is fine, and the reply says
+    // which were refused and why (the client reports them as failed deletions).
+    Taken frees = take_arrays(*caller, req->delete_arrays(), req->delete_grants(), "execute: delete_arrays");
+    if (!frees.refused.empty()) {
+      reply->mutable_refused_deletes()->Assign(frees.refused.begin(), frees.refused.end());
+      reply->set_delete_error(std::string(frees.refusal.message()));
     }
     const CallKey key{*session, req->call_id()};
     absl::Status arrived = driver_.arrive_call(key);
     if (!arrived.ok()) {
-      fan_out_.delete_buffers(*frees, /*wait=*/false);
+      fan_out_.delete_buffers(frees.buffers, /*wait=*/false);
       reactor->Finish(to_grpc(arrived));  // not recorded: the call id is another call's
       return reactor;
     }
     if (req->pending_inputs_size() == 0) {
-      driver_.start_execution(key, *caller, *req, reactor, reply, {}, *std::move(frees));
+      driver_.start_execution(key, *caller, *req, reactor, reply, {}, std::move(frees.buffers));
     } else {
       // Not kept while the call waits for its producers: nothing reads these buffers.
-      fan_out_.delete_buffers(*frees, /*wait=*/false);
+      fan_out_.delete_buffers(frees.buffers, /*wait=*/false);
       driver_.await_producers(key, *caller, req, reactor, reply);
     }
     return reactor;

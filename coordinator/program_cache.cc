@@ -43,7 +43,7 @@ absl::StatusOr<std::shared_ptr<Program>> ProgramCache::compile(std::string key, 
     hold_locked(program, session);
     evicted = evict_locked();
   }
-  unload_plans(evicted, /*wait=*/false);
+  unload_plans(std::move(evicted), /*wait=*/false);
   return program;
 }
 
@@ -128,11 +128,15 @@ std::vector<std::shared_ptr<Program>> ProgramCache::release(const std::vector<ui
   return unused;
 }
 
-void ProgramCache::unload_plans(const std::vector<std::shared_ptr<Program>>& programs, bool wait) {
+void ProgramCache::unload_plans(std::vector<std::shared_ptr<Program>> programs, bool wait) {
   if (programs.empty()) return;
-  // Counted last, when the caller is about to drop `programs` (their memory goes then): a trim
-  // between an earlier count and that drop would leave those pages for the next eviction.
-  absl::Cleanup count_release = [this] { heap_.released(); };
+  // Counted last, after `programs` (the cache's references: nothing else holds a program no
+  // execution runs) are destroyed: a trim between the count and their destruction would find
+  // nothing to return, reset the count, and leave their pages until the next release.
+  absl::Cleanup count_release = [this, &programs] {
+    programs.clear();
+    heap_.released();
+  };
   std::map<int, pb::UnloadPlansRequest> per_device;
   for (const std::shared_ptr<Program>& p : programs) {
     absl::MutexLock lock(&p->mu);

@@ -106,8 +106,10 @@ class ProgramCache {
   std::vector<std::shared_ptr<Program>> release(const std::vector<uint64_t>& lapsed);
 
   // Tells the devices that loaded `programs` to drop their plans (bounded; a device that does
-  // not answer keeps them: plan ids are never reused). Without `wait`, only starts to.
-  void unload_plans(const std::vector<std::shared_ptr<Program>>& programs, bool wait = true);
+  // not answer keeps them: plan ids are never reused). Without `wait`, only starts to. Takes
+  // the cache's references and drops them before it counts the release for the heap trimmer
+  // (what no execution still holds is destroyed by then).
+  void unload_plans(std::vector<std::shared_ptr<Program>> programs, bool wait = true);
 
   // The indices of the members that lack the program's plan for the members as they are now.
   static std::vector<int> missing_plans(Program& program, const Members& members);

@@ -341,11 +341,23 @@ Registry::Lapsed Registry::take_lapsed(absl::Time now) {
 }
 
 std::vector<ArrayRecord> Registry::remove_arrays(const std::vector<uint64_t>& ids) {
+  std::vector<uint64_t> none;
+  return remove_arrays_if(
+      ids, [](const ArrayRecord&) { return true; }, &none);
+}
+
+std::vector<ArrayRecord> Registry::remove_arrays_if(const std::vector<uint64_t>& ids,
+                                                    absl::FunctionRef<bool(const ArrayRecord&)> may_remove,
+                                                    std::vector<uint64_t>* refused) {
   absl::MutexLock lock(&mu_);
   std::vector<ArrayRecord> out;
   for (uint64_t id : ids) {
     auto it = arrays_.find(id);
     if (it == arrays_.end()) continue;
+    if (!may_remove(it->second)) {
+      refused->push_back(id);
+      continue;
+    }
     out.push_back(std::move(it->second));
     arrays_.erase(it);
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -176,6 +177,13 @@ class Registry {
 
   // Forgets the arrays; returns the records of those that existed.
   std::vector<ArrayRecord> remove_arrays(const std::vector<uint64_t>& ids);
+  // Forgets those of the arrays `ids` that `may_remove` accepts, deciding each id on its own
+  // and under the same lock as its removal (so its owner cannot change in between); returns
+  // their records, and appends the ids it refused to *refused, in order. Unknown ids are
+  // skipped. `may_remove` runs under the registry's lock: it must not call the registry.
+  std::vector<ArrayRecord> remove_arrays_if(const std::vector<uint64_t>& ids,
+                                            absl::FunctionRef<bool(const ArrayRecord&)> may_remove,
+                                            std::vector<uint64_t>* refused);
 
   // Forgets the orphans among `ids`; returns which devices hold them.
   std::map<int, std::vector<uint64_t>> remove_orphans(const std::vector<uint64_t>& ids);

@@ -239,6 +239,51 @@ TEST(RegistrySessions, ALapsedSessionsArraysAreTakenAndItIsRefusedAfterwards) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A deletion batch is decided id by id (take_arrays): the caller's arrays go, another
+// session's stay (listed as refused), unknown ids are skipped; and the refusal names the
+// refused ids and counts what the batch deleted.
+TEST(RegistrySessions, ADeletionBatchRemovesTheCallersArraysAndRefusesOnlyAnotherSessions) {
+  const absl::Time t0 = absl::Now();
+  Registry registry(absl::Seconds(3), t0, absl::Seconds(10));
+  ASSERT_TRUE(registry.register_worker({"w0", "h:0", 0, 1 << 20, 0, 0, {}}, t0).ok());
+  absl::StatusOr<Mesh> mesh = make_mesh({1}, {"x"}, {0});
+  ASSERT_TRUE(mesh.ok());
+  const uint64_t mine = registry.open_session(t0);
+  const uint64_t theirs = registry.open_session(t0);
+  absl::StatusOr<uint64_t> a = registry.create_array(DType::kF32, {4}, NamedSharding(*mesh, P("x")), mine);
+  absl::StatusOr<uint64_t> b = registry.create_array(DType::kF32, {4}, NamedSharding(*mesh, P("x")), theirs);
+  absl::StatusOr<uint64_t> c = registry.create_array(DType::kF32, {4}, NamedSharding(*mesh, P("x")), mine);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  const uint64_t unknown = *c + 1000;
+
+  Caller caller;
+  caller.session = mine;
+  std::vector<uint64_t> refused;
+  std::vector<ArrayRecord> removed = registry.remove_arrays_if(
+      {*a, *b, unknown, *c}, [&](const ArrayRecord& r) { return is_owner(caller, r); }, &refused);
+  ASSERT_EQ(removed.size(), 2u);
+  EXPECT_EQ(removed[0].id, *a);
+  EXPECT_EQ(removed[1].id, *c);
+  EXPECT_THAT(refused, ElementsAre(*b));
+  EXPECT_EQ(registry.get_array(*a).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.get_array(*b)->session, theirs);
+  EXPECT_EQ(registry.get_array(*c).status().code(), absl::StatusCode::kNotFound);
+
+  EXPECT_TRUE(refused_deletions("DeleteArray", {}, 2, 2).ok());
+  absl::Status one = refused_deletions("DeleteArray", refused, 2, 4);
+  EXPECT_EQ(one.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(one.message(), absl::StrCat("DeleteArray: array ", *b,
+                                        " belongs to another session; only its owner (or an admin credential) may "
+                                        "delete it (2 of the other 3 of the 4 arrays were deleted; the rest are "
+                                        "unknown here)"));
+  absl::Status all = refused_deletions("execute: delete_arrays", {7, 9}, 1, 3);
+  EXPECT_EQ(all.message(),
+            "execute: delete_arrays: arrays 7, 9 belong to other sessions; only their owners (or an admin "
+            "credential) may delete them (the other 1 of the 3 arrays was deleted)");
+  EXPECT_EQ(refused_deletions("DeleteArray", {7}, 0, 1).message(),
+            "DeleteArray: array 7 belongs to another session; only its owner (or an admin credential) may delete it");
+}
+
 // After a restart, a session of the earlier incarnation is taken over on first use, and the
 // buffers nobody adopts within a lease of their report are taken.
 TEST(RegistrySessions, EarlierSessionsAreTakenOverAndUnadoptedOrphansLapse) {

@@ -7,11 +7,14 @@
 // results are checked against host computations. An admin may act on every session's arrays.
 #include "proto/auth.h"
 
+#include <signal.h>
+
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -195,6 +198,56 @@ class AuthTest : public FaultClusterTest {
     return reader->Finish();
   }
 
+  // The mesh of every device, in order, with the one axis "x".
+  static pb::Mesh fault_mesh() {
+    pb::Mesh m;
+    m.add_shape(kFaultWorkers);
+    m.add_axis_names("x");
+    m.set_device_ids_in_order(true);
+    return m;
+  }
+
+  // The CreateArray of an (8, 4) f32 array sharded by rows over every device (as the victim's).
+  static pb::CreateArrayRequest rows_array() {
+    pb::CreateArrayRequest create;
+    create.set_dtype(pb::F32);
+    create.mutable_shape()->add_dims(8);
+    create.mutable_shape()->add_dims(4);
+    *create.mutable_sharding()->mutable_mesh() = fault_mesh();
+    create.mutable_sharding()->mutable_spec()->add_dims()->add_axes("x");
+    return create;
+  }
+
+  // A rows_array of the session `id` acts for, each device's block put with the array's grant
+  // and filled with `value`.
+  pb::CreateArrayReply own_array(pb::Coordinator::Stub* c, const std::shared_ptr<CallIdentity>& id, float value) {
+    pb::CreateArrayReply array;
+    const grpc::Status created = unary(c, &pb::Coordinator::Stub::CreateArray, rows_array(), &array);
+    EXPECT_TRUE(created.ok()) << created.error_message();
+    for (int d = 0; d < kFaultWorkers && created.ok(); ++d) {
+      pb::ShardChunk chunk = forged_block(array.array_id(), array.grant());
+      const std::vector<float> values(8, value);
+      chunk.set_data(values.data(), values.size() * sizeof(float));
+      const grpc::Status s = put(worker(d, id).get(), chunk);
+      EXPECT_TRUE(s.ok()) << "device " << d << ": " << s.error_message();
+    }
+    return array;
+  }
+
+  // The coordinator no longer knows `array`, and no worker holds a block of it.
+  void expect_deleted(pb::Coordinator::Stub* c, const std::shared_ptr<CallIdentity>& id,
+                      const pb::CreateArrayReply& array) {
+    const grpc::Status known =
+        unary(c, &pb::Coordinator::Stub::GetArray, naming_array<pb::GetArrayRequest>(array.array_id()));
+    EXPECT_EQ(known.error_code(), grpc::StatusCode::NOT_FOUND)
+        << "array " << array.array_id() << ": " << known.error_message();
+    for (int d = 0; d < kFaultWorkers; ++d) {
+      const grpc::Status held = get(worker(d, id).get(), array.array_id(), array.grant());
+      EXPECT_EQ(held.error_code(), grpc::StatusCode::NOT_FOUND)
+          << "array " << array.array_id() << " on device " << d << ": " << held.error_message();
+    }
+  }
+
   const HostArray host_ = HostArray::arange(DType::kF32, {8, 4});
   Jitted twice_ = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
   std::optional<Client> victim_;
@@ -252,18 +305,7 @@ TEST_F(AuthTest, AnotherSessionCannotListReadOverwriteDeleteOrRunTheVictimsArray
   auto w = worker(0, attacker_identity);
 
   // Its own array, whose grant it holds (and tries on the victim's).
-  pb::CreateArrayRequest create;
-  create.set_dtype(pb::F32);
-  create.mutable_shape()->add_dims(8);
-  create.mutable_shape()->add_dims(4);
-  *create.mutable_sharding()->mutable_mesh() = [&] {
-    pb::Mesh m;
-    m.add_shape(kFaultWorkers);
-    m.add_axis_names("x");
-    m.set_device_ids_in_order(true);
-    return m;
-  }();
-  create.mutable_sharding()->mutable_spec()->add_dims()->add_axes("x");
+  const pb::CreateArrayRequest create = rows_array();
   pb::CreateArrayReply own;
   ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, create, &own).ok());
   EXPECT_FALSE(own.grant().empty());
@@ -495,6 +537,168 @@ TEST_F(AuthTest, ExchangeMessagesComeOnlyFromDaemonsAsTheDeviceTheirStreamAuthen
     ASSERT_TRUE(total.ok()) << total.status();
     expect_equal((*total)[0], column_sums(host_));
   }
+}
+
+// Issue #17 item 1, deletions decided per id (docs/design.md, "Security"): one id of another
+// session in a deletion batch must neither keep the caller's own deletions from happening nor
+// fail the call they ride on. The caller's arrays of the batch are deleted (gone from the
+// coordinator and from every worker); the other session's is refused, PERMISSION_DENIED
+// naming it and saying how many of the batch were deleted, and stays whole: its owner still
+// reads its values (TearDown's check_victim fetches x and runs the victim's program on it).
+TEST_F(AuthTest, ADeleteArrayBatchDeletesTheCallersArraysAndRefusesOnlyAnotherSessions) {
+  const uint64_t victim_id = x_->id();
+  auto attacker_identity = attacker();
+  auto c = coordinator(attacker_identity);
+  const pb::CreateArrayReply first = own_array(c.get(), attacker_identity, 42.0f);
+  const pb::CreateArrayReply second = own_array(c.get(), attacker_identity, 42.0f);
+  if (HasFatalFailure()) return;
+
+  pb::DeleteArrayRequest batch;  // the victim's in the middle
+  for (const auto& [id, grant] : std::vector<std::pair<uint64_t, std::string>>{
+           {first.array_id(), first.grant()}, {victim_id, ""}, {second.array_id(), second.grant()}}) {
+    batch.add_array_ids(id);
+    batch.add_grants(grant);
+  }
+  const grpc::Status s = unary(c.get(), &pb::Coordinator::Stub::DeleteArray, batch);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_EQ(s.error_message(),
+            absl::StrCat("DeleteArray: array ", victim_id,
+                         " belongs to another session; only its owner (or an admin credential) may delete it (the "
+                         "other 2 of the 3 arrays were deleted)"));
+
+  // The caller's two are gone: from the coordinator, and their blocks from every worker.
+  for (const pb::CreateArrayReply& own : {first, second}) {
+    expect_deleted(c.get(), attacker_identity, own);
+  }
+  // The victim's is there, whole, for its owner (and still not for the attacker).
+  expect_equal(*x_, host_);
+  expect_error(unary(c.get(), &pb::Coordinator::Stub::GetArray, naming_array<pb::GetArrayRequest>(victim_id)),
+               grpc::StatusCode::PERMISSION_DENIED, absl::StrCat("array ", victim_id, " belongs to another session"));
+}
+
+// The same batch riding on an Execute (delete_arrays, as the SDK sends a client's drops while
+// its calls are in flight): the call runs and its result is right (x + x of the caller's own
+// array of 42s: 84 in every element of every device's block), the caller's array of the batch
+// is deleted, and only the victim's is refused, listed in the reply (refused_deletes,
+// delete_error) rather than failing the call.
+TEST_F(AuthTest, AnExecuteCarryingAnotherSessionsArrayInItsDeletionsRunsAndRefusesOnlyThat) {
+  const uint64_t victim_id = x_->id();
+  auto attacker_identity = attacker();
+  auto c = coordinator(attacker_identity);
+  const pb::CreateArrayReply input = own_array(c.get(), attacker_identity, 42.0f);
+  const pb::CreateArrayReply dropped = own_array(c.get(), attacker_identity, 7.0f);
+  if (HasFatalFailure()) return;
+
+  // x + x over the (8, 4) array sharded by rows on every device, compiled by the attacker.
+  pb::CompileRequest compile;
+  pb::GraphNode* parameter = compile.mutable_graph()->add_nodes();
+  parameter->mutable_node()->set_op(pb::OP_PARAMETER);
+  parameter->mutable_node()->set_dtype(pb::F32);
+  parameter->mutable_node()->mutable_shape()->add_dims(8);
+  parameter->mutable_node()->mutable_shape()->add_dims(4);
+  parameter->mutable_node()->mutable_parameter()->set_index(0);
+  pb::GraphNode* add = compile.mutable_graph()->add_nodes();
+  *add->mutable_node() = parameter->node();
+  add->mutable_node()->set_op(pb::OP_ADD);
+  add->mutable_node()->clear_parameter();
+  add->add_operands(0);
+  add->add_operands(0);
+  compile.mutable_graph()->add_outputs(1);
+  *compile.mutable_mesh() = fault_mesh();
+  compile.add_input_specs()->add_dims()->add_axes("x");
+  pb::CompileReply compiled;
+  const grpc::Status compiled_status = unary(c.get(), &pb::Coordinator::Stub::Compile, compile, &compiled);
+  ASSERT_TRUE(compiled_status.ok()) << compiled_status.error_message();
+
+  pb::ExecuteRequest execute;
+  execute.set_executable_id(compiled.executable_id());
+  execute.set_epoch(compiled.epoch());
+  execute.add_input_arrays(input.array_id());
+  execute.set_timeout_ms(10'000);
+  execute.add_delete_arrays(victim_id);
+  execute.add_delete_grants("");
+  execute.add_delete_arrays(dropped.array_id());
+  execute.add_delete_grants(dropped.grant());
+  pb::ExecuteReply reply;
+  const grpc::Status s = unary(c.get(), &pb::Coordinator::Stub::Execute, execute, &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(reply.output_ids_size(), 1);
+  ASSERT_EQ(reply.grants_size(), 1);
+  EXPECT_THAT(reply.refused_deletes(), ::testing::ElementsAre(victim_id));
+  EXPECT_EQ(reply.delete_error(),
+            absl::StrCat("execute: delete_arrays: array ", victim_id,
+                         " belongs to another session; only its owner (or an admin credential) may delete it (the "
+                         "other 1 of the 2 arrays was deleted)"));
+
+  // The result, block by block from each worker: 42 + 42.
+  for (int d = 0; d < kFaultWorkers; ++d) {
+    std::string block;
+    const grpc::Status got = get(worker(d, attacker_identity).get(), reply.output_ids(0), reply.grants(0), &block);
+    ASSERT_TRUE(got.ok()) << "device " << d << ": " << got.error_message();
+    ASSERT_EQ(block.size(), 8 * sizeof(float)) << "device " << d;
+    const float* values = reinterpret_cast<const float*>(block.data());
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(values[i], 84.0f) << "device " << d << ", element " << i;
+  }
+  expect_deleted(c.get(), attacker_identity, dropped);
+  // The input was not in the batch: still there.
+  pb::GetArrayReply info;
+  EXPECT_TRUE(
+      unary(c.get(), &pb::Coordinator::Stub::GetArray, naming_array<pb::GetArrayRequest>(input.array_id()), &info)
+          .ok());
+  expect_equal(*x_, host_);
+}
+
+// The SDK's side of a refused deletion riding on an Execute: not lost silently. An admin hands
+// one of the victim's arrays to another session (AdoptArrays with the grant the admin reads:
+// an explicit share). The victim then drops its handle while a call of its is in flight (worker
+// 0 stopped, so the call cannot finish), so the deletion waits for the next call and rides on
+// it: that call runs and is right, and the refusal is logged, counted (failed_deletes) and
+// returned by the next flush_deletes, PERMISSION_DENIED naming the array. The array stays
+// whole for its new owner.
+TEST_F(AuthTest, TheSdkReportsADeletionItsCallCarriedThatWasRefused) {
+  absl::StatusOr<Array> shared = victim_->device_put(affine(host_, 1, 100), NamedSharding(*mesh_, P("x")));
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  std::optional<Array> handle(*std::move(shared));
+  const uint64_t shared_id = handle->id();
+
+  auto admin = identity(credentials_.admin);
+  pb::GetArrayReply info;
+  ASSERT_TRUE(unary(coordinator(admin).get(), &pb::Coordinator::Stub::GetArray,
+                    naming_array<pb::GetArrayRequest>(shared_id), &info)
+                  .ok());
+  auto other = attacker();
+  pb::AdoptArraysRequest adopt;
+  *adopt.add_arrays() = info.info();
+  const grpc::Status adopted = unary(coordinator(other).get(), &pb::Coordinator::Stub::AdoptArrays, adopt);
+  ASSERT_TRUE(adopted.ok()) << adopted.error_message();
+  ASSERT_EQ(victim_->failed_deletes(), 0);
+
+  {
+    const pid_t stopped = cluster_.workers[0]->pid();
+    ASSERT_EQ(::kill(stopped, SIGSTOP), 0);
+    absl::Cleanup resume = [stopped] { ::kill(stopped, SIGCONT); };
+    absl::StatusOr<std::vector<Array>> first = twice_({*x_});  // in flight until worker 0 continues
+    ASSERT_TRUE(first.ok()) << first.status();
+    handle.reset();                                             // queued: a call is in flight
+    absl::StatusOr<std::vector<Array>> second = twice_({*x_});  // carries the deletion
+    ASSERT_TRUE(second.ok()) << second.status();
+    std::move(resume).Invoke();
+    expect_equal((*first)[0], affine(host_, 2, 0));
+    expect_equal((*second)[0], affine(host_, 2, 0));
+  }
+  EXPECT_EQ(victim_->failed_deletes(), 1);
+  const absl::Status flushed = victim_->flush_deletes();
+  EXPECT_EQ(flushed.code(), absl::StatusCode::kPermissionDenied) << flushed;
+  EXPECT_THAT(std::string(flushed.message()),
+              HasSubstr(absl::StrCat("execute: delete_arrays: array ", shared_id, " belongs to another session")));
+
+  // Whole, for its new owner: block 0 as device 0 holds it.
+  std::string block;
+  const grpc::Status got = get(worker(0, other).get(), shared_id, info.info().grant(), &block);
+  ASSERT_TRUE(got.ok()) << got.error_message();
+  ASSERT_EQ(block.size(), 8 * sizeof(float));
+  const float* values = reinterpret_cast<const float*>(block.data());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(values[i], host_.values<float>()[i] + 100.0f) << "element " << i;
 }
 
 // The same cluster over TLS: a cluster CA, mutual TLS between the daemons (registrations,

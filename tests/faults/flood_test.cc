@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
@@ -28,6 +29,16 @@ namespace {
 
 constexpr int kStreamsPerWorker = 10;
 constexpr int kMessagesPerStream = 100;  // 4 workers x 10 streams x 100 = 4,000 forged messages
+
+// Joins the flooders. Run by an absl::Cleanup on every way out of a test: a victim check that
+// fails returns early (ASSERT_NO_FATAL_FAILURE), and destroying a joinable std::thread would
+// terminate the binary (std::terminate) instead of failing the test. Each flooder ends by its
+// streams' deadlines.
+void join_all(std::vector<std::thread>& threads) {
+  for (std::thread& t : threads) {
+    if (t.joinable()) t.join();
+  }
+}
 
 class FloodTest : public FaultClusterTest {
  protected:
@@ -98,6 +109,7 @@ TEST_F(FloodTest, ForgedExchangeMessagesDuringCollectivesAreDroppedAndResultsSta
   const uint64_t base = x_->id();
   std::vector<std::atomic<int64_t>> sent(kFaultWorkers);
   std::vector<std::thread> flooders;
+  absl::Cleanup join_flooders = [&flooders] { join_all(flooders); };
   for (int w = 0; w < kFaultWorkers; ++w) {
     flooders.emplace_back([&, w] {
       auto identity = std::make_shared<CallIdentity>(credentials_.cluster, (w + 1) % kFaultWorkers);
@@ -122,8 +134,8 @@ TEST_F(FloodTest, ForgedExchangeMessagesDuringCollectivesAreDroppedAndResultsSta
     });
   }
   // Meanwhile the victim's all-reduces, right every time.
-  for (int i = 0; i < 20; ++i) EXPECT_NO_FATAL_FAILURE(check_victim_call());  // then join
-  for (std::thread& t : flooders) t.join();
+  for (int i = 0; i < 20; ++i) ASSERT_NO_FATAL_FAILURE(check_victim_call());
+  std::move(join_flooders).Invoke();
 
   const std::vector<pb::WorkerStats> stats = worker_stats();
   for (int w = 0; w < kFaultWorkers; ++w) {
@@ -171,6 +183,7 @@ TEST_F(FloodTest, MalformedExchangeMessagesDuringCollectivesEndTheirStreamsAndRe
   const grpc::internal::RpcMethod exchange("/tessera.pb.Worker/Exchange", grpc::internal::RpcMethod::CLIENT_STREAMING);
   std::vector<std::atomic<int>> refused(kFaultWorkers);
   std::vector<std::thread> flooders;
+  absl::Cleanup join_flooders = [&flooders] { join_all(flooders); };
   for (int w = 0; w < kFaultWorkers; ++w) {
     flooders.emplace_back([&, w] {
       auto identity = std::make_shared<CallIdentity>(credentials_.cluster, (w + 1) % kFaultWorkers);
@@ -197,8 +210,8 @@ TEST_F(FloodTest, MalformedExchangeMessagesDuringCollectivesEndTheirStreamsAndRe
       }
     });
   }
-  for (int i = 0; i < 20; ++i) EXPECT_NO_FATAL_FAILURE(check_victim_call());  // then join
-  for (std::thread& t : flooders) t.join();
+  for (int i = 0; i < 20; ++i) ASSERT_NO_FATAL_FAILURE(check_victim_call());
+  std::move(join_flooders).Invoke();
 
   const std::vector<pb::WorkerStats> after = worker_stats();
   for (int w = 0; w < kFaultWorkers; ++w) {

@@ -191,12 +191,20 @@ class SyncThreadsTest : public FaultClusterTest {
     ASSERT_TRUE(x.ok()) << x.status();
     x_.emplace(*std::move(x));
     // Compiled and loaded now: while the threads are held, no Compile or LoadPlan is needed.
-    absl::StatusOr<std::vector<Array>> out = affine_({*x_});
-    ASSERT_TRUE(out.ok()) << out.status();
-    expect_equal((*out)[0], affine(host_, 2, 1));
-    out = column_sum_({*x_});
-    ASSERT_TRUE(out.ok()) << out.status();
-    expect_equal((*out)[0], column_sums(host_));
+    {
+      absl::StatusOr<std::vector<Array>> out = affine_({*x_});
+      ASSERT_TRUE(out.ok()) << out.status();
+      expect_equal((*out)[0], affine(host_, 2, 1));
+      out = column_sum_({*x_});
+      ASSERT_TRUE(out.ok()) << out.status();
+      expect_equal((*out)[0], column_sums(host_));
+    }
+    // The outputs just dropped are deleted in the background: a DeleteArray (a synchronous
+    // call on the coordinator), and the coordinator's deletions on the workers. Flushed now,
+    // so that none holds a synchronous thread when a test starts its calls and counts how many
+    // of them its daemon's threads held (one thread taken by a deletion made it kHeld - 1).
+    const absl::Status flushed = client_->flush_deletes();
+    ASSERT_TRUE(flushed.ok()) << flushed;
   }
 
   // Runs both programs until 3 heartbeat timeouts passed (a device whose heartbeats were
