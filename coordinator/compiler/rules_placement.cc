@@ -163,6 +163,7 @@ absl::Span<const ShardingRuleEntry> placement_rules() {
       {Op::kAllGather, {body_value, identity_map, false, partition_collective}},
       {Op::kReduceScatter, {body_value, identity_map, false, partition_collective}},
       {Op::kAllToAll, {body_value, identity_map, false, partition_collective}},
+      {Op::kRaggedAllToAll, {body_value, identity_map, false, partition_collective}},
       {Op::kCollectivePermute, {elementwise_collective, identity_map, false, partition_collective}},
       {Op::kAxisIndex, {body_value, identity_map, false, partition_axis_index}},
       // pvary changes a type only: its value is its operand's slot, with no instruction.
