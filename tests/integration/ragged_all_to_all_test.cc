@@ -258,6 +258,39 @@ TEST_F(RaggedAllToAllTest, FourByTwoMeshOverOneAxisMatchesTheHost) {
   }
 }
 
+// In a body manual over 'data' only (axis_names) on the (4, 2) mesh with Auto axes, operand and
+// output split over the automatic 'model' along their columns: ragged_all_to_all moves rows
+// only, so it runs on each device's columns as they are — its local result is
+// (rows, cols / 2) and nothing moves over 'model' — and the result is the host's.
+TEST_F(RaggedAllToAllTest, AxisNamesKeepTheAutomaticSplitOfTheColumns) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = auto_meshes_[1];
+  const RaggedCase c = random_case({4}, 0, 2, 4, 41);
+  ShardMapped body = shard_map(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{ragged_all_to_all(in[0], in[1], in[2], in[3], in[4], in[5], "data")};
+      },
+      mesh, {P("data", None), P("data", None), P("data"), P("data"), P("data"), P("data")}, {P("data", None)},
+      {.axis_names = {"data"}});
+  Jitted f = jit([body](const std::vector<Value>& in) { return body(in); });
+  std::vector<Array> args;
+  for (const HostArray& g : globals(c)) {
+    absl::StatusOr<Array> a =
+        client_->device_put(g, NamedSharding(mesh, g.shape().size() == 2 ? P("data", "model") : P("data")));
+    ASSERT_TRUE(a.ok()) << a.status();
+    args.push_back(*std::move(a));
+  }
+  absl::StatusOr<std::vector<Array>> out = f(args);
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_matches_host(*got, c);
+  const std::string plan = f.as_text();
+  EXPECT_THAT(plan, HasSubstr(absl::StrCat("ragged_all_to_all(axes=('data',)) s0 f32[", c.m_rows, ",2] "))) << plan;
+  EXPECT_THAT(plan, ::testing::Not(HasSubstr("axes=('model',)"))) << plan;
+  EXPECT_EQ((*out)[0].sharding().spec(), P("data", "model"));
+}
+
 // Nothing sent anywhere: the result is `output` on every device.
 TEST_F(RaggedAllToAllTest, AllSizesZeroKeepsTheOutput) {
   ASSERT_NE(client_, nullptr);
