@@ -156,6 +156,18 @@ class RaggedAllToAllTest : public MeshesSuite {
     return out;
   }
 
+  // `hosts` put on `mesh`: matrices laid out `matrix`, vectors `vector`.
+  static absl::StatusOr<std::vector<Array>> put_all(const std::vector<HostArray>& hosts, const Mesh& mesh,
+                                                    const PartitionSpec& matrix, const PartitionSpec& vector) {
+    std::vector<Array> out;
+    for (const HostArray& h : hosts) {
+      TESSERA_ASSIGN_OR_RETURN(Array a,
+                               client_->device_put(h, NamedSharding(mesh, h.shape().size() == 2 ? matrix : vector)));
+      out.push_back(std::move(a));
+    }
+    return out;
+  }
+
   // shard_map(ragged_all_to_all over `axis`) on `mesh`, every argument split over all its axes.
   static absl::StatusOr<HostArray> run(const Mesh& mesh, const std::string& axis, const RaggedCase& c) {
     const Axes all = mesh.axis_names();
@@ -164,12 +176,7 @@ class RaggedAllToAllTest : public MeshesSuite {
           return std::vector<Value>{ragged_all_to_all(in[0], in[1], in[2], in[3], in[4], in[5], axis)};
         },
         mesh, {P(all, None), P(all, None), P(all), P(all), P(all), P(all)}, {P(all, None)});
-    std::vector<Array> args;
-    for (const HostArray& g : globals(c)) {
-      const PartitionSpec spec = g.shape().size() == 2 ? P(all, None) : P(all);
-      TESSERA_ASSIGN_OR_RETURN(Array a, client_->device_put(g, NamedSharding(mesh, spec)));
-      args.push_back(std::move(a));
-    }
+    TESSERA_ASSIGN_OR_RETURN(std::vector<Array> args, put_all(globals(c), mesh, P(all, None), P(all)));
     TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, f(args));
     return out[0].fetch();
   }
@@ -212,14 +219,13 @@ TEST_F(RaggedAllToAllTest, JaxDocstringExampleValueByValue) {
         return std::vector<Value>{ragged_all_to_all(in[0], in[1], in[2], in[3], in[4], in[5], "data")};
       },
       mesh, std::vector<PartitionSpec>(6, P(all)), {P(all)});
-  std::vector<Array> args;
+  std::vector<HostArray> hosts;
   for (const std::vector<int32_t>* v : {&operand, &output, &input_offsets, &send_sizes, &output_offsets, &recv_sizes}) {
-    absl::StatusOr<Array> a = client_->device_put(
-        HostArray::from_vector<int32_t>({static_cast<int64_t>(v->size())}, *v), NamedSharding(mesh, P(all)));
-    ASSERT_TRUE(a.ok()) << a.status();
-    args.push_back(*std::move(a));
+    hosts.push_back(HostArray::from_vector<int32_t>({static_cast<int64_t>(v->size())}, *v));
   }
-  absl::StatusOr<std::vector<Array>> out = f(args);
+  absl::StatusOr<std::vector<Array>> args = put_all(hosts, mesh, P(all), P(all));
+  ASSERT_TRUE(args.ok()) << args.status();
+  absl::StatusOr<std::vector<Array>> out = f(*args);
   ASSERT_TRUE(out.ok()) << out.status();
   absl::StatusOr<HostArray> got = (*out)[0].fetch();
   ASSERT_TRUE(got.ok()) << got.status();
@@ -273,14 +279,9 @@ TEST_F(RaggedAllToAllTest, AxisNamesKeepTheAutomaticSplitOfTheColumns) {
       mesh, {P("data", None), P("data", None), P("data"), P("data"), P("data"), P("data")}, {P("data", None)},
       {.axis_names = {"data"}});
   Jitted f = jit([body](const std::vector<Value>& in) { return body(in); });
-  std::vector<Array> args;
-  for (const HostArray& g : globals(c)) {
-    absl::StatusOr<Array> a =
-        client_->device_put(g, NamedSharding(mesh, g.shape().size() == 2 ? P("data", "model") : P("data")));
-    ASSERT_TRUE(a.ok()) << a.status();
-    args.push_back(*std::move(a));
-  }
-  absl::StatusOr<std::vector<Array>> out = f(args);
+  absl::StatusOr<std::vector<Array>> args = put_all(globals(c), mesh, P("data", "model"), P("data"));
+  ASSERT_TRUE(args.ok()) << args.status();
+  absl::StatusOr<std::vector<Array>> out = f(*args);
   ASSERT_TRUE(out.ok()) << out.status();
   absl::StatusOr<HostArray> got = (*out)[0].fetch();
   ASSERT_TRUE(got.ok()) << got.status();
@@ -447,14 +448,9 @@ TEST_F(RaggedAllToAllTest, GradIsJaxsTranspose) {
   std::vector<float> w;
   for (int64_t e = 0; e < devices * c.m_rows * c.cols; ++e) w.push_back(static_cast<float>(e % 17) - 8.0f);
   host.push_back(HostArray::from_vector<float>({devices * c.m_rows, c.cols}, w));
-  std::vector<Array> args;
-  for (const HostArray& g : host) {
-    absl::StatusOr<Array> a =
-        client_->device_put(g, NamedSharding(mesh, g.shape().size() == 2 ? P(all, None) : P(all)));
-    ASSERT_TRUE(a.ok()) << a.status();
-    args.push_back(*std::move(a));
-  }
-  absl::StatusOr<std::vector<Array>> out = f(args);
+  absl::StatusOr<std::vector<Array>> args = put_all(host, mesh, P(all, None), P(all));
+  ASSERT_TRUE(args.ok()) << args.status();
+  absl::StatusOr<std::vector<Array>> out = f(*args);
   ASSERT_TRUE(out.ok()) << out.status();
   absl::StatusOr<HostArray> d_operand = (*out)[0].fetch();
   absl::StatusOr<HostArray> d_output = (*out)[1].fetch();

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "worker/collectives/algorithms.h"
 #include "worker/collectives/reduce.h"
+#include "worker/kernels/internal.h"
 
 namespace tessera {
 namespace {
@@ -420,31 +421,14 @@ absl::StatusOr<ArrayPtr> all_to_all(Group& g, int split, int concat, const Array
 
 // ragged_all_to_all's index arrays' values, as int64 (the type rule admits any integer dtype).
 std::vector<int64_t> integers(const HostArray& a) {
-  std::vector<int64_t> out(static_cast<size_t>(a.size()));
-  auto copy = [&](auto values) { std::copy(values.begin(), values.end(), out.begin()); };
-  switch (a.dtype()) {
-    case DType::kI32:
-      copy(a.values<int32_t>());
-      break;
-    case DType::kI64:
-      copy(a.values<int64_t>());
-      break;
-    case DType::kU32:
-      copy(a.values<uint32_t>());
-      break;
-    case DType::kU8:
-      copy(a.values<uint8_t>());
-      break;
-    case DType::kI8:
-      copy(a.values<int8_t>());
-      break;
-    case DType::kI16:
-      copy(a.values<int16_t>());
-      break;
-    default:
-      break;
-  }
-  return out;
+  return internal::visit_dtype(a.dtype(), [&a](auto zero) {
+    using T = decltype(zero);
+    std::vector<int64_t> out;
+    if constexpr (internal::kIsInt<T>) {
+      for (T v : a.values<T>()) out.push_back(static_cast<int64_t>(v));
+    }
+    return out;
+  });
 }
 
 // lax.ragged_all_to_all (core/op.h), as jax/_src/lax/parallel.py's docstring defines it: slice
