@@ -316,6 +316,24 @@ def test_ragged_all_to_all_as_jax_tests_it():
   np.testing.assert_array_equal(c, rows([[1, 3, 0, 0], [2, 2, 4, 0]]))
 
 
+def test_ragged_all_to_all_groups_as_a_mesh_axis():
+  # test_ragged_all_to_all_axis_index_groups: 4 devices in groups ((0, 1), (2, 3)); Tessera has
+  # no axis_index_groups, and the same groups are the inner axis 'y' of a (4, 2) mesh (each
+  # pair (x, 0), (x, 1)); even x run JAX's first group, odd x its second. Expected values as JAX's.
+  mesh = jax.make_mesh((4, 2), ('x', 'y'))
+  per_x = lambda first, second: np.asarray([first, second] * 2, dtype=np.int32).reshape(8, -1)
+  operand = per_x([[1, 2, 2], [3, 4, 0]], [[10, 20, 20], [30, 40, 0]])
+  output = np.zeros((8, 4), np.int32)
+  input_offsets = per_x([[0, 1], [0, 1]], [[0, 1], [0, 1]])
+  send_sizes = per_x([[1, 2], [1, 1]], [[1, 2], [1, 1]])
+  output_offsets = per_x([[0, 0], [1, 2]], [[0, 0], [1, 2]])
+  recv_sizes = per_x([[1, 1], [2, 1]], [[1, 1], [2, 1]])
+  f = _ragged(mesh, 'y', P(('x', 'y'), None))(
+      lambda *a: jax.lax.ragged_all_to_all(*[v.reshape(v.shape[1:]) for v in a], axis_name='y')[None])
+  c = np.asarray(f(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes))
+  np.testing.assert_array_equal(c, per_x([[1, 3, 0, 0], [2, 2, 4, 0]], [[10, 30, 0, 0], [20, 20, 40, 0]]))
+
+
 def test_ragged_all_to_all_against_numpy(mesh8):
   # Each device d sends rows [d, d + (j % 3)) of its operand to device j, written at rows
   # 3 * d .. of j's output; a numpy loop over the docstring's pseudocode is the reference.
