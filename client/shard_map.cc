@@ -100,6 +100,10 @@ constexpr VaryingRule kVaryingRules[] = {
     {Op::kAllGather, false, "all_gather", "whose result JAX types as varying along it"},
     {Op::kReduceScatter, false, "psum_scatter", "which differs along it"},
     {Op::kAllToAll, false, "all_to_all", "which differs along it"},
+    // JAX types the result as its `output` operand (_ragged_all_to_all_effectful_abstract_eval
+    // returns output.update(...)), but it holds what other devices along the axes sent: it
+    // differs along them, as the collective table's all_to_all does.
+    {Op::kRaggedAllToAll, false, "ragged_all_to_all", "which differs along it"},
     {Op::kCollectivePermute, false, "ppermute", "which differs along it"},
     {Op::kAxisIndex, false, "axis_index", "which differs along it"},
     {Op::kPvary, false, "pvary", "which types it as varying along it"},
@@ -528,6 +532,23 @@ Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int6
   }
   Value out = collective(Op::kAllToAll, in, axes, {split, concat}, ReduceOp::kSum, call);
   return out.ok() ? squeeze(out, {split}) : out;
+}
+
+Value ragged_all_to_all(const Value& operand, const Value& output, const Value& input_offsets, const Value& send_sizes,
+                        const Value& output_offsets, const Value& recv_sizes, const AxisNames& axes) {
+  TraceState* t = TraceState::common({&operand, &output, &input_offsets, &send_sizes, &output_offsets, &recv_sizes});
+  if (t == nullptr) return Value();
+  const std::string call =
+      absl::StrCat("ragged_all_to_all(", type_to_string(operand.dtype(), operand.shape()), ", ",
+                   type_to_string(output.dtype(), output.shape()), ", ", axes_text(axes.names), ")");
+  const Mesh* mesh = manual_mesh(t, call);
+  if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
+  absl::StatusOr<int> id = t->graph.add_ragged_all_to_all(
+      {TraceState::id(operand), TraceState::id(output), TraceState::id(input_offsets), TraceState::id(send_sizes),
+       TraceState::id(output_offsets), TraceState::id(recv_sizes)},
+      *mesh, axes.names);
+  if (!id.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", id.status().message())));
+  return t->make(*id);
 }
 
 Value axis_index(const AxisNames& axes) {

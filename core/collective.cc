@@ -22,6 +22,8 @@ std::string collective_name(CollectiveKind kind) {
       return "collective_permute";
     case CollectiveKind::kBroadcast:
       return "broadcast";
+    case CollectiveKind::kRaggedAllToAll:
+      return "ragged_all_to_all";
   }
   return "invalid";
 }
@@ -136,6 +138,9 @@ absl::StatusOr<Shape> collective_output_shape(const CollectiveSpec& spec, const 
     case CollectiveKind::kCollectivePermute:
     case CollectiveKind::kBroadcast:
       return out;
+    case CollectiveKind::kRaggedAllToAll:
+      return absl::InvalidArgumentError(
+          "ragged_all_to_all: its result has the shape of its output operand, which only a plan's instruction has");
     case CollectiveKind::kAllGather: {
       absl::Status s = check_dim(spec.dimension, "dimension");
       if (!s.ok()) return s;

@@ -18,7 +18,17 @@
 
 namespace tessera {
 
-enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kCollectivePermute, kBroadcast };
+// kRaggedAllToAll (lax.ragged_all_to_all, core/op.h) runs only as a plan's instruction, on its
+// six operands: its result has the shape of its second (`output`), not one computed from the first.
+enum class CollectiveKind {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kCollectivePermute,
+  kBroadcast,
+  kRaggedAllToAll,  // the last: CollectiveMetrics counts the kinds from it
+};
 
 // For bool, kSum and kMax are logical or, kMin and kProd logical and (as XLA's PRED).
 enum class ReduceOp { kSum, kMax, kMin, kProd };

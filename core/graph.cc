@@ -131,6 +131,9 @@ CollectiveSpec collective_of(const Node& n) {
       spec.split_dimension = static_cast<int>(c.split_dimension);
       spec.concat_dimension = static_cast<int>(c.concat_dimension);
       break;
+    case Op::kRaggedAllToAll:
+      spec.kind = CollectiveKind::kRaggedAllToAll;
+      break;
     default:
       spec.kind = CollectiveKind::kCollectivePermute;
       break;
@@ -316,6 +319,12 @@ absl::StatusOr<int> Graph::add_axis_index(const Mesh& mesh, std::vector<std::str
 
 absl::StatusOr<int> Graph::add_pvary(int x, const Mesh& mesh, std::vector<std::string> axes) {
   return add_node(make_node(Op::kPvary, {x}, CollectiveAttrs{mesh, std::move(axes), ReduceOp::kSum, 0, 0, 0, {}}));
+}
+
+absl::StatusOr<int> Graph::add_ragged_all_to_all(std::vector<int> operands, const Mesh& mesh,
+                                                 std::vector<std::string> axes) {
+  return add_node(make_node(Op::kRaggedAllToAll, std::move(operands),
+                            CollectiveAttrs{mesh, std::move(axes), ReduceOp::kSum, 0, 0, 0, {}}));
 }
 
 absl::StatusOr<int> Graph::add_gather(int x, int indices, GatherAttrs attrs) {

@@ -126,6 +126,9 @@ class Graph {
   absl::StatusOr<int> add_axis_index(const Mesh& mesh, std::vector<std::string> axes);
   // pvary(x) over mesh `axes` of `mesh` (core/op.h): x's value, typed as varying along them.
   absl::StatusOr<int> add_pvary(int x, const Mesh& mesh, std::vector<std::string> axes);
+  // ragged_all_to_all over mesh `axes` of `mesh` (core/op.h) on `operands`: operand, output,
+  // input_offsets, send_sizes, output_offsets, recv_sizes. INVALID_ARGUMENT as its type rule.
+  absl::StatusOr<int> add_ragged_all_to_all(std::vector<int> operands, const Mesh& mesh, std::vector<std::string> axes);
   // x's slices at `indices` (int32/int64) along attrs.axis: X[:a] + I + X[a+1:] (GatherAttrs).
   absl::StatusOr<int> add_gather(int x, int indices, GatherAttrs attrs);
   // kScatter or kScatterAdd: x with `updates` (of the shape add_gather would give) set or added

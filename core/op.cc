@@ -535,6 +535,61 @@ absl::StatusOr<ArrayType> infer_pvary(const Node& n, absl::Span<const ArrayType>
   return in[0];
 }
 
+// ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+// output's type. JAX's checks of the four index arrays, with its words
+// (jax/_src/lax/parallel.py, _ragged_all_to_all_effectful_abstract_eval): each integer, of
+// rank 1 and positive length; then what its docstring requires and XLA checks: one length for
+// all four, divisible by the size of the axes; operand and output of one dtype and rank >= 1,
+// equal beyond the leading dimension.
+absl::StatusOr<ArrayType> infer_ragged_all_to_all(const Node& n, absl::Span<const ArrayType> in) {
+  const CollectiveAttrs& c = n.attrs<CollectiveAttrs>();
+  TESSERA_RETURN_IF_ERROR(check_mesh_axes(c.mesh, c.axes, "ragged_all_to_all"));
+  if (c.reduce_op != ReduceOp::kSum || c.dimension != 0 || c.split_dimension != 0 || c.concat_dimension != 0 ||
+      !c.positions.empty()) {
+    return absl::InvalidArgumentError(
+        "ragged_all_to_all: takes only a mesh and axes, not a reduce op, dimensions or positions");
+  }
+  static constexpr const char* kIndexNames[] = {"input_offsets", "send_sizes", "output_offsets", "recv_sizes"};
+  for (int k = 0; k < 4; ++k) {
+    const ArrayType& t = in[2 + k];
+    if (is_floating(t.dtype) || t.dtype == DType::kBool) {
+      return absl::InvalidArgumentError(absl::StrCat("ragged_all_to_all ", kIndexNames[k], " must be integer type."));
+    }
+    if (t.shape.size() != 1 || t.shape[0] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("ragged_all_to_all ", kIndexNames[k],
+                                                     " must be rank 1 with positive dimension size, but got shape ",
+                                                     shape_to_string(t.shape)));
+    }
+  }
+  for (int k = 1; k < 4; ++k) {
+    if (in[2 + k].shape != in[2].shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ragged_all_to_all: input_offsets, send_sizes, output_offsets and recv_sizes must have one length, but ",
+          kIndexNames[k], " has shape ", shape_to_string(in[2 + k].shape), " and input_offsets ",
+          shape_to_string(in[2].shape)));
+    }
+  }
+  const int64_t devices = c.mesh.axes_size(c.axes);
+  if (in[2].shape[0] % devices != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ragged_all_to_all: the length of input_offsets, send_sizes, output_offsets and recv_sizes (",
+                     in[2].shape[0], ") must be divisible by the size of mesh axes ", axes_to_string(c.axes), " (",
+                     devices, "): each device sends them a whole number of slices"));
+  }
+  const ArrayType &operand = in[0], &output = in[1];
+  if (operand.dtype != output.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("ragged_all_to_all: operand ", type_of(operand), " and output ",
+                                                   type_of(output), " must have one dtype"));
+  }
+  if (operand.shape.empty() || operand.shape.size() != output.shape.size() ||
+      !std::equal(operand.shape.begin() + 1, operand.shape.end(), output.shape.begin() + 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ragged_all_to_all: operand ", type_of(operand), " and output ", type_of(output),
+        " must have one rank, at least 1, and the same dimensions after the leading one (the rows they exchange)"));
+  }
+  return output;
+}
+
 absl::StatusOr<ArrayType> infer_axis_index(const Node& n, absl::Span<const ArrayType>) {
   const AxisIndexAttrs& a = n.attrs<AxisIndexAttrs>();
   TESSERA_ASSIGN_OR_RETURN(const Mesh* mesh, needs_mesh(n, a.mesh));
@@ -775,8 +830,7 @@ constexpr OpDef kOps[] = {
      infer_collective},
     {Op::kAxisIndex, "axis_index", 54, 0, kBlockResult | kResolvedByDevice | kNoGradient, 0,
      kAttrsIndex<AxisIndexAttrs>, infer_axis_index},
-    {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned, 0, kAttrsIndex<NoAttrs>,
-     infer_sharding_as},
+    {Op::kShardingAs, "sharding_as", 55, 2, kPlacement | kPinned, 0, kAttrsIndex<NoAttrs>, infer_sharding_as},
     {Op::kErf, "erf", 56, 1, kUnaryOp, 0, kAttrsIndex<NoAttrs>, infer_float_unary},
     {Op::kGather, "gather", 57, 2, kHasKernel, 0, kAttrsIndex<GatherAttrs>, infer_gather},
     {Op::kScatter, "scatter", 58, 3, kHasKernel, 0, kAttrsIndex<GatherAttrs>, infer_scatter},
@@ -800,6 +854,8 @@ constexpr OpDef kOps[] = {
     {Op::kSwitch, "switch", 92, kVariadic, 0, 0, kAttrsIndex<BranchesAttrs>, infer_switch},
     {Op::kPvary, "pvary", 66, 1, kUnary | kElementwise | kLinear | kPlacement, 0, kAttrsIndex<CollectiveAttrs>,
      infer_pvary},
+    {Op::kRaggedAllToAll, "ragged_all_to_all", 67, 6, kCollective | kBlockResult, 0, kAttrsIndex<CollectiveAttrs>,
+     infer_ragged_all_to_all},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 

@@ -129,9 +129,16 @@ enum class Op : uint8_t {
   // instruction runs it: the partitioner aliases it to its operand, as JAX lowers it to its
   // operand. Its VJP passes the cotangent through (client/vjp/shard_map.cc says why).
   kPvary,
+  // lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
+  // (CollectiveAttrs: mesh, axes): inside a shard_map body, each device sends rows
+  // operand[input_offsets[i] : +send_sizes[i]] to the device at position i / (K / n) along
+  // `axes` (K offsets, n devices), which writes them at rows output_offsets[i] (the sender's
+  // value) of its own `output`; rows nothing is written to keep output's values. Runs as a
+  // collective (CollectiveKind::kRaggedAllToAll) on the six operands' slots.
+  kRaggedAllToAll,
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kPvary) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kRaggedAllToAll) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {

@@ -119,7 +119,8 @@ int64_t plan_size(const DevicePlan& program);
 // own accounting (nccl-tests' convention, with S the result's bytes on the device and n the
 // devices of its replica groups): all_reduce 2(n-1)/n S, all_gather (n-1)/n S, reduce_scatter
 // (n-1) S (its input is n S), all_to_all (n-1)/n S, a permute S (an upper bound: a device that
-// keeps its block moves nothing). 0 for anything that is not a collective.
+// keeps its block moves nothing), a ragged_all_to_all S (an upper bound: the rows received are known only at run
+// time, and at most the output's). 0 for anything that is not a collective.
 int64_t collective_bytes_per_device(const Instruction& i, const Mesh& mesh);
 // The sum over the program's collectives.
 int64_t collective_bytes_per_device(const DevicePlan& program, const Mesh& mesh);

@@ -184,6 +184,7 @@ constexpr std::pair<CollectiveKind, pb::CollectiveKind> kKinds[] = {
     {CollectiveKind::kAllToAll, pb::ALL_TO_ALL},
     {CollectiveKind::kCollectivePermute, pb::COLLECTIVE_PERMUTE},
     {CollectiveKind::kBroadcast, pb::BROADCAST},
+    {CollectiveKind::kRaggedAllToAll, pb::RAGGED_ALL_TO_ALL},
 };
 constexpr std::pair<ReduceOp, pb::ReduceOp> kReduceOps[] = {
     {ReduceOp::kSum, pb::SUM}, {ReduceOp::kMax, pb::MAX}, {ReduceOp::kMin, pb::MIN}, {ReduceOp::kProd, pb::PROD}};
@@ -855,8 +856,13 @@ absl::StatusOr<DevicePlan> plan_from_proto(const pb::DevicePlan& plan) {
     }
     i.node.operands = i.in;
     if (i.kind == Instruction::Kind::kCollective) {
-      if (i.in.size() != 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " needs one input"));
       TESSERA_ASSIGN_OR_RETURN(i.collective, decode_collective(w.collective()));  // resolve() validates it
+      const size_t inputs = i.collective.kind == CollectiveKind::kRaggedAllToAll ? 6 : 1;
+      if (i.in.size() != inputs) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " (", collective_name(i.collective.kind),
+                                                       ") needs ", inputs, inputs == 1 ? " input" : " inputs", ", not ",
+                                                       i.in.size()));
+      }
     }
     if (i.kind == Instruction::Kind::kLocalSlice) {
       if (i.in.size() != 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", where, " needs one input"));

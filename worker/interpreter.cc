@@ -339,6 +339,7 @@ absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transp
         c.start = absl::Now();
         c.deadline = run.deadline;
         c.cancelled = run.cancelled;
+        for (size_t k = 1; k < inst.in.size(); ++k) c.ragged_operands.push_back(slots[inst.in[k]]);
         out = run_collective(transport, c, slots[inst.in[0]]);
         transport.finish_op(c.op);
         break;

@@ -114,6 +114,35 @@ absl::Span<const VjpEntry> shard_map_vjps() {
          a.add(0, a.g);
          return absl::OkStatus();
        }},
+      // JAX's transpose (jax/_src/lax/parallel.py, _ragged_all_to_all_transpose): the operand's
+      // cotangent is the ragged_all_to_all back — the received rows of g, found at the offsets
+      // the senders wrote them to (all_to_all of output_offsets), return to the rows they came
+      // from (all_to_all of input_offsets) of a zero operand; the output's cotangent is g with
+      // the rows something was written to zeroed (they did not come from output). The index
+      // arrays get none.
+      {Op::kRaggedAllToAll,
+       [](const VjpArgs& a) {
+         const CollectiveAttrs& c = a.node.attrs<CollectiveAttrs>();
+         const Value &operand = a.x[0], &input_offsets = a.x[2], &send_sizes = a.x[3], &output_offsets = a.x[4],
+                     &recv_sizes = a.x[5];
+         const Value written_at = collective(a, Op::kAllToAll, output_offsets, {0, 0});
+         const Value read_from = collective(a, Op::kAllToAll, input_offsets, {0, 0});
+         const Value zero = full(operand.shape(), 0.0, operand.dtype());
+         a.add(0, a.trace->make(a.trace->graph.add_ragged_all_to_all(
+                      {TraceState::id(a.g), TraceState::id(zero), TraceState::id(written_at),
+                       TraceState::id(recv_sizes), TraceState::id(read_from), TraceState::id(send_sizes)},
+                      c.mesh, c.axes)));
+         // Row m was written when written_at[i] <= m < written_at[i] + recv_sizes[i] for some i.
+         const int64_t rows = a.g.shape()[0], k = written_at.shape()[0];
+         const Shape grid{rows, k};
+         const Value row = iota(DType::kI64, grid, 0);
+         const Value begin = broadcast_in_dim(convert(written_at, DType::kI64), grid, {1});
+         const Value end = begin + broadcast_in_dim(convert(recv_sizes, DType::kI64), grid, {1});
+         const Value hit = max(convert(logical_and(row >= begin, row < end), DType::kI32), std::vector<int64_t>{1});
+         const Value written = broadcast_in_dim(hit > full({rows}, 0.0, DType::kI32), a.g.shape(), {0});
+         a.add(1, where(written, full(a.g.shape(), 0.0, a.g.dtype()), a.g));
+         return absl::OkStatus();
+       }},
       {Op::kCollectivePermute,
        [](const VjpArgs& a) {  // back along every pair
          std::vector<int64_t> inverted;

@@ -74,13 +74,38 @@ absl::Status shard_map_out(ShardingContext& c, int id) {
 // all_reduce and ppermute act on each element alone, so in a body automatic over some axes
 // (axis_names) they run on each device's piece of the block as it is split over those axes
 // (whole: a pending sum is resolved first, as a max of partial sums would be wrong); the groups
-// over manual axes hold the same piece index along the automatic ones. Elsewhere, and for the
-// other collectives, whose dimensions move, body_value.
+// over manual axes hold the same piece index along the automatic ones. Elsewhere body_value.
 absl::Status elementwise_collective(ShardingContext& c, int id) {
   if (c.automatic_axes(id).empty()) return body_value(c, id);
   const Dims dims = c.of_or_replicated(c.graph().node(id).operands[0]).dims;
   c.needs(id) = {ValueSharding{dims, {}, ReduceOp::kSum}};
   c.set(id, dims);
+  return absl::OkStatus();
+}
+
+// all_gather, reduce_scatter, all_to_all and ragged_all_to_all move blocks along some
+// dimensions only (the gathered or scattered one, all_to_all's split and concat, the ragged
+// rows): in a body automatic over some axes they run on each device's piece as it is split
+// over those axes along the other dimensions, which keep that split (whole along the moving
+// ones, a pending sum resolved first); the groups over manual axes hold the same piece index
+// along the automatic ones, so each piece meets its peers. ragged_all_to_all's output takes
+// its operand's layout and its index arrays are whole. Elsewhere, body_value.
+absl::Status moving_collective(ShardingContext& c, int id) {
+  if (c.automatic_axes(id).empty()) return body_value(c, id);
+  const Node& n = c.graph().node(id);
+  const CollectiveAttrs& a = n.attrs<CollectiveAttrs>();
+  Dims dims = c.of_or_replicated(n.operands[0]).dims;
+  std::vector<int64_t> moving = {0};  // ragged_all_to_all's rows
+  if (n.op == Op::kAllGather || n.op == Op::kReduceScatter) moving = {a.dimension};
+  if (n.op == Op::kAllToAll) moving = {a.split_dimension, a.concat_dimension};
+  for (int64_t d : moving) dims[d].clear();
+  std::vector<ValueSharding>& needs = c.needs(id);
+  needs = {ValueSharding{dims, {}, ReduceOp::kSum}};
+  if (n.op == Op::kRaggedAllToAll) {
+    needs.push_back(needs[0]);
+    for (size_t k = 2; k < n.operands.size(); ++k) needs.push_back(ValueSharding::replicated(1));
+  }
+  c.set(id, std::move(dims));
   return absl::OkStatus();
 }
 
@@ -160,9 +185,10 @@ absl::Span<const ShardingRuleEntry> placement_rules() {
       {Op::kShardMapIn, {shard_map_in, identity_map, /*in_body=*/true, partition_as_operand}},
       {Op::kShardMapOut, {shard_map_out, identity_map, /*in_body=*/true, partition_as_operand}},
       {Op::kAllReduce, {elementwise_collective, identity_map, false, partition_collective}},
-      {Op::kAllGather, {body_value, identity_map, false, partition_collective}},
-      {Op::kReduceScatter, {body_value, identity_map, false, partition_collective}},
-      {Op::kAllToAll, {body_value, identity_map, false, partition_collective}},
+      {Op::kAllGather, {moving_collective, identity_map, false, partition_collective}},
+      {Op::kReduceScatter, {moving_collective, identity_map, false, partition_collective}},
+      {Op::kAllToAll, {moving_collective, identity_map, false, partition_collective}},
+      {Op::kRaggedAllToAll, {moving_collective, identity_map, false, partition_collective}},
       {Op::kCollectivePermute, {elementwise_collective, identity_map, false, partition_collective}},
       {Op::kAxisIndex, {body_value, identity_map, false, partition_axis_index}},
       // pvary changes a type only: its value is its operand's slot, with no instruction.

@@ -51,6 +51,21 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False):
     return tree_map(lambda v: _wrap(_t.all_to_all(_tracer(v)._v, _axes(axis_name), split_axis, concat_axis, tiled)), x)
 
 
+def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
+                      axis_name, axis_index_groups=None):
+    """jax.lax.ragged_all_to_all, inside a shard_map body: slice i of `operand` (rows
+    input_offsets[i] to input_offsets[i] + send_sizes[i]) goes to the device at position
+    i // (len(input_offsets) // axis_size(axis_name)), which writes it at rows output_offsets[i]
+    (the sender's offsets, as in JAX) of its `output`; the result is that output, other rows
+    unchanged. JAX's errors for index arrays that are not integer vectors; a slice out of range
+    fails the run naming the device and the values. axis_index_groups is not supported."""
+    if axis_index_groups is not None:
+        raise NotImplementedError("ragged_all_to_all: axis_index_groups is not supported "
+                                  "(Tessera's collectives run over whole mesh axes)")
+    args = [_tracer(v)._v for v in (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)]
+    return _wrap(_t.ragged_all_to_all(*args, _axes(axis_name)))
+
+
 def axis_index(axis_name):
     return _wrap(_t.axis_index(_axes(axis_name)))
 

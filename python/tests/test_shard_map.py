@@ -281,3 +281,98 @@ def test_jit_of_shard_map_moves_uncommitted_arguments_to_its_mesh(mesh8):
   out = f(jnp.arange(8.0))
   np.testing.assert_array_equal(np.asarray(out), np.arange(8.0) * 3)
   assert out.sharding.spec == P('x')
+
+
+# lax.ragged_all_to_all (jax/_src/lax/parallel.py; tests/ragged_collective_test.py, whose
+# expected values and error messages these reproduce).
+def _ragged(mesh, axis_name, in_spec):
+  return partial(shard_map, mesh=mesh, in_specs=(in_spec,) * 6, out_specs=in_spec, check_vma=False)
+
+
+def test_ragged_all_to_all_as_jax_tests_it():
+  # test_ragged_all_to_all: two devices along 'x' (here each of the 4 'y' columns of a (2, 4)
+  # mesh runs it), each block a row that the body reshapes away.
+  mesh = jax.make_mesh((2, 4), ('x', 'y'))
+  rows = lambda a: np.repeat(np.asarray(a, dtype=np.int32), 4, axis=0)  # row i for each of 4 'y'
+  operand = rows([[1, 2, 2], [3, 4, 0]])
+  output = rows(np.zeros((2, 4)))
+  input_offsets = rows([[0, 1], [0, 1]])
+  send_sizes = rows([[1, 2], [1, 1]])
+  output_offsets = rows([[0, 0], [1, 2]])
+  recv_sizes = rows([[1, 1], [2, 1]])
+
+  @_ragged(mesh, 'x', P(('x', 'y'), None))
+  def fwd(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+    operand = operand.reshape(operand.shape[1:])
+    output = output.reshape(output.shape[1:])
+    input_offsets = input_offsets.reshape(input_offsets.shape[1:])
+    send_sizes = send_sizes.reshape(send_sizes.shape[1:])
+    output_offsets = output_offsets.reshape(output_offsets.shape[1:])
+    recv_sizes = recv_sizes.reshape(recv_sizes.shape[1:])
+    return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                                     axis_name='x')[None]
+
+  c = np.asarray(fwd(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes))
+  np.testing.assert_array_equal(c, rows([[1, 3, 0, 0], [2, 2, 4, 0]]))
+
+
+def test_ragged_all_to_all_groups_as_a_mesh_axis():
+  # test_ragged_all_to_all_axis_index_groups: 4 devices in groups ((0, 1), (2, 3)); Tessera has
+  # no axis_index_groups, and the same groups are the inner axis 'y' of a (4, 2) mesh (each
+  # pair (x, 0), (x, 1)); even x run JAX's first group, odd x its second. Expected values as JAX's.
+  mesh = jax.make_mesh((4, 2), ('x', 'y'))
+  per_x = lambda first, second: np.asarray([first, second] * 2, dtype=np.int32).reshape(8, -1)
+  operand = per_x([[1, 2, 2], [3, 4, 0]], [[10, 20, 20], [30, 40, 0]])
+  output = np.zeros((8, 4), np.int32)
+  input_offsets = per_x([[0, 1], [0, 1]], [[0, 1], [0, 1]])
+  send_sizes = per_x([[1, 2], [1, 1]], [[1, 2], [1, 1]])
+  output_offsets = per_x([[0, 0], [1, 2]], [[0, 0], [1, 2]])
+  recv_sizes = per_x([[1, 1], [2, 1]], [[1, 1], [2, 1]])
+  f = _ragged(mesh, 'y', P(('x', 'y'), None))(
+      lambda *a: jax.lax.ragged_all_to_all(*[v.reshape(v.shape[1:]) for v in a], axis_name='y')[None])
+  c = np.asarray(f(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes))
+  np.testing.assert_array_equal(c, per_x([[1, 3, 0, 0], [2, 2, 4, 0]], [[10, 30, 0, 0], [20, 20, 40, 0]]))
+
+
+def test_ragged_all_to_all_against_numpy(mesh8):
+  # Each device d sends rows [d, d + (j % 3)) of its operand to device j, written at rows
+  # 3 * d .. of j's output; a numpy loop over the docstring's pseudocode is the reference.
+  n, rows, cols = 8, 6, 2
+  operand = np.arange(n * rows * cols, dtype=np.float32).reshape(n * rows, cols)
+  output = -np.ones((n * 3 * n, cols), np.float32)
+  sizes = np.array([[(j + d) % 3 for j in range(n)] for d in range(n)], np.int32)  # [sender, receiver]
+  input_offsets = np.array([[d % 3] * n for d in range(n)], np.int32)
+  output_offsets = np.array([[3 * d] * n for d in range(n)], np.int32)
+  want = output.reshape(n, 3 * n, cols).copy()
+  for d in range(n):
+    for j in range(n):
+      s, i, o = sizes[d, j], input_offsets[d, j], output_offsets[d, j]
+      want[j, o:o + s] = operand.reshape(n, rows, cols)[d, i:i + s]
+
+  f = _ragged(mesh8, 'x', P('x'))(lambda *a: jax.lax.ragged_all_to_all(*a, axis_name='x'))
+  got = f(operand, output, input_offsets.reshape(-1), sizes.reshape(-1), output_offsets.reshape(-1),
+          sizes.T.reshape(-1))
+  np.testing.assert_array_equal(np.asarray(got), want.reshape(n * 3 * n, cols))
+  # A slice past the operand's end fails the run, naming the device and the values.
+  bad = input_offsets.copy()
+  bad[5, 3] = rows
+  with pytest.raises(ValueError, match=r"slice 3 \(to device \d+\) is input_offsets\[3\] = 6, send_sizes\[3\] = 2"):
+    np.asarray(f(operand, output, bad.reshape(-1), sizes.reshape(-1), output_offsets.reshape(-1),
+                 sizes.T.reshape(-1)))
+
+
+def test_ragged_all_to_all_errors_are_jaxs(mesh8):
+  # test_ragged_all_to_all_errors's messages.
+  f = lambda *a: jax.lax.ragged_all_to_all(*a, axis_name='x')
+  operand = np.arange(8 * 6, dtype=np.float32)
+  ints = np.zeros(8 * 8, np.int32)
+  sm = _ragged(mesh8, 'x', P('x'))
+  with pytest.raises(ValueError, match='ragged_all_to_all input_offsets must be integer type.'):
+    sm(f)(operand, operand, ints.astype(np.float32), ints, ints, ints)
+  with pytest.raises(ValueError, match=r'ragged_all_to_all recv_sizes must be rank 1 with positive dimension '
+                                       r'size, but got shape \(1, 8\)'):
+    shard_map(f, mesh=mesh8, in_specs=(P('x'),) * 5 + (P('x', None),), out_specs=P('x'), check_vma=False)(
+        operand, operand, ints, ints, ints, ints.reshape(8, 8))
+  with pytest.raises(NotImplementedError, match='axis_index_groups'):
+    sm(lambda *a: jax.lax.ragged_all_to_all(*a, axis_name='x', axis_index_groups=[[0, 1]]))(
+        operand, operand, ints, ints, ints, ints)

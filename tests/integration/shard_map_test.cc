@@ -450,6 +450,66 @@ TEST_F(ShardMapTest, AxisNamesCollectivesRunOnTheAutomaticSplit) {
   }
 }
 
+// all_gather, psum_scatter and all_to_all over the manual axis move rows only (dimension 0),
+// so they too run on each device's piece as the compiler split it over 'model' along the
+// columns: local results (16, 4/model), (rows/data, 4/model), (rows, 4/model), nothing gathered
+// over 'model' first. Values against the host's tanh(x @ w), from lax's definitions:
+// all_gather stacks the 'data' blocks (the whole value); psum_scatter's row g (of rows) is the
+// sum over blocks b of row b * rows + g; all_to_all sends piece j of block i (q = rows / data
+// rows) to device j, which stacks them by i: its global row j * rows + i * q + t is
+// want[i * rows + j * q + t].
+TEST_F(ShardMapTest, AxisNamesMovingCollectivesRunOnTheAutomaticSplit) {
+  ASSERT_NE(client_, nullptr);
+  for (int m : {1, 2}) {
+    const Mesh& mesh = auto_meshes_[m];
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t data = mesh.shape()[0], model = mesh.shape()[1], rows = 16 / data, q = rows / data;
+    ShardMapped body = shard_map(
+        [](const std::vector<Value>& in) {
+          Value h = tanh(matmul(in[0], in[1]));
+          return std::vector<Value>{all_gather(h, "data", 0, true), psum_scatter(h, "data", 0, true),
+                                    all_to_all(h, "data", 0, 0, true)};
+        },
+        mesh, {P("data", None), P()}, {P(), P("data", None), P("data", None)},
+        {.check_vma = false, .axis_names = {"data"}});  // all_gather's result is typed varying, as JAX types it
+    absl::StatusOr<TanhMatmulRun> run = run_tanh_matmul(mesh, body, 97 + m);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const HostArray& want = run->want;
+    const HostArray &gathered = run->got[0], &scattered = run->got[1], &moved = run->got[2];
+    ASSERT_EQ(gathered.shape(), (Shape{16, 4}));
+    ASSERT_EQ(scattered.shape(), (Shape{rows, 4}));
+    ASSERT_EQ(moved.shape(), (Shape{16, 4}));
+    for (int64_t e = 0; e < 64; ++e) EXPECT_EQ(gathered.element_as_double(e), want.element_as_double(e)) << e;
+    for (int64_t g = 0; g < rows; ++g) {
+      for (int64_t c = 0; c < 4; ++c) {
+        double sum = 0;
+        for (int64_t b = 0; b < data; ++b) sum += want.element_as_double((b * rows + g) * 4 + c);
+        EXPECT_NEAR(scattered.element_as_double(g * 4 + c), sum, 1e-5) << g << "," << c;
+      }
+    }
+    for (int64_t j = 0; j < data; ++j) {
+      for (int64_t i = 0; i < data; ++i) {
+        for (int64_t t = 0; t < q; ++t) {
+          for (int64_t c = 0; c < 4; ++c) {
+            EXPECT_EQ(moved.element_as_double((j * rows + i * q + t) * 4 + c),
+                      want.element_as_double((i * rows + j * q + t) * 4 + c))
+                << j << "," << i << "," << t << "," << c;
+          }
+        }
+      }
+    }
+    const std::string cols = absl::StrCat(",", 4 / model, "]");
+    EXPECT_THAT(plan_line(run->plan, "all_gather"), HasSubstr(absl::StrCat(" f32[16", cols))) << run->plan;
+    EXPECT_THAT(plan_line(run->plan, "reduce_scatter"), HasSubstr(absl::StrCat(" f32[", q, cols))) << run->plan;
+    EXPECT_THAT(plan_line(run->plan, "all_to_all"), HasSubstr(absl::StrCat(" f32[", rows, cols))) << run->plan;
+    // Nothing moves over 'model': the pieces stay where the dot made them.
+    for (const std::string op : {"all_gather", "reduce_scatter", "all_to_all"}) {
+      EXPECT_THAT(plan_line(run->plan, op), HasSubstr("axes=('data',)")) << run->plan;
+    }
+    EXPECT_THAT(run->plan, ::testing::Not(HasSubstr("axes=('model',)"))) << run->plan;
+  }
+}
+
 // JAX's tests/shard_map_test.py, on a (2, 2, 2) mesh: test_partial_auto_propagate_through (a
 // body manual over 'j' and 'k' constrains x * x to P('i'), its automatic axis: the result is
 // v * v, laid out P('i')), and test_partial_auto_ppermute on (4, 2) (a constraint over the

@@ -73,7 +73,7 @@ inline constexpr Thresholds kGrpcThresholds = {512 << 10, Algorithm::kTree, 0, 6
 inline constexpr Thresholds kShmThresholds = {64 << 10, Algorithm::kTree, 0, 64 << 10};
 
 // The algorithm for `kind` on a buffer of `bytes` over a group of `n` on `path`.
-// all_to_all and collective_permute are always direct.
+// all_to_all, collective_permute and ragged_all_to_all are always direct.
 inline Algorithm choose_algorithm(CollectiveKind kind, int64_t bytes, int n, Path path) {
   const Thresholds& t = path == Path::kShm ? kShmThresholds : kGrpcThresholds;
   switch (kind) {
@@ -87,6 +87,7 @@ inline Algorithm choose_algorithm(CollectiveKind kind, int64_t bytes, int n, Pat
       return bytes <= t.direct_gather ? Algorithm::kDirect : Algorithm::kChain;
     case CollectiveKind::kAllToAll:
     case CollectiveKind::kCollectivePermute:
+    case CollectiveKind::kRaggedAllToAll:
       return Algorithm::kDirect;
   }
   return Algorithm::kDirect;

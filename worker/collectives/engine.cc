@@ -5,10 +5,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/graph.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "worker/collectives/algorithms.h"
 #include "worker/collectives/reduce.h"
+#include "worker/kernels/internal.h"
 
 namespace tessera {
 namespace {
@@ -46,6 +48,7 @@ class Group {
   Path path() const { return transport_.shm_enabled() ? Path::kShm : Path::kGrpc; }
   Algorithm chosen() const { return chosen_; }
   int rank() const { return rank_; }
+  int device(int rank) const { return members_[rank]; }
   int next() const { return mod(rank_ + 1, n()); }
   int prev() const { return mod(rank_ - 1, n()); }
 
@@ -416,6 +419,157 @@ absl::StatusOr<ArrayPtr> all_to_all(Group& g, int split, int concat, const Array
   return unpack_blocks(received, out_shape, concat, n);
 }
 
+// ragged_all_to_all's index arrays' values, as int64 (the type rule admits any integer dtype).
+std::vector<int64_t> integers(const HostArray& a) {
+  return internal::visit_dtype(a.dtype(), [&a](auto zero) {
+    using T = decltype(zero);
+    std::vector<int64_t> out;
+    if constexpr (internal::kIsInt<T>) {
+      for (T v : a.values<T>()) out.push_back(static_cast<int64_t>(v));
+    }
+    return out;
+  });
+}
+
+// lax.ragged_all_to_all (core/op.h), as jax/_src/lax/parallel.py's docstring defines it: slice
+// i = rows [input_offsets[i], +send_sizes[i]) of `operand` goes to the member at rank
+// i / (K / n), which writes it at rows [output_offsets[i], +send_sizes[i]) (the sender's
+// offsets) of its copy of `output`; the receiver's recv_sizes must be the sizes it gets. Each
+// peer gets two messages: step 0 the (output offset, rows) of its K / n slices as int64 pairs,
+// step 1 their rows back to back. Writes apply in the docstring's order (sender rank, then
+// slice), so a later slice wins where two overlap.
+//
+// Every offset and size is checked before anything is sent or written: a slice outside the
+// operand, or outside the output it is written to (every device's output has one shape), fails
+// this device naming it, the slice, the values and the rule; so does a received header that
+// disagrees with recv_sizes or (from the wire) falls outside the output.
+absl::StatusOr<ArrayPtr> ragged_all_to_all(Group& g, const ArrayPtr& operand, const std::vector<ArrayPtr>& more) {
+  const int n = g.n(), r = g.rank();
+  const std::string here = absl::StrCat("ragged_all_to_all on device ", g.device(r));
+  if (more.size() != 5) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        here, ": takes six operands (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes), got ",
+        more.size() + 1, "; it runs only as a shard_map body's instruction"));
+  }
+  const HostArray& output = *more[0];
+  const Shape &in_shape = operand->shape(), &out_shape = output.shape();
+  if (operand->dtype() != output.dtype() || in_shape.empty() || in_shape.size() != out_shape.size() ||
+      !std::equal(in_shape.begin() + 1, in_shape.end(), out_shape.begin() + 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(here, ": operand ", type_to_string(operand->dtype(), in_shape),
+                                                   " and output ", type_to_string(output.dtype(), out_shape),
+                                                   " must have one dtype and the same dimensions after the first"));
+  }
+  static constexpr const char* kNames[] = {"input_offsets", "send_sizes", "output_offsets", "recv_sizes"};
+  std::vector<std::vector<int64_t>> index;
+  for (int k = 0; k < 4; ++k) {
+    const HostArray& a = *more[1 + k];
+    if (is_floating(a.dtype()) || a.dtype() == DType::kBool || a.shape().size() != 1 || a.shape() != more[1]->shape() ||
+        a.size() == 0 || a.size() % n != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          here, ": ", kNames[k], " is ", type_to_string(a.dtype(), a.shape()),
+          "; the four index arrays must be integer vectors of one positive length divisible by the group's ", n,
+          " devices"));
+    }
+    index.push_back(integers(a));
+  }
+  const std::vector<int64_t>&input_offsets = index[0], &send_sizes = index[1], &output_offsets = index[2],
+        &recv_sizes = index[3];
+  const int64_t slices = static_cast<int64_t>(input_offsets.size()) / n;  // per peer
+  const int64_t rows_in = in_shape[0], rows_out = out_shape[0];
+  int64_t row = dtype_size(operand->dtype());  // bytes per row
+  for (size_t d = 1; d < in_shape.size(); ++d) row *= in_shape[d];
+  for (size_t i = 0; i < input_offsets.size(); ++i) {
+    const int64_t in = input_offsets[i], size = send_sizes[i], at = output_offsets[i];
+    const int to = g.device(static_cast<int>(static_cast<int64_t>(i) / slices));
+    if (size < 0 || in < 0 || in > rows_in - size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(here, ": slice ", i, " (to device ", to, ") is input_offsets[", i, "] = ", in, ", send_sizes[",
+                       i, "] = ", size, ": rows [", in, ", ", in + size, ") of the operand's ", rows_in,
+                       " must be a range inside it (offset >= 0, size >= 0, offset + size <= ", rows_in, ")"));
+    }
+    if (at < 0 || at > rows_out - size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          here, ": slice ", i, " (to device ", to, ") is output_offsets[", i, "] = ", at, ", send_sizes[", i,
+          "] = ", size, ": rows [", at, ", ", at + size, ") of device ", to, "'s output must be a range inside its ",
+          rows_out, " rows (offset >= 0, offset + size <= ", rows_out, ")"));
+    }
+    if (recv_sizes[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(here, ": recv_sizes[", i, "] = ", recv_sizes[i], " must be >= 0"));
+    }
+  }
+  // What goes to member j: its slices' headers and rows.
+  auto slice_range = [&](int j) { return std::pair<int64_t, int64_t>{j * slices, (j + 1) * slices}; };
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    const auto [begin, end] = slice_range(j);
+    auto header = std::make_shared<HostArray>(DType::kI64, Shape{2 * slices});
+    absl::Span<int64_t> h = header->mutable_values<int64_t>();
+    int64_t rows = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      h[2 * (i - begin)] = output_offsets[i];
+      h[2 * (i - begin) + 1] = send_sizes[i];
+      rows += send_sizes[i];
+    }
+    auto data = std::make_shared<HostArray>(DType::kU8, Shape{rows * row});
+    int64_t at = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(data->data() + at, operand->data() + input_offsets[i] * row,
+                  static_cast<size_t>(send_sizes[i] * row));
+      at += send_sizes[i] * row;
+    }
+    TESSERA_RETURN_IF_ERROR(g.send_range(j, 0, header->data(), Range{0, header->nbytes()}, header));
+    TESSERA_RETURN_IF_ERROR(g.send_range(j, 1, data->data(), Range{0, data->nbytes()}, data));
+  }
+  auto result = std::make_shared<HostArray>(output.clone());
+  // The received slices of each member, in rank order: (output offset, rows, bytes).
+  struct Slice {
+    int64_t at, rows;
+    const std::byte* bytes;
+  };
+  std::vector<std::vector<std::byte>> received(n);
+  std::vector<std::vector<Slice>> from(n);
+  for (int j = 0; j < n; ++j) {
+    const auto [begin, end] = slice_range(j);
+    if (j == r) {
+      for (int64_t i = begin; i < end; ++i) {
+        from[j].push_back({output_offsets[i], send_sizes[i], operand->data() + input_offsets[i] * row});
+      }
+      continue;
+    }
+    std::vector<int64_t> header(static_cast<size_t>(2 * slices));
+    TESSERA_RETURN_IF_ERROR(g.receive_range(j, 0, reinterpret_cast<std::byte*>(header.data()),
+                                            Range{0, static_cast<int64_t>(header.size() * sizeof(int64_t))}));
+    int64_t rows = 0;
+    for (int64_t s = 0; s < slices; ++s) {
+      const int64_t at = header[2 * s], size = header[2 * s + 1], i = begin + s;
+      if (size != recv_sizes[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(here, ": device ", g.device(j), " sends ", size, " rows as its slice ", r * slices + s,
+                         " but recv_sizes[", i, "] here is ", recv_sizes[i],
+                         ": each device's send_sizes must equal all_to_all(recv_sizes, axis_name, 0, 0, tiled=True)"));
+      }
+      if (size < 0 || at < 0 || at > rows_out - size) {
+        return absl::InvalidArgumentError(absl::StrCat(here, ": device ", g.device(j), " sends rows [", at, ", ",
+                                                       at + size, ") for an output of ", rows_out, " rows"));
+      }
+      rows += size;
+    }
+    received[j].resize(static_cast<size_t>(rows * row));
+    TESSERA_RETURN_IF_ERROR(g.receive_range(j, 1, received[j].data(), Range{0, rows * row}));
+    int64_t offset = 0;
+    for (int64_t s = 0; s < slices; ++s) {
+      from[j].push_back({header[2 * s], header[2 * s + 1], received[j].data() + offset});
+      offset += header[2 * s + 1] * row;
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    for (const Slice& s : from[j]) {
+      std::memcpy(result->data() + s.at * row, s.bytes, static_cast<size_t>(s.rows * row));
+    }
+  }
+  return result;
+}
+
 absl::StatusOr<ArrayPtr> collective_permute(Group& g, const CollectiveRun& run, const std::vector<int>& members,
                                             const ArrayPtr& in) {
   const Range whole{0, in->nbytes()};
@@ -524,7 +678,11 @@ absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& trans
   for (int d : members) {
     if (run.peers.count(d) == 0) return absl::InvalidArgumentError(absl::StrCat("no address for device ", d));
   }
-  TESSERA_ASSIGN_OR_RETURN(Shape out_shape, collective_output_shape(run.spec, input->shape()));
+  const bool ragged = run.spec.kind == CollectiveKind::kRaggedAllToAll;
+  Shape out_shape;
+  if (!ragged) {
+    TESSERA_ASSIGN_OR_RETURN(out_shape, collective_output_shape(run.spec, input->shape()));
+  }
   Group g(transport, run, members, rank);
   const absl::Time start = absl::Now();
   const int64_t bytes = input->nbytes();
@@ -543,6 +701,8 @@ absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& trans
         return collective_permute(g, run, members, input);
       case CollectiveKind::kBroadcast:
         return broadcast(g, run.spec.root, input, run.broadcast_into, run.input_ready);
+      case CollectiveKind::kRaggedAllToAll:
+        return ragged_all_to_all(g, input, run.ragged_operands);
     }
     return absl::InvalidArgumentError("unknown collective");
   }();

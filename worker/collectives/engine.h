@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -50,6 +51,9 @@ struct CollectiveRun {
   // progress (a chain's acknowledgement, room in the link to it) that lasts this long fails
   // DEADLINE_EXCEEDED naming the member, before the op's deadline. Infinite: the deadline alone.
   absl::Duration stall_timeout = absl::InfiniteDuration();
+  // ragged_all_to_all (CollectiveKind::kRaggedAllToAll): its operands after the first (the
+  // `input`): output, input_offsets, send_sizes, output_offsets, recv_sizes (core/op.h).
+  std::vector<std::shared_ptr<const HostArray>> ragged_operands;
 };
 
 // Runs this device's part. REQUIRES: validate_collective(run.spec) is OK and self is in a

@@ -117,6 +117,23 @@ Value ppermute(const Value& x, const AxisNames& axes, const std::vector<std::pai
 // i, and concatenates what arrives along `concat_axis` (tiled); not tiled, `split_axis` must
 // have the axes' size and the received blocks stack along a new `concat_axis`.
 Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int64_t concat_axis, bool tiled = false);
+// jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
+// recv_sizes, axis_name=axes): the ragged all_to_all along the leading dimension. With K
+// the offsets' length and n the axes' size, this device sends rows
+// operand[input_offsets[i] : input_offsets[i] + send_sizes[i]] to the device at position
+// i / (K / n), which writes them at rows [output_offsets[i], + send_sizes[i]) of its own
+// output — output_offsets are the sender's view, as in JAX; the receiver's recv_sizes[i] is
+// the size of the slice it gets from position i / (K / n). The result is `output` with what
+// was received written in; other rows keep output's values. Typed as varying along `axes`.
+// Fails the trace with JAX's errors for index arrays that are not integer vectors of positive
+// length ("ragged_all_to_all input_offsets must be integer type."), and INVALID_ARGUMENT for
+// lengths that differ or do not divide by n, or operand and output of different dtypes, ranks
+// or trailing dimensions. A run fails INVALID_ARGUMENT naming the device, the slice and the
+// values when a slice lies outside the operand or its receiver's output, or a device's
+// send_sizes differ from its receivers' recv_sizes. Its gradient is JAX's transpose rule.
+// JAX's axis_index_groups is not supported.
+Value ragged_all_to_all(const Value& operand, const Value& output, const Value& input_offsets, const Value& send_sizes,
+                        const Value& output_offsets, const Value& recv_sizes, const AxisNames& axes);
 // This device's position along `axes` (an i32 scalar), and how many positions there are.
 // Surprising: outside any trace axis_size returns 1 without an error; outside a shard_map
 // body it fails the trace and returns 1.
@@ -126,8 +143,8 @@ int64_t axis_size(const AxisNames& axes);
 // Varying manual axes (JAX's vma; docs/notebooks/shard_map.md "Tracking how values vary over
 // manual mesh axes"). With check_vma, every value of a body has the manual axes along which
 // its devices' blocks may differ (type_of(v).varying): an argument those its in_spec names,
-// psum/pmean/pmax/pmin drop theirs, all_gather, psum_scatter, all_to_all, ppermute and
-// axis_index add theirs, any other op takes the union of its operands'. An out_spec must
+// psum/pmean/pmax/pmin drop theirs, all_gather, psum_scatter, all_to_all, ragged_all_to_all,
+// ppermute and axis_index add theirs, any other op takes the union of its operands'. An out_spec must
 // name every axis its result varies along.
 //
 // jax.lax.pvary (older JAX; now pcast(x, axes, to='varying')): x, typed as varying along
