@@ -274,7 +274,10 @@ async function failuresOf(rendered, compose, binDir, binaries = {}) {
   // So in a Job the status must be non-zero, and no pod failure policy rule may end the index or
   // the Job on it, or on the DisruptionTarget condition an eviction or preemption sets
   // (/docs/tasks/job/pod-failure-policy); the API server accepts a podFailurePolicy only with
-  // restartPolicy Never (JobSpec.podFailurePolicy), which the schema does not say.
+  // restartPolicy Never (JobSpec.podFailurePolicy), which the schema does not say. And the
+  // replacement waits until the old pod has exited (podReplacementPolicy Failed; the default,
+  // TerminatingOrFailed, starts it while the old one drains: two workers under one device id
+  // and one DNS name, kubernetes.io/blog/2025/09/05, "Pod Replacement Policy for Jobs").
   function checkJobRestarts(where, job) {
     const pod = job.spec.template.spec;
     const binary = description.worker.binary;
@@ -286,6 +289,10 @@ async function failuresOf(rendered, compose, binDir, binaries = {}) {
     else if (status === 0) {
       fail(where, `${binary} exits 0 after a drain on SIGTERM: an evicted or deleted worker's pod would succeed ` +
                   "and the Job count its index as complete, never replaced");
+    }
+    if (job.spec.podReplacementPolicy !== "Failed") {
+      fail(where, `podReplacementPolicy ${job.spec.podReplacementPolicy ?? "TerminatingOrFailed (the default)"}: ` +
+                  "an index's new pod would start while the old one drains; it must be Failed");
     }
     const rules = job.spec.podFailurePolicy?.rules ?? [];
     if (rules.length > 0 && pod.restartPolicy !== "Never") {
@@ -499,6 +506,7 @@ const MUTATIONS = [
     job(r).spec.backoffLimitPerIndex = 1;
     job(r).spec.podFailurePolicy = { rules: [{ action: "FailIndex", onExitCodes: { operator: "NotIn", values: [1] } }] };
   }, "podFailurePolicy rule 0 (FailIndex) matches a worker stopped by SIGTERM (exit status"],
+  ["a Job replacing a pod while it drains", (r) => delete job(r).spec.podReplacementPolicy, "podReplacementPolicy TerminatingOrFailed (the default)"],
   ["a pod failure policy with restartPolicy OnFailure", (r) => (job(r).spec.podFailurePolicy = { rules: [{ action: "Ignore", onPodConditions: [{ type: "DisruptionTarget" }] }] }), "a podFailurePolicy needs restartPolicy Never, not OnFailure"],
 ];
 const first = (r) => Object.values(r)[0];
