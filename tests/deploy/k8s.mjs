@@ -314,8 +314,9 @@ async function failuresOf(rendered, compose, binDir, binaries = {}) {
   // The TESSERA_ variables of one container against the description.
   function checkEnv(where, r, target, env) {
     const d = description[r];
-    const expected = new Set([...Object.keys(d.env), ...d.identity[target]]);
-    for (const [name, value] of Object.entries(d.env)) {
+    const values = { ...d.env, ...(d.env_by_target?.[target] ?? {}) };
+    const expected = new Set([...Object.keys(values), ...d.identity[target]]);
+    for (const [name, value] of Object.entries(values)) {
       if (env[name] !== value) fail(where, `${name} is ${JSON.stringify(env[name])}, deploy/daemons.json says "${value}"`);
     }
     for (const name of Object.keys(env).filter((n) => n.startsWith("TESSERA_"))) {
@@ -492,6 +493,7 @@ const MUTATIONS = [
   ["a misspelt field in a list", (r) => (container(r, "coordinator").securityContext.readOnlyRootFilesytem = true), "unknown field spec.template.spec.containers[0].securityContext.readOnlyRootFilesytem"],
   ["a misspelt Service field", (r) => (service(r, "tessera-workers").spec.publishNotReadyAdresses = true), "unknown field spec.publishNotReadyAdresses"],
   ["a misspelt top-level field", (r) => (service(r, "tessera").metdata = { name: "x" }), "unknown field metdata"],
+  ["a Kubernetes worker waiting for shared memory no other pod shares", (r) => (envVar(r, "worker", "TESSERA_WORKER_SHM").value = "true"), 'TESSERA_WORKER_SHM is "true", deploy/daemons.json says "false"'],
   ["compose drifting", (r, c) => (c.services["worker-2"].environment.TESSERA_WORKER_MEMORY_BYTES = "1"), "docker-compose.yml: worker-2"],
   // An evicted Indexed-Job worker must be replaced, not counted done: a worker exiting 0 after
   // its drain (the binary, not the manifest: its --help overridden), a policy ending the index.
