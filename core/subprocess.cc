@@ -18,6 +18,13 @@
 
 namespace tessera {
 
+namespace {
+
+// A waitpid status as a shell reports it: the exit code, or 128 + the signal that ended it.
+int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::spawn(const std::vector<std::string>& argv,
                                                               const SubprocessOptions& options) {
   int fds[2];
@@ -74,6 +81,23 @@ void Subprocess::kill() {
   pid_ = -1;
 }
 
+absl::StatusOr<int> Subprocess::wait_for_exit(absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("wait_for_exit: the child was reaped already");
+  const absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  pid_t reaped;
+  while ((reaped = waitpid(pid_, &status, WNOHANG)) == 0) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("child ", pid_, " still running after ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(10));  // a poll interval: waitpid has no timeout
+  }
+  if (reaped < 0) return absl::InternalError(absl::StrCat("waitpid ", pid_, ": ", std::strerror(errno)));
+  pid_ = -1;
+  return exit_code(status);
+}
+
 absl::StatusOr<std::string> Subprocess::read_line_with(const std::string& needle, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
@@ -119,7 +143,7 @@ absl::StatusOr<std::pair<int, std::string>> Subprocess::run(const std::vector<st
   int status = 0;
   waitpid((*child)->pid_, &status, 0);
   (*child)->pid_ = -1;
-  return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output);
+  return std::make_pair(exit_code(status), output);
 }
 
 absl::StatusOr<ProcessCluster> ProcessCluster::start(const std::string& bin_dir, int workers,

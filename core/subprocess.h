@@ -44,6 +44,11 @@ class Subprocess {
   // SIGKILL and reap.
   void kill();
 
+  // Waits (at most `timeout`) for the child to exit and reaps it: its exit code, or 128 + the
+  // signal that ended it (as a shell reports). DEADLINE_EXCEEDED naming the pid if it is still
+  // running then; FAILED_PRECONDITION if it was reaped already.
+  absl::StatusOr<int> wait_for_exit(absl::Duration timeout);
+
   // Runs `argv` to completion (at most `timeout`); returns exit code and merged output.
   static absl::StatusOr<std::pair<int, std::string>> run(const std::vector<std::string>& argv, absl::Duration timeout);
 

@@ -1,6 +1,8 @@
 // tessera-worker: one Tessera device. Registers with the coordinator, holds shards in a
 // buffer store with a memory limit, and serves transfers until SIGINT or SIGTERM.
 #include <malloc.h>
+#include <signal.h>
+#include <sysexits.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
@@ -114,13 +117,23 @@ ABSL_FLAG(
     "and daemon.pem may be missing: `tessera select-credentials` copies only these). Empty: the development mode, "
     "nothing is checked (a warning says so) (env TESSERA_WORKER_CREDENTIALS)");
 
+// The exit status after a drain on SIGTERM (the usage message says why): sysexits.h's "temporary
+// failure", distinct from a failure to start (1), a bad flag (2) and a death by a signal (128 + N).
+constexpr int kExitStopped = EX_TEMPFAIL;
+
 int main(int argc, char** argv) {
   tessera::ensure_fast_blas(argv);
-  absl::SetProgramUsageMessage(
+  absl::SetProgramUsageMessage(absl::StrCat(
       "Tessera worker daemon: owns one logical device.\n"
       "Usage: tessera-worker --coordinator=HOST:PORT [--host=ADDR] [--port=0] [--memory_bytes=N] [--device_id=N]\n"
       "Every flag can also be set by the environment variable named in its help; the command line wins.\n"
-      "Prints 'tessera-worker: device D listening on HOST:PORT' once serving.");
+      "Prints 'tessera-worker: device D listening on HOST:PORT' once serving.\n"
+      "Exit status: ",
+      kExitStopped,
+      " (EX_TEMPFAIL) after a drain on SIGTERM: stopped before its work was done, so that an "
+      "orchestrator that restarts only failures (a Kubernetes Job's restartPolicy OnFailure or Never) replaces "
+      "it instead of counting it complete (deploy/README.md, \"Stopping\"); 0 after a drain on SIGINT (an "
+      "interrupt at a terminal); 1 if it could not start or serve; 2 for a bad flag."));
   tessera::parse_flags(argc, argv, "tessera-worker",
                        {{"coordinator", "TESSERA_COORDINATOR"},
                         {"host", "TESSERA_WORKER_HOST"},
@@ -249,5 +262,9 @@ int main(int argc, char** argv) {
   (*worker)->drain(absl::Milliseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_drain_timeout_ms))));
   metrics->reset();  // it reads the server
   (*worker)->shutdown();
-  return 0;
+  // Stopped from outside (a pod deleted or evicted, `docker stop`, `tessera down`): not done.
+  if (sig != SIGTERM) return 0;
+  std::fprintf(stderr, "tessera-worker: stopped by SIGTERM; exit status %d (stopped, not finished: see --help)\n",
+               kExitStopped);
+  return kExitStopped;
 }

@@ -605,6 +605,51 @@ TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
       << *w;
 }
 
+// The collective labels follow what each collective used: the path of the worker's transport
+// (--shm=false: gRPC) and the algorithm its threshold table picks by size
+// (worker/collectives/algorithms.h, kGrpcThresholds: an all_reduce up to 512 KiB is a binomial
+// tree, a larger one a ring). Two sums over the split dimension: of an (2, 4) array, an
+// all_reduce of 4 float32 per device (16 bytes: tree), and of an (2, 262144) one, 1 MiB per
+// device (ring); their values against the host's.
+TEST(Cli, CollectiveMetricsNameTheGrpcPathAndTheAlgorithmBySize) {
+  absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(kBin, 2, {}, {"--metrics_port=0", "--shm=false"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::string> line = cluster->workers[0]->read_line_with("metrics on port", absl::Seconds(20));
+  int port = -1;
+  ASSERT_TRUE(line.ok() && absl::SimpleAtoi(last_word(*line), &port)) << line.status();
+  absl::StatusOr<Client> client = Client::connect(cluster->address, {.min_devices = 2});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({2}, {"data"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  Jitted column_sums = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; });
+  constexpr int64_t kSmall = 4, kLarge = 262144;
+  for (const int64_t cols : {kSmall, kLarge}) {
+    // Rows 0..cols-1 and cols..2cols-1: column j sums to cols + 2j, exact in float32.
+    absl::StatusOr<Array> x =
+        client->device_put(HostArray::arange(DType::kF32, {2, cols}), NamedSharding(*mesh, P("data", None)));
+    ASSERT_TRUE(x.ok()) << x.status();
+    absl::StatusOr<std::vector<Array>> out = column_sums({*x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<HostArray> got = (*out)[0].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->values<float>().size(), static_cast<size_t>(cols));
+    for (int64_t j = 0; j < cols; ++j) ASSERT_EQ(got->values<float>()[j], static_cast<float>(cols + 2 * j)) << j;
+  }
+  absl::StatusOr<std::string> w = http_get(port, "/metrics");
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (const auto& [algorithm, bytes] : {std::pair{"tree", kSmall * 4}, std::pair{"ring", kLarge * 4}}) {
+    const std::string labels = absl::StrCat("op=\"all_reduce\",algorithm=\"", algorithm, "\",path=\"grpc\"");
+    expect_samples(*w, {{"tessera_worker_collectives_total{device=\"0\"," + labels + "}", 1},
+                        {"tessera_worker_collectives_failed_total{device=\"0\"," + labels + "}", 0},
+                        {"tessera_worker_collective_bytes_total{device=\"0\"," + labels + "}", bytes},
+                        {"tessera_worker_collective_seconds_count{" + labels + "}", 1},
+                        {"tessera_worker_collective_seconds_bucket{" + labels + ",le=\"+Inf\"}", 1}});
+    EXPECT_GT(sample(*w, "tessera_worker_collective_seconds_sum{" + labels + "}"), 0) << *w;
+  }
+  EXPECT_THAT(*w, Not(HasSubstr("path=\"shm\""))) << "a collective on the shared-memory path with --shm=false";
+  EXPECT_EQ(sample(*w, "tessera_worker_shm_messages_received_total{device=\"0\"}"), 0) << *w;
+}
+
 // The coordinator counts registrations (first and again) and devices marked lost: a worker
 // stopped past the heartbeat timeout (3 s by default) is lost once, and registers again
 // once continued.

@@ -12,7 +12,7 @@
 // devices; JAX's seed program and a collective-heavy program run from a client namespace
 // through the Service `tessera`; SIGTERM stops a worker and the coordinator within their
 // terminationGracePeriodSeconds. Indexed Job: device ids from JOB_COMPLETION_INDEX, the seed
-// program.
+// program, and a worker stopped by SIGTERM exits non-zero (its index is then run again).
 //
 // Needs root, ip(8), node with .cache/node (./dev install) and kubectl; skipped otherwise.
 #include <signal.h>
@@ -64,7 +64,8 @@ struct Pod : Container {
   std::string name, role, hostname;
   std::vector<Container> init;  // run to completion, in order, before the daemon
   int grace_seconds = 0;
-  std::string host;  // the namespace it runs in
+  std::string restart_policy;  // the pod template's (Always, OnFailure or Never)
+  std::string host;            // the namespace it runs in
 };
 
 Container container_of(const google::protobuf::Struct& json) {
@@ -115,6 +116,7 @@ absl::StatusOr<Rendered> render(const std::string& overlay, std::string* skip) {
     pod.role = f.at("role").string_value();
     pod.hostname = f.at("hostname").string_value();
     pod.grace_seconds = static_cast<int>(f.at("grace_seconds").number_value());
+    pod.restart_policy = f.at("restart_policy").string_value();
     for (const auto& i : f.at("init").list_value().values()) pod.init.push_back(container_of(i.struct_value()));
     r.pods.push_back(pod);
   }
@@ -530,6 +532,24 @@ TEST_F(K8sNetnsTest, IndexedJobWorkersTakeTheirCompletionIndex) {
   }
   EXPECT_THAT(wait_health(cluster_address("tessera"), "", 0, absl::Seconds(10)), HasSubstr("serving"));
   run_seed_program();
+
+  // A worker's pod deleted, evicted or preempted (SIGTERM): under the Job's restartPolicy
+  // (OnFailure or Never: not restarted in place when the pod goes), a container that exits 0
+  // leaves the pod Succeeded, and the Job counts its index complete and never runs it again
+  // (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle, "Pod phase"). So it must exit
+  // non-zero, within its grace period.
+  const Pod* evicted = nullptr;
+  for (const Pod& p : rendered->pods) {
+    if (p.role == "worker" && evicted == nullptr) evicted = &p;
+  }
+  ASSERT_NE(evicted, nullptr);
+  EXPECT_THAT(evicted->restart_policy, ::testing::AnyOf("OnFailure", "Never"));
+  const absl::Duration grace = absl::Seconds(evicted->grace_seconds);
+  EXPECT_LE(stop(*evicted, grace), grace);
+  absl::StatusOr<int> status = processes_.at(evicted->name)->wait_for_exit(absl::Seconds(10));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_NE(*status, 0) << evicted->name << " exited 0 after SIGTERM: its Job would count index "
+                        << env_of(*evicted, "JOB_COMPLETION_INDEX") << " complete and never replace it";
 }
 
 }  // namespace

@@ -91,7 +91,13 @@ function helpOf(bin) {
     const value = [...flag.matchAll(/\);\s+default:\s+(?:"([^"]*)"|([^;\s]*));/g)].at(-1);
     if (variable && value) defaults.set(variable, value[1] ?? value[2]);
   }
-  helpCache.set(bin, { read: new Set([...help.matchAll(/\b(TESSERA_[A-Z0-9_]+)/g)].map((m) => m[1])), defaults });
+  // The worker's usage message gives its exit status after a drain on SIGTERM.
+  const drained = /Exit status: (\d+)\b[^.;]* after a drain on SIGTERM/.exec(help)?.[1];
+  helpCache.set(bin, {
+    read: new Set([...help.matchAll(/\b(TESSERA_[A-Z0-9_]+)/g)].map((m) => m[1])),
+    defaults,
+    drainExitStatus: drained === undefined ? undefined : Number(drained),
+  });
   return helpCache.get(bin);
 }
 const variablesRead = (bin) => helpOf(bin).read;
@@ -152,8 +158,9 @@ async function unknownFields(modelFile, object) {
 }
 
 // Every rule below, over rendered overlays ({name: objects}) and the parsed compose file;
-// returns the failures, each naming the file or object and the rule.
-async function failuresOf(rendered, compose, binDir) {
+// returns the failures, each naming the file or object and the rule. `binaries` overrides what
+// the binaries' --help says (a broken variant of them: MUTATIONS).
+async function failuresOf(rendered, compose, binDir, binaries = {}) {
   const failures = [];
   const fail = (where, what) => failures.push(`${where}: ${what}`);
   const description = JSON.parse(fs.readFileSync(path.join(sourceDir, "deploy/daemons.json"), "utf8"));
@@ -260,11 +267,56 @@ async function failuresOf(rendered, compose, binDir) {
     if (!toMount || toMount.name !== mount?.name) fail(where, `the init container must write ${to} into the volume the daemon mounts (${mount?.name})`);
   }
 
+  // A worker stopped by SIGTERM (its pod deleted, evicted or preempted) drains and exits with the
+  // status its --help gives. A pod whose containers all exit 0 and are not restarted is
+  // Succeeded, and a Job counts it as a completion, an Indexed Job's index as done: never run
+  // again (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle, "Pod phase"; /controllers/job).
+  // So in a Job the status must be non-zero, and no pod failure policy rule may end the index or
+  // the Job on it, or on the DisruptionTarget condition an eviction or preemption sets
+  // (/docs/tasks/job/pod-failure-policy); the API server accepts a podFailurePolicy only with
+  // restartPolicy Never (JobSpec.podFailurePolicy), which the schema does not say. And the
+  // replacement waits until the old pod has exited (podReplacementPolicy Failed; the default,
+  // TerminatingOrFailed, starts it while the old one drains: two workers under one device id
+  // and one DNS name, kubernetes.io/blog/2025/09/05, "Pod Replacement Policy for Jobs").
+  function checkJobRestarts(where, job) {
+    const pod = job.spec.template.spec;
+    const binary = description.worker.binary;
+    const status = binaries.drainExitStatus ?? helpOf(path.join(binDir, binary)).drainExitStatus;
+    if (!["OnFailure", "Never"].includes(pod.restartPolicy)) {
+      fail(where, `restartPolicy ${pod.restartPolicy}: a Job's pods need OnFailure or Never`);
+    }
+    if (status === undefined) fail(where, `${binary} --help gives no exit status after a drain on SIGTERM`);
+    else if (status === 0) {
+      fail(where, `${binary} exits 0 after a drain on SIGTERM: an evicted or deleted worker's pod would succeed ` +
+                  "and the Job count its index as complete, never replaced");
+    }
+    if (job.spec.podReplacementPolicy !== "Failed") {
+      fail(where, `podReplacementPolicy ${job.spec.podReplacementPolicy ?? "TerminatingOrFailed (the default)"}: ` +
+                  "an index's new pod would start while the old one drains; it must be Failed");
+    }
+    const rules = job.spec.podFailurePolicy?.rules ?? [];
+    if (rules.length > 0 && pod.restartPolicy !== "Never") {
+      fail(where, `a podFailurePolicy needs restartPolicy Never, not ${pod.restartPolicy} (the API server refuses it)`);
+    }
+    for (const [i, rule] of rules.entries()) {
+      if (rule.action !== "FailJob" && rule.action !== "FailIndex") continue;
+      const codes = rule.onExitCodes;
+      const onStatus = codes && (codes.containerName ?? pod.containers[0].name) === pod.containers[0].name &&
+                       (codes.operator === "In") === codes.values.includes(status);
+      const onDisruption = (rule.onPodConditions ?? []).some((c) => c.type === "DisruptionTarget" && (c.status ?? "True") === "True");
+      if (onStatus || onDisruption) {
+        fail(where, `podFailurePolicy rule ${i} (${rule.action}) matches a worker stopped by SIGTERM ` +
+                    `(${onStatus ? `exit status ${status}` : "DisruptionTarget"}): its index would never run again`);
+      }
+    }
+  }
+
   // The TESSERA_ variables of one container against the description.
   function checkEnv(where, r, target, env) {
     const d = description[r];
-    const expected = new Set([...Object.keys(d.env), ...d.identity[target]]);
-    for (const [name, value] of Object.entries(d.env)) {
+    const values = { ...d.env, ...(d.env_by_target?.[target] ?? {}) };
+    const expected = new Set([...Object.keys(values), ...d.identity[target]]);
+    for (const [name, value] of Object.entries(values)) {
       if (env[name] !== value) fail(where, `${name} is ${JSON.stringify(env[name])}, deploy/daemons.json says "${value}"`);
     }
     for (const name of Object.keys(env).filter((n) => n.startsWith("TESSERA_"))) {
@@ -369,6 +421,7 @@ async function failuresOf(rendered, compose, binDir) {
         if (o.kind === "Job" && (o.spec.parallelism !== count || o.spec.completionMode !== "Indexed")) {
           fail(where, "an Indexed Job with parallelism = completions");
         }
+        if (o.kind === "Job") checkJobRestarts(where, o);
         if (o.kind === "StatefulSet" && o.spec.podManagementPolicy !== "Parallel") fail(where, "podManagementPolicy Parallel");
       }
     }
@@ -440,13 +493,30 @@ const MUTATIONS = [
   ["a misspelt field in a list", (r) => (container(r, "coordinator").securityContext.readOnlyRootFilesytem = true), "unknown field spec.template.spec.containers[0].securityContext.readOnlyRootFilesytem"],
   ["a misspelt Service field", (r) => (service(r, "tessera-workers").spec.publishNotReadyAdresses = true), "unknown field spec.publishNotReadyAdresses"],
   ["a misspelt top-level field", (r) => (service(r, "tessera").metdata = { name: "x" }), "unknown field metdata"],
+  ["a Kubernetes worker waiting for shared memory no other pod shares", (r) => (envVar(r, "worker", "TESSERA_WORKER_SHM").value = "true"), 'TESSERA_WORKER_SHM is "true", deploy/daemons.json says "false"'],
   ["compose drifting", (r, c) => (c.services["worker-2"].environment.TESSERA_WORKER_MEMORY_BYTES = "1"), "docker-compose.yml: worker-2"],
+  // An evicted Indexed-Job worker must be replaced, not counted done: a worker exiting 0 after
+  // its drain (the binary, not the manifest: its --help overridden), a policy ending the index.
+  ["a worker exiting 0 after a drain, in a Job", () => {}, "exits 0 after a drain on SIGTERM", { drainExitStatus: 0 }],
+  ["a Job of pods restarted always", (r) => (job(r).spec.template.spec.restartPolicy = "Always"), "restartPolicy Always"],
+  ["a pod failure policy failing the Job on an eviction", (r) => {
+    job(r).spec.template.spec.restartPolicy = "Never";
+    job(r).spec.podFailurePolicy = { rules: [{ action: "FailJob", onPodConditions: [{ type: "DisruptionTarget" }] }] };
+  }, "podFailurePolicy rule 0 (FailJob) matches a worker stopped by SIGTERM (DisruptionTarget)"],
+  ["a pod failure policy failing the index on the drain's status", (r) => {
+    job(r).spec.template.spec.restartPolicy = "Never";
+    job(r).spec.backoffLimitPerIndex = 1;
+    job(r).spec.podFailurePolicy = { rules: [{ action: "FailIndex", onExitCodes: { operator: "NotIn", values: [1] } }] };
+  }, "podFailurePolicy rule 0 (FailIndex) matches a worker stopped by SIGTERM (exit status"],
+  ["a Job replacing a pod while it drains", (r) => delete job(r).spec.podReplacementPolicy, "podReplacementPolicy TerminatingOrFailed (the default)"],
+  ["a pod failure policy with restartPolicy OnFailure", (r) => (job(r).spec.podFailurePolicy = { rules: [{ action: "Ignore", onPodConditions: [{ type: "DisruptionTarget" }] }] }), "a podFailurePolicy needs restartPolicy Never, not OnFailure"],
 ];
 const first = (r) => Object.values(r)[0];
 const workload = (r, role_) => first(r).find((o) => WORKLOADS.has(o.kind) && role(o) === role_);
 const container = (r, role_) => workload(r, role_).spec.template.spec.containers[0];
 const envVar = (r, role_, name) => container(r, role_).env.find((e) => e.name === name);
 const service = (r, name) => first(r).find((o) => o.kind === "Service" && o.metadata.name === name);
+const job = (r) => Object.values(r).flat().find((o) => o.kind === "Job");
 
 async function check() {
   const [binDir] = rest;
@@ -459,10 +529,10 @@ async function check() {
   console.log(`${Object.keys(rendered).length} overlays (${Object.keys(rendered).join(", ")}), ${objects} objects: ${failures.length} failures`);
   // The rules themselves: each mutation of the real manifests must fail them.
   let missed = 0;
-  for (const [what, mutate, expected] of MUTATIONS) {
+  for (const [what, mutate, expected, binaries] of MUTATIONS) {
     const r = structuredClone(rendered), c = compose();
     mutate(r, c);
-    const found = (await failuresOf(r, c, binDir)).filter((f) => f.includes(expected));
+    const found = (await failuresOf(r, c, binDir, binaries)).filter((f) => f.includes(expected));
     if (found.length === 0) {
       ++missed;
       console.log(`FAIL the rules miss ${what} (no failure saying '${expected}')`);
@@ -548,7 +618,8 @@ function pods() {
       };
       out.pods.push({ name: p.name, role: meta.labels["app.kubernetes.io/component"], hostname: p.hostname,
                       ...started(t.spec.containers[0]), init: (t.spec.initContainers ?? []).map(started),
-                      grace_seconds: t.spec.terminationGracePeriodSeconds ?? 30 });
+                      grace_seconds: t.spec.terminationGracePeriodSeconds ?? 30,
+                      restart_policy: t.spec.restartPolicy ?? "Always" });
       made.push({ ...p, labels: meta.labels });
     }
   }

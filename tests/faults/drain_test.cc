@@ -1,14 +1,17 @@
 // A worker sent SIGTERM while a program runs on it, with real processes (issue #19 item 1: a
 // drain on SIGTERM, as a pod deletion sends it): the worker reports not ready but keeps
 // serving until no run is in flight, so the call in flight finishes with the host's values
-// instead of failing; then it exits within its drain timeout, and the next call needing it
-// fails UNAVAILABLE naming it, in bounded time. Every wait has a deadline; teardown kills only
+// instead of failing; then it exits within its drain timeout, with a non-zero status (stopped,
+// not done: what a Job's restartPolicy needs), and the next call needing it fails UNAVAILABLE
+// naming it, in bounded time. Every wait has a deadline; teardown kills only
 // this test's processes, by pid.
 #include <signal.h>
+#include <sysexits.h>
 
 #include <cmath>
 #include <optional>
 #include <random>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -143,9 +146,15 @@ TEST_F(DrainTest, ARunInFlightAtSigtermFinishesThenTheWorkerExits) {
   // The run in flight finishes, with the same values.
   ASSERT_TRUE((*second)[0].block_until_ready().ok()) << (*second)[0].block_until_ready();
   expect_close((*second)[0], want);
-  // Then the worker exits by itself: its stdout closes.
+  // Then the worker exits by itself: its stdout closes, and its exit status says it was
+  // stopped, not done (EX_TEMPFAIL, as its --help documents): a Kubernetes Job with
+  // restartPolicy OnFailure replaces a pod that exits non-zero, and counts one that exits 0 as
+  // complete (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle, "Pod phase").
   absl::StatusOr<std::string> line = cluster_.workers[kDrained]->read_line_with("no such line", kBound);
   EXPECT_EQ(line.status().code(), absl::StatusCode::kUnavailable) << line.status();
+  absl::StatusOr<int> exit_status = cluster_.workers[kDrained]->wait_for_exit(kBound);
+  ASSERT_TRUE(exit_status.ok()) << exit_status.status();
+  EXPECT_EQ(*exit_status, EX_TEMPFAIL);
   // And the next call needing it fails, naming it.
   absl::StatusOr<std::vector<Array>> third = f({*xs, *ws});
   absl::Status status = third.ok() ? (*third)[0].block_until_ready() : third.status();
@@ -390,6 +399,26 @@ TEST_F(DeregisterTest, ADrainedWorkerLeavesAndIsNotCountedLost) {
 
   // `tessera status` shows it left, the others alive.
   expect_status_states(cluster_.address, client_token_file(), "left");
+}
+
+// The exit status tells a drain on SIGTERM (stopped from outside: a pod deleted or evicted) from
+// one on SIGINT (an interrupt at a terminal): EX_TEMPFAIL and 0, as tessera-worker --help says;
+// a plain cluster (no credentials), idle workers.
+TEST(DrainExit, SigtermExitsTempfailAndSigintZero) {
+  absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(kBin, 2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (const auto& [worker, sig, want] : {std::tuple{0, SIGTERM, EX_TEMPFAIL}, std::tuple{1, SIGINT, 0}}) {
+    Subprocess& p = *cluster->workers[worker];
+    ASSERT_EQ(::kill(p.pid(), sig), 0);
+    absl::StatusOr<int> exit_status = p.wait_for_exit(kBound);
+    ASSERT_TRUE(exit_status.ok()) << exit_status.status();
+    EXPECT_EQ(*exit_status, want) << "after signal " << sig;
+  }
+  // What the Job controller sees in the container's status: the help says it.
+  absl::StatusOr<std::pair<int, std::string>> help = Subprocess::run({kBin + "/tessera-worker", "--help"}, kBound);
+  ASSERT_TRUE(help.ok()) << help.status();
+  EXPECT_THAT(help->second,
+              HasSubstr(absl::StrCat("Exit status: ", EX_TEMPFAIL, " (EX_TEMPFAIL) after a drain on SIGTERM")));
 }
 
 }  // namespace
