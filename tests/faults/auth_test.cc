@@ -16,6 +16,8 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "core/graph.h"
+#include "core/wire.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -590,20 +592,13 @@ TEST_F(AuthTest, AnExecuteCarryingAnotherSessionsArrayInItsDeletionsRunsAndRefus
   if (HasFatalFailure()) return;
 
   // x + x over the (8, 4) array sharded by rows on every device, compiled by the attacker.
+  Graph graph;
+  const int x = graph.add_parameter(DType::kF32, {8, 4});
+  absl::StatusOr<int> sum = graph.add_binary(Op::kAdd, x, x);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  ASSERT_TRUE(graph.set_outputs({*sum}).ok());
   pb::CompileRequest compile;
-  pb::GraphNode* parameter = compile.mutable_graph()->add_nodes();
-  parameter->mutable_node()->set_op(pb::OP_PARAMETER);
-  parameter->mutable_node()->set_dtype(pb::F32);
-  parameter->mutable_node()->mutable_shape()->add_dims(8);
-  parameter->mutable_node()->mutable_shape()->add_dims(4);
-  parameter->mutable_node()->mutable_parameter()->set_index(0);
-  pb::GraphNode* add = compile.mutable_graph()->add_nodes();
-  *add->mutable_node() = parameter->node();
-  add->mutable_node()->set_op(pb::OP_ADD);
-  add->mutable_node()->clear_parameter();
-  add->add_operands(0);
-  add->add_operands(0);
-  compile.mutable_graph()->add_outputs(1);
+  to_proto(graph, compile.mutable_graph());
   *compile.mutable_mesh() = fault_mesh();
   compile.add_input_specs()->add_dims()->add_axes("x");
   pb::CompileReply compiled;
