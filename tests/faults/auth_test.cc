@@ -751,7 +751,7 @@ TEST_F(AuthTest, TheSdkCountsOnlyTheIdsABackgroundDeleteArrayRefused) {
   }
   const absl::Status flushed = victim_->flush_deletes();
   EXPECT_EQ(flushed.code(), absl::StatusCode::kPermissionDenied) << flushed;
-  EXPECT_EQ(flushed.message(),
+  EXPECT_EQ(std::string(flushed.message()),
             absl::StrCat("DeleteArray: array ", shared_id,
                          " belongs to another session; only its owner (or an admin credential) may delete it (the "
                          "other 1 of the 2 arrays was deleted)"));

@@ -321,6 +321,14 @@ TEST_F(SyncThreadsTest, ABackgroundDeletionRefusedForWantOfThreadsIsSentAgainAnd
     EXPECT_TRUE(poll_until([&] { return client_->retried_deletes() >= 1; }, kBound))
         << "the refused deletion was not sent again";
     waits.end();
+    // A held thread is free once its handler saw the cancellation (within 100 ms).
+    pb::Topology topology;
+    const grpc::Status served = once_threads_free([&] {
+      grpc::ClientContext ctx;
+      set_deadline(&ctx, kControlDeadline);
+      return stub->GetTopology(&ctx, pb::GetTopologyRequest(), &topology);
+    });
+    ASSERT_TRUE(served.ok()) << served.error_code() << " " << served.error_message();
   }
   const absl::Status flushed = client_->flush_deletes();
   EXPECT_TRUE(flushed.ok()) << flushed;
