@@ -4,8 +4,12 @@
 #include <cstdio>
 #include <map>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/client_impl.h"
 #include "client/transfer.h"
 #include "core/credentials.h"
@@ -14,6 +18,7 @@
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
+#include "grpcpp/alarm.h"
 #include "proto/in_process.h"
 #include "proto/rpc.h"
 #include "tessera/jit.h"
@@ -230,9 +235,7 @@ void ClientImpl::delete_array(uint64_t id) {
   grpc::ClientContext ctx;
   set_deadline(&ctx, kControlDeadline);
   const grpc::Status status = coordinator_->DeleteArray(&ctx, req, &reply);
-  if (!status.ok()) {
-    deletes_failed({{id, ""}}, from_grpc(status, "DeleteArray"));
-  }
+  if (!status.ok()) deletes_failed({{id, ""}}, delete_array_error(status));
 }
 
 void ClientImpl::deletes_failed(const Deletes& arrays, const absl::Status& error) {
@@ -251,6 +254,44 @@ void ClientImpl::report_failed_deletes(const Deletes& arrays, const absl::Status
                status.ToString().c_str());
 }
 
+namespace {
+
+// Whether a DeleteArray refused with `status` may succeed if sent again: the coordinator is
+// unreachable for now, or had no thread for it (its synchronous server's are all busy).
+bool passing(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+}
+
+}  // namespace
+
+absl::Status delete_array_error(const grpc::Status& status) {
+  // The coordinator's own refusals name the method already ("DeleteArray: array 7 belongs to
+  // another session ..."); gRPC's ("Server Threadpool Exhausted") do not.
+  if (absl::StartsWith(status.error_message(), "DeleteArray: ")) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  }
+  return from_grpc(status, "DeleteArray");
+}
+
+Deletes refused_deletes(Deletes arrays, const grpc::Status& status,
+                        const std::multimap<grpc::string_ref, grpc::string_ref>& trailers) {
+  // The coordinator's trailer (coordinator/access.h, kRefusedDeletesTrailer).
+  auto it = trailers.find("tessera-refused-deletes");
+  if (status.error_code() != grpc::StatusCode::PERMISSION_DENIED || it == trailers.end()) return arrays;
+  absl::flat_hash_set<uint64_t> refused;
+  for (absl::string_view id : absl::StrSplit(absl::string_view(it->second.data(), it->second.size()), ',')) {
+    uint64_t value = 0;
+    if (!absl::SimpleAtoi(id, &value)) return arrays;  // not the coordinator's: count them all
+    refused.insert(value);
+  }
+  Deletes out;
+  for (auto& d : arrays) {
+    if (refused.contains(d.first)) out.push_back(std::move(d));
+  }
+  return out;
+}
+
 void ClientImpl::send_deletes(Deletes arrays, bool batch) {
   struct DeleteCall {
     grpc::ClientContext ctx;
@@ -261,38 +302,63 @@ void ClientImpl::send_deletes(Deletes arrays, bool batch) {
   auto* call = new DeleteCall;
   for (auto& [id, grant] : arrays) {
     call->request.add_array_ids(id);
-    call->request.add_grants(std::move(grant));
+    call->request.add_grants(grant);  // kept in call->arrays too, for a retry
   }
   call->arrays = std::move(arrays);
   set_deadline(&call->ctx, kControlDeadline);
   if (!batch) in_flight_->begin_call(absl::Now() + kControlDeadline);
   // The callback touches `this` only while the call still counts in InFlight (so ~ClientImpl
-  // waits for it): before next_delete_batch, or when that hands it the next batch.
-  coordinator_->async()->DeleteArray(&call->ctx, &call->request, &call->reply,
-                                     [this, call, batch, in_flight = in_flight_](grpc::Status s) {
-                                       Deletes failed;
-                                       absl::Status error;
-                                       if (!s.ok()) {
-                                         error = from_grpc(s, "DeleteArray");
-                                         report_failed_deletes(call->arrays, error);
-                                         failed = std::move(call->arrays);
-                                       }
-                                       delete call;
-                                       in_flight->count_failed_deletes(static_cast<int64_t>(failed.size()), error);
-                                       if (!batch) {
-                                         in_flight->end_call();
-                                         return;
-                                       }
-                                       Deletes next = in_flight->next_delete_batch();
-                                       if (!next.empty()) send_deletes(std::move(next));
-                                     });
+  // waits for it): before next_delete_batch, or when that hands it the next batch. A batch
+  // refused for a passing reason waits again, and the next batch goes after a backoff
+  // (a grpc::Alarm: no thread waits for it), the sender counted meanwhile.
+  coordinator_->async()->DeleteArray(
+      &call->ctx, &call->request, &call->reply, [this, call, batch, in_flight = in_flight_](grpc::Status s) {
+        Deletes arrays = std::move(call->arrays);
+        if (!s.ok()) arrays = refused_deletes(std::move(arrays), s, call->ctx.GetServerTrailingMetadata());
+        delete call;
+        if (batch && passing(s)) {
+          Deletes given_up;
+          int attempts = 0;
+          std::optional<absl::Duration> wait = in_flight->retry_deletes(std::move(arrays), &given_up, &attempts);
+          if (!given_up.empty()) {
+            const absl::Status error = delete_array_error(s);
+            const std::string why =
+                wait.has_value() ? absl::StrCat(" (not sent again: ", kMaxQueuedDeletes, " deletions wait already)")
+                                 : absl::StrCat(" (", attempts, " attempts in a row were refused)");
+            deletes_failed(given_up, absl::Status(error.code(), absl::StrCat(error.message(), why)));
+          }
+          if (wait.has_value()) {
+            auto* alarm = new grpc::Alarm;
+            // On one of gRPC's executor threads; the Alarm may go in its own callback (gRPC
+            // holds a reference to it until the callback returns).
+            alarm->Set(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(*wait),
+                       [this, alarm, in_flight](bool) {
+                         delete alarm;
+                         Deletes next = in_flight->next_delete_batch();
+                         if (!next.empty()) send_deletes(std::move(next));
+                       });
+            return;
+          }
+        } else {
+          if (batch) in_flight->end_delete_retries();
+          if (!s.ok()) deletes_failed(arrays, delete_array_error(s));
+        }
+        if (!batch) {
+          in_flight->end_call();
+          return;
+        }
+        Deletes next = in_flight->next_delete_batch();
+        if (!next.empty()) send_deletes(std::move(next));
+      });
 }
 
 absl::Status ClientImpl::flush_deletes() {
   Deletes batch = in_flight_->start_flush();
   if (!batch.empty()) send_deletes(std::move(batch));
-  // One DeleteArray may be in flight and one more carry what queued meanwhile.
-  return in_flight_->await_deletes(absl::Now() + 2 * kControlDeadline + absl::Seconds(1));
+  // One DeleteArray may be in flight and one more carry what queued meanwhile, after the
+  // waits of a run of retries (kMaxDeleteRetries).
+  return in_flight_->await_deletes(absl::Now() + 2 * kControlDeadline + absl::Seconds(1) +
+                                   kFirstDeleteRetry * ((1 << kMaxDeleteRetries) - 1));
 }
 
 absl::Status with_adoption(const ArrayState& a, uint64_t id, const std::function<absl::Status()>& call) {
@@ -587,6 +653,8 @@ absl::Status Client::flush_deletes() const {
 }
 
 int64_t Client::failed_deletes() const { return impl_->in_flight()->deletes_failed(); }
+
+int64_t Client::retried_deletes() const { return impl_->in_flight()->deletes_retried(); }
 
 absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
   // What it reports counts the arrays dropped before as freed (a failure was logged and counted).

@@ -26,6 +26,14 @@
 
 namespace tessera::internal {
 
+// The error of a DeleteArray refused with `status`, naming the method once (the coordinator's
+// own refusals name it already).
+absl::Status delete_array_error(const grpc::Status& status);
+// Of `arrays`, those a DeleteArray refused with `status`: the ids its `trailers` list (a
+// PERMISSION_DENIED refusing some of a batch names them; the others were deleted), else all.
+Deletes refused_deletes(Deletes arrays, const grpc::Status& status,
+                        const std::multimap<grpc::string_ref, grpc::string_ref>& trailers);
+
 class ClientImpl {
  public:
   // `token`: the credential every call presents (empty: none); `ca_pem`: the cluster CA's

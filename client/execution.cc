@@ -92,6 +92,30 @@ void InFlight::requeue(Deletes deletes) {
   for (auto& d : deletes) deletes_.push_back(std::move(d));
 }
 
+std::optional<absl::Duration> InFlight::retry_deletes(Deletes arrays, Deletes* given_up, int* attempts) {
+  absl::MutexLock lock(&mu_);
+  *attempts = ++delete_retries_;
+  if (delete_retries_ > kMaxDeleteRetries) {
+    delete_retries_ = 0;
+    *given_up = std::move(arrays);
+    return std::nullopt;
+  }
+  // Bounded by the queue: what does not fit is given up now (drops made meanwhile queued).
+  const size_t room = kMaxQueuedDeletes - std::min(kMaxQueuedDeletes, deletes_.size());
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    (i < room ? deletes_ : *given_up).push_back(std::move(arrays[i]));
+  }
+  deletes_retried_ += static_cast<int64_t>(std::min(room, arrays.size()));
+  const absl::Duration wait = kFirstDeleteRetry * (1 << (delete_retries_ - 1));
+  latest_ = std::max(latest_, absl::Now() + wait + kControlDeadline);
+  return wait;
+}
+
+void InFlight::end_delete_retries() {
+  absl::MutexLock lock(&mu_);
+  delete_retries_ = 0;
+}
+
 void InFlight::count_failed_deletes(int64_t n, const absl::Status& error) {
   if (n == 0) return;
   absl::MutexLock lock(&mu_);
@@ -123,6 +147,11 @@ absl::Status InFlight::await_deletes(absl::Time deadline) {
 int64_t InFlight::deletes_failed() const {
   absl::MutexLock lock(&mu_);
   return deletes_failed_;
+}
+
+int64_t InFlight::deletes_retried() const {
+  absl::MutexLock lock(&mu_);
+  return deletes_retried_;
 }
 
 absl::Status InFlight::take_delete_error() {

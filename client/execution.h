@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +43,12 @@ inline constexpr int kMaxExecutionsInFlight = 16;
 // drop beyond it deletes with a DeleteArray of its own (synchronous on a user thread: the
 // back-pressure; asynchronous on a gRPC callback thread, which must not block).
 inline constexpr size_t kMaxQueuedDeletes = 1024;
+// A background DeleteArray refused for a passing reason (UNAVAILABLE: the coordinator cannot
+// be reached for now; RESOURCE_EXHAUSTED: every thread of its synchronous server is busy) is
+// sent again after kFirstDeleteRetry, the wait doubling each time: at most kMaxDeleteRetries
+// times in a row (6.3 s in all), then its deletions count as failed.
+inline constexpr int kMaxDeleteRetries = 6;
+inline constexpr absl::Duration kFirstDeleteRetry = absl::Milliseconds(100);
 
 // Deletions: array ids and their grants.
 using Deletes = std::vector<std::pair<uint64_t, std::string>>;
@@ -86,6 +93,16 @@ class InFlight {
   // The sender of a batch had its reply: the next batch, everything queued meanwhile, for the
   // same sender; empty when nothing waits, and the sender no longer counts.
   Deletes next_delete_batch();
+  // The batch sender's DeleteArray of `arrays` was refused for a passing reason. Unless it
+  // was refused kMaxDeleteRetries times in a row already, they wait again (as many as fit
+  // under kMaxQueuedDeletes; the others go to *given_up) and the sender, still counted, is to
+  // send the next batch (next_delete_batch) after the returned wait. Else nothing waits again:
+  // everything goes to *given_up, the run of refusals ends, and the wait is nullopt.
+  // *attempts gets how many times in a row the sender was refused, this one included.
+  std::optional<absl::Duration> retry_deletes(Deletes arrays, Deletes* given_up, int* attempts);
+  // The batch sender's DeleteArray was answered (done, or refused for good): a run of
+  // refusals for passing reasons ends.
+  void end_delete_retries();
   // `n` deletions failed with `error` (nothing when n is 0): counted, and kept for
   // take_delete_error.
   void count_failed_deletes(int64_t n, const absl::Status& error);
@@ -98,6 +115,8 @@ class InFlight {
   // Deletions whose DeleteArray failed, since the client started; and the last such error
   // since the previous call (then OK until another fails).
   int64_t deletes_failed() const;
+  // Deletions retry_deletes queued again, since the client started.
+  int64_t deletes_retried() const;
   absl::Status take_delete_error();
   // Waits until nothing is in flight. Everything counted ends by its deadline (gRPC calls
   // their callbacks by then), so this returns by the latest one.
@@ -113,7 +132,9 @@ class InFlight {
   absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   Deletes deletes_ ABSL_GUARDED_BY(mu_);                // queued, not sent
   bool delete_in_flight_ ABSL_GUARDED_BY(mu_) = false;  // a batch's DeleteArray
+  int delete_retries_ ABSL_GUARDED_BY(mu_) = 0;         // the sender's refusals in a row (retry_deletes)
   int64_t deletes_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t deletes_retried_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status delete_error_ ABSL_GUARDED_BY(mu_);
 };
 

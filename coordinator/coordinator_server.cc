@@ -292,6 +292,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
     Taken taken = take_arrays(*caller, req->array_ids(), req->grants(), "DeleteArray");
     // The caller's arrays go even when others of the batch were refused.
     fan_out_.delete_buffers(taken.buffers);
+    // gRPC sends no reply with an error: the refused ids go in a trailer, so that the client
+    // counts only those as failed, not the whole batch.
+    if (!taken.refused.empty()) ctx->AddTrailingMetadata(kRefusedDeletesTrailer, absl::StrJoin(taken.refused, ","));
     return to_grpc(taken.refusal);
   }
 

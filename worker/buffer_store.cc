@@ -62,13 +62,17 @@ absl::StatusOr<std::shared_ptr<const HostArray>> BufferStore::get(uint64_t id) c
   return it->second;
 }
 
-int BufferStore::erase(const std::vector<uint64_t>& ids) {
+int BufferStore::erase(const std::vector<uint64_t>& ids, std::vector<uint64_t>* unknown) {
   absl::MutexLock lock(&mu_);
   int erased = 0;
   for (uint64_t id : ids) {
     auto it = buffers_.find(id);
     if (it == buffers_.end()) {
-      if (reserved_.contains(id)) doomed_.insert(id);
+      if (reserved_.contains(id)) {
+        doomed_.insert(id);
+      } else if (unknown != nullptr) {
+        unknown->push_back(id);
+      }
       continue;
     }
     bytes_used_ -= it->second->nbytes();

@@ -47,8 +47,9 @@ class BufferStore {
   absl::StatusOr<std::shared_ptr<const HostArray>> get(uint64_t id) const;
 
   // Deletes committed buffers; returns how many of `ids` existed. A buffer still being
-  // filled (reserved) is deleted when it is committed.
-  int erase(const std::vector<uint64_t>& ids);
+  // filled (reserved) is deleted when it is committed. `unknown`, if given, gets the ids
+  // neither committed nor reserved here.
+  int erase(const std::vector<uint64_t>& ids, std::vector<uint64_t>* unknown = nullptr);
 
   // Every committed buffer, by id (a registration reports them to the coordinator).
   std::map<uint64_t, std::shared_ptr<const HostArray>> contents() const;

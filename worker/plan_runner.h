@@ -59,9 +59,10 @@ class PlanRunner {
   // Whether `req` may run on the thread at hand now that its inputs exist (see plan_for).
   bool may_run_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const { return runs_inline(plan, req); }
 
-  // Frees the buffers `ids` (those this device holds); returns how many it held.
-  int erase(const google::protobuf::RepeatedField<uint64_t>& ids) {
-    return store_->erase(std::vector<uint64_t>(ids.begin(), ids.end()));
+  // Frees the buffers `ids` (those this device holds); returns how many it held. `unknown`:
+  // as BufferStore::erase's.
+  int erase(const google::protobuf::RepeatedField<uint64_t>& ids, std::vector<uint64_t>* unknown = nullptr) {
+    return store_->erase(std::vector<uint64_t>(ids.begin(), ids.end()), unknown);
   }
 
   // Waits until no run has been in flight for `quiet` (runs the coordinator sent just before

@@ -250,6 +250,35 @@ class AuthTest : public FaultClusterTest {
     }
   }
 
+  // Hands the victim's array `id` to another session, returned, as an admin may (AdoptArrays
+  // with the grant the admin reads: an explicit share). *info gets the array's info with its
+  // grant.
+  std::shared_ptr<CallIdentity> share(uint64_t id, pb::ArrayInfo* info) const {
+    pb::GetArrayReply admin_view;
+    EXPECT_TRUE(unary(coordinator(identity(credentials_.admin)).get(), &pb::Coordinator::Stub::GetArray,
+                      naming_array<pb::GetArrayRequest>(id), &admin_view)
+                    .ok());
+    *info = admin_view.info();
+    auto other = attacker();
+    pb::AdoptArraysRequest adopt;
+    *adopt.add_arrays() = admin_view.info();
+    const grpc::Status adopted = unary(coordinator(other).get(), &pb::Coordinator::Stub::AdoptArrays, adopt);
+    EXPECT_TRUE(adopted.ok()) << adopted.error_message();
+    return other;
+  }
+
+  // Block 0 of array `id` as device 0 holds it, read with `grant`: the (2, 4) block of
+  // host_ + offset.
+  void expect_block_zero(const std::shared_ptr<CallIdentity>& reader, uint64_t id, const std::string& grant,
+                         float offset) {
+    std::string block;
+    const grpc::Status got = get(worker(0, reader).get(), id, grant, &block);
+    ASSERT_TRUE(got.ok()) << got.error_message();
+    ASSERT_EQ(block.size(), 8 * sizeof(float));
+    const float* values = reinterpret_cast<const float*>(block.data());
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(values[i], host_.values<float>()[i] + offset) << "element " << i;
+  }
+
   const HostArray host_ = HostArray::arange(DType::kF32, {8, 4});
   Jitted twice_ = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
   std::optional<Client> victim_;
@@ -655,17 +684,9 @@ TEST_F(AuthTest, TheSdkReportsADeletionItsCallCarriedThatWasRefused) {
   ASSERT_TRUE(shared.ok()) << shared.status();
   std::optional<Array> handle(*std::move(shared));
   const uint64_t shared_id = handle->id();
-
-  auto admin = identity(credentials_.admin);
-  pb::GetArrayReply info;
-  ASSERT_TRUE(unary(coordinator(admin).get(), &pb::Coordinator::Stub::GetArray,
-                    naming_array<pb::GetArrayRequest>(shared_id), &info)
-                  .ok());
-  auto other = attacker();
-  pb::AdoptArraysRequest adopt;
-  *adopt.add_arrays() = info.info();
-  const grpc::Status adopted = unary(coordinator(other).get(), &pb::Coordinator::Stub::AdoptArrays, adopt);
-  ASSERT_TRUE(adopted.ok()) << adopted.error_message();
+  pb::ArrayInfo info;
+  auto other = share(shared_id, &info);
+  if (HasFailure()) return;
   ASSERT_EQ(victim_->failed_deletes(), 0);
 
   {
@@ -687,13 +708,106 @@ TEST_F(AuthTest, TheSdkReportsADeletionItsCallCarriedThatWasRefused) {
   EXPECT_THAT(std::string(flushed.message()),
               HasSubstr(absl::StrCat("execute: delete_arrays: array ", shared_id, " belongs to another session")));
 
-  // Whole, for its new owner: block 0 as device 0 holds it.
-  std::string block;
-  const grpc::Status got = get(worker(0, other).get(), shared_id, info.info().grant(), &block);
-  ASSERT_TRUE(got.ok()) << got.error_message();
-  ASSERT_EQ(block.size(), 8 * sizeof(float));
-  const float* values = reinterpret_cast<const float*>(block.data());
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(values[i], host_.values<float>()[i] + 100.0f) << "element " << i;
+  // Whole, for its new owner.
+  expect_block_zero(other, shared_id, info.grant(), 100.0f);
+}
+
+// The same refusal in a background DeleteArray (no call in flight), in a batch with one of
+// the victim's own arrays: only the refused id counts as failed (the batch's other array was
+// deleted, from the coordinator and every worker), and the flush returns the coordinator's
+// message as it is, naming DeleteArray once. Before, the whole batch counted (failed_deletes
+// 2) and the message read "DeleteArray: DeleteArray: array N ...". The coordinator is stopped
+// (SIGSTOP) while the handles go, so that the first drop's DeleteArray is in flight and the
+// next two wait for it, to go together as the next batch.
+TEST_F(AuthTest, TheSdkCountsOnlyTheIdsABackgroundDeleteArrayRefused) {
+  std::vector<std::optional<Array>> handles;  // dropped in order: first, shared, own
+  for (float offset : {300.0f, 100.0f, 200.0f}) {
+    absl::StatusOr<Array> a = victim_->device_put(affine(host_, 1, offset), NamedSharding(*mesh_, P("x")));
+    ASSERT_TRUE(a.ok()) << a.status();
+    handles.emplace_back(*std::move(a));
+  }
+  const uint64_t shared_id = handles[1]->id();
+  pb::ArrayInfo shared_info, own_info;
+  auto other = share(shared_id, &shared_info);
+  {
+    pb::GetArrayReply own;
+    ASSERT_TRUE(unary(coordinator(identity(credentials_.admin)).get(), &pb::Coordinator::Stub::GetArray,
+                      naming_array<pb::GetArrayRequest>(handles[2]->id()), &own)
+                    .ok());
+    own_info = own.info();
+  }
+  if (HasFailure()) return;
+  ASSERT_EQ(victim_->failed_deletes(), 0);
+  {
+    const pid_t stopped = cluster_.coordinator->pid();
+    ASSERT_TRUE(sigstop_and_wait(stopped).ok());
+    absl::Cleanup resume = [stopped] { ::kill(stopped, SIGCONT); };
+    for (std::optional<Array>& h : handles) h.reset();  // drops never wait
+  }
+  const absl::Status flushed = victim_->flush_deletes();
+  EXPECT_EQ(flushed.code(), absl::StatusCode::kPermissionDenied) << flushed;
+  EXPECT_EQ(std::string(flushed.message()),
+            absl::StrCat("DeleteArray: array ", shared_id,
+                         " belongs to another session; only its owner (or an admin credential) may delete it (the "
+                         "other 1 of the 2 arrays was deleted)"));
+  EXPECT_EQ(victim_->failed_deletes(), 1);
+  pb::CreateArrayReply own;
+  own.set_array_id(own_info.array_id());
+  own.set_grant(own_info.grant());
+  expect_deleted(coordinator(identity(credentials_.admin)).get(), identity(credentials_.client), own);
+  expect_block_zero(other, shared_id, shared_info.grant(), 100.0f);
+}
+
+// A worker's DeleteBuffers ends the fan-out op (bit 63) of each buffer it neither holds nor
+// fills, so that chunks of a failed put's fan-out it never started go (PutFanOutStallTest),
+// and only those: deleting buffers it holds (which a heavy deletion does by the thousand)
+// records no fan-out end. Before, it recorded one for every deleted buffer, and 4,097 of them
+// pushed a real fan-out's end out of the transport's memory of 4,096: a late chunk of that
+// fan-out was then held until the mailbox's time-to-live (60 s) instead of dropped.
+TEST_F(AuthTest, DeletingHeldBuffersKeepsFanOutEndsInMind) {
+  auto daemon = worker(0, identity(credentials_.cluster));
+  auto admin = worker(0, identity(credentials_.admin));
+  constexpr uint64_t kFanOutOpBit = uint64_t{1} << 63;      // worker/transfers.h
+  constexpr uint64_t kFailedPut = (uint64_t{1} << 62) - 1;  // a buffer id nobody uses
+  // The deletion of a failed put's buffer, which device 0 never held: its fan-out ends.
+  pb::DeleteBuffersReply deleted;
+  ASSERT_TRUE(unary(admin.get(), &pb::Worker::Stub::DeleteBuffers, delete_buffers(kFailedPut), &deleted).ok());
+  EXPECT_EQ(deleted.deleted(), 0);
+
+  // 4,097 buffers put on device 0 and deleted in one call.
+  constexpr int kHeld = 4097;
+  pb::DeleteBuffersRequest held;
+  for (int i = 0; i < kHeld; ++i) {
+    const uint64_t id = kFailedPut - 1 - static_cast<uint64_t>(i);
+    pb::ShardChunk chunk = forged_block(id, "");
+    chunk.mutable_header()->mutable_shape()->set_dims(0, 1);
+    chunk.mutable_header()->mutable_shape()->set_dims(1, 1);
+    chunk.set_data(std::string(sizeof(float), '\0'));
+    const grpc::Status put_status = put(daemon.get(), chunk);
+    ASSERT_TRUE(put_status.ok()) << "buffer " << id << ": " << put_status.error_message();
+    held.add_buffer_ids(id);
+  }
+  ASSERT_TRUE(unary(admin.get(), &pb::Worker::Stub::DeleteBuffers, held, &deleted).ok());
+  EXPECT_EQ(deleted.deleted(), kHeld);
+
+  // A late chunk of the failed put's fan-out, from device 2 as its stream authenticates it:
+  // dropped, not held.
+  pb::WorkerStats before;
+  ASSERT_TRUE(unary(admin.get(), &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &before).ok());
+  pb::ExchangeMessage late;
+  late.set_source_device(2);
+  late.set_op_id(kFailedPut | kFanOutOpBit);
+  late.set_data(std::string(16, '\x7f'));
+  ASSERT_TRUE(exchange(worker(0, identity(credentials_.cluster, 2)).get(), {late}).ok());
+  pb::WorkerStats after;
+  EXPECT_TRUE(poll_until(
+      [&] {
+        return unary(admin.get(), &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &after).ok() &&
+               after.exchange_messages_dropped() > before.exchange_messages_dropped();
+      },
+      absl::Seconds(10)))
+      << "the late chunk was not dropped";
+  EXPECT_EQ(after.collective_messages_pending(), 0);
 }
 
 // The same cluster over TLS: a cluster CA, mutual TLS between the daemons (registrations,

@@ -290,6 +290,57 @@ TEST_F(SyncThreadsTest, CoordinatorRefusesSyncCallsBeyondItsThreadsAndKeepsExecu
   expect_every_daemon_running();
 }
 
+// A dropped array's background DeleteArray that finds every synchronous thread of the
+// coordinator busy is refused RESOURCE_EXHAUSTED (this fixture saw about 1000 such per run
+// before); the client sends it again with a backoff instead of giving up, so once a thread is
+// free the array is deleted on every worker, and nothing counts as failed. Before, the flush
+// returned "DeleteArray: Server Threadpool Exhausted", failed_deletes was 1, and the buffers
+// stayed on the workers until the session's lease lapsed.
+TEST_F(SyncThreadsTest, ABackgroundDeletionRefusedForWantOfThreadsIsSentAgainAndFreesTheBuffers) {
+  std::vector<int64_t> baseline;
+  for (int d = 0; d < kFaultWorkers; ++d) {
+    absl::StatusOr<DeviceStats> stats = client_->device_stats(d);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    baseline.push_back(stats->buffer_count);
+  }
+  absl::StatusOr<Array> y = client_->device_put(host_, NamedSharding(*mesh_, P("x", None)));
+  ASSERT_TRUE(y.ok()) << y.status();
+  std::optional<Array> dropped(*std::move(y));
+  {
+    auto stub = pb::Coordinator::NewStub(make_channel(cluster_.address, identity()));
+    Occupation<TopologyWait> waits(stub.get());
+    pb::Topology ignored;
+    waits.expect_refused_beyond_the_threads([&] {
+      grpc::ClientContext ctx;
+      set_deadline(&ctx, kControlDeadline);
+      return stub->GetTopology(&ctx, pb::GetTopologyRequest(), &ignored);
+    });
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(client_->retried_deletes(), 0);
+    dropped.reset();  // no call in flight: a DeleteArray of its own, refused for want of a thread
+    EXPECT_TRUE(poll_until([&] { return client_->retried_deletes() >= 1; }, kBound))
+        << "the refused deletion was not sent again";
+    waits.end();
+    // A held thread is free once its handler saw the cancellation (within 100 ms).
+    pb::Topology topology;
+    const grpc::Status served = once_threads_free([&] {
+      grpc::ClientContext ctx;
+      set_deadline(&ctx, kControlDeadline);
+      return stub->GetTopology(&ctx, pb::GetTopologyRequest(), &topology);
+    });
+    ASSERT_TRUE(served.ok()) << served.error_code() << " " << served.error_message();
+  }
+  const absl::Status flushed = client_->flush_deletes();
+  EXPECT_TRUE(flushed.ok()) << flushed;
+  EXPECT_EQ(client_->failed_deletes(), 0);
+  for (int d = 0; d < kFaultWorkers; ++d) {
+    absl::StatusOr<DeviceStats> stats = client_->device_stats(d);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->buffer_count, baseline[d]) << "device " << d;
+  }
+  expect_every_daemon_running();
+}
+
 TEST_F(SyncThreadsTest, WorkerRefusesSyncCallsBeyondItsThreadsAndKeepsRunningPlans) {
   constexpr int kBusy = 1;
   absl::StatusOr<std::vector<Device>> devices = client_->devices();

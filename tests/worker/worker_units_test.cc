@@ -31,6 +31,18 @@ TEST(BufferStore, ReserveCommitGetErase) {
   EXPECT_EQ(store.stats().buffer_count, 0);
 }
 
+// The ids an erase finds neither committed nor reserved (a worker's DeleteBuffers ends the
+// fan-out ops of those only).
+TEST(BufferStore, EraseListsTheIdsNeitherHeldNorBeingFilled) {
+  BufferStore store(1000);
+  ASSERT_TRUE(store.reserve(1, 40).ok());
+  store.commit(1, std::make_shared<const HostArray>(HostArray::zeros(DType::kF32, {10})));
+  ASSERT_TRUE(store.reserve(2, 40).ok());  // being filled
+  std::vector<uint64_t> unknown;
+  EXPECT_EQ(store.erase({3, 1, 2, 4}, &unknown), 1);
+  EXPECT_EQ(unknown, (std::vector<uint64_t>{3, 4}));
+}
+
 TEST(BufferStore, CancelReleasesTheReservation) {
   BufferStore store(100);
   ASSERT_TRUE(store.reserve(1, 100).ok());

@@ -200,11 +200,16 @@ class Client {
   // the alive devices (device_put and device_stats flush first, and so does the client when it
   // goes; a deletion riding on a call is done when that call is, and an output of a call still
   // running when dropped is deleted once the call finishes). DEADLINE_EXCEEDED if the coordinator has not
-  // answered within about 20 s; else the error of the last deletion that failed since the
+  // answered within about 30 s (retries included); else the error of the last deletion that failed since the
   // previous flush (its arrays' ids are logged to stderr), or OK.
   absl::Status flush_deletes() const;
-  // Deletions that failed since this client started (each logged with its array's id).
+  // Deletions that failed since this client started (each logged with its array's id). A
+  // background DeleteArray refused for a passing reason (UNAVAILABLE, RESOURCE_EXHAUSTED) is
+  // sent again, waiting 100 ms and doubling, up to 6 times in a row: its deletions count here
+  // only if the last try is refused too.
   int64_t failed_deletes() const;
+  // Deletions sent again after such a refusal since this client started (each try counts).
+  int64_t retried_deletes() const;
 
   // What the device's worker reports about its memory, asked now. NOT_FOUND when the device
   // is not in the cluster; UNAVAILABLE or DEADLINE_EXCEEDED naming the coordinator or the
