@@ -141,6 +141,12 @@ def test_numpy_data_closed_over_is_put_on_the_devices_once(mesh):
     for _ in range(3):
         np.testing.assert_array_equal(np.asarray(f(x, "a")), 1 + big)
     assert _bytes_put() == before, "the closed-over data was put on the devices again"
+    # Its move from device 0 onto the mesh runs between the workers, which no counter sees:
+    # the placed Array must be the one of the first call.
+    entry = f._cache[next(k for k in f._cache if k[1] == ("a",))]
+    placed = entry[2].placed[0]
+    f(x, "a")
+    assert entry[2].placed[0] is placed, "the capture was placed again"
     # Other data (another static argument: another trace) is put, and gives its own result.
     np.testing.assert_array_equal(np.asarray(f(x, "b")), 1 + tables["b"])
     assert _bytes_put() >= before + tables["b"].nbytes
