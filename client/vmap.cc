@@ -18,8 +18,9 @@ BatchRule find_batching(Op op) {
   struct Registry {
     BatchRule rules[kNumOps] = {};
     Registry() {
-      for (absl::Span<const BatchEntry> family : {elementwise_batching(), layout_batching(), reduction_batching(),
-                                                  dot_batching(), indexing_batching(), shard_map_batching()}) {
+      for (absl::Span<const BatchEntry> family :
+           {elementwise_batching(), layout_batching(), reduction_batching(), dot_batching(), indexing_batching(),
+            shard_map_batching(), random_batching(), control_batching()}) {
         for (const BatchEntry& e : family) rules[static_cast<int>(e.op)] = e.rule;
       }
     }
@@ -67,12 +68,49 @@ Value BatchArgs::add(Node n, const std::vector<Value>& operands, Shape shape) co
 
 namespace {
 
+// The sub-graphs of a multi-result op's node (they identify the op: its nodes share them).
+const void* sub_graphs_of(const Node& n) {
+  if (const auto* s = std::get_if<ScanAttrs>(&n.attributes)) return s->body.get();
+  if (const auto* b = std::get_if<BranchesAttrs>(&n.attributes))
+    return b->graphs.empty() ? nullptr : b->graphs[0].get();
+  return nullptr;
+}
+
+int64_t output_of(const Node& n) {
+  if (const auto* s = std::get_if<ScanAttrs>(&n.attributes)) return s->output;
+  if (const auto* b = std::get_if<BranchesAttrs>(&n.attributes)) return b->output;
+  return 0;
+}
+
+}  // namespace
+
+Value BatchArgs::record(const std::vector<Value>& results) const {
+  const Graph& g = trace->graph;
+  const void* subs = sub_graphs_of(node);
+  Value own;
+  for (int j = id; j < g.size(); ++j) {
+    const Node& n = g.node(j);
+    if (n.op != node.op || n.operands != node.operands || sub_graphs_of(n) != subs) continue;
+    const int64_t k = output_of(n);
+    if (k < 0 || k >= static_cast<int64_t>(results.size())) continue;
+    if (j == id) {
+      own = results[k];
+    } else {
+      batched_nodes->emplace(j, results[k]);
+    }
+  }
+  return own;
+}
+
+namespace {
+
 // Replays nodes [start, end) of trace t that read a batched value (in `batched`, by node:
 // the value with the batch dimension first) through their batching rules, adding each result
 // to `batched`. INVALID_ARGUMENT naming an op without a rule, or its rule's error.
 absl::Status batch_nodes(TraceState* t, int start, int end, int64_t size, std::map<int, Value>& batched) {
   for (int id = start; id < end; ++id) {
-    const Node n = t->graph.node(id);  // a copy: the rules add nodes
+    if (batched.count(id) != 0) continue;  // a sibling of a multi-result op batched before it
+    const Node n = t->graph.node(id);      // a copy: the rules add nodes
     std::vector<Value> x;
     std::vector<bool> is_batched;
     bool any = false;
@@ -88,7 +126,7 @@ absl::Status batch_nodes(TraceState* t, int start, int end, int64_t size, std::m
       return absl::InvalidArgumentError(
           absl::StrCat(op_name(n.op), " of a mapped value has no batching rule (node %", id, ")"));
     }
-    absl::StatusOr<Value> v = rule(BatchArgs{n, x, is_batched, size, t});
+    absl::StatusOr<Value> v = rule(BatchArgs{n, x, is_batched, size, t, id, &batched});
     if (!t->error.ok()) return t->error;
     if (!v.ok()) return v.status();
     batched.emplace(id, *std::move(v));

@@ -15,6 +15,7 @@
 #define TESSERA_CLIENT_BATCHING_BATCHING_H_
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,14 @@ struct BatchArgs {
   const std::vector<bool>& batched;
   int64_t size;  // the batch dimension's size
   TraceState* trace;
+  int id;                               // the node's id in the trace
+  std::map<int, Value>* batched_nodes;  // the batched value of each node batched so far
+
+  // For an op of several results, one node each (scan, while, switch: core/op_attrs.h's
+  // `output`): `results` (batch dimension first, by output) recorded as the batched values of
+  // this node's siblings recorded after it (same op, operands and sub-graphs), which vmap then
+  // skips; returns this node's.
+  Value record(const std::vector<Value>& results) const;
 
   // Operand k batched: itself when it is, else broadcast along a new leading dimension.
   Value batched_operand(size_t k) const;
@@ -53,6 +62,8 @@ absl::Span<const BatchEntry> reduction_batching();    // reduction.cc
 absl::Span<const BatchEntry> dot_batching();          // dot.cc
 absl::Span<const BatchEntry> indexing_batching();     // indexing.cc
 absl::Span<const BatchEntry> shard_map_batching();    // shard_map.cc: the collectives
+absl::Span<const BatchEntry> random_batching();       // random.cc
+absl::Span<const BatchEntry> control_batching();      // control.cc: scan, while, switch
 
 // The rule registered for `op`, or null.
 BatchRule find_batching(Op op);

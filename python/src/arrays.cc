@@ -270,6 +270,25 @@ void bind_arrays(py::module_& m) {
             return value_or_throw(tessera::make_mesh(std::move(shape), std::move(names), first.device_ids(), types));
           },
           py::arg("shape"), py::arg("names"), py::arg("ids") = std::nullopt, py::arg("types") = std::vector<AxisType>{})
+      // JAX's Device.memory_stats() keys where they mean the same (bytes_in_use, bytes_limit),
+      // then the worker's own counters under their SDK names (DeviceStats).
+      .def("memory_stats",
+           [](const Client& c, int device_id) {
+             DeviceStats s;
+             {
+               py::gil_scoped_release release;
+               s = value_or_throw(c.device_stats(device_id));
+             }
+             py::dict d;
+             d["bytes_in_use"] = s.bytes_used;
+             d["bytes_limit"] = s.memory_limit_bytes;
+             d["num_buffers"] = s.buffer_count;
+             d["bytes_put"] = s.bytes_put;
+             d["bytes_fetched"] = s.bytes_fetched;
+             d["bytes_fanned_out"] = s.bytes_fanned_out;
+             d["plans_loaded"] = s.plans_loaded;
+             return d;
+           })
       .def("device_put", &device_put)
       .def("device_put_array",
            [](const Client& c, const Array& x, const NamedSharding& sharding) {

@@ -3,6 +3,7 @@ handles only what C++ cannot see: pytrees (flattened to the SDK's flat lists of 
 static arguments (part of the cache key), numpy arguments (placed first) and the calls back
 into the Python function while the SDK traces."""
 import functools
+import hashlib
 
 import numpy as _np
 
@@ -106,8 +107,12 @@ class Captures:
     def _key(x):
         if isinstance(x, Array):
             return ("array", id(x))
-        a = _np.ascontiguousarray(x)
-        return ("numpy", a.dtype.str, a.shape, hash(a.tobytes()))
+        # Content by SHA-256 (read in place, no copy of the data kept): two different arrays
+        # never share a key, where a 64-bit hash could collide and hand one the other's value.
+        # Not np.ascontiguousarray, which makes a 0-d array 1-d (a scalar and a 1-element vector
+        # would share a key).
+        a = _np.asarray(x, order="C")
+        return ("numpy", a.dtype.str, a.shape, hashlib.sha256(a.data).digest())
 
     def tracer(self, x):
         """x's Tracer in this trace, or None (it is recorded, and the trace will be made again)."""

@@ -29,6 +29,13 @@ class Device:
     def __str__(self):
         return f"TFRT_CPU_{self.id}"
 
+    def memory_stats(self):
+        """jax Device.memory_stats(): a dict of int counters of this device's worker, JAX's
+        names where they mean the same ('bytes_in_use', 'bytes_limit'), then the worker's
+        ('num_buffers', 'bytes_put': shard bytes clients put there in all, 'bytes_fetched',
+        'bytes_fanned_out', 'plans_loaded')."""
+        return config.client().memory_stats(self.id)
+
     def __eq__(self, other):
         return isinstance(other, Device) and other.id == self.id
 

@@ -123,16 +123,53 @@ def test_a_jit_called_inside_another_is_inlined_even_without_array_arguments(mes
     np.testing.assert_array_equal(np.asarray(out), np.arange(3.0) + 2)
 
 
+def _bytes_put():
+    """Shard bytes clients have put on the workers, in all (Device.memory_stats)."""
+    return sum(d.memory_stats()["bytes_put"] for d in tessera.devices())
+
+
 def test_numpy_data_closed_over_is_put_on_the_devices_once(mesh):
-    # Captures.placed: a second call must not copy the closed-over numpy array to the devices
-    # again (the jit's argument is committed, so the capture goes onto its mesh replicated).
+    # Captures.placed: a call again with the same closed-over numpy data puts nothing on the
+    # devices (the jit's argument is committed, so the capture goes onto its mesh replicated,
+    # once); data the function closes over for the first time is put and used [FAQ].
     big = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+    tables = {"a": big, "b": big * 2 + 1}
     x = tessera.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P("data", None)))
-    f = tessera.jit(lambda a: a + big)
-    np.testing.assert_array_equal(np.asarray(f(x)), 1 + big)
-    np.testing.assert_array_equal(np.asarray(f(x)), 1 + big)
-    entry = next(iter(f._cache.values()))
-    assert entry[2].placed is not None and len(entry[2].placed) == 1
+    f = tessera.jit(lambda a, name: a + tables[name], static_argnums=1)
+    np.testing.assert_array_equal(np.asarray(f(x, "a")), 1 + big)
+    before = _bytes_put()
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(f(x, "a")), 1 + big)
+    assert _bytes_put() == before, "the closed-over data was put on the devices again"
+    # Its move from device 0 onto the mesh runs between the workers, which no counter sees:
+    # the placed Array must be the one of the first call.
+    entry = f._cache[next(k for k in f._cache if k[1] == ("a",))]
     placed = entry[2].placed[0]
-    f(x)
+    f(x, "a")
     assert entry[2].placed[0] is placed, "the capture was placed again"
+    # Other data (another static argument: another trace) is put, and gives its own result.
+    np.testing.assert_array_equal(np.asarray(f(x, "b")), 1 + tables["b"])
+    assert _bytes_put() >= before + tables["b"].nbytes
+    after = _bytes_put()
+    np.testing.assert_array_equal(np.asarray(f(x, "b")), 1 + tables["b"])
+    np.testing.assert_array_equal(np.asarray(f(x, "a")), 1 + big)
+    assert _bytes_put() == after
+
+
+def test_numpy_data_closed_over_is_captured_by_its_whole_type_and_content():
+    # Captures._key: numpy data is one capture per (dtype, shape, content): arrays that differ
+    # anywhere are two, equal data in two objects is one. (A 0-d array is no capture: it enters
+    # the program as a scalar constant; its result keeps shape (), the vector's (1,).)
+    s = np.array(3.0, np.float32)
+    v = np.array([3.0], np.float32)
+    u = np.arange(16.0, dtype=np.float32)
+    w = u.copy()
+    w[-1] = -1.0
+    same = u.copy()
+    f = tessera.jit(lambda a: (a[0] + s, a[0] + v, a + u - w, a + u + same))
+    a = np.ones(16, np.float32)
+    outs = [np.asarray(o) for o in f(a)]
+    for out, want in zip(outs, [a[0] + s, a[0] + v, a + u - w, a + u + same]):
+        assert out.shape == want.shape
+        np.testing.assert_array_equal(out, want)
+    assert len(next(iter(f._cache.values()))[2].arrays) == 3  # v, u (== same), w

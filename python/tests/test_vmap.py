@@ -138,3 +138,217 @@ def test_make_jaxpr_lists_the_program():
   # Dead ops are not listed (the compiler drops them too): vmap's one-example recording.
   text = str(jax.make_jaxpr(jax.vmap(jnp.sin))(np.ones((4, 2), np.float32)))
   assert text.count("sin") == 1 and "f32[4,2] = sin" in text, text
+
+
+# ---- dynamic_slice / dynamic_update_slice (jax/_src/lax/slicing.py's batching rules) ------------
+
+def _window(x, starts, sizes):
+  """lax.dynamic_slice on the host: each start clamped to [0, dim - size]."""
+  starts = [min(max(int(s), 0), n - k) for s, n, k in zip(starts, x.shape, sizes)]
+  return x[tuple(slice(s, s + k) for s, k in zip(starts, sizes))]
+
+
+def _update(x, u, starts):
+  starts = [min(max(int(s), 0), n - k) for s, n, k in zip(starts, x.shape, u.shape)]
+  out = x.copy()
+  out[tuple(slice(s, s + k) for s, k in zip(starts, u.shape))] = u
+  return out
+
+
+def test_vmap_of_dynamic_slice_with_batched_operand_starts_or_both():
+  rng = np.random.default_rng(4)
+  xs = rng.standard_normal((5, 4, 6)).astype(np.float32)
+  # Starts out of range on purpose (negative, past the end): lax clamps them.
+  i = np.array([0, 3, -2, 9, 1], np.int32)
+  j = np.array([5, 0, 2, -7, 4], np.int32)
+  ds = lambda x, a, b: jax.lax.dynamic_slice(x, (a, b), (2, 3))
+  cases = [
+      ((0, None, None), (xs, np.int32(1), np.int32(5)), lambda k: _window(xs[k], (1, 5), (2, 3))),
+      ((None, 0, 0), (xs[0], i, j), lambda k: _window(xs[0], (i[k], j[k]), (2, 3))),
+      ((0, 0, 0), (xs, i, j), lambda k: _window(xs[k], (i[k], j[k]), (2, 3))),
+      ((0, 0, None), (xs, i, np.int32(2)), lambda k: _window(xs[k], (i[k], 2), (2, 3))),
+  ]
+  for in_axes, args, want in cases:
+    out = jax.vmap(ds, in_axes=in_axes)(*args)
+    assert out.shape == (5, 2, 3), in_axes
+    np.testing.assert_array_equal(np.asarray(out), np.stack([want(k) for k in range(5)]), err_msg=str(in_axes))
+    # The reference: f computed unbatched, example by example, on the devices.
+    one = [np.asarray(jax.jit(ds)(*[a[k] if ax == 0 else a for a, ax in zip(args, in_axes)])) for k in range(5)]
+    np.testing.assert_array_equal(np.asarray(out), np.stack(one), err_msg=str(in_axes))
+  # Inside jit, along a mapped axis that is not the first, int64 starts, and a 1-d operand.
+  ys = np.moveaxis(xs, 0, 2)                                                       # (4, 6, 5)
+  out = jax.jit(jax.vmap(ds, in_axes=(2, 0, 0), out_axes=1))(ys, i.astype(np.int64), j)
+  np.testing.assert_array_equal(np.asarray(out), np.stack([_window(xs[k], (i[k], j[k]), (2, 3)) for k in range(5)], 1))
+  v = np.arange(10.0, dtype=np.float32)
+  out = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(v, s, 4))(i)
+  np.testing.assert_array_equal(np.asarray(out), np.stack([_window(v, (s,), (4,)) for s in i]))
+
+
+def test_vmap_of_dynamic_update_slice_with_batched_operand_update_or_starts():
+  rng = np.random.default_rng(5)
+  xs = rng.standard_normal((4, 5, 3)).astype(np.float32)
+  us = rng.standard_normal((4, 2, 3)).astype(np.float32)
+  i = np.array([-1, 2, 4, 1], np.int32)
+  dus = lambda x, u, a: jax.lax.dynamic_update_slice(x, u, (a, 0))
+  cases = [
+      ((0, None, None), (xs, us[0], np.int32(3)), lambda k: _update(xs[k], us[0], (3, 0))),
+      ((None, 0, None), (xs[0], us, np.int32(1)), lambda k: _update(xs[0], us[k], (1, 0))),
+      ((None, None, 0), (xs[0], us[0], i), lambda k: _update(xs[0], us[0], (i[k], 0))),
+      ((0, 0, 0), (xs, us, i), lambda k: _update(xs[k], us[k], (i[k], 0))),
+  ]
+  for in_axes, args, want in cases:
+    out = jax.vmap(dus, in_axes=in_axes)(*args)
+    assert out.shape == (4, 5, 3), in_axes
+    np.testing.assert_array_equal(np.asarray(out), np.stack([want(k) for k in range(4)]), err_msg=str(in_axes))
+    one = [np.asarray(jax.jit(dus)(*[a[k] if ax == 0 else a for a, ax in zip(args, in_axes)])) for k in range(4)]
+    np.testing.assert_array_equal(np.asarray(out), np.stack(one), err_msg=str(in_axes))
+
+
+def test_grad_through_a_vmapped_dynamic_slice_with_batched_starts():
+  # d/dx sum(w * window(x, s_k)) summed over k: w added back at each example's window.
+  x = np.arange(8.0, dtype=np.float32)
+  starts = np.array([0, 5, 2, 7], np.int32)
+  w = np.array([1.0, 2.0, 3.0], np.float32)
+  loss = lambda x, s: jnp.sum(jax.vmap(lambda t: jax.lax.dynamic_slice(x, (t,), (3,)) * w)(s))
+  g = np.asarray(jax.jit(jax.grad(loss))(x, starts))
+  want = np.zeros(8, np.float32)
+  for s in starts:
+    s = min(max(s, 0), 5)
+    want[s:s + 3] += w
+  np.testing.assert_array_equal(g, want)
+
+
+# ---- random over a batch of keys ----------------------------------------------------------------
+
+def test_vmap_of_random_over_a_batch_of_keys_equals_each_key_alone():
+  keys = jax.random.split(jax.random.key(0), 4)
+  samplers = {
+      "split": lambda k: jax.random.split(k, 3),
+      "fold_in": lambda k: jax.random.fold_in(k, 7),
+      "bits": lambda k: jax.random.bits(k, (2, 3)),
+      "uniform": lambda k: jax.random.uniform(k, (5,)),
+      "normal": lambda k: jax.random.normal(k, (2, 2)),
+  }
+  for name, f in samplers.items():
+    out = np.asarray(jax.vmap(f)(keys))
+    one = np.stack([np.asarray(f(keys[k])) for k in range(4)])
+    assert out.dtype == one.dtype and out.shape == one.shape, name
+    assert out.tobytes() == one.tobytes(), name
+  # Values JAX documents (as test_random.py cites them): docs/jep/9263-typed-keys.md,
+  # uniform(key(0), (3,)) is [0.947667, 0.9785799, 0.33229148]; random_test.py testPRNGValues,
+  # fold_in(PRNGKey(0), 4) is [2285895361, 433833334].
+  two = jnp.stack([jax.random.key(0), jax.random.key(1)])
+  u = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (3,)))(two))
+  assert [np.array2string(v) for v in u[0]] == ["0.947667", "0.9785799", "0.33229148"]
+  folded = np.asarray(jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.PRNGKey(0), np.arange(6, dtype=np.int32)))
+  assert folded[4].tolist() == [2285895361, 433833334]
+  for d in range(6):
+    assert folded[d].tolist() == np.asarray(jax.random.fold_in(jax.random.PRNGKey(0), d)).tolist()
+  # Keys and data both mapped, inside jit, and a nested vmap (a grid of keys).
+  f = jax.jit(jax.vmap(lambda k, d: jax.random.normal(jax.random.fold_in(k, d), (3,))))
+  out = np.asarray(f(keys, np.arange(4, dtype=np.int32)))
+  for k in range(4):
+    assert out[k].tobytes() == np.asarray(jax.random.normal(jax.random.fold_in(keys[k], k), (3,))).tobytes()
+  grid = jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (2,))))(jax.random.split(jax.random.key(3), (2, 3)))
+  many = jax.random.split(jax.random.key(3), (2, 3))
+  for a in range(2):
+    for b in range(3):
+      assert np.asarray(grid)[a, b].tobytes() == np.asarray(jax.random.uniform(many[a, b], (2,))).tobytes()
+
+
+# ---- control flow (jax/_src/lax/control_flow/{loops,conditionals}.py's batching rules) --------
+
+def _each(f, *args):
+  """f run unbatched on each example (numpy arrays mapped along axis 0), stacked."""
+  outs = [f(*[a[k] for a in args]) for k in range(len(args[0]))]
+  return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *outs)
+
+
+def test_vmap_of_cond_and_switch_with_batched_or_unbatched_predicates():
+  rng = np.random.default_rng(6)
+  xs = rng.standard_normal((6, 3)).astype(np.float32)
+  # A batched predicate: both branches run, each example takes its own (a select).
+  f = lambda x: jax.lax.cond(jnp.sum(x) > 0, lambda v: (v * 2, jnp.sum(v)), lambda v: (v - 1, jnp.max(v)), x)
+  out = jax.vmap(f)(xs)
+  want = [(x * 2, x.sum()) if x.sum() > 0 else (x - 1, x.max()) for x in xs]
+  np.testing.assert_allclose(np.asarray(out[0]), np.stack([w[0] for w in want]), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(out[1]), np.stack([w[1] for w in want]), rtol=1e-6)
+  each = _each(jax.jit(f), xs)
+  np.testing.assert_array_equal(np.asarray(out[0]), each[0])
+  np.testing.assert_array_equal(np.asarray(out[1]), each[1])
+  # An unbatched predicate with a batched operand stays a cond; an unbatched operand too.
+  w = np.float32(3.0)
+  g = lambda x, p: jax.lax.cond(p, lambda v: v * w + x, lambda v: v - x, x * x)
+  for p in (True, False):
+    out = jax.vmap(g, in_axes=(0, None))(xs, np.bool_(p))
+    want = np.stack([x * x * w + x if p else x * x - x for x in xs])
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+  # switch with a batched index, out-of-range ones clamped as lax.switch documents.
+  idx = np.array([-3, 0, 1, 2, 7, 1], np.int32)
+  branches = [lambda v: v + 1, lambda v: v * v, lambda v: -v]
+  out = jax.vmap(lambda i, x: jax.lax.switch(i, branches, x))(idx, xs)
+  want = np.stack([[x + 1, x * x, -x][min(max(i, 0), 2)] for i, x in zip(idx, xs)])
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+
+
+def test_vmap_of_scan_and_fori_loop_with_batched_carries_and_xs():
+  rng = np.random.default_rng(7)
+  xs = rng.standard_normal((4, 5, 2)).astype(np.float32)   # 4 examples of 5 rows
+  step = lambda c, x: (c * 0.5 + x, c * x)
+
+  def ref(x, c0):
+    c, ys = c0, []
+    for row in x:
+      c, y = c * 0.5 + row, c * row
+      ys.append(y)
+    return c, np.stack(ys)
+
+  # Batched xs, an unbatched initial carry (it becomes batched: the fixed point).
+  f = lambda x: jax.lax.scan(step, jnp.ones(2), x)
+  c, ys = jax.vmap(f)(xs)
+  want = [ref(x, np.ones(2, np.float32)) for x in xs]
+  assert c.shape == (4, 2) and ys.shape == (4, 5, 2)
+  np.testing.assert_allclose(np.asarray(c), np.stack([w[0] for w in want]), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(ys), np.stack([w[1] for w in want]), rtol=1e-5)
+  each = _each(jax.jit(f), xs)
+  np.testing.assert_allclose(np.asarray(ys), each[1], rtol=1e-6)
+  # A batched carry over unbatched xs, reversed, with an unbatched carry that stays unbatched.
+  x0 = xs[0]
+  g = lambda c: jax.lax.scan(lambda cs, x: ((cs[0] * 0.5 + x, cs[1] + 1.0), cs[0] * x), (c, np.float32(0)), x0,
+                             reverse=True)
+  (cb, n), ys = jax.vmap(g)(xs[:, 0])
+  for k in range(4):
+    c_ref, ys_ref = ref(x0[::-1], xs[k, 0])
+    np.testing.assert_allclose(np.asarray(cb)[k], c_ref, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(ys)[k], ys_ref[::-1], rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(n), np.full(4, 5.0, np.float32))
+  # fori_loop (a scan) with a batched carry, inside jit.
+  h = jax.jit(jax.vmap(lambda v: jax.lax.fori_loop(0, 4, lambda i, c: c * 2 + i.astype(np.float32), v)))
+  v = xs[:, 0, 0]
+  want = v.copy()
+  for i in range(4):
+    want = want * 2 + i
+  np.testing.assert_allclose(np.asarray(h(v)), want, rtol=1e-6)
+
+
+def test_vmap_of_while_loop_with_batched_and_unbatched_predicates():
+  # A batched predicate: each example counts to its own bound and keeps its carry after.
+  ns = np.array([0, 3, 1, 5], np.int32)
+  f = lambda n: jax.lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 2.0), (np.int32(0), np.float32(1)))
+  i, p = jax.vmap(f)(ns)
+  np.testing.assert_array_equal(np.asarray(i), ns)
+  np.testing.assert_array_equal(np.asarray(p), 2.0 ** ns.astype(np.float32))
+  each = _each(jax.jit(f), ns)
+  np.testing.assert_array_equal(np.asarray(p), each[1])
+  # An unbatched predicate over a batched carry: one loop for all examples.
+  xs = np.array([1.0, -2.0, 0.5], np.float32)
+  g = lambda x: jax.lax.while_loop(lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1] * x + 1.0), (np.int32(0), x))
+  i, y = jax.vmap(g)(xs)
+  want = []
+  for x in xs:
+    y_ref = x
+    for _ in range(4):
+      y_ref = y_ref * x + 1.0
+    want.append(y_ref)
+  np.testing.assert_array_equal(np.asarray(i), [4, 4, 4])
+  np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)

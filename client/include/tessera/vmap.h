@@ -12,10 +12,10 @@
 //   };
 //   Jitted f = jit(vmap(row_dot, {0}, {0}));                         // f32[4,3] -> f32[4]
 //
-// Rules: the elementwise ops, broadcasts, reshape, transpose, slice, concatenate, the
-// reductions, argmax/argsort, dot_general, gather/scatter with unmapped indices and the
-// shard_map collectives. Other ops reading a mapped value (control flow, dynamic_slice,
-// random bits, sharding constraints) fail the trace with INVALID_ARGUMENT naming the op.
+// Rules: the elementwise and layout ops, reductions, argmax/argsort, dot_general, gather/scatter
+// with unmapped indices, dynamic_slice/update, random bits over a batch of keys, scan, while,
+// switch/cond and the shard_map collectives. Other ops reading a mapped value (sharding
+// constraints, gathers with mapped indices) fail the trace with INVALID_ARGUMENT naming the op.
 #ifndef TESSERA_VMAP_H_
 #define TESSERA_VMAP_H_
 
