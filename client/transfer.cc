@@ -1,12 +1,16 @@
 #include "client/transfer.h"
 
+#include <unistd.h>
+
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/handoff.h"
+#include "core/shm_transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
@@ -73,6 +77,42 @@ std::shared_ptr<const HostArray> take_handed_over(const grpc::ClientContext& ctx
   return Handoff::take(token);
 }
 
+// `status` with `who: ` before its message.
+absl::Status with_who(const absl::Status& status, const std::string& who) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(who, ": ", status.message()));
+}
+template <typename T>
+absl::StatusOr<T> with_who(absl::StatusOr<T> value, const std::string& who) {
+  if (!value.ok()) return with_who(value.status(), who);
+  return value;
+}
+
+// A new memfd holding block `index` of `global`: written straight from `global` when the block
+// is contiguous there, else gathered first.
+absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& index) {
+  const int64_t elem = dtype_size(global.dtype);
+  const Shape shape = block_shape(index);
+  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::create(num_elements(shape) * elem));
+  const auto* global_data = static_cast<const std::byte*>(global.data);
+  const int64_t offset = contiguous_block_offset(global.shape, index);
+  if (offset >= 0) {
+    TESSERA_RETURN_IF_ERROR(segment.write_block(global_data + offset * elem));
+  } else {
+    HostArray gathered(global.dtype, shape);
+    copy_block_out(global_data, global.shape, elem, index, gathered.data());
+    TESSERA_RETURN_IF_ERROR(segment.write_block(gathered.data()));
+  }
+  return segment;
+}
+
+// Names `segment`, a memfd of this process, for a worker of this host.
+void name_segment(const ShmSegment& segment, pb::ShmSegment* named) {
+  named->set_pid(getpid());
+  named->set_fd(segment.fd());
+  named->set_token(segment.token());
+}
+
 }  // namespace
 
 std::vector<std::vector<size_t>> replicas_by_block(const std::vector<DeviceShard>& shards) {
@@ -89,7 +129,7 @@ std::vector<std::vector<size_t>> replicas_by_block(const std::vector<DeviceShard
 }
 
 absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
-                       const Index& index, const std::string& who, bool same_process, const PutRoute& route) {
+                       const Index& index, const std::string& who, TransferPath path, const PutRoute& route) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
@@ -107,7 +147,19 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   // uploader brings the bytes.
   if (route.handoff != 0) return put_header(stub, header, route.handoff, kControlDeadline, who, nullptr);
   if (route.fan_out != nullptr && !route.uploader) return put_header(stub, header, 0, deadline, who, route.calls);
-  if (same_process) {
+  if (route.segment != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(const ShmSegment* segment, with_who(route.segment->get(global, index), who));
+    name_segment(*segment, header.mutable_shm());
+    return put_header(stub, header, 0, deadline, who, nullptr);
+  }
+  if (path == TransferPath::kSharedMemory) {
+    // One copy into our memfd, one read by the worker (and by a fan-out's uploader, which
+    // then broadcasts it); the segment goes when both have closed it.
+    TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, with_who(write_segment(global, index), who));
+    name_segment(segment, header.mutable_shm());
+    return put_header(stub, header, 0, deadline, who, route.calls);
+  }
+  if (path == TransferPath::kHandoff) {
     // The worker keeps this copy: the one copy of the bytes.
     auto block = std::make_shared<HostArray>(global.dtype, shape);
     copy_block_out(global_data, global.shape, elem, index, block->data());
@@ -152,7 +204,8 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 }
 
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
-                       const MutableHostView& global, const std::string& who, bool same_process) {
+                       const MutableHostView& global, const std::string& who, TransferPath path) {
+  const bool same_process = path == TransferPath::kHandoff;
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
@@ -168,6 +221,11 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   pb::GetShardRequest req;
   req.set_buffer_id(buffer_id);
   req.set_grant(grant);
+  std::optional<ShmSegment> segment;  // the worker writes the block here
+  if (path == TransferPath::kSharedMemory) {
+    TESSERA_ASSIGN_OR_RETURN(segment, with_who(ShmSegment::create(bytes), who));
+    name_segment(*segment, req.mutable_shm());
+  }
   std::unique_ptr<grpc::ClientReader<pb::ShardChunk>> reader = stub->GetShard(&ctx, req);
   pb::ShardChunk chunk;
   int64_t received = 0;
@@ -186,6 +244,12 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
         break;
       }
       if (same_process) handed = take_handed_over(ctx);
+      if (segment.has_value() && !chunk.header().has_shm()) {
+        status = absl::DataLossError(
+            absl::StrCat(who, ": buffer ", buffer_id, " was streamed, not written into the shared memory asked for"));
+        ctx.TryCancel();
+        break;
+      }
       if (offset >= 0) {
         dst = global_data + offset * elem;
       } else if (handed == nullptr) {
@@ -205,6 +269,18 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   absl::Status finish = from_grpc(reader->Finish(), who);
   if (!status.ok()) return status;
   TESSERA_RETURN_IF_ERROR(finish);
+  if (segment.has_value()) {
+    if (received != 0 || first) {
+      return absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " sent ", received,
+                                              " bytes on its stream besides the shared memory"));
+    }
+    // The one copy, from the segment into the caller's array.
+    if (offset >= 0) return with_who(segment->read_block(global_data + offset * elem), who);
+    staging = HostArray(global.dtype, shape);
+    TESSERA_RETURN_IF_ERROR(with_who(segment->read_block(staging.data()), who));
+    copy_block_in(staging.data(), global.shape, elem, index, global_data);
+    return absl::OkStatus();
+  }
   if (handed != nullptr && received == 0 && handed->nbytes() == bytes) {
     // The one copy, from the worker's buffer (which it keeps) into the caller's array.
     copy_block_in(handed->data(), global.shape, elem, index, global_data);
@@ -215,6 +291,13 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   }
   if (offset < 0) copy_block_in(staging.data(), global.shape, elem, index, global_data);
   return absl::OkStatus();
+}
+
+absl::StatusOr<const ShmSegment*> SharedSegment::get(const HostView& global, const Index& index) {
+  absl::MutexLock lock(&mu_);  // the other replicas wait for the bytes they are to name
+  if (!segment_.has_value()) segment_ = write_segment(global, index);
+  if (!segment_->ok()) return segment_->status();
+  return &**segment_;
 }
 
 void PutCalls::start(grpc::ClientContext* ctx) {
