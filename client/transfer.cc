@@ -88,12 +88,59 @@ absl::StatusOr<T> with_who(absl::StatusOr<T> value, const std::string& who) {
   return value;
 }
 
+// Memfds of transfers that ended well (the worker answered, so it has closed its fd), kept for
+// the next transfer of a size they hold: their pages stay allocated, and allocating a fresh
+// segment's pages costs more than writing them (bench_transfer). At most kPooledSegments
+// segments of at least kMinPooledBytes each, kPooledBytes of capacity in all; a segment is
+// reused for blocks of half its capacity or more.
+class SegmentPool {
+ public:
+  static constexpr int64_t kPooledBytes = int64_t{1} << 30;
+  static constexpr int64_t kMinPooledBytes = int64_t{64} << 10;
+  static constexpr size_t kPooledSegments = 64;
+
+  static SegmentPool& instance() {
+    static SegmentPool* const pool = new SegmentPool;
+    return *pool;
+  }
+
+  absl::StatusOr<ShmSegment> take(int64_t bytes) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = by_capacity_.lower_bound(bytes);
+      if (it != by_capacity_.end() && it->first <= 2 * bytes) {
+        ShmSegment segment = std::move(it->second);
+        by_capacity_.erase(it);
+        held_ -= segment.capacity();
+        if (segment.reuse(bytes).ok()) return segment;
+      }
+    }
+    return ShmSegment::create(bytes);
+  }
+
+  // REQUIRES: no worker holds `segment` (its call ended OK).
+  void give_back(ShmSegment segment) {
+    absl::MutexLock lock(&mu_);
+    if (segment.capacity() < kMinPooledBytes || held_ + segment.capacity() > kPooledBytes ||
+        by_capacity_.size() >= kPooledSegments) {
+      return;  // closed here
+    }
+    held_ += segment.capacity();
+    by_capacity_.emplace(segment.capacity(), std::move(segment));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::multimap<int64_t, ShmSegment> by_capacity_ ABSL_GUARDED_BY(mu_);
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // A new memfd holding block `index` of `global`: written straight from `global` when the block
 // is contiguous there, else gathered first.
 absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& index) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
-  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::create(num_elements(shape) * elem));
+  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, SegmentPool::instance().take(num_elements(shape) * elem));
   const auto* global_data = static_cast<const std::byte*>(global.data);
   const int64_t offset = contiguous_block_offset(global.shape, index);
   if (offset >= 0) {
@@ -157,7 +204,9 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
     // then broadcasts it); the segment goes when both have closed it.
     TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, with_who(write_segment(global, index), who));
     name_segment(segment, header.mutable_shm());
-    return put_header(stub, header, 0, deadline, who, route.calls);
+    absl::Status status = put_header(stub, header, 0, deadline, who, route.calls);
+    if (status.ok()) SegmentPool::instance().give_back(std::move(segment));
+    return status;
   }
   if (path == TransferPath::kHandoff) {
     // The worker keeps this copy: the one copy of the bytes.
@@ -223,7 +272,7 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   req.set_grant(grant);
   std::optional<ShmSegment> segment;  // the worker writes the block here
   if (path == TransferPath::kSharedMemory) {
-    TESSERA_ASSIGN_OR_RETURN(segment, with_who(ShmSegment::create(bytes), who));
+    TESSERA_ASSIGN_OR_RETURN(segment, with_who(SegmentPool::instance().take(bytes), who));
     name_segment(*segment, req.mutable_shm());
   }
   std::unique_ptr<grpc::ClientReader<pb::ShardChunk>> reader = stub->GetShard(&ctx, req);
@@ -275,10 +324,14 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
                                               " bytes on its stream besides the shared memory"));
     }
     // The one copy, from the segment into the caller's array.
-    if (offset >= 0) return with_who(segment->read_block(global_data + offset * elem), who);
-    staging = HostArray(global.dtype, shape);
-    TESSERA_RETURN_IF_ERROR(with_who(segment->read_block(staging.data()), who));
-    copy_block_in(staging.data(), global.shape, elem, index, global_data);
+    if (offset >= 0) {
+      TESSERA_RETURN_IF_ERROR(with_who(segment->read_block(global_data + offset * elem), who));
+    } else {
+      staging = HostArray(global.dtype, shape);
+      TESSERA_RETURN_IF_ERROR(with_who(segment->read_block(staging.data()), who));
+      copy_block_in(staging.data(), global.shape, elem, index, global_data);
+    }
+    SegmentPool::instance().give_back(*std::move(segment));
     return absl::OkStatus();
   }
   if (handed != nullptr && received == 0 && handed->nbytes() == bytes) {
@@ -291,6 +344,12 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   }
   if (offset < 0) copy_block_in(staging.data(), global.shape, elem, index, global_data);
   return absl::OkStatus();
+}
+
+void SharedSegment::release() {
+  absl::MutexLock lock(&mu_);
+  if (segment_.has_value() && segment_->ok()) SegmentPool::instance().give_back(**std::move(segment_));
+  segment_.reset();
 }
 
 absl::StatusOr<const ShmSegment*> SharedSegment::get(const HostView& global, const Index& index) {

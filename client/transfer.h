@@ -57,6 +57,8 @@ class SharedSegment {
   // The segment holding block `index` of `global`, written once (the same for every caller:
   // the first caller's error too).
   absl::StatusOr<const ShmSegment*> get(const HostView& global, const Index& index);
+  // Keeps the segment for later transfers. REQUIRES: every replica's call ended OK.
+  void release();
 
  private:
   absl::Mutex mu_;

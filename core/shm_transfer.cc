@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/status.h"
 
 namespace tessera {
 namespace {
@@ -94,18 +95,28 @@ absl::StatusOr<ShmSegment> ShmSegment::create(int64_t bytes) {
   }
   const int fd = memfd_create(kMemfdName, MFD_CLOEXEC);
   if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
-  std::random_device random;
-  const uint64_t token = uint64_t{random()} << 32 | random();
-  ShmSegment segment(fd, token, bytes);
-  const SegmentHeader header{kMagic, token, bytes};
+  ShmSegment segment(fd, 0, bytes);
   // tmpfs is sparse: the block's pages are allocated as they are written.
   if (ftruncate(fd, static_cast<off_t>(kDataOffset + bytes)) != 0) {
     return absl::InternalError(absl::StrCat("shared-memory transfer: sizing a memfd to ", kDataOffset + bytes,
                                             " bytes: ", std::strerror(errno)));
   }
-  const int64_t wrote = move_all(fd, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite);
-  if (absl::Status s = io_status("writing the header", wrote, sizeof header); !s.ok()) return s;
+  TESSERA_RETURN_IF_ERROR(segment.reuse(bytes));
   return segment;
+}
+
+absl::Status ShmSegment::reuse(int64_t bytes) {
+  if (bytes < 0 || bytes > capacity_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory transfer: a block of ", bytes, " bytes in a segment of ", capacity_));
+  }
+  // A fresh token: a worker still holding the segment's last name cannot mistake it for this one.
+  static thread_local std::mt19937_64 random(std::random_device{}() ^ static_cast<uint64_t>(getpid()) << 32);
+  token_ = random();
+  bytes_ = bytes;
+  const SegmentHeader header{kMagic, token_, bytes_};
+  return io_status("writing the header",
+                   move_all(fd_, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite), sizeof header);
 }
 
 absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t token, int64_t bytes, bool writable) {
@@ -153,7 +164,7 @@ absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t to
 }
 
 ShmSegment::ShmSegment(ShmSegment&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), token_(other.token_), bytes_(other.bytes_) {}
+    : fd_(std::exchange(other.fd_, -1)), token_(other.token_), bytes_(other.bytes_), capacity_(other.capacity_) {}
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
   if (this != &other) {
@@ -161,6 +172,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     token_ = other.token_;
     bytes_ = other.bytes_;
+    capacity_ = other.capacity_;
   }
   return *this;
 }

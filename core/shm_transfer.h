@@ -62,6 +62,13 @@ class ShmSegment {
   int fd() const { return fd_; }
   uint64_t token() const { return token_; }
   int64_t bytes() const { return bytes_; }
+  // The largest block this segment holds (create's bytes).
+  int64_t capacity() const { return capacity_; }
+
+  // Makes a created segment (its owner's, no longer named to any worker) hold a block of
+  // `bytes` under a fresh token, keeping its pages: a later transfer of a size at most
+  // capacity() writes into memory already allocated. INVALID_ARGUMENT beyond capacity().
+  absl::Status reuse(int64_t bytes);
 
   // The whole block, from `src` into the segment or from the segment into `dst`
   // (bytes() each). DATA_LOSS if the segment ended early (it was shrunk meanwhile);
@@ -70,11 +77,14 @@ class ShmSegment {
   absl::Status read_block(std::byte* dst) const;
 
  private:
-  ShmSegment(int fd, uint64_t token, int64_t bytes) : fd_(fd), token_(token), bytes_(bytes) {}
+  ShmSegment(int fd, uint64_t token, int64_t bytes) : fd_(fd), token_(token), bytes_(bytes), capacity_(bytes) {}
+  // Writes the header page's fields.
+  absl::Status write_header();
 
   int fd_ = -1;
   uint64_t token_ = 0;
   int64_t bytes_ = 0;
+  int64_t capacity_ = 0;
 };
 
 }  // namespace tessera

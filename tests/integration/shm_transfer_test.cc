@@ -153,7 +153,9 @@ class ShmTransferTest : public ::testing::Test {
       }
     }
     for (const auto& w : cluster_.workers) EXPECT_EQ(transfer_memfds_open(w->pid()), 0) << "worker " << w->pid();
-    EXPECT_EQ(transfer_memfds_open(getpid()), 0) << "this client";
+    // The client keeps the memfds of transfers that went well for the next ones (bounded:
+    // client/transfer.cc's SegmentPool keeps at most 64).
+    EXPECT_LE(transfer_memfds_open(getpid()), 64) << "this client";
   }
 
   ProcessCluster cluster_;
@@ -161,7 +163,11 @@ class ShmTransferTest : public ::testing::Test {
 
 TEST_F(ShmTransferTest, CoLocatedPutsAndFetchesGoThroughSharedMemory) {
   start();
-  round_trips(connect(/*shared_memory=*/true), /*shm=*/true);
+  const Client client = connect(/*shared_memory=*/true);
+  round_trips(client, /*shm=*/true);
+  // Again: now the blocks travel through the memfds the first round's transfers left to the
+  // client's pool (fresh token, stale bytes beyond the block), and must arrive the same.
+  round_trips(client, /*shm=*/true);
 }
 
 TEST_F(ShmTransferTest, AClientThatTurnsItOffStreams) {
