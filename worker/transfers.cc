@@ -98,10 +98,15 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
       span.arg("bytes", absl::StrCat((*data)->nbytes()));
       span.arg("path", "shm");
     }
-    shm_bytes_put_.fetch_add((*data)->nbytes(), std::memory_order_relaxed);
-    if (fan_out_of.has_value()) return to_grpc(fan_out(*fan_out_of, chunk.header(), *data, reply));
-    commit_put(id, *std::move(data), reply);
-    return grpc::Status::OK;
+    const int64_t bytes = (*data)->nbytes();
+    absl::Status stored;
+    if (fan_out_of.has_value()) {
+      stored = fan_out(*fan_out_of, chunk.header(), *data, reply);
+    } else {
+      commit_put(id, *std::move(data), reply);
+    }
+    if (stored.ok()) shm_bytes_put_.fetch_add(bytes, std::memory_order_relaxed);  // as bytes_put, once committed
+    return to_grpc(stored);
   }
   if (header.ok() && fan_out_of.has_value() && fan_out_of->self != fan_out_of->spec.groups[0][0]) {
     // A member that receives from its peers: the stream holds the header alone.
