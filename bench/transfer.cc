@@ -1,9 +1,12 @@
 // bench_transfer: device_put + fetch of a large float32 array on 8 devices, next to a plain
 // memcpy of the same bytes measured in the same run: on Client::local(8) (in process), and on 8
-// tessera-worker processes and a coordinator on 127.0.0.1 reached with Client::connect (TCP
-// for the client's transfers; shared memory between the workers).
+// tessera-worker processes and a coordinator on 127.0.0.1 reached with Client::connect, whose
+// transfers go through shared memory (a memfd per block, core/shm_transfer.h: "processes/shm")
+// and over gRPC streams (ConnectOptions::shared_memory = false: "processes/grpc"), one client
+// after the other on the same workers; shared memory between the workers either way.
 //
-//   bin/bench_transfer [--mib=256] [--iters=3] [--cluster=in_process|processes|both] [--json]
+//   bin/bench_transfer [--mib=256] [--iters=3] [--cluster=in_process|processes|both]
+//                      [--path=shm|grpc|both] [--json]
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +27,8 @@ ABSL_FLAG(int, iters, 3, "repetitions; the median is reported");
 ABSL_FLAG(bool, json, false, "one JSON object per line instead of a table");
 ABSL_FLAG(std::string, cluster, "both",
           "in_process (Client::local(8)), processes (8 tessera-worker processes, Client::connect) or both");
+ABSL_FLAG(std::string, path, "both",
+          "with processes: the client's transfers through shared memory (shm), gRPC streams (grpc) or both");
 
 namespace tessera {
 namespace {
@@ -60,7 +65,7 @@ int run_layouts(const Client& client, const std::string& cluster, const HostArra
           "\"memcpy_seconds\": %.6f}\n",
           cluster.c_str(), spec.to_string().c_str(), static_cast<long long>(host.nbytes()), put, fetch, base);
     } else {
-      std::printf("%-11s %-24s %12.1f %12.1f %12.1fx %12.1fx\n", cluster.c_str(), spec.to_string().c_str(), put * 1e3,
+      std::printf("%-15s %-24s %12.1f %12.1f %12.1fx %12.1fx\n", cluster.c_str(), spec.to_string().c_str(), put * 1e3,
                   fetch * 1e3, put / base, fetch / base);
     }
   }
@@ -73,7 +78,7 @@ int run_layouts(const Client& client, const std::string& cluster, const HostArra
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times device_put and fetch against memcpy.\nUsage: bench_transfer [--mib=256] [--iters=3] "
-      "[--cluster=in_process|processes|both] [--json]");
+      "[--cluster=in_process|processes|both] [--path=shm|grpc|both] [--json]");
   tessera::parse_flags(argc, argv, "bench_transfer", {});
   using namespace tessera;
   const int64_t mib = absl::GetFlag(FLAGS_mib);
@@ -96,12 +101,17 @@ int main(int argc, char** argv) {
   if (!json) {
     std::printf("%lld MiB float32 on 8 workers; memcpy %.1f ms (%.2f GiB/s)\n", static_cast<long long>(mib), base * 1e3,
                 gib / base);
-    std::printf("%-11s %-24s %12s %12s %12s %12s\n", "cluster", "layout", "put ms", "fetch ms", "put/memcpy",
+    std::printf("%-15s %-24s %12s %12s %12s %12s\n", "cluster", "layout", "put ms", "fetch ms", "put/memcpy",
                 "fetch/memcpy");
   }
   const std::string which = absl::GetFlag(FLAGS_cluster);
   if (which != "in_process" && which != "processes" && which != "both") {
     std::fprintf(stderr, "bench_transfer: --cluster=%s is none of in_process, processes, both\n", which.c_str());
+    return 1;
+  }
+  const std::string path = absl::GetFlag(FLAGS_path);
+  if (path != "shm" && path != "grpc" && path != "both") {
+    std::fprintf(stderr, "bench_transfer: --path=%s is none of shm, grpc, both\n", path.c_str());
     return 1;
   }
   const int64_t memory = std::max<int64_t>(int64_t{4} << 30, 4 * host.nbytes());
@@ -120,12 +130,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_transfer: %s\n", cluster.status().ToString().c_str());
       return 1;
     }
-    absl::StatusOr<Client> client = Client::connect(cluster->address, {.min_devices = 8});
-    if (!client.ok()) {
-      std::fprintf(stderr, "bench_transfer: %s\n", client.status().ToString().c_str());
-      return 1;
+    for (const bool shm : {true, false}) {
+      if (path == (shm ? "grpc" : "shm")) continue;
+      absl::StatusOr<Client> client = Client::connect(cluster->address, {.min_devices = 8, .shared_memory = shm});
+      if (!client.ok()) {
+        std::fprintf(stderr, "bench_transfer: %s\n", client.status().ToString().c_str());
+        return 1;
+      }
+      if (run_layouts(*client, shm ? "processes/shm" : "processes/grpc", host, iters, base) != 0) return 1;
     }
-    if (run_layouts(*client, "processes", host, iters, base) != 0) return 1;
   }
   return 0;
 }

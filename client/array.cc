@@ -70,7 +70,7 @@ absl::StatusOr<HostArray> Shard::data() const {
   Index whole;
   for (int64_t n : out.shape()) whole.push_back({0, n});
   TESSERA_RETURN_IF_ERROR(
-      internal::get_shard(stub, id, grant, whole, out.mutable_view(), who, is_in_process_address(d.address())));
+      internal::get_shard(stub, id, grant, whole, out.mutable_view(), who, array_->client->transfer_path(d.address())));
   return out;
 }
 
@@ -169,7 +169,8 @@ absl::Status Array::fetch_into(const MutableHostView& out) const {
     const Source& src = sources[i];
     const std::string who = absl::StrCat("fetch of array ", id, " from ", describe(*src.device));
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, state_->client->worker(src.device->address(), who));
-    return internal::get_shard(stub, id, grant, src.index, out, who, is_in_process_address(src.device->address()));
+    return internal::get_shard(stub, id, grant, src.index, out, who,
+                               state_->client->transfer_path(src.device->address()));
   });
 }
 

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <memory>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
@@ -15,6 +17,7 @@
 #include "core/credentials.h"
 #include "core/daemon.h"
 #include "core/handoff.h"
+#include "core/shm_transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
@@ -63,6 +66,7 @@ grpc::Status ClientImpl::cancellable(absl::Duration timeout,
 }
 
 absl::Status ClientImpl::init(const ConnectOptions& options) {
+  shared_memory_ = options.shared_memory;
   const std::string who = absl::StrCat("coordinator ", coordinator_address_);
   pb::HandshakeRequest req;
   req.set_protocol_version(kProtocolVersion);
@@ -113,10 +117,22 @@ absl::StatusOr<pb::Worker::Stub*> ClientImpl::worker(const std::string& address,
   ctx.set_wait_for_ready(true);
   TESSERA_RETURN_IF_ERROR(from_grpc(stub->Handshake(&ctx, req, &reply), who));
   TESSERA_RETURN_IF_ERROR(check_protocol_version(reply.protocol_version(), who));
+  // The worker opens this process's memfds only if it sees the same host and PID namespace.
+  static const std::string* const kHere = new std::string(shm_transfer_host());
+  const bool shm = shared_memory_ && !reply.transfer_host().empty() && reply.transfer_host() == *kHere;
   absl::MutexLock lock(&mu_);
   auto& slot = workers_[address];
-  if (slot == nullptr) slot = std::move(stub);
+  if (slot == nullptr) {
+    slot = std::move(stub);
+    if (shm) shm_workers_.insert(address);
+  }
   return slot.get();
+}
+
+TransferPath ClientImpl::transfer_path(const std::string& address) {
+  if (is_in_process_address(address)) return TransferPath::kHandoff;
+  absl::MutexLock lock(&mu_);
+  return shm_workers_.count(address) > 0 ? TransferPath::kSharedMemory : TransferPath::kStream;
 }
 
 absl::StatusOr<pb::Topology> ClientImpl::topology() {
@@ -423,6 +439,7 @@ absl::StatusOr<Client> Client::local(int num_devices, const LocalOptions& option
       std::make_shared<internal::ClientImpl>(address, std::move(cluster), credentials.client, credentials.ca_pem);
   ConnectOptions connect_options;
   connect_options.min_devices = num_devices;
+  connect_options.shared_memory = options.shared_memory;
   TESSERA_RETURN_IF_ERROR(impl->init(connect_options));
   return Client(std::move(impl));
 }
@@ -484,7 +501,9 @@ namespace {
 std::vector<internal::PutRoute> put_routes(const HostView& host, const std::vector<DeviceShard>& shards,
                                            const std::map<int, std::string>& addresses,
                                            const pb::CreateArrayReply& reply, std::vector<pb::ShardFanOut>* fan_outs,
-                                           std::vector<uint64_t>* handoffs, internal::PutCalls* calls) {
+                                           std::vector<uint64_t>* handoffs, internal::PutCalls* calls,
+                                           const std::function<bool(const std::string&)>& shared_memory,
+                                           std::vector<std::unique_ptr<internal::SharedSegment>>* segments) {
   std::vector<internal::PutRoute> routes(shards.size());
   std::map<int, const pb::PeerAddress*> vouched;
   for (const pb::PeerAddress& peer : reply.peers()) vouched[peer.device_id()] = &peer;
@@ -507,6 +526,13 @@ std::vector<internal::PutRoute> put_routes(const HostView& host, const std::vect
       if (!token.ok()) continue;  // a full table: each replica its own copy
       handoffs->push_back(*token);
       for (size_t i : replicas) routes[i].handoff = *token;
+      continue;
+    }
+    if (std::all_of(replicas.begin(), replicas.end(), [&](size_t i) { return shared_memory(address(i)); })) {
+      // Every replica on this host: one memfd that each worker reads, cheaper than a broadcast
+      // (which copies every byte into and out of each hop's ring).
+      internal::SharedSegment* segment = segments->emplace_back(std::make_unique<internal::SharedSegment>()).get();
+      for (size_t i : replicas) routes[i].segment = segment;
       continue;
     }
     if (bytes < internal::kFanOutMinBytes || std::any_of(replicas.begin(), replicas.end(), [&](size_t i) {
@@ -632,16 +658,26 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
   std::vector<pb::ShardFanOut> fan_outs;
   std::vector<uint64_t> handoffs;
   internal::PutCalls calls;
-  std::vector<internal::PutRoute> routes = put_routes(host, shards, addresses, reply, &fan_outs, &handoffs, &calls);
+  std::vector<std::unique_ptr<internal::SharedSegment>> segments;
+  // Known once this client has reached the worker: before, its replicas each get their own
+  // memfd (or a fan-out).
+  auto shared_memory = [&](const std::string& address) {
+    return impl_->transfer_path(address) == internal::TransferPath::kSharedMemory;
+  };
+  std::vector<internal::PutRoute> routes =
+      put_routes(host, shards, addresses, reply, &fan_outs, &handoffs, &calls, shared_memory, &segments);
   const absl::Status uploaded = internal::run_parallel(static_cast<int>(shards.size()), [&](int i) -> absl::Status {
     const DeviceShard& shard = shards[i];
     const std::string& address = addresses[shard.device_id];
     const std::string who = absl::StrCat("device_put: device ", shard.device_id, " (", address, ")");
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, impl_->worker(address, who));
     return internal::put_shard(stub, reply.array_id(), reply.grant(), host, shard.index, who,
-                               is_in_process_address(address), routes[i]);
+                               impl_->transfer_path(address), routes[i]);
   });
-  for (uint64_t token : handoffs) Handoff::withdraw(token);                     // what a failed put left
+  for (uint64_t token : handoffs) Handoff::withdraw(token);  // what a failed put left
+  if (uploaded.ok()) {
+    for (const auto& segment : segments) segment->release();
+  }
   if (!uploaded.ok() && !calls.first_error().ok()) return calls.first_error();  // the cause, not a cancellation
   TESSERA_RETURN_IF_ERROR(uploaded);
   return array;
@@ -680,7 +716,9 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.plan_runs_in_flight(),
                        stats.bytes_put(),
                        stats.bytes_fetched(),
-                       stats.bytes_fanned_out()};
+                       stats.bytes_fanned_out(),
+                       stats.shm_bytes_put(),
+                       stats.shm_bytes_fetched()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/execution.h"
 #include "client/local_cluster.h"
+#include "client/transfer.h"
 #include "core/graph.h"
 #include "core/profile.h"
 #include "proto/auth.h"
@@ -69,6 +71,10 @@ class ClientImpl {
 
   // The stub of a worker at `address`, handshaken once. The error names `who`.
   absl::StatusOr<pb::Worker::Stub*> worker(const std::string& address, const std::string& who);
+  // How shards travel to and from the worker at `address`: handed over in process, through
+  // shared memory when its handshake (worker()) showed it on this host and PID namespace and
+  // ConnectOptions::shared_memory allows, else streamed (also before worker(address) reached it).
+  TransferPath transfer_path(const std::string& address);
 
   absl::StatusOr<pb::Topology> topology();
 
@@ -125,6 +131,8 @@ class ClientImpl {
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<pb::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> shm_workers_ ABSL_GUARDED_BY(mu_);  // addresses whose transfers take shared memory
+  bool shared_memory_ = true;                               // ConnectOptions::shared_memory; set by init()
   std::map<uint64_t, pb::ArrayInfo> tracked_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> grants_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* renewing_ ABSL_GUARDED_BY(mu_) = nullptr;  // the renewer's call, to cancel

@@ -1,12 +1,16 @@
 #include "client/transfer.h"
 
+#include <unistd.h>
+
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/handoff.h"
+#include "core/shm_transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
@@ -73,6 +77,89 @@ std::shared_ptr<const HostArray> take_handed_over(const grpc::ClientContext& ctx
   return Handoff::take(token);
 }
 
+// `status` with `who: ` before its message.
+absl::Status with_who(const absl::Status& status, const std::string& who) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(who, ": ", status.message()));
+}
+template <typename T>
+absl::StatusOr<T> with_who(absl::StatusOr<T> value, const std::string& who) {
+  if (!value.ok()) return with_who(value.status(), who);
+  return value;
+}
+
+// Memfds of transfers that ended well (the worker answered, so it has closed its fd), kept for
+// the next transfer of a size they hold: their pages stay allocated, and allocating a fresh
+// segment's pages costs more than writing them (bench_transfer). At most kPooledSegments
+// segments of at least kMinPooledBytes each, kPooledBytes of capacity in all; a segment is
+// reused for blocks of half its capacity or more.
+class SegmentPool {
+ public:
+  static constexpr int64_t kPooledBytes = int64_t{1} << 30;
+  static constexpr int64_t kMinPooledBytes = int64_t{64} << 10;
+  static constexpr size_t kPooledSegments = 64;
+
+  static SegmentPool& instance() {
+    static SegmentPool* const pool = new SegmentPool;
+    return *pool;
+  }
+
+  absl::StatusOr<ShmSegment> take(int64_t bytes) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = by_capacity_.lower_bound(bytes);
+      if (it != by_capacity_.end() && it->first <= 2 * bytes) {
+        ShmSegment segment = std::move(it->second);
+        by_capacity_.erase(it);
+        held_ -= segment.capacity();
+        if (segment.reuse(bytes).ok()) return segment;
+      }
+    }
+    return ShmSegment::create(bytes);
+  }
+
+  // REQUIRES: no worker holds `segment` (its call ended OK).
+  void give_back(ShmSegment segment) {
+    absl::MutexLock lock(&mu_);
+    if (segment.capacity() < kMinPooledBytes || held_ + segment.capacity() > kPooledBytes ||
+        by_capacity_.size() >= kPooledSegments) {
+      return;  // closed here
+    }
+    held_ += segment.capacity();
+    by_capacity_.emplace(segment.capacity(), std::move(segment));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::multimap<int64_t, ShmSegment> by_capacity_ ABSL_GUARDED_BY(mu_);
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A new memfd holding block `index` of `global`: written straight from `global` when the block
+// is contiguous there, else gathered first.
+absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& index) {
+  const int64_t elem = dtype_size(global.dtype);
+  const Shape shape = block_shape(index);
+  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, SegmentPool::instance().take(num_elements(shape) * elem));
+  const auto* global_data = static_cast<const std::byte*>(global.data);
+  const int64_t offset = contiguous_block_offset(global.shape, index);
+  if (offset >= 0) {
+    TESSERA_RETURN_IF_ERROR(segment.write_block(global_data + offset * elem));
+  } else {
+    HostArray gathered(global.dtype, shape);
+    copy_block_out(global_data, global.shape, elem, index, gathered.data());
+    TESSERA_RETURN_IF_ERROR(segment.write_block(gathered.data()));
+  }
+  return segment;
+}
+
+// Names `segment`, a memfd of this process, for a worker of this host.
+void name_segment(const ShmSegment& segment, pb::ShmSegment* named) {
+  named->set_pid(getpid());
+  named->set_fd(segment.fd());
+  named->set_token(segment.token());
+}
+
 }  // namespace
 
 std::vector<std::vector<size_t>> replicas_by_block(const std::vector<DeviceShard>& shards) {
@@ -89,7 +176,7 @@ std::vector<std::vector<size_t>> replicas_by_block(const std::vector<DeviceShard
 }
 
 absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
-                       const Index& index, const std::string& who, bool same_process, const PutRoute& route) {
+                       const Index& index, const std::string& who, TransferPath path, const PutRoute& route) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
@@ -107,7 +194,21 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   // uploader brings the bytes.
   if (route.handoff != 0) return put_header(stub, header, route.handoff, kControlDeadline, who, nullptr);
   if (route.fan_out != nullptr && !route.uploader) return put_header(stub, header, 0, deadline, who, route.calls);
-  if (same_process) {
+  if (route.segment != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(const ShmSegment* segment, with_who(route.segment->get(global, index), who));
+    name_segment(*segment, header.mutable_shm());
+    return put_header(stub, header, 0, deadline, who, nullptr);
+  }
+  if (path == TransferPath::kSharedMemory) {
+    // One copy into our memfd, one read by the worker (and by a fan-out's uploader, which
+    // then broadcasts it); the segment goes when both have closed it.
+    TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, with_who(write_segment(global, index), who));
+    name_segment(segment, header.mutable_shm());
+    absl::Status status = put_header(stub, header, 0, deadline, who, route.calls);
+    if (status.ok()) SegmentPool::instance().give_back(std::move(segment));
+    return status;
+  }
+  if (path == TransferPath::kHandoff) {
     // The worker keeps this copy: the one copy of the bytes.
     auto block = std::make_shared<HostArray>(global.dtype, shape);
     copy_block_out(global_data, global.shape, elem, index, block->data());
@@ -152,7 +253,8 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 }
 
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
-                       const MutableHostView& global, const std::string& who, bool same_process) {
+                       const MutableHostView& global, const std::string& who, TransferPath path) {
+  const bool same_process = path == TransferPath::kHandoff;
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
@@ -168,6 +270,11 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   pb::GetShardRequest req;
   req.set_buffer_id(buffer_id);
   req.set_grant(grant);
+  std::optional<ShmSegment> segment;  // the worker writes the block here
+  if (path == TransferPath::kSharedMemory) {
+    TESSERA_ASSIGN_OR_RETURN(segment, with_who(SegmentPool::instance().take(bytes), who));
+    name_segment(*segment, req.mutable_shm());
+  }
   std::unique_ptr<grpc::ClientReader<pb::ShardChunk>> reader = stub->GetShard(&ctx, req);
   pb::ShardChunk chunk;
   int64_t received = 0;
@@ -186,6 +293,12 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
         break;
       }
       if (same_process) handed = take_handed_over(ctx);
+      if (segment.has_value() && !chunk.header().has_shm()) {
+        status = absl::DataLossError(
+            absl::StrCat(who, ": buffer ", buffer_id, " was streamed, not written into the shared memory asked for"));
+        ctx.TryCancel();
+        break;
+      }
       if (offset >= 0) {
         dst = global_data + offset * elem;
       } else if (handed == nullptr) {
@@ -205,6 +318,22 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   absl::Status finish = from_grpc(reader->Finish(), who);
   if (!status.ok()) return status;
   TESSERA_RETURN_IF_ERROR(finish);
+  if (segment.has_value()) {
+    if (received != 0 || first) {
+      return absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " sent ", received,
+                                              " bytes on its stream besides the shared memory"));
+    }
+    // The one copy, from the segment into the caller's array.
+    if (offset >= 0) {
+      TESSERA_RETURN_IF_ERROR(with_who(segment->read_block(global_data + offset * elem), who));
+    } else {
+      staging = HostArray(global.dtype, shape);
+      TESSERA_RETURN_IF_ERROR(with_who(segment->read_block(staging.data()), who));
+      copy_block_in(staging.data(), global.shape, elem, index, global_data);
+    }
+    SegmentPool::instance().give_back(*std::move(segment));
+    return absl::OkStatus();
+  }
   if (handed != nullptr && received == 0 && handed->nbytes() == bytes) {
     // The one copy, from the worker's buffer (which it keeps) into the caller's array.
     copy_block_in(handed->data(), global.shape, elem, index, global_data);
@@ -215,6 +344,19 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   }
   if (offset < 0) copy_block_in(staging.data(), global.shape, elem, index, global_data);
   return absl::OkStatus();
+}
+
+void SharedSegment::release() {
+  absl::MutexLock lock(&mu_);
+  if (segment_.has_value() && segment_->ok()) SegmentPool::instance().give_back(**std::move(segment_));
+  segment_.reset();
+}
+
+absl::StatusOr<const ShmSegment*> SharedSegment::get(const HostView& global, const Index& index) {
+  absl::MutexLock lock(&mu_);  // the other replicas wait for the bytes they are to name
+  if (!segment_.has_value()) segment_ = write_segment(global, index);
+  if (!segment_->ok()) return segment_->status();
+  return &**segment_;
 }
 
 void PutCalls::start(grpc::ClientContext* ctx) {

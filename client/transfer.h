@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/host_array.h"
 #include "core/sharding.h"
+#include "core/shm_transfer.h"
 #include "proto/tessera.grpc.pb.h"
 
 namespace tessera::internal {
@@ -41,6 +43,28 @@ class PutCalls {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
+// How shards travel between this process and one worker.
+enum class TransferPath {
+  kStream,        // PutShard / GetShard streams of chunks
+  kHandoff,       // the worker is in this process: a buffer handed over (core/handoff.h)
+  kSharedMemory,  // the worker is on this host: through a memfd of ours (core/shm_transfer.h)
+};
+
+// A replicated block's one memfd, for replicas that all take shared memory: the first of their
+// calls to need it creates and writes it, every replica's worker reads it. Thread-safe.
+class SharedSegment {
+ public:
+  // The segment holding block `index` of `global`, written once (the same for every caller:
+  // the first caller's error too).
+  absl::StatusOr<const ShmSegment*> get(const HostView& global, const Index& index);
+  // Keeps the segment for later transfers. REQUIRES: every replica's call ended OK.
+  void release();
+
+ private:
+  absl::Mutex mu_;
+  std::optional<absl::StatusOr<ShmSegment>> segment_ ABSL_GUARDED_BY(mu_);
+};
+
 // How one device's put travels, besides the default (its own copy of the block, streamed, or
 // handed over when the worker is in this process).
 struct PutRoute {
@@ -51,6 +75,8 @@ struct PutRoute {
   // In process: the block waits already under this handoff token, deposited once for all its
   // replicas (Handoff::deposit with a taker each; the caller withdraws it afterwards).
   uint64_t handoff = 0;
+  // On this host: the block's memfd, shared by its replicas (each worker reads it; no fan-out).
+  SharedSegment* segment = nullptr;
 };
 
 // The positions in `shards` of each distinct block's replicas, blocks in order of first
@@ -59,18 +85,20 @@ std::vector<std::vector<size_t>> replicas_by_block(const std::vector<DeviceShard
 
 // Uploads block `index` of `global` as buffer `buffer_id`. Errors are prefixed with `who`.
 // REQUIRES: validate_view(global) and validate_index(index, global.shape) are OK.
-// `grant`: the array's (ArrayInfo.grant), which the worker checks. `same_process`: the worker
-// is in this process (an in-process address): the block is copied once into a buffer handed
-// over to it (core/handoff.h) instead of streamed.
+// `grant`: the array's (ArrayInfo.grant), which the worker checks. `path` kHandoff: the block
+// is copied once into a buffer handed over to the worker (core/handoff.h); kSharedMemory: it is
+// copied once into a memfd the worker reads once (a fan-out's uploader too); else streamed.
 absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
-                       const Index& index, const std::string& who, bool same_process = false,
+                       const Index& index, const std::string& who, TransferPath path = TransferPath::kStream,
                        const PutRoute& route = {});
 
 // Downloads buffer `buffer_id` into block `index` of `global`, checking that the worker's
-// dtype and shape are the ones expected (DATA_LOSS otherwise). Same REQUIRES. `same_process`:
-// asks the worker to hand its buffer over, copied once into `global`.
+// dtype and shape are the ones expected (DATA_LOSS otherwise). Same REQUIRES. `path` kHandoff:
+// asks the worker to hand its buffer over, copied once into `global`; kSharedMemory: the
+// worker writes it into a memfd of ours, read once into `global`.
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
-                       const MutableHostView& global, const std::string& who, bool same_process = false);
+                       const MutableHostView& global, const std::string& who,
+                       TransferPath path = TransferPath::kStream);
 
 // Runs task(0) .. task(n - 1) on their own threads; returns the first error by task index.
 absl::Status run_parallel(int n, const std::function<absl::Status(int)>& task);

@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, shm_host, "",
           "the host identity that decides which peers share memory: the same for containers that share IPC "
           "(a compose file's workers); default: this boot id and IPC and network namespaces "
           "(env TESSERA_WORKER_SHM_HOST)");
+ABSL_FLAG(bool, shm_transfers, true,
+          "clients on this host (same boot id and IPC, network and PID namespaces) put and fetch shards through "
+          "a memfd of theirs instead of gRPC streams; false: streams only (env TESSERA_WORKER_SHM_TRANSFERS)");
 ABSL_FLAG(std::string, all_reduce_algorithm, "",
           "for measuring: every all_reduce up to 512 KiB runs tree, recursive_doubling, direct or ring instead "
           "of the table's choice; give every worker the same");
@@ -149,6 +152,7 @@ int main(int argc, char** argv) {
                         {"shm", "TESSERA_WORKER_SHM"},
                         {"shm_ring_bytes", "TESSERA_WORKER_SHM_RING_BYTES"},
                         {"shm_host", "TESSERA_WORKER_SHM_HOST"},
+                        {"shm_transfers", "TESSERA_WORKER_SHM_TRANSFERS"},
                         {"max_plans", "TESSERA_WORKER_MAX_PLANS"},
                         {"max_plan_threads", "TESSERA_WORKER_MAX_PLAN_THREADS"},
                         {"max_sync_threads", "TESSERA_WORKER_MAX_SYNC_THREADS"},
@@ -199,6 +203,7 @@ int main(int argc, char** argv) {
   options.shm = absl::GetFlag(FLAGS_shm);
   options.shm_ring_bytes = absl::GetFlag(FLAGS_shm_ring_bytes);
   options.shm_host = absl::GetFlag(FLAGS_shm_host);
+  options.shm_transfers = absl::GetFlag(FLAGS_shm_transfers);
   options.all_reduce_algorithm = absl::GetFlag(FLAGS_all_reduce_algorithm);
   options.max_plans = absl::GetFlag(FLAGS_max_plans);
   options.max_plan_threads = absl::GetFlag(FLAGS_max_plan_threads);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/handoff.h"
+#include "core/shm_transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
@@ -18,13 +19,14 @@ namespace tessera {
 static_assert(Transfers::kFanOutOpBit == Transport::kUnorderedOps);
 
 Transfers::Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, Transport* transport,
-                     ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process)
+                     ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process, bool shm_transfers)
     : store_(store),
       auth_(auth),
       device_(device),
       profile_(profile),
       put_stall_timeout_(put_stall_timeout),
       in_process_(in_process),
+      shm_transfers_(shm_transfers),
       transport_(transport) {
   const absl::Duration every = std::clamp(put_stall_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
   stall_watch_ = std::thread([this, every] {
@@ -68,6 +70,43 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     if (fan_out_of.has_value()) return to_grpc(fan_out(*fan_out_of, chunk.header(), *data, reply));
     commit_put(chunk.header().buffer_id(), *std::move(data), reply);
     return grpc::Status::OK;
+  }
+  if (header.ok() && chunk.header().has_shm()) {
+    // A co-located client's block waits in its memfd: the stream ends after the header (the
+    // stall watch bounds a client that keeps it open), then one read.
+    pb::ShardChunk extra;
+    const bool more = reader->Read(&extra);
+    unwatch_put(watch);
+    if (watch->cancelled) return to_grpc(stalled(std::nullopt));
+    if (more) {
+      return to_grpc(absl::InvalidArgumentError(
+          "PutShard: a header naming a shared-memory segment must be the stream's only message"));
+    }
+    if (fan_out_of.has_value() && fan_out_of->self != fan_out_of->spec.groups[0][0]) {
+      return to_grpc(absl::InvalidArgumentError(
+          "PutShard: a fan-out member other than the uploader (fan_out.members[0]) takes no shared-memory segment"));
+    }
+    absl::StatusOr<std::shared_ptr<const HostArray>> data = read_client_segment(chunk);
+    if (!data.ok()) return to_grpc(data.status());
+    const uint64_t id = chunk.header().buffer_id();
+    if (ctx->IsCancelled()) {  // the client went while we read: nobody holds the array
+      store_->cancel(id);
+      return to_grpc(absl::CancelledError(absl::StrCat("PutShard: buffer ", id, ": the client went away")));
+    }
+    if (span) {
+      span.arg("buffer", absl::StrCat(id));
+      span.arg("bytes", absl::StrCat((*data)->nbytes()));
+      span.arg("path", "shm");
+    }
+    const int64_t bytes = (*data)->nbytes();
+    absl::Status stored;
+    if (fan_out_of.has_value()) {
+      stored = fan_out(*fan_out_of, chunk.header(), *data, reply);
+    } else {
+      commit_put(id, *std::move(data), reply);
+    }
+    if (stored.ok()) shm_bytes_put_.fetch_add(bytes, std::memory_order_relaxed);  // as bytes_put, once committed
+    return to_grpc(stored);
   }
   if (header.ok() && fan_out_of.has_value() && fan_out_of->self != fan_out_of->spec.groups[0][0]) {
     // A member that receives from its peers: the stream holds the header alone.
@@ -231,6 +270,32 @@ grpc::Status Transfers::get(grpc::ServerContext* ctx, const Caller& caller, cons
   chunk.mutable_header()->set_buffer_id(req->buffer_id());
   chunk.mutable_header()->set_dtype(to_proto(data.dtype()));
   to_proto(data.shape(), chunk.mutable_header()->mutable_shape());
+  if (req->has_shm()) {
+    // A co-located client named its memfd: the block goes there, the stream carries the header.
+    if (!shm_transfers_) {
+      return to_grpc(absl::FailedPreconditionError(
+          "GetShard: this worker takes no shared-memory transfers (--shm_transfers=false or in process)"));
+    }
+    const pb::ShmSegment& named = req->shm();
+    const absl::Status wrote = [&]() -> absl::Status {
+      TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(named.pid(), named.fd(), named.token(),
+                                                                    data.nbytes(), /*writable=*/true));
+      return segment.write_block(data.data());
+    }();
+    if (!wrote.ok()) {
+      return to_grpc(
+          absl::Status(wrote.code(), absl::StrCat("GetShard: buffer ", req->buffer_id(), " ",
+                                                  type_to_string(data.dtype(), data.shape()), ": ", wrote.message())));
+    }
+    *chunk.mutable_header()->mutable_shm() = named;
+    if (span) span.arg("path", "shm");
+    if (ctx->IsCancelled() || !writer->Write(chunk)) {
+      return to_grpc(absl::CancelledError("GetShard: the reader went away"));
+    }
+    bytes_fetched_.fetch_add(data.nbytes(), std::memory_order_relaxed);
+    shm_bytes_fetched_.fetch_add(data.nbytes(), std::memory_order_relaxed);
+    return grpc::Status::OK;
+  }
   if (in_process_ && handoff_requested(*ctx)) {
     // The reader shares the buffer and copies it once, where it wants it; a full table streams.
     if (absl::StatusOr<uint64_t> token = Handoff::deposit(*buffer); token.ok()) {
@@ -305,6 +370,30 @@ absl::StatusOr<ArrayType> Transfers::reserve_put(const pb::ShardHeader& header) 
 absl::StatusOr<std::shared_ptr<HostArray>> Transfers::begin_put(const pb::ShardHeader& header) {
   TESSERA_ASSIGN_OR_RETURN(ArrayType type, reserve_put(header));
   return std::make_shared<HostArray>(type.dtype, std::move(type.shape));
+}
+
+absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(const pb::ShardChunk& first) {
+  if (!shm_transfers_) {
+    return absl::FailedPreconditionError(
+        "PutShard: this worker takes no shared-memory transfers (--shm_transfers=false or in process)");
+  }
+  if (!first.data().empty()) {
+    return absl::InvalidArgumentError("PutShard: a header naming a shared-memory segment carries no data");
+  }
+  const pb::ShardHeader& header = first.header();
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<HostArray> data, begin_put(header));
+  const uint64_t id = header.buffer_id();
+  absl::Status read = [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(header.shm().pid(), header.shm().fd(),
+                                                                  header.shm().token(), data->nbytes(), false));
+    return segment.read_block(data->data());
+  }();
+  if (!read.ok()) {
+    store_->cancel(id);
+    return absl::Status(read.code(), absl::StrCat("PutShard: buffer ", id, " ",
+                                                  type_to_string(data->dtype(), data->shape()), ": ", read.message()));
+  }
+  return data;
 }
 
 absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::take_handed_over(const pb::ShardChunk& first,

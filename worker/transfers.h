@@ -54,8 +54,11 @@ class Transfers {
   // `in_process`: the worker has no port, so every caller is in this process and may hand
   // buffers over (core/handoff.h) instead of streaming them.
   // `transport` carries fan-outs (ShardHeader.fan_out) to the other members.
+  // `shm_transfers`: clients of this host may name a memfd of theirs to read a put's block
+  // from or write a fetched one into (ShardHeader.shm, GetShardRequest.shm; core/shm_transfer.h).
   Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, Transport* transport,
-            ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process = false);
+            ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process = false,
+            bool shm_transfers = false);
   ~Transfers();
 
   // The PutShard and GetShard handlers after `caller` was authenticated: a caller below a
@@ -76,6 +79,10 @@ class Transfers {
   int64_t bytes_put() const { return bytes_put_.load(std::memory_order_relaxed); }
   int64_t bytes_fanned_out() const { return bytes_fanned_out_.load(std::memory_order_relaxed); }
   int64_t bytes_fetched() const { return bytes_fetched_.load(std::memory_order_relaxed); }
+  // Of bytes_put() and bytes_fetched(), those moved through a client's memfd.
+  int64_t shm_bytes_put() const { return shm_bytes_put_.load(std::memory_order_relaxed); }
+  int64_t shm_bytes_fetched() const { return shm_bytes_fetched_.load(std::memory_order_relaxed); }
+  bool shm_transfers() const { return shm_transfers_; }
 
  private:
   // A PutShard stream holding a reservation, and when it last received a message.
@@ -101,6 +108,10 @@ class Transfers {
   // A put whose bytes a client of this process handed over under `token`: takes the buffer,
   // checks it is the shard the header announces and reserves it.
   absl::StatusOr<std::shared_ptr<const HostArray>> take_handed_over(const pb::ShardChunk& first, uint64_t token);
+  // A put whose bytes wait in a co-located client's memfd (header.shm): reserves the shard
+  // the header announces and reads it from the segment (core/shm_transfer.h's errors), or
+  // releases the reservation.
+  absl::StatusOr<std::shared_ptr<const HostArray>> read_client_segment(const pb::ShardChunk& first);
 
   // The broadcast of a fan-out (header.fan_out), checked: two to kMaxFanOut distinct members,
   // this device among them, each address vouched for by the coordinator (PERMISSION_DENIED
@@ -121,9 +132,11 @@ class Transfers {
   ProfileRecorder* const profile_;
   const absl::Duration put_stall_timeout_;
   const bool in_process_;
+  const bool shm_transfers_;
   Transport* const transport_;
-  std::atomic<int64_t> bytes_put_{0}, bytes_fetched_{0};  // PutShard / GetShard, whole shards
-  std::atomic<int64_t> bytes_fanned_out_{0};              // received from fan-out peers
+  std::atomic<int64_t> bytes_put_{0}, bytes_fetched_{0};          // PutShard / GetShard, whole shards
+  std::atomic<int64_t> shm_bytes_put_{0}, shm_bytes_fetched_{0};  // of which through clients' memfds
+  std::atomic<int64_t> bytes_fanned_out_{0};                      // received from fan-out peers
 
   absl::Mutex puts_mu_;
   std::set<std::shared_ptr<PutWatch>> puts_ ABSL_GUARDED_BY(puts_mu_);

@@ -10,6 +10,7 @@
 #include "core/heap.h"
 #include "core/host_array.h"
 #include "core/profile_wire.h"
+#include "core/shm_transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"
@@ -60,7 +61,7 @@ class WorkerService final : public WorkerServiceBase {
         transport_(options.credentials),
         plans_(options.max_plans),
         transfers_(&store_, &auth_, &device_, &transport_, &transport_.profile(), options.put_stall_timeout,
-                   options.in_process),
+                   options.in_process, options.shm_transfers && !options.in_process),
         runner_(&store_, &plans_, &transport_, &device_, options.max_plan_threads) {}
 
   const CollectiveMetrics& collective_metrics() const { return transport_.collective_metrics(); }
@@ -124,6 +125,7 @@ class WorkerService final : public WorkerServiceBase {
       reply->set_epoch(epoch_);
       reply->set_incarnation(incarnation_);
     }
+    if (transfers_.shm_transfers()) reply->set_transfer_host(shm_transfer_host());
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
   }
 
@@ -276,6 +278,8 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_plan_runs_in_flight(runs.in_flight);
     reply->set_bytes_put(transfers_.bytes_put());
     reply->set_bytes_fetched(transfers_.bytes_fetched());
+    reply->set_shm_bytes_put(transfers_.shm_bytes_put());
+    reply->set_shm_bytes_fetched(transfers_.shm_bytes_fetched());
     reply->set_bytes_fanned_out(transfers_.bytes_fanned_out());
     reply->set_plan_runs(runs.runs);
     reply->set_plan_runs_failed(runs.failed);
@@ -456,6 +460,12 @@ class WorkerServerImpl final : public WorkerServer {
                 s.bytes_put(), device),
         counter("tessera_worker_fetched_bytes_total", "Bytes of shards read from here (GetShard).", s.bytes_fetched(),
                 device),
+        counter("tessera_worker_shm_put_bytes_total",
+                "Of the bytes put here, those read from a co-located client's shared memory.", s.shm_bytes_put(),
+                device),
+        counter("tessera_worker_shm_fetched_bytes_total",
+                "Of the bytes read from here, those written into a co-located client's shared memory.",
+                s.shm_bytes_fetched(), device),
         gauge("tessera_worker_plan_runs_in_flight", "Plan runs started and not finished.", s.plan_runs_in_flight(),
               device),
         gauge("tessera_worker_buffers", "Buffers held on this device.", s.buffer_count(), device),

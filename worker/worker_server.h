@@ -47,6 +47,9 @@ struct WorkerOptions {
   bool shm = true;
   int64_t shm_ring_bytes = int64_t{4} << 20;
   std::string shm_host;
+  // Clients of this host (HandshakeReply.transfer_host, core/shm_transfer.h) put and fetch
+  // through their memfds instead of streaming the bytes over gRPC. Off: streams only.
+  bool shm_transfers = true;
   // For measuring worker/collectives/algorithms.h: "tree", "recursive_doubling", "direct" or
   // "ring" for every all_reduce of at most one chunk; empty: the table's choice.
   std::string all_reduce_algorithm;

@@ -68,6 +68,9 @@ class FaultClusterTest : public ::testing::Test {
   // Whether the daemons serve TLS (a cluster CA of the test's own; mutual TLS between them, each
   // worker with its device's own certificate).
   virtual bool tls() const { return false; }
+  // Whether connect()'s clients put and fetch through shared memory (ConnectOptions::
+  // shared_memory); false: over gRPC streams, where replicated blocks fan out.
+  virtual bool client_shared_memory() const { return true; }
 
   // The file holding the client token (what a client's --token_file names).
   std::string client_token_file() const { return absl::StrCat(credentials_dir_, "/", kClientTokenFile); }
@@ -80,6 +83,7 @@ class FaultClusterTest : public ::testing::Test {
     options.timeout = absl::Seconds(20);
     options.token = token.empty() ? credentials_.client : token;
     if (tls()) options.ca_file = absl::StrCat(credentials_dir_, "/", kCaFile);
+    options.shared_memory = client_shared_memory();
     return Client::connect(cluster_.address, options);
   }
 

@@ -28,7 +28,12 @@ constexpr int kVictim = 2;
 // put's own deadline (10 s + 1 s per 16 MiB).
 constexpr absl::Duration kBound = absl::Seconds(5);
 
-class PutFanOutKilledTest : public PeerKilledDrill {};
+// The fan-out is the streams' path: a co-located client's replicated block through shared
+// memory is one memfd every replica reads, with no broadcast (tests/integration/shm_transfer_test.cc).
+class PutFanOutKilledTest : public PeerKilledDrill {
+ protected:
+  bool client_shared_memory() const override { return false; }
+};
 
 DeviceStats stats_of(const Client& client, int device) {
   absl::StatusOr<DeviceStats> stats = client.device_stats(device);

@@ -108,6 +108,7 @@ Counts counts(const Client& client) {
 TEST(ReplicatedPut, OverTcpEachDistinctBlockLeavesTheClientOnce) {
   LocalOptions options;
   options.in_process = false;
+  options.shared_memory = false;  // the client's streams (shm_transfer_test covers the other path)
   absl::StatusOr<Client> client = Client::local(8, options);
   ASSERT_TRUE(client.ok()) << client.status();
   for (const Case& c : cases()) {
@@ -141,6 +142,7 @@ TEST(ReplicatedPut, OverTcpEachDistinctBlockLeavesTheClientOnce) {
 TEST(ReplicatedPut, OverTcpTheUploaderForwardsBeforeTheUploadEnds) {
   LocalOptions options;
   options.in_process = false;
+  options.shared_memory = false;  // the client's streams (shm_transfer_test covers the other path)
   absl::StatusOr<Client> client = Client::local(8, options);
   ASSERT_TRUE(client.ok()) << client.status();
   absl::StatusOr<Mesh> mesh = client->make_mesh({8}, {"x"});
@@ -183,6 +185,7 @@ TEST(ReplicatedPut, OverTcpTheUploaderForwardsBeforeTheUploadEnds) {
 TEST(ReplicatedPut, AMemberWithoutRoomFailsThePutNamingItOnce) {
   LocalOptions options;
   options.in_process = false;
+  options.shared_memory = false;  // the client's streams (shm_transfer_test covers the other path)
   options.memory_bytes_per_device = 1 << 20;
   absl::StatusOr<Client> client = Client::local(8, options);
   ASSERT_TRUE(client.ok()) << client.status();

@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -39,18 +38,6 @@ void futex_wake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-std::string read_first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string namespace_inode(const char* path) {
-  struct stat st;
-  return stat(path, &st) == 0 ? std::to_string(st.st_ino) : "?";
-}
-
 }  // namespace
 
 // In the segment. head and tail count bytes ever written and consumed; each moves on one
@@ -69,11 +56,6 @@ struct ShmRing::Header {
 };
 static_assert(sizeof(ShmRing::Record) == kRecordBytes, "the ring's record layout");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "atomics in shared memory must be lock-free");
-
-std::string shm_host_identity() {
-  return absl::StrCat(read_first_line("/proc/sys/kernel/random/boot_id"), "/ipc:", namespace_inode("/proc/self/ns/ipc"),
-                      "/net:", namespace_inode("/proc/self/ns/net"));
-}
 
 ShmRing::ShmRing(std::string name, bool owner, Header* header, int64_t capacity)
     : name_(std::move(name)),

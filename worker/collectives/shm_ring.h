@@ -20,14 +20,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/shm_transfer.h"  // shm_host_identity
 
 namespace tessera {
-
-// This process's host as far as shared memory goes: the boot id and the IPC and network
-// namespaces (so that network namespaces on one machine, which share /dev/shm, count as
-// different hosts and keep using gRPC). Containers that share IPC but not the network (a
-// compose file's workers) name one host explicitly instead (tessera-worker --shm_host).
-std::string shm_host_identity();
 
 class ShmRing {
  public:

@@ -54,6 +54,8 @@ struct DeviceStats {
   int64_t bytes_put = 0;                    // shard bytes clients put there (streamed or handed over), in all
   int64_t bytes_fetched = 0;                // shard bytes read from there by clients (fetch), in all
   int64_t bytes_fanned_out = 0;             // shard bytes a replicated put's fan-out brought from peers
+  int64_t shm_bytes_put = 0;                // of bytes_put, read from a co-located client's shared memory
+  int64_t shm_bytes_fetched = 0;            // of bytes_fetched, written into a co-located client's shared memory
 };
 
 // Options of Client::connect.
@@ -71,6 +73,9 @@ struct ConnectOptions {
   // The cluster CA's certificate (PEM file, ca.pem of its credentials): connect over TLS and
   // verify the servers against it. Empty: $TESSERA_CA_FILE if set, else plaintext.
   std::string ca_file{};
+  // Put and fetch through shared memory (a memfd the worker reads or writes once) with every
+  // worker on this host that offers it (tessera-worker --shm_transfers); false: gRPC streams.
+  bool shared_memory = true;
 };
 
 // Options of Client::local: each worker's memory limit and the coordinator's heartbeat
@@ -90,6 +95,9 @@ struct LocalOptions {
   // reaches the cluster. false, or TLS files in credentials_dir: over TCP on 127.0.0.1
   // ephemeral ports, reachable by other processes of this host.
   bool in_process = true;
+  // Over TCP (in_process = false): this client puts and fetches through shared memory, as a
+  // co-located Client::connect does (ConnectOptions::shared_memory); false: over its streams.
+  bool shared_memory = true;
 };
 
 // Options of Client::start_profile.

@@ -1,0 +1,194 @@
+#include "core/shm_transfer.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/status.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint64_t kMagic = 0x31524658464d5354;  // "TSMFXFR1"
+constexpr char kMemfdName[] = "tessera-transfer";
+
+// The header page's first bytes.
+struct SegmentHeader {
+  uint64_t magic;
+  uint64_t token;
+  int64_t bytes;
+};
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string namespace_inode(const char* path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? std::to_string(st.st_ino) : "?";
+}
+
+// pread/pwrite of all `n` bytes at `offset` (the kernel moves at most ~2 GiB a call): the
+// count moved before the file ended (short of n: it was shrunk), or -errno.
+template <typename Buffer, typename Io>
+int64_t move_all(int fd, Buffer buffer, int64_t n, int64_t offset, Io io) {
+  int64_t done = 0;
+  while (done < n) {
+    const ssize_t got = io(fd, buffer + done, static_cast<size_t>(std::min<int64_t>(n - done, int64_t{1} << 30)),
+                           static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -errno;
+    if (got == 0) break;
+    done += got;
+  }
+  return done;
+}
+
+absl::Status io_status(const char* what, int64_t moved, int64_t n) {
+  if (moved < 0) {
+    return absl::InternalError(
+        absl::StrCat("shared-memory transfer: ", what, " of ", n, " bytes: ", std::strerror(static_cast<int>(-moved))));
+  }
+  if (moved < n) {
+    return absl::DataLossError(absl::StrCat("shared-memory transfer: the segment ended after ", moved, " of ", n,
+                                            " bytes (", what, "; shrunk meanwhile)"));
+  }
+  return absl::OkStatus();
+}
+
+// Whether the link `path` (/proc/<pid>/fd/<fd>) points at a memfd made by ShmSegment::create.
+bool is_transfer_memfd(const std::string& path) {
+  char target[256] = {};
+  const ssize_t n = readlink(path.c_str(), target, sizeof target - 1);
+  const std::string expected = absl::StrCat("/memfd:", kMemfdName, " ");  // " (deleted)" follows
+  return n >= 0 && absl::string_view(target, static_cast<size_t>(n)).substr(0, expected.size()) == expected;
+}
+
+}  // namespace
+
+std::string shm_host_identity(bool pid_namespace) {
+  std::string id =
+      absl::StrCat(read_first_line("/proc/sys/kernel/random/boot_id"), "/ipc:", namespace_inode("/proc/self/ns/ipc"),
+                   "/net:", namespace_inode("/proc/self/ns/net"));
+  if (pid_namespace) absl::StrAppend(&id, "/pid:", namespace_inode("/proc/self/ns/pid"));
+  return id;
+}
+
+std::string shm_transfer_host() { return shm_host_identity(true); }
+
+absl::StatusOr<ShmSegment> ShmSegment::create(int64_t bytes) {
+  if (bytes < 0 || bytes > kMaxBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory transfer of ", bytes, " bytes: must be within [0, ", kMaxBytes, "]"));
+  }
+  const int fd = memfd_create(kMemfdName, MFD_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+  ShmSegment segment(fd, 0, bytes);
+  // tmpfs is sparse: the block's pages are allocated as they are written.
+  if (ftruncate(fd, static_cast<off_t>(kDataOffset + bytes)) != 0) {
+    return absl::InternalError(absl::StrCat("shared-memory transfer: sizing a memfd to ", kDataOffset + bytes,
+                                            " bytes: ", std::strerror(errno)));
+  }
+  TESSERA_RETURN_IF_ERROR(segment.reuse(bytes));
+  return segment;
+}
+
+absl::Status ShmSegment::reuse(int64_t bytes) {
+  if (bytes < 0 || bytes > capacity_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory transfer: a block of ", bytes, " bytes in a segment of ", capacity_));
+  }
+  // A fresh token: a worker still holding the segment's last name cannot mistake it for this one.
+  static thread_local std::mt19937_64 random(std::random_device{}() ^ static_cast<uint64_t>(getpid()) << 32);
+  token_ = random();
+  bytes_ = bytes;
+  const SegmentHeader header{kMagic, token_, bytes_};
+  return io_status("writing the header",
+                   move_all(fd_, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite), sizeof header);
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t token, int64_t bytes, bool writable) {
+  const std::string where = absl::StrCat("shared-memory segment of process ", pid, " fd ", fd);
+  if (pid <= 0 || fd < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": no such process or fd"));
+  if (bytes < 0 || bytes > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": a block of ", bytes, " bytes"));
+  }
+  const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
+  // Checked before opening too: opening a device or a FIFO can have effects of its own.
+  if (!is_transfer_memfd(path)) {
+    if (access(path.c_str(), F_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat(where, ": cannot open ", path, " here: ", std::strerror(errno)));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(where, " is not a Tessera transfer memfd"));
+  }
+  const int opened = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (opened < 0) {
+    return absl::NotFoundError(absl::StrCat(where, ": cannot open ", path, " here: ", std::strerror(errno)));
+  }
+  ShmSegment segment(opened, token, bytes);
+  // What we opened (not what the path named a moment before): a Tessera memfd, nothing else.
+  if (!is_transfer_memfd(absl::StrCat("/proc/self/fd/", opened))) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " is not a Tessera transfer memfd"));
+  }
+  struct stat st;
+  if (fstat(opened, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " is not a regular file"));
+  }
+  if (st.st_size < kDataOffset + bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " holds ", st.st_size, " bytes: too small for a header of ",
+                                                   kDataOffset, " and a block of ", bytes));
+  }
+  SegmentHeader header{};
+  const int64_t read = move_all(opened, reinterpret_cast<char*>(&header), sizeof header, 0, pread);
+  if (absl::Status s = io_status("reading the header", read, sizeof header); !s.ok()) return s;
+  if (header.magic != kMagic || header.token != token) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " is not the segment named (magic or token differ)"));
+  }
+  if (header.bytes != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " was made for a block of ", header.bytes, " bytes; this one has ", bytes));
+  }
+  return segment;
+}
+
+ShmSegment::ShmSegment(ShmSegment&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), token_(other.token_), bytes_(other.bytes_), capacity_(other.capacity_) {}
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    token_ = other.token_;
+    bytes_ = other.bytes_;
+    capacity_ = other.capacity_;
+  }
+  return *this;
+}
+
+ShmSegment::~ShmSegment() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status ShmSegment::write_block(const std::byte* src) {
+  return io_status("writing the block", move_all(fd_, reinterpret_cast<const char*>(src), bytes_, kDataOffset, pwrite),
+                   bytes_);
+}
+
+absl::Status ShmSegment::read_block(std::byte* dst) const {
+  return io_status("reading the block", move_all(fd_, reinterpret_cast<char*>(dst), bytes_, kDataOffset, pread),
+                   bytes_);
+}
+
+}  // namespace tessera

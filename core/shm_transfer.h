@@ -1,0 +1,92 @@
+// ShmSegment: one block of bytes handed between a client and a worker of the same host
+// through a memfd (docs/design.md, "Data path"). The client creates the segment (a page of
+// header: a magic number, a random token and the block's byte count; then the block) and names
+// it on its PutShard or GetShard call by its pid, its fd and the token; the worker opens it as
+// /proc/<pid>/fd/<fd>, checks that it is a Tessera memfd with that token and room for the
+// block, and reads the block from it (a put) or writes it in (a fetch). Both sides copy with
+// pread/pwrite, never through a mapping, so a segment shrunk by its owner meanwhile is an
+// error, never SIGBUS. The memfd has no name: it goes when its last holder closes it, so a
+// client or worker killed mid-transfer leaves nothing behind.
+//
+//   auto seg = ShmSegment::create(bytes);                          // client
+//   seg->write_block(src);  ... PutShard(header with {getpid(), seg->fd(), seg->token()}) ...
+//   auto peer = ShmSegment::open(pid, fd, token, bytes, false);    // worker
+//   peer->read_block(dst);
+#ifndef TESSERA_CORE_SHM_TRANSFER_H_
+#define TESSERA_CORE_SHM_TRANSFER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tessera {
+
+// This process's host as far as shared memory goes: the boot id and the IPC and network
+// namespaces (so that network namespaces on one machine, which share /dev/shm, count as
+// different hosts and keep using gRPC). Containers that share IPC but not the network (a
+// compose file's workers) name one host explicitly instead (tessera-worker --shm_host).
+// With `pid_namespace`, the PID namespace too, which a
+// worker needs to reach a client's /proc/<pid>/fd.
+std::string shm_host_identity(bool pid_namespace = false);
+
+// The identity a worker announces for client transfers (HandshakeReply.transfer_host) and a
+// client compares with its own: shm_host_identity(true).
+std::string shm_transfer_host();
+
+class ShmSegment {
+ public:
+  // Where the block starts in the segment (after the header page).
+  static constexpr int64_t kDataOffset = 4096;
+  // Largest block: a shard's bytes, as the workers' memory limit allows.
+  static constexpr int64_t kMaxBytes = int64_t{1} << 40;
+
+  // A new memfd of `bytes` bytes of block (sparse until written) with a fresh random token.
+  // INVALID_ARGUMENT for a size outside [0, kMaxBytes]; INTERNAL with errno's text if the
+  // kernel refuses.
+  static absl::StatusOr<ShmSegment> create(int64_t bytes);
+  // Process `pid`'s segment `fd` (as /proc/<pid>/fd/<fd>): NOT_FOUND if it cannot be opened
+  // here (another host or PID namespace after all, or the process is gone); INVALID_ARGUMENT
+  // if it is not a Tessera memfd, holds another token or byte count than `bytes`, or is too
+  // small for them. `writable`: opened for writing (a fetch).
+  static absl::StatusOr<ShmSegment> open(int32_t pid, int32_t fd, uint64_t token, int64_t bytes, bool writable);
+
+  ShmSegment(ShmSegment&& other) noexcept;
+  ShmSegment& operator=(ShmSegment&& other) noexcept;
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  ~ShmSegment();  // closes the fd
+
+  int fd() const { return fd_; }
+  uint64_t token() const { return token_; }
+  int64_t bytes() const { return bytes_; }
+  // The largest block this segment holds (create's bytes).
+  int64_t capacity() const { return capacity_; }
+
+  // Makes a created segment (its owner's, no longer named to any worker) hold a block of
+  // `bytes` under a fresh token, keeping its pages: a later transfer of a size at most
+  // capacity() writes into memory already allocated. INVALID_ARGUMENT beyond capacity().
+  absl::Status reuse(int64_t bytes);
+
+  // The whole block, from `src` into the segment or from the segment into `dst`
+  // (bytes() each). DATA_LOSS if the segment ended early (it was shrunk meanwhile);
+  // INTERNAL with errno's text otherwise (ENOSPC, ...).
+  absl::Status write_block(const std::byte* src);
+  absl::Status read_block(std::byte* dst) const;
+
+ private:
+  ShmSegment(int fd, uint64_t token, int64_t bytes) : fd_(fd), token_(token), bytes_(bytes), capacity_(bytes) {}
+  // Writes the header page's fields.
+  absl::Status write_header();
+
+  int fd_ = -1;
+  uint64_t token_ = 0;
+  int64_t bytes_ = 0;
+  int64_t capacity_ = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CORE_SHM_TRANSFER_H_

@@ -1,0 +1,373 @@
+// Co-located transfers (docs/design.md, "Data path"): a Client::connect client on the workers'
+// host puts and fetches through a memfd of its own that the worker reads or writes once
+// (core/shm_transfer.h); a client that turns it off, or workers started with
+// --shm_transfers=false, stream over gRPC. Real tessera-worker and tessera-coordinator
+// processes on 127.0.0.1; the path taken is read from the workers' own counters
+// (GetStats: shm_bytes_put, shm_bytes_fetched), and the values from the host array, checked
+// element by element against the formula that made them.
+#include "core/shm_transfer.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/subprocess.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/auth.h"
+#include "proto/rpc.h"
+#include "proto/tessera.grpc.pb.h"
+#include "tessera/tessera.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Element i of every array here: distinct values, so a block from the wrong place cannot pass.
+int32_t value_at(int64_t i) { return static_cast<int32_t>(i * 7919 + 13); }
+
+HostArray numbered(const Shape& shape) {
+  HostArray x(DType::kI32, shape);
+  for (int64_t i = 0; i < x.size(); ++i) x.mutable_values<int32_t>()[i] = value_at(i);
+  return x;
+}
+
+// The 2-D block `index` of an array of `cols` columns made by numbered(), by plain loops.
+void expect_block(const HostArray& got, const Index& index, int64_t cols) {
+  ASSERT_EQ(got.shape(), (Shape{index[0].stop - index[0].start, index[1].stop - index[1].start}));
+  int64_t k = 0;
+  for (int64_t r = index[0].start; r < index[0].stop; ++r) {
+    for (int64_t c = index[1].start; c < index[1].stop; ++c, ++k) {
+      ASSERT_EQ(got.values<int32_t>()[k], value_at(r * cols + c)) << "row " << r << " column " << c;
+    }
+  }
+}
+
+struct Counts {
+  int64_t put = 0, shm_put = 0, fetched = 0, shm_fetched = 0, fanned_out = 0;
+};
+
+Counts counts(const Client& client, int devices) {
+  Counts c;
+  for (int d = 0; d < devices; ++d) {
+    absl::StatusOr<DeviceStats> s = client.device_stats(d);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) continue;
+    c.put += s->bytes_put;
+    c.shm_put += s->shm_bytes_put;
+    c.fetched += s->bytes_fetched;
+    c.shm_fetched += s->shm_bytes_fetched;
+    c.fanned_out += s->bytes_fanned_out;
+  }
+  return c;
+}
+
+// The fds of process `pid` that are transfer memfds (what a leaked segment would be).
+int transfer_memfds_open(pid_t pid) {
+  int n = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), error)) {
+    std::error_code link_error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), link_error).string();
+    if (target.find("memfd:tessera-transfer") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+class ShmTransferTest : public ::testing::Test {
+ protected:
+  // A coordinator and 4 workers; `worker_flags` for every worker.
+  void start(const std::vector<std::string>& worker_flags = {}) {
+    std::vector<std::string> flags = {"--memory_bytes=268435456"};
+    flags.insert(flags.end(), worker_flags.begin(), worker_flags.end());
+    absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(TESSERA_BIN_DIR, 4, {}, flags);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+  }
+  Client connect(bool shared_memory) {
+    ConnectOptions options;
+    options.min_devices = 4;
+    options.timeout = absl::Seconds(20);
+    options.shared_memory = shared_memory;
+    absl::StatusOr<Client> client = Client::connect(cluster_.address, options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return *std::move(client);
+  }
+
+  // Puts and fetches every layout on `client`; checks every device's block, the whole array
+  // fetched, and that the workers took (shm) or did not take the shared-memory path.
+  void round_trips(const Client& client, bool shm) {
+    absl::StatusOr<Mesh> mesh = client.make_mesh({2, 2}, {"a", "b"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    struct Case {
+      PartitionSpec spec;
+      Shape shape;
+      int64_t replicas;  // of each block
+    };
+    // Contiguous blocks, column blocks (gathered on the client, scattered back), a replicated
+    // block large enough to be fanned out by the workers (client/transfer.h's kFanOutMinBytes)
+    // and a small one sent to each replica, 3 MiB blocks (several gRPC chunks when streamed).
+    const std::vector<Case> cases = {{P("a", "b"), {64, 96}, 1},
+                                     {P(None, Axes{"a", "b"}), {40, 128}, 1},
+                                     {P("a", None), {512, 1024}, 2},
+                                     {P(), {8, 24}, 4},
+                                     {P(Axes{"a", "b"}, None), {4096, 768}, 1}};
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(c.spec.to_string(), " of ", shape_to_string(c.shape)));
+      const HostArray host = numbered(c.shape);
+      const Counts before = counts(client, 4);
+      absl::StatusOr<Array> a = client.device_put(host, NamedSharding(*mesh, c.spec));
+      ASSERT_TRUE(a.ok()) << a.status();
+      const Counts put = counts(client, 4);
+      // Through shared memory every replica's worker reads the block from the client's one
+      // memfd; streamed, a block of 256 KiB or more goes to one replica, which fans it out.
+      const int64_t block_bytes = host.nbytes() * c.replicas / 4;
+      const bool fan_out = !shm && c.replicas > 1 && block_bytes >= (256 << 10);
+      const int64_t from_client = put.put - before.put;
+      EXPECT_EQ(from_client, host.nbytes() * (fan_out ? 1 : c.replicas));
+      EXPECT_EQ(put.fanned_out - before.fanned_out, fan_out ? host.nbytes() * (c.replicas - 1) : 0);
+      EXPECT_EQ(put.shm_put - before.shm_put, shm ? from_client : 0);
+
+      absl::StatusOr<HostArray> whole = a->fetch();
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      expect_block(*whole, {{0, c.shape[0]}, {0, c.shape[1]}}, c.shape[1]);
+      const Counts fetched = counts(client, 4);
+      EXPECT_EQ(fetched.fetched - put.fetched, host.nbytes());  // each distinct block once
+      EXPECT_EQ(fetched.shm_fetched - put.shm_fetched, shm ? host.nbytes() : 0);
+      for (const Shard& s : a->addressable_shards()) {
+        SCOPED_TRACE(absl::StrCat("device ", s.device_id(), " block ", index_to_string(s.index())));
+        absl::StatusOr<HostArray> block = s.data();
+        ASSERT_TRUE(block.ok()) << block.status();
+        expect_block(*block, s.index(), c.shape[1]);
+      }
+    }
+    for (const auto& w : cluster_.workers) EXPECT_EQ(transfer_memfds_open(w->pid()), 0) << "worker " << w->pid();
+    // The client keeps the memfds of transfers that went well for the next ones (bounded:
+    // client/transfer.cc's SegmentPool keeps at most 64).
+    EXPECT_LE(transfer_memfds_open(getpid()), 64) << "this client";
+  }
+
+  ProcessCluster cluster_;
+};
+
+TEST_F(ShmTransferTest, CoLocatedPutsAndFetchesGoThroughSharedMemory) {
+  start();
+  const Client client = connect(/*shared_memory=*/true);
+  round_trips(client, /*shm=*/true);
+  // Again: now the blocks travel through the memfds the first round's transfers left to the
+  // client's pool (fresh token, stale bytes beyond the block), and must arrive the same.
+  round_trips(client, /*shm=*/true);
+}
+
+TEST_F(ShmTransferTest, AClientThatTurnsItOffStreams) {
+  start();
+  round_trips(connect(/*shared_memory=*/false), /*shm=*/false);
+}
+
+TEST_F(ShmTransferTest, WorkersWithoutItStream) {
+  start({"--shm_transfers=false"});
+  round_trips(connect(/*shared_memory=*/true), /*shm=*/false);
+}
+
+// Raw PutShard and GetShard calls naming bad segments, sent straight to a worker process: each
+// fails with its precise error, leaves no reservation and no open segment behind, and the
+// worker keeps serving.
+class ShmTransferWireTest : public ShmTransferTest {
+ protected:
+  void SetUp() override {
+    start();
+    client_.emplace(connect(true));
+    absl::StatusOr<std::vector<Device>> devices = client_->devices();
+    ASSERT_TRUE(devices.ok()) << devices.status();
+    worker_ = pb::Worker::NewStub(make_channel((*devices)[0].address, std::make_shared<CallIdentity>("")));
+  }
+
+  static pb::ShardChunk header(uint64_t id, int64_t elements, const pb::ShmSegment& shm) {
+    pb::ShardChunk c;
+    c.mutable_header()->set_buffer_id(id);
+    c.mutable_header()->set_dtype(pb::I32);
+    c.mutable_header()->mutable_shape()->add_dims(1);
+    c.mutable_header()->mutable_shape()->add_dims(elements);
+    *c.mutable_header()->mutable_shm() = shm;
+    return c;
+  }
+  static pb::ShmSegment named(pid_t pid, int fd, uint64_t token) {
+    pb::ShmSegment s;
+    s.set_pid(pid);
+    s.set_fd(fd);
+    s.set_token(token);
+    return s;
+  }
+
+  grpc::Status put(const pb::ShardChunk& chunk) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::PutShardReply reply;
+    auto writer = worker_->PutShard(&ctx, &reply);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  // After each call: nothing reserved or stored on device 0, no segment open there.
+  void expect_nothing_left() {
+    absl::StatusOr<DeviceStats> s = client_->device_stats(0);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->bytes_used, 0);
+    EXPECT_EQ(s->buffer_count, 0);
+    EXPECT_EQ(transfer_memfds_open(cluster_.workers[0]->pid()), 0);
+  }
+
+  std::optional<Client> client_;
+  std::unique_ptr<pb::Worker::Stub> worker_;
+};
+
+void expect_error(const grpc::Status& s, grpc::StatusCode code, const std::string& part) {
+  EXPECT_EQ(s.error_code(), code) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr(part));
+}
+
+TEST_F(ShmTransferWireTest, BadSegmentsFailPreciselyAndLeaveNothing) {
+  constexpr int64_t kElements = 1024;
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create(kElements * 4);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const pid_t self = getpid();
+
+  // Another token: not the segment named.
+  expect_error(put(header(501, kElements, named(self, segment->fd(), segment->token() + 1))),
+               grpc::StatusCode::INVALID_ARGUMENT, "magic or token differ");
+  expect_nothing_left();
+  // A header announcing more than the segment was made for.
+  expect_error(put(header(502, kElements / 2, named(self, segment->fd(), segment->token()))),
+               grpc::StatusCode::INVALID_ARGUMENT, "was made for a block of 4096 bytes; this one has 2048");
+  expect_nothing_left();
+  // An fd that is no memfd of ours: a plain file.
+  const std::string path = absl::StrCat(::testing::TempDir(), "/shm-transfer-plain-", self);
+  const int plain = ::open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  ASSERT_GE(plain, 0);
+  ASSERT_EQ(ftruncate(plain, 8192), 0);
+  expect_error(put(header(503, kElements, named(self, plain, segment->token()))), grpc::StatusCode::INVALID_ARGUMENT,
+               "is not a Tessera transfer memfd");
+  close(plain);
+  unlink(path.c_str());
+  expect_nothing_left();
+  // An fd that is not open.
+  expect_error(put(header(504, kElements, named(self, 1 << 20, segment->token()))), grpc::StatusCode::NOT_FOUND,
+               absl::StrCat("cannot open /proc/", self, "/fd/", 1 << 20, " here"));
+  expect_nothing_left();
+  // A segment shrunk below its block (by its owner, after making it).
+  ASSERT_EQ(ftruncate(segment->fd(), ShmSegment::kDataOffset + 100), 0);
+  expect_error(put(header(505, kElements, named(self, segment->fd(), segment->token()))),
+               grpc::StatusCode::INVALID_ARGUMENT,
+               absl::StrCat("holds ", ShmSegment::kDataOffset + 100,
+                            " bytes: too small for a header of 4096 and a "
+                            "block of 4096"));
+  expect_nothing_left();
+  // A block larger than the device's memory: refused before the segment is touched.
+  expect_error(put(header(506, int64_t{1} << 30, named(self, segment->fd(), segment->token()))),
+               grpc::StatusCode::RESOURCE_EXHAUSTED, "buffer 506 needs 4294967296 bytes");
+  expect_nothing_left();
+  // A fetch into a segment made for another size.
+  {
+    absl::StatusOr<ShmSegment> small = ShmSegment::create(16);
+    ASSERT_TRUE(small.ok());
+    absl::StatusOr<Mesh> mesh = client_->make_mesh({1}, {"x"}, std::vector<int>{0});
+    ASSERT_TRUE(mesh.ok());
+    absl::StatusOr<Array> a = client_->device_put(numbered({1, kElements}), NamedSharding(*mesh, P()));
+    ASSERT_TRUE(a.ok()) << a.status();
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::GetShardRequest req;
+    req.set_buffer_id(a->id());
+    *req.mutable_shm() = named(self, small->fd(), small->token());
+    auto reader = worker_->GetShard(&ctx, req);
+    pb::ShardChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    expect_error(reader->Finish(), grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("GetShard: buffer ", a->id(), " i32[1,1024]: shared-memory segment of process ", self,
+                              " fd ", small->fd(), " holds 4112 bytes: too small"));
+    // The array is intact and still fetched right (through shared memory).
+    absl::StatusOr<HostArray> back = a->fetch();
+    ASSERT_TRUE(back.ok()) << back.status();
+    expect_block(*back, {{0, 1}, {0, kElements}}, kElements);
+  }
+  ASSERT_TRUE(client_->flush_deletes().ok());
+  expect_nothing_left();
+}
+
+// A segment held by another process: the worker reads it from there (a real second client
+// process); once that process is killed, a put naming it fails NOT_FOUND, and nothing is left.
+TEST_F(ShmTransferWireTest, ASegmentOfAClientKilledBeforeTheWorkerOpensItFailsThePut) {
+  constexpr int64_t kElements = 4096;
+  const HostArray host = numbered({1, kElements});
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create(host.nbytes());
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  ASSERT_TRUE(segment->write_block(host.data()).ok());
+  // The child only holds the segment (its copy of the fd) until it is killed: no allocation
+  // or lock after fork in this threaded process.
+  const pid_t holder = fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {
+    for (;;) pause();
+  }
+  struct KillAtEnd {
+    pid_t pid;
+    ~KillAtEnd() {
+      if (::kill(pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
+    }
+  } kill_at_end{holder};
+  const int fd = segment->fd();
+  const uint64_t token = segment->token();
+  *segment = *ShmSegment::create(0);  // closes this process's fd: the child's is the only one
+
+  const grpc::Status from_holder = put(header(601, kElements, named(holder, fd, token)));
+  ASSERT_TRUE(from_holder.ok()) << from_holder.error_message();
+  {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::GetShardRequest req;
+    req.set_buffer_id(601);
+    auto reader = worker_->GetShard(&ctx, req);  // streamed: no segment named
+    HostArray back(DType::kI32, {1, kElements});
+    int64_t at = 0;
+    pb::ShardChunk chunk;
+    while (reader->Read(&chunk)) {
+      ASSERT_LE(at + static_cast<int64_t>(chunk.data().size()), back.nbytes());
+      std::memcpy(back.data() + at, chunk.data().data(), chunk.data().size());
+      at += static_cast<int64_t>(chunk.data().size());
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    ASSERT_EQ(at, back.nbytes());
+    expect_block(back, {{0, 1}, {0, kElements}}, kElements);
+  }
+  {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::DeleteBuffersRequest req;
+    req.add_buffer_ids(601);
+    pb::DeleteBuffersReply reply;
+    ASSERT_TRUE(worker_->DeleteBuffers(&ctx, req, &reply).ok());
+  }
+
+  ASSERT_EQ(::kill(holder, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(holder, &status, 0), holder);
+  expect_error(put(header(602, kElements, named(holder, fd, token))), grpc::StatusCode::NOT_FOUND,
+               absl::StrCat("PutShard: buffer 602 i32[1,4096]: shared-memory segment of process ", holder, " fd ", fd,
+                            ": cannot open /proc/", holder, "/fd/", fd, " here"));
+  expect_nothing_left();
+}
+
+}  // namespace
+}  // namespace tessera
