@@ -139,9 +139,30 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const 
     return fail(absl::StrCat("the body returned ", returned, " carries for ", carries, " initial ones"));
   }
   if (!traced.ok()) return fail(absl::StrCat("its body: ", traced.status().message()));
-  if (init_types.has_value()) {  // a carry keeps its type, sharding included (_check_carry_type)
-    const std::string mismatch = internal::carry_type_mismatch(
-        "scan body", *init_types, internal::output_types(*traced, *t->explicit_mesh, carries));
+  // A carry keeps its type (_check_carry_type): its sharding in explicit mode, and in a
+  // shard_map body with check_vma the manual axes it varies along (JAX's vma).
+  std::vector<int> params;
+  for (const Value& v : concat(concat(init, xs), consts)) params.push_back(TraceState::id(v));
+  std::vector<std::vector<std::string>> in_varying, out_varying = t->outputs_varying(*traced, params);
+  out_varying.resize(carries);
+  for (const Value& c : init) {
+    std::vector<std::string>& axes = in_varying.emplace_back();
+    for (const auto& [axis, why] : t->varying(TraceState::id(c))) axes.push_back(axis);
+  }
+  if (init_types.has_value() || in_varying != out_varying) {
+    std::vector<internal::TypedOperand> in_types, out_types;
+    if (init_types.has_value()) {
+      in_types = *init_types;
+      out_types = internal::output_types(*traced, *t->explicit_mesh, carries);
+    } else {
+      for (size_t k = 0; k < carries; ++k) {
+        const Node& r = traced->node(traced->outputs()[k]);
+        in_types.push_back({init[k].dtype(), init[k].shape(), internal::TypeSpec(init[k].shape().size())});
+        out_types.push_back({r.dtype, r.shape, internal::TypeSpec(r.shape.size())});
+      }
+    }
+    const std::string mismatch =
+        internal::carry_type_mismatch("scan body", in_types, out_types, in_varying, out_varying);
     if (!mismatch.empty()) {
       t->fail(absl::InvalidArgumentError(mismatch));
       return failed;
