@@ -124,9 +124,10 @@ const std::vector<std::string>& node_axes(const Node& n) {
 }
 
 // Adds to `var` how each value of `g` from `start` on may differ between devices along each
-// mesh axis, and why, from its operands' (already in `var`) by the rules above. A scan's carry
-// result varies as its carry (a body must give a carry back with the type it got, checked
-// when traced: carry_type_mismatch), a row result as the body computes it. An axis of a pvary
+// mesh axis, and why, from its operands' (already in `var`) by the rules above. A scan's or a
+// while_loop's carry result varies as its carry (a body must give a carry back with the type
+// it got, checked when traced: carry_type_mismatch), a scan's row result as the body computes
+// it. An axis of a pvary
 // in `inserted` (insert_pvary's) varies for the reason given there.
 void propagate_variance(const Graph& g, int start, std::map<int, Variance>& var,
                         const std::map<int, Variance>* inserted = nullptr) {
@@ -145,6 +146,10 @@ void propagate_variance(const Graph& g, int start, std::map<int, Variance>& var,
       }
       propagate_variance(*scan->body, 0, inner);
       v = inner[scan->body->outputs()[scan->output]];
+      continue;
+    }
+    if (n.op == Op::kWhile) {  // result j is carry j (its loop invariants carried unchanged)
+      v = var[n.operands[n.attrs<BranchesAttrs>().output]];
       continue;
     }
     for (int o : n.operands) {
