@@ -246,19 +246,24 @@ def test_pcast_and_pvary_make_a_replicated_value_varying(mesh8):
     shard_map(lambda v: jax.lax.pcast(v, {'x'}, to='varying'), mesh=mesh8, in_specs=P(), out_specs=P('x'))(x)
 
 
-def test_grad_through_pcast_matches_numpy(mesh8):
+@pytest.mark.parametrize("committed", [True, False])
+def test_grad_through_pcast_matches_numpy(mesh8, committed):
   # loss(x, w) = sum_d sum(sin(pcast(x)) * w_d): d/dx = cos(x) * sum_d w_d (JAX's transpose of
-  # pvary is a psum over 'x'), d/dw_d = sin(x).
+  # pvary is a psum over 'x'), d/dw_d = sin(x). Uncommitted (numpy, jnp.array) arguments: the
+  # jit has code around the shard_map (the sum, the VJP), and they go to the shard_map's mesh.
   rng = np.random.default_rng(3)
   x = rng.standard_normal(4).astype(np.float32)
   w = rng.standard_normal(8 * 4).astype(np.float32)
   body = shard_map(lambda x, w: jnp.sin(jax.lax.pcast(x, 'x', to='varying')) * w, mesh=mesh8,
                    in_specs=(P(), P('x')), out_specs=P('x'))
-  xs = jax.device_put(x, NamedSharding(mesh8, P()))
-  ws = jax.device_put(w, NamedSharding(mesh8, P('x')))
-  dx, dw = jax.jit(jax.grad(lambda x, w: body(x, w).sum(), argnums=(0, 1)))(xs, ws)
+  if committed:
+    args = jax.device_put(x, NamedSharding(mesh8, P())), jax.device_put(w, NamedSharding(mesh8, P('x')))
+  else:
+    args = x, jnp.array(w)
+  dx, dw = jax.jit(jax.grad(lambda x, w: body(x, w).sum(), argnums=(0, 1)))(*args)
   np.testing.assert_allclose(np.asarray(dx), np.cos(x) * w.reshape(8, 4).sum(0), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(dw), np.tile(np.sin(x), 8), rtol=1e-6)
+  assert dw.sharding.mesh == mesh8
 
 
 def test_out_specs_none_for_a_body_returning_none(mesh8):
@@ -397,20 +402,6 @@ def test_jit_with_a_shard_map_inside_moves_uncommitted_arguments_to_its_mesh(mes
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-6)
     assert out.sharding.mesh == mesh8 and out._committed
   assert not jnp.array(a)._committed
-
-
-def test_grad_through_pcast_of_uncommitted_arguments(mesh8):
-  # test_grad_through_pcast_matches_numpy's loss on numpy arguments: jit(grad(...)) has code
-  # around the shard_map (the sum, the VJP), and its arguments go to the shard_map's mesh.
-  rng = np.random.default_rng(3)
-  x = rng.standard_normal(4).astype(np.float32)
-  w = rng.standard_normal(8 * 4).astype(np.float32)
-  body = shard_map(lambda x, w: jnp.sin(jax.lax.pcast(x, 'x', to='varying')) * w, mesh=mesh8,
-                   in_specs=(P(), P('x')), out_specs=P('x'))
-  dx, dw = jax.jit(jax.grad(lambda x, w: body(x, w).sum(), argnums=(0, 1)))(x, jnp.array(w))
-  np.testing.assert_allclose(np.asarray(dx), np.cos(x) * w.reshape(8, 4).sum(0), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(dw), np.tile(np.sin(x), 8), rtol=1e-6)
-  assert dw.sharding.mesh == mesh8
 
 
 def test_binary_ops_pvary_the_invariant_operand_as_the_notebook_shows(mesh8):
