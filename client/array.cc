@@ -100,6 +100,7 @@ absl::Status block_until_ready(const std::vector<Array>& arrays) {
 const Shape& Array::shape() const { return state_->shape; }
 DType Array::dtype() const { return state_->dtype; }
 const NamedSharding& Array::sharding() const { return state_->sharding; }
+bool Array::committed() const { return state_->committed; }
 
 std::vector<Shard> Array::addressable_shards() const {
   std::vector<Shard> out;

@@ -570,6 +570,18 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const PartitionSp
   return device_put(host, sharding);
 }
 
+absl::StatusOr<Array> Client::array(const HostArray& host) const { return array(host.view()); }
+
+absl::StatusOr<Array> Client::array(const HostView& host) const {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Device> all, devices());
+  if (all.empty()) return absl::FailedPreconditionError("array: the cluster has no device");
+  TESSERA_ASSIGN_OR_RETURN(Mesh mesh, tessera::make_mesh({1}, {"_default"}, {all[0].id}, {AxisType::kAuto}));
+  TESSERA_ASSIGN_OR_RETURN(Array placed, device_put(host, NamedSharding(mesh, PartitionSpec())));
+  const internal::ArrayState& s = internal::array_state(placed);
+  return internal::make_array(
+      std::make_shared<internal::ArrayState>(s.client, s.buffers, s.dtype, s.shape, s.sharding, /*committed=*/false));
+}
+
 absl::StatusOr<Array> Client::device_put(const Array& x, const PartitionSpec& spec) const {
   TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, ambient_sharding(spec, "device_put"));
   return device_put(x, sharding);
@@ -585,7 +597,12 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
     return absl::InvalidArgumentError(
         absl::StrCat("device_put: ", type_to_string(x.dtype(), x.shape()), ": ", valid.message()));
   }
-  if (sharding == x.sharding()) return x;
+  if (sharding == x.sharding()) {
+    // A sharding asked for commits the array (JAX's device_put).
+    return state.committed ? x
+                           : internal::make_array(std::make_shared<internal::ArrayState>(
+                                 state.client, state.buffers, state.dtype, state.shape, state.sharding));
+  }
   if (sharding.mesh() == x.sharding().mesh()) return reshard(x, sharding.spec());
   impl_->flush_deletes().IgnoreError();
   ProfileSpan span(&impl_->profile(), "client", [] { return std::string("device_put (reshard)"); });

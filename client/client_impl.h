@@ -148,12 +148,13 @@ class ClientImpl {
 // last owner goes: the last handle, or an execution still reading them).
 struct ArrayState {
   ArrayState(std::shared_ptr<ClientImpl> client, std::shared_ptr<ArrayBuffers> buffers, DType dtype, Shape shape,
-             NamedSharding sharding)
+             NamedSharding sharding, bool committed = true)
       : client(std::move(client)),
         buffers(std::move(buffers)),
         dtype(dtype),
         shape(std::move(shape)),
-        sharding(std::move(sharding)) {}
+        sharding(std::move(sharding)),
+        committed(committed) {}
 
   // An array that exists on the devices under `id` (device_put, run_collective).
   static std::shared_ptr<ArrayState> placed(std::shared_ptr<ClientImpl> client, uint64_t id, DType dtype, Shape shape,
@@ -180,6 +181,9 @@ struct ArrayState {
   const DType dtype;
   const Shape shape;
   const NamedSharding sharding;
+  // False for an array made without a sharding (Client::array, as jnp.array) and for the
+  // outputs of a call on such arrays only: a jitted call moves it (Array::committed).
+  const bool committed;
 };
 
 // Runs `call` (a request naming array `id` of `a`); if the coordinator answers ABORTED (it

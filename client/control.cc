@@ -77,6 +77,36 @@ std::vector<TypedOperand> output_types(const Graph& g, const Mesh& mesh, size_t 
   return out;
 }
 
+// Empty when the body `g` (traced in t, its parameters the values `params`) gives each of the
+// carries `init` back with its type: its sharding in explicit mode (`init_types`), and in a
+// shard_map body with check_vma the manual axes it varies along (JAX's vma); else JAX's
+// _check_carry_type message for `name`.
+std::string carry_mismatch(TraceState* t, const char* name, const std::vector<Value>& init,
+                           const std::optional<std::vector<TypedOperand>>& init_types, const Graph& g,
+                           const std::vector<Value>& params) {
+  std::vector<int> ids;
+  for (const Value& v : params) ids.push_back(TraceState::id(v));
+  std::vector<std::vector<std::string>> in_varying, out_varying = t->outputs_varying(g, ids);
+  out_varying.resize(init.size());
+  for (const Value& c : init) {
+    std::vector<std::string>& axes = in_varying.emplace_back();
+    for (const auto& [axis, why] : t->varying(TraceState::id(c))) axes.push_back(axis);
+  }
+  if (!init_types.has_value() && in_varying == out_varying) return "";
+  std::vector<TypedOperand> in_types, out_types;
+  if (init_types.has_value()) {
+    in_types = *init_types;
+    out_types = output_types(g, *t->explicit_mesh, init.size());
+  } else {
+    for (size_t k = 0; k < init.size() && k < g.outputs().size(); ++k) {
+      const Node& r = g.node(g.outputs()[k]);
+      in_types.push_back({init[k].dtype(), init[k].shape(), TypeSpec(init[k].shape().size())});
+      out_types.push_back({r.dtype, r.shape, TypeSpec(r.shape.size())});
+    }
+  }
+  return carry_type_mismatch(name, in_types, out_types, in_varying, out_varying);
+}
+
 }  // namespace
 }  // namespace internal
 
@@ -139,13 +169,11 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const 
     return fail(absl::StrCat("the body returned ", returned, " carries for ", carries, " initial ones"));
   }
   if (!traced.ok()) return fail(absl::StrCat("its body: ", traced.status().message()));
-  if (init_types.has_value()) {  // a carry keeps its type, sharding included (_check_carry_type)
-    const std::string mismatch = internal::carry_type_mismatch(
-        "scan body", *init_types, internal::output_types(*traced, *t->explicit_mesh, carries));
-    if (!mismatch.empty()) {
-      t->fail(absl::InvalidArgumentError(mismatch));
-      return failed;
-    }
+  const std::string mismatch =
+      internal::carry_mismatch(t, "scan body", init, init_types, *traced, concat(concat(init, xs), consts));
+  if (!mismatch.empty()) {
+    t->fail(absl::InvalidArgumentError(mismatch));
+    return failed;
   }
   // The consts become carries the body hands on unchanged (loop invariants), after the
   // carries: the body takes (carries, consts, rows) and returns (carries, consts, ys).
@@ -344,9 +372,9 @@ std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, cons
       types, &subs[1].consts, specs);
   if (!t->error.ok()) return failed;
   if (!b.ok()) return fail(absl::StrCat("body_fun: ", b.status().message()));
-  if (init_types.has_value() && returned.size() == types.size()) {  // as scan's carries
-    const std::string mismatch = internal::carry_type_mismatch(
-        "while_loop body", *init_types, internal::output_types(*b, *t->explicit_mesh, types.size()));
+  if (returned.size() == types.size()) {  // as scan's carries
+    const std::string mismatch =
+        internal::carry_mismatch(t, "while_loop body", init, init_types, *b, concat(init, subs[1].consts));
     if (!mismatch.empty()) {
       t->fail(absl::InvalidArgumentError(mismatch));
       return failed;

@@ -35,7 +35,34 @@ struct Jitted::State {
     std::vector<pb::ArrayInfo> inputs;                          // dtype, shape and sharding of each argument
     std::weak_ptr<internal::ClientImpl> client;                 // Jitted does not keep a cluster alive
     std::shared_ptr<const std::vector<pb::ArrayInfo>> outputs;  // the same of each output
+    // Whether the traced function names a mesh (a shard_map's, a constraint's): its outputs
+    // are then committed even when its arguments were not (JAX's intermediate shardings).
+    bool names_mesh = false;
   };
+  // Where a call's uncommitted arguments go (place): `args` with them moved, and what the
+  // function is traced on.
+  struct Placed {
+    std::vector<Array> args;
+    // The shardings the trace types the arguments by: the placed ones, except for arguments
+    // moved to the mesh the function names (their trace is the one that found it, as JAX
+    // traces an uncommitted argument on no mesh).
+    std::vector<NamedSharding> trace_shardings;
+    bool moved_to_named_mesh = false;
+  };
+  // The mesh a traced function names (a shard_map's or a sharding constraint's, other than
+  // `args_mesh`), and the spec each parameter first meets there (P() when none): where a call
+  // whose arguments are all uncommitted runs. nullopt when it names none.
+  struct NamedPlacement {
+    Mesh mesh;
+    std::vector<PartitionSpec> specs;
+  };
+  // `args` with the uncommitted ones moved as JAX moves them
+  // (jax/_src/interpreters/pxla.py, _get_and_check_device_assignment): to the committed
+  // arguments' mesh, else to the mesh the function names (dispatch.py's
+  // get_intermediate_shardings: shard_map meshes and sharding constraints), each with its
+  // in_shardings entry or the spec its first shard_map or constraint gives it, else
+  // replicated; with no such mesh they stay on the default device.
+  absl::StatusOr<Placed> place(const std::vector<Array>& args, const std::vector<StaticValue>& statics);
   // The text of `compiled` as `kind` asks (for one device's view: `device`), or a line
   // naming the error.
   static std::string text_of(const Compiled& compiled, pb::CompileRequest::Text kind, int device);
@@ -47,8 +74,12 @@ struct Jitted::State {
   // the result under it.
   absl::StatusOr<std::shared_ptr<const Compiled>> compile(const std::string& signature, const Mesh& mesh,
                                                           const std::vector<ArrayType>& types,
-                                                          const std::vector<Array>& args, const std::string& who,
+                                                          const std::vector<Array>& args,
+                                                          const std::vector<NamedSharding>& trace_shardings,
+                                                          const std::string& who,
                                                           const std::vector<StaticValue>& statics);
+  // f, or f with `statics` bound.
+  TracedFunction bound(const std::vector<StaticValue>& statics) const;
 
   // internal::Recompile for `old`, cached under `signature`: AdoptArrays of the inputs, then
   // Compile of the same request; the cache then holds the new executable.
@@ -59,6 +90,8 @@ struct Jitted::State {
 
   absl::Mutex mu;
   std::map<std::string, std::shared_ptr<const Compiled>> compiled ABSL_GUARDED_BY(mu);  // by argument signature
+  // place's finding for calls whose arguments are all uncommitted, by their signature.
+  std::map<std::string, std::optional<NamedPlacement>> named_placements ABSL_GUARDED_BY(mu);
   std::shared_ptr<const Compiled> last ABSL_GUARDED_BY(mu);  // the most recently used signature's
   int64_t compilations ABSL_GUARDED_BY(mu) = 0;
 };
@@ -161,14 +194,16 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   return (*this)(args, {});
 }
 
-absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& args,
+absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& given,
                                                       const std::vector<StaticValue>& statics) const {
-  if (args.empty()) return absl::InvalidArgumentError("jit: a jitted function needs at least one array argument");
+  if (given.empty()) return absl::InvalidArgumentError("jit: a jitted function needs at least one array argument");
   if (!statics.empty() && !state_->with_statics) {
     return absl::InvalidArgumentError(absl::StrCat("jit: ", statics.size(),
                                                    " static arguments for a function that takes none (make it "
                                                    "from a StaticTracedFunction)"));
   }
+  TESSERA_ASSIGN_OR_RETURN(State::Placed placed, state_->place(given, statics));
+  const std::vector<Array>& args = placed.args;
   const internal::ArrayState& first = internal::array_state(args[0]);
   // The call on this thread: its checks and, the first time, its trace and compile; the
   // execution itself runs asynchronously (a wait shows as "wait").
@@ -246,6 +281,9 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     absl::StrAppend(&signature, dtype_name(a.dtype), shape_to_string(a.shape), a.sharding.spec().to_string(), ";");
   }
   for (const StaticValue& v : statics) absl::StrAppend(&signature, "static ", static_key(v), ";");
+  // Arguments moved to the mesh the function names were traced where they were (on no mesh's
+  // types): another trace than of the same arrays committed there.
+  if (placed.moved_to_named_mesh) absl::StrAppend(&signature, "moved;");
   if (mesh.has_axis_type(AxisType::kManual)) {
     return absl::UnimplementedError(absl::StrCat("jit: the arguments are on ", mesh.to_string(),
                                                  ", but Tessera compiles only for Auto and Explicit mesh axes (a "
@@ -263,7 +301,8 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   internal::ClientImpl& client = *first.client;
   const std::string who = absl::StrCat("jit: coordinator ", client.coordinator_address());
   if (compiled == nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(compiled, state_->compile(signature, mesh, types, args, who, statics));
+    TESSERA_ASSIGN_OR_RETURN(compiled,
+                             state_->compile(signature, mesh, types, args, placed.trace_shardings, who, statics));
   }
   // An argument whose call has already failed fails this one at once.
   std::vector<std::shared_ptr<internal::ArrayBuffers>> inputs;
@@ -291,12 +330,18 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
     execution->on_finish([buffers] { buffers->free_buffers(); });
   }
   for (const Array& a : args) internal::array_state(a).buffers->add_reader(execution);
+  // Outputs are uncommitted only when every argument was and stayed on the default device,
+  // and nothing asked for a sharding (pxla.py's `committed` in lower_sharding_computation).
+  bool committed = compiled->names_mesh || mesh.size() > 1;
+  for (const Array& a : args) committed = committed || a.committed();
+  for (const auto& s : state_->options.out_shardings) committed = committed || s.has_value();
+  for (const auto& s : in_shardings) committed = committed || s.has_value();
   std::vector<Array> out;
   for (int i = 0; i < num_outputs; ++i) {
     const ArrayType& type = compiled->output_types[i];
     auto buffers = std::make_shared<internal::ArrayBuffers>(&client, execution, i);
     out.push_back(internal::make_array(std::make_shared<internal::ArrayState>(
-        first.client, std::move(buffers), type.dtype, type.shape, compiled->output_shardings[i])));
+        first.client, std::move(buffers), type.dtype, type.shape, compiled->output_shardings[i], committed)));
   }
   execution->describe_outputs(compiled->outputs);
   execution->start(compiled->executable, after,
@@ -368,6 +413,112 @@ void Jitted::State::recompile(const std::shared_ptr<State>& state, const std::st
       });
 }
 
+TracedFunction Jitted::State::bound(const std::vector<StaticValue>& statics) const {
+  if (!with_statics) return f;
+  return [this, statics](const std::vector<Value>& in) { return with_statics(in, statics); };
+}
+
+absl::StatusOr<Jitted::State::Placed> Jitted::State::place(const std::vector<Array>& args,
+                                                           const std::vector<StaticValue>& statics) {
+  Placed placed{args, {}, false};
+  const Array* committed = nullptr;
+  bool any_uncommitted = false;
+  for (const Array& a : args) {
+    if (a.committed() && committed == nullptr) committed = &a;
+    any_uncommitted = any_uncommitted || !a.committed();
+  }
+  const auto trace_on_placed = [&placed] {
+    for (const Array& a : placed.args) placed.trace_shardings.push_back(a.sharding());
+    return placed;
+  };
+  if (!any_uncommitted) return trace_on_placed();
+  const internal::ArrayState& first = internal::array_state(args[0]);
+  // A move is a device_put onto `target`; a donated or another client's argument is left for
+  // the call's checks to name.
+  const auto move = [&](size_t i, const NamedSharding& target) -> absl::Status {
+    const internal::ArrayState& a = internal::array_state(args[i]);
+    if (a.client != first.client || a.buffers->donated()) return absl::OkStatus();
+    absl::StatusOr<Array> moved = Client(a.client).device_put(args[i], target);
+    if (!moved.ok()) {
+      return absl::Status(moved.status().code(),
+                          absl::StrCat("jit: moving uncommitted argument ", i, " (", type_to_string(a.dtype, a.shape),
+                                       ") to ", target.to_string(), ": ", moved.status().message()));
+    }
+    placed.args[i] = *moved;
+    return absl::OkStatus();
+  };
+  const auto wanted_spec = [this](size_t i) {
+    return i < options.in_shardings.size() && options.in_shardings[i].has_value() ? *options.in_shardings[i]
+                                                                                  : PartitionSpec();
+  };
+  if (committed != nullptr) {
+    // To the committed arguments' mesh (their devices decide, as JAX's do).
+    const Mesh& mesh = committed->sharding().mesh();
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (!args[i].committed()) TESSERA_RETURN_IF_ERROR(move(i, NamedSharding(mesh, wanted_spec(i))));
+    }
+    return trace_on_placed();
+  }
+  // All uncommitted: where the function says it runs, found by tracing it once per signature.
+  std::vector<ArrayType> types;
+  std::vector<NamedSharding> shardings;
+  std::string key = absl::StrCat(first.client->serial(), ":", first.client->session(), ";");
+  if (std::optional<Mesh> ambient = get_abstract_mesh()) {
+    absl::StrAppend(&key, "ambient ", ambient->to_string(), absl::StrJoin(ambient->device_ids(), ","), ";");
+  }
+  for (const Array& a : args) {
+    types.push_back({a.dtype(), a.shape()});
+    shardings.push_back(a.sharding());
+    absl::StrAppend(&key, dtype_name(a.dtype()), shape_to_string(a.shape()), a.sharding().to_string(),
+                    absl::StrJoin(a.sharding().mesh().device_ids(), ","), ";");
+  }
+  for (const StaticValue& v : statics) absl::StrAppend(&key, "static ", static_key(v), ";");
+  std::optional<NamedPlacement> found;
+  bool known = false;
+  {
+    absl::MutexLock lock(&mu);
+    auto it = named_placements.find(key);
+    if (it != named_placements.end()) {
+      found = it->second;
+      known = true;
+    }
+  }
+  if (!known) {
+    TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(bound(statics), types, shardings));
+    for (int id = 0; id < graph.size() && !found.has_value(); ++id) {
+      const Mesh* on = mesh_of(graph.node(id));
+      if (on != nullptr && *on != args[0].sharding().mesh()) found = NamedPlacement{*on, {}};
+    }
+    if (found.has_value()) {
+      // Each argument as the first shard_map or constraint reading it wants it (the compiler
+      // would propagate that layout back to it); replicated when none reads it directly.
+      std::map<int, int> parameter_index;
+      for (size_t i = 0; i < graph.parameters().size(); ++i) parameter_index[graph.parameters()[i]] = i;
+      found->specs.assign(args.size(), PartitionSpec());
+      std::vector<bool> seen(args.size(), false);
+      for (int id = 0; id < graph.size(); ++id) {
+        const Node& n = graph.node(id);
+        const auto* s = std::get_if<ShardingAttrs>(&n.attributes);
+        if (s == nullptr || n.operands.empty() || s->sharding.mesh() != found->mesh) continue;
+        auto p = parameter_index.find(n.operands[0]);
+        if (p == parameter_index.end() || static_cast<size_t>(p->second) >= args.size() || seen[p->second]) continue;
+        seen[p->second] = true;
+        found->specs[p->second] = s->sharding.spec();
+      }
+    }
+    absl::MutexLock lock(&mu);
+    named_placements[key] = found;
+  }
+  if (!found.has_value()) return trace_on_placed();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool asked = i < options.in_shardings.size() && options.in_shardings[i].has_value();
+    TESSERA_RETURN_IF_ERROR(move(i, NamedSharding(found->mesh, asked ? wanted_spec(i) : found->specs[i])));
+  }
+  placed.trace_shardings = std::move(shardings);
+  placed.moved_to_named_mesh = true;
+  return placed;
+}
+
 absl::Status Jitted::State::check_traced(const Graph& graph, const Mesh& mesh) const {
   for (int id = 0; id < graph.size(); ++id) {
     const Node& n = graph.node(id);
@@ -397,12 +548,9 @@ absl::Status Jitted::State::check_traced(const Graph& graph, const Mesh& mesh) c
 
 absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::compile(
     const std::string& signature, const Mesh& mesh, const std::vector<ArrayType>& types, const std::vector<Array>& args,
-    const std::string& who, const std::vector<StaticValue>& statics) {
-  TracedFunction traced = f;
-  if (with_statics) traced = [&](const std::vector<Value>& in) { return with_statics(in, statics); };
-  std::vector<NamedSharding> shardings;
-  for (const Array& a : args) shardings.push_back(a.sharding());
-  TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(traced, types, shardings));
+    const std::vector<NamedSharding>& trace_shardings, const std::string& who,
+    const std::vector<StaticValue>& statics) {
+  TESSERA_ASSIGN_OR_RETURN(Graph graph, trace(bound(statics), types, trace_shardings));
   TESSERA_RETURN_IF_ERROR(check_traced(graph, mesh));
   pb::CompileRequest req;
   to_proto(graph, req.mutable_graph());
@@ -429,6 +577,8 @@ absl::StatusOr<std::shared_ptr<const Jitted::State::Compiled>> Jitted::State::co
   const internal::ArrayState& first = internal::array_state(args[0]);
   TESSERA_RETURN_IF_ERROR(from_grpc(first.client->coordinator()->Compile(&ctx, req, &reply), who));
   auto result = std::make_shared<State::Compiled>();
+  for (int id = 0; id < graph.size(); ++id)
+    result->names_mesh = result->names_mesh || mesh_of(graph.node(id)) != nullptr;
   for (const Array& a : args) {
     pb::ArrayInfo& info = result->inputs.emplace_back();
     info.set_dtype(to_proto(a.dtype()));

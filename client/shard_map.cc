@@ -123,20 +123,35 @@ const std::vector<std::string>& node_axes(const Node& n) {
   return n.attrs<CollectiveAttrs>().axes;
 }
 
-// How each value of a body may differ between devices along each mesh axis, and why: its
-// arguments `inputs` (shard_map_in nodes: along the axes their in_specs name) and the values
-// from `start` on (a value lifted into the body is a shard_map_in of P(): along none).
-std::map<int, Variance> body_variance(const Graph& g, int start, const std::vector<int>& inputs) {
-  std::map<int, Variance> var;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const PartitionSpec& spec = g.node(inputs[i]).attrs<ShardingAttrs>().sharding.spec();
-    for (const std::string& a : spec.used_axes()) {
-      var[inputs[i]][a] = absl::StrCat("argument ", i, " is split over it by its in_spec ", spec.to_string());
-    }
-  }
+// Adds to `var` how each value of `g` from `start` on may differ between devices along each
+// mesh axis, and why, from its operands' (already in `var`) by the rules above. A scan's or a
+// while_loop's carry result varies as its carry (a body must give a carry back with the type
+// it got, checked when traced: carry_type_mismatch), a scan's row result as the body computes
+// it. An axis of a pvary
+// in `inserted` (insert_pvary's) varies for the reason given there.
+void propagate_variance(const Graph& g, int start, std::map<int, Variance>& var,
+                        const std::map<int, Variance>* inserted = nullptr) {
   for (int id = start; id < g.size(); ++id) {
     const Node& n = g.node(id);
     Variance& v = var[id];
+    if (const auto* scan = std::get_if<ScanAttrs>(&n.attributes)) {
+      if (scan->output < scan->num_carry) {
+        v = var[n.operands[scan->output]];
+        continue;
+      }
+      // The body's parameters are the node's operands (carries, loop invariants, rows).
+      std::map<int, Variance> inner;
+      for (size_t i = 0; i < scan->body->parameters().size() && i < n.operands.size(); ++i) {
+        inner[scan->body->parameters()[i]] = var[n.operands[i]];
+      }
+      propagate_variance(*scan->body, 0, inner);
+      v = inner[scan->body->outputs()[scan->output]];
+      continue;
+    }
+    if (n.op == Op::kWhile) {  // result j is carry j (its loop invariants carried unchanged)
+      v = var[n.operands[n.attrs<BranchesAttrs>().output]];
+      continue;
+    }
     for (int o : n.operands) {
       auto it = var.find(o);
       if (it != var.end()) v.insert(it->second.begin(), it->second.end());
@@ -144,14 +159,35 @@ std::map<int, Variance> body_variance(const Graph& g, int start, const std::vect
     const VaryingRule* rule = varying_rule(n.op);
     if (rule == nullptr) continue;
     const std::vector<std::string>& axes = node_axes(n);
+    const auto why = inserted == nullptr ? nullptr : [&]() -> const Variance* {
+      auto it = inserted->find(id);
+      return it == inserted->end() ? nullptr : &it->second;
+    }();
     for (const std::string& a : axes) {
       if (rule->invariant) {
         v.erase(a);
+      } else if (why != nullptr && why->count(a) > 0) {
+        v[a] = why->at(a);
       } else {
         v[a] = absl::StrCat("it depends on ", rule->call, " over ", axes_text(axes), ", ", rule->effect);
       }
     }
   }
+}
+
+// How each value of a body may differ between devices along each mesh axis, and why: its
+// arguments `inputs` (shard_map_in nodes: along the axes their in_specs name) and the values
+// from `start` on (a value lifted into the body is a shard_map_in of P(): along none).
+std::map<int, Variance> body_variance(const Graph& g, int start, const std::vector<int>& inputs,
+                                      const std::map<int, Variance>* inserted = nullptr) {
+  std::map<int, Variance> var;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const PartitionSpec& spec = g.node(inputs[i]).attrs<ShardingAttrs>().sharding.spec();
+    for (const std::string& a : spec.used_axes()) {
+      var[inputs[i]][a] = absl::StrCat("argument ", i, " is split over it by its in_spec ", spec.to_string());
+    }
+  }
+  propagate_variance(g, start, var, inserted);
   return var;
 }
 
@@ -185,7 +221,8 @@ struct ShardMapBody {
   // out, tracking for every body value the axes it may differ along and why.
   absl::Status check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
                                  const std::vector<int>& results, const std::vector<PartitionSpec>& outs,
-                                 const std::vector<std::string>& manual) const;
+                                 const std::vector<std::string>& manual,
+                                 const std::map<int, Variance>& inserted_pvary) const;
   // The manual axes in mesh order (axis_names, or all), or INVALID_ARGUMENT naming an axis
   // that is not the mesh's; then that every spec names only manual axes, as
   // jax/_src/shard_map.py's _shmap_checks and _check_specs.
@@ -262,17 +299,20 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   TraceState::current = t;
   t->manual_meshes.push_back(mesh);
   t->manual_axes.push_back(*manual);
-  t->manual_bodies.push_back({body_start, in_ids, {}, *manual, recorded, check_vma});
+  t->manual_bodies.push_back({body_start, in_ids, {}, *manual, recorded, check_vma, {}, -1, {}});
   std::vector<Value> results = f(blocks);
   // A result the body closed over is lifted into it too (TraceState::id), before it ends.
   std::vector<int> result_ids;
   for (const Value& r : results) result_ids.push_back(r.ok() && TraceState::of(r) == t ? TraceState::id(r) : -1);
   std::set<int> lifted;
   for (const auto& [value, in] : t->manual_bodies.back().lifted) lifted.insert(in);
+  const std::map<int, Variance> inserted_pvary = std::move(t->manual_bodies.back().inserted_pvary);
   t->manual_bodies.pop_back();
   t->manual_axes.pop_back();
   t->manual_meshes.pop_back();
   TraceState::current = outer;
+  // One spec for every result: a failed body still has as many (invalid) results as it gave.
+  if (out_specs_for_all) failed.resize(results.size());
   if (!t->error.ok()) return failed;
   const std::vector<PartitionSpec> outs =
       out_specs_for_all && out_specs.size() == 1 ? std::vector<PartitionSpec>(results.size(), out_specs[0]) : out_specs;
@@ -298,7 +338,8 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     }
   }
   if (check_vma) {
-    absl::Status replicated = check_replication(t->graph, body_start, in_ids, result_ids, outs, *manual);
+    absl::Status replicated =
+        check_replication(t->graph, body_start, in_ids, result_ids, outs, *manual, inserted_pvary);
     if (!replicated.ok()) return fail(std::string(replicated.message()));
   }
   std::vector<Value> out;
@@ -352,13 +393,65 @@ int TraceState::lift(int id) {
 std::vector<std::pair<std::string, std::string>> TraceState::varying(int id) {
   std::vector<std::pair<std::string, std::string>> out;
   if (manual_bodies.empty() || !manual_bodies.back().check_vma) return out;
-  const ManualBody& body = manual_bodies.back();
-  const std::map<int, Variance> var = body_variance(graph, body.start, body.inputs);
+  ManualBody& body = manual_bodies.back();
+  // Computed once per node: binary ops ask for their operands' (insert_pvary).
+  if (body.variance_upto < 0) {
+    body.variance = body_variance(graph, body.start, body.inputs, &body.inserted_pvary);
+  } else {
+    propagate_variance(graph, body.variance_upto, body.variance, &body.inserted_pvary);
+  }
+  body.variance_upto = graph.size();
+  const std::map<int, Variance>& var = body.variance;
   auto it = var.find(id);
   if (it == var.end()) return out;
   for (const std::string& a : manual_meshes.back().axis_names()) {
     auto why = it->second.find(a);
     if (why != it->second.end()) out.emplace_back(a, why->second);
+  }
+  return out;
+}
+
+std::vector<Value> insert_pvary(TraceState* t, std::vector<Value> values) {
+  if (t == nullptr || t->manual_bodies.empty() || !t->manual_bodies.back().check_vma) return values;
+  std::vector<std::vector<std::string>> axes;
+  Variance all;  // every axis an operand varies along, and why (the first operand's reason)
+  for (const Value& v : values) {
+    std::vector<std::string>& a = axes.emplace_back();
+    if (!v.ok()) return values;
+    for (const auto& [axis, why] : t->varying(TraceState::id(v))) {
+      a.push_back(axis);
+      all.emplace(axis, why);
+    }
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    std::vector<std::string> missing;
+    for (const std::string& a : t->manual_meshes.back().axis_names()) {
+      if (all.count(a) > 0 && std::find(axes[i].begin(), axes[i].end(), a) == axes[i].end()) missing.push_back(a);
+    }
+    if (missing.empty()) continue;
+    values[i] = pvary(values[i], AxisNames(missing));
+    if (!values[i].ok()) return values;
+    Variance& why = t->manual_bodies.back().inserted_pvary[TraceState::id(values[i])];
+    for (const std::string& a : missing) why[a] = all[a];
+  }
+  return values;
+}
+
+std::vector<std::vector<std::string>> TraceState::outputs_varying(const Graph& g, const std::vector<int>& params) {
+  std::vector<std::vector<std::string>> out(g.outputs().size());
+  if (manual_bodies.empty() || !manual_bodies.back().check_vma) return out;
+  const ManualBody& body = manual_bodies.back();
+  const std::map<int, Variance> outer = body_variance(graph, body.start, body.inputs, &body.inserted_pvary);
+  std::map<int, Variance> var;
+  for (size_t i = 0; i < params.size() && i < g.parameters().size(); ++i) {
+    auto it = outer.find(params[i]);
+    if (it != outer.end()) var[g.parameters()[i]] = it->second;
+  }
+  propagate_variance(g, 0, var);
+  for (size_t j = 0; j < out.size(); ++j) {
+    for (const std::string& a : manual_meshes.back().axis_names()) {
+      if (var[g.outputs()[j]].count(a) > 0) out[j].push_back(a);
+    }
   }
   return out;
 }
@@ -396,8 +489,9 @@ absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::ve
 
 absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
                                              const std::vector<int>& results, const std::vector<PartitionSpec>& outs,
-                                             const std::vector<std::string>& manual) const {
-  std::map<int, Variance> var = body_variance(g, body_start, in_ids);
+                                             const std::vector<std::string>& manual,
+                                             const std::map<int, Variance>& inserted_pvary) const {
+  std::map<int, Variance> var = body_variance(g, body_start, in_ids, &inserted_pvary);
   for (size_t i = 0; i < results.size(); ++i) {
     const std::vector<std::string> named = outs[i].used_axes();
     const Node& r = g.node(results[i]);

@@ -74,8 +74,9 @@ Value binary(Op op, const Value& x, const Value& y) {
   if (!shape.has_value()) return t->fail(absl::InvalidArgumentError(absl::StrCat(what, " do not broadcast")));
   // Mixed dtypes meet at their promotion, as in jnp.
   const DType dtype = promote_types(x.dtype(), y.dtype());
-  const Value a = broadcast_to(convert(x, dtype), *shape);
-  const Value b = broadcast_to(convert(y, dtype), *shape);
+  const std::vector<Value> ab =
+      internal::insert_pvary(t, {broadcast_to(convert(x, dtype), *shape), broadcast_to(convert(y, dtype), *shape)});
+  const Value &a = ab[0], &b = ab[1];
   if (!a.ok() || !b.ok()) return Value();
   return t->make(t->graph.add_binary(op, TraceState::id(a), TraceState::id(b)));
 }
@@ -339,8 +340,10 @@ Value where(const Value& pred, const Value& on_true, const Value& on_false) {
                                                            shape_to_string(on_false.shape()), " do not broadcast")));
   }
   const DType dtype = promote_types(on_true.dtype(), on_false.dtype());
-  const Value p = broadcast_to(pred, *shape), a = broadcast_to(convert(on_true, dtype), *shape),
-              b = broadcast_to(convert(on_false, dtype), *shape);
+  const std::vector<Value> pab =
+      internal::insert_pvary(t, {broadcast_to(pred, *shape), broadcast_to(convert(on_true, dtype), *shape),
+                                 broadcast_to(convert(on_false, dtype), *shape)});
+  const Value &p = pab[0], &a = pab[1], &b = pab[2];
   if (!p.ok() || !a.ok() || !b.ok()) return Value();
   return t->make(t->graph.add_select(TraceState::id(p), TraceState::id(a), TraceState::id(b)));
 }

@@ -40,6 +40,13 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
     std::vector<std::string> manual;    // the axes it is manual over
     std::vector<std::string> recorded;  // what its boundaries record (ShardingAttrs::manual_axes)
     bool check_vma = true;              // whether its values are typed by their varying axes
+    // varying()'s findings for the values before node `variance_upto` (the graph only grows
+    // while the body is traced); -1 before the first question.
+    std::map<int, std::map<std::string, std::string>> variance;
+    int variance_upto = -1;
+    // The pvary nodes insert_pvary made, with why each axis they name varies: the reason of
+    // the operand that made it insert them, which messages give instead of "pvary".
+    std::map<int, std::map<std::string, std::string>> inserted_pvary;
   };
   std::vector<ManualBody> manual_bodies;
   int lift(int id);  // shard_map.cc: id, or its shard_map_in in the body being traced
@@ -47,6 +54,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // the body) may differ between devices, each with why, in mesh order (JAX's varying manual
   // axes; tessera/shard_map.h). Empty outside a body or with check_vma off. shard_map.cc.
   std::vector<std::pair<std::string, std::string>> varying(int id);
+  // The same for each output of `g`, a control-flow body traced in this trace whose
+  // parameters are values `params` of it (by id, in order): what its outputs vary along, in
+  // mesh order, by the same rules. Empty lists outside a body or with check_vma off.
+  std::vector<std::vector<std::string>> outputs_varying(const Graph& g, const std::vector<int>& params);
 
   // Explicit sharding (client/explicit/rules.h): the arguments' mesh when it has an Explicit
   // axis, and then every node's type spec, by id (filled by make() as nodes are added); inside
@@ -147,6 +158,13 @@ inline Value sharded_like(const Value& v, const Value& like) {
 // In explicit mode, `x`'s type as the rules see it (Auto axes of auto_axes left out); none
 // outside explicit mode (or for an invalid x). For composites checking their rule first.
 std::optional<TypedOperand> typed_operand(const Value& x);
+
+// `values` (of trace t) made to vary along the same manual axes, as JAX makes an op's operands
+// agree (jax/_src/lax/lax.py's standard_insert_pvary; the shard_map notebook: "JAX implicitly
+// inserts jax.lax.pcast(..., to='varying') calls ... especially for binary operations"): each
+// value not varying along an axis another varies along is pvary'd along it. `values` as they
+// are outside a shard_map body traced with check_vma. shard_map.cc.
+std::vector<Value> insert_pvary(TraceState* t, std::vector<Value> values);
 
 // f traced as a control-flow body of trace `parent`: parameters `inputs`, then one per value
 // of an enclosing trace f reads (`captured`: those values, of `parent`). When `parent` is in

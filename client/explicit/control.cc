@@ -13,6 +13,7 @@
 // A body traced in explicit mode pins each result to its type (trace.cc), so the sub-graphs
 // carry their result types as those constraints: body_output_spec reads them back, which lets
 // a scan or switch node be typed again wherever its graph is inlined.
+#include <algorithm>
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
@@ -36,13 +37,16 @@ std::string differences(std::vector<std::string> diffs, const char* between) {
 }
 
 // core.py's aval_mismatch_extra: what differs besides the sharding (which it leaves unsaid).
-std::string mismatch_extra(const TypedOperand& a, const TypedOperand& b) {
+std::string mismatch_extra(const TypedOperand& a, const TypedOperand& b, bool manual_axis_types_differ = false) {
   std::vector<std::string> m;
   if (a.dtype != b.dtype) m.push_back("the dtypes do not match");
   if (a.shape != b.shape) m.push_back("the shapes do not match");
+  if (manual_axis_types_differ) m.push_back("the manual axis types do not match");
   if (m.empty()) return "";
   if (m.size() == 1) return ", so " + m[0];
-  return absl::StrCat(", so ", m[0], ", and ", m[1]);
+  const std::string last = m.back();
+  m.pop_back();
+  return absl::StrCat(", so ", absl::StrJoin(m, ", "), ", and ", last);
 }
 
 bool same_type(const TypedOperand& a, const TypedOperand& b) {
@@ -101,18 +105,54 @@ TypeRuleResult scan_xs_type_rule(const std::vector<TypedOperand>& xs) {
 }
 
 std::string carry_type_mismatch(absl::string_view name, const std::vector<TypedOperand>& in,
-                                const std::vector<TypedOperand>& out) {
-  std::vector<std::string> diffs;
+                                const std::vector<TypedOperand>& out,
+                                const std::vector<std::vector<std::string>>& in_varying,
+                                const std::vector<std::vector<std::string>>& out_varying) {
+  static const std::vector<std::string> kNone;
+  const auto varying = [](const std::vector<std::vector<std::string>>& v, size_t k) -> const std::vector<std::string>& {
+    return k < v.size() ? v[k] : kNone;
+  };
+  // As jax/_src/core.py's _vma_ur_str: {V:i}, or {V:(i,j)} for several.
+  const auto text = [&](const TypedOperand& x, const std::vector<std::string>& axes) {
+    if (axes.empty()) return type_text(x);
+    const std::string joined = absl::StrJoin(axes, ",");
+    return absl::StrCat(type_text(x), "{V:", axes.size() == 1 ? joined : absl::StrCat("(", joined, ")"), "}");
+  };
+  std::vector<std::string> diffs, pcasts;
   for (size_t k = 0; k < in.size() && k < out.size(); ++k) {
-    if (same_type(in[k], out[k])) continue;
-    diffs.push_back(absl::StrCat("the input carry at path [", k, "] has type ", type_text(in[k]),
-                                 " but the corresponding output carry component has type ", type_text(out[k]),
-                                 mismatch_extra(in[k], out[k])));
+    const std::vector<std::string>&vin = varying(in_varying, k), &vout = varying(out_varying, k);
+    if (same_type(in[k], out[k]) && vin == vout) continue;
+    const std::string extra = mismatch_extra(in[k], out[k], vin != vout);
+    const std::string path = absl::StrCat("the input carry at path [", k, "]");
+    diffs.push_back(absl::StrCat(path, " has type ", text(in[k], vin),
+                                 " but the corresponding output carry component has type ", text(out[k], vout), extra));
+    // loops.py: the axes the output varies along and the input does not, pcast onto the input.
+    std::vector<std::string> missing;
+    for (const std::string& a : vout) {
+      if (std::find(vin.begin(), vin.end(), a) == vin.end()) missing.push_back("'" + a + "'");
+    }
+    if (missing.empty()) continue;
+    const std::string axes = missing.size() == 1 ? absl::StrCat("(", missing[0], ",)")
+                                                 : absl::StrCat("(", absl::StrJoin(missing, ", "), ")");
+    pcasts.push_back(absl::StrCat("applying `jax.lax.pcast(..., ", axes,
+                                  ", to='varying')`, to the initial carry value corresponding to ", path));
   }
   if (diffs.empty()) return "";
+  std::string advice;
+  if (pcasts.size() == 1) {
+    advice = absl::StrCat("This might be fixed by ", pcasts[0], ".\n");
+  } else if (!pcasts.empty()) {
+    advice = "This might be fixed by:\n";
+    for (size_t i = 0; i + 1 < pcasts.size(); ++i) absl::StrAppend(&advice, "  * ", pcasts[i], ";\n");
+    absl::StrAppend(&advice, "  * ", pcasts.back(), ".\n");
+  }
+  if (!advice.empty()) {
+    absl::StrAppend(&advice,
+                    "See https://docs.jax.dev/en/latest/notebooks/shard_map.html#scan-vma for more information.\n\n");
+  }
   return absl::StrCat(name, " function carry input and carry output must have equal types, but they differ:\n\n",
-                      differences(std::move(diffs), "\n\n"),
-                      "\nRevise the function so that all output types match the corresponding input types.");
+                      differences(std::move(diffs), "\n\n"), "\n", advice,
+                      "Revise the function so that all output types match the corresponding input types.");
 }
 
 std::string branch_type_mismatch(absl::string_view api, absl::string_view name1, absl::string_view name2,

@@ -75,9 +75,14 @@ TypeSpec body_output_spec(const Graph& g, size_t j, const Mesh& mesh);
 // be replicated. Got P(...), ..." (loops.py, _infer_scan_length).
 TypeRuleResult scan_xs_type_rule(const std::vector<TypedOperand>& xs);
 // Empty when the carries' types agree, else JAX's _check_carry_type message for `name`
-// ("scan body", "while_loop body"), the carries at paths [k].
+// ("scan body", "while_loop body"), the carries at paths [k]. In a shard_map body with
+// check_vma a type also has the manual axes it varies along (`in_varying`, `out_varying`: one
+// list per carry, in mesh order, or empty when not in such a body); a carry that becomes
+// varying gets JAX's advice to pcast its initial value.
 std::string carry_type_mismatch(absl::string_view name, const std::vector<TypedOperand>& in,
-                                const std::vector<TypedOperand>& out);
+                                const std::vector<TypedOperand>& out,
+                                const std::vector<std::vector<std::string>>& in_varying = {},
+                                const std::vector<std::vector<std::string>>& out_varying = {});
 // Empty when the branches' output types agree, else JAX's _check_branch_outputs message for
 // `api` ("cond", "switch") without the functions' source lines.
 std::string branch_type_mismatch(absl::string_view api, absl::string_view name1, absl::string_view name2,

@@ -111,6 +111,16 @@ Array device_put(const Client& client, const py::array& host, const NamedShardin
   return value_or_throw(client.device_put(view, sharding));
 }
 
+// Client::array (jnp.array): uncommitted, on the default device.
+Array uncommitted_array(const Client& client, const py::array& host) {
+  if (!(host.flags() & py::array::c_style)) {
+    throw StatusError(absl::InvalidArgumentError("array: the numpy array must be C-contiguous"));
+  }
+  HostView view{dtype_of_numpy(host), shape_of(host), host.data()};
+  py::gil_scoped_release release;  // `host` stays referenced by the caller's frame
+  return value_or_throw(client.array(view));
+}
+
 py::tuple index_tuple(const Index& index) {
   py::tuple t(index.size());
   for (size_t d = 0; d < index.size(); ++d) t[d] = py::make_tuple(index[d].start, index[d].stop);
@@ -211,6 +221,7 @@ void bind_arrays(py::module_& m) {
       .def_property_readonly("shape", &Array::shape)
       .def_property_readonly("dtype", &Array::dtype)
       .def_property_readonly("sharding", &Array::sharding)
+      .def_property_readonly("committed", &Array::committed)
       .def_property_readonly("addressable_shards", &Array::addressable_shards)
       .def("fetch", &fetch)
       .def("is_ready", &Array::is_ready)
@@ -290,6 +301,7 @@ void bind_arrays(py::module_& m) {
              return d;
            })
       .def("device_put", &device_put)
+      .def("array", &uncommitted_array)
       .def("device_put_array",
            [](const Client& c, const Array& x, const NamedSharding& sharding) {
              py::gil_scoped_release release;

@@ -74,8 +74,11 @@ def _put_numpy(x, sharding, committed=True):
 
 
 def _uncommitted_array(host):
-    """What a creation function returns outside a trace: an uncommitted Array on device 0."""
-    return _put_numpy(host, _default_sharding(), committed=False)
+    """What a creation function returns outside a trace: an uncommitted Array on device 0
+    (the SDK's Client::array: a jitted call moves it where it runs, as JAX moves it)."""
+    from .numpy import canonical_dtype
+    host = _np.asarray(host, dtype=canonical_dtype(_np.asarray(host).dtype), order="C")
+    return Array(config.client().array(host), False)
 
 
 def _is_uncommitted(x):
@@ -122,7 +125,7 @@ class Captures:
             return self.tracers[i]
         if i is None:
             self._index[key] = len(self.arrays)
-            self.arrays.append(x if isinstance(x, Array) else _put_numpy(x, _default_sharding(), committed=False))
+            self.arrays.append(x if isinstance(x, Array) else _uncommitted_array(x))
         self.new = True
         return None
 
@@ -202,7 +205,8 @@ class _Jitted:
                 captures.placed = None
                 entry = self._cache[key] = self._make(args, static, leaves, treedef, dyn_pos, shardings, dyn,
                                                       captures)
-        return tree_unflatten(out_tree[0], [Array(o, committed) for o in outs])
+        # The SDK commits them too when it moved uncommitted arguments to a mesh the function names.
+        return tree_unflatten(out_tree[0], [Array(o, committed or o.committed) for o in outs])
 
     def _uncommitted_mesh(self):
         """Where arguments and captures go when none is committed: an eager shard_map's mesh, or
@@ -230,7 +234,9 @@ class _Jitted:
                 target = NamedSharding(self._uncommitted_mesh(), PartitionSpec())
             else:
                 # Only uncommitted arrays and numpy data: all on device 0, uncommitted.
-                return leaf if isinstance(leaf, Array) else _put_numpy(leaf, _default_sharding(), False)
+                # (The SDK's jit moves them to the mesh the function names, as JAX does, when it
+                # names one: a shard_map's or a constraint's.)
+                return leaf if isinstance(leaf, Array) else _uncommitted_array(leaf)
         else:
             target = _as_named(sharding, "jit in_shardings")
         if isinstance(leaf, Array):
@@ -740,7 +746,7 @@ def _put_one(x, target):
         target = _as_named(target, "device_put")
     if isinstance(x, Array):
         if x.sharding == target:
-            return x if x._committed else Array(x._a)
+            return x if x._committed else Array(config.client().device_put_array(x._a, target._cpp))  # commits
         if x.sharding.mesh == target.mesh:
             from .lax import with_sharding_constraint
             j = _reshard.get(target)

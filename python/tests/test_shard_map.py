@@ -246,19 +246,24 @@ def test_pcast_and_pvary_make_a_replicated_value_varying(mesh8):
     shard_map(lambda v: jax.lax.pcast(v, {'x'}, to='varying'), mesh=mesh8, in_specs=P(), out_specs=P('x'))(x)
 
 
-def test_grad_through_pcast_matches_numpy(mesh8):
+@pytest.mark.parametrize("committed", [True, False])
+def test_grad_through_pcast_matches_numpy(mesh8, committed):
   # loss(x, w) = sum_d sum(sin(pcast(x)) * w_d): d/dx = cos(x) * sum_d w_d (JAX's transpose of
-  # pvary is a psum over 'x'), d/dw_d = sin(x).
+  # pvary is a psum over 'x'), d/dw_d = sin(x). Uncommitted (numpy, jnp.array) arguments: the
+  # jit has code around the shard_map (the sum, the VJP), and they go to the shard_map's mesh.
   rng = np.random.default_rng(3)
   x = rng.standard_normal(4).astype(np.float32)
   w = rng.standard_normal(8 * 4).astype(np.float32)
   body = shard_map(lambda x, w: jnp.sin(jax.lax.pcast(x, 'x', to='varying')) * w, mesh=mesh8,
                    in_specs=(P(), P('x')), out_specs=P('x'))
-  xs = jax.device_put(x, NamedSharding(mesh8, P()))
-  ws = jax.device_put(w, NamedSharding(mesh8, P('x')))
-  dx, dw = jax.jit(jax.grad(lambda x, w: body(x, w).sum(), argnums=(0, 1)))(xs, ws)
+  if committed:
+    args = jax.device_put(x, NamedSharding(mesh8, P())), jax.device_put(w, NamedSharding(mesh8, P('x')))
+  else:
+    args = x, jnp.array(w)
+  dx, dw = jax.jit(jax.grad(lambda x, w: body(x, w).sum(), argnums=(0, 1)))(*args)
   np.testing.assert_allclose(np.asarray(dx), np.cos(x) * w.reshape(8, 4).sum(0), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(dw), np.tile(np.sin(x), 8), rtol=1e-6)
+  assert dw.sharding.mesh == mesh8
 
 
 def test_out_specs_none_for_a_body_returning_none(mesh8):
@@ -376,3 +381,78 @@ def test_ragged_all_to_all_errors_are_jaxs(mesh8):
   with pytest.raises(NotImplementedError, match='axis_index_groups'):
     sm(lambda *a: jax.lax.ragged_all_to_all(*a, axis_name='x', axis_index_groups=[[0, 1]]))(
         operand, operand, ints, ints, ints, ints)
+
+
+def test_jit_with_a_shard_map_inside_moves_uncommitted_arguments_to_its_mesh(mesh8):
+  # JAX takes the devices of a jit from the shardings in its function
+  # (jax/_src/interpreters/pxla.py, _get_and_check_device_assignment; dispatch.py's
+  # get_intermediate_shardings lists a shard_map's mesh), and moves uncommitted arguments there,
+  # also when code runs before and after the shard_map.
+  rng = np.random.default_rng(4)
+  a = rng.standard_normal((8, 4)).astype(np.float32)
+  body = shard_map(lambda b: jax.lax.psum(b, 'x') - b, mesh=mesh8, in_specs=P('x'), out_specs=P('x'))
+
+  @jax.jit
+  def f(a):
+    return jnp.tanh(body(a * 2.0)).sum(axis=1) + 1.0
+
+  want = np.tanh(np.sum(2 * a, axis=0, keepdims=True) - 2 * a).sum(axis=1) + 1
+  for arg in (a, jnp.array(a)):  # numpy data and an uncommitted Array
+    out = f(arg)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-6)
+    assert out.sharding.mesh == mesh8 and out._committed
+  assert not jnp.array(a)._committed
+
+
+def test_binary_ops_pvary_the_invariant_operand_as_the_notebook_shows(mesh8):
+  # [SM] cell 22 ("JAX implicitly inserts jax.lax.pcast(..., to='varying') calls in many cases,
+  # especially for binary operations"; its make_jaxpr listing shows the pvary): y's block is
+  # pvary'd along 'x' and the multiplication reads that.
+  f = shard_map(lambda x, y: x * y, mesh=mesh8, in_specs=(P('x'), P()), out_specs=P('x'))
+  x = jax.device_put(jnp.arange(16.), NamedSharding(mesh8, P('x')))
+  y = jnp.arange(2.) + 3
+  eqns = jax.make_jaxpr(f)(x, y).eqns
+  pvary = [e for e in eqns if " = pvary[axes=('x',)" in e]
+  assert len(pvary) == 1, eqns
+  y_block = next(e.split(":")[0] for e in eqns if "shard_map_in" in e and "spec=P())" in e)
+  assert pvary[0].endswith(" " + y_block)
+  mul = [e for e in eqns if " = mul " in e]
+  assert len(mul) == 1 and mul[0].endswith(" " + pvary[0].split(":")[0]), eqns
+  np.testing.assert_array_equal(np.asarray(f(x, y)), np.arange(16.) * np.tile([3., 4.], 8))
+
+
+def test_a_scan_carry_that_becomes_varying_is_jaxs_error(mesh8):
+  # [SM] cell 23 (#scan-vma): swapping a varying and an invariant carry raises, with the text of
+  # jax/_src/lax/control_flow/loops.py's _check_carry_type (carries named by path; types printed
+  # as Tessera's C++ errors print them, f32[2] for JAX's float32[2]); cell 24: with the
+  # invariant one pcast to varying first it runs, and two swaps give the values back.
+  def swapping(pcast_first):
+    @partial(shard_map, mesh=mesh8, in_specs=(P('x'), P()), out_specs=P('x'))
+    def f(x, y):
+      if pcast_first:
+        y = jax.lax.pcast(y, 'x', to='varying')
+
+      def body(carry, _):
+        c1, c2 = carry
+        return (c2, c1), ()  # swap the carry
+
+      (x_, y_), _ = jax.lax.scan(body, (x, y), (), length=2)
+      return x_, y_
+    return f
+
+  x, y = jnp.arange(16.), jnp.arange(2.) + 3
+  with pytest.raises(ValueError) as e:
+    swapping(False)(x, y)
+  assert str(e.value) == (
+      "scan body function carry input and carry output must have equal types, but they differ:\n\n"
+      "  * the input carry at path [0] has type f32[2]{V:x} but the corresponding output carry component has type "
+      "f32[2], so the manual axis types do not match;\n\n"
+      "  * the input carry at path [1] has type f32[2] but the corresponding output carry component has type "
+      "f32[2]{V:x}, so the manual axis types do not match.\n\n"
+      "This might be fixed by applying `jax.lax.pcast(..., ('x',), to='varying')`, to the initial carry value "
+      "corresponding to the input carry at path [1].\n"
+      "See https://docs.jax.dev/en/latest/notebooks/shard_map.html#scan-vma for more information.\n\n"
+      "Revise the function so that all output types match the corresponding input types.")
+  x_, y_ = swapping(True)(x, y)
+  np.testing.assert_array_equal(np.asarray(x_), np.arange(16.))
+  np.testing.assert_array_equal(np.asarray(y_), np.tile([3., 4.], 8))

@@ -866,6 +866,204 @@ TEST_F(ShardMapTest, AMeshOtherThanTheArgumentsIsAnError) {
                          "; Tessera moves values within one mesh: put the arguments on that mesh, or name theirs"));
 }
 
+// Arguments made without a sharding (Client::array, as jnp.array: uncommitted, on the default
+// device) of a jit whose function has code before and after a shard_map: JAX runs the call on
+// the shard_map's devices and moves the arguments there (jax/_src/interpreters/pxla.py,
+// _get_and_check_device_assignment, takes the devices from the function's shardings;
+// jax/_src/dispatch.py's get_intermediate_shardings lists a shard_map's mesh). The values are
+// a host computation's, on Explicit and on Auto axes; the outputs are committed to that mesh,
+// the arguments themselves stay where they were, and a second call compiles nothing.
+TEST_F(ShardMapTest, UncommittedArgumentsMoveToTheMeshOfAShardMapInsideALargerFunction) {
+  ASSERT_NE(client_, nullptr);
+  for (const Mesh& mesh : {mesh42(), auto_meshes_[1]}) {
+    SCOPED_TRACE(mesh.to_string());
+    ShardMapped mm = shard_map(
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{psum_scatter(matmul(in[0], in[1]), "model", 1, true)};
+        },
+        mesh, {P("data", "model"), P("model", None)}, {P("data", "model")});
+    TracedFunction f = [mm](const std::vector<Value>& in) {
+      Value h = tanh(in[0]) * 2.0;  // before
+      Value y = mm({h, in[1]})[0];
+      return std::vector<Value>{exp(y * 0.1) + 1.0, sum(y, {0})};  // after
+    };
+    std::mt19937 rng(5);
+    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+    const HostArray w = random_array(DType::kF32, {8, 4}, Domain::kSigned, rng);
+    absl::StatusOr<Array> xs = client_->array(x);
+    absl::StatusOr<Array> ws = client_->array(w);
+    ASSERT_TRUE(xs.ok() && ws.ok());
+    EXPECT_FALSE(xs->committed());
+    EXPECT_EQ(xs->sharding().mesh().size(), 1);
+    Jitted jf = jit(f);
+    absl::StatusOr<std::vector<Array>> out = jf({*xs, *ws});
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<Graph> graph = trace(f, {{DType::kF32, {16, 8}}, {DType::kF32, {8, 4}}});
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*graph, {&x, &w});
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<HostArray> got = (*out)[i].fetch();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(results_match(*got, (*want)[i], kF32Tolerance)) << jf.as_text();
+      EXPECT_EQ((*out)[i].sharding().mesh(), mesh);
+      EXPECT_TRUE((*out)[i].committed());
+    }
+    EXPECT_EQ((*out)[0].sharding().spec(), P("data", "model"));
+    EXPECT_FALSE(xs->committed());
+    EXPECT_EQ(xs->sharding().mesh().size(), 1);
+    const int64_t compiled = jf.compilations();
+    ASSERT_TRUE(jf({*xs, *ws}).ok());
+    EXPECT_EQ(jf.compilations(), compiled);
+  }
+}
+
+// JAX's rule for the other cases (pxla.py): with a committed argument the uncommitted ones go
+// to its mesh, replicated (or as in_shardings says); with none and no mesh named, the call runs
+// on the default device and its outputs stay uncommitted; a sharding asked for commits them.
+TEST_F(ShardMapTest, UncommittedArgumentsGoWhereTheCommittedOnesAre) {
+  ASSERT_NE(client_, nullptr);
+  const HostArray x = HostArray::arange(DType::kF32, {16, 8});
+  absl::StatusOr<Array> u = client_->array(x);
+  ASSERT_TRUE(u.ok()) << u.status();
+  Jitted add = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1] * 2.0}; });
+  absl::StatusOr<std::vector<Array>> mixed = add({put(x, P("data", None)), *u});
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_EQ((*mixed)[0].sharding().mesh(), mesh42());
+  EXPECT_TRUE((*mixed)[0].committed());
+  absl::StatusOr<std::vector<Array>> alone = add({*u, *u});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ((*alone)[0].sharding().mesh(), u->sharding().mesh());
+  EXPECT_FALSE((*alone)[0].committed());
+  for (const absl::StatusOr<std::vector<Array>>* r : {&mixed, &alone}) {
+    absl::StatusOr<HostArray> got = (**r)[0].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int64_t i = 0; i < 16 * 8; ++i) EXPECT_EQ(got->element_as_double(i), 3.0 * i) << i;
+  }
+  // in_shardings places an uncommitted argument (a committed one would be an error).
+  JitOptions options;
+  options.in_shardings = {P("data", None), P(None, "model")};
+  Jitted placed = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; }, options);
+  absl::StatusOr<std::vector<Array>> both = placed({put(x, P("data", None)), *u});
+  ASSERT_TRUE(both.ok()) << both.status();
+  absl::StatusOr<HostArray> got = (*both)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int64_t i = 0; i < 16 * 8; ++i) EXPECT_EQ(got->element_as_double(i), 2.0 * i) << i;
+  // device_put with a sharding commits, even onto the sharding the array already has.
+  absl::StatusOr<Array> same = client_->device_put(*u, u->sharding());
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_TRUE(same->committed());
+}
+
+// The shard_map notebook's cell 22 (docs/notebooks/shard_map.md: "JAX implicitly inserts
+// jax.lax.pcast(..., to='varying') calls in many cases, especially for binary operations", and
+// its jaxpr of x * y shows the pvary): in a body x * y with x split over the axis and y not,
+// y is pvary'd along it first, so the program has one pvary, read by the multiplication; the
+// values are x's blocks times y, worked out here.
+TEST_F(ShardMapTest, BinaryOpsMakeTheirOperandsVaryAlikeAsJaxDoes) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = auto_meshes_[0];  // (8) 'data'
+  std::vector<std::string> seen;
+  ShardMapped f = shard_map(
+      [&seen](const std::vector<Value>& in) {
+        Value z = in[0] * in[1];
+        seen.push_back(type_of(z).to_string());
+        return std::vector<Value>{z};
+      },
+      mesh, {P("data"), P()}, {P("data")});
+  const TracedFunction traced = [f](const std::vector<Value>& in) { return f(in); };
+  absl::StatusOr<Graph> g = trace(traced, {{DType::kF32, {16}}, {DType::kF32, {2}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(seen, std::vector<std::string>{"f32[2]{V:data}"});
+  int pvaries = 0;
+  for (int id = 0; id < g->size(); ++id) {
+    const Node& n = g->node(id);
+    if (n.op == Op::kPvary) {
+      ++pvaries;
+      EXPECT_EQ(g->node(n.operands[0]).op, Op::kShardMapIn);  // y's block
+      EXPECT_EQ(g->node(n.operands[0]).attrs<ShardingAttrs>().sharding.spec(), P()) << g->to_text();
+    }
+    if (n.op == Op::kMul) {
+      EXPECT_EQ(g->node(n.operands[1]).op, Op::kPvary) << g->to_text();
+    }
+  }
+  EXPECT_EQ(pvaries, 1) << g->to_text();
+  // Outside check_vma nothing is typed, and nothing is inserted (JAX's pvary is then a no-op).
+  ShardMapOptions unchecked;
+  unchecked.check_vma = false;
+  ShardMapped plain = shard_map([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * in[1]}; }, mesh,
+                                {P("data"), P()}, {P("data")}, unchecked);
+  absl::StatusOr<Graph> h =
+      trace([plain](const std::vector<Value>& in) { return plain(in); }, {{DType::kF32, {16}}, {DType::kF32, {2}}});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_THAT(h->to_text(), Not(HasSubstr("pvary")));
+  const HostArray x = HostArray::arange(DType::kF32, {16});
+  const HostArray y = HostArray::from_vector<float>({2}, {3.0f, -1.0f});
+  absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data")));
+  absl::StatusOr<Array> ys = client_->device_put(y, NamedSharding(mesh, P()));
+  ASSERT_TRUE(xs.ok() && ys.ok());
+  absl::StatusOr<std::vector<Array>> out = jit(traced)({*xs, *ys});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(got->element_as_double(i), i * (i % 2 == 0 ? 3.0 : -1.0)) << i;
+}
+
+// The notebook's cell 23 (docs/notebooks/shard_map.md, "scan-vma"): a scan inside a shard_map
+// body whose carry swaps a varying and an invariant value raises, with the message of
+// jax/_src/lax/control_flow/loops.py's _check_carry_type (the carries named by their path, as
+// JAX names them when it cannot read the body's parameter names); cell 24: with the invariant
+// one pcast to varying first, it runs, and two swaps give the values back.
+TEST_F(ShardMapTest, AScanCarryThatBecomesVaryingIsJaxsError) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = auto_meshes_[0];  // (8) 'data'
+  const auto swapping = [&mesh](bool pcast_first) {
+    return shard_map(
+        [pcast_first](const std::vector<Value>& in) {
+          const Value y = pcast_first ? pcast(in[1], "data", "varying") : in[1];
+          ScanResult r = scan(
+              [](const std::vector<Value>& c, const std::vector<Value>&) {
+                return ScanStep{{c[1], c[0]}, {}};  // swap the carry
+              },
+              {in[0], y}, {}, 2);
+          return r.carry;
+        },
+        mesh, {P("data"), P()}, {P("data"), P("data")});
+  };
+  const ShardMapped bad = swapping(false);
+  absl::Status s =
+      trace([bad](const std::vector<Value>& in) { return bad(in); }, {{DType::kF32, {16}}, {DType::kF32, {2}}})
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("scan body function carry input and carry output must have equal types, but they differ:\n\n"
+                        "  * the input carry at path [0] has type f32[2]{V:data} but the corresponding output carry "
+                        "component has type f32[2], so the manual axis types do not match;\n\n"
+                        "  * the input carry at path [1] has type f32[2] but the corresponding output carry component "
+                        "has type f32[2]{V:data}, so the manual axis types do not match.\n\n"
+                        "This might be fixed by applying `jax.lax.pcast(..., ('data',), to='varying')`, to the "
+                        "initial carry value corresponding to the input carry at path [1].\n"
+                        "See https://docs.jax.dev/en/latest/notebooks/shard_map.html#scan-vma for more "
+                        "information.\n\n"
+                        "Revise the function so that all output types match the corresponding input types."));
+  const ShardMapped good = swapping(true);
+  const HostArray x = HostArray::arange(DType::kF32, {16});
+  const HostArray y = HostArray::from_vector<float>({2}, {3.0f, -1.0f});
+  absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data")));
+  absl::StatusOr<Array> ys = client_->device_put(y, NamedSharding(mesh, P()));
+  ASSERT_TRUE(xs.ok() && ys.ok());
+  absl::StatusOr<std::vector<Array>> out = good({*xs, *ys});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> x_ = (*out)[0].fetch();
+  absl::StatusOr<HostArray> y_ = (*out)[1].fetch();
+  ASSERT_TRUE(x_.ok() && y_.ok());
+  ASSERT_EQ(y_->shape(), (Shape{16}));  // y's block on each of the 8 devices, stacked by P('data')
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(x_->element_as_double(i), i) << i;
+    EXPECT_EQ(y_->element_as_double(i), i % 2 == 0 ? 3.0 : -1.0) << i;
+  }
+}
+
 TEST_F(ShardMapTest, AxisSizeIsKnownWhileTracing) {
   ASSERT_NE(client_, nullptr);
   std::vector<int64_t> sizes;

@@ -75,6 +75,12 @@ class Array {
   DType dtype() const;
   const NamedSharding& sharding() const;
   int64_t size() const { return num_elements(shape()); }
+  // JAX's "committed": true for an array placed with a sharding (device_put) and for the
+  // outputs of a call with a committed argument, a mesh it moved its arguments to, or
+  // in/out_shardings. False for Client::array's (jnp.array: no sharding asked for, on the
+  // default device) and for the outputs of a call on such arrays only that stayed there. A
+  // jitted call moves an uncommitted argument where the call runs (jit.h); a committed one never.
+  bool committed() const;
 
   // One Shard per device of the sharding's mesh, in mesh order (metadata only, never blocks;
   // Shard::data() downloads).

@@ -201,6 +201,13 @@ class Client {
   // The same on the ambient mesh (set_mesh), as jax.device_put(x, P(...)) under jax.set_mesh.
   absl::StatusOr<Array> device_put(const Array& x, const PartitionSpec& spec) const;
 
+  // jnp.array: `host` on the default device (the first of devices(), a one-device mesh with
+  // the Auto axis '_default'), uncommitted (Array::committed() is false): a jitted call moves
+  // it to where it runs, as JAX moves an array made without a sharding (jit.h). device_put's
+  // errors.
+  absl::StatusOr<Array> array(const HostArray& host) const;
+  absl::StatusOr<Array> array(const HostView& host) const;
+
   // Dropping an Array's last handle never waits for its deletion: the client queues it, and
   // the next call carries it or a DeleteArray sent in the background does (docs/design.md,
   // "Asynchronous dispatch", drops never wait). flush_deletes sends what waits and returns
@@ -249,6 +256,7 @@ class Client {
 
  private:
   friend class ProfileScope;
+  friend class Jitted;  // moves uncommitted arguments (device_put)
   explicit Client(std::shared_ptr<internal::ClientImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<internal::ClientImpl> impl_;
 };

@@ -41,10 +41,11 @@ struct JitOptions {
   // derives from it (see Array::block_until_ready).
   absl::Duration timeout = absl::Seconds(60);
   // One entry per argument (or empty): the sharding each argument must have; nullopt accepts
-  // any. Arguments are committed arrays, so as in JAX a mismatch is an error (INVALID_ARGUMENT
-  // naming the argument and both specs), never an implicit move: reshard with device_put or
-  // with_sharding_constraint inside the function instead. (Last: positional initializers of
-  // the fields above keep their meaning.)
+  // any. For a committed array, as in JAX, a mismatch is an error (INVALID_ARGUMENT naming
+  // the argument and both specs), never an implicit move: reshard with device_put or
+  // with_sharding_constraint inside the function instead. An uncommitted one
+  // (Array::committed) is moved to it. (Last: positional initializers of the fields above keep
+  // their meaning.)
   std::vector<std::optional<PartitionSpec>> in_shardings = {};
   // Arguments the call takes over, as jax.jit's donate_argnums: the call runs once earlier
   // calls still reading them are done; each worker then drops them from its memory, writes
@@ -75,7 +76,12 @@ class Jitted {
   Jitted(TracedFunction f, JitOptions options);
   Jitted(StaticTracedFunction f, JitOptions options);
 
-  // Runs the function on `args` (all on one mesh of one client), asynchronously as jax.jit:
+  // Runs the function on `args` (the committed ones on one mesh of one client),
+  // asynchronously as jax.jit. Uncommitted arguments (Array::committed) move first, as JAX
+  // moves them: to the committed ones' mesh (replicated, or as in_shardings says); with none
+  // committed, to the mesh a shard_map or sharding constraint in the function names (each as
+  // the first one reading it wants it; the function is traced once more per signature to find
+  // it), else they stay. Moving is a device_put (its errors, naming the argument). Then,
   // after the compilation (first call of a signature, synchronous) it returns the output
   // arrays at once, and the call runs on the devices once its arguments are ready (the
   // outputs of earlier calls still running are waited for, not on this thread). The outputs
