@@ -2,13 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -111,8 +111,12 @@ absl::Status ShmSegment::reuse(int64_t bytes) {
         absl::StrCat("shared-memory transfer: a block of ", bytes, " bytes in a segment of ", capacity_));
   }
   // A fresh token: a worker still holding the segment's last name cannot mistake it for this one.
-  static thread_local std::mt19937_64 random(std::random_device{}() ^ static_cast<uint64_t>(getpid()) << 32);
-  token_ = random();
+  // From the kernel, not a thread_local engine: static TLS is carved from every thread's stack,
+  // and civetweb's 100 KiB threads in the same daemon have no room to spare (a 2.5 KiB
+  // mt19937_64 per thread made its error path overflow the stack: Cli.DaemonsServe...Metrics).
+  if (getrandom(&token_, sizeof token_, 0) != static_cast<ssize_t>(sizeof token_)) {
+    return absl::InternalError(absl::StrCat("shared-memory transfer: getrandom: ", std::strerror(errno)));
+  }
   bytes_ = bytes;
   const SegmentHeader header{kMagic, token_, bytes_};
   return io_status("writing the header",
