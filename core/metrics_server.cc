@@ -73,6 +73,10 @@ class Collector final : public prometheus::Collectable {
 // Debian's civetweb 1.15 crashes (SIGSEGV in mg_printf, under mg_send_http_error) when it
 // answers an error itself: any request but GET /metrics (another path, POST, HEAD) killed the
 // daemon. Answering errors here, with one mg_write of a whole response, avoids its path.
+// civetweb still formats the message (vsnprintf) on its ~100 KiB thread stack before calling
+// this, with little room to spare: static TLS in the daemon (a thread_local object) is carved
+// from every thread's stack and once overflowed it (Cli.DaemonsServePrometheusMetricsThatFollowTheCalls
+// catches that). Keep thread_local objects in the daemons small.
 int answer_http_error(mg_connection* conn, int status, const char* /*message*/) {
   const char* reason = status == 404 ? "Not Found" : status == 405 ? "Method Not Allowed" : "Error";
   const std::string body = absl::StrCat(status, " ", reason, ": this port serves GET /metrics only\n");
