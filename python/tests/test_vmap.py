@@ -157,6 +157,17 @@ def _update(x, u, starts):
   return out
 
 
+def _check_vmap_cases(f, cases, n, shape):
+  """vmap(f) over each (in_axes, args, want) of `cases`, n examples of the given shape, against
+  want(k) (numpy) and against f computed unbatched, example by example, on the devices."""
+  for in_axes, args, want in cases:
+    out = jax.vmap(f, in_axes=in_axes)(*args)
+    assert out.shape == shape, in_axes
+    np.testing.assert_array_equal(np.asarray(out), np.stack([want(k) for k in range(n)]), err_msg=str(in_axes))
+    one = [np.asarray(jax.jit(f)(*[a[k] if ax == 0 else a for a, ax in zip(args, in_axes)])) for k in range(n)]
+    np.testing.assert_array_equal(np.asarray(out), np.stack(one), err_msg=str(in_axes))
+
+
 def test_vmap_of_dynamic_slice_with_batched_operand_starts_or_both():
   rng = np.random.default_rng(4)
   xs = rng.standard_normal((5, 4, 6)).astype(np.float32)
@@ -170,13 +181,7 @@ def test_vmap_of_dynamic_slice_with_batched_operand_starts_or_both():
       ((0, 0, 0), (xs, i, j), lambda k: _window(xs[k], (i[k], j[k]), (2, 3))),
       ((0, 0, None), (xs, i, np.int32(2)), lambda k: _window(xs[k], (i[k], 2), (2, 3))),
   ]
-  for in_axes, args, want in cases:
-    out = jax.vmap(ds, in_axes=in_axes)(*args)
-    assert out.shape == (5, 2, 3), in_axes
-    np.testing.assert_array_equal(np.asarray(out), np.stack([want(k) for k in range(5)]), err_msg=str(in_axes))
-    # The reference: f computed unbatched, example by example, on the devices.
-    one = [np.asarray(jax.jit(ds)(*[a[k] if ax == 0 else a for a, ax in zip(args, in_axes)])) for k in range(5)]
-    np.testing.assert_array_equal(np.asarray(out), np.stack(one), err_msg=str(in_axes))
+  _check_vmap_cases(ds, cases, 5, (5, 2, 3))
   # Inside jit, along a mapped axis that is not the first, int64 starts, and a 1-d operand.
   ys = np.moveaxis(xs, 0, 2)                                                       # (4, 6, 5)
   out = jax.jit(jax.vmap(ds, in_axes=(2, 0, 0), out_axes=1))(ys, i.astype(np.int64), j)
@@ -198,12 +203,7 @@ def test_vmap_of_dynamic_update_slice_with_batched_operand_update_or_starts():
       ((None, None, 0), (xs[0], us[0], i), lambda k: _update(xs[0], us[0], (i[k], 0))),
       ((0, 0, 0), (xs, us, i), lambda k: _update(xs[k], us[k], (i[k], 0))),
   ]
-  for in_axes, args, want in cases:
-    out = jax.vmap(dus, in_axes=in_axes)(*args)
-    assert out.shape == (4, 5, 3), in_axes
-    np.testing.assert_array_equal(np.asarray(out), np.stack([want(k) for k in range(4)]), err_msg=str(in_axes))
-    one = [np.asarray(jax.jit(dus)(*[a[k] if ax == 0 else a for a, ax in zip(args, in_axes)])) for k in range(4)]
-    np.testing.assert_array_equal(np.asarray(out), np.stack(one), err_msg=str(in_axes))
+  _check_vmap_cases(dus, cases, 4, (4, 5, 3))
 
 
 def test_grad_through_a_vmapped_dynamic_slice_with_batched_starts():
