@@ -22,6 +22,7 @@
 #include "core/status.h"
 #include "core/wire.h"
 #include "grpcpp/alarm.h"
+#include "proto/auth.h"
 #include "proto/in_process.h"
 #include "proto/rpc.h"
 #include "tessera/jit.h"
@@ -292,8 +293,7 @@ absl::Status delete_array_error(const grpc::Status& status) {
 
 Deletes refused_deletes(Deletes arrays, const grpc::Status& status,
                         const std::multimap<grpc::string_ref, grpc::string_ref>& trailers) {
-  // The coordinator's trailer (coordinator/access.h, kRefusedDeletesTrailer).
-  auto it = trailers.find("tessera-refused-deletes");
+  auto it = trailers.find(kRefusedDeletesTrailer);
   if (status.error_code() != grpc::StatusCode::PERMISSION_DENIED || it == trailers.end()) return arrays;
   absl::flat_hash_set<uint64_t> refused;
   for (absl::string_view id : absl::StrSplit(absl::string_view(it->second.data(), it->second.size()), ',')) {

@@ -34,10 +34,6 @@ bool is_owner(const Caller& caller, const ArrayRecord& a);
 // delete_arrays) when each id was decided on its own: OK when `refused` is empty, else
 // PERMISSION_DENIED naming the refused ids (another session's arrays, left untouched; the
 // first 8) and saying how many of the batch were `deleted`.
-// The trailer of a DeleteArray that refused some ids (PERMISSION_DENIED): those ids, in
-// decimal, comma-separated; the others of the batch were deleted or unknown. The SDK reads it
-// (client/client.cc, refused_deletes) to count only the refused ones as failed.
-inline constexpr char kRefusedDeletesTrailer[] = "tessera-refused-deletes";
 absl::Status refused_deletions(absl::string_view method, const std::vector<uint64_t>& refused, int64_t deleted,
                                int64_t batch);
 

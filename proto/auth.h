@@ -32,6 +32,10 @@ namespace tessera {
 inline constexpr char kAuthorizationKey[] = "authorization";  // "Bearer <token>"
 inline constexpr char kSessionKey[] = "tessera-session";      // OpenSessionReply.credential
 inline constexpr char kDeviceKey[] = "tessera-device";        // a worker's device id, to its peers
+// The trailer of a DeleteArray that refused some ids (PERMISSION_DENIED): those ids, in
+// decimal, comma-separated; the others of the batch were deleted or unknown. The SDK reads it
+// (client/client.cc, refused_deletes) to count only the refused ones as failed.
+inline constexpr char kRefusedDeletesTrailer[] = "tessera-refused-deletes";
 
 // What a caller may do, in increasing power: a client acts on its own session's arrays and
 // programs, an admin on everyone's, a daemon (coordinator or worker) also runs the cluster's
