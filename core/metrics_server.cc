@@ -1,5 +1,9 @@
 // MetricsServer: prometheus-cpp's Exposer over a daemon's samples (library tessera_metrics, which
 // only the daemons' executables link: the SDK carries no HTTP server).
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <algorithm>
 #include <exception>
 #include <limits>
 #include <map>
@@ -70,13 +74,9 @@ class Collector final : public prometheus::Collectable {
   const std::vector<const LatencyHistogram*> histograms_;
 };
 
-// Debian's civetweb 1.15 crashes (SIGSEGV in mg_printf, under mg_send_http_error) when it
-// answers an error itself: any request but GET /metrics (another path, POST, HEAD) killed the
-// daemon. Answering errors here, with one mg_write of a whole response, avoids its path.
-// civetweb still formats the message (vsnprintf) on its ~100 KiB thread stack before calling
-// this, with little room to spare: static TLS in the daemon (a thread_local object) is carved
-// from every thread's stack and once overflowed it (Cli.DaemonsServePrometheusMetricsThatFollowTheCalls
-// catches that). Keep thread_local objects in the daemons small.
+// Answers the HTTP errors civetweb would otherwise answer itself (another path, POST, HEAD):
+// one mg_write of a whole response, short and plain. (Its own error path ran out of stack:
+// see pthread_attr_setstacksize below.)
 int answer_http_error(mg_connection* conn, int status, const char* /*message*/) {
   const char* reason = status == 404 ? "Not Found" : status == 405 ? "Method Not Allowed" : "Error";
   const std::string body = absl::StrCat(status, " ", reason, ": this port serves GET /metrics only\n");
@@ -101,6 +101,21 @@ class MetricsServerImpl final : public MetricsServer {
 };
 
 }  // namespace
+
+// Threads that ask for a small stack get at least kMinThreadStack. Debian's civetweb 1.15 starts
+// its threads with 100 KiB of stack, and glibc carves each thread's static TLS out of its stack:
+// OpenBLAS alone has 60 KiB of it, so civetweb's error path (mg_send_http_error, vsnprintf)
+// overflowed into the guard page and killed the daemon when it answered anything but
+// GET /metrics; 1 KiB more of TLS anywhere in the process did it again (MetricsTlsTest in
+// tests/cli/cli_test.cc preloads 64 KiB of TLS and asks for the error pages). This definition,
+// exported from the daemons' executables (CMakeLists.txt: --export-dynamic-symbol), comes before
+// libc's in the lookup of every library's call; the stack is virtual memory, touched only as used.
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) noexcept {
+  using Fn = int (*)(pthread_attr_t*, size_t);
+  static const Fn libc = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  constexpr size_t kMinThreadStack = size_t{1} << 20;
+  return libc(attr, std::max(size, kMinThreadStack));
+}
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& host, int port,
                                                                     std::function<std::vector<MetricSample>()> source,

@@ -605,6 +605,34 @@ TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
       << *w;
 }
 
+// A daemon with 64 KiB more of static TLS (tests/cli/tls_ballast.cc, preloaded) still answers
+// every request on its metrics port and goes on serving. glibc carves static TLS out of each
+// thread's stack, and civetweb gives its threads 100 KiB: with OpenBLAS's 60 KiB there, 1 KiB
+// more was enough for the worker to die answering GET /other (SIGSEGV in civetweb's error path).
+// The daemons now give such threads at least 1 MiB (core/metrics_server.cc).
+TEST(Cli, DaemonsWithMoreThreadLocalDataStillAnswerErrorsOnTheMetricsPort) {
+  ASSERT_EQ(setenv("LD_PRELOAD", TESSERA_TLS_BALLAST, 1), 0);
+  absl::StatusOr<ProcessCluster> cluster = ProcessCluster::start(kBin, 1, {"--metrics_port=0"}, {"--metrics_port=0"});
+  unsetenv("LD_PRELOAD");
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (Subprocess* daemon : {cluster->coordinator.get(), cluster->workers[0].get()}) {
+    std::ifstream maps(absl::StrCat("/proc/", daemon->pid(), "/maps"));
+    const std::string mapped((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+    ASSERT_THAT(mapped, HasSubstr("libtls_ballast.so")) << "pid " << daemon->pid();  // the ballast is in
+    absl::StatusOr<std::string> line = daemon->read_line_with("metrics on port", absl::Seconds(20));
+    ASSERT_TRUE(line.ok()) << line.status();
+    int port = -1;
+    ASSERT_TRUE(absl::SimpleAtoi(last_word(*line), &port)) << *line;
+    EXPECT_THAT(http_get(port, "/other").value_or(""), HasSubstr("404 Not Found"));
+    EXPECT_THAT(http_request(port, "POST", "/metrics").value_or(""), HasSubstr("404 Not Found"));
+    EXPECT_THAT(http_request(port, "DELETE", "/").value_or(""), HasSubstr("405 Method Not Allowed"));
+    EXPECT_THAT(http_get(port, "/" + std::string(20000, 'a')).value_or(""), HasSubstr("400"));
+    absl::StatusOr<std::string> scrape = http_get(port, "/metrics");
+    ASSERT_TRUE(scrape.ok()) << "pid " << daemon->pid() << ": " << scrape.status();
+    EXPECT_THAT(*scrape, HasSubstr("200 OK"));  // after the errors: still serving
+  }
+}
+
 // The collective labels follow what each collective used: the path of the worker's transport
 // (--shm=false: gRPC) and the algorithm its threshold table picks by size
 // (worker/collectives/algorithms.h, kGrpcThresholds: an all_reduce up to 512 KiB is a binomial
