@@ -1,9 +1,10 @@
 // bench_transfer: device_put + fetch of a large float32 array on 8 devices, next to a plain
 // memcpy of the same bytes measured in the same run: on Client::local(8) (in process), and on 8
 // tessera-worker processes and a coordinator on 127.0.0.1 reached with Client::connect, whose
-// transfers go through shared memory (a memfd per block, core/shm_transfer.h: "processes/shm")
-// and over gRPC streams (ConnectOptions::shared_memory = false: "processes/grpc"), one client
-// after the other on the same workers; shared memory between the workers either way.
+// transfers go through shared memory (a memfd per block, which the workers adopt on a put:
+// core/shm_transfer.h; "processes/shm") and over gRPC streams (ConnectOptions::shared_memory =
+// false: "processes/grpc"), one client after the other on the same workers; shared memory
+// between the workers either way.
 //
 //   bin/bench_transfer [--mib=256] [--iters=3] [--cluster=in_process|processes|both]
 //                      [--path=shm|grpc|both] [--json]

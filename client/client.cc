@@ -691,10 +691,7 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
     return internal::put_shard(stub, reply.array_id(), reply.grant(), host, shard.index, who,
                                impl_->transfer_path(address), routes[i]);
   });
-  for (uint64_t token : handoffs) Handoff::withdraw(token);  // what a failed put left
-  if (uploaded.ok()) {
-    for (const auto& segment : segments) segment->release();
-  }
+  for (uint64_t token : handoffs) Handoff::withdraw(token);                     // what a failed put left
   if (!uploaded.ok() && !calls.first_error().ok()) return calls.first_error();  // the cause, not a cancellation
   TESSERA_RETURN_IF_ERROR(uploaded);
   return array;

@@ -88,9 +88,10 @@ absl::StatusOr<T> with_who(absl::StatusOr<T> value, const std::string& who) {
   return value;
 }
 
-// Memfds of transfers that ended well (the worker answered, so it has closed its fd), kept for
+// Memfds of fetches that ended well (the worker answered, so it has closed its fd), kept for
 // the next transfer of a size they hold: their pages stay allocated, and allocating a fresh
-// segment's pages costs more than writing them (bench_transfer). At most kPooledSegments
+// segment's pages costs more than writing them (bench_transfer). A put takes one too but gives
+// it up for good: sealed, it becomes the workers' buffer. At most kPooledSegments
 // segments of at least kMinPooledBytes each, kPooledBytes of capacity in all; a segment is
 // reused for blocks of half its capacity or more.
 class SegmentPool {
@@ -121,7 +122,7 @@ class SegmentPool {
   // REQUIRES: no worker holds `segment` (its call ended OK).
   void give_back(ShmSegment segment) {
     absl::MutexLock lock(&mu_);
-    if (segment.capacity() < kMinPooledBytes || held_ + segment.capacity() > kPooledBytes ||
+    if (segment.sealed() || segment.capacity() < kMinPooledBytes || held_ + segment.capacity() > kPooledBytes ||
         by_capacity_.size() >= kPooledSegments) {
       return;  // closed here
     }
@@ -135,8 +136,9 @@ class SegmentPool {
   int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// A new memfd holding block `index` of `global`: written straight from `global` when the block
-// is contiguous there, else gathered first.
+// A memfd holding block `index` of `global`, sealed (core/shm_transfer.h: the workers adopt its
+// pages as their buffer): written straight from `global` when the block is contiguous there,
+// else gathered first.
 absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& index) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
@@ -150,6 +152,7 @@ absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& in
     copy_block_out(global_data, global.shape, elem, index, gathered.data());
     TESSERA_RETURN_IF_ERROR(segment.write_block(gathered.data()));
   }
+  TESSERA_RETURN_IF_ERROR(segment.seal());
   return segment;
 }
 
@@ -200,13 +203,11 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
     return put_header(stub, header, 0, deadline, who, nullptr);
   }
   if (path == TransferPath::kSharedMemory) {
-    // One copy into our memfd, one read by the worker (and by a fan-out's uploader, which
-    // then broadcasts it); the segment goes when both have closed it.
+    // One copy, into our memfd, which the worker adopts as its buffer (and a fan-out's
+    // uploader broadcasts); ours closes here, the worker's mapping keeps the pages.
     TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, with_who(write_segment(global, index), who));
     name_segment(segment, header.mutable_shm());
-    absl::Status status = put_header(stub, header, 0, deadline, who, route.calls);
-    if (status.ok()) SegmentPool::instance().give_back(std::move(segment));
-    return status;
+    return put_header(stub, header, 0, deadline, who, route.calls);
   }
   if (path == TransferPath::kHandoff) {
     // The worker keeps this copy: the one copy of the bytes.
@@ -344,12 +345,6 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   }
   if (offset < 0) copy_block_in(staging.data(), global.shape, elem, index, global_data);
   return absl::OkStatus();
-}
-
-void SharedSegment::release() {
-  absl::MutexLock lock(&mu_);
-  if (segment_.has_value() && segment_->ok()) SegmentPool::instance().give_back(**std::move(segment_));
-  segment_.reset();
 }
 
 absl::StatusOr<const ShmSegment*> SharedSegment::get(const HostView& global, const Index& index) {

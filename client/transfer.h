@@ -51,14 +51,13 @@ enum class TransferPath {
 };
 
 // A replicated block's one memfd, for replicas that all take shared memory: the first of their
-// calls to need it creates and writes it, every replica's worker reads it. Thread-safe.
+// calls to need it creates, writes and seals it, every replica's worker adopts it (maps its
+// pages); it closes with this object, never pooled. Thread-safe.
 class SharedSegment {
  public:
   // The segment holding block `index` of `global`, written once (the same for every caller:
   // the first caller's error too).
   absl::StatusOr<const ShmSegment*> get(const HostView& global, const Index& index);
-  // Keeps the segment for later transfers. REQUIRES: every replica's call ended OK.
-  void release();
 
  private:
   absl::Mutex mu_;
