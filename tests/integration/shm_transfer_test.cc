@@ -111,19 +111,21 @@ class ShmTransferTest : public ::testing::Test {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
   }
-  Client connect(bool shared_memory) {
+  Client connect(bool shared_memory, bool adopt_puts = false) {
     ConnectOptions options;
     options.min_devices = 4;
     options.timeout = absl::Seconds(20);
     options.shared_memory = shared_memory;
+    options.adopt_puts = adopt_puts;
     absl::StatusOr<Client> client = Client::connect(cluster_.address, options);
     EXPECT_TRUE(client.ok()) << client.status();
     return *std::move(client);
   }
 
   // Puts and fetches every layout on `client`; checks every device's block, the whole array
-  // fetched, and that the workers took (shm) or did not take the shared-memory path.
-  void round_trips(const Client& client, bool shm) {
+  // fetched, that the workers took (shm) or did not take the shared-memory path, and that they
+  // adopted the client's memfds (`adopted`: ConnectOptions::adopt_puts) or copied them out.
+  void round_trips(const Client& client, bool shm, bool adopted = false) {
     absl::StatusOr<Mesh> mesh = client.make_mesh({2, 2}, {"a", "b"});
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     struct Case {
@@ -147,10 +149,10 @@ class ShmTransferTest : public ::testing::Test {
       absl::StatusOr<Array> a = client.device_put(host, NamedSharding(*mesh, c.spec));
       ASSERT_TRUE(a.ok()) << a.status();
       const Counts put = counts(client, 4);
-      // Through shared memory each device's buffer is the client's memfd mapped (one device
-      // per worker, one shard per device); streamed, an ordinary allocation.
+      // Adopted, each device's buffer is the client's memfd mapped (one device per worker, one
+      // shard per device); copied out or streamed, an ordinary allocation.
       for (const auto& w : cluster_.workers) {
-        EXPECT_EQ(transfer_memfds_mapped(w->pid()), shm ? 1 : 0) << "worker " << w->pid();
+        EXPECT_EQ(transfer_memfds_mapped(w->pid()), adopted ? 1 : 0) << "worker " << w->pid();
       }
       // Through shared memory every replica's worker reads the block from the client's one
       // memfd; streamed, a block of 256 KiB or more goes to one replica, which fans it out.
@@ -186,8 +188,8 @@ class ShmTransferTest : public ::testing::Test {
     for (const auto& w : cluster_.workers) {
       EXPECT_EQ(transfer_memfds_mapped(w->pid()), 0) << "worker " << w->pid();
     }
-    // The client keeps the memfds of fetches that went well for the next transfers (bounded:
-    // client/transfer.cc's SegmentPool keeps at most 64); a put's went to the workers.
+    // The client keeps the memfds of transfers that went well for the next ones (bounded:
+    // client/transfer.cc's SegmentPool keeps at most 64); an adopted put's went to the workers.
     EXPECT_LE(transfer_memfds_open(getpid()), 64) << "this client";
   }
 
@@ -198,10 +200,20 @@ TEST_F(ShmTransferTest, CoLocatedPutsAndFetchesGoThroughSharedMemory) {
   start();
   const Client client = connect(/*shared_memory=*/true);
   round_trips(client, /*shm=*/true);
-  // Again: now the blocks travel through the memfds the first round's fetches left to the
-  // client's pool (fresh token, stale bytes beyond the block, which a put's sealing trims),
-  // and must arrive the same.
+  // Again: now the blocks travel through the memfds the first round's transfers left to the
+  // client's pool (fresh token, stale bytes beyond the block), and must arrive the same.
   round_trips(client, /*shm=*/true);
+}
+
+// ConnectOptions::adopt_puts: every put's memfd is sealed and becomes the workers' buffers
+// (mapped, one per device, every replica of a block mapping the same memfd), unmapped when the
+// arrays are deleted; fetches as before. Twice: the second round's fetches reuse pooled memfds,
+// which puts never take.
+TEST_F(ShmTransferTest, AdoptedPutsAreTheWorkersBuffers) {
+  start();
+  const Client client = connect(/*shared_memory=*/true, /*adopt_puts=*/true);
+  round_trips(client, /*shm=*/true, /*adopted=*/true);
+  round_trips(client, /*shm=*/true, /*adopted=*/true);
 }
 
 TEST_F(ShmTransferTest, AClientThatTurnsItOffStreams) {
