@@ -354,8 +354,9 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 
 void SharedSegment::release() {
   absl::MutexLock lock(&mu_);
-  if (segment_.has_value() && segment_->ok())
+  if (segment_.has_value() && segment_->ok()) {
     SegmentPool::instance().give_back(**std::move(segment_));  // not if sealed
+  }
   segment_.reset();
 }
 

@@ -249,10 +249,11 @@ absl::StatusOr<HostArray> ShmSegment::map_block(DType dtype, Shape shape) const 
         absl::StrCat("shared-memory transfer: mapping a block of ", bytes_, " bytes: ", std::strerror(error));
     return error == ENOMEM ? absl::ResourceExhaustedError(message) : absl::InternalError(message);
   }
-  // The page tables at once, read-only (no copy-on-write): faulting 4 KiB pages one by one when
-  // the buffer is first read costs several times more (bench_transfer's fetches: 256 MiB read
-  // from a fresh mapping ~180 ms, populated ~35 ms, populating ~8 ms). Advice only: a kernel
-  // without MADV_POPULATE_READ (before 5.14) faults them in as they are read.
+  // The page tables at once, read-only (no copy-on-write), rather than a fault per 4 KiB page
+  // at the first read: on the 2-core VM of docs/design.md, 256 MiB read through a fresh
+  // mapping page by page took 179-188 ms, populating it 7-22 ms (the first passes over such
+  // pages stay slower than warm memory all the same). Advice only: a kernel without
+  // MADV_POPULATE_READ (before 5.14) faults them in as they are read.
   madvise(mapped, static_cast<size_t>(bytes_), MADV_POPULATE_READ);
   return HostArray::adopt(dtype, std::move(shape), static_cast<std::byte*>(mapped),
                           [](std::byte* data, size_t bytes) { munmap(data, bytes); });

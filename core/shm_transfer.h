@@ -3,19 +3,19 @@
 // page of header: a magic number, a random token and the block's byte count; then the block)
 // and names it on its PutShard or GetShard call by its pid, its fd and the token; the worker
 // opens it as /proc/<pid>/fd/<fd> and checks that it is a Tessera memfd with that token and
-// room for the block. A put's segment is sealed by the client once written (no write, shrink
-// or grow, ever again, by anyone): the worker then adopts it, mapping the block privately as
-// the buffer's storage (no copy; the mapping keeps the pages after the client closes its fd or
-// dies). An unsealed segment (an older client) is copied out with pread, and a fetch's is
-// written with pwrite: never through a mapping of a file its owner may still shrink, so that
-// is an error, never SIGBUS. The memfd has no name: it goes when its last holder closes or
+// room for the block. A put's segment that its client sealed once written (no write, shrink or
+// grow, ever again, by anyone: ConnectOptions::adopt_puts) is adopted: the worker maps the
+// block privately as the buffer's storage (no copy; the mapping keeps the pages after the
+// client closes its fd or dies). An unsealed segment is copied out with pread, and a fetch's
+// is written with pwrite: never through a mapping of a file its owner may still shrink, so
+// that is an error, never SIGBUS. The memfd has no name: it goes when its last holder closes or
 // unmaps it, so a client or worker killed mid-transfer leaves nothing behind.
 //
 //   auto seg = ShmSegment::create(bytes);                          // client
 //   seg->write_block(src);  seg->seal();
 //   ... PutShard(header with {getpid(), seg->fd(), seg->token()}) ...
 //   auto peer = ShmSegment::open(pid, fd, token, bytes, false);    // worker
-//   if (peer->adoptable()) array = peer->map_block(dtype, shape); else peer->read_block(dst);
+//   if (peer->sealed()) array = peer->map_block(dtype, shape); else peer->read_block(dst);
 #ifndef TESSERA_CORE_SHM_TRANSFER_H_
 #define TESSERA_CORE_SHM_TRANSFER_H_
 

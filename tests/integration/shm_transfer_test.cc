@@ -312,6 +312,33 @@ class ShmTransferWireTest : public ShmTransferTest {
   std::unique_ptr<pb::Worker::Stub> worker_;
 };
 
+// A child process that alone holds `segment` (its copy of the fd: this process's is closed)
+// until it is killed, by kill_and_reap() or at the end of the scope. The child only pauses: no
+// allocation or lock after fork in this threaded process. pid() <= 0 if fork failed.
+class SegmentHolder {
+ public:
+  explicit SegmentHolder(ShmSegment* segment) : pid_(fork()) {
+    if (pid_ == 0) {
+      for (;;) pause();
+    }
+    *segment = *ShmSegment::create(0);
+  }
+  ~SegmentHolder() { kill_and_reap(); }
+  SegmentHolder(const SegmentHolder&) = delete;
+  SegmentHolder& operator=(const SegmentHolder&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Whether the child was killed and reaped now.
+  bool kill_and_reap() {
+    const bool reaped = pid_ > 0 && ::kill(pid_, SIGKILL) == 0 && waitpid(pid_, nullptr, 0) == pid_;
+    pid_ = -1;
+    return reaped;
+  }
+
+ private:
+  pid_t pid_;
+};
+
 void expect_error(const grpc::Status& s, grpc::StatusCode code, const std::string& part) {
   EXPECT_EQ(s.error_code(), code) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr(part));
@@ -393,31 +420,18 @@ TEST_F(ShmTransferWireTest, ASegmentOfAClientKilledBeforeTheWorkerOpensItFailsTh
   absl::StatusOr<ShmSegment> segment = ShmSegment::create(host.nbytes());
   ASSERT_TRUE(segment.ok()) << segment.status();
   ASSERT_TRUE(segment->write_block(host.data()).ok());
-  // The child only holds the segment (its copy of the fd) until it is killed: no allocation
-  // or lock after fork in this threaded process.
-  const pid_t holder = fork();
-  ASSERT_GE(holder, 0);
-  if (holder == 0) {
-    for (;;) pause();
-  }
-  struct KillAtEnd {
-    pid_t pid;
-    ~KillAtEnd() {
-      if (::kill(pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
-    }
-  } kill_at_end{holder};
   const int fd = segment->fd();
   const uint64_t token = segment->token();
-  *segment = *ShmSegment::create(0);  // closes this process's fd: the child's is the only one
+  SegmentHolder holding(&*segment);
+  ASSERT_GT(holding.pid(), 0) << "fork: " << std::strerror(errno);
+  const pid_t holder = holding.pid();
 
   const grpc::Status from_holder = put(header(601, kElements, named(holder, fd, token)));
   ASSERT_TRUE(from_holder.ok()) << from_holder.error_message();
   expect_block(fetch_streamed(601, kElements), {{0, 1}, {0, kElements}}, kElements);
   delete_buffers({601});
 
-  ASSERT_EQ(::kill(holder, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(holder, &status, 0), holder);
+  ASSERT_TRUE(holding.kill_and_reap());
   expect_error(put(header(602, kElements, named(holder, fd, token))), grpc::StatusCode::NOT_FOUND,
                absl::StrCat("PutShard: buffer 602 i32[1,4096]: shared-memory segment of process ", holder, " fd ", fd,
                             ": cannot open /proc/", holder, "/fd/", fd, " here"));
@@ -460,20 +474,11 @@ TEST_F(ShmTransferWireTest, ASealedSegmentIsAdoptedAndOutlivesItsClient) {
   EXPECT_EQ(segment->reuse(16).code(), absl::StatusCode::kFailedPrecondition);
 
   // Held by a child process alone, which is killed once the put is done.
-  const pid_t holder = fork();
-  ASSERT_GE(holder, 0);
-  if (holder == 0) {
-    for (;;) pause();
-  }
-  struct KillAtEnd {
-    pid_t pid;
-    ~KillAtEnd() {
-      if (::kill(pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
-    }
-  } kill_at_end{holder};
   const int fd = segment->fd();
   const uint64_t token = segment->token();
-  *segment = *ShmSegment::create(0);  // closes this process's fd: the child's is the only one
+  SegmentHolder holding(&*segment);
+  ASSERT_GT(holding.pid(), 0) << "fork: " << std::strerror(errno);
+  const pid_t holder = holding.pid();
 
   const pid_t worker = cluster_.workers[0]->pid();
   const grpc::Status adopted = put(header(701, kElements, named(holder, fd, token)));
@@ -487,9 +492,7 @@ TEST_F(ShmTransferWireTest, ASealedSegmentIsAdoptedAndOutlivesItsClient) {
     EXPECT_EQ(s->bytes_used, host.nbytes());  // charged to the device as any buffer
     EXPECT_EQ(s->shm_bytes_put, host.nbytes());
   }
-  ASSERT_EQ(::kill(holder, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(holder, &status, 0), holder);
+  ASSERT_TRUE(holding.kill_and_reap());
 
   expect_block(fetch_streamed(701, kElements), {{0, 1}, {0, kElements}}, kElements);
   EXPECT_EQ(transfer_memfds_mapped(worker), 1);
