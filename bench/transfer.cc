@@ -1,12 +1,13 @@
 // bench_transfer: device_put + fetch of a large float32 array on 8 devices, next to a plain
 // memcpy of the same bytes measured in the same run: on Client::local(8) (in process), and on 8
 // tessera-worker processes and a coordinator on 127.0.0.1 reached with Client::connect, whose
-// transfers go through shared memory (a memfd per block, core/shm_transfer.h: "processes/shm")
-// and over gRPC streams (ConnectOptions::shared_memory = false: "processes/grpc"), one client
-// after the other on the same workers; shared memory between the workers either way.
+// transfers go through shared memory (a memfd per block, which the workers adopt on a put:
+// core/shm_transfer.h; "processes/shm") and over gRPC streams (ConnectOptions::shared_memory =
+// false: "processes/grpc"), one client after the other on the same workers; shared memory
+// between the workers either way.
 //
 //   bin/bench_transfer [--mib=256] [--iters=3] [--cluster=in_process|processes|both]
-//                      [--path=shm|grpc|both] [--json]
+//                      [--path=shm|grpc|both] [--adopt_puts] [--json]
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +30,9 @@ ABSL_FLAG(std::string, cluster, "both",
           "in_process (Client::local(8)), processes (8 tessera-worker processes, Client::connect) or both");
 ABSL_FLAG(std::string, path, "both",
           "with processes: the client's transfers through shared memory (shm), gRPC streams (grpc) or both");
+ABSL_FLAG(bool, adopt_puts, false,
+          "with processes/shm: the workers adopt each put's memfd (ConnectOptions::adopt_puts), row "
+          "processes/shm+adopt");
 
 namespace tessera {
 namespace {
@@ -78,7 +82,7 @@ int run_layouts(const Client& client, const std::string& cluster, const HostArra
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times device_put and fetch against memcpy.\nUsage: bench_transfer [--mib=256] [--iters=3] "
-      "[--cluster=in_process|processes|both] [--path=shm|grpc|both] [--json]");
+      "[--cluster=in_process|processes|both] [--path=shm|grpc|both] [--adopt_puts] [--json]");
   tessera::parse_flags(argc, argv, "bench_transfer", {});
   using namespace tessera;
   const int64_t mib = absl::GetFlag(FLAGS_mib);
@@ -132,12 +136,15 @@ int main(int argc, char** argv) {
     }
     for (const bool shm : {true, false}) {
       if (path == (shm ? "grpc" : "shm")) continue;
-      absl::StatusOr<Client> client = Client::connect(cluster->address, {.min_devices = 8, .shared_memory = shm});
+      const bool adopt = shm && absl::GetFlag(FLAGS_adopt_puts);
+      absl::StatusOr<Client> client =
+          Client::connect(cluster->address, {.min_devices = 8, .shared_memory = shm, .adopt_puts = adopt});
       if (!client.ok()) {
         std::fprintf(stderr, "bench_transfer: %s\n", client.status().ToString().c_str());
         return 1;
       }
-      if (run_layouts(*client, shm ? "processes/shm" : "processes/grpc", host, iters, base) != 0) return 1;
+      const char* label = adopt ? "processes/shm+adopt" : shm ? "processes/shm" : "processes/grpc";
+      if (run_layouts(*client, label, host, iters, base) != 0) return 1;
     }
   }
   return 0;

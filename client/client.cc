@@ -68,6 +68,7 @@ grpc::Status ClientImpl::cancellable(absl::Duration timeout,
 
 absl::Status ClientImpl::init(const ConnectOptions& options) {
   shared_memory_ = options.shared_memory;
+  adopt_puts_ = options.adopt_puts;
   const std::string who = absl::StrCat("coordinator ", coordinator_address_);
   pb::HandshakeRequest req;
   req.set_protocol_version(kProtocolVersion);
@@ -683,6 +684,7 @@ absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedShardi
   };
   std::vector<internal::PutRoute> routes =
       put_routes(host, shards, addresses, reply, &fan_outs, &handoffs, &calls, shared_memory, &segments);
+  for (internal::PutRoute& route : routes) route.adopt = impl_->adopt_puts();
   const absl::Status uploaded = internal::run_parallel(static_cast<int>(shards.size()), [&](int i) -> absl::Status {
     const DeviceShard& shard = shards[i];
     const std::string& address = addresses[shard.device_id];

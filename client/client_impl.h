@@ -75,6 +75,8 @@ class ClientImpl {
   // shared memory when its handshake (worker()) showed it on this host and PID namespace and
   // ConnectOptions::shared_memory allows, else streamed (also before worker(address) reached it).
   TransferPath transfer_path(const std::string& address);
+  // ConnectOptions::adopt_puts (set by init()).
+  bool adopt_puts() const { return adopt_puts_; }
 
   absl::StatusOr<pb::Topology> topology();
 
@@ -133,6 +135,7 @@ class ClientImpl {
   std::map<std::string, std::unique_ptr<pb::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> shm_workers_ ABSL_GUARDED_BY(mu_);  // addresses whose transfers take shared memory
   bool shared_memory_ = true;                               // ConnectOptions::shared_memory; set by init()
+  bool adopt_puts_ = false;                                 // ConnectOptions::adopt_puts; set by init()
   std::map<uint64_t, pb::ArrayInfo> tracked_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> grants_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* renewing_ ABSL_GUARDED_BY(mu_) = nullptr;  // the renewer's call, to cancel

@@ -90,7 +90,9 @@ absl::StatusOr<T> with_who(absl::StatusOr<T> value, const std::string& who) {
 
 // Memfds of transfers that ended well (the worker answered, so it has closed its fd), kept for
 // the next transfer of a size they hold: their pages stay allocated, and allocating a fresh
-// segment's pages costs more than writing them (bench_transfer). At most kPooledSegments
+// segment's pages costs more than writing them (bench_transfer). Adopted puts
+// (ConnectOptions::adopt_puts) neither take nor give back: their segments become the workers'
+// buffers, sealed. At most kPooledSegments
 // segments of at least kMinPooledBytes each, kPooledBytes of capacity in all; a segment is
 // reused for blocks of half its capacity or more.
 class SegmentPool {
@@ -121,7 +123,7 @@ class SegmentPool {
   // REQUIRES: no worker holds `segment` (its call ended OK).
   void give_back(ShmSegment segment) {
     absl::MutexLock lock(&mu_);
-    if (segment.capacity() < kMinPooledBytes || held_ + segment.capacity() > kPooledBytes ||
+    if (segment.sealed() || segment.capacity() < kMinPooledBytes || held_ + segment.capacity() > kPooledBytes ||
         by_capacity_.size() >= kPooledSegments) {
       return;  // closed here
     }
@@ -135,12 +137,14 @@ class SegmentPool {
   int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// A new memfd holding block `index` of `global`: written straight from `global` when the block
-// is contiguous there, else gathered first.
-absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& index) {
+// A memfd holding block `index` of `global`: written straight from `global` when the block is
+// contiguous there, else gathered first. `seal`: a fresh one, sealed, for the workers to adopt
+// (core/shm_transfer.h); else one from the pool, which they copy out.
+absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& index, bool seal) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
-  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, SegmentPool::instance().take(num_elements(shape) * elem));
+  const int64_t bytes = num_elements(shape) * elem;
+  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, seal ? ShmSegment::create(bytes) : SegmentPool::instance().take(bytes));
   const auto* global_data = static_cast<const std::byte*>(global.data);
   const int64_t offset = contiguous_block_offset(global.shape, index);
   if (offset >= 0) {
@@ -150,6 +154,7 @@ absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& in
     copy_block_out(global_data, global.shape, elem, index, gathered.data());
     TESSERA_RETURN_IF_ERROR(segment.write_block(gathered.data()));
   }
+  if (seal) TESSERA_RETURN_IF_ERROR(segment.seal());
   return segment;
 }
 
@@ -195,17 +200,18 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   if (route.handoff != 0) return put_header(stub, header, route.handoff, kControlDeadline, who, nullptr);
   if (route.fan_out != nullptr && !route.uploader) return put_header(stub, header, 0, deadline, who, route.calls);
   if (route.segment != nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(const ShmSegment* segment, with_who(route.segment->get(global, index), who));
+    TESSERA_ASSIGN_OR_RETURN(const ShmSegment* segment, with_who(route.segment->get(global, index, route.adopt), who));
     name_segment(*segment, header.mutable_shm());
     return put_header(stub, header, 0, deadline, who, nullptr);
   }
   if (path == TransferPath::kSharedMemory) {
-    // One copy into our memfd, one read by the worker (and by a fan-out's uploader, which
-    // then broadcasts it); the segment goes when both have closed it.
-    TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, with_who(write_segment(global, index), who));
+    // One copy into our memfd; the worker adopts it as its buffer (route.adopt: sealed, never
+    // pooled again; its mapping keeps the pages once ours closes) or copies it out, as a
+    // fan-out's uploader does before it broadcasts. The segment goes when both have closed it.
+    TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, with_who(write_segment(global, index, route.adopt), who));
     name_segment(segment, header.mutable_shm());
     absl::Status status = put_header(stub, header, 0, deadline, who, route.calls);
-    if (status.ok()) SegmentPool::instance().give_back(std::move(segment));
+    if (status.ok()) SegmentPool::instance().give_back(std::move(segment));  // not if sealed
     return status;
   }
   if (path == TransferPath::kHandoff) {
@@ -348,13 +354,15 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 
 void SharedSegment::release() {
   absl::MutexLock lock(&mu_);
-  if (segment_.has_value() && segment_->ok()) SegmentPool::instance().give_back(**std::move(segment_));
+  if (segment_.has_value() && segment_->ok()) {
+    SegmentPool::instance().give_back(**std::move(segment_));  // not if sealed
+  }
   segment_.reset();
 }
 
-absl::StatusOr<const ShmSegment*> SharedSegment::get(const HostView& global, const Index& index) {
+absl::StatusOr<const ShmSegment*> SharedSegment::get(const HostView& global, const Index& index, bool seal) {
   absl::MutexLock lock(&mu_);  // the other replicas wait for the bytes they are to name
-  if (!segment_.has_value()) segment_ = write_segment(global, index);
+  if (!segment_.has_value()) segment_ = write_segment(global, index, seal);
   if (!segment_->ok()) return segment_->status();
   return &**segment_;
 }

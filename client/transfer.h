@@ -51,13 +51,14 @@ enum class TransferPath {
 };
 
 // A replicated block's one memfd, for replicas that all take shared memory: the first of their
-// calls to need it creates and writes it, every replica's worker reads it. Thread-safe.
+// calls to need it creates and writes it, every replica's worker reads it (copies it out, or,
+// sealed, adopts its pages). Thread-safe.
 class SharedSegment {
  public:
   // The segment holding block `index` of `global`, written once (the same for every caller:
-  // the first caller's error too).
-  absl::StatusOr<const ShmSegment*> get(const HostView& global, const Index& index);
-  // Keeps the segment for later transfers. REQUIRES: every replica's call ended OK.
+  // the first caller's error too); `seal`: sealed for adoption (PutRoute::adopt).
+  absl::StatusOr<const ShmSegment*> get(const HostView& global, const Index& index, bool seal);
+  // Keeps the segment for later transfers unless sealed. REQUIRES: every replica's call ended OK.
   void release();
 
  private:
@@ -77,6 +78,9 @@ struct PutRoute {
   uint64_t handoff = 0;
   // On this host: the block's memfd, shared by its replicas (each worker reads it; no fan-out).
   SharedSegment* segment = nullptr;
+  // On this host: seal the memfd so that the workers adopt its pages instead of copying them
+  // out (ConnectOptions::adopt_puts).
+  bool adopt = false;
 };
 
 // The positions in `shards` of each distinct block's replicas, blocks in order of first

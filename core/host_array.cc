@@ -179,11 +179,19 @@ HostArray::HostArray(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move
     if (p == nullptr) throw std::bad_alloc();
     if (alignment == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
   }
-  data_ = std::unique_ptr<std::byte, FreeDeleter>(static_cast<std::byte*>(p), FreeDeleter{rounded});
+  data_ = std::unique_ptr<std::byte, FreeDeleter>(static_cast<std::byte*>(p), FreeDeleter{rounded, nullptr});
+}
+
+HostArray HostArray::adopt(DType dtype, Shape shape, std::byte* data, Release release) {
+  assert(release != nullptr);
+  const size_t bytes = static_cast<size_t>(num_elements(shape) * dtype_size(dtype));
+  return HostArray(dtype, std::move(shape), std::unique_ptr<std::byte, FreeDeleter>(data, FreeDeleter{bytes, release}));
 }
 
 void HostArray::FreeDeleter::operator()(std::byte* p) const {
-  if (bytes >= kCachedMinBytes) {
+  if (release != nullptr) {
+    release(p, bytes);
+  } else if (bytes >= kCachedMinBytes) {
     buffer_cache().give(p, bytes);
   } else {
     free_counted(p, bytes);

@@ -72,6 +72,15 @@ class HostArray {
   // chunks until it trims (core/heap.h). Monotonic; any thread.
   static int64_t bytes_freed();
 
+  // An array over storage this process did not allocate through HostArray (a mapping of a
+  // client's memfd, worker/transfers.cc): `data` holds nbytes() of `dtype` elements, dense and
+  // row-major, and is released by `release(data, nbytes())` when the array goes (never through
+  // the buffer cache, nor counted in bytes_freed). The array may write its elements (a kernel
+  // in place), so `data` must be writable. REQUIRES: as the constructor's; `data` aligned for
+  // `dtype`; `release` not null.
+  using Release = void (*)(std::byte* data, size_t bytes);
+  static HostArray adopt(DType dtype, Shape shape, std::byte* data, Release release);
+
   static HostArray zeros(DType dtype, Shape shape);
   static HostArray ones(DType dtype, Shape shape);
   // Element i (row-major) holds i converted to dtype; for bool, i % 2 == 1.
@@ -147,11 +156,16 @@ class HostArray {
   [[noreturn]] static void size_mismatch(size_t values, const HostArray& array);
 
   // Frees a buffer of `bytes` (rounded) bytes: large ones go back to a bounded process-wide
-  // cache that the next allocation of the same size takes (see host_array.cc).
+  // cache that the next allocation of the same size takes (see host_array.cc); adopted storage
+  // (`release` set) goes back to its owner instead.
   struct FreeDeleter {
     size_t bytes;
+    Release release;  // null: ours (no initializer: unique_ptr needs it default-constructible here)
     void operator()(std::byte* p) const;
   };
+  // adopt's: the fields alone, storage set by the caller.
+  HostArray(DType dtype, Shape shape, std::unique_ptr<std::byte, FreeDeleter> data)
+      : dtype_(dtype), shape_(std::move(shape)), size_(num_elements(shape_)), data_(std::move(data)) {}
 
   DType dtype_;
   Shape shape_;

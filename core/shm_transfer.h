@@ -1,17 +1,21 @@
 // ShmSegment: one block of bytes handed between a client and a worker of the same host
-// through a memfd (docs/design.md, "Data path"). The client creates the segment (a page of
-// header: a magic number, a random token and the block's byte count; then the block) and names
-// it on its PutShard or GetShard call by its pid, its fd and the token; the worker opens it as
-// /proc/<pid>/fd/<fd>, checks that it is a Tessera memfd with that token and room for the
-// block, and reads the block from it (a put) or writes it in (a fetch). Both sides copy with
-// pread/pwrite, never through a mapping, so a segment shrunk by its owner meanwhile is an
-// error, never SIGBUS. The memfd has no name: it goes when its last holder closes it, so a
-// client or worker killed mid-transfer leaves nothing behind.
+// through a memfd (docs/design.md, "Co-located clients"). The client creates the segment (a
+// page of header: a magic number, a random token and the block's byte count; then the block)
+// and names it on its PutShard or GetShard call by its pid, its fd and the token; the worker
+// opens it as /proc/<pid>/fd/<fd> and checks that it is a Tessera memfd with that token and
+// room for the block. A put's segment that its client sealed once written (no write, shrink or
+// grow, ever again, by anyone: ConnectOptions::adopt_puts) is adopted: the worker maps the
+// block privately as the buffer's storage (no copy; the mapping keeps the pages after the
+// client closes its fd or dies). An unsealed segment is copied out with pread, and a fetch's
+// is written with pwrite: never through a mapping of a file its owner may still shrink, so
+// that is an error, never SIGBUS. The memfd has no name: it goes when its last holder closes or
+// unmaps it, so a client or worker killed mid-transfer leaves nothing behind.
 //
 //   auto seg = ShmSegment::create(bytes);                          // client
-//   seg->write_block(src);  ... PutShard(header with {getpid(), seg->fd(), seg->token()}) ...
+//   seg->write_block(src);  seg->seal();
+//   ... PutShard(header with {getpid(), seg->fd(), seg->token()}) ...
 //   auto peer = ShmSegment::open(pid, fd, token, bytes, false);    // worker
-//   peer->read_block(dst);
+//   if (peer->sealed()) array = peer->map_block(dtype, shape); else peer->read_block(dst);
 #ifndef TESSERA_CORE_SHM_TRANSFER_H_
 #define TESSERA_CORE_SHM_TRANSFER_H_
 
@@ -21,6 +25,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "core/host_array.h"
+#include "core/shape.h"
 
 namespace tessera {
 
@@ -67,12 +74,32 @@ class ShmSegment {
 
   // Makes a created segment (its owner's, no longer named to any worker) hold a block of
   // `bytes` under a fresh token, keeping its pages: a later transfer of a size at most
-  // capacity() writes into memory already allocated. INVALID_ARGUMENT beyond capacity().
+  // capacity() writes into memory already allocated. INVALID_ARGUMENT beyond capacity();
+  // FAILED_PRECONDITION for a sealed segment.
   absl::Status reuse(int64_t bytes);
+
+  // Makes a created segment immutable for good: trims it to its header and block (a reused
+  // segment's capacity beyond goes), then seals it against writing, shrinking and growing
+  // (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW), so that a worker may adopt its pages as a
+  // buffer. Afterwards write_block and reuse fail; the segment is its owner's to close, not to
+  // pool. INTERNAL with errno's text if the kernel refuses (EBUSY: a writable shared mapping
+  // of it exists).
+  absl::Status seal();
+  // Whether the segment is sealed as seal() does (an opened one: as its file was when opened;
+  // seals are never removed), so that map_block may map it.
+  bool sealed() const { return sealed_; }
+
+  // The block as a HostArray of `dtype` and `shape` whose storage is a private mapping of the
+  // segment (copy-on-write: writing the array never reaches the file), unmapped when the array
+  // goes; the mapping keeps the file's pages after every fd is closed. A block of 0 bytes is an
+  // ordinary empty array. FAILED_PRECONDITION if the segment is not sealed() or the page size
+  // does not divide kDataOffset; INVALID_ARGUMENT if `shape` does not hold bytes(); INTERNAL
+  // (RESOURCE_EXHAUSTED for ENOMEM) if mmap fails.
+  absl::StatusOr<HostArray> map_block(DType dtype, Shape shape) const;
 
   // The whole block, from `src` into the segment or from the segment into `dst`
   // (bytes() each). DATA_LOSS if the segment ended early (it was shrunk meanwhile);
-  // INTERNAL with errno's text otherwise (ENOSPC, ...).
+  // INTERNAL with errno's text otherwise (ENOSPC, EPERM once sealed, ...).
   absl::Status write_block(const std::byte* src);
   absl::Status read_block(std::byte* dst) const;
 
@@ -85,6 +112,7 @@ class ShmSegment {
   uint64_t token_ = 0;
   int64_t bytes_ = 0;
   int64_t capacity_ = 0;
+  bool sealed_ = false;
 };
 
 }  // namespace tessera

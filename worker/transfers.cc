@@ -381,17 +381,29 @@ absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(
     return absl::InvalidArgumentError("PutShard: a header naming a shared-memory segment carries no data");
   }
   const pb::ShardHeader& header = first.header();
-  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<HostArray> data, begin_put(header));
+  TESSERA_ASSIGN_OR_RETURN(ArrayType type, reserve_put(header));
   const uint64_t id = header.buffer_id();
-  absl::Status read = [&]() -> absl::Status {
+  const std::string what = absl::StrCat("PutShard: buffer ", id, " ", type_to_string(type.dtype, type.shape), ": ");
+  absl::StatusOr<std::shared_ptr<const HostArray>> data = [&]() -> absl::StatusOr<std::shared_ptr<const HostArray>> {
+    const int64_t bytes = num_elements(type.shape) * dtype_size(type.dtype);
     TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(header.shm().pid(), header.shm().fd(),
-                                                                  header.shm().token(), data->nbytes(), false));
-    return segment.read_block(data->data());
+                                                                  header.shm().token(), bytes, false));
+    if (segment.sealed()) {
+      // Adopted: the buffer is the client's pages, mapped; no copy, however many replicas map
+      // them. The mapping keeps them once the segment's fds are closed (ours below, the client's
+      // when its call returns or it dies).
+      TESSERA_ASSIGN_OR_RETURN(HostArray mapped, segment.map_block(type.dtype, type.shape));
+      return std::make_shared<const HostArray>(std::move(mapped));
+    }
+    // An unsealed segment (an older client's): its owner may still write or shrink it, so the
+    // block is copied out of it, with pread.
+    auto copy = std::make_shared<HostArray>(type.dtype, type.shape);
+    TESSERA_RETURN_IF_ERROR(segment.read_block(copy->data()));
+    return std::shared_ptr<const HostArray>(std::move(copy));
   }();
-  if (!read.ok()) {
+  if (!data.ok()) {
     store_->cancel(id);
-    return absl::Status(read.code(), absl::StrCat("PutShard: buffer ", id, " ",
-                                                  type_to_string(data->dtype(), data->shape()), ": ", read.message()));
+    return absl::Status(data.status().code(), absl::StrCat(what, data.status().message()));
   }
   return data;
 }

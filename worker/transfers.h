@@ -109,8 +109,9 @@ class Transfers {
   // checks it is the shard the header announces and reserves it.
   absl::StatusOr<std::shared_ptr<const HostArray>> take_handed_over(const pb::ShardChunk& first, uint64_t token);
   // A put whose bytes wait in a co-located client's memfd (header.shm): reserves the shard
-  // the header announces and reads it from the segment (core/shm_transfer.h's errors), or
-  // releases the reservation.
+  // the header announces and adopts the segment's pages as the buffer (a sealed segment,
+  // mapped privately) or copies the block out of it (an unsealed one); on an error
+  // (core/shm_transfer.h's), releases the reservation.
   absl::StatusOr<std::shared_ptr<const HostArray>> read_client_segment(const pb::ShardChunk& first);
 
   // The broadcast of a fan-out (header.fan_out), checked: two to kMaxFanOut distinct members,

@@ -2,6 +2,7 @@
 #include "core/host_array.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
@@ -194,6 +195,46 @@ TEST(HostArray, TheBufferCacheKeepsNoMoreThanItsLimit) {
   { HostArray d(DType::kF32, {2 * n}); }  // alone over the limit: not kept
   EXPECT_EQ(HostArray::buffer_cache_bytes(), kBytes);
   HostArray::set_buffer_cache_limit(size_t{1} << 30);
+}
+
+// Storage allocated elsewhere (worker/transfers.cc's mapping of a client's memfd) is used in
+// place, moves with the array and goes back through its release function once, with the
+// array's byte count; never into the buffer cache nor into bytes_freed.
+std::vector<std::pair<std::byte*, size_t>>& released() {
+  static auto* const calls = new std::vector<std::pair<std::byte*, size_t>>;
+  return *calls;
+}
+
+TEST(HostArray, AdoptedStorageGoesBackToItsOwner) {
+  constexpr int64_t n = 50000;  // 200 KB: an allocation this large would be cached
+  HostArray::set_buffer_cache_limit(0);
+  HostArray::set_buffer_cache_limit(size_t{1} << 30);
+  const int64_t freed_before = HostArray::bytes_freed();
+  auto* storage = static_cast<std::byte*>(std::aligned_alloc(64, n * 4));
+  ASSERT_NE(storage, nullptr);
+  released().clear();
+  {
+    HostArray a = HostArray::adopt(DType::kF32, {n / 2, 2}, storage, [](std::byte* data, size_t bytes) {
+      released().emplace_back(data, bytes);
+      std::free(data);
+    });
+    EXPECT_EQ(a.data(), storage);
+    EXPECT_EQ(a.nbytes(), n * 4);
+    a.mutable_values<float>()[n - 1] = 3.5f;
+    HostArray b = std::move(a).reshaped({n});
+    EXPECT_EQ(b.data(), storage);
+    EXPECT_EQ(b.values<float>()[n - 1], 3.5f);
+    HostArray c = b.clone();  // an ordinary copy
+    EXPECT_NE(c.data(), storage);
+    EXPECT_EQ(c, b);
+    EXPECT_TRUE(released().empty());
+  }
+  ASSERT_EQ(released().size(), 1u);
+  EXPECT_EQ(released()[0].first, storage);
+  EXPECT_EQ(released()[0].second, static_cast<size_t>(n * 4));
+  // The clone went to the cache as usual (200000 bytes, 64-byte rounded); the adopted storage did not.
+  EXPECT_EQ(HostArray::buffer_cache_bytes(), size_t{200000});
+  EXPECT_EQ(HostArray::bytes_freed(), freed_before);
 }
 
 // arange(dtype, (2, 3)) spelled out per dtype.

@@ -1,20 +1,24 @@
-// Co-located transfers (docs/design.md, "Data path"): a Client::connect client on the workers'
-// host puts and fetches through a memfd of its own that the worker reads or writes once
-// (core/shm_transfer.h); a client that turns it off, or workers started with
-// --shm_transfers=false, stream over gRPC. Real tessera-worker and tessera-coordinator
-// processes on 127.0.0.1; the path taken is read from the workers' own counters
-// (GetStats: shm_bytes_put, shm_bytes_fetched), and the values from the host array, checked
-// element by element against the formula that made them.
+// Co-located transfers (docs/design.md, "Co-located clients"): a Client::connect client on the
+// workers' host puts through a memfd of its own, sealed, whose pages every replica's worker
+// adopts as its buffer (a private mapping, no copy), and fetches through a memfd the worker
+// writes once (core/shm_transfer.h); an unsealed segment is copied out instead; a client that
+// turns it off, or workers started with --shm_transfers=false, stream over gRPC. Real
+// tessera-worker and tessera-coordinator processes on 127.0.0.1; the path taken is read from
+// the workers' own counters (GetStats: shm_bytes_put, shm_bytes_fetched) and their
+// /proc/<pid>/maps (an adopted buffer is a mapping of memfd:tessera-transfer), and the values
+// from the host array, checked element by element against the formula that made them.
 #include "core/shm_transfer.h"
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -85,6 +89,18 @@ int transfer_memfds_open(pid_t pid) {
   return n;
 }
 
+// The mappings of transfer memfds in process `pid` (/proc/<pid>/maps): a worker's adopted
+// buffers, one each.
+int transfer_memfds_mapped(pid_t pid) {
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  EXPECT_TRUE(maps.good()) << "cannot read /proc/" << pid << "/maps";
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:tessera-transfer") != std::string::npos) ++n;
+  }
+  return n;
+}
+
 class ShmTransferTest : public ::testing::Test {
  protected:
   // A coordinator and 4 workers; `worker_flags` for every worker.
@@ -95,19 +111,21 @@ class ShmTransferTest : public ::testing::Test {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
   }
-  Client connect(bool shared_memory) {
+  Client connect(bool shared_memory, bool adopt_puts = false) {
     ConnectOptions options;
     options.min_devices = 4;
     options.timeout = absl::Seconds(20);
     options.shared_memory = shared_memory;
+    options.adopt_puts = adopt_puts;
     absl::StatusOr<Client> client = Client::connect(cluster_.address, options);
     EXPECT_TRUE(client.ok()) << client.status();
     return *std::move(client);
   }
 
   // Puts and fetches every layout on `client`; checks every device's block, the whole array
-  // fetched, and that the workers took (shm) or did not take the shared-memory path.
-  void round_trips(const Client& client, bool shm) {
+  // fetched, that the workers took (shm) or did not take the shared-memory path, and that they
+  // adopted the client's memfds (`adopted`: ConnectOptions::adopt_puts) or copied them out.
+  void round_trips(const Client& client, bool shm, bool adopted = false) {
     absl::StatusOr<Mesh> mesh = client.make_mesh({2, 2}, {"a", "b"});
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     struct Case {
@@ -126,10 +144,16 @@ class ShmTransferTest : public ::testing::Test {
     for (const Case& c : cases) {
       SCOPED_TRACE(absl::StrCat(c.spec.to_string(), " of ", shape_to_string(c.shape)));
       const HostArray host = numbered(c.shape);
+      ASSERT_TRUE(client.flush_deletes().ok());  // the last case's array is gone, and its mappings
       const Counts before = counts(client, 4);
       absl::StatusOr<Array> a = client.device_put(host, NamedSharding(*mesh, c.spec));
       ASSERT_TRUE(a.ok()) << a.status();
       const Counts put = counts(client, 4);
+      // Adopted, each device's buffer is the client's memfd mapped (one device per worker, one
+      // shard per device); copied out or streamed, an ordinary allocation.
+      for (const auto& w : cluster_.workers) {
+        EXPECT_EQ(transfer_memfds_mapped(w->pid()), adopted ? 1 : 0) << "worker " << w->pid();
+      }
       // Through shared memory every replica's worker reads the block from the client's one
       // memfd; streamed, a block of 256 KiB or more goes to one replica, which fans it out.
       const int64_t block_bytes = host.nbytes() * c.replicas / 4;
@@ -153,8 +177,19 @@ class ShmTransferTest : public ::testing::Test {
       }
     }
     for (const auto& w : cluster_.workers) EXPECT_EQ(transfer_memfds_open(w->pid()), 0) << "worker " << w->pid();
+    // Every array deleted: no buffer, no byte charged, no mapping left on any worker.
+    ASSERT_TRUE(client.flush_deletes().ok());
+    for (int d = 0; d < 4; ++d) {
+      absl::StatusOr<DeviceStats> s = client.device_stats(d);
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_EQ(s->buffer_count, 0) << "device " << d;
+      EXPECT_EQ(s->bytes_used, 0) << "device " << d;
+    }
+    for (const auto& w : cluster_.workers) {
+      EXPECT_EQ(transfer_memfds_mapped(w->pid()), 0) << "worker " << w->pid();
+    }
     // The client keeps the memfds of transfers that went well for the next ones (bounded:
-    // client/transfer.cc's SegmentPool keeps at most 64).
+    // client/transfer.cc's SegmentPool keeps at most 64); an adopted put's went to the workers.
     EXPECT_LE(transfer_memfds_open(getpid()), 64) << "this client";
   }
 
@@ -168,6 +203,17 @@ TEST_F(ShmTransferTest, CoLocatedPutsAndFetchesGoThroughSharedMemory) {
   // Again: now the blocks travel through the memfds the first round's transfers left to the
   // client's pool (fresh token, stale bytes beyond the block), and must arrive the same.
   round_trips(client, /*shm=*/true);
+}
+
+// ConnectOptions::adopt_puts: every put's memfd is sealed and becomes the workers' buffers
+// (mapped, one per device, every replica of a block mapping the same memfd), unmapped when the
+// arrays are deleted; fetches as before. Twice: the second round's fetches reuse pooled memfds,
+// which puts never take.
+TEST_F(ShmTransferTest, AdoptedPutsAreTheWorkersBuffers) {
+  start();
+  const Client client = connect(/*shared_memory=*/true, /*adopt_puts=*/true);
+  round_trips(client, /*shm=*/true, /*adopted=*/true);
+  round_trips(client, /*shm=*/true, /*adopted=*/true);
 }
 
 TEST_F(ShmTransferTest, AClientThatTurnsItOffStreams) {
@@ -220,17 +266,77 @@ class ShmTransferWireTest : public ShmTransferTest {
     return writer->Finish();
   }
 
-  // After each call: nothing reserved or stored on device 0, no segment open there.
+  // After each call: nothing reserved or stored on device 0, no segment open or mapped there.
   void expect_nothing_left() {
     absl::StatusOr<DeviceStats> s = client_->device_stats(0);
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_EQ(s->bytes_used, 0);
     EXPECT_EQ(s->buffer_count, 0);
     EXPECT_EQ(transfer_memfds_open(cluster_.workers[0]->pid()), 0);
+    EXPECT_EQ(transfer_memfds_mapped(cluster_.workers[0]->pid()), 0);
+  }
+
+  // Buffer `id` of device 0 as `elements` int32 values, streamed (no segment named).
+  HostArray fetch_streamed(uint64_t id, int64_t elements) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::GetShardRequest req;
+    req.set_buffer_id(id);
+    auto reader = worker_->GetShard(&ctx, req);
+    HostArray back(DType::kI32, {1, elements});
+    int64_t at = 0;
+    pb::ShardChunk chunk;
+    while (reader->Read(&chunk)) {
+      EXPECT_LE(at + static_cast<int64_t>(chunk.data().size()), back.nbytes());
+      if (at + static_cast<int64_t>(chunk.data().size()) > back.nbytes()) break;
+      std::memcpy(back.data() + at, chunk.data().data(), chunk.data().size());
+      at += static_cast<int64_t>(chunk.data().size());
+    }
+    const grpc::Status finished = reader->Finish();
+    EXPECT_TRUE(finished.ok()) << finished.error_message();
+    EXPECT_EQ(at, back.nbytes());
+    return back;
+  }
+
+  void delete_buffers(const std::vector<uint64_t>& ids) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::DeleteBuffersRequest req;
+    for (uint64_t id : ids) req.add_buffer_ids(id);
+    pb::DeleteBuffersReply reply;
+    const grpc::Status deleted = worker_->DeleteBuffers(&ctx, req, &reply);
+    EXPECT_TRUE(deleted.ok()) << deleted.error_message();
   }
 
   std::optional<Client> client_;
   std::unique_ptr<pb::Worker::Stub> worker_;
+};
+
+// A child process that alone holds `segment` (its copy of the fd: this process's is closed)
+// until it is killed, by kill_and_reap() or at the end of the scope. The child only pauses: no
+// allocation or lock after fork in this threaded process. pid() <= 0 if fork failed.
+class SegmentHolder {
+ public:
+  explicit SegmentHolder(ShmSegment* segment) : pid_(fork()) {
+    if (pid_ == 0) {
+      for (;;) pause();
+    }
+    *segment = *ShmSegment::create(0);
+  }
+  ~SegmentHolder() { kill_and_reap(); }
+  SegmentHolder(const SegmentHolder&) = delete;
+  SegmentHolder& operator=(const SegmentHolder&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Whether the child was killed and reaped now.
+  bool kill_and_reap() {
+    const bool reaped = pid_ > 0 && ::kill(pid_, SIGKILL) == 0 && waitpid(pid_, nullptr, 0) == pid_;
+    pid_ = -1;
+    return reaped;
+  }
+
+ private:
+  pid_t pid_;
 };
 
 void expect_error(const grpc::Status& s, grpc::StatusCode code, const std::string& part) {
@@ -314,58 +420,124 @@ TEST_F(ShmTransferWireTest, ASegmentOfAClientKilledBeforeTheWorkerOpensItFailsTh
   absl::StatusOr<ShmSegment> segment = ShmSegment::create(host.nbytes());
   ASSERT_TRUE(segment.ok()) << segment.status();
   ASSERT_TRUE(segment->write_block(host.data()).ok());
-  // The child only holds the segment (its copy of the fd) until it is killed: no allocation
-  // or lock after fork in this threaded process.
-  const pid_t holder = fork();
-  ASSERT_GE(holder, 0);
-  if (holder == 0) {
-    for (;;) pause();
-  }
-  struct KillAtEnd {
-    pid_t pid;
-    ~KillAtEnd() {
-      if (::kill(pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
-    }
-  } kill_at_end{holder};
   const int fd = segment->fd();
   const uint64_t token = segment->token();
-  *segment = *ShmSegment::create(0);  // closes this process's fd: the child's is the only one
+  SegmentHolder holding(&*segment);
+  ASSERT_GT(holding.pid(), 0) << "fork: " << std::strerror(errno);
+  const pid_t holder = holding.pid();
 
   const grpc::Status from_holder = put(header(601, kElements, named(holder, fd, token)));
   ASSERT_TRUE(from_holder.ok()) << from_holder.error_message();
-  {
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, absl::Seconds(10));
-    pb::GetShardRequest req;
-    req.set_buffer_id(601);
-    auto reader = worker_->GetShard(&ctx, req);  // streamed: no segment named
-    HostArray back(DType::kI32, {1, kElements});
-    int64_t at = 0;
-    pb::ShardChunk chunk;
-    while (reader->Read(&chunk)) {
-      ASSERT_LE(at + static_cast<int64_t>(chunk.data().size()), back.nbytes());
-      std::memcpy(back.data() + at, chunk.data().data(), chunk.data().size());
-      at += static_cast<int64_t>(chunk.data().size());
-    }
-    ASSERT_TRUE(reader->Finish().ok());
-    ASSERT_EQ(at, back.nbytes());
-    expect_block(back, {{0, 1}, {0, kElements}}, kElements);
-  }
-  {
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, absl::Seconds(10));
-    pb::DeleteBuffersRequest req;
-    req.add_buffer_ids(601);
-    pb::DeleteBuffersReply reply;
-    ASSERT_TRUE(worker_->DeleteBuffers(&ctx, req, &reply).ok());
-  }
+  expect_block(fetch_streamed(601, kElements), {{0, 1}, {0, kElements}}, kElements);
+  delete_buffers({601});
 
-  ASSERT_EQ(::kill(holder, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(holder, &status, 0), holder);
+  ASSERT_TRUE(holding.kill_and_reap());
   expect_error(put(header(602, kElements, named(holder, fd, token))), grpc::StatusCode::NOT_FOUND,
                absl::StrCat("PutShard: buffer 602 i32[1,4096]: shared-memory segment of process ", holder, " fd ", fd,
                             ": cannot open /proc/", holder, "/fd/", fd, " here"));
+  expect_nothing_left();
+}
+
+// A sealed segment is adopted: the worker's buffer is the client's pages, mapped privately.
+// The client can no longer change them (the kernel refuses every write, shrink and growth
+// with EPERM), and they outlive the client: a holder process killed after the put leaves the
+// buffer whole. Deleting the buffer unmaps it.
+TEST_F(ShmTransferWireTest, ASealedSegmentIsAdoptedAndOutlivesItsClient) {
+  constexpr int64_t kElements = 1 << 20;  // 4 MiB
+  const HostArray host = numbered({1, kElements});
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create(host.nbytes());
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  ASSERT_TRUE(segment->write_block(host.data()).ok());
+  ASSERT_TRUE(segment->seal().ok());
+  EXPECT_TRUE(segment->sealed());
+  // Sealed: no write through the fd, no shared writable mapping, no change of size, no hole.
+  const int32_t other = -1;
+  errno = 0;
+  EXPECT_EQ(pwrite(segment->fd(), &other, sizeof other, ShmSegment::kDataOffset), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, segment->fd(), ShmSegment::kDataOffset),
+            MAP_FAILED);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(ftruncate(segment->fd(), ShmSegment::kDataOffset), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(ftruncate(segment->fd(), ShmSegment::kDataOffset + 2 * host.nbytes()), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(fallocate(segment->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, ShmSegment::kDataOffset, 4096), -1);
+  EXPECT_EQ(errno, EPERM);
+  absl::Status rewritten = segment->write_block(host.data());
+  EXPECT_EQ(rewritten.code(), absl::StatusCode::kInternal) << rewritten;
+  EXPECT_THAT(std::string(rewritten.message()), HasSubstr("Operation not permitted"));
+  EXPECT_EQ(segment->reuse(16).code(), absl::StatusCode::kFailedPrecondition);
+
+  // Held by a child process alone, which is killed once the put is done.
+  const int fd = segment->fd();
+  const uint64_t token = segment->token();
+  SegmentHolder holding(&*segment);
+  ASSERT_GT(holding.pid(), 0) << "fork: " << std::strerror(errno);
+  const pid_t holder = holding.pid();
+
+  const pid_t worker = cluster_.workers[0]->pid();
+  const grpc::Status adopted = put(header(701, kElements, named(holder, fd, token)));
+  ASSERT_TRUE(adopted.ok()) << adopted.error_message();
+  EXPECT_EQ(transfer_memfds_mapped(worker), 1);  // the buffer, mapped
+  EXPECT_EQ(transfer_memfds_open(worker), 0);    // no fd kept
+  {
+    absl::StatusOr<DeviceStats> s = client_->device_stats(0);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->buffer_count, 1);
+    EXPECT_EQ(s->bytes_used, host.nbytes());  // charged to the device as any buffer
+    EXPECT_EQ(s->shm_bytes_put, host.nbytes());
+  }
+  ASSERT_TRUE(holding.kill_and_reap());
+
+  expect_block(fetch_streamed(701, kElements), {{0, 1}, {0, kElements}}, kElements);
+  EXPECT_EQ(transfer_memfds_mapped(worker), 1);
+  delete_buffers({701});
+  expect_nothing_left();
+}
+
+// A segment not sealed as the client's puts seal it (an older client's, or one sealed against
+// shrinking but not writing, or against writing but not shrinking, so that a mapping could
+// change or fault) is copied out instead, as before adoption: the put succeeds, the worker maps
+// nothing, and what the client does to its segment afterwards (rewrite it, shrink it to
+// nothing) does not reach the buffer.
+TEST_F(ShmTransferWireTest, ASegmentNotFullySealedIsCopiedOut) {
+  constexpr int64_t kElements = 1 << 18;  // 1 MiB
+  const HostArray host = numbered({1, kElements});
+  const HostArray zeros = HostArray::zeros(DType::kI32, {1, kElements});
+  const int seals[] = {0, F_SEAL_SHRINK | F_SEAL_GROW, F_SEAL_WRITE | F_SEAL_GROW};
+  std::vector<ShmSegment> segments;
+  const pid_t worker = cluster_.workers[0]->pid();
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(absl::StrCat("seals ", seals[i]));
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create(host.nbytes());
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    ASSERT_TRUE(segment->write_block(host.data()).ok());
+    if (seals[i] != 0) {
+      ASSERT_EQ(fcntl(segment->fd(), F_ADD_SEALS, seals[i]), 0) << std::strerror(errno);
+    }
+    const grpc::Status copied = put(header(801 + i, kElements, named(getpid(), segment->fd(), segment->token())));
+    ASSERT_TRUE(copied.ok()) << copied.error_message();
+    EXPECT_EQ(transfer_memfds_mapped(worker), 0);
+    segments.push_back(*std::move(segment));
+  }
+  // The client changes what it still may: the first two rewritten, the third shrunk to nothing.
+  ASSERT_TRUE(segments[0].write_block(zeros.data()).ok());
+  ASSERT_TRUE(segments[1].write_block(zeros.data()).ok());
+  ASSERT_EQ(ftruncate(segments[2].fd(), 0), 0) << std::strerror(errno);
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(absl::StrCat("seals ", seals[i]));
+    expect_block(fetch_streamed(801 + i, kElements), {{0, 1}, {0, kElements}}, kElements);
+  }
+  absl::StatusOr<DeviceStats> s = client_->device_stats(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->bytes_used, 3 * host.nbytes());
+  EXPECT_EQ(s->shm_bytes_put, 3 * host.nbytes());
+  delete_buffers({801, 802, 803});
   expect_nothing_left();
 }
 

@@ -76,6 +76,12 @@ struct ConnectOptions {
   // Put and fetch through shared memory (a memfd the worker reads or writes once) with every
   // worker on this host that offers it (tessera-worker --shm_transfers); false: gRPC streams.
   bool shared_memory = true;
+  // With shared_memory: each put's memfd is sealed and handed to the workers for good, which
+  // map its pages as the buffer instead of copying them out (one copy per put, however many
+  // replicas). Off by default: where it was measured (a 2-core VM), fresh pages for every put
+  // cost more than the copies it saves through memory kept warm (docs/design.md, "Co-located
+  // clients").
+  bool adopt_puts = false;
 };
 
 // Options of Client::local: each worker's memory limit and the coordinator's heartbeat
