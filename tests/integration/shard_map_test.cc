@@ -1318,6 +1318,11 @@ TEST_F(ShardMapTest, CondInsideAShardMapBodyIsTypedAsJaxTypesIt) {
   ASSERT_TRUE(got.ok()) << got.status();
   const std::vector<double> want = {2, -5, 6, -8, 2, -5, 6, -8};
   for (int i = 0; i < 8; ++i) EXPECT_EQ(got->element_as_double(i), want[i]) << i;
+  // checkpoint (a one-branch switch) stays refused in a body: its VJP there is not checked.
+  const TracedFunction twice = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; };
+  s = trace_error(shard_map(checkpoint(twice), mesh, {P("data")}, {P("data")}), {{DType::kF32, {8}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("checkpoint inside a shard_map body is not built"));
 }
 
 // while_loop in a shard_map body: tests/shard_map_test.py's test_while_rep_rule ('x', 'y' as
