@@ -44,6 +44,15 @@ std::vector<Value> range(const std::vector<Value>& v, size_t from, size_t to) {
   return std::vector<Value>(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(to));
 }
 
+// In a shard_map body of trace t: how each of `values` (of t) varies, for a body traced on them
+// (trace_body's input_vma); empty elsewhere.
+std::vector<internal::Variance> vma_of(TraceState* t, const std::vector<Value>& values) {
+  std::vector<internal::Variance> out;
+  if (t->manual_bodies.empty()) return out;
+  for (const Value& v : values) out.push_back(t->variance_of(TraceState::id(v)));
+  return out;
+}
+
 }  // namespace
 
 namespace internal {
@@ -163,7 +172,7 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const 
         failed.ys.resize(step.ys.size());  // from here a failed scan has as many (invalid) ys
         return concat(std::move(step.carry), step.ys);
       },
-      types, &consts, specs);
+      types, &consts, specs, vma_of(t, concat(init, xs)));
   if (!t->error.ok()) return failed;
   if (returned != carries) {
     return fail(absl::StrCat("the body returned ", returned, " carries for ", carries, " initial ones"));
@@ -313,24 +322,19 @@ std::vector<Value> add_nodes(TraceState* t, Op op, std::vector<std::shared_ptr<c
   return out;
 }
 
-// The trace of `values` (captured into the current body when they are outer values), or
-// null with the error recorded; refuses a shard_map body, where values are per device.
-TraceState* control_trace(const char* op, std::vector<Value>& values) {
+// The trace of `values` (captured into the current body when they are outer values), or null
+// with the error recorded. In a shard_map body each device runs the loop or takes the branch
+// its own predicate or index says, as JAX's per-device code does.
+TraceState* control_trace(std::vector<Value>& values) {
   std::vector<Value> none;
-  TraceState* t = trace_of(values, none);
-  if (t != nullptr && !t->manual_meshes.empty()) {
-    t->fail(absl::UnimplementedError(absl::StrCat(
-        op, " inside a shard_map body is not built (its predicate or index would be a per-device value)")));
-    return nullptr;
-  }
-  return t;
+  return trace_of(values, none);
 }
 
 }  // namespace
 
 std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, const std::vector<Value>& init_in) {
   std::vector<Value> failed(init_in.size()), init = init_in;
-  TraceState* t = control_trace("while_loop", init);
+  TraceState* t = control_trace(init);
   if (t == nullptr) return failed;
   auto fail = [&](const std::string& m) {
     t->fail(absl::InvalidArgumentError(absl::StrCat("while_loop: ", m)));
@@ -354,7 +358,7 @@ std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, cons
         if (v.ok()) pred_type = {{v.dtype(), v.shape()}};
         return std::vector<Value>{v};
       },
-      types, &subs[0].consts, specs);
+      types, &subs[0].consts, specs, vma_of(t, init));
   if (!t->error.ok()) return failed;
   if (!p.ok()) return fail(absl::StrCat("cond_fun: ", p.status().message()));
   if (pred_type != std::vector<ArrayType>{{DType::kBool, {}}}) {
@@ -369,7 +373,7 @@ std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, cons
         returned = types_of(out);
         return out;
       },
-      types, &subs[1].consts, specs);
+      types, &subs[1].consts, specs, vma_of(t, init));
   if (!t->error.ok()) return failed;
   if (!b.ok()) return fail(absl::StrCat("body_fun: ", b.status().message()));
   if (returned.size() == types.size()) {  // as scan's carries
@@ -408,7 +412,7 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
                                 const std::vector<Branch>& branches, const std::vector<Value>& operands_in,
                                 bool true_first = false, const int64_t* saved = nullptr) {
   std::vector<Value> values = concat({index_in}, operands_in);
-  TraceState* t = control_trace(op, values);
+  TraceState* t = control_trace(values);
   if (t == nullptr) return {};
   auto fail = [&](const std::string& m) {
     t->fail(absl::InvalidArgumentError(absl::StrCat(op, ": ", m)));
@@ -438,6 +442,7 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
   std::vector<SubGraph> subs(branches.size());
   std::vector<std::vector<ArrayType>> results(branches.size());
   std::vector<std::vector<internal::TypedOperand>> typed_results(branches.size());
+  std::vector<std::vector<std::vector<std::string>>> varying(branches.size());  // per branch, per result
   for (size_t k = 0; k < branches.size(); ++k) {
     absl::StatusOr<Graph> g = internal::trace_body(
         t,
@@ -446,14 +451,27 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
           results[k] = types_of(out);
           return out;
         },
-        types, &subs[k].consts, specs);
+        types, &subs[k].consts, specs, vma_of(t, operands));
     if (!t->error.ok()) return {};
     if (!g.ok()) return fail(absl::StrCat(name(k), ": ", g.status().message()));
-    if (operand_types.has_value() && results[k].size() == results[0].size()) {
+    // In a shard_map body with check_vma a type has its varying manual axes too, which the
+    // branches must agree on (conditionals.py's _check_branch_outputs: core.typematch compares
+    // them; JAX inserts no pvary there).
+    std::vector<int> params;
+    for (const Value& v : concat(operands, subs[k].consts)) params.push_back(TraceState::id(v));
+    varying[k] = t->outputs_varying(*g, params);
+    if (operand_types.has_value()) {
       typed_results[k] = internal::output_types(*g, *t->explicit_mesh, results[k].size());
+    } else {
+      for (size_t j = 0; j < g->outputs().size(); ++j) {
+        const Node& r = g->node(g->outputs()[j]);
+        typed_results[k].push_back({r.dtype, r.shape, internal::TypeSpec(r.shape.size())});
+      }
+    }
+    if ((operand_types.has_value() || varying[k] != varying[0]) && results[k].size() == results[0].size()) {
       const size_t a = true_first ? k : 0, b = true_first ? 0 : k;
-      const std::string mismatch =
-          internal::branch_type_mismatch(op, name(a), name(b), typed_results[a], typed_results[b]);
+      const std::string mismatch = internal::branch_type_mismatch(op, name(a), name(b), typed_results[a],
+                                                                  typed_results[b], varying[a], varying[b]);
       if (!mismatch.empty()) {
         t->fail(absl::InvalidArgumentError(mismatch));
         return {};
@@ -545,8 +563,12 @@ std::vector<Value> kept_by(const CheckpointPolicy& policy, TraceState* t, const 
 TracedFunction checkpoint(TracedFunction f, CheckpointPolicy policy) {
   return [f = std::move(f), policy = std::move(policy)](const std::vector<Value>& args) -> std::vector<Value> {
     std::vector<Value> in = args;
-    TraceState* t = control_trace("checkpoint", in);
+    TraceState* t = control_trace(in);
     if (t == nullptr) return std::vector<Value>(1);
+    if (!t->manual_meshes.empty()) {  // its VJP (a switch's, recomputing f) is not checked there
+      t->fail(absl::UnimplementedError("checkpoint inside a shard_map body is not built"));
+      return std::vector<Value>(1);
+    }
     TraceState* outer = TraceState::current;
     TraceState::current = t;
     const Value zero = full({}, 0, DType::kI32);

@@ -509,7 +509,19 @@ absl::StatusOr<Jitted::State::Placed> Jitted::State::place(const std::vector<Arr
     absl::MutexLock lock(&mu);
     named_placements[key] = found;
   }
-  if (!found.has_value()) return trace_on_placed();
+  if (!found.has_value()) {
+    // No mesh named anywhere: JAX takes the devices of the context mesh (jax.set_mesh) when
+    // there is one, else the default device (pxla.py, _get_and_check_device_assignment: "if
+    // first_sharding_info is None and not ctx_mesh.empty ... device_assignment =
+    // ctx_mesh._flat_devices_tuple"), and the outputs are committed (lower_sharding_computation:
+    // committed when the context mesh is not empty). So the arguments go to the ambient mesh,
+    // replicated unless in_shardings says otherwise.
+    if (std::optional<Mesh> ambient = get_abstract_mesh()) {
+      for (size_t i = 0; i < args.size(); ++i)
+        TESSERA_RETURN_IF_ERROR(move(i, NamedSharding(*ambient, wanted_spec(i))));
+    }
+    return trace_on_placed();
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const bool asked = i < options.in_shardings.size() && options.in_shardings[i].has_value();
     TESSERA_RETURN_IF_ERROR(move(i, NamedSharding(found->mesh, asked ? wanted_spec(i) : found->specs[i])));

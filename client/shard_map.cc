@@ -79,8 +79,7 @@ std::optional<int64_t> group_size(TraceState* t, const AxisNames& axes, const st
   return mesh->axes_size(axes.names);
 }
 
-// How a body value may differ between the devices along each mesh axis: axis -> why.
-using Variance = std::map<std::string, std::string>;
+using internal::Variance;
 
 // JAX's rule for the varying manual axes of each op that changes them (the table of
 // collectives in docs/notebooks/shard_map.md; the abstract evals of jax/_src/lax/parallel.py):
@@ -148,8 +147,38 @@ void propagate_variance(const Graph& g, int start, std::map<int, Variance>& var,
       v = inner[scan->body->outputs()[scan->output]];
       continue;
     }
-    if (n.op == Op::kWhile) {  // result j is carry j (its loop invariants carried unchanged)
-      v = var[n.operands[n.attrs<BranchesAttrs>().output]];
+    if (n.op == Op::kWhile || n.op == Op::kSwitch) {
+      // A while loop's result j is carry j (its loop invariants carried unchanged); a switch's
+      // is what its branches make of the operands after the index. Both also vary as the
+      // predicate or index: a device leaving the loop or taking a branch of its own computes a
+      // value of its own. (JAX types these results by the carries and the branches only:
+      // _while_loop_abstract_eval and _cond_abstract_eval in jax/_src/lax/control_flow, so its
+      // test_cond_rep_rule accepts out_specs=P('x') on a cond whose predicate varies along
+      // 'y'. Tessera's check is that a result is the same on every device its out_spec leaves
+      // out, so it counts the predicate.)
+      const BranchesAttrs& b = n.attrs<BranchesAttrs>();
+      const bool is_while = n.op == Op::kWhile;
+      const size_t first = is_while ? 0 : 1;  // where the graphs' parameters start among the operands
+      if (is_while) v = var[n.operands[b.output]];
+      for (size_t k = 0; k < b.graphs.size(); ++k) {
+        const Graph& sub = *b.graphs[k];
+        const bool predicate = is_while && k == 0;
+        if (is_while && !predicate) continue;  // the body: its carry keeps its type (checked when traced)
+        std::map<int, Variance> inner;
+        for (size_t i = 0; i < sub.parameters().size() && first + i < n.operands.size(); ++i) {
+          inner[sub.parameters()[i]] = var[n.operands[first + i]];
+        }
+        propagate_variance(sub, 0, inner);
+        const Variance& out = inner[sub.outputs()[predicate ? 0 : b.output]];
+        for (const auto& [axis, why] : out) {
+          v.emplace(axis, predicate ? absl::StrCat("the while_loop's predicate varies along it: ", why) : why);
+        }
+      }
+      if (!is_while) {
+        for (const auto& [axis, why] : var[n.operands[0]]) {
+          v.emplace(axis, absl::StrCat("the switch's index varies along it: ", why));
+        }
+      }
       continue;
     }
     for (int o : n.operands) {
@@ -179,8 +208,9 @@ void propagate_variance(const Graph& g, int start, std::map<int, Variance>& var,
 // arguments `inputs` (shard_map_in nodes: along the axes their in_specs name) and the values
 // from `start` on (a value lifted into the body is a shard_map_in of P(): along none).
 std::map<int, Variance> body_variance(const Graph& g, int start, const std::vector<int>& inputs,
-                                      const std::map<int, Variance>* inserted = nullptr) {
-  std::map<int, Variance> var;
+                                      const std::map<int, Variance>* inserted = nullptr,
+                                      const std::map<int, Variance>& seeds = {}) {
+  std::map<int, Variance> var = seeds;  // a nested body's parameters (TraceState::ManualBody)
   for (size_t i = 0; i < inputs.size(); ++i) {
     const PartitionSpec& spec = g.node(inputs[i]).attrs<ShardingAttrs>().sharding.spec();
     for (const std::string& a : spec.used_axes()) {
@@ -299,7 +329,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   TraceState::current = t;
   t->manual_meshes.push_back(mesh);
   t->manual_axes.push_back(*manual);
-  t->manual_bodies.push_back({body_start, in_ids, {}, *manual, recorded, check_vma, {}, -1, {}});
+  t->manual_bodies.push_back({body_start, in_ids, {}, *manual, recorded, check_vma, {}, -1, {}, false, {}});
   std::vector<Value> results = f(blocks);
   // A result the body closed over is lifted into it too (TraceState::id), before it ends.
   std::vector<int> result_ids;
@@ -396,8 +426,12 @@ std::vector<std::pair<std::string, std::string>> TraceState::varying(int id) {
   ManualBody& body = manual_bodies.back();
   // Computed once per node: binary ops ask for their operands' (insert_pvary).
   if (body.variance_upto < 0) {
-    body.variance = body_variance(graph, body.start, body.inputs, &body.inserted_pvary);
+    body.variance = body_variance(graph, body.start, body.inputs, &body.inserted_pvary, body.seeds);
   } else {
+    // Parameters a nested body captured since (TraceState::capture).
+    for (const auto& [param, seed] : body.seeds) {
+      if (param >= body.variance_upto) body.variance[param] = seed;
+    }
     propagate_variance(graph, body.variance_upto, body.variance, &body.inserted_pvary);
   }
   body.variance_upto = graph.size();
@@ -409,6 +443,26 @@ std::vector<std::pair<std::string, std::string>> TraceState::varying(int id) {
     if (why != it->second.end()) out.emplace_back(a, why->second);
   }
   return out;
+}
+
+Variance TraceState::variance_of(int id) {
+  Variance out;
+  for (auto& [axis, why] : varying(id)) out.emplace(std::move(axis), std::move(why));
+  return out;
+}
+
+void TraceState::nest_in(TraceState& parent, const std::vector<Variance>& inputs) {
+  if (parent.manual_bodies.empty()) return;
+  const ManualBody& outer = parent.manual_bodies.back();
+  manual_meshes.push_back(parent.manual_meshes.back());
+  manual_axes.push_back(parent.manual_axes.back());
+  ManualBody body;
+  body.manual = outer.manual;
+  body.recorded = outer.recorded;
+  body.check_vma = outer.check_vma;
+  body.nested = true;
+  for (size_t k = 0; k < inputs.size(); ++k) body.seeds[static_cast<int>(k)] = inputs[k];
+  manual_bodies.push_back(std::move(body));
 }
 
 std::vector<Value> insert_pvary(TraceState* t, std::vector<Value> values) {
@@ -440,12 +494,9 @@ std::vector<Value> insert_pvary(TraceState* t, std::vector<Value> values) {
 std::vector<std::vector<std::string>> TraceState::outputs_varying(const Graph& g, const std::vector<int>& params) {
   std::vector<std::vector<std::string>> out(g.outputs().size());
   if (manual_bodies.empty() || !manual_bodies.back().check_vma) return out;
-  const ManualBody& body = manual_bodies.back();
-  const std::map<int, Variance> outer = body_variance(graph, body.start, body.inputs, &body.inserted_pvary);
   std::map<int, Variance> var;
   for (size_t i = 0; i < params.size() && i < g.parameters().size(); ++i) {
-    auto it = outer.find(params[i]);
-    if (it != outer.end()) var[g.parameters()[i]] = it->second;
+    var[g.parameters()[i]] = variance_of(params[i]);
   }
   propagate_variance(g, 0, var);
   for (size_t j = 0; j < out.size(); ++j) {

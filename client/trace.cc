@@ -127,6 +127,9 @@ int TraceState::capture(const Value& v) {
   }
   captured.push_back(outer);
   captured_params.push_back(p);
+  // In a shard_map body the parameter varies as the value it captures.
+  if (!manual_bodies.empty() && manual_bodies.back().nested)
+    manual_bodies.back().seeds[p] = parent->variance_of(outer.id_);
   return p;
 }
 
@@ -134,9 +137,11 @@ namespace {
 
 absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
                                const std::vector<NamedSharding>& input_shardings, std::vector<Value>* captured,
-                               const std::vector<TypeSpec>& input_specs = {}) {
+                               const std::vector<TypeSpec>& input_specs = {},
+                               const std::vector<Variance>& input_vma = {}) {
   auto state = std::make_shared<TraceState>();
   state->parent = parent;
+  if (parent != nullptr) state->nest_in(*parent, input_vma);
   // A body of a trace in explicit mode is typed too, its parameters by `input_specs`.
   if (parent != nullptr && parent->explicit_mesh.has_value()) {
     if (!input_specs.empty() && input_specs.size() != inputs.size()) {
@@ -204,8 +209,9 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
 }  // namespace
 
 absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
-                                 std::vector<Value>* captured, const std::vector<TypeSpec>& input_specs) {
-  return trace_in(parent, f, inputs, {}, captured, input_specs);
+                                 std::vector<Value>* captured, const std::vector<TypeSpec>& input_specs,
+                                 const std::vector<Variance>& input_vma) {
+  return trace_in(parent, f, inputs, {}, captured, input_specs, input_vma);
 }
 
 std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args) {
@@ -505,7 +511,11 @@ Value argmax(const Value& x, int64_t axis, DType index_dtype) {
 Value dot_general(const Value& lhs, const Value& rhs, DotDims dims) {
   TraceState* t = TraceState::common({&lhs, &rhs});
   if (t == nullptr) return Value();
-  return t->make(t->graph.add_dot_general(TraceState::id(lhs), TraceState::id(rhs), std::move(dims)));
+  // In a shard_map body the operands first vary alike (lax.py's dot_general calls
+  // core.auto_insert_reshard(lhs, rhs) before binding).
+  const std::vector<Value> lr = internal::insert_pvary(t, {lhs, rhs});
+  if (!lr[0].ok() || !lr[1].ok()) return Value();
+  return t->make(t->graph.add_dot_general(TraceState::id(lr[0]), TraceState::id(lr[1]), std::move(dims)));
 }
 
 Value matmul(const Value& lhs, const Value& rhs) {
@@ -571,12 +581,16 @@ Value concatenate(const std::vector<Value>& xs, int64_t axis) {
       TraceState::current->fail(absl::InvalidArgumentError("concatenate: no operands"));
     return Value();
   }
-  std::vector<int> ids;
   TraceState* t = nullptr;
   for (const Value& x : xs) {
-    TraceState* tx = TraceState::common({&x, &xs[0]});
-    if (tx == nullptr) return Value();
-    t = tx;
+    t = TraceState::common({&x, &xs[0]});
+    if (t == nullptr) return Value();
+  }
+  // In a shard_map body the operands first vary alike (lax.py's concatenate calls
+  // core.auto_insert_reshard(*operands) before binding).
+  std::vector<int> ids;
+  for (const Value& x : internal::insert_pvary(t, xs)) {
+    if (!x.ok()) return Value();
     ids.push_back(TraceState::id(x));
   }
   return t->make(t->graph.add_concatenate(ids, normalize_axis(axis, xs[0].rank())));

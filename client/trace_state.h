@@ -18,6 +18,10 @@
 namespace tessera {
 namespace internal {
 
+// How a value of a shard_map body may differ between devices along each manual mesh axis: axis
+// -> why (JAX's varying manual axes, with the reason messages give).
+using Variance = std::map<std::string, std::string>;
+
 // One trace in progress: the graph being recorded and its first error.
 struct TraceState : std::enable_shared_from_this<TraceState> {
   Graph graph;
@@ -33,6 +37,12 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // as its own layout says), as JAX's shard_map passes a
   // body's closed-over values (jax/_src/shard_map.py: in_names {} for the consts). Only the
   // outermost body lifts values; one nested in another reads its own body's values only.
+  //
+  // A control-flow body (scan, while_loop, cond) traced inside a shard_map body is a trace of its
+  // own with a `nested` entry: the same mesh and manual axes (collectives and pvary work in it),
+  // no lifting (the shard_map's trace lifts what the body reads when it records the loop), and
+  // its parameters typed by `seeds`: each as varying as the value it stands for (JAX traces a
+  // body with its operands' avals, vma included).
   struct ManualBody {
     int start = 0;
     std::vector<int> inputs;
@@ -47,9 +57,18 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
     // The pvary nodes insert_pvary made, with why each axis they name varies: the reason of
     // the operand that made it insert them, which messages give instead of "pvary".
     std::map<int, std::map<std::string, std::string>> inserted_pvary;
+    bool nested = false;            // a control-flow body's entry (above)
+    std::map<int, Variance> seeds;  // a nested body's parameters: how each varies
   };
   std::vector<ManualBody> manual_bodies;
   int lift(int id);  // shard_map.cc: id, or its shard_map_in in the body being traced
+  // Whether values read in this trace are lifted into a shard_map body (the shard_map's own trace).
+  bool lifts() const { return manual_bodies.size() == 1 && !manual_bodies[0].nested; }
+  // varying(id) as a map. shard_map.cc.
+  Variance variance_of(int id);
+  // Makes this trace, a control-flow body of `parent`, a nested body when `parent` is in a
+  // shard_map body: parameter k (node id k) varies as `inputs[k]` (none past its end).
+  void nest_in(TraceState& parent, const std::vector<Variance>& inputs);
   // In the innermost body, traced with check_vma: the manual axes along which value `id` (of
   // the body) may differ between devices, each with why, in mesh order (JAX's varying manual
   // axes; tessera/shard_map.h). Empty outside a body or with check_vma off. shard_map.cc.
@@ -92,9 +111,9 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
     TraceState* c = current;
     if (c != nullptr && c->parent != nullptr && v.trace_.get() != c && c->encloses(v.trace_.get())) {
       const int captured = c->capture(v);
-      return c->manual_bodies.size() == 1 ? c->lift(captured) : captured;
+      return c->lifts() ? c->lift(captured) : captured;
     }
-    if (c != nullptr && v.trace_.get() == c && c->manual_bodies.size() == 1) return c->lift(v.id_);
+    if (c != nullptr && v.trace_.get() == c && c->lifts()) return c->lift(v.id_);
     return v.id_;
   }
   // v as a value of the current trace (captured when it belongs to an enclosing one).
@@ -160,8 +179,10 @@ inline Value sharded_like(const Value& v, const Value& like) {
 std::optional<TypedOperand> typed_operand(const Value& x);
 
 // `values` (of trace t) made to vary along the same manual axes, as JAX makes an op's operands
-// agree (jax/_src/lax/lax.py's standard_insert_pvary; the shard_map notebook: "JAX implicitly
-// inserts jax.lax.pcast(..., to='varying') calls ... especially for binary operations"): each
+// agree (jax/_src/core.py's auto_insert_reshard, formerly standard_insert_pvary, which lax.py
+// calls before binding binary ops, select_n, dot_general, concatenate, pad and clamp; the
+// shard_map notebook: "JAX implicitly inserts jax.lax.pcast(..., to='varying') calls ...
+// especially for binary operations"): each
 // value not varying along an axis another varies along is pvary'd along it. `values` as they
 // are outside a shard_map body traced with check_vma. shard_map.cc.
 std::vector<Value> insert_pvary(TraceState* t, std::vector<Value> values);
@@ -170,8 +191,10 @@ std::vector<Value> insert_pvary(TraceState* t, std::vector<Value> values);
 // of an enclosing trace f reads (`captured`: those values, of `parent`). When `parent` is in
 // explicit mode so is the body: its parameters typed by `input_specs` (a captured value by its
 // type in `parent`), its results pinned to their types (body_output_spec reads them back).
+// In a shard_map body, parameter k varies as `input_vma[k]` (TraceState::nest_in).
 absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
-                                 std::vector<Value>* captured, const std::vector<TypeSpec>& input_specs = {});
+                                 std::vector<Value>* captured, const std::vector<TypeSpec>& input_specs = {},
+                                 const std::vector<Variance>& input_vma = {});
 
 // `g` recorded in the current trace on `args` (its parameters, in order): its outputs
 // (invalid Values when the trace failed).

@@ -15,6 +15,7 @@
 // a scan or switch node be typed again wherever its graph is inlined.
 #include <algorithm>
 #include <cctype>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -104,20 +105,56 @@ TypeRuleResult scan_xs_type_rule(const std::vector<TypedOperand>& xs) {
   return r;
 }
 
+namespace {
+
+// List k of `v`, or none past its end.
+const std::vector<std::string>& varying(const std::vector<std::vector<std::string>>& v, size_t k) {
+  static const std::vector<std::string> kNone;
+  return k < v.size() ? v[k] : kNone;
+}
+
+// x's type with the manual axes it varies along, as jax/_src/core.py's _vma_ur_str: {V:i}, or
+// {V:(i,j)} for several.
+std::string text(const TypedOperand& x, const std::vector<std::string>& axes) {
+  if (axes.empty()) return type_text(x);
+  const std::string joined = absl::StrJoin(axes, ",");
+  return absl::StrCat(type_text(x), "{V:", axes.size() == 1 ? joined : absl::StrCat("(", joined, ")"), "}");
+}
+
+// The axes of `of` not in `in`, as a Python tuple: ('i',) or ('i', 'j'); empty when none.
+std::string missing_axes(const std::vector<std::string>& of, const std::vector<std::string>& in) {
+  std::vector<std::string> missing;
+  for (const std::string& a : of) {
+    if (std::find(in.begin(), in.end(), a) == in.end()) missing.push_back("'" + a + "'");
+  }
+  if (missing.empty()) return "";
+  return missing.size() == 1 ? absl::StrCat("(", missing[0], ",)")
+                             : absl::StrCat("(", absl::StrJoin(missing, ", "), ")");
+}
+
+// loops.py's and conditionals.py's advice: "This might be fixed by ..." and the notebook's link.
+std::string pcast_advice(const std::vector<std::string>& pcasts, const char* between) {
+  std::string advice;
+  if (pcasts.size() == 1) {
+    advice = absl::StrCat("This might be fixed by ", pcasts[0], ".\n");
+  } else if (!pcasts.empty()) {
+    advice = "This might be fixed by:\n";
+    for (size_t i = 0; i + 1 < pcasts.size(); ++i) absl::StrAppend(&advice, "  * ", pcasts[i], ";", between);
+    absl::StrAppend(&advice, "  * ", pcasts.back(), ".\n");
+  }
+  if (!advice.empty()) {
+    absl::StrAppend(&advice,
+                    "See https://docs.jax.dev/en/latest/notebooks/shard_map.html#scan-vma for more information.\n\n");
+  }
+  return advice;
+}
+
+}  // namespace
+
 std::string carry_type_mismatch(absl::string_view name, const std::vector<TypedOperand>& in,
                                 const std::vector<TypedOperand>& out,
                                 const std::vector<std::vector<std::string>>& in_varying,
                                 const std::vector<std::vector<std::string>>& out_varying) {
-  static const std::vector<std::string> kNone;
-  const auto varying = [](const std::vector<std::vector<std::string>>& v, size_t k) -> const std::vector<std::string>& {
-    return k < v.size() ? v[k] : kNone;
-  };
-  // As jax/_src/core.py's _vma_ur_str: {V:i}, or {V:(i,j)} for several.
-  const auto text = [&](const TypedOperand& x, const std::vector<std::string>& axes) {
-    if (axes.empty()) return type_text(x);
-    const std::string joined = absl::StrJoin(axes, ",");
-    return absl::StrCat(type_text(x), "{V:", axes.size() == 1 ? joined : absl::StrCat("(", joined, ")"), "}");
-  };
   std::vector<std::string> diffs, pcasts;
   for (size_t k = 0; k < in.size() && k < out.size(); ++k) {
     const std::vector<std::string>&vin = varying(in_varying, k), &vout = varying(out_varying, k);
@@ -127,47 +164,42 @@ std::string carry_type_mismatch(absl::string_view name, const std::vector<TypedO
     diffs.push_back(absl::StrCat(path, " has type ", text(in[k], vin),
                                  " but the corresponding output carry component has type ", text(out[k], vout), extra));
     // loops.py: the axes the output varies along and the input does not, pcast onto the input.
-    std::vector<std::string> missing;
-    for (const std::string& a : vout) {
-      if (std::find(vin.begin(), vin.end(), a) == vin.end()) missing.push_back("'" + a + "'");
-    }
-    if (missing.empty()) continue;
-    const std::string axes = missing.size() == 1 ? absl::StrCat("(", missing[0], ",)")
-                                                 : absl::StrCat("(", absl::StrJoin(missing, ", "), ")");
+    const std::string axes = missing_axes(vout, vin);
+    if (axes.empty()) continue;
     pcasts.push_back(absl::StrCat("applying `jax.lax.pcast(..., ", axes,
                                   ", to='varying')`, to the initial carry value corresponding to ", path));
   }
   if (diffs.empty()) return "";
-  std::string advice;
-  if (pcasts.size() == 1) {
-    advice = absl::StrCat("This might be fixed by ", pcasts[0], ".\n");
-  } else if (!pcasts.empty()) {
-    advice = "This might be fixed by:\n";
-    for (size_t i = 0; i + 1 < pcasts.size(); ++i) absl::StrAppend(&advice, "  * ", pcasts[i], ";\n");
-    absl::StrAppend(&advice, "  * ", pcasts.back(), ".\n");
-  }
-  if (!advice.empty()) {
-    absl::StrAppend(&advice,
-                    "See https://docs.jax.dev/en/latest/notebooks/shard_map.html#scan-vma for more information.\n\n");
-  }
   return absl::StrCat(name, " function carry input and carry output must have equal types, but they differ:\n\n",
-                      differences(std::move(diffs), "\n\n"), "\n", advice,
+                      differences(std::move(diffs), "\n\n"), "\n", pcast_advice(pcasts, "\n"),
                       "Revise the function so that all output types match the corresponding input types.");
 }
 
 std::string branch_type_mismatch(absl::string_view api, absl::string_view name1, absl::string_view name2,
-                                 const std::vector<TypedOperand>& out1, const std::vector<TypedOperand>& out2) {
-  std::vector<std::string> diffs;
+                                 const std::vector<TypedOperand>& out1, const std::vector<TypedOperand>& out2,
+                                 const std::vector<std::vector<std::string>>& varying1,
+                                 const std::vector<std::vector<std::string>>& varying2) {
+  std::vector<std::string> diffs, pcasts;
   for (size_t j = 0; j < out1.size() && j < out2.size(); ++j) {
-    if (same_type(out1[j], out2[j])) continue;
-    diffs.push_back(absl::StrCat("the output of ", name1, " at path [", j, "] has type ", type_text(out1[j]),
-                                 " but the corresponding output of ", name2, " has type ", type_text(out2[j]),
-                                 mismatch_extra(out1[j], out2[j])));
+    const std::vector<std::string>&v1 = varying(varying1, j), &v2 = varying(varying2, j);
+    if (same_type(out1[j], out2[j]) && v1 == v2) continue;
+    diffs.push_back(absl::StrCat("the output of ", name1, " at path [", j, "] has type ", text(out1[j], v1),
+                                 " but the corresponding output of ", name2, " has type ", text(out2[j], v2),
+                                 mismatch_extra(out1[j], out2[j], v1 != v2)));
+    // conditionals.py: each branch's output is advised to be pcast along the axes the other
+    // one's varies along and it does not. (JAX's list comprehension gives an empty tuple to the
+    // wrong branch when only one side lacks axes; this names the branch that lacks them.)
+    for (const auto& [name, own, other] : {std::tuple{name1, &v1, &v2}, std::tuple{name2, &v2, &v1}}) {
+      const std::string axes = missing_axes(*other, *own);
+      if (axes.empty()) continue;
+      pcasts.push_back(absl::StrCat("applying `jax.lax.pcast(..., ", axes, ", to='varying')` to the output of ", name,
+                                    " at path [", j, "]"));
+    }
   }
   if (diffs.empty()) return "";
   return absl::StrCat(api, " branches must have equal output types but they differ.\n\n",
-                      differences(std::move(diffs), "\n"), "\nRevise ", name1, " and/or ", name2,
-                      " so that all output types match.");
+                      differences(std::move(diffs), "\n"), "\n", pcast_advice(pcasts, "\n"), "Revise ", name1,
+                      " and/or ", name2, " so that all output types match.");
 }
 
 absl::Span<const std::pair<Op, TypeRule>> control_type_rules() {

@@ -84,9 +84,14 @@ std::string carry_type_mismatch(absl::string_view name, const std::vector<TypedO
                                 const std::vector<std::vector<std::string>>& in_varying = {},
                                 const std::vector<std::vector<std::string>>& out_varying = {});
 // Empty when the branches' output types agree, else JAX's _check_branch_outputs message for
-// `api` ("cond", "switch") without the functions' source lines.
+// `api` ("cond", "switch") without the functions' source lines. In a shard_map body with
+// check_vma a type also has the manual axes it varies along (`varying1`, `varying2`: one list
+// per output, in mesh order); an output missing axes the other branch's varies along gets the
+// advice to pcast it.
 std::string branch_type_mismatch(absl::string_view api, absl::string_view name1, absl::string_view name2,
-                                 const std::vector<TypedOperand>& out1, const std::vector<TypedOperand>& out2);
+                                 const std::vector<TypedOperand>& out1, const std::vector<TypedOperand>& out2,
+                                 const std::vector<std::vector<std::string>>& varying1 = {},
+                                 const std::vector<std::vector<std::string>>& varying2 = {});
 // shard_map (shard_map.cc): on a mesh of only Explicit axes the in_spec `in` must be x's type.
 TypeRuleResult shard_map_in_type_rule(const TypedOperand& x, const NamedSharding& in);
 // Whether every axis of `mesh` is Explicit: where shard_map checks in_specs against the

@@ -211,11 +211,14 @@ class _Jitted:
     def _uncommitted_mesh(self):
         """Where arguments and captures go when none is committed: an eager shard_map's mesh, or
         the mesh of the shard_map this jit wraps (jit(shard_map(f, ...)): JAX moves uncommitted
-        arguments to the computation's devices); None: device 0."""
+        arguments to the computation's devices); else the ambient mesh (jax.set_mesh: JAX's
+        pxla.py _get_and_check_device_assignment takes the context mesh's devices when no sharding
+        names any); None: device 0."""
         if self._default_mesh is not None:
             return self._default_mesh
         mesh_of = getattr(self._fun, "_shard_map_mesh", None)
-        return mesh_of() if mesh_of is not None else None
+        named = mesh_of() if mesh_of is not None else None
+        return named if named is not None else get_abstract_mesh()
 
     def _arg_shardings(self, dyn, kwargs, n):
         if self._in_shardings is None:

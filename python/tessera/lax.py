@@ -282,13 +282,22 @@ def switch(index, branches, *operands):
     branch runs on the devices, and grad goes through it."""
     fns, values, out_tree = _branches(branches, operands, "switch")
     out = _t.switch(_scalar(index, "switch", "index")._v, fns, values)
-    return tree_unflatten(out_tree[0], [Tracer(v) for v in out])
+    return _branch_results(out, out_tree, "switch")
 
 
 def cond(pred, true_fun, false_fun, *operands):
     """jax.lax.cond: true_fun(*operands) if pred else false_fun(*operands), pred a scalar."""
     (t, f), values, out_tree = _branches([true_fun, false_fun], operands, "cond")
     out = _t.cond(_scalar(pred, "cond", "predicate")._v, t, f, values)
+    return _branch_results(out, out_tree, "cond")
+
+
+def _branch_results(out, out_tree, op):
+    """The results as the branches' tree; when the SDK refused the branches (it records why in
+    the trace and gives no results), the branch's exception or TraceFailed, so that the trace's
+    end raises the SDK's error."""
+    if out_tree[0] is None or len(out) != out_tree[0].num_leaves:
+        raise getattr(_trace._state, "error", None) or _trace.TraceFailed(f"{op}: see the trace's error")
     return tree_unflatten(out_tree[0], [Tracer(v) for v in out])
 
 

@@ -421,6 +421,33 @@ def test_binary_ops_pvary_the_invariant_operand_as_the_notebook_shows(mesh8):
   np.testing.assert_array_equal(np.asarray(f(x, y)), np.arange(16.) * np.tile([3., 4.], 8))
 
 
+def test_dot_and_concatenate_pvary_the_invariant_operand_as_jax_does(mesh8):
+  # jax/_src/lax/lax.py's dot_general and concatenate call core.auto_insert_reshard on their
+  # operands before binding, as the binary ops do: w's and c's blocks are pvary'd along 'x', each
+  # read by its op, and both results vary along 'x' (so out_specs=P() on them is refused).
+  def body(x, w, c):
+    return jnp.dot(x, w), jnp.concatenate([x, c])
+
+  f = shard_map(body, mesh=mesh8, in_specs=(P('x'), P(), P()), out_specs=(P('x'), P('x')))
+  x = jax.device_put(jnp.arange(48.).reshape(16, 3), NamedSharding(mesh8, P('x')))
+  w = np.array([[1., -1.], [2., 0.], [0.5, 3.]], np.float32)
+  c = np.array([[-7., 8., 9.]], np.float32)
+  eqns = jax.make_jaxpr(f)(x, w, c).eqns
+  pvary = [e.split(":")[0] for e in eqns if " = pvary[axes=('x',)" in e]
+  assert len(pvary) == 2, eqns
+  dot = [e for e in eqns if " = dot_general" in e]
+  concat = [e for e in eqns if " = concatenate" in e]
+  assert len(dot) == 1 and dot[0].split()[-1] in pvary, eqns
+  assert len(concat) == 1 and concat[0].split()[-1] in pvary, eqns
+  d, joined = f(x, w, c)
+  xs = np.arange(48.).reshape(16, 3)
+  np.testing.assert_allclose(np.asarray(d), xs @ w, rtol=1e-6)
+  want = np.concatenate([np.concatenate([xs[2 * i:2 * i + 2], c]) for i in range(8)])
+  np.testing.assert_array_equal(np.asarray(joined), want)
+  with pytest.raises(ValueError, match="may differ along mesh axis 'x'"):
+    shard_map(lambda x, w: jnp.dot(x, w), mesh=mesh8, in_specs=(P('x'), P()), out_specs=P())(x, w)
+
+
 def test_a_scan_carry_that_becomes_varying_is_jaxs_error(mesh8):
   # [SM] cell 23 (#scan-vma): swapping a varying and an invariant carry raises, with the text of
   # jax/_src/lax/control_flow/loops.py's _check_carry_type (carries named by path; types printed
@@ -456,3 +483,88 @@ def test_a_scan_carry_that_becomes_varying_is_jaxs_error(mesh8):
   x_, y_ = swapping(True)(x, y)
   np.testing.assert_array_equal(np.asarray(x_), np.arange(16.))
   np.testing.assert_array_equal(np.asarray(y_), np.tile([3., 4.], 8))
+
+
+def test_a_scan_body_inside_a_shard_map_body_is_typed_by_its_varying_axes(mesh8):
+  # jax/_src/lax/control_flow/loops.py traces a scan body with its carries' and rows' avals,
+  # vma included: a row of x varies along 'x', the closed-over w is pvary'd where it meets it,
+  # and a psum inside gives an invariant carry, which out_specs=P() accepts; the stacked ys
+  # vary, and out_specs=P() on them is refused.
+  seen = []
+
+  def body(x, w):
+    def step(c, row):
+      y = row * w
+      total = jax.lax.psum(y.sum(), 'x')
+      seen.append((jax.typeof(row).mat.varying, jax.typeof(total).mat.varying))
+      return c + total, y
+    return jax.lax.scan(step, jnp.float32(0), x)
+
+  x = np.arange(64., dtype=np.float32).reshape(16, 4)
+  w = np.array([1., -2., .5, 3.], np.float32)
+  total, ys = shard_map(body, mesh=mesh8, in_specs=(P('x'), P()), out_specs=(P(), P('x')))(x, w)
+  assert seen[-1] == ({'x'}, set()), seen
+  np.testing.assert_allclose(np.asarray(total), (x * w).sum(), rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(ys), x * w)
+  with pytest.raises(ValueError, match="output 1 f32\\[2,4\\] may differ along mesh axis 'x'"):
+    shard_map(body, mesh=mesh8, in_specs=(P('x'), P()), out_specs=(P(), P()))(x, w)
+
+
+def test_cond_and_while_loop_inside_a_shard_map_body_as_jax(mesh):
+  # tests/shard_map_test.py's test_cond_pvary_errors and test_cond_rep_rule ('x', 'y' as 'data',
+  # 'model'): branches must agree on their varying axes (JAX's _check_branch_outputs text; JAX
+  # raises TypeError), x and x + 1 vary along 'data' only.
+  x = np.arange(8., dtype=np.float32)
+
+  def f(a, b):
+    return jax.lax.cond(True, lambda a, b: a, lambda a, b: b, a, b)
+
+  with pytest.raises(ValueError) as e:
+    shard_map(f, mesh=mesh, in_specs=(P('data'), P('model')), out_specs=P(('data', 'model')))(x, x[:4])
+  assert str(e.value).startswith(
+      "cond branches must have equal output types but they differ.\n\n"
+      "The output of true_fun at path [0] has type f32[2]{V:data} but the corresponding output of false_fun has "
+      "type f32[2]{V:model}, so the manual axis types do not match.\n\n"
+      "This might be fixed by:\n"
+      "  * applying `jax.lax.pcast(..., ('model',), to='varying')` to the output of true_fun at path [0];\n"), str(e.value)
+
+  def g(a, b):
+    return jax.lax.cond(True, lambda a, b: a, lambda a, b: a + 1, a, b)
+
+  np.testing.assert_array_equal(
+      np.asarray(shard_map(g, mesh=mesh, in_specs=(P('data'), P('model')), out_specs=P('data'))(x, x[:4])), x)
+  with pytest.raises(ValueError, match="may differ along mesh axis 'data'"):
+    shard_map(g, mesh=mesh, in_specs=(P('data'), P('model')), out_specs=P())(x, x[:4])
+
+  # test_while_rep_rule: three carries varying along both axes, rotated five times.
+  def h(a, b, c):
+    a, b, c = a.sum(), b.sum(), c.sum()
+    a = jax.lax.pcast(a, ('data', 'model'), to='varying')
+    b = jax.lax.pcast(b, 'model', to='varying')
+    _, *out = jax.lax.while_loop(lambda s: s[0] < 5, lambda s: (s[0] + 1, s[2], s[3], s[1]), (0, a, b, c))
+    return [jnp.expand_dims(v, 0) for v in out]
+
+  specs = (P(None), P('data'), P(('data', 'model')))
+  out = shard_map(h, mesh=mesh, in_specs=specs, out_specs=P(('data', 'model')))(x, x, x)
+  np.testing.assert_array_equal(np.asarray(out[0]), x)
+  np.testing.assert_array_equal(np.asarray(out[1]), np.full(8, 28.))
+  np.testing.assert_array_equal(np.asarray(out[2]), np.repeat([1., 5., 9., 13.], 2))
+  for bad in (P('data'), P('model'), P(None)):
+    with pytest.raises(ValueError, match="may differ along mesh axis"):
+      shard_map(h, mesh=mesh, in_specs=specs, out_specs=bad)(x, x, x)
+
+
+def test_uncommitted_arguments_go_to_the_ambient_mesh(mesh):
+  # jax/_src/interpreters/pxla.py, _get_and_check_device_assignment: with no sharding anywhere,
+  # the devices are the context mesh's ("if first_sharding_info is None and not ctx_mesh.empty");
+  # lower_sharding_computation commits the outputs when the context mesh is set. Without it the
+  # call stays on the default device, uncommitted.
+  a = np.arange(32., dtype=np.float32).reshape(8, 4)
+  f = jax.jit(lambda x: x * 2 + 1)
+  with jax.set_mesh(mesh):
+    out = f(jnp.array(a))
+    assert out._committed and out.sharding.mesh == mesh
+    np.testing.assert_array_equal(np.asarray(out), a * 2 + 1)
+  out = f(jnp.array(a))
+  assert not out._committed and out.sharding.mesh != mesh
+  np.testing.assert_array_equal(np.asarray(out), a * 2 + 1)

@@ -248,8 +248,12 @@ TEST_F(PropagateTest, BodyManualOverSomeAxesIsSplitOverTheOthers) {
   ASSERT_GE(d, 0);
   EXPECT_EQ(prop_.result[d].to_string(), "P(None, 'model')");
   EXPECT_EQ(need(d, 1), "P(None, 'model')");
-  // w enters the body as it is: manual axes (none) first, then its automatic split.
-  const int w_in = graph_.node(d).operands[1];
+  // w enters the body as it is: manual axes (none) first, then its automatic split; it is
+  // pvary'd along 'data' before the dot (core.auto_insert_reshard, as JAX), keeping that split.
+  const int w_pvary = graph_.node(d).operands[1];
+  ASSERT_EQ(graph_.node(w_pvary).op, Op::kPvary);
+  EXPECT_EQ(need(w_pvary, 0), "P(None, 'model')");
+  const int w_in = graph_.node(w_pvary).operands[0];
   ASSERT_EQ(graph_.node(w_in).op, Op::kShardMapIn);
   EXPECT_EQ(need(w_in, 0), "P(None, 'model')");
   EXPECT_EQ(prop_.result[graph_.outputs()[0]].to_string(), "P('data', 'model')");

@@ -177,6 +177,10 @@ class ShardMapTest : public MeshesSuite {
   static absl::Status trace_error(const TracedFunction& f, Shape shape = {16, 8}) {
     return trace(f, {{DType::kF32, std::move(shape)}}).status();
   }
+  // The trace error of calling `f` on arguments of `types`.
+  static absl::Status trace_error(const ShardMapped& f, const std::vector<ArrayType>& types) {
+    return trace([f](const std::vector<Value>& in) { return f(in); }, types).status();
+  }
 
   // `body` (of x, w) run in jit on random x (16, 8) laid out P('data', None) and w (8, 4)
   // P(None, 'model') of `mesh`: its results fetched, its plan, and tanh(x @ w) on the host.
@@ -955,6 +959,45 @@ TEST_F(ShardMapTest, UncommittedArgumentsGoWhereTheCommittedOnesAre) {
   EXPECT_TRUE(same->committed());
 }
 
+// JAX's rule when nothing names a mesh (jax/_src/interpreters/pxla.py,
+// _get_and_check_device_assignment: "if first_sharding_info is None and not ctx_mesh.empty ...
+// device_assignment = ctx_mesh._flat_devices_tuple"; lower_sharding_computation commits the
+// outputs when the context mesh is set): under set_mesh, a jit's uncommitted arguments go to
+// the ambient mesh, replicated or as in_shardings says, and its outputs are committed there;
+// the arguments themselves stay where they were, and without the scope the call stays on the
+// default device, uncommitted.
+TEST_F(ShardMapTest, UncommittedArgumentsGoToTheAmbientMesh) {
+  ASSERT_NE(client_, nullptr);
+  const HostArray x = HostArray::arange(DType::kF32, {16, 8});
+  absl::StatusOr<Array> u = client_->array(x);
+  ASSERT_TRUE(u.ok()) << u.status();
+  const TracedFunction affine = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; };
+  Jitted f = jit(affine);
+  JitOptions split;
+  split.in_shardings = {P("data", None)};
+  Jitted g = jit(affine, split);
+  const auto check = [&](const absl::StatusOr<std::vector<Array>>& out, bool on_mesh) {
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ((*out)[0].committed(), on_mesh);
+    EXPECT_EQ((*out)[0].sharding().mesh() == mesh42(), on_mesh) << (*out)[0].sharding().to_string();
+    absl::StatusOr<HostArray> got = (*out)[0].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int64_t i = 0; i < 16 * 8; ++i) EXPECT_EQ(got->element_as_double(i), 2.0 * i + 1) << i;
+  };
+  {
+    MeshScope scope = set_mesh(mesh42());
+    check(f({*u}), true);
+    absl::StatusOr<std::vector<Array>> placed = g({*u});
+    check(placed, true);
+    ASSERT_TRUE(placed.ok());
+    EXPECT_EQ((*placed)[0].sharding().spec(), P("data", None));
+  }
+  EXPECT_FALSE(u->committed());
+  EXPECT_EQ(u->sharding().mesh().size(), 1);
+  check(f({*u}), false);
+  EXPECT_EQ((*f({*u}))[0].sharding().mesh().size(), 1);
+}
+
 // The shard_map notebook's cell 22 (docs/notebooks/shard_map.md: "JAX implicitly inserts
 // jax.lax.pcast(..., to='varying') calls in many cases, especially for binary operations", and
 // its jaxpr of x * y shows the pvary): in a body x * y with x split over the axis and y not,
@@ -1009,6 +1052,83 @@ TEST_F(ShardMapTest, BinaryOpsMakeTheirOperandsVaryAlikeAsJaxDoes) {
   for (int i = 0; i < 16; ++i) EXPECT_EQ(got->element_as_double(i), i * (i % 2 == 0 ? 3.0 : -1.0)) << i;
 }
 
+// dot_general and concatenate make their operands vary alike too: jax/_src/lax/lax.py calls
+// core.auto_insert_reshard(lhs, rhs) in dot_general and core.auto_insert_reshard(*operands) in
+// concatenate before binding (core.py: an operand missing an axis another varies along is
+// pvary'd along it). In a body with x split over 'data' and w, c not, w's and c's blocks are
+// pvary'd, each read by its op, and both results vary along 'data'. The values are worked
+// out here: each device's block of x times w, and its block over c.
+TEST_F(ShardMapTest, DotGeneralAndConcatenateMakeTheirOperandsVaryAlikeAsJaxDoes) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = auto_meshes_[0];  // (8) 'data'
+  std::vector<std::string> seen;
+  ShardMapped f = shard_map(
+      [&seen](const std::vector<Value>& in) {
+        Value d = matmul(in[0], in[1]);
+        Value c = concatenate({in[0], in[2]}, 0);
+        seen = {type_of(d).to_string(), type_of(c).to_string()};
+        return std::vector<Value>{d, c};
+      },
+      mesh, {P("data", None), P(), P()}, {P("data", None), P("data", None)});
+  const TracedFunction traced = [f](const std::vector<Value>& in) { return f(in); };
+  const std::vector<ArrayType> types = {{DType::kF32, {16, 3}}, {DType::kF32, {3, 2}}, {DType::kF32, {1, 3}}};
+  absl::StatusOr<Graph> g = trace(traced, types);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(seen, (std::vector<std::string>{"f32[2,2]{V:data}", "f32[3,3]{V:data}"}));
+  int pvaries = 0, dots = 0, concats = 0;
+  for (int id = 0; id < g->size(); ++id) {
+    const Node& n = g->node(id);
+    if (n.op == Op::kPvary) {
+      ++pvaries;
+      EXPECT_EQ(n.attrs<CollectiveAttrs>().axes, std::vector<std::string>{"data"});
+      EXPECT_EQ(g->node(n.operands[0]).op, Op::kShardMapIn) << g->to_text();
+    }
+    if (n.op == Op::kDotGeneral) {
+      ++dots;
+      EXPECT_EQ(g->node(n.operands[0]).op, Op::kShardMapIn) << g->to_text();  // x's block, varying already
+      EXPECT_EQ(g->node(n.operands[1]).op, Op::kPvary) << g->to_text();
+    }
+    if (n.op == Op::kConcatenate) {
+      ++concats;
+      EXPECT_EQ(g->node(n.operands[0]).op, Op::kShardMapIn) << g->to_text();
+      EXPECT_EQ(g->node(n.operands[1]).op, Op::kPvary) << g->to_text();
+    }
+  }
+  EXPECT_EQ(pvaries, 2) << g->to_text();
+  EXPECT_EQ(dots, 1) << g->to_text();
+  EXPECT_EQ(concats, 1) << g->to_text();
+  const HostArray x = HostArray::arange(DType::kF32, {16, 3});
+  const HostArray w = HostArray::from_vector<float>({3, 2}, {1, -1, 2, 0, 0.5f, 3});
+  const HostArray c = HostArray::from_vector<float>({1, 3}, {-7, 8, 9});
+  absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", None)));
+  absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P()));
+  absl::StatusOr<Array> cs = client_->device_put(c, NamedSharding(mesh, P()));
+  ASSERT_TRUE(xs.ok() && ws.ok() && cs.ok());
+  absl::StatusOr<std::vector<Array>> out = jit(traced)({*xs, *ws, *cs});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> d = (*out)[0].fetch();
+  absl::StatusOr<HostArray> joined = (*out)[1].fetch();
+  ASSERT_TRUE(d.ok() && joined.ok());
+  ASSERT_EQ(d->shape(), (Shape{16, 2}));
+  ASSERT_EQ(joined->shape(), (Shape{24, 3}));  // 8 blocks of 3 rows: x's 2, then c
+  const float wv[3][2] = {{1, -1}, {2, 0}, {0.5f, 3}};
+  for (int r = 0; r < 16; ++r) {
+    for (int j = 0; j < 2; ++j) {
+      double want = 0;
+      for (int k = 0; k < 3; ++k) want += (r * 3 + k) * wv[k][j];
+      EXPECT_EQ(d->element_as_double(r * 2 + j), want) << r << "," << j;
+    }
+  }
+  const double cv[3] = {-7, 8, 9};
+  for (int r = 0; r < 24; ++r) {
+    const int block = r / 3, row = r % 3;
+    for (int j = 0; j < 3; ++j) {
+      const double want = row < 2 ? (block * 2 + row) * 3 + j : cv[j];
+      EXPECT_EQ(joined->element_as_double(r * 3 + j), want) << r << "," << j;
+    }
+  }
+}
+
 // The notebook's cell 23 (docs/notebooks/shard_map.md, "scan-vma"): a scan inside a shard_map
 // body whose carry swaps a varying and an invariant value raises, with the message of
 // jax/_src/lax/control_flow/loops.py's _check_carry_type (the carries named by their path, as
@@ -1061,6 +1181,236 @@ TEST_F(ShardMapTest, AScanCarryThatBecomesVaryingIsJaxsError) {
   for (int i = 0; i < 16; ++i) {
     EXPECT_EQ(x_->element_as_double(i), i) << i;
     EXPECT_EQ(y_->element_as_double(i), i % 2 == 0 ? 3.0 : -1.0) << i;
+  }
+}
+
+// A scan body inside a shard_map body is typed as JAX types it (jax/_src/lax/control_flow/
+// loops.py traces the body with the carries' and rows' avals, vma included): a row of a split
+// xs varies along 'data', the carry starts invariant, a closed-over invariant w is pvary'd
+// where it meets the row (core.auto_insert_reshard), a psum inside gives an invariant value.
+// The carry stays invariant, so out_specs=P() on it is accepted, while the stacked ys vary and
+// out_specs=P() on them is refused. The values are worked out here.
+TEST_F(ShardMapTest, AScanBodyInsideAShardMapBodyIsTypedByItsVaryingAxes) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = auto_meshes_[0];  // (8) 'data'
+  std::vector<std::string> seen;
+  const auto body = [&seen](const std::vector<Value>& in) {
+    ScanResult r = scan(
+        [&](const std::vector<Value>& c, const std::vector<Value>& rows) {
+          const Value y = rows[0] * in[1];
+          const Value total = psum(sum(y), "data");
+          seen = {type_of(rows[0]).to_string(), type_of(y).to_string(), type_of(total).to_string(),
+                  type_of(c[0]).to_string()};
+          return ScanStep{{c[0] + total}, {y}};
+        },
+        {full({}, 0.0, DType::kF32)}, {in[0]});
+    return std::vector<Value>{r.carry[0], r.ys[0]};
+  };
+  const std::vector<ArrayType> types = {{DType::kF32, {16, 4}}, {DType::kF32, {4}}};
+  absl::Status s = trace_error(shard_map(body, mesh, {P("data", None), P()}, {P(), P()}), types);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("output 1 f32[2,4] may differ along mesh axis 'data'"));
+  ShardMapped f = shard_map(body, mesh, {P("data", None), P()}, {P(), P("data", None)});
+  const TracedFunction traced = [f](const std::vector<Value>& in) { return f(in); };
+  absl::StatusOr<Graph> g = trace(traced, types);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(seen, (std::vector<std::string>{"f32[4]{V:data}", "f32[4]{V:data}", "f32[]", "f32[]"}));
+  int scans = 0;
+  for (int id = 0; id < g->size(); ++id) {
+    const auto* a = std::get_if<ScanAttrs>(&g->node(id).attributes);
+    if (a == nullptr || a->output != 0) continue;
+    ++scans;
+    int pvaries = 0;
+    for (int k = 0; k < a->body->size(); ++k) pvaries += a->body->node(k).op == Op::kPvary ? 1 : 0;
+    EXPECT_EQ(pvaries, 1) << a->body->to_text();
+  }
+  EXPECT_EQ(scans, 1) << g->to_text();
+  const HostArray x = HostArray::arange(DType::kF32, {16, 4});
+  const HostArray w = HostArray::from_vector<float>({4}, {1, -2, 0.5f, 3});
+  absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", None)));
+  absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P()));
+  ASSERT_TRUE(xs.ok() && ws.ok());
+  absl::StatusOr<std::vector<Array>> out = jit(traced)({*xs, *ws});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> total = (*out)[0].fetch();
+  absl::StatusOr<HostArray> ys = (*out)[1].fetch();
+  ASSERT_TRUE(total.ok() && ys.ok());
+  const float wv[4] = {1, -2, 0.5f, 3};
+  double want = 0;
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      want += (i * 4 + j) * wv[j];
+      EXPECT_EQ(ys->element_as_double(i * 4 + j), (i * 4 + j) * wv[j]) << i << "," << j;
+    }
+  }
+  EXPECT_EQ(total->element_as_double(0), want);
+}
+
+// cond in a shard_map body (jax/_src/lax/control_flow/conditionals.py). Its branches must agree
+// on their outputs' varying axes: tests/shard_map_test.py's test_cond_pvary_errors, with JAX's
+// _check_branch_outputs message and pcast advice (JAX raises TypeError). The cases of its
+// test_cond_rep_rule: x and x + 1 vary along 'data' only, whatever the other operand does;
+// branches pcast to ('data', 'model') need that out_spec. A predicate that differs between
+// devices runs each device's own branch (values worked out here); Tessera then types the
+// result as varying along the predicate's axes too, so out_specs=P() is refused where JAX,
+// which types a cond by its branches only (_cond_abstract_eval), accepts it.
+TEST_F(ShardMapTest, CondInsideAShardMapBodyIsTypedAsJaxTypesIt) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = mesh42();  // (4, 2) 'data', 'model'
+  const std::vector<ArrayType> types = {{DType::kF32, {8}}, {DType::kF32, {4}}};
+  const auto with = [&](Branch on_true, Branch on_false, PartitionSpec out) {
+    ShardMapped f = shard_map(
+        [on_true, on_false](const std::vector<Value>& in) {
+          return cond(full({}, 1.0, DType::kBool), on_true, on_false, {in[0], in[1]});
+        },
+        mesh, {P("data"), P("model")}, {out});
+    return trace_error(f, types);
+  };
+  const Branch first = [](const std::vector<Value>& in) { return std::vector<Value>{in[0]}; };
+  const Branch second = [](const std::vector<Value>& in) { return std::vector<Value>{in[1]}; };
+  const Branch plus_one = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; };
+  absl::Status s = with(first, second, P(Axes{"data", "model"}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()),
+            "cond branches must have equal output types but they differ.\n\n"
+            "The output of true_fun at path [0] has type f32[2]{V:data} but the corresponding output of false_fun has "
+            "type f32[2]{V:model}, so the manual axis types do not match.\n\n"
+            "This might be fixed by:\n"
+            "  * applying `jax.lax.pcast(..., ('model',), to='varying')` to the output of true_fun at path [0];\n"
+            "  * applying `jax.lax.pcast(..., ('data',), to='varying')` to the output of false_fun at path [0].\n"
+            "See https://docs.jax.dev/en/latest/notebooks/shard_map.html#scan-vma for more information.\n\n"
+            "Revise true_fun and/or false_fun so that all output types match.");
+  EXPECT_TRUE(with(first, plus_one, P("data")).ok());
+  s = with(first, plus_one, P());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("output 0 f32[2] may differ along mesh axis 'data'"));
+  const Branch x_both = [](const std::vector<Value>& in) {
+    return std::vector<Value>{pcast(in[0], "model", "varying")};
+  };
+  const Branch y_both = [](const std::vector<Value>& in) {
+    return std::vector<Value>{pcast(in[1], "data", "varying")};
+  };
+  EXPECT_TRUE(with(x_both, y_both, P(Axes{"data", "model"})).ok());
+  s = with(x_both, y_both, P("data"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("may differ along mesh axis 'model'"));
+  // Each device's own predicate: its block of x sums to more than 20 or not.
+  const auto per_device = [&](PartitionSpec out) {
+    return shard_map(
+        [](const std::vector<Value>& in) {
+          return cond(
+              sum(in[0]) > 20.0, [](const std::vector<Value>& y) { return std::vector<Value>{y[0] * 2.0}; },
+              [](const std::vector<Value>& y) { return std::vector<Value>{y[0] - 1.0}; }, {in[1]});
+        },
+        mesh, {P("data"), P()}, {std::move(out)});
+  };
+  s = trace_error(per_device(P()), {{DType::kF32, {8}}, {DType::kF32, {2}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("output 0 f32[2] may differ along mesh axis 'data'"));
+  const HostArray x3 = HostArray::from_vector<float>({8}, {0, 1, 10, 11, 2, 3, 20, 30});  // sums 1, 21, 5, 50
+  const HostArray y = HostArray::from_vector<float>({2}, {3, -4});
+  absl::StatusOr<Array> xs = client_->device_put(x3, NamedSharding(mesh, P("data")));
+  absl::StatusOr<Array> ys = client_->device_put(y, NamedSharding(mesh, P()));
+  ASSERT_TRUE(xs.ok() && ys.ok());
+  absl::StatusOr<std::vector<Array>> out = per_device(P("data"))({*xs, *ys});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::vector<double> want = {2, -5, 6, -8, 2, -5, 6, -8};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(got->element_as_double(i), want[i]) << i;
+  // checkpoint (a one-branch switch) stays refused in a body: its VJP there is not checked.
+  const TracedFunction twice = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; };
+  s = trace_error(shard_map(checkpoint(twice), mesh, {P("data")}, {P("data")}), {{DType::kF32, {8}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("checkpoint inside a shard_map body is not built"));
+}
+
+// while_loop in a shard_map body: tests/shard_map_test.py's test_while_rep_rule ('x', 'y' as
+// 'data', 'model'): three carries made to vary along both axes are rotated five times; the
+// results need out_specs P(('data', 'model')), and each of P('data'), P('model'), P(None) is
+// refused. A body that makes a carry varying is loops.py's _check_carry_type error for
+// 'while_loop body'. A predicate of each device's own runs each device's own trip count.
+// The values are worked out here.
+TEST_F(ShardMapTest, WhileLoopInsideAShardMapBodyIsTypedAsJaxTypesIt) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = mesh42();  // (4, 2) 'data', 'model'
+  const PartitionSpec both = P(Axes{"data", "model"});
+  const auto rotating = [&](PartitionSpec out) {
+    ShardMapOptions options;
+    options.out_specs_for_all = true;
+    return shard_map(
+        [](const std::vector<Value>& in) {
+          const Value x = pcast(sum(in[0]), AxisNames({"data", "model"}), "varying");
+          const Value y = pcast(sum(in[1]), "model", "varying");
+          const Value z = sum(in[2]);
+          std::vector<Value> out = while_loop([](const std::vector<Value>& c) { return c[0] < 5; },
+                                              [](const std::vector<Value>& c) {
+                                                return std::vector<Value>{c[0] + 1, c[2], c[3], c[1]};
+                                              },
+                                              {full({}, 0.0, DType::kI32), x, y, z});
+          return std::vector<Value>{expand_dims(out[1], 0), expand_dims(out[2], 0), expand_dims(out[3], 0)};
+        },
+        mesh, {P(None), P("data"), both}, {std::move(out)}, options);
+  };
+  const std::vector<ArrayType> types(3, ArrayType{DType::kF32, {8}});
+  for (const PartitionSpec& out : {P("data"), P("model"), P(None)}) {
+    absl::Status s = trace_error(rotating(out), types);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << out.to_string();
+    EXPECT_THAT(std::string(s.message()), HasSubstr("may differ along mesh axis")) << out.to_string();
+  }
+  const HostArray a = HostArray::arange(DType::kF32, {8});
+  absl::StatusOr<Array> whole = client_->device_put(a, NamedSharding(mesh, P(None)));
+  absl::StatusOr<Array> by_data = client_->device_put(a, NamedSharding(mesh, P("data")));
+  absl::StatusOr<Array> by_both = client_->device_put(a, NamedSharding(mesh, both));
+  ASSERT_TRUE(whole.ok() && by_data.ok() && by_both.ok());
+  absl::StatusOr<std::vector<Array>> out = rotating(both)({*whole, *by_data, *by_both});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 3u);
+  // Five rotations of (x, y, z) give (z, x, y): device (d, m), at position 2d + m, holds its
+  // element of z, the sum of all of x (28), and its block of y's sum (4d + 1).
+  std::vector<HostArray> got;
+  for (const Array& r : *out) {
+    absl::StatusOr<HostArray> h = r.fetch();
+    ASSERT_TRUE(h.ok()) << h.status();
+    got.push_back(*std::move(h));
+  }
+  for (int p = 0; p < 8; ++p) {
+    EXPECT_EQ(got[0].element_as_double(p), p) << p;
+    EXPECT_EQ(got[1].element_as_double(p), 28) << p;
+    EXPECT_EQ(got[2].element_as_double(p), 4 * (p / 2) + 1) << p;
+  }
+  // A carry the body makes varying.
+  ShardMapped growing = shard_map(
+      [](const std::vector<Value>& in) {
+        return while_loop([](const std::vector<Value>& c) { return sum(c[0]) < 100.0; },
+                          [in](const std::vector<Value>& c) { return std::vector<Value>{c[0] + in[0]}; }, {in[1]});
+      },
+      mesh, {P("data"), P()}, {P("data")});
+  absl::Status s = trace_error(growing, {{DType::kF32, {8}}, {DType::kF32, {2}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("while_loop body function carry input and carry output must have equal types, but they "
+                        "differ:\n\nThe input carry at path [0] has type f32[2] but the corresponding output carry "
+                        "component has type f32[2]{V:data}, so the manual axis types do not match.\n\n"
+                        "This might be fixed by applying `jax.lax.pcast(..., ('data',), to='varying')`, to the "
+                        "initial carry value corresponding to the input carry at path [0]."));
+  // Each device doubles its block until it sums to 50 or more: blocks (0, 1), (2, 3), (4, 5),
+  // (6, 7) take 6, 4, 3 and 2 doublings.
+  ShardMapped doubling = shard_map(
+      [](const std::vector<Value>& in) {
+        return while_loop([](const std::vector<Value>& c) { return sum(c[0]) < 50.0; },
+                          [](const std::vector<Value>& c) { return std::vector<Value>{c[0] * 2.0}; }, {in[0]});
+      },
+      mesh, {P("data")}, {P("data")});
+  absl::StatusOr<std::vector<Array>> doubled = doubling({*by_data});
+  ASSERT_TRUE(doubled.ok()) << doubled.status();
+  absl::StatusOr<HostArray> d = (*doubled)[0].fetch();
+  ASSERT_TRUE(d.ok()) << d.status();
+  for (int p = 0; p < 8; ++p) {
+    double block = 0, v = p;
+    for (int q = p / 2 * 2; q < p / 2 * 2 + 2; ++q) block += q;
+    for (; block < 50; block *= 2) v *= 2;
+    EXPECT_EQ(d->element_as_double(p), v) << p;
   }
 }
 
