@@ -258,6 +258,67 @@ def test_vmap_of_random_over_a_batch_of_keys_equals_each_key_alone():
       assert np.asarray(grid)[a, b].tobytes() == np.asarray(jax.random.uniform(many[a, b], (2,))).tobytes()
 
 
+def _random_bits_lines(text):
+  return [l for l in text.splitlines() if " = random_bits(" in l]
+
+
+def test_vmap_of_random_is_one_kernel_over_the_batch_of_keys():
+  # JAX's random_bits_p takes keys of any shape and its threefry2x32 is elementwise over them
+  # (jax/_src/random/prng.py, threefry2x32.py): the batched program hashes every key in one
+  # random_bits over the batch (no loop over the examples), each key's values its own.
+  keys = jax.random.split(jax.random.key(0), 16)
+  f = jax.jit(jax.vmap(lambda k: jax.random.uniform(k, (5,))))
+  out = np.asarray(f(keys))
+  for k in range(16):
+    assert out[k].tobytes() == np.asarray(jax.random.uniform(keys[k], (5,))).tobytes(), k
+  text = f.as_text()
+  assert "loop(" not in text
+  assert len(_random_bits_lines(text)) == 1 and "u32[16,5]" in _random_bits_lines(text)[0], text
+  # Mapped data with shared keys (the counter batched), inside a mapped key (nested): a grid
+  # fold_in(keys[a], d[b]) -> bits, one random_bits of the whole grid for each op.
+  data = np.arange(3, dtype=np.int32)
+  g = jax.jit(jax.vmap(jax.vmap(lambda k, d: jax.random.bits(jax.random.fold_in(k, d), (2, 2)), in_axes=(None, 0)),
+                       in_axes=(0, None)))
+  grid = np.asarray(g(keys[:4], data))
+  assert grid.shape == (4, 3, 2, 2) and grid.dtype == np.uint32
+  for a in range(4):
+    for b in range(3):
+      one = jax.random.bits(jax.random.fold_in(keys[a], int(data[b])), (2, 2))
+      assert grid[a, b].tobytes() == np.asarray(one).tobytes(), (a, b)
+  lines = _random_bits_lines(g.as_text())
+  assert "loop(" not in g.as_text() and len(lines) == 2, g.as_text()
+  assert "u32[4,3,2]" in lines[0] and "u32[4,3,2,2]" in lines[1], lines
+
+
+def test_vmap_of_random_over_sharded_keys_runs_where_the_keys_live(mesh8, mesh):
+  keys = jax.random.split(jax.random.key(7), 16)
+  alone = np.stack([np.asarray(jax.random.uniform(keys[k], (8,))) for k in range(16)])
+  # Keys split over 8 devices: each device hashes its 2 keys, nothing moves, and the result is
+  # split as the keys are (JAX: the keys' spec, then None for the sample's dimensions).
+  f = jax.jit(jax.vmap(lambda k: jax.random.uniform(k, (8,))))
+  out = f(jax.device_put(keys, NamedSharding(mesh8, P("x"))))
+  assert out.sharding.spec == P("x", None)
+  assert np.asarray(out).tobytes() == alone.tobytes()
+  text = f.as_text()
+  assert "0 collectives, 0 bytes" in text and "u32[2,8]" in _random_bits_lines(text)[0], text
+  # The sample's dimension split too (out_shardings): each device counts from its block's
+  # first element, its keys' counters moved alike.
+  g = jax.jit(jax.vmap(lambda k: jax.random.uniform(k, (8,))), out_shardings=NamedSharding(mesh, P("data", "model")))
+  out = g(keys)
+  assert np.asarray(out).tobytes() == alone.tobytes()
+  for s in out.addressable_shards:
+    assert np.asarray(s.data).tobytes() == alone[s.index].tobytes(), s.index
+  text = g.as_text()
+  assert "0 collectives" in text and "u32[4,4]" in _random_bits_lines(text)[0], text
+  # Keys mapped along axis 1 (words first, the keys split over 8 devices), the float64
+  # sampler (both words of each hash).
+  by_column = jax.device_put(np.ascontiguousarray(np.asarray(keys).T), NamedSharding(mesh8, P(None, "x")))
+  h = jax.jit(jax.vmap(lambda k: jax.random.uniform(k, (3,), dtype=jnp.float64), in_axes=1))
+  out = np.asarray(h(by_column))
+  for k in range(16):
+    assert out[k].tobytes() == np.asarray(jax.random.uniform(keys[k], (3,), dtype=jnp.float64)).tobytes(), k
+
+
 # ---- control flow (jax/_src/lax/control_flow/{loops,conditionals}.py's batching rules) --------
 
 def _each(f, *args):
