@@ -415,3 +415,30 @@ def test_vmap_of_while_loop_with_batched_and_unbatched_predicates():
     want.append(y_ref)
   np.testing.assert_array_equal(np.asarray(i), [4, 4, 4])
   np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
+
+
+def test_vmap_of_while_loop_with_a_batched_predicate_keeps_closed_over_values_unbatched():
+  # A batched predicate keeps each example's carries once it stops, so the carries the body
+  # changes are batched; a closed-over table (a carry the body hands on unchanged, as JAX's
+  # body_consts are operands of its while_p and not carries: loops.py, _while_loop_batching_rule)
+  # is read, never broadcast to the batch. Values against the loop on the host.
+  rng = np.random.default_rng(8)
+  table = (rng.standard_normal((256, 256)) / 16).astype(np.float32)  # 256 KiB
+  ns = np.array([0, 3, 1, 5, 2, 4, 6, 1], np.int32)
+
+  def f(n):
+    return jax.lax.while_loop(lambda c: c[0] < n,
+                              lambda c: (c[0] + 1, jnp.tanh(c[1] @ table)),
+                              (np.int32(0), jnp.ones((256,), np.float32)))
+
+  g = jax.jit(jax.vmap(f))
+  i, v = g(ns)
+  np.testing.assert_array_equal(np.asarray(i), ns)
+  for k, n in enumerate(ns):
+    want = np.ones((256,), np.float32)
+    for _ in range(n):
+      want = np.tanh(want @ table)
+    np.testing.assert_allclose(np.asarray(v)[k], want, rtol=1e-5, atol=1e-5)  # float32 dot order
+  text = g.as_text()
+  assert "f32[8,256,256]" not in text, text  # the table is not broadcast to the batch
+  assert "f32[8,256]" in text  # the batched carry is
