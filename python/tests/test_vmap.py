@@ -319,6 +319,40 @@ def test_vmap_of_random_over_sharded_keys_runs_where_the_keys_live(mesh8, mesh):
     assert out[k].tobytes() == np.asarray(jax.random.uniform(keys[k], (3,), dtype=jnp.float64)).tobytes(), k
 
 
+# ---- sharding constraints (jax/_src/pjit.py: _sharding_constraint_batcher, _reshard_batcher) ---
+
+def test_vmap_of_a_sharding_constraint_keeps_the_batch_dimension_whole(mesh):
+  # The example's spec applies to the example's dimensions, the batch dimension inserted
+  # unsplit (JAX marks it unconstrained in a constraint, None in a reshard; Tessera's specs have
+  # no unconstrained entry, so it stays whole: 3 examples, which no axis of the mesh divides).
+  xs = np.arange(3 * 8 * 6, dtype=np.float32).reshape(3, 8, 6)
+  f = lambda x: jax.lax.with_sharding_constraint(jnp.sin(x) * 2.0, NamedSharding(mesh, P("data", "model")))
+  g = jax.jit(jax.vmap(f))
+  out = g(xs)
+  assert out.sharding.spec == P(None, "data", "model")
+  want = np.stack([np.asarray(jax.jit(f)(x)) for x in xs])  # each example alone: vmap's meaning
+  np.testing.assert_array_equal(np.asarray(out), want)
+  for s in out.addressable_shards:
+    assert s.data.shape == (3, 2, 3)
+    np.testing.assert_array_equal(np.asarray(s.data), want[s.index])
+  assert "0 collectives" in g.as_text()
+  # Nested, the inner vmap over axis 1: the example's spec after both batch dimensions.
+  x4 = np.arange(2 * 8 * 3 * 6, dtype=np.float32).reshape(2, 8, 3, 6)
+  out = jax.jit(jax.vmap(jax.vmap(f, in_axes=1)))(x4)
+  assert out.shape == (2, 3, 8, 6) and out.sharding.spec == P(None, None, "data", "model")
+  one = jax.jit(f)
+  for a in range(2):
+    for b in range(3):
+      np.testing.assert_array_equal(np.asarray(out)[a, b], np.asarray(one(x4[a, :, b])))
+  # reshard on an Explicit mesh: the type says the batch dimension is whole (JAX's
+  # get_sharding_for_vmap inserts None).
+  explicit = jax.make_mesh((8,), ("x",))
+  with jax.sharding.set_mesh(explicit):
+    r = jax.vmap(lambda x: jax.sharding.reshard(x * 2.0, P("x")))(np.ones((3, 16), np.float32))
+    assert str(jax.typeof(r)) == "float32[3,16@x]"
+    np.testing.assert_array_equal(np.asarray(r), np.full((3, 16), 2.0, np.float32))
+
+
 # ---- control flow (jax/_src/lax/control_flow/{loops,conditionals}.py's batching rules) --------
 
 def _each(f, *args):
