@@ -341,8 +341,11 @@ absl::StatusOr<int> Graph::add_scatter(Op op, int x, int indices, int updates, G
 absl::StatusOr<int> Graph::add_random_bits(int key, int counter, Shape shape, bool words) {
   Node n = make_node(Op::kRandomBits, {key, counter}, RandomBitsAttrs{shape, words});
   n.dtype = DType::kU32;
-  if (words) shape.push_back(2);
-  n.shape = std::move(shape);
+  if (key >= 0 && key < static_cast<int>(nodes_.size()) && !nodes_[key].shape.empty()) {
+    n.shape.assign(nodes_[key].shape.begin(), nodes_[key].shape.end() - 1);  // a batch of keys
+  }
+  n.shape.insert(n.shape.end(), shape.begin(), shape.end());
+  if (words) n.shape.push_back(2);
   return add_node(std::move(n));
 }
 

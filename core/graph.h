@@ -139,7 +139,9 @@ class Graph {
   absl::StatusOr<int> add_dynamic_slice(int x, int starts, std::vector<int64_t> sizes);
   absl::StatusOr<int> add_dynamic_update_slice(int x, int update, int starts);
   // Threefry-2x32 random bits of `key` (uint32[2]) counting from `counter` (an int64 scalar)
-  // over an array of `shape`: uint32[shape], or uint32[shape + (2,)] with both words.
+  // over an array of `shape`: uint32[shape], or uint32[shape + (2,)] with both words. With a
+  // batch of keys (uint32[batch..., 2]) and counters (int64[batch...]), each key's bits:
+  // uint32[batch + shape (+ (2,))].
   absl::StatusOr<int> add_random_bits(int key, int counter, Shape shape, bool words);
   // `x` pinned to the layout `like` gets (same shape), as grad pins gradients. An
   // implementation detail of grad.

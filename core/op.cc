@@ -730,20 +730,28 @@ absl::StatusOr<ArrayType> infer_random_bits(const Node& n, absl::Span<const Arra
   const std::string what = absl::StrCat("random_bits of ", shape_to_string(a.shape), a.words ? " (both words)" : "");
   TESSERA_RETURN_IF_ERROR(validate_shape(a.shape, 4, what));
   TESSERA_RETURN_IF_ERROR(validate_shape(n.shape, 4, what));
-  if (in[0] != ArrayType{DType::kU32, {2}}) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the key is ", type_of(in[0]), "; it must be uint32[2]"));
-  }
-  if (in[1] != ArrayType{DType::kI64, {}}) {
+  // A batch of keys (uint32[batch..., 2]) with one counter each (int64[batch...]): the
+  // result is each key's bits, batch dimensions first (JAX's random_bits_p over keys of any
+  // shape, jax/_src/random/prng.py; vmap's form of the op).
+  if (in[0].dtype != DType::kU32 || in[0].shape.empty() || in[0].shape.back() != 2) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": the counter is ", type_of(in[1]), "; it must be an int64 scalar"));
+        absl::StrCat(what, ": the key is ", type_of(in[0]), "; it must be uint32[2] (or uint32[batch..., 2])"));
   }
-  const size_t rank = a.shape.size();
-  bool fits = n.shape.size() == rank + (a.words ? 1 : 0) && (!a.words || n.shape[rank] == 2);
-  for (size_t d = 0; fits && d < rank; ++d) fits = n.shape[d] <= a.shape[d];
+  const Shape batch(in[0].shape.begin(), in[0].shape.end() - 1);
+  if (in[1] != ArrayType{DType::kI64, batch}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the counter is ", type_of(in[1]), "; it must be ",
+                     batch.empty() ? "an int64 scalar" : type_to_string(DType::kI64, batch) + ", one per key"));
+  }
+  const size_t rank = a.shape.size(), b = batch.size();
+  bool fits = n.shape.size() == b + rank + (a.words ? 1 : 0) && (!a.words || n.shape.back() == 2) &&
+              std::equal(batch.begin(), batch.end(), n.shape.begin());
+  for (size_t d = 0; fits && d < rank; ++d) fits = n.shape[b + d] <= a.shape[d];
   if (!fits) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the result shape ", shape_to_string(n.shape),
-                                                   " is not a block of it",
-                                                   a.words ? " with a last dimension of 2" : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the result shape ", shape_to_string(n.shape), " is not a block of it",
+                     a.words ? " with a last dimension of 2" : "",
+                     b > 0 ? absl::StrCat(" after the keys' batch ", shape_to_string(batch)) : ""));
   }
   if (n.dtype != DType::kU32) return absl::InvalidArgumentError(absl::StrCat(what, ": the result dtype is uint32"));
   return ArrayType{DType::kU32, n.shape};

@@ -115,7 +115,9 @@ enum class Op : uint8_t {
   // Randomness (RandomBitsAttrs): random_bits(key, counter) is Threefry-2x32 of `key` (uint32[2])
   // at the 64-bit counters `counter` (an int64 scalar's bits) + the flat index of each element
   // of an array of the attributes' shape, the two words xor-ed into one uint32 (or both, in
-  // a last dimension of 2): JAX's partitionable random bits, split and fold_in.
+  // a last dimension of 2): JAX's partitionable random bits, split and fold_in. A batch of
+  // keys, uint32[batch..., 2] with counters int64[batch...], gives each key's bits, batch
+  // dimensions first (vmap's form).
   kRandomBits,
   kShiftRightLogical,  // lax.shift_right_logical on integers: zeros in; by >= the width gives 0
   kErfInv,             // lax.erf_inv: the inverse error function on (-1, 1); +-1 give +-inf

@@ -170,7 +170,8 @@ struct ScanAttrs {
 // random_bits: `shape` is the array whose elements are counted (row-major flat index i gets
 // counter `counter + i`); the node's shape is that shape's leading block (a device's, which
 // its counter operand starts at), with a last dimension of 2 when `words` keeps both words of
-// the hash instead of their xor (keys: split, fold_in).
+// the hash instead of their xor (keys: split, fold_in). With a batch of keys the node's shape
+// has the keys' batch dimensions first; `shape` is still one key's.
 struct RandomBitsAttrs {
   static constexpr const char* kName = "random_bits";
   std::vector<int64_t> shape;

@@ -5,7 +5,8 @@
 //     rows and carries, batch dimension first), the ys come back batch dimension first.
 //   - while: the same fixed point over the body and predicate. A predicate that does not
 //     depend on a batched value stays one loop; a batched one runs while any example's holds,
-//     each example keeping its carries once its own predicate is false (every carry batched).
+//     each example keeping its carries once its own predicate is false (every carry the body
+//     changes batched; one it hands on unchanged, a closed-over value, stays unbatched).
 //   - switch (cond): an unbatched index keeps the switch, its branches vmapped; a batched one
 //     runs every branch on the whole batch and selects each example's result (select_n).
 // The results of one op are several nodes (core/op_attrs.h); the first node batched batches
@@ -55,6 +56,13 @@ void carry_fixed_point(const std::vector<const Graph*>& graphs, size_t carries, 
       }
     }
   }
+}
+
+// Whether `g` returns its parameter j as its output j (a loop body handing a carry on).
+bool hands_on(const Graph& g, size_t j) {
+  if (j >= g.outputs().size()) return false;
+  const Node& n = g.node(g.outputs()[j]);
+  return n.op == Op::kParameter && n.attrs<ParameterAttrs>().index == static_cast<int64_t>(j);
 }
 
 Axes axes_of(const std::vector<bool>& batched) {
@@ -129,7 +137,12 @@ absl::StatusOr<Value> while_rule(const BatchArgs& a) {
   std::vector<bool> in = a.batched;
   carry_fixed_point({&body}, carries, in);
   const bool batched_pred = batched_outputs(pred, in)[0];
-  if (batched_pred) in.assign(carries, true);  // each example keeps its carries once it stops
+  if (batched_pred) {
+    // Each example keeps its carries once it stops, so a carry the body changes is batched; one
+    // it hands on unchanged (a closed-over value: client/control.cc passes them as carries) is
+    // the same whichever example stops, and stays as it is.
+    for (size_t j = 0; j < carries; ++j) in[j] = in[j] || !hands_on(body, j);
+  }
   const Axes carry_axes = axes_of(in);
   std::vector<Value> results = while_loop(
       [&](const std::vector<Value>& c) {
@@ -141,7 +154,9 @@ absl::StatusOr<Value> while_rule(const BatchArgs& a) {
         std::vector<Value> next = vmapped_graph(body, c, in, carry_axes, a.size);
         if (!batched_pred || next.size() != c.size()) return next;
         const Value p = vmapped_graph(pred, c, in, {0}, a.size)[0];
-        for (size_t j = 0; j < next.size(); ++j) next[j] = select_examples(p, next[j], c[j]);
+        for (size_t j = 0; j < next.size(); ++j) {
+          if (in[j]) next[j] = select_examples(p, next[j], c[j]);
+        }
         return next;
       },
       operands_as(a, in));

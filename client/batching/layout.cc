@@ -1,5 +1,9 @@
-// Batching the layout ops: the batch dimension stays first, the attributes name the example's
-// dimensions one further on.
+// Batching the layout ops and sharding constraints: the batch dimension stays first, the
+// attributes (and a constraint's spec) name the example's dimensions one further on.
+#include <utility>
+#include <variant>
+#include <vector>
+
 #include "client/batching/batching.h"
 
 namespace tessera::internal {
@@ -39,10 +43,23 @@ absl::StatusOr<Value> concatenate_rule(const BatchArgs& a) {
   return concatenate(xs, a.node.attrs<ConcatAttrs>().axis + 1);
 }
 
+// with_sharding_constraint (and reshard): the example's spec one dimension further on, the
+// batch dimension unsplit, as JAX's _sharding_constraint_batcher and _reshard_batcher insert
+// the batch dimension (jax/_src/pjit.py; JAX marks it unconstrained in the constraint, which
+// Tessera's specs do not have: here it stays whole).
+absl::StatusOr<Value> sharding_constraint_rule(const BatchArgs& a) {
+  Node n = a.node;
+  ShardingAttrs& s = std::get<ShardingAttrs>(n.attributes);
+  std::vector<Axes> dims = {Axes{}};
+  dims.insert(dims.end(), s.sharding.spec().dims().begin(), s.sharding.spec().dims().end());
+  s.sharding = NamedSharding(s.sharding.mesh(), PartitionSpec(std::move(dims)));
+  return a.add(std::move(n), {a.x[0]}, {});
+}
+
 constexpr BatchEntry kRules[] = {
     {Op::kBroadcastInDim, broadcast_rule}, {Op::kReshape, reshape_rule},
     {Op::kTranspose, transpose_rule},      {Op::kSlice, slice_rule},
-    {Op::kConcatenate, concatenate_rule},
+    {Op::kConcatenate, concatenate_rule},  {Op::kShardingConstraint, sharding_constraint_rule},
 };
 
 }  // namespace

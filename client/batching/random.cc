@@ -1,10 +1,10 @@
-// Batching random_bits over a batch of keys (or of counters: fold_in of mapped data). Each
-// example's bits are random_bits of its own key and counter, so a batched node is a scan over
-// the examples running the op once per key (tessera::scan: a loop on the devices, never
-// unrolled, of one iteration per example), with the results stacked: bitwise the values of
-// the unbatched calls one by one, as JAX's vmap of threefry gives them (its threefry2x32
-// primitive is elementwise over the keys, jax/_src/prng.py). Where JAX computes the batch in
-// one vectorised kernel, this runs the batch in sequence on each device.
+// Batching random_bits over a batch of keys (or of counters: fold_in of mapped data). The op
+// takes a batch of keys itself (core/op.h: keys uint32[batch..., 2], one int64 counter each,
+// each key's bits batch dimensions first), as JAX's random_bits_p takes keys of any shape and
+// its threefry2x32 primitive is elementwise over them (jax/_src/random/prng.py,
+// threefry2x32.py): so a batched node is the same node on the batched keys and counters, the
+// unbatched one of the two broadcast, and runs as one kernel over the batch. Each example's
+// bits are those of its own key at its own counter: bitwise the unbatched calls' values.
 #include <utility>
 #include <vector>
 
@@ -14,18 +14,9 @@ namespace tessera::internal {
 namespace {
 
 absl::StatusOr<Value> random_bits_rule(const BatchArgs& a) {
-  const Node node = a.node;
-  const ScanResult r = scan(
-      [&node](const std::vector<Value>&, const std::vector<Value>& row) {
-        TraceState* t = TraceState::common({&row[0], &row[1]});
-        if (t == nullptr) return ScanStep{{}, {Value()}};
-        Node n = node;
-        n.operands = {TraceState::id(row[0]), TraceState::id(row[1])};
-        return ScanStep{{}, {t->make(t->graph.add_node(std::move(n)))}};
-      },
-      {}, {a.batched_operand(0), a.batched_operand(1)});
-  if (r.ys.size() != 1) return absl::InvalidArgumentError("random_bits: its batching scan failed");
-  return r.ys[0];
+  Shape shape = {a.size};
+  shape.insert(shape.end(), a.node.shape.begin(), a.node.shape.end());
+  return a.add(a.node, {a.batched_operand(0), a.batched_operand(1)}, std::move(shape));
 }
 
 constexpr BatchEntry kRules[] = {{Op::kRandomBits, random_bits_rule}};

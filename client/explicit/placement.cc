@@ -1,7 +1,8 @@
 // Explicit-mode sharding rules of the ops that make or place values: a sharding constraint
 // (reshard, out_sharding) is its spec; sharding_as (a gradient taking its parameter's layout)
 // is its second operand's; constants, iota and random bits are unsplit, as JAX's nullary ops
-// are without out_sharding (docs/notebooks/explicit-sharding.md); a gather keeps the splits
+// are without out_sharding (docs/notebooks/explicit-sharding.md), except for the batch of a
+// batch of keys; a gather keeps the splits
 // of the table's other dimensions and of the indices, and refuses a split of the dimension it
 // indexes; a scatter is the gather's rule in reverse (below).
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,23 @@ TypeRuleResult constraint(const TypeRuleCall& c) {
 TypeRuleResult sharding_as(const TypeRuleCall& c) { return TypeRuleResult{c.operands[1].spec, "", ""}; }
 
 TypeRuleResult unsplit(const TypeRuleCall& c) { return TypeRuleResult{TypeSpec(c.node.shape.size()), "", ""}; }
+
+// A batch of keys: the batch dimensions split as the keys (or their counters) are, the bits of
+// each key unsplit, as JAX's random_bits_p (its keys' spec, then None: jax/_src/random/prng.py).
+TypeRuleResult random_bits(const TypeRuleCall& c) {
+  TypeRuleResult r{TypeSpec(c.node.shape.size()), "", ""};
+  const TypeSpec &key = c.operands[0].spec, &counter = c.operands[1].spec;
+  for (size_t d = 0; d < counter.size(); ++d) {
+    if (!key[d].empty() && !counter[d].empty() && key[d] != counter[d]) {
+      r.error = absl::StrCat("batch dimension ", d, " of the keys is split over ", axes_to_string(key[d]),
+                             " and of their counters over ", axes_to_string(counter[d]));
+      r.fix = "reshard the keys and the counters alike (reshard(x, P(...)))";
+      return r;
+    }
+    r.spec[d] = key[d].empty() ? counter[d] : key[d];
+  }
+  return r;
+}
 
 TypeRuleResult gather(const TypeRuleCall& c) {
   TypeRuleResult r;
@@ -72,7 +90,7 @@ absl::Span<const std::pair<Op, TypeRule>> placement_type_rules() {
       {Op::kShardingAs, sharding_as},
       {Op::kConstant, unsplit},
       {Op::kIota, unsplit},
-      {Op::kRandomBits, unsplit},
+      {Op::kRandomBits, random_bits},
       {Op::kGather, gather},
       {Op::kScatter, scatter},
       {Op::kScatterAdd, scatter},

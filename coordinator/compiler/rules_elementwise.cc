@@ -86,17 +86,46 @@ absl::Status partition_iota(PartitionContext& c, int id) {
   return absl::OkStatus();
 }
 
-// random_bits: decided by its users, as iota; the key and the counter stay whole.
+// The number of leading batch dimensions of random_bits node `n` (its keys' batch).
+size_t key_batch_rank(const Graph& g, const Node& n) { return g.node(n.operands[0]).shape.size() - 1; }
+
+// random_bits: decided by its users, as iota; the key and the counter stay whole. A batch of
+// keys splits the result's batch dimensions as the keys (or their counters) are split, the
+// counted dimensions whole, as JAX's random_bits_p (its keys' spec, then None for each counted
+// dimension: jax/_src/random/prng.py); an unsplit batch is left to the users too.
 absl::Status random_source(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const size_t b = key_batch_rank(c.graph(), n);
+  Dims d(n.shape.size());
+  std::set<std::string> taken;
+  bool split = false;
+  for (size_t dim = 0; dim < b; ++dim) {
+    for (int o : n.operands) {
+      const std::optional<ValueSharding> s = c.of(o);
+      if (s && d[dim].empty() && !s->dims[dim].empty()) d[dim] = c.usable(s->dims[dim], n.shape[dim], &taken);
+    }
+    split = split || !d[dim].empty();
+  }
   std::vector<ValueSharding>& req = c.needs(id);
   req.clear();
-  for (int o : c.graph().node(id).operands) req.push_back(ValueSharding::replicated(c.graph().node(o).shape.size()));
+  Dims key(d.begin(), d.begin() + static_cast<int64_t>(b)), counter = key;
+  key.emplace_back();
+  req.push_back(ValueSharding{std::move(key), {}, ReduceOp::kSum});
+  req.push_back(ValueSharding{std::move(counter), {}, ReduceOp::kSum});
+  if (split) c.set(id, std::move(d));
   return absl::OkStatus();
 }
 
-// The result's counted dimensions follow its users; the words dimension stays whole.
-DimMap random_map(const Graph&, const Node& n) {
-  DimMap m{{{-1}, {}}, std::vector<bool>(n.shape.size(), true)};
+// The result's dimensions follow its users; the words dimension stays whole; the keys' and
+// the counters' batch dimensions follow the result's.
+DimMap random_map(const Graph& g, const Node& n) {
+  const int b = static_cast<int>(key_batch_rank(g, n));
+  DimMap m{{{}, {}}, std::vector<bool>(n.shape.size(), true)};
+  for (int d = 0; d < b; ++d) {
+    m.follow[0].push_back(d);
+    m.follow[1].push_back(d);
+  }
+  m.follow[0].push_back(-1);
   if (n.attrs<RandomBitsAttrs>().words) m.free.back() = false;
   return m;
 }
@@ -105,7 +134,8 @@ DimMap random_map(const Graph&, const Node& n) {
 // block with the counter moved to its block's first element, the sum over split dimensions d of
 // axis_index(d's axes) * block[d] * stride[d] (row-major strides of the whole shape). Nothing
 // moves between devices, and every bit equals the unsharded result's (JAX's partitionable
-// threefry).
+// threefry). A batch of keys is split as the keys are: each device runs its own keys, each
+// counter moved the same.
 absl::Status partition_random_bits(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
   const RandomBitsAttrs& a = n.attrs<RandomBitsAttrs>();
@@ -113,13 +143,16 @@ absl::Status partition_random_bits(PartitionContext& c, int id) {
   if (a.words && !dims.back().empty()) {
     return absl::InternalError(absl::StrCat("random_bits %", id, ": its words dimension is split"));
   }
+  const int64_t b = static_cast<int64_t>(key_batch_rank(c.graph(), n));
   TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
   const Shape block = c.local_kernel(id, in).node.shape;
+  const Shape counters(block.begin(), block.begin() + b);
   int64_t stride = 1;
   for (int64_t d = static_cast<int64_t>(a.shape.size()) - 1; d >= 0; --d) {
-    if (!dims[d].empty()) {
-      const int start = emit_block_start(c, id, dims[d], block[d] * stride, DType::kI64);
-      in[1] = emit_kernel(c, id, Op::kAdd, DType::kI64, {}, {in[1], start});
+    if (!dims[b + d].empty()) {
+      int start = emit_block_start(c, id, dims[b + d], block[b + d] * stride, DType::kI64);
+      if (b > 0) start = emit_kernel(c, id, Op::kBroadcastInDim, DType::kI64, counters, {start}, BroadcastAttrs{});
+      in[1] = emit_kernel(c, id, Op::kAdd, DType::kI64, counters, {in[1], start});
     }
     stride *= a.shape[d];
   }

@@ -258,6 +258,101 @@ def test_vmap_of_random_over_a_batch_of_keys_equals_each_key_alone():
       assert np.asarray(grid)[a, b].tobytes() == np.asarray(jax.random.uniform(many[a, b], (2,))).tobytes()
 
 
+def _random_bits_lines(text):
+  return [l for l in text.splitlines() if " = random_bits(" in l]
+
+
+def test_vmap_of_random_is_one_kernel_over_the_batch_of_keys():
+  # JAX's random_bits_p takes keys of any shape and its threefry2x32 is elementwise over them
+  # (jax/_src/random/prng.py, threefry2x32.py): the batched program hashes every key in one
+  # random_bits over the batch (no loop over the examples), each key's values its own.
+  keys = jax.random.split(jax.random.key(0), 16)
+  f = jax.jit(jax.vmap(lambda k: jax.random.uniform(k, (5,))))
+  out = np.asarray(f(keys))
+  for k in range(16):
+    assert out[k].tobytes() == np.asarray(jax.random.uniform(keys[k], (5,))).tobytes(), k
+  text = f.as_text()
+  assert "loop(" not in text
+  assert len(_random_bits_lines(text)) == 1 and "u32[16,5]" in _random_bits_lines(text)[0], text
+  # Mapped data with shared keys (the counter batched), inside a mapped key (nested): a grid
+  # fold_in(keys[a], d[b]) -> bits, one random_bits of the whole grid for each op.
+  data = np.arange(3, dtype=np.int32)
+  g = jax.jit(jax.vmap(jax.vmap(lambda k, d: jax.random.bits(jax.random.fold_in(k, d), (2, 2)), in_axes=(None, 0)),
+                       in_axes=(0, None)))
+  grid = np.asarray(g(keys[:4], data))
+  assert grid.shape == (4, 3, 2, 2) and grid.dtype == np.uint32
+  for a in range(4):
+    for b in range(3):
+      one = jax.random.bits(jax.random.fold_in(keys[a], int(data[b])), (2, 2))
+      assert grid[a, b].tobytes() == np.asarray(one).tobytes(), (a, b)
+  lines = _random_bits_lines(g.as_text())
+  assert "loop(" not in g.as_text() and len(lines) == 2, g.as_text()
+  assert "u32[4,3,2]" in lines[0] and "u32[4,3,2,2]" in lines[1], lines
+
+
+def test_vmap_of_random_over_sharded_keys_runs_where_the_keys_live(mesh8, mesh):
+  keys = jax.random.split(jax.random.key(7), 16)
+  alone = np.stack([np.asarray(jax.random.uniform(keys[k], (8,))) for k in range(16)])
+  # Keys split over 8 devices: each device hashes its 2 keys, nothing moves, and the result is
+  # split as the keys are (JAX: the keys' spec, then None for the sample's dimensions).
+  f = jax.jit(jax.vmap(lambda k: jax.random.uniform(k, (8,))))
+  out = f(jax.device_put(keys, NamedSharding(mesh8, P("x"))))
+  assert out.sharding.spec == P("x", None)
+  assert np.asarray(out).tobytes() == alone.tobytes()
+  text = f.as_text()
+  assert "0 collectives, 0 bytes" in text and "u32[2,8]" in _random_bits_lines(text)[0], text
+  # The sample's dimension split too (out_shardings): each device counts from its block's
+  # first element, its keys' counters moved alike.
+  g = jax.jit(jax.vmap(lambda k: jax.random.uniform(k, (8,))), out_shardings=NamedSharding(mesh, P("data", "model")))
+  out = g(keys)
+  assert np.asarray(out).tobytes() == alone.tobytes()
+  for s in out.addressable_shards:
+    assert np.asarray(s.data).tobytes() == alone[s.index].tobytes(), s.index
+  text = g.as_text()
+  assert "0 collectives" in text and "u32[4,4]" in _random_bits_lines(text)[0], text
+  # Keys mapped along axis 1 (words first, the keys split over 8 devices), the float64
+  # sampler (both words of each hash).
+  by_column = jax.device_put(np.ascontiguousarray(np.asarray(keys).T), NamedSharding(mesh8, P(None, "x")))
+  h = jax.jit(jax.vmap(lambda k: jax.random.uniform(k, (3,), dtype=jnp.float64), in_axes=1))
+  out = np.asarray(h(by_column))
+  for k in range(16):
+    assert out[k].tobytes() == np.asarray(jax.random.uniform(keys[k], (3,), dtype=jnp.float64)).tobytes(), k
+
+
+# ---- sharding constraints (jax/_src/pjit.py: _sharding_constraint_batcher, _reshard_batcher) ---
+
+def test_vmap_of_a_sharding_constraint_keeps_the_batch_dimension_whole(mesh):
+  # The example's spec applies to the example's dimensions, the batch dimension inserted
+  # unsplit (JAX marks it unconstrained in a constraint, None in a reshard; Tessera's specs have
+  # no unconstrained entry, so it stays whole: 3 examples, which no axis of the mesh divides).
+  xs = np.arange(3 * 8 * 6, dtype=np.float32).reshape(3, 8, 6)
+  f = lambda x: jax.lax.with_sharding_constraint(jnp.sin(x) * 2.0, NamedSharding(mesh, P("data", "model")))
+  g = jax.jit(jax.vmap(f))
+  out = g(xs)
+  assert out.sharding.spec == P(None, "data", "model")
+  want = np.stack([np.asarray(jax.jit(f)(x)) for x in xs])  # each example alone: vmap's meaning
+  np.testing.assert_array_equal(np.asarray(out), want)
+  for s in out.addressable_shards:
+    assert s.data.shape == (3, 2, 3)
+    np.testing.assert_array_equal(np.asarray(s.data), want[s.index])
+  assert "0 collectives" in g.as_text()
+  # Nested, the inner vmap over axis 1: the example's spec after both batch dimensions.
+  x4 = np.arange(2 * 8 * 3 * 6, dtype=np.float32).reshape(2, 8, 3, 6)
+  out = jax.jit(jax.vmap(jax.vmap(f, in_axes=1)))(x4)
+  assert out.shape == (2, 3, 8, 6) and out.sharding.spec == P(None, None, "data", "model")
+  one = jax.jit(f)
+  for a in range(2):
+    for b in range(3):
+      np.testing.assert_array_equal(np.asarray(out)[a, b], np.asarray(one(x4[a, :, b])))
+  # reshard on an Explicit mesh: the type says the batch dimension is whole (JAX's
+  # get_sharding_for_vmap inserts None).
+  explicit = jax.make_mesh((8,), ("x",))
+  with jax.sharding.set_mesh(explicit):
+    r = jax.vmap(lambda x: jax.sharding.reshard(x * 2.0, P("x")))(np.ones((3, 16), np.float32))
+    assert str(jax.typeof(r)) == "float32[3,16@x]"
+    np.testing.assert_array_equal(np.asarray(r), np.full((3, 16), 2.0, np.float32))
+
+
 # ---- control flow (jax/_src/lax/control_flow/{loops,conditionals}.py's batching rules) --------
 
 def _each(f, *args):
@@ -354,3 +449,30 @@ def test_vmap_of_while_loop_with_batched_and_unbatched_predicates():
     want.append(y_ref)
   np.testing.assert_array_equal(np.asarray(i), [4, 4, 4])
   np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
+
+
+def test_vmap_of_while_loop_with_a_batched_predicate_keeps_closed_over_values_unbatched():
+  # A batched predicate keeps each example's carries once it stops, so the carries the body
+  # changes are batched; a closed-over table (a carry the body hands on unchanged, as JAX's
+  # body_consts are operands of its while_p and not carries: loops.py, _while_loop_batching_rule)
+  # is read, never broadcast to the batch. Values against the loop on the host.
+  rng = np.random.default_rng(8)
+  table = (rng.standard_normal((256, 256)) / 16).astype(np.float32)  # 256 KiB
+  ns = np.array([0, 3, 1, 5, 2, 4, 6, 1], np.int32)
+
+  def f(n):
+    return jax.lax.while_loop(lambda c: c[0] < n,
+                              lambda c: (c[0] + 1, jnp.tanh(c[1] @ table)),
+                              (np.int32(0), jnp.ones((256,), np.float32)))
+
+  g = jax.jit(jax.vmap(f))
+  i, v = g(ns)
+  np.testing.assert_array_equal(np.asarray(i), ns)
+  for k, n in enumerate(ns):
+    want = np.ones((256,), np.float32)
+    for _ in range(n):
+      want = np.tanh(want @ table)
+    np.testing.assert_allclose(np.asarray(v)[k], want, rtol=1e-5, atol=1e-5)  # float32 dot order
+  text = g.as_text()
+  assert "f32[8,256,256]" not in text, text  # the table is not broadcast to the batch
+  assert "f32[8,256]" in text  # the batched carry is

@@ -1700,7 +1700,56 @@ TEST(Kernels, RandomBitsOfABlockAreTheWholeArraysBits) {
     }
   }
   EXPECT_EQ(g.add_random_bits(c, c, {2}, false).status(),
-            absl::InvalidArgumentError("random_bits of (2,): the key is i64[]; it must be uint32[2]"));
+            absl::InvalidArgumentError(
+                "random_bits of (2,): the key is i64[]; it must be uint32[2] (or uint32[batch..., 2])"));
+}
+
+// A batch of keys (vmap's form of the op; JAX's random_bits_p over keys of any shape,
+// jax/_src/random/prng.py): each key's bits at its own counter, batch dimensions first,
+// equal to the op run on that key alone; a block of the counted dimensions counts from the
+// counter as the single key's block does.
+TEST(Kernels, RandomBitsOfABatchOfKeysAreEachKeysOwnBits) {
+  const HostArray keys = HostArray::from_vector<uint32_t>({2, 3, 2}, {0, 42, 1, 2, 7, 7, 0xFFFFFFFFu, 0, 5, 9, 3, 1});
+  const HostArray counters = HostArray::from_vector<int64_t>({2, 3}, {0, 3, 4294967295, 0, 1, 1LL << 40});
+  Graph g;
+  const int k = g.add_parameter(DType::kU32, {2, 3, 2}), c = g.add_parameter(DType::kI64, {2, 3});
+  const int k1 = g.add_parameter(DType::kU32, {2}), c1 = g.add_parameter(DType::kI64, {});
+  for (bool words : {false, true}) {
+    const Node batched = node_of(g, g.add_random_bits(k, c, {4, 5}, words));
+    ASSERT_EQ(batched.shape, words ? (Shape{2, 3, 4, 5, 2}) : (Shape{2, 3, 4, 5}));
+    const HostArray got = run(batched, {&keys, &counters});
+    Node block = batched;  // a (2, 3) block at (0, 0) of each key's (4, 5)
+    block.shape[2] = 2;
+    block.shape[3] = 3;
+    const HostArray got_block = run(block, {&keys, &counters});
+    const Node one = node_of(g, g.add_random_bits(k1, c1, {4, 5}, words));
+    const int64_t per_key = words ? 40 : 20;
+    for (int64_t i = 0; i < 6; ++i) {
+      const HostArray key =
+          HostArray::from_vector<uint32_t>({2}, {keys.values<uint32_t>()[2 * i], keys.values<uint32_t>()[2 * i + 1]});
+      const HostArray counter = HostArray::from_vector<int64_t>({}, {counters.values<int64_t>()[i]});
+      const HostArray alone = run(one, {&key, &counter});
+      const std::vector<uint32_t> want(alone.values<uint32_t>().begin(), alone.values<uint32_t>().end());
+      const std::vector<uint32_t> have(got.values<uint32_t>().begin() + i * per_key,
+                                       got.values<uint32_t>().begin() + (i + 1) * per_key);
+      EXPECT_EQ(have, want) << "key " << i << (words ? " words" : "");
+      const int64_t w = words ? 2 : 1;
+      for (int64_t r = 0; r < 2; ++r) {
+        for (int64_t j = 0; j < 3 * w; ++j) {
+          EXPECT_EQ(got_block.values<uint32_t>()[i * 6 * w + r * 3 * w + j], want[r * 5 * w + j])
+              << "key " << i << " block " << r << "," << j;
+        }
+      }
+    }
+  }
+  // Spot values of the independent threefry: key (0, 42) at counters 0.. and key (1, 2) at 3...
+  const HostArray bits = run(node_of(g, g.add_random_bits(k, c, {4, 5}, false)), {&keys, &counters});
+  const auto [a0, a1] = threefry_at(0, 42, 7);
+  EXPECT_EQ(bits.values<uint32_t>()[7], a0 ^ a1);
+  const auto [b0, b1] = threefry_at(1, 2, 3 + 19);
+  EXPECT_EQ(bits.values<uint32_t>()[20 + 19], b0 ^ b1);
+  EXPECT_EQ(g.add_random_bits(k, c1, {2}, false).status(),
+            absl::InvalidArgumentError("random_bits of (2,): the counter is i64[]; it must be i64[2,3], one per key"));
 }
 
 TEST(Kernels, ShiftRightLogicalShiftsInZeros) {

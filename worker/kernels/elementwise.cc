@@ -458,34 +458,39 @@ std::pair<uint32_t, uint32_t> threefry2x32(uint32_t k0, uint32_t k1, uint32_t x0
 
 // Element i of the counted shape (row-major) gets counter `first + i`, split into its high and
 // low words as jax's iota_2x32_shape does; a block (a device's) walks its own elements only.
+// A batch of keys runs each key, at its own counter, into its own run of the result.
 absl::StatusOr<HostArray> random_bits_kernel(const Node& node, const std::vector<const HostArray*>& xs) {
   const RandomBitsAttrs& a = node.attrs<RandomBitsAttrs>();
-  const uint32_t* key = stored<uint32_t>(*xs[0]);
-  const uint64_t first = static_cast<uint64_t>(*stored<int64_t>(*xs[1]));
   const size_t rank = a.shape.size();
+  const int64_t batch_rank = xs[0]->shape().size() - 1;
+  const int64_t keys = num_elements(xs[1]->shape());
   const std::vector<int64_t> strides = row_major_strides(Shape(a.shape));
-  const Shape block(node.shape.begin(), node.shape.begin() + static_cast<int64_t>(rank));
+  const Shape block(node.shape.begin() + batch_rank, node.shape.begin() + batch_rank + static_cast<int64_t>(rank));
   HostArray out(DType::kU32, node.shape);
   uint32_t* o = mutable_stored<uint32_t>(&out);
   const int64_t inner = rank == 0 ? 1 : block[rank - 1];
   const int64_t rows = inner == 0 ? 0 : num_elements(block) / inner;
-  std::vector<int64_t> index(rank, 0);  // of the row's first element
-  for (int64_t row = 0; row < rows; ++row) {
-    uint64_t counter = first;
-    for (size_t d = 0; d + 1 < rank; ++d) counter += static_cast<uint64_t>(index[d] * strides[d]);
-    for (int64_t j = 0; j < inner; ++j, ++counter) {
-      const auto [w0, w1] =
-          threefry2x32(key[0], key[1], static_cast<uint32_t>(counter >> 32), static_cast<uint32_t>(counter));
-      if (a.words) {
-        *o++ = w0;
-        *o++ = w1;
-      } else {
-        *o++ = w0 ^ w1;
+  for (int64_t k = 0; k < keys; ++k) {
+    const uint32_t* key = stored<uint32_t>(*xs[0]) + 2 * k;
+    const uint64_t first = static_cast<uint64_t>(stored<int64_t>(*xs[1])[k]);
+    std::vector<int64_t> index(rank, 0);  // of the row's first element
+    for (int64_t row = 0; row < rows; ++row) {
+      uint64_t counter = first;
+      for (size_t d = 0; d + 1 < rank; ++d) counter += static_cast<uint64_t>(index[d] * strides[d]);
+      for (int64_t j = 0; j < inner; ++j, ++counter) {
+        const auto [w0, w1] =
+            threefry2x32(key[0], key[1], static_cast<uint32_t>(counter >> 32), static_cast<uint32_t>(counter));
+        if (a.words) {
+          *o++ = w0;
+          *o++ = w1;
+        } else {
+          *o++ = w0 ^ w1;
+        }
       }
-    }
-    for (int64_t d = static_cast<int64_t>(rank) - 2; d >= 0; --d) {
-      if (++index[d] < block[d]) break;
-      index[d] = 0;
+      for (int64_t d = static_cast<int64_t>(rank) - 2; d >= 0; --d) {
+        if (++index[d] < block[d]) break;
+        index[d] = 0;
+      }
     }
   }
   return out;
