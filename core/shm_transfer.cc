@@ -117,9 +117,9 @@ absl::Status ShmSegment::reuse(int64_t bytes) {
         absl::StrCat("shared-memory transfer: a block of ", bytes, " bytes in a segment of ", capacity_));
   }
   // A fresh token: a worker still holding the segment's last name cannot mistake it for this one.
-  // From the kernel, not a thread_local engine: static TLS is carved from every thread's stack,
-  // and civetweb's 100 KiB threads in the same daemon have no room to spare (a 2.5 KiB
-  // mt19937_64 per thread made its error path overflow the stack: Cli.DaemonsServe...Metrics).
+  // From the kernel, not a thread_local engine: static TLS is carved from every thread's stack
+  // (a 2.5 KiB mt19937_64 per thread once overflowed civetweb's 100 KiB threads; the daemons
+  // now give those 1 MiB, core/metrics_server.cc, but a token needs no per-thread state).
   if (getrandom(&token_, sizeof token_, 0) != static_cast<ssize_t>(sizeof token_)) {
     return absl::InternalError(absl::StrCat("shared-memory transfer: getrandom: ", std::strerror(errno)));
   }
