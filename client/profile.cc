@@ -39,6 +39,7 @@ struct ProfileDaemon {
 struct ClientImpl::Profiling {
   std::vector<ProfileDaemon> daemons;  // the coordinator first
   int64_t window_start_ns = 0;         // this client's clock, before any daemon started
+  int64_t window_start_unix_ns = 0;    // this client's wall clock then (for the metadata)
 };
 
 }  // namespace internal
@@ -67,9 +68,9 @@ absl::Status estimate_offset(ProfileDaemon& d) {
   req.set_action(pb::ProfileRequest::CLOCK);
   int64_t best_rtt = INT64_MAX;
   for (int i = 0; i < kClockSamples; ++i) {
-    const int64_t t0 = absl::GetCurrentTimeNanos();
+    const int64_t t0 = profile_clock_ns();
     TESSERA_ASSIGN_OR_RETURN(pb::ProfileReply reply, ask(d, req));
-    const int64_t t1 = absl::GetCurrentTimeNanos();
+    const int64_t t1 = profile_clock_ns();
     if (t1 - t0 < best_rtt) {
       best_rtt = t1 - t0;
       d.offset_ns = reply.clock_ns() - (t0 + (t1 - t0) / 2);
@@ -182,7 +183,8 @@ absl::Status Client::start_profile(const ProfileOptions& options) const {
     return absl::FailedPreconditionError("profile: this client is profiling already; stop_profile first");
   }
   auto p = std::make_shared<ClientImpl::Profiling>();
-  p->window_start_ns = absl::GetCurrentTimeNanos();
+  p->window_start_ns = profile_clock_ns();
+  p->window_start_unix_ns = absl::GetCurrentTimeNanos();
   ClientImpl* impl = impl_.get();
   ProfileDaemon coordinator;
   coordinator.name = "coordinator";
@@ -293,7 +295,7 @@ absl::Status Client::stop_profile(const std::string& path) const {
       if (r->events_size() == 0 || static_cast<int64_t>(fetched[i].events.size()) >= r->total_events()) break;
     }
   }
-  const int64_t window_end_ns = absl::GetCurrentTimeNanos();
+  const int64_t window_end_ns = profile_clock_ns();
   // Everything on the coordinator's clock, from the window's start.
   const int64_t origin = p->window_start_ns + offset_coordinator;
   std::vector<Lane> lanes;
@@ -347,8 +349,9 @@ absl::Status Client::stop_profile(const std::string& path) const {
   std::string json = "{\"traceEvents\":[\n";
   for (size_t i = 0; i < items.size(); ++i) absl::StrAppend(&json, i == 0 ? "" : ",\n", items[i]);
   absl::StrAppend(&json, "\n],\n\"displayTimeUnit\":\"ns\",\n\"metadata\":{\"clock\":\"coordinator\"",
-                  ",\"window_start_unix_ns\":", origin, ",\"window_us\":", micros(window_end_ns - p->window_start_ns),
-                  ",\"dropped_events\":", dropped, ",\"daemons\":[", daemons, "]}}\n");
+                  ",\"window_start_unix_ns\":", p->window_start_unix_ns,
+                  ",\"window_us\":", micros(window_end_ns - p->window_start_ns), ",\"dropped_events\":", dropped,
+                  ",\"daemons\":[", daemons, "]}}\n");
   TESSERA_RETURN_IF_ERROR(write_file(path, json));
   TESSERA_RETURN_IF_ERROR(write_file(path + ".html", internal::timeline_html(json)));
   return first_error;

@@ -1,13 +1,18 @@
 #include "core/profile.h"
 
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 
-#include "absl/time/clock.h"
-
 namespace tessera {
+
+int64_t profile_clock_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
+}
 
 int32_t profile_thread_id() {
   thread_local const int32_t id = static_cast<int32_t>(syscall(SYS_gettid));
@@ -39,7 +44,7 @@ void ProfileRecorder::start(int64_t capacity) {
   ring_.shrink_to_fit();
   next_ = 0;
   dropped_ = 0;
-  start_ns_ = absl::GetCurrentTimeNanos();
+  start_ns_ = profile_clock_ns();
   on_.store(true, std::memory_order_relaxed);
 }
 
@@ -83,12 +88,12 @@ void ProfileSpan::begin(const char* category, std::string name) {
   event_.category = category;
   event_.name = std::move(name);
   event_.tid = profile_thread_id();
-  event_.ts_ns = absl::GetCurrentTimeNanos();
+  event_.ts_ns = profile_clock_ns();
 }
 
 void ProfileSpan::end() {
   if (recorder_ == nullptr) return;
-  event_.dur_ns = absl::GetCurrentTimeNanos() - event_.ts_ns;
+  event_.dur_ns = profile_clock_ns() - event_.ts_ns;
   recorder_->add(std::move(event_));
   recorder_ = nullptr;
 }
@@ -100,7 +105,7 @@ void profile_flow(ProfileRecorder& recorder, ProfileEvent::Phase phase, uint64_t
   e.phase = phase;
   e.name = std::move(name);
   e.category = "message";
-  e.ts_ns = ts_ns != 0 ? ts_ns : absl::GetCurrentTimeNanos();
+  e.ts_ns = ts_ns != 0 ? ts_ns : profile_clock_ns();
   e.tid = profile_thread_id();
   e.flow_id = flow_id;
   recorder.add(std::move(e));

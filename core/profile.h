@@ -8,8 +8,10 @@
 //     span.arg("shape", "f32[8,8]"); ... }      // recorded when the span ends
 //   ProfileRecorder::Snapshot s = recorder.stop();   // the events, oldest first, and the dropped
 //
-// Times are this process's wall clock (absl::GetCurrentTimeNanos); the profiler aligns
-// daemons' clocks when it merges them (client/profile.cc). No proto or gRPC header here.
+// Times are this process's monotonic clock (profile_clock_ns): a wall clock stepped by NTP
+// during a profile would tear it. Processes' clocks differ (other hosts, other boots, time
+// namespaces); the profiler estimates each one's offset when it merges them (client/profile.cc).
+// No proto or gRPC header here.
 #ifndef TESSERA_CORE_PROFILE_H_
 #define TESSERA_CORE_PROFILE_H_
 
@@ -35,6 +37,10 @@ struct ProfileEvent {
   uint64_t flow_id = 0;  // kFlowStart / kFlowEnd: the same id at both ends of a message
   std::vector<std::pair<std::string, std::string>> args;
 };
+
+// The profile's clock: CLOCK_MONOTONIC in nanoseconds. Only differences, and offsets between
+// processes estimated by the profiler, mean anything.
+int64_t profile_clock_ns();
 
 // The kernel's id of the calling thread (cached per thread).
 int32_t profile_thread_id();

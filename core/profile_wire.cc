@@ -1,7 +1,6 @@
 #include "core/profile_wire.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "proto/rpc.h"
 
 namespace tessera {
@@ -49,7 +48,7 @@ absl::Status answer_profile(ProfileRecorder& recorder, const pb::ProfileRequest&
   reply->set_total_events(total);
   reply->set_dropped_events(head.dropped);
   reply->set_start_ns(head.start_ns);
-  reply->set_clock_ns(absl::GetCurrentTimeNanos());
+  reply->set_clock_ns(profile_clock_ns());
   return absl::OkStatus();
 }
 

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
@@ -19,10 +21,14 @@
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of a running cluster's coordinator; empty runs Client::local(8) (env TESSERA_COORDINATOR)");
 ABSL_FLAG(bool, plans, false, "also print every device's compiled plan");
+ABSL_FLAG(std::string, profile, "",
+          "record a timeline of the run (puts, the call, the fetch) into this file, in Chrome's trace-event "
+          "JSON, and a viewer into FILE.html (docs/guide.md, \"Seeing where the time goes\")");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Runs jit(tanh(x @ w)) on sharded arrays.\nUsage: example_seed_layer [--coordinator=HOST:PORT]");
+      "Runs jit(tanh(x @ w)) on sharded arrays.\nUsage: example_seed_layer [--coordinator=HOST:PORT] [--plans] "
+      "[--profile=FILE]");
   tessera::parse_flags(argc, argv, "example_seed_layer", {{"coordinator", "TESSERA_COORDINATOR"}});
   using namespace tessera;
   const std::string address = absl::GetFlag(FLAGS_coordinator);
@@ -31,6 +37,15 @@ int main(int argc, char** argv) {
   if (!mesh.ok()) {
     std::cerr << "example_seed_layer: " << mesh.status() << "\n";
     return 1;
+  }
+  std::optional<ProfileScope> profile;
+  if (const std::string path = absl::GetFlag(FLAGS_profile); !path.empty()) {
+    absl::StatusOr<ProfileScope> started = client->profile(path);
+    if (!started.ok()) {
+      std::cerr << "example_seed_layer: " << started.status() << "\n";
+      return 1;
+    }
+    profile.emplace(*std::move(started));
   }
   const HostArray x_host = HostArray::ones(DType::kF32, {16, 8});
   const HostArray w_host = HostArray::ones(DType::kF32, {8, 4});
@@ -57,6 +72,13 @@ int main(int argc, char** argv) {
   if (!got.ok()) {
     std::cerr << "example_seed_layer: " << got.status() << "\n";
     return 1;
+  }
+  if (profile.has_value()) {
+    if (absl::Status written = profile->finish(); !written.ok()) {
+      std::cerr << "example_seed_layer: " << written << "\n";
+      return 1;
+    }
+    std::cout << "timeline: " << absl::GetFlag(FLAGS_profile) << " and " << absl::GetFlag(FLAGS_profile) << ".html\n";
   }
   // The host reference: tanh(x @ w), element by element.
   for (int64_t i = 0; i < 16; ++i) {

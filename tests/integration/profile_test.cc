@@ -5,10 +5,12 @@
 // everything inside the profile's window after the clocks' alignment. The HTML viewer is opened
 // in headless Chromium and its rows are checked in the DOM it rendered.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -16,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
@@ -85,8 +88,9 @@ Trace parse(const std::string& json) {
 const std::set<std::string> kAlgorithms = {"tree", "recursive_doubling", "direct", "ring", "chain"};
 
 // What every trace must satisfy whatever the program: a name per process, per-lane order and
-// nesting, the window, matched flows each bound to a collective at both ends.
-void check_structure(const Trace& t) {
+// nesting, the window, matched flows each bound to a collective at both ends (and some flows,
+// unless the program sends no `messages`).
+void check_structure(const Trace& t, bool messages = true) {
   const double window = t.metadata.fields().at("window_us").number_value();
   ASSERT_GT(window, 0);
   constexpr double kRounding = 0.002;  // ts and dur are each printed to 1 ns
@@ -126,7 +130,7 @@ void check_structure(const Trace& t) {
     }
     return false;
   };
-  EXPECT_FALSE(starts.empty());
+  EXPECT_EQ(starts.empty(), !messages);
   // NTP's bound: a daemon's estimated offset is off by at most half the round trip it was
   // measured over, so after the alignment a message may seem taken up to half of both round
   // trips before it was sent.
@@ -363,6 +367,133 @@ TEST(Profile, RealProcessesAlignedToTheCoordinatorsClock) {
   const Trace t = parse(read_file(path));
   check_structure(t);
   check_program(t, 2);
+}
+
+// The same program on daemons whose clocks really differ: each runs in its own time namespace
+// (time_namespaces(7), `unshare --time --monotonic S`: its CLOCK_MONOTONIC, the profile's clock,
+// runs S seconds ahead of the test's), as processes on different hosts or boots would. The
+// trace must come out as on one clock, and the offsets in its metadata must be the ones set,
+// within the estimate's bound (half of each of the two round trips). Needs root (a time
+// namespace needs CAP_SYS_ADMIN); skipped with the reason otherwise.
+TEST(Profile, DaemonsWhoseClocksDifferByDaysAreAligned) {
+  if (geteuid() != 0) GTEST_SKIP() << "a time namespace needs root (CAP_SYS_ADMIN)";
+  absl::StatusOr<std::pair<int, std::string>> probe =
+      Subprocess::run({"/usr/bin/unshare", "--time", "--monotonic", "1", "true"}, absl::Seconds(10));
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  ASSERT_EQ(probe->first, 0) << "unshare --time failed: " << probe->second;
+
+  constexpr int64_t kCoordinatorSkewS = 7 * 86400;
+  auto device_skew_s = [](int d) { return int64_t{d} * 86400 + 12345 + (d % 3) * 3600; };
+  auto in_namespace = [](int64_t skew_s, std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {"/usr/bin/unshare", "--time", "--monotonic", absl::StrCat(skew_s)});
+    return argv;
+  };
+  const std::string bin = TESSERA_BIN_DIR;
+  absl::StatusOr<std::unique_ptr<Subprocess>> coordinator =
+      Subprocess::spawn(in_namespace(kCoordinatorSkewS, {bin + "/tessera-coordinator", "--port=0"}));
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  absl::StatusOr<std::string> line = (*coordinator)->read_line_with("listening on", absl::Seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status();
+  const std::string address = last_word(*line);
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int d = 0; d < 8; ++d) {
+    absl::StatusOr<std::unique_ptr<Subprocess>> w = Subprocess::spawn(
+        in_namespace(device_skew_s(d), {bin + "/tessera-worker", "--coordinator=" + address, "--port=0",
+                                        absl::StrCat("--device_id=", d), "--memory_bytes=268435456"}));
+    ASSERT_TRUE(w.ok()) << w.status();
+    workers.push_back(*std::move(w));
+  }
+  ConnectOptions options;
+  options.min_devices = 8;
+  options.timeout = absl::Seconds(20);
+  absl::StatusOr<Client> client = Client::connect(address, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string path = test_dir() + "/skewed.json";
+  run_profiled(*client, path, 2);
+  const Trace t = parse(read_file(path));
+  check_structure(t);
+  check_program(t, 2);
+
+  // Each row's offset from the coordinator's clock is the skew set, give or take the two
+  // estimates' errors (each at most half its round trip).
+  std::map<std::string, std::pair<double, double>> offsets;  // name: offset, round trip (ns)
+  for (const PbValue& d : t.metadata.fields().at("daemons").list_value().values()) {
+    const auto& f = d.struct_value().fields();
+    offsets[f.at("name").string_value()] = {f.at("clock_offset_ns").number_value(), f.at("rtt_ns").number_value()};
+  }
+  ASSERT_EQ(offsets.count("coordinator"), 1u);
+  const double coordinator_rtt = offsets["coordinator"].second;
+  auto expect_offset = [&](const std::string& name, int64_t skew_s) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(offsets.count(name), 1u);
+    const double want = static_cast<double>(skew_s - kCoordinatorSkewS) * 1e9;
+    EXPECT_NEAR(offsets[name].first, want, (offsets[name].second + coordinator_rtt) / 2 + 1000);
+  };
+  expect_offset("client", 0);
+  for (int d = 0; d < 8; ++d) expect_offset(absl::StrCat("device ", d), device_skew_s(d));
+}
+
+// docs/guide.md, "Seeing where the time goes": its command tracing the seed program, run as the
+// guide writes it (build/bin/ is this build's, /tmp/ this test's directory), and the trace
+// checked against what the seed program does (examples/seed_layer.cc): x (16, 8) on P("data",
+// None) and w (8, 4) on P(None, "model") over a (4, 2) mesh, jit(tanh(x @ w)), which needs no
+// communication (each device multiplies its row block of x by its column block of w), then a
+// fetch of y on P("data", "model"), whose 8 blocks are distinct.
+TEST(Profile, TheGuidesTraceOfTheSeedProgram) {
+  const std::string guide = read_file(TESSERA_SOURCE_DIR "/docs/guide.md");
+  const size_t section = guide.find("\n## Seeing where the time goes\n");
+  ASSERT_NE(section, std::string::npos) << "docs/guide.md has no section 'Seeing where the time goes'";
+  const size_t end = guide.find("\n## ", section + 1);
+  const std::string text = guide.substr(section, end == std::string::npos ? std::string::npos : end - section);
+  std::string command;
+  bool in_sh = false;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line == "```sh")
+      in_sh = true;
+    else if (line == "```")
+      in_sh = false;
+    else if (in_sh && absl::StartsWith(line, "build/bin/example_seed_layer "))
+      command = std::string(line);
+  }
+  ASSERT_FALSE(command.empty()) << "no `build/bin/example_seed_layer ...` line in a ```sh block of the section";
+  command = command.substr(0, command.find('#'));  // the comment
+  const std::string dir = test_dir();
+  std::vector<std::string> argv;
+  std::string path;
+  for (absl::string_view word : absl::StrSplit(command, ' ', absl::SkipEmpty())) {
+    std::string w =
+        absl::StrReplaceAll(word, {{"build/bin/", absl::StrCat(TESSERA_BIN_DIR, "/")}, {"/tmp/", dir + "/"}});
+    if (absl::StartsWith(w, "--profile=")) path = w.substr(std::string("--profile=").size());
+    argv.push_back(std::move(w));
+  }
+  ASSERT_FALSE(path.empty()) << "the guide's command has no --profile=FILE: " << command;
+  absl::StatusOr<std::pair<int, std::string>> ran = Subprocess::run(argv, absl::Seconds(120));
+  ASSERT_TRUE(ran.ok()) << ran.status();
+  ASSERT_EQ(ran->first, 0) << ran->second;
+  EXPECT_THAT(ran->second, HasSubstr(absl::StrCat("timeline: ", path, " and ", path, ".html")));
+  ASSERT_FALSE(read_file(path + ".html").empty());
+
+  const Trace t = parse(read_file(path));
+  check_structure(t, /*messages=*/false);
+  for (int d = 0; d < 8; ++d) {
+    SCOPED_TRACE(absl::StrCat("device ", d));
+    const int64_t pid = device_pid(t, d);
+    EXPECT_EQ(spans(t, pid, "plan", "plan").size(), 1u);
+    EXPECT_EQ(spans(t, pid, "kernel", "dot_general").size(), 1u);
+    EXPECT_EQ(spans(t, pid, "kernel", "tanh").size(), 1u);
+    for (const Event& e : t.events) EXPECT_FALSE(e.pid == pid && e.cat == "collective") << e.name;
+    EXPECT_EQ(spans(t, pid, "transfer", "get_shard").size(), 1u);  // its block of y
+  }
+  int64_t client_pid = -1, coordinator_pid = -1;
+  for (const auto& [pid, name] : t.process_names) {
+    if (name == "client") client_pid = pid;
+    if (absl::StartsWith(name, "coordinator")) coordinator_pid = pid;
+  }
+  EXPECT_EQ(spans(t, client_pid, "client", "device_put").size(), 2u);
+  EXPECT_EQ(spans(t, client_pid, "client", "jit call").size(), 1u);
+  EXPECT_EQ(spans(t, client_pid, "client", "fetch").size(), 1u);
+  EXPECT_EQ(spans(t, coordinator_pid, "compile", "compile").size(), 1u);
+  EXPECT_EQ(spans(t, coordinator_pid, "dispatch", "execute").size(), 1u);
 }
 
 // Runs chromium headless on `args` (at most 60 s); its output.

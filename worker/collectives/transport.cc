@@ -611,7 +611,7 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
     self = self_;
   }
   // The send's time is taken before the write: the peer may take the message before enqueue returns.
-  const int64_t sent_ns = profile_.on() ? absl::GetCurrentTimeNanos() : 0;
+  const int64_t sent_ns = profile_.on() ? profile_clock_ns() : 0;
   absl::Status queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
   if (queued.ok() && sent_ns != 0) {
     profile_flow(profile_, ProfileEvent::kFlowStart, message_flow_id(self, peer, tag.op, tag.step, tag.chunk),
