@@ -106,6 +106,12 @@ compose_up=1
 timeout 180 "${compose[@]}" up -d --no-build >"$run/up.log" 2>&1 || { cat "$run/up.log"; fail "docker-compose up"; }
 engine_wait_healthy "$project" 9 120 || fail "the cluster did not become healthy"
 timing "up -> coordinator and 8 workers healthy: $((SECONDS - start)) s"
+# Every daemon serves from a read-only root (compose's read_only, as the manifests'
+# readOnlyRootFilesystem): healthy there, and the programs below run on it.
+for c in $("${compose[@]}" ps -q coordinator) $(for i in 0 1 2 3 4 5 6 7; do "${compose[@]}" ps -q "worker-$i"; done); do
+  [ "$("$DOCKER" inspect -f '{{.HostConfig.ReadonlyRootfs}}' "$c")" = true ] ||
+    fail "container $("$DOCKER" inspect -f '{{.Name}}' "$c") has a writable root filesystem"
+done
 published=$("$DOCKER" port "$("${compose[@]}" ps -q coordinator)" 5000/tcp)
 case $published in 127.0.0.1:*) ;; *) fail "the coordinator is published on '$published', expected 127.0.0.1 only" ;; esac
 # The credentials the one-shot service made (tokens, CA, TLS for 127.0.0.1 too), as a user

@@ -444,6 +444,7 @@ async function failuresOf(rendered, compose, binDir, binaries = {}) {
     const where = `docker-compose.yml: ${name}`;
     if (JSON.stringify(s.command) !== JSON.stringify([description[r].binary])) fail(where, "wrong command");
     if (bytes(s.mem_limit) !== description[r].memory_limit_bytes) fail(where, `mem_limit ${s.mem_limit}`);
+    if (s.read_only !== true) fail(where, "read_only must be true (a read-only root, as readOnlyRootFilesystem)");
     checkEnv(where, r, "compose", s.environment);
     if (r === "worker") checkWorkerMemory(where, s.environment, bytes(s.mem_limit));
     // Docker's default grace is 10 s.
@@ -494,6 +495,7 @@ const MUTATIONS = [
   ["a misspelt Service field", (r) => (service(r, "tessera-workers").spec.publishNotReadyAdresses = true), "unknown field spec.publishNotReadyAdresses"],
   ["a misspelt top-level field", (r) => (service(r, "tessera").metdata = { name: "x" }), "unknown field metdata"],
   ["a Kubernetes worker waiting for shared memory no other pod shares", (r) => (envVar(r, "worker", "TESSERA_WORKER_SHM").value = "true"), 'TESSERA_WORKER_SHM is "true", deploy/daemons.json says "false"'],
+  ["compose with a writable root", (r, c) => delete c.services["worker-4"].read_only, "docker-compose.yml: worker-4: read_only"],
   ["compose drifting", (r, c) => (c.services["worker-2"].environment.TESSERA_WORKER_MEMORY_BYTES = "1"), "docker-compose.yml: worker-2"],
   // An evicted Indexed-Job worker must be replaced, not counted done: a worker exiting 0 after
   // its drain (the binary, not the manifest: its --help overridden), a policy ending the index.

@@ -8,7 +8,7 @@
 #   guide_k8s_test.sh SOURCE_DIR BIN_DIR        (exit 77: kubectl is missing)
 set -euo pipefail
 src=$(cd "$1" && pwd) bin=$(cd "$2" && pwd)
-command -v kubectl >/dev/null || { echo "guide_k8s: kubectl is not installed (./dev install brings it)"; exit 77; }
+command -v kubectl >/dev/null || { echo "guide_k8s: skipped: kubectl is not installed (Debian 12 has no package for it; install a release from kubernetes.io, deploy/README.md)"; exit 77; }
 
 block=$(awk '/^## Running on Kubernetes/{s=1} s && /^```sh$/{b=1; next} b && /^```$/{exit} b' "$src/docs/guide.md")
 [ -n "$block" ] || { echo "guide_k8s: docs/guide.md has no \`\`\`sh block under '## Running on Kubernetes'"; exit 1; }

@@ -104,6 +104,19 @@ void expect_status_states(const std::string& coordinator, const std::string& tok
   EXPECT_EQ(devices, kFaultWorkers) << shown->second;
 }
 
+// Waits (at most kBound) until the run computing `result` shows as in flight on kDrained.
+void wait_until_in_flight(Client& client, const Array& result) {
+  const absl::Time start = absl::Now();
+  int64_t in_flight = 0;
+  while (in_flight == 0 && absl::Now() - start < kBound && !result.is_ready()) {
+    absl::StatusOr<DeviceStats> stats = client.device_stats(kDrained);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    in_flight = stats->plan_runs_in_flight;
+    if (in_flight == 0) absl::SleepFor(absl::Milliseconds(5));  // between polls of a state with no change feed
+  }
+  ASSERT_EQ(in_flight, 1) << "the run never showed as in flight on device " << kDrained;
+}
+
 // The drained worker exits once no run has been in flight for --drain_quiet_ms; the test
 // fetches the last run's result from it in that time, a hidden bound on the test's own
 // speed: 5 s (200 ms, the default, does not always leave it on a loaded machine).
@@ -132,15 +145,7 @@ TEST_F(DrainTest, ARunInFlightAtSigtermFinishesThenTheWorkerExits) {
 
   absl::StatusOr<std::vector<Array>> second = f({*xs, *ws});  // returns at once; runs meanwhile
   ASSERT_TRUE(second.ok()) << second.status();
-  const absl::Time start = absl::Now();
-  int64_t in_flight = 0;
-  while (in_flight == 0 && absl::Now() - start < kBound && !(*second)[0].is_ready()) {
-    absl::StatusOr<DeviceStats> stats = client->device_stats(kDrained);
-    ASSERT_TRUE(stats.ok()) << stats.status();
-    in_flight = stats->plan_runs_in_flight;
-    if (in_flight == 0) absl::SleepFor(absl::Milliseconds(5));  // between polls of a state with no change feed
-  }
-  ASSERT_EQ(in_flight, 1) << "the run never showed as in flight on device " << kDrained;
+  ASSERT_NO_FATAL_FAILURE(wait_until_in_flight(*client, (*second)[0]));
   ASSERT_EQ(::kill(cluster_.workers[kDrained]->pid(), SIGTERM), 0);
 
   // The run in flight finishes, with the same values.
@@ -160,6 +165,58 @@ TEST_F(DrainTest, ARunInFlightAtSigtermFinishesThenTheWorkerExits) {
   absl::Status status = third.ok() ? (*third)[0].block_until_ready() : third.status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("device ", kDrained))) << status;
+}
+
+// The other branch of the drain: a run still in flight when --drain_timeout_ms passes fails,
+// rather than holding the pod past its grace period (issue #19 item 1: "finish or fail
+// in-flight runs"). The run is a while_loop that does not end by itself (i < 2^30 iterations
+// of a (64, 512) @ (512, 512) step per device), so it is in flight whatever the machine's
+// speed; the worker gives up on it after 300 ms, deregisters and exits EX_TEMPFAIL, and the
+// call fails UNAVAILABLE naming the device, in bounded time.
+class DrainTimeoutTest : public FaultClusterTest {
+  std::vector<std::string> drill_worker_flags() const override {
+    return {"--drain_quiet_ms=200", "--drain_timeout_ms=300"};
+  }
+};
+
+TEST_F(DrainTimeoutTest, ARunStillInFlightWhenTheDrainTimesOutFailsNamingTheDevice) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray x = uniform({kRows, kDim}, 1.0f, 1), w = uniform({kDim, kDim}, 1.0f / 32, 2);
+  absl::StatusOr<Array> xs = client->device_put(x, NamedSharding(*mesh, P("x", None)));
+  absl::StatusOr<Array> ws = client->device_put(w, NamedSharding(*mesh, P()));
+  ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
+  JitOptions options;
+  options.timeout = kBound;
+  Jitted endless = jit(
+      [](const std::vector<Value>& in) {
+        const Value x = in[0], w = in[1];
+        std::vector<Value> out =
+            while_loop([](const std::vector<Value>& c) { return c[0] < full({}, 1 << 30, DType::kI32); },
+                       [&](const std::vector<Value>& c) {
+                         return std::vector<Value>{c[0] + 1, tanh(matmul(c[1], w) + x)};
+                       },
+                       {full({}, 0, DType::kI32), x});
+        return std::vector<Value>{out[1]};
+      },
+      options);
+  absl::StatusOr<std::vector<Array>> running = endless({*xs, *ws});
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_NO_FATAL_FAILURE(wait_until_in_flight(*client, (*running)[0]));
+  const absl::Time sigterm = absl::Now();
+  ASSERT_EQ(::kill(cluster_.workers[kDrained]->pid(), SIGTERM), 0);
+
+  absl::StatusOr<int> exit_status = cluster_.workers[kDrained]->wait_for_exit(kBound);
+  ASSERT_TRUE(exit_status.ok()) << exit_status.status() << ": the worker outlived its drain timeout";
+  EXPECT_EQ(*exit_status, EX_TEMPFAIL);
+  const absl::Status failed = (*running)[0].block_until_ready();
+  const absl::Duration took = absl::Now() - sigterm;
+  RecordProperty("failed_after_sigterm_us", absl::StrCat(absl::ToInt64Microseconds(took)));
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_THAT(std::string(failed.message()), HasSubstr(absl::StrCat("device ", kDrained))) << failed;
+  EXPECT_LT(took, kBound);
 }
 
 // What the drills below run before and after a device drains: `2x + 1` jitted over an (8, 4)
