@@ -21,6 +21,9 @@ body{font:12px sans-serif;margin:0;background:#f6f6f6;color:#222}
 .ev{position:absolute;height:14px;box-sizing:border-box;border:1px solid #0004;overflow:hidden;font-size:10px;
   line-height:12px;white-space:nowrap;min-width:1px;cursor:default}
 #flows{position:absolute;left:0;top:0;pointer-events:none;z-index:1}
+.axis .track{height:18px}
+.tick{position:absolute;top:0;height:18px;border-left:1px solid #888;padding-left:2px;font-size:10px;
+  line-height:18px;white-space:nowrap}
 #tip{position:fixed;display:none;background:#ffffe8;border:1px solid #888;padding:4px 6px;pointer-events:none;
   z-index:4;white-space:pre;font:11px monospace}
 </style></head><body>
@@ -72,6 +75,11 @@ const legend = document.getElementById("legend");
 for (const [cat, color] of Object.entries(colors)) {
   legend.insertAdjacentHTML("beforeend", '<span><i class="sw" style="background:' + color + '"></i>' + cat + "</span>");
 }
+function details(e) {
+  let text = e.name + "  [" + e.cat + "]\nstart " + fmt(e.ts) + "  duration " + fmt(e.dur);
+  for (const [k, v] of Object.entries(e.args || {})) text += "\n" + k + ": " + v;
+  return text;
+}
 function fmt(us) { return us >= 1000 ? (us / 1000).toFixed(3) + " ms" : us.toFixed(1) + " us"; }
 function render() {
   const width = Math.max(400, (window.innerWidth - LABEL - 20)) * zoom;
@@ -112,7 +120,7 @@ function render() {
         div.style.top = (2 + d * ROW) + "px";
         div.style.background = colors[e.cat] || "#ccc";
         if (x(e.dur) > 30) div.textContent = e.name;
-        div.ev = e;
+        div.dataset.tip = details(e);  // what the tooltip shows on hover
         track.appendChild(div);
         e.y = y + 2 + d * ROW + 7;
       }
@@ -126,6 +134,29 @@ function render() {
     rows.appendChild(row);
     y += height + 1;
   }
+  // The time axis, under the rows: a tick every 1, 2 or 5 x 10^k us, at least 100 px apart.
+  const axis = document.createElement("div");
+  axis.className = "row axis";
+  const axisLabel = document.createElement("div");
+  axisLabel.className = "label";
+  axisLabel.textContent = "time since the window opened";
+  const ticks = document.createElement("div");
+  ticks.className = "track";
+  ticks.style.width = width + "px";
+  const least = end * 100 / width;
+  const power = Math.pow(10, Math.floor(Math.log10(least)));
+  const step = [1, 2, 5, 10].map(m => m * power).find(s => s >= least);
+  for (let i = 0; i * step <= end; ++i) {
+    const tick = document.createElement("div");
+    tick.className = "tick";
+    tick.dataset.us = i * step;
+    tick.style.left = x(i * step) + "px";
+    tick.textContent = fmt(i * step);
+    ticks.appendChild(tick);
+  }
+  axis.appendChild(axisLabel);
+  axis.appendChild(ticks);
+  rows.appendChild(axis);
   // A flow's ends sit on the spans that enclose them (the collectives sending and taking).
   function enclosing(f) {
     const p = procs.get(f.pid);
@@ -165,10 +196,8 @@ function render() {
 }
 const tip = document.getElementById("tip");
 document.getElementById("rows").addEventListener("mousemove", ev => {
-  const e = ev.target.ev;
-  if (!e) { tip.style.display = "none"; return; }
-  let text = e.name + "  [" + e.cat + "]\nstart " + fmt(e.ts) + "  duration " + fmt(e.dur);
-  for (const [k, v] of Object.entries(e.args || {})) text += "\n" + k + ": " + v;
+  const text = ev.target.dataset && ev.target.dataset.tip;
+  if (!text) { tip.style.display = "none"; return; }
   tip.textContent = text;
   tip.style.left = (ev.clientX + 12) + "px";
   tip.style.top = (ev.clientY + 12) + "px";

@@ -34,6 +34,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/topology.h"
+#include "tests/metrics_scrape.h"
 
 namespace tessera {
 namespace {
@@ -65,6 +66,8 @@ struct Pod : Container {
   std::vector<Container> init;  // run to completion, in order, before the daemon
   int grace_seconds = 0;
   std::string restart_policy;  // the pod template's (Always, OnFailure or Never)
+  int scrape_port = 0;         // prometheus.io/port when prometheus.io/scrape is "true", else 0
+  std::string scrape_path;     // prometheus.io/path (default /metrics)
   std::string host;            // the namespace it runs in
 };
 
@@ -117,6 +120,8 @@ absl::StatusOr<Rendered> render(const std::string& overlay, std::string* skip) {
     pod.hostname = f.at("hostname").string_value();
     pod.grace_seconds = static_cast<int>(f.at("grace_seconds").number_value());
     pod.restart_policy = f.at("restart_policy").string_value();
+    pod.scrape_port = static_cast<int>(f.at("scrape_port").number_value());
+    pod.scrape_path = f.at("scrape_path").string_value();
     for (const auto& i : f.at("init").list_value().values()) pod.init.push_back(container_of(i.struct_value()));
     r.pods.push_back(pod);
   }
@@ -355,6 +360,32 @@ class K8sNetnsTest : public ::testing::Test {
     }
   }
 
+  // Each pod scraped as a Prometheus inside the cluster would, by the common pod-annotation
+  // rules (prometheus.io/scrape, /port, /path): from the client's host at the pod's address,
+  // over plain HTTP. Every pod is annotated, and after the seed program every daemon counts a
+  // call: the coordinator an execution, each worker its plan run.
+  void expect_scraped_after_a_call(const Rendered& r) {
+    int device = 0;  // the workers' pods are in device order (expect_workers_registered)
+    for (const Pod& pod : r.pods) {
+      SCOPED_TRACE(pod.name);
+      ASSERT_GT(pod.scrape_port, 0) << "not annotated for scraping";
+      // bash's /dev/tcp: HTTP/1.0, the connection closes after the answer.
+      absl::StatusOr<std::pair<int, std::string>> got = Subprocess::run(
+          topology_->in("cl", {"/bin/bash", "-c",
+                               "exec 3<>/dev/tcp/$0/$1 && printf 'GET %s HTTP/1.0\\r\\n\\r\\n' \"$2\" >&3 && "
+                               "timeout 10 cat <&3",
+                               address_.at(pod.name), absl::StrCat(pod.scrape_port), pod.scrape_path}),
+          absl::Seconds(20));
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->first, 0) << got->second;
+      EXPECT_THAT(got->second, HasSubstr("200 OK"));
+      const std::string series = pod.role == "coordinator"
+                                     ? std::string("tessera_coordinator_executions_total{result=\"ok\"}")
+                                     : absl::StrCat("tessera_worker_plan_runs_total{device=\"", device++, "\"}");
+      EXPECT_GE(sample(got->second, series), 1) << series << " in\n" << got->second.substr(0, 3000);
+    }
+  }
+
   void run_seed_program() {
     const absl::Time start = absl::Now();
     absl::StatusOr<std::pair<int, std::string>> seed = Subprocess::run(
@@ -461,6 +492,7 @@ TEST_F(K8sNetnsTest, StatefulSetWorkersWaitForALateCoordinatorThenServeAndDrain)
   EXPECT_THAT(wait_health(worker0, "", 0, absl::Seconds(10)), HasSubstr("serving"));
 
   run_seed_program();
+  expect_scraped_after_a_call(*rendered);
   absl::StatusOr<std::unique_ptr<Subprocess>> client =
       Subprocess::spawn(as_client({bin("cluster_client"), "--coordinator=" + cluster_address("tessera")}),
                         SubprocessOptions{.pipe_stdin = true});
@@ -532,6 +564,7 @@ TEST_F(K8sNetnsTest, IndexedJobWorkersTakeTheirCompletionIndex) {
   }
   EXPECT_THAT(wait_health(cluster_address("tessera"), "", 0, absl::Seconds(10)), HasSubstr("serving"));
   run_seed_program();
+  expect_scraped_after_a_call(*rendered);
 
   // A worker's pod deleted, evicted or preempted (SIGTERM): under the Job's restartPolicy
   // (OnFailure or Never: not restarted in place when the pod goes), a container that exits 0

@@ -621,7 +621,11 @@ function pods() {
       out.pods.push({ name: p.name, role: meta.labels["app.kubernetes.io/component"], hostname: p.hostname,
                       ...started(t.spec.containers[0]), init: (t.spec.initContainers ?? []).map(started),
                       grace_seconds: t.spec.terminationGracePeriodSeconds ?? 30,
-                      restart_policy: t.spec.restartPolicy ?? "Always" });
+                      restart_policy: t.spec.restartPolicy ?? "Always",
+                      // What Prometheus' common pod-annotation rules scrape (0: not scraped).
+                      scrape_port: meta.annotations["prometheus.io/scrape"] === "true"
+                        ? Number(meta.annotations["prometheus.io/port"] ?? 0) : 0,
+                      scrape_path: meta.annotations["prometheus.io/path"] ?? "/metrics" });
       made.push({ ...p, labels: meta.labels });
     }
   }

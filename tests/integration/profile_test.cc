@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -32,6 +33,7 @@ namespace {
 
 using google::protobuf::Struct;
 using PbValue = google::protobuf::Value;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string read_file(const std::string& path) {
@@ -291,6 +293,46 @@ TEST(Profile, AJittedMatmulWithPsumAndAllGatherOnLocal8) {
   EXPECT_TRUE(absl::StrContains(html, "<script id=\"trace\" type=\"application/json\">"));
   EXPECT_TRUE(absl::StrContains(html, "\"all_gather\""));
   EXPECT_FALSE(absl::StrContains(html, "https://")) << "the viewer must need no network";
+}
+
+// A wait that blocks shows on the client's row (docs/design.md, "Timeline": only a wait that
+// blocks is recorded): block_until_ready right after a call whose run takes far longer than
+// its dispatch (40 chained (256, 256) matmuls per device) blocks, and its span is inside the
+// call's window, after the jit call's start, with the call's id.
+TEST(Profile, AWaitThatBlocksIsOnTheClientsRow) {
+  absl::StatusOr<Client> client = Client::local(8);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({8}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray x = HostArray::ones(DType::kF32, {8 * 256, 256});
+  absl::StatusOr<Array> xd = client->device_put(x, NamedSharding(*mesh, P("x", None)));
+  ASSERT_TRUE(xd.ok()) << xd.status();
+  Jitted chain = jit([](const std::vector<Value>& in) {
+    Value v = in[0];
+    for (int i = 0; i < 40; ++i) v = tanh(matmul(v, full({256, 256}, 1.0 / 256)));
+    return std::vector<Value>{v};
+  });
+  ASSERT_TRUE(chain({*xd}).ok());  // compiled outside the profile
+  const std::string path = test_dir() + "/wait.json";
+  absl::StatusOr<ProfileScope> profile = client->profile(path);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  absl::StatusOr<std::vector<Array>> y = chain({*xd});
+  ASSERT_TRUE(y.ok()) << y.status();
+  ASSERT_TRUE((*y)[0].block_until_ready().ok());
+  ASSERT_TRUE(profile->finish().ok());
+  const Trace t = parse(read_file(path));
+  check_structure(t, /*messages=*/false);
+  int64_t client_pid = -1;
+  for (const auto& [pid, name] : t.process_names) {
+    if (name == "client") client_pid = pid;
+  }
+  const std::vector<const Event*> calls = spans(t, client_pid, "client", "jit call");
+  const std::vector<const Event*> waits = spans(t, client_pid, "client", "wait");
+  ASSERT_EQ(calls.size(), 1u);
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_GE(waits[0]->ts, calls[0]->ts);
+  EXPECT_GT(waits[0]->dur, 0);
+  EXPECT_FALSE(waits[0]->args.at("call").empty());
 }
 
 TEST(Profile, StartAndStopAreChecked) {
@@ -557,8 +599,31 @@ TEST(ProfileHtml, HeadlessChromiumRendersARowPerDevice) {
       EXPECT_EQ(count(cat), expected[cat]) << cat;
     }
     EXPECT_EQ(expected["collective"], 4);  // 2 calls of an all_reduce and an all_gather
+    // What hovering a collective shows: its name, category, times and arguments.
+    const std::string tip = attribute(row.substr(row.find("data-cat=\"collective\"")), "data-tip");
+    EXPECT_THAT(tip, AllOf(HasSubstr("[collective]"), HasSubstr("duration "), HasSubstr("bytes: 64"),
+                           HasSubstr("algorithm: "), HasSubstr("path: ")))
+        << tip;
   }
   EXPECT_TRUE(absl::StrContains(dom, "<line"));  // the messages' arrows
+  // The time axis under the rows: ticks from 0 at a constant step of 1, 2 or 5 x 10^k us,
+  // labelled, within the window.
+  const size_t axis = dom.find("<div class=\"row axis\"");
+  ASSERT_NE(axis, std::string::npos) << "no time axis";
+  std::vector<double> ticks;
+  for (size_t at = dom.find("data-us=\"", axis); at != std::string::npos; at = dom.find("data-us=\"", at + 1)) {
+    double us = 0;
+    ASSERT_TRUE(absl::SimpleAtod(attribute(dom.substr(at), "data-us"), &us));
+    ticks.push_back(us);
+  }
+  ASSERT_GE(ticks.size(), 3u);
+  EXPECT_EQ(ticks[0], 0);
+  const double step = ticks[1];
+  const double decade = std::pow(10, std::floor(std::log10(step)));
+  EXPECT_TRUE(step == decade || step == 2 * decade || step == 5 * decade) << step;
+  for (size_t i = 1; i < ticks.size(); ++i) EXPECT_NEAR(ticks[i] - ticks[i - 1], step, step * 1e-9);
+  EXPECT_LE(ticks.back(), t.metadata.fields().at("window_us").number_value() + 0.002);
+  EXPECT_THAT(dom.substr(axis), HasSubstr(">0.0 us<"));
   // The screenshot, kept as the test's artifact in the build tree.
   const std::string artifacts = std::string(TESSERA_BINARY_DIR) + "/test-artifacts";
   mkdir(artifacts.c_str(), 0755);
