@@ -157,6 +157,23 @@ async function unknownFields(modelFile, object) {
     .flatMap((t) => t.keys.filter((k) => !t.read.has(k)).map((k) => (t.at ? `${t.at}.${k}` : k)));
 }
 
+// What the Kubernetes OpenAPI schema (kubernetes-models) says is wrong with object `o`: its
+// validator's errors, and every field the schema does not know.
+async function schemaFailures(o) {
+  const [group, version] = o.apiVersion.includes("/") ? o.apiVersion.split("/") : [null, o.apiVersion];
+  const file = path.join(modules, "kubernetes-models", ...(group ? [group] : []), version, `${o.kind}.js`);
+  if (!fs.existsSync(file)) return [`no schema for ${o.apiVersion} ${o.kind}`];
+  const out = [];
+  const Model = (await import(pathToFileURL(file)))[o.kind];
+  try {
+    new Model(o).validate();
+  } catch (e) {
+    out.push(`invalid: ${e.message}`);
+  }
+  for (const field of await unknownFields(file, o)) out.push(`unknown field ${field} (not in the ${o.apiVersion} ${o.kind} schema)`);
+  return out;
+}
+
 // Every rule below, over rendered overlays ({name: objects}) and the parsed compose file;
 // returns the failures, each naming the file or object and the rule. `binaries` overrides what
 // the binaries' --help says (a broken variant of them: MUTATIONS).
@@ -330,19 +347,7 @@ async function failuresOf(rendered, compose, binDir, binaries = {}) {
     const workloads = {}, stopping = {};
     for (const o of docs) {
       const where = `${overlay}: ${o.kind} ${o.metadata?.name}`;
-      const [group, version] = o.apiVersion.includes("/") ? o.apiVersion.split("/") : [null, o.apiVersion];
-      const file = path.join(modules, "kubernetes-models", ...(group ? [group] : []), version, `${o.kind}.js`);
-      if (!fs.existsSync(file)) {
-        fail(where, `no schema for ${o.apiVersion} ${o.kind}`);
-        continue;
-      }
-      const Model = (await import(pathToFileURL(file)))[o.kind];
-      try {
-        new Model(o).validate();
-      } catch (e) {
-        fail(where, `invalid: ${e.message}`);
-      }
-      for (const field of await unknownFields(file, o)) fail(where, `unknown field ${field} (not in the ${o.apiVersion} ${o.kind} schema)`);
+      for (const f of await schemaFailures(o)) fail(where, f);
       if (o.metadata?.labels?.["app.kubernetes.io/part-of"] !== "tessera") fail(where, "no part-of label");
       if (o.kind === "Service") {
         const headless = o.spec.clusterIP === "None";
@@ -526,9 +531,21 @@ async function check() {
   const composeText = fs.readFileSync(path.join(sourceDir, "deploy/docker-compose.yml"), "utf8");
   const compose = () => YAML.parse(composeText, { merge: true });
   const failures = await failuresOf(rendered, compose(), binDir);
+  // deploy/README.md's in-cluster client (```yaml blocks opening with "# NAME.yaml"), as a
+  // user would `kubectl apply -f` it.
+  const readme = fs.readFileSync(path.join(sourceDir, "deploy/README.md"), "utf8");
+  let examples = 0;
+  for (const [, name, text] of readme.matchAll(/^```yaml\n# ([\w.-]+\.yaml)[^\n]*\n([\s\S]*?)^```$/gm)) {
+    for (const o of YAML.parseAllDocuments(text).map((d) => d.toJS())) {
+      ++examples;
+      for (const f of await schemaFailures(o)) failures.push(`deploy/README.md: ${name}: ${o.kind} ${o.metadata?.name}: ${f}`);
+    }
+  }
+  if (examples === 0) failures.push("deploy/README.md: no ```yaml block opening with '# NAME.yaml' (the in-cluster client)");
   for (const f of failures) console.log(`FAIL ${f}`);
   const objects = Object.values(rendered).reduce((n, docs) => n + docs.length, 0);
-  console.log(`${Object.keys(rendered).length} overlays (${Object.keys(rendered).join(", ")}), ${objects} objects: ${failures.length} failures`);
+  console.log(`${Object.keys(rendered).length} overlays (${Object.keys(rendered).join(", ")}), ${objects} objects, ` +
+              `${examples} in deploy/README.md: ${failures.length} failures`);
   // The rules themselves: each mutation of the real manifests must fail them.
   let missed = 0;
   for (const [what, mutate, expected, binaries] of MUTATIONS) {
