@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -463,6 +464,42 @@ testing::AssertionResult scrape_until(int port, const std::string& series, doubl
 
 // --metrics_port: each daemon serves Prometheus' text format, and the counters follow the calls.
 // The coordinator keeps one program (--max_programs=1), so the second program evicts the first.
+// Prometheus' naming conventions (prometheus.io/docs/practices/naming, issue #19 item 4):
+// every family in a scrape is `prefix` + snake_case, a counter ends in _total, a histogram
+// (a latency or a size) in its base unit _seconds or _bytes, a gauge of bytes in _bytes, and no
+// name uses another unit (ms, KiB, MiB). The library's own exposer_* families are left out.
+void expect_prometheus_names(const std::string& scrape, const std::string& prefix) {
+  int families = 0;
+  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
+    if (!absl::StartsWith(line, "# TYPE ")) continue;
+    const std::vector<std::string> words = absl::StrSplit(line, ' ');
+    ASSERT_EQ(words.size(), 4u) << line;
+    const std::string& name = words[2];
+    const std::string& kind = words[3];
+    SCOPED_TRACE(std::string(line));
+    // prometheus-cpp's Exposer adds its own (exposer_scrapes_total, exposer_request_latencies
+    // in microseconds, ...): the library's names, not ours.
+    if (absl::StartsWith(name, "exposer_")) continue;
+    ++families;
+    EXPECT_TRUE(absl::StartsWith(name, prefix));
+    EXPECT_TRUE(std::all_of(name.begin(), name.end(),
+                            [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; }));
+    if (kind == "counter") {
+      EXPECT_TRUE(absl::EndsWith(name, "_total"));
+    }
+    if (kind == "histogram") {
+      EXPECT_TRUE(absl::EndsWith(name, "_seconds") || absl::EndsWith(name, "_bytes"));
+    }
+    if (kind == "gauge" && absl::StrContains(name, "bytes")) {
+      EXPECT_TRUE(absl::EndsWith(name, "_bytes"));
+    }
+    for (const char* unit : {"_ms", "_millis", "_kib", "_mib", "_kb", "_mb"}) {
+      EXPECT_FALSE(absl::StrContains(name, absl::StrCat(unit, "_")) || absl::EndsWith(name, unit)) << unit;
+    }
+  }
+  EXPECT_GE(families, 10) << scrape;
+}
+
 TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
   absl::StatusOr<ProcessCluster> cluster =
       ProcessCluster::start(kBin, 2, {"--metrics_port=0", "--max_programs=1"}, {"--metrics_port=0"});
@@ -523,6 +560,8 @@ TEST(Cli, DaemonsServePrometheusMetricsThatFollowTheCalls) {
   EXPECT_GT(sample(*after, "tessera_coordinator_compile_seconds_sum"), 0) << *after;
   absl::StatusOr<std::string> w = http_get(worker, "/metrics");
   ASSERT_TRUE(w.ok()) << w.status();
+  expect_prometheus_names(*after, "tessera_coordinator_");
+  expect_prometheus_names(*w, "tessera_worker_");
   EXPECT_EQ(sample(*w, "tessera_worker_plan_runs_total{device=\"1\"}"), 3) << *w;
   EXPECT_EQ(sample(*w, "tessera_worker_plan_run_seconds_count"), 3) << *w;
   // x's shard and the three outputs' shards (all kept), 512 float32 each.
