@@ -237,8 +237,8 @@ class AuthTest : public FaultClusterTest {
   }
 
   // Compiles x + x over an (8, 4) f32 array sharded by rows on every device, in the session
-  // `c` acts for.
-  static void compile_doubling(pb::Coordinator::Stub* c, pb::CompileReply* compiled) {
+  // `c` acts for, and makes *execute its call on array `input` (10 s timeout).
+  static void doubling_call(pb::Coordinator::Stub* c, uint64_t input, pb::ExecuteRequest* execute) {
     Graph graph;
     const int x = graph.add_parameter(DType::kF32, {8, 4});
     absl::StatusOr<int> sum = graph.add_binary(Op::kAdd, x, x);
@@ -248,8 +248,13 @@ class AuthTest : public FaultClusterTest {
     to_proto(graph, compile.mutable_graph());
     *compile.mutable_mesh() = fault_mesh();
     compile.add_input_specs()->add_dims()->add_axes("x");
-    const grpc::Status s = unary(c, &pb::Coordinator::Stub::Compile, compile, compiled);
+    pb::CompileReply compiled;
+    const grpc::Status s = unary(c, &pb::Coordinator::Stub::Compile, compile, &compiled);
     ASSERT_TRUE(s.ok()) << s.error_message();
+    execute->set_executable_id(compiled.executable_id());
+    execute->set_epoch(compiled.epoch());
+    execute->add_input_arrays(input);
+    execute->set_timeout_ms(10'000);
   }
 
   // A late chunk of the fan-out of buffer `id` (op id | bit 63, worker/transfers.h), from
@@ -661,14 +666,8 @@ TEST_F(AuthTest, AnExecuteCarryingAnotherSessionsArrayInItsDeletionsRunsAndRefus
   if (HasFatalFailure()) return;
 
   // x + x over the (8, 4) array sharded by rows on every device, compiled by the attacker.
-  pb::CompileReply compiled;
-  ASSERT_NO_FATAL_FAILURE(compile_doubling(c.get(), &compiled));
-
   pb::ExecuteRequest execute;
-  execute.set_executable_id(compiled.executable_id());
-  execute.set_epoch(compiled.epoch());
-  execute.add_input_arrays(input.array_id());
-  execute.set_timeout_ms(10'000);
+  ASSERT_NO_FATAL_FAILURE(doubling_call(c.get(), input.array_id(), &execute));
   execute.add_delete_arrays(victim_id);
   execute.add_delete_grants("");
   execute.add_delete_arrays(dropped.array_id());
@@ -839,13 +838,8 @@ TEST_F(AuthTest, DeletionsOnTheRunPlansStreamEndTheFanOutsOfBuffersNeverHeld) {
   pb::CreateArrayReply riding, deleted;
   ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, rows_array(), &riding).ok());
   ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, rows_array(), &deleted).ok());
-  pb::CompileReply compiled;
-  ASSERT_NO_FATAL_FAILURE(compile_doubling(c.get(), &compiled));
   pb::ExecuteRequest execute;
-  execute.set_executable_id(compiled.executable_id());
-  execute.set_epoch(compiled.epoch());
-  execute.add_input_arrays(input.array_id());
-  execute.set_timeout_ms(10'000);
+  ASSERT_NO_FATAL_FAILURE(doubling_call(c.get(), input.array_id(), &execute));
   // The first call loads the plans; the second, with them loaded, carries the deletion.
   for (bool carry : {false, true}) {
     if (carry) {
