@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "proto/write_queue.h"
 #include "worker/interpreter.h"
+#include "worker/transfers.h"
 
 namespace tessera {
 namespace {
@@ -118,7 +119,7 @@ void PlanStreamReactor::OnReadDone(bool ok) {
   }
   if (request_.kind_case() == pb::PlanStreamRequest::kDeleteBuffers) {
     const uint64_t id = request_.delete_buffers().request_id();
-    runner_->erase(request_.delete_buffers().buffer_ids());
+    runner_->delete_buffers(request_.delete_buffers().buffer_ids());
     StartRead(&request_);
     post(id, absl::OkStatus());
     return;
@@ -131,7 +132,7 @@ void PlanStreamReactor::OnReadDone(bool ok) {
   req->Swap(request_.mutable_run());
   const uint64_t execution = req->execution_id();
   // Deletions riding on the run: nothing reads these buffers any more.
-  if (req->free_buffers_size() > 0) runner_->erase(req->free_buffers());
+  if (req->free_buffers_size() > 0) runner_->delete_buffers(req->free_buffers());
   absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan = runner_->plan_for(*req);
   if (!plan.ok()) {
     StartRead(&request_);
@@ -277,6 +278,23 @@ void PlanStreamReactor::OnWriteDone(bool ok) {
 
 grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* PlanRunner::open_stream() {
   return PlanStreamReactor::start(this);
+}
+
+int PlanRunner::delete_buffers(const google::protobuf::RepeatedField<uint64_t>& ids) {
+  std::vector<uint64_t> unknown;
+  const int deleted = store_->erase(std::vector<uint64_t>(ids.begin(), ids.end()), &unknown);
+  // A put's fan-out that failed may have left chunks here for an op this device never started
+  // (its call was cancelled before it began): the array's deletion ends that op, so they go
+  // now and any still on the way are dropped as they arrive, rather than holding memory and
+  // the sender's mailbox share until the time-to-live (--mailbox_ttl_ms). Only for buffers
+  // this device neither holds nor is filling: a buffer it holds (or fills) came from a run, or
+  // from a put whose fan-out ran here and ended its op itself (Transfers::fan_out). Recording
+  // every deleted buffer's end pushed the ends of real fan-outs out of the transport's memory
+  // of 4096 under heavy deletion. The deletions on a RunPlans stream (a StreamDelete, a run's
+  // free_buffers) recorded no end before: once the coordinator had a stream to the device,
+  // which is after its first call, a failed put's late chunks waited for the time-to-live.
+  for (uint64_t id : unknown) transport_->finish_op(id | Transfers::kFanOutOpBit);
+  return deleted;
 }
 
 absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> PlanRunner::plan_for(const pb::RunPlanRequest& req) {

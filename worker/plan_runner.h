@@ -59,11 +59,11 @@ class PlanRunner {
   // Whether `req` may run on the thread at hand now that its inputs exist (see plan_for).
   bool may_run_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const { return runs_inline(plan, req); }
 
-  // Frees the buffers `ids` (those this device holds); returns how many it held. `unknown`:
-  // as BufferStore::erase's.
-  int erase(const google::protobuf::RepeatedField<uint64_t>& ids, std::vector<uint64_t>* unknown = nullptr) {
-    return store_->erase(std::vector<uint64_t>(ids.begin(), ids.end()), unknown);
-  }
+  // Deletes the buffers `ids` (a buffer still being filled goes when it is committed) and
+  // ends the fan-out op of each id this device neither holds nor is filling; returns how many
+  // it held. Every deletion the coordinator sends comes here: DeleteBuffers, and on a RunPlans
+  // stream a StreamDelete and the free_buffers of a run.
+  int delete_buffers(const google::protobuf::RepeatedField<uint64_t>& ids);
 
   // Waits until no run has been in flight for `quiet` (runs the coordinator sent just before
   // the wait still arrive and finish), at most until `deadline`; returns the runs still in

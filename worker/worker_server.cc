@@ -148,17 +148,7 @@ class WorkerService final : public WorkerServiceBase {
     // Clients delete through the coordinator (DeleteArray), which checks the owner.
     absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kAdmin, "DeleteBuffers");
     if (!caller.ok()) return to_grpc(caller.status());
-    std::vector<uint64_t> unknown;
-    reply->set_deleted(runner_.erase(req->buffer_ids(), &unknown));
-    // A put's fan-out that failed may have left chunks here for an op this device never
-    // started (its call was cancelled before it began): the array's deletion ends that op, so
-    // they go now and any still on the way are dropped as they arrive, rather than holding
-    // memory and the sender's mailbox share until the time-to-live (--mailbox_ttl_ms). Only
-    // for buffers this device neither holds nor is filling: a buffer it holds (or fills) came
-    // from a run, or from a put whose fan-out ran here and ended its op itself
-    // (Transfers::fan_out). Recording every deleted buffer's end pushed the ends of real
-    // fan-outs out of the transport's memory of 4096 under heavy deletion.
-    for (uint64_t id : unknown) transport_.finish_op(id | Transfers::kFanOutOpBit);
+    reply->set_deleted(runner_.delete_buffers(req->buffer_ids()));
     return grpc::Status::OK;
   }
 

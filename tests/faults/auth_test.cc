@@ -236,6 +236,51 @@ class AuthTest : public FaultClusterTest {
     return array;
   }
 
+  // Compiles x + x over an (8, 4) f32 array sharded by rows on every device, in the session
+  // `c` acts for, and makes *execute its call on array `input` (10 s timeout).
+  static void doubling_call(pb::Coordinator::Stub* c, uint64_t input, pb::ExecuteRequest* execute) {
+    Graph graph;
+    const int x = graph.add_parameter(DType::kF32, {8, 4});
+    absl::StatusOr<int> sum = graph.add_binary(Op::kAdd, x, x);
+    ASSERT_TRUE(sum.ok()) << sum.status();
+    ASSERT_TRUE(graph.set_outputs({*sum}).ok());
+    pb::CompileRequest compile;
+    to_proto(graph, compile.mutable_graph());
+    *compile.mutable_mesh() = fault_mesh();
+    compile.add_input_specs()->add_dims()->add_axes("x");
+    pb::CompileReply compiled;
+    const grpc::Status s = unary(c, &pb::Coordinator::Stub::Compile, compile, &compiled);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    execute->set_executable_id(compiled.executable_id());
+    execute->set_epoch(compiled.epoch());
+    execute->add_input_arrays(input);
+    execute->set_timeout_ms(10'000);
+  }
+
+  // A late chunk of the fan-out of buffer `id` (op id | bit 63, worker/transfers.h), from
+  // device 2 as its stream authenticates it, reaches device 0, which drops it rather than
+  // holding it: the fan-out's end is in its transport's memory.
+  void expect_late_fan_out_chunk_dropped(uint64_t id) {
+    constexpr uint64_t kFanOutOpBit = uint64_t{1} << 63;
+    auto admin = worker(0, identity(credentials_.admin));
+    pb::WorkerStats before;
+    ASSERT_TRUE(unary(admin.get(), &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &before).ok());
+    pb::ExchangeMessage late;
+    late.set_source_device(2);
+    late.set_op_id(id | kFanOutOpBit);
+    late.set_data(std::string(16, '\x7f'));
+    ASSERT_TRUE(exchange(worker(0, identity(credentials_.cluster, 2)).get(), {late}).ok());
+    pb::WorkerStats after;
+    EXPECT_TRUE(poll_until(
+        [&] {
+          return unary(admin.get(), &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &after).ok() &&
+                 after.exchange_messages_dropped() > before.exchange_messages_dropped();
+        },
+        absl::Seconds(10)))
+        << "the late chunk of buffer " << id << "'s fan-out was not dropped";
+    EXPECT_EQ(after.collective_messages_pending(), 0) << "buffer " << id;
+  }
+
   // The coordinator no longer knows `array`, and no worker holds a block of it.
   void expect_deleted(pb::Coordinator::Stub* c, const std::shared_ptr<CallIdentity>& id,
                       const pb::CreateArrayReply& array) {
@@ -621,24 +666,8 @@ TEST_F(AuthTest, AnExecuteCarryingAnotherSessionsArrayInItsDeletionsRunsAndRefus
   if (HasFatalFailure()) return;
 
   // x + x over the (8, 4) array sharded by rows on every device, compiled by the attacker.
-  Graph graph;
-  const int x = graph.add_parameter(DType::kF32, {8, 4});
-  absl::StatusOr<int> sum = graph.add_binary(Op::kAdd, x, x);
-  ASSERT_TRUE(sum.ok()) << sum.status();
-  ASSERT_TRUE(graph.set_outputs({*sum}).ok());
-  pb::CompileRequest compile;
-  to_proto(graph, compile.mutable_graph());
-  *compile.mutable_mesh() = fault_mesh();
-  compile.add_input_specs()->add_dims()->add_axes("x");
-  pb::CompileReply compiled;
-  const grpc::Status compiled_status = unary(c.get(), &pb::Coordinator::Stub::Compile, compile, &compiled);
-  ASSERT_TRUE(compiled_status.ok()) << compiled_status.error_message();
-
   pb::ExecuteRequest execute;
-  execute.set_executable_id(compiled.executable_id());
-  execute.set_epoch(compiled.epoch());
-  execute.add_input_arrays(input.array_id());
-  execute.set_timeout_ms(10'000);
+  ASSERT_NO_FATAL_FAILURE(doubling_call(c.get(), input.array_id(), &execute));
   execute.add_delete_arrays(victim_id);
   execute.add_delete_grants("");
   execute.add_delete_arrays(dropped.array_id());
@@ -770,7 +799,6 @@ TEST_F(AuthTest, TheSdkCountsOnlyTheIdsABackgroundDeleteArrayRefused) {
 TEST_F(AuthTest, DeletingHeldBuffersKeepsFanOutEndsInMind) {
   auto daemon = worker(0, identity(credentials_.cluster));
   auto admin = worker(0, identity(credentials_.admin));
-  constexpr uint64_t kFanOutOpBit = uint64_t{1} << 63;      // worker/transfers.h
   constexpr uint64_t kFailedPut = (uint64_t{1} << 62) - 1;  // a buffer id nobody uses
   // The deletion of a failed put's buffer, which device 0 never held: its fan-out ends.
   pb::DeleteBuffersReply deleted;
@@ -793,24 +821,43 @@ TEST_F(AuthTest, DeletingHeldBuffersKeepsFanOutEndsInMind) {
   ASSERT_TRUE(unary(admin.get(), &pb::Worker::Stub::DeleteBuffers, held, &deleted).ok());
   EXPECT_EQ(deleted.deleted(), kHeld);
 
-  // A late chunk of the failed put's fan-out, from device 2 as its stream authenticates it:
-  // dropped, not held.
-  pb::WorkerStats before;
-  ASSERT_TRUE(unary(admin.get(), &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &before).ok());
-  pb::ExchangeMessage late;
-  late.set_source_device(2);
-  late.set_op_id(kFailedPut | kFanOutOpBit);
-  late.set_data(std::string(16, '\x7f'));
-  ASSERT_TRUE(exchange(worker(0, identity(credentials_.cluster, 2)).get(), {late}).ok());
-  pb::WorkerStats after;
-  EXPECT_TRUE(poll_until(
-      [&] {
-        return unary(admin.get(), &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &after).ok() &&
-               after.exchange_messages_dropped() > before.exchange_messages_dropped();
-      },
-      absl::Seconds(10)))
-      << "the late chunk was not dropped";
-  EXPECT_EQ(after.collective_messages_pending(), 0);
+  // A late chunk of the failed put's fan-out: dropped, not held.
+  expect_late_fan_out_chunk_dropped(kFailedPut);
+}
+
+// The same rule for the deletions the coordinator sends on a worker's RunPlans stream, which
+// it has from its first call to the device on (the victim's, in SetUp): an array's deletion
+// riding on an Execute (the run's free_buffers) and a DeleteArray (a StreamDelete). Each ends
+// the fan-out op of a buffer the device never held (arrays made and never put, as a put whose
+// fan-out failed leaves them), so a late chunk of that fan-out is dropped. Before, only the
+// DeleteBuffers call did: these chunks stayed pending until the mailbox's time-to-live (60 s).
+TEST_F(AuthTest, DeletionsOnTheRunPlansStreamEndTheFanOutsOfBuffersNeverHeld) {
+  auto session = attacker();  // any client's session
+  auto c = coordinator(session);
+  const pb::CreateArrayReply input = own_array(c.get(), session, 42.0f);
+  pb::CreateArrayReply riding, deleted;
+  ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, rows_array(), &riding).ok());
+  ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, rows_array(), &deleted).ok());
+  pb::ExecuteRequest execute;
+  ASSERT_NO_FATAL_FAILURE(doubling_call(c.get(), input.array_id(), &execute));
+  // The first call loads the plans; the second, with them loaded, carries the deletion.
+  for (bool carry : {false, true}) {
+    if (carry) {
+      execute.add_delete_arrays(riding.array_id());
+      execute.add_delete_grants(riding.grant());
+    }
+    pb::ExecuteReply reply;
+    const grpc::Status s = unary(c.get(), &pb::Coordinator::Stub::Execute, execute, &reply);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(reply.refused_deletes_size(), 0) << reply.delete_error();
+  }
+  expect_late_fan_out_chunk_dropped(riding.array_id());
+
+  pb::DeleteArrayRequest drop = delete_array(deleted.array_id());
+  drop.add_grants(deleted.grant());
+  const grpc::Status dropped = unary(c.get(), &pb::Coordinator::Stub::DeleteArray, drop);
+  ASSERT_TRUE(dropped.ok()) << dropped.error_message();
+  expect_late_fan_out_chunk_dropped(deleted.array_id());
 }
 
 // The same cluster over TLS: a cluster CA, mutual TLS between the daemons (registrations,

@@ -14,6 +14,7 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
+#include "worker/collectives/transport.h"
 #include "worker/worker_server.h"
 
 namespace tessera {
@@ -372,8 +373,9 @@ TEST(BoundsPutShard, AStalledPutLosesItsReservation) {
 }
 
 // A flood of messages for ops that never start (a late or broken peer): the mailbox keeps at
-// most the sender's share (4 MiB), counts the rest as dropped, and empties itself after the
-// TTL; real collectives still run.
+// most the sender's share (4 MiB, each message charged its 1 MiB and its bookkeeping,
+// Transport::kHeldMessageBytes: three fit), counts the rest as dropped, and empties itself
+// after the TTL; real collectives still run.
 TEST_F(BoundsTest, AFloodOfUnclaimedExchangeMessagesIsBoundedAndExpires) {
   absl::StatusOr<std::vector<Device>> devices = client_->devices();
   ASSERT_TRUE(devices.ok());
@@ -397,9 +399,10 @@ TEST_F(BoundsTest, AFloodOfUnclaimedExchangeMessagesIsBoundedAndExpires) {
   set_deadline(&ctx, absl::Seconds(10));
   pb::WorkerStats stats;
   ASSERT_TRUE(worker->GetStats(&ctx, {}, &stats).ok());
-  EXPECT_EQ(stats.collective_bytes_pending(), 4 << 20);
-  EXPECT_EQ(stats.exchange_messages_dropped(), 16);
-  EXPECT_EQ(stats.bytes_used(), x0_.nbytes() / kWorkers + (4 << 20)) << "the mailbox is charged to the memory";
+  EXPECT_EQ(stats.collective_bytes_pending(), 3 << 20);
+  EXPECT_EQ(stats.exchange_messages_dropped(), 17);
+  EXPECT_EQ(stats.bytes_used(), x0_.nbytes() / kWorkers + 3 * ((1 << 20) + Transport::kHeldMessageBytes))
+      << "the mailbox is charged to the memory";
   // After the TTL, the next delivery sweeps them out. A real collective delivers.
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   CollectiveSpec spec;

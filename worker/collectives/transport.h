@@ -15,9 +15,9 @@
 //   transport.finish_op(op);     // drops what is left of op; late messages are discarded
 //
 // The mailbox is bounded (MailboxOptions): each source may hold at most bytes_per_peer there,
-// charged to the device's memory, and a message of an op that has not started here within
-// unclaimed_ttl of its arrival is dropped. Either way the drop is counted and remembered, so
-// the op's wait for that message fails at once, saying why, instead of at its deadline.
+// charged to the device's memory (each message its data and kHeldMessageBytes), and a message
+// of an op that has not started here within unclaimed_ttl of its arrival is dropped. Either way the drop is counted and
+// remembered, so the op's wait for that message fails at once, saying why, instead of at its deadline.
 #ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 #define TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 
@@ -65,6 +65,10 @@ class Received {
   // out[i] = op(local[i], data[i]) over size() / dtype_size(dtype) elements; `out` may be `local`.
   void reduce(DType dtype, ReduceOp op, const std::byte* local, std::byte* out) const;
   void reduce_into(DType dtype, ReduceOp op, std::byte* acc) const { reduce(dtype, op, acc, acc); }
+  // Copies the data into one slice of its own. gRPC's slices of a message point into the
+  // buffers its transport read from the socket, shared with the messages around it: one kept
+  // message keeps them all alive.
+  void compact();
 
  private:
   friend class Transport;
@@ -162,6 +166,12 @@ class Transport {
   // the ranges of runs out of memory.
   static constexpr uint64_t kUnorderedOps = uint64_t{1} << 63;
 
+  // What a message in the mailbox costs beyond its data, charged with it (to its sender's
+  // share and to the device's memory): its map node (112 bytes), its slice list (32) and its
+  // slice's header (about 40), each rounded up by malloc. Without it a flood of one-byte
+  // messages held some 200 bytes each under a charge of one.
+  static constexpr int64_t kHeldMessageBytes = 256;
+
   // Drops every stored message of `op` and discards any that arrive later.
   void finish_op(uint64_t op) { finish_ops(op, op + 1); }
   // The same for every op in [first, end): a failed plan run's ops it will never start.
@@ -183,7 +193,7 @@ class Transport {
   void sweep();
 
   // Messages held in the mailbox (for tests: zero after every collective has finished), and
-  // their bytes.
+  // the bytes of their data.
   int64_t pending_messages() const;
   int64_t pending_bytes() const;
   // Messages dropped unconsumed: of finished ops, or for the mailbox's bounds.
@@ -221,12 +231,23 @@ class Transport {
     absl::Time arrived;
   };
   bool finished_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a receive for `op` began here (its messages are taken as they come) or `op`
+  // finished (its messages are dropped): either way, none of them waits for long.
+  bool started(uint64_t op) const;
   // Removes a message from the mailbox, giving back its bytes.
   void take_locked(std::map<Key, Held>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the messages of ops not started here within unclaimed_ttl (every ttl/4 at most).
   void sweep_locked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a message was dropped for the mailbox's bounds: a flood leaves kRememberedOps of
+  // these behind (until their ops end, which for ops that never start is never), so they hold
+  // no text; the op's wait puts the reason into words (refusal_text_locked).
+  struct Refusal {
+    enum Kind : uint8_t { kShare, kMemory, kTtl } kind;
+    int64_t value = 0;  // kMemory: the message's charge in bytes; kTtl: how long it waited, in ns
+  };
+  std::string refusal_text_locked(const Refusal& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a dropped message of (op, from) and remembers why, for the op's wait.
-  void refuse_locked(uint64_t op, int from, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void refuse_locked(uint64_t op, int from, Refusal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
   // reader thread, which opens it, and returns).
   void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host);
@@ -242,14 +263,14 @@ class Transport {
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Held> mailbox_ ABSL_GUARDED_BY(mu_);
   MailboxOptions mailbox_options_ ABSL_GUARDED_BY(mu_);
-  std::map<int, int64_t> held_bytes_ ABSL_GUARDED_BY(mu_);  // per source
+  std::map<int, int64_t> held_bytes_ ABSL_GUARDED_BY(mu_);  // per source, as charged
   int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> started_ ABSL_GUARDED_BY(mu_);  // ops a receive began here, until they finish
   // (op, source): messages dropped for the bounds, and why (until the op finishes; at most
   // kRememberedOps, the oldest ids dropped first).
-  std::map<std::pair<uint64_t, int>, std::string> refused_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<uint64_t, int>, Refusal> refused_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> live_streams_ ABSL_GUARDED_BY(mu_);       // per source: streams that carried data
   std::map<int, absl::Time> down_since_ ABSL_GUARDED_BY(mu_);  // sources whose streams all ended, and when
   // Finished ops as ranges [first, end) by first, at most kRememberedOps (the oldest go first:
