@@ -194,7 +194,10 @@ class _Jitted:
             committed = any(a._committed for a in arrays + consts) or self._out_shardings is not None \
                 or self._uncommitted_mesh() is not None
             try:
-                outs = _sdk_call(cpp, [a._a for a in arrays + consts])
+                # Under the ambient mesh, as the SDK's jit is under set_mesh: it refuses a committed
+                # argument on other devices than the context mesh's, as JAX does.
+                context = get_abstract_mesh()
+                outs = _sdk_call(cpp, [a._a for a in arrays + consts], None if context is None else context._cpp)
                 break
             except _trace.Retrace:
                 if attempt == Captures.MAX_RETRACES:
