@@ -3,8 +3,12 @@
 // the body once per mesh position and computes collectives from their definitions), a few
 // results against values worked out by hand from JAX's documentation, shard_map standalone
 // and nested in jit with automatic code around it, and the replication check and errors.
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -1600,6 +1604,204 @@ TEST_F(ShardMapTest, GradThroughPvaryMatchesTheHost) {
     }
   }
 }
+
+// A shard_map body with control flow in it, for value_and_grad, and the same function written
+// out on the host: `host(x, w, d, n)` is device d's block of the result (of n devices), x the
+// whole (16, 4) argument split by rows, w the (4) replicated one.
+struct BodyGradCase {
+  std::string name;
+  std::function<Value(const Value& block, const Value& w, const Axes& axes)> body;
+  std::function<std::vector<double>(const std::vector<double>& x, const std::vector<double>& w, int d, int n)> host;
+};
+
+void PrintTo(const BodyGradCase& c, std::ostream* os) { *os << c.name; }
+
+constexpr int kBodyRows = 16, kBodyCols = 4;
+
+double at(const std::vector<double>& x, int row, int col) { return x[row * kBodyCols + col]; }
+
+std::vector<BodyGradCase> body_grad_cases() {
+  using Block = std::vector<double>;
+  const auto rows_of = [](int d, int n) { return std::pair<int, int>{d * (kBodyRows / n), (d + 1) * (kBodyRows / n)}; };
+  const auto each = [rows_of](int d, int n, const std::function<double(int, int)>& f) {
+    Block out;
+    for (int r = rows_of(d, n).first; r < rows_of(d, n).second; ++r) {
+      for (int c = 0; c < kBodyCols; ++c) out.push_back(f(r, c));
+    }
+    return out;
+  };
+  const auto block_sum = [rows_of](const Block& x, int d, int n) {
+    double s = 0;
+    for (int r = rows_of(d, n).first; r < rows_of(d, n).second; ++r) {
+      for (int c = 0; c < kBodyCols; ++c) s += at(x, r, c);
+    }
+    return s;
+  };
+  const auto total = [](const Block& v) {
+    double s = 0;
+    for (double e : v) s += e;
+    return s;
+  };
+  std::vector<BodyGradCase> out;
+  // An invariant predicate (w is replicated): every device takes the same branch; the branches'
+  // operands differ in how they vary (x's block varies, w does not).
+  out.push_back(
+      {"cond_invariant_predicate",
+       [](const Value& b, const Value& w, const Axes&) {
+         return cond(
+             sum(w) > 0.0, [](const std::vector<Value>& o) { return std::vector<Value>{sin(o[0]) * o[1]}; },
+             [](const std::vector<Value>& o) { return std::vector<Value>{o[0] * o[0]}; }, {b, w})[0];
+       },
+       [=](const Block& x, const Block& w, int d, int n) {
+         const bool p = total(w) > 0;
+         return each(d, n, [&](int r, int c) { return p ? std::sin(at(x, r, c)) * w[c] : at(x, r, c) * at(x, r, c); });
+       }});
+  // A predicate of each device's block: each device takes its own branch.
+  out.push_back({"cond_varying_predicate",
+                 [](const Value& b, const Value& w, const Axes&) {
+                   return cond(
+                       sum(b) > 0.0, [](const std::vector<Value>& o) { return std::vector<Value>{sin(o[0]) * o[1]}; },
+                       [](const std::vector<Value>& o) { return std::vector<Value>{o[0] * o[0] + o[1]}; }, {b, w})[0];
+                 },
+                 [=](const Block& x, const Block& w, int d, int n) {
+                   const bool p = block_sum(x, d, n) > 0;
+                   return each(d, n, [&](int r, int c) {
+                     return p ? std::sin(at(x, r, c)) * w[c] : at(x, r, c) * at(x, r, c) + w[c];
+                   });
+                 }});
+  // A varying index (the device's position), clamped: a branch that does not read w (its
+  // cotangent there is zero), one that reads an outer value (captured), one that reads w twice.
+  out.push_back({"switch_varying_index",
+                 [](const Value& b, const Value& w, const Axes& axes) {
+                   const Value scale = b * 0.5;
+                   return switch_(axis_index(axes) - 1,
+                                  {[](const std::vector<Value>& o) { return std::vector<Value>{o[0] * o[1]}; },
+                                   [](const std::vector<Value>& o) { return std::vector<Value>{exp(o[0] * 0.5)}; },
+                                   [scale](const std::vector<Value>& o) {
+                                     return std::vector<Value>{tanh(o[0] * scale) + o[1] * o[1]};
+                                   }},
+                                  {b, w})[0];
+                 },
+                 [=](const Block& x, const Block& w, int d, int n) {
+                   const int k = std::clamp(d - 1, 0, 2);
+                   return each(d, n, [&](int r, int c) {
+                     const double v = at(x, r, c);
+                     return k == 0 ? v * w[c] : k == 1 ? std::exp(v * 0.5) : std::tanh(v * v * 0.5) + w[c] * w[c];
+                   });
+                 }});
+  // An invariant index with a collective in a branch (every device takes it, so every device
+  // joins the psum): branch 1 scales the block by the column sums of the whole argument.
+  out.push_back({"switch_invariant_index_with_psum",
+                 [](const Value& b, const Value& w, const Axes& axes) {
+                   return switch_(convert(sum(w) > 0.0, DType::kI32),
+                                  {[](const std::vector<Value>& o) { return std::vector<Value>{o[0] * o[1]}; },
+                                   [axes](const std::vector<Value>& o) {
+                                     return std::vector<Value>{o[0] * psum(sum(o[0], {0}), axes) + o[1]};
+                                   }},
+                                  {b, w})[0];
+                 },
+                 [=](const Block& x, const Block& w, int d, int n) {
+                   std::vector<double> column(kBodyCols, 0.0);
+                   for (int r = 0; r < kBodyRows; ++r) {
+                     for (int c = 0; c < kBodyCols; ++c) column[c] += at(x, r, c);
+                   }
+                   const bool p = total(w) > 0;
+                   return each(d, n,
+                               [&](int r, int c) { return p ? at(x, r, c) * column[c] + w[c] : at(x, r, c) * w[c]; });
+                 }});
+  return out;
+}
+
+class ShardMapBodyGradTest : public MeshesSuite, public ::testing::WithParamInterface<BodyGradCase> {};
+
+// grad and value_and_grad through cond and switch inside a shard_map body (JAX differentiates
+// them there: jax/_src/lax/control_flow/conditionals.py's _cond_transpose under shard_map, as
+// tests/shard_map_test.py's test_cond_rep_rule and test_switch bodies do) on the (8) and (4, 2)
+// meshes, Auto and Explicit axes, x split by rows over every axis (and on (4, 2) over 'data'
+// only: the body's values are then invariant along 'model'), w replicated, for a w whose sum is
+// positive and one whose sum is negative (either branch of an invariant predicate). The
+// reference is the function written out on the host per device (BodyGradCase::host): the loss
+// sum(f(x, w) * r) against it, each gradient element against central differences of it (float64).
+TEST_P(ShardMapBodyGradTest, ValuesAndGradientsMatchTheHost) {
+  const BodyGradCase& c = GetParam();
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>()(c.name)));
+  const HostArray x = random_array(DType::kF64, {kBodyRows, kBodyCols}, Domain::kSigned, rng);
+  const HostArray r = random_array(DType::kF64, {kBodyRows, kBodyCols}, Domain::kSigned, rng);
+  const std::vector<double> xv(x.values<double>().begin(), x.values<double>().end());
+  const std::vector<double> rv(r.values<double>().begin(), r.values<double>().end());
+  for (const double sign : {1.0, -1.0}) {
+    HostArray w = random_array(DType::kF64, {kBodyCols}, Domain::kPositive, rng);
+    for (double& e : w.mutable_values<double>()) e *= sign;
+    const std::vector<double> wv(w.values<double>().begin(), w.values<double>().end());
+    for (const std::pair<Mesh, Axes>& layout : std::vector<std::pair<Mesh, Axes>>{{auto_meshes_[0], {"data"}},
+                                                                                  {auto_meshes_[1], {"data", "model"}},
+                                                                                  {auto_meshes_[1], {"data"}},
+                                                                                  {meshes_[0], {"data"}},
+                                                                                  {meshes_[1], {"data", "model"}},
+                                                                                  {meshes_[1], {"data"}}}) {
+      {
+        const Mesh& mesh = layout.first;
+        const Axes& axes = layout.second;
+        SCOPED_TRACE(absl::StrCat(mesh.to_string(), " rows split over ", axes_to_string(axes), ", w sum ",
+                                  sign > 0 ? "positive" : "negative"));
+        const int n = static_cast<int>(mesh.axes_size(axes));
+        const auto host_loss = [&](const std::vector<double>& xs, const std::vector<double>& ws) {
+          double l = 0;
+          for (int d = 0; d < n; ++d) {
+            const std::vector<double> block = c.host(xs, ws, d, n);
+            for (size_t e = 0; e < block.size(); ++e) l += block[e] * rv[d * block.size() + e];
+          }
+          return l;
+        };
+        ShardMapped f = shard_map(
+            [&c, axes](const std::vector<Value>& in) { return std::vector<Value>{c.body(in[0], in[1], axes)}; }, mesh,
+            {P(axes, None), P()}, {P(axes, None)});
+        const TracedFunction loss = [f](const std::vector<Value>& in) {
+          return std::vector<Value>{sum(f({in[0], in[1]})[0] * in[2])};
+        };
+        std::vector<Array> args;
+        for (const auto& [a, spec] : std::vector<std::pair<const HostArray*, PartitionSpec>>{
+                 {&x, P(axes, None)}, {&w, P()}, {&r, P(axes, None)}}) {
+          absl::StatusOr<Array> put = client_->device_put(*a, NamedSharding(mesh, spec));
+          ASSERT_TRUE(put.ok()) << put.status();
+          args.push_back(*std::move(put));
+        }
+        Jitted step = jit(value_and_grad(loss, {0, 1}));
+        absl::StatusOr<std::vector<Array>> got = step(args);
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ(got->size(), 3u);
+        absl::StatusOr<HostArray> value = (*got)[0].fetch();
+        ASSERT_TRUE(value.ok()) << value.status();
+        const double want = host_loss(xv, wv);
+        EXPECT_NEAR(value->element_as_double(0), want, 1e-9 * (1 + std::abs(want)));
+        // grad alone gives the same gradients.
+        absl::StatusOr<std::vector<Array>> grads = jit(grad(loss, {0, 1}))(args);
+        ASSERT_TRUE(grads.ok()) << grads.status();
+        constexpr double h = 1e-6;
+        for (int k = 0; k < 2; ++k) {
+          absl::StatusOr<HostArray> g = (*got)[k + 1].fetch();
+          absl::StatusOr<HostArray> g_alone = (*grads)[k].fetch();
+          ASSERT_TRUE(g.ok() && g_alone.ok());
+          EXPECT_EQ(*g, *g_alone);
+          const std::vector<double>& base = k == 0 ? xv : wv;
+          for (size_t i = 0; i < base.size(); ++i) {
+            std::vector<double> plus = base, minus = base;
+            plus[i] += h;
+            minus[i] -= h;
+            const double fd = k == 0 ? (host_loss(plus, wv) - host_loss(minus, wv)) / (2 * h)
+                                     : (host_loss(xv, plus) - host_loss(xv, minus)) / (2 * h);
+            EXPECT_NEAR(g->element_as_double(static_cast<int64_t>(i)), fd, 1e-5 * (1 + std::abs(fd)))
+                << "d/d " << (k == 0 ? "x" : "w") << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CondAndSwitch, ShardMapBodyGradTest, ::testing::ValuesIn(body_grad_cases()),
+                         [](const ::testing::TestParamInfo<BodyGradCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace tessera
