@@ -1322,11 +1322,6 @@ TEST_F(ShardMapTest, CondInsideAShardMapBodyIsTypedAsJaxTypesIt) {
   ASSERT_TRUE(got.ok()) << got.status();
   const std::vector<double> want = {2, -5, 6, -8, 2, -5, 6, -8};
   for (int i = 0; i < 8; ++i) EXPECT_EQ(got->element_as_double(i), want[i]) << i;
-  // checkpoint (a one-branch switch) stays refused in a body: its VJP there is not checked.
-  const TracedFunction twice = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; };
-  s = trace_error(shard_map(checkpoint(twice), mesh, {P("data")}, {P("data")}), {{DType::kF32, {8}}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("checkpoint inside a shard_map body is not built"));
 }
 
 // while_loop in a shard_map body: tests/shard_map_test.py's test_while_rep_rule ('x', 'y' as
@@ -1612,6 +1607,8 @@ struct BodyGradCase {
   std::string name;
   std::function<Value(const Value& block, const Value& w, const Axes& axes)> body;
   std::function<std::vector<double>(const std::vector<double>& x, const std::vector<double>& w, int d, int n)> host;
+  // When set, the same body without checkpoint: the values and gradients must be its own.
+  std::function<Value(const Value& block, const Value& w, const Axes& axes)> plain;
 };
 
 void PrintTo(const BodyGradCase& c, std::ostream* os) { *os << c.name; }
@@ -1655,7 +1652,8 @@ std::vector<BodyGradCase> body_grad_cases() {
        [=](const Block& x, const Block& w, int d, int n) {
          const bool p = total(w) > 0;
          return each(d, n, [&](int r, int c) { return p ? std::sin(at(x, r, c)) * w[c] : at(x, r, c) * at(x, r, c); });
-       }});
+       },
+       {}});
   // A predicate of each device's block: each device takes its own branch.
   out.push_back({"cond_varying_predicate",
                  [](const Value& b, const Value& w, const Axes&) {
@@ -1668,7 +1666,8 @@ std::vector<BodyGradCase> body_grad_cases() {
                    return each(d, n, [&](int r, int c) {
                      return p ? std::sin(at(x, r, c)) * w[c] : at(x, r, c) * at(x, r, c) + w[c];
                    });
-                 }});
+                 },
+                 {}});
   // A varying index (the device's position), clamped: a branch that does not read w (its
   // cotangent there is zero), one that reads an outer value (captured), one that reads w twice.
   out.push_back({"switch_varying_index",
@@ -1688,7 +1687,8 @@ std::vector<BodyGradCase> body_grad_cases() {
                      const double v = at(x, r, c);
                      return k == 0 ? v * w[c] : k == 1 ? std::exp(v * 0.5) : std::tanh(v * v * 0.5) + w[c] * w[c];
                    });
-                 }});
+                 },
+                 {}});
   // An invariant index with a collective in a branch (every device takes it, so every device
   // joins the psum): branch 1 scales the block by the column sums of the whole argument.
   out.push_back({"switch_invariant_index_with_psum",
@@ -1708,7 +1708,62 @@ std::vector<BodyGradCase> body_grad_cases() {
                    const bool p = total(w) > 0;
                    return each(d, n,
                                [&](int r, int c) { return p ? at(x, r, c) * column[c] + w[c] : at(x, r, c) * w[c]; });
-                 }});
+                 },
+                 {}});
+  // checkpoint (remat) of a layer inside the body, as JAX allows it there
+  // (tests/shard_map_test.py's test_shmap_of_remat_basic: shard_map of jax.remat(sin) with
+  // everything_saveable, its gradient cos(x)): tanh(b * w), a matmul by the outer product of w
+  // (what dots_saveable keeps), a psum of column sums (a collective the backward pass computes
+  // again unless kept), each policy and none; and a checkpoint around a cond on a per-device
+  // predicate.
+  const auto layer = [](const Value& b, const Value& w, const Axes& axes) {
+    const Value h = tanh(b * w);
+    const Value m = matmul(h, reshape(w, {kBodyCols, 1}) * reshape(w, {1, kBodyCols}));
+    return m * psum(sum(h, {0}), axes) + sin(b);
+  };
+  const auto layer_host = [=](const Block& x, const Block& w, int d, int n) {
+    std::vector<double> column(kBodyCols, 0.0);
+    for (int r = 0; r < kBodyRows; ++r) {
+      for (int c = 0; c < kBodyCols; ++c) column[c] += std::tanh(at(x, r, c) * w[c]);
+    }
+    return each(d, n, [&](int r, int c) {
+      double m = 0;
+      for (int k = 0; k < kBodyCols; ++k) m += std::tanh(at(x, r, k) * w[k]) * w[k] * w[c];
+      return m * column[c] + std::sin(at(x, r, c));
+    });
+  };
+  for (const auto& [name, policy] : std::vector<std::pair<std::string, CheckpointPolicy>>{
+           {"", nullptr},
+           {"_nothing_saveable", checkpoint_policies::nothing_saveable},
+           {"_dots_saveable", checkpoint_policies::dots_saveable},
+           {"_everything_saveable", checkpoint_policies::everything_saveable}}) {
+    out.push_back({"checkpoint" + name,
+                   [layer, policy = policy](const Value& b, const Value& w, const Axes& axes) {
+                     return checkpoint(
+                         [&](const std::vector<Value>& a) { return std::vector<Value>{layer(a[0], a[1], axes)}; },
+                         policy)({b, w})[0];
+                   },
+                   layer_host, layer});
+  }
+  const auto branchy = [](const Value& b, const Value& w) {
+    return cond(
+        sum(b) > 0.0, [](const std::vector<Value>& o) { return std::vector<Value>{tanh(o[0] * o[1]) * o[1]}; },
+        [](const std::vector<Value>& o) { return std::vector<Value>{exp(o[0] * 0.5) + o[1]}; }, {b, w})[0];
+  };
+  out.push_back({"checkpoint_of_cond",
+                 [branchy](const Value& b, const Value& w, const Axes&) {
+                   return checkpoint([&](const std::vector<Value>& a) {
+                     return std::vector<Value>{branchy(a[0], a[1]) * a[0]};
+                   })({b, w})[0];
+                 },
+                 [=](const Block& x, const Block& w, int d, int n) {
+                   const bool p = block_sum(x, d, n) > 0;
+                   return each(d, n, [&](int r, int c) {
+                     const double v = at(x, r, c);
+                     return (p ? std::tanh(v * w[c]) * w[c] : std::exp(v * 0.5) + w[c]) * v;
+                   });
+                 },
+                 [branchy](const Value& b, const Value& w, const Axes&) { return branchy(b, w) * b; }});
   return out;
 }
 
@@ -1754,12 +1809,15 @@ TEST_P(ShardMapBodyGradTest, ValuesAndGradientsMatchTheHost) {
           }
           return l;
         };
-        ShardMapped f = shard_map(
-            [&c, axes](const std::vector<Value>& in) { return std::vector<Value>{c.body(in[0], in[1], axes)}; }, mesh,
-            {P(axes, None), P()}, {P(axes, None)});
-        const TracedFunction loss = [f](const std::vector<Value>& in) {
-          return std::vector<Value>{sum(f({in[0], in[1]})[0] * in[2])};
+        const auto loss_of = [&](const std::function<Value(const Value&, const Value&, const Axes&)>& body) {
+          ShardMapped f = shard_map(
+              [body, axes](const std::vector<Value>& in) { return std::vector<Value>{body(in[0], in[1], axes)}; }, mesh,
+              {P(axes, None), P()}, {P(axes, None)});
+          return TracedFunction([f](const std::vector<Value>& in) {
+            return std::vector<Value>{sum(f({in[0], in[1]})[0] * in[2])};
+          });
         };
+        const TracedFunction loss = loss_of(c.body);
         std::vector<Array> args;
         for (const auto& [a, spec] : std::vector<std::pair<const HostArray*, PartitionSpec>>{
                  {&x, P(axes, None)}, {&w, P()}, {&r, P(axes, None)}}) {
@@ -1778,6 +1836,21 @@ TEST_P(ShardMapBodyGradTest, ValuesAndGradientsMatchTheHost) {
         // grad alone gives the same gradients.
         absl::StatusOr<std::vector<Array>> grads = jit(grad(loss, {0, 1}))(args);
         ASSERT_TRUE(grads.ok()) << grads.status();
+        if (c.plain) {  // a checkpoint's values and gradients are those of its function as it is
+          absl::StatusOr<std::vector<Array>> plain = jit(value_and_grad(loss_of(c.plain), {0, 1}))(args);
+          ASSERT_TRUE(plain.ok()) << plain.status();
+          for (int k = 0; k < 3; ++k) {
+            absl::StatusOr<HostArray> a = (*got)[k].fetch();
+            absl::StatusOr<HostArray> b = (*plain)[k].fetch();
+            ASSERT_TRUE(a.ok() && b.ok());
+            ASSERT_EQ(a->shape(), b->shape());
+            for (int64_t i = 0; i < a->size(); ++i) {
+              EXPECT_NEAR(a->element_as_double(i), b->element_as_double(i),
+                          1e-12 * (1 + std::abs(b->element_as_double(i))))
+                  << "result " << k << " element " << i;
+            }
+          }
+        }
         constexpr double h = 1e-6;
         for (int k = 0; k < 2; ++k) {
           absl::StatusOr<HostArray> g = (*got)[k + 1].fetch();
@@ -1800,7 +1873,44 @@ TEST_P(ShardMapBodyGradTest, ValuesAndGradientsMatchTheHost) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(CondAndSwitch, ShardMapBodyGradTest, ::testing::ValuesIn(body_grad_cases()),
+// What checkpoint does inside a body, in the program of value_and_grad: the layer is a switch
+// whose backward is a second switch; with nothing saveable the backward computes the layer's
+// tanh and its psum (an all_reduce) again, with everything saveable neither (jax.checkpoint's policies, as
+// CheckpointPlan.APolicyKeepsWhatItNamesAndTheBackwardComputesItNoMore checks outside shard_map).
+TEST_F(ShardMapTest, CheckpointInsideABodyRecomputesWhatItDoesNotKeep) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = auto_meshes_[0];  // (8) 'data'
+  const auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  std::mt19937 rng(5);
+  const HostArray x = random_array(DType::kF32, {16, 4}, Domain::kSigned, rng);
+  absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data")));
+  ASSERT_TRUE(xs.ok()) << xs.status();
+  for (const auto& [policy, recomputed] : std::vector<std::pair<CheckpointPolicy, bool>>{
+           {checkpoint_policies::nothing_saveable, true}, {checkpoint_policies::everything_saveable, false}}) {
+    SCOPED_TRACE(recomputed ? "nothing_saveable" : "everything_saveable");
+    const TracedFunction layer = [](const std::vector<Value>& a) {
+      const Value h = tanh(a[0] * 3.0);
+      return std::vector<Value>{h * psum(sum(h, {0}), "data")};
+    };
+    ShardMapped f = shard_map(checkpoint(layer, policy), mesh, {P("data")}, {P("data")});
+    Jitted step = jit(value_and_grad([f](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in)[0])}; }));
+    absl::StatusOr<std::vector<Array>> g = step({*xs});
+    ASSERT_TRUE(g.ok()) << g.status();
+    const std::string text = step.as_text();
+    ASSERT_EQ(count(text, "= switch("), 2) << text;
+    const std::string backward = text.substr(text.rfind("= switch("));
+    EXPECT_EQ(count(backward, "tanh") > 0, recomputed) << text;
+    // The psum's transpose is an all_reduce of 4 floats, 28 bytes per device on 8 devices
+    // (2 (n - 1) / n of 16 bytes); recomputed, the layer's psum joins it (combined: 56).
+    EXPECT_THAT(backward, HasSubstr(recomputed ? "branches=1) 56B/device" : "branches=1) 28B/device")) << text;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CondSwitchAndCheckpoint, ShardMapBodyGradTest, ::testing::ValuesIn(body_grad_cases()),
                          [](const ::testing::TestParamInfo<BodyGradCase>& info) { return info.param.name; });
 
 }  // namespace
