@@ -121,6 +121,23 @@ std::string static_key(const StaticValue& v) {
   return absl::StrCat("s", s.size(), ":", s);
 }
 
+// JAX's check of a committed argument against the context mesh (jax.set_mesh):
+// jax/_src/interpreters/pxla.py, _get_and_check_device_assignment, compares every sharding's
+// device assignment with the context mesh's flat devices, in order ("if
+// ctx_mesh._flat_devices_tuple != arr_device_assignment: raise DeviceAssignmentMismatchError"),
+// which jit reports as "Received incompatible devices for jitted computation" (stages.py). So
+// the same devices in the same order under another shape pass; another order does not.
+absl::Status check_context_devices(const Array& arg, size_t i, const Mesh& context) {
+  const Mesh& on = arg.sharding().mesh();
+  if (on.device_ids() == context.device_ids()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "jit: incompatible devices: argument ", i, " (", type_to_string(arg.dtype(), arg.shape()), ") is committed to ",
+      on.to_string_with_devices(), " but the context mesh (set_mesh) is ", context.to_string_with_devices(),
+      "; a committed argument must be on the context mesh's devices, in its order (JAX: \"Received "
+      "incompatible devices for jitted computation\"): device_put it onto the context mesh, or call "
+      "outside the set_mesh scope"));
+}
+
 // Whether two meshes hold the same devices, in whatever order and shape.
 bool same_devices(const Mesh& a, const Mesh& b) {
   std::vector<int> x = a.device_ids(), y = b.device_ids();
@@ -420,6 +437,12 @@ TracedFunction Jitted::State::bound(const std::vector<StaticValue>& statics) con
 
 absl::StatusOr<Jitted::State::Placed> Jitted::State::place(const std::vector<Array>& args,
                                                            const std::vector<StaticValue>& statics) {
+  const std::optional<Mesh> ambient = get_abstract_mesh();
+  if (ambient.has_value()) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].committed()) TESSERA_RETURN_IF_ERROR(check_context_devices(args[i], i, *ambient));
+    }
+  }
   Placed placed{args, {}, false};
   const Array* committed = nullptr;
   bool any_uncommitted = false;
@@ -463,7 +486,7 @@ absl::StatusOr<Jitted::State::Placed> Jitted::State::place(const std::vector<Arr
   std::vector<ArrayType> types;
   std::vector<NamedSharding> shardings;
   std::string key = absl::StrCat(first.client->serial(), ":", first.client->session(), ";");
-  if (std::optional<Mesh> ambient = get_abstract_mesh()) {
+  if (ambient.has_value()) {
     absl::StrAppend(&key, "ambient ", ambient->to_string(), absl::StrJoin(ambient->device_ids(), ","), ";");
   }
   for (const Array& a : args) {
@@ -509,6 +532,16 @@ absl::StatusOr<Jitted::State::Placed> Jitted::State::place(const std::vector<Arr
     absl::MutexLock lock(&mu);
     named_placements[key] = found;
   }
+  if (found.has_value() && ambient.has_value() && found->mesh.device_ids() != ambient->device_ids()) {
+    // pxla.py checks the shardings inside the computation (dispatch.py's
+    // get_intermediate_shardings) against the context mesh too.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "jit: incompatible devices: the function names ", found->mesh.to_string_with_devices(),
+        " (a shard_map's or a with_sharding_constraint's) but the context mesh (set_mesh) is ",
+        ambient->to_string_with_devices(),
+        "; a computation runs on the context mesh's devices, in its order (JAX: \"Received incompatible devices "
+        "for jitted computation\"): name the context mesh in the function, or call it outside the set_mesh scope"));
+  }
   if (!found.has_value()) {
     // No mesh named anywhere: JAX takes the devices of the context mesh (jax.set_mesh) when
     // there is one, else the default device (pxla.py, _get_and_check_device_assignment: "if
@@ -516,7 +549,7 @@ absl::StatusOr<Jitted::State::Placed> Jitted::State::place(const std::vector<Arr
     // ctx_mesh._flat_devices_tuple"), and the outputs are committed (lower_sharding_computation:
     // committed when the context mesh is not empty). So the arguments go to the ambient mesh,
     // replicated unless in_shardings says otherwise.
-    if (std::optional<Mesh> ambient = get_abstract_mesh()) {
+    if (ambient.has_value()) {
       for (size_t i = 0; i < args.size(); ++i)
         TESSERA_RETURN_IF_ERROR(move(i, NamedSharding(*ambient, wanted_spec(i))));
     }

@@ -308,11 +308,17 @@ void bind_tracing(py::module_& m) {
         options.timeout = absl::Seconds(timeout_s);
         return Jitted(traced(std::move(f)), std::move(options));
       }))
-      .def("__call__",
-           [](const Jitted& j, const std::vector<Array>& args) {
-             py::gil_scoped_release release;
-             return value_or_throw(j(args));
-           })
+      // `context`: Python's ambient mesh (tessera.set_mesh), this thread's ambient mesh for the
+      // call, so the call is the SDK's under set_mesh (its placement and its checks).
+      .def(
+          "__call__",
+          [](const Jitted& j, const std::vector<Array>& args, std::optional<Mesh> context) {
+            py::gil_scoped_release release;
+            if (!context.has_value()) return value_or_throw(j(args));
+            MeshScope scope = set_mesh(*std::move(context));
+            return value_or_throw(j(args));
+          },
+          py::arg("args"), py::arg("context") = py::none())
       .def("as_text", [](const Jitted& j) { return j.as_text(); })
       .def("compilations", &Jitted::compilations);
 

@@ -194,7 +194,10 @@ class _Jitted:
             committed = any(a._committed for a in arrays + consts) or self._out_shardings is not None \
                 or self._uncommitted_mesh() is not None
             try:
-                outs = _sdk_call(cpp, [a._a for a in arrays + consts])
+                # Under the ambient mesh, as the SDK's jit is under set_mesh: it refuses a committed
+                # argument on other devices than the context mesh's, as JAX does.
+                context = get_abstract_mesh()
+                outs = _sdk_call(cpp, [a._a for a in arrays + consts], None if context is None else context._cpp)
                 break
             except _trace.Retrace:
                 if attempt == Captures.MAX_RETRACES:
@@ -427,9 +430,7 @@ def checkpoint(fun, *, prevent_cse=True, policy=None, static_argnums=()):
     fun's forward in the backward pass instead of keeping its intermediates (the SDK's
     checkpoint). `policy` (tessera.checkpoint_policies, or any callable taking JAX's
     `(prim, *args, **params)`) names the values to keep instead: grad reads them and does not
-    compute them again. Inside a shard_map body, where the SDK's checkpoint is not built, fun
-    runs as it is (the same values and gradients, its intermediates kept). static_argnums is
-    not supported."""
+    compute them again; inside a shard_map body too. static_argnums is not supported."""
     if static_argnums:
         raise TypeError("checkpoint: static_argnums is not supported")
     del prevent_cse  # the recomputation is inside a sub-program: nothing can merge it away
@@ -450,10 +451,6 @@ def checkpoint(fun, *, prevent_cse=True, policy=None, static_argnums=()):
     @functools.wraps(fun)
     def wrapped(*args):
         from .numpy import _tracer
-        if getattr(_trace._state, "manual", 0):
-            # Inside a shard_map body the SDK's checkpoint is not built (control.cc's
-            # control_trace): fun runs as it is, its intermediates kept for the backward pass.
-            return fun(*args)
         leaves, tree = tree_flatten(args)
         out_tree = [None]
 
@@ -649,11 +646,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
         seen = {}
 
         def body(values):
-            _trace._state.manual = getattr(_trace._state, "manual", 0) + 1
-            try:
-                out = f(*tree_unflatten(treedef, [Tracer(v) for v in values]))
-            finally:
-                _trace._state.manual -= 1
+            out = f(*tree_unflatten(treedef, [Tracer(v) for v in values]))
             out_leaves, seen["tree"] = tree_flatten(out)
             seen["specs"] = broadcast_prefix(out_specs, out, lambda p: isinstance(p, PartitionSpec))
             return [_as_value(o) for o in out_leaves]

@@ -568,3 +568,46 @@ def test_uncommitted_arguments_go_to_the_ambient_mesh(mesh):
   out = f(jnp.array(a))
   assert not out._committed and out.sharding.mesh != mesh
   np.testing.assert_array_equal(np.asarray(out), a * 2 + 1)
+
+
+def test_remat_inside_a_shard_map_body_as_jax(mesh8):
+  # tests/shard_map_test.py's test_shmap_of_remat_basic (shard_map of jax.remat(sin) with
+  # everything_saveable: the gradient is cos(x)) and test_remat_basic's function inside the body
+  # (sin(sin(x)), no policy: cos(sin(x)) cos(x)), on 8 devices; and a layer with a psum under each
+  # policy against the same body without remat and against numpy.
+  x = np.linspace(-2, 2, 16)
+  xs = jax.device_put(x, NamedSharding(mesh8, P('x')))
+
+  @partial(shard_map, mesh=mesh8, in_specs=P('x'), out_specs=P('x'))
+  @partial(jax.remat, policy=jax.checkpoint_policies.everything_saveable)
+  def f2(v):
+    return jnp.sin(v)
+
+  np.testing.assert_allclose(np.asarray(jax.grad(lambda v: f2(v).sum())(xs)), np.cos(x), rtol=1e-6)
+
+  @partial(shard_map, mesh=mesh8, in_specs=P('x'), out_specs=P('x'))
+  @jax.remat
+  def f(v):
+    return jnp.sin(jnp.sin(v))
+
+  np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(lambda v: f(v).sum()))(xs)), np.cos(np.sin(x)) * np.cos(x),
+                             rtol=1e-6)
+
+  def layer(v):
+    h = jnp.tanh(v * 3.0)
+    return h * jax.lax.psum(h.sum(), 'x')
+
+  def loss_of(inner):
+    return jax.jit(jax.value_and_grad(
+        lambda v: shard_map(inner, mesh=mesh8, in_specs=P('x'), out_specs=P('x'))(v).sum()))
+
+  plain_l, plain_g = loss_of(layer)(xs)
+  h = np.tanh(3 * x)
+  want_l = h.sum() ** 2
+  want_g = 2 * h.sum() * 3 * (1 - h ** 2)
+  np.testing.assert_allclose(float(plain_l), want_l, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(plain_g), want_g, rtol=1e-6)
+  for policy in (None, jax.checkpoint_policies.nothing_saveable, jax.checkpoint_policies.everything_saveable):
+    l, g = loss_of(jax.remat(layer, policy=policy))(xs)
+    np.testing.assert_allclose(float(l), float(plain_l), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(plain_g), rtol=1e-12)

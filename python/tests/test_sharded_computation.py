@@ -142,16 +142,41 @@ def test_set_mesh_is_the_ambient_mesh_of_bare_specs(mesh, mesh8):
             total = jax.shard_map(lambda v: jax.lax.psum(v.sum(), "x"), in_specs=P("x"), out_specs=P())(b)
             assert float(total) == float(x.sum())
         assert get_abstract_mesh() == mesh
-        # The same devices in another order: f(a) is traced again, and its constraint now names
-        # a mesh that is not its argument's, which is refused (never the cached program).
+        # The same devices in another order: a is committed to other devices than the context
+        # mesh's (in order), which JAX refuses before tracing (never the cached program).
         reversed_mesh = Mesh(np.array(jax.devices()[::-1]).reshape(4, 2), ("data", "model"))
         with jax.set_mesh(reversed_mesh):
-            with pytest.raises(ValueError, match="with_sharding_constraint onto Mesh.*device_ids"):
+            with pytest.raises(ValueError, match=r"incompatible devices: argument 0 .*device_ids=\[0, 1, 2, 3, 4, 5, "
+                               r"6, 7\]\) but the context mesh \(set_mesh\) is .*device_ids=\[7, 6, 5"):
                 f(a)
         np.testing.assert_array_equal(np.asarray(f(a)), x * 2)
     assert get_abstract_mesh() is None
     with pytest.raises(ValueError, match="needs a mesh"):
         jax.device_put(x, P("data"))
+
+
+def test_jit_refuses_a_committed_argument_off_the_context_mesh(mesh, mesh8):
+    # JAX's rule (jax/_src/interpreters/pxla.py, _get_and_check_device_assignment: every
+    # sharding's devices, in order, against the context mesh's `_flat_devices_tuple`; "Received
+    # incompatible devices for jitted computation", as tests/pjit_test.py's
+    # test_array_device_assignment_mismatch_with_mesh asserts for an argument on a (2, 2) mesh
+    # under a (4, 2) context). The same devices in the same order under another shape pass.
+    from tessera.sharding import Mesh, NamedSharding
+    x = np.arange(16, dtype=np.float32).reshape(8, 2)
+    low = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("x", "y"))
+    a = jax.device_put(x, NamedSharding(low, P("x", "y")))
+    f = jax.jit(lambda v: v * 2)
+    with jax.set_mesh(mesh):
+        with pytest.raises(ValueError, match=r"jit: incompatible devices: argument 0 \(f32\[8,2\]\) is committed to "
+                           r"Mesh\('x': 2, 'y': 2, axis_types=\(Auto, Auto\), device_ids=\[0, 1, 2, 3\]\) but the "
+                           r"context mesh \(set_mesh\) is Mesh\('data': 4, 'model': 2, axis_types=\(Auto, Auto\), "
+                           r"device_ids=\[0, 1, 2, 3, 4, 5, 6, 7\]\)"):
+            f(a)
+        b = jax.device_put(x, NamedSharding(mesh8, P("x")))  # mesh8: the same devices, in order
+        np.testing.assert_array_equal(np.asarray(f(b)), x * 2)
+    with jax.set_mesh(low):
+        np.testing.assert_array_equal(np.asarray(f(a)), x * 2)
+    np.testing.assert_array_equal(np.asarray(f(a)), x * 2)  # no context mesh: where it is
 
 
 def test_device_put_of_an_array_onto_other_devices():

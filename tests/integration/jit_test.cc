@@ -1106,5 +1106,86 @@ TEST_F(JitTest, TheAmbientMeshResolvesBareSpecs) {
   EXPECT_THAT(g.status().message(), HasSubstr("no ambient mesh"));
 }
 
+// JAX refuses a committed argument on other devices than the context mesh's: under jax.set_mesh
+// the context mesh is the concrete mesh (pjit.py's get_ctx_mesh), and
+// jax/_src/interpreters/pxla.py's _get_and_check_device_assignment compares each sharding's
+// devices, in order, with `ctx_mesh._flat_devices_tuple`, which jit reports as "Received
+// incompatible devices for jitted computation" (stages.py). tests/pjit_test.py asserts it for an
+// argument on a (2, 2) mesh under a (4, 2) context (test_array_device_assignment_mismatch_with_mesh)
+// and for an uncommitted argument beside a committed one on (4, 2) under a (2, 2) context
+// (test_pjit_uncommitted_array_and_committed_array, its last block), both with the legacy `with
+// mesh:` context, which pjit reads the same way. The same devices in the same order under another
+// shape pass (the same flat tuple); in another order they do not. A function naming a mesh on
+// other devices (a shard_map's) is checked too (dispatch.py's get_intermediate_shardings).
+TEST_F(JitTest, ACommittedArgumentOffTheContextMeshIsRefused) {
+  const HostArray x = random_f32({8, 2}, 22);
+  std::vector<double> want;
+  for (float v : x.values<float>()) want.push_back(2.0 * v);
+  const Mesh low = *make_mesh({2, 2}, {"x", "y"}, {0, 1, 2, 3});
+  const Mesh reversed = *make_mesh({4, 2}, {"data", "model"}, {7, 6, 5, 4, 3, 2, 1, 0});
+  const Mesh flat = *make_mesh({8}, {"i"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  const std::string all = "device_ids=[0, 1, 2, 3, 4, 5, 6, 7]";
+  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  Jitted g = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1] * 0.0 + in[0]}; });
+  const Array on_low = put_on(low, x, P("x", "y"));
+  {
+    MeshScope scope = set_mesh(*mesh_);
+    absl::StatusOr<std::vector<Array>> y = f({on_low});
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(y.status().message(),
+              absl::StrCat("jit: incompatible devices: argument 0 (f32[8,2]) is committed to Mesh('x': 2, 'y': 2, "
+                           "axis_types=(Explicit, Explicit), device_ids=[0, 1, 2, 3]) but the context mesh (set_mesh) "
+                           "is Mesh('data': 4, 'model': 2, axis_types=(Explicit, Explicit), ",
+                           all,
+                           "); a committed argument must be on the context mesh's devices, in its order (JAX: "
+                           "\"Received incompatible devices for jitted computation\"): device_put it onto the context "
+                           "mesh, or call outside the set_mesh scope"));
+    // The same devices in another order.
+    y = f({put_on(reversed, x, P())});
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(y.status().message(), HasSubstr("device_ids=[7, 6, 5, 4, 3, 2, 1, 0]) but the context mesh"));
+    EXPECT_THAT(y.status().message(), HasSubstr(all));
+    // The same devices in the same order, another shape: JAX's check passes, and so does ours.
+    y = f({put_on(flat, x, P("i"))});
+    ASSERT_TRUE(y.ok()) << y.status();
+    expect_near(fetch((*y)[0]), want);
+    EXPECT_EQ((*y)[0].sharding().mesh(), flat);
+  }
+  {
+    // An uncommitted argument beside a committed one on (4, 2) under a (2, 2) context: the
+    // committed one is named, as argument 1.
+    MeshScope scope = set_mesh(low);
+    absl::StatusOr<Array> u = client_->array(x);
+    ASSERT_TRUE(u.ok()) << u.status();
+    absl::StatusOr<std::vector<Array>> y = g({*u, put(x, P("data", None))});
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(y.status().message(),
+                HasSubstr("argument 1 (f32[8,2]) is committed to Mesh('data': 4, 'model': 2, axis_types=(Explicit, "
+                          "Explicit), device_ids=[0, 1, 2, 3, 4, 5, 6, 7]) but the context mesh (set_mesh) is "
+                          "Mesh('x': 2, 'y': 2, axis_types=(Explicit, Explicit), device_ids=[0, 1, 2, 3])"));
+    EXPECT_FALSE(u->committed());  // nothing was moved
+    // On the context mesh it runs, the uncommitted argument moved there.
+    y = g({*u, on_low});
+    ASSERT_TRUE(y.ok()) << y.status();
+    expect_near(fetch((*y)[0]), want);
+    EXPECT_EQ((*y)[0].sharding().mesh(), low);
+    // A function whose shard_map names a mesh on other devices than the context mesh's.
+    ShardMapped body = shard_map([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; }, *mesh_,
+                                 {P("data")}, {P("data")});
+    y = jit([body](const std::vector<Value>& in) { return body(in); })({*u});
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(y.status().message(),
+                HasSubstr("jit: incompatible devices: the function names Mesh('data': 4, 'model': 2, "
+                          "axis_types=(Explicit, Explicit), device_ids=[0, 1, 2, 3, 4, 5, 6, 7]) (a shard_map's or a "
+                          "with_sharding_constraint's) but the context mesh (set_mesh) is Mesh('x': 2, 'y': 2, "
+                          "axis_types=(Explicit, Explicit), device_ids=[0, 1, 2, 3])"));
+  }
+  // Without a context mesh the argument runs where it is.
+  absl::StatusOr<std::vector<Array>> y = f({on_low});
+  ASSERT_TRUE(y.ok()) << y.status();
+  expect_near(fetch((*y)[0]), want);
+  EXPECT_EQ((*y)[0].sharding().mesh(), low);
+}
+
 }  // namespace
 }  // namespace tessera

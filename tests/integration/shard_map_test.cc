@@ -3,8 +3,12 @@
 // the body once per mesh position and computes collectives from their definitions), a few
 // results against values worked out by hand from JAX's documentation, shard_map standalone
 // and nested in jit with automatic code around it, and the replication check and errors.
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -1318,11 +1322,6 @@ TEST_F(ShardMapTest, CondInsideAShardMapBodyIsTypedAsJaxTypesIt) {
   ASSERT_TRUE(got.ok()) << got.status();
   const std::vector<double> want = {2, -5, 6, -8, 2, -5, 6, -8};
   for (int i = 0; i < 8; ++i) EXPECT_EQ(got->element_as_double(i), want[i]) << i;
-  // checkpoint (a one-branch switch) stays refused in a body: its VJP there is not checked.
-  const TracedFunction twice = [](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; };
-  s = trace_error(shard_map(checkpoint(twice), mesh, {P("data")}, {P("data")}), {{DType::kF32, {8}}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("checkpoint inside a shard_map body is not built"));
 }
 
 // while_loop in a shard_map body: tests/shard_map_test.py's test_while_rep_rule ('x', 'y' as
@@ -1600,6 +1599,319 @@ TEST_F(ShardMapTest, GradThroughPvaryMatchesTheHost) {
     }
   }
 }
+
+// A shard_map body with control flow in it, for value_and_grad, and the same function written
+// out on the host: `host(x, w, d, n)` is device d's block of the result (of n devices), x the
+// whole (16, 4) argument split by rows, w the (4) replicated one.
+struct BodyGradCase {
+  std::string name;
+  std::function<Value(const Value& block, const Value& w, const Axes& axes)> body;
+  std::function<std::vector<double>(const std::vector<double>& x, const std::vector<double>& w, int d, int n)> host;
+  // When set, the same body without checkpoint: the values and gradients must be its own.
+  std::function<Value(const Value& block, const Value& w, const Axes& axes)> plain;
+};
+
+void PrintTo(const BodyGradCase& c, std::ostream* os) { *os << c.name; }
+
+constexpr int kBodyRows = 16, kBodyCols = 4;
+
+double at(const std::vector<double>& x, int row, int col) { return x[row * kBodyCols + col]; }
+
+std::vector<BodyGradCase> body_grad_cases() {
+  using Block = std::vector<double>;
+  const auto rows_of = [](int d, int n) { return std::pair<int, int>{d * (kBodyRows / n), (d + 1) * (kBodyRows / n)}; };
+  const auto each = [rows_of](int d, int n, const std::function<double(int, int)>& f) {
+    Block out;
+    for (int r = rows_of(d, n).first; r < rows_of(d, n).second; ++r) {
+      for (int c = 0; c < kBodyCols; ++c) out.push_back(f(r, c));
+    }
+    return out;
+  };
+  const auto block_sum = [rows_of](const Block& x, int d, int n) {
+    double s = 0;
+    for (int r = rows_of(d, n).first; r < rows_of(d, n).second; ++r) {
+      for (int c = 0; c < kBodyCols; ++c) s += at(x, r, c);
+    }
+    return s;
+  };
+  const auto total = [](const Block& v) {
+    double s = 0;
+    for (double e : v) s += e;
+    return s;
+  };
+  std::vector<BodyGradCase> out;
+  // An invariant predicate (w is replicated): every device takes the same branch; the branches'
+  // operands differ in how they vary (x's block varies, w does not).
+  out.push_back(
+      {"cond_invariant_predicate",
+       [](const Value& b, const Value& w, const Axes&) {
+         return cond(
+             sum(w) > 0.0, [](const std::vector<Value>& o) { return std::vector<Value>{sin(o[0]) * o[1]}; },
+             [](const std::vector<Value>& o) { return std::vector<Value>{o[0] * o[0]}; }, {b, w})[0];
+       },
+       [=](const Block& x, const Block& w, int d, int n) {
+         const bool p = total(w) > 0;
+         return each(d, n, [&](int r, int c) { return p ? std::sin(at(x, r, c)) * w[c] : at(x, r, c) * at(x, r, c); });
+       },
+       {}});
+  // A predicate of each device's block: each device takes its own branch.
+  out.push_back({"cond_varying_predicate",
+                 [](const Value& b, const Value& w, const Axes&) {
+                   return cond(
+                       sum(b) > 0.0, [](const std::vector<Value>& o) { return std::vector<Value>{sin(o[0]) * o[1]}; },
+                       [](const std::vector<Value>& o) { return std::vector<Value>{o[0] * o[0] + o[1]}; }, {b, w})[0];
+                 },
+                 [=](const Block& x, const Block& w, int d, int n) {
+                   const bool p = block_sum(x, d, n) > 0;
+                   return each(d, n, [&](int r, int c) {
+                     return p ? std::sin(at(x, r, c)) * w[c] : at(x, r, c) * at(x, r, c) + w[c];
+                   });
+                 },
+                 {}});
+  // A varying index (the device's position), clamped: a branch that does not read w (its
+  // cotangent there is zero), one that reads an outer value (captured), one that reads w twice.
+  out.push_back({"switch_varying_index",
+                 [](const Value& b, const Value& w, const Axes& axes) {
+                   const Value scale = b * 0.5;
+                   return switch_(axis_index(axes) - 1,
+                                  {[](const std::vector<Value>& o) { return std::vector<Value>{o[0] * o[1]}; },
+                                   [](const std::vector<Value>& o) { return std::vector<Value>{exp(o[0] * 0.5)}; },
+                                   [scale](const std::vector<Value>& o) {
+                                     return std::vector<Value>{tanh(o[0] * scale) + o[1] * o[1]};
+                                   }},
+                                  {b, w})[0];
+                 },
+                 [=](const Block& x, const Block& w, int d, int n) {
+                   const int k = std::clamp(d - 1, 0, 2);
+                   return each(d, n, [&](int r, int c) {
+                     const double v = at(x, r, c);
+                     return k == 0 ? v * w[c] : k == 1 ? std::exp(v * 0.5) : std::tanh(v * v * 0.5) + w[c] * w[c];
+                   });
+                 },
+                 {}});
+  // An invariant index with a collective in a branch (every device takes it, so every device
+  // joins the psum): branch 1 scales the block by the column sums of the whole argument.
+  out.push_back({"switch_invariant_index_with_psum",
+                 [](const Value& b, const Value& w, const Axes& axes) {
+                   return switch_(convert(sum(w) > 0.0, DType::kI32),
+                                  {[](const std::vector<Value>& o) { return std::vector<Value>{o[0] * o[1]}; },
+                                   [axes](const std::vector<Value>& o) {
+                                     return std::vector<Value>{o[0] * psum(sum(o[0], {0}), axes) + o[1]};
+                                   }},
+                                  {b, w})[0];
+                 },
+                 [=](const Block& x, const Block& w, int d, int n) {
+                   std::vector<double> column(kBodyCols, 0.0);
+                   for (int r = 0; r < kBodyRows; ++r) {
+                     for (int c = 0; c < kBodyCols; ++c) column[c] += at(x, r, c);
+                   }
+                   const bool p = total(w) > 0;
+                   return each(d, n,
+                               [&](int r, int c) { return p ? at(x, r, c) * column[c] + w[c] : at(x, r, c) * w[c]; });
+                 },
+                 {}});
+  // checkpoint (remat) of a layer inside the body, as JAX allows it there
+  // (tests/shard_map_test.py's test_shmap_of_remat_basic: shard_map of jax.remat(sin) with
+  // everything_saveable, its gradient cos(x)): tanh(b * w), a matmul by the outer product of w
+  // (what dots_saveable keeps), a psum of column sums (a collective the backward pass computes
+  // again unless kept), each policy and none; and a checkpoint around a cond on a per-device
+  // predicate.
+  const auto layer = [](const Value& b, const Value& w, const Axes& axes) {
+    const Value h = tanh(b * w);
+    const Value m = matmul(h, reshape(w, {kBodyCols, 1}) * reshape(w, {1, kBodyCols}));
+    return m * psum(sum(h, {0}), axes) + sin(b);
+  };
+  const auto layer_host = [=](const Block& x, const Block& w, int d, int n) {
+    std::vector<double> column(kBodyCols, 0.0);
+    for (int r = 0; r < kBodyRows; ++r) {
+      for (int c = 0; c < kBodyCols; ++c) column[c] += std::tanh(at(x, r, c) * w[c]);
+    }
+    return each(d, n, [&](int r, int c) {
+      double m = 0;
+      for (int k = 0; k < kBodyCols; ++k) m += std::tanh(at(x, r, k) * w[k]) * w[k] * w[c];
+      return m * column[c] + std::sin(at(x, r, c));
+    });
+  };
+  for (const auto& [name, policy] : std::vector<std::pair<std::string, CheckpointPolicy>>{
+           {"", nullptr},
+           {"_nothing_saveable", checkpoint_policies::nothing_saveable},
+           {"_dots_saveable", checkpoint_policies::dots_saveable},
+           {"_everything_saveable", checkpoint_policies::everything_saveable}}) {
+    out.push_back({"checkpoint" + name,
+                   [layer, policy = policy](const Value& b, const Value& w, const Axes& axes) {
+                     return checkpoint(
+                         [&](const std::vector<Value>& a) { return std::vector<Value>{layer(a[0], a[1], axes)}; },
+                         policy)({b, w})[0];
+                   },
+                   layer_host, layer});
+  }
+  const auto branchy = [](const Value& b, const Value& w) {
+    return cond(
+        sum(b) > 0.0, [](const std::vector<Value>& o) { return std::vector<Value>{tanh(o[0] * o[1]) * o[1]}; },
+        [](const std::vector<Value>& o) { return std::vector<Value>{exp(o[0] * 0.5) + o[1]}; }, {b, w})[0];
+  };
+  out.push_back({"checkpoint_of_cond",
+                 [branchy](const Value& b, const Value& w, const Axes&) {
+                   return checkpoint([&](const std::vector<Value>& a) {
+                     return std::vector<Value>{branchy(a[0], a[1]) * a[0]};
+                   })({b, w})[0];
+                 },
+                 [=](const Block& x, const Block& w, int d, int n) {
+                   const bool p = block_sum(x, d, n) > 0;
+                   return each(d, n, [&](int r, int c) {
+                     const double v = at(x, r, c);
+                     return (p ? std::tanh(v * w[c]) * w[c] : std::exp(v * 0.5) + w[c]) * v;
+                   });
+                 },
+                 [branchy](const Value& b, const Value& w, const Axes&) { return branchy(b, w) * b; }});
+  return out;
+}
+
+class ShardMapBodyGradTest : public MeshesSuite, public ::testing::WithParamInterface<BodyGradCase> {};
+
+// grad and value_and_grad through cond and switch inside a shard_map body (JAX differentiates
+// them there: jax/_src/lax/control_flow/conditionals.py's _cond_transpose under shard_map, as
+// tests/shard_map_test.py's test_cond_rep_rule and test_switch bodies do) on the (8) and (4, 2)
+// meshes, Auto and Explicit axes, x split by rows over every axis (and on (4, 2) over 'data'
+// only: the body's values are then invariant along 'model'), w replicated, for a w whose sum is
+// positive and one whose sum is negative (either branch of an invariant predicate). The
+// reference is the function written out on the host per device (BodyGradCase::host): the loss
+// sum(f(x, w) * r) against it, each gradient element against central differences of it (float64).
+TEST_P(ShardMapBodyGradTest, ValuesAndGradientsMatchTheHost) {
+  const BodyGradCase& c = GetParam();
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>()(c.name)));
+  const HostArray x = random_array(DType::kF64, {kBodyRows, kBodyCols}, Domain::kSigned, rng);
+  const HostArray r = random_array(DType::kF64, {kBodyRows, kBodyCols}, Domain::kSigned, rng);
+  const std::vector<double> xv(x.values<double>().begin(), x.values<double>().end());
+  const std::vector<double> rv(r.values<double>().begin(), r.values<double>().end());
+  for (const double sign : {1.0, -1.0}) {
+    HostArray w = random_array(DType::kF64, {kBodyCols}, Domain::kPositive, rng);
+    for (double& e : w.mutable_values<double>()) e *= sign;
+    const std::vector<double> wv(w.values<double>().begin(), w.values<double>().end());
+    for (const std::pair<Mesh, Axes>& layout : std::vector<std::pair<Mesh, Axes>>{{auto_meshes_[0], {"data"}},
+                                                                                  {auto_meshes_[1], {"data", "model"}},
+                                                                                  {auto_meshes_[1], {"data"}},
+                                                                                  {meshes_[0], {"data"}},
+                                                                                  {meshes_[1], {"data", "model"}},
+                                                                                  {meshes_[1], {"data"}}}) {
+      {
+        const Mesh& mesh = layout.first;
+        const Axes& axes = layout.second;
+        SCOPED_TRACE(absl::StrCat(mesh.to_string(), " rows split over ", axes_to_string(axes), ", w sum ",
+                                  sign > 0 ? "positive" : "negative"));
+        const int n = static_cast<int>(mesh.axes_size(axes));
+        const auto host_loss = [&](const std::vector<double>& xs, const std::vector<double>& ws) {
+          double l = 0;
+          for (int d = 0; d < n; ++d) {
+            const std::vector<double> block = c.host(xs, ws, d, n);
+            for (size_t e = 0; e < block.size(); ++e) l += block[e] * rv[d * block.size() + e];
+          }
+          return l;
+        };
+        const auto loss_of = [&](const std::function<Value(const Value&, const Value&, const Axes&)>& body) {
+          ShardMapped f = shard_map(
+              [body, axes](const std::vector<Value>& in) { return std::vector<Value>{body(in[0], in[1], axes)}; }, mesh,
+              {P(axes, None), P()}, {P(axes, None)});
+          return TracedFunction([f](const std::vector<Value>& in) {
+            return std::vector<Value>{sum(f({in[0], in[1]})[0] * in[2])};
+          });
+        };
+        const TracedFunction loss = loss_of(c.body);
+        std::vector<Array> args;
+        for (const auto& [a, spec] : std::vector<std::pair<const HostArray*, PartitionSpec>>{
+                 {&x, P(axes, None)}, {&w, P()}, {&r, P(axes, None)}}) {
+          absl::StatusOr<Array> put = client_->device_put(*a, NamedSharding(mesh, spec));
+          ASSERT_TRUE(put.ok()) << put.status();
+          args.push_back(*std::move(put));
+        }
+        Jitted step = jit(value_and_grad(loss, {0, 1}));
+        absl::StatusOr<std::vector<Array>> got = step(args);
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ(got->size(), 3u);
+        absl::StatusOr<HostArray> value = (*got)[0].fetch();
+        ASSERT_TRUE(value.ok()) << value.status();
+        const double want = host_loss(xv, wv);
+        EXPECT_NEAR(value->element_as_double(0), want, 1e-9 * (1 + std::abs(want)));
+        // grad alone gives the same gradients.
+        absl::StatusOr<std::vector<Array>> grads = jit(grad(loss, {0, 1}))(args);
+        ASSERT_TRUE(grads.ok()) << grads.status();
+        if (c.plain) {  // a checkpoint's values and gradients are those of its function as it is
+          absl::StatusOr<std::vector<Array>> plain = jit(value_and_grad(loss_of(c.plain), {0, 1}))(args);
+          ASSERT_TRUE(plain.ok()) << plain.status();
+          for (int k = 0; k < 3; ++k) {
+            absl::StatusOr<HostArray> a = (*got)[k].fetch();
+            absl::StatusOr<HostArray> b = (*plain)[k].fetch();
+            ASSERT_TRUE(a.ok() && b.ok());
+            ASSERT_EQ(a->shape(), b->shape());
+            for (int64_t i = 0; i < a->size(); ++i) {
+              EXPECT_NEAR(a->element_as_double(i), b->element_as_double(i),
+                          1e-12 * (1 + std::abs(b->element_as_double(i))))
+                  << "result " << k << " element " << i;
+            }
+          }
+        }
+        constexpr double h = 1e-6;
+        for (int k = 0; k < 2; ++k) {
+          absl::StatusOr<HostArray> g = (*got)[k + 1].fetch();
+          absl::StatusOr<HostArray> g_alone = (*grads)[k].fetch();
+          ASSERT_TRUE(g.ok() && g_alone.ok());
+          EXPECT_EQ(*g, *g_alone);
+          const std::vector<double>& base = k == 0 ? xv : wv;
+          for (size_t i = 0; i < base.size(); ++i) {
+            std::vector<double> plus = base, minus = base;
+            plus[i] += h;
+            minus[i] -= h;
+            const double fd = k == 0 ? (host_loss(plus, wv) - host_loss(minus, wv)) / (2 * h)
+                                     : (host_loss(xv, plus) - host_loss(xv, minus)) / (2 * h);
+            EXPECT_NEAR(g->element_as_double(static_cast<int64_t>(i)), fd, 1e-5 * (1 + std::abs(fd)))
+                << "d/d " << (k == 0 ? "x" : "w") << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// What checkpoint does inside a body, in the program of value_and_grad: the layer is a switch
+// whose backward is a second switch; with nothing saveable the backward computes the layer's
+// tanh and its psum (an all_reduce) again, with everything saveable neither (jax.checkpoint's policies, as
+// CheckpointPlan.APolicyKeepsWhatItNamesAndTheBackwardComputesItNoMore checks outside shard_map).
+TEST_F(ShardMapTest, CheckpointInsideABodyRecomputesWhatItDoesNotKeep) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = auto_meshes_[0];  // (8) 'data'
+  const auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  std::mt19937 rng(5);
+  const HostArray x = random_array(DType::kF32, {16, 4}, Domain::kSigned, rng);
+  absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data")));
+  ASSERT_TRUE(xs.ok()) << xs.status();
+  for (const auto& [policy, recomputed] : std::vector<std::pair<CheckpointPolicy, bool>>{
+           {checkpoint_policies::nothing_saveable, true}, {checkpoint_policies::everything_saveable, false}}) {
+    SCOPED_TRACE(recomputed ? "nothing_saveable" : "everything_saveable");
+    const TracedFunction layer = [](const std::vector<Value>& a) {
+      const Value h = tanh(a[0] * 3.0);
+      return std::vector<Value>{h * psum(sum(h, {0}), "data")};
+    };
+    ShardMapped f = shard_map(checkpoint(layer, policy), mesh, {P("data")}, {P("data")});
+    Jitted step = jit(value_and_grad([f](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in)[0])}; }));
+    absl::StatusOr<std::vector<Array>> g = step({*xs});
+    ASSERT_TRUE(g.ok()) << g.status();
+    const std::string text = step.as_text();
+    ASSERT_EQ(count(text, "= switch("), 2) << text;
+    const std::string backward = text.substr(text.rfind("= switch("));
+    EXPECT_EQ(count(backward, "tanh") > 0, recomputed) << text;
+    // The psum's transpose is an all_reduce of 4 floats, 28 bytes per device on 8 devices
+    // (2 (n - 1) / n of 16 bytes); recomputed, the layer's psum joins it (combined: 56).
+    EXPECT_THAT(backward, HasSubstr(recomputed ? "branches=1) 56B/device" : "branches=1) 28B/device")) << text;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CondSwitchAndCheckpoint, ShardMapBodyGradTest, ::testing::ValuesIn(body_grad_cases()),
+                         [](const ::testing::TestParamInfo<BodyGradCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace tessera
