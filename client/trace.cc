@@ -214,6 +214,24 @@ absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, co
   return trace_in(parent, f, inputs, {}, captured, input_specs, input_vma);
 }
 
+std::vector<bool> pinned_by_constraints(const Graph& g, int start, const std::vector<int>& outputs) {
+  std::vector<int> uses(g.size(), 0), user(g.size(), -1);
+  for (int o : outputs) ++uses[o];
+  for (int id = start; id < g.size(); ++id) {
+    for (int o : g.node(id).operands) {
+      ++uses[o];
+      user[o] = id;
+    }
+  }
+  std::vector<bool> pinned(g.size(), false);
+  for (int id = g.size() - 1; id >= start; --id) {
+    if (uses[id] == 1 && user[id] >= 0) {
+      pinned[id] = g.node(user[id]).op == Op::kShardingConstraint || pinned[user[id]];
+    }
+  }
+  return pinned;
+}
+
 std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args) {
   std::vector<size_t> all(g.outputs().size());
   for (size_t j = 0; j < all.size(); ++j) all[j] = j;
@@ -237,26 +255,9 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, 
     if (!needed[id] || given.count(id) > 0) continue;
     for (int o : g.node(id).operands) needed[o] = true;
   }
-  // Explicit mode types the inlined nodes again. A graph does not record which ops were traced
-  // with out_sharding (dot_general, reshape, ...: the op, then a constraint to it), so a node
-  // whose only way out is into a sharding constraint is typed as inside an out_sharding (the
-  // constraint then gives its type, as the op's out_sharding did).
+  // Explicit mode types the inlined nodes again (pinned_by_constraints).
   std::vector<bool> pinned(g.size(), false);
-  if (t != nullptr && t->explicit_mesh.has_value()) {
-    std::vector<int> uses(g.size(), 0), user(g.size(), -1);
-    for (int o : g.outputs()) ++uses[o];
-    for (int id = 0; id < g.size(); ++id) {
-      for (int o : g.node(id).operands) {
-        ++uses[o];
-        user[o] = id;
-      }
-    }
-    for (int id = g.size() - 1; id >= 0; --id) {
-      if (uses[id] == 1 && user[id] >= 0) {
-        pinned[id] = g.node(user[id]).op == Op::kShardingConstraint || pinned[user[id]];
-      }
-    }
-  }
+  if (t != nullptr && t->explicit_mesh.has_value()) pinned = pinned_by_constraints(g, 0, g.outputs());
   for (int id = 0; id < g.size(); ++id) {
     if (!needed[id]) continue;
     if (auto it = given.find(id); it != given.end()) {

@@ -196,6 +196,14 @@ absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, co
                                  std::vector<Value>* captured, const std::vector<TypeSpec>& input_specs = {},
                                  const std::vector<Variance>& input_vma = {});
 
+// The nodes of `g` from `start` on whose only way out (`outputs` counting as ways out) is into a
+// sharding constraint, directly or through nodes that are. A graph does not record which ops
+// were traced with out_sharding (dot_general, reshape, ...: the op, then a constraint to it), so
+// explicit mode types such a node again as inside an out_sharding (the constraint then gives its
+// type, as the op's out_sharding did): when inline_graph records a graph, and when vmap batches
+// f's nodes.
+std::vector<bool> pinned_by_constraints(const Graph& g, int start, const std::vector<int>& outputs);
+
 // `g` recorded in the current trace on `args` (its parameters, in order): its outputs
 // (invalid Values when the trace failed).
 std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args);

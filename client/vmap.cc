@@ -1,10 +1,12 @@
 #include "tessera/vmap.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/batching/batching.h"
 #include "client/trace_state.h"
 
@@ -45,16 +47,24 @@ std::vector<int64_t> shifted(const std::vector<int64_t>& dims) {
   return out;
 }
 
-Value broadcast_batch(const Value& x, int64_t size) {
+Value broadcast_batch(const Value& x, int64_t size, const Axes& axes) {
   const Shape example = x.shape();
   Shape shape = {size};
   shape.insert(shape.end(), example.begin(), example.end());
   std::vector<int64_t> dims;
   for (size_t d = 0; d < example.size(); ++d) dims.push_back(static_cast<int64_t>(d) + 1);
-  return broadcast_in_dim(x, std::move(shape), std::move(dims));
+  auto broadcast = [&] { return broadcast_in_dim(x, shape, dims); };
+  const std::optional<TypedOperand> typed = axes.empty() ? std::nullopt : typed_operand(x);
+  if (!typed.has_value()) return broadcast();
+  // The new dimension split over `axes`, the others as x's type: broadcast_in_dim with that
+  // out_sharding.
+  TypeSpec spec = {axes};
+  spec.insert(spec.end(), typed->spec.begin(), typed->spec.end());
+  return with_out_sharding(x, to_partition_spec(spec), broadcast);
 }
 
-Value BatchArgs::batched_operand(size_t k) const { return batched[k] ? x[k] : broadcast_batch(x[k], size); }
+Value BatchArgs::batched_operand(size_t k) const { return batched[k] ? x[k] : broadcast(x[k]); }
+Value BatchArgs::broadcast(const Value& v) const { return broadcast_batch(v, size, layout.explicit_axes); }
 
 Value BatchArgs::add(Node n, const std::vector<Value>& operands, Shape shape) const {
   n.operands.clear();
@@ -106,8 +116,14 @@ namespace {
 
 // Replays nodes [start, end) of trace t that read a batched value (in `batched`, by node:
 // the value with the batch dimension first) through their batching rules, adding each result
-// to `batched`. INVALID_ARGUMENT naming an op without a rule, or its rule's error.
-absl::Status batch_nodes(TraceState* t, int start, int end, int64_t size, std::map<int, Value>& batched) {
+// to `batched`. `results` are f's results (explicit mode: a node whose only way out is a
+// sharding constraint, an op's out_sharding, is batched inside an out_sharding too, as
+// pinned_by_constraints says). INVALID_ARGUMENT naming an op without a rule, or its rule's
+// error.
+absl::Status batch_nodes(TraceState* t, int start, int end, int64_t size, const BatchLayout& layout,
+                         const std::vector<int>& results, std::map<int, Value>& batched) {
+  std::vector<bool> pinned;
+  if (t->explicit_mesh.has_value()) pinned = pinned_by_constraints(t->graph, start, results);
   for (int id = start; id < end; ++id) {
     if (batched.count(id) != 0) continue;  // a sibling of a multi-result op batched before it
     const Node n = t->graph.node(id);      // a copy: the rules add nodes
@@ -126,7 +142,10 @@ absl::Status batch_nodes(TraceState* t, int start, int end, int64_t size, std::m
       return absl::InvalidArgumentError(
           absl::StrCat(op_name(n.op), " of a mapped value has no batching rule (node %", id, ")"));
     }
-    absl::StatusOr<Value> v = rule(BatchArgs{n, x, is_batched, size, t, id, &batched});
+    const bool in_out_sharding = !pinned.empty() && pinned[id];
+    if (in_out_sharding) ++t->out_sharding_scopes;
+    absl::StatusOr<Value> v = rule(BatchArgs{n, x, is_batched, size, t, id, &batched, layout});
+    if (in_out_sharding) --t->out_sharding_scopes;
     if (!t->error.ok()) return t->error;
     if (!v.ok()) return v.status();
     batched.emplace(id, *std::move(v));
@@ -134,9 +153,89 @@ absl::Status batch_nodes(TraceState* t, int start, int end, int64_t size, std::m
   return absl::OkStatus();
 }
 
+// The mesh axes of one dimension as Python prints a PartitionSpec entry: None, x, ('x', 'y').
+std::string entry_string(const Axes& axes) {
+  if (axes.empty()) return "None";
+  return axes.size() == 1 ? axes[0] : axes_to_string(axes);
+}
+
+// Explicit mode: how the mapped arguments split their mapped dimension (JAX's
+// _mapped_axis_spec and _check_ema_unmapped_args, jax/_src/api.py), with `spmd_axis_name` left
+// out when it names the same axes (JAX's vmap); INVALID_ARGUMENT (without "vmap: ") for
+// arguments split differently, an unmapped argument split over those axes, or an
+// spmd_axis_name naming others.
+absl::StatusOr<BatchLayout> batch_layout(const std::vector<Value>& args,
+                                         const std::vector<std::optional<int64_t>>& dims, Axes spmd_axis_name) {
+  BatchLayout layout;
+  bool mapped = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!dims[i].has_value()) continue;
+    const std::optional<TypedOperand> typed = typed_operand(args[i]);
+    if (!typed.has_value()) return BatchLayout{{}, std::move(spmd_axis_name)};  // not in explicit mode
+    const Axes& axes = typed->spec[*dims[i]];
+    if (mapped && axes != layout.explicit_axes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Mapped away dimension of inputs passed to vmap should be sharded the same. Got inconsistent axis specs: ",
+          entry_string(layout.explicit_axes), " vs ", entry_string(axes), " (argument ", i, " of type ",
+          type_string(typed->dtype, typed->shape, typed->spec), " mapped along dimension ", *dims[i], ")"));
+    }
+    layout.explicit_axes = axes;
+    mapped = true;
+  }
+  if (layout.explicit_axes.empty()) {
+    layout.spmd_axes = std::move(spmd_axis_name);
+    return layout;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (dims[i].has_value()) continue;
+    const std::optional<TypedOperand> typed = typed_operand(args[i]);
+    if (!typed.has_value()) continue;
+    for (const Axes& d : typed->spec) {
+      for (const std::string& a : d) {
+        if (std::find(layout.explicit_axes.begin(), layout.explicit_axes.end(), a) == layout.explicit_axes.end()) {
+          continue;
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Unmapped values passed to vmap cannot be sharded along the mesh axis you are vmapping over. Got type: ",
+            type_string(typed->dtype, typed->shape, typed->spec),
+            ", in_axes: None and vmapped mesh axis: ", axes_to_string(layout.explicit_axes), " (argument ", i, ")"));
+      }
+    }
+  }
+  if (!spmd_axis_name.empty() && spmd_axis_name != layout.explicit_axes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Only one of spmd_axis_name or arrays sharded on `Explicit` mesh axis type is allowed. Got spmd_axis_name=",
+        axes_to_string(spmd_axis_name),
+        " and arrays sharded on explicit_mesh_axis=", axes_to_string(layout.explicit_axes)));
+  }
+  return layout;
+}
+
+// One example of `moved` (batch dimension first): its slice at 0 without the batch dimension.
+// In explicit mode it is typed as `moved` without the batch dimension's axes (JAX's mapped aval;
+// inside vmap the batch dimension's axes are not the body's, as JAX's
+// remove_explicit_mesh_axis_names): the slice is typed with those axes left out, as auto_axes
+// leaves axes out, so a split batch dimension slices to one example.
+Value example_of(TraceState* t, const Value& moved, const BatchLayout& layout) {
+  Shape one = moved.shape();
+  one[0] = 1;
+  const Shape example(one.begin() + 1, one.end());
+  if (!t->explicit_mesh.has_value() || layout.explicit_axes.empty()) {
+    return reshape(slice(moved, std::vector<int64_t>(one.size(), 0), one), example);
+  }
+  absl::Status typed = t->type_new_nodes();
+  if (!typed.ok()) return t->fail(typed);
+  const size_t depth = t->auto_axes.size();
+  t->auto_axes.insert(t->auto_axes.end(), layout.explicit_axes.begin(), layout.explicit_axes.end());
+  const Value e = reshape(slice(moved, std::vector<int64_t>(one.size(), 0), one), example);
+  t->auto_axes.resize(depth);
+  return e;
+}
+
 std::vector<Value> vmapped(const TracedFunction& f, const std::vector<std::optional<int64_t>>& in_axes,
                            const std::function<std::vector<std::optional<int64_t>>(size_t)>& out_axes,
-                           std::optional<int64_t> axis_size, const std::vector<Value>& args) {
+                           std::optional<int64_t> axis_size, const Axes& spmd_axis_name,
+                           const std::vector<Value>& args) {
   TraceState* t = TraceState::current;
   for (const Value& a : args) {
     if (!a.ok()) return {};
@@ -151,14 +250,14 @@ std::vector<Value> vmapped(const TracedFunction& f, const std::vector<std::optio
   if (!in_axes.empty() && in_axes.size() != args.size()) {
     return fail(absl::StrCat("in_axes has ", in_axes.size(), " entries for ", args.size(), " arguments"));
   }
-  // Each mapped argument with its mapped dimension moved first, and the example f sees.
+  // Each mapped argument's mapped dimension (checked), then the argument with it moved first,
+  // and the example f sees.
   std::optional<int64_t> size = axis_size;
-  std::vector<Value> examples;
-  std::map<int, Value> batched;
+  std::vector<std::optional<int64_t>> dims;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::optional<int64_t> axis = in_axes.empty() ? std::optional<int64_t>(0) : in_axes[i];
     if (!axis.has_value()) {
-      examples.push_back(args[i]);
+      dims.push_back(std::nullopt);
       continue;
     }
     const Shape shape = args[i].shape();
@@ -173,11 +272,19 @@ std::vector<Value> vmapped(const TracedFunction& f, const std::vector<std::optio
                                axis_size.has_value() ? " (axis_size)" : " (an earlier argument's)"));
     }
     size = shape[d];
-    const Value moved = move_dim(args[i], d, 0);
-    Shape one = moved.shape();
-    one[0] = 1;
-    Shape example(one.begin() + 1, one.end());
-    const Value e = reshape(slice(moved, std::vector<int64_t>(one.size(), 0), one), example);
+    dims.push_back(d);
+  }
+  absl::StatusOr<BatchLayout> layout = batch_layout(args, dims, spmd_axis_name);
+  if (!layout.ok()) return fail(std::string(layout.status().message()));
+  std::vector<Value> examples;
+  std::map<int, Value> batched;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!dims[i].has_value()) {
+      examples.push_back(args[i]);
+      continue;
+    }
+    const Value moved = move_dim(args[i], *dims[i], 0);
+    const Value e = example_of(t, moved, *layout);
     if (!e.ok()) return {};
     batched.emplace(TraceState::id(e), moved);
     examples.push_back(e);
@@ -193,7 +300,9 @@ std::vector<Value> vmapped(const TracedFunction& f, const std::vector<std::optio
       return fail("the function returned a value that is not of this trace");
     }
   }
-  absl::Status status = batch_nodes(t, start, t->graph.size(), *size, batched);
+  std::vector<int> result_ids;
+  for (const Value& r : results) result_ids.push_back(TraceState::id(r));
+  absl::Status status = batch_nodes(t, start, t->graph.size(), *size, *layout, result_ids, batched);
   if (!status.ok()) {
     if (!t->error.ok()) return std::vector<Value>(num_results);
     return fail(std::string(status.message()));
@@ -213,7 +322,7 @@ std::vector<Value> vmapped(const TracedFunction& f, const std::vector<std::optio
       out.push_back(results[j]);
       continue;
     }
-    Value v = it != batched.end() ? it->second : internal::broadcast_batch(results[j], *size);
+    Value v = it != batched.end() ? it->second : broadcast_batch(results[j], *size, layout->explicit_axes);
     const int64_t d = internal::normalize_axis(*axis, v.rank());
     if (d < 0 || d >= v.rank()) {
       return fail(absl::StrCat("out_axes ", *axis, " is out of range for result ", j, " of type ",
@@ -228,17 +337,21 @@ std::vector<Value> vmapped(const TracedFunction& f, const std::vector<std::optio
 
 TracedFunction vmap(TracedFunction f, std::vector<std::optional<int64_t>> in_axes,
                     std::function<std::vector<std::optional<int64_t>>(size_t)> out_axes,
-                    std::optional<int64_t> axis_size) {
-  return [f = std::move(f), in_axes = std::move(in_axes), out_axes = std::move(out_axes),
-          axis_size](const std::vector<Value>& args) { return vmapped(f, in_axes, out_axes, axis_size, args); };
+                    std::optional<int64_t> axis_size, std::vector<std::string> spmd_axis_name) {
+  return [f = std::move(f), in_axes = std::move(in_axes), out_axes = std::move(out_axes), axis_size,
+          spmd_axis_name = std::move(spmd_axis_name)](const std::vector<Value>& args) {
+    return vmapped(f, in_axes, out_axes, axis_size, spmd_axis_name, args);
+  };
 }
 
 }  // namespace internal
 
 TracedFunction vmap(TracedFunction f, std::vector<std::optional<int64_t>> in_axes,
-                    std::vector<std::optional<int64_t>> out_axes, std::optional<int64_t> axis_size) {
+                    std::vector<std::optional<int64_t>> out_axes, std::optional<int64_t> axis_size,
+                    std::vector<std::string> spmd_axis_name) {
   return internal::vmap(
-      std::move(f), std::move(in_axes), [out_axes = std::move(out_axes)](size_t) { return out_axes; }, axis_size);
+      std::move(f), std::move(in_axes), [out_axes = std::move(out_axes)](size_t) { return out_axes; }, axis_size,
+      std::move(spmd_axis_name));
 }
 
 }  // namespace tessera

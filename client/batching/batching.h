@@ -26,6 +26,18 @@
 
 namespace tessera::internal {
 
+// How the batch dimension is laid out over the mesh, as JAX's batching.AxisData's
+// explicit_mesh_axis and spmd_name (jax/_src/interpreters/batching.py); at most one is set.
+struct BatchLayout {
+  // Explicit mode: the Explicit mesh axes the mapped arguments split their mapped dimension
+  // over (the same for all of them). Batched values keep that split in their batch dimension,
+  // and values broadcast along it get it (JAX's broadcast(..., mesh_axis)).
+  Axes explicit_axes;
+  // vmap's spmd_axis_name: each sharding constraint inside splits the batch dimension over these
+  // (JAX's _sharding_constraint_batcher).
+  Axes spmd_axes;
+};
+
 struct BatchArgs {
   const Node& node;             // a copy: rules add nodes to the graph
   const std::vector<Value>& x;  // the operands; batched ones with the batch dimension first
@@ -34,6 +46,7 @@ struct BatchArgs {
   TraceState* trace;
   int id;                               // the node's id in the trace
   std::map<int, Value>* batched_nodes;  // the batched value of each node batched so far
+  const BatchLayout& layout;
 
   // For an op of several results, one node each (scan, while, switch: core/op_attrs.h's
   // `output`): `results` (batch dimension first, by output) recorded as the batched values of
@@ -43,6 +56,8 @@ struct BatchArgs {
 
   // Operand k batched: itself when it is, else broadcast along a new leading dimension.
   Value batched_operand(size_t k) const;
+  // x (an example's value) broadcast along a new leading dimension, laid out as `layout` says.
+  Value broadcast(const Value& x) const;
   // `n` (the node, its attributes adjusted by the rule) added again on `operands`, with
   // `shape` as its shape when its op takes the shape as given.
   Value add(Node n, const std::vector<Value>& operands, Shape shape) const;
@@ -72,8 +87,9 @@ BatchRule find_batching(Op op);
 Value move_dim(const Value& x, int64_t from, int64_t to);
 
 // x (an example's value) the same for each of `size` examples: broadcast along a new
-// leading dimension.
-Value broadcast_batch(const Value& x, int64_t size);
+// leading dimension, split over `axes` (Explicit mesh axes; explicit mode only) as JAX's
+// batching.broadcast gives the new dimension the explicit_mesh_axis (its out_sharding).
+Value broadcast_batch(const Value& x, int64_t size, const Axes& axes);
 
 // `dims` each shifted by one: the example's dimensions in the batched value.
 std::vector<int64_t> shifted(const std::vector<int64_t>& dims);

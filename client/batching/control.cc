@@ -71,13 +71,13 @@ Axes axes_of(const std::vector<bool>& batched) {
   return out;
 }
 
-// `g` inlined under vmap: parameters batched as `in` says, outputs as `out` (nullopt: not
-// batched, which the fixed point guarantees).
+// `g` inlined under the vmap of `a` (its size and spmd_axis_name): parameters batched as `in`
+// says, outputs as `out` (nullopt: not batched, which the fixed point guarantees).
 std::vector<Value> vmapped_graph(const Graph& g, const std::vector<Value>& args, const std::vector<bool>& in,
-                                 const Axes& out, int64_t size) {
+                                 const Axes& out, const BatchArgs& a) {
   TracedFunction inlined = [&g](const std::vector<Value>& x) { return inline_graph(g, x); };
   return vmap(
-      inlined, axes_of(in), [out](size_t) { return out; }, size)(args);
+      inlined, axes_of(in), [out](size_t) { return out; }, a.size, a.layout.spmd_axes)(args);
 }
 
 std::vector<Value> operands_as(const BatchArgs& a, const std::vector<bool>& batched) {
@@ -95,7 +95,7 @@ Value select_examples(const Value& pred, const Value& on_true, const Value& on_f
 // node's own is returned, the siblings' recorded.
 absl::StatusOr<Value> finish(const BatchArgs& a, std::vector<Value> results, const std::vector<bool>& batched) {
   for (size_t j = 0; j < results.size(); ++j) {
-    if (!batched[j]) results[j] = broadcast_batch(results[j], a.size);
+    if (!batched[j]) results[j] = a.broadcast(results[j]);
   }
   return a.record(results);
 }
@@ -116,7 +116,7 @@ absl::StatusOr<Value> scan_rule(const BatchArgs& a) {
       [&](const std::vector<Value>& c, const std::vector<Value>& row) {
         std::vector<Value> args = c;
         args.insert(args.end(), row.begin(), row.end());
-        std::vector<Value> results = vmapped_graph(body, args, in, out, a.size);
+        std::vector<Value> results = vmapped_graph(body, args, in, out, a);
         if (results.size() != carries + num_ys) return ScanStep{c, std::vector<Value>(num_ys)};
         return ScanStep{std::vector<Value>(results.begin(), results.begin() + static_cast<std::ptrdiff_t>(carries)),
                         std::vector<Value>(results.begin() + static_cast<std::ptrdiff_t>(carries), results.end())};
@@ -146,14 +146,14 @@ absl::StatusOr<Value> while_rule(const BatchArgs& a) {
   const Axes carry_axes = axes_of(in);
   std::vector<Value> results = while_loop(
       [&](const std::vector<Value>& c) {
-        if (!batched_pred) return vmapped_graph(pred, c, in, {std::nullopt}, a.size)[0];
-        const Value p = vmapped_graph(pred, c, in, {0}, a.size)[0];
+        if (!batched_pred) return vmapped_graph(pred, c, in, {std::nullopt}, a)[0];
+        const Value p = vmapped_graph(pred, c, in, {0}, a)[0];
         return max(convert(p, DType::kI32)) > 0;  // any example's predicate holds
       },
       [&](const std::vector<Value>& c) {
-        std::vector<Value> next = vmapped_graph(body, c, in, carry_axes, a.size);
+        std::vector<Value> next = vmapped_graph(body, c, in, carry_axes, a);
         if (!batched_pred || next.size() != c.size()) return next;
-        const Value p = vmapped_graph(pred, c, in, {0}, a.size)[0];
+        const Value p = vmapped_graph(pred, c, in, {0}, a)[0];
         for (size_t j = 0; j < next.size(); ++j) {
           if (in[j]) next[j] = select_examples(p, next[j], c[j]);
         }
@@ -172,8 +172,7 @@ absl::StatusOr<Value> switch_rule(const BatchArgs& a) {
   if (!a.batched[0]) {
     std::vector<Branch> branches;
     for (const std::shared_ptr<const Graph>& g : b.graphs) {
-      branches.push_back(
-          [&a, &in, &out, g](const std::vector<Value>& x) { return vmapped_graph(*g, x, in, out, a.size); });
+      branches.push_back([&a, &in, &out, g](const std::vector<Value>& x) { return vmapped_graph(*g, x, in, out, a); });
     }
     return finish(a, switch_(a.x[0], branches, operands), std::vector<bool>(num_results, true));
   }
@@ -183,7 +182,7 @@ absl::StatusOr<Value> switch_rule(const BatchArgs& a) {
   const Value index = clamp(full({}, 0, dtype), a.x[0], full({}, static_cast<double>(b.graphs.size() - 1), dtype));
   std::vector<Value> results;
   for (size_t k = 0; k < b.graphs.size(); ++k) {
-    std::vector<Value> r = vmapped_graph(*b.graphs[k], operands, in, out, a.size);
+    std::vector<Value> r = vmapped_graph(*b.graphs[k], operands, in, out, a);
     if (r.size() != num_results) return Value();
     if (k == 0) {
       results = std::move(r);

@@ -1,9 +1,12 @@
 // Batching the layout ops and sharding constraints: the batch dimension stays first, the
 // attributes (and a constraint's spec) name the example's dimensions one further on.
+#include <algorithm>
+#include <string>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/batching/batching.h"
 
 namespace tessera::internal {
@@ -44,14 +47,34 @@ absl::StatusOr<Value> concatenate_rule(const BatchArgs& a) {
 }
 
 // with_sharding_constraint (and reshard): the example's spec one dimension further on, the
-// batch dimension unsplit, as JAX's _sharding_constraint_batcher and _reshard_batcher insert
-// the batch dimension (jax/_src/pjit.py; JAX marks it unconstrained in the constraint, which
-// Tessera's specs do not have: here it stays whole).
+// batch dimension as JAX's _reshard_batcher and _sharding_constraint_batcher insert it
+// (jax/_src/pjit.py): split as the mapped arguments' in explicit mode
+// (batching.get_sharding_for_vmap's explicit_mesh_axis), else over vmap's spmd_axis_name
+// (_pjit_batcher_for_sharding), which the spec must not name, else whole (JAX leaves it
+// unconstrained, which Tessera's specs cannot say).
 absl::StatusOr<Value> sharding_constraint_rule(const BatchArgs& a) {
   Node n = a.node;
   ShardingAttrs& s = std::get<ShardingAttrs>(n.attributes);
-  std::vector<Axes> dims = {Axes{}};
-  dims.insert(dims.end(), s.sharding.spec().dims().begin(), s.sharding.spec().dims().end());
+  const PartitionSpec& spec = s.sharding.spec();
+  Axes batch = a.layout.explicit_axes;
+  if (batch.empty() && !a.layout.spmd_axes.empty()) {
+    for (const std::string& axis : a.layout.spmd_axes) {
+      const std::vector<std::string> used = spec.used_axes();
+      if (std::find(used.begin(), used.end(), axis) != used.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("vmap spmd_axis_name ", axes_to_string(a.layout.spmd_axes),
+                                                       " cannot appear in with_sharding_constraint spec, but got spec ",
+                                                       spec.to_string()));
+      }
+      if (s.sharding.mesh().axis_index(axis) < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("vmap spmd_axis_name '", axis, "' is not an axis of ",
+                                                       s.sharding.mesh().to_string(),
+                                                       ", the mesh of with_sharding_constraint to ", spec.to_string()));
+      }
+    }
+    batch = a.layout.spmd_axes;
+  }
+  std::vector<Axes> dims = {std::move(batch)};
+  dims.insert(dims.end(), spec.dims().begin(), spec.dims().end());
   s.sharding = NamedSharding(s.sharding.mesh(), PartitionSpec(std::move(dims)));
   return a.add(std::move(n), {a.x[0]}, {});
 }

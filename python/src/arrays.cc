@@ -258,14 +258,17 @@ void bind_arrays(py::module_& m) {
                     py::gil_scoped_release release;
                     return value_or_throw(Client::local(n));
                   })
-      .def_static("connect",
-                  [](const std::string& address, int min_devices, double timeout_s) {
-                    ConnectOptions options;
-                    options.min_devices = min_devices;
-                    options.timeout = absl::Seconds(timeout_s);
-                    py::gil_scoped_release release;
-                    return value_or_throw(Client::connect(address, options));
-                  })
+      .def_static(
+          "connect",
+          [](const std::string& address, int min_devices, double timeout_s, bool adopt_puts) {
+            ConnectOptions options;
+            options.min_devices = min_devices;
+            options.timeout = absl::Seconds(timeout_s);
+            options.adopt_puts = adopt_puts;
+            py::gil_scoped_release release;
+            return value_or_throw(Client::connect(address, options));
+          },
+          py::arg("address"), py::arg("min_devices"), py::arg("timeout_s"), py::arg("adopt_puts") = false)
       .def("devices",
            [](const Client& c) {
              py::gil_scoped_release release;

@@ -377,9 +377,10 @@ void bind_tracing(py::module_& m) {
     return cond(pred, traced(std::move(on_true)), traced(std::move(on_false)), operands);
   });
   // jax.vmap inside a trace, on flat lists of Values; `out_axes` (tessera/_api.py flattens the
-  // out_axes pytree against f's results) is called once f has run.
+  // out_axes pytree against f's results) is called once f has run; `spmd_axis_name` a list of
+  // mesh axes (empty: none).
   m.def("vmap", [](py::object f, const std::vector<Value>& args, std::vector<std::optional<int64_t>> in_axes,
-                   py::object out_axes, std::optional<int64_t> axis_size) {
+                   py::object out_axes, std::optional<int64_t> axis_size, std::vector<std::string> spmd_axis_name) {
     auto axes = std::make_shared<py::object>(std::move(out_axes));
     TracedFunction g = internal::vmap(
         traced(std::move(f)), std::move(in_axes),
@@ -393,7 +394,7 @@ void bind_tracing(py::module_& m) {
             return std::vector<std::optional<int64_t>>{};
           }
         },
-        axis_size);
+        axis_size, std::move(spmd_axis_name));
     return g(args);
   });
   // `policy`: None (nothing_saveable), or `decide(primitive, dimension_numbers)` -> bool,

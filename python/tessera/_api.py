@@ -478,16 +478,19 @@ def _is_axis(a):
 
 
 def vmap(fun, in_axes=0, out_axes=0, axis_name=None, axis_size=None, spmd_axis_name=None):
-    """jax.vmap(fun, in_axes, out_axes, axis_size): fun mapped over one dimension of its
-    arguments (in_axes: an int, None, or a pytree prefix of the arguments' tuple, as JAX), its
-    results' mapped dimension put at out_axes (likewise, of the results). The SDK's vmap: fun
+    """jax.vmap(fun, in_axes, out_axes, axis_size, spmd_axis_name): fun mapped over one dimension
+    of its arguments (in_axes: an int, None, or a pytree prefix of the arguments' tuple, as JAX),
+    its results' mapped dimension put at out_axes (likewise, of the results). The SDK's vmap: fun
     is traced once on one example's shapes and each of its ops batched by its batching rule,
     so the mapped program is one program of the ordinary ops. Called on concrete arrays it is
-    compiled and run as jit runs it. axis_name (collectives over the mapped axis) and
-    spmd_axis_name are not supported."""
-    if axis_name is not None or spmd_axis_name is not None:
-        raise NotImplementedError("vmap: axis_name and spmd_axis_name are not supported (no collectives over a "
-                                  "mapped axis)")
+    compiled and run as jit runs it. Arrays split along the mapped dimension over Explicit mesh
+    axes keep that split (fun sees each example typed without it); spmd_axis_name (a mesh axis
+    name or a tuple of them) splits the mapped dimension of each with_sharding_constraint inside
+    over those axes. axis_name (collectives over the mapped axis) is not supported."""
+    if axis_name is not None:
+        raise NotImplementedError("vmap: axis_name is not supported (no collectives over a mapped axis)")
+    spmd_axes = [] if spmd_axis_name is None else \
+        [spmd_axis_name] if isinstance(spmd_axis_name, str) else list(spmd_axis_name)
     if isinstance(in_axes, list):
         in_axes = tuple(in_axes)  # as JAX: a list of in_axes is a tuple, one per argument
 
@@ -510,7 +513,7 @@ def vmap(fun, in_axes=0, out_axes=0, axis_name=None, axis_size=None, spmd_axis_n
             return [_as_value(o) for o in flat]
 
         values = _t.vmap(_trace.callback(body), [_tracer(l)._v for l in leaves], axes,
-                         lambda: out["axes"], axis_size)
+                         lambda: out["axes"], axis_size, spmd_axes)
         if "tree" not in out:  # fun raised (its exception, kept by the callback, goes on) or did not run
             raise getattr(_trace._state, "error", None) or _trace.TraceFailed("vmap: see the trace's error")
         return tree_unflatten(out["tree"], [Tracer(v) for v in values])

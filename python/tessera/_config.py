@@ -3,11 +3,16 @@ cluster client, made on first use from them:
 
     tessera.config.update("jax_num_cpu_devices", 8)              # Client::local(8)
     tessera.config.update("tessera_coordinator", "host:5000")    # Client::connect
+    tessera.config.update("tessera_adopt_puts", True)            # ConnectOptions::adopt_puts
 
 Without either: TESSERA_COORDINATOR, then JAX_NUM_CPU_DEVICES, then XLA_FLAGS'
 --xla_force_host_platform_device_count from the environment, else Client::local(1) (JAX's
 one CPU device). Changing the cluster after first use raises FailedPreconditionError (JAX
-only warns and keeps the old backend).
+only warns and keeps the old backend). tessera_adopt_puts (default: TESSERA_ADOPT_PUTS from the
+environment, else False) is the connection's ConnectOptions::adopt_puts: the workers on this
+host keep each put's shared memory as their buffer instead of copying it out (docs/design.md,
+"Co-located clients"); it applies to tessera_coordinator's cluster only (an embedded cluster has
+no shared-memory transfers: asking for it there raises ValueError).
 """
 import atexit
 import gc
@@ -32,7 +37,7 @@ def _env_bool(name):
 
 
 class Config:
-    _CLUSTER_OPTIONS = ("jax_num_cpu_devices", "tessera_coordinator")
+    _CLUSTER_OPTIONS = ("jax_num_cpu_devices", "tessera_coordinator", "tessera_adopt_puts")
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -41,6 +46,7 @@ class Config:
         self._values = {
             "jax_num_cpu_devices": _env_devices(),
             "tessera_coordinator": os.environ.get("TESSERA_COORDINATOR") or None,
+            "tessera_adopt_puts": _env_bool("TESSERA_ADOPT_PUTS"),
             "jax_enable_x64": _env_bool("JAX_ENABLE_X64"),
         }
 
@@ -55,6 +61,8 @@ class Config:
                     "`import tessera` (JAX ignores such a late update with a warning)")
             if name == "jax_num_cpu_devices" and value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"jax_num_cpu_devices must be a positive int, not {value!r}")
+            if name == "tessera_adopt_puts" and not isinstance(value, bool):
+                raise ValueError(f"tessera_adopt_puts must be True or False, not {value!r}")
             self._values[name] = value
 
     def __getattr__(self, name):
@@ -68,9 +76,14 @@ class Config:
         with self._lock:
             if self._client is None:
                 address = self._values["tessera_coordinator"]
+                adopt = self._values["tessera_adopt_puts"]
                 if address:
-                    self._client = _tessera.Client.connect(address, 1, 30.0)
-                    self._client_from = f"tessera_coordinator={address!r}"
+                    self._client = _tessera.Client.connect(address, 1, 30.0, adopt_puts=adopt)
+                    self._client_from = f"tessera_coordinator={address!r}" + (", tessera_adopt_puts=True" if adopt else "")
+                elif adopt:
+                    raise ValueError("tessera_adopt_puts=True (ConnectOptions::adopt_puts) applies to a cluster "
+                                     "reached through tessera_coordinator; the embedded cluster of "
+                                     "jax_num_cpu_devices has no shared-memory transfers to adopt")
                 else:
                     n = self._values["jax_num_cpu_devices"] or 1
                     self._client = _tessera.Client.local(n)

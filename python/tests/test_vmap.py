@@ -2,6 +2,8 @@
 # tessera.make_jaxpr. Every mapped result is checked against the loop JAX's vmap documents as
 # its meaning (jax/_src/api.py, vmap's docstring; the shard_map notebook's cell "check_vmap":
 # `jnp.stack([f(x) for x in xs])`), computed here with numpy.
+import functools
+
 import numpy as np
 import pytest
 
@@ -351,6 +353,139 @@ def test_vmap_of_a_sharding_constraint_keeps_the_batch_dimension_whole(mesh):
     r = jax.vmap(lambda x: jax.sharding.reshard(x * 2.0, P("x")))(np.ones((3, 16), np.float32))
     assert str(jax.typeof(r)) == "float32[3,16@x]"
     np.testing.assert_array_equal(np.asarray(r), np.full((3, 16), 2.0, np.float32))
+
+
+# ---- arrays sharded in types and spmd_axis_name (tests/pjit_test.py: ShardingInTypesTest's
+# test_mul_vmap, test_dot_general_vmap, test_shit_vmap_error_check,
+# test_spmd_axis_name_explicit_mode_assert, test_unmapped_last_vmap; PJitTest's
+# test_with_sharding_constraint_spmd_axis_name, test_wsc_vmap_abstract_mesh,
+# test_with_sharding_constraint_vmap_spmd_axis_name_error) ------------------------------------
+
+@pytest.fixture(scope="module")
+def explicit_xy():
+  return jax.make_mesh((2, 2), ("x", "y"))  # JAX's jtu.with_explicit_mesh((2, 2), ('x', 'y'))
+
+
+@pytest.mark.parametrize("use_jit", [True, False])
+def test_mul_vmap_over_an_explicitly_sharded_array(explicit_xy, use_jit):
+  np_inp = np.arange(16.).reshape(8, 2).astype(np.float32)
+  s = NamedSharding(explicit_xy, P("x", "y"))
+  with jax.sharding.set_mesh(explicit_xy):
+    arr = jax.device_put(np_inp, s)
+    seen = []
+
+    def f(x):
+      seen.append(jax.typeof(x).sharding.spec)
+      x = x * 2
+      seen.append(jax.typeof(x).sharding.spec)
+      x = x * x
+      seen.append(jax.typeof(x).sharding.spec)
+      return x
+
+    if use_jit:
+      f = jax.jit(f)
+    f = jax.vmap(f)
+    out = f(arr)
+    assert seen and all(spec == P("y") for spec in seen)
+    assert out.sharding.spec == s.spec and str(jax.typeof(out)) == "float32[8@x,2@y]"
+    np.testing.assert_array_equal(np.asarray(out), (np_inp * 2) * (np_inp * 2))
+    out = jax.jit(f)(arr)
+    assert out.sharding.spec == s.spec
+    np.testing.assert_array_equal(np.asarray(out), (np_inp * 2) * (np_inp * 2))
+    g = lambda x: jnp.sum(f(x))
+    for grad in (jax.grad(g), jax.jit(jax.grad(g))):
+      out = grad(arr)
+      assert out.sharding.spec == arr.sharding.spec
+      np.testing.assert_allclose(np.asarray(out), 8 * np_inp)
+
+
+def test_dot_general_vmap_over_explicitly_sharded_arrays(explicit_xy):
+  np_inp1 = np.arange(16.).reshape(4, 2, 2).astype(np.float32)
+  np_inp2 = np.arange(16.).reshape(2, 4, 2).astype(np.float32)
+  with jax.sharding.set_mesh(explicit_xy):
+    arr1 = jax.device_put(np_inp1, NamedSharding(explicit_xy, P("x", None, "y")))
+    arr2 = jax.device_put(np_inp2, NamedSharding(explicit_xy, P(None, "x", "y")))
+    f = lambda x, y: jnp.einsum("xy,yz->xz", x, y, out_sharding=P(None, "y"))
+    out = jax.vmap(f, in_axes=(0, 1), out_axes=2)(arr1, arr2)
+  assert out.shape == (2, 2, 4)
+  assert out.sharding.spec == P(None, "y", "x")
+  want = np.stack([np_inp1[n] @ np_inp2[:, n] for n in range(4)], axis=2)
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+
+
+def test_vmap_over_differently_sharded_mapped_dimensions_is_an_error(explicit_xy):
+  np_inp = np.arange(16.).reshape(8, 2).astype(np.float32)
+  with jax.sharding.set_mesh(explicit_xy):
+    arr = jax.device_put(np_inp, NamedSharding(explicit_xy, P("x", None)))
+    arr2 = jax.device_put(np_inp.T, NamedSharding(explicit_xy, P(None, "y")))
+    f = lambda x, y: x @ y
+    for g in (jax.vmap(f, in_axes=(0, 1)), jax.jit(jax.vmap(f, in_axes=(0, 1)))):
+      with pytest.raises(ValueError, match="Mapped away dimension of inputs passed to vmap should be sharded the same"):
+        g(arr, arr2)
+    with pytest.raises(ValueError, match="Only one of spmd_axis_name or arrays sharded on.*spmd_axis_name"):
+      jax.vmap(f, spmd_axis_name="y")(arr, arr)
+    with pytest.raises(ValueError, match="Unmapped values passed to vmap cannot be sharded along the mesh axis"):
+      jax.vmap(lambda x, b: x + b, in_axes=(0, None))(arr, jax.device_put(np.ones(2, np.float32), P("x")))
+
+
+@pytest.mark.parametrize("spmd_axis_name", ["x", "y"])
+def test_spmd_axis_name_in_explicit_mode_must_be_the_mapped_split(explicit_xy, spmd_axis_name):
+  np_inp = np.arange(16.).reshape(8, 2).astype(np.float32)
+  with jax.sharding.set_mesh(explicit_xy):
+    arr = jax.device_put(np_inp, NamedSharding(explicit_xy, P("x", "y")))
+    seen = []
+
+    @jax.jit
+    @functools.partial(jax.vmap, spmd_axis_name=spmd_axis_name)
+    def f(x):
+      seen.append(jax.typeof(x).sharding.spec)
+      return x * 2
+
+    if spmd_axis_name == "x":
+      out = f(arr)
+      assert seen == [P("y")]
+      assert out.sharding.spec == P("x", "y")
+      np.testing.assert_array_equal(np.asarray(out), np_inp * 2)
+    else:
+      with pytest.raises(ValueError, match="Only one of spmd_axis_name or arrays sharded on.*spmd_axis_name"):
+        f(arr)
+
+
+def test_unmapped_result_is_broadcast_split_as_the_mapped_dimension():
+  mesh = jax.make_mesh((2,), ("x",))
+  with jax.sharding.set_mesh(mesh):
+    arr = jax.device_put(np.arange(8, dtype=np.float32), NamedSharding(mesh, P("x")))
+    out = jax.vmap(lambda x: jnp.zeros((4,)), out_axes=-1)(arr)
+  assert out.shape == (4, 8)
+  assert out.sharding.spec == P(None, "x")
+  np.testing.assert_array_equal(np.asarray(out), np.zeros((4, 8), np.float32))
+
+
+def test_spmd_axis_name_splits_the_batch_dimension_of_sharding_constraints():
+  mesh = jax.make_mesh((2, 2, 2), ("replica", "data", "mdl"), axis_types=jax.sharding.AxisType.Auto)
+  x = np.arange(8 * 4 * 2 * 2, dtype=np.float32).reshape(8, 4, 2, 2)
+  f = lambda inp: jax.lax.with_sharding_constraint(inp, NamedSharding(mesh, P("data", None, None)))
+  out = jax.jit(jax.vmap(f, spmd_axis_name="mdl"))(x)
+  assert out.sharding.spec == P("mdl", "data", None, None)
+  np.testing.assert_array_equal(np.asarray(out), x)
+  # A tuple of axes, as JAX accepts.
+  out = jax.jit(jax.vmap(f, spmd_axis_name=("mdl", "replica")))(x)
+  assert out.sharding.spec == P(("mdl", "replica"), "data", None, None)
+  np.testing.assert_array_equal(np.asarray(out), x)
+
+
+def test_wsc_vmap_with_and_without_spmd_axis_name(mesh8):
+  mesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=jax.sharding.AxisType.Auto)
+  np_inp = np.arange(16, dtype=np.float32).reshape(8, 2)
+  arr = jax.device_put(np_inp, NamedSharding(mesh, P("x", "y")))
+  f = lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("x"))) * 2
+  out = jax.jit(jax.vmap(f))(arr)
+  assert out.sharding.spec == P(None, "x")
+  out2 = jax.jit(jax.vmap(f, spmd_axis_name="y"))(arr)
+  assert out2.sharding.spec == P("y", "x")
+  np.testing.assert_array_equal(np.asarray(out2), np_inp * 2)
+  with pytest.raises(ValueError, match="spmd_axis_name"):
+    jax.vmap(f, spmd_axis_name="x")(arr)
 
 
 # ---- control flow (jax/_src/lax/control_flow/{loops,conditionals}.py's batching rules) --------

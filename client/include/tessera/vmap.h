@@ -14,14 +14,15 @@
 //
 // Rules: the elementwise and layout ops, reductions, argmax/argsort, dot_general, gather/scatter
 // with unmapped indices, dynamic_slice/update, random bits over a batch of keys, scan, while,
-// switch/cond and the shard_map collectives. Other ops reading a mapped value (sharding
-// constraints, gathers with mapped indices) fail the trace with INVALID_ARGUMENT naming the op.
+// switch/cond, sharding constraints and the shard_map collectives. Other ops reading a mapped
+// value (gathers with mapped indices) fail the trace with INVALID_ARGUMENT naming the op.
 #ifndef TESSERA_VMAP_H_
 #define TESSERA_VMAP_H_
 
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "tessera/trace.h"
@@ -37,15 +38,26 @@ namespace tessera {
 // INVALID_ARGUMENT naming the argument or result and the rule: in_axes of the wrong length, an
 // axis out of range, sizes that differ, out_axes nullopt for a mapped result, an op without a
 // batching rule. Called outside a trace it records nothing and returns invalid Values.
+//
+// On a mesh with Explicit axes (jax.vmap over arrays "sharded in types"): the mapped
+// dimensions of the mapped arguments must be split alike (INVALID_ARGUMENT, JAX's "Mapped away
+// dimension of inputs passed to vmap should be sharded the same"), an unmapped argument must
+// not be split over those axes; f sees each example typed without the mapped dimension (its
+// other dimensions keep their splits), and the results' mapped dimension is split as the
+// arguments' was (a result that does not depend on a mapped argument too).
+// `spmd_axis_name` (mesh axes, as jax.vmap's): every with_sharding_constraint (and reshard) in
+// f splits the mapped dimension over these axes, which its spec must not name; with Explicit
+// arguments split along the mapped dimension, it must name the same axes.
 TracedFunction vmap(TracedFunction f, std::vector<std::optional<int64_t>> in_axes = {},
-                    std::vector<std::optional<int64_t>> out_axes = {}, std::optional<int64_t> axis_size = {});
+                    std::vector<std::optional<int64_t>> out_axes = {}, std::optional<int64_t> axis_size = {},
+                    std::vector<std::string> spmd_axis_name = {});
 
 namespace internal {
 // As vmap, with the out_axes given once f has run (by the results' count), for bindings whose
 // out_axes depend on the structure f returns.
 TracedFunction vmap(TracedFunction f, std::vector<std::optional<int64_t>> in_axes,
                     std::function<std::vector<std::optional<int64_t>>(size_t num_results)> out_axes,
-                    std::optional<int64_t> axis_size);
+                    std::optional<int64_t> axis_size, std::vector<std::string> spmd_axis_name = {});
 }  // namespace internal
 
 }  // namespace tessera

@@ -1,0 +1,115 @@
+# tessera.config's connection options against a real cluster: a tessera-coordinator and two
+# tessera-worker processes on 127.0.0.1 ephemeral ports (each reports its address), reached from
+# a child Python process through TESSERA_COORDINATOR, as a user's program reaches one.
+# tessera_adopt_puts is ConnectOptions::adopt_puts: the workers keep each put's memfd as their
+# buffer (mapped: /proc/<worker>/maps lists it, as tests/integration/shm_transfer_test.cc's
+# AdoptedPutsAreTheWorkersBuffers counts), where without it they copy the block out (none mapped).
+import os
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tessera
+
+BIN = os.path.join(os.environ.get("TESSERA_BINARY_DIR", ""), "bin")
+DEADLINE_S = 30
+
+
+def _address_line(proc):
+    """The line a daemon prints when it listens ('... listening on 127.0.0.1:PORT'), read
+    within DEADLINE_S."""
+    deadline = time.monotonic() + DEADLINE_S
+    buffered = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            continue
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            break
+        buffered += chunk
+        for line in buffered.split(b"\n"):
+            if b"listening on" in line:
+                return line.decode()
+    raise AssertionError(f"pid {proc.pid} reported no address within {DEADLINE_S}s: {buffered[-500:]!r}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not os.path.exists(os.path.join(BIN, "tessera-coordinator")):
+        pytest.skip("TESSERA_BINARY_DIR is not set to a build with the daemons (ctest sets it)")
+    procs = []
+
+    def spawn(argv):
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    try:
+        coordinator = spawn([os.path.join(BIN, "tessera-coordinator"), "--port=0"])
+        address = _address_line(coordinator).split()[-1]
+        workers = [spawn([os.path.join(BIN, "tessera-worker"), f"--coordinator={address}", "--port=0",
+                          f"--device_id={i}", "--memory_bytes=268435456"]) for i in range(2)]
+        for w in workers:
+            _address_line(w)
+        yield address, [w.pid for w in workers]
+    finally:
+        for p in procs:  # our own children only, by pid
+            p.kill()
+        for p in procs:
+            p.wait(timeout=DEADLINE_S)
+
+
+# Puts one block per worker and prints, per worker, how many of the client's transfer memfds it
+# maps while the array lives, then whether the array reads back equal.
+CHILD = r"""
+import sys
+import numpy as np
+import tessera as jax
+from tessera.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((2,), ("x",))
+x = np.arange(2 * 4096, dtype=np.float32).reshape(2, 4096)
+a = jax.device_put(x, NamedSharding(mesh, P("x")))
+a.block_until_ready()
+mapped = [sum("/memfd:tessera-transfer" in line for line in open(f"/proc/{pid}/maps")) for pid in sys.argv[1:]]
+print(mapped, np.array_equal(np.asarray(a), x), jax.config.tessera_adopt_puts)
+"""
+
+
+def _run_child(address, pids, prelude="", **env):
+    """CHILD (after `prelude`) in a Python process of its own connected to the cluster; its line."""
+    child_env = {k: v for k, v in os.environ.items() if k not in ("TESSERA_ADOPT_PUTS", "JAX_NUM_CPU_DEVICES")}
+    child_env.update(TESSERA_COORDINATOR=address, **env)
+    out = subprocess.run([sys.executable, "-c", prelude + CHILD, *map(str, pids)], env=child_env,
+                         capture_output=True, text=True, timeout=DEADLINE_S)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_adopt_puts_from_the_environment_maps_each_put_on_the_workers(cluster):
+    address, pids = cluster
+    assert _run_child(address, pids) == "[0, 0] True False"  # off by default: copied out
+    assert _run_child(address, pids, TESSERA_ADOPT_PUTS="1") == "[1, 1] True True"
+
+
+def test_adopt_puts_by_config_update(cluster):
+    address, pids = cluster
+    prelude = "import tessera\ntessera.config.update('tessera_adopt_puts', True)\n"
+    assert _run_child(address, pids, prelude) == "[1, 1] True True"
+
+
+def test_adopt_puts_is_checked_and_chosen_once():
+    with pytest.raises(ValueError, match="tessera_adopt_puts must be True or False, not 'yes'"):
+        tessera.config.update("tessera_adopt_puts", "yes")
+    tessera.devices()  # this process's embedded cluster (conftest), now chosen
+    with pytest.raises(tessera.errors.FailedPreconditionError, match="tessera_adopt_puts.*comes too late"):
+        tessera.config.update("tessera_adopt_puts", True)
+    # In a process of its own: asked for with the embedded cluster, it is refused, not ignored.
+    out = subprocess.run([sys.executable, "-c", "import tessera\ntessera.devices()"],
+                         env={**os.environ, "TESSERA_ADOPT_PUTS": "1", "JAX_NUM_CPU_DEVICES": "2"},
+                         capture_output=True, text=True, timeout=DEADLINE_S)
+    assert out.returncode != 0
+    assert "ValueError: tessera_adopt_puts=True (ConnectOptions::adopt_puts) applies to a cluster reached" in out.stderr
