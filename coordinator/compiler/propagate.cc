@@ -51,8 +51,9 @@ class Propagator : public internal::ShardingContext {
     for (int id = 0; id < g_.size(); ++id) {
       const Node& n = g_.node(id);
       if (const Mesh* on = mesh_of(n); on != nullptr && *on != mesh_) {
-        return absl::InvalidArgumentError(absl::StrCat("jit: %", id, " = ", op_name(n.op), " is on ", on->to_string(),
-                                                       " but the arguments are on ", mesh_.to_string()));
+        const auto [theirs, ours] = distinguish(*on, mesh_);
+        return absl::InvalidArgumentError(
+            absl::StrCat("jit: %", id, " = ", op_name(n.op), " is on ", theirs, " but the arguments are on ", ours));
       }
       manual_[id] = has_trait(n.op, kBlockResult);
       if (find_sharding_rule(n.op) == nullptr) {

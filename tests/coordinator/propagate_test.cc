@@ -284,5 +284,23 @@ TEST_F(PropagateTest, BadSpecsNameTheInput) {
   EXPECT_THAT(p.status(), StatusIs(absl::StatusCode::kInvalidArgument, "dimension 1 of size 4"));
 }
 
+// A graph from the wire may pin a value onto another mesh (the SDK refuses that at the call:
+// JitTest.AConstraintOntoAnotherMeshIsRefusedAtTheCall). Two meshes of the same shape, names
+// and types on other devices print alike, so the message shows their devices (issue 16 item 6).
+TEST_F(PropagateTest, AValueOnAnotherMeshIsRefusedNamingBothMeshesDevices) {
+  const Mesh reversed = *make_mesh({4, 2}, {"data", "model"}, {7, 6, 5, 4, 3, 2, 1, 0});
+  absl::StatusOr<Graph> g = trace(
+      [&](const std::vector<Value>& in) {
+        return std::vector<Value>{exp(with_sharding_constraint(in[0], NamedSharding(reversed, P(None, "model"))))};
+      },
+      {{DType::kF32, {16, 8}}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<Propagation> p = propagate(*g, mesh_, {P("data", None)}, {std::nullopt});
+  EXPECT_THAT(p.status(), StatusIs(absl::StatusCode::kInvalidArgument, "is on " + reversed.to_string_with_devices() +
+                                                                           " but the arguments are on " +
+                                                                           mesh_.to_string_with_devices()));
+  EXPECT_THAT(p.status().message(), ::testing::HasSubstr("device_ids=[7, 6, 5, 4, 3, 2, 1, 0]"));
+}
+
 }  // namespace
 }  // namespace tessera
