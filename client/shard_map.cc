@@ -648,6 +648,27 @@ Value ppermute(const Value& x, const AxisNames& axes, const std::vector<std::pai
   return collective(Op::kCollectivePermute, x, axes, std::move(flat), ReduceOp::kSum, call_text("ppermute", x, axes));
 }
 
+Value pbroadcast(const Value& x, const AxisNames& axes, int64_t source) {
+  const std::string call = absl::StrCat("pbroadcast(", type_to_string(x.dtype(), x.shape()), ", ",
+                                        axes_text(axes.names), ", source=", source, ")");
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  std::optional<int64_t> n = group_size(t, axes, call);
+  if (!n) return Value();
+  if (source < 0 || source >= *n) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": source ", source, " is not a position along ",
+                                                           axes_text(axes.names), ", which has ", *n, " devices")));
+  }
+  // lax.pbroadcast's definition (jax/_src/lax/parallel.py): the source's x, the others' zeros,
+  // summed; bool as psum takes it, through int32. JAX types the result as x (varying along the
+  // axes); the sum is invariant, so it is cast back.
+  const bool boolean = x.dtype() == DType::kBool;
+  const Value in = boolean ? convert(x, DType::kI32) : x;
+  Value sum = psum(where(axis_index(axes) == source, in, full(in.shape(), 0, in.dtype())), axes);
+  if (boolean) sum = sum != 0;
+  return pvary(sum, axes);
+}
+
 Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int64_t concat_axis, bool tiled) {
   const std::string call = call_text("all_to_all", x, axes);
   TraceState* t = TraceState::common({&x});

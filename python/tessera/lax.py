@@ -74,6 +74,13 @@ def axis_size(axis_name):
     return _t.axis_size(_axes(axis_name))
 
 
+def pbroadcast(x, axis_name, source):
+    """jax.lax.pbroadcast: every device along `axis_name` gets the x of the device at position
+    `source` (JAX defines it as the psum of x masked to the source; JAX lowers it on GPU only,
+    Tessera runs it on its workers). Typed as varying along the axes, as JAX types it."""
+    return tree_map(lambda v: _wrap(_t.pbroadcast(_tracer(v)._v, _axes(axis_name), source)), x)
+
+
 def pvary(x, axis_name):
     """jax.lax.pvary (older JAX; jax.lax.pcast(x, axis_name, to='varying') now): inside a
     shard_map body, x typed as varying along the manual axes `axis_name` as well (jax.typeof

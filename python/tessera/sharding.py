@@ -63,15 +63,28 @@ def devices():
     return out
 
 
+def _canonical_entry(e):
+    """A PartitionSpec entry as jaxlib's CanonicalizePartition (partition_spec.cc) makes it: an
+    empty tuple or list is None, one of one axis that axis, a list a tuple; a nested tuple is
+    JAX's ValueError."""
+    if isinstance(e, (tuple, list)):
+        for a in e:
+            if isinstance(a, (tuple, list)):
+                raise ValueError(f"A tuple inside PartitionSpec cannot contain a nested tuple. Got partition: "
+                                 f"{e} and the nested tuple: {a}")
+            if not isinstance(a, str):
+                raise TypeError(f"PartitionSpec entries are None, an axis name or a tuple of them, not {e!r}")
+        return None if not e else e[0] if len(e) == 1 else tuple(e)
+    if e is None or isinstance(e, str):
+        return e
+    raise TypeError(f"PartitionSpec entries are None, an axis name or a tuple of them, not {e!r}")
+
+
 class PartitionSpec(tuple):
     """jax.sharding.PartitionSpec: per dimension None, one mesh axis, or a tuple of axes."""
 
     def __new__(cls, *entries):
-        for e in entries:
-            ok = e is None or isinstance(e, str) or (isinstance(e, tuple) and all(isinstance(a, str) for a in e))
-            if not ok:
-                raise TypeError(f"PartitionSpec entries are None, an axis name or a tuple of them, not {e!r}")
-        return super().__new__(cls, entries)
+        return super().__new__(cls, tuple(_canonical_entry(e) for e in entries))
 
     def _cpp(self):
         return _tessera.PartitionSpec([[] if e is None else [e] if isinstance(e, str) else list(e) for e in self])

@@ -611,3 +611,25 @@ def test_remat_inside_a_shard_map_body_as_jax(mesh8):
     l, g = loss_of(jax.remat(layer, policy=policy))(xs)
     np.testing.assert_allclose(float(l), float(plain_l), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(g), np.asarray(plain_g), rtol=1e-12)
+
+
+@pytest.mark.parametrize("replicate_on_axes", ['x', ('x', 'y')])
+def test_pbroadcast_as_jaxs_test(replicate_on_axes):
+  # JAX's tests/shard_map_test.py test_pbroadcast, nearly verbatim (JAX runs it on GPU only;
+  # 'from tessera import shard_map' for its shard_map, P for jax.sharding.PartitionSpec).
+  mesh = jax.make_mesh((4, 2), ('x', 'y'))
+  sharded_axes = set(mesh.axis_names) - set(replicate_on_axes)
+  sharded_axes = None if not sharded_axes else list(sharded_axes)
+  in_out_sharding = jax.sharding.NamedSharding(mesh, P(sharded_axes, None))
+  a = jax.device_put(jnp.arange(16).reshape((4, 4)), in_out_sharding)
+
+  @jax.jit
+  @partial(shard_map, mesh=mesh, in_specs=(in_out_sharding.spec,), out_specs=in_out_sharding.spec,
+           check_vma=False)
+  def fwd(x):
+    axis_index = jax.lax.axis_index(replicate_on_axes)
+    x = jnp.where(axis_index == 0, x + 1, x)
+    return jax.lax.pbroadcast(x, replicate_on_axes, source=0)
+
+  c = fwd(a)
+  np.testing.assert_array_equal(np.asarray(c), np.arange(16).reshape(4, 4) + 1)

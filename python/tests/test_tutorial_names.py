@@ -169,3 +169,20 @@ def test_creation_functions_make_uncommitted_arrays_that_jit_and_shard_map_move(
     z = jax.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(other, P("x")))
     with pytest.raises(ValueError, match="every argument must be on one mesh"):
         jax.jit(lambda a, b: a + b)(y[:8], z)
+
+
+def test_partition_spec_entries_are_canonical_as_jaxs():
+    # jaxlib/partition_spec.cc CanonicalizePartition: a list is a tuple, one of one axis is that
+    # axis, an empty one is None; a nested tuple is a ValueError (JAX's tests/shard_map_test.py
+    # test_pbroadcast passes P(['y'], None)).
+    assert P(['y'], None) == P('y', None) == P(('y',), None)
+    assert P(['x', 'y']) == P(('x', 'y'))
+    assert P((), []) == P(None, None)
+    assert repr(P(['y'], None)) == "P('y', None)"
+    with pytest.raises(ValueError, match="cannot contain a nested tuple"):
+        P((('x', 'y'), 'z'))
+    with pytest.raises(TypeError, match="not 3"):
+        P(3)
+    mesh = jax.make_mesh((4, 2), ('x', 'y'))
+    a = jax.device_put(np.arange(8.0).reshape(4, 2), NamedSharding(mesh, P(['x'], None)))
+    assert a.sharding.spec == P('x', None)

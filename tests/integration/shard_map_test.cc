@@ -271,6 +271,83 @@ TEST_F(ShardMapTest, PpermuteShiftsBlocksAndZeroFillsAsXla) {
   for (int64_t e = 0; e < got->size(); ++e) EXPECT_EQ(got->element_as_double(e), e < 4 ? 0 : e - 4) << e;
 }
 
+// lax.pbroadcast, as JAX's tests/shard_map_test.py test_pbroadcast runs it (there on (4, 2)
+// ('x', 'y') with check_vma=False; here 'data', 'model'): the devices at position 0 along the
+// axes add 1, and pbroadcast from source 0 gives every device a + 1.
+TEST_F(ShardMapTest, PbroadcastReplicatesFromTheSourceAsJaxsTest) {
+  ASSERT_NE(client_, nullptr);
+  const HostArray a = HostArray::arange(DType::kI32, {4, 4});
+  for (const Axes& replicate_on : {Axes{"data"}, Axes{"data", "model"}}) {
+    const PartitionSpec spec = replicate_on.size() == 1 ? P("model", None) : P(None, None);
+    ShardMapped f = shard_map(
+        [replicate_on](const std::vector<Value>& in) {
+          const Value x = where(axis_index(replicate_on) == 0, in[0] + 1, in[0]);
+          return std::vector<Value>{pbroadcast(x, replicate_on, 0)};
+        },
+        mesh42(), {spec}, {spec}, {.check_vma = false});
+    absl::StatusOr<std::vector<Array>> out = f({put(a, spec)});
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<HostArray> got = (*out)[0].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int64_t e = 0; e < 16; ++e) EXPECT_EQ(got->element_as_double(e), e + 1) << spec.to_string() << " " << e;
+  }
+}
+
+// From a source other than 0, on values that differ along the axis: every block is the
+// source's; the result is typed as varying along the axis (JAX's abstract eval gives x's type),
+// so out_specs=P() is refused; source out of range is refused naming it. And its gradient,
+// JAX's transpose rule (parallel.py _pbroadcast_transpose_rule): the source's block gets the
+// sum of every device's cotangent, the others zero.
+TEST_F(ShardMapTest, PbroadcastFromAnySourceIsTypedVaryingAndItsGradientSumsIntoTheSource) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(5);
+  const HostArray x = random_array(DType::kF32, {8, 3}, Domain::kSigned, rng);
+  const HostArray w = random_array(DType::kF32, {8, 3}, Domain::kSigned, rng);
+  ShardMapped f =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{pbroadcast(in[0], "data", 2) * in[1]}; },
+                mesh42(), {P("data", None), P("data", None)}, {P("data", None)});
+  absl::StatusOr<std::vector<Array>> out = f({put(x, P("data", None)), put(w, P("data", None))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<HostArray> got = (*out)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  // Block d (rows 2d, 2d + 1) is x's block 2 (rows 4, 5) times w's block d.
+  for (int r = 0; r < 8; ++r) {
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_NEAR(got->element_as_double(r * 3 + c),
+                  x.element_as_double((4 + r % 2) * 3 + c) * w.element_as_double(r * 3 + c), 1e-6)
+          << r << "," << c;
+    }
+  }
+  TracedFunction loss = [f](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in)[0], {})}; };
+  absl::StatusOr<std::vector<Array>> grads = jit(grad(loss, {0}))({put(x, P("data", None)), put(w, P("data", None))});
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  absl::StatusOr<HostArray> dx = (*grads)[0].fetch();
+  ASSERT_TRUE(dx.ok()) << dx.status();
+  for (int r = 0; r < 8; ++r) {
+    for (int c = 0; c < 3; ++c) {
+      double want = 0;  // d loss / d x[r, c]: rows of block 2 collect w's matching row of every block
+      if (r / 2 == 2) {
+        for (int d = 0; d < 4; ++d) want += w.element_as_double((2 * d + r % 2) * 3 + c);
+      }
+      EXPECT_NEAR(dx->element_as_double(r * 3 + c), want, 1e-5) << r << "," << c;
+    }
+  }
+  const absl::Status unnamed = trace_error(
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{pbroadcast(in[0], "data", 0)}; }, mesh42(),
+                {P("data", None)}, {P()}),
+      {{DType::kF32, {8, 3}}});
+  EXPECT_EQ(unnamed.code(), absl::StatusCode::kInvalidArgument) << unnamed;
+  EXPECT_THAT(unnamed.message(), HasSubstr("'data'"));
+  const absl::Status out_of_range = trace_error(
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{pbroadcast(in[0], "data", 4)}; }, mesh42(),
+                {P("data", None)}, {P("data", None)}),
+      {{DType::kF32, {8, 3}}});
+  EXPECT_EQ(out_of_range.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out_of_range.message(),
+              HasSubstr("pbroadcast(f32[2,3], 'data', source=4): source 4 is not a position along 'data', which has 4 "
+                        "devices"));
+}
+
 TEST_F(ShardMapTest, StandaloneMatmulWithPsumMatchesTheHost) {
   ASSERT_NE(client_, nullptr);
   // The contracting dimension split over 'model': each device multiplies its blocks, psum adds.

@@ -113,6 +113,11 @@ Value psum_scatter(const Value& x, const AxisNames& axes, int64_t scatter_dimens
 // Device at position `source` sends x to the one at `target`, for each (source, target) pair
 // of positions along `axes`; a device no pair targets gets zeros.
 Value ppermute(const Value& x, const AxisNames& axes, const std::vector<std::pair<int64_t, int64_t>>& perm);
+// jax.lax.pbroadcast(x, axes, source): every device gets the x of the device at position
+// `source` along `axes` (JAX's definition: psum of x masked to the source; its gradient sums
+// the cotangents into the source). Typed as varying along `axes`, as JAX types it (x's type).
+// INVALID_ARGUMENT when source is not a position along the axes.
+Value pbroadcast(const Value& x, const AxisNames& axes, int64_t source);
 // jax.lax.all_to_all: splits `split_axis` into one block per device, sends block i to device
 // i, and concatenates what arrives along `concat_axis` (tiled); not tiled, `split_axis` must
 // have the axes' size and the received blocks stack along a new `concat_axis`.
