@@ -666,7 +666,15 @@ Value pbroadcast(const Value& x, const AxisNames& axes, int64_t source) {
   const Value in = boolean ? convert(x, DType::kI32) : x;
   Value sum = psum(where(axis_index(axes) == source, in, full(in.shape(), 0, in.dtype())), axes);
   if (boolean) sum = sum != 0;
-  return pvary(sum, axes);
+  const Value out = pvary(sum, axes);
+  if (out.ok() && TraceState::id(out) != TraceState::id(sum)) {  // typed (check_vma): errors name pbroadcast
+    Variance& why = t->manual_bodies.back().inserted_pvary[TraceState::id(out)];
+    for (const std::string& a : axes.names) {
+      why[a] = absl::StrCat("it depends on pbroadcast over ", axes_text(axes.names),
+                            ", which JAX types as varying along it");
+    }
+  }
+  return out;
 }
 
 Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int64_t concat_axis, bool tiled) {

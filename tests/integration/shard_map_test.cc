@@ -337,7 +337,8 @@ TEST_F(ShardMapTest, PbroadcastFromAnySourceIsTypedVaryingAndItsGradientSumsInto
                 {P("data", None)}, {P()}),
       {{DType::kF32, {8, 3}}});
   EXPECT_EQ(unnamed.code(), absl::StatusCode::kInvalidArgument) << unnamed;
-  EXPECT_THAT(unnamed.message(), HasSubstr("'data'"));
+  EXPECT_THAT(unnamed.message(), HasSubstr("may differ along mesh axis 'data' (it depends on pbroadcast over 'data', "
+                                           "which JAX types as varying along it)"));
   const absl::Status out_of_range = trace_error(
       shard_map([](const std::vector<Value>& in) { return std::vector<Value>{pbroadcast(in[0], "data", 4)}; }, mesh42(),
                 {P("data", None)}, {P("data", None)}),
