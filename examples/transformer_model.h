@@ -236,18 +236,22 @@ class Model {
   // {params, opt_state, {"tokens", "targets"}} -> {loss, params, opt_state}; the parameters
   // and the state are donated.
   TreeJitted train_step() const {
+    return jit(train_step_function(),
+               {.out_shardings = {std::nullopt, param_rule(), std::nullopt}, .donate_argnums = {0, 1}});
+  }
+  // What train_step traces (without its out_shardings): for compiling the step without a
+  // cluster (tests/coordinator/transformer_plan_test.cc).
+  TreeFunction train_step_function() const {
     const Model self = *this;
     const optim::GradientTransformation opt = optimizer();
-    return jit(
-        [self, opt](const std::vector<Tree<Value>>& in) {
-          TreeFunction loss = [&self](const std::vector<Tree<Value>>& a) {
-            return std::vector<Tree<Value>>{self.loss(a[0], *a[1].find("tokens"), *a[1].find("targets"))};
-          };
-          std::vector<Tree<Value>> vg = value_and_grad(loss, {0})({in[0], in[2]});
-          auto [updates, state] = opt.update(vg[1], in[1], in[0]);
-          return std::vector<Tree<Value>>{vg[0], optim::apply_updates(in[0], updates), state};
-        },
-        {.out_shardings = {std::nullopt, param_rule(), std::nullopt}, .donate_argnums = {0, 1}});
+    return [self, opt](const std::vector<Tree<Value>>& in) {
+      TreeFunction loss = [&self](const std::vector<Tree<Value>>& a) {
+        return std::vector<Tree<Value>>{self.loss(a[0], *a[1].find("tokens"), *a[1].find("targets"))};
+      };
+      std::vector<Tree<Value>> vg = value_and_grad(loss, {0})({in[0], in[2]});
+      auto [updates, state] = opt.update(vg[1], in[1], in[0]);
+      return std::vector<Tree<Value>>{vg[0], optim::apply_updates(in[0], updates), state};
+    };
   }
 
   // {params, {"tokens", "targets"}} -> {per-example mean loss (batch,)}.
