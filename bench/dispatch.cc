@@ -4,12 +4,16 @@
 // health server on 127.0.0.1 over TCP (what the cluster's hops cost before they were in process).
 //
 //   bin/bench_dispatch [--iters=200] [--back_to_back=200] [--json] [--check_credentials=false]
-//                      [--in_process=false] [--profile=/tmp/dispatch.json]
+//                      [--in_process=false] [--profile=/tmp/dispatch.json] [--threads]
 //
 // Calls are asynchronous, so it times three things: a call followed by block_until_ready (the
 // latency, p50 and p99), the call alone (dispatch: how long the caller is held), and N calls
 // issued back to back and then waited for (time per call: what asynchronous dispatch buys),
-// both on one input and as a chain where each call consumes the previous one's output.
+// both on one input and as a chain where each call consumes the previous one's output. It
+// also times a jitted shard_map whose body holds one scalar psum over the 8 devices against the
+// same body without it (alternating, call + block_until_ready p50 each), and counts the context
+// switches of the call + wait loop per thread (--threads: by thread name, with each group's CPU
+// time per call from /proc's schedstat), which is where the hops of one call show.
 // --profile records all of that as a timeline (Client::profile), to compare with a run without;
 // every run also times a span while no profile runs (core/profile.h) and counts the spans one
 // call records, so the cost of the recording points when off is a ratio against the call.
@@ -20,6 +24,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +32,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "bench/stats.h"
 #include "core/credentials.h"
@@ -48,6 +54,9 @@ ABSL_FLAG(bool, check_credentials, true,
           "the cluster checks tokens (as Client::local does); false: the development mode, to see what the checks "
           "cost");
 
+ABSL_FLAG(bool, threads, false,
+          "print the call + wait loop's context switches and CPU time per call by thread name (which threads a "
+          "call wakes)");
 ABSL_FLAG(bool, in_process, true,
           "the embedded cluster's channels are in-process ones (LocalOptions::in_process); false: TCP on 127.0.0.1");
 
@@ -71,6 +80,39 @@ long context_switches() {
   }
   closedir(dir);
   return total;
+}
+
+// Per thread group (the thread's name: gRPC names its threads, Tessera's are the process's
+// name): threads, context switches (voluntary and not) and CPU nanoseconds (schedstat) so far.
+struct ThreadGroup {
+  int threads = 0;
+  long switches = 0;
+  double cpu_ns = 0;
+};
+
+std::map<std::string, ThreadGroup> thread_groups() {
+  std::map<std::string, ThreadGroup> out;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return out;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string task = std::string("/proc/self/task/") + e->d_name;
+    std::string name;
+    std::getline(std::ifstream(task + "/comm"), name);
+    ThreadGroup& g = out[name];
+    ++g.threads;
+    std::ifstream status(task + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0 || line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) {
+        g.switches += std::stol(line.substr(line.find(':') + 1));
+      }
+    }
+    double run_ns = 0;
+    if (std::ifstream(task + "/schedstat") >> run_ns) g.cpu_ns += run_ns;
+  }
+  closedir(dir);
+  return out;
 }
 
 }  // namespace
@@ -111,7 +153,10 @@ int main(int argc, char** argv) {
   }
   std::vector<double> jit_us, dispatch_us, rpc_us, drop_us, step_us;
   long switches_before = 0;
+  std::map<std::string, ThreadGroup> groups_before;
+  const bool per_thread = absl::GetFlag(FLAGS_threads);
   for (int i = 0; i < iters + 10; ++i) {
+    if (i == 10 && per_thread) groups_before = thread_groups();
     if (i == 10) switches_before = context_switches();
     const absl::Time t = absl::Now();
     auto y = std::make_optional(f({*x}));
@@ -131,6 +176,18 @@ int main(int argc, char** argv) {
     }
   }
   const double switches_per_call = static_cast<double>(context_switches() - switches_before) / iters;
+  // The same window by thread group (threads started meanwhile count from 0).
+  std::string by_thread;
+  if (per_thread) {
+    for (const auto& [name, g] : thread_groups()) {
+      const ThreadGroup before = groups_before.count(name) ? groups_before[name] : ThreadGroup{};
+      const double switches = static_cast<double>(g.switches - before.switches) / iters;
+      const double cpu_us = (g.cpu_ns - before.cpu_ns) / 1000.0 / iters;
+      if (switches < 0.05 && cpu_us < 0.5) continue;
+      absl::StrAppend(&by_thread, "  ", name, " (", g.threads, " threads): ", absl::StrFormat("%.1f", switches),
+                      " switches, ", absl::StrFormat("%.0f", cpu_us), " us CPU per call\n");
+    }
+  }
   // N calls back to back, then one wait for all of them: independent calls on one input, and
   // a chain where each call consumes the previous output (it runs when that one is ready).
   const int n = std::max(1, absl::GetFlag(FLAGS_back_to_back));
@@ -161,6 +218,32 @@ int main(int argc, char** argv) {
     if (!ready.ok()) return fail(ready);
     chained_us = absl::ToDoubleMicroseconds(absl::Now() - t) / n;
     chained_switches = static_cast<double>(context_switches() - before) / n;
+  }
+  // One scalar psum over the 8 devices in a jitted call, against the same call without it:
+  // a shard_map adding to each block the sum of the whole array (psum of the blocks' sums), or
+  // of its own block. Alternating, so that both see the same machine.
+  std::vector<double> psum_us, no_psum_us;
+  {
+    auto body = [](bool with_psum) {
+      return [with_psum](const std::vector<Value>& in) {
+        const Value total = with_psum ? psum(sum(in[0]), {"data", "model"}) : sum(in[0]);
+        return std::vector<Value>{in[0] * 2.0 + 1.0 + total};
+      };
+    };
+    const ShardMapped with = shard_map(body(true), *mesh, {P("data", "model")}, {P("data", "model")});
+    const ShardMapped without = shard_map(body(false), *mesh, {P("data", "model")}, {P("data", "model")});
+    Jitted g = jit([&with](const std::vector<Value>& in) { return with(in); });
+    Jitted h = jit([&without](const std::vector<Value>& in) { return without(in); });
+    for (int i = 0; i < iters + 10; ++i) {
+      for (Jitted* k : {&g, &h}) {
+        const absl::Time t = absl::Now();
+        absl::StatusOr<std::vector<Array>> y = (*k)({*x});
+        if (!y.ok()) return fail(y.status());
+        absl::Status ready = (*y)[0].block_until_ready();
+        if (!ready.ok()) return fail(ready);
+        if (i >= 10) (k == &g ? psum_us : no_psum_us).push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+      }
+    }
   }
   if (!profile_path.empty()) {
     absl::Status stopped = client->stop_profile(profile_path);
@@ -229,15 +312,19 @@ int main(int argc, char** argv) {
   const char* transport = local.in_process && !credentials->tls() ? "in_process" : "tcp";
   const double dispatch50 = percentile(dispatch_us, 0.5);
   const double drop50 = percentile(drop_us, 0.5), step50 = percentile(step_us, 0.5);
+  const double psum50 = percentile(psum_us, 0.5), no_psum50 = percentile(no_psum_us, 0.5);
   if (absl::GetFlag(FLAGS_json)) {
     std::printf(
         "{\"transport\": \"%s\", \"p50_us\": %.1f, \"p99_us\": %.1f, \"grpc_p50_us\": %.1f, "
         "\"grpc_tcp_p50_us\": %.1f, \"dispatch_p50_us\": %.1f, "
         "\"back_to_back\": %d, \"back_to_back_us_per_call\": %.1f, \"chained_us_per_call\": %.1f, "
         "\"context_switches_per_call\": %.1f, \"chained_context_switches_per_call\": %.1f, \"profiled\": %s, "
-        "\"span_off_ns\": %.2f, \"spans_per_call\": %.1f, \"drop_p50_us\": %.1f, \"step_p50_us\": %.1f}\n",
+        "\"span_off_ns\": %.2f, \"spans_per_call\": %.1f, \"drop_p50_us\": %.1f, \"step_p50_us\": %.1f, "
+        "\"jit_over_rpc\": %.2f, \"chained_over_independent\": %.2f, \"psum_p50_us\": %.1f, "
+        "\"no_psum_p50_us\": %.1f, \"psum_over_no_psum\": %.2f}\n",
         transport, p50, p99, grpc50, tcp50, dispatch50, n, independent_us, chained_us, switches_per_call,
-        chained_switches, profile_path.empty() ? "false" : "true", span_off_ns, spans_per_call, drop50, step50);
+        chained_switches, profile_path.empty() ? "false" : "true", span_off_ns, spans_per_call, drop50, step50,
+        p50 / grpc50, chained_us / independent_us, psum50, no_psum50, psum50 / no_psum50);
   } else {
     std::printf(
         "cached jit (8, 8) on 8 workers (%s), call + block_until_ready: p50 %.0f us, p99 %.0f us; gRPC unary "
@@ -249,10 +336,17 @@ int main(int argc, char** argv) {
         "%d calls back to back, then block_until_ready: %.0f us per call (independent), %.0f us per call (each "
         "consuming the previous output; chained/independent %.2fx)\n"
         "context switches per call, all threads (client, coordinator, workers): %.1f (call + block_until_ready), "
-        "%.1f (chained)\n",
+        "%.1f (chained)\n"
+        "a jitted shard_map with one scalar psum over the 8 devices, call + block_until_ready: p50 %.0f us; the "
+        "same without the psum %.0f us (psum/no psum %.2fx)\n",
         transport, p50, p99, grpc50, p50 / grpc50, tcp50, p50 / tcp50, dispatch50, drop50, drop50 / grpc50, step50,
         step50 / grpc50, n, independent_us, chained_us, chained_us / independent_us, switches_per_call,
-        chained_switches);
+        chained_switches, psum50, no_psum50, psum50 / no_psum50);
+    std::printf(
+        "issue #18 goals, this run: jit/rpc %.2fx (at most 2), chained/independent %.2fx (at most 1.2), psum/no psum "
+        "%.2fx (at most 1.5)\n",
+        p50 / grpc50, chained_us / independent_us, psum50 / no_psum50);
+    if (per_thread) std::printf("by thread, call + block_until_ready:\n%s", by_thread.c_str());
     std::printf(
         "%s; with no profile running a span costs %.2f ns and a call records %.0f spans (all daemons): "
         "%.5f%% of the call's p50\n",

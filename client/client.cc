@@ -233,9 +233,9 @@ void ClientImpl::delete_array(uint64_t id) {
     }
   }
   // Queued, not sent: the next Execute carries it, or the background DeleteArray (see InFlight).
-  Deletes batch;
-  if (in_flight_->queue_delete(id, grant, &batch)) {
-    if (!batch.empty()) send_deletes(std::move(batch));
+  bool linger = false;
+  if (in_flight_->queue_delete(id, grant, &linger)) {
+    if (linger) linger_deletes();
     return;
   }
   // kMaxQueuedDeletes wait. gRPC's callback threads must not block: a DeleteArray of its own,
@@ -367,6 +367,19 @@ void ClientImpl::send_deletes(Deletes arrays, bool batch) {
         Deletes next = in_flight->next_delete_batch();
         if (!next.empty()) send_deletes(std::move(next));
       });
+}
+
+void ClientImpl::linger_deletes() {
+  auto* alarm = new grpc::Alarm;
+  // On one of gRPC's executor threads; the Alarm may go in its own callback (gRPC holds a
+  // reference to it until the callback returns). `this` is touched only with a batch to send,
+  // which InFlight counts from end_linger on.
+  alarm->Set(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(kDeleteLinger),
+             [this, alarm, in_flight = in_flight_](bool) {
+               delete alarm;
+               Deletes batch = in_flight->end_linger();
+               if (!batch.empty()) send_deletes(std::move(batch));
+             });
 }
 
 absl::Status ClientImpl::flush_deletes() {

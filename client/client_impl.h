@@ -88,6 +88,9 @@ class ClientImpl {
   // batch of InFlight's queue (counted there), and the reply's callback sends the next one;
   // else a lone deletion, counted as a call in flight until its reply.
   void send_deletes(Deletes arrays, bool batch = true);
+  // The linger InFlight started (queue_delete, end_execution): an alarm kDeleteLinger from now
+  // ends it, and sends what then waits with no execution in flight (InFlight::end_linger).
+  void linger_deletes();
   // Sends the deletions that wait and waits until every DeleteArray is answered (the buffers
   // are then free on the alive devices): Client::flush_deletes.
   absl::Status flush_deletes();

@@ -66,18 +66,33 @@ Deletes InFlight::start_batch() {
   return batch;
 }
 
-Deletes InFlight::end_execution() {
-  absl::MutexLock lock(&mu_);
-  --count_;
-  return --executions_ == 0 ? start_batch() : Deletes();
+bool InFlight::start_linger() {
+  if (delete_in_flight_ || lingering_ || deletes_.empty()) return false;
+  lingering_ = true;
+  ++count_;
+  latest_ = std::max(latest_, absl::Now() + kDeleteLinger + kControlDeadline);
+  return true;
 }
 
-bool InFlight::queue_delete(uint64_t id, std::string grant, Deletes* batch) {
+bool InFlight::end_execution() {
+  absl::MutexLock lock(&mu_);
+  --count_;
+  return --executions_ == 0 && start_linger();
+}
+
+bool InFlight::queue_delete(uint64_t id, std::string grant, bool* linger) {
   absl::MutexLock lock(&mu_);
   if (deletes_.size() >= kMaxQueuedDeletes) return false;
   deletes_.emplace_back(id, std::move(grant));
-  if (executions_ == 0) *batch = start_batch();
+  if (executions_ == 0) *linger = start_linger();
   return true;
+}
+
+Deletes InFlight::end_linger() {
+  absl::MutexLock lock(&mu_);
+  lingering_ = false;
+  --count_;  // start_batch counts the batch's sender in the same hold: never 0 in between
+  return executions_ == 0 ? start_batch() : Deletes();
 }
 
 Deletes InFlight::take_deletes() {
@@ -460,9 +475,8 @@ void Execution::finish(absl::Status status, std::vector<uint64_t> ids, absl::Sta
   for (uint64_t id : orphans) client_->delete_array(id);
   for (std::function<void()>& f : continuations) f();
   // Last: once this execution no longer counts, ~ClientImpl may run (unless it was the last
-  // and sends the deletions that wait, which then count until their RPC ends).
-  Deletes deletes = in_flight_->end_execution();
-  if (!deletes.empty()) client_->send_deletes(std::move(deletes));
+  // and deletions wait: their linger then counts until it ends).
+  if (in_flight_->end_execution()) client_->linger_deletes();
 }
 
 bool Execution::ready() const {

@@ -49,6 +49,11 @@ inline constexpr size_t kMaxQueuedDeletes = 1024;
 // times in a row (6.3 s in all), then its deletions count as failed.
 inline constexpr int kMaxDeleteRetries = 6;
 inline constexpr absl::Duration kFirstDeleteRetry = absl::Milliseconds(100);
+// How long deletions queued with no execution in flight wait for an Execute to carry them
+// before a DeleteArray of their own carries them: a loop's `y = f(x)` drops the last y when
+// nothing runs, just before its next call, whose Execute then takes the deletion instead of a
+// DeleteArray fanned out to every device during that call (InFlight::linger).
+inline constexpr absl::Duration kDeleteLinger = absl::Milliseconds(2);
 
 // Deletions: array ids and their grants.
 using Deletes = std::vector<std::pair<uint64_t, std::string>>;
@@ -61,10 +66,12 @@ bool on_callback_thread();
 // waits until none remain; callbacks hold this by shared_ptr, so the last end() never touches
 // freed memory.
 //
-// The deletion queue: a drop queues its array (queue_delete) and returns. While executions
-// are in flight the next Execute carries what waits (take_deletes); else one DeleteArray at a
-// time carries everything queued, its sender (the dropper that found none in flight, the
-// execution that ended last, or a flush) sending the next batch from the reply's callback
+// The deletion queue: a drop queues its array (queue_delete) and returns. The next Execute
+// carries what waits (take_deletes). When nothing is in flight (no execution, no DeleteArray),
+// a drop, or the end of the last execution, starts a linger of kDeleteLinger instead (one at a
+// time, a grpc::Alarm): what still waits when it ends, with no execution in flight, goes in a
+// DeleteArray. One DeleteArray at a time carries everything queued, its sender (the linger's
+// end, or a flush, which does not linger) sending the next batch from the reply's callback
 // until the queue is empty. The client deletes an array only once no call of its reads it
 // (ArrayBuffers), so no order against calls is needed.
 class InFlight {
@@ -76,14 +83,20 @@ class InFlight {
   // Counts an asynchronous RPC that ends by `finish_by`.
   void begin_call(absl::Time finish_by);
   // One execution, or one call, ended. If it was the last execution in flight and deletions
-  // wait with no DeleteArray in flight, end_execution returns them as a batch: the caller is
-  // then its sender (ClientImpl::send_deletes), counted as a call in flight.
-  Deletes end_execution();
+  // wait with no DeleteArray in flight and no linger, end_execution returns true: a linger
+  // starts, counted as a call in flight, and the caller is to set its alarm
+  // (ClientImpl::linger_deletes), whose end calls end_linger.
+  bool end_execution();
   void end_call();
   // Queues the deletion of array `id`; false (the caller deletes it itself) when
-  // kMaxQueuedDeletes wait. When no execution and no DeleteArray is in flight, `*batch` gets
-  // everything queued and the caller is its sender, as above.
-  bool queue_delete(uint64_t id, std::string grant, Deletes* batch);
+  // kMaxQueuedDeletes wait. When no execution, no DeleteArray and no linger is in flight,
+  // `*linger` is set: a linger starts, as above.
+  bool queue_delete(uint64_t id, std::string grant, bool* linger);
+  // The linger ended: with no execution in flight, everything queued as a batch whose sender
+  // the caller becomes (ClientImpl::send_deletes), unless a DeleteArray is in flight (its
+  // sender sends it next) or nothing waits; with executions in flight, nothing (the next
+  // Execute carries what waits, or the last of them lingers again).
+  Deletes end_linger();
   // The deletions queued so far, for an Execute to carry.
   Deletes take_deletes();
   // An Execute that carried `deletes` failed, perhaps before the coordinator took them: they
@@ -125,6 +138,9 @@ class InFlight {
  private:
   // Everything queued as a batch whose sender the caller becomes, if none is in flight.
   Deletes start_batch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a linger (counted) if deletions wait and neither a DeleteArray nor a linger is in
+  // flight; returns whether it did.
+  bool start_linger() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   int executions_ ABSL_GUARDED_BY(mu_) = 0;
@@ -132,6 +148,7 @@ class InFlight {
   absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   Deletes deletes_ ABSL_GUARDED_BY(mu_);                // queued, not sent
   bool delete_in_flight_ ABSL_GUARDED_BY(mu_) = false;  // a batch's DeleteArray
+  bool lingering_ ABSL_GUARDED_BY(mu_) = false;         // a linger's alarm is set (counted in count_)
   int delete_retries_ ABSL_GUARDED_BY(mu_) = 0;         // the sender's refusals in a row (retry_deletes)
   int64_t deletes_failed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t deletes_retried_ ABSL_GUARDED_BY(mu_) = 0;

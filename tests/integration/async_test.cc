@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "client/execution.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -25,7 +26,10 @@ namespace {
 using ::tessera::jit_support::expect_near;
 using ::tessera::jit_support::random_f32;
 using ::testing::AnyOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
 
 HostArray identity_f32(int64_t n) {
   HostArray a = HostArray::zeros(DType::kF32, {n, n});
@@ -349,6 +353,77 @@ TEST(AsyncBuffers, DroppedUnfinishedOutputsAndADestroyedClientFreeEverything) {
     // `kept`, x, w and `other` go at the end of this scope, the calls still running.
   }
   EXPECT_EQ(buffer_counts(*owner, 8), baseline);
+}
+
+// The deletion queue's linger (client/execution.h, kDeleteLinger): a drop with nothing in
+// flight waits for the next call's Execute to carry it, and only what is still queued when the
+// linger ends, with no call in flight, goes in a DeleteArray of its own. One linger at a time;
+// none while a DeleteArray is in flight (its reply sends what queued meanwhile).
+TEST(DeleteQueue, ADropWithNothingInFlightLingersAndTheNextCallCarriesIt) {
+  internal::InFlight queue;
+  bool linger = false;
+  ASSERT_TRUE(queue.queue_delete(7, "grant 7", &linger));
+  EXPECT_TRUE(linger) << "nothing in flight: a linger starts, no DeleteArray";
+  linger = false;
+  ASSERT_TRUE(queue.queue_delete(8, "grant 8", &linger));
+  EXPECT_FALSE(linger) << "one linger at a time";
+  ASSERT_TRUE(queue.begin_execution(absl::Now() + absl::Seconds(30), "test").ok());
+  EXPECT_THAT(queue.take_deletes(), ElementsAre(Pair(7, "grant 7"), Pair(8, "grant 8")));
+  EXPECT_THAT(queue.end_linger(), IsEmpty()) << "the call carried them: nothing for a DeleteArray";
+  EXPECT_FALSE(queue.end_execution()) << "nothing waits: no linger";
+  EXPECT_TRUE(queue.await_deletes(absl::Now() + absl::Seconds(5)).ok());
+}
+
+TEST(DeleteQueue, WhatALingerLeavesGoesInOneDeleteArrayAfterTheCallsInFlight) {
+  internal::InFlight queue;
+  bool linger = false;
+  ASSERT_TRUE(queue.queue_delete(7, "grant 7", &linger));
+  ASSERT_TRUE(linger);
+  // A call in flight when the linger ends, sent before the drop: the deletion waits for the
+  // next call, or for the last call's end, which lingers again.
+  ASSERT_TRUE(queue.begin_execution(absl::Now() + absl::Seconds(30), "test").ok());
+  EXPECT_THAT(queue.end_linger(), IsEmpty());
+  EXPECT_TRUE(queue.end_execution()) << "the last call ended with a deletion queued: a linger";
+  EXPECT_THAT(queue.end_linger(), ElementsAre(Pair(7, "grant 7"))) << "nothing in flight: one DeleteArray";
+  // While that DeleteArray is in flight a drop neither lingers nor sends: its reply sends it.
+  linger = false;
+  ASSERT_TRUE(queue.queue_delete(8, "grant 8", &linger));
+  EXPECT_FALSE(linger);
+  EXPECT_THAT(queue.next_delete_batch(), ElementsAre(Pair(8, "grant 8")));
+  EXPECT_THAT(queue.next_delete_batch(), IsEmpty());
+  EXPECT_TRUE(queue.await_deletes(absl::Now() + absl::Seconds(5)).ok());
+}
+
+// The linger's end sends by itself: an array dropped with nothing in flight, and no call or
+// flush after it, is freed on the workers. Another client of the cluster watches their bytes
+// (device_stats flushes only its own client's deletions).
+TEST(AsyncBuffers, AnArrayDroppedWithNothingInFlightIsFreedWithoutAFlushOrACall) {
+  absl::StatusOr<Client> owner = Client::local(8);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  absl::StatusOr<Client> watcher = Client::connect(owner->coordinator_address());
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  absl::StatusOr<Mesh> mesh = owner->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok());
+  const std::vector<int64_t> baseline = bytes_used(*watcher, 8);
+  Jitted twice = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0}; });
+  std::optional<Array> x;
+  {
+    absl::StatusOr<Array> put = owner->device_put(random_f32({64, 64}, 11), NamedSharding(*mesh, P("data", None)));
+    ASSERT_TRUE(put.ok()) << put.status();
+    absl::StatusOr<std::vector<Array>> y = twice({*put});
+    ASSERT_TRUE(y.ok()) << y.status();
+    ASSERT_TRUE((*y)[0].block_until_ready().ok());
+    x = *std::move(put);
+    // y's last handle goes here, the call finished: nothing in flight.
+  }
+  ASSERT_NE(bytes_used(*watcher, 8), baseline) << "x is held";
+  x.reset();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (bytes_used(*watcher, 8) != baseline && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));  // polling the workers' state, not synchronising
+  }
+  EXPECT_EQ(bytes_used(*watcher, 8), baseline);
+  EXPECT_EQ(owner->failed_deletes(), 0);
 }
 
 TEST(AsyncClient, DestroyingALocalClientWithCallsInFlight) {
