@@ -218,10 +218,11 @@ def test_shard_map_infers_omitted_in_specs_from_explicit_types():
 
 
 # jnp.reshape(..., out_sharding=) as JAX's tests/pjit_test.py test_reshape (explicit mesh (2,) 'x'):
-# the result's type and sharding are dst_spec and its values numpy's reshape. Merging a split
-# dimension needs the out_sharding (the SDK refuses it without). (JAX's test also takes the
-# gradient through it; the SDK's reshape VJP does not yet give its reshape back the operand's
-# sharding, as JAX's _reshape_transpose_rule does, and fails for the first two cases.)
+# the result's type and sharding are dst_spec, its values numpy's reshape, and the gradient
+# through it comes back laid out as the argument (`jax.jit(jax.grad(g))(arr).sharding ==
+# arr.sharding`: the reshape VJP reshapes back with the operand's sharding, as JAX's
+# _reshape_transpose_rule). Merging a split dimension needs the out_sharding (the SDK refuses it
+# without).
 @pytest.mark.parametrize("src_shape, dst_shape, src_spec, dst_spec", [
     ((8, 2, 1), (1, 16, 1), P("x", None, None), P(None, "x", None)),
     ((16, 8), (128,), P("x", None), P("x")),
@@ -244,6 +245,10 @@ def test_reshape_out_sharding_as_jax_tests_it(src_shape, dst_shape, src_spec, ds
   assert types == [dst_spec]
   assert out.sharding == jax.NamedSharding(mesh, dst_spec)
   np.testing.assert_array_equal(np.asarray(out), np_inp.reshape(dst_shape) * 2)
+  g = jax.jit(jax.grad(lambda x: jnp.square(jnp.sum(f(x)))))(arr)
+  assert g.sharding == arr.sharding
+  total = 2 * np_inp.sum(dtype=np.float64)  # d/dx (sum(2 x))^2 = 2 (2 total) 2
+  np.testing.assert_allclose(np.asarray(g), np.full(src_shape, 2 * total * 2), rtol=1e-6)
   # A bare P under the ambient mesh, outside jit (jnp.reshape runs as a jitted call).
   with set_mesh(mesh):
     eager = jnp.reshape(arr, dst_shape, out_sharding=dst_spec)
