@@ -58,7 +58,9 @@ absl::Span<const VjpEntry> layout_vjps() {
        }},
       {Op::kReshape,
        [](const VjpArgs& a) {
-         a.add(0, reshape(a.g, a.x[0].shape()));
+         // In explicit mode laid out as the operand (JAX's _reshape_transpose_rule:
+         // out_sharding=operand.aval.sharding); a split dimension moved back is otherwise ambiguous.
+         a.add(0, typed_as(a.x[0], [&] { return reshape(a.g, a.x[0].shape()); }));
          return absl::OkStatus();
        }},
       {Op::kTranspose,

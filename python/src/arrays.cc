@@ -200,6 +200,7 @@ void bind_arrays(py::module_& m) {
              check(s.validate_spec());
              return s.is_fully_replicated();
            })
+      .def("is_equivalent_to", &NamedSharding::is_equivalent_to)
       .def("__repr__", &NamedSharding::to_string)
       .def(py::self == py::self);
 

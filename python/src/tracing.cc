@@ -114,6 +114,12 @@ void bind_ops(py::module_& m) {
   m.def("broadcast_in_dim", &broadcast_in_dim);
   m.def("broadcast_to", &broadcast_to);
   m.def("reshape", static_cast<Value (*)(V, Shape)>(&reshape));
+  // With out_sharding (jnp.reshape(..., out_sharding=)); `mesh` as matmul's below.
+  m.def("reshape", [](V x, Shape shape, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    std::optional<MeshScope> scope;
+    if (mesh) scope.emplace(*std::move(mesh));
+    return reshape(x, std::move(shape), spec);
+  });
   m.def("transpose", &transpose);
   m.def("expand_dims", &expand_dims);
   m.def("squeeze", &squeeze);
@@ -124,14 +130,30 @@ void bind_ops(py::module_& m) {
   m.def("mean", [](V x, std::vector<int64_t> axes, bool keepdims) { return mean(x, std::move(axes), keepdims); });
   m.def("argmax", &argmax);
   m.def("argmin", &argmin);
-  m.def("dot_general", [](V lhs, V rhs, std::vector<int64_t> lhs_contracting, std::vector<int64_t> rhs_contracting,
-                          std::vector<int64_t> lhs_batch, std::vector<int64_t> rhs_batch) {
+  using Dims = std::vector<int64_t>;
+  auto dot_dims = [](Dims lhs_contracting, Dims rhs_contracting, Dims lhs_batch, Dims rhs_batch) {
     DotDims dims;
     dims.lhs_contracting = std::move(lhs_contracting);
     dims.rhs_contracting = std::move(rhs_contracting);
     dims.lhs_batch = std::move(lhs_batch);
     dims.rhs_batch = std::move(rhs_batch);
-    return dot_general(lhs, rhs, dims);
+    return dims;
+  };
+  m.def("dot_general",
+        [dot_dims](V lhs, V rhs, Dims lhs_contracting, Dims rhs_contracting, Dims lhs_batch, Dims rhs_batch) {
+          return dot_general(lhs, rhs,
+                             dot_dims(std::move(lhs_contracting), std::move(rhs_contracting), std::move(lhs_batch),
+                                      std::move(rhs_batch)));
+        });
+  // With out_sharding (lax.dot_general(..., out_sharding=)); `mesh` as matmul's below.
+  m.def("dot_general", [dot_dims](V lhs, V rhs, Dims lhs_contracting, Dims rhs_contracting, Dims lhs_batch,
+                                  Dims rhs_batch, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    std::optional<MeshScope> scope;
+    if (mesh) scope.emplace(*std::move(mesh));
+    return dot_general(
+        lhs, rhs,
+        dot_dims(std::move(lhs_contracting), std::move(rhs_contracting), std::move(lhs_batch), std::move(rhs_batch)),
+        spec);
   });
   m.def("matmul", static_cast<Value (*)(V, V)>(&matmul));
   // With out_sharding; `mesh` (Python's ambient mesh, or the NamedSharding's) for a trace not

@@ -115,9 +115,25 @@ def with_sharding_constraint(x, shardings):
 
 
 @_op
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type):
     (lc, rc), (lb, rb) = dimension_numbers
     out = _jnp.dot_general_(lhs, rhs, (tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
+    return out if preferred_element_type is None else out.astype(preferred_element_type)
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
+    """lax.dot_general; out_sharding lays the result out (a NamedSharding, or a P on the
+    explicit or ambient mesh), as explicit mode needs when a contracted dimension is split on
+    both operands."""
+    if out_sharding is None:
+        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type)
+    (lc, rc), (lb, rb) = dimension_numbers
+
+    def traced(v, spec, mesh):
+        a, b = _jnp._same_dtype(Tracer(v[0]), Tracer(v[1]))
+        return _t.dot_general(a._v, b._v, list(lc), list(rc), list(lb), list(rb), spec, mesh)
+
+    out = _jnp._with_out_sharding((lhs, rhs), out_sharding, traced)
     return out if preferred_element_type is None else out.astype(preferred_element_type)
 
 

@@ -308,11 +308,22 @@ def _norm_shape(shape, size):
 
 
 @_op
-def reshape(a, shape, order="C"):
+def _reshape(a, shape, order="C"):
     if order != "C":
         raise NotImplementedError("reshape: only order='C'")
     a = _tracer(a)
     return _wrap(_t.reshape(a._v, list(_norm_shape(shape, a.size))))
+
+
+def reshape(a, shape, order="C", *, out_sharding=None):
+    """jnp.reshape; out_sharding lays the result out (a NamedSharding, or a P on the explicit
+    or ambient mesh), as explicit mode needs when a split dimension is split or merged."""
+    if out_sharding is None:
+        return _reshape(a, shape, order)
+    if order != "C":
+        raise NotImplementedError("reshape: only order='C'")
+    return _with_out_sharding((a,), out_sharding, lambda v, spec, mesh: _t.reshape(
+        v[0], list(_norm_shape(shape, Tracer(v[0]).size)), spec, mesh))
 
 
 def ravel(a):

@@ -261,6 +261,14 @@ class NamedSharding:
         return {_device(d): tuple(slice(a, b) for a, b in index)
                 for d, index, _ in self._cpp.device_shards(list(global_shape))}
 
+    def is_equivalent_to(self, other, ndim):
+        """jax's Sharding.is_equivalent_to: whether both place the same blocks of a rank-`ndim`
+        array on the same devices, whatever their meshes and specs say (P('x') and
+        P('x', None) on one mesh are equivalent for a matrix, though not equal)."""
+        if not isinstance(other, NamedSharding):
+            raise TypeError(f"is_equivalent_to: expected a NamedSharding, not {other!r}")
+        return self._cpp.is_equivalent_to(other._cpp, int(ndim))
+
     def __eq__(self, other):
         return isinstance(other, NamedSharding) and self._cpp == other._cpp
 

@@ -80,9 +80,13 @@ print(mapped, np.array_equal(np.asarray(a), x), jax.config.tessera_adopt_puts)
 
 
 def _run_child(address, pids, prelude="", **env):
-    """CHILD (after `prelude`) in a Python process of its own connected to the cluster; its line."""
-    child_env = {k: v for k, v in os.environ.items() if k not in ("TESSERA_ADOPT_PUTS", "JAX_NUM_CPU_DEVICES")}
-    child_env.update(TESSERA_COORDINATOR=address, **env)
+    """CHILD (after `prelude`) in a Python process of its own connected to the cluster (through
+    TESSERA_COORDINATOR unless `address` is None); its line."""
+    drop = ("TESSERA_ADOPT_PUTS", "JAX_NUM_CPU_DEVICES", "TESSERA_COORDINATOR")
+    child_env = {k: v for k, v in os.environ.items() if k not in drop}
+    if address is not None:
+        child_env["TESSERA_COORDINATOR"] = address
+    child_env.update(**env)
     out = subprocess.run([sys.executable, "-c", prelude + CHILD, *map(str, pids)], env=child_env,
                          capture_output=True, text=True, timeout=DEADLINE_S)
     assert out.returncode == 0, out.stderr
@@ -99,6 +103,17 @@ def test_adopt_puts_by_config_update(cluster):
     address, pids = cluster
     prelude = "import tessera\ntessera.config.update('tessera_adopt_puts', True)\n"
     assert _run_child(address, pids, prelude) == "[1, 1] True True"
+
+
+def test_coordinator_by_config_update(cluster):
+    # Issue #20 item 2: tessera.config.update("tessera_coordinator", "host:port") instead of the
+    # environment variable. CHILD's (2,) mesh needs both of the cluster's workers (without the
+    # update the process would make Client::local(1), and make_mesh((2,)) would fail).
+    address, pids = cluster
+    prelude = f"import tessera\ntessera.config.update('tessera_coordinator', {address!r})\n"
+    assert _run_child(None, pids, prelude) == "[0, 0] True False"
+    with pytest.raises(AssertionError, match="make_mesh|devices"):
+        _run_child(None, pids)
 
 
 def test_adopt_puts_is_checked_and_chosen_once():

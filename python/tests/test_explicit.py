@@ -99,6 +99,16 @@ def test_out_sharding_resolves_a_split_contraction(xy):
     out2 = jnp.matmul(In, W, out_sharding=P("X", None))
     assert str(jax.typeof(out2)) == "float32[8@X,32]"
     np.testing.assert_allclose(np.asarray(out2), a @ w, rtol=1e-4, atol=1e-4)
+    # lax.dot_general(..., out_sharding=) (jax/_src/lax/lax.py's signature), in jit and outside.
+    dims = (((1,), (0,)), ((), ()))
+    out3 = jax.jit(lambda In, W: jax.lax.dot_general(In, W, dims, out_sharding=P("X", "Y")))(In, W)
+    assert str(jax.typeof(out3)) == "float32[8@X,32@Y]"
+    np.testing.assert_allclose(np.asarray(out3), a @ w, rtol=1e-4, atol=1e-4)
+    out4 = jax.lax.dot_general(In, W, dims, preferred_element_type=np.float32, out_sharding=P("X", None))
+    assert str(jax.typeof(out4)) == "float32[8@X,32]"
+    np.testing.assert_allclose(np.asarray(out4), a @ w, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="lhs_contracting_spec"):
+      jax.jit(lambda In, W: jax.lax.dot_general(In, W, dims))(In, W)
 
 
 def test_reshard_inside_and_outside_jit(xy):
@@ -205,3 +215,74 @@ def test_shard_map_infers_omitted_in_specs_from_explicit_types():
     g = jax.shard_map(lambda x: x, mesh=auto, out_specs=P("batch"))
     with pytest.raises(ValueError, match="in_specs may be omitted only on a mesh whose axes are all Explicit"):
         g(jax.device_put(np.arange(8.0, dtype=np.float32), jax.NamedSharding(auto, P("batch"))))
+
+
+# jnp.reshape(..., out_sharding=) as JAX's tests/pjit_test.py test_reshape (explicit mesh (2,) 'x'):
+# the result's type and sharding are dst_spec, its values numpy's reshape, and the gradient
+# through it comes back laid out as the argument (`jax.jit(jax.grad(g))(arr).sharding ==
+# arr.sharding`: the reshape VJP reshapes back with the operand's sharding, as JAX's
+# _reshape_transpose_rule). Merging a split dimension needs the out_sharding (the SDK refuses it
+# without).
+@pytest.mark.parametrize("src_shape, dst_shape, src_spec, dst_spec", [
+    ((8, 2, 1), (1, 16, 1), P("x", None, None), P(None, "x", None)),
+    ((16, 8), (128,), P("x", None), P("x")),
+    ((4, 6), (4, 6), P(None, "x"), P(None, "x")),
+])
+def test_reshape_out_sharding_as_jax_tests_it(src_shape, dst_shape, src_spec, dst_spec):
+  mesh = jax.make_mesh((2,), ("x",))
+  np_inp = np.arange(np.prod(src_shape), dtype=np.float32).reshape(src_shape)
+  arr = jax.device_put(np_inp, jax.NamedSharding(mesh, src_spec))
+  types = []
+
+  @jax.jit
+  def f(x):
+    y = jnp.reshape(x, dst_shape, out_sharding=jax.NamedSharding(mesh, dst_spec))
+    types.append(jax.typeof(y).sharding.spec)
+    assert y.shape == dst_shape
+    return y * 2
+
+  out = f(arr)
+  assert types == [dst_spec]
+  assert out.sharding == jax.NamedSharding(mesh, dst_spec)
+  np.testing.assert_array_equal(np.asarray(out), np_inp.reshape(dst_shape) * 2)
+  g = jax.jit(jax.grad(lambda x: jnp.square(jnp.sum(f(x)))))(arr)
+  assert g.sharding == arr.sharding
+  total = 2 * np_inp.sum(dtype=np.float64)  # d/dx (sum(2 x))^2 = 2 (2 total) 2
+  np.testing.assert_allclose(np.asarray(g), np.full(src_shape, 2 * total * 2), rtol=1e-6)
+  # A bare P under the ambient mesh, outside jit (jnp.reshape runs as a jitted call).
+  with set_mesh(mesh):
+    eager = jnp.reshape(arr, dst_shape, out_sharding=dst_spec)
+  assert eager.sharding == jax.NamedSharding(mesh, dst_spec)
+  np.testing.assert_array_equal(np.asarray(eager), np_inp.reshape(dst_shape))
+
+
+def test_reshape_merging_a_split_dimension_needs_out_sharding():
+  mesh = jax.make_mesh((2,), ("x",))
+  arr = jax.device_put(np.zeros((16, 8), np.float32), jax.NamedSharding(mesh, P("x", None)))
+  with pytest.raises(ValueError, match="moves a split dimension"):
+    jax.jit(lambda x: jnp.reshape(x, (128,)))(arr)
+
+
+# NamedSharding.is_equivalent_to as JAX's tests/array_test.py test_are_shardings_equivalent
+# (and pjit_test.py's `out.sharding.is_equivalent_to(arr.sharding, arr.ndim)`): the same blocks
+# on the same devices, whatever the meshes and specs; not equal specs all the same.
+def test_named_sharding_is_equivalent_to():
+  devs = jax.devices()
+  one = jax.sharding.Mesh(np.array(devs[:1]), ("x",))
+  s1 = jax.NamedSharding(one, P("x"))
+  s2 = jax.NamedSharding(jax.sharding.Mesh(np.array(devs[:1]), ("_default",)), P())  # one device's
+  assert s1.is_equivalent_to(s2, 2) and s1 != s2
+  assert not s1.is_equivalent_to(jax.NamedSharding(jax.sharding.Mesh(np.array(devs[1:2]), ("x",)), P()), 2)
+  m42 = jax.make_mesh((4, 2), ("a", "b"))
+  m8 = jax.make_mesh((8,), ("c",))
+  assert jax.NamedSharding(m42, P("a")).is_equivalent_to(jax.NamedSharding(m42, P("a", None)), 2)
+  assert P("a") != P("a", None)
+  assert jax.NamedSharding(m42, P(("a", "b"))).is_equivalent_to(jax.NamedSharding(m8, P("c")), 2)
+  assert not jax.NamedSharding(m42, P(("b", "a"))).is_equivalent_to(jax.NamedSharding(m8, P("c")), 2)
+  assert not jax.NamedSharding(m42, P("a")).is_equivalent_to(jax.NamedSharding(m8, P("c")), 2)
+  assert jax.NamedSharding(m42, P()).is_equivalent_to(jax.NamedSharding(m8, P()), 3)
+  # The devices' order counts, as JAX compares the device lists.
+  rev = jax.sharding.Mesh(np.array(devs[::-1]), ("c",))
+  assert not jax.NamedSharding(m8, P("c")).is_equivalent_to(jax.NamedSharding(rev, P("c")), 1)
+  with pytest.raises(TypeError, match="NamedSharding"):
+    s1.is_equivalent_to(P("x"), 1)

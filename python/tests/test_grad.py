@@ -1,15 +1,25 @@
 # grad / value_and_grad over pytrees, and the MLP of JAX's "Distributed arrays and automatic
-# parallelization" notebook ([DA], section "Examples: neural networks"), ported nearly
-# verbatim: the imports changed, jax.random replaced by numpy's generator (Tessera has no
-# jax.random), smaller layers. Every number is checked against numpy on the host.
+# parallelization" notebook ([DA], section "Examples: neural networks") as
+# examples/python/mlp_tutorial.py ports it (smaller layers here). Every number is checked
+# against numpy on the host.
 # [DA] https://docs.jax.dev/en/latest/notebooks/Distributed_arrays_and_automatic_parallelization.html
+import os
+import sys
+
 import numpy as np
 import pytest
 
 import tessera
 import tessera as jax
 import tessera.numpy as jnp
-from tessera.sharding import AxisType, NamedSharding, PartitionSpec as P
+from tessera.sharding import NamedSharding, PartitionSpec as P
+
+from conftest import SOURCE_DIR
+
+sys.path.insert(0, os.path.join(SOURCE_DIR, "examples", "python"))
+import mlp_tutorial  # noqa: E402
+
+import host_mlp  # noqa: E402
 
 rng = np.random.default_rng(1)
 
@@ -67,106 +77,25 @@ def test_grad_of_integer_input_is_an_error(mesh):
         jax.jit(jax.grad(lambda x: jnp.sum(x * 2.0)))(np.arange(4, dtype=np.int32))
 
 
-# ---- [DA]'s MLP, as the notebook writes it ------------------------------------------------
-
-def predict(params, inputs):
-  for W, b in params:
-    outputs = jnp.dot(inputs, W) + b
-    inputs = jnp.maximum(outputs, 0)
-  return outputs
-
-def loss(params, batch):
-  inputs, targets = batch
-  predictions = predict(params, inputs)
-  return jnp.mean(jnp.sum((predictions - targets)**2, axis=-1))
-
-loss_jit = jax.jit(loss)
-gradfun = jax.jit(jax.grad(loss))
-
-def init_layer(key, n_in, n_out):
-  W = key.normal(size=(n_in, n_out)).astype(np.float32) / jnp.sqrt(n_in)
-  b = key.normal(size=(n_out,)).astype(np.float32)
-  return W, b
-
-def init_model(key, layer_sizes, batch_size):
-  params = list(map(init_layer, [key] * (len(layer_sizes) - 1), layer_sizes[:-1], layer_sizes[1:]))
-  inputs = key.normal(size=(batch_size, layer_sizes[0])).astype(np.float32)
-  targets = key.normal(size=(batch_size, layer_sizes[-1])).astype(np.float32)
-  return params, (inputs, targets)
-
-
-def host_train(params, batch, step_size, steps):
-    """The same training in numpy: forward, backward by hand, SGD."""
-    params = [(W.astype(np.float64), b.astype(np.float64)) for W, b in params]
-    x, t = (a.astype(np.float64) for a in batch)
-
-    def forward(params):
-        acts, zs, a = [x], [], x
-        for W, b in params:
-            z = a @ W + b
-            zs.append(z)
-            a = np.maximum(z, 0)
-            acts.append(a)
-        return acts, zs
-
-    for _ in range(steps):
-        acts, zs = forward(params)
-        dz = 2 * (zs[-1] - t) / x.shape[0]
-        grads = []
-        for k in reversed(range(len(params))):
-            grads.append((acts[k].T @ dz, dz.sum(0)))
-            dz = (dz @ params[k][0].T) * (zs[k - 1] > 0) if k else None
-        grads.reverse()
-        params = [(W - step_size * dW, b - step_size * db) for (W, b), (dW, db) in zip(params, grads)]
-    zs = forward(params)[1]
-    return np.mean(np.sum((zs[-1] - t) ** 2, axis=-1))
-
+# ---- [DA]'s MLP: examples/python/mlp_tutorial.py, the notebook's code as a user writes it ----
 
 def test_distributed_arrays_mlp_data_and_tensor_parallel():
-  layer_sizes = [64, 128, 128, 10]
-  batch_size = 64
-  params, batch = init_model(np.random.default_rng(0), layer_sizes, batch_size)
+  # The example's two phases, each against the same SGD in numpy (float64) from the same
+  # initial parameters: 5 steps data parallel, then 5 more with the hidden layers split.
+  layer_sizes = [64, 128, 128, 128, 10]
+  step_size, steps = 1e-3, 5
+  params, batch = mlp_tutorial.init_model(jax.random.key(0), layer_sizes, 64)
   host_params = [(np.asarray(W), np.asarray(b)) for W, b in params]
-  host_batch = batch
-  step_size = 1e-2
-  steps = 5
+  host_batch = tuple(np.asarray(a) for a in batch)
 
-  # 8-way batch data parallelism
-  # Auto axes: the tutorial's layouts are propagated by the compiler (its tensor-parallel step
-  # contracts a 'model'-split hidden layer on both operands, which Explicit axes refuse without
-  # out_sharding); JAX's guides write such a mesh jax.make_mesh(shape, names, (Auto, ...)).
-  mesh = jax.make_mesh((8,), ('batch',), axis_types=(AxisType.Auto,))
-  sharding = jax.NamedSharding(mesh, P('batch'))
-  replicated_sharding = jax.NamedSharding(mesh, P())
-  batch = jax.device_put(batch, sharding)
-  params = jax.device_put(params, replicated_sharding)
-  loss_jit(params, batch)
+  params, batch = mlp_tutorial.data_parallel(params, batch, step_size, steps)
+  assert batch[0].sharding.spec == P('batch')
+  got = mlp_tutorial.loss_jit(params, batch)
+  assert float(got) == pytest.approx(host_mlp.sgd_loss(host_params, host_batch, step_size, steps), rel=1e-4)
 
-  for _ in range(steps):
-    grads = gradfun(params, batch)
-    params = [(W - step_size * dW, b - step_size * db)
-              for (W, b), (dW, db) in zip(params, grads)]
-  got = loss_jit(params, batch)
-  assert float(got) == pytest.approx(host_train(host_params, host_batch, step_size, steps), rel=1e-4)
-
-  # 4-way batch data parallelism and 2-way model tensor parallelism
-  mesh = jax.make_mesh((4, 2), ('batch', 'model'), axis_types=(AxisType.Auto, AxisType.Auto))
-  batch = jax.device_put(host_batch, jax.NamedSharding(mesh, P('batch', None)))
-  sharding = jax.NamedSharding(mesh, P(None, 'model'))
-  replicated_sharding = jax.NamedSharding(mesh, P())
-  (W1, b1), (W2, b2), (W3, b3) = host_params
-  W1 = jax.device_put(W1, replicated_sharding)
-  b1 = jax.device_put(b1, replicated_sharding)
-  W2 = jax.device_put(W2, sharding)
-  b2 = jax.device_put(b2, jax.NamedSharding(mesh, P('model')))
-  W3 = jax.device_put(W3, jax.NamedSharding(mesh, P('model', None)))
-  b3 = jax.device_put(b3, replicated_sharding)
-  params = [(W1, b1), (W2, b2), (W3, b3)]
-
-  for _ in range(steps):
-    grads = gradfun(params, batch)
-    params = [(W - step_size * dW, b - step_size * db)
-              for (W, b), (dW, db) in zip(params, grads)]
-  got = loss_jit(params, batch)
-  assert float(got) == pytest.approx(host_train(host_params, host_batch, step_size, steps), rel=1e-4)
-  assert params[1][0].sharding.spec == P(None, 'model')
+  params, batch = mlp_tutorial.data_and_tensor_parallel(params, batch, step_size, steps)
+  got = mlp_tutorial.loss_jit(params, batch)
+  assert float(got) == pytest.approx(host_mlp.sgd_loss(host_params, host_batch, step_size, 2 * steps), rel=1e-4)
+  assert params[1][0].sharding.is_equivalent_to(NamedSharding(batch[0].sharding.mesh, P(None, 'model')), 2)
+  assert params[2][0].sharding.is_equivalent_to(NamedSharding(batch[0].sharding.mesh, P('model', None)), 2)
+  assert batch[0].sharding.spec == P('batch', None)

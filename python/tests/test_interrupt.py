@@ -7,9 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
+
+import tessera as jax
+import tessera.numpy as jnp
+from tessera import lax
+from tessera.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 CHILD = r"""
 import sys, time
@@ -79,3 +85,44 @@ def test_ctrl_c_ends_a_long_wait_and_the_call_still_finishes():
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_thread_waiting_on_the_cluster_lets_other_threads_run_python():
+    # Issue #20 item 4: the GIL is released while waiting. One thread waits on a long
+    # computation on device 0 (block_until_ready); the main thread, meanwhile, runs a small
+    # program on device 1 and fetches it. Were the GIL held through the wait, the main thread's
+    # fetch (which lets go of the GIL) would hand it to the waiter, which would keep it until
+    # the long computation ended: the long one would then be ready by the time the main
+    # thread checks. Each device's worker runs its own programs (worker/plan_runner.h).
+    devs = jax.devices()
+    on = [NamedSharding(Mesh(np.array(devs[i:i + 1]), ("d",)), P()) for i in (0, 1)]
+    steps = 5000  # seconds on one core, as CHILD's
+    x = jax.device_put(np.full((256, 256), 0.01, np.float32), on[0])
+    w = jax.device_put(np.eye(256, dtype=np.float32) * 0.9, on[0])
+    long = jax.jit(lambda x, w: lax.fori_loop(0, steps, lambda i, c: (jnp.tanh(c[0] @ c[1]), c[1]), (x, w))[0])
+    small = jax.jit(lambda v: v * 2.0)
+    ones = jax.device_put(np.ones(4, np.float32), on[1])
+    small(ones).block_until_ready()  # compiled and warm
+
+    y = long(x, w)  # traced and compiled here; running on device 0 when it returns
+    started, errors = threading.Event(), []
+
+    def waiter():
+        started.set()
+        try:
+            y.block_until_ready()
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    try:
+        assert started.wait(timeout=60)
+        got = np.asarray(small(ones))
+        long_still_running = not y.is_ready()
+    finally:
+        t.join(timeout=120)
+    assert not t.is_alive() and not errors, errors
+    np.testing.assert_array_equal(got, np.full(4, 2.0, np.float32))
+    assert long_still_running, "the main thread ran only after the waiting thread's wait had ended"
+    assert y.is_ready() and np.isfinite(np.asarray(y)).all()
