@@ -883,6 +883,24 @@ TEST(Cli, StatusShowsRunsAndTheLastErrorPerDeviceAndTopRefreshes) {
   const std::vector<std::string> frames = absl::StrSplit(top->second, "\x1b[H\x1b[2J", absl::SkipEmpty());
   ASSERT_EQ(frames.size(), 2u) << top->second;
   for (const std::string& frame : frames) EXPECT_THAT(frame, HasSubstr("devices 2 (2 alive)"));
+
+  // Without --iterations, top refreshes until interrupted: three frames come (the first at
+  // once, then one a second: a deadline of 10 s each), it is still running, and Ctrl-C (SIGINT)
+  // ends it.
+  absl::StatusOr<std::unique_ptr<Subprocess>> running =
+      Subprocess::spawn({kBin + "/tessera", "top", "--coordinator=" + cluster->address});
+  ASSERT_TRUE(running.ok()) << running.status();
+  for (int frame = 0; frame < 3; ++frame) {
+    absl::StatusOr<std::string> devices = (*running)->read_line_with("devices 2 (2 alive)", absl::Seconds(10));
+    ASSERT_TRUE(devices.ok()) << "frame " << frame << ": " << devices.status();
+    absl::StatusOr<std::string> footer = (*running)->read_line_with("(every 1 s; Ctrl-C to stop)", absl::Seconds(10));
+    ASSERT_TRUE(footer.ok()) << "frame " << frame << ": " << footer.status();
+  }
+  EXPECT_EQ((*running)->wait_for_exit(absl::ZeroDuration()).status().code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_EQ(::kill((*running)->pid(), SIGINT), 0);
+  absl::StatusOr<int> exited = (*running)->wait_for_exit(absl::Seconds(10));
+  ASSERT_TRUE(exited.ok()) << exited.status();
+  EXPECT_EQ(*exited, 128 + SIGINT);
 }
 
 // `tessera profile` records whatever the cluster runs meanwhile: here a client's jitted calls
