@@ -255,8 +255,7 @@ void bind_ops(py::module_& m) {
   m.def("psum_scatter", [](V x, Axes axes, int64_t dim, bool tiled) {
     return psum_scatter(x, AxisNames(std::move(axes)), dim, tiled);
   });
-  m.def("pbroadcast",
-        [](V x, Axes axes, int64_t source) { return pbroadcast(x, AxisNames(std::move(axes)), source); });
+  m.def("pbroadcast", [](V x, Axes axes, int64_t source) { return pbroadcast(x, AxisNames(std::move(axes)), source); });
   m.def("ppermute", [](V x, Axes axes, const std::vector<std::pair<int64_t, int64_t>>& perm) {
     return ppermute(x, AxisNames(std::move(axes)), perm);
   });
