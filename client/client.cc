@@ -345,15 +345,7 @@ void ClientImpl::send_deletes(Deletes arrays, bool batch) {
             deletes_failed(given_up, absl::Status(error.code(), absl::StrCat(error.message(), why)));
           }
           if (wait.has_value()) {
-            auto* alarm = new grpc::Alarm;
-            // On one of gRPC's executor threads; the Alarm may go in its own callback (gRPC
-            // holds a reference to it until the callback returns).
-            alarm->Set(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(*wait),
-                       [this, alarm, in_flight](bool) {
-                         delete alarm;
-                         Deletes next = in_flight->next_delete_batch();
-                         if (!next.empty()) send_deletes(std::move(next));
-                       });
+            send_deletes_after(*wait, &InFlight::next_delete_batch);
             return;
           }
         } else {
@@ -369,18 +361,20 @@ void ClientImpl::send_deletes(Deletes arrays, bool batch) {
       });
 }
 
-void ClientImpl::linger_deletes() {
+void ClientImpl::send_deletes_after(absl::Duration wait, Deletes (InFlight::*take)()) {
   auto* alarm = new grpc::Alarm;
   // On one of gRPC's executor threads; the Alarm may go in its own callback (gRPC holds a
   // reference to it until the callback returns). `this` is touched only with a batch to send,
-  // which InFlight counts from end_linger on.
-  alarm->Set(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(kDeleteLinger),
-             [this, alarm, in_flight = in_flight_](bool) {
+  // which InFlight counts from `take` on.
+  alarm->Set(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(wait),
+             [this, alarm, in_flight = in_flight_, take](bool) {
                delete alarm;
-               Deletes batch = in_flight->end_linger();
+               Deletes batch = ((*in_flight).*take)();
                if (!batch.empty()) send_deletes(std::move(batch));
              });
 }
+
+void ClientImpl::linger_deletes() { send_deletes_after(kDeleteLinger, &InFlight::end_linger); }
 
 absl::Status ClientImpl::flush_deletes() {
   Deletes batch = in_flight_->start_flush();

@@ -91,6 +91,9 @@ class ClientImpl {
   // The linger InFlight started (queue_delete, end_execution): an alarm kDeleteLinger from now
   // ends it, and sends what then waits with no execution in flight (InFlight::end_linger).
   void linger_deletes();
+  // After `wait` (a grpc::Alarm: no thread waits), sends the batch `take` hands over, if any:
+  // a linger's end (end_linger) or a refused batch's backoff (next_delete_batch).
+  void send_deletes_after(absl::Duration wait, Deletes (InFlight::*take)());
   // Sends the deletions that wait and waits until every DeleteArray is answered (the buffers
   // are then free on the alive devices): Client::flush_deletes.
   absl::Status flush_deletes();
