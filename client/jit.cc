@@ -207,6 +207,19 @@ absl::StatusOr<Array> reshard(const Array& x, const PartitionSpec& spec) {
   return out[0];
 }
 
+// auto_axes / explicit_axes on arrays: one jitted program running the traced switch (which
+// sees the arguments' Explicit mesh as a trace inside jit does), compiled once per signature.
+struct AxesSwitched::Eager {
+  Jitted program;
+};
+
+AxesSwitched::AxesSwitched(TracedFunction traced)
+    : traced_(std::move(traced)), eager_(std::make_shared<Eager>(Eager{jit(traced_)})) {}
+
+absl::StatusOr<std::vector<Array>> AxesSwitched::operator()(const std::vector<Array>& args) const {
+  return eager_->program(args);
+}
+
 absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& args) const {
   return (*this)(args, {});
 }
@@ -233,7 +246,7 @@ absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& 
   std::string signature = absl::StrCat(first.client->serial(), ":", first.client->session(), ";", mesh.to_string(),
                                        absl::StrJoin(mesh.device_ids(), ","), ";");
   // So is the ambient mesh, which bare specs in the function resolve against while it traces.
-  if (std::optional<Mesh> ambient = get_abstract_mesh()) {
+  if (std::optional<Mesh> ambient = get_mesh()) {
     absl::StrAppend(&signature, "ambient ", ambient->to_string(), absl::StrJoin(ambient->device_ids(), ","), ";");
   }
   const std::vector<std::optional<PartitionSpec>>& in_shardings = state_->options.in_shardings;
@@ -437,7 +450,7 @@ TracedFunction Jitted::State::bound(const std::vector<StaticValue>& statics) con
 
 absl::StatusOr<Jitted::State::Placed> Jitted::State::place(const std::vector<Array>& args,
                                                            const std::vector<StaticValue>& statics) {
-  const std::optional<Mesh> ambient = get_abstract_mesh();
+  const std::optional<Mesh> ambient = get_mesh();
   if (ambient.has_value()) {
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i].committed()) TESSERA_RETURN_IF_ERROR(check_context_devices(args[i], i, *ambient));

@@ -574,7 +574,7 @@ ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in
 
 absl::StatusOr<ShardMapped> shard_map(TracedFunction f, std::vector<PartitionSpec> in_specs,
                                       std::vector<PartitionSpec> out_specs, ShardMapOptions options) {
-  std::optional<Mesh> mesh = get_abstract_mesh();
+  std::optional<Mesh> mesh = get_mesh();
   if (!mesh.has_value()) {
     return absl::InvalidArgumentError(
         "shard_map: no mesh given and no ambient mesh: pass one, or set one with `MeshScope scope = set_mesh(mesh);`");

@@ -838,17 +838,17 @@ TracedFunction auto_axes(TracedFunction f, std::vector<std::string> axes,
 
 }  // namespace internal
 
-TracedFunction auto_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> out_shardings) {
-  return internal::auto_axes(std::move(f), std::move(axes),
-                             [out_shardings = std::move(out_shardings)] { return out_shardings; });
+AxesSwitched auto_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> out_shardings) {
+  return AxesSwitched(internal::auto_axes(std::move(f), std::move(axes),
+                                          [out_shardings = std::move(out_shardings)] { return out_shardings; }));
 }
 
-TracedFunction explicit_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> in_shardings) {
-  return [f = std::move(f), axes = std::move(axes),
-          in_shardings = std::move(in_shardings)](const std::vector<Value>& in) -> std::vector<Value> {
+AxesSwitched explicit_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> in_shardings) {
+  return AxesSwitched([f = std::move(f), axes = std::move(axes),
+                       in_shardings = std::move(in_shardings)](const std::vector<Value>& in) -> std::vector<Value> {
     TraceState* t = TraceState::current;
     if (t == nullptr) return {Value()};
-    std::optional<Mesh> mesh = t->explicit_mesh.has_value() ? t->explicit_mesh : get_abstract_mesh();
+    std::optional<Mesh> mesh = t->explicit_mesh.has_value() ? t->explicit_mesh : get_mesh();
     if (!mesh.has_value()) {
       // JAX's wording (jax/_src/pjit.py, _explicit_axes).
       return {t->fail(absl::InvalidArgumentError(
@@ -894,7 +894,7 @@ TracedFunction explicit_axes(TracedFunction f, std::vector<std::string> axes, st
     t->explicit_mesh = saved;
     if (!typed.ok()) return {t->fail(typed)};
     return out;
-  };
+  });
 }
 
 Value with_sharding_constraint(const Value& x, const PartitionSpec& spec) {

@@ -122,18 +122,53 @@ namespace {
 
 // The text inside "Mesh(...)": "'data': 4, 'model': 2, axis_types=(Auto, Auto)" (a Python
 // tuple: one entry keeps its trailing comma).
-std::string mesh_fields(const Mesh& m) {
+std::string mesh_fields(const std::vector<int64_t>& sizes, const std::vector<std::string>& names,
+                        const std::vector<AxisType>& axis_types) {
   std::vector<std::string> parts;
-  for (int i = 0; i < m.rank(); ++i) parts.push_back(absl::StrCat("'", m.axis_names()[i], "': ", m.shape()[i]));
+  for (size_t i = 0; i < names.size(); ++i) parts.push_back(absl::StrCat("'", names[i], "': ", sizes[i]));
   std::vector<std::string> types;
-  for (AxisType t : m.axis_types()) types.push_back(axis_type_name(t));
+  for (AxisType t : axis_types) types.push_back(axis_type_name(t));
   return absl::StrCat(absl::StrJoin(parts, ", "), parts.empty() ? "" : ", ", "axis_types=(", absl::StrJoin(types, ", "),
                       types.size() == 1 ? ",)" : ")");
 }
 
+std::string mesh_fields(const Mesh& m) { return mesh_fields(m.shape(), m.axis_names(), m.axis_types()); }
+
 }  // namespace
 
 std::string Mesh::to_string() const { return absl::StrCat("Mesh(", mesh_fields(*this), ")"); }
+
+AbstractMesh::AbstractMesh(std::vector<int64_t> axis_sizes, std::vector<std::string> axis_names,
+                           std::vector<AxisType> axis_types)
+    : axis_sizes_(std::move(axis_sizes)), axis_names_(std::move(axis_names)), axis_types_(std::move(axis_types)) {}
+
+int64_t AbstractMesh::size() const {
+  if (empty()) return 0;
+  int64_t n = 1;
+  for (int64_t s : axis_sizes_) n *= s;
+  return n;
+}
+
+std::vector<std::string> AbstractMesh::axes_of_type(AxisType type) const {
+  std::vector<std::string> axes;
+  for (size_t i = 0; i < axis_names_.size(); ++i) {
+    if (axis_types_[i] == type) axes.push_back(axis_names_[i]);
+  }
+  return axes;
+}
+
+AbstractMesh AbstractMesh::update_axis_types(const std::vector<std::string>& axes, AxisType type) const {
+  AbstractMesh updated = *this;
+  for (size_t i = 0; i < axis_names_.size(); ++i) {
+    if (std::find(axes.begin(), axes.end(), axis_names_[i]) != axes.end()) updated.axis_types_[i] = type;
+  }
+  return updated;
+}
+
+// JAX's AbstractMesh.__repr__ (jax/_src/mesh.py): "()" for the axes of an empty mesh.
+std::string AbstractMesh::to_string() const {
+  return absl::StrCat("AbstractMesh(", empty() ? "(), " : "", mesh_fields(axis_sizes_, axis_names_, axis_types_), ")");
+}
 
 std::string Mesh::to_string_with_devices() const {
   return absl::StrCat("Mesh(", mesh_fields(*this), ", device_ids=[", absl::StrJoin(device_ids_, ", "), "])");

@@ -29,6 +29,48 @@ enum class AxisType { kAuto, kExplicit, kManual };
 // "Auto", "Explicit", "Manual": as JAX prints an AxisType.
 const char* axis_type_name(AxisType type);
 
+// jax.sharding.AbstractMesh: a mesh's axis sizes, names and types, without its devices. What
+// get_abstract_mesh() reports (tessera/mesh_context.h: the axis types in force where it is
+// called, Manual inside a shard_map body, Auto inside auto_axes) and what a traced value's type
+// is over. Default-constructed it is empty (no axes), as JAX's empty_abstract_mesh. Compared
+// by sizes, names and types.
+//
+//   AbstractMesh m({2, 2}, {"x", "y"}, {AxisType::kExplicit, AxisType::kManual});
+//   m.to_string() == "AbstractMesh('x': 2, 'y': 2, axis_types=(Explicit, Manual))"
+//   m.axes_of_type(AxisType::kManual) == {"y"}
+//   AbstractMesh().to_string() == "AbstractMesh((), axis_types=())"
+class AbstractMesh {
+ public:
+  AbstractMesh() = default;
+  // REQUIRES: the three have the same length.
+  AbstractMesh(std::vector<int64_t> axis_sizes, std::vector<std::string> axis_names, std::vector<AxisType> axis_types);
+
+  const std::vector<int64_t>& axis_sizes() const { return axis_sizes_; }
+  const std::vector<std::string>& axis_names() const { return axis_names_; }
+  const std::vector<AxisType>& axis_types() const { return axis_types_; }
+  bool empty() const { return axis_names_.empty(); }
+  // The number of devices; 0 when empty, as JAX's.
+  int64_t size() const;
+  // The axes of each type, in mesh order (JAX's auto_axes, explicit_axes, manual_axes).
+  std::vector<std::string> axes_of_type(AxisType type) const;
+  // This mesh with the named axes of type `type` (names not in the mesh are ignored), as
+  // JAX's AbstractMesh.update_axis_types.
+  AbstractMesh update_axis_types(const std::vector<std::string>& axes, AxisType type) const;
+  // As JAX's repr: "AbstractMesh('x': 2, axis_types=(Explicit,))"; Tessera's abstract meshes
+  // have no AbstractDevice, so none is printed.
+  std::string to_string() const;
+
+  bool operator==(const AbstractMesh& other) const {
+    return axis_sizes_ == other.axis_sizes_ && axis_names_ == other.axis_names_ && axis_types_ == other.axis_types_;
+  }
+  bool operator!=(const AbstractMesh& other) const { return !(*this == other); }
+
+ private:
+  std::vector<int64_t> axis_sizes_;
+  std::vector<std::string> axis_names_;
+  std::vector<AxisType> axis_types_;
+};
+
 // A value type, compared by shape, axis names, axis types and device order.
 class Mesh {
  public:
@@ -68,6 +110,8 @@ class Mesh {
   std::string to_string() const;
   // to_string() and the devices: "Mesh('x': 4, axis_types=(Auto,), device_ids=[4, 5, 6, 7])".
   std::string to_string_with_devices() const;
+  // The mesh without its devices (jax.sharding.Mesh.abstract_mesh).
+  AbstractMesh abstract_mesh() const { return AbstractMesh(shape_, axis_names_, axis_types_); }
 
   bool operator==(const Mesh& other) const {
     return shape_ == other.shape_ && axis_names_ == other.axis_names_ && axis_types_ == other.axis_types_ &&

@@ -167,7 +167,23 @@ void bind_arrays(py::module_& m) {
       .def_property_readonly("axis_names", &Mesh::axis_names)
       .def_property_readonly("device_ids", &Mesh::device_ids)
       .def("__repr__", &Mesh::to_string)
+      .def("abstract_mesh", &Mesh::abstract_mesh)
       .def(py::self == py::self);
+
+  // jax.sharding.AbstractMesh, and get_abstract_mesh() with Python's ambient mesh (set_mesh)
+  // as this thread's for the question (tessera/mesh_context.h).
+  py::class_<AbstractMesh>(m, "AbstractMesh")
+      .def(py::init<std::vector<int64_t>, std::vector<std::string>, std::vector<AxisType>>())
+      .def_property_readonly("axis_sizes", &AbstractMesh::axis_sizes)
+      .def_property_readonly("axis_names", &AbstractMesh::axis_names)
+      .def_property_readonly("axis_types", &AbstractMesh::axis_types)
+      .def("__repr__", &AbstractMesh::to_string)
+      .def(py::self == py::self);
+  m.def("get_abstract_mesh", [](std::optional<Mesh> ambient) {
+    std::optional<MeshScope> scope;
+    if (ambient) scope.emplace(*std::move(ambient));
+    return get_abstract_mesh();
+  });
 
   py::class_<PartitionSpec>(m, "PartitionSpec")
       .def(py::init<std::vector<Axes>>())

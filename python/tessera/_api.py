@@ -14,7 +14,7 @@ from . import checkpoint_policies
 from ._array import Array
 from ._config import config
 from ._trace import Tracer
-from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, devices, get_abstract_mesh
+from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, devices, _ambient_mesh, get_abstract_mesh
 from .tree_util import tree_flatten, tree_unflatten, tree_leaves, broadcast_prefix, tree_map
 
 
@@ -166,7 +166,7 @@ class _Jitted:
         dyn_pos = [i for i, l in enumerate(leaves) if _is_dynamic(l)]
         # The ambient mesh is part of the key: bare specs inside fun resolve against it.
         key = (treedef, tuple(_static_key(args[i]) for i in sorted(static)),
-               tuple((i, _static_key(l)) for i, l in enumerate(leaves) if not _is_dynamic(l)), get_abstract_mesh(),
+               tuple((i, _static_key(l)) for i, l in enumerate(leaves) if not _is_dynamic(l)), _ambient_mesh(),
                tuple(_signature(leaves[i]) for i in dyn_pos))
         shardings = self._arg_shardings(dyn, kwargs, len(leaves))
         entry = self._cache.get(key)
@@ -196,7 +196,7 @@ class _Jitted:
             try:
                 # Under the ambient mesh, as the SDK's jit is under set_mesh: it refuses a committed
                 # argument on other devices than the context mesh's, as JAX does.
-                context = get_abstract_mesh()
+                context = _ambient_mesh()
                 outs = _sdk_call(cpp, [a._a for a in arrays + consts], None if context is None else context._cpp)
                 break
             except _trace.Retrace:
@@ -221,7 +221,7 @@ class _Jitted:
             return self._default_mesh
         mesh_of = getattr(self._fun, "_shard_map_mesh", None)
         named = mesh_of() if mesh_of is not None else None
-        return named if named is not None else get_abstract_mesh()
+        return named if named is not None else _ambient_mesh()
 
     def _arg_shardings(self, dyn, kwargs, n):
         if self._in_shardings is None:
@@ -667,7 +667,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
 
     def call(*args):
         # Without mesh=, the ambient mesh when called (as JAX resolves it), not when defined.
-        mesh = fixed_mesh if fixed_mesh is not None else get_abstract_mesh()
+        mesh = fixed_mesh if fixed_mesh is not None else _ambient_mesh()
         if mesh is None:
             raise TypeError("shard_map needs mesh= or an ambient mesh (tessera.set_mesh) when called")
         leaves, treedef = tree_flatten(args)
@@ -715,7 +715,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
         return tree_unflatten(entry[1]["tree"], outs)
 
     # Its mesh when called, for a jit of it to move uncommitted arguments there.
-    call._shard_map_mesh = lambda: fixed_mesh if fixed_mesh is not None else get_abstract_mesh()
+    call._shard_map_mesh = lambda: fixed_mesh if fixed_mesh is not None else _ambient_mesh()
     return call
 
 
@@ -768,7 +768,7 @@ def reshard(x, out_shardings):
     for l, t in zip(leaves, targets):
         if isinstance(l, Tracer):
             from .numpy import _wrap
-            mesh = t.mesh if isinstance(t, NamedSharding) else get_abstract_mesh()
+            mesh = t.mesh if isinstance(t, NamedSharding) else _ambient_mesh()
             spec = t.spec if isinstance(t, NamedSharding) else t
             out.append(_wrap(_t.reshard(l._v, spec._cpp(), None if mesh is None else mesh._cpp)))
         elif isinstance(l, Array) and isinstance(t, PartitionSpec):
@@ -822,26 +822,22 @@ class ShapedArray:
 
     @property
     def sharding(self):
-        """NamedSharding(mesh, the type's spec) (a bare spec holder when no mesh is known)."""
+        """NamedSharding(the AbstractMesh of the type, the type's spec), as JAX's
+        jax.typeof(x).sharding (its mesh the abstract mesh in force when typeof was asked; for
+        an Array, its mesh's)."""
         import re
         dims = self._text[self._text.index("[") + 1:self._text.index("]")]
         entries = []
         for _, axes in re.findall(r"(\d+)(?:@(\([^)]*\)|[^,\]]+))?", dims):
             entries.append(None if not axes else tuple(axes.strip("()").split(",")) if axes.startswith("(") else axes)
         spec = PartitionSpec(*entries)
-        mesh = self._mesh if self._mesh is not None else get_abstract_mesh()
-        return NamedSharding(mesh, spec) if mesh is not None else _TypeSpec(spec)
+        return NamedSharding(self._mesh if self._mesh is not None else get_abstract_mesh(), spec)
 
     def __eq__(self, other):
         return isinstance(other, ShapedArray) and other._text == self._text
 
     def __hash__(self):
         return hash(self._text)
-
-
-class _TypeSpec:
-    def __init__(self, spec):
-        self.spec = spec
 
 
 _short = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "bool", "uint32": "u32"}
@@ -852,9 +848,9 @@ def typeof(x):
     sharding is part of its type, float32[16@data,8]; an Array's type shows its mesh's Explicit
     axes; anything else its (JAX-canonical) dtype and shape."""
     if isinstance(x, Tracer):
-        return ShapedArray(x.shape, x.dtype, _t.type_of(x._v), varying=_t.varying_axes(x._v))
+        return ShapedArray(x.shape, x.dtype, _t.type_of(x._v), get_abstract_mesh(), varying=_t.varying_axes(x._v))
     if isinstance(x, Array):
-        return ShapedArray(x.shape, x.dtype, _t.type_of_array(x._a), x.sharding.mesh)
+        return ShapedArray(x.shape, x.dtype, _t.type_of_array(x._a), x.sharding.mesh.abstract_mesh)
     from .numpy import canonical_dtype
     a = _np.asarray(x)
     dt = canonical_dtype(a.dtype)

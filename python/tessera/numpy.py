@@ -501,11 +501,11 @@ def _with_out_sharding(args, out_sharding, traced):
     if not (in_trace() or _has_tracer(args)):
         from ._api import jit
         return jit(lambda *xs: _with_out_sharding(xs, out_sharding, traced))(*args)
-    from .sharding import NamedSharding, get_abstract_mesh
+    from .sharding import NamedSharding, _ambient_mesh
     if isinstance(out_sharding, NamedSharding):
         spec, mesh = out_sharding.spec, out_sharding.mesh
     else:
-        spec, mesh = out_sharding, get_abstract_mesh()
+        spec, mesh = out_sharding, _ambient_mesh()
     return _wrap(traced([_tracer(a)._v for a in args], spec._cpp(), None if mesh is None else mesh._cpp))
 
 

@@ -164,6 +164,11 @@ class Mesh:
     def device_ids(self):
         return np.vectorize(lambda d: d.id, otypes=[int])(self.devices)
 
+    @property
+    def abstract_mesh(self):
+        """The mesh without its devices (jax.sharding.Mesh.abstract_mesh)."""
+        return AbstractMesh._from_cpp(self._cpp.abstract_mesh())
+
     def __eq__(self, other):
         return isinstance(other, Mesh) and self._cpp == other._cpp
 
@@ -212,10 +217,74 @@ def set_mesh(mesh):
     return _MeshContext(mesh, depth)
 
 
-def get_abstract_mesh():
-    """jax.sharding.get_abstract_mesh(): the ambient mesh, or None when none is set (JAX
-    returns an empty AbstractMesh)."""
+class AbstractMesh:
+    """jax.sharding.AbstractMesh: axis sizes, names and types without devices (Explicit by
+    default, as JAX's). What get_abstract_mesh() returns and what a traced value's type is over
+    (jax.typeof(x).sharding.mesh). Prints as JAX's: AbstractMesh('X': 2, 'Y': 4,
+    axis_types=(Auto, Explicit)); empty: AbstractMesh((), axis_types=())."""
+
+    def __init__(self, axis_sizes, axis_names, axis_types=None):
+        axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+        types = _axis_types(axis_types, len(axis_names), "AbstractMesh") or [AxisType.Explicit] * len(axis_names)
+        if len(types) != len(axis_names) or len(tuple(axis_sizes)) != len(axis_names):
+            raise ValueError("Number of axis names should match the number of axis_types and axis_sizes. Got "
+                             f"axis_sizes={tuple(axis_sizes)}, axis_names={axis_names} and axis_types={tuple(types)}")
+        self._cpp = _tessera.AbstractMesh([int(n) for n in axis_sizes], list(axis_names), types)
+
+    @staticmethod
+    def _from_cpp(cpp):
+        m = AbstractMesh.__new__(AbstractMesh)
+        m._cpp = cpp
+        return m
+
+    axis_sizes = property(lambda self: tuple(self._cpp.axis_sizes))
+    axis_names = property(lambda self: tuple(self._cpp.axis_names))
+    axis_types = property(lambda self: tuple(self._cpp.axis_types))
+    shape_tuple = property(lambda self: tuple(zip(self.axis_names, self.axis_sizes)))
+    shape = property(lambda self: dict(self.shape_tuple))
+    size = property(lambda self: int(np.prod(self.axis_sizes)) if self.axis_names else 0)
+    empty = property(lambda self: not self.axis_names)
+    abstract_mesh = property(lambda self: self)
+
+    def _of_type(self, t):
+        return tuple(n for n, u in zip(self.axis_names, self.axis_types) if u == t)
+
+    auto_axes = property(lambda self: self._of_type(AxisType.Auto))
+    explicit_axes = property(lambda self: self._of_type(AxisType.Explicit))
+    manual_axes = property(lambda self: self._of_type(AxisType.Manual))
+    are_all_axes_auto = property(lambda self: bool(self.axis_names) and len(self.auto_axes) == len(self.axis_names))
+    are_all_axes_explicit = property(
+        lambda self: bool(self.axis_names) and len(self.explicit_axes) == len(self.axis_names))
+    are_all_axes_manual = property(
+        lambda self: bool(self.axis_names) and len(self.manual_axes) == len(self.axis_names))
+
+    def update_axis_types(self, name_to_type):
+        """This mesh with the named axes of the given types (jax's update_axis_types)."""
+        return AbstractMesh(self.axis_sizes, self.axis_names,
+                            tuple(name_to_type.get(n, t) for n, t in zip(self.axis_names, self.axis_types)))
+
+    def __eq__(self, other):
+        return isinstance(other, AbstractMesh) and self._cpp == other._cpp
+
+    def __hash__(self):
+        return hash((self.axis_sizes, self.axis_names, tuple(int(t) for t in self.axis_types)))
+
+    def __repr__(self):
+        return repr(self._cpp)
+
+
+def _ambient_mesh():
+    """The concrete mesh set by set_mesh (or `with mesh:`), or None."""
     return _mesh_stack[-1] if _mesh_stack else None
+
+
+def get_abstract_mesh():
+    """jax.sharding.get_abstract_mesh(): the AbstractMesh in force where it is called (empty
+    when none is): the ambient mesh's outside a trace and at the top of a jitted function; in a
+    shard_map body its manual axes are Manual; inside auto_axes / explicit_axes the switched
+    axes are Auto / Explicit."""
+    mesh = _ambient_mesh()
+    return AbstractMesh._from_cpp(_tessera.get_abstract_mesh(None if mesh is None else mesh._cpp))
 
 
 def _context_mesh(what):
@@ -233,7 +302,9 @@ class NamedSharding:
             raise TypeError(f"NamedSharding's spec must be a PartitionSpec, not {spec!r}")
         self.mesh = mesh
         self.spec = spec
-        self._cpp = _tessera.NamedSharding(mesh._cpp, spec._cpp())
+        # Over an AbstractMesh (a type's sharding, jax.typeof(x).sharding): no devices, so no
+        # placement questions (shard_shape, devices_indices_map, ...) can be answered.
+        self._cpp = None if isinstance(mesh, AbstractMesh) else _tessera.NamedSharding(mesh._cpp, spec._cpp())
 
     @staticmethod
     def _from_cpp(cpp):
@@ -270,12 +341,18 @@ class NamedSharding:
         return self._cpp.is_equivalent_to(other._cpp, int(ndim))
 
     def __eq__(self, other):
-        return isinstance(other, NamedSharding) and self._cpp == other._cpp
+        if not isinstance(other, NamedSharding):
+            return False
+        if self._cpp is None or other._cpp is None:
+            return self.mesh == other.mesh and self.spec == other.spec
+        return self._cpp == other._cpp
 
     def __hash__(self):
         return hash((self.mesh, tuple(self.spec)))
 
     def __repr__(self):
+        if self._cpp is None:
+            return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec!r})"
         return repr(self._cpp)
 
 
@@ -294,18 +371,16 @@ def reshard(x, out_shardings):
     return _reshard(x, out_shardings)
 
 
-def _switch_axes(name, f, args, kwargs, run):
+def _switch_axes(f, args, kwargs, run, eager):
     """f(*args, **kwargs) with its array arguments flattened to Values, through `run(body,
-    values)` (the SDK's auto_axes / explicit_axes); outside a trace, under jit, as JAX's run
-    eagerly. Returns f's result tree."""
-    from . import _tessera as _t  # noqa: F401
+    values)` (the SDK's auto_axes / explicit_axes) inside a trace; outside one `eager()`, as
+    JAX runs them op by op. Returns f's result tree."""
     from ._trace import Tracer, callback
     from .tree_util import tree_flatten, tree_unflatten
     from .lax import _values
     leaves, tree = tree_flatten(args)
     if not any(isinstance(l, Tracer) for l in leaves):
-        from ._api import jit
-        return jit(lambda *a: _switch_axes(name, f, a, kwargs, run))(*args)
+        return eager()
     out_tree = [None]
 
     def body(values):
@@ -314,6 +389,62 @@ def _switch_axes(name, f, args, kwargs, run):
 
     out = run(callback(body), _values(leaves), out_tree)
     return tree_unflatten(out_tree[0], [Tracer(v) for v in out])
+
+
+def _switched_mesh(name, mesh, axes, to):
+    """`mesh` with the axes `axes` (None: all) of type `to`, and whether one changed. As JAX's
+    _get_new_mesh (jax/_src/pjit.py): a Manual axis cannot switch (NotImplementedError, JAX's
+    words); an axis not in the mesh is a ValueError."""
+    names = mesh.axis_names if axes is None else tuple(_axis_list(axes))
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    for a in names:
+        if a not in types:
+            raise ValueError(f"{name}: '{a}' is not an axis of {mesh!r}")
+        if types[a] == AxisType.Manual:
+            raise NotImplementedError("Going from `Manual` AxisType to `Auto` or `Explicit` AxisType is not allowed.")
+    new_types = tuple(to if n in names else t for n, t in zip(mesh.axis_names, mesh.axis_types))
+    return Mesh(mesh.devices, mesh.axis_names, new_types), new_types != mesh.axis_types
+
+
+def _same_grid(a, b):
+    return a.axis_names == b.axis_names and a.devices.shape == b.devices.shape and \
+        all(x.id == y.id for x, y in zip(a.devices.flat, b.devices.flat))
+
+
+def _retyped(tree, mesh):
+    """`tree` with each committed Array laid out on `mesh`'s devices and axes put on `mesh`
+    itself, in the same layout (only the axis types differ: each device copies its own block)."""
+    from ._array import Array
+    from ._api import device_put
+    from .tree_util import tree_map
+
+    def one(leaf):
+        if isinstance(leaf, Array) and leaf._committed:
+            s = leaf.sharding
+            if s.mesh != mesh and _same_grid(s.mesh, mesh):
+                return device_put(leaf, NamedSharding(mesh, s.spec))
+        return leaf
+
+    return tree_map(one, tree)
+
+
+def _on_mesh(shardings, mesh):
+    """`shardings` (a pytree prefix) with each bare P made NamedSharding(mesh, P)."""
+    from .tree_util import tree_map
+    return tree_map(lambda p: NamedSharding(mesh, p) if isinstance(p, PartitionSpec) else p, shardings,
+                    is_leaf=lambda p: isinstance(p, (PartitionSpec, NamedSharding)))
+
+
+def _arguments_mesh(args, explicit_only=False):
+    """The mesh of the first committed Array in `args` (with an Explicit axis, if asked)."""
+    from ._array import Array
+    from .tree_util import tree_leaves
+    for leaf in tree_leaves(args):
+        if isinstance(leaf, Array) and leaf._committed:
+            mesh = leaf.sharding.mesh
+            if not explicit_only or AxisType.Explicit in mesh.axis_types:
+                return mesh
+    return None
 
 
 def _specs(shardings, out_tree):
@@ -342,9 +473,12 @@ def _axis_list(axes):
 
 def auto_axes(f=None, /, *, axes=None, out_sharding=None):
     """jax.sharding.auto_axes: f with the Explicit mesh axes `axes` (a name, a tuple, or None:
-    all) Auto inside (the types leave them out, the compiler decides there); its results are
-    then resharded to out_sharding (here or, as JAX, the call's `out_sharding=` keyword;
-    `out_shardings=` as the explicit-sharding notebook spells it)."""
+    all) Auto inside (the types leave them out, the compiler decides there; get_abstract_mesh()
+    shows them Auto); its results are then resharded to out_sharding (here or, as JAX, the
+    call's `out_sharding=` keyword; `out_shardings=` as the explicit-sharding notebook spells
+    it). Outside a trace f runs eagerly, as JAX's: its Array arguments are put on the mesh with
+    those axes Auto (the same blocks: concrete shardings keep the axes, types do not), f runs
+    with that mesh set, and its results are put on out_sharding."""
     if f is None:
         return lambda g: auto_axes(g, axes=axes, out_sharding=out_sharding)
 
@@ -358,7 +492,22 @@ def auto_axes(f=None, /, *, axes=None, out_sharding=None):
             specs = callback(lambda _: _specs(out, tree[0]))  # an error fails the trace
             return _t.auto_axes(body, values, _axis_list(axes), lambda: specs(None))
 
-        return _switch_axes("auto_axes", f, args, kwargs, run)
+        def eager():
+            from ._api import device_put
+            from .tree_util import tree_leaves
+            named = [s.mesh for s in tree_leaves(out, is_leaf=lambda p: isinstance(p, NamedSharding))
+                     if isinstance(s, NamedSharding)]
+            mesh = _ambient_mesh() or (named[0] if named else None) or _arguments_mesh(args)
+            if mesh is None:
+                return f(*args, **kwargs)
+            inner, changed = _switched_mesh("auto_axes", mesh, axes, AxisType.Auto)
+            if not changed:
+                return f(*args, **kwargs)
+            with set_mesh(inner):
+                result = f(*_retyped(args, inner), **kwargs)
+            return device_put(result, _on_mesh(out, mesh))
+
+        return _switch_axes(f, args, kwargs, run, eager)
 
     return wrapped
 
@@ -367,7 +516,11 @@ def explicit_axes(f=None, /, *, axes=None, in_sharding=None):
     """jax.sharding.explicit_axes: f with the mesh axes `axes` (a name, a tuple, or None: all)
     Explicit inside: its arguments are first resharded to in_sharding (here or the call's
     `in_sharding=` / `in_shardings=` keyword), every op has its explicit rule, and the results'
-    types leave those axes out again. Needs the ambient mesh (set_mesh) or an explicit trace."""
+    types leave those axes out again. Needs the ambient mesh (set_mesh) or an explicit trace
+    (outside a trace: arguments on a mesh with an Explicit axis). Outside a trace f runs
+    eagerly, as JAX's: the arguments are put on in_sharding over the mesh with those axes
+    Explicit, f runs with that mesh set, and its results are put back on the mesh as it was,
+    in the same layout."""
     if f is None:
         return lambda g: explicit_axes(g, axes=axes, in_sharding=in_sharding)
 
@@ -376,9 +529,23 @@ def explicit_axes(f=None, /, *, axes=None, in_sharding=None):
         ins = _required(kwargs, in_sharding, "in_sharding")
         from . import _tessera as _t
         from .tree_util import tree_structure
-        mesh = get_abstract_mesh()
-        return _switch_axes("explicit_axes", f, args, kwargs, lambda body, values, tree: _t.explicit_axes(
-            body, values, _axis_list(axes), _specs(ins, tree_structure(args)),
-            None if mesh is None else mesh._cpp))
+        mesh = _ambient_mesh()
+
+        def run(body, values, tree):
+            return _t.explicit_axes(body, values, _axis_list(axes), _specs(ins, tree_structure(args)),
+                                    None if mesh is None else mesh._cpp)
+
+        def eager():
+            from ._api import device_put
+            outer = mesh or _arguments_mesh(args, explicit_only=True)
+            if outer is None:  # JAX's words (jax/_src/pjit.py, _explicit_axes)
+                raise ValueError("Context mesh cannot be empty. Please use `jax.set_mesh` API to enter into a mesh "
+                                 "context when using `explicit_axes` API.")
+            inner, _ = _switched_mesh("explicit_axes", outer, axes, AxisType.Explicit)
+            with set_mesh(inner):
+                result = f(*device_put(args, _on_mesh(ins, inner)), **kwargs)
+            return _retyped(result, outer)
+
+        return _switch_axes(f, args, kwargs, run, eager)
 
     return wrapped

@@ -36,7 +36,9 @@ def test_axis_types_and_printing(xy):
 
 def test_notebook_cells(xy):
   with set_mesh(xy):
-    assert get_abstract_mesh() == xy
+    # [ES]: "Current mesh is: AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))".
+    assert get_abstract_mesh() == xy.abstract_mesh
+    assert repr(get_abstract_mesh()) == "AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))"
     # [ES]: "replicated_array type: int32[4,2]", "sharded_array type: int32[4@X,2]".
     replicated_array = np.arange(8, dtype=np.int32).reshape(4, 2)
     sharded_array = reshard(replicated_array, P("X", None))
@@ -286,3 +288,179 @@ def test_named_sharding_is_equivalent_to():
   assert not jax.NamedSharding(m8, P("c")).is_equivalent_to(jax.NamedSharding(rev, P("c")), 1)
   with pytest.raises(TypeError, match="NamedSharding"):
     s1.is_equivalent_to(P("x"), 1)
+
+
+def test_auto_axes_runs_eagerly_as_jax(xy):
+  # auto_axes called on arrays outside jit runs eagerly, as JAX's (jax/_src/pjit.py
+  # _auto_axes). tests/pjit_test.py test_auto_axes_no_context_mesh: with axes='x' and
+  # out_sharding NamedSharding(mesh, P('x', 'y')), inside the type is P(None, 'y') and
+  # out.sharding is that NamedSharding; test_auto_axes_computation_follows_data: a jitted f
+  # under auto_axes(out_sharding=s) gives arr * 2 sharded as s; test_auto_axes_numpy_array:
+  # under an Explicit mesh, a numpy argument reaches the jitted f on an all-Auto mesh.
+  from tessera.sharding import auto_axes, NamedSharding, AbstractMesh
+  import functools
+  x = np.arange(64, dtype=np.float32).reshape(8, 8)
+  arr = jax.device_put(x, NamedSharding(xy, P("X", "Y")))
+  seen = []
+
+  @functools.partial(auto_axes, axes="X", out_sharding=NamedSharding(xy, P("X", "Y")))
+  def h(y):
+    seen.append((jax.typeof(y).sharding.spec, y.sharding.spec, repr(get_abstract_mesh())))
+    z = jnp.sin(y)
+    seen.append(jax.typeof(z).sharding.spec)
+    return z
+
+  out = h(arr)
+  assert seen == [(P(None, "Y"), P("X", "Y"), "AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Explicit))"),
+                  P(None, "Y")]
+  assert out.sharding == NamedSharding(xy, P("X", "Y"))
+  np.testing.assert_allclose(np.asarray(out), np.sin(x), rtol=1e-5, atol=1e-6)
+  assert str(jax.typeof(arr)) == "float32[8@X,8@Y]"  # the argument itself is untouched
+
+  s = NamedSharding(xy, P("X"))
+  v = jax.device_put(np.arange(8), s)
+  out = auto_axes(jax.jit(lambda a: a * 2), out_sharding=s)(v)
+  assert out.sharding == s
+  np.testing.assert_array_equal(np.asarray(out), np.arange(8) * 2)
+
+  with set_mesh(jax.make_mesh((8,), ("x",))):
+    meshes = []
+
+    @jax.jit
+    def f(a):
+      meshes.append(jax.typeof(a).sharding.mesh)
+      return a * 2
+
+    out = auto_axes(f, out_sharding=P("x"))(np.arange(8))
+    assert isinstance(meshes[0], AbstractMesh) and meshes[0].are_all_axes_auto
+    assert out.sharding.spec == P("x") and out.sharding.mesh == jax.make_mesh((8,), ("x",))
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8) * 2)
+
+  # [ES], the last cell, as its output prints: at the top the concrete and the type-specified
+  # shardings agree; inside auto_axes the mesh is all Auto, the concrete sharding P('X',) and
+  # the type's P(None,); the result (sin of arange(8)) comes back sharded P('X').
+  printed = []
+
+  def compare_shardings(a):
+    printed.append((repr(get_abstract_mesh()), a.sharding.spec, jax.typeof(a).sharding.spec))
+
+  with set_mesh(xy):
+    my_array = jnp.sin(reshard(np.arange(8), P("X")))
+    compare_shardings(my_array)
+
+    @auto_axes
+    def check_in_auto_context(a):
+      compare_shardings(a)
+      return a
+
+    out = check_in_auto_context(my_array, out_sharding=P("X"))
+  assert printed == [("AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))", P("X"), P("X")),
+                     ("AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Auto))", P("X"), P(None))]
+  assert out.sharding == NamedSharding(xy, P("X"))
+  np.testing.assert_allclose(np.asarray(out), [0., 0.84147096, 0.9092974, 0.14112, -0.7568025, -0.9589243,
+                                               -0.2794155, 0.6569866], rtol=1e-6)
+  # An axis that is not the mesh's, as the trace says it.
+  with set_mesh(xy), pytest.raises(ValueError, match="auto_axes: 'Z' is not an axis of"):
+    auto_axes(lambda a: a, axes="Z", out_sharding=P())(my_array)
+
+
+def test_explicit_axes_runs_eagerly_as_jax(xy):
+  # explicit_axes on arrays outside jit (jax/_src/pjit.py _explicit_axes): the arguments are
+  # resharded to in_sharding over the mesh with the axes Explicit, f sees them typed so
+  # (tests/pjit_test.py test_explicit_axes_top_level: the matmul of P('x', None) operands is
+  # typed P('x', None)), and the result is back on the Auto mesh. Values against numpy.
+  from tessera.sharding import explicit_axes
+  import functools
+  auto = jax.make_mesh((2, 4), ("X", "Y"), axis_types=(AxisType.Auto, AxisType.Auto))
+  a = np.arange(64, dtype=np.float32).reshape(8, 8) / 8
+  b = np.arange(64, dtype=np.float32).reshape(8, 8).T / 16
+  seen = []
+
+  @functools.partial(explicit_axes, in_sharding=(P("X", None), P("X", None)))
+  def jax_matmul(u, v):
+    out = u @ v
+    seen.append((jax.typeof(out).sharding.spec, repr(get_abstract_mesh())))
+    return out
+
+  with set_mesh(auto):
+    arr1 = jax.device_put(a, P("X", "Y"))
+    arr2 = jax.device_put(b, P("Y", "X"))
+    out = jax_matmul(arr1, arr2)
+    assert seen == [(P("X", None), "AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))")]
+    assert out.sharding.mesh == auto and str(jax.typeof(out)) == "float32[8,8]"
+    np.testing.assert_allclose(np.asarray(out), a @ b, rtol=1e-5)
+  # No context mesh and no Explicit argument: JAX's error.
+  with pytest.raises(ValueError, match="Context mesh cannot be empty"):
+    jax_matmul(jax.device_put(a, jax.sharding.NamedSharding(auto, P())), jax.device_put(b, jax.sharding.NamedSharding(auto, P())))
+
+
+def test_get_abstract_mesh_shows_the_axis_types_where_it_is_called(xy):
+  # jax.sharding.get_abstract_mesh() inside a trace: at the top of a jitted function under
+  # set_mesh the mesh's types, inside auto_axes the switched ones ([ES] prints
+  # "mesh inside f: AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))" and "mesh
+  # inside g: AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Explicit))"; on an Auto mesh
+  # explicit_axes gives "(Explicit, Explicit)" inside, "(Auto, Auto)" in f); in a shard_map
+  # body the manual axes are Manual (tests/shard_map_test.py
+  # test_shmap_partial_manual_explicit: axis_names={'x'} on an Explicit mesh has manual_axes
+  # ('x',) and explicit_axes ('y',); test_shmap_partial_manual_auto: auto_axes ('y',);
+  # test_shmap_full_manual_context_auto: manual_axes ('x', 'y')). jax.typeof(x).sharding.mesh
+  # is an AbstractMesh (tests/pjit_test.py test_set_mesh_none compares it with
+  # empty_abstract_mesh).
+  from tessera.sharding import auto_axes, explicit_axes, AbstractMesh
+  import functools
+  seen = []
+
+  @functools.partial(auto_axes, axes="X")
+  def g(y):
+    seen.append(repr(get_abstract_mesh()))
+    return y * 2
+
+  @jax.jit
+  def f(a):
+    seen.append(repr(get_abstract_mesh()))
+    seen.append(jax.typeof(a).sharding.mesh)
+    return g(jnp.sin(a), out_sharding=P("X", "Y"))
+
+  x = np.arange(16, dtype=np.float32).reshape(4, 4)
+  with set_mesh(xy):
+    out = f(reshard(x, P("X", "Y")))
+  np.testing.assert_allclose(np.asarray(out), 2 * np.sin(x), rtol=1e-5, atol=1e-6)
+  assert seen == ["AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))", xy.abstract_mesh,
+                  "AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Explicit))"]
+
+  auto = jax.make_mesh((2, 4), ("X", "Y"), axis_types=(AxisType.Auto, AxisType.Auto))
+  seen.clear()
+
+  @functools.partial(explicit_axes, axes=("X", "Y"))
+  def explicit_g(y):
+    seen.append(repr(get_abstract_mesh()))
+    return y * 2
+
+  @jax.jit
+  def f2(a):
+    seen.append(repr(get_abstract_mesh()))
+    return explicit_g(jnp.sin(a), in_sharding=P("X", "Y")) + 1
+
+  with set_mesh(auto):
+    out = f2(jax.device_put(x, P("X", "Y")))
+  np.testing.assert_allclose(np.asarray(out), 2 * np.sin(x) + 1, rtol=1e-5, atol=1e-6)
+  assert seen == ["AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Auto))",
+                  "AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))"]
+
+  x8 = np.arange(32, dtype=np.float32).reshape(8, 4)
+  for mesh, names, manual, other in [(xy, {"X"}, ("X",), ("explicit_axes", ("Y",))),
+                                     (auto, {"X"}, ("X",), ("auto_axes", ("Y",))),
+                                     (auto, frozenset(), ("X", "Y"), ("auto_axes", ()))]:
+    found = []
+
+    def body(v):
+      m = get_abstract_mesh()
+      found.append((m.manual_axes, getattr(m, other[0]), isinstance(jax.typeof(v).sharding.mesh, AbstractMesh)))
+      return v * 2
+
+    spec = P("X") if names else P("X", "Y")
+    out = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, axis_names=names))(
+        jax.device_put(x8, jax.sharding.NamedSharding(mesh, P("X", "Y"))))
+    assert found == [(manual, other[1], True)], (mesh, names)
+    np.testing.assert_array_equal(np.asarray(out), x8 * 2)
+  assert get_abstract_mesh().empty

@@ -139,6 +139,33 @@ TEST(Mesh, AxisTypes) {
   EXPECT_EQ(std::string(axis_type_name(AxisType::kManual)), "Manual");
 }
 
+// jax.sharding.AbstractMesh (jax/_src/mesh.py): a mesh's sizes, names and types without its
+// devices; repr as JAX's: the explicit-sharding notebook prints
+// `AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Explicit))` inside auto_axes(axes='X'),
+// docs/export/export.md `AbstractMesh('a': 4, axis_types=(Explicit,))`, and the empty mesh's
+// repr is `AbstractMesh((), axis_types=())` (mesh_repr "()" when shape_tuple is empty), size 0.
+// update_axis_types as JAX's; meshes on other devices have equal abstract meshes.
+TEST(Mesh, AbstractMeshAsJax) {
+  const AbstractMesh a = make_mesh({2, 4}, {"X", "Y"}, kDevices).value().abstract_mesh();
+  EXPECT_EQ(a.to_string(), "AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))");
+  EXPECT_EQ(a.update_axis_types({"X"}, AxisType::kAuto).to_string(),
+            "AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Explicit))");
+  EXPECT_EQ(make_mesh({4}, {"a"}, {0, 1, 2, 3}).value().abstract_mesh().to_string(),
+            "AbstractMesh('a': 4, axis_types=(Explicit,))");
+  EXPECT_EQ(AbstractMesh().to_string(), "AbstractMesh((), axis_types=())");
+  EXPECT_TRUE(AbstractMesh().empty());
+  EXPECT_EQ(AbstractMesh().size(), 0);
+  EXPECT_EQ(a.size(), 8);
+  const AbstractMesh mixed({2, 2, 2}, {"x", "y", "z"}, {AxisType::kManual, AxisType::kAuto, AxisType::kManual});
+  EXPECT_EQ(mixed.axes_of_type(AxisType::kManual), (std::vector<std::string>{"x", "z"}));
+  EXPECT_EQ(mixed.axes_of_type(AxisType::kAuto), (std::vector<std::string>{"y"}));
+  EXPECT_TRUE(mixed.axes_of_type(AxisType::kExplicit).empty());
+  EXPECT_EQ(make_mesh({4}, {"x"}, {4, 5, 6, 7}).value().abstract_mesh(),
+            make_mesh({4}, {"x"}, {0, 1, 2, 3}).value().abstract_mesh());
+  EXPECT_NE(a, a.update_axis_types({"Y"}, AxisType::kManual));
+  EXPECT_EQ(a, a.update_axis_types({"nope"}, AxisType::kManual));
+}
+
 // Two meshes that print alike are told apart by their devices; others print as they are.
 TEST(Mesh, DistinguishNamesDevicesOnlyWhenNeeded) {
   const Mesh low = make_mesh({4}, {"x"}, {0, 1, 2, 3}).value();

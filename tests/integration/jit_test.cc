@@ -626,6 +626,134 @@ TEST_F(ExplicitJitTest, AutoAxesAndExplicitAxesRunAsTheNotebookPrints) {
   expect_near(fetch((*z)[0]), want);
 }
 
+// auto_axes and explicit_axes called on arrays outside jit, as JAX runs them eagerly
+// (jax/_src/pjit.py _auto_axes / _explicit_axes). Mirrors tests/pjit_test.py
+// test_auto_axes_no_context_mesh (`h(arr)` with axes='x' and out_sharding P('x', 'y'): inside,
+// the type is P(None, 'y'); out.sharding is NamedSharding(mesh, P('x', 'y'))) and
+// test_auto_axes_computation_follows_data, and the explicit-sharding notebook's
+// add_with_out_sharding_kwarg(some_x, some_y, out_sharding=P("X", None)) called at top level:
+// int32[4@X,4] holding 2 * arange(16). explicit_axes on arrays of an Auto mesh under set_mesh
+// (test_explicit_axes_top_level's matmul with in_sharding P('x', None) for both: typed
+// P('x', None) inside). Values against the host.
+TEST_F(ExplicitJitTest, AutoAxesAndExplicitAxesRunOnArraysOutsideJit) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray x = random_f32({16, 8}, 31);
+  std::string inside, inside_mesh;
+  AxesSwitched h = auto_axes(
+      [&](const std::vector<Value>& y) {
+        const Value z = sin(y[0]);
+        inside = type_of(z).to_string();
+        inside_mesh = get_abstract_mesh().to_string();
+        return std::vector<Value>{z};
+      },
+      {"X"}, {P("X", "Y")});
+  absl::StatusOr<std::vector<Array>> out = h({put_on(mesh, x, P("X", "Y"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(inside, "f32[16,8@Y]");
+  EXPECT_EQ(inside_mesh, "AbstractMesh('X': 4, 'Y': 2, axis_types=(Auto, Explicit))");
+  EXPECT_EQ((*out)[0].sharding(), NamedSharding(mesh, P("X", "Y")));
+  std::vector<double> want(x.size());
+  for (int64_t i = 0; i < x.size(); ++i) want[i] = std::sin(double(x.values<float>()[i]));
+  expect_near(fetch((*out)[0]), want);
+
+  const HostArray ints = HostArray::arange(DType::kI32, {4, 4});
+  absl::StatusOr<std::vector<Array>> sum =
+      auto_axes([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; }, {},
+                {P("X", None)})({put_on(mesh, ints, P("X", None)), put_on(mesh, ints, P(None, "X"))});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(type_of((*sum)[0]).to_string(), "i32[4@X,4]");
+  std::vector<int32_t> twice(16);
+  for (int i = 0; i < 16; ++i) twice[i] = 2 * i;
+  EXPECT_TRUE(fetch((*sum)[0]) == HostArray::from_vector<int32_t>({4, 4}, twice));
+
+  absl::StatusOr<Mesh> autos = client_->make_mesh({4, 2}, {"X", "Y"}, {AxisType::kAuto, AxisType::kAuto});
+  ASSERT_TRUE(autos.ok()) << autos.status();
+  const HostArray w = random_f32({8, 16}, 32);
+  {
+    MeshScope scope = set_mesh(*autos);
+    absl::StatusOr<std::vector<Array>> prod = explicit_axes(
+        [&](const std::vector<Value>& in) {
+          const Value r = matmul(in[0], in[1]);
+          inside = type_of(r).to_string();
+          inside_mesh = get_abstract_mesh().to_string();
+          return std::vector<Value>{r};
+        },
+        {}, {P("X", None), P("X", None)})({put_on(*autos, x, P("X", "Y")), put_on(*autos, w, P("Y", "X"))});
+    ASSERT_TRUE(prod.ok()) << prod.status();
+    EXPECT_EQ(inside, "f32[16@X,16]");
+    EXPECT_EQ(inside_mesh, "AbstractMesh('X': 4, 'Y': 2, axis_types=(Explicit, Explicit))");
+    EXPECT_EQ(type_of((*prod)[0]).to_string(), "f32[16,16]");  // Auto again outside
+    expect_near(fetch((*prod)[0]), matmul_ref(x, w), 1e-4);
+  }
+  // Without a mesh explicit_axes on an Auto mesh's arrays fails as JAX's does.
+  absl::StatusOr<std::vector<Array>> none = explicit_axes([](const std::vector<Value>& in) { return in; }, {},
+                                                          {P("X", None)})({put_on(*autos, x, P("X", "Y"))});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), HasSubstr("Context mesh cannot be empty"));
+}
+
+// jax.sharding.get_abstract_mesh() in a trace shows the axis types in force there: under
+// set_mesh at the top of a jitted function the mesh's (the explicit-sharding notebook prints
+// "mesh inside f: AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Explicit))" and, inside
+// auto_axes(axes='X'), "(Auto, Explicit)"); in a shard_map body the manual axes Manual and the
+// others as the mesh has them (tests/shard_map_test.py test_shmap_partial_manual_explicit:
+// axis_names={'x'} on an Explicit (2, 2) mesh gives manual_axes ('x',), explicit_axes ('y',);
+// test_shmap_full_manual_context_auto: manual_axes ('x', 'y') on an Auto mesh); outside
+// everything, empty (tests/pjit_test.py test_set_mesh_none: empty_abstract_mesh).
+TEST_F(ExplicitJitTest, GetAbstractMeshShowsTheAxisTypesWhereItIsCalled) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray x = random_f32({16, 8}, 33);
+  EXPECT_EQ(get_abstract_mesh(), AbstractMesh());
+  std::vector<std::string> seen;
+  auto note = [&] { seen.push_back(get_abstract_mesh().to_string()); };
+  {
+    MeshScope scope = set_mesh(mesh);
+    AxesSwitched g = auto_axes(
+        [&](const std::vector<Value>& y) {
+          note();
+          return std::vector<Value>{y[0] * 2.0};
+        },
+        {"X"}, {P("X", "Y")});
+    ShardMapped partial = shard_map(
+        [&](const std::vector<Value>& in) {
+          note();
+          return std::vector<Value>{in[0] * 3.0};
+        },
+        mesh, {P("X")}, {P("X")}, ShardMapOptions{.axis_names = {"X"}});
+    absl::StatusOr<std::vector<Array>> out = jit([&](const std::vector<Value>& in) {
+      note();
+      const Value a = g({in[0]})[0];
+      note();
+      return std::vector<Value>{a, partial({in[0]})[0]};
+    })({put_on(mesh, x, P("X", "Y"))});
+    ASSERT_TRUE(out.ok()) << out.status();
+    std::vector<double> twice(x.size()), thrice(x.size());
+    for (int64_t i = 0; i < x.size(); ++i) {
+      twice[i] = 2.0 * x.values<float>()[i];
+      thrice[i] = 3.0 * x.values<float>()[i];
+    }
+    expect_near(fetch((*out)[0]), twice);
+    expect_near(fetch((*out)[1]), thrice);
+    EXPECT_EQ(get_abstract_mesh(), mesh.abstract_mesh());
+  }
+  EXPECT_THAT(seen, ::testing::ElementsAre("AbstractMesh('X': 4, 'Y': 2, axis_types=(Explicit, Explicit))",
+                                           "AbstractMesh('X': 4, 'Y': 2, axis_types=(Auto, Explicit))",
+                                           "AbstractMesh('X': 4, 'Y': 2, axis_types=(Explicit, Explicit))",
+                                           "AbstractMesh('X': 4, 'Y': 2, axis_types=(Manual, Explicit))"));
+  absl::StatusOr<Mesh> autos = client_->make_mesh({4, 2}, {"X", "Y"}, {AxisType::kAuto, AxisType::kAuto});
+  ASSERT_TRUE(autos.ok()) << autos.status();
+  seen.clear();
+  ShardMapped full = shard_map(
+      [&](const std::vector<Value>& in) {
+        note();
+        return in;
+      },
+      *autos, {P("X", "Y")}, {P("X", "Y")});
+  ASSERT_TRUE(full({put_on(*autos, x, P("X", "Y"))}).ok());
+  EXPECT_THAT(seen, ::testing::ElementsAre("AbstractMesh('X': 4, 'Y': 2, axis_types=(Manual, Manual))"));
+  EXPECT_EQ(get_abstract_mesh().to_string(), "AbstractMesh((), axis_types=())");
+}
+
 // The families given explicit rules after the first ones (client/explicit/{sort,reduction,
 // layout,placement}.cc), each on split operands of the (4, 2) mesh: its type and its values
 // against the host.
@@ -1036,13 +1164,14 @@ TEST_F(JitTest, CombinedAndDeduplicatedProgramsMatchTheHost) {
   expect_near(fetch((*g)[1]), col);
 }
 
-// The ambient mesh (jax.set_mesh, jax.sharding.get_abstract_mesh; JAX's "Explicit sharding"
+// The ambient mesh (jax.set_mesh, jax.sharding.get_mesh / get_abstract_mesh; JAX's "Explicit sharding"
 // guide uses `with jax.set_mesh(mesh):` so that device_put, with_sharding_constraint and
 // shard_map take bare P's): scopes nest and end, bare specs resolve against the innermost, a
 // jitted function traced under one mesh is traced again under another, and without a mesh a
 // bare spec is an error that says how to give one.
 TEST_F(JitTest, TheAmbientMeshResolvesBareSpecs) {
-  EXPECT_FALSE(get_abstract_mesh().has_value());
+  EXPECT_FALSE(get_mesh().has_value());
+  EXPECT_TRUE(get_abstract_mesh().empty());
   absl::StatusOr<Mesh> other = client_->make_mesh({8}, {"data"});
   ASSERT_TRUE(other.ok()) << other.status();
   const HostArray x = random_f32({16, 8}, 21);
@@ -1053,8 +1182,9 @@ TEST_F(JitTest, TheAmbientMeshResolvesBareSpecs) {
   });
   {
     MeshScope scope = set_mesh(*mesh_);
-    ASSERT_TRUE(get_abstract_mesh().has_value());
-    EXPECT_EQ(*get_abstract_mesh(), *mesh_);
+    ASSERT_TRUE(get_mesh().has_value());
+    EXPECT_EQ(*get_mesh(), *mesh_);
+    EXPECT_EQ(get_abstract_mesh(), mesh_->abstract_mesh());
     absl::StatusOr<Array> a = client_->device_put(x, P(None, "model"));
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ(a->sharding(), NamedSharding(*mesh_, P(None, "model")));
@@ -1065,7 +1195,7 @@ TEST_F(JitTest, TheAmbientMeshResolvesBareSpecs) {
     const int64_t first = f.compilations();  // the coordinator's count at this compilation
     {
       MeshScope inner = set_mesh(*other);
-      EXPECT_EQ(*get_abstract_mesh(), *other);
+      EXPECT_EQ(*get_mesh(), *other);
       absl::StatusOr<Array> b = client_->device_put(x, P("data"));
       ASSERT_TRUE(b.ok()) << b.status();
       EXPECT_EQ(b->sharding(), NamedSharding(*other, P("data")));
@@ -1086,13 +1216,13 @@ TEST_F(JitTest, TheAmbientMeshResolvesBareSpecs) {
       for (float v : x.values<float>()) total += v;
       expect_near(fetch((*s)[0]), {total}, 1e-4);
     }
-    EXPECT_EQ(*get_abstract_mesh(), *mesh_);  // the inner scope ended
+    EXPECT_EQ(*get_mesh(), *mesh_);  // the inner scope ended
     // Under the outer mesh again the call hits the first compilation: nothing is compiled.
     const int64_t second = f.compilations();
     ASSERT_TRUE(f({*a}).ok());
     EXPECT_EQ(f.compilations(), second);
   }
-  EXPECT_FALSE(get_abstract_mesh().has_value());
+  EXPECT_FALSE(get_mesh().has_value());
   absl::StatusOr<Array> none = client_->device_put(x, P("data"));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(none.status().message(), HasSubstr("device_put: the bare PartitionSpec "));

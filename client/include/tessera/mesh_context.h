@@ -46,8 +46,19 @@ class [[nodiscard]] MeshScope {
 // jax.set_mesh(mesh) used as a context manager.
 inline MeshScope set_mesh(Mesh mesh) { return MeshScope(std::move(mesh)); }
 
-// jax.sharding.get_abstract_mesh(): the innermost ambient mesh of this thread, or none.
-std::optional<Mesh> get_abstract_mesh();
+// jax.sharding.get_mesh(): the innermost ambient mesh of this thread (what set_mesh set), or
+// none (JAX: an empty Mesh).
+std::optional<Mesh> get_mesh();
+
+// jax.sharding.get_abstract_mesh(): the axis sizes, names and types in force where it is
+// called, empty when there are none. Outside a trace: the ambient mesh's. Inside one, as JAX's
+// (which sets the abstract mesh in jit, shard_map and auto_axes / explicit_axes): the ambient
+// mesh's at the top of a jitted function; in a shard_map body, its mesh with the axes the body
+// is manual over Manual (jax/_src/shard_map.py, _as_manual_mesh); inside auto_axes the
+// switched axes Auto, inside explicit_axes Explicit (jax/_src/pjit.py, _get_new_mesh).
+// Tessera's explicit mode takes its mesh from the arguments: with no ambient mesh, inside
+// auto_axes the mesh is that one.
+AbstractMesh get_abstract_mesh();
 
 // NamedSharding(ambient mesh, spec); INVALID_ARGUMENT "<who>: the bare PartitionSpec P(...)
 // needs a mesh: ..." when there is none.

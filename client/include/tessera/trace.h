@@ -30,6 +30,8 @@
 
 namespace tessera {
 
+class Array;  // tessera/array.h
+
 // Implementation details of the SDK, not for applications.
 namespace internal {
 struct TraceState;
@@ -376,21 +378,46 @@ Value with_sharding_constraint(const Value& x, const PartitionSpec& spec);
 // type is `spec`. Outside a trace, reshard(Array, spec) in tessera/jit.h.
 Value reshard(const Value& x, const PartitionSpec& spec);
 
+// What auto_axes and explicit_axes return: f with some mesh axes switched to another type,
+// called inside a trace on Values or, as JAX runs them outside jit, on arrays. C++ has no
+// op-by-op dispatch, so the call on arrays runs f as a program of its own (compiled once per
+// signature, as Jitted): the arguments' axes switch inside it exactly as in a trace, and the
+// results come back laid out as the out_shardings say (auto_axes) or as f left them
+// (explicit_axes). Converts to a TracedFunction.
+class AxesSwitched {
+ public:
+  // Inside a trace: records f with the axes switched; errors fail the trace (below).
+  std::vector<Value> operator()(const std::vector<Value>& args) const { return traced_(args); }
+  // On arrays, outside a trace: the results, or the trace's error (INVALID_ARGUMENT) and
+  // Jitted::operator()'s errors. Defined in client/jit.cc.
+  absl::StatusOr<std::vector<Array>> operator()(const std::vector<Array>& args) const;
+
+ private:
+  friend AxesSwitched auto_axes(TracedFunction, std::vector<std::string>, std::vector<PartitionSpec>);
+  friend AxesSwitched explicit_axes(TracedFunction, std::vector<std::string>, std::vector<PartitionSpec>);
+  explicit AxesSwitched(TracedFunction traced);
+  TracedFunction traced_;
+  struct Eager;  // the compiled program for calls on arrays (jit.cc)
+  std::shared_ptr<Eager> eager_;
+};
+
 // jax.sharding.auto_axes(f, axes, out_sharding): f traced with the Explicit mesh axes `axes`
 // (all of the mesh's when empty) treated as Auto: its values' types leave them out and its
-// ops' rules ignore them (the compiler decides there), and each result is then resharded to
-// its out_shardings entry (its type outside). The way around an op whose explicit rule refuses
-// its operands. As JAX's, f runs as it is when no axis of `axes` is Explicit (outside explicit
-// mode too). INVALID_ARGUMENT (failing the trace) for an axis not in the mesh or Manual, or
-// for out_shardings not one per result.
-TracedFunction auto_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> out_shardings);
+// ops' rules ignore them (the compiler decides there; get_abstract_mesh() shows them Auto),
+// and each result is then resharded to its out_shardings entry (its type outside). The way
+// around an op whose explicit rule refuses its operands. As JAX's, f runs as it is when no
+// axis of `axes` is Explicit (outside explicit mode too). INVALID_ARGUMENT (failing the trace)
+// for an axis not in the mesh or Manual, or for out_shardings not one per result. Callable on
+// arrays outside a trace (AxesSwitched).
+AxesSwitched auto_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> out_shardings);
 
 // jax.sharding.explicit_axes(f, axes, in_sharding): f traced with the mesh axes `axes` (all
 // when empty) Explicit: its arguments are first resharded to in_shardings (one per argument),
 // which become their types, and every op inside has its explicit rule; the results' types
 // then leave those axes out again. The mesh: the trace's explicit mesh, else the ambient one
-// (set_mesh); none is INVALID_ARGUMENT with JAX's "Context mesh cannot be empty".
-TracedFunction explicit_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> in_shardings);
+// (set_mesh); none is INVALID_ARGUMENT with JAX's "Context mesh cannot be empty". Callable on
+// arrays outside a trace (AxesSwitched).
+AxesSwitched explicit_axes(TracedFunction f, std::vector<std::string> axes, std::vector<PartitionSpec> in_shardings);
 
 namespace internal {
 // auto_axes with out_shardings computed from f's results once they are known (the Python
