@@ -193,14 +193,14 @@ ShapedType type_of(const Array& x) {
                     {}};
 }
 
-absl::StatusOr<Array> reshard(const Array& x, const PartitionSpec& spec) {
-  const NamedSharding target(x.sharding().mesh(), spec);
+absl::StatusOr<Array> reshard(const Array& x, const NamedSharding& target) {
   absl::Status fits = target.validate(x.shape());
   if (!fits.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("reshard: ", type_to_string(x.dtype(), x.shape()), " to ",
-                                                   spec.to_string(), ": ", fits.message()));
+                                                   target.spec().to_string(), ": ", fits.message()));
   }
   if (target == x.sharding()) return x;
+  if (target.mesh() != x.sharding().mesh()) return Client(internal::array_state(x).client).device_put(x, target);
   TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, jit([target](const std::vector<Value>& in) {
                              return std::vector<Value>{with_sharding_constraint(in[0], target)};
                            })({x}));
@@ -218,6 +218,11 @@ AxesSwitched::AxesSwitched(TracedFunction traced)
 
 absl::StatusOr<std::vector<Array>> AxesSwitched::operator()(const std::vector<Array>& args) const {
   return eager_->program(args);
+}
+
+absl::StatusOr<Array> reshard(const Array& x, const PartitionSpec& spec) {
+  TESSERA_ASSIGN_OR_RETURN(NamedSharding target, ambient_sharding(spec, "reshard"));
+  return reshard(x, target);
 }
 
 absl::StatusOr<std::vector<Array>> Jitted::operator()(const std::vector<Array>& args) const {

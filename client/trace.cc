@@ -428,6 +428,15 @@ Value broadcast_to(const Value& x, Shape shape) {
   return broadcast_in_dim(x, std::move(shape), std::move(dims));
 }
 
+Value broadcast_in_dim(const Value& x, Shape shape, std::vector<int64_t> dims, const PartitionSpec& out_sharding) {
+  return internal::with_out_sharding(x, out_sharding,
+                                     [&] { return broadcast_in_dim(x, std::move(shape), std::move(dims)); });
+}
+
+Value broadcast_to(const Value& x, Shape shape, const PartitionSpec& out_sharding) {
+  return internal::with_out_sharding(x, out_sharding, [&] { return broadcast_to(x, std::move(shape)); });
+}
+
 Value reshape(const Value& x, Shape shape) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
@@ -647,7 +656,15 @@ Value take(const Value& x, const Value& indices, int64_t axis, IndexMode mode, s
   return gather(x, i, axis, mode, fill_value);
 }
 
+Value take(const Value& x, const Value& indices, int64_t axis, const PartitionSpec& out_sharding, IndexMode mode,
+           std::optional<Scalar> fill_value) {
+  return internal::auto_out_sharding(x, out_sharding, [&] { return take(x, indices, axis, mode, fill_value); });
+}
+
 Value IndexRef::get() const { return gather(x_, wrap_negative(x_, indices_, axis_), axis_, IndexMode::kClip); }
+Value IndexRef::get(const PartitionSpec& out_sharding) const {
+  return internal::auto_out_sharding(x_, out_sharding, [&] { return get(); });
+}
 Value IndexRef::set(const Value& updates) const {
   return scatter(x_, wrap_negative(x_, indices_, axis_), updates_for(x_, indices_, axis_, updates), axis_);
 }
@@ -693,6 +710,18 @@ Value full(Shape shape, double value, DType dtype) {
   TraceState* t = TraceState::current;
   if (t == nullptr || !t->error.ok()) return Value();
   return t->make(t->graph.add_constant(dtype, std::move(shape), value));
+}
+
+// Made unsplit (the explicit rule of iota and constants), then laid out by out_sharding: the
+// compiler makes each block where it lives (a constraint pins a source op's layout).
+Value iota(DType dtype, Shape shape, int64_t dimension, const PartitionSpec& out_sharding) {
+  const Value r = iota(dtype, std::move(shape), dimension);
+  return r.ok() ? reshard(r, out_sharding) : r;
+}
+
+Value full(Shape shape, double value, DType dtype, const PartitionSpec& out_sharding) {
+  const Value r = full(std::move(shape), value, dtype);
+  return r.ok() ? reshard(r, out_sharding) : r;
 }
 
 Value with_sharding_constraint(const Value& x, const NamedSharding& sharding) {
@@ -774,6 +803,27 @@ Value typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
   return with_out_sharding(like, type_spec(like), op);
+}
+
+Value auto_out_sharding(const Value& operand, const PartitionSpec& out_sharding, const std::function<Value()>& op) {
+  TraceState* t = TraceState::common({&operand});
+  if (t == nullptr) return Value();
+  std::vector<std::string> explicit_axes;
+  if (t->explicit_mesh.has_value()) {
+    const Mesh& mesh = *t->explicit_mesh;
+    for (size_t i = 0; i < mesh.axis_names().size(); ++i) {
+      if (mesh.axis_types()[i] == AxisType::kExplicit) explicit_axes.push_back(mesh.axis_names()[i]);
+    }
+  }
+  if (explicit_axes.empty()) return with_out_sharding(operand, out_sharding, op);
+  return tessera::auto_axes([&](const std::vector<Value>&) { return std::vector<Value>{op()}; },
+                            std::move(explicit_axes), std::vector<PartitionSpec>{out_sharding})({})[0];
+}
+
+Value auto_typed_as(const Value& like, const std::function<Value()>& op) {
+  TraceState* t = TraceState::common({&like});
+  if (t == nullptr || !t->explicit_mesh.has_value()) return op();
+  return auto_out_sharding(like, type_spec(like), op);
 }
 
 }  // namespace internal

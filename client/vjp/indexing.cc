@@ -18,11 +18,16 @@ Value gathered(const VjpArgs& a, const Value& g) {
 
 absl::Span<const VjpEntry> indexing_vjps() {
   static const VjpEntry kRules[] = {
-      // An index out of range in fill mode read nothing: its cotangent is dropped.
+      // An index out of range in fill mode read nothing: its cotangent is dropped. In explicit
+      // mode the scatter runs with the Explicit axes as Auto and is laid out as the table (JAX's
+      // _gather_transpose_fancy: zeros with operand's sharding; under auto_axes when the gather
+      // was, as take's out_sharding makes it), since indices split as the cotangent is would
+      // make the explicit scatter ambiguous.
       {Op::kGather,
        [](const VjpArgs& a) {
          const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
-         a.add(0, scatter_add(zeros_like(a.x[0]), a.x[1], a.g, attrs.axis, attrs.mode));
+         a.add(0, auto_typed_as(a.x[0],
+                                [&] { return scatter_add(zeros_like(a.x[0]), a.x[1], a.g, attrs.axis, attrs.mode); }));
          return absl::OkStatus();
        }},
       {Op::kScatterAdd,

@@ -53,7 +53,11 @@ absl::Span<const VjpEntry> layout_vjps() {
   static const VjpEntry kRules[] = {
       {Op::kBroadcastInDim,
        [](const VjpArgs& a) {
-         a.add(0, unbroadcast(a.g, a.x[0].shape(), a.node.shape, a.node.attrs<BroadcastAttrs>().result_dims));
+         // In explicit mode laid out as the operand (JAX's _broadcast_in_dim_transpose_rule:
+         // reduce_sum(ct, axes, out_sharding=operand.aval.sharding)).
+         a.add(0, typed_as(a.x[0], [&] {
+                 return unbroadcast(a.g, a.x[0].shape(), a.node.shape, a.node.attrs<BroadcastAttrs>().result_dims);
+               }));
          return absl::OkStatus();
        }},
       {Op::kReshape,

@@ -66,6 +66,15 @@ Value scalar_op_int(const std::string& op, const Value& x, int64_t y, bool rever
   throw StatusError(absl::InvalidArgumentError(absl::StrCat("scalar_op_int: unknown op '", op, "'")));
 }
 
+// `op()` with `mesh` (an out_sharding NamedSharding's mesh, or Python's ambient one) the ambient
+// mesh when given: a trace not in explicit mode resolves out_sharding's bare spec against it.
+template <typename Op>
+auto on_mesh(std::optional<Mesh> mesh, Op op) {
+  std::optional<MeshScope> scope;
+  if (mesh) scope.emplace(*std::move(mesh));
+  return op();
+}
+
 void bind_ops(py::module_& m) {
   using V = const Value&;
   for (auto [name, fn] : std::vector<std::pair<const char*, Value (*)(V)>>{{"neg", &neg},
@@ -111,14 +120,20 @@ void bind_ops(py::module_& m) {
   m.def("scalar_op_int", &scalar_op_int);
 
   m.def("convert", &convert);
-  m.def("broadcast_in_dim", &broadcast_in_dim);
-  m.def("broadcast_to", &broadcast_to);
+  using Dims = std::vector<int64_t>;
+  m.def("broadcast_in_dim", static_cast<Value (*)(V, Shape, Dims)>(&broadcast_in_dim));
+  m.def("broadcast_to", static_cast<Value (*)(V, Shape)>(&broadcast_to));
+  // With out_sharding (lax.broadcast_in_dim / jnp.broadcast_to(..., out_sharding=)).
+  m.def("broadcast_in_dim", [](V x, Shape shape, Dims dims, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    return on_mesh(std::move(mesh), [&] { return broadcast_in_dim(x, std::move(shape), std::move(dims), spec); });
+  });
+  m.def("broadcast_to", [](V x, Shape shape, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    return on_mesh(std::move(mesh), [&] { return broadcast_to(x, std::move(shape), spec); });
+  });
   m.def("reshape", static_cast<Value (*)(V, Shape)>(&reshape));
   // With out_sharding (jnp.reshape(..., out_sharding=)); `mesh` as matmul's below.
   m.def("reshape", [](V x, Shape shape, const PartitionSpec& spec, std::optional<Mesh> mesh) {
-    std::optional<MeshScope> scope;
-    if (mesh) scope.emplace(*std::move(mesh));
-    return reshape(x, std::move(shape), spec);
+    return on_mesh(std::move(mesh), [&] { return reshape(x, std::move(shape), spec); });
   });
   m.def("transpose", &transpose);
   m.def("expand_dims", &expand_dims);
@@ -130,7 +145,6 @@ void bind_ops(py::module_& m) {
   m.def("mean", [](V x, std::vector<int64_t> axes, bool keepdims) { return mean(x, std::move(axes), keepdims); });
   m.def("argmax", &argmax);
   m.def("argmin", &argmin);
-  using Dims = std::vector<int64_t>;
   auto dot_dims = [](Dims lhs_contracting, Dims rhs_contracting, Dims lhs_batch, Dims rhs_batch) {
     DotDims dims;
     dims.lhs_contracting = std::move(lhs_contracting);
@@ -148,25 +162,30 @@ void bind_ops(py::module_& m) {
   // With out_sharding (lax.dot_general(..., out_sharding=)); `mesh` as matmul's below.
   m.def("dot_general", [dot_dims](V lhs, V rhs, Dims lhs_contracting, Dims rhs_contracting, Dims lhs_batch,
                                   Dims rhs_batch, const PartitionSpec& spec, std::optional<Mesh> mesh) {
-    std::optional<MeshScope> scope;
-    if (mesh) scope.emplace(*std::move(mesh));
-    return dot_general(
-        lhs, rhs,
-        dot_dims(std::move(lhs_contracting), std::move(rhs_contracting), std::move(lhs_batch), std::move(rhs_batch)),
-        spec);
+    return on_mesh(std::move(mesh), [&] {
+      return dot_general(
+          lhs, rhs,
+          dot_dims(std::move(lhs_contracting), std::move(rhs_contracting), std::move(lhs_batch), std::move(rhs_batch)),
+          spec);
+    });
   });
   m.def("matmul", static_cast<Value (*)(V, V)>(&matmul));
   // With out_sharding; `mesh` (Python's ambient mesh, or the NamedSharding's) for a trace not
   // in explicit mode, whose bare specs resolve against the SDK's ambient mesh.
   m.def("matmul", [](V a, V b, const PartitionSpec& spec, std::optional<Mesh> mesh) {
-    std::optional<MeshScope> scope;
-    if (mesh) scope.emplace(*std::move(mesh));
-    return matmul(a, b, spec);
+    return on_mesh(std::move(mesh), [&] { return matmul(a, b, spec); });
   });
   m.def("slice", &slice);
   m.def("concatenate", &concatenate);
-  m.def("iota", &iota);
-  m.def("full", &full);
+  m.def("iota", static_cast<Value (*)(DType, Shape, int64_t)>(&iota));
+  m.def("full", static_cast<Value (*)(Shape, double, DType)>(&full));
+  // With out_sharding (lax.broadcasted_iota, jnp.full / zeros / ones / arange in a trace).
+  m.def("iota", [](DType dtype, Shape shape, int64_t dimension, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    return on_mesh(std::move(mesh), [&] { return iota(dtype, std::move(shape), dimension, spec); });
+  });
+  m.def("full", [](Shape shape, double value, DType dtype, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    return on_mesh(std::move(mesh), [&] { return full(std::move(shape), value, dtype, spec); });
+  });
   m.def("with_sharding_constraint",
         static_cast<Value (*)(const Value&, const NamedSharding&)>(&with_sharding_constraint));
   // Issue #15's stop_gradient and the composites of client/lax.cc.
@@ -184,17 +203,13 @@ void bind_ops(py::module_& m) {
   m.def("triu", &triu);
   m.def("einsum", static_cast<Value (*)(const std::string&, V, V)>(&einsum));
   m.def("einsum", [](const std::string& subscripts, V a, V b, const PartitionSpec& spec, std::optional<Mesh> mesh) {
-    std::optional<MeshScope> scope;
-    if (mesh) scope.emplace(*std::move(mesh));
-    return einsum(subscripts, a, b, spec);
+    return on_mesh(std::move(mesh), [&] { return einsum(subscripts, a, b, spec); });
   });
   // Explicit sharding (issue 16 item 2): jax.typeof as JAX prints it, and reshard in a trace.
   m.def("type_of", [](V x) { return type_of(x).to_string(); });
   m.def("type_of_array", [](const Array& x) { return type_of(x).to_string(); });
   m.def("reshard", [](V x, const PartitionSpec& spec, std::optional<Mesh> mesh) {
-    std::optional<MeshScope> scope;
-    if (mesh) scope.emplace(*std::move(mesh));
-    return reshard(x, spec);
+    return on_mesh(std::move(mesh), [&] { return reshard(x, spec); });
   });
   // jax.sharding.auto_axes / explicit_axes inside a trace, on flat lists of Values;
   // `out_specs` (auto_axes) is called once f has run, for the flattened out_sharding prefix.
@@ -215,9 +230,8 @@ void bind_ops(py::module_& m) {
         });
   m.def("explicit_axes", [](py::object f, const std::vector<Value>& args, std::vector<std::string> axes,
                             std::vector<PartitionSpec> in_specs, std::optional<Mesh> mesh) {
-    std::optional<MeshScope> scope;
-    if (mesh) scope.emplace(*std::move(mesh));
-    return explicit_axes(traced(std::move(f)), std::move(axes), std::move(in_specs))(args);
+    return on_mesh(std::move(mesh),
+                   [&] { return explicit_axes(traced(std::move(f)), std::move(axes), std::move(in_specs))(args); });
   });
   m.def("argsort", &argsort);
   m.def("sort", &sort);
@@ -286,6 +300,10 @@ void bind_ops(py::module_& m) {
     return take(x, indices, axis, clip ? IndexMode::kClip : IndexMode::kFillOrDrop, fill_value);
   });
   m.def("at_get", [](V x, V indices, int64_t axis) { return at(x, indices, axis).get(); });
+  // x.at[i].get(out_sharding=) (trace.h: the gather with the Explicit axes as Auto, then laid out).
+  m.def("at_get", [](V x, V indices, int64_t axis, const PartitionSpec& spec, std::optional<Mesh> mesh) {
+    return on_mesh(std::move(mesh), [&] { return at(x, indices, axis).get(spec); });
+  });
   m.def("at_set", [](V x, V indices, int64_t axis, V updates) { return at(x, indices, axis).set(updates); });
   m.def("at_add", [](V x, V indices, int64_t axis, V updates) { return at(x, indices, axis).add(updates); });
   m.def("dynamic_slice", &dynamic_slice);

@@ -761,7 +761,8 @@ def reshard(x, out_shardings):
     """jax.reshard / jax.sharding.reshard: x (a pytree of arrays or traced values) laid out by
     out_shardings (a NamedSharding, a P on the explicit or ambient mesh, or a prefix pytree of
     them). Inside a trace the move is part of the program and the type becomes the spec;
-    outside, an Array moves on its mesh by collectives on the workers."""
+    outside, an Array moves by collectives on the workers, a bare P onto the ambient mesh (as
+    JAX's canonicalize_sharding; none set is a ValueError naming how to set one)."""
     leaves, treedef = tree_flatten(x)
     targets = broadcast_prefix(out_shardings, x, lambda p: isinstance(p, (NamedSharding, PartitionSpec)))
     out = []
@@ -771,10 +772,8 @@ def reshard(x, out_shardings):
             mesh = t.mesh if isinstance(t, NamedSharding) else _ambient_mesh()
             spec = t.spec if isinstance(t, NamedSharding) else t
             out.append(_wrap(_t.reshard(l._v, spec._cpp(), None if mesh is None else mesh._cpp)))
-        elif isinstance(l, Array) and isinstance(t, PartitionSpec):
-            out.append(_put_one(l, NamedSharding(l.sharding.mesh, t)))
         else:
-            out.append(_put_one(l, t))
+            out.append(_put_one(l, _as_named(t, "reshard")))
     return tree_unflatten(treedef, out)
 
 

@@ -148,8 +148,24 @@ def convert_element_type(x, new_dtype):
 
 
 @_op
-def broadcast_in_dim(operand, shape, broadcast_dimensions):
+def _broadcast_in_dim(operand, shape, broadcast_dimensions):
     return _wrap(_t.broadcast_in_dim(_tracer(operand)._v, list(shape), list(broadcast_dimensions)))
+
+
+def broadcast_in_dim(operand, shape, broadcast_dimensions, *, out_sharding=None):
+    """lax.broadcast_in_dim; out_sharding lays the result out (a NamedSharding, or a P on the
+    explicit or ambient mesh), as JAX's _broadcast_in_dim_sharding_rule returns it."""
+    if out_sharding is None:
+        return _broadcast_in_dim(operand, shape, broadcast_dimensions)
+    return _jnp._with_out_sharding((operand,), out_sharding, lambda v, spec, mesh: _t.broadcast_in_dim(
+        v[0], list(shape), list(broadcast_dimensions), spec, mesh))
+
+
+def broadcast(operand, sizes, *, out_sharding=None):
+    """lax.broadcast: new leading dimensions of `sizes`."""
+    shape = tuple(getattr(operand, "shape", ()))  # a Python scalar: rank 0
+    return broadcast_in_dim(operand, tuple(sizes) + shape, tuple(range(len(sizes), len(sizes) + len(shape))),
+                            out_sharding=out_sharding)
 
 
 @_op
@@ -165,6 +181,14 @@ def concatenate(operands, dimension):
 
 def iota(dtype, size):
     return Tracer(_t.iota(_enum(dtype), [size], 0))
+
+
+def broadcasted_iota(dtype, shape, dimension, *, out_sharding=None):
+    """lax.broadcasted_iota (in a trace); out_sharding lays the result out (a NamedSharding, or
+    a P on the explicit or ambient mesh)."""
+    if out_sharding is None:
+        return Tracer(_t.iota(_enum(dtype), list(shape), dimension))
+    return Tracer(_t.iota(_enum(dtype), list(shape), dimension, *_jnp._spec_and_mesh(out_sharding)))
 
 
 def select(pred, on_true, on_false):

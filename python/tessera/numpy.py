@@ -362,9 +362,19 @@ def squeeze(a, axis=None):
 
 
 @_op
-def broadcast_to(array, shape):
+def _broadcast_to(array, shape):
     a = _tracer(array)
     return _wrap(_t.broadcast_to(a._v, list(shape)))
+
+
+def broadcast_to(array, shape, *, out_sharding=None):
+    """jnp.broadcast_to; out_sharding lays the result out (a NamedSharding, or a P on the
+    explicit or ambient mesh), as JAX's broadcast_in_dim rule returns it."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if out_sharding is None:
+        return _broadcast_to(array, shape)
+    return _with_out_sharding((array,), out_sharding,
+                              lambda v, spec, mesh: _t.broadcast_to(v[0], list(shape), spec, mesh))
 
 
 @_op
@@ -501,12 +511,29 @@ def _with_out_sharding(args, out_sharding, traced):
     if not (in_trace() or _has_tracer(args)):
         from ._api import jit
         return jit(lambda *xs: _with_out_sharding(xs, out_sharding, traced))(*args)
+    return _wrap(traced([_tracer(a)._v for a in args], *_spec_and_mesh(out_sharding)))
+
+
+def _spec_and_mesh(out_sharding):
+    """out_sharding's spec and mesh for the SDK: a NamedSharding's own, or a P's ambient mesh
+    (None: the trace's explicit mesh, or the SDK's error naming the missing mesh)."""
     from .sharding import NamedSharding, _ambient_mesh
     if isinstance(out_sharding, NamedSharding):
         spec, mesh = out_sharding.spec, out_sharding.mesh
     else:
         spec, mesh = out_sharding, _ambient_mesh()
-    return _wrap(traced([_tracer(a)._v for a in args], spec._cpp(), None if mesh is None else mesh._cpp))
+    return spec._cpp(), None if mesh is None else mesh._cpp
+
+
+def _created(name, out_sharding, host, traced):
+    """A creation function's result laid out by out_sharding (a NamedSharding, or a P on the
+    explicit or ambient mesh): `traced(spec, mesh)` (a Value) in a trace; outside, `host()`
+    placed so, committed, as JAX's (tests/pjit_test.py test_jnp_zeros_out_sharding)."""
+    if in_trace():
+        return _wrap(traced(*_spec_and_mesh(out_sharding)))
+    from .sharding import _as_named
+    from ._api import _put_numpy
+    return _put_numpy(host(), _as_named(out_sharding, name))
 
 
 def einsum(subscripts, a, b, out_sharding=None):
@@ -567,11 +594,16 @@ def _creation_dtype(dtype, default):
     return canonical_dtype(default if dtype is None else dtype)
 
 
-def full(shape, fill_value, dtype=None):
+def full(shape, fill_value, dtype=None, *, out_sharding=None):
+    """jnp.full; out_sharding lays the result out (a NamedSharding, or a P on the explicit or
+    ambient mesh), committed to it outside a trace."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if dtype is None:
         dtype = _np.asarray(fill_value).dtype
     dt = canonical_dtype(dtype)
+    if out_sharding is not None:
+        return _created("full", out_sharding, lambda: _np.full(shape, fill_value, dtype=dt),
+                        lambda spec, mesh: _t.full(list(shape), float(fill_value), _enum(dt), spec, mesh))
     if in_trace():
         return _full(shape, fill_value, dt)
     return _device(_np.full(shape, fill_value, dtype=dt))
@@ -584,44 +616,53 @@ def _device(host):
     return _uncommitted_array(host)
 
 
-def zeros(shape, dtype=None):
-    return full(shape, 0, _creation_dtype(dtype, _float_dtype()))
+def zeros(shape, dtype=None, *, out_sharding=None):
+    return full(shape, 0, _creation_dtype(dtype, _float_dtype()), out_sharding=out_sharding)
 
 
-def ones(shape, dtype=None):
-    return full(shape, 1, _creation_dtype(dtype, _float_dtype()))
+def ones(shape, dtype=None, *, out_sharding=None):
+    return full(shape, 1, _creation_dtype(dtype, _float_dtype()), out_sharding=out_sharding)
 
 
-def full_like(a, fill_value, dtype=None, shape=None):
+def full_like(a, fill_value, dtype=None, shape=None, *, out_sharding=None):
     """jnp.full_like. Of a committed Array (its shape kept), the result has a's sharding, as
     lax.full_like documents ("the output will have the same sharding as the input"; an
-    uncommitted input gets the default placement)."""
+    uncommitted input gets the default placement); out_sharding as full's."""
     shape = a.shape if shape is None else ((shape,) if isinstance(shape, int) else tuple(shape))
     dtype = a.dtype if dtype is None else dtype
+    if out_sharding is not None:
+        return full(shape, fill_value, dtype, out_sharding=out_sharding)
     if isinstance(a, Array) and a._committed and tuple(shape) == a.shape and not in_trace():
         from ._api import _put_numpy
         return _put_numpy(_np.full(shape, fill_value, dtype=canonical_dtype(dtype)), a.sharding)
     return full(shape, fill_value, dtype)
 
 
-def zeros_like(a, dtype=None):
-    return full_like(a, 0, dtype)
+def zeros_like(a, dtype=None, shape=None, *, out_sharding=None):
+    return full_like(a, 0, dtype, shape, out_sharding=out_sharding)
 
 
-def ones_like(a, dtype=None):
-    return full_like(a, 1, dtype)
+def ones_like(a, dtype=None, shape=None, *, out_sharding=None):
+    return full_like(a, 1, dtype, shape, out_sharding=out_sharding)
 
 
-def arange(start, stop=None, step=1, dtype=None):
+def arange(start, stop=None, step=1, dtype=None, *, out_sharding=None):
+    """jnp.arange; out_sharding as full's (an iota made laid out so in a trace)."""
     if stop is None:
         start, stop = 0, start
     if dtype is None:
         dtype = _np.result_type(*(type(v) for v in (start, stop, step)))
     dt = canonical_dtype(dtype)
     n = builtins.max(0, int(_np.ceil((stop - start) / step)))
-    if not in_trace():
+    if out_sharding is not None:
+        out = _created("arange", out_sharding, lambda: _np.arange(start, stop, step).astype(dt),
+                       lambda spec, mesh: _t.iota(_enum(dt), [n], 0, spec, mesh))
+        if not in_trace():
+            return out
+    elif not in_trace():
         return _device(_np.arange(start, stop, step).astype(dt))
-    out = Tracer(_t.iota(_enum(dt), [n], 0))
+    else:
+        out = Tracer(_t.iota(_enum(dt), [n], 0))
     return out * step + start if (step != 1 or start != 0) else out
 
 
@@ -760,6 +801,11 @@ def _at_get(x, idx):
     return _wrap(_t.at_get(x._v, i._v, axis))
 
 
+def _at_get_laid_out(x, idx, out_sharding):
+    axis, i = _at_axis(x, idx)
+    return _wrap(_t.at_get(x._v, i._v, axis, *_spec_and_mesh(out_sharding)))
+
+
 @_op
 def _at_set(x, idx, values):
     axis, i = _at_axis(x, idx)
@@ -784,9 +830,18 @@ class _IndexUpdateRef:
     def _args(self):
         return self._x, _eager_index(self._idx)
 
-    def get(self, **unsupported):
+    def get(self, *, out_sharding=None, **unsupported):
+        """out_sharding (a NamedSharding, or a P on the explicit or ambient mesh): the gather
+        runs with the mesh's Explicit axes as Auto and its result is laid out so, as JAX's
+        (jax/_src/numpy/indexing.py rewriting_take: auto_axes)."""
         _no_options("get", unsupported)
-        return _at_get(*self._args())
+        if out_sharding is None:
+            return _at_get(*self._args())
+        x, idx = self._args()
+        if in_trace() or _has_tracer((x, idx)):
+            return _at_get_laid_out(_tracer(x), idx, out_sharding)
+        from ._api import jit
+        return jit(lambda x, idx: _at_get_laid_out(x, idx, out_sharding))(x, idx)
 
     def set(self, values, **unsupported):
         _no_options("set", unsupported)

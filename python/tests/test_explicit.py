@@ -116,7 +116,8 @@ def test_out_sharding_resolves_a_split_contraction(xy):
 def test_reshard_inside_and_outside_jit(xy):
   x = np.arange(32.0, dtype=np.float32).reshape(8, 4)
   xs = jax.device_put(x, jax.sharding.NamedSharding(xy, P("X", None)))
-  moved = reshard(xs, P(None, "Y"))
+  with set_mesh(xy):  # a bare P resolves against the ambient mesh (test_out_sharding.py: without one)
+    moved = reshard(xs, P(None, "Y"))
   assert str(jax.typeof(moved)) == "float32[8,4@Y]"
   assert moved.sharding.mesh == xy
   np.testing.assert_array_equal(np.asarray(moved), x)

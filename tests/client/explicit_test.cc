@@ -485,6 +485,35 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        "error: out sharding could not be resolved unambiguously"},
       // reshard moves the spec on purpose.
       {"reshard", {{f32, {16, 8}, P("a", None)}}, [](V v) { return reshard(v[0], P(None, "a")); }, "f32[16,8@a]"},
+      // out_sharding on the ops that make or broadcast values is the result's type (lax.py:
+      // _broadcast_in_dim_sharding_rule and iota's return it; pjit_test.py test_broadcast_to,
+      // test_broadcasted_iota_with_sharding, test_jnp_zeros_out_sharding).
+      {"broadcast_to_out_sharding",
+       {{f32, {1, 8}, P(None, "b")}},
+       [](V v) { return broadcast_to(v[0], {16, 8}, P("a", "b")); },
+       "f32[16@a,8@b]"},
+      {"broadcast_in_dim_out_sharding_moves_split",
+       {{f32, {16}, P("a")}},
+       [](V v) { return broadcast_in_dim(v[0], {16, 8}, {0}, P(None, "a")); },
+       "f32[16,8@a]"},
+      {"iota_out_sharding",
+       {{f32, {2}, P()}},
+       [](V) { return iota(DType::kI32, {8, 16}, 1, P("a", "b")); },
+       "i32[8@a,16@b]"},
+      {"full_out_sharding",
+       {{f32, {2}, P()}},
+       [](V) { return full({16, 8}, 1.0, f32, P(Axes{"a", "b"})); },
+       "f32[16@(a,b),8]"},
+      // take's out_sharding (.at[].get(out_sharding=), indexing.py: under auto_axes): the
+      // indexed dimension may be split (test_auto_gather_out_sharding).
+      {"take_out_sharding_indexed_dim_split",
+       {{f32, {32, 8}, P("a", "b")}, {DType::kI32, {4, 8}, P()}},
+       [](V v) { return take(v[0], v[1], 0, P(None, "a", "b")); },
+       "f32[4,8@a,8@b]"},
+      {"at_get_out_sharding",
+       {{f32, {8, 32}, P(None, "b")}, {DType::kI32, {16}, P("a")}},
+       [](V v) { return at(v[0], v[1], 1).get(P(None, "a")); },
+       "f32[8,16@a]"},
   };
   for (const Mesh& mesh : {mesh_of({2, 4}, {"a", "b"}, {kE, kE}), mesh_of({4, 2}, {"a", "b"}, {kE, kE})}) {
     for (const GridCase& c : cases) {

@@ -512,10 +512,12 @@ TEST_F(ExplicitJitTest, OutShardingResolvesAContractionSplitOnBothSides) {
   }
 }
 
-// jax.sharding.reshard outside jit moves an array on its mesh (collectives on the workers);
-// its type follows. Inside jit it is the program's move, and the type is the spec.
+// jax.sharding.reshard outside jit moves an array on the ambient mesh, here its own
+// (collectives on the workers); its type follows. Inside jit it is the program's move, and the
+// type is the spec. (Without an ambient mesh: out_sharding_test's ReshardOfAnArrayTakesTheAmbientMesh.)
 TEST_F(ExplicitJitTest, ReshardMovesArraysAndValues) {
   const Mesh mesh = explicit_mesh();
+  MeshScope scope = set_mesh(mesh);
   const HostArray x = random_f32({16, 8}, 5);
   const Array xs = put_on(mesh, x, P("X", None));
   absl::StatusOr<Array> moved = reshard(xs, P(None, "Y"));

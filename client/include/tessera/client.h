@@ -263,6 +263,7 @@ class Client {
  private:
   friend class ProfileScope;
   friend class Jitted;  // moves uncommitted arguments (device_put)
+  friend absl::StatusOr<Array> reshard(const Array& x, const NamedSharding& sharding);  // onto another mesh
   explicit Client(std::shared_ptr<internal::ClientImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<internal::ClientImpl> impl_;
 };

@@ -136,10 +136,14 @@ Jitted jit(StaticTracedFunction f, JitOptions options = {});
 // ("f32[8@X,2]"; "f32[8,2]" on an all-Auto mesh, as JAX's type shows no Auto axes).
 ShapedType type_of(const Array& x);
 
-// jax.sharding.reshard(x, spec) outside a trace: x laid out by `spec` on its own mesh, moved by
-// collectives on the workers (a jitted sharding constraint), never through the client. x itself
-// when it is laid out so already; INVALID_ARGUMENT when `spec` does not fit x
-// (NamedSharding::validate's rules). Inside a trace, reshard(Value, spec) in tessera/trace.h.
+// jax.sharding.reshard(x, sharding) outside a trace: x laid out by `sharding`, moved by
+// collectives on the workers (a jitted sharding constraint on x's mesh, device_put's move onto
+// another), never through the client. x itself when it is laid out so already;
+// INVALID_ARGUMENT when the sharding does not fit x (NamedSharding::validate's rules).
+// A bare spec resolves against the ambient mesh (set_mesh), as JAX's canonicalize_sharding:
+// with none, INVALID_ARGUMENT "reshard: the bare PartitionSpec P(...) needs a mesh: ...".
+// Inside a trace, reshard(Value, spec) in tessera/trace.h.
+absl::StatusOr<Array> reshard(const Array& x, const NamedSharding& sharding);
 absl::StatusOr<Array> reshard(const Array& x, const PartitionSpec& spec);
 
 }  // namespace tessera

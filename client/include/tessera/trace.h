@@ -236,6 +236,12 @@ TESSERA_SCALAR_OPERATOR(%, Op::kRem)  // remainder with a scalar (Op::kRem marks
 Value convert(const Value& x, DType dtype);
 Value broadcast_in_dim(const Value& x, Shape shape, std::vector<int64_t> dims);
 Value broadcast_to(const Value& x, Shape shape);  // numpy rules
+// With out_sharding (lax.broadcast_in_dim's and jnp.broadcast_to's): the result is laid out by
+// it (on the explicit mesh in explicit mode, else on the ambient mesh), as JAX's
+// _broadcast_in_dim_sharding_rule returns it; grad lays the operand's cotangent out as the
+// operand (JAX's _broadcast_in_dim_transpose_rule sums with out_sharding=operand's sharding).
+Value broadcast_in_dim(const Value& x, Shape shape, std::vector<int64_t> dims, const PartitionSpec& out_sharding);
+Value broadcast_to(const Value& x, Shape shape, const PartitionSpec& out_sharding);
 Value reshape(const Value& x, Shape shape);
 // With out_sharding: the result's layout, which explicit mode needs when a reshape splits or
 // merges a split dimension.
@@ -297,11 +303,18 @@ Value scatter_add(const Value& x, const Value& indices, const Value& updates, in
                   IndexMode mode = IndexMode::kFillOrDrop);
 Value take(const Value& x, const Value& indices, int64_t axis, IndexMode mode = IndexMode::kFillOrDrop,
            std::optional<Scalar> fill_value = std::nullopt);
+// With out_sharding, as jax.Array.at[...].get(out_sharding=) (jax/_src/numpy/indexing.py,
+// rewriting_take): the gather runs with the mesh's Explicit axes treated as Auto (auto_axes),
+// so a split indexed dimension is no error, and its result is laid out by out_sharding. grad
+// scatters the cotangent back the same way, laid out as x (JAX's test_auto_gather_out_sharding).
+Value take(const Value& x, const Value& indices, int64_t axis, const PartitionSpec& out_sharding,
+           IndexMode mode = IndexMode::kFillOrDrop, std::optional<Scalar> fill_value = std::nullopt);
 // x.at[(slice(None),) * axis + (indices,)], for get, set and add.
 class IndexRef {
  public:
   IndexRef(Value x, Value indices, int64_t axis) : x_(std::move(x)), indices_(std::move(indices)), axis_(axis) {}
   Value get() const;
+  Value get(const PartitionSpec& out_sharding) const;  // as take's out_sharding
   Value set(const Value& updates) const;
   Value add(const Value& updates) const;
 
@@ -321,6 +334,10 @@ Value dynamic_update_slice(const Value& x, const Value& update, const std::vecto
 // holds `value` converted to dtype. Called outside a trace they return an invalid Value.
 Value iota(DType dtype, Shape shape, int64_t dimension);
 Value full(Shape shape, double value, DType dtype = DType::kF32);
+// With out_sharding (lax.broadcasted_iota's, jnp.full / zeros / ones'): made laid out by it, on
+// the explicit mesh in explicit mode, else on the ambient mesh; its type is out_sharding.
+Value iota(DType dtype, Shape shape, int64_t dimension, const PartitionSpec& out_sharding);
+Value full(Shape shape, double value, DType dtype, const PartitionSpec& out_sharding);
 
 // Composites (client/lax.cc), traced from the ops above: their kernels, sharding rules and
 // VJPs are those ops'.
@@ -430,6 +447,12 @@ Value with_out_sharding(const Value& operand, const PartitionSpec& out_sharding,
 // In explicit mode, `op()` with out_sharding the type of `like` (a cotangent takes its
 // primal's sharding, as JAX's transpose rules give it); otherwise just `op()`.
 Value typed_as(const Value& like, const std::function<Value()>& op);
+// `op()` (an op on `operand`'s trace) in explicit mode with the mesh's Explicit axes treated
+// as Auto (auto_axes), its result then laid out by out_sharding; otherwise with_out_sharding.
+Value auto_out_sharding(const Value& operand, const PartitionSpec& out_sharding, const std::function<Value()>& op);
+// auto_out_sharding with out_sharding the type of `like` in explicit mode; otherwise `op()`
+// (the cotangent of an op that ran so, such as take's with out_sharding).
+Value auto_typed_as(const Value& like, const std::function<Value()>& op);
 }  // namespace internal
 
 // ---- Control flow (client/control.cc) ------------------------------------------------------

@@ -1,0 +1,205 @@
+# out_sharding on the ops that make or broadcast values (jnp.zeros / ones / full / *_like /
+# arange, jnp.broadcast_to, lax.broadcast_in_dim / broadcast, lax.broadcasted_iota,
+# x.at[i].get) and reshard of an Array against the ambient mesh, each case after a test of
+# JAX's tests/pjit_test.py (ShardingInTypesTest, named per case): shardings and types as those
+# tests assert them, values against numpy.
+import numpy as np
+import pytest
+
+import tessera as jax
+import tessera.numpy as jnp
+from tessera import lax
+from tessera.sharding import NamedSharding, PartitionSpec as P, AxisType, set_mesh, reshard
+
+
+def explicit(shape, names):
+  return jax.make_mesh(shape, names, axis_types=(AxisType.Explicit,) * len(names))
+
+
+@pytest.fixture(scope="module")
+def x8():
+  return explicit((8,), ("x",))
+
+
+def test_jnp_zeros_out_sharding(x8):
+  # test_jnp_zeros_out_sharding: a NamedSharding, a P under the mesh, and under jit.
+  s = NamedSharding(x8, P("x"))
+  out = jnp.zeros((8,), jnp.float32, out_sharding=s)
+  assert out.sharding == s
+  np.testing.assert_array_equal(np.asarray(out), np.zeros((8,), np.float32))
+  with set_mesh(x8):
+    out = jnp.zeros((8,), jnp.float32, out_sharding=P("x"))
+    assert out.sharding == s
+    np.testing.assert_array_equal(np.asarray(out), np.zeros((8,), np.float32))
+    f = jax.jit(lambda x: jnp.zeros(x.shape, x.dtype, out_sharding=P("x")))
+    out = f(np.arange(8, dtype=np.float32))
+    assert out.sharding == s
+    np.testing.assert_array_equal(np.asarray(out), np.zeros((8,), np.float32))
+  with pytest.raises(ValueError, match="a bare PartitionSpec needs a mesh"):
+    jnp.zeros((8,), out_sharding=P("x"))
+
+
+def test_jnp_like_functions_and_full(x8):
+  # test_jnp_like_functions: zeros_like / ones_like(np_inp, out_sharding=P('x')) are
+  # NamedSharding(mesh, P('x', None)) and numpy's values.
+  np_inp = np.arange(16, dtype=np.int32).reshape(8, 2)
+  with set_mesh(x8):
+    for fn, ref in ((jnp.zeros_like, np.zeros_like), (jnp.ones_like, np.ones_like)):
+      out = fn(np_inp, out_sharding=P("x"))
+      assert out.sharding.is_equivalent_to(NamedSharding(x8, P("x", None)), 2)
+      np.testing.assert_array_equal(np.asarray(out), ref(np_inp))
+    out = jnp.full((8, 2), 3.5, out_sharding=P(None, None))
+    np.testing.assert_array_equal(np.asarray(out), np.full((8, 2), 3.5, np.float32))
+    out = jax.jit(lambda x: jnp.full_like(x, 7, out_sharding=P("x")) + x)(np_inp)
+    assert str(jax.typeof(out)) == "int32[8@x,2]"
+    np.testing.assert_array_equal(np.asarray(out), np_inp + 7)
+
+
+def test_jnp_arange_out_sharding(x8):
+  # test_jnp_arange_out_sharding: each form laid out by P('x'), numpy's values.
+  s = NamedSharding(x8, P("x"))
+  out = jnp.arange(8, dtype=jnp.float32, out_sharding=s)
+  assert out.sharding == s
+  np.testing.assert_array_equal(np.asarray(out), np.arange(8, dtype=np.float32))
+  with set_mesh(x8):
+    for args in ((8,), (8, 16), (8, 24, 2)):
+      out = jnp.arange(*args, dtype=jnp.float32, out_sharding=P("x"))
+      assert out.sharding == s
+      np.testing.assert_array_equal(np.asarray(out), np.arange(*args, dtype=np.float32))
+    seen = []
+
+    @jax.jit
+    def f(x):
+      a = jnp.arange(8, 24, 2, dtype=np.float32, out_sharding=P("x"))
+      seen.append(str(jax.typeof(a)))
+      return a + x
+
+    out = f(jax.device_put(np.ones(8, np.float32), s))
+    assert seen == ["float32[8@x]"]
+    assert out.sharding == s
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8, 24, 2, dtype=np.float32) + 1)
+
+
+def test_broadcasted_iota_with_sharding():
+  # test_broadcasted_iota_with_sharding: broadcasted_iota((8, 2), 0, out_sharding=P('x', 'y'))
+  # has spec P('x', 'y') on a (2, 2) mesh.
+  mesh = explicit((2, 2), ("x", "y"))
+  arr = jax.device_put(np.arange(4, dtype=np.float32), NamedSharding(mesh, P("x")))
+  seen = []
+
+  @jax.jit
+  def g(x):
+    y = lax.broadcasted_iota(x.dtype, (8, 2), 0, out_sharding=P("x", "y"))
+    seen.append(str(jax.typeof(y)))
+    return x * 2, y
+
+  _, out = g(arr)
+  assert seen == ["float32[8@x,2@y]"]
+  assert out.sharding == NamedSharding(mesh, P("x", "y"))
+  np.testing.assert_array_equal(np.asarray(out), np.broadcast_to(np.arange(8, dtype=np.float32)[:, None], (8, 2)))
+
+
+def test_broadcast_to():
+  # test_broadcast_to: x (1, 24) P(None, ('y', 'z')), broadcast_to((8, 24),
+  # out_sharding=P('x', ('y', 'z'))) on a (2, 2, 2) mesh.
+  mesh = explicit((2, 2, 2), ("x", "y", "z"))
+  x = np.arange(24, dtype=np.int32).reshape(1, 24)
+  with set_mesh(mesh):
+    xs = jax.device_put(x, P(None, ("y", "z")))
+    seen = []
+
+    @jax.jit
+    def f(x):
+      out = jnp.broadcast_to(x, (8, 24), out_sharding=P("x", ("y", "z")))
+      seen.append(jax.typeof(out).sharding.spec)
+      return out
+
+    out = f(xs)
+  assert seen == [P("x", ("y", "z"))]
+  assert out.sharding == NamedSharding(mesh, P("x", ("y", "z")))
+  np.testing.assert_array_equal(np.asarray(out), np.broadcast_to(x, (8, 24)))
+
+
+def test_no_op_broadcast_except_for_sharding_change(x8):
+  # test_no_op_broadcast_except_for_sharding_change: broadcast_in_dim(x, (4, 2), [0, 1],
+  # out_sharding=P('x')) is x laid out by P('x', None); grad of its sum is laid out as x.
+  mesh = explicit((2,), ("x",))
+  arr = jnp.arange(8.).reshape(4, 2)
+  with set_mesh(mesh):
+    seen = []
+
+    @jax.jit
+    def f(x):
+      out = lax.broadcast_in_dim(x, (4, 2), [0, 1], out_sharding=P("x"))
+      seen.append(jax.typeof(out).sharding.spec)
+      return out
+
+    out = f(arr)
+    assert seen[0] == P("x", None)
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8.).reshape(4, 2))
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh, P("x", None)), 2)
+    out_g = jax.jit(jax.grad(lambda x: f(x).sum()))(arr)
+    assert out_g.sharding.is_equivalent_to(NamedSharding(mesh, P(None, None)), 2)
+    np.testing.assert_array_equal(np.asarray(out_g), np.ones((4, 2), np.float32))
+    # lax.broadcast (new leading dimensions), tests/pjit_test.py's lax.broadcast(x, sizes=[2],
+    # out_sharding=P('x', ...)); its gradient sums the new dimension away.
+    v = np.arange(3.0, dtype=np.float32)
+    b = jax.jit(lambda v: lax.broadcast(v, [2], out_sharding=P("x", None)))(v)
+    assert b.sharding.is_equivalent_to(NamedSharding(mesh, P("x", None)), 2)
+    np.testing.assert_array_equal(np.asarray(b), np.stack([v, v]))
+    gv = jax.jit(jax.grad(lambda v: (lax.broadcast(v, [2], out_sharding=P("x", None)) * np.array(
+        [[1.0], [3.0]], np.float32)).sum()))(v)
+    np.testing.assert_array_equal(np.asarray(gv), np.full(3, 4.0, np.float32))
+
+
+def test_auto_gather_out_sharding():
+  # test_auto_gather_out_sharding: embed (64, 16) P(None, 'x'), tok (8, 4) P('x', None) on a
+  # (2, 2) mesh; embed.at[tok].get(out_sharding=P('x', None, None)) has that spec, and
+  # jit(grad(sum of it)) is laid out as embed.
+  mesh = explicit((2, 2), ("x", "y"))
+  embed_np = np.arange(128 * 8.0, dtype=np.float32).reshape(64, 16)
+  tok_np = (np.arange(8 * 4, dtype=np.int32) * 7 % 64).reshape(8, 4)
+  embed = jax.device_put(embed_np, NamedSharding(mesh, P(None, "x")))
+  tok = jax.device_put(tok_np, NamedSharding(mesh, P("x", None)))
+  with set_mesh(mesh):
+    seen = []
+
+    @jax.jit
+    def f(embed_vd, token_bt):
+      out = embed_vd.at[token_bt].get(out_sharding=P("x", None, None))
+      out2 = embed_vd.at[token_bt, :].get(out_sharding=P("x", None, None))
+      seen.extend([out.shape, jax.typeof(out).sharding.spec, jax.typeof(out2).sharding.spec])
+      return out
+
+    out = f(embed, tok)
+    assert seen == [(8, 4, 16), P("x", None, None), P("x", None, None)]
+    assert out.sharding == NamedSharding(mesh, P("x", None, None))
+    np.testing.assert_array_equal(np.asarray(out), embed_np[tok_np])
+    g = jax.jit(jax.grad(lambda x, y: jnp.sum(f(x, y))))(embed, tok)
+    assert g.sharding == embed.sharding
+    want = np.zeros_like(embed_np)
+    np.add.at(want, tok_np, 1.0)
+    np.testing.assert_array_equal(np.asarray(g), want)
+    # Outside jit too (one jitted gather).
+    eager = embed.at[tok].get(out_sharding=P("x", None, None))
+    assert eager.sharding == NamedSharding(mesh, P("x", None, None))
+    np.testing.assert_array_equal(np.asarray(eager), embed_np[tok_np])
+
+
+def test_reshard_of_an_array_takes_the_ambient_mesh(x8):
+  # jax/_src/pjit.py reshard -> canonicalize_sharding (jax/_src/sharding_impls.py): a bare P
+  # resolves against the ambient mesh (also one other than the array's); none is a ValueError.
+  x = np.arange(32.0, dtype=np.float32).reshape(8, 4)
+  xy = explicit((2, 4), ("X", "Y"))
+  xs = jax.device_put(x, NamedSharding(xy, P("X", None)))
+  with pytest.raises(ValueError, match="reshard: a bare PartitionSpec needs a mesh"):
+    reshard(xs, P(None, "Y"))
+  with set_mesh(xy):
+    moved = reshard(xs, P(None, "Y"))
+  assert moved.sharding == NamedSharding(xy, P(None, "Y"))
+  np.testing.assert_array_equal(np.asarray(moved), x)
+  with set_mesh(x8):
+    other = reshard(xs, P("x"))
+  assert other.sharding == NamedSharding(x8, P("x"))
+  assert str(jax.typeof(other)) == "float32[8@x,4]"
+  np.testing.assert_array_equal(np.asarray(other), x)
