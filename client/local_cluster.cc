@@ -63,6 +63,7 @@ absl::StatusOr<std::shared_ptr<LocalCluster>> LocalCluster::start(int num_device
     worker_options.memory_bytes = options.memory_bytes_per_device;
     worker_options.credentials = credentials;
     worker_options.in_process = in_process;
+    worker_options.all_reduce_algorithm = options.all_reduce_algorithm;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::start(worker_options));
     cluster->workers_.push_back(std::move(worker));
   }

@@ -113,6 +113,10 @@ class WorkerService final : public WorkerServiceBase {
     TESSERA_RETURN_IF_ERROR(transport_.set_mailbox(std::move(mailbox)));
     return transport_.set_shm({options.shm, options.shm_ring_bytes, options.shm_host});
   }
+  // In process (WorkerOptions::in_process): peers of this process file collective messages
+  // straight into this worker's mailbox, under its address, until stop_in_process_collectives.
+  absl::Status serve_collectives_in_process(const std::string& address) { return transport_.serve_in_process(address); }
+  void stop_in_process_collectives() { transport_.close_in_process(); }
 
   grpc::Status Handshake(grpc::ServerContext* ctx, const pb::HandshakeRequest* req,
                          pb::HandshakeReply* reply) override {
@@ -255,6 +259,7 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_collective_bytes_pending(transport_.pending_bytes());
     reply->set_exchange_messages_dropped(transport_.dropped_messages());
     reply->set_shm_messages_received(transport_.shm_messages_received());
+    reply->set_in_process_messages_received(transport_.in_process_messages_received());
     reply->set_blas_kernel(blas_kernel_name());
     reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
     {
@@ -418,6 +423,7 @@ class WorkerServerImpl final : public WorkerServer {
     if (options_.in_process) {
       TESSERA_ASSIGN_OR_RETURN(in_process_, InProcessAddress::add(server_.get()));
       address_ = in_process_->address();
+      TESSERA_RETURN_IF_ERROR(service_.serve_collectives_in_process(address_));  // before peers know the address
     } else {
       address_ = absl::StrCat(options_.host, ":", port);
     }
@@ -546,6 +552,7 @@ class WorkerServerImpl final : public WorkerServer {
     health_.set_ready(false);
     health_port_.reset();
     registration_.stop();
+    service_.stop_in_process_collectives();            // peers' sends here and waits on us fail at once
     if (in_process_ != nullptr) in_process_->reset();  // no new channels to a server going away
     if (server_ != nullptr) {
       // Peers keep Exchange streams open for good: cancel what is in flight promptly.

@@ -308,24 +308,88 @@ std::vector<Shape> block_shapes(const CollectiveSpec& spec, DType dtype, int64_t
 // every device's result against the host reference.
 void check_against_reference(const Client& client, const Layout& layout, const Case& c);
 
-// Collective messages the 8 devices received through shared memory so far.
-int64_t shm_messages(const Client& client) {
+// Collective messages the first `n` devices received through shared memory so far (or, with
+// `in_process`, that peers of their process filed straight into their mailboxes).
+int64_t shm_messages(const Client& client, bool in_process = false, int n = 8) {
   int64_t total = 0;
-  for (int d = 0; d < 8; ++d) {
+  for (int d = 0; d < n; ++d) {
     absl::StatusOr<DeviceStats> stats = client.device_stats(d);
     EXPECT_TRUE(stats.ok()) << stats.status();
-    if (stats.ok()) total += stats->shm_messages_received;
+    if (stats.ok()) total += in_process ? stats->in_process_messages_received : stats->shm_messages_received;
   }
   return total;
 }
 
 TEST_P(CollectivesTest, MatchesHostReference) {
   const auto& [layout, c] = GetParam();
-  const int64_t before = shm_messages(*client_);
+  const int64_t before = shm_messages(*client_, /*in_process=*/true), shm_before = shm_messages(*client_);
   check_against_reference(*client_, layout, c);
-  // Embedded workers share one host: their collectives' bytes went through shared memory
-  // (every layout's groups have two members or more).
+  // Embedded workers of one process: their collectives' messages went straight into their
+  // peers' mailboxes (every layout's groups have two members or more), none through a ring.
+  EXPECT_GT(shm_messages(*client_, /*in_process=*/true), before);
+  EXPECT_EQ(shm_messages(*client_), shm_before);
+}
+
+// The shared-memory path (workers of one host, not of one process): the embedded cluster over
+// TCP (LocalOptions::in_process = false), whose workers offer each other rings; one case of
+// each collective over the 1-D layout (about 20 s each on 2 cores).
+class ShmCollectivesTest : public ::testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<Client> client =
+        Client::local(8, {.memory_bytes_per_device = int64_t{1} << 30, .in_process = false});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = new Client(*std::move(client));
+  }
+  static void TearDownTestSuite() { delete client_; }
+  static Client* client_;
+};
+Client* ShmCollectivesTest::client_ = nullptr;
+
+TEST_P(ShmCollectivesTest, MatchesHostReference) {
+  const int64_t before = shm_messages(*client_);
+  check_against_reference(*client_, layouts()[0], GetParam());
   EXPECT_GT(shm_messages(*client_), before);
+  EXPECT_EQ(shm_messages(*client_, /*in_process=*/true), 0);
+}
+
+// A jitted shard_map holding one scalar psum over the 8 embedded devices (what bench_dispatch
+// times): every block plus the sum of the whole array, against the host's sum, and every
+// device took its messages in process.
+TEST(Collectives, AJittedScalarPsumGoesInProcessAndMatchesTheHostSum) {
+  absl::StatusOr<Client> client = Client::local(8);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = small_integers(DType::kF32, {8, 8}, 5);
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("data", "model")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  const ShardMapped body = shard_map(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{in[0] + psum(sum(in[0]), {"data", "model"})};
+      },
+      *mesh, {P("data", "model")}, {P("data", "model")});
+  Jitted f = jit([&body](const std::vector<Value>& in) { return body(in); });
+  std::vector<int64_t> before(8);
+  for (int d = 0; d < 8; ++d) before[d] = client->device_stats(d)->in_process_messages_received;
+  double total = 0;
+  for (float v : host.values<float>()) total += v;
+  for (int call = 0; call < 3; ++call) {
+    absl::StatusOr<std::vector<Array>> y = f({*x});
+    ASSERT_TRUE(y.ok()) << y.status();
+    absl::StatusOr<HostArray> got = (*y)[0].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int64_t i = 0; i < 64; ++i) {
+      ASSERT_EQ(got->values<float>()[i], static_cast<float>(host.values<float>()[i] + total)) << "element " << i;
+    }
+  }
+  // The table's in-process algorithm: every device takes at least one message per call.
+  for (int d = 0; d < 8; ++d) {
+    absl::StatusOr<DeviceStats> stats = client->device_stats(d);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_GE(stats->in_process_messages_received - before[d], 3) << "device " << d;
+    EXPECT_EQ(stats->shm_messages_received, 0) << "device " << d;
+  }
 }
 
 void check_against_reference(const Client& client, const Layout& layout, const Case& c) {
@@ -436,6 +500,8 @@ std::vector<Case> grpc_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grpc, GrpcCollectivesTest, ::testing::ValuesIn(grpc_cases()),
+                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Shm, ShmCollectivesTest, ::testing::ValuesIn(grpc_cases()),
                          [](const auto& info) { return info.param.name; });
 
 // The all_reduce algorithms the table does not choose here (they are there to measure it

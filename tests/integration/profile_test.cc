@@ -242,7 +242,8 @@ void check_program(const Trace& t, int calls) {
         EXPECT_EQ(e->args.at("bytes"), "64") << name;  // a (4, 4) f32 block
         EXPECT_EQ(e->args.at("group_size"), group) << name;
         EXPECT_TRUE(kAlgorithms.count(e->args.at("algorithm")) > 0) << e->args.at("algorithm");
-        EXPECT_TRUE(e->args.at("path") == "shm" || e->args.at("path") == "grpc") << e->args.at("path");
+        EXPECT_TRUE(e->args.at("path") == "shm" || e->args.at("path") == "grpc" || e->args.at("path") == "in_process")
+            << e->args.at("path");
       }
     }
     // The shards put here (x's and w's blocks), and the fetches of the replicated result, each

@@ -12,10 +12,13 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -574,6 +577,103 @@ TEST(TransportMailbox, FanOutEndsAreRememberedApartFromTheRunsRanges) {
   EXPECT_EQ(transport.dropped_messages(), 2);
   ASSERT_TRUE(deliver(transport, data_message(1, fan_out | 5'000, 0, "unknown")).ok());  // finished first: forgotten
   EXPECT_EQ(transport.pending_messages(), 1);
+}
+
+// In process (Client::local's embedded workers): a transport serving an in-process address
+// takes its peers' messages straight into its mailbox. No gRPC server serves these addresses,
+// so a message that took the stream path could never arrive (its wait would end at the
+// deadline); the counter says which path each took.
+TEST(TransportInProcess, MessagesGoStraightIntoThePeersMailboxSmallAndLarge) {
+  Transport a, b;
+  a.set_self(0);
+  b.set_self(1);
+  const std::string at_a = "in-process:60001", at_b = "in-process:60002";
+  ASSERT_TRUE(a.serve_in_process(at_a).ok());
+  ASSERT_TRUE(b.serve_in_process(at_b).ok());
+  EXPECT_TRUE(a.in_process());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const std::string small = "four";
+  ASSERT_TRUE(a.send(1, at_b, {7, 0, 0}, reinterpret_cast<const std::byte*>(small.data()), 4, deadline).ok());
+  // A large message of an op running at the receiver is zero-copy: it reads the sender's bytes.
+  auto big = std::make_shared<std::vector<std::byte>>(Transport::kZeroCopyMinBytes * 2);
+  for (size_t i = 0; i < big->size(); ++i) (*big)[i] = static_cast<std::byte>(i * 7 + 1);
+  const std::vector<std::byte> want = *big;
+  std::optional<absl::StatusOr<Received>> large;
+  std::thread waiter([&] { large = b.receive(0, at_a, {7, 1, 0}, absl::InfinitePast(), deadline); });
+  ASSERT_TRUE(a.send(1, at_b, {7, 1, 0}, big->data(), static_cast<int64_t>(big->size()), deadline, big).ok());
+  waiter.join();
+  absl::StatusOr<Received> got = b.receive(0, at_a, {7, 0, 0}, absl::InfinitePast(), deadline);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::string text(4, ' ');
+  got->copy_to(reinterpret_cast<std::byte*>(text.data()));
+  EXPECT_EQ(text, "four");
+  ASSERT_TRUE(large->ok()) << large->status();
+  std::vector<std::byte> out((*large)->size());
+  (*large)->copy_to(out.data());
+  EXPECT_EQ(out, want);
+  EXPECT_EQ(b.in_process_messages_received(), 2);
+  EXPECT_EQ(a.in_process_messages_received(), 0);
+  // Another transport may not serve the same address, and only in-process addresses are served.
+  Transport c;
+  EXPECT_EQ(c.serve_in_process(at_b).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.serve_in_process("127.0.0.1:5").code(), absl::StatusCode::kInvalidArgument);
+  b.finish_op(7);
+  EXPECT_EQ(b.pending_messages(), 0);
+}
+
+// A peer transport that goes: a wait for its message of a running op fails at once naming it
+// (not at the deadline), and a send to it fails naming it.
+TEST(TransportInProcess, APeerThatStopsFailsTheWaitsOnItAndTheSendsToItNamingIt) {
+  Transport a;
+  a.set_self(0);
+  const std::string at_a = "in-process:60011", at_b = "in-process:60012";
+  ASSERT_TRUE(a.serve_in_process(at_a).ok());
+  auto b = std::make_unique<Transport>();
+  b->set_self(3);
+  ASSERT_TRUE(b->serve_in_process(at_b).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  const std::string byte = "x";
+  // b has sent to a before (as every member of a collective does in its first op).
+  ASSERT_TRUE(b->send(0, at_a, {20, 0, 0}, reinterpret_cast<const std::byte*>(byte.data()), 1, deadline).ok());
+  ASSERT_TRUE(a.receive(3, at_b, {20, 0, 0}, absl::InfinitePast(), deadline).ok());
+  const absl::Time op_start = absl::Now();
+  std::optional<absl::StatusOr<Received>> waited;
+  absl::Time failed_at;
+  absl::Notification waiting;
+  std::thread waiter([&] {
+    waiting.Notify();
+    waited = a.receive(3, at_b, {21, 0, 0}, op_start, deadline);
+    failed_at = absl::Now();
+  });
+  waiting.WaitForNotification();
+  b.reset();  // its worker stopped
+  waiter.join();
+  EXPECT_EQ(waited->status().code(), absl::StatusCode::kUnavailable) << waited->status();
+  EXPECT_THAT(std::string(waited->status().message()), HasSubstr("device 3 (in-process:60012) went away during op 21"));
+  EXPECT_LT(failed_at - op_start, absl::Seconds(10)) << "the wait lasted to the deadline";
+  absl::Status sent = a.send(3, at_b, {21, 1, 0}, reinterpret_cast<const std::byte*>(byte.data()), 1, deadline);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable) << sent;
+  EXPECT_THAT(std::string(sent.message()), HasSubstr("device 3 (in-process:60012) is not serving collectives"));
+}
+
+// The mailbox's bounds apply to messages filed in process as to those read from a stream: one
+// over the source's share is dropped and the op's wait fails at once saying why.
+TEST(TransportInProcess, TheMailboxsBoundsStillApply) {
+  Transport a, b;
+  a.set_self(0);
+  b.set_self(1);
+  MailboxOptions options;
+  options.bytes_per_peer = 100 + Transport::kHeldMessageBytes;
+  ASSERT_TRUE(b.set_mailbox(options).ok());
+  ASSERT_TRUE(a.serve_in_process("in-process:60021").ok());
+  ASSERT_TRUE(b.serve_in_process("in-process:60022").ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const std::vector<std::byte> data(101);
+  ASSERT_TRUE(a.send(1, "in-process:60022", {30, 0, 0}, data.data(), 101, deadline).ok());
+  absl::StatusOr<Received> got = b.receive(0, "in-process:60021", {30, 0, 0}, absl::InfinitePast(), deadline);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("--mailbox_bytes_per_peer"));
+  EXPECT_EQ(b.dropped_messages(), 1);
 }
 
 }  // namespace

@@ -19,7 +19,9 @@
 
 namespace tessera {
 
-enum class Path { kGrpc, kShm };
+// kInProcess: workers of one process (Client::local), each message filed straight into the
+// peer's mailbox (Transport::serve_in_process).
+enum class Path { kGrpc, kShm, kInProcess };
 
 enum class Algorithm {
   kTree,               // all_reduce: binomial reduce to rank 0, broadcast back (2 log2 n rounds)
@@ -29,7 +31,17 @@ enum class Algorithm {
   kChain,              // broadcast: pipelined chain from the root
 };
 
-inline const char* path_name(Path p) { return p == Path::kShm ? "shm" : "grpc"; }
+inline const char* path_name(Path p) {
+  switch (p) {
+    case Path::kGrpc:
+      return "grpc";
+    case Path::kShm:
+      return "shm";
+    case Path::kInProcess:
+      return "in_process";
+  }
+  return "?";
+}
 
 inline const char* algorithm_name(Algorithm a) {
   switch (a) {
@@ -71,11 +83,14 @@ struct Thresholds {
 
 inline constexpr Thresholds kGrpcThresholds = {512 << 10, Algorithm::kTree, 0, 64 << 10};
 inline constexpr Thresholds kShmThresholds = {64 << 10, Algorithm::kTree, 0, 64 << 10};
+inline constexpr Thresholds kInProcessThresholds = {64 << 10, Algorithm::kTree, 0, 64 << 10};
 
 // The algorithm for `kind` on a buffer of `bytes` over a group of `n` on `path`.
 // all_to_all, collective_permute and ragged_all_to_all are always direct.
 inline Algorithm choose_algorithm(CollectiveKind kind, int64_t bytes, int n, Path path) {
-  const Thresholds& t = path == Path::kShm ? kShmThresholds : kGrpcThresholds;
+  const Thresholds& t = path == Path::kShm         ? kShmThresholds
+                        : path == Path::kInProcess ? kInProcessThresholds
+                                                   : kGrpcThresholds;
   switch (kind) {
     case CollectiveKind::kAllReduce:
       if (bytes > t.small_all_reduce || n <= 1) return Algorithm::kRing;

@@ -25,7 +25,7 @@ class CollectiveMetrics {
  public:
   static constexpr int kKinds = static_cast<int>(CollectiveKind::kRaggedAllToAll) + 1;  // CollectiveKind's values
   static constexpr int kAlgorithms = 5;                                                 // Algorithm's values
-  static constexpr int kPaths = 2;                                                      // Path's values
+  static constexpr int kPaths = 3;                                                      // Path's values
 
   // One latency histogram per combination (labels op, algorithm and path); each appears in
   // the scrape once it has observed a collective (core/metrics.h).

@@ -45,7 +45,10 @@ class Group {
   }
   // The path whose threshold table chooses (algorithms.h), and the last choice (for metrics;
   // direct when nothing chose: all_to_all, collective_permute).
-  Path path() const { return transport_.shm_enabled() ? Path::kShm : Path::kGrpc; }
+  Path path() const {
+    if (transport_.in_process()) return Path::kInProcess;
+    return transport_.shm_enabled() ? Path::kShm : Path::kGrpc;
+  }
   Algorithm chosen() const { return chosen_; }
   int rank() const { return rank_; }
   int device(int rank) const { return members_[rank]; }

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <random>
 
+#include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpc/slice.h"
@@ -15,6 +16,7 @@
 #include "grpcpp/support/client_callback.h"
 #include "grpcpp/support/slice.h"
 #include "proto/auth.h"
+#include "proto/in_process.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/collectives/reduce.h"
@@ -39,6 +41,16 @@ const grpc::internal::RpcMethod& exchange_method() {
 // Releases the owner a zero-copy slice holds (gRPC calls it once it is done with the bytes).
 void release_owner(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
 
+// A message's data as one slice: the caller's memory itself when it is large and `owner`
+// keeps it alive (zero-copy, see Transport::send), else a copy.
+grpc::Slice payload_slice(const std::byte* data, int64_t bytes, std::shared_ptr<const void> owner) {
+  if (owner != nullptr && bytes >= Transport::kZeroCopyMinBytes) {
+    return grpc::Slice(const_cast<std::byte*>(data), static_cast<size_t>(bytes), &release_owner,
+                       new std::shared_ptr<const void>(std::move(owner)));
+  }
+  return grpc::Slice(data, static_cast<size_t>(bytes));
+}
+
 grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data, int64_t bytes,
                                  std::shared_ptr<const void> owner) {
   pb::ExchangeMessage header;
@@ -55,11 +67,7 @@ grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data
     }
     prefix.push_back(static_cast<char>((n & 0x7F) | 0x80));
   }
-  grpc::Slice payload = owner != nullptr && bytes >= Transport::kZeroCopyMinBytes
-                            ? grpc::Slice(const_cast<std::byte*>(data), static_cast<size_t>(bytes), &release_owner,
-                                          new std::shared_ptr<const void>(std::move(owner)))
-                            : grpc::Slice(data, static_cast<size_t>(bytes));
-  grpc::Slice slices[2] = {grpc::Slice(prefix), std::move(payload)};
+  grpc::Slice slices[2] = {grpc::Slice(prefix), payload_slice(data, bytes, std::move(owner))};
   return grpc::ByteBuffer(slices, 2);
 }
 
@@ -97,6 +105,36 @@ constexpr size_t kMaxNoticeOps = 256;
 
 std::string peer_name(int device, const std::string& address) {
   return address.empty() ? absl::StrCat("device ", device) : absl::StrCat("device ", device, " (", address, ")");
+}
+
+}  // namespace
+
+// A transport serving an in-process address (Transport::serve_in_process), in the process's
+// table: peers of this process file their messages into it through this entry. `transport`
+// is null once it stopped; a sender holds `mu` (shared) while it files, so the transport
+// cannot go meanwhile. Lock order: a transport's mu_ is never held while taking an entry's
+// `mu` or the table's lock.
+struct internal::InProcessMailbox {
+  InProcessMailbox(Transport* t, std::string token) : transport(t), cluster_token(std::move(token)) {}
+  absl::Mutex mu;
+  Transport* transport ABSL_GUARDED_BY(mu);
+  const std::string cluster_token;  // a peer of another cluster (another token) keeps gRPC, which checks it
+};
+
+namespace {
+
+absl::Mutex in_process_table_mu(absl::kConstInit);
+// In-process address -> the transport serving it.
+std::map<std::string, std::shared_ptr<internal::InProcessMailbox>>& in_process_table()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_process_table_mu) {
+  static auto* table = new std::map<std::string, std::shared_ptr<internal::InProcessMailbox>>();
+  return *table;
+}
+
+std::shared_ptr<internal::InProcessMailbox> in_process_mailbox(const std::string& address) {
+  absl::MutexLock lock(&in_process_table_mu);
+  auto it = in_process_table().find(address);
+  return it == in_process_table().end() ? nullptr : it->second;
 }
 
 }  // namespace
@@ -448,7 +486,7 @@ class Transport::InboundRing {
       ring->consume(record);
       data.slices_.push_back(std::move(slice));
       data.bytes_ = record.bytes;
-      transport_->file_message(source_, {record.op, record.step, record.chunk}, std::move(data), true);
+      transport_->file_message(source_, {record.op, record.step, record.chunk}, std::move(data), Via::kShm);
     }
     {
       absl::MutexLock lock(&mu_);
@@ -471,6 +509,7 @@ class Transport::InboundRing {
 Transport::Transport(Credentials credentials) : credentials_(std::move(credentials)) {}
 
 Transport::~Transport() {
+  close_in_process();  // no peer files here any more
   std::map<int, std::shared_ptr<Link>> links;
   std::vector<std::shared_ptr<Link>> retired;
   std::map<int, std::unique_ptr<InboundRing>> inbound;
@@ -509,6 +548,89 @@ bool Transport::shm_enabled() const {
 int64_t Transport::shm_messages_received() const {
   absl::MutexLock lock(&mu_);
   return shm_received_;
+}
+
+absl::Status Transport::serve_in_process(const std::string& address) {
+  if (!is_in_process_address(address)) {
+    return absl::InvalidArgumentError(absl::StrCat("serve_in_process: '", address, "' is not an in-process address"));
+  }
+  auto mailbox = std::make_shared<internal::InProcessMailbox>(this, credentials_.cluster);
+  {
+    absl::MutexLock lock(&in_process_table_mu);
+    auto [it, added] = in_process_table().emplace(address, mailbox);
+    if (!added) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("serve_in_process: another transport of this process serves ", address));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  in_process_ = std::move(mailbox);
+  return absl::OkStatus();
+}
+
+void Transport::close_in_process() {
+  std::shared_ptr<internal::InProcessMailbox> mine;
+  std::map<int, std::weak_ptr<internal::InProcessMailbox>> sent_to;
+  int self = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    mine.swap(in_process_);
+    sent_to.swap(in_process_sent_to_);
+    self = self_;
+  }
+  if (mine == nullptr) return;
+  {
+    absl::MutexLock lock(&in_process_table_mu);
+    for (auto it = in_process_table().begin(); it != in_process_table().end(); ++it) {
+      if (it->second == mine) {
+        in_process_table().erase(it);
+        break;
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&mine->mu);  // waits for the senders filing here now
+    mine->transport = nullptr;
+  }
+  // The peers that took messages from this one: what they wait for from it will not come.
+  for (auto& [device, weak] : sent_to) {
+    std::shared_ptr<internal::InProcessMailbox> peer = weak.lock();
+    if (peer == nullptr) continue;
+    absl::ReaderMutexLock lock(&peer->mu);
+    if (peer->transport != nullptr) peer->transport->in_process_source_gone(self);
+  }
+}
+
+bool Transport::in_process() const {
+  absl::MutexLock lock(&mu_);
+  return in_process_ != nullptr;
+}
+
+int64_t Transport::in_process_messages_received() const {
+  absl::MutexLock lock(&mu_);
+  return in_process_received_;
+}
+
+void Transport::in_process_source_gone(int source) {
+  absl::MutexLock lock(&mu_);
+  down_since_[source] = absl::Now();  // as when a source's last stream ends (see receive's `gone`)
+}
+
+absl::Status Transport::send_in_process(internal::InProcessMailbox& to, int self, int peer, const std::string& address,
+                                        MessageTag tag, const std::byte* data, int64_t bytes,
+                                        std::shared_ptr<const void> owner) {
+  absl::ReaderMutexLock lock(&to.mu);
+  if (to.transport == nullptr) {
+    return absl::UnavailableError(absl::StrCat(peer_name(peer, address), " stopped taking collective data"));
+  }
+  // As the gRPC reader files them: a message of an op that has not started there keeps its own
+  // bytes (a copy), not the sender's buffer; one of a running op is taken as it comes.
+  if (!to.transport->started(tag.op)) owner = nullptr;
+  Received message;
+  message.slices_.push_back(payload_slice(data, bytes, std::move(owner)));
+  message.bytes_ = bytes;
+  to.transport->file_message(self, tag, std::move(message), Via::kInProcess);
+  return absl::OkStatus();
 }
 
 void Transport::force_all_reduce(std::optional<Algorithm> algorithm) {
@@ -605,14 +727,34 @@ void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops
 absl::Status Transport::send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
                              absl::Time deadline, std::shared_ptr<const void> owner) {
   int self = -1;
+  bool in_process = false;
   {
     absl::MutexLock lock(&mu_);
     if (auto it = failed_ops_.find(tag.op); it != failed_ops_.end()) return stream_failed(tag.op, it->second);
     self = self_;
+    in_process = in_process_ != nullptr && is_in_process_address(address);
+  }
+  std::shared_ptr<internal::InProcessMailbox> local;
+  if (in_process) {
+    local = in_process_mailbox(address);
+    if (local == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat(peer_name(peer, address), " is not serving collectives in this process (it stopped)"));
+    }
+    if (local->cluster_token != credentials_.cluster) local = nullptr;  // gRPC checks the token
   }
   // The send's time is taken before the write: the peer may take the message before enqueue returns.
   const int64_t sent_ns = profile_.on() ? profile_clock_ns() : 0;
-  absl::Status queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
+  absl::Status queued;
+  if (local != nullptr) {
+    {
+      absl::MutexLock lock(&mu_);
+      in_process_sent_to_[peer] = local;
+    }
+    queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner));
+  } else {
+    queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
+  }
   if (queued.ok() && sent_ns != 0) {
     profile_flow(profile_, ProfileEvent::kFlowStart, message_flow_id(self, peer, tag.op, tag.step, tag.chunk),
                  "message", sent_ns);
@@ -1004,7 +1146,7 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
   // taken as they come and are not copied; neither are those of a finished op, dropped.
   const MessageTag tag{fields[2], static_cast<int32_t>(fields[3]), static_cast<int32_t>(fields[4])};
   if (!started(tag.op)) data.compact();
-  file_message(from, tag, std::move(data), false);
+  file_message(from, tag, std::move(data), Via::kGrpc);
   return absl::OkStatus();
 }
 
@@ -1013,9 +1155,10 @@ bool Transport::started(uint64_t op) const {
   return started_.count(op) > 0 || finished_locked(op);
 }
 
-void Transport::file_message(int from, MessageTag tag, Received data, bool via_shm) {
+void Transport::file_message(int from, MessageTag tag, Received data, Via via) {
   absl::MutexLock lock(&mu_);
-  if (via_shm) ++shm_received_;
+  if (via == Via::kShm) ++shm_received_;
+  if (via == Via::kInProcess) ++in_process_received_;
   if (finished_locked(tag.op)) {  // late: nobody will ask for it
     ++dropped_;
     return;

@@ -98,6 +98,10 @@ struct ShmOptions {
   std::string host;                       // empty: shm_host_identity()
 };
 
+namespace internal {
+struct InProcessMailbox;  // a transport serving in process (transport.cc)
+}  // namespace internal
+
 class Transport {
  public:
   // Bytes queued to one peer before send() waits.
@@ -123,6 +127,23 @@ class Transport {
   // Messages received through shared memory so far (tests and GetStats: the path is used).
   int64_t shm_messages_received() const;
 
+  // Takes collective messages straight from the transports of this process (Client::local's
+  // embedded workers) under this worker's in-process `address` (proto/in_process.h), until
+  // close_in_process(). A peer transport of this process that serves in process too, with the
+  // same cluster token, and sends to `address` files each message into this mailbox itself:
+  // no stream, ring or reader thread, one wake-up of the waiting collective (the same keys,
+  // bounds and errors as the other paths; see send). INVALID_ARGUMENT if `address` is not an
+  // in-process one, FAILED_PRECONDITION if another transport of this process serves it.
+  absl::Status serve_in_process(const std::string& address);
+  // Stops taking messages in process: peers' sends here fail UNAVAILABLE naming this device,
+  // and the waits of the peers this transport sent to for its messages of ops running now fail
+  // UNAVAILABLE at once, as when a peer's streams end. Idempotent; the destructor calls it.
+  void close_in_process();
+  // Whether collectives go in process (serve_in_process): the path of algorithms.h's table.
+  bool in_process() const;
+  // Messages peers of this process filed here directly (tests and GetStats: the path is used).
+  int64_t in_process_messages_received() const;
+
   // For measuring the thresholds of algorithms.h (tessera-worker --all_reduce_algorithm):
   // every all_reduce of at most one chunk runs `algorithm` (give every worker the same).
   void force_all_reduce(std::optional<Algorithm> algorithm);
@@ -143,8 +164,12 @@ class Transport {
   // link's queue is full, until `deadline` (DEADLINE_EXCEEDED naming the peer). UNAVAILABLE
   // naming the peer if its link broke; the next send opens a fresh one.
   // Without `owner` the data is copied before send() returns. With one, large messages are
-  // sent from `data` itself: `owner` keeps that memory alive until gRPC is done with it, and
-  // the caller must not change those bytes afterwards (they may still be unsent).
+  // sent from `data` itself: `owner` keeps that memory alive until gRPC (or, in process, the
+  // peer) is done with it, and the caller must not change those bytes afterwards (they may
+  // still be unsent, or unread).
+  // In process (serve_in_process, both ends): the message is in the peer's mailbox (or refused
+  // for its bounds, which fails the peer's wait) when send() returns; UNAVAILABLE naming the
+  // peer if no transport of this process serves its in-process address any more.
   absl::Status send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
                     absl::Time deadline, std::shared_ptr<const void> owner = nullptr);
 
@@ -212,6 +237,8 @@ class Transport {
 
   class ExchangeReader;
   class InboundRing;
+  // How a message arrived, for the counters.
+  enum class Via { kGrpc, kShm, kInProcess };
 
   // The healthy link to `peer` at `address`, opened if needed. Destroys retired links (which
   // waits for their streams to end): never call it on a gRPC callback thread.
@@ -225,7 +252,13 @@ class Transport {
   static absl::Status stream_failed(uint64_t op, const std::string& peer);
   // Files one message of `from` in the mailbox (dropped if its op has finished, or over the
   // mailbox's bounds).
-  void file_message(int from, MessageTag tag, Received data, bool via_shm);
+  void file_message(int from, MessageTag tag, Received data, Via via);
+  // Sends one message in process: files it in `peer`'s mailbox (see send).
+  absl::Status send_in_process(internal::InProcessMailbox& to, int self, int peer, const std::string& address,
+                               MessageTag tag, const std::byte* data, int64_t bytes, std::shared_ptr<const void> owner);
+  // A peer of this process that this transport took messages from stopped taking messages in
+  // process: waits for its messages of ops running now fail UNAVAILABLE, as when its streams end.
+  void in_process_source_gone(int source);
   struct Held {
     Received data;
     absl::Time arrived;
@@ -292,6 +325,11 @@ class Transport {
   std::map<int, std::unique_ptr<InboundRing>> inbound_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<InboundRing>> stopped_inbound_ ABSL_GUARDED_BY(mu_);
   int64_t shm_received_ ABSL_GUARDED_BY(mu_) = 0;
+  // serve_in_process: this transport's entry in the process's table, and the mailboxes of the
+  // peers it sent to in process (told when it stops: in_process_source_gone), by device.
+  std::shared_ptr<internal::InProcessMailbox> in_process_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::weak_ptr<internal::InProcessMailbox>> in_process_sent_to_ ABSL_GUARDED_BY(mu_);
+  int64_t in_process_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Algorithm> forced_all_reduce_ ABSL_GUARDED_BY(mu_);
   CollectiveMetrics collective_metrics_;
   ProfileRecorder profile_;

@@ -56,6 +56,9 @@ struct DeviceStats {
   int64_t bytes_fanned_out = 0;             // shard bytes a replicated put's fan-out brought from peers
   int64_t shm_bytes_put = 0;                // of bytes_put, read from a co-located client's shared memory
   int64_t shm_bytes_fetched = 0;            // of bytes_fetched, written into a co-located client's shared memory
+  // Collective messages that peers in the same process (Client::local's embedded workers) put
+  // straight into the device's mailbox.
+  int64_t in_process_messages_received = 0;
 };
 
 // Options of Client::connect.
@@ -104,6 +107,10 @@ struct LocalOptions {
   // Over TCP (in_process = false): this client puts and fetches through shared memory, as a
   // co-located Client::connect does (ConnectOptions::shared_memory); false: over its streams.
   bool shared_memory = true;
+  // For measuring worker/collectives/algorithms.h, as tessera-worker --all_reduce_algorithm:
+  // "tree", "recursive_doubling", "direct" or "ring" for every all_reduce of at most one chunk
+  // on every embedded worker; empty: the table's choice.
+  std::string all_reduce_algorithm{};
 };
 
 // Options of Client::start_profile.
