@@ -817,7 +817,8 @@ Value auto_out_sharding(const Value& operand, const PartitionSpec& out_sharding,
   }
   if (explicit_axes.empty()) return with_out_sharding(operand, out_sharding, op);
   return tessera::auto_axes([&](const std::vector<Value>&) { return std::vector<Value>{op()}; },
-                            std::move(explicit_axes), std::vector<PartitionSpec>{out_sharding})({})[0];
+                            std::move(explicit_axes),
+                            std::vector<PartitionSpec>{out_sharding})(std::vector<Value>{})[0];
 }
 
 Value auto_typed_as(const Value& like, const std::function<Value()>& op) {
