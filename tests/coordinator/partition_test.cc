@@ -430,6 +430,39 @@ TEST_F(PartitionTest, AnAllReduceThatIsSlicedOverItsAxesIsAReduceScatter) {
   EXPECT_EQ(collective_bytes_per_device(exe.program, exe.mesh), 384 + 384) << text;  // the gather, the scatter
 }
 
+// A norm's scale under FSDP with tensor parallelism: w (8,) stored over 'data', gathered for
+// use, scales x (batch over 'data') before a matmul whose weight is split over 'model'. The
+// cotangent of x * w is then a sum over 'model' (the matmul's transpose contracts the split),
+// so w's gradient is pending over both axes: the constraint's VJP all-reduces it over both and
+// grad slices it over 'data'. The creator makes that a reduce_scatter over 'data' and an
+// all_reduce over 'model' of the 2 floats each device keeps: 24 + 8 B received instead of
+// 2 * 7/8 * 32 = 56. The gather of w is 3/4 of 32 B.
+TEST_F(PartitionTest, AnAllReduceSlicedOverSomeOfItsAxesIsAReduceScatterThenAnAllReduceOfTheBlock) {
+  auto loss = [this](const std::vector<Value>& in) {
+    const Value scaled = in[0] * with_sharding_constraint(in[1], NamedSharding(mesh_, P()));
+    return std::vector<Value>{sum(tanh(matmul(scaled, in[2])))};
+  };
+  const std::vector<ArrayType> types = {{DType::kF32, {16, 8}}, {DType::kF32, {8}}, {DType::kF32, {8, 4}}};
+  Executable exe = compile(grad(loss, {1}), types, {P("data", None), P("data"), P(None, "model")});
+  std::string text = exe.as_text();
+  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('data',)) s")) << text;
+  EXPECT_THAT(text, HasSubstr("= all_reduce(sum, axes=('model',)) s")) << text;
+  EXPECT_THAT(text, HasSubstr(" f32[2] 8B/device")) << text;  // the all_reduce of the block
+  EXPECT_EQ(count_text(text, "= all_reduce("), 1) << text;
+  EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
+  EXPECT_EQ(collective_bytes_per_device(exe.program, exe.mesh), 24 + 24 + 8) << text;
+
+  // Stored over ('model', 'data'): the pending sum is scattered onto 'model' first (reshard.cc),
+  // and the all_reduce over 'data' that the slice then splits further over 'data' becomes a
+  // reduce_scatter over 'data' of the (4,) block: 12 B instead of 24.
+  Executable both = compile(grad(loss, {1}), types, {P("data", None), P(Axes{"model", "data"}), P(None, "model")});
+  text = both.as_text();
+  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('model',)) s")) << text;
+  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('data',)) s")) << text;
+  EXPECT_EQ(count_text(text, "= all_reduce("), 0) << text;
+  EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
+  EXPECT_EQ(collective_bytes_per_device(both.program, both.mesh), 12 + 16 + 16 + 12) << text;
+}
 // Issue 14 item 6: the rules that get the common programs right, each on its minimal
 // reproduction, asserting the collectives and the bytes each device receives.
 

@@ -182,5 +182,63 @@ TEST(TransformerPlan, FsdpTpStepAllReducesOnlyScalarsOutsideTheLoop) {
   }
 }
 
+// The bytes per device of the loops' collectives (the scan's forward and backward bodies, each
+// times its trip count).
+int64_t in_loop_bytes(const Executable& exe) {
+  int64_t bytes = 0;
+  for (const Instruction& i : exe.program.code) {
+    if (i.kind == Instruction::Kind::kLoop) bytes += collective_bytes_per_device(i, exe.mesh);
+  }
+  return bytes;
+}
+
+// Inside the loops fsdp_tp moves, per layer, what FSDP and Megatron each move, and nothing
+// more (nccl-tests' convention, as collective_bytes_per_device: all_gather and reduce_scatter
+// (k-1)/k of the whole, all_reduce 2(k-1)/k, over k devices), with n = |data|, m = |model|:
+//   forward:  every leaf stored over 'data' gathered from its block to its use layout; the
+//             attention output's and the MLP output's all_reduce over 'model' (B/n, T, D);
+//   backward: every such leaf's gradient reduce-scattered back to its block; the layer norms'
+//             gradients are also pending over 'model' (their outputs feed matmuls that split
+//             columns over 'model', whose transposes sum over it), so their blocks are then
+//             all-reduced over 'model'; the MLP's first bias, split over 'model' and not over
+//             'data', all-reduced over 'data'; Megatron's two all_reduces over 'model' of the
+//             layer norms' input cotangents (B/n, T, D), each with the norm's (B/n, T) row sum
+//             of its partial products (the compiler reduces it before broadcasting it back).
+// The layer norms' gradients used to be all-reduced whole over ('model', 'data') and then
+// sliced over 'data': 2 * 7/8 of each instead of 3/4 + 2 * 1/2 * 1/4 (1.75x their bytes).
+TEST(TransformerPlan, FsdpTpLoopsMoveTheHandCountWithTheLayerNormsReduceScattered) {
+  const Config c = small();
+  const Mesh mesh = mesh_4x2();
+  const Step step = compile_step(c, Layout::kFsdpTp, mesh);
+  ASSERT_TRUE(step.exe.has_value());
+  const int64_t n = mesh.axis_size("data"), m = mesh.axis_size("model"), f32 = 4;
+  int64_t per_layer = 0;
+  for (const auto& [name, info] : param_infos(c, Layout::kFsdpTp)) {
+    if (!stacked(name)) continue;
+    int64_t use = f32;  // bytes of one layer's row in its use layout on a device
+    for (size_t d = 1; d < info.shape.size(); ++d) use *= info.shape[d];
+    const PartitionSpec stored = storage_spec(c, Layout::kFsdpTp, mesh, name);
+    bool over_data = false, over_model = false;
+    for (int d = 0; d < stored.size(); ++d) {
+      for (const std::string& axis : stored.axes(d)) {
+        over_data = over_data || axis == "data";
+        over_model = over_model || axis == "model";
+      }
+    }
+    if (over_model) use /= m;
+    if (!over_data) {
+      per_layer += 2 * (n - 1) * use / n;  // the gradient's all_reduce over 'data'
+      continue;
+    }
+    per_layer += (n - 1) * use / n;  // the gather
+    per_layer += (n - 1) * use / n;  // the gradient's reduce_scatter
+    if (absl::StartsWith(name, "layers.ln")) per_layer += 2 * (m - 1) * (use / n) / m;
+  }
+  const int64_t rows = c.batch / n * c.seq;
+  per_layer += 2 * 2 * (m - 1) * rows * c.d_model * f32 / m;        // forward: attention, MLP outputs
+  per_layer += 2 * 2 * (m - 1) * rows * (c.d_model + 1) * f32 / m;  // backward: the norms' inputs
+  EXPECT_EQ(in_loop_bytes(*step.exe), c.layers * per_layer) << step.exe->as_text();
+}
+
 }  // namespace
 }  // namespace tessera::transformer

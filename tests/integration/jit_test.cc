@@ -1166,6 +1166,44 @@ TEST_F(JitTest, CombinedAndDeduplicatedProgramsMatchTheHost) {
   expect_near(fetch((*g)[1]), col);
 }
 
+// A norm's scale under FSDP with tensor parallelism (the transformer's layer norms under
+// fsdp_tp): w gathered for use scales x (batch over 'data') before a matmul whose weight splits
+// columns over 'model', so w's gradient is a sum over both axes, laid out as w: against the
+// host for w stored over 'data', 'model' and both in each order (the reduce-scatter creator
+// rewrites some of these plans; PartitionTest has the rewrite itself, and transformer_test's
+// fsdp_tp runs compare the whole step with the one-device run and central differences).
+// d/dw_j sum(tanh((x * w) @ v)) = sum_b x[b, j] sum_k v[j, k] (1 - tanh^2(y[b, k])).
+TEST_F(JitTest, AGradientPendingOverBothAxesAndStoredOverOneMatchesTheHost) {
+  const HostArray x = random_f32({16, 8}, 14), w = random_f32({8}, 15), v = random_f32({8, 4}, 16);
+  const auto X = x.values<float>(), W = w.values<float>(), V = v.values<float>();
+  std::vector<double> want(8, 0.0);
+  for (int64_t b = 0; b < 16; ++b) {
+    for (int64_t k = 0; k < 4; ++k) {
+      double y = 0;
+      for (int64_t j = 0; j < 8; ++j) y += double(X[b * 8 + j]) * W[j] * V[j * 4 + k];
+      const double t = std::tanh(y);
+      for (int64_t j = 0; j < 8; ++j) want[j] += double(X[b * 8 + j]) * V[j * 4 + k] * (1 - t * t);
+    }
+  }
+  Jitted f = jit(grad(
+      [](const std::vector<Value>& in) {
+        const Value scaled = in[0] * with_sharding_constraint(in[1], NamedSharding(*mesh_, P()));
+        return std::vector<Value>{sum(tanh(matmul(scaled, in[2])))};
+      },
+      {1}));
+  for (const PartitionSpec& stored : {P("data"), P("model"), P(Axes{"model", "data"}), P(Axes{"data", "model"})}) {
+    SCOPED_TRACE(stored.to_string());
+    absl::StatusOr<std::vector<Array>> g = f({put(x, P("data", None)), put(w, stored), put(v, P(None, "model"))});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)[0].sharding().spec(), stored);
+    expect_near(fetch((*g)[0]), want);
+    if (stored == P("data")) {
+      EXPECT_THAT(f.as_text(), HasSubstr("= reduce_scatter(sum, dim=0, axes=('data',))")) << f.as_text();
+      EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("local_slice"))) << f.as_text();
+    }
+  }
+}
+
 // The ambient mesh (jax.set_mesh, jax.sharding.get_mesh / get_abstract_mesh; JAX's "Explicit sharding"
 // guide uses `with jax.set_mesh(mesh):` so that device_put, with_sharding_constraint and
 // shard_map take bare P's): scopes nest and end, bare specs resolve against the innermost, a
