@@ -809,12 +809,7 @@ Value auto_out_sharding(const Value& operand, const PartitionSpec& out_sharding,
   TraceState* t = TraceState::common({&operand});
   if (t == nullptr) return Value();
   std::vector<std::string> explicit_axes;
-  if (t->explicit_mesh.has_value()) {
-    const Mesh& mesh = *t->explicit_mesh;
-    for (size_t i = 0; i < mesh.axis_names().size(); ++i) {
-      if (mesh.axis_types()[i] == AxisType::kExplicit) explicit_axes.push_back(mesh.axis_names()[i]);
-    }
-  }
+  if (t->explicit_mesh.has_value()) explicit_axes = t->explicit_mesh->abstract_mesh().axes_of_type(AxisType::kExplicit);
   if (explicit_axes.empty()) return with_out_sharding(operand, out_sharding, op);
   return tessera::auto_axes([&](const std::vector<Value>&) { return std::vector<Value>{op()}; },
                             std::move(explicit_axes),

@@ -86,7 +86,7 @@ void create_reduce_scatters(DevicePlan* program) {
       gone[k] = true;
       continue;
     }
-    // The slice becomes the all_reduce of the block over the rest, in i's old slot.
+    // The slice's slot becomes the all_reduce of the scattered block over the rest of A.
     Instruction reduce = i;
     reduce.collective.kind = CollectiveKind::kAllReduce;
     reduce.collective.dimension = 0;
