@@ -611,7 +611,7 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
                            : internal::make_array(std::make_shared<internal::ArrayState>(
                                  state.client, state.buffers, state.dtype, state.shape, state.sharding));
   }
-  if (sharding.mesh() == x.sharding().mesh()) return reshard(x, sharding);
+  if (sharding.mesh() == x.sharding().mesh()) return internal::relayout_on_mesh(x, sharding);
   impl_->flush_deletes().IgnoreError();
   ProfileSpan span(&impl_->profile(), "client", [] { return std::string("device_put (reshard)"); });
   TESSERA_ASSIGN_OR_RETURN(uint64_t input_id, state.ready_id());

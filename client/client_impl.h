@@ -204,6 +204,10 @@ absl::Status with_adoption(const ArrayState& a, uint64_t id, const std::function
 // Access to an Array's state and construction from one, for the SDK's own files.
 const ArrayState& array_state(const Array& array);
 Array make_array(std::shared_ptr<ArrayState> state);
+// x laid out by `target`, a sharding over x's own mesh that fits x: a jitted sharding
+// constraint (collectives on the workers). What reshard and device_put do on one mesh
+// (jit.cc; device_put takes Auto axes, reshard Explicit ones only).
+absl::StatusOr<Array> relayout_on_mesh(const Array& x, const NamedSharding& target);
 
 }  // namespace tessera::internal
 

@@ -193,7 +193,21 @@ ShapedType type_of(const Array& x) {
                     {}};
 }
 
+namespace internal {
+
+absl::StatusOr<Array> relayout_on_mesh(const Array& x, const NamedSharding& target) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, jit([target](const std::vector<Value>& in) {
+                             return std::vector<Value>{with_sharding_constraint(in[0], target)};
+                           })({x}));
+  return out[0];
+}
+
+}  // namespace internal
+
 absl::StatusOr<Array> reshard(const Array& x, const NamedSharding& target) {
+  // As JAX's reshard (canonicalize_sharding): Explicit axes only (tests/pjit_test.py,
+  // test_reshard_no_mesh_ctx refuses NamedSharding(Auto mesh, P('x'))).
+  TESSERA_RETURN_IF_ERROR(internal::check_explicit_axes("reshard", target.spec(), target.mesh()));
   absl::Status fits = target.validate(x.shape());
   if (!fits.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("reshard: ", type_to_string(x.dtype(), x.shape()), " to ",
@@ -201,10 +215,7 @@ absl::StatusOr<Array> reshard(const Array& x, const NamedSharding& target) {
   }
   if (target == x.sharding()) return x;
   if (target.mesh() != x.sharding().mesh()) return Client(internal::array_state(x).client).device_put(x, target);
-  TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, jit([target](const std::vector<Value>& in) {
-                             return std::vector<Value>{with_sharding_constraint(in[0], target)};
-                           })({x}));
-  return out[0];
+  return internal::relayout_on_mesh(x, target);
 }
 
 // auto_axes / explicit_axes on arrays: one jitted program running the traced switch (which

@@ -185,7 +185,7 @@ Value pad(const Value& x, const Value& padding_value, const std::vector<PadDim>&
   if (!typed.has_value()) return padded();
   internal::TypeRuleResult r = internal::pad_type_rule(*t->explicit_mesh, *typed, out);
   if (!r.error.empty()) return t->fail(internal::type_rule_error("pad", {*typed}, r));
-  return internal::with_out_sharding(x, internal::to_partition_spec(r.spec), padded);
+  return internal::with_out_sharding("pad", x, internal::to_partition_spec(r.spec), padded);
 }
 
 Value pad(const Value& x, std::vector<std::pair<int64_t, int64_t>> pad_width, double constant_value) {
@@ -222,7 +222,7 @@ Value tril(const Value& x, int64_t k) { return triangle("tril", x, k, true); }
 Value triu(const Value& x, int64_t k) { return triangle("triu", x, k, false); }
 
 Value einsum(const std::string& subscripts, const Value& a, const Value& b, const PartitionSpec& out_sharding) {
-  return internal::with_out_sharding(a, out_sharding, [&] { return einsum(subscripts, a, b); });
+  return internal::with_out_sharding("einsum", a, out_sharding, [&] { return einsum(subscripts, a, b); });
 }
 
 Value einsum(const std::string& subscripts, const Value& a, const Value& b) {

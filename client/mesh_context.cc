@@ -1,5 +1,6 @@
 #include "tessera/mesh_context.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -57,4 +58,43 @@ absl::StatusOr<NamedSharding> ambient_sharding(const PartitionSpec& spec, absl::
   return NamedSharding(*std::move(mesh), spec);
 }
 
+namespace internal {
+
+absl::Status check_explicit_axes(absl::string_view api, const PartitionSpec& spec, const Mesh& mesh) {
+  AbstractMesh in_force = mesh.abstract_mesh();
+  if (const TraceState* t = TraceState::current; t != nullptr) {
+    in_force = in_force.update_axis_types(t->auto_axes, AxisType::kAuto);
+    for (const std::vector<std::string>& axes : t->manual_axes) {
+      in_force = in_force.update_axis_types(axes, AxisType::kManual);
+    }
+  }
+  return check_explicit_axes(api, spec, in_force);
+}
+
+absl::Status check_explicit_axes(absl::string_view api, const PartitionSpec& spec, const AbstractMesh& in_force) {
+  const std::vector<std::string>& names = in_force.axis_names();
+  for (const std::string& axis : spec.used_axes()) {
+    const auto it = std::find(names.begin(), names.end(), axis);
+    if (it == names.end()) continue;  // NamedSharding::validate's error, given where the spec is used
+    const AxisType type = in_force.axis_types()[static_cast<size_t>(it - names.begin())];
+    if (type == AxisType::kExplicit) continue;
+    const std::string fix =
+        type == AxisType::kAuto
+            ? absl::StrCat("lay Auto axes out with with_sharding_constraint, or make '", axis,
+                           "' Explicit (explicit_axes, or a mesh made with axis_types Explicit)")
+            : absl::StrCat(
+                  "inside shard_map a Manual axis is per-device code: name only the body's other axes, or "
+                  "reshard outside the shard_map");
+    // JAX's wording (canonicalize_sharding), then what to do.
+    return absl::InvalidArgumentError(absl::StrCat("PartitionSpec passed to ", api,
+                                                   " cannot contain axis names that are of type Auto or Manual. Got "
+                                                   "PartitionSpec: ",
+                                                   spec.to_string(), " with axis name: ", axis,
+                                                   " of type: ", axis_type_name(type), " (in ", in_force.to_string(),
+                                                   "); ", api, " takes Explicit axes only: ", fix));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
 }  // namespace tessera

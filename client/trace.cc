@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/trace_state.h"
+#include "core/status.h"
 #include "tessera/mesh_context.h"
 
 namespace tessera {
@@ -429,12 +430,13 @@ Value broadcast_to(const Value& x, Shape shape) {
 }
 
 Value broadcast_in_dim(const Value& x, Shape shape, std::vector<int64_t> dims, const PartitionSpec& out_sharding) {
-  return internal::with_out_sharding(x, out_sharding,
+  return internal::with_out_sharding("broadcast_in_dim", x, out_sharding,
                                      [&] { return broadcast_in_dim(x, std::move(shape), std::move(dims)); });
 }
 
 Value broadcast_to(const Value& x, Shape shape, const PartitionSpec& out_sharding) {
-  return internal::with_out_sharding(x, out_sharding, [&] { return broadcast_to(x, std::move(shape)); });
+  return internal::with_out_sharding("broadcast_to", x, out_sharding,
+                                     [&] { return broadcast_to(x, std::move(shape)); });
 }
 
 Value reshape(const Value& x, Shape shape) {
@@ -568,15 +570,16 @@ Value matmul(const Value& lhs, const Value& rhs) {
 Value dot(const Value& lhs, const Value& rhs) { return matmul(lhs, rhs); }
 
 Value dot_general(const Value& lhs, const Value& rhs, DotDims dims, const PartitionSpec& out_sharding) {
-  return internal::with_out_sharding(lhs, out_sharding, [&] { return dot_general(lhs, rhs, std::move(dims)); });
+  return internal::with_out_sharding("dot_general", lhs, out_sharding,
+                                     [&] { return dot_general(lhs, rhs, std::move(dims)); });
 }
 
 Value matmul(const Value& lhs, const Value& rhs, const PartitionSpec& out_sharding) {
-  return internal::with_out_sharding(lhs, out_sharding, [&] { return matmul(lhs, rhs); });
+  return internal::with_out_sharding("matmul", lhs, out_sharding, [&] { return matmul(lhs, rhs); });
 }
 
 Value reshape(const Value& x, Shape shape, const PartitionSpec& out_sharding) {
-  return internal::with_out_sharding(x, out_sharding, [&] { return reshape(x, std::move(shape)); });
+  return internal::with_out_sharding("reshape", x, out_sharding, [&] { return reshape(x, std::move(shape)); });
 }
 
 Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit) {
@@ -658,12 +661,12 @@ Value take(const Value& x, const Value& indices, int64_t axis, IndexMode mode, s
 
 Value take(const Value& x, const Value& indices, int64_t axis, const PartitionSpec& out_sharding, IndexMode mode,
            std::optional<Scalar> fill_value) {
-  return internal::auto_out_sharding(x, out_sharding, [&] { return take(x, indices, axis, mode, fill_value); });
+  return internal::auto_out_sharding("take", x, out_sharding, [&] { return take(x, indices, axis, mode, fill_value); });
 }
 
 Value IndexRef::get() const { return gather(x_, wrap_negative(x_, indices_, axis_), axis_, IndexMode::kClip); }
 Value IndexRef::get(const PartitionSpec& out_sharding) const {
-  return internal::auto_out_sharding(x_, out_sharding, [&] { return get(); });
+  return internal::auto_out_sharding(".get", x_, out_sharding, [&] { return get(); });
 }
 Value IndexRef::set(const Value& updates) const {
   return scatter(x_, wrap_negative(x_, indices_, axis_), updates_for(x_, indices_, axis_, updates), axis_);
@@ -716,12 +719,12 @@ Value full(Shape shape, double value, DType dtype) {
 // compiler makes each block where it lives (a constraint pins a source op's layout).
 Value iota(DType dtype, Shape shape, int64_t dimension, const PartitionSpec& out_sharding) {
   const Value r = iota(dtype, std::move(shape), dimension);
-  return r.ok() ? reshard(r, out_sharding) : r;
+  return r.ok() ? internal::reshard_for("iota", r, out_sharding) : r;
 }
 
 Value full(Shape shape, double value, DType dtype, const PartitionSpec& out_sharding) {
   const Value r = full(std::move(shape), value, dtype);
-  return r.ok() ? reshard(r, out_sharding) : r;
+  return r.ok() ? internal::reshard_for("full", r, out_sharding) : r;
 }
 
 Value with_sharding_constraint(const Value& x, const NamedSharding& sharding) {
@@ -773,24 +776,44 @@ ShapedType type_of(const Value& v) {
   return type;
 }
 
-Value reshard(const Value& x, const PartitionSpec& spec) {
-  TraceState* t = TraceState::common({&x});
-  if (t == nullptr) return Value();
-  if (t->explicit_mesh.has_value()) return with_sharding_constraint(x, NamedSharding(*t->explicit_mesh, spec));
-  absl::StatusOr<NamedSharding> sharding = ambient_sharding(spec, "reshard");
-  if (!sharding.ok()) return t->fail(sharding.status());
-  return with_sharding_constraint(x, *sharding);
-}
+Value reshard(const Value& x, const PartitionSpec& spec) { return internal::reshard_for("reshard", x, spec); }
 
 namespace internal {
+namespace {
 
-Value with_out_sharding(const Value& operand, const PartitionSpec& out_sharding, const std::function<Value()>& op) {
+// Where `api`'s spec lays a value of trace t out: on the explicit mesh in explicit mode, else
+// on the ambient mesh; its axes Explicit ones only (check_explicit_axes).
+absl::StatusOr<NamedSharding> out_sharding_target(const TraceState& t, absl::string_view api,
+                                                  const PartitionSpec& spec) {
+  absl::StatusOr<NamedSharding> target = t.explicit_mesh.has_value()
+                                             ? absl::StatusOr<NamedSharding>(NamedSharding(*t.explicit_mesh, spec))
+                                             : ambient_sharding(spec, api);
+  if (!target.ok()) return target;
+  TESSERA_RETURN_IF_ERROR(check_explicit_axes(api, spec, target->mesh()));
+  return target;
+}
+
+}  // namespace
+
+Value reshard_for(absl::string_view api, const Value& x, const PartitionSpec& spec) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  absl::StatusOr<NamedSharding> target = out_sharding_target(*t, api, spec);
+  if (!target.ok()) return t->fail(target.status());
+  return with_sharding_constraint(x, *target);
+}
+
+Value with_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,
+                        const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&operand});
   if (t == nullptr) return Value();
+  // Checked before op is traced, as JAX canonicalizes out_sharding before binding.
+  absl::StatusOr<NamedSharding> target = out_sharding_target(*t, api, out_sharding);
+  if (!target.ok()) return t->fail(target.status());
   ++t->out_sharding_scopes;
   const Value r = op();
   --t->out_sharding_scopes;
-  return reshard(r, out_sharding);
+  return with_sharding_constraint(r, *target);
 }
 
 std::optional<TypedOperand> typed_operand(const Value& x) {
@@ -802,15 +825,18 @@ std::optional<TypedOperand> typed_operand(const Value& x) {
 Value typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
-  return with_out_sharding(like, type_spec(like), op);
+  return with_out_sharding("reshard", like, type_spec(like), op);
 }
 
-Value auto_out_sharding(const Value& operand, const PartitionSpec& out_sharding, const std::function<Value()>& op) {
+Value auto_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,
+                        const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&operand});
   if (t == nullptr) return Value();
   std::vector<std::string> explicit_axes;
   if (t->explicit_mesh.has_value()) explicit_axes = t->explicit_mesh->abstract_mesh().axes_of_type(AxisType::kExplicit);
-  if (explicit_axes.empty()) return with_out_sharding(operand, out_sharding, op);
+  if (explicit_axes.empty()) return with_out_sharding(api, operand, out_sharding, op);
+  absl::Status explicit_only = check_explicit_axes(api, out_sharding, *t->explicit_mesh);
+  if (!explicit_only.ok()) return t->fail(explicit_only);
   return tessera::auto_axes([&](const std::vector<Value>&) { return std::vector<Value>{op()}; },
                             std::move(explicit_axes),
                             std::vector<PartitionSpec>{out_sharding})(std::vector<Value>{})[0];
@@ -819,7 +845,7 @@ Value auto_out_sharding(const Value& operand, const PartitionSpec& out_sharding,
 Value auto_typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
-  return auto_out_sharding(like, type_spec(like), op);
+  return auto_out_sharding("reshard", like, type_spec(like), op);
 }
 
 }  // namespace internal
@@ -877,7 +903,7 @@ TracedFunction auto_axes(TracedFunction f, std::vector<std::string> axes,
           absl::StrCat("auto_axes: ", out_shardings.size(), " out_shardings for ", out.size(), " results")));
       return {Value()};
     }
-    for (size_t i = 0; i < out.size(); ++i) out[i] = reshard(out[i], out_shardings[i]);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = reshard_for("auto_axes", out[i], out_shardings[i]);
     return out;
   };
 }

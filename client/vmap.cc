@@ -60,7 +60,7 @@ Value broadcast_batch(const Value& x, int64_t size, const Axes& axes) {
   // out_sharding.
   TypeSpec spec = {axes};
   spec.insert(spec.end(), typed->spec.begin(), typed->spec.end());
-  return with_out_sharding(x, to_partition_spec(spec), broadcast);
+  return with_out_sharding("broadcast_in_dim", x, to_partition_spec(spec), broadcast);
 }
 
 Value BatchArgs::batched_operand(size_t k) const { return batched[k] ? x[k] : broadcast(x[k]); }

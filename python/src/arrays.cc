@@ -184,6 +184,14 @@ void bind_arrays(py::module_& m) {
     if (ambient) scope.emplace(*std::move(ambient));
     return get_abstract_mesh();
   });
+  // The rule of reshard's and out_sharding's specs (Explicit axes only) for the calls Python
+  // makes itself outside a trace (a creation function's placement, reshard of an Array).
+  m.def("check_explicit_axes", [](const std::string& api, const PartitionSpec& spec, const Mesh& mesh) {
+    check(internal::check_explicit_axes(api, spec, mesh));
+  });
+  m.def("check_explicit_axes", [](const std::string& api, const PartitionSpec& spec, const AbstractMesh& in_force) {
+    check(internal::check_explicit_axes(api, spec, in_force));
+  });
 
   py::class_<PartitionSpec>(m, "PartitionSpec")
       .def(py::init<std::vector<Axes>>())

@@ -14,7 +14,7 @@ from . import checkpoint_policies
 from ._array import Array
 from ._config import config
 from ._trace import Tracer
-from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, devices, _ambient_mesh, get_abstract_mesh
+from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, _explicit_only, _check_in_force, devices, _ambient_mesh, get_abstract_mesh
 from .tree_util import tree_flatten, tree_unflatten, tree_leaves, broadcast_prefix, tree_map
 
 
@@ -771,9 +771,10 @@ def reshard(x, out_shardings):
             from .numpy import _wrap
             mesh = t.mesh if isinstance(t, NamedSharding) else _ambient_mesh()
             spec = t.spec if isinstance(t, NamedSharding) else t
+            _check_in_force("reshard", spec)
             out.append(_wrap(_t.reshard(l._v, spec._cpp(), None if mesh is None else mesh._cpp)))
         else:
-            out.append(_put_one(l, _as_named(t, "reshard")))
+            out.append(_put_one(l, _explicit_only(_as_named(t, "reshard"), "reshard")))
     return tree_unflatten(treedef, out)
 
 

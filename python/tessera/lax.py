@@ -133,7 +133,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         a, b = _jnp._same_dtype(Tracer(v[0]), Tracer(v[1]))
         return _t.dot_general(a._v, b._v, list(lc), list(rc), list(lb), list(rb), spec, mesh)
 
-    out = _jnp._with_out_sharding((lhs, rhs), out_sharding, traced)
+    out = _jnp._with_out_sharding("dot_general", (lhs, rhs), out_sharding, traced)
     return out if preferred_element_type is None else out.astype(preferred_element_type)
 
 
@@ -157,7 +157,7 @@ def broadcast_in_dim(operand, shape, broadcast_dimensions, *, out_sharding=None)
     explicit or ambient mesh), as JAX's _broadcast_in_dim_sharding_rule returns it."""
     if out_sharding is None:
         return _broadcast_in_dim(operand, shape, broadcast_dimensions)
-    return _jnp._with_out_sharding((operand,), out_sharding, lambda v, spec, mesh: _t.broadcast_in_dim(
+    return _jnp._with_out_sharding("broadcast_in_dim", (operand,), out_sharding, lambda v, spec, mesh: _t.broadcast_in_dim(
         v[0], list(shape), list(broadcast_dimensions), spec, mesh))
 
 
@@ -188,7 +188,7 @@ def broadcasted_iota(dtype, shape, dimension, *, out_sharding=None):
     a P on the explicit or ambient mesh)."""
     if out_sharding is None:
         return Tracer(_t.iota(_enum(dtype), list(shape), dimension))
-    return Tracer(_t.iota(_enum(dtype), list(shape), dimension, *_jnp._spec_and_mesh(out_sharding)))
+    return Tracer(_t.iota(_enum(dtype), list(shape), dimension, *_jnp._spec_and_mesh("iota", out_sharding)))
 
 
 def select(pred, on_true, on_false):

@@ -322,7 +322,7 @@ def reshape(a, shape, order="C", *, out_sharding=None):
         return _reshape(a, shape, order)
     if order != "C":
         raise NotImplementedError("reshape: only order='C'")
-    return _with_out_sharding((a,), out_sharding, lambda v, spec, mesh: _t.reshape(
+    return _with_out_sharding("reshape", (a,), out_sharding, lambda v, spec, mesh: _t.reshape(
         v[0], list(_norm_shape(shape, Tracer(v[0]).size)), spec, mesh))
 
 
@@ -373,7 +373,7 @@ def broadcast_to(array, shape, *, out_sharding=None):
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if out_sharding is None:
         return _broadcast_to(array, shape)
-    return _with_out_sharding((array,), out_sharding,
+    return _with_out_sharding("broadcast_to", (array,), out_sharding,
                               lambda v, spec, mesh: _t.broadcast_to(v[0], list(shape), spec, mesh))
 
 
@@ -505,23 +505,27 @@ def _einsum(subscripts, a, b):
     return _wrap(_t.einsum(subscripts, _tracer(a)._v, _tracer(b)._v))
 
 
-def _with_out_sharding(args, out_sharding, traced):
+def _with_out_sharding(api, args, out_sharding, traced):
     """fn(*args) laid out by out_sharding (a NamedSharding, or a P on the explicit or ambient
-    mesh): `traced(tracers, spec, mesh)` inside a trace, a jitted call of it outside."""
+    mesh): `traced(tracers, spec, mesh)` inside a trace, a jitted call of it outside. `api`
+    names the op in errors."""
     if not (in_trace() or _has_tracer(args)):
         from ._api import jit
-        return jit(lambda *xs: _with_out_sharding(xs, out_sharding, traced))(*args)
-    return _wrap(traced([_tracer(a)._v for a in args], *_spec_and_mesh(out_sharding)))
+        return jit(lambda *xs: _with_out_sharding(api, xs, out_sharding, traced))(*args)
+    return _wrap(traced([_tracer(a)._v for a in args], *_spec_and_mesh(api, out_sharding)))
 
 
-def _spec_and_mesh(out_sharding):
+def _spec_and_mesh(api, out_sharding):
     """out_sharding's spec and mesh for the SDK: a NamedSharding's own, or a P's ambient mesh
-    (None: the trace's explicit mesh, or the SDK's error naming the missing mesh)."""
-    from .sharding import NamedSharding, _ambient_mesh
+    (None: the trace's explicit mesh, or the SDK's error naming the missing mesh). Under
+    use_abstract_mesh the spec is checked against its axis types (the SDK checks the trace's
+    own otherwise)."""
+    from .sharding import NamedSharding, _ambient_mesh, _check_in_force
     if isinstance(out_sharding, NamedSharding):
         spec, mesh = out_sharding.spec, out_sharding.mesh
     else:
         spec, mesh = out_sharding, _ambient_mesh()
+    _check_in_force(api, spec)
     return spec._cpp(), None if mesh is None else mesh._cpp
 
 
@@ -530,10 +534,10 @@ def _created(name, out_sharding, host, traced):
     explicit or ambient mesh): `traced(spec, mesh)` (a Value) in a trace; outside, `host()`
     placed so, committed, as JAX's (tests/pjit_test.py test_jnp_zeros_out_sharding)."""
     if in_trace():
-        return _wrap(traced(*_spec_and_mesh(out_sharding)))
-    from .sharding import _as_named
+        return _wrap(traced(*_spec_and_mesh(name, out_sharding)))
+    from .sharding import _as_named, _explicit_only
     from ._api import _put_numpy
-    return _put_numpy(host(), _as_named(out_sharding, name))
+    return _put_numpy(host(), _explicit_only(_as_named(out_sharding, name), name))
 
 
 def einsum(subscripts, a, b, out_sharding=None):
@@ -542,7 +546,7 @@ def einsum(subscripts, a, b, out_sharding=None):
     operands: P('X', 'Y') reduce-scatters the sum, P('X', None) all-reduces it)."""
     if out_sharding is None:
         return _einsum(subscripts, a, b)
-    return _with_out_sharding((a, b), out_sharding,
+    return _with_out_sharding("einsum", (a, b), out_sharding,
                               lambda v, spec, mesh: _t.einsum(subscripts, v[0], v[1], spec, mesh))
 
 
@@ -569,7 +573,7 @@ def matmul(a, b, out_sharding=None):
         x, y = _same_dtype(Tracer(v[0]), Tracer(v[1]))
         return _t.matmul(x._v, y._v, spec, mesh)
 
-    return _with_out_sharding((a, b), out_sharding, traced)
+    return _with_out_sharding("matmul", (a, b), out_sharding, traced)
 
 
 @_op
@@ -803,7 +807,7 @@ def _at_get(x, idx):
 
 def _at_get_laid_out(x, idx, out_sharding):
     axis, i = _at_axis(x, idx)
-    return _wrap(_t.at_get(x._v, i._v, axis, *_spec_and_mesh(out_sharding)))
+    return _wrap(_t.at_get(x._v, i._v, axis, *_spec_and_mesh(".get", out_sharding)))
 
 
 @_op

@@ -133,13 +133,22 @@ class Mesh:
         devs = np.asarray(devices, dtype=object)
         axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
         types = _axis_types(axis_types, len(axis_names), "Mesh")
-        self._cpp = _tessera.Mesh(list(devs.shape), list(axis_names), [d.id for d in devs.flat], types)
         self.devices = devs
         self.axis_names = axis_names
+        # JAX's empty mesh, Mesh(np.empty((), dtype=object), ()): what get_mesh() gives when
+        # no mesh is set. It has no devices, so nothing can be placed on it.
+        if not axis_names and devs.ndim == 0 and devs.flat[0] is None:
+            self._cpp = None
+            return
+        self._cpp = _tessera.Mesh(list(devs.shape), list(axis_names), [d.id for d in devs.flat], types)
+
+    @property
+    def empty(self):
+        return self._cpp is None
 
     @property
     def axis_types(self):
-        return tuple(self._cpp.axis_types)
+        return () if self.empty else tuple(self._cpp.axis_types)
 
     @staticmethod
     def _from_cpp(cpp):
@@ -158,7 +167,7 @@ class Mesh:
 
     @property
     def size(self):
-        return self.devices.size
+        return 0 if self.empty else self.devices.size
 
     @property
     def device_ids(self):
@@ -167,17 +176,19 @@ class Mesh:
     @property
     def abstract_mesh(self):
         """The mesh without its devices (jax.sharding.Mesh.abstract_mesh)."""
-        return AbstractMesh._from_cpp(self._cpp.abstract_mesh())
+        return AbstractMesh((), ()) if self.empty else AbstractMesh._from_cpp(self._cpp.abstract_mesh())
 
     def __eq__(self, other):
-        return isinstance(other, Mesh) and self._cpp == other._cpp
+        if not isinstance(other, Mesh) or self.empty != other.empty:
+            return False
+        return self.empty or self._cpp == other._cpp
 
     def __hash__(self):
         return hash((self.axis_names, self.devices.shape, tuple(d.id for d in self.devices.flat),
                      tuple(int(t) for t in self._cpp.axis_types)))
 
     def __repr__(self):
-        return repr(self._cpp)
+        return "Mesh()" if self.empty else repr(self._cpp)
 
     def __enter__(self):
         _mesh_stack.append(self)
@@ -280,11 +291,81 @@ def _ambient_mesh():
 
 def get_abstract_mesh():
     """jax.sharding.get_abstract_mesh(): the AbstractMesh in force where it is called (empty
-    when none is): the ambient mesh's outside a trace and at the top of a jitted function; in a
-    shard_map body its manual axes are Manual; inside auto_axes / explicit_axes the switched
-    axes are Auto / Explicit."""
+    when none is): use_abstract_mesh's inside its block; else the ambient mesh's outside a trace
+    and at the top of a jitted function; in a shard_map body its manual axes are Manual; inside
+    auto_axes / explicit_axes the switched axes are Auto / Explicit."""
+    override = _abstract_override()
+    if override is not None:
+        return override
     mesh = _ambient_mesh()
     return AbstractMesh._from_cpp(_tessera.get_abstract_mesh(None if mesh is None else mesh._cpp))
+
+
+def get_mesh():
+    """jax.sharding.get_mesh() (jax/_src/sharding_impls.py): the concrete mesh set_mesh (or
+    `with mesh:`) set, an empty Mesh (`.empty`) when none is; inside a trace a ValueError, as
+    JAX's."""
+    from ._trace import in_trace
+    if in_trace():
+        raise ValueError("`get_mesh` can only be used outside of `jax.jit`. Maybe you want "
+                         "`jax.sharding.get_abstract_mesh()`?")
+    mesh = _ambient_mesh()
+    return mesh if mesh is not None else Mesh(np.empty((), dtype=object), ())
+
+
+# use_abstract_mesh's blocks, innermost last: (the AbstractMesh, the trace level it was entered at).
+_abstract_stack = []
+
+
+def _trace_level():
+    from ._trace import _state
+    return getattr(_state, "depth", 0)
+
+
+def _abstract_override():
+    """The AbstractMesh use_abstract_mesh set at this trace level, or None. A function traced
+    inside its block (a jitted function, a shard_map body, auto_axes) is a level further and
+    has the types its own trace gives."""
+    if _abstract_stack and _abstract_stack[-1][1] == _trace_level():
+        return _abstract_stack[-1][0]
+    return None
+
+
+def _check_in_force(api, spec):
+    """Inside use_abstract_mesh: spec (reshard's, an out_sharding) names Explicit axes of its
+    mesh only, the SDK's check and message (the SDK checks the trace's own types otherwise)."""
+    override = _abstract_override()
+    if override is not None:
+        _tessera.check_explicit_axes(api, spec._cpp(), override._cpp)
+
+
+class use_abstract_mesh:
+    """jax.sharding.use_abstract_mesh(mesh) (jax/_src/mesh.py): a context manager making the
+    AbstractMesh `mesh` the one in force in its block: get_abstract_mesh() returns it, and
+    reshard and out_sharding specs may name only its Explicit axes
+    (tests/pjit_test.py test_out_sharding_... with update_axis_types({'x': Auto})). As JAX's,
+    `mesh` must be an AbstractMesh and may not change the size of the mesh in force. Tessera's
+    traces take their axis types from the arguments' mesh: inside a trace the block changes the
+    checks and get_abstract_mesh(), not the ops' typing rules, and a function traced inside it
+    (a jitted function, a shard_map body) has its own trace's types."""
+
+    __slots__ = ["mesh"]
+
+    def __init__(self, mesh):
+        if not isinstance(mesh, AbstractMesh):
+            raise ValueError(f"Expected mesh of type `jax.sharding.AbstractMesh`. Got type: {type(mesh)}")
+        self.mesh = mesh
+
+    def __enter__(self):
+        prev = get_abstract_mesh()
+        if not prev.empty and not self.mesh.empty and prev.size != self.mesh.size:
+            raise ValueError(f"use_abstract_mesh cannot change the size of the mesh. Got new mesh: {self.mesh} "
+                             f"with size={self.mesh.size} and prev mesh: {prev} with size={prev.size}")
+        _abstract_stack.append((self.mesh, _trace_level()))
+
+    def __exit__(self, *exc):
+        _abstract_stack.pop()
+        return False
 
 
 def _context_mesh(what):
@@ -363,6 +444,15 @@ def _as_named(sharding, what):
     if isinstance(sharding, PartitionSpec):
         return NamedSharding(_context_mesh(what), sharding)
     raise TypeError(f"{what}: expected a NamedSharding or PartitionSpec, not {sharding!r}")
+
+
+def _explicit_only(named, api):
+    """`named` when its spec names Explicit axes only, as reshard and out_sharding take (JAX's
+    canonicalize_sharding; use_abstract_mesh's types inside its block); else the SDK's ValueError
+    naming api, the spec, the axis and its type."""
+    override = _abstract_override()
+    _tessera.check_explicit_axes(api, named.spec._cpp(), named.mesh._cpp if override is None else override._cpp)
+    return named
 
 
 def reshard(x, out_shardings):

@@ -465,3 +465,63 @@ def test_get_abstract_mesh_shows_the_axis_types_where_it_is_called(xy):
     assert found == [(manual, other[1], True)], (mesh, names)
     np.testing.assert_array_equal(np.asarray(out), x8 * 2)
   assert get_abstract_mesh().empty
+
+
+def test_get_mesh_and_use_abstract_mesh_as_jax(xy):
+  # jax.sharding.get_mesh (jax/_src/sharding_impls.py): the concrete mesh set_mesh set
+  # (tests/pjit_test.py test_set_mesh: get_mesh() == mesh), JAX's empty Mesh when none is, and
+  # inside jit a ValueError pointing at get_abstract_mesh.
+  from tessera.sharding import get_mesh, use_abstract_mesh, AbstractMesh, Mesh
+  assert get_mesh().empty and get_mesh().size == 0 and get_mesh().abstract_mesh.empty
+  with set_mesh(xy):
+    assert get_mesh() == xy and not get_mesh().empty
+    with pytest.raises(ValueError, match="`get_mesh` can only be used outside of `jax.jit`. Maybe you want"):
+      jax.jit(lambda a: (get_mesh(), a)[1])(np.ones(4, np.float32))
+  with xy:
+    assert get_mesh() == xy
+  assert get_mesh().empty and get_mesh() == Mesh(np.empty((), dtype=object), ())
+
+  # jax.sharding.use_abstract_mesh (jax/_src/mesh.py): an AbstractMesh only; get_abstract_mesh()
+  # is it inside the block; the size may not change (test_use_abstract_mesh_override).
+  with pytest.raises(ValueError, match="Expected mesh of type `jax.sharding.AbstractMesh`"):
+    use_abstract_mesh(xy)
+  am = xy.abstract_mesh.update_axis_types({"X": AxisType.Auto})
+  with set_mesh(xy):
+    with use_abstract_mesh(am):
+      assert get_abstract_mesh() == am
+      assert repr(get_abstract_mesh()) == "AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Explicit))"
+      with pytest.raises(ValueError, match="use_abstract_mesh cannot change the size of the mesh. Got new mesh: "
+                                           r"AbstractMesh\('x': 4, axis_types=\(Explicit,\)\) with size=4"):
+        with use_abstract_mesh(AbstractMesh((4,), ("x",))):
+          pass
+      assert get_abstract_mesh() == am
+    assert get_abstract_mesh() == xy.abstract_mesh
+
+  # tests/pjit_test.py test_output_different_context_error's g: inside jit, under
+  # use_abstract_mesh(mesh.abstract_mesh.update_axis_types({'x': Auto})), an einsum's
+  # out_sharding=P('x', None) is refused ("PartitionSpec.*cannot contain axis names.*Auto");
+  # P(None, 'Y') names an Explicit axis and runs.
+  x = np.arange(32, dtype=np.float32).reshape(8, 4)
+  y = np.arange(16, dtype=np.float32).reshape(4, 4)
+
+  def g(spec):
+    @jax.jit
+    def f(a, b):
+      with use_abstract_mesh(am):
+        out = jnp.einsum("xy,yz->xz", a, b, out_sharding=spec)
+      return out
+    return f
+
+  with set_mesh(xy):
+    a, b = reshard(x, P("X", None)), reshard(y, P())
+    with pytest.raises(ValueError, match="PartitionSpec passed to einsum cannot contain axis names that are of type "
+                                         r"Auto or Manual. Got PartitionSpec: P\('X', None\) with axis name: X of "
+                                         "type: Auto"):
+      g(P("X", None))(a, b)
+    out = g(P(None, "Y"))(a, b)
+  assert str(jax.typeof(out)) == "float32[8,4@Y]"
+  np.testing.assert_allclose(np.asarray(out), x @ y, rtol=1e-5)
+  # reshard outside a trace follows the block's types too.
+  with use_abstract_mesh(am):
+    with pytest.raises(ValueError, match="PartitionSpec passed to reshard cannot contain.*X of type: Auto"):
+      reshard(x, jax.NamedSharding(xy, P("X", None)))

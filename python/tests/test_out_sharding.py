@@ -203,3 +203,51 @@ def test_reshard_of_an_array_takes_the_ambient_mesh(x8):
   assert other.sharding == NamedSharding(x8, P("x"))
   assert str(jax.typeof(other)) == "float32[8@x,4]"
   np.testing.assert_array_equal(np.asarray(other), x)
+
+
+def test_reshard_and_out_sharding_take_explicit_axes_only():
+  # jax/_src/sharding_impls.py canonicalize_sharding: "PartitionSpec passed to {api_name} cannot
+  # contain axis names that are of type Auto or Manual". tests/pjit_test.py:
+  # test_reshard_no_mesh_ctx (reshard onto an Auto mesh's NamedSharding is refused, onto an
+  # Explicit one it moves), test_error_on_canonicalize_under_auto_mode (einsum's out_sharding on
+  # Auto axes), test_dot_general_out_sharding (inside auto_axes the axis is Auto).
+  autos = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Auto,))
+  with pytest.raises(ValueError, match="cannot contain axis names that are of type Auto"):
+    reshard(np.arange(8), NamedSharding(autos, P("x")))
+  ex = explicit((2,), ("x",))
+  out = reshard(np.arange(8), NamedSharding(ex, P("x")))
+  assert out.sharding == NamedSharding(ex, P("x"))
+  np.testing.assert_array_equal(np.asarray(out), np.arange(8))
+  # device_put takes Auto axes.
+  put = jax.device_put(np.arange(8), NamedSharding(autos, P("x")))
+  assert put.sharding == NamedSharding(autos, P("x"))
+  # Creation functions' out_sharding, outside and inside jit.
+  with pytest.raises(ValueError, match="PartitionSpec passed to full cannot contain axis names.*x of type: Auto"):
+    jnp.zeros((8,), out_sharding=NamedSharding(autos, P("x")))
+  with set_mesh(autos):
+    with pytest.raises(ValueError, match="PartitionSpec passed to full cannot contain axis names"):
+      jax.jit(lambda v: jnp.zeros(v.shape, out_sharding=P("x")) + v)(np.ones(8, np.float32))
+
+  mesh2 = jax.make_mesh((2, 1), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+  a = jax.device_put(np.arange(16.0, dtype=np.float32).reshape(8, 2), NamedSharding(mesh2, P("x", "y")))
+  b = jax.device_put(np.arange(16.0, dtype=np.float32).reshape(2, 8), NamedSharding(mesh2, P("y", None)))
+  f = jax.jit(lambda x, y: jnp.einsum("xy,yz->xz", x, y, out_sharding=NamedSharding(mesh2, P("x", "y"))))
+  with pytest.raises(ValueError,
+                     match=r"PartitionSpec passed to einsum cannot contain axis names.*Auto.*Manual.*"
+                           r"axis name: x of type: Auto"):
+    f(a, b)
+
+  from tessera.sharding import auto_axes
+  x4 = explicit((4,), ("x",))
+  np_inp1 = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+  arr1 = jax.device_put(np_inp1, NamedSharding(x4, P("x", None)))
+  arr2 = jax.device_put(np_inp1.T, NamedSharding(x4, P(None, "x")))
+
+  def g(x, y):
+    return jnp.sum(jnp.einsum("xy,yz->xz", x, y, out_sharding=P("x", None)))
+
+  with set_mesh(x4):
+    np.testing.assert_allclose(np.asarray(jax.jit(g)(arr1, arr2)), np.sum(np_inp1 @ np_inp1.T))
+    with pytest.raises(ValueError,
+                       match="PartitionSpec passed to einsum cannot contain axis names that are of type Auto or Manual"):
+      jax.jit(auto_axes(g, out_sharding=P()))(arr1, arr2)

@@ -723,6 +723,72 @@ TEST(ExplicitShardMap, InSpecsMustBeTheArgumentsTypesAndResultsAreTypedByOutSpec
             "`reshard` on the arguments and then pass those args to shard_map.");
 }
 
+// reshard and every op's out_sharding take Explicit axes only (jax/_src/sharding_impls.py,
+// canonicalize_sharding: "PartitionSpec passed to {api_name} cannot contain axis names that are
+// of type Auto or Manual. Got PartitionSpec: ... with axis name: ... of type: ..."), with the
+// types in force where they are called. tests/pjit_test.py: test_dot_general_out_sharding (an
+// einsum's out_sharding on an axis auto_axes made Auto), test_error_on_canonicalize_under_auto_mode
+// (an einsum's out_sharding on an all-Auto mesh), test_reshard_no_mesh_ctx (reshard onto Auto
+// axes; the Array case is in out_sharding_test).
+TEST(ExplicitShardMap, ReshardAndOutShardingTakeExplicitAxesOnly) {
+  const std::vector<Input> in = {{DType::kF32, {8, 4}, P("X", None)}, {DType::kF32, {4, 8}, P()}};
+  const std::string kJax = "cannot contain axis names that are of type Auto or Manual. Got PartitionSpec: ";
+  // test_dot_general_out_sharding: inside auto_axes, 'X' is Auto.
+  EXPECT_THAT(one_type(xy(), in,
+                       auto_axes([](V v) { return std::vector<Value>{einsum("xy,yz->xz", v[0], v[1], P("X", None))}; },
+                                 {}, {P()})),
+              ::testing::AllOf(HasSubstr(absl::StrCat("PartitionSpec passed to einsum ", kJax,
+                                                      "P('X', None) with axis name: X of type: Auto")),
+                               HasSubstr("einsum takes Explicit axes only")));
+  // Outside auto_axes the same call is fine, and P() names no axis inside.
+  EXPECT_EQ(one_type(xy(), in, [](V v) { return std::vector<Value>{einsum("xy,yz->xz", v[0], v[1], P("X", None))}; }),
+            "f32[8@X,8]");
+  EXPECT_EQ(one_type(xy(), in,
+                     auto_axes([](V v) { return std::vector<Value>{einsum("xy,yz->xz", v[0], v[1], P())}; }, {},
+                               {P("X", None)})),
+            "f32[8@X,8]");
+  // auto_axes' own out_shardings are resharded outside, where 'X' is Explicit again.
+  EXPECT_EQ(one_type(xy(), in, auto_axes([](V v) { return std::vector<Value>{v[0] * 2.0}; }, {"X"}, {P(None, "Y")})),
+            "f32[8,4@Y]");
+  // A mesh mixing types: only its Explicit axes may be named, by reshard and by the ops.
+  const Mesh mixed = mesh_of({2, 4}, {"X", "Y"}, {kE, AxisType::kAuto});
+  EXPECT_EQ(one_type(mixed, in, [](V v) { return std::vector<Value>{reshard(v[1], P(None, "X"))}; }), "f32[4,8@X]");
+  EXPECT_THAT(one_type(mixed, in, [](V v) { return std::vector<Value>{reshard(v[1], P("X", "Y"))}; }),
+              HasSubstr(absl::StrCat("PartitionSpec passed to reshard ", kJax,
+                                     "P('X', 'Y') with axis name: Y of type: Auto (in AbstractMesh('X': 2, 'Y': 4, "
+                                     "axis_types=(Explicit, Auto)))")));
+  for (const auto& [api, f] : std::vector<std::pair<std::string, std::function<Value(V)>>>{
+           {"matmul", [](V v) { return matmul(v[0], v[1], P(Axes{"X", "Y"}, None)); }},
+           {"reshape", [](V v) { return reshape(v[0], {32}, P("Y")); }},
+           {"broadcast_to", [](V v) { return broadcast_to(v[0], {2, 8, 4}, P("Y", "X", None)); }},
+           {"iota", [](V) { return iota(DType::kI32, {8}, 0, P("Y")); }},
+           {"full", [](V) { return full({8}, 1.0, DType::kF32, P("Y")); }},
+           {"take", [](V v) { return take(v[0], iota(DType::kI32, {4}, 0), 0, P(None, "Y")); }},
+       }) {
+    EXPECT_THAT(one_type(mixed, in, [&f = f](V v) { return std::vector<Value>{f(v)}; }),
+                HasSubstr(absl::StrCat("PartitionSpec passed to ", api, " ", kJax)))
+        << api;
+  }
+  // test_error_on_canonicalize_under_auto_mode: on an all-Auto mesh (the ambient one here).
+  const Mesh autos = mesh_of({2, 4}, {"X", "Y"}, {});
+  MeshScope scope = set_mesh(autos);
+  EXPECT_THAT(one_type(autos, in, [](V v) { return std::vector<Value>{einsum("xy,yz->xz", v[0], v[1], P("X", "Y"))}; }),
+              HasSubstr(absl::StrCat("PartitionSpec passed to einsum ", kJax,
+                                     "P('X', 'Y') with axis name: X of type: Auto")));
+  EXPECT_THAT(one_type(autos, in, [](V v) { return std::vector<Value>{reshard(v[0], P("X", None))}; }),
+              HasSubstr("lay Auto axes out with with_sharding_constraint"));
+  EXPECT_EQ(one_type(autos, in, [](V v) { return std::vector<Value>{with_sharding_constraint(v[0], P("X", "Y"))}; }),
+            "f32[8,4]");
+  // In a shard_map body the manual axes are Manual.
+  EXPECT_THAT(one_type(xy(), in,
+                       [](V v) {
+                         return shard_map([](V b) { return std::vector<Value>{reshard(b[0], P(None, "X"))}; }, xy(),
+                                          {P("X", None)}, {P("X", None)})({v[0]});
+                       }),
+              HasSubstr(absl::StrCat("PartitionSpec passed to reshard ", kJax,
+                                     "P(None, 'X') with axis name: X of type: Manual")));
+}
+
 // grad in explicit mode: a cotangent takes its primal's type (the notebook's "tangent values
 // are sharded in the same way as their primal values"), so the VJP of a layer whose backward
 // contractions are split on both sides needs no out_sharding from the user.

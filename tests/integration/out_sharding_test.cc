@@ -222,5 +222,30 @@ TEST_F(OutShardingTest, ReshardOfAnArrayTakesTheAmbientMesh) {
               HasSubstr("reshard: f32[16,8] to P('X',): sharding P('X',): axis 'X' of dimension 0 is not in the mesh"));
 }
 
+// tests/pjit_test.py's test_reshard_no_mesh_ctx: reshard onto a NamedSharding over Auto axes is
+// refused ("cannot contain axis names that are of type Auto"), onto Explicit ones it moves the
+// data; device_put takes Auto axes as before.
+TEST_F(OutShardingTest, ReshardOfAnArrayTakesExplicitAxesOnly) {
+  const Mesh ex = explicit_mesh({2}, {"x"});
+  absl::StatusOr<Mesh> autos = Mesh::create({2}, {"x"}, ex.device_ids());
+  ASSERT_TRUE(autos.ok()) << autos.status();
+  const HostArray x = random_f32({8}, 6);
+  const Array on_auto = put_on(*autos, x, P());
+  absl::StatusOr<Array> refused = reshard(on_auto, NamedSharding(*autos, P("x")));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("PartitionSpec passed to reshard cannot contain axis names that are of type Auto or Manual. "
+                        "Got PartitionSpec: P('x',) with axis name: x of type: Auto"));
+  absl::StatusOr<Array> put = client_->device_put(on_auto, NamedSharding(*autos, P("x")));
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->sharding(), NamedSharding(*autos, P("x")));
+  EXPECT_TRUE(fetch(*put) == x);
+  absl::StatusOr<Array> moved = reshard(on_auto, NamedSharding(ex, P("x")));
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->sharding(), NamedSharding(ex, P("x")));
+  EXPECT_TRUE(fetch(*moved) == x);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -64,6 +64,18 @@ AbstractMesh get_abstract_mesh();
 // needs a mesh: ..." when there is none.
 absl::StatusOr<NamedSharding> ambient_sharding(const PartitionSpec& spec, absl::string_view who);
 
+namespace internal {
+// JAX's rule for reshard and every op's out_sharding (jax/_src/sharding_impls.py,
+// canonicalize_sharding): their specs name Explicit mesh axes only. OK when each axis `spec`
+// names is Explicit where this is called: `mesh`'s type of it, made Auto inside auto_axes and
+// Manual inside a shard_map body manual over it (the trace in progress on this thread, as
+// get_abstract_mesh()). Otherwise INVALID_ARGUMENT in JAX's words, naming `api` (the op), the
+// spec, the first such axis and its type, and the fix.
+absl::Status check_explicit_axes(absl::string_view api, const PartitionSpec& spec, const Mesh& mesh);
+// The same against the axis types `in_force` gives (Python's use_abstract_mesh).
+absl::Status check_explicit_axes(absl::string_view api, const PartitionSpec& spec, const AbstractMesh& in_force);
+}  // namespace internal
+
 }  // namespace tessera
 
 #endif  // TESSERA_MESH_CONTEXT_H_

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/graph.h"
 #include "core/sharding.h"
 
@@ -441,15 +442,21 @@ namespace internal {
 // binding: a pytree prefix of the outputs).
 TracedFunction auto_axes(TracedFunction f, std::vector<std::string> axes,
                          std::function<std::vector<PartitionSpec>()> out_shardings);
-// `op()` (an op on `operand`'s trace) in an out_sharding scope: its rules may leave an
-// ambiguous result to out_sharding, which then lays the result out (reshard).
-Value with_out_sharding(const Value& operand, const PartitionSpec& out_sharding, const std::function<Value()>& op);
+// reshard(x, spec) for the op `api` (named in errors): fails the trace when spec names an
+// axis that is not Explicit there (check_explicit_axes, tessera/mesh_context.h).
+Value reshard_for(absl::string_view api, const Value& x, const PartitionSpec& spec);
+// `op()` (an op `api` on `operand`'s trace) in an out_sharding scope: its rules may leave an
+// ambiguous result to out_sharding, which then lays the result out (reshard_for; the spec is
+// checked before op is traced).
+Value with_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,
+                        const std::function<Value()>& op);
 // In explicit mode, `op()` with out_sharding the type of `like` (a cotangent takes its
 // primal's sharding, as JAX's transpose rules give it); otherwise just `op()`.
 Value typed_as(const Value& like, const std::function<Value()>& op);
 // `op()` (an op on `operand`'s trace) in explicit mode with the mesh's Explicit axes treated
 // as Auto (auto_axes), its result then laid out by out_sharding; otherwise with_out_sharding.
-Value auto_out_sharding(const Value& operand, const PartitionSpec& out_sharding, const std::function<Value()>& op);
+Value auto_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,
+                        const std::function<Value()>& op);
 // auto_out_sharding with out_sharding the type of `like` in explicit mode; otherwise `op()`
 // (the cotangent of an op that ran so, such as take's with out_sharding).
 Value auto_typed_as(const Value& like, const std::function<Value()>& op);
