@@ -725,6 +725,82 @@ Value ragged_all_to_all(const Value& operand, const Value& output, const Value& 
   return t->make(*id);
 }
 
+Value ragged_all_to_all(const Value& operand, const Value& output, const Value& input_offsets, const Value& send_sizes,
+                        const Value& output_offsets, const Value& recv_sizes, const AxisNames& axes,
+                        const std::vector<std::vector<int64_t>>& axis_index_groups) {
+  const auto whole = [&](const Value& io, const Value& ss, const Value& oo, const Value& rs) {
+    return ragged_all_to_all(operand, output, io, ss, oo, rs, axes);
+  };
+  // Index arrays that are not vectors of one length: the call above gives JAX's error.
+  const int64_t k = input_offsets.ok() && input_offsets.rank() == 1 ? input_offsets.shape()[0] : 0;
+  bool vectors = k > 0;
+  for (const Value* v : {&send_sizes, &output_offsets, &recv_sizes}) vectors = vectors && v->shape() == Shape{k};
+  if (axis_index_groups.empty() || !vectors) return whole(input_offsets, send_sizes, output_offsets, recv_sizes);
+  TraceState* t = TraceState::common({&operand, &output, &input_offsets, &send_sizes, &output_offsets, &recv_sizes});
+  if (t == nullptr) return Value();
+  const std::string call = absl::StrCat("ragged_all_to_all(", axes_text(axes.names), ", axis_index_groups=",
+                                        absl::StrJoin(axis_index_groups, ", ",
+                                                      [](std::string* out, const std::vector<int64_t>& g) {
+                                                        absl::StrAppend(out, "{", absl::StrJoin(g, ", "), "}");
+                                                      }),
+                                        ")");
+  const std::optional<int64_t> n = group_size(t, axes, call);
+  if (!n.has_value()) return Value();
+  // Each position once, in groups of one size (jax/_src/lax/parallel.py's docstring: "Groups
+  // must cover all axis indices exactly once, and all groups must be the same size").
+  const int64_t g = static_cast<int64_t>(axis_index_groups[0].size());
+  std::vector<int> group_of(static_cast<size_t>(*n), -1), position_in(static_cast<size_t>(*n), 0);
+  std::string bad;
+  for (size_t gi = 0; gi < axis_index_groups.size() && bad.empty(); ++gi) {
+    const std::vector<int64_t>& group = axis_index_groups[gi];
+    if (static_cast<int64_t>(group.size()) != g) {
+      bad = absl::StrCat("group ", gi, " has ", group.size(), " positions and group 0 has ", g,
+                         ": all groups must be the same size");
+    }
+    for (size_t p = 0; p < group.size() && bad.empty(); ++p) {
+      const int64_t e = group[p];
+      if (e < 0 || e >= *n) {
+        bad = absl::StrCat("position ", e, " is not a position along the axes (of size ", *n, ")");
+      } else if (group_of[static_cast<size_t>(e)] >= 0) {
+        bad = absl::StrCat("position ", e, " is in two groups");
+      } else {
+        group_of[static_cast<size_t>(e)] = static_cast<int>(gi);
+        position_in[static_cast<size_t>(e)] = static_cast<int>(p);
+      }
+    }
+  }
+  if (bad.empty() && std::find(group_of.begin(), group_of.end(), -1) != group_of.end()) {
+    bad = absl::StrCat("the groups must cover every position along the axes (of size ", *n, ") exactly once");
+  }
+  if (bad.empty() && k % g != 0) {
+    bad = absl::StrCat("the index arrays' length ", k, " does not divide by the groups' size ", g);
+  }
+  if (!bad.empty()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", bad)));
+  // Over the whole axes, this device's slice i' (of n * s, s = K / g) goes to position
+  // e = i' / s: its own slice position_in[e] * s + i' % s when e is in its group, else an
+  // empty one. Positions are rows of (n, s) tables.
+  const int64_t s = k / g;
+  const auto vector_of = [](const std::vector<int>& values) {
+    std::vector<Value> parts;
+    for (int v : values) parts.push_back(full({1}, v, DType::kI32));
+    return concatenate(parts, 0);
+  };
+  const Shape rows = {*n, s};
+  const Value groups = vector_of(group_of);
+  const Value mine = dynamic_slice(groups, {axis_index(axes)}, {1});
+  const Value same =
+      reshape(broadcast_in_dim(groups, rows, {0}) == broadcast_in_dim(reshape(mine, {}), rows, {}), {*n * s});
+  const Value source =
+      reshape(broadcast_in_dim(vector_of(position_in), rows, {0}) * full(rows, static_cast<double>(s), DType::kI32) +
+                  iota(DType::kI32, rows, 1),
+              {*n * s});
+  const Value zero = full({*n * s}, 0, DType::kI32);
+  const auto spread = [&](const Value& a) {
+    return where(same, take(a, where(same, source, zero), 0, IndexMode::kClip), full({*n * s}, 0, a.dtype()));
+  };
+  return whole(spread(input_offsets), spread(send_sizes), spread(output_offsets), spread(recv_sizes));
+}
+
 Value axis_index(const AxisNames& axes) {
   TraceState* t = TraceState::current;
   if (t == nullptr || !t->error.ok()) return Value();

@@ -276,11 +276,11 @@ void bind_ops(py::module_& m) {
   m.def("all_to_all", [](V x, Axes axes, int64_t split, int64_t concat, bool tiled) {
     return all_to_all(x, AxisNames(std::move(axes)), split, concat, tiled);
   });
-  m.def("ragged_all_to_all",
-        [](V operand, V output, V input_offsets, V send_sizes, V output_offsets, V recv_sizes, Axes axes) {
-          return ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-                                   AxisNames(std::move(axes)));
-        });
+  m.def("ragged_all_to_all", [](V operand, V output, V input_offsets, V send_sizes, V output_offsets, V recv_sizes,
+                                Axes axes, const std::vector<std::vector<int64_t>>& axis_index_groups) {
+    return ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                             AxisNames(std::move(axes)), axis_index_groups);
+  });
   m.def("axis_index", [](Axes axes) { return axis_index(AxisNames(std::move(axes))); });
   // Varying manual axes (tessera/shard_map.h): lax.pvary / lax.pcast, and a body value's varying
   // axes (jax.typeof(x).manual_axis_type.varying).

@@ -58,12 +58,12 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     i // (len(input_offsets) // axis_size(axis_name)), which writes it at rows output_offsets[i]
     (the sender's offsets, as in JAX) of its `output`; the result is that output, other rows
     unchanged. JAX's errors for index arrays that are not integer vectors; a slice out of range
-    fails the run naming the device and the values. axis_index_groups is not supported."""
-    if axis_index_groups is not None:
-        raise NotImplementedError("ragged_all_to_all: axis_index_groups is not supported "
-                                  "(Tessera's collectives run over whole mesh axes)")
+    fails the run naming the device and the values. axis_index_groups (lists of positions along
+    the axes, each once, groups of one size): slices go to the members of this device's group,
+    i // (len(input_offsets) // group size) naming the member."""
+    groups = [] if axis_index_groups is None else [[int(i) for i in g] for g in axis_index_groups]
     args = [_tracer(v)._v for v in (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)]
-    return _wrap(_t.ragged_all_to_all(*args, _axes(axis_name)))
+    return _wrap(_t.ragged_all_to_all(*args, _axes(axis_name), groups))
 
 
 def axis_index(axis_name):

@@ -9,7 +9,7 @@ import pytest
 import tessera as jax
 import tessera.numpy as jnp
 from tessera import shard_map
-from tessera.sharding import NamedSharding, PartitionSpec as P
+from tessera.sharding import NamedSharding, PartitionSpec as P, AxisType
 
 
 def test_shard_map_notebook_matmuls():
@@ -322,9 +322,9 @@ def test_ragged_all_to_all_as_jax_tests_it():
 
 
 def test_ragged_all_to_all_groups_as_a_mesh_axis():
-  # test_ragged_all_to_all_axis_index_groups: 4 devices in groups ((0, 1), (2, 3)); Tessera has
-  # no axis_index_groups, and the same groups are the inner axis 'y' of a (4, 2) mesh (each
-  # pair (x, 0), (x, 1)); even x run JAX's first group, odd x its second. Expected values as JAX's.
+  # test_ragged_all_to_all_axis_index_groups' groups ((0, 1), (2, 3)) written as a mesh axis:
+  # the inner axis 'y' of a (4, 2) mesh (each pair (x, 0), (x, 1)); even x run JAX's first
+  # group, odd x its second. Expected values as JAX's. (axis_index_groups itself: below.)
   mesh = jax.make_mesh((4, 2), ('x', 'y'))
   per_x = lambda first, second: np.asarray([first, second] * 2, dtype=np.int32).reshape(8, -1)
   operand = per_x([[1, 2, 2], [3, 4, 0]], [[10, 20, 20], [30, 40, 0]])
@@ -378,9 +378,81 @@ def test_ragged_all_to_all_errors_are_jaxs(mesh8):
                                        r'size, but got shape \(1, 8\)'):
     shard_map(f, mesh=mesh8, in_specs=(P('x'),) * 5 + (P('x', None),), out_specs=P('x'), check_vma=False)(
         operand, operand, ints, ints, ints, ints.reshape(8, 8))
-  with pytest.raises(NotImplementedError, match='axis_index_groups'):
+  # Groups that leave positions out (JAX leaves that undefined; Tessera refuses it).
+  with pytest.raises(ValueError, match=r'axis_index_groups=\{0, 1\}\): the groups must cover every position along '
+                                       r'the axes \(of size 8\) exactly once'):
     sm(lambda *a: jax.lax.ragged_all_to_all(*a, axis_name='x', axis_index_groups=[[0, 1]]))(
         operand, operand, ints, ints, ints, ints)
+
+
+def test_ragged_all_to_all_axis_index_groups_as_jax_tests_it():
+  # tests/ragged_collective_test.py test_ragged_all_to_all_axis_index_groups: 4 devices along
+  # 'x' in groups ((0, 1), (2, 3)); its inputs and expected values, and the reversed groups
+  # ((1, 0), (3, 2)), where slice 0 goes to the group's first member, now the other device.
+  mesh = jax.make_mesh((4,), ('x',))
+  operand = np.array([[1, 2, 2], [3, 4, 0], [10, 20, 20], [30, 40, 0]], np.int32)
+  output = np.zeros((4, 4), np.int32)
+  input_offsets = np.array([[0, 1], [0, 1], [0, 1], [0, 1]], np.int32)
+  send_sizes = np.array([[1, 2], [1, 1], [1, 2], [1, 1]], np.int32)
+  output_offsets = np.array([[0, 0], [1, 2], [0, 0], [1, 2]], np.int32)
+  recv_sizes = np.array([[1, 1], [2, 1], [1, 1], [2, 1]], np.int32)
+
+  def fwd(groups):
+    f = jax.jit(shard_map(
+        lambda *a: jax.lax.ragged_all_to_all(*[v.reshape(v.shape[1:]) for v in a], axis_name='x',
+                                             axis_index_groups=groups),
+        mesh=mesh, in_specs=(P('x', None),) * 6, out_specs=P('x'), check_vma=False))
+    return lambda *a: f(*[jax.device_put(v, NamedSharding(mesh, P('x', None))) for v in a])
+
+  c = fwd(((0, 1), (2, 3)))(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
+  np.testing.assert_array_equal(np.asarray(c).reshape(4, 4),
+                                [[1, 3, 0, 0], [2, 2, 4, 0], [10, 30, 0, 0], [20, 20, 40, 0]])
+  # Reversed: device 1 is its group's position 0, device 0 position 1. With the sizes swapped
+  # between the two, by the docstring's pseudocode: device 1 (sizes [1, 2]) sends [3] to position
+  # 0 (itself) at row 1 and [4, 0] to device 0 at row 2; device 0 (sizes [1, 1]) sends [1] to
+  # device 1 at row 0 and [2] to itself at row 0.
+  c = fwd(((1, 0), (3, 2)))(operand, output, input_offsets, send_sizes[[1, 0, 3, 2]],
+                            output_offsets, recv_sizes[[1, 0, 3, 2]])
+  np.testing.assert_array_equal(np.asarray(c).reshape(4, 4),
+                                [[2, 0, 4, 0], [1, 3, 0, 0], [20, 0, 40, 0], [10, 30, 0, 0]])
+
+
+def test_vmap_of_ragged_all_to_all_is_each_example_alone():
+  # tests/ragged_collective_test.py test_ragged_all_to_all_vmap_multi_dim_operand: the vmapped
+  # ragged_all_to_all equals the stack of the per-example calls (JAX's
+  # _ragged_all_to_all_batched_collective); here with data, vmap inside the body (Tessera's
+  # shard_map has no batching rule itself): the docstring's example and a second one.
+  mesh = jax.make_mesh((2,), ('x',), axis_types=(AxisType.Auto,))
+  # [device, example, ...]
+  operand = np.array([[[1, 2, 2], [5, 6, 7]], [[3, 4, 0], [8, 9, 1]]], np.int32)
+  output = np.zeros((2, 2, 4), np.int32) - np.arange(2, dtype=np.int32)[None, :, None]
+  input_offsets = np.array([[[0, 1], [1, 0]], [[0, 1], [2, 0]]], np.int32)
+  send_sizes = np.array([[[1, 2], [2, 1]], [[1, 1], [1, 2]]], np.int32)
+  output_offsets = np.array([[[0, 0], [1, 3]], [[1, 2], [0, 1]]], np.int32)
+  recv_sizes = np.array([[[1, 1], [2, 1]], [[2, 1], [1, 2]]], np.int32)
+  args = operand, output, input_offsets, send_sizes, output_offsets, recv_sizes
+
+  def ragged(*a):
+    return jax.lax.ragged_all_to_all(*a, axis_name='x')
+
+  def body(in_axes):
+    return lambda *a: jax.vmap(ragged, in_axes=in_axes)(*[v.reshape(v.shape[1:]) for v in a])[None]
+
+  sm = lambda f, specs: shard_map(f, mesh=mesh, in_specs=specs, out_specs=P('x'), check_vma=False)
+  one = sm(lambda *a: ragged(*[v.reshape(v.shape[1:]) for v in a])[None], (P('x'),) * 6)
+  res = np.asarray(sm(body(0), (P('x'),) * 6)(*args))
+  ref = np.stack([np.asarray(one(*[a[:, b] for a in args])) for b in range(2)], axis=1)
+  np.testing.assert_array_equal(res, ref)
+  np.testing.assert_array_equal(ref[:, 0], [[1, 3, 0, 0], [2, 2, 4, 0]])  # the docstring's
+  # The second example by the docstring's pseudocode: device 0 sends [6, 7] to itself at row 1
+  # and [5] to device 1 at row 3; device 1 sends [1] to device 0 at row 0 and [8, 9] to itself
+  # at row 1.
+  np.testing.assert_array_equal(ref[:, 1], [[1, 6, 7, -1], [-1, 8, 9, 5]])
+  # Index arrays shared by the examples (in_axes None): broadcast to each.
+  shared = [a[:, 0] for a in args[2:]]
+  res = np.asarray(sm(body((0, 0, None, None, None, None)), (P('x'),) * 6)(operand, output, *shared))
+  ref = np.stack([np.asarray(one(operand[:, b], output[:, b], *shared)) for b in range(2)], axis=1)
+  np.testing.assert_array_equal(res, ref)
 
 
 def test_jit_with_a_shard_map_inside_moves_uncommitted_arguments_to_its_mesh(mesh8):

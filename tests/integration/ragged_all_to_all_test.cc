@@ -5,8 +5,10 @@
 // tests/ragged_collective_test.py's expected values; JAX's trace errors; the run-time bounds
 // checks; the varying type; and the gradient (JAX's _ragged_all_to_all_transpose) against the
 // transpose worked on the host.
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -82,11 +84,12 @@ std::vector<std::vector<float>> host_reference(const RaggedCase& c) {
 // random gaps (so no two overlap), sizes 0..3 with the first slice each receiver gets empty;
 // senders read from random rows (slices may overlap there), or with `disjoint_reads` from
 // rows no two of a sender's slices share. Distinct values everywhere.
-RaggedCase random_case(const std::vector<int64_t>& mesh_shape, size_t axis, int64_t per_device, int64_t cols,
-                       uint32_t seed, bool disjoint_reads = false) {
+// The groups are `groups` (blocks by position in each).
+RaggedCase random_case_in_groups(std::vector<std::vector<int>> groups, int64_t per_device, int64_t cols, uint32_t seed,
+                                 bool disjoint_reads = false) {
   std::mt19937 rng(seed);
   RaggedCase c;
-  c.groups = groups_over(mesh_shape, axis);
+  c.groups = std::move(groups);
   const int n = static_cast<int>(c.groups[0].size());
   const int64_t k = n * per_device;
   c.n_rows = disjoint_reads ? k * 4 + 2 : 6;
@@ -130,6 +133,11 @@ RaggedCase random_case(const std::vector<int64_t>& mesh_shape, size_t axis, int6
   return c;
 }
 
+RaggedCase random_case(const std::vector<int64_t>& mesh_shape, size_t axis, int64_t per_device, int64_t cols,
+                       uint32_t seed, bool disjoint_reads = false) {
+  return random_case_in_groups(groups_over(mesh_shape, axis), per_device, cols, seed, disjoint_reads);
+}
+
 class RaggedAllToAllTest : public MeshesSuite {
  protected:
   const Mesh& mesh8() const { return meshes_[0]; }
@@ -168,17 +176,21 @@ class RaggedAllToAllTest : public MeshesSuite {
     return out;
   }
 
-  // shard_map(ragged_all_to_all over `axis`) on `mesh`, every argument split over all its axes.
-  static absl::StatusOr<HostArray> run(const Mesh& mesh, const std::string& axis, const RaggedCase& c) {
+  // shard_map(body) on `mesh` over c's arrays, every argument split over all its axes.
+  static absl::StatusOr<HostArray> run_body(const Mesh& mesh, const RaggedCase& c, TracedFunction body) {
     const Axes all = mesh.axis_names();
-    ShardMapped f = shard_map(
-        [axis](const std::vector<Value>& in) {
-          return std::vector<Value>{ragged_all_to_all(in[0], in[1], in[2], in[3], in[4], in[5], axis)};
-        },
-        mesh, {P(all, None), P(all, None), P(all), P(all), P(all), P(all)}, {P(all, None)});
+    ShardMapped f =
+        shard_map(std::move(body), mesh, {P(all, None), P(all, None), P(all), P(all), P(all), P(all)}, {P(all, None)});
     TESSERA_ASSIGN_OR_RETURN(std::vector<Array> args, put_all(globals(c), mesh, P(all, None), P(all)));
     TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, f(args));
     return out[0].fetch();
+  }
+
+  // shard_map(ragged_all_to_all over `axis`) on `mesh`, every argument split over all its axes.
+  static absl::StatusOr<HostArray> run(const Mesh& mesh, const std::string& axis, const RaggedCase& c) {
+    return run_body(mesh, c, [axis](const std::vector<Value>& in) {
+      return std::vector<Value>{ragged_all_to_all(in[0], in[1], in[2], in[3], in[4], in[5], axis)};
+    });
   }
 
   static void expect_matches_host(const HostArray& got, const RaggedCase& c) {
@@ -290,6 +302,120 @@ TEST_F(RaggedAllToAllTest, AxisNamesKeepTheAutomaticSplitOfTheColumns) {
   EXPECT_THAT(plan, HasSubstr(absl::StrCat("ragged_all_to_all(axes=('data',)) s0 f32[", c.m_rows, ",2] "))) << plan;
   EXPECT_THAT(plan, ::testing::Not(HasSubstr("axes=('model',)"))) << plan;
   EXPECT_EQ((*out)[0].sharding().spec(), P("data", "model"));
+}
+
+// axis_index_groups (jax/_src/lax/parallel.py's ragged_all_to_all; tests/ragged_collective_test.py's
+// test_ragged_all_to_all_axis_index_groups runs groups [[0, 1], [2, 3]]): each group of positions
+// along the axis exchanges among itself, slice i going to the group's member i / (K / g). The
+// host reference runs the docstring's semantics within each group; groups in order, out of
+// order and of other sizes on the (8) mesh, and over 'data' of the (4, 2) mesh.
+TEST_F(RaggedAllToAllTest, AxisIndexGroupsExchangeWithinEachGroupAsTheHost) {
+  ASSERT_NE(client_, nullptr);
+  struct GroupsCase {
+    const Mesh* mesh;
+    std::string axis;
+    std::vector<std::vector<int64_t>> positions;  // axis_index_groups
+    std::vector<std::vector<int>> blocks;         // the same groups as device blocks (mesh order)
+    int64_t per_device;
+  };
+  const std::vector<GroupsCase> cases = {
+      {&mesh8(), "data", {{0, 1}, {2, 3}, {4, 5}, {6, 7}}, {{0, 1}, {2, 3}, {4, 5}, {6, 7}}, 1},
+      {&mesh8(), "data", {{0, 3, 5, 6}, {7, 2, 4, 1}}, {{0, 3, 5, 6}, {7, 2, 4, 1}}, 2},
+      {&mesh8(), "data", {{4, 1, 0, 5, 2, 7, 6, 3}}, {{4, 1, 0, 5, 2, 7, 6, 3}}, 1},
+      // 'data' of (4, 2): position p with 'model' coordinate m is block 2 * p + m.
+      {&mesh42(), "data", {{0, 2}, {3, 1}}, {{0, 4}, {6, 2}, {1, 5}, {7, 3}}, 3},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const GroupsCase& g = cases[i];
+    SCOPED_TRACE(absl::StrCat("case ", i));
+    const RaggedCase c = random_case_in_groups(g.blocks, g.per_device, 2, 60 + static_cast<uint32_t>(i));
+    absl::StatusOr<HostArray> got = run_body(*g.mesh, c, [&g](const std::vector<Value>& in) {
+      return std::vector<Value>{ragged_all_to_all(in[0], in[1], in[2], in[3], in[4], in[5], g.axis, g.positions)};
+    });
+    ASSERT_TRUE(got.ok()) << got.status();
+    expect_matches_host(*got, c);
+  }
+  // Groups that are not a partition of the positions into equal sizes.
+  const RaggedCase c = random_case({8}, 0, 1, 2, 7);
+  for (const auto& [groups, error] : std::vector<std::pair<std::vector<std::vector<int64_t>>, std::string>>{
+           {{{0, 1, 2, 3}, {4, 5, 6}}, "group 1 has 3 positions and group 0 has 4: all groups must be the same size"},
+           {{{0, 1, 2, 3}, {4, 5, 6, 6}}, "position 6 is in two groups"},
+           {{{0, 1, 2, 3}, {4, 5, 6, 8}}, "position 8 is not a position along the axes (of size 8)"},
+           {{{0, 1, 2}, {3, 4, 5}}, "the groups must cover every position along the axes (of size 8) exactly once"},
+           {{{0, 1, 2}, {3, 4, 5}, {6, 7, 0}}, "position 0 is in two groups"},
+       }) {
+    absl::StatusOr<HostArray> out = run_body(mesh8(), c, [&groups](const std::vector<Value>& in) {
+      return std::vector<Value>{ragged_all_to_all(in[0], in[1], in[2], in[3], in[4], in[5], "data", groups)};
+    });
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(out.status().message()), HasSubstr(error));
+  }
+}
+
+// vmap of ragged_all_to_all in a shard_map body (JAX's _ragged_all_to_all_batched_collective):
+// each example exchanges as it would alone. Three examples per device, each a random case of
+// its own (index arrays batched), and three sharing their index arrays (unbatched, broadcast);
+// each example's result against the host reference of its case.
+TEST_F(RaggedAllToAllTest, VmapRunsEachExampleAsItsOwnExchange) {
+  ASSERT_NE(client_, nullptr);
+  constexpr int64_t kExamples = 3;
+  for (bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "index arrays shared by the examples" : "index arrays per example");
+    std::vector<RaggedCase> examples;
+    for (int64_t b = 0; b < kExamples; ++b) {
+      examples.push_back(random_case({4, 2}, 0, 2, 2, 80 + static_cast<uint32_t>(shared ? 0 : b)));
+      for (DeviceArgs& d : examples.back().devices) {
+        for (float& v : d.operand) v += 100000.0f * static_cast<float>(b);
+        for (float& v : d.output) v -= 100000.0f * static_cast<float>(b);
+      }
+    }
+    // Each device's block holds its examples one after the other.
+    RaggedCase merged = examples[0];
+    merged.n_rows *= kExamples;
+    merged.m_rows *= kExamples;
+    for (size_t d = 0; d < merged.devices.size(); ++d) {
+      DeviceArgs& m = merged.devices[d];
+      for (int64_t b = 1; b < kExamples; ++b) {
+        const DeviceArgs& e = examples[b].devices[d];
+        m.operand.insert(m.operand.end(), e.operand.begin(), e.operand.end());
+        m.output.insert(m.output.end(), e.output.begin(), e.output.end());
+        if (shared) continue;
+        m.input_offsets.insert(m.input_offsets.end(), e.input_offsets.begin(), e.input_offsets.end());
+        m.send_sizes.insert(m.send_sizes.end(), e.send_sizes.begin(), e.send_sizes.end());
+        m.output_offsets.insert(m.output_offsets.end(), e.output_offsets.begin(), e.output_offsets.end());
+        m.recv_sizes.insert(m.recv_sizes.end(), e.recv_sizes.begin(), e.recv_sizes.end());
+      }
+    }
+    const RaggedCase& one = examples[0];
+    const int64_t k = static_cast<int64_t>(one.devices[0].input_offsets.size());
+    absl::StatusOr<HostArray> got = run_body(mesh42(), merged, [&](const std::vector<Value>& in) {
+      std::vector<Value> per_example = {reshape(in[0], {kExamples, one.n_rows, one.cols}),
+                                        reshape(in[1], {kExamples, one.m_rows, one.cols})};
+      std::vector<std::optional<int64_t>> in_axes = {0, 0};
+      for (int j = 2; j < 6; ++j) {
+        per_example.push_back(shared ? in[j] : reshape(in[j], {kExamples, k}));
+        in_axes.push_back(shared ? std::nullopt : std::optional<int64_t>(0));
+      }
+      TracedFunction exchange = vmap(
+          [](const std::vector<Value>& v) {
+            return std::vector<Value>{ragged_all_to_all(v[0], v[1], v[2], v[3], v[4], v[5], "data")};
+          },
+          in_axes);
+      return std::vector<Value>{reshape(exchange(per_example)[0], {kExamples * one.m_rows, one.cols})};
+    });
+    ASSERT_TRUE(got.ok()) << got.status();
+    const int64_t block = one.m_rows * one.cols;
+    for (int64_t b = 0; b < kExamples; ++b) {
+      const std::vector<std::vector<float>> want = host_reference(examples[b]);
+      for (size_t d = 0; d < want.size(); ++d) {
+        for (int64_t e = 0; e < block; ++e) {
+          ASSERT_EQ(got->values<float>()[(d * kExamples + b) * block + e], want[d][e])
+              << "example " << b << ", device block " << d << ", row " << e / one.cols;
+        }
+      }
+    }
+  }
 }
 
 // Nothing sent anywhere: the result is `output` on every device.

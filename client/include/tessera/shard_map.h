@@ -136,9 +136,18 @@ Value all_to_all(const Value& x, const AxisNames& axes, int64_t split_axis, int6
 // or trailing dimensions. A run fails INVALID_ARGUMENT naming the device, the slice and the
 // values when a slice lies outside the operand or its receiver's output, or a device's
 // send_sizes differ from its receivers' recv_sizes. Its gradient is JAX's transpose rule.
-// JAX's axis_index_groups is not supported.
 Value ragged_all_to_all(const Value& operand, const Value& output, const Value& input_offsets, const Value& send_sizes,
                         const Value& output_offsets, const Value& recv_sizes, const AxisNames& axes);
+// The same within groups of positions along `axes` (JAX's axis_index_groups, e.g. {{0, 1},
+// {2, 3}} on an axis of size 4): with g the groups' size, slice i goes to the device at
+// position axis_index_groups[mine][i / (K / g)] and recv_sizes[i] is the size of the slice from
+// that device; K must divide by g. Empty groups: the call above. INVALID_ARGUMENT (failing the
+// trace) when the groups do not cover the positions exactly once or differ in size (JAX leaves
+// that undefined). Runs as the call above over the whole axes, each device sending empty slices
+// to the devices outside its group.
+Value ragged_all_to_all(const Value& operand, const Value& output, const Value& input_offsets, const Value& send_sizes,
+                        const Value& output_offsets, const Value& recv_sizes, const AxisNames& axes,
+                        const std::vector<std::vector<int64_t>>& axis_index_groups);
 // This device's position along `axes` (an i32 scalar), and how many positions there are.
 // Surprising: outside any trace axis_size returns 1 without an error; outside a shard_map
 // body it fails the trace and returns 1.
