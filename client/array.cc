@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "proto/in_process.h"
 #include "proto/rpc.h"
+#include "tessera/jit.h"
 
 namespace tessera {
 namespace {
@@ -126,6 +127,13 @@ absl::Status Array::fetch_into(const MutableHostView& out) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "fetch_into: the destination is ", dtype_name(out.dtype), " ", shape_to_string(out.shape), " but the array is ",
         dtype_name(state_->dtype), " ", shape_to_string(state_->shape), "; they must match"));
+  }
+  if (!state_->sharding.spec().unreduced().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fetch: the array is ", type_of(*this).to_string(), ", unreduced over ",
+        axes_to_string(state_->sharding.spec().unreduced()),
+        ": its devices hold terms of a sum, not its value; reshard it first (reshard(x, P(...)) runs the sum), or "
+        "read each device's term with addressable_shards()"));
   }
   TESSERA_ASSIGN_OR_RETURN(const uint64_t id, state_->ready_id());
   ProfileSpan span(&state_->client->profile(), "client", [] { return std::string("fetch"); });

@@ -612,6 +612,12 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
                                  state.client, state.buffers, state.dtype, state.shape, state.sharding));
   }
   if (sharding.mesh() == x.sharding().mesh()) return internal::relayout_on_mesh(x, sharding);
+  if (sharding.spec().has_unreduced_or_reduced() || x.sharding().spec().has_unreduced_or_reduced()) {
+    return absl::UnimplementedError(
+        absl::StrCat("device_put: from ", x.sharding().spec().to_string(), " on ", x.sharding().mesh().to_string(),
+                     " to ", sharding.spec().to_string(), " on ", sharding.mesh().to_string(),
+                     ": unreduced and reduced specs move within one mesh only (reshard(x, P(...)) there first)"));
+  }
   impl_->flush_deletes().IgnoreError();
   ProfileSpan span(&impl_->profile(), "client", [] { return std::string("device_put (reshard)"); });
   TESSERA_ASSIGN_OR_RETURN(uint64_t input_id, state.ready_id());
@@ -636,6 +642,13 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
 
 absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedSharding& sharding) const {
   TESSERA_RETURN_IF_ERROR(validate_view(host.dtype, host.shape, host.data, "device_put"));
+  if (sharding.spec().has_unreduced_or_reduced()) {
+    return absl::UnimplementedError(
+        absl::StrCat("device_put: ", sharding.spec().to_string(),
+                     ": a host array is placed whole; Tessera makes unreduced arrays only as a contraction's partial "
+                     "sums (dot_general/matmul/einsum with out_sharding=P(..., unreduced={...})), and has no "
+                     "reduced arrays yet"));
+  }
   // The memory of arrays dropped before is free first (a failure was logged and counted).
   impl_->flush_deletes().IgnoreError();
   // Bool elements travel as bytes 0 and 1: another byte (from a view of foreign memory) would

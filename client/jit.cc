@@ -189,7 +189,8 @@ ShapedType type_of(const Array& x) {
   const int rank = static_cast<int>(x.shape().size());
   return ShapedType{x.dtype(),
                     x.shape(),
-                    internal::to_partition_spec(internal::type_spec_of(x.sharding().spec(), x.sharding().mesh(), rank)),
+                    internal::to_partition_spec(internal::type_spec_of(x.sharding().spec(), x.sharding().mesh(), rank))
+                        .with_unreduced(x.sharding().spec().unreduced()),
                     {}};
 }
 

@@ -1,6 +1,7 @@
 #include "tessera/trace.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -18,17 +19,26 @@ TypeSpec TraceState::without_auto_axes(TypeSpec spec) const {
   return spec;
 }
 
+const std::vector<std::string>& TraceState::unreduced_of(int id) const {
+  static const std::vector<std::string>* const kNone = new std::vector<std::string>();
+  auto it = unreduced.find(id);
+  return it == unreduced.end() ? *kNone : it->second;
+}
+
 absl::Status TraceState::type_new_nodes() {
   for (int id = static_cast<int>(specs.size()); id < graph.size(); ++id) {
     const Node& n = graph.node(id);
-    TypeRuleCall call{*explicit_mesh, n, {}, out_sharding_scopes > 0};
+    TypeRuleCall call{*explicit_mesh, n, {}, out_sharding_scopes > 0, out_unreduced};
     for (int o : n.operands) {
       const Node& on = graph.node(o);
-      call.operands.push_back({on.dtype, on.shape, without_auto_axes(specs[o])});
+      call.operands.push_back({on.dtype, on.shape, without_auto_axes(specs[o]), unreduced_of(o)});
     }
+    absl::StatusOr<std::vector<std::string>> u = result_unreduced(call);
+    if (!u.ok()) return u.status();
     absl::StatusOr<TypeSpec> spec = result_type_spec(call);
     if (!spec.ok()) return spec.status();
     specs.push_back(without_auto_axes(*std::move(spec)));
+    if (!u->empty()) unreduced[id] = *std::move(u);
   }
   return absl::OkStatus();
 }
@@ -125,6 +135,7 @@ int TraceState::capture(const Value& v) {
   if (explicit_mesh.has_value() && error.ok() && static_cast<int>(specs.size()) == p) {
     const bool typed_outside = parent->explicit_mesh.has_value() && outer.id_ < static_cast<int>(parent->specs.size());
     specs.push_back(typed_outside ? parent->specs[outer.id_] : TypeSpec(outer.shape().size()));
+    if (typed_outside && !parent->unreduced_of(outer.id_).empty()) unreduced[p] = parent->unreduced_of(outer.id_);
   }
   captured.push_back(outer);
   captured_params.push_back(p);
@@ -173,6 +184,9 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
       }
       state->specs.push_back(internal::type_spec_of(input_shardings[i].spec(), *state->explicit_mesh,
                                                     static_cast<int>(inputs[i].shape.size())));
+      if (!input_shardings[i].spec().unreduced().empty()) {
+        state->unreduced[static_cast<int>(i)] = input_shardings[i].spec().unreduced();
+      }
     }
     in.push_back(state->make(state->graph.add_parameter(inputs[i].dtype, inputs[i].shape)));
   }
@@ -191,7 +205,8 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
     if (state->explicit_mesh.has_value()) {
       out[i] = with_sharding_constraint(
           out[i],
-          NamedSharding(*state->explicit_mesh, internal::to_partition_spec(state->specs[TraceState::id(out[i])])));
+          NamedSharding(*state->explicit_mesh, internal::to_partition_spec(state->specs[TraceState::id(out[i])])
+                                                   .with_unreduced(state->unreduced_of(TraceState::id(out[i])))));
       if (!state->error.ok()) {
         TraceState::current = outer;  // `state` dies with this call
         return state->error;
@@ -259,6 +274,15 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, 
   // Explicit mode types the inlined nodes again (pinned_by_constraints).
   std::vector<bool> pinned(g.size(), false);
   if (t != nullptr && t->explicit_mesh.has_value()) pinned = pinned_by_constraints(g, 0, g.outputs());
+  // A value constrained to unreduced axes was made under an unreduced out_sharding (a
+  // contraction's partial sums): it is typed so again.
+  std::map<int, std::vector<std::string>> constrained_unreduced;
+  for (int id = 0; t != nullptr && t->explicit_mesh.has_value() && id < g.size(); ++id) {
+    const Node& c = g.node(id);
+    if (c.op == Op::kShardingConstraint && !c.attrs<ShardingAttrs>().sharding.spec().unreduced().empty()) {
+      constrained_unreduced[c.operands[0]] = c.attrs<ShardingAttrs>().sharding.spec().unreduced();
+    }
+  }
   for (int id = 0; id < g.size(); ++id) {
     if (!needed[id]) continue;
     if (auto it = given.find(id); it != given.end()) {
@@ -274,11 +298,20 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, 
       if (!value[o].ok()) return std::vector<Value>(wanted.size());
       o = TraceState::id(value[o]);
     }
-    if (pinned[id]) ++t->out_sharding_scopes;
+    std::vector<std::string> outer_unreduced;
+    if (pinned[id]) {
+      ++t->out_sharding_scopes;
+      auto u = constrained_unreduced.find(id);
+      outer_unreduced =
+          std::exchange(t->out_unreduced, u == constrained_unreduced.end() ? std::vector<std::string>{} : u->second);
+    }
     const absl::StatusOr<int> added = t->graph.add_node(std::move(n));
     if (recorded != nullptr && added.ok()) (*recorded)[id] = *added;
     value[id] = t->make(added);
-    if (pinned[id]) --t->out_sharding_scopes;
+    if (pinned[id]) {
+      t->out_unreduced = std::move(outer_unreduced);
+      --t->out_sharding_scopes;
+    }
   }
   std::vector<Value> out;
   for (size_t j : wanted) out.push_back(TraceState::local(value[g.outputs()[j]]));
@@ -747,10 +780,17 @@ Value with_sharding_constraint(const Value& x, const NamedSharding& sharding) {
 
 std::string ShapedType::to_string() const {
   std::string out = internal::type_string(dtype, shape, spec.dims());
-  if (varying.empty()) return out;
-  // As jax/_src/core.py's _vma_ur_str: {V:i}, or {V:(i,j)} for several.
-  const std::string axes = absl::StrJoin(varying, ",");
-  return absl::StrCat(out, "{V:", varying.size() == 1 ? axes : absl::StrCat("(", axes, ")"), "}");
+  // As jax/_src/core.py's _vma_ur_str: {V:i}, {V:(i,j)} for several, {U:X}, {V:i, U:X}.
+  auto part = [](const char* prefix, const std::vector<std::string>& axes) {
+    const std::string joined = absl::StrJoin(axes, ",");
+    return absl::StrCat(prefix, ":", axes.size() == 1 ? joined : absl::StrCat("(", joined, ")"));
+  };
+  std::vector<std::string> parts;
+  if (!varying.empty()) parts.push_back(part("V", varying));
+  if (!spec.unreduced().empty()) parts.push_back(part("U", spec.unreduced()));
+  if (!spec.reduced().empty()) parts.push_back(part("R", spec.reduced()));
+  if (parts.empty()) return out;
+  return absl::StrCat(out, "{", absl::StrJoin(parts, ", "), "}");
 }
 
 namespace {
@@ -759,7 +799,8 @@ namespace {
 PartitionSpec type_spec(const Value& v) {
   TraceState* t = v.ok() ? TraceState::of(v) : nullptr;
   if (t != nullptr && t->explicit_mesh.has_value() && t->type_new_nodes().ok()) {
-    return internal::to_partition_spec(t->without_auto_axes(t->specs[TraceState::id(v)]));
+    const int id = TraceState::id(v);
+    return internal::to_partition_spec(t->without_auto_axes(t->specs[id])).with_unreduced(t->unreduced_of(id));
   }
   return PartitionSpec(std::vector<Axes>(v.shape().size()));
 }
@@ -811,7 +852,9 @@ Value with_out_sharding(absl::string_view api, const Value& operand, const Parti
   absl::StatusOr<NamedSharding> target = out_sharding_target(*t, api, out_sharding);
   if (!target.ok()) return t->fail(target.status());
   ++t->out_sharding_scopes;
+  std::vector<std::string> outer_unreduced = std::exchange(t->out_unreduced, out_sharding.unreduced());
   const Value r = op();
+  t->out_unreduced = std::move(outer_unreduced);
   --t->out_sharding_scopes;
   return with_sharding_constraint(r, *target);
 }
@@ -819,7 +862,8 @@ Value with_out_sharding(absl::string_view api, const Value& operand, const Parti
 std::optional<TypedOperand> typed_operand(const Value& x) {
   TraceState* t = x.ok() ? TraceState::of(x) : nullptr;
   if (t == nullptr || !t->explicit_mesh.has_value() || !t->type_new_nodes().ok()) return std::nullopt;
-  return TypedOperand{x.dtype(), x.shape(), t->without_auto_axes(t->specs[TraceState::id(x)])};
+  const int id = TraceState::id(x);
+  return TypedOperand{x.dtype(), x.shape(), t->without_auto_axes(t->specs[id]), t->unreduced_of(id)};
 }
 
 Value typed_as(const Value& like, const std::function<Value()>& op) {

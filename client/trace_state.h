@@ -84,6 +84,12 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   std::optional<Mesh> explicit_mesh;
   std::vector<TypeSpec> specs;
   int out_sharding_scopes = 0;
+  // The unreduced axes of the nodes whose type has some (JAX's {U:X}; explicit/unreduced.cc),
+  // by id, and those of the innermost out_sharding being traced.
+  std::map<int, std::vector<std::string>> unreduced;
+  std::vector<std::string> out_unreduced;
+  // unreduced[id], or none.
+  const std::vector<std::string>& unreduced_of(int id) const;
   // Inside auto_axes: the Explicit mesh axes treated as Auto there (left out of the types).
   std::vector<std::string> auto_axes;
   // `spec` without the axes of auto_axes.

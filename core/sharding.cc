@@ -2,8 +2,10 @@
 
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status.h"
 
 namespace tessera {
 
@@ -29,6 +31,26 @@ absl::Status NamedSharding::validate_spec() const {
       }
     }
   }
+  TESSERA_RETURN_IF_ERROR(spec_.check());
+  // jax/_src/named_sharding.py, _check_mesh_unreduced (its words).
+  auto check_axes = [this](const std::string& what, const std::vector<std::string>& axes) -> absl::Status {
+    for (const std::string& axis : axes) {
+      const int i = mesh_.axis_index(axis);
+      if (i < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " axes ", axis, " is not found in mesh.axis_names=('", absl::StrJoin(mesh_.axis_names(), "', '"),
+            mesh_.rank() == 1 ? "'," : "'", "). Got pspec=", spec_.to_string()));
+      }
+      if (mesh_.axis_types()[i] != AxisType::kExplicit) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " axes can only refer to mesh axes that is of type `Explicit`. Got ", absl::AsciiStrToLower(what),
+            " axes: frozenset({'", absl::StrJoin(axes, "', '"), "'}) and mesh: ", mesh_.to_string()));
+      }
+    }
+    return absl::OkStatus();
+  };
+  TESSERA_RETURN_IF_ERROR(check_axes("Unreduced", spec_.unreduced()));
+  TESSERA_RETURN_IF_ERROR(check_axes("Reduced", spec_.reduced()));
   return absl::OkStatus();
 }
 
@@ -98,6 +120,8 @@ bool NamedSharding::is_equivalent_to(const NamedSharding& other, int ndim) const
   if (mesh_.device_ids() != other.mesh_.device_ids()) return false;
   if (spec_.size() > ndim || other.spec_.size() > ndim) return false;
   if (!validate_spec().ok() || !other.validate_spec().ok()) return false;
+  // Unreduced blocks are terms of a sum, not copies; reduced ones are laid out as replicated.
+  if (spec_.unreduced() != other.spec_.unreduced()) return false;
   // Per dimension, the same number of blocks and, on every device, the same block: then both
   // hold the same pieces on the same devices. (Replicas follow: the devices of one block.)
   for (int d = 0; d < ndim; ++d) {

@@ -155,12 +155,15 @@ void to_proto(const PartitionSpec& spec, pb::PartitionSpec* out) {
     auto* dim = out->add_dims();
     for (const std::string& axis : axes) dim->add_axes(axis);
   }
+  for (const std::string& axis : spec.unreduced()) out->add_unreduced(axis);
+  for (const std::string& axis : spec.reduced()) out->add_reduced(axis);
 }
 
 PartitionSpec spec_from_proto(const pb::PartitionSpec& spec) {
   std::vector<Axes> dims;
   for (const auto& dim : spec.dims()) dims.emplace_back(dim.axes().begin(), dim.axes().end());
-  return PartitionSpec(std::move(dims));
+  return PartitionSpec(std::move(dims), std::vector<std::string>(spec.unreduced().begin(), spec.unreduced().end()),
+                       std::vector<std::string>(spec.reduced().begin(), spec.reduced().end()));
 }
 
 void to_proto(const NamedSharding& sharding, pb::NamedSharding* out) {

@@ -39,8 +39,9 @@ namespace tessera {
 // CreateArrayReply.peers, PeerAddress.grant). 23: ShardingAttrs.manual_axes (a shard_map body manual over some
 // axes only, its work split over the others). 24: a drained worker deregisters (HeartbeatRequest.leaving, the
 // DeviceState LEFT); the pvary op (OP_PVARY, lax.pvary / pcast to 'varying'). 25: the ragged_all_to_all op
-// (OP_RAGGED_ALL_TO_ALL, six operands) and its collective kind RAGGED_ALL_TO_ALL, an instruction of six inputs.)
-inline constexpr uint32_t kProtocolVersion = 25;
+// (OP_RAGGED_ALL_TO_ALL, six operands) and its collective kind RAGGED_ALL_TO_ALL, an instruction of six inputs. 26: a
+// PartitionSpec's unreduced and reduced axes (PartitionSpec.unreduced, .reduced).)
+inline constexpr uint32_t kProtocolVersion = 26;
 inline constexpr uint64_t kOpTableDigest = 0x948798240556195c;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

@@ -57,7 +57,14 @@ TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank) {
   return out;
 }
 
-std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec) {
+std::string unreduced_string(const std::vector<std::string>& unreduced) {
+  if (unreduced.empty()) return "";
+  const std::string axes = absl::StrJoin(unreduced, ",");
+  return absl::StrCat("{U:", unreduced.size() == 1 ? axes : absl::StrCat("(", axes, ")"), "}");
+}
+
+std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec,
+                        const std::vector<std::string>& unreduced) {
   std::string name = type_to_string(dtype, {});
   name.resize(name.size() - 2);  // "f32[]" -> "f32"
   std::vector<std::string> dims;
@@ -72,13 +79,13 @@ std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec) {
       dims.push_back(absl::StrCat(shape[d], "@(", absl::StrJoin(axes, ","), ")"));
     }
   }
-  return absl::StrCat(name, "[", absl::StrJoin(dims, ","), "]");
+  return absl::StrCat(name, "[", absl::StrJoin(dims, ","), "]", unreduced_string(unreduced));
 }
 
 absl::Status type_rule_error(absl::string_view name, const std::vector<TypedOperand>& operands,
                              const TypeRuleResult& r) {
   std::vector<std::string> types;
-  for (const TypedOperand& o : operands) types.push_back(type_string(o.dtype, o.shape, o.spec));
+  for (const TypedOperand& o : operands) types.push_back(type_string(o.dtype, o.shape, o.spec, o.unreduced));
   return absl::InvalidArgumentError(absl::StrCat(name, ": ", r.error, " (operand", types.size() == 1 ? " " : "s ",
                                                  absl::StrJoin(types, ", "), "); ", r.fix));
 }

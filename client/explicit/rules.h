@@ -29,6 +29,9 @@ struct TypedOperand {
   DType dtype;
   Shape shape;
   TypeSpec spec;
+  // The Explicit mesh axes it is unreduced over (sorted; JAX's `{U:X}`): on the devices along
+  // them it holds terms whose sum is its value. Empty for an ordinary value.
+  std::vector<std::string> unreduced = {};
 };
 
 // What a rule sees: the node (its op and attributes, the result's dtype and shape), its
@@ -39,6 +42,8 @@ struct TypeRuleCall {
   const Node& node;
   std::vector<TypedOperand> operands;
   bool out_sharding_given = false;
+  // The out_sharding's unreduced axes (P(..., unreduced={'X'})), when one is given.
+  std::vector<std::string> out_unreduced = {};
 };
 
 // A rule's answer: the result's spec, or what is wrong ("dimension 0 is split over 'X' in one
@@ -107,12 +112,25 @@ absl::Status type_rule_error(absl::string_view name, const std::vector<TypedOper
 // axis twice). INVALID_ARGUMENT "<op>: <what> (operands f32[8@X,4], f32[8@Y,4]); <fix>".
 absl::StatusOr<TypeSpec> result_type_spec(const TypeRuleCall& call);
 
+// The unreduced axes of `call`'s result, after JAX's unreduced rules (jax/_src/lax/lax.py:
+// _add_ur_rule, _dot_general_unreduced_rule, unop_ur_rule; explicit/unreduced.cc): a
+// constraint (reshard) gives its spec's, from the operand's own or from none (then the sum
+// runs: all-reduce or reduce-scatter); dot_general with an unreduced out_sharding over the
+// contracting splits leaves the partial sums; add and sub of equally unreduced operands stay
+// unreduced; any other op of an unreduced operand is INVALID_ARGUMENT naming the op, the
+// operand's type and the fix (reshard it first).
+absl::StatusOr<std::vector<std::string>> result_unreduced(const TypeRuleCall& call);
+
 // `spec` of a value of rank `rank` as its type sees it: padded to the rank, only Explicit axes
 // of `mesh` kept.
 TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank);
 // "f32[16@data,8]", "f32[8@(X,Y),4]": as JAX prints a type (jax/_src/core.py,
 // _get_shape_sharding_str), with Tessera's dtype names.
-std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec);
+// With unreduced axes, "f32[2,2]{U:X}", "f32[2,2]{U:(X,Y)}" (core.py's _vma_ur_str).
+std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec,
+                        const std::vector<std::string>& unreduced = {});
+// The braces of a type's unreduced axes: "{U:X}", "{U:(X,Y)}"; empty for none.
+std::string unreduced_string(const std::vector<std::string>& unreduced);
 // The spec as a PartitionSpec, one entry per dimension.
 inline PartitionSpec to_partition_spec(const TypeSpec& spec) { return PartitionSpec(spec); }
 

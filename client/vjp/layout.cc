@@ -90,9 +90,15 @@ absl::Span<const VjpEntry> layout_vjps() {
          }
          return absl::OkStatus();
        }},
+      // The cotangent takes the constraint's layout, its unreduced and reduced axes swapped
+      // (JAX's P.to_ct_spec, docs/new_docs/301/sharding-ad.md: CT(unreduced) = reduced, laid
+      // out as replicated; CT(reduced) = unreduced).
       {Op::kShardingConstraint,
        [](const VjpArgs& a) {
-         a.add(0, with_sharding_constraint(a.g, a.node.attrs<ShardingAttrs>().sharding));
+         const NamedSharding& s = a.node.attrs<ShardingAttrs>().sharding;
+         const PartitionSpec ct =
+             s.spec().partitions_only().with_unreduced(s.spec().reduced()).with_reduced(s.spec().unreduced());
+         a.add(0, with_sharding_constraint(a.g, NamedSharding(s.mesh(), ct)));
          return absl::OkStatus();
        }},
       // grad lays each gradient out as its argument (sharding_as); a second grad goes back

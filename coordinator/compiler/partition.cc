@@ -35,14 +35,18 @@ class ProgramPartitioner : public internal::PartitionContext {
       const int o = g_.outputs()[i];
       const Node& n = g_.node(o);
       ValueSharding want = p_.result[o];
+      // An output is whole unless its spec, or the constraint it is (explicit mode pins each
+      // result to its type), says unreduced: then it keeps that pending sum (an unreduced array).
       want.partial.clear();
+      if (n.op == Op::kShardingConstraint) want.partial = n.attrs<ShardingAttrs>().sharding.spec().unreduced();
       if (outputs[i].has_value()) {
         want = ValueSharding::replicated(n.shape.size());
         for (int d = 0; d < outputs[i]->size() && d < static_cast<int>(n.shape.size()); ++d) {
           want.dims[d] = outputs[i]->axes(d);
         }
+        want.partial = outputs[i]->unreduced();
       }
-      exe_->output_specs.push_back(want.spec());
+      exe_->output_specs.push_back(want.spec().with_unreduced(want.partial));
       TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], want, o, absl::StrCat("output ", i)));
       plan_.output_slots.push_back(s);
     }
@@ -64,7 +68,7 @@ class ProgramPartitioner : public internal::PartitionContext {
   int add_input(int id) override {
     slot_of_[id] = new_slot();
     plan_.input_slots.push_back(slot_of_[id]);
-    exe_->input_specs.push_back(p_.result[id].spec());
+    exe_->input_specs.push_back(p_.result[id].spec().with_unreduced(p_.result[id].partial));
     return slot_of_[id];
   }
   int fresh_slot() override { return new_slot(); }

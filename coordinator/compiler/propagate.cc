@@ -40,7 +40,8 @@ class Propagator : public internal::ShardingContext {
         return absl::InvalidArgumentError(
             absl::StrCat("jit: input ", i, " ", type_to_string(p.dtype, p.shape), ": ", fits.message()));
       }
-      set(g_.parameters()[i], padded(inputs[i], p.shape.size()));
+      // An unreduced input (P(..., unreduced={'X'})) holds a pending sum over those axes.
+      set(g_.parameters()[i], padded(inputs[i], p.shape.size()), inputs[i].unreduced());
     }
     // shard_map bodies are explicit per-device code: their values are blocks, every device
     // holding its own — to propagation, replicated values of the block's shape, never moved.
@@ -269,7 +270,8 @@ class Propagator : public internal::ShardingContext {
     for (size_t i = 0; i < outputs.size(); ++i) {
       const int o = g_.outputs()[i];
       if (outputs[i].has_value()) {
-        wanted_out[o].push_back(ValueSharding{padded(*outputs[i], g_.node(o).shape.size()), {}, ReduceOp::kSum});
+        wanted_out[o].push_back(
+            ValueSharding{padded(*outputs[i], g_.node(o).shape.size()), outputs[i]->unreduced(), ReduceOp::kSum});
       } else {
         // No spec: whatever layout it has, made whole (dims left empty to say so; for a
         // scalar the two are the same).

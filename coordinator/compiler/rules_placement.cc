@@ -15,11 +15,16 @@ namespace {
 // Parameters are laid out by the input specs before the pass starts.
 absl::Status parameter(ShardingContext&, int) { return absl::OkStatus(); }
 
+// The spec's layout; unreduced axes (P(..., unreduced={'X'})) are a pending sum over them,
+// kept as it is: the operand must be partial over exactly those axes, which explicit mode's
+// types ensure (client/explicit/unreduced.cc). Without unreduced axes a partial operand is
+// summed (all_reduce, or reduce_scatter onto a dimension the spec splits).
 absl::Status sharding_constraint(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
-  Dims d = c.padded(n.attrs<ShardingAttrs>().sharding.spec(), n.shape.size());
-  c.needs(id) = {ValueSharding{d, {}, ReduceOp::kSum}};
-  c.set(id, d);
+  const PartitionSpec& spec = n.attrs<ShardingAttrs>().sharding.spec();
+  Dims d = c.padded(spec, n.shape.size());
+  c.needs(id) = {ValueSharding{d, spec.unreduced(), ReduceOp::kSum}};
+  c.set(id, d, spec.unreduced());
   return absl::OkStatus();
 }
 

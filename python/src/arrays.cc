@@ -195,7 +195,16 @@ void bind_arrays(py::module_& m) {
 
   py::class_<PartitionSpec>(m, "PartitionSpec")
       .def(py::init<std::vector<Axes>>())
+      // P(..., unreduced={...}, reduced={...}): JAX's construction checks raise ValueError.
+      .def(py::init([](std::vector<Axes> dims, std::vector<std::string> unreduced, std::vector<std::string> reduced) {
+        PartitionSpec spec(std::move(dims), std::move(unreduced), std::move(reduced));
+        absl::Status valid = spec.check();
+        if (!valid.ok()) throw py::value_error(std::string(valid.message()));
+        return spec;
+      }))
       .def_property_readonly("dims", &PartitionSpec::dims)
+      .def_property_readonly("unreduced", &PartitionSpec::unreduced)
+      .def_property_readonly("reduced", &PartitionSpec::reduced)
       .def("__repr__", &PartitionSpec::to_string)
       .def(py::self == py::self);
 

@@ -830,7 +830,10 @@ class ShapedArray:
         entries = []
         for _, axes in re.findall(r"(\d+)(?:@(\([^)]*\)|[^,\]]+))?", dims):
             entries.append(None if not axes else tuple(axes.strip("()").split(",")) if axes.startswith("(") else axes)
-        spec = PartitionSpec(*entries)
+        # The unreduced axes: {U:X} or {U:(X,Y)} (with {V:...} inside a shard_map body).
+        u = re.search(r"U:(\([^)]*\)|[^,}]+)", self._text[self._text.index("]"):])
+        unreduced = set() if u is None else set(u.group(1).strip("()").split(","))
+        spec = PartitionSpec(*entries, unreduced=unreduced)
         return NamedSharding(self._mesh if self._mesh is not None else get_abstract_mesh(), spec)
 
     def __eq__(self, other):

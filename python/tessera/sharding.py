@@ -80,24 +80,70 @@ def _canonical_entry(e):
     raise TypeError(f"PartitionSpec entries are None, an axis name or a tuple of them, not {e!r}")
 
 
-class PartitionSpec(tuple):
-    """jax.sharding.PartitionSpec: per dimension None, one mesh axis, or a tuple of axes."""
+def _axis_set(name, val):
+    """jax/_src/partition_spec.py's _canonicalize_ur: a set or frozenset of axis names."""
+    if not isinstance(val, (set, frozenset)):
+        raise TypeError(f"{name} argument of PartitionSpec should of type `frozenset` or `set`. Got type {type(val)}")
+    if None in val:
+        raise ValueError(f"{name} cannot contain None. All elements in {name} should refer to the mesh axes.")
+    return frozenset(val)
 
-    def __new__(cls, *entries):
-        return super().__new__(cls, tuple(_canonical_entry(e) for e in entries))
+
+class PartitionSpec(tuple):
+    """jax.sharding.PartitionSpec: per dimension None, one mesh axis, or a tuple of axes; and
+    the mesh axes the array is `unreduced` over (its devices along them hold terms of a sum)
+    or `reduced` over (laid out as replicated; its cotangent is unreduced), as JAX's
+    P(..., unreduced={'Y'}, reduced={'Z'}). The only unreduced_kind is sum."""
+
+    def __new__(cls, *entries, unreduced=frozenset(), reduced=frozenset()):
+        self = super().__new__(cls, tuple(_canonical_entry(e) for e in entries))
+        self.unreduced = _axis_set("unreduced", unreduced)
+        self.reduced = _axis_set("reduced", reduced)
+        self._cpp()  # JAX's _check, with its words: ValueError
+        return self
+
+    @property
+    def partitions(self):
+        return tuple(self)
+
+    @property
+    def unreduced_kind(self):
+        return "sum" if self.unreduced else None
 
     def _cpp(self):
-        return _tessera.PartitionSpec([[] if e is None else [e] if isinstance(e, str) else list(e) for e in self])
+        return _tessera.PartitionSpec([[] if e is None else [e] if isinstance(e, str) else list(e) for e in self],
+                                      sorted(self.unreduced), sorted(self.reduced))
 
     @staticmethod
     def _from_cpp(spec):
-        return PartitionSpec(*[None if not a else a[0] if len(a) == 1 else tuple(a) for a in spec.dims])
+        return PartitionSpec(*[None if not a else a[0] if len(a) == 1 else tuple(a) for a in spec.dims],
+                             unreduced=set(spec.unreduced), reduced=set(spec.reduced))
+
+    def update(self, partitions=None, unreduced=None, reduced=None):
+        """JAX's P.update: this spec with other partitions, unreduced or reduced axes."""
+        return PartitionSpec(*(tuple(self) if partitions is None else partitions),
+                             unreduced=self.unreduced if unreduced is None else unreduced,
+                             reduced=self.reduced if reduced is None else reduced)
+
+    def __eq__(self, other):
+        if isinstance(other, PartitionSpec):
+            return (tuple(self) == tuple(other) and self.unreduced == other.unreduced
+                    and self.reduced == other.reduced)
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        if not self.unreduced and not self.reduced:
+            return tuple.__hash__(self)  # as the tuple it equals
+        return hash((tuple(self), self.unreduced, self.reduced))
 
     def __repr__(self):
         return repr(self._cpp())
 
-    def __getnewargs__(self):
-        return tuple(self)
+    def __getnewargs_ex__(self):
+        return tuple(self), {"unreduced": self.unreduced, "reduced": self.reduced}
 
 
 P = PartitionSpec

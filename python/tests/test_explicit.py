@@ -525,3 +525,64 @@ def test_get_mesh_and_use_abstract_mesh_as_jax(xy):
   with use_abstract_mesh(am):
     with pytest.raises(ValueError, match="PartitionSpec passed to reshard cannot contain.*X of type: Auto"):
       reshard(x, jax.NamedSharding(xy, P("X", None)))
+
+
+# Unreduced specs (issue 16 item 2), after JAX's sharding-AD note ([AD]:
+# docs/new_docs/301/sharding-ad.md in jax-ml/jax) and tests/array_test.py's test_pspec_unreduced.
+def test_partition_spec_unreduced_and_reduced_as_jax(xy):
+  # array_test.py test_pspec_unreduced: the reprs and equality.
+  assert repr(P("a", "b", None, unreduced={"c"}, reduced={"d"})) == \
+      "P('a', 'b', None, unreduced={'c'}, reduced={'d'}, unreduced_kind=sum)"
+  assert repr(P("x", unreduced={"y"})) == "P('x', unreduced={'y'}, unreduced_kind=sum)"
+  assert repr(P(None, unreduced={"x"})) == "P(None, unreduced={'x'}, unreduced_kind=sum)"
+  assert repr(P(unreduced={"x"})) == "P(unreduced={'x'}, unreduced_kind=sum)"
+  assert P("a", "b", None, unreduced={"c"}) == P("a", "b", None, unreduced={"c"})
+  assert P("a", "b", None, unreduced={"c"}) != P("a", "b", None, unreduced={"d"})
+  assert P("a", unreduced={"c"}) != P("a")
+  assert P("a", unreduced={"c"}).unreduced == frozenset({"c"}) and P("a").unreduced == frozenset()
+  # partition_spec.py's _check and _canonicalize_ur.
+  with pytest.raises(ValueError, match="`unreduced` and `reduced` argument to PartitionSpec cannot overlap"):
+    P(unreduced={"a"}, reduced={"a"})
+  with pytest.raises(ValueError, match="partitions cannot overlap with unreduced axes passed to PartitionSpec"):
+    P("a", None, unreduced={"a"})
+  with pytest.raises(TypeError, match="unreduced argument of PartitionSpec should of type `frozenset` or `set`"):
+    P(unreduced=["a"])
+  # named_sharding.py's _check_mesh_unreduced: only Explicit axes of the mesh.
+  auto = jax.make_mesh((2, 4), ("X", "Y"), axis_types=AxisType.Auto)
+  with pytest.raises(ValueError, match="Unreduced axes can only refer to mesh axes that is of type `Explicit`"):
+    jax.sharding.NamedSharding(auto, P(unreduced={"Y"}))._cpp.validate((4, 4))
+
+
+def test_unreduced_contraction_as_the_sharding_ad_note(xy):
+  rng = np.random.default_rng(7)
+  a = rng.standard_normal((4, 8)).astype(np.float32)
+  b = rng.standard_normal((8, 4)).astype(np.float32)
+  with set_mesh(xy):
+    A, B = reshard(a, P(None, "Y")), reshard(b, P("Y", None))
+    # [AD]: einsum(..., out_sharding=jax.P(None, None, unreduced={'X'})) is float32[2,2]{U:X}.
+    c = jnp.einsum("ij,jk->ik", A, B, out_sharding=P(None, None, unreduced={"Y"}))
+    assert str(jax.typeof(c)) == "float32[4,4]{U:Y}"
+    assert jax.typeof(c).sharding.spec.unreduced == {"Y"}  # [AD]'s capstone assert
+    # [AD]: "each device along X holds a full-shape partial sum": device at Y position k sums
+    # over rows 2k, 2k+1 of b.
+    for shard in c.addressable_shards:
+      k = list(xy.device_ids.flat).index(shard.device.id) % 4
+      np.testing.assert_allclose(shard.data, a[:, 2 * k:2 * k + 2] @ b[2 * k:2 * k + 2], rtol=1e-5, atol=1e-5)
+    # [AD]: "To cash it in, reshard to an ordinary sharding".
+    np.testing.assert_allclose(np.asarray(reshard(c, P(None, None))), a @ b, rtol=1e-4, atol=1e-4)
+    # [AD]: c + c2 of two unreduced matmuls is unreduced; cos(c) raises.
+    seen = []
+
+    @jax.jit
+    def lora(A, B):
+      c1 = jnp.einsum("ij,jk->ik", A, B, out_sharding=P(None, None, unreduced={"Y"}))
+      c2 = jnp.einsum("ij,jk->ik", 2. * A, B, out_sharding=P(None, None, unreduced={"Y"}))
+      seen.append(str(jax.typeof(c1 + c2)))
+      return reshard(c1 + c2, P("Y", None))
+
+    out = lora(A, B)
+    assert seen == ["float32[4,4]{U:Y}"]
+    assert str(jax.typeof(out)) == "float32[4@Y,4]"
+    np.testing.assert_allclose(np.asarray(out), 3 * (a @ b), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="cos: unreduced rule for cos is not implemented"):
+      jax.jit(lambda c: jnp.cos(c))(c)

@@ -86,5 +86,48 @@ TEST(PartitionSpec, LeadingNonesAndOrderMatter) {
   EXPECT_NE(P(None, "model"), P(None, "model", "data"));
 }
 
+// jax tests/array_test.py, test_pspec_unreduced: the reprs and equality of specs with unreduced
+// and reduced axes (unreduced_kind defaults to sum, and prints).
+TEST(PartitionSpec, UnreducedAndReducedAsJax) {
+  const std::vector<std::pair<PartitionSpec, std::string>> cases = {
+      {P("a", "b", None).with_unreduced({"c"}).with_reduced({"d"}),
+       "P('a', 'b', None, unreduced={'c'}, reduced={'d'}, unreduced_kind=sum)"},
+      {P("a", "b", None).with_unreduced({"c"}), "P('a', 'b', None, unreduced={'c'}, unreduced_kind=sum)"},
+      {P("x").with_unreduced({"y"}), "P('x', unreduced={'y'}, unreduced_kind=sum)"},
+      {P(None, None).with_unreduced({"x"}), "P(None, None, unreduced={'x'}, unreduced_kind=sum)"},
+      {P(None).with_unreduced({"x"}), "P(None, unreduced={'x'}, unreduced_kind=sum)"},
+      {P().with_unreduced({"x"}), "P(unreduced={'x'}, unreduced_kind=sum)"},
+      // Reduced alone has no unreduced_kind (partition_spec.py's __repr__).
+      {P().with_reduced({"x"}), "P(reduced={'x'})"},
+      // Python prints a set in its hash order; Tessera sorts.
+      {P().with_unreduced({"y", "x"}), "P(unreduced={'x', 'y'}, unreduced_kind=sum)"},
+  };
+  for (const auto& [spec, text] : cases) EXPECT_EQ(spec.to_string(), text);
+  EXPECT_EQ(P("a", "b", None).with_unreduced({"c"}), P("a", "b", None).with_unreduced({"c"}));
+  EXPECT_NE(P("a", "b", None).with_unreduced({"c"}), P("a", "b", None).with_unreduced({"d"}));
+  EXPECT_NE(P("a", "b", None).with_unreduced({"c"}), P("a", "b", None));
+  EXPECT_NE(P().with_unreduced({"c"}), P().with_reduced({"c"}));
+  EXPECT_EQ(P().with_unreduced({"y", "x", "x"}).unreduced(), (std::vector<std::string>{"x", "y"}));
+  // Unreduced axes split no dimension.
+  EXPECT_THAT(P("a").with_unreduced({"b"}).used_axes(), ElementsAre("a"));
+  EXPECT_EQ(P("a").with_unreduced({"b"}).partitions_only(), P("a"));
+}
+
+// jax/_src/partition_spec.py, _check: the messages of an overlap.
+TEST(PartitionSpec, CheckRefusesOverlapsAsJax) {
+  EXPECT_TRUE(P("a").with_unreduced({"b"}).with_reduced({"c"}).check().ok());
+  const absl::Status both = P().with_unreduced({"a"}).with_reduced({"a"}).check();
+  EXPECT_EQ(both.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(both.message(),
+            "`unreduced` and `reduced` argument to PartitionSpec cannot overlap. Got unreduced: {'a'} and reduced: "
+            "{'a'}");
+  EXPECT_EQ(P("a", None).with_unreduced({"a"}).check().message(),
+            "partitions cannot overlap with unreduced axes passed to PartitionSpec. Got partitions: ('a', None) and "
+            "unreduced axes: {'a'}");
+  EXPECT_EQ(P(Axes{"a", "b"}).with_reduced({"b"}).check().message(),
+            "partitions cannot overlap with reduced axes passed to PartitionSpec. Got partitions: (('a', 'b'),) and "
+            "reduced axes: {'b'}");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -545,5 +545,34 @@ TEST(ShardingValidation, ValidLayoutsPass) {
   EXPECT_TRUE(Validate(P(), {}).ok());  // a replicated scalar
 }
 
+// jax/_src/named_sharding.py, _check_mesh_unreduced (its words): an unreduced or reduced
+// axis must be an Explicit axis of the mesh; the overlap checks of the spec come first.
+TEST(Sharding, UnreducedAxesMustBeExplicitAxesOfTheMesh) {
+  const Mesh explicit_mesh =
+      *Mesh::create({2, 2}, {"X", "Y"}, {0, 1, 2, 3}, {AxisType::kExplicit, AxisType::kExplicit});
+  const Mesh mixed = *Mesh::create({2, 2}, {"X", "Y"}, {0, 1, 2, 3}, {AxisType::kExplicit, AxisType::kAuto});
+  EXPECT_TRUE(NamedSharding(explicit_mesh, P("X", None).with_unreduced({"Y"})).validate({4, 4}).ok());
+  EXPECT_TRUE(NamedSharding(explicit_mesh, P().with_reduced({"X", "Y"})).validate_spec().ok());
+
+  const absl::Status unknown = NamedSharding(explicit_mesh, P().with_unreduced({"Z"})).validate_spec();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.message(),
+            "Unreduced axes Z is not found in mesh.axis_names=('X', 'Y'). Got pspec=P(unreduced={'Z'}, "
+            "unreduced_kind=sum)");
+  EXPECT_EQ(NamedSharding(mixed, P().with_unreduced({"Y"})).validate_spec().message(),
+            "Unreduced axes can only refer to mesh axes that is of type `Explicit`. Got unreduced axes: "
+            "frozenset({'Y'}) and mesh: Mesh('X': 2, 'Y': 2, axis_types=(Explicit, Auto))");
+  EXPECT_EQ(NamedSharding(mixed, P().with_reduced({"Y"})).validate_spec().message(),
+            "Reduced axes can only refer to mesh axes that is of type `Explicit`. Got reduced axes: "
+            "frozenset({'Y'}) and mesh: Mesh('X': 2, 'Y': 2, axis_types=(Explicit, Auto))");
+  EXPECT_THAT(NamedSharding(explicit_mesh, P("X").with_unreduced({"X"})).validate_spec().message(),
+              HasSubstr("partitions cannot overlap with unreduced axes"));
+  // Unreduced blocks are terms of a sum: not laid out as the replicated array.
+  EXPECT_FALSE(
+      NamedSharding(explicit_mesh, P().with_unreduced({"Y"})).is_equivalent_to(NamedSharding(explicit_mesh, P()), 2));
+  EXPECT_TRUE(NamedSharding(explicit_mesh, P().with_unreduced({"Y"}))
+                  .is_equivalent_to(NamedSharding(explicit_mesh, P(None, None).with_unreduced({"Y"})), 2));
+}
+
 }  // namespace
 }  // namespace tessera

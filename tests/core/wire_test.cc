@@ -85,6 +85,18 @@ TEST(Wire, MeshAxisTypesRoundTrip) {
   EXPECT_THAT(std::string(mesh_from_proto(wire).status().message()), HasSubstr("2 axis names but 1 axis types"));
 }
 
+TEST(Wire, SpecUnreducedAndReducedRoundTrip) {
+  const PartitionSpec spec = P("X", None).with_unreduced({"Z", "Y"}).with_reduced({"W"});
+  pb::PartitionSpec wire;
+  to_proto(spec, &wire);
+  EXPECT_EQ(spec_from_proto(wire), spec);
+  EXPECT_EQ(spec_from_proto(wire).to_string(), "P('X', None, unreduced={'Y', 'Z'}, reduced={'W'}, unreduced_kind=sum)");
+  // An ordinary spec's bytes did not change: no unreduced or reduced fields.
+  pb::PartitionSpec plain;
+  to_proto(P("X", None), &plain);
+  EXPECT_EQ(plain.unreduced_size() + plain.reduced_size(), 0);
+}
+
 // A scan of `results` result nodes (as the tracer makes them: one node per result, all sharing
 // one body; the scan VJP's forward loop has one per residual) over a body of c' = c * 2 and
 // ys = c + c, the body given per node by `body_of(j)`.

@@ -7,6 +7,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "core/slicing.h"
@@ -544,6 +545,167 @@ TEST_F(ExplicitJitTest, ReshardMovesArraysAndValues) {
   std::vector<double> want(x.size());
   for (int64_t i = 0; i < x.size(); ++i) want[i] = 2.0 * x.values<float>()[i];
   expect_near(fetch((*y)[0]), want);
+}
+
+// Unreduced specs (issue 16 item 2), as JAX's sharding-AD note (docs/new_docs/301/
+// sharding-ad.md): a contraction split over Y on both operands with out_sharding
+// P(None, None, unreduced={'Y'}) leaves each device's partial sum, typed f32[8,4]{U:Y}, with no
+// collective; "an unreduced array is a reduction waiting to happen": reshard to P() is the
+// all-reduce, to P('Y', None) a reduce-scatter, inside jit and out of it. Adding two arrays
+// unreduced alike stays unreduced and pays one all-reduce; a nonlinear op is refused (the note's
+// jnp.cos(c)). Values against the host.
+TEST_F(ExplicitJitTest, UnreducedContractionsAreSumsWaitingToHappen) {
+  const Mesh mesh = explicit_mesh();  // ('X': 4, 'Y': 2)
+  MeshScope scope = set_mesh(mesh);
+  const HostArray a = random_f32({8, 16}, 41), b = random_f32({16, 4}, 42);
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  // Device k along Y holds rows 8k..8k+7 of b (columns of a): its partial sum is over those.
+  std::vector<std::vector<double>> partial(2, std::vector<double>(8 * 4, 0.0));
+  for (int64_t i = 0; i < 8; ++i) {
+    for (int64_t j = 0; j < 4; ++j) {
+      for (int64_t l = 0; l < 16; ++l) {
+        partial[l / 8][i * 4 + j] += double(a.values<float>()[i * 16 + l]) * b.values<float>()[l * 4 + j];
+      }
+    }
+  }
+  const std::vector<double> full = matmul_ref(a, b);
+  const Array as = put_on(mesh, a, P(None, "Y")), bs = put_on(mesh, b, P("Y", None));
+
+  std::string type;
+  Jitted partial_sums = jit([&](const std::vector<Value>& in) {
+    Value c = matmul(in[0], in[1], unreduced);
+    type = type_of(c).to_string();
+    return std::vector<Value>{c};
+  });
+  absl::StatusOr<std::vector<Array>> c = partial_sums({as, bs});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(type, "f32[8,4]{U:Y}");  // the note's float32[2,2]{U:X}
+  EXPECT_EQ(type_of((*c)[0]).to_string(), "f32[8,4]{U:Y}");
+  EXPECT_EQ((*c)[0].sharding().spec().unreduced(), std::vector<std::string>{"Y"});
+  EXPECT_THAT(partial_sums.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+  EXPECT_THAT(partial_sums.as_text(), ::testing::Not(HasSubstr("reduce_scatter")));
+  // "for shard in c.addressable_shards: print(shard.data)": each device its partial sum.
+  for (const Shard& shard : (*c)[0].addressable_shards()) {
+    const auto& ids = mesh.device_ids();
+    const int64_t position = std::find(ids.begin(), ids.end(), shard.device_id()) - ids.begin();
+    absl::StatusOr<HostArray> data = shard.data();
+    ASSERT_TRUE(data.ok()) << data.status();
+    SCOPED_TRACE(absl::StrCat("device ", shard.device_id()));
+    expect_near(*data, partial[position % 2]);
+  }
+  // Its value is not on any one device: fetching it asks for the reshard.
+  absl::StatusOr<HostArray> whole = (*c)[0].fetch();
+  EXPECT_EQ(whole.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(whole.status().message()), HasSubstr("f32[8,4]{U:Y}, unreduced over ('Y',)"));
+
+  // Out of jit: reshard cashes it in, all-reduced or reduce-scattered.
+  absl::StatusOr<Array> summed = reshard((*c)[0], P());
+  ASSERT_TRUE(summed.ok()) << summed.status();
+  EXPECT_EQ(type_of(*summed).to_string(), "f32[8,4]");
+  expect_near(fetch(*summed), full, 1e-4);
+  absl::StatusOr<Array> scattered = reshard((*c)[0], P("Y", None));
+  ASSERT_TRUE(scattered.ok()) << scattered.status();
+  EXPECT_EQ(type_of(*scattered).to_string(), "f32[8@Y,4]");
+  expect_near(fetch(*scattered), full, 1e-4);
+
+  // In jit: c + c2 (c2 = (2a) @ b) stays unreduced, and one reshard sums it once.
+  for (const auto& [to, collective, text] :
+       {std::tuple{P(), "all_reduce", "f32[8,4]"}, std::tuple{P("Y", None), "reduce_scatter", "f32[8@Y,4]"}}) {
+    SCOPED_TRACE(to.to_string());
+    std::vector<std::string> types;
+    Jitted sum = jit([&](const std::vector<Value>& in) {
+      Value c1 = matmul(in[0], in[1], unreduced);
+      Value c2 = matmul(in[0] * 2.0, in[1], unreduced);
+      Value s = c1 + c2;
+      Value r = reshard(s, to);
+      types = {type_of(s).to_string(), type_of(r).to_string()};
+      return std::vector<Value>{r};
+    });
+    absl::StatusOr<std::vector<Array>> y = sum({as, bs});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_THAT(types, ::testing::ElementsAre("f32[8,4]{U:Y}", text));
+    const std::string program = sum.as_text();
+    size_t count = 0;
+    for (size_t at = program.find(collective); at != std::string::npos; at = program.find(collective, at + 1)) ++count;
+    EXPECT_EQ(count, 1u) << program;
+    std::vector<double> want = full;
+    for (double& v : want) v *= 3.0;
+    expect_near(fetch((*y)[0]), want, 1e-4);
+  }
+}
+
+// grad through an unreduced contraction: the cotangent of an unreduced value is reduced, laid
+// out as a replicated one (JAX's sharding-AD note, "reduced {R:X} -> unreduced {U:X}, unreduced
+// {U:X} -> reduced {R:X}"; Tessera types it replicated, having no reduced types yet), so the
+// contraction's VJP is the ordinary one and each gradient comes back laid out as its primal.
+// d/da sum(a @ b) = ones @ b^T (row sums of b), d/db = a^T @ ones (column sums of a), twice
+// over for c1 + c2 = a @ b + a @ b.
+TEST_F(ExplicitJitTest, GradientsFlowThroughUnreducedContractions) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray a = random_f32({8, 16}, 45), b = random_f32({16, 4}, 46);
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  std::vector<double> want_a(8 * 16, 0.0), want_b(16 * 4, 0.0);
+  for (int64_t i = 0; i < 8; ++i) {
+    for (int64_t l = 0; l < 16; ++l) {
+      for (int64_t j = 0; j < 4; ++j) {
+        want_a[i * 16 + l] += 2.0 * b.values<float>()[l * 4 + j];
+        want_b[l * 4 + j] += 2.0 * a.values<float>()[i * 16 + l];
+      }
+    }
+  }
+  Jitted step = jit(grad(
+      [&](const std::vector<Value>& p) {
+        Value c = matmul(p[0], p[1], unreduced) + matmul(p[0], p[1], unreduced);
+        return std::vector<Value>{sum(reshard(c, P()))};
+      },
+      {0, 1}));
+  absl::StatusOr<std::vector<Array>> g = step({put_on(mesh, a, P(None, "Y")), put_on(mesh, b, P("Y", None))});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,16@Y]");
+  EXPECT_EQ(type_of((*g)[1]).to_string(), "f32[16@Y,4]");
+  expect_near(fetch((*g)[0]), want_a, 1e-4);
+  expect_near(fetch((*g)[1]), want_b, 1e-4);
+}
+
+// What JAX refuses of unreduced values (jax/_src/lax/lax.py): a nonlinear op (unop_ur_rule /
+// nary_ur_rule: "unreduced rule for cos is not implemented"; the note's jnp.cos(c)), sub
+// (standard_naryop, no unreduced rule), add of an unreduced and a reduced operand
+// (_add_ur_rule), and an unreduced out_sharding over other axes than the contracting splits
+// (_dot_general_unreduced_rule). Each names the op, the operands' types and the fix.
+TEST_F(ExplicitJitTest, UnreducedOperandsOfOtherOpsAreRefused) {
+  const Mesh mesh = explicit_mesh();
+  const HostArray a = random_f32({8, 16}, 43), b = random_f32({16, 4}, 44);
+  const Array as = put_on(mesh, a, P(None, "Y")), bs = put_on(mesh, b, P("Y", None));
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  auto refusal = [&](const std::function<Value(const Value&, const Value&)>& f) {
+    absl::StatusOr<std::vector<Array>> y =
+        jit([&](const std::vector<Value>& in) { return std::vector<Value>{f(in[0], in[1])}; })({as, bs});
+    EXPECT_FALSE(y.ok());
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(y.status().message());
+  };
+  EXPECT_THAT(refusal([&](const Value& x, const Value& w) { return cos(matmul(x, w, unreduced)); }),
+              ::testing::AllOf(HasSubstr("cos: unreduced rule for cos is not implemented"),
+                               HasSubstr("(operand f32[8,4]{U:Y})"), HasSubstr("reshard the unreduced operand first")));
+  EXPECT_THAT(
+      refusal([&](const Value& x, const Value& w) { return matmul(x, w, unreduced) - matmul(x, w, unreduced); }),
+      ::testing::AllOf(HasSubstr("sub: unreduced rule for sub is not implemented"),
+                       HasSubstr("(operands f32[8,4]{U:Y}, f32[8,4]{U:Y})")));
+  EXPECT_THAT(refusal([&](const Value& x, const Value& w) { return matmul(x, w, unreduced) + matmul(x, w, P()); }),
+              ::testing::AllOf(HasSubstr("add: lhs is unreduced while rhs is not. `add` operation does not allow "
+                                         "this because there will be implicit communication"),
+                               HasSubstr("(operands f32[8,4]{U:Y}, f32[8,4])"), HasSubstr("reduce lhs via `reshard`")));
+  EXPECT_THAT(
+      refusal([&](const Value& x, const Value& w) { return matmul(x, w, P(None, None).with_unreduced({"X"})); }),
+      HasSubstr("dot_general: out_sharding's unreduced axes should be equal to the contracting specs. Got "
+                "unreduced axes={'X'} and contracting specs over {'Y'}"));
+  // Only a contraction makes an unreduced value: resharding a whole one onto unreduced axes is
+  // refused rather than guessed.
+  EXPECT_THAT(refusal([&](const Value& x, const Value&) { return reshard(x, P(None, None).with_unreduced({"X"})); }),
+              HasSubstr("makes an unreduced value from one unreduced over no axis"));
+  // A host array is placed whole.
+  absl::StatusOr<Array> put = client_->device_put(a, NamedSharding(mesh, unreduced));
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kUnimplemented);
 }
 
 // grad in explicit mode: each cotangent takes its primal's type, so d/dw sum(tanh(x @ w)) =
