@@ -51,7 +51,7 @@ class ProgramPartitioner : public internal::PartitionContext {
       plan_.output_slots.push_back(s);
     }
     plan_.num_slots = next_slot_;
-    run_passes(&plan_);
+    run_passes(&plan_, mesh_);
     return std::move(plan_);
   }
 

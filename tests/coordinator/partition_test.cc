@@ -463,6 +463,41 @@ TEST_F(PartitionTest, AnAllReduceSlicedOverSomeOfItsAxesIsAReduceScatterThenAnAl
   EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
   EXPECT_EQ(collective_bytes_per_device(both.program, both.mesh), 12 + 16 + 16 + 12) << text;
 }
+// FSDP's gradients of several weights, each gathered for use and laid out back as stored:
+// one reduce_scatter each, all independent, so the combiner (XLA's ReduceScatterCombiner)
+// sends them as one. Stored on different dimensions: w1 (8, 16) and b (16,) over 'data' on
+// dimension 0, w2 (16, 8) on dimension 1 (its operand is laid out by a transpose so that each
+// device's row holds its block). The bytes are those of three separate reduce_scatters: each
+// device receives (n-1) times its blocks, 3 * (128 + 16 + 128) B, plus the three gathers' 3/4
+// of 512 + 64 + 512 B. JitTest.FsdpGradientsReduceScatteredAsOneMatchTheHost runs it.
+TEST_F(PartitionTest, IndependentReduceScattersAreCombined) {
+  auto loss = [this](const std::vector<Value>& in) {
+    const NamedSharding whole(mesh_, P());
+    const Value h =
+        tanh(matmul(in[0], with_sharding_constraint(in[1], whole)) + with_sharding_constraint(in[2], whole));
+    return std::vector<Value>{sum(tanh(matmul(h, with_sharding_constraint(in[3], whole))))};
+  };
+  const std::vector<ArrayType> types = {
+      {DType::kF32, {32, 8}}, {DType::kF32, {8, 16}}, {DType::kF32, {16}}, {DType::kF32, {16, 8}}};
+  Executable exe =
+      compile(grad(loss, {1, 2, 3}), types, {P("data", None), P("data", None), P("data"), P(None, "data")});
+  const std::string text = exe.as_text();
+  EXPECT_EQ(count_text(text, "= reduce_scatter("), 1) << text;
+  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('data',)) s")) << text;
+  EXPECT_THAT(text, HasSubstr("combined 3 reduce_scatters")) << text;
+  EXPECT_THAT(text, HasSubstr("= transpose(")) << text;  // w2's operand, scattered on dimension 1
+  EXPECT_EQ(count_text(text, "= all_reduce("), 0) << text;
+  EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
+  EXPECT_EQ(collective_bytes_per_device(exe.program, exe.mesh), 3 * (128 + 16 + 128) + 3 * (512 + 64 + 512) / 4)
+      << text;
+  // The batch over both axes, w2 stored over 'model': its gradient is reduce-scattered over
+  // 'model' (then all-reduced over 'data'), apart from w1's and b's over 'data'.
+  Executable apart = compile(grad(loss, {1, 2, 3}), types,
+                             {P(Axes{"data", "model"}, None), P("data", None), P("data"), P(None, "model")});
+  EXPECT_EQ(count_text(apart.as_text(), "= reduce_scatter("), 2) << apart.as_text();
+  EXPECT_THAT(apart.as_text(), HasSubstr("combined 2 reduce_scatters")) << apart.as_text();
+}
+
 // Issue 14 item 6: the rules that get the common programs right, each on its minimal
 // reproduction, asserting the collectives and the bytes each device receives.
 

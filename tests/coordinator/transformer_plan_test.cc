@@ -240,5 +240,33 @@ TEST(TransformerPlan, FsdpTpLoopsMoveTheHandCountWithTheLayerNormsReduceScattere
   EXPECT_EQ(in_loop_bytes(*step.exe), c.layers * per_layer) << step.exe->as_text();
 }
 
+// The reduce_scatters of `plan` itself (not of its loops' bodies).
+int reduce_scatters(const DevicePlan& plan) {
+  int n = 0;
+  for (const Instruction& i : plan.code) {
+    n += i.kind == Instruction::Kind::kCollective && i.collective.kind == CollectiveKind::kReduceScatter;
+  }
+  return n;
+}
+
+// Every FSDP gradient in the backward loop's body (each stacked leaf's row, the layer norms'
+// included) is reduce-scattered over 'data', all independent of each other: the combiner sends
+// them as one message per iteration (11 reduce_scatters before it: 7 weights and biases and 4
+// layer-norm parameters), and the gradients outside the loop as one. The bytes do not change
+// (FsdpTpLoopsMoveTheHandCountWithTheLayerNormsReduceScattered still holds); the values are
+// Transformer.EveryMeshAndLayoutGivesTheOneDeviceLossesAndTheLossFalls's (fsdp_tp against 1x1).
+TEST(TransformerPlan, FsdpTpReduceScattersEachLoopIterationsGradientsAsOne) {
+  const Step step = compile_step(small(), Layout::kFsdpTp, mesh_4x2());
+  ASSERT_TRUE(step.exe.has_value());
+  const DevicePlan& program = step.exe->program;
+  const Instruction* backward = nullptr;
+  for (const Instruction& i : program.code) {
+    if (i.kind == Instruction::Kind::kLoop && i.reverse) backward = &i;
+  }
+  ASSERT_NE(backward, nullptr) << step.exe->as_text();
+  EXPECT_EQ(reduce_scatters(*backward->body), 1) << step.exe->as_text();
+  EXPECT_EQ(reduce_scatters(program), 1) << step.exe->as_text();
+}
+
 }  // namespace
 }  // namespace tessera::transformer

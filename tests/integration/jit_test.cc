@@ -1366,6 +1366,68 @@ TEST_F(JitTest, AGradientPendingOverBothAxesAndStoredOverOneMatchesTheHost) {
   }
 }
 
+// FSDP gradients of three weights, each gathered for use and laid out back as stored: the
+// combiner sends their reduce_scatters as one (PartitionTest.IndependentReduceScattersAreCombined
+// has the plan), w2's scattered on dimension 1 through a transposed layout; against the host,
+// and with w2 over 'model' and the batch over both axes (reduce_scatters over 'data' and over
+// 'model', then all_reduces of the blocks). With h = tanh(x w1 + b), o = tanh(h w2):
+// dL/dw2 = h^T (1 - o^2), dz = ((1 - o^2) w2^T) (1 - h^2), dL/dw1 = x^T dz, dL/db = sum_rows dz.
+TEST_F(JitTest, FsdpGradientsReduceScatteredAsOneMatchTheHost) {
+  const HostArray x = random_f32({32, 8}, 31), w1 = random_f32({8, 16}, 32), b = random_f32({16}, 33),
+                  w2 = random_f32({16, 8}, 34);
+  const auto X = x.values<float>(), W1 = w1.values<float>(), B = b.values<float>(), W2 = w2.values<float>();
+  std::vector<double> dw1(8 * 16, 0.0), db(16, 0.0), dw2(16 * 8, 0.0);
+  for (int r = 0; r < 32; ++r) {
+    std::vector<double> h(16), gy(8), dz(16);
+    for (int j = 0; j < 16; ++j) {
+      double z = B[j];
+      for (int i = 0; i < 8; ++i) z += double(X[r * 8 + i]) * W1[i * 16 + j];
+      h[j] = std::tanh(z);
+    }
+    for (int k = 0; k < 8; ++k) {
+      double y = 0;
+      for (int j = 0; j < 16; ++j) y += h[j] * W2[j * 8 + k];
+      const double o = std::tanh(y);
+      gy[k] = 1 - o * o;
+    }
+    for (int j = 0; j < 16; ++j) {
+      double dh = 0;
+      for (int k = 0; k < 8; ++k) {
+        dh += gy[k] * W2[j * 8 + k];
+        dw2[j * 8 + k] += h[j] * gy[k];
+      }
+      dz[j] = dh * (1 - h[j] * h[j]);
+      db[j] += dz[j];
+      for (int i = 0; i < 8; ++i) dw1[i * 16 + j] += double(X[r * 8 + i]) * dz[j];
+    }
+  }
+  Jitted f = jit(grad(
+      [](const std::vector<Value>& in) {
+        const NamedSharding whole(*mesh_, P());
+        const Value h =
+            tanh(matmul(in[0], with_sharding_constraint(in[1], whole)) + with_sharding_constraint(in[2], whole));
+        return std::vector<Value>{sum(tanh(matmul(h, with_sharding_constraint(in[3], whole))))};
+      },
+      {1, 2, 3}));
+  struct Case {
+    PartitionSpec x, w2;
+    const char* combined;
+  };
+  for (const Case& c : {Case{P("data", None), P(None, "data"), "combined 3 reduce_scatters"},
+                        Case{P(Axes{"data", "model"}, None), P(None, "model"), "combined 2 reduce_scatters"}}) {
+    SCOPED_TRACE(c.x.to_string() + " " + c.w2.to_string());
+    absl::StatusOr<std::vector<Array>> g = f({put(x, c.x), put(w1, P("data", None)), put(b, P("data")), put(w2, c.w2)});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_THAT(f.as_text(), HasSubstr(c.combined)) << f.as_text();
+    EXPECT_EQ((*g)[0].sharding().spec(), P("data", None));
+    EXPECT_EQ((*g)[1].sharding().spec(), P("data"));
+    EXPECT_EQ((*g)[2].sharding().spec(), c.w2);
+    expect_near(fetch((*g)[0]), dw1);
+    expect_near(fetch((*g)[1]), db);
+    expect_near(fetch((*g)[2]), dw2);
+  }
+}
+
 // The ambient mesh (jax.set_mesh, jax.sharding.get_mesh / get_abstract_mesh; JAX's "Explicit sharding"
 // guide uses `with jax.set_mesh(mesh):` so that device_put, with_sharding_constraint and
 // shard_map take bare P's): scopes nest and end, bare specs resolve against the innermost, a

@@ -9,15 +9,16 @@
 //   create_reduce_scatters        reduce_scatter.cc  an all_reduce whose result one local_slice
 //                                           splits over the reduced axes becomes a
 //                                           reduce_scatter onto that dimension
-//   combine_all_reduces           combine_all_reduce.cc  independent all_reduces (by data
+//   combine_collectives           combine_collectives.cc  independent all_reduces (by data
 //                                           flow: the program is re-scheduled so that their
 //                                           readers wait) over the same axes, reduce op and
-//                                           dtype sent as one message (up to kCombineBytes)
+//                                           dtype sent as one message (up to kCombineBytes);
+//                                           reduce_scatters likewise
 //   insert_frees                  frees.cc  slots numbered densely, each freed after its last
 //                                           use (not outputs, nor inputs the caller keeps)
 //
 //   DevicePlan program = ...;        // as emitted: no frees yet
-//   run_passes(&program);            // what partition() does
+//   run_passes(&program, mesh);      // what partition() does
 //
 // Every pass keeps the program's meaning for every device, since all run the same program:
 // removing a collective removes it everywhere.
@@ -36,15 +37,16 @@ void eliminate_common_subexpressions(DevicePlan* program);
 void create_reduce_scatters(DevicePlan* program);
 void insert_frees(DevicePlan* program);
 
-// What one combined all_reduce carries at most. A larger all_reduce goes alone.
+// What one combined collective carries at most (a reduce_scatter: its operand). A larger one
+// goes alone. `mesh` gives a reduce_scatter's group size, which lays out its operands.
 inline constexpr int64_t kCombineBytes = int64_t{4} << 20;
-void combine_all_reduces(DevicePlan* program);
+void combine_collectives(DevicePlan* program, const Mesh& mesh);
 
-inline void run_passes(DevicePlan* program) {
+inline void run_passes(DevicePlan* program, const Mesh& mesh) {
   eliminate_common_subexpressions(program);  // first: duplicates removed, their producers may die
   eliminate_dead_code(program);
   create_reduce_scatters(program);  // before combining: a combined all_reduce is read by many
-  combine_all_reduces(program);
+  combine_collectives(program, mesh);
   insert_frees(program);
 }
 
