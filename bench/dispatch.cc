@@ -5,14 +5,15 @@
 //
 //   bin/bench_dispatch [--iters=200] [--back_to_back=200] [--json] [--check_credentials=false]
 //                      [--in_process=false] [--profile=/tmp/dispatch.json] [--threads]
-//                      [--all_reduce_algorithm=tree|recursive_doubling|direct]
+//                      [--all_reduce_algorithm=tree|recursive_doubling|direct|star]
 //
 // Calls are asynchronous, so it times three things: a call followed by block_until_ready (the
 // latency, p50 and p99), the call alone (dispatch: how long the caller is held), and N calls
 // issued back to back and then waited for (time per call: what asynchronous dispatch buys),
 // both on one input and as a chain where each call consumes the previous one's output. It
 // also times a jitted shard_map whose body holds one scalar psum over the 8 devices against the
-// same body without it (alternating, call + block_until_ready p50 each), and counts the context
+// same body without it (alternating, call + block_until_ready p50 each; it prints the path and
+// the all_reduce algorithm the psum took, worker/collectives/algorithms.h), and counts the context
 // switches of the call + wait loop per thread (--threads: by thread name, with each group's CPU
 // time per call from /proc's schedstat), which is where the hops of one call show.
 // --profile records all of that as a timeline (Client::profile), to compare with a run without;
@@ -46,6 +47,7 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
+#include "worker/collectives/algorithms.h"
 
 ABSL_FLAG(int, iters, 200, "timed calls");
 ABSL_FLAG(int, back_to_back, 200, "calls issued back to back before waiting for them");
@@ -58,9 +60,10 @@ ABSL_FLAG(bool, check_credentials, true,
 ABSL_FLAG(bool, threads, false,
           "print the call + wait loop's context switches and CPU time per call by thread name (which threads a "
           "call wakes)");
-ABSL_FLAG(std::string, all_reduce_algorithm, "",
-          "force the psum's all_reduce to tree, recursive_doubling or direct on every embedded worker (to measure "
-          "worker/collectives/algorithms.h on the in-process path); empty: the table's choice");
+ABSL_FLAG(
+    std::string, all_reduce_algorithm, "",
+    "force the psum's all_reduce to tree, recursive_doubling, direct or star on every embedded worker (to measure "
+    "worker/collectives/algorithms.h on the in-process path); empty: the table's choice");
 ABSL_FLAG(bool, in_process, true,
           "the embedded cluster's channels are in-process ones (LocalOptions::in_process); false: TCP on 127.0.0.1");
 
@@ -339,6 +342,13 @@ int main(int argc, char** argv) {
   const double dispatch50 = percentile(dispatch_us, 0.5);
   const double drop50 = percentile(drop_us, 0.5), step50 = percentile(step_us, 0.5);
   const double psum50 = percentile(psum_us, 0.5), no_psum50 = percentile(no_psum_us, 0.5);
+  // The path and algorithm of the psum's all_reduce (one f32 over the 8 workers), as the
+  // workers choose them: Client::local's workers over TCP keep shared memory between them.
+  const Path psum_path = local.in_process ? Path::kInProcess : Path::kShm;
+  const std::string psum_algorithm =
+      local.all_reduce_algorithm.empty()
+          ? algorithm_name(choose_algorithm(CollectiveKind::kAllReduce, sizeof(float), 8, psum_path))
+          : local.all_reduce_algorithm + " (forced)";
   if (absl::GetFlag(FLAGS_json)) {
     std::printf(
         "{\"transport\": \"%s\", \"p50_us\": %.1f, \"p99_us\": %.1f, \"grpc_p50_us\": %.1f, "
@@ -348,11 +358,11 @@ int main(int argc, char** argv) {
         "\"context_switches_per_call\": %.1f, \"chained_context_switches_per_call\": %.1f, \"profiled\": %s, "
         "\"span_off_ns\": %.2f, \"spans_per_call\": %.1f, \"drop_p50_us\": %.1f, \"step_p50_us\": %.1f, "
         "\"jit_over_rpc\": %.2f, \"chained_over_independent\": %.2f, \"psum_p50_us\": %.1f, "
-        "\"no_psum_p50_us\": %.1f, \"psum_over_no_psum\": %.2f}\n",
+        "\"no_psum_p50_us\": %.1f, \"psum_over_no_psum\": %.2f, \"psum_path\": \"%s\", \"psum_algorithm\": \"%s\"}\n",
         transport, p50, p99, grpc50, tcp50, dispatch50, n, independent_us, dropping_us, chained_us,
         chained_us / dropping_us, switches_per_call, chained_switches, profile_path.empty() ? "false" : "true",
         span_off_ns, spans_per_call, drop50, step50, p50 / grpc50, chained_us / independent_us, psum50, no_psum50,
-        psum50 / no_psum50);
+        psum50 / no_psum50, path_name(psum_path), psum_algorithm.c_str());
   } else {
     std::printf(
         "cached jit (8, 8) on 8 workers (%s), call + block_until_ready: p50 %.0f us, p99 %.0f us; gRPC unary "
@@ -366,11 +376,12 @@ int main(int argc, char** argv) {
         "the chain does: %.0f us per call (chained/dropping %.2fx)\n"
         "context switches per call, all threads (client, coordinator, workers): %.1f (call + block_until_ready), "
         "%.1f (chained)\n"
-        "a jitted shard_map with one scalar psum over the 8 devices, call + block_until_ready: p50 %.0f us; the "
-        "same without the psum %.0f us (psum/no psum %.2fx)\n",
+        "a jitted shard_map with one scalar psum over the 8 devices (all_reduce %s on the %s path), call + "
+        "block_until_ready: p50 %.0f us; the same without the psum %.0f us (psum/no psum %.2fx)\n",
         transport, p50, p99, grpc50, p50 / grpc50, tcp50, p50 / tcp50, dispatch50, drop50, drop50 / grpc50, step50,
         step50 / grpc50, n, independent_us, chained_us, chained_us / independent_us, dropping_us,
-        chained_us / dropping_us, switches_per_call, chained_switches, psum50, no_psum50, psum50 / no_psum50);
+        chained_us / dropping_us, switches_per_call, chained_switches, psum_algorithm.c_str(), path_name(psum_path),
+        psum50, no_psum50, psum50 / no_psum50);
     std::printf(
         "issue #18 goals, this run: jit/rpc %.2fx (at most 2), chained/independent %.2fx (at most 1.2), psum/no psum "
         "%.2fx (at most 1.5)\n",

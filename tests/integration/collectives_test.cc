@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -353,16 +354,13 @@ TEST_P(ShmCollectivesTest, MatchesHostReference) {
   EXPECT_EQ(shm_messages(*client_, /*in_process=*/true), 0);
 }
 
-// A jitted shard_map holding one scalar psum over the 8 embedded devices (what bench_dispatch
-// times): every block plus the sum of the whole array, against the host's sum, and every
-// device took its messages in process.
-TEST(Collectives, AJittedScalarPsumGoesInProcessAndMatchesTheHostSum) {
-  absl::StatusOr<Client> client = Client::local(8);
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+// A jitted shard_map holding one scalar psum over the 8 devices of `client` (what bench_dispatch
+// times), called 3 times: every block plus the sum of the whole array, against the host's sum.
+void check_jitted_psum(const Client& client, uint32_t seed) {
+  absl::StatusOr<Mesh> mesh = client.make_mesh({4, 2}, {"data", "model"});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const HostArray host = small_integers(DType::kF32, {8, 8}, 5);
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("data", "model")));
+  const HostArray host = small_integers(DType::kF32, {8, 8}, seed);
+  absl::StatusOr<Array> x = client.device_put(host, NamedSharding(*mesh, P("data", "model")));
   ASSERT_TRUE(x.ok()) << x.status();
   const ShardMapped body = shard_map(
       [](const std::vector<Value>& in) {
@@ -370,8 +368,6 @@ TEST(Collectives, AJittedScalarPsumGoesInProcessAndMatchesTheHostSum) {
       },
       *mesh, {P("data", "model")}, {P("data", "model")});
   Jitted f = jit([&body](const std::vector<Value>& in) { return body(in); });
-  std::vector<int64_t> before(8);
-  for (int d = 0; d < 8; ++d) before[d] = client->device_stats(d)->in_process_messages_received;
   double total = 0;
   for (float v : host.values<float>()) total += v;
   for (int call = 0; call < 3; ++call) {
@@ -383,6 +379,15 @@ TEST(Collectives, AJittedScalarPsumGoesInProcessAndMatchesTheHostSum) {
       ASSERT_EQ(got->values<float>()[i], static_cast<float>(host.values<float>()[i] + total)) << "element " << i;
     }
   }
+}
+
+// The jitted psum on Client::local(8), and every device took its messages in process.
+TEST(Collectives, AJittedScalarPsumGoesInProcessAndMatchesTheHostSum) {
+  absl::StatusOr<Client> client = Client::local(8);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<int64_t> before(8);
+  for (int d = 0; d < 8; ++d) before[d] = client->device_stats(d)->in_process_messages_received;
+  ASSERT_NO_FATAL_FAILURE(check_jitted_psum(*client, 5));
   // The table's in-process algorithm: every device takes at least one message per call.
   for (int d = 0; d < 8; ++d) {
     absl::StatusOr<DeviceStats> stats = client->device_stats(d);
@@ -504,6 +509,29 @@ INSTANTIATE_TEST_SUITE_P(Grpc, GrpcCollectivesTest, ::testing::ValuesIn(grpc_cas
 INSTANTIATE_TEST_SUITE_P(Shm, ShmCollectivesTest, ::testing::ValuesIn(grpc_cases()),
                          [](const auto& info) { return info.param.name; });
 
+// An all_reduce over the one axis of `mesh` (n devices) of an (n, cols) f32 array of small
+// integers, one row per device, against the host's sum of the rows on every member.
+void check_all_reduce_of_rows(const Client& client, const Mesh& mesh, int64_t cols, uint32_t seed) {
+  const int n = static_cast<int>(mesh.device_ids().size());
+  const HostArray host = small_integers(DType::kF32, {n, cols}, seed);
+  absl::StatusOr<Array> x = client.device_put(host, NamedSharding(mesh, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  CollectiveSpec spec;
+  spec.kind = CollectiveKind::kAllReduce;
+  spec.groups = {mesh.device_ids()};
+  absl::StatusOr<Array> y = run_collective(*x, spec);
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::StatusOr<HostArray> got = y->fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int64_t k = 0; k < cols; ++k) {
+    float want = 0;
+    for (int r = 0; r < n; ++r) want += host.values<float>()[r * cols + k];
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(got->values<float>()[r * cols + k], want) << "device " << r << " element " << k;
+    }
+  }
+}
+
 // The all_reduce algorithms the table does not choose here (they are there to measure it
 // again), forced on every worker: groups of 8 and of 6 (recursive doubling folds the two
 // past the power of two in), on shared memory and on gRPC.
@@ -519,29 +547,38 @@ TEST(ForcedAllReduce, RecursiveDoublingAndDirectMatchTheReference) {
         absl::StatusOr<Mesh> mesh = cluster.client()->make_mesh({n}, {"x"}, ids);
         ASSERT_TRUE(mesh.ok()) << mesh.status();
         for (int64_t cols : {int64_t{3}, int64_t{5000}}) {
-          const HostArray host = small_integers(DType::kF32, {n, cols}, 11);
-          absl::StatusOr<Array> x = cluster.client()->device_put(host, NamedSharding(*mesh, P("x")));
-          ASSERT_TRUE(x.ok()) << x.status();
-          CollectiveSpec spec;
-          spec.kind = CollectiveKind::kAllReduce;
-          spec.groups = {mesh->device_ids()};
-          absl::StatusOr<Array> y = run_collective(*x, spec);
-          ASSERT_TRUE(y.ok()) << y.status();
-          absl::StatusOr<HostArray> got = y->fetch();
-          ASSERT_TRUE(got.ok()) << got.status();
-          for (int64_t k = 0; k < cols; ++k) {
-            float want = 0;
-            for (int r = 0; r < n; ++r) want += host.values<float>()[r * cols + k];
-            for (int r = 0; r < n; ++r) {
-              ASSERT_EQ(got->values<float>()[r * cols + k], want) << "device " << r << " element " << k;
-            }
-          }
+          ASSERT_NO_FATAL_FAILURE(check_all_reduce_of_rows(*cluster.client(), *mesh, cols, 11));
         }
       }
       if (shm == "true") {
         EXPECT_GT(shm_messages(*cluster.client()), 0);
       }
     }
+  }
+}
+
+// The star all_reduce (every member to rank 0, which sends the result to all), forced on
+// Client::local's embedded workers: in process and over shared memory (in_process = false),
+// on groups of 8, 6 and 3, against the host's sum; and a jitted psum against it too.
+TEST(ForcedAllReduce, StarMatchesTheReferenceInProcessAndOnSharedMemory) {
+  for (const bool in_process : {true, false}) {
+    SCOPED_TRACE(in_process ? "in process" : "shared memory");
+    LocalOptions options;
+    options.in_process = in_process;
+    options.all_reduce_algorithm = "star";
+    absl::StatusOr<Client> client = Client::local(8, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    for (const std::vector<int>& ids :
+         std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}, {5, 0, 7, 2, 3, 6}, {6, 1, 4}}) {
+      const int n = static_cast<int>(ids.size());
+      SCOPED_TRACE(absl::StrCat(n, " devices"));
+      absl::StatusOr<Mesh> mesh = client->make_mesh({n}, {"x"}, ids);
+      ASSERT_TRUE(mesh.ok()) << mesh.status();
+      for (int64_t cols : {int64_t{1}, int64_t{5000}}) {
+        ASSERT_NO_FATAL_FAILURE(check_all_reduce_of_rows(*client, *mesh, cols, 17));
+      }
+    }
+    ASSERT_NO_FATAL_FAILURE(check_jitted_psum(*client, 23));
   }
 }
 
