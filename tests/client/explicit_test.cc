@@ -758,9 +758,15 @@ TEST(ExplicitShardMap, ReshardAndOutShardingTakeExplicitAxesOnly) {
                                      "P('X', 'Y') with axis name: Y of type: Auto (in AbstractMesh('X': 2, 'Y': 4, "
                                      "axis_types=(Explicit, Auto)))")));
   for (const auto& [api, f] : std::vector<std::pair<std::string, std::function<Value(V)>>>{
-           {"matmul", [](V v) { return matmul(v[0], v[1], P(Axes{"X", "Y"}, None)); }},
+           {"matmul",
+            [](V v) {
+              return matmul(v[0], v[1], P(Axes{"X", "Y"}, None));
+            }},
            {"reshape", [](V v) { return reshape(v[0], {32}, P("Y")); }},
-           {"broadcast_to", [](V v) { return broadcast_to(v[0], {2, 8, 4}, P("Y", "X", None)); }},
+           {"broadcast_to",
+            [](V v) {
+              return broadcast_to(v[0], {2, 8, 4}, P("Y", "X", None));
+            }},
            {"iota", [](V) { return iota(DType::kI32, {8}, 0, P("Y")); }},
            {"full", [](V) { return full({8}, 1.0, DType::kF32, P("Y")); }},
            {"take", [](V v) { return take(v[0], iota(DType::kI32, {4}, 0), 0, P(None, "Y")); }},
@@ -772,9 +778,9 @@ TEST(ExplicitShardMap, ReshardAndOutShardingTakeExplicitAxesOnly) {
   // test_error_on_canonicalize_under_auto_mode: on an all-Auto mesh (the ambient one here).
   const Mesh autos = mesh_of({2, 4}, {"X", "Y"}, {});
   MeshScope scope = set_mesh(autos);
-  EXPECT_THAT(one_type(autos, in, [](V v) { return std::vector<Value>{einsum("xy,yz->xz", v[0], v[1], P("X", "Y"))}; }),
-              HasSubstr(absl::StrCat("PartitionSpec passed to einsum ", kJax,
-                                     "P('X', 'Y') with axis name: X of type: Auto")));
+  EXPECT_THAT(
+      one_type(autos, in, [](V v) { return std::vector<Value>{einsum("xy,yz->xz", v[0], v[1], P("X", "Y"))}; }),
+      HasSubstr(absl::StrCat("PartitionSpec passed to einsum ", kJax, "P('X', 'Y') with axis name: X of type: Auto")));
   EXPECT_THAT(one_type(autos, in, [](V v) { return std::vector<Value>{reshard(v[0], P("X", None))}; }),
               HasSubstr("lay Auto axes out with with_sharding_constraint"));
   EXPECT_EQ(one_type(autos, in, [](V v) { return std::vector<Value>{with_sharding_constraint(v[0], P("X", "Y"))}; }),
