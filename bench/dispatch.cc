@@ -5,7 +5,7 @@
 //
 //   bin/bench_dispatch [--iters=200] [--back_to_back=200] [--json] [--check_credentials=false]
 //                      [--in_process=false] [--profile=/tmp/dispatch.json] [--threads]
-//                      [--all_reduce_algorithm=tree|recursive_doubling|direct|star]
+//                      [--all_reduce_algorithm=tree|recursive_doubling|direct]
 //
 // Calls are asynchronous, so it times three things: a call followed by block_until_ready (the
 // latency, p50 and p99), the call alone (dispatch: how long the caller is held), and N calls
@@ -60,10 +60,9 @@ ABSL_FLAG(bool, check_credentials, true,
 ABSL_FLAG(bool, threads, false,
           "print the call + wait loop's context switches and CPU time per call by thread name (which threads a "
           "call wakes)");
-ABSL_FLAG(
-    std::string, all_reduce_algorithm, "",
-    "force the psum's all_reduce to tree, recursive_doubling, direct or star on every embedded worker (to measure "
-    "worker/collectives/algorithms.h on the in-process path); empty: the table's choice");
+ABSL_FLAG(std::string, all_reduce_algorithm, "",
+          "force the psum's all_reduce to tree, recursive_doubling or direct on every embedded worker (to measure "
+          "worker/collectives/algorithms.h on the in-process path); empty: the table's choice");
 ABSL_FLAG(bool, in_process, true,
           "the embedded cluster's channels are in-process ones (LocalOptions::in_process); false: TCP on 127.0.0.1");
 

@@ -101,7 +101,7 @@ class WorkerService final : public WorkerServiceBase {
       if (!forced.has_value() || *forced == Algorithm::kChain) {
         return absl::InvalidArgumentError(absl::StrCat("tessera-worker: --all_reduce_algorithm '",
                                                        options.all_reduce_algorithm,
-                                                       "' is none of tree, recursive_doubling, direct, star, ring"));
+                                                       "' is none of tree, recursive_doubling, direct, ring"));
       }
       transport_.force_all_reduce(forced);
     }

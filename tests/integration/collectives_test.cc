@@ -7,7 +7,6 @@
 #include <random>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -558,31 +557,6 @@ TEST(ForcedAllReduce, RecursiveDoublingAndDirectMatchTheReference) {
         EXPECT_GT(shm_messages(*cluster.client()), 0);
       }
     }
-  }
-}
-
-// The star all_reduce (every member to rank 0, which sends the result to all), forced on
-// Client::local's embedded workers: in process and over shared memory (in_process = false),
-// on groups of 8, 6 and 3, against the host's sum; and a jitted psum against it too.
-TEST(ForcedAllReduce, StarMatchesTheReferenceInProcessAndOnSharedMemory) {
-  for (const bool in_process : {true, false}) {
-    SCOPED_TRACE(in_process ? "in process" : "shared memory");
-    LocalOptions options;
-    options.in_process = in_process;
-    options.all_reduce_algorithm = "star";
-    absl::StatusOr<Client> client = Client::local(8, options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    for (const std::vector<int>& ids :
-         std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}, {5, 0, 7, 2, 3, 6}, {6, 1, 4}}) {
-      const int n = static_cast<int>(ids.size());
-      SCOPED_TRACE(absl::StrCat(n, " devices"));
-      absl::StatusOr<Mesh> mesh = client->make_mesh({n}, {"x"}, ids);
-      ASSERT_TRUE(mesh.ok()) << mesh.status();
-      for (int64_t cols : {int64_t{1}, int64_t{5000}}) {
-        ASSERT_NO_FATAL_FAILURE(check_all_reduce_of_rows(*client, *mesh, cols, 17));
-      }
-    }
-    ASSERT_NO_FATAL_FAILURE(check_jitted_psum(*client, 23));
   }
 }
 

@@ -24,7 +24,6 @@
 #include "gtest/gtest.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
-#include "worker/collectives/engine.h"
 #include "worker/collectives/shm_ring.h"
 
 namespace tessera {
@@ -675,98 +674,6 @@ TEST(TransportInProcess, TheMailboxsBoundsStillApply) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("--mailbox_bytes_per_peer"));
   EXPECT_EQ(b.dropped_messages(), 1);
-}
-
-// The star all_reduce (worker/collectives/engine.cc) on 8 transports serving in process.
-class StarAllReduceTest : public ::testing::Test {
- protected:
-  static constexpr int kN = 8;
-  void SetUp() override {
-    for (int d = 0; d < kN; ++d) {
-      peers_[d] = absl::StrCat("in-process:", 60100 + d);
-      transports_.push_back(std::make_unique<Transport>());
-      transports_[d]->set_self(d);
-      transports_[d]->force_all_reduce(Algorithm::kStar);
-      ASSERT_TRUE(transports_[d]->serve_in_process(peers_[d]).ok());
-      inputs_.push_back(std::make_shared<const HostArray>(
-          HostArray::from_vector<float>({2}, {static_cast<float>(d + 1), static_cast<float>(10 * d - 3)})));
-    }
-    spec_.kind = CollectiveKind::kAllReduce;
-    spec_.groups = {{0, 1, 2, 3, 4, 5, 6, 7}};
-  }
-  CollectiveRun run(uint64_t op, int d, std::function<bool()> cancelled = nullptr) {
-    CollectiveRun r;
-    r.op = op;
-    r.spec = spec_;
-    r.peers = peers_;
-    r.self = d;
-    r.start = absl::Now();
-    r.deadline = absl::Now() + absl::Seconds(30);
-    r.cancelled = std::move(cancelled);
-    return r;
-  }
-
-  std::map<int, std::string> peers_;
-  std::vector<std::unique_ptr<Transport>> transports_;
-  std::vector<std::shared_ptr<const HostArray>> inputs_;
-  CollectiveSpec spec_;
-};
-
-// Every member ends with the host's sum, in 2(n-1) messages; then a member that goes while
-// the op runs (after the root began it, before sending its contribution) fails the root at
-// once, UNAVAILABLE naming it (not at the deadline), and the members waiting for the root end
-// when cancelled, as the coordinator cancels the rest of a failed call.
-TEST_F(StarAllReduceTest, MatchesTheHostSumAndAMemberGoneMidOpFailsTheRootNamingIt) {
-  std::vector<float> want(2, 0.0f);
-  for (const auto& in : inputs_) {
-    for (int k = 0; k < 2; ++k) want[k] += in->values<float>()[k];
-  }
-  {
-    std::vector<absl::StatusOr<std::shared_ptr<const HostArray>>> outs(kN, absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    for (int d = 0; d < kN; ++d) {
-      threads.emplace_back([&, d] { outs[d] = run_collective(*transports_[d], run(700, d), inputs_[d]); });
-    }
-    for (std::thread& t : threads) t.join();
-    int64_t received = 0;
-    for (int d = 0; d < kN; ++d) {
-      ASSERT_TRUE(outs[d].ok()) << "device " << d << ": " << outs[d].status();
-      EXPECT_EQ((*outs[d])->values<float>()[0], want[0]) << "device " << d;
-      EXPECT_EQ((*outs[d])->values<float>()[1], want[1]) << "device " << d;
-      transports_[d]->finish_op(700);
-      EXPECT_EQ(transports_[d]->pending_messages(), 0) << "device " << d;
-      received += transports_[d]->in_process_messages_received();
-    }
-    EXPECT_EQ(received, 2 * (kN - 1));
-  }
-  constexpr int kGone = 5;
-  std::atomic<bool> cancelled{false};
-  std::vector<absl::StatusOr<std::shared_ptr<const HostArray>>> outs(kN, absl::UnknownError("not run"));
-  std::vector<CollectiveRun> runs;
-  for (int d = 0; d < kN; ++d) runs.push_back(run(701, d, [&] { return cancelled.load(); }));
-  const absl::Time start = absl::Now();
-  absl::Time root_failed_at;
-  std::vector<std::thread> threads;
-  for (int d = 0; d < kN; ++d) {
-    if (d == kGone) continue;
-    threads.emplace_back([&, d] {
-      outs[d] = run_collective(*transports_[d], runs[d], inputs_[d]);
-      if (d == 0) {
-        root_failed_at = absl::Now();
-        cancelled = true;
-      }
-    });
-  }
-  transports_[kGone].reset();  // its worker stopped, after the op began everywhere else
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ(outs[0].status().code(), absl::StatusCode::kUnavailable) << outs[0].status();
-  EXPECT_THAT(std::string(outs[0].status().message()),
-              HasSubstr("device 5 (in-process:60105) went away during op 701"));
-  EXPECT_LT(root_failed_at - start, absl::Seconds(10)) << "the root waited out the deadline";
-  for (int d = 1; d < kN; ++d) {
-    if (d == kGone) continue;
-    EXPECT_EQ(outs[d].status().code(), absl::StatusCode::kCancelled) << "device " << d << ": " << outs[d].status();
-  }
 }
 
 }  // namespace

@@ -27,7 +27,6 @@ enum class Algorithm {
   kTree,               // all_reduce: binomial reduce to rank 0, broadcast back (2 log2 n rounds)
   kRecursiveDoubling,  // all_reduce: log2 n rounds of pairwise exchange
   kDirect,             // one message to each peer, one round
-  kStar,               // all_reduce: every member to rank 0, which sends the result to all (2 rounds)
   kRing,               // bandwidth-optimal ring, pipelined in chunks
   kChain,              // broadcast: pipelined chain from the root
 };
@@ -52,8 +51,6 @@ inline const char* algorithm_name(Algorithm a) {
       return "recursive_doubling";
     case Algorithm::kDirect:
       return "direct";
-    case Algorithm::kStar:
-      return "star";
     case Algorithm::kRing:
       return "ring";
     case Algorithm::kChain:
@@ -63,8 +60,8 @@ inline const char* algorithm_name(Algorithm a) {
 }
 
 inline std::optional<Algorithm> algorithm_from_name(const std::string& name) {
-  for (Algorithm a : {Algorithm::kTree, Algorithm::kRecursiveDoubling, Algorithm::kDirect, Algorithm::kStar,
-                      Algorithm::kRing, Algorithm::kChain}) {
+  for (Algorithm a :
+       {Algorithm::kTree, Algorithm::kRecursiveDoubling, Algorithm::kDirect, Algorithm::kRing, Algorithm::kChain}) {
     if (name == algorithm_name(a)) return a;
   }
   return std::nullopt;

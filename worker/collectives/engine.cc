@@ -252,7 +252,6 @@ using ArrayPtr = std::shared_ptr<const HostArray>;
 // Each algorithm's messages use steps of their own (see algorithms.h); the tree's are below 100.
 constexpr int kRecursiveDoublingStep = 100;
 constexpr int kDirectAllReduceStep = 200;
-constexpr int kStarStep = 300;
 
 // Recursive doubling: the p = 2^floor(log2 n) first ranks exchange whole buffers with the
 // rank that differs in bit k, for each bit (log2 p rounds, one message each way per round);
@@ -313,39 +312,6 @@ absl::StatusOr<ArrayPtr> direct_all_reduce(Group& g, ReduceOp op, const ArrayPtr
   return out;
 }
 
-// Star: every member sends its buffer to rank 0, which reduces the n buffers in rank order and
-// sends the result to every member at once: the tree's 2(n-1) messages in 2 rounds instead of
-// 2 log2 n (one wake-up of each member, after the root's last receive). Everyone gets rank 0's
-// bytes: bitwise the same result. Sends are zero-copy: `in` and the root's result never change
-// after they are sent.
-absl::StatusOr<ArrayPtr> star_all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
-  const DType dtype = in->dtype();
-  const int64_t bytes = in->nbytes();
-  const int n = g.n(), r = g.rank();
-  constexpr int kGather = kStarStep, kScatter = kStarStep + 1;
-  auto out = std::make_shared<HostArray>(dtype, in->shape());
-  if (r != 0) {
-    TESSERA_RETURN_IF_ERROR(g.send(0, kGather, 0, in->data(), bytes, in));
-    TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(0, kScatter, 0, bytes));
-    data.copy_to(out->data());
-    return out;
-  }
-  std::memcpy(out->data(), in->data(), static_cast<size_t>(bytes));
-  for (int j = 1; j < n; ++j) {
-    TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(j, kGather, 0, bytes));
-    data.reduce_into(dtype, op, out->data());
-  }
-  // Every member that can take the result gets it, even past one that cannot (it went away):
-  // the op fails here naming that one, and the others need not wait to be cancelled.
-  absl::Status failed;
-  for (int j = 1; j < n; ++j) {
-    absl::Status sent = g.send(j, kScatter, 0, out->data(), bytes, out);
-    if (failed.ok()) failed = std::move(sent);
-  }
-  if (!failed.ok()) return failed;
-  return out;
-}
-
 absl::StatusOr<ArrayPtr> all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
   const DType dtype = in->dtype();
   const int64_t bytes = in->nbytes();
@@ -353,7 +319,6 @@ absl::StatusOr<ArrayPtr> all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
   const Algorithm algorithm = g.choose(CollectiveKind::kAllReduce, bytes);
   if (algorithm == Algorithm::kRecursiveDoubling) return recursive_doubling_all_reduce(g, op, in);
   if (algorithm == Algorithm::kDirect) return direct_all_reduce(g, op, in);
-  if (algorithm == Algorithm::kStar) return star_all_reduce(g, op, in);
   if (algorithm == Algorithm::kTree) {
     // Binomial tree: reduce to rank 0 in ceil(log2 n) rounds, then broadcast back down the
     // same tree: 2(n-1) messages, where recursive doubling sends n log2 n (14 against 24 on 8
