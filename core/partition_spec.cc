@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/axis_set_repr.h"
 
 namespace tessera {
 namespace {
@@ -18,13 +19,6 @@ std::vector<std::string> axis_set(std::vector<std::string> axes) {
   std::sort(axes.begin(), axes.end());
   axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
   return axes;
-}
-
-// Python's repr of a set of names, sorted: {'X', 'Y'}.
-std::string set_repr(const std::vector<std::string>& axes) {
-  return absl::StrCat(
-      "{", absl::StrJoin(axes, ", ", [](std::string* out, const std::string& a) { absl::StrAppend(out, "'", a, "'"); }),
-      "}");
 }
 
 // Python's repr of the entries' tuple, as partition_spec.py prints it in its messages.
@@ -52,9 +46,9 @@ absl::Status PartitionSpec::check() const {
   // jax/_src/partition_spec.py, _check (its words; its sets printed sorted).
   for (const std::string& u : unreduced_) {
     if (std::binary_search(reduced_.begin(), reduced_.end(), u)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "`unreduced` and `reduced` argument to PartitionSpec cannot overlap. Got unreduced: ", set_repr(unreduced_),
-          " and reduced: ", set_repr(reduced_)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("`unreduced` and `reduced` argument to PartitionSpec cannot overlap. Got unreduced: ",
+                       axis_set_repr(unreduced_), " and reduced: ", axis_set_repr(reduced_)));
     }
   }
   for (const Axes& axes : dims_) {
@@ -62,12 +56,12 @@ absl::Status PartitionSpec::check() const {
       if (std::binary_search(unreduced_.begin(), unreduced_.end(), a)) {
         return absl::InvalidArgumentError(
             absl::StrCat("partitions cannot overlap with unreduced axes passed to PartitionSpec. Got partitions: ",
-                         partitions_repr(dims_), " and unreduced axes: ", set_repr(unreduced_)));
+                         partitions_repr(dims_), " and unreduced axes: ", axis_set_repr(unreduced_)));
       }
       if (std::binary_search(reduced_.begin(), reduced_.end(), a)) {
         return absl::InvalidArgumentError(
             absl::StrCat("partitions cannot overlap with reduced axes passed to PartitionSpec. Got partitions: ",
-                         partitions_repr(dims_), " and reduced axes: ", set_repr(reduced_)));
+                         partitions_repr(dims_), " and reduced axes: ", axis_set_repr(reduced_)));
       }
     }
   }
@@ -104,8 +98,8 @@ std::string PartitionSpec::to_string() const {
   // when unreduced is not empty): "P('x', unreduced={'y'}, unreduced_kind=sum)".
   std::vector<std::string> extra;
   if (!entries.empty()) extra.push_back(tail.empty() ? entries : parts[0]);
-  if (!unreduced_.empty()) extra.push_back(absl::StrCat("unreduced=", set_repr(unreduced_)));
-  if (!reduced_.empty()) extra.push_back(absl::StrCat("reduced=", set_repr(reduced_)));
+  if (!unreduced_.empty()) extra.push_back(absl::StrCat("unreduced=", axis_set_repr(unreduced_)));
+  if (!reduced_.empty()) extra.push_back(absl::StrCat("reduced=", axis_set_repr(reduced_)));
   if (!unreduced_.empty()) extra.push_back("unreduced_kind=sum");
   return absl::StrCat("P(", absl::StrJoin(extra, ", "), ")");
 }

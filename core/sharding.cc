@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/axis_set_repr.h"
 #include "core/status.h"
 
 namespace tessera {
@@ -44,7 +45,7 @@ absl::Status NamedSharding::validate_spec() const {
       if (mesh_.axis_types()[i] != AxisType::kExplicit) {
         return absl::InvalidArgumentError(absl::StrCat(
             what, " axes can only refer to mesh axes that is of type `Explicit`. Got ", absl::AsciiStrToLower(what),
-            " axes: frozenset({'", absl::StrJoin(axes, "', '"), "'}) and mesh: ", mesh_.to_string()));
+            " axes: frozenset(", axis_set_repr(axes), ") and mesh: ", mesh_.to_string()));
       }
     }
     return absl::OkStatus();

@@ -202,8 +202,8 @@ std::string branch_type_mismatch(absl::string_view api, absl::string_view name1,
                       " and/or ", name2, " so that all output types match.");
 }
 
-absl::Span<const std::pair<Op, TypeRule>> control_type_rules() {
-  static const std::pair<Op, TypeRule> kRules[] = {
+absl::Span<const ExplicitRule> control_type_rules() {
+  static const ExplicitRule kRules[] = {
       {Op::kScan, scan},
       {Op::kWhile, while_loop},
       {Op::kSwitch, switch_},

@@ -4,9 +4,14 @@
 // ambiguous (all-reduce to a replicated result, or reduce-scatter to a split one), an error
 // unless the call gives out_sharding. The result is batch, lhs free, rhs free, each keeping
 // its operand's split. With out_sharding nothing is checked: the result is out_sharding.
+// Its unreduced rule is _dot_general_unreduced_rule: an unreduced out_sharding over the
+// contracting splits leaves each device's partial sum.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/explicit/rules.h"
+#include "core/axis_set_repr.h"
 
 namespace tessera::internal {
 namespace {
@@ -72,10 +77,50 @@ TypeRuleResult dot_general(const TypeRuleCall& c) {
   return r;
 }
 
+// No unreduced operand; an unreduced out_sharding must name exactly the axes the contracting
+// dimensions are split over, alike on both operands (jax/_src/lax/lax.py,
+// _dot_general_unreduced_rule, its words).
+UnreducedRuleResult dot_general_unreduced(const TypeRuleCall& c) {
+  UnreducedRuleResult r;
+  if (!c.operands[0].unreduced.empty() || !c.operands[1].unreduced.empty()) {
+    r.error = "lhs or rhs passed to dot_general cannot be unreduced";
+    r.fix = kReduceFirstFix;
+    return r;
+  }
+  if (!c.out_sharding_given || c.out_unreduced.empty()) return r;
+  const DotDims& dd = c.node.attrs<DotAttrs>().dims;
+  std::vector<std::string> contracted, lhs, rhs;
+  for (size_t i = 0; i < dd.lhs_contracting.size(); ++i) {
+    const Axes& a = c.operands[0].spec[dd.lhs_contracting[i]];
+    const Axes& b = c.operands[1].spec[dd.rhs_contracting[i]];
+    lhs.push_back(a.empty() ? "None" : axes_to_string(a));
+    rhs.push_back(b.empty() ? "None" : axes_to_string(b));
+    if (a != b) {
+      r.error = absl::StrCat(
+          "lhs and rhs contracting dims should be sharded identically when out_sharding provided to dot_general "
+          "mentions unreduced_axes. Got lhs_contracting_spec=(",
+          absl::StrJoin(lhs, ", "), "), rhs_contracting_spec=(", absl::StrJoin(rhs, ", "), ")");
+      r.fix = "reshard one operand to the other's contracting sharding (reshard(x, P(...)))";
+      return r;
+    }
+    contracted.insert(contracted.end(), a.begin(), a.end());
+  }
+  std::sort(contracted.begin(), contracted.end());
+  if (contracted != c.out_unreduced) {
+    r.error =
+        absl::StrCat("out_sharding's unreduced axes should be equal to the contracting specs. Got unreduced axes=",
+                     axis_set_repr(c.out_unreduced), " and contracting specs over ", axis_set_repr(contracted));
+    r.fix = "name in unreduced={...} exactly the mesh axes the contracting dimensions are split over";
+    return r;
+  }
+  r.unreduced = c.out_unreduced;
+  return r;
+}
+
 }  // namespace
 
-absl::Span<const std::pair<Op, TypeRule>> dot_type_rules() {
-  static const std::pair<Op, TypeRule> kRules[] = {{Op::kDotGeneral, dot_general}};
+absl::Span<const ExplicitRule> dot_type_rules() {
+  static const ExplicitRule kRules[] = {{Op::kDotGeneral, dot_general, dot_general_unreduced}};
   return kRules;
 }
 

@@ -2,22 +2,110 @@
 // binary, comparisons, select, convert, ...). As JAX's broadcasting_sharding_rule
 // (jax/_src/lax/lax.py): the operands (of one shape: the tracer broadcasts first) must agree
 // dimension by dimension; an unsplit dimension meets any split, two different splits are an
-// error.
+// error. Unreduced rules (lax.py's `ur_rule=`): add keeps operands unreduced alike
+// (_add_ur_rule), convert keeps its operand's (_convert_element_type_ur_rule; to a float type
+// of 32 bits or more only), mul and div take
+// an unreduced operand only beside one reduced over the same axes (_mul_ur_rule, _div_ur_rule),
+// which Tessera, having no reduced types yet, never has; the other ops (sub, neg, cos, ...:
+// nary_ur_rule / unop_ur_rule) have none.
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
+#include "core/axis_set_repr.h"
 
 namespace tessera::internal {
 namespace {
 
 TypeRuleResult elementwise(const TypeRuleCall& c) { return consensus(c); }
 
+std::string type_of(const TypedOperand& o) { return type_string(o.dtype, o.shape, o.spec, o.unreduced); }
+
+constexpr const char* kNoReducedTypesFix =
+    "Tessera has no reduced types (P(..., reduced={...})) yet: reshard the unreduced operand first (reshard(x, "
+    "P(...)) runs its sum)";
+
+// Both unreduced alike, or neither.
+UnreducedRuleResult add(const TypeRuleCall& c) {
+  const std::vector<std::string>&x = c.operands[0].unreduced, &y = c.operands[1].unreduced;
+  UnreducedRuleResult r;
+  if (x == y) {
+    r.unreduced = x;
+  } else if (!x.empty() && !y.empty()) {
+    r.error =
+        absl::StrCat("lhs and rhs to `add` must be unreduced along the same mesh axes. Got lhs=", axis_set_repr(x),
+                     ", rhs=", axis_set_repr(y));
+    r.fix = kReduceFirstFix;
+  } else {
+    const char* u = x.empty() ? "rhs" : "lhs";
+    const char* other = x.empty() ? "lhs" : "rhs";
+    r.error = absl::StrCat(u, " is unreduced while ", other,
+                           " is not. `add` operation does not allow this because there will be implicit "
+                           "communication");
+    r.fix = absl::StrCat("reduce ", u, " via `reshard` (reshard(x, P(...))) before calling `add`");
+  }
+  return r;
+}
+
+// mul is bilinear: an unreduced factor needs the other reduced over the same axes.
+UnreducedRuleResult mul(const TypeRuleCall& c) {
+  const TypedOperand &x = c.operands[0], &y = c.operands[1];
+  UnreducedRuleResult r;
+  if (!x.unreduced.empty() && !y.unreduced.empty()) {
+    r.error = absl::StrCat("lhs and rhs to `mul` cannot be unreduced since mul is bilinear. Got lhs=",
+                           axis_set_repr(x.unreduced), ", rhs=", axis_set_repr(y.unreduced));
+    r.fix = kReduceFirstFix;
+  } else if (!x.unreduced.empty() || !y.unreduced.empty()) {
+    const bool left = !x.unreduced.empty();
+    r.error = absl::StrCat(left ? "RHS" : "LHS", " should be reduced along the same axes ", left ? "LHS" : "RHS",
+                           " is unreduced on. Got lhs=", type_of(x), " and rhs=", type_of(y));
+    r.fix = kNoReducedTypesFix;
+  }
+  return r;
+}
+
+UnreducedRuleResult div(const TypeRuleCall& c) {
+  const TypedOperand &x = c.operands[0], &y = c.operands[1];
+  UnreducedRuleResult r;
+  if (!y.unreduced.empty()) {
+    r.error = absl::StrCat("The denominator cannot be unreduced passed to `div`. Got y=", type_of(y));
+    r.fix = kReduceFirstFix;
+  } else if (!x.unreduced.empty()) {
+    r.error =
+        absl::StrCat("Denominator should be reduced along the same axes numerator is unreduced on. Got x=", type_of(x),
+                     ", y=", type_of(y));
+    r.fix = kNoReducedTypesFix;
+  }
+  return r;
+}
+
+// A cast keeps the sum pending (_convert_element_type_ur_rule), here between float types of 32
+// bits or more: the compiler sums before a cast to an integer or half type, where casting each
+// term would change the sum (coordinator/compiler/rules_elementwise.cc), so those refuse.
+UnreducedRuleResult convert(const TypeRuleCall& c) {
+  const TypedOperand& x = c.operands[0];
+  UnreducedRuleResult r{x.unreduced, "", ""};
+  const DType to = c.node.dtype;
+  if (!x.unreduced.empty() && !(is_floating(x.dtype) && is_floating(to) && !is_half(to))) {
+    r.error = absl::StrCat("casting an unreduced value to ", dtype_name(to),
+                           " would cast each device's term, not their sum (Tessera keeps a sum pending through "
+                           "casts between float types of 32 bits or more only)");
+    r.fix = kReduceFirstFix;
+  }
+  return r;
+}
+
 }  // namespace
 
-absl::Span<const std::pair<Op, TypeRule>> elementwise_type_rules() {
-  static const std::vector<std::pair<Op, TypeRule>> kRules = [] {
-    std::vector<std::pair<Op, TypeRule>> rules;
+absl::Span<const ExplicitRule> elementwise_type_rules() {
+  static const std::vector<ExplicitRule> kRules = [] {
+    static const std::pair<Op, UnreducedRule> kUnreduced[] = {
+        {Op::kAdd, add}, {Op::kMul, mul}, {Op::kDiv, div}, {Op::kConvert, convert}};
+    std::vector<ExplicitRule> rules;
     for (const OpDef& def : op_table()) {
-      if (def.traits & kElementwise) rules.push_back({def.op, elementwise});
+      if (!(def.traits & kElementwise)) continue;
+      rules.push_back({def.op, elementwise});
+      for (const auto& [op, rule] : kUnreduced) {
+        if (op == def.op) rules.back().unreduced = rule;
+      }
     }
     return rules;
   }();

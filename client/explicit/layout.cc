@@ -6,12 +6,17 @@
 // slice, dynamic_slice and pad keep the operand's sharding when each changed split dimension
 // still divides (slicing.py's _get_sharding_for_varying_out_shape, and lax.py's
 // _pad_sharding_rule), dynamic_update_slice needs the update laid out as the operand
-// (_dynamic_update_slice_sharding_rule).
+// (_dynamic_update_slice_sharding_rule). Unreduced rules: transpose and reshape move each
+// device's term as they move the value, so an unreduced operand's result is unreduced alike
+// (lax.py's _transpose_ur_rule, _reshape_unreduced_rule). The compiler keeps the pending sum
+// through both (coordinator/compiler/rules_layout.cc); it sums it before broadcast_in_dim and
+// concatenate, so those (which JAX lets through) refuse an unreduced operand for now.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/explicit/rules.h"
+#include "core/axis_set_repr.h"
 
 namespace tessera::internal {
 namespace {
@@ -121,20 +126,55 @@ TypeRuleResult reshape(const TypeRuleCall& c) {
   return r;
 }
 
+// jax/_src/lax/lax.py, _transpose_ur_rule: the operand's unreduced axes.
+UnreducedRuleResult transpose_unreduced(const TypeRuleCall& c) {
+  return UnreducedRuleResult{c.operands[0].unreduced, "", ""};
+}
+
+// jax/_src/lax/lax.py, _reshape_unreduced_rule: the operand's unreduced axes; an out_sharding
+// must name the same ones.
+UnreducedRuleResult reshape_unreduced(const TypeRuleCall& c) {
+  const TypedOperand& x = c.operands[0];
+  UnreducedRuleResult r{x.unreduced, "", ""};
+  if (!x.unreduced.empty() && c.out_sharding_given && c.out_unreduced != x.unreduced) {
+    r.error = absl::StrCat(
+        "out_sharding passed to reshape must be unreduced over the same mesh axes as operand. Got out_sharding's "
+        "unreduced axes ",
+        axis_set_repr(c.out_unreduced), " and operand type: ", type_string(x.dtype, x.shape, x.spec, x.unreduced));
+    r.fix = absl::StrCat("give out_sharding=P(..., unreduced=", axis_set_repr(x.unreduced),
+                         "), or reshard the operand first (reshard(x, P(...)) runs its sum)");
+  }
+  return r;
+}
+
+// broadcast_in_dim and concatenate: JAX keeps an unreduced operand's axes
+// (_broadcast_in_dim_ur_rule, _concatenate_unreduced_rule), but the compiler sums a pending
+// reduction before them (rules_layout.cc: at the smaller shape), so an unreduced operand is
+// refused rather than typed one way and computed another.
+UnreducedRuleResult summed_before(const TypeRuleCall& c) {
+  UnreducedRuleResult r;
+  for (const TypedOperand& o : c.operands) {
+    if (o.unreduced.empty()) continue;
+    r.error = absl::StrCat(op_name(c.node.op),
+                           " of an unreduced operand is not built yet: JAX keeps it unreduced, Tessera's compiler "
+                           "would sum it before the op");
+    r.fix = kReduceFirstFix;
+    return r;
+  }
+  return r;
+}
+
 }  // namespace
 
 TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shape& out) {
   return varying_shape(mesh, x, out, "padding");
 }
 
-absl::Span<const std::pair<Op, TypeRule>> layout_type_rules() {
-  static const std::pair<Op, TypeRule> kRules[] = {
-      {Op::kTranspose, transpose},
-      {Op::kBroadcastInDim, broadcast_in_dim},
-      {Op::kReshape, reshape},
-      {Op::kSlice, slice},
-      {Op::kConcatenate, concatenate},
-      {Op::kDynamicSlice, dynamic_slice},
+absl::Span<const ExplicitRule> layout_type_rules() {
+  static const ExplicitRule kRules[] = {
+      {Op::kTranspose, transpose, transpose_unreduced}, {Op::kBroadcastInDim, broadcast_in_dim, summed_before},
+      {Op::kReshape, reshape, reshape_unreduced},       {Op::kSlice, slice},
+      {Op::kConcatenate, concatenate, summed_before},   {Op::kDynamicSlice, dynamic_slice},
       {Op::kDynamicUpdateSlice, dynamic_update_slice},
   };
   return kRules;

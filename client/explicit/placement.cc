@@ -7,6 +7,7 @@
 // indexes; a scatter is the gather's rule in reverse (below).
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
+#include "core/axis_set_repr.h"
 
 namespace tessera::internal {
 namespace {
@@ -15,6 +16,25 @@ TypeRuleResult constraint(const TypeRuleCall& c) {
   return TypeRuleResult{
       type_spec_of(c.node.attrs<ShardingAttrs>().sharding.spec(), c.mesh, static_cast<int>(c.node.shape.size())), "",
       ""};
+}
+
+// A constraint's unreduced axes are its spec's: the operand's own (a layout change), or none
+// (the sum runs: the compiler's all-reduce, or reduce-scatter onto a split dimension). Tessera
+// makes unreduced values only as a contraction's partial sums, so a constraint onto other
+// unreduced axes is refused (JAX's reshard of a replicated value onto unreduced axes is not
+// built; docs/design.md).
+UnreducedRuleResult constraint_unreduced(const TypeRuleCall& c) {
+  const PartitionSpec& spec = c.node.attrs<ShardingAttrs>().sharding.spec();
+  const std::vector<std::string>& from = c.operands[0].unreduced;
+  UnreducedRuleResult r{spec.unreduced(), "", ""};
+  if (r.unreduced.empty() || r.unreduced == from) return r;
+  r.error = absl::StrCat("resharding to ", spec.to_string(), " makes an unreduced value from one unreduced over ",
+                         from.empty() ? std::string("no axis") : axis_set_repr(from),
+                         "; Tessera makes unreduced values only as a contraction's partial sums");
+  r.fix =
+      "give the contraction out_sharding=P(..., unreduced={...}) (dot_general, matmul, einsum), or reshard to the "
+      "operand's own unreduced axes";
+  return r;
 }
 
 TypeRuleResult sharding_as(const TypeRuleCall& c) { return TypeRuleResult{c.operands[1].spec, "", ""}; }
@@ -84,9 +104,9 @@ TypeRuleResult scatter(const TypeRuleCall& c) {
 
 }  // namespace
 
-absl::Span<const std::pair<Op, TypeRule>> placement_type_rules() {
-  static const std::pair<Op, TypeRule> kRules[] = {
-      {Op::kShardingConstraint, constraint},
+absl::Span<const ExplicitRule> placement_type_rules() {
+  static const ExplicitRule kRules[] = {
+      {Op::kShardingConstraint, constraint, constraint_unreduced},
       {Op::kShardingAs, sharding_as},
       {Op::kConstant, unsplit},
       {Op::kIota, unsplit},

@@ -8,11 +8,11 @@
 
 namespace tessera::internal {
 
-TypeRule find_type_rule(Op op) {
+const ExplicitRule* find_explicit_rule(Op op) {
   for (auto family : {elementwise_type_rules, layout_type_rules, reduction_type_rules, dot_type_rules,
                       placement_type_rules, sort_type_rules, control_type_rules, shard_map_type_rules}) {
-    for (const auto& [o, rule] : family()) {
-      if (o == op) return rule;
+    for (const ExplicitRule& rule : family()) {
+      if (rule.op == op) return &rule;
     }
   }
   return nullptr;
@@ -96,8 +96,8 @@ absl::StatusOr<TypeSpec> result_type_spec(const TypeRuleCall& call) {
     return type_rule_error(op_name(n.op), call.operands, TypeRuleResult{{}, what, fix});
   };
   TypeRuleResult r;
-  if (TypeRule rule = find_type_rule(n.op)) {
-    r = rule(call);
+  if (const ExplicitRule* rule = find_explicit_rule(n.op)) {
+    r = rule->type(call);
   } else {
     // No rule yet: replicated operands give a replicated result, anything else is refused
     // rather than guessed.

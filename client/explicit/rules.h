@@ -4,7 +4,9 @@
 // (docs/notebooks/explicit-sharding.md, "Sharding rules and operations with ambiguous
 // sharding"; jax/_src/lax/lax.py's broadcasting_sharding_rule and _dot_general_sharding_rule),
 // one file per op family as the compiler's rules are: explicit/{elementwise,layout,reduction,
-// dot,placement,sort,control,shard_map}.cc. Internal to the client library.
+// dot,placement,sort,control,shard_map}.cc. Each family registers, per op, its type rule and,
+// for the ops an unreduced value (`f32[8,4]{U:Y}`) may go through, its unreduced rule (JAX's
+// `ur_rule`s), as ExplicitRule entries. Internal to the client library.
 #ifndef TESSERA_CLIENT_EXPLICIT_RULES_H_
 #define TESSERA_CLIENT_EXPLICIT_RULES_H_
 
@@ -55,17 +57,36 @@ struct TypeRuleResult {
 };
 using TypeRule = TypeRuleResult (*)(const TypeRuleCall&);
 
+// An unreduced rule's answer (JAX's `ur_rule`s, jax/_src/lax/lax.py): the result's unreduced
+// axes (sorted), or what is wrong and how to fix it, worded as type_rule_error prints them.
+struct UnreducedRuleResult {
+  std::vector<std::string> unreduced;
+  std::string error;
+  std::string fix;
+};
+using UnreducedRule = UnreducedRuleResult (*)(const TypeRuleCall&);
+
+// One op's explicit-mode rules as its family registers them, as JAX's standard_primitive takes
+// sharding_rule= and ur_rule=: the type rule, and the unreduced rule, or none (null: the op
+// refuses an unreduced operand, as JAX's unop_ur_rule / nary_ur_rule do).
+struct ExplicitRule {
+  Op op;
+  TypeRule type;
+  UnreducedRule unreduced = nullptr;
+};
+
 // The families' rules.
-absl::Span<const std::pair<Op, TypeRule>> elementwise_type_rules();
-absl::Span<const std::pair<Op, TypeRule>> layout_type_rules();
-absl::Span<const std::pair<Op, TypeRule>> reduction_type_rules();
-absl::Span<const std::pair<Op, TypeRule>> dot_type_rules();
-absl::Span<const std::pair<Op, TypeRule>> placement_type_rules();
-absl::Span<const std::pair<Op, TypeRule>> sort_type_rules();
-absl::Span<const std::pair<Op, TypeRule>> control_type_rules();
-absl::Span<const std::pair<Op, TypeRule>> shard_map_type_rules();
-// The rule of `op`, or null when it has none yet (then only replicated operands are accepted).
-TypeRule find_type_rule(Op op);
+absl::Span<const ExplicitRule> elementwise_type_rules();
+absl::Span<const ExplicitRule> layout_type_rules();
+absl::Span<const ExplicitRule> reduction_type_rules();
+absl::Span<const ExplicitRule> dot_type_rules();
+absl::Span<const ExplicitRule> placement_type_rules();
+absl::Span<const ExplicitRule> sort_type_rules();
+absl::Span<const ExplicitRule> control_type_rules();
+absl::Span<const ExplicitRule> shard_map_type_rules();
+// The rules of `op`, or null when it has none yet (then only replicated operands are accepted,
+// and no unreduced one).
+const ExplicitRule* find_explicit_rule(Op op);
 
 // The rules of the composites (client/lax.cc), each on its operand's type, in its family's
 // file: top_k (sort.cc), the cumulative reductions (reduction.cc), pad (layout.cc: the
@@ -112,13 +133,10 @@ absl::Status type_rule_error(absl::string_view name, const std::vector<TypedOper
 // axis twice). INVALID_ARGUMENT "<op>: <what> (operands f32[8@X,4], f32[8@Y,4]); <fix>".
 absl::StatusOr<TypeSpec> result_type_spec(const TypeRuleCall& call);
 
-// The unreduced axes of `call`'s result, after JAX's unreduced rules (jax/_src/lax/lax.py:
-// _add_ur_rule, _dot_general_unreduced_rule, unop_ur_rule; explicit/unreduced.cc): a
-// constraint (reshard) gives its spec's, from the operand's own or from none (then the sum
-// runs: all-reduce or reduce-scatter); dot_general with an unreduced out_sharding over the
-// contracting splits leaves the partial sums; add and sub of equally unreduced operands stay
-// unreduced; any other op of an unreduced operand is INVALID_ARGUMENT naming the op, the
-// operand's type and the fix (reshard it first).
+// The unreduced axes of `call`'s result: the op's unreduced rule (registered beside its type
+// rule, in its family's file), or, for an op without one, none, and an unreduced operand is
+// INVALID_ARGUMENT "<op>: unreduced rule for <op> is not implemented ... (operand
+// f32[8,4]{U:Y}); reshard the unreduced operand first ..." (JAX's unop_ur_rule / nary_ur_rule).
 absl::StatusOr<std::vector<std::string>> result_unreduced(const TypeRuleCall& call);
 
 // `spec` of a value of rank `rank` as its type sees it: padded to the rank, only Explicit axes
@@ -144,6 +162,9 @@ TypeRuleResult consensus(const TypeRuleCall& call);
 
 // Shared by the families: "reshard(x, P(...)) an operand first" and friends.
 inline constexpr const char* kReshardFix = "reshard an operand first (reshard(x, P(...)))";
+inline constexpr const char* kReduceFirstFix =
+    "reshard the unreduced operand first (reshard(x, P(...)) runs its sum: an all-reduce, or a reduce-scatter onto a "
+    "split dimension)";
 
 }  // namespace tessera::internal
 

@@ -83,8 +83,8 @@ TypeRuleResult shard_map_in_type_rule(const TypedOperand& x, const NamedSharding
   return r;
 }
 
-absl::Span<const std::pair<Op, TypeRule>> shard_map_type_rules() {
-  static const std::pair<Op, TypeRule> kRules[] = {
+absl::Span<const ExplicitRule> shard_map_type_rules() {
+  static const ExplicitRule kRules[] = {
       {Op::kShardMapIn, shard_map_in},
       {Op::kShardMapOut, shard_map_out},
   };

@@ -35,8 +35,8 @@ TypeRuleResult top_k_type_rule(const TypedOperand& x, int64_t axis) {
   return r;
 }
 
-absl::Span<const std::pair<Op, TypeRule>> sort_type_rules() {
-  static const std::pair<Op, TypeRule> kRules[] = {{Op::kArgsort, argsort}, {Op::kArgsortDescending, argsort}};
+absl::Span<const ExplicitRule> sort_type_rules() {
+  static const ExplicitRule kRules[] = {{Op::kArgsort, argsort}, {Op::kArgsortDescending, argsort}};
   return kRules;
 }
 

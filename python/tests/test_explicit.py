@@ -553,12 +553,18 @@ def test_partition_spec_unreduced_and_reduced_as_jax(xy):
     jax.sharding.NamedSharding(auto, P(unreduced={"Y"}))._cpp.validate((4, 4))
 
 
-def test_unreduced_contraction_as_the_sharding_ad_note(xy):
-  rng = np.random.default_rng(7)
+def _contraction_split_over_y(seed):
+  """a (4, 8) and b (8, 4) on the host, and as A = a split over Y along its columns and B = b
+  along its rows (on the ambient mesh), so that A @ B sums over Y."""
+  rng = np.random.default_rng(seed)
   a = rng.standard_normal((4, 8)).astype(np.float32)
   b = rng.standard_normal((8, 4)).astype(np.float32)
+  return a, b, reshard(a, P(None, "Y")), reshard(b, P("Y", None))
+
+
+def test_unreduced_contraction_as_the_sharding_ad_note(xy):
   with set_mesh(xy):
-    A, B = reshard(a, P(None, "Y")), reshard(b, P("Y", None))
+    a, b, A, B = _contraction_split_over_y(7)
     # [AD]: einsum(..., out_sharding=jax.P(None, None, unreduced={'X'})) is float32[2,2]{U:X}.
     c = jnp.einsum("ij,jk->ik", A, B, out_sharding=P(None, None, unreduced={"Y"}))
     assert str(jax.typeof(c)) == "float32[4,4]{U:Y}"
@@ -586,3 +592,28 @@ def test_unreduced_contraction_as_the_sharding_ad_note(xy):
     np.testing.assert_allclose(np.asarray(out), 3 * (a @ b), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="cos: unreduced rule for cos is not implemented"):
       jax.jit(lambda c: jnp.cos(c))(c)
+
+
+# The linear ops JAX lets an unreduced value through (jax/_src/lax/lax.py: _transpose_ur_rule,
+# _reshape_unreduced_rule, _reduce_sum_ur_rule) keep it unreduced; `c * 2.` is refused, as JAX's
+# _mul_ur_rule refuses a factor not reduced over the same axes.
+def test_unreduced_values_pass_through_linear_ops(xy):
+  with set_mesh(xy):
+    a, b, A, B = _contraction_split_over_y(8)
+    seen = []
+
+    @jax.jit
+    def f(A, B):
+      c = jnp.einsum("ij,jk->ik", A, B, out_sharding=P(None, None, unreduced={"Y"}))
+      t = jnp.sum(jnp.reshape(c.T, (2, 8)), axis=0)
+      seen.append(str(jax.typeof(t)))
+      return t
+
+    t = f(A, B)
+    assert seen == ["float32[8]{U:Y}"]
+    assert jax.typeof(t).sharding.spec.unreduced == {"Y"}
+    np.testing.assert_allclose(np.asarray(reshard(t, P(None))), ((a @ b).T.reshape(2, 8)).sum(axis=0),
+                               rtol=1e-4, atol=1e-4)
+    c = jnp.einsum("ij,jk->ik", A, B, out_sharding=P(None, None, unreduced={"Y"}))
+    with pytest.raises(ValueError, match="mul: RHS should be reduced along the same axes LHS is unreduced on"):
+      jax.jit(lambda c: c * 2.)(c)

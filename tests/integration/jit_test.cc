@@ -708,6 +708,151 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfOtherOpsAreRefused) {
   EXPECT_EQ(put.status().code(), absl::StatusCode::kUnimplemented);
 }
 
+// The linear ops JAX lets an unreduced value through (jax/_src/lax/lax.py: _transpose_ur_rule,
+// _reshape_unreduced_rule, _reduce_sum_ur_rule, _convert_element_type_ur_rule; the reduce_sum
+// of an unreduced value is tests/pjit_test.py's test_reduce_sum_unreduced_error, case 2): each
+// device's term goes through the op, so the result is unreduced alike, and its sum, run later,
+// is the op of the sum. Each result leaves jit unreduced with no collective; resharding it to
+// P() out of jit gives the host's op of a @ b. Inside jit a reshard after the chain pays one
+// all_reduce, at the chain's end.
+TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
+  const Mesh mesh = explicit_mesh();  // ('X': 4, 'Y': 2)
+  MeshScope scope = set_mesh(mesh);
+  const HostArray a = random_f32({8, 16}, 47), b = random_f32({16, 4}, 48);
+  const Array as = put_on(mesh, a, P(None, "Y")), bs = put_on(mesh, b, P("Y", None));
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  const std::vector<double> full = matmul_ref(a, b);  // 8 x 4, row-major
+  std::vector<double> transposed(32), column_sums(4, 0.0), total(1, 0.0);
+  for (int64_t i = 0; i < 8; ++i) {
+    for (int64_t j = 0; j < 4; ++j) {
+      transposed[j * 8 + i] = full[i * 4 + j];
+      column_sums[j] += full[i * 4 + j];
+      total[0] += full[i * 4 + j];
+    }
+  }
+  struct Case {
+    const char* name;
+    std::function<Value(const Value&)> op;
+    const char* type;
+    std::vector<double> want;
+  };
+  const Case cases[] = {
+      {"transpose",
+       [](const Value& c) {
+         return transpose(c, {1, 0});
+       },
+       "f32[4,8]{U:Y}", transposed},
+      {"reshape", [](const Value& c) { return reshape(c, {32}); }, "f32[32]{U:Y}", full},
+      {"reshape with out_sharding",
+       [&](const Value& c) {
+         return reshape(c, {4, 8}, P(None, None).with_unreduced({"Y"}));
+       },
+       "f32[4,8]{U:Y}", full},
+      {"sum over dimension 0", [](const Value& c) { return sum(c, {0}); }, "f32[4]{U:Y}", column_sums},
+      {"sum of all", [](const Value& c) { return sum(c); }, "f32[]{U:Y}", total},
+      {"convert to f64 and back", [](const Value& c) { return convert(convert(c, DType::kF64), DType::kF32); },
+       "f32[8,4]{U:Y}", full},
+      {"chain",
+       [](const Value& c) {
+         return sum(reshape(transpose(c, {1, 0}), {32}), {0});
+       },
+       "f32[]{U:Y}", total},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    std::string type;
+    Jitted f = jit([&](const std::vector<Value>& in) {
+      Value y = k.op(matmul(in[0], in[1], unreduced));
+      type = type_of(y).to_string();
+      return std::vector<Value>{y};
+    });
+    absl::StatusOr<std::vector<Array>> y = f({as, bs});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(type, k.type);
+    EXPECT_EQ((*y)[0].sharding().spec().unreduced(), std::vector<std::string>{"Y"});
+    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("reduce_scatter")));
+    absl::StatusOr<Array> summed = reshard((*y)[0], P());
+    ASSERT_TRUE(summed.ok()) << summed.status();
+    expect_near(fetch(*summed), k.want, 1e-4);
+  }
+  // In jit: the transposed column sums, resharded once: one all_reduce, of the 4 sums.
+  Jitted once = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{reshard(sum(transpose(matmul(in[0], in[1], unreduced), {1, 0}), {1}), P())};
+  });
+  absl::StatusOr<std::vector<Array>> y = once({as, bs});
+  ASSERT_TRUE(y.ok()) << y.status();
+  const std::string program = once.as_text();
+  size_t count = 0;
+  for (size_t at = program.find("all_reduce"); at != std::string::npos; at = program.find("all_reduce", at + 1))
+    ++count;
+  EXPECT_EQ(count, 1u) << program;
+  expect_near(fetch((*y)[0]), column_sums, 1e-4);
+}
+
+// What JAX refuses of an unreduced operand of the other ops, each with JAX's words, the op, the
+// operand types and the fix (jax/_src/lax/lax.py): neg (unop_ur_rule), mul by an operand not
+// reduced over the same axes or of two unreduced ones (_mul_ur_rule; Tessera has no reduced
+// types, so `c * 2` is refused as JAX refuses it), div (_div_ur_rule), reshape with an
+// out_sharding over other unreduced axes (_reshape_unreduced_rule). And what Tessera refuses
+// where JAX goes on: reduce_max (JAX's rule is a TODO passing the axes through), a reduce_sum of
+// a dimension split over another axis (the pending sum would grow), broadcast_in_dim and
+// concatenate (the compiler sums before them).
+TEST_F(ExplicitJitTest, UnreducedOperandsOfNonlinearUsesAreRefused) {
+  const Mesh mesh = explicit_mesh();
+  MeshScope scope = set_mesh(mesh);
+  const HostArray a = random_f32({8, 16}, 49), b = random_f32({16, 4}, 50);
+  const Array as = put_on(mesh, a, P(None, "Y")), bs = put_on(mesh, b, P("Y", None));
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  auto refusal = [&](const std::function<Value(const Value&)>& f, const PartitionSpec& out = P(None, None)) {
+    absl::StatusOr<std::vector<Array>> y = jit([&](const std::vector<Value>& in) {
+      return std::vector<Value>{f(matmul(in[0], in[1], out.with_unreduced({"Y"})))};
+    })({as, bs});
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << y.status();
+    return std::string(y.status().message());
+  };
+  EXPECT_THAT(refusal([](const Value& c) { return -c; }),
+              ::testing::AllOf(HasSubstr("neg: unreduced rule for neg is not implemented"),
+                               HasSubstr("(operand f32[8,4]{U:Y}); reshard the unreduced operand first")));
+  EXPECT_THAT(refusal([](const Value& c) { return c * 2.0; }),
+              ::testing::AllOf(HasSubstr("mul: RHS should be reduced along the same axes LHS is unreduced on. Got "
+                                         "lhs=f32[8,4]{U:Y} and rhs=f32[8,4]"),
+                               HasSubstr("Tessera has no reduced types")));
+  EXPECT_THAT(refusal([](const Value& c) { return c * c; }),
+              HasSubstr("mul: lhs and rhs to `mul` cannot be unreduced since mul is bilinear. Got lhs={'Y'}, "
+                        "rhs={'Y'}"));
+  EXPECT_THAT(refusal([](const Value& c) { return c / 2.0; }),
+              HasSubstr("div: Denominator should be reduced along the same axes numerator is unreduced on. Got "
+                        "x=f32[8,4]{U:Y}, y=f32[8,4]"));
+  EXPECT_THAT(refusal([](const Value& c) { return reshape(c, {32}, P(None)); }),
+              HasSubstr("reshape: out_sharding passed to reshape must be unreduced over the same mesh axes as "
+                        "operand. Got out_sharding's unreduced axes {} and operand type: f32[8,4]{U:Y}"));
+  // A cast of each term to an integer or half type is not the cast of the sum (Tessera's
+  // compiler sums first, so explicit mode refuses rather than types it unreduced).
+  EXPECT_THAT(
+      refusal([](const Value& c) { return convert(c, DType::kBF16); }),
+      ::testing::AllOf(HasSubstr("convert: casting an unreduced value to bfloat16 would cast each device's term"),
+                       HasSubstr("(operand f32[8,4]{U:Y})")));
+  EXPECT_THAT(refusal([](const Value& c) { return convert(c, DType::kI32); }),
+              HasSubstr("convert: casting an unreduced value to int32"));
+  EXPECT_THAT(refusal([](const Value& c) { return max(c, {0}); }),
+              HasSubstr("reduce_max: unreduced rule for reduce_max is not implemented"));
+  EXPECT_THAT(refusal([](const Value& c) { return sum(c, {0}); }, P("X", None)),
+              ::testing::AllOf(HasSubstr("reduce_sum: summing dimension 0, split over ('X',), of an operand unreduced "
+                                         "over {'Y'} would leave a sum pending over both"),
+                               HasSubstr("(operand f32[8@X,4]{U:Y})")));
+  EXPECT_THAT(refusal([](const Value& c) {
+                return broadcast_to(c, {2, 8, 4});
+              }),
+              HasSubstr("broadcast_in_dim: broadcast_in_dim of an unreduced operand is not built yet: JAX keeps it "
+                        "unreduced, Tessera's compiler would sum it before the op"));
+  EXPECT_THAT(refusal([](const Value& c) {
+                return concatenate({c, c}, 0);
+              }),
+              ::testing::AllOf(HasSubstr("concatenate: concatenate of an unreduced operand is not built yet"),
+                               HasSubstr("(operands f32[8,4]{U:Y}, f32[8,4]{U:Y})")));
+}
+
 // grad in explicit mode: each cotangent takes its primal's type, so d/dw sum(tanh(x @ w)) =
 // x^T (1 - tanh(x w)^2) comes back laid out as w, equal to the host's.
 TEST_F(ExplicitJitTest, GradientsComeBackLaidOutAsTheirPrimals) {
