@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/explicit_axes_check.h"
 #include "client/trace_state.h"
-#include "tessera/explicit_axes_check.h"
 
 namespace tessera {
 namespace {

@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/explicit_axes_check.h"
 #include "client/trace_state.h"
 #include "core/status.h"
-#include "tessera/explicit_axes_check.h"
 #include "tessera/mesh_context.h"
 
 namespace tessera {

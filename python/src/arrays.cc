@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "client/explicit_axes_check.h"
 #include "python/src/binding.h"
-#include "tessera/explicit_axes_check.h"
 #include "tessera/tessera.h"
 
 namespace tessera::python {

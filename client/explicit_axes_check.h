@@ -5,9 +5,10 @@
 //   // on a mesh whose 'Y' stayed Auto: INVALID_ARGUMENT "explicit_axes: argument 1 f32[4,6] with
 //   // in_shardings[1] = P('X', 'Y'): PartitionSpec passed to explicit_axes cannot contain ..."
 //
-// Kept out of tessera/mesh_context.h, which nearly every file includes.
-#ifndef TESSERA_EXPLICIT_AXES_CHECK_H_
-#define TESSERA_EXPLICIT_AXES_CHECK_H_
+// Internal to the SDK (and its Python module); kept out of tessera/mesh_context.h, which
+// nearly every file includes.
+#ifndef TESSERA_CLIENT_EXPLICIT_AXES_CHECK_H_
+#define TESSERA_CLIENT_EXPLICIT_AXES_CHECK_H_
 
 #include <cstddef>
 
@@ -30,4 +31,4 @@ absl::Status check_explicit_axes_in_sharding(size_t i, const ArrayType& type, co
 
 }  // namespace tessera::internal
 
-#endif  // TESSERA_EXPLICIT_AXES_CHECK_H_
+#endif  // TESSERA_CLIENT_EXPLICIT_AXES_CHECK_H_
