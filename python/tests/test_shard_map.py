@@ -149,6 +149,29 @@ def test_nested_shard_map_as_jax_tests_it():
   with set_mesh(mesh):
     np.testing.assert_array_equal(np.asarray(f(jax.device_put(v, NamedSharding(mesh, P('i', 'j'))))), v * v)
 
+  # The same on Explicit axes: the types follow jax/_src/shard_map.py's _shard_shaped_array
+  # (a manual axis leaves the spec, an Explicit automatic one stays: f32[2,8@j] in the outer
+  # body, varying along 'i'; f32[2,4] inside, varying along both) and _unshard_shaped_array
+  # (the inner out_spec's 'j' back in the type); the result is laid out P('i', 'j').
+  explicit = jax.make_mesh((2, 2), ('i', 'j'), axis_types=(AxisType.Explicit,) * 2)
+  types = []
+
+  def g_typed(y):
+    types.append(str(jax.typeof(y)))
+    return y * y
+
+  def h_typed(x):
+    out = jax.shard_map(g_typed, in_specs=P(None, 'j'), out_specs=P(None, 'j'))(x)
+    types.extend([str(jax.typeof(x)), str(jax.typeof(out))])
+    return out
+
+  with set_mesh(explicit):
+    out = jax.jit(jax.shard_map(h_typed, in_specs=P('i', None), out_specs=P('i', None), axis_names=frozenset({'i'})))(
+        jax.device_put(v, NamedSharding(explicit, P('i', 'j'))))
+  np.testing.assert_array_equal(np.asarray(out), v * v)
+  assert out.sharding.spec == P('i', 'j')
+  assert types == ['float32[2,4]{V:(i,j)}', 'float32[2,8@j]{V:i}', 'float32[2,8@j]{V:i}']
+
   # test_grad_nested_partial_auto and _with_residuals: the gradients of the sums, 2v and 3v^2.
   for inner_f, want in [(lambda y: y * y, 2 * v), (lambda y: y * y * y, 3 * v * v)]:
     def h2(x, inner_f=inner_f):
