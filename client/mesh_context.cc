@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/explicit_axes_check.h"
 #include "client/trace_state.h"
 
 namespace tessera {
@@ -94,6 +95,21 @@ absl::Status check_explicit_axes(absl::string_view api, const PartitionSpec& spe
                                                    "); ", api, " takes Explicit axes only: ", fix));
   }
   return absl::OkStatus();
+}
+
+// JAX reshards each argument to its in_sharding: canonicalize_sharding
+// (jax/_src/sharding_impls.py: the mesh's axes, each once, of type Explicit there), then
+// get_sharding (jax/_src/core.py: the spec's length against the rank, _check_divisibility).
+absl::Status check_explicit_axes_in_sharding(size_t i, const ArrayType& type, const PartitionSpec& spec,
+                                             const Mesh& inner) {
+  const NamedSharding sharding(inner, spec);
+  absl::Status fits = sharding.validate_spec();
+  if (fits.ok()) fits = check_explicit_axes("explicit_axes", spec, inner);
+  if (fits.ok()) fits = sharding.validate(type.shape);
+  if (fits.ok()) return fits;
+  return absl::InvalidArgumentError(absl::StrCat("explicit_axes: argument ", i, " ",
+                                                 type_to_string(type.dtype, type.shape), " with in_shardings[", i,
+                                                 "] = ", spec.to_string(), ": ", fits.message()));
 }
 
 }  // namespace internal

@@ -185,6 +185,23 @@ void propagate_variance(const Graph& g, int start, std::map<int, Variance>& var,
       auto it = var.find(o);
       if (it != var.end()) v.insert(it->second.begin(), it->second.end());
     }
+    // A shard_map nested in this body: its arguments vary along their in_specs' axes too, its
+    // results no longer along the axes it made manual (its out_specs say how they are laid
+    // out along them; jax/_src/shard_map.py's _unshard_shaped_array).
+    if (n.op == Op::kShardMapIn) {
+      const PartitionSpec& spec = n.attrs<ShardingAttrs>().sharding.spec();
+      for (const std::string& a : spec.used_axes()) {
+        v[a] = absl::StrCat("a nested shard_map's in_spec ", spec.to_string(), " splits it over it");
+      }
+      continue;
+    }
+    if (n.op == Op::kShardMapOut) {
+      const ShardingAttrs& attrs = n.attrs<ShardingAttrs>();
+      for (const std::string& a : attrs.manual_axes.empty() ? attrs.sharding.mesh().axis_names() : attrs.manual_axes) {
+        v.erase(a);
+      }
+      continue;
+    }
     const VaryingRule* rule = varying_rule(n.op);
     if (rule == nullptr) continue;
     const std::vector<std::string>& axes = node_axes(n);
@@ -251,12 +268,14 @@ struct ShardMapBody {
   // out, tracking for every body value the axes it may differ along and why.
   absl::Status check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
                                  const std::vector<int>& results, const std::vector<PartitionSpec>& outs,
-                                 const std::vector<std::string>& manual,
-                                 const std::map<int, Variance>& inserted_pvary) const;
-  // The manual axes in mesh order (axis_names, or all), or INVALID_ARGUMENT naming an axis
-  // that is not the mesh's; then that every spec names only manual axes, as
-  // jax/_src/shard_map.py's _shmap_checks and _check_specs.
-  absl::StatusOr<std::vector<std::string>> manual_axes(const std::vector<PartitionSpec>& specs) const;
+                                 const std::vector<std::string>& manual, const std::map<int, Variance>& inserted_pvary,
+                                 const std::map<int, Variance>& seeds) const;
+  // The axes the body makes manual, in mesh order (axis_names, or all, less the `enclosing`
+  // bodies' manual axes), or INVALID_ARGUMENT naming an axis that is not the mesh's, or when
+  // none is left; then that every spec names only those, as jax/_src/shard_map.py's
+  // _shmap_checks and _check_specs (and not an enclosing body's axis).
+  absl::StatusOr<std::vector<std::string>> manual_axes(const std::vector<PartitionSpec>& specs,
+                                                       const std::vector<std::string>& enclosing) const;
 };
 
 }  // namespace internal
@@ -280,17 +299,42 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     t->fail(absl::InvalidArgumentError(absl::StrCat("shard_map: ", message)));
     return failed;
   };
-  if (!t->manual_meshes.empty()) return fail("a shard_map inside a shard_map body is not supported");
-  absl::StatusOr<std::vector<std::string>> manual = manual_axes(in_specs);
+  // Inside a shard_map body, a shard_map over the axes it left automatic (JAX's nested
+  // shard_map, tests/shard_map_test.py test_nested_partial_auto): the body is manual over
+  // both, the mesh is the enclosing body's (JAX's "context mesh").
+  std::vector<std::string> enclosing;
+  if (!t->manual_meshes.empty()) {
+    if (t->manual_bodies.back().nested) {
+      return fail(
+          "a shard_map inside a control-flow body (scan, while_loop, cond) of a shard_map body is not supported");
+    }
+    if (mesh != t->manual_meshes.back()) {
+      // jax/_src/shard_map.py's _shmap_checks, its words.
+      return fail(absl::StrCat("The context mesh ", t->manual_meshes.back().to_string(),
+                               " should match the mesh passed to shard_map ", mesh.to_string(),
+                               " (a shard_map inside a shard_map body runs on the enclosing body's mesh)"));
+    }
+    enclosing = t->manual_axes.back();
+  }
+  absl::StatusOr<std::vector<std::string>> manual = manual_axes(in_specs, enclosing);
   if (!manual.ok()) return fail(std::string(manual.status().message()));
   // The axes the body is automatic over: left out of the arguments' types (explicit mode)
   // where the specs are compared or inferred, as JAX's _manual_spec keeps only manual axes.
-  std::vector<std::string> automatic;
+  // The axes its body binds: the enclosing bodies' and its own.
+  std::vector<std::string> automatic, bound;
   for (const std::string& a : mesh.axis_names()) {
-    if (std::find(manual->begin(), manual->end(), a) == manual->end()) automatic.push_back(a);
+    const bool own = std::find(manual->begin(), manual->end(), a) != manual->end();
+    const bool outer = std::find(enclosing.begin(), enclosing.end(), a) != enclosing.end();
+    if (own || outer) bound.push_back(a);
+    if (!own && !outer) automatic.push_back(a);
   }
-  // What the boundaries record (ShardingAttrs::manual_axes): empty when manual over every axis.
-  const std::vector<std::string> recorded = automatic.empty() ? std::vector<std::string>{} : *manual;
+  // What the boundaries record (ShardingAttrs::manual_axes): the axes they make manual, empty
+  // for a top-level body manual over every axis.
+  const std::vector<std::string> recorded =
+      automatic.empty() && enclosing.empty() ? std::vector<std::string>{} : *manual;
+  // Inside an enclosing body each argument already varies as its value there (JAX's
+  // _shard_shaped_array: the in_spec's axes | the aval's varying axes).
+  std::map<int, Variance> seeds;
   // On a mesh of Explicit axes only, in_specs may be omitted (empty): each argument enters as
   // its type says (jax/_src/shard_map.py, in_specs=Infer).
   std::vector<PartitionSpec> specs = in_specs;
@@ -321,6 +365,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     absl::StatusOr<int> id =
         t->graph.add_shard_map_in(TraceState::id(args[i]), NamedSharding(mesh, specs[i]), recorded);
     if (!id.ok()) return fail(absl::StrCat("argument ", i, ": ", id.status().message()));
+    if (!enclosing.empty()) seeds[*id] = t->variance_of(TraceState::id(args[i]));
     in_ids.push_back(*id);
     blocks.push_back(t->make(*id));
   }
@@ -328,8 +373,8 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   TraceState* outer = TraceState::current;
   TraceState::current = t;
   t->manual_meshes.push_back(mesh);
-  t->manual_axes.push_back(*manual);
-  t->manual_bodies.push_back({body_start, in_ids, {}, *manual, recorded, check_vma, {}, -1, {}, false, {}});
+  t->manual_axes.push_back(bound);
+  t->manual_bodies.push_back({body_start, in_ids, {}, *manual, recorded, check_vma, {}, -1, {}, false, seeds});
   std::vector<Value> results = f(blocks);
   // A result the body closed over is lifted into it too (TraceState::id), before it ends.
   std::vector<int> result_ids;
@@ -369,7 +414,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   }
   if (check_vma) {
     absl::Status replicated =
-        check_replication(t->graph, body_start, in_ids, result_ids, outs, *manual, inserted_pvary);
+        check_replication(t->graph, body_start, in_ids, result_ids, outs, *manual, inserted_pvary, seeds);
     if (!replicated.ok()) return fail(std::string(replicated.message()));
   }
   std::vector<Value> out;
@@ -511,7 +556,8 @@ std::vector<std::vector<std::string>> TraceState::outputs_varying(const Graph& g
 
 namespace tessera {
 
-absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::vector<PartitionSpec>& specs) const {
+absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::vector<PartitionSpec>& specs,
+                                                                   const std::vector<std::string>& enclosing) const {
   for (const std::string& a : axis_names) {
     if (mesh.axis_index(a) < 0) {
       return absl::InvalidArgumentError(absl::StrCat("axis_names ", axes_to_string(axis_names),
@@ -519,16 +565,37 @@ absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::ve
                                                      axes_to_string(mesh.axis_names()), ", but '", a, "' is not one"));
     }
   }
+  const auto is_enclosing = [&](const std::string& a) {
+    return std::find(enclosing.begin(), enclosing.end(), a) != enclosing.end();
+  };
+  // Axes an enclosing body is already manual over stay so, as JAX's newly_manual_axes =
+  // axis_names - mesh.manual_axes.
   std::vector<std::string> manual;
   for (const std::string& a : mesh.axis_names()) {
+    if (is_enclosing(a)) continue;
     if (axis_names.empty() || std::find(axis_names.begin(), axis_names.end(), a) != axis_names.end()) {
       manual.push_back(a);
     }
+  }
+  if (manual.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("axis_names ", axes_to_string(axis_names.empty() ? mesh.axis_names() : axis_names),
+                     " leave no axis to be manual over: the enclosing shard_map body is manual over ",
+                     axes_to_string(enclosing), " already; a nested shard_map splits the axes it left automatic"));
   }
   for (const auto& [kind, list] : {std::pair{"in", &specs}, std::pair{"out", &out_specs}}) {
     for (size_t i = 0; i < list->size(); ++i) {
       for (const std::string& a : (*list)[i].used_axes()) {
         if (std::find(manual.begin(), manual.end(), a) != manual.end()) continue;
+        if (is_enclosing(a)) {
+          // Each device holds its own block along an enclosing body's manual axis: there is
+          // nothing to split along it again.
+          return absl::InvalidArgumentError(absl::StrCat(
+              kind, "_specs[", i, "] = ", (*list)[i].to_string(), " refers to '", a,
+              "', which the enclosing shard_map body is already manual over (its Manual axes are ",
+              axes_to_string(enclosing), "); a nested shard_map's specs may name only the axes it makes manual ",
+              axes_to_string(manual), ": leave '", a, "' out (the block is already split along it)"));
+        }
         return absl::InvalidArgumentError(absl::StrCat(
             kind, "_specs argument must refer to an axis marked as manual ", axes_to_string(manual), ", but ", kind,
             "_specs[", i, "] refers to '", a, "'; check the ", kind, "_specs values passed to shard_map"));
@@ -541,8 +608,9 @@ absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::ve
 absl::Status ShardMapBody::check_replication(const Graph& g, int body_start, const std::vector<int>& in_ids,
                                              const std::vector<int>& results, const std::vector<PartitionSpec>& outs,
                                              const std::vector<std::string>& manual,
-                                             const std::map<int, Variance>& inserted_pvary) const {
-  std::map<int, Variance> var = body_variance(g, body_start, in_ids, &inserted_pvary);
+                                             const std::map<int, Variance>& inserted_pvary,
+                                             const std::map<int, Variance>& seeds) const {
+  std::map<int, Variance> var = body_variance(g, body_start, in_ids, &inserted_pvary, seeds);
   for (size_t i = 0; i < results.size(); ++i) {
     const std::vector<std::string> named = outs[i].used_axes();
     const Node& r = g.node(results[i]);

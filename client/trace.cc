@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/explicit_axes_check.h"
 #include "client/trace_state.h"
 #include "core/status.h"
 #include "tessera/mesh_context.h"
@@ -987,6 +988,12 @@ AxesSwitched explicit_axes(TracedFunction f, std::vector<std::string> axes, std:
     }
     absl::StatusOr<Mesh> inner = Mesh::create(mesh->shape(), mesh->axis_names(), mesh->device_ids(), types);
     if (!inner.ok()) return {t->fail(inner.status())};
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].ok()) continue;  // its op failed the trace already
+      absl::Status fits =
+          internal::check_explicit_axes_in_sharding(i, {in[i].dtype(), in[i].shape()}, in_shardings[i], *inner);
+      if (!fits.ok()) return {t->fail(fits)};
+    }
     const std::optional<Mesh> saved = t->explicit_mesh;
     if (saved.has_value()) {
       absl::Status typed = t->type_new_nodes();

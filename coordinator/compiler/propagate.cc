@@ -47,8 +47,13 @@ class Propagator : public internal::ShardingContext {
     // holding its own — to propagation, replicated values of the block's shape, never moved.
     // A body manual over some axes only (shard_map's axis_names) is automatic over the others:
     // its values are blocks laid out over those axes, by the ops' own rules (automatic_).
+    // A shard_map nested in a body (over axes the enclosing one left automatic) is manual over
+    // both: each value's body is the set of manual axes it is in (body_axes; none outside every
+    // body), which a shard_map_in enters and a shard_map_out leaves by its own axes.
     manual_.assign(g_.size(), false);
     automatic_.assign(g_.size(), {});
+    std::vector<std::vector<std::string>> body_axes(g_.size());
+    std::vector<std::string> latest;  // the body of the latest boundary, in trace order
     for (int id = 0; id < g_.size(); ++id) {
       const Node& n = g_.node(id);
       if (const Mesh* on = mesh_of(n); on != nullptr && *on != mesh_) {
@@ -61,11 +66,31 @@ class Propagator : public internal::ShardingContext {
         return absl::InternalError(absl::StrCat("jit: %", id, " = ", op_name(n.op), " has no sharding rule"));
       }
       for (int o : n.operands) {
+        if (body_axes[id].empty()) body_axes[id] = body_axes[o];
         if (!manual_[o] || has_trait(n.op, kLeavesBody)) continue;
         manual_[id] = true;
         if (automatic_[id].empty()) automatic_[id] = automatic_[o];
       }
-      if (n.op == Op::kShardMapIn) automatic_[id] = automatic_axes(n.attrs<ShardingAttrs>());
+      // A block made from no body value (axis_index, a collective of a constant) is in the
+      // body being traced when it was recorded.
+      if (has_trait(n.op, kBlockResult) && body_axes[id].empty()) body_axes[id] = latest;
+      if (n.op == Op::kShardMapIn || n.op == Op::kShardMapOut) {
+        const std::vector<std::string> own = boundary_axes(n.attrs<ShardingAttrs>());
+        std::vector<std::string> body;
+        for (const std::string& axis : mesh_.axis_names()) {
+          const bool in_operand = absl::c_linear_search(body_axes[n.operands[0]], axis);
+          const bool in_own = absl::c_linear_search(own, axis);
+          if (n.op == Op::kShardMapIn ? in_operand || in_own : in_operand && !in_own) body.push_back(axis);
+        }
+        body_axes[id] = latest = body;
+        manual_[id] = !body.empty();
+        automatic_[id].clear();
+        if (body.size() < mesh_.axis_names().size()) {
+          for (const std::string& axis : mesh_.axis_names()) {
+            if (manual_[id] && !absl::c_linear_search(body, axis)) automatic_[id].push_back(axis);
+          }
+        }
+      }
       TESSERA_RETURN_IF_ERROR(check_body_constraint(id));
     }
     for (int id = 0; id < g_.size(); ++id) {
@@ -112,14 +137,9 @@ class Propagator : public internal::ShardingContext {
     return rule.forward(*this, id);
   }
 
-  // The mesh axes a shard_map boundary leaves automatic (none when it is manual over all).
-  std::vector<std::string> automatic_axes(const ShardingAttrs& a) const {
-    std::vector<std::string> out;
-    if (a.manual_axes.empty()) return out;
-    for (const std::string& axis : mesh_.axis_names()) {
-      if (!absl::c_linear_search(a.manual_axes, axis)) out.push_back(axis);
-    }
-    return out;
+  // The mesh axes a shard_map boundary makes manual (all of them when it records none).
+  std::vector<std::string> boundary_axes(const ShardingAttrs& a) const {
+    return a.manual_axes.empty() ? mesh_.axis_names() : a.manual_axes;
   }
 
   // A constraint in a body automatic over some axes may name only those: the others are the

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "client/explicit_axes_check.h"
 #include "python/src/binding.h"
 #include "tessera/tessera.h"
 
@@ -192,6 +193,12 @@ void bind_arrays(py::module_& m) {
   m.def("check_explicit_axes", [](const std::string& api, const PartitionSpec& spec, const AbstractMesh& in_force) {
     check(internal::check_explicit_axes(api, spec, in_force));
   });
+  // explicit_axes' rule for its in_sharding of argument i, for Python's eager explicit_axes
+  // (the traced one checks it in the SDK).
+  m.def("check_explicit_axes_in_sharding",
+        [](size_t i, DType dtype, Shape shape, const PartitionSpec& spec, const Mesh& inner) {
+          check(internal::check_explicit_axes_in_sharding(i, {dtype, std::move(shape)}, spec, inner));
+        });
 
   py::class_<PartitionSpec>(m, "PartitionSpec")
       .def(py::init<std::vector<Axes>>())

@@ -524,6 +524,9 @@ def _switch_axes(f, args, kwargs, run, eager):
         return _values(out)
 
     out = run(callback(body), _values(leaves), out_tree)
+    if out_tree[0] is None:  # f never ran or raised: the SDK failed the trace, whose end raises the error
+        from . import _trace
+        raise getattr(_trace._state, "error", None) or _trace.TraceFailed("explicit_axes/auto_axes: see the trace's error")
     return tree_unflatten(out_tree[0], [Tracer(v) for v in out])
 
 
@@ -590,6 +593,17 @@ def _specs(shardings, out_tree):
     outs = tree_unflatten(out_tree, [0] * out_tree.num_leaves)
     each = broadcast_prefix(shardings, outs, lambda p: isinstance(p, (NamedSharding, PartitionSpec)))
     return [(s.spec if isinstance(s, NamedSharding) else s)._cpp() for s in each]
+
+
+def _check_in_shardings(args, in_sharding, inner):
+    """explicit_axes' rule for each argument's in_sharding (the SDK's, as the traced switch
+    checks it): ValueError naming the argument, its type, its spec and the rule."""
+    from .numpy import _enum
+    from .tree_util import tree_flatten, tree_structure
+    leaves, _ = tree_flatten(args)
+    for i, (leaf, spec) in enumerate(zip(leaves, _specs(in_sharding, tree_structure(args)))):
+        a = leaf if hasattr(leaf, "shape") and hasattr(leaf, "dtype") else np.asarray(leaf)
+        _tessera.check_explicit_axes_in_sharding(i, _enum(a.dtype), list(a.shape), spec, inner._cpp)
 
 
 def _required(kwargs, given, key):
@@ -678,6 +692,7 @@ def explicit_axes(f=None, /, *, axes=None, in_sharding=None):
                 raise ValueError("Context mesh cannot be empty. Please use `jax.set_mesh` API to enter into a mesh "
                                  "context when using `explicit_axes` API.")
             inner, _ = _switched_mesh("explicit_axes", outer, axes, AxisType.Explicit)
+            _check_in_shardings(args, ins, inner)
             with set_mesh(inner):
                 result = f(*device_put(args, _on_mesh(ins, inner)), **kwargs)
             return _retyped(result, outer)

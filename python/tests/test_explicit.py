@@ -395,6 +395,49 @@ def test_explicit_axes_runs_eagerly_as_jax(xy):
     jax_matmul(jax.device_put(a, jax.sharding.NamedSharding(auto, P())), jax.device_put(b, jax.sharding.NamedSharding(auto, P())))
 
 
+def test_explicit_axes_check_their_in_shardings_as_jax():
+  # jax/_src/pjit.py _explicit_axes reshards each argument to its in_sharding under the
+  # switched mesh: canonicalize_sharding (jax/_src/sharding_impls.py) wants the mesh's axes,
+  # each once, Explicit there ("PartitionSpec passed to ... cannot contain axis names that are
+  # of type Auto or Manual"), and get_sharding (jax/_src/core.py) a spec no longer than the
+  # rank whose splits divide. Each error names the argument, its type, its spec and the rule,
+  # in a jitted function and eagerly alike; valid specs type the arguments inside.
+  import functools
+  import re
+  from tessera.sharding import explicit_axes
+  auto = jax.make_mesh((2, 4), ("X", "Y"), axis_types=(AxisType.Auto, AxisType.Auto))
+  u = np.arange(32, dtype=np.float32).reshape(4, 8)
+  v = np.arange(24, dtype=np.float32).reshape(4, 6)
+  cases = [("X", P("X", "Y"), "PartitionSpec passed to explicit_axes cannot contain axis names that are of type "
+                              "Auto or Manual. Got PartitionSpec: P('X', 'Y') with axis name: Y of type: Auto"),
+           (None, P("Z"), "sharding P('Z',): axis 'Z' of dimension 0 is not in the mesh; its axes are ('X', 'Y')"),
+           (None, P("X", "X"), "mesh axis 'X' is used more than once"),
+           (None, P(None, None, None), "has 3 entries but the array of shape (4, 6) has rank 2"),
+           (None, P(None, "Y"), "dimension 1 of size 6 is not divisible by mesh axis 'Y' of size 4")]
+  with set_mesh(auto):
+    arrays = (jax.device_put(u, P()), jax.device_put(v, P()))
+    for axes, spec, rule in cases:
+      g = explicit_axes(lambda a, b: (a, b), axes=axes, in_sharding=(P(), spec))
+      want = re.escape(f"explicit_axes: argument 1 f32[4,6] with in_shardings[1] = {spec!r}: ") + ".*" + \
+          re.escape(rule)
+      with pytest.raises(ValueError, match=want):
+        jax.jit(g)(*arrays)
+      with pytest.raises(ValueError, match=want):
+        g(*arrays)
+    seen = []
+
+    @functools.partial(explicit_axes, in_sharding=(P("X", "Y"), P("X")))
+    def typed(a, b):
+      seen.append((str(jax.typeof(a)), str(jax.typeof(b))))
+      return a * 2, b + 1
+
+    for run in (jax.jit(typed), typed):
+      a, b = run(*arrays)
+      np.testing.assert_array_equal(np.asarray(a), u * 2)
+      np.testing.assert_array_equal(np.asarray(b), v + 1)
+  assert seen == [("float32[4@X,8@Y]", "float32[4@X,6]")] * 2
+
+
 def test_get_abstract_mesh_shows_the_axis_types_where_it_is_called(xy):
   # jax.sharding.get_abstract_mesh() inside a trace: at the top of a jitted function under
   # set_mesh the mesh's types, inside auto_axes the switched ones ([ES] prints

@@ -131,6 +131,93 @@ def test_axis_names_manual_over_some_axes(shape):
     jax.shard_map(lambda b: b, mesh=mesh, in_specs=P('x'), out_specs=P('x'), axis_names=['x'])
 
 
+def test_nested_shard_map_as_jax_tests_it():
+  # tests/shard_map_test.py test_nested_partial_auto: the outer shard_map manual over 'i'
+  # (axis_names={'i'}), the inner one with the default axis_names manual over 'j' too; v * v.
+  from tessera.sharding import AxisType, get_abstract_mesh, set_mesh
+  mesh = jax.make_mesh((2, 2), ('i', 'j'), axis_types=(AxisType.Auto,) * 2)
+  v = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+
+  def h(x):
+    return jax.shard_map(lambda y: y * y, in_specs=P(None, 'j'), out_specs=P(None, 'j'))(x)
+
+  @jax.jit
+  def f(x):
+    return jax.shard_map(h, in_specs=P('i', None), out_specs=P('i', None), check_vma=False,
+                         axis_names=frozenset({'i'}))(x)
+
+  with set_mesh(mesh):
+    np.testing.assert_array_equal(np.asarray(f(jax.device_put(v, NamedSharding(mesh, P('i', 'j'))))), v * v)
+
+  # The same on Explicit axes: the types follow jax/_src/shard_map.py's _shard_shaped_array
+  # (a manual axis leaves the spec, an Explicit automatic one stays: f32[2,8@j] in the outer
+  # body, varying along 'i'; f32[2,4] inside, varying along both) and _unshard_shaped_array
+  # (the inner out_spec's 'j' back in the type); the result is laid out P('i', 'j').
+  explicit = jax.make_mesh((2, 2), ('i', 'j'), axis_types=(AxisType.Explicit,) * 2)
+  types = []
+
+  def g_typed(y):
+    types.append(str(jax.typeof(y)))
+    return y * y
+
+  def h_typed(x):
+    out = jax.shard_map(g_typed, in_specs=P(None, 'j'), out_specs=P(None, 'j'))(x)
+    types.extend([str(jax.typeof(x)), str(jax.typeof(out))])
+    return out
+
+  with set_mesh(explicit):
+    out = jax.jit(jax.shard_map(h_typed, in_specs=P('i', None), out_specs=P('i', None), axis_names=frozenset({'i'})))(
+        jax.device_put(v, NamedSharding(explicit, P('i', 'j'))))
+  np.testing.assert_array_equal(np.asarray(out), v * v)
+  assert out.sharding.spec == P('i', 'j')
+  assert types == ['float32[2,4]{V:(i,j)}', 'float32[2,8@j]{V:i}', 'float32[2,8@j]{V:i}']
+
+  # test_grad_nested_partial_auto and _with_residuals: the gradients of the sums, 2v and 3v^2.
+  for inner_f, want in [(lambda y: y * y, 2 * v), (lambda y: y * y * y, 3 * v * v)]:
+    def h2(x, inner_f=inner_f):
+      return jax.shard_map(inner_f, in_specs=P(None, 'j'), out_specs=P(None, 'j'))(x)
+
+    @jax.jit
+    def total(x, h2=h2):
+      return jax.shard_map(h2, in_specs=P('i', None), out_specs=P('i', None), check_vma=False,
+                           axis_names=frozenset({'i'}))(x).sum()
+
+    with set_mesh(mesh):
+      got = jax.grad(total)(jax.device_put(v, NamedSharding(mesh, P('i', 'j'))))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+  # test_nested_partial_auto_1d on (2, 2, 2): the manual and automatic axes in each body, the
+  # varying axes of the values (its four parameter sets), and the result.
+  mesh3 = jax.make_mesh((2, 2, 2), ('x', 'y', 'z'), axis_types=(AxisType.Auto,) * 3)
+  for dim1, dim2, outer_vma, inner_vma in [('x', 'y', {'x'}, {'x', 'y'}), (None, 'y', set(), {'y'}),
+                                           ('x', None, {'x'}, {'x'}), (None, None, set(), set())]:
+    seen = []
+
+    def g(x):
+      m = get_abstract_mesh()
+      out = x * x
+      seen.append(('inner', m.manual_axes, m.auto_axes, set(jax.typeof(x).mat.varying),
+                   set(jax.typeof(out).mat.varying)))
+      return out
+
+    def h3(x, dim2=dim2):
+      m = get_abstract_mesh()
+      out = jax.shard_map(g, in_specs=P(None, dim2), out_specs=P(None, dim2), axis_names={'y'})(x)
+      seen.append(('outer', m.manual_axes, m.auto_axes, set(jax.typeof(x).mat.varying),
+                   set(jax.typeof(out).mat.varying)))
+      return out
+
+    @jax.jit
+    def f3(x, dim1=dim1):
+      return jax.shard_map(h3, in_specs=P(dim1, None), out_specs=P(dim1, None), axis_names={'x'})(x)
+
+    with set_mesh(mesh3):
+      out = f3(jax.device_put(v, NamedSharding(mesh3, P(dim1, dim2))))
+    np.testing.assert_array_equal(np.asarray(out), v * v)
+    assert seen == [('inner', ('x', 'y'), ('z',), inner_vma, inner_vma),
+                    ('outer', ('x',), ('y', 'z'), outer_vma, outer_vma)], (dim1, dim2)
+
+
 def test_axis_names_body_is_split_over_the_automatic_axes():
   # JAX's tests/shard_map_test.py, test_partial_auto_propagate_through: a body manual over 'j'
   # and 'k' constrains x * x over its automatic axis 'i'; the result is v * v, laid out P('i').

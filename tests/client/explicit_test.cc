@@ -231,6 +231,67 @@ TEST(ExplicitJaxDocs, ExplicitAxesNeedAMesh) {
               HasSubstr("Context mesh cannot be empty"));
 }
 
+// explicit_axes' in_shardings are checked as JAX checks them: jax/_src/pjit.py's
+// _explicit_axes reshards each argument to its in_sharding under the switched mesh, so the
+// spec goes through canonicalize_sharding (jax/_src/sharding_impls.py: the mesh's axes, each
+// once (named_sharding.py _check_unique_resources, _check_mesh_resource_axis), of type
+// Explicit there: "PartitionSpec passed to ... cannot contain axis names that are of type Auto
+// or Manual") and get_sharding (jax/_src/core.py: "Length of sharding.spec (3) must be equal
+// to aval's ndim (2)", and _check_divisibility). Each error names the argument, its spec and
+// the rule; a valid spec still types the argument inside.
+TEST(ExplicitJaxDocs, ExplicitAxesCheckTheirInShardingsAsJax) {
+  const Mesh autos = mesh_of({2, 4}, {"X", "Y"}, {});
+  MeshScope scope = set_mesh(autos);
+  const auto identity = [](const std::vector<Value>& in) { return in; };
+  const auto refused = [&](std::vector<std::string> axes, std::vector<PartitionSpec> in_shardings) {
+    return one_type(autos, {{DType::kF32, {4, 8}, P()}, {DType::kF32, {4, 6}, P()}},
+                    explicit_axes(identity, std::move(axes), std::move(in_shardings)));
+  };
+  // 'Y' stays Auto when only 'X' is switched: JAX refuses it (canonicalize_sharding).
+  EXPECT_THAT(refused({"X"}, {P("X", None), P("X", "Y")}),
+              HasSubstr("explicit_axes: argument 1 f32[4,6] with in_shardings[1] = P('X', 'Y'): PartitionSpec passed "
+                        "to explicit_axes cannot contain axis names that are of type Auto or Manual. Got "
+                        "PartitionSpec: P('X', 'Y') with axis name: Y of type: Auto"));
+  EXPECT_THAT(refused({}, {P("Z", None), P()}),
+              HasSubstr("explicit_axes: argument 0 f32[4,8] with in_shardings[0] = P('Z', None): sharding P('Z', "
+                        "None): axis 'Z' of dimension 0 is not in the mesh; its axes are ('X', 'Y')"));
+  EXPECT_THAT(refused({}, {P("X", "X"), P()}),
+              HasSubstr("explicit_axes: argument 0 f32[4,8] with in_shardings[0] = P('X', 'X'): sharding P('X', "
+                        "'X'): mesh axis 'X' is used more than once"));
+  // Longer than the rank, even with None entries (get_sharding's length check).
+  EXPECT_THAT(refused({}, {P(), P(None, None, None)}),
+              HasSubstr("explicit_axes: argument 1 f32[4,6] with in_shardings[1] = P(None, None, None): sharding "
+                        "P(None, None, None) has 3 entries but the array of shape (4, 6) has rank 2"));
+  EXPECT_THAT(refused({}, {P(), P(None, "Y")}),
+              HasSubstr("explicit_axes: argument 1 f32[4,6] with in_shardings[1] = P(None, 'Y'): sharding P(None, "
+                        "'Y'): dimension 1 of size 6 is not divisible by mesh axis 'Y' of size 4"));
+  // The same specs where they are valid type the arguments inside (shorter specs padded).
+  std::vector<std::string> inside;
+  EXPECT_EQ(one_type(autos, {{DType::kF32, {4, 8}, P()}, {DType::kF32, {4, 6}, P()}},
+                     explicit_axes(
+                         [&](const std::vector<Value>& in) {
+                           for (const Value& v : in) inside.push_back(type_of(v).to_string());
+                           return in;
+                         },
+                         {}, {P("X", "Y"), P("X")})),
+            "f32[4,8]");
+  EXPECT_THAT(inside, ::testing::ElementsAre("f32[4@X,8@Y]", "f32[4@X,6]"));
+  // Inside a shard_map body the manual axis is Manual: JAX's canonicalize_sharding refuses it.
+  ShardMapOptions over_x;
+  over_x.axis_names = {"X"};
+  EXPECT_THAT(one_type(autos, {{DType::kF32, {4, 8}, P()}},
+                       [&](const std::vector<Value>& in) {
+                         return shard_map(
+                             [&](const std::vector<Value>& block) {
+                               return explicit_axes(identity, {"Y"}, {P("X", "Y")})(block);
+                             },
+                             autos, {P("X")}, {P("X")}, over_x)(in);
+                       }),
+              HasSubstr("in_shardings[0] = P('X', 'Y'): PartitionSpec passed to explicit_axes cannot contain axis "
+                        "names that are of type Auto or Manual. Got PartitionSpec: P('X', 'Y') with axis name: X of "
+                        "type: Manual"));
+}
+
 // The grid: each op on two explicit meshes ((2, 4) and (4, 2), axes "a", "b") under several
 // specs, the result's type or the error, by the rules of docs/notebooks/explicit-sharding.md's
 // "Sharding rules" and lax.py's rules (cited per family in client/explicit/).

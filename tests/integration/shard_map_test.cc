@@ -456,6 +456,117 @@ TEST_F(ShardMapTest, AxisNamesMakeTheBodyManualOverSomeAxesOnly) {
   }
 }
 
+// A shard_map inside a shard_map body, over the axis the outer one left automatic (JAX's
+// nested shard_map: tests/shard_map_test.py test_nested_partial_auto, where the outer body is
+// manual over 'i' (axis_names={'i'}) and the inner one, with the default axis_names, over 'j'
+// too; test_smap_nested_psum, where a value inside the inner body varies along both axes
+// ({'x', 'y'}), a psum over the inner axis leaves {'x'}, and the inner's result in the outer
+// body varies along {'x'}). The outer runs over 'data', the inner over 'model' with a psum over
+// it, then the outer sums over 'data' with a psum: on (4, 2) and (2, 4) meshes, against a
+// plain host computation without shard_map.
+TEST_F(ShardMapTest, NestedShardMapOverTheAxesTheOuterLeftAutomaticMatchesTheHost) {
+  ASSERT_NE(client_, nullptr);
+  for (int m : {1, 2}) {
+    const Mesh& mesh = auto_meshes_[m];
+    SCOPED_TRACE(mesh.to_string());
+    std::vector<std::string> types;
+    ShardMapped inner = shard_map(
+        [&](const std::vector<Value>& in) {
+          const Value rows = psum(sum(in[0], {1}), "model");  // each row's sum over the whole row
+          types = {type_of(in[0]).to_string(), type_of(rows).to_string()};
+          return std::vector<Value>{in[0] * in[0], rows};
+        },
+        mesh, {P(None, "model")}, {P(None, "model"), P()});
+    ShardMapped outer = shard_map(
+        [&](const std::vector<Value>& in) {
+          std::vector<Value> out = inner({in[0] + 1.0});
+          types.push_back(type_of(out[1]).to_string());
+          out.push_back(psum(sum(out[0], {0}), "data"));  // the column sums of the squares
+          return out;
+        },
+        mesh, {P("data", None)}, {P("data", None), P("data"), P()}, {.axis_names = {"data"}});
+    Jitted f = jit([outer](const std::vector<Value>& in) { return outer({in[0] * 0.5}); });
+    std::mt19937 rng(71 + m);
+    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
+    ASSERT_TRUE(xs.ok()) << xs.status();
+    absl::StatusOr<std::vector<Array>> out = f({*xs});
+    ASSERT_TRUE(out.ok()) << out.status();
+    // As JAX types them: both axes inside, the psum's result not along 'model', the inner's
+    // result in the outer body along 'data' only.
+    const std::string rows_per_data = std::to_string(16 / mesh.shape()[0]);
+    EXPECT_THAT(
+        types, ::testing::ElementsAre(
+                   absl::StrCat("f32[", rows_per_data, ",", 8 / mesh.shape()[1], "]{V:(data,model)}"),
+                   absl::StrCat("f32[", rows_per_data, "]{V:data}"), absl::StrCat("f32[", rows_per_data, "]{V:data}")));
+    absl::StatusOr<Graph> plain = trace(
+        [](const std::vector<Value>& in) {
+          const Value y = in[0] * 0.5 + 1.0;
+          return std::vector<Value>{y * y, sum(y, {1}), sum(y * y, {0})};
+        },
+        {{DType::kF32, {16, 8}}});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*plain, {&x});
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (size_t i = 0; i < 3; ++i) {
+      absl::StatusOr<HostArray> got = (*out)[i].fetch();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(results_match(*got, (*want)[i], kF32Tolerance)) << i << "\n" << f.as_text();
+    }
+    // The inner out_spec's 'model' after the outer's 'data': the squares leave split over both.
+    EXPECT_EQ((*out)[0].sharding().spec(), P("data", "model"));
+  }
+}
+
+// What a nested shard_map may not do. Its specs may not name an axis the enclosing body is
+// already manual over (along it each device holds its own block already; JAX checks nothing
+// here and fails in lowering), and with the default axis_names it makes the other axes manual
+// (JAX's newly_manual_axes = axis_names - mesh.manual_axes); axis_names leaving none is an
+// error. It runs on the enclosing body's mesh (JAX's "The context mesh ... should match the
+// mesh passed to shard_map", test_partial_auto_mismatch_mesh_error), and its body reads its
+// arguments only. After it, the outer body is automatic over 'model' again: a collective over
+// it is JAX's unbound axis name.
+TEST_F(ShardMapTest, NestedShardMapRefusesTheAxesTheOuterIsManualOver) {
+  ASSERT_NE(client_, nullptr);
+  const Mesh& mesh = auto_meshes_[1];
+  const auto identity = [](const std::vector<Value>& in) { return in; };
+  const auto nested = [&](ShardMapped inner,
+                          std::function<std::vector<Value>(const std::vector<Value>&)> after = nullptr) {
+    ShardMapped outer = shard_map(
+        [inner, after](const std::vector<Value>& in) {
+          std::vector<Value> out = inner(in);
+          return after ? after(out) : out;
+        },
+        mesh, {P("data", None)}, {P("data", None)}, {.axis_names = {"data"}});
+    return trace_error(outer, {{DType::kF32, {16, 8}}});
+  };
+  EXPECT_THAT(nested(shard_map(identity, mesh, {P("data", "model")}, {P("data", "model")})).message(),
+              HasSubstr("shard_map: in_specs[0] = P('data', 'model') refers to 'data', which the enclosing shard_map "
+                        "body is already manual over (its Manual axes are ('data',)); a nested shard_map's specs may "
+                        "name only the axes it makes manual ('model',)"));
+  EXPECT_THAT(nested(shard_map(identity, mesh, {P(None, "model")}, {P("data", "model")})).message(),
+              HasSubstr("out_specs[0] = P('data', 'model') refers to 'data', which the enclosing shard_map body is "
+                        "already manual over"));
+  EXPECT_THAT(nested(shard_map(identity, mesh, {P()}, {P()}, {.axis_names = {"data"}})).message(),
+              HasSubstr("axis_names ('data',) leave no axis to be manual over: the enclosing shard_map body is manual "
+                        "over ('data',) already"));
+  EXPECT_THAT(nested(shard_map(identity, auto_meshes_[2], {P(None, "model")}, {P(None, "model")})).message(),
+              HasSubstr("The context mesh Mesh('data': 4, 'model': 2"));
+  EXPECT_THAT(nested(shard_map(identity, mesh, {P(None, "model")}, {P(None, "model")}),
+                     [](const std::vector<Value>& out) { return std::vector<Value>{psum(out[0], "model")}; })
+                  .message(),
+              HasSubstr("unbound axis name: model"));
+  // The inner body reading the outer body's value rather than its argument.
+  ShardMapped outer = shard_map(
+      [&](const std::vector<Value>& in) {
+        const Value captured = in[0] * 2.0;
+        return shard_map([captured](const std::vector<Value>& b) { return std::vector<Value>{b[0] + captured}; }, mesh,
+                         {P()}, {P()})(in);
+      },
+      mesh, {P("data", None)}, {P("data", None)}, {.axis_names = {"data"}});
+  EXPECT_THAT(trace_error(outer, {{DType::kF32, {16, 8}}}).message(), HasSubstr("pass it in as an argument"));
+}
+
 // The line of `plan` that computes `op` (its first), for the local shape each device computes.
 std::string plan_line(const std::string& plan, const std::string& op) {
   const size_t at = plan.find(absl::StrCat("= ", op, "("));

@@ -65,11 +65,14 @@ struct ShardMapOptions {
 class ShardMapped {
  public:
   // Inside a traced function (jit, or another trace): the body inlined on these global
-  // Values; returns the global results (one per out_spec). Errors fail the trace with
-  // INVALID_ARGUMENT naming the argument or output and the rule: an in_spec that does not
-  // fit its argument, as many arguments or results as specs, a result not replicated where its out_spec says,
-  // a bad collective, a shard_map inside a shard_map body (not supported). Called outside a
-  // trace it records nothing and returns invalid Values.
+  // Values; returns the global results (one per out_spec). Inside another shard_map's body
+  // (nested: manual over the axes that body left automatic) the arguments and results are
+  // that body's values. Errors fail the trace with INVALID_ARGUMENT naming the argument or
+  // output and the rule: an in_spec that does not fit its argument, as many arguments or
+  // results as specs, a result not replicated where its out_spec says, a bad collective, a
+  // nested shard_map's spec naming an axis the enclosing body is already manual over, or its
+  // body reading a value other than its arguments. Called outside a trace it records nothing
+  // and returns invalid Values.
   std::vector<Value> operator()(const std::vector<Value>& args) const;
   // On arrays: compiles (once per signature) and runs as Jitted::operator() does, with its
   // errors; the body's errors are its trace errors (INVALID_ARGUMENT).
