@@ -77,7 +77,7 @@ absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, cons
     for (int32_t& v : a.mutable_values<int32_t>()) v = tok(rng);
     batch.set(name, std::move(a));
   }
-  TESSERA_ASSIGN_OR_RETURN(Tree<Array> b, device_put(client, batch, mesh, ShardingRule(P("data", None))));
+  TESSERA_ASSIGN_OR_RETURN(Tree<Array> b, device_put(client, batch, mesh, ShardingRule(model.batch_spec())));
   const TreeJitted step = model.train_step();
   Tree<Array> p = params[0], s = state[0];
   std::vector<double> times;

@@ -10,11 +10,13 @@
 //   // step({params, state, batch}) -> {loss, params, state}; batch {"tokens", "targets"}
 //
 // Layouts over a ('data', 'model') mesh:
-//   dp       the batch over 'data'; parameters replicated.
+//   dp       pure data parallelism on every device: the batch over ('data', 'model') (each of
+//            the 8 devices of (4, 2) takes its own slice, P(('data', 'model'), None)), the
+//            parameters replicated; gradients all-reduced over both axes.
 //   tp       Megatron: q/k/v and the MLP's first weight split by columns (heads, hidden) over
 //            'model', the attention output and the MLP's second weight by rows, so each block
 //            joins its halves with one all-reduce per pass.
-//   fsdp     dp, with every parameter (and so its optimiser state) stored split over 'data'
+//   fsdp     the batch over 'data', with every parameter (and so its optimiser state) stored split over 'data'
 //            along its first dimension that divides; each is constrained to its use layout
 //            (replicated) where it is read, so the compiler all-gathers it there, and its
 //            gradient goes back to the stored layout.
@@ -143,8 +145,15 @@ class Model {
       return storage_spec(c, layout, mesh, std::string(name));
     });
   }
-  // Tokens and targets (batch, seq): the batch over 'data'.
-  NamedSharding batch_sharding() const { return NamedSharding(mesh_, P("data", None)); }
+  // Tokens and targets (batch, seq): under dp the batch over both axes, as a JAX user writes
+  // pure data parallelism on all the devices (P(('data', 'model'), None)); under the other
+  // layouts over 'data', 'model' being the tensor-parallel axis or, for fsdp, left to the
+  // weights' use layouts.
+  static PartitionSpec batch_spec(Layout layout) {
+    return layout == Layout::kDp ? P(Axes{"data", "model"}, None) : P("data", None);
+  }
+  PartitionSpec batch_spec() const { return batch_spec(layout_); }
+  NamedSharding batch_sharding() const { return NamedSharding(mesh_, batch_spec()); }
 
   // {key uint32[2]} -> {parameters}: leaf i (in name order) drawn from split(key, n)[i], as
   // normal * stddev (or zeros, ones), each generated where its storage layout puts it.

@@ -32,7 +32,8 @@
 
 ABSL_FLAG(std::string, text, "/usr/share/common-licenses/GPL-3", "the training text (bytes are the characters)");
 ABSL_FLAG(std::string, parallel, "dp",
-          "layout: dp (batch over 'data'), tp (Megatron: heads and MLP hidden over 'model'), fsdp (parameters and "
+          "layout: dp (batch over 'data' and 'model', parameters replicated), tp (Megatron: heads and MLP hidden over "
+          "'model'), fsdp (parameters and "
           "optimiser state split over 'data', gathered for use), fsdp_tp (both)");
 ABSL_FLAG(std::string, mesh, "4x2", "DATAxMODEL mesh shape (e.g. 4x2, 8x1, 1x1)");
 ABSL_FLAG(std::string, coordinator, "",
@@ -118,8 +119,10 @@ int main(int argc, char** argv) {
         "--vocab=", c.vocab, " (>= 256), --d_model=", c.d_model, " (divisible by --heads=", c.heads, "), --layers=",
         c.layers, ", --seq=", c.seq, " (>= 2), --batch=", c.batch, " and --steps=", c.steps, " must be positive")));
   }
-  if (c.batch % data_size != 0 || c.heads % model_size != 0 || c.hidden() % model_size != 0) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("--batch=", c.batch, " must divide by ", data_size,
+  // The devices the batch is split over: dp's batch is over both axes, the others' over 'data'.
+  const int64_t batch_ways = *layout == transformer::Layout::kDp ? data_size * model_size : data_size;
+  if (c.batch % batch_ways != 0 || c.heads % model_size != 0 || c.hidden() % model_size != 0) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--batch=", c.batch, " must divide by ", batch_ways,
                                                         " and --heads=", c.heads, " by ", model_size)));
   }
   std::string text;
@@ -182,7 +185,7 @@ int main(int argc, char** argv) {
       const size_t real = starts.size();
       starts.resize(c.batch, starts[0]);
       absl::StatusOr<Tree<Array>> batch =
-          device_put(*client, windows(held_out, starts, c.seq), *mesh, ShardingRule(P("data", None)));
+          device_put(*client, windows(held_out, starts, c.seq), *mesh, ShardingRule(model.batch_spec()));
       if (!batch.ok()) return batch.status();
       absl::StatusOr<std::vector<Tree<Array>>> out = eval({params, *batch});
       absl::StatusOr<HostArray> losses = out.ok() ? out->at(0).find("")->fetch() : out.status();
@@ -201,7 +204,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> starts(c.batch);
     for (int64_t& st : starts) st = start_of(rng);
     absl::StatusOr<Tree<Array>> batch =
-        device_put(*client, windows(train, starts, c.seq), *mesh, ShardingRule(P("data", None)));
+        device_put(*client, windows(train, starts, c.seq), *mesh, ShardingRule(model.batch_spec()));
     if (!batch.ok()) return fail(batch.status());
     absl::StatusOr<std::vector<Tree<Array>>> out = step({p, s, *batch});
     if (!out.ok()) return fail(out.status());
@@ -231,19 +234,19 @@ int main(int argc, char** argv) {
               static_cast<long long>(c.seq));
 
   // Greedy sampling: the context (at most seq characters) at positions 0.., the prediction
-  // read at its last position. One row per 'data' position, all the same.
+  // read at its last position. One row per device the batch is split over, all the same.
   const TreeJitted predict = model.predict();
   std::string context = "This program is free software";
   std::string sample;
   for (int64_t k = 0; k < absl::GetFlag(FLAGS_sample); ++k) {
     if (static_cast<int64_t>(context.size()) > c.seq) context = context.substr(context.size() - c.seq);
-    HostArray tokens = HostArray::zeros(DType::kI32, {data_size, c.seq});
-    for (int64_t r = 0; r < data_size; ++r) {
+    HostArray tokens = HostArray::zeros(DType::kI32, {batch_ways, c.seq});
+    for (int64_t r = 0; r < batch_ways; ++r) {
       for (size_t t = 0; t < context.size(); ++t) {
         tokens.mutable_values<int32_t>()[r * c.seq + t] = static_cast<unsigned char>(context[t]);
       }
     }
-    absl::StatusOr<Array> in = client->device_put(tokens, NamedSharding(*mesh, P("data", None)));
+    absl::StatusOr<Array> in = client->device_put(tokens, model.batch_sharding());
     if (!in.ok()) return fail(in.status());
     absl::StatusOr<std::vector<Tree<Array>>> out = predict({p, Tree<Array>(*in)});
     absl::StatusOr<HostArray> next = out.ok() ? out->at(0).find("")->fetch() : out.status();

@@ -36,7 +36,7 @@ Tree<Value> unflatten_values(const Tree<ArrayType>& types, const std::vector<Val
 
 // Model::train_step compiled for `mesh` as jit would: inputs params (in their storage layouts),
 // optimiser state (as optimizer_init lays it out: each moment as its parameter, the count
-// replicated), tokens and targets (batch over 'data'); new parameters pinned to their storage
+// replicated), tokens and targets (the layout's batch_spec); new parameters pinned to their storage
 // layouts (train_step's out_shardings).
 Step compile_step(const Config& c, Layout layout, const Mesh& mesh) {
   const Model model(c, layout, mesh);
@@ -77,7 +77,7 @@ Step compile_step(const Config& c, Layout layout, const Mesh& mesh) {
   }
   for (int k = 0; k < 2; ++k) {
     types.push_back(ArrayType{DType::kI32, {c.batch, c.seq}});
-    shardings.emplace_back(mesh, P("data", None));
+    shardings.emplace_back(mesh, model.batch_spec());
   }
   const TreeFunction f = model.train_step_function();
   absl::StatusOr<Graph> g = trace(
@@ -169,6 +169,54 @@ TEST(TransformerPlan, FsdpStepMovesTheBytesOfGatheringEachWeightAndScatteringEac
   const int64_t bytes = collective_bytes_per_device(exe.program, exe.mesh);
   EXPECT_LE(static_cast<double>(bytes), 1.2 * static_cast<double>(reference)) << "reference " << reference << "\n"
                                                                               << text;
+}
+
+// The collectives of `plan` and of its loops' bodies (once each).
+void collectives_of(const DevicePlan& plan, std::vector<const Instruction*>* out) {
+  for (const Instruction& i : plan.code) {
+    if (i.kind == Instruction::Kind::kCollective) out->push_back(&i);
+    if (i.kind == Instruction::Kind::kLoop && i.body != nullptr) collectives_of(*i.body, out);
+  }
+}
+
+// dp on (4, 2) is data parallelism on all 8 devices, as a JAX user writes it: the batch over
+// ('data', 'model'), every parameter replicated. Each device computes its own B/8 examples (the
+// scan's carry is (B/8, T, D)) and the step moves what pure DP moves and nothing else: every
+// gradient all-reduced over both axes, 2(k-1)/k of its bytes with k = 8 (nccl-tests' convention,
+// as collective_bytes_per_device), plus the mean loss, one scalar (7 B). With the batch over
+// 'data' alone each 'model' pair computed the same examples (the carry was (B/4, T, D)) and the
+// gradients were all-reduced over 'data' only (k = 4: 1.5x the bytes instead of 1.75x).
+TEST(TransformerPlan, DpSplitsTheBatchOverEveryDeviceAndAllReducesEachGradientOverBoth) {
+  const Config c = small();
+  const Mesh mesh = mesh_4x2();
+  const Step step = compile_step(c, Layout::kDp, mesh);
+  ASSERT_TRUE(step.exe.has_value());
+  const Executable& exe = *step.exe;
+  const std::string text = exe.as_text();
+  const int64_t k = mesh.axis_size("data") * mesh.axis_size("model"), f32 = 4;
+  int64_t reference = 2 * (k - 1) * f32 / k;  // the mean loss
+  for (const auto& [name, type] : step.params) {
+    int64_t elements = 1;
+    for (int64_t d : type.shape) elements *= d;
+    reference += 2 * (k - 1) * f32 * elements / k;
+  }
+  std::vector<const Instruction*> collectives;
+  collectives_of(exe.program, &collectives);
+  ASSERT_FALSE(collectives.empty()) << text;
+  for (const Instruction* i : collectives) {
+    EXPECT_EQ(i->collective.kind, CollectiveKind::kAllReduce) << i->cause << "\n" << text;
+    EXPECT_THAT(i->axes, ::testing::UnorderedElementsAre("data", "model")) << i->cause << "\n" << text;
+  }
+  const int64_t bytes = collective_bytes_per_device(exe.program, exe.mesh);
+  EXPECT_GE(bytes, reference - 8) << text;  // each collective's count rounds down
+  EXPECT_LE(bytes, reference) << text;
+  bool found = false;
+  for (const Instruction& i : exe.program.code) {
+    if (i.kind != Instruction::Kind::kLoop || found) continue;
+    found = true;
+    EXPECT_EQ(i.out_types[0].shape, (Shape{c.batch / k, c.seq, c.d_model})) << "the forward loop's carry\n" << text;
+  }
+  EXPECT_TRUE(found) << text;
 }
 
 // fsdp_tp stores the same parameters outside the loop split over 'data' (their use layouts do not

@@ -157,7 +157,9 @@ TEST(ScanPlan, OneLoopWhoseBodyHoldsTheCollectivesAndWhoseSizeIgnoresTheLength) 
   const Instruction* loop = the_loop(sixteen->program);
   ASSERT_NE(loop, nullptr) << sixteen->as_text();
   EXPECT_EQ(loop->trip_count, 16);
-  EXPECT_EQ(loop->extra_out.size(), 3u) << "the four results of one scan come from one loop";
+  // The four results of one scan come from one loop, after the final values of the carries
+  // the hoisting added (the body's scales, built once before the loop).
+  EXPECT_EQ(loop->extra_out.size(), 3u + static_cast<size_t>(loop->num_carry - 2));
   // h @ w contracts a split dimension: the body resolves it every iteration (and a carry
   // leaving in its layout needs nothing more); nothing else moves around the loop.
   EXPECT_GE(collectives(*loop->body), 1) << sixteen->as_text();
@@ -226,6 +228,55 @@ TEST(ScanPlan, ItsGradientRunsTheForwardBodyOnceAndReadsTheResidualsBackwards) {
   EXPECT_GT(forward.out_types.size(), 4u) << exe->as_text();
 }
 
+// A body that builds arrays no iteration's input goes into, as attention's does: a causal
+// mask from two iotas and a compare, a scalar fill broadcast to the carry's shape, a scale.
+ScanStep masked_layer(const std::vector<Value>& c, const std::vector<Value>& x) {
+  const Value causal = iota(DType::kI32, {kDim, kDim}, 0) >= iota(DType::kI32, {kDim, kDim}, 1);
+  const Value h = where(causal, matmul(c[0], x[0]) * 0.25, full({}, -1.5, DType::kF32)) + 0.5;
+  return ScanStep{{tanh(h)}, {h * 3.0}};
+}
+std::vector<Value> masked(const std::vector<Value>& in) {
+  ScanResult r = scan(masked_layer, {in[0]}, {in[1]});
+  return {r.carry[0], r.ys[0]};
+}
+
+// Loop-invariant code motion (passes/hoist.cc): the mask, the fill and the scales are built
+// once before the loop, not in every iteration, and enter the body as extra carries the body
+// passes on; the body keeps only what reads the iteration's values. Values: MeshesSuite.
+// LoopInvariantsHoistedOutOfTheBodyGiveTheHostLoop.
+TEST(ScanPlan, WhatTheBodyBuildsFromNothingOfTheIterationIsBuiltOnceBeforeTheLoop) {
+  absl::StatusOr<Executable> exe =
+      compile(masked, {{DType::kF32, {kDim, kDim}}, {DType::kF32, {6, kDim, kDim}}}, {P("data", None), P()});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const Instruction* loop = the_loop(exe->program);
+  ASSERT_NE(loop, nullptr) << exe->as_text();
+  for (Op op : {Op::kConstant, Op::kIota, Op::kBroadcastInDim, Op::kGe}) {
+    EXPECT_EQ(kernels_of(*loop->body, op), 0) << op_name(op) << "\n" << exe->as_text();
+  }
+  EXPECT_EQ(kernels_of(*loop->body, Op::kDotGeneral), 1) << exe->as_text();
+  EXPECT_EQ(kernels_of(*loop->body, Op::kTanh), 1) << exe->as_text();
+  size_t at = 0;  // the loop's position
+  while (&exe->program.code[at] != loop) ++at;
+  int before = 0;
+  for (size_t k = 0; k < at; ++k) {
+    const Instruction& i = exe->program.code[k];
+    before += i.kind == Instruction::Kind::kKernel && (i.node.op == Op::kIota || i.node.op == Op::kConstant) ? 1 : 0;
+  }
+  EXPECT_GE(before, 2) << "the iotas (and the constants) before the loop\n" << exe->as_text();
+  // One carry of the scan's own, then the hoisted values it reads, each passed on unchanged.
+  ASSERT_GT(loop->num_carry, 1) << exe->as_text();
+  for (int k = 1; k < loop->num_carry; ++k) {
+    EXPECT_EQ(loop->body->input_slots[k], loop->body->output_slots[k]) << "hoisted value " << k;
+  }
+  // The program survives the wire and resolves, as LoadPlan sends it.
+  pb::DevicePlan wire;
+  to_proto(exe->program, &wire);
+  absl::StatusOr<DevicePlan> back = plan_from_proto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  absl::StatusOr<DevicePlan> device5 = resolve(*back, exe->mesh, 5);
+  ASSERT_TRUE(device5.ok()) << device5.status();
+}
+
 TEST(ScanPlan, MalformedLoopsAreRejected) {
   absl::StatusOr<Executable> exe = compile(
       [](const std::vector<Value>& in) { return scanned(in, false); },
@@ -245,9 +296,13 @@ TEST(ScanPlan, MalformedLoopsAreRejected) {
   rejects([](pb::Instruction* i) { i->clear_body(); }, "a loop without a body");
   rejects([](pb::Instruction* i) { i->set_trip_count(5); }, "not 5 rows");
   rejects([](pb::Instruction* i) { i->set_num_carry(7); }, "7 carries");
-  rejects([](pb::Instruction* i) { i->add_in(i->in(0)); }, "its body takes 3");
+  // The loop's operands and results: the scan's 3 and 4, and one more of each per value the
+  // hoisting made a carry (the body's scales).
+  const int ins = wire.code(k).in_size(), outs = wire.code(k).out_types_size();
+  ASSERT_EQ(ins - 3, outs - 4) << exe->as_text();
+  rejects([](pb::Instruction* i) { i->add_in(i->in(0)); }, absl::StrCat("its body takes ", ins));
   rejects([](pb::Instruction* i) { *i->add_out_types() = i->out_types(0); },
-          "writes 4 slots of 5 types; its body returns 4");
+          absl::StrCat("writes ", outs, " slots of ", outs + 1, " types; its body returns ", outs));
   rejects([](pb::Instruction* i) { i->mutable_out_types(0)->set_dtype(static_cast<pb::DType>(77)); },
           "result 0: dtype 77");
 }
@@ -391,6 +446,53 @@ TEST_F(MeshesSuite, ScanBodiesReadOuterValues) {
     const std::vector<HostArray> want = values_and_grads(*client_, auto_meshes_[m], loss(false), inputs, specs);
     ASSERT_EQ(g.size(), 5u);
     ASSERT_EQ(want.size(), 5u);
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(results_match(g[i], want[i], 1e-4)) << "gradient output " << i;
+  }
+}
+
+// The loop whose invariants the compiler hoists (ScanPlan.WhatTheBodyBuildsFromNothing...)
+// against the host, which runs the body graph once per row, masks and all, and against the
+// unrolled program; and its gradient against the unrolled program's, whose backward loop
+// hoists the VJP's constants too.
+TEST_F(MeshesSuite, LoopInvariantsHoistedOutOfTheBodyGiveTheHostLoop) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(17);
+  HostArray h = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray xs = random_array(DType::kF32, {5, kDim, kDim}, Domain::kSigned, rng);
+  const std::vector<const HostArray*> inputs = {&h, &xs};
+  auto written_out = [](const std::vector<Value>& in) {
+    std::vector<Value> c = {in[0]}, ys;
+    for (int64_t row = 0; row < 5; ++row) {
+      ScanStep step = masked_layer(c, {reshape(slice(in[1], {row, 0, 0}, {row + 1, kDim, kDim}), {kDim, kDim})});
+      c = step.carry;
+      ys.push_back(expand_dims(step.ys[0], 0));
+    }
+    return std::vector<Value>{c[0], concatenate(ys, 0)};
+  };
+  auto loss = [](const TracedFunction& f) {
+    return [f](const std::vector<Value>& in) {
+      std::vector<Value> r = f(in);
+      return std::vector<Value>{sum(r[0] * r[0]) + sum(r[1] * 0.5)};
+    };
+  };
+  for (size_t m = 0; m < auto_meshes_.size(); ++m) {
+    SCOPED_TRACE(test_meshes()[m].name);
+    const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
+    const std::vector<PartitionSpec> specs = {P(first, None), P(None, None, last)};
+    absl::StatusOr<JitCheck> loop = run_against_host(*client_, auto_meshes_[m], masked, inputs, specs);
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    absl::StatusOr<JitCheck> flat = run_against_host(*client_, auto_meshes_[m], written_out, inputs, specs);
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    ASSERT_EQ(loop->got.size(), 2u);
+    for (size_t i = 0; i < loop->got.size(); ++i) {
+      EXPECT_TRUE(results_match(loop->got[i], loop->want[i], kF32Tolerance)) << "against the host loop " << i;
+      EXPECT_TRUE(results_match(loop->got[i], flat->got[i], kF32Tolerance)) << "against the unrolled program " << i;
+    }
+    EXPECT_THAT(loop->plan_text, HasSubstr("loop("));
+    const std::vector<HostArray> g = values_and_grads(*client_, auto_meshes_[m], loss(masked), inputs, specs);
+    const std::vector<HostArray> want = values_and_grads(*client_, auto_meshes_[m], loss(written_out), inputs, specs);
+    ASSERT_EQ(g.size(), 3u);
+    ASSERT_EQ(want.size(), 3u);
     for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(results_match(g[i], want[i], 1e-4)) << "gradient output " << i;
   }
 }

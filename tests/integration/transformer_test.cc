@@ -87,7 +87,7 @@ TrainRun train(const Mesh& mesh, Layout layout, const std::string& remat = "none
   const TreeJitted step = model.train_step();
   std::vector<Array> losses;
   for (const Tree<HostArray>& b : batches(c)) {
-    absl::StatusOr<Tree<Array>> batch = device_put(client(), b, mesh, ShardingRule(P("data", None)));
+    absl::StatusOr<Tree<Array>> batch = device_put(client(), b, mesh, ShardingRule(model.batch_spec()));
     EXPECT_TRUE(batch.ok()) << batch.status();
     if (!batch.ok()) return run;
     absl::StatusOr<std::vector<Tree<Array>>> out = step({p, s, *batch});
@@ -328,7 +328,7 @@ TEST(Transformer, EvalOfLargeWeightsIsTheHostForward) {
     const Mesh mesh = mesh_of(data, model);
     const Model m(tiny(), layout, mesh);
     absl::StatusOr<Tree<Array>> params = device_put(client(), big, mesh, m.param_rule());
-    absl::StatusOr<Tree<Array>> b = device_put(client(), batch, mesh, ShardingRule(P("data", None)));
+    absl::StatusOr<Tree<Array>> b = device_put(client(), batch, mesh, ShardingRule(Model::batch_spec(layout)));
     ASSERT_TRUE(params.ok() && b.ok()) << params.status() << b.status();
     absl::StatusOr<std::vector<Tree<Array>>> out = m.eval()({*params, *b});
     ASSERT_TRUE(out.ok()) << out.status();
@@ -395,7 +395,7 @@ TEST(Transformer, GradientsAreTheHostForwardsCentralDifferences) {
       return value_and_grad(loss, {0})(in);
     });
     absl::StatusOr<Tree<Array>> p = device_put(client(), params, mesh, m.param_rule());
-    absl::StatusOr<Tree<Array>> b = device_put(client(), batch, mesh, ShardingRule(P("data", None)));
+    absl::StatusOr<Tree<Array>> b = device_put(client(), batch, mesh, ShardingRule(Model::batch_spec(layout)));
     ASSERT_TRUE(p.ok() && b.ok()) << p.status() << b.status();
     absl::StatusOr<std::vector<Tree<Array>>> out = grads({*p, *b});
     ASSERT_TRUE(out.ok()) << out.status();

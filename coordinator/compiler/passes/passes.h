@@ -1,6 +1,10 @@
 // The passes partition() runs over the program it emitted (SPMD form, core/plan.h), in this
 // order, each in its own file:
 //
+//   hoist_loop_invariants         hoist.cc  what a scan's body computes from nothing the
+//                                           iteration gives it (constants, iotas, their
+//                                           broadcasts and masks) runs once before the loop
+//                                           and enters the body as an extra carry
 //   eliminate_dead_code           dce.cc    nothing that reaches no output is computed
 //   eliminate_common_subexpressions cse.cc  an instruction identical to an earlier one (same
 //                                           op, attributes and inputs: a reshard emitted for
@@ -32,6 +36,7 @@
 namespace tessera {
 
 // REQUIRES for all: `program` has no frees yet, every slot is written once before it is read.
+void hoist_loop_invariants(DevicePlan* program);
 void eliminate_dead_code(DevicePlan* program);
 void eliminate_common_subexpressions(DevicePlan* program);
 void create_reduce_scatters(DevicePlan* program);
@@ -43,6 +48,7 @@ inline constexpr int64_t kCombineBytes = int64_t{4} << 20;
 void combine_collectives(DevicePlan* program, const Mesh& mesh);
 
 inline void run_passes(DevicePlan* program, const Mesh& mesh) {
+  hoist_loop_invariants(program);            // before CSE: hoisted constants meet their twins
   eliminate_common_subexpressions(program);  // first: duplicates removed, their producers may die
   eliminate_dead_code(program);
   create_reduce_scatters(program);  // before combining: a combined all_reduce is read by many
