@@ -221,11 +221,21 @@ Value argmin(const Value& x, int64_t axis, DType index_dtype) {
 Value tril(const Value& x, int64_t k) { return triangle("tril", x, k, true); }
 Value triu(const Value& x, int64_t k) { return triangle("triu", x, k, false); }
 
-Value einsum(const std::string& subscripts, const Value& a, const Value& b, const PartitionSpec& out_sharding) {
-  return internal::with_out_sharding("einsum", a, out_sharding, [&] { return einsum(subscripts, a, b); });
+namespace {
+
+// out_sharding (over einsum's output labels `out`) in the order of the dot_general's result
+// labels `result`, of which `out` is a permutation: jax/_src/numpy/einsum.py's
+// _get_inverse_sharding (its unreduced and reduced axes kept). A spec longer than the output
+// is passed as it is, for the constraint to refuse.
+PartitionSpec dot_out_sharding(const PartitionSpec& out_sharding, const std::string& out, const std::string& result) {
+  if (out_sharding.size() > static_cast<int>(out.size())) return out_sharding;
+  std::vector<Axes> dims;
+  for (char c : result) dims.push_back(out_sharding.axes(static_cast<int>(out.find(c))));
+  return PartitionSpec(std::move(dims), out_sharding.unreduced(), out_sharding.reduced());
 }
 
-Value einsum(const std::string& subscripts, const Value& a, const Value& b) {
+// einsum, its out_sharding (when given) the dot_general's, as jnp.einsum passes it.
+Value einsum_with(const std::string& subscripts, const Value& a, const Value& b, const PartitionSpec* out_sharding) {
   TraceState* t = TraceState::common({&a, &b});
   if (t == nullptr) return Value();
   std::string spec;
@@ -300,12 +310,25 @@ Value einsum(const std::string& subscripts, const Value& a, const Value& b) {
       if (labels[1 - k].find(c) == std::string::npos) result.push_back(c);
     }
   }
-  const Value product = dot_general(x[0], x[1], dims);
+  const Value product = out_sharding == nullptr
+                            ? dot_general(x[0], x[1], dims)
+                            : internal::with_out_sharding("einsum", x[0], dot_out_sharding(*out_sharding, out, result),
+                                                          [&] { return dot_general(x[0], x[1], dims); });
   std::vector<int64_t> permutation;
   for (char c : out) permutation.push_back(static_cast<int64_t>(result.find(c)));
   bool identity = true;
   for (size_t i = 0; i < permutation.size(); ++i) identity = identity && permutation[i] == static_cast<int64_t>(i);
   return identity ? product : transpose(product, permutation);
+}
+
+}  // namespace
+
+Value einsum(const std::string& subscripts, const Value& a, const Value& b, const PartitionSpec& out_sharding) {
+  return einsum_with(subscripts, a, b, &out_sharding);
+}
+
+Value einsum(const std::string& subscripts, const Value& a, const Value& b) {
+  return einsum_with(subscripts, a, b, nullptr);
 }
 
 }  // namespace tessera

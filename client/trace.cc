@@ -29,7 +29,11 @@ const std::vector<std::string>& TraceState::unreduced_of(int id) const {
 absl::Status TraceState::type_new_nodes() {
   for (int id = static_cast<int>(specs.size()); id < graph.size(); ++id) {
     const Node& n = graph.node(id);
-    TypeRuleCall call{*explicit_mesh, n, {}, out_sharding_scopes > 0, out_unreduced};
+    TypeRuleCall call{*explicit_mesh, n, {}, out_sharding_scopes > 0};
+    if (auto given = out_unreduced.find(id); given != out_unreduced.end()) {
+      call.out_unreduced = std::move(given->second);
+      out_unreduced.erase(given);
+    }
     for (int o : n.operands) {
       const Node& on = graph.node(o);
       call.operands.push_back({on.dtype, on.shape, without_auto_axes(specs[o]), unreduced_of(o)});
@@ -130,6 +134,8 @@ int TraceState::capture(const Value& v) {
   // typed first, so its spec lands at its id).
   if (explicit_mesh.has_value()) {
     absl::Status typed = type_new_nodes();
+    // The parent's too: inside a with_out_sharding its nodes wait to be typed (deferred_typing).
+    if (typed.ok() && parent->explicit_mesh.has_value()) typed = parent->type_new_nodes();
     if (!typed.ok()) fail(typed);
   }
   const int p = graph.add_parameter(outer.dtype(), outer.shape());
@@ -299,20 +305,14 @@ std::vector<Value> inline_graph(const Graph& g, const std::vector<Value>& args, 
       if (!value[o].ok()) return std::vector<Value>(wanted.size());
       o = TraceState::id(value[o]);
     }
-    std::vector<std::string> outer_unreduced;
-    if (pinned[id]) {
-      ++t->out_sharding_scopes;
-      auto u = constrained_unreduced.find(id);
-      outer_unreduced =
-          std::exchange(t->out_unreduced, u == constrained_unreduced.end() ? std::vector<std::string>{} : u->second);
-    }
+    if (pinned[id]) ++t->out_sharding_scopes;
     const absl::StatusOr<int> added = t->graph.add_node(std::move(n));
     if (recorded != nullptr && added.ok()) (*recorded)[id] = *added;
-    value[id] = t->make(added);
-    if (pinned[id]) {
-      t->out_unreduced = std::move(outer_unreduced);
-      --t->out_sharding_scopes;
+    if (auto u = constrained_unreduced.find(id); u != constrained_unreduced.end() && added.ok()) {
+      t->out_unreduced[*added] = u->second;
     }
+    value[id] = t->make(added);
+    if (pinned[id]) --t->out_sharding_scopes;
   }
   std::vector<Value> out;
   for (size_t j : wanted) out.push_back(TraceState::local(value[g.outputs()[j]]));
@@ -852,11 +852,21 @@ Value with_out_sharding(absl::string_view api, const Value& operand, const Parti
   // Checked before op is traced, as JAX canonicalizes out_sharding before binding.
   absl::StatusOr<NamedSharding> target = out_sharding_target(*t, api, out_sharding);
   if (!target.ok()) return t->fail(target.status());
+  if (!t->explicit_mesh.has_value()) return with_sharding_constraint(op(), *target);
+  // The nodes op makes are typed when it returns: out_sharding's unreduced axes are its
+  // result's (the op given out_sharding, as JAX binds it as that primitive's param), not those
+  // of the ops a composite makes on the way (their own out_sharding is none).
   ++t->out_sharding_scopes;
-  std::vector<std::string> outer_unreduced = std::exchange(t->out_unreduced, out_sharding.unreduced());
+  ++t->deferred_typing;
   const Value r = op();
-  t->out_unreduced = std::move(outer_unreduced);
+  --t->deferred_typing;
+  if (r.ok() && TraceState::of(r) == t && !out_sharding.unreduced().empty()) {
+    const int id = TraceState::id(r);
+    if (id >= static_cast<int>(t->specs.size())) t->out_unreduced[id] = out_sharding.unreduced();
+  }
+  const absl::Status typed = t->type_new_nodes();
   --t->out_sharding_scopes;
+  if (!typed.ok()) return t->fail(typed);
   return with_sharding_constraint(r, *target);
 }
 
@@ -978,26 +988,39 @@ AxesSwitched explicit_axes(TracedFunction f, std::vector<std::string> axes, std:
       return {t->fail(absl::InvalidArgumentError(
           absl::StrCat("explicit_axes: ", in_shardings.size(), " in_shardings for ", in.size(), " arguments")))};
     }
-    // The axes that become Explicit here, and the mesh the types see meanwhile.
+    // The axes that become Explicit here, and the mesh the types see meanwhile: JAX's
+    // use_abstract_mesh(cur_mesh.update_axis_types({a: Explicit})) (jax/_src/pjit.py,
+    // _get_new_mesh), cur_mesh being the one in force, where an enclosing auto_axes made its
+    // axes Auto: those named here are Explicit again inside, so they leave the auto_axes list.
     std::vector<std::string> switched;
     std::vector<AxisType> types = mesh->axis_types();
+    const std::vector<std::string> outer_auto = t->auto_axes;
     for (const std::string& a : *names) {
       AxisType& type = types[mesh->axis_index(a)];
-      if (type != AxisType::kExplicit) switched.push_back(a);
+      const bool auto_here = std::find(outer_auto.begin(), outer_auto.end(), a) != outer_auto.end();
+      if (type != AxisType::kExplicit || auto_here) switched.push_back(a);
       type = AxisType::kExplicit;
     }
     absl::StatusOr<Mesh> inner = Mesh::create(mesh->shape(), mesh->axis_names(), mesh->device_ids(), types);
     if (!inner.ok()) return {t->fail(inner.status())};
-    for (size_t i = 0; i < in.size(); ++i) {
-      if (!in[i].ok()) continue;  // its op failed the trace already
-      absl::Status fits =
-          internal::check_explicit_axes_in_sharding(i, {in[i].dtype(), in[i].shape()}, in_shardings[i], *inner);
-      if (!fits.ok()) return {t->fail(fits)};
-    }
     const std::optional<Mesh> saved = t->explicit_mesh;
     if (saved.has_value()) {
       absl::Status typed = t->type_new_nodes();
       if (!typed.ok()) return {t->fail(typed)};
+    }
+    std::vector<std::string> inner_auto;
+    for (const std::string& a : outer_auto) {
+      if (std::find(names->begin(), names->end(), a) == names->end()) inner_auto.push_back(a);
+    }
+    t->auto_axes = std::move(inner_auto);
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].ok()) continue;  // its op failed the trace already
+      absl::Status fits =
+          internal::check_explicit_axes_in_sharding(i, {in[i].dtype(), in[i].shape()}, in_shardings[i], *inner);
+      if (!fits.ok()) {
+        t->auto_axes = outer_auto;
+        return {t->fail(fits)};
+      }
     }
     // Nodes traced outside explicit mode are untyped: unsplit over every Explicit axis.
     for (int id = static_cast<int>(t->specs.size()); id < t->graph.size(); ++id) {
@@ -1015,6 +1038,7 @@ AxesSwitched explicit_axes(TracedFunction f, std::vector<std::string> axes, std:
     // results to their specs without those axes, which on Auto axes constrains nothing).
     for (int id = start; id < static_cast<int>(t->specs.size()); ++id) internal::without_axes(t->specs[id], switched);
     t->explicit_mesh = saved;
+    t->auto_axes = outer_auto;
     if (!typed.ok()) return {t->fail(typed)};
     return out;
   });

@@ -85,9 +85,13 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   std::vector<TypeSpec> specs;
   int out_sharding_scopes = 0;
   // The unreduced axes of the nodes whose type has some (JAX's {U:X}; explicit/unreduced.cc),
-  // by id, and those of the innermost out_sharding being traced.
+  // by id; and those an out_sharding gives the one node it is the out_sharding of (the op's
+  // result, as JAX's per-primitive out_sharding param), by id, until that node is typed.
   std::map<int, std::vector<std::string>> unreduced;
-  std::vector<std::string> out_unreduced;
+  std::map<int, std::vector<std::string>> out_unreduced;
+  // Inside with_out_sharding: make() leaves the nodes untyped until the op returns and its
+  // result's node is known (an explicit type_new_nodes() still types them).
+  int deferred_typing = 0;
   // unreduced[id], or none.
   const std::vector<std::string>& unreduced_of(int id) const;
   // Inside auto_axes: the Explicit mesh axes treated as Auto there (left out of the types).
@@ -139,7 +143,7 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
 
   Value make(absl::StatusOr<int> id) {
     if (!id.ok()) return fail(id.status());
-    if (explicit_mesh.has_value()) {
+    if (explicit_mesh.has_value() && deferred_typing == 0) {
       absl::Status typed = type_new_nodes();
       if (!typed.ok()) return fail(typed);
     }

@@ -14,7 +14,7 @@ from . import checkpoint_policies
 from ._array import Array
 from ._config import config
 from ._trace import Tracer
-from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, _explicit_only, _check_in_force, devices, _ambient_mesh, get_abstract_mesh
+from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, _explicit_only, _check_in_force, devices, _ambient_mesh, get_abstract_mesh, _abstract_override, _in_force
 from .tree_util import tree_flatten, tree_unflatten, tree_leaves, broadcast_prefix, tree_map
 
 
@@ -164,9 +164,11 @@ class _Jitted:
             return self._call_traced(args, kwargs)  # inside another trace: inline
         leaves, treedef = tree_flatten((dyn, kwargs))
         dyn_pos = [i for i, l in enumerate(leaves) if _is_dynamic(l)]
-        # The ambient mesh is part of the key: bare specs inside fun resolve against it.
+        # The ambient mesh is part of the key: bare specs inside fun resolve against it; and so is
+        # use_abstract_mesh's, which holds inside fun (JAX's trace context holds it).
         key = (treedef, tuple(_static_key(args[i]) for i in sorted(static)),
                tuple((i, _static_key(l)) for i, l in enumerate(leaves) if not _is_dynamic(l)), _ambient_mesh(),
+               _abstract_override(),
                tuple(_signature(leaves[i]) for i in dyn_pos))
         shardings = self._arg_shardings(dyn, kwargs, len(leaves))
         entry = self._cache.get(key)
@@ -649,7 +651,8 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
         seen = {}
 
         def body(values):
-            out = f(*tree_unflatten(treedef, [Tracer(v) for v in values]))
+            with _in_force(None):  # the body's mesh, its manual axes Manual, as JAX's shard_map
+                out = f(*tree_unflatten(treedef, [Tracer(v) for v in values]))
             out_leaves, seen["tree"] = tree_flatten(out)
             seen["specs"] = broadcast_prefix(out_specs, out, lambda p: isinstance(p, PartitionSpec))
             return [_as_value(o) for o in out_leaves]
@@ -670,6 +673,9 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
         mesh = fixed_mesh if fixed_mesh is not None else _ambient_mesh()
         if mesh is None:
             raise TypeError("shard_map needs mesh= or an ambient mesh (tessera.set_mesh) when called")
+        in_force = _abstract_override()
+        if in_force is not None and mesh.abstract_mesh != in_force:  # JAX's _shmap_checks
+            raise ValueError(f"The context mesh {in_force} should match the mesh passed to shard_map {mesh}")
         leaves, treedef = tree_flatten(args)
         if not (_trace.in_trace() or any(isinstance(l, Tracer) for l in leaves)):
             if not for_all and not tree_leaves(out_specs, lambda p: isinstance(p, PartitionSpec)):

@@ -359,22 +359,49 @@ def get_mesh():
     return mesh if mesh is not None else Mesh(np.empty((), dtype=object), ())
 
 
-# use_abstract_mesh's blocks, innermost last: (the AbstractMesh, the trace level it was entered at).
+# The abstract meshes in force, innermost last: use_abstract_mesh's blocks, and the scopes that
+# put their own in force while their function is traced (JAX's shard_map, auto_axes,
+# explicit_axes enter use_abstract_mesh themselves): None for a shard_map body (the SDK's
+# get_abstract_mesh() gives its Manual axes).
 _abstract_stack = []
 
 
-def _trace_level():
-    from ._trace import _state
-    return getattr(_state, "depth", 0)
-
-
 def _abstract_override():
-    """The AbstractMesh use_abstract_mesh set at this trace level, or None. A function traced
-    inside its block (a jitted function, a shard_map body, auto_axes) is a level further and
-    has the types its own trace gives."""
-    if _abstract_stack and _abstract_stack[-1][1] == _trace_level():
-        return _abstract_stack[-1][0]
-    return None
+    """The AbstractMesh use_abstract_mesh put in force, or None. As JAX's (a thread-local
+    config value, jax/_src/mesh.py), the block holds for everything traced inside it, a jitted
+    function or a control-flow body included, until a shard_map body (its own mesh, Manual axes
+    and all) or auto_axes / explicit_axes (the block's mesh with their axes switched)."""
+    return _abstract_stack[-1] if _abstract_stack else None
+
+
+class _in_force:
+    """While a shard_map body (mesh None) or an auto_axes / explicit_axes function is traced:
+    the abstract mesh it puts in force, when a use_abstract_mesh block is in force around it."""
+
+    __slots__ = ["mesh", "pushed"]
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    def __enter__(self):
+        self.pushed = bool(_abstract_stack)
+        if self.pushed:
+            _abstract_stack.append(self.mesh)
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            _abstract_stack.pop()
+        return False
+
+
+def _switched_in_force(axes, axis_type):
+    """_in_force for auto_axes / explicit_axes over `axes`: JAX's _get_new_mesh
+    (jax/_src/pjit.py), get_abstract_mesh().update_axis_types({a: axis_type})."""
+    override = _abstract_override()
+    if override is None:
+        return _in_force(None)
+    names = override.axis_names if axes is None else _axis_list(axes)
+    return _in_force(override.update_axis_types({a: axis_type for a in names}))
 
 
 def _check_in_force(api, spec):
@@ -407,7 +434,7 @@ class use_abstract_mesh:
         if not prev.empty and not self.mesh.empty and prev.size != self.mesh.size:
             raise ValueError(f"use_abstract_mesh cannot change the size of the mesh. Got new mesh: {self.mesh} "
                              f"with size={self.mesh.size} and prev mesh: {prev} with size={prev.size}")
-        _abstract_stack.append((self.mesh, _trace_level()))
+        _abstract_stack.append(self.mesh)
 
     def __exit__(self, *exc):
         _abstract_stack.pop()
@@ -507,7 +534,7 @@ def reshard(x, out_shardings):
     return _reshard(x, out_shardings)
 
 
-def _switch_axes(f, args, kwargs, run, eager):
+def _switch_axes(f, args, kwargs, run, eager, in_force):
     """f(*args, **kwargs) with its array arguments flattened to Values, through `run(body,
     values)` (the SDK's auto_axes / explicit_axes) inside a trace; outside one `eager()`, as
     JAX runs them op by op. Returns f's result tree."""
@@ -520,7 +547,8 @@ def _switch_axes(f, args, kwargs, run, eager):
     out_tree = [None]
 
     def body(values):
-        out, out_tree[0] = tree_flatten(f(*tree_unflatten(tree, [Tracer(v) for v in values]), **kwargs))
+        with in_force:
+            out, out_tree[0] = tree_flatten(f(*tree_unflatten(tree, [Tracer(v) for v in values]), **kwargs))
         return _values(out)
 
     out = run(callback(body), _values(leaves), out_tree)
@@ -657,7 +685,7 @@ def auto_axes(f=None, /, *, axes=None, out_sharding=None):
                 result = f(*_retyped(args, inner), **kwargs)
             return device_put(result, _on_mesh(out, mesh))
 
-        return _switch_axes(f, args, kwargs, run, eager)
+        return _switch_axes(f, args, kwargs, run, eager, _switched_in_force(axes, AxisType.Auto))
 
     return wrapped
 
@@ -697,6 +725,6 @@ def explicit_axes(f=None, /, *, axes=None, in_sharding=None):
                 result = f(*device_put(args, _on_mesh(ins, inner)), **kwargs)
             return _retyped(result, outer)
 
-        return _switch_axes(f, args, kwargs, run, eager)
+        return _switch_axes(f, args, kwargs, run, eager, _switched_in_force(axes, AxisType.Explicit))
 
     return wrapped

@@ -570,6 +570,69 @@ def test_get_mesh_and_use_abstract_mesh_as_jax(xy):
       reshard(x, jax.NamedSharding(xy, P("X", None)))
 
 
+def test_use_abstract_mesh_holds_in_what_is_traced_inside_it_as_jax(xy):
+  # jax.sharding.use_abstract_mesh (jax/_src/mesh.py) sets a thread-local config value that
+  # get_abstract_mesh() reads and canonicalize_sharding checks specs against; tracing a jitted
+  # function (pjit.py's _create_pjit_jaxpr: pe.trace_to_jaxpr, no mesh of its own) or a scan
+  # body keeps it, so inside them the block's axis types hold (the einsum of
+  # test_output_different_context_error refused in a jit nested in the block). shard_map enters
+  # its own (the body's mesh, manual axes Manual), and auto_axes / explicit_axes enter the
+  # block's mesh with their axes switched (pjit.py's _get_new_mesh: get_abstract_mesh()
+  # .update_axis_types). The jit cache keys on it (it is part of JAX's trace context).
+  from tessera.sharding import use_abstract_mesh, auto_axes
+  am = xy.abstract_mesh.update_axis_types({"X": AxisType.Auto})
+  seen = {}
+
+  @jax.jit
+  def inner(a, b):
+    seen["jit"] = get_abstract_mesh()
+    return jnp.einsum("xy,yz->xz", a, b, out_sharding=P("X", None))
+
+  def outer(a, b):
+    with use_abstract_mesh(am):
+      def step(c, row):
+        seen["scan"] = get_abstract_mesh()
+        return c + row, row
+      c, _ = jax.lax.scan(step, jnp.zeros((4,), jnp.float32), b)
+
+      e = auto_axes(lambda x: (seen.__setitem__("auto_axes", get_abstract_mesh()), x * 2)[1], axes="Y",
+                    out_sharding=P())(a)
+
+      def body(x):
+        seen["shard_map"] = get_abstract_mesh()
+        return x * 2
+      smap = jax.shard_map(body, mesh=xy, in_specs=P("X", None), out_specs=P("X", None))
+      with pytest.raises(ValueError, match=r"The context mesh AbstractMesh\('X': 2, 'Y': 4, axis_types=\(Auto, "
+                                           r"Explicit\)\) should match the mesh passed to shard_map"):
+        smap(a)
+      with use_abstract_mesh(xy.abstract_mesh):
+        d = smap(a)
+      return inner(a, b), c, d, e
+
+  x = np.arange(32, dtype=np.float32).reshape(8, 4)
+  y = np.arange(16, dtype=np.float32).reshape(4, 4)
+  with set_mesh(xy):
+    a, b = reshard(x, P("X", None)), reshard(y, P())
+    with pytest.raises(ValueError, match="PartitionSpec passed to einsum cannot contain axis names that are of type "
+                                         r"Auto or Manual. Got PartitionSpec: P\('X', None\) with axis name: X of "
+                                         "type: Auto"):
+      jax.jit(outer)(a, b)
+    assert seen["jit"] == am
+    assert seen["scan"] == am
+    assert seen["shard_map"] == xy.abstract_mesh.update_axis_types({"X": AxisType.Manual, "Y": AxisType.Manual})
+    assert seen["auto_axes"] == am.update_axis_types({"Y": AxisType.Auto})
+    # The same jitted function outside the block runs (X is Explicit there); inside it, the
+    # cached trace is not reused.
+    out = inner(a, b)
+    assert str(jax.typeof(out)) == "float32[8@X,4]"
+    np.testing.assert_allclose(np.asarray(out), x @ y, rtol=1e-5)
+    assert seen["jit"] == xy.abstract_mesh
+    with use_abstract_mesh(am):
+      with pytest.raises(ValueError, match="PartitionSpec passed to einsum cannot contain axis names"):
+        inner(a, b)
+      assert seen["jit"] == am
+
+
 # Unreduced specs (issue 16 item 2), after JAX's sharding-AD note ([AD]:
 # docs/new_docs/301/sharding-ad.md in jax-ml/jax) and tests/array_test.py's test_pspec_unreduced.
 def test_partition_spec_unreduced_and_reduced_as_jax(xy):

@@ -225,6 +225,44 @@ TEST(ExplicitJaxDocs, ExplicitAxesSwitchTheTypesOn) {
               HasSubstr("explicit_axes: 2 in_shardings for 1 arguments"));
 }
 
+// explicit_axes inside auto_axes: JAX's _explicit_axes (jax/_src/pjit.py) enters
+// use_abstract_mesh(cur_mesh.update_axis_types({a: Explicit for a in axes})) where cur_mesh is
+// the mesh auto_axes put in force (all Auto here), so inside, 'X' is Explicit again: the
+// in_sharding P('X', None) is accepted (canonicalize_sharding takes Explicit axes) and types
+// the argument f32[4@X,4] while 'Y' stays Auto; leaving, the result's spec loses 'X'
+// (modify_spec_for_auto_manual on the auto_axes mesh), and auto_axes' out_sharding types it
+// outside.
+TEST(ExplicitJaxDocs, ExplicitAxesInsideAutoAxesMakeTheirAxesExplicitAgain) {
+  std::vector<std::string> seen;
+  absl::StatusOr<std::vector<std::string>> t =
+      result_types(xy(), {{DType::kF32, {4, 4}, P("X", "Y")}}, [&](const std::vector<Value>& in) {
+        return auto_axes(
+            [&](const std::vector<Value>& a) {
+              seen.push_back(type_of(a[0]).to_string());
+              seen.push_back(get_abstract_mesh().to_string());
+              std::vector<Value> r = explicit_axes(
+                  [&](const std::vector<Value>& e) {
+                    const Value z = e[0] * 2.0;
+                    seen.push_back(type_of(e[0]).to_string());
+                    seen.push_back(type_of(z).to_string());
+                    seen.push_back(get_abstract_mesh().to_string());
+                    return std::vector<Value>{z};
+                  },
+                  {"X"}, {P("X", None)})(a);
+              seen.push_back(type_of(r[0]).to_string());
+              seen.push_back(get_abstract_mesh().to_string());
+              return r;
+            },
+            {}, {P(None, "Y")})(in);
+      });
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(seen,
+              ::testing::ElementsAre("f32[4,4]", "AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Auto))", "f32[4@X,4]",
+                                     "f32[4@X,4]", "AbstractMesh('X': 2, 'Y': 4, axis_types=(Explicit, Auto))",
+                                     "f32[4,4]", "AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Auto))"));
+  EXPECT_THAT(*t, ::testing::ElementsAre("f32[4,4@Y]"));
+}
+
 TEST(ExplicitJaxDocs, ExplicitAxesNeedAMesh) {
   EXPECT_THAT(one_type(mesh_of({2, 4}, {"X", "Y"}, {}), {{DType::kF32, {4, 4}, P()}},
                        explicit_axes([](const std::vector<Value>& in) { return in; }, {}, {P()})),
@@ -644,6 +682,44 @@ TEST(ExplicitControlFlow, ScanTypesCarriesRowsAndStackedYsAsJaxTestScan) {
   EXPECT_EQ(one_type(x2y2(), {in[0], {DType::kF32, {8, 8, 2}, P("x", None, None)}}, f),
             "error: scan: 0th dimension of all xs should be replicated. Got P('x', None, None) (operand "
             "f32[8@x,8,2]); reshard the xs so that the scanned dimension is not split (reshard(xs, P(None, ...)))");
+}
+
+// An unreduced out_sharding is the out_sharding of the one op it is given to, as JAX binds it
+// as that primitive's param: jnp.einsum hands it to its dot_general in the dot's dimension
+// order (jax/_src/numpy/einsum.py, _get_inverse_sharding keeps the unreduced axes) and
+// transposes after, which keeps them (lax.py's _transpose_ur_rule): "xy,yz->zx" of operands
+// split over Y on the contracted y is f32[4,8]{U:Y}, directly and in a scan body that reads an
+// outer value (the body is traced again with that value as a loop constant, each node typed
+// anew with only its own out_sharding).
+TEST(ExplicitControlFlow, AnUnreducedOutShardingIsItsOpsOnlyAlsoWhenABodyIsTracedAgain) {
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  const std::vector<Input> in = {{DType::kF32, {8, 16}, P(None, "Y")},
+                                 {DType::kF32, {16, 4}, P("Y", None)},
+                                 {DType::kF32, {2, 8, 16}, P(None, None, "Y")}};
+  EXPECT_EQ(one_type(xy(), in, [&](V v) { return std::vector<Value>{einsum("xy,yz->zx", v[0], v[1], unreduced)}; }),
+            "f32[4,8]{U:Y}");
+  std::vector<std::string> inside;
+  const auto f = [&](V v) {
+    const Value w = v[1];
+    ScanResult r = scan(
+        [&](V c, V x) {
+          const Value p = einsum("xy,yz->zx", x[0], w, unreduced);
+          inside.push_back(type_of(p).to_string());
+          return ScanStep{{c[0] + reshard(p, P())}, {}};
+        },
+        {full({4, 8}, 0.0)}, {v[2]});
+    return r.carry;
+  };
+  absl::StatusOr<std::vector<std::string>> t = result_types(xy(), in, f);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(inside, ::testing::Each("f32[4,8]{U:Y}"));
+  EXPECT_THAT(*t, ::testing::ElementsAre("f32[4,8]"));
+  // grad replays the body (its VJP inlines the body's graph): gradients take their primals' types.
+  absl::StatusOr<std::vector<std::string>> g = result_types(xy(), in, [&](V v) {
+    return grad([&](V p) { return std::vector<Value>{sum(f(p)[0])}; }, {1, 2})(v);
+  });
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(*g, ::testing::ElementsAre("f32[16@Y,4]", "f32[2,8,16@Y]"));
 }
 
 // test_scan_carry_shardings_diff_error: on a (2,) mesh, a body that reshards its carry i32[4]
