@@ -26,6 +26,18 @@ absl::Status check_fits(const ValueSharding& s, const Shape& shape, const Mesh& 
   return NamedSharding(mesh, s.spec()).validate(shape);
 }
 
+// `s` without the mesh axes of size 1: splitting a dimension over one device, or reducing over
+// one, is the identity, so the two lay out the same blocks.
+ValueSharding without_unit_axes(ValueSharding s, const Mesh& mesh) {
+  auto unit = [&](const std::string& a) {
+    const int i = mesh.axis_index(a);
+    return i >= 0 && mesh.shape()[i] == 1;
+  };
+  for (Axes& axes : s.dims) axes.erase(std::remove_if(axes.begin(), axes.end(), unit), axes.end());
+  s.partial.erase(std::remove_if(s.partial.begin(), s.partial.end(), unit), s.partial.end());
+  return s;
+}
+
 }  // namespace
 
 std::string ReshardStep::to_string() const {
@@ -48,10 +60,10 @@ std::string ReshardStep::to_string() const {
   return "unknown";
 }
 
-absl::StatusOr<std::vector<ReshardStep>> plan_reshard(const ValueSharding& from, const ValueSharding& to,
-                                                      const Shape& shape, const Mesh& mesh) {
-  TESSERA_RETURN_IF_ERROR(check_fits(from, shape, mesh, "source"));
-  TESSERA_RETURN_IF_ERROR(check_fits(to, shape, mesh, "target"));
+namespace {
+
+absl::StatusOr<std::vector<ReshardStep>> plan_without_unit_axes(const ValueSharding& from, const ValueSharding& to,
+                                                                const Shape& shape, const Mesh& mesh) {
   // A partial target is an operand of an op linear in it (slice, add of two partial values...)
   // that needs another layout but not the sum yet: the pending reduction is kept as it is, and
   // the moves below only move blocks (gather, all_to_all, slice, permute), which commute with
@@ -158,6 +170,20 @@ absl::StatusOr<std::vector<ReshardStep>> plan_reshard(const ValueSharding& from,
       push({ReshardStep::Kind::kLocalSlice, {axis}, ReduceOp::kSum, static_cast<int>(d), 0, 0, {}});
     }
   }
+  return steps;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ReshardStep>> plan_reshard(const ValueSharding& from, const ValueSharding& to,
+                                                      const Shape& shape, const Mesh& mesh) {
+  TESSERA_RETURN_IF_ERROR(check_fits(from, shape, mesh, "source"));
+  TESSERA_RETURN_IF_ERROR(check_fits(to, shape, mesh, "target"));
+  // Axes of size 1 move nothing: plan between the shardings without them (none when that is
+  // all they differ in), and end on `to` itself.
+  absl::StatusOr<std::vector<ReshardStep>> steps =
+      plan_without_unit_axes(without_unit_axes(from, mesh), without_unit_axes(to, mesh), shape, mesh);
+  if (steps.ok() && !steps->empty()) steps->back().after = to;
   return steps;
 }
 

@@ -147,6 +147,24 @@ TEST_F(PartitionTest, ReplicatedOperandIsSlicedLocallyPerDevice) {
   }
 }
 
+// On a mesh whose axes have size 1 every layout is the whole array on the one device: a
+// replicated operand of a split one, or a constraint onto a split, emits no local_slice (a
+// copy) and no collective (#15).
+TEST_F(PartitionTest, AxesOfSizeOneNeedNoReshard) {
+  mesh_ = *make_mesh({1, 1}, {"data", "model"}, {0});
+  Executable added = compile([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[1]}; },
+                             {{DType::kF32, {16, 8}}, {DType::kF32, {16, 8}}}, {P("data", None), P()});
+  EXPECT_EQ(count(added, Instruction::Kind::kLocalSlice), 0) << added.as_text();
+  EXPECT_EQ(count(added, Instruction::Kind::kCollective), 0) << added.as_text();
+  Executable constrained = compile(
+      [this](const std::vector<Value>& in) {
+        return std::vector<Value>{exp(with_sharding_constraint(in[0], NamedSharding(mesh_, P("data", "model"))))};
+      },
+      {{DType::kF32, {16, 8}}}, {P()});
+  EXPECT_EQ(count(constrained, Instruction::Kind::kLocalSlice), 0) << constrained.as_text();
+  EXPECT_EQ(count(constrained, Instruction::Kind::kCollective), 0) << constrained.as_text();
+}
+
 TEST_F(PartitionTest, LayoutChangesUseTheirCollectives) {
   auto constrained = [&](PartitionSpec to) {
     return [this, to](const std::vector<Value>& in) {

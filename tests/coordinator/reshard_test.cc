@@ -17,8 +17,10 @@ class ReshardTest : public ::testing::Test {
     return ValueSharding{std::move(dims), std::move(partial), ReduceOp::kSum};
   }
 
-  std::vector<std::string> plan(const ValueSharding& from, const ValueSharding& to, const Shape& shape = {16, 8}) {
-    absl::StatusOr<std::vector<ReshardStep>> steps = plan_reshard(from, to, shape, mesh_);
+  // The steps on `mesh` (or the suite's).
+  std::vector<std::string> plan(const ValueSharding& from, const ValueSharding& to, const Shape& shape = {16, 8},
+                                const Mesh* mesh = nullptr) {
+    absl::StatusOr<std::vector<ReshardStep>> steps = plan_reshard(from, to, shape, mesh != nullptr ? *mesh : mesh_);
     EXPECT_TRUE(steps.ok()) << steps.status();
     std::vector<std::string> out;
     if (!steps.ok()) return out;
@@ -31,6 +33,22 @@ class ReshardTest : public ::testing::Test {
 };
 
 TEST_F(ReshardTest, EqualShardingsNeedNothing) { EXPECT_TRUE(plan(s({{"data"}, {}}), s({{"data"}, {}})).empty()); }
+
+// A mesh axis of size 1 splits nothing and reduces over one device: shardings that differ
+// only in such axes place the same shards on the same devices, which is what JAX calls
+// equivalent (Sharding.is_equivalent_to, jax/_src/sharding.py), so nothing moves.
+TEST_F(ReshardTest, AxesOfSizeOneMoveNothing) {
+  const Mesh mesh = *make_mesh({4, 1}, {"data", "one"}, {0, 1, 2, 3});
+  auto run = [&](const ValueSharding& from, const ValueSharding& to) { return plan(from, to, {16, 8}, &mesh); };
+  EXPECT_TRUE(run(s({{}, {}}), s({{"one"}, {}})).empty());                // no local_slice
+  EXPECT_TRUE(run(s({{"data"}, {}}), s({{"data", "one"}, {}})).empty());  // no local_slice
+  EXPECT_TRUE(run(s({{"one", "data"}, {}}), s({{"data"}, {}})).empty());  // no all_gather
+  EXPECT_TRUE(run(s({{"one"}, {}}), s({{}, {"one"}})).empty());           // no all_to_all
+  EXPECT_TRUE(run(s({{}, {}}, {"one"}), s({{}, {}})).empty());            // no all_reduce
+  // What does move still does, and ends on the target as given.
+  EXPECT_THAT(run(s({{"one"}, {}}), s({{"data"}, {"one"}})), ElementsAre("local_slice(dim=0, axes=('data',))"));
+  EXPECT_THAT(run(s({{"data"}, {}}, {"one"}), s({{}, {}})), ElementsAre("all_gather(dim=0, axes=('data',))"));
+}
 
 TEST_F(ReshardTest, ReplicatedToShardedIsALocalSlice) {
   EXPECT_THAT(plan(s({{}, {}}), s({{"data"}, {"model"}})),

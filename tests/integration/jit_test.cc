@@ -105,6 +105,31 @@ TEST_F(JitTest, ElementwiseReductionsAndLayoutChanges) {
   expect_near(fetch((*y)[2]), reshaped);
 }
 
+// A (4, 1) mesh: splits over the size-1 'one' axis are no splits, so the plan moves nothing
+// for them (#15) and slices only the replicated operand along 'data'; the values are still
+// the host's.
+TEST_F(JitTest, AxesOfSizeOneNeedNoReshard) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 1}, {"data", "one"}, {AxisType::kAuto, AxisType::kAuto});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray a = random_f32({16, 8}, 41), b = random_f32({16, 8}, 42), c = random_f32({16, 8}, 43);
+  Jitted f = jit([&](const std::vector<Value>& in) {
+    Value t = with_sharding_constraint(in[0] * in[1] + in[2], NamedSharding(*mesh, P("data", "one")));
+    return std::vector<Value>{exp(t)};
+  });
+  absl::StatusOr<std::vector<Array>> y =
+      f({put_on(*mesh, a, P("data", None)), put_on(*mesh, b, P("data", "one")), put_on(*mesh, c, P())});
+  ASSERT_TRUE(y.ok()) << y.status();
+  const std::string text = f.as_text();
+  EXPECT_EQ(text.find("local_slice"), text.rfind("local_slice")) << "only c is sliced: " << text;
+  EXPECT_THAT(text, HasSubstr("local_slice(P(None, None) -> P('data', ")) << text;
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("all_")));
+  std::vector<double> want(128);
+  for (int64_t i = 0; i < 128; ++i) {
+    want[i] = std::exp(double(a.values<float>()[i]) * b.values<float>()[i] + c.values<float>()[i]);
+  }
+  expect_near(fetch((*y)[0]), want);
+}
+
 TEST_F(JitTest, SameSignatureNeverRecompiles) {
   const HostArray x = random_f32({16, 8}, 7), w = random_f32({8, 4}, 8);
   Jitted f = jit(layer);
