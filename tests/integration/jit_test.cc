@@ -835,6 +835,23 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_EQ(all_reduces(joined.as_text()), 1u) << joined.as_text();
   expect_near(fetch((*y)[0]), repeated(3), 1e-4);
+  // A pending sum not typed unreduced (the row sums of a split over 'Y', typed f32[8,1]) is
+  // still run before its broadcast, at the (8, 1) shape.
+  Jitted centred =
+      jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] - sum(in[0], {1}, /*keepdims=*/true)}; });
+  y = centred({as});
+  ASSERT_TRUE(y.ok()) << y.status();
+  const std::string text = centred.as_text();
+  ASSERT_EQ(all_reduces(text), 1u) << text;
+  const size_t at = text.find("all_reduce");
+  EXPECT_THAT(text.substr(at, text.find('\n', at) - at), HasSubstr("f32[8,1]")) << text;
+  std::vector<double> centred_want(8 * 16);
+  for (int64_t i = 0; i < 8; ++i) {
+    double row = 0;
+    for (int64_t l = 0; l < 16; ++l) row += a.values<float>()[i * 16 + l];
+    for (int64_t l = 0; l < 16; ++l) centred_want[i * 16 + l] = a.values<float>()[i * 16 + l] - row;
+  }
+  expect_near(fetch((*y)[0]), centred_want, 1e-4);
 }
 
 // What JAX refuses of an unreduced operand of the other ops, each with JAX's words, the op, the
