@@ -6,11 +6,12 @@
 // slice, dynamic_slice and pad keep the operand's sharding when each changed split dimension
 // still divides (slicing.py's _get_sharding_for_varying_out_shape, and lax.py's
 // _pad_sharding_rule), dynamic_update_slice needs the update laid out as the operand
-// (_dynamic_update_slice_sharding_rule). Unreduced rules: transpose and reshape move each
-// device's term as they move the value, so an unreduced operand's result is unreduced alike
-// (lax.py's _transpose_ur_rule, _reshape_unreduced_rule). The compiler keeps the pending sum
-// through both (coordinator/compiler/rules_layout.cc); it sums it before broadcast_in_dim and
-// concatenate, so those (which JAX lets through) refuse an unreduced operand for now.
+// (_dynamic_update_slice_sharding_rule). Unreduced rules: transpose, reshape and
+// broadcast_in_dim move (or copy) each device's term as they move the value, and concatenate
+// joins the terms of operands unreduced alike, so the result is unreduced as its operands
+// (lax.py's _transpose_ur_rule, _reshape_unreduced_rule, _broadcast_in_dim_unreduced_rule,
+// _concatenate_unreduced_rule). The compiler keeps such a typed pending sum through them
+// (coordinator/compiler/rules_layout.cc).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -131,36 +132,55 @@ UnreducedRuleResult transpose_unreduced(const TypeRuleCall& c) {
   return UnreducedRuleResult{c.operands[0].unreduced, "", ""};
 }
 
-// jax/_src/lax/lax.py, _reshape_unreduced_rule: the operand's unreduced axes; an out_sharding
-// must name the same ones.
-UnreducedRuleResult reshape_unreduced(const TypeRuleCall& c) {
+// jax/_src/lax/lax.py, _reshape_unreduced_rule (and _broadcast_in_dim_unreduced_rule): the
+// operand's unreduced axes; an out_sharding must name the same ones. (JAX's broadcast takes the
+// out_sharding's, which may differ from a *reduced* operand's; Tessera has no reduced types, and
+// a sum cannot be made pending over other axes, so it asks for the operand's.)
+UnreducedRuleResult operand_unreduced(const TypeRuleCall& c) {
   const TypedOperand& x = c.operands[0];
   UnreducedRuleResult r{x.unreduced, "", ""};
   if (!x.unreduced.empty() && c.out_sharding_given && c.out_unreduced != x.unreduced) {
-    r.error = absl::StrCat(
-        "out_sharding passed to reshape must be unreduced over the same mesh axes as operand. Got out_sharding's "
-        "unreduced axes ",
-        axis_set_repr(c.out_unreduced), " and operand type: ", type_string(x.dtype, x.shape, x.spec, x.unreduced));
+    r.error = absl::StrCat("out_sharding passed to ", op_name(c.node.op),
+                           " must be unreduced over the same mesh axes as operand. Got out_sharding's unreduced axes ",
+                           axis_set_repr(c.out_unreduced),
+                           " and operand type: ", type_string(x.dtype, x.shape, x.spec, x.unreduced));
     r.fix = absl::StrCat("give out_sharding=P(..., unreduced=", axis_set_repr(x.unreduced),
                          "), or reshard the operand first (reshard(x, P(...)) runs its sum)");
   }
   return r;
 }
 
-// broadcast_in_dim and concatenate: JAX keeps an unreduced operand's axes
-// (_broadcast_in_dim_ur_rule, _concatenate_unreduced_rule), but the compiler sums a pending
-// reduction before them (rules_layout.cc: at the smaller shape), so an unreduced operand is
-// refused rather than typed one way and computed another.
-UnreducedRuleResult summed_before(const TypeRuleCall& c) {
+// jax/_src/lax/lax.py, _concatenate_unreduced_rule: the operands' unreduced axes, which must
+// be the same ("All operands should be unreduced along the same mesh axes"). JAX lets an
+// operand that is not unreduced join unreduced ones (it may be *reduced* there); Tessera has
+// no reduced types, and such an operand's whole value would be each device's term, counted
+// once per device by the sum, so it is refused as add refuses it (_add_ur_rule).
+UnreducedRuleResult concatenate_unreduced(const TypeRuleCall& c) {
   UnreducedRuleResult r;
+  std::vector<std::vector<std::string>> specs;
   for (const TypedOperand& o : c.operands) {
-    if (o.unreduced.empty()) continue;
-    r.error = absl::StrCat(op_name(c.node.op),
-                           " of an unreduced operand is not built yet: JAX keeps it unreduced, Tessera's compiler "
-                           "would sum it before the op");
+    if (!o.unreduced.empty() && std::find(specs.begin(), specs.end(), o.unreduced) == specs.end()) {
+      specs.push_back(o.unreduced);
+    }
+  }
+  if (specs.empty()) return r;
+  if (specs.size() > 1) {
+    r.error = absl::StrCat("All operands should be unreduced along the same mesh axes. Got unreduced specs: ",
+                           absl::StrJoin(specs, ", ", [](std::string* out, const std::vector<std::string>& u) {
+                             absl::StrAppend(out, axis_set_repr(u));
+                           }));
     r.fix = kReduceFirstFix;
     return r;
   }
+  for (size_t k = 0; k < c.operands.size(); ++k) {
+    if (!c.operands[k].unreduced.empty()) continue;
+    r.error = absl::StrCat("operand ", k, " is not unreduced while others are unreduced over ", axis_set_repr(specs[0]),
+                           ": its whole value would be each device's term, counted once per device by the sum "
+                           "(JAX lets a reduced operand join; Tessera has no reduced types)");
+    r.fix = kReduceFirstFix;
+    return r;
+  }
+  r.unreduced = specs[0];
   return r;
 }
 
@@ -172,9 +192,12 @@ TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shap
 
 absl::Span<const ExplicitRule> layout_type_rules() {
   static const ExplicitRule kRules[] = {
-      {Op::kTranspose, transpose, transpose_unreduced}, {Op::kBroadcastInDim, broadcast_in_dim, summed_before},
-      {Op::kReshape, reshape, reshape_unreduced},       {Op::kSlice, slice},
-      {Op::kConcatenate, concatenate, summed_before},   {Op::kDynamicSlice, dynamic_slice},
+      {Op::kTranspose, transpose, transpose_unreduced},
+      {Op::kBroadcastInDim, broadcast_in_dim, operand_unreduced},
+      {Op::kReshape, reshape, operand_unreduced},
+      {Op::kSlice, slice},
+      {Op::kConcatenate, concatenate, concatenate_unreduced},
+      {Op::kDynamicSlice, dynamic_slice},
       {Op::kDynamicUpdateSlice, dynamic_update_slice},
   };
   return kRules;

@@ -2,7 +2,7 @@
 // devices along X waiting to happen; docs/new_docs/301/sharding-ad.md in jax-ml/jax). Each op's
 // rule is its family's (JAX's `ur_rule=`, jax/_src/lax/lax.py), registered beside its type
 // rule: placement.cc (reshard), dot.cc (dot_general), elementwise.cc (add, mul, div, convert),
-// layout.cc (transpose, reshape; broadcast_in_dim and concatenate refuse one), reduction.cc
+// layout.cc (transpose, reshape, broadcast_in_dim, concatenate), reduction.cc
 // (reduce_sum). An op without one refuses an unreduced operand, as JAX's unop_ur_rule /
 // nary_ur_rule.
 #include "absl/strings/str_cat.h"

@@ -93,8 +93,10 @@ class Propagator : public internal::ShardingContext {
       }
       TESSERA_RETURN_IF_ERROR(check_body_constraint(id));
     }
+    typed_unreduced_.assign(g_.size(), false);
     for (int id = 0; id < g_.size(); ++id) {
       TESSERA_RETURN_IF_ERROR(forward(id));  // a parameter's rule keeps its input layout
+      mark_typed_unreduced(id);
     }
     // Values no operand determined (constants, iota) start replicated; the backward pass
     // gives them what their users want.
@@ -127,6 +129,22 @@ class Propagator : public internal::ShardingContext {
   }
 
   const std::vector<std::string>& automatic_axes(int id) const override { return automatic_[id]; }
+  bool typed_unreduced(int id) const override { return typed_unreduced_[id]; }
+
+  // A pending sum is typed unreduced where a constraint or an input names it (their rules make
+  // exactly the spec's unreduced axes pending), and after an op that kept an operand's such sum.
+  void mark_typed_unreduced(int id) {
+    const Node& n = g_.node(id);
+    const ValueSharding& r = out_.result[id];
+    if (!assigned_[id] || !r.is_partial() || r.partial_op != ReduceOp::kSum) return;
+    if (n.op == Op::kShardingConstraint || n.op == Op::kParameter) {
+      typed_unreduced_[id] = true;
+      return;
+    }
+    for (int o : n.operands) {
+      if (typed_unreduced_[o] && out_.result[o].partial == r.partial) typed_unreduced_[id] = true;
+    }
+  }
 
   // The op's rule (rules_*.cc); inside a shard_map body, the body's, except where the body is
   // automatic: there the ops' own (collectives' and axis_index's included: see
@@ -369,6 +387,7 @@ class Propagator : public internal::ShardingContext {
   std::vector<bool> manual_;  // in a shard_map body
   // In a body manual over some axes only: the others, over which its values are laid out.
   std::vector<std::vector<std::string>> automatic_;
+  std::vector<bool> typed_unreduced_;  // typed_unreduced(id)
   Propagation out_;
 };
 

@@ -53,6 +53,11 @@ class ShardingContext {
   // The mesh axes over which value `id` is automatic: in a shard_map body manual over some
   // axes only (axis_names), the others; else none.
   virtual const std::vector<std::string>& automatic_axes(int id) const = 0;
+  // Whether value `id`'s pending sum is one the program typed unreduced (explicit mode's
+  // `{U:Y}`): made by a constraint or an input whose spec names unreduced axes, and kept as it
+  // was by every op since. A rule keeps such a sum where it would otherwise resolve it first
+  // (broadcast_in_dim, concatenate): the type says it is still pending after the op.
+  virtual bool typed_unreduced(int id) const = 0;
 
   // of(id), or replicated when not decided yet.
   ValueSharding of_or_replicated(int id) const;

@@ -48,8 +48,10 @@ absl::Status broadcast_in_dim(ShardingContext& c, int id) {
     d[n.attrs<BroadcastAttrs>().result_dims[i]] = q.dims[i];
   }
   // A pending reduction is resolved at the operand's smaller shape, before it is broadcast
-  // (`x - max(x, -1, keepdims)` all-reduces the (16, 1) maximum, not a (16, V) copy of it).
-  if (num_elements(n.shape) > num_elements(in)) q.partial.clear();
+  // (`x - max(x, -1, keepdims)` all-reduces the (16, 1) maximum, not a (16, V) copy of it),
+  // unless it is typed unreduced: then each device broadcasts its term, and the sum stays
+  // pending (explicit mode's _broadcast_in_dim_ur_rule, client/explicit/layout.cc).
+  if (num_elements(n.shape) > num_elements(in) && !c.typed_unreduced(n.operands[0])) q.partial.clear();
   c.needs(id) = {q};
   c.set(id, d, q.partial, q.partial_op);
   return absl::OkStatus();
@@ -143,14 +145,20 @@ bool cut(const Graph& g, const Node& n, size_t d) {
              : static_cast<int64_t>(d) == n.attrs<ConcatAttrs>().axis;
 }
 
-// slice, concatenate: dimensions that are cut or joined are gathered first.
+// slice, concatenate: dimensions that are cut or joined are gathered first. A concatenate
+// resolves a pending sum first, unless every operand's is typed unreduced over the same axes
+// (explicit mode's _concatenate_unreduced_rule): then each device joins its terms.
 absl::Status slice_or_concatenate(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   ValueSharding q = c.of_or_replicated(n.operands[0]);
   for (size_t d = 0; d < n.shape.size(); ++d) {
     if (cut(c.graph(), n, d)) q.dims[d].clear();
   }
-  if (n.op == Op::kConcatenate) q.partial.clear();
+  if (n.op == Op::kConcatenate) {
+    bool keep = q.is_partial();
+    for (int o : n.operands) keep = keep && c.typed_unreduced(o) && c.of_or_replicated(o).partial == q.partial;
+    if (!keep) q.partial.clear();
+  }
   c.needs(id).assign(n.operands.size(), q);
   c.set(id, q.dims, q.partial, q.partial_op);
   return absl::OkStatus();

@@ -734,12 +734,15 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfOtherOpsAreRefused) {
 }
 
 // The linear ops JAX lets an unreduced value through (jax/_src/lax/lax.py: _transpose_ur_rule,
-// _reshape_unreduced_rule, _reduce_sum_ur_rule, _convert_element_type_ur_rule; the reduce_sum
-// of an unreduced value is tests/pjit_test.py's test_reduce_sum_unreduced_error, case 2): each
+// _reshape_unreduced_rule, _reduce_sum_ur_rule, _convert_element_type_ur_rule,
+// _broadcast_in_dim_unreduced_rule, _concatenate_unreduced_rule; the reduce_sum of an
+// unreduced value is tests/pjit_test.py's test_reduce_sum_unreduced_error, case 2, the
+// broadcast its test_broadcast_unreduced, the concatenate its test_concat_unreduced): each
 // device's term goes through the op, so the result is unreduced alike, and its sum, run later,
 // is the op of the sum. Each result leaves jit unreduced with no collective; resharding it to
 // P() out of jit gives the host's op of a @ b. Inside jit a reshard after the chain pays one
-// all_reduce, at the chain's end.
+// all_reduce, at the chain's end (also after a broadcast, where a sum not typed unreduced is
+// run first, at the smaller shape).
 TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
   const Mesh mesh = explicit_mesh();  // ('X': 4, 'Y': 2)
   MeshScope scope = set_mesh(mesh);
@@ -747,14 +750,27 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
   const Array as = put_on(mesh, a, P(None, "Y")), bs = put_on(mesh, b, P("Y", None));
   const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
   const std::vector<double> full = matmul_ref(a, b);  // 8 x 4, row-major
-  std::vector<double> transposed(32), column_sums(4, 0.0), total(1, 0.0);
+  std::vector<double> transposed(32), column_sums(4, 0.0), total(1, 0.0), spread(8 * 3 * 4), side_by_side(8 * 8);
   for (int64_t i = 0; i < 8; ++i) {
     for (int64_t j = 0; j < 4; ++j) {
       transposed[j * 8 + i] = full[i * 4 + j];
       column_sums[j] += full[i * 4 + j];
       total[0] += full[i * 4 + j];
+      for (int64_t k = 0; k < 3; ++k) spread[(i * 3 + k) * 4 + j] = full[i * 4 + j];
     }
   }
+  // [c, reshape(c^T, (8, 4))] along dimension 1.
+  for (int64_t i = 0; i < 8; ++i) {
+    for (int64_t j = 0; j < 4; ++j) {
+      side_by_side[i * 8 + j] = full[i * 4 + j];
+      side_by_side[i * 8 + 4 + j] = transposed[i * 4 + j];
+    }
+  }
+  auto repeated = [&](int times) {
+    std::vector<double> r;
+    for (int t = 0; t < times; ++t) r.insert(r.end(), full.begin(), full.end());
+    return r;
+  };
   struct Case {
     const char* name;
     std::function<Value(const Value&)> op;
@@ -782,6 +798,26 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
          return sum(reshape(transpose(c, {1, 0}), {32}), {0});
        },
        "f32[]{U:Y}", total},
+      {"broadcast_to",
+       [](const Value& c) {
+         return broadcast_to(c, {2, 8, 4});
+       },
+       "f32[2,8,4]{U:Y}", repeated(2)},
+      {"broadcast_in_dim with out_sharding",
+       [](const Value& c) {
+         return broadcast_in_dim(c, {8, 3, 4}, {0, 2}, P(None, None, None).with_unreduced({"Y"}));
+       },
+       "f32[8,3,4]{U:Y}", spread},
+      {"concatenate",
+       [](const Value& c) {
+         return concatenate({c, c}, 0);
+       },
+       "f32[16,4]{U:Y}", repeated(2)},
+      {"concatenate of two values along 1",
+       [](const Value& c) {
+         return concatenate({c, reshape(transpose(c, {1, 0}), {8, 4})}, 1);
+       },
+       "f32[8,8]{U:Y}", side_by_side},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
@@ -805,24 +841,55 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
   Jitted once = jit([&](const std::vector<Value>& in) {
     return std::vector<Value>{reshard(sum(transpose(matmul(in[0], in[1], unreduced), {1, 0}), {1}), P())};
   });
+  auto all_reduces = [](const std::string& program) {
+    size_t count = 0;
+    for (size_t at = program.find("all_reduce"); at != std::string::npos; at = program.find("all_reduce", at + 1))
+      ++count;
+    return count;
+  };
   absl::StatusOr<std::vector<Array>> y = once({as, bs});
   ASSERT_TRUE(y.ok()) << y.status();
-  const std::string program = once.as_text();
-  size_t count = 0;
-  for (size_t at = program.find("all_reduce"); at != std::string::npos; at = program.find("all_reduce", at + 1))
-    ++count;
-  EXPECT_EQ(count, 1u) << program;
+  EXPECT_EQ(all_reduces(once.as_text()), 1u) << once.as_text();
   expect_near(fetch((*y)[0]), column_sums, 1e-4);
+  // Broadcasts and a concatenate of them, resharded once: one all_reduce, of the (3, 8, 4) result.
+  Jitted joined = jit([&](const std::vector<Value>& in) {
+    const Value c = matmul(in[0], in[1], unreduced);
+    return std::vector<Value>{reshard(concatenate({broadcast_to(c, {2, 8, 4}), broadcast_to(c, {1, 8, 4})}, 0), P())};
+  });
+  y = joined({as, bs});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(all_reduces(joined.as_text()), 1u) << joined.as_text();
+  expect_near(fetch((*y)[0]), repeated(3), 1e-4);
+  // A pending sum not typed unreduced (the row sums of a split over 'Y', typed f32[8,1]) is
+  // still run before its broadcast, at the (8, 1) shape.
+  Jitted centred =
+      jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] - sum(in[0], {1}, /*keepdims=*/true)}; });
+  y = centred({as});
+  ASSERT_TRUE(y.ok()) << y.status();
+  const std::string text = centred.as_text();
+  ASSERT_EQ(all_reduces(text), 1u) << text;
+  const size_t at = text.find("all_reduce");
+  EXPECT_THAT(text.substr(at, text.find('\n', at) - at), HasSubstr("f32[8,1]")) << text;
+  std::vector<double> centred_want(8 * 16);
+  for (int64_t i = 0; i < 8; ++i) {
+    double row = 0;
+    for (int64_t l = 0; l < 16; ++l) row += a.values<float>()[i * 16 + l];
+    for (int64_t l = 0; l < 16; ++l) centred_want[i * 16 + l] = a.values<float>()[i * 16 + l] - row;
+  }
+  expect_near(fetch((*y)[0]), centred_want, 1e-4);
 }
 
 // What JAX refuses of an unreduced operand of the other ops, each with JAX's words, the op, the
 // operand types and the fix (jax/_src/lax/lax.py): neg (unop_ur_rule), mul by an operand not
 // reduced over the same axes or of two unreduced ones (_mul_ur_rule; Tessera has no reduced
 // types, so `c * 2` is refused as JAX refuses it), div (_div_ur_rule), reshape with an
-// out_sharding over other unreduced axes (_reshape_unreduced_rule). And what Tessera refuses
-// where JAX goes on: reduce_max (JAX's rule is a TODO passing the axes through), a reduce_sum of
-// a dimension split over another axis (the pending sum would grow), broadcast_in_dim and
-// concatenate (the compiler sums before them).
+// out_sharding over other unreduced axes (_reshape_unreduced_rule), concatenate of operands
+// unreduced over different axes (_concatenate_unreduced_rule: "All operands should be unreduced
+// along the same mesh axes"). And what Tessera refuses where JAX goes on: reduce_max (JAX's
+// rule is a TODO passing the axes through), a reduce_sum of a dimension split over another axis
+// (the pending sum would grow), broadcast_in_dim with an out_sharding over other unreduced axes
+// and a concatenate of an unreduced operand with one that is not (JAX allows them for *reduced*
+// operands, which Tessera does not have).
 TEST_F(ExplicitJitTest, UnreducedOperandsOfNonlinearUsesAreRefused) {
   const Mesh mesh = explicit_mesh();
   MeshScope scope = set_mesh(mesh);
@@ -867,15 +934,29 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfNonlinearUsesAreRefused) {
                                          "over {'Y'} would leave a sum pending over both"),
                                HasSubstr("(operand f32[8@X,4]{U:Y})")));
   EXPECT_THAT(refusal([](const Value& c) {
-                return broadcast_to(c, {2, 8, 4});
+                return broadcast_to(c, {2, 8, 4}, P(None, None, None));
               }),
-              HasSubstr("broadcast_in_dim: broadcast_in_dim of an unreduced operand is not built yet: JAX keeps it "
-                        "unreduced, Tessera's compiler would sum it before the op"));
+              ::testing::AllOf(HasSubstr("broadcast_in_dim: out_sharding passed to broadcast_in_dim must be unreduced "
+                                         "over the same mesh axes as operand. Got out_sharding's unreduced axes {} "
+                                         "and operand type: f32[8,4]{U:Y}"),
+                               HasSubstr("give out_sharding=P(..., unreduced={'Y'})")));
   EXPECT_THAT(refusal([](const Value& c) {
-                return concatenate({c, c}, 0);
+                return concatenate({c, reshard(c, P())}, 0);
               }),
-              ::testing::AllOf(HasSubstr("concatenate: concatenate of an unreduced operand is not built yet"),
-                               HasSubstr("(operands f32[8,4]{U:Y}, f32[8,4]{U:Y})")));
+              ::testing::AllOf(HasSubstr("concatenate: operand 1 is not unreduced while others are unreduced over "
+                                         "{'Y'}"),
+                               HasSubstr("(operands f32[8,4]{U:Y}, f32[8,4]); reshard the unreduced operand first")));
+  // Unreduced over 'Y' (a contraction split over 'Y') and over 'X' (one split over 'X').
+  const Array ax = put_on(mesh, a, P(None, "X")), bx = put_on(mesh, b, P("X", None));
+  absl::StatusOr<std::vector<Array>> mixed = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{
+        concatenate({matmul(in[0], in[1], unreduced), matmul(in[2], in[3], P(None, None).with_unreduced({"X"}))}, 0)};
+  })({as, bs, ax, bx});
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument) << mixed.status();
+  EXPECT_THAT(mixed.status().message(),
+              ::testing::AllOf(HasSubstr("concatenate: All operands should be unreduced along the same mesh axes. "
+                                         "Got unreduced specs: {'Y'}, {'X'}"),
+                               HasSubstr("(operands f32[8,4]{U:Y}, f32[8,4]{U:X})")));
 }
 
 // grad in explicit mode: each cotangent takes its primal's type, so d/dw sum(tanh(x @ w)) =
