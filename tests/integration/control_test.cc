@@ -240,6 +240,29 @@ std::vector<Value> masked(const std::vector<Value>& in) {
   return {r.carry[0], r.ys[0]};
 }
 
+// What passes/hoist.cc leaves of masked_layer in `loop`'s body: no constant, iota, broadcast
+// or compare, its one matmul and one tanh; at least `built_before` constants and iotas before
+// the loop in the program; and the body passing on unchanged each hoisted value, the carries
+// after the loop's `own` ones.
+void expect_masked_layer_hoisted(const Executable& exe, const Instruction& loop, int built_before, int own) {
+  for (Op op : {Op::kConstant, Op::kIota, Op::kBroadcastInDim, Op::kGe}) {
+    EXPECT_EQ(kernels_of(*loop.body, op), 0) << op_name(op) << "\n" << exe.as_text();
+  }
+  EXPECT_EQ(kernels_of(*loop.body, Op::kDotGeneral), 1) << exe.as_text();
+  EXPECT_EQ(kernels_of(*loop.body, Op::kTanh), 1) << exe.as_text();
+  int before = 0;
+  for (size_t k = 0; &exe.program.code[k] != &loop; ++k) {
+    const Instruction& i = exe.program.code[k];
+    before += i.kind == Instruction::Kind::kKernel && (i.node.op == Op::kIota || i.node.op == Op::kConstant) ? 1 : 0;
+  }
+  EXPECT_GE(before, built_before) << "the constants and iotas before the loop\n" << exe.as_text();
+  ASSERT_GT(loop.num_carry, own) << exe.as_text();
+  ASSERT_GE(static_cast<int>(loop.body->input_slots.size()), loop.num_carry) << exe.as_text();
+  for (int k = own; k < loop.num_carry; ++k) {
+    EXPECT_EQ(loop.body->input_slots[k], loop.body->output_slots[k]) << "hoisted value " << k;
+  }
+}
+
 // Loop-invariant code motion (passes/hoist.cc): the mask, the fill and the scales are built
 // once before the loop, not in every iteration, and enter the body as extra carries the body
 // passes on; the body keeps only what reads the iteration's values. Values: MeshesSuite.
@@ -250,24 +273,8 @@ TEST(ScanPlan, WhatTheBodyBuildsFromNothingOfTheIterationIsBuiltOnceBeforeTheLoo
   ASSERT_TRUE(exe.ok()) << exe.status();
   const Instruction* loop = the_loop(exe->program);
   ASSERT_NE(loop, nullptr) << exe->as_text();
-  for (Op op : {Op::kConstant, Op::kIota, Op::kBroadcastInDim, Op::kGe}) {
-    EXPECT_EQ(kernels_of(*loop->body, op), 0) << op_name(op) << "\n" << exe->as_text();
-  }
-  EXPECT_EQ(kernels_of(*loop->body, Op::kDotGeneral), 1) << exe->as_text();
-  EXPECT_EQ(kernels_of(*loop->body, Op::kTanh), 1) << exe->as_text();
-  size_t at = 0;  // the loop's position
-  while (&exe->program.code[at] != loop) ++at;
-  int before = 0;
-  for (size_t k = 0; k < at; ++k) {
-    const Instruction& i = exe->program.code[k];
-    before += i.kind == Instruction::Kind::kKernel && (i.node.op == Op::kIota || i.node.op == Op::kConstant) ? 1 : 0;
-  }
-  EXPECT_GE(before, 2) << "the iotas (and the constants) before the loop\n" << exe->as_text();
-  // One carry of the scan's own, then the hoisted values it reads, each passed on unchanged.
-  ASSERT_GT(loop->num_carry, 1) << exe->as_text();
-  for (int k = 1; k < loop->num_carry; ++k) {
-    EXPECT_EQ(loop->body->input_slots[k], loop->body->output_slots[k]) << "hoisted value " << k;
-  }
+  // The iotas (and the constants) before the loop; one carry of the scan's own.
+  expect_masked_layer_hoisted(*exe, *loop, 2, 1);
   // The program survives the wire and resolves, as LoadPlan sends it.
   pb::DevicePlan wire;
   to_proto(exe->program, &wire);
@@ -636,6 +643,26 @@ std::vector<HostArray> random_hwb(unsigned seed) {
   return out;
 }
 
+// `program(in, true)` (a while loop) run on `mesh`, its two results checked against the host
+// loop and against `program(in, false)` (its unrolled form).
+using WhileProgram = std::vector<Value> (*)(const std::vector<Value>&, bool);
+absl::StatusOr<JitCheck> while_against_host_and_unrolled(const Client& client, const Mesh& mesh, WhileProgram program,
+                                                         const std::vector<const HostArray*>& inputs,
+                                                         const std::vector<PartitionSpec>& specs) {
+  absl::StatusOr<JitCheck> loop = run_against_host(
+      client, mesh, [program](const std::vector<Value>& in) { return program(in, true); }, inputs, specs);
+  if (!loop.ok()) return loop.status();
+  absl::StatusOr<JitCheck> flat = run_against_host(
+      client, mesh, [program](const std::vector<Value>& in) { return program(in, false); }, inputs, specs);
+  if (!flat.ok()) return flat.status();
+  EXPECT_EQ(loop->got.size(), 2u);
+  for (size_t i = 0; i < 2 && i < loop->got.size(); ++i) {
+    EXPECT_TRUE(results_match(loop->got[i], loop->want[i], kF32Tolerance)) << "against the host loop " << i;
+    EXPECT_TRUE(results_match(loop->got[i], flat->got[i], kF32Tolerance)) << "against the unrolled form " << i;
+  }
+  return loop;
+}
+
 TEST_F(MeshesSuite, WhileLoopMatchesTheHostAndItsUnrolledForm) {
   ASSERT_NE(client_, nullptr);
   const std::vector<HostArray> hwb = random_hwb(17);
@@ -646,18 +673,9 @@ TEST_F(MeshesSuite, WhileLoopMatchesTheHostAndItsUnrolledForm) {
     // h split by rows (the predicate's sum is a pending sum, all-reduced), w along the
     // contraction (the body all-reduces h @ w).
     const std::vector<PartitionSpec> specs = {first == last ? P(first, None) : P(first, last), P(last, None), P()};
-    absl::StatusOr<JitCheck> loop = run_against_host(
-        *client_, auto_meshes_[m], [](const std::vector<Value>& in) { return while_program(in, true); }, {&h, &w, &b},
-        specs);
+    absl::StatusOr<JitCheck> loop =
+        while_against_host_and_unrolled(*client_, auto_meshes_[m], while_program, {&h, &w, &b}, specs);
     ASSERT_TRUE(loop.ok()) << loop.status();
-    absl::StatusOr<JitCheck> flat = run_against_host(
-        *client_, auto_meshes_[m], [](const std::vector<Value>& in) { return while_program(in, false); }, {&h, &w, &b},
-        specs);
-    ASSERT_TRUE(flat.ok()) << flat.status();
-    for (size_t i = 0; i < 2; ++i) {
-      EXPECT_TRUE(results_match(loop->got[i], loop->want[i], kF32Tolerance)) << "against the host loop " << i;
-      EXPECT_TRUE(results_match(loop->got[i], flat->got[i], kF32Tolerance)) << "against the unrolled form " << i;
-    }
     // The data ended the loop, not the counter: it ran some iterations, fewer than 12.
     const int32_t trips = loop->got[0].values<int32_t>()[0];
     EXPECT_GT(trips, 1);
@@ -666,6 +684,20 @@ TEST_F(MeshesSuite, WhileLoopMatchesTheHostAndItsUnrolledForm) {
     EXPECT_THAT(loop->plan_text, HasSubstr("= while("));
     EXPECT_THAT(loop->plan_text, HasSubstr("trip_count=65536")) << "collectives: the bound";
   }
+}
+
+// `exe`'s program on the wire, as LoadPlan sends it, checked to decode to the same `loop`
+// and to resolve.
+pb::DevicePlan loop_through_the_wire(const Executable& exe, const Instruction& loop) {
+  pb::DevicePlan wire;
+  to_proto(exe.program, &wire);
+  absl::StatusOr<DevicePlan> back = plan_from_proto(wire);
+  EXPECT_TRUE(back.ok()) << back.status();
+  if (back.ok()) {
+    EXPECT_EQ(canonical_bytes(*the_loop(*back)), canonical_bytes(loop));
+    EXPECT_TRUE(resolve(*back, exe.mesh, 5).ok());
+  }
+  return wire;
 }
 
 TEST(WhilePlan, ThePredicateIsReplicatedAndTheProgramSurvivesTheWire) {
@@ -683,12 +715,7 @@ TEST(WhilePlan, ThePredicateIsReplicatedAndTheProgramSurvivesTheWire) {
   EXPECT_EQ(plan_op_span(exe->program), exe->program.code.size() +
                                             65536 * (plan_op_span(*loop->body) + plan_op_span(*loop->branches[0])) +
                                             plan_op_span(*loop->branches[0]));
-  pb::DevicePlan wire;
-  to_proto(exe->program, &wire);
-  absl::StatusOr<DevicePlan> back = plan_from_proto(wire);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(canonical_bytes(*the_loop(*back)), canonical_bytes(*loop));
-  ASSERT_TRUE(resolve(*back, exe->mesh, 5).ok());
+  const pb::DevicePlan wire = loop_through_the_wire(*exe, *loop);
   int k = 0;
   while (wire.code(k).kind() != pb::Instruction::LOOP) ++k;
   pb::DevicePlan bad = wire;
@@ -697,6 +724,73 @@ TEST(WhilePlan, ThePredicateIsReplicatedAndTheProgramSurvivesTheWire) {
   bad = wire;
   *bad.mutable_code(k)->add_branches() = wire.code(k).branches(0);
   EXPECT_THAT(plan_from_proto(bad).status().message(), HasSubstr("a loop with 2 predicates"));
+}
+
+// A while loop whose body and predicate build arrays from nothing of the iteration: the body
+// runs masked_layer (its causal mask from two iotas, its fill and its scales) on x read from
+// outside, the predicate compares with two constants. The unrolled form as while_program's.
+Value masked_keep_going(const std::vector<Value>& c) {
+  return logical_and(c[0] < full({}, 5, DType::kI32), sum(abs(c[1])) < full({}, 1000.0, DType::kF32));
+}
+std::vector<Value> masked_while(const std::vector<Value>& in, bool loop) {
+  const Value x = in[1];
+  const WhileBody step = [x](const std::vector<Value>& c) {
+    return std::vector<Value>{c[0] + 1, masked_layer({c[1]}, {x}).carry[0]};
+  };
+  std::vector<Value> c = {full({}, 0, DType::kI32), in[0]};
+  if (loop) return while_loop(masked_keep_going, step, c);
+  for (int t = 0; t < 5; ++t) {
+    const Value go = masked_keep_going(c);
+    const std::vector<Value> next = step(c);
+    c = {where(go, next[0], c[0]), where(go, next[1], c[1])};
+  }
+  return c;
+}
+
+// Loop-invariant code motion in a while loop (passes/hoist.cc): the body's mask, fill and
+// scales and the predicate's constants are built once before the loop and enter both as extra
+// carries (the predicate takes every carry), which the body passes on unchanged. Values:
+// MeshesSuite.WhileLoopInvariantsHoistedOutOfTheBodyAndPredicateGiveTheHostLoop.
+TEST(WhilePlan, WhatTheBodyAndPredicateBuildFromNothingOfTheIterationIsBuiltOnceBeforeTheLoop) {
+  absl::StatusOr<Executable> exe =
+      compile([](const std::vector<Value>& in) { return masked_while(in, true); },
+              {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kDim, kDim}}}, {P("data", None), P()});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const Instruction* loop = the_loop(exe->program);
+  ASSERT_NE(loop, nullptr) << exe->as_text();
+  ASSERT_EQ(loop->branches.size(), 1u) << exe->as_text();
+  const DevicePlan& pred = *loop->branches[0];
+  for (Op op : {Op::kConstant, Op::kIota, Op::kBroadcastInDim}) {
+    EXPECT_EQ(kernels_of(pred, op), 0) << op_name(op) << " in the predicate\n" << exe->as_text();
+  }
+  EXPECT_EQ(kernels_of(pred, Op::kLt), 2) << exe->as_text();
+  // The body's iotas and constants and the predicate's two; the while's own carries (i, h,
+  // x) first. The predicate takes every carry.
+  expect_masked_layer_hoisted(*exe, *loop, 4, 3);
+  EXPECT_EQ(static_cast<int>(loop->in.size()), loop->num_carry);
+  EXPECT_EQ(static_cast<int>(pred.input_slots.size()), loop->num_carry);
+  EXPECT_EQ(static_cast<int>(loop->body->input_slots.size()), loop->num_carry);
+  loop_through_the_wire(*exe, *loop);
+}
+
+// That loop against the host, which runs the predicate and body graphs in every iteration,
+// masks and constants and all, and against its unrolled form, on every mesh.
+TEST_F(MeshesSuite, WhileLoopInvariantsHoistedOutOfTheBodyAndPredicateGiveTheHostLoop) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(23);
+  HostArray h = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray x = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  for (size_t m = 0; m < auto_meshes_.size(); ++m) {
+    SCOPED_TRACE(test_meshes()[m].name);
+    const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
+    const std::vector<PartitionSpec> specs = {P(first, None), P(None, last)};
+    absl::StatusOr<JitCheck> loop =
+        while_against_host_and_unrolled(*client_, auto_meshes_[m], masked_while, {&h, &x}, specs);
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    ASSERT_EQ(loop->got.size(), 2u);
+    EXPECT_EQ(loop->got[0].values<int32_t>()[0], 5) << "the counter ended it";
+    EXPECT_THAT(loop->plan_text, HasSubstr("= while("));
+  }
 }
 
 TEST_F(MeshesSuite, WhileLoopErrors) {

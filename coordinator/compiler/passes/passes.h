@@ -1,10 +1,11 @@
 // The passes partition() runs over the program it emitted (SPMD form, core/plan.h), in this
 // order, each in its own file:
 //
-//   hoist_loop_invariants         hoist.cc  what a scan's body computes from nothing the
-//                                           iteration gives it (constants, iotas, their
-//                                           broadcasts and masks) runs once before the loop
-//                                           and enters the body as an extra carry
+//   hoist_loop_invariants         hoist.cc  what a loop's body (or a while loop's
+//                                           predicate) computes from nothing the iteration
+//                                           gives it (constants, iotas, their broadcasts and
+//                                           masks) runs once before the loop and enters it
+//                                           as an extra carry
 //   eliminate_dead_code           dce.cc    nothing that reaches no output is computed
 //   eliminate_common_subexpressions cse.cc  an instruction identical to an earlier one (same
 //                                           op, attributes and inputs: a reshard emitted for
