@@ -15,6 +15,7 @@
 #include "coordinator/compiler/partition.h"
 #include "coordinator/compiler/propagate.h"
 #include "core/plan.h"
+#include "core/shape.h"
 #include "examples/transformer_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -116,9 +117,7 @@ std::vector<int64_t> top_level_all_reduce_elements(const Executable& exe) {
   std::vector<int64_t> out;
   for (const Instruction& i : exe.program.code) {
     if (i.kind != Instruction::Kind::kCollective || i.collective.kind != CollectiveKind::kAllReduce) continue;
-    int64_t elements = 1;
-    for (int64_t d : i.node.shape) elements *= d;
-    out.push_back(elements);
+    out.push_back(num_elements(i.node.shape));
   }
   return out;
 }
@@ -156,8 +155,7 @@ TEST(TransformerPlan, FsdpStepMovesTheBytesOfGatheringEachWeightAndScatteringEac
   const int64_t n = mesh.axis_size("data");
   int64_t reference = 0, smallest_outside = -1;
   for (const auto& [name, type] : step.params) {
-    int64_t elements = 1;
-    for (int64_t d : type.shape) elements *= d;
+    const int64_t elements = num_elements(type.shape);
     ASSERT_EQ(elements % n, 0) << name << " must split over 'data' for the hand count";
     reference += 2 * (n - 1) * 4 * elements / n;
     if (!stacked(name) && (smallest_outside < 0 || elements < smallest_outside)) smallest_outside = elements;
@@ -196,8 +194,7 @@ TEST(TransformerPlan, DpSplitsTheBatchOverEveryDeviceAndAllReducesEachGradientOv
   const int64_t k = mesh.axis_size("data") * mesh.axis_size("model"), f32 = 4;
   int64_t reference = 2 * (k - 1) * f32 / k;  // the mean loss
   for (const auto& [name, type] : step.params) {
-    int64_t elements = 1;
-    for (int64_t d : type.shape) elements *= d;
+    const int64_t elements = num_elements(type.shape);
     reference += 2 * (k - 1) * f32 * elements / k;
   }
   std::vector<const Instruction*> collectives;
