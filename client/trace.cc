@@ -880,7 +880,10 @@ std::optional<TypedOperand> typed_operand(const Value& x) {
 Value typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
-  return with_out_sharding("reshard", like, type_spec(like), op);
+  // The cotangent of an unreduced value is reduced, laid out as a replicated one (JAX's
+  // to_ct_spec, docs/new_docs/301/sharding-ad.md), which Tessera types replicated: the layout
+  // only, never like's unreduced axes (a cotangent is not a pending sum).
+  return with_out_sharding("reshard", like, type_spec(like).partitions_only(), op);
 }
 
 Value auto_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,

@@ -879,6 +879,114 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
   expect_near(fetch((*y)[0]), centred_want, 1e-4);
 }
 
+// grad through unreduced values that pass through broadcast_in_dim and concatenate, as
+// tests/pjit_test.py's test_concat_unreduced (grad part: out_g typed P(None, reduced={'x'}),
+// equal to the gradient of the same function on replicated inputs) and
+// test_broadcast_reduced_inp_unreduced_out (whose grad types the transposed broadcast's
+// cotangent unreduced, the dual of reduced). The cotangent of an unreduced value is reduced,
+// laid out as a replicated one (Tessera has no reduced types): the transposes of the broadcast
+// (a sum over the new dimension) and of the concatenate (slices) see replicated cotangents, and
+// each gradient comes back laid out as its primal. Weights w make the cotangent differ per
+// element, so a wrong slice or summed dimension shows. With G = dL/dc (c = a @ b) computed on
+// the host from w, dL/da = G @ b^T and dL/db = a^T @ G.
+TEST_F(ExplicitJitTest, GradientsFlowThroughUnreducedBroadcastsAndConcatenates) {
+  const Mesh mesh = explicit_mesh();  // ('X': 4, 'Y': 2)
+  MeshScope scope = set_mesh(mesh);
+  const HostArray a = random_f32({8, 16}, 51), b = random_f32({16, 4}, 52);
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  struct Case {
+    const char* name;
+    std::function<Value(const Value&)> op;
+    Shape out;
+    // Adds w's contribution to G (8 x 4, row-major).
+    std::function<void(absl::Span<const float>, std::vector<double>&)> cotangent;
+  };
+  const Case cases[] = {
+      {"broadcast_in_dim with out_sharding",
+       [](const Value& c) {
+         return broadcast_in_dim(c, {8, 3, 4}, {0, 2}, P(None, None, None).with_unreduced({"Y"}));
+       },
+       {8, 3, 4},
+       [](absl::Span<const float> w, std::vector<double>& g) {
+         for (int64_t i = 0; i < 8; ++i)
+           for (int64_t k = 0; k < 3; ++k)
+             for (int64_t j = 0; j < 4; ++j) g[i * 4 + j] += w[(i * 3 + k) * 4 + j];
+       }},
+      {"concatenate of two values along 1",
+       [](const Value& c) {
+         return concatenate({c, reshape(transpose(c, {1, 0}), {8, 4})}, 1);
+       },
+       {8, 8},
+       [](absl::Span<const float> w, std::vector<double>& g) {
+         for (int64_t i = 0; i < 8; ++i) {
+           for (int64_t j = 0; j < 4; ++j) {
+             g[i * 4 + j] += w[i * 8 + j];
+             const int64_t m = j * 8 + i;  // c[i, j] is element m of reshape(c^T, (8, 4))
+             g[i * 4 + j] += w[(m / 4) * 8 + 4 + m % 4];
+           }
+         }
+       }},
+      {"concatenate of broadcasts along 0",
+       [](const Value& c) {
+         return concatenate({broadcast_to(c, {2, 8, 4}), broadcast_to(c, {1, 8, 4})}, 0);
+       },
+       {3, 8, 4},
+       [](absl::Span<const float> w, std::vector<double>& g) {
+         for (int64_t t = 0; t < 3; ++t)
+           for (int64_t e = 0; e < 32; ++e) g[e] += w[t * 32 + e];
+       }},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const HostArray w = random_f32(k.out, 53);
+    std::vector<double> g(8 * 4, 0.0), want_a(8 * 16, 0.0), want_b(16 * 4, 0.0);
+    k.cotangent(w.values<float>(), g);
+    for (int64_t i = 0; i < 8; ++i) {
+      for (int64_t l = 0; l < 16; ++l) {
+        for (int64_t j = 0; j < 4; ++j) {
+          want_a[i * 16 + l] += g[i * 4 + j] * b.values<float>()[l * 4 + j];
+          want_b[l * 4 + j] += a.values<float>()[i * 16 + l] * g[i * 4 + j];
+        }
+      }
+    }
+    std::string type;
+    Jitted step = jit(grad(
+        [&](const std::vector<Value>& p) {
+          Value y = k.op(matmul(p[0], p[1], unreduced));
+          type = type_of(y).to_string();
+          return std::vector<Value>{sum(reshard(y, P()) * p[2])};
+        },
+        {0, 1}));
+    absl::StatusOr<std::vector<Array>> got =
+        step({put_on(mesh, a, P(None, "Y")), put_on(mesh, b, P("Y", None)), put_on(mesh, w, P())});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_THAT(type, ::testing::EndsWith("{U:Y}"));
+    EXPECT_EQ(type_of((*got)[0]).to_string(), "f32[8,16@Y]");
+    EXPECT_EQ(type_of((*got)[1]).to_string(), "f32[16@Y,4]");
+    expect_near(fetch((*got)[0]), want_a, 1e-4);
+    expect_near(fetch((*got)[1]), want_b, 1e-4);
+  }
+  // test_concat_unreduced itself: two unreduced arrays (here jit outputs c = a @ b, unreduced over
+  // 'Y') concatenated and summed; the gradient of the unreduced sum with respect to each is ones,
+  // typed reduced (P(None, reduced={'x'}) there; replicated here), as on replicated inputs.
+  Jitted product =
+      jit([&](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1], unreduced)}; });
+  absl::StatusOr<std::vector<Array>> c = product({put_on(mesh, a, P(None, "Y")), put_on(mesh, b, P("Y", None))});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(type_of((*c)[0]).to_string(), "f32[8,4]{U:Y}");
+  Jitted concat_grad = jit(grad(
+      [](const std::vector<Value>& p) {
+        return std::vector<Value>{sum(concatenate({p[0], p[1]}, 0))};
+      },
+      {0, 1}));
+  absl::StatusOr<std::vector<Array>> g = concat_grad({(*c)[0], (*c)[0]});
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const Array& x : *g) {
+    EXPECT_EQ(type_of(x).to_string(), "f32[8,4]");
+    expect_near(fetch(x), std::vector<double>(8 * 4, 1.0));
+  }
+}
+
 // What JAX refuses of an unreduced operand of the other ops, each with JAX's words, the op, the
 // operand types and the fix (jax/_src/lax/lax.py): neg (unop_ur_rule), mul by an operand not
 // reduced over the same axes or of two unreduced ones (_mul_ur_rule; Tessera has no reduced
