@@ -39,6 +39,14 @@ UnreducedRuleResult constraint_unreduced(const TypeRuleCall& c) {
 
 TypeRuleResult sharding_as(const TypeRuleCall& c) { return TypeRuleResult{c.operands[1].spec, "", ""}; }
 
+// sharding_as takes only the layout of the value it is laid out as, never its unreduced axes:
+// grad lays a gradient out as its argument, and the cotangent of an unreduced argument is
+// reduced (JAX's primal_sharding_to_cotangent_sharding, jax/_src/core.py: P.to_ct_spec swaps
+// unreduced and reduced), which Tessera lays out replicated. So the result is never unreduced:
+// an unreduced first operand is summed, as a reshard onto a spec without unreduced axes sums it
+// (the compiler's sharding_as needs its operand whole, rules_placement.cc).
+UnreducedRuleResult sharding_as_unreduced(const TypeRuleCall&) { return UnreducedRuleResult{}; }
+
 TypeRuleResult unsplit(const TypeRuleCall& c) { return TypeRuleResult{TypeSpec(c.node.shape.size()), "", ""}; }
 
 // A batch of keys: the batch dimensions split as the keys (or their counters) are, the bits of
@@ -107,7 +115,7 @@ TypeRuleResult scatter(const TypeRuleCall& c) {
 absl::Span<const ExplicitRule> placement_type_rules() {
   static const ExplicitRule kRules[] = {
       {Op::kShardingConstraint, constraint, constraint_unreduced},
-      {Op::kShardingAs, sharding_as},
+      {Op::kShardingAs, sharding_as, sharding_as_unreduced},
       {Op::kConstant, unsplit},
       {Op::kIota, unsplit},
       {Op::kRandomBits, random_bits},
