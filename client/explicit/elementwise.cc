@@ -6,7 +6,8 @@
 // (_add_ur_rule), convert keeps its operand's (_convert_element_type_ur_rule; to a float type
 // of 32 bits or more only), mul and div take
 // an unreduced operand only beside one reduced over the same axes (_mul_ur_rule, _div_ur_rule),
-// which Tessera, having no reduced types yet, never has; the other ops (sub, neg, cos, ...:
+// which Tessera, having no reduced types yet, never has; select keeps its cases' when they are
+// unreduced alike (_select_ur_rule); the other ops (sub, neg, cos, ...:
 // nary_ur_rule / unop_ur_rule) have none.
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
@@ -93,12 +94,32 @@ UnreducedRuleResult convert(const TypeRuleCall& c) {
   return r;
 }
 
+// jax/_src/lax/lax.py, _select_ur_rule: the cases' unreduced axes, which _select_sharding_rule
+// has made equal (it compares the cases' whole shardings, unreduced axes included): each device
+// picks between its terms by a predicate every device holds whole, so the pick of the sums is
+// the sum of the picks. JAX does not look at the predicate's unreduced axes; a predicate that
+// is itself a sum pending is refused here (no op makes one: comparisons refuse unreduced
+// operands).
+UnreducedRuleResult select(const TypeRuleCall& c) {
+  const TypedOperand &which = c.operands[0], &on_true = c.operands[1], &on_false = c.operands[2];
+  UnreducedRuleResult r{on_true.unreduced, "", ""};
+  if (on_true.unreduced != on_false.unreduced) {
+    r.error = absl::StrCat("select cases must have the same shardings, got [", type_of(on_true), ", ",
+                           type_of(on_false), "]");
+    r.fix = kReduceFirstFix;
+  } else if (!which.unreduced.empty()) {
+    r.error = absl::StrCat("select `which` cannot be unreduced. Got which=", type_of(which));
+    r.fix = kReduceFirstFix;
+  }
+  return r;
+}
+
 }  // namespace
 
 absl::Span<const ExplicitRule> elementwise_type_rules() {
   static const std::vector<ExplicitRule> kRules = [] {
     static const std::pair<Op, UnreducedRule> kUnreduced[] = {
-        {Op::kAdd, add}, {Op::kMul, mul}, {Op::kDiv, div}, {Op::kConvert, convert}};
+        {Op::kAdd, add}, {Op::kMul, mul}, {Op::kDiv, div}, {Op::kConvert, convert}, {Op::kSelect, select}};
     std::vector<ExplicitRule> rules;
     for (const OpDef& def : op_table()) {
       if (!(def.traits & kElementwise)) continue;

@@ -7,11 +7,13 @@
 // still divides (slicing.py's _get_sharding_for_varying_out_shape, and lax.py's
 // _pad_sharding_rule), dynamic_update_slice needs the update laid out as the operand
 // (_dynamic_update_slice_sharding_rule). Unreduced rules: transpose, reshape and
-// broadcast_in_dim move (or copy) each device's term as they move the value, and concatenate
-// joins the terms of operands unreduced alike, so the result is unreduced as its operands
-// (lax.py's _transpose_ur_rule, _reshape_unreduced_rule, _broadcast_in_dim_unreduced_rule,
-// _concatenate_unreduced_rule). The compiler keeps such a typed pending sum through them
-// (coordinator/compiler/rules_layout.cc).
+// broadcast_in_dim move (or copy) each device's term as they move the value, slice cuts it,
+// and concatenate joins the terms of operands unreduced alike, so the result is unreduced as
+// its operands (lax.py's _transpose_ur_rule, _reshape_unreduced_rule,
+// _broadcast_in_dim_unreduced_rule, _concatenate_unreduced_rule; slicing.py's _slice_ur_rule;
+// squeeze is a reshape, as _squeeze_ur_rule keeps them too). dynamic_slice has none, as JAX's
+// _dynamic_slice_ur_rule refuses an unreduced operand. The compiler keeps such a typed pending
+// sum through them (coordinator/compiler/rules_layout.cc).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -127,8 +129,10 @@ TypeRuleResult reshape(const TypeRuleCall& c) {
   return r;
 }
 
-// jax/_src/lax/lax.py, _transpose_ur_rule: the operand's unreduced axes.
-UnreducedRuleResult transpose_unreduced(const TypeRuleCall& c) {
+// The operand's unreduced axes: jax/_src/lax/lax.py's _transpose_ur_rule and
+// jax/_src/lax/slicing.py's _slice_ur_rule (each device's term is permuted or sliced as the
+// value is, and the slice of the sum is the sum of the slices).
+UnreducedRuleResult keep_unreduced(const TypeRuleCall& c) {
   return UnreducedRuleResult{c.operands[0].unreduced, "", ""};
 }
 
@@ -192,10 +196,10 @@ TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shap
 
 absl::Span<const ExplicitRule> layout_type_rules() {
   static const ExplicitRule kRules[] = {
-      {Op::kTranspose, transpose, transpose_unreduced},
+      {Op::kTranspose, transpose, keep_unreduced},
       {Op::kBroadcastInDim, broadcast_in_dim, operand_unreduced},
       {Op::kReshape, reshape, operand_unreduced},
-      {Op::kSlice, slice},
+      {Op::kSlice, slice, keep_unreduced},
       {Op::kConcatenate, concatenate, concatenate_unreduced},
       {Op::kDynamicSlice, dynamic_slice},
       {Op::kDynamicUpdateSlice, dynamic_update_slice},

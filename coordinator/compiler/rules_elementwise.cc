@@ -16,7 +16,8 @@ absl::Status elementwise(ShardingContext& c, int id) {
   std::vector<std::optional<ValueSharding>> in;
   for (int o : n.operands) in.push_back(c.of(o));
   // A partial sum passes through a linear op (neg), through add/sub of two equally partial
-  // operands, and through mul (or the numerator of div) by a whole operand.
+  // operands, through select between two equally partial cases by a whole predicate, and
+  // through mul (or the numerator of div) by a whole operand.
   auto same_partial = [&](size_t i, size_t j) {
     return in[i] && in[j] && in[i]->is_partial() && in[i]->partial == in[j]->partial &&
            in[i]->partial_op == ReduceOp::kSum && in[j]->partial_op == ReduceOp::kSum;
@@ -29,6 +30,9 @@ absl::Status elementwise(ShardingContext& c, int id) {
   } else if ((n.op == Op::kAdd || n.op == Op::kSub) && same_partial(0, 1)) {
     partial = in[0]->partial;
     keep_partial = {true, true};
+  } else if (n.op == Op::kSelect && same_partial(1, 2) && !(in[0] && in[0]->is_partial())) {
+    partial = in[1]->partial;  // each device picks between its terms by the whole predicate
+    keep_partial = {false, true, true};
   } else if (n.op == Op::kMul || n.op == Op::kDiv) {
     // An operand not decided yet (a constant) is whole.
     const bool p0 = in[0] && in[0]->is_partial(), p1 = in[1] && in[1]->is_partial();

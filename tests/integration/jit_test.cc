@@ -987,6 +987,134 @@ TEST_F(ExplicitJitTest, GradientsFlowThroughUnreducedBroadcastsAndConcatenates) 
   }
 }
 
+// Slices, squeezes and selects of unreduced values, as JAX types them: jax/_src/lax/slicing.py's
+// _slice_ur_rule and lax.py's _squeeze_ur_rule keep the operand's unreduced axes, _select_ur_rule
+// the cases' (tests/pjit_test.py's test_slice_unreduced and test_select_unreduced, forward and
+// grad), and _dynamic_slice_ur_rule refuses ("unreduced rule for dynamic_slice is not
+// implemented"), as does _select_sharding_rule for cases unreduced differently ("select cases
+// must have the same shardings"). Each result leaves jit unreduced with no sum run on the way;
+// resharded to P() it is the host's op of a @ b, also on dimensions split over 'X'. The
+// gradients with respect to an unreduced jit output are those of the same function on the whole
+// value (the host's 0/1 masks here), typed replicated (JAX's reduced).
+TEST_F(ExplicitJitTest, UnreducedValuesPassThroughSlicesSqueezesAndSelects) {
+  const Mesh mesh = explicit_mesh();  // ('X': 4, 'Y': 2)
+  MeshScope scope = set_mesh(mesh);
+  const HostArray a = random_f32({8, 16}, 54), b = random_f32({16, 4}, 55), w = random_f32({8, 4}, 56);
+  const Array as = put_on(mesh, a, P(None, "Y")), bs = put_on(mesh, b, P("Y", None));
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"Y"});
+  const std::vector<double> ab = matmul_ref(a, b);  // c = a @ b, 8 x 4, row-major
+  // c2 = reshape(c^T, (8, 4)): c2[i, j] = c[m % 8, m / 8] with m = i * 4 + j.
+  std::vector<double> sliced, row_block, column, picked(32), picked_mask(32);
+  for (int64_t i = 0; i < 8; ++i) {
+    for (int64_t j = 0; j < 4; ++j) {
+      const int64_t m = i * 4 + j;
+      const double c = ab[m], c2 = ab[(m % 8) * 4 + m / 8];
+      if (j < 3) sliced.push_back(c);
+      if (i >= 2 && i < 6) row_block.push_back(c);
+      if (j == 1) column.push_back(c);
+      picked_mask[m] = w.values<float>()[m] > 0 ? 1.0 : 0.0;
+      picked[m] = picked_mask[m] > 0 ? c : c2;
+    }
+  }
+  struct Case {
+    const char* name;
+    PartitionSpec c_spec;  // c's out_sharding (its unreduced axes are 'Y')
+    PartitionSpec w_spec;
+    std::function<Value(const Value& c, const Value& w)> op;
+    const char* type;
+    const std::vector<double>& want;
+  };
+  const Case cases[] = {
+      {"slice", unreduced, P(),
+       [](const Value& c, const Value&) {
+         return slice(c, {0, 0}, {8, 3});
+       },
+       "f32[8,3]{U:Y}", sliced},
+      {"slice of rows split over X", P("X", None).with_unreduced({"Y"}), P(),
+       [](const Value& c, const Value&) {
+         return slice(c, {2, 0}, {6, 4});
+       },
+       "f32[4@X,4]{U:Y}", row_block},
+      {"squeeze", unreduced, P(),
+       [](const Value& c, const Value&) {
+         return squeeze(slice(c, {0, 1}, {8, 2}), {1});
+       },
+       "f32[8]{U:Y}", column},
+      {"select", unreduced, P(),
+       [](const Value& c, const Value& w) {
+         return where(w > 0.0, c, reshape(transpose(c, {1, 0}), {8, 4}));
+       },
+       "f32[8,4]{U:Y}", picked},
+      {"select by a predicate split over X", unreduced, P("X", None),
+       [](const Value& c, const Value& w) {
+         return where(w > 0.0, c, reshape(transpose(c, {1, 0}), {8, 4}));
+       },
+       "f32[8@X,4]{U:Y}", picked},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    std::string type;
+    Jitted f = jit([&](const std::vector<Value>& in) {
+      Value y = k.op(matmul(in[0], in[1], k.c_spec), in[2]);
+      type = type_of(y).to_string();
+      return std::vector<Value>{y};
+    });
+    absl::StatusOr<std::vector<Array>> y = f({as, bs, put_on(mesh, w, k.w_spec)});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(type, k.type);
+    EXPECT_EQ((*y)[0].sharding().spec().unreduced(), std::vector<std::string>{"Y"});
+    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("reduce_scatter")));
+    absl::StatusOr<Array> summed = reshard((*y)[0], P());
+    ASSERT_TRUE(summed.ok()) << summed.status();
+    expect_near(fetch(*summed), k.want, 1e-4);
+  }
+  // The grads: of sum(slice(c)) (test_slice_unreduced), and of sum(select(pred, c1, c2)) with
+  // respect to both cases (test_select_unreduced), c1 = c2 = c an unreduced jit output.
+  Jitted product =
+      jit([&](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1], unreduced)}; });
+  absl::StatusOr<std::vector<Array>> c = product({as, bs});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(type_of((*c)[0]).to_string(), "f32[8,4]{U:Y}");
+  std::vector<double> slice_mask(32), not_picked(32);
+  for (int64_t m = 0; m < 32; ++m) {
+    slice_mask[m] = m % 4 < 3 ? 1.0 : 0.0;
+    not_picked[m] = 1.0 - picked_mask[m];
+  }
+  absl::StatusOr<std::vector<Array>> g = jit(grad(
+      [](const std::vector<Value>& p) {
+        return std::vector<Value>{sum(slice(p[0], {0, 0}, {8, 3}))};
+      },
+      {0}))({(*c)[0]});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,4]");
+  expect_near(fetch((*g)[0]), slice_mask);
+  g = jit(grad([](const std::vector<Value>& p) { return std::vector<Value>{sum(where(p[2] > 0.0, p[0], p[1]))}; },
+               {0, 1}))({(*c)[0], (*c)[0], put_on(mesh, w, P())});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,4]");
+  EXPECT_EQ(type_of((*g)[1]).to_string(), "f32[8,4]");
+  expect_near(fetch((*g)[0]), picked_mask);
+  expect_near(fetch((*g)[1]), not_picked);
+  // What JAX refuses.
+  auto refusal = [&](const std::function<Value(const Value& c, const Value& w)>& f) {
+    absl::StatusOr<std::vector<Array>> y = jit([&](const std::vector<Value>& in) {
+      return std::vector<Value>{f(matmul(in[0], in[1], unreduced), in[2])};
+    })({as, bs, put_on(mesh, w, P())});
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << y.status();
+    return std::string(y.status().message());
+  };
+  EXPECT_THAT(refusal([](const Value& c, const Value&) {
+                return dynamic_slice(c, {full({}, 2, DType::kI32), full({}, 0, DType::kI32)}, {4, 4});
+              }),
+              ::testing::AllOf(HasSubstr("dynamic_slice: unreduced rule for dynamic_slice is not implemented"),
+                               HasSubstr("f32[8,4]{U:Y}"), HasSubstr("reshard the unreduced operand first")));
+  EXPECT_THAT(refusal([](const Value& c, const Value& w) { return where(w > 0.0, c, reshard(c, P())); }),
+              ::testing::AllOf(HasSubstr("select: select cases must have the same shardings, got [f32[8,4]{U:Y}, "
+                                         "f32[8,4]]"),
+                               HasSubstr("reshard the unreduced operand first")));
+}
+
 // What JAX refuses of an unreduced operand of the other ops, each with JAX's words, the op, the
 // operand types and the fix (jax/_src/lax/lax.py): neg (unop_ur_rule), mul by an operand not
 // reduced over the same axes or of two unreduced ones (_mul_ur_rule; Tessera has no reduced
