@@ -12,8 +12,9 @@
 // its operands (lax.py's _transpose_ur_rule, _reshape_unreduced_rule,
 // _broadcast_in_dim_unreduced_rule, _concatenate_unreduced_rule; slicing.py's _slice_ur_rule;
 // squeeze is a reshape, as _squeeze_ur_rule keeps them too). dynamic_slice has none, as JAX's
-// _dynamic_slice_ur_rule refuses an unreduced operand. The compiler keeps such a typed pending
-// sum through them (coordinator/compiler/rules_layout.cc).
+// _dynamic_slice_ur_rule refuses an unreduced operand; pad refuses one where JAX keeps it
+// (pad_type_rule, below). The compiler keeps such a typed pending sum through them
+// (coordinator/compiler/rules_layout.cc).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -190,7 +191,20 @@ UnreducedRuleResult concatenate_unreduced(const TypeRuleCall& c) {
 
 }  // namespace
 
+// JAX's _pad_ur_rule (jax/_src/lax/lax.py) keeps the operand's unreduced axes, whatever the
+// padding value. Tessera does not yet: its pad joins the operand with fills of the padding value,
+// and a fill is no device's term of the pending sum (each device would add it, so the sum would
+// count it once per device), so an unreduced operand is refused here, naming pad, rather than by
+// the concatenate inside it.
 TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shape& out) {
+  if (!x.unreduced.empty()) {
+    return TypeRuleResult{{},
+                          absl::StrCat("padding an operand unreduced over ", axis_set_repr(x.unreduced),
+                                       " is not built yet (JAX's _pad_ur_rule keeps its unreduced axes): each "
+                                       "device's term would be padded with the padding value, which the sum would "
+                                       "then count once per device"),
+                          kReduceFirstFix};
+  }
   return varying_shape(mesh, x, out, "padding");
 }
 

@@ -1,9 +1,9 @@
 // The unreduced axes of an op's result in explicit mode (`f32[2,2]{U:X}`: a sum over the
 // devices along X waiting to happen; docs/new_docs/301/sharding-ad.md in jax-ml/jax). Each op's
 // rule is its family's (JAX's `ur_rule=`, jax/_src/lax/lax.py), registered beside its type
-// rule: placement.cc (reshard), dot.cc (dot_general), elementwise.cc (add, mul, div, convert),
-// layout.cc (transpose, reshape, broadcast_in_dim, concatenate), reduction.cc
-// (reduce_sum). An op without one refuses an unreduced operand, as JAX's unop_ur_rule /
+// rule: placement.cc (reshard, sharding_as), dot.cc (dot_general), elementwise.cc (add, mul,
+// div, convert, select), layout.cc (transpose, reshape, broadcast_in_dim, concatenate, slice),
+// reduction.cc (reduce_sum). An op without one refuses an unreduced operand, as JAX's unop_ur_rule /
 // nary_ur_rule.
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"

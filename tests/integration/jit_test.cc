@@ -449,6 +449,21 @@ class ExplicitJitTest : public jit_support::LocalJitSuite {
     EXPECT_TRUE(mesh.ok()) << mesh.status();
     return *mesh;
   }
+
+  // Runs `f`, whose one result is unreduced over 'Y', on `args`: the result leaves jit unreduced
+  // with no sum run on the way (no all_reduce or reduce_scatter in the program), and resharded
+  // to P() out of jit it is `want`.
+  static void expect_unreduced_result(const Jitted& f, const std::vector<Array>& args,
+                                      const std::vector<double>& want) {
+    absl::StatusOr<std::vector<Array>> y = f(args);
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ((*y)[0].sharding().spec().unreduced(), std::vector<std::string>{"Y"});
+    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("reduce_scatter")));
+    absl::StatusOr<Array> summed = reshard((*y)[0], P());
+    ASSERT_TRUE(summed.ok()) << summed.status();
+    expect_near(fetch(*summed), want, 1e-4);
+  }
 };
 
 TEST_F(ExplicitJitTest, ALayerRunsLaidOutByItsTypes) {
@@ -827,15 +842,8 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
       type = type_of(y).to_string();
       return std::vector<Value>{y};
     });
-    absl::StatusOr<std::vector<Array>> y = f({as, bs});
-    ASSERT_TRUE(y.ok()) << y.status();
+    expect_unreduced_result(f, {as, bs}, k.want);
     EXPECT_EQ(type, k.type);
-    EXPECT_EQ((*y)[0].sharding().spec().unreduced(), std::vector<std::string>{"Y"});
-    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("all_reduce")));
-    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("reduce_scatter")));
-    absl::StatusOr<Array> summed = reshard((*y)[0], P());
-    ASSERT_TRUE(summed.ok()) << summed.status();
-    expect_near(fetch(*summed), k.want, 1e-4);
   }
   // In jit: the transposed column sums, resharded once: one all_reduce, of the 4 sums.
   Jitted once = jit([&](const std::vector<Value>& in) {
@@ -992,10 +1000,10 @@ TEST_F(ExplicitJitTest, GradientsFlowThroughUnreducedBroadcastsAndConcatenates) 
 // the cases' (tests/pjit_test.py's test_slice_unreduced and test_select_unreduced, forward and
 // grad), and _dynamic_slice_ur_rule refuses ("unreduced rule for dynamic_slice is not
 // implemented"), as does _select_sharding_rule for cases unreduced differently ("select cases
-// must have the same shardings"). Each result leaves jit unreduced with no sum run on the way;
-// resharded to P() it is the host's op of a @ b, also on dimensions split over 'X'. The
-// gradients with respect to an unreduced jit output are those of the same function on the whole
-// value (the host's 0/1 masks here), typed replicated (JAX's reduced).
+// must have the same shardings"); pad, which JAX's _pad_ur_rule lets through, Tessera refuses. Each result leaves jit
+// unreduced with no sum run on the way; resharded to P() it is the host's op of a @ b, also on dimensions split over
+// 'X'. The gradients with respect to an unreduced jit output are those of the same function on the whole value (the
+// host's 0/1 masks here), typed replicated (JAX's reduced).
 TEST_F(ExplicitJitTest, UnreducedValuesPassThroughSlicesSqueezesAndSelects) {
   const Mesh mesh = explicit_mesh();  // ('X': 4, 'Y': 2)
   MeshScope scope = set_mesh(mesh);
@@ -1059,15 +1067,8 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughSlicesSqueezesAndSelects) {
       type = type_of(y).to_string();
       return std::vector<Value>{y};
     });
-    absl::StatusOr<std::vector<Array>> y = f({as, bs, put_on(mesh, w, k.w_spec)});
-    ASSERT_TRUE(y.ok()) << y.status();
+    expect_unreduced_result(f, {as, bs, put_on(mesh, w, k.w_spec)}, k.want);
     EXPECT_EQ(type, k.type);
-    EXPECT_EQ((*y)[0].sharding().spec().unreduced(), std::vector<std::string>{"Y"});
-    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("all_reduce")));
-    EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("reduce_scatter")));
-    absl::StatusOr<Array> summed = reshard((*y)[0], P());
-    ASSERT_TRUE(summed.ok()) << summed.status();
-    expect_near(fetch(*summed), k.want, 1e-4);
   }
   // The grads: of sum(slice(c)) (test_slice_unreduced), and of sum(select(pred, c1, c2)) with
   // respect to both cases (test_select_unreduced), c1 = c2 = c an unreduced jit output.
@@ -1113,6 +1114,14 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughSlicesSqueezesAndSelects) {
               ::testing::AllOf(HasSubstr("select: select cases must have the same shardings, got [f32[8,4]{U:Y}, "
                                          "f32[8,4]]"),
                                HasSubstr("reshard the unreduced operand first")));
+  // And what Tessera refuses where JAX goes on: pad (_pad_ur_rule keeps the operand's unreduced
+  // axes; Tessera's pad would add its fills to every device's term).
+  EXPECT_THAT(refusal([](const Value& c, const Value&) {
+                return pad(c, {{1, 1}, {0, 0}}, 0.0);
+              }),
+              ::testing::AllOf(HasSubstr("pad: padding an operand unreduced over {'Y'} is not built yet (JAX's "
+                                         "_pad_ur_rule keeps its unreduced axes)"),
+                               HasSubstr("(operand f32[8,4]{U:Y}); reshard the unreduced operand first")));
 }
 
 // What JAX refuses of an unreduced operand of the other ops, each with JAX's words, the op, the
