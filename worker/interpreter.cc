@@ -115,17 +115,32 @@ PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<c
   return peak;
 }
 
-bool runs_inline(const DevicePlan& plan, int64_t input_bytes) {
+namespace {
+
+// Whether `plan` is within runs_inline's cost bounds, with no loop or switch and no collective
+// other than all_reduces (none at all unless `all_reduces`).
+bool within_inline_bounds(const DevicePlan& plan, int64_t input_bytes, bool all_reduces) {
   if (plan.code.size() > kInlineInstructions) return false;
   int64_t bytes = input_bytes;
   for (const Instruction& inst : plan.code) {
-    if (inst.kind == Instruction::Kind::kCollective || inst.kind == Instruction::Kind::kLoop ||
-        inst.kind == Instruction::Kind::kSwitch) {
+    if (inst.kind == Instruction::Kind::kLoop || inst.kind == Instruction::Kind::kSwitch) return false;
+    if (inst.kind == Instruction::Kind::kCollective &&
+        (!all_reduces || inst.collective.kind != CollectiveKind::kAllReduce)) {
       return false;
     }
     if (inst.kind != Instruction::Kind::kFree) bytes += num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
   }
   return bytes <= kInlineBytes;
+}
+
+}  // namespace
+
+bool runs_inline(const DevicePlan& plan, int64_t input_bytes) {
+  return within_inline_bounds(plan, input_bytes, /*all_reduces=*/false);
+}
+
+bool runs_stepped(const DevicePlan& plan, int64_t input_bytes) {
+  return within_inline_bounds(plan, input_bytes, /*all_reduces=*/true);
 }
 
 uint64_t plan_op_id(uint64_t execution, size_t index) { return execution + 1 + static_cast<uint64_t>(index); }
@@ -289,34 +304,74 @@ absl::StatusOr<Arrays> run_switch(const Instruction& inst, const Arrays& operand
 
 absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transport& transport, const PlanRun& run,
                                    uint64_t first_op) {
+  SteppedPlanRun stepped(plan, std::move(inputs), transport, run, first_op);
+  stepped.advance(nullptr);  // waits: always done
+  return stepped.take_result();
+}
+
+}  // namespace
+
+SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs,
+                               Transport& transport, const PlanRun& run, uint64_t first_op)
+    : plan_(plan),
+      transport_(transport),
+      run_(run),
+      op_(first_op),
+      end_op_(first_op + plan_op_span(plan)),
+      slots_(static_cast<size_t>(plan.num_slots)) {
   if (inputs.size() != plan.input_slots.size()) {
-    return absl::InvalidArgumentError(
+    result_ = absl::InvalidArgumentError(
         absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ", inputs.size()));
+    k_ = plan.code.size();
+    return;
   }
-  const uint64_t end_op = first_op + plan_op_span(plan);
-  Arrays slots(static_cast<size_t>(plan.num_slots));
-  for (size_t i = 0; i < inputs.size(); ++i) slots[plan.input_slots[i]] = std::move(inputs[i]);
-  uint64_t op = first_op;  // instruction k's first op id
-  for (size_t k = 0; k < plan.code.size(); ++k) {
+  for (size_t i = 0; i < inputs.size(); ++i) slots_[plan.input_slots[i]] = std::move(inputs[i]);
+}
+
+SteppedPlanRun::~SteppedPlanRun() = default;
+
+void SteppedPlanRun::fail(const Instruction& inst, const absl::Status& status) {
+  // The ops of the instructions it will not run: peers' messages for them go, now and later.
+  transport_.finish_ops(op_, end_op_);
+  result_ = absl::Status(status.code(),
+                         absl::StrCat("instruction ", k_, " (", instruction_name(inst), "): ", status.message()));
+  k_ = plan_.code.size();
+}
+
+void SteppedPlanRun::abandon(const absl::Status& status) {
+  if (k_ >= plan_.code.size()) return;
+  collective_.reset();
+  fail(plan_.code[k_], status);
+}
+
+SteppedPlanRun::State SteppedPlanRun::advance(const ParkFn& park) {
+  const DevicePlan& plan = plan_;
+  Arrays& slots = slots_;
+  for (; k_ < plan.code.size(); ++k_) {
+    const size_t k = k_;
     const Instruction& inst = plan.code[k];
+    const uint64_t this_op = op_;
+    if (park && (inst.kind == Instruction::Kind::kLoop || inst.kind == Instruction::Kind::kSwitch)) {
+      return State::kNeedsThread;  // its body may wait
+    }
     std::vector<const HostArray*> in;
     for (int s : inst.in) in.push_back(slots[s].get());
     absl::StatusOr<std::shared_ptr<const HostArray>> out = absl::InternalError("unset");
-    const uint64_t this_op = op;
-    op += instruction_op_span(inst);
     // Kernels and local slices are timed here, collectives by the engine (with their bytes).
     ProfileSpan span(inst.kind == Instruction::Kind::kKernel || inst.kind == Instruction::Kind::kLocalSlice
-                         ? &transport.profile()
+                         ? &transport_.profile()
                          : nullptr,
                      "kernel", [&] { return instruction_name(inst); });
     if (span) {
       span.arg("result", type_to_string(inst.node.dtype, inst.node.shape));
       span.arg("instruction", absl::StrCat(k));
     }
+    bool has_out = true;  // whether `out` is the instruction's result (not for frees, loops, switches)
     switch (inst.kind) {
       case Instruction::Kind::kFree:
         slots[inst.in[0]].reset();
-        continue;
+        has_out = false;
+        break;
       case Instruction::Kind::kKernel:
         if (const int reuse = reusable_operand(plan, k, slots); reuse >= 0) {
           absl::Status done = run_kernel_in_place(inst.node, in, reuse);
@@ -331,17 +386,35 @@ absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transp
         break;
       }
       case Instruction::Kind::kCollective: {
-        CollectiveRun c;
-        c.op = this_op;
-        c.spec = inst.collective;
-        c.peers = run.peers;
-        c.self = run.self;
-        c.start = absl::Now();
-        c.deadline = run.deadline;
-        c.cancelled = run.cancelled;
-        for (size_t k = 1; k < inst.in.size(); ++k) c.ragged_operands.push_back(slots[inst.in[k]]);
-        out = run_collective(transport, c, slots[inst.in[0]]);
-        transport.finish_op(c.op);
+        if (collective_ == nullptr) {
+          CollectiveRun c;
+          c.op = this_op;
+          c.spec = inst.collective;
+          c.peers = run_.peers;
+          c.self = run_.self;
+          c.start = absl::Now();
+          c.deadline = run_.deadline;
+          c.cancelled = run_.cancelled;
+          for (size_t j = 1; j < inst.in.size(); ++j) c.ragged_operands.push_back(slots[inst.in[j]]);
+          if (!park) {
+            out = run_collective(transport_, c, slots[inst.in[0]]);
+          } else if (absl::StatusOr<std::unique_ptr<SteppedCollective>> stepped =
+                         SteppedCollective::start(transport_, std::move(c), slots[inst.in[0]]);
+                     !stepped.ok()) {
+            out = stepped.status();
+          } else if (*stepped == nullptr) {
+            return State::kNeedsThread;  // nothing of it ran: run_collective it where it may wait
+          } else {
+            collective_ = *std::move(stepped);
+          }
+        }
+        if (collective_ != nullptr) {
+          out = collective_->advance(park);
+          // Parked: whoever resumes the run may be running it already; touch nothing of it.
+          if (out.ok() && *out == nullptr) return State::kParked;
+          collective_.reset();
+        }
+        transport_.finish_op(this_op);
         break;
       }
       case Instruction::Kind::kSwitch:
@@ -349,32 +422,37 @@ absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transp
         Arrays operands;
         for (int s : inst.in) operands.push_back(slots[s]);
         absl::StatusOr<Arrays> results =
-            inst.kind == Instruction::Kind::kSwitch ? run_switch(inst, operands, transport, run, this_op + 1)
-            : inst.branches.empty()                 ? run_loop(inst, in, operands, transport, run, this_op + 1)
-                                                    : run_while(inst, operands, transport, run, this_op + 1);
+            inst.kind == Instruction::Kind::kSwitch ? run_switch(inst, operands, transport_, run_, this_op + 1)
+            : inst.branches.empty()                 ? run_loop(inst, in, operands, transport_, run_, this_op + 1)
+                                                    : run_while(inst, operands, transport_, run_, this_op + 1);
         if (results.ok()) {
           slots[inst.out] = (*results)[0];
           for (size_t j = 0; j < inst.extra_out.size(); ++j) slots[inst.extra_out[j]] = (*results)[j + 1];
-          continue;
+          has_out = false;
+          break;
         }
         out = results.status();
         break;
       }
     }
-    if (!out.ok()) {
-      // The ops of the instructions it will not run: peers' messages for them go, now and later.
-      transport.finish_ops(this_op, end_op);
-      return absl::Status(out.status().code(),
-                          absl::StrCat("instruction ", k, " (", instruction_name(inst), "): ", out.status().message()));
+    if (has_out && !out.ok()) {
+      fail(inst, out.status());
+      return State::kDone;
     }
-    slots[inst.out] = *std::move(out);
+    if (has_out) slots[inst.out] = *std::move(out);
+    op_ += instruction_op_span(inst);
   }
-  Arrays outputs;
-  for (int s : plan.output_slots) outputs.push_back(slots[s]);
-  return outputs;
+  if (result_.ok()) {  // not failed (by the constructor's check, or an instruction)
+    Arrays outputs;
+    for (int s : plan.output_slots) outputs.push_back(slots[s]);
+    result_ = std::move(outputs);
+  }
+  return State::kDone;
 }
 
-}  // namespace
+absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> SteppedPlanRun::take_result() {
+  return std::move(result_);
+}
 
 absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
     const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "core/host_array.h"
 #include "core/plan.h"
+#include "worker/collectives/engine.h"
 #include "worker/collectives/transport.h"
 
 namespace tessera {
@@ -46,6 +47,56 @@ uint64_t plan_op_id(uint64_t execution, size_t index);
 absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
     const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
     const PlanRun& run);
+
+// A run of one device's plan taken instruction by instruction that can leave off at a
+// collective's receive whose message has not arrived (parking the run: Transport::park) and be
+// continued later by whichever thread resumes it: the run's position (instruction, slots, the
+// collective's state) is kept here, not on a thread's stack. run_plan is advance(nullptr).
+//
+//   SteppedPlanRun r(plan, inputs, transport, run, plan_op_id(run.execution, 0));
+//   switch (r.advance(park)) { ... }   // kParked: advance again once resumed
+//   absl::StatusOr<...> outputs = r.take_result();   // after kDone
+class SteppedPlanRun {
+ public:
+  // `plan`, `transport` and `run` must outlive this.
+  SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
+                 const PlanRun& run, uint64_t first_op);
+  ~SteppedPlanRun();
+
+  enum class State {
+    kDone,         // take_result()
+    kParked,       // at a receive: the parked waiter advances it again (touch nothing until then)
+    kNeedsThread,  // at an instruction that may wait and cannot park (a loop, a switch, a collective
+                   // other than SteppedCollective's): advance again without `park`, on a thread
+  };
+  // With `park`, runs until one of the states above; without, runs to the end, waiting at
+  // collectives as run_plan does (kDone).
+  State advance(const ParkFn& park);
+  // Ends a run that will not be advanced again (its thread could not be had): fails it with
+  // `status` at the instruction it stopped at, finishing the ops of those not run.
+  void abandon(const absl::Status& status);
+  // The output slots' arrays, or the error naming the instruction that failed. Once, after kDone.
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> take_result();
+
+ private:
+  void fail(const Instruction& inst, const absl::Status& status);
+
+  const DevicePlan& plan_;
+  Transport& transport_;
+  const PlanRun& run_;
+  size_t k_ = 0;  // the next instruction
+  uint64_t op_;   // its first op id
+  const uint64_t end_op_;
+  std::vector<std::shared_ptr<const HostArray>> slots_;
+  std::unique_ptr<SteppedCollective> collective_;  // instruction k_'s, parked
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> result_ =
+      std::vector<std::shared_ptr<const HostArray>>{};
+};
+
+// Whether a run of `plan` on inputs of `input_bytes` may start on the thread that received it
+// and step (SteppedPlanRun with park) when its transport serves in process: the cost bounds of
+// runs_inline, no loop or switch, and collectives that are all all_reduces (SteppedCollective).
+bool runs_stepped(const DevicePlan& plan, int64_t input_bytes);
 
 // The most memory a run of `plan` on `inputs` holds at once beyond the inputs the caller keeps
 // (its intermediates and outputs, and the donated inputs, which the caller gives up), by the

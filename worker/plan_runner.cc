@@ -20,6 +20,75 @@ namespace {
 // Runs of one RunPlans stream that may wait for the runs making their inputs at once.
 constexpr size_t kMaxDeferredRuns = 4096;
 
+// Stepped runs (SteppedRun) that one thread continues after the run it started with, those
+// whose messages it delivered: beyond these, the next go to the plan threads.
+constexpr int kMaxContinued = 16;
+
+class PlanStreamReactor;
+class SteppedRun;
+
+// The stepped runs a thread continues (see drive), while it drives them.
+struct Driver {
+  std::deque<std::shared_ptr<SteppedRun>> queue;
+  int budget = kMaxContinued;
+};
+thread_local Driver* t_driver = nullptr;
+
+// A run of a plan with collectives in process, taken on the thread at hand rather than a
+// thread of its own, as a small run without collectives is (Client::local: a call's runs then
+// start one after the other on the coordinator's thread, with no wake-up of a plan thread). At
+// a receive whose message has not arrived it parks (Transport::park) and gives the thread
+// back; the thread that files that message continues it after the run at hand (drive), at
+// most kMaxContinued runs per thread, the next on a plan thread. A run parked for
+// Transport::kParkLimit, or when a peer of this process stops, continues on a plan thread
+// that waits as run_plan does: its deadline, cancellation and lost peers fail it as before.
+// So it never waits on the thread at hand, nor runs more there than a bounded number of
+// small plans. It ends as the other runs do (PlanStreamReactor::end_run).
+class SteppedRun final : public Transport::Parked, public std::enable_shared_from_this<SteppedRun> {
+ public:
+  SteppedRun(std::shared_ptr<PlanStreamReactor> reactor, PlanRunner* runner, std::shared_ptr<pb::RunPlanRequest> req,
+             std::shared_ptr<const LoadedPlan> loaded)
+      : reactor_(std::move(reactor)), runner_(runner), req_(std::move(req)), loaded_(std::move(loaded)) {}
+
+  // Prepares the run and steps it on this thread (see drive).
+  void start(std::shared_ptr<std::atomic<bool>> cancelled);
+  void resume(bool arrived) override;
+  // Advances the run: with `may_wait`, to its end, waiting at its receives; else until it
+  // parks, needs a thread, or ends.
+  void step(bool may_wait);
+
+ private:
+  // Continues on a plan thread: stepping (driving the runs it resumes), or waiting.
+  void to_thread(bool may_wait);
+  void finish(absl::Status status);
+
+  const std::shared_ptr<PlanStreamReactor> reactor_;
+  PlanRunner* const runner_;
+  const std::shared_ptr<pb::RunPlanRequest> req_;
+  const std::shared_ptr<const LoadedPlan> loaded_;
+  absl::Time start_;
+  PlanRun run_;
+  std::unique_ptr<SteppedPlanRun> plan_run_;
+};
+
+// Steps `run` on this thread, then the runs it (and they) resumed, in turn: a queue, not
+// recursion. On a thread driving already, `run` joins its queue.
+void drive(std::shared_ptr<SteppedRun> run) {
+  if (t_driver != nullptr) {
+    t_driver->queue.push_back(std::move(run));
+    return;
+  }
+  Driver driver;
+  t_driver = &driver;
+  driver.queue.push_back(std::move(run));
+  while (!driver.queue.empty()) {
+    std::shared_ptr<SteppedRun> next = std::move(driver.queue.front());
+    driver.queue.pop_front();
+    next->step(/*may_wait=*/false);
+  }
+  t_driver = nullptr;
+}
+
 // The server side of the coordinator's RunPlans stream: each request is a run (or the cancel
 // of one); each run's result goes back as its own message when the run ends, in any order.
 // Reads never wait for a run: the next read starts first, then a small local plan runs on the
@@ -52,6 +121,9 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
 
   // Queues the result of request `id`; starts its write if none is in flight.
   void post(uint64_t id, const absl::Status& status);
+  // Run `req` (one in running_) ended with `status`: posts its result, then starts the runs
+  // that waited for it (or fails them with its error), and finishes the stream if it is done.
+  void end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status);
 
  private:
   explicit PlanStreamReactor(PlanRunner* runner) : runner_(runner) {}
@@ -66,9 +138,8 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
 
   // Starts `req` on a thread of the plan pool (it is in running_ and its inputs exist).
   void run_on_thread(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded);
-  // Run `req` (one in running_) ended with `status`: posts its result, then starts the runs
-  // that waited for it (or fails them with its error), and finishes the stream if it is done.
-  void end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status);
+  // Starts `req` stepped, on this thread (SteppedRun; it is in running_, its inputs exist).
+  void run_stepped(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded);
 
   // Whether the stream is to be finished now: the reading ended, no write is in flight and no
   // run is left on a thread of its own (the server, and the service those runs use, wait for
@@ -174,6 +245,8 @@ void PlanStreamReactor::OnReadDone(bool ok) {
   } else if (inline_run) {  // short, and nothing to wait for: no cancellation either
     absl::Status status = runner_->run(*loaded, *req, nullptr);
     end_run(std::move(req), std::move(status));
+  } else if (runner_->may_step(*loaded, *req)) {
+    run_stepped(std::move(req), std::move(loaded));
   } else {
     run_on_thread(std::move(req), std::move(loaded));
   }
@@ -191,6 +264,74 @@ void PlanStreamReactor::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req,
   });
   if (!started.ok()) end_run(std::move(req), started);
 }
+
+void PlanStreamReactor::run_stepped(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded) {
+  std::shared_ptr<std::atomic<bool>> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = running_[req->execution_id()];
+  }
+  std::make_shared<SteppedRun>(shared_from_this(), runner_, std::move(req), std::move(loaded))
+      ->start(std::move(cancelled));
+}
+
+void SteppedRun::start(std::shared_ptr<std::atomic<bool>> cancelled) {
+  start_ = runner_->count_start();
+  std::vector<std::shared_ptr<const HostArray>> inputs;
+  absl::Status prepared = runner_->prepare(
+      *loaded_, *req_, [cancelled] { return cancelled->load(); }, &run_, &inputs);
+  if (!prepared.ok()) {  // nothing reserved
+    reactor_->end_run(req_, runner_->count_end(start_, std::move(prepared)));
+    return;
+  }
+  plan_run_ = std::make_unique<SteppedPlanRun>(loaded_->plan, std::move(inputs), runner_->transport(), run_,
+                                               plan_op_id(run_.execution, 0));
+  drive(shared_from_this());
+}
+
+void SteppedRun::resume(bool arrived) {
+  if (arrived && t_driver != nullptr && t_driver->budget > 0) {  // after the run at hand
+    --t_driver->budget;
+    t_driver->queue.push_back(shared_from_this());
+    return;
+  }
+  to_thread(/*may_wait=*/!arrived);
+}
+
+void SteppedRun::step(bool may_wait) {
+  std::shared_ptr<SteppedRun> self = shared_from_this();  // parked, it may end on another thread meanwhile
+  ParkFn park;
+  if (!may_wait) {
+    park = [this](int device, MessageTag tag, absl::Time op_start) {
+      return runner_->transport().park(device, tag, op_start, shared_from_this());
+    };
+  }
+  switch (plan_run_->advance(park)) {
+    case SteppedPlanRun::State::kParked:
+      return;  // touch nothing: it may be resumed already
+    case SteppedPlanRun::State::kNeedsThread:
+      to_thread(/*may_wait=*/true);
+      return;
+    case SteppedPlanRun::State::kDone:
+      finish(runner_->store_outputs(*req_, plan_run_->take_result()));
+      return;
+  }
+}
+
+void SteppedRun::to_thread(bool may_wait) {
+  absl::Status started = runner_->plan_threads().run([self = shared_from_this(), may_wait] {
+    if (may_wait) {
+      self->step(/*may_wait=*/true);
+    } else {
+      drive(self);
+    }
+  });
+  if (started.ok()) return;
+  plan_run_->abandon(started);
+  finish(runner_->store_outputs(*req_, plan_run_->take_result()));
+}
+
+void SteppedRun::finish(absl::Status status) { reactor_->end_run(req_, runner_->count_end(start_, std::move(status))); }
 
 void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status) {
   // A queue, not recursion: a long chain of waiting runs may end here one after another.
@@ -305,14 +446,19 @@ absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> PlanRunner::p
 }
 
 absl::Status PlanRunner::run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled) {
-  const absl::Time start = absl::Now();
-  {
-    absl::MutexLock lock(&runs_mu_);
-    ++runs_.in_flight;
-  }
+  const absl::Time start = count_start();
   // Not named here: a run's only caller, the coordinator, names the device it called
   // (FanOut, "device 1 (address): ..."); it had read "device 1 (address): device 1: ...".
-  absl::Status status = run_plan(loaded, req, std::move(cancelled));
+  return count_end(start, run_plan(loaded, req, std::move(cancelled)));
+}
+
+absl::Time PlanRunner::count_start() {
+  absl::MutexLock lock(&runs_mu_);
+  ++runs_.in_flight;
+  return absl::Now();
+}
+
+absl::Status PlanRunner::count_end(absl::Time start, absl::Status status) {
   run_seconds_.observe(absl::Now() - start);
   absl::MutexLock lock(&runs_mu_);
   --runs_.in_flight;
@@ -356,17 +502,34 @@ absl::Duration PlanRunner::idle_for(absl::Time since) {
   return absl::Now() - std::max(since, runs_.last_end);
 }
 
-bool PlanRunner::runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const {
-  int64_t input_bytes = 0;
+int64_t PlanRunner::input_bytes(const pb::RunPlanRequest& req) const {
+  int64_t bytes = 0;
   for (uint64_t id : req.input_buffers()) {
     absl::StatusOr<std::shared_ptr<const HostArray>> buffer = store_->get(id);
-    if (buffer.ok()) input_bytes += (*buffer)->nbytes();
+    if (buffer.ok()) bytes += (*buffer)->nbytes();
   }
-  return tessera::runs_inline(plan.plan, input_bytes);
+  return bytes;
+}
+
+bool PlanRunner::runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const {
+  return tessera::runs_inline(plan.plan, input_bytes(req));
+}
+
+bool PlanRunner::may_step(const LoadedPlan& plan, const pb::RunPlanRequest& req) const {
+  return plan.has_collectives && transport_->in_process() && runs_stepped(plan.plan, input_bytes(req));
 }
 
 absl::Status PlanRunner::run_plan(const LoadedPlan& loaded, const pb::RunPlanRequest& req,
                                   std::function<bool()> cancelled) {
+  PlanRun run;
+  std::vector<std::shared_ptr<const HostArray>> inputs;
+  TESSERA_RETURN_IF_ERROR(prepare(loaded, req, std::move(cancelled), &run, &inputs));
+  return store_outputs(req, tessera::run_plan(loaded.plan, std::move(inputs), *transport_, run));
+}
+
+absl::Status PlanRunner::prepare(const LoadedPlan& loaded, const pb::RunPlanRequest& req,
+                                 std::function<bool()> cancelled, PlanRun* run,
+                                 std::vector<std::shared_ptr<const HostArray>>* inputs_out) {
   const DevicePlan& plan = loaded.plan;
   if (req.output_buffers_size() != static_cast<int>(plan.output_slots.size())) {
     return absl::InvalidArgumentError(absl::StrCat("run: the plan has ", plan.output_slots.size(), " outputs, got ",
@@ -399,15 +562,18 @@ absl::Status PlanRunner::run_plan(const LoadedPlan& loaded, const pb::RunPlanReq
         ") but only ", stats.limit_bytes - stats.bytes_used, " of the device's ", stats.limit_bytes,
         " bytes are free (--memory_bytes)"));
   }
-  PlanRun run;
-  run.execution = req.execution_id();
-  if (loaded.has_collectives) run.peers = loaded.peers;
-  run.self = device_->id();
+  run->execution = req.execution_id();
+  if (loaded.has_collectives) run->peers = loaded.peers;
+  run->self = device_->id();
   const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;
-  run.deadline = absl::Now() + absl::Milliseconds(timeout_ms);
-  run.cancelled = std::move(cancelled);
-  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> outputs =
-      tessera::run_plan(plan, std::move(inputs), *transport_, run);
+  run->deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+  run->cancelled = std::move(cancelled);
+  *inputs_out = std::move(inputs);
+  return absl::OkStatus();
+}
+
+absl::Status PlanRunner::store_outputs(const pb::RunPlanRequest& req,
+                                       absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> outputs) {
   store_->cancel(req.execution_id());  // the outputs are reserved one by one below
   if (!outputs.ok()) return outputs.status();
   for (int i = 0; i < req.output_buffers_size(); ++i) {

@@ -1,6 +1,8 @@
 // PlanRunner: runs loaded plans on stored buffers, for the coordinator's RunPlans streams.
 // Each stream (a reactor in plan_runner.cc) reads runs in order; a small local plan runs on
-// the gRPC thread that read it (runs_inline), every other on a thread of the plan pool, and a
+// the gRPC thread that read it (runs_inline), one as small with all_reduces in process starts
+// there and steps (parks at a receive that would wait, continued by the thread that files its
+// message: plan_runner.cc's SteppedRun), every other runs on a thread of the plan pool, and a
 // run naming outputs of runs before it on its stream waits for them without a thread. A
 // cancel on the stream (or its end) tells the run to stop. The runner counts runs for
 // GetStats and for a drain (wait_for_idle).
@@ -34,6 +36,7 @@
 #include "worker/buffer_store.h"
 #include "worker/collectives/transport.h"
 #include "worker/device.h"
+#include "worker/interpreter.h"
 #include "worker/plan_store.h"
 
 namespace tessera {
@@ -47,6 +50,8 @@ class PlanRunner {
         transport_(transport),
         device_(device),
         plan_threads_("plan runs on threads of their own (--max_plan_threads)", std::max(1, max_plan_threads)) {}
+  // Hands the runs parked in the transport to the plan threads before they stop.
+  ~PlanRunner() { transport_->unpark_all(); }
 
   // A new RunPlans stream (the reactor owns itself until gRPC is done with it).
   grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* open_stream();
@@ -58,6 +63,23 @@ class PlanRunner {
   absl::Status run(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled);
   // Whether `req` may run on the thread at hand now that its inputs exist (see plan_for).
   bool may_run_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const { return runs_inline(plan, req); }
+  // Whether `req` (of a plan with collectives) may start on the thread at hand and step: park
+  // at a receive whose message has not arrived, to be continued by the thread that delivers it
+  // (interpreter.h's runs_stepped, with collectives in process).
+  bool may_step(const LoadedPlan& plan, const pb::RunPlanRequest& req) const;
+
+  // The parts of run(), for a run that steps (plan_runner.cc's SteppedRun): count_start counts
+  // a run in flight and returns its start; prepare checks `req` against the plan, takes its
+  // inputs (donated ones leave the store), reserves its peak memory and fills `run`;
+  // store_outputs gives the reservation back and stores the outputs (or passes on the run's
+  // error); count_end counts the run's end and returns `status`.
+  absl::Time count_start();
+  absl::Status prepare(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled,
+                       PlanRun* run, std::vector<std::shared_ptr<const HostArray>>* inputs);
+  absl::Status store_outputs(const pb::RunPlanRequest& req,
+                             absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> outputs);
+  absl::Status count_end(absl::Time start, absl::Status status);
+  Transport& transport() { return *transport_; }
 
   // Deletes the buffers `ids` (a buffer still being filled goes when it is committed) and
   // ends the fan-out op of each id this device neither holds nor is filling; returns how many
@@ -94,6 +116,8 @@ class PlanRunner {
  private:
   // Whether `plan` may run on a gRPC callback thread: by its cost (runs_inline).
   bool runs_inline(const LoadedPlan& plan, const pb::RunPlanRequest& req) const;
+  // The bytes of `req`'s inputs in the store.
+  int64_t input_bytes(const pb::RunPlanRequest& req) const;
   // Runs a loaded plan on stored buffers and stores its outputs.
   absl::Status run_plan(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled);
 

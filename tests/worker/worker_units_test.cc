@@ -257,6 +257,15 @@ TEST(PlanCost, RunsInlineOnlyWhenSmallAndAlone) {
   with_collective.code.push_back(all_reduce);
   EXPECT_FALSE(runs_inline(with_collective, 0));
   EXPECT_TRUE(runs_inline(sgd_plan(10, false), 0));
+  // A run may step (start on the thread at hand, park at its receives) within the same bounds
+  // when its collectives are all all_reduces (the ones that step, worker/collectives/engine.h).
+  EXPECT_TRUE(runs_stepped(with_collective, 0));
+  EXPECT_TRUE(runs_stepped(sgd_plan(10, false), 0));
+  EXPECT_FALSE(runs_stepped(with_collective, kInlineBytes));
+  EXPECT_FALSE(runs_stepped(iota, 0));
+  DevicePlan with_all_gather = with_collective;
+  with_all_gather.code.back().collective.kind = CollectiveKind::kAllGather;
+  EXPECT_FALSE(runs_stepped(with_all_gather, 0));
 }
 
 TEST(BufferStore, ChargedBytesCountAgainstTheLimit) {

@@ -8,6 +8,7 @@
 #include "core/graph.h"
 #include "core/slicing.h"
 #include "core/status.h"
+#include "proto/in_process.h"
 #include "worker/collectives/algorithms.h"
 #include "worker/collectives/reduce.h"
 #include "worker/kernels/internal.h"
@@ -79,6 +80,11 @@ class Group {
                                               " chunk ", chunk, ", expected ", bytes));
     }
     return data;
+  }
+
+  // Instead of receive(from, step, chunk) when it would wait: see Transport::park.
+  bool park(const ParkFn& park, int from, int step, int chunk) const {
+    return park && park(members_[from], {run_.op, step, chunk}, run_.start);
   }
 
   // A wait that failed at the stall deadline `stalled_at` says so (the transport's message
@@ -312,6 +318,56 @@ absl::StatusOr<ArrayPtr> direct_all_reduce(Group& g, ReduceOp op, const ArrayPtr
   return out;
 }
 
+// Binomial tree: reduce to rank 0 in ceil(log2 n) rounds, then broadcast back down the same
+// tree: 2(n-1) messages, where recursive doubling sends n log2 n (14 against 24 on 8 devices).
+// Small messages cost CPU (syscalls, gRPC, thread wake-ups) rather than wire time, and on a
+// host running several workers per core the fewer messages win. Everyone gets rank 0's bytes:
+// bitwise the same result. Sends copy (`out` changes afterwards).
+// Kept as a state (the next reduce round, or the broadcast) so that a run can park at a
+// receive and continue later from there (SteppedCollective); without `park` it waits.
+class TreeAllReduce {
+ public:
+  TreeAllReduce(ReduceOp op, const ArrayPtr& in) : op_(op), out_(std::make_shared<HostArray>(in->clone())) {}
+
+  // The result, or nullptr when it parked at a receive (advance again once resumed).
+  absl::StatusOr<ArrayPtr> advance(Group& g, const ParkFn& park) {
+    const int n = g.n(), r = g.rank();
+    const int64_t bytes = out_->nbytes();
+    for (int dist = 1 << round_; !broadcasting_ && dist < n; ++round_, dist *= 2) {
+      if (r % (2 * dist) != 0) {
+        TESSERA_RETURN_IF_ERROR(g.send(r - dist, round_, 0, out_->data(), bytes, nullptr));
+        break;
+      }
+      if (r + dist < n) {
+        if (g.park(park, r + dist, round_, 0)) return nullptr;
+        TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(r + dist, round_, 0, bytes));
+        data.reduce_into(out_->dtype(), op_, out_->data());
+      }
+    }
+    broadcasting_ = true;
+    constexpr int kBroadcastStep = 64;  // after every reduce step (n < 2^64)
+    int below = 1;                      // children are r + d for powers of two d < below
+    if (r == 0) {
+      while (below < n) below *= 2;
+    } else {
+      below = r & -r;
+      if (g.park(park, r - below, kBroadcastStep, 0)) return nullptr;
+      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(r - below, kBroadcastStep, 0, bytes));
+      data.copy_to(out_->data());
+    }
+    for (int d = below / 2; d >= 1; d /= 2) {
+      if (r + d < n) TESSERA_RETURN_IF_ERROR(g.send(r + d, kBroadcastStep, 0, out_->data(), bytes, nullptr));
+    }
+    return ArrayPtr(out_);
+  }
+
+ private:
+  const ReduceOp op_;
+  const std::shared_ptr<HostArray> out_;
+  int round_ = 0;  // the reduce round to do next
+  bool broadcasting_ = false;
+};
+
 absl::StatusOr<ArrayPtr> all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
   const DType dtype = in->dtype();
   const int64_t bytes = in->nbytes();
@@ -319,38 +375,7 @@ absl::StatusOr<ArrayPtr> all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
   const Algorithm algorithm = g.choose(CollectiveKind::kAllReduce, bytes);
   if (algorithm == Algorithm::kRecursiveDoubling) return recursive_doubling_all_reduce(g, op, in);
   if (algorithm == Algorithm::kDirect) return direct_all_reduce(g, op, in);
-  if (algorithm == Algorithm::kTree) {
-    // Binomial tree: reduce to rank 0 in ceil(log2 n) rounds, then broadcast back down the
-    // same tree: 2(n-1) messages, where recursive doubling sends n log2 n (14 against 24 on 8
-    // devices). Small messages cost CPU (syscalls, gRPC, thread wake-ups) rather than wire
-    // time, and on a host running several workers per core the fewer messages win. Everyone
-    // gets rank 0's bytes: bitwise the same result. Sends copy (`out` changes afterwards).
-    const int n = g.n(), r = g.rank();
-    auto out = std::make_shared<HostArray>(in->clone());
-    for (int k = 0, dist = 1; dist < n; ++k, dist *= 2) {
-      if (r % (2 * dist) != 0) {
-        TESSERA_RETURN_IF_ERROR(g.send(r - dist, k, 0, out->data(), bytes, nullptr));
-        break;
-      }
-      if (r + dist < n) {
-        TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(r + dist, k, 0, bytes));
-        data.reduce_into(dtype, op, out->data());
-      }
-    }
-    constexpr int kBroadcastStep = 64;  // after every reduce step (n < 2^64)
-    int below = 1;                      // children are r + d for powers of two d < below
-    if (r == 0) {
-      while (below < n) below *= 2;
-    } else {
-      below = r & -r;
-      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(r - below, kBroadcastStep, 0, bytes));
-      data.copy_to(out->data());
-    }
-    for (int d = below / 2; d >= 1; d /= 2) {
-      if (r + d < n) TESSERA_RETURN_IF_ERROR(g.send(r + d, kBroadcastStep, 0, out->data(), bytes, nullptr));
-    }
-    return out;
-  }
+  if (algorithm == Algorithm::kTree) return TreeAllReduce(op, in).advance(g, nullptr);
   auto out = std::make_shared<HostArray>(dtype, in->shape());
   // The ring reads this device's contributions from `in` and writes every byte of `out`.
   const std::vector<Range> seg = even_segments(in->size(), dtype_size(dtype), g.n());
@@ -669,10 +694,9 @@ absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in, std::
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& transport, const CollectiveRun& run,
-                                                                std::shared_ptr<const HostArray> input) {
+// The replica group of `run.self` and its rank there; INVALID_ARGUMENT if it is in none, or a
+// member has no address.
+absl::StatusOr<std::pair<const std::vector<int>*, int>> group_of(const CollectiveRun& run) {
   const auto [group_index, rank] = find_in_groups(run.spec, run.self);
   if (group_index < 0) {
     return absl::InvalidArgumentError(absl::StrCat("device ", run.self, " is in none of the replica groups"));
@@ -681,6 +705,65 @@ absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& trans
   for (int d : members) {
     if (run.peers.count(d) == 0) return absl::InvalidArgumentError(absl::StrCat("no address for device ", d));
   }
+  return std::make_pair(&members, rank);
+}
+
+}  // namespace
+
+struct SteppedCollective::State {
+  State(Transport& t, CollectiveRun r, std::vector<int> m, int rank, const ArrayPtr& input)
+      : transport(t),
+        run(std::move(r)),
+        members(std::move(m)),
+        group(t, run, members, rank),
+        tree(run.spec.reduce_op, input),
+        start(absl::Now()),
+        bytes(input->nbytes()) {}
+  Transport& transport;
+  const CollectiveRun run;
+  const std::vector<int> members;
+  Group group;  // refers to run and members
+  TreeAllReduce tree;
+  const absl::Time start;
+  const int64_t bytes;
+};
+
+absl::StatusOr<std::unique_ptr<SteppedCollective>> SteppedCollective::start(Transport& transport, CollectiveRun run,
+                                                                            std::shared_ptr<const HostArray> input) {
+  // Profiled runs keep run_collective's span, which lasts on one thread.
+  if (run.spec.kind != CollectiveKind::kAllReduce || transport.profile().on()) return nullptr;
+  TESSERA_ASSIGN_OR_RETURN(auto group, group_of(run));
+  TESSERA_RETURN_IF_ERROR(collective_output_shape(run.spec, input->shape()).status());
+  // Only sends filed straight into a peer's mailbox never wait (a link's may, for room).
+  for (int d : *group.first) {
+    if (!is_in_process_address(run.peers.at(d))) return nullptr;
+  }
+  auto state = std::make_unique<State>(transport, std::move(run), *group.first, group.second, input);
+  if (state->group.n() == 1 || state->group.choose(CollectiveKind::kAllReduce, input->nbytes()) != Algorithm::kTree) {
+    return nullptr;
+  }
+  return std::unique_ptr<SteppedCollective>(new SteppedCollective(std::move(state)));
+}
+
+SteppedCollective::SteppedCollective(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+SteppedCollective::~SteppedCollective() = default;
+
+absl::StatusOr<std::shared_ptr<const HostArray>> SteppedCollective::advance(const ParkFn& park) {
+  State& s = *state_;
+  absl::StatusOr<std::shared_ptr<const HostArray>> out = s.tree.advance(s.group, park);
+  if (!out.ok() || *out != nullptr) {
+    s.transport.collective_metrics().record(s.run.spec.kind, s.group.chosen(), s.group.path(), s.bytes,
+                                            absl::Now() - s.start, out.ok());
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& transport, const CollectiveRun& run,
+                                                                std::shared_ptr<const HostArray> input) {
+  TESSERA_ASSIGN_OR_RETURN(auto group, group_of(run));
+  const std::vector<int>& members = *group.first;
+  const int rank = group.second;
   const bool ragged = run.spec.kind == CollectiveKind::kRaggedAllToAll;
   Shape out_shape;
   if (!ragged) {

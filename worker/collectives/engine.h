@@ -65,6 +65,37 @@ struct CollectiveRun {
 absl::StatusOr<std::shared_ptr<const HostArray>> run_collective(Transport& transport, const CollectiveRun& run,
                                                                 std::shared_ptr<const HostArray> input);
 
+// Instead of a receive that would wait: returns true when it parked the run to wait for the
+// message `tag` from `device` without a thread (Transport::park); false: receive at once.
+using ParkFn = std::function<bool(int device, MessageTag tag, absl::Time op_start)>;
+
+// A collective that a run can leave at a receive whose message has not arrived and continue
+// later, on whichever thread resumes it (the run's state is kept here, not on a stack): the
+// small all_reduce's binomial tree, the one all_reduce in process chooses (algorithms.h). The
+// same algorithm, messages, metrics and errors as run_collective.
+//
+//   absl::StatusOr<std::unique_ptr<SteppedCollective>> c = SteppedCollective::start(t, run, in);
+//   // *c == nullptr: not one that steps; run_collective it.
+//   absl::StatusOr<std::shared_ptr<const HostArray>> out = (*c)->advance(park);
+//   // *out == nullptr: parked; advance again once resumed (with nullptr: it waits).
+class SteppedCollective {
+ public:
+  // nullptr when `run` is not one that steps (not an all_reduce choosing the tree here, a group
+  // of one, a member without an in-process address, or a profiled transport). Errors as
+  // run_collective's, before any message.
+  static absl::StatusOr<std::unique_ptr<SteppedCollective>> start(Transport& transport, CollectiveRun run,
+                                                                  std::shared_ptr<const HostArray> input);
+  ~SteppedCollective();
+
+  // Runs until the result, or until `park` parked it (nullptr; without `park` it waits).
+  absl::StatusOr<std::shared_ptr<const HostArray>> advance(const ParkFn& park);
+
+ private:
+  struct State;
+  explicit SteppedCollective(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
 }  // namespace tessera
 
 #endif  // TESSERA_WORKER_COLLECTIVES_ENGINE_H_

@@ -486,7 +486,9 @@ class Transport::InboundRing {
       ring->consume(record);
       data.slices_.push_back(std::move(slice));
       data.bytes_ = record.bytes;
-      transport_->file_message(source_, {record.op, record.step, record.chunk}, std::move(data), Via::kShm);
+      std::shared_ptr<Parked> parked =
+          transport_->file_message(source_, {record.op, record.step, record.chunk}, std::move(data), Via::kShm);
+      if (parked != nullptr) parked->resume(true);
     }
     {
       absl::MutexLock lock(&mu_);
@@ -514,14 +516,17 @@ Transport::~Transport() {
   std::vector<std::shared_ptr<Link>> retired;
   std::map<int, std::unique_ptr<InboundRing>> inbound;
   std::vector<std::unique_ptr<InboundRing>> stopped;
+  std::thread watch;
   {
     absl::MutexLock lock(&mu_);
-    stopping_ = true;
+    stopping_ = true;  // the watchdog resumes what is parked and ends
     links.swap(links_);
     retired.swap(retired_);
     inbound.swap(inbound_);
     stopped.swap(stopped_inbound_);
+    watch.swap(parked_watch_);
   }
+  if (watch.joinable()) watch.join();
   inbound.clear();  // joins the ring readers (they file into this transport) outside the lock
   stopped.clear();
   links.clear();  // ends the streams outside the lock
@@ -612,13 +617,81 @@ int64_t Transport::in_process_messages_received() const {
 }
 
 void Transport::in_process_source_gone(int source) {
+  std::vector<std::shared_ptr<Parked>> parked;
+  {
+    absl::MutexLock lock(&mu_);
+    down_since_[source] = absl::Now();  // as when a source's last stream ends (see receive's `gone`)
+    parked = take_parked_locked();      // their receives say so at once
+  }
+  for (auto& p : parked) p->resume(false);
+}
+
+bool Transport::park(int source, MessageTag tag, absl::Time op_start, std::shared_ptr<Parked> waiter) {
+  const Key key{tag.op, source, tag.step, tag.chunk};
   absl::MutexLock lock(&mu_);
-  down_since_[source] = absl::Now();  // as when a source's last stream ends (see receive's `gone`)
+  started_.insert(tag.op);  // as receive: its messages are awaited now
+  if (stopping_ || ready_locked(key, op_start) || parked_.count(key) > 0) return false;
+  parked_[key] = ParkedRun{std::move(waiter), absl::Now()};
+  if (!parked_watch_.joinable()) parked_watch_ = std::thread([this] { watch_parked(); });
+  return true;
+}
+
+std::vector<std::shared_ptr<Transport::Parked>> Transport::take_parked_locked() {
+  std::vector<std::shared_ptr<Parked>> out;
+  for (auto& [key, run] : parked_) out.push_back(std::move(run.waiter));
+  parked_.clear();
+  return out;
+}
+
+void Transport::unpark_all() {
+  std::vector<std::shared_ptr<Parked>> parked;
+  {
+    absl::MutexLock lock(&mu_);
+    parked = take_parked_locked();
+  }
+  for (auto& p : parked) p->resume(false);
+}
+
+int64_t Transport::parked_resumed() const {
+  absl::MutexLock lock(&mu_);
+  return parked_resumed_;
+}
+
+// Wakes when a run parks while nothing was parked, then every kParkLimit while something is:
+// not at every park (each would cost the parking thread a wake-up of this one).
+void Transport::watch_parked() {
+  absl::MutexLock lock(&mu_);
+  auto parked_or_stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !parked_.empty(); };
+  auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+  for (;;) {
+    mu_.Await(absl::Condition(&parked_or_stopping));
+    if (!stopping_) mu_.AwaitWithDeadline(absl::Condition(&stopping), absl::Now() + kParkLimit);
+    std::vector<std::shared_ptr<Parked>> expired;
+    if (stopping_) {
+      expired = take_parked_locked();
+    } else {
+      const absl::Time before = absl::Now() - kParkLimit;
+      for (auto it = parked_.begin(); it != parked_.end();) {
+        if (it->second.since > before) {
+          ++it;
+          continue;
+        }
+        expired.push_back(std::move(it->second.waiter));
+        it = parked_.erase(it);
+      }
+    }
+    const bool stop = stopping_;
+    mu_.Unlock();
+    for (auto& p : expired) p->resume(false);
+    expired.clear();  // their last references may go here, outside the lock
+    mu_.Lock();
+    if (stop) return;
+  }
 }
 
 absl::Status Transport::send_in_process(internal::InProcessMailbox& to, int self, int peer, const std::string& address,
                                         MessageTag tag, const std::byte* data, int64_t bytes,
-                                        std::shared_ptr<const void> owner) {
+                                        std::shared_ptr<const void> owner, std::shared_ptr<Parked>* resumed) {
   absl::ReaderMutexLock lock(&to.mu);
   if (to.transport == nullptr) {
     return absl::UnavailableError(absl::StrCat(peer_name(peer, address), " stopped taking collective data"));
@@ -629,7 +702,7 @@ absl::Status Transport::send_in_process(internal::InProcessMailbox& to, int self
   Received message;
   message.slices_.push_back(payload_slice(data, bytes, std::move(owner)));
   message.bytes_ = bytes;
-  to.transport->file_message(self, tag, std::move(message), Via::kInProcess);
+  *resumed = to.transport->file_message(self, tag, std::move(message), Via::kInProcess);
   return absl::OkStatus();
 }
 
@@ -746,12 +819,13 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
   // The send's time is taken before the write: the peer may take the message before enqueue returns.
   const int64_t sent_ns = profile_.on() ? profile_clock_ns() : 0;
   absl::Status queued;
+  std::shared_ptr<Parked> resumed;
   if (local != nullptr) {
     {
       absl::MutexLock lock(&mu_);
       in_process_sent_to_[peer] = local;
     }
-    queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner));
+    queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner), &resumed);
   } else {
     queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
   }
@@ -759,6 +833,7 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
     profile_flow(profile_, ProfileEvent::kFlowStart, message_flow_id(self, peer, tag.op, tag.step, tag.chunk),
                  "message", sent_ns);
   }
+  if (resumed != nullptr) resumed->resume(true);  // the peer's run waited for this message
   return queued;
 }
 
@@ -771,17 +846,8 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
                                             absl::Time deadline, const std::function<bool()>& cancelled) {
   const Key key{tag.op, source, tag.step, tag.chunk};
   absl::MutexLock lock(&mu_);
-  // A source counts as gone only if its stream ended while this op ran: a stream that ended
-  // before may simply not have been reopened yet.
-  auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = down_since_.find(source);
-    return it != down_since_.end() && it->second >= op_start;
-  };
   const std::pair<uint64_t, int> from{tag.op, source};
-  auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return mailbox_.count(key) > 0 || gone() || lost_.count(from) > 0 || failed_ops_.count(tag.op) > 0 ||
-           refused_.count(from) > 0;
-  };
+  auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_locked(key, op_start); };
   started_.insert(tag.op);  // its messages are awaited now: no longer unclaimed
   // Wake up now and then to notice a cancelled call (the coordinator gave up on the op).
   while (!mu_.AwaitWithDeadline(absl::Condition(&arrived), std::min(deadline, absl::Now() + kCancelPoll))) {
@@ -813,6 +879,17 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
                  "message");
   }
   return data;
+}
+
+bool Transport::ready_locked(const Key& key, absl::Time op_start) const {
+  const auto [op, source, step, chunk] = key;
+  // A source counts as gone only if its stream ended while this op ran: a stream that ended
+  // before may simply not have been reopened yet.
+  auto down = down_since_.find(source);
+  const bool gone = down != down_since_.end() && down->second >= op_start;
+  const std::pair<uint64_t, int> from{op, source};
+  return mailbox_.count(key) > 0 || gone || lost_.count(from) > 0 || failed_ops_.count(op) > 0 ||
+         refused_.count(from) > 0;
 }
 
 void Transport::finish_ops(uint64_t first, uint64_t end) {
@@ -1146,7 +1223,8 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
   // taken as they come and are not copied; neither are those of a finished op, dropped.
   const MessageTag tag{fields[2], static_cast<int32_t>(fields[3]), static_cast<int32_t>(fields[4])};
   if (!started(tag.op)) data.compact();
-  file_message(from, tag, std::move(data), Via::kGrpc);
+  std::shared_ptr<Parked> parked = file_message(from, tag, std::move(data), Via::kGrpc);
+  if (parked != nullptr) parked->resume(true);  // its rules keep it off this gRPC thread
   return absl::OkStatus();
 }
 
@@ -1155,32 +1233,41 @@ bool Transport::started(uint64_t op) const {
   return started_.count(op) > 0 || finished_locked(op);
 }
 
-void Transport::file_message(int from, MessageTag tag, Received data, Via via) {
+std::shared_ptr<Transport::Parked> Transport::file_message(int from, MessageTag tag, Received data, Via via) {
   absl::MutexLock lock(&mu_);
   if (via == Via::kShm) ++shm_received_;
   if (via == Via::kInProcess) ++in_process_received_;
   if (finished_locked(tag.op)) {  // late: nobody will ask for it
     ++dropped_;
-    return;
+    return nullptr;
   }
   const absl::Time now = absl::Now();
   sweep_locked(now);
-  if (refused_.count({tag.op, from}) > 0) return;  // the op fails anyway: keep nothing of it
   const Key key{tag.op, from, tag.step, tag.chunk};
+  // The run parked for this message resumes whether it is kept or refused (its receive then
+  // says why): a refusal is what its wait would have woken for too.
+  std::shared_ptr<Parked> parked;
+  if (auto p = parked_.find(key); p != parked_.end()) {
+    parked = std::move(p->second.waiter);
+    parked_.erase(p);
+    ++parked_resumed_;
+  }
+  if (refused_.count({tag.op, from}) > 0) return parked;  // the op fails anyway: keep nothing of it
   if (auto old = mailbox_.find(key); old != mailbox_.end()) take_locked(old);  // a repeat replaces it
   const int64_t bytes = data.size() + kHeldMessageBytes;
   int64_t& held = held_bytes_[from];
   if (held + bytes > mailbox_options_.bytes_per_peer) {
     refuse_locked(tag.op, from, {Refusal::kShare});
-    return;
+    return parked;
   }
   if (mailbox_options_.reserve && !mailbox_options_.reserve(bytes)) {
     refuse_locked(tag.op, from, {Refusal::kMemory, bytes});
-    return;
+    return parked;
   }
   held += bytes;
   pending_bytes_ += data.size();
   mailbox_.emplace(key, Held{std::move(data), now});
+  return parked;
 }
 
 // Reads one peer's stream. Never blocks in a reaction: filing a message takes the

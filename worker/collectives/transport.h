@@ -185,6 +185,32 @@ class Transport {
   absl::StatusOr<Received> receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
                                    absl::Time deadline, const std::function<bool()>& cancelled = nullptr);
 
+  // A run waiting for a message without a thread (park): its continuation.
+  class Parked {
+   public:
+    virtual ~Parked() = default;
+    // Called once, outside the transport's locks. `arrived`: by the thread that filed the
+    // awaited message (or its refusal), which the run may continue on if its own rules allow;
+    // false: it waited kParkLimit, a source of this process stopped, or the transport is
+    // stopping: continue on a thread that may wait (receive then says what went wrong).
+    virtual void resume(bool arrived) = 0;
+  };
+  // How long a run stays parked before it is handed back to wait on a thread (resume(false)):
+  // its deadline, cancellation and a peer's loss are then noticed as receive notices them.
+  static constexpr absl::Duration kParkLimit = kCancelPoll;
+
+  // Instead of a receive that would wait: if receive(source, address, tag, op_start, ...) would
+  // return at once now (the message, or a failure, is here), returns false and the caller
+  // receives. Otherwise records `waiter` and returns true: the thread that files the message
+  // calls waiter->resume(true); within 2 * kParkLimit without it, or when a source of this
+  // process stops taking messages (close_in_process), resume(false). The caller must not touch
+  // the run once this returns true (its continuation may already run).
+  bool park(int source, MessageTag tag, absl::Time op_start, std::shared_ptr<Parked> waiter);
+  // Resumes every parked run with resume(false) (a runner going away).
+  void unpark_all();
+  // Runs parked so far that their message's arrival resumed (tests: the path is used).
+  int64_t parked_resumed() const;
+
   // Ops from this id up (bit 63: a put's fan-out, Transfers::kFanOutOpBit) are named by buffer
   // ids, which do not grow as the coordinator's op ids do: their ends are remembered apart,
   // one by one, the first finished forgotten first (at most 4096), so that they never push
@@ -251,11 +277,19 @@ class Transport {
   void link_failed(const Link& failed, const std::vector<uint64_t>& ops);
   static absl::Status stream_failed(uint64_t op, const std::string& peer);
   // Files one message of `from` in the mailbox (dropped if its op has finished, or over the
-  // mailbox's bounds).
-  void file_message(int from, MessageTag tag, Received data, Via via);
-  // Sends one message in process: files it in `peer`'s mailbox (see send).
+  // mailbox's bounds). Returns the run parked for it (its caller resumes it, outside the locks).
+  [[nodiscard]] std::shared_ptr<Parked> file_message(int from, MessageTag tag, Received data, Via via);
+  // Whether a receive of `key` begun at `op_start` returns now (see receive).
+  bool ready_locked(const Key& key, absl::Time op_start) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The parked runs' watchdog (park): hands those parked too long to resume(false).
+  void watch_parked();
+  // Takes every parked run out (to resume outside the lock).
+  std::vector<std::shared_ptr<Parked>> take_parked_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends one message in process: files it in `peer`'s mailbox (see send); `*resumed`: the
+  // run of the peer parked for it.
   absl::Status send_in_process(internal::InProcessMailbox& to, int self, int peer, const std::string& address,
-                               MessageTag tag, const std::byte* data, int64_t bytes, std::shared_ptr<const void> owner);
+                               MessageTag tag, const std::byte* data, int64_t bytes, std::shared_ptr<const void> owner,
+                               std::shared_ptr<Parked>* resumed);
   // A peer of this process that this transport took messages from stopped taking messages in
   // process: waits for its messages of ops running now fail UNAVAILABLE, as when its streams end.
   void in_process_source_gone(int source);
@@ -331,6 +365,15 @@ class Transport {
   std::map<int, std::weak_ptr<internal::InProcessMailbox>> in_process_sent_to_ ABSL_GUARDED_BY(mu_);
   int64_t in_process_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Algorithm> forced_all_reduce_ ABSL_GUARDED_BY(mu_);
+  // Runs parked for a message (park), and since when; the watchdog's thread (started by the
+  // first park, joined by the destructor).
+  struct ParkedRun {
+    std::shared_ptr<Parked> waiter;
+    absl::Time since;
+  };
+  std::map<Key, ParkedRun> parked_ ABSL_GUARDED_BY(mu_);
+  int64_t parked_resumed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread parked_watch_ ABSL_GUARDED_BY(mu_);
   CollectiveMetrics collective_metrics_;
   ProfileRecorder profile_;
 };
