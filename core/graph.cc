@@ -177,6 +177,15 @@ absl::StatusOr<int> Graph::add_node(Node n) {
   }
   if (auto* reduce = std::get_if<ReduceAttrs>(&n.attributes)) std::sort(reduce->axes.begin(), reduce->axes.end());
   TESSERA_ASSIGN_OR_RETURN(ArrayType type, infer_type(n, in));
+  // The type rule lets a plan's elementwise kernel read a scalar operand as broadcast; a graph
+  // broadcasts explicitly, so that every layer sees one shape per elementwise node.
+  if (has_trait(n.op, kElementwise) &&
+      std::any_of(in.begin(), in.end(), [&](const ArrayType& t) { return t.shape != type.shape; })) {
+    std::vector<std::string> types;
+    for (const ArrayType& t : in) types.push_back(type_to_string(t.dtype, t.shape));
+    return absl::InvalidArgumentError(
+        absl::StrCat(def.name, ": operands ", absl::StrJoin(types, ", "), " differ in shape (broadcast_in_dim first)"));
+  }
   n.dtype = type.dtype;
   n.shape = std::move(type.shape);
   if (n.op == Op::kParameter) n.attrs<ParameterAttrs>().index = static_cast<int64_t>(parameters_.size());

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -909,6 +910,32 @@ absl::Status check_attrs(const Node& node) {
                                                  " attributes, not ", attrs_name(want)));
 }
 
+namespace {
+
+// The shape elementwise operands of different shapes broadcast to, when they do as a plan's
+// kernels allow (rank 0, or the common rank with size 1 where another has n); nullopt when
+// they all have one shape or do not broadcast so.
+std::optional<Shape> broadcast_operand_shape(absl::Span<const ArrayType> operands) {
+  size_t rank = 0;
+  for (const ArrayType& t : operands) rank = std::max(rank, t.shape.size());
+  Shape common(rank, 1);
+  bool differ = false;
+  for (const ArrayType& t : operands) {
+    differ = differ || t.shape != operands[0].shape;
+    if (t.shape.empty()) continue;
+    if (t.shape.size() != rank) return std::nullopt;
+    for (size_t i = 0; i < rank; ++i) {
+      if (t.shape[i] == 1) continue;
+      if (common[i] != 1 && common[i] != t.shape[i]) return std::nullopt;
+      common[i] = t.shape[i];
+    }
+  }
+  if (!differ) return std::nullopt;
+  return common;
+}
+
+}  // namespace
+
 absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayType> operands) {
   if (!is_op(node.op)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown op ", static_cast<int>(node.op)));
@@ -922,6 +949,22 @@ absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayTyp
     return absl::InvalidArgumentError(absl::StrCat(d.name, ": takes at least one operand, got none"));
   }
   TESSERA_RETURN_IF_ERROR(check_attrs(node));
+  // A plan's elementwise kernel may read an operand broadcast on the fly
+  // (passes/broadcast_operands.cc): a rank-0 one, or one of the others' rank with size 1
+  // along the dimensions it repeats. The rule sees every operand at the common shape; an
+  // error is the rule's on the operands as given. Graphs hold no such node: Graph::add_node
+  // refuses it.
+  if ((d.traits & kElementwise) != 0 && operands.size() > 1) {
+    std::optional<Shape> common = broadcast_operand_shape(operands);
+    if (common.has_value()) {
+      std::vector<ArrayType> broadcast(operands.begin(), operands.end());
+      for (ArrayType& t : broadcast) t.shape = *common;
+      absl::StatusOr<ArrayType> type = d.infer(node, broadcast);
+      if (type.ok()) return type;
+      TESSERA_RETURN_IF_ERROR(d.infer(node, operands).status());
+      return type.status();
+    }
+  }
   return d.infer(node, operands);
 }
 

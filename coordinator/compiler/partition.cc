@@ -51,7 +51,7 @@ class ProgramPartitioner : public internal::PartitionContext {
       plan_.output_slots.push_back(s);
     }
     plan_.num_slots = next_slot_;
-    run_passes(&plan_, mesh_);
+    run_passes(&plan_, mesh_, input_types_);
     return std::move(plan_);
   }
 
@@ -68,6 +68,7 @@ class ProgramPartitioner : public internal::PartitionContext {
   int add_input(int id) override {
     slot_of_[id] = new_slot();
     plan_.input_slots.push_back(slot_of_[id]);
+    input_types_.push_back({g_.node(id).dtype, local_shape(g_.node(id).shape, p_.result[id], mesh_)});
     exe_->input_specs.push_back(p_.result[id].spec().with_unreduced(p_.result[id].partial));
     return slot_of_[id];
   }
@@ -161,6 +162,7 @@ class ProgramPartitioner : public internal::PartitionContext {
   Executable* exe_;
   DevicePlan plan_;
   std::vector<int> slot_of_;
+  std::vector<ArrayType> input_types_;  // local, of each of plan_.input_slots
   int next_slot_ = 0;
 };
 

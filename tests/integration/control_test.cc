@@ -263,6 +263,17 @@ void expect_masked_layer_hoisted(const Executable& exe, const Instruction& loop,
   }
 }
 
+// The program survives the wire (plan_from_proto checks each kernel's type rule) and resolves
+// for device 5, as LoadPlan sends it.
+void expect_survives_the_wire(const Executable& exe) {
+  pb::DevicePlan wire;
+  to_proto(exe.program, &wire);
+  absl::StatusOr<DevicePlan> back = plan_from_proto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  absl::StatusOr<DevicePlan> device5 = resolve(*back, exe.mesh, 5);
+  ASSERT_TRUE(device5.ok()) << device5.status();
+}
+
 // Loop-invariant code motion (passes/hoist.cc): the mask, the fill and the scales are built
 // once before the loop, not in every iteration, and enter the body as extra carries the body
 // passes on; the body keeps only what reads the iteration's values. Values: MeshesSuite.
@@ -275,13 +286,7 @@ TEST(ScanPlan, WhatTheBodyBuildsFromNothingOfTheIterationIsBuiltOnceBeforeTheLoo
   ASSERT_NE(loop, nullptr) << exe->as_text();
   // The iotas (and the constants) before the loop; one carry of the scan's own.
   expect_masked_layer_hoisted(*exe, *loop, 2, 1);
-  // The program survives the wire and resolves, as LoadPlan sends it.
-  pb::DevicePlan wire;
-  to_proto(exe->program, &wire);
-  absl::StatusOr<DevicePlan> back = plan_from_proto(wire);
-  ASSERT_TRUE(back.ok()) << back.status();
-  absl::StatusOr<DevicePlan> device5 = resolve(*back, exe->mesh, 5);
-  ASSERT_TRUE(device5.ok()) << device5.status();
+  expect_survives_the_wire(*exe);
 }
 
 TEST(ScanPlan, MalformedLoopsAreRejected) {
@@ -501,6 +506,107 @@ TEST_F(MeshesSuite, LoopInvariantsHoistedOutOfTheBodyGiveTheHostLoop) {
     ASSERT_EQ(g.size(), 3u);
     ASSERT_EQ(want.size(), 3u);
     for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(results_match(g[i], want[i], 1e-4)) << "gradient output " << i;
+  }
+}
+
+// What broadcasts reach elementwise ops in a model: a scale and an offset (scalars), a causal
+// mask (T, T) and its scalar fill, softmax's row maxima and sums, layer norm's (T, 1)
+// statistics and its (D) scale and bias. `block` runs them on x; `broadcasting` runs it once
+// outside and in a scan over xs rows, and also returns the scale broadcast to x's shape (a
+// broadcast an output reads: it must still be built) and that times x.
+Value block(const Value& x, const Value& scale, const Value& bias) {
+  const Value causal = iota(DType::kI32, {kDim, kDim}, 0) >= iota(DType::kI32, {kDim, kDim}, 1);
+  const Value p = nn::softmax(where(causal, x * 0.5, full({}, -1e4, DType::kF32)));
+  return nn::layer_norm(p * 3.0 - 1.0, scale, bias) + 0.25;
+}
+std::vector<Value> broadcasting(const std::vector<Value>& in) {
+  const Value &x = in[0], &xs = in[1], &scale = in[2], &bias = in[3];
+  auto step = [&](const std::vector<Value>& c, const std::vector<Value>& row) {
+    const Value h = block(c[0] + row[0], scale, bias);
+    return ScanStep{{h}, {h * 2.0}};
+  };
+  ScanResult r = scan(step, {block(x, scale, bias)}, {xs});
+  const Value repeated = broadcast_to(scale, {kDim, kDim});
+  return {r.carry[0], r.ys[0], repeated, repeated * x};
+}
+const std::vector<ArrayType> kBroadcastingTypes = {
+    {DType::kF32, {kDim, kDim}}, {DType::kF32, {3, kDim, kDim}}, {DType::kF32, {kDim}}, {DType::kF32, {kDim}}};
+
+// How many elementwise kernels of `plan` (and of its loops' bodies) read what a broadcast_in_dim
+// kernel wrote, and how many broadcast_in_dim kernels there are.
+struct BroadcastReads {
+  int elementwise_reads = 0, broadcasts = 0;
+};
+void count_broadcast_reads(const DevicePlan& plan, BroadcastReads* r) {
+  std::vector<bool> broadcast(plan.num_slots, false);
+  for (const Instruction& i : plan.code) {
+    if (i.kind == Instruction::Kind::kLoop || i.kind == Instruction::Kind::kSwitch) {
+      if (i.body != nullptr) count_broadcast_reads(*i.body, r);
+      for (const auto& b : i.branches) count_broadcast_reads(*b, r);
+    }
+    if (i.kind != Instruction::Kind::kKernel) continue;
+    if (i.node.op == Op::kBroadcastInDim) {
+      broadcast[i.out] = true;
+      ++r->broadcasts;
+    }
+    if (has_trait(i.node.op, kElementwise) && i.in.size() > 1) {
+      for (int s : i.in) r->elementwise_reads += broadcast[s] ? 1 : 0;
+    }
+  }
+}
+
+// passes/broadcast_operands.cc: no elementwise kernel reads a broadcast — neither in the
+// program nor in the loop's body, where the scalars then leave the loop as small carries —
+// and the one broadcast an output reads is still built, once. The program survives the wire
+// (the decoder's type rule takes the repeated operands) and resolves. Values:
+// MeshesSuite.ElementwiseOpsReadingBroadcastsGiveTheHost.
+TEST(BroadcastPlan, ElementwiseOpsReadWhatABroadcastRepeatsAndOnlyAnOutputsBroadcastIsBuilt) {
+  absl::StatusOr<Executable> exe = compile(broadcasting, kBroadcastingTypes, {P("data", None), P(), P(), P()});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  ASSERT_NE(the_loop(exe->program), nullptr) << exe->as_text();
+  BroadcastReads reads;
+  count_broadcast_reads(exe->program, &reads);
+  EXPECT_EQ(reads.elementwise_reads, 0) << exe->as_text();
+  EXPECT_EQ(reads.broadcasts, 1) << exe->as_text();
+  expect_survives_the_wire(*exe);
+}
+
+// The program above against the host, which runs the graph with every broadcast built
+// (tests/support/host_eval.cc), on the (8), (4, 2) and (2, 4) meshes with x split by rows or
+// columns and the scale and bias whole or split; and its gradient (whose backward loop reads
+// broadcasts of its own) against the host's evaluation of the same gradient graph.
+TEST_F(MeshesSuite, ElementwiseOpsReadingBroadcastsGiveTheHost) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(23);
+  HostArray x = random_array(DType::kF32, {kDim, kDim}, Domain::kSigned, rng);
+  HostArray xs = random_array(DType::kF32, {3, kDim, kDim}, Domain::kSigned, rng);
+  HostArray scale = random_array(DType::kF32, {kDim}, Domain::kSigned, rng);
+  HostArray bias = random_array(DType::kF32, {kDim}, Domain::kSigned, rng);
+  const std::vector<const HostArray*> inputs = {&x, &xs, &scale, &bias};
+  auto loss = [](const std::vector<Value>& in) {
+    const std::vector<Value> r = broadcasting(in);
+    return std::vector<Value>{sum(r[0] * r[0]) + sum(r[1]) + sum(r[3] * 0.5)};
+  };
+  for (size_t m = 0; m < auto_meshes_.size(); ++m) {
+    const std::string first = test_meshes()[m].axes.front(), last = test_meshes()[m].axes.back();
+    for (const std::vector<PartitionSpec>& specs :
+         {std::vector<PartitionSpec>{P(first, None), P(), P(), P()},
+          std::vector<PartitionSpec>{P(None, last), P(None, first, None), P(last), P(first)}}) {
+      SCOPED_TRACE(absl::StrCat(test_meshes()[m].name, " x ", specs[0].to_string(), " scale ", specs[2].to_string()));
+      absl::StatusOr<JitCheck> r = run_against_host(*client_, auto_meshes_[m], broadcasting, inputs, specs);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->got.size(), 4u);
+      for (size_t i = 0; i < r->got.size(); ++i) {
+        EXPECT_TRUE(results_match(r->got[i], r->want[i], 1e-4)) << "output " << i << "\n" << r->plan_text;
+      }
+      absl::StatusOr<JitCheck> g =
+          run_against_host(*client_, auto_meshes_[m], value_and_grad(loss, {0, 1, 2, 3}), inputs, specs);
+      ASSERT_TRUE(g.ok()) << g.status();
+      ASSERT_EQ(g->got.size(), 5u);
+      for (size_t i = 0; i < g->got.size(); ++i) {
+        EXPECT_TRUE(results_match(g->got[i], g->want[i], 1e-4)) << "value or gradient " << i;
+      }
+    }
   }
 }
 

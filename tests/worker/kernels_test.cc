@@ -674,6 +674,112 @@ TEST(Kernels, Select) {
   }
 }
 
+// A plan's elementwise kernel may read an operand broadcast on the fly (core/op.cc's
+// infer_type; coordinator/compiler/passes/broadcast_operands.cc): a rank-0 one, or one of the
+// result's rank with size 1 along the dimensions it repeats (XLA's degenerate dimensions).
+// Against the element the materialised broadcast would hold there, indexed by hand: size-1
+// dimensions and rank 0 read index 0. Both operand orders, each dtype family, and select with
+// each operand repeated.
+double broadcast_element(const HostArray& x, const Shape& result, int64_t flat) {
+  if (x.shape().empty()) return x.element_as_double(0);
+  int64_t at = 0, stride = 1, rest = flat;
+  for (size_t d = result.size(); d-- > 0;) {
+    const int64_t i = rest % result[d];
+    rest /= result[d];
+    if (x.shape()[d] != 1) at += i * stride;
+    stride *= x.shape()[d];
+  }
+  return x.element_as_double(at);
+}
+
+Node elementwise_node(Op op, DType dtype, const Shape& shape, int operands) {
+  Node n;
+  n.op = op;
+  n.dtype = dtype;
+  n.shape = shape;
+  for (int k = 0; k < operands; ++k) n.operands.push_back(k);
+  return n;
+}
+
+TEST(Kernels, OperandsBroadcastOnTheFly) {
+  const Shape full = {3, 4, 5};
+  const std::vector<Shape> repeated = {{}, {1, 1, 1}, {3, 4, 1}, {1, 4, 5}, {3, 1, 5}, {1, 1, 5}, {3, 1, 1}, {1, 4, 1}};
+  const std::vector<BinaryCase> cases = {
+      {Op::kAdd, {DType::kF32, DType::kI32}, [](double a, double b) { return a + b; }},
+      {Op::kSub, {DType::kF64, DType::kI64}, [](double a, double b) { return a - b; }},
+      {Op::kMax,
+       {DType::kF32, DType::kBool, DType::kBF16},
+       [](double a, double b) { return std::max(a, b); }},  // bf16: widened
+      {Op::kLt, {DType::kF32, DType::kI32}, [](double a, double b) { return a < b ? 1.0 : 0.0; }},
+  };
+  std::mt19937 rng(31);
+  for (const BinaryCase& c : cases) {
+    for (DType dtype : c.dtypes) {
+      const DType out = has_trait(c.op, kComparison) ? DType::kBool : dtype;
+      const Node node = elementwise_node(c.op, out, full, 2);
+      for (const Shape& shape : repeated) {
+        for (bool repeated_first : {false, true}) {
+          SCOPED_TRACE(absl::StrCat(trace(c.op, dtype, full), " with ", type_to_string(dtype, shape),
+                                    repeated_first ? " first" : " second"));
+          const HostArray big = random_array(dtype, full, rng, -9, 9), small = random_array(dtype, shape, rng, -9, 9);
+          const HostArray& x = repeated_first ? small : big;
+          const HostArray& y = repeated_first ? big : small;
+          Expected want{out, full, {}, {}};
+          for (int64_t i = 0; i < num_elements(full); ++i) {
+            want.values.push_back(c.reference(broadcast_element(x, full, i), broadcast_element(y, full, i)));
+          }
+          expect_matches(run(node, {&x, &y}), want);
+        }
+      }
+    }
+  }
+  for (DType dtype : {DType::kF32, DType::kI64}) {
+    const Node node = elementwise_node(Op::kSelect, dtype, full, 3);
+    for (const Shape& shape : repeated) {
+      for (int which = 0; which < 3; ++which) {
+        SCOPED_TRACE(absl::StrCat("select of ", type_to_string(dtype, full), " with operand ", which, " ",
+                                  type_to_string(which == 0 ? DType::kBool : dtype, shape)));
+        const HostArray pred = random_array(DType::kBool, which == 0 ? shape : full, rng);
+        const HostArray t = random_array(dtype, which == 1 ? shape : full, rng);
+        const HostArray f = random_array(dtype, which == 2 ? shape : full, rng);
+        Expected want{dtype, full, {}, {}};
+        for (int64_t i = 0; i < num_elements(full); ++i) {
+          want.values.push_back(broadcast_element(pred, full, i) != 0 ? broadcast_element(t, full, i)
+                                                                      : broadcast_element(f, full, i));
+        }
+        expect_matches(run(node, {&pred, &t, &f}), want);
+      }
+    }
+  }
+}
+
+// What does not broadcast so is refused with the rule's message on the operands as given, and a
+// graph never holds a broadcasting node (it broadcasts with broadcast_in_dim).
+TEST(KernelErrors, OperandsThatDoNotBroadcast) {
+  const Node add = elementwise_node(Op::kAdd, DType::kF32, {3, 4}, 2);
+  const HostArray x = HostArray::zeros(DType::kF32, {3, 4});
+  const HostArray rows = HostArray::zeros(DType::kF32, {2, 4}), vector = HostArray::zeros(DType::kF32, {4});
+  const HostArray i32 = HostArray::zeros(DType::kI32, {});
+  EXPECT_EQ(run_kernel(add, {&x, &rows}).status(),
+            absl::InvalidArgumentError("add: operands f32[3,4] and f32[2,4] differ"));
+  EXPECT_EQ(run_kernel(add, {&x, &vector}).status(),
+            absl::InvalidArgumentError("add: operands f32[3,4] and f32[4] differ"));
+  EXPECT_EQ(run_kernel(add, {&x, &i32}).status(),
+            absl::InvalidArgumentError("add: operands f32[3,4] and i32[] differ"));
+  const HostArray column = HostArray::zeros(DType::kF32, {3, 1});
+  EXPECT_EQ(
+      run_kernel(elementwise_node(Op::kAdd, DType::kF32, {3, 5}, 2), {&x, &column}).status(),
+      absl::InvalidArgumentError("add: the operands (f32[3,4], f32[3,1]) give f32[3,4] but the node is f32[3,5]"));
+  Graph g;
+  EXPECT_EQ(g.add_binary(Op::kAdd, g.add_parameter(DType::kF32, {3, 4}), g.add_parameter(DType::kF32, {})).status(),
+            absl::InvalidArgumentError("add: operands f32[3,4], f32[] differ in shape (broadcast_in_dim first)"));
+  EXPECT_EQ(g.add_select(g.add_parameter(DType::kBool, {3, 1}), g.add_parameter(DType::kF32, {3, 4}),
+                         g.add_parameter(DType::kF32, {3, 4}))
+                .status(),
+            absl::InvalidArgumentError(
+                "select: operands bool[3,1], f32[3,4], f32[3,4] differ in shape (broadcast_in_dim first)"));
+}
+
 // ---- Convert ---------------------------------------------------------------------------------
 
 TEST(Kernels, ConvertBetweenEveryPairOfDtypes) {

@@ -7,6 +7,7 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -41,15 +42,112 @@ HostArray map1(const HostArray& x, F f, std::byte* into) {
   return out;
 }
 
+// How the operands of an elementwise kernel that broadcasts (core/op.cc's infer_type: a
+// rank-0 operand, or one of the result's rank with size 1 along the dimensions it repeats;
+// passes/broadcast_operands.cc makes such kernels) are walked: the result's shape and each
+// operand's strides over it (0 along a repeated dimension), with the result's dimensions of
+// size 1 dropped and adjacent dimensions merged where every operand steps alike, so the last
+// dimension is a long run in which each operand's stride is 1 or 0.
+struct Walk {
+  Shape shape;                                // the result's
+  std::vector<int64_t> dims;                  // merged; never empty
+  std::vector<std::vector<int64_t>> strides;  // per operand, per merged dimension
+};
+
+Walk broadcast_walk(const std::vector<const HostArray*>& xs) {
+  Walk w;
+  for (const HostArray* x : xs) {
+    if (x->shape().size() > w.shape.size()) w.shape = Shape(x->shape().size(), 1);
+  }
+  for (const HostArray* x : xs) {
+    for (size_t d = 0; d < x->shape().size(); ++d) {
+      if (x->shape()[d] != 1) w.shape[d] = x->shape()[d];  // the type rule made them agree
+    }
+  }
+  std::vector<std::vector<int64_t>> full(xs.size());  // per result dimension
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const Shape& s = xs[k]->shape();
+    full[k].assign(w.shape.size(), 0);
+    if (s.empty()) continue;
+    const std::vector<int64_t> own = row_major_strides(s);
+    for (size_t d = 0; d < s.size(); ++d) full[k][d] = s[d] == w.shape[d] ? own[d] : 0;
+  }
+  w.strides.resize(xs.size());
+  for (size_t d = 0; d < w.shape.size(); ++d) {
+    if (w.shape[d] == 1) continue;
+    bool merges = !w.dims.empty();
+    for (size_t k = 0; k < xs.size() && merges; ++k) {
+      merges = full[k][d] == 0 ? w.strides[k].back() == 0 : w.strides[k].back() == full[k][d] * w.shape[d];
+    }
+    if (merges) {
+      w.dims.back() *= w.shape[d];
+      for (size_t k = 0; k < xs.size(); ++k) w.strides[k].back() = full[k][d];
+    } else {
+      w.dims.push_back(w.shape[d]);
+      for (size_t k = 0; k < xs.size(); ++k) w.strides[k].push_back(full[k][d]);
+    }
+  }
+  if (w.dims.empty()) {  // one element
+    w.dims.push_back(1);
+    for (auto& s : w.strides) s.push_back(0);
+  }
+  return w;
+}
+
+// Calls run(offsets, first) for each run of the walk's last dimension, in row-major order:
+// offsets[k] is operand k's element where the run starts, `first` the result's.
+template <typename Run>
+void for_each_run(const Walk& w, Run run) {
+  const size_t rank = w.dims.size(), n = w.strides.size();
+  const int64_t inner = w.dims.back();
+  const int64_t size = num_elements(w.shape);
+  std::vector<int64_t> index(rank, 0), offsets(n, 0);
+  for (int64_t first = 0; first < size; first += inner) {
+    run(offsets.data(), first);
+    for (size_t d = rank - 1; d-- > 0;) {
+      for (size_t k = 0; k < n; ++k) offsets[k] += w.strides[k][d];
+      if (++index[d] < w.dims[d]) break;
+      for (size_t k = 0; k < n; ++k) offsets[k] -= w.strides[k][d] * w.dims[d];
+      index[d] = 0;
+    }
+  }
+}
+
 template <typename In, typename Out, typename F>
 HostArray map2(const HostArray& x, const HostArray& y, F f, std::byte* into) {
   assert(into == nullptr || (std::is_same_v<In, Out>));  // in place only where elements keep their type
-  HostArray out = result<Out>(into, x.shape());
-  Stored<Out>* o = destination<Out>(into, &out);
   const Stored<In>* a = stored<In>(x);
   const Stored<In>* b = stored<In>(y);
-  const int64_t n = x.size();
-  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<Out>>(f(load<In>(a[i]), load<In>(b[i])));
+  if (x.shape() == y.shape()) {
+    HostArray out = result<Out>(into, x.shape());
+    Stored<Out>* o = destination<Out>(into, &out);
+    const int64_t n = x.size();
+    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<Out>>(f(load<In>(a[i]), load<In>(b[i])));
+    return out;
+  }
+  // One operand repeated along some dimensions: within a run it is an array or one value,
+  // loaded once.
+  const Walk w = broadcast_walk({&x, &y});
+  HostArray out = result<Out>(into, w.shape);
+  Stored<Out>* o = destination<Out>(into, &out);
+  const int64_t n = w.dims.back(), sa = w.strides[0].back(), sb = w.strides[1].back();
+  for_each_run(w, [&](const int64_t* at, int64_t first) {
+    const Stored<In>* ra = a + at[0];
+    const Stored<In>* rb = b + at[1];
+    Stored<Out>* ro = o + first;
+    if (sa != 0 && sb != 0) {
+      for (int64_t i = 0; i < n; ++i) ro[i] = static_cast<Stored<Out>>(f(load<In>(ra[i]), load<In>(rb[i])));
+    } else if (sb != 0) {
+      const auto av = load<In>(ra[0]);
+      for (int64_t i = 0; i < n; ++i) ro[i] = static_cast<Stored<Out>>(f(av, load<In>(rb[i])));
+    } else if (sa != 0) {
+      const auto bv = load<In>(rb[0]);
+      for (int64_t i = 0; i < n; ++i) ro[i] = static_cast<Stored<Out>>(f(load<In>(ra[i]), bv));
+    } else {
+      const auto v = static_cast<Stored<Out>>(f(load<In>(ra[0]), load<In>(rb[0])));
+      for (int64_t i = 0; i < n; ++i) ro[i] = v;
+    }
+  });
   return out;
 }
 
@@ -517,8 +615,18 @@ absl::StatusOr<HostArray> select_kernel(const Node& node, const std::vector<cons
     const Stored<T>* t = stored<T>(on_true);
     const Stored<T>* f = stored<T>(on_false);
     Stored<T>* o = destination<T>(into, &out);
-    const int64_t n = on_true.size();
-    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<T>>(load<T>(p[i] != 0 ? t[i] : f[i]));
+    if (pred.shape() == node.shape && on_true.shape() == node.shape && on_false.shape() == node.shape) {
+      const int64_t n = on_true.size();
+      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Stored<T>>(load<T>(p[i] != 0 ? t[i] : f[i]));
+      return out;
+    }
+    const Walk w = broadcast_walk({&pred, &on_true, &on_false});  // as map2's
+    const int64_t n = w.dims.back(), sp = w.strides[0].back(), st = w.strides[1].back(), sf = w.strides[2].back();
+    for_each_run(w, [&](const int64_t* at, int64_t first) {
+      for (int64_t i = 0; i < n; ++i) {
+        o[first + i] = static_cast<Stored<T>>(load<T>(p[at[0] + i * sp] != 0 ? t[at[1] + i * st] : f[at[2] + i * sf]));
+      }
+    });
     return out;
   });
 }
