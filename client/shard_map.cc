@@ -379,8 +379,11 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   // A result the body closed over is lifted into it too (TraceState::id), before it ends.
   std::vector<int> result_ids;
   for (const Value& r : results) result_ids.push_back(r.ok() && TraceState::of(r) == t ? TraceState::id(r) : -1);
+  // The values lifted into it, and into the enclosing bodies while it was traced.
   std::set<int> lifted;
-  for (const auto& [value, in] : t->manual_bodies.back().lifted) lifted.insert(in);
+  for (const TraceState::ManualBody& b : t->manual_bodies) {
+    for (const auto& [value, in] : b.lifted) lifted.insert(in);
+  }
   const std::map<int, Variance> inserted_pvary = std::move(t->manual_bodies.back().inserted_pvary);
   t->manual_bodies.pop_back();
   t->manual_axes.pop_back();
@@ -431,8 +434,24 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
 namespace tessera::internal {
 
 int TraceState::lift(int id) {
-  ManualBody& body = manual_bodies.back();
-  if (id >= body.start || std::find(body.inputs.begin(), body.inputs.end(), id) != body.inputs.end()) return id;
+  // Into each body from the outermost on: a value read in a nested shard_map body that belongs
+  // to an enclosing body, or to the function, enters each body it is not of through a
+  // shard_map_in of P() of that body (JAX's closed-over values, extra inputs replicated over
+  // the manual axes); once it has entered one, it enters every body inside it.
+  bool entered = false;
+  for (size_t k = 0; k < manual_bodies.size() && error.ok(); ++k) {
+    ManualBody& body = manual_bodies[k];
+    if (!entered && (id >= body.start || std::find(body.inputs.begin(), body.inputs.end(), id) != body.inputs.end())) {
+      continue;
+    }
+    id = lift_into(k, id);
+    entered = true;
+  }
+  return id;
+}
+
+int TraceState::lift_into(size_t k, int id) {
+  ManualBody& body = manual_bodies[k];
   auto it = body.lifted.find(id);
   if (it != body.lifted.end()) return it->second;
   if (explicit_mesh.has_value()) {  // a value split by its type would not be whole on each device
@@ -455,8 +474,7 @@ int TraceState::lift(int id) {
       return id;
     }
   }
-  absl::StatusOr<int> in =
-      graph.add_shard_map_in(id, NamedSharding(manual_meshes.back(), PartitionSpec()), body.recorded);
+  absl::StatusOr<int> in = graph.add_shard_map_in(id, NamedSharding(manual_meshes[k], PartitionSpec()), body.recorded);
   if (!in.ok()) {
     fail(in.status());
     return id;

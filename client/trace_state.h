@@ -3,6 +3,7 @@
 #ifndef TESSERA_CLIENT_TRACE_STATE_H_
 #define TESSERA_CLIENT_TRACE_STATE_H_
 
+#include <algorithm>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -62,8 +63,14 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   };
   std::vector<ManualBody> manual_bodies;
   int lift(int id);  // shard_map.cc: id, or its shard_map_in in the body being traced
-  // Whether values read in this trace are lifted into a shard_map body (the shard_map's own trace).
-  bool lifts() const { return manual_bodies.size() == 1 && !manual_bodies[0].nested; }
+  // lift's step: id (of no body from the k-th on) entered into the k-th body.
+  int lift_into(size_t k, int id);
+  // Whether values read in this trace are lifted into a shard_map body (the shard_map's own
+  // trace, and the bodies of shard_maps nested in it).
+  bool lifts() const {
+    return !manual_bodies.empty() &&
+           std::none_of(manual_bodies.begin(), manual_bodies.end(), [](const ManualBody& b) { return b.nested; });
+  }
   // varying(id) as a map. shard_map.cc.
   Variance variance_of(int id);
   // Makes this trace, a control-flow body of `parent`, a nested body when `parent` is in a

@@ -120,8 +120,8 @@ namespace {
 // sharding constraint, an op's out_sharding, is batched inside an out_sharding too, as
 // pinned_by_constraints says). INVALID_ARGUMENT naming an op without a rule, or its rule's
 // error.
-absl::Status batch_nodes(TraceState* t, int start, int end, int64_t size, const BatchLayout& layout,
-                         const std::vector<int>& results, std::map<int, Value>& batched) {
+absl::Status batch_nodes(TraceState* t, int start, int end, const BatchLayout& layout, const std::vector<int>& results,
+                         std::map<int, Value>& batched) {
   std::vector<bool> pinned;
   if (t->explicit_mesh.has_value()) pinned = pinned_by_constraints(t->graph, start, results);
   for (int id = start; id < end; ++id) {
@@ -129,14 +129,16 @@ absl::Status batch_nodes(TraceState* t, int start, int end, int64_t size, const 
     const Node n = t->graph.node(id);      // a copy: the rules add nodes
     std::vector<Value> x;
     std::vector<bool> is_batched;
-    bool any = false;
+    // The node's batch size: its batched operands' leading dimension, vmap's size, but inside a shard_map body batched
+    // over spmd_axis_name each block holds size / |spmd axes| examples (client/batching/shard_map.cc).
+    std::optional<int64_t> node_size;
     for (int o : n.operands) {
       auto it = batched.find(o);
       is_batched.push_back(it != batched.end());
       x.push_back(it != batched.end() ? it->second : t->make(o));
-      any = any || is_batched.back();
+      if (is_batched.back() && !node_size.has_value()) node_size = it->second.shape()[0];
     }
-    if (!any) continue;
+    if (!node_size.has_value()) continue;
     const BatchRule rule = find_batching(n.op);
     if (rule == nullptr) {
       return absl::InvalidArgumentError(
@@ -144,7 +146,7 @@ absl::Status batch_nodes(TraceState* t, int start, int end, int64_t size, const 
     }
     const bool in_out_sharding = !pinned.empty() && pinned[id];
     if (in_out_sharding) ++t->out_sharding_scopes;
-    absl::StatusOr<Value> v = rule(BatchArgs{n, x, is_batched, size, t, id, &batched, layout});
+    absl::StatusOr<Value> v = rule(BatchArgs{n, x, is_batched, *node_size, t, id, &batched, layout});
     if (in_out_sharding) --t->out_sharding_scopes;
     if (!t->error.ok()) return t->error;
     if (!v.ok()) return v.status();
@@ -302,7 +304,7 @@ std::vector<Value> vmapped(const TracedFunction& f, const std::vector<std::optio
   }
   std::vector<int> result_ids;
   for (const Value& r : results) result_ids.push_back(TraceState::id(r));
-  absl::Status status = batch_nodes(t, start, t->graph.size(), *size, *layout, result_ids, batched);
+  absl::Status status = batch_nodes(t, start, t->graph.size(), *layout, result_ids, batched);
   if (!status.ok()) {
     if (!t->error.ok()) return std::vector<Value>(num_results);
     return fail(std::string(status.message()));

@@ -79,10 +79,17 @@ absl::StatusOr<Value> sharding_constraint_rule(const BatchArgs& a) {
   return a.add(std::move(n), {a.x[0]}, {});
 }
 
+// grad's layout of a gradient as its argument (sharding_as): each example's gradient laid out as
+// its argument, the batch dimension as the batched argument's (an unbatched one broadcast).
+absl::StatusOr<Value> sharding_as_rule(const BatchArgs& a) {
+  return a.add(a.node, {a.batched_operand(0), a.batched_operand(1)}, {});
+}
+
 constexpr BatchEntry kRules[] = {
     {Op::kBroadcastInDim, broadcast_rule}, {Op::kReshape, reshape_rule},
     {Op::kTranspose, transpose_rule},      {Op::kSlice, slice_rule},
     {Op::kConcatenate, concatenate_rule},  {Op::kShardingConstraint, sharding_constraint_rule},
+    {Op::kShardingAs, sharding_as_rule},
 };
 
 }  // namespace

@@ -1,12 +1,109 @@
-// Batching the collectives of a shard_map body: each device's batched block takes part as a
-// whole, so the collective runs once on it with its dimensions one further on
-// (ragged_all_to_all: once on the examples' rows stacked).
+// Batching a shard_map: its boundaries (vmap of a shard_map) and the collectives of its body.
+// Each device's batched block takes part in a collective as a whole, so the collective runs
+// once on it with its dimensions one further on (ragged_all_to_all: once on the examples' rows
+// stacked).
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "client/batching/batching.h"
+#include "core/status.h"
 
 namespace tessera::internal {
 namespace {
 
+// The specs of the shard_map that `id` (a shard_map_in or shard_map_out node) is a boundary of:
+// its arguments' (or results') boundaries are recorded one after the other, so they are the run
+// of nodes around `id` of the same op over the same mesh and manual axes.
+std::vector<PartitionSpec> sibling_specs(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  const ShardingAttrs& s = n.attrs<ShardingAttrs>();
+  const auto sibling = [&](int j) {
+    if (j < 0 || j >= g.size() || g.node(j).op != n.op) return false;
+    const ShardingAttrs& o = g.node(j).attrs<ShardingAttrs>();
+    return o.sharding.mesh() == s.sharding.mesh() && o.manual_axes == s.manual_axes;
+  };
+  int first = id, last = id;
+  while (sibling(first - 1)) --first;
+  while (sibling(last + 1)) ++last;
+  std::vector<PartitionSpec> out;
+  for (int j = first; j <= last; ++j) out.push_back(g.node(j).attrs<ShardingAttrs>().sharding.spec());
+  return out;
+}
+
+// vmap of a shard_map, as JAX's _shard_map_batch (jax/_src/shard_map.py): the body runs on the
+// batched blocks, each batched boundary's spec gaining the batch dimension first, whole
+// (pxla.batch_spec(spec, 0, None)) or split over vmap's spmd_axis_name, which then no spec of
+// the shard_map may name ("vmap spmd_axis_name cannot appear in shard_map in_specs"; the body,
+// manual over them, holds size / |spmd axes| examples per block). Unbatched arguments and
+// results keep their boundaries.
+absl::StatusOr<Value> boundary_rule(const BatchArgs& a) {
+  Node n = a.node;
+  ShardingAttrs& s = n.attrs<ShardingAttrs>();
+  const Mesh mesh = s.sharding.mesh();
+  const PartitionSpec spec = s.sharding.spec();
+  const bool in = n.op == Op::kShardMapIn;
+  if (!a.layout.explicit_axes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "vmap of a shard_map over arguments whose mapped dimension is split over the Explicit axes ",
+        axes_to_string(a.layout.explicit_axes),
+        " is not supported (JAX makes the shard_map automatic over them); reshard the mapped dimension whole first, "
+        "or map inside the shard_map body"));
+  }
+  const Axes& spmd = a.layout.spmd_axes;
+  for (const std::string& axis : spmd) {
+    if (mesh.axis_index(axis) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("vmap spmd_axis_name '", axis, "' is not an axis of ",
+                                                     mesh.to_string(), ", the mesh of the shard_map"));
+    }
+    if (!s.manual_axes.empty() && std::find(s.manual_axes.begin(), s.manual_axes.end(), axis) == s.manual_axes.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("vmap spmd_axis_name '", axis,
+                                                     "' is not an axis the shard_map is manual over (its axis_names ",
+                                                     axes_to_string(s.manual_axes), ")"));
+    }
+    for (const PartitionSpec& sibling : sibling_specs(a.trace->graph, a.id)) {
+      const std::vector<std::string> used = sibling.used_axes();
+      if (std::find(used.begin(), used.end(), axis) == used.end()) continue;
+      return absl::InvalidArgumentError(absl::StrCat("vmap spmd_axis_name cannot appear in shard_map ",
+                                                     in ? "in_specs" : "out_specs", ": ", axes_to_string(spmd),
+                                                     " is in ", sibling.to_string()));
+    }
+  }
+  std::vector<Axes> dims = {spmd};
+  dims.insert(dims.end(), spec.dims().begin(), spec.dims().end());
+  const PartitionSpec batched(std::move(dims), spec.unreduced(), spec.reduced());
+  s.sharding = NamedSharding(mesh, batched);
+  n.operands = {TraceState::id(a.x[0])};
+  absl::StatusOr<int> id = a.trace->graph.add_node(std::move(n));
+  if (!id.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_map ", in ? "argument" : "result", " batched to ",
+                                                   batched.to_string(), ": ", id.status().message()));
+  }
+  return a.trace->make(*id);
+}
+
+// A collective over vmap's spmd_axis_name in a shard_map body batched over it would combine
+// different examples (each device along those axes holds examples of its own), which no
+// example's computation does: INVALID_ARGUMENT. (JAX checks only the specs and runs it; in
+// Tessera the gradient of a shard_map sums an argument's cotangent over the manual axes its
+// in_spec leaves out, which spmd_axis_name then is, so vmap(grad(shard_map)) meets this.)
+absl::Status check_not_over_spmd_axes(const BatchArgs& a) {
+  if (a.node.op == Op::kPvary) return absl::OkStatus();  // a cast: nothing moves
+  const std::vector<std::string>& axes = a.node.attrs<CollectiveAttrs>().axes;
+  for (const std::string& axis : a.layout.spmd_axes) {
+    if (std::find(axes.begin(), axes.end(), axis) == axes.end()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        op_name(a.node.op), " over ", axes_to_string(axes), " (node %", a.id,
+        ") in a shard_map body batched over vmap spmd_axis_name ", axes_to_string(a.layout.spmd_axes),
+        " would combine different examples, which each device along '", axis,
+        "' holds its own of; leave spmd_axis_name out, or name an axis the body has no collective over (a gradient of "
+        "a shard_map sums over the manual axes its in_specs leave out)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Value> collective_rule(const BatchArgs& a) {
+  TESSERA_RETURN_IF_ERROR(check_not_over_spmd_axes(a));
   Node n = a.node;
   CollectiveAttrs& c = n.attrs<CollectiveAttrs>();
   if (a.node.op == Op::kAllGather || a.node.op == Op::kReduceScatter) c.dimension += 1;
@@ -22,6 +119,7 @@ absl::StatusOr<Value> collective_rule(const BatchArgs& a) {
 // moved by b * N and b * M rows, and the index arrays interleaved (K, B) row-major so that the
 // slices each device sends to one peer stay together: one ragged_all_to_all for the batch.
 absl::StatusOr<Value> ragged_all_to_all_rule(const BatchArgs& a) {
+  TESSERA_RETURN_IF_ERROR(check_not_over_spmd_axes(a));
   const Value operand = a.batched_operand(0), output = a.batched_operand(1);
   const int64_t b = a.size, n = operand.shape()[1], m = output.shape()[1];
   const auto rows_of = [](const Value& x, int64_t rows) {
@@ -45,6 +143,8 @@ absl::StatusOr<Value> ragged_all_to_all_rule(const BatchArgs& a) {
 }
 
 constexpr BatchEntry kRules[] = {
+    {Op::kShardMapIn, boundary_rule},
+    {Op::kShardMapOut, boundary_rule},
     {Op::kAllReduce, collective_rule},
     {Op::kAllGather, collective_rule},
     {Op::kReduceScatter, collective_rule},

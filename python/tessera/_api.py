@@ -14,7 +14,7 @@ from . import checkpoint_policies
 from ._array import Array
 from ._config import config
 from ._trace import Tracer
-from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, _explicit_only, _check_in_force, devices, _ambient_mesh, get_abstract_mesh, _abstract_override, _in_force
+from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, _explicit_only, _check_in_force, devices, _ambient_mesh, get_abstract_mesh, _abstract_override, _in_force, AxisType
 from .tree_util import tree_flatten, tree_unflatten, tree_leaves, broadcast_prefix, tree_map
 
 
@@ -641,7 +641,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
             else (in_specs,) * len(args)
         return broadcast_prefix(tuple(prefix), args, lambda p: isinstance(p, PartitionSpec))
 
-    def make(args, out_flat, mesh):
+    def make(args, out_flat, mesh, body_mesh):
         leaves, treedef = tree_flatten(args)
         specs = leaf_specs(args, leaves)
         cpp_specs = [] if in_specs is None else [s._cpp() for s in specs]
@@ -651,7 +651,9 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
         seen = {}
 
         def body(values):
-            with _in_force(None):  # the body's mesh, its manual axes Manual, as JAX's shard_map
+            # The body's abstract mesh, its manual axes Manual, as JAX's shard_map: the SDK's
+            # (None), or the one in force made Manual (body_mesh) when shard_map took it.
+            with _in_force(body_mesh):
                 out = f(*tree_unflatten(treedef, [Tracer(v) for v in values]))
             out_leaves, seen["tree"] = tree_flatten(out)
             seen["specs"] = broadcast_prefix(out_specs, out, lambda p: isinstance(p, PartitionSpec))
@@ -668,35 +670,31 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
         from .numpy import _tracer
         return [Tracer(v) for v in entry[0].call_values([_tracer(l)._v for l in leaves])]
 
-    def call(*args):
-        # Without mesh=, the ambient mesh when called (as JAX resolves it), not when defined.
-        mesh = fixed_mesh if fixed_mesh is not None else _ambient_mesh()
-        if mesh is None:
-            raise TypeError("shard_map needs mesh= or an ambient mesh (tessera.set_mesh) when called")
-        in_force = _abstract_override()
-        if in_force is not None and mesh.abstract_mesh != in_force:  # JAX's _shmap_checks
-            raise ValueError(f"The context mesh {in_force} should match the mesh passed to shard_map {mesh}")
+    def call_on(resolved, *args):
         leaves, treedef = tree_flatten(args)
+        # (mesh, body_mesh): resolved when called outside a trace, for the jit that runs it.
+        mesh, body_mesh = resolved or _resolve_shard_map_mesh(fixed_mesh, leaves, axis_names)
         if not (_trace.in_trace() or any(isinstance(l, Tracer) for l in leaves)):
             if not for_all and not tree_leaves(out_specs, lambda p: isinstance(p, PartitionSpec)):
                 # No results (out_specs=None): nothing to run, and the SDK compiles no program
                 # without outputs; the body is traced (what it prints, it prints) and its empty
                 # result returned, as JAX returns it.
                 result = []
-                make_jaxpr(lambda *a: result.append(call(*a)) or result[-1])(*args)
+                make_jaxpr(lambda *a: result.append(call_on((mesh, body_mesh), *a)) or result[-1])(*args)
                 return result[-1]
             # Outside a trace: the jit of this shard_map (so the arrays its body closes over are
             # captured as jit captures them), its arguments placed by their in_specs first.
             placed = [l if isinstance(l, Array) and l._committed else _put_one(l, NamedSharding(mesh, s))
                       for l, s in zip(leaves, leaf_specs(args, leaves))]
-            j = eager.get((treedef, mesh))
+            j = eager.get((treedef, mesh, body_mesh))
             if j is None:
-                j = eager[(treedef, mesh)] = _Jitted(call, None, None, (), (), default_mesh=mesh)
+                j = eager[(treedef, mesh, body_mesh)] = _Jitted(functools.partial(call_on, (mesh, body_mesh)), None,
+                                                                None, (), (), default_mesh=mesh)
             return j(*tree_unflatten(treedef, placed))
-        key = (treedef, mesh)
+        key = (treedef, mesh, body_mesh)
         entry = cache.get(key)
         if entry is None:
-            entry = make(args, None, mesh)
+            entry = make(args, None, mesh, body_mesh)
         try:
             outs = run(entry, leaves)
             error = None
@@ -706,7 +704,7 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
         if entry[3] is not None and "specs" in seen and len(seen["specs"]) != entry[3]:
             # out_specs is a prefix of more outputs than it has leaves: make the program again
             # with one spec per output, now that the body has shown them.
-            entry = make(args, seen["specs"], mesh)
+            entry = make(args, seen["specs"], mesh, body_mesh)
             outs, error = run(entry, leaves), None
         if error is not None:
             raise error
@@ -720,9 +718,43 @@ def shard_map(f=None, mesh=None, in_specs=None, out_specs=_NO_OUT_SPECS, check_v
         cache[key] = entry
         return tree_unflatten(entry[1]["tree"], outs)
 
+    call = functools.partial(call_on, None)
+
     # Its mesh when called, for a jit of it to move uncommitted arguments there.
     call._shard_map_mesh = lambda: fixed_mesh if fixed_mesh is not None else _ambient_mesh()
     return call
+
+
+def _resolve_shard_map_mesh(fixed_mesh, leaves, axis_names):
+    """The mesh a shard_map runs on when called, and the abstract mesh its body sees (None: the
+    SDK's, its mesh with the manual axes Manual). As jax/_src/shard_map.py's _shmap_checks:
+    mesh= must match the abstract mesh in force (use_abstract_mesh's); without mesh= the body
+    takes the abstract mesh in force (its axis types, the manual axes Manual), and the devices
+    are the concrete mesh's in force (set_mesh's, when resolved, not when defined), else a
+    committed argument's (_shard_map_impl's get_concrete_mesh / get_mesh_from_args), which must
+    have the abstract mesh's axis names and sizes."""
+    in_force = _abstract_override()
+    if in_force is not None and in_force.empty:
+        in_force = None
+    if fixed_mesh is not None:
+        if in_force is not None and fixed_mesh.abstract_mesh != in_force:
+            raise ValueError(f"The context mesh {in_force} should match the mesh passed to shard_map {fixed_mesh}")
+        return fixed_mesh, None
+    mesh = _ambient_mesh()
+    if mesh is None and in_force is not None:
+        mesh = next((l.sharding.mesh for l in leaves if isinstance(l, Array) and l._committed), None)
+    if mesh is None:
+        if in_force is not None:
+            raise ValueError(f"shard_map: the context mesh {in_force} has no devices: set a concrete mesh "
+                             "(tessera.set_mesh), pass mesh=, or pass committed arrays")
+        raise TypeError("shard_map needs mesh= or an ambient mesh (tessera.set_mesh) when called")
+    if in_force is None:
+        return mesh, None
+    if in_force.shape_tuple != mesh.abstract_mesh.shape_tuple:
+        raise ValueError(f"shard_map: the context mesh {in_force} and the concrete mesh {mesh} it runs on have "
+                         "different axes")
+    manual = in_force.axis_names if not axis_names else [a for a in in_force.axis_names if a in axis_names]
+    return mesh, in_force.update_axis_types({a: AxisType.Manual for a in manual})
 
 
 # ---- placement --------------------------------------------------------------------------

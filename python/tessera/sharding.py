@@ -5,6 +5,7 @@
     s.shard_shape((16, 8))   # (4, 8)
 """
 import functools
+import threading
 
 import numpy as np
 
@@ -237,15 +238,26 @@ class Mesh:
         return "Mesh()" if self.empty else repr(self._cpp)
 
     def __enter__(self):
-        _mesh_stack.append(self)
+        _stacks.meshes.append(self)
         return self
 
     def __exit__(self, *exc):
-        _mesh_stack.pop()
+        _stacks.meshes.pop()
         return False
 
 
-_mesh_stack = []
+class _Stacks(threading.local):
+    """The mesh contexts in force, per thread as JAX's (set_mesh and use_abstract_mesh set
+    thread-local config values: jax/_src/sharding_impls.py, jax/_src/mesh.py's swap_local), so
+    threads tracing under different meshes do not see each other's. `meshes`: the concrete
+    meshes set_mesh and `with mesh:` set, innermost last; `abstract`: see _abstract_override."""
+
+    def __init__(self):
+        self.meshes = []
+        self.abstract = []
+
+
+_stacks = _Stacks()
 
 
 class _MeshContext:
@@ -259,7 +271,7 @@ class _MeshContext:
         return self._mesh
 
     def __exit__(self, *exc):
-        del _mesh_stack[self._depth:]
+        del _stacks.meshes[self._depth:]
         return False
 
 
@@ -269,8 +281,8 @@ def set_mesh(mesh):
     context manager (`with tessera.set_mesh(mesh):`) only inside its block."""
     if not isinstance(mesh, Mesh):
         raise TypeError(f"set_mesh: expected a Mesh, got {type(mesh).__name__}")
-    depth = len(_mesh_stack)
-    _mesh_stack.append(mesh)
+    depth = len(_stacks.meshes)
+    _stacks.meshes.append(mesh)
     return _MeshContext(mesh, depth)
 
 
@@ -332,7 +344,7 @@ class AbstractMesh:
 
 def _ambient_mesh():
     """The concrete mesh set by set_mesh (or `with mesh:`), or None."""
-    return _mesh_stack[-1] if _mesh_stack else None
+    return _stacks.meshes[-1] if _stacks.meshes else None
 
 
 def get_abstract_mesh():
@@ -359,11 +371,10 @@ def get_mesh():
     return mesh if mesh is not None else Mesh(np.empty((), dtype=object), ())
 
 
-# The abstract meshes in force, innermost last: use_abstract_mesh's blocks, and the scopes that
-# put their own in force while their function is traced (JAX's shard_map, auto_axes,
-# explicit_axes enter use_abstract_mesh themselves): None for a shard_map body (the SDK's
-# get_abstract_mesh() gives its Manual axes).
-_abstract_stack = []
+# _stacks.abstract: the abstract meshes in force, innermost last: use_abstract_mesh's blocks, and
+# the scopes that put their own in force while their function is traced (JAX's shard_map,
+# auto_axes, explicit_axes enter use_abstract_mesh themselves): None for a shard_map body (the
+# SDK's get_abstract_mesh() gives its Manual axes).
 
 
 def _abstract_override():
@@ -371,7 +382,7 @@ def _abstract_override():
     config value, jax/_src/mesh.py), the block holds for everything traced inside it, a jitted
     function or a control-flow body included, until a shard_map body (its own mesh, Manual axes
     and all) or auto_axes / explicit_axes (the block's mesh with their axes switched)."""
-    return _abstract_stack[-1] if _abstract_stack else None
+    return _stacks.abstract[-1] if _stacks.abstract else None
 
 
 class _in_force:
@@ -384,13 +395,13 @@ class _in_force:
         self.mesh = mesh
 
     def __enter__(self):
-        self.pushed = bool(_abstract_stack)
+        self.pushed = bool(_stacks.abstract)
         if self.pushed:
-            _abstract_stack.append(self.mesh)
+            _stacks.abstract.append(self.mesh)
 
     def __exit__(self, *exc):
         if self.pushed:
-            _abstract_stack.pop()
+            _stacks.abstract.pop()
         return False
 
 
@@ -434,18 +445,18 @@ class use_abstract_mesh:
         if not prev.empty and not self.mesh.empty and prev.size != self.mesh.size:
             raise ValueError(f"use_abstract_mesh cannot change the size of the mesh. Got new mesh: {self.mesh} "
                              f"with size={self.mesh.size} and prev mesh: {prev} with size={prev.size}")
-        _abstract_stack.append(self.mesh)
+        _stacks.abstract.append(self.mesh)
 
     def __exit__(self, *exc):
-        _abstract_stack.pop()
+        _stacks.abstract.pop()
         return False
 
 
 def _context_mesh(what):
-    if not _mesh_stack:
+    if not _stacks.meshes:
         raise ValueError(f"{what}: a bare PartitionSpec needs a mesh: use NamedSharding(mesh, spec), "
                          "`with tessera.set_mesh(mesh):` or `with mesh:`")
-    return _mesh_stack[-1]
+    return _stacks.meshes[-1]
 
 
 class NamedSharding:

@@ -633,6 +633,95 @@ def test_use_abstract_mesh_holds_in_what_is_traced_inside_it_as_jax(xy):
       assert seen["jit"] == am
 
 
+def test_a_shard_map_without_mesh_takes_the_abstract_mesh_in_force_as_jax(xy):
+  # jax/_src/shard_map.py's _shmap_checks: without mesh=, shard_map takes get_abstract_mesh()
+  # (use_abstract_mesh's, here X Auto) with no check against the concrete mesh, and its body sees
+  # that mesh with the manual axes Manual (_as_manual_mesh); the devices are the concrete mesh's
+  # in force, else the arguments' (_shard_map_impl: get_concrete_mesh, get_mesh_from_args).
+  # mesh= must still match it (the error in the test above).
+  from tessera.sharding import use_abstract_mesh
+  am = xy.abstract_mesh.update_axis_types({"X": AxisType.Auto})
+  x = np.arange(32, dtype=np.float32).reshape(8, 4)
+  seen = []
+
+  def body(b):
+    seen.append(get_abstract_mesh())
+    return b * 2
+
+  with set_mesh(xy):
+    a = reshard(x, P("X", "Y"))
+    with use_abstract_mesh(am):
+      out = jax.jit(jax.shard_map(body, in_specs=P("X", "Y"), out_specs=P("X", "Y")))(a)
+      assert seen.pop() == am.update_axis_types({"X": AxisType.Manual, "Y": AxisType.Manual})
+      np.testing.assert_array_equal(np.asarray(out), x * 2)
+      out = jax.jit(jax.shard_map(body, in_specs=P(None, "Y"), out_specs=P(None, "Y"), axis_names={"Y"}))(a)
+      assert seen.pop() == am.update_axis_types({"Y": AxisType.Manual})  # X stays Auto, as in force
+      assert repr(am.update_axis_types({"Y": AxisType.Manual})) == \
+          "AbstractMesh('X': 2, 'Y': 4, axis_types=(Auto, Manual))"
+      np.testing.assert_array_equal(np.asarray(out), x * 2)
+  # No concrete mesh in force: the committed argument's devices; none at all is an error.
+  with use_abstract_mesh(am):
+    out = jax.shard_map(body, in_specs=P("X", "Y"), out_specs=P("X", "Y"))(a)
+    assert seen.pop() == am.update_axis_types({"X": AxisType.Manual, "Y": AxisType.Manual})
+    assert out.sharding.mesh == xy
+    np.testing.assert_array_equal(np.asarray(out), x * 2)
+    with pytest.raises(ValueError, match=r"shard_map: the context mesh AbstractMesh\('X': 2, 'Y': 4, axis_types="
+                                         r"\(Auto, Explicit\)\) has no devices"):
+      jax.shard_map(body, in_specs=P("X", "Y"), out_specs=P("X", "Y"))(x)
+
+
+def test_mesh_contexts_are_per_thread_as_jax(xy):
+  # JAX's set_mesh and use_abstract_mesh set thread-local config values (swap_local in
+  # jax/_src/sharding_impls.py's set_mesh and jax/_src/mesh.py's use_abstract_mesh): two threads
+  # inside blocks of different meshes at once (a barrier holds both inside theirs) each see their
+  # own, in get_abstract_mesh(), get_mesh(), a jitted function's trace and a mesh-less shard_map.
+  import threading
+  from tessera.sharding import get_mesh, use_abstract_mesh
+  z = jax.make_mesh((8,), ("Z",), axis_types=AxisType.Auto)
+  meshes = {0: (xy, xy.abstract_mesh.update_axis_types({"X": AxisType.Auto}), P("Y")),
+            1: (z, z.abstract_mesh, P("Z"))}
+  x = np.arange(16, dtype=np.float32)
+  barrier = threading.Barrier(2, timeout=60)
+  seen, errors = {}, []
+
+  def run(k):
+    mesh, am, spec = meshes[k]
+    try:
+      with set_mesh(mesh):
+        barrier.wait()  # both threads have set their mesh
+        seen[k, "mesh"] = get_mesh()
+        with use_abstract_mesh(am):
+          barrier.wait()  # both threads are inside their use_abstract_mesh blocks
+          seen[k, "abstract"] = get_abstract_mesh()
+
+          @jax.jit
+          def f(a):
+            seen[k, "jit"] = get_abstract_mesh()
+            return jax.shard_map(lambda b: b * 2, in_specs=spec, out_specs=spec)(a)
+
+          out = f(jax.device_put(x, jax.sharding.NamedSharding(mesh, spec)))
+          seen[k, "out"] = (out.sharding.mesh, np.asarray(out))
+          barrier.wait()
+    except Exception as e:  # noqa: BLE001 (reported below, in the test's thread)
+      errors.append(e)
+      barrier.abort()
+
+  threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=120)
+  assert not any(t.is_alive() for t in threads)
+  assert not errors, errors
+  for k, (mesh, am, _) in meshes.items():
+    assert seen[k, "mesh"] == mesh
+    assert seen[k, "abstract"] == am
+    assert seen[k, "jit"] == am
+    assert seen[k, "out"][0] == mesh
+    np.testing.assert_array_equal(seen[k, "out"][1], x * 2)
+  assert get_mesh().empty and get_abstract_mesh().empty
+
+
 # Unreduced specs (issue 16 item 2), after JAX's sharding-AD note ([AD]:
 # docs/new_docs/301/sharding-ad.md in jax-ml/jax) and tests/array_test.py's test_pspec_unreduced.
 def test_partition_spec_unreduced_and_reduced_as_jax(xy):

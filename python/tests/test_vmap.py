@@ -611,3 +611,36 @@ def test_vmap_of_while_loop_with_a_batched_predicate_keeps_closed_over_values_un
   text = g.as_text()
   assert "f32[8,256,256]" not in text, text  # the table is not broadcast to the batch
   assert "f32[8,256]" in text  # the batched carry is
+
+
+# ---- vmap of a shard_map (jax/_src/shard_map.py's _shard_map_batch) --------------------------
+
+def test_vmap_of_a_shard_map_as_jax(mesh, mesh8):
+  # tests/shard_map_test.py test_vmap_basic (2 * x, in and out specs gaining the batch dimension
+  # whole) and a body with a psum and axis_index against the per-example loop; then
+  # test_vmap_spmd_axis_name (P('x') becomes P('y', 'x') over spmd_axis_name='y') and
+  # test_vmap_spmd_axis_name_error (spmd_axis_name in the specs).
+  x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 16
+  w = np.linspace(-1, 1, 16).astype(np.float32)
+  for m, axes in ((mesh8, ("x",)), (mesh, ("data", "model"))):
+    spec = P(axes)
+    g = jax.shard_map(lambda a: 2. * a, mesh=m, in_specs=spec, out_specs=spec)
+    np.testing.assert_allclose(np.asarray(jax.vmap(g)(x)), 2 * x)
+
+    @jax.shard_map(mesh=m, in_specs=(spec, spec), out_specs=spec)
+    def f(a, b):
+      y = a * b
+      return y + jax.lax.psum(jnp.sum(y), axes) + jax.lax.axis_index(axes).astype(jnp.float32)
+
+    block = 16 // m.size
+    want = np.stack([row * w + np.dot(row, w) + np.arange(16) // block for row in x])
+    out = jax.jit(jax.vmap(f, in_axes=(0, None)))(x, w)
+    assert out.sharding.spec == P(None, axes)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
+
+  h = jax.shard_map(lambda a: a * 3., mesh=mesh, in_specs=P("model"), out_specs=P("model"))
+  out = jax.jit(jax.vmap(h, spmd_axis_name="data"))(x)
+  assert out.sharding.spec == P("data", "model")
+  np.testing.assert_allclose(np.asarray(out), 3 * x)
+  with pytest.raises(ValueError, match=r"vmap spmd_axis_name cannot appear in shard_map in_specs: \('model',\)"):
+    jax.vmap(h, spmd_axis_name="model")(x)

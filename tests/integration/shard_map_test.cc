@@ -523,9 +523,8 @@ TEST_F(ShardMapTest, NestedShardMapOverTheAxesTheOuterLeftAutomaticMatchesTheHos
 // here and fails in lowering), and with the default axis_names it makes the other axes manual
 // (JAX's newly_manual_axes = axis_names - mesh.manual_axes); axis_names leaving none is an
 // error. It runs on the enclosing body's mesh (JAX's "The context mesh ... should match the
-// mesh passed to shard_map", test_partial_auto_mismatch_mesh_error), and its body reads its
-// arguments only. After it, the outer body is automatic over 'model' again: a collective over
-// it is JAX's unbound axis name.
+// mesh passed to shard_map", test_partial_auto_mismatch_mesh_error). After it, the outer body is automatic over 'model'
+// again: a collective over it is JAX's unbound axis name.
 TEST_F(ShardMapTest, NestedShardMapRefusesTheAxesTheOuterIsManualOver) {
   ASSERT_NE(client_, nullptr);
   const Mesh& mesh = auto_meshes_[1];
@@ -556,15 +555,53 @@ TEST_F(ShardMapTest, NestedShardMapRefusesTheAxesTheOuterIsManualOver) {
                      [](const std::vector<Value>& out) { return std::vector<Value>{psum(out[0], "model")}; })
                   .message(),
               HasSubstr("unbound axis name: model"));
-  // The inner body reading the outer body's value rather than its argument.
-  ShardMapped outer = shard_map(
-      [&](const std::vector<Value>& in) {
-        const Value captured = in[0] * 2.0;
-        return shard_map([captured](const std::vector<Value>& b) { return std::vector<Value>{b[0] + captured}; }, mesh,
-                         {P()}, {P()})(in);
-      },
-      mesh, {P("data", None)}, {P("data", None)}, {.axis_names = {"data"}});
-  EXPECT_THAT(trace_error(outer, {{DType::kF32, {16, 8}}}).message(), HasSubstr("pass it in as an argument"));
+}
+
+// A nested shard_map body closing over a value of the enclosing body and one of the function
+// (JAX's closed-over values are extra inputs of the inner shard_map; shard_map_test.py's
+// test_vmap_closure builds its bodies so): each enters the inner body whole (P()), the
+// function's through the outer body first. Values against the host: each row's sum of squares
+// (psum over 'model'), plus the row's sum of the outer body's 2x, plus the sum of w.
+TEST_F(ShardMapTest, NestedShardMapBodyClosesOverEnclosingValuesAsTheHost) {
+  ASSERT_NE(client_, nullptr);
+  for (int m : {1, 2}) {
+    const Mesh& mesh = auto_meshes_[m];
+    SCOPED_TRACE(mesh.to_string());
+    Jitted f = jit([&mesh](const std::vector<Value>& in) {
+      const Value w = in[1];
+      ShardMapped outer = shard_map(
+          [&mesh, w](const std::vector<Value>& a) {
+            const Value doubled = a[0] * 2.0;
+            ShardMapped inner = shard_map(
+                [doubled, w](const std::vector<Value>& b) {
+                  return std::vector<Value>{psum(sum(b[0] * b[0], {1}), "model") + sum(doubled, {1}) + sum(w)};
+                },
+                mesh, {P(None, "model")}, {P()});
+            return inner(a);
+          },
+          mesh, {P("data", None)}, {P("data")}, {.axis_names = {"data"}});
+      return outer({in[0]});
+    });
+    std::mt19937 rng(83 + m);
+    const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+    const HostArray w = random_array(DType::kF32, {8}, Domain::kSigned, rng);
+    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
+    absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P()));
+    ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
+    absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<Graph> plain = trace(
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{sum(in[0] * in[0], {1}) + sum(in[0] * 2.0, {1}) + sum(in[1])};
+        },
+        {{DType::kF32, {16, 8}}, {DType::kF32, {8}}});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*plain, {&x, &w});
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::StatusOr<HostArray> got = (*out)[0].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(results_match(*got, (*want)[0], kF32Tolerance)) << f.as_text();
+  }
 }
 
 // The line of `plan` that computes `op` (its first), for the local shape each device computes.

@@ -5,9 +5,11 @@
 // (PJitTest's test_with_sharding_constraint_spmd_axis_name, test_wsc_vmap_abstract_mesh,
 // test_with_sharding_constraint_vmap_spmd_axis_name_error). Values against the host, shardings
 // as JAX's tests assert them.
+#include <cmath>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
@@ -293,6 +295,123 @@ TEST_F(VmapTest, SpmdAxisNameOnAutoAxes) {
   out = jit(vmap(f, {}, {}, std::nullopt, {"z"}))({xs});
   ASSERT_FALSE(out.ok());
   EXPECT_THAT(out.status().message(), HasSubstr("vmap spmd_axis_name 'z' is not an axis of Mesh('x': 2, 'y': 2"));
+}
+
+// vmap of a shard_map (jax/_src/shard_map.py's _shard_map_batch): each batched argument's
+// in_spec and each batched result's out_spec gain the batch dimension first, whole
+// (tests/shard_map_test.py test_vmap_basic, test_vmap with bdims (0, None)) or split over
+// spmd_axis_name (test_vmap_spmd_axis_name: P('x') becomes P('y', 'x')). The body reads a
+// batched argument, an unbatched one, a psum and axis_index; the host computes each example as
+// the body defines it: x * w + <x, w> + the position of the element's block.
+TEST_F(VmapTest, VmapOfAShardMapRunsTheBodyOnTheBatchedBlocks) {
+  constexpr int64_t kBatch = 8, kLength = 16;
+  const HostArray xs = arange({kBatch, kLength});
+  HostArray w(DType::kF32, {kLength});
+  for (int64_t j = 0; j < kLength; ++j) w.mutable_values<float>()[j] = 0.25f * static_cast<float>(j % 5) - 0.5f;
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<std::string> names;
+    Axes spec;                   // the example's in_spec and out_spec: P(spec)
+    Axes spmd;                   // vmap's spmd_axis_name
+    PartitionSpec out_sharding;  // the result's, as JAX's batch_spec gives it
+  };
+  const Case cases[] = {
+      {{8}, {"x"}, {"x"}, {}, P(None, "x")},
+      {{4, 2}, {"data", "model"}, {"data", "model"}, {}, P(None, Axes{"data", "model"})},
+      {{4, 2}, {"data", "model"}, {"model"}, {"data"}, P("data", "model")},
+      {{4, 2}, {"data", "model"}, {"data"}, {"model"}, P("model", "data")},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(
+        absl::StrCat(axes_to_string(c.names), " spec ", axes_to_string(c.spec), " spmd ", axes_to_string(c.spmd)));
+    absl::StatusOr<Mesh> mesh = c.shape.size() == 1
+                                    ? client_->make_mesh(c.shape, c.names, {AxisType::kAuto})
+                                    : client_->make_mesh(c.shape, c.names, {AxisType::kAuto, AxisType::kAuto});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const PartitionSpec spec{std::vector<Axes>{c.spec}};
+    ShardMapped sm = shard_map(
+        [&c](const std::vector<Value>& in) {
+          const Value y = in[0] * in[1];
+          const Value position = convert(axis_index(AxisNames(c.spec)), DType::kF32);
+          return std::vector<Value>{y + psum(sum(y, {0}), AxisNames(c.spec)) + position};
+        },
+        *mesh, {spec, spec}, {spec});
+    TracedFunction f = [&sm](const std::vector<Value>& in) { return sm(in); };
+    Jitted jitted = jit(vmap(f, {0, std::nullopt}, {}, std::nullopt, c.spmd));
+    absl::StatusOr<std::vector<Array>> out = jitted({put_on(*mesh, xs, P()), put_on(*mesh, w, P())});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_sharding((*out)[0], *mesh, c.out_sharding);
+    const int64_t block = kLength / mesh->axes_size(c.spec);
+    std::vector<double> want;
+    for (int64_t b = 0; b < kBatch; ++b) {
+      double dot = 0;
+      for (int64_t j = 0; j < kLength; ++j) dot += xs.values<float>()[b * kLength + j] * w.values<float>()[j];
+      for (int64_t j = 0; j < kLength; ++j) {
+        want.push_back(xs.values<float>()[b * kLength + j] * w.values<float>()[j] + dot +
+                       static_cast<double>(j / block));
+      }
+    }
+    expect_near(fetch((*out)[0]), want);
+  }
+}
+
+// The gradient of a shard_map under vmap (tests/shard_map_test.py test_vmap_of_grad_spmd_axis_name,
+// test_vmap_grad_shmap_spmd_axis_name_residuals: sin over 'j' on a (4, 2) ('i', 'j') mesh): each
+// example's gradient is cos(x). With spmd_axis_name 'i' it is refused: Tessera's gradient of the
+// shard_map sums the argument's cotangent over 'i', which its in_spec leaves out, and with the
+// batch split over 'i' that sum would add different examples (JAX's gradient has no such sum,
+// and its test only checks that it runs).
+TEST_F(VmapTest, VmapOfTheGradientOfAShardMap) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"i", "j"}, {AxisType::kAuto, AxisType::kAuto});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  HostArray xs = arange({4, 16});
+  for (float& v : xs.mutable_values<float>()) v *= 0.1f;
+  ShardMapped sm =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{sin(in[0])}; }, *mesh, {P("j")}, {P("j")});
+  TracedFunction loss = [&sm](const std::vector<Value>& in) { return std::vector<Value>{sum(sm(in)[0], {0})}; };
+  std::vector<double> want;
+  for (float v : xs.values<float>()) want.push_back(std::cos(static_cast<double>(v)));
+  const Array x = put_on(*mesh, xs, P());
+  absl::StatusOr<std::vector<Array>> out = jit(vmap(grad(loss)))({x});
+  ASSERT_TRUE(out.ok()) << out.status();
+  expect_near(fetch((*out)[0]), want);
+
+  out = jit(vmap(grad(loss), {}, {}, std::nullopt, {"i"}))({x});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      out.status().message(),
+      HasSubstr("in a shard_map body batched over vmap spmd_axis_name ('i',) would combine different examples"));
+}
+
+// tests/shard_map_test.py test_vmap_spmd_axis_name_error and test_temporary_error_suppression_flag:
+// spmd_axis_name may appear in no in_spec or out_spec of the shard_map, batched or not.
+TEST_F(VmapTest, SpmdAxisNameInAShardMapsSpecsIsJaxsError) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({4, 2}, {"i", "j"}, {AxisType::kAuto, AxisType::kAuto});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const Array xs = put_on(*mesh, arange({4, 16}), P());
+  const auto expect_error = [&](const TracedFunction& f, const std::vector<std::optional<int64_t>>& in_axes,
+                                const std::vector<Array>& args, const std::string& message) {
+    absl::StatusOr<std::vector<Array>> out = jit(vmap(f, in_axes, {}, std::nullopt, {"i"}))(args);
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(out.status().message(), HasSubstr(message));
+  };
+  ShardMapped f =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{sin(in[0])}; }, *mesh, {P("i")}, {P("i")});
+  expect_error([&f](const std::vector<Value>& in) { return f(in); }, {}, {xs},
+               "vmap: vmap spmd_axis_name cannot appear in shard_map in_specs: ('i',) is in P('i',)");
+  ShardMapped g = shard_map([](const std::vector<Value>& in) { return std::vector<Value>{sin(in[0])}; }, *mesh,
+                            {P("j")}, {P(Axes{"i", "j"})}, ShardMapOptions{.check_vma = false});
+  expect_error([&g](const std::vector<Value>& in) { return g(in); }, {}, {xs},
+               "vmap spmd_axis_name cannot appear in shard_map out_specs: ('i',) is in P(('i', 'j'),)");
+  // An unbatched argument's in_spec names it.
+  ShardMapped h = shard_map(
+      [](const std::vector<Value>& in) { return std::vector<Value>{in[0] + all_gather(in[1], "i", 0, true)}; }, *mesh,
+      {P(None), P("i")}, {P(None)}, ShardMapOptions{.check_vma = false});
+  expect_error([&h](const std::vector<Value>& in) { return h(in); }, {0, std::nullopt},
+               {put_on(*mesh, arange({4, 8}), P()), put_on(*mesh, arange({8}), P())},
+               "vmap spmd_axis_name cannot appear in shard_map in_specs: ('i',) is in P('i',)");
 }
 
 }  // namespace
