@@ -598,12 +598,16 @@ void Transport::close_in_process() {
     mine->transport = nullptr;
   }
   // The peers that took messages from this one: what they wait for from it will not come.
+  // Their runs parked for it resume after the peer's lock is let go (Parked::resume).
+  std::vector<std::shared_ptr<Parked>> parked;
   for (auto& [device, weak] : sent_to) {
     std::shared_ptr<internal::InProcessMailbox> peer = weak.lock();
     if (peer == nullptr) continue;
     absl::ReaderMutexLock lock(&peer->mu);
-    if (peer->transport != nullptr) peer->transport->in_process_source_gone(self);
+    if (peer->transport == nullptr) continue;
+    for (auto& p : peer->transport->in_process_source_gone(self)) parked.push_back(std::move(p));
   }
+  for (auto& p : parked) p->resume(false);
 }
 
 bool Transport::in_process() const {
@@ -616,14 +620,19 @@ int64_t Transport::in_process_messages_received() const {
   return in_process_received_;
 }
 
-void Transport::in_process_source_gone(int source) {
-  std::vector<std::shared_ptr<Parked>> parked;
-  {
-    absl::MutexLock lock(&mu_);
-    down_since_[source] = absl::Now();  // as when a source's last stream ends (see receive's `gone`)
-    parked = take_parked_locked();      // their receives say so at once
+std::vector<std::shared_ptr<Transport::Parked>> Transport::in_process_source_gone(int source) {
+  std::vector<std::shared_ptr<Parked>> parked;  // those waiting for `source`: their receives say so at once
+  absl::MutexLock lock(&mu_);
+  down_since_[source] = absl::Now();  // as when a source's last stream ends (see receive's `gone`)
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (std::get<1>(it->first) != source) {  // a run waiting for another peer keeps waiting for it
+      ++it;
+      continue;
+    }
+    parked.push_back(std::move(it->second.waiter));
+    it = parked_.erase(it);
   }
-  for (auto& p : parked) p->resume(false);
+  return parked;
 }
 
 bool Transport::park(int source, MessageTag tag, absl::Time op_start, std::shared_ptr<Parked> waiter) {

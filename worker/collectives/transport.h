@@ -292,7 +292,8 @@ class Transport {
                                std::shared_ptr<Parked>* resumed);
   // A peer of this process that this transport took messages from stopped taking messages in
   // process: waits for its messages of ops running now fail UNAVAILABLE, as when its streams end.
-  void in_process_source_gone(int source);
+  // Returns the runs parked for a message from it, for the caller to resume outside every lock.
+  [[nodiscard]] std::vector<std::shared_ptr<Parked>> in_process_source_gone(int source);
   struct Held {
     Received data;
     absl::Time arrived;
