@@ -758,7 +758,8 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.bytes_fanned_out(),
                        stats.shm_bytes_put(),
                        stats.shm_bytes_fetched(),
-                       stats.in_process_messages_received()};
+                       stats.in_process_messages_received(),
+                       stats.plan_runs_stepped()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

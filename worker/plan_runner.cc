@@ -276,7 +276,7 @@ void PlanStreamReactor::run_stepped(std::shared_ptr<pb::RunPlanRequest> req, std
 }
 
 void SteppedRun::start(std::shared_ptr<std::atomic<bool>> cancelled) {
-  start_ = runner_->count_start();
+  start_ = runner_->count_start(/*stepped=*/true);
   std::vector<std::shared_ptr<const HostArray>> inputs;
   absl::Status prepared = runner_->prepare(
       *loaded_, *req_, [cancelled] { return cancelled->load(); }, &run_, &inputs);
@@ -452,9 +452,10 @@ absl::Status PlanRunner::run(const LoadedPlan& loaded, const pb::RunPlanRequest&
   return count_end(start, run_plan(loaded, req, std::move(cancelled)));
 }
 
-absl::Time PlanRunner::count_start() {
+absl::Time PlanRunner::count_start(bool stepped) {
   absl::MutexLock lock(&runs_mu_);
   ++runs_.in_flight;
+  if (stepped) ++runs_.stepped;
   return absl::Now();
 }
 

@@ -73,7 +73,7 @@ class PlanRunner {
   // inputs (donated ones leave the store), reserves its peak memory and fills `run`;
   // store_outputs gives the reservation back and stores the outputs (or passes on the run's
   // error); count_end counts the run's end and returns `status`.
-  absl::Time count_start();
+  absl::Time count_start(bool stepped = false);
   absl::Status prepare(const LoadedPlan& loaded, const pb::RunPlanRequest& req, std::function<bool()> cancelled,
                        PlanRun* run, std::vector<std::shared_ptr<const HostArray>>* inputs);
   absl::Status store_outputs(const pb::RunPlanRequest& req,
@@ -102,6 +102,7 @@ class PlanRunner {
     int64_t in_flight = 0;  // started, not finished
     absl::Time last_end;    // when the last run finished
     int64_t runs = 0;
+    int64_t stepped = 0;  // of runs, those started stepped (may_step; plan_runner.cc's SteppedRun)
     int64_t failed = 0;
     std::string last_error;
     absl::Time last_error_at;

@@ -277,6 +277,7 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_shm_bytes_fetched(transfers_.shm_bytes_fetched());
     reply->set_bytes_fanned_out(transfers_.bytes_fanned_out());
     reply->set_plan_runs(runs.runs);
+    reply->set_plan_runs_stepped(runs.stepped);
     reply->set_plan_runs_failed(runs.failed);
     reply->set_last_error(runs.last_error);
     if (runs.failed > 0) reply->set_last_error_age_ms(absl::ToInt64Milliseconds(absl::Now() - runs.last_error_at));

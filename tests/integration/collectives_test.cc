@@ -388,8 +388,11 @@ void check_jitted_psum(const Client& client, uint32_t seed) {
 TEST(Collectives, AJittedScalarPsumGoesInProcessAndMatchesTheHostSum) {
   absl::StatusOr<Client> client = Client::local(8);
   ASSERT_TRUE(client.ok()) << client.status();
-  std::vector<int64_t> before(8);
-  for (int d = 0; d < 8; ++d) before[d] = client->device_stats(d)->in_process_messages_received;
+  std::vector<int64_t> before(8), stepped_before(8);
+  for (int d = 0; d < 8; ++d) {
+    before[d] = client->device_stats(d)->in_process_messages_received;
+    stepped_before[d] = client->device_stats(d)->plan_runs_stepped;
+  }
   ASSERT_NO_FATAL_FAILURE(check_jitted_psum(*client, 5));
   // The table's in-process algorithm: every device takes at least one message per call.
   for (int d = 0; d < 8; ++d) {
@@ -397,6 +400,9 @@ TEST(Collectives, AJittedScalarPsumGoesInProcessAndMatchesTheHostSum) {
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_GE(stats->in_process_messages_received - before[d], 3) << "device " << d;
     EXPECT_EQ(stats->shm_messages_received, 0) << "device " << d;
+    // Its inputs ready and its only collective a tree all_reduce in process, each of the 3
+    // calls started stepped on every device (design.md, "Stepped runs"), not on a plan thread.
+    EXPECT_EQ(stats->plan_runs_stepped - stepped_before[d], 3) << "device " << d;
   }
 }
 

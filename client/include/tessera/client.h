@@ -59,6 +59,9 @@ struct DeviceStats {
   // Collective messages that peers in the same process (Client::local's embedded workers) put
   // straight into the device's mailbox.
   int64_t in_process_messages_received = 0;
+  // Program runs there that started stepped: on the thread that read them, parking at an
+  // in-process collective's receive (docs/design.md, "Stepped runs").
+  int64_t plan_runs_stepped = 0;
 };
 
 // Options of Client::connect.
