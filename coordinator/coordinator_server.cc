@@ -457,9 +457,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
     if (req->pending_inputs_size() == 0) {
       driver_.start_execution(key, *caller, *req, reactor, reply, {}, std::move(frees.buffers));
     } else {
-      // Not kept while the call waits for its producers: nothing reads these buffers.
-      fan_out_.delete_buffers(frees.buffers, /*wait=*/false);
-      driver_.await_producers(key, *caller, req, reactor, reply);
+      // The deletions ride on its runs once its producers' are sent (a chain), or go at once
+      // if a producer has not arrived (await_producers).
+      driver_.await_producers(key, *caller, req, reactor, reply, std::move(frees.buffers));
     }
     return reactor;
   }
@@ -548,6 +548,10 @@ class CoordinatorService final : public CoordinatorServiceBase {
         counter("tessera_coordinator_executions_total", kExecutions, driver_.executions_ok(), {{"result", "ok"}}),
         counter("tessera_coordinator_executions_total", kExecutions, driver_.executions_failed(),
                 {{"result", "error"}}),
+        counter("tessera_coordinator_deletes_on_runs_total",
+                "Buffers (one per device holding a block) whose deletion rode on a call's runs (drops the client's "
+                "next Execute carried), not on a message of its own to the device.",
+                driver_.deletes_on_runs()),
         gauge("tessera_coordinator_worker_channels", "Channels to workers held (one per alive device's address).",
               channels_.size()),
         gauge("tessera_coordinator_uptime_seconds", "Since the process started.",

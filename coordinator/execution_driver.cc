@@ -49,8 +49,13 @@ void ExecutionDriver::start_execution(const CallKey& key, const Caller& caller, 
     }
     if (ride) {
       std::set<uint64_t> ids;
-      for (const auto& [device, buffers] : frees) ids.insert(buffers.begin(), buffers.end());
+      int64_t blocks = 0;
+      for (const auto& [device, buffers] : frees) {
+        ids.insert(buffers.begin(), buffers.end());
+        blocks += static_cast<int64_t>(buffers.size());
+      }
       for (uint64_t id : ids) (*e)->request.add_free_buffers(id);
+      deletes_on_runs_.fetch_add(blocks);
       (*e)->frees = std::move(frees);
     } else {
       fan_out_->delete_buffers(frees, /*wait=*/false);
@@ -165,9 +170,11 @@ void ExecutionDriver::expire_awaited_calls() {
 }
 
 void ExecutionDriver::await_producers(const CallKey& key, const Caller& caller, const pb::ExecuteRequest* req,
-                                      grpc::ServerUnaryReactor* reactor, pb::ExecuteReply* reply) {
+                                      grpc::ServerUnaryReactor* reactor, pb::ExecuteReply* reply,
+                                      std::map<int, std::vector<uint64_t>> frees) {
   const uint64_t epoch = registry_->epoch();
   if (req->epoch() != 0 && req->epoch() != epoch) {
+    fan_out_->delete_buffers(frees, /*wait=*/false);
     // The producers ran under an earlier coordinator: nothing here is theirs.
     absl::Status aborted = absl::AbortedError(
         absl::StrCat("execute: executable ", req->executable_id(), " was compiled by coordinator epoch ", req->epoch(),
@@ -182,23 +189,32 @@ void ExecutionDriver::await_producers(const CallKey& key, const Caller& caller, 
   wait->request = *req;
   wait->reactor = reactor;
   wait->reply = reply;
+  {
+    absl::MutexLock lock(&wait->mu);
+    wait->frees = std::move(frees);
+  }
   const int n = req->pending_inputs_size();
   wait->pending.store(n + 1);  // one for this function
+  bool awaits_arrival = false;
   auto one_done = [this, wait] {
     if (wait->pending.fetch_sub(1) != 1) return;
     absl::Status failure;
     std::vector<std::pair<int, std::shared_ptr<Execution>>> producers;
+    std::map<int, std::vector<uint64_t>> frees;
     {
       absl::MutexLock lock(&wait->mu);
       failure = wait->failure;
       producers.swap(wait->producers);
+      frees.swap(wait->frees);
     }
     if (!failure.ok()) {
+      fan_out_->delete_buffers(frees, /*wait=*/false);
       complete_call(wait->key, failure, {});
       wait->reactor->Finish(to_grpc(failure));
       return;
     }
-    start_execution(wait->key, wait->caller, wait->request, wait->reactor, wait->reply, std::move(producers));
+    start_execution(wait->key, wait->caller, wait->request, wait->reactor, wait->reply, std::move(producers),
+                    std::move(frees));
   };
   auto fail = [wait](absl::Status status) {
     absl::MutexLock lock(&wait->mu);
@@ -262,6 +278,7 @@ void ExecutionDriver::await_producers(const CallKey& key, const Caller& caller, 
           ++awaited_calls_;
         }
         entry.waiters.push_back(resolve);
+        awaits_arrival = awaits_arrival || !entry.arrived;
       }
     }
     if (known.has_value()) {
@@ -272,6 +289,19 @@ void ExecutionDriver::await_producers(const CallKey& key, const Caller& caller, 
       fail(refused);
       one_done();
     }
+  }
+  if (awaits_arrival) {
+    // A producer has not reached the coordinator (it may never): the deletions go now, not
+    // kept while it waits (the start cannot take them before the one_done below). A producer
+    // that arrived passes its checks and sends its runs at once, or once its plans are
+    // loaded: they ride on this call's runs then, as in a chain (no StreamDelete on every
+    // stream per link).
+    std::map<int, std::vector<uint64_t>> now;
+    {
+      absl::MutexLock lock(&wait->mu);
+      now.swap(wait->frees);
+    }
+    if (!now.empty()) fan_out_->delete_buffers(now, /*wait=*/false);
   }
   one_done();
 }

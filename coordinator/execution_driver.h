@@ -135,9 +135,13 @@ class ExecutionDriver {
   void expire_awaited_calls();
 
   // Registers `req`'s wait for its producers; the last to finish starts it (or fails it with
-  // the first failure). Never blocks.
+  // the first failure). Never blocks. `frees` (the deletions the call carries, by device) ride
+  // on its runs as start_execution's do once the producers' runs are sent (a chain: no
+  // StreamDelete of their own on every stream); a call waiting for a producer that has not
+  // arrived deletes them at once instead, so nothing is kept while it may wait for long.
   void await_producers(const CallKey& key, const Caller& caller, const pb::ExecuteRequest* req,
-                       grpc::ServerUnaryReactor* reactor, pb::ExecuteReply* reply);
+                       grpc::ServerUnaryReactor* reactor, pb::ExecuteReply* reply,
+                       std::map<int, std::vector<uint64_t>> frees = {});
 
   // Every tick of the monitor: an execution with a member lost (or registered anew) meanwhile
   // is cancelled and fails naming it, as fan_out's watch does; one with a failed member
@@ -146,6 +150,9 @@ class ExecutionDriver {
 
   int64_t executions_ok() const { return executions_ok_.load(); }
   int64_t executions_failed() const { return executions_failed_.load(); }
+  // Buffers, one per device holding a block, whose deletion rode on a call's runs
+  // (free_buffers), not on a message of its own.
+  int64_t deletes_on_runs() const { return deletes_on_runs_.load(); }
   const LatencyHistogram& execute_seconds() const { return execute_seconds_; }
 
  private:
@@ -173,6 +180,8 @@ class ExecutionDriver {
     absl::Mutex mu;
     absl::Status failure ABSL_GUARDED_BY(mu);  // the first producer's error
     std::vector<std::pair<int, std::shared_ptr<Execution>>> producers ABSL_GUARDED_BY(mu);  // running, by input
+    // The call's deletions, taken by its start or, if it has to wait, deleted at once.
+    std::map<int, std::vector<uint64_t>> frees ABSL_GUARDED_BY(mu);
   };
 
   // Call `key` passed its checks as `e`: the calls waiting for it are sent after it.
@@ -212,6 +221,7 @@ class ExecutionDriver {
 
   std::atomic<int64_t> executions_ok_{0};
   std::atomic<int64_t> executions_failed_{0};
+  std::atomic<int64_t> deletes_on_runs_{0};
   LatencyHistogram execute_seconds_{"tessera_coordinator_execute_seconds",
                                     "Executions, from the request to every device's answer."};
 

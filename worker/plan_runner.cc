@@ -48,7 +48,11 @@ class SteppedRun final : public Transport::Parked, public std::enable_shared_fro
  public:
   SteppedRun(std::shared_ptr<PlanStreamReactor> reactor, PlanRunner* runner, std::shared_ptr<pb::RunPlanRequest> req,
              std::shared_ptr<const LoadedPlan> loaded)
-      : reactor_(std::move(reactor)), runner_(runner), req_(std::move(req)), loaded_(std::move(loaded)) {}
+      : alive_(runner),
+        reactor_(std::move(reactor)),
+        runner_(runner),
+        req_(std::move(req)),
+        loaded_(std::move(loaded)) {}
 
   // Prepares the run and steps it on this thread (see drive).
   void start(std::shared_ptr<std::atomic<bool>> cancelled);
@@ -62,6 +66,14 @@ class SteppedRun final : public Transport::Parked, public std::enable_shared_fro
   void to_thread(bool may_wait);
   void finish(absl::Status status);
 
+  // Counts this run alive in its runner from first to last (declared first: destroyed last),
+  // so that ~PlanRunner waits for the whole of it.
+  struct Alive {
+    explicit Alive(PlanRunner* runner) : runner(runner) { runner->stepped_run_made(); }
+    ~Alive() { runner->stepped_run_gone(); }
+    PlanRunner* const runner;
+  };
+  const Alive alive_;
   const std::shared_ptr<PlanStreamReactor> reactor_;
   PlanRunner* const runner_;
   const std::shared_ptr<pb::RunPlanRequest> req_;
@@ -379,6 +391,10 @@ void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::S
       } else if (runner_->may_run_inline(*w.loaded, *w.req)) {
         absl::Status s = runner_->run(*w.loaded, *w.req, nullptr);
         ended.emplace_back(std::move(w.req), std::move(s));
+      } else if (runner_->may_step(*w.loaded, *w.req)) {
+        // A chained run with collectives in process steps too: on this thread (joining its
+        // queue if it drives stepped runs already: drive), not a plan thread's wake-up.
+        run_stepped(std::move(w.req), std::move(w.loaded));
       } else {
         run_on_thread(std::move(w.req), std::move(w.loaded));
       }
@@ -450,6 +466,23 @@ absl::Status PlanRunner::run(const LoadedPlan& loaded, const pb::RunPlanRequest&
   // Not named here: a run's only caller, the coordinator, names the device it called
   // (FanOut, "device 1 (address): ..."); it had read "device 1 (address): device 1: ...".
   return count_end(start, run_plan(loaded, req, std::move(cancelled)));
+}
+
+PlanRunner::~PlanRunner() {
+  transport_->unpark_all();
+  absl::MutexLock lock(&runs_mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return stepped_alive_ == 0; };
+  runs_mu_.Await(absl::Condition(&none));
+}
+
+void PlanRunner::stepped_run_made() {
+  absl::MutexLock lock(&runs_mu_);
+  ++stepped_alive_;
+}
+
+void PlanRunner::stepped_run_gone() {
+  absl::MutexLock lock(&runs_mu_);
+  --stepped_alive_;
 }
 
 absl::Time PlanRunner::count_start(bool stepped) {

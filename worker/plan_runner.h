@@ -50,8 +50,12 @@ class PlanRunner {
         transport_(transport),
         device_(device),
         plan_threads_("plan runs on threads of their own (--max_plan_threads)", std::max(1, max_plan_threads)) {}
-  // Hands the runs parked in the transport to the plan threads before they stop.
-  ~PlanRunner() { transport_->unpark_all(); }
+  // Hands the runs parked in the transport to the plan threads, then waits until every
+  // stepped run is gone (one parking again meanwhile, on a thread that drives it, is handed
+  // back by the transport's watchdog within 2 * Transport::kParkLimit and ends on a plan
+  // thread by its deadline), before the plan threads stop: none is continued on a runner
+  // that is gone.
+  ~PlanRunner();
 
   // A new RunPlans stream (the reactor owns itself until gRPC is done with it).
   grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* open_stream();
@@ -79,6 +83,10 @@ class PlanRunner {
   absl::Status store_outputs(const pb::RunPlanRequest& req,
                              absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> outputs);
   absl::Status count_end(absl::Time start, absl::Status status);
+  // A stepped run (plan_runner.cc's SteppedRun) was made, or is gone: the destructor waits
+  // for those alive.
+  void stepped_run_made();
+  void stepped_run_gone();
   Transport& transport() { return *transport_; }
 
   // Deletes the buffers `ids` (a buffer still being filled goes when it is committed) and
@@ -130,6 +138,7 @@ class PlanRunner {
   absl::Mutex runs_mu_;
   RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
   absl::Time drain_started_ ABSL_GUARDED_BY(runs_mu_);
+  int64_t stepped_alive_ ABSL_GUARDED_BY(runs_mu_) = 0;  // SteppedRun objects not yet destroyed
   LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
                                 "Plan runs on this device, from the start of the run to its outputs stored."};
   // Last: its threads use everything above, and its destructor joins them.

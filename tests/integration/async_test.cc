@@ -13,12 +13,14 @@
 
 #include "absl/synchronization/notification.h"
 #include "client/execution.h"
+#include "coordinator/coordinator_server.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
 #include "tests/integration/jit_support.h"
 #include "tests/integration/process_cluster_fixture.h"
+#include "worker/worker_server.h"
 
 namespace tessera {
 namespace {
@@ -562,6 +564,83 @@ TEST_F(AsyncProcessTest, AChainOfFiftyCallsSentAtOnceMatchesTheHostAndFreesItsIn
     counts = buffer_counts(*client_, 8);
   }
   EXPECT_EQ(counts, want);
+}
+
+// A chained call's deletions ride on its runs (issue #18, chained calls; design.md, "Chained
+// calls like for like"): the drops queued while its producer runs go with its Execute, and
+// the coordinator hands them to the workers with its runs (free_buffers), as for an
+// independent call, not as a StreamDelete of their own on every device's stream (which cost a
+// link of a chain as much again as its runs). A coordinator and 4 workers in this process,
+// on 127.0.0.1 ports; the counter is the coordinator's metric.
+TEST(AsyncChain, AChainedCallsDeletionsRideOnItsRuns) {
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> coordinator = CoordinatorServer::start(CoordinatorOptions{});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto deletes_on_runs = [&] {
+    for (const MetricSample& m : (*coordinator)->metrics()) {
+      if (m.name == "tessera_coordinator_deletes_on_runs_total") return m.value;
+    }
+    ADD_FAILURE() << "no metric tessera_coordinator_deletes_on_runs_total";
+    return -1.0;
+  };
+  constexpr int kDevices = 4;
+  std::vector<std::unique_ptr<WorkerServer>> workers;
+  for (int d = 0; d < kDevices; ++d) {
+    WorkerOptions options;
+    options.coordinator_address = (*coordinator)->address();
+    options.memory_bytes = int64_t{64} << 20;
+    options.shm = false;
+    options.device_id = d;
+    absl::StatusOr<std::unique_ptr<WorkerServer>> w = WorkerServer::start(options);  // returns once registered
+    ASSERT_TRUE(w.ok()) << w.status();
+    workers.push_back(*std::move(w));
+  }
+  {
+    ConnectOptions connect;
+    connect.min_devices = kDevices;
+    absl::StatusOr<Client> client = Client::connect((*coordinator)->address(), connect);
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::StatusOr<Mesh> mesh = client->make_mesh({kDevices}, {"data"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const HostArray host = random_f32({kSlowN, kSlowN}, 21);
+    absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("data", None)));
+    absl::StatusOr<Array> w = client->device_put(identity_f32(kSlowN), NamedSharding(*mesh, P()));
+    std::optional<Array> junk =
+        *client->device_put(HostArray::ones(DType::kF32, {8, 4}), NamedSharding(*mesh, P("data")));
+    ASSERT_TRUE(x.ok() && w.ok());
+    Jitted slow = jit(slow_layers);
+    Jitted step = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 0.5 + 1.0}; });
+    {  // both compiled and their plans loaded; nothing left queued to delete
+      absl::StatusOr<std::vector<Array>> warm = slow({*x, *w});
+      ASSERT_TRUE(warm.ok() && (*warm)[0].block_until_ready().ok());
+      absl::StatusOr<std::vector<Array>> warm_step = step({(*warm)[0]});
+      ASSERT_TRUE(warm_step.ok() && (*warm_step)[0].block_until_ready().ok());
+    }
+    ASSERT_TRUE(client->flush_deletes().ok());
+    const std::vector<int64_t> baseline = buffer_counts(*client, kDevices);  // junk's block on each
+    const double before = deletes_on_runs();
+
+    absl::StatusOr<std::vector<Array>> head = slow({*x, *w});
+    ASSERT_TRUE(head.ok()) << head.status();
+    junk.reset();  // a call is in flight: its deletion waits for the next Execute
+    absl::StatusOr<std::vector<Array>> chained = step({(*head)[0]});
+    ASSERT_TRUE(chained.ok()) << chained.status();
+    ASSERT_FALSE((*head)[0].is_ready()) << "the chained call was to be sent while its producer ran";
+    absl::StatusOr<HostArray> got = (*chained)[0].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<double> want = slow_reference(host);
+    for (double& v : want) v = static_cast<float>(static_cast<float>(v) * 0.5f + 1.0f);
+    expect_near(*got, want, 1e-5);
+    // junk's block on each of the 4 devices rode on the chained call's runs; before, a
+    // chained call's deletions went as StreamDeletes of their own and none rode.
+    EXPECT_EQ(deletes_on_runs() - before, kDevices);
+    // Deleted when each worker read the run, before it ran: junk's block went, head's and
+    // chained's outputs are there.
+    std::vector<int64_t> now = baseline;
+    for (int64_t& n : now) n += 1;
+    EXPECT_EQ(buffer_counts(*client, kDevices), now);
+  }
+  for (auto& w : workers) w->shutdown();
+  (*coordinator)->shutdown();
 }
 
 // A drop never waits for the coordinator: with the coordinator process stopped (SIGSTOP), a

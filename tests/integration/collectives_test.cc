@@ -3,6 +3,7 @@
 // representative subset again on 8 worker processes run with --shm=false (the gRPC path),
 // and the all_reduce algorithms the table does not choose, forced.
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <random>
 #include <thread>
@@ -403,6 +404,58 @@ TEST(Collectives, AJittedScalarPsumGoesInProcessAndMatchesTheHostSum) {
     // Its inputs ready and its only collective a tree all_reduce in process, each of the 3
     // calls started stepped on every device (design.md, "Stepped runs"), not on a plan thread.
     EXPECT_EQ(stats->plan_runs_stepped - stepped_before[d], 3) << "device " << d;
+  }
+}
+
+// A chain of jitted psums on Client::local(8), each call consuming the last one's output and
+// sent before it finished: on a device, a run whose input the run before it still makes
+// waits for it and then starts on the thread that ended it, stepped as a first run is
+// (design.md, "Stepped runs"), not on a plan thread. Every run of every call started stepped
+// on every device, and each link matches the host: x + 64 * sum(x) per step (the psum of the
+// blocks' sums is the whole array's sum, added to every element).
+TEST(Collectives, AChainOfJittedPsumsStepsOnEveryDeviceAndMatchesTheHost) {
+  absl::StatusOr<Client> client = Client::local(8);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({4, 2}, {"data", "model"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = small_integers(DType::kF32, {8, 8}, 9);
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("data", "model")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  const ShardMapped body = shard_map(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{in[0] * 0.5 + psum(sum(in[0]), {"data", "model"}) * (1.0 / 64)};
+      },
+      *mesh, {P("data", "model")}, {P("data", "model")});
+  Jitted f = jit([&body](const std::vector<Value>& in) { return body(in); });
+  {
+    absl::StatusOr<std::vector<Array>> warm = f({*x});  // compiled, its plans loaded
+    ASSERT_TRUE(warm.ok() && (*warm)[0].block_until_ready().ok());
+  }
+  std::vector<int64_t> stepped_before(8);
+  for (int d = 0; d < 8; ++d) stepped_before[d] = client->device_stats(d)->plan_runs_stepped;
+  constexpr int kCalls = 12;
+  Array y = *x;
+  for (int call = 0; call < kCalls; ++call) {
+    absl::StatusOr<std::vector<Array>> next = f({y});
+    ASSERT_TRUE(next.ok()) << next.status();
+    y = (*next)[0];
+  }
+  absl::StatusOr<HostArray> got = y.fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  // The host: v <- v / 2 + mean(v), in double; the values stay small exact binary fractions.
+  std::vector<double> want(host.values<float>().begin(), host.values<float>().end());
+  for (int call = 0; call < kCalls; ++call) {
+    double total = 0;
+    for (double v : want) total += v;
+    for (double& v : want) v = v * 0.5 + total / 64;
+  }
+  for (int64_t i = 0; i < 64; ++i) {
+    ASSERT_NEAR(got->values<float>()[i], want[i], 1e-3 * (1 + std::abs(want[i]))) << "element " << i;
+  }
+  for (int d = 0; d < 8; ++d) {
+    absl::StatusOr<DeviceStats> stats = client->device_stats(d);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->plan_runs_stepped - stepped_before[d], kCalls) << "device " << d;
   }
 }
 
