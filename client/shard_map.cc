@@ -271,11 +271,13 @@ struct ShardMapBody {
                                  const std::vector<std::string>& manual, const std::map<int, Variance>& inserted_pvary,
                                  const std::map<int, Variance>& seeds) const;
   // The axes the body makes manual, in mesh order (axis_names, or all, less the `enclosing`
-  // bodies' manual axes), or INVALID_ARGUMENT naming an axis that is not the mesh's, or when
-  // none is left; then that every spec names only those, as jax/_src/shard_map.py's
+  // bodies' manual axes and the Explicit axes an enclosing vmap maps over, `vmapped`), or
+  // INVALID_ARGUMENT naming an axis that is not the mesh's, axis_names naming a vmapped axis, or
+  // when none is left; then that every spec names only those, as jax/_src/shard_map.py's
   // _shmap_checks and _check_specs (and not an enclosing body's axis).
   absl::StatusOr<std::vector<std::string>> manual_axes(const std::vector<PartitionSpec>& specs,
-                                                       const std::vector<std::string>& enclosing) const;
+                                                       const std::vector<std::string>& enclosing,
+                                                       const std::vector<std::string>& vmapped) const;
 };
 
 }  // namespace internal
@@ -316,7 +318,7 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     }
     enclosing = t->manual_axes.back();
   }
-  absl::StatusOr<std::vector<std::string>> manual = manual_axes(in_specs, enclosing);
+  absl::StatusOr<std::vector<std::string>> manual = manual_axes(in_specs, enclosing, t->all_vmapped_axes());
   if (!manual.ok()) return fail(std::string(manual.status().message()));
   // The axes the body is automatic over: left out of the arguments' types (explicit mode)
   // where the specs are compared or inferred, as JAX's _manual_spec keeps only manual axes.
@@ -575,7 +577,8 @@ std::vector<std::vector<std::string>> TraceState::outputs_varying(const Graph& g
 namespace tessera {
 
 absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::vector<PartitionSpec>& specs,
-                                                                   const std::vector<std::string>& enclosing) const {
+                                                                   const std::vector<std::string>& enclosing,
+                                                                   const std::vector<std::string>& vmapped) const {
   for (const std::string& a : axis_names) {
     if (mesh.axis_index(a) < 0) {
       return absl::InvalidArgumentError(absl::StrCat("axis_names ", axes_to_string(axis_names),
@@ -583,23 +586,49 @@ absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::ve
                                                      axes_to_string(mesh.axis_names()), ", but '", a, "' is not one"));
     }
   }
+  const auto is_vmapped = [&](const std::string& a) {
+    return std::find(vmapped.begin(), vmapped.end(), a) != vmapped.end();
+  };
+  // Inside vmap over a dimension split over Explicit axes the body is automatic over them: JAX's
+  // _shmap_checks takes the mesh's axes less the axis env's explicit_mesh_axis_names, its words.
+  std::vector<std::string> unmapped;
+  for (const std::string& a : mesh.axis_names()) {
+    if (!is_vmapped(a)) unmapped.push_back(a);
+  }
+  for (const std::string& a : axis_names) {
+    if (!is_vmapped(a)) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("jax.shard_map requires axis_names=", axes_to_string(axis_names),
+                     " to be a subset of mesh.axis_names=", axes_to_string(unmapped), ": '", a,
+                     "' is an Explicit axis that an enclosing vmap maps over (its arguments' "
+                     "mapped dimension is split over ",
+                     axes_to_string(vmapped), "), which the body stays automatic over"));
+  }
   const auto is_enclosing = [&](const std::string& a) {
     return std::find(enclosing.begin(), enclosing.end(), a) != enclosing.end();
   };
   // Axes an enclosing body is already manual over stay so, as JAX's newly_manual_axes =
   // axis_names - mesh.manual_axes.
   std::vector<std::string> manual;
-  for (const std::string& a : mesh.axis_names()) {
+  for (const std::string& a : unmapped) {
     if (is_enclosing(a)) continue;
     if (axis_names.empty() || std::find(axis_names.begin(), axis_names.end(), a) != axis_names.end()) {
       manual.push_back(a);
     }
   }
-  if (manual.empty()) {
+  if (manual.empty() && !enclosing.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("axis_names ", axes_to_string(axis_names.empty() ? mesh.axis_names() : axis_names),
+        absl::StrCat("axis_names ", axes_to_string(axis_names.empty() ? unmapped : axis_names),
                      " leave no axis to be manual over: the enclosing shard_map body is manual over ",
                      axes_to_string(enclosing), " already; a nested shard_map splits the axes it left automatic"));
+  }
+  if (manual.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no axis of ", mesh.to_string(), " is left to be manual over: an enclosing vmap maps over ",
+        axes_to_string(vmapped),
+        " (its arguments' mapped dimension is split over them), which the body stays automatic over; a shard_map "
+        "manual over no axis is not supported: call the body directly, or map over a dimension split over fewer "
+        "axes"));
   }
   for (const auto& [kind, list] : {std::pair{"in", &specs}, std::pair{"out", &out_specs}}) {
     for (size_t i = 0; i < list->size(); ++i) {
@@ -616,7 +645,11 @@ absl::StatusOr<std::vector<std::string>> ShardMapBody::manual_axes(const std::ve
         }
         return absl::InvalidArgumentError(absl::StrCat(
             kind, "_specs argument must refer to an axis marked as manual ", axes_to_string(manual), ", but ", kind,
-            "_specs[", i, "] refers to '", a, "'; check the ", kind, "_specs values passed to shard_map"));
+            "_specs[", i, "] refers to '", a, "'; check the ", kind, "_specs values passed to shard_map",
+            is_vmapped(a) ? absl::StrCat(" ('", a,
+                                         "' is an Explicit axis that an enclosing vmap maps over: the specs describe "
+                                         "one example, which is not split over it)")
+                          : ""));
       }
     }
   }

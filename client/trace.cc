@@ -168,6 +168,7 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
           absl::StrCat("trace: ", input_specs.size(), " input specs for ", inputs.size(), " inputs"));
     }
     state->explicit_mesh = parent->explicit_mesh;
+    state->constraint_mesh = parent->constraint_mesh;
     state->auto_axes = parent->auto_axes;
     for (size_t i = 0; i < inputs.size(); ++i) {
       state->specs.push_back(input_specs.empty() ? TypeSpec(inputs[i].shape.size()) : input_specs[i]);
@@ -832,6 +833,9 @@ absl::StatusOr<NamedSharding> out_sharding_target(const TraceState& t, absl::str
                                              : ambient_sharding(spec, api);
   if (!target.ok()) return target;
   TESSERA_RETURN_IF_ERROR(check_explicit_axes(api, spec, target->mesh()));
+  // Inside explicit_axes the axes are Explicit by the types; the constraint goes on the mesh of
+  // the program (the same devices), as explicit_axes' own in_shardings do.
+  if (t.explicit_mesh.has_value() && t.constraint_mesh.has_value()) return NamedSharding(*t.constraint_mesh, spec);
   return target;
 }
 
@@ -1031,6 +1035,8 @@ AxesSwitched explicit_axes(TracedFunction f, std::vector<std::string> axes, std:
     }
     const int start = t->graph.size();
     t->explicit_mesh = *inner;
+    const std::optional<Mesh> saved_constraint_mesh = t->constraint_mesh;
+    if (!t->constraint_mesh.has_value()) t->constraint_mesh = *mesh;
     std::vector<Value> args;
     for (size_t i = 0; i < in.size(); ++i) {
       args.push_back(with_sharding_constraint(in[i], NamedSharding(*mesh, in_shardings[i])));
@@ -1041,6 +1047,7 @@ AxesSwitched explicit_axes(TracedFunction f, std::vector<std::string> axes, std:
     // results to their specs without those axes, which on Auto axes constrains nothing).
     for (int id = start; id < static_cast<int>(t->specs.size()); ++id) internal::without_axes(t->specs[id], switched);
     t->explicit_mesh = saved;
+    t->constraint_mesh = saved_constraint_mesh;
     t->auto_axes = outer_auto;
     if (!typed.ok()) return {t->fail(typed)};
     return out;

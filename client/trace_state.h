@@ -89,6 +89,9 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // axis, and then every node's type spec, by id (filled by make() as nodes are added); inside
   // an out_sharding, rules may leave an ambiguous result to it (out_sharding_scopes > 0).
   std::optional<Mesh> explicit_mesh;
+  // Inside explicit_axes: the mesh the constraints inside are placed on (the one the types were
+  // switched from; its devices are the program's mesh), while explicit_mesh has the switched types.
+  std::optional<Mesh> constraint_mesh;
   std::vector<TypeSpec> specs;
   int out_sharding_scopes = 0;
   // The unreduced axes of the nodes whose type has some (JAX's {U:X}; explicit/unreduced.cc),
@@ -105,6 +108,18 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   std::vector<std::string> auto_axes;
   // `spec` without the axes of auto_axes.
   TypeSpec without_auto_axes(TypeSpec spec) const;
+  // While vmap traces its function over arguments whose mapped dimension is split over Explicit
+  // mesh axes: those axes (JAX's axis env explicit_mesh_axis_names). The examples' types leave
+  // them out, and a shard_map traced there is not manual over them (client/shard_map.cc).
+  std::vector<std::string> vmapped_axes;
+  // vmapped_axes of this trace and of the traces enclosing it (a control-flow body's parents).
+  std::vector<std::string> all_vmapped_axes() const {
+    std::vector<std::string> out;
+    for (const TraceState* t = this; t != nullptr; t = t->parent) {
+      out.insert(out.end(), t->vmapped_axes.begin(), t->vmapped_axes.end());
+    }
+    return out;
+  }
 
   // The type specs of the nodes added since the last call (their rules' errors name the op).
   absl::Status type_new_nodes();

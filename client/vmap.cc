@@ -294,7 +294,12 @@ std::vector<Value> vmapped(const TracedFunction& f, const std::vector<std::optio
   if (!size.has_value()) return fail("no argument is mapped (every in_axes is None) and axis_size is not given");
 
   const int start = t->graph.size();
+  // While f is traced its examples are typed without the mapped dimension's axes, and a
+  // shard_map in it is not manual over them (JAX's remove_explicit_mesh_axis_names scope).
+  const size_t depth = t->vmapped_axes.size();
+  t->vmapped_axes.insert(t->vmapped_axes.end(), layout->explicit_axes.begin(), layout->explicit_axes.end());
   std::vector<Value> results = f(examples);
+  t->vmapped_axes.resize(depth);
   num_results = results.size();
   if (!t->error.ok()) return std::vector<Value>(num_results);
   for (const Value& r : results) {

@@ -35,20 +35,26 @@ std::vector<PartitionSpec> sibling_specs(const Graph& g, int id) {
 // batched blocks, each batched boundary's spec gaining the batch dimension first, whole
 // (pxla.batch_spec(spec, 0, None)) or split over vmap's spmd_axis_name, which then no spec of
 // the shard_map may name ("vmap spmd_axis_name cannot appear in shard_map in_specs"; the body,
-// manual over them, holds size / |spmd axes| examples per block). Unbatched arguments and
-// results keep their boundaries.
+// manual over them, holds size / |spmd axes| examples per block). With the mapped dimension
+// split over Explicit axes it enters whole in the specs and stays split over those axes, which
+// the body is automatic over. Unbatched arguments and results keep their boundaries.
 absl::StatusOr<Value> boundary_rule(const BatchArgs& a) {
   Node n = a.node;
   ShardingAttrs& s = n.attrs<ShardingAttrs>();
   const Mesh mesh = s.sharding.mesh();
   const PartitionSpec spec = s.sharding.spec();
   const bool in = n.op == Op::kShardMapIn;
-  if (!a.layout.explicit_axes.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "vmap of a shard_map over arguments whose mapped dimension is split over the Explicit axes ",
-        axes_to_string(a.layout.explicit_axes),
-        " is not supported (JAX makes the shard_map automatic over them); reshard the mapped dimension whole first, "
-        "or map inside the shard_map body"));
+  // Over a dimension split over Explicit axes the batch dimension enters whole in the specs: the
+  // shard_map, traced with vmap's explicit axes left automatic (client/shard_map.cc), keeps the
+  // batched blocks split over them as their types say, and its results get that split back.
+  for (const std::string& axis : a.layout.explicit_axes) {
+    for (const PartitionSpec& sibling : sibling_specs(a.trace->graph, a.id)) {
+      const std::vector<std::string> used = sibling.used_axes();
+      if (std::find(used.begin(), used.end(), axis) == used.end()) continue;
+      return absl::InvalidArgumentError(absl::StrCat("vmapped away explicit mesh axis cannot appear in shard_map ",
+                                                     in ? "in_specs" : "out_specs", ": '", axis, "' is in ",
+                                                     sibling.to_string()));
+    }
   }
   const Axes& spmd = a.layout.spmd_axes;
   for (const std::string& axis : spmd) {

@@ -5,7 +5,8 @@
 // from the arguments' types (client/shard_map.cc). Inside the body values are per-device
 // blocks, split over no Explicit axis (the body's axes are Manual: its types carry no mesh
 // axis, as _shard_shaped_array's); a result's type is its out_spec (_unshard_shaped_array).
-// A body manual over some axes only (axis_names) keeps its values' split over the others.
+// A body manual over some axes only (axis_names) keeps its values' split over the others,
+// through its collectives too.
 // On a mesh mixing Auto and Explicit axes JAX checks nothing, and neither does this.
 #include <algorithm>
 
@@ -66,6 +67,27 @@ TypeRuleResult shard_map_out(const TypeRuleCall& c) {
   return TypeRuleResult{spec, "", ""};
 }
 
+// The collectives of a body manual over some axes only: the result keeps the operand's split
+// over the automatic ones (ragged_all_to_all: its output operand's), as JAX's abstract evals
+// update only the shape and the varying axes of the operand's type (jax/_src/lax/parallel.py).
+// A dimension the collective resizes (all_gather, psum_scatter, all_to_all) must still divide
+// by the axes it is split over.
+TypeRuleResult collective(const TypeRuleCall& c) {
+  const TypedOperand& x = c.operands[c.node.op == Op::kRaggedAllToAll ? 1 : 0];
+  TypeRuleResult r{x.spec, "", ""};
+  for (size_t d = 0; d < r.spec.size() && d < c.node.shape.size(); ++d) {
+    const int64_t n = c.mesh.axes_size(r.spec[d]);
+    if (n <= 1 || c.node.shape[d] % n == 0) continue;
+    r.error =
+        absl::StrCat("its result's dimension ", d, " of size ", c.node.shape[d], " is split over ",
+                     axes_to_string(r.spec[d]), " (of size ", n, ") in the operand's type, which does not divide it");
+    r.fix = absl::StrCat("reshard dimension ", d, " whole before the shard_map, or use another dimension");
+    r.spec.clear();
+    return r;
+  }
+  return r;
+}
+
 }  // namespace
 
 TypeRuleResult shard_map_in_type_rule(const TypedOperand& x, const NamedSharding& in) {
@@ -85,8 +107,9 @@ TypeRuleResult shard_map_in_type_rule(const TypedOperand& x, const NamedSharding
 
 absl::Span<const ExplicitRule> shard_map_type_rules() {
   static const ExplicitRule kRules[] = {
-      {Op::kShardMapIn, shard_map_in},
-      {Op::kShardMapOut, shard_map_out},
+      {Op::kShardMapIn, shard_map_in},      {Op::kShardMapOut, shard_map_out}, {Op::kAllReduce, collective},
+      {Op::kAllGather, collective},         {Op::kReduceScatter, collective},  {Op::kAllToAll, collective},
+      {Op::kCollectivePermute, collective}, {Op::kPvary, collective},          {Op::kRaggedAllToAll, collective},
   };
   return kRules;
 }

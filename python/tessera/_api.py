@@ -135,6 +135,9 @@ class _Jitted:
     which compiles once per signature of dtypes, shapes and shardings."""
 
     def __init__(self, fun, in_shardings, out_shardings, static_argnums, donate_argnums, default_mesh=None):
+        # First: update_wrapper copies fun's __dict__, which for a function wrapping a jitted one
+        # (vmap(jit(f)), functools.wraps) holds that one's _fun; set after, it would replace ours.
+        functools.update_wrapper(self, fun)
         self._fun = fun
         # Where arguments and captures go when none is committed (device 0 without it): an
         # eager shard_map's mesh.
@@ -144,7 +147,6 @@ class _Jitted:
         self._static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self._donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
         self._cache = {}
-        functools.update_wrapper(self, fun)
 
     def _call_traced(self, args, kwargs):
         return _constrain_outputs(self._fun(*args, **kwargs), self._out_shardings)

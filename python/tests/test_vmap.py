@@ -644,3 +644,115 @@ def test_vmap_of_a_shard_map_as_jax(mesh, mesh8):
   np.testing.assert_allclose(np.asarray(out), 3 * x)
   with pytest.raises(ValueError, match=r"vmap spmd_axis_name cannot appear in shard_map in_specs: \('model',\)"):
     jax.vmap(h, spmd_axis_name="model")(x)
+
+
+# ---- vmap of a shard_map over a dimension split over Explicit axes ----------------------------
+# (jax/_src/shard_map.py's _shard_map_batch with explicit_mesh_axis: the shard_map is manual over
+# the mesh's other axes only, its specs gain the batch dimension whole, and the result's mapped
+# dimension keeps the argument's split.)
+
+def test_vmap_explicit_mesh_axis():
+  # tests/shard_map_test.py test_vmap_explicit_mesh_axis, as JAX writes it, values checked.
+  mesh = jax.make_mesh((1, 2, 2), ("z", "x", "y"))
+
+  @jax.shard_map(mesh=mesh, in_specs=P("y"), out_specs=P("y"))
+  def f(x):
+    return x
+
+  s = NamedSharding(mesh, P(("z", "x"), "y"))
+  np_inp = np.arange(4 * 4, dtype=np.float32).reshape(4, 4)
+  x = jax.device_put(np_inp, s)
+  out = jax.jit(jax.vmap(f))(x)
+  assert out.sharding.spec == s.spec
+  np.testing.assert_array_equal(np.asarray(out), np_inp)
+
+
+def test_vmap_explicit_mesh_axis_single_axis():
+  # tests/shard_map_test.py test_vmap_explicit_mesh_axis_single_axis (jtu.with_explicit_mesh sets
+  # the mesh; the shard_map takes it from the context); then the same shard_map as a jitted
+  # function under vmap, and under grad, against numpy.
+  mesh = jax.make_mesh((2, 2), ("data", "model"))
+  np_inp = np.arange(4 * 4, dtype=np.float32).reshape(4, 4)
+  with jax.sharding.set_mesh(mesh):
+    x = jax.device_put(np_inp, P("data", "model"))
+
+    @jax.shard_map(in_specs=P("model"), out_specs=P("model"))
+    def f(x):
+      return x
+
+    out = jax.jit(jax.vmap(f))(x)
+    assert out.sharding.spec == P("data", "model")
+    np.testing.assert_array_equal(np.asarray(out), np_inp)
+
+    @jax.shard_map(in_specs=P("model"), out_specs=P("model"))
+    def g(x):
+      return jnp.sin(x) * 2. + jax.lax.psum(jnp.sum(x), "model")
+
+    want = np.stack([np.sin(r) * 2 + r.sum() for r in np_inp])
+    for h in (jax.vmap(jax.jit(g)), jax.jit(jax.vmap(jax.jit(g)))):
+      out = h(x)
+      assert out.sharding.spec == P("data", "model")
+      np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5)
+    grads = jax.jit(jax.vmap(jax.grad(lambda r: jnp.sum(g(r)))))(x)
+    assert grads.sharding.spec == P("data", "model")
+    # d/dr_j sum_k (2 sin r_k + sum(r)) = 2 cos r_j + 4 (the psum'd total is in each of 4 entries)
+    np.testing.assert_allclose(np.asarray(grads), 2 * np.cos(np_inp) + 4, rtol=1e-5)
+
+
+def test_vmap_explicit_mesh_axis_error():
+  # tests/shard_map_test.py test_vmap_explicit_mesh_axis_error.
+  mesh = jax.make_mesh((2, 2), ("x", "y"))
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=P("x"), out_specs=P("x"), axis_names={"x", "y"})
+  def f(x):
+    return x
+
+  x = jax.device_put(np.arange(4 * 4, dtype=np.float32).reshape(4, 4), NamedSharding(mesh, P("x", "y")))
+  with pytest.raises(ValueError, match="jax.shard_map requires axis_names.*subset of"):
+    jax.jit(jax.vmap(f))(x)
+  with pytest.raises(ValueError, match="Only one of spmd_axis_name or arrays sharded on `Explicit` mesh axis"
+                     " type is allowed"):
+    jax.jit(jax.vmap(f, spmd_axis_name="y"))(x)
+
+
+def test_explicit_ctx_vmap_over_auto_axes():
+  # tests/pjit_test.py test_explicit_ctx_vmap_over_auto_axes, with zeros among the ones so that
+  # where takes both sides.
+  mesh = jax.make_mesh((2, 2), ("x", "y"))
+  np_inp = (np.arange(40) % 3).reshape(20, 2).astype(np.float32)
+  with jax.sharding.set_mesh(mesh):
+    xs = jax.device_put(np_inp, P(("x", "y"), None))
+
+    @functools.partial(jax.sharding.auto_axes, out_sharding=P())
+    def f(x):
+      return jnp.where(x != 0, jnp.ones(2), x)
+
+    out = jax.jit(jax.vmap(f))(xs)
+  assert out.sharding.spec == P(("x", "y"), None)
+  np.testing.assert_array_equal(np.asarray(out), (np_inp != 0).astype(np.float32))
+
+
+def test_vmap_spmd_axis_name_explicit_axes_inside():
+  # tests/pjit_test.py test_vmap_spmd_axis_name_explicit_axes_inside; the product checked.
+  mesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  np_inp = np.arange(16, dtype=np.float32).reshape(2, 8)
+  with jax.sharding.set_mesh(mesh):
+    arr1 = jax.device_put(np_inp, P())
+    arr2 = jax.device_put(np_inp, P())
+    seen = []
+
+    @jax.jit
+    def f(x, y):
+      @functools.partial(jax.sharding.explicit_axes, in_sharding=(P("y"), P("y")))
+      def g(a, b):
+        seen.append((jax.typeof(a).sharding.spec, jax.typeof(b).sharding.spec))
+        a = jax.sharding.reshard(a, P())
+        seen.append(jax.typeof(a).sharding.spec)
+        out = a * b
+        seen.append(jax.typeof(out).sharding.spec)
+        return out
+      return g(x, y)
+
+    out = jax.jit(jax.vmap(f, spmd_axis_name="x"))(arr1, arr2)
+  assert seen == [(P("y"), P("y")), P(None), P("y")]
+  np.testing.assert_array_equal(np.asarray(out), np_inp * np_inp)

@@ -46,6 +46,43 @@ class VmapTest : public jit_support::LocalJitSuite {
     EXPECT_TRUE(a.sharding().is_equivalent_to(NamedSharding(mesh, spec), static_cast<int>(a.shape().size())))
         << a.sharding().to_string() << " is not " << spec.to_string();
   }
+  // The vmap-of-shard_map check: a body reading a mapped argument x (a row of xs, f32[8,16] laid
+  // out as `xs_spec`), an unmapped one w (f32[16] as `w_spec`), a psum and axis_index, with in
+  // and out specs P(spec), run as jit(vmap(shard_map, {0, None}, spmd_axis_name = spmd)). The
+  // result must be laid out as `out_sharding`, and each row is what the host computes as the
+  // body defines it: x * w + <x, w> + the position of the element's block along `spec`.
+  static void check_vmapped_shard_map(const Mesh& mesh, const Axes& spec_axes, const Axes& spmd,
+                                      const PartitionSpec& xs_spec, const PartitionSpec& w_spec,
+                                      const PartitionSpec& out_sharding) {
+    constexpr int64_t kBatch = 8, kLength = 16;
+    const HostArray xs = arange({kBatch, kLength});
+    HostArray w(DType::kF32, {kLength});
+    for (int64_t j = 0; j < kLength; ++j) w.mutable_values<float>()[j] = 0.25f * static_cast<float>(j % 5) - 0.5f;
+    const PartitionSpec spec{std::vector<Axes>{spec_axes}};
+    ShardMapped sm = shard_map(
+        [&spec_axes](const std::vector<Value>& in) {
+          const Value y = in[0] * in[1];
+          const Value position = convert(axis_index(AxisNames(spec_axes)), DType::kF32);
+          return std::vector<Value>{y + psum(sum(y, {0}), AxisNames(spec_axes)) + position};
+        },
+        mesh, {spec, spec}, {spec});
+    TracedFunction f = [&sm](const std::vector<Value>& in) { return sm(in); };
+    absl::StatusOr<std::vector<Array>> out =
+        jit(vmap(f, {0, std::nullopt}, {}, std::nullopt, spmd))({put_on(mesh, xs, xs_spec), put_on(mesh, w, w_spec)});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_sharding((*out)[0], mesh, out_sharding);
+    const int64_t block = kLength / mesh.axes_size(spec_axes);
+    std::vector<double> want;
+    for (int64_t b = 0; b < kBatch; ++b) {
+      double dot = 0;
+      for (int64_t j = 0; j < kLength; ++j) dot += xs.values<float>()[b * kLength + j] * w.values<float>()[j];
+      for (int64_t j = 0; j < kLength; ++j) {
+        want.push_back(xs.values<float>()[b * kLength + j] * w.values<float>()[j] + dot +
+                       static_cast<double>(j / block));
+      }
+    }
+    expect_near(fetch((*out)[0]), want);
+  }
 };
 
 // test_mul_vmap: the example is typed without the batch dimension (P('y')), the result keeps
@@ -304,10 +341,6 @@ TEST_F(VmapTest, SpmdAxisNameOnAutoAxes) {
 // batched argument, an unbatched one, a psum and axis_index; the host computes each example as
 // the body defines it: x * w + <x, w> + the position of the element's block.
 TEST_F(VmapTest, VmapOfAShardMapRunsTheBodyOnTheBatchedBlocks) {
-  constexpr int64_t kBatch = 8, kLength = 16;
-  const HostArray xs = arange({kBatch, kLength});
-  HostArray w(DType::kF32, {kLength});
-  for (int64_t j = 0; j < kLength; ++j) w.mutable_values<float>()[j] = 0.25f * static_cast<float>(j % 5) - 0.5f;
   struct Case {
     std::vector<int64_t> shape;
     std::vector<std::string> names;
@@ -328,30 +361,7 @@ TEST_F(VmapTest, VmapOfAShardMapRunsTheBodyOnTheBatchedBlocks) {
                                     ? client_->make_mesh(c.shape, c.names, {AxisType::kAuto})
                                     : client_->make_mesh(c.shape, c.names, {AxisType::kAuto, AxisType::kAuto});
     ASSERT_TRUE(mesh.ok()) << mesh.status();
-    const PartitionSpec spec{std::vector<Axes>{c.spec}};
-    ShardMapped sm = shard_map(
-        [&c](const std::vector<Value>& in) {
-          const Value y = in[0] * in[1];
-          const Value position = convert(axis_index(AxisNames(c.spec)), DType::kF32);
-          return std::vector<Value>{y + psum(sum(y, {0}), AxisNames(c.spec)) + position};
-        },
-        *mesh, {spec, spec}, {spec});
-    TracedFunction f = [&sm](const std::vector<Value>& in) { return sm(in); };
-    Jitted jitted = jit(vmap(f, {0, std::nullopt}, {}, std::nullopt, c.spmd));
-    absl::StatusOr<std::vector<Array>> out = jitted({put_on(*mesh, xs, P()), put_on(*mesh, w, P())});
-    ASSERT_TRUE(out.ok()) << out.status();
-    expect_sharding((*out)[0], *mesh, c.out_sharding);
-    const int64_t block = kLength / mesh->axes_size(c.spec);
-    std::vector<double> want;
-    for (int64_t b = 0; b < kBatch; ++b) {
-      double dot = 0;
-      for (int64_t j = 0; j < kLength; ++j) dot += xs.values<float>()[b * kLength + j] * w.values<float>()[j];
-      for (int64_t j = 0; j < kLength; ++j) {
-        want.push_back(xs.values<float>()[b * kLength + j] * w.values<float>()[j] + dot +
-                       static_cast<double>(j / block));
-      }
-    }
-    expect_near(fetch((*out)[0]), want);
+    check_vmapped_shard_map(*mesh, c.spec, c.spmd, P(), P(), c.out_sharding);
   }
 }
 
@@ -412,6 +422,190 @@ TEST_F(VmapTest, SpmdAxisNameInAShardMapsSpecsIsJaxsError) {
   expect_error([&h](const std::vector<Value>& in) { return h(in); }, {0, std::nullopt},
                {put_on(*mesh, arange({4, 8}), P()), put_on(*mesh, arange({8}), P())},
                "vmap spmd_axis_name cannot appear in shard_map in_specs: ('i',) is in P('i',)");
+}
+
+// vmap of a shard_map over a dimension split over Explicit axes (jax/_src/shard_map.py's
+// _shard_map_batch with explicit_mesh_axis): the shard_map is traced manual over the mesh's
+// other axes only (_shmap_checks leaves the axis env's explicit_mesh_axis_names out of the
+// default axis_names), its specs gain the batch dimension whole, and the result's mapped
+// dimension is split over the same axes. tests/shard_map_test.py test_vmap_explicit_mesh_axis
+// ((1, 2, 2) ('z', 'x', 'y'): P(('z', 'x'), 'y') in, in_specs P('y'), the result's sharding is
+// the argument's) and test_vmap_explicit_mesh_axis_single_axis ((2, 2) ('data', 'model') under
+// set_mesh, the shard_map without a mesh: P('data', 'model') out). Then the same with a body that
+// reads an unmapped argument, a psum and axis_index on (4, 2), (2, 4) and (1, 2, 2) meshes, each
+// example computed by the host as the body defines it: x * w + <x, w> + the position of the
+// element's block; and on (8) with the mapped dimension whole (the shard_map manual over 'x').
+TEST_F(VmapTest, VmapOfAShardMapOverAnExplicitlySplitDimension) {
+  {  // test_vmap_explicit_mesh_axis, as JAX writes it
+    absl::StatusOr<Mesh> mesh = client_->make_mesh({1, 2, 2}, {"z", "x", "y"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    ShardMapped f = shard_map([](const std::vector<Value>& in) { return in; }, *mesh, {P("y")}, {P("y")});
+    const PartitionSpec s = P(Axes{"z", "x"}, "y");
+    absl::StatusOr<std::vector<Array>> out =
+        jit(vmap([&f](const std::vector<Value>& in) { return f(in); }))({put_on(*mesh, arange({4, 4}), s)});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_sharding((*out)[0], *mesh, s);
+    expect_near(fetch((*out)[0]), values_of(arange({4, 4})));
+  }
+  {  // test_vmap_explicit_mesh_axis_single_axis: the ambient mesh
+    absl::StatusOr<Mesh> named = client_->make_mesh({2, 2}, {"data", "model"});
+    ASSERT_TRUE(named.ok()) << named.status();
+    MeshScope scope = set_mesh(*named);
+    const Array x = put_on(*named, arange({4, 4}), P("data", "model"));
+    std::string seen;
+    absl::StatusOr<ShardMapped> f = shard_map(
+        [&seen](const std::vector<Value>& in) {
+          seen = type_of(in[0]).to_string();
+          return in;
+        },
+        {P("model")}, {P("model")});
+    ASSERT_TRUE(f.ok()) << f.status();
+    absl::StatusOr<std::vector<Array>> out = jit(vmap([&f](const std::vector<Value>& in) { return (*f)(in); }))({x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(seen, "f32[2]{V:model}");  // one example's block: manual over 'model', 'data' mapped away
+    expect_sharding((*out)[0], *named, P("data", "model"));
+    expect_near(fetch((*out)[0]), values_of(arange({4, 4})));
+  }
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<std::string> names;
+    Axes mapped;  // the mapped dimension's split
+    Axes spec;    // the example's in_spec and out_spec: P(spec)
+  };
+  const Case cases[] = {
+      {{4, 2}, {"data", "model"}, {"data"}, {"model"}},
+      {{4, 2}, {"data", "model"}, {"model"}, {"data"}},
+      {{2, 4}, {"data", "model"}, {"data"}, {"model"}},
+      {{1, 2, 2}, {"z", "x", "y"}, {"z", "x"}, {"y"}},
+      {{8}, {"x"}, {}, {"x"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(axes_to_string(c.names), " mapped over ", axes_to_string(c.mapped), " spec ",
+                              axes_to_string(c.spec)));
+    absl::StatusOr<Mesh> mesh = client_->make_mesh(c.shape, c.names);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const PartitionSpec split{std::vector<Axes>{c.mapped, c.spec}};
+    check_vmapped_shard_map(*mesh, c.spec, {}, split, PartitionSpec{std::vector<Axes>{c.spec}}, split);
+  }
+}
+
+// The gradient of a shard_map under vmap over a dimension split over an Explicit axis (JAX's
+// test_vmap_of_grad_spmd_axis_name does it over spmd_axis_name on Auto axes; its
+// test_mul_vmap takes grad of a vmap over Explicit axes): each example's gradient of
+// sum(sin(x)) is cos(x), laid out as x, on (4, 2) and (2, 4) meshes; and grad of the sum over
+// the batch of the vmapped shard_map too.
+TEST_F(VmapTest, GradOfAShardMapUnderVmapOverAnExplicitlySplitDimension) {
+  HostArray xs = arange({4, 16});
+  for (float& v : xs.mutable_values<float>()) v *= 0.1f;
+  std::vector<double> want;
+  for (float v : xs.values<float>()) want.push_back(std::cos(static_cast<double>(v)));
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{4, 2}, std::vector<int64_t>{2, 4}}) {
+    SCOPED_TRACE(absl::StrCat(shape[0], "x", shape[1]));
+    absl::StatusOr<Mesh> mesh = client_->make_mesh(shape, {"i", "j"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    ShardMapped sm = shard_map([](const std::vector<Value>& in) { return std::vector<Value>{sin(in[0])}; }, *mesh,
+                               {P("j")}, {P("j")});
+    TracedFunction loss = [&sm](const std::vector<Value>& in) { return std::vector<Value>{sum(sm(in)[0], {0})}; };
+    const Array x = put_on(*mesh, xs, P("i", "j"));
+    absl::StatusOr<std::vector<Array>> out = jit(vmap(grad(loss)))({x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_sharding((*out)[0], *mesh, P("i", "j"));
+    expect_near(fetch((*out)[0]), want);
+
+    TracedFunction mapped = vmap([&sm](const std::vector<Value>& in) { return sm(in); });
+    out = jit(grad([&mapped](const std::vector<Value>& in) { return std::vector<Value>{sum(mapped(in)[0])}; }))({x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_sharding((*out)[0], *mesh, P("i", "j"));
+    expect_near(fetch((*out)[0]), want);
+  }
+}
+
+// tests/shard_map_test.py test_vmap_explicit_mesh_axis_error: a shard_map whose axis_names name
+// the Explicit axis vmap maps over is JAX's "jax.shard_map requires axis_names ... to be a
+// subset of" error, and spmd_axis_name naming another axis JAX's "Only one of spmd_axis_name or
+// arrays sharded on `Explicit` mesh axis type is allowed". Specs naming it are _check_specs'
+// error.
+TEST_F(VmapTest, VmapOfAShardMapManualOverTheMappedExplicitAxisIsJaxsError) {
+  const Mesh mesh = mesh_2x2();
+  const Array x = put_on(mesh, arange({4, 4}), P("x", "y"));
+  ShardMapped f = shard_map([](const std::vector<Value>& in) { return in; }, mesh, {P("x")}, {P("x")},
+                            ShardMapOptions{.axis_names = {"x", "y"}});
+  const TracedFunction call = [&f](const std::vector<Value>& in) { return f(in); };
+  absl::StatusOr<std::vector<Array>> out = jit(vmap(call))({x});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("shard_map: jax.shard_map requires axis_names=('x', 'y') to be a subset of "
+                        "mesh.axis_names=('y',): 'x' is an Explicit axis that an enclosing vmap maps over"));
+
+  out = jit(vmap(call, {}, {}, std::nullopt, {"y"}))({x});
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("vmap: Only one of spmd_axis_name or arrays sharded on `Explicit` mesh axis type is allowed"));
+
+  ShardMapped g = shard_map([](const std::vector<Value>& in) { return in; }, mesh, {P("x")}, {P("x")});
+  out = jit(vmap([&g](const std::vector<Value>& in) { return g(in); }))({x});
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("shard_map: in_specs argument must refer to an axis marked as manual ('y',), but in_specs[0] "
+                        "refers to 'x'"));
+}
+
+// tests/pjit_test.py test_explicit_ctx_vmap_over_auto_axes: auto_axes with out_sharding P() per
+// example, mapped over a dimension split over ('x', 'y'): the result keeps P(('x', 'y'), None).
+// JAX's input is all ones; here some entries are zero so that where picks both sides.
+TEST_F(VmapTest, AutoAxesUnderVmapOverAnExplicitlySplitDimension) {
+  const Mesh mesh = mesh_2x2();
+  HostArray x(DType::kF32, {20, 2});
+  std::vector<double> want;
+  for (size_t k = 0; k < 40; ++k) {
+    x.mutable_values<float>()[k] = static_cast<float>(k % 3);
+    want.push_back(k % 3 != 0 ? 1.0 : 0.0);
+  }
+  TracedFunction f = auto_axes(
+      [](const std::vector<Value>& in) { return std::vector<Value>{where(in[0] != 0.0, full({2}, 1.0), in[0])}; }, {},
+      {P()});
+  const PartitionSpec s = P(Axes{"x", "y"}, None);
+  absl::StatusOr<std::vector<Array>> out = jit(vmap(f))({put_on(mesh, x, s)});
+  ASSERT_TRUE(out.ok()) << out.status();
+  expect_sharding((*out)[0], mesh, s);
+  expect_near(fetch((*out)[0]), want);
+}
+
+// tests/pjit_test.py test_vmap_spmd_axis_name_explicit_axes_inside: on an Auto mesh, vmap with
+// spmd_axis_name 'x' of a function that switches to explicit_axes with in_sharding P('y'): the
+// types inside are JAX's; JAX's test only runs it, here the product is checked against the host.
+// (Before, a reshard inside explicit_axes on an Auto mesh was placed on the switched mesh, which
+// jit refused as another mesh.)
+TEST_F(VmapTest, ExplicitAxesInsideVmapWithSpmdAxisName) {
+  const Mesh mesh = mesh_2x2(AxisType::kAuto);
+  MeshScope scope = set_mesh(mesh);  // jtu.with_explicit_mesh sets the mesh
+  const HostArray x = arange({2, 8});
+  std::vector<std::string> seen;
+  TracedFunction f = explicit_axes(
+      [&seen](const std::vector<Value>& in) {
+        seen.push_back(type_of(in[0]).to_string());
+        seen.push_back(type_of(in[1]).to_string());
+        const Value a = reshard(in[0], P());
+        seen.push_back(type_of(a).to_string());
+        const Value out = a * in[1];
+        seen.push_back(type_of(out).to_string());
+        return std::vector<Value>{out};
+      },
+      {}, {P("y"), P("y")});
+  absl::StatusOr<std::vector<Array>> out =
+      jit(vmap(f, {}, {}, std::nullopt, {"x"}))({put_on(mesh, x, P()), put_on(mesh, x, P())});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(seen, ElementsAre("f32[8@y]", "f32[8@y]", "f32[8]", "f32[8@y]"));
+  std::vector<double> want;
+  for (float v : x.values<float>()) want.push_back(static_cast<double>(v) * v);
+  expect_near(fetch((*out)[0]), want);
+  // Without vmap too (the reshard inside explicit_axes is placed on the arguments' mesh).
+  seen.clear();
+  out = jit(f)({put_on(mesh, x, P()), put_on(mesh, x, P())});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(seen, ElementsAre("f32[2@y,8]", "f32[2@y,8]", "f32[2,8]", "f32[2@y,8]"));
+  expect_near(fetch((*out)[0]), want);
 }
 
 }  // namespace
