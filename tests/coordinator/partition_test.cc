@@ -470,16 +470,18 @@ TEST_F(PartitionTest, AnAllReduceSlicedOverSomeOfItsAxesIsAReduceScatterThenAnAl
   EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
   EXPECT_EQ(collective_bytes_per_device(exe.program, exe.mesh), 24 + 24 + 8) << text;
 
-  // Stored over ('model', 'data'): the pending sum is scattered onto 'model' first (reshard.cc),
-  // and the all_reduce over 'data' that the slice then splits further over 'data' becomes a
-  // reduce_scatter over 'data' of the (4,) block: 12 B instead of 24.
+  // Stored over ('model', 'data'): the pending sum over both axes is wanted split over both on
+  // one dimension, one reduce_scatter over ('model', 'data') (its groups order devices as the
+  // dimension's blocks), and w is gathered by one all_gather over both: 7/8 of 32 B each, the
+  // bytes of gathering (and scattering) one axis after the other, in two collectives instead of
+  // four.
   Executable both = compile(grad(loss, {1}), types, {P("data", None), P(Axes{"model", "data"}), P(None, "model")});
   text = both.as_text();
-  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('model',)) s")) << text;
-  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('data',)) s")) << text;
-  EXPECT_EQ(count_text(text, "= all_reduce("), 0) << text;
+  EXPECT_THAT(text, HasSubstr("= all_gather(dim=0, axes=('model', 'data')) s")) << text;
+  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('model', 'data')) s")) << text;
+  EXPECT_EQ(count(both, Instruction::Kind::kCollective), 2) << text;
   EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
-  EXPECT_EQ(collective_bytes_per_device(both.program, both.mesh), 12 + 16 + 16 + 12) << text;
+  EXPECT_EQ(collective_bytes_per_device(both.program, both.mesh), 28 + 28) << text;
 }
 // FSDP's gradients of several weights, each gathered for use and laid out back as stored:
 // one reduce_scatter each, all independent, so the combiner (XLA's ReduceScatterCombiner)

@@ -55,9 +55,14 @@ TEST_F(ReshardTest, ReplicatedToShardedIsALocalSlice) {
               ElementsAre("local_slice(dim=0, axes=('data',))", "local_slice(dim=1, axes=('model',))"));
 }
 
+// A dimension split over two axes is gathered by one all_gather over both (its groups order
+// devices major-to-minor, as the dimension's blocks are), not one per axis; a dimension sliced
+// over two axes is one local slice. Only the axes that must leave are gathered.
 TEST_F(ReshardTest, ShardedToReplicatedIsAnAllGather) {
-  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{}, {}})),
-              ElementsAre("all_gather(dim=0, axes=('model',))", "all_gather(dim=0, axes=('data',))"));
+  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{}, {}})), ElementsAre("all_gather(dim=0, axes=('data', 'model'))"));
+  EXPECT_THAT(plan(s({{"model", "data"}, {}}), s({{}, {}})), ElementsAre("all_gather(dim=0, axes=('model', 'data'))"));
+  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{"data"}, {}})), ElementsAre("all_gather(dim=0, axes=('model',))"));
+  EXPECT_THAT(plan(s({{}, {}}), s({{"data", "model"}, {}})), ElementsAre("local_slice(dim=0, axes=('data', 'model'))"));
 }
 
 TEST_F(ReshardTest, AnAxisMovingToAnotherDimensionIsAnAllToAll) {
