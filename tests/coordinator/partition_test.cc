@@ -489,7 +489,9 @@ TEST_F(PartitionTest, AnAllReduceSlicedOverSomeOfItsAxesIsAReduceScatterThenAnAl
 // dimension 0, w2 (16, 8) on dimension 1 (its operand is laid out by a transpose so that each
 // device's row holds its block). The bytes are those of three separate reduce_scatters: each
 // device receives (n-1) times its blocks, 3 * (128 + 16 + 128) B, plus the three gathers' 3/4
-// of 512 + 64 + 512 B. JitTest.FsdpGradientsReduceScatteredAsOneMatchTheHost runs it.
+// of 512 + 64 + 512 B. The three gathers are independent too: one all_gather (XLA's
+// AllGatherCombiner), w2's result laid out from the gathered rows by a transpose, the same
+// bytes. JitTest.FsdpGradientsReduceScatteredAsOneMatchTheHost runs it.
 TEST_F(PartitionTest, IndependentReduceScattersAreCombined) {
   auto loss = [this](const std::vector<Value>& in) {
     const NamedSharding whole(mesh_, P());
@@ -505,6 +507,9 @@ TEST_F(PartitionTest, IndependentReduceScattersAreCombined) {
   EXPECT_EQ(count_text(text, "= reduce_scatter("), 1) << text;
   EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('data',)) s")) << text;
   EXPECT_THAT(text, HasSubstr("combined 3 reduce_scatters")) << text;
+  EXPECT_EQ(count_text(text, "= all_gather("), 1) << text;
+  EXPECT_THAT(text, HasSubstr("= all_gather(dim=0, axes=('data',)) s")) << text;
+  EXPECT_THAT(text, HasSubstr("combined 3 all_gathers")) << text;
   EXPECT_THAT(text, HasSubstr("= transpose(")) << text;  // w2's operand, scattered on dimension 1
   EXPECT_EQ(count_text(text, "= all_reduce("), 0) << text;
   EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
