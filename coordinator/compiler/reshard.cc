@@ -148,8 +148,9 @@ absl::StatusOr<std::vector<ReshardStep>> plan_without_unit_axes(const ValueShard
 
   // 3. Axes that are in the wrong place leave it: minor-most first, each step removing the
   //    last axis of a dimension. An axis the target wants on another (so far unsplit-by-it)
-  //    dimension moves there with all_to_all; otherwise it is gathered, with the axes of the
-  //    same dimension gathered next (one all_gather).
+  //    dimension moves there with all_to_all (a run of axes it wants in that order, in one);
+  //    otherwise it is gathered, with the axes of the same dimension gathered next (one
+  //    all_gather).
   bool changed = true;
   while (changed) {
     changed = false;
@@ -160,6 +161,31 @@ absl::StatusOr<std::vector<ReshardStep>> plan_without_unit_axes(const ValueShard
         const Axes& have = cur.dims[d];
         const Axes& want = to.dims[d];
         if (have.size() <= want.size() && std::equal(have.begin(), have.end(), want.begin())) break;
+        // A minor run of two or more of d's axes that another dimension wants next, in the same
+        // order, moves there in one all_to_all over them (its groups order devices as both
+        // dimensions' blocks are): ('data', 'model') from rows to columns is one collective,
+        // not a gather, an all_to_all and a slice.
+        bool moved_run = false;
+        for (size_t len = have.size(); len >= 2 && !moved_run; --len) {
+          const Axes run(have.end() - static_cast<std::ptrdiff_t>(len), have.end());
+          const int t = dim_of(to, run[0]);
+          if (t < 0 || t == static_cast<int>(d)) continue;
+          const Axes& now = cur.dims[t];
+          const Axes& next = to.dims[t];
+          if (now.size() + len > next.size() || !std::equal(now.begin(), now.end(), next.begin()) ||
+              !std::equal(run.begin(), run.end(), next.begin() + static_cast<std::ptrdiff_t>(now.size())) ||
+              shape[t] % (mesh.axes_size(now) * mesh.axes_size(run)) != 0) {
+            continue;
+          }
+          cur.dims[d].resize(cur.dims[d].size() - len);
+          cur.dims[t].insert(cur.dims[t].end(), run.begin(), run.end());
+          push({ReshardStep::Kind::kAllToAll, run, ReduceOp::kSum, 0, t, static_cast<int>(d), {}});
+          moved_run = true;
+        }
+        if (moved_run) {
+          changed = true;
+          break;
+        }
         const std::string axis = have.back();
         const int target = dim_of(to, axis);
         const bool movable =

@@ -67,6 +67,10 @@ TEST_F(ReshardTest, ShardedToReplicatedIsAnAllGather) {
 
 TEST_F(ReshardTest, AnAxisMovingToAnotherDimensionIsAnAllToAll) {
   EXPECT_THAT(plan(s({{"data"}, {}}), s({{}, {"data"}})), ElementsAre("all_to_all(split=1, concat=0, axes=('data',))"));
+  // Two axes moving together, in the order the target wants them: one all_to_all over both
+  // (jit_ops_test's tuple_to_other_dim runs it against the host).
+  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{}, {"data", "model"}})),
+              ElementsAre("all_to_all(split=1, concat=0, axes=('data', 'model'))"));
 }
 
 TEST_F(ReshardTest, PartialToWholeIsAnAllReduce) {
