@@ -110,11 +110,13 @@ absl::StatusOr<Figures> time_layout(const Client& client, const Mesh& mesh, cons
 }
 
 // The bytes one device receives per step in the hand-written FSDP plan on `mesh`: every
-// parameter stored split over 'data' (of size n) all-gathered once for use and its gradient
-// reduce-scattered, (n-1)/n of its bytes each way; one that no dimension of divides by n, kept
-// whole, only all-reduces its gradient: 2(n-1)/n too. The scalars (loss, global norm) left out.
+// parameter stored split over fsdp's data-parallel axes (n devices: 'data' and 'model')
+// all-gathered once for use and its gradient reduce-scattered, (n-1)/n of its bytes each way;
+// one that no dimension of divides by n, kept whole, only all-reduces its gradient: 2(n-1)/n
+// too. The scalars (loss, global norm) left out.
 double hand_fsdp_bytes(const Config& c, const Mesh& mesh) {
-  const double n = static_cast<double>(mesh.axis_size("data"));
+  double n = 1;
+  for (const std::string& axis : transformer::data_parallel_axes(Layout::kFsdp)) n *= mesh.axis_size(axis);
   double bytes = 0;
   for (const auto& [name, info] : transformer::param_infos(c, Layout::kFsdp)) {
     double b = 4;  // float32

@@ -112,17 +112,28 @@ inline std::map<std::string, ParamInfo> param_infos(const Config& c, Layout layo
 
 inline bool stacked(const std::string& name) { return absl::StartsWith(name, "layers."); }
 
+// The axes the batch is split over: every axis the layout does not use for tensor parallelism.
+// Under dp and fsdp 'model' splits nothing else, so the batch goes over both axes, as a JAX user
+// writes data parallelism on all the devices (P(('data', 'model'), None)); over 'data' alone each
+// 'model' pair would compute the same examples (twice the one-device work on the mesh).
+inline Axes data_parallel_axes(Layout layout) {
+  return layout == Layout::kDp || layout == Layout::kFsdp ? Axes{"data", "model"} : Axes{"data"};
+}
+
 // The layout parameter `name` is stored in: its use spec (after the layer dimension of a
-// stacked leaf), with 'data' on the first unsplit dimension it divides under fsdp layouts.
+// stacked leaf), with the data-parallel axes on the first unsplit dimension they divide under
+// fsdp layouts (ZeRO-3: each device of the data-parallel group keeps one block).
 inline PartitionSpec storage_spec(const Config& c, Layout layout, const Mesh& mesh, const std::string& name) {
   const ParamInfo info = param_infos(c, layout).at(name);
   std::vector<Axes> dims = info.use;
   if (stacked(name)) dims.insert(dims.begin(), Axes{});
   if (layout == Layout::kFsdp || layout == Layout::kFsdpTp) {
-    const int64_t n = mesh.axis_size("data");
+    const Axes axes = data_parallel_axes(layout);
+    int64_t n = 1;
+    for (const std::string& a : axes) n *= mesh.axis_size(a);
     for (size_t d = stacked(name) ? 1 : 0; d < dims.size(); ++d) {
       if (dims[d].empty() && info.shape[d] % n == 0) {
-        dims[d] = {"data"};
+        dims[d] = axes;
         break;
       }
     }
@@ -145,13 +156,8 @@ class Model {
       return storage_spec(c, layout, mesh, std::string(name));
     });
   }
-  // Tokens and targets (batch, seq): under dp the batch over both axes, as a JAX user writes
-  // pure data parallelism on all the devices (P(('data', 'model'), None)); under the other
-  // layouts over 'data', 'model' being the tensor-parallel axis or, for fsdp, left to the
-  // weights' use layouts.
-  static PartitionSpec batch_spec(Layout layout) {
-    return layout == Layout::kDp ? P(Axes{"data", "model"}, None) : P("data", None);
-  }
+  // Tokens and targets (batch, seq): the batch over the layout's data-parallel axes.
+  static PartitionSpec batch_spec(Layout layout) { return P(data_parallel_axes(layout), None); }
   PartitionSpec batch_spec() const { return batch_spec(layout_); }
   NamedSharding batch_sharding() const { return NamedSharding(mesh_, batch_spec()); }
 

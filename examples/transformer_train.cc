@@ -33,8 +33,9 @@
 ABSL_FLAG(std::string, text, "/usr/share/common-licenses/GPL-3", "the training text (bytes are the characters)");
 ABSL_FLAG(std::string, parallel, "dp",
           "layout: dp (batch over 'data' and 'model', parameters replicated), tp (Megatron: heads and MLP hidden over "
-          "'model'), fsdp (parameters and "
-          "optimiser state split over 'data', gathered for use), fsdp_tp (both)");
+          "'model'), fsdp (batch, parameters and "
+          "optimiser state split over 'data' and 'model', gathered for use), fsdp_tp (tp, with the batch, parameters "
+          "and optimiser state over 'data')");
 ABSL_FLAG(std::string, mesh, "4x2", "DATAxMODEL mesh shape (e.g. 4x2, 8x1, 1x1)");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of a running cluster's coordinator; empty runs Client::local(DATA*MODEL) (env "
@@ -119,8 +120,8 @@ int main(int argc, char** argv) {
         "--vocab=", c.vocab, " (>= 256), --d_model=", c.d_model, " (divisible by --heads=", c.heads, "), --layers=",
         c.layers, ", --seq=", c.seq, " (>= 2), --batch=", c.batch, " and --steps=", c.steps, " must be positive")));
   }
-  // The devices the batch is split over: dp's batch is over both axes, the others' over 'data'.
-  const int64_t batch_ways = *layout == transformer::Layout::kDp ? data_size * model_size : data_size;
+  // The devices the batch is split over: dp's and fsdp's over both axes, tp's and fsdp_tp's over 'data'.
+  const int64_t batch_ways = transformer::data_parallel_axes(*layout).size() == 2 ? data_size * model_size : data_size;
   if (c.batch % batch_ways != 0 || c.heads % model_size != 0 || c.hidden() % model_size != 0) {
     return fail(absl::InvalidArgumentError(absl::StrCat("--batch=", c.batch, " must divide by ", batch_ways,
                                                         " and --heads=", c.heads, " by ", model_size)));

@@ -1,5 +1,6 @@
 #include "coordinator/compiler/partition.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/algorithm/container.h"
@@ -103,9 +104,11 @@ class ProgramPartitioner : public internal::PartitionContext {
       if (step.kind == ReshardStep::Kind::kLocalSlice) {
         inst.kind = Instruction::Kind::kLocalSlice;
         inst.relayout = Instruction::Relayout{value.shape, before.spec(), step.after.spec()};
-        if (gathered[step.axes[0]]) {
+        const auto regathered =
+            std::find_if(step.axes.begin(), step.axes.end(), [&](const std::string& a) { return gathered[a]; });
+        if (regathered != step.axes.end()) {
           exe_->log.push_back(absl::StrCat("involuntary full rematerialization: ", cause, " gathers then re-slices ",
-                                           "mesh axis '", step.axes[0], "' of a ",
+                                           "mesh axis '", *regathered, "' of a ",
                                            type_to_string(value.dtype, value.shape), " value (", before.to_string(),
                                            " -> ", to.to_string(), ")"));
         }
@@ -117,7 +120,9 @@ class ProgramPartitioner : public internal::PartitionContext {
         } else {
           inst.axes = step.axes;
         }
-        if (step.kind == ReshardStep::Kind::kAllGather) gathered[step.axes[0]] = true;
+        if (step.kind == ReshardStep::Kind::kAllGather) {
+          for (const std::string& a : step.axes) gathered[a] = true;
+        }
       }
       inst.out = new_slot();
       cur = inst.out;

@@ -87,6 +87,21 @@ absl::StatusOr<std::vector<ReshardStep>> plan_without_unit_axes(const ValueShard
     step.after = cur;
     steps.push_back(std::move(step));
   };
+  // A gather (or local slice) of a dimension right after another of the same dimension is one
+  // over both steps' axes: a dimension split over ('data', 'model') is gathered by one
+  // all_gather over both (its replica groups order devices major-to-minor, as the dimension's
+  // blocks are), not one per axis. The gathered axis is major to those gathered before it (they
+  // leave minor-most first); a sliced one is minor to those sliced before it.
+  auto push_merged = [&](ReshardStep step) {
+    if (steps.empty() || steps.back().kind != step.kind || steps.back().dim != step.dim) {
+      push(std::move(step));
+      return;
+    }
+    ReshardStep& last = steps.back();
+    last.axes.insert(step.kind == ReshardStep::Kind::kAllGather ? last.axes.begin() : last.axes.end(),
+                     step.axes.begin(), step.axes.end());
+    last.after = cur;
+  };
 
   // 1. Resolve a pending reduction: scatter it straight onto a dimension the target splits
   //    over exactly those axes (minor-most, currently unsplit), else all_reduce it.
@@ -133,32 +148,62 @@ absl::StatusOr<std::vector<ReshardStep>> plan_without_unit_axes(const ValueShard
 
   // 3. Axes that are in the wrong place leave it: minor-most first, each step removing the
   //    last axis of a dimension. An axis the target wants on another (so far unsplit-by-it)
-  //    dimension moves there with all_to_all; otherwise it is gathered.
+  //    dimension moves there with all_to_all (a run of axes it wants in that order, in one);
+  //    otherwise it is gathered, with the axes of the same dimension gathered next (one
+  //    all_gather).
   bool changed = true;
   while (changed) {
     changed = false;
     for (size_t d = 0; d < cur.dims.size(); ++d) {
-      if (cur.dims[d].empty()) continue;
-      // The current axes of d are right if they are a prefix of the target's.
-      const Axes& have = cur.dims[d];
-      const Axes& want = to.dims[d];
-      if (have.size() <= want.size() && std::equal(have.begin(), have.end(), want.begin())) continue;
-      const std::string axis = have.back();
-      const int target = dim_of(to, axis);
-      const bool movable =
-          target >= 0 && target != static_cast<int>(d) &&
-          std::equal(cur.dims[target].begin(), cur.dims[target].end(), to.dims[target].begin(),
-                     to.dims[target].begin() + std::min(cur.dims[target].size(), to.dims[target].size())) &&
-          cur.dims[target].size() < to.dims[target].size() && to.dims[target][cur.dims[target].size()] == axis &&
-          shape[target] % (mesh.axes_size(cur.dims[target]) * mesh.axis_size(axis)) == 0;
-      cur.dims[d].pop_back();
-      if (movable) {
-        cur.dims[target].push_back(axis);
-        push({ReshardStep::Kind::kAllToAll, {axis}, ReduceOp::kSum, 0, target, static_cast<int>(d), {}});
-      } else {
-        push({ReshardStep::Kind::kAllGather, {axis}, ReduceOp::kSum, static_cast<int>(d), 0, 0, {}});
+      bool gathered = true;
+      while (gathered && !cur.dims[d].empty()) {
+        // The current axes of d are right if they are a prefix of the target's.
+        const Axes& have = cur.dims[d];
+        const Axes& want = to.dims[d];
+        if (have.size() <= want.size() && std::equal(have.begin(), have.end(), want.begin())) break;
+        // A minor run of two or more of d's axes that another dimension wants next, in the same
+        // order, moves there in one all_to_all over them (its groups order devices as both
+        // dimensions' blocks are): ('data', 'model') from rows to columns is one collective,
+        // not a gather, an all_to_all and a slice.
+        bool moved_run = false;
+        for (size_t len = have.size(); len >= 2 && !moved_run; --len) {
+          const Axes run(have.end() - static_cast<std::ptrdiff_t>(len), have.end());
+          const int t = dim_of(to, run[0]);
+          if (t < 0 || t == static_cast<int>(d)) continue;
+          const Axes& now = cur.dims[t];
+          const Axes& next = to.dims[t];
+          if (now.size() + len > next.size() || !std::equal(now.begin(), now.end(), next.begin()) ||
+              !std::equal(run.begin(), run.end(), next.begin() + static_cast<std::ptrdiff_t>(now.size())) ||
+              shape[t] % (mesh.axes_size(now) * mesh.axes_size(run)) != 0) {
+            continue;
+          }
+          cur.dims[d].resize(cur.dims[d].size() - len);
+          cur.dims[t].insert(cur.dims[t].end(), run.begin(), run.end());
+          push({ReshardStep::Kind::kAllToAll, run, ReduceOp::kSum, 0, t, static_cast<int>(d), {}});
+          moved_run = true;
+        }
+        if (moved_run) {
+          changed = true;
+          break;
+        }
+        const std::string axis = have.back();
+        const int target = dim_of(to, axis);
+        const bool movable =
+            target >= 0 && target != static_cast<int>(d) &&
+            std::equal(cur.dims[target].begin(), cur.dims[target].end(), to.dims[target].begin(),
+                       to.dims[target].begin() + std::min(cur.dims[target].size(), to.dims[target].size())) &&
+            cur.dims[target].size() < to.dims[target].size() && to.dims[target][cur.dims[target].size()] == axis &&
+            shape[target] % (mesh.axes_size(cur.dims[target]) * mesh.axis_size(axis)) == 0;
+        cur.dims[d].pop_back();
+        gathered = !movable;
+        if (movable) {
+          cur.dims[target].push_back(axis);
+          push({ReshardStep::Kind::kAllToAll, {axis}, ReduceOp::kSum, 0, target, static_cast<int>(d), {}});
+        } else {
+          push_merged({ReshardStep::Kind::kAllGather, {axis}, ReduceOp::kSum, static_cast<int>(d), 0, 0, {}});
+        }
+        changed = true;
       }
-      changed = true;
     }
   }
 
@@ -167,7 +212,7 @@ absl::StatusOr<std::vector<ReshardStep>> plan_without_unit_axes(const ValueShard
     while (cur.dims[d].size() < to.dims[d].size()) {
       const std::string axis = to.dims[d][cur.dims[d].size()];
       cur.dims[d].push_back(axis);
-      push({ReshardStep::Kind::kLocalSlice, {axis}, ReduceOp::kSum, static_cast<int>(d), 0, 0, {}});
+      push_merged({ReshardStep::Kind::kLocalSlice, {axis}, ReduceOp::kSum, static_cast<int>(d), 0, 0, {}});
     }
   }
   return steps;

@@ -470,16 +470,18 @@ TEST_F(PartitionTest, AnAllReduceSlicedOverSomeOfItsAxesIsAReduceScatterThenAnAl
   EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
   EXPECT_EQ(collective_bytes_per_device(exe.program, exe.mesh), 24 + 24 + 8) << text;
 
-  // Stored over ('model', 'data'): the pending sum is scattered onto 'model' first (reshard.cc),
-  // and the all_reduce over 'data' that the slice then splits further over 'data' becomes a
-  // reduce_scatter over 'data' of the (4,) block: 12 B instead of 24.
+  // Stored over ('model', 'data'): the pending sum over both axes is wanted split over both on
+  // one dimension, one reduce_scatter over ('model', 'data') (its groups order devices as the
+  // dimension's blocks), and w is gathered by one all_gather over both: 7/8 of 32 B each, the
+  // bytes of gathering (and scattering) one axis after the other, in two collectives instead of
+  // four.
   Executable both = compile(grad(loss, {1}), types, {P("data", None), P(Axes{"model", "data"}), P(None, "model")});
   text = both.as_text();
-  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('model',)) s")) << text;
-  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('data',)) s")) << text;
-  EXPECT_EQ(count_text(text, "= all_reduce("), 0) << text;
+  EXPECT_THAT(text, HasSubstr("= all_gather(dim=0, axes=('model', 'data')) s")) << text;
+  EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('model', 'data')) s")) << text;
+  EXPECT_EQ(count(both, Instruction::Kind::kCollective), 2) << text;
   EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;
-  EXPECT_EQ(collective_bytes_per_device(both.program, both.mesh), 12 + 16 + 16 + 12) << text;
+  EXPECT_EQ(collective_bytes_per_device(both.program, both.mesh), 28 + 28) << text;
 }
 // FSDP's gradients of several weights, each gathered for use and laid out back as stored:
 // one reduce_scatter each, all independent, so the combiner (XLA's ReduceScatterCombiner)
@@ -487,7 +489,9 @@ TEST_F(PartitionTest, AnAllReduceSlicedOverSomeOfItsAxesIsAReduceScatterThenAnAl
 // dimension 0, w2 (16, 8) on dimension 1 (its operand is laid out by a transpose so that each
 // device's row holds its block). The bytes are those of three separate reduce_scatters: each
 // device receives (n-1) times its blocks, 3 * (128 + 16 + 128) B, plus the three gathers' 3/4
-// of 512 + 64 + 512 B. JitTest.FsdpGradientsReduceScatteredAsOneMatchTheHost runs it.
+// of 512 + 64 + 512 B. The three gathers are independent too: one all_gather (XLA's
+// AllGatherCombiner), w2's result laid out from the gathered rows by a transpose, the same
+// bytes. JitTest.FsdpGradientsReduceScatteredAsOneMatchTheHost runs it.
 TEST_F(PartitionTest, IndependentReduceScattersAreCombined) {
   auto loss = [this](const std::vector<Value>& in) {
     const NamedSharding whole(mesh_, P());
@@ -503,6 +507,9 @@ TEST_F(PartitionTest, IndependentReduceScattersAreCombined) {
   EXPECT_EQ(count_text(text, "= reduce_scatter("), 1) << text;
   EXPECT_THAT(text, HasSubstr("= reduce_scatter(sum, dim=0, axes=('data',)) s")) << text;
   EXPECT_THAT(text, HasSubstr("combined 3 reduce_scatters")) << text;
+  EXPECT_EQ(count_text(text, "= all_gather("), 1) << text;
+  EXPECT_THAT(text, HasSubstr("= all_gather(dim=0, axes=('data',)) s")) << text;
+  EXPECT_THAT(text, HasSubstr("combined 3 all_gathers")) << text;
   EXPECT_THAT(text, HasSubstr("= transpose(")) << text;  // w2's operand, scattered on dimension 1
   EXPECT_EQ(count_text(text, "= all_reduce("), 0) << text;
   EXPECT_EQ(count_text(text, "= local_slice("), 0) << text;

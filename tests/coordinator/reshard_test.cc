@@ -55,13 +55,22 @@ TEST_F(ReshardTest, ReplicatedToShardedIsALocalSlice) {
               ElementsAre("local_slice(dim=0, axes=('data',))", "local_slice(dim=1, axes=('model',))"));
 }
 
+// A dimension split over two axes is gathered by one all_gather over both (its groups order
+// devices major-to-minor, as the dimension's blocks are), not one per axis; a dimension sliced
+// over two axes is one local slice. Only the axes that must leave are gathered.
 TEST_F(ReshardTest, ShardedToReplicatedIsAnAllGather) {
-  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{}, {}})),
-              ElementsAre("all_gather(dim=0, axes=('model',))", "all_gather(dim=0, axes=('data',))"));
+  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{}, {}})), ElementsAre("all_gather(dim=0, axes=('data', 'model'))"));
+  EXPECT_THAT(plan(s({{"model", "data"}, {}}), s({{}, {}})), ElementsAre("all_gather(dim=0, axes=('model', 'data'))"));
+  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{"data"}, {}})), ElementsAre("all_gather(dim=0, axes=('model',))"));
+  EXPECT_THAT(plan(s({{}, {}}), s({{"data", "model"}, {}})), ElementsAre("local_slice(dim=0, axes=('data', 'model'))"));
 }
 
 TEST_F(ReshardTest, AnAxisMovingToAnotherDimensionIsAnAllToAll) {
   EXPECT_THAT(plan(s({{"data"}, {}}), s({{}, {"data"}})), ElementsAre("all_to_all(split=1, concat=0, axes=('data',))"));
+  // Two axes moving together, in the order the target wants them: one all_to_all over both
+  // (jit_ops_test's tuple_to_other_dim runs it against the host).
+  EXPECT_THAT(plan(s({{"data", "model"}, {}}), s({{}, {"data", "model"}})),
+              ElementsAre("all_to_all(split=1, concat=0, axes=('data', 'model'))"));
 }
 
 TEST_F(ReshardTest, PartialToWholeIsAnAllReduce) {

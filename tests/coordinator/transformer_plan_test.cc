@@ -4,8 +4,9 @@
 // reports as bytes_per_step (as_text()'s header: collective_bytes_per_device of the program).
 //
 // Issue #15's goal: fsdp moves no more than 1.2x the bytes of the hand-written FSDP plan, in
-// which every parameter, stored split over 'data', is all-gathered once for use and its
-// gradient reduce-scattered back to its block: (n-1)/n of the parameter's bytes each way.
+// which every parameter, stored split over the data-parallel axes ('data' and 'model' under
+// fsdp), is all-gathered once for use and its gradient reduce-scattered back to its block:
+// (n-1)/n of the parameter's bytes each way.
 #include <map>
 #include <optional>
 #include <string>
@@ -151,8 +152,9 @@ TEST(TransformerPlan, FsdpStepMovesTheBytesOfGatheringEachWeightAndScatteringEac
   const std::string text = exe.as_text();
 
   // The hand count: each parameter's bytes, (n-1)/n of them gathered and (n-1)/n scattered
-  // (nccl-tests' convention, which collective_bytes_per_device documents).
-  const int64_t n = mesh.axis_size("data");
+  // (nccl-tests' convention, which collective_bytes_per_device documents), over the n devices
+  // of the data-parallel axes.
+  const int64_t n = mesh.axis_size("data") * mesh.axis_size("model");
   int64_t reference = 0, smallest_outside = -1;
   for (const auto& [name, type] : step.params) {
     const int64_t elements = num_elements(type.shape);
@@ -214,6 +216,45 @@ TEST(TransformerPlan, DpSplitsTheBatchOverEveryDeviceAndAllReducesEachGradientOv
     EXPECT_EQ(i.out_types[0].shape, (Shape{c.batch / k, c.seq, c.d_model})) << "the forward loop's carry\n" << text;
   }
   EXPECT_TRUE(found) << text;
+}
+
+// fsdp on (4, 2) is FSDP over all 8 devices ('model' splits nothing else): the batch over
+// ('data', 'model'), so each device computes its own B/8 examples (the scan's carry is
+// (B/8, T, D)), and every parameter stored in 8 blocks over both axes, gathered over both for use
+// and its gradient reduce-scattered over both. With the batch over 'data' alone (session 25 and
+// before) each 'model' pair computed the same examples, twice the one-device work on the mesh:
+// the carry was (B/4, T, D) and the collectives ran over 'data' only.
+TEST(TransformerPlan, FsdpSplitsTheBatchAndEveryParameterOverEveryDevice) {
+  const Config c = small();
+  const Mesh mesh = mesh_4x2();
+  const Step step = compile_step(c, Layout::kFsdp, mesh);
+  ASSERT_TRUE(step.exe.has_value());
+  const Executable& exe = *step.exe;
+  const std::string text = exe.as_text();
+  const int64_t k = mesh.axis_size("data") * mesh.axis_size("model");
+  for (const auto& [name, type] : step.params) {
+    const PartitionSpec stored = storage_spec(c, Layout::kFsdp, mesh, name);
+    int split = 0;
+    for (int d = 0; d < stored.size(); ++d) {
+      if (stored.axes(d).empty()) continue;
+      ++split;
+      EXPECT_THAT(stored.axes(d), ::testing::ElementsAre("data", "model")) << name;
+    }
+    EXPECT_EQ(split, 1) << name << " " << stored.to_string();
+  }
+  std::vector<const Instruction*> collectives;
+  collectives_of(exe.program, &collectives);
+  ASSERT_FALSE(collectives.empty()) << text;
+  for (const Instruction* i : collectives) {
+    EXPECT_THAT(i->axes, ::testing::UnorderedElementsAre("data", "model")) << i->cause << "\n" << text;
+  }
+  int loops = 0;
+  for (const Instruction& i : exe.program.code) {
+    if (i.kind != Instruction::Kind::kLoop) continue;
+    ++loops;
+    EXPECT_EQ(i.out_types[0].shape, (Shape{c.batch / k, c.seq, c.d_model})) << "a loop's carry\n" << text;
+  }
+  EXPECT_EQ(loops, 2) << text;  // the forward scan and its VJP's backward one
 }
 
 // fsdp_tp stores the same parameters outside the loop split over 'data' (their use layouts do not

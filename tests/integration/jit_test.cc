@@ -1905,16 +1905,21 @@ TEST_F(JitTest, FsdpGradientsReduceScatteredAsOneMatchTheHost) {
         return std::vector<Value>{sum(tanh(matmul(h, with_sharding_constraint(in[3], whole))))};
       },
       {1, 2, 3}));
+  // The weights' gathers are combined too (w2's gathered on dimension 1: laid back out by a
+  // transpose), so these gradients also check the gathered weights the forward pass used.
   struct Case {
     PartitionSpec x, w2;
     const char* combined;
+    const char* gathers;
   };
-  for (const Case& c : {Case{P("data", None), P(None, "data"), "combined 3 reduce_scatters"},
-                        Case{P(Axes{"data", "model"}, None), P(None, "model"), "combined 2 reduce_scatters"}}) {
+  for (const Case& c : {Case{P("data", None), P(None, "data"), "combined 3 reduce_scatters", "combined 3 all_gathers"},
+                        Case{P(Axes{"data", "model"}, None), P(None, "model"), "combined 2 reduce_scatters",
+                             "combined 2 all_gathers"}}) {
     SCOPED_TRACE(c.x.to_string() + " " + c.w2.to_string());
     absl::StatusOr<std::vector<Array>> g = f({put(x, c.x), put(w1, P("data", None)), put(b, P("data")), put(w2, c.w2)});
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_THAT(f.as_text(), HasSubstr(c.combined)) << f.as_text();
+    EXPECT_THAT(f.as_text(), HasSubstr(c.gathers)) << f.as_text();
     EXPECT_EQ((*g)[0].sharding().spec(), P("data", None));
     EXPECT_EQ((*g)[1].sharding().spec(), P("data"));
     EXPECT_EQ((*g)[2].sharding().spec(), c.w2);

@@ -148,8 +148,8 @@ TEST(Transformer, EveryMeshAndLayoutGivesTheOneDeviceLossesAndTheLossFalls) {
   const Mesh m = mesh_of(4, 2);
   EXPECT_EQ(storage_spec(tiny(), Layout::kTp, m, "layers.attn.wq"), P(None, None, "model"));
   EXPECT_EQ(storage_spec(tiny(), Layout::kTp, m, "layers.mlp.w2"), P(None, "model", None));
-  EXPECT_EQ(storage_spec(tiny(), Layout::kFsdp, m, "layers.attn.wq"), P(None, "data", None));
-  EXPECT_EQ(storage_spec(tiny(), Layout::kFsdp, m, "embed"), P("data", None));
+  EXPECT_EQ(storage_spec(tiny(), Layout::kFsdp, m, "layers.attn.wq"), P(None, Axes{"data", "model"}, None));
+  EXPECT_EQ(storage_spec(tiny(), Layout::kFsdp, m, "embed"), P(Axes{"data", "model"}, None));
   EXPECT_EQ(storage_spec(tiny(), Layout::kFsdpTp, m, "layers.attn.wo"), P(None, "model", "data"));
   EXPECT_EQ(storage_spec(tiny(), Layout::kDp, m, "layers.attn.wq"), P(None, None, None));
 }

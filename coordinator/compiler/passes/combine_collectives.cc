@@ -1,10 +1,12 @@
-// The collective combiner (XLA's AllReduceCombiner and ReduceScatterCombiner): independent
-// all_reduces over the same mesh axes (as a set), reduce op and dtype become one, on the
-// concatenation of their flattened operands, up to kCombineBytes per message; so do independent
-// reduce_scatters over the same axes (in order: it fixes which block each device gets), reduce
-// op and dtype, whatever dimension each scatters. A data-parallel step all-reduces one gradient
-// per parameter, a global-norm clip one scalar per parameter, an FSDP step reduce-scatters one
-// gradient per parameter; on these machines a small collective costs its latency (a round of
+// The collective combiner (XLA's AllReduceCombiner, ReduceScatterCombiner and
+// AllGatherCombiner): independent all_reduces over the same mesh axes (as a set), reduce op and
+// dtype become one, on the concatenation of their flattened operands, up to kCombineBytes per
+// message; so do independent reduce_scatters over the same axes (in order: it fixes which block
+// each device gets), reduce op and dtype, whatever dimension each scatters, and independent
+// all_gathers over the same axes (in order) and dtype, whatever dimension each gathers. A
+// data-parallel step all-reduces one gradient per parameter, a global-norm clip one scalar per
+// parameter, an FSDP step gathers every weight of a layer and reduce-scatters one gradient per
+// parameter; on these machines a small collective costs its latency (a round of
 // messages between the devices), not its bytes, so one message for all of them saves nearly
 // all of it.
 //
@@ -21,7 +23,12 @@
 // (before, n, e_k / before), `before` the product of the dimensions before d, then, when
 // before > 1, a transpose of the first two dimensions); the rows are concatenated along
 // dimension 1, the (n, sum e_k) whole reduce-scattered on dimension 0, and each device's
-// (1, sum e_k) row sliced into its operands' blocks. Every device runs the same program, so
+// (1, sum e_k) row sliced into its operands' blocks. All_gathers, the other way round: each
+// operand (device j's block of e_k elements) flattened to (1, e_k), the rows concatenated along
+// dimension 1 and the (1, sum e_k) all-gathered on dimension 0; the (n, e_k) columns of operand
+// k, whose row j is device j's block, laid out as its result (a reshape to (before, n, e_k /
+// before) after swapping the first two dimensions of (n, before, e_k / before) when before > 1).
+// Every device runs the same program, so
 // every device runs the collectives in the same new order.
 #include <algorithm>
 #include <functional>
@@ -90,8 +97,10 @@ class Combiner {
 
   static bool combinable(const Instruction& i) {
     return i.kind == Instruction::Kind::kCollective &&
-           (i.collective.kind == CollectiveKind::kAllReduce || i.collective.kind == CollectiveKind::kReduceScatter) &&
-           !i.relayout.has_value() && !i.axes.empty();
+           (i.collective.kind == CollectiveKind::kAllReduce || i.collective.kind == CollectiveKind::kReduceScatter ||
+            i.collective.kind == CollectiveKind::kAllGather) &&
+           !i.relayout.has_value() && !i.axes.empty() &&
+           (i.collective.kind != CollectiveKind::kAllGather || i.in.size() == 1);
   }
 
   bool is_written(int slot) const { return slot >= 0 && slot < static_cast<int>(written_.size()) && written_[slot]; }
@@ -138,13 +147,14 @@ class Combiner {
 
   void hold(Instruction i, int position) {
     std::vector<std::string> axes = i.axes;
-    // A sum over ('data', 'model') is one over ('model', 'data'); a scatter's axes order its blocks.
+    // A sum over ('data', 'model') is one over ('model', 'data'); a scatter's or a gather's axes
+    // order its blocks.
     if (i.collective.kind == CollectiveKind::kAllReduce) std::sort(axes.begin(), axes.end());
     const Key key{static_cast<int>(i.collective.kind), absl::StrJoin(axes, ","),
                   static_cast<int>(i.collective.reduce_op), static_cast<int>(i.node.dtype)};
     Held held{std::move(i), 0};
     held.elements = elements_of(held.collective.node.shape);
-    // A reduce_scatter's message is its operand, the group's blocks.
+    // A reduce_scatter's message is its operand, the group's blocks; an all_gather's its result.
     const int64_t rows =
         held.collective.collective.kind == CollectiveKind::kReduceScatter ? group_size(held.collective.axes) : 1;
     const int64_t bytes = rows * held.elements * dtype_size(held.collective.node.dtype);
@@ -171,37 +181,49 @@ class Combiner {
     const Instruction& first = held[0].collective;
     const DType dtype = first.node.dtype;
     const bool scatter = first.collective.kind == CollectiveKind::kReduceScatter;
-    const std::string cause = absl::StrCat("combined ", held.size(), scatter ? " reduce_scatters" : " all_reduces");
-    // Each operand as rows: one for an all_reduce (1-D), one per device of the group for a
-    // reduce_scatter (row j the block device j keeps); joined along the last dimension.
-    const int64_t rows = scatter ? group_size(first.axes) : 1;
+    const bool gather = first.collective.kind == CollectiveKind::kAllGather;
+    const std::string cause = absl::StrCat("combined ", held.size(),
+                                           scatter  ? " reduce_scatters"
+                                           : gather ? " all_gathers"
+                                                    : " all_reduces");
+    // Each operand as rows: one for an all_reduce (1-D) and an all_gather (its block), one per
+    // device of the group for a reduce_scatter (row j the block device j keeps); joined along
+    // the last dimension.
+    const int64_t rows = scatter || gather ? group_size(first.axes) : 1;
+    std::vector<int64_t> parts;  // each operand's elements per row
     std::vector<int> laid_out;
     int64_t total = 0;
     for (const Held& h : held) {
-      laid_out.push_back(scatter ? as_rows(h, rows)
-                                 : kernel(Op::kReshape, dtype, {h.elements}, {h.collective.in[0]}, h.collective.cause));
-      total += h.elements;
+      const int64_t part = gather ? h.elements / rows : h.elements;
+      parts.push_back(part);
+      laid_out.push_back(scatter  ? as_rows(h, rows)
+                         : gather ? kernel(Op::kReshape, dtype, {1, part}, {h.collective.in[0]}, h.collective.cause)
+                                  : kernel(Op::kReshape, dtype, {part}, {h.collective.in[0]}, h.collective.cause));
+      total += part;
     }
-    const Shape whole = scatter ? Shape{rows, total} : Shape{total};
+    const Shape whole = scatter ? Shape{rows, total} : gather ? Shape{1, total} : Shape{total};
     Instruction concat = make_kernel(Op::kConcatenate, dtype, whole, laid_out, cause);
     concat.node.attributes = ConcatAttrs{static_cast<int64_t>(whole.size()) - 1};
     const int joined = push(std::move(concat));
     Instruction combined = first;
     combined.in = {joined};
-    combined.node.shape = scatter ? Shape{1, total} : Shape{total};
+    combined.node.shape = scatter ? Shape{1, total} : gather ? Shape{rows, total} : Shape{total};
     combined.collective.dimension = 0;
     combined.cause = cause;
     combined.out = p_->num_slots++;
     const int result = combined.out;
     p_->code.push_back(std::move(combined));
     int64_t offset = 0;
-    for (Held& h : held) {
-      const Shape part_shape = scatter ? Shape{1, h.elements} : Shape{h.elements};
+    for (size_t k = 0; k < held.size(); ++k) {
+      const Held& h = held[k];
+      const int64_t n = parts[k], height = gather ? rows : 1;
+      const Shape part_shape = scatter || gather ? Shape{height, n} : Shape{n};
       Instruction part = make_kernel(Op::kSlice, dtype, part_shape, {result}, h.collective.cause);
       part.node.attributes =
-          scatter ? SliceAttrs{{0, offset}, {1, offset + h.elements}} : SliceAttrs{{offset}, {offset + h.elements}};
-      offset += h.elements;
-      const int sliced = push(std::move(part));
+          scatter || gather ? SliceAttrs{{0, offset}, {height, offset + n}} : SliceAttrs{{offset}, {offset + n}};
+      offset += n;
+      int sliced = push(std::move(part));
+      if (gather) sliced = rows_as_gathered(h, sliced, rows);
       Instruction back = make_kernel(Op::kReshape, dtype, h.collective.node.shape, {sliced}, h.collective.cause);
       back.out = h.collective.out;  // where the held collective's readers look
       p_->code.push_back(std::move(back));
@@ -230,6 +252,23 @@ class Combiner {
     Instruction swap = make_kernel(Op::kTranspose, dtype, {n, before, h.elements / before}, {split}, rs.cause);
     swap.node.attributes = TransposeAttrs{{1, 0, 2}};
     return kernel(Op::kReshape, dtype, {n, h.elements}, {push(std::move(swap))}, rs.cause);
+  }
+
+  // All_gather `h`'s result from the (n, e) array in `slot` whose row j is device j's block of
+  // e elements: as_rows's layout, undone. Returns a slot that a reshape to the result's shape
+  // reads: `slot` itself when before is 1, else (n, before, e / before) with its first two
+  // dimensions swapped.
+  int rows_as_gathered(const Held& h, int slot, int64_t n) {
+    const Instruction& ag = h.collective;
+    const DType dtype = ag.node.dtype;
+    const int64_t e = h.elements / n;
+    int64_t before = 1;
+    for (int d = 0; d < ag.collective.dimension; ++d) before *= ag.node.shape[d];
+    if (before == 1) return slot;
+    const int split = kernel(Op::kReshape, dtype, {n, before, e / before}, {slot}, ag.cause);
+    Instruction swap = make_kernel(Op::kTranspose, dtype, {before, n, e / before}, {split}, ag.cause);
+    swap.node.attributes = TransposeAttrs{{1, 0, 2}};
+    return push(std::move(swap));
   }
 
   Instruction make_kernel(Op op, DType dtype, Shape shape, std::vector<int> in, const std::string& cause) {

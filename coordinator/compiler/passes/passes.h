@@ -23,7 +23,7 @@
 //                                           flow: the program is re-scheduled so that their
 //                                           readers wait) over the same axes, reduce op and
 //                                           dtype sent as one message (up to kCombineBytes);
-//                                           reduce_scatters likewise
+//                                           reduce_scatters and all_gathers likewise
 //   insert_frees                  frees.cc  slots numbered densely, each freed after its last
 //                                           use (not outputs, nor inputs the caller keeps)
 //
@@ -51,8 +51,9 @@ void eliminate_common_subexpressions(DevicePlan* program);
 void create_reduce_scatters(DevicePlan* program);
 void insert_frees(DevicePlan* program);
 
-// What one combined collective carries at most (a reduce_scatter: its operand). A larger one
-// goes alone. `mesh` gives a reduce_scatter's group size, which lays out its operands.
+// What one combined collective carries at most (a reduce_scatter: its operand; an all_gather:
+// its result). A larger one goes alone. `mesh` gives a reduce_scatter's or an all_gather's
+// group size, which lays out its operands.
 inline constexpr int64_t kCombineBytes = int64_t{4} << 20;
 void combine_collectives(DevicePlan* program, const Mesh& mesh);
 
