@@ -642,12 +642,12 @@ absl::StatusOr<Array> Client::device_put(const Array& x, const NamedSharding& sh
 
 absl::StatusOr<Array> Client::device_put(const HostView& host, const NamedSharding& sharding) const {
   TESSERA_RETURN_IF_ERROR(validate_view(host.dtype, host.shape, host.data, "device_put"));
-  if (sharding.spec().has_unreduced_or_reduced()) {
+  // A reduced spec is laid out as its partitions say (replicated over the reduced axes).
+  if (!sharding.spec().unreduced().empty()) {
     return absl::UnimplementedError(
         absl::StrCat("device_put: ", sharding.spec().to_string(),
                      ": a host array is placed whole; Tessera makes unreduced arrays only as a contraction's partial "
-                     "sums (dot_general/matmul/einsum with out_sharding=P(..., unreduced={...})), and has no "
-                     "reduced arrays yet"));
+                     "sums (dot_general/matmul/einsum with out_sharding=P(..., unreduced={...}))"));
   }
   // The memory of arrays dropped before is free first (a failure was logged and counted).
   impl_->flush_deletes().IgnoreError();

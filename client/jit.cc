@@ -190,7 +190,8 @@ ShapedType type_of(const Array& x) {
   return ShapedType{x.dtype(),
                     x.shape(),
                     internal::to_partition_spec(internal::type_spec_of(x.sharding().spec(), x.sharding().mesh(), rank))
-                        .with_unreduced(x.sharding().spec().unreduced()),
+                        .with_unreduced(x.sharding().spec().unreduced())
+                        .with_reduced(x.sharding().spec().reduced()),
                     {}};
 }
 

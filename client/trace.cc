@@ -26,6 +26,12 @@ const std::vector<std::string>& TraceState::unreduced_of(int id) const {
   return it == unreduced.end() ? *kNone : it->second;
 }
 
+const std::vector<std::string>& TraceState::reduced_of(int id) const {
+  static const std::vector<std::string>* const kNone = new std::vector<std::string>();
+  auto it = reduced.find(id);
+  return it == reduced.end() ? *kNone : it->second;
+}
+
 absl::Status TraceState::type_new_nodes() {
   for (int id = static_cast<int>(specs.size()); id < graph.size(); ++id) {
     const Node& n = graph.node(id);
@@ -36,14 +42,17 @@ absl::Status TraceState::type_new_nodes() {
     }
     for (int o : n.operands) {
       const Node& on = graph.node(o);
-      call.operands.push_back({on.dtype, on.shape, without_auto_axes(specs[o]), unreduced_of(o)});
+      call.operands.push_back({on.dtype, on.shape, without_auto_axes(specs[o]), unreduced_of(o), reduced_of(o)});
     }
     absl::StatusOr<std::vector<std::string>> u = result_unreduced(call);
     if (!u.ok()) return u.status();
+    absl::StatusOr<std::vector<std::string>> r = result_reduced(call);
+    if (!r.ok()) return r.status();
     absl::StatusOr<TypeSpec> spec = result_type_spec(call);
     if (!spec.ok()) return spec.status();
     specs.push_back(without_auto_axes(*std::move(spec)));
     if (!u->empty()) unreduced[id] = *std::move(u);
+    if (!r->empty()) reduced[id] = *std::move(r);
   }
   return absl::OkStatus();
 }
@@ -143,6 +152,7 @@ int TraceState::capture(const Value& v) {
     const bool typed_outside = parent->explicit_mesh.has_value() && outer.id_ < static_cast<int>(parent->specs.size());
     specs.push_back(typed_outside ? parent->specs[outer.id_] : TypeSpec(outer.shape().size()));
     if (typed_outside && !parent->unreduced_of(outer.id_).empty()) unreduced[p] = parent->unreduced_of(outer.id_);
+    if (typed_outside && !parent->reduced_of(outer.id_).empty()) reduced[p] = parent->reduced_of(outer.id_);
   }
   captured.push_back(outer);
   captured_params.push_back(p);
@@ -195,6 +205,9 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
       if (!input_shardings[i].spec().unreduced().empty()) {
         state->unreduced[static_cast<int>(i)] = input_shardings[i].spec().unreduced();
       }
+      if (!input_shardings[i].spec().reduced().empty()) {
+        state->reduced[static_cast<int>(i)] = input_shardings[i].spec().reduced();
+      }
     }
     in.push_back(state->make(state->graph.add_parameter(inputs[i].dtype, inputs[i].shape)));
   }
@@ -212,9 +225,9 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
     // choose another layout for it.
     if (state->explicit_mesh.has_value()) {
       out[i] = with_sharding_constraint(
-          out[i],
-          NamedSharding(*state->explicit_mesh, internal::to_partition_spec(state->specs[TraceState::id(out[i])])
-                                                   .with_unreduced(state->unreduced_of(TraceState::id(out[i])))));
+          out[i], NamedSharding(*state->explicit_mesh, internal::to_partition_spec(state->specs[TraceState::id(out[i])])
+                                                           .with_unreduced(state->unreduced_of(TraceState::id(out[i])))
+                                                           .with_reduced(state->reduced_of(TraceState::id(out[i])))));
       if (!state->error.ok()) {
         TraceState::current = outer;  // `state` dies with this call
         return state->error;
@@ -409,7 +422,16 @@ Value weak_int(const Value& x) { return x.dtype() == DType::kBool ? convert(x, D
 // `a op y` (`y op a` when scalar_first), y a constant of a's dtype and shape; kRem stands for
 // remainder (Python's %).
 Value with_scalar(Op op, const Value& a, Scalar y, bool scalar_first) {
-  const Value s = like(a, y);
+  Value s = like(a, y);
+  // A scalar meeting a value typed reduced is reduced over the same axes, as JAX's
+  // insert_reduced_reshard (jax/_src/core.py) reshards a rank-0 operand to P(reduced=...): `x * 2`
+  // of a reduced x is reduced (tests/pjit_test.py, test_reduced_mul_scalar_fwd).
+  if (const std::optional<internal::TypedOperand> type = internal::typed_operand(a);
+      type.has_value() && !type->reduced.empty()) {
+    s = with_sharding_constraint(
+        s, NamedSharding(*TraceState::of(TraceState::local(a))->explicit_mesh,
+                         PartitionSpec(std::vector<Axes>(a.shape().size())).with_reduced(type->reduced)));
+  }
   const Value& l = scalar_first ? s : a;
   const Value& r = scalar_first ? a : s;
   return op == Op::kRem ? remainder(l, r) : binary(op, l, r);
@@ -802,7 +824,9 @@ PartitionSpec type_spec(const Value& v) {
   TraceState* t = v.ok() ? TraceState::of(v) : nullptr;
   if (t != nullptr && t->explicit_mesh.has_value() && t->type_new_nodes().ok()) {
     const int id = TraceState::id(v);
-    return internal::to_partition_spec(t->without_auto_axes(t->specs[id])).with_unreduced(t->unreduced_of(id));
+    return internal::to_partition_spec(t->without_auto_axes(t->specs[id]))
+        .with_unreduced(t->unreduced_of(id))
+        .with_reduced(t->reduced_of(id));
   }
   return PartitionSpec(std::vector<Axes>(v.shape().size()));
 }
@@ -874,20 +898,25 @@ Value with_out_sharding(absl::string_view api, const Value& operand, const Parti
   return with_sharding_constraint(r, *target);
 }
 
-std::optional<TypedOperand> typed_operand(const Value& x) {
+std::optional<TypedOperand> typed_operand(const Value& value) {
+  // A value of an enclosing trace read in a body is the body's parameter capturing it (id() says
+  // so too; its trace must be the body's).
+  const Value x = TraceState::local(value);
   TraceState* t = x.ok() ? TraceState::of(x) : nullptr;
   if (t == nullptr || !t->explicit_mesh.has_value() || !t->type_new_nodes().ok()) return std::nullopt;
   const int id = TraceState::id(x);
-  return TypedOperand{x.dtype(), x.shape(), t->without_auto_axes(t->specs[id]), t->unreduced_of(id)};
+  return TypedOperand{x.dtype(), x.shape(), t->without_auto_axes(t->specs[id]), t->unreduced_of(id), t->reduced_of(id)};
 }
 
 Value typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
-  // The cotangent of an unreduced value is reduced, laid out as a replicated one (JAX's
-  // to_ct_spec, docs/new_docs/301/sharding-ad.md), which Tessera types replicated: the layout
-  // only, never like's unreduced axes (a cotangent is not a pending sum).
-  return with_out_sharding("reshard", like, type_spec(like).partitions_only(), op);
+  // The cotangent's type is like's with unreduced and reduced swapped (JAX's to_ct_spec,
+  // docs/new_docs/301/sharding-ad.md): the cotangent of a reduced value is unreduced over the
+  // same axes (the sum over them waits for the user's reshard); that of an unreduced value is
+  // reduced, laid out as a replicated one, which Tessera types replicated.
+  const PartitionSpec spec = type_spec(like);
+  return with_out_sharding("reshard", like, spec.partitions_only().with_unreduced(spec.reduced()), op);
 }
 
 Value auto_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,

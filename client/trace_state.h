@@ -99,11 +99,15 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // result, as JAX's per-primitive out_sharding param), by id, until that node is typed.
   std::map<int, std::vector<std::string>> unreduced;
   std::map<int, std::vector<std::string>> out_unreduced;
+  // The reduced axes of the nodes whose type has some (JAX's {R:X}; explicit/reduced.cc), by id.
+  std::map<int, std::vector<std::string>> reduced;
   // Inside with_out_sharding: make() leaves the nodes untyped until the op returns and its
   // result's node is known (an explicit type_new_nodes() still types them).
   int deferred_typing = 0;
   // unreduced[id], or none.
   const std::vector<std::string>& unreduced_of(int id) const;
+  // reduced[id], or none.
+  const std::vector<std::string>& reduced_of(int id) const;
   // Inside auto_axes: the Explicit mesh axes treated as Auto there (left out of the types).
   std::vector<std::string> auto_axes;
   // `spec` without the axes of auto_axes.

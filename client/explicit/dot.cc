@@ -120,7 +120,9 @@ UnreducedRuleResult dot_general_unreduced(const TypeRuleCall& c) {
 }  // namespace
 
 absl::Span<const ExplicitRule> dot_type_rules() {
-  static const ExplicitRule kRules[] = {{Op::kDotGeneral, dot_general, dot_general_unreduced}};
+  static const ExplicitRule kRules[] = {
+      // Not reduced, whatever its operands: jax/_src/lax/lax.py's _dot_general_ur_rule.
+      {Op::kDotGeneral, dot_general, dot_general_unreduced, no_reduced}};
   return kRules;
 }
 

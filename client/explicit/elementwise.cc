@@ -5,10 +5,12 @@
 // error. Unreduced rules (lax.py's `ur_rule=`): add keeps operands unreduced alike
 // (_add_ur_rule), convert keeps its operand's (_convert_element_type_ur_rule; to a float type
 // of 32 bits or more only), mul and div take
-// an unreduced operand only beside one reduced over the same axes (_mul_ur_rule, _div_ur_rule),
-// which Tessera, having no reduced types yet, never has; select keeps its cases' when they are
+// an unreduced operand only beside one reduced over the same axes (_mul_ur_rule, _div_ur_rule:
+// the product is unreduced, and no longer reduced); select keeps its cases' when they are
 // unreduced alike (_select_ur_rule); the other ops (sub, neg, cos, ...:
-// nary_ur_rule / unop_ur_rule) have none.
+// nary_ur_rule / unop_ur_rule) have none. Reduced rules: every op's result is reduced over the
+// axes its operands are (default_unop_reduced_rule / default_nary_reduced_rule, with their
+// errors: client/explicit/reduced.cc), except a product with an unreduced factor.
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
 #include "core/axis_set_repr.h"
@@ -18,11 +20,11 @@ namespace {
 
 TypeRuleResult elementwise(const TypeRuleCall& c) { return consensus(c); }
 
-std::string type_of(const TypedOperand& o) { return type_string(o.dtype, o.shape, o.spec, o.unreduced); }
+std::string type_of(const TypedOperand& o) { return type_string(o.dtype, o.shape, o.spec, o.unreduced, o.reduced); }
 
-constexpr const char* kNoReducedTypesFix =
-    "Tessera has no reduced types (P(..., reduced={...})) yet: reshard the unreduced operand first (reshard(x, "
-    "P(...)) runs its sum)";
+constexpr const char* kReducedFactorFix =
+    "reshard the other operand to P(..., reduced={...}) over the unreduced axes, or the unreduced operand first "
+    "(reshard(x, P(...)) runs its sum)";
 
 // Both unreduced alike, or neither.
 UnreducedRuleResult add(const TypeRuleCall& c) {
@@ -56,9 +58,14 @@ UnreducedRuleResult mul(const TypeRuleCall& c) {
     r.fix = kReduceFirstFix;
   } else if (!x.unreduced.empty() || !y.unreduced.empty()) {
     const bool left = !x.unreduced.empty();
+    const TypedOperand &u = left ? x : y, &other = left ? y : x;
+    if (other.reduced == u.unreduced) {
+      r.unreduced = u.unreduced;
+      return r;
+    }
     r.error = absl::StrCat(left ? "RHS" : "LHS", " should be reduced along the same axes ", left ? "LHS" : "RHS",
                            " is unreduced on. Got lhs=", type_of(x), " and rhs=", type_of(y));
-    r.fix = kNoReducedTypesFix;
+    r.fix = kReducedFactorFix;
   }
   return r;
 }
@@ -69,11 +76,13 @@ UnreducedRuleResult div(const TypeRuleCall& c) {
   if (!y.unreduced.empty()) {
     r.error = absl::StrCat("The denominator cannot be unreduced passed to `div`. Got y=", type_of(y));
     r.fix = kReduceFirstFix;
-  } else if (!x.unreduced.empty()) {
+  } else if (!x.unreduced.empty() && x.unreduced != y.reduced) {
     r.error =
         absl::StrCat("Denominator should be reduced along the same axes numerator is unreduced on. Got x=", type_of(x),
                      ", y=", type_of(y));
-    r.fix = kNoReducedTypesFix;
+    r.fix = kReducedFactorFix;
+  } else {
+    r.unreduced = x.unreduced;
   }
   return r;
 }
@@ -114,6 +123,16 @@ UnreducedRuleResult select(const TypeRuleCall& c) {
   return r;
 }
 
+// A product with an unreduced factor pairs it with the other's reduced axes (the same ones,
+// _mul_ur_rule checked): the result is unreduced over them and no longer reduced.
+ReducedRuleResult product_reduced(const TypeRuleCall& c) {
+  ReducedRuleResult r = nary_reduced(c);
+  for (const TypedOperand& o : c.operands) {
+    if (!o.unreduced.empty()) r.reduced.clear();
+  }
+  return r;
+}
+
 }  // namespace
 
 absl::Span<const ExplicitRule> elementwise_type_rules() {
@@ -123,7 +142,8 @@ absl::Span<const ExplicitRule> elementwise_type_rules() {
     std::vector<ExplicitRule> rules;
     for (const OpDef& def : op_table()) {
       if (!(def.traits & kElementwise)) continue;
-      rules.push_back({def.op, elementwise});
+      rules.push_back(
+          {def.op, elementwise, nullptr, def.op == Op::kMul || def.op == Op::kDiv ? product_reduced : nary_reduced});
       for (const auto& [op, rule] : kUnreduced) {
         if (op == def.op) rules.back().unreduced = rule;
       }

@@ -148,7 +148,7 @@ UnreducedRuleResult operand_unreduced(const TypeRuleCall& c) {
     r.error = absl::StrCat("out_sharding passed to ", op_name(c.node.op),
                            " must be unreduced over the same mesh axes as operand. Got out_sharding's unreduced axes ",
                            axis_set_repr(c.out_unreduced),
-                           " and operand type: ", type_string(x.dtype, x.shape, x.spec, x.unreduced));
+                           " and operand type: ", type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced));
     r.fix = absl::StrCat("give out_sharding=P(..., unreduced=", axis_set_repr(x.unreduced),
                          "), or reshard the operand first (reshard(x, P(...)) runs its sum)");
   }
@@ -208,13 +208,24 @@ TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shap
   return varying_shape(mesh, x, out, "padding");
 }
 
+// jax/_src/lax/lax.py, _broadcast_in_dim_reduced_rule: with an out_sharding, its reduced axes
+// (the constraint Tessera records after the op gives them), else the operand's.
+ReducedRuleResult broadcast_in_dim_reduced(const TypeRuleCall& c) {
+  return c.out_sharding_given ? ReducedRuleResult{} : keep_reduced(c);
+}
+
+// jax/_src/lax/lax.py, _concatenate_reduced_rule: the operands reduced are so over the same axes.
+ReducedRuleResult concatenate_reduced(const TypeRuleCall& c) {
+  return common_reduced(c, "All operands should be reduced along the same mesh axes. Got reduced specs: ");
+}
+
 absl::Span<const ExplicitRule> layout_type_rules() {
   static const ExplicitRule kRules[] = {
-      {Op::kTranspose, transpose, keep_unreduced},
-      {Op::kBroadcastInDim, broadcast_in_dim, operand_unreduced},
-      {Op::kReshape, reshape, operand_unreduced},
-      {Op::kSlice, slice, keep_unreduced},
-      {Op::kConcatenate, concatenate, concatenate_unreduced},
+      {Op::kTranspose, transpose, keep_unreduced, keep_reduced},
+      {Op::kBroadcastInDim, broadcast_in_dim, operand_unreduced, broadcast_in_dim_reduced},
+      {Op::kReshape, reshape, operand_unreduced, keep_reduced},
+      {Op::kSlice, slice, keep_unreduced, keep_reduced},
+      {Op::kConcatenate, concatenate, concatenate_unreduced, concatenate_reduced},
       {Op::kDynamicSlice, dynamic_slice},
       {Op::kDynamicUpdateSlice, dynamic_update_slice},
   };

@@ -18,23 +18,28 @@ TypeRuleResult constraint(const TypeRuleCall& c) {
       ""};
 }
 
-// A constraint's unreduced axes are its spec's: the operand's own (a layout change), or none
-// (the sum runs: the compiler's all-reduce, or reduce-scatter onto a split dimension). Tessera
-// makes unreduced values only as a contraction's partial sums, so a constraint onto other
-// unreduced axes is refused (JAX's reshard of a replicated value onto unreduced axes is not
-// built; docs/design.md).
+// A constraint's unreduced axes are its spec's: the operand's own (a layout change), none (the
+// sum runs: the compiler's all-reduce, or reduce-scatter onto a split dimension), or, from an
+// operand not unreduced, new ones (JAX's reshard onto P(..., unreduced={'X'}), as
+// tests/pjit_test.py's test_sharded_unreduced_roundtrip and test_scalar_to_unreduced: each
+// device's term is its block where the operand was split over X, zero-padded, and the value on
+// the first device along X otherwise; the compiler's kUnreduce, coordinator/compiler/reshard.h).
+// An operand unreduced over other axes is refused, as in JAX.
 UnreducedRuleResult constraint_unreduced(const TypeRuleCall& c) {
   const PartitionSpec& spec = c.node.attrs<ShardingAttrs>().sharding.spec();
   const std::vector<std::string>& from = c.operands[0].unreduced;
   UnreducedRuleResult r{spec.unreduced(), "", ""};
-  if (r.unreduced.empty() || r.unreduced == from) return r;
+  if (r.unreduced.empty() || r.unreduced == from || from.empty()) return r;
   r.error = absl::StrCat("resharding to ", spec.to_string(), " makes an unreduced value from one unreduced over ",
-                         from.empty() ? std::string("no axis") : axis_set_repr(from),
-                         "; Tessera makes unreduced values only as a contraction's partial sums");
-  r.fix =
-      "give the contraction out_sharding=P(..., unreduced={...}) (dot_general, matmul, einsum), or reshard to the "
-      "operand's own unreduced axes";
+                         axis_set_repr(from));
+  r.fix = "reshard to the operand's own unreduced axes, or to P(...) first (the sum runs)";
   return r;
+}
+
+// A constraint's reduced axes are its spec's (reshard(x, P(reduced={'X'})): laid out as its
+// partitions say, replicated over X).
+ReducedRuleResult constraint_reduced(const TypeRuleCall& c) {
+  return ReducedRuleResult{c.node.attrs<ShardingAttrs>().sharding.spec().reduced(), "", ""};
 }
 
 TypeRuleResult sharding_as(const TypeRuleCall& c) { return TypeRuleResult{c.operands[1].spec, "", ""}; }
@@ -114,8 +119,8 @@ TypeRuleResult scatter(const TypeRuleCall& c) {
 
 absl::Span<const ExplicitRule> placement_type_rules() {
   static const ExplicitRule kRules[] = {
-      {Op::kShardingConstraint, constraint, constraint_unreduced},
-      {Op::kShardingAs, sharding_as, sharding_as_unreduced},
+      {Op::kShardingConstraint, constraint, constraint_unreduced, constraint_reduced},
+      {Op::kShardingAs, sharding_as, sharding_as_unreduced, no_reduced},
       {Op::kConstant, unsplit},
       {Op::kIota, unsplit},
       {Op::kRandomBits, random_bits},

@@ -66,7 +66,7 @@ TypeRuleResult cumulative_type_rule(const TypedOperand& x, int64_t axis) {
 
 absl::Span<const ExplicitRule> reduction_type_rules() {
   static const ExplicitRule kRules[] = {
-      {Op::kReduceSum, reduce, reduce_sum_unreduced},
+      {Op::kReduceSum, reduce, reduce_sum_unreduced, keep_reduced},  // _reduce_op_reduced_rule
       {Op::kReduceMax, reduce},
       {Op::kReduceMin, reduce},
       {Op::kReduceProd, reduce},

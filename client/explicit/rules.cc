@@ -57,14 +57,21 @@ TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank) {
   return out;
 }
 
-std::string unreduced_string(const std::vector<std::string>& unreduced) {
-  if (unreduced.empty()) return "";
-  const std::string axes = absl::StrJoin(unreduced, ",");
-  return absl::StrCat("{U:", unreduced.size() == 1 ? axes : absl::StrCat("(", axes, ")"), "}");
+std::string unreduced_string(const std::vector<std::string>& unreduced, const std::vector<std::string>& reduced) {
+  // As jax/_src/core.py's _vma_ur_str: "U:X", "R:(X,Y)", joined by ", " in braces.
+  auto part = [](const char* prefix, const std::vector<std::string>& axes) {
+    const std::string joined = absl::StrJoin(axes, ",");
+    return absl::StrCat(prefix, ":", axes.size() == 1 ? joined : absl::StrCat("(", joined, ")"));
+  };
+  std::vector<std::string> parts;
+  if (!unreduced.empty()) parts.push_back(part("U", unreduced));
+  if (!reduced.empty()) parts.push_back(part("R", reduced));
+  if (parts.empty()) return "";
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
 }
 
 std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec,
-                        const std::vector<std::string>& unreduced) {
+                        const std::vector<std::string>& unreduced, const std::vector<std::string>& reduced) {
   std::string name = type_to_string(dtype, {});
   name.resize(name.size() - 2);  // "f32[]" -> "f32"
   std::vector<std::string> dims;
@@ -79,13 +86,15 @@ std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec,
       dims.push_back(absl::StrCat(shape[d], "@(", absl::StrJoin(axes, ","), ")"));
     }
   }
-  return absl::StrCat(name, "[", absl::StrJoin(dims, ","), "]", unreduced_string(unreduced));
+  return absl::StrCat(name, "[", absl::StrJoin(dims, ","), "]", unreduced_string(unreduced, reduced));
 }
 
 absl::Status type_rule_error(absl::string_view name, const std::vector<TypedOperand>& operands,
                              const TypeRuleResult& r) {
   std::vector<std::string> types;
-  for (const TypedOperand& o : operands) types.push_back(type_string(o.dtype, o.shape, o.spec, o.unreduced));
+  for (const TypedOperand& o : operands) {
+    types.push_back(type_string(o.dtype, o.shape, o.spec, o.unreduced, o.reduced));
+  }
   return absl::InvalidArgumentError(absl::StrCat(name, ": ", r.error, " (operand", types.size() == 1 ? " " : "s ",
                                                  absl::StrJoin(types, ", "), "); ", r.fix));
 }

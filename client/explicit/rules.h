@@ -34,6 +34,9 @@ struct TypedOperand {
   // The Explicit mesh axes it is unreduced over (sorted; JAX's `{U:X}`): on the devices along
   // them it holds terms whose sum is its value. Empty for an ordinary value.
   std::vector<std::string> unreduced = {};
+  // The Explicit mesh axes it is reduced over (sorted; JAX's `{R:X}`): laid out as a value
+  // replicated over them, its cotangent is unreduced over them (JAX's P.to_ct_spec).
+  std::vector<std::string> reduced = {};
 };
 
 // What a rule sees: the node (its op and attributes, the result's dtype and shape), its
@@ -66,13 +69,25 @@ struct UnreducedRuleResult {
 };
 using UnreducedRule = UnreducedRuleResult (*)(const TypeRuleCall&);
 
+// A reduced rule's answer (the reduced half of JAX's `ur_rule`s): the result's reduced axes
+// (sorted), or what is wrong and how to fix it.
+struct ReducedRuleResult {
+  std::vector<std::string> reduced;
+  std::string error;
+  std::string fix;
+};
+using ReducedRule = ReducedRuleResult (*)(const TypeRuleCall&);
+
 // One op's explicit-mode rules as its family registers them, as JAX's standard_primitive takes
-// sharding_rule= and ur_rule=: the type rule, and the unreduced rule, or none (null: the op
-// refuses an unreduced operand, as JAX's unop_ur_rule / nary_ur_rule do).
+// sharding_rule= and ur_rule=: the type rule, the unreduced rule, or none (null: the op
+// refuses an unreduced operand, as JAX's unop_ur_rule / nary_ur_rule do), and the reduced rule,
+// or none (null: the op refuses a reduced operand, as JAX's call_ur_rule does for a primitive
+// without ur_rule).
 struct ExplicitRule {
   Op op;
   TypeRule type;
   UnreducedRule unreduced = nullptr;
+  ReducedRule reduced = nullptr;
 };
 
 // The families' rules.
@@ -138,6 +153,21 @@ absl::StatusOr<TypeSpec> result_type_spec(const TypeRuleCall& call);
 // INVALID_ARGUMENT "<op>: unreduced rule for <op> is not implemented ... (operand
 // f32[8,4]{U:Y}); reshard the unreduced operand first ..." (JAX's unop_ur_rule / nary_ur_rule).
 absl::StatusOr<std::vector<std::string>> result_unreduced(const TypeRuleCall& call);
+// The reduced axes of `call`'s result (client/explicit/reduced.cc): the op's reduced rule, or,
+// for an op without one, none, and a reduced operand is INVALID_ARGUMENT "<op>: unreduced/reduced
+// rule for <op> is not implemented ... (operand f32[8]{R:X}); reshard it to P(...) first".
+absl::StatusOr<std::vector<std::string>> result_reduced(const TypeRuleCall& call);
+// The reduced rules the families share: the operand's reduced axes (JAX's
+// default_unop_reduced_rule: layout ops that keep the replicated layout over them), and none
+// (a result that is not reduced whatever its operands, as dot_general's in JAX).
+ReducedRuleResult keep_reduced(const TypeRuleCall& call);
+ReducedRuleResult no_reduced(const TypeRuleCall& call);
+// JAX's default_nary_reduced_rule (jax/_src/lax/lax.py): operands reduced over one set of axes
+// (or not reduced), no other operand replicated, split or unreduced over them.
+ReducedRuleResult nary_reduced(const TypeRuleCall& call);
+// The axes the reduced operands are reduced over, which must be one set: else `error` ("All
+// inputs should be reduced across the same mesh axes. Got specs: ") and the two sets.
+ReducedRuleResult common_reduced(const TypeRuleCall& call, absl::string_view error);
 
 // `spec` of a value of rank `rank` as its type sees it: padded to the rank, only Explicit axes
 // of `mesh` kept.
@@ -145,10 +175,12 @@ TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank);
 // "f32[16@data,8]", "f32[8@(X,Y),4]": as JAX prints a type (jax/_src/core.py,
 // _get_shape_sharding_str), with Tessera's dtype names.
 // With unreduced axes, "f32[2,2]{U:X}", "f32[2,2]{U:(X,Y)}" (core.py's _vma_ur_str).
+// With reduced axes, "f32[8]{R:X}", "f32[8]{U:X, R:Y}".
 std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec,
-                        const std::vector<std::string>& unreduced = {});
-// The braces of a type's unreduced axes: "{U:X}", "{U:(X,Y)}"; empty for none.
-std::string unreduced_string(const std::vector<std::string>& unreduced);
+                        const std::vector<std::string>& unreduced = {}, const std::vector<std::string>& reduced = {});
+// The braces of a type's unreduced and reduced axes: "{U:X}", "{U:(X,Y)}", "{R:X}",
+// "{U:X, R:Y}"; empty for none.
+std::string unreduced_string(const std::vector<std::string>& unreduced, const std::vector<std::string>& reduced = {});
 // The spec as a PartitionSpec, one entry per dimension.
 inline PartitionSpec to_partition_spec(const TypeSpec& spec) { return PartitionSpec(spec); }
 

@@ -28,9 +28,12 @@ absl::Status extreme(const VjpArgs& a) {
 
 absl::Span<const VjpEntry> reduction_vjps() {
   static const VjpEntry kRules[] = {
+      // Typed as the operand's cotangent, as JAX's _reduce_sum_transpose_rule broadcasts with
+      // out_sharding of the operand's: split as the operand is (so a contraction after it is
+      // split alike), unreduced where the operand is reduced.
       {Op::kReduceSum,
        [](const VjpArgs& a) {
-         a.add(0, back(a, a.g));
+         a.add(0, typed_as(a.x[0], [&] { return back(a, a.g); }));
          return absl::OkStatus();
        }},
       {Op::kReduceProd,

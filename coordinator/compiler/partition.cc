@@ -38,16 +38,22 @@ class ProgramPartitioner : public internal::PartitionContext {
       ValueSharding want = p_.result[o];
       // An output is whole unless its spec, or the constraint it is (explicit mode pins each
       // result to its type), says unreduced: then it keeps that pending sum (an unreduced array).
+      // Its reduced axes (laid out as replicated over them) only type it.
       want.partial.clear();
-      if (n.op == Op::kShardingConstraint) want.partial = n.attrs<ShardingAttrs>().sharding.spec().unreduced();
+      std::vector<std::string> reduced;
+      if (n.op == Op::kShardingConstraint) {
+        want.partial = n.attrs<ShardingAttrs>().sharding.spec().unreduced();
+        reduced = n.attrs<ShardingAttrs>().sharding.spec().reduced();
+      }
       if (outputs[i].has_value()) {
         want = ValueSharding::replicated(n.shape.size());
         for (int d = 0; d < outputs[i]->size() && d < static_cast<int>(n.shape.size()); ++d) {
           want.dims[d] = outputs[i]->axes(d);
         }
         want.partial = outputs[i]->unreduced();
+        reduced = outputs[i]->reduced();
       }
-      exe_->output_specs.push_back(want.spec().with_unreduced(want.partial));
+      exe_->output_specs.push_back(want.spec().with_unreduced(want.partial).with_reduced(reduced));
       TESSERA_ASSIGN_OR_RETURN(int s, reshard(slot_of_[o], p_.result[o], want, o, absl::StrCat("output ", i)));
       plan_.output_slots.push_back(s);
     }
@@ -95,6 +101,11 @@ class ProgramPartitioner : public internal::PartitionContext {
     ValueSharding before = from;
     std::map<std::string, bool> gathered;
     for (const ReshardStep& step : steps) {
+      if (step.kind == ReshardStep::Kind::kUnreduce) {
+        cur = unreduce(cur, before, step, value_id);
+        before = step.after;
+        continue;
+      }
       Instruction inst;
       inst.in = {cur};
       inst.value = value_id;
@@ -130,6 +141,39 @@ class ProgramPartitioner : public internal::PartitionContext {
       before = step.after;
     }
     return cur;
+  }
+
+  // A whole value, in `slot` laid out as `before`, made the sum pending over `step.axes` that
+  // step.after says: along the pending axes `before` still splits a dimension over (after
+  // step.after's own), each device's block is zero-padded in place to step.after's block; along
+  // the others the value is counted once, on the first device (its term there, zeros elsewhere).
+  int unreduce(int slot, const ValueSharding& before, const ReshardStep& step, int value_id) {
+    const Node& value = g_.node(value_id);
+    const Shape in = local_shape(value.shape, before, mesh_), out = local_shape(value.shape, step.after, mesh_);
+    std::vector<std::string> once = step.axes;
+    bool padded = false;
+    std::vector<int> starts;
+    for (size_t d = 0; d < value.shape.size(); ++d) {
+      const Axes& have = before.dims[d];
+      const Axes suffix(have.begin() + std::min(have.size(), step.after.dims[d].size()), have.end());
+      for (const std::string& a : suffix) once.erase(std::find(once.begin(), once.end(), a));
+      padded = padded || !suffix.empty();
+      const int start = suffix.empty() ? internal::emit_kernel(*this, value_id, Op::kConstant, DType::kI32, {}, {},
+                                                               ConstantAttrs{Scalar(0)})
+                                       : internal::emit_block_start(*this, value_id, suffix, in[d], DType::kI32);
+      starts.push_back(
+          internal::emit_kernel(*this, value_id, Op::kBroadcastInDim, DType::kI32, {1}, {start}, BroadcastAttrs{}));
+    }
+    int term = slot;
+    if (padded) {
+      const int zeros =
+          internal::emit_kernel(*this, value_id, Op::kConstant, value.dtype, out, {}, ConstantAttrs{Scalar(0)});
+      const int at = internal::emit_kernel(*this, value_id, Op::kConcatenate, DType::kI32,
+                                           {static_cast<int64_t>(starts.size())}, starts, ConcatAttrs{0});
+      term = internal::emit_kernel(*this, value_id, Op::kDynamicUpdateSlice, value.dtype, out, {zeros, term, at});
+    }
+    if (!once.empty()) term = internal::emit_first_device_term(*this, value_id, term, once, value.dtype, out);
+    return term;
   }
 
   // The collective of a reshard step; its groups (or a permute's pairs) come from the step's
@@ -217,6 +261,15 @@ int emit_kernel(PartitionContext& c, int id, Op op, DType dtype, Shape shape, st
   inst.node.operands = std::move(in);
   inst.node.attributes = std::move(attributes);
   return c.emit(std::move(inst));
+}
+
+int emit_first_device_term(PartitionContext& c, int id, int slot, const Axes& axes, DType dtype, const Shape& shape) {
+  const int position = emit_block_start(c, id, axes, 1, DType::kI32);
+  const int zero = emit_kernel(c, id, Op::kConstant, DType::kI32, {}, {}, ConstantAttrs{Scalar(0)});
+  const int first = emit_kernel(c, id, Op::kEq, DType::kBool, {}, {position, zero});
+  const int mask = emit_kernel(c, id, Op::kBroadcastInDim, DType::kBool, shape, {first}, BroadcastAttrs{});
+  const int zeros = emit_kernel(c, id, Op::kConstant, dtype, shape, {}, ConstantAttrs{Scalar(0)});
+  return emit_kernel(c, id, Op::kSelect, dtype, shape, {mask, slot, zeros});
 }
 
 int emit_block_start(PartitionContext& c, int id, const Axes& axes, int64_t block, DType dtype) {

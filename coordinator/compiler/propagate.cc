@@ -263,6 +263,7 @@ class Propagator : public internal::ShardingContext {
           cost += local_bytes(before, value) + kLatencyBytes;
           break;
         case ReshardStep::Kind::kLocalSlice:
+        case ReshardStep::Kind::kUnreduce:
           break;
       }
       before = step.after;

@@ -56,6 +56,8 @@ std::string ReshardStep::to_string() const {
       return absl::StrCat("local_slice(dim=", dim, ", axes=", axes_to_string(axes), ")");
     case Kind::kCollectivePermute:
       return absl::StrCat("collective_permute(axes=", axes_to_string(axes), ")");
+    case Kind::kUnreduce:
+      return absl::StrCat("unreduce(axes=", axes_to_string(axes), ")");
   }
   return "unknown";
 }
@@ -64,6 +66,39 @@ namespace {
 
 absl::StatusOr<std::vector<ReshardStep>> plan_without_unit_axes(const ValueSharding& from, const ValueSharding& to,
                                                                 const Shape& shape, const Mesh& mesh) {
+  // A whole value made a sum pending over new axes (explicit mode's reshard onto unreduced axes,
+  // a reduced value's cotangent): a sum pending over other axes runs first; then the layout,
+  // keeping a dimension's trailing split over new pending axes (its blocks are zero-padded in
+  // place), then the local kUnreduce.
+  if (to.is_partial() && to.partial != from.partial && to.partial_op == ReduceOp::kSum) {
+    for (const std::string& a : to.partial) {
+      if (dim_of(to, a) >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("reshard: the target ", to.to_string(), " splits a dimension over pending axis '", a, "'"));
+      }
+    }
+    const ValueSharding whole{from.dims, {}, ReduceOp::kSum};
+    std::vector<ReshardStep> steps;
+    if (from.is_partial()) {
+      absl::StatusOr<std::vector<ReshardStep>> sum = plan_without_unit_axes(from, whole, shape, mesh);
+      if (!sum.ok()) return sum;
+      steps = *std::move(sum);
+    }
+    ValueSharding mid = ValueSharding::replicated(to.dims.size());
+    for (size_t d = 0; d < to.dims.size(); ++d) {
+      const Axes &have = whole.dims[d], &want = to.dims[d];
+      const bool padded = have.size() > want.size() && std::equal(want.begin(), want.end(), have.begin()) &&
+                          std::all_of(have.begin() + want.size(), have.end(), [&](const std::string& a) {
+                            return std::find(to.partial.begin(), to.partial.end(), a) != to.partial.end();
+                          });
+      mid.dims[d] = padded ? have : want;
+    }
+    absl::StatusOr<std::vector<ReshardStep>> layout = plan_without_unit_axes(whole, mid, shape, mesh);
+    if (!layout.ok()) return layout;
+    steps.insert(steps.end(), layout->begin(), layout->end());
+    steps.push_back(ReshardStep{ReshardStep::Kind::kUnreduce, to.partial, ReduceOp::kSum, 0, 0, 0, to});
+    return steps;
+  }
   // A partial target is an operand of an op linear in it (slice, add of two partial values...)
   // that needs another layout but not the sum yet: the pending reduction is kept as it is, and
   // the moves below only move blocks (gather, all_to_all, slice, permute), which commute with

@@ -9,6 +9,9 @@
 //   axis dropped              all_gather along its dimension
 //   axis added                local slice (free: every device already holds the data)
 //   same axes, other order    collective_permute
+//   whole -> partial          local: each device's term is its block, zero-padded along the new
+//                             pending axes that split it, and the value on the first device
+//                             along the others, zeros elsewhere (an unreduced reshard)
 //
 //   absl::StatusOr<std::vector<ReshardStep>> steps = plan_reshard(from, to, shape, mesh);
 //   steps->front().to_string();   // "all_gather(dim=0, axes=('data',))"
@@ -24,7 +27,7 @@
 namespace tessera {
 
 struct ReshardStep {
-  enum class Kind { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kLocalSlice, kCollectivePermute };
+  enum class Kind { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kLocalSlice, kCollectivePermute, kUnreduce };
   Kind kind = Kind::kAllReduce;
   std::vector<std::string> axes;        // mesh axes the step runs over (its replica groups)
   ReduceOp reduce_op = ReduceOp::kSum;  // all_reduce, reduce_scatter
@@ -38,8 +41,10 @@ struct ReshardStep {
 
 // The steps that take a value of `shape` from `from` to `to` (empty when they are equal).
 // `to` is whole, or partial with exactly `from`'s pending reduction, which then stays pending
-// (only the layout changes). INVALID_ARGUMENT if either does not fit the shape, or `to` is
-// partial otherwise.
+// (only the layout changes), or a sum pending over axes of a whole `from` (kUnreduce, last: the
+// steps before it take `from` to `to`'s layout, except that a dimension `from` splits over new
+// pending axes after `to`'s keeps them, to be zero-padded). INVALID_ARGUMENT if either does not
+// fit the shape, or `to` is partial otherwise.
 absl::StatusOr<std::vector<ReshardStep>> plan_reshard(const ValueSharding& from, const ValueSharding& to,
                                                       const Shape& shape, const Mesh& mesh);
 

@@ -118,6 +118,10 @@ int emit_kernel(PartitionContext& c, int id, Op op, DType dtype, Shape shape, st
 // hold `block` elements: axis_index(axes) * block, a scalar of `dtype` (each device resolves
 // axis_index). REQUIRES: axes is not empty; dtype is numeric.
 int emit_block_start(PartitionContext& c, int id, const Axes& axes, int64_t block, DType dtype);
+// The term of the value in `slot` (of `dtype` and local `shape`) in a sum pending over mesh
+// `axes` that counts it once: the value on the first device along them, zeros on the others.
+// Returns its slot.
+int emit_first_device_term(PartitionContext& c, int id, int slot, const Axes& axes, DType dtype, const Shape& shape);
 
 struct ShardingRule {
   absl::Status (*forward)(ShardingContext& c, int id);

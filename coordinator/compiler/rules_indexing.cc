@@ -219,12 +219,7 @@ absl::Status partition_scatter(PartitionContext& c, int id) {
   const Shape x_shape = inst.node.shape;
   if (result.is_partial() && !is_zero_constant(c.graph().node(n.operands[0]))) {
     // x is counted once in the pending sum: on the first device along its axes.
-    const int position = emit_block_start(c, id, result.partial, 1, DType::kI32);
-    const int zero = emit_kernel(c, id, Op::kConstant, DType::kI32, {}, {}, ConstantAttrs{Scalar(0)});
-    const int first = emit_kernel(c, id, Op::kEq, DType::kBool, {}, {position, zero});
-    const int mask = emit_kernel(c, id, Op::kBroadcastInDim, DType::kBool, x_shape, {first}, BroadcastAttrs{});
-    const int zeros = emit_kernel(c, id, Op::kConstant, n.dtype, x_shape, {}, ConstantAttrs{Scalar(0)});
-    inst.in[0] = inst.node.operands[0] = emit_kernel(c, id, Op::kSelect, n.dtype, x_shape, {mask, in[0], zeros});
+    inst.in[0] = inst.node.operands[0] = emit_first_device_term(c, id, in[0], result.partial, n.dtype, x_shape);
   }
   const Axes& split = result.dims[attrs.axis];
   if (!split.empty()) {

@@ -106,16 +106,28 @@ TEST_F(ReshardTest, PartialValueChangesLayoutAndStaysPartial) {
               ElementsAre("all_to_all(split=1, concat=0, axes=('model',))"));
   EXPECT_THAT(plan(s({{}, {}}, {"data"}), s({{"model"}, {}}, {"data"})),
               ElementsAre("local_slice(dim=0, axes=('model',))"));
-  // Another pending reduction, or a split over a pending axis, is not a layout change.
-  EXPECT_EQ(plan_reshard(s({{}, {}}, {"data"}), s({{}, {}}, {"model"}), {16, 8}, mesh_).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  // Another pending reduction is summed first, then made pending anew (kUnreduce); a split over
+  // a pending axis is refused.
+  EXPECT_THAT(plan(s({{}, {}}, {"data"}), s({{}, {}}, {"model"})),
+              ElementsAre("all_reduce(sum, axes=('data',))", "unreduce(axes=('model',))"));
   EXPECT_EQ(plan_reshard(s({{}, {}}, {"data"}), s({{"data"}, {}}, {"data"}), {16, 8}, mesh_).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(ReshardTest, BadTargets) {
-  EXPECT_EQ(plan_reshard(s({{}, {}}), s({{}, {}}, {"data"}), {16, 8}, mesh_).status().code(),
+// A whole value made a sum pending over new axes (explicit mode's reshard onto unreduced axes,
+// a reduced value's cotangent): local, no collective. A dimension split over a new pending axis
+// after the target's own keeps its split up to kUnreduce (which zero-pads each block in place);
+// a split the target does not keep otherwise is gathered first.
+TEST_F(ReshardTest, WholeValueMadePendingIsLocal) {
+  EXPECT_THAT(plan(s({{}, {}}), s({{}, {}}, {"data"})), ElementsAre("unreduce(axes=('data',))"));
+  EXPECT_THAT(plan(s({{"data"}, {}}), s({{}, {}}, {"data"})), ElementsAre("unreduce(axes=('data',))"));
+  EXPECT_THAT(plan(s({{"model"}, {}}), s({{}, {}}, {"data"})),
+              ElementsAre("all_gather(dim=0, axes=('model',))", "unreduce(axes=('data',))"));
+  EXPECT_EQ(plan_reshard(s({{}, {}}), s({{"data"}, {}}, {"data"}), {16, 8}, mesh_).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ReshardTest, BadTargets) {
   EXPECT_EQ(plan_reshard(s({{}, {}}), s({{}, {"data"}}), {16, 6}, mesh_).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -676,7 +676,7 @@ TEST_F(ExplicitJitTest, UnreducedContractionsAreSumsWaitingToHappen) {
 
 // grad through an unreduced contraction: the cotangent of an unreduced value is reduced, laid
 // out as a replicated one (JAX's sharding-AD note, "reduced {R:X} -> unreduced {U:X}, unreduced
-// {U:X} -> reduced {R:X}"; Tessera types it replicated, having no reduced types yet), so the
+// {U:X} -> reduced {R:X}"; Tessera types it replicated), so the
 // contraction's VJP is the ordinary one and each gradient comes back laid out as its primal.
 // d/da sum(a @ b) = ones @ b^T (row sums of b), d/db = a^T @ ones (column sums of a), twice
 // over for c1 + c2 = a @ b + a @ b.
@@ -739,13 +739,207 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfOtherOpsAreRefused) {
       refusal([&](const Value& x, const Value& w) { return matmul(x, w, P(None, None).with_unreduced({"X"})); }),
       HasSubstr("dot_general: out_sharding's unreduced axes should be equal to the contracting specs. Got "
                 "unreduced axes={'X'} and contracting specs over {'Y'}"));
-  // Only a contraction makes an unreduced value: resharding a whole one onto unreduced axes is
-  // refused rather than guessed.
-  EXPECT_THAT(refusal([&](const Value& x, const Value&) { return reshard(x, P(None, None).with_unreduced({"X"})); }),
-              HasSubstr("makes an unreduced value from one unreduced over no axis"));
+  // A value unreduced over some axes is not resharded onto others (JAX refuses it too).
+  EXPECT_THAT(refusal([&](const Value& x, const Value& w) {
+                return reshard(matmul(x, w, unreduced), P(None, None).with_unreduced({"X"}));
+              }),
+              HasSubstr("makes an unreduced value from one unreduced over {'Y'}"));
   // A host array is placed whole.
   absl::StatusOr<Array> put = client_->device_put(a, NamedSharding(mesh, unreduced));
   EXPECT_EQ(put.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// Reduced types (issue 16 item 2; JAX's docs/new_docs/301/sharding-ad.md): a value typed
+// P(..., reduced={'x'}) is laid out replicated over 'x', printed `f32[4]{R:x}`, and its
+// cotangent is unreduced over 'x'. The elementwise rules are JAX's default_nary_reduced_rule
+// (jax/_src/lax/lax.py), with its errors; a scalar meeting a reduced value is reduced alike
+// (core.py's insert_reduced_reshard). Cases from tests/pjit_test.py:
+// test_reduced_mul_scalar_fwd, test_mul_reduced_error, test_one_input_reduced_another_replicated.
+TEST_F(ExplicitJitTest, ReducedValuesAreReplicatedAndTypedAsJax) {
+  absl::StatusOr<Mesh> line = client_->make_mesh({2}, {"x"}, {0, 1}, {AxisType::kExplicit});
+  ASSERT_TRUE(line.ok()) << line.status();
+  const HostArray four = HostArray::arange(DType::kF32, {4}), eight = HostArray::arange(DType::kF32, {8});
+  const Array arr = put_on(*line, four, P().with_reduced({"x"}));
+  EXPECT_EQ(type_of(arr).to_string(), "f32[4]{R:x}");
+  // Every device holds the whole value.
+  for (const Shard& shard : arr.addressable_shards()) {
+    absl::StatusOr<HostArray> data = shard.data();
+    ASSERT_TRUE(data.ok()) << data.status();
+    expect_near(*data, {0, 1, 2, 3});
+  }
+  std::vector<std::string> types;
+  Jitted twice = jit([&](const std::vector<Value>& in) {
+    Value y = in[0] * 2.0;
+    types = {type_of(in[0]).to_string(), type_of(y).to_string()};
+    return std::vector<Value>{y};
+  });
+  absl::StatusOr<std::vector<Array>> out = twice({arr});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(types, ::testing::ElementsAre("f32[4]{R:x}", "f32[4]{R:x}"));
+  EXPECT_EQ((*out)[0].sharding().spec(), P(None).with_reduced({"x"}));  // JAX: P(None, reduced={'x'})
+  expect_near(fetch((*out)[0]), {0, 2, 4, 6});
+
+  auto refusal = [&](const Mesh& mesh, const std::function<Value(const Value&, const Value&)>& f,
+                     const std::vector<Array>& args) {
+    absl::StatusOr<std::vector<Array>> y =
+        jit([&](const std::vector<Value>& in) { return std::vector<Value>{f(in[0], in[1])}; })(args);
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << mesh.to_string();
+    return std::string(y.status().message());
+  };
+  auto mul = [](const Value& a, const Value& b) { return a * b; };
+  auto add = [](const Value& a, const Value& b) { return a + b; };
+  EXPECT_THAT(refusal(*line, mul, {arr, put_on(*line, four, P())}),
+              ::testing::AllOf(HasSubstr("mul: Inputs cannot be replicated on the same axes that another input is "
+                                         "reduced on. Got input type: f32[4] and reduced spec: {'x'}"),
+                               HasSubstr("(operands f32[4]{R:x}, f32[4])")));
+  const Array split = put_on(*line, eight, P("x")), reduced8 = put_on(*line, eight, P().with_reduced({"x"}));
+  for (const auto& args : {std::vector<Array>{reduced8, split}, std::vector<Array>{split, reduced8}}) {
+    EXPECT_THAT(refusal(*line, mul, args),
+                HasSubstr("Inputs cannot be sharded/varying on the same axes that another input is reduced on. "
+                          "Reshard the input which is reduced to be sharded on the mesh axes it is reduced on"));
+  }
+  absl::StatusOr<Mesh> square =
+      client_->make_mesh({2, 2}, {"x", "y"}, {0, 1, 2, 3}, {AxisType::kExplicit, AxisType::kExplicit});
+  ASSERT_TRUE(square.ok()) << square.status();
+  const HostArray m = HostArray::arange(DType::kF32, {4, 2});
+  const Array r = put_on(*square, m, P("x").with_reduced({"y"})), rep = put_on(*square, m, P("x", None));
+  EXPECT_EQ(type_of(r).to_string(), "f32[4@x,2]{R:y}");
+  for (const auto& f :
+       {std::function<Value(const Value&, const Value&)>(mul), std::function<Value(const Value&, const Value&)>(add)}) {
+    EXPECT_THAT(refusal(*square, [&](const Value& a, const Value& b) { return sum(f(a, b)); }, {r, rep}),
+                HasSubstr("Inputs cannot be replicated on the same axes that another input is reduced on. Got input "
+                          "type: f32[4@x,2] and reduced spec: {'y'}"));
+  }
+  // An op with no reduced rule refuses a reduced operand, as JAX's call_ur_rule.
+  EXPECT_THAT(refusal(*line, [](const Value& a, const Value&) { return max(a); }, {arr, arr}),
+              HasSubstr("reduce_max: unreduced/reduced rule for reduce_max is not implemented"));
+}
+
+// d/dx sum(sin(x) @ sin(y)) with x reduced over 'x' and y split over 'x' (tests/pjit_test.py,
+// test_reduced_sin_fwd_mul_bwd): the gradient of x is unreduced over 'x' (the contraction's
+// partial sums, times cos(x), which is reduced), and the program runs no all_reduce; resharded
+// to P() it is the host's gradient, as is y's.
+TEST_F(ExplicitJitTest, GradOfAReducedValueIsUnreducedAndSummedByTheReshard) {
+  absl::StatusOr<Mesh> line = client_->make_mesh({2}, {"x"}, {0, 1}, {AxisType::kExplicit});
+  ASSERT_TRUE(line.ok()) << line.status();
+  const HostArray a = HostArray::arange(DType::kF32, {4, 2}), b = HostArray::arange(DType::kF32, {2, 8});
+  std::vector<double> want_a(8), want_b(16);
+  double value = 0;
+  for (int i = 0; i < 4; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      for (int j = 0; j < 8; ++j) {
+        const double x = a.values<float>()[i * 2 + k], y = b.values<float>()[k * 8 + j];
+        value += std::sin(x) * std::sin(y);
+        want_a[i * 2 + k] += std::cos(x) * std::sin(y);
+        want_b[k * 8 + j] += std::sin(x) * std::cos(y);
+      }
+    }
+  }
+  const Array x = put_on(*line, a, P().with_reduced({"x"})), y = put_on(*line, b, P(None, "x"));
+  auto f = [](const std::vector<Value>& p) { return std::vector<Value>{sum(matmul(sin(p[0]), sin(p[1])))}; };
+  absl::StatusOr<std::vector<Array>> loss = jit(f)({x, y});
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  expect_near(fetch((*loss)[0]), {value}, 1e-4);
+  Jitted step = jit(grad(f, {0, 1}));
+  absl::StatusOr<std::vector<Array>> g = step({x, y});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)[0].sharding().spec(), P(None, None).with_unreduced({"x"}));
+  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[4,2]{U:x}");
+  EXPECT_EQ((*g)[1].sharding().spec(), P(None, "x"));
+  EXPECT_THAT(step.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+  absl::StatusOr<Array> summed = reshard((*g)[0], NamedSharding(*line, P()));
+  ASSERT_TRUE(summed.ok()) << summed.status();
+  expect_near(fetch(*summed), want_a, 1e-4);
+  expect_near(fetch((*g)[1]), want_b, 1e-4);
+}
+
+// The cotangent of a reshard of a reduced value (tests/pjit_test.py,
+// test_reduced_reshard_unreduced_bwd and _sharded): each device's term is its block of the
+// cotangent, zero-padded (JAX's shards [1,1,0,0] / [0,0,1,1]), typed unreduced; the user's
+// reshard sums it. Also a broadcast of a reduced value with out_sharding
+// (test_broadcast_reduced_inp_unreduced_out), whose cotangent's sum over the split dimension is
+// left pending, and reshards onto unreduced axes of whole values (test_scalar_to_unreduced,
+// test_sharded_unreduced_roundtrip).
+TEST_F(ExplicitJitTest, ReshardsOfReducedValuesHaveUnreducedCotangents) {
+  absl::StatusOr<Mesh> square =
+      client_->make_mesh({2, 2}, {"x", "y"}, {0, 1, 2, 3}, {AxisType::kExplicit, AxisType::kExplicit});
+  ASSERT_TRUE(square.ok()) << square.status();
+  const HostArray four = HostArray::arange(DType::kF32, {4});
+  const Array arr = put_on(*square, four, P(None).with_reduced({"x"}));
+  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{reshard(in[0], P("x"))}; });
+  absl::StatusOr<std::vector<Array>> out = f({arr});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].sharding().spec(), P("x"));
+  expect_near(fetch((*out)[0]), {0, 1, 2, 3});
+  Jitted g = jit(grad([](const std::vector<Value>& in) { return std::vector<Value>{sum(reshard(in[0], P("x")))}; }));
+  absl::StatusOr<std::vector<Array>> ct = g({arr});
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  EXPECT_EQ((*ct)[0].sharding().spec(), P(None).with_unreduced({"x"}));
+  const std::vector<std::vector<double>> terms = {{1, 1, 0, 0}, {1, 1, 0, 0}, {0, 0, 1, 1}, {0, 0, 1, 1}};
+  for (const Shard& shard : (*ct)[0].addressable_shards()) {
+    const auto& ids = square->device_ids();
+    const int64_t position = std::find(ids.begin(), ids.end(), shard.device_id()) - ids.begin();
+    absl::StatusOr<HostArray> data = shard.data();
+    ASSERT_TRUE(data.ok()) << data.status();
+    SCOPED_TRACE(absl::StrCat("device ", shard.device_id()));
+    expect_near(*data, terms[position]);
+  }
+  absl::StatusOr<Array> summed = reshard((*ct)[0], NamedSharding(*square, P()));
+  ASSERT_TRUE(summed.ok()) << summed.status();
+  expect_near(fetch(*summed), {1, 1, 1, 1});  // d/dx sum(x)
+
+  // Sharded: P('x', None, reduced={'y'}) resharded to P('x', 'y'); the gradient is
+  // P('x', None, unreduced={'y'}), and resharded to P('x', None) the host's d/dx sum(2 * x).
+  const HostArray m = HostArray::arange(DType::kF32, {4, 2});
+  const Array sharded = put_on(*square, m, P("x", None).with_reduced({"y"}));
+  Jitted h = jit(
+      grad([](const std::vector<Value>& in) { return std::vector<Value>{sum(reshard(in[0], P("x", "y")) * 2.0)}; }));
+  absl::StatusOr<std::vector<Array>> hg = h({sharded});
+  ASSERT_TRUE(hg.ok()) << hg.status();
+  EXPECT_EQ((*hg)[0].sharding().spec(), P("x", None).with_unreduced({"y"}));
+  absl::StatusOr<Array> rows = reshard((*hg)[0], NamedSharding(*square, P("x", None)));
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->sharding().spec(), P("x", None));
+  expect_near(fetch(*rows), std::vector<double>(8, 2.0));
+
+  // broadcast_in_dim of a reduced value onto P('x', None): the gradient is unreduced over 'x'.
+  absl::StatusOr<Mesh> line = client_->make_mesh({2}, {"x"}, {0, 1}, {AxisType::kExplicit});
+  ASSERT_TRUE(line.ok()) << line.status();
+  const HostArray eight = HostArray::arange(DType::kF32, {8});
+  const Array r8 = put_on(*line, eight, P().with_reduced({"x"}));
+  auto bcast = [](const Value& v) { return broadcast_in_dim(v, {2, 8}, {1}, P("x", None)); };
+  absl::StatusOr<std::vector<Array>> b =
+      jit([&](const std::vector<Value>& in) { return std::vector<Value>{bcast(in[0])}; })({r8});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)[0].sharding().spec(), P("x", None));
+  Jitted bg = jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(bcast(in[0]) * 3.0)}; }));
+  absl::StatusOr<std::vector<Array>> bgs = bg({r8});
+  ASSERT_TRUE(bgs.ok()) << bgs.status();
+  EXPECT_EQ((*bgs)[0].sharding().spec(), P(None).with_unreduced({"x"}));
+  EXPECT_THAT(bg.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+  absl::StatusOr<Array> bsum = reshard((*bgs)[0], NamedSharding(*line, P()));
+  ASSERT_TRUE(bsum.ok()) << bsum.status();
+  expect_near(fetch(*bsum), std::vector<double>(8, 6.0));  // two rows, times 3
+
+  // A whole scalar onto P(unreduced={'x'}): the value on the first device, 0 on the other.
+  const Array one = put_on(*line, HostArray::from_vector<float>({}, {1.0f}), P());
+  absl::StatusOr<Array> u = reshard(one, NamedSharding(*line, P().with_unreduced({"x"})));
+  ASSERT_TRUE(u.ok()) << u.status();
+  std::vector<double> held;
+  for (const Shard& shard : u->addressable_shards()) held.push_back(shard.data()->values<float>()[0]);
+  EXPECT_THAT(held, ::testing::UnorderedElementsAre(1.0, 0.0));
+  absl::StatusOr<Array> back = reshard(*u, NamedSharding(*line, P()));
+  ASSERT_TRUE(back.ok()) << back.status();
+  expect_near(fetch(*back), {1.0});
+  // P('x', 'y') -> P('x', None, unreduced={'y'}) -> P('x', 'y'): the same array.
+  const Array xy = put_on(*square, m, P("x", "y"));
+  absl::StatusOr<Array> xu = reshard(xy, NamedSharding(*square, P("x", None).with_unreduced({"y"})));
+  ASSERT_TRUE(xu.ok()) << xu.status();
+  EXPECT_EQ(xu->sharding().spec(), P("x", None).with_unreduced({"y"}));
+  absl::StatusOr<Array> round = reshard(*xu, NamedSharding(*square, P("x", "y")));
+  ASSERT_TRUE(round.ok()) << round.status();
+  EXPECT_EQ(round->sharding().spec(), P("x", "y"));
+  expect_near(fetch(*round), {0, 1, 2, 3, 4, 5, 6, 7});
 }
 
 // The linear ops JAX lets an unreduced value through (jax/_src/lax/lax.py: _transpose_ur_rule,
@@ -892,7 +1086,7 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughLinearOps) {
 // equal to the gradient of the same function on replicated inputs) and
 // test_broadcast_reduced_inp_unreduced_out (whose grad types the transposed broadcast's
 // cotangent unreduced, the dual of reduced). The cotangent of an unreduced value is reduced,
-// laid out as a replicated one (Tessera has no reduced types): the transposes of the broadcast
+// laid out as a replicated one (Tessera types it so): the transposes of the broadcast
 // (a sum over the new dimension) and of the concatenate (slices) see replicated cotangents, and
 // each gradient comes back laid out as its primal. Weights w make the cotangent differ per
 // element, so a wrong slice or summed dimension shows. With G = dL/dc (c = a @ b) computed on
@@ -1154,7 +1348,7 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfNonlinearUsesAreRefused) {
   EXPECT_THAT(refusal([](const Value& c) { return c * 2.0; }),
               ::testing::AllOf(HasSubstr("mul: RHS should be reduced along the same axes LHS is unreduced on. Got "
                                          "lhs=f32[8,4]{U:Y} and rhs=f32[8,4]"),
-                               HasSubstr("Tessera has no reduced types")));
+                               HasSubstr("reshard the other operand to P(..., reduced={...})")));
   EXPECT_THAT(refusal([](const Value& c) { return c * c; }),
               HasSubstr("mul: lhs and rhs to `mul` cannot be unreduced since mul is bilinear. Got lhs={'Y'}, "
                         "rhs={'Y'}"));
