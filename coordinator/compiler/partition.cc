@@ -153,10 +153,22 @@ class ProgramPartitioner : public internal::PartitionContext {
     std::vector<std::string> once = step.axes;
     bool padded = false;
     std::vector<int> starts;
+    // Axes of size 1 split nothing: plan_reshard planned without them (its last step's `after`
+    // and the `before` of a first step still name them), so they are left out here too.
+    auto splitting = [&](const Axes& axes) {
+      Axes out;
+      for (const std::string& a : axes) {
+        if (mesh_.axis_size(a) > 1) out.push_back(a);
+      }
+      return out;
+    };
     for (size_t d = 0; d < value.shape.size(); ++d) {
-      const Axes& have = before.dims[d];
-      const Axes suffix(have.begin() + std::min(have.size(), step.after.dims[d].size()), have.end());
-      for (const std::string& a : suffix) once.erase(std::find(once.begin(), once.end(), a));
+      const Axes have = splitting(before.dims[d]), want = splitting(step.after.dims[d]);
+      const Axes suffix(have.begin() + std::min(have.size(), want.size()), have.end());
+      for (const std::string& a : suffix) {
+        const auto it = std::find(once.begin(), once.end(), a);
+        if (it != once.end()) once.erase(it);
+      }
       padded = padded || !suffix.empty();
       const int start = suffix.empty() ? internal::emit_kernel(*this, value_id, Op::kConstant, DType::kI32, {}, {},
                                                                ConstantAttrs{Scalar(0)})

@@ -411,8 +411,8 @@ TEST(Collectives, AJittedScalarPsumGoesInProcessAndMatchesTheHostSum) {
 // sent before it finished: on a device, a run whose input the run before it still makes
 // waits for it and then starts on the thread that ended it, stepped as a first run is
 // (design.md, "Stepped runs"), not on a plan thread. Every run of every call started stepped
-// on every device, and each link matches the host: x + 64 * sum(x) per step (the psum of the
-// blocks' sums is the whole array's sum, added to every element).
+// on every device, and each link matches the host: x / 2 + sum(x) / 64 per step (the psum of
+// the blocks' sums is the whole array's sum, added to every element).
 TEST(Collectives, AChainOfJittedPsumsStepsOnEveryDeviceAndMatchesTheHost) {
   absl::StatusOr<Client> client = Client::local(8);
   ASSERT_TRUE(client.ok()) << client.status();

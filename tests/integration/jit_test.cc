@@ -940,6 +940,39 @@ TEST_F(ExplicitJitTest, ReshardsOfReducedValuesHaveUnreducedCotangents) {
   ASSERT_TRUE(round.ok()) << round.status();
   EXPECT_EQ(round->sharding().spec(), P("x", "y"));
   expect_near(fetch(*round), {0, 1, 2, 3, 4, 5, 6, 7});
+
+  // A mesh axis of size 1 in the source or the target splits nothing: the terms are those of
+  // the mesh without it (each value counted once in the sum; review of session 26: the step
+  // counted a size-1 axis as pending and left every device the whole value, twice the sum).
+  absl::StatusOr<Mesh> flat =
+      client_->make_mesh({1, 2}, {"z", "x"}, {0, 1}, {AxisType::kExplicit, AxisType::kExplicit});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  struct UnitCase {
+    PartitionSpec from, to;
+    std::vector<std::vector<double>> terms;  // by position in the mesh
+  };
+  const UnitCase unit_cases[] = {
+      {P("z"), P(None).with_unreduced({"x"}), {{0, 1, 2, 3}, {0, 0, 0, 0}}},
+      {P("x"), P("z").with_unreduced({"x"}), {{0, 1, 0, 0}, {0, 0, 2, 3}}},
+      {P(Axes{"z", "x"}), P(None).with_unreduced({"x"}), {{0, 1, 0, 0}, {0, 0, 2, 3}}},
+  };
+  for (const UnitCase& c : unit_cases) {
+    SCOPED_TRACE(absl::StrCat(c.from.to_string(), " -> ", c.to.to_string()));
+    const Array placed = put_on(*flat, four, c.from);
+    absl::StatusOr<Array> pending = reshard(placed, NamedSharding(*flat, c.to));
+    ASSERT_TRUE(pending.ok()) << pending.status();
+    for (const Shard& shard : pending->addressable_shards()) {
+      const auto& ids = flat->device_ids();
+      const int64_t position = std::find(ids.begin(), ids.end(), shard.device_id()) - ids.begin();
+      absl::StatusOr<HostArray> data = shard.data();
+      ASSERT_TRUE(data.ok()) << data.status();
+      SCOPED_TRACE(absl::StrCat("device ", shard.device_id()));
+      expect_near(*data, c.terms[position]);
+    }
+    absl::StatusOr<Array> summed = reshard(*pending, NamedSharding(*flat, P()));
+    ASSERT_TRUE(summed.ok()) << summed.status();
+    expect_near(fetch(*summed), {0, 1, 2, 3});
+  }
 }
 
 // The linear ops JAX lets an unreduced value through (jax/_src/lax/lax.py: _transpose_ur_rule,
