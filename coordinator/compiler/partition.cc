@@ -153,17 +153,11 @@ class ProgramPartitioner : public internal::PartitionContext {
     std::vector<std::string> once = step.axes;
     bool padded = false;
     std::vector<int> starts;
-    // Axes of size 1 split nothing: plan_reshard planned without them (its last step's `after`
-    // and the `before` of a first step still name them), so they are left out here too.
-    auto splitting = [&](const Axes& axes) {
-      Axes out;
-      for (const std::string& a : axes) {
-        if (mesh_.axis_size(a) > 1) out.push_back(a);
-      }
-      return out;
-    };
+    // plan_reshard planned without axes of size 1 (its last step's `after` and the `before` of
+    // a first step still name them), so they are left out here too.
+    const ValueSharding have_all = without_unit_axes(before, mesh_), want_all = without_unit_axes(step.after, mesh_);
     for (size_t d = 0; d < value.shape.size(); ++d) {
-      const Axes have = splitting(before.dims[d]), want = splitting(step.after.dims[d]);
+      const Axes &have = have_all.dims[d], &want = want_all.dims[d];
       const Axes suffix(have.begin() + std::min(have.size(), want.size()), have.end());
       for (const std::string& a : suffix) {
         const auto it = std::find(once.begin(), once.end(), a);

@@ -26,8 +26,10 @@ absl::Status check_fits(const ValueSharding& s, const Shape& shape, const Mesh& 
   return NamedSharding(mesh, s.spec()).validate(shape);
 }
 
-// `s` without the mesh axes of size 1: splitting a dimension over one device, or reducing over
-// one, is the identity, so the two lay out the same blocks.
+}  // namespace
+
+// Splitting a dimension over one device, or reducing over one, is the identity, so `s` and
+// the result lay out the same blocks.
 ValueSharding without_unit_axes(ValueSharding s, const Mesh& mesh) {
   auto unit = [&](const std::string& a) {
     const int i = mesh.axis_index(a);
@@ -37,8 +39,6 @@ ValueSharding without_unit_axes(ValueSharding s, const Mesh& mesh) {
   s.partial.erase(std::remove_if(s.partial.begin(), s.partial.end(), unit), s.partial.end());
   return s;
 }
-
-}  // namespace
 
 std::string ReshardStep::to_string() const {
   switch (kind) {

@@ -39,6 +39,10 @@ struct ReshardStep {
   std::string to_string() const;
 };
 
+// `s` without the mesh axes of size 1 (they split and reduce nothing); plan_reshard plans
+// between the shardings so reduced.
+ValueSharding without_unit_axes(ValueSharding s, const Mesh& mesh);
+
 // The steps that take a value of `shape` from `from` to `to` (empty when they are equal).
 // `to` is whole, or partial with exactly `from`'s pending reduction, which then stays pending
 // (only the layout changes), or a sum pending over axes of a whole `from` (kUnreduce, last: the
