@@ -172,7 +172,7 @@ class WorkerService final : public WorkerServiceBase {
 
   grpc::Status Reshard(grpc::ServerContext* ctx, const pb::WorkerReshardRequest* req,
                        pb::WorkerReshardReply* reply) override {
-    absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Reshard");
+    absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "Reshard");
     if (!caller.ok()) return to_grpc(caller.status());
     absl::Status done = reshard(
         *req, [ctx] { return ctx->IsCancelled(); }, reply);

@@ -1009,7 +1009,7 @@ TEST_F(TlsTest, AWorkerCannotClaimAnotherDevicesId) {
 // refused by its role, as before; an admin may still delete buffers (DeleteBuffers is the
 // admin's and the coordinator's). The peers' Exchange streams and the coordinator's own calls
 // go on: an all-reduce afterwards is right.
-TEST_F(TlsTest, WorkersTakePlansRunsAndDeletionsOnlyFromTheCoordinator) {
+TEST_F(TlsTest, WorkersTakePlansRunsReshardsAndDeletionsOnlyFromTheCoordinator) {
   absl::StatusOr<Client> client = connect();
   ASSERT_TRUE(client.ok()) << client.status();
   expect_all_reduce_right(*client);
@@ -1039,6 +1039,9 @@ TEST_F(TlsTest, WorkersTakePlansRunsAndDeletionsOnlyFromTheCoordinator) {
     expect_error(unary(stub, &pb::Worker::Stub::RunCollective, pb::WorkerCollectiveRequest()), code,
                  says("RunCollective"));
     expect_error(run_plans(stub), code, says("RunPlans"));
+    // A worker-to-worker block move (device_put onto another mesh) is the coordinator's to start:
+    // a peer's certificate must not make this worker send its buffers to addresses it names.
+    expect_error(unary(stub, &pb::Worker::Stub::Reshard, pb::WorkerReshardRequest()), code, says("Reshard"));
     expect_error(unary(stub, &pb::Worker::Stub::DeleteBuffers, delete_buffers(1)), code,
                  device ? says("DeleteBuffers") : "DeleteBuffers takes the admin credential");
   }
