@@ -190,6 +190,17 @@ TEST(SteppedRun, AParkedRunNobodyAnswersIsHandedBackAndFailsAtItsDeadlineNamingT
   EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("instruction 1 (all_reduce)"));
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("device 1 (in-process:61121) sent nothing"));
+  // The failed run purged its op range (issue #17, "failed runs purge their op range"): a
+  // peer's message for an op after the failed instruction, which the run never reached
+  // (plan_op_id(1000, 2)), is dropped at once rather than held for the mailbox's time-to-live.
+  const int64_t dropped = cluster.transports[0]->dropped_messages();
+  const std::string late = "late";
+  ASSERT_TRUE(cluster.transports[1]
+                  ->send(0, cluster.peers[0], {plan_op_id(1000, 2), 0, 0},
+                         reinterpret_cast<const std::byte*>(late.data()), 4, absl::Now() + absl::Seconds(10))
+                  .ok());
+  EXPECT_EQ(cluster.transports[0]->pending_messages(), 0);
+  EXPECT_EQ(cluster.transports[0]->dropped_messages(), dropped + 1);
 }
 
 // A peer of this process that stops while a run is parked for its message: the run is handed
