@@ -172,5 +172,24 @@ TEST(Wire, ASubGraphIndexOutsideTheTableIsRefusedNamingIt) {
   EXPECT_THAT(std::string(graph_from_proto(wire).status().message()), HasSubstr("graph: sub-graph 0: "));
 }
 
+// The node-count bound (issue #17, "graph sizes have limits with INVALID_ARGUMENT naming the
+// limit"): a graph of 2^20 + 1 nodes is refused before any node is decoded, and so is one
+// nested as a sub-graph, named by its index.
+TEST(Wire, AGraphOverTheNodeLimitIsRefusedNamingTheLimit) {
+  constexpr int kLimit = 1 << 20;
+  pb::Graph big;
+  big.mutable_nodes()->Reserve(kLimit + 1);
+  for (int i = 0; i <= kLimit; ++i) big.add_nodes();
+  absl::StatusOr<Graph> bad = graph_from_proto(big);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("graph: 1048577 nodes is over the limit of 1048576"));
+  pb::Graph outer;
+  *outer.add_subgraphs() = std::move(big);
+  bad = graph_from_proto(outer);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("graph: sub-graph 0: graph: 1048577 nodes is over the limit of 1048576"));
+}
+
 }  // namespace
 }  // namespace tessera
