@@ -31,6 +31,7 @@
 #include "cli/state.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
+#include "core/open_mode.h"
 #include "core/status.h"
 #include "core/subprocess.h"
 #include "core/wire.h"
@@ -290,7 +291,7 @@ absl::Status up(const std::string& state_path) {
   if (absl::GetFlag(FLAGS_insecure)) {
     if (!credentials.empty()) return absl::InvalidArgumentError("up: give --credentials or --insecure, not both");
     std::fprintf(stderr, "%s\n", open_mode_warning(tokens, host, "tessera up").c_str());
-    if (!absl::StartsWith(host, "127.") && host != "localhost" && host != "::1") {
+    if (!is_loopback_host(host)) {
       return absl::InvalidArgumentError(
           absl::StrCat("up: --insecure is for loopback only, but --host is ", host, "; drop --insecure"));
     }

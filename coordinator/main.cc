@@ -9,6 +9,7 @@
 #include "core/credentials.h"
 #include "core/daemon.h"
 #include "core/heap.h"
+#include "core/open_mode.h"
 #include "proto/rpc.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -52,6 +53,11 @@ ABSL_FLAG(std::string, credentials, "",
           "makes one): every call must present one of them. Empty: the development mode, nothing is checked (a "
           "warning says so) (env TESSERA_COORDINATOR_CREDENTIALS)");
 
+ABSL_FLAG(bool, insecure_any_host, false,
+          "without --credentials, listen on a non-loopback address anyway (a network nobody else reaches, such as "
+          "a test's network namespaces): every caller there is trusted as an admin. Without it, a daemon with no "
+          "credentials refuses any address but loopback (env TESSERA_COORDINATOR_INSECURE_ANY_HOST)");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Tessera coordinator daemon: device registry, topology and array metadata, compilation and execution.\n"
@@ -70,7 +76,8 @@ int main(int argc, char** argv) {
                         {"max_programs", "TESSERA_COORDINATOR_MAX_PROGRAMS"},
                         {"max_sync_threads", "TESSERA_COORDINATOR_MAX_SYNC_THREADS"},
                         {"malloc_arenas", "TESSERA_COORDINATOR_MALLOC_ARENAS"},
-                        {"credentials", "TESSERA_COORDINATOR_CREDENTIALS"}});
+                        {"credentials", "TESSERA_COORDINATOR_CREDENTIALS"},
+                        {"insecure_any_host", "TESSERA_COORDINATOR_INSECURE_ANY_HOST"}});
   tessera::limit_malloc_arenas(absl::GetFlag(FLAGS_malloc_arenas));  // before our threads start
   tessera::block_termination_signals();
 
@@ -97,6 +104,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.credentials = *std::move(credentials);
+  if (absl::Status open = tessera::check_open_mode(options.credentials, options.host,
+                                                   absl::GetFlag(FLAGS_insecure_any_host), "tessera-coordinator");
+      !open.ok()) {
+    std::cerr << open.message() << "\n";
+    return 2;
+  }
 
   auto server = tessera::CoordinatorServer::start(options);
   if (!server.ok()) {

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "core/open_mode.h"
 #include "core/status.h"
 #include "core/subprocess.h"
 
@@ -341,10 +342,23 @@ absl::StatusOr<Credentials> credentials_from_flag(const std::string& dir, Creden
   return load_credentials(dir, holder);
 }
 
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+absl::Status check_open_mode(const Credentials& c, const std::string& listen_host, bool insecure_any_host,
+                             const std::string& program) {
+  if (!c.empty() || insecure_any_host || is_loopback_host(listen_host)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      program, ": no --credentials, and it would listen on ", listen_host,
+      ", which is not a loopback address: without credentials every caller is trusted as an admin, so plaintext is "
+      "for loopback only; give --credentials=DIR (`tessera credentials DIR` makes one), or --insecure_any_host on a "
+      "network nobody else reaches"));
+}
+
 std::string open_mode_warning(const Credentials& c, const std::string& listen_host, const std::string& program) {
   if (!c.empty()) return "";
-  const bool loopback = listen_host == "127.0.0.1" || listen_host == "localhost" || listen_host == "::1" ||
-                        absl::StartsWith(listen_host, "127.");
+  const bool loopback = is_loopback_host(listen_host);
   return absl::StrCat(
       program, ": WARNING: no --credentials: every caller is trusted as an admin (development mode)",
       loopback ? "" : absl::StrCat("; listening on ", listen_host, ", so anyone who reaches the port owns the cluster"),

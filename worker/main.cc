@@ -19,6 +19,7 @@
 #include "core/daemon.h"
 #include "core/heap.h"
 #include "core/host_array.h"
+#include "core/open_mode.h"
 #include "proto/rpc.h"
 #include "worker/kernels/blas.h"
 #include "worker/worker_server.h"
@@ -120,6 +121,11 @@ ABSL_FLAG(
     "and daemon.pem may be missing: `tessera select-credentials` copies only these). Empty: the development mode, "
     "nothing is checked (a warning says so) (env TESSERA_WORKER_CREDENTIALS)");
 
+ABSL_FLAG(bool, insecure_any_host, false,
+          "without --credentials, listen on a non-loopback address anyway (a network nobody else reaches, such as "
+          "a test's network namespaces): every caller there is trusted as an admin. Without it, a daemon with no "
+          "credentials refuses any address but loopback (env TESSERA_WORKER_INSECURE_ANY_HOST)");
+
 // The exit status after a drain on SIGTERM (the usage message says why): sysexits.h's "temporary
 // failure", distinct from a failure to start (1), a bad flag (2) and a death by a signal (128 + N).
 constexpr int kExitStopped = EX_TEMPFAIL;
@@ -165,7 +171,8 @@ int main(int argc, char** argv) {
                         {"buffer_cache_bytes", "TESSERA_WORKER_BUFFER_CACHE_BYTES"},
                         {"drain_timeout_ms", "TESSERA_WORKER_DRAIN_TIMEOUT_MS"},
                         {"malloc_arenas", "TESSERA_WORKER_MALLOC_ARENAS"},
-                        {"credentials", "TESSERA_WORKER_CREDENTIALS"}});
+                        {"credentials", "TESSERA_WORKER_CREDENTIALS"},
+                        {"insecure_any_host", "TESSERA_WORKER_INSECURE_ANY_HOST"}});
   tessera::limit_malloc_arenas(absl::GetFlag(FLAGS_malloc_arenas));  // before our threads start
   tessera::block_termination_signals();
   // Collective chunks and shard buffers are large and short-lived: keep them in the heap
@@ -237,6 +244,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.credentials = *std::move(credentials);
+  if (absl::Status open =
+          tessera::check_open_mode(options.credentials, options.bind_host.empty() ? options.host : options.bind_host,
+                                   absl::GetFlag(FLAGS_insecure_any_host), "tessera-worker");
+      !open.ok()) {
+    std::cerr << open.message() << "\n";
+    return 2;
+  }
   options.wait_or_stop = [](absl::Duration pause) { return tessera::wait_for_termination_signal_for(pause) != 0; };
 
   auto worker = tessera::WorkerServer::start(options);

@@ -1029,5 +1029,36 @@ TEST(Cli, FlagsComeFromTheEnvironmentAndBadValuesAreNamed) {
   EXPECT_THAT(out->second, HasSubstr("coordinator 127.0.0.1:1"));
 }
 
+// Plaintext is for loopback only (issue #17, item 1: "a development flag allows plaintext on
+// loopback only, with a warning"): without credentials a daemon refuses any other address,
+// naming it and both ways out, before it listens; --insecure_any_host (or its variable) lets it
+// listen there, with the warning.
+TEST(Cli, DaemonsWithoutCredentialsListenOnLoopbackOnly) {
+  const std::string rule = "which is not a loopback address: without credentials every caller is trusted as an admin";
+  absl::StatusOr<std::pair<int, std::string>> out =
+      Subprocess::run({kBin + "/tessera-coordinator", "--host=0.0.0.0"}, absl::Seconds(20));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->first, 2);
+  EXPECT_THAT(out->second, AllOf(HasSubstr("tessera-coordinator: no --credentials, and it would listen on 0.0.0.0"),
+                                 HasSubstr(rule), HasSubstr("--credentials=DIR"), HasSubstr("--insecure_any_host")));
+  EXPECT_THAT(out->second, Not(HasSubstr("listening on")));
+  // A worker checks the address it binds, which --bind_host gives apart from the advertised one.
+  out = Subprocess::run({kBin + "/tessera-worker", "--coordinator=127.0.0.1:1", "--bind_host=0.0.0.0"},
+                        absl::Seconds(20));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->first, 2);
+  EXPECT_THAT(out->second,
+              AllOf(HasSubstr("tessera-worker: no --credentials, and it would listen on 0.0.0.0"), HasSubstr(rule)));
+  // Allowed by the flag's variable: the worker gets as far as its registration (no coordinator
+  // runs at 127.0.0.1:1, so it gives up after the timeout).
+  out = Subprocess::run({"/usr/bin/env", "TESSERA_WORKER_INSECURE_ANY_HOST=true", kBin + "/tessera-worker",
+                         "--coordinator=127.0.0.1:1", "--bind_host=0.0.0.0", "--register_timeout_s=1"},
+                        absl::Seconds(20));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->first, 1);
+  EXPECT_THAT(out->second, HasSubstr("coordinator 127.0.0.1:1"));
+  EXPECT_THAT(out->second, Not(HasSubstr("no --credentials, and it would listen")));
+}
+
 }  // namespace
 }  // namespace tessera

@@ -7,6 +7,9 @@
 //
 // Needs root and ip(8); skipped with the reason otherwise. Every namespace, link and process
 // it makes carries this run's name and is removed when the test ends, failed or not.
+//
+// The daemons run without credentials on the 10.x addresses (--insecure_any_host: the
+// namespaces are this test's own); k8s_netns_test runs them across namespaces with TLS.
 #include <signal.h>
 #include <unistd.h>
 
@@ -67,7 +70,7 @@ class NetnsClusterTest : public ::testing::Test {
         absl::StrCat("w", i),
         {bin("tessera-worker"), "--coordinator=" + coordinator_address(), "--host=" + topology_->address(10 + i),
          absl::StrCat("--port=", kWorkerPort), absl::StrCat("--device_id=", i), absl::StrCat("--name=worker-", i),
-         absl::StrCat("--memory_bytes=", 256 << 20)}));
+         absl::StrCat("--memory_bytes=", 256 << 20), "--insecure_any_host"}));
     return w;
   }
 
@@ -86,8 +89,9 @@ class NetnsClusterTest : public ::testing::Test {
 };
 
 TEST_F(NetnsClusterTest, ClientAcrossHostsThenAWorkerIsCutOffAndComesBack) {
-  absl::StatusOr<std::unique_ptr<Subprocess>> c = Subprocess::spawn(topology_->in(
-      "c", {bin("tessera-coordinator"), "--host=" + topology_->address(1), absl::StrCat("--port=", kCoordinatorPort)}));
+  absl::StatusOr<std::unique_ptr<Subprocess>> c =
+      Subprocess::spawn(topology_->in("c", {bin("tessera-coordinator"), "--host=" + topology_->address(1),
+                                            absl::StrCat("--port=", kCoordinatorPort), "--insecure_any_host"}));
   ASSERT_TRUE(c.ok()) << c.status();
   coordinator_ = *std::move(c);
   ASSERT_TRUE(coordinator_->read_line_with("listening on", absl::Seconds(20)).ok());
