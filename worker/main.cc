@@ -83,6 +83,9 @@ ABSL_FLAG(int, max_sync_threads, 256,
 ABSL_FLAG(int64_t, mailbox_bytes_per_peer, int64_t{64} << 20,
           "bytes of collective messages from one peer that may wait here for their op, charged to --memory_bytes; "
           "more are dropped and fail their op (env TESSERA_WORKER_MAILBOX_BYTES_PER_PEER)");
+ABSL_FLAG(int64_t, mailbox_messages_per_peer, 1024,
+          "collective messages from one peer that may wait here for ops not started here; more are dropped and "
+          "fail their op (env TESSERA_WORKER_MAILBOX_MESSAGES_PER_PEER)");
 ABSL_FLAG(int64_t, mailbox_ttl_ms, 60000,
           "a collective message whose op has not started here this long after it arrived is dropped "
           "(env TESSERA_WORKER_MAILBOX_TTL_MS)");
@@ -163,6 +166,7 @@ int main(int argc, char** argv) {
                         {"max_plan_threads", "TESSERA_WORKER_MAX_PLAN_THREADS"},
                         {"max_sync_threads", "TESSERA_WORKER_MAX_SYNC_THREADS"},
                         {"mailbox_bytes_per_peer", "TESSERA_WORKER_MAILBOX_BYTES_PER_PEER"},
+                        {"mailbox_messages_per_peer", "TESSERA_WORKER_MAILBOX_MESSAGES_PER_PEER"},
                         {"mailbox_ttl_ms", "TESSERA_WORKER_MAILBOX_TTL_MS"},
                         {"put_stall_ms", "TESSERA_WORKER_PUT_STALL_MS"},
                         {"drain_quiet_ms", "TESSERA_WORKER_DRAIN_QUIET_MS"},
@@ -221,6 +225,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.mailbox_bytes_per_peer = absl::GetFlag(FLAGS_mailbox_bytes_per_peer);
+  options.mailbox_messages_per_peer = absl::GetFlag(FLAGS_mailbox_messages_per_peer);
   options.mailbox_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_mailbox_ttl_ms));
   options.put_stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_put_stall_ms));
   for (const auto& [name, value] :

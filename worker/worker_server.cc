@@ -107,6 +107,7 @@ class WorkerService final : public WorkerServiceBase {
     }
     MailboxOptions mailbox;
     mailbox.bytes_per_peer = options.mailbox_bytes_per_peer;
+    mailbox.messages_per_peer = options.mailbox_messages_per_peer;
     mailbox.unclaimed_ttl = options.mailbox_ttl;
     mailbox.reserve = [this](int64_t bytes) { return store_.charge(bytes); };
     mailbox.release = [this](int64_t bytes) { store_.uncharge(bytes); };

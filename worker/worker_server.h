@@ -71,6 +71,8 @@ struct WorkerOptions {
   // Collective messages from one peer that may wait in the mailbox (charged to memory_bytes);
   // a message of an op that has not started here within mailbox_ttl of its arrival is dropped.
   int64_t mailbox_bytes_per_peer = int64_t{64} << 20;
+  // Of those, messages of ops not started here when they arrived (MailboxOptions).
+  int64_t mailbox_messages_per_peer = 1024;
   absl::Duration mailbox_ttl = absl::Seconds(60);
   // A PutShard stream that receives nothing for this long is cancelled and its reservation
   // released (checked every put_stall_timeout / 4 by a thread of its own), so a stalled client

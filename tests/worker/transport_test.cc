@@ -442,6 +442,56 @@ TEST(TransportMailbox, ASourcesShareAndTheDevicesMemoryBoundItAndTheOpFailsAtOnc
   EXPECT_EQ(charged, 0);
 }
 
+// A source's messages held for ops not started here are bounded by number too
+// (--mailbox_messages_per_peer): bench_programs' flood held 5,000 one-KiB messages of ops that
+// never start, well within the byte share. The (cap+1)-th is refused and its op's wait names
+// the bound; a started op's messages are not counted (they are taken as they come), and taking
+// a held one makes room again.
+TEST(TransportMailbox, ASourcesEarlyMessagesAreBoundedByNumber) {
+  Transport transport;
+  transport.set_self(0);
+  MailboxOptions options;
+  options.messages_per_peer = 3;  // the byte share (64 MiB) is far away
+  ASSERT_TRUE(transport.set_mailbox(options).ok());
+  for (uint64_t op = 1; op <= 4; ++op) ASSERT_TRUE(deliver(transport, data_message(2, op, 0, "abcd")).ok());
+  ASSERT_TRUE(deliver(transport, data_message(3, 4, 0, "efgh")).ok());  // device 3 counts apart
+  EXPECT_EQ(transport.pending_messages(), 4);
+  EXPECT_EQ(transport.dropped_messages(), 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<Received> dropped = transport.receive(2, "h:1", {4, 0, 0}, absl::InfinitePast(), deadline);
+  EXPECT_EQ(dropped.status().code(), absl::StatusCode::kResourceExhausted) << dropped.status();
+  EXPECT_THAT(std::string(dropped.status().message()),
+              AllOf(HasSubstr("op 4 from device 2"), HasSubstr("3 messages, --mailbox_messages_per_peer")));
+  // Op 5 starts here (its receive times out: nothing sent yet); then its messages are held
+  // beyond the count, as many as come.
+  EXPECT_EQ(transport.receive(2, "h:1", {5, 0, 0}, absl::InfinitePast(), absl::Now()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  for (int chunk = 0; chunk < 5; ++chunk) {
+    ASSERT_TRUE(deliver(transport, data_message(2, 5, chunk, std::string(4, static_cast<char>('0' + chunk)))).ok());
+  }
+  EXPECT_EQ(transport.pending_messages(), 9);
+  EXPECT_EQ(transport.dropped_messages(), 1);
+  for (int chunk = 0; chunk < 5; ++chunk) {
+    absl::StatusOr<Received> got = transport.receive(2, "h:1", {5, 0, chunk}, absl::InfinitePast(), deadline);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::string bytes(4, '\0');
+    got->copy_to(reinterpret_cast<std::byte*>(bytes.data()));
+    EXPECT_EQ(bytes, std::string(4, static_cast<char>('0' + chunk)));
+  }
+  // Taking one of the three early messages makes room for one more early message, not two.
+  ASSERT_TRUE(transport.receive(2, "h:1", {1, 0, 0}, absl::InfinitePast(), deadline).ok());
+  ASSERT_TRUE(deliver(transport, data_message(2, 6, 0, "ijkl")).ok());
+  ASSERT_TRUE(deliver(transport, data_message(2, 7, 0, "mnop")).ok());
+  EXPECT_EQ(transport.dropped_messages(), 2);
+  EXPECT_TRUE(transport.receive(2, "h:1", {6, 0, 0}, absl::InfinitePast(), deadline).ok());
+  EXPECT_EQ(transport.receive(2, "h:1", {7, 0, 0}, absl::InfinitePast(), deadline).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  transport.finish_ops(1, 8);
+  EXPECT_EQ(transport.pending_messages(), 0);
+  options.messages_per_peer = 0;
+  EXPECT_EQ(transport.set_mailbox(options).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A flood of tiny messages is bounded by its bookkeeping, not only by its data: each message is
 // charged kHeldMessageBytes (256) beyond its byte, so a share of 2,570 bytes keeps 10 of 100
 // one-byte messages (before, it kept every one: 100 bytes of data, some 20 KB held).

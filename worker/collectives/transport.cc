@@ -939,6 +939,7 @@ bool Transport::finished_locked(uint64_t op) const {
 void Transport::take_locked(std::map<Key, Held>::iterator it) {
   const int64_t bytes = it->second.data.size() + kHeldMessageBytes;
   held_bytes_[std::get<1>(it->first)] -= bytes;
+  if (it->second.early) --held_early_[std::get<1>(it->first)];
   pending_bytes_ -= it->second.data.size();
   if (mailbox_options_.release) mailbox_options_.release(bytes);
   mailbox_.erase(it);
@@ -949,6 +950,9 @@ std::string Transport::refusal_text_locked(const Refusal& r) const {
     case Refusal::kShare:
       return absl::StrCat("the device's messages waiting here would exceed their share of the mailbox (",
                           mailbox_options_.bytes_per_peer, " bytes, --mailbox_bytes_per_peer)");
+    case Refusal::kCount:
+      return absl::StrCat("the device's messages waiting here for ops not started here would exceed their number (",
+                          mailbox_options_.messages_per_peer, " messages, --mailbox_messages_per_peer)");
     case Refusal::kMemory:
       return absl::StrCat("its ", r.value,
                           " bytes (data and bookkeeping) do not fit in this device's free memory (--memory_bytes)");
@@ -992,10 +996,10 @@ void Transport::sweep_locked(absl::Time now) {
 }
 
 absl::Status Transport::set_mailbox(MailboxOptions options) {
-  if (options.bytes_per_peer <= 0 || options.unclaimed_ttl <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("mailbox: bytes_per_peer (", options.bytes_per_peer,
-                                                   ") and unclaimed_ttl (", absl::FormatDuration(options.unclaimed_ttl),
-                                                   ") must be positive"));
+  if (options.bytes_per_peer <= 0 || options.messages_per_peer <= 0 || options.unclaimed_ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mailbox: bytes_per_peer (", options.bytes_per_peer, "), messages_per_peer (", options.messages_per_peer,
+        ") and unclaimed_ttl (", absl::FormatDuration(options.unclaimed_ttl), ") must be positive"));
   }
   absl::MutexLock lock(&mu_);
   mailbox_options_ = std::move(options);
@@ -1269,13 +1273,23 @@ std::shared_ptr<Transport::Parked> Transport::file_message(int from, MessageTag 
     refuse_locked(tag.op, from, {Refusal::kShare});
     return parked;
   }
+  // Early: it may wait for its op up to the time-to-live. A legitimate peer has at most a few
+  // hundred such messages here (docs/design.md, "The flood's peak"); a flood of small ones is
+  // bounded by their number, not only by their bytes.
+  const bool early = started_.count(tag.op) == 0;
+  int64_t& early_held = held_early_[from];
+  if (early && early_held >= mailbox_options_.messages_per_peer) {
+    refuse_locked(tag.op, from, {Refusal::kCount});
+    return parked;
+  }
   if (mailbox_options_.reserve && !mailbox_options_.reserve(bytes)) {
     refuse_locked(tag.op, from, {Refusal::kMemory, bytes});
     return parked;
   }
   held += bytes;
+  if (early) ++early_held;
   pending_bytes_ += data.size();
-  mailbox_.emplace(key, Held{std::move(data), now});
+  mailbox_.emplace(key, Held{std::move(data), now, early});
   return parked;
 }
 

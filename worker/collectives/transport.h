@@ -15,7 +15,8 @@
 //   transport.finish_op(op);     // drops what is left of op; late messages are discarded
 //
 // The mailbox is bounded (MailboxOptions): each source may hold at most bytes_per_peer there,
-// charged to the device's memory (each message its data and kHeldMessageBytes), and a message
+// charged to the device's memory (each message its data and kHeldMessageBytes), at most
+// messages_per_peer messages of ops that have not started here, and a message
 // of an op that has not started here within unclaimed_ttl of its arrival is dropped. Either way the drop is counted and
 // remembered, so the op's wait for that message fails at once, saying why, instead of at its deadline.
 #ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
@@ -84,6 +85,10 @@ class Received {
 // The mailbox's bounds (see above).
 struct MailboxOptions {
   int64_t bytes_per_peer = int64_t{64} << 20;
+  // Messages of one source held for ops not started here when they arrived (those of a started
+  // op are taken as they come and count only against bytes_per_peer). docs/design.md, "The
+  // flood's peak": no legitimate peer gets near it; a flood of small messages does.
+  int64_t messages_per_peer = 1024;
   absl::Duration unclaimed_ttl = absl::Seconds(60);
   // The device's memory: reserve(bytes) is false when they do not fit; release gives them back.
   // Unset: nothing is charged.
@@ -297,6 +302,7 @@ class Transport {
   struct Held {
     Received data;
     absl::Time arrived;
+    bool early = false;  // its op had not started here when it arrived (counted in held_early_)
   };
   bool finished_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a receive for `op` began here (its messages are taken as they come) or `op`
@@ -310,7 +316,7 @@ class Transport {
   // these behind (until their ops end, which for ops that never start is never), so they hold
   // no text; the op's wait puts the reason into words (refusal_text_locked).
   struct Refusal {
-    enum Kind : uint8_t { kShare, kMemory, kTtl } kind;
+    enum Kind : uint8_t { kShare, kCount, kMemory, kTtl } kind;
     int64_t value = 0;  // kMemory: the message's charge in bytes; kTtl: how long it waited, in ns
   };
   std::string refusal_text_locked(const Refusal& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -332,6 +338,7 @@ class Transport {
   std::map<Key, Held> mailbox_ ABSL_GUARDED_BY(mu_);
   MailboxOptions mailbox_options_ ABSL_GUARDED_BY(mu_);
   std::map<int, int64_t> held_bytes_ ABSL_GUARDED_BY(mu_);  // per source, as charged
+  std::map<int, int64_t> held_early_ ABSL_GUARDED_BY(mu_);  // per source: messages held with early set
   int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
