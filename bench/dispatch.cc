@@ -2,15 +2,18 @@
 // 8 local workers, next to plain gRPC unary round trips measured in the same run: to the
 // coordinator over the cluster's own channel (in-process unless --in_process=false), and to a
 // health server on 127.0.0.1 over TCP (what the cluster's hops cost before they were in process).
+// The call and the round trip are also timed alternating (interleaved_*), so that the ratio is read on one machine
+// state.
 //
-//   bin/bench_dispatch [--iters=200] [--back_to_back=200] [--json] [--check_credentials=false]
+//   bin/bench_dispatch [--iters=200] [--back_to_back=200] [--chain_rounds=5] [--json] [--check_credentials=false]
 //                      [--in_process=false] [--profile=/tmp/dispatch.json] [--threads]
 //                      [--all_reduce_algorithm=tree|recursive_doubling|direct]
 //
 // Calls are asynchronous, so it times three things: a call followed by block_until_ready (the
 // latency, p50 and p99), the call alone (dispatch: how long the caller is held), and N calls
 // issued back to back and then waited for (time per call: what asynchronous dispatch buys),
-// both on one input and as a chain where each call consumes the previous one's output. It
+// both on one input and as a chain where each call consumes the previous one's output (and the
+// same for a call holding a scalar psum), alternating --chain_rounds times (medians). It
 // also times a jitted shard_map whose body holds one scalar psum over the 8 devices against the
 // same body without it (alternating, call + block_until_ready p50 each; it prints the path and
 // the all_reduce algorithm the psum took, worker/collectives/algorithms.h), and counts the context
@@ -40,6 +43,7 @@
 #include "core/credentials.h"
 #include "core/daemon.h"
 #include "core/profile.h"
+#include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/auth.h"
 #include "proto/health.grpc.pb.h"
@@ -63,6 +67,9 @@ ABSL_FLAG(bool, threads, false,
 ABSL_FLAG(std::string, all_reduce_algorithm, "",
           "force the psum's all_reduce to tree, recursive_doubling or direct on every embedded worker (to measure "
           "worker/collectives/algorithms.h on the in-process path); empty: the table's choice");
+ABSL_FLAG(int, chain_rounds, 5,
+          "how many times the back-to-back phases (independent, dropping, chained; psum independent and chained) "
+          "alternate; each figure is the median over the rounds");
 ABSL_FLAG(bool, in_process, true,
           "the embedded cluster's channels are in-process ones (LocalOptions::in_process); false: TCP on 127.0.0.1");
 
@@ -199,54 +206,96 @@ int main(int argc, char** argv) {
   // a chain where each call consumes the previous output (it runs when that one is ready).
   // The chain drops each link's output as the next call takes its place; so that the goal's
   // ratio can be read like for like, independent calls are also timed dropping each output
-  // when the next call returns (a deletion per call, as in the chain).
+  // when the next call returns (a deletion per call, as in the chain). The same for a jitted
+  // shard_map holding one scalar psum (independent against chained). The phases alternate
+  // --chain_rounds times and each figure is the median over the rounds (each ratio the median
+  // of the rounds' ratios), so that one slow window on a loaded machine does not decide it.
   const int n = std::max(1, absl::GetFlag(FLAGS_back_to_back));
-  double independent_us = 0, dropping_us = 0, chained_us = 0, chained_switches = 0;
-  {
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_chain_rounds));
+  Jitted g = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 0.5 + 1.0}; });
+  // Values stay bounded along a chain: each block becomes a quarter of itself plus 1/256 of the
+  // whole array's sum.
+  const ShardMapped bounded_psum = shard_map(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{in[0] * 0.25 + psum(sum(in[0]), {"data", "model"}) * (1.0 / 256)};
+      },
+      *mesh, {P("data", "model")}, {P("data", "model")});
+  Jitted chained_psum = jit([&bounded_psum](const std::vector<Value>& in) { return bounded_psum(in); });
+  for (Jitted* k : {&g, &chained_psum}) {  // compiled and loaded before the clock starts, as f was
+    absl::StatusOr<std::vector<Array>> warm = (*k)({*x});
+    if (!warm.ok()) return fail(warm.status());
+    absl::Status ready = (*warm)[0].block_until_ready();
+    if (!ready.ok()) return fail(ready);
+  }
+  // Calls of k back to back on x, then one wait for all of them: us per call.
+  auto independent = [&](Jitted& k) -> absl::StatusOr<double> {
     std::vector<Array> outputs;
     const absl::Time t = absl::Now();
     for (int i = 0; i < n; ++i) {
-      absl::StatusOr<std::vector<Array>> y = f({*x});
-      if (!y.ok()) return fail(y.status());
+      absl::StatusOr<std::vector<Array>> y = k({*x});
+      if (!y.ok()) return y.status();
       outputs.push_back((*y)[0]);
     }
-    absl::Status ready = block_until_ready(outputs);
-    if (!ready.ok()) return fail(ready);
-    independent_us = absl::ToDoubleMicroseconds(absl::Now() - t) / n;
-  }
-  {
+    TESSERA_RETURN_IF_ERROR(block_until_ready(outputs));
+    return absl::ToDoubleMicroseconds(absl::Now() - t) / n;
+  };
+  // Calls of k each consuming the previous output, then one wait: us per call.
+  auto chained = [&](Jitted& k) -> absl::StatusOr<double> {
     Array y = *x;
     const absl::Time t = absl::Now();
     for (int i = 0; i < n; ++i) {
-      absl::StatusOr<std::vector<Array>> next = f({*x});
-      if (!next.ok()) return fail(next.status());
+      absl::StatusOr<std::vector<Array>> next = k({y});
+      if (!next.ok()) return next.status();
       y = (*next)[0];
     }
-    absl::Status ready = y.block_until_ready();
-    if (!ready.ok()) return fail(ready);
-    dropping_us = absl::ToDoubleMicroseconds(absl::Now() - t) / n;
-  }
-  {
-    Jitted g = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 0.5 + 1.0}; });
-    Array y = *x;
-    {  // compiled and loaded before the clock starts, as f was: the loop times calls, not a compile
-      absl::StatusOr<std::vector<Array>> warm = g({y});
-      if (!warm.ok()) return fail(warm.status());
-      absl::Status ready = (*warm)[0].block_until_ready();
+    TESSERA_RETURN_IF_ERROR(y.block_until_ready());
+    return absl::ToDoubleMicroseconds(absl::Now() - t) / n;
+  };
+  std::vector<double> independent_round, dropping_round, chained_round, chained_switches_round, chain_ratio;
+  std::vector<double> psum_independent_round, psum_chained_round, psum_chain_ratio;
+  for (int r = 0; r < rounds; ++r) {
+    absl::StatusOr<double> independent_us = independent(f);
+    if (!independent_us.ok()) return fail(independent_us.status());
+    double dropping_us = 0;
+    {
+      Array y = *x;
+      const absl::Time t = absl::Now();
+      for (int i = 0; i < n; ++i) {
+        absl::StatusOr<std::vector<Array>> next = f({*x});
+        if (!next.ok()) return fail(next.status());
+        y = (*next)[0];
+      }
+      absl::Status ready = y.block_until_ready();
       if (!ready.ok()) return fail(ready);
+      dropping_us = absl::ToDoubleMicroseconds(absl::Now() - t) / n;
     }
     const long before = context_switches();
-    const absl::Time t = absl::Now();
-    for (int i = 0; i < n; ++i) {
-      absl::StatusOr<std::vector<Array>> next = g({y});
-      if (!next.ok()) return fail(next.status());
-      y = (*next)[0];
-    }
-    absl::Status ready = y.block_until_ready();
-    if (!ready.ok()) return fail(ready);
-    chained_us = absl::ToDoubleMicroseconds(absl::Now() - t) / n;
-    chained_switches = static_cast<double>(context_switches() - before) / n;
+    absl::StatusOr<double> chained_us = chained(g);
+    if (!chained_us.ok()) return fail(chained_us.status());
+    chained_switches_round.push_back(static_cast<double>(context_switches() - before) / n);
+    absl::StatusOr<double> psum_independent_us = independent(chained_psum);
+    if (!psum_independent_us.ok()) return fail(psum_independent_us.status());
+    absl::StatusOr<double> psum_chained_us = chained(chained_psum);
+    if (!psum_chained_us.ok()) return fail(psum_chained_us.status());
+    independent_round.push_back(*independent_us);
+    dropping_round.push_back(dropping_us);
+    chained_round.push_back(*chained_us);
+    chain_ratio.push_back(*chained_us / *independent_us);
+    psum_independent_round.push_back(*psum_independent_us);
+    psum_chained_round.push_back(*psum_chained_us);
+    psum_chain_ratio.push_back(*psum_chained_us / *psum_independent_us);
   }
+  const double independent_us = median(independent_round), dropping_us = median(dropping_round);
+  const double chained_us = median(chained_round), chained_switches = median(chained_switches_round);
+  const double chained_over_independent = median(chain_ratio);
+  const double chained_over_dropping = median([&] {
+    std::vector<double> v;
+    for (int r = 0; r < rounds; ++r) v.push_back(chained_round[r] / dropping_round[r]);
+    return v;
+  }());
+  const double psum_independent_us = median(psum_independent_round), psum_chained_us = median(psum_chained_round);
+  const double psum_chained_over_independent = median(psum_chain_ratio);
+  const auto [chain_ratio_min, chain_ratio_max] = std::minmax_element(chain_ratio.begin(), chain_ratio.end());
   // One scalar psum over the 8 devices in a jitted call, against the same call without it:
   // a shard_map adding to each block the sum of the whole array (psum of the blocks' sums), or
   // of its own block. Alternating, so that both see the same machine.
@@ -260,16 +309,16 @@ int main(int argc, char** argv) {
     };
     const ShardMapped with = shard_map(body(true), *mesh, {P("data", "model")}, {P("data", "model")});
     const ShardMapped without = shard_map(body(false), *mesh, {P("data", "model")}, {P("data", "model")});
-    Jitted g = jit([&with](const std::vector<Value>& in) { return with(in); });
+    Jitted p = jit([&with](const std::vector<Value>& in) { return with(in); });
     Jitted h = jit([&without](const std::vector<Value>& in) { return without(in); });
     for (int i = 0; i < iters + 10; ++i) {
-      for (Jitted* k : {&g, &h}) {
+      for (Jitted* k : {&p, &h}) {
         const absl::Time t = absl::Now();
         absl::StatusOr<std::vector<Array>> y = (*k)({*x});
         if (!y.ok()) return fail(y.status());
         absl::Status ready = (*y)[0].block_until_ready();
         if (!ready.ok()) return fail(ready);
-        if (i >= 10) (k == &g ? psum_us : no_psum_us).push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+        if (i >= 10) (k == &p ? psum_us : no_psum_us).push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
       }
     }
   }
@@ -320,6 +369,28 @@ int main(int argc, char** argv) {
     stub->Handshake(&ctx, req, &reply);
     if (i >= 10) rpc_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
   }
+  // The same call and round trip alternating, so that both see the same machine: on a loaded
+  // machine the windows above, seconds apart, can differ by 3x.
+  std::vector<double> interleaved_jit_us, interleaved_rpc_us;
+  for (int i = 0; i < iters + 10; ++i) {
+    absl::Time t = absl::Now();
+    {
+      absl::StatusOr<std::vector<Array>> y = f({*x});
+      if (!y.ok()) return fail(y.status());
+      absl::Status ready = (*y)[0].block_until_ready();
+      if (!ready.ok()) return fail(ready);
+    }
+    if (i >= 10) interleaved_jit_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+    pb::HandshakeRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    pb::HandshakeReply reply;
+    grpc::ClientContext ctx;
+    t = absl::Now();
+    stub->Handshake(&ctx, req, &reply);
+    if (i >= 10) interleaved_rpc_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+  }
+  const double interleaved50 = percentile(interleaved_jit_us, 0.5);
+  const double interleaved_grpc50 = percentile(interleaved_rpc_us, 0.5);
   // The TCP reference: a unary call to a health server on a loopback port of this process.
   HealthService health;
   absl::StatusOr<std::unique_ptr<HealthPort>> health_port = health.serve_plaintext("127.0.0.1", 0);
@@ -357,11 +428,17 @@ int main(int argc, char** argv) {
         "\"context_switches_per_call\": %.1f, \"chained_context_switches_per_call\": %.1f, \"profiled\": %s, "
         "\"span_off_ns\": %.2f, \"spans_per_call\": %.1f, \"drop_p50_us\": %.1f, \"step_p50_us\": %.1f, "
         "\"jit_over_rpc\": %.2f, \"chained_over_independent\": %.2f, \"psum_p50_us\": %.1f, "
-        "\"no_psum_p50_us\": %.1f, \"psum_over_no_psum\": %.2f, \"psum_path\": \"%s\", \"psum_algorithm\": \"%s\"}\n",
+        "\"no_psum_p50_us\": %.1f, \"psum_over_no_psum\": %.2f, \"psum_path\": \"%s\", \"psum_algorithm\": \"%s\", "
+        "\"chain_rounds\": %d, \"chained_over_independent_min\": %.2f, \"chained_over_independent_max\": %.2f, "
+        "\"psum_back_to_back_us_per_call\": %.1f, \"psum_chained_us_per_call\": %.1f, "
+        "\"psum_chained_over_independent\": %.2f, \"interleaved_p50_us\": %.1f, \"interleaved_grpc_p50_us\": %.1f, "
+        "\"interleaved_jit_over_rpc\": %.2f}\n",
         transport, p50, p99, grpc50, tcp50, dispatch50, n, independent_us, dropping_us, chained_us,
-        chained_us / dropping_us, switches_per_call, chained_switches, profile_path.empty() ? "false" : "true",
-        span_off_ns, spans_per_call, drop50, step50, p50 / grpc50, chained_us / independent_us, psum50, no_psum50,
-        psum50 / no_psum50, path_name(psum_path), psum_algorithm.c_str());
+        chained_over_dropping, switches_per_call, chained_switches, profile_path.empty() ? "false" : "true",
+        span_off_ns, spans_per_call, drop50, step50, p50 / grpc50, chained_over_independent, psum50, no_psum50,
+        psum50 / no_psum50, path_name(psum_path), psum_algorithm.c_str(), rounds, *chain_ratio_min, *chain_ratio_max,
+        psum_independent_us, psum_chained_us, psum_chained_over_independent, interleaved50, interleaved_grpc50,
+        interleaved50 / interleaved_grpc50);
   } else {
     std::printf(
         "cached jit (8, 8) on 8 workers (%s), call + block_until_ready: p50 %.0f us, p99 %.0f us; gRPC unary "
@@ -370,21 +447,26 @@ int main(int argc, char** argv) {
         "dispatch alone (the call returns): p50 %.0f us\n"
         "drop of the ready output: p50 %.0f us (drop/rpc %.2fx); a loop's step (call + wait + drop): p50 %.0f us "
         "(step/rpc %.1fx)\n"
-        "%d calls back to back, then block_until_ready: %.0f us per call (independent), %.0f us per call (each "
-        "consuming the previous output; chained/independent %.2fx); independent calls dropping each output as "
-        "the chain does: %.0f us per call (chained/dropping %.2fx)\n"
+        "%d calls back to back, then block_until_ready (medians of %d rounds): %.0f us per call (independent), "
+        "%.0f us per call (each consuming the previous output; chained/independent %.2fx, rounds %.2f-%.2fx); "
+        "independent calls dropping each output as the chain does: %.0f us per call (chained/dropping %.2fx)\n"
+        "the same with a jitted shard_map holding one scalar psum: %.0f us per call (independent), %.0f us per "
+        "call (chained; chained/independent %.2fx)\n"
         "context switches per call, all threads (client, coordinator, workers): %.1f (call + block_until_ready), "
         "%.1f (chained)\n"
         "a jitted shard_map with one scalar psum over the 8 devices (all_reduce %s on the %s path), call + "
         "block_until_ready: p50 %.0f us; the same without the psum %.0f us (psum/no psum %.2fx)\n",
         transport, p50, p99, grpc50, p50 / grpc50, tcp50, p50 / tcp50, dispatch50, drop50, drop50 / grpc50, step50,
-        step50 / grpc50, n, independent_us, chained_us, chained_us / independent_us, dropping_us,
-        chained_us / dropping_us, switches_per_call, chained_switches, psum_algorithm.c_str(), path_name(psum_path),
-        psum50, no_psum50, psum50 / no_psum50);
+        step50 / grpc50, n, rounds, independent_us, chained_us, chained_over_independent, *chain_ratio_min,
+        *chain_ratio_max, dropping_us, chained_over_dropping, psum_independent_us, psum_chained_us,
+        psum_chained_over_independent, switches_per_call, chained_switches, psum_algorithm.c_str(),
+        path_name(psum_path), psum50, no_psum50, psum50 / no_psum50);
     std::printf(
+        "the call and the round trip on the cluster's channel alternating: p50 %.0f us and %.0f us (jit/rpc %.2fx)\n"
         "issue #18 goals, this run: jit/rpc %.2fx (at most 2), chained/independent %.2fx (at most 1.2), psum/no psum "
         "%.2fx (at most 1.5)\n",
-        p50 / grpc50, chained_us / independent_us, psum50 / no_psum50);
+        interleaved50, interleaved_grpc50, interleaved50 / interleaved_grpc50, p50 / grpc50, chained_over_independent,
+        psum50 / no_psum50);
     if (per_thread) std::printf("by thread, call + block_until_ready:\n%s", by_thread.c_str());
     std::printf(
         "%s; with no profile running a span costs %.2f ns and a call records %.0f spans (all daemons): "

@@ -1,5 +1,6 @@
 #include "proto/auth.h"
 
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -31,10 +32,65 @@ namespace {
 // OpenSSL; the memory is the process's until it ends anyway.
 [[maybe_unused]] const bool kOpenSslKeptUntilExit = OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
 
+// OpenSSL 3's one-shot SHA256() and HMAC() look their algorithm up in the provider tables at
+// every call (EVP_MD_fetch, EVP_MAC_fetch: locks and property queries), a few microseconds each;
+// every call to a server hashes its token and MACs its session, and each array an Execute names
+// or returns takes a MAC. The algorithms are fetched once for the process instead, and each
+// thread keeps one HMAC context keyed with the last key it used (re-initialised per message,
+// which reuses the key's inner and outer pads).
+const EVP_MD* sha256_md() {
+  static EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md;
+}
+
 std::string sha256(absl::string_view data) {
-  unsigned char out[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
-  return std::string(reinterpret_cast<const char*>(out), sizeof(out));
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (sha256_md() == nullptr || EVP_Digest(data.data(), data.size(), out, &length, sha256_md(), nullptr) != 1) {
+    SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
+    length = SHA256_DIGEST_LENGTH;
+  }
+  return std::string(reinterpret_cast<const char*>(out), length);
+}
+
+// A thread's HMAC-SHA256 context and the key it holds.
+struct KeyedHmac {
+  std::string key;
+  EVP_MAC_CTX* ctx = nullptr;
+  ~KeyedHmac() { EVP_MAC_CTX_free(ctx); }
+};
+
+// HMAC-SHA256 of `message` under `key` into out (at least EVP_MAX_MD_SIZE bytes): its length, or
+// 0 if OpenSSL refused (the caller then takes the one-shot path).
+size_t hmac_sha256(absl::string_view key, absl::string_view message, unsigned char* out) {
+  static EVP_MAC* const mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  thread_local KeyedHmac keyed;
+  if (mac == nullptr) return 0;
+  bool reuse = keyed.ctx != nullptr && keyed.key.size() == key.size() &&
+               CRYPTO_memcmp(keyed.key.data(), key.data(), key.size()) == 0;
+  if (reuse) {
+    reuse = EVP_MAC_init(keyed.ctx, nullptr, 0, nullptr) == 1;  // the same key: only the state resets
+  }
+  if (!reuse) {
+    EVP_MAC_CTX_free(keyed.ctx);
+    keyed.ctx = EVP_MAC_CTX_new(mac);
+    keyed.key.clear();
+    char digest[] = "SHA256";
+    const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                                 OSSL_PARAM_construct_end()};
+    if (keyed.ctx == nullptr ||
+        EVP_MAC_init(keyed.ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), params) != 1) {
+      return 0;
+    }
+    keyed.key = std::string(key);
+  }
+  size_t length = 0;
+  if (EVP_MAC_update(keyed.ctx, reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
+      EVP_MAC_final(keyed.ctx, out, &length, EVP_MAX_MD_SIZE) != 1) {
+    keyed.key.clear();  // its state is unknown: the next call starts afresh
+    return 0;
+  }
+  return length;
 }
 
 // Constant time in the contents (both are SHA-256 digests or MACs of equal length).
@@ -216,9 +272,11 @@ std::string Authenticator::mac(absl::string_view purpose, uint64_t id) const {
 
 std::string Authenticator::mac_of(absl::string_view message) const {
   unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), credentials_.cluster.data(), static_cast<int>(credentials_.cluster.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &length);
+  if (hmac_sha256(credentials_.cluster, message, out) == 0) {
+    unsigned int length = 0;
+    HMAC(EVP_sha256(), credentials_.cluster.data(), static_cast<int>(credentials_.cluster.size()),
+         reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &length);
+  }
   // 128 bits are plenty for a MAC nobody can query offline.
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(out), 16));
 }

@@ -7,6 +7,8 @@
 // results are checked against host computations. An admin may act on every session's arrays.
 #include "proto/auth.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <signal.h>
 
 #include <memory>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "core/graph.h"
 #include "core/wire.h"
@@ -331,6 +334,50 @@ class AuthTest : public FaultClusterTest {
   std::optional<Array> x_;
   std::vector<std::string> addresses_;
 };
+
+// Grants, session credentials and address grants are HMAC-SHA256 under the cluster token, cut
+// to 128 bits (proto/auth.cc). proto/auth.cc keeps a keyed HMAC context per thread: checked
+// against OpenSSL's one-shot HMAC() with two clusters' keys alternating on one thread, and on
+// several threads at once.
+TEST(AuthenticatorMac, GrantsAreHmacSha256UnderTheClusterTokenWhicheverKeyCameBefore) {
+  auto reference = [](const std::string& key, const std::string& message) {
+    unsigned char out[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+         message.size(), out, &length);
+    return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(out), 16));
+  };
+  absl::StatusOr<Credentials> a = generate_credentials(), b = generate_credentials();
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_NE(a->cluster, b->cluster);
+  const Authenticator auth_a(*a), auth_b(*b);
+  const std::vector<uint64_t> ids = {1, 42, uint64_t{1} << 40};
+  for (uint64_t id : ids) {
+    EXPECT_EQ(auth_a.grant(id), reference(a->cluster, absl::StrCat("tessera-v1:array:", id)));
+    EXPECT_EQ(auth_b.grant(id), reference(b->cluster, absl::StrCat("tessera-v1:array:", id)));
+    EXPECT_EQ(auth_a.session_credential(id),
+              absl::StrCat(id, ".", reference(a->cluster, absl::StrCat("tessera-v1:session:", id))));
+    EXPECT_EQ(auth_b.address_grant(id, 3, "127.0.0.1:5"),
+              reference(b->cluster, absl::StrCat("tessera-v1:address:", id, ":3:127.0.0.1:5")));
+    EXPECT_TRUE(auth_a.check_grant(id, auth_a.grant(id), "test").ok());
+    EXPECT_EQ(auth_a.check_grant(id, auth_b.grant(id), "test").code(), absl::StatusCode::kPermissionDenied);
+  }
+  std::vector<int> wrong(4, 0);
+  {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 200; ++i) {
+          const Authenticator& auth = (i + t) % 2 == 0 ? auth_a : auth_b;
+          const std::string& key = (i + t) % 2 == 0 ? a->cluster : b->cluster;
+          if (auth.grant(i) != reference(key, absl::StrCat("tessera-v1:array:", i))) ++wrong[t];
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+  }
+  EXPECT_THAT(wrong, ::testing::Each(0));
+}
 
 TEST_F(AuthTest, CallersWithoutTheClustersCredentialAreRefusedEverywhere) {
   for (const std::string& token : {std::string(), std::string("not-the-token-of-this-cluster")}) {
