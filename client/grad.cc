@@ -109,7 +109,13 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
         absl::StrCat("the function must return a float scalar first, not ", type_to_string(y.dtype(), y.shape())));
   }
   std::map<int, Value> ct;  // cotangents, by node
-  ct.emplace(TraceState::id(y), full({}, 1.0, y.dtype()));
+  // The seed is typed as y's cotangent (JAX's _one_vjp, jax/_src/lax/lax.py: ones with
+  // primal_sharding_to_cotangent_sharding of y's): unreduced where y is reduced, so a max of a
+  // reduced value (tests/pjit_test.py, test_reduce_max_reduced_reshard) has an unreduced seed.
+  const std::optional<internal::TypedOperand> typed_y = internal::typed_operand(y);
+  const auto ones = [&] { return full({}, 1.0, y.dtype()); };
+  ct.emplace(TraceState::id(y),
+             typed_y.has_value() && !typed_y->reduced.empty() ? internal::typed_as(y, ones) : ones());
   absl::Status status = backprop(t, start, TraceState::id(y), ct);
   if (!status.ok()) {
     if (!t->error.ok()) return failed;

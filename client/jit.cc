@@ -192,7 +192,8 @@ ShapedType type_of(const Array& x) {
                     internal::to_partition_spec(internal::type_spec_of(x.sharding().spec(), x.sharding().mesh(), rank))
                         .with_unreduced(x.sharding().spec().unreduced())
                         .with_reduced(x.sharding().spec().reduced()),
-                    {}};
+                    {},
+                    x.sharding().mesh().axis_names()};
 }
 
 namespace internal {

@@ -48,7 +48,7 @@ Value cumulative(const char* name, const Value& x, int64_t axis, bool reverse,
     return invalid(t, absl::StrCat(name, ": axis ", axis, " is out of range for shape ", shape_to_string(x.shape())));
   }
   if (std::optional<internal::TypedOperand> typed = internal::typed_operand(x)) {
-    internal::TypeRuleResult r = internal::cumulative_type_rule(*typed, axis);
+    internal::TypeRuleResult r = internal::cumulative_type_rule(name, *typed, axis);
     if (!r.error.empty()) return t->fail(internal::type_rule_error(name, {*typed}, r));
   }
   const int64_t n = x.shape()[axis];
@@ -185,7 +185,9 @@ Value pad(const Value& x, const Value& padding_value, const std::vector<PadDim>&
   if (!typed.has_value()) return padded();
   internal::TypeRuleResult r = internal::pad_type_rule(*t->explicit_mesh, *typed, out);
   if (!r.error.empty()) return t->fail(internal::type_rule_error("pad", {*typed}, r));
-  return internal::with_out_sharding("pad", x, internal::to_partition_spec(r.spec), padded);
+  // Reduced as the operand (JAX's _pad_ur_rule: getr(operand)); an unreduced one is refused above.
+  return internal::with_out_sharding("pad", x, internal::to_partition_spec(r.spec).with_reduced(typed->reduced),
+                                     padded);
 }
 
 Value pad(const Value& x, std::vector<std::pair<int64_t, int64_t>> pad_width, double constant_value) {

@@ -803,18 +803,8 @@ Value with_sharding_constraint(const Value& x, const NamedSharding& sharding) {
 }
 
 std::string ShapedType::to_string() const {
-  std::string out = internal::type_string(dtype, shape, spec.dims());
-  // As jax/_src/core.py's _vma_ur_str: {V:i}, {V:(i,j)} for several, {U:X}, {V:i, U:X}.
-  auto part = [](const char* prefix, const std::vector<std::string>& axes) {
-    const std::string joined = absl::StrJoin(axes, ",");
-    return absl::StrCat(prefix, ":", axes.size() == 1 ? joined : absl::StrCat("(", joined, ")"));
-  };
-  std::vector<std::string> parts;
-  if (!varying.empty()) parts.push_back(part("V", varying));
-  if (!spec.unreduced().empty()) parts.push_back(part("U", spec.unreduced()));
-  if (!spec.reduced().empty()) parts.push_back(part("R", spec.reduced()));
-  if (parts.empty()) return out;
-  return absl::StrCat(out, "{", absl::StrJoin(parts, ", "), "}");
+  return absl::StrCat(internal::type_string(dtype, shape, spec.dims()),
+                      internal::unreduced_string(spec.unreduced(), spec.reduced(), mesh_axes, varying));
 }
 
 namespace {
@@ -836,6 +826,7 @@ PartitionSpec type_spec(const Value& v) {
 ShapedType type_of(const Value& v) {
   ShapedType type{v.dtype(), v.shape(), type_spec(v), {}};
   TraceState* t = v.ok() ? TraceState::of(v) : nullptr;
+  if (t != nullptr && t->explicit_mesh.has_value()) type.mesh_axes = t->explicit_mesh->axis_names();
   // The varying axes are computed from the body's graph when asked (TraceState::varying).
   if (t != nullptr && !t->manual_bodies.empty()) {
     for (const auto& [axis, why] : t->varying(TraceState::id(v))) type.varying.push_back(axis);

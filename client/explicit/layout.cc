@@ -13,8 +13,12 @@
 // _broadcast_in_dim_unreduced_rule, _concatenate_unreduced_rule; slicing.py's _slice_ur_rule;
 // squeeze is a reshape, as _squeeze_ur_rule keeps them too). dynamic_slice has none, as JAX's
 // _dynamic_slice_ur_rule refuses an unreduced operand; pad refuses one where JAX keeps it
-// (pad_type_rule, below). The compiler keeps such a typed pending sum through them
-// (coordinator/compiler/rules_layout.cc).
+// (pad_type_rule, below). Reduced rules (the reduced half of the same `ur_rule`s): every layout
+// op keeps its operand's reduced axes (a reduced value is laid out as a replicated one),
+// dynamic_slice too (_dynamic_slice_ur_rule), dynamic_update_slice needs its operand and update
+// reduced alike (_dus_reduced_rule), broadcast_in_dim and concatenate as below; pad, built of
+// broadcasts and concatenates, keeps its operand's as JAX's _pad_ur_rule does. The compiler keeps such a typed pending
+// sum through them (coordinator/compiler/rules_layout.cc).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -219,6 +223,20 @@ ReducedRuleResult concatenate_reduced(const TypeRuleCall& c) {
   return common_reduced(c, "All operands should be reduced along the same mesh axes. Got reduced specs: ");
 }
 
+// jax/_src/lax/slicing.py, _dus_reduced_rule: the operand and the update reduced over the same
+// axes (each device holds both whole, so it writes its own copy), and the result as they are.
+ReducedRuleResult dynamic_update_slice_reduced(const TypeRuleCall& c) {
+  const TypedOperand &x = c.operands[0], &u = c.operands[1];
+  if (x.reduced == u.reduced) return ReducedRuleResult{x.reduced, "", ""};
+  return ReducedRuleResult{
+      {},
+      absl::StrCat("dynamic_update_slice operand and update must be reduced along the same axes. Got operand sharding ",
+                   type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh), " and update sharding ",
+                   type_string(u.dtype, u.shape, u.spec, u.unreduced, u.reduced, &c.mesh), "."),
+      absl::StrCat("reshard the update to the operand's reduced axes (reshard(update, P(..., reduced=",
+                   axis_set_repr(x.reduced), ")))")};
+}
+
 absl::Span<const ExplicitRule> layout_type_rules() {
   static const ExplicitRule kRules[] = {
       {Op::kTranspose, transpose, keep_unreduced, keep_reduced},
@@ -226,8 +244,8 @@ absl::Span<const ExplicitRule> layout_type_rules() {
       {Op::kReshape, reshape, operand_unreduced, keep_reduced},
       {Op::kSlice, slice, keep_unreduced, keep_reduced},
       {Op::kConcatenate, concatenate, concatenate_unreduced, concatenate_reduced},
-      {Op::kDynamicSlice, dynamic_slice},
-      {Op::kDynamicUpdateSlice, dynamic_update_slice},
+      {Op::kDynamicSlice, dynamic_slice, nullptr, keep_reduced},  // slicing.py's _dynamic_slice_ur_rule
+      {Op::kDynamicUpdateSlice, dynamic_update_slice, nullptr, dynamic_update_slice_reduced},
   };
   return kRules;
 }

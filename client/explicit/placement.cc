@@ -4,7 +4,11 @@
 // are without out_sharding (docs/notebooks/explicit-sharding.md), except for the batch of a
 // batch of keys; a gather keeps the splits
 // of the table's other dimensions and of the indices, and refuses a split of the dimension it
-// indexes; a scatter is the gather's rule in reverse (below).
+// indexes; a scatter is the gather's rule in reverse (below). A gather keeps its table's reduced
+// axes, a scatter_add keeps an operand and updates unreduced alike and refuses reduced ones, as
+// slicing.py's _gather_ur_rule and _scatter_ur_rule (scatter has none: it refuses both).
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
 #include "core/axis_set_repr.h"
@@ -115,6 +119,67 @@ TypeRuleResult scatter(const TypeRuleCall& c) {
   return r;
 }
 
+// jax/_src/lax/slicing.py, _gather_reduced_rule: the table's reduced axes (each device holds the
+// table whole and gathers its own copy); reduced indices are refused, and so is a reduced
+// table with split indices (JAX raises NotImplementedError there).
+ReducedRuleResult gather_reduced(const TypeRuleCall& c) {
+  const TypedOperand &x = c.operands[0], &idx = c.operands[1];
+  ReducedRuleResult r{x.reduced, "", ""};
+  if (!idx.reduced.empty()) {
+    r.error = absl::StrCat("gather indices cannot be reduced. Got indices sharding ",
+                           type_string(idx.dtype, idx.shape, idx.spec, idx.unreduced, idx.reduced, &c.mesh), ".");
+    r.fix = "reshard the indices to P(...) first (reshard(indices, P(...)) drops their reduced axes)";
+  } else if (!x.reduced.empty() &&
+             std::any_of(idx.spec.begin(), idx.spec.end(), [](const Axes& a) { return !a.empty(); })) {
+    r.error = absl::StrCat("a gather from a table reduced over ", axis_set_repr(x.reduced),
+                           " with split indices is not implemented (JAX's _gather_reduced_rule raises "
+                           "NotImplementedError)");
+    r.fix = "give take an out_sharding (it gathers with the axes as Auto), or reshard the indices to P(...)";
+  }
+  return r;
+}
+
+// jax/_src/lax/slicing.py, _scatter_ur_rule (scatter_add's only: JAX's scatter has no
+// ur_rule): no reduced operand.
+ReducedRuleResult scatter_add_reduced(const TypeRuleCall& c) {
+  ReducedRuleResult r;
+  for (const TypedOperand& o : c.operands) {
+    if (o.reduced.empty()) continue;
+    r.error = "reduced rule for scatter is not implemented (as JAX's _scatter_ur_rule)";
+    r.fix = "reshard the reduced operand first (reshard(x, P(...)) drops its reduced axes)";
+    break;
+  }
+  return r;
+}
+
+// jax/_src/lax/slicing.py, _scatter_unreduced_rule: the operand and the updates unreduced over
+// the same axes (each device adds its term of the updates into its term of the operand: a sum
+// of scatter_adds is the scatter_add of the sums), the indices not unreduced, and, when
+// unreduced, not split (JAX raises NotImplementedError there). The result is unreduced alike.
+UnreducedRuleResult scatter_add_unreduced(const TypeRuleCall& c) {
+  const TypedOperand &x = c.operands[0], &idx = c.operands[1], &u = c.operands[2];
+  UnreducedRuleResult r{x.unreduced, "", ""};
+  if (!idx.unreduced.empty()) {
+    r.error = absl::StrCat("scatter indices cannot be unreduced. Got indices sharding ",
+                           type_string(idx.dtype, idx.shape, idx.spec, idx.unreduced, idx.reduced, &c.mesh), ".");
+    r.fix = kReduceFirstFix;
+  } else if (x.unreduced != u.unreduced) {
+    r.error =
+        absl::StrCat("scatter operand and updates must be unreduced along the same axes. Got operand sharding ",
+                     type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh), " and updates sharding ",
+                     type_string(u.dtype, u.shape, u.spec, u.unreduced, u.reduced, &c.mesh), ".");
+    r.fix = kReduceFirstFix;
+  } else if (!x.unreduced.empty() &&
+             std::any_of(idx.spec.begin(), idx.spec.end(), [](const Axes& a) { return !a.empty(); })) {
+    r.error =
+        "a scatter_add of unreduced values with split indices is not implemented (JAX's "
+        "_scatter_unreduced_rule raises NotImplementedError)";
+    r.fix = "reshard the indices to P(...)";
+  }
+  if (!r.error.empty()) r.unreduced.clear();
+  return r;
+}
+
 }  // namespace
 
 absl::Span<const ExplicitRule> placement_type_rules() {
@@ -124,9 +189,9 @@ absl::Span<const ExplicitRule> placement_type_rules() {
       {Op::kConstant, unsplit},
       {Op::kIota, unsplit},
       {Op::kRandomBits, random_bits},
-      {Op::kGather, gather},
-      {Op::kScatter, scatter},
-      {Op::kScatterAdd, scatter},
+      {Op::kGather, gather, nullptr, gather_reduced},
+      {Op::kScatter, scatter},  // no ur_rule in JAX: refuses unreduced and reduced operands
+      {Op::kScatterAdd, scatter, scatter_add_unreduced, scatter_add_reduced},
   };
   return kRules;
 }

@@ -5,8 +5,10 @@
 // JAX's `ur_rule=`, jax/_src/lax/lax.py): elementwise.cc (every elementwise op:
 // default_unop_reduced_rule / default_nary_reduced_rule, mul and div dropping the axes an
 // unreduced operand pairs with), placement.cc (a constraint: its spec's), layout.cc (transpose,
-// reshape, slice, broadcast_in_dim and concatenate keep their operand's), reduction.cc
-// (reduce_sum keeps its operand's), dot.cc (none, as JAX's _dot_general_ur_rule). An op without
+// reshape, slice, dynamic_slice, broadcast_in_dim and concatenate keep their operand's,
+// dynamic_update_slice its operand's and update's alike), reduction.cc (reduce_sum, reduce_max
+// and reduce_min keep their operand's), placement.cc (gather keeps its table's, scatter_add
+// refuses them), dot.cc (none, as JAX's _dot_general_ur_rule). An op without
 // one refuses a reduced operand, as JAX's call_ur_rule does for a primitive without ur_rule.
 #include <algorithm>
 #include <set>
@@ -16,6 +18,13 @@
 #include "core/axis_set_repr.h"
 
 namespace tessera::internal {
+
+ReducedRuleResult no_reduced_rule(absl::string_view op) {
+  return ReducedRuleResult{{},
+                           absl::StrCat("unreduced/reduced rule for ", op,
+                                        " is not implemented (as JAX's call_ur_rule for a primitive without ur_rule)"),
+                           "reshard the reduced operand first (reshard(x, P(...)) drops its reduced axes)"};
+}
 
 ReducedRuleResult keep_reduced(const TypeRuleCall& c) { return ReducedRuleResult{c.operands[0].reduced, "", ""}; }
 
@@ -47,7 +56,7 @@ ReducedRuleResult nary_reduced(const TypeRuleCall& c) {
     std::set<std::string> split;
     for (const Axes& axes : o.spec) split.insert(axes.begin(), axes.end());
     used.insert(split.begin(), split.end());
-    const std::string type = type_string(o.dtype, o.shape, o.spec, o.unreduced, o.reduced);
+    const std::string type = type_string(o.dtype, o.shape, o.spec, o.unreduced, o.reduced, &c.mesh);
     const bool replicated = std::any_of(reduced.begin(), reduced.end(), [&](const std::string& a) {
       return used.count(a) == 0 && c.mesh.axis_index(a) >= 0 &&
              c.mesh.axis_types()[c.mesh.axis_index(a)] == AxisType::kExplicit;
@@ -81,9 +90,7 @@ absl::StatusOr<std::vector<std::string>> result_reduced(const TypeRuleCall& call
   } else {
     for (const TypedOperand& o : call.operands) {
       if (o.reduced.empty()) continue;
-      r.error = absl::StrCat("unreduced/reduced rule for ", op_name(call.node.op),
-                             " is not implemented (as JAX's call_ur_rule for a primitive without ur_rule)");
-      r.fix = "reshard the reduced operand first (reshard(x, P(...)) drops its reduced axes)";
+      r = no_reduced_rule(op_name(call.node.op));
       break;
     }
   }

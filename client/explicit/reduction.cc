@@ -4,7 +4,10 @@
 // replicated over those axes. reduce_sum of an unreduced operand stays unreduced alike
 // (jax/_src/lax/lax.py, _reduce_sum_ur_rule); the others have no unreduced rule (JAX's
 // _reduce_max_ur_rule / _reduce_min_ur_rule pass the axes through under a TODO, but a maximum of
-// per-device terms is not the maximum of their sum, so Tessera refuses them).
+// per-device terms is not the maximum of their sum, so Tessera refuses them). reduce_sum,
+// reduce_max and reduce_min keep the operand's reduced axes (_reduce_op_reduced_rule: the
+// operand is replicated over them, so is its reduction); reduce_prod and argmax have no
+// `ur_rule` in JAX and refuse a reduced operand, as call_ur_rule does (reduced.cc).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -53,9 +56,15 @@ UnreducedRuleResult reduce_sum_unreduced(const TypeRuleCall& c) {
 }  // namespace
 
 // jax/_src/lax/control_flow/loops.py, _cumred_sharding_rule: cumsum/cumprod/cummax/cummin
-// keep the operand's sharding, and refuse a split scanned dimension.
-TypeRuleResult cumulative_type_rule(const TypedOperand& x, int64_t axis) {
+// keep the operand's sharding, and refuse a split scanned dimension. Their primitives have no
+// `ur_rule` (_cumulative_reduction_primitive), so a reduced operand is refused as call_ur_rule
+// refuses it, though the adds Tessera builds them of would keep it.
+TypeRuleResult cumulative_type_rule(absl::string_view name, const TypedOperand& x, int64_t axis) {
   TypeRuleResult r{x.spec, "", ""};
+  if (!x.reduced.empty()) {
+    const ReducedRuleResult refused = no_reduced_rule(name);
+    return TypeRuleResult{{}, refused.error, refused.fix};
+  }
   if (!x.spec[axis].empty()) {
     r.error = absl::StrCat("Input should be unsharded over the axis being reduced. Got input type=",
                            type_string(x.dtype, x.shape, x.spec), " and axis=", axis);
@@ -67,8 +76,8 @@ TypeRuleResult cumulative_type_rule(const TypedOperand& x, int64_t axis) {
 absl::Span<const ExplicitRule> reduction_type_rules() {
   static const ExplicitRule kRules[] = {
       {Op::kReduceSum, reduce, reduce_sum_unreduced, keep_reduced},  // _reduce_op_reduced_rule
-      {Op::kReduceMax, reduce},
-      {Op::kReduceMin, reduce},
+      {Op::kReduceMax, reduce, nullptr, keep_reduced},               // _reduce_max_ur_rule
+      {Op::kReduceMin, reduce, nullptr, keep_reduced},               // _reduce_min_ur_rule
       {Op::kReduceProd, reduce},
       {Op::kArgmax, argmax},
   };

@@ -57,13 +57,23 @@ TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank) {
   return out;
 }
 
-std::string unreduced_string(const std::vector<std::string>& unreduced, const std::vector<std::string>& reduced) {
-  // As jax/_src/core.py's _vma_ur_str: "U:X", "R:(X,Y)", joined by ", " in braces.
-  auto part = [](const char* prefix, const std::vector<std::string>& axes) {
+std::string unreduced_string(const std::vector<std::string>& unreduced, const std::vector<std::string>& reduced,
+                             const std::vector<std::string>& mesh_axes, const std::vector<std::string>& varying) {
+  // As jax/_src/core.py's _vma_ur_str: "V:i", "U:X", "R:(X,Y)", joined by ", " in braces, each
+  // set in the mesh's order (order_wrt_mesh).
+  auto part = [&](const char* prefix, std::vector<std::string> axes) {
+    if (!mesh_axes.empty()) {
+      auto rank = [&](const std::string& a) {
+        return std::find(mesh_axes.begin(), mesh_axes.end(), a) - mesh_axes.begin();
+      };
+      std::stable_sort(axes.begin(), axes.end(),
+                       [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
+    }
     const std::string joined = absl::StrJoin(axes, ",");
     return absl::StrCat(prefix, ":", axes.size() == 1 ? joined : absl::StrCat("(", joined, ")"));
   };
   std::vector<std::string> parts;
+  if (!varying.empty()) parts.push_back(part("V", varying));
   if (!unreduced.empty()) parts.push_back(part("U", unreduced));
   if (!reduced.empty()) parts.push_back(part("R", reduced));
   if (parts.empty()) return "";
@@ -71,7 +81,8 @@ std::string unreduced_string(const std::vector<std::string>& unreduced, const st
 }
 
 std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec,
-                        const std::vector<std::string>& unreduced, const std::vector<std::string>& reduced) {
+                        const std::vector<std::string>& unreduced, const std::vector<std::string>& reduced,
+                        const Mesh* mesh) {
   std::string name = type_to_string(dtype, {});
   name.resize(name.size() - 2);  // "f32[]" -> "f32"
   std::vector<std::string> dims;
@@ -86,7 +97,9 @@ std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec,
       dims.push_back(absl::StrCat(shape[d], "@(", absl::StrJoin(axes, ","), ")"));
     }
   }
-  return absl::StrCat(name, "[", absl::StrJoin(dims, ","), "]", unreduced_string(unreduced, reduced));
+  return absl::StrCat(
+      name, "[", absl::StrJoin(dims, ","), "]",
+      unreduced_string(unreduced, reduced, mesh == nullptr ? std::vector<std::string>{} : mesh->axis_names()));
 }
 
 absl::Status type_rule_error(absl::string_view name, const std::vector<TypedOperand>& operands,

@@ -107,7 +107,7 @@ const ExplicitRule* find_explicit_rule(Op op);
 // file: top_k (sort.cc), the cumulative reductions (reduction.cc), pad (layout.cc: the
 // result's shape `out`).
 TypeRuleResult top_k_type_rule(const TypedOperand& x, int64_t axis);
-TypeRuleResult cumulative_type_rule(const TypedOperand& x, int64_t axis);
+TypeRuleResult cumulative_type_rule(absl::string_view name, const TypedOperand& x, int64_t axis);
 TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shape& out);
 // Control flow (control.cc). The type spec of result `j` of sub-graph `g`, a body traced in
 // explicit mode (which pins each result to its type; an unpinned result is unsplit).
@@ -161,6 +161,9 @@ absl::StatusOr<std::vector<std::string>> result_reduced(const TypeRuleCall& call
 // default_unop_reduced_rule: layout ops that keep the replicated layout over them), and none
 // (a result that is not reduced whatever its operands, as dot_general's in JAX).
 ReducedRuleResult keep_reduced(const TypeRuleCall& call);
+// The refusal of an op with no reduced rule (JAX's call_ur_rule): "unreduced/reduced rule for
+// <op> is not implemented ...", also for the composites JAX binds as one primitive (cumsum).
+ReducedRuleResult no_reduced_rule(absl::string_view op);
 ReducedRuleResult no_reduced(const TypeRuleCall& call);
 // JAX's default_nary_reduced_rule (jax/_src/lax/lax.py): operands reduced over one set of axes
 // (or not reduced), no other operand replicated, split or unreduced over them.
@@ -175,12 +178,17 @@ TypeSpec type_spec_of(const PartitionSpec& spec, const Mesh& mesh, int rank);
 // "f32[16@data,8]", "f32[8@(X,Y),4]": as JAX prints a type (jax/_src/core.py,
 // _get_shape_sharding_str), with Tessera's dtype names.
 // With unreduced axes, "f32[2,2]{U:X}", "f32[2,2]{U:(X,Y)}" (core.py's _vma_ur_str).
-// With reduced axes, "f32[8]{R:X}", "f32[8]{U:X, R:Y}".
+// With reduced axes, "f32[8]{R:X}", "f32[8]{U:X, R:Y}". Given the mesh, each set in its axis
+// order (core.py's order_wrt_mesh), else as given (sorted).
 std::string type_string(DType dtype, const Shape& shape, const TypeSpec& spec,
-                        const std::vector<std::string>& unreduced = {}, const std::vector<std::string>& reduced = {});
+                        const std::vector<std::string>& unreduced = {}, const std::vector<std::string>& reduced = {},
+                        const Mesh* mesh = nullptr);
 // The braces of a type's unreduced and reduced axes: "{U:X}", "{U:(X,Y)}", "{R:X}",
-// "{U:X, R:Y}"; empty for none.
-std::string unreduced_string(const std::vector<std::string>& unreduced, const std::vector<std::string>& reduced = {});
+// "{U:X, R:Y}"; empty for none. `varying` (a shard_map body's manual axes) comes first, "{V:i}".
+// With `mesh_axes` (the mesh's axis names in order) each set is printed in that order.
+std::string unreduced_string(const std::vector<std::string>& unreduced, const std::vector<std::string>& reduced = {},
+                             const std::vector<std::string>& mesh_axes = {},
+                             const std::vector<std::string>& varying = {});
 // The spec as a PartitionSpec, one entry per dimension.
 inline PartitionSpec to_partition_spec(const TypeSpec& spec) { return PartitionSpec(spec); }
 

@@ -23,9 +23,19 @@ absl::Span<const VjpEntry> indexing_vjps() {
       // _gather_transpose_fancy: zeros with operand's sharding; under auto_axes when the gather
       // was, as take's out_sharding makes it), since indices split as the cotangent is would
       // make the explicit scatter ambiguous.
+      // An unreduced cotangent (that of a gather from a reduced table) is added into zeros
+      // typed as the table's cotangent, unreduced alike (JAX's _gather_transpose_fancy: zeros
+      // of the cotangent accumulator's sharding; _scatter_unreduced_rule), each device adding
+      // its term: no sum runs (tests/pjit_test.py, test_gather_reduced_fwd_unreduced_bwd).
       {Op::kGather,
        [](const VjpArgs& a) {
          const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
+         const std::optional<TypedOperand> g = typed_operand(a.g);
+         if (g.has_value() && !g->unreduced.empty()) {
+           a.add(0, scatter_add(typed_as(a.x[0], [&] { return zeros_like(a.x[0]); }), a.x[1], a.g, attrs.axis,
+                                attrs.mode));
+           return absl::OkStatus();
+         }
          a.add(0, auto_typed_as(a.x[0],
                                 [&] { return scatter_add(zeros_like(a.x[0]), a.x[1], a.g, attrs.axis, attrs.mode); }));
          return absl::OkStatus();

@@ -82,6 +82,13 @@ absl::Status scatter_rule(ShardingContext& c, int id) {
   const int64_t axis = n.attrs<GatherAttrs>().axis;
   ValueSharding x = c.of_or_replicated(n.operands[0]);
   const ValueSharding i_now = c.of_or_replicated(n.operands[1]), u_now = c.of_or_replicated(n.operands[2]);
+  // A scatter_add of an operand and updates typed unreduced alike keeps their pending sum
+  // (explicit mode's _scatter_unreduced_rule): each device adds its term of the updates into its
+  // term of the operand, the indices whole.
+  const bool keep = n.op == Op::kScatterAdd && x.is_partial() && x.partial_op == ReduceOp::kSum &&
+                    c.typed_unreduced(n.operands[0]) && c.typed_unreduced(n.operands[2]) &&
+                    u_now.partial == x.partial && u_now.partial_op == ReduceOp::kSum;
+  const std::vector<std::string> pending = keep ? x.partial : std::vector<std::string>{};
   x.partial.clear();
   ValueSharding i = i_now, u = u_now;
   i.partial.clear();
@@ -98,7 +105,7 @@ absl::Status scatter_rule(ShardingContext& c, int id) {
   for (size_t k = 0; k < index_rank; ++k) {
     Axes& ud = u.dims[axis + static_cast<int64_t>(k)];
     Axes chosen = !ud.empty() ? ud : i.dims[k];
-    if (n.op != Op::kScatterAdd || clashes(chosen, taken)) chosen.clear();
+    if (n.op != Op::kScatterAdd || keep || clashes(chosen, taken)) chosen.clear();
     taken.insert(chosen.begin(), chosen.end());
     partial.insert(partial.end(), chosen.begin(), chosen.end());
     ud = chosen;
@@ -116,6 +123,7 @@ absl::Status scatter_rule(ShardingContext& c, int id) {
       partial.clear();
     }
   }
+  if (keep) x.partial = u.partial = partial = pending;
   c.needs(id) = {x, i, u};
   c.set(id, x.dims, std::move(partial));
   return absl::OkStatus();
@@ -217,7 +225,9 @@ absl::Status partition_scatter(PartitionContext& c, int id) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
   Instruction inst = c.local_kernel(id, in);
   const Shape x_shape = inst.node.shape;
-  if (result.is_partial() && !is_zero_constant(c.graph().node(n.operands[0]))) {
+  // x is already a term of the pending sum when it is needed partial (a kept scatter_add).
+  if (result.is_partial() && !c.propagation().operands[id][0].is_partial() &&
+      !is_zero_constant(c.graph().node(n.operands[0]))) {
     // x is counted once in the pending sum: on the first device along its axes.
     inst.in[0] = inst.node.operands[0] = emit_first_device_term(c, id, in[0], result.partial, n.dtype, x_shape);
   }

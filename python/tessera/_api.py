@@ -873,7 +873,10 @@ class ShapedArray:
         # The unreduced axes: {U:X} or {U:(X,Y)} (with {V:...} inside a shard_map body).
         u = re.search(r"U:(\([^)]*\)|[^,}]+)", self._text[self._text.index("]"):])
         unreduced = set() if u is None else set(u.group(1).strip("()").split(","))
-        spec = PartitionSpec(*entries, unreduced=unreduced)
+        # The reduced axes: {R:X} or {R:(X,Y)}, after any {U:...}.
+        r = re.search(r"R:(\([^)]*\)|[^,}]+)", self._text[self._text.index("]"):])
+        reduced = set() if r is None else set(r.group(1).strip("()").split(","))
+        spec = PartitionSpec(*entries, unreduced=unreduced, reduced=reduced)
         return NamedSharding(self._mesh if self._mesh is not None else get_abstract_mesh(), spec)
 
     def __eq__(self, other):

@@ -812,3 +812,62 @@ def test_unreduced_values_pass_through_linear_ops(xy):
     c = jnp.einsum("ij,jk->ik", A, B, out_sharding=P(None, None, unreduced={"Y"}))
     with pytest.raises(ValueError, match="mul: RHS should be reduced along the same axes LHS is unreduced on"):
       jax.jit(lambda c: c * 2.)(c)
+
+
+# Reduced types (issue 16; [AD] "reduced {R:X} -> unreduced {U:X}", tests/pjit_test.py in
+# jax-ml/jax) from Python, on the (4, 2) and (2, 4) meshes: device_put onto P(..., reduced=...)
+# places the value replicated, typeof prints {R:...} with the axes in the mesh's order (core.py's
+# _vma_ur_str: order_wrt_mesh), a jit with a reduced argument keeps it reduced through
+# elementwise ops, max (lax.py's _reduce_max_ur_rule) and a gather (slicing.py's
+# _gather_reduced_rule; test_gather_reduced_fwd_unreduced_bwd), and its gradient is unreduced
+# over the same axes (test_reduced_sin_fwd_mul_bwd), summing by reshard to numpy's gradient.
+@pytest.mark.parametrize("shape", [(4, 2), (2, 4)])
+def test_reduced_values_as_jax(shape):
+  rng = np.random.default_rng(21)
+  v = rng.standard_normal((8, 4)).astype(np.float32)
+  # The mesh's order, not sorted: ('y', 'x') prints {R:(y,x)}.
+  yx = jax.make_mesh(shape, ("y", "x"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+  with set_mesh(yx):
+    both = jax.device_put(v[:, 0], P(None, reduced={"x", "y"}))
+    assert str(jax.typeof(both)) == "float32[8]{R:(y,x)}"
+    assert jax.typeof(both).sharding.spec.reduced == {"x", "y"}
+  mesh = jax.make_mesh(shape, ("x", "y"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+  with set_mesh(mesh):
+    x = jax.device_put(v, P(None, "y", reduced={"x"}))
+    assert str(jax.typeof(x)) == "float32[8,4@y]{R:x}"
+    assert x.sharding.spec == P(None, "y", reduced={"x"})
+    for shard in x.addressable_shards:  # replicated over 'x': each device its block along 'y'
+      k = list(mesh.device_ids.flat).index(shard.device.id) % shape[1]
+      n = 4 // shape[1]
+      np.testing.assert_array_equal(shard.data, v[:, k * n:(k + 1) * n])
+    idx = jax.device_put(np.array([0, 3, 3, 6], dtype=np.int32), P())
+    seen = []
+
+    @jax.jit
+    def f(x, idx):
+      y = jnp.sin(x) * 2.
+      m = jnp.max(y, axis=1)
+      r = y.at[idx].get()
+      seen.extend(str(jax.typeof(a)) for a in (x, y, m, r))
+      return y, m, r
+
+    y, m, r = f(x, idx)
+    assert seen == ["float32[8,4@y]{R:x}", "float32[8,4@y]{R:x}", "float32[8]{R:x}", "float32[4,4@y]{R:x}"]
+    assert y.sharding.spec == P(None, "y", reduced={"x"})
+    np.testing.assert_allclose(np.asarray(y), np.sin(v) * 2., rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(m), (np.sin(v) * 2.).max(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(r), (np.sin(v) * 2.)[[0, 3, 3, 6]], rtol=1e-5, atol=1e-5)
+
+    def loss(x, idx):
+      y = jnp.sin(x)
+      return jnp.sum(y * y) + jnp.sum(x.at[idx].get())
+
+    g = jax.jit(jax.grad(loss))(x, idx)
+    assert g.sharding.spec == P(None, "y", unreduced={"x"})
+    assert str(jax.typeof(g)) == "float32[8,4@y]{U:x}"
+    want = 2. * np.sin(v) * np.cos(v)
+    np.add.at(want, [0, 3, 3, 6], 1.)
+    np.testing.assert_allclose(np.asarray(reshard(g, P(None, "y"))), want, rtol=1e-4, atol=1e-4)
+    # An op JAX has no reduced rule for refuses it (lax/utils.py's call_ur_rule).
+    with pytest.raises(ValueError, match="cumsum: unreduced/reduced rule for cumsum is not implemented"):
+      jax.jit(lambda x: jnp.cumsum(x, axis=0))(x)

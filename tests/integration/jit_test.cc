@@ -810,9 +810,10 @@ TEST_F(ExplicitJitTest, ReducedValuesAreReplicatedAndTypedAsJax) {
                 HasSubstr("Inputs cannot be replicated on the same axes that another input is reduced on. Got input "
                           "type: f32[4@x,2] and reduced spec: {'y'}"));
   }
-  // An op with no reduced rule refuses a reduced operand, as JAX's call_ur_rule.
-  EXPECT_THAT(refusal(*line, [](const Value& a, const Value&) { return max(a); }, {arr, arr}),
-              HasSubstr("reduce_max: unreduced/reduced rule for reduce_max is not implemented"));
+  // An op with no reduced rule refuses a reduced operand, as JAX's call_ur_rule (reduce_prod_p
+  // has no ur_rule; reduce_max keeps the axes since session 27: reduced_test.cc).
+  EXPECT_THAT(refusal(*line, [](const Value& a, const Value&) { return prod(a); }, {arr, arr}),
+              HasSubstr("reduce_prod: unreduced/reduced rule for reduce_prod is not implemented"));
 }
 
 // d/dx sum(sin(x) @ sin(y)) with x reduced over 'x' and y split over 'x' (tests/pjit_test.py,

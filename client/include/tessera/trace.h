@@ -80,12 +80,17 @@ absl::StatusOr<Graph> trace(const TracedFunction& f, const std::vector<ArrayType
 // prints it as JAX does: "f32[16@data,8]", "f32[8@(X,Y),4]", "f32[16,8]" when not split. Inside
 // a shard_map body with check_vma, also the manual axes the value varies along (JAX's
 // `manual_axis_type.varying`, in mesh order; tessera/shard_map.h): "f32[2,2]{V:i}",
-// "f32[2,2]{V:(i,j)}".
+// "f32[2,2]{V:(i,j)}". Unreduced and reduced axes print after them, each set in the mesh's axis
+// order as JAX's core.py `_vma_ur_str` (order_wrt_mesh) prints them: "f32[4]{U:(y,x), R:z}" on
+// a mesh ('y', 'x', 'z'), where `spec` keeps the sets sorted.
 struct ShapedType {
   DType dtype = DType::kF32;
   Shape shape;
   PartitionSpec spec;
   std::vector<std::string> varying;
+  // The axis names of the value's mesh, in order (JAX's aval.sharding.mesh); empty outside
+  // explicit mode. Only the printing order of the unreduced and reduced axes depends on it.
+  std::vector<std::string> mesh_axes = {};
   std::string to_string() const;
 };
 ShapedType type_of(const Value& v);

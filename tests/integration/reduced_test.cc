@@ -1,0 +1,315 @@
+// Reduced types in explicit mode beyond the elementwise ops (issue 16): how a type prints its
+// reduced and unreduced axes, and the reduced rules of the reductions, pad, the dynamic window
+// ops, gather and scatter, each as JAX's (jax/_src/lax/lax.py, jax/_src/lax/slicing.py,
+// tests/pjit_test.py), on the (4, 2) and (2, 4) meshes of Client::local(8), values against the
+// host and errors by their message.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/jit_support.h"
+
+namespace tessera {
+namespace {
+
+using jit_support::expect_near;
+using jit_support::random_f32;
+using ::testing::HasSubstr;
+
+class ExplicitReducedTest : public jit_support::LocalJitSuite {
+ protected:
+  // The (4, 2) and (2, 4) meshes over all eight devices, axes ('x', 'y'), both Explicit.
+  static std::vector<Mesh> meshes() {
+    std::vector<Mesh> out;
+    for (const Shape& shape : {Shape{4, 2}, Shape{2, 4}}) {
+      absl::StatusOr<Mesh> mesh = client_->make_mesh(shape, {"x", "y"}, {AxisType::kExplicit, AxisType::kExplicit});
+      EXPECT_TRUE(mesh.ok()) << mesh.status();
+      out.push_back(*mesh);
+    }
+    return out;
+  }
+
+  // f's one result on `args`.
+  static absl::StatusOr<Array> run1(const std::function<Value(const std::vector<Value>&)>& f,
+                                    const std::vector<Array>& args) {
+    absl::StatusOr<std::vector<Array>> y =
+        jit([&](const std::vector<Value>& in) { return std::vector<Value>{f(in)}; })(args);
+    if (!y.ok()) return y.status();
+    return (*y)[0];
+  }
+
+  // The message of f's refusal to trace on `args` (INVALID_ARGUMENT).
+  static std::string refusal(const std::function<Value(const std::vector<Value>&)>& f, const std::vector<Array>& args) {
+    absl::StatusOr<std::vector<Array>> y =
+        jit([&](const std::vector<Value>& in) { return std::vector<Value>{f(in)}; })(args);
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << y.status();
+    return std::string(y.status().message());
+  }
+
+  // An unreduced array's sum over its pending axes, on the host.
+  static HostArray summed(const Array& a) {
+    absl::StatusOr<Array> whole = reshard(a, NamedSharding(a.sharding().mesh(), P()));
+    EXPECT_TRUE(whole.ok()) << whole.status();
+    return whole.ok() ? fetch(*whole) : HostArray();
+  }
+};
+
+std::vector<double> values_of(const HostArray& a) {
+  const auto v = a.values<float>();
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// jax/_src/core.py, _vma_ur_str: a type prints its unreduced and reduced axes each in the mesh's
+// order (`_create_str(order_wrt_mesh(mesh, reduced), 'R')`), not sorted; the spec keeps them as
+// a set (partition_spec.py's repr prints `set(reduced)`, whose order is Python's hash's, which
+// Tessera prints sorted). On a mesh ('y', 'x') the reduced type is {R:(y,x)}, and the gradient,
+// unreduced over both (sharding-ad.md: reduced {R:X} -> unreduced {U:X}), {U:(y,x)}; on
+// ('x', 'y') {R:(x,y)}. The gradient of sum(x) summed over its pending axes is ones.
+TEST_F(ExplicitReducedTest, ReducedAndUnreducedAxesPrintInMeshOrder) {
+  const HostArray v = random_f32({8}, 7);
+  for (const auto& [names, reduced_text, unreduced_text] :
+       {std::tuple{std::vector<std::string>{"y", "x"}, "f32[8]{R:(y,x)}", "f32[8]{U:(y,x)}"},
+        std::tuple{std::vector<std::string>{"x", "y"}, "f32[8]{R:(x,y)}", "f32[8]{U:(x,y)}"}}) {
+    for (const Shape& shape : {Shape{4, 2}, Shape{2, 4}}) {
+      absl::StatusOr<Mesh> mesh = client_->make_mesh(shape, names, {AxisType::kExplicit, AxisType::kExplicit});
+      ASSERT_TRUE(mesh.ok()) << mesh.status();
+      SCOPED_TRACE(mesh->to_string());
+      const Array x = put_on(*mesh, v, P(None).with_reduced({"y", "x"}));
+      EXPECT_EQ(type_of(x).to_string(), reduced_text);
+      // The spec is a set: sorted, whatever the order given or the mesh's.
+      EXPECT_EQ(x.sharding().spec().reduced(), (std::vector<std::string>{"x", "y"}));
+      EXPECT_EQ(x.sharding().spec().to_string(), "P(None, reduced={'x', 'y'})");
+      std::string traced;
+      Jitted g = jit(grad([&](const std::vector<Value>& in) {
+        traced = type_of(in[0]).to_string();
+        return std::vector<Value>{sum(in[0] * 3.0)};
+      }));
+      absl::StatusOr<std::vector<Array>> gx = g({x});
+      ASSERT_TRUE(gx.ok()) << gx.status();
+      EXPECT_EQ(traced, reduced_text);
+      EXPECT_EQ(type_of((*gx)[0]).to_string(), unreduced_text);
+      expect_near(summed((*gx)[0]), std::vector<double>(8, 3.0));
+    }
+  }
+}
+
+// reduce_max / reduce_min keep their operand's reduced axes (lax.py's _reduce_max_ur_rule /
+// _reduce_min_ur_rule: _reduce_op_reduced_rule returns getr(operand)); reduce_prod, argmax and
+// cumsum have no ur_rule (reduce_prod_p and argmax_p are standard_primitive without one, and
+// loops.py's _cumulative_reduction_primitive passes none), so call_ur_rule (lax/utils.py)
+// refuses a reduced operand: "unreduced/reduced rule for <op> is not implemented".
+TEST_F(ExplicitReducedTest, ReductionsKeepReducedAxesAsJax) {
+  const HostArray h = random_f32({8, 6}, 11);
+  std::vector<double> row_max(8, -1e30), row_min(8, 1e30);
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 6; ++j) {
+      row_max[i] = std::max<double>(row_max[i], h.values<float>()[i * 6 + j]);
+      row_min[i] = std::min<double>(row_min[i], h.values<float>()[i * 6 + j]);
+    }
+  }
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, h, P("x", None).with_reduced({"y"}));
+    using Reduce = Value (*)(const Value&, std::vector<int64_t>, bool);
+    for (const auto& [reduce, want] : {std::pair<Reduce, const std::vector<double>*>{max, &row_max},
+                                       std::pair<Reduce, const std::vector<double>*>{min, &row_min}}) {
+      std::string type;
+      const absl::StatusOr<Array> m = run1(
+          [&, reduce = reduce](const std::vector<Value>& in) {
+            Value r = reduce(in[0], {1}, false);
+            type = type_of(r).to_string();
+            return r;
+          },
+          {x});
+      ASSERT_TRUE(m.ok()) << m.status();
+      EXPECT_EQ(type, "f32[8@x]{R:y}");
+      EXPECT_EQ(m->sharding().spec(), P("x").with_reduced({"y"}));
+      expect_near(fetch(*m), *want);
+    }
+
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return prod(in[0], {1}); }, {x}),
+                ::testing::AllOf(HasSubstr("reduce_prod: unreduced/reduced rule for reduce_prod is not implemented"),
+                                 HasSubstr("(operand f32[8@x,6]{R:y})")));
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return argmax(in[0], 1); }, {x}),
+                HasSubstr("argmax: unreduced/reduced rule for argmax is not implemented"));
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return cumsum(in[0], 1); }, {x}),
+                HasSubstr("cumsum: unreduced/reduced rule for cumsum is not implemented"));
+  }
+}
+
+// tests/pjit_test.py, test_reduce_max_reduced_reshard: max over a value resharded from P('x') to
+// P(reduced={'x'}) is P(reduced={'x'}); its gradient comes back P('x') (the unreduced cotangent
+// reduce-scattered by the reshard's transpose) and equals the gradient through P(): one at the
+// maximum, zero elsewhere.
+TEST_F(ExplicitReducedTest, GradOfAMaxOfAReducedValueAsJax) {
+  const HostArray h = HostArray::from_vector<float>({8}, {3, 7, 1, 9, 4, 2, 8, 5});
+  std::vector<double> want(8, 0.0);
+  want[3] = 1.0;
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, h, P("x"));
+    auto f = [](const std::vector<Value>& in) {
+      return std::vector<Value>{max(reshard(in[0], P().with_reduced({"x"})), {0})};
+    };
+    absl::StatusOr<std::vector<Array>> out = jit(f)({x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ((*out)[0].sharding().spec(), P().with_reduced({"x"}));
+    expect_near(fetch((*out)[0]), {9.0});
+    absl::StatusOr<std::vector<Array>> g = jit(grad(f))({x});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)[0].sharding().spec(), P("x"));
+    expect_near(fetch((*g)[0]), want);
+  }
+}
+
+// pad keeps its operand's reduced axes (lax.py's _pad_ur_rule: getr(operand)); dynamic_slice
+// too (slicing.py's _dynamic_slice_ur_rule); dynamic_update_slice needs the operand and the
+// update reduced alike (_dus_reduced_rule, its message), and is then reduced as they are.
+TEST_F(ExplicitReducedTest, PadAndDynamicWindowsKeepReducedAxesAsJax) {
+  const HostArray h = random_f32({8, 6}, 12), u = random_f32({8, 2}, 13);
+  std::vector<double> padded(8 * 9), window(8 * 3), updated = values_of(h);
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 9; ++j) padded[i * 9 + j] = (j >= 1 && j < 7) ? h.values<float>()[i * 6 + j - 1] : 5.0;
+    for (int j = 0; j < 3; ++j) window[i * 3 + j] = h.values<float>()[i * 6 + 2 + j];
+    for (int j = 0; j < 2; ++j) updated[i * 6 + 3 + j] = u.values<float>()[i * 2 + j];
+  }
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, h, P("x", None).with_reduced({"y"}));
+    std::vector<std::string> types;
+    auto typed = [&](const Value& v) {
+      types.push_back(type_of(v).to_string());
+      return v;
+    };
+    const absl::StatusOr<Array> p = run1(
+        [&](const std::vector<Value>& in) {
+          return typed(pad(in[0], {{0, 0}, {1, 2}}, 5.0));
+        },
+        {x});
+    ASSERT_TRUE(p.ok()) << p.status();
+    const absl::StatusOr<Array> w = run1(
+        [&](const std::vector<Value>& in) {
+          return typed(dynamic_slice(in[0], {full({}, 0, DType::kI32), full({}, 2, DType::kI32)}, {8, 3}));
+        },
+        {x});
+    ASSERT_TRUE(w.ok()) << w.status();
+    const Array up = put_on(mesh, u, P("x", None).with_reduced({"y"}));
+    const absl::StatusOr<Array> d = run1(
+        [&](const std::vector<Value>& in) {
+          return typed(dynamic_update_slice(in[0], in[1], {full({}, 0, DType::kI32), full({}, 3, DType::kI32)}));
+        },
+        {x, up});
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_THAT(types, ::testing::ElementsAre("f32[8@x,9]{R:y}", "f32[8@x,3]{R:y}", "f32[8@x,6]{R:y}"));
+    EXPECT_EQ(p->sharding().spec(), P("x", None).with_reduced({"y"}));
+    expect_near(fetch(*p), padded);
+    expect_near(fetch(*w), window);
+    expect_near(fetch(*d), updated);
+
+    const Array plain = put_on(mesh, u, P("x", None));
+    EXPECT_THAT(refusal(
+                    [](const std::vector<Value>& in) {
+                      return dynamic_update_slice(in[0], in[1], {full({}, 0, DType::kI32), full({}, 3, DType::kI32)});
+                    },
+                    {x, plain}),
+                HasSubstr("dynamic_update_slice: dynamic_update_slice operand and update must be reduced along the "
+                          "same axes. Got operand sharding f32[8@x,6]{R:y} and update sharding f32[8@x,2]."));
+  }
+}
+
+// tests/pjit_test.py, test_gather_reduced_fwd_unreduced_bwd: x.at[idx].get() of a table reduced
+// over 'x' is reduced over 'x' (slicing.py's _gather_reduced_rule), and its gradient is
+// unreduced over 'x', summing to the gradient through P() (each row counted once per index).
+// _gather_reduced_rule refuses reduced indices ("gather indices cannot be reduced") and split
+// indices with a reduced table (NotImplementedError); scatter_add refuses any reduced operand
+// (_scatter_ur_rule: "reduced rule for scatter is not implemented"), and scatter (.at[].set),
+// with no ur_rule, does as call_ur_rule does.
+TEST_F(ExplicitReducedTest, GathersKeepReducedAxesAndScattersRefuseThemAsJax) {
+  const HostArray table = random_f32({8, 2}, 14);
+  const HostArray idx = HostArray::from_vector<int32_t>({4}, {0, 2, 2, 5});
+  std::vector<double> rows, counts(8 * 2, 0.0);
+  for (int32_t i : {0, 2, 2, 5}) {
+    for (int j = 0; j < 2; ++j) {
+      rows.push_back(table.values<float>()[i * 2 + j]);
+      counts[i * 2 + j] += 1.0;
+    }
+  }
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array op = put_on(mesh, table, P(None, None).with_reduced({"x"}));
+    const Array ids = put_on(mesh, idx, P());
+    std::string type;
+    auto f = [&](const std::vector<Value>& in) {
+      Value y = at(in[0], in[1]).get();
+      type = type_of(y).to_string();
+      return y;
+    };
+    const absl::StatusOr<Array> out = run1(f, {op, ids});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(type, "f32[4,2]{R:x}");
+    EXPECT_EQ(out->sharding().spec(), P(None, None).with_reduced({"x"}));
+    expect_near(fetch(*out), rows);
+    Jitted step = jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in))}; }, {0}));
+    absl::StatusOr<std::vector<Array>> g = step({op, ids});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)[0].sharding().spec(), P(None, None).with_unreduced({"x"}));
+    // The scatter_add adds each device's term: no sum runs in the program.
+    EXPECT_THAT(step.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+    expect_near(summed((*g)[0]), counts);
+
+    const Array reduced_ids = put_on(mesh, idx, P().with_reduced({"x"}));
+    // lax.gather (take would first wrap negative indices, an add the nary rule refuses).
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return gather(in[0], in[1], 0); },
+                        {put_on(mesh, table, P()), reduced_ids}),
+                HasSubstr("gather: gather indices cannot be reduced. Got indices sharding i32[4]{R:x}."));
+    const Array split_ids = put_on(mesh, idx, P("y"));
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return take(in[0], in[1], 0); }, {op, split_ids}),
+                HasSubstr("a gather from a table reduced over {'x'} with split indices is not implemented"));
+    const Array updates = put_on(mesh, random_f32({4, 2}, 15), P(None, None).with_reduced({"x"}));
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return at(in[0], in[1]).set(in[2]); }, {op, ids, updates}),
+                HasSubstr("scatter: unreduced/reduced rule for scatter is not implemented"));
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return at(in[0], in[1]).add(in[2]); }, {op, ids, updates}),
+                HasSubstr("scatter_add: reduced rule for scatter is not implemented"));
+  }
+}
+
+// tests/pjit_test.py, test_reduced_at_get_out_sharding: params reduced over 'x' indexed by
+// inputs split over 'x' with out_sharding P('x', None, None) (rewriting_take gathers under
+// auto_axes): the result is laid out by out_sharding and equals params[inputs]; the gradient of
+// params is P(None, None, unreduced={'x'}), summing to the host's counts of each row.
+TEST_F(ExplicitReducedTest, AtGetWithOutShardingOfAReducedTableAsJax) {
+  const HostArray params = random_f32({16, 4}, 16);
+  std::vector<int32_t> picks(4 * 2);
+  for (size_t k = 0; k < picks.size(); ++k) picks[k] = static_cast<int32_t>((k * 5 + 3) % 16);
+  const HostArray inputs = HostArray::from_vector<int32_t>({4, 2}, picks);
+  std::vector<double> want, counts(16 * 4, 0.0);
+  for (int32_t i : picks) {
+    for (int j = 0; j < 4; ++j) {
+      want.push_back(params.values<float>()[i * 4 + j]);
+      counts[i * 4 + j] += 1.0;
+    }
+  }
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array p = put_on(mesh, params, P(None, None).with_reduced({"x"}));
+    const Array i = put_on(mesh, inputs, P("x", None));
+    auto f = [](const std::vector<Value>& in) { return at(in[0], in[1]).get(P("x", None, None)); };
+    const absl::StatusOr<Array> out = run1(f, {p, i});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->sharding().spec(), P("x", None, None));
+    expect_near(fetch(*out), want);
+    absl::StatusOr<std::vector<Array>> g =
+        jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in))}; }, {0}))({p, i});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)[0].sharding().spec(), P(None, None).with_unreduced({"x"}));
+    expect_near(summed((*g)[0]), counts);
+  }
+}
+
+}  // namespace
+}  // namespace tessera
