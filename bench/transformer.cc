@@ -3,7 +3,8 @@
 // Client::local(8), measured in the same run: step time, tokens per second, and the bytes each
 // device receives per step by the compiler's accounting (the program's as_text() header, as
 // bench_fsdp reads it); then the plan size of a 16-layer model next to a 2-layer one (layers
-// run by one scan, so the plan should not grow with the depth).
+// run by one scan, so the plan should not grow with the depth); last, the bytes a 32k-row
+// embedding split over 'model' moves (the result's, never the table's).
 //
 //   bin/bench_transformer [--iters=3] [--json] [--d_model=128 --layers=4 --seq=128 --batch=32]
 //                         [--layouts=dp,tp,fsdp,fsdp_tp] [--profile=/tmp/step]
@@ -40,8 +41,9 @@ ABSL_FLAG(int64_t, seq, 128, "context length");
 ABSL_FLAG(int64_t, batch, 32, "sequences per step");
 ABSL_FLAG(std::string, remat, "none",
           "what each block keeps for the backward pass: none, dots or full (jax.checkpoint)");
-ABSL_FLAG(std::string, layouts, "dp,tp,fsdp,fsdp_tp",
-          "the layouts of (4, 2) to time after 1x1 (comma-separated); empty also skips the plan sizes");
+ABSL_FLAG(
+    std::string, layouts, "dp,tp,fsdp,fsdp_tp",
+    "the layouts of (4, 2) to time after 1x1 (comma-separated); empty also skips the plan sizes and the embedding");
 ABSL_FLAG(std::string, plan, "",
           "when set, each layout's step plan (Jitted::as_text: every instruction with its collectives' bytes) goes to "
           "PATH-LAYOUT.txt");
@@ -124,6 +126,28 @@ double hand_fsdp_bytes(const Config& c, const Mesh& mesh) {
     bytes += 2 * (n - 1) / n * b;
   }
   return bytes;
+}
+
+// Issue #15's embedding goal: a table of kVocab rows split over 'model' (P('model', None)),
+// looked up at (batch, seq) token ids split over 'data', moves only the (batch, seq, d_model)
+// result (one all_reduce of each device's block over 'model': 2 (m-1)/m of it), never the
+// table. Returns the bytes each device receives by the compiler's accounting.
+constexpr int64_t kVocab = 32768;
+
+absl::StatusOr<double> embedding_bytes(const Client& client, const Mesh& mesh, const Config& c) {
+  HostArray table(DType::kF32, {kVocab, c.d_model});
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal;
+  for (float& v : table.mutable_values<float>()) v = normal(rng);
+  HostArray ids(DType::kI32, {c.batch, c.seq});
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(kVocab) - 1);
+  for (int32_t& v : ids.mutable_values<int32_t>()) v = tok(rng);
+  TESSERA_ASSIGN_OR_RETURN(Array t, client.device_put(table, NamedSharding(mesh, P("model", None))));
+  TESSERA_ASSIGN_OR_RETURN(Array i, client.device_put(ids, NamedSharding(mesh, P("data", None))));
+  const Jitted embed = jit([](const std::vector<Value>& in) { return std::vector<Value>{take(in[0], in[1], 0)}; });
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Array> out, embed({t, i}));
+  TESSERA_RETURN_IF_ERROR(out[0].block_until_ready());
+  return parse_plan_header(embed.as_text()).bytes;
 }
 
 int fail(const std::string& what, const absl::Status& status) {
@@ -225,6 +249,24 @@ int main(int argc, char** argv) {
   } else {
     std::printf("plan (fsdp_tp, as_text lines): 2 layers %lld, 16 layers %lld: %.2fx (goal <= 1.2x)\n",
                 static_cast<long long>(lines[0]), static_cast<long long>(lines[1]), ratio);
+  }
+  absl::StatusOr<double> embedding = embedding_bytes(*client, *mesh, c);
+  if (!embedding.ok()) return fail("embedding", embedding.status());
+  const double model = static_cast<double>(mesh->axis_size("model"));
+  const double result_block =
+      static_cast<double>(c.batch / mesh->axis_size("data") * c.seq * c.d_model * 4) * 2 * (model - 1) / model;
+  const double table_bytes = static_cast<double>(kVocab * c.d_model * 4);
+  if (json) {
+    std::printf(
+        "{\"embedding_vocab\": %lld, \"table_bytes\": %.0f, \"bytes_per_device\": %.0f, \"result_bytes\": %.0f, "
+        "\"ratio\": %.3f}\n",
+        static_cast<long long>(kVocab), table_bytes, *embedding, result_block, *embedding / result_block);
+  } else {
+    std::printf(
+        "embedding (%lld x %lld table over 'model', ids over 'data'): %.0f bytes received per device, %.2fx the "
+        "all-reduced result block (goal 1.00x; the table is %.0f bytes)\n",
+        static_cast<long long>(kVocab), static_cast<long long>(c.d_model), *embedding, *embedding / result_block,
+        table_bytes);
   }
   return 0;
 }

@@ -234,6 +234,19 @@ std::vector<GradCase> grad_cases() {
   out.push_back({"nn_causal_attention", {{2, 4, 2, 4}, {2, 4, 2, 4}, {2, 4, 2, 4}}, Domain::kSigned, [](V in) {
                    return nn::dot_product_attention(in[0], in[1], in[2], std::nullopt, true);
                  }});
+  // relu (jax.nn.relu: max(x, 0); the random inputs never hit the kink at 0).
+  out.push_back({"nn_relu", {m}, Domain::kSigned, [](V in) { return nn::relu(in[0]); }});
+  // Attention with a mask (B, N, T, S) and a shorter key sequence (S = 3): keep s != t, and
+  // nothing at all in row t = 0 of batch 1, head 0 (JAX's masked rows attend uniformly, with
+  // the lowest finite value, so that row's gradient flows to v only).
+  out.push_back({"nn_masked_attention", {{2, 4, 2, 4}, {2, 3, 2, 4}, {2, 3, 2, 4}}, Domain::kSigned, [](V in) {
+                   const Shape s = {2, 2, 4, 3};
+                   const Value t = iota(DType::kI32, s, 2), u = iota(DType::kI32, s, 3);
+                   const Value dead =
+                       logical_and(logical_and(iota(DType::kI32, s, 0) == 1, iota(DType::kI32, s, 1) == 0), t == 0);
+                   const Value keep = logical_and(t != u, logical_not(dead));
+                   return nn::dot_product_attention(in[0], in[1], in[2], keep);
+                 }});
   // Control flow (client/vjp/control.cc): a recurrent layer h' = tanh(h @ w / 2 + x) scanned
   // over 4 rows, its final carry and both stacked outputs; reverse; fori_loop.
   for (bool reverse : {false, true}) {
@@ -348,7 +361,9 @@ std::vector<GradCase> grad_cases() {
   };
   out.push_back({"grad_of_grad", {{4, 4}, {4, 4}}, Domain::kSigned, second_order(nullptr, false)});
   out.push_back({"grad_of_grad_checkpoint", {{4, 4}, {4, 4}}, Domain::kSigned, second_order(nullptr, true)});
-  out.push_back({"grad_of_grad_checkpoint_dots_saveable", {{4, 4}, {4, 4}}, Domain::kSigned,
+  out.push_back({"grad_of_grad_checkpoint_dots_saveable",
+                 {{4, 4}, {4, 4}},
+                 Domain::kSigned,
                  second_order(checkpoint_policies::dots_saveable, true)});
   out.push_back(
       {"checkpoint_dots_in_scan", {{4, 4}, {4, 4}, {3, 4, 4}}, Domain::kSigned, [](V in) {

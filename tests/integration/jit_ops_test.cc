@@ -688,7 +688,7 @@ void add_large(int m, std::vector<OpCase>* cases) {
 }
 
 // Indexing (issue #15): an embedding table (16, 8) under every layout, indices (8, 4) whole or
-// split, each op in its out-of-range modes (indices in [-20, 20]: negative, wrapped and beyond
+// split (also one_hot of them), each op in its out-of-range modes (indices in [-20, 20]: negative, wrapped and beyond
 // the table's 16 rows). The compiled plans are asserted in partition_test.cc.
 void add_indexing(int m, std::vector<OpCase>* cases) {
   const MeshDef& mesh = meshes()[m];
@@ -704,8 +704,8 @@ void add_indexing(int m, std::vector<OpCase>* cases) {
     c.name = std::string("indexing_") + mesh.name + "_" + spec_name(table) + "_at_" + spec_name(indices);
     c.mesh = m;
     c.inputs = {{DType::kF32, {16, 8}, Domain::kSigned, table}, {DType::kI32, {8, 4}, Domain::kSigned, indices}};
-    c.outputs = {"take fill", "take clip",         "at get",       "take axis 1",   "take i32 fill",       "at add",
-                 "at set",    "scatter_add zeros", "scatter clip", "dynamic_slice", "dynamic_update_slice"};
+    c.outputs = {"take fill", "take clip",         "at get",       "take axis 1",   "take i32 fill",        "at add",
+                 "at set",    "scatter_add zeros", "scatter clip", "dynamic_slice", "dynamic_update_slice", "one_hot"};
     c.f = [](const std::vector<Value>& in, const Mesh&) {
       const Value &t = in[0], &i = in[1];
       const Value far = i * 5;  // [-20, 20]
@@ -721,7 +721,8 @@ void add_indexing(int m, std::vector<OpCase>* cases) {
                                 at(full({16, 8}, 0.0), i).add(rows),
                                 scatter(t, far, rows, 0, IndexMode::kClip),
                                 dynamic_slice(t, {start, full({}, 0.0, DType::kI32)}, {4, 8}),
-                                dynamic_update_slice(t, slice(t, {0, 0}, {4, 8}) * 2.0, {start, start})};
+                                dynamic_update_slice(t, slice(t, {0, 0}, {4, 8}) * 2.0, {start, start}),
+                                nn::one_hot(far, 16)};  // jax.nn.one_hot: out-of-range labels give zero rows
     };
     cases->push_back(std::move(c));
   };

@@ -1,6 +1,8 @@
 // Randomized jit: random small graphs (a few chained ops on random shapes whose dimensions
 // divide the mesh, random valid input shardings, now and then a with_sharding_constraint)
-// run through jit on Client::local(8) and compared with the host reference.
+// run through jit on Client::local(8) and compared with the host reference. The ops include
+// issue #15's (take, scatter_add, dynamic_slice / dynamic_update_slice, rem, clamp, erf,
+// stop_gradient, cumulative scans, pad, sort, argsort, argmin, top_k, tril / triu, einsum, scan).
 //
 // Graph i of a run is built from seed base + i; the base is TESSERA_RANDOM_SEED when set (else
 // a fixed default), and every failure prints its graph's seed, so
@@ -131,7 +133,7 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
     const Shape s = v.shape();
     const int r = v.rank();
     std::optional<Slot> y;
-    switch (rng() % 22) {
+    switch (rng() % 27) {
       case 0: {
         Value (*const kFloat[])(const Value&) = {tanh, sin, cos, neg, abs, logistic};
         Value (*const kInteger[])(const Value&) = {neg, abs, sign};
@@ -319,6 +321,104 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
             y = Slot{scaled(convert(argsort(v, d), dtype), 0.125), true};
             break;
         }
+        break;
+      }
+      case 22: {
+        // lax.dynamic_slice of half a random dimension at traced starts, some past either end
+        // (lax clamps them so the window fits), or dynamic_update_slice writing that window back
+        // elsewhere; on exact values one start is data-dependent (an argmax's remainder).
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        if (s[d] < 2) break;
+        std::vector<int64_t> sizes(s.begin(), s.end());
+        sizes[d] = s[d] / 2;
+        auto starts = [&]() {
+          std::vector<Value> out;
+          for (int k = 0; k < r; ++k) {
+            out.push_back(full({}, static_cast<double>(static_cast<int64_t>(rng() % (s[k] + 4)) - 2), DType::kI32));
+          }
+          if (x.exact) out[d] = rem(argmax(reshape(v, {num_elements(s)}), 0), full({}, s[d] + 2.0, DType::kI32)) - 1;
+          return out;
+        };
+        const Value window = dynamic_slice(v, starts(), sizes);
+        y = rng() % 2 == 0 ? Slot{window, x.exact}
+                           : Slot{dynamic_update_slice(v, scaled(window, 0.5) + 1, starts()), x.exact};
+        break;
+      }
+      case 23: {
+        // Issue #15's elementwise ops: lax.rem and Python's % (by a weak scalar), clamp,
+        // stop_gradient, and erf on floats (its rounding may differ from the host's: not exact).
+        switch (rng() % 4) {
+          case 0:
+            y = integer ? Slot{rem(v, full({}, 5.0, dtype)) + v % 3, true}
+                        : Slot{rem(v, full({}, 0.75)) + v % 0.5, x.exact};
+            break;
+          case 1:
+            y = Slot{clamp(full({}, -0.5, dtype), v, full({}, integer ? 3.0 : 0.5, dtype)), x.exact};
+            break;
+          case 2:
+            y = Slot{stop_gradient(v), x.exact};
+            break;
+          default:
+            y = integer ? Slot{stop_gradient(v) % 7, true} : Slot{erf(v), false};
+            break;
+        }
+        break;
+      }
+      case 24: {
+        // tril / triu over the last two dimensions at a random diagonal; argmin along a random
+        // dimension (exact values only, as argmax); cumprod of floats along one (a product's
+        // rounding follows its order: not exact).
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        const int64_t k = static_cast<int64_t>(rng() % 5) - 2;
+        switch (rng() % 3) {
+          case 0:
+            if (r < 2) break;
+            y = Slot{rng() % 2 == 0 ? tril(v, k) : triu(v, k), x.exact};
+            break;
+          case 1:
+            if (!x.exact || r < 2) break;
+            y = Slot{scaled(convert(argmin(v, d), dtype), 0.25), true};
+            break;
+          default:
+            if (integer) break;
+            y = Slot{cumprod(tanh(v) * 0.5 + 0.75, d, rng() % 2 == 0), false};
+            break;
+        }
+        break;
+      }
+      case 25: {
+        // lax.top_k along the last dimension: its values, or its indices on exact values; or
+        // einsum of v with itself (rank 2: 'ij,kj->ik', rank 3: 'bij,bkj->bik').
+        const int64_t last = s[r - 1];
+        const int64_t k = 1 + static_cast<int64_t>(rng() % last);
+        switch (rng() % 3) {
+          case 0:
+            y = Slot{top_k(v, k).first, x.exact};
+            break;
+          case 1:
+            if (!x.exact) break;
+            y = Slot{scaled(convert(top_k(v, k).second, dtype), 0.125), true};
+            break;
+          default:
+            if (r == 2) y = Slot{scaled(einsum("ij,kj->ik", v, v), 1.0 / static_cast<double>(last)), false};
+            if (r == 3) y = Slot{scaled(einsum("bij,bkj->bik", v, v), 1.0 / static_cast<double>(last)), false};
+            break;
+        }
+        break;
+      }
+      case 26: {
+        // lax.scan over the leading dimension: a decaying running sum carried row to row (its
+        // carry and stacked outputs keep the row's layout), either way.
+        if (r < 2) break;
+        const Shape row(s.begin() + 1, s.end());
+        const bool reverse = rng() % 2 == 0;
+        ScanResult sc = scan(
+            [&](const std::vector<Value>& c, const std::vector<Value>& xs) {
+              const Value h = integer ? c[0] * 2 + xs[0] : c[0] * 0.5 + xs[0];
+              return ScanStep{{h}, {h}};
+            },
+            {full(row, 0.0, dtype)}, {v}, std::nullopt, reverse);
+        y = Slot{rng() % 2 == 0 ? sc.ys[0] : sc.carry[0], x.exact};
         break;
       }
     }
