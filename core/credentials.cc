@@ -343,7 +343,15 @@ absl::StatusOr<Credentials> credentials_from_flag(const std::string& dir, Creden
 }
 
 bool is_loopback_host(const std::string& host) {
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+  if (host == "localhost") return true;  // the one name: any other may resolve anywhere
+  std::string address = host;
+  if (address.size() >= 2 && address.front() == '[' && address.back() == ']') {
+    address = address.substr(1, address.size() - 2);
+  }
+  in_addr v4;
+  if (inet_pton(AF_INET, address.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, address.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 absl::Status check_open_mode(const Credentials& c, const std::string& listen_host, bool insecure_any_host,

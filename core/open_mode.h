@@ -12,7 +12,8 @@
 
 namespace tessera {
 
-// 127.0.0.0/8, ::1 and "localhost".
+// An IPv4 address in 127.0.0.0/8, ::1 (bracketed or not), or the name "localhost" (no other
+// name: it may resolve anywhere).
 bool is_loopback_host(const std::string& host);
 
 // OK with credentials, on a loopback `listen_host`, or with `insecure_any_host`; otherwise

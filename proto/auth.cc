@@ -80,6 +80,8 @@ size_t hmac_sha256(absl::string_view key, absl::string_view message, unsigned ch
                                  OSSL_PARAM_construct_end()};
     if (keyed.ctx == nullptr ||
         EVP_MAC_init(keyed.ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), params) != 1) {
+      EVP_MAC_CTX_free(keyed.ctx);  // no context outlives a failure: an empty key must not reuse it
+      keyed.ctx = nullptr;
       return 0;
     }
     keyed.key = std::string(key);
@@ -87,7 +89,9 @@ size_t hmac_sha256(absl::string_view key, absl::string_view message, unsigned ch
   size_t length = 0;
   if (EVP_MAC_update(keyed.ctx, reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
       EVP_MAC_final(keyed.ctx, out, &length, EVP_MAX_MD_SIZE) != 1) {
-    keyed.key.clear();  // its state is unknown: the next call starts afresh
+    EVP_MAC_CTX_free(keyed.ctx);  // its state is unknown: the next call starts afresh
+    keyed.ctx = nullptr;
+    keyed.key.clear();
     return 0;
   }
   return length;
@@ -260,7 +264,8 @@ absl::StatusOr<Caller> Authenticator::require_coordinator(const grpc::ServerCont
   if (caller.ok() && caller->certified && caller->certified_device >= 0) {
     return absl::PermissionDeniedError(absl::StrCat(
         method, " is the coordinator's to send, but the caller presents ", certificate_holder(caller->certified_device),
-        " certificate: a worker takes plans, runs and deletions only from the coordinator (whose certificate names "
+        " certificate: a worker takes plans, runs, block moves and deletions only from the coordinator (whose "
+        "certificate names "
         "no device)"));
   }
   return caller;

@@ -317,8 +317,11 @@ SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_p
       transport_(transport),
       run_(run),
       op_(first_op),
+      first_op_(first_op),
       end_op_(first_op + plan_op_span(plan)),
       slots_(static_cast<size_t>(plan.num_slots)) {
+  // Peers' messages of this run's ops are awaited from now on, however far ahead they run.
+  transport_.begin_run_ops(first_op_, end_op_);
   if (inputs.size() != plan.input_slots.size()) {
     result_ = absl::InvalidArgumentError(
         absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ", inputs.size()));
@@ -328,7 +331,7 @@ SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_p
   for (size_t i = 0; i < inputs.size(); ++i) slots_[plan.input_slots[i]] = std::move(inputs[i]);
 }
 
-SteppedPlanRun::~SteppedPlanRun() = default;
+SteppedPlanRun::~SteppedPlanRun() { transport_.end_run_ops(first_op_, end_op_); }
 
 void SteppedPlanRun::fail(const Instruction& inst, const absl::Status& status) {
   // The ops of the instructions it will not run: peers' messages for them go, now and later.

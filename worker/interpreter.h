@@ -86,6 +86,7 @@ class SteppedPlanRun {
   const PlanRun& run_;
   size_t k_ = 0;  // the next instruction
   uint64_t op_;   // its first op id
+  const uint64_t first_op_;
   const uint64_t end_op_;
   std::vector<std::shared_ptr<const HostArray>> slots_;
   std::unique_ptr<SteppedCollective> collective_;  // instruction k_'s, parked

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "core/open_mode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -45,8 +46,7 @@ TEST(DeviceIdFromEnvironment, OrdinalFallsBackToTheHostName) {
 }
 
 TEST(DeviceIdFromEnvironment, APodNameWithoutAnOrdinalIsNamed) {
-  for (const char* name : {"tessera-worker", "tessera-worker-x7k2q", "tessera-worker-", "worker-+3",
-                           "w-99999999999"}) {
+  for (const char* name : {"tessera-worker", "tessera-worker-x7k2q", "tessera-worker-", "worker-+3", "w-99999999999"}) {
     ScopedEnv pod("POD_NAME", name);
     absl::StatusOr<int> id = device_id_from_environment("ordinal");
     EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << name;
@@ -74,6 +74,25 @@ TEST(DeviceIdFromEnvironment, AnUnknownSourceIsNamed) {
   absl::StatusOr<int> id = device_id_from_environment("pod_index");
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(id.status().message(), HasSubstr("'pod_index' is neither 'ordinal' nor 'job_index'"));
+}
+
+// Plaintext is for loopback only (core/open_mode.h): an address, parsed, not a prefix of a name.
+TEST(OpenMode, LoopbackIsAnAddressOrLocalhostNotANamesPrefix) {
+  for (const char* host : {"127.0.0.1", "127.3.4.5", "localhost", "::1", "[::1]", "0:0:0:0:0:0:0:1"}) {
+    EXPECT_TRUE(is_loopback_host(host)) << host;
+  }
+  for (const char* host : {"0.0.0.0", "10.0.0.1", "127.x.example", "127.0.0.1.example", "::", "worker-0", "",
+                           "128.0.0.1", "::ffff:10.0.0.1"}) {
+    EXPECT_FALSE(is_loopback_host(host)) << host;
+  }
+  const Credentials none;
+  EXPECT_TRUE(check_open_mode(none, "127.0.0.1", false, "d").ok());
+  EXPECT_TRUE(check_open_mode(none, "0.0.0.0", true, "d").ok());
+  const absl::Status refused = check_open_mode(none, "127.x.example", false, "tessera-worker");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("tessera-worker: no --credentials, and it would listen on 127.x.example, which is not a "
+                        "loopback address"));
 }
 
 }  // namespace

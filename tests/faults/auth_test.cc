@@ -1071,7 +1071,8 @@ TEST_F(TlsTest, WorkersTakePlansRunsReshardsAndDeletionsOnlyFromTheCoordinator) 
   const auto as_client = worker0(std::make_shared<CallIdentity>(credentials_.client, -1, credentials_.ca_pem));
   const auto as_admin = worker0(std::make_shared<CallIdentity>(credentials_.admin, -1, credentials_.ca_pem));
 
-  const std::string not_coordinator = "certificate: a worker takes plans, runs and deletions only from the coordinator";
+  const std::string not_coordinator =
+      "certificate: a worker takes plans, runs, block moves and deletions only from the coordinator";
   for (auto* stub : {as_device_2.get(), as_client.get()}) {
     const bool device = stub == as_device_2.get();
     SCOPED_TRACE(device ? "device 2's certificate" : "the client credential");

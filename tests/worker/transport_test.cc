@@ -492,6 +492,36 @@ TEST(TransportMailbox, ASourcesEarlyMessagesAreBoundedByNumber) {
   EXPECT_EQ(transport.set_mailbox(options).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Ops of a plan run going here (begin_run_ops) are awaited, not early, however far ahead the
+// sender is: a device that only sends (a one-way permute pipeline of more ops than the count)
+// is not refused. Messages held before the run began stop counting when it begins; after the
+// run ends (end_run_ops), messages of ops it did not reach count again.
+TEST(TransportMailbox, OpsOfARunGoingHereAreNotCountedAsEarly) {
+  Transport transport;
+  transport.set_self(0);
+  MailboxOptions options;
+  options.messages_per_peer = 3;
+  ASSERT_TRUE(transport.set_mailbox(options).ok());
+  // Three early messages, at the count, before the run's plan reached this worker.
+  for (uint64_t op = 100; op < 103; ++op) ASSERT_TRUE(deliver(transport, data_message(2, op, 0, "a")).ok());
+  transport.begin_run_ops(100, 2000);
+  for (uint64_t op = 103; op < 1200; ++op) ASSERT_TRUE(deliver(transport, data_message(2, op, 0, "b")).ok());
+  EXPECT_EQ(transport.pending_messages(), 1100);
+  EXPECT_EQ(transport.dropped_messages(), 0);
+  // Outside the run's range the count still holds: 3 more early messages, the fourth refused.
+  for (uint64_t op = 5000; op < 5004; ++op) ASSERT_TRUE(deliver(transport, data_message(2, op, 0, "c")).ok());
+  EXPECT_EQ(transport.dropped_messages(), 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (uint64_t op = 100; op < 1200; ++op) {
+    ASSERT_TRUE(transport.receive(2, "h:1", {op, 0, 0}, absl::InfinitePast(), deadline).ok()) << op;
+  }
+  transport.end_run_ops(100, 2000);
+  ASSERT_TRUE(deliver(transport, data_message(2, 1500, 0, "d")).ok());  // the run has ended: early again
+  EXPECT_EQ(transport.dropped_messages(), 2);
+  EXPECT_EQ(transport.receive(2, "h:1", {1500, 0, 0}, absl::InfinitePast(), deadline).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 // A flood of tiny messages is bounded by its bookkeeping, not only by its data: each message is
 // charged kHeldMessageBytes (256) beyond its byte, so a share of 2,570 bytes keeps 10 of 100
 // one-byte messages (before, it kept every one: 100 bytes of data, some 20 KB held).

@@ -930,6 +930,32 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
   while (finished_.size() > kRememberedOps) finished_.erase(finished_.begin());  // the oldest ids
 }
 
+void Transport::begin_run_ops(uint64_t first, uint64_t end) {
+  if (end <= first) return;
+  absl::MutexLock lock(&mu_);
+  run_ops_.insert({first, end});
+  for (auto it = mailbox_.lower_bound(Key{first, INT_MIN, INT32_MIN, INT32_MIN});
+       it != mailbox_.end() && std::get<0>(it->first) < end; ++it) {
+    if (!it->second.early) continue;
+    it->second.early = false;
+    --held_early_[std::get<1>(it->first)];
+  }
+}
+
+void Transport::end_run_ops(uint64_t first, uint64_t end) {
+  if (end <= first) return;
+  absl::MutexLock lock(&mu_);
+  if (auto it = run_ops_.find({first, end}); it != run_ops_.end()) run_ops_.erase(it);
+}
+
+bool Transport::in_run_locked(uint64_t op) const {
+  // Few entries (the runs going here): every range starting at or before op.
+  for (auto it = run_ops_.begin(); it != run_ops_.end() && it->first <= op; ++it) {
+    if (op < it->second) return true;
+  }
+  return false;
+}
+
 bool Transport::finished_locked(uint64_t op) const {
   if (op >= kUnorderedOps) return finished_unordered_.count(op) > 0;
   auto it = finished_.upper_bound(op);  // the first range starting after op
@@ -1276,7 +1302,7 @@ std::shared_ptr<Transport::Parked> Transport::file_message(int from, MessageTag 
   // Early: it may wait for its op up to the time-to-live. A legitimate peer has at most a few
   // hundred such messages here (docs/design.md, "The flood's peak"); a flood of small ones is
   // bounded by their number, not only by their bytes.
-  const bool early = started_.count(tag.op) == 0;
+  const bool early = started_.count(tag.op) == 0 && !in_run_locked(tag.op);
   int64_t& early_held = held_early_[from];
   if (early && early_held >= mailbox_options_.messages_per_peer) {
     refuse_locked(tag.op, from, {Refusal::kCount});

@@ -233,6 +233,14 @@ class Transport {
   // The same for every op in [first, end): a failed plan run's ops it will never start.
   void finish_ops(uint64_t first, uint64_t end);
 
+  // A plan run here owns the ops [first, end) from now until end_run_ops(first, end): their
+  // messages are awaited, so they are not "early" (not counted against
+  // --mailbox_messages_per_peer), however far ahead a peer runs (a device that only sends, as
+  // in a one-way permute pipeline, may be hundreds of ops ahead). Messages already held for
+  // those ops stop counting. Runs may nest (a loop's body) and repeat a range.
+  void begin_run_ops(uint64_t first, uint64_t end);
+  void end_run_ops(uint64_t first, uint64_t end);
+
   // The reactor that reads one peer's Exchange stream into this transport (the worker's
   // raw Exchange handler returns it; it deletes itself when the stream ends).
   // `authenticated_source`: the device the stream's credential names (-1: none, the
@@ -302,7 +310,7 @@ class Transport {
   struct Held {
     Received data;
     absl::Time arrived;
-    bool early = false;  // its op had not started here when it arrived (counted in held_early_)
+    bool early = false;  // its op had not started here and no run here owned it (counted in held_early_)
   };
   bool finished_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a receive for `op` began here (its messages are taken as they come) or `op`
@@ -343,6 +351,9 @@ class Transport {
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> started_ ABSL_GUARDED_BY(mu_);  // ops a receive began here, until they finish
+  // Op ranges [first, end) of the plan runs here (begin_run_ops), as many as runs hold them.
+  std::multiset<std::pair<uint64_t, uint64_t>> run_ops_ ABSL_GUARDED_BY(mu_);
+  bool in_run_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source): messages dropped for the bounds, and why (until the op finishes; at most
   // kRememberedOps, the oldest ids dropped first).
   std::map<std::pair<uint64_t, int>, Refusal> refused_ ABSL_GUARDED_BY(mu_);
