@@ -278,6 +278,51 @@ TEST_F(ExplicitReducedTest, GathersKeepReducedAxesAndScattersRefuseThemAsJax) {
   }
 }
 
+// tests/pjit_test.py, test_scatter_unreduced_fwd_reduced_bwd (its forward): op.at[idx].add(upd)
+// of an operand and updates unreduced over 'x' is unreduced over 'x' (slicing.py's
+// _scatter_unreduced_rule): each device adds its term of the updates into its term of the
+// operand, and the sum is the host's scatter-add. JAX's operand is zeros; here it is not, so the
+// operand's terms are summed once (the compiler keeps the pending sum, and runs no all_reduce
+// before the scatter). The rule's errors: operand and updates unreduced over different axes,
+// and unreduced values with split indices (NotImplementedError in JAX).
+TEST_F(ExplicitReducedTest, ScatterAddOfUnreducedValuesIsUnreducedAndSumsToTheHostAsJax) {
+  const HostArray table = random_f32({8, 2}, 21);
+  const HostArray upd = random_f32({4, 2}, 22);
+  const std::vector<int32_t> rows = {1, 3, 5, 5};
+  const HostArray idx = HostArray::from_vector<int32_t>({4}, rows);
+  std::vector<double> want(table.values<float>().begin(), table.values<float>().end());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    for (int j = 0; j < 2; ++j) want[rows[k] * 2 + j] += upd.values<float>()[k * 2 + j];
+  }
+  const PartitionSpec ux = P(None, None).with_unreduced({"x"});
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array op = put_on(mesh, table, P());
+    const Array ids = put_on(mesh, idx, P());
+    const Array updates = put_on(mesh, upd, P());
+    std::string type;
+    auto f = [&](const std::vector<Value>& in) {
+      Value y = at(reshard(in[0], ux), in[1]).add(reshard(in[2], ux));
+      type = type_of(y).to_string();
+      return y;
+    };
+    Jitted step = jit([&](const std::vector<Value>& in) { return std::vector<Value>{f(in)}; });
+    const absl::StatusOr<std::vector<Array>> out = step({op, ids, updates});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(type, "f32[8,2]{U:x}");
+    EXPECT_EQ((*out)[0].sharding().spec(), ux);
+    EXPECT_THAT(step.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+    expect_near(summed((*out)[0]), want);
+
+    EXPECT_THAT(refusal([&](const std::vector<Value>& in) { return at(reshard(in[0], ux), in[1]).add(in[2]); },
+                        {op, ids, updates}),
+                HasSubstr("scatter operand and updates must be unreduced along the same axes. Got operand sharding "
+                          "f32[8,2]{U:x} and updates sharding f32[4,2]."));
+    EXPECT_THAT(refusal(f, {op, put_on(mesh, idx, P("y")), updates}),
+                HasSubstr("a scatter_add of unreduced values with split indices is not implemented"));
+  }
+}
+
 // tests/pjit_test.py, test_reduced_at_get_out_sharding: params reduced over 'x' indexed by
 // inputs split over 'x' with out_sharding P('x', None, None) (rewriting_take gathers under
 // auto_axes): the result is laid out by out_sharding and equals params[inputs]; the gradient of
