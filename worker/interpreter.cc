@@ -304,7 +304,7 @@ absl::StatusOr<Arrays> run_switch(const Instruction& inst, const Arrays& operand
 
 absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transport& transport, const PlanRun& run,
                                    uint64_t first_op) {
-  SteppedPlanRun stepped(plan, std::move(inputs), transport, run, first_op);
+  SteppedPlanRun stepped(plan, std::move(inputs), transport, run, first_op, /*nested=*/true);
   stepped.advance(nullptr);  // waits: always done
   return stepped.take_result();
 }
@@ -312,16 +312,17 @@ absl::StatusOr<Arrays> run_plan_at(const DevicePlan& plan, Arrays inputs, Transp
 }  // namespace
 
 SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs,
-                               Transport& transport, const PlanRun& run, uint64_t first_op)
+                               Transport& transport, const PlanRun& run, uint64_t first_op, bool nested)
     : plan_(plan),
       transport_(transport),
       run_(run),
       op_(first_op),
       first_op_(first_op),
       end_op_(first_op + plan_op_span(plan)),
+      nested_(nested),
       slots_(static_cast<size_t>(plan.num_slots)) {
   // Peers' messages of this run's ops are awaited from now on, however far ahead they run.
-  transport_.begin_run_ops(first_op_, end_op_);
+  if (!nested_) transport_.begin_run_ops(first_op_, end_op_);
   if (inputs.size() != plan.input_slots.size()) {
     result_ = absl::InvalidArgumentError(
         absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ", inputs.size()));
@@ -331,7 +332,9 @@ SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_p
   for (size_t i = 0; i < inputs.size(); ++i) slots_[plan.input_slots[i]] = std::move(inputs[i]);
 }
 
-SteppedPlanRun::~SteppedPlanRun() { transport_.end_run_ops(first_op_, end_op_); }
+SteppedPlanRun::~SteppedPlanRun() {
+  if (!nested_) transport_.end_run_ops(first_op_, end_op_);
+}
 
 void SteppedPlanRun::fail(const Instruction& inst, const absl::Status& status) {
   // The ops of the instructions it will not run: peers' messages for them go, now and later.
@@ -462,7 +465,9 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
     const PlanRun& run) {
   ProfileSpan span(&transport.profile(), "plan", [] { return std::string("plan"); });
   span.arg("execution", absl::StrCat(run.execution));
-  return run_plan_at(plan, std::move(inputs), transport, run, plan_op_id(run.execution, 0));
+  SteppedPlanRun stepped(plan, std::move(inputs), transport, run, plan_op_id(run.execution, 0));
+  stepped.advance(nullptr);  // waits: always done
+  return stepped.take_result();
 }
 
 }  // namespace tessera

@@ -58,9 +58,12 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
 //   absl::StatusOr<...> outputs = r.take_result();   // after kDone
 class SteppedPlanRun {
  public:
-  // `plan`, `transport` and `run` must outlive this.
+  // `plan`, `transport` and `run` must outlive this. A top-level run holds its whole op range
+  // (Transport::begin_run_ops, nested loops' and switches' ops included) for its lifetime; a
+  // `nested` one (a loop body's iteration, a switch's branch) runs inside that range and takes
+  // no hold of its own.
   SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
-                 const PlanRun& run, uint64_t first_op);
+                 const PlanRun& run, uint64_t first_op, bool nested = false);
   ~SteppedPlanRun();
 
   enum class State {
@@ -88,6 +91,7 @@ class SteppedPlanRun {
   uint64_t op_;   // its first op id
   const uint64_t first_op_;
   const uint64_t end_op_;
+  const bool nested_;
   std::vector<std::shared_ptr<const HostArray>> slots_;
   std::unique_ptr<SteppedCollective> collective_;  // instruction k_'s, parked
   absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> result_ =

@@ -142,7 +142,7 @@ class Propagator : public internal::ShardingContext {
       return;
     }
     for (int o : n.operands) {
-      if (typed_unreduced_[o] && out_.result[o].partial == r.partial) typed_unreduced_[id] = true;
+      if (typed_unreduced_[o] && same_axes(out_.result[o].partial, r.partial)) typed_unreduced_[id] = true;
     }
   }
 
@@ -284,7 +284,7 @@ class Propagator : public internal::ShardingContext {
     const Node& n = g_.node(id);
     const double direct = reshard_cost(out_.result[id], want, n);
     if (direct == 0 || depth == 0 || pinned(id) || uses[id].size() != 1 || is_output_[id] ||
-        want.partial != out_.result[id].partial) {
+        !same_axes(want.partial, out_.result[id].partial)) {
       return direct;
     }
     std::optional<Choice> c = choice(id, dim_map(n), want.dims);

@@ -23,6 +23,7 @@
 #ifndef TESSERA_COORDINATOR_COMPILER_PROPAGATE_H_
 #define TESSERA_COORDINATOR_COMPILER_PROPAGATE_H_
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,12 @@
 
 namespace tessera {
 
+// Whether two pending reductions are over the same mesh axes: their axes are a set (JAX's
+// unreduced and reduced axes are sets), whatever order the ops that made them listed them in.
+inline bool same_axes(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  return a.size() == b.size() && std::is_permutation(a.begin(), a.end(), b.begin());
+}
+
 struct ValueSharding {
   std::vector<Axes> dims;            // one entry per dimension of the value
   std::vector<std::string> partial;  // mesh axes of a pending reduction; empty if whole
@@ -46,7 +53,7 @@ struct ValueSharding {
   // "P('data', None)", with " partial(sum over 'model')" when partial.
   std::string to_string() const;
   bool operator==(const ValueSharding& o) const {
-    return dims == o.dims && partial == o.partial && (partial.empty() || partial_op == o.partial_op);
+    return dims == o.dims && same_axes(partial, o.partial) && (partial.empty() || partial_op == o.partial_op);
   }
   bool operator!=(const ValueSharding& o) const { return !(*this == o); }
 };

@@ -70,7 +70,7 @@ absl::StatusOr<std::vector<ReshardStep>> plan_without_unit_axes(const ValueShard
   // a reduced value's cotangent): a sum pending over other axes runs first; then the layout,
   // keeping a dimension's trailing split over new pending axes (its blocks are zero-padded in
   // place), then the local kUnreduce.
-  if (to.is_partial() && to.partial != from.partial && to.partial_op == ReduceOp::kSum) {
+  if (to.is_partial() && !same_axes(to.partial, from.partial) && to.partial_op == ReduceOp::kSum) {
     for (const std::string& a : to.partial) {
       if (dim_of(to, a) >= 0) {
         return absl::InvalidArgumentError(
@@ -104,7 +104,7 @@ absl::StatusOr<std::vector<ReshardStep>> plan_without_unit_axes(const ValueShard
   // the moves below only move blocks (gather, all_to_all, slice, permute), which commute with
   // it. It must be the source's own pending reduction, over axes no dimension is split by.
   if (to.is_partial()) {
-    if (to.partial != from.partial || to.partial_op != from.partial_op) {
+    if (!same_axes(to.partial, from.partial) || to.partial_op != from.partial_op) {
       return absl::InvalidArgumentError(absl::StrCat("reshard: the target ", to.to_string(),
                                                      " is partial but not pending what the source ", from.to_string(),
                                                      " is"));

@@ -19,7 +19,7 @@ absl::Status elementwise(ShardingContext& c, int id) {
   // operands, through select between two equally partial cases by a whole predicate, and
   // through mul (or the numerator of div) by a whole operand.
   auto same_partial = [&](size_t i, size_t j) {
-    return in[i] && in[j] && in[i]->is_partial() && in[i]->partial == in[j]->partial &&
+    return in[i] && in[j] && in[i]->is_partial() && same_axes(in[i]->partial, in[j]->partial) &&
            in[i]->partial_op == ReduceOp::kSum && in[j]->partial_op == ReduceOp::kSum;
   };
   std::vector<std::string> partial;

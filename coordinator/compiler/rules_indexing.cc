@@ -87,7 +87,7 @@ absl::Status scatter_rule(ShardingContext& c, int id) {
   // term of the operand, the indices whole.
   const bool keep = n.op == Op::kScatterAdd && x.is_partial() && x.partial_op == ReduceOp::kSum &&
                     c.typed_unreduced(n.operands[0]) && c.typed_unreduced(n.operands[2]) &&
-                    u_now.partial == x.partial && u_now.partial_op == ReduceOp::kSum;
+                    same_axes(u_now.partial, x.partial) && u_now.partial_op == ReduceOp::kSum;
   const std::vector<std::string> pending = keep ? x.partial : std::vector<std::string>{};
   x.partial.clear();
   ValueSharding i = i_now, u = u_now;

@@ -156,7 +156,7 @@ absl::Status slice_or_concatenate(ShardingContext& c, int id) {
   }
   if (n.op == Op::kConcatenate) {
     bool keep = q.is_partial();
-    for (int o : n.operands) keep = keep && c.typed_unreduced(o) && c.of_or_replicated(o).partial == q.partial;
+    for (int o : n.operands) keep = keep && c.typed_unreduced(o) && same_axes(c.of_or_replicated(o).partial, q.partial);
     if (!keep) q.partial.clear();
   }
   c.needs(id).assign(n.operands.size(), q);

@@ -99,6 +99,18 @@ TEST_F(PropagateTest, SumOverAShardedAxisIsPartial) {
               ::testing::ElementsAre("P(None,) partial(max over 'data')"));
 }
 
+// The axes of a pending sum are a set: an add of two sums pending over the same axes listed in
+// another order keeps the pending sum (needing no resolution of either operand).
+TEST_F(PropagateTest, PendingSumsOverTheSameAxesInAnyOrderAddAsPartial) {
+  run([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0]) + sum(in[1])}; },
+      {{DType::kF32, {8, 4}}, {DType::kF32, {8, 4}}}, {P("data", "model"), P("model", "data")});
+  const int add = graph_.outputs()[0];
+  const ValueSharding& r = prop_.result[add];
+  EXPECT_TRUE(same_axes(r.partial, {"data", "model"})) << r.to_string();
+  EXPECT_TRUE(prop_.operands[add][0].is_partial()) << need(add, 0);
+  EXPECT_TRUE(prop_.operands[add][1].is_partial()) << need(add, 1);
+}
+
 TEST_F(PropagateTest, TransposeAndReshapeMoveTheSpec) {
   EXPECT_THAT(run(
                   [](const std::vector<Value>& in) {

@@ -68,6 +68,28 @@ TEST_F(JitTest, LayerUnderEveryWeightLayout) {
   }
 }
 
+// Pending sums are over a set of mesh axes: sum(a) of a P('data', 'model') and sum(b) of a
+// P('model', 'data') are both pending over {'data', 'model'}, however each listed them, so
+// their sum passes through the add and one all_reduce resolves it (JAX's unreduced axes are a
+// set: partition_spec.py keeps them as a frozenset).
+TEST_F(JitTest, PendingSumsOverTheSameAxesInAnotherOrderAddWithOneAllReduce) {
+  const HostArray a = random_f32({8, 4}, 5), b = random_f32({8, 4}, 6);
+  double want = 0;
+  for (float v : a.values<float>()) want += v;
+  for (float v : b.values<float>()) want += v;
+  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0]) + sum(in[1])}; });
+  absl::StatusOr<std::vector<Array>> y =
+      f({put_on(*auto_mesh_, a, P("data", "model")), put_on(*auto_mesh_, b, P("model", "data"))});
+  ASSERT_TRUE(y.ok()) << y.status();
+  expect_near(fetch((*y)[0]), std::vector<double>{want});
+  const std::string text = f.as_text();
+  size_t all_reduces = 0;
+  for (size_t at = text.find("all_reduce"); at != std::string::npos; at = text.find("all_reduce", at + 1)) {
+    ++all_reduces;
+  }
+  EXPECT_EQ(all_reduces, 1u) << text;
+}
+
 // Auto axes: jit's out_shardings decide how the partial product is resolved (on Explicit axes
 // matmul's out_sharding does; ExplicitJitTest).
 TEST_F(JitTest, PartialProductWantedShardedIsReduceScattered) {

@@ -64,6 +64,22 @@ std::vector<double> values_of(const HostArray& a) {
   return std::vector<double>(v.begin(), v.end());
 }
 
+// The host's reference for a gather of whole rows: table[i] for each index in turn, and how
+// many times each element of the f32 table (rows of `width`) is picked (its gradient of sum).
+struct GatheredRows {
+  std::vector<double> rows, counts;
+};
+GatheredRows gathered_rows_and_counts(const HostArray& table, const std::vector<int32_t>& indices, int64_t width) {
+  GatheredRows g{{}, std::vector<double>(static_cast<size_t>(table.size()), 0.0)};
+  for (int32_t i : indices) {
+    for (int64_t j = 0; j < width; ++j) {
+      g.rows.push_back(table.values<float>()[i * width + j]);
+      g.counts[i * width + j] += 1.0;
+    }
+  }
+  return g;
+}
+
 // jax/_src/core.py, _vma_ur_str: a type prints its unreduced and reduced axes each in the mesh's
 // order (`_create_str(order_wrt_mesh(mesh, reduced), 'R')`), not sorted; the spec keeps them as
 // a set (partition_spec.py's repr prints `set(reduced)`, whose order is Python's hash's, which
@@ -231,14 +247,9 @@ TEST_F(ExplicitReducedTest, PadAndDynamicWindowsKeepReducedAxesAsJax) {
 // with no ur_rule, does as call_ur_rule does.
 TEST_F(ExplicitReducedTest, GathersKeepReducedAxesAndScattersRefuseThemAsJax) {
   const HostArray table = random_f32({8, 2}, 14);
-  const HostArray idx = HostArray::from_vector<int32_t>({4}, {0, 2, 2, 5});
-  std::vector<double> rows, counts(8 * 2, 0.0);
-  for (int32_t i : {0, 2, 2, 5}) {
-    for (int j = 0; j < 2; ++j) {
-      rows.push_back(table.values<float>()[i * 2 + j]);
-      counts[i * 2 + j] += 1.0;
-    }
-  }
+  const std::vector<int32_t> picks = {0, 2, 2, 5};
+  const HostArray idx = HostArray::from_vector<int32_t>({4}, picks);
+  const auto [rows, counts] = gathered_rows_and_counts(table, picks, 2);
   for (const Mesh& mesh : meshes()) {
     SCOPED_TRACE(mesh.to_string());
     const Array op = put_on(mesh, table, P(None, None).with_reduced({"x"}));
@@ -332,13 +343,7 @@ TEST_F(ExplicitReducedTest, AtGetWithOutShardingOfAReducedTableAsJax) {
   std::vector<int32_t> picks(4 * 2);
   for (size_t k = 0; k < picks.size(); ++k) picks[k] = static_cast<int32_t>((k * 5 + 3) % 16);
   const HostArray inputs = HostArray::from_vector<int32_t>({4, 2}, picks);
-  std::vector<double> want, counts(16 * 4, 0.0);
-  for (int32_t i : picks) {
-    for (int j = 0; j < 4; ++j) {
-      want.push_back(params.values<float>()[i * 4 + j]);
-      counts[i * 4 + j] += 1.0;
-    }
-  }
+  const auto [want, counts] = gathered_rows_and_counts(params, picks, 4);
   for (const Mesh& mesh : meshes()) {
     SCOPED_TRACE(mesh.to_string());
     const Array p = put_on(mesh, params, P(None, None).with_reduced({"x"}));
