@@ -122,9 +122,10 @@ int main(int argc, char** argv) {
       if (json) {
         std::printf(
             "{\"program\": \"mlp_%s\", \"mesh\": \"%s\", \"step_ms\": %.2f, \"bytes_per_device\": %.0f, "
-            "\"collectives\": %d, \"bytes_vs_pinned\": %.3f, \"time_vs_pinned\": %.3f, \"time_vs_one_device\": %.3f}\n",
+            "\"collectives\": %d, \"bytes_vs_pinned\": %.3f, \"time_vs_pinned\": %.3f, \"time_vs_one_device\": %.3f, "
+            "\"one_device_step_ms\": %.2f}\n",
             fsdp_layout_name(l), m.name, f->step_ms, f->bytes, f->collectives, f->bytes / pinned_bytes,
-            f->step_ms / pinned_ms, f->step_ms / reference->step_ms);
+            f->step_ms / pinned_ms, f->step_ms / reference->step_ms, reference->step_ms);
       } else {
         std::printf(
             "  %-11s %-6s %8.1f ms (%.2fx pinned, %.2fx one device), %6.1f MB received by device 0 (%.2fx "
