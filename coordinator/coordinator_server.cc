@@ -19,6 +19,7 @@
 #include "coordinator/plan_stream.h"
 #include "coordinator/program_cache.h"
 #include "coordinator/registry.h"
+#include "coordinator/registry_wire.h"
 #include "coordinator/request_limits.h"
 #include "coordinator/worker_channels.h"
 #include "core/collective.h"
@@ -130,29 +131,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
     if (!certified.ok()) return to_grpc(certified);
     absl::Status version = check_protocol_version(req->protocol_version(), absl::StrCat("worker at ", req->address()));
     if (!version.ok()) return to_grpc(version);
-    absl::Status valid = check_registration(req->name(), req->address(), req->requested_device_id());
-    if (!valid.ok()) return to_grpc(valid);
-    if (req->memory_bytes() <= 0) {
-      return to_grpc(absl::InvalidArgumentError(
-          absl::StrCat("RegisterWorker: memory_bytes must be positive, got ", req->memory_bytes())));
-    }
-    WorkerRegistration registration;
-    registration.name = req->name();
-    registration.address = req->address();
-    registration.requested_id = req->requested_device_id();
-    registration.memory_bytes = req->memory_bytes();
-    registration.previous_epoch = req->previous_epoch();
-    registration.previous_incarnation = req->previous_incarnation();
-    for (const pb::ShardHeader& h : req->held_buffers()) {
-      absl::StatusOr<DType> dtype = dtype_from_proto(h.dtype());
-      absl::StatusOr<Shape> shape = dtype.ok() ? shape_from_proto(h.shape(), *dtype) : dtype.status();
-      if (!shape.ok()) {
-        return to_grpc(absl::InvalidArgumentError(
-            absl::StrCat("RegisterWorker: held buffer ", h.buffer_id(), ": ", shape.status().message())));
-      }
-      registration.held[h.buffer_id()] = HeldShard{*dtype, *std::move(shape)};
-    }
-    absl::StatusOr<DeviceRecord> d = registry_.register_worker(registration, absl::Now());
+    absl::StatusOr<WorkerRegistration> registration = registration_from_proto(*req);
+    if (!registration.ok()) return to_grpc(registration.status());
+    absl::StatusOr<DeviceRecord> d = registry_.register_worker(*registration, absl::Now());
     if (!d.ok()) return to_grpc(d.status());
     if (options_.log_registrations) {
       std::string how;
@@ -833,13 +814,6 @@ class CoordinatorService final : public CoordinatorServiceBase {
     await_registration(sharding.mesh().device_ids());
     TESSERA_RETURN_IF_ERROR(check_not_draining(registry_, sharding.mesh().device_ids(), "device_put"));
     return registry_.create_array(dtype, shape, sharding, session);
-  }
-
-  static absl::StatusOr<ArrayRecord> array_from_proto(const pb::ArrayInfo& info) {
-    TESSERA_ASSIGN_OR_RETURN(DType dtype, dtype_from_proto(info.dtype()));
-    TESSERA_ASSIGN_OR_RETURN(Shape shape, shape_from_proto(info.shape(), dtype));
-    TESSERA_ASSIGN_OR_RETURN(NamedSharding sharding, sharding_from_proto(info.sharding()));
-    return ArrayRecord{info.array_id(), dtype, std::move(shape), std::move(sharding), {}, 0};
   }
 
   // Adopts the arrays for `session`; with best_effort, lists those it could not. Each must

@@ -39,8 +39,15 @@ class IdAllocator {
   // Whether `id` was handed out by an earlier incarnation of the coordinator.
   bool before_epoch(uint64_t id) const { return id < epoch_; }
 
+  // Ids advance_past moves the counter past: below 2^61 (epochs until the year 2255).
+  static constexpr uint64_t kMaxAdvance = uint64_t{1} << 61;
+
   // Every later id exceeds `id` (one a worker holds: a guard against a clock that went back).
+  // An id at or above kMaxAdvance is no coordinator's (a worker reports whatever ids its
+  // buffers were put under) and is ignored: past it the counter would reach bit 62, the
+  // workers', or wrap to 0 and hand out ids of earlier incarnations.
   void advance_past(uint64_t id) {
+    if (id >= kMaxAdvance) return;
     uint64_t current = next_.load();
     while (current <= id && !next_.compare_exchange_weak(current, id + 1)) {
     }

@@ -6,18 +6,29 @@
 // rewrites the same bytes unless the wire format or the compiler changed.
 //
 //   build/bin/fuzz_seeds fuzz/corpus      # ./dev fuzz-seeds
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "coordinator/block_moves.h"
 #include "coordinator/compiler/partition.h"
 #include "coordinator/compiler/propagate.h"
+#include "core/slicing.h"
 #include "core/wire.h"
 #include "examples/mlp_model.h"
+#include "proto/rpc.h"
 #include "proto/tessera.pb.h"
 #include "tessera/grad.h"
 #include "tessera/shard_map.h"
+#include "worker/collectives/shm_ring.h"
 
 namespace tessera {
 namespace {
@@ -81,6 +92,65 @@ std::string floats(int n) {
     s.append(reinterpret_cast<const char*>(&x), sizeof x);
   }
   return s;
+}
+
+// Device 0's part of a ReshardArray of `shape` f32 from `from` to `to`, as the coordinator's
+// reshard_array() writes it (plan_block_moves, a tag per move, boxes relative to the blocks),
+// after the fuzzer's prefix: the ShardHeader of device 0's input block.
+std::string reshard_record(const Shape& shape, const NamedSharding& from, const NamedSharding& to) {
+  std::map<int, Index> in_blocks, out_blocks;
+  for (const DeviceShard& s : from.device_shards(shape)) in_blocks[s.device_id] = s.index;
+  for (const DeviceShard& s : to.device_shards(shape)) out_blocks[s.device_id] = s.index;
+  pb::WorkerReshardRequest r;
+  int tag = 0;
+  for (const BlockMove& m : plan_block_moves(shape, from, to)) {
+    for (const auto& [peer, block, piece] :
+         {std::tuple{m.target, in_blocks.at(m.source), m.source == 0 ? r.add_sends() : nullptr},
+          std::tuple{m.source, out_blocks[m.target], m.target == 0 ? r.add_receives() : nullptr}}) {
+      if (piece == nullptr) continue;
+      piece->set_peer(peer);
+      piece->set_tag(tag);
+      for (const Slice& s : relative_box(m.box, block)) {
+        piece->add_start(s.start);
+        piece->add_limit(s.stop);
+      }
+    }
+    ++tag;
+  }
+  r.set_op_id(1000);
+  if (r.sends_size() > 0) r.set_input_buffer(7);
+  r.set_output_buffer(1000);
+  to_proto(block_shape(out_blocks.at(0)), r.mutable_output_shape());
+  r.set_dtype(pb::F32);
+  r.set_timeout_ms(10000);
+  for (int d : to.mesh().device_ids()) {
+    pb::PeerAddress* peer = r.add_peers();
+    peer->set_device_id(d);
+    peer->set_address("127.0.0.1:" + std::to_string(7000 + d));
+  }
+  pb::ShardHeader held;
+  held.set_buffer_id(7);
+  held.set_dtype(pb::F32);
+  to_proto(block_shape(in_blocks.at(0)), held.mutable_shape());
+  const std::string h = held.SerializeAsString();
+  return le16(h.size()) + h + r.SerializeAsString();
+}
+
+// A real ring's segment after `records` writes: its header page and the bytes written.
+std::string ring_segment(const std::vector<std::pair<ShmRing::Record, std::string>>& records) {
+  constexpr uint64_t kToken = 0x5eed'7e55'e7a1'0001;  // fuzz/shm_ring_fuzzer.cc's
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, kToken);
+  if (!ring.ok()) return "";
+  int64_t written = 0;
+  for (const auto& [record, data] : records) {
+    (*ring)->write(record, reinterpret_cast<const std::byte*>(data.data()), absl::InfiniteFuture());
+    written += (24 + record.bytes + 7) / 8 * 8;
+  }
+  const int fd = shm_open((*ring)->name().c_str(), O_RDONLY, 0);
+  std::string bytes(static_cast<size_t>(ShmRing::kHeaderBytes + written), '\0');
+  if (fd < 0 || pread(fd, bytes.data(), bytes.size(), 0) != static_cast<ssize_t>(bytes.size())) bytes.clear();
+  if (fd >= 0) close(fd);
+  return bytes;
 }
 
 }  // namespace
@@ -204,6 +274,74 @@ int main(int argc, char** argv) {
     to_proto(spec, run.mutable_spec());
     run.set_timeout_ms(10000);
     write("requests", c.name, le16(create_bytes.size()) + create_bytes + run.SerializeAsString());
+  }
+
+  // Reshard: device 0's part of (16, 8) f32 from P('data', 'model') to P('data', None) (a
+  // local copy and a piece each way with device 1); and the same with every piece local (its
+  // remote receive taken from its remote send's box instead: the same shape).
+  const NamedSharding split(mesh, P("data", "model")), rows(mesh, P("data", None));
+  const std::string reshard = reshard_record({16, 8}, split, rows);
+  write("reshard", "split_to_rows_device0", reshard);
+  {
+    pb::ShardHeader held;
+    pb::WorkerReshardRequest r;
+    const size_t n = static_cast<uint8_t>(reshard[0]) | static_cast<uint8_t>(reshard[1]) << 8;
+    held.ParseFromString(reshard.substr(2, n));
+    r.ParseFromString(reshard.substr(2 + n));
+    int remote_send = -1;
+    for (pb::BlockPiece& p : *r.mutable_sends()) {
+      if (p.peer() != 0) remote_send = p.tag();
+      p.set_peer(0);
+    }
+    for (pb::BlockPiece& p : *r.mutable_receives()) {
+      if (p.peer() != 0) p.set_tag(remote_send);
+      p.set_peer(0);
+    }
+    write("reshard", "all_local", reshard.substr(0, 2 + n) + r.SerializeAsString());
+  }
+
+  // RegisterWorker after a coordinator restart: the 8 workers of the (4, 2) mesh, each
+  // holding its (4, 4) f32 block of an array of the earlier coordinator (and device 0 one
+  // more buffer), then AdoptArrays of that array.
+  const uint64_t earlier_epoch = uint64_t{1'600'000'000'000'000} << 8;  // fuzz_register starts at 1.7e9 s
+  const uint64_t array_id = earlier_epoch + 5;
+  std::string registrations(1, static_cast<char>(8));
+  for (int d = 0; d < 8; ++d) {
+    pb::RegisterWorkerRequest r;
+    r.set_protocol_version(kProtocolVersion);
+    r.set_name("w" + std::to_string(d));
+    r.set_address("127.0.0.1:" + std::to_string(7000 + d));
+    r.set_requested_device_id(d);
+    r.set_memory_bytes(int64_t{1} << 30);
+    r.set_previous_incarnation(1);
+    r.set_previous_epoch(earlier_epoch);
+    for (uint64_t id : d == 0 ? std::vector<uint64_t>{array_id, array_id + 1} : std::vector<uint64_t>{array_id}) {
+      pb::ShardHeader* h = r.add_held_buffers();
+      h->set_buffer_id(id);
+      h->set_dtype(pb::F32);
+      to_proto(Shape{4, 4}, h->mutable_shape());
+    }
+    const std::string bytes = r.SerializeAsString();
+    registrations += le16(bytes.size()) + bytes;
+  }
+  pb::AdoptArraysRequest adopt;
+  pb::ArrayInfo* info = adopt.add_arrays();
+  info->set_array_id(array_id);
+  info->set_dtype(pb::F32);
+  to_proto(Shape{16, 8}, info->mutable_shape());
+  to_proto(split, info->mutable_sharding());
+  adopt.set_session_id(1);
+  write("register", "restart_adopt_16x8", registrations + adopt.SerializeAsString());
+
+  // A peer's shared-memory ring with three messages (one empty), as Link writes them.
+  const std::string ring = ring_segment({{ShmRing::Record{42, 0, 0, 64}, floats(16)},
+                                         {ShmRing::Record{42, 1, 0, 0}, ""},
+                                         {ShmRing::Record{43, 0, 1, 12}, floats(3)}});
+  if (ring.empty()) {
+    std::fprintf(stderr, "fuzz_seeds: no shared-memory ring\n");
+    ok = false;
+  } else {
+    write("shm_ring", "three_messages", ring);
   }
   return ok ? 0 : 1;
 }

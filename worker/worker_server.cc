@@ -305,17 +305,7 @@ class WorkerService final : public WorkerServiceBase {
                        pb::WorkerReshardReply* reply) {
     BlockMoveRun run;
     start_run(req, std::move(cancelled), &run);
-    for (auto [pieces, list] : {std::pair{&req.sends(), &run.sends}, std::pair{&req.receives(), &run.receives}}) {
-      for (const pb::BlockPiece& p : *pieces) {
-        if (p.start_size() != p.limit_size()) {
-          return absl::InvalidArgumentError(absl::StrCat("reshard: a piece (tag ", p.tag(), ") has ", p.start_size(),
-                                                         " starts and ", p.limit_size(), " limits"));
-        }
-        BlockPiece piece{p.peer(), p.tag(), {}};
-        for (int d = 0; d < p.start_size(); ++d) piece.box.push_back({p.start(d), p.limit(d)});
-        list->push_back(std::move(piece));
-      }
-    }
+    TESSERA_RETURN_IF_ERROR(pieces_from_proto(req, &run));
     TESSERA_ASSIGN_OR_RETURN(const DType dtype, dtype_from_proto(req.dtype()));
     std::shared_ptr<const HostArray> input;
     if (req.input_buffer() != 0) {

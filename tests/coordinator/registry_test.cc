@@ -157,6 +157,32 @@ TEST_F(RegistryTest, IdsOfARestartedCoordinatorNeverMeetTheEarlierOnes) {
   EXPECT_GT(later.ids().next(), first + 1000);
 }
 
+// Found by fuzz_register: a worker holding a buffer under the id 2^64 - 1 (a client may put a
+// block under any id in the development mode) wrapped the counter to 0, after which every id
+// handed out was "of an earlier incarnation"; one just below 2^62 moved it onto bit 62, the
+// workers' barrier ops. Such ids are no coordinator's: the counter stays in [epoch, 2^62).
+TEST_F(RegistryTest, HeldIdsThatNoCoordinatorHandsOutDoNotMoveTheCounter) {
+  Registry later(absl::Seconds(3), t0_ + absl::Seconds(1));
+  const uint64_t before = registry_.epoch();
+  uint64_t last = later.ids().next();
+  int device = 0;
+  for (uint64_t held : {~uint64_t{0}, (uint64_t{1} << 62) - 1, uint64_t{1} << 61}) {
+    const std::string name = absl::StrCat("w", device);
+    ASSERT_TRUE(
+        later.register_worker({name, "h:1", device, 1 << 20, before, 1, {{held, {DType::kF32, {2}}}}}, t0_).ok());
+    const uint64_t fresh = later.ids().next();
+    EXPECT_GT(fresh, last) << "held " << held;
+    EXPECT_LT(fresh, later.epoch() + 100) << "held " << held;
+    EXPECT_FALSE(later.ids().before_epoch(fresh)) << "held " << held;
+    last = fresh;
+    ++device;
+  }
+  // Below 2^61 the guard still holds: the counter moves past the id.
+  const uint64_t ahead = later.epoch() + 1'000'000;
+  ASSERT_TRUE(later.register_worker({"w9", "h:9", 9, 1 << 20, before, 1, {{ahead, {DType::kF32, {2}}}}}, t0_).ok());
+  EXPECT_GT(later.ids().next(), ahead);
+}
+
 TEST_F(RegistryTest, AnArrayIsAdoptedAgainOnlyFromWhatEveryDeviceHolds) {
   const ArrayRecord a = *registry_.get_array(array_);  // f32[4] split over 2 devices: blocks f32[2]
   Registry later(absl::Seconds(3), t0_ + absl::Seconds(1));

@@ -3,10 +3,18 @@
 // writer waiting for room; its bounds and its checks of what it opens give precise errors.
 #include "worker/collectives/shm_ring.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -94,6 +102,36 @@ TEST(ShmRing, BoundsAndChecksGivePreciseErrors) {
   absl::StatusOr<std::unique_ptr<ShmRing>> wrong = ShmRing::open((*ring)->name(), 98);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("token"));
+}
+
+// The peer writes the whole segment: a message whose size is near 2^63 (here 2^63 - 5, with
+// 24 bytes written) is DATA_LOSS. fuzz_shm_ring's replay of such a segment showed the check
+// adding the size to the record's 24 bytes first: a signed overflow (UBSan), after which the
+// message was accepted with that size.
+TEST(ShmRing, AMessageSizeNear2To63IsDataLossNotAnOverflow) {
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 7);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  // The peer's own mapping of its segment (as a hostile peer keeps one).
+  const int fd = shm_open((*ring)->name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  const size_t size = static_cast<size_t>(ShmRing::kHeaderBytes + ShmRing::kMinBytes);
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(base, MAP_FAILED);
+  absl::StatusOr<std::unique_ptr<ShmRing>> reader = ShmRing::open((*ring)->name(), 7);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  // An empty message, then its size rewritten in the ring.
+  ASSERT_TRUE((*ring)->write({5, 0, 0, 0}, nullptr, absl::Now() + absl::Seconds(10)));
+  const int64_t huge = std::numeric_limits<int64_t>::max() - 4;
+  std::memcpy(static_cast<std::byte*>(base) + ShmRing::kHeaderBytes + offsetof(ShmRing::Record, bytes), &huge,
+              sizeof huge);
+  ShmRing::Record record;
+  absl::StatusOr<bool> got = (*reader)->next(&record, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << (got.ok() ? "accepted" : got.status().ToString());
+  if (!got.ok()) {
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr(absl::StrCat(huge, " bytes")));
+  }
+  munmap(base, size);
 }
 
 }  // namespace

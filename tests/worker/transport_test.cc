@@ -623,6 +623,37 @@ TEST(TransportMailbox, ASweepWithoutNewMessagesDropsWhatOutlivedTheTtl) {
   EXPECT_EQ(transport.dropped_messages(), 10);
 }
 
+// Issue #17 item 1, "collective messages only from ... registered peers of the current
+// cluster incarnation": a worker has no view of the cluster's devices (the coordinator names
+// an op's peers in its request, which may arrive after a peer's first message), so a stream
+// of a device outside every op (device 99, on an authenticated stream of its own or in the
+// development mode) is not refused, and its messages are held like any early message. What
+// holds: an op receives only from the device it names, so a message of an outsider under the
+// same tag never reaches it; the outsider's messages are bounded by its own share and go when
+// the op ends.
+TEST(TransportMailbox, AnOutsidersMessagesNeverReachAnOpAndGoWithIt) {
+  Transport transport;
+  transport.set_self(0);
+  for (int authenticated : {-1, 99}) {
+    const uint64_t op = authenticated < 0 ? 40 : 41;
+    grpc::ByteBuffer outsider = raw(data_message(99, op, 0, "evil").SerializeAsString());
+    int source = -1;
+    ASSERT_TRUE(transport.deliver(&outsider, &source, authenticated).ok());
+    EXPECT_EQ(source, 99);
+    EXPECT_EQ(transport.forged_messages(), 0);
+    EXPECT_EQ(transport.pending_messages(), 1);  // held, as an early message of device 99
+    ASSERT_TRUE(deliver(transport, data_message(1, op, 0, "good")).ok());
+    absl::StatusOr<Received> got =
+        transport.receive(1, "h:1", {op, 0, 0}, absl::InfinitePast(), absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::string bytes(static_cast<size_t>(got->size()), '\0');
+    got->copy_to(reinterpret_cast<std::byte*>(bytes.data()));
+    EXPECT_EQ(bytes, "good");
+    transport.finish_op(op);
+    EXPECT_EQ(transport.pending_messages(), 0) << "op " << op;
+  }
+}
+
 TEST(TransportMailbox, FinishingARangeDropsItsOpsNowAndLater) {
   Transport transport;
   transport.set_self(0);

@@ -5,13 +5,11 @@
 #include "absl/strings/str_cat.h"
 #include "core/slicing.h"
 #include "core/status.h"
+#include "proto/tessera.pb.h"
 #include "worker/collectives/engine.h"
 
 namespace tessera {
 namespace {
-
-// Pieces a request may list each way: one per device of a cluster at most (kMaxDevices).
-constexpr size_t kMaxPieces = 1024;
 
 int chunks_of(int64_t bytes) { return bytes == 0 ? 1 : static_cast<int>((bytes + kChunkBytes - 1) / kChunkBytes); }
 
@@ -26,13 +24,34 @@ std::string describe(const char* kind, const BlockPiece& p) {
   return absl::StrCat(kind, " ", index_to_string(p.box), " (tag ", p.tag, ", peer device ", p.peer, ")");
 }
 
-// The request's pieces against the blocks they cut (see move_blocks). An output block made
-// of pieces that overlap or leave a gap would hold bytes of no piece: refused.
+}  // namespace
+
+absl::Status pieces_from_proto(const pb::WorkerReshardRequest& req, BlockMoveRun* run) {
+  for (auto [pieces, list] : {std::pair{&req.sends(), &run->sends}, std::pair{&req.receives(), &run->receives}}) {
+    if (static_cast<size_t>(pieces->size()) > kMaxBlockPieces) {
+      return absl::InvalidArgumentError(absl::StrCat("reshard: ", req.sends_size(), " sends and ", req.receives_size(),
+                                                     " receives; at most ", kMaxBlockPieces, " each"));
+    }
+    for (const pb::BlockPiece& p : *pieces) {
+      if (p.start_size() != p.limit_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("reshard: a piece (tag ", p.tag(), ") has ", p.start_size(),
+                                                       " starts and ", p.limit_size(), " limits"));
+      }
+      BlockPiece piece{p.peer(), p.tag(), {}};
+      for (int d = 0; d < p.start_size(); ++d) piece.box.push_back({p.start(d), p.limit(d)});
+      list->push_back(std::move(piece));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// An output block made of pieces that overlap or leave a gap would hold bytes of no piece:
+// refused.
 absl::Status check_pieces(const BlockMoveRun& run, const std::shared_ptr<const HostArray>& input,
                           const std::optional<Shape>& out_shape) {
-  if (run.sends.size() > kMaxPieces || run.receives.size() > kMaxPieces) {
+  if (run.sends.size() > kMaxBlockPieces || run.receives.size() > kMaxBlockPieces) {
     return absl::InvalidArgumentError(absl::StrCat("reshard: ", run.sends.size(), " sends and ", run.receives.size(),
-                                                   " receives; at most ", kMaxPieces, " each"));
+                                                   " receives; at most ", kMaxBlockPieces, " each"));
   }
   for (const BlockPiece& p : run.sends) {
     if (input == nullptr)
@@ -77,8 +96,6 @@ absl::Status check_pieces(const BlockMoveRun& run, const std::shared_ptr<const H
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<const HostArray>> move_blocks(Transport& transport, const BlockMoveRun& run,
                                                              const std::shared_ptr<const HostArray>& input, DType dtype,

@@ -25,6 +25,10 @@
 
 namespace tessera {
 
+namespace pb {
+class WorkerReshardRequest;
+}
+
 // One piece: `box` of this device's input block (a send) or output block (a receive), to or
 // from `peer` (this device: a local copy, listed as both). Both ends use the same tag.
 struct BlockPiece {
@@ -43,6 +47,19 @@ struct BlockMoveRun {
   std::vector<BlockPiece> sends;
   std::vector<BlockPiece> receives;
 };
+
+// The sends and receives of a worker's Reshard request, appended to run->sends and
+// run->receives (the rest of `run` is the caller's). INVALID_ARGUMENT naming the piece when its
+// start and limit lists differ in length, or for more than kMaxBlockPieces either way.
+absl::Status pieces_from_proto(const pb::WorkerReshardRequest& req, BlockMoveRun* run);
+
+// Pieces a request may list each way: one per device of a cluster at most.
+inline constexpr size_t kMaxBlockPieces = 1024;
+
+// The pieces of `run` against the blocks they cut, as move_blocks checks them before it moves
+// anything (see there): OK, or INVALID_ARGUMENT naming the piece and the rule.
+absl::Status check_pieces(const BlockMoveRun& run, const std::shared_ptr<const HostArray>& input,
+                          const std::optional<Shape>& out_shape);
 
 // Runs this device's part: sends its pieces of `input` (null when it sends none), then
 // assembles its output block of `out_shape` from the pieces it receives, and returns it

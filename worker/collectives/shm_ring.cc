@@ -21,7 +21,6 @@ namespace {
 
 constexpr uint64_t kMagic = 0x31474e4952534554;  // "TESRING1"
 constexpr int64_t kRecordBytes = 24;             // Record, as laid out in the ring
-constexpr int64_t kHeaderBytes = 4096;
 
 int64_t padded(int64_t n) { return (n + 7) / 8 * 8; }
 
@@ -186,7 +185,10 @@ absl::StatusOr<bool> ShmRing::next(Record* record, absl::Time until) {
   }
   const int64_t available = static_cast<int64_t>(head - tail);
   copy_out(tail, record, kRecordBytes);
-  if (available > capacity_ || record->bytes < 0 || padded(kRecordBytes + record->bytes) > available) {
+  // (The size is the peer's: compared with what was written before it is added to, which a
+  // size near 2^63 would overflow.)
+  if (available > capacity_ || record->bytes < 0 || record->bytes > available - kRecordBytes ||
+      padded(kRecordBytes + record->bytes) > available) {
     return absl::DataLossError(absl::StrCat("shared-memory ring ", name_, ": a message of ", record->bytes,
                                             " bytes with ", available, " bytes written"));
   }

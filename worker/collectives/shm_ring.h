@@ -30,6 +30,8 @@ class ShmRing {
   static constexpr int64_t kMinBytes = int64_t{2} << 20;
   // Largest ring (a segment per peer pair and direction).
   static constexpr int64_t kMaxBytes = int64_t{1} << 30;
+  // The segment's first page holds the ring's header; the ring's bytes follow it.
+  static constexpr int64_t kHeaderBytes = 4096;
 
   struct Record {
     uint64_t op = 0;
