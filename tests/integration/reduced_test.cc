@@ -142,6 +142,69 @@ TEST_F(ExplicitReducedTest, ReductionsKeepReducedAxesAsJax) {
   }
 }
 
+// jax/_src/lax/lax.py: sort_p and top_k_p call no ur_rule; _sort_abstract_eval returns its
+// operands' types and _top_k_abstract_eval `operand.update(shape=...)` for the values and the
+// int32 indices, so sort, argsort (jax/_src/numpy/sorting.py sorts a broadcasted_iota made with
+// the operand's sharding beside it) and top_k of a reduced operand are reduced alike. argsort
+// with descending=True reverses with lax.rev, which has no ur_rule: call_ur_rule refuses it.
+// JAX passes an unreduced operand through, sorting each device's term; Tessera refuses it
+// (client/explicit/sort.cc), as the order of a sum is not that of its terms. Values against the
+// host's row sorts (stable; top_k's ties to the lower index).
+TEST_F(ExplicitReducedTest, SortArgsortAndTopKKeepReducedAxesAsJax) {
+  const HostArray h = random_f32({8, 6}, 17);
+  std::vector<double> sorted, order, top_values, top_indices;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int> idx = {0, 1, 2, 3, 4, 5};
+    const float* row = h.values<float>().data() + i * 6;
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return row[a] < row[b]; });
+    for (int j : idx) {
+      sorted.push_back(row[j]);
+      order.push_back(j);
+    }
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return row[a] > row[b]; });
+    for (int j = 0; j < 3; ++j) {
+      top_values.push_back(row[idx[j]]);
+      top_indices.push_back(idx[j]);
+    }
+  }
+  auto ints = [](const HostArray& a) {
+    const auto v = a.values<int32_t>();
+    return std::vector<double>(v.begin(), v.end());
+  };
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, h, P("x", None).with_reduced({"y"}));
+    std::vector<std::string> types;
+    absl::StatusOr<std::vector<Array>> out = jit([&](const std::vector<Value>& in) {
+      const auto [values, indices] = top_k(in[0], 3);
+      std::vector<Value> r = {sort(in[0]), argsort(in[0]), values, indices};
+      for (const Value& v : r) types.push_back(type_of(v).to_string());
+      return r;
+    })({x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_THAT(types,
+                ::testing::ElementsAre("f32[8@x,6]{R:y}", "i32[8@x,6]{R:y}", "f32[8@x,3]{R:y}", "i32[8@x,3]{R:y}"));
+    for (const Array& a : *out) EXPECT_EQ(a.sharding().spec(), P("x", None).with_reduced({"y"}));
+    expect_near(fetch((*out)[0]), sorted);
+    EXPECT_EQ(ints(fetch((*out)[1])), order);
+    expect_near(fetch((*out)[2]), top_values);
+    EXPECT_EQ(ints(fetch((*out)[3])), top_indices);
+
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return argsort(in[0], -1, true); }, {x}),
+                ::testing::AllOf(HasSubstr("argsort_descending: unreduced/reduced rule for rev is not implemented"),
+                                 HasSubstr("(operand f32[8@x,6]{R:y})")));
+    const Array plain = put_on(mesh, h, P("x", None));
+    auto unreduced = [](const Value& v) { return reshard(v, P("x", None).with_unreduced({"y"})); };
+    EXPECT_THAT(refusal([&](const std::vector<Value>& in) { return sort(unreduced(in[0])); }, {plain}),
+                ::testing::AllOf(HasSubstr("sort: unreduced rule for sort is not implemented"),
+                                 HasSubstr("(operand f32[8@x,6]{U:y})")));
+    EXPECT_THAT(refusal([&](const std::vector<Value>& in) { return top_k(unreduced(in[0]), 3).first; }, {plain}),
+                HasSubstr("top_k: unreduced rule for top_k is not implemented"));
+    EXPECT_THAT(refusal([&](const std::vector<Value>& in) { return argsort(unreduced(in[0])); }, {plain}),
+                HasSubstr("argsort: unreduced rule for argsort is not implemented"));
+  }
+}
+
 // tests/pjit_test.py, test_reduce_max_reduced_reshard: max over a value resharded from P('x') to
 // P(reduced={'x'}) is P(reduced={'x'}); its gradient comes back P('x') (the unreduced cotangent
 // reduce-scattered by the reshard's transpose) and equals the gradient through P(): one at the
