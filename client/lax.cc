@@ -234,7 +234,16 @@ Value cummax(const Value& x, int64_t axis, bool reverse) { return cumulative("cu
 Value cummin(const Value& x, int64_t axis, bool reverse) { return cumulative("cummin", x, axis, reverse, minimum); }
 
 Value argmin(const Value& x, int64_t axis, DType index_dtype) {
-  if (!x.ok()) return Value();
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  // argmin_p has no ur_rule (jax/_src/lax/lax.py), so call_ur_rule refuses a reduced or
+  // unreduced operand, naming argmin (not the argmax or neg it is traced from here).
+  if (std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
+      typed.has_value() && (!typed->reduced.empty() || !typed->unreduced.empty())) {
+    internal::ReducedRuleResult r = internal::no_reduced_rule("argmin");
+    if (!typed->unreduced.empty()) r.fix = internal::kReduceFirstFix;
+    return t->fail(internal::type_rule_error("argmin", {*typed}, internal::TypeRuleResult{{}, r.error, r.fix}));
+  }
   // An order-reversing map keeps the first minimum first: -x for floats (NaN stays NaN, which
   // argmax takes first, as jnp.argmin does), ~x for integers (no overflow), !x for bool.
   return argmax(is_floating(x.dtype()) ? -x : logical_not(x), axis, index_dtype);

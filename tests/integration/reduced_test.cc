@@ -137,6 +137,16 @@ TEST_F(ExplicitReducedTest, ReductionsKeepReducedAxesAsJax) {
                                  HasSubstr("(operand f32[8@x,6]{R:y})")));
     EXPECT_THAT(refusal([](const std::vector<Value>& in) { return argmax(in[0], 1); }, {x}),
                 HasSubstr("argmax: unreduced/reduced rule for argmax is not implemented"));
+    // argmin_p has no ur_rule either: the refusal names argmin, reduced or unreduced (Tessera
+    // traces argmin as argmax of -x, whose names the message must not give).
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return argmin(in[0], 1); }, {x}),
+                ::testing::AllOf(HasSubstr("argmin: unreduced/reduced rule for argmin is not implemented"),
+                                 HasSubstr("(operand f32[8@x,6]{R:y})")));
+    EXPECT_THAT(
+        refusal([](const std::vector<Value>& in) { return argmin(reshard(in[0], P("x").with_unreduced({"y"})), 1); },
+                {put_on(mesh, h, P("x", None))}),
+        ::testing::AllOf(HasSubstr("argmin: unreduced/reduced rule for argmin is not implemented"),
+                         HasSubstr("(operand f32[8@x,6]{U:y})")));
     EXPECT_THAT(refusal([](const std::vector<Value>& in) { return cumsum(in[0], 1); }, {x}),
                 HasSubstr("cumsum: unreduced/reduced rule for cumsum is not implemented"));
   }
