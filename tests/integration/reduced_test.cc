@@ -356,8 +356,8 @@ TEST_F(ExplicitReducedTest, GathersKeepReducedAxesAndScattersRefuseThemAsJax) {
 // _scatter_unreduced_rule): each device adds its term of the updates into its term of the
 // operand, and the sum is the host's scatter-add. JAX's operand is zeros; here it is not, so the
 // operand's terms are summed once (the compiler keeps the pending sum, and runs no all_reduce
-// before the scatter). The rule's errors: operand and updates unreduced over different axes,
-// and unreduced values with split indices (NotImplementedError in JAX).
+// before the scatter). The rule's errors: unreduced indices, operand and updates unreduced over
+// different axes, and unreduced values with split indices (NotImplementedError in JAX).
 TEST_F(ExplicitReducedTest, ScatterAddOfUnreducedValuesIsUnreducedAndSumsToTheHostAsJax) {
   const HostArray table = random_f32({8, 2}, 21);
   const HostArray upd = random_f32({4, 2}, 22);
@@ -393,6 +393,15 @@ TEST_F(ExplicitReducedTest, ScatterAddOfUnreducedValuesIsUnreducedAndSumsToTheHo
                           "f32[8,2]{U:x} and updates sharding f32[4,2]."));
     EXPECT_THAT(refusal(f, {op, put_on(mesh, idx, P("y")), updates}),
                 HasSubstr("a scatter_add of unreduced values with split indices is not implemented"));
+    // _scatter_unreduced_rule's first check: "scatter indices cannot be unreduced" (lax's
+    // scatter_add: at().add would first wrap negative indices, a compare the nary rule refuses).
+    EXPECT_THAT(refusal(
+                    [&](const std::vector<Value>& in) {
+                      return scatter_add(reshard(in[0], ux), reshard(in[1], P().with_unreduced({"x"})),
+                                         reshard(in[2], ux), 0);
+                    },
+                    {op, ids, updates}),
+                HasSubstr("scatter_add: scatter indices cannot be unreduced. Got indices sharding i32[4]{U:x}."));
   }
 }
 
