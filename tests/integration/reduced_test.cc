@@ -295,6 +295,72 @@ TEST_F(ExplicitReducedTest, PadAndDynamicWindowsKeepReducedAxesAsJax) {
   }
 }
 
+// The gradients of pad, dynamic_slice and dynamic_update_slice of an operand reduced over 'y'
+// are unreduced over 'y' (sharding-ad.md: reduced {R:X} -> unreduced {U:X}), each device's term
+// written with no sum run, and sum to the host's gradient: 2x where x is read, 0 where the
+// update overwrote it. The transposes as JAX's (jax/_src/lax/slicing.py): dynamic_slice's writes
+// the cotangent into zeros of the accumulator's sharding (_dynamic_slice_transpose_fancy),
+// dynamic_update_slice's the cotangent with zeros typed as the update's cotangent
+// (_dynamic_update_slice_transpose_rule), both unreduced alike (_dus_unreduced_rule); the
+// update's own cotangent is a dynamic_slice of the unreduced cotangent, which
+// _dynamic_slice_ur_rule refuses.
+TEST_F(ExplicitReducedTest, GradsOfPadAndDynamicWindowsOfReducedValuesAreUnreducedAsJax) {
+  const HostArray h = random_f32({8, 6}, 18), u = random_f32({8, 2}, 19);
+  std::vector<double> everywhere(8 * 6), window(8 * 6, 0.0), outside(8 * 6);
+  for (int i = 0; i < 8 * 6; ++i) {
+    const int j = i % 6;
+    const double twice = 2.0 * h.values<float>()[i];
+    everywhere[i] = twice;
+    if (j >= 2 && j < 5) window[i] = twice;
+    outside[i] = (j >= 3 && j < 5) ? 0.0 : twice;
+  }
+  const auto at_ = [](int64_t row, int64_t col) {
+    return std::vector<Value>{full({}, static_cast<double>(row), DType::kI32),
+                              full({}, static_cast<double>(col), DType::kI32)};
+  };
+  auto squared_sum = [](const Value& v) { return sum(v * v); };
+  using Body = std::function<Value(const std::vector<Value>&)>;
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, h, P("x", None).with_reduced({"y"}));
+    const Array up = put_on(mesh, u, P("x", None).with_reduced({"y"}));
+    for (const auto& [name, body, want] :
+         {std::tuple<std::string, Body, const std::vector<double>*>{
+              "pad",
+              [&](const std::vector<Value>& in) {
+                return squared_sum(pad(in[0], {{0, 0}, {1, 2}}, 5.0));
+              },
+              &everywhere},
+          std::tuple<std::string, Body, const std::vector<double>*>{
+              "dynamic_slice",
+              [&](const std::vector<Value>& in) {
+                return squared_sum(dynamic_slice(in[0], at_(0, 2), {8, 3}));
+              },
+              &window},
+          std::tuple<std::string, Body, const std::vector<double>*>{
+              "dynamic_update_slice",
+              [&](const std::vector<Value>& in) { return squared_sum(dynamic_update_slice(in[0], in[1], at_(0, 3))); },
+              &outside}}) {
+      SCOPED_TRACE(name);
+      Jitted step =
+          jit(grad([&, body = body](const std::vector<Value>& in) { return std::vector<Value>{body(in)}; }, {0}));
+      absl::StatusOr<std::vector<Array>> g = step({x, up});
+      ASSERT_TRUE(g.ok()) << g.status();
+      EXPECT_EQ((*g)[0].sharding().spec(), P("x", None).with_unreduced({"y"}));
+      EXPECT_THAT(step.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+      expect_near(summed((*g)[0]), *want);
+    }
+    absl::StatusOr<std::vector<Array>> g_update = jit(grad(
+        [&](const std::vector<Value>& in) {
+          return std::vector<Value>{squared_sum(dynamic_update_slice(in[0], in[1], at_(0, 3)))};
+        },
+        {1}))({x, up});
+    EXPECT_EQ(g_update.status().code(), absl::StatusCode::kInvalidArgument) << g_update.status();
+    EXPECT_THAT(std::string(g_update.status().message()),
+                HasSubstr("dynamic_slice: unreduced rule for dynamic_slice is not implemented"));
+  }
+}
+
 // tests/pjit_test.py, test_gather_reduced_fwd_unreduced_bwd: x.at[idx].get() of a table reduced
 // over 'x' is reduced over 'x' (slicing.py's _gather_reduced_rule), and its gradient is
 // unreduced over 'x', summing to the gradient through P() (each row counted once per index).
