@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/trace_state.h"
@@ -35,9 +37,21 @@ VjpRule find_vjp(Op op) {
 namespace {
 
 // The vector-Jacobian products of nodes `last` down to `start` of trace t, from the cotangents
-// in `ct` (by node; accumulated there). INVALID_ARGUMENT naming an op without a rule, or its
-// rule's error.
-absl::Status backprop(TraceState* t, int start, int last, std::map<int, Value>& ct) {
+// in `ct` (by node; accumulated there). With `wrt` (the nodes differentiated), a node none of
+// whose operands depends on them is skipped, and a rule may skip the cotangents of operands
+// that do not (VjpArgs::wants), as JAX transposes into undefined primals only; without `wrt`,
+// all are wanted. INVALID_ARGUMENT naming an op without a rule, or its rule's error.
+absl::Status backprop(TraceState* t, int start, int last, std::map<int, Value>& ct,
+                      const std::optional<std::vector<int>>& wrt = std::nullopt) {
+  std::vector<bool> depends(last + 1, !wrt.has_value());
+  if (wrt.has_value()) {
+    for (int w : *wrt) {
+      if (w <= last) depends[w] = true;
+    }
+    for (int id = start; id <= last; ++id) {
+      for (int o : t->graph.node(id).operands) depends[id] = depends[id] || depends[o];
+    }
+  }
   auto value = [&](int id) { return t->make(id); };
   auto add_ct = [&](int id, const Value& g) {
     if (!g.ok() || !is_floating(t->graph.node(id).dtype)) return;
@@ -58,6 +72,8 @@ absl::Status backprop(TraceState* t, int start, int last, std::map<int, Value>& 
   for (int id = last; id >= start; --id) {
     auto it = ct.find(id);
     if (it == ct.end()) continue;
+    // No operand depends on a differentiated value: no cotangent of this node's is wanted.
+    if (!depends[id]) continue;
     const Value g = it->second;
     const Node n = t->graph.node(id);  // a copy: the rules below add nodes
     std::vector<Value> x;
@@ -67,7 +83,8 @@ absl::Status backprop(TraceState* t, int start, int last, std::map<int, Value>& 
     const internal::VjpRule rule = internal::find_vjp(n.op);
     if (rule == nullptr) return absl::InvalidArgumentError(absl::StrCat(op_name(n.op), " has no VJP rule"));
     const std::function<void(size_t, const Value&)> add = [&](size_t k, const Value& v) { add_ct(n.operands[k], v); };
-    TESSERA_RETURN_IF_ERROR(rule(internal::VjpArgs{n, x, out, g, t, add, take}));
+    const std::function<bool(size_t)> wants = [&](size_t k) { return depends[n.operands[k]]; };
+    TESSERA_RETURN_IF_ERROR(rule(internal::VjpArgs{n, x, out, g, t, add, take, wants}));
     if (!t->error.ok()) return t->error;
   }
   return absl::OkStatus();
@@ -116,7 +133,9 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
   const auto ones = [&] { return full({}, 1.0, y.dtype()); };
   ct.emplace(TraceState::id(y),
              typed_y.has_value() && !typed_y->reduced.empty() ? internal::typed_as(y, ones) : ones());
-  absl::Status status = backprop(t, start, TraceState::id(y), ct);
+  std::vector<int> wrt;
+  for (int k : argnums) wrt.push_back(TraceState::id(args[k]));
+  absl::Status status = backprop(t, start, TraceState::id(y), ct, wrt);
   if (!status.ok()) {
     if (!t->error.ok()) return failed;
     return fail(std::string(status.message()));

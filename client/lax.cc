@@ -101,10 +101,24 @@ Value argsort(const Value& x, int64_t axis, bool descending) {
   return t->make(t->graph.add_node(std::move(n)));
 }
 
+// sort and top_k of a value reduced over some axes are reduced alike, values and indices (JAX's
+// _sort_abstract_eval and _top_k_abstract_eval return the operand's type): they run on x
+// resharded to its layout without the reduced axes (a reduced value is laid out as a replicated
+// one: no data moves), since take_along_last's index arithmetic would meet a replicated iota,
+// which the nary rule refuses beside a reduced operand; the results are then typed reduced.
 Value sort(const Value& x) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
   if (x.rank() == 0) return invalid(t, "sort: the operand is a scalar; it needs rank >= 1");
+  if (std::optional<internal::TypedOperand> typed = internal::typed_operand(x)) {
+    const internal::TypeRuleResult r = internal::sorting_unreduced_rule("sort", *typed);
+    if (!r.error.empty()) return t->fail(internal::type_rule_error("sort", {*typed}, r));
+    if (!typed->reduced.empty()) {
+      const PartitionSpec plain = internal::to_partition_spec(typed->spec);
+      return internal::reshard_for("sort", sort(internal::reshard_for("sort", x, plain)),
+                                   plain.with_reduced(typed->reduced));
+    }
+  }
   return take_along_last(x, argsort(x, -1));
 }
 
@@ -121,6 +135,12 @@ std::pair<Value, Value> top_k(const Value& x, int64_t k) {
     if (!r.error.empty()) {
       t->fail(internal::type_rule_error("top_k", {*typed}, r));
       return {};
+    }
+    if (!typed->reduced.empty()) {
+      const PartitionSpec plain = internal::to_partition_spec(typed->spec);
+      const auto [values, indices] = top_k(internal::reshard_for("top_k", x, plain), k);
+      const PartitionSpec reduced = plain.with_reduced(typed->reduced);
+      return {internal::reshard_for("top_k", values, reduced), internal::reshard_for("top_k", indices, reduced)};
     }
   }
   std::vector<int64_t> start(x.rank(), 0);
@@ -214,7 +234,16 @@ Value cummax(const Value& x, int64_t axis, bool reverse) { return cumulative("cu
 Value cummin(const Value& x, int64_t axis, bool reverse) { return cumulative("cummin", x, axis, reverse, minimum); }
 
 Value argmin(const Value& x, int64_t axis, DType index_dtype) {
-  if (!x.ok()) return Value();
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  // argmin_p has no ur_rule (jax/_src/lax/lax.py), so call_ur_rule refuses a reduced or
+  // unreduced operand, naming argmin (not the argmax or neg it is traced from here).
+  if (std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
+      typed.has_value() && (!typed->reduced.empty() || !typed->unreduced.empty())) {
+    internal::ReducedRuleResult r = internal::no_reduced_rule("argmin");
+    if (!typed->unreduced.empty()) r.fix = internal::kReduceFirstFix;
+    return t->fail(internal::type_rule_error("argmin", {*typed}, internal::TypeRuleResult{{}, r.error, r.fix}));
+  }
   // An order-reversing map keeps the first minimum first: -x for floats (NaN stays NaN, which
   // argmax takes first, as jnp.argmin does), ~x for integers (no overflow), !x for bool.
   return argmax(is_floating(x.dtype()) ? -x : logical_not(x), axis, index_dtype);

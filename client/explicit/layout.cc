@@ -237,6 +237,21 @@ ReducedRuleResult dynamic_update_slice_reduced(const TypeRuleCall& c) {
                    axis_set_repr(x.reduced), ")))")};
 }
 
+// jax/_src/lax/slicing.py, _dus_unreduced_rule: the operand and the update unreduced over the
+// same axes, and the result unreduced alike (each device writes its term of the update into its
+// term of the operand: their sum is the operand's sum with the update's sum written in).
+UnreducedRuleResult dynamic_update_slice_unreduced(const TypeRuleCall& c) {
+  const TypedOperand &x = c.operands[0], &u = c.operands[1];
+  if (x.unreduced == u.unreduced) return UnreducedRuleResult{x.unreduced, "", ""};
+  return UnreducedRuleResult{
+      {},
+      absl::StrCat("dynamic_update_slice operand and update must be unreduced along the same axes. Got operand "
+                   "sharding ",
+                   type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh), " and update sharding ",
+                   type_string(u.dtype, u.shape, u.spec, u.unreduced, u.reduced, &c.mesh), "."),
+      kReduceFirstFix};
+}
+
 absl::Span<const ExplicitRule> layout_type_rules() {
   static const ExplicitRule kRules[] = {
       {Op::kTranspose, transpose, keep_unreduced, keep_reduced},
@@ -245,7 +260,7 @@ absl::Span<const ExplicitRule> layout_type_rules() {
       {Op::kSlice, slice, keep_unreduced, keep_reduced},
       {Op::kConcatenate, concatenate, concatenate_unreduced, concatenate_reduced},
       {Op::kDynamicSlice, dynamic_slice, nullptr, keep_reduced},  // slicing.py's _dynamic_slice_ur_rule
-      {Op::kDynamicUpdateSlice, dynamic_update_slice, nullptr, dynamic_update_slice_reduced},
+      {Op::kDynamicUpdateSlice, dynamic_update_slice, dynamic_update_slice_unreduced, dynamic_update_slice_reduced},
   };
   return kRules;
 }

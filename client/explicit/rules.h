@@ -107,6 +107,8 @@ const ExplicitRule* find_explicit_rule(Op op);
 // file: top_k (sort.cc), the cumulative reductions (reduction.cc), pad (layout.cc: the
 // result's shape `out`).
 TypeRuleResult top_k_type_rule(const TypedOperand& x, int64_t axis);
+// sort's and top_k's refusal of an unreduced operand `x` (named `name`), or no error.
+TypeRuleResult sorting_unreduced_rule(absl::string_view name, const TypedOperand& x);
 TypeRuleResult cumulative_type_rule(absl::string_view name, const TypedOperand& x, int64_t axis);
 TypeRuleResult pad_type_rule(const Mesh& mesh, const TypedOperand& x, const Shape& out);
 // Control flow (control.cc). The type spec of result `j` of sub-graph `g`, a body traced in

@@ -1,6 +1,8 @@
 // VJPs of the indexing ops: a gather's cotangent is scattered back (added, where indices
 // repeat), a scatter's is gathered; the dynamic window ops move the cotangent back through the
 // same clamped window. Index operands are integers and get no cotangent.
+#include <optional>
+
 #include "absl/status/status.h"
 #include "client/vjp/vjp.h"
 
@@ -55,19 +57,32 @@ absl::Span<const VjpEntry> indexing_vjps() {
          a.add(2, gathered(a, a.g));
          return absl::OkStatus();
        }},
+      // An unreduced cotangent (that of a window of a reduced operand) is written into zeros
+      // typed as the operand's cotangent, unreduced alike (slicing.py's
+      // _dynamic_slice_transpose_fancy: zeros of the accumulator's sharding; _dus_unreduced_rule).
       {Op::kDynamicSlice,
        [](const VjpArgs& a) {
          TraceState* t = a.trace;
-         const Value zeros = zeros_like(a.x[0]);
+         const std::optional<TypedOperand> g = typed_operand(a.g);
+         const Value zeros = g.has_value() && !g->unreduced.empty()
+                                 ? typed_as(a.x[0], [&] { return zeros_like(a.x[0]); })
+                                 : zeros_like(a.x[0]);
          a.add(0, t->make(t->graph.add_dynamic_update_slice(zeros.node(), a.g.node(), a.x[1].node())));
          return absl::OkStatus();
        }},
+      // The update's window of an unreduced cotangent is written with zeros typed as the
+      // update's cotangent (_dynamic_update_slice_transpose_rule). The update's own cotangent is
+      // built only when wanted: JAX's is a dynamic_slice of the cotangent, which refuses an
+      // unreduced one, as Tessera's does.
       {Op::kDynamicUpdateSlice,
        [](const VjpArgs& a) {
          TraceState* t = a.trace;
-         const Value zeros = zeros_like(a.x[1]);
+         const std::optional<TypedOperand> g = typed_operand(a.g);
+         const Value zeros = g.has_value() && !g->unreduced.empty()
+                                 ? typed_as(a.x[1], [&] { return zeros_like(a.x[1]); })
+                                 : zeros_like(a.x[1]);
          a.add(0, t->make(t->graph.add_dynamic_update_slice(a.g.node(), zeros.node(), a.x[2].node())));
-         a.add(1, t->make(t->graph.add_dynamic_slice(a.g.node(), a.x[2].node(), a.x[1].shape())));
+         if (a.wants(1)) a.add(1, t->make(t->graph.add_dynamic_slice(a.g.node(), a.x[2].node(), a.x[1].shape())));
          return absl::OkStatus();
        }},
   };

@@ -31,6 +31,10 @@ struct VjpArgs {
   // invalid if none: how a rule for an op of several nodes (a scan's results) gathers the
   // cotangents of its other nodes, whose consumers all come after them.
   const std::function<Value(int node)>& take_cotangent;
+  // Whether operand k's cotangent is wanted (it depends on a value grad differentiates), as JAX
+  // transposes into undefined primals only (ad.is_undefined_primal): a rule may skip building
+  // an unwanted one that could not be typed (dynamic_update_slice's update, indexing.cc).
+  const std::function<bool(size_t operand)>& wants;
 };
 
 // OK, or INVALID_ARGUMENT for a case the rule does not differentiate (grad fails with it).

@@ -267,12 +267,18 @@ absl::Status dynamic_update_slice_rule(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   const Shape& update = c.graph().node(n.operands[1]).shape;
   ValueSharding x = c.of_or_replicated(n.operands[0]);
-  x.partial.clear();
+  const ValueSharding u = c.of_or_replicated(n.operands[1]);
+  // An operand and an update typed unreduced alike keep their pending sum (explicit mode's
+  // _dus_unreduced_rule): each device writes its term of the update into its term of the
+  // operand, and the sum of the results is the result of the sums.
+  const bool keep = x.is_partial() && x.partial_op == ReduceOp::kSum && c.typed_unreduced(n.operands[0]) &&
+                    c.typed_unreduced(n.operands[1]) && u.partial == x.partial && u.partial_op == ReduceOp::kSum;
+  if (!keep) x.partial.clear();
   for (size_t d = 0; d < n.shape.size(); ++d) {
     if (!whole(n.shape, update, d)) x.dims[d].clear();
   }
-  c.needs(id) = {x, ValueSharding{x.dims, {}, ReduceOp::kSum}, ValueSharding::replicated(1)};
-  c.set(id, x.dims);
+  c.needs(id) = {x, ValueSharding{x.dims, x.partial, ReduceOp::kSum}, ValueSharding::replicated(1)};
+  c.set(id, x.dims, x.partial);
   return absl::OkStatus();
 }
 

@@ -153,8 +153,81 @@ TEST_F(ExplicitReducedTest, ReductionsKeepReducedAxesAsJax) {
                                  HasSubstr("(operand f32[8@x,6]{R:y})")));
     EXPECT_THAT(refusal([](const std::vector<Value>& in) { return argmax(in[0], 1); }, {x}),
                 HasSubstr("argmax: unreduced/reduced rule for argmax is not implemented"));
+    // argmin_p has no ur_rule either: the refusal names argmin, reduced or unreduced (Tessera
+    // traces argmin as argmax of -x, whose names the message must not give).
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return argmin(in[0], 1); }, {x}),
+                ::testing::AllOf(HasSubstr("argmin: unreduced/reduced rule for argmin is not implemented"),
+                                 HasSubstr("(operand f32[8@x,6]{R:y})")));
+    EXPECT_THAT(
+        refusal([](const std::vector<Value>& in) { return argmin(reshard(in[0], P("x").with_unreduced({"y"})), 1); },
+                {put_on(mesh, h, P("x", None))}),
+        ::testing::AllOf(HasSubstr("argmin: unreduced/reduced rule for argmin is not implemented"),
+                         HasSubstr("(operand f32[8@x,6]{U:y})")));
     EXPECT_THAT(refusal([](const std::vector<Value>& in) { return cumsum(in[0], 1); }, {x}),
                 HasSubstr("cumsum: unreduced/reduced rule for cumsum is not implemented"));
+  }
+}
+
+// jax/_src/lax/lax.py: sort_p and top_k_p call no ur_rule; _sort_abstract_eval returns its
+// operands' types and _top_k_abstract_eval `operand.update(shape=...)` for the values and the
+// int32 indices, so sort, argsort (jax/_src/numpy/sorting.py sorts a broadcasted_iota made with
+// the operand's sharding beside it) and top_k of a reduced operand are reduced alike. argsort
+// with descending=True reverses with lax.rev, which has no ur_rule: call_ur_rule refuses it.
+// JAX passes an unreduced operand through, sorting each device's term; Tessera refuses it
+// (client/explicit/sort.cc), as the order of a sum is not that of its terms. Values against the
+// host's row sorts (stable; top_k's ties to the lower index).
+TEST_F(ExplicitReducedTest, SortArgsortAndTopKKeepReducedAxesAsJax) {
+  const HostArray h = random_f32({8, 6}, 17);
+  std::vector<double> sorted, order, top_values, top_indices;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int> idx = {0, 1, 2, 3, 4, 5};
+    const float* row = h.values<float>().data() + i * 6;
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return row[a] < row[b]; });
+    for (int j : idx) {
+      sorted.push_back(row[j]);
+      order.push_back(j);
+    }
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return row[a] > row[b]; });
+    for (int j = 0; j < 3; ++j) {
+      top_values.push_back(row[idx[j]]);
+      top_indices.push_back(idx[j]);
+    }
+  }
+  auto ints = [](const HostArray& a) {
+    const auto v = a.values<int32_t>();
+    return std::vector<double>(v.begin(), v.end());
+  };
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, h, P("x", None).with_reduced({"y"}));
+    std::vector<std::string> types;
+    absl::StatusOr<std::vector<Array>> out = jit([&](const std::vector<Value>& in) {
+      const auto [values, indices] = top_k(in[0], 3);
+      std::vector<Value> r = {sort(in[0]), argsort(in[0]), values, indices};
+      for (const Value& v : r) types.push_back(type_of(v).to_string());
+      return r;
+    })({x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_THAT(types,
+                ::testing::ElementsAre("f32[8@x,6]{R:y}", "i32[8@x,6]{R:y}", "f32[8@x,3]{R:y}", "i32[8@x,3]{R:y}"));
+    for (const Array& a : *out) EXPECT_EQ(a.sharding().spec(), P("x", None).with_reduced({"y"}));
+    expect_near(fetch((*out)[0]), sorted);
+    EXPECT_EQ(ints(fetch((*out)[1])), order);
+    expect_near(fetch((*out)[2]), top_values);
+    EXPECT_EQ(ints(fetch((*out)[3])), top_indices);
+
+    EXPECT_THAT(refusal([](const std::vector<Value>& in) { return argsort(in[0], -1, true); }, {x}),
+                ::testing::AllOf(HasSubstr("argsort_descending: unreduced/reduced rule for rev is not implemented"),
+                                 HasSubstr("(operand f32[8@x,6]{R:y})")));
+    const Array plain = put_on(mesh, h, P("x", None));
+    auto unreduced = [](const Value& v) { return reshard(v, P("x", None).with_unreduced({"y"})); };
+    EXPECT_THAT(refusal([&](const std::vector<Value>& in) { return sort(unreduced(in[0])); }, {plain}),
+                ::testing::AllOf(HasSubstr("sort: unreduced rule for sort is not implemented"),
+                                 HasSubstr("(operand f32[8@x,6]{U:y})")));
+    EXPECT_THAT(refusal([&](const std::vector<Value>& in) { return top_k(unreduced(in[0]), 3).first; }, {plain}),
+                HasSubstr("top_k: unreduced rule for top_k is not implemented"));
+    EXPECT_THAT(refusal([&](const std::vector<Value>& in) { return argsort(unreduced(in[0])); }, {plain}),
+                HasSubstr("argsort: unreduced rule for argsort is not implemented"));
   }
 }
 
@@ -238,6 +311,72 @@ TEST_F(ExplicitReducedTest, PadAndDynamicWindowsKeepReducedAxesAsJax) {
   }
 }
 
+// The gradients of pad, dynamic_slice and dynamic_update_slice of an operand reduced over 'y'
+// are unreduced over 'y' (sharding-ad.md: reduced {R:X} -> unreduced {U:X}), each device's term
+// written with no sum run, and sum to the host's gradient: 2x where x is read, 0 where the
+// update overwrote it. The transposes as JAX's (jax/_src/lax/slicing.py): dynamic_slice's writes
+// the cotangent into zeros of the accumulator's sharding (_dynamic_slice_transpose_fancy),
+// dynamic_update_slice's the cotangent with zeros typed as the update's cotangent
+// (_dynamic_update_slice_transpose_rule), both unreduced alike (_dus_unreduced_rule); the
+// update's own cotangent is a dynamic_slice of the unreduced cotangent, which
+// _dynamic_slice_ur_rule refuses.
+TEST_F(ExplicitReducedTest, GradsOfPadAndDynamicWindowsOfReducedValuesAreUnreducedAsJax) {
+  const HostArray h = random_f32({8, 6}, 18), u = random_f32({8, 2}, 19);
+  std::vector<double> everywhere(8 * 6), window(8 * 6, 0.0), outside(8 * 6);
+  for (int i = 0; i < 8 * 6; ++i) {
+    const int j = i % 6;
+    const double twice = 2.0 * h.values<float>()[i];
+    everywhere[i] = twice;
+    if (j >= 2 && j < 5) window[i] = twice;
+    outside[i] = (j >= 3 && j < 5) ? 0.0 : twice;
+  }
+  const auto at_ = [](int64_t row, int64_t col) {
+    return std::vector<Value>{full({}, static_cast<double>(row), DType::kI32),
+                              full({}, static_cast<double>(col), DType::kI32)};
+  };
+  auto squared_sum = [](const Value& v) { return sum(v * v); };
+  using Body = std::function<Value(const std::vector<Value>&)>;
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, h, P("x", None).with_reduced({"y"}));
+    const Array up = put_on(mesh, u, P("x", None).with_reduced({"y"}));
+    for (const auto& [name, body, want] :
+         {std::tuple<std::string, Body, const std::vector<double>*>{
+              "pad",
+              [&](const std::vector<Value>& in) {
+                return squared_sum(pad(in[0], {{0, 0}, {1, 2}}, 5.0));
+              },
+              &everywhere},
+          std::tuple<std::string, Body, const std::vector<double>*>{
+              "dynamic_slice",
+              [&](const std::vector<Value>& in) {
+                return squared_sum(dynamic_slice(in[0], at_(0, 2), {8, 3}));
+              },
+              &window},
+          std::tuple<std::string, Body, const std::vector<double>*>{
+              "dynamic_update_slice",
+              [&](const std::vector<Value>& in) { return squared_sum(dynamic_update_slice(in[0], in[1], at_(0, 3))); },
+              &outside}}) {
+      SCOPED_TRACE(name);
+      Jitted step =
+          jit(grad([&, body = body](const std::vector<Value>& in) { return std::vector<Value>{body(in)}; }, {0}));
+      absl::StatusOr<std::vector<Array>> g = step({x, up});
+      ASSERT_TRUE(g.ok()) << g.status();
+      EXPECT_EQ((*g)[0].sharding().spec(), P("x", None).with_unreduced({"y"}));
+      EXPECT_THAT(step.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+      expect_near(summed((*g)[0]), *want);
+    }
+    absl::StatusOr<std::vector<Array>> g_update = jit(grad(
+        [&](const std::vector<Value>& in) {
+          return std::vector<Value>{squared_sum(dynamic_update_slice(in[0], in[1], at_(0, 3)))};
+        },
+        {1}))({x, up});
+    EXPECT_EQ(g_update.status().code(), absl::StatusCode::kInvalidArgument) << g_update.status();
+    EXPECT_THAT(std::string(g_update.status().message()),
+                HasSubstr("dynamic_slice: unreduced rule for dynamic_slice is not implemented"));
+  }
+}
+
 // tests/pjit_test.py, test_gather_reduced_fwd_unreduced_bwd: x.at[idx].get() of a table reduced
 // over 'x' is reduced over 'x' (slicing.py's _gather_reduced_rule), and its gradient is
 // unreduced over 'x', summing to the gradient through P() (each row counted once per index).
@@ -294,8 +433,8 @@ TEST_F(ExplicitReducedTest, GathersKeepReducedAxesAndScattersRefuseThemAsJax) {
 // _scatter_unreduced_rule): each device adds its term of the updates into its term of the
 // operand, and the sum is the host's scatter-add. JAX's operand is zeros; here it is not, so the
 // operand's terms are summed once (the compiler keeps the pending sum, and runs no all_reduce
-// before the scatter). The rule's errors: operand and updates unreduced over different axes,
-// and unreduced values with split indices (NotImplementedError in JAX).
+// before the scatter). The rule's errors: unreduced indices, operand and updates unreduced over
+// different axes, and unreduced values with split indices (NotImplementedError in JAX).
 TEST_F(ExplicitReducedTest, ScatterAddOfUnreducedValuesIsUnreducedAndSumsToTheHostAsJax) {
   const HostArray table = random_f32({8, 2}, 21);
   const HostArray upd = random_f32({4, 2}, 22);
@@ -331,6 +470,15 @@ TEST_F(ExplicitReducedTest, ScatterAddOfUnreducedValuesIsUnreducedAndSumsToTheHo
                           "f32[8,2]{U:x} and updates sharding f32[4,2]."));
     EXPECT_THAT(refusal(f, {op, put_on(mesh, idx, P("y")), updates}),
                 HasSubstr("a scatter_add of unreduced values with split indices is not implemented"));
+    // _scatter_unreduced_rule's first check: "scatter indices cannot be unreduced" (lax's
+    // scatter_add: at().add would first wrap negative indices, a compare the nary rule refuses).
+    EXPECT_THAT(refusal(
+                    [&](const std::vector<Value>& in) {
+                      return scatter_add(reshard(in[0], ux), reshard(in[1], P().with_unreduced({"x"})),
+                                         reshard(in[2], ux), 0);
+                    },
+                    {op, ids, updates}),
+                HasSubstr("scatter_add: scatter indices cannot be unreduced. Got indices sharding i32[4]{U:x}."));
   }
 }
 
