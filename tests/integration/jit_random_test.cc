@@ -609,16 +609,20 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
 
 // What a crash prints (a kernel's fault or a CHECK in Client::local's in-process daemons ends
 // the test before gtest reports anything): the graph being run, its seed and replay command,
-// set before each graph. The handler only write(2)s it (async-signal-safe), then the default
-// action (restored by SA_RESETHAND) ends the process as the signal would have.
+// set before each graph. The handler only write(2)s it and raises the signal again (both
+// async-signal-safe); SA_RESETHAND has restored the default action, which ends the process.
 char crash_note[1 << 15];
 std::atomic<size_t> crash_note_size{0};
 constexpr int kCrashSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
 struct sigaction previous_actions[std::size(kCrashSignals)];
 
-void print_crash_note(int) {
+void print_crash_note(int signal) {
   const size_t n = crash_note_size.load();
-  if (n > 0 && write(STDERR_FILENO, crash_note, n) < 0) return;
+  if (n > 0) {
+    const ssize_t written = write(STDERR_FILENO, crash_note, n);
+    (void)written;  // a failed write leaves nothing else to do
+  }
+  raise(signal);  // pending until the handler returns: then the default action, also for a kill(2)
 }
 
 void set_crash_note(const std::string& text) {
