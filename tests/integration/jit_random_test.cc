@@ -2,15 +2,26 @@
 // divide the mesh, random valid input shardings, now and then a with_sharding_constraint)
 // run through jit on Client::local(8) and compared with the host reference. The ops include
 // issue #15's (take, scatter_add, dynamic_slice / dynamic_update_slice, rem, clamp, erf,
-// stop_gradient, cumulative scans, pad, sort, argsort, argmin, top_k, tril / triu, einsum, scan).
+// stop_gradient, cumulative scans, pad, sort, argsort, argmin, top_k, tril / triu, einsum, scan,
+// fori_loop, while_loop, switch / cond, x.at[i].set / lax.scatter, and tessera::random's bits,
+// uniform, normal and bernoulli from keys made, folded in and split in the graph). The host
+// reference is evaluate_on_host (tests/support/host_eval.h): the worker kernels on whole arrays
+// (random_bits' threefry is checked against JAX's known answers in tests/worker/kernels_test.cc),
+// loops and branches run by their definitions, nothing of the partitioner involved.
 //
 // Graph i of a run is built from seed base + i; the base is TESSERA_RANDOM_SEED when set (else
-// a fixed default), and every failure prints its graph's seed, so
+// a fixed default), and every failure (a crash too) prints its graph's seed and program, so
 //   TESSERA_RANDOM_SEED=<seed> TESSERA_RANDOM_GRAPHS=1 build/bin/jit_ops_test --gtest_filter='Random*<mesh>'
 // replays exactly that graph. TESSERA_RANDOM_GRAPHS sets the number of graphs per mesh.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <string>
@@ -29,6 +40,8 @@ constexpr int kDefaultGraphsPerMesh = 150;
 constexpr int64_t kMaxElements = 4096;
 constexpr const char* kCollectives[] = {"all_reduce", "reduce_scatter",     "all_gather",
                                         "all_to_all", "collective_permute", "local_slice"};
+// Ops whose graphs the summary counts (the rarer kinds: each is drawn in about one graph in ten).
+constexpr const char* kCountedOps[] = {"random_bits", "switch", "while", "scan", "scatter"};
 
 int env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
@@ -133,7 +146,7 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
     const Shape s = v.shape();
     const int r = v.rank();
     std::optional<Slot> y;
-    switch (rng() % 27) {
+    switch (rng() % 31) {
       case 0: {
         Value (*const kFloat[])(const Value&) = {tanh, sin, cos, neg, abs, logistic};
         Value (*const kInteger[])(const Value&) = {neg, abs, sign};
@@ -421,6 +434,161 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
         y = Slot{rng() % 2 == 0 ? sc.ys[0] : sc.carry[0], x.exact};
         break;
       }
+      case 27: {
+        // tessera::random (JAX's partitionable threefry): a key from a constant seed or, on exact
+        // values, from a data-dependent one (an argmax), now and then folded in or split; then
+        // bits, uniform, normal or bernoulli of v's shape, now and then pinned to a random layout
+        // (a sample made in place must equal the unsharded one bit for bit).
+        Value k = random::key(static_cast<int64_t>(rng() % 1000));
+        if (x.exact && rng() % 2 == 0) k = random::key(argmax(reshape(v, {num_elements(s)}), 0));
+        switch (rng() % 3) {
+          case 0:
+            k = random::fold_in(k, static_cast<int64_t>(rng() % 100));
+            break;
+          case 1:
+            k = random::key_at(random::split(k, 3), static_cast<int64_t>(rng() % 3));
+            break;
+          default:
+            break;
+        }
+        auto placed = [&](const Value& sample) {
+          return rng() % 2 == 0 ? with_sharding_constraint(sample, NamedSharding(mesh, random_spec(s, mesh, rng)))
+                                : sample;
+        };
+        switch (rng() % 4) {
+          case 0: {  // the top 4 bits of bits()
+            const Value b = convert(shift_right_logical(placed(random::bits(k, s)), full({}, 28, DType::kU32)), dtype);
+            y = Slot{v + scaled(b, 0.125), x.exact};
+            break;
+          }
+          case 1:
+            y = integer ? Slot{v + convert(placed(random::uniform(k, s)) * 8.0, DType::kI32), x.exact}
+                        : Slot{v + placed(random::uniform(k, s, DType::kF32, -1.0, 1.0)), x.exact};
+            break;
+          case 2:
+            // erf_inv's rounding may differ from the host's (as erf's): not exact.
+            if (integer) break;
+            y = Slot{v * 0.5 + placed(random::normal(k, s)) * 0.5, false};
+            break;
+          default:
+            y = Slot{where(placed(random::bernoulli(k, 0.3, s)), v, integer ? v * 3 + 1 : v * 0.5 + 1.0), x.exact};
+            break;
+        }
+        break;
+      }
+      case 28: {
+        // lax.switch / lax.cond on v: two or three branches from a menu of shape-keeping functions
+        // (one with a reduction, so a collective may run inside the branch; one pinning a layout
+        // of its own; one reading an outer value). switch's index comes from the data on exact
+        // values (argmax's remainder minus one: -1 clamps to branch 0), else is a constant, some
+        // out of range (clamped); cond's predicate is a max (exact) against 0.25.
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        const PartitionSpec own = random_spec(s, mesh, rng);
+        std::optional<Slot> o = same_shape(v);
+        const Value outer = o ? o->v : v;
+        const std::vector<Branch> menu = {
+            [&](const std::vector<Value>& a) { return std::vector<Value>{integer ? a[0] * 3 + 1 : a[0] * 0.5 + 1.0}; },
+            [&](const std::vector<Value>& a) { return std::vector<Value>{integer ? neg(a[0]) : tanh(a[0])}; },
+            [&](const std::vector<Value>& a) { return std::vector<Value>{a[0] - max(a[0], {d}, true)}; },
+            [&](const std::vector<Value>& a) {
+              return std::vector<Value>{scaled(with_sharding_constraint(a[0], NamedSharding(mesh, own)), -2.0)};
+            },
+            [&](const std::vector<Value>& a) { return std::vector<Value>{a[0] - outer}; },
+        };
+        std::vector<size_t> order = {0, 1, 2, 3, 4};
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<Branch> branches;
+        const int64_t n = 2 + static_cast<int64_t>(rng() % 2);
+        for (int64_t b = 0; b < n; ++b) branches.push_back(menu[order[b]]);
+        const bool exact = x.exact && (!o || o->exact);
+        if (x.exact && rng() % 3 == 0) {
+          y = Slot{cond(max(v) > full({}, 0.25, dtype), branches[0], branches[1], {v})[0], exact};
+          break;
+        }
+        const Value index = x.exact
+                                ? rem(argmax(reshape(v, {num_elements(s)}), 0), full({}, n + 1.0, DType::kI32)) - 1
+                                : full({}, static_cast<double>(static_cast<int64_t>(rng() % (n + 3)) - 1), DType::kI32);
+        y = Slot{switch_(index, branches, {v})[0], exact};
+        break;
+      }
+      case 29: {
+        // lax.fori_loop (1 to 3 iterations, its index used in the body, now and then as a
+        // dynamic_update_slice's traced start), or lax.while_loop over (i, v) until i reaches a
+        // limit (from the data on exact values) or, half the time, v's max passes a bound; its
+        // body now and then pins v to a layout of its own or subtracts a reduction (a collective
+        // per iteration), so the carry's layout must be a fixed point.
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        if (rng() % 2 == 0) {
+          const int64_t trips = 1 + static_cast<int64_t>(rng() % 3);
+          const bool update = s[d] >= trips && rng() % 2 == 0;
+          y = Slot{fori_loop(0, trips,
+                             [&](const Value& i, const std::vector<Value>& c) {
+                               Value h = integer ? c[0] * 2 + i : c[0] * 0.5 + convert(i, DType::kF32) * 0.25;
+                               if (update) {  // row 0 along d, plus one, written at row i
+                                 std::vector<int64_t> start(r, 0), limit(s.begin(), s.end());
+                                 limit[d] = 1;
+                                 std::vector<Value> starts(r, full({}, 0, DType::kI32));
+                                 starts[d] = i;
+                                 h = dynamic_update_slice(h, slice(h, start, limit) + 1, starts);
+                               }
+                               return std::vector<Value>{h};
+                             },
+                             {v})[0],
+                   x.exact};
+          break;
+        }
+        const Value limit = x.exact ? rem(argmax(reshape(v, {num_elements(s)}), 0), full({}, 3, DType::kI32)) + 1
+                                    : full({}, 1.0 + static_cast<double>(rng() % 3), DType::kI32);
+        const bool bounded = rng() % 2 == 0;
+        const int body = static_cast<int>(rng() % 3);
+        const PartitionSpec own = random_spec(s, mesh, rng);
+        const std::vector<Value> out = while_loop(
+            [&](const std::vector<Value>& c) {
+              const Value more = c[0] < limit;
+              return bounded ? logical_and(more, max(c[1]) < full({}, integer ? 50.0 : 3.0, dtype)) : more;
+            },
+            [&](const std::vector<Value>& c) {
+              Value h = integer ? c[1] * 3 + 1 : c[1] * 0.5 + 1.0;
+              if (body == 1) h = with_sharding_constraint(h, NamedSharding(mesh, own));
+              if (body == 2) h = h - max(h, {d}, true);
+              return std::vector<Value>{c[0] + 1, h};
+            },
+            {full({}, 0, DType::kI32), v});
+        y = Slot{out[1], x.exact};
+        break;
+      }
+      case 30: {
+        // x.at[i].set(u) along a random dimension (negative indices wrap, out-of-range updates are
+        // dropped) or lax.scatter (no wrapping: negatives are out of range too). Indices are
+        // unique once wrapped (repeated ones leave which update wins unspecified): constants,
+        // some out of range, or on exact values the first half of the argsort of one of v's lines
+        // (data-dependent), half of them made negative. Updates: a scalar, or rows of v.
+        const int64_t d = static_cast<int64_t>(rng() % r);
+        const int64_t n = s[d];
+        if (num_elements(s) / n * 4 > kMaxElements) break;
+        const bool at_form = rng() % 2 == 0;
+        Value idx;
+        if (x.exact && rng() % 2 == 0) {
+          std::vector<int64_t> start(r, 0), limit(r, 1);
+          limit[d] = n;
+          const int64_t m = std::max<int64_t>(1, n / 2);
+          idx = slice(argsort(reshape(slice(v, start, limit), {n})), {0}, {m});
+          if (at_form) idx = where(iota(DType::kI32, {m}, 0) % 2 == 0, idx, idx - static_cast<int32_t>(n));
+        } else {
+          std::vector<int64_t> ks = {-1, 0, n + 1, -n - 3};
+          if (n / 2 > 0 && n / 2 < n - 1) ks.push_back(n / 2);
+          std::shuffle(ks.begin(), ks.end(), rng);
+          std::vector<Value> parts;
+          for (int64_t k : ks) parts.push_back(full({1}, static_cast<double>(k), DType::kI32));
+          idx = concatenate(parts, 0);
+        }
+        Shape us = s;
+        us[d] = idx.shape()[0];
+        const Value updates = rng() % 2 == 0 ? full(us, 0.5, dtype)
+                                             : scaled(take(v, iota(DType::kI32, {us[d]}, 0), d, IndexMode::kClip), 0.5);
+        y = Slot{at_form ? at(v, idx, d).set(updates) : scatter(v, idx, updates, d), x.exact};
+        break;
+      }
     }
     if (y && integer) y->exact = true;
     // A sum just made (contraction, mean) is often partial: pin it half the time, so its
@@ -439,10 +607,43 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
   return out;
 }
 
+// What a crash prints (a kernel's fault or a CHECK in Client::local's in-process daemons ends
+// the test before gtest reports anything): the graph being run, its seed and replay command,
+// set before each graph. The handler only write(2)s it and raises the signal again (both
+// async-signal-safe); SA_RESETHAND has restored the default action, which ends the process.
+char crash_note[1 << 15];
+std::atomic<size_t> crash_note_size{0};
+constexpr int kCrashSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
+struct sigaction previous_actions[std::size(kCrashSignals)];
+
+void print_crash_note(int signal) {
+  const size_t n = crash_note_size.load();
+  if (n > 0) {
+    const ssize_t written = write(STDERR_FILENO, crash_note, n);
+    (void)written;  // a failed write leaves nothing else to do
+  }
+  raise(signal);  // pending until the handler returns: then the default action, also for a kill(2)
+}
+
+void set_crash_note(const std::string& text) {
+  crash_note_size.store(0);
+  const size_t n = std::min(text.size(), sizeof(crash_note));
+  std::memcpy(crash_note, text.data(), n);
+  crash_note_size.store(n);
+}
+
 class RandomGraphTest : public ::testing::TestWithParam<MeshParam> {
  protected:
-  static void SetUpTestSuite() { client_ = start_local_client().release(); }
+  static void SetUpTestSuite() {
+    client_ = start_local_client().release();
+    struct sigaction action = {};
+    action.sa_handler = print_crash_note;
+    action.sa_flags = SA_RESETHAND;
+    for (size_t i = 0; i < std::size(kCrashSignals); ++i) sigaction(kCrashSignals[i], &action, &previous_actions[i]);
+  }
   static void TearDownTestSuite() {
+    for (size_t i = 0; i < std::size(kCrashSignals); ++i) sigaction(kCrashSignals[i], &previous_actions[i], nullptr);
+    crash_note_size.store(0);
     delete client_;
     client_ = nullptr;
   }
@@ -462,11 +663,14 @@ TEST_P(RandomGraphTest, MatchesHostReference) {
   const uint32_t base = static_cast<uint32_t>(env_int("TESSERA_RANDOM_SEED", kDefaultSeed));
   const int graphs = env_int("TESSERA_RANDOM_GRAPHS", kDefaultGraphsPerMesh);
   int failed = 0;
-  std::map<std::string, int> seen;  // graphs whose plan has each collective
+  std::map<std::string, int> seen;   // graphs whose plan has each collective
+  std::map<std::string, int> drawn;  // graphs with each of kCountedOps
   for (int i = 0; i < graphs && failed < 3; ++i) {
     const uint32_t seed = base + static_cast<uint32_t>(i);
-    SCOPED_TRACE(absl::StrCat("graph seed ", seed, " (replay: TESSERA_RANDOM_SEED=", seed,
-                              " TESSERA_RANDOM_GRAPHS=1 --gtest_filter='*", GetParam().name, "')"));
+    const std::string replay = absl::StrCat("graph seed ", seed, " (replay: TESSERA_RANDOM_SEED=", seed,
+                                            " TESSERA_RANDOM_GRAPHS=1 --gtest_filter='*", GetParam().name, "')");
+    SCOPED_TRACE(replay);
+    set_crash_note(absl::StrCat("\ncrashed in random ", replay, "\n"));
     const RandomInputs r = random_inputs(seed, *mesh);
     std::mt19937 rng(seed);
     const Mesh& m = *mesh;
@@ -476,6 +680,9 @@ TEST_P(RandomGraphTest, MatchesHostReference) {
     std::string specs;
     for (const PartitionSpec& s : r.specs) absl::StrAppend(&specs, " ", s.to_string());
     SCOPED_TRACE(absl::StrCat("inputs", specs, "\n", graph->to_text()));
+    set_crash_note(absl::StrCat("\ncrashed in random ", replay, "\ninputs", specs, "\n", graph->to_text()));
+    for (const char* op : kCountedOps)
+      drawn[op] += graph->to_text().find(absl::StrCat(" = ", op, "(")) != std::string::npos;
     JitOptions options;
     if (rng() % 3 == 0) {  // now and then the first output's layout is asked for
       const Node& out = graph->node(graph->outputs()[0]);
@@ -516,6 +723,8 @@ TEST_P(RandomGraphTest, MatchesHostReference) {
   }
   std::cout << graphs << " graphs on " << GetParam().name << "; with";
   for (const char* c : kCollectives) std::cout << " " << c << ": " << seen[c];
+  std::cout << "; drawn";
+  for (const char* op : kCountedOps) std::cout << " " << op << ": " << drawn[op];
   std::cout << "\n";
 }
 
