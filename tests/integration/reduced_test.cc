@@ -168,6 +168,37 @@ TEST_F(ExplicitReducedTest, ReductionsKeepReducedAxesAsJax) {
   }
 }
 
+// A value made unreduced over 'y' and then resolved (reshard to P('x'): an all_reduce) is an
+// ordinary array: argmin of it (argmax of its negation) and argmax of it pick the host's
+// indices on every device. (Session 28 suspected a use-after-free here; it was a test reading
+// values() of a fetched temporary. This keeps the case.)
+TEST_F(ExplicitReducedTest, ArgminOfAResolvedUnreducedValueIsTheHostsOnEveryDevice) {
+  const HostArray h = random_f32({8, 6}, 19);
+  std::vector<double> first_min(8), first_max(8);
+  for (int i = 0; i < 8; ++i) {
+    const float* row = h.values<float>().data() + i * 6;
+    first_min[i] = static_cast<double>(std::min_element(row, row + 6) - row);
+    first_max[i] = static_cast<double>(std::max_element(row, row + 6) - row);
+  }
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, h, P("x", None));
+    auto resolved = [](const Value& v) { return reshard(reshard(v, P("x", None).with_unreduced({"y"})), P("x", None)); };
+    for (bool minimum : {true, false}) {
+      SCOPED_TRACE(minimum ? "argmin" : "argmax");
+      const absl::StatusOr<Array> out = run1(
+          [&](const std::vector<Value>& in) {
+            return minimum ? argmin(resolved(in[0]), 1) : argmax(resolved(in[0]), 1);
+          },
+          {x});
+      ASSERT_TRUE(out.ok()) << out.status();
+      const HostArray host = fetch(*out);  // values() views it: keep it alive
+      const auto got = host.values<int32_t>();
+      EXPECT_EQ(std::vector<double>(got.begin(), got.end()), minimum ? first_min : first_max);
+    }
+  }
+}
+
 // jax/_src/lax/lax.py: sort_p and top_k_p call no ur_rule; _sort_abstract_eval returns its
 // operands' types and _top_k_abstract_eval `operand.update(shape=...)` for the values and the
 // int32 indices, so sort, argsort (jax/_src/numpy/sorting.py sorts a broadcasted_iota made with
