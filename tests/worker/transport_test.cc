@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
+#include "worker/collectives/engine.h"
 #include "worker/collectives/shm_ring.h"
 
 namespace tessera {
@@ -785,6 +786,145 @@ TEST(TransportInProcess, TheMailboxsBoundsStillApply) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("--mailbox_bytes_per_peer"));
   EXPECT_EQ(b.dropped_messages(), 1);
+}
+
+// Flow control at a source's share (issue #17 items 3 and 5): a message that would pass its
+// sender's share of the mailbox waits, and its stream (or ring) is read no further, until the
+// receiver takes messages of that sender. Two transports behind real gRPC servers on 127.0.0.1.
+
+// Waits, bounded, until `ready()` (the test's view of another thread's progress).
+bool eventually(const std::function<bool()>& ready) {
+  for (const absl::Time until = absl::Now() + kDeadline; absl::Now() < until;) {
+    if (ready()) return true;
+    absl::SleepFor(absl::Milliseconds(5));  // polling, bounded by kDeadline
+  }
+  return ready();
+}
+
+// A collective_permute of 16 MiB each way between devices 0 and 1, whose receiver starts only
+// once the sender has sent all it could: 4 times the receiver's share of 4 MiB. The receiver's
+// mailbox pauses the sender's stream (or ring) at the share and the sender's last chunks wait in
+// its link; when device 1 starts, it takes what is held, the stream reads on, and both get the
+// other's block, checked against the inputs (the host's permute: out[target] = in[source]).
+// Before, the mailbox refused the chunk over the share and device 1's op failed
+// RESOURCE_EXHAUSTED "... would exceed their share of the mailbox" (so did bench_collectives'
+// 64 MiB permute through RunCollective).
+class TransportFlowControlTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TransportFlowControlTest, AReceiverThatStartsLateGetsAPermuteLargerThanItsShare) {
+  const bool shm = GetParam();
+  Endpoint a(0), b(1);
+  MailboxOptions options;
+  options.bytes_per_peer = int64_t{4} << 20;
+  ASSERT_TRUE(b.transport().set_mailbox(options).ok());
+  if (shm) {
+    ShmOptions ring;
+    ring.enabled = true;
+    ASSERT_TRUE(a.transport().set_shm(ring).ok());
+    ASSERT_TRUE(b.transport().set_shm(ring).ok());
+  }
+  constexpr int64_t kElements = int64_t{4} << 20;  // 16 MiB of f32
+  std::vector<std::shared_ptr<const HostArray>> in;
+  for (int d = 0; d < 2; ++d) {
+    HostArray x(DType::kF32, {kElements});
+    for (int64_t i = 0; i < kElements; ++i) x.mutable_values<float>()[i] = static_cast<float>(i % 1000003 + d * 7);
+    in.push_back(std::make_shared<const HostArray>(std::move(x)));
+  }
+  auto run_for = [&](int self) {
+    CollectiveRun run;
+    run.op = 77;
+    run.spec.kind = CollectiveKind::kCollectivePermute;
+    run.spec.groups = {{0, 1}};
+    run.spec.pairs = {{0, 1}, {1, 0}};
+    run.peers = {{0, absl::StrCat("127.0.0.1:", a.port())}, {1, absl::StrCat("127.0.0.1:", b.port())}};
+    run.self = self;
+    run.start = absl::Now();
+    run.deadline = run.start + kDeadline;
+    return run;
+  };
+  if (shm) {  // the ring is attached before the permute (until then messages take gRPC)
+    const std::string at_b = absl::StrCat("127.0.0.1:", b.port());
+    const std::byte one[1] = {std::byte{9}};
+    for (int k = 0; b.transport().shm_messages_received() == 0 && k < 1000; ++k) {
+      ASSERT_TRUE(a.transport().send(1, at_b, {76, 0, k}, one, 1, absl::Now() + kDeadline).ok());
+      ASSERT_TRUE(b.transport().receive(0, "a", {76, 0, k}, absl::InfinitePast(), absl::Now() + kDeadline).ok());
+    }
+    a.transport().finish_op(76);
+    b.transport().finish_op(76);
+  }
+  std::optional<absl::StatusOr<std::shared_ptr<const HostArray>>> out0;
+  std::thread device0([&] { out0 = run_collective(a.transport(), run_for(0), in[0]); });
+  // Device 1 starts late: only once its mailbox holds all of device 0's share it can and a
+  // message waits (the stream or ring paused).
+  ASSERT_TRUE(eventually([&] { return b.transport().waiting_messages() > 0; })) << "the stream never paused";
+  EXPECT_LE(b.transport().pending_bytes(), options.bytes_per_peer);
+  absl::StatusOr<std::shared_ptr<const HostArray>> out1 = run_collective(b.transport(), run_for(1), in[1]);
+  device0.join();
+  ASSERT_TRUE(out1.ok()) << out1.status();
+  ASSERT_TRUE(out0->ok()) << out0->status();
+  const std::shared_ptr<const HostArray>* out[2] = {&**out0, &*out1};
+  for (int d = 0; d < 2; ++d) {
+    const float* got = (*out[d])->values<float>().data();
+    const float* want = in[1 - d]->values<float>().data();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < kElements; ++i) wrong += got[i] != want[i];
+    EXPECT_EQ(wrong, 0) << "device " << d;
+  }
+  EXPECT_GT(b.transport().paused_messages(), 0);
+  EXPECT_EQ(b.transport().dropped_messages(), 0);
+  if (shm) {
+    EXPECT_GT(b.transport().shm_messages_received(), 0) << "the ring was not used";
+  }
+  a.transport().finish_op(77);
+  b.transport().finish_op(77);
+  EXPECT_EQ(b.transport().pending_messages(), 0);
+  EXPECT_EQ(b.transport().waiting_messages(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, TransportFlowControlTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Shm" : "Grpc"; });
+
+// A sender whose messages are never taken (its op started here, but nothing takes them) is
+// still bounded: the mailbox holds its share, one message per stream waits, and the rest stays
+// with the sender. A message that waits longer than the time-to-live is refused with what is
+// held of its op, the op's wait fails naming the peer, the share and both flags, and the stream
+// reads on: the sender's next op is delivered (no hang).
+TEST(TransportFlowControl, AStreamPausedPastTheTtlIsRefusedAndReadsOn) {
+  Endpoint a(0), b(1);
+  MailboxOptions options;
+  options.bytes_per_peer = 2 * ((512 << 10) + Transport::kHeldMessageBytes);  // two chunks
+  options.unclaimed_ttl = absl::Milliseconds(200);
+  ASSERT_TRUE(b.transport().set_mailbox(options).ok());
+  const std::string at_b = absl::StrCat("127.0.0.1:", b.port());
+  // Op 5 has started at b: a receive of a message nobody sends.
+  EXPECT_EQ(b.transport().receive(0, "a", {5, 1, 0}, absl::InfinitePast(), absl::InfinitePast()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  const std::vector<std::byte> chunk(512 << 10, std::byte{3});
+  for (int c = 0; c < 6; ++c) {
+    ASSERT_TRUE(a.transport().send(1, at_b, {5, 0, c}, chunk.data(), 512 << 10, absl::Now() + kDeadline).ok());
+  }
+  const std::byte next[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  ASSERT_TRUE(a.transport().send(1, at_b, {6, 0, 0}, next, 4, absl::Now() + kDeadline).ok());
+  ASSERT_TRUE(eventually([&] { return b.transport().waiting_messages() > 0; })) << "the stream never paused";
+  EXPECT_EQ(b.transport().pending_messages(), 2);
+  absl::SleepFor(options.unclaimed_ttl + absl::Milliseconds(50));  // the rule under test is an age
+  b.transport().sweep();
+  absl::StatusOr<Received> refused =
+      b.transport().receive(0, "a", {5, 0, 2}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              AllOf(HasSubstr("op 5 from device 0 (a)"), HasSubstr("stayed paused"),
+                    HasSubstr(absl::StrCat(options.bytes_per_peer, " bytes, --mailbox_bytes_per_peer")),
+                    HasSubstr("--mailbox_ttl_ms")));
+  absl::StatusOr<Received> got =
+      b.transport().receive(0, "a", {6, 0, 0}, absl::InfinitePast(), absl::Now() + kDeadline);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::byte bytes[4];
+  got->copy_to(bytes);
+  EXPECT_EQ(std::memcmp(bytes, next, 4), 0);
+  EXPECT_EQ(b.transport().waiting_messages(), 0);
+  EXPECT_EQ(b.transport().pending_messages(), 0) << "op 5's held chunks went with the refusal";
+  b.transport().finish_ops(5, 7);
 }
 
 }  // namespace

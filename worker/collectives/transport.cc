@@ -1,5 +1,6 @@
 #include "worker/collectives/transport.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -486,9 +487,20 @@ class Transport::InboundRing {
       ring->consume(record);
       data.slices_.push_back(std::move(slice));
       data.bytes_ = record.bytes;
-      std::shared_ptr<Parked> parked =
-          transport_->file_message(source_, {record.op, record.step, record.chunk}, std::move(data), Via::kShm);
-      if (parked != nullptr) parked->resume(true);
+      // Over the source's share the message waits, and so does this thread: the ring fills and
+      // its writer waits for room with its deadline (flow control, see file_or_wait).
+      std::shared_ptr<Waiting> waiting;
+      if (transport_->file_or_wait(source_, {record.op, record.step, record.chunk}, std::move(data), Via::kShm, nullptr,
+                                   &waiting)) {
+        while (!transport_->await_room(&waiting, absl::Now() + kRingRecheck)) {
+          bool stop = false;
+          {
+            absl::MutexLock lock(&mu_);  // not with the transport's: it takes this one in stop()
+            stop = stop_;
+          }
+          if (stop && transport_->give_up_waiting(&waiting)) break;
+        }
+      }
     }
     {
       absl::MutexLock lock(&mu_);
@@ -637,8 +649,12 @@ std::vector<std::shared_ptr<Transport::Parked>> Transport::in_process_source_gon
 
 bool Transport::park(int source, MessageTag tag, absl::Time op_start, std::shared_ptr<Parked> waiter) {
   const Key key{tag.op, source, tag.step, tag.chunk};
+  AfterUnlock after;
   absl::MutexLock lock(&mu_);
   started_.insert(tag.op);  // as receive: its messages are awaited now
+  awaited_.insert(key);     // and this one goes in even over its source's share, if it waits for room
+  admit_locked(absl::Now(), &after);
+  awaited_.erase(awaited_.find(key));
   if (stopping_ || ready_locked(key, op_start) || parked_.count(key) > 0) return false;
   parked_[key] = ParkedRun{std::move(waiter), absl::Now()};
   if (!parked_watch_.joinable()) parked_watch_ = std::thread([this] { watch_parked(); });
@@ -700,7 +716,7 @@ void Transport::watch_parked() {
 
 absl::Status Transport::send_in_process(internal::InProcessMailbox& to, int self, int peer, const std::string& address,
                                         MessageTag tag, const std::byte* data, int64_t bytes,
-                                        std::shared_ptr<const void> owner, std::shared_ptr<Parked>* resumed) {
+                                        std::shared_ptr<const void> owner, AfterUnlock* after) {
   absl::ReaderMutexLock lock(&to.mu);
   if (to.transport == nullptr) {
     return absl::UnavailableError(absl::StrCat(peer_name(peer, address), " stopped taking collective data"));
@@ -711,7 +727,7 @@ absl::Status Transport::send_in_process(internal::InProcessMailbox& to, int self
   Received message;
   message.slices_.push_back(payload_slice(data, bytes, std::move(owner)));
   message.bytes_ = bytes;
-  *resumed = to.transport->file_message(self, tag, std::move(message), Via::kInProcess);
+  to.transport->file_message(self, tag, std::move(message), Via::kInProcess, after);
   return absl::OkStatus();
 }
 
@@ -828,13 +844,13 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
   // The send's time is taken before the write: the peer may take the message before enqueue returns.
   const int64_t sent_ns = profile_.on() ? profile_clock_ns() : 0;
   absl::Status queued;
-  std::shared_ptr<Parked> resumed;
+  AfterUnlock after;  // the peer's run parked for this message resumes once send_in_process let go of the locks
   if (local != nullptr) {
     {
       absl::MutexLock lock(&mu_);
       in_process_sent_to_[peer] = local;
     }
-    queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner), &resumed);
+    queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner), &after);
   } else {
     queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
   }
@@ -842,7 +858,6 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
     profile_flow(profile_, ProfileEvent::kFlowStart, message_flow_id(self, peer, tag.op, tag.step, tag.chunk),
                  "message", sent_ns);
   }
-  if (resumed != nullptr) resumed->resume(true);  // the peer's run waited for this message
   return queued;
 }
 
@@ -854,15 +869,33 @@ absl::Status Transport::stream_failed(uint64_t op, const std::string& peer) {
 absl::StatusOr<Received> Transport::receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
                                             absl::Time deadline, const std::function<bool()>& cancelled) {
   const Key key{tag.op, source, tag.step, tag.chunk};
+  AfterUnlock after;  // before the lock: runs once it is let go
   absl::MutexLock lock(&mu_);
   const std::pair<uint64_t, int> from{tag.op, source};
   auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_locked(key, op_start); };
   started_.insert(tag.op);  // its messages are awaited now: no longer unclaimed
+  // The awaited message is filed even over its source's share (it is taken at once): one that
+  // waits for room now goes in, and so does one that arrives during this wait.
+  awaited_.insert(key);
+  admit_locked(absl::Now(), &after);
+  struct Unawait {
+    Transport* t;
+    const Key& key;
+    ~Unawait() ABSL_NO_THREAD_SAFETY_ANALYSIS { t->awaited_.erase(t->awaited_.find(key)); }
+  } unawait{this, key};
   // Wake up now and then to notice a cancelled call (the coordinator gave up on the op).
   while (!mu_.AwaitWithDeadline(absl::Condition(&arrived), std::min(deadline, absl::Now() + kCancelPoll))) {
     if (absl::Now() >= deadline) {
+      std::string paused;  // a wait behind a paused stream of the source (concurrent runs): say so
+      for (const auto& w : waiting_) {
+        if (w->from != source) continue;
+        paused = absl::StrCat("; its stream here is paused at its share of the mailbox (",
+                              mailbox_options_.bytes_per_peer, " bytes, --mailbox_bytes_per_peer): its ",
+                              held_bytes_[source], " bytes waiting here are of ops not taken yet");
+        break;
+      }
       return absl::DeadlineExceededError(absl::StrCat(peer_name(source, address), " sent nothing for op ", tag.op,
-                                                      " step ", tag.step, " chunk ", tag.chunk, " in time"));
+                                                      " step ", tag.step, " chunk ", tag.chunk, " in time", paused));
     }
     if (cancelled && cancelled()) return absl::CancelledError(absl::StrCat("op ", tag.op, " was cancelled"));
   }
@@ -883,6 +916,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
   }
   Received data = std::move(it->second.data);
   take_locked(it);
+  admit_locked(absl::Now(), &after);  // room for what waits
   if (profile_.on()) {
     profile_flow(profile_, ProfileEvent::kFlowEnd, message_flow_id(source, self_, tag.op, tag.step, tag.chunk),
                  "message");
@@ -903,6 +937,7 @@ bool Transport::ready_locked(const Key& key, absl::Time op_start) const {
 
 void Transport::finish_ops(uint64_t first, uint64_t end) {
   if (end <= first) return;
+  AfterUnlock after;
   absl::MutexLock lock(&mu_);
   for (auto it = mailbox_.lower_bound(Key{first, INT_MIN, INT32_MIN, INT32_MIN});
        it != mailbox_.end() && std::get<0>(it->first) < end;) {
@@ -918,6 +953,7 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
       finished_unordered_.erase(finished_unordered_order_.front());
       finished_unordered_order_.pop_front();
     }
+    admit_locked(absl::Now(), &after);
     return;
   }
   // Kept as ranges, merged with the one before when they touch (a run's ops finish in order).
@@ -928,6 +964,7 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
     finished_[first] = end;
   }
   while (finished_.size() > kRememberedOps) finished_.erase(finished_.begin());  // the oldest ids
+  admit_locked(absl::Now(), &after);  // what waited goes in, or is dropped if its op just finished
 }
 
 void Transport::begin_run_ops(uint64_t first, uint64_t end) {
@@ -987,6 +1024,18 @@ std::string Transport::refusal_text_locked(const Refusal& r) const {
                           absl::FormatDuration(absl::Trunc(absl::Nanoseconds(r.value), absl::Milliseconds(1))),
                           " for its op to start here, longer than the mailbox keeps unclaimed messages (",
                           absl::FormatDuration(mailbox_options_.unclaimed_ttl), ")");
+    case Refusal::kPaused:
+      return absl::StrCat("its stream here stayed paused for ",
+                          absl::FormatDuration(absl::Trunc(absl::Nanoseconds(r.value), absl::Milliseconds(1))),
+                          ", longer than the mailbox keeps unclaimed messages (",
+                          absl::FormatDuration(mailbox_options_.unclaimed_ttl),
+                          ", --mailbox_ttl_ms): the device's messages waiting here filled their share of the mailbox (",
+                          mailbox_options_.bytes_per_peer, " bytes, --mailbox_bytes_per_peer) and none was taken");
+    case Refusal::kGaveUp:
+      return absl::StrCat("its stream here ended after it waited ",
+                          absl::FormatDuration(absl::Trunc(absl::Nanoseconds(r.value), absl::Milliseconds(1))),
+                          " for room in the device's share of the mailbox (", mailbox_options_.bytes_per_peer,
+                          " bytes, --mailbox_bytes_per_peer)");
   }
   return "";
 }
@@ -1001,11 +1050,12 @@ void Transport::refuse_locked(uint64_t op, int from, Refusal why) {
 }
 
 void Transport::sweep() {
+  AfterUnlock after;
   absl::MutexLock lock(&mu_);
-  sweep_locked(absl::Now());
+  sweep_locked(absl::Now(), &after);
 }
 
-void Transport::sweep_locked(absl::Time now) {
+void Transport::sweep_locked(absl::Time now, AfterUnlock* after) {
   const absl::Duration ttl = mailbox_options_.unclaimed_ttl;
   if (now - last_sweep_ < ttl / 4) return;
   last_sweep_ = now;
@@ -1018,6 +1068,23 @@ void Transport::sweep_locked(absl::Time now) {
     }
     refuse_locked(op, from, {Refusal::kTtl, absl::ToInt64Nanoseconds(now - it->second.arrived)});
     take_locked(it++);
+  }
+  // A message that waited for room longer than the time-to-live (its stream paused all along:
+  // no message of its source was taken, or a deadlock between concurrent runs) is refused, with
+  // what the mailbox holds of its op from its source: its op fails anyway, and the room goes to
+  // the source's other ops. Its reader reads on.
+  for (;;) {
+    admit_locked(now, after);  // what fits now goes in first (the room the sweep made)
+    auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return now - w->since > ttl; });
+    if (it == waiting_.end()) return;
+    Waiting& w = **it;
+    refuse_locked(w.tag.op, w.from, {Refusal::kPaused, absl::ToInt64Nanoseconds(now - w.since)});
+    for (auto held = mailbox_.lower_bound(Key{w.tag.op, w.from, INT32_MIN, INT32_MIN});
+         held != mailbox_.end() && std::get<0>(held->first) == w.tag.op && std::get<1>(held->first) == w.from;) {
+      take_locked(held++);
+    }
+    decide_locked(w, after);
+    waiting_.erase(it);
   }
 }
 
@@ -1136,6 +1203,13 @@ void Received::reduce(DType dtype, ReduceOp op, const std::byte* local, std::byt
 }
 
 absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authenticated_source) {
+  bool waits = false;
+  return deliver_or_wait(buffer, source, authenticated_source, nullptr, nullptr, &waits);
+}
+
+absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, int authenticated_source,
+                                        std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits) {
+  *waits = false;
   Received data;
   if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
   SliceReader reader(data.slices_);
@@ -1262,8 +1336,8 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
   // taken as they come and are not copied; neither are those of a finished op, dropped.
   const MessageTag tag{fields[2], static_cast<int32_t>(fields[3]), static_cast<int32_t>(fields[4])};
   if (!started(tag.op)) data.compact();
-  std::shared_ptr<Parked> parked = file_message(from, tag, std::move(data), Via::kGrpc);
-  if (parked != nullptr) parked->resume(true);  // its rules keep it off this gRPC thread
+  // A parked run it resumes is kept off this gRPC thread by its own rules (Parked::resume).
+  *waits = file_or_wait(from, tag, std::move(data), Via::kGrpc, std::move(read_on), slot);
   return absl::OkStatus();
 }
 
@@ -1272,32 +1346,72 @@ bool Transport::started(uint64_t op) const {
   return started_.count(op) > 0 || finished_locked(op);
 }
 
-std::shared_ptr<Transport::Parked> Transport::file_message(int from, MessageTag tag, Received data, Via via) {
+Transport::AfterUnlock::~AfterUnlock() {
+  for (auto& p : parked) p->resume(true);
+  for (auto& f : read_on) f();
+}
+
+void Transport::file_message(int from, MessageTag tag, Received data, Via via, AfterUnlock* after) {
   absl::MutexLock lock(&mu_);
   if (via == Via::kShm) ++shm_received_;
   if (via == Via::kInProcess) ++in_process_received_;
+  const absl::Time now = absl::Now();
+  sweep_locked(now, after);
+  file_locked(from, tag, data, now, /*may_wait=*/false, after);
+  admit_locked(now, after);  // a repeat it replaced made room
+}
+
+bool Transport::file_or_wait(int from, MessageTag tag, Received data, Via via, std::function<void()> read_on,
+                             std::shared_ptr<Waiting>* slot) {
+  AfterUnlock after;  // before the lock: runs once it is let go
+  absl::MutexLock lock(&mu_);
+  if (via == Via::kShm) ++shm_received_;
+  if (via == Via::kInProcess) ++in_process_received_;
+  const absl::Time now = absl::Now();
+  sweep_locked(now, &after);
+  const bool filed = file_locked(from, tag, data, now, slot != nullptr && !stopping_, &after);
+  admit_locked(now, &after);
+  if (filed) return false;
+  auto w = std::make_shared<Waiting>();
+  w->from = from;
+  w->tag = tag;
+  w->data = std::move(data);
+  w->since = now;
+  w->read_on = std::move(read_on);
+  w->slot = slot;
+  *slot = w;
+  waiting_.push_back(std::move(w));
+  ++paused_;
+  return true;
+}
+
+bool Transport::file_locked(int from, MessageTag tag, Received& data, absl::Time now, bool may_wait,
+                            AfterUnlock* after) {
   if (finished_locked(tag.op)) {  // late: nobody will ask for it
     ++dropped_;
-    return nullptr;
+    return true;
   }
-  const absl::Time now = absl::Now();
-  sweep_locked(now);
   const Key key{tag.op, from, tag.step, tag.chunk};
   // The run parked for this message resumes whether it is kept or refused (its receive then
-  // says why): a refusal is what its wait would have woken for too.
-  std::shared_ptr<Parked> parked;
-  if (auto p = parked_.find(key); p != parked_.end()) {
-    parked = std::move(p->second.waiter);
-    parked_.erase(p);
-    ++parked_resumed_;
-  }
-  if (refused_.count({tag.op, from}) > 0) return parked;  // the op fails anyway: keep nothing of it
+  // says why): a refusal is what its wait would have woken for too. Not while it waits.
+  auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (auto p = parked_.find(key); p != parked_.end()) {
+      after->parked.push_back(std::move(p->second.waiter));
+      parked_.erase(p);
+      ++parked_resumed_;
+    }
+    return true;
+  };
+  if (refused_.count({tag.op, from}) > 0) return decided();  // the op fails anyway: keep nothing of it
   if (auto old = mailbox_.find(key); old != mailbox_.end()) take_locked(old);  // a repeat replaces it
   const int64_t bytes = data.size() + kHeldMessageBytes;
   int64_t& held = held_bytes_[from];
-  if (held + bytes > mailbox_options_.bytes_per_peer) {
+  if (held + bytes > mailbox_options_.bytes_per_peer && awaited_.count(key) == 0 && parked_.count(key) == 0) {
+    // Flow control: it waits for the source's messages here to be taken, and its reader reads
+    // no further. One that could never fit is refused.
+    if (may_wait && bytes <= mailbox_options_.bytes_per_peer) return false;
     refuse_locked(tag.op, from, {Refusal::kShare});
-    return parked;
+    return decided();
   }
   // Early: it may wait for its op up to the time-to-live. A legitimate peer has at most a few
   // hundred such messages here (docs/design.md, "The flood's peak"); a flood of small ones is
@@ -1306,17 +1420,68 @@ std::shared_ptr<Transport::Parked> Transport::file_message(int from, MessageTag 
   int64_t& early_held = held_early_[from];
   if (early && early_held >= mailbox_options_.messages_per_peer) {
     refuse_locked(tag.op, from, {Refusal::kCount});
-    return parked;
+    return decided();
   }
   if (mailbox_options_.reserve && !mailbox_options_.reserve(bytes)) {
     refuse_locked(tag.op, from, {Refusal::kMemory, bytes});
-    return parked;
+    return decided();
   }
   held += bytes;
   if (early) ++early_held;
   pending_bytes_ += data.size();
   mailbox_.emplace(key, Held{std::move(data), now, early});
-  return parked;
+  return decided();
+}
+
+void Transport::admit_locked(absl::Time now, AfterUnlock* after) {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    Waiting& w = **it;
+    if (!file_locked(w.from, w.tag, w.data, now, /*may_wait=*/true, after)) {
+      ++it;
+      continue;
+    }
+    decide_locked(w, after);
+    it = waiting_.erase(it);
+  }
+}
+
+void Transport::decide_locked(Waiting& w, AfterUnlock* after) {
+  if (w.read_on) after->read_on.push_back(std::move(w.read_on));
+  if (w.slot != nullptr) *w.slot = nullptr;  // may drop a reference to w: the caller holds another
+  w.slot = nullptr;
+}
+
+bool Transport::give_up_waiting(std::shared_ptr<Waiting>* slot) {
+  absl::MutexLock lock(&mu_);
+  if (*slot == nullptr) return false;
+  std::shared_ptr<Waiting> w = std::move(*slot);
+  *slot = nullptr;
+  w->slot = nullptr;
+  refuse_locked(w->tag.op, w->from, {Refusal::kGaveUp, absl::ToInt64Nanoseconds(absl::Now() - w->since)});
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), w));
+  return true;
+}
+
+bool Transport::await_room(std::shared_ptr<Waiting>* slot, absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return *slot == nullptr || stopping_; };
+    mu_.AwaitWithDeadline(absl::Condition(&decided), deadline);
+    if (*slot == nullptr) return true;
+    if (!stopping_) return false;
+  }
+  give_up_waiting(slot);
+  return true;
+}
+
+int64_t Transport::paused_messages() const {
+  absl::MutexLock lock(&mu_);
+  return paused_;
+}
+
+int64_t Transport::waiting_messages() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(waiting_.size());
 }
 
 // Reads one peer's stream. Never blocks in a reaction: filing a message takes the
@@ -1338,14 +1503,29 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
       Finish(grpc::Status::OK);
       return;
     }
-    absl::Status status = transport_->deliver(&buffer_, &source_, authenticated_source_);
-    buffer_.Clear();
+    // The message leaves buffer_ first: once it waits, another thread may start the next read.
+    grpc::ByteBuffer message;
+    message.Swap(&buffer_);
+    bool waits = false;
+    absl::Status status = transport_->deliver_or_wait(
+        &message, &source_, authenticated_source_, [this] { StartRead(&buffer_); }, &waiting_, &waits);
     if (!status.ok()) {
       if (source_ >= 0) transport_->stream_ended(source_);
       Finish(to_grpc(status));
       return;
     }
-    StartRead(&buffer_);
+    // Over its source's share the message waits and this stream is read no further (gRPC's
+    // flow control holds the sender back); the thread that files or refuses it starts the next
+    // read. Never a wait on this thread.
+    if (!waits) StartRead(&buffer_);
+  }
+
+  // The call ended while its message waited (no read pending, so no OnReadDone to finish it).
+  // Otherwise a read is pending or about to start, and fails: OnReadDone finishes.
+  void OnCancel() override {
+    if (!transport_->give_up_waiting(&waiting_)) return;
+    if (source_ >= 0) transport_->stream_ended(source_);
+    Finish(grpc::Status::CANCELLED);
   }
 
   void OnDone() override { delete this; }
@@ -1355,6 +1535,7 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
   const int authenticated_source_;
   grpc::ByteBuffer buffer_;
   int source_ = -1;
+  std::shared_ptr<Waiting> waiting_;  // the message waiting for room (see file_or_wait); under transport_->mu_
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::ByteBuffer* response,

@@ -19,6 +19,11 @@
 // messages_per_peer messages of ops that have not started here, and a message
 // of an op that has not started here within unclaimed_ttl of its arrival is dropped. Either way the drop is counted and
 // remembered, so the op's wait for that message fails at once, saying why, instead of at its deadline.
+// A source's share is flow control, not a refusal: a message read from its stream or ring that
+// would pass the share waits, and that stream or ring is read no further, until messages of the
+// source are taken (the sender's link queue, gRPC's window or the ring fill, and its send waits
+// with its deadline); one that waits longer than unclaimed_ttl is refused (docs/design.md,
+// "Flow control at the share").
 #ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 #define TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 
@@ -256,6 +261,11 @@ class Transport {
   // each heartbeat, so messages of ops that never start go even when no more messages come.
   void sweep();
 
+  // Messages that waited for room in their source's share (their stream or ring paused), so
+  // far (tests: the path is used), and those waiting now.
+  int64_t paused_messages() const;
+  int64_t waiting_messages() const;
+
   // Messages held in the mailbox (for tests: zero after every collective has finished), and
   // the bytes of their data.
   int64_t pending_messages() const;
@@ -279,6 +289,49 @@ class Transport {
   // How a message arrived, for the counters.
   enum class Via { kGrpc, kShm, kInProcess };
 
+  // What to do once the transport's lock is let go: resume the runs parked for messages just
+  // filed, and let the readers whose waiting message was filed or refused read on. Declare it
+  // before the lock it follows: its destructor runs them after the lock's.
+  struct AfterUnlock {
+    ~AfterUnlock();
+    std::vector<std::shared_ptr<Parked>> parked;
+    std::vector<std::function<void()>> read_on;
+  };
+  // A message read from a source's stream or ring that would pass the source's share: it waits
+  // here (not charged) and its reader reads no further until it is filed (admit_locked) or
+  // refused (its wait passed unclaimed_ttl, or its reader gave up). `slot` is the reader's handle
+  // to it, set to null (under mu_) once it is decided; a gRPC reader then reads on (`read_on`),
+  // a ring's thread waits for that (await_room).
+  struct Waiting {
+    int from = -1;
+    MessageTag tag;
+    Received data;
+    absl::Time since;
+    std::function<void()> read_on;
+    std::shared_ptr<Waiting>* slot = nullptr;
+  };
+  // Files a message as file_message does, or, when it would pass its source's share and `slot`
+  // is given, makes it wait (*slot set) and returns true: its reader must read no further.
+  bool file_or_wait(int from, MessageTag tag, Received data, Via via, std::function<void()> read_on,
+                    std::shared_ptr<Waiting>* slot);
+  // Files `data` (see file_message) and returns true, or returns false (keeping `data`) when it
+  // would pass its source's share and `may_wait`.
+  bool file_locked(int from, MessageTag tag, Received& data, absl::Time now, bool may_wait, AfterUnlock* after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Files the waiting messages that fit now.
+  void admit_locked(absl::Time now, AfterUnlock* after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void decide_locked(Waiting& w, AfterUnlock* after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Withdraws the message waiting in `*slot` (its stream ended, its ring stopped): refused, so
+  // its op's wait fails saying so. False if it was decided already.
+  bool give_up_waiting(std::shared_ptr<Waiting>* slot);
+  // Waits until the message in `*slot` is decided (true) or `deadline` passes (false). When the
+  // transport stops, gives it up and returns true.
+  bool await_room(std::shared_ptr<Waiting>* slot, absl::Time deadline);
+  // Raw bytes of one message, as deliver, from a reader that can wait (`slot`; see file_or_wait).
+  // `*waits`: its reader must read no further until `read_on` runs.
+  absl::Status deliver_or_wait(grpc::ByteBuffer* buffer, int* source, int authenticated_source,
+                               std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits);
+
   // The healthy link to `peer` at `address`, opened if needed. Destroys retired links (which
   // waits for their streams to end): never call it on a gRPC callback thread.
   std::shared_ptr<Link> link(int peer, const std::string& address);
@@ -290,19 +343,21 @@ class Transport {
   void link_failed(const Link& failed, const std::vector<uint64_t>& ops);
   static absl::Status stream_failed(uint64_t op, const std::string& peer);
   // Files one message of `from` in the mailbox (dropped if its op has finished, or over the
-  // mailbox's bounds). Returns the run parked for it (its caller resumes it, outside the locks).
-  [[nodiscard]] std::shared_ptr<Parked> file_message(int from, MessageTag tag, Received data, Via via);
+  // mailbox's bounds). The run parked for it goes to `after` (resumed outside the locks).
+  // Never waits: over the share it refuses (the in-process path, whose sender may be a run
+  // stepping on a thread that must not wait, and deliver's callers).
+  void file_message(int from, MessageTag tag, Received data, Via via, AfterUnlock* after);
   // Whether a receive of `key` begun at `op_start` returns now (see receive).
   bool ready_locked(const Key& key, absl::Time op_start) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The parked runs' watchdog (park): hands those parked too long to resume(false).
   void watch_parked();
   // Takes every parked run out (to resume outside the lock).
   std::vector<std::shared_ptr<Parked>> take_parked_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends one message in process: files it in `peer`'s mailbox (see send); `*resumed`: the
-  // run of the peer parked for it.
+  // Sends one message in process: files it in `peer`'s mailbox (see send); `after`: the run
+  // of the peer parked for it.
   absl::Status send_in_process(internal::InProcessMailbox& to, int self, int peer, const std::string& address,
                                MessageTag tag, const std::byte* data, int64_t bytes, std::shared_ptr<const void> owner,
-                               std::shared_ptr<Parked>* resumed);
+                               AfterUnlock* after);
   // A peer of this process that this transport took messages from stopped taking messages in
   // process: waits for its messages of ops running now fail UNAVAILABLE, as when its streams end.
   // Returns the runs parked for a message from it, for the caller to resume outside every lock.
@@ -318,14 +373,16 @@ class Transport {
   bool started(uint64_t op) const;
   // Removes a message from the mailbox, giving back its bytes.
   void take_locked(std::map<Key, Held>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops the messages of ops not started here within unclaimed_ttl (every ttl/4 at most).
-  void sweep_locked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the messages of ops not started here within unclaimed_ttl, and refuses those waiting
+  // for room longer than that (every ttl/4 at most).
+  void sweep_locked(absl::Time now, AfterUnlock* after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a message was dropped for the mailbox's bounds: a flood leaves kRememberedOps of
   // these behind (until their ops end, which for ops that never start is never), so they hold
   // no text; the op's wait puts the reason into words (refusal_text_locked).
   struct Refusal {
-    enum Kind : uint8_t { kShare, kCount, kMemory, kTtl } kind;
-    int64_t value = 0;  // kMemory: the message's charge in bytes; kTtl: how long it waited, in ns
+    enum Kind : uint8_t { kShare, kCount, kMemory, kTtl, kPaused, kGaveUp } kind;
+    // kMemory: the message's charge in bytes; kTtl, kPaused, kGaveUp: how long it waited, in ns
+    int64_t value = 0;
   };
   std::string refusal_text_locked(const Refusal& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a dropped message of (op, from) and remembers why, for the op's wait.
@@ -357,6 +414,13 @@ class Transport {
   // (op, source): messages dropped for the bounds, and why (until the op finishes; at most
   // kRememberedOps, the oldest ids dropped first).
   std::map<std::pair<uint64_t, int>, Refusal> refused_ ABSL_GUARDED_BY(mu_);
+  // Messages waiting for room in their source's share, oldest first (at most one per stream or
+  // ring: its reader waits with it), and how many ever waited.
+  std::vector<std::shared_ptr<Waiting>> waiting_ ABSL_GUARDED_BY(mu_);
+  // Messages a receive waits for now (their parked runs are in parked_): filed even over their
+  // source's share, since they are taken at once.
+  std::multiset<Key> awaited_ ABSL_GUARDED_BY(mu_);
+  int64_t paused_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, int> live_streams_ ABSL_GUARDED_BY(mu_);       // per source: streams that carried data
   std::map<int, absl::Time> down_since_ ABSL_GUARDED_BY(mu_);  // sources whose streams all ended, and when
   // Finished ops as ranges [first, end) by first, at most kRememberedOps (the oldest go first:
