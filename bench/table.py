@@ -20,6 +20,7 @@ Standard library only.
 
 import argparse
 import json
+import math
 import os
 import shlex
 import shutil
@@ -115,7 +116,7 @@ def size_name(nbytes):
 def number(v):
     """v with at least three significant digits, as printed in the table."""
     a = abs(v)
-    decimals = 0 if a >= 100 else 1 if a >= 10 else 2 if a >= 1 else 3 if a >= 0.1 else 4
+    decimals = 0 if a == 0 else max(0, 2 - math.floor(math.log10(a)))
     return f"{v:.{decimals}f}"
 
 

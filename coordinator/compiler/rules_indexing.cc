@@ -272,7 +272,8 @@ absl::Status dynamic_update_slice_rule(ShardingContext& c, int id) {
   // _dus_unreduced_rule): each device writes its term of the update into its term of the
   // operand, and the sum of the results is the result of the sums.
   const bool keep = x.is_partial() && x.partial_op == ReduceOp::kSum && c.typed_unreduced(n.operands[0]) &&
-                    c.typed_unreduced(n.operands[1]) && u.partial == x.partial && u.partial_op == ReduceOp::kSum;
+                    c.typed_unreduced(n.operands[1]) && same_axes(u.partial, x.partial) &&
+                    u.partial_op == ReduceOp::kSum;
   if (!keep) x.partial.clear();
   for (size_t d = 0; d < n.shape.size(); ++d) {
     if (!whole(n.shape, update, d)) x.dims[d].clear();

@@ -187,8 +187,8 @@ absl::StatusOr<bool> ShmRing::next(Record* record, absl::Time until) {
   copy_out(tail, record, kRecordBytes);
   // (The size is the peer's: compared with what was written before it is added to, which a
   // size near 2^63 would overflow.)
-  if (available > capacity_ || record->bytes < 0 || record->bytes > available - kRecordBytes ||
-      padded(kRecordBytes + record->bytes) > available) {
+  if (available > capacity_ || available < kRecordBytes || record->bytes < 0 ||
+      record->bytes > available - kRecordBytes || padded(kRecordBytes + record->bytes) > available) {
     return absl::DataLossError(absl::StrCat("shared-memory ring ", name_, ": a message of ", record->bytes,
                                             " bytes with ", available, " bytes written"));
   }

@@ -1,6 +1,7 @@
 #include "worker/collectives/transport.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -1030,7 +1031,8 @@ std::string Transport::refusal_text_locked(const Refusal& r) const {
                           ", longer than the mailbox keeps unclaimed messages (",
                           absl::FormatDuration(mailbox_options_.unclaimed_ttl),
                           ", --mailbox_ttl_ms): the device's messages waiting here filled their share of the mailbox (",
-                          mailbox_options_.bytes_per_peer, " bytes, --mailbox_bytes_per_peer) and none was taken");
+                          mailbox_options_.bytes_per_peer,
+                          " bytes, --mailbox_bytes_per_peer) and too few were taken to make room for it");
     case Refusal::kGaveUp:
       return absl::StrCat("its stream here ended after it waited ",
                           absl::FormatDuration(absl::Trunc(absl::Nanoseconds(r.value), absl::Milliseconds(1))),
@@ -1517,12 +1519,22 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
     // Over its source's share the message waits and this stream is read no further (gRPC's
     // flow control holds the sender back); the thread that files or refuses it starts the next
     // read. Never a wait on this thread.
-    if (!waits) StartRead(&buffer_);
+    if (!waits) {
+      StartRead(&buffer_);
+      return;
+    }
+    // OnCancel may have run meanwhile (reactions run concurrently), finding nothing waiting yet:
+    // whichever of the two gives the message up (under the transport's lock) finishes.
+    if (cancelled_.load() && transport_->give_up_waiting(&waiting_)) {
+      if (source_ >= 0) transport_->stream_ended(source_);
+      Finish(grpc::Status::CANCELLED);
+    }
   }
 
   // The call ended while its message waited (no read pending, so no OnReadDone to finish it).
   // Otherwise a read is pending or about to start, and fails: OnReadDone finishes.
   void OnCancel() override {
+    cancelled_.store(true);
     if (!transport_->give_up_waiting(&waiting_)) return;
     if (source_ >= 0) transport_->stream_ended(source_);
     Finish(grpc::Status::CANCELLED);
@@ -1536,6 +1548,7 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
   grpc::ByteBuffer buffer_;
   int source_ = -1;
   std::shared_ptr<Waiting> waiting_;  // the message waiting for room (see file_or_wait); under transport_->mu_
+  std::atomic<bool> cancelled_{false};
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::ByteBuffer* response,
