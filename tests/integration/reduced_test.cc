@@ -183,7 +183,9 @@ TEST_F(ExplicitReducedTest, ArgminOfAResolvedUnreducedValueIsTheHostsOnEveryDevi
   for (const Mesh& mesh : meshes()) {
     SCOPED_TRACE(mesh.to_string());
     const Array x = put_on(mesh, h, P("x", None));
-    auto resolved = [](const Value& v) { return reshard(reshard(v, P("x", None).with_unreduced({"y"})), P("x", None)); };
+    auto resolved = [](const Value& v) {
+      return reshard(reshard(v, P("x", None).with_unreduced({"y"})), P("x", None));
+    };
     for (bool minimum : {true, false}) {
       SCOPED_TRACE(minimum ? "argmin" : "argmax");
       const absl::StatusOr<Array> out = run1(
