@@ -5,6 +5,8 @@
 #ifndef TESSERA_FUZZ_FUZZ_CHECK_H_
 #define TESSERA_FUZZ_FUZZ_CHECK_H_
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
@@ -31,6 +33,16 @@ inline void check_rejection(const absl::Status& status, const char* what,
   bool expected = false;
   for (absl::StatusCode c : codes) expected = expected || status.code() == c;
   if (!expected || status.message().empty()) fail(what, status.ToString());
+}
+
+// An input holding two messages: the first's length (2 bytes, little-endian, cut to what is
+// there), the first, then the second. False when either does not parse.
+template <typename First, typename Second>
+bool parse_two(const uint8_t* data, size_t size, First& first, Second& second) {
+  if (size < 2) return false;
+  const size_t length = std::min<size_t>(data[0] | data[1] << 8, size - 2);
+  return first.ParseFromArray(data + 2, static_cast<int>(length)) &&
+         second.ParseFromArray(data + 2 + length, static_cast<int>(size - 2 - length));
 }
 
 }  // namespace tessera::fuzz

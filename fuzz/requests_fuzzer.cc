@@ -35,14 +35,9 @@ Registry& registry() {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < 2) return 0;
-  const size_t length = std::min<size_t>(data[0] | data[1] << 8, size - 2);
   pb::CreateArrayRequest create;
   pb::RunCollectiveRequest run;
-  if (!create.ParseFromArray(data + 2, static_cast<int>(length)) ||
-      !run.ParseFromArray(data + 2 + length, static_cast<int>(size - 2 - length))) {
-    return 0;
-  }
+  if (!fuzz::parse_two(data, size, create, run)) return 0;
   // The collective's spec alone, as the coordinator and each worker decode it.
   absl::StatusOr<CollectiveSpec> spec = collective_from_proto(run.spec());
   fuzz::check_rejection(spec.status(), "collective_from_proto");

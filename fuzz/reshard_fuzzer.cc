@@ -49,14 +49,9 @@ std::vector<int64_t> offsets_of(const Index& box, const Shape& shape) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < 2) return 0;
-  const size_t length = std::min<size_t>(data[0] | data[1] << 8, size - 2);
   pb::ShardHeader held;
   pb::WorkerReshardRequest req;
-  if (!held.ParseFromArray(data + 2, static_cast<int>(length)) ||
-      !req.ParseFromArray(data + 2 + length, static_cast<int>(size - 2 - length))) {
-    return 0;
-  }
+  if (!fuzz::parse_two(data, size, held, req)) return 0;
   // The block this device holds as the request's input (the store's get).
   std::shared_ptr<HostArray> input;
   if (req.input_buffer() != 0) {
