@@ -121,5 +121,56 @@ TEST_F(StoppedWorkerTest, EveryCallSucceedsOrFailsBoundedNamingTheDeviceAndTheNe
   }
 }
 
+// The same cluster at the coordinator's default heartbeat flags (interval 500 ms, timeout 3 s):
+// a call that needs a device stopped before it was made fails naming that device once the
+// coordinator marks it lost, in well under kBound (issue #17's goal is 5 s; the test prints
+// the time, it does not assert it), and once the device continues and registered again a
+// call succeeds.
+class StoppedWorkerAtDefaultHeartbeatTest : public StoppedWorkerTest {
+ protected:
+  std::vector<std::string> drill_flags() const override { return {}; }
+};
+
+TEST_F(StoppedWorkerAtDefaultHeartbeatTest, ACallNeedingTheStoppedDeviceFailsNamingItThenOneSucceeds) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const HostArray host = HostArray::arange(DType::kF32, {kFaultWorkers, 1 << 10});
+  const HostArray want = column_sums(host);
+  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(x.ok()) << x.status();
+  JitOptions options;
+  options.timeout = kCallTimeout;
+  Jitted total = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; }, options);
+  auto call = [&]() -> absl::Status {
+    absl::StatusOr<std::vector<Array>> t = total({*x});
+    if (!t.ok()) return t.status();
+    absl::StatusOr<HostArray> got = (*t)[0].fetch();
+    if (!got.ok()) return got.status();
+    EXPECT_TRUE(*got == want);
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(call().ok());
+
+  stop();
+  const absl::Time stopped = absl::Now();
+  const absl::Status during = call();
+  const absl::Duration failed_after = absl::Now() - stopped;
+  expect_named_failure(during);
+  EXPECT_LT(failed_after, kBound) << during;
+  std::printf("[ timing ] default heartbeat: SIGSTOP -> a call needing the device failed %s: %s\n",
+              absl::FormatDuration(failed_after).c_str(), std::string(during.message()).substr(0, 160).c_str());
+
+  resume();
+  ASSERT_TRUE(connect().ok());  // it registered again
+  absl::Status after = call();
+  if (!after.ok()) {
+    expect_named_failure(after);  // a stream broken by the stop, found by this call
+    after = call();
+  }
+  EXPECT_TRUE(after.ok()) << after;
+}
+
 }  // namespace
 }  // namespace tessera
