@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <optional>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -46,7 +47,40 @@ class StoppedWorkerTest : public FaultClusterTest {
     stopped_ = -1;
   }
 
+  // A client, an array of kFaultWorkers rows of `columns` split over a mesh {"x"}, and a jitted
+  // sum over its rows (an all-reduce across every device).
+  void set_up_sum(int64_t columns) {
+    absl::StatusOr<Client> client = connect();
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    absl::StatusOr<Mesh> mesh = client_->make_mesh({kFaultWorkers}, {"x"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const HostArray host = HostArray::arange(DType::kF32, {kFaultWorkers, columns});
+    want_ = column_sums(host);
+    absl::StatusOr<Array> x = client_->device_put(host, NamedSharding(*mesh, P("x")));
+    ASSERT_TRUE(x.ok()) << x.status();
+    x_ = *std::move(x);
+    JitOptions options;
+    options.timeout = kCallTimeout;
+    total_ = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; }, options);
+  }
+  // The sum's result, not waited for.
+  Array start_sum() { return (*(*total_)({*x_}))[0]; }
+  // The sum, waited for: checked against the host's when it succeeds.
+  absl::Status call() {
+    absl::StatusOr<std::vector<Array>> t = (*total_)({*x_});
+    if (!t.ok()) return t.status();
+    absl::StatusOr<HostArray> got = (*t)[0].fetch();
+    if (!got.ok()) return got.status();
+    EXPECT_TRUE(*got == want_);
+    return absl::OkStatus();
+  }
+
   pid_t stopped_ = -1;
+  std::optional<Client> client_;
+  std::optional<Array> x_;
+  HostArray want_;
+  std::optional<Jitted> total_;
 };
 
 // A call that did not succeed failed UNAVAILABLE naming the stopped device.
@@ -56,26 +90,8 @@ void expect_named_failure(const absl::Status& status) {
 }
 
 TEST_F(StoppedWorkerTest, EveryCallSucceedsOrFailsBoundedNamingTheDeviceAndTheNextOneSucceeds) {
-  absl::StatusOr<Client> client = connect();
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
   // 256 KiB per device: the all-reduce is a pipelined ring, many messages per call.
-  const HostArray host = HostArray::arange(DType::kF32, {kFaultWorkers, 1 << 16});
-  const HostArray want = column_sums(host);
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
-  ASSERT_TRUE(x.ok()) << x.status();
-  JitOptions options;
-  options.timeout = kCallTimeout;
-  Jitted total = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; }, options);
-  auto call = [&]() -> absl::Status {
-    absl::StatusOr<std::vector<Array>> t = total({*x});
-    if (!t.ok()) return t.status();
-    absl::StatusOr<HostArray> got = (*t)[0].fetch();
-    if (!got.ok()) return got.status();
-    EXPECT_TRUE(*got == want);
-    return absl::OkStatus();
-  };
+  set_up_sum(1 << 16);
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(call().ok());  // the Exchange streams are open
 
   // Stopped while calls are running, then while the cluster is idle.
@@ -83,14 +99,14 @@ TEST_F(StoppedWorkerTest, EveryCallSucceedsOrFailsBoundedNamingTheDeviceAndTheNe
     SCOPED_TRACE(busy ? "stopped during calls" : "stopped while idle");
     std::vector<Array> running;
     if (busy) {
-      for (int i = 0; i < 3; ++i) running.push_back((*total({*x}))[0]);
+      for (int i = 0; i < 3; ++i) running.push_back(start_sum());
     }
     stop();
     const absl::Time stopped = absl::Now();
     for (const Array& r : running) {
       absl::StatusOr<HostArray> got = r.fetch();
       if (got.ok()) {
-        EXPECT_TRUE(*got == want);  // finished before the stop
+        EXPECT_TRUE(*got == want_);  // finished before the stop
       } else {
         expect_named_failure(got.status());  // marked lost after the heartbeat timeout
         EXPECT_LT(absl::Now() - stopped, kBound);
@@ -132,25 +148,7 @@ class StoppedWorkerAtDefaultHeartbeatTest : public StoppedWorkerTest {
 };
 
 TEST_F(StoppedWorkerAtDefaultHeartbeatTest, ACallNeedingTheStoppedDeviceFailsNamingItThenOneSucceeds) {
-  absl::StatusOr<Client> client = connect();
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<Mesh> mesh = client->make_mesh({kFaultWorkers}, {"x"});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const HostArray host = HostArray::arange(DType::kF32, {kFaultWorkers, 1 << 10});
-  const HostArray want = column_sums(host);
-  absl::StatusOr<Array> x = client->device_put(host, NamedSharding(*mesh, P("x")));
-  ASSERT_TRUE(x.ok()) << x.status();
-  JitOptions options;
-  options.timeout = kCallTimeout;
-  Jitted total = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; }, options);
-  auto call = [&]() -> absl::Status {
-    absl::StatusOr<std::vector<Array>> t = total({*x});
-    if (!t.ok()) return t.status();
-    absl::StatusOr<HostArray> got = (*t)[0].fetch();
-    if (!got.ok()) return got.status();
-    EXPECT_TRUE(*got == want);
-    return absl::OkStatus();
-  };
+  set_up_sum(1 << 10);
   ASSERT_TRUE(call().ok());
 
   stop();
