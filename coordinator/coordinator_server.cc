@@ -533,6 +533,10 @@ class CoordinatorService final : public CoordinatorServiceBase {
                 "Buffers (one per device holding a block) whose deletion rode on a call's runs (drops the client's "
                 "next Execute carried), not on a message of its own to the device.",
                 driver_.deletes_on_runs()),
+        counter("tessera_coordinator_chained_calls_total",
+                "Calls forwarded to the workers while a call whose output they read was still running (sent "
+                "behind its runs on each worker's stream, not after its reply).",
+                driver_.chained_calls()),
         gauge("tessera_coordinator_worker_channels", "Channels to workers held (one per alive device's address).",
               channels_.size()),
         gauge("tessera_coordinator_uptime_seconds", "Since the process started.",

@@ -213,6 +213,12 @@ void ExecutionDriver::await_producers(const CallKey& key, const Caller& caller, 
       wait->reactor->Finish(to_grpc(failure));
       return;
     }
+    bool behind_a_running_call = false;
+    for (const auto& [input, producer] : producers) {
+      absl::MutexLock lock(&producer->mu);
+      behind_a_running_call = behind_a_running_call || !producer->finished;
+    }
+    if (behind_a_running_call) chained_calls_.fetch_add(1);
     start_execution(wait->key, wait->caller, wait->request, wait->reactor, wait->reply, std::move(producers),
                     std::move(frees));
   };

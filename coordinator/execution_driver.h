@@ -153,6 +153,9 @@ class ExecutionDriver {
   // Buffers, one per device holding a block, whose deletion rode on a call's runs
   // (free_buffers), not on a message of its own.
   int64_t deletes_on_runs() const { return deletes_on_runs_.load(); }
+  // Calls forwarded to the workers while a call whose output they read was still running (a
+  // chain: their runs go behind the producer's on each stream, not after its reply).
+  int64_t chained_calls() const { return chained_calls_.load(); }
   const LatencyHistogram& execute_seconds() const { return execute_seconds_; }
 
  private:
@@ -222,6 +225,7 @@ class ExecutionDriver {
   std::atomic<int64_t> executions_ok_{0};
   std::atomic<int64_t> executions_failed_{0};
   std::atomic<int64_t> deletes_on_runs_{0};
+  std::atomic<int64_t> chained_calls_{0};
   LatencyHistogram execute_seconds_{"tessera_coordinator_execute_seconds",
                                     "Executions, from the request to every device's answer."};
 

@@ -385,10 +385,8 @@ class DeregisterTest : public AffineDrill {
 };
 
 TEST_F(DeregisterTest, ADrainedWorkerLeavesAndIsNotCountedLost) {
-  absl::StatusOr<std::string> metrics_line = cluster_.coordinator->read_line_with("metrics on port", absl::Seconds(20));
-  ASSERT_TRUE(metrics_line.ok()) << metrics_line.status();
-  int metrics_port = -1;
-  ASSERT_TRUE(absl::SimpleAtoi(metrics_line->substr(metrics_line->rfind(' ') + 1), &metrics_port)) << *metrics_line;
+  const int metrics_port = coordinator_metrics_port();
+  ASSERT_GT(metrics_port, 0);
   auto counter = [&](const std::string& series) {
     absl::StatusOr<std::string> scrape = http_get(metrics_port, "/metrics");
     return scrape.ok() ? sample(*scrape, series) : -2;

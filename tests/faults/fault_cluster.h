@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/credentials.h"
 #include "core/subprocess.h"
@@ -85,6 +86,15 @@ class FaultClusterTest : public ::testing::Test {
     if (tls()) options.ca_file = absl::StrCat(credentials_dir_, "/", kCaFile);
     options.shared_memory = client_shared_memory();
     return Client::connect(cluster_.address, options);
+  }
+
+  // The port of the coordinator's metrics (a drill that adds --metrics_port=0 to its flags),
+  // from the line it prints; -1 (and a test failure) if it printed none within 20 s.
+  int coordinator_metrics_port() const {
+    absl::StatusOr<std::string> line = cluster_.coordinator->read_line_with("metrics on port", absl::Seconds(20));
+    int port = -1;
+    EXPECT_TRUE(line.ok() && absl::SimpleAtoi(line->substr(line->rfind(' ') + 1), &port)) << line.status();
+    return port;
   }
 
   // kill -9 of the coordinator, and a new one on the same port; returns when it listens.
