@@ -59,4 +59,27 @@ Index relative_box(const Index& box, const Index& block) {
   return out;
 }
 
+std::map<int, ReshardPart> plan_reshard_parts(const Shape& shape, const NamedSharding& from, const NamedSharding& to) {
+  std::map<int, Index> in_blocks;
+  for (const DeviceShard& s : from.device_shards(shape)) in_blocks[s.device_id] = s.index;
+  std::map<int, ReshardPart> parts;
+  for (const DeviceShard& s : to.device_shards(shape)) parts[s.device_id].out_block = s.index;
+  int tag = 0;
+  for (const BlockMove& m : plan_block_moves(shape, from, to)) {
+    auto add = [&](pb::BlockPiece* piece, int peer, const Index& block) {
+      piece->set_peer(peer);
+      piece->set_tag(tag);
+      for (const Slice& s : relative_box(m.box, block)) {
+        piece->add_start(s.start);
+        piece->add_limit(s.stop);
+      }
+    };
+    add(parts[m.source].request.add_sends(), m.target, in_blocks.at(m.source));
+    ReshardPart& receiver = parts[m.target];
+    add(receiver.request.add_receives(), m.source, *receiver.out_block);
+    ++tag;
+  }
+  return parts;
+}
+
 }  // namespace tessera

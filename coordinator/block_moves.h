@@ -9,10 +9,13 @@
 #ifndef TESSERA_COORDINATOR_BLOCK_MOVES_H_
 #define TESSERA_COORDINATOR_BLOCK_MOVES_H_
 
+#include <map>
+#include <optional>
 #include <vector>
 
 #include "core/shape.h"
 #include "core/sharding.h"
+#include "proto/tessera.pb.h"
 
 namespace tessera {
 
@@ -33,6 +36,18 @@ std::vector<BlockMove> plan_block_moves(const Shape& shape, const NamedSharding&
 
 // `box` in the coordinates of `block`, which contains it. REQUIRES: equal ranks.
 Index relative_box(const Index& box, const Index& block);
+
+// One device's part of a reshard: its block of the result (none if it holds none), and its
+// Reshard request's pieces (sends: boxes of its block of `from`; receives: boxes of its block
+// of `to`; each with the peer and the move's tag), the rest of the request unset.
+struct ReshardPart {
+  std::optional<Index> out_block;
+  pb::WorkerReshardRequest request;
+};
+
+// Every device that sends, receives or holds a block of the result, with its part: the moves of
+// plan_block_moves, tagged in their order. REQUIRES: as plan_block_moves.
+std::map<int, ReshardPart> plan_reshard_parts(const Shape& shape, const NamedSharding& from, const NamedSharding& to);
 
 }  // namespace tessera
 

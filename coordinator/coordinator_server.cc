@@ -740,34 +740,13 @@ class CoordinatorService final : public CoordinatorServiceBase {
     TESSERA_ASSIGN_OR_RETURN(const absl::Duration timeout, run_timeout("ReshardArray", req.timeout_ms()));
     TESSERA_RETURN_IF_ERROR(check_not_lost(registry_, in, what));
     await_registration(target.mesh().device_ids());
-    const std::vector<BlockMove> moves = plan_block_moves(in.shape, in.sharding, target);
+    // The result's record first: NOT_FOUND for a device outside the cluster before any planning
+    // (a mesh may name up to 2^20 devices).
+    TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, in.shape, target, session));
     // Each device's part: its block of the result (if any) and the pieces it sends and receives.
-    struct Part {
-      std::optional<Index> out_block;
-      pb::WorkerReshardRequest request;
-    };
-    std::map<int, Index> in_blocks;
-    for (const DeviceShard& s : in.sharding.device_shards(in.shape)) in_blocks[s.device_id] = s.index;
-    std::map<int, Part> involved;
-    for (const DeviceShard& s : target.device_shards(in.shape)) involved[s.device_id].out_block = s.index;
-    int tag = 0;
-    for (const BlockMove& m : moves) {
-      auto add = [&](pb::BlockPiece* piece, int peer, const Index& block) {
-        piece->set_peer(peer);
-        piece->set_tag(tag);
-        for (const Slice& s : relative_box(m.box, block)) {
-          piece->add_start(s.start);
-          piece->add_limit(s.stop);
-        }
-      };
-      add(involved[m.source].request.add_sends(), m.target, in_blocks.at(m.source));
-      Part& receiver = involved[m.target];
-      add(receiver.request.add_receives(), m.source, *receiver.out_block);
-      ++tag;
-    }
+    std::map<int, ReshardPart> involved = plan_reshard_parts(in.shape, in.sharding, target);
     std::vector<int> devices;
     for (const auto& [d, p] : involved) devices.push_back(d);
-    TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, in.shape, target, session));
     absl::StatusOr<Members> members = fan_out_.alive_members(devices, what);
     if (!members.ok()) {
       registry_.remove_arrays({out_id});
@@ -781,7 +760,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
     std::vector<pb::WorkerReshardRequest> requests;
     std::vector<std::shared_ptr<WorkerChannel>> workers;
     for (const pb::PeerAddress& peer : peers) {
-      Part& p = involved[peer.device_id()];
+      ReshardPart& p = involved[peer.device_id()];
       pb::WorkerReshardRequest& r = p.request;
       r.set_op_id(out_id);  // array ids are unique: so are the ops that make them
       if (r.sends_size() > 0) r.set_input_buffer(in.id);

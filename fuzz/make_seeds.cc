@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -36,8 +37,15 @@ namespace {
 std::string root;
 
 void write(const std::string& target, const std::string& name, const std::string& bytes) {
+  std::filesystem::create_directories(root + "/" + target);
   const std::string path = root + "/" + target + "/seed-" + name;
-  std::ofstream(path, std::ios::binary) << bytes;
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "fuzz_seeds: could not write %s\n", path.c_str());
+    std::exit(1);
+  }
   std::printf("%s: %zu bytes\n", path.c_str(), bytes.size());
 }
 
@@ -95,32 +103,17 @@ std::string floats(int n) {
 }
 
 // Device 0's part of a ReshardArray of `shape` f32 from `from` to `to`, as the coordinator's
-// reshard_array() writes it (plan_block_moves, a tag per move, boxes relative to the blocks),
-// after the fuzzer's prefix: the ShardHeader of device 0's input block.
+// reshard_array() writes it (plan_reshard_parts), after the fuzzer's prefix: the ShardHeader of
+// device 0's input block. REQUIRES: device 0 holds a block of both.
 std::string reshard_record(const Shape& shape, const NamedSharding& from, const NamedSharding& to) {
-  std::map<int, Index> in_blocks, out_blocks;
+  std::map<int, Index> in_blocks;
   for (const DeviceShard& s : from.device_shards(shape)) in_blocks[s.device_id] = s.index;
-  for (const DeviceShard& s : to.device_shards(shape)) out_blocks[s.device_id] = s.index;
-  pb::WorkerReshardRequest r;
-  int tag = 0;
-  for (const BlockMove& m : plan_block_moves(shape, from, to)) {
-    for (const auto& [peer, block, piece] :
-         {std::tuple{m.target, in_blocks.at(m.source), m.source == 0 ? r.add_sends() : nullptr},
-          std::tuple{m.source, out_blocks[m.target], m.target == 0 ? r.add_receives() : nullptr}}) {
-      if (piece == nullptr) continue;
-      piece->set_peer(peer);
-      piece->set_tag(tag);
-      for (const Slice& s : relative_box(m.box, block)) {
-        piece->add_start(s.start);
-        piece->add_limit(s.stop);
-      }
-    }
-    ++tag;
-  }
+  ReshardPart part = plan_reshard_parts(shape, from, to)[0];
+  pb::WorkerReshardRequest& r = part.request;
   r.set_op_id(1000);
   if (r.sends_size() > 0) r.set_input_buffer(7);
   r.set_output_buffer(1000);
-  to_proto(block_shape(out_blocks.at(0)), r.mutable_output_shape());
+  to_proto(block_shape(*part.out_block), r.mutable_output_shape());
   r.set_dtype(pb::F32);
   r.set_timeout_ms(10000);
   for (int d : to.mesh().device_ids()) {
@@ -298,6 +291,18 @@ int main(int argc, char** argv) {
       p.set_peer(0);
     }
     write("reshard", "all_local", reshard.substr(0, 2 + n) + r.SerializeAsString());
+  }
+
+  // ReshardArray of that (16, 8) array: to rows, to every device whole, to the transposed
+  // split on a (2, 4) mesh of the devices in another order.
+  const Mesh other = *make_mesh({2, 4}, {"a", "b"}, {7, 6, 5, 4, 3, 2, 1, 0});
+  for (const auto& [name, target] : {std::pair{"to_rows", rows}, std::pair{"to_replicated", NamedSharding(mesh, P())},
+                                     std::pair{"to_other_mesh", NamedSharding(other, P("b", "a"))}}) {
+    pb::ReshardArrayRequest r;
+    r.set_array_id(1);
+    to_proto(target, r.mutable_sharding());
+    r.set_timeout_ms(10000);
+    write("reshard_array", name, le16(create_bytes.size()) + create_bytes + r.SerializeAsString());
   }
 
   // RegisterWorker after a coordinator restart: the 8 workers of the (4, 2) mesh, each
