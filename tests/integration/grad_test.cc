@@ -196,6 +196,24 @@ std::vector<GradCase> grad_cases() {
       {"dynamic_update_slice", {{6, 4}, {2, 4}}, Domain::kSigned, [](V in) {
          return dynamic_update_slice(in[0], sin(in[1]), {full({}, 3.0, DType::kI32), full({}, 0.0, DType::kI32)});
        }});
+  // lax.gather / scatter_add with dimension numbers and take_along_axis (client/lax_gather.cc;
+  // values: tests/integration/gather_test.cc): windows at (i, j), one start out of range.
+  const auto pairs = [ids](std::vector<int> v) { return reshape(ids(v), {static_cast<int64_t>(v.size() / 2), 2}); };
+  out.push_back({"gather_dimension_numbers_clip", {{6, 4}}, Domain::kSigned, [pairs](V in) {
+                   return gather(in[0], pairs({0, 1, 5, 3, 2, -1}), GatherDimensionNumbers{{1}, {0}, {0, 1}}, {1, 2},
+                                 IndexMode::kClip);
+                 }});
+  out.push_back({"gather_dimension_numbers_fill", {{6, 4}}, Domain::kSigned, [pairs](V in) {
+                   return gather(in[0] * in[0], pairs({0, 1, 4, 2, 2, 3}), GatherDimensionNumbers{{1}, {0}, {0, 1}},
+                                 {1, 2}, IndexMode::kFillOrDrop, Scalar(0.0));
+                 }});
+  out.push_back(
+      {"scatter_add_dimension_numbers", {{6, 4}, {3, 2}}, Domain::kSigned, [pairs](V in) {
+         return scatter_add(in[0], pairs({0, 1, 5, 2, 2, 3}), in[1] * in[1], ScatterDimensionNumbers{{1}, {0}, {0, 1}});
+       }});
+  out.push_back({"take_along_axis", {{4, 5}}, Domain::kSigned, [ids](V in) {
+                   return take_along_axis(in[0], reshape(ids({0, 4, 4, -1, 2, 1, 3, 3}), {4, 2}), 1);
+                 }});
   // tessera::nn's composites (their values: tests/client/nn_test.cc).
   // Issue #15's composites (client/lax.cc): pad's VJP slices the cotangent (strided through
   // the interior padding) and sums the rest into padding_value, as lax's transpose of pad;

@@ -1,9 +1,9 @@
 // Randomized jit: random small graphs (a few chained ops on random shapes whose dimensions
 // divide the mesh, random valid input shardings, now and then a with_sharding_constraint)
 // run through jit on Client::local(8) and compared with the host reference. The ops include
-// issue #15's (take, scatter_add, dynamic_slice / dynamic_update_slice, rem, clamp, erf,
-// stop_gradient, cumulative scans, pad, sort, argsort, argmin, top_k, tril / triu, einsum, scan,
-// fori_loop, while_loop, switch / cond, x.at[i].set / lax.scatter, and tessera::random's bits,
+// issue #15's (take, scatter_add, lax.gather / scatter_add with dimension numbers, dynamic_slice /
+// dynamic_update_slice, rem, clamp, erf, stop_gradient, cumulative scans, pad, sort, argsort, argmin, top_k, tril /
+// triu, einsum, scan, fori_loop, while_loop, switch / cond, x.at[i].set / lax.scatter, and tessera::random's bits,
 // uniform, normal and bernoulli from keys made, folded in and split in the graph). The host
 // reference is evaluate_on_host (tests/support/host_eval.h): the worker kernels on whole arrays
 // (random_bits' threefry is checked against JAX's known answers in tests/worker/kernels_test.cc),
@@ -146,7 +146,8 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
     const Shape s = v.shape();
     const int r = v.rank();
     std::optional<Slot> y;
-    switch (rng() % 31) {
+    const uint32_t op = rng() % 31;
+    switch (op) {
       case 0: {
         Value (*const kFloat[])(const Value&) = {tanh, sin, cos, neg, abs, logistic};
         Value (*const kInteger[])(const Value&) = {neg, abs, sign};
@@ -289,13 +290,31 @@ std::vector<Value> random_graph(const std::vector<Value>& in, const Mesh& mesh, 
       case 18:
       case 19: {
         // take along a random dimension at 4 indices, some clamped (-2, and past the end);
-        // or the transposed scatter_add of those rows back into v (repeats add up).
+        // or the transposed scatter_add of those rows back into v (repeats add up). Case 19:
+        // the same through lax.gather / scatter_add's dimension numbers, with a window of half
+        // the next dimension at a second index (x[i, j:j+w]), clamped too.
         const int64_t d = static_cast<int64_t>(rng() % r);
         if (s[d] < 2 || num_elements(s) / s[d] * 4 > kMaxElements) break;
         const Value idx = iota(DType::kI32, {4}, 0) * static_cast<int32_t>(s[d] / 2) - 2;
-        const Value rows = take(v, idx, d, IndexMode::kClip);
-        y = rng() % 2 == 0 ? Slot{rows, x.exact}
-                           : Slot{scatter_add(v, idx, scaled(rows, 0.5), d, IndexMode::kClip), integer};
+        if (op == 18 || r < 2) {
+          const Value rows = take(v, idx, d, IndexMode::kClip);
+          y = rng() % 2 == 0 ? Slot{rows, x.exact}
+                             : Slot{scatter_add(v, idx, scaled(rows, 0.5), d, IndexMode::kClip), integer};
+          break;
+        }
+        const int64_t e = (d + 1) % r;
+        const Value second = iota(DType::kI32, {4}, 0) * static_cast<int32_t>(s[e] / 2 + 1) - 1;
+        const Value starts = concatenate({reshape(idx, {4, 1}), reshape(second, {4, 1})}, 1);
+        std::vector<int64_t> sizes = s, window_dims;
+        sizes[d] = 1;
+        sizes[e] = std::max<int64_t>(1, s[e] / 2);
+        for (int64_t k = 1; k < r; ++k) window_dims.push_back(k);
+        const Value windows =
+            gather(v, starts, GatherDimensionNumbers{window_dims, {d}, {d, e}}, sizes, IndexMode::kClip);
+        y = rng() % 2 == 0 ? Slot{windows, x.exact}
+                           : Slot{scatter_add(v, starts, scaled(windows, 0.5),
+                                              ScatterDimensionNumbers{window_dims, {d}, {d, e}}, IndexMode::kClip),
+                                  integer};
         break;
       }
       case 20: {

@@ -330,6 +330,59 @@ class IndexRef {
 };
 inline IndexRef at(const Value& x, const Value& indices, int64_t axis = 0) { return IndexRef(x, indices, axis); }
 
+// lax.gather / lax.scatter_add / lax.scatter with dimension numbers (jax/_src/lax/slicing.py;
+// XLA's operation semantics), the form behind x[i, j], x[idx1, idx2] and take_along_axis. The
+// index vector is the last dimension of the indices (JAX's implicit index_vector_dim); the
+// other dimensions of the indices are the batch dimensions. A gather's result has rank
+// len(offset_dims) + rank(indices) - 1: offset_dims are its dimensions of the slice (the
+// operand's dimensions that are neither collapsed nor batching, in increasing order, each of
+// its slice_sizes), the others the indices' batch dimensions in order. Operand dimension
+// start_index_map[k] starts at index component k, operand_batching_dims[k] at the position
+// along the indices' start_indices_batching_dims[k], the others at 0. For scatters,
+// update_window_dims / inserted_window_dims / scatter_dims_to_operand_dims mirror offset_dims /
+// collapsed_slice_dims / start_index_map, and the windows' sizes are the updates' sizes along
+// update_window_dims (1 for inserted and batching dimensions).
+// Modes as lax.GatherScatterMode: kClip clamps each start to [0, dim - slice size] so the slice
+// fits; kFillOrDrop gives a gather's whole slice `fill_value` (unset: NaN, the lowest integer,
+// true for bool) when any part of it is outside the operand, and drops a scatter's whole window
+// then. Negative indices are out of range (no wrapping, as lax). Dimension numbers that break
+// JAX's rules (_gather_shape_rule, _scatter_shape_rule) fail the trace with INVALID_ARGUMENT
+// naming the field, the values and the rule. Composites (client/lax_gather.cc): the slice's
+// dimensions are folded into one linear index and the one-axis gather / scatter above runs on
+// the flattened operand, so kernels, sharding rules, VJPs (a gather's is a scatter_add) and
+// vmap are those ops'; an operand split on a dimension taken whole keeps its split.
+//   // x[i, j] on a (5, 4) x with i, j of shape (3): indices stack(i, j) of shape (3, 2)
+//   // (offset_dims, collapsed_slice_dims, start_index_map):
+//   Value y = gather(x, ij, GatherDimensionNumbers{{}, {0, 1}, {0, 1}}, {1, 1});  // shape (3)
+struct GatherDimensionNumbers {
+  std::vector<int64_t> offset_dims;
+  std::vector<int64_t> collapsed_slice_dims;
+  std::vector<int64_t> start_index_map;
+  std::vector<int64_t> operand_batching_dims = {};
+  std::vector<int64_t> start_indices_batching_dims = {};
+};
+struct ScatterDimensionNumbers {
+  std::vector<int64_t> update_window_dims;
+  std::vector<int64_t> inserted_window_dims;
+  std::vector<int64_t> scatter_dims_to_operand_dims;
+  std::vector<int64_t> operand_batching_dims = {};
+  std::vector<int64_t> scatter_indices_batching_dims = {};
+};
+Value gather(const Value& operand, const Value& start_indices, const GatherDimensionNumbers& dimension_numbers,
+             std::vector<int64_t> slice_sizes, IndexMode mode = IndexMode::kFillOrDrop,
+             std::optional<Scalar> fill_value = std::nullopt);
+// With repeated windows scatter_add adds every update and scatter writes one of them.
+Value scatter_add(const Value& operand, const Value& scatter_indices, const Value& updates,
+                  const ScatterDimensionNumbers& dimension_numbers, IndexMode mode = IndexMode::kFillOrDrop);
+Value scatter(const Value& operand, const Value& scatter_indices, const Value& updates,
+              const ScatterDimensionNumbers& dimension_numbers, IndexMode mode = IndexMode::kFillOrDrop);
+// jnp.take_along_axis(x, indices, axis): indices of x's rank, broadcasting with x in the other
+// dimensions (numpy rules, size-1 dimensions stretch); negative indices wrap (JAX's default);
+// then out-of-range ones give `fill_value` in the default fill mode, or clamp with kClip. One
+// gather with batching dimensions (as JAX lowers it).
+Value take_along_axis(const Value& x, const Value& indices, int64_t axis, IndexMode mode = IndexMode::kFillOrDrop,
+                      std::optional<Scalar> fill_value = std::nullopt);
+
 // lax.dynamic_slice / dynamic_update_slice: the window of `sizes` of x at `starts` (integer
 // scalars, traced: one per dimension), and x with `update` written there. Each start is clamped
 // to [0, dim - size] so the window fits, as lax does.
