@@ -58,11 +58,15 @@ constexpr int kPhases = 5;
 const char* const kPhaseNames[kPhases] = {"warm-up", "programs", "calls", "flood", "ttl"};
 
 // One Exchange stream to `stub` carrying `count` messages of 1 KiB from a stream authenticated
-// as device `as`: even ones claim device `as + 1` (forged), odd ones are `as`'s own for op ids
-// far beyond any run's (never started). Returns how the worker ended the stream.
-grpc::Status flood(pb::Worker::Stub* stub, int as, int count, uint64_t first_op) {
+// as device `as`, declaring `as`'s registration (`as_handshake`, so that the stream is taken):
+// even ones claim device `as + 1` (forged), odd ones are `as`'s own for op ids far beyond any
+// run's (never started). Returns how the worker ended the stream.
+grpc::Status flood(pb::Worker::Stub* stub, int as, const pb::HandshakeReply& as_handshake, int count,
+                   uint64_t first_op) {
   grpc::ClientContext ctx;
   set_deadline(&ctx, absl::Seconds(60));
+  ctx.AddMetadata(kEpochKey, absl::StrCat(as_handshake.epoch()));
+  ctx.AddMetadata(kIncarnationKey, absl::StrCat(as_handshake.incarnation()));
   pb::ExchangeReply reply;
   auto writer = stub->Exchange(&ctx, &reply);
   for (int k = 0; k < count; ++k) {
@@ -150,9 +154,20 @@ absl::StatusOr<Run> run(const Credentials& credentials, const std::string& crede
   TESSERA_ASSIGN_OR_RETURN(std::vector<Device> devices, client.devices());
   auto stub =
       pb::Worker::NewStub(make_channel(devices[0].address, std::make_shared<CallIdentity>(credentials.cluster, 1)));
+  pb::HandshakeReply device_1;
+  {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::HandshakeRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    grpc::Status s =
+        pb::Worker::NewStub(make_channel(devices[1].address, std::make_shared<CallIdentity>(credentials.client)))
+            ->Handshake(&ctx, req, &device_1);
+    if (!s.ok()) return absl::InternalError(absl::StrCat("Handshake of device 1: ", s.error_message()));
+  }
   while (r.sent < flood_count && r.streams < 1000) {
     const int batch = std::min(1000, flood_count - r.sent);
-    grpc::Status s = flood(stub.get(), 1, batch, (uint64_t{1} << 60) + static_cast<uint64_t>(r.sent));
+    grpc::Status s = flood(stub.get(), 1, device_1, batch, (uint64_t{1} << 60) + static_cast<uint64_t>(r.sent));
     ++r.streams;
     if (!s.ok() && s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
       return absl::InternalError(absl::StrCat("flood: ", s.error_message()));

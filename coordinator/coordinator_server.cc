@@ -118,7 +118,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx, const pb::RegisterWorkerRequest* req,
                                            pb::RegisterWorkerReply* reply) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(register_worker(*ctx, req, reply));
+    const grpc::Status status = register_worker(*ctx, req, reply);
+    if (status.ok()) add_peers_trailer(ctx);
+    reactor->Finish(status);
     return reactor;
   }
 
@@ -184,8 +186,19 @@ class CoordinatorService final : public CoordinatorServiceBase {
     if (newly_draining && options_.log_registrations) {
       std::fprintf(stderr, "tessera-coordinator: device %d is draining; no new work goes to it\n", req->device_id());
     }
+    if (beat.ok() && !req->leaving()) add_peers_trailer(ctx);
     reactor->Finish(to_grpc(beat));
     return reactor;
+  }
+
+  // The alive devices and their incarnations, on a registration's or heartbeat's reply: the
+  // registrations a worker takes Exchange streams from (worker/collectives/peer_view.h).
+  void add_peers_trailer(grpc::CallbackServerContext* ctx) {
+    std::map<int, uint64_t> peers;
+    for (const DeviceRecord& d : registry_.devices()) {
+      if (d.alive) peers[d.id] = d.incarnation;
+    }
+    ctx->AddTrailingMetadata(kPeersTrailer, format_peers(peers));
   }
 
   grpc::Status GetTopology(grpc::ServerContext* ctx, const pb::GetTopologyRequest* req, pb::Topology* reply) override {

@@ -14,6 +14,7 @@
 #define TESSERA_PROTO_AUTH_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -32,6 +33,17 @@ namespace tessera {
 inline constexpr char kAuthorizationKey[] = "authorization";  // "Bearer <token>"
 inline constexpr char kSessionKey[] = "tessera-session";      // OpenSessionReply.credential
 inline constexpr char kDeviceKey[] = "tessera-device";        // a worker's device id, to its peers
+// A worker's Exchange streams also declare its registration: the coordinator's epoch and the
+// worker's incarnation, in decimal. The receiver takes a stream only from a current
+// registration of the cluster (worker/collectives/peer_view.h).
+inline constexpr char kEpochKey[] = "tessera-epoch";
+inline constexpr char kIncarnationKey[] = "tessera-incarnation";
+// The trailer of the coordinator's RegisterWorker and Heartbeat replies: the alive devices and
+// their incarnations, "device:incarnation" comma-separated.
+inline constexpr char kPeersTrailer[] = "tessera-peers";
+std::string format_peers(const std::map<int, uint64_t>& peers);
+// INVALID_ARGUMENT naming the entry that is not a distinct "device:incarnation".
+absl::StatusOr<std::map<int, uint64_t>> parse_peers(absl::string_view text);
 // The trailer of a DeleteArray that refused some ids (PERMISSION_DENIED): those ids, in
 // decimal, comma-separated; the others of the batch were deleted or unknown. The SDK reads it
 // (client/client.cc, refused_deletes) to count only the refused ones as failed.

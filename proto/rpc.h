@@ -40,8 +40,10 @@ namespace tessera {
 // axes only, its work split over the others). 24: a drained worker deregisters (HeartbeatRequest.leaving, the
 // DeviceState LEFT); the pvary op (OP_PVARY, lax.pvary / pcast to 'varying'). 25: the ragged_all_to_all op
 // (OP_RAGGED_ALL_TO_ALL, six operands) and its collective kind RAGGED_ALL_TO_ALL, an instruction of six inputs. 26: a
-// PartitionSpec's unreduced and reduced axes (PartitionSpec.unreduced, .reduced).)
-inline constexpr uint32_t kProtocolVersion = 26;
+// PartitionSpec's unreduced and reduced axes (PartitionSpec.unreduced, .reduced). 27: a worker's Exchange
+// streams declare its registration (tessera-epoch, tessera-incarnation) and the coordinator's RegisterWorker and
+// Heartbeat replies name the alive devices (the tessera-peers trailer); a worker refuses streams of other senders.)
+inline constexpr uint32_t kProtocolVersion = 27;
 inline constexpr uint64_t kOpTableDigest = 0x948798240556195c;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

@@ -32,6 +32,20 @@ void Registration::announce_draining() {
   wake_ = true;
 }
 
+void Registration::beat_now() {
+  absl::MutexLock lock(&wake_mu_);
+  wake_ = true;
+}
+
+void Registration::take_view(uint64_t ticket, const grpc::ClientContext& ctx) {
+  if (peers_ == nullptr) return;
+  const auto& trailer = ctx.GetServerTrailingMetadata();
+  auto it = trailer.find(kPeersTrailer);
+  if (it == trailer.end()) return;  // a coordinator that names no peers: nothing is checked
+  absl::Status taken = peers_->update(ticket, epoch_, absl::string_view(it->second.data(), it->second.size()));
+  if (!taken.ok()) std::fprintf(stderr, "tessera-worker: %s\n", std::string(taken.message()).c_str());
+}
+
 bool Registration::wait_for_next_heartbeat() {
   absl::MutexLock lock(&wake_mu_);
   auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return wake_; };
@@ -123,12 +137,14 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
   grpc::ClientContext ctx;
   set_deadline(&ctx, timeout);
   ctx.set_wait_for_ready(wait_for_ready);
+  const uint64_t ticket = peers_ != nullptr ? peers_->ask() : 0;
   TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->RegisterWorker(&ctx, req, &reply),
                                     absl::StrCat("coordinator ", options_.coordinator_address)));
   device_id_ = reply.device_id();
   incarnation_ = reply.incarnation();
   if (reply.epoch() != epoch_) plans_->drop_before(reply.epoch());
   epoch_ = reply.epoch();
+  take_view(ticket, ctx);
   registered_(device_id_, epoch_, incarnation_);
   heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, reply.heartbeat_interval_ms()));
   return absl::OkStatus();
@@ -145,7 +161,9 @@ void Registration::heartbeat_loop() {
     pb::HeartbeatReply reply;
     grpc::ClientContext ctx;
     set_deadline(&ctx, heartbeat_interval_ * 4);
+    const uint64_t ticket = peers_ != nullptr ? peers_->ask() : 0;
     const grpc::Status status = coordinator_->Heartbeat(&ctx, req, &reply);
+    if (status.ok()) take_view(ticket, ctx);
     // A missed heartbeat is not fatal: the coordinator decides when a device is lost. One it
     // refuses means it marked this device lost, or restarted and does not know it: register
     // again, keeping the device id (and the buffers, which the coordinator is told about).

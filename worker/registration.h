@@ -32,6 +32,7 @@
 #include "proto/health.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/buffer_store.h"
+#include "worker/collectives/peer_view.h"
 #include "worker/plan_store.h"
 #include "worker/worker_server.h"
 
@@ -42,17 +43,19 @@ class Registration {
   // `registered(device_id, epoch, incarnation)` runs after every successful registration;
   // `tick()` on the heartbeat thread once per heartbeat interval (housekeeping that must not wait
   // for traffic: it must not block).
+  // `peers` (optional) takes the coordinator's view of the cluster from every reply.
   Registration(
       const WorkerOptions& options, std::shared_ptr<const CallIdentity> identity, const BufferStore* store,
       PlanStore* plans, HealthService* health, std::function<void(int, uint64_t, uint64_t)> registered,
-      std::function<void()> tick = [] {})
+      std::function<void()> tick = [] {}, PeerView* peers = nullptr)
       : options_(options),
         identity_(std::move(identity)),
         store_(store),
         plans_(plans),
         health_(health),
         registered_(std::move(registered)),
-        tick_(std::move(tick)) {}
+        tick_(std::move(tick)),
+        peers_(peers) {}
   ~Registration() { stop(); }
 
   // The first registration, of the worker serving at `address` (see WorkerServer::start).
@@ -61,6 +64,8 @@ class Registration {
   // Says, in a heartbeat sent now and in every one after it, that this worker drains: the
   // coordinator sends it no new work (DeviceRecord::draining). Returns at once.
   void announce_draining();
+  // Sends the next heartbeat now (a peer's stream waits for a fresh view). Returns at once.
+  void beat_now();
   // Stops the heartbeats. Idempotent.
   void stop();
   // After a drain: stops the heartbeats, then tells the coordinator this worker leaves (a last
@@ -83,6 +88,8 @@ class Registration {
   // when the coordinator cannot be reached (the first registration retries by itself).
   absl::Status register_worker(int device_id, absl::Duration timeout, bool wait_for_ready);
   void heartbeat_loop();
+  // Gives the view the reply of `ctx` brought (the tessera-peers trailer) to peers_.
+  void take_view(uint64_t ticket, const grpc::ClientContext& ctx);
   // Waits one heartbeat interval, or until woken (announce_draining, stop); true when stopping.
   bool wait_for_next_heartbeat();
 
@@ -93,6 +100,7 @@ class Registration {
   HealthService* const health_;
   const std::function<void(int, uint64_t, uint64_t)> registered_;
   const std::function<void()> tick_;
+  PeerView* const peers_;
 
   std::string address_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;

@@ -1,11 +1,13 @@
 #include "worker/worker_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <map>
 #include <optional>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/heap.h"
 #include "core/host_array.h"
@@ -24,6 +26,7 @@
 #include "worker/buffer_store.h"
 #include "worker/collectives/engine.h"
 #include "worker/collectives/move_blocks.h"
+#include "worker/collectives/peer_view.h"
 #include "worker/collectives/transport.h"
 #include "worker/device.h"
 #include "worker/interpreter.h"
@@ -48,6 +51,25 @@ class Refused final : public Reactor {
   void OnDone() override { delete this; }
 };
 
+// What an Exchange stream declares of its sender (metadata; what is missing or malformed stays
+// unset, and PeerView refuses it).
+StreamClaim stream_claim(const grpc::ServerContextBase& ctx) {
+  StreamClaim claim;
+  const auto& metadata = ctx.client_metadata();
+  auto number = [&metadata](const char* key, auto unset) {
+    auto it = metadata.find(key);
+    decltype(unset) value = unset;
+    if (it == metadata.end() || !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &value)) {
+      return unset;
+    }
+    return value;
+  };
+  claim.device = std::max(number(kDeviceKey, -1), -1);
+  claim.epoch = number(kEpochKey, uint64_t{0});
+  claim.incarnation = number(kIncarnationKey, uint64_t{0});
+  return claim;
+}
+
 // The Worker service's edge: each handler checks its caller and the request, and hands the
 // work to the part of the worker it belongs to (Transfers, PlanStore, PlanRunner, the
 // collectives' Transport). Holds no lock of its own.
@@ -67,6 +89,7 @@ class WorkerService final : public WorkerServiceBase {
   const CollectiveMetrics& collective_metrics() const { return transport_.collective_metrics(); }
   const BufferStore& store() const { return store_; }
   PlanStore& plans() { return plans_; }
+  PeerView& peers() { return peers_; }
   Transfers& transfers() { return transfers_; }
   PlanRunner& runner() { return runner_; }
   const LatencyHistogram& run_seconds() const { return runner_.run_seconds(); }
@@ -78,6 +101,7 @@ class WorkerService final : public WorkerServiceBase {
   // here, off the run path, so a run never waits for a trim it did not cause.
   void tick() {
     transport_.sweep();
+    peers_.expire(absl::Now());
     const int64_t dropped = transport_.dropped_messages() + plans_.stats().evicted;
     if (dropped != last_dropped_) heap_.released();
     last_dropped_ = dropped;
@@ -89,6 +113,7 @@ class WorkerService final : public WorkerServiceBase {
   void registered(int id, uint64_t epoch, uint64_t incarnation) {
     device_.set(id);
     transport_.set_self(id);
+    transport_.declare(epoch, incarnation);
     absl::MutexLock lock(&registration_mu_);
     epoch_ = epoch;
     incarnation_ = incarnation;
@@ -220,8 +245,9 @@ class WorkerService final : public WorkerServiceBase {
   }
 
   // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
-  // Only the cluster's daemons may send here; a stream whose credential names a device carries
-  // only that device's messages (others are dropped and counted).
+  // Only the cluster's daemons may send here, and only as a current registration of the
+  // cluster (PeerView: checked once, when the stream opens); a stream carries only the
+  // messages of the device it declares (others are dropped and counted).
   grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext* ctx,
                                                       grpc::ByteBuffer* response) override {
     absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Exchange");
@@ -230,7 +256,10 @@ class WorkerService final : public WorkerServiceBase {
       return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(
           absl::PermissionDeniedError("Exchange: the stream does not say which device sends it ('tessera-device')"));
     }
-    return transport_.new_exchange_reader(response, caller->device);
+    // Over TLS the device is the certificate's (authenticate checked it); otherwise a claim.
+    const StreamClaim claim = stream_claim(*ctx);
+    return transport_.new_exchange_reader(response, claim.device,
+                                          [this, claim](auto decided) { peers_.admit(claim, std::move(decided)); });
   }
 
   // Any client may profile (as it may read GetStats): a trace holds op names, shapes and times,
@@ -378,6 +407,7 @@ class WorkerService final : public WorkerServiceBase {
   const absl::Time started_;
   HeapTrimmer heap_;
   int64_t last_dropped_ = 0;  // by tick(), on the heartbeat thread only
+  PeerView peers_;            // whom Exchange streams are taken from
   Transport transport_;
   PlanStore plans_;
   Transfers transfers_;
@@ -393,7 +423,9 @@ class WorkerServerImpl final : public WorkerServer {
         registration_(
             options, daemon_identity(options.credentials), &service_.store(), &service_.plans(), &health_,
             [this](int id, uint64_t epoch, uint64_t incarnation) { service_.registered(id, epoch, incarnation); },
-            [this] { service_.tick(); }) {}
+            [this] { service_.tick(); }, &service_.peers()) {
+    service_.peers().set_refresh([this] { registration_.beat_now(); });
+  }
   ~WorkerServerImpl() override { shutdown(); }
 
   absl::Status init() {

@@ -28,6 +28,7 @@
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
 #include "tests/faults/fault_cluster.h"
+#include "tests/support/exchange_stream.h"
 
 namespace tessera {
 namespace {
@@ -81,17 +82,11 @@ grpc::Status run_plans(pb::Worker::Stub* stub) {
   return stream->Finish();
 }
 
-// Sends `messages` on one Exchange stream; returns how the worker ended it.
-grpc::Status exchange(pb::Worker::Stub* stub, const std::vector<pb::ExchangeMessage>& messages) {
-  grpc::ClientContext ctx;
-  set_deadline(&ctx, kControlDeadline);
-  pb::ExchangeReply reply;
-  auto writer = stub->Exchange(&ctx, &reply);
-  for (const pb::ExchangeMessage& m : messages) {
-    if (!writer->Write(m)) break;
-  }
-  writer->WritesDone();
-  return writer->Finish();
+// Sends `messages` on one Exchange stream declaring `sender`'s registration (none: a stream
+// refused before that is checked); returns how the worker ended it.
+grpc::Status exchange(pb::Worker::Stub* stub, const std::vector<pb::ExchangeMessage>& messages,
+                      DeclaredSender sender = {}) {
+  return exchange_stream(stub, sender, messages);
 }
 
 class AuthTest : public FaultClusterTest {
@@ -138,6 +133,12 @@ class AuthTest : public FaultClusterTest {
   }
   std::unique_ptr<pb::Worker::Stub> worker(int device, std::shared_ptr<CallIdentity> id) const {
     return pb::Worker::NewStub(make_channel(addresses_[device], std::move(id)));
+  }
+  // What a stream from device `d` declares to be taken: its worker's current registration.
+  DeclaredSender declared(int d) const {
+    absl::StatusOr<pb::HandshakeReply> r = worker_registration(addresses_[d], credentials_.client);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? DeclaredSender{d, r->epoch(), r->incarnation()} : DeclaredSender{d};
   }
 
   // An attacker with the client token and a session of its own (what any client may get).
@@ -272,7 +273,7 @@ class AuthTest : public FaultClusterTest {
     late.set_source_device(2);
     late.set_op_id(id | kFanOutOpBit);
     late.set_data(std::string(16, '\x7f'));
-    ASSERT_TRUE(exchange(worker(0, identity(credentials_.cluster, 2)).get(), {late}).ok());
+    ASSERT_TRUE(exchange(worker(0, identity(credentials_.cluster, 2)).get(), {late}, declared(2)).ok());
     pb::WorkerStats after;
     EXPECT_TRUE(poll_until(
         [&] {
@@ -643,7 +644,7 @@ TEST_F(AuthTest, ExchangeMessagesComeOnlyFromDaemonsAsTheDeviceTheirStreamAuthen
                "does not say which device sends it");
   // A stream authenticated as device 2 carrying messages that claim device 1: each dropped and
   // counted, the stream kept.
-  ASSERT_TRUE(exchange(worker(0, identity(credentials_.cluster, 2)).get(), injected).ok());
+  ASSERT_TRUE(exchange(worker(0, identity(credentials_.cluster, 2)).get(), injected, declared(2)).ok());
   pb::WorkerStats stats;
   ASSERT_TRUE(
       unary(worker(0, identity(credentials_.admin)).get(), &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &stats)
@@ -1001,7 +1002,12 @@ TEST_F(TlsTest, AWorkerCannotClaimAnotherDevicesId) {
                grpc::StatusCode::PERMISSION_DENIED, "certificate is the coordinator's");
   // Claiming its own device, the stream is accepted; a message on it naming another sender is
   // dropped and counted (the stream goes on).
-  EXPECT_TRUE(exchange(worker0(as_device_2(2)).get(), {message_from(3, 1u << 20)}).ok());
+  absl::StatusOr<pb::HandshakeReply> device_2 = worker_registration(
+      (*devices)[2].address, std::make_shared<CallIdentity>(credentials_.client, -1, credentials_.ca_pem));
+  ASSERT_TRUE(device_2.ok()) << device_2.status();
+  EXPECT_TRUE(exchange(worker0(as_device_2(2)).get(), {message_from(3, 1u << 20)},
+                       {2, device_2->epoch(), device_2->incarnation()})
+                  .ok());
   pb::WorkerStats stats;
   ASSERT_TRUE(unary(worker0(std::make_shared<CallIdentity>(credentials_.admin, -1, credentials_.ca_pem)).get(),
                     &pb::Worker::Stub::GetStats, pb::GetStatsRequest(), &stats)

@@ -1,11 +1,13 @@
 // Issue #17 item 8, "a flood of ... forged messages": while a victim client runs
 // collective-heavy calls, an insider holding the cluster token (not TLS: its streams' device
 // claims cannot be checked) floods every worker with Exchange messages that name another
-// device than the one its stream claims, tagged with the op ids just above the victim's
-// (where the victim's next collectives will be). Every forged message is dropped and counted
-// by the worker it reached, none is left queued, every victim result is right (checked
-// against the host), and the daemons serve afterwards. Every wait has a deadline; teardown
-// kills only this test's processes, by pid.
+// device than the one its stream claims (declaring that device's current registration, so
+// that the stream is taken), tagged with the op ids just above the victim's (where the
+// victim's next collectives will be). Every forged message is dropped and counted by the
+// worker it reached, none is left queued, every victim result is right (checked against the
+// host), and the daemons serve afterwards. Streams of senders that are no current
+// registration of the cluster (issue #17 item 1) are refused when they open. Every wait has a
+// deadline; teardown kills only this test's processes, by pid.
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -23,6 +25,7 @@
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
 #include "tests/faults/fault_cluster.h"
+#include "tests/support/exchange_stream.h"
 
 namespace tessera {
 namespace {
@@ -61,6 +64,12 @@ class FloodTest : public FaultClusterTest {
     absl::StatusOr<std::vector<Array>> total = column_sum_({*x_});
     ASSERT_TRUE(total.ok()) << total.status();
     expect_equal((*total)[0], want_);
+  }
+  // What a stream from device `d` declares to be taken: its worker's current registration.
+  DeclaredSender declared(int d) {
+    absl::StatusOr<pb::HandshakeReply> r = worker_registration(devices_[d].address, credentials_.client);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? DeclaredSender{d, r->epoch(), r->incarnation()} : DeclaredSender{d};
   }
   // Every worker's stats, as the admin sees them.
   std::vector<pb::WorkerStats> worker_stats() {
@@ -107,29 +116,24 @@ TEST_F(FloodTest, ForgedExchangeMessagesDuringCollectivesAreDroppedAndResultsSta
   // The flood: worker w's streams claim device (w + 1) % n and carry messages naming
   // (w + 2) % n, op ids from the victim's last array id on (ids are predictable).
   const uint64_t base = x_->id();
+  std::vector<DeclaredSender> senders;
+  for (int w = 0; w < kFaultWorkers; ++w) senders.push_back(declared((w + 1) % kFaultWorkers));
   std::vector<std::atomic<int64_t>> sent(kFaultWorkers);
   std::vector<std::thread> flooders;
   absl::Cleanup join_flooders = [&flooders] { join_all(flooders); };
   for (int w = 0; w < kFaultWorkers; ++w) {
     flooders.emplace_back([&, w] {
-      auto identity = std::make_shared<CallIdentity>(credentials_.cluster, (w + 1) % kFaultWorkers);
-      std::unique_ptr<pb::Worker::Stub> stub = pb::Worker::NewStub(make_channel(devices_[w].address, identity));
       for (int s = 0; s < kStreamsPerWorker; ++s) {
-        grpc::ClientContext ctx;
-        set_deadline(&ctx, kControlDeadline);
-        pb::ExchangeReply reply;
-        auto writer = stub->Exchange(&ctx, &reply);
+        std::vector<pb::ExchangeMessage> messages(kMessagesPerStream);
         for (int k = 0; k < kMessagesPerStream; ++k) {
-          pb::ExchangeMessage m;
-          m.set_source_device((w + 2) % kFaultWorkers);
-          m.set_op_id(base + static_cast<uint64_t>(s * kMessagesPerStream + k));
-          m.set_data(std::string(1024, '\x7f'));
-          if (!writer->Write(m)) break;
-          sent[w].fetch_add(1);
+          messages[k].set_source_device((w + 2) % kFaultWorkers);
+          messages[k].set_op_id(base + static_cast<uint64_t>(s * kMessagesPerStream + k));
+          messages[k].set_data(std::string(1024, '\x7f'));
         }
-        writer->WritesDone();
-        const grpc::Status status = writer->Finish();
+        // The stream is read to its end (its status OK): every message reached the worker.
+        const grpc::Status status = exchange_stream(devices_[w].address, credentials_.cluster, senders[w], messages);
         EXPECT_TRUE(status.ok()) << "worker " << w << ": " << status.error_message();
+        if (status.ok()) sent[w].fetch_add(kMessagesPerStream);
       }
     });
   }
@@ -143,6 +147,56 @@ TEST_F(FloodTest, ForgedExchangeMessagesDuringCollectivesAreDroppedAndResultsSta
     EXPECT_EQ(sent[w].load(), kStreamsPerWorker * kMessagesPerStream);
     EXPECT_EQ(stats[w].exchange_messages_forged(), sent[w].load());
     EXPECT_EQ(stats[w].collective_messages_pending(), 0);
+  }
+  check_served_afterwards();
+}
+
+// Issue #17 item 1, "collective messages only from ... registered peers of the current
+// cluster incarnation": a stream whose sender is no current registration of the cluster is
+// refused PERMISSION_DENIED when it opens, naming the sender and the rule, before anything of
+// it is read — an outsider (device 99 of this 4-device cluster, with the cluster token), a
+// real device under an earlier coordinator epoch, a stream that does not declare its
+// registration — while the victim's all-reduces stay right. (An earlier incarnation of a real
+// device: WorkerRestartTest.) Before, each stream was taken and its messages held as early
+// messages until their ops ended or the time-to-live.
+TEST_F(FloodTest, StreamsOfSendersThatAreNoCurrentRegistrationAreRefusedWhenTheyOpen) {
+  ASSERT_NO_FATAL_FAILURE(start_victim());
+  const std::vector<pb::WorkerStats> before = worker_stats();
+  const DeclaredSender peer = declared(1);
+  pb::ExchangeMessage m;
+  m.set_source_device(99);
+  m.set_op_id(x_->id() + 1);  // where the victim's next collective goes
+  m.set_data(std::string(1024, '\x7f'));
+  struct Case {
+    DeclaredSender sender;
+    std::vector<std::string> error;  // what the refusal says
+  };
+  const std::vector<Case> cases = {
+      {{99, peer.epoch, 1},
+       {"device 99 (incarnation 1 of coordinator epoch", "device 99 is not a registered device of this cluster",
+        "alive: 0, 1, 2, 3", "only from the current incarnations of the cluster's registered devices"}},
+      {{1, peer.epoch - 1, peer.incarnation},
+       {absl::StrCat("device 1 (incarnation ", peer.incarnation, " of coordinator epoch ", peer.epoch - 1, ")"),
+        absl::StrCat("an earlier coordinator epoch than this worker's registration (", peer.epoch, ")")}},
+      {{1, 0, 0}, {"the stream does not declare its sender ('tessera-device' 1, 'tessera-epoch' 0"}},
+  };
+  for (int w : {0, 2}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat("worker ", w, ", device ", c.sender.device, " epoch ", c.sender.epoch));
+      m.set_source_device(c.sender.device);
+      const grpc::Status status = exchange_stream(devices_[w].address, credentials_.cluster, c.sender, {m, m});
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+      for (const std::string& e : c.error) EXPECT_THAT(status.error_message(), ::testing::HasSubstr(e));
+      ASSERT_NO_FATAL_FAILURE(check_victim_call());
+    }
+  }
+  const std::vector<pb::WorkerStats> after = worker_stats();
+  for (int w = 0; w < kFaultWorkers; ++w) {
+    SCOPED_TRACE(absl::StrCat("worker ", w));
+    EXPECT_EQ(after[w].collective_messages_pending(), 0);
+    // Never read: nothing filed, dropped or counted.
+    EXPECT_EQ(after[w].exchange_messages_dropped(), before[w].exchange_messages_dropped());
+    EXPECT_EQ(after[w].exchange_messages_forged(), before[w].exchange_messages_forged());
   }
   check_served_afterwards();
 }
@@ -182,16 +236,20 @@ TEST_F(FloodTest, MalformedExchangeMessagesDuringCollectivesEndTheirStreamsAndRe
   const std::vector<pb::WorkerStats> before = worker_stats();
   const grpc::internal::RpcMethod exchange("/tessera.pb.Worker/Exchange", grpc::internal::RpcMethod::CLIENT_STREAMING);
   std::vector<std::atomic<int>> refused(kFaultWorkers);
+  std::vector<DeclaredSender> senders;
+  for (int w = 0; w < kFaultWorkers; ++w) senders.push_back(declared((w + 1) % kFaultWorkers));
   std::vector<std::thread> flooders;
   absl::Cleanup join_flooders = [&flooders] { join_all(flooders); };
   for (int w = 0; w < kFaultWorkers; ++w) {
     flooders.emplace_back([&, w] {
-      auto identity = std::make_shared<CallIdentity>(credentials_.cluster, (w + 1) % kFaultWorkers);
+      auto identity = std::make_shared<CallIdentity>(credentials_.cluster, senders[w].device);
       std::shared_ptr<grpc::Channel> channel = make_channel(devices_[w].address, identity);
       for (int s = 0; s < kStreamsPerWorker * 5; ++s) {
         const Malformed& m = malformed_messages()[s % malformed_messages().size()];
         grpc::ClientContext ctx;
         set_deadline(&ctx, kControlDeadline);
+        ctx.AddMetadata(kEpochKey, absl::StrCat(senders[w].epoch));
+        ctx.AddMetadata(kIncarnationKey, absl::StrCat(senders[w].incarnation));
         grpc::ByteBuffer reply;
         std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
             grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), exchange, &ctx, &reply));

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
 #include "tests/faults/fault_cluster.h"
+#include "tests/support/exchange_stream.h"
 
 namespace tessera {
 namespace {
@@ -43,6 +44,17 @@ class WorkerRestartTest : public FaultClusterTest {
                            "--memory_bytes=268435456", "--credentials=" + credentials_dir_});
     ASSERT_TRUE(worker.ok()) << worker.status();
     cluster_.workers[kVictim] = *std::move(worker);
+  }
+
+  // The stats of the worker at `address`, as the admin sees them.
+  absl::StatusOr<pb::WorkerStats> worker_stats(const std::string& address) const {
+    pb::WorkerStats stats;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    auto admin = std::make_shared<CallIdentity>(credentials_.admin);
+    const grpc::Status s = pb::Worker::NewStub(make_channel(address, admin))->GetStats(&ctx, {}, &stats);
+    if (!s.ok()) return from_grpc(s, address);
+    return stats;
   }
 
   std::string address_;
@@ -110,6 +122,59 @@ TEST_F(WorkerRestartTest, AWaitForEveryDeviceAfterARestartWaitsForTheNewProcess)
   // Put at once: the data must land on the registered new process and stay there.
   put_and_sum(*waited);
   put_and_sum(*client);
+}
+
+// Issue #17 item 1, "collective messages only from ... registered peers of the current
+// cluster incarnation": once device 3's worker restarted (incarnation 2), a stream declaring
+// its earlier incarnation — what its old process would send, had it survived — is refused
+// PERMISSION_DENIED naming the device, both incarnations and the rule; one declaring the
+// current incarnation is taken, but its message claiming device 2 is dropped and counted,
+// never filed under device 2. The collectives after it are right (against the host).
+// Before, every such stream was taken.
+TEST_F(WorkerRestartTest, AStreamOfAnEarlierIncarnationIsRefusedAndAForgedSenderDropped) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(put_and_sum(*client).has_value());
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  absl::StatusOr<pb::HandshakeReply> old = worker_registration((*devices)[kVictim].address, credentials_.client);
+  ASSERT_TRUE(old.ok()) << old.status();
+  kill_victim(*client);
+  spawn_victim();
+  absl::StatusOr<Client> waited = connect();  // waits (at most 20 s) for the new process
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  absl::StatusOr<pb::HandshakeReply> now = worker_registration(address_, credentials_.client);
+  ASSERT_TRUE(now.ok()) << now.status();
+  ASSERT_EQ(now->epoch(), old->epoch());
+  ASSERT_GT(now->incarnation(), old->incarnation());
+
+  const DeclaredSender current{kVictim, now->epoch(), now->incarnation()};
+  const DeclaredSender earlier{kVictim, old->epoch(), old->incarnation()};
+  pb::ExchangeMessage forged;
+  forged.set_source_device(2);
+  forged.set_op_id(now->epoch() + 1);  // an op id this coordinator handed out
+  forged.set_data(std::string(64, '\x7f'));
+  for (int w = 0; w < kVictim; ++w) {
+    SCOPED_TRACE(absl::StrCat("worker ", w));
+    const std::string& address = (*devices)[w].address;
+    absl::StatusOr<pb::WorkerStats> before = worker_stats(address);
+    ASSERT_TRUE(before.ok()) << before.status();
+    // The current incarnation first: once it is taken, this worker knows of it for sure.
+    grpc::Status taken = exchange_stream(address, credentials_.cluster, current, {forged});
+    EXPECT_TRUE(taken.ok()) << taken.error_message();
+    grpc::Status refused = exchange_stream(address, credentials_.cluster, earlier, {forged});
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr(absl::StrCat("refused a stream from device ", kVictim, " (incarnation ", old->incarnation(),
+                                       " of coordinator epoch ", old->epoch(), ")")));
+    EXPECT_THAT(refused.error_message(), HasSubstr(absl::StrCat("an earlier incarnation of device ", kVictim,
+                                                                ", whose current one is ", now->incarnation())));
+    absl::StatusOr<pb::WorkerStats> after = worker_stats(address);
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(after->exchange_messages_forged(), before->exchange_messages_forged() + 1);
+    EXPECT_EQ(after->collective_messages_pending(), 0);
+  }
+  put_and_sum(*waited);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tessera/tessera.h"
+#include "tests/support/exchange_stream.h"
 #include "worker/collectives/transport.h"
 #include "worker/worker_server.h"
 
@@ -384,19 +385,17 @@ TEST_F(BoundsTest, AFloodOfUnclaimedExchangeMessagesIsBoundedAndExpires) {
   ASSERT_TRUE(devices.ok());
   auto worker = pb::Worker::NewStub(make_channel((*devices)[0].address));
   {
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, absl::Seconds(30));
-    pb::ExchangeReply reply;
-    std::unique_ptr<grpc::ClientWriter<pb::ExchangeMessage>> writer = worker->Exchange(&ctx, &reply);
+    // Worker 0's own device, declaring its registration (a stream must, to be read): nothing
+    // real sends it collective data, so nothing real shares this part of its mailbox.
+    absl::StatusOr<pb::HandshakeReply> self = worker_registration((*devices)[0].address, "");
+    ASSERT_TRUE(self.ok()) << self.status();
+    std::vector<pb::ExchangeMessage> flood(20);
     for (int i = 0; i < 20; ++i) {
-      pb::ExchangeMessage m;
-      m.set_source_device(7);  // no such device: nothing real shares its part of the mailbox
-      m.set_op_id((uint64_t{1} << 61) + static_cast<uint64_t>(i));  // ops nobody will start
-      m.set_data(std::string(1 << 20, 'f'));
-      ASSERT_TRUE(writer->Write(m));
+      flood[i].set_source_device(0);
+      flood[i].set_op_id((uint64_t{1} << 61) + static_cast<uint64_t>(i));  // ops nobody will start
+      flood[i].set_data(std::string(1 << 20, 'f'));
     }
-    writer->WritesDone();
-    EXPECT_TRUE(writer->Finish().ok());
+    EXPECT_TRUE(exchange_stream((*devices)[0].address, "", {0, self->epoch(), self->incarnation()}, flood).ok());
   }
   grpc::ClientContext ctx;
   set_deadline(&ctx, absl::Seconds(10));

@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -25,6 +27,7 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/collectives/engine.h"
+#include "worker/collectives/peer_view.h"
 #include "worker/collectives/shm_ring.h"
 
 namespace tessera {
@@ -624,14 +627,11 @@ TEST(TransportMailbox, ASweepWithoutNewMessagesDropsWhatOutlivedTheTtl) {
   EXPECT_EQ(transport.dropped_messages(), 10);
 }
 
-// Issue #17 item 1, "collective messages only from ... registered peers of the current
-// cluster incarnation": a worker has no view of the cluster's devices (the coordinator names
-// an op's peers in its request, which may arrive after a peer's first message), so a stream
-// of a device outside every op (device 99, on an authenticated stream of its own or in the
-// development mode) is not refused, and its messages are held like any early message. What
-// holds: an op receives only from the device it names, so a message of an outsider under the
-// same tag never reaches it; the outsider's messages are bounded by its own share and go when
-// the op ends.
+// Behind the stream check (PeerView, below: a worker refuses the stream of a device that is no
+// current registration when it opens), the mailbox keeps its own rule: an op receives only from
+// the device it names, so a message of another device under the same tag never reaches it,
+// and such messages are bounded by their source's share and go when the op ends. (Before
+// session 29 this was all that held: the outsider's stream was taken.)
 TEST(TransportMailbox, AnOutsidersMessagesNeverReachAnOpAndGoWithIt) {
   Transport transport;
   transport.set_self(0);
@@ -925,6 +925,90 @@ TEST(TransportFlowControl, AStreamPausedPastTheTtlIsRefusedAndReadsOn) {
   EXPECT_EQ(b.transport().waiting_messages(), 0);
   EXPECT_EQ(b.transport().pending_messages(), 0) << "op 5's held chunks went with the refusal";
   b.transport().finish_ops(5, 7);
+}
+
+// Issue #17 item 1, "collective messages only from ... registered peers of the current
+// cluster incarnation": what a worker decides of an Exchange stream when it opens, from the
+// coordinator's view (epoch 1000; device 0 at incarnation 1, device 1 at 3). The processes'
+// side: FloodTest.StreamsOfSendersThatAreNoCurrentRegistrationAreRefusedWhenTheyOpen and
+// WorkerRestartTest.AStreamOfAnEarlierIncarnationIsRefusedAndAForgedSenderDropped.
+struct Decisions {
+  std::function<void(absl::Status)> record(int i) {
+    return [this, i](absl::Status s) {
+      absl::MutexLock lock(&mu);
+      got[i] = std::move(s);
+    };
+  }
+  std::optional<absl::Status> of(int i) {
+    absl::MutexLock lock(&mu);
+    auto it = got.find(i);
+    return it == got.end() ? std::nullopt : std::optional<absl::Status>(it->second);
+  }
+  absl::Mutex mu;
+  std::map<int, absl::Status> got;
+};
+
+TEST(PeerView, ACurrentRegistrationIsTakenAndStaleOnesAreRefusedAtOnce) {
+  PeerView view;
+  Decisions d;
+  view.admit({7, 5, 5}, d.record(0));  // no view yet: nothing to check against
+  ASSERT_TRUE(d.of(0).has_value() && d.of(0)->ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3").ok());
+  view.admit({1, 1000, 3}, d.record(1));
+  view.admit({1, 1000, 2}, d.record(2));  // an earlier process of device 1
+  view.admit({1, 999, 3}, d.record(3));   // registered with an earlier coordinator
+  view.admit({1, 0, 0}, d.record(4));     // declares nothing but its device
+  ASSERT_TRUE(d.of(1).has_value());
+  EXPECT_TRUE(d.of(1)->ok()) << *d.of(1);
+  for (int i : {2, 3, 4}) {
+    ASSERT_TRUE(d.of(i).has_value()) << i;
+    EXPECT_EQ(d.of(i)->code(), absl::StatusCode::kPermissionDenied) << *d.of(i);
+  }
+  EXPECT_THAT(std::string(d.of(2)->message()),
+              AllOf(HasSubstr("device 1 (incarnation 2 of coordinator epoch 1000)"),
+                    HasSubstr("an earlier incarnation of device 1, whose current one is 3")));
+  EXPECT_THAT(std::string(d.of(3)->message()), HasSubstr("an earlier coordinator epoch than this worker's"));
+  EXPECT_THAT(std::string(d.of(4)->message()), HasSubstr("does not declare its sender"));
+  EXPECT_EQ(view.waiting(), 0);
+}
+
+// A stream of a device the view does not know (yet), or of a newer incarnation or epoch, waits
+// for a view asked for after it came: taken if that view names it, refused if not — never
+// refused on a view that may predate its sender's registration.
+TEST(PeerView, AnUnknownSenderWaitsForAFreshViewAndIsDecidedByIt) {
+  int refreshes = 0;
+  PeerView view([&refreshes] { ++refreshes; });
+  Decisions d;
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3").ok());
+  const uint64_t in_flight = view.ask();  // a heartbeat sent before the streams came
+  view.admit({2, 1000, 1}, d.record(0));  // device 2, registered a moment ago
+  view.admit({99, 1000, 1}, d.record(1));
+  view.admit({1, 1000, 4}, d.record(2));  // device 1 registered again
+  EXPECT_EQ(refreshes, 3);
+  EXPECT_EQ(view.waiting(), 3);
+  // The older heartbeat's answer, without device 2 or incarnation 4: proves nothing.
+  ASSERT_TRUE(view.update(in_flight, 1000, "0:1,1:3").ok());
+  EXPECT_EQ(view.waiting(), 3);
+  EXPECT_FALSE(d.of(1).has_value());
+  // The next one, asked after they came, names device 2 and device 1's incarnation 4.
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:4,2:1").ok());
+  EXPECT_EQ(view.waiting(), 0);
+  ASSERT_TRUE(d.of(0).has_value() && d.of(2).has_value() && d.of(1).has_value());
+  EXPECT_TRUE(d.of(0)->ok()) << *d.of(0);
+  EXPECT_TRUE(d.of(2)->ok()) << *d.of(2);
+  EXPECT_EQ(d.of(1)->code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(d.of(1)->message()),
+              AllOf(HasSubstr("device 99 (incarnation 1 of coordinator epoch 1000)"),
+                    HasSubstr("device 99 is not a registered device of this cluster (alive: 0, 1, 2)")));
+  // No view at all within PeerView::kMaxWait: UNAVAILABLE, naming the sender.
+  view.admit({98, 1000, 1}, d.record(3));
+  view.expire(absl::Now());
+  EXPECT_EQ(view.waiting(), 1);
+  view.expire(absl::Now() + PeerView::kMaxWait);
+  ASSERT_TRUE(d.of(3).has_value());
+  EXPECT_EQ(d.of(3)->code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(d.of(3)->message()), HasSubstr("device 98"));
+  EXPECT_EQ(view.update(view.ask(), 1000, "0:1,0:2").code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -160,10 +160,13 @@ class Transport::Link {
   static constexpr int kStreamsPerLink = 3;
 
   // `ring_bytes` > 0: offer the peer a shared-memory ring of that size with the first message,
-  // naming this worker's `host`.
-  Link(Transport* transport, int self, int peer, std::string address, int64_t ring_bytes = 0, std::string host = "")
+  // naming this worker's `host`. `declared`: the registration the streams declare (epoch and
+  // incarnation; none when 0), which the peer checks (peer_view.h).
+  Link(Transport* transport, int self, int peer, std::string address, int64_t ring_bytes = 0, std::string host = "",
+       std::pair<uint64_t, uint64_t> declared = {})
       : transport_(transport),
         self_(self),
+        declared_(declared),
         peer_(peer),
         address_(std::move(address)),
         channel_(make_channel(address_, daemon_identity(transport->credentials_, self))),
@@ -302,6 +305,10 @@ class Transport::Link {
       // on a first refused connect; the collectives' own deadlines bound every wait.
       ctx_.set_wait_for_ready(true);
       ctx_.set_initial_metadata_corked(true);
+      if (link->declared_.first != 0) {
+        ctx_.AddMetadata(kEpochKey, absl::StrCat(link->declared_.first));
+        ctx_.AddMetadata(kIncarnationKey, absl::StrCat(link->declared_.second));
+      }
       grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(link->channel_.get(), exchange_method(),
                                                                             &ctx_, &reply_, this);
       AddHold();  // released by cancel(): OnDone cannot run before the Link is being destroyed
@@ -393,6 +400,7 @@ class Transport::Link {
   // Constant after construction.
   Transport* const transport_;
   const int self_;
+  const std::pair<uint64_t, uint64_t> declared_;
   const int peer_;
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -779,6 +787,13 @@ void Transport::set_self(int device_id) {
   self_ = device_id;
 }
 
+void Transport::declare(uint64_t epoch, uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  // The streams open now were taken when they opened and stay (this is the same process); the
+  // links opened from now on declare the new registration.
+  declared_ = {epoch, incarnation};
+}
+
 std::shared_ptr<Transport::Link> Transport::link(int peer, const std::string& address) {
   std::vector<std::shared_ptr<Link>> retired;
   std::shared_ptr<Link> current;
@@ -797,7 +812,7 @@ std::shared_ptr<Transport::Link> Transport::current_link_locked(int peer, const 
   // replaced; the old one is retired (destroyed later, outside the lock).
   if (slot != nullptr && (slot->broken() || slot->address() != address)) retired_.push_back(std::move(slot));
   if (slot == nullptr)
-    slot = std::make_shared<Link>(this, self_, peer, address, shm_.enabled ? shm_.ring_bytes : 0, shm_.host);
+    slot = std::make_shared<Link>(this, self_, peer, address, shm_.enabled ? shm_.ring_bytes : 0, shm_.host, declared_);
   return slot;
 }
 
@@ -1490,12 +1505,30 @@ int64_t Transport::waiting_messages() const {
 // transport's lock briefly.
 class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  ExchangeReader(Transport* transport, grpc::ByteBuffer* response, int authenticated_source)
+  ExchangeReader(Transport* transport, grpc::ByteBuffer* response, int authenticated_source, const Admission& admit)
       : transport_(transport), authenticated_source_(authenticated_source) {
     // The reply is an empty ExchangeReply: zero bytes, but a message all the same.
     grpc::Slice empty;
     *response = grpc::ByteBuffer(&empty, 1);
-    StartRead(&buffer_);
+    if (!admit) {
+      StartRead(&buffer_);
+      return;
+    }
+    // Nothing is read until the stream is admitted. The decision may come after OnCancel
+    // finished the stream: whichever of the two comes first (under admission_->mu) acts.
+    admission_ = std::make_shared<AdmissionState>();
+    admit([this, state = admission_](absl::Status decided) {
+      {
+        absl::MutexLock lock(&state->mu);
+        if (state->decided) return;  // cancelled first: this reactor may be gone
+        state->decided = true;
+      }
+      if (decided.ok()) {
+        StartRead(&buffer_);
+      } else {
+        Finish(to_grpc(decided));
+      }
+    });
   }
 
   void OnReadDone(bool ok) override {
@@ -1535,6 +1568,18 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
   // Otherwise a read is pending or about to start, and fails: OnReadDone finishes.
   void OnCancel() override {
     cancelled_.store(true);
+    if (admission_ != nullptr) {
+      bool undecided = false;
+      {
+        absl::MutexLock lock(&admission_->mu);
+        undecided = !admission_->decided;
+        admission_->decided = true;
+      }
+      if (undecided) {
+        Finish(grpc::Status::CANCELLED);  // never read: nothing else finishes it
+        return;
+      }
+    }
     if (!transport_->give_up_waiting(&waiting_)) return;
     if (source_ >= 0) transport_->stream_ended(source_);
     Finish(grpc::Status::CANCELLED);
@@ -1549,11 +1594,17 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
   int source_ = -1;
   std::shared_ptr<Waiting> waiting_;  // the message waiting for room (see file_or_wait); under transport_->mu_
   std::atomic<bool> cancelled_{false};
+  struct AdmissionState {
+    absl::Mutex mu;
+    bool decided = false;  // admitted or refused, or finished by OnCancel first
+  };
+  std::shared_ptr<AdmissionState> admission_;  // null: admitted at once
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::ByteBuffer* response,
-                                                                          int authenticated_source) {
-  return new ExchangeReader(this, response, authenticated_source);
+                                                                          int authenticated_source,
+                                                                          const Admission& admit) {
+  return new ExchangeReader(this, response, authenticated_source, admit);
 }
 
 int64_t Transport::forged_messages() const {

@@ -123,6 +123,10 @@ class Transport {
   ~Transport();  // cancels every link and joins its writer
 
   void set_self(int device_id);
+  // The registration (coordinator epoch, incarnation) this worker's Exchange streams declare to
+  // its peers (worker/collectives/peer_view.h), from the next link it opens on; the streams
+  // open already were taken under the old one, which peers checked only when they opened.
+  void declare(uint64_t epoch, uint64_t incarnation);
 
   // Bounds the mailbox (before the first message arrives). INVALID_ARGUMENT for a bound that
   // is not positive.
@@ -246,12 +250,16 @@ class Transport {
   void begin_run_ops(uint64_t first, uint64_t end);
   void end_run_ops(uint64_t first, uint64_t end);
 
+  // Decides whether a new stream is read: calls its argument once, now or later on another
+  // thread, with OK (read it) or the error the stream ends with (PeerView::admit).
+  using Admission = std::function<void(std::function<void(absl::Status)>)>;
   // The reactor that reads one peer's Exchange stream into this transport (the worker's
   // raw Exchange handler returns it; it deletes itself when the stream ends).
-  // `authenticated_source`: the device the stream's credential names (-1: none, the
-  // development mode); a message from another device is dropped and counted.
+  // `authenticated_source`: the device the stream declares (-1: none); a message from another
+  // device is dropped and counted. With `admit`, nothing is read before it admits the stream.
   grpc::ServerReadReactor<grpc::ByteBuffer>* new_exchange_reader(grpc::ByteBuffer* response,
-                                                                 int authenticated_source = -1);
+                                                                 int authenticated_source = -1,
+                                                                 const Admission& admit = nullptr);
 
   // Messages dropped because their sender was not the device their stream authenticated.
   int64_t forged_messages() const;
@@ -398,6 +406,7 @@ class Transport {
   const Credentials credentials_;
   mutable absl::Mutex mu_;
   int self_ ABSL_GUARDED_BY(mu_) = -1;
+  std::pair<uint64_t, uint64_t> declared_ ABSL_GUARDED_BY(mu_);  // see declare
   int64_t forged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Held> mailbox_ ABSL_GUARDED_BY(mu_);
