@@ -801,17 +801,36 @@ bool eventually(const std::function<bool()>& ready) {
   return ready();
 }
 
-// A collective_permute of 16 MiB each way between devices 0 and 1, whose receiver starts only
-// once the sender has sent all it could: 4 times the receiver's share of 4 MiB. The receiver's
-// mailbox pauses the sender's stream (or ring) at the share and the sender's last chunks wait in
-// its link; when device 1 starts, it takes what is held, the stream reads on, and both get the
-// other's block, checked against the inputs (the host's permute: out[target] = in[source]).
-// Before, the mailbox refused the chunk over the share and device 1's op failed
-// RESOURCE_EXHAUSTED "... would exceed their share of the mailbox" (so did bench_collectives'
-// 64 MiB permute through RunCollective).
+// Sends one-byte messages of op `op` from `from` (device `f`) to `to` (device `t`) until one
+// arrives through the shared-memory ring `from` offered (until then they take gRPC), bounded.
+void attach_ring(Endpoint& from, int f, Endpoint& to, int t, uint64_t op) {
+  const std::string at = absl::StrCat("127.0.0.1:", to.port());
+  const std::byte one[1] = {std::byte{9}};
+  const int64_t before = to.transport().shm_messages_received();
+  for (int k = 0; to.transport().shm_messages_received() == before && k < 1000; ++k) {
+    const absl::Status sent = from.transport().send(t, at, {op, 0, k}, one, 1, absl::Now() + kDeadline);
+    ASSERT_TRUE(sent.ok()) << sent;
+    const absl::Status got =
+        to.transport().receive(f, "from", {op, 0, k}, absl::InfinitePast(), absl::Now() + kDeadline).status();
+    ASSERT_TRUE(got.ok()) << got;
+  }
+  ASSERT_GT(to.transport().shm_messages_received(), before) << "the ring from " << f << " to " << t << " never opened";
+  from.transport().finish_op(op);
+  to.transport().finish_op(op);
+}
+
+// 16 MiB of one op from device 0 to device 1, in chunks of 512 KiB, whose receiver starts
+// taking them only once the sender has sent all it could: 4 times the receiver's share of 4 MiB.
+// The receiver's mailbox pauses the sender's stream (or ring) at the share and the sender's last
+// chunks wait in its link; when device 1 takes what is held, the stream reads on, and every chunk
+// arrives, checked against what was sent. Before session 28, the mailbox refused the chunk over
+// the share and the wait for it failed RESOURCE_EXHAUSTED "... would exceed their share of the
+// mailbox" (so did bench_collectives' 64 MiB permute through RunCollective). Raw sends: since
+// session 29 the collectives send in windows within the share (CyclicExchangeTest), and no
+// longer pause a stream by themselves.
 class TransportFlowControlTest : public ::testing::TestWithParam<bool> {};
 
-TEST_P(TransportFlowControlTest, AReceiverThatStartsLateGetsAPermuteLargerThanItsShare) {
+TEST_P(TransportFlowControlTest, AReceiverThatStartsLateGetsMessagesPastItsShare) {
   const bool shm = GetParam();
   Endpoint a(0), b(1);
   MailboxOptions options;
@@ -822,58 +841,43 @@ TEST_P(TransportFlowControlTest, AReceiverThatStartsLateGetsAPermuteLargerThanIt
     ring.enabled = true;
     ASSERT_TRUE(a.transport().set_shm(ring).ok());
     ASSERT_TRUE(b.transport().set_shm(ring).ok());
+    ASSERT_NO_FATAL_FAILURE(attach_ring(a, 0, b, 1, 76));  // until then messages take gRPC
   }
-  constexpr int64_t kElements = int64_t{4} << 20;  // 16 MiB of f32
-  std::vector<std::shared_ptr<const HostArray>> in;
-  for (int d = 0; d < 2; ++d) {
-    HostArray x(DType::kF32, {kElements});
-    for (int64_t i = 0; i < kElements; ++i) x.mutable_values<float>()[i] = static_cast<float>(i % 1000003 + d * 7);
-    in.push_back(std::make_shared<const HostArray>(std::move(x)));
-  }
-  auto run_for = [&](int self) {
-    CollectiveRun run;
-    run.op = 77;
-    run.spec.kind = CollectiveKind::kCollectivePermute;
-    run.spec.groups = {{0, 1}};
-    run.spec.pairs = {{0, 1}, {1, 0}};
-    run.peers = {{0, absl::StrCat("127.0.0.1:", a.port())}, {1, absl::StrCat("127.0.0.1:", b.port())}};
-    run.self = self;
-    run.start = absl::Now();
-    run.deadline = run.start + kDeadline;
-    return run;
-  };
-  if (shm) {  // the ring is attached before the permute (until then messages take gRPC)
-    const std::string at_b = absl::StrCat("127.0.0.1:", b.port());
-    const std::byte one[1] = {std::byte{9}};
-    for (int k = 0; b.transport().shm_messages_received() == 0 && k < 1000; ++k) {
-      ASSERT_TRUE(a.transport().send(1, at_b, {76, 0, k}, one, 1, absl::Now() + kDeadline).ok());
-      ASSERT_TRUE(b.transport().receive(0, "a", {76, 0, k}, absl::InfinitePast(), absl::Now() + kDeadline).ok());
+  constexpr int kChunks = 32;
+  constexpr int64_t kChunk = 512 << 10;
+  std::vector<std::byte> data(kChunks * kChunk);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>((i * 7 + i / 4093) & 0xff);
+  const std::string at_b = absl::StrCat("127.0.0.1:", b.port());
+  absl::Status sent;
+  std::thread sender([&] {
+    for (int c = 0; c < kChunks && sent.ok(); ++c) {
+      sent = a.transport().send(1, at_b, {77, 0, c}, data.data() + c * kChunk, kChunk, absl::Now() + kDeadline);
     }
-    a.transport().finish_op(76);
-    b.transport().finish_op(76);
-  }
-  std::optional<absl::StatusOr<std::shared_ptr<const HostArray>>> out0;
-  std::thread device0([&] { out0 = run_collective(a.transport(), run_for(0), in[0]); });
+  });
   // Device 1 starts late: only once its mailbox holds all of device 0's share it can and a
   // message waits (the stream or ring paused).
-  ASSERT_TRUE(eventually([&] { return b.transport().waiting_messages() > 0; })) << "the stream never paused";
+  EXPECT_TRUE(eventually([&] { return b.transport().waiting_messages() > 0; })) << "the stream never paused";
   EXPECT_LE(b.transport().pending_bytes(), options.bytes_per_peer);
-  absl::StatusOr<std::shared_ptr<const HostArray>> out1 = run_collective(b.transport(), run_for(1), in[1]);
-  device0.join();
-  ASSERT_TRUE(out1.ok()) << out1.status();
-  ASSERT_TRUE(out0->ok()) << out0->status();
-  const std::shared_ptr<const HostArray>* out[2] = {&**out0, &*out1};
-  for (int d = 0; d < 2; ++d) {
-    const float* got = (*out[d])->values<float>().data();
-    const float* want = in[1 - d]->values<float>().data();
-    int64_t wrong = 0;
-    for (int64_t i = 0; i < kElements; ++i) wrong += got[i] != want[i];
-    EXPECT_EQ(wrong, 0) << "device " << d;
+  int64_t wrong = 0;
+  std::vector<std::byte> got(kChunk);
+  for (int c = 0; c < kChunks; ++c) {
+    absl::StatusOr<Received> chunk =
+        b.transport().receive(0, "a", {77, 0, c}, absl::InfinitePast(), absl::Now() + kDeadline);
+    if (!chunk.ok() || chunk->size() != kChunk) {  // (not ASSERT: the sender's thread is joined below)
+      ADD_FAILURE() << "chunk " << c << ": "
+                    << (chunk.ok() ? absl::StrCat(chunk->size(), " bytes") : chunk.status().ToString());
+      break;
+    }
+    chunk->copy_to(got.data());
+    wrong += std::memcmp(got.data(), data.data() + c * kChunk, kChunk) != 0;
   }
+  sender.join();
+  EXPECT_TRUE(sent.ok()) << sent;
+  EXPECT_EQ(wrong, 0) << "chunks differ from what was sent";
   EXPECT_GT(b.transport().paused_messages(), 0);
   EXPECT_EQ(b.transport().dropped_messages(), 0);
   if (shm) {
-    EXPECT_GT(b.transport().shm_messages_received(), 0) << "the ring was not used";
+    EXPECT_GT(b.transport().shm_messages_received(), kChunks / 2) << "the ring was not used";
   }
   a.transport().finish_op(77);
   b.transport().finish_op(77);
@@ -883,6 +887,156 @@ TEST_P(TransportFlowControlTest, AReceiverThatStartsLateGetsAPermuteLargerThanIt
 
 INSTANTIATE_TEST_SUITE_P(Paths, TransportFlowControlTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Shm" : "Grpc"; });
+
+// Collectives whose members all send before they receive, on a cycle (issue #17 item 5): a
+// collective_permute shifting by one over 4 devices, and an all_to_all over 4, each sending
+// 32 MiB to each peer: more than the receiver's share (lowered here), the sender's link queue
+// (16 MiB) and gRPC's window together. Every member sends in windows interleaved with its
+// receives (engine.cc, exchange_in_windows), sized from the share, so none of its sends waits
+// for a receiver that is itself sending, and no stream or ring pauses at the share. Before,
+// every member's sends waited for room and the ops failed DEADLINE_EXCEEDED (gRPC, shared
+// memory), or at once RESOURCE_EXHAUSTED over the share (in process). Results are checked
+// against the host's: permute out[target] = in[source]; all_to_all (split and concat on
+// dimension 0) block j of device d's result = block d of device j's input.
+enum class Via { kGrpc, kShm, kInProcess };
+
+class CyclicExchangeTest : public ::testing::TestWithParam<Via> {
+ protected:
+  static constexpr int kDevices = 4;
+  static constexpr int64_t kPerPeer = int64_t{32} << 20;
+
+  // kDevices endpoints whose mailboxes give each source `share` bytes, on the test's path.
+  void start(int64_t share) {
+    for (int d = 0; d < kDevices; ++d) {
+      endpoints_.push_back(std::make_unique<Endpoint>(d));
+      MailboxOptions options;
+      options.bytes_per_peer = share;
+      ASSERT_TRUE(endpoints_[d]->transport().set_mailbox(options).ok());
+      peers_[d] = absl::StrCat("127.0.0.1:", endpoints_[d]->port());
+      if (GetParam() == Via::kShm) {
+        ShmOptions ring;
+        ring.enabled = true;
+        ASSERT_TRUE(endpoints_[d]->transport().set_shm(ring).ok());
+      } else if (GetParam() == Via::kInProcess) {
+        peers_[d] = absl::StrCat("in-process:", 60100 + d);
+        ASSERT_TRUE(endpoints_[d]->transport().serve_in_process(peers_[d]).ok());
+      }
+    }
+    if (GetParam() != Via::kShm) return;
+    for (int f = 0; f < kDevices; ++f) {
+      for (int t = 0; t < kDevices; ++t) {
+        if (f != t) {
+          ASSERT_NO_FATAL_FAILURE(attach_ring(*endpoints_[f], f, *endpoints_[t], t, 10 + f * kDevices + t));
+        }
+      }
+    }
+  }
+
+  // Device d's input: `elements` float32 values, distinct across devices.
+  static std::shared_ptr<const HostArray> input(int d, int64_t elements) {
+    HostArray x(DType::kF32, {elements});
+    absl::Span<float> v = x.mutable_values<float>();
+    for (int64_t i = 0; i < elements; ++i) v[i] = static_cast<float>(i % 1000003 + d * 7);
+    return std::make_shared<const HostArray>(std::move(x));
+  }
+
+  // Runs `spec` as op 91 on every device at once, each on a thread of its own.
+  std::vector<absl::StatusOr<std::shared_ptr<const HostArray>>> run_all(
+      const CollectiveSpec& spec, const std::vector<std::shared_ptr<const HostArray>>& in) {
+    std::vector<absl::StatusOr<std::shared_ptr<const HostArray>>> out(kDevices, absl::UnknownError("not run"));
+    std::vector<std::thread> devices;
+    for (int d = 0; d < kDevices; ++d) {
+      shm_before_[d] = endpoints_[d]->transport().shm_messages_received();
+      devices.emplace_back([&, d] {
+        CollectiveRun run;
+        run.op = 91;
+        run.spec = spec;
+        run.peers = peers_;
+        run.self = d;
+        run.start = absl::Now();
+        run.deadline = run.start + kDeadline;
+        out[d] = run_collective(endpoints_[d]->transport(), run, in[d]);
+      });
+    }
+    for (std::thread& t : devices) t.join();
+    return out;
+  }
+
+  // After the op: nothing paused at the share, dropped, or left in a mailbox; the path was used.
+  void expect_clean_finish() {
+    for (int d = 0; d < kDevices; ++d) {
+      Transport& t = endpoints_[d]->transport();
+      EXPECT_EQ(t.paused_messages(), 0) << "device " << d << ": a sender passed the share";
+      EXPECT_EQ(t.dropped_messages(), 0) << "device " << d;
+      if (GetParam() == Via::kShm) {  // at least one peer's data came through the ring
+        EXPECT_GE(t.shm_messages_received() - shm_before_[d], kPerPeer / kChunkBytes) << "device " << d;
+      }
+      if (GetParam() == Via::kInProcess) {
+        EXPECT_GE(t.in_process_messages_received(), kPerPeer / kChunkBytes) << "device " << d;
+      }
+      t.finish_op(91);
+      EXPECT_EQ(t.pending_messages(), 0) << "device " << d;
+    }
+  }
+
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  std::map<int, std::string> peers_;
+  int64_t shm_before_[kDevices] = {};
+};
+
+// A window of 15 chunks acknowledged every 3 (a share of 8 MiB), the default's shape (31 and 7).
+TEST_P(CyclicExchangeTest, AShiftedPermuteLargerThanShareAndLinkQueueCompletes) {
+  ASSERT_NO_FATAL_FAILURE(start(int64_t{8} << 20));
+  constexpr int64_t kElements = kPerPeer / 4;
+  std::vector<std::shared_ptr<const HostArray>> in;
+  for (int d = 0; d < kDevices; ++d) in.push_back(input(d, kElements));
+  CollectiveSpec spec;
+  spec.kind = CollectiveKind::kCollectivePermute;
+  spec.groups = {{0, 1, 2, 3}};
+  for (int d = 0; d < kDevices; ++d) spec.pairs.push_back({d, (d + 1) % kDevices});
+  auto out = run_all(spec, in);
+  for (int d = 0; d < kDevices; ++d) {
+    ASSERT_TRUE(out[d].ok()) << "device " << d << ": " << out[d].status();
+    ASSERT_EQ((*out[d])->shape(), Shape{kElements});
+    const float* got = (*out[d])->values<float>().data();
+    const float* want = in[(d + kDevices - 1) % kDevices]->values<float>().data();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < kElements; ++i) wrong += got[i] != want[i];
+    EXPECT_EQ(wrong, 0) << "device " << d;
+  }
+  expect_clean_finish();
+}
+
+// A window of one chunk, acknowledged each (a share of 1 MiB).
+TEST_P(CyclicExchangeTest, AnAllToAllLargerThanShareAndLinkQueuePerPeerCompletes) {
+  ASSERT_NO_FATAL_FAILURE(start(int64_t{1} << 20));
+  constexpr int64_t kBlock = kPerPeer / 4;  // elements each device sends each peer
+  std::vector<std::shared_ptr<const HostArray>> in;
+  for (int d = 0; d < kDevices; ++d) in.push_back(input(d, kBlock * kDevices));
+  CollectiveSpec spec;
+  spec.kind = CollectiveKind::kAllToAll;
+  spec.groups = {{0, 1, 2, 3}};
+  spec.split_dimension = 0;
+  spec.concat_dimension = 0;
+  auto out = run_all(spec, in);
+  for (int d = 0; d < kDevices; ++d) {
+    ASSERT_TRUE(out[d].ok()) << "device " << d << ": " << out[d].status();
+    ASSERT_EQ((*out[d])->shape(), Shape{kBlock * kDevices});
+    const float* got = (*out[d])->values<float>().data();
+    int64_t wrong = 0;
+    for (int j = 0; j < kDevices; ++j) {
+      const float* want = in[j]->values<float>().data() + d * kBlock;
+      for (int64_t i = 0; i < kBlock; ++i) wrong += got[j * kBlock + i] != want[i];
+    }
+    EXPECT_EQ(wrong, 0) << "device " << d;
+  }
+  expect_clean_finish();
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, CyclicExchangeTest, ::testing::Values(Via::kGrpc, Via::kShm, Via::kInProcess),
+                         [](const ::testing::TestParamInfo<Via>& p) {
+                           return p.param == Via::kShm ? "Shm" : p.param == Via::kInProcess ? "InProcess" : "Grpc";
+                         });
 
 // A sender whose messages are never taken (its op started here, but nothing takes them) is
 // still bounded: the mailbox holds its share, one message per stream waits, and the rest stays

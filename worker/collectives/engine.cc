@@ -28,6 +28,42 @@ struct Range {
   int64_t chunk_bytes(int c) const { return std::min(kChunkBytes, bytes - c * kChunkBytes); }
 };
 
+// A sender's window on one receiver for one op: at most `chunks` chunks sent and not yet taken
+// there, known from acknowledgements (empty messages) that the receiver sends every `ack_every`
+// chunks it took, and only those the sender will wait for. The sender of chunk c with
+// c >= chunks and (c - chunks) % ack_every == 0 first waits for acknowledgement
+// (c - chunks) / ack_every, which says chunks [0, c - chunks + ack_every) were taken.
+struct Window {
+  int chunks;
+  int ack_every;
+  bool waits_before(int c) const { return c >= chunks && (c - chunks) % ack_every == 0; }
+  int ack_before(int c) const { return (c - chunks) / ack_every; }
+  // Whether acknowledgement k is waited for (and so sent) on a range of `total` chunks.
+  bool ack_needed(int k, int total) const { return k * ack_every + chunks < total; }
+  // The acknowledgement the receiver owes once it took chunk c of `total`, or -1.
+  int ack_after(int c, int total) const {
+    const int k = c / ack_every;
+    return c % ack_every == ack_every - 1 && ack_needed(k, total) ? k : -1;
+  }
+  // How far an exchange's sends run ahead of its receives: chunk c + lead() - 1 goes before
+  // chunk c is taken, so the acknowledgement a send waits for covers only chunks the receiver
+  // took in earlier rounds (and at most `chunks` are outstanding).
+  int lead() const { return chunks - ack_every + 1; }
+};
+
+// The window of an exchange's sender on each receiver: the chunks (with their bookkeeping in the
+// mailbox) that fit both in the receiver's share of its mailbox (`share`, --mailbox_bytes_per_peer,
+// the same on every worker of a cluster) and in the link's queue (Transport::kMaxQueuedBytes),
+// at least one: what the receiver files without pausing the stream or ring, and what the sender
+// queues without waiting for room. A peer's share also holds its acknowledgements of what the
+// other end sent it (an all_to_all goes both ways): room for 16 is kept (at most
+// lead / ack_every + 1 wait at once). 31 chunks (15.5 MiB) at the default share of 64 MiB.
+Window exchange_window(int64_t share) {
+  const int64_t room = std::min(share, Transport::kMaxQueuedBytes) - 16 * Transport::kHeldMessageBytes;
+  const int chunks = static_cast<int>(std::max<int64_t>(1, room / (kChunkBytes + Transport::kHeldMessageBytes)));
+  return {chunks, std::max(1, chunks / 4)};
+}
+
 // This device's view of its replica group.
 class Group {
  public:
@@ -51,6 +87,8 @@ class Group {
     return transport_.shm_enabled() ? Path::kShm : Path::kGrpc;
   }
   Algorithm chosen() const { return chosen_; }
+  // This device's window on each receiver of an exchange (see exchange_window).
+  Window window() const { return exchange_window(transport_.mailbox_bytes_per_peer()); }
   int rank() const { return rank_; }
   int device(int rank) const { return members_[rank]; }
   int next() const { return mod(rank_ + 1, n()); }
@@ -179,28 +217,106 @@ absl::Status ring_all_gather(Group& g, const std::shared_ptr<HostArray>& buf, co
   return absl::OkStatus();
 }
 
-// Direct exchange of one segment per destination: sends seg_out[j] of `out` (zero-copy; it
-// must not change) to rank j, then goes through the ranks in order: on_own(r) for this
-// device's own, on_chunk(j, offset in seg_in[j], data) for each chunk from rank j.
+// One member's part of an exchange: a range of chunks to or from the member at `rank`.
+struct Flow {
+  int rank;
+  Range range;
+};
+
+// Sends `sends` (ranges of `out`, zero-copy: it must not change) and takes `receives` in
+// rounds: round c takes chunk c of each range of `receives` in order (on_chunk(rank, offset in
+// the range, data); this device's own rank is on_own(offset, bytes) in its place), after sending
+// each range of `sends` up to chunk c + lead - 1. A receiver has at most a window of the op's
+// chunks from this sender outstanding (acknowledged in step `step` + 1, data in `step`), so on a
+// cycle of members that each send before they receive (a shifted permute, an all_to_all) no send
+// waits for a receiver that is itself waiting to send, whatever the size: a send in round c
+// waits only for chunks its receiver took in rounds before c, and a receive in round c only for
+// sends of round c or before. Sender and receiver see one range at both ends.
+// On a range of more than one chunk both ends first tell the other their window (exchange_window
+// of their own share; a message of step `step` + 2, chunk 0 from the sender, chunk 1 from the
+// receiver, neither waiting for anything) and both use the smaller: members whose shares differ
+// agree on the acknowledgements, and no sender passes its receiver's share (which would pause the
+// stream that carries the sender's acknowledgements of the receiver's own data).
+template <typename Own, typename Chunk>
+absl::Status exchange_in_windows(Group& g, int step, const std::shared_ptr<const HostArray>& out,
+                                 const std::vector<Flow>& sends, const std::vector<Flow>& receives, Own&& on_own,
+                                 Chunk&& on_chunk) {
+  const Window mine = g.window();
+  const int lead = mine.lead();  // the largest of any agreed window
+  auto send_window = [&](int rank, int chunk) {
+    const int32_t w = mine.chunks;
+    return g.send(rank, step + 2, chunk, reinterpret_cast<const std::byte*>(&w), sizeof(w), nullptr);
+  };
+  auto agree = [&](int rank, int chunk) -> absl::StatusOr<Window> {
+    int32_t w = 0;
+    TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(rank, step + 2, chunk, sizeof(w)));
+    data.copy_to(reinterpret_cast<std::byte*>(&w));
+    if (w < 1) return absl::DataLossError(absl::StrCat("device ", g.device(rank), " sent a window of ", w, " chunks"));
+    const int chunks = std::min(mine.chunks, static_cast<int>(w));
+    return Window{chunks, std::max(1, chunks / 4)};
+  };
+  int rounds = 0;
+  for (const Flow& f : receives) {
+    rounds = std::max(rounds, f.range.chunks());
+    if (f.rank != g.rank() && f.range.chunks() > 1) TESSERA_RETURN_IF_ERROR(send_window(f.rank, 1));
+  }
+  for (const Flow& f : sends) rounds = std::max(rounds, f.range.chunks());
+  std::vector<Window> to(sends.size(), mine), from(receives.size(), mine);  // agreed windows
+  std::vector<int> sent(sends.size(), 0);
+  std::vector<bool> agreed(sends.size(), false);
+  for (int c = 1 - lead; c < rounds; ++c) {
+    for (size_t i = 0; i < sends.size(); ++i) {
+      const Flow& f = sends[i];
+      for (int& s = sent[i]; s < f.range.chunks() && s <= c + lead - 1; ++s) {
+        if (s == 0 && f.range.chunks() > 1) TESSERA_RETURN_IF_ERROR(send_window(f.rank, 0));
+        if (s == 1 && !agreed[i]) {
+          TESSERA_ASSIGN_OR_RETURN(to[i], agree(f.rank, 1));
+          agreed[i] = true;
+        }
+        if (s > c + to[i].lead() - 1) break;
+        if (to[i].waits_before(s)) {
+          TESSERA_RETURN_IF_ERROR(g.receive(f.rank, step + 1, to[i].ack_before(s), 0).status());
+        }
+        TESSERA_RETURN_IF_ERROR(
+            g.send(f.rank, step, s, out->data() + f.range.chunk_offset(s), f.range.chunk_bytes(s), out));
+      }
+    }
+    for (size_t i = 0; i < receives.size(); ++i) {
+      const Flow& f = receives[i];
+      if (c < 0 || c >= f.range.chunks()) continue;
+      const int64_t offset = f.range.chunk_offset(c) - f.range.offset, bytes = f.range.chunk_bytes(c);
+      if (f.rank == g.rank()) {
+        on_own(offset, bytes);
+        continue;
+      }
+      if (c == 0 && f.range.chunks() > 1) {
+        TESSERA_ASSIGN_OR_RETURN(from[i], agree(f.rank, 0));
+      }
+      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(f.rank, step, c, bytes));
+      on_chunk(f.rank, offset, data);
+      if (const int k = from[i].ack_after(c, f.range.chunks()); k >= 0) {
+        static constexpr std::byte kNothing{};
+        TESSERA_RETURN_IF_ERROR(g.send(f.rank, step + 1, k, &kNothing, 0, nullptr));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Direct exchange of one segment per member (exchange_in_windows): sends seg_out[j] of `out`
+// (zero-copy; it must not change) to rank j and takes seg_in[j] from it, chunk by chunk in
+// rank order: on_own(offset, bytes) for this device's own part of seg_in, on_chunk(j, offset
+// in seg_in[j], data) for each chunk from rank j. Steps `step` to `step` + 2.
 template <typename Own, typename Chunk>
 absl::Status direct_exchange(Group& g, const std::shared_ptr<const HostArray>& out, const std::vector<Range>& seg_out,
                              const std::vector<Range>& seg_in, Own&& on_own, Chunk&& on_chunk, int step = 0) {
   const int n = g.n(), r = g.rank();
+  std::vector<Flow> sends, receives;
   for (int j = 0; j < n; ++j) {
-    if (j != r) TESSERA_RETURN_IF_ERROR(g.send_range(j, step, out->data(), seg_out[j], out));
+    if (j != r) sends.push_back({j, seg_out[j]});
+    receives.push_back({j, seg_in[j]});
   }
-  for (int j = 0; j < n; ++j) {
-    if (j == r) {
-      on_own(j);
-      continue;
-    }
-    const Range local{0, seg_in[j].bytes};
-    for (int c = 0; c < local.chunks(); ++c) {
-      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(j, step, c, local.chunk_bytes(c)));
-      on_chunk(j, local.chunk_offset(c), data);
-    }
-  }
-  return absl::OkStatus();
+  return exchange_in_windows(g, step, out, sends, receives, std::forward<Own>(on_own), std::forward<Chunk>(on_chunk));
 }
 
 // The n blocks of `shape` along `dim`, as indices.
@@ -300,11 +416,11 @@ absl::StatusOr<ArrayPtr> direct_all_reduce(Group& g, ReduceOp op, const ArrayPtr
   const std::vector<Range> whole(g.n(), Range{0, bytes});
   TESSERA_RETURN_IF_ERROR(direct_exchange(
       g, in, whole, whole,
-      [&](int j) {
-        if (j == 0) {
-          std::memcpy(out->data(), in->data(), static_cast<size_t>(bytes));
+      [&](int64_t offset, int64_t size) {
+        if (g.rank() == 0) {
+          std::memcpy(out->data() + offset, in->data() + offset, static_cast<size_t>(size));
         } else {
-          reduce_into(dtype, op, out->data(), in->data(), out->size());
+          reduce_into(dtype, op, out->data() + offset, in->data() + offset, size / dtype_size(dtype));
         }
       },
       [&](int j, int64_t offset, const Received& data) {
@@ -394,12 +510,12 @@ absl::StatusOr<ArrayPtr> reduce_scatter(Group& g, ReduceOp op, int dim, const Ar
   if (n > 1 && g.choose(CollectiveKind::kReduceScatter, in->nbytes()) == Algorithm::kDirect) {
     TESSERA_RETURN_IF_ERROR(direct_exchange(
         g, packed, seg, std::vector<Range>(n, Range{0, block_bytes}),
-        [&](int j) {
-          const std::byte* own = packed->data() + seg[r].offset;
-          if (j == 0) {
-            std::memcpy(out->data(), own, static_cast<size_t>(block_bytes));
+        [&](int64_t offset, int64_t size) {
+          const std::byte* own = packed->data() + seg[r].offset + offset;
+          if (r == 0) {
+            std::memcpy(out->data() + offset, own, static_cast<size_t>(size));
           } else {
-            reduce_into(dtype, op, out->data(), own, out->size());
+            reduce_into(dtype, op, out->data() + offset, own, size / dtype_size(dtype));
           }
         },
         [&](int j, int64_t offset, const Received& data) {
@@ -423,7 +539,7 @@ absl::StatusOr<ArrayPtr> all_gather(Group& g, int dim, const ArrayPtr& in, const
   std::memcpy(packed->data() + seg[r].offset, in->data(), static_cast<size_t>(in->nbytes()));
   if (n > 1 && g.choose(CollectiveKind::kAllGather, in->nbytes() * n) == Algorithm::kDirect) {
     TESSERA_RETURN_IF_ERROR(direct_exchange(
-        g, in, std::vector<Range>(n, Range{0, in->nbytes()}), seg, [](int) {},
+        g, in, std::vector<Range>(n, Range{0, in->nbytes()}), seg, [](int64_t, int64_t) {},
         [&](int j, int64_t offset, const Received& data) { data.copy_to(packed->data() + seg[j].offset + offset); }));
   } else if (n > 1) {
     TESSERA_RETURN_IF_ERROR(ring_all_gather(g, packed, seg, 0, /*own_sent=*/false));
@@ -432,16 +548,16 @@ absl::StatusOr<ArrayPtr> all_gather(Group& g, int dim, const ArrayPtr& in, const
 }
 
 absl::StatusOr<ArrayPtr> all_to_all(Group& g, int split, int concat, const ArrayPtr& in, const Shape& out_shape) {
-  const int n = g.n();
+  const int n = g.n(), r = g.rank();
   auto packed = std::make_shared<const HostArray>(pack_blocks(*in, split, n));
   const int64_t block_bytes = in->nbytes() / n;
   const std::vector<Range> seg = equal_blocks(block_bytes, n);
   auto received = std::make_shared<HostArray>(in->dtype(), Shape{in->size()});
   TESSERA_RETURN_IF_ERROR(direct_exchange(
       g, packed, seg, std::vector<Range>(n, Range{0, block_bytes}),
-      [&](int j) {
-        std::memcpy(received->data() + j * block_bytes, packed->data() + seg[j].offset,
-                    static_cast<size_t>(block_bytes));
+      [&](int64_t offset, int64_t size) {
+        std::memcpy(received->data() + r * block_bytes + offset, packed->data() + seg[r].offset + offset,
+                    static_cast<size_t>(size));
       },
       [&](int j, int64_t offset, const Received& data) { data.copy_to(received->data() + j * block_bytes + offset); }));
   return unpack_blocks(received, out_shape, concat, n);
@@ -598,6 +714,8 @@ absl::StatusOr<ArrayPtr> ragged_all_to_all(Group& g, const ArrayPtr& operand, co
   return result;
 }
 
+// Each device sends its buffer to its targets and takes its source's, in windows
+// (exchange_in_windows): a shifted permute is a cycle, whose members all send before they receive.
 absl::StatusOr<ArrayPtr> collective_permute(Group& g, const CollectiveRun& run, const std::vector<int>& members,
                                             const ArrayPtr& in) {
   const Range whole{0, in->nbytes()};
@@ -607,18 +725,25 @@ absl::StatusOr<ArrayPtr> collective_permute(Group& g, const CollectiveRun& run, 
     }
     return -1;
   };
+  std::vector<Flow> sends, receives;
+  bool own = false;
   for (const auto& [source, target] : run.spec.pairs) {
-    if (source == run.self && target != run.self) {
-      TESSERA_RETURN_IF_ERROR(g.send_range(rank_of(target), 0, in->data(), whole, in));
+    if (source == run.self && target != run.self) sends.push_back({rank_of(target), whole});
+    if (target == run.self && receives.empty() && !own) {
+      if (source == run.self) {
+        own = true;
+      } else {
+        receives.push_back({rank_of(source), whole});
+      }
     }
   }
-  for (const auto& [source, target] : run.spec.pairs) {
-    if (target != run.self) continue;
-    if (source == run.self) return in;
-    auto out = std::make_shared<HostArray>(in->dtype(), in->shape());
-    TESSERA_RETURN_IF_ERROR(g.receive_range(rank_of(source), 0, out->data(), whole));
-    return out;
-  }
+  std::shared_ptr<HostArray> out;
+  if (!receives.empty()) out = std::make_shared<HostArray>(in->dtype(), in->shape());
+  TESSERA_RETURN_IF_ERROR(exchange_in_windows(
+      g, 0, in, sends, receives, [](int64_t, int64_t) {},
+      [&](int, int64_t offset, const Received& data) { data.copy_to(out->data() + offset); }));
+  if (own) return in;
+  if (out != nullptr) return ArrayPtr(out);
   return std::make_shared<const HostArray>(HostArray::zeros(in->dtype(), in->shape()));
 }
 
@@ -628,21 +753,14 @@ absl::StatusOr<ArrayPtr> collective_permute(Group& g, const CollectiveRun& run, 
 // slow successor kept receiving (the shared-memory reader drains its ring into the mailbox)
 // until the mailbox's share of its predecessor overflowed (a 256 MiB broadcast, or a put's
 // fan-out, failed RESOURCE_EXHAUSTED). An acknowledgement is an empty message of step
-// kChainAckStep every kChainAckEvery chunks, sent only when the predecessor will wait for it.
-constexpr int kChainWindow = 32;
-constexpr int kChainAckEvery = 8;
+// kChainAckStep every 8 chunks, sent only when the predecessor will wait for it (Window).
+constexpr Window kChainWindow{32, 8};
 constexpr int kChainAckStep = 1;
-
-// Whether the sender of chunk c waits for acknowledgement (c - kChainWindow) / kChainAckEvery first.
-bool chain_waits_before(int c) { return c >= kChainWindow && c % kChainAckEvery == 0; }
-// Whether acknowledgement k is waited for (and so sent) on a range of `chunks` chunks.
-bool chain_ack_needed(int k, int chunks) { return k * kChainAckEvery + kChainWindow < chunks; }
 
 // Both waits are on the successor's progress: each ends at the run's stall deadline too.
 absl::Status chain_send(Group& g, int c, const std::byte* data, int64_t bytes, std::shared_ptr<const void> owner) {
-  if (chain_waits_before(c)) {
-    TESSERA_RETURN_IF_ERROR(
-        g.receive(g.next(), kChainAckStep, (c - kChainWindow) / kChainAckEvery, 0, /*stall=*/true).status());
+  if (kChainWindow.waits_before(c)) {
+    TESSERA_RETURN_IF_ERROR(g.receive(g.next(), kChainAckStep, kChainWindow.ack_before(c), 0, /*stall=*/true).status());
   }
   return g.send(g.next(), 0, c, data, bytes, std::move(owner), /*stall=*/true);
 }
@@ -686,7 +804,7 @@ absl::StatusOr<ArrayPtr> broadcast(Group& g, int root, const ArrayPtr& in, std::
     TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), 0, c, whole.chunk_bytes(c)));
     data.copy_to(dst);
     if (forward) TESSERA_RETURN_IF_ERROR(chain_send(g, c, dst, data.size(), out));
-    if (const int k = c / kChainAckEvery; c % kChainAckEvery == kChainAckEvery - 1 && chain_ack_needed(k, chunks)) {
+    if (const int k = kChainWindow.ack_after(c, chunks); k >= 0) {
       static constexpr std::byte kNothing{};
       TESSERA_RETURN_IF_ERROR(g.send(g.prev(), kChainAckStep, k, &kNothing, 0, nullptr));
     }

@@ -1105,6 +1105,11 @@ void Transport::sweep_locked(absl::Time now, AfterUnlock* after) {
   }
 }
 
+int64_t Transport::mailbox_bytes_per_peer() const {
+  absl::MutexLock lock(&mu_);
+  return mailbox_options_.bytes_per_peer;
+}
+
 absl::Status Transport::set_mailbox(MailboxOptions options) {
   if (options.bytes_per_peer <= 0 || options.messages_per_peer <= 0 || options.unclaimed_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -131,6 +131,9 @@ class Transport {
   // Bounds the mailbox (before the first message arrives). INVALID_ARGUMENT for a bound that
   // is not positive.
   absl::Status set_mailbox(MailboxOptions options);
+  // Each source's share of the mailbox here (MailboxOptions::bytes_per_peer): the collectives
+  // size their send windows from it (a cluster's workers run with the same flags).
+  int64_t mailbox_bytes_per_peer() const;
 
   // Offers a shared-memory ring to every peer this worker sends to from now on: a peer on the
   // same host (the same ShmOptions::host) that has it enabled too opens it, and the messages
