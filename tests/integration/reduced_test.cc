@@ -166,6 +166,12 @@ TEST_F(ExplicitReducedTest, ReductionsKeepReducedAxesAsJax) {
                 {put_on(mesh, h, P("x", None))}),
         ::testing::AllOf(HasSubstr("argmin: unreduced/reduced rule for argmin is not implemented"),
                          HasSubstr("(operand f32[8@x,6]{U:y})")));
+    // An unreduced operand to argmax: call_ur_rule's words too, not nary_ur_rule's.
+    EXPECT_THAT(
+        refusal([](const std::vector<Value>& in) { return argmax(reshard(in[0], P("x").with_unreduced({"y"})), 1); },
+                {put_on(mesh, h, P("x", None))}),
+        ::testing::AllOf(HasSubstr("argmax: unreduced/reduced rule for argmax is not implemented"),
+                         HasSubstr("(operand f32[8@x,6]{U:y})")));
     EXPECT_THAT(refusal([](const std::vector<Value>& in) { return cumsum(in[0], 1); }, {x}),
                 HasSubstr("cumsum: unreduced/reduced rule for cumsum is not implemented"));
   }
