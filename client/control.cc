@@ -70,18 +70,16 @@ std::optional<std::vector<TypedOperand>> typed(const std::vector<Value>& values)
   return out;
 }
 
-std::vector<TypeSpec> specs_of(const std::vector<TypedOperand>& types) {
-  std::vector<TypeSpec> out;
-  for (const TypedOperand& t : types) out.push_back(t.spec);
-  return out;
-}
-
-// The types of the first `n` results of `g`, a body traced in explicit mode over `mesh`.
+// The types of the first `n` results of `g`, a body traced in explicit mode over `mesh`: each
+// as its result is pinned (its spec, unreduced and reduced axes).
 std::vector<TypedOperand> output_types(const Graph& g, const Mesh& mesh, size_t n) {
   std::vector<TypedOperand> out;
   for (size_t j = 0; j < n && j < g.outputs().size(); ++j) {
     const Node& r = g.node(g.outputs()[j]);
-    out.push_back({r.dtype, r.shape, body_output_spec(g, j, mesh)});
+    TypedOperand& o = out.emplace_back(TypedOperand{r.dtype, r.shape, body_output_spec(g, j, mesh)});
+    if (r.op != Op::kShardingConstraint) continue;
+    o.unreduced = r.attrs<ShardingAttrs>().sharding.spec().unreduced();
+    o.reduced = r.attrs<ShardingAttrs>().sharding.spec().reduced();
   }
   return out;
 }
@@ -147,7 +145,7 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const 
   // Explicit mode: the body's parameters are typed, a carry as its initial value, a row as
   // its xs without the scanned dimension, which must be unsplit (JAX's _infer_scan_length).
   std::optional<std::vector<internal::TypedOperand>> init_types, xs_types;
-  std::vector<internal::TypeSpec> specs;
+  std::vector<internal::TypedOperand> specs;
   if (t->explicit_mesh.has_value()) {
     init_types = internal::typed(init);
     xs_types = internal::typed(xs);
@@ -156,10 +154,12 @@ ScanResult scan(const ScanFunction& f, const std::vector<Value>& init_in, const 
     // still traced (its errors no longer count) so that the failed result has its ys.
     const internal::TypeRuleResult r = internal::scan_xs_type_rule(*xs_types);
     if (!r.error.empty()) t->fail(internal::type_rule_error("scan", *xs_types, r));
-    specs = internal::specs_of(*init_types);
-    for (internal::TypeSpec s : internal::specs_of(*xs_types)) {
-      s.erase(s.begin());
-      specs.push_back(std::move(s));
+    // A row keeps its xs's unreduced and reduced axes (core.py's _map_shaped_array).
+    specs = *init_types;
+    for (internal::TypedOperand row : *xs_types) {
+      row.spec.erase(row.spec.begin());
+      row.shape.erase(row.shape.begin());
+      specs.push_back(std::move(row));
     }
   }
   size_t returned = carries;  // how many carries the body gave back
@@ -347,8 +347,8 @@ std::vector<Value> while_loop(const WhileCond& cond, const WhileBody& body, cons
     init_types = internal::typed(init);
     if (!init_types.has_value()) return failed;
   }
-  const std::vector<internal::TypeSpec> specs =
-      init_types.has_value() ? internal::specs_of(*init_types) : std::vector<internal::TypeSpec>{};
+  const std::vector<internal::TypedOperand> specs =
+      init_types.has_value() ? *init_types : std::vector<internal::TypedOperand>{};
   std::vector<SubGraph> subs(2);
   std::vector<ArrayType> pred_type;
   absl::StatusOr<Graph> p = internal::trace_body(
@@ -437,8 +437,8 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
     operand_types = internal::typed(operands);
     if (!operand_types.has_value()) return {};
   }
-  const std::vector<internal::TypeSpec> specs =
-      operand_types.has_value() ? internal::specs_of(*operand_types) : std::vector<internal::TypeSpec>{};
+  const std::vector<internal::TypedOperand> specs =
+      operand_types.has_value() ? *operand_types : std::vector<internal::TypedOperand>{};
   std::vector<SubGraph> subs(branches.size());
   std::vector<std::vector<ArrayType>> results(branches.size());
   std::vector<std::vector<internal::TypedOperand>> typed_results(branches.size());

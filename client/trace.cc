@@ -166,22 +166,28 @@ namespace {
 
 absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
                                const std::vector<NamedSharding>& input_shardings, std::vector<Value>* captured,
-                               const std::vector<TypeSpec>& input_specs = {},
+                               const std::vector<TypedOperand>& input_types = {},
                                const std::vector<Variance>& input_vma = {}) {
   auto state = std::make_shared<TraceState>();
   state->parent = parent;
   if (parent != nullptr) state->nest_in(*parent, input_vma);
-  // A body of a trace in explicit mode is typed too, its parameters by `input_specs`.
+  // A body of a trace in explicit mode is typed too, its parameters by `input_types`.
   if (parent != nullptr && parent->explicit_mesh.has_value()) {
-    if (!input_specs.empty() && input_specs.size() != inputs.size()) {
+    if (!input_types.empty() && input_types.size() != inputs.size()) {
       return absl::InternalError(
-          absl::StrCat("trace: ", input_specs.size(), " input specs for ", inputs.size(), " inputs"));
+          absl::StrCat("trace: ", input_types.size(), " input types for ", inputs.size(), " inputs"));
     }
     state->explicit_mesh = parent->explicit_mesh;
     state->constraint_mesh = parent->constraint_mesh;
     state->auto_axes = parent->auto_axes;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      state->specs.push_back(input_specs.empty() ? TypeSpec(inputs[i].shape.size()) : input_specs[i]);
+      if (input_types.empty()) {
+        state->specs.push_back(TypeSpec(inputs[i].shape.size()));
+        continue;
+      }
+      state->specs.push_back(input_types[i].spec);
+      if (!input_types[i].unreduced.empty()) state->unreduced[static_cast<int>(i)] = input_types[i].unreduced;
+      if (!input_types[i].reduced.empty()) state->reduced[static_cast<int>(i)] = input_types[i].reduced;
     }
   }
   if (!input_shardings.empty()) {
@@ -246,9 +252,9 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
 }  // namespace
 
 absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
-                                 std::vector<Value>* captured, const std::vector<TypeSpec>& input_specs,
+                                 std::vector<Value>* captured, const std::vector<TypedOperand>& input_types,
                                  const std::vector<Variance>& input_vma) {
-  return trace_in(parent, f, inputs, {}, captured, input_specs, input_vma);
+  return trace_in(parent, f, inputs, {}, captured, input_types, input_vma);
 }
 
 std::vector<bool> pinned_by_constraints(const Graph& g, int start, const std::vector<int>& outputs) {

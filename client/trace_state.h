@@ -225,11 +225,12 @@ std::vector<Value> insert_pvary(TraceState* t, std::vector<Value> values);
 
 // f traced as a control-flow body of trace `parent`: parameters `inputs`, then one per value
 // of an enclosing trace f reads (`captured`: those values, of `parent`). When `parent` is in
-// explicit mode so is the body: its parameters typed by `input_specs` (a captured value by its
+// explicit mode so is the body: its parameters typed by `input_types` (their specs, unreduced
+// and reduced axes, as JAX traces a body with its operands' avals; a captured value by its
 // type in `parent`), its results pinned to their types (body_output_spec reads them back).
 // In a shard_map body, parameter k varies as `input_vma[k]` (TraceState::nest_in).
 absl::StatusOr<Graph> trace_body(TraceState* parent, const TracedFunction& f, const std::vector<ArrayType>& inputs,
-                                 std::vector<Value>* captured, const std::vector<TypeSpec>& input_specs = {},
+                                 std::vector<Value>* captured, const std::vector<TypedOperand>& input_types = {},
                                  const std::vector<Variance>& input_vma = {});
 
 // The nodes of `g` from `start` on whose only way out (`outputs` counting as ways out) is into a

@@ -50,11 +50,62 @@ std::string mismatch_extra(const TypedOperand& a, const TypedOperand& b, bool ma
   return absl::StrCat(", so ", absl::StrJoin(m, ", "), ", and ", last);
 }
 
+// core.py's typematch: in explicit mode the whole sharding, its unreduced and reduced axes too
+// (cmp_shape_shd_mat_memsp compares the NamedShardings, whose specs carry them).
 bool same_type(const TypedOperand& a, const TypedOperand& b) {
-  return a.dtype == b.dtype && a.shape == b.shape && a.spec == b.spec;
+  return a.dtype == b.dtype && a.shape == b.shape && a.spec == b.spec && a.unreduced == b.unreduced &&
+         a.reduced == b.reduced;
 }
 
-std::string type_text(const TypedOperand& x) { return type_string(x.dtype, x.shape, x.spec); }
+std::string type_text(const TypedOperand& x) { return type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced); }
+
+// The unreduced and reduced axes of result `j` of body `g` (what its result is pinned to).
+PartitionSpec body_output_pin(const Graph& g, size_t j) {
+  const Node& n = g.node(g.outputs()[j]);
+  return n.op == Op::kShardingConstraint ? n.attrs<ShardingAttrs>().sharding.spec() : PartitionSpec();
+}
+
+// Result `output` of a scan: a carry is of its initial value's type (the body gives it back
+// alike: checked when traced), a stacked ys of the body's result's (core.py's
+// _unmap_shaped_array inserts the new dimension's partition only, keeping the unreduced and
+// reduced axes).
+PartitionSpec scan_result_pin(const TypeRuleCall& c) {
+  const ScanAttrs& a = c.node.attrs<ScanAttrs>();
+  if (a.output < a.num_carry) {
+    const TypedOperand& carry = c.operands[a.output];
+    return PartitionSpec().with_unreduced(carry.unreduced).with_reduced(carry.reduced);
+  }
+  return body_output_pin(*a.body, static_cast<size_t>(a.output));
+}
+
+UnreducedRuleResult scan_unreduced(const TypeRuleCall& c) { return {scan_result_pin(c).unreduced(), "", ""}; }
+ReducedRuleResult scan_reduced(const TypeRuleCall& c) { return {scan_result_pin(c).reduced(), "", ""}; }
+
+// while_loop(carry..., consts...): each result is its carry, of the carry's type.
+UnreducedRuleResult while_unreduced(const TypeRuleCall& c) {
+  return {c.operands[c.node.attrs<BranchesAttrs>().output].unreduced, "", ""};
+}
+ReducedRuleResult while_reduced(const TypeRuleCall& c) {
+  return {c.operands[c.node.attrs<BranchesAttrs>().output].reduced, "", ""};
+}
+
+// switch(index, operands...): the branches' output type (conditionals.py's _cond_abstract_eval
+// returns branches[0].out_avals; they agree: checked when traced). An unreduced index is a sum
+// not yet taken: each device would pick a branch by its own term.
+UnreducedRuleResult switch_unreduced(const TypeRuleCall& c) {
+  const BranchesAttrs& a = c.node.attrs<BranchesAttrs>();
+  if (!c.operands[0].unreduced.empty()) {
+    return {{},
+            "the index is unreduced (a sum over devices not yet taken, which would pick a branch per device by its "
+            "own term)",
+            kReduceFirstFix};
+  }
+  return {body_output_pin(*a.graphs[0], static_cast<size_t>(a.output)).unreduced(), "", ""};
+}
+ReducedRuleResult switch_reduced(const TypeRuleCall& c) {
+  const BranchesAttrs& a = c.node.attrs<BranchesAttrs>();
+  return {body_output_pin(*a.graphs[0], static_cast<size_t>(a.output)).reduced(), "", ""};
+}
 
 TypeRuleResult scan(const TypeRuleCall& c) {
   const ScanAttrs& a = c.node.attrs<ScanAttrs>();
@@ -117,8 +168,7 @@ const std::vector<std::string>& varying(const std::vector<std::vector<std::strin
 // {V:(i,j)} for several.
 std::string text(const TypedOperand& x, const std::vector<std::string>& axes) {
   if (axes.empty()) return type_text(x);
-  const std::string joined = absl::StrJoin(axes, ",");
-  return absl::StrCat(type_text(x), "{V:", axes.size() == 1 ? joined : absl::StrCat("(", joined, ")"), "}");
+  return absl::StrCat(type_string(x.dtype, x.shape, x.spec), unreduced_string(x.unreduced, x.reduced, {}, axes));
 }
 
 // The axes of `of` not in `in`, as a Python tuple: ('i',) or ('i', 'j'); empty when none.
@@ -204,9 +254,9 @@ std::string branch_type_mismatch(absl::string_view api, absl::string_view name1,
 
 absl::Span<const ExplicitRule> control_type_rules() {
   static const ExplicitRule kRules[] = {
-      {Op::kScan, scan},
-      {Op::kWhile, while_loop},
-      {Op::kSwitch, switch_},
+      {Op::kScan, scan, scan_unreduced, scan_reduced},
+      {Op::kWhile, while_loop, while_unreduced, while_reduced},
+      {Op::kSwitch, switch_, switch_unreduced, switch_reduced},
   };
   return kRules;
 }

@@ -148,7 +148,7 @@ absl::Status scan_vjp(const VjpArgs& a) {
   const size_t primals = carries + xs.size();
   const size_t inputs = primals + results;
   std::vector<ArrayType> types;
-  std::vector<TypeSpec> specs;
+  std::vector<TypedOperand> specs;
   const bool typed = a.trace->explicit_mesh.has_value();
   auto add_input = [&](const Value& v, bool row) {
     Shape shape = v.shape();
@@ -156,9 +156,10 @@ absl::Status scan_vjp(const VjpArgs& a) {
     types.push_back({v.dtype(), shape});
     if (!typed) return;
     std::optional<TypedOperand> t = typed_operand(v);
-    TypeSpec spec = t.has_value() ? t->spec : TypeSpec(v.shape().size());
-    if (row && !spec.empty()) spec.erase(spec.begin());
-    specs.push_back(std::move(spec));
+    TypedOperand in = t.has_value() ? *std::move(t) : TypedOperand{v.dtype(), v.shape(), TypeSpec(v.shape().size())};
+    if (row && !in.spec.empty()) in.spec.erase(in.spec.begin());
+    in.shape = shape;
+    specs.push_back(std::move(in));
   };
   for (const Value& v : init) add_input(v, false);
   for (const Value& v : xs) add_input(v, true);

@@ -96,7 +96,7 @@ class Propagator : public internal::ShardingContext {
     typed_unreduced_.assign(g_.size(), false);
     for (int id = 0; id < g_.size(); ++id) {
       TESSERA_RETURN_IF_ERROR(forward(id));  // a parameter's rule keeps its input layout
-      mark_typed_unreduced(id);
+      infer_typed_unreduced(id);
     }
     // Values no operand determined (constants, iota) start replicated; the backward pass
     // gives them what their users want.
@@ -130,10 +130,14 @@ class Propagator : public internal::ShardingContext {
 
   const std::vector<std::string>& automatic_axes(int id) const override { return automatic_[id]; }
   bool typed_unreduced(int id) const override { return typed_unreduced_[id]; }
+  void mark_typed_unreduced(int id) override {
+    if (assigned_[id] && out_.result[id].is_partial()) typed_unreduced_[id] = true;
+  }
 
   // A pending sum is typed unreduced where a constraint or an input names it (their rules make
-  // exactly the spec's unreduced axes pending), and after an op that kept an operand's such sum.
-  void mark_typed_unreduced(int id) {
+  // exactly the spec's unreduced axes pending), after an op that kept an operand's such sum,
+  // and where a rule marked it (above).
+  void infer_typed_unreduced(int id) {
     const Node& n = g_.node(id);
     const ValueSharding& r = out_.result[id];
     if (!assigned_[id] || !r.is_partial() || r.partial_op != ReduceOp::kSum) return;

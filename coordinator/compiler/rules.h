@@ -58,6 +58,10 @@ class ShardingContext {
   // was by every op since. A rule keeps such a sum where it would otherwise resolve it first
   // (broadcast_in_dim, concatenate): the type says it is still pending after the op.
   virtual bool typed_unreduced(int id) const = 0;
+  // Marks value `id`'s pending sum (set first) as typed unreduced: for a rule whose result's sum
+  // is one a sub-graph's result is typed with (explicit mode pins a loop body's or a branch's
+  // results to their types; a pinned result keeps only the sum its type names).
+  virtual void mark_typed_unreduced(int id) = 0;
 
   // of(id), or replicated when not decided yet.
   ValueSharding of_or_replicated(int id) const;

@@ -10,6 +10,13 @@
 // dimension. The body becomes a program of its own (propagate + partition, recursively), which
 // the loop instruction runs once per iteration: its collectives run once per iteration, and
 // the program's size does not depend on the length.
+//
+// An operand whose pending sum the program typed unreduced (explicit mode's {U:X}: a carry the
+// loop's type keeps unreduced, client/explicit/control.cc) enters as that sum: each device's
+// term goes round the loop, the body is compiled with that input and the carry's output
+// unreduced alike, and the sum runs where the program reshards the result, not once per
+// iteration (JAX's test_minibatch_scan_unreduced: one all-reduce). Any other pending sum is
+// resolved before the loop.
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +32,17 @@ Shape local_shape(const Mesh& mesh, const ValueSharding& s, const Shape& shape) 
   return NamedSharding(mesh, s.spec()).shard_shape(shape);
 }
 
+// Operand `o` of a loop or switch as it enters: in its layout, whole unless its pending sum is
+// typed unreduced (above).
+ValueSharding entering(const ShardingContext& c, int o) {
+  ValueSharding v = c.of_or_replicated(o);
+  if (!c.typed_unreduced(o)) v.partial.clear();
+  return v;
+}
+
+// v's layout as a spec, its pending sum as unreduced axes.
+PartitionSpec spec_of(const ValueSharding& v) { return v.spec().with_unreduced(v.partial); }
+
 // What the scan needs of each operand: a carry whole in its layout, an xs also whole along its
 // scanned (leading) dimension.
 std::vector<ValueSharding> scan_needs(const ShardingContext& c, int id) {
@@ -32,8 +50,7 @@ std::vector<ValueSharding> scan_needs(const ShardingContext& c, int id) {
   const ScanAttrs& a = n.attrs<ScanAttrs>();
   std::vector<ValueSharding> needs;
   for (size_t k = 0; k < n.operands.size(); ++k) {
-    ValueSharding v = c.of_or_replicated(n.operands[k]);
-    v.partial.clear();
+    ValueSharding v = entering(c, n.operands[k]);
     if (static_cast<int64_t>(k) >= a.num_carry) v.dims[0].clear();
     needs.push_back(std::move(v));
   }
@@ -51,7 +68,7 @@ BodySpecs body_specs(const ScanAttrs& a, const std::vector<ValueSharding>& needs
   for (size_t k = 0; k < needs.size(); ++k) {
     std::vector<Axes> dims = needs[k].dims;
     if (static_cast<int64_t>(k) >= a.num_carry) dims.erase(dims.begin());
-    s.inputs.push_back(PartitionSpec(dims));
+    s.inputs.push_back(PartitionSpec(dims).with_unreduced(needs[k].partial));
   }
   for (size_t j = 0; j < a.body->outputs().size(); ++j) {
     s.outputs.push_back(static_cast<int64_t>(j) < a.num_carry ? std::optional<PartitionSpec>(s.inputs[j])
@@ -73,14 +90,15 @@ absl::StatusOr<Executable> compile_body(const Mesh& mesh, const ScanAttrs& a, co
 }
 
 // Result `output`'s layout: a carry's as it enters; a stacked ys whole along its leading
-// dimension, then the body's layout of that result.
-Dims result_dims(const ScanAttrs& a, const std::vector<ValueSharding>& needs, const Executable& body) {
-  if (a.output < a.num_carry) return needs[a.output].dims;
+// dimension, then the body's layout of that result (and its pending sum: a ys the body leaves
+// unreduced is stacked of each device's terms).
+ValueSharding result_layout(const ScanAttrs& a, const std::vector<ValueSharding>& needs, const Executable& body) {
+  if (a.output < a.num_carry) return needs[a.output];
   const PartitionSpec& spec = body.output_specs[a.output];
   const size_t rank = a.body->node(a.body->outputs()[a.output]).shape.size();
   Dims dims(rank + 1);
   for (int d = 0; d < spec.size() && d < static_cast<int>(rank); ++d) dims[d + 1] = spec.axes(d);
-  return dims;
+  return ValueSharding{std::move(dims), spec.unreduced()};
 }
 
 // Whether scan nodes `a` and `b` have one header: the same operands, length, direction and carries.
@@ -111,7 +129,9 @@ absl::Status scan_forward(ShardingContext& c, int id) {
   const ScanAttrs a = loop_of(c.graph(), id);
   std::vector<ValueSharding> needs = scan_needs(c, id);
   TESSERA_ASSIGN_OR_RETURN(Executable body, compile_body(c.mesh(), a, needs, id));
-  c.set(id, result_dims(a, needs, body));
+  ValueSharding r = result_layout(a, needs, body);
+  c.set(id, std::move(r.dims), std::move(r.partial));
+  c.mark_typed_unreduced(id);  // a carry's sum as it entered, or one the body's ys is typed with
   c.needs(id) = std::move(needs);
   return absl::OkStatus();
 }
@@ -149,7 +169,7 @@ absl::Status scan_partition(PartitionContext& c, int id) {
     const Node& out = a.body->node(a.body->outputs()[j]);
     Shape shape = out.shape;
     if (static_cast<int64_t>(j) >= a.num_carry) shape.insert(shape.begin(), a.length);
-    loop.out_types.push_back({out.dtype, local_shape(c.mesh(), ValueSharding{result_dims(r, needs, body), {}}, shape)});
+    loop.out_types.push_back({out.dtype, local_shape(c.mesh(), result_layout(r, needs, body), shape)});
   }
   loop.node.dtype = loop.out_types[0].dtype;
   loop.node.shape = loop.out_types[0].shape;
@@ -191,11 +211,7 @@ constexpr int64_t kWhileBound = int64_t{1} << 16;
 
 std::vector<ValueSharding> whole_needs(const ShardingContext& c, int id) {
   std::vector<ValueSharding> needs;
-  for (int o : c.graph().node(id).operands) {
-    ValueSharding v = c.of_or_replicated(o);
-    v.partial.clear();
-    needs.push_back(std::move(v));
-  }
+  for (int o : c.graph().node(id).operands) needs.push_back(entering(c, o));
   return needs;
 }
 
@@ -210,7 +226,7 @@ absl::StatusOr<Executable> compile_graph(const Mesh& mesh, const Graph& g, const
 
 std::vector<PartitionSpec> specs_of(const std::vector<ValueSharding>& v, size_t from = 0) {
   std::vector<PartitionSpec> out;
-  for (size_t k = from; k < v.size(); ++k) out.push_back(v[k].spec());
+  for (size_t k = from; k < v.size(); ++k) out.push_back(spec_of(v[k]));
   return out;
 }
 
@@ -230,7 +246,8 @@ absl::Status while_forward(ShardingContext& c, int id) {
   const BranchesAttrs& a = c.graph().node(id).attrs<BranchesAttrs>();
   std::vector<ValueSharding> needs = whole_needs(c, id);
   TESSERA_RETURN_IF_ERROR(compile_while(c.mesh(), a, needs, id).status());
-  c.set(id, needs[a.output].dims);
+  c.set(id, needs[a.output].dims, needs[a.output].partial);
+  c.mark_typed_unreduced(id);
   c.needs(id) = std::move(needs);
   return absl::OkStatus();
 }
@@ -241,6 +258,9 @@ absl::StatusOr<std::vector<Executable>> compile_switch(const Mesh& mesh, const B
   const std::vector<PartitionSpec> in = specs_of(needs, 1);
   const size_t results = a.graphs[0]->outputs().size();
   std::vector<std::optional<Dims>> join(results);
+  // A result every branch leaves unreduced over the same axes (explicit mode's type, which the
+  // branches agree on) stays so.
+  std::vector<std::optional<std::vector<std::string>>> pending(results);
   for (size_t b = 0; b < a.graphs.size(); ++b) {
     TESSERA_ASSIGN_OR_RETURN(Executable free,
                              compile_graph(mesh, *a.graphs[b], in, std::vector<std::optional<PartitionSpec>>(results),
@@ -250,6 +270,12 @@ absl::StatusOr<std::vector<Executable>> compile_switch(const Mesh& mesh, const B
       Dims dims(rank);
       for (int d = 0; d < free.output_specs[j].size() && d < static_cast<int>(rank); ++d) {
         dims[d] = free.output_specs[j].axes(d);
+      }
+      const std::vector<std::string>& unreduced = free.output_specs[j].unreduced();
+      if (!pending[j].has_value()) {
+        pending[j] = unreduced;
+      } else if (!same_axes(*pending[j], unreduced)) {
+        pending[j]->clear();
       }
       if (!join[j].has_value()) {
         join[j] = dims;
@@ -261,7 +287,7 @@ absl::StatusOr<std::vector<Executable>> compile_switch(const Mesh& mesh, const B
     }
   }
   std::vector<std::optional<PartitionSpec>> pinned;
-  for (const std::optional<Dims>& d : join) pinned.push_back(PartitionSpec(*d));
+  for (size_t j = 0; j < results; ++j) pinned.push_back(PartitionSpec(*join[j]).with_unreduced(*pending[j]));
   std::vector<Executable> out;
   for (size_t b = 0; b < a.graphs.size(); ++b) {
     TESSERA_ASSIGN_OR_RETURN(Executable e, compile_graph(mesh, *a.graphs[b], in, pinned,
@@ -277,18 +303,20 @@ std::vector<ValueSharding> switch_needs(const ShardingContext& c, int id) {
   return needs;
 }
 
-Dims switch_result(const BranchesAttrs& a, const Executable& branch0) {
+ValueSharding switch_result(const BranchesAttrs& a, const Executable& branch0) {
   const PartitionSpec& spec = branch0.output_specs[a.output];
   Dims dims(a.graphs[0]->node(a.graphs[0]->outputs()[a.output]).shape.size());
   for (int d = 0; d < spec.size() && d < static_cast<int>(dims.size()); ++d) dims[d] = spec.axes(d);
-  return dims;
+  return ValueSharding{std::move(dims), spec.unreduced()};
 }
 
 absl::Status switch_forward(ShardingContext& c, int id) {
   const BranchesAttrs& a = c.graph().node(id).attrs<BranchesAttrs>();
   std::vector<ValueSharding> needs = switch_needs(c, id);
   TESSERA_ASSIGN_OR_RETURN(std::vector<Executable> branches, compile_switch(c.mesh(), a, needs, id));
-  c.set(id, switch_result(a, branches[0]));
+  ValueSharding r = switch_result(a, branches[0]);
+  c.set(id, std::move(r.dims), std::move(r.partial));
+  c.mark_typed_unreduced(id);  // the sum every branch's result is typed with
   c.needs(id) = std::move(needs);
   return absl::OkStatus();
 }
@@ -319,7 +347,7 @@ absl::Status branches_partition(PartitionContext& c, int id) {
   inst.node.operands = in;
   inst.value = id;
   inst.cause = c.cause(id);
-  std::vector<Dims> result_dims;
+  std::vector<ValueSharding> result_dims;
   const Graph& shape_of = n.op == Op::kWhile ? *a.graphs[1] : *a.graphs[0];
   if (n.op == Op::kWhile) {
     TESSERA_ASSIGN_OR_RETURN(auto programs, compile_while(c.mesh(), a, needs, id));
@@ -329,7 +357,7 @@ absl::Status branches_partition(PartitionContext& c, int id) {
         plan_has_collectives(programs.first.program) || plan_has_collectives(programs.second.program) ? kWhileBound : 0;
     inst.branches.push_back(std::make_shared<const DevicePlan>(std::move(programs.first.program)));
     inst.body = std::make_shared<const DevicePlan>(std::move(programs.second.program));
-    for (const ValueSharding& v : needs) result_dims.push_back(v.dims);
+    result_dims = needs;
   } else {
     TESSERA_ASSIGN_OR_RETURN(std::vector<Executable> branches, compile_switch(c.mesh(), a, needs, id));
     inst.kind = Instruction::Kind::kSwitch;
@@ -342,7 +370,7 @@ absl::Status branches_partition(PartitionContext& c, int id) {
   }
   for (size_t j = 0; j < shape_of.outputs().size(); ++j) {
     const Node& out = shape_of.node(shape_of.outputs()[j]);
-    inst.out_types.push_back({out.dtype, local_shape(c.mesh(), ValueSharding{result_dims[j], {}}, out.shape)});
+    inst.out_types.push_back({out.dtype, local_shape(c.mesh(), result_dims[j], out.shape)});
   }
   inst.node.dtype = inst.out_types[0].dtype;
   inst.node.shape = inst.out_types[0].shape;

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -33,6 +34,15 @@ inline void expect_near(const HostArray& got, const std::vector<double>& want, d
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_NEAR(got.values<float>()[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
   }
+}
+
+// How many all_reduce instructions a program's text (Jitted::as_text) has, loop bodies included.
+inline size_t all_reduce_count(const std::string& program) {
+  size_t n = 0;
+  for (size_t at = program.find("= all_reduce("); at != std::string::npos; at = program.find("= all_reduce(", at + 1)) {
+    ++n;
+  }
+  return n;
 }
 
 // One embedded cluster of 8 devices for a whole suite, and a (4, 2) mesh over it: make_mesh's,

@@ -59,6 +59,9 @@ class ExplicitReducedTest : public jit_support::LocalJitSuite {
   }
 };
 
+// The first of a control-flow op's results, or an invalid Value when it failed (and gave none).
+Value first(const std::vector<Value>& results) { return results.empty() ? Value() : results[0]; }
+
 std::vector<double> values_of(const HostArray& a) {
   const auto v = a.values<float>();
   return std::vector<double>(v.begin(), v.end());
@@ -162,6 +165,12 @@ TEST_F(ExplicitReducedTest, ReductionsKeepReducedAxesAsJax) {
         refusal([](const std::vector<Value>& in) { return argmin(reshard(in[0], P("x").with_unreduced({"y"})), 1); },
                 {put_on(mesh, h, P("x", None))}),
         ::testing::AllOf(HasSubstr("argmin: unreduced/reduced rule for argmin is not implemented"),
+                         HasSubstr("(operand f32[8@x,6]{U:y})")));
+    // An unreduced operand to argmax: call_ur_rule's words too, not nary_ur_rule's.
+    EXPECT_THAT(
+        refusal([](const std::vector<Value>& in) { return argmax(reshard(in[0], P("x").with_unreduced({"y"})), 1); },
+                {put_on(mesh, h, P("x", None))}),
+        ::testing::AllOf(HasSubstr("argmax: unreduced/reduced rule for argmax is not implemented"),
                          HasSubstr("(operand f32[8@x,6]{U:y})")));
     EXPECT_THAT(refusal([](const std::vector<Value>& in) { return cumsum(in[0], 1); }, {x}),
                 HasSubstr("cumsum: unreduced/reduced rule for cumsum is not implemented"));
@@ -539,6 +548,267 @@ TEST_F(ExplicitReducedTest, AtGetWithOutShardingOfAReducedTableAsJax) {
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_EQ((*g)[0].sharding().spec(), P(None, None).with_unreduced({"x"}));
     expect_near(summed((*g)[0]), counts);
+  }
+}
+
+// tests/pjit_test.py, test_cond_fori_reduced_fwd: a fori_loop whose carries are typed reduced over
+// 'x' and whose body is a cond giving either k and v resharded reduced or its carries. A carry
+// keeps its type through the loop and the branches agree on theirs (loops.py's _check_carry_type
+// and conditionals.py's _check_branch_outputs compare them with core.typematch, which in explicit
+// mode compares the whole sharding, reduced axes included), so the results are typed
+// f32[8]{R:x} and leave jit reduced. Values against the host: k and v when the predicate holds,
+// else the initial carries doubled three times. JAX's test also takes the gradient (it only
+// checks that it does not crash): here it is checked against the host.
+TEST_F(ExplicitReducedTest, ForiLoopAndCondKeepReducedCarriesAsJax) {
+  const HostArray hk = random_f32({8}, 21), hv = random_f32({8}, 22), h0 = random_f32({8}, 23),
+                  h1 = random_f32({8}, 24);
+  const PartitionSpec reduced = P(None).with_reduced({"x"});
+  auto f = [&](const std::vector<Value>& in, std::vector<std::string>* types) {
+    // in: the predicate, the two initial carries, k, v.
+    std::vector<Value> out =
+        fori_loop(0, 3,
+                  [&](const Value&, const std::vector<Value>& kv) {
+                    std::vector<Value> r = cond(
+                        in[0],
+                        [&](const std::vector<Value>&) {
+                          return std::vector<Value>{reshard(in[3], reduced), reshard(in[4], reduced)};
+                        },
+                        [](const std::vector<Value>& c) {
+                          return std::vector<Value>{c[0] * 2.0, c[1] * 2.0};
+                        },
+                        kv);
+                    if (types != nullptr && types->empty()) types->push_back(type_of(r[0]).to_string());
+                    return r;
+                  },
+                  {in[1], in[2]});
+    if (types != nullptr) types->push_back(type_of(out[0]).to_string());
+    return out;
+  };
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const std::vector<Array> kv = {put_on(mesh, h0, reduced), put_on(mesh, h1, reduced), put_on(mesh, hk, P("x")),
+                                   put_on(mesh, hv, P("x"))};
+    for (const int32_t p : {1, 0}) {
+      SCOPED_TRACE(absl::StrCat("predicate ", p));
+      std::vector<Array> args = {put_on(mesh, HostArray::from_vector<int32_t>({}, {p}), P())};
+      args.insert(args.end(), kv.begin(), kv.end());
+      std::vector<std::string> types;
+      absl::StatusOr<std::vector<Array>> y = jit([&](const std::vector<Value>& in) { return f(in, &types); })(args);
+      ASSERT_TRUE(y.ok()) << y.status();
+      EXPECT_EQ(types, (std::vector<std::string>{"f32[8]{R:x}", "f32[8]{R:x}"}));
+      for (int j = 0; j < 2; ++j) {
+        EXPECT_EQ((*y)[j].sharding().spec(), reduced);
+        std::vector<double> want = values_of(p != 0 ? (j == 0 ? hk : hv) : (j == 0 ? h0 : h1));
+        if (p == 0) {
+          for (double& w : want) w *= 8.0;
+        }
+        expect_near(fetch((*y)[j]), want);
+      }
+      // d sum(k result) / d (initial k carry, k): 8 and 0, or 0 and 1. The initial carry's is the
+      // cotangent of a reduced value, unreduced over 'x' (sharding-ad.md), summed here.
+      absl::StatusOr<std::vector<Array>> g = jit(
+          grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in, nullptr)[0])}; }, {1, 3}))(args);
+      ASSERT_TRUE(g.ok()) << g.status();
+      EXPECT_EQ((*g)[0].sharding().spec(), P(None).with_unreduced({"x"}));
+      expect_near(summed((*g)[0]), std::vector<double>(8, p != 0 ? 0.0 : 8.0));
+      EXPECT_EQ((*g)[1].sharding().spec(), P("x"));
+      expect_near(fetch((*g)[1]), std::vector<double>(8, p != 0 ? 1.0 : 0.0));
+    }
+  }
+}
+
+// scan's rows keep their xs's reduced axes (core.py's _map_shaped_array updates only the
+// partitions of the scanned dimension's type) and the stacked ys the body's
+// (_unmap_shaped_array), its carries their own; while_loop's carries keep theirs. Values against
+// the host: the carry is the initial one plus every row, the ys each row doubled, and the while
+// loop doubles its carry three times.
+TEST_F(ExplicitReducedTest, ScanRowsYsAndWhileCarriesKeepReducedAxesAsJax) {
+  const HostArray hx = random_f32({4, 6}, 25), hc = random_f32({6}, 26);
+  std::vector<double> carry = values_of(hc), ys = values_of(hx), doubled = values_of(hc);
+  for (int r = 0; r < 4; ++r) {
+    for (int j = 0; j < 6; ++j) carry[j] += hx.values<float>()[r * 6 + j];
+  }
+  for (double& v : ys) v *= 2.0;
+  for (double& v : doubled) v *= 8.0;
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    std::vector<std::string> types;
+    absl::StatusOr<std::vector<Array>> y = jit([&](const std::vector<Value>& in) {
+      ScanResult s = scan(
+          [&](const std::vector<Value>& c, const std::vector<Value>& row) {
+            types.push_back(type_of(row[0]).to_string());
+            return ScanStep{{c[0] + row[0]}, {row[0] * 2.0}};
+          },
+          {in[1]}, {in[0]});
+      std::vector<Value> w = while_loop([](const std::vector<Value>& c) { return c[0] < full({}, 3, DType::kI32); },
+                                        [](const std::vector<Value>& c) {
+                                          return std::vector<Value>{c[0] + 1, c[1] * 2.0};
+                                        },
+                                        {full({}, 0, DType::kI32), in[1]});
+      for (const Value& v : {s.carry[0], s.ys[0], w[1]}) types.push_back(type_of(v).to_string());
+      return std::vector<Value>{s.carry[0], s.ys[0], w[1]};
+    })({put_on(mesh, hx, P(None, None).with_reduced({"y"})), put_on(mesh, hc, P(None).with_reduced({"y"}))});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(types, (std::vector<std::string>{"f32[6]{R:y}", "f32[6]{R:y}", "f32[4,6]{R:y}", "f32[6]{R:y}"}));
+    EXPECT_EQ((*y)[1].sharding().spec(), P(None, None).with_reduced({"y"}));
+    expect_near(fetch((*y)[0]), carry);
+    expect_near(fetch((*y)[1]), ys);
+    expect_near(fetch((*y)[2]), doubled);
+  }
+}
+
+// JAX's refusals: a carry given back with other reduced or unreduced axes than it got is
+// loops.py's _check_carry_type error, and branches whose outputs differ in them
+// conditionals.py's _check_branch_outputs error (core.typematch compares the whole sharding;
+// aval_mismatch_extra says nothing more of a sharding difference). A switch on an unreduced
+// index is refused too (JAX's lax.switch clamps its index first, which has no ur_rule).
+TEST_F(ExplicitReducedTest, CarriesAndBranchesOfOtherReducedAxesAreRefusedAsJax) {
+  const HostArray h = random_f32({8}, 27);
+  const Mesh mesh = meshes()[0];
+  const Array r = put_on(mesh, h, P(None).with_reduced({"x"}));
+  EXPECT_EQ(
+      refusal(
+          [](const std::vector<Value>& in) {
+            return first(fori_loop(
+                0, 2, [](const Value&, const std::vector<Value>& c) { return std::vector<Value>{reshard(c[0], P())}; },
+                {in[0]}));
+          },
+          {r}),
+      "scan body function carry input and carry output must have equal types, but they differ:\n\n"
+      "The input carry at path [1] has type f32[8]{R:x} but the corresponding output carry component has type "
+      "f32[8].\n\nRevise the function so that all output types match the corresponding input types.");
+  EXPECT_EQ(refusal(
+                [](const std::vector<Value>& in) {
+                  return first(while_loop([](const std::vector<Value>& c) { return sum(c[0]) > 0.0; },
+                                          [](const std::vector<Value>& c) {
+                                            return std::vector<Value>{reshard(c[0], P(None).with_unreduced({"x"}))};
+                                          },
+                                          {reshard(in[0], P())}));
+                },
+                {r}),
+            "while_loop body function carry input and carry output must have equal types, but they differ:\n\n"
+            "The input carry at path [0] has type f32[8] but the corresponding output carry component has type "
+            "f32[8]{U:x}.\n\nRevise the function so that all output types match the corresponding input types.");
+  EXPECT_EQ(refusal(
+                [](const std::vector<Value>& in) {
+                  return first(cond(
+                      sum(in[0]) > 0.0, [](const std::vector<Value>& c) { return std::vector<Value>{c[0] * 2.0}; },
+                      [](const std::vector<Value>& c) { return std::vector<Value>{reshard(c[0], P())}; }, {in[0]}));
+                },
+                {r}),
+            "cond branches must have equal output types but they differ.\n\n"
+            "The output of true_fun at path [0] has type f32[8]{R:x} but the corresponding output of false_fun has "
+            "type f32[8].\n\nRevise true_fun and/or false_fun so that all output types match.");
+  EXPECT_THAT(
+      refusal(
+          [](const std::vector<Value>& in) {
+            const Value i = reshard(full({}, 1, DType::kI32), P().with_unreduced({"x"}));
+            return first(switch_(i,
+                                 {[](const std::vector<Value>& c) { return c; },
+                                  [](const std::vector<Value>& c) { return std::vector<Value>{c[0] * 2.0}; }},
+                                 {in[0]}));
+          },
+          {put_on(mesh, h, P())}),
+      ::testing::AllOf(HasSubstr("switch: the index is unreduced"), HasSubstr("(operands i32[]{U:x}, f32[8])")));
+}
+
+// tests/pjit_test.py, test_minibatch_scan_unreduced: gradients accumulated over microbatches in a
+// scan carry typed unreduced over 'x' (each microbatch's contraction over its rows split over
+// 'x' is unreduced, out_sharding P(unreduced={'x'})), the carry stays unreduced through the loop
+// and the sum over 'x' runs once, at the reshard after it: one all_reduce for it in the program,
+// as JAX's compiled text has. Each microbatch's contraction is also stacked as an unreduced ys
+// (core.py's _unmap_shaped_array keeps the axes), summed by its own reshard: still one all_reduce
+// instruction in the program (the two sums combine). Values against the host: the sum over
+// microbatches of xsᵀ·xs, and each one's.
+TEST_F(ExplicitReducedTest, AScanCarryTypedUnreducedAccumulatesWithOneAllReduceAsJax) {
+  const HostArray hx = random_f32({3, 8, 4}, 28);
+  std::vector<double> want(16, 0.0), per_batch(3 * 16, 0.0);
+  for (int b = 0; b < 3; ++b) {
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 4; ++j) {
+        for (int r = 0; r < 8; ++r) {
+          const double t = hx.values<float>()[(b * 8 + r) * 4 + i] * hx.values<float>()[(b * 8 + r) * 4 + j];
+          want[i * 4 + j] += t;
+          per_batch[b * 16 + i * 4 + j] += t;
+        }
+      }
+    }
+  }
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"x"});
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    std::vector<std::string> types;
+    Jitted f = jit([&](const std::vector<Value>& in) {
+      const Value acc = reshard(full({4, 4}, 0.0), unreduced);
+      ScanResult s = scan(
+          [&](const std::vector<Value>& c, const std::vector<Value>& row) {
+            const Value g = matmul(transpose(row[0], {1, 0}), row[0], unreduced);
+            const Value next = c[0] + g;
+            for (const Value& v : {c[0], g, next}) types.push_back(type_of(v).to_string());
+            return ScanStep{{next}, {g}};
+          },
+          {acc}, {in[0]});
+      types.push_back(type_of(s.carry[0]).to_string());
+      types.push_back(type_of(s.ys[0]).to_string());
+      return std::vector<Value>{reshard(s.carry[0], P()), reshard(s.ys[0], P())};
+    });
+    absl::StatusOr<std::vector<Array>> y = f({put_on(mesh, hx, P(None, "x", None))});
+    ASSERT_TRUE(y.ok()) << y.status();
+    std::vector<std::string> want_types(4, "f32[4,4]{U:x}");
+    want_types.push_back("f32[3,4,4]{U:x}");
+    EXPECT_EQ(types, want_types);
+    expect_near(fetch((*y)[0]), want, 1e-4);
+    expect_near(fetch((*y)[1]), per_batch, 1e-4);
+    EXPECT_EQ(jit_support::all_reduce_count(f.as_text()), 1u) << f.as_text();
+  }
+}
+
+// A cond's results are its branches' output types, unreduced axes included
+// (conditionals.py's _cond_abstract_eval returns branches[0].out_avals), and a while_loop's carry
+// keeps its type: a contraction both branches leave unreduced over 'x' stays pending out of the
+// cond and through the loop (which doubles it twice), and the sum runs once, at the reshard
+// after. Values against the host: 4·xᵀx, or 8·xᵀx when the predicate is false.
+TEST_F(ExplicitReducedTest, UnreducedBranchOutputsAndWhileCarriesStayPendingAsJax) {
+  const HostArray hx = random_f32({8, 4}, 29);
+  std::vector<double> gram(16, 0.0);
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      for (int r = 0; r < 8; ++r) gram[i * 4 + j] += hx.values<float>()[r * 4 + i] * hx.values<float>()[r * 4 + j];
+    }
+  }
+  const PartitionSpec unreduced = P(None, None).with_unreduced({"x"});
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    for (const int32_t p : {1, 0}) {
+      std::vector<std::string> types;
+      Jitted f = jit([&](const std::vector<Value>& in) {
+        const Value g = first(cond(
+            in[0],
+            [&](const std::vector<Value>& c) {
+              return std::vector<Value>{matmul(transpose(c[0], {1, 0}), c[0], unreduced)};
+            },
+            [&](const std::vector<Value>& c) {
+              return std::vector<Value>{matmul(transpose(c[0], {1, 0}), c[0] * 2.0, unreduced)};
+            },
+            {in[1]}));
+        const std::vector<Value> w =
+            while_loop([](const std::vector<Value>& c) { return c[0] < full({}, 2, DType::kI32); },
+                       [](const std::vector<Value>& c) {
+                         return std::vector<Value>{c[0] + 1, c[1] + c[1]};
+                       },
+                       {full({}, 0, DType::kI32), g});
+        types = {type_of(g).to_string(), type_of(w[1]).to_string()};
+        return std::vector<Value>{reshard(w[1], P())};
+      });
+      absl::StatusOr<std::vector<Array>> y =
+          f({put_on(mesh, HostArray::from_vector<int32_t>({}, {p}), P()), put_on(mesh, hx, P("x", None))});
+      ASSERT_TRUE(y.ok()) << y.status();
+      EXPECT_EQ(types, (std::vector<std::string>{"f32[4,4]{U:x}", "f32[4,4]{U:x}"}));
+      std::vector<double> want = gram;
+      for (double& v : want) v *= p != 0 ? 4.0 : 8.0;
+      expect_near(fetch((*y)[0]), want, 1e-4);
+      EXPECT_EQ(jit_support::all_reduce_count(f.as_text()), 1u) << f.as_text();
+    }
   }
 }
 
