@@ -322,8 +322,15 @@ class ShmTransferWireTest : public ShmTransferTest {
 // allocation or lock after fork in this threaded process. pid() <= 0 if fork failed.
 class SegmentHolder {
  public:
-  explicit SegmentHolder(ShmSegment* segment) : pid_(fork()) {
+  // `segment_only`: the child closes every fd but `segment`'s and 0 to 2 (the test's
+  // connections to the workers among them).
+  explicit SegmentHolder(ShmSegment* segment, bool segment_only = false) : pid_(fork()) {
     if (pid_ == 0) {
+      if (segment_only) {
+        const unsigned kept = static_cast<unsigned>(segment->fd());
+        if (kept > 3) close_range(3, kept - 1, 0);
+        close_range(kept + 1, ~0U, 0);
+      }
       for (;;) pause();
     }
     *segment = *ShmSegment::create(0);
@@ -607,6 +614,40 @@ TEST_F(ShmTransferWireTest, ASegmentNamingTheClientsMemoryIsReadFromThere) {
     expect_error(reader->Finish(), grpc::StatusCode::INVALID_ARGUMENT, "names memory of its process");
     delete_buffers({id});
   }
+  expect_nothing_left();
+}
+
+// A direct segment naming a process other than the caller's connection's owner: the attack
+// in which a client has another process hold a copy of its memfd (a worker it put through,
+// say) and names that process, with an address in its memory. Here the other process is a
+// child forked from this test (so the block is at the same address in its memory, with the
+// same values) that holds the memfd but none of this test's connections: refused
+// PERMISSION_DENIED naming it and the caller's peer, nothing read, reserved or left. Named
+// as itself, this process (which holds the connection) gets the block read, the host's.
+TEST_F(ShmTransferWireTest, ASegmentNamingMemoryOfAProcessNotTheCallersIsRefused) {
+  constexpr int64_t kElements = 3001;
+  const HostArray host = numbered({1, kElements});
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(host.data(), host.nbytes());
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const int fd = segment->fd();
+  const uint64_t token = segment->token();
+  {
+    SegmentHolder holding(&*segment, /*segment_only=*/true);  // the child's copy of it alone is left
+    ASSERT_GT(holding.pid(), 0) << "fork: " << std::strerror(errno);
+    const pid_t other = holding.pid();
+    // The holder's copy of the memfd is this one (the worker could open it there).
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat("/proc/", other, "/fd/", fd)));
+    expect_error(put(header(801, kElements, named(other, fd, token))), grpc::StatusCode::PERMISSION_DENIED,
+                 absl::StrCat("PutShard: buffer 801 i32[1,3001]: process ", other,
+                              " does not hold this call's connection (peer 'ipv"));
+    expect_nothing_left();
+  }
+  segment = ShmSegment::create_direct(host.data(), host.nbytes());
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const grpc::Status read = put(header(802, kElements, named(getpid(), segment->fd(), segment->token())));
+  ASSERT_TRUE(read.ok()) << read.error_message();
+  expect_block(fetch_streamed(802, kElements), {{0, 1}, {0, kElements}}, kElements);
+  delete_buffers({802});
   expect_nothing_left();
 }
 
