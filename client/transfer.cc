@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <thread>
@@ -123,8 +124,8 @@ class SegmentPool {
   // REQUIRES: no worker holds `segment` (its call ended OK).
   void give_back(ShmSegment segment) {
     absl::MutexLock lock(&mu_);
-    if (segment.sealed() || segment.capacity() < kMinPooledBytes || held_ + segment.capacity() > kPooledBytes ||
-        by_capacity_.size() >= kPooledSegments) {
+    if (segment.sealed() || segment.direct() || segment.capacity() < kMinPooledBytes ||
+        held_ + segment.capacity() > kPooledBytes || by_capacity_.size() >= kPooledSegments) {
       return;  // closed here
     }
     held_ += segment.capacity();
@@ -137,16 +138,27 @@ class SegmentPool {
   int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// A memfd holding block `index` of `global`: written straight from `global` when the block is
-// contiguous there, else gathered first. `seal`: a fresh one, sealed, for the workers to adopt
+// Set once a worker of this host refused to read a put's block from this process's memory
+// (ShmSegment::create_direct: FAILED_PRECONDITION, it may not ptrace us): later puts write
+// their blocks into the memfd instead.
+std::atomic<bool> direct_refused{false};
+
+// A memfd for block `index` of `global`. A contiguous block that is not to be sealed, while no
+// worker refused it (`direct`, direct_refused): a segment naming the block where it is in
+// `global` (ShmSegment::create_direct), which the workers read from there: no copy here.
+// Else the block written into it: straight from `global` when the block is contiguous there,
+// else gathered first. `seal`: a fresh one, sealed, for the workers to adopt
 // (core/shm_transfer.h); else one from the pool, which they copy out.
-absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& index, bool seal) {
+absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& index, bool seal, bool direct = true) {
   const int64_t elem = dtype_size(global.dtype);
   const Shape shape = block_shape(index);
   const int64_t bytes = num_elements(shape) * elem;
-  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, seal ? ShmSegment::create(bytes) : SegmentPool::instance().take(bytes));
   const auto* global_data = static_cast<const std::byte*>(global.data);
   const int64_t offset = contiguous_block_offset(global.shape, index);
+  if (direct && !seal && offset >= 0 && bytes > 0 && !direct_refused.load(std::memory_order_relaxed)) {
+    return ShmSegment::create_direct(global_data + offset * elem, bytes);
+  }
+  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, seal ? ShmSegment::create(bytes) : SegmentPool::instance().take(bytes));
   if (offset >= 0) {
     TESSERA_RETURN_IF_ERROR(segment.write_block(global_data + offset * elem));
   } else {
@@ -199,21 +211,39 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   // uploader brings the bytes.
   if (route.handoff != 0) return put_header(stub, header, route.handoff, kControlDeadline, who, nullptr);
   if (route.fan_out != nullptr && !route.uploader) return put_header(stub, header, 0, deadline, who, route.calls);
+  // A worker that may not read our memory (FAILED_PRECONDITION) gets the block written into the
+  // segment instead, and so do the later puts of this process.
+  auto refused = [](const ShmSegment& segment, const absl::Status& status) {
+    if (!segment.direct() || status.code() != absl::StatusCode::kFailedPrecondition) return false;
+    direct_refused.store(true, std::memory_order_relaxed);
+    return true;
+  };
+  // Through a memfd of this call's: the worker reads the block where the segment names it (in
+  // `global`; `direct`, see write_segment), adopts the segment as its buffer (route.adopt:
+  // sealed, never pooled again; its mapping keeps the pages once ours closes) or copies it
+  // out, as a fan-out's uploader does before it broadcasts. The segment goes when both have
+  // closed it.
+  auto put_through = [&](bool direct) -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, with_who(write_segment(global, index, route.adopt, direct), who));
+    name_segment(segment, header.mutable_shm());
+    absl::Status status = put_header(stub, header, 0, deadline, who, route.calls);
+    if (refused(segment, status)) {
+      TESSERA_ASSIGN_OR_RETURN(segment, with_who(write_segment(global, index, route.adopt, false), who));
+      name_segment(segment, header.mutable_shm());
+      status = put_header(stub, header, 0, deadline, who, route.calls);
+    }
+    if (status.ok()) SegmentPool::instance().give_back(std::move(segment));  // not if sealed or direct
+    return status;
+  };
   if (route.segment != nullptr) {
     TESSERA_ASSIGN_OR_RETURN(const ShmSegment* segment, with_who(route.segment->get(global, index, route.adopt), who));
     name_segment(*segment, header.mutable_shm());
-    return put_header(stub, header, 0, deadline, who, nullptr);
+    const absl::Status status = put_header(stub, header, 0, deadline, who, nullptr);
+    return refused(*segment, status) ? put_through(/*direct=*/false) : status;
   }
-  if (path == TransferPath::kSharedMemory) {
-    // One copy into our memfd; the worker adopts it as its buffer (route.adopt: sealed, never
-    // pooled again; its mapping keeps the pages once ours closes) or copies it out, as a
-    // fan-out's uploader does before it broadcasts. The segment goes when both have closed it.
-    TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, with_who(write_segment(global, index, route.adopt), who));
-    name_segment(segment, header.mutable_shm());
-    absl::Status status = put_header(stub, header, 0, deadline, who, route.calls);
-    if (status.ok()) SegmentPool::instance().give_back(std::move(segment));  // not if sealed
-    return status;
-  }
+  // A fan-out's uploader (route.calls) writes the block at once: a refusal would cancel the
+  // members' calls.
+  if (path == TransferPath::kSharedMemory) return put_through(/*direct=*/route.calls == nullptr);
   if (path == TransferPath::kHandoff) {
     // The worker keeps this copy: the one copy of the bytes.
     auto block = std::make_shared<HostArray>(global.dtype, shape);

@@ -90,8 +90,11 @@ std::vector<std::vector<size_t>> replicas_by_block(const std::vector<DeviceShard
 // Uploads block `index` of `global` as buffer `buffer_id`. Errors are prefixed with `who`.
 // REQUIRES: validate_view(global) and validate_index(index, global.shape) are OK.
 // `grant`: the array's (ArrayInfo.grant), which the worker checks. `path` kHandoff: the block
-// is copied once into a buffer handed over to the worker (core/handoff.h); kSharedMemory: it is
-// copied once into a memfd the worker reads once (a fan-out's uploader too); else streamed.
+// is copied once into a buffer handed over to the worker (core/handoff.h); kSharedMemory: a
+// contiguous block is read by the worker straight from `global` (a memfd naming it:
+// ShmSegment::create_direct), any other copied once into a memfd the worker reads once (a
+// fan-out's uploader's too); else streamed. REQUIRES with kSharedMemory: `global` unchanged
+// until the call returns.
 absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const HostView& global,
                        const Index& index, const std::string& who, TransferPath path = TransferPath::kStream,
                        const PutRoute& route = {});

@@ -4,8 +4,10 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -18,7 +20,8 @@
 namespace tessera {
 namespace {
 
-constexpr uint64_t kMagic = 0x31524658464d5354;  // "TSMFXFR1"
+constexpr uint64_t kMagic = 0x31524658464d5354;        // "TSMFXFR1"
+constexpr uint64_t kDirectMagic = 0x31524944464d5354;  // "TSMFDIR1": the block is in the process's memory
 constexpr char kMemfdName[] = "tessera-transfer";
 // What seal() adds and what map_block requires: the file can neither change nor shrink under a
 // mapping (no SIGBUS), nor grow.
@@ -29,6 +32,7 @@ struct SegmentHeader {
   uint64_t magic;
   uint64_t token;
   int64_t bytes;
+  uint64_t address;  // kDirectMagic: where the block is in the owner's memory; else 0
 };
 
 std::string read_first_line(const char* path) {
@@ -108,7 +112,26 @@ absl::StatusOr<ShmSegment> ShmSegment::create(int64_t bytes) {
   return segment;
 }
 
+absl::StatusOr<ShmSegment> ShmSegment::create_direct(const std::byte* data, int64_t bytes) {
+  if (data == nullptr || bytes <= 0 || bytes > kMaxBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory transfer naming ", bytes, " bytes of memory: must be within [1, ", kMaxBytes, "]"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, create(0));  // the header page alone
+  segment.bytes_ = bytes;
+  segment.capacity_ = 0;
+  segment.address_ = reinterpret_cast<uint64_t>(data);
+  const SegmentHeader header{kDirectMagic, segment.token_, bytes, segment.address_};
+  TESSERA_RETURN_IF_ERROR(io_status(
+      "writing the header", move_all(segment.fd_, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite),
+      sizeof header));
+  return segment;
+}
+
 absl::Status ShmSegment::reuse(int64_t bytes) {
+  if (direct()) {
+    return absl::FailedPreconditionError("shared-memory transfer: a segment naming memory cannot be reused");
+  }
   if (sealed_) {
     return absl::FailedPreconditionError("shared-memory transfer: a sealed segment cannot be reused");
   }
@@ -124,7 +147,7 @@ absl::Status ShmSegment::reuse(int64_t bytes) {
     return absl::InternalError(absl::StrCat("shared-memory transfer: getrandom: ", std::strerror(errno)));
   }
   bytes_ = bytes;
-  const SegmentHeader header{kMagic, token_, bytes_};
+  const SegmentHeader header{kMagic, token_, bytes_, 0};
   return io_status("writing the header",
                    move_all(fd_, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite), sizeof header);
 }
@@ -148,6 +171,7 @@ absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t to
     return absl::NotFoundError(absl::StrCat(where, ": cannot open ", path, " here: ", std::strerror(errno)));
   }
   ShmSegment segment(opened, token, bytes);
+  segment.pid_ = pid;
   // What we opened (not what the path named a moment before): a Tessera memfd, nothing else.
   if (!is_transfer_memfd(absl::StrCat("/proc/self/fd/", opened))) {
     return absl::InvalidArgumentError(absl::StrCat(where, " is not a Tessera transfer memfd"));
@@ -159,15 +183,28 @@ absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t to
   if (fstat(opened, &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(where, " is not a regular file"));
   }
-  if (st.st_size < kDataOffset + bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " holds ", st.st_size, " bytes: too small for a header of ",
-                                                   kDataOffset, " and a block of ", bytes));
+  if (st.st_size < kDataOffset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " holds ", st.st_size, " bytes: too small for a header of ", kDataOffset));
   }
   SegmentHeader header{};
   const int64_t read = move_all(opened, reinterpret_cast<char*>(&header), sizeof header, 0, pread);
   if (absl::Status s = io_status("reading the header", read, sizeof header); !s.ok()) return s;
-  if (header.magic != kMagic || header.token != token) {
+  if ((header.magic != kMagic && header.magic != kDirectMagic) || header.token != token) {
     return absl::InvalidArgumentError(absl::StrCat(where, " is not the segment named (magic or token differ)"));
+  }
+  if (header.magic == kDirectMagic) {
+    // Its owner alone could write this header (the token proves the caller named its own
+    // segment), so the memory it names is the owner's own block, read where it is.
+    if (writable) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " names memory of its process: only a put reads one"));
+    }
+    if (header.address == 0) return absl::InvalidArgumentError(absl::StrCat(where, " names memory at address 0"));
+    segment.address_ = header.address;
+    segment.sealed_ = false;  // nothing to map
+  } else if (st.st_size < kDataOffset + bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " holds ", st.st_size, " bytes: too small for a header of ",
+                                                   kDataOffset, " and a block of ", bytes));
   }
   if (header.bytes != bytes) {
     return absl::InvalidArgumentError(
@@ -178,6 +215,8 @@ absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t to
 
 ShmSegment::ShmSegment(ShmSegment&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)),
+      pid_(other.pid_),
+      address_(other.address_),
       token_(other.token_),
       bytes_(other.bytes_),
       capacity_(other.capacity_),
@@ -187,6 +226,8 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) close(fd_);
     fd_ = std::exchange(other.fd_, -1);
+    pid_ = other.pid_;
+    address_ = other.address_;
     token_ = other.token_;
     bytes_ = other.bytes_;
     capacity_ = other.capacity_;
@@ -200,16 +241,53 @@ ShmSegment::~ShmSegment() {
 }
 
 absl::Status ShmSegment::write_block(const std::byte* src) {
+  if (direct()) {
+    return absl::FailedPreconditionError("shared-memory transfer: a segment naming memory holds no block to write");
+  }
   return io_status("writing the block", move_all(fd_, reinterpret_cast<const char*>(src), bytes_, kDataOffset, pwrite),
                    bytes_);
 }
 
 absl::Status ShmSegment::read_block(std::byte* dst) const {
+  if (direct()) return read_process_memory(dst);
   return io_status("reading the block", move_all(fd_, reinterpret_cast<char*>(dst), bytes_, kDataOffset, pread),
                    bytes_);
 }
 
+absl::Status ShmSegment::read_process_memory(std::byte* dst) const {
+  const std::string what = absl::StrCat("shared-memory transfer: reading ", bytes_, " bytes of process ", pid_,
+                                        "'s memory at 0x", absl::Hex(address_));
+  int64_t done = 0;
+  while (done < bytes_) {
+    // The kernel moves at most ~2 GiB a call, and may stop short where the range's mapping ends.
+    const size_t n = static_cast<size_t>(std::min<int64_t>(bytes_ - done, int64_t{1} << 30));
+    const iovec local{dst + done, n};
+    const iovec remote{reinterpret_cast<void*>(address_ + static_cast<uint64_t>(done)), n};
+    const ssize_t got = process_vm_readv(pid_, &local, 1, &remote, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const int error = got < 0 ? errno : EFAULT;
+      const std::string message = absl::StrCat(what, ": ", std::strerror(error));
+      if (error == EPERM || error == EACCES || error == ENOSYS) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(message, " (this worker may not read the client's memory: another user, or ptrace denied)"));
+      }
+      if (error == ESRCH) return absl::NotFoundError(absl::StrCat(message, " (the process is gone)"));
+      if (error == EFAULT) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(message, " (after ", done, " bytes: the range is not readable memory of the process)"));
+      }
+      return absl::InternalError(message);
+    }
+    done += got;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShmSegment::seal() {
+  if (direct()) {
+    return absl::FailedPreconditionError("shared-memory transfer: a segment naming memory cannot be sealed");
+  }
   if (ftruncate(fd_, static_cast<off_t>(kDataOffset + bytes_)) != 0) {
     return absl::InternalError(absl::StrCat("shared-memory transfer: trimming a segment to ", kDataOffset + bytes_,
                                             " bytes before sealing it: ", std::strerror(errno)));

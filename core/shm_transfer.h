@@ -10,6 +10,8 @@
 // is written with pwrite: never through a mapping of a file its owner may still shrink, so
 // that is an error, never SIGBUS. The memfd has no name: it goes when its last holder closes or
 // unmaps it, so a client or worker killed mid-transfer leaves nothing behind.
+// A direct segment (create_direct) holds only the header, naming where the block is in its
+// client's memory; the worker reads it from there (process_vm_readv): no copy on the client.
 //
 //   auto seg = ShmSegment::create(bytes);                          // client
 //   seg->write_block(src);  seg->seal();
@@ -54,10 +56,18 @@ class ShmSegment {
   // INVALID_ARGUMENT for a size outside [0, kMaxBytes]; INTERNAL with errno's text if the
   // kernel refuses.
   static absl::StatusOr<ShmSegment> create(int64_t bytes);
+  // A segment that names `bytes` bytes at `data` in this process's memory instead of holding
+  // them (direct(): its header page alone, under another magic number, so that a reader that
+  // knows only segments holding their block refuses it). A worker reads the block straight
+  // from there (process_vm_readv): no copy into the segment, one per reader. For puts only:
+  // the bytes must stay as they are until every worker named it answered. INVALID_ARGUMENT
+  // for a size outside [1, kMaxBytes]; INTERNAL with errno's text if the kernel refuses.
+  static absl::StatusOr<ShmSegment> create_direct(const std::byte* data, int64_t bytes);
   // Process `pid`'s segment `fd` (as /proc/<pid>/fd/<fd>): NOT_FOUND if it cannot be opened
   // here (another host or PID namespace after all, or the process is gone); INVALID_ARGUMENT
   // if it is not a Tessera memfd, holds another token or byte count than `bytes`, or is too
-  // small for them. `writable`: opened for writing (a fetch).
+  // small for them, or if it is direct() and `writable`. `writable`: opened for writing (a
+  // fetch).
   static absl::StatusOr<ShmSegment> open(int32_t pid, int32_t fd, uint64_t token, int64_t bytes, bool writable);
 
   ShmSegment(ShmSegment&& other) noexcept;
@@ -88,6 +98,9 @@ class ShmSegment {
   // Whether the segment is sealed as seal() does (an opened one: as its file was when opened;
   // seals are never removed), so that map_block may map it.
   bool sealed() const { return sealed_; }
+  // Whether the segment names the block in its process's memory (create_direct) rather than
+  // holding it; such a segment is neither reused nor sealed.
+  bool direct() const { return address_ != 0; }
 
   // The block as a HostArray of `dtype` and `shape` whose storage is a private mapping of the
   // segment (copy-on-write: writing the array never reaches the file), unmapped when the array
@@ -99,16 +112,21 @@ class ShmSegment {
 
   // The whole block, from `src` into the segment or from the segment into `dst`
   // (bytes() each). DATA_LOSS if the segment ended early (it was shrunk meanwhile);
-  // INTERNAL with errno's text otherwise (ENOSPC, EPERM once sealed, ...).
+  // INTERNAL with errno's text otherwise (ENOSPC, EPERM once sealed, ...). An opened direct()
+  // segment's block is read from its process's memory: FAILED_PRECONDITION if this process
+  // may not read it (process_vm_readv's ptrace check), NOT_FOUND if the process is gone,
+  // INVALID_ARGUMENT if the range named is not readable memory of it.
   absl::Status write_block(const std::byte* src);
   absl::Status read_block(std::byte* dst) const;
 
  private:
   ShmSegment(int fd, uint64_t token, int64_t bytes) : fd_(fd), token_(token), bytes_(bytes), capacity_(bytes) {}
-  // Writes the header page's fields.
-  absl::Status write_header();
+  // read_block of a direct() segment.
+  absl::Status read_process_memory(std::byte* dst) const;
 
   int fd_ = -1;
+  int32_t pid_ = 0;       // an opened segment's process
+  uint64_t address_ = 0;  // direct(): where the block is in that process (or, created, in this one)
   uint64_t token_ = 0;
   int64_t bytes_ = 0;
   int64_t capacity_ = 0;

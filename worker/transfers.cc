@@ -1,9 +1,21 @@
 #include "worker/transfers.h"
 
-#include <algorithm>
-#include <string>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/handoff.h"
 #include "core/shm_transfer.h"
 #include "core/slicing.h"
@@ -17,6 +29,129 @@ namespace tessera {
 
 // The transport remembers the ends of fan-outs apart from the runs' ordered op ids.
 static_assert(Transfers::kFanOutOpBit == Transport::kUnorderedOps);
+
+namespace {
+
+// A TCP endpoint as /proc/net/tcp6 shows it: an IPv4 address as ::ffff:a.b.c.d.
+struct Endpoint {
+  std::array<unsigned char, 16> address{};
+  int port = -1;
+  bool operator==(const Endpoint& other) const { return address == other.address && port == other.port; }
+};
+
+// The endpoint of a gRPC peer ("ipv4:127.0.0.1:54321", "ipv6:[::1]:54321", '%'-escaped or
+// not); nullopt for any other (unix:, inproc:, ...).
+std::optional<Endpoint> peer_endpoint(const std::string& peer) {
+  std::string text;  // unescaped
+  for (size_t i = 0; i < peer.size(); ++i) {
+    int byte = 0;
+    if (peer[i] == '%' && i + 2 < peer.size() && absl::SimpleHexAtoi(peer.substr(i + 1, 2), &byte)) {
+      text.push_back(static_cast<char>(byte));
+      i += 2;
+    } else {
+      text.push_back(peer[i]);
+    }
+  }
+  const size_t colon = text.rfind(':');
+  Endpoint end;
+  if (colon == std::string::npos || !absl::SimpleAtoi(text.substr(colon + 1), &end.port) || end.port <= 0 ||
+      end.port > 65535) {
+    return std::nullopt;
+  }
+  absl::string_view host = absl::string_view(text).substr(0, colon);
+  if (absl::ConsumePrefix(&host, "ipv4:")) {
+    end.address[10] = end.address[11] = 0xff;
+    if (inet_pton(AF_INET, std::string(host).c_str(), end.address.data() + 12) != 1) return std::nullopt;
+    return end;
+  }
+  if (!absl::ConsumePrefix(&host, "ipv6:[") || !absl::ConsumeSuffix(&host, "]")) return std::nullopt;
+  host = host.substr(0, host.find('%'));  // a zone
+  if (inet_pton(AF_INET6, std::string(host).c_str(), end.address.data()) != 1) return std::nullopt;
+  return end;
+}
+
+// An endpoint as /proc/net/tcp{,6} print it: the address's 32-bit words in hex, each in this
+// host's byte order, ':', the port in hex.
+std::optional<Endpoint> proc_endpoint(absl::string_view text) {
+  const size_t colon = text.find(':');
+  Endpoint end;
+  if (colon == absl::string_view::npos || !absl::SimpleHexAtoi(text.substr(colon + 1), &end.port)) return std::nullopt;
+  const absl::string_view hex = text.substr(0, colon);
+  if (hex.size() != 8 && hex.size() != 32) return std::nullopt;
+  if (hex.size() == 8) end.address[10] = end.address[11] = 0xff;
+  unsigned char* at = end.address.data() + (hex.size() == 8 ? 12 : 0);
+  for (size_t i = 0; i < hex.size(); i += 8) {
+    uint32_t word = 0;
+    if (!absl::SimpleHexAtoi(hex.substr(i, 8), &word)) return std::nullopt;
+    std::memcpy(at + i / 2, &word, sizeof word);
+  }
+  return end;
+}
+
+// Refuses a put reading process `pid`'s memory (a direct segment, ShmSegment::create_direct)
+// unless `pid` holds this call's own connection: the one established TCP socket of this host
+// whose local end is the call's `peer` and whose remote end is this worker's port
+// `listening_port` (/proc/net/tcp, /proc/net/tcp6). Else a process could name another one
+// holding a copy of its memfd (a worker it put through, say) and have the block read from that
+// one's memory. PERMISSION_DENIED naming `pid` and `peer` if `pid` does not hold it;
+// FAILED_PRECONDITION if it cannot be told (a peer that is not TCP, /proc not readable), so
+// that the client writes the block into the segment instead.
+absl::Status check_peer_process(int32_t pid, const std::string& peer, int listening_port) {
+  const std::string cannot = absl::StrCat("cannot tell whether process ", pid, " is the caller (peer '", peer,
+                                          "') before reading its memory: ");
+  const std::optional<Endpoint> caller = peer_endpoint(peer);
+  if (!caller.has_value()) return absl::FailedPreconditionError(absl::StrCat(cannot, "not a TCP peer"));
+  if (listening_port <= 0) return absl::FailedPreconditionError(absl::StrCat(cannot, "this worker has no port"));
+  std::vector<uint64_t> inodes;  // of the sockets matching
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    if (!in) return absl::FailedPreconditionError(absl::StrCat(cannot, "cannot read ", table));
+    std::string line;
+    std::getline(in, line);  // the column names
+    while (std::getline(in, line)) {
+      // "sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ..."
+      const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (fields.size() < 10 || fields[3] != "01") continue;  // TCP_ESTABLISHED
+      const std::optional<Endpoint> local = proc_endpoint(fields[1]);
+      if (!local.has_value() || !(*local == *caller)) continue;
+      const std::optional<Endpoint> remote = proc_endpoint(fields[2]);
+      uint64_t inode = 0;
+      if (remote.has_value() && remote->port == listening_port && absl::SimpleAtoi(fields[9], &inode) && inode != 0) {
+        inodes.push_back(inode);
+      }
+    }
+  }
+  if (inodes.size() != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(cannot, inodes.size(), " established sockets from ", peer,
+                                                      " to port ", listening_port, " here, not one"));
+  }
+  const std::string socket = absl::StrCat("socket:[", inodes[0], "]");
+  const std::string fds = absl::StrCat("/proc/", pid, "/fd");
+  DIR* dir = opendir(fds.c_str());
+  if (dir == nullptr && (errno == EACCES || errno == EPERM)) {
+    return absl::FailedPreconditionError(absl::StrCat(cannot, "cannot list ", fds, ": ", std::strerror(errno)));
+  }
+  bool holds = false;
+  if (dir != nullptr) {
+    char target[64];
+    while (const dirent* entry = readdir(dir)) {
+      const std::string path = absl::StrCat(fds, "/", entry->d_name);
+      const ssize_t n = readlink(path.c_str(), target, sizeof target);
+      if (n > 0 && absl::string_view(target, n) == socket) {
+        holds = true;
+        break;
+      }
+    }
+    closedir(dir);
+  }
+  if (!holds) {
+    return absl::PermissionDeniedError(absl::StrCat("process ", pid, " does not hold this call's connection (peer '",
+                                                    peer, "'): it may not name memory of that process"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 Transfers::Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, Transport* transport,
                      ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process, bool shm_transfers)
@@ -86,7 +221,7 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
       return to_grpc(absl::InvalidArgumentError(
           "PutShard: a fan-out member other than the uploader (fan_out.members[0]) takes no shared-memory segment"));
     }
-    absl::StatusOr<std::shared_ptr<const HostArray>> data = read_client_segment(chunk);
+    absl::StatusOr<std::shared_ptr<const HostArray>> data = read_client_segment(chunk, ctx->peer());
     if (!data.ok()) return to_grpc(data.status());
     const uint64_t id = chunk.header().buffer_id();
     if (ctx->IsCancelled()) {  // the client went while we read: nobody holds the array
@@ -372,7 +507,8 @@ absl::StatusOr<std::shared_ptr<HostArray>> Transfers::begin_put(const pb::ShardH
   return std::make_shared<HostArray>(type.dtype, std::move(type.shape));
 }
 
-absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(const pb::ShardChunk& first) {
+absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(const pb::ShardChunk& first,
+                                                                                const std::string& peer) {
   if (!shm_transfers_) {
     return absl::FailedPreconditionError(
         "PutShard: this worker takes no shared-memory transfers (--shm_transfers=false or in process)");
@@ -388,6 +524,11 @@ absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(
     const int64_t bytes = num_elements(type.shape) * dtype_size(type.dtype);
     TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(header.shm().pid(), header.shm().fd(),
                                                                   header.shm().token(), bytes, false));
+    // Before reading any memory of the process named: it must be the caller.
+    if (segment.direct()) {
+      TESSERA_RETURN_IF_ERROR(
+          check_peer_process(header.shm().pid(), peer, listening_port_.load(std::memory_order_relaxed)));
+    }
     if (segment.sealed()) {
       // Adopted: the buffer is the client's pages, mapped; no copy, however many replicas map
       // them. The mapping keeps them once the segment's fds are closed (ours below, the client's

@@ -83,6 +83,9 @@ class Transfers {
   int64_t shm_bytes_put() const { return shm_bytes_put_.load(std::memory_order_relaxed); }
   int64_t shm_bytes_fetched() const { return shm_bytes_fetched_.load(std::memory_order_relaxed); }
   bool shm_transfers() const { return shm_transfers_; }
+  // The port this worker listens on, once known: a put reading a client's memory is taken
+  // only from a connection to it (read_client_segment); none before.
+  void set_listening_port(int port) { listening_port_.store(port, std::memory_order_relaxed); }
 
  private:
   // A PutShard stream holding a reservation, and when it last received a message.
@@ -111,8 +114,12 @@ class Transfers {
   // A put whose bytes wait in a co-located client's memfd (header.shm): reserves the shard
   // the header announces and adopts the segment's pages as the buffer (a sealed segment,
   // mapped privately) or copies the block out of it (an unsealed one); on an error
-  // (core/shm_transfer.h's), releases the reservation.
-  absl::StatusOr<std::shared_ptr<const HostArray>> read_client_segment(const pb::ShardChunk& first);
+  // (core/shm_transfer.h's), releases the reservation. A segment naming the block in its
+  // process's memory (ShmSegment::direct) is read only if that process holds the call's
+  // connection, from `peer` (ServerContext::peer) to listening_port_: PERMISSION_DENIED if it
+  // does not, FAILED_PRECONDITION if that cannot be told.
+  absl::StatusOr<std::shared_ptr<const HostArray>> read_client_segment(const pb::ShardChunk& first,
+                                                                       const std::string& peer);
 
   // The broadcast of a fan-out (header.fan_out), checked: two to kMaxFanOut distinct members,
   // this device among them, each address vouched for by the coordinator (PERMISSION_DENIED
@@ -135,6 +142,7 @@ class Transfers {
   const bool in_process_;
   const bool shm_transfers_;
   Transport* const transport_;
+  std::atomic<int> listening_port_{0};
   std::atomic<int64_t> bytes_put_{0}, bytes_fetched_{0};          // PutShard / GetShard, whole shards
   std::atomic<int64_t> shm_bytes_put_{0}, shm_bytes_fetched_{0};  // of which through clients' memfds
   std::atomic<int64_t> bytes_fanned_out_{0};                      // received from fan-out peers

@@ -142,6 +142,8 @@ class WorkerService final : public WorkerServiceBase {
   // In process (WorkerOptions::in_process): peers of this process file collective messages
   // straight into this worker's mailbox, under its address, until stop_in_process_collectives.
   absl::Status serve_collectives_in_process(const std::string& address) { return transport_.serve_in_process(address); }
+  // The port the server listens on (Transfers::set_listening_port).
+  void set_listening_port(int port) { transfers_.set_listening_port(port); }
   void stop_in_process_collectives() { transport_.close_in_process(); }
 
   grpc::Status Handshake(grpc::ServerContext* ctx, const pb::HandshakeRequest* req,
@@ -450,6 +452,7 @@ class WorkerServerImpl final : public WorkerServer {
       TESSERA_RETURN_IF_ERROR(service_.serve_collectives_in_process(address_));  // before peers know the address
     } else {
       address_ = absl::StrCat(options_.host, ":", port);
+      service_.set_listening_port(port);
     }
     if (options_.health_port >= 0 && !options_.in_process) {
       absl::StatusOr<std::unique_ptr<HealthPort>> health_port = health_.serve_plaintext(bind, options_.health_port);

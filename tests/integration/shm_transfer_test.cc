@@ -140,7 +140,12 @@ class ShmTransferTest : public ::testing::Test {
                                      {P(None, Axes{"a", "b"}), {40, 128}, 1},
                                      {P("a", None), {512, 1024}, 2},
                                      {P(), {8, 24}, 4},
-                                     {P(Axes{"a", "b"}, None), {4096, 768}, 1}};
+                                     {P(Axes{"a", "b"}, None), {4096, 768}, 1},
+                                     // Odd sizes, contiguous blocks (read where they are in the
+                                     // host array: ShmSegment::create_direct), one replicated.
+                                     {P(Axes{"a", "b"}, None), {4 * 333, 77}, 1},
+                                     {P("a", None), {2 * 1001, 3}, 2},
+                                     {P(), {1, 12345}, 4}};
     for (const Case& c : cases) {
       SCOPED_TRACE(absl::StrCat(c.spec.to_string(), " of ", shape_to_string(c.shape)));
       const HostArray host = numbered(c.shape);
@@ -317,8 +322,15 @@ class ShmTransferWireTest : public ShmTransferTest {
 // allocation or lock after fork in this threaded process. pid() <= 0 if fork failed.
 class SegmentHolder {
  public:
-  explicit SegmentHolder(ShmSegment* segment) : pid_(fork()) {
+  // `segment_only`: the child closes every fd but `segment`'s and 0 to 2 (the test's
+  // connections to the workers among them).
+  explicit SegmentHolder(ShmSegment* segment, bool segment_only = false) : pid_(fork()) {
     if (pid_ == 0) {
+      if (segment_only) {
+        const unsigned kept = static_cast<unsigned>(segment->fd());
+        if (kept > 3) close_range(3, kept - 1, 0);
+        close_range(kept + 1, ~0U, 0);
+      }
       for (;;) pause();
     }
     *segment = *ShmSegment::create(0);
@@ -538,6 +550,104 @@ TEST_F(ShmTransferWireTest, ASegmentNotFullySealedIsCopiedOut) {
   EXPECT_EQ(s->bytes_used, 3 * host.nbytes());
   EXPECT_EQ(s->shm_bytes_put, 3 * host.nbytes());
   delete_buffers({801, 802, 803});
+  expect_nothing_left();
+}
+
+// A segment naming a block in its client's memory (ShmSegment::create_direct, what a co-located
+// client's puts of contiguous blocks send): the worker reads the block from there, odd sizes
+// included, and it is the host's; a range that is not the client's memory, wholly or from some
+// byte on, fails INVALID_ARGUMENT naming it and leaves nothing; a fetch into such a segment is
+// refused (it holds no room for the block).
+TEST_F(ShmTransferWireTest, ASegmentNamingTheClientsMemoryIsReadFromThere) {
+  const pid_t self = getpid();
+  const pid_t worker = cluster_.workers[0]->pid();
+  uint64_t id = 901;
+  for (const int64_t elements : {int64_t{1}, int64_t{777}, (int64_t{1} << 20) + 3}) {
+    SCOPED_TRACE(absl::StrCat(elements, " elements"));
+    const HostArray host = numbered({1, elements});
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(host.data(), host.nbytes());
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    EXPECT_TRUE(segment->direct());
+    const grpc::Status read = put(header(id, elements, named(self, segment->fd(), segment->token())));
+    ASSERT_TRUE(read.ok()) << read.error_message();
+    EXPECT_EQ(transfer_memfds_mapped(worker), 0);
+    expect_block(fetch_streamed(id, elements), {{0, 1}, {0, elements}}, elements);
+    delete_buffers({id++});
+    expect_nothing_left();
+  }
+  // Two pages of which the second is unmapped: the read stops after the first.
+  const long page = sysconf(_SC_PAGESIZE);
+  void* pages = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(pages, MAP_FAILED);
+  ASSERT_EQ(munmap(static_cast<std::byte*>(pages) + page, page), 0);
+  {
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(static_cast<std::byte*>(pages), 2 * page);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    expect_error(put(header(id, 2 * page / 4, named(self, segment->fd(), segment->token()))),
+                 grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("reading ", 2 * page, " bytes of process ", self, "'s memory"));
+    expect_nothing_left();
+  }
+  ASSERT_EQ(munmap(pages, page), 0);
+  // The whole range unmapped now.
+  {
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(static_cast<std::byte*>(pages), page);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    expect_error(put(header(id, page / 4, named(self, segment->fd(), segment->token()))),
+                 grpc::StatusCode::INVALID_ARGUMENT, "the range is not readable memory of the process");
+    expect_nothing_left();
+  }
+  // A fetch naming one.
+  {
+    const HostArray host = numbered({1, 16});
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(host.data(), host.nbytes());
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    ASSERT_TRUE(put(header(id, 16, named(self, segment->fd(), segment->token()))).ok());
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::GetShardRequest req;
+    req.set_buffer_id(id);
+    *req.mutable_shm() = named(self, segment->fd(), segment->token());
+    auto reader = worker_->GetShard(&ctx, req);
+    pb::ShardChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    expect_error(reader->Finish(), grpc::StatusCode::INVALID_ARGUMENT, "names memory of its process");
+    delete_buffers({id});
+  }
+  expect_nothing_left();
+}
+
+// A direct segment naming a process other than the caller's connection's owner: the attack
+// in which a client has another process hold a copy of its memfd (a worker it put through,
+// say) and names that process, with an address in its memory. Here the other process is a
+// child forked from this test (so the block is at the same address in its memory, with the
+// same values) that holds the memfd but none of this test's connections: refused
+// PERMISSION_DENIED naming it and the caller's peer, nothing read, reserved or left. Named
+// as itself, this process (which holds the connection) gets the block read, the host's.
+TEST_F(ShmTransferWireTest, ASegmentNamingMemoryOfAProcessNotTheCallersIsRefused) {
+  constexpr int64_t kElements = 3001;
+  const HostArray host = numbered({1, kElements});
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(host.data(), host.nbytes());
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const int fd = segment->fd();
+  const uint64_t token = segment->token();
+  {
+    SegmentHolder holding(&*segment, /*segment_only=*/true);  // the child's copy of it alone is left
+    ASSERT_GT(holding.pid(), 0) << "fork: " << std::strerror(errno);
+    const pid_t other = holding.pid();
+    // The holder's copy of the memfd is this one (the worker could open it there).
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat("/proc/", other, "/fd/", fd)));
+    expect_error(put(header(801, kElements, named(other, fd, token))), grpc::StatusCode::PERMISSION_DENIED,
+                 absl::StrCat("PutShard: buffer 801 i32[1,3001]: process ", other,
+                              " does not hold this call's connection (peer 'ipv"));
+    expect_nothing_left();
+  }
+  segment = ShmSegment::create_direct(host.data(), host.nbytes());
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const grpc::Status read = put(header(802, kElements, named(getpid(), segment->fd(), segment->token())));
+  ASSERT_TRUE(read.ok()) << read.error_message();
+  expect_block(fetch_streamed(802, kElements), {{0, 1}, {0, kElements}}, kElements);
+  delete_buffers({802});
   expect_nothing_left();
 }
 
