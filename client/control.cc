@@ -411,12 +411,16 @@ bool is_integral(DType d) { return d != DType::kBool && !is_floating(d); }
 std::vector<Value> switch_named(const char* op, const std::function<std::string(size_t)>& name, const Value& index_in,
                                 const std::vector<Branch>& branches, const std::vector<Value>& operands_in,
                                 bool true_first = false, const int64_t* saved = nullptr) {
+  // What a failed trace returns: as many invalid values as branch 0 returns once it is
+  // known (one before), so that a caller's out[0] is an invalid value, never out of range.
+  size_t outputs = 1;
+  auto failed = [&] { return std::vector<Value>(outputs); };
   std::vector<Value> values = concat({index_in}, operands_in);
   TraceState* t = control_trace(values);
-  if (t == nullptr) return {};
+  if (t == nullptr) return failed();
   auto fail = [&](const std::string& m) {
     t->fail(absl::InvalidArgumentError(absl::StrCat(op, ": ", m)));
-    return std::vector<Value>();
+    return failed();
   };
   Value index = values[0];
   const std::vector<Value> operands = range(values, 1, values.size());
@@ -435,7 +439,7 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
   std::optional<std::vector<internal::TypedOperand>> operand_types;  // explicit mode
   if (t->explicit_mesh.has_value()) {
     operand_types = internal::typed(operands);
-    if (!operand_types.has_value()) return {};
+    if (!operand_types.has_value()) return failed();
   }
   const std::vector<internal::TypedOperand> specs =
       operand_types.has_value() ? *operand_types : std::vector<internal::TypedOperand>{};
@@ -452,7 +456,8 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
           return out;
         },
         types, &subs[k].consts, specs, vma_of(t, operands));
-    if (!t->error.ok()) return {};
+    if (k == 0) outputs = std::max<size_t>(1, results[0].size());
+    if (!t->error.ok()) return failed();
     if (!g.ok()) return fail(absl::StrCat(name(k), ": ", g.status().message()));
     // In a shard_map body with check_vma a type has its varying manual axes too, which the
     // branches must agree on (conditionals.py's _check_branch_outputs: core.typematch compares
@@ -474,7 +479,7 @@ std::vector<Value> switch_named(const char* op, const std::function<std::string(
                                                                   typed_results[b], varying[a], varying[b]);
       if (!mismatch.empty()) {
         t->fail(absl::InvalidArgumentError(mismatch));
-        return {};
+        return failed();
       }
     }
     if (results[k] != results[0]) {
@@ -509,7 +514,7 @@ std::vector<Value> cond(const Value& pred, const Branch& on_true, const Branch& 
   if (p.ok() && p.rank() != 0) {
     TraceState::of(p)->fail(absl::InvalidArgumentError(
         absl::StrCat("cond: the predicate is ", type_to_string(p.dtype(), p.shape()), ", not a scalar")));
-    return {};
+    return std::vector<Value>(1);  // invalid, as switch_named's failures
   }
   if (p.ok() && p.dtype() != DType::kBool) p = p != full({}, 0.0, p.dtype());  // a number: nonzero is true
   return switch_named(

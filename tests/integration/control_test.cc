@@ -1034,6 +1034,25 @@ TEST_F(MeshesSuite, CondAndSwitchErrors) {
               HasSubstr("switch: the index is f32[4], not an integer scalar"));
   EXPECT_THAT(trace_error([&](const std::vector<Value>& in) { return cond(in[0] > 0.0, same, same, in); }),
               HasSubstr("cond: the predicate is bool[4], not a scalar"));
+  // A failed cond or switch returns invalid values a caller may index and compute with (as
+  // scan's and while_loop's failures do), never an empty list: the trace fails with the cause.
+  const Branch fails = [](const std::vector<Value>& o) { return std::vector<Value>{o[0] + full({3}, 1.0)}; };
+  const std::vector<std::pair<TracedFunction, std::string>> indexed = {
+      {[&](const std::vector<Value>& in) { return std::vector<Value>{cond(in[0] > 0.0, same, same, in)[0] * 2.0}; },
+       "cond: the predicate is bool[4], not a scalar"},
+      {[&](const std::vector<Value>& in) {
+         return std::vector<Value>{switch_(in[0], {same, same}, in)[0] * 2.0};
+       },
+       "switch: the index is f32[4], not an integer scalar"},
+      {[&](const std::vector<Value>& in) {
+         return std::vector<Value>{cond(sum(in[0]) > 0.0, fails, same, in)[0] * 2.0};
+       },
+       "true_fun"},
+      {[&](const std::vector<Value>& in) {
+         return std::vector<Value>{cond(sum(in[0]) > 0.0, same, summed, in)[0] * 2.0};
+       },
+       "cond: true_fun returns (f32[4]) but false_fun returns (f32[])"}};
+  for (const auto& [f, message] : indexed) EXPECT_THAT(trace_error(f), HasSubstr(message));
 }
 
 // ---- checkpoint (remat) ----------------------------------------------------------------------

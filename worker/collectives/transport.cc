@@ -304,7 +304,9 @@ class Transport::Link {
       // A long-lived stream: no deadline. It waits for the connection rather than failing
       // on a first refused connect; the collectives' own deadlines bound every wait.
       ctx_.set_wait_for_ready(true);
-      ctx_.set_initial_metadata_corked(true);
+      // Not corked: every stream of a link opens (and its peer checks its declaration) when the
+      // link is made, not at its first write, which for a link's second and third streams may
+      // come after this worker registered again and so declare a registration no longer current.
       if (link->declared_.first != 0) {
         ctx_.AddMetadata(kEpochKey, absl::StrCat(link->declared_.first));
         ctx_.AddMetadata(kIncarnationKey, absl::StrCat(link->declared_.second));
