@@ -79,6 +79,9 @@ std::map<int, ReshardPart> plan_reshard_parts(const Shape& shape, const NamedSha
     add(receiver.request.add_receives(), m.source, *receiver.out_block);
     ++tag;
   }
+  for (auto& [device, part] : parts) {
+    if (auto it = in_blocks.find(device); it != in_blocks.end()) part.in_block = it->second;
+  }
   return parts;
 }
 

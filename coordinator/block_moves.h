@@ -37,10 +37,11 @@ std::vector<BlockMove> plan_block_moves(const Shape& shape, const NamedSharding&
 // `box` in the coordinates of `block`, which contains it. REQUIRES: equal ranks.
 Index relative_box(const Index& box, const Index& block);
 
-// One device's part of a reshard: its block of the result (none if it holds none), and its
-// Reshard request's pieces (sends: boxes of its block of `from`; receives: boxes of its block
+// One device's part of a reshard: its block of the input and of the result (none if it holds
+// none), and its Reshard request's pieces (sends: boxes of its block of `from`; receives: boxes of its block
 // of `to`; each with the peer and the move's tag), the rest of the request unset.
 struct ReshardPart {
+  std::optional<Index> in_block;
   std::optional<Index> out_block;
   pb::WorkerReshardRequest request;
 };

@@ -106,8 +106,6 @@ std::string floats(int n) {
 // reshard_array() writes it (plan_reshard_parts), after the fuzzer's prefix: the ShardHeader of
 // device 0's input block. REQUIRES: device 0 holds a block of both.
 std::string reshard_record(const Shape& shape, const NamedSharding& from, const NamedSharding& to) {
-  std::map<int, Index> in_blocks;
-  for (const DeviceShard& s : from.device_shards(shape)) in_blocks[s.device_id] = s.index;
   ReshardPart part = plan_reshard_parts(shape, from, to)[0];
   pb::WorkerReshardRequest& r = part.request;
   r.set_op_id(1000);
@@ -124,7 +122,7 @@ std::string reshard_record(const Shape& shape, const NamedSharding& from, const 
   pb::ShardHeader held;
   held.set_buffer_id(7);
   held.set_dtype(pb::F32);
-  to_proto(block_shape(in_blocks.at(0)), held.mutable_shape());
+  to_proto(block_shape(*part.in_block), held.mutable_shape());
   const std::string h = held.SerializeAsString();
   return le16(h.size()) + h + r.SerializeAsString();
 }
