@@ -130,6 +130,10 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
     for (auto& [execution, cancelled] : running_) *cancelled = true;
     self = std::move(self_);  // the last reference may be a run's, on its own thread
   }
+  ~PlanStreamReactor() override {
+    absl::MutexLock lock(&mu_);
+    runner_->count_waiting(-static_cast<int64_t>(deferred_.size()));  // dropped with the stream
+  }
 
   // Queues the result of request `id`; starts its write if none is in flight.
   void post(uint64_t id, const absl::Status& status);
@@ -245,6 +249,7 @@ void PlanStreamReactor::OnReadDone(bool ok) {
         d.req = req;
         d.loaded = loaded;
         d.waiting = static_cast<int>(producers.size());
+        runner_->count_waiting(1);
         for (uint64_t p : producers) dependents_[p].push_back(execution);
       }
     }
@@ -378,6 +383,7 @@ void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::S
           auto flag = running_.find(d);
           ready.emplace_back(std::move(w), flag != running_.end() && flag->second->load());
           deferred_.erase(it);
+          runner_->count_waiting(-1);
         }
         dependents_.erase(deps);
       }
@@ -623,7 +629,9 @@ absl::Status PlanRunner::store_outputs(const pb::RunPlanRequest& req,
 
 PlanRunner::RunCounts PlanRunner::counts() {
   absl::MutexLock lock(&runs_mu_);
-  return runs_;
+  RunCounts counts = runs_;
+  counts.waiting = waiting_.load(std::memory_order_relaxed);
+  return counts;
 }
 
 }  // namespace tessera

@@ -19,6 +19,7 @@
 #ifndef TESSERA_WORKER_PLAN_RUNNER_H_
 #define TESSERA_WORKER_PLAN_RUNNER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -108,6 +109,7 @@ class PlanRunner {
   // For GetStats (tessera status).
   struct RunCounts {
     int64_t in_flight = 0;  // started, not finished
+    int64_t waiting = 0;    // received, waiting for runs before them on their stream to make inputs
     absl::Time last_end;    // when the last run finished
     int64_t runs = 0;
     int64_t stepped = 0;  // of runs, those started stepped (may_step; plan_runner.cc's SteppedRun)
@@ -116,6 +118,8 @@ class PlanRunner {
     absl::Time last_error_at;
   };
   RunCounts counts();
+  // A stream's runs that wait for their inputs: `delta` more (or fewer) of them.
+  void count_waiting(int64_t delta) { waiting_.fetch_add(delta, std::memory_order_relaxed); }
 
   const LatencyHistogram& run_seconds() const { return run_seconds_; }
   // The threads plans that may wait run on (see the reactor).
@@ -139,6 +143,8 @@ class PlanRunner {
   RunCounts runs_ ABSL_GUARDED_BY(runs_mu_);
   absl::Time drain_started_ ABSL_GUARDED_BY(runs_mu_);
   int64_t stepped_alive_ ABSL_GUARDED_BY(runs_mu_) = 0;  // SteppedRun objects not yet destroyed
+  // RunCounts::waiting; counted under each stream's own lock (never with runs_mu_), so apart.
+  std::atomic<int64_t> waiting_{0};
   LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
                                 "Plan runs on this device, from the start of the run to its outputs stored."};
   // Last: its threads use everything above, and its destructor joins them.

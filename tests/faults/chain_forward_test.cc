@@ -4,7 +4,8 @@
 // Real processes: one worker is stopped (SIGSTOP) so that the producer, an all-reduce over
 // every device, cannot end; the call reading its output is sent by the client and forwarded
 // by the coordinator all the same (its counter of chained calls grows while the producer has
-// not ended); once the worker continues, both results equal the host's. The heartbeat
+// not ended) and received by a running worker, where it waits for the producer's output
+// (device 0's gauge of waiting runs); once the worker continues, both results equal the host's. The heartbeat
 // timeout is 60 s (PeerKilledDrill), so the stopped worker is never marked lost meanwhile.
 #include <signal.h>
 
@@ -23,6 +24,7 @@ class ChainForwardDrill : public PeerKilledDrill {
     flags.push_back("--metrics_port=0");
     return flags;
   }
+  std::vector<std::string> drill_worker_flags() const override { return {"--metrics_port=0"}; }
 };
 
 TEST_F(ChainForwardDrill, ACallReadingARunningCallsOutputIsForwardedBeforeThatCallEnds) {
@@ -31,6 +33,15 @@ TEST_F(ChainForwardDrill, ACallReadingARunningCallsOutputIsForwardedBeforeThatCa
   auto chained = [&] {
     absl::StatusOr<std::string> scrape = http_get(metrics_port, "/metrics");
     return scrape.ok() ? sample(*scrape, "tessera_coordinator_chained_calls_total") : -2;
+  };
+  int worker_port = -1;  // device 0's metrics (never stopped)
+  {
+    absl::StatusOr<std::string> line = cluster_.workers[0]->read_line_with("metrics on port", absl::Seconds(20));
+    ASSERT_TRUE(line.ok() && absl::SimpleAtoi(line->substr(line->rfind(' ') + 1), &worker_port)) << line.status();
+  }
+  auto waiting = [&] {
+    absl::StatusOr<std::string> scrape = http_get(worker_port, "/metrics");
+    return scrape.ok() ? sample(*scrape, "tessera_worker_plan_runs_waiting{device=\"0\"}") : -2;
   };
 
   absl::StatusOr<Client> client = connect();
@@ -64,6 +75,9 @@ TEST_F(ChainForwardDrill, ACallReadingARunningCallsOutputIsForwardedBeforeThatCa
   // Forwarded while its producer cannot end (device 1 is stopped): the counter grows.
   EXPECT_TRUE(poll_until([&] { return chained() >= before + 1; }, absl::Seconds(10)))
       << "the chained call was not forwarded while its producer ran; counter " << chained() << ", before " << before;
+  // And device 0 received its run, which waits there for the producer's output.
+  EXPECT_TRUE(poll_until([&] { return waiting() == 1; }, absl::Seconds(5)))
+      << "device 0 did not receive the chained call's run while the producer ran; runs waiting " << waiting();
   EXPECT_FALSE((*produced)[0].is_ready());
   ASSERT_EQ(::kill(stopped_, SIGCONT), 0);
   stopped_ = -1;
@@ -75,6 +89,7 @@ TEST_F(ChainForwardDrill, ACallReadingARunningCallsOutputIsForwardedBeforeThatCa
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(*got == affine(sums, 2.0f, 1.0f));
   EXPECT_EQ(chained(), before + 1);  // the one chained call, counted once
+  EXPECT_EQ(waiting(), 0);
 }
 
 }  // namespace
