@@ -5,7 +5,9 @@
 // index vectors become one linear index into it (clamped, or masked to -1 so the one-axis op
 // fills or drops), and the other dimensions, taken from 0 with their slice size, ride along
 // whole. So the kernels, sharding rules, VJPs and vmap are those of gather, scatter(_add),
-// transpose, reshape and slice.
+// transpose, reshape and slice. scatter_mul / min / max have no one-axis op: their updates are
+// sorted by linear index and combined within runs of equal indices by a segmented scan
+// (log2(n) shifted steps), and each run's total is scattered once (combine_scatter).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -17,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/trace_state.h"
+#include "tessera/shard_map.h"
 #include "tessera/trace.h"
 
 namespace tessera {
@@ -159,9 +162,10 @@ Addressing make_addressing(int64_t rank, Dims window, Dims mapped, Dims collapse
 
 // The linear index into the folded dimensions, of shape B + (window of each windowed linear
 // dimension), B the indices' batch shape: sum over the linear dimensions of (start + offset) *
-// stride. kClip clamps each start to [0, dim - window]; kFillOrDrop makes the whole slice -1
-// (out of range for the one-axis op, which then fills or drops) when any start is outside.
-Value linear_index(const Value& indices, const Shape& operand, const Addressing& a, IndexMode mode) {
+// stride. kClip clamps each start to [0, dim - window]; kPromiseInBounds leaves it as it is;
+// kFillOrDrop (and kOneHot, for a scatter) makes the whole slice -1 (out of range for the
+// one-axis op, which then fills or drops) when any start is outside.
+Value linear_index(const Value& indices, const Shape& operand, const Addressing& a, GatherScatterMode mode) {
   const Shape is = indices.shape();  // Value::shape() returns a copy
   const Shape batch(is.begin(), is.end() - 1);
   const int64_t nb = static_cast<int64_t>(batch.size());
@@ -189,9 +193,9 @@ Value linear_index(const Value& indices, const Shape& operand, const Addressing&
       hi[nb] = k + 1;
       Value s = reshape(slice(ind, lo, hi), batch);
       const Value zero = full(batch, 0.0, dt), last = full(batch, static_cast<double>(operand[d] - a.window[d]), dt);
-      if (mode == IndexMode::kClip) {
+      if (mode == GatherScatterMode::kClip) {
         s = clamp(zero, s, last);
-      } else {
+      } else if (mode != GatherScatterMode::kPromiseInBounds) {
         const Value ok = logical_and(s >= zero, s <= last);
         in_bounds = in_bounds ? logical_and(*in_bounds, ok) : ok;
         s = where(ok, s, zero);  // no overflow in the product below; masked after
@@ -248,14 +252,86 @@ Value unfold_operand(const Value& folded, const Value& x, const Addressing& a) {
   return dynamic_update_slice(x, y, zeros);
 }
 
-Value scatter_general(const char* name, bool add, const Value& x, const Value& indices, const Value& updates,
-                      const ScatterDimensionNumbers& dn, IndexMode mode) {
+// How a scatter combines an update with what is there.
+enum class Combine { kSet, kAdd, kMul, kMin, kMax };
+
+Value combine(Combine c, const Value& a, const Value& b) {
+  return c == Combine::kMul ? a * b : c == Combine::kMin ? minimum(a, b) : maximum(a, b);
+}
+
+Value zeros_like(const Value& x) { return full(x.shape(), 0.0, x.dtype()); }
+
+// x + 0 with the gradient of x: exactly +0 (x - x) where x is finite, and 0 elsewhere.
+Value zero_with_gradient(const Value& x) {
+  const Value z = zeros_like(x);
+  const Value finite = where((x - x) == z, x, z);
+  return finite - stop_gradient(finite);
+}
+
+// scatter_mul / min / max on the folded operand f (n, free...) with linear indices idx (B..., W...)
+// (-1: dropped) and updates u (B..., W..., free...). The updates, sorted by index, are combined
+// within each run of equal indices by a segmented inclusive scan (Hillis-Steele: at step s an
+// element takes in the one s before it when their indices agree, which in sorted order means the
+// whole stretch between them agrees); the last of each run holds the run's total and is the one
+// scattered (the others get index -1). scatter_mul multiplies f by the totals scattered onto
+// ones; min / max scatter them onto f itself, so untouched elements combine with themselves.
+Value combine_scatter(Combine c, const Value& f, const Value& idx, const Value& u) {
+  const int64_t k = num_elements(idx.shape());
+  const Shape fs = f.shape();
+  Shape flat = {k};
+  flat.insert(flat.end(), fs.begin() + 1, fs.end());
+  Value keys = reshape(idx, {k});
+  const Value order = argsort(keys);
+  keys = gather(keys, order, 0, IndexMode::kClip);
+  Value vals = gather(reshape(u, flat), order, 0, IndexMode::kClip);
+  Dims row_dims = {0};
+  auto shifted_slice = [&](const Value& v, int64_t lo, int64_t hi) {
+    std::vector<int64_t> start(v.rank(), 0), limit = v.shape();
+    start[0] = lo;
+    limit[0] = hi;
+    return slice(v, start, limit);
+  };
+  for (int64_t s = 1; s < k; s *= 2) {
+    const Value same =
+        concatenate({full({s}, 0.0, DType::kBool), shifted_slice(keys, s, k) == shifted_slice(keys, 0, k - s)}, 0);
+    const Value prev = concatenate({shifted_slice(vals, 0, s), shifted_slice(vals, 0, k - s)}, 0);
+    vals = where(broadcast_in_dim(same, flat, row_dims), combine(c, vals, prev), vals);
+  }
+  const Value yes = full({1}, 1.0, DType::kBool);  // the last element ends its run
+  const Value last = k == 1 ? yes : concatenate({shifted_slice(keys, 0, k - 1) != shifted_slice(keys, 1, k), yes}, 0);
+  const Value target = where(last, keys, full({k}, -1.0, keys.dtype()));
+  if (c == Combine::kMul) return f * scatter(full(fs, 1.0, f.dtype()), target, vals, 0, IndexMode::kFillOrDrop);
+  const Value m = combine(c, f, scatter(f, target, vals, 0, IndexMode::kFillOrDrop));
+  if (!is_floating(f.dtype())) return m;
+  // The gradient of _scatter_extremal_jvp (jax/_src/lax/slicing.py): every element equal to the
+  // result (the operand's and the updates') gets an equal share of its cotangent. The value is
+  // m's exactly (m - (+0)); the gradient flows through the zeros that stand for the contenders.
+  const Value result = stop_gradient(m);
+  const Value u_flat = reshape(u, flat);
+  const Value raw_keys = reshape(idx, {k});
+  const Value at_update = gather(result, raw_keys, 0, IndexMode::kFillOrDrop);  // NaN where dropped
+  const Value f_won = f == result, u_won = u_flat == at_update;
+  const Value zeros_f = zeros_like(f), zeros_u = zeros_like(u_flat);
+  const Value count =
+      convert(f_won, f.dtype()) + scatter_add(zeros_f, raw_keys, convert(u_won, f.dtype()), 0, IndexMode::kFillOrDrop);
+  const Value share =
+      where(f_won, zero_with_gradient(f), zeros_f) +
+      scatter_add(zeros_f, raw_keys, where(u_won, zero_with_gradient(u_flat), zeros_u), 0, IndexMode::kFillOrDrop);
+  const Value ones = full(fs, 1.0, f.dtype());
+  return result - (stop_gradient(share) - share) / where(count > zeros_f, count, ones);
+}
+
+Value scatter_general(const char* name, Combine combine_op, const Value& x, const Value& indices, const Value& updates,
+                      const ScatterDimensionNumbers& dn, GatherScatterMode mode) {
   TraceState* t = TraceState::common({&x, &indices, &updates});
   if (t == nullptr) return Value();
   auto invalid = [&](const std::string& message) {
     return t->fail(absl::InvalidArgumentError(absl::StrCat(name, ": ", message)));
   };
   if (std::string e = check_indices(name, indices); !e.empty()) return t->fail(absl::InvalidArgumentError(e));
+  if (combine_op >= Combine::kMul && x.dtype() == DType::kBool) {
+    return invalid("the operand is bool; it needs a numeric dtype");
+  }
   if (updates.dtype() != x.dtype()) {
     return invalid(absl::StrCat("the updates are ", dtype_name(updates.dtype()), "; they need the operand's dtype ",
                                 dtype_name(x.dtype())));
@@ -344,22 +420,146 @@ Value scatter_general(const char* name, bool add, const Value& x, const Value& i
   const Value u = perm == identity ? updates : transpose(updates, perm);
   const Value folded = fold_operand(x, a);
   const Value idx = linear_index(indices, xs, a, mode);
-  const Value r =
-      add ? scatter_add(folded, idx, u, 0, IndexMode::kFillOrDrop) : scatter(folded, idx, u, 0, IndexMode::kFillOrDrop);
+  Value r;
+  switch (combine_op) {
+    case Combine::kSet:
+      r = scatter(folded, idx, u, 0, IndexMode::kFillOrDrop);
+      break;
+    case Combine::kAdd:
+      r = scatter_add(folded, idx, u, 0, IndexMode::kFillOrDrop);
+      break;
+    default:
+      r = combine_scatter(combine_op, folded, idx, u);
+  }
   return unfold_operand(r, x, a);
+}
+
+// jnp.take_along_axis(mode="one_hot") (jax/_src/numpy/indexing.py): one_hot(indices, n) contracted
+// with x along `axis`, the other dimensions batch (x and indices already broadcast alike). An
+// index outside [0, n) has no hot entry and gives 0; a bool x goes through int32.
+Value one_hot_take(const Value& x, const Value& indices, int64_t axis) {
+  const int64_t rank = x.rank(), n = x.shape()[axis];
+  Shape hot_shape = indices.shape();
+  hot_shape.push_back(n);
+  Dims leading(rank);
+  std::iota(leading.begin(), leading.end(), 0);
+  const DType dt = x.dtype() == DType::kBool ? DType::kI32 : x.dtype();
+  const Value hot =
+      convert(broadcast_in_dim(indices, hot_shape, leading) == iota(indices.dtype(), hot_shape, rank), dt);
+  DotDims dims;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d == axis) continue;
+    dims.lhs_batch.push_back(d);
+    dims.rhs_batch.push_back(d);
+  }
+  dims.lhs_contracting = {rank};
+  dims.rhs_contracting = {axis};
+  // The result is (the other dimensions..., indices' `axis`): move that one back into place.
+  const Value r = dot_general(hot, convert(x, dt), dims);
+  Dims perm(rank);
+  for (int64_t o = 0; o < rank; ++o) perm[o] = o < axis ? o : o == axis ? rank - 1 : o - 1;
+  const Value y = axis == rank - 1 ? r : transpose(r, perm);
+  return x.dtype() == DType::kBool ? y != full(y.shape(), 0.0, dt) : y;
+}
+
+Axes spec_entry(const PartitionSpec& spec, int64_t d) { return d < spec.size() ? spec.axes(d) : Axes{}; }
+
+Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNumbers& dn,
+                  std::vector<int64_t> slice_sizes, GatherScatterMode mode, std::optional<Scalar> fill_value,
+                  bool by_blocks);
+
+// On Explicit axes, a gather whose batching dimensions are split (the operand's or the
+// indices', alike or one of them) is one independent gather per block, as JAX's explicit-mode
+// rule says (_gather_spec_computation in jax/_src/lax/slicing.py: batching splits resolve into
+// the indices', sliced operand dimensions must be whole or replicated, the indices' other
+// dimensions replicated; the result's batch dimensions take the indices' resolved splits). It
+// runs as a shard_map manual over those axes (the folding reshape inside sees whole blocks), so
+// no data moves. nullopt when no batching dimension is split; an error message (JAX's) when
+// JAX's rule cannot resolve the layout.
+std::optional<Value> gather_by_batch_blocks(TraceState* t, const Value& x, const Value& indices,
+                                            const GatherDimensionNumbers& dn, const Dims& slice_sizes,
+                                            GatherScatterMode mode, const std::optional<Scalar>& fill_value,
+                                            std::string* error) {
+  if (!t->explicit_mesh.has_value() || dn.operand_batching_dims.empty()) return std::nullopt;
+  const PartitionSpec x_spec = type_of(x).spec, i_spec = type_of(indices).spec;
+  const int64_t rank = x.rank(), ni = indices.rank();
+  std::vector<Axes> x_dims(rank), i_dims(ni), x_manual(rank), i_manual(ni);
+  for (int64_t d = 0; d < rank; ++d) x_dims[d] = spec_entry(x_spec, d);
+  for (int64_t d = 0; d < ni; ++d) i_dims[d] = spec_entry(i_spec, d);
+  Axes manual;
+  for (size_t k = 0; k < dn.operand_batching_dims.size(); ++k) {
+    const int64_t od = dn.operand_batching_dims[k], id = dn.start_indices_batching_dims[k];
+    if (x_dims[od].empty() && i_dims[id].empty()) continue;
+    const Axes resolved = i_dims[id].empty() ? x_dims[od] : i_dims[id];
+    x_dims[od] = i_dims[id] = x_manual[od] = i_manual[id] = resolved;
+    manual.insert(manual.end(), resolved.begin(), resolved.end());
+  }
+  if (manual.empty()) return std::nullopt;
+  bool resolves = true;
+  for (size_t k = 0; k < dn.operand_batching_dims.size(); ++k) {
+    const Axes a = spec_entry(x_spec, dn.operand_batching_dims[k]),
+               b = spec_entry(i_spec, dn.start_indices_batching_dims[k]);
+    if (!a.empty() && !b.empty() && a != b) resolves = false;
+  }
+  for (int64_t d : dn.start_index_map) {
+    if (slice_sizes[d] != x.shape()[d] && !x_dims[d].empty()) resolves = false;
+  }
+  for (int64_t d = 0; d < ni; ++d) {
+    if (!contains(dn.start_indices_batching_dims, d) && !i_dims[d].empty()) resolves = false;
+  }
+  if (!resolves) {
+    *error = absl::StrCat(
+        "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing as out sharding "
+        "could not be resolved unambiguously (or would require collectives on inputs). Got operand=",
+        type_of(x).to_string(), ", indices=", type_of(indices).to_string());
+    return std::nullopt;
+  }
+  // The result's dimensions: offset ones whole over the manual axes, the batch ones as the indices'.
+  const int64_t out_rank = static_cast<int64_t>(dn.offset_dims.size()) + ni - 1;
+  std::vector<Axes> out_manual(out_rank);
+  for (int64_t o = 0, b = 0; o < out_rank; ++o) {
+    if (!contains(dn.offset_dims, o)) out_manual[o] = i_manual[b++];
+  }
+  const Value xr = PartitionSpec(x_dims) == x_spec.partitions_only() ? x : reshard(x, PartitionSpec(x_dims));
+  const Value ir =
+      PartitionSpec(i_dims) == i_spec.partitions_only() ? indices : reshard(indices, PartitionSpec(i_dims));
+  ShardMapOptions options;
+  options.axis_names = manual;
+  const ShardMapped blocks = shard_map(
+      [dn, slice_sizes, mode, fill_value](const std::vector<Value>& in) {
+        return std::vector<Value>{gather_impl(in[0], in[1], dn, slice_sizes, mode, fill_value, false)};
+      },
+      *t->explicit_mesh, {PartitionSpec(x_manual), PartitionSpec(i_manual)}, {PartitionSpec(out_manual)}, options);
+  return blocks({xr, ir})[0];
 }
 
 }  // namespace
 
 Value gather(const Value& x, const Value& indices, const GatherDimensionNumbers& dn, std::vector<int64_t> slice_sizes,
-             IndexMode mode, std::optional<Scalar> fill_value) {
+             GatherScatterMode mode, std::optional<Scalar> fill_value) {
+  return gather_impl(x, indices, dn, std::move(slice_sizes), mode, std::move(fill_value), true);
+}
+
+namespace {
+
+Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNumbers& dn,
+                  std::vector<int64_t> slice_sizes, GatherScatterMode mode, std::optional<Scalar> fill_value,
+                  bool by_blocks) {
   TraceState* t = TraceState::common({&x, &indices});
   if (t == nullptr) return Value();
   auto invalid = [&](const std::string& message) {
     return t->fail(absl::InvalidArgumentError(absl::StrCat("gather: ", message)));
   };
   if (std::string e = check_indices("gather", indices); !e.empty()) return t->fail(absl::InvalidArgumentError(e));
-  if (fill_value.has_value() && mode != IndexMode::kFillOrDrop) return invalid("a fill value needs the fill mode");
+  if (fill_value.has_value() && mode != GatherScatterMode::kFillOrDrop)
+    return invalid("a fill value needs the fill mode");
+  if (mode == GatherScatterMode::kOneHot) {
+    // JAX's _gather_lower (jax/_src/lax/slicing.py) asserts the mode is FILL_OR_DROP, CLIP or
+    // PROMISE_IN_BOUNDS; ONE_HOT is jnp.take_along_axis's.
+    return invalid(
+        "GatherScatterMode::kOneHot is take_along_axis's mode; lax.gather takes kClip, kFillOrDrop or "
+        "kPromiseInBounds");
+  }
   const Shape& xs = x.shape();
   const Shape& is = indices.shape();
   const int64_t rank = x.rank(), ni = indices.rank();
@@ -408,9 +608,13 @@ Value gather(const Value& x, const Value& indices, const GatherDimensionNumbers&
         slice_sizes.size(), ", output_slice_sizes=", dims_str(dn.offset_dims), ", collapsed_slice_dims=",
         dims_str(dn.collapsed_slice_dims), ", operand_batching_dims=", dims_str(dn.operand_batching_dims), "."));
   }
-  const bool no_indices = num_elements(is) == 0;
+  // _gather_shape_rule skips this check for empty indices; XLA's gather shape inference (whose
+  // text JAX's is) does not, so indices of shape (B, 0) with B > 0, which take one slice per
+  // batch position at start 0, are checked. Only when no slice is taken (a batch dimension of 0)
+  // may a slice size exceed its dimension.
+  const bool no_slices = num_elements(Shape(is.begin(), is.end() - 1)) == 0;
   for (int64_t d = 0; d < rank; ++d) {
-    if (!no_indices && (slice_sizes[d] < 0 || slice_sizes[d] > xs[d])) {
+    if (!no_slices && (slice_sizes[d] < 0 || slice_sizes[d] > xs[d])) {
       return invalid(absl::StrCat("Slice size at index ", d, " in gather op is out of range, must be within [0, ",
                                   xs[d], " + 1), got ", slice_sizes[d], "."));
     }
@@ -450,25 +654,54 @@ Value gather(const Value& x, const Value& indices, const GatherDimensionNumbers&
     }
   }
   if (num_elements(out) == 0) return full(out, 0.0, x.dtype());
+  if (by_blocks) {
+    std::string error;
+    std::optional<Value> blocks = gather_by_batch_blocks(t, x, indices, dn, slice_sizes, mode, fill_value, &error);
+    if (!error.empty()) return invalid(error);
+    if (blocks.has_value()) return *blocks;
+  }
   const Value folded = fold_operand(x, a);
   const Value idx = linear_index(indices, xs, a, mode);
-  const Value g = gather(folded, idx, 0, mode, std::move(fill_value));
+  // Promised in bounds: no check, and the one-axis gather clamps what falls outside the folded
+  // operand (JAX: "out-of-bounds gathers will be clamped").
+  const Value g =
+      gather(folded, idx, 0,
+             mode == GatherScatterMode::kClip || mode == GatherScatterMode::kPromiseInBounds ? IndexMode::kClip
+                                                                                             : IndexMode::kFillOrDrop,
+             std::move(fill_value));
   Dims identity(out_rank);
   std::iota(identity.begin(), identity.end(), 0);
   return perm == identity ? g : transpose(g, perm);
 }
 
+}  // namespace
+
 Value scatter_add(const Value& x, const Value& indices, const Value& updates, const ScatterDimensionNumbers& dn,
-                  IndexMode mode) {
-  return scatter_general("scatter_add", true, x, indices, updates, dn, mode);
+                  GatherScatterMode mode) {
+  return scatter_general("scatter_add", Combine::kAdd, x, indices, updates, dn, mode);
 }
 
 Value scatter(const Value& x, const Value& indices, const Value& updates, const ScatterDimensionNumbers& dn,
-              IndexMode mode) {
-  return scatter_general("scatter", false, x, indices, updates, dn, mode);
+              GatherScatterMode mode) {
+  return scatter_general("scatter", Combine::kSet, x, indices, updates, dn, mode);
 }
 
-Value take_along_axis(const Value& x, const Value& indices, int64_t axis, IndexMode mode,
+Value scatter_mul(const Value& x, const Value& indices, const Value& updates, const ScatterDimensionNumbers& dn,
+                  GatherScatterMode mode) {
+  return scatter_general("scatter_mul", Combine::kMul, x, indices, updates, dn, mode);
+}
+
+Value scatter_min(const Value& x, const Value& indices, const Value& updates, const ScatterDimensionNumbers& dn,
+                  GatherScatterMode mode) {
+  return scatter_general("scatter_min", Combine::kMin, x, indices, updates, dn, mode);
+}
+
+Value scatter_max(const Value& x, const Value& indices, const Value& updates, const ScatterDimensionNumbers& dn,
+                  GatherScatterMode mode) {
+  return scatter_general("scatter_max", Combine::kMax, x, indices, updates, dn, mode);
+}
+
+Value take_along_axis(const Value& x, const Value& indices, int64_t axis, GatherScatterMode mode,
                       std::optional<Scalar> fill_value) {
   TraceState* t = TraceState::common({&x, &indices});
   if (t == nullptr) return Value();
@@ -502,7 +735,15 @@ Value take_along_axis(const Value& x, const Value& indices, int64_t axis, IndexM
   const Value xb = xs == x.shape() ? x : broadcast_in_dim(x, xs, all);
   Value ib = is == indices.shape() ? indices : broadcast_in_dim(indices, is, all);
   const int64_t n = xs[ax];
-  ib = where(ib < 0, ib + full(is, static_cast<double>(n), ib.dtype()), ib);  // negatives wrap
+  // Negatives wrap except with kPromiseInBounds (jnp.take_along_axis: wrap_negative_indices
+  // defaults to mode != "promise_in_bounds").
+  if (mode != GatherScatterMode::kPromiseInBounds) {
+    ib = where(ib < 0, ib + full(is, static_cast<double>(n), ib.dtype()), ib);
+  }
+  if (mode == GatherScatterMode::kOneHot) {
+    if (fill_value.has_value()) return invalid("a fill value needs the fill mode");
+    return one_hot_take(xb, ib, ax);
+  }
   Shape vec = is;
   vec.push_back(1);
   GatherDimensionNumbers dn;

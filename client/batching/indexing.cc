@@ -1,10 +1,10 @@
 // Batching the indexing ops. gather and scatter whose indices are the same for every example:
-// the indexed dimension one further on (batched indices have no rule yet: vmap reports the
-// op). dynamic_slice and dynamic_update_slice as JAX batches them (jax/_src/lax/slicing.py,
-// _dynamic_slice_batching_rule, _dynamic_update_slice_batching_rule): with the same starts for
-// every example, the op again with a start of 0 along the batch dimension; with starts that
-// differ per example, a gather (a scatter) of each example's window, addressed as elements of
-// the flattened operand.
+// the indexed dimension one further on; with indices per example, lax's gather / scatter with
+// the batch dimension as a batching dimension of operand and indices (JAX's
+// _gather_batching_rule does the same, with operand_batching_dims). dynamic_slice and dynamic_update_slice as JAX
+// batches them (jax/_src/lax/slicing.py, _dynamic_slice_batching_rule, _dynamic_update_slice_batching_rule): with the
+// same starts for every example, the op again with a start of 0 along the batch dimension; with starts that differ per
+// example, a gather (a scatter) of each example's window, addressed as elements of the flattened operand.
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -13,12 +13,35 @@
 namespace tessera::internal {
 namespace {
 
-absl::StatusOr<Value> indexing_rule(const BatchArgs& a) {
-  if (a.batched[1]) {
-    return absl::InvalidArgumentError(absl::StrCat(op_name(a.node.op),
-                                                   " with indices that differ per example has no batching rule "
-                                                   "(only the indexed array and the updates may be batched)"));
+// Indices per example (batch first): each example's x[..., indices, ...] (or its scatter) as one
+// lax.gather / scatter whose operand and indices share the batch dimension as a batching
+// dimension; the index vector is the indices with a trailing 1. The result keeps the one-axis
+// op's layout: batch, x's dimensions before the axis, the indices', x's after it.
+absl::StatusOr<Value> batched_indices_rule(const BatchArgs& a) {
+  const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
+  const Value x = a.batched_operand(0);
+  const int64_t axis = attrs.axis + 1, ni = a.x[1].rank(), rank = x.rank();
+  Shape vec = a.x[1].shape();
+  vec.push_back(1);
+  const Value starts = reshape(a.x[1], vec);
+  std::vector<int64_t> window;  // where x's other dimensions land in the result
+  for (int64_t d = 1; d < rank; ++d) {
+    if (d != axis) window.push_back(d < axis ? d : d + ni - 2);
   }
+  if (a.node.op == Op::kGather) {
+    std::vector<int64_t> sizes = x.shape();
+    sizes[0] = sizes[axis] = 1;
+    return gather(x, starts, GatherDimensionNumbers{window, {axis}, {axis}, {0}, {0}}, sizes, attrs.mode,
+                  attrs.fill_value);
+  }
+  const ScatterDimensionNumbers dn{window, {axis}, {axis}, {0}, {0}};
+  const Value updates = a.batched_operand(2);
+  return a.node.op == Op::kScatterAdd ? scatter_add(x, starts, updates, dn, attrs.mode)
+                                      : scatter(x, starts, updates, dn, attrs.mode);
+}
+
+absl::StatusOr<Value> indexing_rule(const BatchArgs& a) {
+  if (a.batched[1]) return batched_indices_rule(a);
   Node n = a.node;
   n.attrs<GatherAttrs>().axis += 1;
   std::vector<Value> operands = {a.batched_operand(0), a.x[1]};

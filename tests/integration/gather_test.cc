@@ -3,7 +3,9 @@
 // indices, against host loops written here over XLA's operation semantics of Gather and
 // Scatter (the definition jax/_src/lax/slicing.py's docstrings point to), not against the
 // composite's own lowering. Cases from JAX's tests/lax_test.py (testGather, testScatterAddSub,
-// testGatherShapeCheckingRule) and the docstrings of lax.gather and jnp.take_along_axis.
+// testGatherShapeCheckingRule) and the docstrings of lax.gather and jnp.take_along_axis. The
+// modes are lax.GatherScatterMode's (jax/_src/lax/slicing.py); scatter_mul / min / max are
+// checked against the same host loop with their combiner, their gradients in grad_test.cc.
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tessera/vmap.h"
 #include "tests/integration/jit_support.h"
 
 namespace tessera {
@@ -99,9 +102,11 @@ std::vector<double> host_gather(const HostArray& x, const HostArray& idx, const 
   return values;
 }
 
-// lax.scatter_add / lax.scatter on the host, update element by update element.
-std::vector<double> host_scatter(const HostArray& x, const HostArray& idx, const HostArray& u,
-                                 const ScatterDimensionNumbers& dn, IndexMode mode, bool add) {
+// lax.scatter_add / scatter / scatter_mul / min / max on the host, update element by update
+// element: `combine(old, update)` is what the target becomes.
+std::vector<double> host_scatter_with(const HostArray& x, const HostArray& idx, const HostArray& u,
+                                      const ScatterDimensionNumbers& dn, IndexMode mode,
+                                      const std::function<double(double, double)>& combine) {
   const int64_t rank = static_cast<int64_t>(x.shape().size());
   std::vector<double> out(x.size());
   for (int64_t i = 0; i < x.size(); ++i) out[i] = x.element_as_double(i);
@@ -123,9 +128,41 @@ std::vector<double> host_scatter(const HostArray& x, const HostArray& idx, const
     Dims in = *start;
     for (size_t k = 0; k < window_dims.size(); ++k) in[window_dims[k]] += offsets[k];
     double& target = out[ravel(in, x.shape())];
-    target = add ? target + u.element_as_double(flat) : u.element_as_double(flat);
+    target = combine(target, u.element_as_double(flat));
   }
   return out;
+}
+
+std::vector<double> host_scatter(const HostArray& x, const HostArray& idx, const HostArray& u,
+                                 const ScatterDimensionNumbers& dn, IndexMode mode, bool add) {
+  return host_scatter_with(x, idx, u, dn, mode, [add](double old, double v) { return add ? old + v : v; });
+}
+
+// `idx` with each start of index component k (operand dimension mapped[k], window[d] long)
+// moved into [0, operand[d] - window[d]] by a modulus: in bounds, for kPromiseInBounds.
+HostArray in_bounds(const HostArray& idx, const Shape& operand, const Dims& window, const Dims& mapped) {
+  std::vector<int32_t> v(idx.size());
+  const int64_t k_count = idx.shape().back();
+  for (int64_t i = 0; i < idx.size(); ++i) {
+    const int64_t d = mapped[i % k_count];
+    const int64_t span = operand[d] - window[d] + 1;
+    v[i] = static_cast<int32_t>(((static_cast<int64_t>(idx.element_as_double(i)) % span) + span) % span);
+  }
+  return HostArray::from_vector<int32_t>(idx.shape(), v);
+}
+
+// Example b of a (float32 or int32) array with a leading batch dimension.
+HostArray example(const HostArray& a, int64_t b) {
+  const Shape shape(a.shape().begin() + 1, a.shape().end());
+  const int64_t n = num_elements(shape);
+  if (a.dtype() == DType::kI32) {
+    std::vector<int32_t> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(a.element_as_double(b * n + i));
+    return HostArray::from_vector<int32_t>(shape, v);
+  }
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(a.element_as_double(b * n + i));
+  return HostArray::from_vector<float>(shape, v);
 }
 
 // `got` (float32) equals `want` within 1e-5 relative; NaN matches NaN.
@@ -136,6 +173,8 @@ void expect_values(const HostArray& got, const Shape& shape, const std::vector<d
     const double g = got.element_as_double(static_cast<int64_t>(i));
     if (std::isnan(want[i])) {
       EXPECT_TRUE(std::isnan(g)) << where << " element " << i << ": " << g << ", want NaN";
+    } else if (std::isinf(want[i])) {
+      EXPECT_EQ(g, want[i]) << where << " element " << i;
     } else {
       ASSERT_NEAR(g, want[i], 1e-5 * (1 + std::abs(want[i]))) << where << " element " << i;
     }
@@ -292,15 +331,35 @@ TEST_F(GatherTest, TakeAlongAxisDocstringExamplesAndHostLoops) {
   const HostArray second = fetch((*got)[1]);
   expect_values(second, {1, 3}, {4, 2, std::nan("")}, "take_along_axis axis 0");
   EXPECT_EQ(fetch((*got)[2]), HostArray::from_vector<int32_t>({2, 3}, {3, 4, 5, 2, 6, 7}));
-  // Not built: on Explicit axes an operand split on an addressed dimension (here a batching
-  // one, which JAX's _gather_spec_computation accepts when the indices split alike) meets the
-  // fold's reshape, which refuses to guess the merged layout (docs/design.md).
-  absl::StatusOr<std::vector<Array>> split = jit([](const std::vector<Value>& in) {
+  // On Explicit axes an operand split on a batching dimension, like the indices' (or the
+  // indices alone split there), is what JAX's explicit-mode rule accepts
+  // (_gather_spec_computation in jax/_src/lax/slicing.py: batching splits resolve into the
+  // indices', the result's batch dimension takes them): one gather per block, no collective,
+  // the result split over 'model' as the indices. Indices split on a dimension that is not a
+  // batching one are JAX's error.
+  Jitted split = jit([](const std::vector<Value>& in) {
+    return std::vector<Value>{take_along_axis(in[0], in[1], 1),
+                              type_of(take_along_axis(in[0], in[1], 1)).spec == P("model", None)
+                                  ? full({}, 1.0, DType::kI32)
+                                  : full({}, 0.0, DType::kI32)};
+  });
+  for (const PartitionSpec& xs : {P("model", None), P()}) {
+    absl::StatusOr<std::vector<Array>> r = split({put(x, xs), put(i1, P("model", None))});
+    ASSERT_TRUE(r.ok()) << xs.to_string() << ": " << r.status();
+    EXPECT_EQ(fetch((*r)[0]), HostArray::from_vector<float>({2, 2}, {1, 3, 5, 4})) << xs.to_string();
+    EXPECT_EQ(fetch((*r)[1]), HostArray::from_vector<int32_t>({}, {1})) << "result type for x " << xs.to_string();
+  }
+  for (const char* collective : {"all_gather", "all_reduce", "all_to_all", "collective_permute"}) {
+    EXPECT_THAT(split.as_text(), ::testing::Not(HasSubstr(collective))) << split.as_text();
+  }
+  const HostArray x4 = random_f32({4, 6}, 5);
+  absl::StatusOr<std::vector<Array>> refused = jit([](const std::vector<Value>& in) {
     return std::vector<Value>{take_along_axis(in[0], in[1], 1)};
-  })({put(x, P("model", None)), put(i1, P("model", None))});
-  ASSERT_FALSE(split.ok());
-  EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(split.status().message()), HasSubstr("reshape: merging operand dimensions"));
+  })({put(x4, P("data", None)), put(ints({4, 2}, {0, 1, 2, 3, 4, 5, 0, 1}), P("data", "model"))});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing"));
 
   // (8, 6, 4) along axis 1 with (8, 5, 4) indices, negatives wrapping and some out of range,
   // split over 'data' on both: the host loop of numpy's definition.
@@ -465,6 +524,238 @@ TEST_F(GatherTest, OperandSplitOnAWholeDimensionIsNotGathered) {
   }
 }
 
+// GatherScatterMode::PROMISE_IN_BOUNDS (jax/_src/lax/slicing.py: "The user promises that indices
+// are in bounds"; out-of-bounds results are implementation-defined, so only in-bounds indices
+// are tested): every gather and scatter_add case with its indices moved in bounds equals the
+// host loop (whose clip mode then changes nothing), on a replicated and a split layout; and
+// take_along_axis, whose negative indices do not wrap in that mode (wrap_negative_indices
+// defaults to mode != "promise_in_bounds" in jax/_src/numpy/indexing.py).
+TEST_F(GatherTest, PromiseInBoundsEqualsTheHostLoopForInBoundsIndices) {
+  const Mesh mesh = auto_mesh({2, 2});
+  for (const GatherCase& c : gather_cases()) {
+    const HostArray x = random_f32(c.x, 51);
+    const HostArray idx = in_bounds(c.idx, c.x, c.slice_sizes, c.dn.start_index_map);
+    Shape want_shape;
+    const std::vector<double> want = host_gather(x, idx, c.dn, c.slice_sizes, IndexMode::kClip, 0, &want_shape);
+    const TracedFunction f = [&](const std::vector<Value>& in) {
+      return std::vector<Value>{gather(in[0], in[1], c.dn, c.slice_sizes, GatherScatterMode::kPromiseInBounds)};
+    };
+    const std::vector<PartitionSpec> specs = layouts(c.x, mesh);
+    for (const PartitionSpec& xs : {specs.front(), specs.back()}) {
+      const std::string where = absl::StrCat(c.name, " x ", xs.to_string());
+      absl::StatusOr<HostArray> got = run1(f, {put_on(mesh, x, xs), put_on(mesh, idx, P())});
+      ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+      expect_values(*got, want_shape, want, where);
+    }
+  }
+  for (const ScatterCase& c : scatter_cases()) {
+    const HostArray x = random_f32(c.x, 52), u = random_f32(c.updates, 53);
+    Dims window(c.x.size(), 1);
+    for (size_t d = 0, k = 0; d < c.x.size(); ++d) {
+      if (has(c.dn.inserted_window_dims, d) || has(c.dn.operand_batching_dims, d)) continue;
+      window[d] = c.updates[c.dn.update_window_dims[k++]];
+    }
+    const HostArray idx = in_bounds(c.idx, c.x, window, c.dn.scatter_dims_to_operand_dims);
+    const std::vector<double> want = host_scatter(x, idx, u, c.dn, IndexMode::kClip, true);
+    absl::StatusOr<HostArray> got = run1(
+        [&](const std::vector<Value>& in) {
+          return std::vector<Value>{scatter_add(in[0], in[1], in[2], c.dn, GatherScatterMode::kPromiseInBounds)};
+        },
+        {put_on(mesh, x, layouts(c.x, mesh).back()), put_on(mesh, idx, P()), put_on(mesh, u, P())});
+    ASSERT_TRUE(got.ok()) << c.name << ": " << got.status();
+    expect_values(*got, c.x, want, c.name);
+  }
+  const HostArray x = HostArray::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  absl::StatusOr<HostArray> got = run1(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{take_along_axis(in[0], in[1], 1, GatherScatterMode::kPromiseInBounds)};
+      },
+      {put(x, P()), put(ints({2, 2}, {2, 0, 1, 1}), P())});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, HostArray::from_vector<float>({2, 2}, {3, 1, 5, 5}));
+}
+
+// GatherScatterMode::ONE_HOT. JAX implements it in jnp.take_along_axis alone
+// (jax/_src/numpy/indexing.py): negative indices wrap, then
+// einsum(one_hot(indices, n), x) along the axis, so an out-of-range index gives 0 and, as in
+// any such contraction, an infinity along the axis turns the other results of its row into NaN
+// (0 * inf). lax.gather's lowering (_gather_lower) asserts the mode is one of the other three,
+// so a gather refuses it; lax.scatter hands it to XLA's scatter unclamped, which skips
+// out-of-bounds windows: the drop of FILL_OR_DROP.
+TEST_F(GatherTest, OneHotModeIsJaxs) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const HostArray x = HostArray::from_vector<float>({4, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, -1, inf, 2});
+  const HostArray idx = ints({4, 4}, {0, 2, -1, 3, -3, 1, 7, 2, 2, -4, 0, 1, 0, 2, 1, 5});
+  const double nan = std::nan("");
+  // Row 3 holds inf at column 1: the index naming it gives inf, every other one NaN.
+  const std::vector<double> want = {1, 3, 3, 0, 4, 5, 0, 6, 9, 0, 7, 8, nan, nan, inf, nan};
+  for (const PartitionSpec& xs : {P(), P("data", None)}) {
+    absl::StatusOr<HostArray> got = run1(
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{take_along_axis(in[0], in[1], 1, GatherScatterMode::kOneHot)};
+        },
+        {put_on(*auto_mesh_, x, xs), put_on(*auto_mesh_, idx, P())});
+    ASSERT_TRUE(got.ok()) << got.status();
+    expect_values(*got, {4, 4}, want, absl::StrCat("one_hot x ", xs.to_string()));
+  }
+  // Along axis 0 of an int32 x with broadcast indices (1, 3).
+  absl::StatusOr<HostArray> along0 = run1(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{take_along_axis(in[0], in[1], 0, GatherScatterMode::kOneHot)};
+      },
+      {put(HostArray::arange(DType::kI32, {4, 3}), P()), put(ints({1, 3}, {3, -4, 4}), P())});
+  ASSERT_TRUE(along0.ok()) << along0.status();
+  EXPECT_EQ(*along0, HostArray::from_vector<int32_t>({1, 3}, {9, 1, 0}));
+
+  const absl::Status refused =
+      trace(
+          [](const std::vector<Value>& in) {
+            return std::vector<Value>{
+                gather(in[0], in[1], GatherDimensionNumbers{{1}, {0}, {0}}, {1, 3}, GatherScatterMode::kOneHot)};
+          },
+          {ArrayType{DType::kF32, {5, 3}}, ArrayType{DType::kI32, {2, 1}}})
+          .status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("gather: GatherScatterMode::kOneHot is take_along_axis's"));
+
+  const std::vector<ScatterCase> cases = scatter_cases();
+  const ScatterCase& c = cases[1];  // repeated and out-of-range windows
+  const HostArray sx = random_f32(c.x, 54), su = random_f32(c.updates, 55);
+  absl::StatusOr<HostArray> scattered = run1(
+      [&](const std::vector<Value>& in) {
+        return std::vector<Value>{scatter_add(in[0], in[1], in[2], c.dn, GatherScatterMode::kOneHot)};
+      },
+      {put(sx, P()), put(c.idx, P()), put(su, P())});
+  ASSERT_TRUE(scattered.ok()) << scattered.status();
+  expect_values(*scattered, c.x, host_scatter(sx, c.idx, su, c.dn, IndexMode::kFillOrDrop, true), "one_hot scatter");
+}
+
+// lax.scatter_mul / scatter_min / scatter_max: every update combined into its target, repeated
+// windows included, out-of-range ones dropped (FILL_OR_DROP) or clamped (CLIP), as the host loop
+// over XLA's Scatter semantics with the combiner; float32 on a replicated and a split layout,
+// and int32 (exact).
+TEST_F(GatherTest, ScatterMulMinMaxMatchHostLoops) {
+  struct Combiner {
+    const char* name;
+    std::function<Value(const Value&, const Value&, const Value&, const ScatterDimensionNumbers&, GatherScatterMode)>
+        op;
+    std::function<double(double, double)> host;
+  };
+  const std::vector<Combiner> combiners = {
+      {"scatter_mul",
+       [](const Value& x, const Value& i, const Value& u, const ScatterDimensionNumbers& dn, GatherScatterMode m) {
+         return scatter_mul(x, i, u, dn, m);
+       },
+       [](double a, double b) { return a * b; }},
+      {"scatter_min",
+       [](const Value& x, const Value& i, const Value& u, const ScatterDimensionNumbers& dn, GatherScatterMode m) {
+         return scatter_min(x, i, u, dn, m);
+       },
+       [](double a, double b) { return std::min(a, b); }},
+      {"scatter_max",
+       [](const Value& x, const Value& i, const Value& u, const ScatterDimensionNumbers& dn, GatherScatterMode m) {
+         return scatter_max(x, i, u, dn, m);
+       },
+       [](double a, double b) { return std::max(a, b); }},
+  };
+  const Mesh mesh = auto_mesh({2, 2});
+  for (const ScatterCase& c : scatter_cases()) {
+    const HostArray x = random_f32(c.x, 61), u = random_f32(c.updates, 62);
+    std::vector<int32_t> iu(u.size());
+    for (int64_t k = 0; k < u.size(); ++k) iu[k] = static_cast<int32_t>((k * 7) % 11) - 5;
+    const HostArray xi = HostArray::arange(DType::kI32, c.x), ui = HostArray::from_vector<int32_t>(c.updates, iu);
+    for (const Combiner& comb : combiners) {
+      for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+        const TracedFunction f = [&](const std::vector<Value>& in) {
+          return std::vector<Value>{comb.op(in[0], in[1], in[2], c.dn, mode)};
+        };
+        const std::string where = absl::StrCat(c.name, " ", comb.name, " mode ", static_cast<int>(mode));
+        const std::vector<double> want = host_scatter_with(x, c.idx, u, c.dn, mode, comb.host);
+        const std::vector<PartitionSpec> specs = layouts(c.x, mesh);
+        for (const PartitionSpec& xs : {specs.front(), specs.back()}) {
+          absl::StatusOr<HostArray> got =
+              run1(f, {put_on(mesh, x, xs), put_on(mesh, c.idx, P()), put_on(mesh, u, P())});
+          ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+          expect_values(*got, c.x, want, absl::StrCat(where, " x ", xs.to_string()));
+        }
+        absl::StatusOr<HostArray> got = run1(f, {put(xi, P()), put(c.idx, P()), put(ui, P())});
+        ASSERT_TRUE(got.ok()) << where << " int32: " << got.status();
+        const std::vector<double> want_i = host_scatter_with(xi, c.idx, ui, c.dn, mode, comb.host);
+        for (size_t k = 0; k < want_i.size(); ++k) {
+          ASSERT_EQ(got->element_as_double(static_cast<int64_t>(k)), want_i[k]) << where << " int32 element " << k;
+        }
+      }
+    }
+  }
+}
+
+// Ties in scatter_min / scatter_max share the cotangent equally among the operand's element and
+// the updates equal to the result, as JAX's _scatter_extremal_jvp (jax/_src/lax/slicing.py:
+// "the resulting tangent at that location will be the average of the associated tangents"):
+// min(x[0] = 1, 1, 1) gives each a third; x[1] = 5 is untouched, so its gradient is 1.
+TEST_F(GatherTest, ScatterMinMaxTiesShareTheCotangent) {
+  const HostArray x = HostArray::from_vector<float>({2}, {1, 5}), u = HostArray::from_vector<float>({3}, {1, 1, 2});
+  const HostArray idx = ints({3, 1}, {0, 0, 0});
+  const ScatterDimensionNumbers dn{{}, {0}, {0}};
+  absl::StatusOr<std::vector<Array>> got = jit(
+      grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(scatter_min(in[0], in[1], in[2], dn))}; },
+           {0, 2}))({put(x, P()), put(idx, P()), put(u, P())});
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_values(fetch((*got)[0]), {2}, {1.0 / 3, 1}, "scatter_min grad x");
+  expect_values(fetch((*got)[1]), {3}, {1.0 / 3, 1.0 / 3, 0}, "scatter_min grad updates");
+  // max(x[0] = 1, 1, 1, 2) = 2: the update 2 alone takes it.
+  got = jit(
+      grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(scatter_max(in[0], in[1], in[2], dn))}; },
+           {0, 2}))({put(x, P()), put(idx, P()), put(u, P())});
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_values(fetch((*got)[0]), {2}, {0, 1}, "scatter_max grad x");
+  expect_values(fetch((*got)[1]), {3}, {0, 0, 1}, "scatter_max grad updates");
+}
+
+// vmap of the composites (client/vmap.cc batches the ops they are built of): each example's
+// gather, scatter_add, scatter_max and take_along_axis equal the host loop on that example.
+TEST_F(GatherTest, VmapMatchesPerExampleHostLoops) {
+  const int64_t batch = 4;
+  const GatherDimensionNumbers gdn{{1}, {0}, {0, 1}};
+  const ScatterDimensionNumbers sdn{{1}, {0}, {0, 1}};
+  const Dims sizes = {1, 2};
+  const HostArray x = random_f32({batch, 8, 6}, 71), u = random_f32({batch, 3, 2}, 72);
+  const HostArray idx = ints({batch, 3, 2}, {0, 1, 7, 4, 2, 2, 9, 0, 3, 3, 3, 3, 1, 5, 6, 0, -1, 2, 4, 4, 0, 0, 7, 5});
+  std::vector<int32_t> tv(batch * 8 * 2);
+  for (size_t k = 0; k < tv.size(); ++k) tv[k] = static_cast<int32_t>((k * 5) % 9) - 2;  // [-2, 6]
+  const HostArray along = ints({batch, 8, 2}, tv);
+  absl::StatusOr<std::vector<Array>> got = jit(vmap([&](const std::vector<Value>& in) {
+    return std::vector<Value>{gather(in[0], in[1], gdn, sizes, IndexMode::kClip), scatter_add(in[0], in[1], in[2], sdn),
+                              scatter_max(in[0], in[1], in[2], sdn), take_along_axis(in[0], in[3], 1)};
+  }))({put_on(*auto_mesh_, x, P("data", None, None)), put_on(*auto_mesh_, idx, P()), put_on(*auto_mesh_, u, P()),
+       put_on(*auto_mesh_, along, P())});
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<HostArray> out;
+  for (const Array& a : *got) out.push_back(fetch(a));
+  for (int64_t b = 0; b < batch; ++b) {
+    const HostArray xb = example(x, b), ib = example(idx, b), ub = example(u, b), tb = example(along, b);
+    const std::string where = absl::StrCat("example ", b);
+    Shape s;
+    expect_values(example(out[0], b), {3, 2}, host_gather(xb, ib, gdn, sizes, IndexMode::kClip, 0, &s),
+                  where + " gather");
+    expect_values(example(out[1], b), {8, 6}, host_scatter(xb, ib, ub, sdn, IndexMode::kFillOrDrop, true),
+                  where + " scatter_add");
+    expect_values(
+        example(out[2], b), {8, 6},
+        host_scatter_with(xb, ib, ub, sdn, IndexMode::kFillOrDrop, [](double a, double v) { return std::max(a, v); }),
+        where + " scatter_max");
+    std::vector<double> want(8 * 2);
+    for (int64_t r = 0; r < 8; ++r) {
+      for (int64_t j = 0; j < 2; ++j) {
+        int64_t i = static_cast<int64_t>(tb.element_as_double(r * 2 + j));
+        if (i < 0) i += 6;
+        want[r * 2 + j] = i < 0 || i >= 6 ? std::nan("") : xb.element_as_double(r * 6 + i);
+      }
+    }
+    expect_values(example(out[3], b), {8, 2}, want, where + " take_along_axis");
+  }
+}
+
 // Dimension numbers breaking JAX's rules: the messages of _gather_shape_rule /
 // _scatter_shape_rule (tests/lax_test.py testGatherShapeCheckingRule and
 // testScatterShapeCheckingRule cases), as INVALID_ARGUMENT at trace time.
@@ -540,11 +831,24 @@ TEST_F(GatherTest, DimensionNumbersErrorsAreJaxs) {
       {gather_error(x, {10, 9, 3, 2, 3}, {{4, 5, 6, 7, 8}, {2, 3, 4}, {2, 3, 4}, {0, 1}, {1, 0}}, {10, 9, 8, 7, 6}),
        "Gather op requires operand batching dimensions and indices batching dimensions to have the same shape, got "
        "(10, 9) and (9, 10)."},
+      // Indices (2, 0): an empty index vector, but two slices taken at start 0, so the slice
+      // sizes are checked (XLA's gather shape inference, whose text JAX's rule repeats; JAX's
+      // own check is skipped for empty indices and the error comes from XLA).
+      {gather_error({4, 3}, {2, 0}, {{1, 2}, {}, {}}, {5, 3}),
+       "Slice size at index 0 in gather op is out of range, must be within [0, 4 + 1), got 5."},
   };
   for (const Expect& e : cases) {
     EXPECT_EQ(e.status.code(), absl::StatusCode::kInvalidArgument) << e.message << ": " << e.status;
     EXPECT_THAT(std::string(e.status.message()), HasSubstr(e.message));
   }
+  // No slice taken at all (indices (0, 0)): nothing to check, the result is empty, as in JAX.
+  absl::StatusOr<Graph> empty = trace(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{gather(in[0], in[1], GatherDimensionNumbers{{1, 2}, {}, {}}, {5, 3})};
+      },
+      {ArrayType{DType::kF32, {4, 3}}, ArrayType{DType::kI32, {0, 0}}});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->node(empty->outputs()[0]).shape, (Shape{0, 5, 3}));
   const absl::Status scatter_status =
       trace(
           [](const std::vector<Value>& in) {

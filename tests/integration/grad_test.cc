@@ -214,6 +214,24 @@ std::vector<GradCase> grad_cases() {
   out.push_back({"take_along_axis", {{4, 5}}, Domain::kSigned, [ids](V in) {
                    return take_along_axis(in[0], reshape(ids({0, 4, 4, -1, 2, 1, 3, 3}), {4, 2}), 1);
                  }});
+  // lax.scatter_mul / min / max (values: gather_test.cc). scatter_mul's: the operand's is
+  // scatter_mul(t, ...), the updates' gather(t * operand) (JAX's _scatter_mul_transpose_rule,
+  // which needs unique indices; with repeated ones here, the product rule). min / max: the
+  // element equal to the result takes its cotangent (_scatter_extremal_jvp; random inputs tie
+  // with probability 0). Rows (1, 5, 1), one (5) out of range (dropped), windows of 2 columns.
+  const ScatterDimensionNumbers rows{{1}, {0}, {0, 1}};
+  out.push_back({"scatter_mul_unique", {{6, 4}, {3, 2}}, Domain::kSigned, [pairs, rows](V in) {
+                   return scatter_mul(in[0], pairs({0, 1, 5, 2, 2, 3}), sin(in[1]), rows);
+                 }});
+  out.push_back({"scatter_mul_repeated", {{6, 4}, {3, 2}}, Domain::kSigned, [pairs, rows](V in) {
+                   return scatter_mul(in[0], pairs({1, 1, 1, 2, 4, 2}), in[1], rows);
+                 }});
+  out.push_back({"scatter_min_repeated", {{6, 4}, {4, 2}}, Domain::kSigned, [pairs, rows](V in) {
+                   return scatter_min(in[0] * in[0], pairs({1, 1, 1, 2, 6, 0, 1, 1}), in[1], rows);
+                 }});
+  out.push_back({"scatter_max_clip", {{6, 4}, {4, 2}}, Domain::kSigned, [pairs, rows](V in) {
+                   return scatter_max(in[0], pairs({3, 0, 3, 1, 9, 2, 0, 0}), in[1] * 2.0, rows, IndexMode::kClip);
+                 }});
   // tessera::nn's composites (their values: tests/client/nn_test.cc).
   // Issue #15's composites (client/lax.cc): pad's VJP slices the cotangent (strided through
   // the interior padding) and sums the rest into padding_value, as lax's transpose of pad;

@@ -342,10 +342,14 @@ inline IndexRef at(const Value& x, const Value& indices, int64_t axis = 0) { ret
 // update_window_dims / inserted_window_dims / scatter_dims_to_operand_dims mirror offset_dims /
 // collapsed_slice_dims / start_index_map, and the windows' sizes are the updates' sizes along
 // update_window_dims (1 for inserted and batching dimensions).
-// Modes as lax.GatherScatterMode: kClip clamps each start to [0, dim - slice size] so the slice
-// fits; kFillOrDrop gives a gather's whole slice `fill_value` (unset: NaN, the lowest integer,
-// true for bool) when any part of it is outside the operand, and drops a scatter's whole window
-// then. Negative indices are out of range (no wrapping, as lax). Dimension numbers that break
+// Modes as lax.GatherScatterMode (an IndexMode converts to its namesake): kClip clamps each
+// start to [0, dim - slice size] so the slice fits; kFillOrDrop gives a gather's whole slice
+// `fill_value` (unset: NaN, the lowest integer, true for bool) when any part of it is outside
+// the operand, and drops a scatter's whole window then; kPromiseInBounds checks nothing (in-bounds
+// results equal kClip's, out-of-bounds ones are implementation-defined, gradients too, as JAX
+// documents); kOneHot is jnp.take_along_axis's (below): a gather refuses it (JAX's _gather_lower
+// accepts only the other three) and a scatter drops out-of-bounds windows with it (JAX hands
+// it to XLA's scatter unclamped). Negative indices are out of range (no wrapping, as lax). Dimension numbers that break
 // JAX's rules (_gather_shape_rule, _scatter_shape_rule) fail the trace with INVALID_ARGUMENT
 // naming the field, the values and the rule. Composites (client/lax_gather.cc): the slice's
 // dimensions are folded into one linear index and the one-axis gather / scatter above runs on
@@ -354,6 +358,17 @@ inline IndexRef at(const Value& x, const Value& indices, int64_t axis = 0) { ret
 //   // x[i, j] on a (5, 4) x with i, j of shape (3): indices stack(i, j) of shape (3, 2)
 //   // (offset_dims, collapsed_slice_dims, start_index_map):
 //   Value y = gather(x, ij, GatherDimensionNumbers{{}, {0, 1}, {0, 1}}, {1, 1});  // shape (3)
+class GatherScatterMode {
+ public:
+  enum Kind : uint8_t { kClip, kFillOrDrop, kPromiseInBounds, kOneHot };
+  constexpr GatherScatterMode(Kind kind) : kind_(kind) {}  // NOLINT(runtime/explicit): as JAX's enum
+  constexpr GatherScatterMode(IndexMode mode)              // NOLINT(runtime/explicit)
+      : kind_(mode == IndexMode::kClip ? kClip : kFillOrDrop) {}
+  constexpr operator Kind() const { return kind_; }  // NOLINT(runtime/explicit)
+
+ private:
+  Kind kind_;
+};
 struct GatherDimensionNumbers {
   std::vector<int64_t> offset_dims;
   std::vector<int64_t> collapsed_slice_dims;
@@ -369,18 +384,38 @@ struct ScatterDimensionNumbers {
   std::vector<int64_t> scatter_indices_batching_dims = {};
 };
 Value gather(const Value& operand, const Value& start_indices, const GatherDimensionNumbers& dimension_numbers,
-             std::vector<int64_t> slice_sizes, IndexMode mode = IndexMode::kFillOrDrop,
+             std::vector<int64_t> slice_sizes, GatherScatterMode mode = GatherScatterMode::kFillOrDrop,
              std::optional<Scalar> fill_value = std::nullopt);
-// With repeated windows scatter_add adds every update and scatter writes one of them.
+// With repeated windows scatter_add adds every update and scatter writes one of them;
+// scatter_mul / scatter_min / scatter_max (lax's) combine the operand's element with every
+// update aimed at it by *, min or max (in an unspecified order, as XLA). Their gradients:
+// scatter_mul's as JAX's (for the updates JAX needs unique indices; here repeated ones get the
+// product rule), scatter_min / max's as JAX's _scatter_extremal_jvp (the elements equal to the
+// result share its cotangent equally, the operand's included).
 Value scatter_add(const Value& operand, const Value& scatter_indices, const Value& updates,
-                  const ScatterDimensionNumbers& dimension_numbers, IndexMode mode = IndexMode::kFillOrDrop);
+                  const ScatterDimensionNumbers& dimension_numbers,
+                  GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
 Value scatter(const Value& operand, const Value& scatter_indices, const Value& updates,
-              const ScatterDimensionNumbers& dimension_numbers, IndexMode mode = IndexMode::kFillOrDrop);
+              const ScatterDimensionNumbers& dimension_numbers,
+              GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
+Value scatter_mul(const Value& operand, const Value& scatter_indices, const Value& updates,
+                  const ScatterDimensionNumbers& dimension_numbers,
+                  GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
+Value scatter_min(const Value& operand, const Value& scatter_indices, const Value& updates,
+                  const ScatterDimensionNumbers& dimension_numbers,
+                  GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
+Value scatter_max(const Value& operand, const Value& scatter_indices, const Value& updates,
+                  const ScatterDimensionNumbers& dimension_numbers,
+                  GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
 // jnp.take_along_axis(x, indices, axis): indices of x's rank, broadcasting with x in the other
-// dimensions (numpy rules, size-1 dimensions stretch); negative indices wrap (JAX's default);
-// then out-of-range ones give `fill_value` in the default fill mode, or clamp with kClip. One
-// gather with batching dimensions (as JAX lowers it).
-Value take_along_axis(const Value& x, const Value& indices, int64_t axis, IndexMode mode = IndexMode::kFillOrDrop,
+// dimensions (numpy rules, size-1 dimensions stretch); negative indices wrap (JAX's default,
+// not with kPromiseInBounds); then out-of-range ones give `fill_value` in the default fill mode,
+// or clamp with kClip. One gather with batching dimensions (as JAX lowers it); with kOneHot,
+// JAX's one-hot contraction instead (jax/_src/numpy/indexing.py: einsum of one_hot(indices)
+// with x, so an out-of-range index gives 0 and a non-finite element of x along `axis` reaches
+// every result of its row, as 0 * inf does).
+Value take_along_axis(const Value& x, const Value& indices, int64_t axis,
+                      GatherScatterMode mode = GatherScatterMode::kFillOrDrop,
                       std::optional<Scalar> fill_value = std::nullopt);
 
 // lax.dynamic_slice / dynamic_update_slice: the window of `sizes` of x at `starts` (integer
