@@ -248,8 +248,9 @@ class WorkerService final : public WorkerServiceBase {
 
   // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
   // Only the cluster's daemons may send here, and only as a current registration of the
-  // cluster (PeerView: checked once, when the stream opens); a stream carries only the
-  // messages of the device it declares (others are dropped and counted).
+  // cluster (PeerView: checked when the stream opens, and again by every view after: a stream
+  // whose registration was replaced ends); a stream carries only the messages of the device it
+  // declares (others are dropped and counted).
   grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext* ctx,
                                                       grpc::ByteBuffer* response) override {
     absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Exchange");
@@ -260,8 +261,7 @@ class WorkerService final : public WorkerServiceBase {
     }
     // Over TLS the device is the certificate's (authenticate checked it); otherwise a claim.
     const StreamClaim claim = stream_claim(*ctx);
-    return transport_.new_exchange_reader(response, claim.device,
-                                          [this, claim](auto decided) { peers_.admit(claim, std::move(decided)); });
+    return transport_.new_exchange_reader(response, claim.device, &peers_, claim);
   }
 
   // Any client may profile (as it may read GetStats): a trace holds op names, shapes and times,

@@ -1165,5 +1165,101 @@ TEST(PeerView, AnUnknownSenderWaitsForAFreshViewAndIsDecidedByIt) {
   EXPECT_EQ(view.update(view.ask(), 1000, "0:1,0:2").code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Issue #17 item 1, re-checked: a stream admitted under a registration is told to end by the
+// first view that says the registration was replaced — a newer incarnation of its device, the
+// device gone, or this worker registered with a newer coordinator epoch — naming the device,
+// the incarnation it declared, the current one and the rule; never by a view that still names
+// it, and never once the stream ended. (The view used to be consulted only when a stream
+// opened; the processes' side: WorkerRestartTest.AStreamTakenBeforeItsSenderRegisteredAgainIsEnded.)
+TEST(PeerView, AnAdmittedStreamIsEndedByTheFirstViewThatSaysItsRegistrationWasReplaced) {
+  PeerView view;
+  Decisions d, replaced;
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3,2:5").ok());
+  view.admit({1, 1000, 3}, d.record(0), replaced.record(0));
+  view.admit({0, 1000, 1}, d.record(1), replaced.record(1));
+  view.admit({2, 1000, 5}, d.record(2), replaced.record(2));
+  const uint64_t gone = view.admit({2, 1000, 5}, d.record(3), replaced.record(3));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(d.of(i).has_value() && d.of(i)->ok()) << i;
+  EXPECT_EQ(view.admitted(), 4);
+  view.ended(gone);  // its stream ended: no view tells it anything
+  EXPECT_EQ(view.admitted(), 3);
+
+  // The same registrations: nothing ends.
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3,2:5").ok());
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(replaced.of(i).has_value()) << i;
+
+  // Device 1 registered again (incarnation 4), device 2 is gone.
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:4").ok());
+  ASSERT_TRUE(replaced.of(0).has_value());
+  EXPECT_EQ(replaced.of(0)->code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(replaced.of(0)->message()),
+              AllOf(HasSubstr("ended the stream from device 1 (incarnation 3 of coordinator epoch 1000)"),
+                    HasSubstr("device 1's current incarnation is 4, which replaced incarnation 3"),
+                    HasSubstr("a worker takes collective data only from the current incarnations")));
+  EXPECT_FALSE(replaced.of(1).has_value());
+  ASSERT_TRUE(replaced.of(2).has_value());
+  EXPECT_EQ(replaced.of(2)->code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(replaced.of(2)->message()),
+              AllOf(HasSubstr("device 2 (incarnation 5 of coordinator epoch 1000)"),
+                    HasSubstr("device 2 is no longer a registered device of this cluster (alive: 0, 1")));
+  EXPECT_FALSE(replaced.of(3).has_value()) << "told after its stream ended";
+  EXPECT_EQ(view.admitted(), 1);
+
+  // This worker registered with a restarted coordinator (epoch 1001): device 0's stream of
+  // epoch 1000 ends too, once.
+  ASSERT_TRUE(view.update(view.ask(), 1001, "0:1,1:1").ok());
+  ASSERT_TRUE(replaced.of(1).has_value());
+  EXPECT_THAT(std::string(replaced.of(1)->message()),
+              AllOf(HasSubstr("device 0 (incarnation 1 of coordinator epoch 1000)"),
+                    HasSubstr("a registration of coordinator epoch 1001, whose current incarnation of device 0 is 1")));
+  EXPECT_EQ(view.admitted(), 0);
+}
+
+// A stream that waited for a fresh view and was admitted by it is checked by the views after.
+TEST(PeerView, AStreamAdmittedByAFreshViewIsCheckedByTheNextOnes) {
+  PeerView view;
+  Decisions d, replaced;
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1").ok());
+  view.admit({3, 1000, 2}, d.record(0), replaced.record(0));
+  EXPECT_EQ(view.waiting(), 1);
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,3:2").ok());
+  ASSERT_TRUE(d.of(0).has_value() && d.of(0)->ok());
+  EXPECT_EQ(view.admitted(), 1);
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,3:3").ok());
+  ASSERT_TRUE(replaced.of(0).has_value());
+  EXPECT_THAT(std::string(replaced.of(0)->message()),
+              HasSubstr("current incarnation is 3, which replaced incarnation 2"));
+}
+
+// Issue #17 item 2 of session 29's gaps: a waiting stream that ends (cancelled, its sender gone)
+// leaves the waiting list at once — it neither stays until the next view nor counts toward
+// PeerView::kMaxWaiting — and no later view or expiry calls it. Before, ended streams stayed
+// until a view decided them: 1,024 cancelled streams refused every new one RESOURCE_EXHAUSTED.
+TEST(PeerView, AStreamThatEndsWhileWaitingLeavesTheListAndTheCap) {
+  PeerView view;
+  Decisions d;
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1").ok());
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < PeerView::kMaxWaiting; ++i) ids.push_back(view.admit({1, 1000, 1}, d.record(i)));
+  EXPECT_EQ(view.waiting(), PeerView::kMaxWaiting);
+  view.admit({1, 1000, 1}, d.record(-1));  // the cap is real
+  ASSERT_TRUE(d.of(-1).has_value());
+  EXPECT_EQ(d.of(-1)->code(), absl::StatusCode::kResourceExhausted) << *d.of(-1);
+  EXPECT_THAT(std::string(d.of(-1)->message()), HasSubstr("1024 streams already wait"));
+
+  for (uint64_t id : ids) view.ended(id);  // every one of them was cancelled
+  EXPECT_EQ(view.waiting(), 0);
+  const uint64_t live = view.admit({1, 1000, 1}, d.record(-2));
+  EXPECT_EQ(view.waiting(), 1);
+  EXPECT_FALSE(d.of(-2).has_value()) << *d.of(-2);  // it waits: not refused for the ended ones
+  EXPECT_NE(live, 0u);
+
+  view.expire(absl::Now() + PeerView::kMaxWait);
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:1").ok());
+  for (int i = 0; i < PeerView::kMaxWaiting; ++i) ASSERT_FALSE(d.of(i).has_value()) << "stream " << i << " ended";
+  ASSERT_TRUE(d.of(-2).has_value());  // the live one was decided (its wait expired first)
+  EXPECT_EQ(view.waiting(), 0);
+}
+
 }  // namespace
 }  // namespace tessera
