@@ -110,6 +110,9 @@ class WorkerService final : public WorkerServiceBase {
   }
   const HeapTrimmer& heap() const { return heap_; }
 
+  // Before every RegisterWorker: collective sends wait for its answer (Transport::begin_registration).
+  void registering() { transport_.begin_registration(); }
+
   void registered(int id, uint64_t epoch, uint64_t incarnation) {
     device_.set(id);
     transport_.set_self(id);
@@ -425,7 +428,7 @@ class WorkerServerImpl final : public WorkerServer {
         registration_(
             options, daemon_identity(options.credentials), &service_.store(), &service_.plans(), &health_,
             [this](int id, uint64_t epoch, uint64_t incarnation) { service_.registered(id, epoch, incarnation); },
-            [this] { service_.tick(); }, &service_.peers()) {
+            [this] { service_.tick(); }, &service_.peers(), [this] { service_.registering(); }) {
     service_.peers().set_refresh([this] { registration_.beat_now(); });
   }
   ~WorkerServerImpl() override { shutdown(); }

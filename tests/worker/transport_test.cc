@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/collectives/engine.h"
@@ -51,15 +52,26 @@ class Endpoint {
 
   Transport& transport() { return transport_; }
   int port() const { return port_; }
+  // The Exchange streams opened here so far, by the incarnation they declared ("" for none).
+  std::map<std::string, int> declared() {
+    absl::MutexLock lock(&service_.mu);
+    return service_.declared;
+  }
 
  private:
   class Service final : public pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service> {
    public:
     explicit Service(Transport* transport) : transport_(transport) {}
-    grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext*,
+    grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext* ctx,
                                                         grpc::ByteBuffer* response) override {
+      auto it = ctx->client_metadata().find(kIncarnationKey);
+      absl::MutexLock lock(&mu);
+      ++declared[it == ctx->client_metadata().end() ? "" : std::string(it->second.data(), it->second.size())];
       return transport_->new_exchange_reader(response);
     }
+
+    absl::Mutex mu;
+    std::map<std::string, int> declared ABSL_GUARDED_BY(mu);  // streams opened, by declared incarnation
 
    private:
     Transport* const transport_;
@@ -1259,6 +1271,48 @@ TEST(PeerView, AStreamThatEndsWhileWaitingLeavesTheListAndTheCap) {
   for (int i = 0; i < PeerView::kMaxWaiting; ++i) ASSERT_FALSE(d.of(i).has_value()) << "stream " << i << " ended";
   ASSERT_TRUE(d.of(-2).has_value());  // the live one was decided (its wait expired first)
   EXPECT_EQ(view.waiting(), 0);
+}
+
+// Issue #17 (session 29's gap 3): while this worker registers again, its collective messages
+// wait for the new registration, and then go on fresh links declaring it — never on a link
+// declaring the registration being replaced (a run the coordinator sends as soon as it recorded
+// the new registration may come before the registration's reply). Peers end the old links'
+// streams themselves (PeerView); they are not cancelled by the sender.
+TEST(TransportRegistration, SendsWaitForTheNewRegistrationAndGoOnLinksDeclaringIt) {
+  Endpoint a(0), b(1);
+  const std::string to_b = absl::StrCat("127.0.0.1:", b.port());
+  const std::byte one[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  a.transport().declare(7, 1);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(a.transport().send(1, to_b, {11, 0, 0}, one, 4, absl::Now() + absl::Seconds(20)).ok());
+  ASSERT_TRUE(b.transport().receive(0, "", {11, 0, 0}, start, absl::Now() + absl::Seconds(20)).ok());
+  // A link's streams (three) all open when it is made; some may not have reached b yet.
+  constexpr int kStreamsPerLink = 3;
+  EXPECT_GE(b.declared()["1"], 1);
+
+  a.transport().begin_registration();
+  const absl::Status held = a.transport().send(1, to_b, {12, 0, 0}, one, 4, absl::Now() + absl::Milliseconds(300));
+  EXPECT_EQ(held.code(), absl::StatusCode::kDeadlineExceeded) << held;
+  EXPECT_THAT(std::string(held.message()), AllOf(HasSubstr("device 0 to register again"), HasSubstr("device 1")));
+
+  absl::Status sent;
+  std::thread sender([&] { sent = a.transport().send(1, to_b, {13, 0, 0}, one, 4, absl::Now() + absl::Seconds(20)); });
+  a.transport().declare(7, 2);
+  sender.join();
+  ASSERT_TRUE(sent.ok()) << sent;
+  absl::StatusOr<Received> got = b.transport().receive(0, "", {13, 0, 0}, start, absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::byte bytes[4];
+  got->copy_to(bytes);
+  EXPECT_EQ(std::memcmp(bytes, one, 4), 0);
+  // The message of the new registration came on a new link declaring it; no stream declaring
+  // incarnation 1 opened but the first link's, and op 12's message never went out.
+  std::map<std::string, int> declared = b.declared();
+  EXPECT_GE(declared["2"], 1);
+  EXPECT_LE(declared["1"], kStreamsPerLink);
+  EXPECT_EQ(declared.size(), 2u);
+  EXPECT_EQ(b.transport().pending_messages(), 0);
+  for (uint64_t op : {11, 12, 13}) b.transport().finish_op(op);
 }
 
 }  // namespace

@@ -545,6 +545,8 @@ Transport::~Transport() {
     stopping_ = true;  // the watchdog resumes what is parked and ends
     links.swap(links_);
     retired.swap(retired_);
+    for (auto& old : superseded_) retired.push_back(std::move(old));
+    superseded_.clear();
     inbound.swap(inbound_);
     stopped.swap(stopped_inbound_);
     watch.swap(parked_watch_);
@@ -802,11 +804,29 @@ void Transport::set_self(int device_id) {
   self_ = device_id;
 }
 
+void Transport::begin_registration() {
+  absl::MutexLock lock(&mu_);
+  registering_ = true;
+}
+
 void Transport::declare(uint64_t epoch, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
-  // The streams open now were taken when they opened and stay (this is the same process); the
-  // links opened from now on declare the new registration.
+  registering_ = false;  // the sends that waited for it go on (mu_'s Await)
+  if (declared_ == std::make_pair(epoch, incarnation)) return;
   declared_ = {epoch, incarnation};
+  // The links open now declare the replaced registration: sends from now on take fresh ones.
+  // They are not cancelled: each peer ends their streams itself once its view shows the new
+  // registration, an end that does not count as this worker going away there (its runs of the
+  // new registration may already wait for this worker's messages, which come on the fresh
+  // links). Cancelling them here did count (session 29: the first collective after a
+  // coordinator restart failed "went away during op"). Those of the registration before are
+  // destroyed now (at most two links per peer are kept).
+  for (auto& old : superseded_) retired_.push_back(std::move(old));
+  superseded_.clear();
+  for (auto& [peer, old] : links_) {
+    if (old != nullptr) superseded_.push_back(std::move(old));
+  }
+  links_.clear();
 }
 
 std::shared_ptr<Transport::Link> Transport::link(int peer, const std::string& address) {
@@ -815,6 +835,14 @@ std::shared_ptr<Transport::Link> Transport::link(int peer, const std::string& ad
   {
     absl::MutexLock lock(&mu_);
     current = current_link_locked(peer, address);
+    for (auto it = superseded_.begin(); it != superseded_.end();) {
+      if (!(*it)->broken()) {
+        ++it;
+        continue;
+      }
+      retired_.push_back(std::move(*it));  // its peer ended it
+      it = superseded_.erase(it);
+    }
     retired.swap(retired_);
   }
   join_stopped_rings();
@@ -883,13 +911,24 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
     }
     queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner), &after);
   } else {
-    queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
+    queued = await_registration(peer, address, deadline);
+    if (queued.ok()) queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
   }
   if (queued.ok() && sent_ns != 0) {
     profile_flow(profile_, ProfileEvent::kFlowStart, message_flow_id(self, peer, tag.op, tag.step, tag.chunk),
                  "message", sent_ns);
   }
   return queued;
+}
+
+absl::Status Transport::await_registration(int peer, const std::string& address, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !registering_ || stopping_; };
+  if (mu_.AwaitWithDeadline(absl::Condition(&registered), deadline)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "a message to ", peer_name(peer, address), " waited for device ", self_,
+      " to register again with the coordinator (its collective messages go out only under its new registration, "
+      "which peers take) and its deadline passed first"));
 }
 
 absl::Status Transport::stream_failed(uint64_t op, const std::string& peer) {

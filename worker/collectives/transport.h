@@ -124,9 +124,17 @@ class Transport {
   ~Transport();  // cancels every link and joins its writer
 
   void set_self(int device_id);
+  // This worker is about to register (again) with the coordinator: until declare(), sends over
+  // gRPC wait (each until its deadline; DEADLINE_EXCEEDED naming this device and the rule), so
+  // that no link declares a registration the coordinator is replacing. A run the coordinator
+  // sends as soon as it has recorded the new registration may reach this worker before the
+  // registration's reply does: its messages then go out under the new one. (A notice of lost
+  // ops, sent from a gRPC callback thread, does not wait.)
+  void begin_registration();
   // The registration (coordinator epoch, incarnation) this worker's Exchange streams declare to
-  // its peers (worker/collectives/peer_view.h), from the next link it opens on; the streams
-  // open already were taken under the old one, which peers checked only when they opened.
+  // its peers (worker/collectives/peer_view.h); ends begin_registration's wait. A new one
+  // supersedes the open links: sends take fresh links declaring it, while each peer ends the
+  // old links' streams once its view shows the new registration (PeerView's `replaced`).
   void declare(uint64_t epoch, uint64_t incarnation);
 
   // Bounds the mailbox (before the first message arrives). INVALID_ARGUMENT for a bound that
@@ -351,6 +359,8 @@ class Transport {
   // The healthy link to `peer` at `address`, opened if needed. Destroys retired links (which
   // waits for their streams to end): never call it on a gRPC callback thread.
   std::shared_ptr<Link> link(int peer, const std::string& address);
+  // Waits while this worker registers (begin_registration), until `deadline`.
+  absl::Status await_registration(int peer, const std::string& address, absl::Time deadline);
   std::shared_ptr<Link> current_link_locked(int peer, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A link broke with messages of `ops` (its recent ones) in flight: the ops still running
   // here fail at once (their sends and receives return UNAVAILABLE naming the peer), and the
@@ -422,6 +432,7 @@ class Transport {
   mutable absl::Mutex mu_;
   int self_ ABSL_GUARDED_BY(mu_) = -1;
   std::pair<uint64_t, uint64_t> declared_ ABSL_GUARDED_BY(mu_);  // see declare
+  bool registering_ ABSL_GUARDED_BY(mu_) = false;                // see begin_registration
   int64_t forged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Held> mailbox_ ABSL_GUARDED_BY(mu_);
@@ -459,6 +470,9 @@ class Transport {
   // (op, source): the source's notice said messages of op to here may be lost (as above).
   std::set<std::pair<uint64_t, int>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
+  // Links of the registration declare() replaced: kept open until their peer ends them (then
+  // retired by link()) or the next declare (see declare).
+  std::vector<std::shared_ptr<Link>> superseded_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   ShmOptions shm_ ABSL_GUARDED_BY(mu_);
   // The rings peers write to this worker: the current one per source, and those replaced or
