@@ -138,14 +138,19 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
   set_deadline(&ctx, timeout);
   ctx.set_wait_for_ready(wait_for_ready);
   const uint64_t ticket = peers_ != nullptr ? peers_->ask() : 0;
+  // From here until registered_ (or for good, if this fails: the registration it replaces is
+  // no longer the coordinator's), no collective message goes out under the old declaration.
+  if (registering_) registering_();
   TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->RegisterWorker(&ctx, req, &reply),
                                     absl::StrCat("coordinator ", options_.coordinator_address)));
   device_id_ = reply.device_id();
   incarnation_ = reply.incarnation();
   if (reply.epoch() != epoch_) plans_->drop_before(reply.epoch());
   epoch_ = reply.epoch();
-  take_view(ticket, ctx);
+  // Declared before the view is taken: the view ends the streams peers opened under their
+  // replaced registrations, and this worker's sends must already go under its new one.
   registered_(device_id_, epoch_, incarnation_);
+  take_view(ticket, ctx);
   heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, reply.heartbeat_interval_ms()));
   return absl::OkStatus();
 }

@@ -44,10 +44,14 @@ class Registration {
   // `tick()` on the heartbeat thread once per heartbeat interval (housekeeping that must not wait
   // for traffic: it must not block).
   // `peers` (optional) takes the coordinator's view of the cluster from every reply.
+  // `registering()` (optional) runs before every RegisterWorker is sent, `registered` after each
+  // one that succeeded, before the view of its reply is taken: the worker's collectives send
+  // nothing in between (Transport::begin_registration), since the coordinator may send runs as
+  // soon as it has recorded the registration, before its reply is here.
   Registration(
       const WorkerOptions& options, std::shared_ptr<const CallIdentity> identity, const BufferStore* store,
       PlanStore* plans, HealthService* health, std::function<void(int, uint64_t, uint64_t)> registered,
-      std::function<void()> tick = [] {}, PeerView* peers = nullptr)
+      std::function<void()> tick = [] {}, PeerView* peers = nullptr, std::function<void()> registering = nullptr)
       : options_(options),
         identity_(std::move(identity)),
         store_(store),
@@ -55,7 +59,8 @@ class Registration {
         health_(health),
         registered_(std::move(registered)),
         tick_(std::move(tick)),
-        peers_(peers) {}
+        peers_(peers),
+        registering_(std::move(registering)) {}
   ~Registration() { stop(); }
 
   // The first registration, of the worker serving at `address` (see WorkerServer::start).
@@ -101,6 +106,7 @@ class Registration {
   const std::function<void(int, uint64_t, uint64_t)> registered_;
   const std::function<void()> tick_;
   PeerView* const peers_;
+  const std::function<void()> registering_;
 
   std::string address_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;

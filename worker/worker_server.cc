@@ -110,6 +110,9 @@ class WorkerService final : public WorkerServiceBase {
   }
   const HeapTrimmer& heap() const { return heap_; }
 
+  // Before every RegisterWorker: collective sends wait for its answer (Transport::begin_registration).
+  void registering() { transport_.begin_registration(); }
+
   void registered(int id, uint64_t epoch, uint64_t incarnation) {
     device_.set(id);
     transport_.set_self(id);
@@ -248,8 +251,9 @@ class WorkerService final : public WorkerServiceBase {
 
   // Collective data arrives raw (see Transport): read by a callback reactor, not copied.
   // Only the cluster's daemons may send here, and only as a current registration of the
-  // cluster (PeerView: checked once, when the stream opens); a stream carries only the
-  // messages of the device it declares (others are dropped and counted).
+  // cluster (PeerView: checked when the stream opens, and again by every view after: a stream
+  // whose registration was replaced ends); a stream carries only the messages of the device it
+  // declares (others are dropped and counted).
   grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext* ctx,
                                                       grpc::ByteBuffer* response) override {
     absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Exchange");
@@ -260,8 +264,7 @@ class WorkerService final : public WorkerServiceBase {
     }
     // Over TLS the device is the certificate's (authenticate checked it); otherwise a claim.
     const StreamClaim claim = stream_claim(*ctx);
-    return transport_.new_exchange_reader(response, claim.device,
-                                          [this, claim](auto decided) { peers_.admit(claim, std::move(decided)); });
+    return transport_.new_exchange_reader(response, claim.device, &peers_, claim);
   }
 
   // Any client may profile (as it may read GetStats): a trace holds op names, shapes and times,
@@ -425,7 +428,7 @@ class WorkerServerImpl final : public WorkerServer {
         registration_(
             options, daemon_identity(options.credentials), &service_.store(), &service_.plans(), &health_,
             [this](int id, uint64_t epoch, uint64_t incarnation) { service_.registered(id, epoch, incarnation); },
-            [this] { service_.tick(); }, &service_.peers()) {
+            [this] { service_.tick(); }, &service_.peers(), [this] { service_.registering(); }) {
     service_.peers().set_refresh([this] { registration_.beat_now(); });
   }
   ~WorkerServerImpl() override { shutdown(); }

@@ -21,6 +21,7 @@
 namespace tessera {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 constexpr int kVictim = 3;
@@ -57,7 +58,29 @@ class WorkerRestartTest : public FaultClusterTest {
     return stats;
   }
 
+  // A client of the fresh cluster after a checked put and all-reduce (client_), the devices
+  // (devices_) and the registration device kVictim holds (old_).
+  void use_cluster();
+  // kill -9 of device kVictim's worker and a new process at its address; waits for it (waited_,
+  // a client of the cluster again) and reads its registration (now_): the same coordinator
+  // epoch, a newer incarnation.
+  void restart_victim() {
+    kill_victim(*client_);
+    spawn_victim();
+    absl::StatusOr<Client> waited = connect();  // waits (at most 20 s) for the new process
+    ASSERT_TRUE(waited.ok()) << waited.status();
+    waited_ = *std::move(waited);
+    absl::StatusOr<pb::HandshakeReply> now = worker_registration(address_, credentials_.client);
+    ASSERT_TRUE(now.ok()) << now.status();
+    ASSERT_EQ(now->epoch(), old_->epoch());
+    ASSERT_GT(now->incarnation(), old_->incarnation());
+    now_ = *now;
+  }
+
   std::string address_;
+  std::optional<Client> client_, waited_;
+  std::optional<std::vector<Device>> devices_;
+  std::optional<pb::HandshakeReply> old_, now_;
 };
 
 Jitted total = jit([](const std::vector<Value>& in) { return std::vector<Value>{sum(in[0], {0})}; });
@@ -77,6 +100,19 @@ std::optional<Array> put_and_sum(Client& client) {
   EXPECT_TRUE(out.ok()) << out.status();
   if (out.ok()) expect_equal((*out)[0], column_sums(host));
   return *x;
+}
+
+void WorkerRestartTest::use_cluster() {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(put_and_sum(*client).has_value());
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  absl::StatusOr<pb::HandshakeReply> old = worker_registration((*devices)[kVictim].address, credentials_.client);
+  ASSERT_TRUE(old.ok()) << old.status();
+  client_ = *std::move(client);
+  devices_ = *devices;
+  old_ = *old;
 }
 
 // deploy_compose's sequence: a call, kill -9 of a worker, the next call fails naming it, the
@@ -132,21 +168,11 @@ TEST_F(WorkerRestartTest, AWaitForEveryDeviceAfterARestartWaitsForTheNewProcess)
 // never filed under device 2. The collectives after it are right (against the host).
 // Before, every such stream was taken.
 TEST_F(WorkerRestartTest, AStreamOfAnEarlierIncarnationIsRefusedAndAForgedSenderDropped) {
-  absl::StatusOr<Client> client = connect();
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE(put_and_sum(*client).has_value());
-  absl::StatusOr<std::vector<Device>> devices = client->devices();
-  ASSERT_TRUE(devices.ok()) << devices.status();
-  absl::StatusOr<pb::HandshakeReply> old = worker_registration((*devices)[kVictim].address, credentials_.client);
-  ASSERT_TRUE(old.ok()) << old.status();
-  kill_victim(*client);
-  spawn_victim();
-  absl::StatusOr<Client> waited = connect();  // waits (at most 20 s) for the new process
-  ASSERT_TRUE(waited.ok()) << waited.status();
-  absl::StatusOr<pb::HandshakeReply> now = worker_registration(address_, credentials_.client);
-  ASSERT_TRUE(now.ok()) << now.status();
-  ASSERT_EQ(now->epoch(), old->epoch());
-  ASSERT_GT(now->incarnation(), old->incarnation());
+  ASSERT_NO_FATAL_FAILURE(use_cluster());
+  const pb::HandshakeReply* old = &*old_;
+  const std::vector<Device>* devices = &*devices_;
+  ASSERT_NO_FATAL_FAILURE(restart_victim());
+  const pb::HandshakeReply* now = &*now_;
 
   const DeclaredSender current{kVictim, now->epoch(), now->incarnation()};
   const DeclaredSender earlier{kVictim, old->epoch(), old->incarnation()};
@@ -174,7 +200,75 @@ TEST_F(WorkerRestartTest, AStreamOfAnEarlierIncarnationIsRefusedAndAForgedSender
     EXPECT_EQ(after->exchange_messages_forged(), before->exchange_messages_forged() + 1);
     EXPECT_EQ(after->collective_messages_pending(), 0);
   }
-  put_and_sum(*waited);
+  put_and_sum(*waited_);
+}
+
+// Session 29's gap in issue #17 item 1: a stream is checked when it opens, but a stream taken
+// before its sender's registration was replaced must not be read afterwards either. A stream
+// declaring device 3's registration, opened while it is current and left open (as the
+// streams of a stopped or partitioned old process stay open), is taken: its first message is
+// filed at worker 0. Device 3's worker restarts (a new incarnation). Once worker 0 knows the
+// new incarnation (a stream declaring it is taken there), the old stream has been ended
+// PERMISSION_DENIED naming the device, both incarnations and the rule, and a message written
+// on it afterwards is never filed. The next all-reduce is right (against the host). Before,
+// the stream stayed open and read until its deadline (DEADLINE_EXCEEDED here, 30 s).
+TEST_F(WorkerRestartTest, AStreamTakenBeforeItsSenderRegisteredAgainIsEnded) {
+  ASSERT_NO_FATAL_FAILURE(use_cluster());
+  const pb::HandshakeReply* old = &*old_;
+  const std::vector<Device>* devices = &*devices_;
+  const std::string target = (*devices)[0].address;
+  absl::StatusOr<pb::WorkerStats> before = worker_stats(target);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  // The old registration's stream, held open.
+  auto stub = pb::Worker::NewStub(make_channel(target, std::make_shared<CallIdentity>(credentials_.cluster, kVictim)));
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, absl::Seconds(30));
+  ctx.AddMetadata(kEpochKey, absl::StrCat(old->epoch()));
+  ctx.AddMetadata(kIncarnationKey, absl::StrCat(old->incarnation()));
+  pb::ExchangeReply reply;
+  std::unique_ptr<grpc::ClientWriter<pb::ExchangeMessage>> stream = stub->Exchange(&ctx, &reply);
+  pb::ExchangeMessage message;
+  message.set_source_device(kVictim);
+  message.set_op_id(old->epoch() + 1'000'000);  // an op far ahead: held as an early message
+  message.set_data(std::string(64, '\x7f'));
+  ASSERT_TRUE(stream->Write(message));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  absl::StatusOr<pb::WorkerStats> held = worker_stats(target);
+  while (held.ok() && held->collective_messages_pending() == before->collective_messages_pending() &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));  // polling a condition, with a deadline
+    held = worker_stats(target);
+  }
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_EQ(held->collective_messages_pending(), before->collective_messages_pending() + 1)
+      << "the stream of the current registration was not read";
+
+  ASSERT_NO_FATAL_FAILURE(restart_victim());
+  const pb::HandshakeReply* now = &*now_;
+  // Taken only once worker 0's view names the new incarnation: the view that ends the old stream.
+  grpc::Status taken = exchange_stream(target, credentials_.cluster, {kVictim, now->epoch(), now->incarnation()}, {});
+  ASSERT_TRUE(taken.ok()) << taken.error_message();
+
+  message.set_op_id(old->epoch() + 1'000'001);
+  stream->Write(message);  // may fail: the stream is over
+  const grpc::Status ended = stream->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::PERMISSION_DENIED) << ended.error_message();
+  EXPECT_THAT(ended.error_message(),
+              HasSubstr(absl::StrCat("ended the stream from device ", kVictim, " (incarnation ", old->incarnation(),
+                                     " of coordinator epoch ", old->epoch(), ")")));
+  // Replaced by the new process's registration, or, if the coordinator marked the old process
+  // lost before the new one registered (a slow start), by the view without the device.
+  EXPECT_THAT(ended.error_message(),
+              AnyOf(HasSubstr(absl::StrCat("current incarnation is ", now->incarnation(),
+                                           ", which replaced incarnation ", old->incarnation())),
+                    HasSubstr(absl::StrCat("device ", kVictim, " is no longer a registered device of this cluster"))));
+  EXPECT_THAT(ended.error_message(), HasSubstr("a worker takes collective data only from the current incarnations"));
+  absl::StatusOr<pb::WorkerStats> after = worker_stats(target);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->collective_messages_pending(), held->collective_messages_pending())
+      << "a message of the replaced registration was filed";
+  put_and_sum(*waited_);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/collectives/engine.h"
@@ -51,15 +52,26 @@ class Endpoint {
 
   Transport& transport() { return transport_; }
   int port() const { return port_; }
+  // The Exchange streams opened here so far, by the incarnation they declared ("" for none).
+  std::map<std::string, int> declared() {
+    absl::MutexLock lock(&service_.mu);
+    return service_.declared;
+  }
 
  private:
   class Service final : public pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service> {
    public:
     explicit Service(Transport* transport) : transport_(transport) {}
-    grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext*,
+    grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext* ctx,
                                                         grpc::ByteBuffer* response) override {
+      auto it = ctx->client_metadata().find(kIncarnationKey);
+      absl::MutexLock lock(&mu);
+      ++declared[it == ctx->client_metadata().end() ? "" : std::string(it->second.data(), it->second.size())];
       return transport_->new_exchange_reader(response);
     }
+
+    absl::Mutex mu;
+    std::map<std::string, int> declared ABSL_GUARDED_BY(mu);  // streams opened, by declared incarnation
 
    private:
     Transport* const transport_;
@@ -1163,6 +1175,144 @@ TEST(PeerView, AnUnknownSenderWaitsForAFreshViewAndIsDecidedByIt) {
   EXPECT_EQ(d.of(3)->code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(d.of(3)->message()), HasSubstr("device 98"));
   EXPECT_EQ(view.update(view.ask(), 1000, "0:1,0:2").code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Issue #17 item 1, re-checked: a stream admitted under a registration is told to end by the
+// first view that says the registration was replaced — a newer incarnation of its device, the
+// device gone, or this worker registered with a newer coordinator epoch — naming the device,
+// the incarnation it declared, the current one and the rule; never by a view that still names
+// it, and never once the stream ended. (The view used to be consulted only when a stream
+// opened; the processes' side: WorkerRestartTest.AStreamTakenBeforeItsSenderRegisteredAgainIsEnded.)
+TEST(PeerView, AnAdmittedStreamIsEndedByTheFirstViewThatSaysItsRegistrationWasReplaced) {
+  PeerView view;
+  Decisions d, replaced;
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3,2:5").ok());
+  view.admit({1, 1000, 3}, d.record(0), replaced.record(0));
+  view.admit({0, 1000, 1}, d.record(1), replaced.record(1));
+  view.admit({2, 1000, 5}, d.record(2), replaced.record(2));
+  const uint64_t gone = view.admit({2, 1000, 5}, d.record(3), replaced.record(3));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(d.of(i).has_value() && d.of(i)->ok()) << i;
+  EXPECT_EQ(view.admitted(), 4);
+  view.ended(gone);  // its stream ended: no view tells it anything
+  EXPECT_EQ(view.admitted(), 3);
+
+  // The same registrations: nothing ends.
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3,2:5").ok());
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(replaced.of(i).has_value()) << i;
+
+  // Device 1 registered again (incarnation 4), device 2 is gone.
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:4").ok());
+  ASSERT_TRUE(replaced.of(0).has_value());
+  EXPECT_EQ(replaced.of(0)->code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(replaced.of(0)->message()),
+              AllOf(HasSubstr("ended the stream from device 1 (incarnation 3 of coordinator epoch 1000)"),
+                    HasSubstr("device 1's current incarnation is 4, which replaced incarnation 3"),
+                    HasSubstr("a worker takes collective data only from the current incarnations")));
+  EXPECT_FALSE(replaced.of(1).has_value());
+  ASSERT_TRUE(replaced.of(2).has_value());
+  EXPECT_EQ(replaced.of(2)->code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(replaced.of(2)->message()),
+              AllOf(HasSubstr("device 2 (incarnation 5 of coordinator epoch 1000)"),
+                    HasSubstr("device 2 is no longer a registered device of this cluster (alive: 0, 1")));
+  EXPECT_FALSE(replaced.of(3).has_value()) << "told after its stream ended";
+  EXPECT_EQ(view.admitted(), 1);
+
+  // This worker registered with a restarted coordinator (epoch 1001): device 0's stream of
+  // epoch 1000 ends too, once.
+  ASSERT_TRUE(view.update(view.ask(), 1001, "0:1,1:1").ok());
+  ASSERT_TRUE(replaced.of(1).has_value());
+  EXPECT_THAT(std::string(replaced.of(1)->message()),
+              AllOf(HasSubstr("device 0 (incarnation 1 of coordinator epoch 1000)"),
+                    HasSubstr("a registration of coordinator epoch 1001, whose current incarnation of device 0 is 1")));
+  EXPECT_EQ(view.admitted(), 0);
+}
+
+// A stream that waited for a fresh view and was admitted by it is checked by the views after.
+TEST(PeerView, AStreamAdmittedByAFreshViewIsCheckedByTheNextOnes) {
+  PeerView view;
+  Decisions d, replaced;
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1").ok());
+  view.admit({3, 1000, 2}, d.record(0), replaced.record(0));
+  EXPECT_EQ(view.waiting(), 1);
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,3:2").ok());
+  ASSERT_TRUE(d.of(0).has_value() && d.of(0)->ok());
+  EXPECT_EQ(view.admitted(), 1);
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,3:3").ok());
+  ASSERT_TRUE(replaced.of(0).has_value());
+  EXPECT_THAT(std::string(replaced.of(0)->message()),
+              HasSubstr("current incarnation is 3, which replaced incarnation 2"));
+}
+
+// Issue #17 item 2 of session 29's gaps: a waiting stream that ends (cancelled, its sender gone)
+// leaves the waiting list at once — it neither stays until the next view nor counts toward
+// PeerView::kMaxWaiting — and no later view or expiry calls it. Before, ended streams stayed
+// until a view decided them: 1,024 cancelled streams refused every new one RESOURCE_EXHAUSTED.
+TEST(PeerView, AStreamThatEndsWhileWaitingLeavesTheListAndTheCap) {
+  PeerView view;
+  Decisions d;
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1").ok());
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < PeerView::kMaxWaiting; ++i) ids.push_back(view.admit({1, 1000, 1}, d.record(i)));
+  EXPECT_EQ(view.waiting(), PeerView::kMaxWaiting);
+  view.admit({1, 1000, 1}, d.record(-1));  // the cap is real
+  ASSERT_TRUE(d.of(-1).has_value());
+  EXPECT_EQ(d.of(-1)->code(), absl::StatusCode::kResourceExhausted) << *d.of(-1);
+  EXPECT_THAT(std::string(d.of(-1)->message()), HasSubstr("1024 streams already wait"));
+
+  for (uint64_t id : ids) view.ended(id);  // every one of them was cancelled
+  EXPECT_EQ(view.waiting(), 0);
+  const uint64_t live = view.admit({1, 1000, 1}, d.record(-2));
+  EXPECT_EQ(view.waiting(), 1);
+  EXPECT_FALSE(d.of(-2).has_value()) << *d.of(-2);  // it waits: not refused for the ended ones
+  EXPECT_NE(live, 0u);
+
+  view.expire(absl::Now() + PeerView::kMaxWait);
+  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:1").ok());
+  for (int i = 0; i < PeerView::kMaxWaiting; ++i) ASSERT_FALSE(d.of(i).has_value()) << "stream " << i << " ended";
+  ASSERT_TRUE(d.of(-2).has_value());  // the live one was decided (its wait expired first)
+  EXPECT_EQ(view.waiting(), 0);
+}
+
+// Issue #17 (session 29's gap 3): while this worker registers again, its collective messages
+// wait for the new registration, and then go on fresh links declaring it — never on a link
+// declaring the registration being replaced (a run the coordinator sends as soon as it recorded
+// the new registration may come before the registration's reply). Peers end the old links'
+// streams themselves (PeerView); they are not cancelled by the sender.
+TEST(TransportRegistration, SendsWaitForTheNewRegistrationAndGoOnLinksDeclaringIt) {
+  Endpoint a(0), b(1);
+  const std::string to_b = absl::StrCat("127.0.0.1:", b.port());
+  const std::byte one[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  a.transport().declare(7, 1);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(a.transport().send(1, to_b, {11, 0, 0}, one, 4, absl::Now() + absl::Seconds(20)).ok());
+  ASSERT_TRUE(b.transport().receive(0, "", {11, 0, 0}, start, absl::Now() + absl::Seconds(20)).ok());
+  // A link's streams (three) all open when it is made; some may not have reached b yet.
+  constexpr int kStreamsPerLink = 3;
+  EXPECT_GE(b.declared()["1"], 1);
+
+  a.transport().begin_registration();
+  const absl::Status held = a.transport().send(1, to_b, {12, 0, 0}, one, 4, absl::Now() + absl::Milliseconds(300));
+  EXPECT_EQ(held.code(), absl::StatusCode::kDeadlineExceeded) << held;
+  EXPECT_THAT(std::string(held.message()), AllOf(HasSubstr("device 0 to register again"), HasSubstr("device 1")));
+
+  absl::Status sent;
+  std::thread sender([&] { sent = a.transport().send(1, to_b, {13, 0, 0}, one, 4, absl::Now() + absl::Seconds(20)); });
+  a.transport().declare(7, 2);
+  sender.join();
+  ASSERT_TRUE(sent.ok()) << sent;
+  absl::StatusOr<Received> got = b.transport().receive(0, "", {13, 0, 0}, start, absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::byte bytes[4];
+  got->copy_to(bytes);
+  EXPECT_EQ(std::memcmp(bytes, one, 4), 0);
+  // The message of the new registration came on a new link declaring it; no stream declaring
+  // incarnation 1 opened but the first link's, and op 12's message never went out.
+  std::map<std::string, int> declared = b.declared();
+  EXPECT_GE(declared["2"], 1);
+  EXPECT_LE(declared["1"], kStreamsPerLink);
+  EXPECT_EQ(declared.size(), 2u);
+  EXPECT_EQ(b.transport().pending_messages(), 0);
+  for (uint64_t op : {11, 12, 13}) b.transport().finish_op(op);
 }
 
 }  // namespace

@@ -34,6 +34,17 @@ int PeerView::waiting() const {
   return static_cast<int>(waiting_.size());
 }
 
+int PeerView::admitted() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(admitted_.size());
+}
+
+void PeerView::ended(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  waiting_.erase(id);
+  admitted_.erase(id);
+}
+
 PeerView::Verdict PeerView::judge_locked(const StreamClaim& c, bool fresh, std::string* why) const {
   if (!known_) return Verdict::kAdmit;  // nothing to check against
   if (c.device < 0 || c.epoch == 0 || c.incarnation == 0) {
@@ -72,15 +83,53 @@ PeerView::Verdict PeerView::judge_locked(const StreamClaim& c, bool fresh, std::
   return Verdict::kRefuse;
 }
 
-void PeerView::admit(const StreamClaim& claim, std::function<void(absl::Status)> decided) {
+bool PeerView::replaced_locked(const StreamClaim& c, std::string* why) const {
+  if (!known_) return false;
+  const std::string ended =
+      absl::StrCat("Exchange: ended the stream from ", describe(c), " at a new view of the cluster: ");
+  if (c.device < 0 || c.epoch == 0 || c.incarnation == 0) {
+    *why = absl::StrCat(ended, "it does not declare its sender; ", kRule);
+    return true;
+  }
+  if (c.epoch > epoch_) return false;  // a view behind the stream's: it says nothing of it
+  auto it = peers_.find(c.device);
+  const std::string now = it == peers_.end() ? std::string("none") : absl::StrCat(it->second);
+  if (c.epoch < epoch_) {
+    *why = absl::StrCat(ended, "this worker now holds a registration of coordinator epoch ", epoch_,
+                        ", whose current incarnation of device ", c.device, " is ", now, "; ", kRule);
+    return true;
+  }
+  if (it == peers_.end()) {
+    std::vector<int> alive;
+    for (const auto& [device, incarnation] : peers_) alive.push_back(device);
+    *why = absl::StrCat(ended, "device ", c.device,
+                        " is no longer a registered device of this cluster (alive: ", absl::StrJoin(alive, ", "),
+                        "; its current incarnation: none); ", kRule);
+    return true;
+  }
+  if (it->second > c.incarnation) {
+    *why = absl::StrCat(ended, "the coordinator says device ", c.device, "'s current incarnation is ", it->second,
+                        ", which replaced incarnation ", c.incarnation, "; ", kRule);
+    return true;
+  }
+  return false;
+}
+
+uint64_t PeerView::admit(const StreamClaim& claim, std::function<void(absl::Status)> decided,
+                         std::function<void(absl::Status)> replaced) {
   absl::Status status;
   bool waits = false;
+  uint64_t id = 0;
   std::function<void()> refresh;
   {
     absl::MutexLock lock(&mu_);
     std::string why;
     switch (judge_locked(claim, false, &why)) {
       case Verdict::kAdmit:
+        // Checked by every view from now on: one applied before decided(OK) below may already
+        // call `replaced` (the caller orders the two).
+        id = ++next_id_;
+        admitted_.emplace(id, Admitted{claim, std::move(replaced), /*named=*/known_, asked_ + 1});
         break;
       case Verdict::kRefuse:
         status = absl::PermissionDeniedError(why);
@@ -92,7 +141,8 @@ void PeerView::admit(const StreamClaim& claim, std::function<void(absl::Status)>
               describe(claim)));
           break;
         }
-        waiting_.push_back({claim, asked_ + 1, absl::Now(), std::move(decided)});
+        id = ++next_id_;
+        waiting_.emplace(id, Waiting{claim, asked_ + 1, absl::Now(), std::move(decided), std::move(replaced)});
         waits = true;
         refresh = refresh_;
         break;
@@ -103,6 +153,7 @@ void PeerView::admit(const StreamClaim& claim, std::function<void(absl::Status)>
   } else if (refresh) {
     refresh();
   }
+  return id;
 }
 
 absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, absl::string_view text) {
@@ -114,14 +165,36 @@ absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, absl::string_view
     known_ = true;
     epoch_ = epoch;
     peers_ = std::move(peers);
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
+    // The streams read so far whose registration this view says was replaced end first, before
+    // anything else of this view is acted on.
+    for (auto it = admitted_.begin(); it != admitted_.end();) {
+      Admitted& a = it->second;
       std::string why;
-      const Verdict v = judge_locked(it->claim, ticket >= it->needed_ticket, &why);
+      bool ends = false;
+      if (a.named) {
+        ends = replaced_locked(a.claim, &why);
+      } else {
+        const Verdict v = judge_locked(a.claim, ticket >= a.needed_ticket, &why);
+        a.named = v == Verdict::kAdmit;
+        ends = v == Verdict::kRefuse;
+      }
+      if (!ends) {
+        ++it;
+        continue;
+      }
+      if (it->second.replaced) decided.emplace_back(std::move(it->second.replaced), absl::PermissionDeniedError(why));
+      it = admitted_.erase(it);
+    }
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      Waiting& w = it->second;
+      std::string why;
+      const Verdict v = judge_locked(w.claim, ticket >= w.needed_ticket, &why);
       if (v == Verdict::kWait) {
         ++it;
         continue;
       }
-      decided.emplace_back(std::move(it->decided),
+      if (v == Verdict::kAdmit) admitted_.emplace(it->first, Admitted{w.claim, std::move(w.replaced), true, 0});
+      decided.emplace_back(std::move(w.decided),
                            v == Verdict::kAdmit ? absl::OkStatus() : absl::PermissionDeniedError(why));
       it = waiting_.erase(it);
     }
@@ -135,16 +208,16 @@ void PeerView::expire(absl::Time now) {
   {
     absl::MutexLock lock(&mu_);
     for (auto it = waiting_.begin(); it != waiting_.end();) {
-      if (now - it->since < kMaxWait) {
+      if (now - it->second.since < kMaxWait) {
         ++it;
         continue;
       }
       decided.emplace_back(
-          std::move(it->decided),
-          absl::UnavailableError(
-              absl::StrCat("Exchange: a stream from ", describe(it->claim), " waited ", absl::FormatDuration(kMaxWait),
-                           " for this worker to hear from the coordinator whether its sender is registered; ",
-                           "none came (is the coordinator answering heartbeats?)")));
+          std::move(it->second.decided),
+          absl::UnavailableError(absl::StrCat(
+              "Exchange: a stream from ", describe(it->second.claim), " waited ", absl::FormatDuration(kMaxWait),
+              " for this worker to hear from the coordinator whether its sender is registered; ",
+              "none came (is the coordinator answering heartbeats?)")));
       it = waiting_.erase(it);
     }
   }

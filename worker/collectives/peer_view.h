@@ -7,11 +7,16 @@
 // heartbeat reply (the tessera-peers trailer). A stream may come before this worker has heard
 // of its sender's registration (a peer registered a moment ago): such a stream waits, unread,
 // for a view asked for after it came (the next heartbeat, sent at once), and is decided then.
+// A stream admitted is checked again by every later view: once the view says its sender's
+// registration was replaced (a newer incarnation or epoch, or the device is gone), the stream
+// is told to end (`replaced`), so nothing of a replaced registration is read afterwards.
 //
 //   PeerView peers([&] { registration.beat_now(); });
 //   uint64_t ticket = peers.ask();                          // before each heartbeat
 //   peers.update(ticket, epoch, reply_trailer);             // after it
-//   peers.admit({2, epoch, 5}, [](absl::Status s) { ... }); // a stream: OK, or why it is refused
+//   uint64_t id = peers.admit({2, epoch, 5}, [](absl::Status s) { ... },  // OK, or why refused
+//                             [](absl::Status s) { ... });  // later: its registration was replaced
+//   peers.ended(id);                                        // the stream is over
 #ifndef TESSERA_WORKER_COLLECTIVES_PEER_VIEW_H_
 #define TESSERA_WORKER_COLLECTIVES_PEER_VIEW_H_
 
@@ -41,7 +46,8 @@ class PeerView {
   // How long a stream waits for a view newer than itself before it is refused UNAVAILABLE
   // (the coordinator does not answer this worker's heartbeats).
   static constexpr absl::Duration kMaxWait = absl::Seconds(10);
-  // Streams waiting at once; one more is refused RESOURCE_EXHAUSTED.
+  // Streams waiting at once (not counting those that ended: see ended); one more is refused
+  // RESOURCE_EXHAUSTED.
   static constexpr int kMaxWaiting = 1024;
 
   // `refresh`: asks for a view now (the registration's next heartbeat, early); must not block.
@@ -64,19 +70,45 @@ class PeerView {
   // newer epoch or incarnation than the view knows, once a view asked for after the stream
   // came still says so. A claim without a device, epoch or incarnation is refused (once a view
   // is known).
-  void admit(const StreamClaim& claim, std::function<void(absl::Status)> decided);
+  // Once admitted (OK), the stream is checked by every later view: when one says its sender's
+  // registration was replaced (the device gone, a newer incarnation of it, or this worker's
+  // registration of a newer coordinator epoch), replaced(status) is called once (from update,
+  // outside the lock), PERMISSION_DENIED naming the device, the incarnation it declared, the
+  // current one and the rule; the stream must end with it and read nothing more. `replaced`
+  // may run before decided(OK) has returned (a view applied meanwhile): the caller orders the
+  // two. Returns the stream's id, for ended() (0 when it was refused at once: nothing is kept).
+  uint64_t admit(const StreamClaim& claim, std::function<void(absl::Status)> decided,
+                 std::function<void(absl::Status)> replaced = nullptr);
+  // The stream `id` is over (it ended or was cancelled, whatever was decided): it no longer
+  // waits (nor counts toward kMaxWaiting) and is no longer checked. Its callbacks are not
+  // called by any view or expiry that starts after this returns. Unknown ids are ignored.
+  void ended(uint64_t id);
   // Refuses UNAVAILABLE the streams that waited kMaxWait (the registration's tick).
   void expire(absl::Time now);
   int waiting() const;
+  // Streams admitted and not ended (each checked again by every view).
+  int admitted() const;
 
  private:
   enum class Verdict { kAdmit, kRefuse, kWait };
   Verdict judge_locked(const StreamClaim& claim, bool fresh, std::string* why) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether an admitted stream's registration was replaced in the view (*why: the status text).
+  bool replaced_locked(const StreamClaim& claim, std::string* why) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Waiting {
     StreamClaim claim;
     uint64_t needed_ticket = 0;  // a view asked for after the stream came
     absl::Time since;
     std::function<void(absl::Status)> decided;
+    std::function<void(absl::Status)> replaced;  // moved to admitted_ once it is admitted
+  };
+  struct Admitted {
+    StreamClaim claim;
+    std::function<void(absl::Status)> replaced;
+    // Admitted before any view (nothing to check against): the first views judge it as a new
+    // stream (one that does not name it yet may predate its sender's registration) until one
+    // names it; from then on, a view without it means the device is gone.
+    bool named = true;
+    uint64_t needed_ticket = 0;
   };
 
   mutable absl::Mutex mu_;
@@ -85,7 +117,11 @@ class PeerView {
   bool known_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, uint64_t> peers_ ABSL_GUARDED_BY(mu_);
-  std::vector<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // By stream id (the order they came in). Each entry goes when its stream ends (ended), is
+  // decided (waiting_) or told it was replaced (admitted_): both hold only live streams.
+  std::map<uint64_t, Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Admitted> admitted_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

@@ -545,6 +545,8 @@ Transport::~Transport() {
     stopping_ = true;  // the watchdog resumes what is parked and ends
     links.swap(links_);
     retired.swap(retired_);
+    for (auto& old : superseded_) retired.push_back(std::move(old));
+    superseded_.clear();
     inbound.swap(inbound_);
     stopped.swap(stopped_inbound_);
     watch.swap(parked_watch_);
@@ -752,7 +754,8 @@ std::optional<Algorithm> Transport::forced_all_reduce() const {
   return forced_all_reduce_;
 }
 
-void Transport::ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host) {
+void Transport::ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host,
+                             const void* stream) {
   absl::MutexLock lock(&mu_);
   if (!shm_.enabled || stopping_ || host != shm_.host) return;  // the sender keeps gRPC
   // Bounded: rings read at once, and replaced ones whose threads are not yet joined.
@@ -767,6 +770,18 @@ void Transport::ring_offered(int source, const std::string& segment, uint64_t to
     stopped_inbound_.push_back(std::move(slot));
   }
   slot = std::make_unique<InboundRing>(this, source, segment, token);
+  inbound_offered_by_[source] = stream;
+}
+
+void Transport::stream_replaced(int source, const void* stream) {
+  absl::MutexLock lock(&mu_);
+  auto ring = inbound_.find(source);
+  auto by = inbound_offered_by_.find(source);
+  if (ring == inbound_.end() || by == inbound_offered_by_.end() || by->second != stream) return;
+  ring->second->stop();
+  stopped_inbound_.push_back(std::move(ring->second));
+  inbound_.erase(ring);
+  inbound_offered_by_.erase(by);
 }
 
 void Transport::join_stopped_rings() {
@@ -789,11 +804,29 @@ void Transport::set_self(int device_id) {
   self_ = device_id;
 }
 
+void Transport::begin_registration() {
+  absl::MutexLock lock(&mu_);
+  registering_ = true;
+}
+
 void Transport::declare(uint64_t epoch, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
-  // The streams open now were taken when they opened and stay (this is the same process); the
-  // links opened from now on declare the new registration.
+  registering_ = false;  // the sends that waited for it go on (mu_'s Await)
+  if (declared_ == std::make_pair(epoch, incarnation)) return;
   declared_ = {epoch, incarnation};
+  // The links open now declare the replaced registration: sends from now on take fresh ones.
+  // They are not cancelled: each peer ends their streams itself once its view shows the new
+  // registration, an end that does not count as this worker going away there (its runs of the
+  // new registration may already wait for this worker's messages, which come on the fresh
+  // links). Cancelling them here did count (session 29: the first collective after a
+  // coordinator restart failed "went away during op"). Those of the registration before are
+  // destroyed now (at most two links per peer are kept).
+  for (auto& old : superseded_) retired_.push_back(std::move(old));
+  superseded_.clear();
+  for (auto& [peer, old] : links_) {
+    if (old != nullptr) superseded_.push_back(std::move(old));
+  }
+  links_.clear();
 }
 
 std::shared_ptr<Transport::Link> Transport::link(int peer, const std::string& address) {
@@ -802,6 +835,14 @@ std::shared_ptr<Transport::Link> Transport::link(int peer, const std::string& ad
   {
     absl::MutexLock lock(&mu_);
     current = current_link_locked(peer, address);
+    for (auto it = superseded_.begin(); it != superseded_.end();) {
+      if (!(*it)->broken()) {
+        ++it;
+        continue;
+      }
+      retired_.push_back(std::move(*it));  // its peer ended it
+      it = superseded_.erase(it);
+    }
     retired.swap(retired_);
   }
   join_stopped_rings();
@@ -870,13 +911,24 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
     }
     queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner), &after);
   } else {
-    queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
+    queued = await_registration(peer, address, deadline);
+    if (queued.ok()) queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
   }
   if (queued.ok() && sent_ns != 0) {
     profile_flow(profile_, ProfileEvent::kFlowStart, message_flow_id(self, peer, tag.op, tag.step, tag.chunk),
                  "message", sent_ns);
   }
   return queued;
+}
+
+absl::Status Transport::await_registration(int peer, const std::string& address, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !registering_ || stopping_; };
+  if (mu_.AwaitWithDeadline(absl::Condition(&registered), deadline)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "a message to ", peer_name(peer, address), " waited for device ", self_,
+      " to register again with the coordinator (its collective messages go out only under its new registration, "
+      "which peers take) and its deadline passed first"));
 }
 
 absl::Status Transport::stream_failed(uint64_t op, const std::string& peer) {
@@ -1232,7 +1284,8 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
 }
 
 absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, int authenticated_source,
-                                        std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits) {
+                                        std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits,
+                                        const void* stream) {
   *waits = false;
   Received data;
   if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
@@ -1340,7 +1393,7 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
   if (!shm_segment.empty()) {
     // `from` is the stream's authenticated device (when it has one): the ring's messages are
     // filed as that device's.
-    ring_offered(from, shm_segment, fields[8], shm_host);
+    ring_offered(from, shm_segment, fields[8], shm_host, stream);
     return absl::OkStatus();
   }
   if (!lost_ops.empty()) {
@@ -1510,39 +1563,50 @@ int64_t Transport::waiting_messages() const {
 
 // Reads one peer's stream. Never blocks in a reaction: filing a message takes the
 // transport's lock briefly.
+//
+// With a PeerView the stream is read only once admitted, and ends when a view says the
+// registration it declares was replaced. Those decisions come on other threads (the
+// heartbeat's, or whoever admits), so every start of a read and every Finish is made under
+// the stream's Gate, which outlives the reactor: a Gate that is not `finished` means the
+// reactor is alive (gRPC deletes it in OnDone, which follows Finish). StartRead and Finish
+// may be called under it: gRPC runs neither OnReadDone nor OnDone inline from them. A
+// message is filed under the Gate too, so once the view's decision is made (under it), no
+// message of the stream is filed after it. Lock order: a Gate's mu, then the transport's mu_
+// (and, from a filing's AfterUnlock, the Gate of the stream whose waiting message was filed:
+// such a stream is never itself filing, so two Gates never wait on each other).
 class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  ExchangeReader(Transport* transport, grpc::ByteBuffer* response, int authenticated_source, const Admission& admit)
-      : transport_(transport), authenticated_source_(authenticated_source) {
+  ExchangeReader(Transport* transport, grpc::ByteBuffer* response, int authenticated_source, PeerView* peers,
+                 const StreamClaim& claim)
+      : transport_(transport), authenticated_source_(authenticated_source), peers_(peers) {
     // The reply is an empty ExchangeReply: zero bytes, but a message all the same.
     grpc::Slice empty;
     *response = grpc::ByteBuffer(&empty, 1);
-    if (!admit) {
-      StartRead(&buffer_);
+    if (peers_ == nullptr) {
+      absl::MutexLock lock(&gate_->mu);
+      gate_->decided = true;
+      start_read_locked();
       return;
     }
     // Nothing is read until the stream is admitted. The decision may come after OnCancel
-    // finished the stream: whichever of the two comes first (under admission_->mu) acts.
-    admission_ = std::make_shared<AdmissionState>();
-    admit([this, state = admission_](absl::Status decided) {
-      {
-        absl::MutexLock lock(&state->mu);
-        if (state->decided) return;  // cancelled first: this reactor may be gone
-        state->decided = true;
-      }
-      if (decided.ok()) {
-        StartRead(&buffer_);
-      } else {
-        Finish(to_grpc(decided));
-      }
-    });
+    // finished the stream, and `replaced` before decided(OK) (a view applied meanwhile): the
+    // Gate orders them.
+    id_ = peers_->admit(
+        claim, [this, gate = gate_](absl::Status decided) { admitted(*gate, std::move(decided)); },
+        [this, gate = gate_](absl::Status why) { replaced(*gate, std::move(why)); });
   }
 
   void OnReadDone(bool ok) override {
+    absl::MutexLock lock(&gate_->mu);
+    gate_->read_issued = false;
+    if (gate_->finished) {
+      // Ended by a view while this read was pending: what it read is dropped unread.
+      if (source_ >= 0) transport_->stream_ended(source_, /*replaced=*/true);
+      return;
+    }
     if (!ok) {
       // We never close a stream cleanly: it ends because the peer went away or is closing.
-      if (source_ >= 0) transport_->stream_ended(source_);
-      Finish(grpc::Status::OK);
+      finish_locked(grpc::Status::OK);
       return;
     }
     // The message leaves buffer_ first: once it waits, another thread may start the next read.
@@ -1550,68 +1614,118 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
     message.Swap(&buffer_);
     bool waits = false;
     absl::Status status = transport_->deliver_or_wait(
-        &message, &source_, authenticated_source_, [this] { StartRead(&buffer_); }, &waiting_, &waits);
+        &message, &source_, authenticated_source_, [this, gate = gate_] { read_on(*gate); }, &waiting_, &waits, this);
     if (!status.ok()) {
-      if (source_ >= 0) transport_->stream_ended(source_);
-      Finish(to_grpc(status));
+      finish_locked(to_grpc(status));
       return;
     }
     // Over its source's share the message waits and this stream is read no further (gRPC's
     // flow control holds the sender back); the thread that files or refuses it starts the next
-    // read. Never a wait on this thread.
+    // read (read_on). Never a wait on this thread.
     if (!waits) {
-      StartRead(&buffer_);
+      start_read_locked();
       return;
     }
-    // OnCancel may have run meanwhile (reactions run concurrently), finding nothing waiting yet:
-    // whichever of the two gives the message up (under the transport's lock) finishes.
-    if (cancelled_.load() && transport_->give_up_waiting(&waiting_)) {
-      if (source_ >= 0) transport_->stream_ended(source_);
-      Finish(grpc::Status::CANCELLED);
-    }
+    // OnCancel may have run before the message waited, finding nothing waiting: give it up here.
+    if (cancelled_.load() && transport_->give_up_waiting(&waiting_)) finish_locked(grpc::Status::CANCELLED);
   }
 
-  // The call ended while its message waited (no read pending, so no OnReadDone to finish it).
-  // Otherwise a read is pending or about to start, and fails: OnReadDone finishes.
+  // The call ended. A read pending fails (OnReadDone finishes); a message waiting is given up
+  // here; a stream not yet admitted is finished here.
   void OnCancel() override {
     cancelled_.store(true);
-    if (admission_ != nullptr) {
-      bool undecided = false;
-      {
-        absl::MutexLock lock(&admission_->mu);
-        undecided = !admission_->decided;
-        admission_->decided = true;
-      }
-      if (undecided) {
-        Finish(grpc::Status::CANCELLED);  // never read: nothing else finishes it
-        return;
-      }
+    absl::MutexLock lock(&gate_->mu);
+    if (gate_->finished) return;
+    if (!gate_->decided) {
+      gate_->decided = true;
+      gate_->finished = true;
+      Finish(grpc::Status::CANCELLED);  // never read: nothing else finishes it
+      return;
     }
-    if (!transport_->give_up_waiting(&waiting_)) return;
-    if (source_ >= 0) transport_->stream_ended(source_);
-    Finish(grpc::Status::CANCELLED);
+    if (transport_->give_up_waiting(&waiting_)) finish_locked(grpc::Status::CANCELLED);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (peers_ != nullptr) peers_->ended(id_);  // no longer waiting, nor checked by views
+    delete this;
+  }
 
  private:
+  struct Gate {
+    absl::Mutex mu;
+    bool decided ABSL_GUARDED_BY(mu) = false;      // admitted or refused, or finished by OnCancel first
+    bool finished ABSL_GUARDED_BY(mu) = false;     // Finish called: the reactor may be gone
+    bool read_issued ABSL_GUARDED_BY(mu) = false;  // a read is pending (its OnReadDone will come)
+    absl::Status replaced ABSL_GUARDED_BY(mu);     // the view's verdict: end with it
+  };
+
+  void start_read_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_->mu) {
+    gate_->read_issued = true;
+    StartRead(&buffer_);
+  }
+
+  // Ends the stream with `status` (a read may be pending: its OnReadDone then sees `finished`).
+  void finish_locked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_->mu) {
+    gate_->finished = true;
+    if (source_ >= 0 && !gate_->read_issued) transport_->stream_ended(source_, !gate_->replaced.ok());
+    Finish(status);
+  }
+
+  // PeerView's decision (on the thread that admits it).
+  void admitted(Gate& gate, absl::Status decided) {
+    absl::MutexLock lock(&gate.mu);
+    if (gate.decided) return;  // cancelled first: this reactor may be gone
+    gate.decided = true;
+    if (!gate.replaced.ok()) decided = gate.replaced;  // a view replaced it before this came
+    if (decided.ok()) {
+      start_read_locked();
+    } else {
+      finish_locked(to_grpc(decided));
+    }
+  }
+
+  // A view says the stream's registration was replaced (on the heartbeat thread).
+  void replaced(Gate& gate, absl::Status why) {
+    absl::MutexLock lock(&gate.mu);
+    if (gate.finished) return;  // this reactor may be gone
+    gate.replaced = std::move(why);
+    std::fprintf(stderr, "tessera-worker: %s\n", std::string(gate.replaced.message()).c_str());
+    if (!gate.decided) return;  // admitted() ends it
+    if (source_ >= 0) transport_->stream_replaced(source_, this);
+    if (gate.read_issued) {
+      finish_locked(to_grpc(gate.replaced));  // the pending read fails, or what it read is dropped
+    } else if (transport_->give_up_waiting(&waiting_)) {
+      finish_locked(to_grpc(gate.replaced));  // its waiting message is refused unfiled
+    }
+    // Otherwise its waiting message was just decided, and read_on comes: it ends the stream.
+  }
+
+  // The message that waited for room was filed or refused: read on, unless a view ended it.
+  void read_on(Gate& gate) {
+    absl::MutexLock lock(&gate.mu);
+    if (gate.finished) return;
+    if (!gate.replaced.ok()) {
+      finish_locked(to_grpc(gate.replaced));
+    } else {
+      start_read_locked();
+    }
+  }
+
   Transport* const transport_;
   const int authenticated_source_;
+  PeerView* const peers_;
+  uint64_t id_ = 0;  // PeerView's, for ended()
+  const std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
   grpc::ByteBuffer buffer_;
-  int source_ = -1;
+  int source_ = -1;                   // under gate_->mu once the stream is read
   std::shared_ptr<Waiting> waiting_;  // the message waiting for room (see file_or_wait); under transport_->mu_
   std::atomic<bool> cancelled_{false};
-  struct AdmissionState {
-    absl::Mutex mu;
-    bool decided = false;  // admitted or refused, or finished by OnCancel first
-  };
-  std::shared_ptr<AdmissionState> admission_;  // null: admitted at once
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* Transport::new_exchange_reader(grpc::ByteBuffer* response,
-                                                                          int authenticated_source,
-                                                                          const Admission& admit) {
-  return new ExchangeReader(this, response, authenticated_source, admit);
+                                                                          int authenticated_source, PeerView* peers,
+                                                                          const StreamClaim& claim) {
+  return new ExchangeReader(this, response, authenticated_source, peers, claim);
 }
 
 int64_t Transport::forged_messages() const {
@@ -1625,18 +1739,20 @@ void Transport::stream_started(int source) {
   down_since_.erase(source);
 }
 
-void Transport::stream_ended(int source) {
+void Transport::stream_ended(int source, bool replaced) {
   absl::MutexLock lock(&mu_);
   // A source is down only once all its streams have ended: a peer's streams end together
   // when it dies, but an old stream's late end must not condemn its fresh ones.
   if (--live_streams_[source] <= 0) {
     live_streams_.erase(source);
+    if (replaced) return;  // see stream_replaced: its ring, if any, stopped then
     down_since_[source] = absl::Now();
     // Its ring here goes too (its writer is gone or will offer a new one).
     if (auto ring = inbound_.find(source); ring != inbound_.end()) {
       ring->second->stop();
       stopped_inbound_.push_back(std::move(ring->second));
       inbound_.erase(ring);
+      inbound_offered_by_.erase(source);
     }
   }
 }

@@ -53,6 +53,7 @@
 #include "grpcpp/support/slice.h"
 #include "worker/collectives/algorithms.h"
 #include "worker/collectives/collective_metrics.h"
+#include "worker/collectives/peer_view.h"
 
 namespace tessera {
 
@@ -123,9 +124,17 @@ class Transport {
   ~Transport();  // cancels every link and joins its writer
 
   void set_self(int device_id);
+  // This worker is about to register (again) with the coordinator: until declare(), sends over
+  // gRPC wait (each until its deadline; DEADLINE_EXCEEDED naming this device and the rule), so
+  // that no link declares a registration the coordinator is replacing. A run the coordinator
+  // sends as soon as it has recorded the new registration may reach this worker before the
+  // registration's reply does: its messages then go out under the new one. (A notice of lost
+  // ops, sent from a gRPC callback thread, does not wait.)
+  void begin_registration();
   // The registration (coordinator epoch, incarnation) this worker's Exchange streams declare to
-  // its peers (worker/collectives/peer_view.h), from the next link it opens on; the streams
-  // open already were taken under the old one, which peers checked only when they opened.
+  // its peers (worker/collectives/peer_view.h); ends begin_registration's wait. A new one
+  // supersedes the open links: sends take fresh links declaring it, while each peer ends the
+  // old links' streams once its view shows the new registration (PeerView's `replaced`).
   void declare(uint64_t epoch, uint64_t incarnation);
 
   // Bounds the mailbox (before the first message arrives). INVALID_ARGUMENT for a bound that
@@ -253,16 +262,18 @@ class Transport {
   void begin_run_ops(uint64_t first, uint64_t end);
   void end_run_ops(uint64_t first, uint64_t end);
 
-  // Decides whether a new stream is read: calls its argument once, now or later on another
-  // thread, with OK (read it) or the error the stream ends with (PeerView::admit).
-  using Admission = std::function<void(std::function<void(absl::Status)>)>;
   // The reactor that reads one peer's Exchange stream into this transport (the worker's
   // raw Exchange handler returns it; it deletes itself when the stream ends).
   // `authenticated_source`: the device the stream declares (-1: none); a message from another
-  // device is dropped and counted. With `admit`, nothing is read before it admits the stream.
+  // device is dropped and counted. With `peers` (which must outlive every stream), nothing is
+  // read before peers->admit(claim) admits the stream, and once a view says the registration
+  // it declares was replaced the stream ends with the view's PERMISSION_DENIED: no message of
+  // it (nor of the shared-memory ring it offered) is filed after that, and its end does not
+  // count as its source going away (the ops of the source's new registration go on).
   grpc::ServerReadReactor<grpc::ByteBuffer>* new_exchange_reader(grpc::ByteBuffer* response,
                                                                  int authenticated_source = -1,
-                                                                 const Admission& admit = nullptr);
+                                                                 PeerView* peers = nullptr,
+                                                                 const StreamClaim& claim = {});
 
   // Messages dropped because their sender was not the device their stream authenticated.
   int64_t forged_messages() const;
@@ -340,12 +351,16 @@ class Transport {
   bool await_room(std::shared_ptr<Waiting>* slot, absl::Time deadline);
   // Raw bytes of one message, as deliver, from a reader that can wait (`slot`; see file_or_wait).
   // `*waits`: its reader must read no further until `read_on` runs.
+  // `stream`: the reader's identity, which a ring it offers is remembered by (stream_replaced).
   absl::Status deliver_or_wait(grpc::ByteBuffer* buffer, int* source, int authenticated_source,
-                               std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits);
+                               std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits,
+                               const void* stream = nullptr);
 
   // The healthy link to `peer` at `address`, opened if needed. Destroys retired links (which
   // waits for their streams to end): never call it on a gRPC callback thread.
   std::shared_ptr<Link> link(int peer, const std::string& address);
+  // Waits while this worker registers (begin_registration), until `deadline`.
+  absl::Status await_registration(int peer, const std::string& address, absl::Time deadline);
   std::shared_ptr<Link> current_link_locked(int peer, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A link broke with messages of `ops` (its recent ones) in flight: the ops still running
   // here fail at once (their sends and receives return UNAVAILABLE naming the peer), and the
@@ -400,16 +415,24 @@ class Transport {
   void refuse_locked(uint64_t op, int from, Refusal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
   // reader thread, which opens it, and returns).
-  void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host);
+  void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host,
+                    const void* stream);
   // Joins the reader threads that have stopped. Never on a gRPC callback thread.
   void join_stopped_rings();
   void stream_started(int source);
-  void stream_ended(int source);
+  // A stream of `source` that carried data ended. `replaced`: ended because its registration
+  // was replaced (PeerView), which is no sign that the source went away: its fresh streams may
+  // not have carried anything yet, and the ops of its new registration must not fail for it.
+  void stream_ended(int source, bool replaced = false);
+  // The registration of the reader `stream` was replaced: the ring it offered, if it is still
+  // the source's, stops (a replaced registration's messages are not read from it either).
+  void stream_replaced(int source, const void* stream);
 
   const Credentials credentials_;
   mutable absl::Mutex mu_;
   int self_ ABSL_GUARDED_BY(mu_) = -1;
   std::pair<uint64_t, uint64_t> declared_ ABSL_GUARDED_BY(mu_);  // see declare
+  bool registering_ ABSL_GUARDED_BY(mu_) = false;                // see begin_registration
   int64_t forged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Held> mailbox_ ABSL_GUARDED_BY(mu_);
@@ -447,11 +470,15 @@ class Transport {
   // (op, source): the source's notice said messages of op to here may be lost (as above).
   std::set<std::pair<uint64_t, int>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
+  // Links of the registration declare() replaced: kept open until their peer ends them (then
+  // retired by link()) or the next declare (see declare).
+  std::vector<std::shared_ptr<Link>> superseded_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   ShmOptions shm_ ABSL_GUARDED_BY(mu_);
   // The rings peers write to this worker: the current one per source, and those replaced or
   // whose source went away (stopped, their threads joined by join_stopped_rings).
   std::map<int, std::unique_ptr<InboundRing>> inbound_ ABSL_GUARDED_BY(mu_);
+  std::map<int, const void*> inbound_offered_by_ ABSL_GUARDED_BY(mu_);  // the reader whose offer made inbound_'s
   std::vector<std::unique_ptr<InboundRing>> stopped_inbound_ ABSL_GUARDED_BY(mu_);
   int64_t shm_received_ ABSL_GUARDED_BY(mu_) = 0;
   // serve_in_process: this transport's entry in the process's table, and the mailboxes of the
