@@ -162,9 +162,12 @@ Addressing make_addressing(int64_t rank, Dims window, Dims mapped, Dims collapse
 
 // The linear index into the folded dimensions, of shape B + (window of each windowed linear
 // dimension), B the indices' batch shape: sum over the linear dimensions of (start + offset) *
-// stride. kClip clamps each start to [0, dim - window]; kPromiseInBounds leaves it as it is;
-// kFillOrDrop (and kOneHot, for a scatter) makes the whole slice -1 (out of range for the
-// one-axis op, which then fills or drops) when any start is outside.
+// stride. kClip clamps each start to [0, dim - window]; kFillOrDrop (and kOneHot, for a
+// scatter) makes the whole slice -1 (out of range for the one-axis op, which then fills or
+// drops) when any start is outside. (kPromiseInBounds never reaches here: callers pass what
+// XLA does with it, JAX's GatherScatterMode docstring: "out-of-bounds gathers will be clamped
+// but out-of-bounds scatters will be discarded"; an unchecked start would fold into another
+// row's element.)
 Value linear_index(const Value& indices, const Shape& operand, const Addressing& a, GatherScatterMode mode) {
   const Shape is = indices.shape();  // Value::shape() returns a copy
   const Shape batch(is.begin(), is.end() - 1);
@@ -195,7 +198,7 @@ Value linear_index(const Value& indices, const Shape& operand, const Addressing&
       const Value zero = full(batch, 0.0, dt), last = full(batch, static_cast<double>(operand[d] - a.window[d]), dt);
       if (mode == GatherScatterMode::kClip) {
         s = clamp(zero, s, last);
-      } else if (mode != GatherScatterMode::kPromiseInBounds) {
+      } else {
         const Value ok = logical_and(s >= zero, s <= last);
         in_bounds = in_bounds ? logical_and(*in_bounds, ok) : ok;
         s = where(ok, s, zero);  // no overflow in the product below; masked after
@@ -419,7 +422,9 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
   std::iota(identity.begin(), identity.end(), 0);
   const Value u = perm == identity ? updates : transpose(updates, perm);
   const Value folded = fold_operand(x, a);
-  const Value idx = linear_index(indices, xs, a, mode);
+  const Value idx = linear_index(
+      indices, xs, a,
+      mode == GatherScatterMode::kPromiseInBounds ? GatherScatterMode(GatherScatterMode::kFillOrDrop) : mode);
   Value r;
   switch (combine_op) {
     case Combine::kSet:
@@ -661,9 +666,9 @@ Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNum
     if (blocks.has_value()) return *blocks;
   }
   const Value folded = fold_operand(x, a);
-  const Value idx = linear_index(indices, xs, a, mode);
-  // Promised in bounds: no check, and the one-axis gather clamps what falls outside the folded
-  // operand (JAX: "out-of-bounds gathers will be clamped").
+  // Promised in bounds: clamped as XLA does (see linear_index).
+  const Value idx = linear_index(
+      indices, xs, a, mode == GatherScatterMode::kPromiseInBounds ? GatherScatterMode(GatherScatterMode::kClip) : mode);
   const Value g =
       gather(folded, idx, 0,
              mode == GatherScatterMode::kClip || mode == GatherScatterMode::kPromiseInBounds ? IndexMode::kClip

@@ -223,7 +223,9 @@ TEST_F(WorkerRestartTest, AStreamTakenBeforeItsSenderRegisteredAgainIsEnded) {
   // The old registration's stream, held open.
   auto stub = pb::Worker::NewStub(make_channel(target, std::make_shared<CallIdentity>(credentials_.cluster, kVictim)));
   grpc::ClientContext ctx;
-  set_deadline(&ctx, absl::Seconds(30));
+  // Far beyond the waits below (the held message, the restart, a fresh stream: up to 50 s under
+  // ASan and load), so the stream's end is the worker's verdict, never this deadline.
+  set_deadline(&ctx, absl::Seconds(120));
   ctx.AddMetadata(kEpochKey, absl::StrCat(old->epoch()));
   ctx.AddMetadata(kIncarnationKey, absl::StrCat(old->incarnation()));
   pb::ExchangeReply reply;

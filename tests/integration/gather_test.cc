@@ -575,6 +575,35 @@ TEST_F(GatherTest, PromiseInBoundsEqualsTheHostLoopForInBoundsIndices) {
   EXPECT_EQ(*got, HostArray::from_vector<float>({2, 2}, {3, 1, 5, 5}));
 }
 
+// PROMISE_IN_BOUNDS with an index out of bounds: what XLA does, as JAX's GatherScatterMode
+// docstring says (jax/_src/lax/slicing.py: "out-of-bounds gathers will be clamped but
+// out-of-bounds scatters will be discarded"), never another row's element: start (0, 5) of a
+// (5, 4) operand would otherwise fold into the linear index of element (1, 1).
+TEST_F(GatherTest, PromiseInBoundsClampsGathersAndDropsScattersOutOfBoundsAsXla) {
+  const HostArray x = HostArray::arange(DType::kF32, {5, 4});
+  const HostArray idx = ints({2, 2}, {0, 5, 4, 1});
+  const GatherDimensionNumbers gdn{{}, {0, 1}, {0, 1}};
+  Shape want_shape;
+  const std::vector<double> gathered = host_gather(x, idx, gdn, {1, 1}, IndexMode::kClip, 0, &want_shape);
+  absl::StatusOr<HostArray> got = run1(
+      [&](const std::vector<Value>& in) {
+        return std::vector<Value>{gather(in[0], in[1], gdn, {1, 1}, GatherScatterMode::kPromiseInBounds)};
+      },
+      {put(x, P()), put(idx, P())});
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_values(*got, want_shape, gathered, "gather");
+  const ScatterDimensionNumbers sdn{{}, {0, 1}, {0, 1}};
+  const HostArray u = HostArray::from_vector<float>({2}, {100, 1000});
+  const std::vector<double> scattered = host_scatter(x, idx, u, sdn, IndexMode::kFillOrDrop, true);
+  got = run1(
+      [&](const std::vector<Value>& in) {
+        return std::vector<Value>{scatter_add(in[0], in[1], in[2], sdn, GatherScatterMode::kPromiseInBounds)};
+      },
+      {put(x, P()), put(idx, P()), put(u, P())});
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_values(*got, {5, 4}, scattered, "scatter_add");
+}
+
 // GatherScatterMode::ONE_HOT. JAX implements it in jnp.take_along_axis alone
 // (jax/_src/numpy/indexing.py): negative indices wrap, then
 // einsum(one_hot(indices, n), x) along the axis, so an out-of-range index gives 0 and, as in
