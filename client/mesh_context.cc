@@ -74,7 +74,11 @@ absl::Status check_explicit_axes(absl::string_view api, const PartitionSpec& spe
 
 absl::Status check_explicit_axes(absl::string_view api, const PartitionSpec& spec, const AbstractMesh& in_force) {
   const std::vector<std::string>& names = in_force.axis_names();
-  for (const std::string& axis : spec.used_axes()) {
+  // The partitions' axes, then the unreduced and reduced ones (JAX checks all three).
+  std::vector<std::string> axes = spec.used_axes();
+  axes.insert(axes.end(), spec.unreduced().begin(), spec.unreduced().end());
+  axes.insert(axes.end(), spec.reduced().begin(), spec.reduced().end());
+  for (const std::string& axis : axes) {
     const auto it = std::find(names.begin(), names.end(), axis);
     if (it == names.end()) continue;  // NamedSharding::validate's error, given where the spec is used
     const AxisType type = in_force.axis_types()[static_cast<size_t>(it - names.begin())];

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/trace_state.h"
+#include "core/axis_set_repr.h"
 #include "tessera/mesh_context.h"
 
 namespace tessera {
@@ -320,6 +321,18 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
   }
   absl::StatusOr<std::vector<std::string>> manual = manual_axes(in_specs, enclosing, t->all_vmapped_axes());
   if (!manual.ok()) return fail(std::string(manual.status().message()));
+  // Unreduced and reduced axes in the specs (jax/_src/shard_map.py's _check_unreduced): only in
+  // a body manual over every axis (JAX's NotImplementedError: UNIMPLEMENTED), and Explicit.
+  const bool full_manual = enclosing.empty() && manual->size() == mesh.axis_names().size();
+  for (const auto& [kind, list] : {std::pair{"in", &in_specs}, std::pair{"out", &out_specs}}) {
+    for (const PartitionSpec& spec : *list) {
+      const std::string bad = internal::shard_map_spec_unreduced_error(kind, mesh, full_manual, *manual, spec);
+      if (bad.empty()) continue;
+      const std::string message = absl::StrCat("shard_map: ", bad);
+      t->fail(full_manual ? absl::InvalidArgumentError(message) : absl::UnimplementedError(message));
+      return failed;
+    }
+  }
   // The axes the body is automatic over: left out of the arguments' types (explicit mode)
   // where the specs are compared or inferred, as JAX's _manual_spec keeps only manual axes.
   // The axes its body binds: the enclosing bodies' and its own.
@@ -345,7 +358,8 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
       std::optional<internal::TypedOperand> typed = internal::typed_operand(a);
       if (!typed.has_value()) return failed;
       internal::without_axes(typed->spec, automatic);
-      specs.push_back(internal::to_partition_spec(typed->spec));
+      specs.push_back(
+          internal::to_partition_spec(typed->spec).with_unreduced(typed->unreduced).with_reduced(typed->reduced));
     }
   }
   if (args.size() != specs.size()) {
@@ -416,6 +430,14 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     if (result_ids[i] < 0 || !inside(result_ids[i])) {
       return fail(absl::StrCat("result ", i, " is not a value of the body"));
     }
+  }
+  // A result's unreduced and reduced (manual) axes are its out_spec's (JAX's
+  // _unshard_shaped_array, with check_vma).
+  for (size_t i = 0; check_vma && t->explicit_mesh.has_value() && i < result_ids.size(); ++i) {
+    std::optional<internal::TypedOperand> typed = internal::typed_operand(results[i]);
+    if (!typed.has_value()) return failed;
+    const std::string bad = internal::shard_map_out_unreduced_error(outs[i], *typed, mesh);
+    if (!bad.empty()) return fail(absl::StrCat("output ", i, ": ", bad));
   }
   if (check_vma) {
     absl::Status replicated =
@@ -709,20 +731,69 @@ absl::StatusOr<std::vector<Array>> ShardMapped::operator()(const std::vector<Arr
 
 std::string ShardMapped::as_text() const { return state_->jitted->as_text(); }
 
+namespace {
+
+// jax/_src/lax/parallel.py's _get_from: psum and its kin take axes along which x is in one
+// state (varying, unreduced, reduced or invarying), which picks the collective (psum of
+// unreduced axes is unreduced_psum). False after failing the trace with JAX's words (`name`
+// is the JAX function) when an unreduced or reduced axis is among states that differ (a mix of
+// varying and invarying axes alone is taken, as Tessera always has).
+bool one_state(const Value& x, const AxisNames& axes, const char* name, const std::string& call) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return false;
+  const std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
+  if (!typed.has_value() || (typed->unreduced.empty() && typed->reduced.empty())) return true;
+  std::vector<std::string> varying;
+  for (const auto& [a, why] : t->varying(TraceState::id(x))) varying.push_back(a);
+  const auto has = [](const std::vector<std::string>& set, const std::string& a) {
+    return std::find(set.begin(), set.end(), a) != set.end();
+  };
+  std::set<std::string> states;
+  for (const std::string& a : axes.names) {
+    states.insert(has(varying, a)            ? "varying"
+                  : has(typed->unreduced, a) ? "unreduced"
+                  : has(typed->reduced, a)   ? "reduced"
+                                             : "invarying");
+  }
+  if (states.size() <= 1 || (states.count("unreduced") == 0 && states.count("reduced") == 0)) return true;
+  std::vector<std::string> quoted;
+  for (const std::string& a : axes.names) quoted.push_back(absl::StrCat("'", a, "'"));
+  const Mesh& mesh = *t->explicit_mesh;
+  t->fail(absl::InvalidArgumentError(absl::StrCat(
+      call, ": jax.lax.", name,
+      " can only accept axis_name which corresponds to one of varying, unreduced, reduced or invarying state of the "
+      "input. Got input type: ",
+      internal::type_string(typed->dtype, typed->shape, typed->spec),
+      internal::unreduced_string(typed->unreduced, typed->reduced, mesh.axis_names(), varying), ", axes: (",
+      absl::StrJoin(quoted, ", "), quoted.size() == 1 ? ",)" : ")",
+      " and input state: ", axis_set_repr(std::vector<std::string>(states.begin(), states.end())))));
+  return false;
+}
+
+}  // namespace
+
 Value psum(const Value& x, const AxisNames& axes) {
-  return collective(Op::kAllReduce, x, axes, {}, ReduceOp::kSum, call_text("psum", x, axes));
+  const std::string call = call_text("psum", x, axes);
+  if (!one_state(x, axes, "psum", call)) return Value();
+  return collective(Op::kAllReduce, x, axes, {}, ReduceOp::kSum, call);
 }
 
 Value pmax(const Value& x, const AxisNames& axes) {
-  return collective(Op::kAllReduce, x, axes, {}, ReduceOp::kMax, call_text("pmax", x, axes));
+  const std::string call = call_text("pmax", x, axes);
+  if (!one_state(x, axes, "pmax", call)) return Value();
+  return collective(Op::kAllReduce, x, axes, {}, ReduceOp::kMax, call);
 }
 
 Value pmin(const Value& x, const AxisNames& axes) {
-  return collective(Op::kAllReduce, x, axes, {}, ReduceOp::kMin, call_text("pmin", x, axes));
+  const std::string call = call_text("pmin", x, axes);
+  if (!one_state(x, axes, "pmin", call)) return Value();
+  return collective(Op::kAllReduce, x, axes, {}, ReduceOp::kMin, call);
 }
 
 Value pmean(const Value& x, const AxisNames& axes) {
-  Value sum = collective(Op::kAllReduce, x, axes, {}, ReduceOp::kSum, call_text("pmean", x, axes));
+  const std::string call = call_text("pmean", x, axes);
+  if (!one_state(x, axes, "pmean", call)) return Value();
+  Value sum = collective(Op::kAllReduce, x, axes, {}, ReduceOp::kSum, call);
   if (!sum.ok()) return sum;
   return sum / static_cast<double>(*group_size(TraceState::common({&sum}), axes, "pmean"));
 }
@@ -754,6 +825,7 @@ Value psum_scatter(const Value& x, const AxisNames& axes, int64_t scatter_dimens
                                                              ", the size of ", axes_text(axes.names))));
     }
   }
+  if (!one_state(x, axes, "psum_scatter", call)) return Value();
   Value out = collective(Op::kReduceScatter, x, axes, {d}, ReduceOp::kSum, call);
   return tiled || !out.ok() ? out : squeeze(out, {d});
 }
@@ -988,8 +1060,8 @@ Value pcast(const Value& x, const AxisNames& axes, const std::string& to) {
   if (to != "varying") {
     return t->fail(absl::InvalidArgumentError(
         absl::StrCat(call,
-                     ": Tessera's shard_map types only varying axes, not reduced or unreduced ones; "
-                     "to='varying' (pvary) is the cast it has")));
+                     ": the casts to reduced and unreduced axes (preduced, vary_unreduced_cast) are not built "
+                     "yet; to='varying' (pvary, reduced_vary_cast) is the cast Tessera has")));
   }
   const Mesh* mesh = manual_mesh(t, call);
   if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();

@@ -9,8 +9,10 @@
 namespace tessera::internal {
 
 const ExplicitRule* find_explicit_rule(Op op) {
-  for (auto family : {elementwise_type_rules, layout_type_rules, reduction_type_rules, dot_type_rules,
-                      placement_type_rules, sort_type_rules, control_type_rules, shard_map_type_rules}) {
+  // shard_map's first: pvary is also kElementwise, which the elementwise family takes by trait,
+  // but its reduced rule (reduced_vary_cast) is shard_map's.
+  for (auto family : {shard_map_type_rules, elementwise_type_rules, layout_type_rules, reduction_type_rules,
+                      dot_type_rules, placement_type_rules, sort_type_rules, control_type_rules}) {
     for (const ExplicitRule& rule : family()) {
       if (rule.op == op) return &rule;
     }

@@ -136,7 +136,16 @@ std::string branch_type_mismatch(absl::string_view api, absl::string_view name1,
                                  const std::vector<std::vector<std::string>>& varying1 = {},
                                  const std::vector<std::vector<std::string>>& varying2 = {});
 // shard_map (shard_map.cc): on a mesh of only Explicit axes the in_spec `in` must be x's type.
+// Its unreduced and reduced axes must be x's too (_shard_shaped_array's errors).
 TypeRuleResult shard_map_in_type_rule(const TypedOperand& x, const NamedSharding& in);
+// Empty, or JAX's refusal (shard_map.py's _check_unreduced) of `spec`, one of the `kind`
+// ("in", "out") specs, with unreduced or reduced axes: the body is not manual over every axis
+// (`full_manual`), or an axis is not Explicit.
+std::string shard_map_spec_unreduced_error(const char* kind, const Mesh& mesh, bool full_manual,
+                                           const std::vector<std::string>& manual_axes, const PartitionSpec& spec);
+// Empty, or JAX's refusal (_unshard_shaped_array) of an out_spec `spec` whose unreduced or
+// reduced axes are not those of the body's result `out`.
+std::string shard_map_out_unreduced_error(const PartitionSpec& spec, const TypedOperand& out, const Mesh& mesh);
 // Whether every axis of `mesh` is Explicit: where shard_map checks in_specs against the
 // arguments' types and infers omitted ones from them (client/explicit/shard_map.cc).
 bool all_explicit(const Mesh& mesh);

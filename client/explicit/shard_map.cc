@@ -8,10 +8,26 @@
 // A body manual over some axes only (axis_names) keeps its values' split over the others,
 // through its collectives too.
 // On a mesh mixing Auto and Explicit axes JAX checks nothing, and neither does this.
+// Reduced and unreduced manual axes (JAX's ManualAxisType, jax/_src/core.py): an in_spec's
+// unreduced / reduced axes must be the argument's, and the body's parameter keeps them
+// (_shard_shaped_array: `f32[2,6]{U:x}`, each device's block its term of the pending sum, or
+// a copy of the reduced value); a result's are its out_spec's (_unshard_shaped_array, whose
+// equality check client/shard_map.cc makes). The collectives' rules are their abstract evals'
+// (jax/_src/lax/parallel.py): psum and psum_scatter over the axes an operand is unreduced over
+// run its sum (unreduced_psum, unreduced_psum_scatter), pmax / pmin refuse it
+// (check_unreduced_kind), and every collective refuses an operand reduced over its axes, or
+// unreduced over the axes of one that does not sum (check_unreduced_args); pvary of an operand
+// reduced over exactly its axes is reduced_vary_cast (Reduced -> Varying, what
+// core.py's auto_insert_reshard inserts where a reduced value meets a varying one).
 #include <algorithm>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
+#include "core/axis_set_repr.h"
 #include "core/op_attrs.h"
 
 namespace tessera::internal {
@@ -88,10 +104,156 @@ TypeRuleResult collective(const TypeRuleCall& c) {
   return r;
 }
 
+// The axes of `axes` that `of` holds, in `axes`' order.
+std::vector<std::string> common_axes(const std::vector<std::string>& axes, const std::vector<std::string>& of) {
+  std::vector<std::string> out;
+  for (const std::string& a : axes) {
+    if (std::find(of.begin(), of.end(), a) != of.end()) out.push_back(a);
+  }
+  return out;
+}
+
+std::vector<std::string> sorted_axes(std::vector<std::string> axes) {
+  std::sort(axes.begin(), axes.end());
+  return axes;
+}
+
+// `from` less the axes of `axes`.
+std::vector<std::string> less_axes(const std::vector<std::string>& from, const std::vector<std::string>& axes) {
+  std::vector<std::string> out;
+  for (const std::string& a : from) {
+    if (std::find(axes.begin(), axes.end(), a) == axes.end()) out.push_back(a);
+  }
+  return out;
+}
+
+// The JAX function of a collective node, as its abstract eval names it in check_unreduced_args.
+std::string collective_name(const Node& n) {
+  static constexpr std::pair<Op, const char*> kNames[] = {
+      {Op::kAllReduce, "psum"},      {Op::kAllGather, "all_gather"},       {Op::kReduceScatter, "reduce_scatter"},
+      {Op::kAllToAll, "all_to_all"}, {Op::kCollectivePermute, "ppermute"}, {Op::kPvary, "pvary"},
+  };
+  for (const auto& [op, name] : kNames) {
+    if (op == n.op) return name;
+  }
+  return std::string(op_name(n.op));
+}
+
+// check_unreduced_args (jax/_src/core.py): "<name> cannot accept args which are <what>. Got
+// <type> and axes={'x'}", or no error.
+std::string refuse_args(const TypeRuleCall& c, const TypedOperand& x, const char* what) {
+  const CollectiveAttrs& a = c.node.attrs<CollectiveAttrs>();
+  return absl::StrCat(collective_name(c.node), " cannot accept args which are ", what, ". Got ",
+                      type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh),
+                      " and axes=", axis_set_repr(sorted_axes(a.axes)));
+}
+
+// The collectives' unreduced rules: psum and psum_scatter over the axes x is unreduced over sum
+// them (unreduced_psum, unreduced_psum_scatter: the result is unreduced over the rest, and
+// psum_scatter's varies along the axes, which the varying rules say); pmax and pmin of such an
+// x are unreduced_pmax / unreduced_pmin, which take only a max / min kind (Tessera's pending
+// sums are sums); any other collective over an axis x is unreduced over is refused.
+UnreducedRuleResult collective_unreduced(const TypeRuleCall& c) {
+  const CollectiveAttrs& a = c.node.attrs<CollectiveAttrs>();
+  const TypedOperand& x = c.operands[c.node.op == Op::kRaggedAllToAll ? 1 : 0];
+  UnreducedRuleResult r{x.unreduced, "", ""};
+  if (common_axes(a.axes, x.unreduced).empty()) return r;
+  const bool sums = c.node.op == Op::kAllReduce || c.node.op == Op::kReduceScatter;
+  if (sums && a.reduce_op == ReduceOp::kSum) {
+    r.unreduced = less_axes(x.unreduced, a.axes);
+    return r;
+  }
+  if (sums) {
+    const char* kind = a.reduce_op == ReduceOp::kMax ? "max" : "min";
+    r.error = absl::StrCat("unreduced_p", kind,
+                           " cannot accept args with unreduced_kind=sum. Expected unreduced_kind=", kind);
+    r.fix = "psum it first (its unreduced axes are a pending sum)";
+  } else {
+    r.error = refuse_args(c, x, "unreduced");
+    r.fix = "psum it over those axes first (or psum_scatter it)";
+  }
+  r.unreduced.clear();
+  return r;
+}
+
+// The collectives' reduced rules: pvary over exactly axes x is reduced over is
+// reduced_vary_cast (the result varies along them and is no longer reduced); every other
+// collective, and pvary over only some of them, refuses x reduced over its axes
+// (check_unreduced_args); x reduced over other axes keeps them.
+ReducedRuleResult collective_reduced(const TypeRuleCall& c) {
+  const CollectiveAttrs& a = c.node.attrs<CollectiveAttrs>();
+  const TypedOperand& x = c.operands[c.node.op == Op::kRaggedAllToAll ? 1 : 0];
+  ReducedRuleResult r{x.reduced, "", ""};
+  const std::vector<std::string> hit = common_axes(a.axes, x.reduced);
+  if (hit.empty()) return r;
+  if (c.node.op == Op::kPvary && hit.size() == a.axes.size()) {
+    r.reduced = less_axes(x.reduced, a.axes);
+    return r;
+  }
+  r.reduced.clear();
+  r.error = refuse_args(c, x, "reduced");
+  r.fix = c.node.op == Op::kPvary ? "pcast it to='varying' over all the axes it is reduced over"
+                                  : "pcast it to='varying' over those axes first (reduced_vary_cast)";
+  return r;
+}
+
+// A boundary's unreduced and reduced axes: its spec's (an in_spec's are its argument's, an
+// out_spec's its result's, as client/shard_map.cc checks with JAX's words).
+UnreducedRuleResult boundary_unreduced(const TypeRuleCall& c) {
+  return UnreducedRuleResult{c.node.attrs<ShardingAttrs>().sharding.spec().unreduced(), "", ""};
+}
+ReducedRuleResult boundary_reduced(const TypeRuleCall& c) {
+  return ReducedRuleResult{c.node.attrs<ShardingAttrs>().sharding.spec().reduced(), "", ""};
+}
+
 }  // namespace
+
+std::string shard_map_spec_unreduced_error(const char* kind, const Mesh& mesh, bool full_manual,
+                                           const std::vector<std::string>& manual_axes, const PartitionSpec& spec) {
+  if (!spec.has_unreduced_or_reduced()) return "";
+  if (!full_manual) {
+    return absl::StrCat("unreduced/reduced can only be passed to ", kind,
+                        "_specs when shard_map is in full manual mode. Got mesh axis names ",
+                        axes_to_string(mesh.axis_names()), ", manual_axes: ", axis_set_repr(sorted_axes(manual_axes)),
+                        ", specs: ", spec.to_string());
+  }
+  for (const auto& [what, axes] : {std::pair{"unreduced", &spec.unreduced()}, std::pair{"reduced", &spec.reduced()}}) {
+    for (const std::string& a : *axes) {
+      const int i = mesh.axis_index(a);
+      if (i >= 0 && mesh.axis_types()[i] == AxisType::kExplicit) continue;
+      return absl::StrCat(what, " in ", kind, "_specs ", spec.to_string(),
+                          " can only be used when the mesh passed to shard_map contains axis names all of type "
+                          "`Explicit`. Got mesh ",
+                          mesh.to_string());
+    }
+  }
+  return "";
+}
+
+std::string shard_map_out_unreduced_error(const PartitionSpec& spec, const TypedOperand& out, const Mesh& mesh) {
+  for (const auto& [what, want, have] : {std::tuple{"unreduced", &spec.unreduced(), &out.unreduced},
+                                         std::tuple{"reduced", &spec.reduced(), &out.reduced}}) {
+    if (*want == *have) continue;
+    return absl::StrCat("out_specs passed to shard_map should be equal to the ", what,
+                        " present on the out_aval. Got out_specs=", spec.to_string(), " and out_aval=",
+                        type_string(out.dtype, out.shape, out.spec, out.unreduced, out.reduced, &mesh));
+  }
+  return "";
+}
 
 TypeRuleResult shard_map_in_type_rule(const TypedOperand& x, const NamedSharding& in) {
   TypeRuleResult r;
+  // _shard_shaped_array: the in_spec's unreduced and reduced axes are the argument's.
+  for (const auto& [what, want, have] : {std::tuple{"unreduced", &in.spec().unreduced(), &x.unreduced},
+                                         std::tuple{"reduced", &in.spec().reduced(), &x.reduced}}) {
+    if (*want == *have) continue;
+    r.error = absl::StrCat("in_specs containing ", what, " ", in.spec().to_string(),
+                           " passed to shard_map should be equal to the ", what, " present on the in_aval ",
+                           type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &in.mesh()));
+    r.fix = absl::StrCat("reshard the argument to P(..., ", what, "=", axis_set_repr(*want),
+                         ") first, or give the in_spec the argument's ", what, " axes");
+    return r;
+  }
   if (!all_explicit(in.mesh())) return r;
   const TypeSpec want = type_spec_of(in.spec(), in.mesh(), static_cast<int>(x.shape.size()));
   if (want == x.spec) return r;
@@ -107,9 +269,15 @@ TypeRuleResult shard_map_in_type_rule(const TypedOperand& x, const NamedSharding
 
 absl::Span<const ExplicitRule> shard_map_type_rules() {
   static const ExplicitRule kRules[] = {
-      {Op::kShardMapIn, shard_map_in},      {Op::kShardMapOut, shard_map_out}, {Op::kAllReduce, collective},
-      {Op::kAllGather, collective},         {Op::kReduceScatter, collective},  {Op::kAllToAll, collective},
-      {Op::kCollectivePermute, collective}, {Op::kPvary, collective},          {Op::kRaggedAllToAll, collective},
+      {Op::kShardMapIn, shard_map_in, boundary_unreduced, boundary_reduced},
+      {Op::kShardMapOut, shard_map_out, boundary_unreduced, boundary_reduced},
+      {Op::kAllReduce, collective, collective_unreduced, collective_reduced},
+      {Op::kAllGather, collective, collective_unreduced, collective_reduced},
+      {Op::kReduceScatter, collective, collective_unreduced, collective_reduced},
+      {Op::kAllToAll, collective, collective_unreduced, collective_reduced},
+      {Op::kCollectivePermute, collective, collective_unreduced, collective_reduced},
+      {Op::kPvary, collective, collective_unreduced, collective_reduced},
+      {Op::kRaggedAllToAll, collective, collective_unreduced, collective_reduced},
   };
   return kRules;
 }

@@ -18,16 +18,29 @@ Value collective(const VjpArgs& a, Op op, const Value& v, std::vector<int64_t> d
 }
 
 // The manual axes of a boundary (all the mesh's, when it records none) that its spec does not
-// name: the axes along which each device's block is a copy.
+// name: the axes along which each device's block is a copy. Not its unreduced axes (the blocks
+// are terms of a sum, each its own variable) nor its reduced ones (the cotangent is unreduced
+// over them: each device's block has its own term of it).
 std::vector<std::string> unnamed_manual_axes(const ShardingAttrs& attrs) {
   const std::vector<std::string>& manual =
       attrs.manual_axes.empty() ? attrs.sharding.mesh().axis_names() : attrs.manual_axes;
-  const std::vector<std::string> named = attrs.sharding.spec().used_axes();
+  std::vector<std::string> named = attrs.sharding.spec().used_axes();
+  const PartitionSpec& spec = attrs.sharding.spec();
+  named.insert(named.end(), spec.unreduced().begin(), spec.unreduced().end());
+  named.insert(named.end(), spec.reduced().begin(), spec.reduced().end());
   std::vector<std::string> unnamed;
   for (const std::string& axis : manual) {
     if (std::find(named.begin(), named.end(), axis) == named.end()) unnamed.push_back(axis);
   }
   return unnamed;
+}
+
+// The boundary's sharding for its cotangent: the spec with its unreduced and reduced axes
+// swapped (JAX's P.to_ct_spec: the cotangent of an unreduced value is reduced, of a reduced one
+// unreduced).
+NamedSharding ct_sharding(const NamedSharding& s) {
+  const PartitionSpec& spec = s.spec();
+  return NamedSharding(s.mesh(), spec.partitions_only().with_unreduced(spec.reduced()).with_reduced(spec.unreduced()));
 }
 
 }  // namespace
@@ -37,7 +50,7 @@ absl::Span<const VjpEntry> shard_map_vjps() {
       {Op::kShardMapOut,
        [](const VjpArgs& a) {
          const ShardingAttrs& attrs = a.node.attrs<ShardingAttrs>();
-         const NamedSharding& s = attrs.sharding;
+         const NamedSharding s = ct_sharding(attrs.sharding);
          // Copies only along the manual axes the out_spec leaves out: along automatic ones the
          // body's value is one value, split by the compiler.
          int64_t copies = 1;
@@ -45,13 +58,22 @@ absl::Span<const VjpEntry> shard_map_vjps() {
          // Explicit mode: the cotangent enters as its primal's type, the out_spec (an in_spec
          // other than its type would be refused, as JAX refuses one); in a body manual over
          // some axes only, with the block's split over the others after it (type_of(out)).
-         const Value g = !a.trace->explicit_mesh.has_value() ? a.g
-                         : attrs.manual_axes.empty()
-                             ? with_sharding_constraint(a.g, s)
-                             : with_sharding_constraint(a.g, NamedSharding(s.mesh(), type_of(a.out).spec));
+         Value g = !a.trace->explicit_mesh.has_value() ? a.g
+                   : attrs.manual_axes.empty()
+                       ? with_sharding_constraint(a.g, s)
+                       : with_sharding_constraint(a.g, NamedSharding(s.mesh(), type_of(a.out).spec));
          if (!g.ok()) {
            return a.trace->error.ok() ? absl::InternalError("shard_map: the cotangent of an output could not be typed")
                                       : a.trace->error;
+         }
+         // An unreduced cotangent (of a reduced out_spec) is shared before it enters, by a factor
+         // typed reduced alike, as an unreduced value takes only such a product (_mul_ur_rule).
+         const std::vector<std::string>& pending = s.spec().unreduced();
+         if (copies != 1 && !pending.empty()) {
+           const Value share = with_sharding_constraint(full(g.shape(), 1.0 / static_cast<double>(copies), g.dtype()),
+                                                        NamedSharding(s.mesh(), PartitionSpec().with_reduced(pending)));
+           g = g * share;
+           copies = 1;
          }
          Value blocks = a.trace->make(a.trace->graph.add_shard_map_in(TraceState::id(g), s, attrs.manual_axes));
          a.add(0, copies == 1 ? blocks : blocks * (1.0 / static_cast<double>(copies)));
@@ -60,7 +82,7 @@ absl::Span<const VjpEntry> shard_map_vjps() {
       {Op::kShardMapIn,
        [](const VjpArgs& a) {
          const ShardingAttrs& attrs = a.node.attrs<ShardingAttrs>();
-         const NamedSharding& s = attrs.sharding;
+         const NamedSharding s = ct_sharding(attrs.sharding);
          const std::vector<std::string> unnamed = unnamed_manual_axes(attrs);
          Value summed = a.g;
          if (!unnamed.empty()) {

@@ -57,7 +57,9 @@ absl::Status shard_map_in(ShardingContext& c, int id) {
       need[d].insert(need[d].end(), block[d].begin(), block[d].end());
     }
   }
-  c.needs(id) = {ValueSharding{need, {}, ReduceOp::kSum}};
+  // An in_spec's unreduced axes keep the operand's pending sum over them (its type says it is
+  // unreduced alike): each device's block is its term.
+  c.needs(id) = {ValueSharding{need, a.sharding.spec().unreduced(), ReduceOp::kSum}};
   c.set(id, std::move(block));
   return absl::OkStatus();
 }
@@ -72,7 +74,9 @@ absl::Status shard_map_out(ShardingContext& c, int id) {
   Dims result = c.padded(a.sharding.spec(), n.shape.size());
   for (size_t d = 0; d < result.size(); ++d) result[d].insert(result[d].end(), block[d].begin(), block[d].end());
   c.needs(id) = {ValueSharding{std::move(block), {}, ReduceOp::kSum}};
-  c.set(id, std::move(result));
+  // An out_spec's unreduced axes: the blocks are the terms of a sum pending over them, typed so.
+  c.set(id, std::move(result), a.sharding.spec().unreduced());
+  c.mark_typed_unreduced(id);
   return absl::OkStatus();
 }
 

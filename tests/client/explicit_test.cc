@@ -894,6 +894,17 @@ TEST(ExplicitShardMap, ReshardAndOutShardingTakeExplicitAxesOnly) {
               HasSubstr(absl::StrCat("PartitionSpec passed to reshard ", kJax,
                                      "P('X', 'Y') with axis name: Y of type: Auto (in AbstractMesh('X': 2, 'Y': 4, "
                                      "axis_types=(Explicit, Auto)))")));
+  // The unreduced and reduced axes too (canonicalize_sharding chains spec.unreduced and
+  // spec.reduced after the partitions' axes).
+  EXPECT_THAT(
+      one_type(mixed, in, [](V v) { return std::vector<Value>{reshard(v[1], P(None, "X").with_reduced({"Y"}))}; }),
+      HasSubstr(absl::StrCat("PartitionSpec passed to reshard ", kJax,
+                             "P(None, 'X', reduced={'Y'}) with axis name: Y of type: Auto")));
+  EXPECT_THAT(
+      one_type(mixed, in,
+               [](V v) { return std::vector<Value>{einsum("xy,yz->xz", v[0], v[1], P().with_unreduced({"Y"}))}; }),
+      HasSubstr(absl::StrCat("PartitionSpec passed to einsum ", kJax,
+                             "P(None, None, unreduced={'Y'}, unreduced_kind=sum) with axis name: Y of type: Auto")));
   for (const auto& [api, f] : std::vector<std::pair<std::string, std::function<Value(V)>>>{
            {"matmul",
             [](V v) {
@@ -930,6 +941,14 @@ TEST(ExplicitShardMap, ReshardAndOutShardingTakeExplicitAxesOnly) {
                        }),
               HasSubstr(absl::StrCat("PartitionSpec passed to reshard ", kJax,
                                      "P(None, 'X') with axis name: X of type: Manual")));
+  EXPECT_THAT(one_type(xy(), in,
+                       [](V v) {
+                         return shard_map(
+                             [](V b) { return std::vector<Value>{reshard(b[0], P().with_reduced({"X"}))}; }, xy(),
+                             {P("X", None)}, {P("X", None)})({v[0]});
+                       }),
+              HasSubstr(absl::StrCat("PartitionSpec passed to reshard ", kJax,
+                                     "P(reduced={'X'}) with axis name: X of type: Manual")));
 }
 
 // grad in explicit mode: a cotangent takes its primal's type (the notebook's "tangent values

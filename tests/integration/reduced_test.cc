@@ -812,5 +812,296 @@ TEST_F(ExplicitReducedTest, UnreducedBranchOutputsAndWhileCarriesStayPendingAsJa
   }
 }
 
+// Reduced and unreduced types in shard_map bodies (issue 16 items 2 and 5): the manual axes a
+// body value is unreduced or reduced over (JAX's ManualAxisType, jax/_src/core.py), set by the
+// in_specs and checked against the out_specs (jax/_src/shard_map.py's _shard_shaped_array and
+// _unshard_shaped_array), and the collectives' rules (jax/_src/lax/parallel.py).
+
+// (rows x inner) @ (inner x cols) on the host.
+std::vector<double> host_matmul(const HostArray& a, const HostArray& b, int64_t rows, int64_t inner, int64_t cols) {
+  std::vector<double> out(static_cast<size_t>(rows * cols), 0.0);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t k = 0; k < inner; ++k) {
+      for (int64_t j = 0; j < cols; ++j) {
+        out[i * cols + j] += a.values<float>()[i * inner + k] * b.values<float>()[k * cols + j];
+      }
+    }
+  }
+  return out;
+}
+
+// tests/shard_map_test.py's test_unreduced_psum_fwd_preduced_bwd: a contraction left unreduced
+// over 'x' (einsum's out_sharding P(unreduced={'x'})) enters a shard_map with in_specs
+// P(unreduced={'x'}): each device's block is its term, typed f32[2,6]{U:x}, and psum over 'x'
+// sums the terms into the product (typed f32[2,6], out_specs P()). Its gradients are laid out as
+// the arguments and are the host's. psum_scatter sums them too, scattered
+// (test_unreduced_psum_scatter_fwd_all_gather_reduced_bwd: out_specs P('x', None)). Values
+// against the host's product on both meshes (a psum of terms already summed would give n times
+// it).
+TEST_F(ExplicitReducedTest, ShardMapTakesUnreducedArgumentsAndPsumSumsThemAsJax) {
+  const HostArray a = random_f32({2, 4}, 31), b = random_f32({4, 6}, 32);
+  const std::vector<double> product = host_matmul(a, b, 2, 4, 6);
+  // d sum(a @ b) / da = ones @ b^T (row sums of b); / db = a^T @ ones (column sums of a).
+  std::vector<double> da(8), db(24);
+  for (int i = 0; i < 2; ++i) {
+    for (int k = 0; k < 4; ++k) {
+      double row = 0;
+      for (int j = 0; j < 6; ++j) row += b.values<float>()[k * 6 + j];
+      da[i * 4 + k] = row;
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    for (int j = 0; j < 6; ++j) db[k * 6 + j] = a.values<float>()[k] + a.values<float>()[4 + k];
+  }
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, a, P(None, "x")), y = put_on(mesh, b, P("x", None));
+    std::string inside, summed_type;
+    const ShardMapped ar = shard_map(
+        [&](const std::vector<Value>& in) {
+          inside = type_of(in[0]).to_string();
+          Value out = psum(in[0], "x");
+          summed_type = type_of(out).to_string();
+          return std::vector<Value>{out};
+        },
+        mesh, {P().with_unreduced({"x"})}, {P()});
+    auto f = [&](const std::vector<Value>& in) {
+      return ar({einsum("ab,bc->ac", in[0], in[1], P().with_unreduced({"x"}))});
+    };
+    absl::StatusOr<std::vector<Array>> out = jit(f)({x, y});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(inside, "f32[2,6]{U:x}");
+    EXPECT_EQ(summed_type, "f32[2,6]");
+    expect_near(fetch((*out)[0]), product, 1e-4);
+    absl::StatusOr<std::vector<Array>> g =
+        jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in)[0])}; }, {0, 1}))({x, y});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)[0].sharding().spec(), P(None, "x"));
+    EXPECT_EQ((*g)[1].sharding().spec(), P("x", None));
+    expect_near(fetch((*g)[0]), da, 1e-4);
+    expect_near(fetch((*g)[1]), db, 1e-4);
+
+    const HostArray b8 = random_f32({4, 8}, 33);
+    const ShardMapped rs =
+        shard_map([&](const std::vector<Value>& in) { return std::vector<Value>{psum_scatter(in[0], "x", 1, true)}; },
+                  mesh, {P().with_unreduced({"x"})}, {P(None, "x")});
+    absl::StatusOr<std::vector<Array>> scattered = jit([&](const std::vector<Value>& in) {
+      return rs({einsum("ab,bc->ac", in[0], in[1], P().with_unreduced({"x"}))});
+    })({x, put_on(mesh, b8, P("x", None))});
+    ASSERT_TRUE(scattered.ok()) << scattered.status();
+    EXPECT_EQ((*scattered)[0].sharding().spec(), P(None, "x"));
+    expect_near(fetch((*scattered)[0]), host_matmul(a, b8, 2, 4, 8), 1e-4);
+  }
+}
+
+// The refusals, each with JAX's words: an in_spec whose unreduced axes are not its argument's
+// (_shard_shaped_array), an out_spec whose unreduced axes are not its result's
+// (_unshard_shaped_array; test_matmul_unreduced_error), sin of an unreduced value
+// (test_sin_unreduced_error), all_gather over an unreduced axis and pmax of one
+// (check_unreduced_args, check_unreduced_kind), psum over an unreduced and an invarying axis
+// at once (_get_from), and unreduced in_specs on a mesh whose axes are Auto or in a body not
+// manual over every axis (_check_unreduced; test_shmap_auto_unreduced_error).
+TEST_F(ExplicitReducedTest, UnreducedShardMapSpecsAndCollectivesAreRefusedAsJax) {
+  const HostArray a = random_f32({2, 4}, 41), b = random_f32({4, 6}, 42);
+  const Mesh mesh = meshes()[0];
+  const Array x = put_on(mesh, a, P(None, "x")), y = put_on(mesh, b, P("x", None));
+  const auto refused = [&](const std::function<Value(const Value&)>& body, const PartitionSpec& in,
+                           const PartitionSpec& out) {
+    const ShardMapped m =
+        shard_map([&](const std::vector<Value>& v) { return std::vector<Value>{body(v[0])}; }, mesh, {in}, {out});
+    return refusal(
+        [&](const std::vector<Value>& v) { return m({einsum("ab,bc->ac", v[0], v[1], P().with_unreduced({"x"}))})[0]; },
+        {x, y});
+  };
+  const PartitionSpec unreduced = P().with_unreduced({"x"});
+  const auto same = [](const Value& v) { return v; };
+  EXPECT_THAT(refused(same, P(), P()),
+              HasSubstr("in_specs containing unreduced P() passed to shard_map should be equal to the unreduced "
+                        "present on the in_aval f32[2,6]{U:x}"));
+  EXPECT_THAT(refused(same, unreduced, P()),
+              HasSubstr("output 0: out_specs passed to shard_map should be equal to the unreduced present on the "
+                        "out_aval. Got out_specs=P() and out_aval=f32[2,6]{U:x}"));
+  EXPECT_THAT(refused([](const Value& v) { return sin(v); }, unreduced, P()),
+              HasSubstr("sin: unreduced rule for sin is not implemented"));
+  EXPECT_THAT(refused([](const Value& v) { return all_gather(v, "x", 0, true); }, unreduced, P()),
+              HasSubstr("all_gather cannot accept args which are unreduced. Got f32[2,6]{U:x} and axes={'x'}"));
+  EXPECT_THAT(refused([](const Value& v) { return pmax(v, "x"); }, unreduced, P()),
+              HasSubstr("unreduced_pmax cannot accept args with unreduced_kind=sum. Expected unreduced_kind=max"));
+  EXPECT_THAT(refused(
+                  [](const Value& v) {
+                    return psum(v, {"x", "y"});
+                  },
+                  unreduced, P()),
+              HasSubstr("jax.lax.psum can only accept axis_name which corresponds to one of varying, unreduced, "
+                        "reduced or invarying state of the input. Got input type: f32[2,6]{U:x}, axes: ('x', 'y') "
+                        "and input state: {'invarying', 'unreduced'}"));
+  // test_matmul_unreduced_error: out_specs unreduced over 'y' on a result that is not.
+  const ShardMapped not_unreduced =
+      shard_map([](const std::vector<Value>& v) { return std::vector<Value>{v[0] * 2.0}; }, mesh, {P("x", None)},
+                {P("x", None).with_unreduced({"y"})});
+  EXPECT_THAT(refusal([&](const std::vector<Value>& v) { return not_unreduced({v[0]})[0]; },
+                      {put_on(mesh, random_f32({8, 2}, 43), P("x", None))}),
+              HasSubstr("out_specs passed to shard_map should be equal to the unreduced present on the out_aval. Got "
+                        "out_specs=P('x', None, unreduced={'y'}, unreduced_kind=sum) and out_aval=f32[2,2]"));
+
+  // test_shmap_auto_unreduced_error, on Auto axes and with axis_names.
+  absl::StatusOr<Mesh> auto_mesh = client_->make_mesh({4, 2}, {"x", "y"}, {AxisType::kAuto, AxisType::kAuto});
+  ASSERT_TRUE(auto_mesh.ok()) << auto_mesh.status();
+  const Array v = put_on(*auto_mesh, random_f32({8}, 44), P());
+  const auto identity = [](const std::vector<Value>& in) { return in; };
+  absl::StatusOr<std::vector<Array>> on_auto = shard_map(identity, *auto_mesh, {unreduced}, {P()})({v});
+  EXPECT_EQ(on_auto.status().code(), absl::StatusCode::kInvalidArgument) << on_auto.status();
+  EXPECT_THAT(on_auto.status().message(),
+              HasSubstr("unreduced in in_specs P(unreduced={'x'}, unreduced_kind=sum) can only be used when the mesh "
+                        "passed to shard_map contains axis names all of type `Explicit`"));
+  ShardMapOptions partial;
+  partial.axis_names = {"x"};
+  absl::StatusOr<std::vector<Array>> partial_manual = shard_map(identity, *auto_mesh, {unreduced}, {P()}, partial)({v});
+  EXPECT_EQ(partial_manual.status().code(), absl::StatusCode::kUnimplemented) << partial_manual.status();
+  EXPECT_THAT(partial_manual.status().message(),
+              HasSubstr("unreduced/reduced can only be passed to in_specs when shard_map is in full manual mode"));
+}
+
+// An out_spec may keep a body result unreduced (_unshard_shaped_array: the result is typed by
+// the out_spec; test_matmul_full_unreduced_out's sharding P(None, None, unreduced={'x'})): the
+// blocks leave as the terms of a sum pending over 'x', with no collective; `v + v` of an
+// unreduced value is unreduced alike (_add_ur_rule). Resharded to P() it is twice the host's
+// product.
+TEST_F(ExplicitReducedTest, ShardMapOutSpecsKeepUnreducedResultsPendingAsJax) {
+  const HostArray a = random_f32({2, 4}, 51), b = random_f32({4, 6}, 52);
+  std::vector<double> twice = host_matmul(a, b, 2, 4, 6);
+  for (double& e : twice) e *= 2;
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const PartitionSpec unreduced = P().with_unreduced({"x"});
+    const ShardMapped doubled = shard_map(
+        [](const std::vector<Value>& in) { return std::vector<Value>{in[0] + in[0]}; }, mesh, {unreduced}, {unreduced});
+    Jitted f = jit([&](const std::vector<Value>& in) {
+      return doubled({einsum("ab,bc->ac", in[0], in[1], P().with_unreduced({"x"}))});
+    });
+    absl::StatusOr<std::vector<Array>> out = f({put_on(mesh, a, P(None, "x")), put_on(mesh, b, P("x", None))});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ((*out)[0].sharding().spec(), P(None, None).with_unreduced({"x"}));
+    EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[2,6]{U:x}");
+    EXPECT_EQ(jit_support::all_reduce_count(f.as_text()), 0u);
+    expect_near(summed((*out)[0]), twice, 1e-4);
+    // grad of sum(reshard(doubled(a @ b), P())) by a: 2 (ones @ b^T), each row b's row sums.
+    absl::StatusOr<std::vector<Array>> g = jit(grad(
+        [&](const std::vector<Value>& in) {
+          return std::vector<Value>{
+              sum(reshard(doubled({einsum("ab,bc->ac", in[0], in[1], P().with_unreduced({"x"}))})[0], P(None, None)))};
+        },
+        {0}))({put_on(mesh, a, P(None, "x")), put_on(mesh, b, P("x", None))});
+    ASSERT_TRUE(g.ok()) << g.status();
+    std::vector<double> da(8);
+    for (int i = 0; i < 2; ++i) {
+      for (int k = 0; k < 4; ++k) {
+        double row = 0;
+        for (int j = 0; j < 6; ++j) row += b.values<float>()[k * 6 + j];
+        da[i * 4 + k] = 2 * row;
+      }
+    }
+    expect_near(fetch((*g)[0]), da, 1e-4);
+  }
+}
+
+// Reduced in_specs (tests/shard_map_test.py): the body's parameter is typed reduced
+// (f32[2,6]{R:x}); where it meets a value varying along 'x' it is cast to varying first
+// (core.py's auto_insert_reshard inserts reduced_vary_cast: test_reduced_vary_automatically_inserted,
+// jnp.dot(x, y)), so mul and add of a split and a reduced operand, then a psum, are the host's
+// (test_one_input_sharded_another_reduced_shmap); the gradient of the reduced argument is
+// unreduced over 'x' (P(None, None, unreduced={'x'})) and sums to the host's. An out_spec
+// P(reduced={'x'}) takes `x * x` of a reduced x (test_shmap_bwd_rep_to_unreduced_check_vma_true:
+// in_specs inferred from the argument's type; the gradient P(None, unreduced={'x'})).
+TEST_F(ExplicitReducedTest, ShardMapTakesReducedArgumentsAsJax) {
+  const HostArray a = random_f32({8, 2}, 61), b = random_f32({2, 6}, 62);
+  const std::vector<double> product = host_matmul(a, b, 8, 2, 6);
+  // d sum(a @ b) / db = a^T @ ones: column sums of a, on each of b's rows.
+  std::vector<double> db(12);
+  for (int k = 0; k < 2; ++k) {
+    double col = 0;
+    for (int i = 0; i < 8; ++i) col += a.values<float>()[i * 2 + k];
+    for (int j = 0; j < 6; ++j) db[k * 6 + j] = col;
+  }
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array x = put_on(mesh, a, P("x", None)), y = put_on(mesh, b, P(None, None).with_reduced({"x"}));
+    std::string inside;
+    const ShardMapped dot_map = shard_map(
+        [&](const std::vector<Value>& in) {
+          inside = type_of(in[1]).to_string();
+          return std::vector<Value>{dot(in[0], in[1])};
+        },
+        mesh, {P("x", None), P(None, None).with_reduced({"x"})}, {P("x", None)});
+    auto f = [&](const std::vector<Value>& in) { return dot_map({in[0], in[1]}); };
+    absl::StatusOr<std::vector<Array>> out = jit(f)({x, y});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(inside, "f32[2,6]{R:x}");
+    EXPECT_EQ((*out)[0].sharding().spec(), P("x", None));
+    expect_near(fetch((*out)[0]), product, 1e-4);
+    absl::StatusOr<std::vector<Array>> g =
+        jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in)[0])}; }, {0, 1}))({x, y});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)[0].sharding().spec(), P("x", None));
+    EXPECT_EQ((*g)[1].sharding().spec(), P(None, None).with_unreduced({"x"}));
+    expect_near(summed((*g)[1]), db, 1e-4);
+
+    // mul and add of a split operand and a reduced one, then psum over 'x': the sum over the
+    // devices along 'x' of f(block, y).
+    const int64_t n = mesh.axis_size("x");
+    const HostArray h16 = random_f32({16}, 63), hy = random_f32({16 / n}, 64);
+    for (const bool add : {false, true}) {
+      SCOPED_TRACE(add ? "add" : "mul");
+      std::vector<double> want(static_cast<size_t>(16 / n), 0.0);
+      for (int64_t d = 0; d < n; ++d) {
+        for (int64_t i = 0; i < 16 / n; ++i) {
+          const double u = h16.values<float>()[d * (16 / n) + i], w = hy.values<float>()[i];
+          want[i] += add ? u + w : u * w;
+        }
+      }
+      const ShardMapped m = shard_map(
+          [&](const std::vector<Value>& in) {
+            return std::vector<Value>{psum(add ? in[0] + in[1] : in[0] * in[1], "x")};
+          },
+          mesh, {P("x"), P(None).with_reduced({"x"})}, {P()});
+      absl::StatusOr<std::vector<Array>> z = jit([&](const std::vector<Value>& in) { return m(in); })(
+          {put_on(mesh, h16, P("x")), put_on(mesh, hy, P(None).with_reduced({"x"}))});
+      ASSERT_TRUE(z.ok()) << z.status();
+      expect_near(fetch((*z)[0]), want, 1e-4);
+    }
+  }
+  // Reduced out: x * x of a reduced x, in_specs inferred, on the mesh ('x': 8) of JAX's test
+  // and on the two meshes whose 'y' the out_spec leaves out.
+  absl::StatusOr<Mesh> line = client_->make_mesh({8}, {"x"}, {AxisType::kExplicit});
+  ASSERT_TRUE(line.ok()) << line.status();
+  std::vector<Mesh> all = meshes();
+  all.push_back(*line);
+  const HostArray h8 = random_f32({8}, 65);
+  std::vector<double> want_sq, want_g;
+  for (float e : h8.values<float>()) {
+    want_sq.push_back(double{e} * e);
+    want_g.push_back(2.0 * e);
+  }
+  for (const Mesh& mesh : all) {
+    SCOPED_TRACE(mesh.to_string());
+    const Array r = put_on(mesh, h8, P().with_reduced({"x"}));
+    absl::StatusOr<ShardMapped> squared = [&] {
+      MeshScope scope = set_mesh(mesh);
+      return shard_map([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * in[0]}; }, {},
+                       {P().with_reduced({"x"})});
+    }();
+    ASSERT_TRUE(squared.ok()) << squared.status();
+    absl::StatusOr<std::vector<Array>> sq = (*squared)({r});
+    ASSERT_TRUE(sq.ok()) << sq.status();
+    EXPECT_EQ((*sq)[0].sharding().spec(), P(None).with_reduced({"x"}));
+    expect_near(fetch((*sq)[0]), want_sq, 1e-5);
+    absl::StatusOr<std::vector<Array>> gsq =
+        jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum((*squared)(in)[0])}; }))({r});
+    ASSERT_TRUE(gsq.ok()) << gsq.status();
+    EXPECT_EQ((*gsq)[0].sharding().spec(), P(None).with_unreduced({"x"}));
+    expect_near(summed((*gsq)[0]), want_g, 1e-5);
+  }
+}
+
 }  // namespace
 }  // namespace tessera

@@ -1755,7 +1755,7 @@ TEST_F(ShardMapTest, PvaryAndPcastRefuseWhatJaxRefuses) {
   EXPECT_THAT(error_of([](const Value& x) { return pcast(x, "model", "sideways"); }),
               HasSubstr("Got unexpected `to` value. Allowed `to` values are: {'unreduced', 'reduced', 'varying'}"));
   EXPECT_THAT(error_of([](const Value& x) { return pcast(x, "model", "reduced"); }),
-              HasSubstr("Tessera's shard_map types only varying axes"));
+              HasSubstr("the casts to reduced and unreduced axes (preduced, vary_unreduced_cast) are not built"));
   EXPECT_THAT(error_of([](const Value& x) { return pvary(x, "rows"); }, P()),
               HasSubstr("pvary: axis 'rows' is not in the mesh"));
   EXPECT_THAT(error_of(

@@ -91,6 +91,12 @@ class ShardMapped {
 // jax.shard_map(f, mesh, in_specs, out_specs): one in_spec per argument, one out_spec per
 // result of `f`. Never fails itself: the specs (and options.axis_names) are checked when the
 // result is traced.
+// Explicit mode: a spec's unreduced / reduced axes (P(unreduced={'x'})) are those of the value
+// it describes, as JAX checks them; inside, the block is typed with them (f32[2,6]{U:x}: each
+// device's block is its term of the pending sum, which psum or psum_scatter over 'x' runs;
+// f32[2,6]{R:x}: a copy of the reduced value, cast to varying where it meets a value varying
+// along 'x'). Only in a body manual over every axis (else UNIMPLEMENTED, JAX's
+// NotImplementedError) and over Explicit axes.
 ShardMapped shard_map(TracedFunction f, Mesh mesh, std::vector<PartitionSpec> in_specs,
                       std::vector<PartitionSpec> out_specs, ShardMapOptions options = {});
 // jax.shard_map(f, in_specs=, out_specs=) without a mesh: over the ambient mesh
@@ -170,10 +176,11 @@ int64_t axis_size(const AxisNames& axes);
 // With check_vma off, or no axes, it returns x, as JAX does. Its gradient is the cotangent (JAX's transpose is a psum:
 // see client/vjp/shard_map.cc for why the sum happens elsewhere here).
 Value pvary(const Value& x, const AxisNames& axes);
-// jax.lax.pcast(x, axes, to=...): to = "varying" from invariant is pvary; from varying along
-// the axes, or from a mix, INVALID_ARGUMENT with JAX's words; "reduced" and "unreduced" are
-// JAX's casts that Tessera's types do not have (INVALID_ARGUMENT); anything else is JAX's
-// "Got unexpected `to` value".
+// jax.lax.pcast(x, axes, to=...): to = "varying" from invariant is pvary, from reduced over
+// exactly the axes reduced_vary_cast (a pvary whose operand is reduced over its axes: the
+// result varies along them, no longer reduced); from varying along the axes, or from a mix,
+// INVALID_ARGUMENT with JAX's words; "reduced" and "unreduced" (preduced, vary_unreduced_cast)
+// are not built yet (INVALID_ARGUMENT); anything else is JAX's "Got unexpected `to` value".
 Value pcast(const Value& x, const AxisNames& axes, const std::string& to);
 
 }  // namespace tessera
