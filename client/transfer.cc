@@ -138,14 +138,17 @@ class SegmentPool {
   int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Set once a worker of this host refused to read a put's block from this process's memory, or
-// to write a fetch's block into it (ShmSegment::create_direct: FAILED_PRECONDITION, it may not
-// ptrace us, cannot tell that we are its caller, or runs --shm_client_memory=false): later
-// transfers copy their blocks through the memfd instead.
-std::atomic<bool> direct_refused{false};
+// Set once a worker of this host refused to read a put's block from this process's memory
+// (direct_put_refused), or to write a fetch's block into it (direct_fetch_refused), with
+// FAILED_PRECONDITION (ShmSegment::create_direct: it may not ptrace us, cannot tell that we
+// are its caller, or runs --shm_client_memory=false): later puts, or fetches, copy their
+// blocks through the memfd instead. Apart, since a worker may take one and not the other (a
+// fetch's refusal also comes from a worker of session 29's build, which reads puts).
+std::atomic<bool> direct_put_refused{false};
+std::atomic<bool> direct_fetch_refused{false};
 
 // A memfd for block `index` of `global`. A contiguous block that is not to be sealed, while no
-// worker refused it (`direct`, direct_refused): a segment naming the block where it is in
+// worker refused it (`direct`, direct_put_refused): a segment naming the block where it is in
 // `global` (ShmSegment::create_direct), which the workers read from there: no copy here.
 // Else the block written into it: straight from `global` when the block is contiguous there,
 // else gathered first. `seal`: a fresh one, sealed, for the workers to adopt
@@ -156,7 +159,7 @@ absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& in
   const int64_t bytes = num_elements(shape) * elem;
   const auto* global_data = static_cast<const std::byte*>(global.data);
   const int64_t offset = contiguous_block_offset(global.shape, index);
-  if (direct && !seal && offset >= 0 && bytes > 0 && !direct_refused.load(std::memory_order_relaxed)) {
+  if (direct && !seal && offset >= 0 && bytes > 0 && !direct_put_refused.load(std::memory_order_relaxed)) {
     return ShmSegment::create_direct(global_data + offset * elem, bytes);
   }
   TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, seal ? ShmSegment::create(bytes) : SegmentPool::instance().take(bytes));
@@ -331,7 +334,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   // segment instead, and so do the later puts of this process.
   auto refused = [](const ShmSegment& segment, const absl::Status& status) {
     if (!segment.direct() || status.code() != absl::StatusCode::kFailedPrecondition) return false;
-    direct_refused.store(true, std::memory_order_relaxed);
+    direct_put_refused.store(true, std::memory_order_relaxed);
     return true;
   };
   // Through a memfd of this call's: the worker reads the block where the segment names it (in
@@ -412,7 +415,7 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   auto* global_data = static_cast<std::byte*>(global.data);
   if (path != TransferPath::kSharedMemory)
     return receive_shard(stub, buffer_id, grant, index, global, who, path, nullptr);
-  if (offset >= 0 && bytes > 0 && !direct_refused.load(std::memory_order_relaxed)) {
+  if (offset >= 0 && bytes > 0 && !direct_fetch_refused.load(std::memory_order_relaxed)) {
     // Written by the worker where the block goes (process_vm_writev): no copy here.
     TESSERA_ASSIGN_OR_RETURN(ShmSegment segment,
                              with_who(ShmSegment::create_direct(global_data + offset * elem, bytes), who));
@@ -420,11 +423,16 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
     // Whatever the outcome (a call that timed out may have a worker about to write), no worker
     // writes into the caller's array once this returns.
     TESSERA_RETURN_IF_ERROR(with_who(segment.withdraw(), who));
-    if (status.code() != absl::StatusCode::kFailedPrecondition) return status;
-    // The worker may not write our memory, or cannot tell that we are the caller: through a
-    // memfd, as are later transfers of this process once that worked.
+    // FAILED_PRECONDITION: the worker may not write our memory, or cannot tell that we are the
+    // caller. INVALID_ARGUMENT: also what a worker of session 29's build (the same protocol
+    // version) answers a fetch naming memory ("names memory of its process"). Either way
+    // through a memfd, as are later fetches of this process once that worked; a real error
+    // fails that call too, and is what comes back.
+    if (status.code() != absl::StatusCode::kFailedPrecondition && status.code() != absl::StatusCode::kInvalidArgument) {
+      return status;
+    }
     const absl::Status copied = get_shard_through_memfd(stub, buffer_id, grant, index, global, who);
-    if (copied.ok()) direct_refused.store(true, std::memory_order_relaxed);
+    if (copied.ok()) direct_fetch_refused.store(true, std::memory_order_relaxed);
     return copied;
   }
   return get_shard_through_memfd(stub, buffer_id, grant, index, global, who);

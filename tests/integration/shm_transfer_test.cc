@@ -273,10 +273,11 @@ TEST_F(ShmTransferTest, EveryDTypeRoundTripsThroughTheClientsMemory) {
 
 // Workers started with --shm_client_memory=false neither read nor write a client's memory:
 // a segment naming it is refused FAILED_PRECONDITION, naming the flag, with nothing read,
-// reserved or written. The client's fallback: its puts and fetches of every layout then go
-// through memfds (the shm counters count them) and arrive equal to the host's. (The direct
-// way, with the flag at its default, is every other test here.) This client's fallback is
-// process-wide: ctest runs each test in a process of its own.
+// reserved or written. The client's fallback: the first fetch and the first put of a
+// contiguous block, each refused, are done again through a memfd, and so are all later ones
+// (the shm counters count them), equal to the host's, in every layout. (The direct way, with
+// the flag at its default, is every other test here.) The client's fallback flags are
+// process-wide, one for puts and one for fetches: ctest runs each test in a process of its own.
 TEST_F(ShmTransferTest, WorkersThatTakeNoClientMemoryGetEveryBlockThroughTheMemfd) {
   start({"--shm_client_memory=false"});
   const Client client = connect(/*shared_memory=*/true);
@@ -307,10 +308,33 @@ TEST_F(ShmTransferTest, WorkersThatTakeNoClientMemoryGetEveryBlockThroughTheMemf
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
     EXPECT_THAT(refused.error_message(), HasSubstr("--shm_client_memory=false"));
   }
+  // A fetch first, while no put has fallen back: column blocks are put gathered, through
+  // memfds (no direct put is tried); each device's block fetched alone, into an array of its
+  // own, is contiguous there: the client names that memory, is refused, and fetches again
+  // through a memfd.
+  {
+    absl::StatusOr<Mesh> two = client.make_mesh({2}, {"x"}, std::vector<int>{0, 1});
+    ASSERT_TRUE(two.ok()) << two.status();
+    const HostArray columns = numbered({5, 2 * kElements});
+    absl::StatusOr<Array> c = client.device_put(columns, NamedSharding(*two, P(None, "x")));
+    ASSERT_TRUE(c.ok()) << c.status();
+    const Counts before = counts(client, 4);
+    for (const Shard& s : c->addressable_shards()) {
+      SCOPED_TRACE(absl::StrCat("device ", s.device_id()));
+      absl::StatusOr<HostArray> block = s.data();
+      ASSERT_TRUE(block.ok()) << block.status();
+      expect_block(*block, s.index(), 2 * kElements);
+    }
+    EXPECT_EQ(counts(client, 4).shm_fetched - before.shm_fetched, columns.nbytes());
+  }
+  ASSERT_TRUE(client.flush_deletes().ok());
+  // A contiguous put: refused the direct way, then through a memfd.
   absl::StatusOr<Mesh> one = client.make_mesh({1}, {"x"}, std::vector<int>{0});
   ASSERT_TRUE(one.ok()) << one.status();
+  const Counts before_put = counts(client, 4);
   std::optional<absl::StatusOr<Array>> a = client.device_put(host, NamedSharding(*one, P()));
   ASSERT_TRUE(a->ok()) << a->status();
+  EXPECT_EQ(counts(client, 4).shm_put - before_put.shm_put, host.nbytes());
   {
     HostArray into(DType::kI32, {1, kElements});
     std::fill_n(into.mutable_values<int32_t>().data(), kElements, -1);
@@ -331,7 +355,7 @@ TEST_F(ShmTransferTest, WorkersThatTakeNoClientMemoryGetEveryBlockThroughTheMemf
     EXPECT_THAT(refused.error_message(), HasSubstr("--shm_client_memory=false"));
     EXPECT_EQ(std::count(into.values<int32_t>().begin(), into.values<int32_t>().end(), -1), kElements);
   }
-  // The same array fetched by the client: refused the direct way, then through a memfd.
+  // The same array fetched by the client (through a memfd now, at once).
   absl::StatusOr<HostArray> back = (*a)->fetch();
   ASSERT_TRUE(back.ok()) << back.status();
   expect_block(*back, {{0, 1}, {0, kElements}}, kElements);
