@@ -139,12 +139,16 @@ class SegmentPool {
 };
 
 // Set once a worker of this host refused to read a put's block from this process's memory
-// (ShmSegment::create_direct: FAILED_PRECONDITION, it may not ptrace us): later puts write
-// their blocks into the memfd instead.
-std::atomic<bool> direct_refused{false};
+// (direct_put_refused), or to write a fetch's block into it (direct_fetch_refused), with
+// FAILED_PRECONDITION (ShmSegment::create_direct: it may not ptrace us, cannot tell that we
+// are its caller, or runs --shm_client_memory=false): later puts, or fetches, copy their
+// blocks through the memfd instead. Apart, since a worker may take one and not the other (a
+// fetch's refusal also comes from a worker of session 29's build, which reads puts).
+std::atomic<bool> direct_put_refused{false};
+std::atomic<bool> direct_fetch_refused{false};
 
 // A memfd for block `index` of `global`. A contiguous block that is not to be sealed, while no
-// worker refused it (`direct`, direct_refused): a segment naming the block where it is in
+// worker refused it (`direct`, direct_put_refused): a segment naming the block where it is in
 // `global` (ShmSegment::create_direct), which the workers read from there: no copy here.
 // Else the block written into it: straight from `global` when the block is contiguous there,
 // else gathered first. `seal`: a fresh one, sealed, for the workers to adopt
@@ -155,7 +159,7 @@ absl::StatusOr<ShmSegment> write_segment(const HostView& global, const Index& in
   const int64_t bytes = num_elements(shape) * elem;
   const auto* global_data = static_cast<const std::byte*>(global.data);
   const int64_t offset = contiguous_block_offset(global.shape, index);
-  if (direct && !seal && offset >= 0 && bytes > 0 && !direct_refused.load(std::memory_order_relaxed)) {
+  if (direct && !seal && offset >= 0 && bytes > 0 && !direct_put_refused.load(std::memory_order_relaxed)) {
     return ShmSegment::create_direct(global_data + offset * elem, bytes);
   }
   TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, seal ? ShmSegment::create(bytes) : SegmentPool::instance().take(bytes));
@@ -175,6 +179,121 @@ void name_segment(const ShmSegment& segment, pb::ShmSegment* named) {
   named->set_pid(getpid());
   named->set_fd(segment.fd());
   named->set_token(segment.token());
+}
+
+// One GetShard of block `index` into `global`: streamed (no `segment`), handed over in process
+// (TransferPath::kHandoff), or written by the worker into `segment`, named on the request: a
+// memfd, which the caller then reads the block out of, or a direct one naming the block's
+// place in `global`, where the worker writes it (the caller withdraws it afterwards).
+absl::Status receive_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
+                           const MutableHostView& global, const std::string& who, TransferPath path,
+                           const ShmSegment* segment) {
+  const bool same_process = path == TransferPath::kHandoff;
+  const int64_t elem = dtype_size(global.dtype);
+  const Shape shape = block_shape(index);
+  const int64_t bytes = num_elements(shape) * elem;
+  const int64_t offset = contiguous_block_offset(global.shape, index);
+  auto* global_data = static_cast<std::byte*>(global.data);
+  HostArray staging;
+  std::byte* dst = nullptr;                 // where streamed chunks go, set at the first one
+  std::shared_ptr<const HostArray> handed;  // the worker's buffer, when it hands it over
+
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, transfer_deadline(bytes));
+  if (same_process) ctx.AddMetadata(kHandoffKey, kHandoffFetch);
+  pb::GetShardRequest req;
+  req.set_buffer_id(buffer_id);
+  req.set_grant(grant);
+  if (segment != nullptr) name_segment(*segment, req.mutable_shm());
+  std::unique_ptr<grpc::ClientReader<pb::ShardChunk>> reader = stub->GetShard(&ctx, req);
+  pb::ShardChunk chunk;
+  int64_t received = 0;
+  absl::Status status;
+  bool first = true;
+  while (status.ok() && reader->Read(&chunk)) {
+    if (first) {
+      first = false;
+      absl::StatusOr<DType> dtype = dtype_from_proto(chunk.header().dtype());
+      Shape got(chunk.header().shape().dims().begin(), chunk.header().shape().dims().end());
+      if (!dtype.ok() || *dtype != global.dtype || got != shape) {
+        status = absl::DataLossError(absl::StrCat(
+            who, ": buffer ", buffer_id, " holds ", dtype.ok() ? dtype_name(*dtype) : "an unknown dtype", " ",
+            shape_to_string(got), ", expected ", dtype_name(global.dtype), " ", shape_to_string(shape)));
+        ctx.TryCancel();
+        break;
+      }
+      if (same_process) handed = take_handed_over(ctx);
+      if (segment != nullptr && !chunk.header().has_shm()) {
+        status = absl::DataLossError(
+            absl::StrCat(who, ": buffer ", buffer_id, " was streamed, not written into the shared memory asked for"));
+        ctx.TryCancel();
+        break;
+      }
+      if (offset >= 0) {
+        dst = global_data + offset * elem;
+      } else if (handed == nullptr && segment == nullptr) {
+        staging = HostArray(global.dtype, shape);
+        dst = staging.data();
+      }
+    }
+    const int64_t n = static_cast<int64_t>(chunk.data().size());
+    if (segment != nullptr && n > 0) {
+      status = absl::DataLossError(
+          absl::StrCat(who, ": buffer ", buffer_id, " sent ", n, " bytes on its stream besides the shared memory"));
+      ctx.TryCancel();
+      break;
+    }
+    if (n > bytes - received) {
+      status = absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " sent more than its ", bytes, " bytes"));
+      ctx.TryCancel();
+      break;
+    }
+    if (n > 0) std::memcpy(dst + received, chunk.data().data(), static_cast<size_t>(n));
+    received += n;
+  }
+  absl::Status finish = from_grpc(reader->Finish(), who);
+  if (!status.ok()) return status;
+  TESSERA_RETURN_IF_ERROR(finish);
+  if (segment != nullptr) {
+    if (first) {
+      return absl::DataLossError(
+          absl::StrCat(who, ": buffer ", buffer_id, " ended its stream without the header of the shared memory"));
+    }
+    return absl::OkStatus();
+  }
+  if (handed != nullptr && received == 0 && handed->nbytes() == bytes) {
+    // The one copy, from the worker's buffer (which it keeps) into the caller's array.
+    copy_block_in(handed->data(), global.shape, elem, index, global_data);
+    return absl::OkStatus();
+  }
+  if (received != bytes) {
+    return absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " sent ", received, " of ", bytes, " bytes"));
+  }
+  if (offset < 0) copy_block_in(staging.data(), global.shape, elem, index, global_data);
+  return absl::OkStatus();
+}
+
+// get_shard through a memfd of the pool that the worker writes the block into (pwrite) and
+// this process copies it out of, into the caller's array.
+absl::Status get_shard_through_memfd(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant,
+                                     const Index& index, const MutableHostView& global, const std::string& who) {
+  const int64_t elem = dtype_size(global.dtype);
+  const Shape shape = block_shape(index);
+  const int64_t offset = contiguous_block_offset(global.shape, index);
+  auto* global_data = static_cast<std::byte*>(global.data);
+  TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, with_who(SegmentPool::instance().take(num_elements(shape) * elem), who));
+  TESSERA_RETURN_IF_ERROR(
+      receive_shard(stub, buffer_id, grant, index, global, who, TransferPath::kSharedMemory, &segment));
+  // The one copy, from the segment into the caller's array.
+  if (offset >= 0) {
+    TESSERA_RETURN_IF_ERROR(with_who(segment.read_block(global_data + offset * elem), who));
+  } else {
+    HostArray staging(global.dtype, shape);
+    TESSERA_RETURN_IF_ERROR(with_who(segment.read_block(staging.data()), who));
+    copy_block_in(staging.data(), global.shape, elem, index, global_data);
+  }
+  SegmentPool::instance().give_back(std::move(segment));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -215,7 +334,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   // segment instead, and so do the later puts of this process.
   auto refused = [](const ShmSegment& segment, const absl::Status& status) {
     if (!segment.direct() || status.code() != absl::StatusCode::kFailedPrecondition) return false;
-    direct_refused.store(true, std::memory_order_relaxed);
+    direct_put_refused.store(true, std::memory_order_relaxed);
     return true;
   };
   // Through a memfd of this call's: the worker reads the block where the segment names it (in
@@ -290,96 +409,33 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
                        const MutableHostView& global, const std::string& who, TransferPath path) {
-  const bool same_process = path == TransferPath::kHandoff;
   const int64_t elem = dtype_size(global.dtype);
-  const Shape shape = block_shape(index);
-  const int64_t bytes = num_elements(shape) * elem;
+  const int64_t bytes = num_elements(block_shape(index)) * elem;
   const int64_t offset = contiguous_block_offset(global.shape, index);
   auto* global_data = static_cast<std::byte*>(global.data);
-  HostArray staging;
-  std::byte* dst = nullptr;                 // where streamed chunks go, set at the first one
-  std::shared_ptr<const HostArray> handed;  // the worker's buffer, when it hands it over
-
-  grpc::ClientContext ctx;
-  set_deadline(&ctx, transfer_deadline(bytes));
-  if (same_process) ctx.AddMetadata(kHandoffKey, kHandoffFetch);
-  pb::GetShardRequest req;
-  req.set_buffer_id(buffer_id);
-  req.set_grant(grant);
-  std::optional<ShmSegment> segment;  // the worker writes the block here
-  if (path == TransferPath::kSharedMemory) {
-    TESSERA_ASSIGN_OR_RETURN(segment, with_who(SegmentPool::instance().take(bytes), who));
-    name_segment(*segment, req.mutable_shm());
-  }
-  std::unique_ptr<grpc::ClientReader<pb::ShardChunk>> reader = stub->GetShard(&ctx, req);
-  pb::ShardChunk chunk;
-  int64_t received = 0;
-  absl::Status status;
-  bool first = true;
-  while (status.ok() && reader->Read(&chunk)) {
-    if (first) {
-      first = false;
-      absl::StatusOr<DType> dtype = dtype_from_proto(chunk.header().dtype());
-      Shape got(chunk.header().shape().dims().begin(), chunk.header().shape().dims().end());
-      if (!dtype.ok() || *dtype != global.dtype || got != shape) {
-        status = absl::DataLossError(absl::StrCat(
-            who, ": buffer ", buffer_id, " holds ", dtype.ok() ? dtype_name(*dtype) : "an unknown dtype", " ",
-            shape_to_string(got), ", expected ", dtype_name(global.dtype), " ", shape_to_string(shape)));
-        ctx.TryCancel();
-        break;
-      }
-      if (same_process) handed = take_handed_over(ctx);
-      if (segment.has_value() && !chunk.header().has_shm()) {
-        status = absl::DataLossError(
-            absl::StrCat(who, ": buffer ", buffer_id, " was streamed, not written into the shared memory asked for"));
-        ctx.TryCancel();
-        break;
-      }
-      if (offset >= 0) {
-        dst = global_data + offset * elem;
-      } else if (handed == nullptr) {
-        staging = HostArray(global.dtype, shape);
-        dst = staging.data();
-      }
+  if (path != TransferPath::kSharedMemory)
+    return receive_shard(stub, buffer_id, grant, index, global, who, path, nullptr);
+  if (offset >= 0 && bytes > 0 && !direct_fetch_refused.load(std::memory_order_relaxed)) {
+    // Written by the worker where the block goes (process_vm_writev): no copy here.
+    TESSERA_ASSIGN_OR_RETURN(ShmSegment segment,
+                             with_who(ShmSegment::create_direct(global_data + offset * elem, bytes), who));
+    const absl::Status status = receive_shard(stub, buffer_id, grant, index, global, who, path, &segment);
+    // Whatever the outcome (a call that timed out may have a worker about to write), no worker
+    // writes into the caller's array once this returns.
+    TESSERA_RETURN_IF_ERROR(with_who(segment.withdraw(), who));
+    // FAILED_PRECONDITION: the worker may not write our memory, or cannot tell that we are the
+    // caller. INVALID_ARGUMENT: also what a worker of session 29's build (the same protocol
+    // version) answers a fetch naming memory ("names memory of its process"). Either way
+    // through a memfd, as are later fetches of this process once that worked; a real error
+    // fails that call too, and is what comes back.
+    if (status.code() != absl::StatusCode::kFailedPrecondition && status.code() != absl::StatusCode::kInvalidArgument) {
+      return status;
     }
-    const int64_t n = static_cast<int64_t>(chunk.data().size());
-    if (n > bytes - received) {
-      status = absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " sent more than its ", bytes, " bytes"));
-      ctx.TryCancel();
-      break;
-    }
-    if (n > 0) std::memcpy(dst + received, chunk.data().data(), static_cast<size_t>(n));
-    received += n;
+    const absl::Status copied = get_shard_through_memfd(stub, buffer_id, grant, index, global, who);
+    if (copied.ok()) direct_fetch_refused.store(true, std::memory_order_relaxed);
+    return copied;
   }
-  absl::Status finish = from_grpc(reader->Finish(), who);
-  if (!status.ok()) return status;
-  TESSERA_RETURN_IF_ERROR(finish);
-  if (segment.has_value()) {
-    if (received != 0 || first) {
-      return absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " sent ", received,
-                                              " bytes on its stream besides the shared memory"));
-    }
-    // The one copy, from the segment into the caller's array.
-    if (offset >= 0) {
-      TESSERA_RETURN_IF_ERROR(with_who(segment->read_block(global_data + offset * elem), who));
-    } else {
-      staging = HostArray(global.dtype, shape);
-      TESSERA_RETURN_IF_ERROR(with_who(segment->read_block(staging.data()), who));
-      copy_block_in(staging.data(), global.shape, elem, index, global_data);
-    }
-    SegmentPool::instance().give_back(*std::move(segment));
-    return absl::OkStatus();
-  }
-  if (handed != nullptr && received == 0 && handed->nbytes() == bytes) {
-    // The one copy, from the worker's buffer (which it keeps) into the caller's array.
-    copy_block_in(handed->data(), global.shape, elem, index, global_data);
-    return absl::OkStatus();
-  }
-  if (received != bytes) {
-    return absl::DataLossError(absl::StrCat(who, ": buffer ", buffer_id, " sent ", received, " of ", bytes, " bytes"));
-  }
-  if (offset < 0) copy_block_in(staging.data(), global.shape, elem, index, global_data);
-  return absl::OkStatus();
+  return get_shard_through_memfd(stub, buffer_id, grant, index, global, who);
 }
 
 void SharedSegment::release() {

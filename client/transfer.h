@@ -102,7 +102,10 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 // Downloads buffer `buffer_id` into block `index` of `global`, checking that the worker's
 // dtype and shape are the ones expected (DATA_LOSS otherwise). Same REQUIRES. `path` kHandoff:
 // asks the worker to hand its buffer over, copied once into `global`; kSharedMemory: the
-// worker writes it into a memfd of ours, read once into `global`.
+// worker writes a block contiguous in `global` straight there (process_vm_writev, once it has
+// seen that this process holds the call's connection; ShmSegment::create_direct, withdrawn
+// before this returns, whatever the outcome), any other into a memfd of ours, read once into
+// `global` (so too every block once a worker refused the first way: FAILED_PRECONDITION).
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
                        const MutableHostView& global, const std::string& who,
                        TransferPath path = TransferPath::kStream);

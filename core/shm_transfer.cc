@@ -1,6 +1,7 @@
 #include "core/shm_transfer.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -195,10 +196,7 @@ absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t to
   }
   if (header.magic == kDirectMagic) {
     // Its owner alone could write this header (the token proves the caller named its own
-    // segment), so the memory it names is the owner's own block, read where it is.
-    if (writable) {
-      return absl::InvalidArgumentError(absl::StrCat(where, " names memory of its process: only a put reads one"));
-    }
+    // segment), so the memory it names is the owner's own block, read or written where it is.
     if (header.address == 0) return absl::InvalidArgumentError(absl::StrCat(where, " names memory at address 0"));
     segment.address_ = header.address;
     segment.sealed_ = false;  // nothing to map
@@ -241,6 +239,7 @@ ShmSegment::~ShmSegment() {
 }
 
 absl::Status ShmSegment::write_block(const std::byte* src) {
+  if (direct() && pid_ != 0) return write_process_memory(src);
   if (direct()) {
     return absl::FailedPreconditionError("shared-memory transfer: a segment naming memory holds no block to write");
   }
@@ -249,39 +248,88 @@ absl::Status ShmSegment::write_block(const std::byte* src) {
 }
 
 absl::Status ShmSegment::read_block(std::byte* dst) const {
-  if (direct()) return read_process_memory(dst);
+  if (direct()) return move_process_memory(dst, /*write=*/false);
   return io_status("reading the block", move_all(fd_, reinterpret_cast<char*>(dst), bytes_, kDataOffset, pread),
                    bytes_);
 }
 
-absl::Status ShmSegment::read_process_memory(std::byte* dst) const {
-  const std::string what = absl::StrCat("shared-memory transfer: reading ", bytes_, " bytes of process ", pid_,
-                                        "'s memory at 0x", absl::Hex(address_));
+absl::Status ShmSegment::write_process_memory(const std::byte* src) const {
+  const std::string withdrawn =
+      absl::StrCat("shared-memory transfer: writing ", bytes_, " bytes into process ", pid_, "'s memory at 0x",
+                   absl::Hex(address_), ": the client withdrew the segment (its call ended), nothing written");
+  // Never waits: the owner holds the lock only while it withdraws the segment.
+  int locked;
+  do {
+    locked = flock(fd_, LOCK_EX | LOCK_NB);
+  } while (locked != 0 && errno == EINTR);
+  if (locked != 0) {
+    if (errno == EWOULDBLOCK) return absl::AbortedError(withdrawn);
+    return absl::InternalError(absl::StrCat("shared-memory transfer: locking a segment: ", std::strerror(errno)));
+  }
+  SegmentHeader header{};
+  absl::Status status = io_status(
+      "reading the header", move_all(fd_, reinterpret_cast<char*>(&header), sizeof header, 0, pread), sizeof header);
+  if (status.ok() && (header.magic != kDirectMagic || header.token != token_ || header.address != address_ ||
+                      header.bytes != bytes_)) {
+    status = absl::AbortedError(withdrawn);
+  }
+  if (status.ok()) status = move_process_memory(const_cast<std::byte*>(src), /*write=*/true);
+  flock(fd_, LOCK_UN);
+  return status;
+}
+
+absl::Status ShmSegment::move_process_memory(std::byte* local, bool write) const {
+  const std::string what =
+      absl::StrCat("shared-memory transfer: ", write ? "writing " : "reading ", bytes_,
+                   write ? " bytes into process " : " bytes of process ", pid_, "'s memory at 0x", absl::Hex(address_));
   int64_t done = 0;
   while (done < bytes_) {
     // The kernel moves at most ~2 GiB a call, and may stop short where the range's mapping ends.
     const size_t n = static_cast<size_t>(std::min<int64_t>(bytes_ - done, int64_t{1} << 30));
-    const iovec local{dst + done, n};
-    const iovec remote{reinterpret_cast<void*>(address_ + static_cast<uint64_t>(done)), n};
-    const ssize_t got = process_vm_readv(pid_, &local, 1, &remote, 1, 0);
+    const iovec here{local + done, n};
+    const iovec there{reinterpret_cast<void*>(address_ + static_cast<uint64_t>(done)), n};
+    const ssize_t got =
+        write ? process_vm_writev(pid_, &here, 1, &there, 1, 0) : process_vm_readv(pid_, &here, 1, &there, 1, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       const int error = got < 0 ? errno : EFAULT;
       const std::string message = absl::StrCat(what, ": ", std::strerror(error));
       if (error == EPERM || error == EACCES || error == ENOSYS) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(message, " (this worker may not read the client's memory: another user, or ptrace denied)"));
+        return absl::FailedPreconditionError(absl::StrCat(message, " (this worker may not ", write ? "write" : "read",
+                                                          " the client's memory: another user, or ptrace denied)"));
       }
       if (error == ESRCH) return absl::NotFoundError(absl::StrCat(message, " (the process is gone)"));
       if (error == EFAULT) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(message, " (after ", done, " bytes: the range is not readable memory of the process)"));
+        return absl::InvalidArgumentError(absl::StrCat(message, " (after ", done, " bytes: the range is not ",
+                                                       write ? "writable" : "readable", " memory of the process)"));
       }
       return absl::InternalError(message);
     }
     done += got;
   }
   return absl::OkStatus();
+}
+
+absl::Status ShmSegment::withdraw() {
+  if (!direct() || pid_ != 0) {
+    return absl::FailedPreconditionError(
+        "shared-memory transfer: only a segment naming this process's memory is withdrawn");
+  }
+  // Waits for a worker's write under way (bounded by its bytes: it holds the lock for one write).
+  int locked;
+  do {
+    locked = flock(fd_, LOCK_EX);
+  } while (locked != 0 && errno == EINTR);
+  if (locked != 0) {
+    return absl::InternalError(
+        absl::StrCat("shared-memory transfer: locking a segment to withdraw it: ", std::strerror(errno)));
+  }
+  const SegmentHeader header{0, 0, 0, 0};
+  const absl::Status status =
+      io_status("withdrawing the header",
+                move_all(fd_, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite), sizeof header);
+  flock(fd_, LOCK_UN);
+  return status;
 }
 
 absl::Status ShmSegment::seal() {

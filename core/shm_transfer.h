@@ -11,7 +11,8 @@
 // that is an error, never SIGBUS. The memfd has no name: it goes when its last holder closes or
 // unmaps it, so a client or worker killed mid-transfer leaves nothing behind.
 // A direct segment (create_direct) holds only the header, naming where the block is in its
-// client's memory; the worker reads it from there (process_vm_readv): no copy on the client.
+// client's memory; the worker reads a put's block from there (process_vm_readv) or writes a
+// fetch's block there (process_vm_writev): no copy on the client.
 //
 //   auto seg = ShmSegment::create(bytes);                          // client
 //   seg->write_block(src);  seg->seal();
@@ -58,16 +59,16 @@ class ShmSegment {
   static absl::StatusOr<ShmSegment> create(int64_t bytes);
   // A segment that names `bytes` bytes at `data` in this process's memory instead of holding
   // them (direct(): its header page alone, under another magic number, so that a reader that
-  // knows only segments holding their block refuses it). A worker reads the block straight
-  // from there (process_vm_readv): no copy into the segment, one per reader. For puts only:
-  // the bytes must stay as they are until every worker named it answered. INVALID_ARGUMENT
-  // for a size outside [1, kMaxBytes]; INTERNAL with errno's text if the kernel refuses.
+  // knows only segments holding their block refuses it). A worker reads a put's block straight
+  // from there (process_vm_readv) or writes a fetch's there (process_vm_writev): no copy into
+  // or out of the segment. A put's bytes must stay as they are until every worker named it
+  // answered; a fetch's memory must stay writable until withdraw(). INVALID_ARGUMENT for a
+  // size outside [1, kMaxBytes]; INTERNAL with errno's text if the kernel refuses.
   static absl::StatusOr<ShmSegment> create_direct(const std::byte* data, int64_t bytes);
   // Process `pid`'s segment `fd` (as /proc/<pid>/fd/<fd>): NOT_FOUND if it cannot be opened
   // here (another host or PID namespace after all, or the process is gone); INVALID_ARGUMENT
   // if it is not a Tessera memfd, holds another token or byte count than `bytes`, or is too
-  // small for them, or if it is direct() and `writable`. `writable`: opened for writing (a
-  // fetch).
+  // small for them. `writable`: opened for writing (a fetch).
   static absl::StatusOr<ShmSegment> open(int32_t pid, int32_t fd, uint64_t token, int64_t bytes, bool writable);
 
   ShmSegment(ShmSegment&& other) noexcept;
@@ -115,14 +116,29 @@ class ShmSegment {
   // INTERNAL with errno's text otherwise (ENOSPC, EPERM once sealed, ...). An opened direct()
   // segment's block is read from its process's memory: FAILED_PRECONDITION if this process
   // may not read it (process_vm_readv's ptrace check), NOT_FOUND if the process is gone,
-  // INVALID_ARGUMENT if the range named is not readable memory of it.
+  // INVALID_ARGUMENT if the range named is not readable memory of it. Into an opened direct()
+  // segment's process, write_block writes under the segment's lock (flock) once it has checked
+  // that the header still names that memory: ABORTED if the owner withdrew it (withdraw()),
+  // FAILED_PRECONDITION / NOT_FOUND as for a read, INVALID_ARGUMENT if the range is not
+  // writable memory of it (wholly or from some byte on: the bytes written before are named).
   absl::Status write_block(const std::byte* src);
   absl::Status read_block(std::byte* dst) const;
 
+  // Of a created direct() segment: no worker writes into the memory it names once this
+  // returns. Takes the segment's lock (waiting for a worker's write under way to end) and
+  // overwrites the header, so that a worker that opened the segment but has not written yet
+  // finds it withdrawn. A fetch calls it before its destination may be read or freed, whatever
+  // the call's outcome (a call that timed out may still have a worker about to write).
+  // INTERNAL with errno's text if the kernel refuses (the segment must then not be closed
+  // while its memory may be reused: the caller fails loudly).
+  absl::Status withdraw();
+
  private:
   ShmSegment(int fd, uint64_t token, int64_t bytes) : fd_(fd), token_(token), bytes_(bytes), capacity_(bytes) {}
-  // read_block of a direct() segment.
-  absl::Status read_process_memory(std::byte* dst) const;
+  // read_block / write_block of an opened direct() segment: `local` into (read) or out of
+  // (write) the process's memory.
+  absl::Status move_process_memory(std::byte* local, bool write) const;
+  absl::Status write_process_memory(const std::byte* src) const;
 
   int fd_ = -1;
   int32_t pid_ = 0;       // an opened segment's process

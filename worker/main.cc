@@ -66,6 +66,11 @@ ABSL_FLAG(std::string, shm_host, "",
 ABSL_FLAG(bool, shm_transfers, true,
           "clients on this host (same boot id and IPC, network and PID namespaces) put and fetch shards through "
           "a memfd of theirs instead of gRPC streams; false: streams only (env TESSERA_WORKER_SHM_TRANSFERS)");
+ABSL_FLAG(bool, shm_client_memory, true,
+          "with --shm_transfers: a co-located client's contiguous blocks are read from and written into its own "
+          "memory (process_vm_readv/writev, once the client is shown to hold the call's connection); false: this "
+          "worker answers FAILED_PRECONDITION and the client copies through its memfd (env "
+          "TESSERA_WORKER_SHM_CLIENT_MEMORY)");
 ABSL_FLAG(std::string, all_reduce_algorithm, "",
           "for measuring: every all_reduce up to 512 KiB runs tree, recursive_doubling, direct or ring instead "
           "of the table's choice; give every worker the same");
@@ -162,6 +167,7 @@ int main(int argc, char** argv) {
                         {"shm_ring_bytes", "TESSERA_WORKER_SHM_RING_BYTES"},
                         {"shm_host", "TESSERA_WORKER_SHM_HOST"},
                         {"shm_transfers", "TESSERA_WORKER_SHM_TRANSFERS"},
+                        {"shm_client_memory", "TESSERA_WORKER_SHM_CLIENT_MEMORY"},
                         {"max_plans", "TESSERA_WORKER_MAX_PLANS"},
                         {"max_plan_threads", "TESSERA_WORKER_MAX_PLAN_THREADS"},
                         {"max_sync_threads", "TESSERA_WORKER_MAX_SYNC_THREADS"},
@@ -215,6 +221,7 @@ int main(int argc, char** argv) {
   options.shm_ring_bytes = absl::GetFlag(FLAGS_shm_ring_bytes);
   options.shm_host = absl::GetFlag(FLAGS_shm_host);
   options.shm_transfers = absl::GetFlag(FLAGS_shm_transfers);
+  options.shm_client_memory = absl::GetFlag(FLAGS_shm_client_memory);
   options.all_reduce_algorithm = absl::GetFlag(FLAGS_all_reduce_algorithm);
   options.max_plans = absl::GetFlag(FLAGS_max_plans);
   options.max_plan_threads = absl::GetFlag(FLAGS_max_plan_threads);

@@ -88,17 +88,17 @@ std::optional<Endpoint> proc_endpoint(absl::string_view text) {
   return end;
 }
 
-// Refuses a put reading process `pid`'s memory (a direct segment, ShmSegment::create_direct)
-// unless `pid` holds this call's own connection: the one established TCP socket of this host
-// whose local end is the call's `peer` and whose remote end is this worker's port
-// `listening_port` (/proc/net/tcp, /proc/net/tcp6). Else a process could name another one
+// Refuses a put reading, or a fetch writing, process `pid`'s memory (a direct segment,
+// ShmSegment::create_direct) unless `pid` holds this call's own connection: the one
+// established TCP socket of this host whose local end is the call's `peer` and whose remote
+// end is this worker's port `listening_port` (/proc/net/tcp, /proc/net/tcp6). Else a process could name another one
 // holding a copy of its memfd (a worker it put through, say) and have the block read from that
-// one's memory. PERMISSION_DENIED naming `pid` and `peer` if `pid` does not hold it;
-// FAILED_PRECONDITION if it cannot be told (a peer that is not TCP, /proc not readable), so
-// that the client writes the block into the segment instead.
+// one's memory, or written into it. PERMISSION_DENIED naming `pid` and `peer` if `pid` does
+// not hold it; FAILED_PRECONDITION if it cannot be told (a peer that is not TCP, /proc not
+// readable), so that the client copies the block through the segment instead.
 absl::Status check_peer_process(int32_t pid, const std::string& peer, int listening_port) {
   const std::string cannot = absl::StrCat("cannot tell whether process ", pid, " is the caller (peer '", peer,
-                                          "') before reading its memory: ");
+                                          "') before reading or writing its memory: ");
   const std::optional<Endpoint> caller = peer_endpoint(peer);
   if (!caller.has_value()) return absl::FailedPreconditionError(absl::StrCat(cannot, "not a TCP peer"));
   if (listening_port <= 0) return absl::FailedPreconditionError(absl::StrCat(cannot, "this worker has no port"));
@@ -154,7 +154,8 @@ absl::Status check_peer_process(int32_t pid, const std::string& peer, int listen
 }  // namespace
 
 Transfers::Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, Transport* transport,
-                     ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process, bool shm_transfers)
+                     ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process, bool shm_transfers,
+                     bool client_memory)
     : store_(store),
       auth_(auth),
       device_(device),
@@ -162,6 +163,7 @@ Transfers::Transfers(BufferStore* store, const Authenticator* auth, const Worker
       put_stall_timeout_(put_stall_timeout),
       in_process_(in_process),
       shm_transfers_(shm_transfers),
+      client_memory_(client_memory),
       transport_(transport) {
   const absl::Duration every = std::clamp(put_stall_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
   stall_watch_ = std::thread([this, every] {
@@ -411,10 +413,14 @@ grpc::Status Transfers::get(grpc::ServerContext* ctx, const Caller& caller, cons
       return to_grpc(absl::FailedPreconditionError(
           "GetShard: this worker takes no shared-memory transfers (--shm_transfers=false or in process)"));
     }
+    // A segment naming the block's place in the client's memory (contiguous there) gets it
+    // written there, process_vm_writev; else into the memfd, pwrite.
     const pb::ShmSegment& named = req->shm();
     const absl::Status wrote = [&]() -> absl::Status {
       TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(named.pid(), named.fd(), named.token(),
                                                                     data.nbytes(), /*writable=*/true));
+      // Before writing any memory of the process named: it must be the caller.
+      if (segment.direct()) TESSERA_RETURN_IF_ERROR(check_client_memory(named.pid(), ctx->peer()));
       return segment.write_block(data.data());
     }();
     if (!wrote.ok()) {
@@ -525,10 +531,7 @@ absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(
     TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(header.shm().pid(), header.shm().fd(),
                                                                   header.shm().token(), bytes, false));
     // Before reading any memory of the process named: it must be the caller.
-    if (segment.direct()) {
-      TESSERA_RETURN_IF_ERROR(
-          check_peer_process(header.shm().pid(), peer, listening_port_.load(std::memory_order_relaxed)));
-    }
+    if (segment.direct()) TESSERA_RETURN_IF_ERROR(check_client_memory(header.shm().pid(), peer));
     if (segment.sealed()) {
       // Adopted: the buffer is the client's pages, mapped; no copy, however many replicas map
       // them. The mapping keeps them once the segment's fds are closed (ours below, the client's
@@ -547,6 +550,15 @@ absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(
     return absl::Status(data.status().code(), absl::StrCat(what, data.status().message()));
   }
   return data;
+}
+
+absl::Status Transfers::check_client_memory(int32_t pid, const std::string& peer) const {
+  if (!client_memory_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this worker neither reads nor writes clients' memory (--shm_client_memory=false): process ", pid,
+                     " is to copy its block through the memfd"));
+  }
+  return check_peer_process(pid, peer, listening_port_.load(std::memory_order_relaxed));
 }
 
 absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::take_handed_over(const pb::ShardChunk& first,

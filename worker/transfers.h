@@ -56,9 +56,11 @@ class Transfers {
   // `transport` carries fan-outs (ShardHeader.fan_out) to the other members.
   // `shm_transfers`: clients of this host may name a memfd of theirs to read a put's block
   // from or write a fetched one into (ShardHeader.shm, GetShardRequest.shm; core/shm_transfer.h).
+  // `client_memory`: such a segment may name the block in its client's memory
+  // (ShmSegment::create_direct), read or written there (check_client_memory).
   Transfers(BufferStore* store, const Authenticator* auth, const WorkerDevice* device, Transport* transport,
             ProfileRecorder* profile, absl::Duration put_stall_timeout, bool in_process = false,
-            bool shm_transfers = false);
+            bool shm_transfers = false, bool client_memory = true);
   ~Transfers();
 
   // The PutShard and GetShard handlers after `caller` was authenticated: a caller below a
@@ -120,6 +122,11 @@ class Transfers {
   // does not, FAILED_PRECONDITION if that cannot be told.
   absl::StatusOr<std::shared_ptr<const HostArray>> read_client_segment(const pb::ShardChunk& first,
                                                                        const std::string& peer);
+  // Before a put reads, or a fetch writes, process `pid`'s memory (a direct segment): OK only
+  // if client_memory_ and `pid` holds the call's connection from `peer` (check_peer_process):
+  // PERMISSION_DENIED if it does not; FAILED_PRECONDITION (the client then copies through a
+  // memfd) if that cannot be told or client_memory_ is off.
+  absl::Status check_client_memory(int32_t pid, const std::string& peer) const;
 
   // The broadcast of a fan-out (header.fan_out), checked: two to kMaxFanOut distinct members,
   // this device among them, each address vouched for by the coordinator (PERMISSION_DENIED
@@ -141,6 +148,7 @@ class Transfers {
   const absl::Duration put_stall_timeout_;
   const bool in_process_;
   const bool shm_transfers_;
+  const bool client_memory_;
   Transport* const transport_;
   std::atomic<int> listening_port_{0};
   std::atomic<int64_t> bytes_put_{0}, bytes_fetched_{0};          // PutShard / GetShard, whole shards

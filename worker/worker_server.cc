@@ -83,7 +83,7 @@ class WorkerService final : public WorkerServiceBase {
         transport_(options.credentials),
         plans_(options.max_plans),
         transfers_(&store_, &auth_, &device_, &transport_, &transport_.profile(), options.put_stall_timeout,
-                   options.in_process, options.shm_transfers && !options.in_process),
+                   options.in_process, options.shm_transfers && !options.in_process, options.shm_client_memory),
         runner_(&store_, &plans_, &transport_, &device_, options.max_plan_threads) {}
 
   const CollectiveMetrics& collective_metrics() const { return transport_.collective_metrics(); }

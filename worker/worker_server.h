@@ -50,6 +50,10 @@ struct WorkerOptions {
   // Clients of this host (HandshakeReply.transfer_host, core/shm_transfer.h) put and fetch
   // through their memfds instead of streaming the bytes over gRPC. Off: streams only.
   bool shm_transfers = true;
+  // With shm_transfers: a client's contiguous blocks are read from and written into its own
+  // memory (ShmSegment::create_direct) once it is shown to hold the call's connection. Off:
+  // such a segment is refused FAILED_PRECONDITION, and the client copies through its memfd.
+  bool shm_client_memory = true;
   // For measuring worker/collectives/algorithms.h: "tree", "recursive_doubling", "direct" or
   // "ring" for every all_reduce of at most one chunk; empty: the table's choice.
   std::string all_reduce_algorithm;

@@ -1,8 +1,11 @@
 // Co-located transfers (docs/design.md, "Co-located clients"): a Client::connect client on the
-// workers' host puts through a memfd of its own, sealed, whose pages every replica's worker
-// adopts as its buffer (a private mapping, no copy), and fetches through a memfd the worker
-// writes once (core/shm_transfer.h); an unsealed segment is copied out instead; a client that
-// turns it off, or workers started with --shm_transfers=false, stream over gRPC. Real
+// workers' host has the worker read a put's contiguous block from its memory and write a
+// fetch's there (a header-only memfd naming the place: ShmSegment::create_direct), puts other
+// blocks through a memfd of its own, sealed, whose pages every replica's worker adopts as its
+// buffer (a private mapping, no copy), or unsealed, copied out, and fetches them through a
+// memfd the worker writes once (core/shm_transfer.h); workers started with
+// --shm_client_memory=false get every block through the memfd; a client that turns it off, or
+// workers started with --shm_transfers=false, stream over gRPC. Real
 // tessera-worker and tessera-coordinator processes on 127.0.0.1; the path taken is read from
 // the workers' own counters (GetStats: shm_bytes_put, shm_bytes_fetched) and their
 // /proc/<pid>/maps (an adopted buffer is a mapping of memfd:tessera-transfer), and the values
@@ -10,11 +13,15 @@
 #include "core/shm_transfer.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -231,6 +238,131 @@ TEST_F(ShmTransferTest, WorkersWithoutItStream) {
   round_trips(connect(/*shared_memory=*/true), /*shm=*/false);
 }
 
+// Every dtype (core/dtype.h's kAllDTypes) through the direct fetch (and put) of contiguous
+// blocks, odd sizes, one block per device and then replicated: the bytes fetched are the host
+// array's, compared byte for byte (a transfer moves bytes: no value is computed on).
+TEST_F(ShmTransferTest, EveryDTypeRoundTripsThroughTheClientsMemory) {
+  start();
+  const Client client = connect(/*shared_memory=*/true);
+  absl::StatusOr<Mesh> mesh = client.make_mesh({4}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  for (const DType dtype : kAllDTypes) {
+    for (const PartitionSpec& spec : {P("x", None), P()}) {
+      SCOPED_TRACE(absl::StrCat(dtype_name(dtype), " ", spec.to_string()));
+      HostArray host(dtype, {4 * 777, 3});
+      for (int64_t i = 0; i < host.nbytes(); ++i) {
+        // bool's bytes stay 0 or 1; every other dtype gets bytes that differ along the array.
+        host.data()[i] = static_cast<std::byte>(dtype == DType::kBool ? (i * 7 / 3) % 2 : (i * 131 + 7) % 251);
+      }
+      const Counts before = counts(client, 4);
+      absl::StatusOr<Array> a = client.device_put(host, NamedSharding(*mesh, spec));
+      ASSERT_TRUE(a.ok()) << a.status();
+      const Counts put = counts(client, 4);
+      absl::StatusOr<HostArray> back = a->fetch();
+      ASSERT_TRUE(back.ok()) << back.status();
+      ASSERT_EQ(back->dtype(), dtype);
+      ASSERT_EQ(back->shape(), host.shape());
+      EXPECT_EQ(std::memcmp(back->data(), host.data(), static_cast<size_t>(host.nbytes())), 0);
+      const Counts fetched = counts(client, 4);
+      EXPECT_EQ(put.shm_put - before.shm_put, host.nbytes() * (spec == P() ? 4 : 1));
+      EXPECT_EQ(fetched.shm_fetched - put.shm_fetched, host.nbytes());
+      ASSERT_TRUE(client.flush_deletes().ok());
+    }
+  }
+}
+
+// Workers started with --shm_client_memory=false neither read nor write a client's memory:
+// a segment naming it is refused FAILED_PRECONDITION, naming the flag, with nothing read,
+// reserved or written. The client's fallback: the first fetch and the first put of a
+// contiguous block, each refused, are done again through a memfd, and so are all later ones
+// (the shm counters count them), equal to the host's, in every layout. (The direct way, with
+// the flag at its default, is every other test here.) The client's fallback flags are
+// process-wide, one for puts and one for fetches: ctest runs each test in a process of its own.
+TEST_F(ShmTransferTest, WorkersThatTakeNoClientMemoryGetEveryBlockThroughTheMemfd) {
+  start({"--shm_client_memory=false"});
+  const Client client = connect(/*shared_memory=*/true);
+  absl::StatusOr<std::vector<Device>> devices = client.devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  std::unique_ptr<pb::Worker::Stub> worker =
+      pb::Worker::NewStub(make_channel((*devices)[0].address, std::make_shared<CallIdentity>("")));
+  constexpr int64_t kElements = 777;
+  const HostArray host = numbered({1, kElements});
+  {
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(host.data(), host.nbytes());
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::PutShardReply reply;
+    auto writer = worker->PutShard(&ctx, &reply);
+    pb::ShardChunk chunk;
+    chunk.mutable_header()->set_buffer_id(1001);
+    chunk.mutable_header()->set_dtype(pb::I32);
+    chunk.mutable_header()->mutable_shape()->add_dims(1);
+    chunk.mutable_header()->mutable_shape()->add_dims(kElements);
+    chunk.mutable_header()->mutable_shm()->set_pid(getpid());
+    chunk.mutable_header()->mutable_shm()->set_fd(segment->fd());
+    chunk.mutable_header()->mutable_shm()->set_token(segment->token());
+    writer->Write(chunk);
+    writer->WritesDone();
+    const grpc::Status refused = writer->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+    EXPECT_THAT(refused.error_message(), HasSubstr("--shm_client_memory=false"));
+  }
+  // A fetch first, while no put has fallen back: column blocks are put gathered, through
+  // memfds (no direct put is tried); each device's block fetched alone, into an array of its
+  // own, is contiguous there: the client names that memory, is refused, and fetches again
+  // through a memfd.
+  {
+    absl::StatusOr<Mesh> two = client.make_mesh({2}, {"x"}, std::vector<int>{0, 1});
+    ASSERT_TRUE(two.ok()) << two.status();
+    const HostArray columns = numbered({5, 2 * kElements});
+    absl::StatusOr<Array> c = client.device_put(columns, NamedSharding(*two, P(None, "x")));
+    ASSERT_TRUE(c.ok()) << c.status();
+    const Counts before = counts(client, 4);
+    for (const Shard& s : c->addressable_shards()) {
+      SCOPED_TRACE(absl::StrCat("device ", s.device_id()));
+      absl::StatusOr<HostArray> block = s.data();
+      ASSERT_TRUE(block.ok()) << block.status();
+      expect_block(*block, s.index(), 2 * kElements);
+    }
+    EXPECT_EQ(counts(client, 4).shm_fetched - before.shm_fetched, columns.nbytes());
+  }
+  ASSERT_TRUE(client.flush_deletes().ok());
+  // A contiguous put: refused the direct way, then through a memfd.
+  absl::StatusOr<Mesh> one = client.make_mesh({1}, {"x"}, std::vector<int>{0});
+  ASSERT_TRUE(one.ok()) << one.status();
+  const Counts before_put = counts(client, 4);
+  std::optional<absl::StatusOr<Array>> a = client.device_put(host, NamedSharding(*one, P()));
+  ASSERT_TRUE(a->ok()) << a->status();
+  EXPECT_EQ(counts(client, 4).shm_put - before_put.shm_put, host.nbytes());
+  {
+    HostArray into(DType::kI32, {1, kElements});
+    std::fill_n(into.mutable_values<int32_t>().data(), kElements, -1);
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(into.data(), into.nbytes());
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::GetShardRequest req;
+    req.set_buffer_id((*a)->id());
+    req.mutable_shm()->set_pid(getpid());
+    req.mutable_shm()->set_fd(segment->fd());
+    req.mutable_shm()->set_token(segment->token());
+    auto reader = worker->GetShard(&ctx, req);
+    pb::ShardChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    const grpc::Status refused = reader->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+    EXPECT_THAT(refused.error_message(), HasSubstr("--shm_client_memory=false"));
+    EXPECT_EQ(std::count(into.values<int32_t>().begin(), into.values<int32_t>().end(), -1), kElements);
+  }
+  // The same array fetched by the client (through a memfd now, at once).
+  absl::StatusOr<HostArray> back = (*a)->fetch();
+  ASSERT_TRUE(back.ok()) << back.status();
+  expect_block(*back, {{0, 1}, {0, kElements}}, kElements);
+  a.reset();
+  round_trips(client, /*shm=*/true);
+}
+
 // Raw PutShard and GetShard calls naming bad segments, sent straight to a worker process: each
 // fails with its precise error, leaves no reservation and no open segment behind, and the
 // worker keeps serving.
@@ -303,6 +435,29 @@ class ShmTransferWireTest : public ShmTransferTest {
     return back;
   }
 
+  // A GetShard of buffer `id` naming `shm`: its status; an OK one must have answered with the
+  // header alone (its shm set, no data).
+  grpc::Status fetch_into(uint64_t id, const pb::ShmSegment& shm) {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::GetShardRequest req;
+    req.set_buffer_id(id);
+    *req.mutable_shm() = shm;
+    auto reader = worker_->GetShard(&ctx, req);
+    int messages = 0;
+    pb::ShardChunk chunk;
+    while (reader->Read(&chunk)) {
+      ++messages;
+      EXPECT_TRUE(chunk.has_header() && chunk.header().has_shm());
+      EXPECT_TRUE(chunk.data().empty());
+    }
+    const grpc::Status status = reader->Finish();
+    if (status.ok()) {
+      EXPECT_EQ(messages, 1);
+    }
+    return status;
+  }
+
   void delete_buffers(const std::vector<uint64_t>& ids) {
     grpc::ClientContext ctx;
     set_deadline(&ctx, absl::Seconds(10));
@@ -318,21 +473,36 @@ class ShmTransferWireTest : public ShmTransferTest {
 };
 
 // A child process that alone holds `segment` (its copy of the fd: this process's is closed)
-// until it is killed, by kill_and_reap() or at the end of the scope. The child only pauses: no
-// allocation or lock after fork in this threaded process. pid() <= 0 if fork failed.
+// until it is killed, by kill_and_reap() or at the end of the scope. The child only closes fds
+// and pauses: no allocation or lock after fork in this threaded process. The constructor returns
+// once the child has closed what it closes (it closes its end of a pipe last, which this
+// process waits for, 10 s at most). pid() <= 0 if fork failed.
 class SegmentHolder {
  public:
   // `segment_only`: the child closes every fd but `segment`'s and 0 to 2 (the test's
   // connections to the workers among them).
-  explicit SegmentHolder(ShmSegment* segment, bool segment_only = false) : pid_(fork()) {
+  explicit SegmentHolder(ShmSegment* segment, bool segment_only = false) {
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) != 0) return;
+    pid_ = fork();
     if (pid_ == 0) {
       if (segment_only) {
-        const unsigned kept = static_cast<unsigned>(segment->fd());
-        if (kept > 3) close_range(3, kept - 1, 0);
-        close_range(kept + 1, ~0U, 0);
+        const unsigned kept[2] = {static_cast<unsigned>(std::min(segment->fd(), ready[1])),
+                                  static_cast<unsigned>(std::max(segment->fd(), ready[1]))};
+        if (kept[0] > 3) close_range(3, kept[0] - 1, 0);
+        if (kept[1] > kept[0] + 1) close_range(kept[0] + 1, kept[1] - 1, 0);
+        close_range(kept[1] + 1, ~0U, 0);
       }
+      close(ready[1]);  // done: the parent's read ends
       for (;;) pause();
     }
+    close(ready[1]);
+    if (pid_ > 0) {
+      pollfd done{ready[0], POLLIN, 0};
+      char byte;
+      if (poll(&done, 1, 10'000) != 1 || read(ready[0], &byte, 1) != 0) kill_and_reap();
+    }
+    close(ready[0]);
     *segment = *ShmSegment::create(0);
   }
   ~SegmentHolder() { kill_and_reap(); }
@@ -348,7 +518,7 @@ class SegmentHolder {
   }
 
  private:
-  pid_t pid_;
+  pid_t pid_ = -1;
 };
 
 void expect_error(const grpc::Status& s, grpc::StatusCode code, const std::string& part) {
@@ -556,8 +726,7 @@ TEST_F(ShmTransferWireTest, ASegmentNotFullySealedIsCopiedOut) {
 // A segment naming a block in its client's memory (ShmSegment::create_direct, what a co-located
 // client's puts of contiguous blocks send): the worker reads the block from there, odd sizes
 // included, and it is the host's; a range that is not the client's memory, wholly or from some
-// byte on, fails INVALID_ARGUMENT naming it and leaves nothing; a fetch into such a segment is
-// refused (it holds no room for the block).
+// byte on, fails INVALID_ARGUMENT naming it and leaves nothing.
 TEST_F(ShmTransferWireTest, ASegmentNamingTheClientsMemoryIsReadFromThere) {
   const pid_t self = getpid();
   const pid_t worker = cluster_.workers[0]->pid();
@@ -597,23 +766,109 @@ TEST_F(ShmTransferWireTest, ASegmentNamingTheClientsMemoryIsReadFromThere) {
                  grpc::StatusCode::INVALID_ARGUMENT, "the range is not readable memory of the process");
     expect_nothing_left();
   }
-  // A fetch naming one.
-  {
-    const HostArray host = numbered({1, 16});
-    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(host.data(), host.nbytes());
+  expect_nothing_left();
+}
+
+// A fetch naming a block's place in the client's memory (ShmSegment::create_direct, what a
+// co-located client's fetches of contiguous blocks send): the worker writes the block there
+// (process_vm_writev), odd sizes included, equal to the host's, and counts it as a shared-memory
+// fetch. Each bound: a byte count other than the buffer's is refused before anything is
+// written; read-only memory fails INVALID_ARGUMENT naming the pid, the address and the bytes,
+// and a range writable for its first page only fails the same way, naming the bytes written
+// before; a segment its owner is withdrawing (holding its lock) or has withdrawn gets nothing
+// written. Nothing is left reserved, open or mapped on the worker.
+TEST_F(ShmTransferWireTest, AFetchNamingTheClientsMemoryIsWrittenThere) {
+  const pid_t self = getpid();
+  uint64_t id = 1101;
+  for (const int64_t elements : {int64_t{1}, int64_t{777}, (int64_t{1} << 20) + 3}) {
+    SCOPED_TRACE(absl::StrCat(elements, " elements"));
+    const HostArray host = numbered({1, elements});
+    absl::StatusOr<ShmSegment> source = ShmSegment::create_direct(host.data(), host.nbytes());
+    ASSERT_TRUE(source.ok()) << source.status();
+    ASSERT_TRUE(put(header(id, elements, named(self, source->fd(), source->token()))).ok());
+    HostArray into(DType::kI32, {1, elements});
+    std::fill_n(into.mutable_values<int32_t>().data(), elements, -1);
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(into.data(), into.nbytes());
     ASSERT_TRUE(segment.ok()) << segment.status();
-    ASSERT_TRUE(put(header(id, 16, named(self, segment->fd(), segment->token()))).ok());
-    grpc::ClientContext ctx;
-    set_deadline(&ctx, absl::Seconds(10));
-    pb::GetShardRequest req;
-    req.set_buffer_id(id);
-    *req.mutable_shm() = named(self, segment->fd(), segment->token());
-    auto reader = worker_->GetShard(&ctx, req);
-    pb::ShardChunk chunk;
-    EXPECT_FALSE(reader->Read(&chunk));
-    expect_error(reader->Finish(), grpc::StatusCode::INVALID_ARGUMENT, "names memory of its process");
-    delete_buffers({id});
+    const int64_t fetched_before = client_->device_stats(0)->shm_bytes_fetched;
+    const grpc::Status wrote = fetch_into(id, named(self, segment->fd(), segment->token()));
+    ASSERT_TRUE(wrote.ok()) << wrote.error_message();
+    ASSERT_TRUE(segment->withdraw().ok());
+    expect_block(into, {{0, 1}, {0, elements}}, elements);
+    EXPECT_EQ(client_->device_stats(0)->shm_bytes_fetched - fetched_before, host.nbytes());
+    EXPECT_EQ(transfer_memfds_open(cluster_.workers[0]->pid()), 0);
+    delete_buffers({id++});
+    expect_nothing_left();
   }
+  const long page = sysconf(_SC_PAGESIZE);
+  const int64_t elements = 2 * page / 4;
+  const HostArray host = numbered({1, elements});
+  {
+    absl::StatusOr<ShmSegment> source = ShmSegment::create_direct(host.data(), host.nbytes());
+    ASSERT_TRUE(source.ok()) << source.status();
+    ASSERT_TRUE(put(header(id, elements, named(self, source->fd(), source->token()))).ok());
+  }
+  auto* pages =
+      static_cast<std::byte*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  std::memset(pages, 0xee, 2 * page);
+  auto untouched = [&](int64_t from) {
+    return std::all_of(pages + from, pages + 2 * page, [](std::byte b) { return b == std::byte{0xee}; });
+  };
+  // A segment made for another byte count than the buffer's.
+  {
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(pages, page);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    expect_error(fetch_into(id, named(self, segment->fd(), segment->token())), grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("was made for a block of ", page, " bytes; this one has ", 2 * page));
+    EXPECT_TRUE(untouched(0));
+  }
+  // Read-only, wholly.
+  ASSERT_EQ(mprotect(pages, 2 * page, PROT_READ), 0);
+  {
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(pages, 2 * page);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    expect_error(fetch_into(id, named(self, segment->fd(), segment->token())), grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("writing ", 2 * page, " bytes into process ", self, "'s memory at 0x",
+                              absl::Hex(reinterpret_cast<uintptr_t>(pages)),
+                              ": Bad address (after 0 bytes: the range is not writable memory of the process)"));
+    EXPECT_TRUE(untouched(0));
+  }
+  // Writable for the first page only: a partial write, an error naming what was written.
+  ASSERT_EQ(mprotect(pages, page, PROT_READ | PROT_WRITE), 0);
+  {
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(pages, 2 * page);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    expect_error(fetch_into(id, named(self, segment->fd(), segment->token())), grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("writing ", 2 * page, " bytes into process ", self, "'s memory at 0x",
+                              absl::Hex(reinterpret_cast<uintptr_t>(pages)), ": Bad address (after ", page,
+                              " bytes: the range is not writable memory of the process)"));
+    EXPECT_EQ(std::memcmp(pages, host.data(), static_cast<size_t>(page)), 0);
+    EXPECT_TRUE(untouched(page));
+  }
+  ASSERT_EQ(mprotect(pages, 2 * page, PROT_READ | PROT_WRITE), 0);
+  std::memset(pages, 0xee, 2 * page);
+  // Being withdrawn (its owner holds the lock): nothing written.
+  {
+    absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(pages, 2 * page);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    ASSERT_EQ(flock(segment->fd(), LOCK_EX), 0);
+    expect_error(fetch_into(id, named(self, segment->fd(), segment->token())), grpc::StatusCode::ABORTED,
+                 "the client withdrew the segment (its call ended), nothing written");
+    EXPECT_TRUE(untouched(0));
+    ASSERT_EQ(flock(segment->fd(), LOCK_UN), 0);
+    // Withdrawn: refused when opened.
+    ASSERT_TRUE(segment->withdraw().ok());
+    expect_error(fetch_into(id, named(self, segment->fd(), segment->token())), grpc::StatusCode::INVALID_ARGUMENT,
+                 "magic or token differ");
+    EXPECT_TRUE(untouched(0));
+    // A segment that does not name this process's memory cannot be withdrawn.
+    absl::StatusOr<ShmSegment> pooled = ShmSegment::create(16);
+    ASSERT_TRUE(pooled.ok());
+    EXPECT_EQ(pooled->withdraw().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  ASSERT_EQ(munmap(pages, 2 * page), 0);
+  delete_buffers({id});
   expect_nothing_left();
 }
 
@@ -648,6 +903,51 @@ TEST_F(ShmTransferWireTest, ASegmentNamingMemoryOfAProcessNotTheCallersIsRefused
   ASSERT_TRUE(read.ok()) << read.error_message();
   expect_block(fetch_streamed(802, kElements), {{0, 1}, {0, kElements}}, kElements);
   delete_buffers({802});
+  expect_nothing_left();
+}
+
+// A fetch naming memory of a process that does not hold the call's connection (a forked child
+// holding the memfd alone, the destination at the same address in its memory): refused
+// PERMISSION_DENIED naming it and the caller's peer, and nothing written, in the child's
+// memory (read back with process_vm_readv) nor in this one's. Named as itself, this process
+// gets the block written.
+TEST_F(ShmTransferWireTest, AFetchNamingMemoryOfAProcessNotTheCallersIsRefused) {
+  constexpr int64_t kElements = 3001;
+  const pid_t self = getpid();
+  const HostArray host = numbered({1, kElements});
+  {
+    absl::StatusOr<ShmSegment> source = ShmSegment::create_direct(host.data(), host.nbytes());
+    ASSERT_TRUE(source.ok()) << source.status();
+    ASSERT_TRUE(put(header(1201, kElements, named(self, source->fd(), source->token()))).ok());
+  }
+  HostArray into(DType::kI32, {1, kElements});
+  std::fill_n(into.mutable_values<int32_t>().data(), kElements, -1);
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(into.data(), into.nbytes());
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const int fd = segment->fd();
+  const uint64_t token = segment->token();
+  {
+    SegmentHolder holding(&*segment, /*segment_only=*/true);
+    ASSERT_GT(holding.pid(), 0) << "fork: " << std::strerror(errno);
+    const pid_t other = holding.pid();
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat("/proc/", other, "/fd/", fd)));
+    expect_error(fetch_into(1201, named(other, fd, token)), grpc::StatusCode::PERMISSION_DENIED,
+                 absl::StrCat("GetShard: buffer 1201 i32[1,3001]: process ", other,
+                              " does not hold this call's connection (peer 'ipv"));
+    std::vector<int32_t> theirs(kElements, 0);
+    const iovec local{theirs.data(), static_cast<size_t>(into.nbytes())};
+    const iovec remote{into.data(), static_cast<size_t>(into.nbytes())};
+    ASSERT_EQ(process_vm_readv(other, &local, 1, &remote, 1, 0), into.nbytes()) << std::strerror(errno);
+    EXPECT_EQ(std::count(theirs.begin(), theirs.end(), -1), kElements);
+    EXPECT_EQ(std::count(into.values<int32_t>().begin(), into.values<int32_t>().end(), -1), kElements);
+  }
+  segment = ShmSegment::create_direct(into.data(), into.nbytes());
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const grpc::Status wrote = fetch_into(1201, named(self, segment->fd(), segment->token()));
+  ASSERT_TRUE(wrote.ok()) << wrote.error_message();
+  ASSERT_TRUE(segment->withdraw().ok());
+  expect_block(into, {{0, 1}, {0, kElements}}, kElements);
+  delete_buffers({1201});
   expect_nothing_left();
 }
 

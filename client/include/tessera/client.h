@@ -79,8 +79,14 @@ struct ConnectOptions {
   // The cluster CA's certificate (PEM file, ca.pem of its credentials): connect over TLS and
   // verify the servers against it. Empty: $TESSERA_CA_FILE if set, else plaintext.
   std::string ca_file{};
-  // Put and fetch through shared memory (a memfd the worker reads or writes once) with every
-  // worker on this host that offers it (tessera-worker --shm_transfers); false: gRPC streams.
+  // Put and fetch through shared memory with every worker on this host that offers it
+  // (tessera-worker --shm_transfers); false: gRPC streams. A block contiguous in the host
+  // array is read from there (put) or written there (fetch) by the worker itself
+  // (process_vm_readv / process_vm_writev, once it has seen that this process holds the call's
+  // connection): no copy in this process. Any other block, an adopted put's (adopt_puts), and
+  // every block once a worker could not do that (another user, ptrace denied, a connection it
+  // cannot trace to this process, tessera-worker --shm_client_memory=false), goes through a
+  // memfd of this process that the worker reads or writes once.
   bool shared_memory = true;
   // With shared_memory: each put's memfd is sealed and handed to the workers for good, which
   // map its pages as the buffer instead of copying them out (one copy per put, however many
