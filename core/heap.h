@@ -44,7 +44,7 @@ class HeapTrimmer {
     absl::Duration quiet = absl::Milliseconds(200);
   };
 
-  HeapTrimmer() = default;
+  HeapTrimmer() : idle_() {}
   explicit HeapTrimmer(IdleTrim idle) : idle_(idle) {}
 
   // Something was freed (an evicted program, unloaded plans, dropped messages).
