@@ -759,7 +759,9 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.shm_bytes_put(),
                        stats.shm_bytes_fetched(),
                        stats.in_process_messages_received(),
-                       stats.plan_runs_stepped()};
+                       stats.plan_runs_stepped(),
+                       stats.client_memory_bytes_read(),
+                       stats.client_memory_bytes_written()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

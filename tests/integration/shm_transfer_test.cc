@@ -67,6 +67,8 @@ void expect_block(const HostArray& got, const Index& index, int64_t cols) {
 
 struct Counts {
   int64_t put = 0, shm_put = 0, fetched = 0, shm_fetched = 0, fanned_out = 0;
+  // Of shm_put and shm_fetched: read from, or written into, the client's own memory.
+  int64_t memory_read = 0, memory_written = 0;
 };
 
 Counts counts(const Client& client, int devices) {
@@ -80,6 +82,8 @@ Counts counts(const Client& client, int devices) {
     c.fetched += s->bytes_fetched;
     c.shm_fetched += s->shm_bytes_fetched;
     c.fanned_out += s->bytes_fanned_out;
+    c.memory_read += s->client_memory_bytes_read;
+    c.memory_written += s->client_memory_bytes_written;
   }
   return c;
 }
@@ -240,7 +244,9 @@ TEST_F(ShmTransferTest, WorkersWithoutItStream) {
 
 // Every dtype (core/dtype.h's kAllDTypes) through the direct fetch (and put) of contiguous
 // blocks, odd sizes, one block per device and then replicated: the bytes fetched are the host
-// array's, compared byte for byte (a transfer moves bytes: no value is computed on).
+// array's, compared byte for byte (a transfer moves bytes: no value is computed on), and every
+// one of them was read from, and written into, the client's own memory (the workers'
+// client_memory_bytes_{read,written}: not the memfd fallback, which also counts as shm).
 TEST_F(ShmTransferTest, EveryDTypeRoundTripsThroughTheClientsMemory) {
   start();
   const Client client = connect(/*shared_memory=*/true);
@@ -265,7 +271,9 @@ TEST_F(ShmTransferTest, EveryDTypeRoundTripsThroughTheClientsMemory) {
       EXPECT_EQ(std::memcmp(back->data(), host.data(), static_cast<size_t>(host.nbytes())), 0);
       const Counts fetched = counts(client, 4);
       EXPECT_EQ(put.shm_put - before.shm_put, host.nbytes() * (spec == P() ? 4 : 1));
+      EXPECT_EQ(put.memory_read - before.memory_read, host.nbytes() * (spec == P() ? 4 : 1));
       EXPECT_EQ(fetched.shm_fetched - put.shm_fetched, host.nbytes());
+      EXPECT_EQ(fetched.memory_written - put.memory_written, host.nbytes());
       ASSERT_TRUE(client.flush_deletes().ok());
     }
   }
@@ -361,6 +369,12 @@ TEST_F(ShmTransferTest, WorkersThatTakeNoClientMemoryGetEveryBlockThroughTheMemf
   expect_block(*back, {{0, 1}, {0, kElements}}, kElements);
   a.reset();
   round_trips(client, /*shm=*/true);
+  // Every block went through a memfd: nothing was read from or written into this process.
+  const Counts all = counts(client, 4);
+  EXPECT_GT(all.shm_put, 0);
+  EXPECT_GT(all.shm_fetched, 0);
+  EXPECT_EQ(all.memory_read, 0);
+  EXPECT_EQ(all.memory_written, 0);
 }
 
 // Raw PutShard and GetShard calls naming bad segments, sent straight to a worker process: each
@@ -737,8 +751,10 @@ TEST_F(ShmTransferWireTest, ASegmentNamingTheClientsMemoryIsReadFromThere) {
     absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(host.data(), host.nbytes());
     ASSERT_TRUE(segment.ok()) << segment.status();
     EXPECT_TRUE(segment->direct());
+    const int64_t read_before = client_->device_stats(0)->client_memory_bytes_read;
     const grpc::Status read = put(header(id, elements, named(self, segment->fd(), segment->token())));
     ASSERT_TRUE(read.ok()) << read.error_message();
+    EXPECT_EQ(client_->device_stats(0)->client_memory_bytes_read - read_before, host.nbytes());
     EXPECT_EQ(transfer_memfds_mapped(worker), 0);
     expect_block(fetch_streamed(id, elements), {{0, 1}, {0, elements}}, elements);
     delete_buffers({id++});
@@ -790,12 +806,14 @@ TEST_F(ShmTransferWireTest, AFetchNamingTheClientsMemoryIsWrittenThere) {
     std::fill_n(into.mutable_values<int32_t>().data(), elements, -1);
     absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(into.data(), into.nbytes());
     ASSERT_TRUE(segment.ok()) << segment.status();
-    const int64_t fetched_before = client_->device_stats(0)->shm_bytes_fetched;
+    const DeviceStats before = *client_->device_stats(0);
     const grpc::Status wrote = fetch_into(id, named(self, segment->fd(), segment->token()));
     ASSERT_TRUE(wrote.ok()) << wrote.error_message();
     ASSERT_TRUE(segment->withdraw().ok());
     expect_block(into, {{0, 1}, {0, elements}}, elements);
-    EXPECT_EQ(client_->device_stats(0)->shm_bytes_fetched - fetched_before, host.nbytes());
+    const DeviceStats after = *client_->device_stats(0);
+    EXPECT_EQ(after.shm_bytes_fetched - before.shm_bytes_fetched, host.nbytes());
+    EXPECT_EQ(after.client_memory_bytes_written - before.client_memory_bytes_written, host.nbytes());
     EXPECT_EQ(transfer_memfds_open(cluster_.workers[0]->pid()), 0);
     delete_buffers({id++});
     expect_nothing_left();
