@@ -421,8 +421,9 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
                              with_who(ShmSegment::create_direct(global_data + offset * elem, bytes), who));
     const absl::Status status = receive_shard(stub, buffer_id, grant, index, global, who, path, &segment);
     // Whatever the outcome (a call that timed out may have a worker about to write), no worker
-    // writes into the caller's array once this returns.
-    TESSERA_RETURN_IF_ERROR(with_who(segment.withdraw(), who));
+    // writes into the caller's array once this returns (it waits for a worker writing, warning
+    // while that lasts; it aborts the process rather than return with the memory exposed).
+    TESSERA_RETURN_IF_ERROR(with_who(segment.withdraw(who), who));
     // FAILED_PRECONDITION: the worker may not write our memory, or cannot tell that we are the
     // caller. INVALID_ARGUMENT: also what a worker of session 29's build (the same protocol
     // version) answers a fetch naming memory ("names memory of its process"). Either way

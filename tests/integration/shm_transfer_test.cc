@@ -22,15 +22,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -967,6 +971,85 @@ TEST_F(ShmTransferWireTest, AFetchNamingMemoryOfAProcessNotTheCallersIsRefused) 
   expect_block(into, {{0, 1}, {0, kElements}}, kElements);
   delete_buffers({1201});
   expect_nothing_left();
+}
+
+// withdraw() while another process holds the segment's lock, as a worker does while it writes
+// into the memory, and is stopped there (SIGSTOP; the process opened the memfd as a worker does,
+// /proc/<pid>/fd/<fd>, and took the lock): withdraw keeps waiting, since the memory may not be
+// reused before that writer lets go, and says so, naming the fetch's device, the segment and the
+// holder's pid, again and again; once the holder is killed (its lock goes with it) withdraw
+// returns, and the segment is withdrawn: a worker opening it now is refused, nothing written.
+TEST(ShmSegmentWithdrawTest, WaitsForAStoppedLockHolderAndSaysSo) {
+  std::vector<int32_t> into(1024, -1);
+  const int64_t bytes = static_cast<int64_t>(into.size() * sizeof(int32_t));
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(reinterpret_cast<std::byte*>(into.data()), bytes);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const std::string path = absl::StrCat("/proc/", getpid(), "/fd/", segment->fd());
+  int ready[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  const pid_t holder = fork();
+  ASSERT_GE(holder, 0) << "fork: " << std::strerror(errno);
+  if (holder == 0) {  // no allocation or lock after fork in this threaded process
+    const int fd = open(path.c_str(), O_RDWR);
+    if (fd < 0 || flock(fd, LOCK_EX) != 0 || write(ready[1], "k", 1) != 1) _exit(1);
+    raise(SIGSTOP);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  pollfd locked{ready[0], POLLIN, 0};
+  char byte = 0;
+  const bool holding = poll(&locked, 1, 10'000) == 1 && read(ready[0], &byte, 1) == 1;
+  close(ready[0]);
+  absl::Mutex mu;
+  std::vector<std::string> warnings;
+  absl::Notification warned_twice;
+  std::atomic<bool> returned{false};
+  absl::Status withdrawn;
+  std::thread withdrawing([&] {
+    withdrawn = segment->withdraw("fetch: device 7 (127.0.0.1:1)", absl::Milliseconds(20), [&](const std::string& m) {
+      absl::MutexLock lock(&mu);
+      warnings.push_back(m);
+      if (warnings.size() == 2) warned_twice.Notify();
+    });
+    returned = true;
+  });
+  EXPECT_TRUE(holding) << "the child did not take the lock";
+  EXPECT_TRUE(holding && warned_twice.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE(returned);
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_FALSE(warnings.empty());
+    EXPECT_THAT(warnings[0],
+                HasSubstr(absl::StrCat("fetch: device 7 (127.0.0.1:1): withdrawing the shared-memory "
+                                       "segment (fd ",
+                                       segment->fd(), ") naming ", bytes, " bytes of this process's memory at 0x",
+                                       absl::Hex(reinterpret_cast<uintptr_t>(into.data())))));
+    EXPECT_THAT(warnings[0], HasSubstr(absl::StrCat(": process ", holder, " has held its lock for ")));
+  }
+  EXPECT_EQ(kill(holder, SIGKILL), 0);
+  EXPECT_EQ(waitpid(holder, nullptr, 0), holder);
+  withdrawing.join();
+  EXPECT_TRUE(withdrawn.ok()) << withdrawn;
+  EXPECT_EQ(ShmSegment::open(getpid(), segment->fd(), segment->token(), bytes, /*writable=*/true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::count(into.begin(), into.end(), -1), static_cast<int64_t>(into.size()));
+}
+
+// A withdraw that the kernel refuses (here the lock, on an fd closed under the segment: EBADF)
+// cannot tell its caller that the memory is safe to reuse, nor leave it exposed: the process
+// aborts, naming the fetch's device and the segment.
+TEST(ShmSegmentWithdrawDeathTest, AFailedWithdrawAbortsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<std::byte> into(64);
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(into.data(), 64);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_DEATH(
+      {
+        close(segment->fd());
+        segment->withdraw("fetch: device 7 (127.0.0.1:1)").IgnoreError();
+      },
+      "fetch: device 7 \\(127.0.0.1:1\\): withdrawing the shared-memory segment \\(fd [0-9]+\\) naming 64 bytes of "
+      "this process's memory at 0x[0-9a-f]+: locking it: Bad file descriptor; aborting");
 }
 
 }  // namespace
