@@ -127,8 +127,14 @@ absl::StatusOr<pb::Worker::Stub*> ClientImpl::worker(const std::string& address,
   if (slot == nullptr) {
     slot = std::move(stub);
     if (shm) shm_workers_.insert(address);
+    if (shm && reply.writes_client_memory()) direct_fetch_workers_.insert(address);
   }
   return slot.get();
+}
+
+bool ClientImpl::writes_our_memory(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  return direct_fetch_workers_.count(address) > 0;
 }
 
 TransferPath ClientImpl::transfer_path(const std::string& address) {

@@ -160,7 +160,10 @@ class WorkerService final : public WorkerServiceBase {
       reply->set_epoch(epoch_);
       reply->set_incarnation(incarnation_);
     }
-    if (transfers_.shm_transfers()) reply->set_transfer_host(shm_transfer_host());
+    if (transfers_.shm_transfers()) {
+      reply->set_transfer_host(shm_transfer_host());
+      reply->set_writes_client_memory(true);
+    }
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
   }
 

@@ -283,6 +283,62 @@ TEST_F(ShmTransferTest, EveryDTypeRoundTripsThroughTheClientsMemory) {
   }
 }
 
+// A worker of this build announces that it writes fetches into its clients' memory
+// (HandshakeReply.writes_client_memory, which is what the client's direct fetches wait for: a
+// worker of session 29's build refuses them INVALID_ARGUMENT, and does not announce it). A
+// fetch that the worker refuses for a reason of its own (its destination is read-only memory:
+// INVALID_ARGUMENT, "not writable memory") fails with that error, not the memfd's retry's (the
+// client's copy out of the memfd would fail, INTERNAL), and leaves no fallback behind: the next
+// fetch, into the same memory made writable, is written there (client_memory_bytes_written).
+TEST_F(ShmTransferTest, AFetchIntoMemoryTheWorkerCannotWriteFailsWithItsReason) {
+  start();
+  const Client client = connect(/*shared_memory=*/true);
+  absl::StatusOr<std::vector<Device>> devices = client.devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  {
+    std::unique_ptr<pb::Worker::Stub> worker =
+        pb::Worker::NewStub(make_channel((*devices)[0].address, std::make_shared<CallIdentity>("")));
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::HandshakeRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    pb::HandshakeReply reply;
+    const grpc::Status shook = worker->Handshake(&ctx, req, &reply);
+    ASSERT_TRUE(shook.ok()) << shook.error_message();
+    EXPECT_FALSE(reply.transfer_host().empty());
+    EXPECT_TRUE(reply.writes_client_memory());
+  }
+  absl::StatusOr<Mesh> one = client.make_mesh({1}, {"x"}, std::vector<int>{0});
+  ASSERT_TRUE(one.ok()) << one.status();
+  const long page = sysconf(_SC_PAGESIZE);
+  const HostArray host = numbered({2, page / 4});  // two pages of int32
+  absl::StatusOr<Array> a = client.device_put(host, NamedSharding(*one, P()));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto* pages =
+      static_cast<std::byte*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  std::memset(pages, 0xee, 2 * page);
+  ASSERT_EQ(mprotect(pages, 2 * page, PROT_READ), 0);
+  const MutableHostView into{DType::kI32, host.shape(), pages};
+  const absl::Status refused = a->fetch_into(into);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(
+      refused.message(),
+      HasSubstr(absl::StrCat("writing ", 2 * page, " bytes into process ", getpid(), "'s memory at 0x",
+                             absl::Hex(reinterpret_cast<uintptr_t>(pages)),
+                             ": Bad address (after 0 bytes: the range is not writable memory of the process)")));
+  EXPECT_TRUE(std::all_of(pages, pages + 2 * page, [](std::byte b) { return b == std::byte{0xee}; }));
+  ASSERT_EQ(mprotect(pages, 2 * page, PROT_READ | PROT_WRITE), 0);
+  const Counts before = counts(client, 4);
+  const absl::Status fetched = a->fetch_into(into);
+  ASSERT_TRUE(fetched.ok()) << fetched;
+  EXPECT_EQ(std::memcmp(pages, host.data(), static_cast<size_t>(host.nbytes())), 0);
+  const Counts after = counts(client, 4);
+  EXPECT_EQ(after.shm_fetched - before.shm_fetched, host.nbytes());
+  EXPECT_EQ(after.memory_written - before.memory_written, host.nbytes());
+  ASSERT_EQ(munmap(pages, 2 * page), 0);
+}
+
 // Workers started with --shm_client_memory=false neither read nor write a client's memory:
 // a segment naming it is refused FAILED_PRECONDITION, naming the flag, with nothing read,
 // reserved or written. The client's fallback: the first fetch and the first put of a
