@@ -70,8 +70,9 @@ absl::StatusOr<HostArray> Shard::data() const {
   HostArray out(array_->dtype, shape());
   Index whole;
   for (int64_t n : out.shape()) whole.push_back({0, n});
-  TESSERA_RETURN_IF_ERROR(
-      internal::get_shard(stub, id, grant, whole, out.mutable_view(), who, array_->client->transfer_path(d.address())));
+  TESSERA_RETURN_IF_ERROR(internal::get_shard(stub, id, grant, whole, out.mutable_view(), who,
+                                              array_->client->transfer_path(d.address()),
+                                              array_->client->writes_our_memory(d.address())));
   return out;
 }
 
@@ -179,7 +180,8 @@ absl::Status Array::fetch_into(const MutableHostView& out) const {
     const std::string who = absl::StrCat("fetch of array ", id, " from ", describe(*src.device));
     TESSERA_ASSIGN_OR_RETURN(pb::Worker::Stub * stub, state_->client->worker(src.device->address(), who));
     return internal::get_shard(stub, id, grant, src.index, out, who,
-                               state_->client->transfer_path(src.device->address()));
+                               state_->client->transfer_path(src.device->address()),
+                               state_->client->writes_our_memory(src.device->address()));
   });
 }
 

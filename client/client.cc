@@ -127,8 +127,14 @@ absl::StatusOr<pb::Worker::Stub*> ClientImpl::worker(const std::string& address,
   if (slot == nullptr) {
     slot = std::move(stub);
     if (shm) shm_workers_.insert(address);
+    if (shm && reply.writes_client_memory()) direct_fetch_workers_.insert(address);
   }
   return slot.get();
+}
+
+bool ClientImpl::writes_our_memory(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  return direct_fetch_workers_.count(address) > 0;
 }
 
 TransferPath ClientImpl::transfer_path(const std::string& address) {
@@ -759,7 +765,9 @@ absl::StatusOr<DeviceStats> Client::device_stats(int device_id) const {
                        stats.shm_bytes_put(),
                        stats.shm_bytes_fetched(),
                        stats.in_process_messages_received(),
-                       stats.plan_runs_stepped()};
+                       stats.plan_runs_stepped(),
+                       stats.client_memory_bytes_read(),
+                       stats.client_memory_bytes_written()};
   }
   return absl::NotFoundError(absl::StrCat("device ", device_id, " is not in the cluster"));
 }

@@ -75,6 +75,9 @@ class ClientImpl {
   // shared memory when its handshake (worker()) showed it on this host and PID namespace and
   // ConnectOptions::shared_memory allows, else streamed (also before worker(address) reached it).
   TransferPath transfer_path(const std::string& address);
+  // Whether the worker at `address` takes fetches written straight into this process's memory
+  // (HandshakeReply.writes_client_memory; with TransferPath::kSharedMemory).
+  bool writes_our_memory(const std::string& address);
   // ConnectOptions::adopt_puts (set by init()).
   bool adopt_puts() const { return adopt_puts_; }
 
@@ -140,8 +143,10 @@ class ClientImpl {
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<pb::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> shm_workers_ ABSL_GUARDED_BY(mu_);  // addresses whose transfers take shared memory
-  bool shared_memory_ = true;                               // ConnectOptions::shared_memory; set by init()
-  bool adopt_puts_ = false;                                 // ConnectOptions::adopt_puts; set by init()
+  // Of shm_workers_, those that write fetches into our memory (HandshakeReply.writes_client_memory).
+  std::set<std::string> direct_fetch_workers_ ABSL_GUARDED_BY(mu_);
+  bool shared_memory_ = true;  // ConnectOptions::shared_memory; set by init()
+  bool adopt_puts_ = false;    // ConnectOptions::adopt_puts; set by init()
   std::map<uint64_t, pb::ArrayInfo> tracked_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> grants_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* renewing_ ABSL_GUARDED_BY(mu_) = nullptr;  // the renewer's call, to cancel

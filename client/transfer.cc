@@ -142,8 +142,7 @@ class SegmentPool {
 // (direct_put_refused), or to write a fetch's block into it (direct_fetch_refused), with
 // FAILED_PRECONDITION (ShmSegment::create_direct: it may not ptrace us, cannot tell that we
 // are its caller, or runs --shm_client_memory=false): later puts, or fetches, copy their
-// blocks through the memfd instead. Apart, since a worker may take one and not the other (a
-// fetch's refusal also comes from a worker of session 29's build, which reads puts).
+// blocks through the memfd instead. Apart, since a worker may take one and not the other.
 std::atomic<bool> direct_put_refused{false};
 std::atomic<bool> direct_fetch_refused{false};
 
@@ -408,29 +407,27 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 }
 
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
-                       const MutableHostView& global, const std::string& who, TransferPath path) {
+                       const MutableHostView& global, const std::string& who, TransferPath path, bool direct) {
   const int64_t elem = dtype_size(global.dtype);
   const int64_t bytes = num_elements(block_shape(index)) * elem;
   const int64_t offset = contiguous_block_offset(global.shape, index);
   auto* global_data = static_cast<std::byte*>(global.data);
   if (path != TransferPath::kSharedMemory)
     return receive_shard(stub, buffer_id, grant, index, global, who, path, nullptr);
-  if (offset >= 0 && bytes > 0 && !direct_fetch_refused.load(std::memory_order_relaxed)) {
+  if (direct && offset >= 0 && bytes > 0 && !direct_fetch_refused.load(std::memory_order_relaxed)) {
     // Written by the worker where the block goes (process_vm_writev): no copy here.
     TESSERA_ASSIGN_OR_RETURN(ShmSegment segment,
                              with_who(ShmSegment::create_direct(global_data + offset * elem, bytes), who));
     const absl::Status status = receive_shard(stub, buffer_id, grant, index, global, who, path, &segment);
     // Whatever the outcome (a call that timed out may have a worker about to write), no worker
-    // writes into the caller's array once this returns.
-    TESSERA_RETURN_IF_ERROR(with_who(segment.withdraw(), who));
+    // writes into the caller's array once this returns (it waits for a worker writing, warning
+    // while that lasts; it aborts the process rather than return with the memory exposed).
+    TESSERA_RETURN_IF_ERROR(with_who(segment.withdraw(who), who));
     // FAILED_PRECONDITION: the worker may not write our memory, or cannot tell that we are the
-    // caller. INVALID_ARGUMENT: also what a worker of session 29's build (the same protocol
-    // version) answers a fetch naming memory ("names memory of its process"). Either way
-    // through a memfd, as are later fetches of this process once that worked; a real error
-    // fails that call too, and is what comes back.
-    if (status.code() != absl::StatusCode::kFailedPrecondition && status.code() != absl::StatusCode::kInvalidArgument) {
-      return status;
-    }
+    // caller: through a memfd, as are later fetches of this process once that worked. Any
+    // other error is the fetch's (a worker that would refuse a segment naming memory for not
+    // knowing it, session 29's, does not announce writes_client_memory and is never sent one).
+    if (status.code() != absl::StatusCode::kFailedPrecondition) return status;
     const absl::Status copied = get_shard_through_memfd(stub, buffer_id, grant, index, global, who);
     if (copied.ok()) direct_fetch_refused.store(true, std::memory_order_relaxed);
     return copied;

@@ -105,10 +105,12 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
 // worker writes a block contiguous in `global` straight there (process_vm_writev, once it has
 // seen that this process holds the call's connection; ShmSegment::create_direct, withdrawn
 // before this returns, whatever the outcome), any other into a memfd of ours, read once into
-// `global` (so too every block once a worker refused the first way: FAILED_PRECONDITION).
+// `global` (so too every block once a worker refused the first way: FAILED_PRECONDITION, and
+// every block of a worker that does not announce it, `direct` false:
+// HandshakeReply.writes_client_memory).
 absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::string& grant, const Index& index,
-                       const MutableHostView& global, const std::string& who,
-                       TransferPath path = TransferPath::kStream);
+                       const MutableHostView& global, const std::string& who, TransferPath path = TransferPath::kStream,
+                       bool direct = false);
 
 // Runs task(0) .. task(n - 1) on their own threads; returns the first error by task index.
 absl::Status run_parallel(int n, const std::function<absl::Status(int)>& task);

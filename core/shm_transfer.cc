@@ -10,12 +10,20 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
 #include "core/status.h"
 
 namespace tessera {
@@ -62,6 +70,24 @@ int64_t move_all(int fd, Buffer buffer, int64_t n, int64_t offset, Io io) {
     done += got;
   }
   return done;
+}
+
+// The processes holding a lock on `fd`'s file, as /proc/locks names them ("process 123",
+// "processes 123, 456"), or "a process" if none can be told. Only for messages.
+std::string lock_holders(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return "a process";
+  // "1: FLOCK  ADVISORY  WRITE 1234 00:01:5678 0 EOF"; a waiter's line has "->" after "1:".
+  const std::string file = absl::StrCat(":", st.st_ino);
+  std::ifstream in("/proc/locks");
+  std::vector<std::string> pids;
+  for (std::string line; std::getline(in, line);) {
+    const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (fields.size() < 6 || fields[1] == "->" || !absl::EndsWith(fields[5], file)) continue;
+    pids.emplace_back(fields[4]);
+  }
+  if (pids.empty()) return "a process";
+  return absl::StrCat(pids.size() == 1 ? "process " : "processes ", absl::StrJoin(pids, ", "));
 }
 
 absl::Status io_status(const char* what, int64_t moved, int64_t n) {
@@ -310,26 +336,57 @@ absl::Status ShmSegment::move_process_memory(std::byte* local, bool write) const
   return absl::OkStatus();
 }
 
-absl::Status ShmSegment::withdraw() {
+absl::Status ShmSegment::withdraw(absl::string_view who, absl::Duration warn_every,
+                                  const std::function<void(const std::string&)>& warn) {
   if (!direct() || pid_ != 0) {
     return absl::FailedPreconditionError(
         "shared-memory transfer: only a segment naming this process's memory is withdrawn");
   }
-  // Waits for a worker's write under way (bounded by its bytes: it holds the lock for one write).
-  int locked;
-  do {
-    locked = flock(fd_, LOCK_EX);
-  } while (locked != 0 && errno == EINTR);
-  if (locked != 0) {
-    return absl::InternalError(
-        absl::StrCat("shared-memory transfer: locking a segment to withdraw it: ", std::strerror(errno)));
+  const std::string what =
+      absl::StrCat(who.empty() ? "" : absl::StrCat(who, ": "), "withdrawing the shared-memory segment (fd ", fd_,
+                   ") naming ", bytes_, " bytes of this process's memory at 0x", absl::Hex(address_));
+  // Nothing can be reported to a caller that may then reuse the memory a worker may write.
+  auto die = [&what](const char* step, int error) {
+    std::fprintf(stderr, "tessera: %s: %s: %s; aborting, since the memory could still be written by a worker\n",
+                 what.c_str(), step, std::strerror(error));
+    std::abort();
+  };
+  auto lock = [this](int how) {
+    int locked;
+    do {
+      locked = flock(fd_, how);
+    } while (locked != 0 && errno == EINTR);
+    return locked == 0 ? 0 : errno;
+  };
+  int error = lock(LOCK_EX | LOCK_NB);
+  if (error == EWOULDBLOCK) {
+    // A worker holds the lock, writing: wait for it, saying so while it lasts.
+    absl::Notification locked;
+    std::thread warner([&] {
+      const absl::Time start = absl::Now();
+      while (!locked.WaitForNotificationWithTimeout(warn_every)) {
+        const std::string message = absl::StrCat(
+            what, ": ", lock_holders(fd_), " has held its lock for ",
+            absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1))),
+            " (a write into that memory under way, or a worker stopped while writing); still waiting, since "
+            "the memory may not be reused before it lets go");
+        if (warn) {
+          warn(message);
+        } else {
+          std::fprintf(stderr, "tessera client: %s\n", message.c_str());
+        }
+      }
+    });
+    error = lock(LOCK_EX);
+    locked.Notify();
+    warner.join();
   }
+  if (error != 0) die("locking it", error);
   const SegmentHeader header{0, 0, 0, 0};
-  const absl::Status status =
-      io_status("withdrawing the header",
-                move_all(fd_, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite), sizeof header);
+  const int64_t wrote = move_all(fd_, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite);
+  if (wrote != sizeof header) die("overwriting its header", wrote < 0 ? static_cast<int>(-wrote) : EIO);
   flock(fd_, LOCK_UN);
-  return status;
+  return absl::OkStatus();
 }
 
 absl::Status ShmSegment::seal() {

@@ -24,10 +24,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "core/dtype.h"
 #include "core/host_array.h"
 #include "core/shape.h"
@@ -124,14 +127,23 @@ class ShmSegment {
   absl::Status write_block(const std::byte* src);
   absl::Status read_block(std::byte* dst) const;
 
+  // How long withdraw() waits for a worker's lock before it warns, and again between warnings.
+  static constexpr absl::Duration kWithdrawWarnEvery = absl::Seconds(5);
+
   // Of a created direct() segment: no worker writes into the memory it names once this
-  // returns. Takes the segment's lock (waiting for a worker's write under way to end) and
-  // overwrites the header, so that a worker that opened the segment but has not written yet
-  // finds it withdrawn. A fetch calls it before its destination may be read or freed, whatever
-  // the call's outcome (a call that timed out may still have a worker about to write).
-  // INTERNAL with errno's text if the kernel refuses (the segment must then not be closed
-  // while its memory may be reused: the caller fails loudly).
-  absl::Status withdraw();
+  // returns. Takes the segment's lock and overwrites the header, so that a worker that opened
+  // the segment but has not written yet finds it withdrawn. A fetch calls it before its
+  // destination may be read or freed, whatever the call's outcome (a call that timed out may
+  // still have a worker about to write). It waits for as long as a worker holds the lock (a
+  // write under way, which may not end after the memory is reused: no deadline, so a worker
+  // stopped while holding it holds this call up), and says so: after `warn_every`, and again
+  // every `warn_every`, it passes `warn` (by default, a line on stderr) a message naming
+  // `who` (the fetch's device), the segment and the process holding its lock.
+  // If the kernel refuses the lock or the header's write, the process aborts with a message
+  // naming them: returning would let the caller reuse memory a worker may still write.
+  // FAILED_PRECONDITION for a segment that names no memory of this process (nothing to do).
+  absl::Status withdraw(absl::string_view who = "", absl::Duration warn_every = kWithdrawWarnEvery,
+                        const std::function<void(const std::string&)>& warn = nullptr);
 
  private:
   ShmSegment(int fd, uint64_t token, int64_t bytes) : fd_(fd), token_(token), bytes_(bytes), capacity_(bytes) {}

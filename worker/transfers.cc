@@ -223,7 +223,8 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
       return to_grpc(absl::InvalidArgumentError(
           "PutShard: a fan-out member other than the uploader (fan_out.members[0]) takes no shared-memory segment"));
     }
-    absl::StatusOr<std::shared_ptr<const HostArray>> data = read_client_segment(chunk, ctx->peer());
+    bool direct = false;
+    absl::StatusOr<std::shared_ptr<const HostArray>> data = read_client_segment(chunk, ctx->peer(), &direct);
     if (!data.ok()) return to_grpc(data.status());
     const uint64_t id = chunk.header().buffer_id();
     if (ctx->IsCancelled()) {  // the client went while we read: nobody holds the array
@@ -242,7 +243,10 @@ grpc::Status Transfers::put(grpc::ServerContext* ctx, const Caller& caller, grpc
     } else {
       commit_put(id, *std::move(data), reply);
     }
-    if (stored.ok()) shm_bytes_put_.fetch_add(bytes, std::memory_order_relaxed);  // as bytes_put, once committed
+    if (stored.ok()) {  // as bytes_put, once committed
+      shm_bytes_put_.fetch_add(bytes, std::memory_order_relaxed);
+      if (direct) client_memory_bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
+    }
     return to_grpc(stored);
   }
   if (header.ok() && fan_out_of.has_value() && fan_out_of->self != fan_out_of->spec.groups[0][0]) {
@@ -416,10 +420,12 @@ grpc::Status Transfers::get(grpc::ServerContext* ctx, const Caller& caller, cons
     // A segment naming the block's place in the client's memory (contiguous there) gets it
     // written there, process_vm_writev; else into the memfd, pwrite.
     const pb::ShmSegment& named = req->shm();
+    bool direct = false;
     const absl::Status wrote = [&]() -> absl::Status {
       TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(named.pid(), named.fd(), named.token(),
                                                                     data.nbytes(), /*writable=*/true));
       // Before writing any memory of the process named: it must be the caller.
+      direct = segment.direct();
       if (segment.direct()) TESSERA_RETURN_IF_ERROR(check_client_memory(named.pid(), ctx->peer()));
       return segment.write_block(data.data());
     }();
@@ -435,6 +441,7 @@ grpc::Status Transfers::get(grpc::ServerContext* ctx, const Caller& caller, cons
     }
     bytes_fetched_.fetch_add(data.nbytes(), std::memory_order_relaxed);
     shm_bytes_fetched_.fetch_add(data.nbytes(), std::memory_order_relaxed);
+    if (direct) client_memory_bytes_written_.fetch_add(data.nbytes(), std::memory_order_relaxed);
     return grpc::Status::OK;
   }
   if (in_process_ && handoff_requested(*ctx)) {
@@ -514,7 +521,7 @@ absl::StatusOr<std::shared_ptr<HostArray>> Transfers::begin_put(const pb::ShardH
 }
 
 absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(const pb::ShardChunk& first,
-                                                                                const std::string& peer) {
+                                                                                const std::string& peer, bool* direct) {
   if (!shm_transfers_) {
     return absl::FailedPreconditionError(
         "PutShard: this worker takes no shared-memory transfers (--shm_transfers=false or in process)");
@@ -531,6 +538,7 @@ absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(
     TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(header.shm().pid(), header.shm().fd(),
                                                                   header.shm().token(), bytes, false));
     // Before reading any memory of the process named: it must be the caller.
+    *direct = segment.direct();
     if (segment.direct()) TESSERA_RETURN_IF_ERROR(check_client_memory(header.shm().pid(), peer));
     if (segment.sealed()) {
       // Adopted: the buffer is the client's pages, mapped; no copy, however many replicas map

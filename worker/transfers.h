@@ -84,6 +84,10 @@ class Transfers {
   // Of bytes_put() and bytes_fetched(), those moved through a client's memfd.
   int64_t shm_bytes_put() const { return shm_bytes_put_.load(std::memory_order_relaxed); }
   int64_t shm_bytes_fetched() const { return shm_bytes_fetched_.load(std::memory_order_relaxed); }
+  // Of shm_bytes_put() and shm_bytes_fetched(), those read from or written into the client's
+  // own memory (a direct segment), not its memfd.
+  int64_t client_memory_bytes_read() const { return client_memory_bytes_read_.load(std::memory_order_relaxed); }
+  int64_t client_memory_bytes_written() const { return client_memory_bytes_written_.load(std::memory_order_relaxed); }
   bool shm_transfers() const { return shm_transfers_; }
   // The port this worker listens on, once known: a put reading a client's memory is taken
   // only from a connection to it (read_client_segment); none before.
@@ -119,9 +123,10 @@ class Transfers {
   // (core/shm_transfer.h's), releases the reservation. A segment naming the block in its
   // process's memory (ShmSegment::direct) is read only if that process holds the call's
   // connection, from `peer` (ServerContext::peer) to listening_port_: PERMISSION_DENIED if it
-  // does not, FAILED_PRECONDITION if that cannot be told.
+  // does not, FAILED_PRECONDITION if that cannot be told. `direct`: set to whether it was read
+  // from the process's memory.
   absl::StatusOr<std::shared_ptr<const HostArray>> read_client_segment(const pb::ShardChunk& first,
-                                                                       const std::string& peer);
+                                                                       const std::string& peer, bool* direct);
   // Before a put reads, or a fetch writes, process `pid`'s memory (a direct segment): OK only
   // if client_memory_ and `pid` holds the call's connection from `peer` (check_peer_process):
   // PERMISSION_DENIED if it does not; FAILED_PRECONDITION (the client then copies through a
@@ -153,7 +158,9 @@ class Transfers {
   std::atomic<int> listening_port_{0};
   std::atomic<int64_t> bytes_put_{0}, bytes_fetched_{0};          // PutShard / GetShard, whole shards
   std::atomic<int64_t> shm_bytes_put_{0}, shm_bytes_fetched_{0};  // of which through clients' memfds
-  std::atomic<int64_t> bytes_fanned_out_{0};                      // received from fan-out peers
+  // Of which straight from or into the clients' memory (direct segments).
+  std::atomic<int64_t> client_memory_bytes_read_{0}, client_memory_bytes_written_{0};
+  std::atomic<int64_t> bytes_fanned_out_{0};  // received from fan-out peers
 
   absl::Mutex puts_mu_;
   std::set<std::shared_ptr<PutWatch>> puts_ ABSL_GUARDED_BY(puts_mu_);

@@ -160,7 +160,10 @@ class WorkerService final : public WorkerServiceBase {
       reply->set_epoch(epoch_);
       reply->set_incarnation(incarnation_);
     }
-    if (transfers_.shm_transfers()) reply->set_transfer_host(shm_transfer_host());
+    if (transfers_.shm_transfers()) {
+      reply->set_transfer_host(shm_transfer_host());
+      reply->set_writes_client_memory(true);
+    }
     return to_grpc(check_protocol_version(req->protocol_version(), absl::StrCat("client '", req->peer(), "'")));
   }
 
@@ -310,6 +313,8 @@ class WorkerService final : public WorkerServiceBase {
     reply->set_bytes_fetched(transfers_.bytes_fetched());
     reply->set_shm_bytes_put(transfers_.shm_bytes_put());
     reply->set_shm_bytes_fetched(transfers_.shm_bytes_fetched());
+    reply->set_client_memory_bytes_read(transfers_.client_memory_bytes_read());
+    reply->set_client_memory_bytes_written(transfers_.client_memory_bytes_written());
     reply->set_bytes_fanned_out(transfers_.bytes_fanned_out());
     reply->set_plan_runs(runs.runs);
     reply->set_plan_runs_stepped(runs.stepped);
@@ -492,6 +497,13 @@ class WorkerServerImpl final : public WorkerServer {
         counter("tessera_worker_shm_fetched_bytes_total",
                 "Of the bytes read from here, those written into a co-located client's shared memory.",
                 s.shm_bytes_fetched(), device),
+        counter("tessera_worker_client_memory_read_bytes_total",
+                "Of the bytes put through shared memory, those read straight from the client's memory (not its memfd).",
+                s.client_memory_bytes_read(), device),
+        counter("tessera_worker_client_memory_written_bytes_total",
+                "Of the bytes fetched through shared memory, those written straight into the client's memory (not its "
+                "memfd).",
+                s.client_memory_bytes_written(), device),
         gauge("tessera_worker_plan_runs_in_flight", "Plan runs started and not finished.", s.plan_runs_in_flight(),
               device),
         gauge("tessera_worker_plan_runs_waiting",

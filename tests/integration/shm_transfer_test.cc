@@ -22,15 +22,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "core/subprocess.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -67,6 +71,8 @@ void expect_block(const HostArray& got, const Index& index, int64_t cols) {
 
 struct Counts {
   int64_t put = 0, shm_put = 0, fetched = 0, shm_fetched = 0, fanned_out = 0;
+  // Of shm_put and shm_fetched: read from, or written into, the client's own memory.
+  int64_t memory_read = 0, memory_written = 0;
 };
 
 Counts counts(const Client& client, int devices) {
@@ -80,6 +86,8 @@ Counts counts(const Client& client, int devices) {
     c.fetched += s->bytes_fetched;
     c.shm_fetched += s->shm_bytes_fetched;
     c.fanned_out += s->bytes_fanned_out;
+    c.memory_read += s->client_memory_bytes_read;
+    c.memory_written += s->client_memory_bytes_written;
   }
   return c;
 }
@@ -240,7 +248,9 @@ TEST_F(ShmTransferTest, WorkersWithoutItStream) {
 
 // Every dtype (core/dtype.h's kAllDTypes) through the direct fetch (and put) of contiguous
 // blocks, odd sizes, one block per device and then replicated: the bytes fetched are the host
-// array's, compared byte for byte (a transfer moves bytes: no value is computed on).
+// array's, compared byte for byte (a transfer moves bytes: no value is computed on), and every
+// one of them was read from, and written into, the client's own memory (the workers'
+// client_memory_bytes_{read,written}: not the memfd fallback, which also counts as shm).
 TEST_F(ShmTransferTest, EveryDTypeRoundTripsThroughTheClientsMemory) {
   start();
   const Client client = connect(/*shared_memory=*/true);
@@ -265,10 +275,68 @@ TEST_F(ShmTransferTest, EveryDTypeRoundTripsThroughTheClientsMemory) {
       EXPECT_EQ(std::memcmp(back->data(), host.data(), static_cast<size_t>(host.nbytes())), 0);
       const Counts fetched = counts(client, 4);
       EXPECT_EQ(put.shm_put - before.shm_put, host.nbytes() * (spec == P() ? 4 : 1));
+      EXPECT_EQ(put.memory_read - before.memory_read, host.nbytes() * (spec == P() ? 4 : 1));
       EXPECT_EQ(fetched.shm_fetched - put.shm_fetched, host.nbytes());
+      EXPECT_EQ(fetched.memory_written - put.memory_written, host.nbytes());
       ASSERT_TRUE(client.flush_deletes().ok());
     }
   }
+}
+
+// A worker of this build announces that it writes fetches into its clients' memory
+// (HandshakeReply.writes_client_memory, which is what the client's direct fetches wait for: a
+// worker of session 29's build refuses them INVALID_ARGUMENT, and does not announce it). A
+// fetch that the worker refuses for a reason of its own (its destination is read-only memory:
+// INVALID_ARGUMENT, "not writable memory") fails with that error, not the memfd's retry's (the
+// client's copy out of the memfd would fail, INTERNAL), and leaves no fallback behind: the next
+// fetch, into the same memory made writable, is written there (client_memory_bytes_written).
+TEST_F(ShmTransferTest, AFetchIntoMemoryTheWorkerCannotWriteFailsWithItsReason) {
+  start();
+  const Client client = connect(/*shared_memory=*/true);
+  absl::StatusOr<std::vector<Device>> devices = client.devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  {
+    std::unique_ptr<pb::Worker::Stub> worker =
+        pb::Worker::NewStub(make_channel((*devices)[0].address, std::make_shared<CallIdentity>("")));
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    pb::HandshakeRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    pb::HandshakeReply reply;
+    const grpc::Status shook = worker->Handshake(&ctx, req, &reply);
+    ASSERT_TRUE(shook.ok()) << shook.error_message();
+    EXPECT_FALSE(reply.transfer_host().empty());
+    EXPECT_TRUE(reply.writes_client_memory());
+  }
+  absl::StatusOr<Mesh> one = client.make_mesh({1}, {"x"}, std::vector<int>{0});
+  ASSERT_TRUE(one.ok()) << one.status();
+  const long page = sysconf(_SC_PAGESIZE);
+  const HostArray host = numbered({2, page / 4});  // two pages of int32
+  absl::StatusOr<Array> a = client.device_put(host, NamedSharding(*one, P()));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto* pages =
+      static_cast<std::byte*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  std::memset(pages, 0xee, 2 * page);
+  ASSERT_EQ(mprotect(pages, 2 * page, PROT_READ), 0);
+  const MutableHostView into{DType::kI32, host.shape(), pages};
+  const absl::Status refused = a->fetch_into(into);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(
+      refused.message(),
+      HasSubstr(absl::StrCat("writing ", 2 * page, " bytes into process ", getpid(), "'s memory at 0x",
+                             absl::Hex(reinterpret_cast<uintptr_t>(pages)),
+                             ": Bad address (after 0 bytes: the range is not writable memory of the process)")));
+  EXPECT_TRUE(std::all_of(pages, pages + 2 * page, [](std::byte b) { return b == std::byte{0xee}; }));
+  ASSERT_EQ(mprotect(pages, 2 * page, PROT_READ | PROT_WRITE), 0);
+  const Counts before = counts(client, 4);
+  const absl::Status fetched = a->fetch_into(into);
+  ASSERT_TRUE(fetched.ok()) << fetched;
+  EXPECT_EQ(std::memcmp(pages, host.data(), static_cast<size_t>(host.nbytes())), 0);
+  const Counts after = counts(client, 4);
+  EXPECT_EQ(after.shm_fetched - before.shm_fetched, host.nbytes());
+  EXPECT_EQ(after.memory_written - before.memory_written, host.nbytes());
+  ASSERT_EQ(munmap(pages, 2 * page), 0);
 }
 
 // Workers started with --shm_client_memory=false neither read nor write a client's memory:
@@ -361,6 +429,12 @@ TEST_F(ShmTransferTest, WorkersThatTakeNoClientMemoryGetEveryBlockThroughTheMemf
   expect_block(*back, {{0, 1}, {0, kElements}}, kElements);
   a.reset();
   round_trips(client, /*shm=*/true);
+  // Every block went through a memfd: nothing was read from or written into this process.
+  const Counts all = counts(client, 4);
+  EXPECT_GT(all.shm_put, 0);
+  EXPECT_GT(all.shm_fetched, 0);
+  EXPECT_EQ(all.memory_read, 0);
+  EXPECT_EQ(all.memory_written, 0);
 }
 
 // Raw PutShard and GetShard calls naming bad segments, sent straight to a worker process: each
@@ -737,8 +811,10 @@ TEST_F(ShmTransferWireTest, ASegmentNamingTheClientsMemoryIsReadFromThere) {
     absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(host.data(), host.nbytes());
     ASSERT_TRUE(segment.ok()) << segment.status();
     EXPECT_TRUE(segment->direct());
+    const int64_t read_before = client_->device_stats(0)->client_memory_bytes_read;
     const grpc::Status read = put(header(id, elements, named(self, segment->fd(), segment->token())));
     ASSERT_TRUE(read.ok()) << read.error_message();
+    EXPECT_EQ(client_->device_stats(0)->client_memory_bytes_read - read_before, host.nbytes());
     EXPECT_EQ(transfer_memfds_mapped(worker), 0);
     expect_block(fetch_streamed(id, elements), {{0, 1}, {0, elements}}, elements);
     delete_buffers({id++});
@@ -790,12 +866,14 @@ TEST_F(ShmTransferWireTest, AFetchNamingTheClientsMemoryIsWrittenThere) {
     std::fill_n(into.mutable_values<int32_t>().data(), elements, -1);
     absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(into.data(), into.nbytes());
     ASSERT_TRUE(segment.ok()) << segment.status();
-    const int64_t fetched_before = client_->device_stats(0)->shm_bytes_fetched;
+    const DeviceStats before = *client_->device_stats(0);
     const grpc::Status wrote = fetch_into(id, named(self, segment->fd(), segment->token()));
     ASSERT_TRUE(wrote.ok()) << wrote.error_message();
     ASSERT_TRUE(segment->withdraw().ok());
     expect_block(into, {{0, 1}, {0, elements}}, elements);
-    EXPECT_EQ(client_->device_stats(0)->shm_bytes_fetched - fetched_before, host.nbytes());
+    const DeviceStats after = *client_->device_stats(0);
+    EXPECT_EQ(after.shm_bytes_fetched - before.shm_bytes_fetched, host.nbytes());
+    EXPECT_EQ(after.client_memory_bytes_written - before.client_memory_bytes_written, host.nbytes());
     EXPECT_EQ(transfer_memfds_open(cluster_.workers[0]->pid()), 0);
     delete_buffers({id++});
     expect_nothing_left();
@@ -949,6 +1027,85 @@ TEST_F(ShmTransferWireTest, AFetchNamingMemoryOfAProcessNotTheCallersIsRefused) 
   expect_block(into, {{0, 1}, {0, kElements}}, kElements);
   delete_buffers({1201});
   expect_nothing_left();
+}
+
+// withdraw() while another process holds the segment's lock, as a worker does while it writes
+// into the memory, and is stopped there (SIGSTOP; the process opened the memfd as a worker does,
+// /proc/<pid>/fd/<fd>, and took the lock): withdraw keeps waiting, since the memory may not be
+// reused before that writer lets go, and says so, naming the fetch's device, the segment and the
+// holder's pid, again and again; once the holder is killed (its lock goes with it) withdraw
+// returns, and the segment is withdrawn: a worker opening it now is refused, nothing written.
+TEST(ShmSegmentWithdrawTest, WaitsForAStoppedLockHolderAndSaysSo) {
+  std::vector<int32_t> into(1024, -1);
+  const int64_t bytes = static_cast<int64_t>(into.size() * sizeof(int32_t));
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(reinterpret_cast<std::byte*>(into.data()), bytes);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const std::string path = absl::StrCat("/proc/", getpid(), "/fd/", segment->fd());
+  int ready[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  const pid_t holder = fork();
+  ASSERT_GE(holder, 0) << "fork: " << std::strerror(errno);
+  if (holder == 0) {  // no allocation or lock after fork in this threaded process
+    const int fd = open(path.c_str(), O_RDWR);
+    if (fd < 0 || flock(fd, LOCK_EX) != 0 || write(ready[1], "k", 1) != 1) _exit(1);
+    raise(SIGSTOP);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  pollfd locked{ready[0], POLLIN, 0};
+  char byte = 0;
+  const bool holding = poll(&locked, 1, 10'000) == 1 && read(ready[0], &byte, 1) == 1;
+  close(ready[0]);
+  absl::Mutex mu;
+  std::vector<std::string> warnings;
+  absl::Notification warned_twice;
+  std::atomic<bool> returned{false};
+  absl::Status withdrawn;
+  std::thread withdrawing([&] {
+    withdrawn = segment->withdraw("fetch: device 7 (127.0.0.1:1)", absl::Milliseconds(20), [&](const std::string& m) {
+      absl::MutexLock lock(&mu);
+      warnings.push_back(m);
+      if (warnings.size() == 2) warned_twice.Notify();
+    });
+    returned = true;
+  });
+  EXPECT_TRUE(holding) << "the child did not take the lock";
+  EXPECT_TRUE(holding && warned_twice.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE(returned);
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_FALSE(warnings.empty());
+    EXPECT_THAT(warnings[0],
+                HasSubstr(absl::StrCat("fetch: device 7 (127.0.0.1:1): withdrawing the shared-memory "
+                                       "segment (fd ",
+                                       segment->fd(), ") naming ", bytes, " bytes of this process's memory at 0x",
+                                       absl::Hex(reinterpret_cast<uintptr_t>(into.data())))));
+    EXPECT_THAT(warnings[0], HasSubstr(absl::StrCat(": process ", holder, " has held its lock for ")));
+  }
+  EXPECT_EQ(kill(holder, SIGKILL), 0);
+  EXPECT_EQ(waitpid(holder, nullptr, 0), holder);
+  withdrawing.join();
+  EXPECT_TRUE(withdrawn.ok()) << withdrawn;
+  EXPECT_EQ(ShmSegment::open(getpid(), segment->fd(), segment->token(), bytes, /*writable=*/true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::count(into.begin(), into.end(), -1), static_cast<int64_t>(into.size()));
+}
+
+// A withdraw that the kernel refuses (here the lock, on an fd closed under the segment: EBADF)
+// cannot tell its caller that the memory is safe to reuse, nor leave it exposed: the process
+// aborts, naming the fetch's device and the segment.
+TEST(ShmSegmentWithdrawDeathTest, AFailedWithdrawAbortsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<std::byte> into(64);
+  absl::StatusOr<ShmSegment> segment = ShmSegment::create_direct(into.data(), 64);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_DEATH(
+      {
+        close(segment->fd());
+        segment->withdraw("fetch: device 7 (127.0.0.1:1)").IgnoreError();
+      },
+      "fetch: device 7 \\(127.0.0.1:1\\): withdrawing the shared-memory segment \\(fd [0-9]+\\) naming 64 bytes of "
+      "this process's memory at 0x[0-9a-f]+: locking it: Bad file descriptor; aborting");
 }
 
 }  // namespace

@@ -62,6 +62,8 @@ struct DeviceStats {
   // Program runs there that started stepped: on the thread that read them, parking at an
   // in-process collective's receive (docs/design.md, "Stepped runs").
   int64_t plan_runs_stepped = 0;
+  int64_t client_memory_bytes_read = 0;     // of shm_bytes_put, read straight from the client's memory
+  int64_t client_memory_bytes_written = 0;  // of shm_bytes_fetched, written straight into the client's memory
 };
 
 // Options of Client::connect.
