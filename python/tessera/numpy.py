@@ -822,9 +822,32 @@ def _at_add(x, idx, values):
     return _wrap(_t.at_add(x._v, i._v, axis, _tracer(values, x)._v))
 
 
+def _at_combine(name):
+    """x.at[idx].mul / min / max: lax's scatter_mul / min / max of the values broadcast to the
+    updates' shape (x[:axis] + idx + x[axis+1:]) in x's dtype, negative indices wrapped and
+    out-of-range updates dropped, as JAX's _scatter_update (jax/_src/ops/scatter.py)."""
+    cpp = getattr(_t, name)
+
+    @_op
+    def f(x, idx, values):
+        axis, i = _at_axis(x, idx)
+        n = x.shape[axis]
+        i = where(i < 0, i + n, i)
+        shape = x.shape[:axis] + i.shape + x.shape[axis + 1:]
+        u = broadcast_to(_tracer(values, x).astype(x.dtype), shape)
+        window = list(range(axis)) + list(range(axis + i.ndim, len(shape)))
+        return _wrap(cpp(x._v, expand_dims(i, -1)._v, u._v, window, [axis], [axis], [], [], "fill_or_drop"))
+
+    return f
+
+
+_at_mul, _at_min, _at_max = _at_combine("scatter_mul"), _at_combine("scatter_min"), _at_combine("scatter_max")
+
+
 class _IndexUpdateRef:
-    """x.at[idx]: get(), set(values), add(values), as jax.Array.at (updates at out-of-range
-    indices are dropped; negative indices count from the end)."""
+    """x.at[idx]: get(), set(values), add(values), multiply (mul), min and max, as
+    jax.Array.at (updates at out-of-range indices are dropped; negative indices count from the
+    end)."""
 
     __slots__ = ("_x", "_idx")
 
@@ -847,13 +870,26 @@ class _IndexUpdateRef:
         from ._api import jit
         return jit(lambda x, idx: _at_get_laid_out(x, idx, out_sharding))(x, idx)
 
+    def _update(self, name, fn, values, options):
+        _no_options(name, options)
+        return fn(*self._args(), values)
+
     def set(self, values, **unsupported):
-        _no_options("set", unsupported)
-        return _at_set(*self._args(), values)
+        return self._update("set", _at_set, values, unsupported)
 
     def add(self, values, **unsupported):
-        _no_options("add", unsupported)
-        return _at_add(*self._args(), values)
+        return self._update("add", _at_add, values, unsupported)
+
+    def multiply(self, values, **unsupported):
+        return self._update("multiply", _at_mul, values, unsupported)
+
+    mul = multiply
+
+    def min(self, values, **unsupported):
+        return self._update("min", _at_min, values, unsupported)
+
+    def max(self, values, **unsupported):
+        return self._update("max", _at_max, values, unsupported)
 
 
 def _no_options(name, options):
@@ -898,6 +934,39 @@ def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sor
     if isinstance(fill_value, _np.generic):
         fill_value = fill_value.item()
     return _wrap(_t.take(a._v, i._v, axis, mode in ("clip", "promise_in_bounds"), fill_value))
+
+
+def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *, wrap_negative_indices=None):
+    """jnp.take_along_axis (jax/_src/numpy/indexing.py): indices of arr's rank, broadcasting with
+    arr in the other dimensions; negative indices wrap (not with 'promise_in_bounds'); mode None
+    or 'fill' gives out-of-range ones fill_value (NaN, the lowest integer or True by default),
+    'clip' clamps them, 'one_hot' is JAX's one-hot contraction (out of range gives 0); axis None
+    takes 1-D indices into the flattened arr. wrap_negative_indices (None: JAX's legacy rule
+    above) wraps negatives when True and treats them as out of range when False."""
+    from .lax import GatherScatterMode, _fill
+    index_dtype = _np.dtype(indices.dtype if hasattr(indices, "dtype") else _np.asarray(indices).dtype)
+    if index_dtype.kind not in "iu":
+        raise TypeError(f"take_along_axis indices must be of integer type, got {index_dtype}")
+    if axis is None:
+        if _np.ndim(indices) != 1:
+            raise ValueError(f"take_along_axis indices must be 1D if axis=None, got shape {_np.shape(indices)}")
+        arr, axis = ravel(arr), 0
+    mode = GatherScatterMode.from_any(mode)
+    fill = _fill(fill_value) if mode is GatherScatterMode.FILL_OR_DROP else None
+    wraps = mode is not GatherScatterMode.PROMISE_IN_BOUNDS  # the SDK's rule, JAX's legacy default
+    unwrap = wrap_negative_indices is not None and bool(wrap_negative_indices) != wraps
+    return _take_along_axis(arr, _eager_index(indices), int(axis), mode.name.lower(), fill, unwrap)
+
+
+@_op
+def _take_along_axis(arr, indices, axis, mode, fill_value, unwrap):
+    arr, i = _tracer(arr), _tracer(indices)
+    if unwrap:
+        # Negatives the SDK would not (promise_in_bounds) or would (the others) wrap: wrapped
+        # here, or moved past the end so they stay out of range (CLIP clamps them to 0 as lax).
+        n = arr.shape[axis]
+        i = where(i < 0, i + n if mode == "promise_in_bounds" else (0 if mode == "clip" else n), i)
+    return _wrap(_t.take_along_axis(arr._v, i._v, axis, mode, fill_value))
 
 
 @_op
