@@ -822,32 +822,40 @@ def _at_add(x, idx, values):
     return _wrap(_t.at_add(x._v, i._v, axis, _tracer(values, x)._v))
 
 
-def _at_combine(name):
-    """x.at[idx].mul / min / max: lax's scatter_mul / min / max of the values broadcast to the
-    updates' shape (x[:axis] + idx + x[axis+1:]) in x's dtype, negative indices wrapped and
-    out-of-range updates dropped, as JAX's _scatter_update (jax/_src/ops/scatter.py)."""
-    cpp = getattr(_t, name)
-
-    @_op
-    def f(x, idx, values):
-        axis, i = _at_axis(x, idx)
-        n = x.shape[axis]
-        i = where(i < 0, i + n, i)
-        shape = x.shape[:axis] + i.shape + x.shape[axis + 1:]
-        u = broadcast_to(_tracer(values, x).astype(x.dtype), shape)
-        window = list(range(axis)) + list(range(axis + i.ndim, len(shape)))
-        return _wrap(cpp(x._v, expand_dims(i, -1)._v, u._v, window, [axis], [axis], [], [], "fill_or_drop"))
-
-    return f
+def _at_lax(x, idx, wrap):
+    """An .at[] index as lax's: (axis, indices with the index vector last, the dimensions of the
+    result (a gather's, a scatter's updates) that are x's, not the index array's)."""
+    axis, i = _at_axis(x, idx)
+    if wrap:
+        i = where(i < 0, i + x.shape[axis], i)
+    return axis, expand_dims(i, -1), list(range(axis)) + list(range(axis + i.ndim, x.ndim - 1 + i.ndim))
 
 
-_at_mul, _at_min, _at_max = _at_combine("scatter_mul"), _at_combine("scatter_min"), _at_combine("scatter_max")
+@_op
+def _at_scatter(x, idx, values, name, mode, wrap):
+    """x.at[idx].<update>(values, mode=, wrap_negative_indices=) as jax/_src/ops/scatter.py's
+    _scatter_update: lax's scatter `name` of the values broadcast to the updates' shape
+    (x[:axis] + idx + x[axis+1:]) in x's dtype; mode None drops out-of-range updates."""
+    axis, i, window = _at_lax(x, idx, wrap)
+    shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]
+    u = broadcast_to(_tracer(values, x).astype(x.dtype), shape)
+    return _wrap(getattr(_t, name)(x._v, i._v, u._v, window, [axis], [axis], [], [], mode))
+
+
+@_op
+def _at_gather(x, idx, mode, fill_value, wrap):
+    """x.at[idx].get(mode=, fill_value=, wrap_negative_indices=): lax's gather of the index's
+    slices (indexing.py rewriting_take)."""
+    axis, i, window = _at_lax(x, idx, wrap)
+    sizes = list(x.shape)
+    sizes[axis] = 1
+    return _wrap(_t.gather(x._v, i._v, window, [axis], [axis], [], [], sizes, mode, fill_value))
 
 
 class _IndexUpdateRef:
     """x.at[idx]: get(), set(values), add(values), multiply (mul), min and max, as
     jax.Array.at (updates at out-of-range indices are dropped; negative indices count from the
-    end)."""
+    end), with its mode=, wrap_negative_indices= and get's fill_value=."""
 
     __slots__ = ("_x", "_idx")
 
@@ -857,11 +865,30 @@ class _IndexUpdateRef:
     def _args(self):
         return self._x, _eager_index(self._idx)
 
-    def get(self, *, out_sharding=None, **unsupported):
+    def _options(self, name, options, get=False):
+        """The (mode name or None, wrap_negative_indices, fill_value) of an update's or get's
+        keywords, as jax.Array.at takes them; indices_are_sorted and unique_indices are hints
+        that change nothing here."""
+        from .lax import GatherScatterMode, _fill
+        options = dict(options)
+        options.pop("indices_are_sorted", None), options.pop("unique_indices", None)
+        mode, wrap = options.pop("mode", None), bool(options.pop("wrap_negative_indices", True))
+        fill = options.pop("fill_value", None) if get else None
+        _no_options(name, options)
+        mode = None if mode is None else GatherScatterMode.from_any(mode).name.lower()
+        return mode, wrap, _fill(fill) if mode == "fill_or_drop" else None
+
+    def get(self, *, out_sharding=None, **options):
         """out_sharding (a NamedSharding, or a P on the explicit or ambient mesh): the gather
         runs with the mesh's Explicit axes as Auto and its result is laid out so, as JAX's
-        (jax/_src/numpy/indexing.py rewriting_take: auto_axes)."""
-        _no_options("get", unsupported)
+        (jax/_src/numpy/indexing.py rewriting_take: auto_axes). mode None clamps out-of-range
+        indices (JAX's promise_in_bounds does in practice)."""
+        mode, wrap, fill = self._options("get", options, get=True)
+        if mode is not None or not wrap:
+            if out_sharding is not None:
+                raise NotImplementedError(".at[].get: out_sharding with mode= or wrap_negative_indices= is not "
+                                          "supported")
+            return _at_gather(*self._args(), mode or "clip", fill, wrap)
         if out_sharding is None:
             return _at_get(*self._args())
         x, idx = self._args()
@@ -870,26 +897,28 @@ class _IndexUpdateRef:
         from ._api import jit
         return jit(lambda x, idx: _at_get_laid_out(x, idx, out_sharding))(x, idx)
 
-    def _update(self, name, fn, values, options):
-        _no_options(name, options)
-        return fn(*self._args(), values)
+    def _update(self, name, scatter, values, options):
+        mode, wrap, _ = self._options(name, options)
+        if scatter in ("scatter", "scatter_add") and mode is None and wrap:
+            return (_at_set if scatter == "scatter" else _at_add)(*self._args(), values)
+        return _at_scatter(*self._args(), values, scatter, mode or "fill_or_drop", wrap)
 
-    def set(self, values, **unsupported):
-        return self._update("set", _at_set, values, unsupported)
+    def set(self, values, **options):
+        return self._update("set", "scatter", values, options)
 
-    def add(self, values, **unsupported):
-        return self._update("add", _at_add, values, unsupported)
+    def add(self, values, **options):
+        return self._update("add", "scatter_add", values, options)
 
-    def multiply(self, values, **unsupported):
-        return self._update("multiply", _at_mul, values, unsupported)
+    def multiply(self, values, **options):
+        return self._update("multiply", "scatter_mul", values, options)
 
     mul = multiply
 
-    def min(self, values, **unsupported):
-        return self._update("min", _at_min, values, unsupported)
+    def min(self, values, **options):
+        return self._update("min", "scatter_min", values, options)
 
-    def max(self, values, **unsupported):
-        return self._update("max", _at_max, values, unsupported)
+    def max(self, values, **options):
+        return self._update("max", "scatter_max", values, options)
 
 
 def _no_options(name, options):

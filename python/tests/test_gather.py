@@ -275,6 +275,39 @@ def test_at_combining_updates_match_numpy_ufunc_at(layout, method, ufunc):
     np.testing.assert_allclose(np.asarray(got[1]), row, rtol=1e-6)
 
 
+def test_at_modes_follow_jax_docstring():
+    # jax/_src/numpy/array_methods.py _IndexUpdateHelper's docstring examples.
+    x = tessera.device_put(np.arange(5.0, dtype=np.float32))
+    assert np.asarray(x.at[10].add(10)).tolist() == [0, 1, 2, 3, 4]  # dropped
+    assert np.asarray(x.at[20].add(10, mode="clip")).tolist() == [0, 1, 2, 3, 14]
+    assert float(x.at[20].get()) == 4.0
+    assert np.isnan(float(x.at[20].get(mode="fill")))
+    assert float(x.at[20].get(mode="fill", fill_value=-1)) == -1.0
+    assert np.asarray(x.at[-1].set(99)).tolist() == [0, 1, 2, 3, 99]
+    assert np.asarray(x.at[-1].set(99, wrap_negative_indices=False, mode="drop")).tolist() == [0, 1, 2, 3, 4]
+    assert np.asarray(x.at[-1].set(99, wrap_negative_indices=False, mode="clip")).tolist() == [99, 1, 2, 3, 4]
+    assert np.asarray(x.at[np.array([1, 1])].add(1.0, indices_are_sorted=True)).tolist() == [0, 3, 2, 3, 4]
+    with pytest.raises(NotImplementedError, match=r"options \['out_sharding'\]"):
+        x.at[1].set(0.0, out_sharding=None)
+
+
+def test_at_update_modes_on_sharded_arrays(layout):
+    i = np.array([1, 9, -1, -12], np.int32)
+    u = rng.uniform(0.5, 2.0, (8, 4, 4)).astype(np.float32)
+    got = tessera.jit(lambda x, i, u: (x.at[:, i].mul(u, mode="clip"), x.at[:, i].max(u, wrap_negative_indices=False),
+                                       x.at[:, i].get(mode="fill", fill_value=0.5)))(layout(X), i, u)
+    clipped = X.copy()
+    np.multiply.at(clipped, (slice(None), np.clip(np.where(i < 0, i + 8, i), 0, 7)), u)
+    np.testing.assert_allclose(np.asarray(got[0]), clipped, rtol=1e-6)
+    unwrapped = X.copy()
+    np.maximum.at(unwrapped, (slice(None), i[:1]), u[:, :1])  # only 1 is in range without wrapping
+    np.testing.assert_array_equal(np.asarray(got[1]), unwrapped)
+    wrapped = np.where(i < 0, i + 8, i)
+    inside = (wrapped >= 0) & (wrapped < 8)
+    want = np.where(inside[None, :, None], X[:, np.clip(wrapped, 0, 7)], 0.5)
+    np.testing.assert_array_equal(np.asarray(got[2]), want)
+
+
 def test_at_outside_jit_on_integers():
     x = np.arange(6, dtype=np.int32)
     a = tessera.device_put(x)
