@@ -66,6 +66,22 @@ Value scalar_op_int(const std::string& op, const Value& x, int64_t y, bool rever
   throw StatusError(absl::InvalidArgumentError(absl::StrCat("scalar_op_int: unknown op '", op, "'")));
 }
 
+// A gather's fill value from Python (a float or an int; None: JAX's default for the dtype).
+std::optional<Scalar> fill_scalar(const std::optional<std::variant<int64_t, double>>& fill) {
+  if (!fill) return std::nullopt;
+  return std::visit([](auto v) { return Scalar(v); }, *fill);
+}
+
+// GatherScatterMode by the lower-case name of its enumerator (tessera/lax.py's enum values).
+GatherScatterMode gather_scatter_mode(const std::string& name) {
+  if (name == "clip") return GatherScatterMode::kClip;
+  if (name == "fill_or_drop") return GatherScatterMode::kFillOrDrop;
+  if (name == "promise_in_bounds") return GatherScatterMode::kPromiseInBounds;
+  if (name == "one_hot") return GatherScatterMode::kOneHot;
+  throw StatusError(absl::InvalidArgumentError(
+      absl::StrCat("GatherScatterMode: unknown mode '", name, "' (clip, fill_or_drop, promise_in_bounds, one_hot)")));
+}
+
 // `op()` with `mesh` (an out_sharding NamedSharding's mesh, or Python's ambient one) the ambient
 // mesh when given: a trace not in explicit mode resolves out_sharding's bare spec against it.
 template <typename Op>
@@ -295,9 +311,7 @@ void bind_ops(py::module_& m) {
   m.def("remainder", &remainder);
   m.def("clamp", &clamp);
   m.def("take", [](V x, V indices, int64_t axis, bool clip, std::optional<std::variant<int64_t, double>> fill) {
-    std::optional<Scalar> fill_value;
-    if (fill) fill_value = std::visit([](auto v) { return Scalar(v); }, *fill);
-    return take(x, indices, axis, clip ? IndexMode::kClip : IndexMode::kFillOrDrop, fill_value);
+    return take(x, indices, axis, clip ? IndexMode::kClip : IndexMode::kFillOrDrop, fill_scalar(fill));
   });
   m.def("at_get", [](V x, V indices, int64_t axis) { return at(x, indices, axis).get(); });
   // x.at[i].get(out_sharding=) (trace.h: the gather with the Explicit axes as Auto, then laid out).
@@ -306,6 +320,34 @@ void bind_ops(py::module_& m) {
   });
   m.def("at_set", [](V x, V indices, int64_t axis, V updates) { return at(x, indices, axis).set(updates); });
   m.def("at_add", [](V x, V indices, int64_t axis, V updates) { return at(x, indices, axis).add(updates); });
+  // lax.gather / the scatters / jnp.take_along_axis with dimension numbers (trace.h); `mode` is
+  // GatherScatterMode's name in lower case, as tessera/lax.py's enum spells its values.
+  m.def("gather", [](V operand, V start_indices, Dims offset_dims, Dims collapsed_slice_dims, Dims start_index_map,
+                     Dims operand_batching_dims, Dims start_indices_batching_dims, Dims slice_sizes,
+                     const std::string& mode, std::optional<std::variant<int64_t, double>> fill) {
+    GatherDimensionNumbers dims{std::move(offset_dims), std::move(collapsed_slice_dims), std::move(start_index_map),
+                                std::move(operand_batching_dims), std::move(start_indices_batching_dims)};
+    return gather(operand, start_indices, dims, std::move(slice_sizes), gather_scatter_mode(mode), fill_scalar(fill));
+  });
+  using ScatterFn = Value (*)(V, V, V, const ScatterDimensionNumbers&, GatherScatterMode);
+  for (auto [name, fn] : std::vector<std::pair<const char*, ScatterFn>>{{"scatter", &scatter},
+                                                                        {"scatter_add", &scatter_add},
+                                                                        {"scatter_mul", &scatter_mul},
+                                                                        {"scatter_min", &scatter_min},
+                                                                        {"scatter_max", &scatter_max}}) {
+    m.def(name, [fn = fn](V operand, V scatter_indices, V updates, Dims update_window_dims, Dims inserted_window_dims,
+                          Dims scatter_dims_to_operand_dims, Dims operand_batching_dims,
+                          Dims scatter_indices_batching_dims, const std::string& mode) {
+      ScatterDimensionNumbers dims{std::move(update_window_dims), std::move(inserted_window_dims),
+                                   std::move(scatter_dims_to_operand_dims), std::move(operand_batching_dims),
+                                   std::move(scatter_indices_batching_dims)};
+      return fn(operand, scatter_indices, updates, dims, gather_scatter_mode(mode));
+    });
+  }
+  m.def("take_along_axis",
+        [](V x, V indices, int64_t axis, const std::string& mode, std::optional<std::variant<int64_t, double>> fill) {
+          return take_along_axis(x, indices, axis, gather_scatter_mode(mode), fill_scalar(fill));
+        });
   m.def("dynamic_slice", &dynamic_slice);
   m.def("dynamic_update_slice", &dynamic_update_slice);
 }

@@ -1,5 +1,10 @@
 """tessera.lax: jax.lax's collectives (inside shard_map), with_sharding_constraint,
 dot_general and the primitives the SDK has under lax's names."""
+import enum
+from typing import NamedTuple, Sequence
+
+import numpy as _np
+
 from . import _tessera as _t
 from . import numpy as _jnp
 from .numpy import (abs, add, ceil, cos, exp, floor, log, maximum as max, minimum as min, negative as neg,  # noqa: F401
@@ -389,3 +394,122 @@ def cummax(operand, axis=0, reverse=False):
 
 def cummin(operand, axis=0, reverse=False):
     return _jnp._scan("cummin", operand, axis, reverse)
+
+
+# ---- issue #15: gather and the scatters with dimension numbers (tessera/trace.h) ----------
+
+class GatherDimensionNumbers(NamedTuple):
+    """lax.GatherDimensionNumbers (jax/_src/lax/slicing.py): the index vector is the last
+    dimension of start_indices, as in JAX."""
+    offset_dims: tuple
+    collapsed_slice_dims: tuple
+    start_index_map: tuple
+    operand_batching_dims: tuple = ()
+    start_indices_batching_dims: tuple = ()
+
+
+class ScatterDimensionNumbers(NamedTuple):
+    """lax.ScatterDimensionNumbers (jax/_src/lax/slicing.py)."""
+    update_window_dims: Sequence[int]
+    inserted_window_dims: Sequence[int]
+    scatter_dims_to_operand_dims: Sequence[int]
+    operand_batching_dims: Sequence[int] = ()
+    scatter_indices_batching_dims: Sequence[int] = ()
+
+
+class GatherScatterMode(enum.Enum):
+    """lax.GatherScatterMode: how a gather or scatter treats out-of-bounds indices. CLIP clamps
+    each start so the window fits; FILL_OR_DROP fills a gathered window touching the outside
+    with fill_value and drops such a scattered window; PROMISE_IN_BOUNDS checks nothing
+    (in-bounds results are CLIP's, others undefined); ONE_HOT is take_along_axis's one-hot
+    contraction (a gather refuses it)."""
+    CLIP = enum.auto()
+    FILL_OR_DROP = enum.auto()
+    PROMISE_IN_BOUNDS = enum.auto()
+    ONE_HOT = enum.auto()
+
+    @staticmethod
+    def from_any(s):
+        """As JAX's: a GatherScatterMode, None (FILL_OR_DROP), 'clip', 'fill' or 'drop',
+        'promise_in_bounds' or 'one_hot'; anything else is a ValueError."""
+        if isinstance(s, GatherScatterMode):
+            return s
+        if s == "clip":
+            return GatherScatterMode.CLIP
+        if s is None or s == "fill" or s == "drop":
+            return GatherScatterMode.FILL_OR_DROP
+        if s == "promise_in_bounds":
+            return GatherScatterMode.PROMISE_IN_BOUNDS
+        if s == "one_hot":
+            return GatherScatterMode.ONE_HOT
+        raise ValueError(f'Unknown gather mode "{s}"')
+
+
+def _mode_name(mode):
+    return GatherScatterMode.from_any(mode).name.lower()
+
+
+def _fill(fill_value):
+    """A fill value as the binding takes it (a Python int or float; None: JAX's default)."""
+    if fill_value is None:
+        return None
+    v = _np.asarray(fill_value).item()
+    return int(v) if isinstance(v, (bool, int)) else float(v)
+
+
+def _ints(dims, what):
+    try:
+        return [int(d) for d in dims]
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of ints, not {dims!r}") from None
+
+
+@_op
+def _gather(operand, start_indices, dims, slice_sizes, mode, fill_value):
+    return _wrap(_t.gather(_tracer(operand)._v, _tracer(start_indices)._v, *dims, slice_sizes, mode, fill_value))
+
+
+def gather(operand, start_indices, dimension_numbers, slice_sizes, *, unique_indices=False, indices_are_sorted=False,
+           mode=None, fill_value=None):
+    """lax.gather. mode None is FILL_OR_DROP, the C++ SDK's default (JAX's is PROMISE_IN_BOUNDS,
+    whose out-of-bounds results are undefined: in-bounds ones are the same); fill_value (FILL_OR_DROP
+    only) defaults to NaN, the lowest integer or True. unique_indices and indices_are_sorted
+    are performance hints in JAX and change nothing here."""
+    if not isinstance(dimension_numbers, GatherDimensionNumbers):
+        raise TypeError(f"lax.gather: dimension_numbers must be a lax.GatherDimensionNumbers, not "
+                        f"{type(dimension_numbers).__name__}")
+    mode = _mode_name(mode)
+    dims = tuple(tuple(_ints(d, f"GatherDimensionNumbers.{f}")) for f, d in
+                 zip(GatherDimensionNumbers._fields, dimension_numbers))
+    return _gather(operand, start_indices, dims, tuple(_ints(slice_sizes, "slice_sizes")), mode,
+                   _fill(fill_value) if mode == "fill_or_drop" else None)
+
+
+def _scatter_op(name):
+    cpp = getattr(_t, name)
+
+    @_op
+    def run(operand, scatter_indices, updates, dims, mode):
+        x = _tracer(operand)
+        return _wrap(cpp(x._v, _tracer(scatter_indices)._v, _tracer(updates, x)._v, *dims, mode))
+
+    def f(operand, scatter_indices, updates, dimension_numbers, *, indices_are_sorted=False, unique_indices=False,
+          mode=None):
+        if not isinstance(dimension_numbers, ScatterDimensionNumbers):
+            raise TypeError(f"lax.{name}: dimension_numbers must be a lax.ScatterDimensionNumbers, not "
+                            f"{type(dimension_numbers).__name__}")
+        dims = tuple(tuple(_ints(d, f"ScatterDimensionNumbers.{f}")) for f, d in
+                     zip(ScatterDimensionNumbers._fields, dimension_numbers))
+        return run(operand, scatter_indices, updates, dims, _mode_name(mode))
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = (f"lax.{name}: mode None is FILL_OR_DROP (out-of-bounds windows are dropped), as JAX's. "
+                 "indices_are_sorted and unique_indices are performance hints in JAX and change nothing here.")
+    return f
+
+
+scatter = _scatter_op("scatter")
+scatter_add = _scatter_op("scatter_add")
+scatter_mul = _scatter_op("scatter_mul")
+scatter_min = _scatter_op("scatter_min")
+scatter_max = _scatter_op("scatter_max")

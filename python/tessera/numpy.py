@@ -822,9 +822,40 @@ def _at_add(x, idx, values):
     return _wrap(_t.at_add(x._v, i._v, axis, _tracer(values, x)._v))
 
 
+def _at_lax(x, idx, wrap):
+    """An .at[] index as lax's: (axis, indices with the index vector last, the dimensions of the
+    result (a gather's, a scatter's updates) that are x's, not the index array's)."""
+    axis, i = _at_axis(x, idx)
+    if wrap:
+        i = where(i < 0, i + x.shape[axis], i)
+    return axis, expand_dims(i, -1), list(range(axis)) + list(range(axis + i.ndim, x.ndim - 1 + i.ndim))
+
+
+@_op
+def _at_scatter(x, idx, values, name, mode, wrap):
+    """x.at[idx].<update>(values, mode=, wrap_negative_indices=) as jax/_src/ops/scatter.py's
+    _scatter_update: lax's scatter `name` of the values broadcast to the updates' shape
+    (x[:axis] + idx + x[axis+1:]) in x's dtype; mode None drops out-of-range updates."""
+    axis, i, window = _at_lax(x, idx, wrap)
+    shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]
+    u = broadcast_to(_tracer(values, x).astype(x.dtype), shape)
+    return _wrap(getattr(_t, name)(x._v, i._v, u._v, window, [axis], [axis], [], [], mode))
+
+
+@_op
+def _at_gather(x, idx, mode, fill_value, wrap):
+    """x.at[idx].get(mode=, fill_value=, wrap_negative_indices=): lax's gather of the index's
+    slices (indexing.py rewriting_take)."""
+    axis, i, window = _at_lax(x, idx, wrap)
+    sizes = list(x.shape)
+    sizes[axis] = 1
+    return _wrap(_t.gather(x._v, i._v, window, [axis], [axis], [], [], sizes, mode, fill_value))
+
+
 class _IndexUpdateRef:
-    """x.at[idx]: get(), set(values), add(values), as jax.Array.at (updates at out-of-range
-    indices are dropped; negative indices count from the end)."""
+    """x.at[idx]: get(), set(values), add(values), multiply (mul), min and max, as
+    jax.Array.at (updates at out-of-range indices are dropped; negative indices count from the
+    end), with its mode=, wrap_negative_indices= and get's fill_value=."""
 
     __slots__ = ("_x", "_idx")
 
@@ -834,11 +865,30 @@ class _IndexUpdateRef:
     def _args(self):
         return self._x, _eager_index(self._idx)
 
-    def get(self, *, out_sharding=None, **unsupported):
+    def _options(self, name, options, get=False):
+        """The (mode name or None, wrap_negative_indices, fill_value) of an update's or get's
+        keywords, as jax.Array.at takes them; indices_are_sorted and unique_indices are hints
+        that change nothing here."""
+        from .lax import GatherScatterMode, _fill
+        options = dict(options)
+        options.pop("indices_are_sorted", None), options.pop("unique_indices", None)
+        mode, wrap = options.pop("mode", None), bool(options.pop("wrap_negative_indices", True))
+        fill = options.pop("fill_value", None) if get else None
+        _no_options(name, options)
+        mode = None if mode is None else GatherScatterMode.from_any(mode).name.lower()
+        return mode, wrap, _fill(fill) if mode == "fill_or_drop" else None
+
+    def get(self, *, out_sharding=None, **options):
         """out_sharding (a NamedSharding, or a P on the explicit or ambient mesh): the gather
         runs with the mesh's Explicit axes as Auto and its result is laid out so, as JAX's
-        (jax/_src/numpy/indexing.py rewriting_take: auto_axes)."""
-        _no_options("get", unsupported)
+        (jax/_src/numpy/indexing.py rewriting_take: auto_axes). mode None clamps out-of-range
+        indices (JAX's promise_in_bounds does in practice)."""
+        mode, wrap, fill = self._options("get", options, get=True)
+        if mode is not None or not wrap:
+            if out_sharding is not None:
+                raise NotImplementedError(".at[].get: out_sharding with mode= or wrap_negative_indices= is not "
+                                          "supported")
+            return _at_gather(*self._args(), mode or "clip", fill, wrap)
         if out_sharding is None:
             return _at_get(*self._args())
         x, idx = self._args()
@@ -847,13 +897,28 @@ class _IndexUpdateRef:
         from ._api import jit
         return jit(lambda x, idx: _at_get_laid_out(x, idx, out_sharding))(x, idx)
 
-    def set(self, values, **unsupported):
-        _no_options("set", unsupported)
-        return _at_set(*self._args(), values)
+    def _update(self, name, scatter, values, options):
+        mode, wrap, _ = self._options(name, options)
+        if scatter in ("scatter", "scatter_add") and mode is None and wrap:
+            return (_at_set if scatter == "scatter" else _at_add)(*self._args(), values)
+        return _at_scatter(*self._args(), values, scatter, mode or "fill_or_drop", wrap)
 
-    def add(self, values, **unsupported):
-        _no_options("add", unsupported)
-        return _at_add(*self._args(), values)
+    def set(self, values, **options):
+        return self._update("set", "scatter", values, options)
+
+    def add(self, values, **options):
+        return self._update("add", "scatter_add", values, options)
+
+    def multiply(self, values, **options):
+        return self._update("multiply", "scatter_mul", values, options)
+
+    mul = multiply
+
+    def min(self, values, **options):
+        return self._update("min", "scatter_min", values, options)
+
+    def max(self, values, **options):
+        return self._update("max", "scatter_max", values, options)
 
 
 def _no_options(name, options):
@@ -898,6 +963,39 @@ def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sor
     if isinstance(fill_value, _np.generic):
         fill_value = fill_value.item()
     return _wrap(_t.take(a._v, i._v, axis, mode in ("clip", "promise_in_bounds"), fill_value))
+
+
+def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *, wrap_negative_indices=None):
+    """jnp.take_along_axis (jax/_src/numpy/indexing.py): indices of arr's rank, broadcasting with
+    arr in the other dimensions; negative indices wrap (not with 'promise_in_bounds'); mode None
+    or 'fill' gives out-of-range ones fill_value (NaN, the lowest integer or True by default),
+    'clip' clamps them, 'one_hot' is JAX's one-hot contraction (out of range gives 0); axis None
+    takes 1-D indices into the flattened arr. wrap_negative_indices (None: JAX's legacy rule
+    above) wraps negatives when True and treats them as out of range when False."""
+    from .lax import GatherScatterMode, _fill
+    index_dtype = _np.dtype(indices.dtype if hasattr(indices, "dtype") else _np.asarray(indices).dtype)
+    if index_dtype.kind not in "iu":
+        raise TypeError(f"take_along_axis indices must be of integer type, got {index_dtype}")
+    if axis is None:
+        if _np.ndim(indices) != 1:
+            raise ValueError(f"take_along_axis indices must be 1D if axis=None, got shape {_np.shape(indices)}")
+        arr, axis = ravel(arr), 0
+    mode = GatherScatterMode.from_any(mode)
+    fill = _fill(fill_value) if mode is GatherScatterMode.FILL_OR_DROP else None
+    wraps = mode is not GatherScatterMode.PROMISE_IN_BOUNDS  # the SDK's rule, JAX's legacy default
+    unwrap = wrap_negative_indices is not None and bool(wrap_negative_indices) != wraps
+    return _take_along_axis(arr, _eager_index(indices), int(axis), mode.name.lower(), fill, unwrap)
+
+
+@_op
+def _take_along_axis(arr, indices, axis, mode, fill_value, unwrap):
+    arr, i = _tracer(arr), _tracer(indices)
+    if unwrap:
+        # Negatives the SDK would not (promise_in_bounds) or would (the others) wrap: wrapped
+        # here, or moved past the end so they stay out of range (CLIP clamps them to 0 as lax).
+        n = arr.shape[axis]
+        i = where(i < 0, i + n if mode == "promise_in_bounds" else (0 if mode == "clip" else n), i)
+    return _wrap(_t.take_along_axis(arr._v, i._v, axis, mode, fill_value))
 
 
 @_op

@@ -16,9 +16,7 @@ arrays. randint, permutation and choice are JAX's algorithms (jax/_src/random/co
 _randint, _shuffle, choice) composed from the SDK's ops, so their values are JAX's for the
 same key for 32-bit dtypes (8- and 16-bit ones are sampled in int32 and converted, which JAX,
 drawing as many bits as the dtype has, does not: their values differ from JAX's); randint and choice of 64-bit integers (jax_enable_x64) would need 64-bit random
-bits, which Tessera does not draw, and permutation(independent=True) of an array of more than
-one dimension a per-lane gather (take_along_axis), which the SDK lacks; choice's mode='high'
-is not supported.
+bits, which Tessera does not draw; choice's mode='high' is not supported.
 """
 from . import _tessera as _t
 import math
@@ -231,17 +229,13 @@ def randint(key, shape, minval, maxval, dtype=None):
 
 def _shuffle(key, x, axis):
     """jax/_src/random/core.py _shuffle: ceil(3 ln(size) / ln(2**32 - 1)) rounds, each a stable
-    sort of x along `axis` by fresh uint32 keys (lax.sort_key_val: here x taken at the keys'
-    stable argsort)."""
+    sort of x along `axis` by fresh uint32 keys (lax.sort_key_val: here x taken along `axis` at
+    the keys' stable argsort, so each lane of a many-dimensional x on its own)."""
     num_rounds = int(_np.ceil(3 * _np.log(max(1, x.size)) / _np.log(_np.iinfo(_np.uint32).max)))
     for _ in range(num_rounds):
         key, subkey = split(key)
         sort_keys = bits(subkey, x.shape)
-        order = _jnp.argsort(sort_keys, axis=axis)
-        if x.ndim != 1:
-            raise NotImplementedError("random.permutation(independent=True) of an array of more than one "
-                                      "dimension: Tessera has no per-lane gather (take_along_axis)")
-        x = _jnp.take(x, order, axis=0)
+        x = _jnp.take_along_axis(x, _jnp.argsort(sort_keys, axis=axis), axis=axis)
     return x
 
 

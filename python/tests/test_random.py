@@ -244,8 +244,28 @@ def test_permutation_is_jax_shuffle_on_tessera_bits():
         random.permutation(key, 10, axis=3)
     with pytest.raises(TypeError):
         random.permutation(key, 10.)
-    with pytest.raises(NotImplementedError, match="take_along_axis"):
-        random.permutation(key, x, independent=True)
+
+
+def test_independent_permutation_shuffles_each_lane():
+    # core.py _shuffle sorts every lane along `axis` by its own keys (lax.sort_key_val), so each
+    # lane is a permutation of itself, bit for bit the host transcription of JAX's algorithm.
+    key = random.PRNGKey(5)
+    x = np.arange(60, dtype=np.float32).reshape(6, 10)
+    for axis in (0, 1, -1):
+        got = np.asarray(random.permutation(key, x, axis=axis, independent=True))
+        assert got.tolist() == _ref_shuffle(key, x, axis).tolist()
+        assert (np.sort(got, axis=axis) == x).all()
+    # random_lax_test.py testPermutation: with more than 4 lanes of more than 4 elements the lanes
+    # are not all shuffled alike (independent), unlike independent=False.
+    got = np.asarray(random.permutation(key, x, axis=1, independent=True))
+    order = np.argsort(got, axis=1)
+    assert not (order == order[0]).all()
+    same = np.asarray(random.permutation(key, x, axis=1))
+    assert (np.argsort(same, axis=1) == np.argsort(same, axis=1)[0]).all()
+    # A 3-D int array under jit (6000 elements: two rounds of keys).
+    y = np.arange(2 * 3 * 1000, dtype=np.int32).reshape(2, 3, 1000)
+    got = np.asarray(tessera.jit(lambda k, y: random.permutation(k, y, axis=2, independent=True))(key, y))
+    assert got.tolist() == _ref_shuffle(key, y, 2).tolist()
 
 
 def test_choice_is_jax_algorithm():
