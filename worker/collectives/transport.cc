@@ -809,6 +809,16 @@ void Transport::begin_registration() {
   registering_ = true;
 }
 
+void Transport::end_registration() {
+  absl::MutexLock lock(&mu_);
+  registering_ = false;  // the held sends go on under declared_ (mu_'s Await)
+}
+
+int Transport::held_sends() const {
+  absl::MutexLock lock(&mu_);
+  return held_sends_;
+}
+
 void Transport::declare(uint64_t epoch, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
   registering_ = false;  // the sends that waited for it go on (mu_'s Await)
@@ -882,7 +892,8 @@ void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops
 }
 
 absl::Status Transport::send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
-                             absl::Time deadline, std::shared_ptr<const void> owner) {
+                             absl::Time deadline, std::shared_ptr<const void> owner,
+                             const std::function<bool()>& cancelled) {
   int self = -1;
   bool in_process = false;
   {
@@ -911,7 +922,7 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
     }
     queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner), &after);
   } else {
-    queued = await_registration(peer, address, deadline);
+    queued = await_registration(peer, address, tag.op, deadline, cancelled);
     if (queued.ok()) queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
   }
   if (queued.ok() && sent_ns != 0) {
@@ -921,14 +932,31 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
   return queued;
 }
 
-absl::Status Transport::await_registration(int peer, const std::string& address, absl::Time deadline) {
+absl::Status Transport::await_registration(int peer, const std::string& address, uint64_t op, absl::Time deadline,
+                                           const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
   auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !registering_ || stopping_; };
-  if (mu_.AwaitWithDeadline(absl::Condition(&registered), deadline)) return absl::OkStatus();
-  return absl::DeadlineExceededError(absl::StrCat(
-      "a message to ", peer_name(peer, address), " waited for device ", self_,
-      " to register again with the coordinator (its collective messages go out only under its new registration, "
-      "which peers take) and its deadline passed first"));
+  if (registered()) return absl::OkStatus();
+  ++held_sends_;
+  struct Unhold {
+    int& held;
+    ~Unhold() { --held; }
+  } unhold{held_sends_};
+  // Wake up now and then to notice a cancelled run, as receive does.
+  while (!mu_.AwaitWithDeadline(absl::Condition(&registered), std::min(deadline, absl::Now() + kCancelPoll))) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("a message of op ", op, " to ", peer_name(peer, address), " waited for device ", self_,
+                       " to register again with the coordinator (its collective messages go out only under its new "
+                       "registration, which peers take) and its deadline passed first"));
+    }
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("op ", op, " was cancelled while its message to ",
+                                               peer_name(peer, address), " waited for device ", self_,
+                                               " to register again with the coordinator"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Transport::stream_failed(uint64_t op, const std::string& peer) {

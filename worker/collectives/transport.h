@@ -124,13 +124,23 @@ class Transport {
   ~Transport();  // cancels every link and joins its writer
 
   void set_self(int device_id);
-  // This worker is about to register (again) with the coordinator: until declare(), sends over
-  // gRPC wait (each until its deadline; DEADLINE_EXCEEDED naming this device and the rule), so
-  // that no link declares a registration the coordinator is replacing. A run the coordinator
-  // sends as soon as it has recorded the new registration may reach this worker before the
-  // registration's reply does: its messages then go out under the new one. (A notice of lost
-  // ops, sent from a gRPC callback thread, does not wait.)
+  // This worker is about to register (again) with the coordinator: until declare() or
+  // end_registration(), sends over gRPC are held (each until its deadline, DEADLINE_EXCEEDED
+  // naming this device and the rule; or CANCELLED soon after its run's `cancelled()` turns
+  // true), so that no link declares a registration the coordinator is replacing. A run the
+  // coordinator sends as soon as it has recorded the new registration may reach this worker
+  // before the registration's reply does: its messages then go out under the new one. (A
+  // notice of lost ops, sent from a gRPC callback thread, is never held.)
   void begin_registration();
+  // The registration begin_registration() announced ended without a new one to declare (its
+  // RegisterWorker failed, or the worker stopped registering): the held sends go on under the
+  // registration declared before. That is the only one this worker holds; runs of it still
+  // going can finish, and a peer whose view says it was replaced (the coordinator recorded the
+  // attempt but its reply was lost) ends the streams declaring it with PERMISSION_DENIED, which
+  // fails the op with that reason (docs/design.md, "Held sends"). Idempotent.
+  void end_registration();
+  // Sends held now (begin_registration), for tests.
+  int held_sends() const;
   // The registration (coordinator epoch, incarnation) this worker's Exchange streams declare to
   // its peers (worker/collectives/peer_view.h); ends begin_registration's wait. A new one
   // supersedes the open links: sends take fresh links declaring it, while each peer ends the
@@ -196,8 +206,11 @@ class Transport {
   // In process (serve_in_process, both ends): the message is in the peer's mailbox (or refused
   // for its bounds, which fails the peer's wait) when send() returns; UNAVAILABLE naming the
   // peer if no transport of this process serves its in-process address any more.
+  // While this worker registers (begin_registration) a send over gRPC is held: CANCELLED
+  // soon after `cancelled()` turns true.
   absl::Status send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
-                    absl::Time deadline, std::shared_ptr<const void> owner = nullptr);
+                    absl::Time deadline, std::shared_ptr<const void> owner = nullptr,
+                    const std::function<bool()>& cancelled = nullptr);
 
   // How often a waiting receive checks whether its op was cancelled.
   static constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
@@ -359,8 +372,9 @@ class Transport {
   // The healthy link to `peer` at `address`, opened if needed. Destroys retired links (which
   // waits for their streams to end): never call it on a gRPC callback thread.
   std::shared_ptr<Link> link(int peer, const std::string& address);
-  // Waits while this worker registers (begin_registration), until `deadline`.
-  absl::Status await_registration(int peer, const std::string& address, absl::Time deadline);
+  // Waits while this worker registers (begin_registration), until `deadline` or `cancelled()`.
+  absl::Status await_registration(int peer, const std::string& address, uint64_t op, absl::Time deadline,
+                                  const std::function<bool()>& cancelled);
   std::shared_ptr<Link> current_link_locked(int peer, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A link broke with messages of `ops` (its recent ones) in flight: the ops still running
   // here fail at once (their sends and receives return UNAVAILABLE naming the peer), and the
@@ -433,6 +447,7 @@ class Transport {
   int self_ ABSL_GUARDED_BY(mu_) = -1;
   std::pair<uint64_t, uint64_t> declared_ ABSL_GUARDED_BY(mu_);  // see declare
   bool registering_ ABSL_GUARDED_BY(mu_) = false;                // see begin_registration
+  int held_sends_ ABSL_GUARDED_BY(mu_) = 0;                      // sends waiting for registering_ to end
   int64_t forged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Held> mailbox_ ABSL_GUARDED_BY(mu_);
