@@ -839,11 +839,17 @@ void Transport::declare(uint64_t epoch, uint64_t incarnation) {
   links_.clear();
 }
 
-std::shared_ptr<Transport::Link> Transport::link(int peer, const std::string& address) {
+absl::StatusOr<std::shared_ptr<Transport::Link>> Transport::link(int peer, const std::string& address, uint64_t op,
+                                                                 absl::Time deadline,
+                                                                 const std::function<bool()>& cancelled) {
   std::vector<std::shared_ptr<Link>> retired;
   std::shared_ptr<Link> current;
   {
     absl::MutexLock lock(&mu_);
+    // What is retired stays in retired_ for the next call when this fails.
+    if (absl::Status registered = await_registration_locked(peer, address, op, deadline, cancelled); !registered.ok()) {
+      return registered;
+    }
     current = current_link_locked(peer, address);
     for (auto it = superseded_.begin(); it != superseded_.end();) {
       if (!(*it)->broken()) {
@@ -922,8 +928,8 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
     }
     queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner), &after);
   } else {
-    queued = await_registration(peer, address, tag.op, deadline, cancelled);
-    if (queued.ok()) queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
+    absl::StatusOr<std::shared_ptr<Link>> to = link(peer, address, tag.op, deadline, cancelled);
+    queued = to.ok() ? (*to)->enqueue(tag, data, bytes, deadline, std::move(owner)) : to.status();
   }
   if (queued.ok() && sent_ns != 0) {
     profile_flow(profile_, ProfileEvent::kFlowStart, message_flow_id(self, peer, tag.op, tag.step, tag.chunk),
@@ -932,9 +938,8 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
   return queued;
 }
 
-absl::Status Transport::await_registration(int peer, const std::string& address, uint64_t op, absl::Time deadline,
-                                           const std::function<bool()>& cancelled) {
-  absl::MutexLock lock(&mu_);
+absl::Status Transport::await_registration_locked(int peer, const std::string& address, uint64_t op,
+                                                  absl::Time deadline, const std::function<bool()>& cancelled) {
   auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !registering_ || stopping_; };
   if (registered()) return absl::OkStatus();
   ++held_sends_;

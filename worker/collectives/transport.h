@@ -369,12 +369,17 @@ class Transport {
                                std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits,
                                const void* stream = nullptr);
 
-  // The healthy link to `peer` at `address`, opened if needed. Destroys retired links (which
-  // waits for their streams to end): never call it on a gRPC callback thread.
-  std::shared_ptr<Link> link(int peer, const std::string& address);
-  // Waits while this worker registers (begin_registration), until `deadline` or `cancelled()`.
-  absl::Status await_registration(int peer, const std::string& address, uint64_t op, absl::Time deadline,
-                                  const std::function<bool()>& cancelled);
+  // The healthy link to `peer` at `address`, opened if needed, for a message of `op`: while
+  // this worker registers (begin_registration) it waits first, under the same lock (one lock
+  // round when not registering), until `deadline` or `cancelled()` (see await_registration_locked).
+  // Destroys retired links (which waits for their streams to end): never call it on a gRPC
+  // callback thread.
+  absl::StatusOr<std::shared_ptr<Link>> link(int peer, const std::string& address, uint64_t op, absl::Time deadline,
+                                             const std::function<bool()>& cancelled);
+  // Waits while this worker registers (begin_registration): DEADLINE_EXCEEDED at `deadline`,
+  // CANCELLED soon after `cancelled()` turns true, both naming `op`, the peer and the rule.
+  absl::Status await_registration_locked(int peer, const std::string& address, uint64_t op, absl::Time deadline,
+                                         const std::function<bool()>& cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Link> current_link_locked(int peer, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A link broke with messages of `ops` (its recent ones) in flight: the ops still running
   // here fail at once (their sends and receives return UNAVAILABLE naming the peer), and the
