@@ -1293,6 +1293,17 @@ class TransportRegistration : public ::testing::Test {
   const absl::Time start = absl::Now();
 };
 
+// Waits (with a deadline, no sleep: each check is a call into the transport) until `a` holds
+// `n` sends for its registration.
+bool until_held(Transport& a, int n) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (a.held_sends() != n) {
+    if (absl::Now() >= deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 // Issue #17 (session 29's gap 3): while this worker registers again, its collective messages
 // wait for the new registration, and then go on fresh links declaring it — never on a link
 // declaring the registration being replaced (a run the coordinator sends as soon as it recorded
@@ -1313,8 +1324,12 @@ TEST_F(TransportRegistration, SendsWaitForTheNewRegistrationAndGoOnLinksDeclarin
 
   absl::Status sent;
   std::thread sender([&] { sent = a.transport().send(1, to_b, {13, 0, 0}, one, 4, absl::Now() + absl::Seconds(20)); });
+  // Declared only once the send is held, so that the release is what this exercises (a declare
+  // before the sender blocked would let it through without a wait).
+  const bool was_held = until_held(a.transport(), 1);
   a.transport().declare(7, 2);
   sender.join();
+  ASSERT_TRUE(was_held);
   ASSERT_TRUE(sent.ok()) << sent;
   expect_four_bytes(b.transport(), {13, 0, 0}, start, one);
   // The message of the new registration came on a new link declaring it; no stream declaring
@@ -1325,17 +1340,6 @@ TEST_F(TransportRegistration, SendsWaitForTheNewRegistrationAndGoOnLinksDeclarin
   EXPECT_EQ(declared.size(), 2u);
   EXPECT_EQ(b.transport().pending_messages(), 0);
   for (uint64_t op : {11, 12, 13}) b.transport().finish_op(op);
-}
-
-// Waits (with a deadline, no sleep: each check is a call into the transport) until `a` holds
-// `n` sends for its registration.
-bool held(Transport& a, int n) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (a.held_sends() != n) {
-    if (absl::Now() >= deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
 }
 
 // Issue #17, the review of session 30: a held send ignored its run's cancel flag (the run's
@@ -1350,7 +1354,7 @@ TEST_F(TransportRegistration, AHeldSendOfACancelledRunReturnsCancelled) {
     sent = a.transport().send(1, to_b, {21, 0, 0}, one, 4, absl::Now() + absl::Seconds(30), nullptr,
                               [&] { return cancelled.load(); });
   });
-  const bool was_held = held(a.transport(), 1);
+  const bool was_held = until_held(a.transport(), 1);
   cancelled = true;
   sender.join();
   ASSERT_TRUE(was_held);
@@ -1370,7 +1374,7 @@ TEST_F(TransportRegistration, AFailedRegistrationLetsHeldSendsGoOnUnderTheOldOne
   a.transport().begin_registration();
   absl::Status sent;
   std::thread sender([&] { sent = a.transport().send(1, to_b, {31, 0, 0}, one, 4, absl::Now() + absl::Seconds(30)); });
-  const bool was_held = held(a.transport(), 1);
+  const bool was_held = until_held(a.transport(), 1);
   a.transport().end_registration();
   sender.join();
   ASSERT_TRUE(was_held);
