@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -37,10 +38,11 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// A transport behind a gRPC server of its own (only Exchange is served).
+// A transport behind a gRPC server of its own (only Exchange is served). With `peers`, streams
+// are taken as a worker takes them: by the registration they declare (PeerView).
 class Endpoint {
  public:
-  explicit Endpoint(int device) : service_(&transport_) {
+  explicit Endpoint(int device, PeerView* peers = nullptr) : service_(&transport_, peers) {
     transport_.set_self(device);
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
@@ -61,13 +63,23 @@ class Endpoint {
  private:
   class Service final : public pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service> {
    public:
-    explicit Service(Transport* transport) : transport_(transport) {}
+    Service(Transport* transport, PeerView* peers) : transport_(transport), peers_(peers) {}
     grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext* ctx,
                                                         grpc::ByteBuffer* response) override {
-      auto it = ctx->client_metadata().find(kIncarnationKey);
-      absl::MutexLock lock(&mu);
-      ++declared[it == ctx->client_metadata().end() ? "" : std::string(it->second.data(), it->second.size())];
-      return transport_->new_exchange_reader(response);
+      auto said = [ctx](const char* key) {
+        auto it = ctx->client_metadata().find(key);
+        return it == ctx->client_metadata().end() ? std::string() : std::string(it->second.data(), it->second.size());
+      };
+      {
+        absl::MutexLock lock(&mu);
+        ++declared[said(kIncarnationKey)];
+      }
+      if (peers_ == nullptr) return transport_->new_exchange_reader(response);
+      StreamClaim claim;
+      if (!absl::SimpleAtoi(said(kDeviceKey), &claim.device)) claim.device = -1;
+      if (!absl::SimpleAtoi(said(kEpochKey), &claim.epoch)) claim.epoch = 0;
+      if (!absl::SimpleAtoi(said(kIncarnationKey), &claim.incarnation)) claim.incarnation = 0;
+      return transport_->new_exchange_reader(response, claim.device, peers_, claim);
     }
 
     absl::Mutex mu;
@@ -75,6 +87,7 @@ class Endpoint {
 
    private:
     Transport* const transport_;
+    PeerView* const peers_;
   };
 
   Transport transport_;  // outlives the server, whose readers deliver into it
@@ -1292,6 +1305,29 @@ class TransportRegistration : public ::testing::Test {
   const std::string to_b = absl::StrCat("127.0.0.1:", b.port());
   const absl::Time start = absl::Now();
 };
+
+// Issue #17, the review of session 30: a peer that refuses or ends this worker's stream says why
+// (here PERMISSION_DENIED: the registration the stream declares was replaced), and the op whose
+// messages it carried failed with "device 1 stopped taking collective data" (UNAVAILABLE), not
+// the reason. Now the op's error has the peer's code and message, naming the device.
+TEST(TransportLoss, APeersRefusalReachesTheOpsErrorWithItsCodeAndReason) {
+  PeerView view;
+  ASSERT_TRUE(view.update(view.ask(), 7, "0:2,1:1").ok());  // device 0's current incarnation is 2
+  Endpoint a(0), b(1, &view);
+  a.transport().declare(7, 1);  // a's streams declare incarnation 1: replaced
+  const std::string to_b = absl::StrCat("127.0.0.1:", b.port());
+  const std::byte one[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  const absl::Time start = absl::Now();
+  // The send fails if the refusal came first; otherwise the op fails when it comes.
+  absl::Status failed = a.transport().send(1, to_b, {51, 0, 0}, one, 4, absl::Now() + absl::Seconds(20));
+  if (failed.ok()) failed = a.transport().receive(1, to_b, {51, 1, 0}, start, absl::Now() + absl::Seconds(20)).status();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kPermissionDenied) << failed;  // before: UNAVAILABLE
+  EXPECT_THAT(std::string(failed.message()),
+              AllOf(HasSubstr(absl::StrCat("device 1 (", to_b, ")")),
+                    HasSubstr("device 0 (incarnation 1 of coordinator epoch 7)"),
+                    HasSubstr("an earlier incarnation of device 0, whose current one is 2")));
+  EXPECT_EQ(b.transport().pending_messages(), 0);  // nothing of it was read
+}
 
 // Waits (with a deadline, no sleep: each check is a call into the transport) until `a` holds
 // `n` sends for its registration.

@@ -109,6 +109,23 @@ std::string peer_name(int device, const std::string& address) {
   return address.empty() ? absl::StrCat("device ", device) : absl::StrCat("device ", device, " (", address, ")");
 }
 
+// What the status an outbound Exchange stream ended with says to the op that lost it: the
+// peer's refusal or verdict with its code (PERMISSION_DENIED for a replaced registration,
+// INVALID_ARGUMENT from its decoder, RESOURCE_EXHAUSTED for its waiting list, ...), or, when
+// the stream just went (OK: a peer never ends a stream cleanly unless this end closed it;
+// CANCELLED: the call was cancelled, by gRPC or a server going away), UNAVAILABLE.
+absl::Status stream_end(const grpc::Status& ended) {
+  const bool went = ended.ok() || ended.error_code() == grpc::StatusCode::CANCELLED;
+  return absl::Status(went ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(ended.error_code()),
+                      ended.error_message());
+}
+
+// " (<code>: <message>)" of a stream_end status with a message; "" without one.
+std::string stream_end_detail(const absl::Status& end) {
+  if (end.message().empty()) return "";
+  return absl::StrCat(": ", absl::StatusCodeToString(end.code()), ": ", end.message());
+}
+
 }  // namespace
 
 // A transport serving an in-process address (Transport::serve_in_process), in the process's
@@ -282,7 +299,7 @@ class Transport::Link {
       queued_bytes_ += bytes;
       note_op_locked(op);
       for (auto& s : streams_) {
-        if (!s->writing) {
+        if (!s->writing && !s->ended) {
           idle = s.get();
           break;
         }
@@ -318,57 +335,64 @@ class Transport::Link {
     }
 
     void cancel() {
-      ctx_.TryCancel();
-      RemoveHold();
+      bool release = false;
+      {
+        absl::MutexLock lock(&link_->mu_);
+        release = held;
+        held = false;
+      }
+      ctx_.TryCancel();  // the context keeps its own reference to the call, even after OnDone
+      if (release) RemoveHold();
     }
 
     void start_write() { StartWrite(&current.buffer); }
 
     void OnWriteDone(bool ok) override {
-      std::vector<uint64_t> lost;
+      bool next = false;
+      bool release = false;
       {
         absl::MutexLock lock(&link_->mu_);
         link_->queued_bytes_ -= current.bytes;
         current = {};
-        if (!ok) lost = link_->fail_locked();
+        if (!ok) ended = true;  // a write fails only once the call is over: OnDone says why
+        if (ended || link_->queue_.empty()) {
+          writing = false;
+          release = release_locked();
+        } else {
+          current = std::move(link_->queue_.front());
+          link_->queue_.pop_front();
+          next = true;
+        }
       }
       // The Link lives until this stream's OnDone, which gRPC runs after this returns.
-      if (!ok) {
-        if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
-        return;
-      }
-      {
-        absl::MutexLock lock(&link_->mu_);
-        if (link_->queue_.empty()) {
-          writing = false;
-          return;
-        }
-        current = std::move(link_->queue_.front());
-        link_->queue_.pop_front();
-      }
-      start_write();
+      if (release) RemoveHold();
+      if (next) start_write();
     }
 
     // The server never sends initial metadata before it ends the stream (its only message is
     // the final reply), so this runs when the call ends: the server finished it, or the
-    // connection broke. OnDone would come only once the Link goes (it holds the stream), and
-    // OnWriteDone only with the next write: this is how an idle stream's failure is known.
+    // connection broke. OnWriteDone would come only with the next write: this is how an idle
+    // stream's end is known. The hold goes (unless a write of ours is pending: its OnWriteDone
+    // lets go of it), so OnDone comes now, with the status the peer ended the stream with.
     void OnReadInitialMetadataDone(bool) override {
-      std::vector<uint64_t> lost;
+      bool release = false;
       {
         absl::MutexLock lock(&link_->mu_);
-        lost = link_->fail_locked();
+        ended = true;
+        release = release_locked();
       }
-      if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
+      if (release) RemoveHold();
     }
 
-    void OnDone(const grpc::Status&) override {
+    // Once the call ended and the hold went (above), or the Link is going (cancel).
+    void OnDone(const grpc::Status& status) override {
       std::vector<uint64_t> lost;
+      const absl::Status end = stream_end(status);
       {
         absl::MutexLock lock(&link_->mu_);
-        lost = link_->fail_locked();
+        lost = link_->fail_locked(end);
       }
-      if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
+      if (!lost.empty()) link_->transport_->link_failed(*link_, lost, end);
       absl::MutexLock lock(&link_->mu_);
       ++link_->done_streams_;  // last: once every stream is done, the Link may go
     }
@@ -377,20 +401,34 @@ class Transport::Link {
     // thread that starts or finishes this stream's write).
     bool writing = false;
     Outgoing current;
+    // The call ended (no write starts on it any more), and whether our hold is still on: while
+    // it is, OnDone cannot run, so a write may start and cancel() may remove it.
+    bool ended = false;
+    bool held = true;
 
    private:
+    // Whether to let go of the hold now: the call ended and no write of ours is pending (a
+    // write started after OnDone would use a call gRPC has destroyed). REQUIRES: link_->mu_.
+    bool release_locked() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (!held || !ended || writing) return false;
+      held = false;
+      return true;
+    }
+
     Link* const link_;
     grpc::ClientContext ctx_;
     grpc::ByteBuffer reply_;
   };
 
-  // Marks the link broken and drops what is queued. The first time, unless the link is being
+  // Marks the link broken and drops what is queued; `end` (stream_end): how its stream ended,
+  // which the sends that find it broken report. The first time, unless the link is being
   // retired, returns the ops it carried recently (their messages may be lost), to report.
-  std::vector<uint64_t> fail_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  std::vector<uint64_t> fail_locked(const absl::Status& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<uint64_t> lost;
     if (!broken_) {
       broken_ = true;
-      error_ = absl::UnavailableError(absl::StrCat(peer_name(peer_, address_), " stopped taking collective data"));
+      error_ = absl::Status(end.code(), absl::StrCat(peer_name(peer_, address_), " stopped taking collective data",
+                                                     stream_end_detail(end)));
       if (!retiring_) lost.assign(recent_ops_.begin(), recent_ops_.end());
       if (ShmRing* ring = ring_view_.load(); ring != nullptr) ring->wake_writer();  // a waiting writer sees broken_
     }
@@ -875,14 +913,14 @@ std::shared_ptr<Transport::Link> Transport::current_link_locked(int peer, const 
   return slot;
 }
 
-void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops) {
+void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops, const absl::Status& end) {
   std::shared_ptr<Link> notice;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     for (uint64_t op : ops) {
       if (finished_locked(op)) continue;
-      failed_ops_[op] = peer_name(failed.peer(), failed.address());
+      failed_ops_[op] = stream_failed(op, peer_name(failed.peer(), failed.address()), end);
       if (failed_ops_.size() > kRememberedOps) failed_ops_.erase(failed_ops_.begin());  // the oldest op
     }
     // A fresh link tells the peer at once (it may be waiting for a lost message of an op that
@@ -904,7 +942,7 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
   bool in_process = false;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = failed_ops_.find(tag.op); it != failed_ops_.end()) return stream_failed(tag.op, it->second);
+    if (auto it = failed_ops_.find(tag.op); it != failed_ops_.end()) return it->second;
     self = self_;
     in_process = in_process_ != nullptr && is_in_process_address(address);
   }
@@ -964,9 +1002,9 @@ absl::Status Transport::await_registration_locked(int peer, const std::string& a
   return absl::OkStatus();
 }
 
-absl::Status Transport::stream_failed(uint64_t op, const std::string& peer) {
-  return absl::UnavailableError(
-      absl::StrCat("the stream to ", peer, " failed with messages of op ", op, " in flight, which may be lost"));
+absl::Status Transport::stream_failed(uint64_t op, const std::string& peer, const absl::Status& end) {
+  return absl::Status(end.code(), absl::StrCat("the stream to ", peer, " failed with messages of op ", op,
+                                               " in flight, which may be lost", stream_end_detail(end)));
 }
 
 absl::StatusOr<Received> Transport::receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
@@ -1008,9 +1046,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
       return absl::ResourceExhaustedError(absl::StrCat("a message of op ", tag.op, " from ", peer_name(source, address),
                                                        " was dropped: ", refusal_text_locked(refused->second)));
     }
-    if (auto failed = failed_ops_.find(tag.op); failed != failed_ops_.end()) {
-      return stream_failed(tag.op, failed->second);
-    }
+    if (auto failed = failed_ops_.find(tag.op); failed != failed_ops_.end()) return failed->second;
     if (lost_.count(from) > 0) {
       return absl::UnavailableError(absl::StrCat(peer_name(source, address), " lost messages of op ", tag.op,
                                                  " to this device: its streams here failed with them in flight"));

@@ -382,11 +382,14 @@ class Transport {
                                          const std::function<bool()>& cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Link> current_link_locked(int peer, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A link broke with messages of `ops` (its recent ones) in flight: the ops still running
-  // here fail at once (their sends and receives return UNAVAILABLE naming the peer), and the
-  // peer gets a notice on a fresh link, so that its waits for them fail too. On gRPC's
-  // callback threads; never blocks.
-  void link_failed(const Link& failed, const std::vector<uint64_t>& ops);
-  static absl::Status stream_failed(uint64_t op, const std::string& peer);
+  // here fail at once (their sends and receives return stream_failed naming the peer), and the
+  // peer gets a notice on a fresh link, so that its waits for them fail too. `end`: how the
+  // stream ended (the peer's code and reason, or UNAVAILABLE; see stream_end in transport.cc).
+  // On gRPC's callback threads; never blocks.
+  void link_failed(const Link& failed, const std::vector<uint64_t>& ops, const absl::Status& end);
+  // The error of op `op` whose messages to `peer` may be lost: `end`'s code, naming the peer,
+  // with the peer's reason if it gave one.
+  static absl::Status stream_failed(uint64_t op, const std::string& peer, const absl::Status& end);
   // Files one message of `from` in the mailbox (dropped if its op has finished, or over the
   // mailbox's bounds). The run parked for it goes to `after` (resumed outside the locks).
   // Never waits: over the share it refuses (the in-process path, whose sender may be a run
@@ -484,9 +487,10 @@ class Transport {
   // Finished ops from kUnorderedOps up, and the order they finished in.
   std::set<uint64_t> finished_unordered_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_unordered_order_ ABSL_GUARDED_BY(mu_);
-  // Ops whose messages a link of ours may have lost, with the peer (until the op finishes;
-  // at most kRememberedOps, the oldest ids dropped first: ids only grow).
-  std::map<uint64_t, std::string> failed_ops_ ABSL_GUARDED_BY(mu_);
+  // Ops whose messages a link of ours may have lost, with their error (stream_failed: the peer
+  // and its reason; until the op finishes; at most kRememberedOps, the oldest ids dropped
+  // first: ids only grow).
+  std::map<uint64_t, absl::Status> failed_ops_ ABSL_GUARDED_BY(mu_);
   // (op, source): the source's notice said messages of op to here may be lost (as above).
   std::set<std::pair<uint64_t, int>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
