@@ -793,7 +793,7 @@ std::optional<Algorithm> Transport::forced_all_reduce() const {
 }
 
 void Transport::ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host,
-                             const void* stream) {
+                             uint64_t reader) {
   absl::MutexLock lock(&mu_);
   if (!shm_.enabled || stopping_ || host != shm_.host) return;  // the sender keeps gRPC
   // Bounded: rings read at once, and replaced ones whose threads are not yet joined.
@@ -808,14 +808,14 @@ void Transport::ring_offered(int source, const std::string& segment, uint64_t to
     stopped_inbound_.push_back(std::move(slot));
   }
   slot = std::make_unique<InboundRing>(this, source, segment, token);
-  inbound_offered_by_[source] = stream;
+  inbound_offered_by_[source] = reader;
 }
 
-void Transport::stream_replaced(int source, const void* stream) {
+void Transport::stream_replaced(int source, uint64_t reader) {
   absl::MutexLock lock(&mu_);
   auto ring = inbound_.find(source);
   auto by = inbound_offered_by_.find(source);
-  if (ring == inbound_.end() || by == inbound_offered_by_.end() || by->second != stream) return;
+  if (ring == inbound_.end() || by == inbound_offered_by_.end() || by->second != reader) return;
   ring->second->stop();
   stopped_inbound_.push_back(std::move(ring->second));
   inbound_.erase(ring);
@@ -1354,7 +1354,7 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
 
 absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, int authenticated_source,
                                         std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits,
-                                        const void* stream) {
+                                        uint64_t reader_id) {
   *waits = false;
   Received data;
   if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
@@ -1462,7 +1462,7 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
   if (!shm_segment.empty()) {
     // `from` is the stream's authenticated device (when it has one): the ring's messages are
     // filed as that device's.
-    ring_offered(from, shm_segment, fields[8], shm_host, stream);
+    ring_offered(from, shm_segment, fields[8], shm_host, reader_id);
     return absl::OkStatus();
   }
   if (!lost_ops.empty()) {
@@ -1647,7 +1647,10 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
  public:
   ExchangeReader(Transport* transport, grpc::ByteBuffer* response, int authenticated_source, PeerView* peers,
                  const StreamClaim& claim)
-      : transport_(transport), authenticated_source_(authenticated_source), peers_(peers) {
+      : transport_(transport),
+        authenticated_source_(authenticated_source),
+        peers_(peers),
+        reader_(transport->next_reader_.fetch_add(1)) {
     // The reply is an empty ExchangeReply: zero bytes, but a message all the same.
     grpc::Slice empty;
     *response = grpc::ByteBuffer(&empty, 1);
@@ -1683,7 +1686,8 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
     message.Swap(&buffer_);
     bool waits = false;
     absl::Status status = transport_->deliver_or_wait(
-        &message, &source_, authenticated_source_, [this, gate = gate_] { read_on(*gate); }, &waiting_, &waits, this);
+        &message, &source_, authenticated_source_, [this, gate = gate_] { read_on(*gate); }, &waiting_, &waits,
+        reader_);
     if (!status.ok()) {
       finish_locked(to_grpc(status));
       return;
@@ -1760,7 +1764,7 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
     gate.replaced = std::move(why);
     std::fprintf(stderr, "tessera-worker: %s\n", std::string(gate.replaced.message()).c_str());
     if (!gate.decided) return;  // admitted() ends it
-    if (source_ >= 0) transport_->stream_replaced(source_, this);
+    if (source_ >= 0) transport_->stream_replaced(source_, reader_);
     if (gate.read_issued) {
       finish_locked(to_grpc(gate.replaced));  // the pending read fails, or what it read is dropped
     } else if (transport_->give_up_waiting(&waiting_)) {
@@ -1783,6 +1787,9 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
   Transport* const transport_;
   const int authenticated_source_;
   PeerView* const peers_;
+  // This reader's id, for the ring it offers (stream_replaced). Not PeerView's id_, which is
+  // set only once admit() returns, after a read it started may have run.
+  const uint64_t reader_;
   uint64_t id_ = 0;  // PeerView's, for ended()
   const std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
   grpc::ByteBuffer buffer_;

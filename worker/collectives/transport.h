@@ -27,6 +27,7 @@
 #ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 #define TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -364,10 +365,11 @@ class Transport {
   bool await_room(std::shared_ptr<Waiting>* slot, absl::Time deadline);
   // Raw bytes of one message, as deliver, from a reader that can wait (`slot`; see file_or_wait).
   // `*waits`: its reader must read no further until `read_on` runs.
-  // `stream`: the reader's identity, which a ring it offers is remembered by (stream_replaced).
+  // `reader_id`: the reader's id (next_reader_), which a ring it offers is remembered by
+  // (stream_replaced); 0: none.
   absl::Status deliver_or_wait(grpc::ByteBuffer* buffer, int* source, int authenticated_source,
                                std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits,
-                               const void* stream = nullptr);
+                               uint64_t reader_id = 0);
 
   // The healthy link to `peer` at `address`, opened if needed, for a message of `op`: while
   // this worker registers (begin_registration) it waits first, under the same lock (one lock
@@ -437,8 +439,7 @@ class Transport {
   void refuse_locked(uint64_t op, int from, Refusal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
   // reader thread, which opens it, and returns).
-  void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host,
-                    const void* stream);
+  void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host, uint64_t reader);
   // Joins the reader threads that have stopped. Never on a gRPC callback thread.
   void join_stopped_rings();
   void stream_started(int source);
@@ -446,9 +447,10 @@ class Transport {
   // was replaced (PeerView), which is no sign that the source went away: its fresh streams may
   // not have carried anything yet, and the ops of its new registration must not fail for it.
   void stream_ended(int source, bool replaced = false);
-  // The registration of the reader `stream` was replaced: the ring it offered, if it is still
-  // the source's, stops (a replaced registration's messages are not read from it either).
-  void stream_replaced(int source, const void* stream);
+  // The registration of the stream read by `reader` (its id) was replaced: the ring it offered,
+  // if it is still the source's, stops (a replaced registration's messages are not read from it
+  // either).
+  void stream_replaced(int source, uint64_t reader);
 
   const Credentials credentials_;
   mutable absl::Mutex mu_;
@@ -502,7 +504,10 @@ class Transport {
   // The rings peers write to this worker: the current one per source, and those replaced or
   // whose source went away (stopped, their threads joined by join_stopped_rings).
   std::map<int, std::unique_ptr<InboundRing>> inbound_ ABSL_GUARDED_BY(mu_);
-  std::map<int, const void*> inbound_offered_by_ ABSL_GUARDED_BY(mu_);  // the reader whose offer made inbound_'s
+  // The id of the reader whose offer made inbound_'s ring, by source. An id, never reused: a
+  // reader's address, which a later reader may get once it is freed, could stop a current ring.
+  std::map<int, uint64_t> inbound_offered_by_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> next_reader_{1};  // the next ExchangeReader's id
   std::vector<std::unique_ptr<InboundRing>> stopped_inbound_ ABSL_GUARDED_BY(mu_);
   int64_t shm_received_ ABSL_GUARDED_BY(mu_) = 0;
   // serve_in_process: this transport's entry in the process's table, and the mailboxes of the
