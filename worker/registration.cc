@@ -56,6 +56,9 @@ bool Registration::wait_for_next_heartbeat() {
 
 void Registration::stop() {
   if (!stopping_.HasBeenNotified()) stopping_.Notify();
+  // A RegisterWorker in flight (bounded by its deadline) is joined below; what waits for its
+  // answer goes on now (a drain or shutdown waits for the runs).
+  if (registering_) registering_(false);
   {
     absl::MutexLock lock(&wake_mu_);
     wake_ = true;
@@ -138,11 +141,16 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
   set_deadline(&ctx, timeout);
   ctx.set_wait_for_ready(wait_for_ready);
   const uint64_t ticket = peers_ != nullptr ? peers_->ask() : 0;
-  // From here until registered_ (or for good, if this fails: the registration it replaces is
-  // no longer the coordinator's), no collective message goes out under the old declaration.
-  if (registering_) registering_();
-  TESSERA_RETURN_IF_ERROR(from_grpc(coordinator_->RegisterWorker(&ctx, req, &reply),
-                                    absl::StrCat("coordinator ", options_.coordinator_address)));
+  // From here until registered_, no collective message goes out under the old declaration. If
+  // this fails, they go on under it (Transport::end_registration says why) rather than wait for
+  // a registration that may never come.
+  if (registering_) registering_(true);
+  absl::Status answered = from_grpc(coordinator_->RegisterWorker(&ctx, req, &reply),
+                                    absl::StrCat("coordinator ", options_.coordinator_address));
+  if (!answered.ok()) {
+    if (registering_) registering_(false);
+    return answered;
+  }
   device_id_ = reply.device_id();
   incarnation_ = reply.incarnation();
   if (reply.epoch() != epoch_) plans_->drop_before(reply.epoch());
@@ -178,6 +186,7 @@ void Registration::heartbeat_loop() {
     }
     std::fprintf(stderr, "tessera-worker: device %d: %s; registering again\n", device_id_.load(),
                  status.error_message().c_str());
+    if (stopping_.HasBeenNotified()) break;  // stop() ended the hold: begin no new one
     health_->set_ready(false);
     absl::Status registered = register_worker(device_id_.load(), heartbeat_interval_ * 4, true);
     health_->set_ready(registered.ok());

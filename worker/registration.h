@@ -44,14 +44,16 @@ class Registration {
   // `tick()` on the heartbeat thread once per heartbeat interval (housekeeping that must not wait
   // for traffic: it must not block).
   // `peers` (optional) takes the coordinator's view of the cluster from every reply.
-  // `registering()` (optional) runs before every RegisterWorker is sent, `registered` after each
-  // one that succeeded, before the view of its reply is taken: the worker's collectives send
-  // nothing in between (Transport::begin_registration), since the coordinator may send runs as
-  // soon as it has recorded the registration, before its reply is here.
+  // `registering(true)` (optional) runs before every RegisterWorker is sent, `registered` after
+  // each one that succeeded, before the view of its reply is taken: the worker's collectives
+  // send nothing in between (Transport::begin_registration), since the coordinator may send runs
+  // as soon as it has recorded the registration, before its reply is here. `registering(false)`
+  // after one that failed, and when stop() begins: nothing waits for that registration any
+  // more (Transport::end_registration).
   Registration(
       const WorkerOptions& options, std::shared_ptr<const CallIdentity> identity, const BufferStore* store,
       PlanStore* plans, HealthService* health, std::function<void(int, uint64_t, uint64_t)> registered,
-      std::function<void()> tick = [] {}, PeerView* peers = nullptr, std::function<void()> registering = nullptr)
+      std::function<void()> tick = [] {}, PeerView* peers = nullptr, std::function<void(bool)> registering = nullptr)
       : options_(options),
         identity_(std::move(identity)),
         store_(store),
@@ -106,7 +108,7 @@ class Registration {
   const std::function<void(int, uint64_t, uint64_t)> registered_;
   const std::function<void()> tick_;
   PeerView* const peers_;
-  const std::function<void()> registering_;
+  const std::function<void(bool)> registering_;
 
   std::string address_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;

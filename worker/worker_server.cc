@@ -110,8 +110,16 @@ class WorkerService final : public WorkerServiceBase {
   }
   const HeapTrimmer& heap() const { return heap_; }
 
-  // Before every RegisterWorker: collective sends wait for its answer (Transport::begin_registration).
-  void registering() { transport_.begin_registration(); }
+  // Before every RegisterWorker (true): collective sends wait for its answer
+  // (Transport::begin_registration); after one that failed, or when registration stops (false),
+  // they go on under the registration declared before (Transport::end_registration).
+  void registering(bool begins) {
+    if (begins) {
+      transport_.begin_registration();
+    } else {
+      transport_.end_registration();
+    }
+  }
 
   void registered(int id, uint64_t epoch, uint64_t incarnation) {
     device_.set(id);
@@ -433,7 +441,7 @@ class WorkerServerImpl final : public WorkerServer {
         registration_(
             options, daemon_identity(options.credentials), &service_.store(), &service_.plans(), &health_,
             [this](int id, uint64_t epoch, uint64_t incarnation) { service_.registered(id, epoch, incarnation); },
-            [this] { service_.tick(); }, &service_.peers(), [this] { service_.registering(); }) {
+            [this] { service_.tick(); }, &service_.peers(), [this](bool begins) { service_.registering(begins); }) {
     service_.peers().set_refresh([this] { registration_.beat_now(); });
   }
   ~WorkerServerImpl() override { shutdown(); }

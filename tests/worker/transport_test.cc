@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -37,10 +38,11 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// A transport behind a gRPC server of its own (only Exchange is served).
+// A transport behind a gRPC server of its own (only Exchange is served). With `peers`, streams
+// are taken as a worker takes them: by the registration they declare (PeerView).
 class Endpoint {
  public:
-  explicit Endpoint(int device) : service_(&transport_) {
+  explicit Endpoint(int device, PeerView* peers = nullptr) : service_(&transport_, peers) {
     transport_.set_self(device);
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
@@ -61,13 +63,23 @@ class Endpoint {
  private:
   class Service final : public pb::Worker::WithRawCallbackMethod_Exchange<pb::Worker::Service> {
    public:
-    explicit Service(Transport* transport) : transport_(transport) {}
+    Service(Transport* transport, PeerView* peers) : transport_(transport), peers_(peers) {}
     grpc::ServerReadReactor<grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext* ctx,
                                                         grpc::ByteBuffer* response) override {
-      auto it = ctx->client_metadata().find(kIncarnationKey);
-      absl::MutexLock lock(&mu);
-      ++declared[it == ctx->client_metadata().end() ? "" : std::string(it->second.data(), it->second.size())];
-      return transport_->new_exchange_reader(response);
+      auto said = [ctx](const char* key) {
+        auto it = ctx->client_metadata().find(key);
+        return it == ctx->client_metadata().end() ? std::string() : std::string(it->second.data(), it->second.size());
+      };
+      {
+        absl::MutexLock lock(&mu);
+        ++declared[said(kIncarnationKey)];
+      }
+      if (peers_ == nullptr) return transport_->new_exchange_reader(response);
+      StreamClaim claim;
+      if (!absl::SimpleAtoi(said(kDeviceKey), &claim.device)) claim.device = -1;
+      if (!absl::SimpleAtoi(said(kEpochKey), &claim.epoch)) claim.epoch = 0;
+      if (!absl::SimpleAtoi(said(kIncarnationKey), &claim.incarnation)) claim.incarnation = 0;
+      return transport_->new_exchange_reader(response, claim.device, peers_, claim);
     }
 
     absl::Mutex mu;
@@ -75,6 +87,7 @@ class Endpoint {
 
    private:
     Transport* const transport_;
+    PeerView* const peers_;
   };
 
   Transport transport_;  // outlives the server, whose readers deliver into it
@@ -1273,17 +1286,67 @@ TEST(PeerView, AStreamThatEndsWhileWaitingLeavesTheListAndTheCap) {
   EXPECT_EQ(view.waiting(), 0);
 }
 
+// Receives message `tag` from device 0 at `to` and checks its four bytes against `sent`.
+void expect_four_bytes(Transport& to, MessageTag tag, absl::Time start, const std::byte* sent) {
+  absl::StatusOr<Received> got = to.receive(0, "", tag, start, absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 4);
+  std::byte bytes[4];
+  got->copy_to(bytes);
+  EXPECT_EQ(std::memcmp(bytes, sent, 4), 0);
+}
+
+// Device 0 (a), registered as incarnation 1 of coordinator epoch 7, sends to device 1 (b).
+class TransportRegistration : public ::testing::Test {
+ protected:
+  TransportRegistration() { a.transport().declare(7, 1); }
+
+  Endpoint a{0}, b{1};
+  const std::string to_b = absl::StrCat("127.0.0.1:", b.port());
+  const absl::Time start = absl::Now();
+};
+
+// Issue #17, the review of session 30: a peer that refuses or ends this worker's stream says why
+// (here PERMISSION_DENIED: the registration the stream declares was replaced), and the op whose
+// messages it carried failed with "device 1 stopped taking collective data" (UNAVAILABLE), not
+// the reason. Now the op's error has the peer's code and message, naming the device.
+TEST(TransportLoss, APeersRefusalReachesTheOpsErrorWithItsCodeAndReason) {
+  PeerView view;
+  ASSERT_TRUE(view.update(view.ask(), 7, "0:2,1:1").ok());  // device 0's current incarnation is 2
+  Endpoint a(0), b(1, &view);
+  a.transport().declare(7, 1);  // a's streams declare incarnation 1: replaced
+  const std::string to_b = absl::StrCat("127.0.0.1:", b.port());
+  const std::byte one[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  const absl::Time start = absl::Now();
+  // The send fails if the refusal came first; otherwise the op fails when it comes.
+  absl::Status failed = a.transport().send(1, to_b, {51, 0, 0}, one, 4, absl::Now() + absl::Seconds(20));
+  if (failed.ok()) failed = a.transport().receive(1, to_b, {51, 1, 0}, start, absl::Now() + absl::Seconds(20)).status();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kPermissionDenied) << failed;  // before: UNAVAILABLE
+  EXPECT_THAT(std::string(failed.message()),
+              AllOf(HasSubstr(absl::StrCat("device 1 (", to_b, ")")),
+                    HasSubstr("device 0 (incarnation 1 of coordinator epoch 7)"),
+                    HasSubstr("an earlier incarnation of device 0, whose current one is 2")));
+  EXPECT_EQ(b.transport().pending_messages(), 0);  // nothing of it was read
+}
+
+// Waits (with a deadline, no sleep: each check is a call into the transport) until `a` holds
+// `n` sends for its registration.
+bool until_held(Transport& a, int n) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (a.held_sends() != n) {
+    if (absl::Now() >= deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 // Issue #17 (session 29's gap 3): while this worker registers again, its collective messages
 // wait for the new registration, and then go on fresh links declaring it — never on a link
 // declaring the registration being replaced (a run the coordinator sends as soon as it recorded
 // the new registration may come before the registration's reply). Peers end the old links'
 // streams themselves (PeerView); they are not cancelled by the sender.
-TEST(TransportRegistration, SendsWaitForTheNewRegistrationAndGoOnLinksDeclaringIt) {
-  Endpoint a(0), b(1);
-  const std::string to_b = absl::StrCat("127.0.0.1:", b.port());
+TEST_F(TransportRegistration, SendsWaitForTheNewRegistrationAndGoOnLinksDeclaringIt) {
   const std::byte one[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
-  a.transport().declare(7, 1);
-  const absl::Time start = absl::Now();
   ASSERT_TRUE(a.transport().send(1, to_b, {11, 0, 0}, one, 4, absl::Now() + absl::Seconds(20)).ok());
   ASSERT_TRUE(b.transport().receive(0, "", {11, 0, 0}, start, absl::Now() + absl::Seconds(20)).ok());
   // A link's streams (three) all open when it is made; some may not have reached b yet.
@@ -1297,14 +1360,14 @@ TEST(TransportRegistration, SendsWaitForTheNewRegistrationAndGoOnLinksDeclaringI
 
   absl::Status sent;
   std::thread sender([&] { sent = a.transport().send(1, to_b, {13, 0, 0}, one, 4, absl::Now() + absl::Seconds(20)); });
+  // Declared only once the send is held, so that the release is what this exercises (a declare
+  // before the sender blocked would let it through without a wait).
+  const bool was_held = until_held(a.transport(), 1);
   a.transport().declare(7, 2);
   sender.join();
+  ASSERT_TRUE(was_held);
   ASSERT_TRUE(sent.ok()) << sent;
-  absl::StatusOr<Received> got = b.transport().receive(0, "", {13, 0, 0}, start, absl::Now() + absl::Seconds(20));
-  ASSERT_TRUE(got.ok()) << got.status();
-  std::byte bytes[4];
-  got->copy_to(bytes);
-  EXPECT_EQ(std::memcmp(bytes, one, 4), 0);
+  expect_four_bytes(b.transport(), {13, 0, 0}, start, one);
   // The message of the new registration came on a new link declaring it; no stream declaring
   // incarnation 1 opened but the first link's, and op 12's message never went out.
   std::map<std::string, int> declared = b.declared();
@@ -1313,6 +1376,54 @@ TEST(TransportRegistration, SendsWaitForTheNewRegistrationAndGoOnLinksDeclaringI
   EXPECT_EQ(declared.size(), 2u);
   EXPECT_EQ(b.transport().pending_messages(), 0);
   for (uint64_t op : {11, 12, 13}) b.transport().finish_op(op);
+}
+
+// Issue #17, the review of session 30: a held send ignored its run's cancel flag (the run's
+// thread, and a SIGTERM's drain behind it, waited for the run's deadline). Now the held send
+// of a cancelled run returns CANCELLED, naming its op and peer, long before its deadline.
+TEST_F(TransportRegistration, AHeldSendOfACancelledRunReturnsCancelled) {
+  const std::byte one[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  a.transport().begin_registration();
+  std::atomic<bool> cancelled{false};
+  absl::Status sent;
+  std::thread sender([&] {
+    sent = a.transport().send(1, to_b, {21, 0, 0}, one, 4, absl::Now() + absl::Seconds(30), nullptr,
+                              [&] { return cancelled.load(); });
+  });
+  const bool was_held = until_held(a.transport(), 1);
+  cancelled = true;
+  sender.join();
+  ASSERT_TRUE(was_held);
+  // Before: DEADLINE_EXCEEDED after 30 s.
+  EXPECT_EQ(sent.code(), absl::StatusCode::kCancelled) << sent;
+  EXPECT_THAT(std::string(sent.message()),
+              AllOf(HasSubstr("op 21 was cancelled"), HasSubstr("device 1"), HasSubstr("device 0 to register again")));
+  EXPECT_EQ(a.transport().held_sends(), 0);
+  EXPECT_EQ(b.declared().size(), 0u);  // nothing went out
+}
+
+// Issue #17, the review of session 30: a RegisterWorker that failed left the hold on for good.
+// Now end_registration (what a failed attempt, or a stopping registration, calls) lets the held
+// send go on under the registration declared before: it arrives, on a stream declaring it.
+TEST_F(TransportRegistration, AFailedRegistrationLetsHeldSendsGoOnUnderTheOldOne) {
+  const std::byte one[4] = {std::byte{5}, std::byte{6}, std::byte{7}, std::byte{8}};
+  a.transport().begin_registration();
+  absl::Status sent;
+  std::thread sender([&] { sent = a.transport().send(1, to_b, {31, 0, 0}, one, 4, absl::Now() + absl::Seconds(30)); });
+  const bool was_held = until_held(a.transport(), 1);
+  a.transport().end_registration();
+  sender.join();
+  ASSERT_TRUE(was_held);
+  ASSERT_TRUE(sent.ok()) << sent;  // before: DEADLINE_EXCEEDED after 30 s
+  expect_four_bytes(b.transport(), {31, 0, 0}, start, one);
+  std::map<std::string, int> declared = b.declared();
+  EXPECT_GE(declared["1"], 1);
+  EXPECT_EQ(declared.size(), 1u);  // only the old registration's streams
+  // The next registration holds sends again.
+  a.transport().begin_registration();
+  EXPECT_EQ(a.transport().send(1, to_b, {32, 0, 0}, one, 4, absl::Now() + absl::Milliseconds(200)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  b.transport().finish_op(31);
 }
 
 }  // namespace

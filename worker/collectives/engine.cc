@@ -101,7 +101,7 @@ class Group {
     const int device = members_[to];
     const absl::Time stalled_at = stall ? absl::Now() + run_.stall_timeout : absl::InfiniteFuture();
     return stalled(transport_.send(device, run_.peers.at(device), {run_.op, step, chunk}, data, bytes,
-                                   std::min(run_.deadline, stalled_at), std::move(owner)),
+                                   std::min(run_.deadline, stalled_at), std::move(owner), run_.cancelled),
                    stalled_at);
   }
 

@@ -121,7 +121,8 @@ absl::StatusOr<std::shared_ptr<const HostArray>> move_blocks(Transport& transpor
     for (int c = 0; c < chunks_of(bytes); ++c) {
       const int64_t offset = c * kChunkBytes;
       TESSERA_RETURN_IF_ERROR(transport.send(p.peer, address, {run.op, p.tag, c}, piece->data() + offset,
-                                             std::min(kChunkBytes, bytes - offset), run.deadline, piece));
+                                             std::min(kChunkBytes, bytes - offset), run.deadline, piece,
+                                             run.cancelled));
     }
     sent += bytes;
   }

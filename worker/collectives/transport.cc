@@ -109,6 +109,23 @@ std::string peer_name(int device, const std::string& address) {
   return address.empty() ? absl::StrCat("device ", device) : absl::StrCat("device ", device, " (", address, ")");
 }
 
+// What the status an outbound Exchange stream ended with says to the op that lost it: the
+// peer's refusal or verdict with its code (PERMISSION_DENIED for a replaced registration,
+// INVALID_ARGUMENT from its decoder, RESOURCE_EXHAUSTED for its waiting list, ...), or, when
+// the stream just went (OK: a peer never ends a stream cleanly unless this end closed it;
+// CANCELLED: the call was cancelled, by gRPC or a server going away), UNAVAILABLE.
+absl::Status stream_end(const grpc::Status& ended) {
+  const bool went = ended.ok() || ended.error_code() == grpc::StatusCode::CANCELLED;
+  return absl::Status(went ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(ended.error_code()),
+                      ended.error_message());
+}
+
+// " (<code>: <message>)" of a stream_end status with a message; "" without one.
+std::string stream_end_detail(const absl::Status& end) {
+  if (end.message().empty()) return "";
+  return absl::StrCat(": ", absl::StatusCodeToString(end.code()), ": ", end.message());
+}
+
 }  // namespace
 
 // A transport serving an in-process address (Transport::serve_in_process), in the process's
@@ -282,7 +299,7 @@ class Transport::Link {
       queued_bytes_ += bytes;
       note_op_locked(op);
       for (auto& s : streams_) {
-        if (!s->writing) {
+        if (!s->writing && !s->ended) {
           idle = s.get();
           break;
         }
@@ -318,57 +335,64 @@ class Transport::Link {
     }
 
     void cancel() {
-      ctx_.TryCancel();
-      RemoveHold();
+      bool release = false;
+      {
+        absl::MutexLock lock(&link_->mu_);
+        release = held;
+        held = false;
+      }
+      ctx_.TryCancel();  // the context keeps its own reference to the call, even after OnDone
+      if (release) RemoveHold();
     }
 
     void start_write() { StartWrite(&current.buffer); }
 
     void OnWriteDone(bool ok) override {
-      std::vector<uint64_t> lost;
+      bool next = false;
+      bool release = false;
       {
         absl::MutexLock lock(&link_->mu_);
         link_->queued_bytes_ -= current.bytes;
         current = {};
-        if (!ok) lost = link_->fail_locked();
+        if (!ok) ended = true;  // a write fails only once the call is over: OnDone says why
+        if (ended || link_->queue_.empty()) {
+          writing = false;
+          release = release_locked();
+        } else {
+          current = std::move(link_->queue_.front());
+          link_->queue_.pop_front();
+          next = true;
+        }
       }
       // The Link lives until this stream's OnDone, which gRPC runs after this returns.
-      if (!ok) {
-        if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
-        return;
-      }
-      {
-        absl::MutexLock lock(&link_->mu_);
-        if (link_->queue_.empty()) {
-          writing = false;
-          return;
-        }
-        current = std::move(link_->queue_.front());
-        link_->queue_.pop_front();
-      }
-      start_write();
+      if (release) RemoveHold();
+      if (next) start_write();
     }
 
     // The server never sends initial metadata before it ends the stream (its only message is
     // the final reply), so this runs when the call ends: the server finished it, or the
-    // connection broke. OnDone would come only once the Link goes (it holds the stream), and
-    // OnWriteDone only with the next write: this is how an idle stream's failure is known.
+    // connection broke. OnWriteDone would come only with the next write: this is how an idle
+    // stream's end is known. The hold goes (unless a write of ours is pending: its OnWriteDone
+    // lets go of it), so OnDone comes now, with the status the peer ended the stream with.
     void OnReadInitialMetadataDone(bool) override {
-      std::vector<uint64_t> lost;
+      bool release = false;
       {
         absl::MutexLock lock(&link_->mu_);
-        lost = link_->fail_locked();
+        ended = true;
+        release = release_locked();
       }
-      if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
+      if (release) RemoveHold();
     }
 
-    void OnDone(const grpc::Status&) override {
+    // Once the call ended and the hold went (above), or the Link is going (cancel).
+    void OnDone(const grpc::Status& status) override {
       std::vector<uint64_t> lost;
+      const absl::Status end = stream_end(status);
       {
         absl::MutexLock lock(&link_->mu_);
-        lost = link_->fail_locked();
+        lost = link_->fail_locked(end);
       }
-      if (!lost.empty()) link_->transport_->link_failed(*link_, lost);
+      if (!lost.empty()) link_->transport_->link_failed(*link_, lost, end);
       absl::MutexLock lock(&link_->mu_);
       ++link_->done_streams_;  // last: once every stream is done, the Link may go
     }
@@ -377,20 +401,34 @@ class Transport::Link {
     // thread that starts or finishes this stream's write).
     bool writing = false;
     Outgoing current;
+    // The call ended (no write starts on it any more), and whether our hold is still on: while
+    // it is, OnDone cannot run, so a write may start and cancel() may remove it.
+    bool ended = false;
+    bool held = true;
 
    private:
+    // Whether to let go of the hold now: the call ended and no write of ours is pending (a
+    // write started after OnDone would use a call gRPC has destroyed). REQUIRES: link_->mu_.
+    bool release_locked() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (!held || !ended || writing) return false;
+      held = false;
+      return true;
+    }
+
     Link* const link_;
     grpc::ClientContext ctx_;
     grpc::ByteBuffer reply_;
   };
 
-  // Marks the link broken and drops what is queued. The first time, unless the link is being
+  // Marks the link broken and drops what is queued; `end` (stream_end): how its stream ended,
+  // which the sends that find it broken report. The first time, unless the link is being
   // retired, returns the ops it carried recently (their messages may be lost), to report.
-  std::vector<uint64_t> fail_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  std::vector<uint64_t> fail_locked(const absl::Status& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<uint64_t> lost;
     if (!broken_) {
       broken_ = true;
-      error_ = absl::UnavailableError(absl::StrCat(peer_name(peer_, address_), " stopped taking collective data"));
+      error_ = absl::Status(end.code(), absl::StrCat(peer_name(peer_, address_), " stopped taking collective data",
+                                                     stream_end_detail(end)));
       if (!retiring_) lost.assign(recent_ops_.begin(), recent_ops_.end());
       if (ShmRing* ring = ring_view_.load(); ring != nullptr) ring->wake_writer();  // a waiting writer sees broken_
     }
@@ -755,7 +793,7 @@ std::optional<Algorithm> Transport::forced_all_reduce() const {
 }
 
 void Transport::ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host,
-                             const void* stream) {
+                             uint64_t reader) {
   absl::MutexLock lock(&mu_);
   if (!shm_.enabled || stopping_ || host != shm_.host) return;  // the sender keeps gRPC
   // Bounded: rings read at once, and replaced ones whose threads are not yet joined.
@@ -770,14 +808,14 @@ void Transport::ring_offered(int source, const std::string& segment, uint64_t to
     stopped_inbound_.push_back(std::move(slot));
   }
   slot = std::make_unique<InboundRing>(this, source, segment, token);
-  inbound_offered_by_[source] = stream;
+  inbound_offered_by_[source] = reader;
 }
 
-void Transport::stream_replaced(int source, const void* stream) {
+void Transport::stream_replaced(int source, uint64_t reader) {
   absl::MutexLock lock(&mu_);
   auto ring = inbound_.find(source);
   auto by = inbound_offered_by_.find(source);
-  if (ring == inbound_.end() || by == inbound_offered_by_.end() || by->second != stream) return;
+  if (ring == inbound_.end() || by == inbound_offered_by_.end() || by->second != reader) return;
   ring->second->stop();
   stopped_inbound_.push_back(std::move(ring->second));
   inbound_.erase(ring);
@@ -809,6 +847,16 @@ void Transport::begin_registration() {
   registering_ = true;
 }
 
+void Transport::end_registration() {
+  absl::MutexLock lock(&mu_);
+  registering_ = false;  // the held sends go on under declared_ (mu_'s Await)
+}
+
+int Transport::held_sends() const {
+  absl::MutexLock lock(&mu_);
+  return held_sends_;
+}
+
 void Transport::declare(uint64_t epoch, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
   registering_ = false;  // the sends that waited for it go on (mu_'s Await)
@@ -829,11 +877,17 @@ void Transport::declare(uint64_t epoch, uint64_t incarnation) {
   links_.clear();
 }
 
-std::shared_ptr<Transport::Link> Transport::link(int peer, const std::string& address) {
+absl::StatusOr<std::shared_ptr<Transport::Link>> Transport::link(int peer, const std::string& address, uint64_t op,
+                                                                 absl::Time deadline,
+                                                                 const std::function<bool()>& cancelled) {
   std::vector<std::shared_ptr<Link>> retired;
   std::shared_ptr<Link> current;
   {
     absl::MutexLock lock(&mu_);
+    // What is retired stays in retired_ for the next call when this fails.
+    if (absl::Status registered = await_registration_locked(peer, address, op, deadline, cancelled); !registered.ok()) {
+      return registered;
+    }
     current = current_link_locked(peer, address);
     for (auto it = superseded_.begin(); it != superseded_.end();) {
       if (!(*it)->broken()) {
@@ -859,14 +913,14 @@ std::shared_ptr<Transport::Link> Transport::current_link_locked(int peer, const 
   return slot;
 }
 
-void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops) {
+void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops, const absl::Status& end) {
   std::shared_ptr<Link> notice;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     for (uint64_t op : ops) {
       if (finished_locked(op)) continue;
-      failed_ops_[op] = peer_name(failed.peer(), failed.address());
+      failed_ops_[op] = stream_failed(op, peer_name(failed.peer(), failed.address()), end);
       if (failed_ops_.size() > kRememberedOps) failed_ops_.erase(failed_ops_.begin());  // the oldest op
     }
     // A fresh link tells the peer at once (it may be waiting for a lost message of an op that
@@ -882,12 +936,13 @@ void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops
 }
 
 absl::Status Transport::send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
-                             absl::Time deadline, std::shared_ptr<const void> owner) {
+                             absl::Time deadline, std::shared_ptr<const void> owner,
+                             const std::function<bool()>& cancelled) {
   int self = -1;
   bool in_process = false;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = failed_ops_.find(tag.op); it != failed_ops_.end()) return stream_failed(tag.op, it->second);
+    if (auto it = failed_ops_.find(tag.op); it != failed_ops_.end()) return it->second;
     self = self_;
     in_process = in_process_ != nullptr && is_in_process_address(address);
   }
@@ -911,8 +966,8 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
     }
     queued = send_in_process(*local, self, peer, address, tag, data, bytes, std::move(owner), &after);
   } else {
-    queued = await_registration(peer, address, deadline);
-    if (queued.ok()) queued = link(peer, address)->enqueue(tag, data, bytes, deadline, std::move(owner));
+    absl::StatusOr<std::shared_ptr<Link>> to = link(peer, address, tag.op, deadline, cancelled);
+    queued = to.ok() ? (*to)->enqueue(tag, data, bytes, deadline, std::move(owner)) : to.status();
   }
   if (queued.ok() && sent_ns != 0) {
     profile_flow(profile_, ProfileEvent::kFlowStart, message_flow_id(self, peer, tag.op, tag.step, tag.chunk),
@@ -921,19 +976,35 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
   return queued;
 }
 
-absl::Status Transport::await_registration(int peer, const std::string& address, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
+absl::Status Transport::await_registration_locked(int peer, const std::string& address, uint64_t op,
+                                                  absl::Time deadline, const std::function<bool()>& cancelled) {
   auto registered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !registering_ || stopping_; };
-  if (mu_.AwaitWithDeadline(absl::Condition(&registered), deadline)) return absl::OkStatus();
-  return absl::DeadlineExceededError(absl::StrCat(
-      "a message to ", peer_name(peer, address), " waited for device ", self_,
-      " to register again with the coordinator (its collective messages go out only under its new registration, "
-      "which peers take) and its deadline passed first"));
+  if (registered()) return absl::OkStatus();
+  ++held_sends_;
+  struct Unhold {
+    int& held;
+    ~Unhold() { --held; }
+  } unhold{held_sends_};
+  // Wake up now and then to notice a cancelled run, as receive does.
+  while (!mu_.AwaitWithDeadline(absl::Condition(&registered), std::min(deadline, absl::Now() + kCancelPoll))) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("a message of op ", op, " to ", peer_name(peer, address), " waited for device ", self_,
+                       " to register again with the coordinator (its collective messages go out only under its new "
+                       "registration, which peers take) and its deadline passed first"));
+    }
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("op ", op, " was cancelled while its message to ",
+                                               peer_name(peer, address), " waited for device ", self_,
+                                               " to register again with the coordinator"));
+    }
+  }
+  return absl::OkStatus();
 }
 
-absl::Status Transport::stream_failed(uint64_t op, const std::string& peer) {
-  return absl::UnavailableError(
-      absl::StrCat("the stream to ", peer, " failed with messages of op ", op, " in flight, which may be lost"));
+absl::Status Transport::stream_failed(uint64_t op, const std::string& peer, const absl::Status& end) {
+  return absl::Status(end.code(), absl::StrCat("the stream to ", peer, " failed with messages of op ", op,
+                                               " in flight, which may be lost", stream_end_detail(end)));
 }
 
 absl::StatusOr<Received> Transport::receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
@@ -975,9 +1046,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
       return absl::ResourceExhaustedError(absl::StrCat("a message of op ", tag.op, " from ", peer_name(source, address),
                                                        " was dropped: ", refusal_text_locked(refused->second)));
     }
-    if (auto failed = failed_ops_.find(tag.op); failed != failed_ops_.end()) {
-      return stream_failed(tag.op, failed->second);
-    }
+    if (auto failed = failed_ops_.find(tag.op); failed != failed_ops_.end()) return failed->second;
     if (lost_.count(from) > 0) {
       return absl::UnavailableError(absl::StrCat(peer_name(source, address), " lost messages of op ", tag.op,
                                                  " to this device: its streams here failed with them in flight"));
@@ -1285,7 +1354,7 @@ absl::Status Transport::deliver(grpc::ByteBuffer* buffer, int* source, int authe
 
 absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, int authenticated_source,
                                         std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits,
-                                        const void* stream) {
+                                        uint64_t reader_id) {
   *waits = false;
   Received data;
   if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
@@ -1393,7 +1462,7 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
   if (!shm_segment.empty()) {
     // `from` is the stream's authenticated device (when it has one): the ring's messages are
     // filed as that device's.
-    ring_offered(from, shm_segment, fields[8], shm_host, stream);
+    ring_offered(from, shm_segment, fields[8], shm_host, reader_id);
     return absl::OkStatus();
   }
   if (!lost_ops.empty()) {
@@ -1578,7 +1647,10 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
  public:
   ExchangeReader(Transport* transport, grpc::ByteBuffer* response, int authenticated_source, PeerView* peers,
                  const StreamClaim& claim)
-      : transport_(transport), authenticated_source_(authenticated_source), peers_(peers) {
+      : transport_(transport),
+        authenticated_source_(authenticated_source),
+        peers_(peers),
+        reader_(transport->next_reader_.fetch_add(1)) {
     // The reply is an empty ExchangeReply: zero bytes, but a message all the same.
     grpc::Slice empty;
     *response = grpc::ByteBuffer(&empty, 1);
@@ -1614,7 +1686,8 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
     message.Swap(&buffer_);
     bool waits = false;
     absl::Status status = transport_->deliver_or_wait(
-        &message, &source_, authenticated_source_, [this, gate = gate_] { read_on(*gate); }, &waiting_, &waits, this);
+        &message, &source_, authenticated_source_, [this, gate = gate_] { read_on(*gate); }, &waiting_, &waits,
+        reader_);
     if (!status.ok()) {
       finish_locked(to_grpc(status));
       return;
@@ -1691,7 +1764,7 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
     gate.replaced = std::move(why);
     std::fprintf(stderr, "tessera-worker: %s\n", std::string(gate.replaced.message()).c_str());
     if (!gate.decided) return;  // admitted() ends it
-    if (source_ >= 0) transport_->stream_replaced(source_, this);
+    if (source_ >= 0) transport_->stream_replaced(source_, reader_);
     if (gate.read_issued) {
       finish_locked(to_grpc(gate.replaced));  // the pending read fails, or what it read is dropped
     } else if (transport_->give_up_waiting(&waiting_)) {
@@ -1714,6 +1787,9 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
   Transport* const transport_;
   const int authenticated_source_;
   PeerView* const peers_;
+  // This reader's id, for the ring it offers (stream_replaced). Not PeerView's id_, which is
+  // set only once admit() returns, after a read it started may have run.
+  const uint64_t reader_;
   uint64_t id_ = 0;  // PeerView's, for ended()
   const std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
   grpc::ByteBuffer buffer_;

@@ -27,6 +27,7 @@
 #ifndef TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 #define TESSERA_WORKER_COLLECTIVES_TRANSPORT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -124,13 +125,23 @@ class Transport {
   ~Transport();  // cancels every link and joins its writer
 
   void set_self(int device_id);
-  // This worker is about to register (again) with the coordinator: until declare(), sends over
-  // gRPC wait (each until its deadline; DEADLINE_EXCEEDED naming this device and the rule), so
-  // that no link declares a registration the coordinator is replacing. A run the coordinator
-  // sends as soon as it has recorded the new registration may reach this worker before the
-  // registration's reply does: its messages then go out under the new one. (A notice of lost
-  // ops, sent from a gRPC callback thread, does not wait.)
+  // This worker is about to register (again) with the coordinator: until declare() or
+  // end_registration(), sends over gRPC are held (each until its deadline, DEADLINE_EXCEEDED
+  // naming this device and the rule; or CANCELLED soon after its run's `cancelled()` turns
+  // true), so that no link declares a registration the coordinator is replacing. A run the
+  // coordinator sends as soon as it has recorded the new registration may reach this worker
+  // before the registration's reply does: its messages then go out under the new one. (A
+  // notice of lost ops, sent from a gRPC callback thread, is never held.)
   void begin_registration();
+  // The registration begin_registration() announced ended without a new one to declare (its
+  // RegisterWorker failed, or the worker stopped registering): the held sends go on under the
+  // registration declared before. That is the only one this worker holds; runs of it still
+  // going can finish, and a peer whose view says it was replaced (the coordinator recorded the
+  // attempt but its reply was lost) ends the streams declaring it with PERMISSION_DENIED, which
+  // fails the op with that reason (docs/design.md, "Held sends"). Idempotent.
+  void end_registration();
+  // Sends held now (begin_registration), for tests.
+  int held_sends() const;
   // The registration (coordinator epoch, incarnation) this worker's Exchange streams declare to
   // its peers (worker/collectives/peer_view.h); ends begin_registration's wait. A new one
   // supersedes the open links: sends take fresh links declaring it, while each peer ends the
@@ -196,8 +207,11 @@ class Transport {
   // In process (serve_in_process, both ends): the message is in the peer's mailbox (or refused
   // for its bounds, which fails the peer's wait) when send() returns; UNAVAILABLE naming the
   // peer if no transport of this process serves its in-process address any more.
+  // While this worker registers (begin_registration) a send over gRPC is held: CANCELLED
+  // soon after `cancelled()` turns true.
   absl::Status send(int peer, const std::string& address, MessageTag tag, const std::byte* data, int64_t bytes,
-                    absl::Time deadline, std::shared_ptr<const void> owner = nullptr);
+                    absl::Time deadline, std::shared_ptr<const void> owner = nullptr,
+                    const std::function<bool()>& cancelled = nullptr);
 
   // How often a waiting receive checks whether its op was cancelled.
   static constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
@@ -351,23 +365,33 @@ class Transport {
   bool await_room(std::shared_ptr<Waiting>* slot, absl::Time deadline);
   // Raw bytes of one message, as deliver, from a reader that can wait (`slot`; see file_or_wait).
   // `*waits`: its reader must read no further until `read_on` runs.
-  // `stream`: the reader's identity, which a ring it offers is remembered by (stream_replaced).
+  // `reader_id`: the reader's id (next_reader_), which a ring it offers is remembered by
+  // (stream_replaced); 0: none.
   absl::Status deliver_or_wait(grpc::ByteBuffer* buffer, int* source, int authenticated_source,
                                std::function<void()> read_on, std::shared_ptr<Waiting>* slot, bool* waits,
-                               const void* stream = nullptr);
+                               uint64_t reader_id = 0);
 
-  // The healthy link to `peer` at `address`, opened if needed. Destroys retired links (which
-  // waits for their streams to end): never call it on a gRPC callback thread.
-  std::shared_ptr<Link> link(int peer, const std::string& address);
-  // Waits while this worker registers (begin_registration), until `deadline`.
-  absl::Status await_registration(int peer, const std::string& address, absl::Time deadline);
+  // The healthy link to `peer` at `address`, opened if needed, for a message of `op`: while
+  // this worker registers (begin_registration) it waits first, under the same lock (one lock
+  // round when not registering), until `deadline` or `cancelled()` (see await_registration_locked).
+  // Destroys retired links (which waits for their streams to end): never call it on a gRPC
+  // callback thread.
+  absl::StatusOr<std::shared_ptr<Link>> link(int peer, const std::string& address, uint64_t op, absl::Time deadline,
+                                             const std::function<bool()>& cancelled);
+  // Waits while this worker registers (begin_registration): DEADLINE_EXCEEDED at `deadline`,
+  // CANCELLED soon after `cancelled()` turns true, both naming `op`, the peer and the rule.
+  absl::Status await_registration_locked(int peer, const std::string& address, uint64_t op, absl::Time deadline,
+                                         const std::function<bool()>& cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Link> current_link_locked(int peer, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A link broke with messages of `ops` (its recent ones) in flight: the ops still running
-  // here fail at once (their sends and receives return UNAVAILABLE naming the peer), and the
-  // peer gets a notice on a fresh link, so that its waits for them fail too. On gRPC's
-  // callback threads; never blocks.
-  void link_failed(const Link& failed, const std::vector<uint64_t>& ops);
-  static absl::Status stream_failed(uint64_t op, const std::string& peer);
+  // here fail at once (their sends and receives return stream_failed naming the peer), and the
+  // peer gets a notice on a fresh link, so that its waits for them fail too. `end`: how the
+  // stream ended (the peer's code and reason, or UNAVAILABLE; see stream_end in transport.cc).
+  // On gRPC's callback threads; never blocks.
+  void link_failed(const Link& failed, const std::vector<uint64_t>& ops, const absl::Status& end);
+  // The error of op `op` whose messages to `peer` may be lost: `end`'s code, naming the peer,
+  // with the peer's reason if it gave one.
+  static absl::Status stream_failed(uint64_t op, const std::string& peer, const absl::Status& end);
   // Files one message of `from` in the mailbox (dropped if its op has finished, or over the
   // mailbox's bounds). The run parked for it goes to `after` (resumed outside the locks).
   // Never waits: over the share it refuses (the in-process path, whose sender may be a run
@@ -415,8 +439,7 @@ class Transport {
   void refuse_locked(uint64_t op, int from, Refusal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
   // reader thread, which opens it, and returns).
-  void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host,
-                    const void* stream);
+  void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host, uint64_t reader);
   // Joins the reader threads that have stopped. Never on a gRPC callback thread.
   void join_stopped_rings();
   void stream_started(int source);
@@ -424,15 +447,17 @@ class Transport {
   // was replaced (PeerView), which is no sign that the source went away: its fresh streams may
   // not have carried anything yet, and the ops of its new registration must not fail for it.
   void stream_ended(int source, bool replaced = false);
-  // The registration of the reader `stream` was replaced: the ring it offered, if it is still
-  // the source's, stops (a replaced registration's messages are not read from it either).
-  void stream_replaced(int source, const void* stream);
+  // The registration of the stream read by `reader` (its id) was replaced: the ring it offered,
+  // if it is still the source's, stops (a replaced registration's messages are not read from it
+  // either).
+  void stream_replaced(int source, uint64_t reader);
 
   const Credentials credentials_;
   mutable absl::Mutex mu_;
   int self_ ABSL_GUARDED_BY(mu_) = -1;
   std::pair<uint64_t, uint64_t> declared_ ABSL_GUARDED_BY(mu_);  // see declare
   bool registering_ ABSL_GUARDED_BY(mu_) = false;                // see begin_registration
+  int held_sends_ ABSL_GUARDED_BY(mu_) = 0;                      // sends waiting for registering_ to end
   int64_t forged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Held> mailbox_ ABSL_GUARDED_BY(mu_);
@@ -464,9 +489,10 @@ class Transport {
   // Finished ops from kUnorderedOps up, and the order they finished in.
   std::set<uint64_t> finished_unordered_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_unordered_order_ ABSL_GUARDED_BY(mu_);
-  // Ops whose messages a link of ours may have lost, with the peer (until the op finishes;
-  // at most kRememberedOps, the oldest ids dropped first: ids only grow).
-  std::map<uint64_t, std::string> failed_ops_ ABSL_GUARDED_BY(mu_);
+  // Ops whose messages a link of ours may have lost, with their error (stream_failed: the peer
+  // and its reason; until the op finishes; at most kRememberedOps, the oldest ids dropped
+  // first: ids only grow).
+  std::map<uint64_t, absl::Status> failed_ops_ ABSL_GUARDED_BY(mu_);
   // (op, source): the source's notice said messages of op to here may be lost (as above).
   std::set<std::pair<uint64_t, int>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
@@ -478,7 +504,10 @@ class Transport {
   // The rings peers write to this worker: the current one per source, and those replaced or
   // whose source went away (stopped, their threads joined by join_stopped_rings).
   std::map<int, std::unique_ptr<InboundRing>> inbound_ ABSL_GUARDED_BY(mu_);
-  std::map<int, const void*> inbound_offered_by_ ABSL_GUARDED_BY(mu_);  // the reader whose offer made inbound_'s
+  // The id of the reader whose offer made inbound_'s ring, by source. An id, never reused: a
+  // reader's address, which a later reader may get once it is freed, could stop a current ring.
+  std::map<int, uint64_t> inbound_offered_by_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> next_reader_{1};  // the next ExchangeReader's id
   std::vector<std::unique_ptr<InboundRing>> stopped_inbound_ ABSL_GUARDED_BY(mu_);
   int64_t shm_received_ ABSL_GUARDED_BY(mu_) = 0;
   // serve_in_process: this transport's entry in the process's table, and the mailboxes of the
