@@ -1121,5 +1121,25 @@ TEST_F(GatherTest, ExplicitScatterOnSplitBatchingDimsRunsBlockByBlock) {
               HasSubstr("scatter_add: Use `.at[...].set/add/mul/...(out_sharding=)`"));
 }
 
+// vmap of scatter_apply (per-example indices: its cond's predicate is batched): each example as
+// the host loop on it, func applied once per window, so twice or three times where examples
+// repeat an index, and the out-of-range index 9 dropped.
+TEST_F(GatherTest, VmapOfScatterApplyMatchesPerExampleHostLoops) {
+  const ScatterDimensionNumbers dn{{}, {0}, {0}};
+  const HostArray x = random_f32({4, 6}, 97), unused = random_f32({3}, 98);
+  const HostArray idx = ints({4, 3, 1}, {0, 0, 1, 2, 3, 4, 5, 5, 5, 1, 9, 2});
+  absl::StatusOr<std::vector<Array>> got = jit(vmap([&](const std::vector<Value>& in) {
+    return std::vector<Value>{scatter_apply(in[0], in[1], [](const Value& v) { return v * 2.0 + 1.0; }, dn, {3})};
+  }))({put_on(*auto_mesh_, x, P("data", None)), put_on(*auto_mesh_, idx, P())});
+  ASSERT_TRUE(got.ok()) << got.status();
+  const HostArray r = fetch((*got)[0]);
+  for (int64_t b = 0; b < 4; ++b) {
+    const std::vector<double> want =
+        host_scatter_with(example(x, b), example(idx, b), unused, dn, IndexMode::kFillOrDrop,
+                          [](double old, double) { return old * 2.0 + 1.0; });
+    expect_values(example(r, b), {6}, want, absl::StrCat("example ", b));
+  }
+}
+
 }  // namespace
 }  // namespace tessera
