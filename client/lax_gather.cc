@@ -8,8 +8,12 @@
 // transpose, reshape and slice. scatter_mul / min / max have no one-axis op: their updates are
 // sorted by linear index and combined within runs of equal indices by a segmented scan
 // (log2(n) shifted steps), and each run's total is scattered once (combine_scatter).
+// scatter_sub is scatter_add of the negated updates; scatter_apply counts the windows on each
+// element with a scatter_add and applies func that many times. On Explicit axes a split
+// batching dimension runs block by block (gather_by_batch_blocks, scatter_by_batch_blocks).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -256,13 +260,26 @@ Value unfold_operand(const Value& folded, const Value& x, const Addressing& a) {
 }
 
 // How a scatter combines an update with what is there.
-enum class Combine { kSet, kAdd, kMul, kMin, kMax };
+// kSub (lax.scatter_sub) is kAdd of the negated updates: x - u1 - u2 == x + (-u1) + (-u2) exactly
+// in floating point and modulo 2^n for integers, and its VJP is then JAX's
+// _scatter_addsub_transpose_rule (the updates' cotangent the negated gather of the result's).
+enum class Combine { kSet, kAdd, kSub, kMul, kMin, kMax };
 
 Value combine(Combine c, const Value& a, const Value& b) {
   return c == Combine::kMul ? a * b : c == Combine::kMin ? minimum(a, b) : maximum(a, b);
 }
 
-Value zeros_like(const Value& x) { return full(x.shape(), 0.0, x.dtype()); }
+// full(x's shape, value, dtype), laid out as x on Explicit axes: a plain constant is replicated,
+// and a scatter of split updates onto it would gather them.
+Value full_as(const Value& x, double value, DType dtype) {
+  const TraceState* t = TraceState::common({&x});
+  if (t != nullptr && t->explicit_mesh.has_value()) {
+    return full(x.shape(), value, dtype, type_of(x).spec.partitions_only());
+  }
+  return full(x.shape(), value, dtype);
+}
+
+Value zeros_like(const Value& x) { return full_as(x, 0.0, x.dtype()); }
 
 // x + 0 with the gradient of x: exactly +0 (x - x) where x is finite, and 0 elsewhere.
 Value zero_with_gradient(const Value& x) {
@@ -303,7 +320,7 @@ Value combine_scatter(Combine c, const Value& f, const Value& idx, const Value& 
   const Value yes = full({1}, 1.0, DType::kBool);  // the last element ends its run
   const Value last = k == 1 ? yes : concatenate({shifted_slice(keys, 0, k - 1) != shifted_slice(keys, 1, k), yes}, 0);
   const Value target = where(last, keys, full({k}, -1.0, keys.dtype()));
-  if (c == Combine::kMul) return f * scatter(full(fs, 1.0, f.dtype()), target, vals, 0, IndexMode::kFillOrDrop);
+  if (c == Combine::kMul) return f * scatter(full_as(f, 1.0, f.dtype()), target, vals, 0, IndexMode::kFillOrDrop);
   const Value m = combine(c, f, scatter(f, target, vals, 0, IndexMode::kFillOrDrop));
   if (!is_floating(f.dtype())) return m;
   // The gradient of _scatter_extremal_jvp (jax/_src/lax/slicing.py): every element equal to the
@@ -320,19 +337,26 @@ Value combine_scatter(Combine c, const Value& f, const Value& idx, const Value& 
   const Value share =
       where(f_won, zero_with_gradient(f), zeros_f) +
       scatter_add(zeros_f, raw_keys, where(u_won, zero_with_gradient(u_flat), zeros_u), 0, IndexMode::kFillOrDrop);
-  const Value ones = full(fs, 1.0, f.dtype());
+  const Value ones = full_as(f, 1.0, f.dtype());
   return result - (stop_gradient(share) - share) / where(count > zeros_f, count, ones);
 }
 
+std::optional<Value> scatter_by_batch_blocks(TraceState* t, const char* name, Combine combine_op, const Value& x,
+                                             const Value& indices, const Value& updates,
+                                             const ScatterDimensionNumbers& dn, const Dims& scatter_dims,
+                                             GatherScatterMode mode, std::string* error);
+
+// by_blocks: whether a scatter whose batching dimensions are split on Explicit axes runs block by
+// block (false inside a block).
 Value scatter_general(const char* name, Combine combine_op, const Value& x, const Value& indices, const Value& updates,
-                      const ScatterDimensionNumbers& dn, GatherScatterMode mode) {
+                      const ScatterDimensionNumbers& dn, GatherScatterMode mode, bool by_blocks = true) {
   TraceState* t = TraceState::common({&x, &indices, &updates});
   if (t == nullptr) return Value();
   auto invalid = [&](const std::string& message) {
     return t->fail(absl::InvalidArgumentError(absl::StrCat(name, ": ", message)));
   };
   if (std::string e = check_indices(name, indices); !e.empty()) return t->fail(absl::InvalidArgumentError(e));
-  if (combine_op >= Combine::kMul && x.dtype() == DType::kBool) {
+  if (combine_op >= Combine::kSub && x.dtype() == DType::kBool) {
     return invalid("the operand is bool; it needs a numeric dtype");
   }
   if (updates.dtype() != x.dtype()) {
@@ -407,6 +431,13 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
     }
   }
   if (num_elements(us) == 0) return x;
+  if (by_blocks) {
+    std::string error;
+    std::optional<Value> blocks =
+        scatter_by_batch_blocks(t, name, combine_op, x, indices, updates, dn, scatter_dims, mode, &error);
+    if (!error.empty()) return invalid(error);
+    if (blocks.has_value()) return *blocks;
+  }
   const Addressing a = make_addressing(rank, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
                                        dn.operand_batching_dims, dn.scatter_indices_batching_dims);
   // The updates in the order of the one-axis op's: batch, windowed linear, free windows.
@@ -431,7 +462,8 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
       r = scatter(folded, idx, u, 0, IndexMode::kFillOrDrop);
       break;
     case Combine::kAdd:
-      r = scatter_add(folded, idx, u, 0, IndexMode::kFillOrDrop);
+    case Combine::kSub:
+      r = scatter_add(folded, idx, combine_op == Combine::kSub ? -u : u, 0, IndexMode::kFillOrDrop);
       break;
     default:
       r = combine_scatter(combine_op, folded, idx, u);
@@ -536,6 +568,81 @@ std::optional<Value> gather_by_batch_blocks(TraceState* t, const Value& x, const
       },
       *t->explicit_mesh, {PartitionSpec(x_manual), PartitionSpec(i_manual)}, {PartitionSpec(out_manual)}, options);
   return blocks({xr, ir})[0];
+}
+
+// On Explicit axes, a scatter whose batching dimensions are split (the operand's, the indices'
+// or the updates', alike or some of them) is one independent scatter per block, as JAX's
+// explicit-mode rule says (_scatter_spec_computation in jax/_src/lax/slicing.py; its test
+// tests/pjit_test.py test_scatter_sharding_rule): the batching splits resolve into one, window
+// dimensions are split alike in the operand and the updates (full windows) or whole, inserted
+// ones whole, the indices' and the updates' other query dimensions and the index vector whole;
+// the result is laid out as the operand, its batching dimensions as resolved and its window
+// dimensions the updates' split where the operand has none. It runs as a shard_map manual over
+// the batching axes, so no data moves. nullopt when no batching dimension is split; JAX's
+// error message when its rule cannot resolve the layout.
+std::optional<Value> scatter_by_batch_blocks(TraceState* t, const char* name, Combine combine_op, const Value& x,
+                                             const Value& indices, const Value& updates,
+                                             const ScatterDimensionNumbers& dn, const Dims& scatter_dims,
+                                             GatherScatterMode mode, std::string* error) {
+  if (!t->explicit_mesh.has_value() || dn.operand_batching_dims.empty()) return std::nullopt;
+  const PartitionSpec x_spec = type_of(x).spec, i_spec = type_of(indices).spec, u_spec = type_of(updates).spec;
+  const int64_t rank = x.rank(), ni = indices.rank(), nu = updates.rank();
+  std::vector<Axes> x_dims(rank), i_dims(ni), u_dims(nu), x_manual(rank), i_manual(ni), u_manual(nu);
+  for (int64_t d = 0; d < rank; ++d) x_dims[d] = spec_entry(x_spec, d);
+  for (int64_t d = 0; d < ni; ++d) i_dims[d] = spec_entry(i_spec, d);
+  for (int64_t d = 0; d < nu; ++d) u_dims[d] = spec_entry(u_spec, d);
+  bool resolves = true;
+  Axes manual;
+  Dims updates_batching;
+  for (size_t k = 0; k < dn.operand_batching_dims.size(); ++k) {
+    const int64_t od = dn.operand_batching_dims[k], id = dn.scatter_indices_batching_dims[k], ud = scatter_dims[id];
+    updates_batching.push_back(ud);
+    Axes resolved;  // _is_resolvable: at most one distinct split among the three
+    for (const Axes* s : {&x_dims[od], &i_dims[id], &u_dims[ud]}) {
+      if (s->empty()) continue;
+      if (!resolved.empty() && resolved != *s) resolves = false;
+      resolved = *s;
+    }
+    if (resolved.empty()) continue;
+    x_dims[od] = i_dims[id] = u_dims[ud] = x_manual[od] = i_manual[id] = u_manual[ud] = resolved;
+    manual.insert(manual.end(), resolved.begin(), resolved.end());
+  }
+  if (manual.empty()) return std::nullopt;
+  for (int64_t d = 0, pos = 0; d < rank; ++d) {
+    if (contains(dn.operand_batching_dims, d)) continue;
+    if (contains(dn.inserted_window_dims, d)) {
+      resolves = resolves && x_dims[d].empty();
+      continue;
+    }
+    const int64_t ud = dn.update_window_dims[pos++];
+    const bool full_alike = updates.shape()[ud] == x.shape()[d] && u_dims[ud] == x_dims[d];
+    resolves = resolves && (full_alike || (u_dims[ud].empty() && x_dims[d].empty()));
+  }
+  for (int64_t d = 0; d < nu; ++d) {
+    if (!contains(updates_batching, d) && !contains(dn.update_window_dims, d) && !u_dims[d].empty()) resolves = false;
+  }
+  for (int64_t d = 0; d < ni; ++d) {
+    if (!contains(dn.scatter_indices_batching_dims, d) && !i_dims[d].empty()) resolves = false;
+  }
+  if (!resolves) {
+    *error = absl::StrCat(
+        "Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec for the scatter update as out "
+        "sharding could not be resolved unambiguously (or would require collectives on inputs). Got operand=",
+        type_of(x).to_string(), ", indices=", type_of(indices).to_string(), ", updates=", type_of(updates).to_string());
+    return std::nullopt;
+  }
+  auto laid_out = [](const Value& v, const PartitionSpec& spec, const std::vector<Axes>& dims) {
+    return PartitionSpec(dims) == spec.partitions_only() ? v : reshard(v, PartitionSpec(dims));
+  };
+  ShardMapOptions options;
+  options.axis_names = manual;
+  const ShardMapped blocks = shard_map(
+      [name, combine_op, dn, mode](const std::vector<Value>& in) {
+        return std::vector<Value>{scatter_general(name, combine_op, in[0], in[1], in[2], dn, mode, false)};
+      },
+      *t->explicit_mesh, {PartitionSpec(x_manual), PartitionSpec(i_manual), PartitionSpec(u_manual)},
+      {PartitionSpec(x_manual)}, options);
+  return blocks({laid_out(x, x_spec, x_dims), laid_out(indices, i_spec, i_dims), laid_out(updates, u_spec, u_dims)})[0];
 }
 
 }  // namespace
@@ -704,6 +811,51 @@ Value scatter_min(const Value& x, const Value& indices, const Value& updates, co
 Value scatter_max(const Value& x, const Value& indices, const Value& updates, const ScatterDimensionNumbers& dn,
                   GatherScatterMode mode) {
   return scatter_general("scatter_max", Combine::kMax, x, indices, updates, dn, mode);
+}
+
+Value scatter_sub(const Value& x, const Value& indices, const Value& updates, const ScatterDimensionNumbers& dn,
+                  GatherScatterMode mode) {
+  return scatter_general("scatter_sub", Combine::kSub, x, indices, updates, dn, mode);
+}
+
+// As XLA's scatter with `func` as the update computation (JAX's scatter_apply): each window
+// applies func once to each element it covers. So an element is func applied `count` times, count
+// the windows landing on it, which a scatter_add of ones counts with the mode's out-of-range
+// rule. One application to the whole operand serves every element hit; only when some element is
+// hit twice (a cond on the largest count) does a loop over the remaining windows run, applying
+// func again where the count exceeds the step.
+Value scatter_apply(const Value& x, const Value& indices, const std::function<Value(const Value&)>& func,
+                    const ScatterDimensionNumbers& dn, Shape update_shape, GatherScatterMode mode) {
+  TraceState* t = TraceState::common({&x, &indices});
+  if (t == nullptr) return Value();
+  // The counts laid out as the operand; the updates' placeholder replicated, as JAX's
+  // lax.full(update_shape, 0) is.
+  const Value count = scatter_general("scatter_apply", Combine::kAdd, full_as(x, 0.0, DType::kI32), indices,
+                                      full(update_shape, 1.0, DType::kI32), dn, mode);
+  if (!count.ok()) return Value();
+  const Value fx = func(x);
+  if (!fx.ok()) return Value();
+  if (fx.shape() != x.shape() || fx.dtype() != x.dtype()) {
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat("scatter_apply: func must map each element to one of the operand's dtype ", dtype_name(x.dtype()),
+                     " (elementwise); it gave ", dtype_name(fx.dtype()), dims_str(fx.shape()), " for ",
+                     dtype_name(x.dtype()), dims_str(x.shape()))));
+  }
+  const Value once = where(count > 0, fx, x);
+  const Shape& is = indices.shape();
+  const int64_t windows = num_elements(Shape(is.begin(), is.end() - 1));
+  if (windows <= 1) return once;
+  const Branch again = [&](const std::vector<Value>& y) {
+    return fori_loop(
+        1, windows,
+        [&](const Value& step, const std::vector<Value>& carry) {
+          return std::vector<Value>{where(count > step, func(carry[0]), carry[0])};
+        },
+        y);
+  };
+  const Branch done = [](const std::vector<Value>& y) { return y; };
+  std::vector<Value> r = cond(max(count) > 1, again, done, {once});
+  return r.empty() ? Value() : r[0];
 }
 
 Value take_along_axis(const Value& x, const Value& indices, int64_t axis, GatherScatterMode mode,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/vmap.h"
@@ -424,6 +425,17 @@ std::vector<ScatterCase> scatter_cases() {
   return out;
 }
 
+// The window size of each operand dimension of a scatter case: the updates' along its window
+// dimension, 1 for inserted and batching dimensions.
+Dims scatter_window(const ScatterCase& c) {
+  Dims window(c.x.size(), 1);
+  for (size_t d = 0, k = 0; d < c.x.size(); ++d) {
+    if (has(c.dn.inserted_window_dims, d) || has(c.dn.operand_batching_dims, d)) continue;
+    window[d] = c.updates[c.dn.update_window_dims[k++]];
+  }
+  return window;
+}
+
 TEST_F(GatherTest, ScatterAddMatchesHostLoopsInBothModesOnEveryLayout) {
   const std::vector<Mesh> meshes = {*auto_mesh_, auto_mesh({2, 2})};
   for (const ScatterCase& c : scatter_cases()) {
@@ -550,11 +562,7 @@ TEST_F(GatherTest, PromiseInBoundsEqualsTheHostLoopForInBoundsIndices) {
   }
   for (const ScatterCase& c : scatter_cases()) {
     const HostArray x = random_f32(c.x, 52), u = random_f32(c.updates, 53);
-    Dims window(c.x.size(), 1);
-    for (size_t d = 0, k = 0; d < c.x.size(); ++d) {
-      if (has(c.dn.inserted_window_dims, d) || has(c.dn.operand_batching_dims, d)) continue;
-      window[d] = c.updates[c.dn.update_window_dims[k++]];
-    }
+    const Dims window = scatter_window(c);
     const HostArray idx = in_bounds(c.idx, c.x, window, c.dn.scatter_dims_to_operand_dims);
     const std::vector<double> want = host_scatter(x, idx, u, c.dn, IndexMode::kClip, true);
     absl::StatusOr<HostArray> got = run1(
@@ -889,6 +897,248 @@ TEST_F(GatherTest, DimensionNumbersErrorsAreJaxs) {
   EXPECT_THAT(std::string(scatter_status.message()),
               HasSubstr("Bounds of the window dimensions of updates must not exceed the bounds of the corresponding "
                         "dimensions of operand. For dimension 1, updates bound is 6, operand bound is 5."));
+}
+
+// lax.scatter_sub and lax.scatter_apply (jax/_src/lax/slicing.py) against the host loop over
+// XLA's Scatter semantics with their combiners: scatter_sub subtracts every update (repeated
+// windows each); scatter_apply (XLA's scatter with `func` as the update computation, the updates
+// a placeholder of update_shape) applies func once per window covering an element, so twice on
+// an element two windows cover. Every GatherScatterMode: kClip clamps, kFillOrDrop and kOneHot
+// drop out-of-range windows, kPromiseInBounds with in-bounds indices equals the clamped loop.
+// On Auto meshes (8), (4, 2) and (2, 4), several layouts of operand, indices and updates.
+TEST_F(GatherTest, ScatterSubAndApplyMatchHostLoopsInEveryModeOnEveryMesh) {
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const std::vector<Mesh> meshes = {*flat, auto_mesh({4, 2}), auto_mesh({2, 4})};
+  const auto twice_plus_one = [](const Value& v) { return v * 2.0 + 1.0; };
+  for (const ScatterCase& c : scatter_cases()) {
+    const HostArray x = random_f32(c.x, 81), u = random_f32(c.updates, 82);
+    const Dims window = scatter_window(c);
+    for (GatherScatterMode mode : {GatherScatterMode::kClip, GatherScatterMode::kFillOrDrop, GatherScatterMode::kOneHot,
+                                   GatherScatterMode::kPromiseInBounds}) {
+      const bool promised = mode == GatherScatterMode::kPromiseInBounds;
+      const HostArray idx = promised ? in_bounds(c.idx, c.x, window, c.dn.scatter_dims_to_operand_dims) : c.idx.clone();
+      const IndexMode host_mode =
+          mode == GatherScatterMode::kClip || promised ? IndexMode::kClip : IndexMode::kFillOrDrop;
+      const std::vector<double> want_sub =
+          host_scatter_with(x, idx, u, c.dn, host_mode, [](double old, double v) { return old - v; });
+      const std::vector<double> want_apply =
+          host_scatter_with(x, idx, u, c.dn, host_mode, [](double old, double) { return old * 2.0 + 1.0; });
+      const TracedFunction f = [&](const std::vector<Value>& in) {
+        return std::vector<Value>{scatter_sub(in[0], in[1], in[2], c.dn, mode),
+                                  scatter_apply(in[0], in[1], twice_plus_one, c.dn, c.updates, mode)};
+      };
+      for (const Mesh& mesh : meshes) {
+        const std::vector<PartitionSpec> x_layouts = layouts(c.x, mesh), idx_layouts = layouts(idx.shape(), mesh),
+                                         u_layouts = layouts(c.updates, mesh);
+        for (size_t i = 0; i < x_layouts.size(); ++i) {
+          const PartitionSpec &xs = x_layouts[i], &is = idx_layouts[i % idx_layouts.size()],
+                              &us = u_layouts[(i + 1) % u_layouts.size()];
+          const std::string where =
+              absl::StrCat(c.name, " mode ", static_cast<int>(mode), " mesh ", absl::StrJoin(mesh.shape(), "x"), " x ",
+                           xs.to_string(), " indices ", is.to_string(), " updates ", us.to_string());
+          absl::StatusOr<std::vector<Array>> got =
+              jit(f)({put_on(mesh, x, xs), put_on(mesh, idx, is), put_on(mesh, u, us)});
+          ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+          expect_values(fetch((*got)[0]), c.x, want_sub, absl::StrCat("scatter_sub ", where));
+          expect_values(fetch((*got)[1]), c.x, want_apply, absl::StrCat("scatter_apply ", where));
+        }
+      }
+    }
+  }
+  // int32: exact; element 2 hit twice (3 * 3 * 1 for scatter_apply), index 5 dropped.
+  const ScatterDimensionNumbers dn{{}, {0}, {0}};
+  absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{scatter_sub(in[0], in[1], in[2], dn),
+                              scatter_apply(in[0], in[1], [](const Value& v) { return v * 3; }, dn, {4})};
+  })({put(HostArray::from_vector<int32_t>({3}, {-5, 7, 1}), P()), put(ints({4, 1}, {0, 2, 2, 5}), P()),
+      put(HostArray::from_vector<int32_t>({4}, {1, 4, -6, 9}), P())});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(fetch((*got)[0]), HostArray::from_vector<int32_t>({3}, {-6, 7, 3}));
+  EXPECT_EQ(fetch((*got)[1]), HostArray::from_vector<int32_t>({3}, {-15, 7, 9}));
+}
+
+// The errors: scatter_sub refuses bool as JAX's lax.sub does; scatter_apply's func must keep the
+// operand's shape and dtype (XLA's update computation maps a scalar to one of the operand's
+// type), and its windows are checked as a scatter's updates (update_shape in their place).
+TEST_F(GatherTest, ScatterSubAndApplyErrors) {
+  const ScatterDimensionNumbers dn{{}, {0}, {0}};
+  auto status_of = [](const TracedFunction& f, std::vector<ArrayType> types) { return trace(f, types).status(); };
+  const absl::Status bool_sub =
+      status_of([&](const std::vector<Value>& in) { return std::vector<Value>{scatter_sub(in[0], in[1], in[2], dn)}; },
+                {ArrayType{DType::kBool, {4}}, ArrayType{DType::kI32, {2, 1}}, ArrayType{DType::kBool, {2}}});
+  EXPECT_EQ(bool_sub.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bool_sub.message()), HasSubstr("scatter_sub: the operand is bool"));
+  const absl::Status widened = status_of(
+      [&](const std::vector<Value>& in) {
+        return std::vector<Value>{scatter_apply(in[0], in[1], [](const Value& v) { return v * 0.5; }, dn, {2})};
+      },
+      {ArrayType{DType::kI32, {4}}, ArrayType{DType::kI32, {2, 1}}});
+  EXPECT_EQ(widened.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(widened.message()), HasSubstr("scatter_apply: func must map each element to one of the "
+                                                        "operand's dtype int32"));
+  const absl::Status bad_window = status_of(
+      [&](const std::vector<Value>& in) {
+        return std::vector<Value>{scatter_apply(in[0], in[1], [](const Value& v) { return v; },
+                                                ScatterDimensionNumbers{{1}, {0}, {0}}, {2, 6})};
+      },
+      {ArrayType{DType::kF32, {10, 5}}, ArrayType{DType::kI32, {2, 1}}});
+  EXPECT_EQ(bad_window.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      std::string(bad_window.message()),
+      HasSubstr("scatter_apply: Bounds of the window dimensions of updates must not exceed the bounds of the "
+                "corresponding dimensions of operand. For dimension 1, updates bound is 6, operand bound is 5."));
+}
+
+// On Explicit axes a scatter whose batching dimension is split alike on the operand, the indices
+// and the updates is what JAX's explicit-mode rule accepts (_scatter_spec_computation in
+// jax/_src/lax/slicing.py; tests/pjit_test.py test_scatter_sharding_rule: vmap of
+// x.at[i].set/add/mul/min/max(u) with operand (2, 10, 8) P('x', None, 'y') or P('x', None,
+// None), indices P('x'), updates P('x', 'y') or P('x', None) on an Explicit (2, 2) mesh, whose
+// result is laid out as the operand): one scatter per block, no collective, values as the host
+// loop, and their gradients laid out as the operand and the updates. Then the same on the (4, 2) mesh with repeated and
+// out-of-range indices in both modes, an operand split alone (the indices and updates resolve to its split, cut
+// locally), and the layouts JAX refuses, with its message.
+TEST_F(GatherTest, ExplicitScatterOnSplitBatchingDimsRunsBlockByBlock) {
+  absl::StatusOr<Mesh> made = client_->make_mesh({2, 2}, {"x", "y"});
+  ASSERT_TRUE(made.ok()) << made.status();
+  const Mesh mesh = *made;
+  // vmap(lambda x, i, u: x.at[i].op(u)): batching (0) / (0), inserted (1), window (2) <- (1).
+  const ScatterDimensionNumbers dn{{1}, {1}, {1}, {0}, {0}};
+  using ScatterFn =
+      std::function<Value(const Value&, const Value&, const Value&, const ScatterDimensionNumbers&, GatherScatterMode)>;
+  struct Combiner {
+    const char* name;
+    ScatterFn op;
+    std::function<double(double, double)> host;
+  };
+  const std::vector<Combiner> combiners = {
+      {"set", [](const auto&... a) { return scatter(a...); }, [](double, double v) { return v; }},
+      {"add", [](const auto&... a) { return scatter_add(a...); }, [](double o, double v) { return o + v; }},
+      {"sub", [](const auto&... a) { return scatter_sub(a...); }, [](double o, double v) { return o - v; }},
+      {"mul", [](const auto&... a) { return scatter_mul(a...); }, [](double o, double v) { return o * v; }},
+      {"min", [](const auto&... a) { return scatter_min(a...); }, [](double o, double v) { return std::min(o, v); }},
+      {"max", [](const auto&... a) { return scatter_max(a...); }, [](double o, double v) { return std::max(o, v); }},
+  };
+  const HostArray x = random_f32({2, 10, 8}, 91), u = random_f32({2, 8}, 92), idx = ints({2, 1}, {2, 3});
+  const std::vector<std::pair<PartitionSpec, PartitionSpec>> specs = {{P("x", None, "y"), P("x", "y")},
+                                                                      {P("x", None, None), P("x", None)}};
+  for (const Combiner& comb : combiners) {
+    const std::vector<double> want = host_scatter_with(x, idx, u, dn, IndexMode::kFillOrDrop, comb.host);
+    for (const auto& [xs, us] : specs) {
+      const std::string where = absl::StrCat(comb.name, " x ", xs.to_string(), " updates ", us.to_string());
+      Jitted f = jit([&](const std::vector<Value>& in) {
+        const Value r = comb.op(in[0], in[1], in[2], dn, GatherScatterMode::kFillOrDrop);
+        return std::vector<Value>{r, full({}, type_of(r).spec == xs ? 1.0 : 0.0, DType::kI32)};
+      });
+      absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, xs), put_on(mesh, idx, P("x")), put_on(mesh, u, us)});
+      ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+      expect_values(fetch((*got)[0]), {2, 10, 8}, want, where);
+      EXPECT_EQ(fetch((*got)[1]), HostArray::from_vector<int32_t>({}, {1})) << where << ": result type";
+      EXPECT_TRUE((*got)[0].sharding().is_equivalent_to(NamedSharding(mesh, xs), 3)) << where;
+      for (const char* collective :
+           {"all_gather", "all_reduce", "all_to_all", "collective_permute", "reduce_scatter"}) {
+        EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr(collective))) << where << "\n" << f.as_text();
+      }
+      // As the JAX test: the gradients of the operand and the updates laid out as they are.
+      absl::StatusOr<std::vector<Array>> grads = jit(grad(
+          [&](const std::vector<Value>& in) {
+            return std::vector<Value>{sum(comb.op(in[0], in[1], in[2], dn, GatherScatterMode::kFillOrDrop))};
+          },
+          {0, 2}))({put_on(mesh, x, xs), put_on(mesh, idx, P("x")), put_on(mesh, u, us)});
+      ASSERT_TRUE(grads.ok()) << where << " grad: " << grads.status();
+      EXPECT_TRUE((*grads)[0].sharding().is_equivalent_to(NamedSharding(mesh, xs), 3)) << where << " grad x";
+      EXPECT_TRUE((*grads)[1].sharding().is_equivalent_to(NamedSharding(mesh, us), 2)) << where << " grad updates";
+    }
+  }
+  // (8, 6, 4) on the (4, 2) mesh: rows 1-2 of each of the 8 batch entries, windows of 3 whole
+  // columns split over 'model' alike, starts repeated and out of range.
+  const ScatterDimensionNumbers rows{{2}, {1}, {1}, {0}, {0}};
+  const HostArray big = random_f32({8, 6, 4}, 93), bu = random_f32({8, 3, 4}, 94);
+  std::vector<int32_t> iv(8 * 3);
+  for (size_t k = 0; k < iv.size(); ++k) iv[k] = static_cast<int32_t>((k * 5) % 9) - 1;  // [-1, 7], repeats
+  const HostArray bidx = ints({8, 3, 1}, iv);
+  for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+    for (const Combiner& comb : combiners) {
+      if (std::string(comb.name) == "set") continue;  // repeated windows: XLA writes one of them
+      const std::vector<double> want = host_scatter_with(big, bidx, bu, rows, mode, comb.host);
+      const std::string where = absl::StrCat(comb.name, " (8, 6, 4) mode ", static_cast<int>(mode));
+      Jitted f = jit(
+          [&](const std::vector<Value>& in) { return std::vector<Value>{comb.op(in[0], in[1], in[2], rows, mode)}; });
+      absl::StatusOr<std::vector<Array>> got =
+          f({put(big, P("data", None, "model")), put(bidx, P("data")), put(bu, P("data", None, "model"))});
+      ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+      expect_values(fetch((*got)[0]), {8, 6, 4}, want, where);
+      EXPECT_TRUE((*got)[0].sharding().is_equivalent_to(NamedSharding(*mesh_, P("data", None, "model")), 3)) << where;
+      for (const char* collective :
+           {"all_gather", "all_reduce", "all_to_all", "collective_permute", "reduce_scatter"}) {
+        EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr(collective))) << where << "\n" << f.as_text();
+      }
+    }
+  }
+  // Only the operand split on the batching dimension: JAX's _is_resolvable takes its split for
+  // the indices and the updates, and the result is laid out as the operand.
+  {
+    const std::vector<double> want =
+        host_scatter_with(big, bidx, bu, rows, IndexMode::kFillOrDrop, [](double o, double v) { return o + v; });
+    absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+      return std::vector<Value>{scatter_add(in[0], in[1], in[2], rows)};
+    })({put(big, P("data", None, None)), put(bidx, P()), put(bu, P())});
+    ASSERT_TRUE(got.ok()) << got.status();
+    expect_values(fetch((*got)[0]), {8, 6, 4}, want, "operand split alone");
+    EXPECT_TRUE((*got)[0].sharding().is_equivalent_to(NamedSharding(*mesh_, P("data", None, None)), 3));
+  }
+  // Refused as JAX refuses: the batching dimension split differently on the operand and the
+  // indices (_is_resolvable), and a query dimension (neither batching nor window) of the indices
+  // split (rule 4 of _scatter_spec_computation).
+  struct Refused {
+    const char* name;
+    PartitionSpec x, i, u;
+  };
+  const std::vector<Refused> refused = {
+      {"batching split over different axes", P("data", None, None), P("model"), P()},
+  };
+  for (const Refused& r : refused) {
+    absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+      return std::vector<Value>{scatter_add(in[0], in[1], in[2], rows)};
+    })({put(big, r.x), put(bidx, r.i), put(bu, r.u)});
+    ASSERT_FALSE(got.ok()) << r.name;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << r.name;
+    EXPECT_THAT(std::string(got.status().message()),
+                HasSubstr("scatter_add: Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec "
+                          "for the scatter update as out sharding could not be resolved unambiguously (or would "
+                          "require collectives on inputs)"))
+        << r.name;
+  }
+  // Indices (8, 2, 1) with batching dimension 1 and the query dimension 0 split.
+  absl::StatusOr<std::vector<Array>> query_split = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{scatter_add(in[0], in[1], in[2], ScatterDimensionNumbers{{}, {1}, {1}, {0}, {1}})};
+  })({put(random_f32({2, 6}, 95), P("model", None)),
+      put(ints({8, 2, 1}, std::vector<int32_t>(16, 1)), P("data", "model")),
+      put(random_f32({8, 2}, 96), P(None, "model"))});
+  ASSERT_FALSE(query_split.ok());
+  EXPECT_THAT(std::string(query_split.status().message()),
+              HasSubstr("scatter_add: Use `.at[...].set/add/mul/...(out_sharding=)`"));
+}
+
+// vmap of scatter_apply (per-example indices: its cond's predicate is batched): each example as
+// the host loop on it, func applied once per window, so twice or three times where examples
+// repeat an index, and the out-of-range index 9 dropped.
+TEST_F(GatherTest, VmapOfScatterApplyMatchesPerExampleHostLoops) {
+  const ScatterDimensionNumbers dn{{}, {0}, {0}};
+  const HostArray x = random_f32({4, 6}, 97), unused = random_f32({3}, 98);
+  const HostArray idx = ints({4, 3, 1}, {0, 0, 1, 2, 3, 4, 5, 5, 5, 1, 9, 2});
+  absl::StatusOr<std::vector<Array>> got = jit(vmap([&](const std::vector<Value>& in) {
+    return std::vector<Value>{scatter_apply(in[0], in[1], [](const Value& v) { return v * 2.0 + 1.0; }, dn, {3})};
+  }))({put_on(*auto_mesh_, x, P("data", None)), put_on(*auto_mesh_, idx, P())});
+  ASSERT_TRUE(got.ok()) << got.status();
+  const HostArray r = fetch((*got)[0]);
+  for (int64_t b = 0; b < 4; ++b) {
+    const std::vector<double> want =
+        host_scatter_with(example(x, b), example(idx, b), unused, dn, IndexMode::kFillOrDrop,
+                          [](double old, double) { return old * 2.0 + 1.0; });
+    expect_values(example(r, b), {6}, want, absl::StrCat("example ", b));
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -232,6 +233,30 @@ std::vector<GradCase> grad_cases() {
   out.push_back({"scatter_max_clip", {{6, 4}, {4, 2}}, Domain::kSigned, [pairs, rows](V in) {
                    return scatter_max(in[0], pairs({3, 0, 3, 1, 9, 2, 0, 0}), in[1] * 2.0, rows, IndexMode::kClip);
                  }});
+  // lax.scatter_sub (values: gather_test.cc): JAX's _scatter_addsub_transpose_rule, the operand's
+  // gradient the cotangent, the updates' the negated gather of it (0 for dropped windows). And
+  // lax.scatter_apply, differentiated through its applications of func (JAX has no rule). Rows
+  // (1, 1) repeated, (9, 0) out of range and (2, 3) whose window of 2 columns overruns: dropped in
+  // kFillOrDrop and kOneHot, clamped in kClip; kPromiseInBounds with in-bounds starts only.
+  const std::vector<std::pair<const char*, GatherScatterMode>> modes = {
+      {"clip", GatherScatterMode::kClip},
+      {"fill", GatherScatterMode::kFillOrDrop},
+      {"one_hot", GatherScatterMode::kOneHot},
+      {"promise_in_bounds", GatherScatterMode::kPromiseInBounds}};
+  for (const auto& [mode_name, mode] : modes) {
+    const std::vector<int> starts = mode == GatherScatterMode::kPromiseInBounds
+                                        ? std::vector<int>{1, 1, 1, 1, 5, 0, 2, 2}
+                                        : std::vector<int>{1, 1, 1, 1, 9, 0, 2, 3};
+    out.push_back(
+        {absl::StrCat("scatter_sub_", mode_name), {{6, 4}, {4, 2}}, Domain::kSigned, [pairs, rows, starts, mode](V in) {
+           return scatter_sub(in[0], pairs(starts), sin(in[1]), rows, mode);
+         }});
+    out.push_back(
+        {absl::StrCat("scatter_apply_", mode_name), {{6, 4}}, Domain::kSigned, [pairs, rows, starts, mode](V in) {
+           return scatter_apply(
+               in[0], pairs(starts), [](const Value& v) { return sin(v) * 1.5 + 0.25; }, rows, {4, 2}, mode);
+         }});
+  }
   // tessera::nn's composites (their values: tests/client/nn_test.cc).
   // Issue #15's composites (client/lax.cc): pad's VJP slices the cotangent (strided through
   // the interior padding) and sums the rest into padding_value, as lax's transpose of pad;

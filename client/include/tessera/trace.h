@@ -407,6 +407,27 @@ Value scatter_min(const Value& operand, const Value& scatter_indices, const Valu
 Value scatter_max(const Value& operand, const Value& scatter_indices, const Value& updates,
                   const ScatterDimensionNumbers& dimension_numbers,
                   GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
+// lax.scatter_sub: the operand minus every update aimed at each element (repeated windows each
+// subtract; out-of-range ones as the mode says); not for bool. Its gradient is JAX's
+// (_scatter_addsub_transpose_rule): the operand's the cotangent, the updates' the negated gather
+// of it (0 for dropped windows).
+Value scatter_sub(const Value& operand, const Value& scatter_indices, const Value& updates,
+                  const ScatterDimensionNumbers& dimension_numbers,
+                  GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
+// lax.scatter_apply: the operand with `func` applied to the elements the windows cover (windows of
+// update_shape, placed as a scatter's updates of that shape would be), once per window: an
+// element covered by n windows (repeated indices) becomes func applied n times, as XLA's scatter
+// with func as its combiner; out-of-range windows as the mode says. func must be elementwise and
+// keep the dtype (JAX traces it on a scalar); it is traced on the whole operand, and, when some
+// element is covered twice, again inside a loop of (number of windows - 1) steps (a cond skips it
+// otherwise). Errors: the scatter's dimension-number errors (update_shape in the updates' place),
+// INVALID_ARGUMENT when func changes the shape or dtype. grad goes through func's applications
+// (JAX has no JVP for scatter_apply: "scatter_apply JVP not implemented"); where an element is
+// not covered its cotangent passes unchanged, plus 0 times func's derivative there (NaN if that
+// is not finite, as with where).
+Value scatter_apply(const Value& operand, const Value& scatter_indices, const std::function<Value(const Value&)>& func,
+                    const ScatterDimensionNumbers& dimension_numbers, Shape update_shape = {},
+                    GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
 // jnp.take_along_axis(x, indices, axis): indices of x's rank, broadcasting with x in the other
 // dimensions (numpy rules, size-1 dimensions stretch); negative indices wrap (JAX's default,
 // not with kPromiseInBounds); then out-of-range ones give `fill_value` in the default fill mode,
