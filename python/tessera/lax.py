@@ -34,8 +34,10 @@ pmax = _collective("pmax")
 pmin = _collective("pmin")
 
 
-def all_gather(x, axis_name, *, axis=0, tiled=False):
-    return tree_map(lambda v: _wrap(_t.all_gather(_tracer(v)._v, _axes(axis_name), axis, tiled)), x)
+def all_gather(x, axis_name, *, axis=0, tiled=False, to="varying"):
+    """jax.lax.all_gather; to='reduced' is all_gather_reduced (the gathered value typed reduced
+    over `axis_name`, explicit mode), to='invarying' is not built (the C++ all_gather)."""
+    return tree_map(lambda v: _wrap(_t.all_gather(_tracer(v)._v, _axes(axis_name), axis, tiled, to)), x)
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
