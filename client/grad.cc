@@ -142,15 +142,18 @@ std::vector<Value> value_and_grads(const TracedFunction& f, const std::vector<in
   }
   // Each gradient in its argument's layout, as JAX gives it; that of an argument typed reduced
   // (P(..., reduced={'X'})) is unreduced over the same axes (JAX's to_ct_spec): its sum over X
-  // waits for the user's reshard, where it runs once.
+  // waits for the user's reshard, where it runs once; that of one typed unreduced is reduced
+  // over them (tests/shard_map_test.py's test_eager_unreduced_in: P(None, reduced={'x'})).
   std::vector<Value> out = {y};
   for (int k : argnums) {
     auto it = ct.find(TraceState::id(args[k]));
     const Value g = it != ct.end() ? it->second : zeros_like(args[k]);
     const std::optional<internal::TypedOperand> type = internal::typed_operand(args[k]);
-    if (type.has_value() && !type->reduced.empty()) {
+    if (type.has_value() && (!type->reduced.empty() || !type->unreduced.empty())) {
       out.push_back(with_sharding_constraint(
-          g, NamedSharding(*t->explicit_mesh, internal::to_partition_spec(type->spec).with_unreduced(type->reduced))));
+          g, NamedSharding(
+                 *t->explicit_mesh,
+                 internal::to_partition_spec(type->spec).with_unreduced(type->reduced).with_reduced(type->unreduced))));
       continue;
     }
     out.push_back(t->make(t->graph.add_sharding_as(TraceState::id(g), TraceState::id(args[k]))));

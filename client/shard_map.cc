@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "client/trace_state.h"
 #include "core/axis_set_repr.h"
+#include "core/pvary_cast.h"
 #include "tessera/mesh_context.h"
 
 namespace tessera {
@@ -203,6 +204,13 @@ void propagate_variance(const Graph& g, int start, std::map<int, Variance>& var,
       }
       continue;
     }
+    // pcast to unreduced or reduced (core/pvary_cast.h): the value no longer varies along its
+    // axes (vary_unreduced_cast: Varying -> Unreduced; preduced and all_gather(to='reduced'):
+    // -> Reduced).
+    if (n.op == Op::kPvary && n.attrs<CollectiveAttrs>().dimension != static_cast<int64_t>(PvaryCast::kVarying)) {
+      for (const std::string& a : n.attrs<CollectiveAttrs>().axes) v.erase(a);
+      continue;
+    }
     const VaryingRule* rule = varying_rule(n.op);
     if (rule == nullptr) continue;
     const std::vector<std::string>& axes = node_axes(n);
@@ -384,6 +392,20 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) cons
     if (!enclosing.empty()) seeds[*id] = t->variance_of(TraceState::id(args[i]));
     in_ids.push_back(*id);
     blocks.push_back(t->make(*id));
+  }
+  // With check_vma off the body's parameters are typed without their unreduced and reduced
+  // axes (jax/_src/shard_map.py's _shard_shaped_array: unreduced = reduced = frozenset() unless
+  // check_vma); their blocks are what they are (an unreduced argument's, its terms).
+  if (!check_vma && t->explicit_mesh.has_value()) {
+    absl::Status typed = t->type_new_nodes();
+    if (!typed.ok()) {
+      t->fail(typed);
+      return failed;
+    }
+    for (int id : in_ids) {
+      t->unreduced.erase(id);
+      t->reduced.erase(id);
+    }
   }
   const int body_start = t->graph.size();
   TraceState* outer = TraceState::current;
@@ -733,40 +755,70 @@ std::string ShardMapped::as_text() const { return state_->jitted->as_text(); }
 
 namespace {
 
-// jax/_src/lax/parallel.py's _get_from: psum and its kin take axes along which x is in one
-// state (varying, unreduced, reduced or invarying), which picks the collective (psum of
-// unreduced axes is unreduced_psum). False after failing the trace with JAX's words (`name`
-// is the JAX function) when an unreduced or reduced axis is among states that differ (a mix of
-// varying and invarying axes alone is taken, as Tessera always has).
+// `axes` in `mesh`'s order, as jax/_src/core.py's order_wrt_mesh (an axis not in the mesh left
+// out).
+std::vector<std::string> in_mesh_order(const Mesh& mesh, const Axes& axes) {
+  std::vector<std::string> ordered;
+  for (const std::string& a : mesh.axis_names()) {
+    if (std::find(axes.begin(), axes.end(), a) != axes.end()) ordered.push_back(a);
+  }
+  return ordered;
+}
+
+// The state of x along each of `axes`, as jax/_src/lax/parallel.py's _get_from names it:
+// "varying", "unreduced", "reduced" or "invarying" (with check_vma off, or outside explicit
+// mode, only the typed ones: a body value then varies along nothing).
+std::set<std::string> axis_states(TraceState* t, const Value& x, const AxisNames& axes,
+                                  const internal::TypedOperand* typed, std::vector<std::string>* varying) {
+  for (const auto& [a, why] : t->varying(TraceState::id(x))) varying->push_back(a);
+  const auto has = [](const std::vector<std::string>& set, const std::string& a) {
+    return std::find(set.begin(), set.end(), a) != set.end();
+  };
+  std::set<std::string> states;
+  for (const std::string& a : axes.names) {
+    states.insert(has(*varying, a)                               ? "varying"
+                  : typed != nullptr && has(typed->unreduced, a) ? "unreduced"
+                  : typed != nullptr && has(typed->reduced, a)   ? "reduced"
+                                                                 : "invarying");
+  }
+  return states;
+}
+
+// _get_from's refusal of axes along which x is in several states, its words (`name` is the
+// JAX function), after `call`.
+absl::Status mixed_states_error(const std::string& call, absl::string_view name, const Value& x, const AxisNames& axes,
+                                const internal::TypedOperand* typed, const std::vector<std::string>& varying,
+                                const std::set<std::string>& states, const Mesh& mesh) {
+  std::vector<std::string> quoted;
+  for (const std::string& a : axes.names) quoted.push_back(absl::StrCat("'", a, "'"));
+  const std::string type =
+      typed == nullptr
+          ? type_to_string(x.dtype(), x.shape())
+          : absl::StrCat(internal::type_string(typed->dtype, typed->shape, typed->spec),
+                         internal::unreduced_string(typed->unreduced, typed->reduced, mesh.axis_names(), varying));
+  return absl::InvalidArgumentError(absl::StrCat(
+      call, ": ", name,
+      " can only accept axis_name which corresponds to one of varying, unreduced, reduced or invarying state of the "
+      "input. Got input type: ",
+      type, ", axes: (", absl::StrJoin(quoted, ", "), quoted.size() == 1 ? ",)" : ")",
+      " and input state: ", axis_set_repr(std::vector<std::string>(states.begin(), states.end()))));
+}
+
+// _get_from for psum and its kin: they take axes along which x is in one state (varying,
+// unreduced, reduced or invarying), which picks the collective (psum of unreduced axes is
+// unreduced_psum). False after failing the trace with JAX's words (`name` is the JAX function)
+// when an unreduced or reduced axis is among states that differ (a mix of varying and
+// invarying axes alone is taken, as Tessera always has).
 bool one_state(const Value& x, const AxisNames& axes, const char* name, const std::string& call) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return false;
   const std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
   if (!typed.has_value() || (typed->unreduced.empty() && typed->reduced.empty())) return true;
   std::vector<std::string> varying;
-  for (const auto& [a, why] : t->varying(TraceState::id(x))) varying.push_back(a);
-  const auto has = [](const std::vector<std::string>& set, const std::string& a) {
-    return std::find(set.begin(), set.end(), a) != set.end();
-  };
-  std::set<std::string> states;
-  for (const std::string& a : axes.names) {
-    states.insert(has(varying, a)            ? "varying"
-                  : has(typed->unreduced, a) ? "unreduced"
-                  : has(typed->reduced, a)   ? "reduced"
-                                             : "invarying");
-  }
+  const std::set<std::string> states = axis_states(t, x, axes, &*typed, &varying);
   if (states.size() <= 1 || (states.count("unreduced") == 0 && states.count("reduced") == 0)) return true;
-  std::vector<std::string> quoted;
-  for (const std::string& a : axes.names) quoted.push_back(absl::StrCat("'", a, "'"));
-  const Mesh& mesh = *t->explicit_mesh;
-  t->fail(absl::InvalidArgumentError(absl::StrCat(
-      call, ": jax.lax.", name,
-      " can only accept axis_name which corresponds to one of varying, unreduced, reduced or invarying state of the "
-      "input. Got input type: ",
-      internal::type_string(typed->dtype, typed->shape, typed->spec),
-      internal::unreduced_string(typed->unreduced, typed->reduced, mesh.axis_names(), varying), ", axes: (",
-      absl::StrJoin(quoted, ", "), quoted.size() == 1 ? ",)" : ")",
-      " and input state: ", axis_set_repr(std::vector<std::string>(states.begin(), states.end())))));
+  t->fail(
+      mixed_states_error(call, absl::StrCat("jax.lax.", name), x, axes, &*typed, varying, states, *t->explicit_mesh));
   return false;
 }
 
@@ -1017,10 +1069,7 @@ Value pvary(const Value& x, const AxisNames& axes) {
   const Mesh* mesh = manual_mesh(t, call);
   if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
   // The axes in mesh order, as jax/_src/core.py's pvary orders them (checked as a collective's).
-  std::vector<std::string> ordered;
-  for (const std::string& a : mesh->axis_names()) {
-    if (std::find(axes.names.begin(), axes.names.end(), a) != axes.names.end()) ordered.push_back(a);
-  }
+  std::vector<std::string> ordered = in_mesh_order(*mesh, axes.names);
   const int id = TraceState::id(x);
   if (ordered.size() != axes.names.size()) {  // an axis not in the mesh, or one named twice: the op's check says which
     absl::StatusOr<int> bad = t->graph.add_pvary(id, *mesh, axes.names);
@@ -1047,6 +1096,36 @@ Value pvary(const Value& x, const AxisNames& axes) {
   return t->make(*out);
 }
 
+namespace {
+
+// A pvary node casting x to unreduced or reduced over `axes` (core/pvary_cast.h): no
+// instruction runs it; its type rules are client/explicit/shard_map.cc's.
+Value cast_node(TraceState* t, const Value& x, const Mesh& mesh, const AxisNames& axes, PvaryCast cast,
+                const std::string& call) {
+  Node n;
+  n.op = Op::kPvary;
+  n.operands = {TraceState::id(x)};
+  n.attributes = CollectiveAttrs{mesh, axes.names, ReduceOp::kSum, static_cast<int64_t>(cast), 0, 0, {}};
+  const std::vector<std::string> ordered = in_mesh_order(mesh, axes.names);
+  if (ordered.size() == axes.names.size()) n.attrs<CollectiveAttrs>().axes = ordered;
+  absl::StatusOr<int> id = t->graph.add_node(std::move(n));
+  if (!id.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", id.status().message())));
+  return t->make(*id);
+}
+
+// Reduced and unreduced axes are types of explicit mode only: elsewhere the casts to them are
+// refused, naming the call.
+bool explicit_types(TraceState* t, const std::string& call) {
+  if (t->explicit_mesh.has_value()) return true;
+  t->fail(absl::InvalidArgumentError(
+      absl::StrCat(call,
+                   ": reduced and unreduced axes are types of explicit mode: the mesh's axes must all be Explicit "
+                   "(make_mesh(..., {AxisType::kExplicit, ...}))")));
+  return false;
+}
+
+}  // namespace
+
 Value pcast(const Value& x, const AxisNames& axes, const std::string& to) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
@@ -1057,31 +1136,90 @@ Value pcast(const Value& x, const AxisNames& axes, const std::string& to) {
     return t->fail(absl::InvalidArgumentError(absl::StrCat(
         call, ": Got unexpected `to` value. Allowed `to` values are: {'unreduced', 'reduced', 'varying'}")));
   }
-  if (to != "varying") {
-    return t->fail(absl::InvalidArgumentError(
-        absl::StrCat(call,
-                     ": the casts to reduced and unreduced axes (preduced, vary_unreduced_cast) are not built "
-                     "yet; to='varying' (pvary, reduced_vary_cast) is the cast Tessera has")));
-  }
   const Mesh* mesh = manual_mesh(t, call);
   if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
-  // The state of x along the axes, as jax/_src/lax/parallel.py's _get_from: one of them.
-  size_t varying = 0;
-  for (const auto& [a, why] : t->varying(TraceState::id(x))) {
-    varying += std::count(axes.names.begin(), axes.names.end(), a);
+  // The state of x along the axes, one of them (jax/_src/lax/parallel.py's _get_from), picks
+  // the cast (_pcast_funcs).
+  std::optional<internal::TypedOperand> typed;
+  if (t->explicit_mesh.has_value()) {
+    typed = internal::typed_operand(x);
+    if (!typed.has_value()) return Value();
   }
-  if (varying == axes.names.size()) {
-    return t->fail(absl::InvalidArgumentError(absl::StrCat(
-        call, ": Unsupported pcast from=varying, to='varying' (x already varies along ", axes_text(axes.names), ")")));
+  std::vector<std::string> varying;
+  const std::set<std::string> states = axis_states(t, x, axes, typed.has_value() ? &*typed : nullptr, &varying);
+  if (states.size() > 1) {
+    return t->fail(mixed_states_error(call, "jax.lax.pcast", x, axes, typed.has_value() ? &*typed : nullptr, varying,
+                                      states, *mesh));
   }
-  if (varying > 0) {
+  const std::string from = *states.begin();
+  if ((from == "invarying" || from == "reduced") && to == "varying") return pvary(x, axes);  // pvary, reduced_vary_cast
+  if (from == "invarying" && to == "reduced") {  // preduced: with check_vma off, x (as JAX's preduced)
+    if (!t->manual_bodies.back().check_vma) return x;
+    if (!explicit_types(t, call)) return Value();
+    return cast_node(t, x, *mesh, axes, PvaryCast::kReduced, call);
+  }
+  if (from == "varying" && to == "unreduced") {  // vary_unreduced_cast
+    if (!explicit_types(t, call)) return Value();
+    return cast_node(t, x, *mesh, axes, PvaryCast::kUnreduced, call);
+  }
+  return t->fail(absl::InvalidArgumentError(
+      absl::StrCat(call, ": Unsupported pcast from=", from, ", to='", to, "'",
+                   from == to ? absl::StrCat(" (x is already ", from, " along ", axes_text(axes.names), ")") : "")));
+}
+
+Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled, const std::string& to) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  const std::string call = absl::StrCat("all_gather(", type_to_string(x.dtype(), x.shape()), ", ",
+                                        axes_text(axes.names), ", to='", to, "')");
+  if (to == "varying") return all_gather(x, axes, axis, tiled);
+  if (to == "invarying") {
+    return t->fail(absl::UnimplementedError(absl::StrCat(
+        call, ": all_gather(to='invarying') (all_gather_invariant) is not built; to='varying' and to='reduced' are")));
+  }
+  if (to != "reduced") {
     return t->fail(absl::InvalidArgumentError(
         absl::StrCat(call,
-                     ": pcast can only accept axis_name which corresponds to one of varying, unreduced, reduced or "
-                     "invarying state of the input; x is varying along some of ",
-                     axes_text(axes.names), " and invarying along the others")));
+                     ": Got unexpected `to` value for `jax.lax.all_gather`. Allowed `to` values are: {'varying', "
+                     "'reduced', 'invarying'}")));
   }
-  return pvary(x, axes);
+  if (axes.names.empty()) return x;
+  const Mesh* mesh = manual_mesh(t, call);
+  if (mesh == nullptr || !only_manual_axes(t, axes.names, call) || !explicit_types(t, call)) return Value();
+  // all_gather_reduced's abstract eval (jax/_src/lax/parallel.py), its words: a Varying ->
+  // Reduced collective (with check_vma off nothing varies, and JAX refuses it so too).
+  const std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
+  if (!typed.has_value()) return Value();
+  std::vector<std::string> varying;
+  axis_states(t, x, axes, &*typed, &varying);
+  const std::string type =
+      absl::StrCat(internal::type_string(typed->dtype, typed->shape, typed->spec),
+                   internal::unreduced_string(typed->unreduced, typed->reduced, mesh->axis_names(), varying));
+  std::vector<std::string> quoted;
+  for (const std::string& a : axes.names) quoted.push_back(absl::StrCat("'", a, "'"));
+  const std::string axis_name = absl::StrCat("(", absl::StrJoin(quoted, ", "), quoted.size() == 1 ? ",)" : ")");
+  if (varying.empty()) {
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat(call, ": all_gather_reduced only accepts inputs that are varying. Got ", type)));
+  }
+  if (std::none_of(axes.names.begin(), axes.names.end(), [&](const std::string& a) {
+        return std::find(varying.begin(), varying.end(), a) != varying.end();
+      })) {
+    return t->fail(absl::InvalidArgumentError(absl::StrCat(
+        call, ": all_gather_reduced is a Varying -> Reduced collective. This means that the axis_name=", axis_name,
+        " passed to `all_gather_reduced` must be present in jax.typeof(x).mat.varying=", axis_set_repr(varying))));
+  }
+  if (std::any_of(axes.names.begin(), axes.names.end(), [&](const std::string& a) {
+        return std::find(typed->reduced.begin(), typed->reduced.end(), a) != typed->reduced.end();
+      })) {
+    return t->fail(absl::InvalidArgumentError(
+        absl::StrCat(call, ": all_gather_reduced's input cannot be reduced across the axis_name provided. Got x=", type,
+                     " and axis_name=", axis_name)));
+  }
+  // The gather, then its blocks (the same on every device along the axes) typed reduced there.
+  const Value gathered = all_gather(x, axes, axis, tiled);
+  if (!gathered.ok()) return gathered;
+  return cast_node(t, gathered, *mesh, axes, PvaryCast::kReduced, call);
 }
 
 }  // namespace tessera

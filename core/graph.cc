@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "core/pvary_cast.h"
 #include "core/status.h"
 
 namespace tessera {
@@ -82,6 +83,10 @@ std::string text(const CollectiveAttrs& c, Op op) {
   if (op == Op::kCollectivePermute) dims = c.positions;
   std::string out = absl::StrCat(" axes=", axes_to_string(c.axes));
   if (op == Op::kAllReduce || op == Op::kReduceScatter) absl::StrAppend(&out, " ", reduce_op_name(c.reduce_op));
+  PvaryCast cast;
+  if (op == Op::kPvary && c.dimension != 0 && pvary_cast_of(c.dimension, &cast)) {
+    absl::StrAppend(&out, " to=", pvary_cast_name(cast));
+  }
   return out + dims_text(dims) + mesh_text(c.mesh);
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "core/collective.h"
 #include "core/graph.h"
+#include "core/pvary_cast.h"
 #include "core/status.h"
 
 namespace tessera {
@@ -524,14 +525,19 @@ absl::StatusOr<ArrayType> infer_collective(const Node& n, absl::Span<const Array
   return ArrayType{in[0].dtype, *shape};
 }
 
-// pvary: the operand's type, over distinct axes of its mesh; none of the other collectives'
-// attributes.
+// pvary: the operand's type, over distinct axes of its mesh; its dimension is the cast it types
+// (core/pvary_cast.h); none of the other collectives' attributes.
 absl::StatusOr<ArrayType> infer_pvary(const Node& n, absl::Span<const ArrayType> in) {
   const CollectiveAttrs& c = n.attrs<CollectiveAttrs>();
   TESSERA_RETURN_IF_ERROR(check_mesh_axes(c.mesh, c.axes, "pvary"));
-  if (c.reduce_op != ReduceOp::kSum || c.dimension != 0 || c.split_dimension != 0 || c.concat_dimension != 0 ||
-      !c.positions.empty()) {
-    return absl::InvalidArgumentError("pvary: takes only a mesh and axes, not a reduce op, dimensions or positions");
+  PvaryCast cast;
+  if (!pvary_cast_of(c.dimension, &cast)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pvary: dimension ", c.dimension, " names no cast (0 varying, 1 unreduced, 2 reduced)"));
+  }
+  if (c.reduce_op != ReduceOp::kSum || c.split_dimension != 0 || c.concat_dimension != 0 || !c.positions.empty()) {
+    return absl::InvalidArgumentError(
+        "pvary: takes only a mesh, axes and a cast, not a reduce op, dimensions or positions");
   }
   return in[0];
 }

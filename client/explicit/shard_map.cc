@@ -18,7 +18,13 @@
 // (check_unreduced_kind), and every collective refuses an operand reduced over its axes, or
 // unreduced over the axes of one that does not sum (check_unreduced_args); pvary of an operand
 // reduced over exactly its axes is reduced_vary_cast (Reduced -> Varying, what
-// core.py's auto_insert_reshard inserts where a reduced value meets a varying one).
+// core.py's auto_insert_reshard inserts where a reduced value meets a varying one). The other
+// casts of a pvary node (core/pvary_cast.h) are vary_unreduced_cast (pcast to='unreduced':
+// unreduced over its axes too; refused for an operand unreduced or reduced over them, as
+// _vary_unreduced_cast_abstract_eval and check_unreduced_args) and preduced (pcast to='reduced',
+// and all_gather(to='reduced')'s second half: reduced over its axes too; refused for an operand
+// reduced over them, _preduced_abstract_eval); which states they take is pcast's check
+// (client/shard_map.cc, _get_from and _pcast_funcs).
 #include <algorithm>
 #include <string>
 #include <tuple>
@@ -26,9 +32,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/explicit/rules.h"
 #include "core/axis_set_repr.h"
 #include "core/op_attrs.h"
+#include "core/pvary_cast.h"
 
 namespace tessera::internal {
 
@@ -127,8 +135,33 @@ std::vector<std::string> less_axes(const std::vector<std::string>& from, const s
   return out;
 }
 
+// What a pvary node casts to (core/pvary_cast.h).
+PvaryCast cast_of(const Node& n) {
+  PvaryCast cast = PvaryCast::kVarying;
+  pvary_cast_of(n.attrs<CollectiveAttrs>().dimension, &cast);
+  return cast;
+}
+
+// `a` and `b`'s axes, sorted.
+std::vector<std::string> union_axes(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  std::vector<std::string> out = a;
+  for (const std::string& x : b) {
+    if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+  }
+  return sorted_axes(std::move(out));
+}
+
+// "('x', 'y')": a tuple of axis names as JAX prints axis_name.
+std::string axis_tuple(const std::vector<std::string>& axes) {
+  std::vector<std::string> quoted;
+  for (const std::string& a : axes) quoted.push_back(absl::StrCat("'", a, "'"));
+  return absl::StrCat("(", absl::StrJoin(quoted, ", "), quoted.size() == 1 ? ",)" : ")");
+}
+
 // The JAX function of a collective node, as its abstract eval names it in check_unreduced_args.
 std::string collective_name(const Node& n) {
+  if (n.op == Op::kPvary && cast_of(n) == PvaryCast::kUnreduced) return "vary_unreduced_cast";
+  if (n.op == Op::kPvary && cast_of(n) == PvaryCast::kReduced) return "preduced";
   static constexpr std::pair<Op, const char*> kNames[] = {
       {Op::kAllReduce, "psum"},      {Op::kAllGather, "all_gather"},       {Op::kReduceScatter, "reduce_scatter"},
       {Op::kAllToAll, "all_to_all"}, {Op::kCollectivePermute, "ppermute"}, {Op::kPvary, "pvary"},
@@ -157,7 +190,20 @@ UnreducedRuleResult collective_unreduced(const TypeRuleCall& c) {
   const CollectiveAttrs& a = c.node.attrs<CollectiveAttrs>();
   const TypedOperand& x = c.operands[c.node.op == Op::kRaggedAllToAll ? 1 : 0];
   UnreducedRuleResult r{x.unreduced, "", ""};
-  if (common_axes(a.axes, x.unreduced).empty()) return r;
+  const bool to_unreduced = c.node.op == Op::kPvary && cast_of(c.node) == PvaryCast::kUnreduced;
+  if (common_axes(a.axes, x.unreduced).empty()) {
+    // vary_unreduced_cast: unreduced over its axes too.
+    if (to_unreduced) r.unreduced = union_axes(x.unreduced, a.axes);
+    return r;
+  }
+  if (to_unreduced) {  // _vary_unreduced_cast_abstract_eval's words
+    r.error = absl::StrCat("vary_unreduced_cast input cannot be unreduced across the axis_name provided. Got x=",
+                           type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh),
+                           " and axis_name=", axis_tuple(a.axes));
+    r.fix = "psum it over those axes first";
+    r.unreduced.clear();
+    return r;
+  }
   const bool sums = c.node.op == Op::kAllReduce || c.node.op == Op::kReduceScatter;
   if (sums && a.reduce_op == ReduceOp::kSum) {
     r.unreduced = less_axes(x.unreduced, a.axes);
@@ -185,15 +231,29 @@ ReducedRuleResult collective_reduced(const TypeRuleCall& c) {
   const TypedOperand& x = c.operands[c.node.op == Op::kRaggedAllToAll ? 1 : 0];
   ReducedRuleResult r{x.reduced, "", ""};
   const std::vector<std::string> hit = common_axes(a.axes, x.reduced);
-  if (hit.empty()) return r;
-  if (c.node.op == Op::kPvary && hit.size() == a.axes.size()) {
+  const bool to_reduced = c.node.op == Op::kPvary && cast_of(c.node) == PvaryCast::kReduced;
+  if (hit.empty()) {
+    // preduced (and all_gather(to='reduced')'s cast): reduced over its axes too.
+    if (to_reduced) r.reduced = union_axes(x.reduced, a.axes);
+    return r;
+  }
+  if (to_reduced) {  // _preduced_abstract_eval's words
+    r.reduced.clear();
+    r.error = absl::StrCat("preduced input cannot be reduced across the axis_name provided. Got x=",
+                           type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh),
+                           " and axis_name=", axis_tuple(a.axes));
+    r.fix = "leave out the axes it is reduced over already";
+    return r;
+  }
+  if (c.node.op == Op::kPvary && cast_of(c.node) == PvaryCast::kVarying && hit.size() == a.axes.size()) {
     r.reduced = less_axes(x.reduced, a.axes);
     return r;
   }
   r.reduced.clear();
   r.error = refuse_args(c, x, "reduced");
-  r.fix = c.node.op == Op::kPvary ? "pcast it to='varying' over all the axes it is reduced over"
-                                  : "pcast it to='varying' over those axes first (reduced_vary_cast)";
+  r.fix = c.node.op == Op::kPvary && cast_of(c.node) == PvaryCast::kVarying
+              ? "pcast it to='varying' over all the axes it is reduced over"
+              : "pcast it to='varying' over those axes first (reduced_vary_cast)";
   return r;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "client/vjp/vjp.h"
+#include "core/pvary_cast.h"
 
 namespace tessera::internal {
 namespace {
@@ -86,8 +87,23 @@ absl::Span<const VjpEntry> shard_map_vjps() {
          const std::vector<std::string> unnamed = unnamed_manual_axes(attrs);
          Value summed = a.g;
          if (!unnamed.empty()) {
+           // A cotangent reduced over axes the in_spec leaves out comes only from a body traced
+           // with check_vma off (its out_specs unchecked: an argument invariant along 'x' out as
+           // unreduced over it). Each device's copy is the cotangent of its own term, summed
+           // here as JAX's untyped transpose sums it; cast to varying first (reduced_vary_cast),
+           // as a psum takes no reduced operand.
+           Value g = a.g;
+           const std::optional<TypedOperand> typed =
+               a.trace->explicit_mesh.has_value() ? typed_operand(g) : std::nullopt;
+           std::vector<std::string> reduced;
+           for (const std::string& axis : unnamed) {
+             if (typed.has_value() && std::count(typed->reduced.begin(), typed->reduced.end(), axis) > 0) {
+               reduced.push_back(axis);
+             }
+           }
+           if (!reduced.empty()) g = a.trace->make(a.trace->graph.add_pvary(TraceState::id(g), s.mesh(), reduced));
            summed =
-               a.trace->make(a.trace->graph.add_collective(Op::kAllReduce, TraceState::id(a.g), s.mesh(), unnamed, {}));
+               a.trace->make(a.trace->graph.add_collective(Op::kAllReduce, TraceState::id(g), s.mesh(), unnamed, {}));
          }
          if (summed.ok())
            a.add(0, a.trace->make(a.trace->graph.add_shard_map_out(TraceState::id(summed), s, attrs.manual_axes)));
@@ -131,9 +147,21 @@ absl::Span<const VjpEntry> shard_map_vjps() {
       // made the value invariant sums the shares in its own VJP (shard_map_in along the axes
       // its in_spec leaves out; a psum by a psum): the sum JAX does at pvary is done once,
       // there. Summing here too would count it once per device along the axes.
+      // The casts to unreduced and reduced (core/pvary_cast.h) are identities too. preduced's
+      // cotangent is unreduced (each device's block its term), which JAX's transpose sums
+      // (unreduced_psum): here, as for pvary, where the value became invariant (its in_spec's
+      // shard_map_in, or a psum) sums it, and all_gather(to='reduced')'s gather reduce-scatters
+      // it (unreduced_psum_scatter). vary_unreduced_cast's cotangent is reduced over its axes
+      // (a copy of the cotangent on each device); its transpose is reduced_vary_cast, a pvary
+      // of it, typing it varying again as the operand was.
       {Op::kPvary,
        [](const VjpArgs& a) {
-         a.add(0, a.g);
+         const CollectiveAttrs& c = a.node.attrs<CollectiveAttrs>();
+         if (c.dimension == static_cast<int64_t>(PvaryCast::kUnreduced)) {
+           a.add(0, a.trace->make(a.trace->graph.add_pvary(TraceState::id(a.g), c.mesh, c.axes)));
+         } else {
+           a.add(0, a.g);
+         }
          return absl::OkStatus();
        }},
       // JAX's transpose (jax/_src/lax/parallel.py, _ragged_all_to_all_transpose): the operand's

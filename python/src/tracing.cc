@@ -279,8 +279,8 @@ void bind_ops(py::module_& m) {
   m.def("pmean", [](V x, Axes axes) { return pmean(x, AxisNames(std::move(axes))); });
   m.def("pmax", [](V x, Axes axes) { return pmax(x, AxisNames(std::move(axes))); });
   m.def("pmin", [](V x, Axes axes) { return pmin(x, AxisNames(std::move(axes))); });
-  m.def("all_gather", [](V x, Axes axes, int64_t axis, bool tiled) {
-    return all_gather(x, AxisNames(std::move(axes)), axis, tiled);
+  m.def("all_gather", [](V x, Axes axes, int64_t axis, bool tiled, const std::string& to) {
+    return all_gather(x, AxisNames(std::move(axes)), axis, tiled, to);
   });
   m.def("psum_scatter", [](V x, Axes axes, int64_t dim, bool tiled) {
     return psum_scatter(x, AxisNames(std::move(axes)), dim, tiled);

@@ -39,8 +39,10 @@ pmax = _collective("pmax")
 pmin = _collective("pmin")
 
 
-def all_gather(x, axis_name, *, axis=0, tiled=False):
-    return tree_map(lambda v: _wrap(_t.all_gather(_tracer(v)._v, _axes(axis_name), axis, tiled)), x)
+def all_gather(x, axis_name, *, axis=0, tiled=False, to="varying"):
+    """jax.lax.all_gather; to='reduced' is all_gather_reduced (the gathered value typed reduced
+    over `axis_name`, explicit mode), to='invarying' is not built (the C++ all_gather)."""
+    return tree_map(lambda v: _wrap(_t.all_gather(_tracer(v)._v, _axes(axis_name), axis, tiled, to)), x)
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
@@ -97,9 +99,10 @@ def pvary(x, axis_name):
 
 
 def pcast(x, axis_name, *, to):
-    """jax.lax.pcast: to='varying' casts an invariant value to varying along `axis_name` (pvary);
-    from varying, or from a mix, is JAX's ValueError; Tessera's types have no 'reduced' or
-    'unreduced' axes."""
+    """jax.lax.pcast, by x's state along `axis_name` (JAX's _get_from / _pcast_funcs):
+    invarying or reduced -> 'varying' (pvary, reduced_vary_cast), varying -> 'unreduced'
+    (vary_unreduced_cast), invarying -> 'reduced' (preduced; explicit mode); other pairs, and
+    axes in several states, are JAX's ValueError (the C++ pcast, tessera/shard_map.h)."""
     if isinstance(axis_name, (set, frozenset)):
         raise TypeError(f"axis_name={axis_name!r} must be a tuple or a str. Got {axis_name}")
     if not axis_name:

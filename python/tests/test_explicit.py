@@ -871,3 +871,30 @@ def test_reduced_values_as_jax(shape):
     # An op JAX has no reduced rule for refuses it (lax/utils.py's call_ur_rule).
     with pytest.raises(ValueError, match="cumsum: unreduced/reduced rule for cumsum is not implemented"):
       jax.jit(lambda x: jnp.cumsum(x, axis=0))(x)
+
+
+# The casts to reduced and unreduced axes in a shard_map body, from Python (tests/shard_map_test.py
+# in jax-ml/jax): test_eager_reduced_out (all_gather(..., tiled=True, to='reduced') of a P('x')
+# array is P(None, reduced={'x'}) and the array itself; its gradient P('x') of ones) and
+# test_eager_unreduced_out (pcast(x, 'x', to='unreduced'): P(None, unreduced={'x'}), resharded
+# to P() arange(4) + arange(4, 8); its gradient P('x')), eager and under jit alike.
+def test_shard_map_casts_to_reduced_and_unreduced_as_jax():
+    mesh = jax.make_mesh((2,), ("x",))
+    with set_mesh(mesh):  # jtu.with_explicit_mesh
+        arr = jax.device_put(np.arange(8.0, dtype=np.float32), jax.NamedSharding(mesh, P("x")))
+        f = jax.shard_map(lambda x: jax.lax.all_gather(x, "x", tiled=True, to="reduced"), mesh=mesh,
+                          out_specs=P(reduced={"x"}))
+        for out in (f(arr), jax.jit(f)(arr)):
+            assert out.sharding.spec == P(None, reduced={"x"})
+            np.testing.assert_array_equal(np.asarray(out), np.arange(8.0))
+        g = jax.jit(jax.grad(lambda x: f(x).sum()))(arr)
+        assert g.sharding.spec == P("x")
+        np.testing.assert_array_equal(np.asarray(g), np.ones(8))
+        u = jax.shard_map(lambda x: jax.lax.pcast(x, "x", to="unreduced"), mesh=mesh, out_specs=P(unreduced={"x"}))
+        for out in (u(arr), jax.jit(u)(arr)):
+            assert out.sharding.spec == P(None, unreduced={"x"})
+            np.testing.assert_array_equal(np.asarray(reshard(out, P())), np.arange(4.0) + np.arange(4.0, 8.0))
+        g = jax.jit(jax.grad(lambda x: reshard(u(x), P()).sum()))(arr)
+        assert g.sharding.spec == P("x")
+        with pytest.raises(ValueError, match="Got unexpected `to` value for `jax.lax.all_gather`"):
+            jax.shard_map(lambda x: jax.lax.all_gather(x, "x", to="sideways"), mesh=mesh, out_specs=P())(arr)

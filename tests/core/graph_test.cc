@@ -1,6 +1,7 @@
 // Graph: shape and dtype inference of every op, and the errors for operands that do not fit.
 #include "core/graph.h"
 
+#include "core/pvary_cast.h"
 #include "core/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -75,6 +76,32 @@ TEST(Graph, OutputsMustExist) {
   g.add_parameter(DType::kF32, {1});
   EXPECT_TRUE(g.set_outputs({0}).ok());
   EXPECT_EQ(g.set_outputs({3}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A pvary node's dimension names its cast (core/pvary_cast.h): 0 varying (add_pvary's), 1
+// unreduced, 2 reduced, each the operand's type, printed after its axes; any other refused.
+TEST(Graph, PvaryCarriesItsCastInItsDimension) {
+  const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {16, 8});
+  const auto cast = [&](int64_t dimension) {
+    Node n;
+    n.op = Op::kPvary;
+    n.operands = {x};
+    n.attributes = CollectiveAttrs{mesh, {"model"}, ReduceOp::kSum, dimension, 0, 0, {}};
+    return g.add_node(std::move(n));
+  };
+  absl::StatusOr<int> varying = g.add_pvary(x, mesh, {"model"});
+  absl::StatusOr<int> unreduced = cast(static_cast<int64_t>(PvaryCast::kUnreduced));
+  absl::StatusOr<int> reduced = cast(static_cast<int64_t>(PvaryCast::kReduced));
+  ASSERT_TRUE(varying.ok() && unreduced.ok() && reduced.ok());
+  EXPECT_EQ(g.node(*unreduced).shape, (Shape{16, 8}));
+  const std::string text = g.to_text();
+  EXPECT_THAT(text, HasSubstr("%1 = pvary(%0) f32[16,8] axes=('model',) mesh="));
+  EXPECT_THAT(text, HasSubstr("%2 = pvary(%0) f32[16,8] axes=('model',) to=unreduced mesh="));
+  EXPECT_THAT(text, HasSubstr("%3 = pvary(%0) f32[16,8] axes=('model',) to=reduced mesh="));
+  expect_invalid(cast(3), "pvary: dimension 3 names no cast (0 varying, 1 unreduced, 2 reduced)");
+  expect_invalid(cast(-1), "pvary: dimension -1 names no cast");
 }
 
 TEST(Graph, ShardMapOpsInferBlockShapesAndCheckTheirRules) {

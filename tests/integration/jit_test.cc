@@ -1226,7 +1226,7 @@ TEST_F(ExplicitJitTest, GradientsFlowThroughUnreducedBroadcastsAndConcatenates) 
   }
   // test_concat_unreduced itself: two unreduced arrays (here jit outputs c = a @ b, unreduced over
   // 'Y') concatenated and summed; the gradient of the unreduced sum with respect to each is ones,
-  // typed reduced (P(None, reduced={'x'}) there; replicated here), as on replicated inputs.
+  // typed reduced, as there (P(None, reduced={'x'}): the cotangent of an unreduced argument).
   Jitted product =
       jit([&](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1], unreduced)}; });
   absl::StatusOr<std::vector<Array>> c = product({put_on(mesh, a, P(None, "Y")), put_on(mesh, b, P("Y", None))});
@@ -1240,7 +1240,7 @@ TEST_F(ExplicitJitTest, GradientsFlowThroughUnreducedBroadcastsAndConcatenates) 
   absl::StatusOr<std::vector<Array>> g = concat_grad({(*c)[0], (*c)[0]});
   ASSERT_TRUE(g.ok()) << g.status();
   for (const Array& x : *g) {
-    EXPECT_EQ(type_of(x).to_string(), "f32[8,4]");
+    EXPECT_EQ(type_of(x).to_string(), "f32[8,4]{R:Y}");
     expect_near(fetch(x), std::vector<double>(8 * 4, 1.0));
   }
 }
@@ -1338,13 +1338,13 @@ TEST_F(ExplicitJitTest, UnreducedValuesPassThroughSlicesSqueezesAndSelects) {
       },
       {0}))({(*c)[0]});
   ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,4]");
+  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,4]{R:Y}");
   expect_near(fetch((*g)[0]), slice_mask);
   g = jit(grad([](const std::vector<Value>& p) { return std::vector<Value>{sum(where(p[2] > 0.0, p[0], p[1]))}; },
                {0, 1}))({(*c)[0], (*c)[0], put_on(mesh, w, P())});
   ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,4]");
-  EXPECT_EQ(type_of((*g)[1]).to_string(), "f32[8,4]");
+  EXPECT_EQ(type_of((*g)[0]).to_string(), "f32[8,4]{R:Y}");
+  EXPECT_EQ(type_of((*g)[1]).to_string(), "f32[8,4]{R:Y}");
   expect_near(fetch((*g)[0]), picked_mask);
   expect_near(fetch((*g)[1]), not_picked);
   // What JAX refuses.

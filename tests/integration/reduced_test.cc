@@ -1103,5 +1103,459 @@ TEST_F(ExplicitReducedTest, ShardMapTakesReducedArgumentsAsJax) {
   }
 }
 
+// The casts to unreduced and reduced axes (jax/_src/lax/parallel.py: pcast's _pcast_funcs,
+// vary_unreduced_cast, preduced, all_gather_reduced), each an identity at runtime.
+
+// A mesh of the first devices, every axis Explicit (jtu.with_explicit_mesh; make_mesh's default).
+Mesh explicit_mesh(Client& client, const Shape& shape, const std::vector<std::string>& names) {
+  absl::StatusOr<Mesh> mesh = client.make_mesh(shape, names);
+  EXPECT_TRUE(mesh.ok()) << mesh.status();
+  return *mesh;
+}
+
+// The gradients of sum(a @ b) on the host, a (rows x inner), b (inner x cols): d/da[i, k] is
+// b's row sum k, d/db[k, j] is a's column sum k, each times `scale`.
+std::pair<std::vector<double>, std::vector<double>> sum_matmul_grads(const HostArray& a, const HostArray& b,
+                                                                     int64_t rows, int64_t inner, int64_t cols,
+                                                                     double scale = 1.0) {
+  std::vector<double> da(static_cast<size_t>(rows * inner)), db(static_cast<size_t>(inner * cols));
+  for (int64_t k = 0; k < inner; ++k) {
+    double row = 0, col = 0;
+    for (int64_t j = 0; j < cols; ++j) row += b.values<float>()[k * cols + j];
+    for (int64_t i = 0; i < rows; ++i) col += a.values<float>()[i * inner + k];
+    for (int64_t i = 0; i < rows; ++i) da[i * inner + k] = scale * row;
+    for (int64_t j = 0; j < cols; ++j) db[k * cols + j] = scale * col;
+  }
+  return {da, db};
+}
+
+double total(const std::vector<double>& v) {
+  double s = 0;
+  for (double e : v) s += e;
+  return s;
+}
+
+// tests/shard_map_test.py's test_matmul_unreduced: on a (2, 2) mesh a block product varies
+// along ('x', 'y'); pcast(c, 'y', to='unreduced') types it {V:x, U:y} and out_specs
+// P('x', None, unreduced={'y'}) keeps each device's block as its term (JAX's expected shards
+// [[2, 3]], [[26, 31]], [[10, 19]], [[66, 79]]); resharded to P('x', None) it is the host's
+// product, and the gradients of its sum are laid out as the arguments and are the host's.
+// test_pcast_to_unreduced: in_specs inferred; pcast over ('x', 'y') of a value varying along 'x'
+// and unreduced over 'y' is refused with _get_from's words.
+TEST_F(ExplicitReducedTest, PcastToUnreducedKeepsEachDevicesTermAsJax) {
+  const Mesh mesh = explicit_mesh(*client_, {2, 2}, {"x", "y"});
+  const HostArray a = HostArray::arange(DType::kF32, {2, 4}), b = HostArray::arange(DType::kF32, {4, 2});
+  const Array x = put_on(mesh, a, P("x", "y")), y = put_on(mesh, b, P("y", None));
+  std::string product_type, cast_type;
+  const ShardMapped f = shard_map(
+      [&](const std::vector<Value>& in) {
+        const Value c = einsum("ab,bc->ac", in[0], in[1]);
+        product_type = type_of(c).to_string();
+        const Value u = pcast(c, "y", "unreduced");
+        cast_type = type_of(u).to_string();
+        return std::vector<Value>{u};
+      },
+      mesh, {P("x", "y"), P("y", None)}, {P("x", None).with_unreduced({"y"})});
+  Jitted jf = jit([&](const std::vector<Value>& in) { return f(in); });
+  absl::StatusOr<std::vector<Array>> out = jf({x, y});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(product_type, "f32[1,2]{V:(x,y)}");
+  EXPECT_EQ(cast_type, "f32[1,2]{V:x, U:y}");
+  EXPECT_EQ((*out)[0].shape(), (Shape{2, 2}));
+  EXPECT_EQ((*out)[0].sharding().spec(), P("x", None).with_unreduced({"y"}));
+  EXPECT_EQ(jit_support::all_reduce_count(jf.as_text()), 0u);
+  const std::vector<std::vector<double>> shards = {{2, 3}, {26, 31}, {10, 19}, {66, 79}};
+  const std::vector<Shard> got = (*out)[0].addressable_shards();
+  ASSERT_EQ(got.size(), shards.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    absl::StatusOr<HostArray> block = got[i].data();
+    ASSERT_TRUE(block.ok()) << block.status();
+    EXPECT_EQ(block->shape(), (Shape{1, 2}));
+    expect_near(*block, shards[i], 0);
+  }
+  absl::StatusOr<Array> whole = reshard((*out)[0], NamedSharding(mesh, P("x", None)));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  expect_near(fetch(*whole), host_matmul(a, b, 2, 4, 2), 0);
+
+  absl::StatusOr<std::vector<Array>> g =
+      jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(reshard(f(in)[0], P("x", None)))}; },
+               {0, 1}))({x, y});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)[0].sharding().spec(), P("x", "y"));
+  EXPECT_EQ((*g)[1].sharding().spec(), P("y", None));
+  const auto [da, db] = sum_matmul_grads(a, b, 2, 4, 2);
+  expect_near(fetch((*g)[0]), da, 2e-4);
+  expect_near(fetch((*g)[1]), db, 2e-4);
+
+  // test_pcast_to_unreduced: (4, 2) @ (2, 4), in_specs inferred.
+  const HostArray a2 = HostArray::arange(DType::kF32, {4, 2}), b2 = HostArray::arange(DType::kF32, {2, 4});
+  const Array x2 = put_on(mesh, a2, P("x", "y")), y2 = put_on(mesh, b2, P("y", None));
+  for (const bool then_reduced : {false, true}) {
+    const ShardMapped m = shard_map(
+        [then_reduced](const std::vector<Value>& in) {
+          const Value u = pcast(dot(in[0], in[1]), "y", "unreduced");
+          return std::vector<Value>{then_reduced ? pcast(u, AxisNames{"x", "y"}, "reduced") : u};
+        },
+        mesh, {}, {P("x").with_unreduced({"y"})});
+    absl::StatusOr<std::vector<Array>> r = jit([&](const std::vector<Value>& in) { return m(in); })({x2, y2});
+    if (then_reduced) {
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+      EXPECT_THAT(r.status().message(),
+                  HasSubstr("jax.lax.pcast can only accept axis_name which corresponds to one of varying, unreduced, "
+                            "reduced or invarying state of the input. Got input type: f32[2,4]{V:x, U:y}, axes: "
+                            "('x', 'y') and input state: {'unreduced', 'varying'}"));
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)[0].sharding().spec(), P("x", None).with_unreduced({"y"}));
+    expect_near(summed((*r)[0]), host_matmul(a2, b2, 4, 2, 4), 0);
+  }
+}
+
+// tests/shard_map_test.py's test_preduced_fwd_unreduced_psum_bwd on ('x': 2): pcast(x, 'x',
+// to='reduced') of an invariant block is preduced, typed {R:x}, out_specs P(reduced={'x'}); its
+// product with a P(None, 'x') operand sums to the host's, laid out P(); the gradient of the
+// reduced operand is unreduced inside (JAX's transpose unreduced_psum) and leaves whole
+// (P(None, None)), the host's. The casts' refusals, with JAX's words: preduced of a varying
+// value (_get_from: from=varying), to='unreduced' of an invariant one, vary_unreduced_cast on
+// an Auto mesh (explicit-mode types only).
+TEST_F(ExplicitReducedTest, PcastToReducedIsPreducedAndItsGradientIsSummedAsJax) {
+  const Mesh mesh = explicit_mesh(*client_, {2}, {"x"});
+  const HostArray a = HostArray::arange(DType::kF32, {2, 4}), b = HostArray::arange(DType::kF32, {4, 6});
+  const Array x = put_on(mesh, a, P(None, None)), y = put_on(mesh, b, P(None, "x"));
+  std::string before, after;
+  const ShardMapped pr = shard_map(
+      [&](const std::vector<Value>& in) {
+        before = type_of(in[0]).to_string();
+        const Value r = pcast(in[0], "x", "reduced");
+        after = type_of(r).to_string();
+        return std::vector<Value>{r};
+      },
+      mesh, {P()}, {P().with_reduced({"x"})});
+  auto f = [&](const std::vector<Value>& in) { return sum(einsum("ab,bc->ac", pr({in[0]})[0], in[1])); };
+  absl::StatusOr<Array> out = run1(f, {x, y});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(before, "f32[2,4]");
+  EXPECT_EQ(after, "f32[2,4]{R:x}");
+  EXPECT_EQ(out->sharding().spec(), P());
+  expect_near(fetch(*out), {total(host_matmul(a, b, 2, 4, 6))}, 0);
+  absl::StatusOr<std::vector<Array>> g =
+      jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{f(in)}; }, {0}))({x, y});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)[0].sharding().spec(), P(None, None));
+  expect_near(fetch((*g)[0]), sum_matmul_grads(a, b, 2, 4, 6).first, 2e-4);
+
+  const auto refusal_of = [&](const Mesh& m, const std::function<Value(const Value&)>& body, const PartitionSpec& in) {
+    const ShardMapped s =
+        shard_map([&](const std::vector<Value>& v) { return std::vector<Value>{body(v[0])}; }, m, {in}, {P("x")});
+    absl::StatusOr<std::vector<Array>> r =
+        jit([&](const std::vector<Value>& v) { return s(v); })({put_on(m, random_f32({8}, 71), P("x"))});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    return std::string(r.status().message());
+  };
+  EXPECT_THAT(refusal_of(
+                  mesh, [](const Value& v) { return pcast(v, "x", "reduced"); }, P("x")),
+              HasSubstr("pcast(f32[4], 'x', to='reduced'): Unsupported pcast from=varying, to='reduced'"));
+  EXPECT_THAT(refusal_of(
+                  mesh, [](const Value& v) { return pcast(psum(v, "x"), "x", "unreduced"); }, P("x")),
+              HasSubstr("Unsupported pcast from=invarying, to='unreduced'"));
+  absl::StatusOr<Mesh> auto_mesh = client_->make_mesh({2}, {"x"}, {AxisType::kAuto});
+  ASSERT_TRUE(auto_mesh.ok()) << auto_mesh.status();
+  EXPECT_THAT(refusal_of(
+                  *auto_mesh, [](const Value& v) { return pcast(v, "x", "unreduced"); }, P("x")),
+              HasSubstr("reduced and unreduced axes are types of explicit mode"));
+}
+
+// tests/shard_map_test.py's test_all_gather_reduced_fwd_unreduced_psum_scatter_bwd on a (2, 2)
+// ('data', 'seq') mesh: all_gather(a, 'seq', tiled=True, to='reduced') types the gathered
+// block {R:seq} (no longer varying), out_specs P(None, None, reduced={'seq'}); the product's sum
+// is the host's, laid out P(), and both gradients are P('seq', None) and the host's (the
+// cotangent of the gathered value, unreduced, is psum-scattered back: unreduced_psum_scatter).
+// test_shmap_unreduced_fsdp_grad: preduced over 'data' of a block varying along 'seq', then
+// all_gather(to='reduced') over 'seq' gives a weight reduced over both, used by a
+// P('data', 'seq', None) batch; sin of the sum's gradients are the host's, laid out as the
+// arguments. all_gather(to='reduced')'s refusals, with JAX's words.
+TEST_F(ExplicitReducedTest, AllGatherToReducedAsJax) {
+  const Mesh mesh = explicit_mesh(*client_, {2, 2}, {"data", "seq"});
+  const HostArray a = HostArray::arange(DType::kF32, {4, 2}), b = HostArray::arange(DType::kF32, {2, 6});
+  const Array x = put_on(mesh, a, P("seq", None)), y = put_on(mesh, b, P("seq", None));
+  std::string gathered;
+  const ShardMapped ag = shard_map(
+      [&](const std::vector<Value>& in) {
+        const Value out = all_gather(in[0], "seq", 0, true, "reduced");
+        gathered = type_of(out).to_string();
+        return std::vector<Value>{out};
+      },
+      mesh, {P("seq", None)}, {P(None, None).with_reduced({"seq"})});
+  auto f = [&](const std::vector<Value>& in) { return sum(einsum("td,df->tf", in[0], ag({in[1]})[0])); };
+  absl::StatusOr<Array> out = run1(f, {x, y});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(gathered, "f32[2,6]{R:seq}");
+  EXPECT_EQ(out->sharding().spec(), P());
+  expect_near(fetch(*out), {total(host_matmul(a, b, 4, 2, 6))}, 0);
+  absl::StatusOr<std::vector<Array>> g =
+      jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{f(in)}; }, {0, 1}))({x, y});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)[0].sharding().spec(), P("seq", None));
+  EXPECT_EQ((*g)[1].sharding().spec(), P("seq", None));
+  const auto [da, db] = sum_matmul_grads(a, b, 4, 2, 6);
+  expect_near(fetch((*g)[0]), da, 2e-4);
+  expect_near(fetch((*g)[1]), db, 2e-4);
+
+  // test_shmap_unreduced_fsdp_grad.
+  const HostArray a3 = HostArray::arange(DType::kF32, {8, 4, 2}), b3 = HostArray::arange(DType::kF32, {2, 6});
+  const Array x3 = put_on(mesh, a3, P("data", "seq", None)), y3 = put_on(mesh, b3, P("seq", None));
+  std::vector<std::string> types;
+  const ShardMapped to_reduced = shard_map(
+      [&](const std::vector<Value>& in) {
+        const Value out = pcast(in[0], "data", "reduced");
+        types.push_back(type_of(out).to_string());
+        return std::vector<Value>{out};
+      },
+      mesh, {P("seq", None)}, {P("seq", None).with_reduced({"data"})});
+  const ShardMapped gather = shard_map(
+      [&](const std::vector<Value>& in) {
+        types.push_back(type_of(in[0]).to_string());
+        const Value out = all_gather(in[0], "seq", 0, true, "reduced");
+        types.push_back(type_of(out).to_string());
+        return std::vector<Value>{out};
+      },
+      mesh, {P("seq", None).with_reduced({"data"})}, {P(None, None).with_reduced({"seq", "data"})});
+  std::string weight_type;
+  auto fsdp = [&](const std::vector<Value>& in) {
+    const Value w = gather(to_reduced({in[1]}))[0];
+    weight_type = type_of(w).to_string();
+    return einsum("btd,df->btf", in[0], w);
+  };
+  absl::StatusOr<Array> y4 = run1(fsdp, {x3, y3});
+  ASSERT_TRUE(y4.ok()) << y4.status();
+  EXPECT_THAT(types,
+              ::testing::ElementsAre("f32[1,6]{V:seq, R:data}", "f32[1,6]{V:seq, R:data}", "f32[2,6]{R:(data,seq)}"));
+  EXPECT_EQ(weight_type, "f32[2,6]{R:(data,seq)}");
+  EXPECT_EQ(y4->sharding().spec(), P("data", "seq", None));
+  // loss = sin(S), S = sum(x @ w): d/dx[b, t, d] = cos(S) w's row sum d, d/dw[d, f] = cos(S)
+  // x's sum over (b, t) at d.
+  const double s = total(host_matmul(a3, b3, 32, 2, 6));
+  const auto [dx, dw] = sum_matmul_grads(a3, b3, 32, 2, 6, std::cos(s));
+  absl::StatusOr<std::vector<Array>> g3 =
+      jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sin(sum(fsdp(in)))}; }, {0, 1}))({x3, y3});
+  ASSERT_TRUE(g3.ok()) << g3.status();
+  EXPECT_EQ((*g3)[0].sharding().spec(), P("data", "seq", None));
+  EXPECT_EQ((*g3)[1].sharding().spec(), P("seq", None));
+  expect_near(fetch((*g3)[0]), dx, 2e-4);
+  expect_near(fetch((*g3)[1]), dw, 2e-4);
+
+  // The refusals (all_gather_reduced's abstract eval, _all_gather_is_async).
+  const auto refusal_of = [&](const std::function<Value(const Value&)>& body, const PartitionSpec& in) {
+    const ShardMapped m =
+        shard_map([&](const std::vector<Value>& v) { return std::vector<Value>{body(v[0])}; }, mesh, {in}, {P()});
+    absl::StatusOr<std::vector<Array>> r =
+        jit([&](const std::vector<Value>& v) { return m(v); })({put_on(mesh, random_f32({4, 2}, 72), in)});
+    EXPECT_FALSE(r.ok());
+    return std::string(r.status().message());
+  };
+  EXPECT_THAT(refusal_of([](const Value& v) { return all_gather(v, "seq", 0, true, "reduced"); }, P()),
+              HasSubstr("all_gather_reduced only accepts inputs that are varying. Got f32[4,2]"));
+  EXPECT_THAT(refusal_of([](const Value& v) { return all_gather(v, "seq", 0, true, "reduced"); }, P("data", None)),
+              HasSubstr("all_gather_reduced is a Varying -> Reduced collective. This means that the "
+                        "axis_name=('seq',) passed to `all_gather_reduced` must be present in "
+                        "jax.typeof(x).mat.varying={'data'}"));
+  EXPECT_THAT(refusal_of([](const Value& v) { return all_gather(v, "seq", 0, true, "sideways"); }, P("seq", None)),
+              HasSubstr("Got unexpected `to` value for `jax.lax.all_gather`. Allowed `to` values are: {'varying', "
+                        "'reduced', 'invarying'}"));
+}
+
+// check_vma=false (jax/_src/shard_map.py's _shard_shaped_array and _unshard_shaped_array
+// without check_vma): the body's values carry no unreduced or reduced axes, and out_specs'
+// are not checked; the blocks are what they are. tests/shard_map_test.py's
+// test_replicated_unreduced_bitcast_check_vma_false (a P() argument out as P(unreduced={'x'}):
+// each device's block is the argument, so the sum is twice it; back in with
+// P(unreduced={'x'}), typed f32[8] inside, out P(): each block the argument),
+// test_sharded_unreduced_roundtrip_check_vma_false (P('x') out as P(unreduced={'x'}), global
+// shape (4,) -> (2,), and back) and test_unreduced_replicated_bitcast (pcast to='unreduced' with
+// check_vma, psum gives [2, 4]); sin of an unreduced argument, refused with check_vma, runs on
+// each term without; pcast to='unreduced' sees an invarying value (nothing varies), as JAX's
+// _pcast_funcs.
+TEST_F(ExplicitReducedTest, CheckVmaOffDropsUnreducedAndReducedAxesFromTheBodyAsJax) {
+  const Mesh mesh = explicit_mesh(*client_, {2}, {"x"});
+  ShardMapOptions unchecked;
+  unchecked.check_vma = false;
+  const auto identity = [](const std::vector<Value>& in) { return in; };
+  const auto blocks_of = [](const Array& a) {
+    std::vector<std::vector<double>> out;
+    for (const Shard& s : a.addressable_shards()) {
+      absl::StatusOr<HostArray> b = s.data();
+      EXPECT_TRUE(b.ok()) << b.status();
+      if (b.ok()) out.push_back(values_of(*b));
+    }
+    return out;
+  };
+  const PartitionSpec unreduced = P().with_unreduced({"x"});
+  const HostArray h8 = HostArray::arange(DType::kF32, {8});
+  const std::vector<double> v8 = values_of(h8);
+  const Array arr = put_on(mesh, h8, P());
+  absl::StatusOr<std::vector<Array>> out = shard_map(identity, mesh, {P()}, {unreduced}, unchecked)({arr});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].sharding().spec(), P(None).with_unreduced({"x"}));
+  EXPECT_THAT(blocks_of((*out)[0]), ::testing::Each(v8));
+  std::vector<double> twice = v8;
+  for (double& e : twice) e *= 2;
+  expect_near(summed((*out)[0]), twice, 0);
+  absl::StatusOr<std::vector<Array>> g = jit(grad([&](const std::vector<Value>& in) {
+    return std::vector<Value>{sum(reshard(shard_map(identity, mesh, {P()}, {unreduced}, unchecked)(in)[0], P(None)))};
+  }))({arr});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)[0].sharding().spec(), P(None));
+  expect_near(fetch((*g)[0]), std::vector<double>(8, 2.0), 0);  // the sum of the terms is 2 x
+
+  std::string inside;
+  const ShardMapped back = shard_map(
+      [&](const std::vector<Value>& in) {
+        inside = type_of(in[0]).to_string();
+        return in;
+      },
+      mesh, {unreduced}, {P()}, unchecked);
+  absl::StatusOr<std::vector<Array>> out2 = back({(*out)[0]});
+  ASSERT_TRUE(out2.ok()) << out2.status();
+  EXPECT_EQ(inside, "f32[8]");
+  EXPECT_EQ((*out2)[0].sharding().spec(), P(None));
+  EXPECT_THAT(blocks_of((*out2)[0]), ::testing::Each(v8));
+  absl::StatusOr<std::vector<Array>> g2 =
+      jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(back(in)[0])}; }))(*out);
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  EXPECT_EQ((*g2)[0].sharding().spec(), P(None).with_reduced({"x"}));
+  // sin of each term: refused with check_vma, as JAX's nary_ur_rule.
+  const auto sine = [](const std::vector<Value>& in) { return std::vector<Value>{sin(in[0])}; };
+  absl::StatusOr<std::vector<Array>> sines = shard_map(sine, mesh, {unreduced}, {unreduced}, unchecked)({(*out)[0]});
+  ASSERT_TRUE(sines.ok()) << sines.status();
+  std::vector<double> two_sines;
+  for (double e : v8) two_sines.push_back(2 * std::sin(e));
+  expect_near(summed((*sines)[0]), two_sines, 1e-6);
+  absl::StatusOr<std::vector<Array>> checked = shard_map(sine, mesh, {unreduced}, {unreduced})({(*out)[0]});
+  EXPECT_THAT(checked.status().message(), HasSubstr("unreduced rule for sin is not implemented"));
+  absl::StatusOr<std::vector<Array>> cast =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{pcast(in[0], "x", "unreduced")}; }, mesh,
+                {P("x")}, {unreduced}, unchecked)({put_on(mesh, h8, P("x"))});
+  EXPECT_THAT(cast.status().message(), HasSubstr("Unsupported pcast from=invarying, to='unreduced'"));
+
+  // The roundtrip: (4,) P('x') -> (2,) P(None, unreduced={'x'}) -> (4,) P('x').
+  const HostArray h4 = HostArray::arange(DType::kF32, {4});
+  const Array arr4 = put_on(mesh, h4, P("x"));
+  absl::StatusOr<std::vector<Array>> halves = shard_map(identity, mesh, {P("x")}, {unreduced}, unchecked)({arr4});
+  ASSERT_TRUE(halves.ok()) << halves.status();
+  EXPECT_EQ((*halves)[0].shape(), Shape{2});
+  EXPECT_EQ((*halves)[0].sharding().spec(), P(None).with_unreduced({"x"}));
+  EXPECT_EQ(blocks_of((*halves)[0]), blocks_of(arr4));
+  expect_near(summed((*halves)[0]), {2, 4}, 0);
+  absl::StatusOr<std::vector<Array>> whole = shard_map(identity, mesh, {unreduced}, {P("x")}, unchecked)(*halves);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ((*whole)[0].shape(), Shape{4});
+  EXPECT_EQ((*whole)[0].sharding().spec(), P("x"));
+  expect_near(fetch((*whole)[0]), values_of(h4), 0);
+
+  // test_unreduced_replicated_bitcast: the same, with check_vma and pcast, then psum.
+  absl::StatusOr<std::vector<Array>> cast4 =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{pcast(in[0], "x", "unreduced")}; }, mesh,
+                {P("x")}, {unreduced})({arr4});
+  ASSERT_TRUE(cast4.ok()) << cast4.status();
+  EXPECT_EQ((*cast4)[0].sharding().spec(), P(None).with_unreduced({"x"}));
+  EXPECT_EQ(blocks_of((*cast4)[0]), blocks_of(arr4));
+  absl::StatusOr<std::vector<Array>> psummed =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{psum(in[0], "x")}; }, mesh, {unreduced},
+                {P()})(*cast4);
+  ASSERT_TRUE(psummed.ok()) << psummed.status();
+  EXPECT_EQ((*psummed)[0].sharding().spec(), P(None));
+  EXPECT_THAT(blocks_of((*psummed)[0]), ::testing::Each(std::vector<double>{2, 4}));
+}
+
+// Eager shard_map (called on arrays, not under jit) with reduced and unreduced specs gives the
+// values and result shardings it gives under jit (tests/shard_map_test.py's
+// test_eager_reduced_out, test_eager_reduced_in, test_eager_unreduced_out,
+// test_eager_unreduced_in on ('x': 2), their expected values and shardings; the gradients, as
+// JAX's, taken of the eager function and compared with the jitted one's).
+TEST_F(ExplicitReducedTest, EagerShardMapWithReducedAndUnreducedSpecsIsAsUnderJitAsJax) {
+  const Mesh mesh = explicit_mesh(*client_, {2}, {"x"});
+  const HostArray h8 = HostArray::arange(DType::kF32, {8});
+  const std::vector<double> v8 = values_of(h8);
+  struct Case {
+    const char* name;
+    PartitionSpec in, out;
+    std::function<Value(const Value&)> body;
+    Shape shape;
+    PartitionSpec spec;         // the result's sharding: the out_spec's, one entry per dimension
+    std::vector<double> value;  // the result's, resharded to P() (summed when unreduced)
+    PartitionSpec grad_spec;
+    double grad_each;  // each element of the gradient of the result's sum (summed when unreduced)
+  };
+  std::vector<double> v16 = v8, halves = {0 + 4, 1 + 5, 2 + 6, 3 + 7};
+  v16.insert(v16.end(), v8.begin(), v8.end());
+  const std::vector<Case> cases = {
+      {"reduced_out",
+       P("x"),
+       P().with_reduced({"x"}),
+       [](const Value& v) { return all_gather(v, "x", 0, true, "reduced"); },
+       {8},
+       P(None).with_reduced({"x"}),
+       v8,
+       P("x"),
+       1},
+      {"reduced_in",
+       P().with_reduced({"x"}),
+       P("x"),
+       [](const Value& v) { return pcast(v, "x", "varying"); },
+       {16},
+       P("x"),
+       v16,
+       P(None).with_unreduced({"x"}),
+       2},
+      {"unreduced_out",
+       P("x"),
+       P().with_unreduced({"x"}),
+       [](const Value& v) { return pcast(v, "x", "unreduced"); },
+       {4},
+       P(None).with_unreduced({"x"}),
+       halves,
+       P("x"),
+       1},
+      {"unreduced_in",
+       P().with_unreduced({"x"}),
+       P("x"),
+       [](const Value& v) { return psum_scatter(v, "x", 0, true); },
+       {8},
+       P("x"),
+       v8,
+       P(None).with_reduced({"x"}),
+       1},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<Array> arg = reshard(put_on(mesh, h8, P()), NamedSharding(mesh, c.in));
+    ASSERT_TRUE(arg.ok()) << arg.status();
+    // in_specs inferred from the argument, as JAX's tests leave them out.
+    const ShardMapped f =
+        shard_map([&c](const std::vector<Value>& in) { return std::vector<Value>{c.body(in[0])}; }, mesh, {}, {c.out});
+    absl::StatusOr<std::vector<Array>> eager = f({*arg});
+    absl::StatusOr<std::vector<Array>> jitted = jit([&](const std::vector<Value>& in) { return f(in); })({*arg});
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    ASSERT_TRUE(jitted.ok()) << jitted.status();
+    for (const Array& r : {(*eager)[0], (*jitted)[0]}) {
+      EXPECT_EQ(r.shape(), c.shape);
+      EXPECT_EQ(r.sharding().spec(), c.spec);
+      expect_near(summed(r), c.value, 0);
+    }
+    EXPECT_EQ((*eager)[0].sharding(), (*jitted)[0].sharding());
+    const auto loss = [&](const std::vector<Value>& in) { return std::vector<Value>{sum(reshard(f(in)[0], P(None)))}; };
+    absl::StatusOr<std::vector<Array>> g = jit(grad(loss))({*arg});
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)[0].sharding().spec(), c.grad_spec) << (*g)[0].sharding().spec().to_string();
+    expect_near(summed((*g)[0]), std::vector<double>(8, c.grad_each), 0);
+  }
+  // test_eager_unreduced_out: sin of the unreduced cast is refused eagerly too.
+  absl::StatusOr<std::vector<Array>> bad =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{sin(pcast(in[0], "x", "unreduced"))}; },
+                mesh, {}, {P().with_unreduced({"x"})})({put_on(mesh, h8, P("x"))});
+  EXPECT_THAT(bad.status().message(), HasSubstr("unreduced rule for sin is not implemented"));
+}
+
 }  // namespace
 }  // namespace tessera

@@ -1729,8 +1729,10 @@ TEST_F(ShardMapTest, PvaryMakesAValueVaryingAndRunsAsItsOperand) {
 
 // pvary's and pcast's errors, as JAX's (jax/_src/lax/parallel.py: _pvary_abstract_eval's
 // "pvary is a invariant->variant collective", _get_from's mixed states, pcast's
-// "Unsupported pcast from=varying, to='varying'" and "Got unexpected `to` value"); with
-// check_vma off pvary is x itself, as jax/_src/core.py's pvary returns x then.
+// "Unsupported pcast from=varying, to='varying'" and "Got unexpected `to` value"; pcast
+// to='reduced' is preduced, whose reduced type exists in explicit mode only: traced without
+// one (trace_error) it is refused); with check_vma off pvary is x itself, as
+// jax/_src/core.py's pvary returns x then.
 TEST_F(ShardMapTest, PvaryAndPcastRefuseWhatJaxRefuses) {
   ASSERT_NE(client_, nullptr);
   auto error_of = [&](std::function<Value(const Value&)> body, PartitionSpec in = P("data", None)) {
@@ -1755,7 +1757,8 @@ TEST_F(ShardMapTest, PvaryAndPcastRefuseWhatJaxRefuses) {
   EXPECT_THAT(error_of([](const Value& x) { return pcast(x, "model", "sideways"); }),
               HasSubstr("Got unexpected `to` value. Allowed `to` values are: {'unreduced', 'reduced', 'varying'}"));
   EXPECT_THAT(error_of([](const Value& x) { return pcast(x, "model", "reduced"); }),
-              HasSubstr("the casts to reduced and unreduced axes (preduced, vary_unreduced_cast) are not built"));
+              HasSubstr("pcast(f32[4,8], 'model', to='reduced'): reduced and unreduced axes are types of explicit "
+                        "mode"));
   EXPECT_THAT(error_of([](const Value& x) { return pvary(x, "rows"); }, P()),
               HasSubstr("pvary: axis 'rows' is not in the mesh"));
   EXPECT_THAT(error_of(

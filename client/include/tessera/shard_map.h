@@ -47,6 +47,10 @@ struct AxisNames {
 struct ShardMapOptions {
   // Check that every result is replicated over the mesh axes its out_spec leaves out (JAX's
   // check_vma); when off, such a result is whatever the devices hold (device order decides).
+  // Off, the body's values also carry no unreduced or reduced axes (an in_spec's must still be
+  // its argument's; the block is what it is, an unreduced argument's its term) and an out_spec's
+  // are not checked against its result: the result is typed by the out_spec, as JAX's
+  // _shard_shaped_array / _unshard_shaped_array do without check_vma.
   bool check_vma = true;
   // jax.shard_map's axis_names: the mesh axes the body is manual over; empty: all of them. Over
   // the others the body is automatic: in_specs and out_specs may not name them, nor may its
@@ -116,6 +120,14 @@ Value pmax(const Value& x, const AxisNames& axes);
 Value pmin(const Value& x, const AxisNames& axes);
 // Every device's x: stacked along a new dimension `axis`, or (tiled) concatenated along `axis`.
 Value all_gather(const Value& x, const AxisNames& axes, int64_t axis = 0, bool tiled = false);
+// jax.lax.all_gather(x, axes, axis=, tiled=, to=...): to = "varying" is the call above; "reduced"
+// is all_gather_reduced (Varying -> Reduced): the gather, typed reduced over `axes` and no
+// longer varying along them (explicit mode only). x must vary along some of the axes and not be
+// reduced over any (INVALID_ARGUMENT with JAX's words; with check_vma off nothing varies, so JAX
+// and this refuse it). Its gradient is the unreduced cotangent psum-scattered
+// (unreduced_psum_scatter). "invarying" (all_gather_invariant) is UNIMPLEMENTED; anything else
+// is JAX's "Got unexpected `to` value for `jax.lax.all_gather`".
+Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled, const std::string& to);
 // The sum over the devices, scattered: device i keeps block i along `scatter_dimension`
 // (tiled), or index i of it, which must have the axes' size (not tiled: the dimension goes).
 Value psum_scatter(const Value& x, const AxisNames& axes, int64_t scatter_dimension = 0, bool tiled = false);
@@ -176,11 +188,21 @@ int64_t axis_size(const AxisNames& axes);
 // With check_vma off, or no axes, it returns x, as JAX does. Its gradient is the cotangent (JAX's transpose is a psum:
 // see client/vjp/shard_map.cc for why the sum happens elsewhere here).
 Value pvary(const Value& x, const AxisNames& axes);
-// jax.lax.pcast(x, axes, to=...): to = "varying" from invariant is pvary, from reduced over
-// exactly the axes reduced_vary_cast (a pvary whose operand is reduced over its axes: the
-// result varies along them, no longer reduced); from varying along the axes, or from a mix,
-// INVALID_ARGUMENT with JAX's words; "reduced" and "unreduced" (preduced, vary_unreduced_cast)
-// are not built yet (INVALID_ARGUMENT); anything else is JAX's "Got unexpected `to` value".
+// jax.lax.pcast(x, axes, to=...), by the state of x along the axes (jax/_src/lax/parallel.py's
+// _get_from and _pcast_funcs), each cast an identity at runtime:
+//   invarying -> "varying": pvary; reduced -> "varying": reduced_vary_cast (the result varies
+//     along the axes, no longer reduced over them);
+//   varying -> "unreduced": vary_unreduced_cast (each device's block becomes its term of a sum
+//     pending over the axes: typed {U:axes}, no longer varying along them; its gradient is
+//     reduced_vary_cast of the cotangent);
+//   invarying -> "reduced": preduced (typed {R:axes}; its cotangent is unreduced, summed where
+//     the value became invariant, as JAX's transpose unreduced_psum sums it). With check_vma
+//     off, x itself, as JAX's preduced.
+// The casts to unreduced and reduced are explicit-mode types (INVALID_ARGUMENT on other meshes).
+// Axes in several states, or another pair (from varying to "varying", from invarying to
+// "unreduced": with check_vma off nothing varies), are INVALID_ARGUMENT with JAX's words
+// ("jax.lax.pcast can only accept axis_name which corresponds to one of ...", "Unsupported
+// pcast from=..., to=..."); anything else is JAX's "Got unexpected `to` value".
 Value pcast(const Value& x, const AxisNames& axes, const std::string& to);
 
 }  // namespace tessera
