@@ -145,6 +145,10 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
   // this fails, they go on under it (Transport::end_registration says why) rather than wait for
   // a registration that may never come.
   if (registering_) registering_(true);
+  if (stopping_.HasBeenNotified()) {  // stop() ran since the loop's check: end the hold it missed
+    if (registering_) registering_(false);
+    return absl::CancelledError(absl::StrCat("device ", device_id, ": not registering again: the worker is stopping"));
+  }
   absl::Status answered = from_grpc(coordinator_->RegisterWorker(&ctx, req, &reply),
                                     absl::StrCat("coordinator ", options_.coordinator_address));
   if (!answered.ok()) {

@@ -109,18 +109,33 @@ std::string peer_name(int device, const std::string& address) {
   return address.empty() ? absl::StrCat("device ", device) : absl::StrCat("device ", device, " (", address, ")");
 }
 
-// What the status an outbound Exchange stream ended with says to the op that lost it: the
-// peer's refusal or verdict with its code (PERMISSION_DENIED for a replaced registration,
-// INVALID_ARGUMENT from its decoder, RESOURCE_EXHAUSTED for its waiting list, ...), or, when
-// the stream just went (OK: a peer never ends a stream cleanly unless this end closed it;
-// CANCELLED: the call was cancelled, by gRPC or a server going away), UNAVAILABLE.
+// What the status an outbound Exchange stream ended with says to the op that lost it: a
+// refusal or verdict of the peer's Exchange handler keeps its code (PERMISSION_DENIED for a
+// replaced registration, INVALID_ARGUMENT from its decoder, RESOURCE_EXHAUSTED for its
+// waiting list, UNAUTHENTICATED, FAILED_PRECONDITION); every other end is UNAVAILABLE: the
+// stream just went (OK: a peer never ends a stream cleanly unless this end closed it;
+// CANCELLED: the call was cancelled, by gRPC or a server going away), or gRPC's own
+// transport ended it (INTERNAL "RST_STREAM ...", UNKNOWN "Stream removed", ...), which a
+// dead or faulty peer causes and callers (FanOut::first_failure, the peer-killed drills)
+// take as UNAVAILABLE. gRPC's code then stays in the message.
 absl::Status stream_end(const grpc::Status& ended) {
-  const bool went = ended.ok() || ended.error_code() == grpc::StatusCode::CANCELLED;
-  return absl::Status(went ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(ended.error_code()),
-                      ended.error_message());
+  switch (ended.error_code()) {
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return absl::Status(static_cast<absl::StatusCode>(ended.error_code()), ended.error_message());
+    default:
+      break;
+  }
+  if (ended.error_message().empty()) return absl::UnavailableError("");
+  return absl::UnavailableError(
+      absl::StrCat("gRPC ", absl::StatusCodeToString(static_cast<absl::StatusCode>(ended.error_code())), " ",
+                   ended.error_message()));
 }
 
-// " (<code>: <message>)" of a stream_end status with a message; "" without one.
+// ": <code>: <message>" of a stream_end status with a message; "" without one.
 std::string stream_end_detail(const absl::Status& end) {
   if (end.message().empty()) return "";
   return absl::StrCat(": ", absl::StatusCodeToString(end.code()), ": ", end.message());
@@ -1787,10 +1802,13 @@ class Transport::ExchangeReader final : public grpc::ServerReadReactor<grpc::Byt
   Transport* const transport_;
   const int authenticated_source_;
   PeerView* const peers_;
-  // This reader's id, for the ring it offers (stream_replaced). Not PeerView's id_, which is
-  // set only once admit() returns, after a read it started may have run.
+  // This reader's id, for the ring it offers (stream_replaced), assigned by the transport.
   const uint64_t reader_;
-  uint64_t id_ = 0;  // PeerView's, for ended()
+  // PeerView's, for ended(). Written in the constructor after admit() returns, which may
+  // already have started a read or finished the stream: gRPC keeps such calls in its backlog
+  // until it binds this reactor, after the handler returned it (so new_exchange_reader's
+  // result must be returned straight from the handler), and no reaction runs before that.
+  uint64_t id_ = 0;
   const std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
   grpc::ByteBuffer buffer_;
   int source_ = -1;                   // under gate_->mu once the stream is read
