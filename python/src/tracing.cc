@@ -332,6 +332,7 @@ void bind_ops(py::module_& m) {
   using ScatterFn = Value (*)(V, V, V, const ScatterDimensionNumbers&, GatherScatterMode);
   for (auto [name, fn] : std::vector<std::pair<const char*, ScatterFn>>{{"scatter", &scatter},
                                                                         {"scatter_add", &scatter_add},
+                                                                        {"scatter_sub", &scatter_sub},
                                                                         {"scatter_mul", &scatter_mul},
                                                                         {"scatter_min", &scatter_min},
                                                                         {"scatter_max", &scatter_max}}) {

@@ -513,6 +513,7 @@ def _scatter_op(name):
 
 scatter = _scatter_op("scatter")
 scatter_add = _scatter_op("scatter_add")
+scatter_sub = _scatter_op("scatter_sub")
 scatter_mul = _scatter_op("scatter_mul")
 scatter_min = _scatter_op("scatter_min")
 scatter_max = _scatter_op("scatter_max")

@@ -853,7 +853,7 @@ def _at_gather(x, idx, mode, fill_value, wrap):
 
 
 class _IndexUpdateRef:
-    """x.at[idx]: get(), set(values), add(values), multiply (mul), min and max, as
+    """x.at[idx]: get(), set(values), add(values), subtract, multiply (mul), min and max, as
     jax.Array.at (updates at out-of-range indices are dropped; negative indices count from the
     end), with its mode=, wrap_negative_indices= and get's fill_value=."""
 
@@ -874,6 +874,8 @@ class _IndexUpdateRef:
         options.pop("indices_are_sorted", None), options.pop("unique_indices", None)
         mode, wrap = options.pop("mode", None), bool(options.pop("wrap_negative_indices", True))
         fill = options.pop("fill_value", None) if get else None
+        if not get and "out_sharding" in options and options["out_sharding"] is None:
+            options.pop("out_sharding")  # JAX's default: the result laid out as x
         _no_options(name, options)
         mode = None if mode is None else GatherScatterMode.from_any(mode).name.lower()
         return mode, wrap, _fill(fill) if mode == "fill_or_drop" else None
@@ -908,6 +910,9 @@ class _IndexUpdateRef:
 
     def add(self, values, **options):
         return self._update("add", "scatter_add", values, options)
+
+    def subtract(self, values, **options):
+        return self._update("subtract", "scatter_sub", values, options)
 
     def multiply(self, values, **options):
         return self._update("multiply", "scatter_mul", values, options)

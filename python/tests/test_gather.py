@@ -170,7 +170,7 @@ def test_gather_docstring_example_and_integer_fill():
 ROWS = SD(update_window_dims=(1, 2), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,))
 ROW_IDX = np.array([[2], [5], [5], [0], [-1], [8], [7]], np.int32)  # 5 twice; -1 and 8 out of range
 ROW_UPD = rng.uniform(0.5, 2.0, (7, 8, 4)).astype(np.float32)
-UFUNC = {"scatter_add": np.add, "scatter_mul": np.multiply, "scatter_min": np.minimum, "scatter_max": np.maximum}
+UFUNC = {"scatter_add": np.add, "scatter_sub": np.subtract, "scatter_mul": np.multiply, "scatter_min": np.minimum, "scatter_max": np.maximum}
 
 
 @pytest.mark.parametrize("name", sorted(UFUNC))
@@ -259,7 +259,8 @@ def test_take_along_axis_out_of_range_per_mode(layout):
 
 
 @pytest.mark.parametrize("method,ufunc", [("multiply", np.multiply), ("mul", np.multiply), ("min", np.minimum),
-                                          ("max", np.maximum), ("add", np.add)])
+                                          ("max", np.maximum), ("add", np.add),
+                                          ("subtract", np.subtract)])
 def test_at_combining_updates_match_numpy_ufunc_at(layout, method, ufunc):
     i = np.array([1, 4, 4, -1, 11, -9], np.int32)  # 4 twice, -1 wraps to 7, 11 and -9 dropped
     u = rng.uniform(0.5, 2.0, (8, 6, 4)).astype(np.float32)
@@ -287,8 +288,11 @@ def test_at_modes_follow_jax_docstring():
     assert np.asarray(x.at[-1].set(99, wrap_negative_indices=False, mode="drop")).tolist() == [0, 1, 2, 3, 4]
     assert np.asarray(x.at[-1].set(99, wrap_negative_indices=False, mode="clip")).tolist() == [99, 1, 2, 3, 4]
     assert np.asarray(x.at[np.array([1, 1])].add(1.0, indices_are_sorted=True)).tolist() == [0, 3, 2, 3, 4]
+    # out_sharding=None is JAX's default (array_methods.py _IndexUpdateRef.set); a sharding is
+    # not supported on updates yet.
+    assert np.asarray(x.at[1].set(7.0, out_sharding=None)).tolist() == [0, 7, 2, 3, 4]
     with pytest.raises(NotImplementedError, match=r"options \['out_sharding'\]"):
-        x.at[1].set(0.0, out_sharding=None)
+        x.at[1].set(0.0, out_sharding=P())
 
 
 def test_at_update_modes_on_sharded_arrays(layout):
