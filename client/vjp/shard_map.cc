@@ -148,17 +148,26 @@ absl::Span<const VjpEntry> shard_map_vjps() {
       // its in_spec leaves out; a psum by a psum): the sum JAX does at pvary is done once,
       // there. Summing here too would count it once per device along the axes.
       // The casts to unreduced and reduced (core/pvary_cast.h) are identities too. preduced's
-      // cotangent is unreduced (each device's block its term), which JAX's transpose sums
-      // (unreduced_psum): here, as for pvary, where the value became invariant (its in_spec's
-      // shard_map_in, or a psum) sums it, and all_gather(to='reduced')'s gather reduce-scatters
-      // it (unreduced_psum_scatter). vary_unreduced_cast's cotangent is reduced over its axes
-      // (a copy of the cotangent on each device); its transpose is reduced_vary_cast, a pvary
-      // of it, typing it varying again as the operand was.
+      // cotangent is unreduced (each device's block its term); JAX's transpose sums it
+      // (_preduced_transpose_rule: unreduced_psum), giving the whole cotangent to every device
+      // typed invariant, so that it flows back through the ops before the cast. Here an
+      // invariant value's cotangent is each device's share, which what made it invariant sums:
+      // the sum, divided by the devices along the axes. all_gather(to='reduced')'s cast (of an
+      // all_gather's result, which varies: preduced never takes one) leaves it unreduced for
+      // the gather's VJP to reduce-scatter (unreduced_psum_scatter).
+      // vary_unreduced_cast's cotangent is reduced over its axes (a copy of the cotangent on
+      // each device); its transpose is reduced_vary_cast, a pvary of it, typing it varying
+      // again as the operand was.
       {Op::kPvary,
        [](const VjpArgs& a) {
          const CollectiveAttrs& c = a.node.attrs<CollectiveAttrs>();
          if (c.dimension == static_cast<int64_t>(PvaryCast::kUnreduced)) {
            a.add(0, a.trace->make(a.trace->graph.add_pvary(TraceState::id(a.g), c.mesh, c.axes)));
+         } else if (c.dimension == static_cast<int64_t>(PvaryCast::kReduced) &&
+                    a.trace->graph.node(a.node.operands[0]).op != Op::kAllGather) {
+           int64_t devices = 1;
+           for (const std::string& axis : c.axes) devices *= c.mesh.axis_size(axis);
+           a.add(0, collective(a, Op::kAllReduce, a.g, {}) * (1.0 / static_cast<double>(devices)));
          } else {
            a.add(0, a.g);
          }

@@ -1266,6 +1266,48 @@ TEST_F(ExplicitReducedTest, PcastToReducedIsPreducedAndItsGradientIsSummedAsJax)
               HasSubstr("reduced and unreduced axes are types of explicit mode"));
 }
 
+// preduced's transpose is unreduced_psum (jax/_src/lax/parallel.py, _preduced_transpose_rule):
+// the cotangent, unreduced over the axes, is summed there into an invariant one, so it flows
+// back through the ops before the cast (here sin, whose rule takes no unreduced cotangent) and
+// adds to the cotangent of another use of the same invariant value (a second output, P()).
+// On ('x': 2) and ('x': 4): loss = sum(sin(w) @ b) + sum(2 w), whose gradient on the host is
+// cos(w) times b's row sums, plus 2.
+TEST_F(ExplicitReducedTest, PreducedGradientFlowsThroughTheBodyAsJax) {
+  for (const int64_t n : {2, 4}) {
+    const Mesh mesh = explicit_mesh(*client_, {n}, {"x"});
+    const HostArray a = HostArray::arange(DType::kF32, {2, 4}), b = HostArray::arange(DType::kF32, {4, 8});
+    const std::vector<double> av = values_of(a), bv = values_of(b);
+    const Array x = put_on(mesh, a, P(None, None)), y = put_on(mesh, b, P(None, "x"));
+    const ShardMapped pr = shard_map(
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{pcast(sin(in[0]), "x", "reduced"), in[0] * 2.0};
+        },
+        mesh, {P()}, {P().with_reduced({"x"}), P()});
+    auto f = [&](const std::vector<Value>& in) {
+      const std::vector<Value> r = pr({in[0]});
+      return sum(einsum("ab,bc->ac", r[0], in[1])) + sum(r[1]);
+    };
+    double loss = 0;
+    std::vector<double> dw(8);
+    for (int i = 0; i < 2; ++i) {
+      for (int k = 0; k < 4; ++k) {
+        double row = 0;
+        for (int c = 0; c < 8; ++c) row += bv[k * 8 + c];
+        loss += std::sin(av[i * 4 + k]) * row + 2 * av[i * 4 + k];
+        dw[i * 4 + k] = std::cos(av[i * 4 + k]) * row + 2;
+      }
+    }
+    absl::StatusOr<Array> out = run1(f, {x, y});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_near(fetch(*out), {loss}, 1e-3);
+    absl::StatusOr<std::vector<Array>> g =
+        jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{f(in)}; }, {0}))({x, y});
+    ASSERT_TRUE(g.ok()) << "n=" << n << ": " << g.status();
+    EXPECT_EQ((*g)[0].sharding().spec(), P(None, None));
+    expect_near(fetch((*g)[0]), dw, 1e-4);
+  }
+}
+
 // tests/shard_map_test.py's test_all_gather_reduced_fwd_unreduced_psum_scatter_bwd on a (2, 2)
 // ('data', 'seq') mesh: all_gather(a, 'seq', tiled=True, to='reduced') types the gathered
 // block {R:seq} (no longer varying), out_specs P(None, None, reduced={'seq'}); the product's sum
