@@ -155,14 +155,26 @@ absl::Span<const VjpEntry> shard_map_vjps() {
       // the sum, divided by the devices along the axes. all_gather(to='reduced')'s cast (of an
       // all_gather's result, which varies: preduced never takes one) leaves it unreduced for
       // the gather's VJP to reduce-scatter (unreduced_psum_scatter).
-      // vary_unreduced_cast's cotangent is reduced over its axes (a copy of the cotangent on
-      // each device); its transpose is reduced_vary_cast, a pvary of it, typing it varying
-      // again as the operand was.
+      // vary_unreduced_cast's cotangent is reduced over its axes, or over some of them and a
+      // whole copy along the others (a psum after the cast, summing over part of them, gives
+      // its operand's cotangent whole to each device); its transpose is reduced_vary_cast
+      // (_vary_unreduced_cast_transpose_rule), typing it varying again as the operand was: a
+      // cast of the reduced axes and a pvary along the rest.
       {Op::kPvary,
        [](const VjpArgs& a) {
          const CollectiveAttrs& c = a.node.attrs<CollectiveAttrs>();
          if (c.dimension == static_cast<int64_t>(PvaryCast::kUnreduced)) {
-           a.add(0, a.trace->make(a.trace->graph.add_pvary(TraceState::id(a.g), c.mesh, c.axes)));
+           const std::optional<TypedOperand> typed = typed_operand(a.g);
+           std::vector<std::string> reduced, rest;
+           for (const std::string& axis : c.axes) {
+             const bool r = typed.has_value() && std::count(typed->reduced.begin(), typed->reduced.end(), axis) > 0;
+             (r ? reduced : rest).push_back(axis);
+           }
+           Value g = a.g;
+           for (const std::vector<std::string>* axes : {&reduced, &rest}) {
+             if (!axes->empty()) g = a.trace->make(a.trace->graph.add_pvary(TraceState::id(g), c.mesh, *axes));
+           }
+           a.add(0, g);
          } else if (c.dimension == static_cast<int64_t>(PvaryCast::kReduced) &&
                     a.trace->graph.node(a.node.operands[0]).op != Op::kAllGather) {
            int64_t devices = 1;

@@ -1266,6 +1266,44 @@ TEST_F(ExplicitReducedTest, PcastToReducedIsPreducedAndItsGradientIsSummedAsJax)
               HasSubstr("reduced and unreduced axes are types of explicit mode"));
 }
 
+// vary_unreduced_cast over ('x', 'y') then psum over 'y' only (unreduced_psum: {U:(x,y)} ->
+// {U:x}), out_specs P(unreduced={'x'}) on a (2, 2) mesh: the cotangent reaching the cast is
+// reduced over 'x' and a summed copy along 'y'; the cast's transpose (jax/_src/lax/parallel.py,
+// _vary_unreduced_cast_transpose_rule: reduced_vary_cast) types it varying along both again.
+// loss = sum(sin(S)), S the sum of the four (2, 1) blocks of the P('x', 'y') argument: each
+// block's gradient on the host is cos(S).
+TEST_F(ExplicitReducedTest, PcastToUnreducedThenAPartialPsumHasTheHostsGradientAsJax) {
+  const Mesh mesh = explicit_mesh(*client_, {2, 2}, {"x", "y"});
+  const HostArray a = HostArray::arange(DType::kF32, {4, 2});
+  const std::vector<double> av = values_of(a);
+  const Array x = put_on(mesh, a, P("x", "y"));
+  std::string summed_type;
+  const ShardMapped m = shard_map(
+      [&](const std::vector<Value>& in) {
+        const Value s = psum(pcast(in[0], AxisNames{"x", "y"}, "unreduced"), "y");
+        summed_type = type_of(s).to_string();
+        return std::vector<Value>{s};
+      },
+      mesh, {P("x", "y")}, {P().with_unreduced({"x"})});
+  // Block (i, j) of the argument is rows 2i..2i+1 of column j.
+  std::vector<double> total(2, 0.0), want(8);
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 2; ++c) total[r % 2] += av[r * 2 + c];
+  }
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 2; ++c) want[r * 2 + c] = std::cos(total[r % 2]);
+  }
+  absl::StatusOr<std::vector<Array>> out = jit([&](const std::vector<Value>& in) { return m(in); })({x});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(summed_type, "f32[2,1]{U:x}");
+  expect_near(summed((*out)[0]), total, 0);
+  absl::StatusOr<std::vector<Array>> g = jit(
+      grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(sin(reshard(m(in)[0], P())))}; }))({x});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)[0].sharding().spec(), P("x", "y"));
+  expect_near(fetch((*g)[0]), want, 1e-5);
+}
+
 // preduced's transpose is unreduced_psum (jax/_src/lax/parallel.py, _preduced_transpose_rule):
 // the cotangent, unreduced over the axes, is summed there into an invariant one, so it flows
 // back through the ops before the cast (here sin, whose rule takes no unreduced cotangent) and
