@@ -19,15 +19,26 @@ Value collective(const VjpArgs& a, Op op, const Value& v, std::vector<int64_t> d
 }
 
 // The manual axes of a boundary (all the mesh's, when it records none) that its spec does not
-// name: the axes along which each device's block is a copy. Not its unreduced axes (the blocks
-// are terms of a sum, each its own variable) nor its reduced ones (the cotangent is unreduced
-// over them: each device's block has its own term of it).
-std::vector<std::string> unnamed_manual_axes(const ShardingAttrs& attrs) {
+// name: the axes along which each device's block is a copy. Not its reduced axes (the cotangent
+// is unreduced over them: each device's block has its own term of it), nor, with check_vma, its
+// unreduced ones (the blocks are terms of a sum, each its own variable). Without check_vma JAX
+// counts those as unmentioned (jax/_src/shard_map.py, _shard_map_transpose: the cotangent of an
+// output is divided by the size of _unmentioned2(mesh, out_spec.to_ct_spec()) and an argument's
+// psummed over _unmentioned2(mesh, in_spec.to_ct_spec()), which leaves out the ct spec's
+// unreduced axes, the spec's reduced ones, only). Such a boundary is known by its body side
+// (`body`: an out boundary's operand, an in boundary's result), typed without the spec's
+// unreduced axes only with check_vma off (client/shard_map.cc, as _shard_shaped_array).
+std::vector<std::string> unnamed_manual_axes(const ShardingAttrs& attrs, const Value& body) {
   const std::vector<std::string>& manual =
       attrs.manual_axes.empty() ? attrs.sharding.mesh().axis_names() : attrs.manual_axes;
   std::vector<std::string> named = attrs.sharding.spec().used_axes();
   const PartitionSpec& spec = attrs.sharding.spec();
-  named.insert(named.end(), spec.unreduced().begin(), spec.unreduced().end());
+  const std::optional<TypedOperand> typed = spec.unreduced().empty() ? std::nullopt : typed_operand(body);
+  for (const std::string& axis : spec.unreduced()) {
+    if (!typed.has_value() || std::count(typed->unreduced.begin(), typed->unreduced.end(), axis) > 0) {
+      named.push_back(axis);
+    }
+  }
   named.insert(named.end(), spec.reduced().begin(), spec.reduced().end());
   std::vector<std::string> unnamed;
   for (const std::string& axis : manual) {
@@ -55,7 +66,7 @@ absl::Span<const VjpEntry> shard_map_vjps() {
          // Copies only along the manual axes the out_spec leaves out: along automatic ones the
          // body's value is one value, split by the compiler.
          int64_t copies = 1;
-         for (const std::string& axis : unnamed_manual_axes(attrs)) copies *= s.mesh().axis_size(axis);
+         for (const std::string& axis : unnamed_manual_axes(attrs, a.x[0])) copies *= s.mesh().axis_size(axis);
          // Explicit mode: the cotangent enters as its primal's type, the out_spec (an in_spec
          // other than its type would be refused, as JAX refuses one); in a body manual over
          // some axes only, with the block's split over the others after it (type_of(out)).
@@ -84,7 +95,7 @@ absl::Span<const VjpEntry> shard_map_vjps() {
        [](const VjpArgs& a) {
          const ShardingAttrs& attrs = a.node.attrs<ShardingAttrs>();
          const NamedSharding s = ct_sharding(attrs.sharding);
-         const std::vector<std::string> unnamed = unnamed_manual_axes(attrs);
+         const std::vector<std::string> unnamed = unnamed_manual_axes(attrs, a.out);
          Value summed = a.g;
          if (!unnamed.empty()) {
            // A cotangent reduced over axes the in_spec leaves out comes only from a body traced

@@ -1455,7 +1455,8 @@ TEST_F(ExplicitReducedTest, AllGatherToReducedAsJax) {
 // shape (4,) -> (2,), and back) and test_unreduced_replicated_bitcast (pcast to='unreduced' with
 // check_vma, psum gives [2, 4]); sin of an unreduced argument, refused with check_vma, runs on
 // each term without; pcast to='unreduced' sees an invarying value (nothing varies), as JAX's
-// _pcast_funcs.
+// _pcast_funcs. The gradients are JAX's transpose's without check_vma (the spec's unreduced
+// axes counted as unmentioned), and test_check_vma_false_unreduced_fwd_psum_on_bwd's psum.
 TEST_F(ExplicitReducedTest, CheckVmaOffDropsUnreducedAndReducedAxesFromTheBodyAsJax) {
   const Mesh mesh = explicit_mesh(*client_, {2}, {"x"});
   ShardMapOptions unchecked;
@@ -1486,7 +1487,12 @@ TEST_F(ExplicitReducedTest, CheckVmaOffDropsUnreducedAndReducedAxesFromTheBodyAs
   }))({arr});
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ((*g)[0].sharding().spec(), P(None));
-  expect_near(fetch((*g)[0]), std::vector<double>(8, 2.0), 0);  // the sum of the terms is 2 x
+  // Not 2 (the sum of the terms is 2 x): without check_vma JAX's transpose
+  // (jax/_src/shard_map.py, _shard_map_transpose) divides an output's cotangent by the size of
+  // the axes _unmentioned2(mesh, out_spec.to_ct_spec()) gives, which counts the out_spec's
+  // unreduced axes (the ct spec's reduced ones) as unmentioned: 1/2 per device, then psums the
+  // P() argument's over 'x': 1.
+  expect_near(fetch((*g)[0]), std::vector<double>(8, 1.0), 0);
 
   std::string inside;
   const ShardMapped back = shard_map(
@@ -1504,6 +1510,23 @@ TEST_F(ExplicitReducedTest, CheckVmaOffDropsUnreducedAndReducedAxesFromTheBodyAs
       jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(back(in)[0])}; }))(*out);
   ASSERT_TRUE(g2.ok()) << g2.status();
   EXPECT_EQ((*g2)[0].sharding().spec(), P(None).with_reduced({"x"}));
+  // JAX's values (_shard_map_transpose without check_vma): the P() output's cotangent divided
+  // by 2 ('x' unmentioned), the argument's psummed over _unmentioned2 of its ct spec
+  // P(reduced={'x'}), which counts its unreduced 'x' as unmentioned: 1/2 + 1/2.
+  expect_near(fetch((*g2)[0]), std::vector<double>(8, 1.0), 0);
+  // tests/shard_map_test.py's test_check_vma_false_unreduced_fwd_psum_on_bwd: psum_scatter of
+  // an unreduced argument, out P('x'); the gradient of the sum gets the same psum (JAX's test
+  // asserts one in the jaxpr): the all_gathered ones summed over 'x', 2 on every element, laid
+  // out P(None, reduced={'x'}).
+  const ShardMapped scattered =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{psum_scatter(in[0], "x", 0, true)}; },
+                mesh, {unreduced}, {P("x")}, unchecked);
+  Jitted jg = jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(scattered(in)[0])}; }));
+  absl::StatusOr<std::vector<Array>> g3 = jg(*out);
+  ASSERT_TRUE(g3.ok()) << g3.status();
+  EXPECT_GE(jit_support::all_reduce_count(jg.as_text()), 1u);
+  EXPECT_EQ((*g3)[0].sharding().spec(), P(None).with_reduced({"x"}));
+  expect_near(fetch((*g3)[0]), std::vector<double>(8, 2.0), 0);
   // sin of each term: refused with check_vma, as JAX's nary_ur_rule.
   const auto sine = [](const std::vector<Value>& in) { return std::vector<Value>{sin(in[0])}; };
   absl::StatusOr<std::vector<Array>> sines = shard_map(sine, mesh, {unreduced}, {unreduced}, unchecked)({(*out)[0]});
