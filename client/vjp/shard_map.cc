@@ -19,15 +19,26 @@ Value collective(const VjpArgs& a, Op op, const Value& v, std::vector<int64_t> d
 }
 
 // The manual axes of a boundary (all the mesh's, when it records none) that its spec does not
-// name: the axes along which each device's block is a copy. Not its unreduced axes (the blocks
-// are terms of a sum, each its own variable) nor its reduced ones (the cotangent is unreduced
-// over them: each device's block has its own term of it).
-std::vector<std::string> unnamed_manual_axes(const ShardingAttrs& attrs) {
+// name: the axes along which each device's block is a copy. Not its reduced axes (the cotangent
+// is unreduced over them: each device's block has its own term of it), nor, with check_vma, its
+// unreduced ones (the blocks are terms of a sum, each its own variable). Without check_vma JAX
+// counts those as unmentioned (jax/_src/shard_map.py, _shard_map_transpose: the cotangent of an
+// output is divided by the size of _unmentioned2(mesh, out_spec.to_ct_spec()) and an argument's
+// psummed over _unmentioned2(mesh, in_spec.to_ct_spec()), which leaves out the ct spec's
+// unreduced axes, the spec's reduced ones, only). Such a boundary is known by its body side
+// (`body`: an out boundary's operand, an in boundary's result), typed without the spec's
+// unreduced axes only with check_vma off (client/shard_map.cc, as _shard_shaped_array).
+std::vector<std::string> unnamed_manual_axes(const ShardingAttrs& attrs, const Value& body) {
   const std::vector<std::string>& manual =
       attrs.manual_axes.empty() ? attrs.sharding.mesh().axis_names() : attrs.manual_axes;
   std::vector<std::string> named = attrs.sharding.spec().used_axes();
   const PartitionSpec& spec = attrs.sharding.spec();
-  named.insert(named.end(), spec.unreduced().begin(), spec.unreduced().end());
+  const std::optional<TypedOperand> typed = spec.unreduced().empty() ? std::nullopt : typed_operand(body);
+  for (const std::string& axis : spec.unreduced()) {
+    if (!typed.has_value() || std::count(typed->unreduced.begin(), typed->unreduced.end(), axis) > 0) {
+      named.push_back(axis);
+    }
+  }
   named.insert(named.end(), spec.reduced().begin(), spec.reduced().end());
   std::vector<std::string> unnamed;
   for (const std::string& axis : manual) {
@@ -55,7 +66,7 @@ absl::Span<const VjpEntry> shard_map_vjps() {
          // Copies only along the manual axes the out_spec leaves out: along automatic ones the
          // body's value is one value, split by the compiler.
          int64_t copies = 1;
-         for (const std::string& axis : unnamed_manual_axes(attrs)) copies *= s.mesh().axis_size(axis);
+         for (const std::string& axis : unnamed_manual_axes(attrs, a.x[0])) copies *= s.mesh().axis_size(axis);
          // Explicit mode: the cotangent enters as its primal's type, the out_spec (an in_spec
          // other than its type would be refused, as JAX refuses one); in a body manual over
          // some axes only, with the block's split over the others after it (type_of(out)).
@@ -84,7 +95,7 @@ absl::Span<const VjpEntry> shard_map_vjps() {
        [](const VjpArgs& a) {
          const ShardingAttrs& attrs = a.node.attrs<ShardingAttrs>();
          const NamedSharding s = ct_sharding(attrs.sharding);
-         const std::vector<std::string> unnamed = unnamed_manual_axes(attrs);
+         const std::vector<std::string> unnamed = unnamed_manual_axes(attrs, a.out);
          Value summed = a.g;
          if (!unnamed.empty()) {
            // A cotangent reduced over axes the in_spec leaves out comes only from a body traced
@@ -148,17 +159,38 @@ absl::Span<const VjpEntry> shard_map_vjps() {
       // its in_spec leaves out; a psum by a psum): the sum JAX does at pvary is done once,
       // there. Summing here too would count it once per device along the axes.
       // The casts to unreduced and reduced (core/pvary_cast.h) are identities too. preduced's
-      // cotangent is unreduced (each device's block its term), which JAX's transpose sums
-      // (unreduced_psum): here, as for pvary, where the value became invariant (its in_spec's
-      // shard_map_in, or a psum) sums it, and all_gather(to='reduced')'s gather reduce-scatters
-      // it (unreduced_psum_scatter). vary_unreduced_cast's cotangent is reduced over its axes
-      // (a copy of the cotangent on each device); its transpose is reduced_vary_cast, a pvary
-      // of it, typing it varying again as the operand was.
+      // cotangent is unreduced (each device's block its term); JAX's transpose sums it
+      // (_preduced_transpose_rule: unreduced_psum), giving the whole cotangent to every device
+      // typed invariant, so that it flows back through the ops before the cast. Here an
+      // invariant value's cotangent is each device's share, which what made it invariant sums:
+      // the sum, divided by the devices along the axes. all_gather(to='reduced')'s cast (of an
+      // all_gather's result, which varies: preduced never takes one) leaves it unreduced for
+      // the gather's VJP to reduce-scatter (unreduced_psum_scatter).
+      // vary_unreduced_cast's cotangent is reduced over its axes, or over some of them and a
+      // whole copy along the others (a psum after the cast, summing over part of them, gives
+      // its operand's cotangent whole to each device); its transpose is reduced_vary_cast
+      // (_vary_unreduced_cast_transpose_rule), typing it varying again as the operand was: a
+      // cast of the reduced axes and a pvary along the rest.
       {Op::kPvary,
        [](const VjpArgs& a) {
          const CollectiveAttrs& c = a.node.attrs<CollectiveAttrs>();
          if (c.dimension == static_cast<int64_t>(PvaryCast::kUnreduced)) {
-           a.add(0, a.trace->make(a.trace->graph.add_pvary(TraceState::id(a.g), c.mesh, c.axes)));
+           const std::optional<TypedOperand> typed = typed_operand(a.g);
+           std::vector<std::string> reduced, rest;
+           for (const std::string& axis : c.axes) {
+             const bool r = typed.has_value() && std::count(typed->reduced.begin(), typed->reduced.end(), axis) > 0;
+             (r ? reduced : rest).push_back(axis);
+           }
+           Value g = a.g;
+           for (const std::vector<std::string>* axes : {&reduced, &rest}) {
+             if (!axes->empty()) g = a.trace->make(a.trace->graph.add_pvary(TraceState::id(g), c.mesh, *axes));
+           }
+           a.add(0, g);
+         } else if (c.dimension == static_cast<int64_t>(PvaryCast::kReduced) &&
+                    a.trace->graph.node(a.node.operands[0]).op != Op::kAllGather) {
+           int64_t devices = 1;
+           for (const std::string& axis : c.axes) devices *= c.mesh.axis_size(axis);
+           a.add(0, collective(a, Op::kAllReduce, a.g, {}) * (1.0 / static_cast<double>(devices)));
          } else {
            a.add(0, a.g);
          }

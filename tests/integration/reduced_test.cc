@@ -1266,6 +1266,86 @@ TEST_F(ExplicitReducedTest, PcastToReducedIsPreducedAndItsGradientIsSummedAsJax)
               HasSubstr("reduced and unreduced axes are types of explicit mode"));
 }
 
+// vary_unreduced_cast over ('x', 'y') then psum over 'y' only (unreduced_psum: {U:(x,y)} ->
+// {U:x}), out_specs P(unreduced={'x'}) on a (2, 2) mesh: the cotangent reaching the cast is
+// reduced over 'x' and a summed copy along 'y'; the cast's transpose (jax/_src/lax/parallel.py,
+// _vary_unreduced_cast_transpose_rule: reduced_vary_cast) types it varying along both again.
+// loss = sum(sin(S)), S the sum of the four (2, 1) blocks of the P('x', 'y') argument: each
+// block's gradient on the host is cos(S).
+TEST_F(ExplicitReducedTest, PcastToUnreducedThenAPartialPsumHasTheHostsGradientAsJax) {
+  const Mesh mesh = explicit_mesh(*client_, {2, 2}, {"x", "y"});
+  const HostArray a = HostArray::arange(DType::kF32, {4, 2});
+  const std::vector<double> av = values_of(a);
+  const Array x = put_on(mesh, a, P("x", "y"));
+  std::string summed_type;
+  const ShardMapped m = shard_map(
+      [&](const std::vector<Value>& in) {
+        const Value s = psum(pcast(in[0], AxisNames{"x", "y"}, "unreduced"), "y");
+        summed_type = type_of(s).to_string();
+        return std::vector<Value>{s};
+      },
+      mesh, {P("x", "y")}, {P().with_unreduced({"x"})});
+  // Block (i, j) of the argument is rows 2i..2i+1 of column j.
+  std::vector<double> total(2, 0.0), want(8);
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 2; ++c) total[r % 2] += av[r * 2 + c];
+  }
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 2; ++c) want[r * 2 + c] = std::cos(total[r % 2]);
+  }
+  absl::StatusOr<std::vector<Array>> out = jit([&](const std::vector<Value>& in) { return m(in); })({x});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(summed_type, "f32[2,1]{U:x}");
+  expect_near(summed((*out)[0]), total, 0);
+  absl::StatusOr<std::vector<Array>> g = jit(
+      grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(sin(reshard(m(in)[0], P())))}; }))({x});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)[0].sharding().spec(), P("x", "y"));
+  expect_near(fetch((*g)[0]), want, 1e-5);
+}
+
+// preduced's transpose is unreduced_psum (jax/_src/lax/parallel.py, _preduced_transpose_rule):
+// the cotangent, unreduced over the axes, is summed there into an invariant one, so it flows
+// back through the ops before the cast (here sin, whose rule takes no unreduced cotangent) and
+// adds to the cotangent of another use of the same invariant value (a second output, P()).
+// On ('x': 2) and ('x': 4): loss = sum(sin(w) @ b) + sum(2 w), whose gradient on the host is
+// cos(w) times b's row sums, plus 2.
+TEST_F(ExplicitReducedTest, PreducedGradientFlowsThroughTheBodyAsJax) {
+  for (const int64_t n : {2, 4}) {
+    const Mesh mesh = explicit_mesh(*client_, {n}, {"x"});
+    const HostArray a = HostArray::arange(DType::kF32, {2, 4}), b = HostArray::arange(DType::kF32, {4, 8});
+    const std::vector<double> av = values_of(a), bv = values_of(b);
+    const Array x = put_on(mesh, a, P(None, None)), y = put_on(mesh, b, P(None, "x"));
+    const ShardMapped pr = shard_map(
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{pcast(sin(in[0]), "x", "reduced"), in[0] * 2.0};
+        },
+        mesh, {P()}, {P().with_reduced({"x"}), P()});
+    auto f = [&](const std::vector<Value>& in) {
+      const std::vector<Value> r = pr({in[0]});
+      return sum(einsum("ab,bc->ac", r[0], in[1])) + sum(r[1]);
+    };
+    double loss = 0;
+    std::vector<double> dw(8);
+    for (int i = 0; i < 2; ++i) {
+      for (int k = 0; k < 4; ++k) {
+        double row = 0;
+        for (int c = 0; c < 8; ++c) row += bv[k * 8 + c];
+        loss += std::sin(av[i * 4 + k]) * row + 2 * av[i * 4 + k];
+        dw[i * 4 + k] = std::cos(av[i * 4 + k]) * row + 2;
+      }
+    }
+    absl::StatusOr<Array> out = run1(f, {x, y});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_near(fetch(*out), {loss}, 1e-3);
+    absl::StatusOr<std::vector<Array>> g =
+        jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{f(in)}; }, {0}))({x, y});
+    ASSERT_TRUE(g.ok()) << "n=" << n << ": " << g.status();
+    EXPECT_EQ((*g)[0].sharding().spec(), P(None, None));
+    expect_near(fetch((*g)[0]), dw, 1e-4);
+  }
+}
+
 // tests/shard_map_test.py's test_all_gather_reduced_fwd_unreduced_psum_scatter_bwd on a (2, 2)
 // ('data', 'seq') mesh: all_gather(a, 'seq', tiled=True, to='reduced') types the gathered
 // block {R:seq} (no longer varying), out_specs P(None, None, reduced={'seq'}); the product's sum
@@ -1375,7 +1455,8 @@ TEST_F(ExplicitReducedTest, AllGatherToReducedAsJax) {
 // shape (4,) -> (2,), and back) and test_unreduced_replicated_bitcast (pcast to='unreduced' with
 // check_vma, psum gives [2, 4]); sin of an unreduced argument, refused with check_vma, runs on
 // each term without; pcast to='unreduced' sees an invarying value (nothing varies), as JAX's
-// _pcast_funcs.
+// _pcast_funcs. The gradients are JAX's transpose's without check_vma (the spec's unreduced
+// axes counted as unmentioned), and test_check_vma_false_unreduced_fwd_psum_on_bwd's psum.
 TEST_F(ExplicitReducedTest, CheckVmaOffDropsUnreducedAndReducedAxesFromTheBodyAsJax) {
   const Mesh mesh = explicit_mesh(*client_, {2}, {"x"});
   ShardMapOptions unchecked;
@@ -1406,7 +1487,12 @@ TEST_F(ExplicitReducedTest, CheckVmaOffDropsUnreducedAndReducedAxesFromTheBodyAs
   }))({arr});
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ((*g)[0].sharding().spec(), P(None));
-  expect_near(fetch((*g)[0]), std::vector<double>(8, 2.0), 0);  // the sum of the terms is 2 x
+  // Not 2 (the sum of the terms is 2 x): without check_vma JAX's transpose
+  // (jax/_src/shard_map.py, _shard_map_transpose) divides an output's cotangent by the size of
+  // the axes _unmentioned2(mesh, out_spec.to_ct_spec()) gives, which counts the out_spec's
+  // unreduced axes (the ct spec's reduced ones) as unmentioned: 1/2 per device, then psums the
+  // P() argument's over 'x': 1.
+  expect_near(fetch((*g)[0]), std::vector<double>(8, 1.0), 0);
 
   std::string inside;
   const ShardMapped back = shard_map(
@@ -1424,6 +1510,23 @@ TEST_F(ExplicitReducedTest, CheckVmaOffDropsUnreducedAndReducedAxesFromTheBodyAs
       jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(back(in)[0])}; }))(*out);
   ASSERT_TRUE(g2.ok()) << g2.status();
   EXPECT_EQ((*g2)[0].sharding().spec(), P(None).with_reduced({"x"}));
+  // JAX's values (_shard_map_transpose without check_vma): the P() output's cotangent divided
+  // by 2 ('x' unmentioned), the argument's psummed over _unmentioned2 of its ct spec
+  // P(reduced={'x'}), which counts its unreduced 'x' as unmentioned: 1/2 + 1/2.
+  expect_near(fetch((*g2)[0]), std::vector<double>(8, 1.0), 0);
+  // tests/shard_map_test.py's test_check_vma_false_unreduced_fwd_psum_on_bwd: psum_scatter of
+  // an unreduced argument, out P('x'); the gradient of the sum gets the same psum (JAX's test
+  // asserts one in the jaxpr): the all_gathered ones summed over 'x', 2 on every element, laid
+  // out P(None, reduced={'x'}).
+  const ShardMapped scattered =
+      shard_map([](const std::vector<Value>& in) { return std::vector<Value>{psum_scatter(in[0], "x", 0, true)}; },
+                mesh, {unreduced}, {P("x")}, unchecked);
+  Jitted jg = jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(scattered(in)[0])}; }));
+  absl::StatusOr<std::vector<Array>> g3 = jg(*out);
+  ASSERT_TRUE(g3.ok()) << g3.status();
+  EXPECT_GE(jit_support::all_reduce_count(jg.as_text()), 1u);
+  EXPECT_EQ((*g3)[0].sharding().spec(), P(None).with_reduced({"x"}));
+  expect_near(fetch((*g3)[0]), std::vector<double>(8, 2.0), 0);
   // sin of each term: refused with check_vma, as JAX's nary_ur_rule.
   const auto sine = [](const std::vector<Value>& in) { return std::vector<Value>{sin(in[0])}; };
   absl::StatusOr<std::vector<Array>> sines = shard_map(sine, mesh, {unreduced}, {unreduced}, unchecked)({(*out)[0]});

@@ -195,8 +195,8 @@ Value pvary(const Value& x, const AxisNames& axes);
 //   varying -> "unreduced": vary_unreduced_cast (each device's block becomes its term of a sum
 //     pending over the axes: typed {U:axes}, no longer varying along them; its gradient is
 //     reduced_vary_cast of the cotangent);
-//   invarying -> "reduced": preduced (typed {R:axes}; its cotangent is unreduced, summed where
-//     the value became invariant, as JAX's transpose unreduced_psum sums it). With check_vma
+//   invarying -> "reduced": preduced (typed {R:axes}; its cotangent is unreduced, summed over
+//     the axes at the cast, as JAX's transpose unreduced_psum sums it). With check_vma
 //     off, x itself, as JAX's preduced.
 // The casts to unreduced and reduced are explicit-mode types (INVALID_ARGUMENT on other meshes).
 // Axes in several states, or another pair (from varying to "varying", from invarying to
