@@ -810,16 +810,33 @@ def _at_get_laid_out(x, idx, out_sharding):
     return _wrap(_t.at_get(x._v, i._v, axis, *_spec_and_mesh(".get", out_sharding)))
 
 
+def _promoted(x, values):
+    """x and an update's values in their common dtype, as jax/_src/ops/scatter.py's
+    _scatter_impl combines them (`x, y = promote_dtypes(x, y)`; a Python int that fits an
+    integer x, and any Python scalar, weakly typed next to x as _scatter_update makes it); the
+    caller casts the result back to x's dtype (`_convert_element_type(out, dtype)`), so an int32
+    x.at[i].multiply(0.5) multiplies in float32 and truncates."""
+    y = _tracer(values, x)
+    dt = promote_types(x.dtype, y.dtype)
+    return (x if x.dtype == dt else x.astype(dt)), (y if y.dtype == dt else y.astype(dt))
+
+
+def _back(out, x):
+    return out if out.dtype == x.dtype else out.astype(x.dtype)
+
+
 @_op
 def _at_set(x, idx, values):
     axis, i = _at_axis(x, idx)
-    return _wrap(_t.at_set(x._v, i._v, axis, _tracer(values, x)._v))
+    xt, y = _promoted(x, values)
+    return _back(_wrap(_t.at_set(xt._v, i._v, axis, y._v)), x)
 
 
 @_op
 def _at_add(x, idx, values):
     axis, i = _at_axis(x, idx)
-    return _wrap(_t.at_add(x._v, i._v, axis, _tracer(values, x)._v))
+    xt, y = _promoted(x, values)
+    return _back(_wrap(_t.at_add(xt._v, i._v, axis, y._v)), x)
 
 
 def _at_lax(x, idx, wrap):
@@ -835,11 +852,13 @@ def _at_lax(x, idx, wrap):
 def _at_scatter(x, idx, values, name, mode, wrap):
     """x.at[idx].<update>(values, mode=, wrap_negative_indices=) as jax/_src/ops/scatter.py's
     _scatter_update: lax's scatter `name` of the values broadcast to the updates' shape
-    (x[:axis] + idx + x[axis+1:]) in x's dtype; mode None drops out-of-range updates."""
+    (x[:axis] + idx + x[axis+1:]), combined in x's and the values' common dtype and cast back to
+    x's (_promoted); mode None drops out-of-range updates."""
     axis, i, window = _at_lax(x, idx, wrap)
     shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]
-    u = broadcast_to(_tracer(values, x).astype(x.dtype), shape)
-    return _wrap(getattr(_t, name)(x._v, i._v, u._v, window, [axis], [axis], [], [], mode))
+    xt, y = _promoted(x, values)
+    u = broadcast_to(y, shape)
+    return _back(_wrap(getattr(_t, name)(xt._v, i._v, u._v, window, [axis], [axis], [], [], mode)), x)
 
 
 @_op

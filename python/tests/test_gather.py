@@ -320,6 +320,54 @@ def test_at_outside_jit_on_integers():
     assert np.asarray(a.at[[1, 1]].multiply(3)).tolist() == [0, 9, 2, 3, 4, 5]
 
 
+_UFUNCS = {"set": None, "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "min": np.minimum,
+           "max": np.maximum}
+
+
+def _at_reference(x, i, u, method, dtype):
+    """x.at[i].<method>(u) as jax/_src/ops/scatter.py's _scatter_impl computes it: x and u
+    promoted to `dtype` (`x, y = promote_dtypes(x, y)`), combined there (numpy's ufunc.at; i's
+    out-of-range entries dropped, negatives wrapped), then cast back to x's dtype
+    (`lax._convert_element_type(out, dtype, weak_type)`: truncation, integer wrap-around)."""
+    keep = (i >= -x.shape[0]) & (i < x.shape[0])
+    out = x.astype(dtype)
+    ui = np.broadcast_to(u, i.shape).astype(dtype)[keep]
+    if method == "set":
+        out[i[keep]] = ui
+    else:
+        _UFUNCS[method].at(out, i[keep], ui)
+    return out.astype(x.dtype)
+
+
+@pytest.mark.parametrize("method", list(_UFUNCS))
+def test_at_on_integers_combines_in_the_promoted_dtype(method):
+    # Float updates of an int32 x: float32 arithmetic, then truncation (-3 + 2.75 is 0, not -3 + 2;
+    # 5 * 0.5 is 2, not 5 * 0). The values are exact in float32, so the order of repeated
+    # updates does not matter. set takes unique indices (XLA picks one of repeated ones).
+    x = np.array([3, 5, -3, 7, -8, 11], np.int32)
+    i = np.array([0, 2, 4, 1, -1, 9] if method == "set" else [0, 2, 2, 4, 1, -1, 9], np.int32)
+    u = np.array([0.5, 2.75, -1.25, 2.5, 0.5, -0.75, 4.0][:len(i)], np.float32)
+    # int8 x, int32 updates: combined in int32, then wrapped to int8 (max(5, 200) is 200 -> -56,
+    # not max(5, int8(200)) = 5).
+    x8 = np.array([5, -7, 100, 0], np.int8)
+    i8 = np.array([0, 1, 2] if method == "set" else [0, 1, 1, 2], np.int32)
+    u8 = np.array([200, 300, -1, 3][:len(i8)], np.int32)
+    run = tessera.jit(lambda x, i, u, x8, i8, u8: (
+        getattr(x.at[i], method)(u), getattr(x.at[i], method)(u, mode="drop"), getattr(x.at[2], method)(0.5),
+        getattr(x8.at[i8], method)(u8)))
+    got = run(x, i, u, x8, i8, u8)
+    want = _at_reference(x, i, u, method, np.float32)
+    for g in got[:2]:
+        assert g.dtype == np.int32
+        np.testing.assert_array_equal(np.asarray(g), want)
+    np.testing.assert_array_equal(np.asarray(got[2]), _at_reference(x, np.array([2]), np.float32(0.5), method,
+                                                                    np.float32))
+    np.testing.assert_array_equal(np.asarray(got[3]), _at_reference(x8, i8, u8, method, np.int32))
+    assert got[3].dtype == np.int8
+    # Outside jit too (the eager path).
+    np.testing.assert_array_equal(np.asarray(getattr(tessera.device_put(x).at[i], method)(u)), want)
+
+
 # ---- transformations ----------------------------------------------------------------------------
 
 def _central_differences(f, x, eps):
