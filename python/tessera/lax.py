@@ -15,6 +15,7 @@ from .sharding import _as_named
 from .tree_util import tree_map, broadcast_prefix, tree_flatten, tree_unflatten
 from ._trace import Tracer
 from . import _trace
+from . import errors as _errors
 
 
 def _axes(axis_name):
@@ -488,13 +489,31 @@ def gather(operand, start_indices, dimension_numbers, slice_sizes, *, unique_ind
                    _fill(fill_value) if mode == "fill_or_drop" else None)
 
 
+def _as_jax_raises(op, operands, out):
+    """out, the Value op(*operands) gave; when op failed on valid operands, the TypeError that
+    JAX's scatter raises instead (jax/_src/lax/slicing.py: _scatter_shape_rule and the rules it
+    calls raise TypeError for dimension numbers and shapes, lax.check_same_dtypes for the
+    updates' dtype; the SDK's INVALID_ARGUMENT is a ValueError), with the SDK's message, read by
+    tracing op alone on operands of the same dtypes and shapes. Non-integer indices stay a
+    ValueError, as in JAX (_scatter_dtype_rule: "indices must have an integer type")."""
+    if out.ok or not all(v.ok for v in operands):
+        return out
+    try:
+        _t.trace_text(lambda vs: [op(*vs)], [(v.dtype, list(v.shape)) for v in operands])
+    except _errors.InvalidArgumentError as e:
+        if "they need int32 or int64" not in str(e):
+            raise TypeError(str(e)) from None
+    return out
+
+
 def _scatter_op(name):
     cpp = getattr(_t, name)
 
     @_op
     def run(operand, scatter_indices, updates, dims, mode):
         x = _tracer(operand)
-        return _wrap(cpp(x._v, _tracer(scatter_indices)._v, _tracer(updates, x)._v, *dims, mode))
+        operands = [x._v, _tracer(scatter_indices)._v, _tracer(updates, x)._v]
+        return _wrap(_as_jax_raises(lambda *v: cpp(*v, *dims, mode), operands, cpp(*operands, *dims, mode)))
 
     def f(operand, scatter_indices, updates, dimension_numbers, *, indices_are_sorted=False, unique_indices=False,
           mode=None):

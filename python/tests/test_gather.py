@@ -456,7 +456,7 @@ def test_bad_dimension_numbers_raise_the_sdk_message():
         tessera.jit(lambda x, i: lax.gather(x, i, GD((1,), (1, 0), (0, 1)), (1, 1, 4)))(X, i)
     with pytest.raises(ValueError, match=r"gather: Invalid start_index_map; domain is \[0, 3\), got: 1->5\."):
         lax.gather(X, i, GD((1,), (0, 1), (0, 5)), (1, 1, 4))
-    with pytest.raises(ValueError, match="inserted_window_dims in scatter op must be sorted"):
+    with pytest.raises(TypeError, match="inserted_window_dims in scatter op must be sorted"):
         lax.scatter_add(X, i, np.zeros((3, 4), np.float32), SD((1,), (1, 0), (0, 1)))
     with pytest.raises(ValueError, match="gather: GatherScatterMode::kOneHot is take_along_axis's mode"):
         lax.gather(X, i, GD((1,), (0, 1), (0, 1)), (1, 1, 4), mode="one_hot")
@@ -466,3 +466,35 @@ def test_bad_dimension_numbers_raise_the_sdk_message():
         jnp.take_along_axis(X, np.zeros((8, 1), np.int32), axis=1)
     with pytest.raises(TypeError, match="integer type"):
         jnp.take_along_axis(X, np.zeros((8, 8, 1), np.float32), axis=2)
+
+
+def test_scatter_shape_errors_are_type_errors_as_jax():
+    # jax/_src/lax/slicing.py _scatter_shape_rule raises TypeError for the updates' rank and bounds
+    # and the dimension numbers, lax.check_same_dtypes TypeError for the updates' dtype, and
+    # _scatter_dtype_rule ValueError for non-integer indices. Under jit, grad and eagerly.
+    x = np.zeros((4, 3), np.float32)
+    i = np.zeros((2, 1), np.int32)
+    with pytest.raises(TypeError, match=r"scatter_add: Bounds of the window dimensions of updates must not exceed the "
+                                        r"bounds of the corresponding dimensions of operand\. For dimension 1, updates "
+                                        r"bound is 5, operand bound is 3\."):
+        tessera.jit(lambda x: lax.scatter_add(x, i, np.zeros((2, 5), np.float32), ROWS_2D))(x)
+    with pytest.raises(TypeError, match=r"scatter_max: Bounds of the scatter dimensions of updates must be the same as "
+                                        r"the bounds of the corresponding dimensions of scatter indices"):
+        tessera.grad(lambda x: lax.scatter_max(x, i, np.zeros((3, 3), np.float32), ROWS_2D).sum())(x)
+    with pytest.raises(TypeError, match=r"scatter_mul: Updates tensor must be of rank 2; got 1"):
+        lax.scatter_mul(x, i, np.zeros((3,), np.float32), ROWS_2D)
+    with pytest.raises(TypeError, match=r"scatter_sub: Scatter op has window of size 1; doesn't match operand of "
+                                        r"rank 2"):
+        lax.scatter_sub(x, i, np.zeros((2, 3), np.float32), SD((1,), (), (0,)))
+    with pytest.raises(TypeError, match="scatter: the updates are int32; they need the operand's dtype float32"):
+        tessera.jit(lambda x: lax.scatter(x, i, np.zeros((2, 3), np.int32), ROWS_2D))(x)
+    with pytest.raises(ValueError, match=r"scatter_min: indices are float32\(2, 1\); they need int32 or int64"):
+        lax.scatter_min(x, i.astype(np.float32), np.zeros((2, 3), np.float32), ROWS_2D)
+    # x.at[]: the updates are broadcast to the indexed shape first, whose error JAX raises as a
+    # ValueError (jax/_src/lax/lax.py broadcast_to: "Incompatible types for broadcasting").
+    a = tessera.device_put(np.arange(6, dtype=np.int32))
+    for update in (lambda r: r.set(np.ones(3, np.float32)), lambda r: r.set(np.ones(3), mode="clip"),
+                   lambda r: r.multiply(np.ones(3, np.int32)), lambda r: r.min(np.ones((2, 2), np.int32))):
+        with pytest.raises(ValueError, match="broadcast") as e:
+            tessera.jit(lambda a: update(a.at[np.array([0, 2])]))(a)
+        assert not isinstance(e.value, TypeError)
