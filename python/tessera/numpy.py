@@ -997,7 +997,9 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *, wrap_n
     takes 1-D indices into the flattened arr. wrap_negative_indices (None: JAX's legacy rule
     above) wraps negatives when True and treats them as out of range when False."""
     from .lax import GatherScatterMode, _fill
-    index_dtype = _np.dtype(indices.dtype if hasattr(indices, "dtype") else _np.asarray(indices).dtype)
+    if not hasattr(indices, "dtype"):
+        indices = _np.asarray(indices)
+    index_dtype = _np.dtype(indices.dtype)
     if index_dtype.kind not in "iu":
         raise TypeError(f"take_along_axis indices must be of integer type, got {index_dtype}")
     if axis is None:
@@ -1008,7 +1010,23 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *, wrap_n
     fill = _fill(fill_value) if mode is GatherScatterMode.FILL_OR_DROP else None
     wraps = mode is not GatherScatterMode.PROMISE_IN_BOUNDS  # the SDK's rule, JAX's legacy default
     unwrap = wrap_negative_indices is not None and bool(wrap_negative_indices) != wraps
-    return _take_along_axis(arr, _eager_index(indices), int(axis), mode.name.lower(), fill, unwrap)
+    indices = _along_axis_indices(indices, wraps != unwrap)
+    return _take_along_axis(arr, indices, int(axis), mode.name.lower(), fill, unwrap)
+
+
+def _along_axis_indices(indices, wrap):
+    """take_along_axis's indices as the SDK's gather takes them (int32 or int64). JAX
+    (indexing.py take_along_axis, lax_utils.index_dtype_for_axis_size) converts them to int32
+    when negatives wrap, so a uint32 index past int32's range becomes negative and wraps, and
+    keeps their dtype otherwise: then narrower ones become int32 with their values, and uint32
+    ones past int32's range int32's maximum, out of range as before. On the host for numpy
+    indices (uint16 is no Tessera dtype), traced for the others."""
+    dt = _np.dtype(indices.dtype)
+    if dt.kind not in "iu" or dt in (_np.dtype(_np.int32), _np.dtype(_np.int64)):
+        return indices
+    if dt.kind == "u" and dt.itemsize >= 4 and not wrap:
+        indices = (_np.minimum if isinstance(indices, _np.ndarray) else minimum)(indices, 2**31 - 1)
+    return indices.astype(_np.int32)
 
 
 @_op

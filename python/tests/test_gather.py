@@ -258,6 +258,43 @@ def test_take_along_axis_out_of_range_per_mode(layout):
     np.testing.assert_array_equal(got, [[4., 2., np.nan]])
 
 
+def _along_axis_reference(x, i, wrap, mode):
+    """jnp.take_along_axis(x, i, axis=1) as jax/_src/numpy/indexing.py computes it: indices
+    converted to int32 when negatives wrap (lax_utils.index_dtype_for_axis_size), kept otherwise,
+    then numpy's take_along_axis with out-of-range ones clamped (clip) or NaN (fill)."""
+    n = x.shape[1]
+    j = i.astype(np.int32).astype(np.int64) if wrap else i.astype(np.int64)
+    if wrap:
+        j = np.where(j < 0, j + n, j)
+    taken = np.take_along_axis(x, np.clip(j, 0, n - 1), axis=1)
+    return taken if mode == "clip" else np.where((j >= 0) & (j < n), taken, np.nan)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint16, np.uint32])
+def test_take_along_axis_takes_narrow_integer_indices(dtype):
+    # JAX's take_along_axis takes any integer indices; the SDK's gather int32 or int64 only.
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    big = -2 if np.dtype(dtype).kind == "i" else int(np.iinfo(dtype).max)  # uint32's max is int32's -1
+    i = np.array([[0, 5, 2, 7], [1, big, 3, 4], [5, 5, 100, 0]]).astype(dtype)
+    for mode, wrap in (("fill", True), ("clip", True), ("fill", False), ("clip", False)):
+        want = _along_axis_reference(x, i, wrap, mode)
+        got = jnp.take_along_axis(x, i, axis=1, mode=mode, wrap_negative_indices=wrap)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{mode} wrap={wrap}")
+        if dtype != np.uint16:  # no Tessera dtype: numpy's uint16 indices are converted on the host
+            got = tessera.jit(lambda x, i: jnp.take_along_axis(x, i, axis=1, mode=mode,
+                                                               wrap_negative_indices=wrap))(x, i)
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"jit {mode} wrap={wrap}")
+    # The default (fill, negatives wrapped) under jit, and the gradient through it.
+    if dtype != np.uint16:
+        g = tessera.jit(tessera.grad(lambda x, i: jnp.take_along_axis(x, i, axis=1).sum()))(x, i)
+        want_g = np.zeros_like(x)
+        j = i.astype(np.int32).astype(np.int64)
+        j = np.where(j < 0, j + 6, j)
+        for r, c in zip(*np.nonzero((j >= 0) & (j < 6))):
+            want_g[r, j[r, c]] += 1
+        np.testing.assert_array_equal(np.asarray(g), want_g)
+
+
 @pytest.mark.parametrize("method,ufunc", [("multiply", np.multiply), ("mul", np.multiply), ("min", np.minimum),
                                           ("max", np.maximum), ("add", np.add),
                                           ("subtract", np.subtract)])
