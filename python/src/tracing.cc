@@ -345,6 +345,21 @@ void bind_ops(py::module_& m) {
       return fn(operand, scatter_indices, updates, dims, gather_scatter_mode(mode));
     });
   }
+  // lax.scatter_apply: `func` a Python callable from a one-Value list to a one-Value list (as
+  // tessera/lax.py wraps the user's function); anything else fails the trace.
+  m.def("scatter_apply", [](V operand, V scatter_indices, py::object func, Dims update_window_dims,
+                            Dims inserted_window_dims, Dims scatter_dims_to_operand_dims, Dims operand_batching_dims,
+                            Dims scatter_indices_batching_dims, Shape update_shape, const std::string& mode) {
+    TracedFunction f = traced(std::move(func));
+    ScatterDimensionNumbers dims{std::move(update_window_dims), std::move(inserted_window_dims),
+                                 std::move(scatter_dims_to_operand_dims), std::move(operand_batching_dims),
+                                 std::move(scatter_indices_batching_dims)};
+    auto apply = [f](const Value& v) {
+      std::vector<Value> out = f({v});
+      return out.size() == 1 ? out[0] : Value();
+    };
+    return scatter_apply(operand, scatter_indices, apply, dims, std::move(update_shape), gather_scatter_mode(mode));
+  });
   m.def("take_along_axis",
         [](V x, V indices, int64_t axis, const std::string& mode, std::optional<std::variant<int64_t, double>> fill) {
           return take_along_axis(x, indices, axis, gather_scatter_mode(mode), fill_scalar(fill));

@@ -506,6 +506,15 @@ def _as_jax_raises(op, operands, out):
     return out
 
 
+def _scatter_dims(name, dimension_numbers):
+    """A ScatterDimensionNumbers' fields as tuples of ints, as the binding takes them."""
+    if not isinstance(dimension_numbers, ScatterDimensionNumbers):
+        raise TypeError(f"lax.{name}: dimension_numbers must be a lax.ScatterDimensionNumbers, not "
+                        f"{type(dimension_numbers).__name__}")
+    return tuple(tuple(_ints(d, f"ScatterDimensionNumbers.{f}")) for f, d in
+                 zip(ScatterDimensionNumbers._fields, dimension_numbers))
+
+
 def _scatter_op(name):
     cpp = getattr(_t, name)
 
@@ -517,12 +526,7 @@ def _scatter_op(name):
 
     def f(operand, scatter_indices, updates, dimension_numbers, *, indices_are_sorted=False, unique_indices=False,
           mode=None):
-        if not isinstance(dimension_numbers, ScatterDimensionNumbers):
-            raise TypeError(f"lax.{name}: dimension_numbers must be a lax.ScatterDimensionNumbers, not "
-                            f"{type(dimension_numbers).__name__}")
-        dims = tuple(tuple(_ints(d, f"ScatterDimensionNumbers.{f}")) for f, d in
-                     zip(ScatterDimensionNumbers._fields, dimension_numbers))
-        return run(operand, scatter_indices, updates, dims, _mode_name(mode))
+        return run(operand, scatter_indices, updates, _scatter_dims(name, dimension_numbers), _mode_name(mode))
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = (f"lax.{name}: mode None is FILL_OR_DROP (out-of-bounds windows are dropped), as JAX's. "
@@ -536,3 +540,29 @@ scatter_sub = _scatter_op("scatter_sub")
 scatter_mul = _scatter_op("scatter_mul")
 scatter_min = _scatter_op("scatter_min")
 scatter_max = _scatter_op("scatter_max")
+
+
+@_op
+def _scatter_apply(operand, scatter_indices, func, dims, update_shape, mode):
+    x = _tracer(operand)
+
+    def apply(values):
+        return [_tracer(func(Tracer(values[0])))._v]
+
+    def run(*operands):
+        return _t.scatter_apply(*operands, _trace.callback(apply), *dims, list(update_shape), mode)
+
+    operands = [x._v, _tracer(scatter_indices)._v]
+    return _wrap(_as_jax_raises(run, operands, run(*operands)))
+
+
+def scatter_apply(operand, scatter_indices, func, dimension_numbers, *, update_shape=(), indices_are_sorted=False,
+                  unique_indices=False, mode=None):
+    """lax.scatter_apply (jax/_src/lax/slicing.py): operand with func applied to the elements
+    that windows of update_shape (placed as a scatter's updates of that shape) cover, once per
+    window, so repeated indices apply it repeatedly; mode None drops out-of-range windows.
+    func must be elementwise and keep the dtype (the SDK applies it to whole arrays; JAX traces
+    it on a scalar). Unlike JAX (no JVP: "scatter_apply JVP not implemented"), grad goes
+    through func's applications. indices_are_sorted and unique_indices change nothing here."""
+    return _scatter_apply(operand, scatter_indices, func, _scatter_dims("scatter_apply", dimension_numbers),
+                          tuple(_ints(update_shape, "update_shape")), _mode_name(mode))

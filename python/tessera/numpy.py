@@ -862,6 +862,17 @@ def _at_scatter(x, idx, values, name, mode, wrap):
 
 
 @_op
+def _at_apply(x, idx, func, mode, wrap):
+    """x.at[idx].apply(func) as jax/_src/numpy/array_methods.py's _IndexUpdateRef.apply:
+    lax.scatter_apply with .at[].add's dimension numbers and the indexed shape as update_shape
+    (func applied once per index, so repeated indices apply it repeatedly)."""
+    from .lax import _scatter_apply
+    axis, i, window = _at_lax(x, idx, wrap)
+    shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]
+    return _scatter_apply(x, i, func, (tuple(window), (axis,), (axis,), (), ()), shape, mode)
+
+
+@_op
 def _at_gather(x, idx, mode, fill_value, wrap):
     """x.at[idx].get(mode=, fill_value=, wrap_negative_indices=): lax's gather of the index's
     slices (indexing.py rewriting_take)."""
@@ -872,7 +883,8 @@ def _at_gather(x, idx, mode, fill_value, wrap):
 
 
 class _IndexUpdateRef:
-    """x.at[idx]: get(), set(values), add(values), subtract, multiply (mul), min and max, as
+    """x.at[idx]: get(), set(values), add(values), subtract, multiply (mul), divide, power,
+    min, max and apply(func), as
     jax.Array.at (updates at out-of-range indices are dropped; negative indices count from the
     end), with its mode=, wrap_negative_indices= and get's fill_value=."""
 
@@ -937,6 +949,22 @@ class _IndexUpdateRef:
         return self._update("multiply", "scatter_mul", values, options)
 
     mul = multiply
+
+    def divide(self, values, **options):
+        """x / ones_like(x).at[idx].multiply(values), as JAX builds it (array_methods.py
+        _IndexUpdateRef.divide): repeated indices divide by their values' product, out-of-range
+        ones are dropped, and the result is jnp.divide's (float32 for an integer x)."""
+        return divide(self._x, _IndexUpdateRef(ones_like(self._x), self._idx).multiply(values, **options))
+
+    def power(self, values, **options):
+        """x ** ones_like(x).at[idx].multiply(values), as JAX builds it (_IndexUpdateRef.power)."""
+        return power(self._x, _IndexUpdateRef(ones_like(self._x), self._idx).multiply(values, **options))
+
+    def apply(self, func, **options):
+        """func applied at the indices, once per index (lax.scatter_apply; JAX's
+        _IndexUpdateRef.apply), with mode= and wrap_negative_indices= as the updates'."""
+        mode, wrap, _ = self._options("apply", options)
+        return _at_apply(*self._args(), func, mode or "fill_or_drop", wrap)
 
     def min(self, values, **options):
         return self._update("min", "scatter_min", values, options)

@@ -405,6 +405,79 @@ def test_at_on_integers_combines_in_the_promoted_dtype(method):
     np.testing.assert_array_equal(np.asarray(getattr(tessera.device_put(x).at[i], method)(u)), want)
 
 
+def test_at_divide_and_power_as_jax_builds_them(layout):
+    # jax/_src/numpy/array_methods.py _IndexUpdateRef.divide / .power: x / (or **)
+    # ones_like(x).at[idx].multiply(values), so repeated indices use their values' product and
+    # out-of-range ones are dropped; an integer x divides to float32 (jnp.divide).
+    i = np.array([1, 4, 4, -1, 11], np.int32)  # 4 twice, -1 wraps to 7, 11 dropped
+    u = rng.uniform(0.5, 2.0, (8, 5, 4)).astype(np.float32)
+    x = np.abs(X) + 0.5
+    xi = np.arange(-8, 8, dtype=np.int32).reshape(2, 8)
+    got = tessera.jit(lambda x, i, u, xi: (x.at[:, i].divide(u), x.at[:, i].power(u), x.at[:, i].divide(u, mode="clip"),
+                                           xi.at[:, i].divide(2), xi.at[:, i].power(3)))(layout(x), i, u, xi)
+    keep = (i >= -8) & (i < 8)
+    d = np.ones_like(x)
+    np.multiply.at(d, (slice(None), i[keep] % 8), u[:, keep])
+    np.testing.assert_allclose(np.asarray(got[0]), x / d, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got[1]), x ** d, rtol=1e-5)
+    clipped = np.ones_like(x)
+    np.multiply.at(clipped, (slice(None), np.clip(np.where(i < 0, i + 8, i), 0, 7)), u)  # 11 -> 7, -1 -> 7
+    np.testing.assert_allclose(np.asarray(got[2]), x / clipped, rtol=1e-6)
+    di = np.ones_like(xi)
+    np.multiply.at(di, (slice(None), i[keep] % 8), 2)
+    assert got[3].dtype == np.float32 and got[4].dtype == np.int32
+    np.testing.assert_allclose(np.asarray(got[3]), xi / di.astype(np.float32), rtol=1e-6)
+    pi = np.ones_like(xi)
+    np.multiply.at(pi, (slice(None), i[keep] % 8), 3)
+    np.testing.assert_array_equal(np.asarray(got[4]), xi ** pi)
+    # Outside jit too.
+    np.testing.assert_allclose(np.asarray(tessera.device_put(x).at[:, i].divide(u)), x / d, rtol=1e-6)
+
+
+def _apply_reference(x, rows, f):
+    """f applied to row r of x once per occurrence of r in `rows` (XLA's scatter with f as its
+    update computation: a repeated index applies f again)."""
+    out = x.copy()
+    for r in rows:
+        out[r] = f(out[r])
+    return out
+
+
+def test_at_apply_and_lax_scatter_apply(layout):
+    # jax/_src/numpy/array_methods.py _IndexUpdateRef.apply: lax.scatter_apply with the indexed
+    # shape as update_shape; jax/_src/lax/slicing.py scatter_apply: duplicate indices apply func
+    # repeatedly, out-of-range windows are dropped (mode None) or clamped (clip).
+    i = np.array([1, 4, 4, -1, 11], np.int32)
+    f = lambda v: v * 2.0 + 1.0  # noqa: E731
+    got = tessera.jit(lambda x, i: (x.at[i].apply(f), x.at[i].apply(f, mode="clip"),
+                                    x.at[i].apply(jnp.sin, wrap_negative_indices=False),
+                                    x.at[:, 2].apply(jnp.exp)))(layout(X), i)
+    np.testing.assert_allclose(np.asarray(got[0]), _apply_reference(X, [1, 4, 4, 7], f), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got[1]), _apply_reference(X, [1, 4, 4, 7, 7], f), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got[2]), _apply_reference(X, [1, 4, 4], np.sin), rtol=1e-6)
+    want = X.copy()
+    want[:, 2] = np.exp(want[:, 2])
+    np.testing.assert_allclose(np.asarray(got[3]), want, rtol=1e-6)
+    # lax.scatter_apply with a partial window (update_shape (3, 2): columns 0 and 1 of each row).
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    rows = np.array([[4], [1], [4]], np.int32)
+    out = lax.scatter_apply(x, rows, lambda v: v * v, ROWS_2D, update_shape=(3, 2))
+    want = x.copy()
+    for r in (4, 1, 4):
+        want[r, :2] = want[r, :2] ** 2
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+    # On integers, eagerly.
+    xi = np.arange(6, dtype=np.int32)
+    g = lambda v: v * 3 - 1  # noqa: E731
+    got = tessera.device_put(xi).at[np.array([0, 2, 2])].apply(g)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(got), _apply_reference(xi, [0, 2, 2], g))
+    with pytest.raises(TypeError, match=r"scatter_apply: Bounds of the window dimensions of updates must not exceed"):
+        lax.scatter_apply(x, rows, jnp.sin, ROWS_2D, update_shape=(3, 6))
+    with pytest.raises(TypeError, match="lax.ScatterDimensionNumbers"):
+        lax.scatter_apply(x, rows, jnp.sin, ((1,), (0,), (0,)), update_shape=(3, 5))
+
+
 # ---- transformations ----------------------------------------------------------------------------
 
 def _central_differences(f, x, eps):
@@ -424,7 +497,7 @@ def x64():
 
 
 @pytest.mark.parametrize("name", ["gather", "take_along_axis", "scatter_add", "scatter_mul", "scatter_min",
-                                  "scatter_max", "scatter", "at_mul"])
+                                  "scatter_max", "scatter", "at_mul", "at_divide", "at_power"])
 def test_grad_matches_central_differences(x64, name):
     r = np.random.default_rng(7)
     x = r.uniform(0.5, 2.0, (6, 5))
@@ -436,6 +509,10 @@ def test_grad_matches_central_differences(x64, name):
         "gather": lambda x, u: lax.gather(x, np.array([[4], [1], [4]]), dn, (1, 5)) * u,
         "take_along_axis": lambda x, u: jnp.take_along_axis(x, np.array([[4, 0, 4, -1, 2]] * 6), axis=1) * w,
         "at_mul": lambda x, u: x.at[rows[:, 0]].mul(u) * w,
+        # x / (x **) ones.at[rows].mul(u) (array_methods.py _IndexUpdateRef.divide / .power);
+        # unique rows, as JAX's scatter_mul gradient needs.
+        "at_divide": lambda x, u: x.at[rows[:, 0]].divide(u) * w,
+        "at_power": lambda x, u: x.at[rows[:, 0]].power(u) * w,
     }
     f = fns.get(name, lambda x, u: getattr(lax, name)(x, rows, u, ROWS_2D) * w)
 
