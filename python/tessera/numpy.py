@@ -816,6 +816,11 @@ def _promoted(x, values):
     integer x, and any Python scalar, weakly typed next to x as _scatter_update makes it); the
     caller casts the result back to x's dtype (`_convert_element_type(out, dtype)`), so an int32
     x.at[i].multiply(0.5) multiplies in float32 and truncates."""
+    if isinstance(values, int) and not isinstance(values, bool) and x.dtype.kind in "iu" and \
+            not _np.iinfo(x.dtype).min <= values <= _np.iinfo(x.dtype).max:
+        # A Python int that x's dtype cannot hold: jnp.asarray(y), then converted to x's dtype
+        # (the weak type gives way), wrapping around as the conversion does.
+        return x, _tracer(values).astype(x.dtype)
     y = _tracer(values, x)
     dt = promote_types(x.dtype, y.dtype)
     return (x if x.dtype == dt else x.astype(dt)), (y if y.dtype == dt else y.astype(dt))
@@ -883,10 +888,9 @@ def _at_gather(x, idx, mode, fill_value, wrap):
 
 
 class _IndexUpdateRef:
-    """x.at[idx]: get(), set(values), add(values), subtract, multiply (mul), divide, power,
-    min, max and apply(func), as
-    jax.Array.at (updates at out-of-range indices are dropped; negative indices count from the
-    end), with its mode=, wrap_negative_indices= and get's fill_value=."""
+    """x.at[idx]: get(), set(values), add(values), subtract, multiply (mul), divide, power, min,
+    max and apply(func), as jax.Array.at (updates at out-of-range indices are dropped; negative
+    indices count from the end), with its mode=, wrap_negative_indices= and get's fill_value=."""
 
     __slots__ = ("_x", "_idx")
 

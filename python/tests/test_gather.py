@@ -391,8 +391,12 @@ def test_at_on_integers_combines_in_the_promoted_dtype(method):
     u8 = np.array([200, 300, -1, 3][:len(i8)], np.int32)
     run = tessera.jit(lambda x, i, u, x8, i8, u8: (
         getattr(x.at[i], method)(u), getattr(x.at[i], method)(u, mode="drop"), getattr(x.at[2], method)(0.5),
-        getattr(x8.at[i8], method)(u8)))
+        getattr(x8.at[i8], method)(u8), getattr(x8.at[3], method)(1000)))
     got = run(x, i, u, x8, i8, u8)
+    # A Python int that int8 cannot hold: jnp.asarray(1000), converted to int8 (-24) by
+    # promote_dtypes (the weak type gives way), then combined in int8.
+    np.testing.assert_array_equal(np.asarray(got[4]), _at_reference(x8, np.array([3]), np.array(1000).astype(np.int8),
+                                                                    method, np.int8))
     want = _at_reference(x, i, u, method, np.float32)
     for g in got[:2]:
         assert g.dtype == np.int32
