@@ -771,7 +771,7 @@ def _getitem(x, idx):
         out = reshape(out, out_shape)
     if array_index is None:
         return out
-    out = _wrap(_t.at_get(out._v, _tracer(array_index)._v, array_pos))
+    out = _wrap(_t.at_get(out._v, _tracer(_int32_indices(array_index))._v, array_pos))
     n = _np.ndim(array_index)
     if advanced != list(range(advanced[0], advanced[-1] + 1)) and array_pos > 0:
         # numpy: advanced indices not next to each other put the broadcast dimensions first.
@@ -796,7 +796,7 @@ def _at_axis(x, idx):
         raise NotImplementedError(f"x.at[{idx!r}]: Tessera's .at takes whole slices and then one int or one "
                                   "integer index array (x.at[i], x.at[:, i])")
     return len(lead), _tracer(_np.asarray(last, _int_dtype()) if not isinstance(last, (Tracer, Array, _np.ndarray))
-                              else last)
+                              else _int32_indices(last))
 
 
 @_op
@@ -994,19 +994,26 @@ class _IndexUpdateHelper:
 
 def _eager_index(idx):
     """Lists of ints in an index as numpy arrays, so that an eager call passes them as arrays
-    (a pytree would take a list apart into Python ints)."""
-    if isinstance(idx, list):
-        return _np.asarray(idx)
-    if isinstance(idx, tuple):
-        return tuple(_np.asarray(i) if isinstance(i, list) else i for i in idx)
-    return idx
+    (a pytree would take a list apart into Python ints); numpy integer index arrays of other
+    dtypes than int32 and int64 as int32, as JAX's indexing converts them (_int32_indices)."""
+    def one(i):
+        if isinstance(i, list):
+            return _np.asarray(i)
+        return _int32_indices(i) if isinstance(i, _np.ndarray) and i.dtype.kind in "iu" else i
+
+    return tuple(one(i) for i in idx) if isinstance(idx, tuple) else one(idx)
 
 
-@_op
 def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sorted=False, fill_value=None):
     """jnp.take: mode None or "fill" (out-of-range indices give fill_value: NaN, the lowest
     integer or True by default; negatives count from the end), "clip" (clamped, negatives
-    included) or "wrap" (taken modulo the size)."""
+    included) or "wrap" (taken modulo the size). Integer indices of other dtypes than int32
+    and int64 keep their values (_int32_indices)."""
+    return _take(a, _int32_indices(indices), axis, mode, fill_value)
+
+
+@_op
+def _take(a, indices, axis, mode, fill_value):
     a = _tracer(a)
     if axis is None:
         a, axis = reshape(a, (-1,)), 0
@@ -1042,17 +1049,21 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *, wrap_n
     fill = _fill(fill_value) if mode is GatherScatterMode.FILL_OR_DROP else None
     wraps = mode is not GatherScatterMode.PROMISE_IN_BOUNDS  # the SDK's rule, JAX's legacy default
     unwrap = wrap_negative_indices is not None and bool(wrap_negative_indices) != wraps
-    indices = _along_axis_indices(indices, wraps != unwrap)
+    indices = _int32_indices(indices, wraps != unwrap)
     return _take_along_axis(arr, indices, int(axis), mode.name.lower(), fill, unwrap)
 
 
-def _along_axis_indices(indices, wrap):
-    """take_along_axis's indices as the SDK's gather takes them (int32 or int64). JAX
-    (indexing.py take_along_axis, lax_utils.index_dtype_for_axis_size) converts them to int32
-    when negatives wrap, so a uint32 index past int32's range becomes negative and wraps, and
-    keeps their dtype otherwise: then narrower ones become int32 with their values, and uint32
-    ones past int32's range int32's maximum, out of range as before. On the host for numpy
-    indices (uint16 is no Tessera dtype), traced for the others."""
+def _int32_indices(indices, wrap=False):
+    """Integer indices of another dtype than int32 or int64 as int32, which the SDK's gathers
+    and scatters take, their values kept: a uint32 index past int32's range becomes int32's
+    maximum, out of range as before (JAX's indexing and .at[] convert to int32 after wrapping
+    negatives, indexing.py _index_to_gather, so its scatters drop such an index too). With
+    `wrap`, take_along_axis's conversion when negatives wrap: JAX converts its indices to int32
+    first (lax_utils.index_dtype_for_axis_size), so such a uint32 index becomes negative and
+    wraps. On the host for numpy indices (uint16 is no Tessera dtype), traced for the others;
+    lists as they are."""
+    if not hasattr(indices, "dtype"):
+        return indices
     dt = _np.dtype(indices.dtype)
     if dt.kind not in "iu" or dt in (_np.dtype(_np.int32), _np.dtype(_np.int64)):
         return indices

@@ -295,6 +295,37 @@ def test_take_along_axis_takes_narrow_integer_indices(dtype):
         np.testing.assert_array_equal(np.asarray(g), want_g)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint16, np.uint32])
+def test_indexing_at_and_take_take_narrow_integer_indices(dtype):
+    # JAX's indexing and .at[] convert integer index arrays to int32 after wrapping negatives
+    # (jax/_src/numpy/indexing.py _index_to_gather), jnp.take's gather takes any integer dtype;
+    # the SDK's int32 or int64 only. Against numpy with the same indices as int64.
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+    i = np.array([0, -1 if np.dtype(dtype).kind == "i" else 5, 2, 4], dtype)
+    j = i.astype(np.int64)
+    u = rng.standard_normal((4, 3)).astype(np.float32)
+    a = tessera.device_put(x)
+    np.testing.assert_array_equal(np.asarray(a[i]), x[j])
+    np.testing.assert_array_equal(np.asarray(a.at[i].get()), x[j])
+    np.testing.assert_array_equal(np.asarray(jnp.take(a, i, axis=0)), x[j])
+    want = x.copy()
+    want[j] = u
+    np.testing.assert_array_equal(np.asarray(a.at[i].set(u)), want)
+    got = tessera.jit(lambda x, u: (x.at[i].add(u), x.at[i].multiply(u), x[i], jnp.take(x, i, axis=0)))(x, u)
+    for k, ufunc in enumerate((np.add, np.multiply)):
+        want = x.copy()
+        ufunc.at(want, j, u)
+        np.testing.assert_allclose(np.asarray(got[k]), want, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(got[2]), x[j])
+    np.testing.assert_array_equal(np.asarray(got[3]), x[j])
+    # Out of range: dropped by .at[].add, NaN from take (a uint32 past int32's range too).
+    k = np.array([1, 2**32 - 1 if dtype == np.uint32 else 7], dtype)
+    want = x.copy()
+    want[1] += 1
+    np.testing.assert_array_equal(np.asarray(a.at[k].add(1.0)), want)
+    np.testing.assert_array_equal(np.asarray(jnp.take(a, k, axis=0)), np.stack([x[1], np.full(3, np.nan, np.float32)]))
+
+
 @pytest.mark.parametrize("method,ufunc", [("multiply", np.multiply), ("mul", np.multiply), ("min", np.minimum),
                                           ("max", np.maximum), ("add", np.add),
                                           ("subtract", np.subtract)])
