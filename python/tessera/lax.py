@@ -526,10 +526,12 @@ def _scatter_op(name):
 
     def f(operand, scatter_indices, updates, dimension_numbers, *, indices_are_sorted=False, unique_indices=False,
           mode=None):
-        return run(operand, scatter_indices, updates, _scatter_dims(name, dimension_numbers), _mode_name(mode))
+        return run(operand, _jnp._int32_indices(scatter_indices), updates, _scatter_dims(name, dimension_numbers),
+                   _mode_name(mode))
 
     f.__name__ = f.__qualname__ = name
-    f.__doc__ = (f"lax.{name}: mode None is FILL_OR_DROP (out-of-bounds windows are dropped), as JAX's. "
+    f.__doc__ = (f"lax.{name}: mode None is FILL_OR_DROP (out-of-bounds windows are dropped), as JAX's. Integer "
+                 "indices of any dtype, as JAX's (int8, int16, uint8, uint16, uint32 become int32 with their values). "
                  "indices_are_sorted and unique_indices are performance hints in JAX and change nothing here.")
     return f
 
@@ -564,5 +566,6 @@ def scatter_apply(operand, scatter_indices, func, dimension_numbers, *, update_s
     func must be elementwise and keep the dtype (the SDK applies it to whole arrays; JAX traces
     it on a scalar). Unlike JAX (no JVP: "scatter_apply JVP not implemented"), grad goes
     through func's applications. indices_are_sorted and unique_indices change nothing here."""
-    return _scatter_apply(operand, scatter_indices, func, _scatter_dims("scatter_apply", dimension_numbers),
+    dims = _scatter_dims("scatter_apply", dimension_numbers)
+    return _scatter_apply(operand, _jnp._int32_indices(scatter_indices), func, dims,
                           tuple(_ints(update_shape, "update_shape")), _mode_name(mode))

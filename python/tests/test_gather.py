@@ -324,6 +324,16 @@ def test_indexing_at_and_take_take_narrow_integer_indices(dtype):
     want[1] += 1
     np.testing.assert_array_equal(np.asarray(a.at[k].add(1.0)), want)
     np.testing.assert_array_equal(np.asarray(jnp.take(a, k, axis=0)), np.stack([x[1], np.full(3, np.nan, np.float32)]))
+    # lax's scatters take any integer indices too (jax/_src/lax/slicing.py _scatter_dtype_rule
+    # asks only for an integer type): rows i, k[:, None] of (6, 3) with ROWS_2D.
+    got = tessera.jit(lambda x, u: (lax.scatter_add(x, i[:, None], u, ROWS_2D),
+                                    lax.scatter_apply(x, k[:, None], jnp.exp, ROWS_2D, update_shape=(2, 3))))(x, u)
+    want = x.copy()
+    np.add.at(want, j[j >= 0], u[j >= 0])  # lax does not wrap negatives: -1 is dropped
+    np.testing.assert_allclose(np.asarray(got[0]), want, rtol=1e-6)
+    want = x.copy()
+    want[1] = np.exp(want[1])
+    np.testing.assert_allclose(np.asarray(got[1]), want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("method,ufunc", [("multiply", np.multiply), ("mul", np.multiply), ("min", np.minimum),
