@@ -336,11 +336,12 @@ absl::Status ShmSegment::move_process_memory(std::byte* local, bool write) const
   return absl::OkStatus();
 }
 
-absl::Status ShmSegment::withdraw(absl::string_view who, absl::Duration warn_every,
-                                  const std::function<void(const std::string&)>& warn) {
-  if (!direct() || pid_ != 0) {
-    return absl::FailedPreconditionError(
-        "shared-memory transfer: only a segment naming this process's memory is withdrawn");
+void ShmSegment::withdraw(absl::string_view who, absl::Duration warn_every,
+                          const std::function<void(const std::string&)>& warn) {
+  if (!direct() || pid_ != 0) {  // a caller's bug: no memory of this process to withdraw
+    std::fprintf(stderr, "tessera: withdrawing a shared-memory segment (fd %d) that names no memory of this process\n",
+                 fd_);
+    std::abort();
   }
   const std::string what =
       absl::StrCat(who.empty() ? "" : absl::StrCat(who, ": "), "withdrawing the shared-memory segment (fd ", fd_,
@@ -386,7 +387,6 @@ absl::Status ShmSegment::withdraw(absl::string_view who, absl::Duration warn_eve
   const int64_t wrote = move_all(fd_, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite);
   if (wrote != sizeof header) die("overwriting its header", wrote < 0 ? static_cast<int>(-wrote) : EIO);
   flock(fd_, LOCK_UN);
-  return absl::OkStatus();
 }
 
 absl::Status ShmSegment::seal() {

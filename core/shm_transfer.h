@@ -140,10 +140,11 @@ class ShmSegment {
   // every `warn_every`, it passes `warn` (by default, a line on stderr) a message naming
   // `who` (the fetch's device), the segment and the process holding its lock.
   // If the kernel refuses the lock or the header's write, the process aborts with a message
-  // naming them: returning would let the caller reuse memory a worker may still write.
-  // FAILED_PRECONDITION for a segment that names no memory of this process (nothing to do).
-  absl::Status withdraw(absl::string_view who = "", absl::Duration warn_every = kWithdrawWarnEvery,
-                        const std::function<void(const std::string&)>& warn = nullptr);
+  // naming them: returning would let the caller reuse memory a worker may still write, so
+  // there is no error to return.
+  // REQUIRES: a segment made by create_direct in this process (else the process aborts).
+  void withdraw(absl::string_view who = "", absl::Duration warn_every = kWithdrawWarnEvery,
+                const std::function<void(const std::string&)>& warn = nullptr);
 
  private:
   ShmSegment(int fd, uint64_t token, int64_t bytes) : fd_(fd), token_(token), bytes_(bytes), capacity_(bytes) {}
