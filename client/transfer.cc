@@ -422,7 +422,7 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
     // Whatever the outcome (a call that timed out may have a worker about to write), no worker
     // writes into the caller's array once this returns (it waits for a worker writing, warning
     // while that lasts; it aborts the process rather than return with the memory exposed).
-    TESSERA_RETURN_IF_ERROR(with_who(segment.withdraw(who), who));
+    segment.withdraw(who);
     // FAILED_PRECONDITION: the worker may not write our memory, or cannot tell that we are the
     // caller: through a memfd, as are later fetches of this process once that worked. Any
     // other error is the fetch's (a worker that would refuse a segment naming memory for not

@@ -1,10 +1,12 @@
 #include "core/shm_transfer.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -185,9 +187,15 @@ absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t to
   if (bytes < 0 || bytes > kMaxBytes) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": a block of ", bytes, " bytes"));
   }
+  // The process itself, before its pid is used for anything (/proc, the caller's check, the
+  // move): a pid names whichever process has it at the time, and may be reused meanwhile.
+  // Raw: glibc 2.36 has no pidfd_open.
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  const int pidfd_error = pidfd < 0 ? errno : 0;
   const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
   // Checked before opening too: opening a device or a FIFO can have effects of its own.
   if (!is_transfer_memfd(path)) {
+    if (pidfd >= 0) close(pidfd);
     if (access(path.c_str(), F_OK) != 0) {
       return absl::NotFoundError(absl::StrCat(where, ": cannot open ", path, " here: ", std::strerror(errno)));
     }
@@ -195,10 +203,13 @@ absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t to
   }
   const int opened = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (opened < 0) {
-    return absl::NotFoundError(absl::StrCat(where, ": cannot open ", path, " here: ", std::strerror(errno)));
+    const int error = errno;
+    if (pidfd >= 0) close(pidfd);
+    return absl::NotFoundError(absl::StrCat(where, ": cannot open ", path, " here: ", std::strerror(error)));
   }
   ShmSegment segment(opened, token, bytes);
   segment.pid_ = pid;
+  segment.pidfd_ = pidfd;  // closed with the segment
   // What we opened (not what the path named a moment before): a Tessera memfd, nothing else.
   if (!is_transfer_memfd(absl::StrCat("/proc/self/fd/", opened))) {
     return absl::InvalidArgumentError(absl::StrCat(where, " is not a Tessera transfer memfd"));
@@ -224,6 +235,16 @@ absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t to
     // Its owner alone could write this header (the token proves the caller named its own
     // segment), so the memory it names is the owner's own block, read or written where it is.
     if (header.address == 0) return absl::InvalidArgumentError(absl::StrCat(where, " names memory at address 0"));
+    if (pidfd < 0 && pidfd_error == ESRCH) {
+      return absl::NotFoundError(absl::StrCat(where, ": the process had exited when its segment was opened"));
+    }
+    if (pidfd < 0) {
+      // Without one, the process whose memory would be moved cannot be told from a later
+      // holder of its pid: the client copies the block through a memfd instead.
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, " names its process's memory, which is moved only ",
+                       "through a pidfd of it: pidfd_open: ", std::strerror(pidfd_error)));
+    }
     segment.address_ = header.address;
     segment.sealed_ = false;  // nothing to map
   } else if (st.st_size < kDataOffset + bytes) {
@@ -234,12 +255,14 @@ absl::StatusOr<ShmSegment> ShmSegment::open(int32_t pid, int32_t fd, uint64_t to
     return absl::InvalidArgumentError(
         absl::StrCat(where, " was made for a block of ", header.bytes, " bytes; this one has ", bytes));
   }
+  if (!segment.direct() && segment.pidfd_ >= 0) close(std::exchange(segment.pidfd_, -1));  // no memory moved
   return segment;
 }
 
 ShmSegment::ShmSegment(ShmSegment&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)),
       pid_(other.pid_),
+      pidfd_(std::exchange(other.pidfd_, -1)),
       address_(other.address_),
       token_(other.token_),
       bytes_(other.bytes_),
@@ -249,8 +272,10 @@ ShmSegment::ShmSegment(ShmSegment&& other) noexcept
 ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) close(fd_);
+    if (pidfd_ >= 0) close(pidfd_);
     fd_ = std::exchange(other.fd_, -1);
     pid_ = other.pid_;
+    pidfd_ = std::exchange(other.pidfd_, -1);
     address_ = other.address_;
     token_ = other.token_;
     bytes_ = other.bytes_;
@@ -262,6 +287,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
 
 ShmSegment::~ShmSegment() {
   if (fd_ >= 0) close(fd_);
+  if (pidfd_ >= 0) close(pidfd_);
 }
 
 absl::Status ShmSegment::write_block(const std::byte* src) {
@@ -308,6 +334,10 @@ absl::Status ShmSegment::move_process_memory(std::byte* local, bool write) const
   const std::string what =
       absl::StrCat("shared-memory transfer: ", write ? "writing " : "reading ", bytes_,
                    write ? " bytes into process " : " bytes of process ", pid_, "'s memory at 0x", absl::Hex(address_));
+  // The pid is the process opened (not a later holder of the pid) if that process has not
+  // exited by now (a zombie keeps its pid; poll says so as soon as it exits): checked here,
+  // after the caller's checks that used the pid, and again once the bytes are moved.
+  TESSERA_RETURN_IF_ERROR(same_process(what, /*began=*/false, write));
   int64_t done = 0;
   while (done < bytes_) {
     // The kernel moves at most ~2 GiB a call, and may stop short where the range's mapping ends.
@@ -324,7 +354,10 @@ absl::Status ShmSegment::move_process_memory(std::byte* local, bool write) const
         return absl::FailedPreconditionError(absl::StrCat(message, " (this worker may not ", write ? "write" : "read",
                                                           " the client's memory: another user, or ptrace denied)"));
       }
-      if (error == ESRCH) return absl::NotFoundError(absl::StrCat(message, " (the process is gone)"));
+      if (error == ESRCH) {
+        TESSERA_RETURN_IF_ERROR(same_process(what, /*began=*/done > 0, write));
+        return absl::NotFoundError(absl::StrCat(message, " (the process is gone)"));
+      }
       if (error == EFAULT) {
         return absl::InvalidArgumentError(absl::StrCat(message, " (after ", done, " bytes: the range is not ",
                                                        write ? "writable" : "readable", " memory of the process)"));
@@ -333,14 +366,36 @@ absl::Status ShmSegment::move_process_memory(std::byte* local, bool write) const
     }
     done += got;
   }
-  return absl::OkStatus();
+  return same_process(what, /*began=*/true, write);
 }
 
-absl::Status ShmSegment::withdraw(absl::string_view who, absl::Duration warn_every,
-                                  const std::function<void(const std::string&)>& warn) {
-  if (!direct() || pid_ != 0) {
-    return absl::FailedPreconditionError(
-        "shared-memory transfer: only a segment naming this process's memory is withdrawn");
+absl::Status ShmSegment::same_process(const std::string& what, bool began, bool write) const {
+  if (pidfd_ < 0) {  // open() gives every direct segment one; a created one moves nothing
+    return absl::FailedPreconditionError(absl::StrCat(what, ": no pidfd of the process"));
+  }
+  pollfd exited{pidfd_, POLLIN, 0};
+  int ready;
+  do {
+    ready = poll(&exited, 1, 0);
+  } while (ready < 0 && errno == EINTR);
+  if (ready < 0) return absl::InternalError(absl::StrCat(what, ": polling its pidfd: ", std::strerror(errno)));
+  if (ready == 0) return absl::OkStatus();
+  const std::string reused = absl::StrCat(" (pid ", pid_, " may name another process now)");
+  if (!began) {
+    return absl::NotFoundError(absl::StrCat(what, ": the process exited after its segment was opened", reused,
+                                            ": nothing ", write ? "written" : "read"));
+  }
+  return absl::NotFoundError(
+      absl::StrCat(what, ": the process exited by the end of the transfer", reused, ": ",
+                   write ? "the bytes written may have reached another process" : "the bytes read are not to be used"));
+}
+
+void ShmSegment::withdraw(absl::string_view who, absl::Duration warn_every,
+                          const std::function<void(const std::string&)>& warn) {
+  if (!direct() || pid_ != 0) {  // a caller's bug: no memory of this process to withdraw
+    std::fprintf(stderr, "tessera: withdrawing a shared-memory segment (fd %d) that names no memory of this process\n",
+                 fd_);
+    std::abort();
   }
   const std::string what =
       absl::StrCat(who.empty() ? "" : absl::StrCat(who, ": "), "withdrawing the shared-memory segment (fd ", fd_,
@@ -386,7 +441,6 @@ absl::Status ShmSegment::withdraw(absl::string_view who, absl::Duration warn_eve
   const int64_t wrote = move_all(fd_, reinterpret_cast<const char*>(&header), sizeof header, 0, pwrite);
   if (wrote != sizeof header) die("overwriting its header", wrote < 0 ? static_cast<int>(-wrote) : EIO);
   flock(fd_, LOCK_UN);
-  return absl::OkStatus();
 }
 
 absl::Status ShmSegment::seal() {

@@ -71,7 +71,10 @@ class ShmSegment {
   // Process `pid`'s segment `fd` (as /proc/<pid>/fd/<fd>): NOT_FOUND if it cannot be opened
   // here (another host or PID namespace after all, or the process is gone); INVALID_ARGUMENT
   // if it is not a Tessera memfd, holds another token or byte count than `bytes`, or is too
-  // small for them. `writable`: opened for writing (a fetch).
+  // small for them. `writable`: opened for writing (a fetch). A direct() segment also holds a
+  // pidfd of `pid`, taken before anything else, so that its process is the one whose memory
+  // read_block / write_block move, though a pid may be reused meanwhile (FAILED_PRECONDITION
+  // if the kernel gives none: pidfd_open, Linux 5.3).
   static absl::StatusOr<ShmSegment> open(int32_t pid, int32_t fd, uint64_t token, int64_t bytes, bool writable);
 
   ShmSegment(ShmSegment&& other) noexcept;
@@ -119,7 +122,11 @@ class ShmSegment {
   // INTERNAL with errno's text otherwise (ENOSPC, EPERM once sealed, ...). An opened direct()
   // segment's block is read from its process's memory: FAILED_PRECONDITION if this process
   // may not read it (process_vm_readv's ptrace check), NOT_FOUND if the process is gone,
-  // INVALID_ARGUMENT if the range named is not readable memory of it. Into an opened direct()
+  // INVALID_ARGUMENT if the range named is not readable memory of it; NOT_FOUND too if the
+  // process exited since open(), before or during the move (its pid may name another process
+  // by then: nothing is moved after that is seen, a read's bytes are not to be used, and a
+  // write's may have reached that other process only if it ended during the write, which the
+  // message says). Into an opened direct()
   // segment's process, write_block writes under the segment's lock (flock) once it has checked
   // that the header still names that memory: ABORTED if the owner withdrew it (withdraw()),
   // FAILED_PRECONDITION / NOT_FOUND as for a read, INVALID_ARGUMENT if the range is not
@@ -140,10 +147,11 @@ class ShmSegment {
   // every `warn_every`, it passes `warn` (by default, a line on stderr) a message naming
   // `who` (the fetch's device), the segment and the process holding its lock.
   // If the kernel refuses the lock or the header's write, the process aborts with a message
-  // naming them: returning would let the caller reuse memory a worker may still write.
-  // FAILED_PRECONDITION for a segment that names no memory of this process (nothing to do).
-  absl::Status withdraw(absl::string_view who = "", absl::Duration warn_every = kWithdrawWarnEvery,
-                        const std::function<void(const std::string&)>& warn = nullptr);
+  // naming them: returning would let the caller reuse memory a worker may still write, so
+  // there is no error to return.
+  // REQUIRES: a segment made by create_direct in this process (else the process aborts).
+  void withdraw(absl::string_view who = "", absl::Duration warn_every = kWithdrawWarnEvery,
+                const std::function<void(const std::string&)>& warn = nullptr);
 
  private:
   ShmSegment(int fd, uint64_t token, int64_t bytes) : fd_(fd), token_(token), bytes_(bytes), capacity_(bytes) {}
@@ -151,9 +159,13 @@ class ShmSegment {
   // (write) the process's memory.
   absl::Status move_process_memory(std::byte* local, bool write) const;
   absl::Status write_process_memory(const std::byte* src) const;
+  // OK while the process pidfd_ refers to (the one pid_ named when opened) has not exited;
+  // NOT_FOUND prefixed with `what` once it has, saying whether the move `began`.
+  absl::Status same_process(const std::string& what, bool began, bool write) const;
 
   int fd_ = -1;
   int32_t pid_ = 0;       // an opened segment's process
+  int pidfd_ = -1;        // an opened direct() segment's: that process, however its pid is reused
   uint64_t address_ = 0;  // direct(): where the block is in that process (or, created, in this one)
   uint64_t token_ = 0;
   int64_t bytes_ = 0;

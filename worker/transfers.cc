@@ -424,7 +424,9 @@ grpc::Status Transfers::get(grpc::ServerContext* ctx, const Caller& caller, cons
     const absl::Status wrote = [&]() -> absl::Status {
       TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(named.pid(), named.fd(), named.token(),
                                                                     data.nbytes(), /*writable=*/true));
-      // Before writing any memory of the process named: it must be the caller.
+      // Before writing any memory of the process named: it must be the caller. The segment
+      // took a pidfd of it before this check, and write_block moves nothing once that process
+      // has exited (its pid may be another's by then).
       direct = segment.direct();
       if (segment.direct()) TESSERA_RETURN_IF_ERROR(check_client_memory(named.pid(), ctx->peer()));
       return segment.write_block(data.data());
@@ -537,7 +539,8 @@ absl::StatusOr<std::shared_ptr<const HostArray>> Transfers::read_client_segment(
     const int64_t bytes = num_elements(type.shape) * dtype_size(type.dtype);
     TESSERA_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::open(header.shm().pid(), header.shm().fd(),
                                                                   header.shm().token(), bytes, false));
-    // Before reading any memory of the process named: it must be the caller.
+    // Before reading any memory of the process named: it must be the caller (the segment's
+    // pidfd, taken before this check, keeps the read to that process: see the fetch's).
     *direct = segment.direct();
     if (segment.direct()) TESSERA_RETURN_IF_ERROR(check_client_memory(header.shm().pid(), peer));
     if (segment.sealed()) {

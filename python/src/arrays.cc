@@ -334,14 +334,23 @@ void bind_arrays(py::module_& m) {
                py::gil_scoped_release release;
                s = value_or_throw(c.device_stats(device_id));
              }
+             const std::pair<const char*, int64_t> counters[] = {
+                 {"bytes_in_use", s.bytes_used},
+                 {"bytes_limit", s.memory_limit_bytes},
+                 {"num_buffers", s.buffer_count},
+                 {"bytes_put", s.bytes_put},
+                 {"bytes_fetched", s.bytes_fetched},
+                 {"bytes_fanned_out", s.bytes_fanned_out},
+                 {"plans_loaded", s.plans_loaded},
+                 {"shm_bytes_put", s.shm_bytes_put},
+                 {"shm_bytes_fetched", s.shm_bytes_fetched},
+                 {"client_memory_bytes_read", s.client_memory_bytes_read},
+                 {"client_memory_bytes_written", s.client_memory_bytes_written},
+                 {"shm_messages_received", s.shm_messages_received},
+                 {"in_process_messages_received", s.in_process_messages_received},
+             };
              py::dict d;
-             d["bytes_in_use"] = s.bytes_used;
-             d["bytes_limit"] = s.memory_limit_bytes;
-             d["num_buffers"] = s.buffer_count;
-             d["bytes_put"] = s.bytes_put;
-             d["bytes_fetched"] = s.bytes_fetched;
-             d["bytes_fanned_out"] = s.bytes_fanned_out;
-             d["plans_loaded"] = s.plans_loaded;
+             for (const auto& [key, value] : counters) d[key] = value;
              return d;
            })
       .def("device_put", &device_put)

@@ -34,7 +34,12 @@ class Device:
         """jax Device.memory_stats(): a dict of int counters of this device's worker, JAX's
         names where they mean the same ('bytes_in_use', 'bytes_limit'), then the worker's
         ('num_buffers', 'bytes_put': shard bytes clients put there in all, 'bytes_fetched',
-        'bytes_fanned_out', 'plans_loaded')."""
+        'bytes_fanned_out', 'plans_loaded'; of bytes_put and bytes_fetched, those moved through
+        shared memory with a client on the worker's host, 'shm_bytes_put' and
+        'shm_bytes_fetched', and of these, those read from or written straight into the client's
+        memory, 'client_memory_bytes_read' and 'client_memory_bytes_written'; collective
+        messages received through shared memory from workers on its host,
+        'shm_messages_received', and from workers in its process, 'in_process_messages_received')."""
         return config.client().memory_stats(self.id)
 
     def __eq__(self, other):

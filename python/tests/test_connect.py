@@ -79,15 +79,15 @@ print(mapped, np.array_equal(np.asarray(a), x), jax.config.tessera_adopt_puts)
 """
 
 
-def _run_child(address, pids, prelude="", **env):
-    """CHILD (after `prelude`) in a Python process of its own connected to the cluster (through
-    TESSERA_COORDINATOR unless `address` is None); its line."""
+def _run_child(address, pids, prelude="", script=CHILD, **env):
+    """`script` (after `prelude`) in a Python process of its own connected to the cluster
+    (through TESSERA_COORDINATOR unless `address` is None); its line."""
     drop = ("TESSERA_ADOPT_PUTS", "JAX_NUM_CPU_DEVICES", "TESSERA_COORDINATOR")
     child_env = {k: v for k, v in os.environ.items() if k not in drop}
     if address is not None:
         child_env["TESSERA_COORDINATOR"] = address
     child_env.update(**env)
-    out = subprocess.run([sys.executable, "-c", prelude + CHILD, *map(str, pids)], env=child_env,
+    out = subprocess.run([sys.executable, "-c", prelude + script, *map(str, pids)], env=child_env,
                          capture_output=True, text=True, timeout=DEADLINE_S)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
@@ -128,3 +128,44 @@ def test_adopt_puts_is_checked_and_chosen_once():
                          capture_output=True, text=True, timeout=DEADLINE_S)
     assert out.returncode != 0
     assert "ValueError: tessera_adopt_puts=True (ConnectOptions::adopt_puts) applies to a cluster reached" in out.stderr
+
+
+# Device.memory_stats()'s shared-memory counters, summed over the workers, around a put and a
+# fetch of a P("x") array by a client on the workers' host: each row is a block contiguous in the
+# client's array, so the workers read it straight from the client's memory and write it straight
+# back there (process_vm_readv/writev: docs/design.md, "Direct reads", "Direct writes"), and
+# every counter moves by the array's bytes (numpy's nbytes), as the C++
+# ShmTransferTest.EveryDTypeRoundTripsThroughTheClientsMemory counts through DeviceStats. Then a
+# psum over the workers, repeated until a collective message comes through their shared-memory
+# rings (a ring attaches once its pair of workers has negotiated it), within a deadline.
+STATS_CHILD = r"""
+import time
+import numpy as np
+import tessera as jax
+from tessera import shard_map
+from tessera.sharding import NamedSharding, PartitionSpec as P
+KEYS = ("shm_bytes_put", "client_memory_bytes_read", "shm_bytes_fetched", "client_memory_bytes_written")
+def totals(keys=KEYS):
+    return [sum(d.memory_stats()[k] for d in jax.devices()) for k in keys]
+mesh = jax.make_mesh((2,), ("x",))
+x = np.arange(2 * 4096, dtype=np.float32).reshape(2, 4096)
+before = totals()
+a = jax.device_put(x, NamedSharding(mesh, P("x")))
+a.block_until_ready()
+put = totals()
+back = np.asarray(a)
+fetched = totals()
+messages = totals(("shm_messages_received",))[0]
+deadline = time.monotonic() + 20
+while totals(("shm_messages_received",))[0] == messages and time.monotonic() < deadline:
+    total = shard_map(lambda b: jax.lax.psum(b, "x"), mesh=mesh, in_specs=P("x"), out_specs=P())(a)
+    assert np.array_equal(np.asarray(total), x.sum(0, keepdims=True))
+print([p - b for b, p in zip(before, put)], [f - p for p, f in zip(put, fetched)], np.array_equal(back, x),
+      x.nbytes, totals(("shm_messages_received",))[0] > messages)
+"""
+
+
+def test_memory_stats_count_the_bytes_moved_through_the_clients_memory(cluster):
+    address, pids = cluster
+    n = 2 * 4096 * 4
+    assert _run_child(address, pids, script=STATS_CHILD) == f"[{n}, {n}, 0, 0] [0, 0, {n}, {n}] True {n} True"

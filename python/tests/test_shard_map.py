@@ -792,3 +792,19 @@ def test_pbroadcast_as_jaxs_test(replicate_on_axes):
 
   c = fwd(a)
   np.testing.assert_array_equal(np.asarray(c), np.arange(16).reshape(4, 4) + 1)
+
+
+def test_memory_stats_count_in_process_collective_messages(mesh8):
+    # The embedded cluster's workers share this process: a psum's messages go straight into the
+    # receiving device's mailbox (docs/design.md, "In process"), never through a shared-memory
+    # ring. In an all-reduce over 8 devices each device receives at least one message.
+    def totals():
+        stats = [d.memory_stats() for d in jax.devices()]
+        return (sum(s["in_process_messages_received"] for s in stats), sum(s["shm_messages_received"] for s in stats))
+    x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    before = totals()
+    total = shard_map(lambda b: jax.lax.psum(b, "x"), mesh=mesh8, in_specs=P("x"), out_specs=P())(x)
+    np.testing.assert_allclose(np.asarray(total), x.sum(0, keepdims=True))
+    after = totals()
+    assert after[0] - before[0] >= 8
+    assert after[1] == before[1] == 0
