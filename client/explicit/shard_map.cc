@@ -151,13 +151,6 @@ std::vector<std::string> union_axes(const std::vector<std::string>& a, const std
   return sorted_axes(std::move(out));
 }
 
-// "('x', 'y')": a tuple of axis names as JAX prints axis_name.
-std::string axis_tuple(const std::vector<std::string>& axes) {
-  std::vector<std::string> quoted;
-  for (const std::string& a : axes) quoted.push_back(absl::StrCat("'", a, "'"));
-  return absl::StrCat("(", absl::StrJoin(quoted, ", "), quoted.size() == 1 ? ",)" : ")");
-}
-
 // The JAX function of a collective node, as its abstract eval names it in check_unreduced_args.
 std::string collective_name(const Node& n) {
   if (n.op == Op::kPvary && cast_of(n) == PvaryCast::kUnreduced) return "vary_unreduced_cast";
@@ -199,7 +192,7 @@ UnreducedRuleResult collective_unreduced(const TypeRuleCall& c) {
   if (to_unreduced) {  // _vary_unreduced_cast_abstract_eval's words
     r.error = absl::StrCat("vary_unreduced_cast input cannot be unreduced across the axis_name provided. Got x=",
                            type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh),
-                           " and axis_name=", axis_tuple(a.axes));
+                           " and axis_name=", axis_tuple_repr(a.axes));
     r.fix = "psum it over those axes first";
     r.unreduced.clear();
     return r;
@@ -241,7 +234,7 @@ ReducedRuleResult collective_reduced(const TypeRuleCall& c) {
     r.reduced.clear();
     r.error = absl::StrCat("preduced input cannot be reduced across the axis_name provided. Got x=",
                            type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh),
-                           " and axis_name=", axis_tuple(a.axes));
+                           " and axis_name=", axis_tuple_repr(a.axes));
     r.fix = "leave out the axes it is reduced over already";
     return r;
   }
