@@ -1250,9 +1250,21 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled
                      " and axis_name=", axis_name)));
   }
   // The gather, then its blocks (the same on every device along the axes) typed reduced there.
+  // An x unreduced over some of the axes keeps its unreduced axes (the abstract eval checks only
+  // their kind, a sum here): both nodes are given them as their result's, typed when made.
+  const bool unreduced_gather = std::any_of(axes.names.begin(), axes.names.end(), [&](const std::string& a) {
+    return std::find(typed->unreduced.begin(), typed->unreduced.end(), a) != typed->unreduced.end();
+  });
+  if (unreduced_gather) ++t->deferred_typing;
   const Value gathered = all_gather(x, axes, axis, tiled);
-  if (!gathered.ok()) return gathered;
-  return cast_node(t, gathered, *mesh, axes, PvaryCast::kReduced, call);
+  const Value out = gathered.ok() ? cast_node(t, gathered, *mesh, axes, PvaryCast::kReduced, call) : gathered;
+  if (!unreduced_gather) return out;
+  --t->deferred_typing;
+  if (!out.ok()) return out;
+  for (const Value* v : {&gathered, &out}) t->out_unreduced[TraceState::id(*v)] = typed->unreduced;
+  const absl::Status types = t->type_new_nodes();
+  if (!types.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", types.message())));
+  return out;
 }
 
 }  // namespace tessera

@@ -197,6 +197,13 @@ UnreducedRuleResult collective_unreduced(const TypeRuleCall& c) {
     r.unreduced.clear();
     return r;
   }
+  // all_gather(to='reduced') of an x unreduced over some of its axes: all_gather_reduced's
+  // abstract eval keeps x's unreduced axes (it checks only their kind), which client/shard_map.cc
+  // gives its gather and cast as their result's (out_unreduced).
+  if ((c.node.op == Op::kAllGather || c.node.op == Op::kPvary) && !c.out_unreduced.empty() &&
+      c.out_unreduced == x.unreduced) {
+    return r;
+  }
   const bool sums = c.node.op == Op::kAllReduce || c.node.op == Op::kReduceScatter;
   if (sums && a.reduce_op == ReduceOp::kSum) {
     r.unreduced = less_axes(x.unreduced, a.axes);
@@ -240,6 +247,13 @@ ReducedRuleResult collective_reduced(const TypeRuleCall& c) {
   }
   if (c.node.op == Op::kPvary && cast_of(c.node) == PvaryCast::kVarying && hit.size() == a.axes.size()) {
     r.reduced = less_axes(x.reduced, a.axes);
+    return r;
+  }
+  // unreduced_psum: a psum over axes x is unreduced over (_get_from's state, 'unreduced' before
+  // 'reduced') keeps x's reduced axes, as _unreduced_psum_abstract_eval checks none (such an x
+  // is all_gather(to='reduced')'s of a value unreduced over some of the gathered axes).
+  if (c.node.op == Op::kAllReduce && a.reduce_op == ReduceOp::kSum &&
+      common_axes(a.axes, x.unreduced).size() == a.axes.size()) {
     return r;
   }
   r.reduced.clear();

@@ -1445,6 +1445,43 @@ TEST_F(ExplicitReducedTest, AllGatherToReducedAsJax) {
                         "'reduced', 'invarying'}"));
 }
 
+// all_gather(to='reduced') of a value unreduced over one of the gathered axes: JAX's
+// _all_gather_reduced_effectful_abstract_eval takes it (x varying along some of the axes,
+// reduced over none; of x's unreduced axes it checks only their kind) and keeps x's unreduced
+// axes: f32[2,2]{V:data, U:seq} gathered over ('data', 'seq') is f32[8,2]{U:seq, R:(data,seq)};
+// psum over 'seq' is then unreduced_psum (_get_from: 'unreduced' before 'reduced'), whose
+// abstract eval checks no reduced axes: f32[8,2]{R:(data,seq)}. Values against the host: the
+// gather lowers as a plain all_gather, so every device holds the four (2, 2) blocks of A in
+// device order, and the psum over 'seq' doubles them.
+TEST_F(ExplicitReducedTest, AllGatherToReducedOfAnUnreducedValueKeepsItsUnreducedAxesAsJax) {
+  const Mesh mesh = explicit_mesh(*client_, {2, 2}, {"data", "seq"});
+  const HostArray a = HostArray::arange(DType::kF32, {4, 4});
+  std::vector<std::string> types;
+  const ShardMapped f = shard_map(
+      [&](const std::vector<Value>& in) {
+        const Value u = pcast(in[0], "seq", "unreduced");
+        const Value g = all_gather(u, {"data", "seq"}, 0, true, "reduced");
+        const Value s = psum(g, "seq");
+        types = {type_of(u).to_string(), type_of(g).to_string(), type_of(s).to_string()};
+        return std::vector<Value>{s};
+      },
+      mesh, {P("data", "seq")}, {P(None, None).with_reduced({"data", "seq"})});
+  absl::StatusOr<std::vector<Array>> out =
+      jit([&](const std::vector<Value>& in) { return f(in); })({put_on(mesh, a, P("data", "seq"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(types, ::testing::ElementsAre("f32[2,2]{V:data, U:seq}", "f32[8,2]{U:seq, R:(data,seq)}",
+                                            "f32[8,2]{R:(data,seq)}"));
+  std::vector<double> want;  // blocks (d, s) in device order, each A[2d:2d+2, 2s:2s+2], doubled
+  for (int d = 0; d < 2; ++d) {
+    for (int s = 0; s < 2; ++s) {
+      for (int r = 0; r < 2; ++r) {
+        for (int c = 0; c < 2; ++c) want.push_back(2.0 * a.values<float>()[(2 * d + r) * 4 + 2 * s + c]);
+      }
+    }
+  }
+  expect_near(fetch((*out)[0]), want, 0);
+}
+
 // check_vma=false (jax/_src/shard_map.py's _shard_shaped_array and _unshard_shaped_array
 // without check_vma): the body's values carry no unreduced or reduced axes, and out_specs'
 // are not checked; the blocks are what they are. tests/shard_map_test.py's

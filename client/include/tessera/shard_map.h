@@ -124,7 +124,7 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis = 0, bool t
 // is all_gather_reduced (Varying -> Reduced): the gather, typed reduced over `axes` and no
 // longer varying along them (explicit mode only). x must vary along some of the axes and not be
 // reduced over any (INVALID_ARGUMENT with JAX's words; with check_vma off nothing varies, so JAX
-// and this refuse it). Its
+// and this refuse it); x unreduced over some of them keeps its unreduced axes, as JAX's. Its
 // gradient is the unreduced cotangent psum-scattered (unreduced_psum_scatter). "invarying" is
 // all_gather_invariant (Varying -> Invariant): the gather, typed invariant along `axes`
 // (type_of(result).varying is x's less them), so an out_spec may leave them out; on any mesh.
