@@ -929,3 +929,25 @@ def test_all_gather_to_invarying_as_jax(axis_type):
         jax.jit(jax.shard_map(lambda a: jax.lax.all_gather(a, "x", tiled=True), mesh=mesh, in_specs=P("x"),
                               out_specs=P()))(arr)
 
+
+def test_vmap_of_the_casts_jax_does_not_batch_is_not_implemented():
+    # jax/_src/lax/parallel.py: the batching rules of preduced, vary_unreduced_cast,
+    # reduced_vary_cast and all_gather_reduced raise NotImplementedError; pvary's and
+    # all_gather_invariant's batch.
+    mesh = jax.make_mesh((2,), ("x",))
+    with set_mesh(mesh):
+        host = np.arange(16.0, dtype=np.float32).reshape(4, 4)
+
+        def run(cast, in_specs=P(None, "x"), out_specs=P(None, "x")):
+            rows = jax.device_put(host, jax.NamedSharding(mesh, in_specs))
+            return jax.jit(jax.shard_map(lambda a: jax.vmap(cast)(a), mesh=mesh, in_specs=in_specs,
+                                         out_specs=out_specs))(rows)
+
+        with pytest.raises(NotImplementedError, match="vary_unreduced_cast"):
+            run(lambda r: jax.lax.pcast(r, "x", to="unreduced"))
+        with pytest.raises(NotImplementedError, match="preduced"):
+            run(lambda r: jax.lax.pcast(r, "x", to="reduced"), in_specs=P())
+        with pytest.raises(NotImplementedError, match="Please file an issue at https://github.com/jax-ml/jax/issues"):
+            run(lambda r: jax.lax.all_gather(r, "x", tiled=True, to="reduced"))
+        gathered = run(lambda r: jax.lax.all_gather(r, "x", tiled=True, to="invarying"), out_specs=P())
+        np.testing.assert_array_equal(np.asarray(gathered), np.arange(16.0).reshape(4, 4))
