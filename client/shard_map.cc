@@ -1240,7 +1240,8 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled
       })) {
     return t->fail(absl::InvalidArgumentError(absl::StrCat(
         call, ": all_gather_reduced is a Varying -> Reduced collective. This means that the axis_name=", axis_name,
-        " passed to `all_gather_reduced` must be present in jax.typeof(x).mat.varying=", axis_set_repr(varying))));
+        " passed to `all_gather_reduced` must be present in jax.typeof(x).mat.varying=",
+        axis_frozenset_repr(varying))));
   }
   if (std::any_of(axes.names.begin(), axes.names.end(), [&](const std::string& a) {
         return std::find(typed->reduced.begin(), typed->reduced.end(), a) != typed->reduced.end();

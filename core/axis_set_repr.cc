@@ -14,6 +14,10 @@ std::string quoted(const std::vector<std::string>& axes) {
 
 std::string axis_set_repr(const std::vector<std::string>& axes) { return absl::StrCat("{", quoted(axes), "}"); }
 
+std::string axis_frozenset_repr(const std::vector<std::string>& axes) {
+  return axes.empty() ? "frozenset()" : absl::StrCat("frozenset(", axis_set_repr(axes), ")");
+}
+
 std::string axis_tuple_repr(const std::vector<std::string>& axes) {
   return absl::StrCat("(", quoted(axes), axes.size() == 1 ? ",)" : ")");
 }

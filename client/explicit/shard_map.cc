@@ -279,10 +279,10 @@ std::string shard_map_spec_unreduced_error(const char* kind, const Mesh& mesh, b
                                            const std::vector<std::string>& manual_axes, const PartitionSpec& spec) {
   if (!spec.has_unreduced_or_reduced()) return "";
   if (!full_manual) {
-    return absl::StrCat("unreduced/reduced can only be passed to ", kind,
-                        "_specs when shard_map is in full manual mode. Got mesh axis names ",
-                        axes_to_string(mesh.axis_names()), ", manual_axes: ", axis_set_repr(sorted_axes(manual_axes)),
-                        ", specs: ", spec.to_string());
+    return absl::StrCat(
+        "unreduced/reduced can only be passed to ", kind,
+        "_specs when shard_map is in full manual mode. Got mesh axis names ", axes_to_string(mesh.axis_names()),
+        ", manual_axes: ", axis_frozenset_repr(sorted_axes(manual_axes)), ", specs: ", spec.to_string());
   }
   for (const auto& [what, axes] : {std::pair{"unreduced", &spec.unreduced()}, std::pair{"reduced", &spec.reduced()}}) {
     for (const std::string& a : *axes) {

@@ -960,6 +960,8 @@ TEST_F(ExplicitReducedTest, UnreducedShardMapSpecsAndCollectivesAreRefusedAsJax)
   EXPECT_EQ(partial_manual.status().code(), absl::StatusCode::kUnimplemented) << partial_manual.status();
   EXPECT_THAT(partial_manual.status().message(),
               HasSubstr("unreduced/reduced can only be passed to in_specs when shard_map is in full manual mode"));
+  // _check_unreduced prints the manual axes, a frozenset, as Python does.
+  EXPECT_THAT(partial_manual.status().message(), HasSubstr("manual_axes: frozenset({'x'}), specs: "));
 }
 
 // An out_spec may keep a body result unreduced (_unshard_shaped_array: the result is typed by
@@ -1439,7 +1441,7 @@ TEST_F(ExplicitReducedTest, AllGatherToReducedAsJax) {
   EXPECT_THAT(refusal_of([](const Value& v) { return all_gather(v, "seq", 0, true, "reduced"); }, P("data", None)),
               HasSubstr("all_gather_reduced is a Varying -> Reduced collective. This means that the "
                         "axis_name=('seq',) passed to `all_gather_reduced` must be present in "
-                        "jax.typeof(x).mat.varying={'data'}"));
+                        "jax.typeof(x).mat.varying=frozenset({'data'})"));
   EXPECT_THAT(refusal_of([](const Value& v) { return all_gather(v, "seq", 0, true, "sideways"); }, P("seq", None)),
               HasSubstr("Got unexpected `to` value for `jax.lax.all_gather`. Allowed `to` values are: {'varying', "
                         "'reduced', 'invarying'}"));
