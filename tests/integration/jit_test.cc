@@ -1452,6 +1452,15 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfNonlinearUsesAreRefused) {
               ::testing::AllOf(HasSubstr("concatenate: All operands should be unreduced along the same mesh axes. "
                                          "Got unreduced specs: {frozenset({'Y'}), frozenset({'X'})}"),
                                HasSubstr("(operands f32[8,4]{U:Y}, f32[8,4]{U:X})")));
+  // _add_ur_rule (jax/_src/lax/lax.py) prints the operands' unreduced frozensets.
+  absl::StatusOr<std::vector<Array>> added = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{matmul(in[0], in[1], unreduced) +
+                              matmul(in[2], in[3], P(None, None).with_unreduced({"X"}))};
+  })({as, bs, ax, bx});
+  EXPECT_EQ(added.status().code(), absl::StatusCode::kInvalidArgument) << added.status();
+  EXPECT_THAT(added.status().message(),
+              HasSubstr("add: lhs and rhs to `add` must be unreduced along the same mesh axes. Got "
+                        "lhs=frozenset({'Y'}), rhs=frozenset({'X'})"));
 }
 
 // grad in explicit mode: each cotangent takes its primal's type, so d/dw sum(tanh(x @ w)) =
