@@ -784,23 +784,25 @@ std::set<std::string> axis_states(TraceState* t, const Value& x, const AxisNames
   return states;
 }
 
+// A body value's type as JAX's str_short prints it: f32[2,6]{V:x, U:y}.
+std::string body_type_string(const internal::TypedOperand& typed, const Mesh& mesh,
+                             const std::vector<std::string>& varying) {
+  return absl::StrCat(internal::type_string(typed.dtype, typed.shape, typed.spec),
+                      internal::unreduced_string(typed.unreduced, typed.reduced, mesh.axis_names(), varying));
+}
+
 // _get_from's refusal of axes along which x is in several states, its words (`name` is the
 // JAX function), after `call`.
 absl::Status mixed_states_error(const std::string& call, absl::string_view name, const Value& x, const AxisNames& axes,
                                 const internal::TypedOperand* typed, const std::vector<std::string>& varying,
                                 const std::set<std::string>& states, const Mesh& mesh) {
-  std::vector<std::string> quoted;
-  for (const std::string& a : axes.names) quoted.push_back(absl::StrCat("'", a, "'"));
   const std::string type =
-      typed == nullptr
-          ? type_to_string(x.dtype(), x.shape())
-          : absl::StrCat(internal::type_string(typed->dtype, typed->shape, typed->spec),
-                         internal::unreduced_string(typed->unreduced, typed->reduced, mesh.axis_names(), varying));
+      typed == nullptr ? type_to_string(x.dtype(), x.shape()) : body_type_string(*typed, mesh, varying);
   return absl::InvalidArgumentError(absl::StrCat(
       call, ": ", name,
       " can only accept axis_name which corresponds to one of varying, unreduced, reduced or invarying state of the "
       "input. Got input type: ",
-      type, ", axes: (", absl::StrJoin(quoted, ", "), quoted.size() == 1 ? ",)" : ")",
+      type, ", axes: ", axis_tuple_repr(axes.names),
       " and input state: ", axis_set_repr(std::vector<std::string>(states.begin(), states.end()))));
 }
 
@@ -1124,6 +1126,44 @@ bool explicit_types(TraceState* t, const std::string& call) {
   return false;
 }
 
+// all_gather(x, axes, axis, tiled, to='invarying'), JAX's all_gather_invariant
+// (jax/_src/lax/parallel.py): x cast to varying along the axes it does not vary along (JAX's
+// auto_pcast pvary, whose check_unreduced_args refuses an x unreduced or reduced over them, in
+// its words), the gather, then its blocks, the same on every device along the axes, typed
+// invariant there (_all_gather_invariant_effectful_abstract_eval: the result's varying axes are
+// x's less `axes`). Lowered as the gather; JAX's transpose (a dynamic_slice of the invariant
+// cotangent at axis_index) is the gather's reduce-scatter here, where an invariant value's
+// cotangent is each device's share (client/vjp/shard_map.cc).
+Value all_gather_invariant(TraceState* t, const Value& x, const AxisNames& axes, int64_t axis, bool tiled,
+                           const std::string& call) {
+  if (axes.names.empty()) return x;
+  const Mesh* mesh = manual_mesh(t, call);
+  if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
+  if (t->explicit_mesh.has_value()) {
+    const std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
+    if (!typed.has_value()) return Value();
+    std::vector<std::string> varying, vary_names;
+    axis_states(t, x, axes, &*typed, &varying);
+    for (const std::string& a : axes.names) {
+      if (std::find(varying.begin(), varying.end(), a) == varying.end()) vary_names.push_back(a);
+    }
+    std::sort(vary_names.begin(), vary_names.end());
+    for (const auto& [what, over] :
+         {std::pair{"unreduced", &typed->unreduced}, std::pair{"reduced", &typed->reduced}}) {
+      if (std::none_of(vary_names.begin(), vary_names.end(),
+                       [&](const std::string& a) { return std::find(over->begin(), over->end(), a) != over->end(); })) {
+        continue;
+      }
+      return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": pvary cannot accept args which are ", what,
+                                                             ". Got ", body_type_string(*typed, *mesh, varying),
+                                                             " and axes=", axis_set_repr(vary_names))));
+    }
+  }
+  const Value gathered = all_gather(x, axes, axis, tiled);
+  if (!gathered.ok() || !t->manual_bodies.back().check_vma) return gathered;  // untyped: the gather
+  return cast_node(t, gathered, *mesh, axes, PvaryCast::kInvariant, call);
+}
+
 }  // namespace
 
 Value pcast(const Value& x, const AxisNames& axes, const std::string& to) {
@@ -1173,10 +1213,7 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled
   const std::string call = absl::StrCat("all_gather(", type_to_string(x.dtype(), x.shape()), ", ",
                                         axes_text(axes.names), ", to='", to, "')");
   if (to == "varying") return all_gather(x, axes, axis, tiled);
-  if (to == "invarying") {
-    return t->fail(absl::UnimplementedError(absl::StrCat(
-        call, ": all_gather(to='invarying') (all_gather_invariant) is not built; to='varying' and to='reduced' are")));
-  }
+  if (to == "invarying") return all_gather_invariant(t, x, axes, axis, tiled, call);
   if (to != "reduced") {
     return t->fail(absl::InvalidArgumentError(
         absl::StrCat(call,
@@ -1192,12 +1229,8 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled
   if (!typed.has_value()) return Value();
   std::vector<std::string> varying;
   axis_states(t, x, axes, &*typed, &varying);
-  const std::string type =
-      absl::StrCat(internal::type_string(typed->dtype, typed->shape, typed->spec),
-                   internal::unreduced_string(typed->unreduced, typed->reduced, mesh->axis_names(), varying));
-  std::vector<std::string> quoted;
-  for (const std::string& a : axes.names) quoted.push_back(absl::StrCat("'", a, "'"));
-  const std::string axis_name = absl::StrCat("(", absl::StrJoin(quoted, ", "), quoted.size() == 1 ? ",)" : ")");
+  const std::string type = body_type_string(*typed, *mesh, varying);
+  const std::string axis_name = axis_tuple_repr(axes.names);
   if (varying.empty()) {
     return t->fail(absl::InvalidArgumentError(
         absl::StrCat(call, ": all_gather_reduced only accepts inputs that are varying. Got ", type)));
@@ -1207,7 +1240,8 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled
       })) {
     return t->fail(absl::InvalidArgumentError(absl::StrCat(
         call, ": all_gather_reduced is a Varying -> Reduced collective. This means that the axis_name=", axis_name,
-        " passed to `all_gather_reduced` must be present in jax.typeof(x).mat.varying=", axis_set_repr(varying))));
+        " passed to `all_gather_reduced` must be present in jax.typeof(x).mat.varying=",
+        axis_frozenset_repr(varying))));
   }
   if (std::any_of(axes.names.begin(), axes.names.end(), [&](const std::string& a) {
         return std::find(typed->reduced.begin(), typed->reduced.end(), a) != typed->reduced.end();
@@ -1217,9 +1251,21 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled
                      " and axis_name=", axis_name)));
   }
   // The gather, then its blocks (the same on every device along the axes) typed reduced there.
+  // An x unreduced over some of the axes keeps its unreduced axes (the abstract eval checks only
+  // their kind, a sum here): both nodes are given them as their result's, typed when made.
+  const bool unreduced_gather = std::any_of(axes.names.begin(), axes.names.end(), [&](const std::string& a) {
+    return std::find(typed->unreduced.begin(), typed->unreduced.end(), a) != typed->unreduced.end();
+  });
+  if (unreduced_gather) ++t->deferred_typing;
   const Value gathered = all_gather(x, axes, axis, tiled);
-  if (!gathered.ok()) return gathered;
-  return cast_node(t, gathered, *mesh, axes, PvaryCast::kReduced, call);
+  const Value out = gathered.ok() ? cast_node(t, gathered, *mesh, axes, PvaryCast::kReduced, call) : gathered;
+  if (!unreduced_gather) return out;
+  --t->deferred_typing;
+  if (!out.ok()) return out;
+  for (const Value* v : {&gathered, &out}) t->out_unreduced[TraceState::id(*v)] = typed->unreduced;
+  const absl::Status types = t->type_new_nodes();
+  if (!types.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", types.message())));
+  return out;
 }
 
 }  // namespace tessera

@@ -312,6 +312,10 @@ std::vector<Value> vmapped(const TracedFunction& f, const std::vector<std::optio
   absl::Status status = batch_nodes(t, start, t->graph.size(), *layout, result_ids, batched);
   if (!status.ok()) {
     if (!t->error.ok()) return std::vector<Value>(num_results);
+    if (status.code() == absl::StatusCode::kUnimplemented) {  // what JAX does not batch: its NotImplementedError
+      t->fail(absl::UnimplementedError(absl::StrCat("vmap: ", status.message())));
+      return std::vector<Value>(num_results);
+    }
     return fail(std::string(status.message()));
   }
   const std::vector<std::optional<int64_t>> axes = out_axes(results.size());

@@ -532,8 +532,8 @@ absl::StatusOr<ArrayType> infer_pvary(const Node& n, absl::Span<const ArrayType>
   TESSERA_RETURN_IF_ERROR(check_mesh_axes(c.mesh, c.axes, "pvary"));
   PvaryCast cast;
   if (!pvary_cast_of(c.dimension, &cast)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pvary: dimension ", c.dimension, " names no cast (0 varying, 1 unreduced, 2 reduced)"));
+    return absl::InvalidArgumentError(absl::StrCat("pvary: dimension ", c.dimension,
+                                                   " names no cast (0 varying, 1 unreduced, 2 reduced, 3 invariant)"));
   }
   if (c.reduce_op != ReduceOp::kSum || c.split_dimension != 0 || c.concat_dimension != 0 || !c.positions.empty()) {
     return absl::InvalidArgumentError(

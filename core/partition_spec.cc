@@ -48,7 +48,7 @@ absl::Status PartitionSpec::check() const {
     if (std::binary_search(reduced_.begin(), reduced_.end(), u)) {
       return absl::InvalidArgumentError(
           absl::StrCat("`unreduced` and `reduced` argument to PartitionSpec cannot overlap. Got unreduced: ",
-                       axis_set_repr(unreduced_), " and reduced: ", axis_set_repr(reduced_)));
+                       axis_frozenset_repr(unreduced_), " and reduced: ", axis_frozenset_repr(reduced_)));
     }
   }
   for (const Axes& axes : dims_) {
@@ -56,12 +56,12 @@ absl::Status PartitionSpec::check() const {
       if (std::binary_search(unreduced_.begin(), unreduced_.end(), a)) {
         return absl::InvalidArgumentError(
             absl::StrCat("partitions cannot overlap with unreduced axes passed to PartitionSpec. Got partitions: ",
-                         partitions_repr(dims_), " and unreduced axes: ", axis_set_repr(unreduced_)));
+                         partitions_repr(dims_), " and unreduced axes: ", axis_frozenset_repr(unreduced_)));
       }
       if (std::binary_search(reduced_.begin(), reduced_.end(), a)) {
         return absl::InvalidArgumentError(
             absl::StrCat("partitions cannot overlap with reduced axes passed to PartitionSpec. Got partitions: ",
-                         partitions_repr(dims_), " and reduced axes: ", axis_set_repr(reduced_)));
+                         partitions_repr(dims_), " and reduced axes: ", axis_frozenset_repr(reduced_)));
       }
     }
   }

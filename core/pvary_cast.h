@@ -9,6 +9,9 @@
 //   kReduced: pcast(to='reduced') (preduced): invariant -> reduced over the axes; also the
 //     second half of all_gather(to='reduced') (all_gather_reduced), whose gathered blocks are
 //     the same on every device along the axes: varying -> reduced there.
+//   kInvariant: the second half of all_gather(to='invarying') (all_gather_invariant), whose
+//     gathered blocks are the same on every device along the axes: varying -> invariant there
+//     (JAX's only Varying -> Invariant cast besides psum; no pcast reaches it).
 #ifndef TESSERA_CORE_PVARY_CAST_H_
 #define TESSERA_CORE_PVARY_CAST_H_
 
@@ -16,11 +19,11 @@
 
 namespace tessera {
 
-enum class PvaryCast : int64_t { kVarying = 0, kUnreduced = 1, kReduced = 2 };
+enum class PvaryCast : int64_t { kVarying = 0, kUnreduced = 1, kReduced = 2, kInvariant = 3 };
 
 // The cast of a CollectiveAttrs::dimension, or false when it names none.
 inline bool pvary_cast_of(int64_t dimension, PvaryCast* cast) {
-  if (dimension < 0 || dimension > static_cast<int64_t>(PvaryCast::kReduced)) return false;
+  if (dimension < 0 || dimension > static_cast<int64_t>(PvaryCast::kInvariant)) return false;
   *cast = static_cast<PvaryCast>(dimension);
   return true;
 }
@@ -33,6 +36,8 @@ inline const char* pvary_cast_name(PvaryCast cast) {
       return "unreduced";
     case PvaryCast::kReduced:
       return "reduced";
+    case PvaryCast::kInvariant:
+      return "invariant";
   }
   return "?";
 }

@@ -3,10 +3,12 @@
 // once on it with its dimensions one further on (ragged_all_to_all: once on the examples' rows
 // stacked).
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "client/batching/batching.h"
+#include "core/pvary_cast.h"
 #include "core/status.h"
 
 namespace tessera::internal {
@@ -148,6 +150,40 @@ absl::StatusOr<Value> ragged_all_to_all_rule(const BatchArgs& a) {
   return reshape(r, output.shape());
 }
 
+// The casts JAX does not batch (jax/_src/lax/parallel.py registers batching rules for preduced,
+// vary_unreduced_cast and reduced_vary_cast that raise NotImplementedError with no message, and
+// for all_gather_reduced one that raises NotImplementedError("Please file an issue at
+// https://github.com/jax-ml/jax/issues")): UNIMPLEMENTED, naming the JAX primitive and the call,
+// with its message. pvary (_pvary_batcher) and all_gather_invariant's cast
+// (_all_gather_invariant_batched_collective) batch as the collectives.
+absl::StatusOr<Value> pvary_rule(const BatchArgs& a) {
+  const CollectiveAttrs& c = a.node.attrs<CollectiveAttrs>();
+  PvaryCast cast = PvaryCast::kVarying;
+  pvary_cast_of(c.dimension, &cast);
+  const int operand = a.node.operands[0];
+  const std::vector<std::string>& reduced = a.trace->reduced_of(operand);
+  const bool from_reduced = std::any_of(c.axes.begin(), c.axes.end(), [&](const std::string& axis) {
+    return std::find(reduced.begin(), reduced.end(), axis) != reduced.end();
+  });
+  const bool of_gather = a.trace->graph.node(operand).op == Op::kAllGather;
+  struct Refused {
+    const char* primitive;
+    const char* call;
+  };
+  const std::optional<Refused> refused =
+      cast == PvaryCast::kUnreduced                 ? Refused{"vary_unreduced_cast", "pcast(..., to='unreduced')"}
+      : cast == PvaryCast::kReduced && of_gather    ? Refused{"all_gather_reduced", "all_gather(..., to='reduced')"}
+      : cast == PvaryCast::kReduced                 ? Refused{"preduced", "pcast(..., to='reduced')"}
+      : cast == PvaryCast::kVarying && from_reduced ? Refused{"reduced_vary_cast", "pcast(..., to='varying')"}
+                                                    : std::optional<Refused>();
+  if (!refused.has_value()) return collective_rule(a);
+  const bool gather = cast == PvaryCast::kReduced && of_gather;
+  return absl::UnimplementedError(
+      absl::StrCat(refused->call, " over ", axes_to_string(c.axes), " (node %", a.id,
+                   ") of a mapped value: JAX's batching rule for ", refused->primitive, " raises NotImplementedError",
+                   gather ? ": Please file an issue at https://github.com/jax-ml/jax/issues" : ""));
+}
+
 constexpr BatchEntry kRules[] = {
     {Op::kShardMapIn, boundary_rule},
     {Op::kShardMapOut, boundary_rule},
@@ -156,7 +192,7 @@ constexpr BatchEntry kRules[] = {
     {Op::kReduceScatter, collective_rule},
     {Op::kAllToAll, collective_rule},
     {Op::kCollectivePermute, collective_rule},
-    {Op::kPvary, collective_rule},
+    {Op::kPvary, pvary_rule},
     {Op::kRaggedAllToAll, ragged_all_to_all_rule},
 };
 

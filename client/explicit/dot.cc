@@ -109,7 +109,7 @@ UnreducedRuleResult dot_general_unreduced(const TypeRuleCall& c) {
   if (contracted != c.out_unreduced) {
     r.error =
         absl::StrCat("out_sharding's unreduced axes should be equal to the contracting specs. Got unreduced axes=",
-                     axis_set_repr(c.out_unreduced), " and contracting specs over ", axis_set_repr(contracted));
+                     axis_frozenset_repr(c.out_unreduced), " and contracting specs over ", axis_set_repr(contracted));
     r.fix = "name in unreduced={...} exactly the mesh axes the contracting dimensions are split over";
     return r;
   }

@@ -33,9 +33,8 @@ UnreducedRuleResult add(const TypeRuleCall& c) {
   if (x == y) {
     r.unreduced = x;
   } else if (!x.empty() && !y.empty()) {
-    r.error =
-        absl::StrCat("lhs and rhs to `add` must be unreduced along the same mesh axes. Got lhs=", axis_set_repr(x),
-                     ", rhs=", axis_set_repr(y));
+    r.error = absl::StrCat("lhs and rhs to `add` must be unreduced along the same mesh axes. Got lhs=",
+                           axis_frozenset_repr(x), ", rhs=", axis_frozenset_repr(y));
     r.fix = kReduceFirstFix;
   } else {
     const char* u = x.empty() ? "rhs" : "lhs";
@@ -54,7 +53,7 @@ UnreducedRuleResult mul(const TypeRuleCall& c) {
   UnreducedRuleResult r;
   if (!x.unreduced.empty() && !y.unreduced.empty()) {
     r.error = absl::StrCat("lhs and rhs to `mul` cannot be unreduced since mul is bilinear. Got lhs=",
-                           axis_set_repr(x.unreduced), ", rhs=", axis_set_repr(y.unreduced));
+                           axis_frozenset_repr(x.unreduced), ", rhs=", axis_frozenset_repr(y.unreduced));
     r.fix = kReduceFirstFix;
   } else if (!x.unreduced.empty() || !y.unreduced.empty()) {
     const bool left = !x.unreduced.empty();

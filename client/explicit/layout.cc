@@ -174,10 +174,12 @@ UnreducedRuleResult concatenate_unreduced(const TypeRuleCall& c) {
   }
   if (specs.empty()) return r;
   if (specs.size() > 1) {
-    r.error = absl::StrCat("All operands should be unreduced along the same mesh axes. Got unreduced specs: ",
-                           absl::StrJoin(specs, ", ", [](std::string* out, const std::vector<std::string>& u) {
-                             absl::StrAppend(out, axis_set_repr(u));
-                           }));
+    r.error = absl::StrCat("All operands should be unreduced along the same mesh axes. Got unreduced specs: {",
+                           absl::StrJoin(specs, ", ",
+                                         [](std::string* out, const std::vector<std::string>& u) {
+                                           absl::StrAppend(out, axis_frozenset_repr(u));
+                                         }),
+                           "}");
     r.fix = kReduceFirstFix;
     return r;
   }

@@ -35,7 +35,7 @@ ReducedRuleResult common_reduced(const TypeRuleCall& c, absl::string_view error)
   for (const TypedOperand& o : c.operands) {
     if (o.reduced.empty() || o.reduced == r.reduced) continue;
     if (!r.reduced.empty()) {
-      r.error = absl::StrCat(error, "{", axis_set_repr(r.reduced), ", ", axis_set_repr(o.reduced), "}");
+      r.error = absl::StrCat(error, "{", axis_frozenset_repr(r.reduced), ", ", axis_frozenset_repr(o.reduced), "}");
       r.fix = "reshard the operands to the same reduced axes (reshard(x, P(..., reduced={...})))";
       return r;
     }
@@ -64,7 +64,7 @@ ReducedRuleResult nary_reduced(const TypeRuleCall& c) {
     if (replicated) {
       r.error = absl::StrCat(
           "Inputs cannot be replicated on the same axes that another input is reduced on. Got input type: ", type,
-          " and reduced spec: ", axis_set_repr(r.reduced));
+          " and reduced spec: ", axis_frozenset_repr(r.reduced));
       r.fix = absl::StrCat("reshard that input to P(..., reduced=", axis_set_repr(r.reduced),
                            ") too, or the reduced one to P(...)");
       return r;
@@ -74,7 +74,7 @@ ReducedRuleResult nary_reduced(const TypeRuleCall& c) {
           "Inputs cannot be sharded/varying on the same axes that another input is reduced on. Reshard the input "
           "which is reduced to be sharded on the mesh axes it is reduced on via `reshard(inp, P(...))`. Got input "
           "type: ",
-          type, " and reduced spec: ", axis_set_repr(r.reduced));
+          type, " and reduced spec: ", axis_frozenset_repr(r.reduced));
       r.fix = "reshard the reduced input to the other's sharding (reshard(x, P(...)))";
       return r;
     }

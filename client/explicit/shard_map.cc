@@ -151,13 +151,6 @@ std::vector<std::string> union_axes(const std::vector<std::string>& a, const std
   return sorted_axes(std::move(out));
 }
 
-// "('x', 'y')": a tuple of axis names as JAX prints axis_name.
-std::string axis_tuple(const std::vector<std::string>& axes) {
-  std::vector<std::string> quoted;
-  for (const std::string& a : axes) quoted.push_back(absl::StrCat("'", a, "'"));
-  return absl::StrCat("(", absl::StrJoin(quoted, ", "), quoted.size() == 1 ? ",)" : ")");
-}
-
 // The JAX function of a collective node, as its abstract eval names it in check_unreduced_args.
 std::string collective_name(const Node& n) {
   if (n.op == Op::kPvary && cast_of(n) == PvaryCast::kUnreduced) return "vary_unreduced_cast";
@@ -199,9 +192,16 @@ UnreducedRuleResult collective_unreduced(const TypeRuleCall& c) {
   if (to_unreduced) {  // _vary_unreduced_cast_abstract_eval's words
     r.error = absl::StrCat("vary_unreduced_cast input cannot be unreduced across the axis_name provided. Got x=",
                            type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh),
-                           " and axis_name=", axis_tuple(a.axes));
+                           " and axis_name=", axis_tuple_repr(a.axes));
     r.fix = "psum it over those axes first";
     r.unreduced.clear();
+    return r;
+  }
+  // all_gather(to='reduced') of an x unreduced over some of its axes: all_gather_reduced's
+  // abstract eval keeps x's unreduced axes (it checks only their kind), which client/shard_map.cc
+  // gives its gather and cast as their result's (out_unreduced).
+  if ((c.node.op == Op::kAllGather || c.node.op == Op::kPvary) && !c.out_unreduced.empty() &&
+      c.out_unreduced == x.unreduced) {
     return r;
   }
   const bool sums = c.node.op == Op::kAllReduce || c.node.op == Op::kReduceScatter;
@@ -241,12 +241,19 @@ ReducedRuleResult collective_reduced(const TypeRuleCall& c) {
     r.reduced.clear();
     r.error = absl::StrCat("preduced input cannot be reduced across the axis_name provided. Got x=",
                            type_string(x.dtype, x.shape, x.spec, x.unreduced, x.reduced, &c.mesh),
-                           " and axis_name=", axis_tuple(a.axes));
+                           " and axis_name=", axis_tuple_repr(a.axes));
     r.fix = "leave out the axes it is reduced over already";
     return r;
   }
   if (c.node.op == Op::kPvary && cast_of(c.node) == PvaryCast::kVarying && hit.size() == a.axes.size()) {
     r.reduced = less_axes(x.reduced, a.axes);
+    return r;
+  }
+  // unreduced_psum: a psum over axes x is unreduced over (_get_from's state, 'unreduced' before
+  // 'reduced') keeps x's reduced axes, as _unreduced_psum_abstract_eval checks none (such an x
+  // is all_gather(to='reduced')'s of a value unreduced over some of the gathered axes).
+  if (c.node.op == Op::kAllReduce && a.reduce_op == ReduceOp::kSum &&
+      common_axes(a.axes, x.unreduced).size() == a.axes.size()) {
     return r;
   }
   r.reduced.clear();
@@ -272,10 +279,10 @@ std::string shard_map_spec_unreduced_error(const char* kind, const Mesh& mesh, b
                                            const std::vector<std::string>& manual_axes, const PartitionSpec& spec) {
   if (!spec.has_unreduced_or_reduced()) return "";
   if (!full_manual) {
-    return absl::StrCat("unreduced/reduced can only be passed to ", kind,
-                        "_specs when shard_map is in full manual mode. Got mesh axis names ",
-                        axes_to_string(mesh.axis_names()), ", manual_axes: ", axis_set_repr(sorted_axes(manual_axes)),
-                        ", specs: ", spec.to_string());
+    return absl::StrCat(
+        "unreduced/reduced can only be passed to ", kind,
+        "_specs when shard_map is in full manual mode. Got mesh axis names ", axes_to_string(mesh.axis_names()),
+        ", manual_axes: ", axis_frozenset_repr(sorted_axes(manual_axes)), ", specs: ", spec.to_string());
   }
   for (const auto& [what, axes] : {std::pair{"unreduced", &spec.unreduced()}, std::pair{"reduced", &spec.reduced()}}) {
     for (const std::string& a : *axes) {

@@ -1,6 +1,7 @@
 """Exceptions for the C++ SDK's errors: each carries the absl::Status code's name as `.code`
 and the C++ message. INVALID_ARGUMENT is a ValueError; every other code a RuntimeError
-(TesseraError) subclass, so callers catch what they can act on:
+(TesseraError) subclass, UNIMPLEMENTED also a NotImplementedError (what JAX raises for what it
+does not implement), so callers catch what they can act on:
 
     try:
         tessera.device_put(np.ones((10, 8)), NamedSharding(mesh, P("data")))
@@ -58,8 +59,15 @@ class UnauthenticatedError(TesseraError):
     code = "UNAUTHENTICATED"
 
 
+class UnimplementedError(TesseraError, NotImplementedError):
+    """UNIMPLEMENTED: what JAX raises NotImplementedError for (vmap of pcast(..., to='reduced'))."""
+
+    code = "UNIMPLEMENTED"
+
+
 _BY_CODE = {c.code: c for c in (NotFoundError, FailedPreconditionError, UnavailableError, DeadlineExceededError,
-                                ResourceExhaustedError, AbortedError, PermissionDeniedError, UnauthenticatedError)}
+                                ResourceExhaustedError, AbortedError, PermissionDeniedError, UnauthenticatedError,
+                                UnimplementedError)}
 
 
 def from_status(code, message):

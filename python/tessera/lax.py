@@ -42,7 +42,8 @@ pmin = _collective("pmin")
 
 def all_gather(x, axis_name, *, axis=0, tiled=False, to="varying"):
     """jax.lax.all_gather; to='reduced' is all_gather_reduced (the gathered value typed reduced
-    over `axis_name`, explicit mode), to='invarying' is not built (the C++ all_gather)."""
+    over `axis_name`, explicit mode), to='invarying' is all_gather_invariant (the gathered value
+    typed invariant along `axis_name`, so out_specs may leave it out; the C++ all_gather)."""
     return tree_map(lambda v: _wrap(_t.all_gather(_tracer(v)._v, _axes(axis_name), axis, tiled, to)), x)
 
 

@@ -898,3 +898,56 @@ def test_shard_map_casts_to_reduced_and_unreduced_as_jax():
         assert g.sharding.spec == P("x")
         with pytest.raises(ValueError, match="Got unexpected `to` value for `jax.lax.all_gather`"):
             jax.shard_map(lambda x: jax.lax.all_gather(x, "x", to="sideways"), mesh=mesh, out_specs=P())(arr)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto])
+def test_all_gather_to_invarying_as_jax(axis_type):
+    # tests/shard_map_test.py test_all_gather_invariant_basic (jtu.create_mesh((4,), 'x')): the
+    # result of all_gather(..., to='invarying') (all_gather_invariant) is typed invariant
+    # (`out.aval.mat.varying == set()`), out_specs=P() takes it, its value is the argument, and
+    # the gradient of its sum is laid out as the argument. Both axis types: JAX types manual axes
+    # on any mesh. The gradient of sum(sin(.)) against the host's cos.
+    mesh = jax.make_mesh((4,), ("x",), axis_types=(axis_type,))
+    arr = jax.device_put(np.arange(8.0, dtype=np.float32), jax.NamedSharding(mesh, P("x")))
+    seen = []
+
+    def body(a):
+        out = jax.lax.all_gather(a, "x", tiled=True, to="invarying")
+        seen.append(set(jax.typeof(out).mat.varying))
+        return out
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P()))
+    out = f(arr)
+    assert seen == [set()]
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8.0))
+    g = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(f(x)))))(arr)
+    assert g.shape == (8,)
+    assert g.sharding.spec == P("x")
+    np.testing.assert_allclose(np.asarray(g), np.cos(np.arange(8.0)), rtol=1e-5)
+    # The plain all_gather is typed varying (Varying -> Varying): out_specs=P() is refused.
+    with pytest.raises(ValueError, match="may differ along mesh axis 'x'"):
+        jax.jit(jax.shard_map(lambda a: jax.lax.all_gather(a, "x", tiled=True), mesh=mesh, in_specs=P("x"),
+                              out_specs=P()))(arr)
+
+
+def test_vmap_of_the_casts_jax_does_not_batch_is_not_implemented():
+    # jax/_src/lax/parallel.py: the batching rules of preduced, vary_unreduced_cast,
+    # reduced_vary_cast and all_gather_reduced raise NotImplementedError; pvary's and
+    # all_gather_invariant's batch.
+    mesh = jax.make_mesh((2,), ("x",))
+    with set_mesh(mesh):
+        host = np.arange(16.0, dtype=np.float32).reshape(4, 4)
+
+        def run(cast, in_specs=P(None, "x"), out_specs=P(None, "x")):
+            rows = jax.device_put(host, jax.NamedSharding(mesh, in_specs))
+            return jax.jit(jax.shard_map(lambda a: jax.vmap(cast)(a), mesh=mesh, in_specs=in_specs,
+                                         out_specs=out_specs))(rows)
+
+        with pytest.raises(NotImplementedError, match="vary_unreduced_cast"):
+            run(lambda r: jax.lax.pcast(r, "x", to="unreduced"))
+        with pytest.raises(NotImplementedError, match="preduced"):
+            run(lambda r: jax.lax.pcast(r, "x", to="reduced"), in_specs=P())
+        with pytest.raises(NotImplementedError, match="Please file an issue at https://github.com/jax-ml/jax/issues"):
+            run(lambda r: jax.lax.all_gather(r, "x", tiled=True, to="reduced"))
+        gathered = run(lambda r: jax.lax.all_gather(r, "x", tiled=True, to="invarying"), out_specs=P())
+        np.testing.assert_array_equal(np.asarray(gathered), np.arange(16.0).reshape(4, 4))

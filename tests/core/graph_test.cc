@@ -79,7 +79,8 @@ TEST(Graph, OutputsMustExist) {
 }
 
 // A pvary node's dimension names its cast (core/pvary_cast.h): 0 varying (add_pvary's), 1
-// unreduced, 2 reduced, each the operand's type, printed after its axes; any other refused.
+// unreduced, 2 reduced, 3 invariant, each the operand's type, printed after its axes; any other
+// refused.
 TEST(Graph, PvaryCarriesItsCastInItsDimension) {
   const Mesh mesh = *make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
   Graph g;
@@ -94,13 +95,15 @@ TEST(Graph, PvaryCarriesItsCastInItsDimension) {
   absl::StatusOr<int> varying = g.add_pvary(x, mesh, {"model"});
   absl::StatusOr<int> unreduced = cast(static_cast<int64_t>(PvaryCast::kUnreduced));
   absl::StatusOr<int> reduced = cast(static_cast<int64_t>(PvaryCast::kReduced));
-  ASSERT_TRUE(varying.ok() && unreduced.ok() && reduced.ok());
+  absl::StatusOr<int> invariant = cast(static_cast<int64_t>(PvaryCast::kInvariant));
+  ASSERT_TRUE(varying.ok() && unreduced.ok() && reduced.ok() && invariant.ok());
   EXPECT_EQ(g.node(*unreduced).shape, (Shape{16, 8}));
   const std::string text = g.to_text();
   EXPECT_THAT(text, HasSubstr("%1 = pvary(%0) f32[16,8] axes=('model',) mesh="));
   EXPECT_THAT(text, HasSubstr("%2 = pvary(%0) f32[16,8] axes=('model',) to=unreduced mesh="));
   EXPECT_THAT(text, HasSubstr("%3 = pvary(%0) f32[16,8] axes=('model',) to=reduced mesh="));
-  expect_invalid(cast(3), "pvary: dimension 3 names no cast (0 varying, 1 unreduced, 2 reduced)");
+  EXPECT_THAT(text, HasSubstr("%4 = pvary(%0) f32[16,8] axes=('model',) to=invariant mesh="));
+  expect_invalid(cast(4), "pvary: dimension 4 names no cast (0 varying, 1 unreduced, 2 reduced, 3 invariant)");
   expect_invalid(cast(-1), "pvary: dimension -1 names no cast");
 }
 

@@ -113,20 +113,21 @@ TEST(PartitionSpec, UnreducedAndReducedAsJax) {
   EXPECT_EQ(P("a").with_unreduced({"b"}).partitions_only(), P("a"));
 }
 
-// jax/_src/partition_spec.py, _check: the messages of an overlap.
+// jax/_src/partition_spec.py, _check: the messages of an overlap (its sets are frozensets,
+// PartitionSpec.__new__'s _canonicalize_ur).
 TEST(PartitionSpec, CheckRefusesOverlapsAsJax) {
   EXPECT_TRUE(P("a").with_unreduced({"b"}).with_reduced({"c"}).check().ok());
   const absl::Status both = P().with_unreduced({"a"}).with_reduced({"a"}).check();
   EXPECT_EQ(both.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(both.message(),
-            "`unreduced` and `reduced` argument to PartitionSpec cannot overlap. Got unreduced: {'a'} and reduced: "
-            "{'a'}");
+            "`unreduced` and `reduced` argument to PartitionSpec cannot overlap. Got unreduced: frozenset({'a'}) and "
+            "reduced: frozenset({'a'})");
   EXPECT_EQ(P("a", None).with_unreduced({"a"}).check().message(),
             "partitions cannot overlap with unreduced axes passed to PartitionSpec. Got partitions: ('a', None) and "
-            "unreduced axes: {'a'}");
+            "unreduced axes: frozenset({'a'})");
   EXPECT_EQ(P(Axes{"a", "b"}).with_reduced({"b"}).check().message(),
             "partitions cannot overlap with reduced axes passed to PartitionSpec. Got partitions: (('a', 'b'),) and "
-            "reduced axes: {'b'}");
+            "reduced axes: frozenset({'b'})");
 }
 
 }  // namespace

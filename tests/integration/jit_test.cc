@@ -760,7 +760,7 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfOtherOpsAreRefused) {
   EXPECT_THAT(
       refusal([&](const Value& x, const Value& w) { return matmul(x, w, P(None, None).with_unreduced({"X"})); }),
       HasSubstr("dot_general: out_sharding's unreduced axes should be equal to the contracting specs. Got "
-                "unreduced axes={'X'} and contracting specs over {'Y'}"));
+                "unreduced axes=frozenset({'X'}) and contracting specs over {'Y'}"));
   // A value unreduced over some axes is not resharded onto others (JAX refuses it too).
   EXPECT_THAT(refusal([&](const Value& x, const Value& w) {
                 return reshard(matmul(x, w, unreduced), P(None, None).with_unreduced({"X"}));
@@ -812,7 +812,7 @@ TEST_F(ExplicitJitTest, ReducedValuesAreReplicatedAndTypedAsJax) {
   auto add = [](const Value& a, const Value& b) { return a + b; };
   EXPECT_THAT(refusal(*line, mul, {arr, put_on(*line, four, P())}),
               ::testing::AllOf(HasSubstr("mul: Inputs cannot be replicated on the same axes that another input is "
-                                         "reduced on. Got input type: f32[4] and reduced spec: {'x'}"),
+                                         "reduced on. Got input type: f32[4] and reduced spec: frozenset({'x'})"),
                                HasSubstr("(operands f32[4]{R:x}, f32[4])")));
   const Array split = put_on(*line, eight, P("x")), reduced8 = put_on(*line, eight, P().with_reduced({"x"}));
   for (const auto& args : {std::vector<Array>{reduced8, split}, std::vector<Array>{split, reduced8}}) {
@@ -830,7 +830,7 @@ TEST_F(ExplicitJitTest, ReducedValuesAreReplicatedAndTypedAsJax) {
        {std::function<Value(const Value&, const Value&)>(mul), std::function<Value(const Value&, const Value&)>(add)}) {
     EXPECT_THAT(refusal(*square, [&](const Value& a, const Value& b) { return sum(f(a, b)); }, {r, rep}),
                 HasSubstr("Inputs cannot be replicated on the same axes that another input is reduced on. Got input "
-                          "type: f32[4@x,2] and reduced spec: {'y'}"));
+                          "type: f32[4@x,2] and reduced spec: frozenset({'y'})"));
   }
   // An op with no reduced rule refuses a reduced operand, as JAX's call_ur_rule (reduce_prod_p
   // has no ur_rule; reduce_max keeps the axes since session 27: reduced_test.cc).
@@ -1406,8 +1406,8 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfNonlinearUsesAreRefused) {
                                          "lhs=f32[8,4]{U:Y} and rhs=f32[8,4]"),
                                HasSubstr("reshard the other operand to P(..., reduced={...})")));
   EXPECT_THAT(refusal([](const Value& c) { return c * c; }),
-              HasSubstr("mul: lhs and rhs to `mul` cannot be unreduced since mul is bilinear. Got lhs={'Y'}, "
-                        "rhs={'Y'}"));
+              HasSubstr("mul: lhs and rhs to `mul` cannot be unreduced since mul is bilinear. Got "
+                        "lhs=frozenset({'Y'}), rhs=frozenset({'Y'})"));
   EXPECT_THAT(refusal([](const Value& c) { return c / 2.0; }),
               HasSubstr("div: Denominator should be reduced along the same axes numerator is unreduced on. Got "
                         "x=f32[8,4]{U:Y}, y=f32[8,4]"));
@@ -1450,8 +1450,17 @@ TEST_F(ExplicitJitTest, UnreducedOperandsOfNonlinearUsesAreRefused) {
   EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument) << mixed.status();
   EXPECT_THAT(mixed.status().message(),
               ::testing::AllOf(HasSubstr("concatenate: All operands should be unreduced along the same mesh axes. "
-                                         "Got unreduced specs: {'Y'}, {'X'}"),
+                                         "Got unreduced specs: {frozenset({'Y'}), frozenset({'X'})}"),
                                HasSubstr("(operands f32[8,4]{U:Y}, f32[8,4]{U:X})")));
+  // _add_ur_rule (jax/_src/lax/lax.py) prints the operands' unreduced frozensets.
+  absl::StatusOr<std::vector<Array>> added = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{matmul(in[0], in[1], unreduced) +
+                              matmul(in[2], in[3], P(None, None).with_unreduced({"X"}))};
+  })({as, bs, ax, bx});
+  EXPECT_EQ(added.status().code(), absl::StatusCode::kInvalidArgument) << added.status();
+  EXPECT_THAT(added.status().message(),
+              HasSubstr("add: lhs and rhs to `add` must be unreduced along the same mesh axes. Got "
+                        "lhs=frozenset({'Y'}), rhs=frozenset({'X'})"));
 }
 
 // grad in explicit mode: each cotangent takes its primal's type, so d/dw sum(tanh(x @ w)) =

@@ -960,6 +960,8 @@ TEST_F(ExplicitReducedTest, UnreducedShardMapSpecsAndCollectivesAreRefusedAsJax)
   EXPECT_EQ(partial_manual.status().code(), absl::StatusCode::kUnimplemented) << partial_manual.status();
   EXPECT_THAT(partial_manual.status().message(),
               HasSubstr("unreduced/reduced can only be passed to in_specs when shard_map is in full manual mode"));
+  // _check_unreduced prints the manual axes, a frozenset, as Python does.
+  EXPECT_THAT(partial_manual.status().message(), HasSubstr("manual_axes: frozenset({'x'}), specs: "));
 }
 
 // An out_spec may keep a body result unreduced (_unshard_shaped_array: the result is typed by
@@ -1439,10 +1441,47 @@ TEST_F(ExplicitReducedTest, AllGatherToReducedAsJax) {
   EXPECT_THAT(refusal_of([](const Value& v) { return all_gather(v, "seq", 0, true, "reduced"); }, P("data", None)),
               HasSubstr("all_gather_reduced is a Varying -> Reduced collective. This means that the "
                         "axis_name=('seq',) passed to `all_gather_reduced` must be present in "
-                        "jax.typeof(x).mat.varying={'data'}"));
+                        "jax.typeof(x).mat.varying=frozenset({'data'})"));
   EXPECT_THAT(refusal_of([](const Value& v) { return all_gather(v, "seq", 0, true, "sideways"); }, P("seq", None)),
               HasSubstr("Got unexpected `to` value for `jax.lax.all_gather`. Allowed `to` values are: {'varying', "
                         "'reduced', 'invarying'}"));
+}
+
+// all_gather(to='reduced') of a value unreduced over one of the gathered axes: JAX's
+// _all_gather_reduced_effectful_abstract_eval takes it (x varying along some of the axes,
+// reduced over none; of x's unreduced axes it checks only their kind) and keeps x's unreduced
+// axes: f32[2,2]{V:data, U:seq} gathered over ('data', 'seq') is f32[8,2]{U:seq, R:(data,seq)};
+// psum over 'seq' is then unreduced_psum (_get_from: 'unreduced' before 'reduced'), whose
+// abstract eval checks no reduced axes: f32[8,2]{R:(data,seq)}. Values against the host: the
+// gather lowers as a plain all_gather, so every device holds the four (2, 2) blocks of A in
+// device order, and the psum over 'seq' doubles them.
+TEST_F(ExplicitReducedTest, AllGatherToReducedOfAnUnreducedValueKeepsItsUnreducedAxesAsJax) {
+  const Mesh mesh = explicit_mesh(*client_, {2, 2}, {"data", "seq"});
+  const HostArray a = HostArray::arange(DType::kF32, {4, 4});
+  std::vector<std::string> types;
+  const ShardMapped f = shard_map(
+      [&](const std::vector<Value>& in) {
+        const Value u = pcast(in[0], "seq", "unreduced");
+        const Value g = all_gather(u, {"data", "seq"}, 0, true, "reduced");
+        const Value s = psum(g, "seq");
+        types = {type_of(u).to_string(), type_of(g).to_string(), type_of(s).to_string()};
+        return std::vector<Value>{s};
+      },
+      mesh, {P("data", "seq")}, {P(None, None).with_reduced({"data", "seq"})});
+  absl::StatusOr<std::vector<Array>> out =
+      jit([&](const std::vector<Value>& in) { return f(in); })({put_on(mesh, a, P("data", "seq"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(types, ::testing::ElementsAre("f32[2,2]{V:data, U:seq}", "f32[8,2]{U:seq, R:(data,seq)}",
+                                            "f32[8,2]{R:(data,seq)}"));
+  std::vector<double> want;  // blocks (d, s) in device order, each A[2d:2d+2, 2s:2s+2], doubled
+  for (int d = 0; d < 2; ++d) {
+    for (int s = 0; s < 2; ++s) {
+      for (int r = 0; r < 2; ++r) {
+        for (int c = 0; c < 2; ++c) want.push_back(2.0 * a.values<float>()[(2 * d + r) * 4 + 2 * s + c]);
+      }
+    }
+  }
+  expect_near(fetch((*out)[0]), want, 0);
 }
 
 // check_vma=false (jax/_src/shard_map.py's _shard_shaped_array and _unshard_shaped_array

@@ -979,6 +979,114 @@ TEST_F(ShardMapTest, AllGatherResultIsVaryingAsJaxTypesIt) {
   EXPECT_TRUE(trace_error([summed](const std::vector<Value>& in) { return summed(in); }).ok());
 }
 
+// all_gather(to='invarying'), JAX's all_gather_invariant (jax/_src/lax/parallel.py: Varying ->
+// Invariant, its result's varying axes x's less the gathered ones; its transpose a
+// dynamic_slice of the cotangent at axis_index). As tests/shard_map_test.py's
+// test_all_gather_invariant_basic (mesh (4,) there, (8) here: the result is typed invariant,
+// out_specs=P() takes it, its value is the argument, grad of its sum is laid out as the argument)
+// and test_all_gather_invariant_complex (on (4, 2): the gather over 'data' varies along 'model'
+// only, the one over 'model' along 'data' only, out_specs leaving the gathered axis out), on the
+// Explicit meshes and their Auto twins; values and gradients against the host (the gathered
+// value is x, so the gradient of sum(sin(.)) is cos(x)).
+TEST_F(ShardMapTest, AllGatherToInvaryingIsTypedInvariantAsJax) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(23);
+  const HostArray x = random_array(DType::kF32, {16, 4}, Domain::kSigned, rng);
+  const auto host_cos = [&] {
+    std::vector<double> out;
+    for (int64_t i = 0; i < x.size(); ++i) out.push_back(std::cos(x.element_as_double(i)));
+    return out;
+  }();
+  struct Case {
+    const char* name;
+    int mesh;  // index into meshes_ / auto_meshes_
+    PartitionSpec in, out;
+    AxisNames axes;
+    int64_t axis;
+    std::vector<std::string> varying;  // the result's, as JAX types it
+  };
+  const std::vector<Case> cases = {
+      {"basic (8)", 0, P("data", None), P(), AxisNames("data"), 0, {}},
+      {"tuple (4, 2)", 1, P(Axes{"data", "model"}, None), P(), AxisNames({"data", "model"}), 0, {}},
+      {"complex c (4, 2)", 1, P("data", "model"), P(None, "model"), AxisNames("data"), 0, {"model"}},
+      {"complex d (4, 2)", 1, P("data", "model"), P("data", None), AxisNames("model"), -1, {"data"}},
+  };
+  for (const Case& c : cases) {
+    for (const Mesh& mesh : {meshes_[c.mesh], auto_meshes_[c.mesh]}) {
+      SCOPED_TRACE(absl::StrCat(c.name, " on ", mesh.to_string()));
+      std::vector<std::string> varying = {"unset"};
+      ShardMapped body = shard_map(
+          [&](const std::vector<Value>& in) {
+            const Value out = all_gather(in[0], c.axes, c.axis, true, "invarying");
+            varying = type_of(out).varying;
+            return std::vector<Value>{out};
+          },
+          mesh, {c.in}, {c.out});
+      absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, c.in));
+      ASSERT_TRUE(xs.ok()) << xs.status();
+      absl::StatusOr<std::vector<Array>> y = jit([&](const std::vector<Value>& in) { return body(in); })({*xs});
+      ASSERT_TRUE(y.ok()) << y.status();
+      EXPECT_EQ(varying, c.varying);
+      EXPECT_TRUE((*y)[0].sharding().is_equivalent_to(NamedSharding(mesh, c.out), 2)) << (*y)[0].sharding().to_string();
+      absl::StatusOr<HostArray> got = (*y)[0].fetch();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(results_match(*got, x, 0));
+      TracedFunction loss = [&](const std::vector<Value>& in) { return std::vector<Value>{sum(sin(body(in)[0]), {})}; };
+      absl::StatusOr<std::vector<Array>> g = jit(grad(loss, {0}))({*xs});
+      ASSERT_TRUE(g.ok()) << g.status();
+      EXPECT_EQ((*g)[0].sharding().spec(), c.in);  // as the argument (JAX: NamedSharding(mesh, P('x')))
+      absl::StatusOr<HostArray> dx = (*g)[0].fetch();
+      ASSERT_TRUE(dx.ok()) << dx.status();
+      for (int64_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dx->element_as_double(i), host_cos[i], 1e-5) << i;
+    }
+  }
+
+  // Not tiled: the blocks stack along a new dimension (x's (2, 4) blocks, 8 of them, in order).
+  ShardMapped stacked = shard_map(
+      [](const std::vector<Value>& in) { return std::vector<Value>{all_gather(in[0], "data", 0, false, "invarying")}; },
+      meshes_[0], {P("data", None)}, {P()});
+  absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(meshes_[0], P("data", None)));
+  ASSERT_TRUE(xs.ok()) << xs.status();
+  absl::StatusOr<std::vector<Array>> y = jit([&](const std::vector<Value>& in) { return stacked(in); })({*xs});
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::StatusOr<HostArray> got = (*y)[0].fetch();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->shape(), (Shape{8, 2, 4}));
+  for (int64_t i = 0; i < x.size(); ++i) EXPECT_EQ(got->element_as_double(i), x.element_as_double(i)) << i;
+
+  // The gather over 'data' of a value varying along 'model' too: out_specs=P() is refused
+  // naming 'model' (it still varies along it), as JAX's check.
+  ShardMapped partial = shard_map(
+      [](const std::vector<Value>& in) { return std::vector<Value>{all_gather(in[0], "data", 0, true, "invarying")}; },
+      mesh42(), {P("data", "model")}, {P()});
+  const absl::Status refused = trace_error(partial, {{DType::kF32, {16, 4}}});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("may differ along mesh axis 'model'"));
+}
+
+// JAX's all_gather_invariant first casts x to varying along the axes it does not vary along
+// (auto_pcast: pvary), whose check_unreduced_args refuses an x reduced or unreduced over them
+// ("pvary cannot accept args which are reduced. Got ... and axes={'data'}"); with check_vma off
+// nothing is typed and the gather runs.
+TEST_F(ShardMapTest, AllGatherToInvaryingOfAReducedValueIsRefusedAsJax) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(29);
+  const Array x = put(random_array(DType::kF32, {4, 4}, Domain::kSigned, rng), P(None, "model"));
+  const auto run = [&](bool check_vma) {
+    ShardMapped body = shard_map(
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{all_gather(pcast(in[0], "data", "reduced"), "data", 0, true, "invarying")};
+        },
+        mesh42(), {P(None, "model")}, {P(None, "model")}, {.check_vma = check_vma});
+    return jit([body](const std::vector<Value>& in) { return body(in); })({x}).status();
+  };
+  const absl::Status refused = run(true);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("pvary cannot accept args which are reduced. Got f32[4,2]{V:model, R:data} and axes={'data'}"));
+  EXPECT_TRUE(run(false).ok());
+}
+
 TEST_F(ShardMapTest, BadUseIsAnInvalidArgumentAtTraceTime) {
   ASSERT_NE(client_, nullptr);
   auto error_of = [&](std::function<Value(const Value&)> body, PartitionSpec in = P("data", None),

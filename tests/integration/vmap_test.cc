@@ -6,6 +6,7 @@
 // test_with_sharding_constraint_vmap_spmd_axis_name_error). Values against the host, shardings
 // as JAX's tests assert them.
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -606,6 +607,66 @@ TEST_F(VmapTest, ExplicitAxesInsideVmapWithSpmdAxisName) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_THAT(seen, ElementsAre("f32[2@y,8]", "f32[2@y,8]", "f32[2,8]", "f32[2@y,8]"));
   expect_near(fetch((*out)[0]), want);
+}
+
+// vmap inside a shard_map body of the casts (jax/_src/lax/parallel.py): the batching rules of
+// preduced, vary_unreduced_cast and reduced_vary_cast raise NotImplementedError, and
+// all_gather_reduced's raises NotImplementedError("Please file an issue at
+// https://github.com/jax-ml/jax/issues"): UNIMPLEMENTED naming the primitive. pvary
+// (_pvary_batcher) and all_gather_invariant (_all_gather_invariant_batched_collective) batch:
+// their values against the host (each row gathered whole is the argument's row; pvary is the
+// row).
+TEST_F(VmapTest, CastsJaxDoesNotBatchAreUnimplementedAsJax) {
+  const Mesh mesh = mesh_2x2();
+  const HostArray x = arange({4, 8});
+  const auto run = [&](const std::function<Value(const Value&)>& cast, const PartitionSpec& in,
+                       const PartitionSpec& out) {
+    ShardMapped body = shard_map(
+        [&](const std::vector<Value>& v) {
+          TracedFunction each = [&](const std::vector<Value>& r) { return std::vector<Value>{cast(r[0])}; };
+          return vmap(each)(v);
+        },
+        mesh, {in}, {out});
+    return jit([&](const std::vector<Value>& v) { return body(v); })({put_on(mesh, x, in)});
+  };
+  const auto expect_unimplemented = [](const absl::StatusOr<std::vector<Array>>& r, const std::string& what) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(what));
+  };
+  expect_unimplemented(run([](const Value& r) { return pcast(r, "x", "unreduced"); }, P(None, "x"), P(None, "x")),
+                       "vmap: pcast(..., to='unreduced') over ('x',)");
+  expect_unimplemented(run([](const Value& r) { return pcast(r, "x", "unreduced"); }, P(None, "x"), P(None, "x")),
+                       "JAX's batching rule for vary_unreduced_cast raises NotImplementedError");
+  expect_unimplemented(run([](const Value& r) { return pcast(r, "x", "reduced"); }, P(), P()),
+                       "JAX's batching rule for preduced raises NotImplementedError");
+  expect_unimplemented(run([](const Value& r) { return all_gather(r, "x", 0, true, "reduced"); }, P(None, "x"), P()),
+                       "JAX's batching rule for all_gather_reduced raises NotImplementedError: Please file an issue at "
+                       "https://github.com/jax-ml/jax/issues");
+  // reduced_vary_cast: a row of a value reduced over 'x', cast to varying.
+  ShardMapped from_reduced = shard_map(
+      [](const std::vector<Value>& v) {
+        const Value reduced = pcast(v[0], "x", "reduced");
+        TracedFunction each = [](const std::vector<Value>& r) {
+          return std::vector<Value>{pcast(r[0], "x", "varying")};
+        };
+        return vmap(each)({reduced});
+      },
+      mesh, {P()}, {P(None, "x")});
+  expect_unimplemented(jit([&](const std::vector<Value>& v) { return from_reduced(v); })({put_on(mesh, x, P())}),
+                       "JAX's batching rule for reduced_vary_cast raises NotImplementedError");
+
+  absl::StatusOr<std::vector<Array>> gathered =
+      run([](const Value& r) { return all_gather(r, "x", 0, true, "invarying"); }, P(None, "x"), P());
+  ASSERT_TRUE(gathered.ok()) << gathered.status();
+  expect_near(fetch((*gathered)[0]), values_of(x));
+  absl::StatusOr<std::vector<Array>> varied = run([](const Value& r) { return pcast(r, "y", "varying"); }, P(), P("y"));
+  ASSERT_TRUE(varied.ok()) << varied.status();
+  std::vector<double> tiled;  // each device's copy along 'y' is a block of the P('y') result
+  for (int copy = 0; copy < 2; ++copy) {
+    for (double v : values_of(x)) tiled.push_back(v);
+  }
+  expect_near(fetch((*varied)[0]), tiled);
 }
 
 }  // namespace

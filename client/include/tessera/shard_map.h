@@ -124,9 +124,14 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis = 0, bool t
 // is all_gather_reduced (Varying -> Reduced): the gather, typed reduced over `axes` and no
 // longer varying along them (explicit mode only). x must vary along some of the axes and not be
 // reduced over any (INVALID_ARGUMENT with JAX's words; with check_vma off nothing varies, so JAX
-// and this refuse it). Its gradient is the unreduced cotangent psum-scattered
-// (unreduced_psum_scatter). "invarying" (all_gather_invariant) is UNIMPLEMENTED; anything else
-// is JAX's "Got unexpected `to` value for `jax.lax.all_gather`".
+// and this refuse it); x unreduced over some of them keeps its unreduced axes, as JAX's. Its
+// gradient is the unreduced cotangent psum-scattered (unreduced_psum_scatter). "invarying" is
+// all_gather_invariant (Varying -> Invariant): the gather, typed invariant along `axes`
+// (type_of(result).varying is x's less them), so an out_spec may leave them out; on any mesh.
+// x must not be unreduced or reduced over them (INVALID_ARGUMENT, the words of the pvary JAX
+// inserts first). Its gradient is each device's slice of the cotangent (JAX's transpose:
+// dynamic_slice at axis_index). Anything else is JAX's "Got unexpected `to` value for
+// `jax.lax.all_gather`". Under vmap, to = "reduced" is UNIMPLEMENTED (JAX's NotImplementedError).
 Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled, const std::string& to);
 // The sum over the devices, scattered: device i keeps block i along `scatter_dimension`
 // (tiled), or index i of it, which must have the axes' size (not tiled: the dimension goes).
@@ -199,6 +204,8 @@ Value pvary(const Value& x, const AxisNames& axes);
 //     the axes at the cast, as JAX's transpose unreduced_psum sums it). With check_vma
 //     off, x itself, as JAX's preduced.
 // The casts to unreduced and reduced are explicit-mode types (INVALID_ARGUMENT on other meshes).
+// Under vmap, of a mapped value, all but invarying -> "varying" (pvary) are UNIMPLEMENTED (JAX's
+// batching rules for them raise NotImplementedError).
 // Axes in several states, or another pair (from varying to "varying", from invarying to
 // "unreduced": with check_vma off nothing varies), are INVALID_ARGUMENT with JAX's words
 // ("jax.lax.pcast can only accept axis_name which corresponds to one of ...", "Unsupported
