@@ -935,9 +935,10 @@ void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
+    auto failure = std::make_shared<const LinkFailure>(LinkFailure{peer_name(failed.peer(), failed.address()), end});
     for (uint64_t op : ops) {
       if (finished_locked(op)) continue;
-      failed_ops_[op] = stream_failed(op, peer_name(failed.peer(), failed.address()), end);
+      failed_ops_[op] = failure;
       if (failed_ops_.size() > kRememberedOps) failed_ops_.erase(failed_ops_.begin());  // the oldest op
     }
     // A fresh link tells the peer at once (it may be waiting for a lost message of an op that
@@ -959,7 +960,7 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
   bool in_process = false;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = failed_ops_.find(tag.op); it != failed_ops_.end()) return it->second;
+    if (absl::Status failed = failed_op_locked(tag.op); !failed.ok()) return failed;
     self = self_;
     in_process = in_process_ != nullptr && is_in_process_address(address);
   }
@@ -1024,6 +1025,12 @@ absl::Status Transport::stream_failed(uint64_t op, const std::string& peer, cons
                                                " in flight, which may be lost", stream_end_detail(end)));
 }
 
+absl::Status Transport::failed_op_locked(uint64_t op) const {
+  auto it = failed_ops_.find(op);
+  if (it == failed_ops_.end()) return absl::OkStatus();
+  return stream_failed(op, it->second->peer, it->second->end);
+}
+
 absl::StatusOr<Received> Transport::receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
                                             absl::Time deadline, const std::function<bool()>& cancelled) {
   const Key key{tag.op, source, tag.step, tag.chunk, tag.run_tag};
@@ -1065,7 +1072,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
       return absl::ResourceExhaustedError(absl::StrCat("a message of op ", tag.op, " from ", peer_name(source, address),
                                                        " was dropped: ", refusal_text_locked(refused->second)));
     }
-    if (auto failed = failed_ops_.find(tag.op); failed != failed_ops_.end()) return failed->second;
+    if (absl::Status failed = failed_op_locked(tag.op); !failed.ok()) return failed;
     if (lost_.count(from) > 0) {
       return absl::UnavailableError(absl::StrCat(peer_name(source, address), " lost messages of op ", tag.op,
                                                  " to this device: its streams here failed with them in flight"));

@@ -509,10 +509,18 @@ class Transport {
   // Finished ops from kUnorderedOps up, and the order they finished in.
   std::set<uint64_t> finished_unordered_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_unordered_order_ ABSL_GUARDED_BY(mu_);
-  // Ops whose messages a link of ours may have lost, with their error (stream_failed: the peer
-  // and its reason; until the op finishes; at most kRememberedOps, the oldest ids dropped
-  // first: ids only grow).
-  std::map<uint64_t, absl::Status> failed_ops_ ABSL_GUARDED_BY(mu_);
+  // How a link of ours failed: the peer (peer_name) and how its stream ended. One per failed
+  // link, shared by every op it had in flight (up to kMaxNoticeOps): the op's error is put into
+  // words when asked (failed_op_locked), not kept per op.
+  struct LinkFailure {
+    std::string peer;
+    absl::Status end;
+  };
+  // Ops whose messages a link of ours may have lost, with that link's failure (until the op
+  // finishes; at most kRememberedOps, the oldest ids dropped first: ids only grow).
+  std::map<uint64_t, std::shared_ptr<const LinkFailure>> failed_ops_ ABSL_GUARDED_BY(mu_);
+  // The error of a failed op (stream_failed of its link's failure); OK if none failed.
+  absl::Status failed_op_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source): the source's notice said messages of op to here may be lost (as above).
   std::set<std::pair<uint64_t, int>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
