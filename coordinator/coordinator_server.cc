@@ -16,6 +16,7 @@
 #include "coordinator/block_moves.h"
 #include "coordinator/execution_driver.h"
 #include "coordinator/fan_out.h"
+#include "coordinator/ids.h"
 #include "coordinator/plan_stream.h"
 #include "coordinator/program_cache.h"
 #include "coordinator/registry.h"
@@ -706,7 +707,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
     TESSERA_ASSIGN_OR_RETURN(uint64_t out_id, registry_.create_array(in.dtype, out_shape, sharding, session));
 
     pb::WorkerCollectiveRequest request;
-    request.set_op_id(out_id);  // array ids are unique: so are the ops that make them
+    request.set_op_id(out_id);              // array ids are unique: so are the ops that make them
+    request.set_run_tag(random_run_tag());  // op ids are predictable: the members' messages carry this
     *request.mutable_spec() = req.spec();
     request.set_input_buffer(in.id);
     request.set_output_buffer(out_id);
@@ -772,10 +774,12 @@ class CoordinatorService final : public CoordinatorServiceBase {
         std::max(absl::Milliseconds(1), std::min(timeout, time_left - absl::Seconds(1)));
     std::vector<pb::WorkerReshardRequest> requests;
     std::vector<std::shared_ptr<WorkerChannel>> workers;
+    const uint64_t run_tag = random_run_tag();  // the same for every member (see run_collective)
     for (const pb::PeerAddress& peer : peers) {
       ReshardPart& p = involved[peer.device_id()];
       pb::WorkerReshardRequest& r = p.request;
       r.set_op_id(out_id);  // array ids are unique: so are the ops that make them
+      r.set_run_tag(run_tag);
       if (r.sends_size() > 0) r.set_input_buffer(in.id);
       if (p.out_block.has_value()) {
         r.set_output_buffer(out_id);

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/access.h"
+#include "coordinator/ids.h"
 #include "coordinator/request_limits.h"
 #include "core/status.h"
 #include "proto/rpc.h"
@@ -436,6 +437,9 @@ absl::StatusOr<std::shared_ptr<Execution>> ExecutionDriver::prepare_execution(co
   e->id = registry_->ids().next(program->op_span + 1);
   pb::RunPlanRequest& r = e->request;
   r.set_execution_id(e->id);
+  // Random, the same for every device of the execution: its collectives' messages carry it,
+  // and a worker takes none that does not (op ids alone are predictable).
+  r.set_run_tag(random_run_tag());
   r.set_plan_id(program->id);
   for (uint64_t id : input_ids) r.add_input_buffers(id);
   for (uint64_t id : e->output_ids) r.add_output_buffers(id);

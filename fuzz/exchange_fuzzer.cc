@@ -55,7 +55,7 @@ void run_stream(const uint8_t* data, size_t size, int authenticated_source) {
     fuzz::check(transport.forged_messages() == forged, "a message of the stream's own device was counted as forged");
     fuzz::check(parsed.source_device() == source, "deliver's source is not the message's");
     if (parsed.lost_ops_size() > 0 || transport.pending_messages() == pending) continue;  // a notice, or a repeat
-    const MessageTag tag{parsed.op_id(), parsed.step(), parsed.chunk()};
+    const MessageTag tag{parsed.op_id(), parsed.step(), parsed.chunk(), parsed.run_tag()};
     absl::StatusOr<Received> got = transport.receive(source, "", tag, absl::InfinitePast(), absl::InfinitePast());
     if (!got.ok()) fuzz::fail("an accepted message is not in the mailbox under its tag", got.status().ToString());
     fuzz::check(got->size() == static_cast<int64_t>(parsed.data().size()), "received size differs from protobuf's");

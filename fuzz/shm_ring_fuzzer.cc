@@ -26,7 +26,7 @@ using namespace tessera;
 namespace {
 
 constexpr uint64_t kToken = 0x5eed'7e55'e7a1'0001;  // make_seeds.cc's ring
-constexpr int64_t kRecordBytes = 24;
+constexpr int64_t kRecordBytes = 32;
 
 }  // namespace
 

@@ -42,8 +42,11 @@ namespace tessera {
 // (OP_RAGGED_ALL_TO_ALL, six operands) and its collective kind RAGGED_ALL_TO_ALL, an instruction of six inputs. 26: a
 // PartitionSpec's unreduced and reduced axes (PartitionSpec.unreduced, .reduced). 27: a worker's Exchange
 // streams declare its registration (tessera-epoch, tessera-incarnation) and the coordinator's RegisterWorker and
-// Heartbeat replies name the alive devices (the tessera-peers trailer); a worker refuses streams of other senders.)
-inline constexpr uint32_t kProtocolVersion = 27;
+// Heartbeat replies name the alive devices (the tessera-peers trailer); a worker refuses streams of other senders. 28:
+// each run's collectives carry a random run tag (RunPlanRequest, WorkerCollectiveRequest and
+// WorkerReshardRequest.run_tag, ExchangeMessage.run_tag), and a worker drops Exchange messages whose tag is not their
+// run's: a worker of 27 sends none.)
+inline constexpr uint32_t kProtocolVersion = 28;
 inline constexpr uint64_t kOpTableDigest = 0x948798240556195c;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

@@ -322,7 +322,7 @@ SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_p
       nested_(nested),
       slots_(static_cast<size_t>(plan.num_slots)) {
   // Peers' messages of this run's ops are awaited from now on, however far ahead they run.
-  if (!nested_) transport_.begin_run_ops(first_op_, end_op_);
+  if (!nested_) transport_.begin_run_ops(first_op_, end_op_, run_.run_tag);
   if (inputs.size() != plan.input_slots.size()) {
     result_ = absl::InvalidArgumentError(
         absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ", inputs.size()));
@@ -333,7 +333,7 @@ SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_p
 }
 
 SteppedPlanRun::~SteppedPlanRun() {
-  if (!nested_) transport_.end_run_ops(first_op_, end_op_);
+  if (!nested_) transport_.end_run_ops(first_op_, end_op_, run_.run_tag);
 }
 
 void SteppedPlanRun::fail(const Instruction& inst, const absl::Status& status) {
@@ -395,6 +395,7 @@ SteppedPlanRun::State SteppedPlanRun::advance(const ParkFn& park) {
         if (collective_ == nullptr) {
           CollectiveRun c;
           c.op = this_op;
+          c.run_tag = run_.run_tag;
           c.spec = inst.collective;
           c.peers = run_.peers;
           c.self = run_.self;

@@ -24,6 +24,7 @@ namespace tessera {
 
 struct PlanRun {
   uint64_t execution = 0;            // unique per execution; tags the plan's collectives
+  uint64_t run_tag = 0;              // the execution's random tag (RunPlanRequest.run_tag)
   std::map<int, std::string> peers;  // device id -> address, for every device of the program
   int self = 0;
   absl::Time deadline;  // for each collective's waits

@@ -603,6 +603,7 @@ absl::Status PlanRunner::prepare(const LoadedPlan& loaded, const pb::RunPlanRequ
         " bytes are free (--memory_bytes)"));
   }
   run->execution = req.execution_id();
+  run->run_tag = req.run_tag();
   if (loaded.has_collectives) run->peers = loaded.peers;
   run->self = device_->id();
   const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;

@@ -338,6 +338,7 @@ class WorkerService final : public WorkerServiceBase {
   template <typename Request, typename Run>
   void start_run(const Request& req, std::function<bool()> cancelled, Run* run) const {
     run->op = req.op_id();
+    run->run_tag = req.run_tag();
     run->self = device_.id();
     for (const pb::PeerAddress& peer : req.peers()) run->peers[peer.device_id()] = peer.address();
     const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;

@@ -151,6 +151,60 @@ TEST_F(FloodTest, ForgedExchangeMessagesDuringCollectivesAreDroppedAndResultsSta
   check_served_afterwards();
 }
 
+// Issue #17 item 1, "op ids are not guessable by outsiders": the drill that made 5 of 5
+// all-reduces silently wrong. An insider with the cluster token opens, at every worker,
+// streams declaring each other device's current registration (so they are taken, and their
+// messages name their stream's own device: not forged in the sense above) and sends messages
+// aimed at the victim's next op ids (the coordinator's counter, just above its last result's
+// id) at every step of the 4-device tree all-reduce (0, 1, the broadcast's 64), of the right
+// size, with no run tag or a wrong one. Each run's devices take only messages carrying the
+// run's random tag (RunPlanRequest.run_tag): every victim result stays right (checked against
+// the host), and at each worker at least the 9 messages aimed at each call's all-reduce op
+// (3 sources x 3 steps) are dropped and counted when the run claims its ops. Before protocol
+// version 28 nothing was counted, and the forged messages were taken as the peers' (wrong sums).
+TEST_F(FloodTest, MessagesAtTheVictimsNextOpIdsWithoutItsRunTagAreDroppedAndResultsStayRight) {
+  ASSERT_NO_FATAL_FAILURE(start_victim());
+  constexpr int kCalls = 5;
+  constexpr uint64_t kWindow = 32;  // op ids aimed at after the last id seen
+  const std::vector<pb::WorkerStats> before = worker_stats();
+  std::vector<DeclaredSender> senders;
+  for (int d = 0; d < kFaultWorkers; ++d) senders.push_back(declared(d));
+  uint64_t last_id = x_->id();
+  const std::string forged_sum(64 * sizeof(float), '\x49');  // 64 floats of about 8.2e5 each
+  for (int call = 0; call < kCalls; ++call) {
+    SCOPED_TRACE(absl::StrCat("call ", call));
+    for (int w = 0; w < kFaultWorkers; ++w) {
+      for (int d = 0; d < kFaultWorkers; ++d) {
+        if (d == w) continue;
+        std::vector<pb::ExchangeMessage> messages;
+        for (uint64_t op = last_id + 1; op <= last_id + kWindow; ++op) {
+          for (int step : {0, 1, 64}) {
+            pb::ExchangeMessage& m = messages.emplace_back();
+            m.set_source_device(d);
+            m.set_op_id(op);
+            m.set_step(step);
+            m.set_data(forged_sum);
+            // Half carry no tag, half a made-up one.
+            if (messages.size() % 2 == 0) m.set_run_tag(0x0123456789abcdefULL + op);
+          }
+        }
+        const grpc::Status status = exchange_stream(devices_[w].address, credentials_.cluster, senders[d], messages);
+        ASSERT_TRUE(status.ok()) << "worker " << w << ", as device " << d << ": " << status.error_message();
+      }
+    }
+    absl::StatusOr<std::vector<Array>> total = column_sum_({*x_});
+    ASSERT_TRUE(total.ok()) << total.status();
+    expect_equal((*total)[0], want_);
+    last_id = (*total)[0].id();
+  }
+  const std::vector<pb::WorkerStats> after = worker_stats();
+  for (int w = 0; w < kFaultWorkers; ++w) {
+    SCOPED_TRACE(absl::StrCat("worker ", w));
+    EXPECT_GE(after[w].exchange_messages_forged() - before[w].exchange_messages_forged(), 9 * kCalls);
+  }
+  check_served_afterwards();
+}
+
 // Issue #17 item 1, "collective messages only from ... registered peers of the current
 // cluster incarnation": a stream whose sender is no current registration of the cluster is
 // refused PERMISSION_DENIED when it opens, naming the sender and the rule, before anything of

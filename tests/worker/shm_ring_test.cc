@@ -105,8 +105,8 @@ TEST(ShmRing, BoundsAndChecksGivePreciseErrors) {
 }
 
 // The peer writes the whole segment: a message whose size is near 2^63 (here 2^63 - 5, with
-// 24 bytes written) is DATA_LOSS. fuzz_shm_ring's replay of such a segment showed the check
-// adding the size to the record's 24 bytes first: a signed overflow (UBSan), after which the
+// a record written) is DATA_LOSS. fuzz_shm_ring's replay of such a segment showed the check
+// adding the size to the record's bytes first: a signed overflow (UBSan), after which the
 // message was accepted with that size.
 TEST(ShmRing, AMessageSizeNear2To63IsDataLossNotAnOverflow) {
   absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 7);

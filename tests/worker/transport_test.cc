@@ -1063,6 +1063,88 @@ INSTANTIATE_TEST_SUITE_P(Paths, CyclicExchangeTest, ::testing::Values(Via::kGrpc
                            return p.param == Via::kShm ? "Shm" : p.param == Via::kInProcess ? "InProcess" : "Grpc";
                          });
 
+// Issue #17 item 1, "op ids are not guessable": op ids are the coordinator's counter, so a
+// holder of the cluster token could aim messages at a victim's next ops (5 of 5 all-reduces
+// silently wrong). Every message of a run carries the run's random tag (MessageTag::run_tag);
+// once a run (begin_run_ops) or a receive has claimed an op, a message of it with another tag
+// (or none) is dropped and counted, never filed, on every path; one held early, before the run
+// claimed its op, is kept with its tag (never replacing the right one) and judged at the claim.
+class TransportRunTagTest : public ::testing::TestWithParam<Via> {};
+
+TEST_P(TransportRunTagTest, AMessageWithoutItsRunsTagIsDroppedAndCountedOnEveryPath) {
+  Endpoint a(0), b(1);
+  std::string at_b = absl::StrCat("127.0.0.1:", b.port());
+  if (GetParam() == Via::kShm) {
+    ShmOptions ring;
+    ring.enabled = true;
+    ASSERT_TRUE(a.transport().set_shm(ring).ok());
+    ASSERT_TRUE(b.transport().set_shm(ring).ok());
+    ASSERT_NO_FATAL_FAILURE(attach_ring(a, 0, b, 1, 5));  // until then messages take gRPC
+  } else if (GetParam() == Via::kInProcess) {
+    at_b = "in-process:60201";
+    ASSERT_TRUE(a.transport().serve_in_process("in-process:60200").ok());
+    ASSERT_TRUE(b.transport().serve_in_process(at_b).ok());
+  }
+  Transport& to = b.transport();
+  const uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  auto send = [&](MessageTag tag, const std::string& text) {
+    const absl::Status sent = a.transport().send(1, at_b, tag, reinterpret_cast<const std::byte*>(text.data()),
+                                                 static_cast<int64_t>(text.size()), absl::Now() + kDeadline);
+    ASSERT_TRUE(sent.ok()) << sent;
+  };
+  auto text_of = [](absl::StatusOr<Received> got) -> std::string {
+    if (!got.ok()) return got.status().ToString();
+    std::string out(static_cast<size_t>(got->size()), '\0');
+    got->copy_to(reinterpret_cast<std::byte*>(out.data()));
+    return out;
+  };
+  const int64_t shm_before = to.shm_messages_received();
+  // Ops 100..109 are a run's here, with kTag: untagged and wrongly tagged messages go at once.
+  to.begin_run_ops(100, 110, kTag);
+  ASSERT_NO_FATAL_FAILURE(send({100, 0, 0, 0}, "none"));
+  ASSERT_NO_FATAL_FAILURE(send({100, 0, 0, kTag + 1}, "evil"));
+  ASSERT_NO_FATAL_FAILURE(send({100, 0, 0, kTag}, "good"));
+  EXPECT_EQ(text_of(to.receive(0, "a", {100, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline)), "good");
+  // The three went one link (and, on shm, one ring) in order: the two before were judged.
+  ASSERT_TRUE(eventually([&] { return to.forged_messages() == 2; })) << to.forged_messages();
+  EXPECT_EQ(to.pending_messages(), 0);
+  // Op 300, not claimed here yet (the run's plan has not arrived): its messages are held with
+  // their tags, the right one not replaced by a forged one under the same op, step and chunk,
+  // and those of other tags go when the run claims the op.
+  ASSERT_NO_FATAL_FAILURE(send({300, 1, 0, kTag}, "early"));
+  ASSERT_NO_FATAL_FAILURE(send({300, 1, 0, 0}, "none"));
+  ASSERT_NO_FATAL_FAILURE(send({300, 1, 0, 7}, "evil"));
+  ASSERT_TRUE(eventually([&] { return to.pending_messages() == 3; })) << to.pending_messages();
+  EXPECT_EQ(to.forged_messages(), 2);
+  to.begin_run_ops(300, 301, kTag);
+  EXPECT_EQ(to.forged_messages(), 4);
+  EXPECT_EQ(to.pending_messages(), 1);
+  EXPECT_EQ(text_of(to.receive(0, "a", {300, 1, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline)), "early");
+  // An op no run holds (a RunCollective's): its first receive claims it with its tag.
+  ASSERT_NO_FATAL_FAILURE(send({400, 0, 0, 9}, "evil"));
+  ASSERT_NO_FATAL_FAILURE(send({400, 0, 0, kTag}, "right"));
+  ASSERT_TRUE(eventually([&] { return to.pending_messages() == 2; })) << to.pending_messages();
+  EXPECT_EQ(text_of(to.receive(0, "a", {400, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline)), "right");
+  EXPECT_EQ(to.forged_messages(), 5);
+  ASSERT_NO_FATAL_FAILURE(send({400, 0, 1, 0}, "none"));
+  ASSERT_TRUE(eventually([&] { return to.forged_messages() == 6; })) << to.forged_messages();
+  EXPECT_EQ(to.pending_messages(), 0);
+  to.end_run_ops(100, 110, kTag);
+  to.end_run_ops(300, 301, kTag);
+  for (uint64_t op : {100, 300, 400}) to.finish_op(op);
+  // Each message took the test's path.
+  if (GetParam() == Via::kShm) {
+    EXPECT_EQ(to.shm_messages_received() - shm_before, 9);
+  } else if (GetParam() == Via::kInProcess) {
+    EXPECT_EQ(to.in_process_messages_received(), 9);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, TransportRunTagTest, ::testing::Values(Via::kGrpc, Via::kShm, Via::kInProcess),
+                         [](const ::testing::TestParamInfo<Via>& p) {
+                           return p.param == Via::kShm ? "Shm" : p.param == Via::kInProcess ? "InProcess" : "Grpc";
+                         });
+
 // A sender whose messages are never taken (its op started here, but nothing takes them) is
 // still bounded: the mailbox holds its share, one message per stream waits, and the rest stays
 // with the sender. A message that waits longer than the time-to-live is refused with what is

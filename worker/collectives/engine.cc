@@ -100,7 +100,7 @@ class Group {
                     std::shared_ptr<const void> owner, bool stall = false) {
     const int device = members_[to];
     const absl::Time stalled_at = stall ? absl::Now() + run_.stall_timeout : absl::InfiniteFuture();
-    return stalled(transport_.send(device, run_.peers.at(device), {run_.op, step, chunk}, data, bytes,
+    return stalled(transport_.send(device, run_.peers.at(device), {run_.op, step, chunk, run_.run_tag}, data, bytes,
                                    std::min(run_.deadline, stalled_at), std::move(owner), run_.cancelled),
                    stalled_at);
   }
@@ -110,8 +110,9 @@ class Group {
   absl::StatusOr<Received> receive(int from, int step, int chunk, int64_t bytes, bool stall = false) {
     const int device = members_[from];
     const absl::Time stalled_at = stall ? absl::Now() + run_.stall_timeout : absl::InfiniteFuture();
-    absl::StatusOr<Received> data = transport_.receive(device, run_.peers.at(device), {run_.op, step, chunk},
-                                                       run_.start, std::min(run_.deadline, stalled_at), run_.cancelled);
+    absl::StatusOr<Received> data =
+        transport_.receive(device, run_.peers.at(device), {run_.op, step, chunk, run_.run_tag}, run_.start,
+                           std::min(run_.deadline, stalled_at), run_.cancelled);
     if (!data.ok()) return stalled(data.status(), stalled_at);
     if (data->size() != bytes) {
       return absl::DataLossError(absl::StrCat("device ", device, " sent ", data->size(), " bytes for step ", step,
@@ -122,7 +123,7 @@ class Group {
 
   // Instead of receive(from, step, chunk) when it would wait: see Transport::park.
   bool park(const ParkFn& park, int from, int step, int chunk) const {
-    return park && park(members_[from], {run_.op, step, chunk}, run_.start);
+    return park && park(members_[from], {run_.op, step, chunk, run_.run_tag}, run_.start);
   }
 
   // A wait that failed at the stall deadline `stalled_at` says so (the transport's message

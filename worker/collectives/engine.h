@@ -32,6 +32,7 @@ inline constexpr int64_t kChunkBytes = 512 << 10;
 
 struct CollectiveRun {
   uint64_t op = 0;
+  uint64_t run_tag = 0;  // carried by every message of the op (MessageTag::run_tag)
   CollectiveSpec spec;
   std::map<int, std::string> peers;  // device id -> address, for every member of self's group
   int self = 0;

@@ -120,7 +120,7 @@ absl::StatusOr<std::shared_ptr<const HostArray>> move_blocks(Transport& transpor
     const std::string& address = run.peers.at(p.peer);
     for (int c = 0; c < chunks_of(bytes); ++c) {
       const int64_t offset = c * kChunkBytes;
-      TESSERA_RETURN_IF_ERROR(transport.send(p.peer, address, {run.op, p.tag, c}, piece->data() + offset,
+      TESSERA_RETURN_IF_ERROR(transport.send(p.peer, address, {run.op, p.tag, c, run.run_tag}, piece->data() + offset,
                                              std::min(kChunkBytes, bytes - offset), run.deadline, piece,
                                              run.cancelled));
     }
@@ -146,8 +146,8 @@ absl::StatusOr<std::shared_ptr<const HostArray>> move_blocks(Transport& transpor
     for (int c = 0; c < chunks_of(bytes); ++c) {
       const int64_t offset = c * kChunkBytes;
       const int64_t expected = std::min(kChunkBytes, bytes - offset);
-      TESSERA_ASSIGN_OR_RETURN(Received data, transport.receive(p.peer, address, {run.op, p.tag, c}, run.start,
-                                                                run.deadline, run.cancelled));
+      TESSERA_ASSIGN_OR_RETURN(Received data, transport.receive(p.peer, address, {run.op, p.tag, c, run.run_tag},
+                                                                run.start, run.deadline, run.cancelled));
       if (data.size() != expected) {
         return absl::DataLossError(absl::StrCat("device ", p.peer, " sent ", data.size(), " bytes for chunk ", c,
                                                 " of ", describe("receive", p), ", expected ", expected));

@@ -39,6 +39,7 @@ struct BlockPiece {
 
 struct BlockMoveRun {
   uint64_t op = 0;
+  uint64_t run_tag = 0;              // carried by every message of the op (MessageTag::run_tag)
   std::map<int, std::string> peers;  // device id -> address, for every peer of a piece
   int self = 0;
   absl::Time start;

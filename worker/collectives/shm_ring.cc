@@ -19,8 +19,8 @@
 namespace tessera {
 namespace {
 
-constexpr uint64_t kMagic = 0x31474e4952534554;  // "TESRING1"
-constexpr int64_t kRecordBytes = 24;             // Record, as laid out in the ring
+constexpr uint64_t kMagic = 0x32474e4952534554;  // "TESRING2": records carry the run tag
+constexpr int64_t kRecordBytes = 32;             // Record, as laid out in the ring
 
 int64_t padded(int64_t n) { return (n + 7) / 8 * 8; }
 

@@ -37,7 +37,8 @@ class ShmRing {
     uint64_t op = 0;
     int32_t step = 0;
     int32_t chunk = 0;
-    int64_t bytes = 0;  // of payload
+    int64_t bytes = 0;     // of payload
+    uint64_t run_tag = 0;  // the message's (MessageTag::run_tag)
   };
 
   // A new segment of `capacity` bytes (plus a header page) under a fresh unique name.

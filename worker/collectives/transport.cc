@@ -60,6 +60,7 @@ grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data
   header.set_op_id(tag.op);
   header.set_step(tag.step);
   header.set_chunk(tag.chunk);
+  header.set_run_tag(tag.run_tag);
   std::string prefix = header.SerializeAsString();
   prefix.push_back(static_cast<char>((5 << 3) | 2));  // field 5, length-delimited
   for (uint64_t n = static_cast<uint64_t>(bytes);; n >>= 7) {
@@ -277,7 +278,7 @@ class Transport::Link {
       if (broken_) return error_;
       note_op_locked(tag.op);
     }
-    const ShmRing::Record record{tag.op, tag.step, tag.chunk, bytes};
+    const ShmRing::Record record{tag.op, tag.step, tag.chunk, bytes, tag.run_tag};
     while (!ring->write(record, data, std::min(deadline, absl::Now() + kRingRecheck))) {
       absl::MutexLock lock(&mu_);
       if (broken_) return error_;
@@ -554,8 +555,8 @@ class Transport::InboundRing {
       // Over the source's share the message waits, and so does this thread: the ring fills and
       // its writer waits for room with its deadline (flow control, see file_or_wait).
       std::shared_ptr<Waiting> waiting;
-      if (transport_->file_or_wait(source_, {record.op, record.step, record.chunk}, std::move(data), Via::kShm, nullptr,
-                                   &waiting)) {
+      if (transport_->file_or_wait(source_, {record.op, record.step, record.chunk, record.run_tag}, std::move(data),
+                                   Via::kShm, nullptr, &waiting)) {
         while (!transport_->await_room(&waiting, absl::Now() + kRingRecheck)) {
           bool stop = false;
           {
@@ -714,11 +715,12 @@ std::vector<std::shared_ptr<Transport::Parked>> Transport::in_process_source_gon
 }
 
 bool Transport::park(int source, MessageTag tag, absl::Time op_start, std::shared_ptr<Parked> waiter) {
-  const Key key{tag.op, source, tag.step, tag.chunk};
+  const Key key{tag.op, source, tag.step, tag.chunk, tag.run_tag};
   AfterUnlock after;
   absl::MutexLock lock(&mu_);
-  started_.insert(tag.op);  // as receive: its messages are awaited now
-  awaited_.insert(key);     // and this one goes in even over its source's share, if it waits for room
+  // As receive: its messages are awaited now, and must carry its run tag.
+  if (started_.emplace(tag.op, tag.run_tag).second) drop_mismatched_locked(tag.op, tag.op + 1, tag.run_tag);
+  awaited_.insert(key);  // and this one goes in even over its source's share, if it waits for room
   admit_locked(absl::Now(), &after);
   awaited_.erase(awaited_.find(key));
   if (stopping_ || ready_locked(key, op_start) || parked_.count(key) > 0) return false;
@@ -933,9 +935,10 @@ void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
+    auto failure = std::make_shared<const LinkFailure>(LinkFailure{peer_name(failed.peer(), failed.address()), end});
     for (uint64_t op : ops) {
       if (finished_locked(op)) continue;
-      failed_ops_[op] = stream_failed(op, peer_name(failed.peer(), failed.address()), end);
+      failed_ops_[op] = failure;
       if (failed_ops_.size() > kRememberedOps) failed_ops_.erase(failed_ops_.begin());  // the oldest op
     }
     // A fresh link tells the peer at once (it may be waiting for a lost message of an op that
@@ -957,7 +960,7 @@ absl::Status Transport::send(int peer, const std::string& address, MessageTag ta
   bool in_process = false;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = failed_ops_.find(tag.op); it != failed_ops_.end()) return it->second;
+    if (absl::Status failed = failed_op_locked(tag.op); !failed.ok()) return failed;
     self = self_;
     in_process = in_process_ != nullptr && is_in_process_address(address);
   }
@@ -1022,14 +1025,22 @@ absl::Status Transport::stream_failed(uint64_t op, const std::string& peer, cons
                                                " in flight, which may be lost", stream_end_detail(end)));
 }
 
+absl::Status Transport::failed_op_locked(uint64_t op) const {
+  auto it = failed_ops_.find(op);
+  if (it == failed_ops_.end()) return absl::OkStatus();
+  return stream_failed(op, it->second->peer, it->second->end);
+}
+
 absl::StatusOr<Received> Transport::receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
                                             absl::Time deadline, const std::function<bool()>& cancelled) {
-  const Key key{tag.op, source, tag.step, tag.chunk};
+  const Key key{tag.op, source, tag.step, tag.chunk, tag.run_tag};
   AfterUnlock after;  // before the lock: runs once it is let go
   absl::MutexLock lock(&mu_);
   const std::pair<uint64_t, int> from{tag.op, source};
   auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_locked(key, op_start); };
-  started_.insert(tag.op);  // its messages are awaited now: no longer unclaimed
+  // Its messages are awaited now (no longer unclaimed), and only those of its run tag: the ones
+  // held with another go (a run's ops were claimed at begin_run_ops already).
+  if (started_.emplace(tag.op, tag.run_tag).second) drop_mismatched_locked(tag.op, tag.op + 1, tag.run_tag);
   // The awaited message is filed even over its source's share (it is taken at once): one that
   // waits for room now goes in, and so does one that arrives during this wait.
   awaited_.insert(key);
@@ -1061,7 +1072,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
       return absl::ResourceExhaustedError(absl::StrCat("a message of op ", tag.op, " from ", peer_name(source, address),
                                                        " was dropped: ", refusal_text_locked(refused->second)));
     }
-    if (auto failed = failed_ops_.find(tag.op); failed != failed_ops_.end()) return failed->second;
+    if (absl::Status failed = failed_op_locked(tag.op); !failed.ok()) return failed;
     if (lost_.count(from) > 0) {
       return absl::UnavailableError(absl::StrCat(peer_name(source, address), " lost messages of op ", tag.op,
                                                  " to this device: its streams here failed with them in flight"));
@@ -1079,7 +1090,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
 }
 
 bool Transport::ready_locked(const Key& key, absl::Time op_start) const {
-  const auto [op, source, step, chunk] = key;
+  const auto [op, source, step, chunk, run_tag] = key;
   // A source counts as gone only if its stream ended while this op ran: a stream that ended
   // before may simply not have been reopened yet.
   auto down = down_since_.find(source);
@@ -1093,7 +1104,7 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
   if (end <= first) return;
   AfterUnlock after;
   absl::MutexLock lock(&mu_);
-  for (auto it = mailbox_.lower_bound(Key{first, INT_MIN, INT32_MIN, INT32_MIN});
+  for (auto it = mailbox_.lower_bound(Key{first, INT_MIN, INT32_MIN, INT32_MIN, 0});
        it != mailbox_.end() && std::get<0>(it->first) < end;) {
     take_locked(it++);
   }
@@ -1121,11 +1132,14 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
   admit_locked(absl::Now(), &after);  // what waited goes in, or is dropped if its op just finished
 }
 
-void Transport::begin_run_ops(uint64_t first, uint64_t end) {
+void Transport::begin_run_ops(uint64_t first, uint64_t end, uint64_t run_tag) {
   if (end <= first) return;
   absl::MutexLock lock(&mu_);
-  run_ops_.insert({first, end});
-  for (auto it = mailbox_.lower_bound(Key{first, INT_MIN, INT32_MIN, INT32_MIN});
+  run_ops_.insert({first, end, run_tag});
+  // Messages held early for these ops that carry another tag are not the run's: forged (their
+  // op ids guessed) or of nobody. Checked now, as the run claims them.
+  drop_mismatched_locked(first, end, run_tag);
+  for (auto it = mailbox_.lower_bound(Key{first, INT_MIN, INT32_MIN, INT32_MIN, 0});
        it != mailbox_.end() && std::get<0>(it->first) < end; ++it) {
     if (!it->second.early) continue;
     it->second.early = false;
@@ -1133,18 +1147,44 @@ void Transport::begin_run_ops(uint64_t first, uint64_t end) {
   }
 }
 
-void Transport::end_run_ops(uint64_t first, uint64_t end) {
+void Transport::end_run_ops(uint64_t first, uint64_t end, uint64_t run_tag) {
   if (end <= first) return;
   absl::MutexLock lock(&mu_);
-  if (auto it = run_ops_.find({first, end}); it != run_ops_.end()) run_ops_.erase(it);
+  if (auto it = run_ops_.find({first, end, run_tag}); it != run_ops_.end()) run_ops_.erase(it);
 }
 
-bool Transport::in_run_locked(uint64_t op) const {
+std::optional<uint64_t> Transport::run_tag_locked(uint64_t op) const {
   // Few entries (the runs going here): every range starting at or before op.
-  for (auto it = run_ops_.begin(); it != run_ops_.end() && it->first <= op; ++it) {
-    if (op < it->second) return true;
+  for (auto it = run_ops_.begin(); it != run_ops_.end() && std::get<0>(*it) <= op; ++it) {
+    if (op < std::get<1>(*it)) return std::get<2>(*it);
   }
-  return false;
+  if (auto it = started_.find(op); it != started_.end()) return it->second;
+  return std::nullopt;
+}
+
+int64_t Transport::drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t run_tag) {
+  int64_t dropped = 0;
+  for (auto it = mailbox_.lower_bound(Key{first, INT_MIN, INT32_MIN, INT32_MIN, 0});
+       it != mailbox_.end() && std::get<0>(it->first) < end;) {
+    if (std::get<4>(it->first) == run_tag) {
+      ++it;
+      continue;
+    }
+    count_mismatch_locked(std::get<0>(it->first), std::get<1>(it->first), std::get<4>(it->first));
+    take_locked(it++);
+    ++dropped;
+  }
+  return dropped;
+}
+
+void Transport::count_mismatch_locked(uint64_t op, int from, uint64_t run_tag) {
+  // The tags themselves are not logged: the expected one is the run's secret.
+  if (forged_++ < 10) {
+    std::fprintf(stderr,
+                 "tessera-worker: dropped an Exchange message of op %llu from device %d: its run tag (%s) is not its "
+                 "run's here\n",
+                 static_cast<unsigned long long>(op), from, run_tag == 0 ? "none" : "another");
+  }
 }
 
 bool Transport::finished_locked(uint64_t op) const {
@@ -1234,7 +1274,7 @@ void Transport::sweep_locked(absl::Time now, AfterUnlock* after) {
     if (it == waiting_.end()) return;
     Waiting& w = **it;
     refuse_locked(w.tag.op, w.from, {Refusal::kPaused, absl::ToInt64Nanoseconds(now - w.since)});
-    for (auto held = mailbox_.lower_bound(Key{w.tag.op, w.from, INT32_MIN, INT32_MIN});
+    for (auto held = mailbox_.lower_bound(Key{w.tag.op, w.from, INT32_MIN, INT32_MIN, 0});
          held != mailbox_.end() && std::get<0>(held->first) == w.tag.op && std::get<1>(held->first) == w.from;) {
       take_locked(held++);
     }
@@ -1286,6 +1326,18 @@ class SliceReader {
       if ((b & 0x80) == 0) return true;
     }
     return false;
+  }
+
+  // Skips `n` bytes; false if fewer are left.
+  bool skip(uint64_t n) {
+    while (n > 0) {
+      where();
+      if (slice_ == slices_.size()) return false;
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(n, slices_[slice_].size() - pos_));
+      pos_ += k;
+      n -= k;
+    }
+    return true;
   }
 
   // Position of the next byte: (slice index, offset), normalised past empty slices' ends.
@@ -1375,17 +1427,28 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
   if (!buffer->Dump(&data.slices_).ok()) return absl::InvalidArgumentError("Exchange: unreadable message");
   SliceReader reader(data.slices_);
   uint64_t fields[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};  // source_device, op_id, step, chunk; shm_token at 8
+  uint64_t run_tag = 0;                              // field 10, fixed64
   std::string shm_segment, shm_host;                 // an offer (see ExchangeMessage.shm_segment)
   bool has_data = false;
-  std::vector<uint64_t> lost_ops;  // a notice (see ExchangeMessage.lost_ops)
+  std::pair<size_t, size_t> data_at;  // where the data starts: (slice, offset)
+  std::vector<uint64_t> lost_ops;     // a notice (see ExchangeMessage.lost_ops)
   uint64_t key = 0;
-  while (!has_data && reader.remaining() > 0) {
+  // Fields may come in any order: our senders write the data last (encode_exchange), but
+  // protobuf's own serialization puts run_tag (10) after it.
+  while (reader.remaining() > 0) {
     if (!reader.varint(&key, 5) || key > UINT32_MAX) {
       return absl::InvalidArgumentError("Exchange: truncated message or a key longer than 5 bytes");
     }
     const uint64_t field = key >> 3, wire = key & 7;
     if (((field >= 1 && field <= 4) || field == 8) && wire == 0) {
       if (!reader.varint(&fields[field])) return absl::InvalidArgumentError("Exchange: truncated message");
+    } else if (field == 10 && wire == 1) {
+      run_tag = 0;
+      for (int i = 0; i < 8; ++i) {
+        uint8_t b = 0;
+        if (!reader.byte(&b)) return absl::InvalidArgumentError("Exchange: truncated message");
+        run_tag |= uint64_t{b} << (8 * i);
+      }
     } else if ((field == 7 || field == 9) && wire == 2) {
       uint64_t length = 0;
       if (!reader.varint(&length) || length > static_cast<uint64_t>(reader.remaining())) {
@@ -1426,10 +1489,10 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
         lost_ops.push_back(op);
       }
     } else if (field == 5 && wire == 2) {
+      if (has_data) return absl::InvalidArgumentError("Exchange: a message with two data fields");
       uint64_t length = 0;
       if (!reader.varint(&length)) return absl::InvalidArgumentError("Exchange: truncated message");
-      const auto [slice, offset] = reader.where();
-      if (length != static_cast<uint64_t>(reader.remaining())) {
+      if (length > static_cast<uint64_t>(reader.remaining())) {
         return absl::InvalidArgumentError(
             absl::StrCat("Exchange: data of ", length, " bytes in a message with ", reader.remaining(), " left"));
       }
@@ -1437,13 +1500,17 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
         return absl::InvalidArgumentError(
             absl::StrCat("Exchange: a message of ", length, " bytes exceeds the limit of ", kMaxChunkBytes));
       }
-      data.slices_.erase(data.slices_.begin(), data.slices_.begin() + static_cast<std::ptrdiff_t>(slice));
-      data.offset_ = offset;
+      data_at = reader.where();
       data.bytes_ = static_cast<int64_t>(length);
+      reader.skip(length);
       has_data = true;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("Exchange: unexpected field ", field, " of wire type ", wire));
     }
+  }
+  if (has_data) {  // the data's slices, from where it starts (it is bytes_ long: what follows is not read)
+    data.slices_.erase(data.slices_.begin(), data.slices_.begin() + static_cast<std::ptrdiff_t>(data_at.first));
+    data.offset_ = data_at.second;
   }
   const int from = static_cast<int>(static_cast<int32_t>(fields[1]));
   if (!has_data && lost_ops.empty() && shm_segment.empty()) {
@@ -1495,7 +1562,7 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
   // own bytes, not the socket reads it came in (bench_programs' flood held 5,000 messages of
   // 1 KiB, every other one of a flood stream, in 11 MB). The messages of a running op are
   // taken as they come and are not copied; neither are those of a finished op, dropped.
-  const MessageTag tag{fields[2], static_cast<int32_t>(fields[3]), static_cast<int32_t>(fields[4])};
+  const MessageTag tag{fields[2], static_cast<int32_t>(fields[3]), static_cast<int32_t>(fields[4]), run_tag};
   if (!started(tag.op)) data.compact();
   // A parked run it resumes is kept off this gRPC thread by its own rules (Parked::resume).
   *waits = file_or_wait(from, tag, std::move(data), Via::kGrpc, std::move(read_on), slot);
@@ -1552,7 +1619,16 @@ bool Transport::file_locked(int from, MessageTag tag, Received& data, absl::Time
     ++dropped_;
     return true;
   }
-  const Key key{tag.op, from, tag.step, tag.chunk};
+  // A message of an op that a run (or a receive) here claimed must carry its run tag; one that
+  // does not is dropped and counted, never filed, and resumes no parked run: its op's messages
+  // are the run's peers' alone. (One of an op not claimed yet is held with its tag, and judged
+  // when the run claims it: begin_run_ops, receive.)
+  const std::optional<uint64_t> expected = run_tag_locked(tag.op);
+  if (expected.has_value() && *expected != tag.run_tag) {
+    count_mismatch_locked(tag.op, from, tag.run_tag);
+    return true;
+  }
+  const Key key{tag.op, from, tag.step, tag.chunk, tag.run_tag};
   // The run parked for this message resumes whether it is kept or refused (its receive then
   // says why): a refusal is what its wait would have woken for too. Not while it waits.
   auto decided = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1577,7 +1653,7 @@ bool Transport::file_locked(int from, MessageTag tag, Received& data, absl::Time
   // Early: it may wait for its op up to the time-to-live. A legitimate peer has at most a few
   // hundred such messages here (docs/design.md, "The flood's peak"); a flood of small ones is
   // bounded by their number, not only by their bytes.
-  const bool early = started_.count(tag.op) == 0 && !in_run_locked(tag.op);
+  const bool early = !expected.has_value();
   int64_t& early_held = held_early_[from];
   if (early && early_held >= mailbox_options_.messages_per_peer) {
     refuse_locked(tag.op, from, {Refusal::kCount});

@@ -62,6 +62,10 @@ struct MessageTag {
   uint64_t op = 0;
   int32_t step = 0;
   int32_t chunk = 0;
+  // The run's tag: random, drawn by the coordinator per run (RunPlanRequest.run_tag) and carried
+  // by every message of the run's ops. Op ids are predictable; a message must also carry its
+  // run's tag to be filed for it (see begin_run_ops). 0: an op of no tagged run (a put's fan-out).
+  uint64_t run_tag = 0;
 };
 
 // The data of one message as it arrived: gRPC's slices, not copied.
@@ -268,13 +272,17 @@ class Transport {
   // The same for every op in [first, end): a failed plan run's ops it will never start.
   void finish_ops(uint64_t first, uint64_t end);
 
-  // A plan run here owns the ops [first, end) from now until end_run_ops(first, end): their
-  // messages are awaited, so they are not "early" (not counted against
+  // A plan run here owns the ops [first, end) from now until end_run_ops(first, end, run_tag):
+  // their messages are awaited, so they are not "early" (not counted against
   // --mailbox_messages_per_peer), however far ahead a peer runs (a device that only sends, as
   // in a one-way permute pipeline, may be hundreds of ops ahead). Messages already held for
   // those ops stop counting. Runs may nest (a loop's body) and repeat a range.
-  void begin_run_ops(uint64_t first, uint64_t end);
-  void end_run_ops(uint64_t first, uint64_t end);
+  // Run tags: from now on a message of these ops is filed only if it carries `run_tag`; one
+  // that does not is dropped and counted (forged_messages), and so are those held for them
+  // that carry another tag (held early, before the run claimed them). A receive's tag claims
+  // its op the same way (ops outside any run: RunCollective's, a reshard's, a fan-out's).
+  void begin_run_ops(uint64_t first, uint64_t end, uint64_t run_tag = 0);
+  void end_run_ops(uint64_t first, uint64_t end, uint64_t run_tag = 0);
 
   // The reactor that reads one peer's Exchange stream into this transport (the worker's
   // raw Exchange handler returns it; it deletes itself when the stream ends).
@@ -289,7 +297,8 @@ class Transport {
                                                                  PeerView* peers = nullptr,
                                                                  const StreamClaim& claim = {});
 
-  // Messages dropped because their sender was not the device their stream authenticated.
+  // Messages dropped because their sender was not the device their stream authenticated, or
+  // because their run tag was not that of the run their op belongs to here.
   int64_t forged_messages() const;
 
   // Drops the mailbox's messages whose op has not started within the time-to-live
@@ -318,7 +327,9 @@ class Transport {
 
  private:
   class Link;
-  using Key = std::tuple<uint64_t, int, int32_t, int32_t>;  // op, source, step, chunk
+  // op, source, step, chunk, run tag: messages of one op with other tags (forged, held before
+  // the op's run claims it) never replace one another.
+  using Key = std::tuple<uint64_t, int, int32_t, int32_t, uint64_t>;
 
   class ExchangeReader;
   class InboundRing;
@@ -467,10 +478,19 @@ class Transport {
   int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
-  std::set<uint64_t> started_ ABSL_GUARDED_BY(mu_);  // ops a receive began here, until they finish
-  // Op ranges [first, end) of the plan runs here (begin_run_ops), as many as runs hold them.
-  std::multiset<std::pair<uint64_t, uint64_t>> run_ops_ ABSL_GUARDED_BY(mu_);
-  bool in_run_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ops a receive began here, until they finish, with the run tag of the first receive.
+  std::map<uint64_t, uint64_t> started_ ABSL_GUARDED_BY(mu_);
+  // Op ranges [first, end) of the plan runs here (begin_run_ops) and their run tags, as many as
+  // runs hold them.
+  std::multiset<std::tuple<uint64_t, uint64_t, uint64_t>> run_ops_ ABSL_GUARDED_BY(mu_);
+  // The run tag the messages of `op` must carry: its run's (run_ops_), else its first
+  // receive's (started_); none while no run or receive here has claimed it (an early message).
+  std::optional<uint64_t> run_tag_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A run or receive claimed [first, end) with `run_tag`: drops (and counts) the messages held
+  // for those ops that carry another tag. Returns how many.
+  int64_t drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a message dropped for its run tag (in forged_), logging the first ten.
+  void count_mismatch_locked(uint64_t op, int from, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source): messages dropped for the bounds, and why (until the op finishes; at most
   // kRememberedOps, the oldest ids dropped first).
   std::map<std::pair<uint64_t, int>, Refusal> refused_ ABSL_GUARDED_BY(mu_);
@@ -489,10 +509,18 @@ class Transport {
   // Finished ops from kUnorderedOps up, and the order they finished in.
   std::set<uint64_t> finished_unordered_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_unordered_order_ ABSL_GUARDED_BY(mu_);
-  // Ops whose messages a link of ours may have lost, with their error (stream_failed: the peer
-  // and its reason; until the op finishes; at most kRememberedOps, the oldest ids dropped
-  // first: ids only grow).
-  std::map<uint64_t, absl::Status> failed_ops_ ABSL_GUARDED_BY(mu_);
+  // How a link of ours failed: the peer (peer_name) and how its stream ended. One per failed
+  // link, shared by every op it had in flight (up to kMaxNoticeOps): the op's error is put into
+  // words when asked (failed_op_locked), not kept per op.
+  struct LinkFailure {
+    std::string peer;
+    absl::Status end;
+  };
+  // Ops whose messages a link of ours may have lost, with that link's failure (until the op
+  // finishes; at most kRememberedOps, the oldest ids dropped first: ids only grow).
+  std::map<uint64_t, std::shared_ptr<const LinkFailure>> failed_ops_ ABSL_GUARDED_BY(mu_);
+  // The error of a failed op (stream_failed of its link's failure); OK if none failed.
+  absl::Status failed_op_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source): the source's notice said messages of op to here may be lost (as above).
   std::set<std::pair<uint64_t, int>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
