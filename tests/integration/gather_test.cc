@@ -277,15 +277,15 @@ TEST_F(GatherTest, MatchesHostLoopsInBothModesOnEveryLayout) {
   }
 }
 
-// The default fill value is JAX's (NaN for floats, the lowest int32 for int32), and int64
-// indices beyond int32's range are out of range, not wrapped.
+// The fill mode's default fill value is JAX's (NaN for floats, the lowest int32 for int32), and
+// int64 indices beyond int32's range are out of range, not wrapped.
 TEST_F(GatherTest, FillModeDefaultsAndWideIndices) {
   const HostArray x = HostArray::arange(DType::kI32, {5, 3});
   const HostArray idx = HostArray::from_vector<int64_t>({3, 1}, {4, int64_t{1} << 32, -1});
   const GatherDimensionNumbers dn{{1}, {0}, {0}};
   absl::StatusOr<HostArray> got = run1(
       [&](const std::vector<Value>& in) {
-        return std::vector<Value>{gather(in[0], in[1], dn, {1, 3})};
+        return std::vector<Value>{gather(in[0], in[1], dn, {1, 3}, GatherScatterMode::kFillOrDrop)};
       },
       {put(x, P()), put(idx, P())});
   ASSERT_TRUE(got.ok()) << got.status();
@@ -293,12 +293,39 @@ TEST_F(GatherTest, FillModeDefaultsAndWideIndices) {
   EXPECT_EQ(*got, HostArray::from_vector<int32_t>({3, 3}, {12, 13, 14, lo, lo, lo, lo, lo, lo}));
   absl::StatusOr<HostArray> nan = run1(
       [&](const std::vector<Value>& in) {
-        return std::vector<Value>{gather(in[0], in[1], dn, {1, 3})};
+        return std::vector<Value>{gather(in[0], in[1], dn, {1, 3}, GatherScatterMode::kFillOrDrop)};
       },
       {put(random_f32({5, 3}, 1), P()), put(idx, P())});
   ASSERT_TRUE(nan.ok()) << nan.status();
   EXPECT_FALSE(std::isnan(nan->element_as_double(0)));
   for (int64_t i = 3; i < 9; ++i) EXPECT_TRUE(std::isnan(nan->element_as_double(i))) << i;
+}
+
+// lax.gather's default mode is PROMISE_IN_BOUNDS (jax/_src/lax/slicing.py, gather: "if mode is
+// None: mode = GatherScatterMode.PROMISE_IN_BOUNDS"), unlike the scatters' FILL_OR_DROP
+// (GatherScatterMode.from_any(None)); with XLA "out-of-bounds gathers will be clamped"
+// (GatherScatterMode's docstring): each start clamped to [0, dim - slice size], as CLIP. So
+// x[i, j] with i and j out of range on either side, and a (2, 2) window past the end, give the
+// clamped elements, on every layout of a (4, 2) mesh.
+TEST_F(GatherTest, DefaultModeIsPromiseInBoundsWhichClampsAsXla) {
+  const HostArray x = random_f32({8, 4}, 17);
+  const HostArray idx = ints({4, 2}, {11, 1, -3, 2, 7, 9, -1, -8});
+  const GatherDimensionNumbers point{{}, {0, 1}, {0, 1}}, window{{1, 2}, {}, {0, 1}};
+  Shape ps, ws;
+  const std::vector<double> want_point = host_gather(x, idx, point, {1, 1}, IndexMode::kClip, 0, &ps);
+  const std::vector<double> want_window = host_gather(x, idx, window, {2, 2}, IndexMode::kClip, 0, &ws);
+  Jitted f = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{gather(in[0], in[1], point, {1, 1}), gather(in[0], in[1], window, {2, 2})};
+  });
+  for (const PartitionSpec& xs : {P(), P("data", None), P(None, "model"), P("data", "model")}) {
+    for (const PartitionSpec& is : {P(), P("data", None)}) {
+      const std::string where = absl::StrCat("x ", xs.to_string(), " indices ", is.to_string());
+      absl::StatusOr<std::vector<Array>> got = f({put_on(*auto_mesh_, x, xs), put_on(*auto_mesh_, idx, is)});
+      ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+      expect_values(fetch((*got)[0]), ps, want_point, where);
+      expect_values(fetch((*got)[1]), ws, want_window, where);
+    }
+  }
 }
 
 // lax.gather's docstring (jax/_src/lax/slicing.py): x = [10, 11, 12], indices [0, 1, 1, 2, 2, 2]
