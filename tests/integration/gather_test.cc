@@ -753,6 +753,51 @@ TEST_F(GatherTest, ScatterMulMinMaxMatchHostLoops) {
   }
 }
 
+// scatter_mul / min / max on bool operands, which JAX takes (_scatter_dtype_rule in
+// jax/_src/lax/slicing.py asks only that operand and updates share a dtype) and XLA combines with
+// PRED's multiply, minimum and maximum: and, and, or. The host loop runs them on 0 / 1 with
+// *, min and max (the same truth tables). Every scatter case, both modes (repeated and
+// out-of-range windows), the operand split on its last dividing layout on the Auto meshes (8),
+// (4, 2) and (2, 4); bools made on the devices from int32 (x != 0).
+TEST_F(GatherTest, ScatterMulMinMaxOnBoolAreAndAndOr) {
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const std::vector<Mesh> meshes = {*flat, auto_mesh({4, 2}), auto_mesh({2, 4})};
+  const std::vector<std::function<double(double, double)>> host = {[](double a, double b) { return a * b; },
+                                                                   [](double a, double b) { return std::min(a, b); },
+                                                                   [](double a, double b) { return std::max(a, b); }};
+  const char* names[] = {"scatter_mul", "scatter_min", "scatter_max"};
+  for (const ScatterCase& c : scatter_cases()) {
+    std::vector<int32_t> xv(num_elements(c.x)), uv(num_elements(c.updates));
+    for (size_t k = 0; k < xv.size(); ++k) xv[k] = (k * 5 + 1) % 3 != 0;  // mostly true
+    for (size_t k = 0; k < uv.size(); ++k) uv[k] = (k * 7) % 3 == 0;      // mostly false
+    const HostArray x = HostArray::from_vector<int32_t>(c.x, xv), u = HostArray::from_vector<int32_t>(c.updates, uv);
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const TracedFunction f = [&](const std::vector<Value>& in) {
+        const Value xb = in[0] != 0, ub = in[2] != 0;
+        return std::vector<Value>{scatter_mul(xb, in[1], ub, c.dn, mode), scatter_min(xb, in[1], ub, c.dn, mode),
+                                  scatter_max(xb, in[1], ub, c.dn, mode)};
+      };
+      for (const Mesh& mesh : meshes) {
+        const PartitionSpec xs = layouts(c.x, mesh).back();
+        const std::string where = absl::StrCat(c.name, " mode ", static_cast<int>(mode), " mesh ",
+                                               absl::StrJoin(mesh.shape(), "x"), " x ", xs.to_string());
+        absl::StatusOr<std::vector<Array>> got =
+            jit(f)({put_on(mesh, x, xs), put_on(mesh, c.idx, P()), put_on(mesh, u, P())});
+        ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+        for (size_t k = 0; k < host.size(); ++k) {
+          const HostArray r = fetch((*got)[k]);
+          ASSERT_EQ(r.dtype(), DType::kBool) << where << " " << names[k];
+          const std::vector<double> want = host_scatter_with(x, c.idx, u, c.dn, mode, host[k]);
+          for (size_t e = 0; e < want.size(); ++e) {
+            ASSERT_EQ(r.element_as_double(static_cast<int64_t>(e)), want[e]) << where << " " << names[k] << " " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Ties in scatter_min / scatter_max share the cotangent equally among the operand's element and
 // the updates equal to the result, as JAX's _scatter_extremal_jvp (jax/_src/lax/slicing.py:
 // "the resulting tangent at that location will be the average of the associated tangents"):
