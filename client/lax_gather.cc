@@ -829,9 +829,12 @@ Value scatter_sub(const Value& x, const Value& indices, const Value& updates, co
 // As XLA's scatter with `func` as the update computation (JAX's scatter_apply): each window
 // applies func once to each element it covers. So an element is func applied `count` times, count
 // the windows landing on it, which a scatter_add of ones counts with the mode's out-of-range
-// rule. One application to the whole operand serves every element hit; only when some element is
-// hit twice (a cond on the largest count) does a loop over the remaining windows run, applying
-// func again where the count exceeds the step.
+// rule. One application to the whole operand serves every element hit; the r = max(count) - 1
+// further steps (step s applies func where count > s) run as r's binary digits: chunks of 2^j
+// steps from the largest j down, each a fori_loop of static length under a cond taken when at
+// least 2^j steps remain. So exactly r steps run (none when no element is hit twice), the plan
+// holds log2(windows) loops, and grad and vmap go through fori_loop and cond (a while_loop to r
+// would have no gradient).
 Value scatter_apply(const Value& x, const Value& indices, const std::function<Value(const Value&)>& func,
                     const ScatterDimensionNumbers& dn, Shape update_shape, GatherScatterMode mode) {
   TraceState* t = TraceState::common({&x, &indices});
@@ -853,17 +856,25 @@ Value scatter_apply(const Value& x, const Value& indices, const std::function<Va
   const Shape& is = indices.shape();
   const int64_t windows = num_elements(Shape(is.begin(), is.end() - 1));
   if (windows <= 1) return once;
-  const Branch again = [&](const std::vector<Value>& y) {
-    return fori_loop(
-        1, windows,
-        [&](const Value& step, const std::vector<Value>& carry) {
-          return std::vector<Value>{where(count > step, func(carry[0]), carry[0])};
-        },
-        y);
-  };
-  const Branch done = [](const std::vector<Value>& y) { return y; };
-  std::vector<Value> r = cond(max(count) > 1, again, done, {once});
-  return r.empty() ? Value() : r[0];
+  const Value steps = max(count) - 1;  // r, at most windows - 1
+  int64_t chunk = 1;
+  while (chunk * 2 <= windows - 1) chunk *= 2;
+  std::vector<Value> carry = {once, full({}, 0.0, DType::kI32)};  // the operand, the steps done
+  for (; chunk >= 1 && !carry.empty(); chunk /= 2) {
+    const Branch run = [&](const std::vector<Value>& y) {
+      const Value done = y[1];
+      std::vector<Value> r = fori_loop(0, chunk,
+                                       [&](const Value& i, const std::vector<Value>& c) {
+                                         return std::vector<Value>{where(count > done + i + 1, func(c[0]), c[0])};
+                                       },
+                                       {y[0]});
+      if (r.empty()) return r;
+      return std::vector<Value>{r[0], done + static_cast<int32_t>(chunk)};
+    };
+    const Branch skip = [](const std::vector<Value>& y) { return y; };
+    carry = cond(steps - carry[1] >= static_cast<int32_t>(chunk), run, skip, carry);
+  }
+  return carry.empty() ? Value() : carry[0];
 }
 
 Value take_along_axis(const Value& x, const Value& indices, int64_t axis, GatherScatterMode mode,

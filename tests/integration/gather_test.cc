@@ -1030,6 +1030,51 @@ TEST_F(GatherTest, ScatterSubAndApplyMatchHostLoopsInEveryModeOnEveryMesh) {
   EXPECT_EQ(fetch((*got)[1]), HostArray::from_vector<int32_t>({3}, {-15, 7, 9}));
 }
 
+// scatter_apply's further applications run in chunks of 2^j steps for the binary digits of
+// max(count) - 1 (control_test's ScatterApplyPlan): counts whose largest is 1, 2, 4, 6 and 9
+// (r = 0, 1, 3 = 2 + 1, 5 = 4 + 1, 8 = 8 of at most 15 steps for 16 windows) take different
+// chunks, and each element must still be func applied exactly its count of times, as the host
+// loop over XLA's Scatter semantics; int32 (exact) with x -> 2x + 1, and in fill mode an
+// out-of-range window (index 9) dropped. On the Auto meshes (8), (4, 2) and (2, 4), the operand
+// replicated and split.
+TEST_F(GatherTest, ScatterApplyRunsEachChunkOfTheLargestCount) {
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const std::vector<Mesh> meshes = {*flat, auto_mesh({4, 2}), auto_mesh({2, 4})};
+  const ScatterDimensionNumbers dn{{}, {0}, {0}};
+  const HostArray x = HostArray::from_vector<int32_t>({8}, {0, 1, -1, 2, 3, -2, 5, 1});
+  const std::vector<std::vector<int32_t>> index_sets = {
+      {0, 1, 2, 3, 4, 5, 6, 7, 9, 9, 9, 9, 9, 9, 9, 9},  // each once (r = 0); 9 out of range
+      {0, 0, 1, 2, 3, 4, 5, 6, 7, 9, 9, 9, 9, 9, 9, 9},  // r = 1
+      {3, 3, 3, 3, 1, 1, 6, 9, 9, 9, 9, 9, 9, 9, 9, 9},  // r = 3
+      {5, 5, 5, 5, 5, 5, 0, 0, 0, 7, 9, 9, 9, 9, 9, 9},  // r = 5
+      {2, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 9, 9, 9, 9, 9},  // r = 8
+  };
+  const auto twice_plus_one = [](const Value& v) { return v * 2 + 1; };
+  for (const std::vector<int32_t>& iv : index_sets) {
+    const HostArray idx = ints({16, 1}, iv);
+    const HostArray u = HostArray::from_vector<int32_t>({16}, std::vector<int32_t>(16, 0));
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const std::vector<double> want =
+          host_scatter_with(x, idx, u, dn, mode, [](double old, double) { return old * 2 + 1; });
+      for (const Mesh& mesh : meshes) {
+        for (const PartitionSpec& xs : {P(), layouts(x.shape(), mesh).back()}) {
+          const std::string where = absl::StrCat("indices ", absl::StrJoin(iv, ","), " mode ", static_cast<int>(mode),
+                                                 " mesh ", absl::StrJoin(mesh.shape(), "x"), " x ", xs.to_string());
+          absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+            return std::vector<Value>{scatter_apply(in[0], in[1], twice_plus_one, dn, {16}, mode)};
+          })({put_on(mesh, x, xs), put_on(mesh, idx, P())});
+          ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+          const HostArray r = fetch((*got)[0]);
+          for (size_t e = 0; e < want.size(); ++e) {
+            ASSERT_EQ(r.element_as_double(static_cast<int64_t>(e)), want[e]) << where << " element " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The errors: scatter_sub refuses bool as JAX's lax.sub does; scatter_apply's func must keep the
 // operand's shape and dtype (XLA's update computation maps a scalar to one of the operand's
 // type), and its windows are checked as a scatter's updates (update_shape in their place).

@@ -421,13 +421,13 @@ Value scatter_sub(const Value& operand, const Value& scatter_indices, const Valu
 // update_shape, placed as a scatter's updates of that shape would be), once per window: an
 // element covered by n windows (repeated indices) becomes func applied n times, as XLA's scatter
 // with func as its combiner; out-of-range windows as the mode says. func must be elementwise and
-// keep the dtype (JAX traces it on a scalar); it is traced on the whole operand, and, when some
-// element is covered twice, again inside a loop of (number of windows - 1) steps (a cond skips it
-// otherwise). Errors: the scatter's dimension-number errors (update_shape in the updates' place),
-// INVALID_ARGUMENT when func changes the shape or dtype. grad goes through func's applications
-// (JAX has no JVP for scatter_apply: "scatter_apply JVP not implemented"); where an element is
-// not covered its cotangent passes unchanged, plus 0 times func's derivative there (NaN if that
-// is not finite, as with where).
+// keep the dtype (JAX traces it on a scalar); it is traced on the whole operand, then once more
+// in each of log2(number of windows) loops of 2^j steps, each under a cond: the r = (largest
+// count - 1) further steps run as r's binary digits, so exactly r steps run. Errors: the scatter's dimension-number
+// errors (update_shape in the updates' place), INVALID_ARGUMENT when func changes the shape or dtype. grad goes through
+// func's applications (JAX has no JVP for scatter_apply: "scatter_apply JVP not implemented"); where an element is not
+// covered its cotangent passes unchanged, plus 0 times func's derivative there (NaN if that is not finite, as with
+// where).
 Value scatter_apply(const Value& operand, const Value& scatter_indices, const std::function<Value(const Value&)>& func,
                     const ScatterDimensionNumbers& dimension_numbers, Shape update_shape = {},
                     GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
