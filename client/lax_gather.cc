@@ -130,6 +130,10 @@ std::string check_indices(const char* op, const Value& indices) {
 struct Addressing {
   Dims linear, free, window, mapped, batching, indices_batching;
   Dims collapsed;  // collapsed_slice_dims / inserted_window_dims
+  // Mapped dimensions with a window of the whole dimension (not collapsed): their only start
+  // is 0, so they are free (never folded, a split on them stays, as JAX's explicit-mode rules
+  // let a full slice keep its split), their starts only checked against 0 (linear_index).
+  Dims whole_mapped;
 
   bool windowed(int64_t d) const { return !contains(collapsed, d) && !contains(batching, d); }
   // The linear dimensions that keep a window dimension (mapped and not collapsed).
@@ -148,7 +152,7 @@ struct Addressing {
   }
 };
 
-Addressing make_addressing(int64_t rank, Dims window, Dims mapped, Dims collapsed, Dims batching,
+Addressing make_addressing(const Shape& operand, Dims window, Dims mapped, Dims collapsed, Dims batching,
                            Dims indices_batching) {
   Addressing a{{},
                {},
@@ -156,9 +160,12 @@ Addressing make_addressing(int64_t rank, Dims window, Dims mapped, Dims collapse
                std::move(mapped),
                std::move(batching),
                std::move(indices_batching),
-               std::move(collapsed)};
-  for (int64_t d = 0; d < rank; ++d) {
-    const bool linear = contains(a.mapped, d) || contains(a.collapsed, d) || contains(a.batching, d);
+               std::move(collapsed),
+               {}};
+  for (int64_t d = 0; d < static_cast<int64_t>(operand.size()); ++d) {
+    const bool whole = contains(a.mapped, d) && a.windowed(d) && a.window[d] == operand[d];
+    if (whole) a.whole_mapped.push_back(d);
+    const bool linear = !whole && (contains(a.mapped, d) || contains(a.collapsed, d) || contains(a.batching, d));
     (linear ? a.linear : a.free).push_back(d);
   }
   return a;
@@ -168,7 +175,8 @@ Addressing make_addressing(int64_t rank, Dims window, Dims mapped, Dims collapse
 // dimension), B the indices' batch shape: sum over the linear dimensions of (start + offset) *
 // stride. kClip clamps each start to [0, dim - window]; kFillOrDrop (and kOneHot, for a
 // scatter) makes the whole slice -1 (out of range for the one-axis op, which then fills or
-// drops) when any start is outside. (kPromiseInBounds never reaches here: callers pass what
+// drops) when any start is outside, a whole-window dimension's included (outside unless 0).
+// (kPromiseInBounds never reaches here: callers pass what
 // XLA does with it, JAX's GatherScatterMode docstring: "out-of-bounds gathers will be clamped
 // but out-of-bounds scatters will be discarded"; an unchecked start would fold into another
 // row's element.)
@@ -189,17 +197,27 @@ Value linear_index(const Value& indices, const Shape& operand, const Addressing&
   std::iota(batch_dims.begin(), batch_dims.end(), 0);
   Value linear = full(out, 0.0, dt);
   std::optional<Value> in_bounds;
+  auto start_of = [&](int64_t d) {  // index component of mapped dimension d, shape B
+    const int64_t k = position(a.mapped, d);
+    std::vector<int64_t> lo(nb + 1, 0), hi = indices.shape();
+    lo[nb] = k;
+    hi[nb] = k + 1;
+    return reshape(slice(ind, lo, hi), batch);
+  };
+  const Value zero = full(batch, 0.0, dt);
+  if (mode != GatherScatterMode::kClip) {
+    for (int64_t d : a.whole_mapped) {  // clip clamps these to 0; fill / drop needs exactly 0
+      const Value ok = start_of(d) == zero;
+      in_bounds = in_bounds ? logical_and(*in_bounds, ok) : ok;
+    }
+  }
   int64_t stride = 1;
   for (auto it = a.linear.rbegin(); it != a.linear.rend(); ++it) {
     const int64_t d = *it;
     std::optional<Value> start;
     if (contains(a.mapped, d)) {
-      const int64_t k = position(a.mapped, d);
-      std::vector<int64_t> lo(nb + 1, 0), hi = indices.shape();
-      lo[nb] = k;
-      hi[nb] = k + 1;
-      Value s = reshape(slice(ind, lo, hi), batch);
-      const Value zero = full(batch, 0.0, dt), last = full(batch, static_cast<double>(operand[d] - a.window[d]), dt);
+      Value s = start_of(d);
+      const Value last = full(batch, static_cast<double>(operand[d] - a.window[d]), dt);
       if (mode == GatherScatterMode::kClip) {
         s = clamp(zero, s, last);
       } else {
@@ -446,7 +464,7 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
     if (!error.empty()) return invalid(error);
     if (blocks.has_value()) return *blocks;
   }
-  const Addressing a = make_addressing(rank, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
+  const Addressing a = make_addressing(xs, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
                                        dn.operand_batching_dims, dn.scatter_indices_batching_dims);
   // The updates in the order of the one-axis op's: batch, windowed linear, free windows.
   const int64_t nb = ni - 1;
@@ -755,7 +773,7 @@ Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNum
   }
   // _gather_shape_computation: offset dims take the slice sizes of the operand's dimensions
   // that are neither collapsed nor batching, in order; the others the indices' batch dims.
-  const Addressing a = make_addressing(rank, slice_sizes, dn.start_index_map, dn.collapsed_slice_dims,
+  const Addressing a = make_addressing(xs, slice_sizes, dn.start_index_map, dn.collapsed_slice_dims,
                                        dn.operand_batching_dims, dn.start_indices_batching_dims);
   Dims offset_operand_dims;
   for (int64_t d = 0; d < rank; ++d)

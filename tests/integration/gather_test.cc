@@ -1107,6 +1107,23 @@ TEST_F(GatherTest, ScatterSubAndApplyErrors) {
                 "corresponding dimensions of operand. For dimension 1, updates bound is 6, operand bound is 5."));
 }
 
+// The scatters that combine, by name, with their combiner on the host: set first.
+struct ScatterCombiner {
+  const char* name;
+  std::function<Value(const Value&, const Value&, const Value&, const ScatterDimensionNumbers&, GatherScatterMode)> op;
+  std::function<double(double, double)> host;
+};
+std::vector<ScatterCombiner> scatter_combiners() {
+  return {
+      {"set", [](const auto&... a) { return scatter(a...); }, [](double, double v) { return v; }},
+      {"add", [](const auto&... a) { return scatter_add(a...); }, [](double o, double v) { return o + v; }},
+      {"sub", [](const auto&... a) { return scatter_sub(a...); }, [](double o, double v) { return o - v; }},
+      {"mul", [](const auto&... a) { return scatter_mul(a...); }, [](double o, double v) { return o * v; }},
+      {"min", [](const auto&... a) { return scatter_min(a...); }, [](double o, double v) { return std::min(o, v); }},
+      {"max", [](const auto&... a) { return scatter_max(a...); }, [](double o, double v) { return std::max(o, v); }},
+  };
+}
+
 // On Explicit axes a scatter whose batching dimension is split alike on the operand, the indices
 // and the updates is what JAX's explicit-mode rule accepts (_scatter_spec_computation in
 // jax/_src/lax/slicing.py; tests/pjit_test.py test_scatter_sharding_rule: vmap of
@@ -1122,25 +1139,11 @@ TEST_F(GatherTest, ExplicitScatterOnSplitBatchingDimsRunsBlockByBlock) {
   const Mesh mesh = *made;
   // vmap(lambda x, i, u: x.at[i].op(u)): batching (0) / (0), inserted (1), window (2) <- (1).
   const ScatterDimensionNumbers dn{{1}, {1}, {1}, {0}, {0}};
-  using ScatterFn =
-      std::function<Value(const Value&, const Value&, const Value&, const ScatterDimensionNumbers&, GatherScatterMode)>;
-  struct Combiner {
-    const char* name;
-    ScatterFn op;
-    std::function<double(double, double)> host;
-  };
-  const std::vector<Combiner> combiners = {
-      {"set", [](const auto&... a) { return scatter(a...); }, [](double, double v) { return v; }},
-      {"add", [](const auto&... a) { return scatter_add(a...); }, [](double o, double v) { return o + v; }},
-      {"sub", [](const auto&... a) { return scatter_sub(a...); }, [](double o, double v) { return o - v; }},
-      {"mul", [](const auto&... a) { return scatter_mul(a...); }, [](double o, double v) { return o * v; }},
-      {"min", [](const auto&... a) { return scatter_min(a...); }, [](double o, double v) { return std::min(o, v); }},
-      {"max", [](const auto&... a) { return scatter_max(a...); }, [](double o, double v) { return std::max(o, v); }},
-  };
+  const std::vector<ScatterCombiner> combiners = scatter_combiners();
   const HostArray x = random_f32({2, 10, 8}, 91), u = random_f32({2, 8}, 92), idx = ints({2, 1}, {2, 3});
   const std::vector<std::pair<PartitionSpec, PartitionSpec>> specs = {{P("x", None, "y"), P("x", "y")},
                                                                       {P("x", None, None), P("x", None)}};
-  for (const Combiner& comb : combiners) {
+  for (const ScatterCombiner& comb : combiners) {
     const std::vector<double> want = host_scatter_with(x, idx, u, dn, IndexMode::kFillOrDrop, comb.host);
     for (const auto& [xs, us] : specs) {
       const std::string where = absl::StrCat(comb.name, " x ", xs.to_string(), " updates ", us.to_string());
@@ -1176,7 +1179,7 @@ TEST_F(GatherTest, ExplicitScatterOnSplitBatchingDimsRunsBlockByBlock) {
   for (size_t k = 0; k < iv.size(); ++k) iv[k] = static_cast<int32_t>((k * 5) % 9) - 1;  // [-1, 7], repeats
   const HostArray bidx = ints({8, 3, 1}, iv);
   for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
-    for (const Combiner& comb : combiners) {
+    for (const ScatterCombiner& comb : combiners) {
       if (std::string(comb.name) == "set") continue;  // repeated windows: XLA writes one of them
       const std::vector<double> want = host_scatter_with(big, bidx, bu, rows, mode, comb.host);
       const std::string where = absl::StrCat(comb.name, " (8, 6, 4) mode ", static_cast<int>(mode));
@@ -1236,6 +1239,89 @@ TEST_F(GatherTest, ExplicitScatterOnSplitBatchingDimsRunsBlockByBlock) {
   ASSERT_FALSE(query_split.ok());
   EXPECT_THAT(std::string(query_split.status().message()),
               HasSubstr("scatter_add: Use `.at[...].set/add/mul/...(out_sharding=)`"));
+}
+
+// On Explicit axes a window of a whole dimension that the indices address (its only start is 0),
+// split alike in the operand and the updates, is what JAX's explicit-mode rule accepts
+// (_scatter_spec_computation in jax/_src/lax/slicing.py, rule 2: "Full slice dims must resolve
+// unambiguously between `operand` and `updates`"), the result laid out as the operand; so is a
+// gather's full slice of a split dimension (_gather_spec_computation: "the subset of dims in
+// `start_index_map` where the slice size is not equal to the operand size" must be replicated),
+// its result's offset dimension split as the operand's. Such a dimension is not folded into the
+// linear index (a split there was refused by the fold's reshape before), so no data moves. Rows
+// of a (4, 8) operand with starts (row, column): column 0 fits; 1 and 5 clamp to 0 (clip) or
+// drop / fill the window (fill); row 7 likewise. Every combiner, both modes, on the Explicit
+// (8), (4, 2) and (2, 4) meshes; then the same window next to a split batching dimension.
+TEST_F(GatherTest, ExplicitWholeWindowOnAnIndexedSplitDimension) {
+  const ScatterDimensionNumbers dn{{1}, {0}, {0, 1}};
+  const GatherDimensionNumbers gdn{{1}, {0}, {0, 1}};
+  const HostArray x = random_f32({4, 8}, 101), u = random_f32({6, 8}, 102);
+  const HostArray idx = ints({6, 2}, {0, 0, 2, 0, 2, 0, 3, 1, 7, 0, 1, 5});
+  std::vector<ScatterCombiner> combiners = scatter_combiners();
+  combiners.erase(combiners.begin());  // set: repeated windows write one of them (XLA); below alone
+  // scatter (set) with unique targets: rows 0 and 3 (3 only when its start clamps).
+  const HostArray set_idx = ints({2, 2}, {0, 0, 3, 1}), set_u = random_f32({2, 8}, 103);
+  std::vector<Mesh> meshes;
+  for (const Shape& shape : std::vector<Shape>{{8}, {4, 2}, {2, 4}}) {
+    absl::StatusOr<Mesh> m =
+        shape.size() == 1 ? client_->make_mesh(shape, {"b"}) : client_->make_mesh(shape, {"a", "b"});
+    ASSERT_TRUE(m.ok()) << m.status();
+    meshes.push_back(*m);
+  }
+  for (const Mesh& mesh : meshes) {
+    const PartitionSpec split = P(None, "b");
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const std::string where =
+          absl::StrCat("mesh ", absl::StrJoin(mesh.shape(), "x"), " mode ", static_cast<int>(mode));
+      Jitted f = jit([&](const std::vector<Value>& in) {
+        std::vector<Value> out;
+        for (const ScatterCombiner& c : combiners) out.push_back(c.op(in[0], in[1], in[2], dn, mode));
+        out.push_back(scatter(in[0], in[3], in[4], dn, mode));
+        out.push_back(gather(in[0], in[1], gdn, {1, 8}, mode));
+        return out;
+      });
+      absl::StatusOr<std::vector<Array>> got =
+          f({put_on(mesh, x, split), put_on(mesh, idx, P()), put_on(mesh, u, split), put_on(mesh, set_idx, P()),
+             put_on(mesh, set_u, split)});
+      ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+      for (size_t k = 0; k < combiners.size(); ++k) {
+        const std::string at = absl::StrCat(combiners[k].name, " ", where);
+        expect_values(fetch((*got)[k]), {4, 8}, host_scatter_with(x, idx, u, dn, mode, combiners[k].host), at);
+        EXPECT_TRUE((*got)[k].sharding().is_equivalent_to(NamedSharding(mesh, split), 2)) << at;
+      }
+      expect_values(fetch((*got)[5]), {4, 8},
+                    host_scatter_with(x, set_idx, set_u, dn, mode, [](double, double v) { return v; }),
+                    absl::StrCat("set ", where));
+      EXPECT_TRUE((*got)[5].sharding().is_equivalent_to(NamedSharding(mesh, split), 2)) << "set " << where;
+      Shape gs;
+      const std::vector<double> want_g =
+          host_gather(x, idx, gdn, {1, 8}, mode, std::numeric_limits<double>::quiet_NaN(), &gs);
+      expect_values(fetch((*got)[6]), gs, want_g, absl::StrCat("gather ", where));
+      EXPECT_TRUE((*got)[6].sharding().is_equivalent_to(NamedSharding(mesh, split), 2)) << "gather " << where;
+      for (const char* collective : {"all_gather", "all_to_all", "collective_permute"}) {
+        EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr(collective))) << where << "\n" << f.as_text();
+      }
+    }
+  }
+  // With a batching dimension split over 'a' (vmap of the rows above: (4, 4, 8), the batch
+  // first), indices and updates split alike on it, the window split over 'b' in both.
+  const ScatterDimensionNumbers bdn{{2}, {1}, {1, 2}, {0}, {0}};
+  const HostArray bx = random_f32({4, 4, 8}, 104), bu = random_f32({4, 3, 8}, 105);
+  const HostArray bidx = ints({4, 3, 2}, {0, 0, 2, 0, 2, 0, 3, 1, 7, 0, 1, 0, 1, 5, 1, 0, 0, 0, 3, 0, 3, 0, -1, 0});
+  for (size_t m = 1; m < meshes.size(); ++m) {
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const std::string where =
+          absl::StrCat("batched mesh ", absl::StrJoin(meshes[m].shape(), "x"), " mode ", static_cast<int>(mode));
+      absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+        return std::vector<Value>{scatter_add(in[0], in[1], in[2], bdn, mode)};
+      })({put_on(meshes[m], bx, P("a", None, "b")), put_on(meshes[m], bidx, P("a")),
+          put_on(meshes[m], bu, P("a", None, "b"))});
+      ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+      expect_values(fetch((*got)[0]), {4, 4, 8},
+                    host_scatter_with(bx, bidx, bu, bdn, mode, [](double o, double v) { return o + v; }), where);
+      EXPECT_TRUE((*got)[0].sharding().is_equivalent_to(NamedSharding(meshes[m], P("a", None, "b")), 3)) << where;
+    }
+  }
 }
 
 // vmap of scatter_apply (per-example indices: its cond's predicate is batched): each example as
