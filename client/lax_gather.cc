@@ -130,6 +130,10 @@ std::string check_indices(const char* op, const Value& indices) {
 struct Addressing {
   Dims linear, free, window, mapped, batching, indices_batching;
   Dims collapsed;  // collapsed_slice_dims / inserted_window_dims
+  // Mapped dimensions with a window of the whole dimension (not collapsed): their only start
+  // is 0, so they are free (never folded, a split on them stays, as JAX's explicit-mode rules
+  // let a full slice keep its split), their starts only checked against 0 (linear_index).
+  Dims whole_mapped;
 
   bool windowed(int64_t d) const { return !contains(collapsed, d) && !contains(batching, d); }
   // The linear dimensions that keep a window dimension (mapped and not collapsed).
@@ -148,7 +152,7 @@ struct Addressing {
   }
 };
 
-Addressing make_addressing(int64_t rank, Dims window, Dims mapped, Dims collapsed, Dims batching,
+Addressing make_addressing(const Shape& operand, Dims window, Dims mapped, Dims collapsed, Dims batching,
                            Dims indices_batching) {
   Addressing a{{},
                {},
@@ -156,9 +160,12 @@ Addressing make_addressing(int64_t rank, Dims window, Dims mapped, Dims collapse
                std::move(mapped),
                std::move(batching),
                std::move(indices_batching),
-               std::move(collapsed)};
-  for (int64_t d = 0; d < rank; ++d) {
-    const bool linear = contains(a.mapped, d) || contains(a.collapsed, d) || contains(a.batching, d);
+               std::move(collapsed),
+               {}};
+  for (int64_t d = 0; d < static_cast<int64_t>(operand.size()); ++d) {
+    const bool whole = contains(a.mapped, d) && a.windowed(d) && a.window[d] == operand[d];
+    if (whole) a.whole_mapped.push_back(d);
+    const bool linear = !whole && (contains(a.mapped, d) || contains(a.collapsed, d) || contains(a.batching, d));
     (linear ? a.linear : a.free).push_back(d);
   }
   return a;
@@ -168,7 +175,8 @@ Addressing make_addressing(int64_t rank, Dims window, Dims mapped, Dims collapse
 // dimension), B the indices' batch shape: sum over the linear dimensions of (start + offset) *
 // stride. kClip clamps each start to [0, dim - window]; kFillOrDrop (and kOneHot, for a
 // scatter) makes the whole slice -1 (out of range for the one-axis op, which then fills or
-// drops) when any start is outside. (kPromiseInBounds never reaches here: callers pass what
+// drops) when any start is outside, a whole-window dimension's included (outside unless 0).
+// (kPromiseInBounds never reaches here: callers pass what
 // XLA does with it, JAX's GatherScatterMode docstring: "out-of-bounds gathers will be clamped
 // but out-of-bounds scatters will be discarded"; an unchecked start would fold into another
 // row's element.)
@@ -189,17 +197,27 @@ Value linear_index(const Value& indices, const Shape& operand, const Addressing&
   std::iota(batch_dims.begin(), batch_dims.end(), 0);
   Value linear = full(out, 0.0, dt);
   std::optional<Value> in_bounds;
+  auto start_of = [&](int64_t d) {  // index component of mapped dimension d, shape B
+    const int64_t k = position(a.mapped, d);
+    std::vector<int64_t> lo(nb + 1, 0), hi = indices.shape();
+    lo[nb] = k;
+    hi[nb] = k + 1;
+    return reshape(slice(ind, lo, hi), batch);
+  };
+  const Value zero = full(batch, 0.0, dt);
+  if (mode != GatherScatterMode::kClip) {
+    for (int64_t d : a.whole_mapped) {  // clip clamps these to 0; fill / drop needs exactly 0
+      const Value ok = start_of(d) == zero;
+      in_bounds = in_bounds ? logical_and(*in_bounds, ok) : ok;
+    }
+  }
   int64_t stride = 1;
   for (auto it = a.linear.rbegin(); it != a.linear.rend(); ++it) {
     const int64_t d = *it;
     std::optional<Value> start;
     if (contains(a.mapped, d)) {
-      const int64_t k = position(a.mapped, d);
-      std::vector<int64_t> lo(nb + 1, 0), hi = indices.shape();
-      lo[nb] = k;
-      hi[nb] = k + 1;
-      Value s = reshape(slice(ind, lo, hi), batch);
-      const Value zero = full(batch, 0.0, dt), last = full(batch, static_cast<double>(operand[d] - a.window[d]), dt);
+      Value s = start_of(d);
+      const Value last = full(batch, static_cast<double>(operand[d] - a.window[d]), dt);
       if (mode == GatherScatterMode::kClip) {
         s = clamp(zero, s, last);
       } else {
@@ -356,12 +374,20 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
     return t->fail(absl::InvalidArgumentError(absl::StrCat(name, ": ", message)));
   };
   if (std::string e = check_indices(name, indices); !e.empty()) return t->fail(absl::InvalidArgumentError(e));
-  if (combine_op >= Combine::kSub && x.dtype() == DType::kBool) {
+  if (combine_op == Combine::kSub && x.dtype() == DType::kBool) {
     return invalid("the operand is bool; it needs a numeric dtype");
   }
   if (updates.dtype() != x.dtype()) {
     return invalid(absl::StrCat("the updates are ", dtype_name(updates.dtype()), "; they need the operand's dtype ",
                                 dtype_name(x.dtype())));
+  }
+  if (combine_op >= Combine::kMul && x.dtype() == DType::kBool) {
+    // JAX takes bool here (_scatter_dtype_rule asks only for equal dtypes) and XLA combines
+    // PRED with multiply, minimum and maximum: and, and, or. On 0 / 1 in int32 those are *,
+    // min and max, so the int32 scatter's result, != 0, is the bool one.
+    const Value r = scatter_general(name, combine_op, convert(x, DType::kI32), indices, convert(updates, DType::kI32),
+                                    dn, mode, by_blocks);
+    return r.ok() ? r != 0 : Value();
   }
   const Shape& xs = x.shape();
   const Shape& is = indices.shape();
@@ -438,7 +464,7 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
     if (!error.empty()) return invalid(error);
     if (blocks.has_value()) return *blocks;
   }
-  const Addressing a = make_addressing(rank, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
+  const Addressing a = make_addressing(xs, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
                                        dn.operand_batching_dims, dn.scatter_indices_batching_dims);
   // The updates in the order of the one-axis op's: batch, windowed linear, free windows.
   const int64_t nb = ni - 1;
@@ -747,7 +773,7 @@ Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNum
   }
   // _gather_shape_computation: offset dims take the slice sizes of the operand's dimensions
   // that are neither collapsed nor batching, in order; the others the indices' batch dims.
-  const Addressing a = make_addressing(rank, slice_sizes, dn.start_index_map, dn.collapsed_slice_dims,
+  const Addressing a = make_addressing(xs, slice_sizes, dn.start_index_map, dn.collapsed_slice_dims,
                                        dn.operand_batching_dims, dn.start_indices_batching_dims);
   Dims offset_operand_dims;
   for (int64_t d = 0; d < rank; ++d)
@@ -821,9 +847,12 @@ Value scatter_sub(const Value& x, const Value& indices, const Value& updates, co
 // As XLA's scatter with `func` as the update computation (JAX's scatter_apply): each window
 // applies func once to each element it covers. So an element is func applied `count` times, count
 // the windows landing on it, which a scatter_add of ones counts with the mode's out-of-range
-// rule. One application to the whole operand serves every element hit; only when some element is
-// hit twice (a cond on the largest count) does a loop over the remaining windows run, applying
-// func again where the count exceeds the step.
+// rule. One application to the whole operand serves every element hit; the r = max(count) - 1
+// further steps (step s applies func where count > s) run as r's binary digits: chunks of 2^j
+// steps from the largest j down, each a fori_loop of static length under a cond taken when at
+// least 2^j steps remain. So exactly r steps run (none when no element is hit twice), the plan
+// holds log2(windows) loops, and grad and vmap go through fori_loop and cond (a while_loop to r
+// would have no gradient).
 Value scatter_apply(const Value& x, const Value& indices, const std::function<Value(const Value&)>& func,
                     const ScatterDimensionNumbers& dn, Shape update_shape, GatherScatterMode mode) {
   TraceState* t = TraceState::common({&x, &indices});
@@ -845,17 +874,25 @@ Value scatter_apply(const Value& x, const Value& indices, const std::function<Va
   const Shape& is = indices.shape();
   const int64_t windows = num_elements(Shape(is.begin(), is.end() - 1));
   if (windows <= 1) return once;
-  const Branch again = [&](const std::vector<Value>& y) {
-    return fori_loop(
-        1, windows,
-        [&](const Value& step, const std::vector<Value>& carry) {
-          return std::vector<Value>{where(count > step, func(carry[0]), carry[0])};
-        },
-        y);
-  };
-  const Branch done = [](const std::vector<Value>& y) { return y; };
-  std::vector<Value> r = cond(max(count) > 1, again, done, {once});
-  return r.empty() ? Value() : r[0];
+  const Value steps = max(count) - 1;  // r, at most windows - 1
+  int64_t chunk = 1;
+  while (chunk * 2 <= windows - 1) chunk *= 2;
+  std::vector<Value> carry = {once, full({}, 0.0, DType::kI32)};  // the operand, the steps done
+  for (; chunk >= 1 && !carry.empty(); chunk /= 2) {
+    const Branch run = [&](const std::vector<Value>& y) {
+      const Value done = y[1];
+      std::vector<Value> r = fori_loop(0, chunk,
+                                       [&](const Value& i, const std::vector<Value>& c) {
+                                         return std::vector<Value>{where(count > done + i + 1, func(c[0]), c[0])};
+                                       },
+                                       {y[0]});
+      if (r.empty()) return r;
+      return std::vector<Value>{r[0], done + static_cast<int32_t>(chunk)};
+    };
+    const Branch skip = [](const std::vector<Value>& y) { return y; };
+    carry = cond(steps - carry[1] >= static_cast<int32_t>(chunk), run, skip, carry);
+  }
+  return carry.empty() ? Value() : carry[0];
 }
 
 Value take_along_axis(const Value& x, const Value& indices, int64_t axis, GatherScatterMode mode,

@@ -476,14 +476,15 @@ def _gather(operand, start_indices, dims, slice_sizes, mode, fill_value):
 
 def gather(operand, start_indices, dimension_numbers, slice_sizes, *, unique_indices=False, indices_are_sorted=False,
            mode=None, fill_value=None):
-    """lax.gather. mode None is FILL_OR_DROP, the C++ SDK's default (JAX's is PROMISE_IN_BOUNDS,
-    whose out-of-bounds results are undefined: in-bounds ones are the same); fill_value (FILL_OR_DROP
-    only) defaults to NaN, the lowest integer or True. unique_indices and indices_are_sorted
-    are performance hints in JAX and change nothing here."""
+    """lax.gather. mode None is PROMISE_IN_BOUNDS, as JAX's (jax/_src/lax/slicing.py gather; unlike
+    GatherScatterMode.from_any(None), the scatters' FILL_OR_DROP): each start is clamped so the
+    slice fits, as XLA does with it ("out-of-bounds gathers will be clamped"); fill_value
+    (FILL_OR_DROP only) defaults to NaN, the lowest integer or True. unique_indices and
+    indices_are_sorted are performance hints in JAX and change nothing here."""
     if not isinstance(dimension_numbers, GatherDimensionNumbers):
         raise TypeError(f"lax.gather: dimension_numbers must be a lax.GatherDimensionNumbers, not "
                         f"{type(dimension_numbers).__name__}")
-    mode = _mode_name(mode)
+    mode = _mode_name(GatherScatterMode.PROMISE_IN_BOUNDS if mode is None else mode)
     dims = tuple(tuple(_ints(d, f"GatherDimensionNumbers.{f}")) for f, d in
                  zip(GatherDimensionNumbers._fields, dimension_numbers))
     return _gather(operand, start_indices, dims, tuple(_ints(slice_sizes, "slice_sizes")), mode,

@@ -138,15 +138,18 @@ def test_gather_out_of_range_per_mode(layout):
     dn, sizes = WINDOW[0], WINDOW[1]
     idx = np.array([[7], [-1], [6], [100]], np.int32)  # only 6 fits a window of 2 in 8
 
+    # mode None is PROMISE_IN_BOUNDS (jax/_src/lax/slicing.py gather: "if mode is None: mode =
+    # GatherScatterMode.PROMISE_IN_BOUNDS"), which XLA clamps ("out-of-bounds gathers will be
+    # clamped", GatherScatterMode's docstring): CLIP's values, out of range included.
     def f(x, i):
-        return (lax.gather(x, i, dn, sizes), lax.gather(x, i, dn, sizes, mode="fill", fill_value=-3.0),
+        return (lax.gather(x, i, dn, sizes, mode="fill"), lax.gather(x, i, dn, sizes, mode="fill", fill_value=-3.0),
                 lax.gather(x, i, dn, sizes, mode=Mode.CLIP), lax.gather(x, i, dn, sizes, mode="clip"),
-                lax.gather(x, i[2:3], dn, sizes, mode="promise_in_bounds"))
+                lax.gather(x, i, dn, sizes, mode="promise_in_bounds"), lax.gather(x, i, dn, sizes))
 
     got = tessera.jit(f)(layout(X), idx)
-    want = (ref_gather(X, idx, dn, sizes), ref_gather(X, idx, dn, sizes, fill_value=-3.0),
-            ref_gather(X, idx, dn, sizes, mode="clip"), ref_gather(X, idx, dn, sizes, mode="clip"),
-            ref_gather(X, idx[2:3], dn, sizes, mode="clip"))
+    clipped = ref_gather(X, idx, dn, sizes, mode="clip")
+    want = (ref_gather(X, idx, dn, sizes), ref_gather(X, idx, dn, sizes, fill_value=-3.0), clipped, clipped,
+            clipped, clipped)
     assert np.isnan(np.asarray(got[0])[[0, 1, 3]]).all() and not np.isnan(np.asarray(got[0])[2]).any()
     for g, w in zip(got, want):
         np.testing.assert_array_equal(np.asarray(g), w)
@@ -161,8 +164,11 @@ def test_gather_docstring_example_and_integer_fill():
                      mode=Mode.PROMISE_IN_BOUNDS)
     assert np.asarray(got).tolist() == [10, 11, 11, 12, 12, 12]
     # FILL_OR_DROP's default fill for signed integers: the lowest value (slicing.py gather).
-    got = lax.gather(x, np.array([[3], [-1], [2]], np.int32), dn, (1,))
+    got = lax.gather(x, np.array([[3], [-1], [2]], np.int32), dn, (1,), mode="fill")
     assert np.asarray(got).tolist() == [np.iinfo(np.int32).min, np.iinfo(np.int32).min, 12]
+    # The default (PROMISE_IN_BOUNDS, clamped by XLA) on the same indices: 3 -> 2, -1 -> 0.
+    got = lax.gather(x, np.array([[3], [-1], [2]], np.int32), dn, (1,))
+    assert np.asarray(got).tolist() == [12, 10, 12]
 
 
 # ---- scatters -------------------------------------------------------------------------------

@@ -193,6 +193,47 @@ int kernels_of(const DevicePlan& plan, Op op) {
   return n;
 }
 
+// The trip counts of the loops in `plan`, those in switch branches and loop bodies included,
+// each with whether a switch guards it.
+void loop_trips(const DevicePlan& plan, bool guarded, std::vector<std::pair<int64_t, bool>>* out) {
+  for (const Instruction& i : plan.code) {
+    if (i.kind == Instruction::Kind::kLoop) {
+      out->push_back({i.trip_count, guarded});
+      loop_trips(*i.body, guarded, out);
+    }
+    if (i.kind == Instruction::Kind::kSwitch) {
+      for (const auto& b : i.branches) loop_trips(*b, true, out);
+    }
+  }
+}
+
+// scatter_apply's further applications of func (element hit n times: n - 1 more after the first)
+// run as the binary digits of r = max(count) - 1: loops of 4, 2 and 1 steps for 6 windows, each
+// under a switch taken when that many steps remain, so a run takes exactly r steps (indices
+// that hit one element three times give r = 2: only the 2-step loop runs). Before, one loop of
+// windows - 1 = 5 steps ran whenever r > 0. The plan shows the structure; which branch a device
+// takes is not counted anywhere a test can read, so the steps run are not asserted (the values,
+// which would differ if a step were missed or repeated, are: gather_test's
+// ScatterApplyRunsEachChunkOfTheLargestCount). Its gradient compiles (fori_loop and cond have
+// VJPs; a while_loop to r would not).
+TEST(ScatterApplyPlan, FurtherApplicationsRunAsBinaryChunksOfTheLargestCount) {
+  const ScatterDimensionNumbers dn{{}, {0}, {0}};
+  const auto f = [&](const std::vector<Value>& in) {
+    return std::vector<Value>{scatter_apply(in[0], in[1], [](const Value& v) { return v * 2.0 + 1.0; }, dn, {6})};
+  };
+  absl::StatusOr<Executable> exe = compile(f, {{DType::kF32, {8}}, {DType::kI32, {6, 1}}}, {P(), P()});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  std::vector<std::pair<int64_t, bool>> trips;
+  loop_trips(exe->program, false, &trips);
+  std::sort(trips.begin(), trips.end());
+  const std::vector<std::pair<int64_t, bool>> want = {{1, true}, {2, true}, {4, true}};
+  EXPECT_EQ(trips, want) << exe->as_text();
+  absl::StatusOr<Executable> grads =
+      compile(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in)[0])}; }, {0}),
+              {{DType::kF32, {8}}, {DType::kI32, {6, 1}}}, {P(), P()});
+  ASSERT_TRUE(grads.ok()) << grads.status();
+}
+
 // The gradient of a scan runs its forward body once, as JAX's partial evaluation of scan does
 // (jax/_src/lax/control_flow/loops.py, _scan_partial_eval): one forward loop that also stacks
 // the residuals (the values of each iteration the backward pass reads), and one backward loop

@@ -277,15 +277,15 @@ TEST_F(GatherTest, MatchesHostLoopsInBothModesOnEveryLayout) {
   }
 }
 
-// The default fill value is JAX's (NaN for floats, the lowest int32 for int32), and int64
-// indices beyond int32's range are out of range, not wrapped.
+// The fill mode's default fill value is JAX's (NaN for floats, the lowest int32 for int32), and
+// int64 indices beyond int32's range are out of range, not wrapped.
 TEST_F(GatherTest, FillModeDefaultsAndWideIndices) {
   const HostArray x = HostArray::arange(DType::kI32, {5, 3});
   const HostArray idx = HostArray::from_vector<int64_t>({3, 1}, {4, int64_t{1} << 32, -1});
   const GatherDimensionNumbers dn{{1}, {0}, {0}};
   absl::StatusOr<HostArray> got = run1(
       [&](const std::vector<Value>& in) {
-        return std::vector<Value>{gather(in[0], in[1], dn, {1, 3})};
+        return std::vector<Value>{gather(in[0], in[1], dn, {1, 3}, GatherScatterMode::kFillOrDrop)};
       },
       {put(x, P()), put(idx, P())});
   ASSERT_TRUE(got.ok()) << got.status();
@@ -293,12 +293,39 @@ TEST_F(GatherTest, FillModeDefaultsAndWideIndices) {
   EXPECT_EQ(*got, HostArray::from_vector<int32_t>({3, 3}, {12, 13, 14, lo, lo, lo, lo, lo, lo}));
   absl::StatusOr<HostArray> nan = run1(
       [&](const std::vector<Value>& in) {
-        return std::vector<Value>{gather(in[0], in[1], dn, {1, 3})};
+        return std::vector<Value>{gather(in[0], in[1], dn, {1, 3}, GatherScatterMode::kFillOrDrop)};
       },
       {put(random_f32({5, 3}, 1), P()), put(idx, P())});
   ASSERT_TRUE(nan.ok()) << nan.status();
   EXPECT_FALSE(std::isnan(nan->element_as_double(0)));
   for (int64_t i = 3; i < 9; ++i) EXPECT_TRUE(std::isnan(nan->element_as_double(i))) << i;
+}
+
+// lax.gather's default mode is PROMISE_IN_BOUNDS (jax/_src/lax/slicing.py, gather: "if mode is
+// None: mode = GatherScatterMode.PROMISE_IN_BOUNDS"), unlike the scatters' FILL_OR_DROP
+// (GatherScatterMode.from_any(None)); with XLA "out-of-bounds gathers will be clamped"
+// (GatherScatterMode's docstring): each start clamped to [0, dim - slice size], as CLIP. So
+// x[i, j] with i and j out of range on either side, and a (2, 2) window past the end, give the
+// clamped elements, on every layout of a (4, 2) mesh.
+TEST_F(GatherTest, DefaultModeIsPromiseInBoundsWhichClampsAsXla) {
+  const HostArray x = random_f32({8, 4}, 17);
+  const HostArray idx = ints({4, 2}, {11, 1, -3, 2, 7, 9, -1, -8});
+  const GatherDimensionNumbers point{{}, {0, 1}, {0, 1}}, window{{1, 2}, {}, {0, 1}};
+  Shape ps, ws;
+  const std::vector<double> want_point = host_gather(x, idx, point, {1, 1}, IndexMode::kClip, 0, &ps);
+  const std::vector<double> want_window = host_gather(x, idx, window, {2, 2}, IndexMode::kClip, 0, &ws);
+  Jitted f = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{gather(in[0], in[1], point, {1, 1}), gather(in[0], in[1], window, {2, 2})};
+  });
+  for (const PartitionSpec& xs : {P(), P("data", None), P(None, "model"), P("data", "model")}) {
+    for (const PartitionSpec& is : {P(), P("data", None)}) {
+      const std::string where = absl::StrCat("x ", xs.to_string(), " indices ", is.to_string());
+      absl::StatusOr<std::vector<Array>> got = f({put_on(*auto_mesh_, x, xs), put_on(*auto_mesh_, idx, is)});
+      ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+      expect_values(fetch((*got)[0]), ps, want_point, where);
+      expect_values(fetch((*got)[1]), ws, want_window, where);
+    }
+  }
 }
 
 // lax.gather's docstring (jax/_src/lax/slicing.py): x = [10, 11, 12], indices [0, 1, 1, 2, 2, 2]
@@ -726,6 +753,51 @@ TEST_F(GatherTest, ScatterMulMinMaxMatchHostLoops) {
   }
 }
 
+// scatter_mul / min / max on bool operands, which JAX takes (_scatter_dtype_rule in
+// jax/_src/lax/slicing.py asks only that operand and updates share a dtype) and XLA combines with
+// PRED's multiply, minimum and maximum: and, and, or. The host loop runs them on 0 / 1 with
+// *, min and max (the same truth tables). Every scatter case, both modes (repeated and
+// out-of-range windows), the operand split on its last dividing layout on the Auto meshes (8),
+// (4, 2) and (2, 4); bools made on the devices from int32 (x != 0).
+TEST_F(GatherTest, ScatterMulMinMaxOnBoolAreAndAndOr) {
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const std::vector<Mesh> meshes = {*flat, auto_mesh({4, 2}), auto_mesh({2, 4})};
+  const std::vector<std::function<double(double, double)>> host = {[](double a, double b) { return a * b; },
+                                                                   [](double a, double b) { return std::min(a, b); },
+                                                                   [](double a, double b) { return std::max(a, b); }};
+  const char* names[] = {"scatter_mul", "scatter_min", "scatter_max"};
+  for (const ScatterCase& c : scatter_cases()) {
+    std::vector<int32_t> xv(num_elements(c.x)), uv(num_elements(c.updates));
+    for (size_t k = 0; k < xv.size(); ++k) xv[k] = (k * 5 + 1) % 3 != 0;  // mostly true
+    for (size_t k = 0; k < uv.size(); ++k) uv[k] = (k * 7) % 3 == 0;      // mostly false
+    const HostArray x = HostArray::from_vector<int32_t>(c.x, xv), u = HostArray::from_vector<int32_t>(c.updates, uv);
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const TracedFunction f = [&](const std::vector<Value>& in) {
+        const Value xb = in[0] != 0, ub = in[2] != 0;
+        return std::vector<Value>{scatter_mul(xb, in[1], ub, c.dn, mode), scatter_min(xb, in[1], ub, c.dn, mode),
+                                  scatter_max(xb, in[1], ub, c.dn, mode)};
+      };
+      for (const Mesh& mesh : meshes) {
+        const PartitionSpec xs = layouts(c.x, mesh).back();
+        const std::string where = absl::StrCat(c.name, " mode ", static_cast<int>(mode), " mesh ",
+                                               absl::StrJoin(mesh.shape(), "x"), " x ", xs.to_string());
+        absl::StatusOr<std::vector<Array>> got =
+            jit(f)({put_on(mesh, x, xs), put_on(mesh, c.idx, P()), put_on(mesh, u, P())});
+        ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+        for (size_t k = 0; k < host.size(); ++k) {
+          const HostArray r = fetch((*got)[k]);
+          ASSERT_EQ(r.dtype(), DType::kBool) << where << " " << names[k];
+          const std::vector<double> want = host_scatter_with(x, c.idx, u, c.dn, mode, host[k]);
+          for (size_t e = 0; e < want.size(); ++e) {
+            ASSERT_EQ(r.element_as_double(static_cast<int64_t>(e)), want[e]) << where << " " << names[k] << " " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Ties in scatter_min / scatter_max share the cotangent equally among the operand's element and
 // the updates equal to the result, as JAX's _scatter_extremal_jvp (jax/_src/lax/slicing.py:
 // "the resulting tangent at that location will be the average of the associated tangents"):
@@ -958,6 +1030,51 @@ TEST_F(GatherTest, ScatterSubAndApplyMatchHostLoopsInEveryModeOnEveryMesh) {
   EXPECT_EQ(fetch((*got)[1]), HostArray::from_vector<int32_t>({3}, {-15, 7, 9}));
 }
 
+// scatter_apply's further applications run in chunks of 2^j steps for the binary digits of
+// max(count) - 1 (control_test's ScatterApplyPlan): counts whose largest is 1, 2, 4, 6 and 9
+// (r = 0, 1, 3 = 2 + 1, 5 = 4 + 1, 8 = 8 of at most 15 steps for 16 windows) take different
+// chunks, and each element must still be func applied exactly its count of times, as the host
+// loop over XLA's Scatter semantics; int32 (exact) with x -> 2x + 1, and in fill mode an
+// out-of-range window (index 9) dropped. On the Auto meshes (8), (4, 2) and (2, 4), the operand
+// replicated and split.
+TEST_F(GatherTest, ScatterApplyRunsEachChunkOfTheLargestCount) {
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const std::vector<Mesh> meshes = {*flat, auto_mesh({4, 2}), auto_mesh({2, 4})};
+  const ScatterDimensionNumbers dn{{}, {0}, {0}};
+  const HostArray x = HostArray::from_vector<int32_t>({8}, {0, 1, -1, 2, 3, -2, 5, 1});
+  const std::vector<std::vector<int32_t>> index_sets = {
+      {0, 1, 2, 3, 4, 5, 6, 7, 9, 9, 9, 9, 9, 9, 9, 9},  // each once (r = 0); 9 out of range
+      {0, 0, 1, 2, 3, 4, 5, 6, 7, 9, 9, 9, 9, 9, 9, 9},  // r = 1
+      {3, 3, 3, 3, 1, 1, 6, 9, 9, 9, 9, 9, 9, 9, 9, 9},  // r = 3
+      {5, 5, 5, 5, 5, 5, 0, 0, 0, 7, 9, 9, 9, 9, 9, 9},  // r = 5
+      {2, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 9, 9, 9, 9, 9},  // r = 8
+  };
+  const auto twice_plus_one = [](const Value& v) { return v * 2 + 1; };
+  for (const std::vector<int32_t>& iv : index_sets) {
+    const HostArray idx = ints({16, 1}, iv);
+    const HostArray u = HostArray::from_vector<int32_t>({16}, std::vector<int32_t>(16, 0));
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const std::vector<double> want =
+          host_scatter_with(x, idx, u, dn, mode, [](double old, double) { return old * 2 + 1; });
+      for (const Mesh& mesh : meshes) {
+        for (const PartitionSpec& xs : {P(), layouts(x.shape(), mesh).back()}) {
+          const std::string where = absl::StrCat("indices ", absl::StrJoin(iv, ","), " mode ", static_cast<int>(mode),
+                                                 " mesh ", absl::StrJoin(mesh.shape(), "x"), " x ", xs.to_string());
+          absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+            return std::vector<Value>{scatter_apply(in[0], in[1], twice_plus_one, dn, {16}, mode)};
+          })({put_on(mesh, x, xs), put_on(mesh, idx, P())});
+          ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+          const HostArray r = fetch((*got)[0]);
+          for (size_t e = 0; e < want.size(); ++e) {
+            ASSERT_EQ(r.element_as_double(static_cast<int64_t>(e)), want[e]) << where << " element " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The errors: scatter_sub refuses bool as JAX's lax.sub does; scatter_apply's func must keep the
 // operand's shape and dtype (XLA's update computation maps a scalar to one of the operand's
 // type), and its windows are checked as a scatter's updates (update_shape in their place).
@@ -990,6 +1107,23 @@ TEST_F(GatherTest, ScatterSubAndApplyErrors) {
                 "corresponding dimensions of operand. For dimension 1, updates bound is 6, operand bound is 5."));
 }
 
+// The scatters that combine, by name, with their combiner on the host: set first.
+struct ScatterCombiner {
+  const char* name;
+  std::function<Value(const Value&, const Value&, const Value&, const ScatterDimensionNumbers&, GatherScatterMode)> op;
+  std::function<double(double, double)> host;
+};
+std::vector<ScatterCombiner> scatter_combiners() {
+  return {
+      {"set", [](const auto&... a) { return scatter(a...); }, [](double, double v) { return v; }},
+      {"add", [](const auto&... a) { return scatter_add(a...); }, [](double o, double v) { return o + v; }},
+      {"sub", [](const auto&... a) { return scatter_sub(a...); }, [](double o, double v) { return o - v; }},
+      {"mul", [](const auto&... a) { return scatter_mul(a...); }, [](double o, double v) { return o * v; }},
+      {"min", [](const auto&... a) { return scatter_min(a...); }, [](double o, double v) { return std::min(o, v); }},
+      {"max", [](const auto&... a) { return scatter_max(a...); }, [](double o, double v) { return std::max(o, v); }},
+  };
+}
+
 // On Explicit axes a scatter whose batching dimension is split alike on the operand, the indices
 // and the updates is what JAX's explicit-mode rule accepts (_scatter_spec_computation in
 // jax/_src/lax/slicing.py; tests/pjit_test.py test_scatter_sharding_rule: vmap of
@@ -1005,25 +1139,11 @@ TEST_F(GatherTest, ExplicitScatterOnSplitBatchingDimsRunsBlockByBlock) {
   const Mesh mesh = *made;
   // vmap(lambda x, i, u: x.at[i].op(u)): batching (0) / (0), inserted (1), window (2) <- (1).
   const ScatterDimensionNumbers dn{{1}, {1}, {1}, {0}, {0}};
-  using ScatterFn =
-      std::function<Value(const Value&, const Value&, const Value&, const ScatterDimensionNumbers&, GatherScatterMode)>;
-  struct Combiner {
-    const char* name;
-    ScatterFn op;
-    std::function<double(double, double)> host;
-  };
-  const std::vector<Combiner> combiners = {
-      {"set", [](const auto&... a) { return scatter(a...); }, [](double, double v) { return v; }},
-      {"add", [](const auto&... a) { return scatter_add(a...); }, [](double o, double v) { return o + v; }},
-      {"sub", [](const auto&... a) { return scatter_sub(a...); }, [](double o, double v) { return o - v; }},
-      {"mul", [](const auto&... a) { return scatter_mul(a...); }, [](double o, double v) { return o * v; }},
-      {"min", [](const auto&... a) { return scatter_min(a...); }, [](double o, double v) { return std::min(o, v); }},
-      {"max", [](const auto&... a) { return scatter_max(a...); }, [](double o, double v) { return std::max(o, v); }},
-  };
+  const std::vector<ScatterCombiner> combiners = scatter_combiners();
   const HostArray x = random_f32({2, 10, 8}, 91), u = random_f32({2, 8}, 92), idx = ints({2, 1}, {2, 3});
   const std::vector<std::pair<PartitionSpec, PartitionSpec>> specs = {{P("x", None, "y"), P("x", "y")},
                                                                       {P("x", None, None), P("x", None)}};
-  for (const Combiner& comb : combiners) {
+  for (const ScatterCombiner& comb : combiners) {
     const std::vector<double> want = host_scatter_with(x, idx, u, dn, IndexMode::kFillOrDrop, comb.host);
     for (const auto& [xs, us] : specs) {
       const std::string where = absl::StrCat(comb.name, " x ", xs.to_string(), " updates ", us.to_string());
@@ -1059,7 +1179,7 @@ TEST_F(GatherTest, ExplicitScatterOnSplitBatchingDimsRunsBlockByBlock) {
   for (size_t k = 0; k < iv.size(); ++k) iv[k] = static_cast<int32_t>((k * 5) % 9) - 1;  // [-1, 7], repeats
   const HostArray bidx = ints({8, 3, 1}, iv);
   for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
-    for (const Combiner& comb : combiners) {
+    for (const ScatterCombiner& comb : combiners) {
       if (std::string(comb.name) == "set") continue;  // repeated windows: XLA writes one of them
       const std::vector<double> want = host_scatter_with(big, bidx, bu, rows, mode, comb.host);
       const std::string where = absl::StrCat(comb.name, " (8, 6, 4) mode ", static_cast<int>(mode));
@@ -1119,6 +1239,89 @@ TEST_F(GatherTest, ExplicitScatterOnSplitBatchingDimsRunsBlockByBlock) {
   ASSERT_FALSE(query_split.ok());
   EXPECT_THAT(std::string(query_split.status().message()),
               HasSubstr("scatter_add: Use `.at[...].set/add/mul/...(out_sharding=)`"));
+}
+
+// On Explicit axes a window of a whole dimension that the indices address (its only start is 0),
+// split alike in the operand and the updates, is what JAX's explicit-mode rule accepts
+// (_scatter_spec_computation in jax/_src/lax/slicing.py, rule 2: "Full slice dims must resolve
+// unambiguously between `operand` and `updates`"), the result laid out as the operand; so is a
+// gather's full slice of a split dimension (_gather_spec_computation: "the subset of dims in
+// `start_index_map` where the slice size is not equal to the operand size" must be replicated),
+// its result's offset dimension split as the operand's. Such a dimension is not folded into the
+// linear index (a split there was refused by the fold's reshape before), so no data moves. Rows
+// of a (4, 8) operand with starts (row, column): column 0 fits; 1 and 5 clamp to 0 (clip) or
+// drop / fill the window (fill); row 7 likewise. Every combiner, both modes, on the Explicit
+// (8), (4, 2) and (2, 4) meshes; then the same window next to a split batching dimension.
+TEST_F(GatherTest, ExplicitWholeWindowOnAnIndexedSplitDimension) {
+  const ScatterDimensionNumbers dn{{1}, {0}, {0, 1}};
+  const GatherDimensionNumbers gdn{{1}, {0}, {0, 1}};
+  const HostArray x = random_f32({4, 8}, 101), u = random_f32({6, 8}, 102);
+  const HostArray idx = ints({6, 2}, {0, 0, 2, 0, 2, 0, 3, 1, 7, 0, 1, 5});
+  std::vector<ScatterCombiner> combiners = scatter_combiners();
+  combiners.erase(combiners.begin());  // set: repeated windows write one of them (XLA); below alone
+  // scatter (set) with unique targets: rows 0 and 3 (3 only when its start clamps).
+  const HostArray set_idx = ints({2, 2}, {0, 0, 3, 1}), set_u = random_f32({2, 8}, 103);
+  std::vector<Mesh> meshes;
+  for (const Shape& shape : std::vector<Shape>{{8}, {4, 2}, {2, 4}}) {
+    absl::StatusOr<Mesh> m =
+        shape.size() == 1 ? client_->make_mesh(shape, {"b"}) : client_->make_mesh(shape, {"a", "b"});
+    ASSERT_TRUE(m.ok()) << m.status();
+    meshes.push_back(*m);
+  }
+  for (const Mesh& mesh : meshes) {
+    const PartitionSpec split = P(None, "b");
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const std::string where =
+          absl::StrCat("mesh ", absl::StrJoin(mesh.shape(), "x"), " mode ", static_cast<int>(mode));
+      Jitted f = jit([&](const std::vector<Value>& in) {
+        std::vector<Value> out;
+        for (const ScatterCombiner& c : combiners) out.push_back(c.op(in[0], in[1], in[2], dn, mode));
+        out.push_back(scatter(in[0], in[3], in[4], dn, mode));
+        out.push_back(gather(in[0], in[1], gdn, {1, 8}, mode));
+        return out;
+      });
+      absl::StatusOr<std::vector<Array>> got =
+          f({put_on(mesh, x, split), put_on(mesh, idx, P()), put_on(mesh, u, split), put_on(mesh, set_idx, P()),
+             put_on(mesh, set_u, split)});
+      ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+      for (size_t k = 0; k < combiners.size(); ++k) {
+        const std::string at = absl::StrCat(combiners[k].name, " ", where);
+        expect_values(fetch((*got)[k]), {4, 8}, host_scatter_with(x, idx, u, dn, mode, combiners[k].host), at);
+        EXPECT_TRUE((*got)[k].sharding().is_equivalent_to(NamedSharding(mesh, split), 2)) << at;
+      }
+      expect_values(fetch((*got)[5]), {4, 8},
+                    host_scatter_with(x, set_idx, set_u, dn, mode, [](double, double v) { return v; }),
+                    absl::StrCat("set ", where));
+      EXPECT_TRUE((*got)[5].sharding().is_equivalent_to(NamedSharding(mesh, split), 2)) << "set " << where;
+      Shape gs;
+      const std::vector<double> want_g =
+          host_gather(x, idx, gdn, {1, 8}, mode, std::numeric_limits<double>::quiet_NaN(), &gs);
+      expect_values(fetch((*got)[6]), gs, want_g, absl::StrCat("gather ", where));
+      EXPECT_TRUE((*got)[6].sharding().is_equivalent_to(NamedSharding(mesh, split), 2)) << "gather " << where;
+      for (const char* collective : {"all_gather", "all_to_all", "collective_permute"}) {
+        EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr(collective))) << where << "\n" << f.as_text();
+      }
+    }
+  }
+  // With a batching dimension split over 'a' (vmap of the rows above: (4, 4, 8), the batch
+  // first), indices and updates split alike on it, the window split over 'b' in both.
+  const ScatterDimensionNumbers bdn{{2}, {1}, {1, 2}, {0}, {0}};
+  const HostArray bx = random_f32({4, 4, 8}, 104), bu = random_f32({4, 3, 8}, 105);
+  const HostArray bidx = ints({4, 3, 2}, {0, 0, 2, 0, 2, 0, 3, 1, 7, 0, 1, 0, 1, 5, 1, 0, 0, 0, 3, 0, 3, 0, -1, 0});
+  for (size_t m = 1; m < meshes.size(); ++m) {
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const std::string where =
+          absl::StrCat("batched mesh ", absl::StrJoin(meshes[m].shape(), "x"), " mode ", static_cast<int>(mode));
+      absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+        return std::vector<Value>{scatter_add(in[0], in[1], in[2], bdn, mode)};
+      })({put_on(meshes[m], bx, P("a", None, "b")), put_on(meshes[m], bidx, P("a")),
+          put_on(meshes[m], bu, P("a", None, "b"))});
+      ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+      expect_values(fetch((*got)[0]), {4, 4, 8},
+                    host_scatter_with(bx, bidx, bu, bdn, mode, [](double o, double v) { return o + v; }), where);
+      EXPECT_TRUE((*got)[0].sharding().is_equivalent_to(NamedSharding(meshes[m], P("a", None, "b")), 3)) << where;
+    }
+  }
 }
 
 // vmap of scatter_apply (per-example indices: its cond's predicate is batched): each example as

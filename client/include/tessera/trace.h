@@ -345,16 +345,18 @@ inline IndexRef at(const Value& x, const Value& indices, int64_t axis = 0) { ret
 // Modes as lax.GatherScatterMode (an IndexMode converts to its namesake): kClip clamps each
 // start to [0, dim - slice size] so the slice fits; kFillOrDrop gives a gather's whole slice
 // `fill_value` (unset: NaN, the lowest integer, true for bool) when any part of it is outside
-// the operand, and drops a scatter's whole window then; kPromiseInBounds checks nothing (in-bounds
-// results equal kClip's, out-of-bounds ones are implementation-defined, gradients too, as JAX
-// documents); kOneHot is jnp.take_along_axis's (below): a gather refuses it (JAX's _gather_lower
-// accepts only the other three) and a scatter drops out-of-bounds windows with it (JAX hands
-// it to XLA's scatter unclamped). Negative indices are out of range (no wrapping, as lax). Dimension numbers that break
-// JAX's rules (_gather_shape_rule, _scatter_shape_rule) fail the trace with INVALID_ARGUMENT
-// naming the field, the values and the rule. Composites (client/lax_gather.cc): the slice's
-// dimensions are folded into one linear index and the one-axis gather / scatter above runs on
-// the flattened operand, so kernels, sharding rules, VJPs (a gather's is a scatter_add) and
-// vmap are those ops'; an operand split on a dimension taken whole keeps its split.
+// the operand, and drops a scatter's whole window then; kPromiseInBounds, lax.gather's default as
+// JAX's (jax/_src/lax/slicing.py gather: "if mode is None: mode = PROMISE_IN_BOUNDS"; the
+// scatters' default is kFillOrDrop, GatherScatterMode.from_any(None)), checks nothing: a gather
+// clamps as kClip and a scatter drops as kFillOrDrop, what XLA does with it ("out-of-bounds
+// gathers will be clamped but out-of-bounds scatters will be discarded"; JAX calls those results
+// implementation-defined, gradients too); kOneHot is jnp.take_along_axis's (below): a gather refuses it (JAX's
+// _gather_lower accepts only the other three) and a scatter drops out-of-bounds windows with it (JAX hands it to XLA's
+// scatter unclamped). Negative indices are out of range (no wrapping, as lax). Dimension numbers that break JAX's rules
+// (_gather_shape_rule, _scatter_shape_rule) fail the trace with INVALID_ARGUMENT naming the field, the values and the
+// rule. Composites (client/lax_gather.cc): the slice's dimensions are folded into one linear index and the one-axis
+// gather / scatter above runs on the flattened operand, so kernels, sharding rules, VJPs (a gather's is a scatter_add)
+// and vmap are those ops'; an operand split on a dimension taken whole keeps its split.
 //   // x[i, j] on a (5, 4) x with i, j of shape (3): indices stack(i, j) of shape (3, 2)
 //   // (offset_dims, collapsed_slice_dims, start_index_map):
 //   Value y = gather(x, ij, GatherDimensionNumbers{{}, {0, 1}, {0, 1}}, {1, 1});  // shape (3)
@@ -384,11 +386,12 @@ struct ScatterDimensionNumbers {
   std::vector<int64_t> scatter_indices_batching_dims = {};
 };
 Value gather(const Value& operand, const Value& start_indices, const GatherDimensionNumbers& dimension_numbers,
-             std::vector<int64_t> slice_sizes, GatherScatterMode mode = GatherScatterMode::kFillOrDrop,
+             std::vector<int64_t> slice_sizes, GatherScatterMode mode = GatherScatterMode::kPromiseInBounds,
              std::optional<Scalar> fill_value = std::nullopt);
 // With repeated windows scatter_add adds every update and scatter writes one of them;
 // scatter_mul / scatter_min / scatter_max (lax's) combine the operand's element with every
-// update aimed at it by *, min or max (in an unspecified order, as XLA). Their gradients:
+// update aimed at it by *, min or max (in an unspecified order, as XLA); on bool, as XLA's PRED
+// and JAX (whose _scatter_dtype_rule takes any dtype), and, and, or. Their gradients:
 // scatter_mul's as JAX's (for the updates JAX needs unique indices; here repeated ones get the
 // product rule), scatter_min / max's as JAX's _scatter_extremal_jvp (the elements equal to the
 // result share its cotangent equally, the operand's included).
@@ -418,13 +421,13 @@ Value scatter_sub(const Value& operand, const Value& scatter_indices, const Valu
 // update_shape, placed as a scatter's updates of that shape would be), once per window: an
 // element covered by n windows (repeated indices) becomes func applied n times, as XLA's scatter
 // with func as its combiner; out-of-range windows as the mode says. func must be elementwise and
-// keep the dtype (JAX traces it on a scalar); it is traced on the whole operand, and, when some
-// element is covered twice, again inside a loop of (number of windows - 1) steps (a cond skips it
-// otherwise). Errors: the scatter's dimension-number errors (update_shape in the updates' place),
-// INVALID_ARGUMENT when func changes the shape or dtype. grad goes through func's applications
-// (JAX has no JVP for scatter_apply: "scatter_apply JVP not implemented"); where an element is
-// not covered its cotangent passes unchanged, plus 0 times func's derivative there (NaN if that
-// is not finite, as with where).
+// keep the dtype (JAX traces it on a scalar); it is traced on the whole operand, then once more
+// in each of log2(number of windows) loops of 2^j steps, each under a cond: the r = (largest
+// count - 1) further steps run as r's binary digits, so exactly r steps run. Errors: the scatter's dimension-number
+// errors (update_shape in the updates' place), INVALID_ARGUMENT when func changes the shape or dtype. grad goes through
+// func's applications (JAX has no JVP for scatter_apply: "scatter_apply JVP not implemented"); where an element is not
+// covered its cotangent passes unchanged, plus 0 times func's derivative there (NaN if that is not finite, as with
+// where).
 Value scatter_apply(const Value& operand, const Value& scatter_indices, const std::function<Value(const Value&)>& func,
                     const ScatterDimensionNumbers& dimension_numbers, Shape update_shape = {},
                     GatherScatterMode mode = GatherScatterMode::kFillOrDrop);
