@@ -314,6 +314,7 @@ Value zero_with_gradient(const Value& x) {
 // scattered (the others get index -1). scatter_mul multiplies f by the totals scattered onto
 // ones; min / max scatter them onto f itself, so untouched elements combine with themselves.
 Value combine_scatter(Combine c, const Value& f, const Value& idx, const Value& u) {
+  if (!f.ok() || !idx.ok() || !u.ok()) return Value();  // a refused fold: its error is recorded
   const int64_t k = num_elements(idx.shape());
   const Shape fs = f.shape();
   Shape flat = {k};
@@ -482,6 +483,7 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
   const Value idx = linear_index(
       indices, xs, a,
       mode == GatherScatterMode::kPromiseInBounds ? GatherScatterMode(GatherScatterMode::kFillOrDrop) : mode);
+  if (!folded.ok() || !idx.ok() || !u.ok()) return Value();  // refused (e.g. a fold of a split dim)
   Value r;
   switch (combine_op) {
     case Combine::kSet:

@@ -1324,6 +1324,27 @@ TEST_F(GatherTest, ExplicitWholeWindowOnAnIndexedSplitDimension) {
   }
 }
 
+// x.at[i, j].multiply / min / max (lax.scatter_mul / min / max with point windows) on an (8, 8)
+// operand split P('b', None) on an Explicit (8) mesh: no batching dimensions are split, so the
+// indexed dimensions 0 and 1 are folded into one, and that reshape of a split dimension is
+// refused. The refusal is the result (INVALID_ARGUMENT), not an exception: the combiner used to
+// build its scan on the refused fold's empty shape and threw std::length_error.
+TEST_F(GatherTest, ExplicitScatterMulMinMaxOnARefusedFoldFailsCleanly) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({8}, {"b"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const ScatterDimensionNumbers dn{{}, {0, 1}, {0, 1}};
+  const HostArray x = random_f32({8, 8}, 106), u = random_f32({3}, 107), idx = ints({3, 2}, {0, 1, 4, 5, 0, 1});
+  std::vector<ScatterCombiner> combiners = scatter_combiners();
+  for (const ScatterCombiner& comb : combiners) {
+    if (std::string(comb.name) != "mul" && std::string(comb.name) != "min" && std::string(comb.name) != "max") continue;
+    absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+      return std::vector<Value>{comb.op(in[0], in[1], in[2], dn, GatherScatterMode::kFillOrDrop)};
+    })({put_on(*mesh, x, P("b", None)), put_on(*mesh, idx, P()), put_on(*mesh, u, P())});
+    ASSERT_FALSE(got.ok()) << comb.name;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << comb.name << ": " << got.status();
+  }
+}
+
 // vmap of scatter_apply (per-example indices: its cond's predicate is batched): each example as
 // the host loop on it, func applied once per window, so twice or three times where examples
 // repeat an index, and the out-of-range index 9 dropped.
