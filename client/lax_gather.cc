@@ -375,17 +375,19 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
     return t->fail(absl::InvalidArgumentError(absl::StrCat(name, ": ", message)));
   };
   if (std::string e = check_indices(name, indices); !e.empty()) return t->fail(absl::InvalidArgumentError(e));
-  if (combine_op == Combine::kSub && x.dtype() == DType::kBool) {
-    return invalid("the operand is bool; it needs a numeric dtype");
+  if (combine_op >= Combine::kAdd && combine_op <= Combine::kMul && x.dtype() == DType::kBool) {
+    // JAX's scatter_add / sub / mul trace lax.add / sub / mul, which take numbers only (_num).
+    const char* op = combine_op == Combine::kAdd ? "add" : combine_op == Combine::kSub ? "sub" : "mul";
+    return invalid(absl::StrCat(op, " does not accept dtype bool; the operand needs a numeric dtype"));
   }
   if (updates.dtype() != x.dtype()) {
     return invalid(absl::StrCat("the updates are ", dtype_name(updates.dtype()), "; they need the operand's dtype ",
                                 dtype_name(x.dtype())));
   }
-  if (combine_op >= Combine::kMul && x.dtype() == DType::kBool) {
-    // JAX takes bool here (_scatter_dtype_rule asks only for equal dtypes) and XLA combines
-    // PRED with multiply, minimum and maximum: and, and, or. On 0 / 1 in int32 those are *,
-    // min and max, so the int32 scatter's result, != 0, is the bool one.
+  if (combine_op >= Combine::kMin && x.dtype() == DType::kBool) {
+    // JAX takes bool here (lax.min / max take any dtype) and XLA combines PRED with minimum and
+    // maximum: and, or. On 0 / 1 in int32 those are min and max, so the int32 scatter's result,
+    // != 0, is the bool one.
     const Value r = scatter_general(name, combine_op, convert(x, DType::kI32), indices, convert(updates, DType::kI32),
                                     dn, mode, by_blocks);
     return r.ok() ? r != 0 : Value();

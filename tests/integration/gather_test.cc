@@ -753,20 +753,19 @@ TEST_F(GatherTest, ScatterMulMinMaxMatchHostLoops) {
   }
 }
 
-// scatter_mul / min / max on bool operands, which JAX takes (_scatter_dtype_rule in
-// jax/_src/lax/slicing.py asks only that operand and updates share a dtype) and XLA combines with
-// PRED's multiply, minimum and maximum: and, and, or. The host loop runs them on 0 / 1 with
-// *, min and max (the same truth tables). Every scatter case, both modes (repeated and
-// out-of-range windows), the operand split on its last dividing layout on the Auto meshes (8),
-// (4, 2) and (2, 4); bools made on the devices from int32 (x != 0).
-TEST_F(GatherTest, ScatterMulMinMaxOnBoolAreAndAndOr) {
+// scatter_min / max on bool operands, which JAX takes (they trace lax.min / lax.max, whose
+// dtypes are _any in jax/_src/lax/lax.py; scatter_mul and scatter_add refuse bool: see
+// ScatterSubAndApplyErrors) and XLA combines with PRED's minimum and maximum: and, or. The host
+// loop runs them on 0 / 1 with min and max (the same truth tables). Every scatter case, both
+// modes (repeated and out-of-range windows), the operand split on its last dividing layout on the
+// Auto meshes (8), (4, 2) and (2, 4); bools made on the devices from int32 (x != 0).
+TEST_F(GatherTest, ScatterMinMaxOnBoolAreAndOr) {
   absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
   ASSERT_TRUE(flat.ok()) << flat.status();
   const std::vector<Mesh> meshes = {*flat, auto_mesh({4, 2}), auto_mesh({2, 4})};
-  const std::vector<std::function<double(double, double)>> host = {[](double a, double b) { return a * b; },
-                                                                   [](double a, double b) { return std::min(a, b); },
+  const std::vector<std::function<double(double, double)>> host = {[](double a, double b) { return std::min(a, b); },
                                                                    [](double a, double b) { return std::max(a, b); }};
-  const char* names[] = {"scatter_mul", "scatter_min", "scatter_max"};
+  const char* names[] = {"scatter_min", "scatter_max"};
   for (const ScatterCase& c : scatter_cases()) {
     std::vector<int32_t> xv(num_elements(c.x)), uv(num_elements(c.updates));
     for (size_t k = 0; k < xv.size(); ++k) xv[k] = (k * 5 + 1) % 3 != 0;  // mostly true
@@ -775,8 +774,7 @@ TEST_F(GatherTest, ScatterMulMinMaxOnBoolAreAndAndOr) {
     for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
       const TracedFunction f = [&](const std::vector<Value>& in) {
         const Value xb = in[0] != 0, ub = in[2] != 0;
-        return std::vector<Value>{scatter_mul(xb, in[1], ub, c.dn, mode), scatter_min(xb, in[1], ub, c.dn, mode),
-                                  scatter_max(xb, in[1], ub, c.dn, mode)};
+        return std::vector<Value>{scatter_min(xb, in[1], ub, c.dn, mode), scatter_max(xb, in[1], ub, c.dn, mode)};
       };
       for (const Mesh& mesh : meshes) {
         const PartitionSpec xs = layouts(c.x, mesh).back();
@@ -1075,17 +1073,43 @@ TEST_F(GatherTest, ScatterApplyRunsEachChunkOfTheLargestCount) {
   }
 }
 
-// The errors: scatter_sub refuses bool as JAX's lax.sub does; scatter_apply's func must keep the
+// The scatters that combine, by name, with their combiner on the host: set first.
+struct ScatterCombiner {
+  const char* name;
+  std::function<Value(const Value&, const Value&, const Value&, const ScatterDimensionNumbers&, GatherScatterMode)> op;
+  std::function<double(double, double)> host;
+};
+std::vector<ScatterCombiner> scatter_combiners() {
+  return {
+      {"set", [](const auto&... a) { return scatter(a...); }, [](double, double v) { return v; }},
+      {"add", [](const auto&... a) { return scatter_add(a...); }, [](double o, double v) { return o + v; }},
+      {"sub", [](const auto&... a) { return scatter_sub(a...); }, [](double o, double v) { return o - v; }},
+      {"mul", [](const auto&... a) { return scatter_mul(a...); }, [](double o, double v) { return o * v; }},
+      {"min", [](const auto&... a) { return scatter_min(a...); }, [](double o, double v) { return std::min(o, v); }},
+      {"max", [](const auto&... a) { return scatter_max(a...); }, [](double o, double v) { return std::max(o, v); }},
+  };
+}
+
+// The errors: scatter_add / sub / mul refuse bool as JAX's do (they trace lax.add / sub / mul on
+// the operand's dtype, and add_p, sub_p and mul_p take only _num dtypes in jax/_src/lax/lax.py:
+// "mul does not accept dtype bool ..."); scatter_apply's func must keep the
 // operand's shape and dtype (XLA's update computation maps a scalar to one of the operand's
 // type), and its windows are checked as a scatter's updates (update_shape in their place).
 TEST_F(GatherTest, ScatterSubAndApplyErrors) {
   const ScatterDimensionNumbers dn{{}, {0}, {0}};
   auto status_of = [](const TracedFunction& f, std::vector<ArrayType> types) { return trace(f, types).status(); };
-  const absl::Status bool_sub =
-      status_of([&](const std::vector<Value>& in) { return std::vector<Value>{scatter_sub(in[0], in[1], in[2], dn)}; },
-                {ArrayType{DType::kBool, {4}}, ArrayType{DType::kI32, {2, 1}}, ArrayType{DType::kBool, {2}}});
-  EXPECT_EQ(bool_sub.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bool_sub.message()), HasSubstr("scatter_sub: the operand is bool"));
+  for (const ScatterCombiner& comb : scatter_combiners()) {
+    const std::string name = comb.name;
+    if (name != "add" && name != "sub" && name != "mul") continue;
+    const absl::Status refused = status_of(
+        [&](const std::vector<Value>& in) {
+          return std::vector<Value>{comb.op(in[0], in[1], in[2], dn, GatherScatterMode::kFillOrDrop)};
+        },
+        {ArrayType{DType::kBool, {4}}, ArrayType{DType::kI32, {2, 1}}, ArrayType{DType::kBool, {2}}});
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(refused.message()),
+                HasSubstr(absl::StrCat("scatter_", name, ": ", name, " does not accept dtype bool")));
+  }
   const absl::Status widened = status_of(
       [&](const std::vector<Value>& in) {
         return std::vector<Value>{scatter_apply(in[0], in[1], [](const Value& v) { return v * 0.5; }, dn, {2})};
@@ -1105,23 +1129,6 @@ TEST_F(GatherTest, ScatterSubAndApplyErrors) {
       std::string(bad_window.message()),
       HasSubstr("scatter_apply: Bounds of the window dimensions of updates must not exceed the bounds of the "
                 "corresponding dimensions of operand. For dimension 1, updates bound is 6, operand bound is 5."));
-}
-
-// The scatters that combine, by name, with their combiner on the host: set first.
-struct ScatterCombiner {
-  const char* name;
-  std::function<Value(const Value&, const Value&, const Value&, const ScatterDimensionNumbers&, GatherScatterMode)> op;
-  std::function<double(double, double)> host;
-};
-std::vector<ScatterCombiner> scatter_combiners() {
-  return {
-      {"set", [](const auto&... a) { return scatter(a...); }, [](double, double v) { return v; }},
-      {"add", [](const auto&... a) { return scatter_add(a...); }, [](double o, double v) { return o + v; }},
-      {"sub", [](const auto&... a) { return scatter_sub(a...); }, [](double o, double v) { return o - v; }},
-      {"mul", [](const auto&... a) { return scatter_mul(a...); }, [](double o, double v) { return o * v; }},
-      {"min", [](const auto&... a) { return scatter_min(a...); }, [](double o, double v) { return std::min(o, v); }},
-      {"max", [](const auto&... a) { return scatter_max(a...); }, [](double o, double v) { return std::max(o, v); }},
-  };
 }
 
 // On Explicit axes a scatter whose batching dimension is split alike on the operand, the indices

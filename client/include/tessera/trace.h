@@ -390,8 +390,8 @@ Value gather(const Value& operand, const Value& start_indices, const GatherDimen
              std::optional<Scalar> fill_value = std::nullopt);
 // With repeated windows scatter_add adds every update and scatter writes one of them;
 // scatter_mul / scatter_min / scatter_max (lax's) combine the operand's element with every
-// update aimed at it by *, min or max (in an unspecified order, as XLA); on bool, as XLA's PRED
-// and JAX (whose _scatter_dtype_rule takes any dtype), and, and, or. Their gradients:
+// update aimed at it by *, min or max (in an unspecified order, as XLA); min / max on bool are
+// and / or (as JAX's lax.min / max); scatter_add / sub / mul refuse bool, as JAX's. Gradients:
 // scatter_mul's as JAX's (for the updates JAX needs unique indices; here repeated ones get the
 // product rule), scatter_min / max's as JAX's _scatter_extremal_jvp (the elements equal to the
 // result share its cotangent equally, the operand's included).
