@@ -1030,7 +1030,8 @@ TEST_F(GatherTest, ScatterSubAndApplyMatchHostLoopsInEveryModeOnEveryMesh) {
 
 // scatter_apply's further applications run in chunks of 2^j steps for the binary digits of
 // max(count) - 1 (control_test's ScatterApplyPlan): counts whose largest is 1, 2, 4, 6 and 9
-// (r = 0, 1, 3 = 2 + 1, 5 = 4 + 1, 8 = 8 of at most 15 steps for 16 windows) take different
+// (r = 0, 1, 3 = 2 + 1, 5 = 4 + 1, 8 = 8 of at most 15 steps for 16 windows) in fill mode, where
+// the index 9 is dropped (in clip mode it clamps onto 7: r = 8, 7, 8, 6 and 8), take different
 // chunks, and each element must still be func applied exactly its count of times, as the host
 // loop over XLA's Scatter semantics; int32 (exact) with x -> 2x + 1, and in fill mode an
 // out-of-range window (index 9) dropped. On the Auto meshes (8), (4, 2) and (2, 4), the operand
@@ -1042,11 +1043,11 @@ TEST_F(GatherTest, ScatterApplyRunsEachChunkOfTheLargestCount) {
   const ScatterDimensionNumbers dn{{}, {0}, {0}};
   const HostArray x = HostArray::from_vector<int32_t>({8}, {0, 1, -1, 2, 3, -2, 5, 1});
   const std::vector<std::vector<int32_t>> index_sets = {
-      {0, 1, 2, 3, 4, 5, 6, 7, 9, 9, 9, 9, 9, 9, 9, 9},  // each once (r = 0); 9 out of range
-      {0, 0, 1, 2, 3, 4, 5, 6, 7, 9, 9, 9, 9, 9, 9, 9},  // r = 1
-      {3, 3, 3, 3, 1, 1, 6, 9, 9, 9, 9, 9, 9, 9, 9, 9},  // r = 3
-      {5, 5, 5, 5, 5, 5, 0, 0, 0, 7, 9, 9, 9, 9, 9, 9},  // r = 5
-      {2, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 9, 9, 9, 9, 9},  // r = 8
+      {0, 1, 2, 3, 4, 5, 6, 7, 9, 9, 9, 9, 9, 9, 9, 9},  // fill: each once (r = 0); clip: 7 nine times (r = 8)
+      {0, 0, 1, 2, 3, 4, 5, 6, 7, 9, 9, 9, 9, 9, 9, 9},  // fill: r = 1; clip: r = 7
+      {3, 3, 3, 3, 1, 1, 6, 9, 9, 9, 9, 9, 9, 9, 9, 9},  // fill: r = 3; clip: r = 8
+      {5, 5, 5, 5, 5, 5, 0, 0, 0, 7, 9, 9, 9, 9, 9, 9},  // fill: r = 5; clip: r = 6
+      {2, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 9, 9, 9, 9, 9},  // fill and clip: r = 8
   };
   const auto twice_plus_one = [](const Value& v) { return v * 2 + 1; };
   for (const std::vector<int32_t>& iv : index_sets) {
@@ -1256,14 +1257,16 @@ TEST_F(GatherTest, ExplicitScatterOnSplitBatchingDimsRunsBlockByBlock) {
 // `start_index_map` where the slice size is not equal to the operand size" must be replicated),
 // its result's offset dimension split as the operand's. Such a dimension is not folded into the
 // linear index (a split there was refused by the fold's reshape before), so no data moves. Rows
-// of a (4, 8) operand with starts (row, column): column 0 fits; 1 and 5 clamp to 0 (clip) or
-// drop / fill the window (fill); row 7 likewise. Every combiner, both modes, on the Explicit
-// (8), (4, 2) and (2, 4) meshes; then the same window next to a split batching dimension.
+// of a (4, 8) operand with starts (row, column): column 0 fits; 1, 5 and -1 clamp to 0 (clip) or
+// drop / fill the window (fill); row 7 likewise; PROMISE_IN_BOUNDS drops those scatter windows
+// and clamps those gathers, as XLA (JAX's GatherScatterMode docstring). Every combiner, the three
+// modes, on the Explicit (8), (4, 2) and (2, 4) meshes; then the same window next to a split
+// batching dimension.
 TEST_F(GatherTest, ExplicitWholeWindowOnAnIndexedSplitDimension) {
   const ScatterDimensionNumbers dn{{1}, {0}, {0, 1}};
   const GatherDimensionNumbers gdn{{1}, {0}, {0, 1}};
-  const HostArray x = random_f32({4, 8}, 101), u = random_f32({6, 8}, 102);
-  const HostArray idx = ints({6, 2}, {0, 0, 2, 0, 2, 0, 3, 1, 7, 0, 1, 5});
+  const HostArray x = random_f32({4, 8}, 101), u = random_f32({7, 8}, 102);
+  const HostArray idx = ints({7, 2}, {0, 0, 2, 0, 2, 0, 3, 1, 7, 0, 1, 5, 2, -1});
   std::vector<ScatterCombiner> combiners = scatter_combiners();
   combiners.erase(combiners.begin());  // set: repeated windows write one of them (XLA); below alone
   // scatter (set) with unique targets: rows 0 and 3 (3 only when its start clamps).
@@ -1277,7 +1280,10 @@ TEST_F(GatherTest, ExplicitWholeWindowOnAnIndexedSplitDimension) {
   }
   for (const Mesh& mesh : meshes) {
     const PartitionSpec split = P(None, "b");
-    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+    for (GatherScatterMode mode :
+         {GatherScatterMode::kClip, GatherScatterMode::kFillOrDrop, GatherScatterMode::kPromiseInBounds}) {
+      const IndexMode scatter_host = mode == GatherScatterMode::kClip ? IndexMode::kClip : IndexMode::kFillOrDrop;
+      const IndexMode gather_host = mode == GatherScatterMode::kFillOrDrop ? IndexMode::kFillOrDrop : IndexMode::kClip;
       const std::string where =
           absl::StrCat("mesh ", absl::StrJoin(mesh.shape(), "x"), " mode ", static_cast<int>(mode));
       Jitted f = jit([&](const std::vector<Value>& in) {
@@ -1293,16 +1299,16 @@ TEST_F(GatherTest, ExplicitWholeWindowOnAnIndexedSplitDimension) {
       ASSERT_TRUE(got.ok()) << where << ": " << got.status();
       for (size_t k = 0; k < combiners.size(); ++k) {
         const std::string at = absl::StrCat(combiners[k].name, " ", where);
-        expect_values(fetch((*got)[k]), {4, 8}, host_scatter_with(x, idx, u, dn, mode, combiners[k].host), at);
+        expect_values(fetch((*got)[k]), {4, 8}, host_scatter_with(x, idx, u, dn, scatter_host, combiners[k].host), at);
         EXPECT_TRUE((*got)[k].sharding().is_equivalent_to(NamedSharding(mesh, split), 2)) << at;
       }
       expect_values(fetch((*got)[5]), {4, 8},
-                    host_scatter_with(x, set_idx, set_u, dn, mode, [](double, double v) { return v; }),
+                    host_scatter_with(x, set_idx, set_u, dn, scatter_host, [](double, double v) { return v; }),
                     absl::StrCat("set ", where));
       EXPECT_TRUE((*got)[5].sharding().is_equivalent_to(NamedSharding(mesh, split), 2)) << "set " << where;
       Shape gs;
       const std::vector<double> want_g =
-          host_gather(x, idx, gdn, {1, 8}, mode, std::numeric_limits<double>::quiet_NaN(), &gs);
+          host_gather(x, idx, gdn, {1, 8}, gather_host, std::numeric_limits<double>::quiet_NaN(), &gs);
       expect_values(fetch((*got)[6]), gs, want_g, absl::StrCat("gather ", where));
       EXPECT_TRUE((*got)[6].sharding().is_equivalent_to(NamedSharding(mesh, split), 2)) << "gather " << where;
       for (const char* collective : {"all_gather", "all_to_all", "collective_permute"}) {

@@ -257,6 +257,13 @@ std::vector<GradCase> grad_cases() {
                in[0], pairs(starts), [](const Value& v) { return sin(v) * 1.5 + 0.25; }, rows, {4, 2}, mode);
          }});
   }
+  // scatter_apply with a largest count of 4 (r = 3: chunks of 2 and 1 further applications):
+  // (1, 1) four times, (3, 2) twice, (9, 2) clamped onto (5, 2) and (0, 0) once each.
+  out.push_back({"scatter_apply_repeated_r3", {{6, 4}}, Domain::kSigned, [pairs, rows](V in) {
+                   return scatter_apply(
+                       in[0], pairs({1, 1, 1, 1, 1, 1, 1, 1, 3, 2, 9, 2, 3, 2, 0, 0}),
+                       [](const Value& v) { return sin(v) * 1.5 + 0.25; }, rows, {8, 2}, GatherScatterMode::kClip);
+                 }});
   // tessera::nn's composites (their values: tests/client/nn_test.cc).
   // Issue #15's composites (client/lax.cc): pad's VJP slices the cotangent (strided through
   // the interior padding) and sums the rest into padding_value, as lax's transpose of pad;
