@@ -1355,6 +1355,7 @@ TEST_F(GatherTest, ExplicitScatterMulMinMaxOnARefusedFoldFailsCleanly) {
     })({put_on(*mesh, x, P("b", None)), put_on(*mesh, idx, P()), put_on(*mesh, u, P())});
     ASSERT_FALSE(got.ok()) << comb.name;
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << comb.name << ": " << got.status();
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr("moves a split dimension")) << comb.name;
   }
 }
 
