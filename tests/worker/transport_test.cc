@@ -533,7 +533,7 @@ TEST(TransportMailbox, OpsOfARunGoingHereAreNotCountedAsEarly) {
   ASSERT_TRUE(transport.set_mailbox(options).ok());
   // Three early messages, at the count, before the run's plan reached this worker.
   for (uint64_t op = 100; op < 103; ++op) ASSERT_TRUE(deliver(transport, data_message(2, op, 0, "a")).ok());
-  transport.begin_run_ops(100, 2000);
+  transport.begin_run_ops(100, 2000, /*run_tag=*/0);
   for (uint64_t op = 103; op < 1200; ++op) ASSERT_TRUE(deliver(transport, data_message(2, op, 0, "b")).ok());
   EXPECT_EQ(transport.pending_messages(), 1100);
   EXPECT_EQ(transport.dropped_messages(), 0);
@@ -544,7 +544,7 @@ TEST(TransportMailbox, OpsOfARunGoingHereAreNotCountedAsEarly) {
   for (uint64_t op = 100; op < 1200; ++op) {
     ASSERT_TRUE(transport.receive(2, "h:1", {op, 0, 0}, absl::InfinitePast(), deadline).ok()) << op;
   }
-  transport.end_run_ops(100, 2000);
+  transport.end_run_ops(100, 2000, /*run_tag=*/0);
   ASSERT_TRUE(deliver(transport, data_message(2, 1500, 0, "d")).ok());  // the run has ended: early again
   EXPECT_EQ(transport.dropped_messages(), 2);
   EXPECT_EQ(transport.receive(2, "h:1", {1500, 0, 0}, absl::InfinitePast(), deadline).status().code(),

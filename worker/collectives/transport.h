@@ -281,8 +281,9 @@ class Transport {
   // that does not is dropped and counted (forged_messages), and so are those held for them
   // that carry another tag (held early, before the run claimed them). A receive's tag claims
   // its op the same way (ops outside any run: RunCollective's, a reshard's, a fan-out's).
-  void begin_run_ops(uint64_t first, uint64_t end, uint64_t run_tag = 0);
-  void end_run_ops(uint64_t first, uint64_t end, uint64_t run_tag = 0);
+  // No default tag: a caller states the run's (0 only for ops of no tagged run).
+  void begin_run_ops(uint64_t first, uint64_t end, uint64_t run_tag);
+  void end_run_ops(uint64_t first, uint64_t end, uint64_t run_tag);
 
   // The reactor that reads one peer's Exchange stream into this transport (the worker's
   // raw Exchange handler returns it; it deletes itself when the stream ends).
