@@ -533,7 +533,7 @@ TEST(TransportMailbox, OpsOfARunGoingHereAreNotCountedAsEarly) {
   ASSERT_TRUE(transport.set_mailbox(options).ok());
   // Three early messages, at the count, before the run's plan reached this worker.
   for (uint64_t op = 100; op < 103; ++op) ASSERT_TRUE(deliver(transport, data_message(2, op, 0, "a")).ok());
-  transport.begin_run_ops(100, 2000);
+  transport.begin_run_ops(100, 2000, /*run_tag=*/0);
   for (uint64_t op = 103; op < 1200; ++op) ASSERT_TRUE(deliver(transport, data_message(2, op, 0, "b")).ok());
   EXPECT_EQ(transport.pending_messages(), 1100);
   EXPECT_EQ(transport.dropped_messages(), 0);
@@ -544,7 +544,7 @@ TEST(TransportMailbox, OpsOfARunGoingHereAreNotCountedAsEarly) {
   for (uint64_t op = 100; op < 1200; ++op) {
     ASSERT_TRUE(transport.receive(2, "h:1", {op, 0, 0}, absl::InfinitePast(), deadline).ok()) << op;
   }
-  transport.end_run_ops(100, 2000);
+  transport.end_run_ops(100, 2000, /*run_tag=*/0);
   ASSERT_TRUE(deliver(transport, data_message(2, 1500, 0, "d")).ok());  // the run has ended: early again
   EXPECT_EQ(transport.dropped_messages(), 2);
   EXPECT_EQ(transport.receive(2, "h:1", {1500, 0, 0}, absl::InfinitePast(), deadline).status().code(),
@@ -1063,6 +1063,19 @@ INSTANTIATE_TEST_SUITE_P(Paths, CyclicExchangeTest, ::testing::Values(Via::kGrpc
                            return p.param == Via::kShm ? "Shm" : p.param == Via::kInProcess ? "InProcess" : "Grpc";
                          });
 
+pb::ExchangeMessage tagged_message(int source, uint64_t op, int chunk, uint64_t run_tag, std::string data) {
+  pb::ExchangeMessage m = data_message(source, op, chunk, std::move(data));
+  m.set_run_tag(run_tag);
+  return m;
+}
+
+std::string text_of(const absl::StatusOr<Received>& got) {
+  if (!got.ok()) return got.status().ToString();
+  std::string out(static_cast<size_t>(got->size()), '\0');
+  got->copy_to(reinterpret_cast<std::byte*>(out.data()));
+  return out;
+}
+
 // Issue #17 item 1, "op ids are not guessable": op ids are the coordinator's counter, so a
 // holder of the cluster token could aim messages at a victim's next ops (5 of 5 all-reduces
 // silently wrong). Every message of a run carries the run's random tag (MessageTag::run_tag);
@@ -1091,12 +1104,6 @@ TEST_P(TransportRunTagTest, AMessageWithoutItsRunsTagIsDroppedAndCountedOnEveryP
     const absl::Status sent = a.transport().send(1, at_b, tag, reinterpret_cast<const std::byte*>(text.data()),
                                                  static_cast<int64_t>(text.size()), absl::Now() + kDeadline);
     ASSERT_TRUE(sent.ok()) << sent;
-  };
-  auto text_of = [](absl::StatusOr<Received> got) -> std::string {
-    if (!got.ok()) return got.status().ToString();
-    std::string out(static_cast<size_t>(got->size()), '\0');
-    got->copy_to(reinterpret_cast<std::byte*>(out.data()));
-    return out;
   };
   const int64_t shm_before = to.shm_messages_received();
   // Ops 100..109 are a run's here, with kTag: untagged and wrongly tagged messages go at once.
@@ -1144,6 +1151,54 @@ INSTANTIATE_TEST_SUITE_P(Paths, TransportRunTagTest, ::testing::Values(Via::kGrp
                          [](const ::testing::TestParamInfo<Via>& p) {
                            return p.param == Via::kShm ? "Shm" : p.param == Via::kInProcess ? "InProcess" : "Grpc";
                          });
+
+// Issue #17 (review of the run tags): a refusal is the refused message's alone, by its run tag.
+// A forged early message of an op (its id guessed) that the mailbox refuses (it outlived the
+// time-to-live, or its source's early messages were at their number) must not fail the op for
+// the run that claims it later: the refusal goes (counted as forged) when the run claims the op
+// with another tag, and the run's real message is filed and received.
+// `refuse(transport, forged)` has the mailbox refuse the forged message; the run then claims
+// op 300 with its tag and its real message comes.
+void expect_the_runs_message_despite_a_forged_refusal(
+    const MailboxOptions& options, const std::function<void(Transport&, const pb::ExchangeMessage&)>& refuse) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  for (uint64_t forged_tag : {uint64_t{0}, uint64_t{7}}) {
+    SCOPED_TRACE(absl::StrCat("forged tag ", forged_tag));
+    Transport transport;
+    transport.set_self(0);
+    ASSERT_TRUE(transport.set_mailbox(options).ok());
+    ASSERT_NO_FATAL_FAILURE(refuse(transport, tagged_message(1, 300, 0, forged_tag, "evil")));
+    ASSERT_EQ(transport.dropped_messages(), 1) << "the forged message was refused";
+    transport.begin_run_ops(300, 301, kTag);
+    EXPECT_EQ(transport.forged_messages(), 1) << "its refusal goes as forged when the run claims the op";
+    ASSERT_TRUE(deliver(transport, tagged_message(1, 300, 0, kTag, "real")).ok());
+    EXPECT_EQ(
+        text_of(transport.receive(1, "h:1", {300, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + absl::Seconds(10))),
+        "real");
+    transport.end_run_ops(300, 301, kTag);
+    transport.finish_ops(299, 301);
+  }
+}
+
+TEST(TransportRunTagRefusal, AForgedMessageRefusedForTheTtlDoesNotFailTheRunsOp) {
+  MailboxOptions options;
+  options.unclaimed_ttl = absl::Milliseconds(40);
+  expect_the_runs_message_despite_a_forged_refusal(options, [&](Transport& t, const pb::ExchangeMessage& forged) {
+    ASSERT_TRUE(deliver(t, forged).ok());
+    absl::SleepFor(absl::Milliseconds(60));  // the rule under test is an age: let it age past it
+    t.sweep();
+  });
+}
+
+TEST(TransportRunTagRefusal, AForgedMessageRefusedForTheCountDoesNotFailTheRunsOp) {
+  MailboxOptions options;
+  options.messages_per_peer = 1;
+  expect_the_runs_message_despite_a_forged_refusal(options, [](Transport& t, const pb::ExchangeMessage& forged) {
+    // Device 1's one early message (of op 299, the run's too), then the forged one: over the count.
+    ASSERT_TRUE(deliver(t, tagged_message(1, 299, 0, 0x5eed5eed5eed5eedULL, "held")).ok());
+    ASSERT_TRUE(deliver(t, forged).ok());
+  });
+}
 
 // A sender whose messages are never taken (its op started here, but nothing takes them) is
 // still bounded: the mailbox holds its share, one message per stream waits, and the rest stays

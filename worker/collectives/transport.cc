@@ -1068,7 +1068,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
   }
   auto it = mailbox_.find(key);
   if (it == mailbox_.end()) {
-    if (auto refused = refused_.find(from); refused != refused_.end()) {
+    if (auto refused = refused_.find({tag.op, source, tag.run_tag}); refused != refused_.end()) {
       return absl::ResourceExhaustedError(absl::StrCat("a message of op ", tag.op, " from ", peer_name(source, address),
                                                        " was dropped: ", refusal_text_locked(refused->second)));
     }
@@ -1097,7 +1097,7 @@ bool Transport::ready_locked(const Key& key, absl::Time op_start) const {
   const bool gone = down != down_since_.end() && down->second >= op_start;
   const std::pair<uint64_t, int> from{op, source};
   return mailbox_.count(key) > 0 || gone || lost_.count(from) > 0 || failed_ops_.count(op) > 0 ||
-         refused_.count(from) > 0;
+         refused_.count({op, source, run_tag}) > 0;
 }
 
 void Transport::finish_ops(uint64_t first, uint64_t end) {
@@ -1110,7 +1110,7 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
   }
   failed_ops_.erase(failed_ops_.lower_bound(first), failed_ops_.lower_bound(end));
   lost_.erase(lost_.lower_bound({first, INT_MIN}), lost_.lower_bound({end, INT_MIN}));
-  refused_.erase(refused_.lower_bound({first, INT_MIN}), refused_.lower_bound({end, INT_MIN}));
+  refused_.erase(refused_.lower_bound({first, INT_MIN, 0}), refused_.lower_bound({end, INT_MIN, 0}));
   started_.erase(started_.lower_bound(first), started_.lower_bound(end));
   if (first >= kUnorderedOps && end == first + 1) {  // named by a buffer id: remembered apart
     if (finished_unordered_.insert(first).second) finished_unordered_order_.push_back(first);
@@ -1174,6 +1174,17 @@ int64_t Transport::drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t
     take_locked(it++);
     ++dropped;
   }
+  // So are the refusals of messages of another tag (refused early, for a bound): they were not
+  // the run's, and its op does not fail for them.
+  for (auto it = refused_.lower_bound({first, INT_MIN, 0}); it != refused_.end() && std::get<0>(it->first) < end;) {
+    if (std::get<2>(it->first) == run_tag) {
+      ++it;
+      continue;
+    }
+    count_mismatch_locked(std::get<0>(it->first), std::get<1>(it->first), std::get<2>(it->first));
+    it = refused_.erase(it);
+    ++dropped;
+  }
   return dropped;
 }
 
@@ -1235,12 +1246,12 @@ std::string Transport::refusal_text_locked(const Refusal& r) const {
   return "";
 }
 
-void Transport::refuse_locked(uint64_t op, int from, Refusal why) {
+void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal why) {
   if (dropped_++ < 10) {
     std::fprintf(stderr, "tessera-worker: dropped a message of op %lu from device %d: %s\n",
                  static_cast<unsigned long>(op), from, refusal_text_locked(why).c_str());
   }
-  refused_.emplace(std::make_pair(op, from), why);
+  refused_.emplace(RefusedKey{op, from, run_tag}, why);
   if (refused_.size() > kRememberedOps) refused_.erase(refused_.begin());  // the oldest op
 }
 
@@ -1261,22 +1272,27 @@ void Transport::sweep_locked(absl::Time now, AfterUnlock* after) {
       ++it;
       continue;
     }
-    refuse_locked(op, from, {Refusal::kTtl, absl::ToInt64Nanoseconds(now - it->second.arrived)});
+    refuse_locked(op, from, std::get<4>(it->first),
+                  {Refusal::kTtl, absl::ToInt64Nanoseconds(now - it->second.arrived)});
     take_locked(it++);
   }
   // A message that waited for room longer than the time-to-live (its stream paused all along:
   // no message of its source was taken, or a deadlock between concurrent runs) is refused, with
-  // what the mailbox holds of its op from its source: its op fails anyway, and the room goes to
-  // the source's other ops. Its reader reads on.
+  // what the mailbox holds of its op from its source under its run tag: its op fails anyway for
+  // that tag, and the room goes to the source's other ops. Its reader reads on.
   for (;;) {
     admit_locked(now, after);  // what fits now goes in first (the room the sweep made)
     auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return now - w->since > ttl; });
     if (it == waiting_.end()) return;
     Waiting& w = **it;
-    refuse_locked(w.tag.op, w.from, {Refusal::kPaused, absl::ToInt64Nanoseconds(now - w.since)});
+    refuse_locked(w.tag.op, w.from, w.tag.run_tag, {Refusal::kPaused, absl::ToInt64Nanoseconds(now - w.since)});
     for (auto held = mailbox_.lower_bound(Key{w.tag.op, w.from, INT32_MIN, INT32_MIN, 0});
          held != mailbox_.end() && std::get<0>(held->first) == w.tag.op && std::get<1>(held->first) == w.from;) {
-      take_locked(held++);
+      if (std::get<4>(held->first) == w.tag.run_tag) {
+        take_locked(held++);
+      } else {
+        ++held;
+      }
     }
     decide_locked(w, after);
     waiting_.erase(it);
@@ -1639,7 +1655,8 @@ bool Transport::file_locked(int from, MessageTag tag, Received& data, absl::Time
     }
     return true;
   };
-  if (refused_.count({tag.op, from}) > 0) return decided();  // the op fails anyway: keep nothing of it
+  // The op fails anyway for this run tag: keep nothing of it (another tag's refusal is not its).
+  if (refused_.count({tag.op, from, tag.run_tag}) > 0) return decided();
   if (auto old = mailbox_.find(key); old != mailbox_.end()) take_locked(old);  // a repeat replaces it
   const int64_t bytes = data.size() + kHeldMessageBytes;
   int64_t& held = held_bytes_[from];
@@ -1647,7 +1664,7 @@ bool Transport::file_locked(int from, MessageTag tag, Received& data, absl::Time
     // Flow control: it waits for the source's messages here to be taken, and its reader reads
     // no further. One that could never fit is refused.
     if (may_wait && bytes <= mailbox_options_.bytes_per_peer) return false;
-    refuse_locked(tag.op, from, {Refusal::kShare});
+    refuse_locked(tag.op, from, tag.run_tag, {Refusal::kShare});
     return decided();
   }
   // Early: it may wait for its op up to the time-to-live. A legitimate peer has at most a few
@@ -1656,11 +1673,11 @@ bool Transport::file_locked(int from, MessageTag tag, Received& data, absl::Time
   const bool early = !expected.has_value();
   int64_t& early_held = held_early_[from];
   if (early && early_held >= mailbox_options_.messages_per_peer) {
-    refuse_locked(tag.op, from, {Refusal::kCount});
+    refuse_locked(tag.op, from, tag.run_tag, {Refusal::kCount});
     return decided();
   }
   if (mailbox_options_.reserve && !mailbox_options_.reserve(bytes)) {
-    refuse_locked(tag.op, from, {Refusal::kMemory, bytes});
+    refuse_locked(tag.op, from, tag.run_tag, {Refusal::kMemory, bytes});
     return decided();
   }
   held += bytes;
@@ -1694,7 +1711,8 @@ bool Transport::give_up_waiting(std::shared_ptr<Waiting>* slot) {
   std::shared_ptr<Waiting> w = std::move(*slot);
   *slot = nullptr;
   w->slot = nullptr;
-  refuse_locked(w->tag.op, w->from, {Refusal::kGaveUp, absl::ToInt64Nanoseconds(absl::Now() - w->since)});
+  refuse_locked(w->tag.op, w->from, w->tag.run_tag,
+                {Refusal::kGaveUp, absl::ToInt64Nanoseconds(absl::Now() - w->since)});
   waiting_.erase(std::find(waiting_.begin(), waiting_.end(), w));
   return true;
 }

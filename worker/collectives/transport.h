@@ -281,8 +281,9 @@ class Transport {
   // that does not is dropped and counted (forged_messages), and so are those held for them
   // that carry another tag (held early, before the run claimed them). A receive's tag claims
   // its op the same way (ops outside any run: RunCollective's, a reshard's, a fan-out's).
-  void begin_run_ops(uint64_t first, uint64_t end, uint64_t run_tag = 0);
-  void end_run_ops(uint64_t first, uint64_t end, uint64_t run_tag = 0);
+  // No default tag: a caller states the run's (0 only for ops of no tagged run).
+  void begin_run_ops(uint64_t first, uint64_t end, uint64_t run_tag);
+  void end_run_ops(uint64_t first, uint64_t end, uint64_t run_tag);
 
   // The reactor that reads one peer's Exchange stream into this transport (the worker's
   // raw Exchange handler returns it; it deletes itself when the stream ends).
@@ -446,8 +447,9 @@ class Transport {
     int64_t value = 0;
   };
   std::string refusal_text_locked(const Refusal& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts a dropped message of (op, from) and remembers why, for the op's wait.
-  void refuse_locked(uint64_t op, int from, Refusal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a dropped message of (op, from) with `run_tag` and remembers why, for the op's wait
+  // (a wait of that run tag only: a forged message's refusal does not fail the run's op).
+  void refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
   // reader thread, which opens it, and returns).
   void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host, uint64_t reader);
@@ -487,13 +489,15 @@ class Transport {
   // receive's (started_); none while no run or receive here has claimed it (an early message).
   std::optional<uint64_t> run_tag_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A run or receive claimed [first, end) with `run_tag`: drops (and counts) the messages held
-  // for those ops that carry another tag. Returns how many.
+  // for those ops that carry another tag, and the refusals of such messages. Returns how many.
   int64_t drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a message dropped for its run tag (in forged_), logging the first ten.
   void count_mismatch_locked(uint64_t op, int from, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // (op, source): messages dropped for the bounds, and why (until the op finishes; at most
-  // kRememberedOps, the oldest ids dropped first).
-  std::map<std::pair<uint64_t, int>, Refusal> refused_ ABSL_GUARDED_BY(mu_);
+  // (op, source, run tag): messages dropped for the bounds, and why (until the op finishes; at
+  // most kRememberedOps, the oldest ids dropped first). Only a wait of the same run tag fails for
+  // one, and only a message of that tag is dropped for it.
+  using RefusedKey = std::tuple<uint64_t, int, uint64_t>;
+  std::map<RefusedKey, Refusal> refused_ ABSL_GUARDED_BY(mu_);
   // Messages waiting for room in their source's share, oldest first (at most one per stream or
   // ring: its reader waits with it), and how many ever waited.
   std::vector<std::shared_ptr<Waiting>> waiting_ ABSL_GUARDED_BY(mu_);
