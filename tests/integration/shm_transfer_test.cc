@@ -1139,9 +1139,10 @@ TEST(ShmSegmentProcessTest, AnExitedProcesssPidTakenByAnotherGetsNothing) {
     ASSERT_TRUE(holding.kill_and_reap());
     second = child_with_pid(first);
   }
-  if (second == -EPERM)
+  if (second == -EPERM) {
     GTEST_SKIP() << "clone3 with set_tid needs CAP_SYS_ADMIN (or, from Linux 5.9, CAP_CHECKPOINT_RESTORE), "
                     "which this process lacks";
+  }
   if (second == -ENOSYS) GTEST_SKIP() << "clone3 is not available (ENOSYS: a seccomp filter, or a kernel without it)";
   if (second == -EINVAL || second == -E2BIG) {
     GTEST_SKIP() << "clone3 with set_tid is not supported by this kernel (Linux 5.5 or later needed): "
