@@ -1133,7 +1133,7 @@ bool explicit_types(TraceState* t, const std::string& call) {
 // invariant there (_all_gather_invariant_effectful_abstract_eval: the result's varying axes are
 // x's less `axes`). Lowered as the gather; JAX's transpose (a dynamic_slice of the invariant
 // cotangent at axis_index) is the gather's reduce-scatter here, where an invariant value's
-// cotangent is each device's share (client/vjp/shard_map.cc).
+// cotangent is each device's share (client/vjp/shard_map.cc); with check_vma off, the slice.
 Value all_gather_invariant(TraceState* t, const Value& x, const AxisNames& axes, int64_t axis, bool tiled,
                            const std::string& call) {
   if (axes.names.empty()) return x;
@@ -1160,7 +1160,19 @@ Value all_gather_invariant(TraceState* t, const Value& x, const AxisNames& axes,
     }
   }
   const Value gathered = all_gather(x, axes, axis, tiled);
-  if (!gathered.ok() || !t->manual_bodies.back().check_vma) return gathered;  // untyped: the gather
+  if (!gathered.ok()) return gathered;
+  if (!t->manual_bodies.back().check_vma) {
+    // Untyped: the gather, its own block written back from x (the same values) so that the
+    // gradient is JAX's transpose, x's slice of this device's cotangent, not the gather's
+    // reduce-scatter (which sums every device's slice). With check_vma off JAX divides an
+    // out_spec's cotangent by the unmentioned axes' size (_shard_map_transpose), so the two
+    // differ: JAX's gradient of sum(f(.)) out as P() is f'(x) / N.
+    const int64_t dim = axis < 0 ? axis + static_cast<int64_t>(gathered.shape().size()) : axis;
+    const Value own = tiled ? x : expand_dims(x, dim);
+    std::vector<Value> starts(gathered.shape().size(), full({}, 0.0, DType::kI32));
+    starts[dim] = axis_index(axes) * own.shape()[dim];
+    return dynamic_update_slice(stop_gradient(gathered), own, starts);
+  }
   return cast_node(t, gathered, *mesh, axes, PvaryCast::kInvariant, call);
 }
 

@@ -300,7 +300,10 @@ absl::Status ShmSegment::write_block(const std::byte* src) {
 }
 
 absl::Status ShmSegment::read_block(std::byte* dst) const {
-  if (direct()) return move_process_memory(dst, /*write=*/false);
+  if (direct() && pid_ != 0) return move_process_memory(dst, /*write=*/false);
+  if (direct()) {
+    return absl::FailedPreconditionError("shared-memory transfer: a segment naming memory holds no block to read");
+  }
   return io_status("reading the block", move_all(fd_, reinterpret_cast<char*>(dst), bytes_, kDataOffset, pread),
                    bytes_);
 }

@@ -117,20 +117,20 @@ class ShmSegment {
   // (RESOURCE_EXHAUSTED for ENOMEM) if mmap fails.
   absl::StatusOr<HostArray> map_block(DType dtype, Shape shape) const;
 
-  // The whole block, from `src` into the segment or from the segment into `dst`
-  // (bytes() each). DATA_LOSS if the segment ended early (it was shrunk meanwhile);
-  // INTERNAL with errno's text otherwise (ENOSPC, EPERM once sealed, ...). An opened direct()
-  // segment's block is read from its process's memory: FAILED_PRECONDITION if this process
-  // may not read it (process_vm_readv's ptrace check), NOT_FOUND if the process is gone,
-  // INVALID_ARGUMENT if the range named is not readable memory of it; NOT_FOUND too if the
-  // process exited since open(), before or during the move (its pid may name another process
-  // by then: nothing is moved after that is seen, a read's bytes are not to be used, and a
-  // write's may have reached that other process only if it ended during the write, which the
-  // message says). Into an opened direct()
-  // segment's process, write_block writes under the segment's lock (flock) once it has checked
-  // that the header still names that memory: ABORTED if the owner withdrew it (withdraw()),
-  // FAILED_PRECONDITION / NOT_FOUND as for a read, INVALID_ARGUMENT if the range is not
-  // writable memory of it (wholly or from some byte on: the bytes written before are named).
+  // The whole block, from `src` into the segment or from the segment into `dst` (bytes() each). DATA_LOSS if the
+  // segment ended early (it was shrunk meanwhile); INTERNAL with errno's text otherwise (ENOSPC, EPERM once sealed,
+  // ...); FAILED_PRECONDITION for a created direct() segment (it holds no block). An opened direct() segment's block is
+  // moved from/into its process's memory: FAILED_PRECONDITION if this process may not (process_vm_readv/writev's
+  // ptrace check), NOT_FOUND if the process is gone, INVALID_ARGUMENT if the range named is not readable memory of it;
+  // NOT_FOUND too if the process exited since open() (its pid may name another process by then): the exit is seen by
+  // polling the segment's pidfd right before and right after the move, and nothing is moved once it is seen, a read's
+  // bytes are not to be used. The kernel has no process_vm_writev by pidfd, so if the process exits, is reaped and
+  // its pid is reused between the first poll and process_vm_writev, the pid's new holder can still receive the write;
+  // the poll after it reports that (NOT_FOUND "the bytes written may have reached another process"). Into an opened
+  // direct() segment's process, write_block writes under the segment's lock (flock) once it has checked that the
+  // header still names that memory: ABORTED if the owner withdrew it (withdraw()), FAILED_PRECONDITION / NOT_FOUND as
+  // for a read, INVALID_ARGUMENT if the range is not writable memory of it (wholly or from some byte on: the bytes
+  // written before are named).
   absl::Status write_block(const std::byte* src);
   absl::Status read_block(std::byte* dst) const;
 

@@ -771,7 +771,7 @@ def _getitem(x, idx):
         out = reshape(out, out_shape)
     if array_index is None:
         return out
-    out = _wrap(_t.at_get(out._v, _tracer(_int32_indices(array_index))._v, array_pos))
+    out = _wrap(_t.at_get(out._v, _tracer(_int32_indices(array_index, index_to_gather=True))._v, array_pos))
     n = _np.ndim(array_index)
     if advanced != list(range(advanced[0], advanced[-1] + 1)) and array_pos > 0:
         # numpy: advanced indices not next to each other put the broadcast dimensions first.
@@ -796,7 +796,7 @@ def _at_axis(x, idx):
         raise NotImplementedError(f"x.at[{idx!r}]: Tessera's .at takes whole slices and then one int or one "
                                   "integer index array (x.at[i], x.at[:, i])")
     return len(lead), _tracer(_np.asarray(last, _int_dtype()) if not isinstance(last, (Tracer, Array, _np.ndarray))
-                              else _int32_indices(last))
+                              else _int32_indices(last, index_to_gather=True))
 
 
 @_op
@@ -816,6 +816,12 @@ def _promoted(x, values):
     integer x, and any Python scalar, weakly typed next to x as _scatter_update makes it); the
     caller casts the result back to x's dtype (`_convert_element_type(out, dtype)`), so an int32
     x.at[i].multiply(0.5) multiplies in float32 and truncates."""
+    if isinstance(values, int) and not isinstance(values, bool) and not (
+            x.dtype.kind in "iu" and _np.iinfo(x.dtype).min <= values <= _np.iinfo(x.dtype).max) and \
+            not _np.iinfo(_int_dtype()).min <= values <= _np.iinfo(_int_dtype()).max:
+        # JAX's _scatter_update takes it as jnp.asarray(y), which refuses a Python int past the
+        # default integer dtype (jax/_src/abstract_arrays.py: OverflowError, these words).
+        raise OverflowError(f"Python int {values} too large to convert to {_int_dtype().name}")
     if isinstance(values, int) and not isinstance(values, bool) and x.dtype.kind in "iu" and \
             not _np.iinfo(x.dtype).min <= values <= _np.iinfo(x.dtype).max:
         # A Python int that x's dtype cannot hold: jnp.asarray(y), then converted to x's dtype
@@ -909,6 +915,8 @@ class _IndexUpdateRef:
         options.pop("indices_are_sorted", None), options.pop("unique_indices", None)
         mode, wrap = options.pop("mode", None), bool(options.pop("wrap_negative_indices", True))
         fill = options.pop("fill_value", None) if get else None
+        if name == "apply" and "out_sharding" in options:  # JAX's apply has no such parameter
+            raise TypeError("_IndexUpdateRef.apply() got an unexpected keyword argument 'out_sharding'")
         if not get and "out_sharding" in options and options["out_sharding"] is None:
             options.pop("out_sharding")  # JAX's default: the result laid out as x
         _no_options(name, options)
@@ -999,7 +1007,7 @@ def _eager_index(idx):
     def one(i):
         if isinstance(i, list):
             return _np.asarray(i)
-        return _int32_indices(i) if isinstance(i, _np.ndarray) and i.dtype.kind in "iu" else i
+        return _int32_indices(i, index_to_gather=True) if isinstance(i, _np.ndarray) and i.dtype.kind in "iu" else i
 
     return tuple(one(i) for i in idx) if isinstance(idx, tuple) else one(idx)
 
@@ -1008,8 +1016,12 @@ def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sor
     """jnp.take: mode None or "fill" (out-of-range indices give fill_value: NaN, the lowest
     integer or True by default; negatives count from the end), "clip" (clamped, negatives
     included) or "wrap" (taken modulo the size). Integer indices of other dtypes than int32
-    and int64 keep their values (_int32_indices)."""
-    return _take(a, _int32_indices(indices), axis, mode, fill_value)
+    and int64 keep their values (_int32_indices); "wrap" takes the modulo in the indices' own
+    dtype first, as JAX's _take (jax/_src/numpy/indexing.py: ufuncs.mod before the gather), so a
+    uint32 index past int32's range wraps by its value."""
+    unsigned = hasattr(indices, "dtype") and _np.dtype(indices.dtype).kind == "u" and \
+        _np.dtype(indices.dtype).itemsize >= 4
+    return _take(a, indices if mode == "wrap" and unsigned else _int32_indices(indices), axis, mode, fill_value)
 
 
 @_op
@@ -1020,7 +1032,7 @@ def _take(a, indices, axis, mode, fill_value):
     axis = axis % a.ndim if a.ndim else axis
     i = _tracer(indices)
     if mode == "wrap":
-        i, mode = remainder(i, a.shape[axis]), "clip"
+        i, mode = _int32_indices(remainder(i, a.shape[axis])), "clip"
     if mode not in (None, "fill", "clip", "promise_in_bounds"):
         raise ValueError(f"take: mode {mode!r} is not one of 'fill', 'clip', 'wrap', 'promise_in_bounds'")
     if isinstance(fill_value, _np.generic):
@@ -1053,22 +1065,30 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *, wrap_n
     return _take_along_axis(arr, indices, int(axis), mode.name.lower(), fill, unwrap)
 
 
-def _int32_indices(indices, wrap=False):
+def _int32_indices(indices, wrap=False, index_to_gather=False):
     """Integer indices of another dtype than int32 or int64 as int32, which the SDK's gathers
-    and scatters take, their values kept: a uint32 index past int32's range becomes int32's
-    maximum, out of range as before (JAX's indexing and .at[] convert to int32 after wrapping
-    negatives, indexing.py _index_to_gather, so its scatters drop such an index too). With
-    `wrap`, take_along_axis's conversion when negatives wrap: JAX converts its indices to int32
-    first (lax_utils.index_dtype_for_axis_size), so such a uint32 index becomes negative and
-    wraps. On the host for numpy indices (uint16 is no Tessera dtype), traced for the others;
-    lists as they are."""
+    and scatters take. By default their values kept: a uint32 index past int32's range becomes
+    int32's maximum, out of range as before, as jnp.take's and lax's gathers and scatters take
+    uint32 indices as they are (clamped to the last index by CLIP, dropped or filled otherwise).
+    With `index_to_gather`, JAX's indexing and .at[] (jax/_src/numpy/indexing.py
+    _index_to_gather): negatives are wrapped first (not an unsigned index's), then the index
+    converted to int32, wrapping around, so a uint32 index past int32's range is negative and
+    out of range below 0 (CLIP clamps it to 0): it becomes int32's minimum here, which the SDK
+    does not wrap as a negative index. With `wrap`, take_along_axis's conversion when negatives
+    wrap: JAX converts its indices to int32 first (lax_utils.index_dtype_for_axis_size), so
+    such a uint32 index becomes negative and wraps. On the host for numpy indices (uint16 is no
+    Tessera dtype), traced for the others; lists as they are."""
     if not hasattr(indices, "dtype"):
         return indices
     dt = _np.dtype(indices.dtype)
     if dt.kind not in "iu" or dt in (_np.dtype(_np.int32), _np.dtype(_np.int64)):
         return indices
+    host = isinstance(indices, _np.ndarray)
+    if dt.kind == "u" and dt.itemsize >= 4 and index_to_gather:
+        converted = indices.astype(_np.int32)
+        return (_np.where if host else where)(converted < 0, _np.int32(-2**31), converted).astype(_np.int32)
     if dt.kind == "u" and dt.itemsize >= 4 and not wrap:
-        indices = (_np.minimum if isinstance(indices, _np.ndarray) else minimum)(indices, 2**31 - 1)
+        indices = (_np.minimum if host else minimum)(indices, 2**31 - 1)
     return indices.astype(_np.int32)
 
 

@@ -137,7 +137,7 @@ def test_adopt_puts_is_checked_and_chosen_once():
 # every counter moves by the array's bytes (numpy's nbytes), as the C++
 # ShmTransferTest.EveryDTypeRoundTripsThroughTheClientsMemory counts through DeviceStats. Then a
 # psum over the workers, repeated until a collective message comes through their shared-memory
-# rings (a ring attaches once its pair of workers has negotiated it), within a deadline.
+# rings (a ring attaches once its pair of workers has negotiated it), within DEADLINE_S.
 STATS_CHILD = r"""
 import time
 import numpy as np
@@ -156,7 +156,7 @@ put = totals()
 back = np.asarray(a)
 fetched = totals()
 messages = totals(("shm_messages_received",))[0]
-deadline = time.monotonic() + 20
+deadline = time.monotonic() + DEADLINE_S  # the parent's, given in the prelude
 while totals(("shm_messages_received",))[0] == messages and time.monotonic() < deadline:
     total = shard_map(lambda b: jax.lax.psum(b, "x"), mesh=mesh, in_specs=P("x"), out_specs=P())(a)
     assert np.array_equal(np.asarray(total), x.sum(0, keepdims=True))
@@ -168,4 +168,5 @@ print([p - b for b, p in zip(before, put)], [f - p for p, f in zip(put, fetched)
 def test_memory_stats_count_the_bytes_moved_through_the_clients_memory(cluster):
     address, pids = cluster
     n = 2 * 4096 * 4
-    assert _run_child(address, pids, script=STATS_CHILD) == f"[{n}, {n}, 0, 0] [0, 0, {n}, {n}] True {n} True"
+    line = _run_child(address, pids, prelude=f"DEADLINE_S = {DEADLINE_S}\n", script=STATS_CHILD)
+    assert line == f"[{n}, {n}, 0, 0] [0, 0, {n}, {n}] True {n} True"

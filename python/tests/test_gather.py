@@ -377,6 +377,48 @@ def test_at_modes_follow_jax_docstring():
     assert np.asarray(x.at[1].set(7.0, out_sharding=None)).tolist() == [0, 7, 2, 3, 4]
     with pytest.raises(NotImplementedError, match=r"options \['out_sharding'\]"):
         x.at[1].set(0.0, out_sharding=P())
+    # JAX's apply has no out_sharding parameter (array_methods.py _IndexUpdateRef.apply): a
+    # TypeError, None included.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'out_sharding'"):
+        x.at[1].apply(jnp.exp, out_sharding=None)
+    # A Python int past int32: JAX's _scatter_update takes it as jnp.asarray(y), which raises
+    # OverflowError (jax/_src/abstract_arrays.py), for a float x and an int32 x alike.
+    for a in (x, tessera.device_put(np.arange(5, dtype=np.int32))):
+        for update in (a.at[1].set, a.at[1].add, a.at[1].multiply, a.at[1].max):
+            with pytest.raises(OverflowError, match="Python int 1099511627776 too large to convert to int32"):
+                update(2**40)
+    assert np.asarray(tessera.device_put(np.arange(5, dtype=np.uint32)).at[1].set(2**31 + 1)).tolist() == \
+        [0, 2**31 + 1, 2, 3, 4]  # fits x's uint32: jnp.asarray(y, dtype=x.dtype), no overflow
+
+
+def test_uint32_indices_past_int32_follow_jaxs_conversions():
+    # JAX's indexing and .at[] convert an index array to int32 with wraparound, after wrapping
+    # negatives (an unsigned index has none) (jax/_src/numpy/indexing.py _index_to_gather): 2**31
+    # + 5 and 2**32 - 1 become negative, out of range below 0, so clip takes row 0, fill gives NaN
+    # and a scatter drops them. jnp.take's gather takes uint32 indices as they are (clip: the last
+    # row) and its mode='wrap' takes the mod in uint32 first (indexing.py _take: ufuncs.mod).
+    x = rng.standard_normal((10, 3)).astype(np.float32)
+    k = np.array([2**31 + 5, 2**32 - 1, 3], np.uint32)
+    wrapped = k.astype(np.int32).astype(np.int64)  # two's complement, as convert_element_type
+    n = x.shape[0]
+    clip = x[np.clip(wrapped, 0, n - 1)]
+    fill = np.where(((wrapped >= 0) & (wrapped < n))[:, None], x[np.clip(wrapped, 0, n - 1)], np.nan)
+    take_clip = x[np.clip(k.astype(np.int64), 0, n - 1)]
+    take_wrap = x[k.astype(np.int64) % n]
+    dropped = x.copy()
+    dropped[3] += 1.0
+    a = tessera.device_put(x)
+    for run in (lambda f, *args: f(*args), lambda f, *args: tessera.jit(f)(*args)):
+        np.testing.assert_array_equal(np.asarray(run(lambda a: a.at[k].get(mode="clip"), a)), clip)
+        np.testing.assert_array_equal(np.asarray(run(lambda a: a[k], a)), clip)  # mode None clamps
+        np.testing.assert_array_equal(np.asarray(run(lambda a: a.at[k].get(mode="fill"), a)), fill)
+        np.testing.assert_array_equal(np.asarray(run(lambda a: a.at[k].add(1.0), a)), dropped)
+        np.testing.assert_array_equal(np.asarray(run(lambda a: jnp.take(a, k, axis=0, mode="clip"), a)), take_clip)
+        np.testing.assert_array_equal(np.asarray(run(lambda a: jnp.take(a, k, axis=0, mode="wrap"), a)), take_wrap)
+    ki = tessera.device_put(k)  # traced uint32 indices
+    got = tessera.jit(lambda a, k: (a.at[k].get(mode="clip"), jnp.take(a, k, axis=0, mode="wrap")))(a, ki)
+    np.testing.assert_array_equal(np.asarray(got[0]), clip)
+    np.testing.assert_array_equal(np.asarray(got[1]), take_wrap)
 
 
 def test_at_update_modes_on_sharded_arrays(layout):

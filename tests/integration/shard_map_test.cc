@@ -987,7 +987,13 @@ TEST_F(ShardMapTest, AllGatherResultIsVaryingAsJaxTypesIt) {
 // and test_all_gather_invariant_complex (on (4, 2): the gather over 'data' varies along 'model'
 // only, the one over 'model' along 'data' only, out_specs leaving the gathered axis out), on the
 // Explicit meshes and their Auto twins; values and gradients against the host (the gathered
-// value is x, so the gradient of sum(sin(.)) is cos(x)).
+// value is x, so the gradient of sum(sin(.)) is cos(x)). With check_vma off JAX still binds
+// all_gather_invariant_p (parallel.py all_gather_invariant), whose transpose is a dynamic_slice
+// of the cotangent at axis_index (no sum: _all_gather_invariant_transpose_rule), and
+// _shard_map_transpose (jax/_src/shard_map.py) divides an output's cotangent by the size of the
+// mesh axes its out_spec leaves out: the gradient is cos(x) / N, N those axes' size (8 for P()
+// on (8) and (4, 2), 4 for P(None, 'model'), 2 for P('data', None)); the plain gather's
+// reduce-scatter gave cos(x).
 TEST_F(ShardMapTest, AllGatherToInvaryingIsTypedInvariantAsJax) {
   ASSERT_NE(client_, nullptr);
   std::mt19937 rng(23);
@@ -1004,12 +1010,13 @@ TEST_F(ShardMapTest, AllGatherToInvaryingIsTypedInvariantAsJax) {
     AxisNames axes;
     int64_t axis;
     std::vector<std::string> varying;  // the result's, as JAX types it
+    double unmentioned;                // the size of the mesh axes `out` leaves out
   };
   const std::vector<Case> cases = {
-      {"basic (8)", 0, P("data", None), P(), AxisNames("data"), 0, {}},
-      {"tuple (4, 2)", 1, P(Axes{"data", "model"}, None), P(), AxisNames({"data", "model"}), 0, {}},
-      {"complex c (4, 2)", 1, P("data", "model"), P(None, "model"), AxisNames("data"), 0, {"model"}},
-      {"complex d (4, 2)", 1, P("data", "model"), P("data", None), AxisNames("model"), -1, {"data"}},
+      {"basic (8)", 0, P("data", None), P(), AxisNames("data"), 0, {}, 8},
+      {"tuple (4, 2)", 1, P(Axes{"data", "model"}, None), P(), AxisNames({"data", "model"}), 0, {}, 8},
+      {"complex c (4, 2)", 1, P("data", "model"), P(None, "model"), AxisNames("data"), 0, {"model"}, 4},
+      {"complex d (4, 2)", 1, P("data", "model"), P("data", None), AxisNames("model"), -1, {"data"}, 2},
   };
   for (const Case& c : cases) {
     for (const Mesh& mesh : {meshes_[c.mesh], auto_meshes_[c.mesh]}) {
@@ -1038,21 +1045,56 @@ TEST_F(ShardMapTest, AllGatherToInvaryingIsTypedInvariantAsJax) {
       absl::StatusOr<HostArray> dx = (*g)[0].fetch();
       ASSERT_TRUE(dx.ok()) << dx.status();
       for (int64_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dx->element_as_double(i), host_cos[i], 1e-5) << i;
+
+      // check_vma off: the same value, JAX's gradient cos(x) / N.
+      ShardMapped untyped = shard_map(
+          [&](const std::vector<Value>& in) {
+            return std::vector<Value>{all_gather(in[0], c.axes, c.axis, true, "invarying")};
+          },
+          mesh, {c.in}, {c.out}, {.check_vma = false});
+      y = jit([&](const std::vector<Value>& in) { return untyped(in); })({*xs});
+      ASSERT_TRUE(y.ok()) << y.status();
+      got = (*y)[0].fetch();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(results_match(*got, x, 0));
+      loss = [&](const std::vector<Value>& in) { return std::vector<Value>{sum(sin(untyped(in)[0]), {})}; };
+      g = jit(grad(loss, {0}))({*xs});
+      ASSERT_TRUE(g.ok()) << g.status();
+      dx = (*g)[0].fetch();
+      ASSERT_TRUE(dx.ok()) << dx.status();
+      for (int64_t i = 0; i < x.size(); ++i) {
+        EXPECT_NEAR(dx->element_as_double(i), host_cos[i] / c.unmentioned, 1e-5) << "check_vma off " << i;
+      }
     }
   }
 
-  // Not tiled: the blocks stack along a new dimension (x's (2, 4) blocks, 8 of them, in order).
-  ShardMapped stacked = shard_map(
-      [](const std::vector<Value>& in) { return std::vector<Value>{all_gather(in[0], "data", 0, false, "invarying")}; },
-      meshes_[0], {P("data", None)}, {P()});
+  // Not tiled: the blocks stack along a new dimension (x's (2, 4) blocks, 8 of them, in order);
+  // with check_vma off too, its gradient then cos(x) / 8.
   absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(meshes_[0], P("data", None)));
   ASSERT_TRUE(xs.ok()) << xs.status();
-  absl::StatusOr<std::vector<Array>> y = jit([&](const std::vector<Value>& in) { return stacked(in); })({*xs});
-  ASSERT_TRUE(y.ok()) << y.status();
-  absl::StatusOr<HostArray> got = (*y)[0].fetch();
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->shape(), (Shape{8, 2, 4}));
-  for (int64_t i = 0; i < x.size(); ++i) EXPECT_EQ(got->element_as_double(i), x.element_as_double(i)) << i;
+  for (const bool check_vma : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("stacked, check_vma ", check_vma));
+    ShardMapped stacked = shard_map(
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{all_gather(in[0], "data", 0, false, "invarying")};
+        },
+        meshes_[0], {P("data", None)}, {P()}, {.check_vma = check_vma});
+    absl::StatusOr<std::vector<Array>> y = jit([&](const std::vector<Value>& in) { return stacked(in); })({*xs});
+    ASSERT_TRUE(y.ok()) << y.status();
+    absl::StatusOr<HostArray> got = (*y)[0].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->shape(), (Shape{8, 2, 4}));
+    for (int64_t i = 0; i < x.size(); ++i) EXPECT_EQ(got->element_as_double(i), x.element_as_double(i)) << i;
+    if (check_vma) continue;
+    TracedFunction loss = [&](const std::vector<Value>& in) {
+      return std::vector<Value>{sum(sin(stacked(in)[0]), {})};
+    };
+    absl::StatusOr<std::vector<Array>> g = jit(grad(loss, {0}))({*xs});
+    ASSERT_TRUE(g.ok()) << g.status();
+    absl::StatusOr<HostArray> dx = (*g)[0].fetch();
+    ASSERT_TRUE(dx.ok()) << dx.status();
+    for (int64_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dx->element_as_double(i), host_cos[i] / 8, 1e-5) << i;
+  }
 
   // The gather over 'data' of a value varying along 'model' too: out_specs=P() is refused
   // naming 'model' (it still varies along it), as JAX's check.
