@@ -82,13 +82,15 @@ bool program_seeds(const std::string& name, const TracedFunction& f, const std::
 
 // An Exchange message as Transport writes it (the header, then field 5 by hand), with the
 // fuzzer's 3-byte prefix (split offset, length).
-std::string exchange_record(int source, uint64_t op, int step, int chunk, const std::string& data, int split) {
+std::string exchange_record(int source, uint64_t op, int step, int chunk, const std::string& data, int split,
+                            uint64_t run_tag = 0) {
   pb::ExchangeMessage m;
   m.set_source_device(source);
   m.set_op_id(op);
   m.set_step(step);
   m.set_chunk(chunk);
   m.set_data(data);
+  m.set_run_tag(run_tag);  // protobuf writes field 10 after the data; Transport before it
   const std::string bytes = m.SerializeAsString();
   return std::string(1, static_cast<char>(split)) + le16(bytes.size()) + bytes;
 }
@@ -135,7 +137,7 @@ std::string ring_segment(const std::vector<std::pair<ShmRing::Record, std::strin
   int64_t written = 0;
   for (const auto& [record, data] : records) {
     (*ring)->write(record, reinterpret_cast<const std::byte*>(data.data()), absl::InfiniteFuture());
-    written += (24 + record.bytes + 7) / 8 * 8;
+    written += (static_cast<int64_t>(sizeof(ShmRing::Record)) + record.bytes + 7) / 8 * 8;
   }
   const int fd = shm_open((*ring)->name().c_str(), O_RDONLY, 0);
   std::string bytes(static_cast<size_t>(ShmRing::kHeaderBytes + written), '\0');
@@ -216,6 +218,11 @@ int main(int argc, char** argv) {
   // names the stream's sender and the second is a change of sender.
   write("exchange", "forged_then_own",
         exchange_record(1, 43, 0, 0, floats(4), 2) + exchange_record(3, 43, 0, 0, floats(4), 5));
+  // Messages of one run (its random tag in field 10), then one of another run at the same op.
+  write("exchange", "run_tags",
+        exchange_record(3, 44, 0, 0, floats(8), 3, 0x7a91'3c05'e2d4'b816) +
+            exchange_record(3, 44, 1, 0, floats(8), 9, 0x7a91'3c05'e2d4'b816) +
+            exchange_record(3, 44, 0, 0, floats(8), 1, 0x0bad'0bad'0bad'0bad));
 
   // PutShard: a (4, 8) f32 shard in a header message with the first 64 bytes, then the rest.
   pb::ShardChunk first;
@@ -337,9 +344,9 @@ int main(int argc, char** argv) {
   write("register", "restart_adopt_16x8", registrations + adopt.SerializeAsString());
 
   // A peer's shared-memory ring with three messages (one empty), as Link writes them.
-  const std::string ring = ring_segment({{ShmRing::Record{42, 0, 0, 64}, floats(16)},
-                                         {ShmRing::Record{42, 1, 0, 0}, ""},
-                                         {ShmRing::Record{43, 0, 1, 12}, floats(3)}});
+  const std::string ring = ring_segment({{ShmRing::Record{42, 0, 0, 64, 0x7a91'3c05'e2d4'b816}, floats(16)},
+                                         {ShmRing::Record{42, 1, 0, 0, 0x7a91'3c05'e2d4'b816}, ""},
+                                         {ShmRing::Record{43, 0, 1, 12, 0x7a91'3c05'e2d4'b816}, floats(3)}});
   if (ring.empty()) {
     std::fprintf(stderr, "fuzz_seeds: no shared-memory ring\n");
     ok = false;
