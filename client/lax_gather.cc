@@ -882,7 +882,8 @@ Value scatter_apply(const Value& x, const Value& indices, const std::function<Va
   int64_t chunk = 1;
   while (chunk * 2 <= windows - 1) chunk *= 2;
   std::vector<Value> carry = {once, full({}, 0.0, DType::kI32)};  // the operand, the steps done
-  for (; chunk >= 1 && !carry.empty(); chunk /= 2) {
+  // A failed step leaves an invalid carry (cond of a failed branch); stop there, the failure recorded.
+  for (; chunk >= 1 && carry.size() == 2 && carry[0].ok(); chunk /= 2) {
     const Branch run = [&](const std::vector<Value>& y) {
       const Value done = y[1];
       std::vector<Value> r = fori_loop(0, chunk,
@@ -896,7 +897,7 @@ Value scatter_apply(const Value& x, const Value& indices, const std::function<Va
     const Branch skip = [](const std::vector<Value>& y) { return y; };
     carry = cond(steps - carry[1] >= static_cast<int32_t>(chunk), run, skip, carry);
   }
-  return carry.empty() ? Value() : carry[0];
+  return carry.size() == 2 ? carry[0] : Value();
 }
 
 Value take_along_axis(const Value& x, const Value& indices, int64_t axis, GatherScatterMode mode,
