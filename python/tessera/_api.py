@@ -15,7 +15,10 @@ from ._array import Array
 from ._config import config
 from ._trace import Tracer
 from .sharding import Mesh, NamedSharding, PartitionSpec, Device, _as_named, _explicit_only, _check_in_force, devices, _ambient_mesh, get_abstract_mesh, _abstract_override, _in_force, AxisType
-from .tree_util import tree_flatten, tree_unflatten, tree_leaves, broadcast_prefix, tree_map
+from .tree_util import tree_unflatten, broadcast_prefix
+# The transformations see a typed key array as its uint32 data (a node of the tree, wrapped again
+# by tree_unflatten), as JAX's dispatch does; jax.tree_util's own functions keep it a leaf.
+from .tree_util import data_flatten as tree_flatten, data_leaves as tree_leaves, data_map as tree_map
 
 
 def _is_dynamic(x):
@@ -481,6 +484,14 @@ def _is_axis(a):
     return a is None or isinstance(a, int)
 
 
+def _key_axes(axes, tree):
+    """vmap's axes, one per leaf of `tree`, as axes of the leaves' data: a negative axis of a
+    typed key array counts from before its data's trailing dimension of two words."""
+    from .tree_util import tree_leaves as leaves_of, PRNGKeyArray
+    return [a - 1 if isinstance(l, PRNGKeyArray) and a is not None and a < 0 else a
+            for a, l in zip(axes, leaves_of(tree))]
+
+
 def vmap(fun, in_axes=0, out_axes=0, axis_name=None, axis_size=None, spmd_axis_name=None):
     """jax.vmap(fun, in_axes, out_axes, axis_size, spmd_axis_name): fun mapped over one dimension
     of its arguments (in_axes: an int, None, or a pytree prefix of the arguments' tuple, as JAX),
@@ -505,15 +516,15 @@ def vmap(fun, in_axes=0, out_axes=0, axis_name=None, axis_size=None, spmd_axis_n
             raise ValueError(f"vmap in_axes must be an int, None, or a tuple of entries corresponding to the "
                              f"positional arguments passed to the function, but got len(in_axes)={len(in_axes)}, "
                              f"len(args)={len(args)}")
-        axes = broadcast_prefix(prefix, args, _is_axis)
+        axes = _key_axes(broadcast_prefix(prefix, args, _is_axis), args)
         leaves, tree = tree_flatten(args)
         out = {}
 
         def body(values):
             res = fun(*tree_unflatten(tree, [Tracer(v) for v in values]))
             flat, out["tree"] = tree_flatten(res)
-            out["axes"] = broadcast_prefix(out_axes, res, _is_axis) if not _is_axis(out_axes) \
-                else [out_axes] * len(flat)
+            out["axes"] = _key_axes(broadcast_prefix(out_axes, res, _is_axis) if not _is_axis(out_axes)
+                                    else [out_axes] * len(flat), res)
             return [_as_value(o) for o in flat]
 
         values = _t.vmap(_trace.callback(body), [_tracer(l)._v for l in leaves], axes,

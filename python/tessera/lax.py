@@ -12,7 +12,8 @@ from .numpy import (abs, add, ceil, cos, exp, floor, log, maximum as max, minimu
                     subtract as sub)
 from .numpy import _op, _rsqrt as rsqrt, _logistic as logistic, _erf as erf, _tracer, _wrap, _enum  # noqa: F401
 from .sharding import _as_named
-from .tree_util import tree_map, broadcast_prefix, tree_flatten, tree_unflatten
+from .tree_util import tree_map, broadcast_prefix, tree_unflatten
+from .tree_util import data_flatten as tree_flatten  # loop carries and operands: a typed key is its data
 from ._trace import Tracer
 from . import _trace
 from . import errors as _errors

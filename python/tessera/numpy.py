@@ -19,6 +19,7 @@ from ._array import Array
 from ._config import config as _config
 from . import _trace
 from ._trace import Tracer, in_trace
+from ._prng import PRNGKeyArray
 
 float32, float64, int32, int64 = _np.float32, _np.float64, _np.int32, _np.int64
 float16, int8, uint8, int16, uint32 = _np.float16, _np.int8, _np.uint8, _np.int16, _np.uint32
@@ -97,6 +98,10 @@ def _tracer(x, like=None):
     scalars strongly typed. Concrete arrays cannot be constants of a traced function."""
     if isinstance(x, Tracer):
         return x
+    if isinstance(x, PRNGKeyArray):
+        # JAX's jnp functions refuse key<fry> ("add does not accept dtype key<fry>").
+        raise TypeError(f"a key array (dtype {x.dtype}) is not a numeric array: jax.numpy functions do not "
+                        "accept it (jax.random.key_data(k) is its uint32 data)")
     if _is_scalar(x):
         if like is not None:
             return _full((), x, _weak_dtype(x, like.dtype))
@@ -131,13 +136,13 @@ def _wrap(v):
 # ---- eager dispatch: ops on Arrays outside a trace run as jitted programs ----------------
 
 def _has_array(tree):
-    from .tree_util import tree_leaves
-    return builtins.any(isinstance(l, (Array, _np.ndarray)) for l in tree_leaves(tree))
+    from .tree_util import data_leaves  # a typed key array is its data
+    return builtins.any(isinstance(l, (Array, _np.ndarray)) for l in data_leaves(tree))
 
 
 def _has_tracer(tree):
-    from .tree_util import tree_leaves
-    return builtins.any(isinstance(l, Tracer) for l in tree_leaves(tree))
+    from .tree_util import data_leaves
+    return builtins.any(isinstance(l, Tracer) for l in data_leaves(tree))
 
 
 def _op(fn):
@@ -377,8 +382,21 @@ def broadcast_to(array, shape, *, out_sharding=None):
                               lambda v, spec, mesh: _t.broadcast_to(v[0], list(shape), spec, mesh))
 
 
+def _normalize_axis(axis, ndim):
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of bounds for a key array of {ndim} dimensions")
+    return axis % ndim
+
+
+def _all_keys(arrays):
+    """Whether `arrays` are typed key arrays (jnp.concatenate and stack join their data)."""
+    return bool(arrays) and builtins.all(isinstance(a, PRNGKeyArray) for a in arrays)
+
+
 @_op
 def concatenate(arrays, axis=0):
+    if _all_keys(arrays):
+        return PRNGKeyArray(concatenate([a._base for a in arrays], _normalize_axis(axis, arrays[0].ndim)))
     ts = [_tracer(a) for a in arrays]
     dt = functools.reduce(promote_types, [t.dtype for t in ts])
     ts = [t if t.dtype == dt else t.astype(dt) for t in ts]
@@ -387,6 +405,8 @@ def concatenate(arrays, axis=0):
 
 @_op
 def stack(arrays, axis=0):
+    if _all_keys(arrays):
+        return PRNGKeyArray(stack([a._base for a in arrays], _normalize_axis(axis, arrays[0].ndim + 1)))
     return concatenate([expand_dims(a, axis) for a in arrays], axis)
 
 

@@ -9,9 +9,13 @@ Every function works on concrete arrays and inside jit.
     key, sub = tessera.random.split(key)
     w = tessera.random.normal(sub, (784, 512)) * 0.01
 
-Where this differs from jax.random: `key(seed)` returns a raw key too (JAX's typed keys,
-dtype key<fry> and shape (), do not exist here; `key_data` and `wrap_key_data` are identities),
-and uniform's minval/maxval and truncated_normal's lower/upper are Python numbers, not
+Keys come in JAX's two kinds: typed keys, `key(seed)` (dtype key<fry>, shape (); a
+tessera._prng.PRNGKeyArray over the raw data, `key_data(k)`), and raw keys, `PRNGKey(seed)`
+(uint32[2]). Every function takes either, and split and fold_in return the kind they were
+given (jax/_src/random/core.py _check_prng_key, _return_prng_keys); their bits are the same.
+
+Where this differs from jax.random: only the threefry2x32 implementation exists (impl= names
+it or is None), and uniform's minval/maxval and truncated_normal's lower/upper are Python numbers, not
 arrays. randint, permutation and choice are JAX's algorithms (jax/_src/random/core.py:
 _randint, _shuffle, choice) composed from the SDK's ops, so their values are JAX's for the
 same key for 32-bit dtypes (8- and 16-bit ones are sampled in int32 and converted, which JAX,
@@ -25,6 +29,9 @@ import numpy as _np
 
 from . import numpy as _jnp
 from .numpy import _op, _tracer, _wrap, _enum, _float_dtype, _int_dtype, canonical_dtype
+from ._array import Array
+from ._trace import Tracer
+from ._prng import PRNGKeyArray, IMPL as _IMPL, check_key_data
 
 
 def _shape(shape, name):
@@ -49,36 +56,78 @@ def _dtype(dtype):
     return _enum(_float_dtype() if dtype is None else dtype)
 
 
+def _impl(impl, fn):
+    if impl not in (None, _IMPL):
+        raise ValueError(f"random.{fn}: unknown PRNG implementation {impl!r}; Tessera has only {_IMPL!r}")
+
+
+def _raw(key, fn):
+    """jax/_src/random/core.py _check_prng_key: the raw key data of `key` (typed or raw) as a
+    Tracer; a typed key array of more than one key is refused, as every function takes one key."""
+    if isinstance(key, PRNGKeyArray):
+        if key.ndim:
+            raise ValueError(f"{fn} accepts a single key, but was given a key array of shape {key.shape} != (). "
+                             "Use jax.vmap for batching.")
+        return _tracer(key._base)
+    return _tracer(key)
+
+
+def _like(key, raw):
+    """_return_prng_keys: the new keys `raw` as the kind `key` was."""
+    return PRNGKeyArray(raw) if isinstance(key, PRNGKeyArray) else raw
+
+
 @_op
-def PRNGKey(seed):
+def PRNGKey(seed, impl=None):
     """jax.random.PRNGKey: the raw key of an integer seed (a Python int is an int32 first, as in
     JAX without jax_enable_x64; an int64 seed is bit-cast: [seed >> 32, seed & 0xFFFFFFFF])."""
+    _impl(impl, "PRNGKey")
+    if isinstance(seed, PRNGKeyArray):
+        raise TypeError(f"PRNGKey accepts a scalar seed, but was given a key array of dtype {seed.dtype}")
     return _wrap(_t.random_key(_tracer(seed)._v))
 
 
-key = PRNGKey
+def key(seed, impl=None):
+    """jax.random.key: the typed key (dtype key<fry>, shape ()) of an integer seed; its data is
+    PRNGKey(seed)."""
+    _impl(impl, "key")
+    if isinstance(seed, PRNGKeyArray):
+        raise TypeError(f"key accepts a scalar seed, but was given a key array of dtype {seed.dtype}")
+    return PRNGKeyArray(PRNGKey(seed))
 
 
 def key_data(keys):
-    """jax.random.key_data: raw keys are their own data."""
+    """jax.random.key_data: the uint32[..., 2] data of typed keys; raw keys are their own."""
+    if isinstance(keys, PRNGKeyArray):
+        return keys._base
+    check_key_data(keys, "random.key_data")
     return keys
 
 
-def wrap_key_data(key_bits_array):
-    """jax.random.wrap_key_data: raw keys are their own data."""
-    return key_bits_array
+def wrap_key_data(key_bits_array, impl=None):
+    """jax.random.wrap_key_data: the typed keys whose data is `key_bits_array` (uint32[..., 2];
+    a numpy array is put on the default device first, as JAX puts it)."""
+    _impl(impl, "wrap_key_data")
+    if isinstance(key_bits_array, PRNGKeyArray):
+        raise TypeError("random.wrap_key_data: the argument is a key array already; it takes uint32 key data")
+    if not isinstance(key_bits_array, (Array, Tracer)):
+        check_key_data(_np.asarray(key_bits_array), "random.wrap_key_data")
+        key_bits_array = _jnp.asarray(key_bits_array)
+    return PRNGKeyArray(key_bits_array)
 
 
 @_op
 def split(key, num=2):
-    """jax.random.split: `num` new keys, uint32[num, 2] (or an array of keys of shape `num`)."""
-    return _wrap(_t.random_split(_tracer(key)._v, _shape(num, "random.split")))
+    """jax.random.split: `num` new keys (or an array of keys of shape `num`): typed keys of a
+    typed key, uint32[num, 2] of a raw one."""
+    return _like(key, _wrap(_t.random_split(_raw(key, "split")._v, _shape(num, "random.split"))))
 
 
 @_op
 def fold_in(key, data):
-    """jax.random.fold_in: a new key from `key` and an integer scalar; fold_in(k, i) == split(k, n)[i]."""
-    return _wrap(_t.random_fold_in(_tracer(key)._v, _tracer(data)._v))
+    """jax.random.fold_in: a new key (of `key`'s kind) from `key` and an integer scalar;
+    fold_in(k, i) == split(k, n)[i]."""
+    return _like(key, _wrap(_t.random_fold_in(_raw(key, "fold_in")._v, _tracer(data)._v)))
 
 
 @_op
@@ -86,26 +135,27 @@ def bits(key, shape=(), dtype=None):
     """jax.random.bits: uint32 words (the only width Tessera draws)."""
     if dtype is not None and canonical_dtype(dtype) != canonical_dtype("uint32"):
         raise ValueError(f"random.bits: dtype {dtype} is not supported; Tessera draws uint32 bits")
-    return _wrap(_t.random_bits(_tracer(key)._v, _shape(shape, "random.bits")))
+    return _wrap(_t.random_bits(_raw(key, "bits")._v, _shape(shape, "random.bits")))
 
 
 @_op
 def uniform(key, shape=(), dtype=None, minval=0.0, maxval=1.0):
     """jax.random.uniform in [minval, maxval) (float32 by default, float64 with jax_enable_x64)."""
-    return _wrap(_t.random_uniform(_tracer(key)._v, _shape(shape, "random.uniform"), _dtype(dtype),
+    return _wrap(_t.random_uniform(_raw(key, "uniform")._v, _shape(shape, "random.uniform"), _dtype(dtype),
                                    _number(minval, "minval", "uniform"), _number(maxval, "maxval", "uniform")))
 
 
 @_op
 def normal(key, shape=(), dtype=None):
     """jax.random.normal: standard normal samples."""
-    return _wrap(_t.random_normal(_tracer(key)._v, _shape(shape, "random.normal"), _dtype(dtype)))
+    return _wrap(_t.random_normal(_raw(key, "normal")._v, _shape(shape, "random.normal"), _dtype(dtype)))
 
 
 @_op
 def truncated_normal(key, lower, upper, shape=None, dtype=None):
     """jax.random.truncated_normal on the open interval (lower, upper)."""
-    return _wrap(_t.random_truncated_normal(_tracer(key)._v, _number(lower, "lower", "truncated_normal"),
+    return _wrap(_t.random_truncated_normal(_raw(key, "truncated_normal")._v,
+                                            _number(lower, "lower", "truncated_normal"),
                                             _number(upper, "upper", "truncated_normal"),
                                             _shape(shape, "random.truncated_normal"), _dtype(dtype)))
 
@@ -113,7 +163,7 @@ def truncated_normal(key, lower, upper, shape=None, dtype=None):
 @_op
 def bernoulli(key, p=0.5, shape=None):
     """jax.random.bernoulli: bool samples that are True with probability p (p's shape by default)."""
-    k = _tracer(key)
+    k = _raw(key, "bernoulli")
     pt = _tracer(p)
     return _wrap(_t.random_bernoulli(k._v, pt._v, tuple(pt.shape) if shape is None else _shape(shape, "random.bernoulli")))
 
@@ -123,7 +173,7 @@ def categorical(key, logits, axis=-1, shape=None):
     """jax.random.categorical: int32 indices along `axis` drawn with probabilities softmax(logits)."""
     if shape is not None:
         raise NotImplementedError("random.categorical: shape= is not supported; Tessera draws one sample per row")
-    return _wrap(_t.random_categorical(_tracer(key)._v, _tracer(logits)._v, axis))
+    return _wrap(_t.random_categorical(_raw(key, "categorical")._v, _tracer(logits)._v, axis))
 
 
 # ---- integers, permutations and choices: JAX's algorithms over the ops above ----------------
@@ -223,8 +273,8 @@ def randint(key, shape, minval, maxval, dtype=None):
         hi = _convert_and_clip_integer(hi, i32)
         lo = _jnp.minimum(_jnp.maximum(lo, _full_like(lo, info.min)), _full_like(lo, info.max))
         hi = _jnp.minimum(_jnp.maximum(hi, _full_like(hi, info.min)), _full_like(hi, info.max + 1))
-        return _randint32(_tracer(key), shape, lo, hi, i32).astype(dtype)
-    return _randint32(_tracer(key), shape, lo, hi, dtype)
+        return _randint32(_raw(key, "randint"), shape, lo, hi, i32).astype(dtype)
+    return _randint32(_raw(key, "randint"), shape, lo, hi, dtype)
 
 
 def _shuffle(key, x, axis):
@@ -241,7 +291,7 @@ def _shuffle(key, x, axis):
 
 @_op
 def _permutation(key, x, axis, independent):
-    key = _tracer(key)
+    key = _raw(key, "permutation")
     if isinstance(x, int):
         return _shuffle(key, _jnp.arange(x, dtype=_int_dtype()), 0)
     x = _tracer(x)
@@ -312,7 +362,7 @@ def choice(key, a, shape=(), replace=True, p=None, axis=0, mode=None):
 def _choice_p(key, a, p, shape, replace, axis, n_draws):
     """core.py choice with p: inverse-CDF sampling with replacement (jnp.searchsorted, here
     the count of cumsum(p) entries below each draw), the Gumbel top-k trick without."""
-    key = _tracer(key)
+    key = _raw(key, "choice")
     arr = None if isinstance(a, int) else _tracer(a)
     p = _tracer(p)
     if p.dtype.kind != "f":
@@ -331,7 +381,7 @@ def _choice_p(key, a, p, shape, replace, axis, n_draws):
 
 @_op
 def _choice(key, a, shape, replace, axis, n_inputs, n_draws):
-    key = _tracer(key)
+    key = _raw(key, "choice")
     arr = None if isinstance(a, int) else _tracer(a)
     if replace:
         ind = randint(key, shape, 0, n_inputs)

@@ -1,9 +1,11 @@
 """Pytrees as jax.tree_util: tuples, lists, dicts (keys sorted), namedtuples and None are
-nodes; everything else is a leaf.
+nodes; everything else is a leaf (a typed key array too, as in JAX; the transformations see
+its uint32 data instead: data_flatten).
 
     leaves, tree = tree_flatten({"w": w, "b": [b1, b2]})
     tree_unflatten(tree, [l * 2 for l in leaves])
 """
+from ._prng import PRNGKeyArray
 
 
 class PyTreeDef:
@@ -34,6 +36,7 @@ class PyTreeDef:
 
 
 _LEAF = PyTreeDef("leaf", None, ())
+_KEY = PyTreeDef("key", None, (_LEAF,))
 
 
 def _is_namedtuple(x):
@@ -41,12 +44,19 @@ def _is_namedtuple(x):
 
 
 def tree_flatten(tree, is_leaf=None):
+    return _flatten(tree, is_leaf, False)
+
+
+def _flatten(tree, is_leaf, keys_as_data):
     leaves = []
 
     def walk(x):
         if is_leaf is not None and is_leaf(x):
             leaves.append(x)
             return _LEAF
+        if keys_as_data and isinstance(x, PRNGKeyArray):
+            leaves.append(x._base)
+            return _KEY
         if x is None:
             return PyTreeDef("none", None, ())
         if _is_namedtuple(x):
@@ -68,6 +78,8 @@ def tree_unflatten(treedef, leaves):
     def build(t):
         if t.kind == "leaf":
             return next(it)
+        if t.kind == "key":
+            return PRNGKeyArray(next(it))
         children = [build(c) for c in t.children]
         if t.kind == "none":
             return None
@@ -80,6 +92,22 @@ def tree_unflatten(treedef, leaves):
         return dict(zip(t.aux, children))
 
     return build(treedef)
+
+
+def data_flatten(tree, is_leaf=None):
+    """tree_flatten as jit, vmap, grad, shard_map and device_put see a tree: a typed key array
+    is a node over its uint32 data (JAX's dispatch registry; tree_unflatten wraps it again)."""
+    return _flatten(tree, is_leaf, True)
+
+
+def data_leaves(tree, is_leaf=None):
+    return data_flatten(tree, is_leaf)[0]
+
+
+def data_map(f, tree):
+    """tree_map over data_flatten's leaves (a key array's data, wrapped again)."""
+    leaves, treedef = data_flatten(tree)
+    return tree_unflatten(treedef, [f(l) for l in leaves])
 
 
 def tree_leaves(tree, is_leaf=None):

@@ -31,12 +31,13 @@ def test_keys_split_fold_in_and_uniform_match_jax():
     assert [np.array2string(np.float32(v)) for v in u] == ["0.947667", "0.9785799", "0.33229148"]
     _, sub = random.split(random.key(0))
     assert np.array2string(np.asarray(random.uniform(sub))) == "0.00729382"
-    # test_threefry_split_fold_in_symmetry: fold_in(key(72), i) == split(key(72), 3)[i].
-    keys = np.asarray(random.split(random.key(72), 3))
+    # test_threefry_split_fold_in_symmetry: fold_in(key(72), i) == split(key(72), 3)[i] (raw
+    # keys here; test_typed_keys_are_their_raw_keys_bit_for_bit checks the typed ones).
+    keys = np.asarray(random.split(random.PRNGKey(72), 3))
     assert keys.shape == (3, 2)
     for i in range(3):
-        assert np.asarray(random.fold_in(random.key(72), i)).tolist() == keys[i].tolist()
-    assert np.asarray(random.split(random.key(72), (3, 1))).shape == (3, 1, 2)
+        assert np.asarray(random.fold_in(random.PRNGKey(72), i)).tolist() == keys[i].tolist()
+    assert np.asarray(random.split(random.PRNGKey(72), (3, 1))).shape == (3, 1, 2)
 
 
 def test_inside_jit_a_sharded_sample_equals_the_unsharded_one(mesh):
@@ -312,3 +313,205 @@ def test_choice_with_p_is_jax_algorithm():
     assert got.tolist() == x[np.argsort(-g, kind="stable")[:3]].tolist()
     with pytest.raises(ValueError, match="same size"):
         random.choice(key, 5, (2,), p=p)
+
+
+# ---- typed keys (jax.random.key: dtype key<fry>, jax/_src/random/prng.py PRNGKeyArray) -------
+
+def _bytes(x):
+    return np.asarray(x).tobytes()
+
+
+def test_typed_keys_are_their_raw_keys_bit_for_bit():
+    # jax/_src/random/core.py: every function takes typed and raw keys (_check_prng_key) and
+    # split/fold_in return the kind they got (_return_prng_keys); key(seed)'s data is
+    # PRNGKey(seed) (random_test.py test_prng_seeds_and_keys, both make_key flavours).
+    for seed in (0, 1, 42, np.int32(-2), 2**31 - 1):
+        assert np.asarray(random.key_data(random.key(seed))).tolist() == np.asarray(random.PRNGKey(seed)).tolist()
+    k, raw = random.key(1701), random.PRNGKey(1701)
+    ks = random.split(k, 4)
+    assert str(ks.dtype) == "key<fry>" and ks.shape == (4,)
+    assert _bytes(random.key_data(ks)) == _bytes(random.split(raw, 4))
+    assert random.split(k, (2, 3)).shape == (2, 3)
+    assert _bytes(random.key_data(random.split(k, (2, 3)))) == _bytes(random.split(raw, (2, 3)))
+    f = random.fold_in(k, 7)
+    assert str(f.dtype) == "key<fry>" and f.shape == ()
+    assert _bytes(random.key_data(f)) == _bytes(random.fold_in(raw, 7))
+    # Raw keys stay raw.
+    assert random.split(raw).dtype == np.uint32 and random.fold_in(raw, 1).dtype == np.uint32
+    # random_test.py testPRNGValues: key_data(fold_in(key(0), 4)) == [2285895361, 433833334].
+    assert np.asarray(random.key_data(random.fold_in(random.key(0), 4))).tolist() == [2285895361, 433833334]
+    logits = np.log(np.array([[0.1, 0.2, 0.7], [0.5, 0.25, 0.25]], np.float32))
+    samplers = {
+        "bits": lambda k: random.bits(k, (3, 5)),
+        "uniform": lambda k: random.uniform(k, (4, 3), minval=-1.0, maxval=2.0),
+        "normal": lambda k: random.normal(k, (16,)),
+        "truncated_normal": lambda k: random.truncated_normal(k, -1.0, 2.0, (8,)),
+        "bernoulli": lambda k: random.bernoulli(k, 0.3, (32,)),
+        "categorical": lambda k: random.categorical(k, logits),
+        "randint": lambda k: random.randint(k, (10,), -5, 17),
+        "permutation": lambda k: random.permutation(k, 12),
+        "choice": lambda k: random.choice(k, 9, (4,), replace=False),
+        "choice_p": lambda k: random.choice(k, 3, (6,), p=np.array([0.2, 0.3, 0.5], np.float32)),
+    }
+    for name, s in samplers.items():
+        typed, plain = s(k), s(raw)
+        assert typed.dtype == plain.dtype and typed.shape == plain.shape, name
+        assert _bytes(typed) == _bytes(plain), name
+    # jax/random.py's docstring (as test_keys_split_fold_in_and_uniform_match_jax): uniform of
+    # the second key of split(key(0)) is 0.00729382, the tuple unpacked from a typed key array.
+    _, sub = random.split(random.key(0))
+    assert np.array2string(np.asarray(random.uniform(sub))) == "0.00729382"
+
+
+def test_typed_keys_print_index_and_reshape_as_jax():
+    # docs/jep/9263-typed-keys.md: key(0) prints "Array((), dtype=key<fry>) overlaying:\n[0 0]",
+    # its shape is () and its dtype key<fry>; vmap(key)(arange(4)) is key<fry>[4] over
+    # [[0 0] [0 1] [0 2] [0 3]]; key_data(key) is Array([0, 0], dtype=uint32).
+    k = random.key(0)
+    assert repr(k) == str(k) == "Array((), dtype=key<fry>) overlaying:\n[0 0]"
+    assert k.shape == () and repr(k.dtype) == "key<fry>" and k.dtype.name == "key<fry>"
+    arr = tessera.vmap(random.key)(np.arange(4, dtype=np.int32))
+    assert repr(arr) == "Array((4,), dtype=key<fry>) overlaying:\n[[0 0]\n [0 1]\n [0 2]\n [0 3]]"
+    assert repr(random.key_data(k)) == "Array([0, 0], dtype=uint32)"
+    # random_test.py test_key_dtype_attributes / test_key_attributes / test_nbytes_property.
+    keys = random.split(k, 6).reshape(2, 3)
+    assert keys.shape == (2, 3) and keys.ndim == 2 and keys.size == 6 and len(keys) == 2
+    assert keys.size * keys.dtype.itemsize == random.key_data(keys).size * np.dtype(np.uint32).itemsize
+    assert keys.nbytes == keys.itemsize * keys.size == 48
+    # test_key_array_indexing_0d and _nd: shapes of indexed keys, "Too many indices".
+    assert k[None].shape == (1,)
+    with pytest.raises(IndexError, match="Too many indices"):
+        k[0]
+    for idx, shape in [((0, 0), ()), ((0,), (3,)), ((1, slice(None)), (3,)), ((slice(None), 1), (2,)),
+                       ((None,), (1, 2, 3)), ((None, slice(None), None), (1, 2, 1, 3)),
+                       ((None, None, None, 0, None, None, None, 1), (1,) * 6),
+                       ((Ellipsis, slice(1, None), None), (2, 2, 1)), ((None, 0, Ellipsis, 1, None), (1, 1))]:
+        assert keys[idx].shape == shape, idx
+    with pytest.raises(IndexError, match="Too many indices"):
+        keys[0, 1, 2]
+    with pytest.raises(IndexError, match="Too many indices"):
+        keys[0, 1, None, 2]
+    # An indexed key is the key at that place (its data the data's row), and so is iteration.
+    data = np.asarray(random.key_data(keys))
+    assert np.asarray(random.key_data(keys[1, 2])).tolist() == data[1, 2].tolist()
+    assert np.asarray(random.key_data(keys[:, 1])).tolist() == data[:, 1].tolist()
+    assert [np.asarray(random.key_data(r)).tolist() for r in keys] == data.tolist()
+    # JnpWithKeyArrayTest test_reshape / test_ravel / test_stack: the data reshaped alike.
+    assert np.asarray(random.key_data(keys.reshape(3, 2))).tolist() == data.reshape(3, 2, 2).tolist()
+    assert np.asarray(random.key_data(keys.ravel())).tolist() == data.reshape(6, 2).tolist()
+    assert np.asarray(random.key_data(keys.T)).tolist() == data.transpose(1, 0, 2).tolist()
+    stacked = tessera.numpy.stack([keys[0], keys[1]], axis=-1)
+    assert stacked.shape == (3, 2) and np.asarray(random.key_data(stacked)).tolist() == data.transpose(1, 0, 2).tolist()
+    # JnpWithKeyArrayTest test_equality: elementwise over the key dimensions.
+    k2 = random.key(456)
+    assert bool(k == k) and not bool(k == k2) and bool(k != k2) and not bool(k != k)
+    arr = random.split(k2, 5)
+    mixed = tessera.numpy.concatenate([arr[:2], tessera.numpy.stack([k2, k2]), arr[4:]])
+    assert np.asarray(k2 == mixed).tolist() == [False, False, True, True, False]
+    assert np.asarray(k2 != mixed).tolist() == [True, True, False, False, True]
+    with pytest.raises(TypeError, match="eq does not accept dtypes key<fry>, int32"):
+        k == 1
+    # A key array is one pytree leaf (prng.py registers it in JAX's dispatch registry only).
+    assert tessera.tree_util.tree_leaves({"k": keys, "n": 1}) == [keys, 1]
+    # wrap_key_data(key_data(k)) is k (random_test.py test_wrap_key_default); numpy data is put
+    # on the devices; invalid data is a TypeError (prng.py _check_prng_key_data).
+    wrapped = random.wrap_key_data(np.array([42, 173], np.uint32))
+    assert str(wrapped.dtype) == "key<fry>" and wrapped.shape == ()
+    assert _bytes(random.normal(wrapped, (4,))) == _bytes(random.normal(np.array([42, 173], np.uint32), (4,)))
+    assert np.asarray(random.key_data(random.wrap_key_data(random.key_data(keys)))).tolist() == data.tolist()
+    with pytest.raises(TypeError, match="uint32"):
+        random.wrap_key_data(np.array([42, 173], np.int32))
+    with pytest.raises(TypeError, match=r"end with \(2,\)"):
+        random.wrap_key_data(np.zeros((4, 3), np.uint32))
+
+
+def test_typed_keys_refuse_arithmetic_conversion_and_batches():
+    # JnpWithKeyArrayTest test_errors (and docs/jep/9263-typed-keys.md): operators on keys.
+    k = random.key(123)
+    with pytest.raises(TypeError, match="add does not accept dtypes key<fry>, int32"):
+        k + 1
+    with pytest.raises(TypeError, match="add does not accept dtype key<fry>"):
+        k + k
+    with pytest.raises(TypeError, match="neg does not accept dtype key<fry>"):
+        -k
+    with pytest.raises(TypeError, match="key<fry>"):  # jnp.add: a TypeError too, its own words
+        tessera.numpy.add(k, 1)
+    # test_keyarray_array_conversion_fails; test_not_hashable.
+    with pytest.raises(TypeError, match="cannot be converted to a NumPy array"):
+        np.asarray(k)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(k)
+    # core.py _check_prng_key: one key where one is expected; test_key_as_seed.
+    with pytest.raises(ValueError, match=r"normal accepts a single key, but was given a key array of shape \(2,\)"):
+        random.normal(random.split(k), (3,))
+    with pytest.raises(TypeError, match="key accepts a scalar seed"):
+        random.key(k)
+    with pytest.raises(TypeError, match="PRNGKey accepts a scalar seed"):
+        random.PRNGKey(k)
+    with pytest.raises(ValueError, match="threefry2x32"):
+        random.key(0, impl="rbg")
+
+
+def test_typed_keys_through_jit_vmap_scan_and_device_put(mesh):
+    k = random.key(7)
+    keys = random.split(k, 8)
+    # jit: typed keys in and out (random_test.py test_dtype_property: the dtype seen inside jit
+    # is key<fry>), results equal the eager ones.
+    seen = []
+
+    def f(key):
+        seen.append(str(key.dtype))
+        a, b = random.split(key)
+        return a, random.normal(b, (4,))
+
+    a, n = tessera.jit(f)(k)
+    ea, en = f(k)
+    assert seen[0] == "key<fry>" and str(a.dtype) == "key<fry>" and a.shape == ()
+    assert _bytes(random.key_data(a)) == _bytes(random.key_data(ea)) and _bytes(n) == _bytes(en)
+    # vmap over a batch of typed keys: each key's sample (random_test.py test_vmap), and a
+    # batch of keys out.
+    out = tessera.vmap(lambda key: random.uniform(key, (3,)))(keys)
+    assert out.shape == (8, 3)
+    for i in range(8):
+        assert _bytes(out[i]) == _bytes(random.uniform(keys[i], (3,))), i
+    folded = tessera.vmap(random.fold_in, in_axes=(None, 0))(k, np.arange(8, dtype=np.int32))
+    assert str(folded.dtype) == "key<fry>" and folded.shape == (8,)
+    assert _bytes(random.key_data(folded)) == _bytes(random.key_data(random.split(k, 8)))  # fold_in(k, i) == split(k)[i]
+    # Negative axes count the key dimensions, as JAX's (the data's trailing 2 is not one).
+    grid = random.split(k, (2, 4))
+    cols = tessera.vmap(random.key_data, in_axes=-1)(grid)
+    assert cols.shape == (4, 2, 2)  # each example the column of 2 keys
+    for j in range(4):
+        assert _bytes(cols[j]) == _bytes(random.key_data(grid[:, j])), j
+    last_axis = tessera.vmap(lambda key: random.split(key, 3), out_axes=-1)(keys)
+    assert last_axis.shape == (3, 8)
+    assert _bytes(random.key_data(last_axis)) == _bytes(np.asarray(random.key_data(
+        tessera.vmap(lambda key: random.split(key, 3))(keys))).transpose(1, 0, 2))
+    # A typed key as a scan carry inside jit.
+    def step(c, _):
+        c, s = random.split(c)
+        return c, random.uniform(s)
+
+    last, ys = tessera.jit(lambda key: tessera.lax.scan(step, key, None, length=3))(k)
+    want, c = [], k
+    for _ in range(3):
+        c, s = random.split(c)
+        want.append(np.asarray(random.uniform(s)))
+    assert str(last.dtype) == "key<fry>" and _bytes(random.key_data(last)) == _bytes(random.key_data(c))
+    assert _bytes(ys) == _bytes(np.stack(want))
+    # device_put with a sharding of the key dimensions (random_test.py test_device_put): the
+    # data's trailing dimension of two words stays whole on every device.
+    grid = random.split(k, (8, 2))
+    put = tessera.device_put(grid, NamedSharding(mesh, P("data", "model")))
+    assert str(put.dtype) == "key<fry>" and put.shape == (8, 2)
+    assert put.sharding.spec == P("data", "model")
+    shards = random.key_data(put).addressable_shards
+    assert len(shards) == 8 and all(s.index[2] == slice(0, 2) and s.data.shape == (2, 1, 2) for s in shards)
+    assert _bytes(random.key_data(put)) == _bytes(random.key_data(grid))
+    # ... and a jitted, doubly vmapped sampler over them runs where they live, equal to each key alone.
+    g = tessera.jit(tessera.vmap(tessera.vmap(lambda key: random.normal(key, (3,)))))
+    s = g(put)
+    assert s.sharding.spec == P("data", "model", None)
+    for i in range(8):
+        for j in range(2):
+            assert _bytes(s[i, j]) == _bytes(random.normal(grid[i, j], (3,))), (i, j)

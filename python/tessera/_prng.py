@@ -1,0 +1,215 @@
+"""Typed PRNG keys (jax/_src/random/prng.py's PRNGKeyArray): an array whose elements are
+keys, dtype key<fry> and shape without the trailing 2, over the raw uint32[..., 2] data that
+the SDK's tessera::random functions take (`_base`: an Array, or a Tracer while traced).
+
+    k = tessera.random.key(0)          # Array((), dtype=key<fry>) overlaying: [0 0]
+    ks = tessera.random.split(k, 4)    # key<fry>[4]
+    tessera.random.key_data(ks)        # uint32[4, 2]
+
+As in JAX, a key array is one leaf of a pytree (tree_util.tree_leaves(k) == [k]) while the
+transformations (jit, vmap, grad, shard_map, device_put) see its data: JAX registers it in
+its dispatch registry only (prng.py: tree_util.dispatch_registry.register_node), Tessera's
+tree_util flattens it for them (tree_util.data_flatten). Only threefry2x32 exists here."""
+import numpy as np
+
+IMPL = "threefry2x32"
+
+
+class prng_key:
+    """jax.dtypes.prng_key: the scalar type of every key dtype (np.issubdtype-style checks)."""
+
+
+class KeyTy:
+    """A key array's dtype, key<fry> (prng.py KeyTy): its name prints, itemsize is the data's."""
+
+    type = prng_key
+    name = "key<fry>"
+    itemsize = 8  # two uint32 words
+    kind = "V"  # not numeric: jnp's promotion refuses it
+
+    def __repr__(self):
+        return self.name
+
+    __str__ = __repr__
+
+    def __eq__(self, other):
+        return type(other) is KeyTy
+
+    def __hash__(self):
+        return hash(KeyTy)
+
+
+KEY_DTYPE = KeyTy()
+
+
+def check_key_data(data, what):
+    """prng.py _check_prng_key_data: uint32 with a trailing dimension 2 (TypeError otherwise)."""
+    if not all(hasattr(data, a) for a in ("ndim", "shape", "dtype")):
+        raise TypeError(f"{what}: expected key data with ndim, shape and dtype, got {type(data).__name__}")
+    if data.ndim < 1 or tuple(data.shape[-1:]) != (2,):
+        raise TypeError(f"{what}: invalid PRNG key data: expected key_data.shape to end with (2,); "
+                        f"got shape={tuple(data.shape)} for impl {IMPL}")
+    if np.dtype(data.dtype) != np.uint32:
+        raise TypeError(f"{what}: invalid PRNG key data: expected key_data.dtype = uint32; got dtype={data.dtype}")
+
+
+def _binary(name):
+    def refuse(self, other):
+        theirs = getattr(other, "dtype", None)
+        if theirs is None:  # a Python number: JAX's default type of it (int32 without x64)
+            from .numpy import canonical_dtype
+            theirs = canonical_dtype(np.asarray(other).dtype)
+        if isinstance(other, PRNGKeyArray):
+            raise TypeError(f"{name} does not accept dtype {self.dtype}")
+        raise TypeError(f"{name} does not accept dtypes {self.dtype}, {theirs}.")
+    return refuse
+
+
+def _unary(name):
+    def refuse(self):
+        raise TypeError(f"{name} does not accept dtype {self.dtype}")
+    return refuse
+
+
+class PRNGKeyArray:
+    """jax.random.key's result: an array of keys. Indexing, reshape, len, iteration and the
+    shape attributes act on the key dimensions; arithmetic is a TypeError (as JAX's)."""
+
+    __array_priority__ = 100
+    __hash__ = None
+
+    def __init__(self, base):
+        check_key_data(base, "random.wrap_key_data")
+        self._base = base
+
+    # ---- attributes of the key dimensions --------------------------------------------
+    shape = property(lambda self: tuple(self._base.shape[:-1]))
+    ndim = property(lambda self: len(self._base.shape) - 1)
+    size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
+    dtype = property(lambda self: KEY_DTYPE)
+    itemsize = property(lambda self: KEY_DTYPE.itemsize)
+    nbytes = property(lambda self: self.size * KEY_DTYPE.itemsize)
+
+    @property
+    def sharding(self):
+        """The data's sharding without the (always whole) trailing dimension of the two words."""
+        from .sharding import NamedSharding, PartitionSpec
+        s = self._base.sharding
+        spec = tuple(s.spec)[:self.ndim]
+        return NamedSharding(s.mesh, PartitionSpec(*spec, unreduced=s.spec.unreduced, reduced=s.spec.reduced))
+
+    def devices(self):
+        return self._base.devices()
+
+    def block_until_ready(self):
+        self._base.block_until_ready()
+        return self
+
+    def copy(self):
+        return self
+
+    # ---- the key dimensions as an array's --------------------------------------------
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d key array")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __getitem__(self, idx):
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        indexing = [i for i in idx if i is not None and i is not Ellipsis]
+        if len(indexing) > self.ndim:
+            raise IndexError(f"Too many indices: {self.ndim}-dimensional key array indexed with {len(indexing)} "
+                             "regular indices.")
+        # The data's trailing dimension stays whole: after an ellipsis, or one added before it.
+        tail = (slice(None),) if any(i is Ellipsis for i in idx) else (Ellipsis, slice(None))
+        return PRNGKeyArray(self._base[idx + tail])
+
+    def reshape(self, *shape, order="C"):
+        from . import numpy as jnp
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = tuple(shape[0])
+        return PRNGKeyArray(jnp.reshape(self._base, (*_resolve(shape, self.size), 2), order=order))
+
+    def ravel(self, order="C"):
+        return self.reshape((self.size,), order=order)
+
+    flatten = ravel
+
+    def squeeze(self, axis=None):
+        from . import numpy as jnp
+        if axis is None:
+            axis = tuple(i for i, d in enumerate(self.shape) if d == 1)
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        return PRNGKeyArray(jnp.squeeze(self._base, tuple(a % self.ndim for a in axes)))
+
+    def transpose(self, *axes):
+        from . import numpy as jnp
+        if not axes or axes == (None,):
+            axes = tuple(reversed(range(self.ndim)))
+        elif len(axes) == 1 and not isinstance(axes[0], int):
+            axes = tuple(axes[0])
+        return PRNGKeyArray(jnp.transpose(self._base, tuple(a % self.ndim for a in axes) + (self.ndim,)))
+
+    T = property(lambda self: self.transpose())
+
+    def swapaxes(self, a, b):
+        axes = list(range(self.ndim))
+        axes[a], axes[b] = axes[b], axes[a]
+        return self.transpose(axes)
+
+    def __eq__(self, other):
+        """Elementwise over the key dimensions (JnpWithKeyArrayTest test_equality): equal keys
+        have equal data; a key and a number are not comparable (TypeError, as JAX's)."""
+        if not isinstance(other, PRNGKeyArray):
+            _binary("eq")(self, other)
+        from . import numpy as jnp
+        return jnp.all(self._base == other._base, axis=-1)
+
+    def __ne__(self, other):
+        if not isinstance(other, PRNGKeyArray):
+            _binary("ne")(self, other)
+        from . import numpy as jnp
+        return jnp.any(self._base != other._base, axis=-1)
+
+    # ---- what a key is not -------------------------------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("JAX array with PRNGKey dtype cannot be converted to a NumPy array. Use "
+                        "jax.random.key_data(arr) if you wish to extract the underlying integer array.")
+
+    def __bool__(self):
+        raise TypeError("key array cannot be converted to boolean.")
+
+    def __repr__(self):
+        # prng.py PRNGKeyArray.__repr__ (docs/jep/9263-typed-keys.md prints it): str is the same.
+        return f"Array({self.shape}, dtype={self.dtype.name}) overlaying:\n{str(self._base)}"
+
+
+for _name, _prim in [("add", "add"), ("radd", "add"), ("sub", "sub"), ("rsub", "sub"), ("mul", "mul"),
+                   ("rmul", "mul"), ("truediv", "div"), ("rtruediv", "div"), ("floordiv", "floor_divide"),
+                   ("rfloordiv", "floor_divide"), ("mod", "rem"), ("rmod", "rem"), ("pow", "pow"),
+                   ("rpow", "pow"), ("matmul", "dot_general"), ("rmatmul", "dot_general"), ("and", "and"),
+                   ("rand", "and"), ("or", "or"), ("ror", "or"), ("xor", "xor"), ("rxor", "xor"),
+                   ("lshift", "shift_left"), ("rlshift", "shift_left"), ("rshift", "shift_right"),
+                   ("rrshift", "shift_right"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")]:
+    setattr(PRNGKeyArray, f"__{_name}__", _binary(_prim))
+for _name, _prim in [("neg", "neg"), ("pos", "pos"), ("abs", "abs"), ("invert", "not")]:
+    setattr(PRNGKeyArray, f"__{_name}__", _unary(_prim))
+del _name, _prim
+
+
+def _resolve(shape, size):
+    """numpy's reshape of `size` elements to `shape` with at most one -1."""
+    shape = tuple(int(d) for d in shape)
+    if shape.count(-1) == 1:
+        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        if known == 0 or size % known:
+            raise ValueError(f"cannot reshape key array of size {size} into shape {shape}")
+        shape = tuple(size // known if d == -1 else d for d in shape)
+    if int(np.prod(shape, dtype=np.int64)) != size:
+        raise ValueError(f"cannot reshape key array of size {size} into shape {shape}")
+    return shape
