@@ -452,6 +452,20 @@ def test_typed_keys_refuse_arithmetic_conversion_and_batches():
         random.key(0, impl="rbg")
 
 
+def test_typed_keys_through_shard_map_and_device_get(mesh8):
+    # A shard_map body gets its block of keys typed (key<fry>[1] on each of 8 devices) and
+    # returns typed keys, laid out as out_specs says; device_get keeps them keys (random_test.py
+    # test_device_get).
+    keys = random.split(random.key(11), 8)
+    out = tessera.shard_map(lambda k: random.split(k[0], 1), mesh=mesh8, in_specs=P("x"), out_specs=P("x"))(keys)
+    assert str(out.dtype) == "key<fry>" and out.shape == (8,) and out.sharding.spec == P("x")
+    for i in range(8):
+        assert _bytes(random.key_data(out[i])) == _bytes(random.key_data(random.split(keys[i], 1)[0])), i
+    got = tessera.device_get(keys)
+    assert str(got.dtype) == "key<fry>" and got.shape == (8,)
+    assert np.asarray(random.key_data(got)).tolist() == np.asarray(random.key_data(keys)).tolist()
+
+
 def test_typed_keys_through_jit_vmap_scan_and_device_put(mesh):
     k = random.key(7)
     keys = random.split(k, 8)
