@@ -9,9 +9,16 @@
 // the development mode (no authenticated device) and on one authenticated as device 3 (the
 // seeds' sender), where an accepted message claiming another device must be dropped and
 // counted, leaving the mailbox and the stream's source as they were.
+// An op stays open (claimed by its first receive, with that message's run tag) until a message
+// of another op comes: a later message of it under another tag is dropped and counted as
+// forged, never filed (the run-tag check); it is then finished, and its later messages dropped
+// as late.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <optional>
+#include <set>
 
 #include "fuzz/fuzz_check.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -28,6 +35,9 @@ void run_stream(const uint8_t* data, size_t size, int authenticated_source) {
   Transport transport;
   transport.set_self(0);
   int source = -1;
+  std::optional<uint64_t> open_op;       // received, not finished yet
+  std::map<uint64_t, uint64_t> claimed;  // op: the run tag of its first receive, until it finishes
+  std::set<uint64_t> finished;
   size_t pos = 0;
   while (pos + 3 <= size) {
     const size_t cut = data[pos];
@@ -40,6 +50,15 @@ void run_stream(const uint8_t* data, size_t size, int authenticated_source) {
     const int64_t pending = transport.pending_messages();
     const int64_t forged = transport.forged_messages();
     const int source_before = source;
+    // A message of another op than the open one: the open op ends first (a run's ops end in
+    // turn), so that the messages of one op meet its claim.
+    if (pb::ExchangeMessage next;
+        open_op.has_value() && next.ParseFromArray(bytes, static_cast<int>(length)) && next.op_id() != *open_op) {
+      transport.finish_op(*open_op);
+      claimed.erase(*open_op);
+      finished.insert(*open_op);
+      open_op.reset();
+    }
     absl::Status delivered = transport.deliver(&buffer, &source, authenticated_source);
     fuzz::check_rejection(delivered, "deliver");
     if (!delivered.ok()) break;
@@ -52,8 +71,16 @@ void run_stream(const uint8_t* data, size_t size, int authenticated_source) {
       fuzz::check(source == source_before, "a message claiming another device set the stream's source");
       continue;
     }
-    fuzz::check(transport.forged_messages() == forged, "a message of the stream's own device was counted as forged");
     fuzz::check(parsed.source_device() == source, "deliver's source is not the message's");
+    const bool is_data = parsed.lost_ops_size() == 0 && parsed.shm_segment().empty();
+    auto claim = claimed.find(parsed.op_id());
+    if (is_data && finished.count(parsed.op_id()) == 0 && claim != claimed.end() && claim->second != parsed.run_tag()) {
+      fuzz::check(transport.forged_messages() == forged + 1,
+                  "a message of a claimed op under another tag was not counted");
+      fuzz::check(transport.pending_messages() == pending, "a message of a claimed op under another tag was filed");
+      continue;
+    }
+    fuzz::check(transport.forged_messages() == forged, "a message of the stream's own device was counted as forged");
     if (parsed.lost_ops_size() > 0 || transport.pending_messages() == pending) continue;  // a notice, or a repeat
     const MessageTag tag{parsed.op_id(), parsed.step(), parsed.chunk(), parsed.run_tag()};
     absl::StatusOr<Received> got = transport.receive(source, "", tag, absl::InfinitePast(), absl::InfinitePast());
@@ -67,7 +94,8 @@ void run_stream(const uint8_t* data, size_t size, int authenticated_source) {
       got->reduce_into(DType::kI32, ReduceOp::kSum, reinterpret_cast<std::byte*>(acc.data()));
       fuzz::check(acc == copy, "0 + data is not data");
     }
-    transport.finish_op(tag.op);
+    claimed.emplace(tag.op, tag.run_tag);  // its first receive claimed it
+    open_op = tag.op;
   }
 }
 

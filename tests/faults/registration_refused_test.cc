@@ -69,6 +69,7 @@ TEST_F(RegistrationRefusedTest, AHeldSendGoesOnUnderTheOldRegistrationAndTheOpFa
   std::vector<bool> attempts;         // registering(true / false), in order
   std::optional<std::thread> sender;  // the held send, begun at the second attempt
   std::optional<absl::Status> sent;   // its result
+  bool held = false;                  // the send was held while the RegisterWorker was out
   absl::Cleanup join_sender = [&] {
     if (sender.has_value() && sender->joinable()) sender->join();
   };
@@ -87,8 +88,7 @@ TEST_F(RegistrationRefusedTest, AHeldSendGoesOnUnderTheOldRegistrationAndTheOpFa
       absl::MutexLock l(&mu);
       sent = s;
     });
-    const absl::Time until = absl::Now() + absl::Seconds(20);
-    while (transport.held_sends() != 1 && absl::Now() < until) std::this_thread::yield();
+    held = poll_until([&] { return transport.held_sends() == 1; }, absl::Seconds(20));
   };
   Registration first(
       options, daemon_identity(credentials_), &store, &plans, &health,
@@ -122,6 +122,7 @@ TEST_F(RegistrationRefusedTest, AHeldSendGoesOnUnderTheOldRegistrationAndTheOpFa
     ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&refused), absl::Seconds(30)))
         << "attempts: " << attempts.size() << ", send ended: " << sent.has_value();
     EXPECT_EQ(attempts[1], true);
+    ASSERT_TRUE(held) << "the send was not held during the registration again (held_sends() never 1)";
     EXPECT_EQ(attempts[2], false);  // refused: the hold ended
     // The send went on (under the old registration) rather than waiting for its deadline.
     EXPECT_TRUE(sent->ok() || sent->code() == absl::StatusCode::kPermissionDenied) << *sent;

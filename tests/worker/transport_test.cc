@@ -1155,8 +1155,10 @@ INSTANTIATE_TEST_SUITE_P(Paths, TransportRunTagTest, ::testing::Values(Via::kGrp
 // Issue #17 (review of the run tags): a refusal is the refused message's alone, by its run tag.
 // A forged early message of an op (its id guessed) that the mailbox refuses (it outlived the
 // time-to-live, or its source's early messages were at their number) must not fail the op for
-// the run that claims it later: the refusal goes (counted as forged) when the run claims the op
-// with another tag, and the run's real message is filed and received.
+// the run that claims it later: the refusal goes when the run claims the op with another tag,
+// and the run's real message is filed and received. The forged message counts once, as dropped
+// when refused: its refusal going at the claim is not a second message (before, it was counted
+// as forged too).
 // `refuse(transport, forged)` has the mailbox refuse the forged message; the run then claims
 // op 300 with its tag and its real message comes.
 void expect_the_runs_message_despite_a_forged_refusal(
@@ -1170,7 +1172,8 @@ void expect_the_runs_message_despite_a_forged_refusal(
     ASSERT_NO_FATAL_FAILURE(refuse(transport, tagged_message(1, 300, 0, forged_tag, "evil")));
     ASSERT_EQ(transport.dropped_messages(), 1) << "the forged message was refused";
     transport.begin_run_ops(300, 301, kTag);
-    EXPECT_EQ(transport.forged_messages(), 1) << "its refusal goes as forged when the run claims the op";
+    EXPECT_EQ(transport.forged_messages(), 0) << "its refusal went at the claim, counted again";
+    EXPECT_EQ(transport.dropped_messages(), 1);
     ASSERT_TRUE(deliver(transport, tagged_message(1, 300, 0, kTag, "real")).ok());
     EXPECT_EQ(
         text_of(transport.receive(1, "h:1", {300, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + absl::Seconds(10))),
@@ -1198,6 +1201,132 @@ TEST(TransportRunTagRefusal, AForgedMessageRefusedForTheCountDoesNotFailTheRunsO
     ASSERT_TRUE(deliver(t, tagged_message(1, 299, 0, 0x5eed5eed5eed5eedULL, "held")).ok());
     ASSERT_TRUE(deliver(t, forged).ok());
   });
+}
+
+// Issue #17 (last read of session 32): with the run tag in the refusal's key, one sender could
+// make a refusal per made-up tag for a single op, up to the 4,096 remembered, and the oldest op's
+// went first: the op a run waits on, whose wait then ended at its deadline instead of failing at
+// once, saying why. At most Transport::kRefusedTagsPerSource tags are remembered per (op, source).
+TEST(TransportRunTagRefusal, MadeUpTagsForOneOpDoNotPushOutTheRunsRefusal) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  MailboxOptions options;
+  options.messages_per_peer = 1;
+  Transport transport;
+  transport.set_self(0);
+  ASSERT_TRUE(transport.set_mailbox(options).ok());
+  // Device 1's one early message, then the run's real message of op 300: over the count.
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 299, 0, kTag, "held")).ok());
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 300, 0, kTag, "real")).ok());
+  ASSERT_EQ(transport.dropped_messages(), 1);
+  // A forger declaring device 1: messages of op 301 under 4,096 made-up tags, each over the count.
+  for (uint64_t t = 1; t <= 4096; ++t) {
+    ASSERT_TRUE(deliver(transport, tagged_message(1, 301, 0, kTag ^ t, "evil")).ok());
+  }
+  EXPECT_EQ(transport.dropped_messages(), 4097) << "each refused message is counted";
+  transport.begin_run_ops(300, 301, kTag);
+  absl::StatusOr<Received> got =
+      transport.receive(1, "h:1", {300, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();  // before: DEADLINE_EXCEEDED
+  EXPECT_THAT(std::string(got.status().message()),
+              AllOf(HasSubstr("a message of op 300 from device 1"), HasSubstr("--mailbox_messages_per_peer")));
+  transport.end_run_ops(300, 301, kTag);
+  // A run's own refusal is kept when it came first, however many made-up tags follow.
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 302, 0, kTag, "real")).ok());
+  for (uint64_t t = 1; t <= 100; ++t) {
+    ASSERT_TRUE(deliver(transport, tagged_message(1, 302, 0, kTag ^ t, "evil")).ok());
+  }
+  transport.begin_run_ops(302, 303, kTag);
+  got = transport.receive(1, "h:1", {302, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  transport.end_run_ops(302, 303, kTag);
+  transport.finish_ops(299, 303);
+}
+
+// transport.h: the messages of ops a run here owns are awaited, not early. The time-to-live
+// sweep spared only ops a receive had begun, so a message of a claimed op that no receive had
+// reached yet (the run busy with earlier steps) was refused at its age and the op failed
+// RESOURCE_EXHAUSTED. A message of an op nobody claimed still goes at its age.
+TEST(TransportRunTagRefusal, AClaimedOpsMessageIsNotDroppedForItsAge) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  MailboxOptions options;
+  options.unclaimed_ttl = absl::Milliseconds(40);
+  Transport transport;
+  transport.set_self(0);
+  ASSERT_TRUE(transport.set_mailbox(options).ok());
+  transport.begin_run_ops(300, 301, kTag);
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 300, 0, kTag, "real")).ok());
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 500, 0, kTag, "unclaimed")).ok());
+  absl::SleepFor(absl::Milliseconds(60));  // the rule under test is an age: let both age past it
+  transport.sweep();
+  EXPECT_EQ(transport.dropped_messages(), 1) << "only the unclaimed op's message goes";
+  EXPECT_EQ(transport.pending_messages(), 1);
+  EXPECT_EQ(text_of(transport.receive(1, "h:1", {300, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline)),
+            "real");
+  transport.end_run_ops(300, 301, kTag);
+  transport.finish_ops(300, 501);
+}
+
+// A run's claim drops the messages held early for its ops under other tags: the room they took
+// in their source's share goes at once to the message waiting for it (its stream paused), which
+// before waited for the next filing or sweep (up to a quarter of the time-to-live).
+TEST(TransportRunTagRefusal, TheRoomAClaimMakesGoesToTheMessageWaitingForIt) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  Endpoint a(0), b(1);
+  MailboxOptions options;
+  options.bytes_per_peer = 2 * (4 + Transport::kHeldMessageBytes);  // two messages of 4 bytes
+  ASSERT_TRUE(b.transport().set_mailbox(options).ok());
+  const std::string at_b = absl::StrCat("127.0.0.1:", b.port());
+  auto send = [&](MessageTag tag, const std::string& text) {
+    const absl::Status sent = a.transport().send(1, at_b, tag, reinterpret_cast<const std::byte*>(text.data()),
+                                                 static_cast<int64_t>(text.size()), absl::Now() + kDeadline);
+    ASSERT_TRUE(sent.ok()) << sent;
+  };
+  // Two forged early messages of op 300 fill device 0's share; the run's own waits for room.
+  ASSERT_NO_FATAL_FAILURE(send({300, 0, 0, 7}, "evil"));
+  ASSERT_NO_FATAL_FAILURE(send({300, 0, 1, 7}, "evil"));
+  ASSERT_NO_FATAL_FAILURE(send({300, 0, 2, kTag}, "real"));
+  ASSERT_TRUE(eventually([&] { return b.transport().waiting_messages() == 1; })) << "the stream never paused";
+  EXPECT_EQ(b.transport().pending_messages(), 2);
+  b.transport().begin_run_ops(300, 301, kTag);
+  EXPECT_EQ(b.transport().forged_messages(), 2);
+  EXPECT_EQ(b.transport().waiting_messages(), 0) << "the room the claim made was not given to the waiting message";
+  EXPECT_EQ(b.transport().pending_messages(), 1);
+  EXPECT_EQ(text_of(b.transport().receive(0, "a", {300, 0, 2, kTag}, absl::InfinitePast(), absl::Now() + kDeadline)),
+            "real");
+  b.transport().end_run_ops(300, 301, kTag);
+  b.transport().finish_op(300);
+}
+
+// The decoder (Transport::deliver) reads field 10 wherever it comes: our senders write it before
+// the data, protobuf's serialization after it. A second data field is refused (protobuf would
+// keep the last; a sender of ours writes one), and so is a run tag cut short, named.
+TEST(TransportDeliver, ARunTagAfterTheDataTwoDataFieldsAndATruncatedRunTag) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  Transport transport;
+  transport.set_self(0);
+  int source = -1;
+  const std::string in_protobufs_order = tagged_message(2, 9, 0, kTag, "abcd").SerializeAsString();
+  ASSERT_GE(in_protobufs_order.size(), 9u);
+  ASSERT_EQ(static_cast<uint8_t>(in_protobufs_order[in_protobufs_order.size() - 9]), (10 << 3) | 1)
+      << "protobuf wrote the run tag (fixed64 field 10) last";
+  grpc::ByteBuffer tagged = raw(in_protobufs_order);
+  ASSERT_TRUE(transport.deliver(&tagged, &source, -1).ok());
+  EXPECT_EQ(text_of(transport.receive(2, "", {9, 0, 0, kTag}, absl::InfinitePast(), absl::InfinitePast())), "abcd");
+  EXPECT_EQ(transport.forged_messages(), 0);
+
+  grpc::ByteBuffer two_data =
+      raw(tagged_message(2, 10, 0, kTag, "abcd").SerializeAsString() + std::string("\x2a\x02xy", 4));
+  absl::Status status = transport.deliver(&two_data, &source, -1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("two data fields"));
+
+  grpc::ByteBuffer truncated_tag =
+      raw(data_message(2, 11, 0, "abcd").SerializeAsString() + std::string("\x51\x01\x02\x03", 4));
+  status = transport.deliver(&truncated_tag, &source, -1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("truncated run_tag (field 10): 3 of its 8 bytes"));
+  EXPECT_EQ(transport.pending_messages(), 0);
+  transport.finish_ops(9, 12);
 }
 
 // A sender whose messages are never taken (its op started here, but nothing takes them) is

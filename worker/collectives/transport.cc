@@ -1134,6 +1134,7 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
 
 void Transport::begin_run_ops(uint64_t first, uint64_t end, uint64_t run_tag) {
   if (end <= first) return;
+  AfterUnlock after;  // before the lock: runs once it is let go
   absl::MutexLock lock(&mu_);
   run_ops_.insert({first, end, run_tag});
   // Messages held early for these ops that carry another tag are not the run's: forged (their
@@ -1145,6 +1146,7 @@ void Transport::begin_run_ops(uint64_t first, uint64_t end, uint64_t run_tag) {
     it->second.early = false;
     --held_early_[std::get<1>(it->first)];
   }
+  admit_locked(absl::Now(), &after);  // the room the dropped messages made: what waits for it goes in now
 }
 
 void Transport::end_run_ops(uint64_t first, uint64_t end, uint64_t run_tag) {
@@ -1162,8 +1164,7 @@ std::optional<uint64_t> Transport::run_tag_locked(uint64_t op) const {
   return std::nullopt;
 }
 
-int64_t Transport::drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t run_tag) {
-  int64_t dropped = 0;
+void Transport::drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t run_tag) {
   for (auto it = mailbox_.lower_bound(Key{first, INT_MIN, INT32_MIN, INT32_MIN, 0});
        it != mailbox_.end() && std::get<0>(it->first) < end;) {
     if (std::get<4>(it->first) == run_tag) {
@@ -1172,20 +1173,17 @@ int64_t Transport::drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t
     }
     count_mismatch_locked(std::get<0>(it->first), std::get<1>(it->first), std::get<4>(it->first));
     take_locked(it++);
-    ++dropped;
   }
-  // So are the refusals of messages of another tag (refused early, for a bound): they were not
-  // the run's, and its op does not fail for them.
+  // So do the refusals of messages of another tag (refused early, for a bound): they were not
+  // the run's, and its op does not fail for them. Not counted again: their messages were
+  // counted once, in dropped_, when refused (forged_ and dropped_ count messages, each in one).
   for (auto it = refused_.lower_bound({first, INT_MIN, 0}); it != refused_.end() && std::get<0>(it->first) < end;) {
     if (std::get<2>(it->first) == run_tag) {
       ++it;
       continue;
     }
-    count_mismatch_locked(std::get<0>(it->first), std::get<1>(it->first), std::get<2>(it->first));
     it = refused_.erase(it);
-    ++dropped;
   }
-  return dropped;
 }
 
 void Transport::count_mismatch_locked(uint64_t op, int from, uint64_t run_tag) {
@@ -1251,7 +1249,21 @@ void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal w
     std::fprintf(stderr, "tessera-worker: dropped a message of op %lu from device %d: %s\n",
                  static_cast<unsigned long>(op), from, refusal_text_locked(why).c_str());
   }
-  refused_.emplace(RefusedKey{op, from, run_tag}, why);
+  const RefusedKey key{op, from, run_tag};
+  // At most kRefusedTagsPerSource run tags' refusals per (op, source): made-up tags must not
+  // fill kRememberedOps with one op's refusals and push out the oldest op's, likely the one a
+  // run waits on (which would then end at its deadline, not with RESOURCE_EXHAUSTED). Over it a
+  // refusal is counted but not remembered. A run's claim keeps its own tag's and erases the
+  // others (drop_mismatched_locked), and after it only messages of its tag reach a bound here,
+  // so a claimed op's refusal always has room.
+  auto group = refused_.lower_bound({op, from, 0});
+  int tags = 0;
+  for (auto it = group; it != refused_.end() && std::get<0>(it->first) == op && std::get<1>(it->first) == from; ++it) {
+    if (it->first == key) return;  // remembered already (the first reason stays)
+    ++tags;
+  }
+  if (tags >= kRefusedTagsPerSource) return;
+  refused_.emplace(key, why);
   if (refused_.size() > kRememberedOps) refused_.erase(refused_.begin());  // the oldest op
 }
 
@@ -1268,7 +1280,9 @@ void Transport::sweep_locked(absl::Time now, AfterUnlock* after) {
   for (auto it = mailbox_.begin(); it != mailbox_.end();) {
     const uint64_t op = std::get<0>(it->first);
     const int from = std::get<1>(it->first);
-    if (now - it->second.arrived <= ttl || started_.count(op) > 0) {
+    // Messages of an op a run or a receive here claimed are awaited, not early (transport.h,
+    // begin_run_ops): they wait for the run's receive, whatever their age.
+    if (now - it->second.arrived <= ttl || run_tag_locked(op).has_value()) {
       ++it;
       continue;
     }
@@ -1462,7 +1476,10 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
       run_tag = 0;
       for (int i = 0; i < 8; ++i) {
         uint8_t b = 0;
-        if (!reader.byte(&b)) return absl::InvalidArgumentError("Exchange: truncated message");
+        if (!reader.byte(&b)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Exchange: truncated run_tag (field 10): ", i, " of its 8 bytes"));
+        }
         run_tag |= uint64_t{b} << (8 * i);
       }
     } else if ((field == 7 || field == 9) && wire == 2) {

@@ -17,8 +17,9 @@
 // The mailbox is bounded (MailboxOptions): each source may hold at most bytes_per_peer there,
 // charged to the device's memory (each message its data and kHeldMessageBytes), at most
 // messages_per_peer messages of ops that have not started here, and a message
-// of an op that has not started here within unclaimed_ttl of its arrival is dropped. Either way the drop is counted and
-// remembered, so the op's wait for that message fails at once, saying why, instead of at its deadline.
+// of an op that no run or receive here claimed within unclaimed_ttl of its arrival is dropped.
+// Either way the drop is counted and remembered, so the op's wait for that message fails at
+// once, saying why, instead of at its deadline.
 // A source's share is flow control, not a refusal: a message read from its stream or ring that
 // would pass the share waits, and that stream or ring is read no further, until messages of the
 // source are taken (the sender's link queue, gRPC's window or the ring fill, and its send waits
@@ -266,6 +267,11 @@ class Transport {
   // slice's header (about 40), each rounded up by malloc. Without it a flood of one-byte
   // messages held some 200 bytes each under a charge of one.
   static constexpr int64_t kHeldMessageBytes = 256;
+  // How many run tags' refusals the mailbox remembers for one (op, source) (see refuse_locked):
+  // a run's peer sends its op's messages under one tag, so a few cover it with room for
+  // forgeries; more made-up tags for the op are refused and counted but not remembered, and so
+  // cannot push other ops' refusals out of the kRememberedOps remembered.
+  static constexpr int kRefusedTagsPerSource = 4;
 
   // Drops every stored message of `op` and discards any that arrive later.
   void finish_op(uint64_t op) { finish_ops(op, op + 1); }
@@ -274,9 +280,10 @@ class Transport {
 
   // A plan run here owns the ops [first, end) from now until end_run_ops(first, end, run_tag):
   // their messages are awaited, so they are not "early" (not counted against
-  // --mailbox_messages_per_peer), however far ahead a peer runs (a device that only sends, as
-  // in a one-way permute pipeline, may be hundreds of ops ahead). Messages already held for
-  // those ops stop counting. Runs may nest (a loop's body) and repeat a range.
+  // --mailbox_messages_per_peer, not dropped for their age), however far ahead a peer runs (a
+  // device that only sends, as in a one-way permute pipeline, may be hundreds of ops ahead).
+  // Messages already held for those ops stop counting. Runs may nest (a loop's body) and repeat
+  // a range.
   // Run tags: from now on a message of these ops is filed only if it carries `run_tag`; one
   // that does not is dropped and counted (forged_messages), and so are those held for them
   // that carry another tag (held early, before the run claimed them). A receive's tag claims
@@ -299,10 +306,13 @@ class Transport {
                                                                  const StreamClaim& claim = {});
 
   // Messages dropped because their sender was not the device their stream authenticated, or
-  // because their run tag was not that of the run their op belongs to here.
+  // because their run tag was not that of the run their op belongs to here (at once, or when the
+  // run claimed their op). Each message counts once, here or in dropped_messages: a message
+  // refused for the mailbox's bounds before its op was claimed counts there, and its refusal
+  // going at the claim counts nowhere again.
   int64_t forged_messages() const;
 
-  // Drops the mailbox's messages whose op has not started within the time-to-live
+  // Drops the mailbox's messages whose op no run or receive here claimed within the time-to-live
   // (MailboxOptions::unclaimed_ttl). Filing a message does this too; the worker also calls it on
   // each heartbeat, so messages of ops that never start go even when no more messages come.
   void sweep();
@@ -435,7 +445,7 @@ class Transport {
   bool started(uint64_t op) const;
   // Removes a message from the mailbox, giving back its bytes.
   void take_locked(std::map<Key, Held>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops the messages of ops not started here within unclaimed_ttl, and refuses those waiting
+  // Drops the messages of ops not claimed here within unclaimed_ttl, and refuses those waiting
   // for room longer than that (every ttl/4 at most).
   void sweep_locked(absl::Time now, AfterUnlock* after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a message was dropped for the mailbox's bounds: a flood leaves kRememberedOps of
@@ -488,14 +498,16 @@ class Transport {
   // The run tag the messages of `op` must carry: its run's (run_ops_), else its first
   // receive's (started_); none while no run or receive here has claimed it (an early message).
   std::optional<uint64_t> run_tag_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A run or receive claimed [first, end) with `run_tag`: drops (and counts) the messages held
-  // for those ops that carry another tag, and the refusals of such messages. Returns how many.
-  int64_t drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A run or receive claimed [first, end) with `run_tag`: drops the messages held for those ops
+  // that carry another tag (counted in forged_), and the refusals of such messages (not counted
+  // again: their messages were counted in dropped_ when refused).
+  void drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a message dropped for its run tag (in forged_), logging the first ten.
   void count_mismatch_locked(uint64_t op, int from, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source, run tag): messages dropped for the bounds, and why (until the op finishes; at
-  // most kRememberedOps, the oldest ids dropped first). Only a wait of the same run tag fails for
-  // one, and only a message of that tag is dropped for it.
+  // most kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest ids
+  // dropped first). Only a wait of the same run tag fails for one, and only a message of that
+  // tag is dropped for it.
   using RefusedKey = std::tuple<uint64_t, int, uint64_t>;
   std::map<RefusedKey, Refusal> refused_ ABSL_GUARDED_BY(mu_);
   // Messages waiting for room in their source's share, oldest first (at most one per stream or
