@@ -984,3 +984,24 @@ def test_vmap_of_the_unreduced_sums_jax_does_not_batch_is_not_implemented():
         summed = run(lambda r, v: jax.lax.psum(r, "x"), unreduced=False)
         np.testing.assert_array_equal(np.asarray(summed), host[:, :4] + host[:, 4:])
 
+
+def test_collectives_of_an_unreduced_or_reduced_value_name_the_pvary_jax_inserts():
+    # jax/_src/lax/parallel.py: all_gather, ppermute, all_to_all (and psum and its kin of a
+    # reduced value) first cast x to varying (insert_collective_pvary), whose
+    # check_unreduced_args refuses it: "pvary cannot accept args which are unreduced".
+    mesh = jax.make_mesh((2,), ("x",))
+    with set_mesh(mesh):
+        rows = jax.device_put(np.arange(8.0, dtype=np.float32).reshape(2, 4), jax.NamedSharding(mesh, P(None, "x")))
+
+        def run(f):
+            return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P(None, "x"), out_specs=P()))(rows)
+
+        unreduced = lambda v: jax.lax.pcast(v, "x", to="unreduced")
+        reduced = lambda v: jax.lax.pcast(jax.lax.psum(v, "x"), "x", to="reduced")
+        for f in (lambda v: jax.lax.all_gather(unreduced(v), "x", tiled=True),
+                  lambda v: jax.lax.ppermute(unreduced(v), "x", [(0, 1), (1, 0)])):
+            with pytest.raises(ValueError, match=r"pvary cannot accept args which are unreduced. Got f32\[2,2\]\{U:x\} "
+                               r"and axes=\{'x'\}"):
+                run(f)
+        with pytest.raises(ValueError, match=r"pvary cannot accept args which are reduced. Got f32\[2,2\]\{R:x\}"):
+            run(lambda v: jax.lax.psum(reduced(v), "x"))
