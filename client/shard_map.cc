@@ -55,12 +55,21 @@ bool only_manual_axes(TraceState* t, const Axes& axes, const std::string& call) 
   return true;
 }
 
+bool auto_pvary_takes(TraceState* t, const Value& x, const AxisNames& axes, bool takes_unreduced,
+                      const std::string& call);
+
+// A collective node over `axes`, after JAX's auto pvary (`auto_pvary`: false for
+// all_gather(to='reduced'), which binds all_gather_reduced on x as it is).
 Value collective(Op op, const Value& x, const AxisNames& axes, std::vector<int64_t> dims, ReduceOp reduce_op,
-                 const std::string& call) {
+                 const std::string& call, bool auto_pvary = true) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
   const Mesh* mesh = manual_mesh(t, call);
   if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
+  // psum, pmax, pmin and psum_scatter of a value unreduced over their axes are its pending
+  // reduction (unreduced_psum, ...: _get_from's 'unreduced'), which their type rules check.
+  const bool reduces = op == Op::kAllReduce || op == Op::kReduceScatter;
+  if (auto_pvary && !auto_pvary_takes(t, x, axes, reduces, call)) return Value();
   absl::StatusOr<int> id =
       t->graph.add_collective(op, TraceState::id(x), *mesh, axes.names, std::move(dims), reduce_op);
   if (!id.ok()) return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": ", id.status().message())));
@@ -791,6 +800,39 @@ std::string body_type_string(const internal::TypedOperand& typed, const Mesh& me
                       internal::unreduced_string(typed.unreduced, typed.reduced, mesh.axis_names(), varying));
 }
 
+// JAX's insert_collective_pvary (jax/_src/lax/parallel.py; psum's bind_psum_invariant alike):
+// with check_vma on, a collective first casts x to varying along the axes it does not vary
+// along (pvary), whose check_unreduced_args refuses an x unreduced or reduced over them, in
+// pvary's words, which are then JAX's error for the collective. `takes_unreduced`: x unreduced
+// over the axes is left to the collective (psum and its kin: unreduced_psum). False after
+// failing the trace.
+bool auto_pvary_takes(TraceState* t, const Value& x, const AxisNames& axes, bool takes_unreduced,
+                      const std::string& call) {
+  if (!t->explicit_mesh.has_value() || t->manual_bodies.empty() || !t->manual_bodies.back().check_vma) return true;
+  const std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
+  if (!typed.has_value()) return true;  // a type error, which recording the collective reports
+  std::vector<std::string> varying, vary_names;
+  axis_states(t, x, axes, &*typed, &varying);
+  for (const std::string& a : axes.names) {
+    if (std::find(varying.begin(), varying.end(), a) == varying.end()) vary_names.push_back(a);
+  }
+  std::sort(vary_names.begin(), vary_names.end());
+  const auto over_any = [&](const std::vector<std::string>& over) {
+    return std::any_of(vary_names.begin(), vary_names.end(),
+                       [&](const std::string& a) { return std::find(over.begin(), over.end(), a) != over.end(); });
+  };
+  // _get_from's 'unreduced' comes before 'reduced': such an x is the collective's own (no pvary).
+  if (takes_unreduced && over_any(typed->unreduced)) return true;
+  for (const auto& [what, over] : {std::pair{"unreduced", &typed->unreduced}, std::pair{"reduced", &typed->reduced}}) {
+    if (!over_any(*over)) continue;
+    t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": pvary cannot accept args which are ", what, ". Got ",
+                                                    body_type_string(*typed, t->manual_meshes.back(), varying),
+                                                    " and axes=", axis_set_repr(vary_names))));
+    return false;
+  }
+  return true;
+}
+
 // _get_from's refusal of axes along which x is in several states, its words (`name` is the
 // JAX function), after `call`.
 absl::Status mixed_states_error(const std::string& call, absl::string_view name, const Value& x, const AxisNames& axes,
@@ -852,7 +894,9 @@ Value pmean(const Value& x, const AxisNames& axes) {
   return sum / static_cast<double>(*group_size(TraceState::common({&sum}), axes, "pmean"));
 }
 
-Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled) {
+namespace {
+
+Value gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled, bool auto_pvary) {
   const std::string call = call_text("all_gather", x, axes);
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
@@ -862,7 +906,13 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled
   }
   // Stacked: each device's x gains a dimension of size 1 there, and the gather tiles it.
   const Value in = tiled ? x : expand_dims(x, axis);
-  return collective(Op::kAllGather, in, axes, {axis}, ReduceOp::kSum, call);
+  return collective(Op::kAllGather, in, axes, {axis}, ReduceOp::kSum, call, auto_pvary);
+}
+
+}  // namespace
+
+Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled) {
+  return gather(x, axes, axis, tiled, true);
 }
 
 Value psum_scatter(const Value& x, const AxisNames& axes, int64_t scatter_dimension, bool tiled) {
@@ -1139,26 +1189,7 @@ Value all_gather_invariant(TraceState* t, const Value& x, const AxisNames& axes,
   if (axes.names.empty()) return x;
   const Mesh* mesh = manual_mesh(t, call);
   if (mesh == nullptr || !only_manual_axes(t, axes.names, call)) return Value();
-  if (t->explicit_mesh.has_value()) {
-    const std::optional<internal::TypedOperand> typed = internal::typed_operand(x);
-    if (!typed.has_value()) return Value();
-    std::vector<std::string> varying, vary_names;
-    axis_states(t, x, axes, &*typed, &varying);
-    for (const std::string& a : axes.names) {
-      if (std::find(varying.begin(), varying.end(), a) == varying.end()) vary_names.push_back(a);
-    }
-    std::sort(vary_names.begin(), vary_names.end());
-    for (const auto& [what, over] :
-         {std::pair{"unreduced", &typed->unreduced}, std::pair{"reduced", &typed->reduced}}) {
-      if (std::none_of(vary_names.begin(), vary_names.end(),
-                       [&](const std::string& a) { return std::find(over->begin(), over->end(), a) != over->end(); })) {
-        continue;
-      }
-      return t->fail(absl::InvalidArgumentError(absl::StrCat(call, ": pvary cannot accept args which are ", what,
-                                                             ". Got ", body_type_string(*typed, *mesh, varying),
-                                                             " and axes=", axis_set_repr(vary_names))));
-    }
-  }
+  if (!auto_pvary_takes(t, x, axes, false, call)) return Value();
   const Value gathered = all_gather(x, axes, axis, tiled);
   if (!gathered.ok()) return gathered;
   if (!t->manual_bodies.back().check_vma) {
@@ -1269,7 +1300,7 @@ Value all_gather(const Value& x, const AxisNames& axes, int64_t axis, bool tiled
     return std::find(typed->unreduced.begin(), typed->unreduced.end(), a) != typed->unreduced.end();
   });
   if (unreduced_gather) ++t->deferred_typing;
-  const Value gathered = all_gather(x, axes, axis, tiled);
+  const Value gathered = gather(x, axes, axis, tiled, false);
   const Value out = gathered.ok() ? cast_node(t, gathered, *mesh, axes, PvaryCast::kReduced, call) : gathered;
   if (!unreduced_gather) return out;
   --t->deferred_typing;

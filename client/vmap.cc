@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "client/batching/batching.h"
 #include "client/trace_state.h"
+#include "core/status.h"
 
 namespace tessera {
 
@@ -16,20 +17,29 @@ using internal::TraceState;
 
 namespace internal {
 
-BatchRule find_batching(Op op) {
+namespace {
+
+// The entry registered for `op` (an empty one when none is).
+const BatchEntry& batch_entry(Op op) {
   struct Registry {
-    BatchRule rules[kNumOps] = {};
+    BatchEntry entries[kNumOps] = {};
     Registry() {
       for (absl::Span<const BatchEntry> family :
            {elementwise_batching(), layout_batching(), reduction_batching(), dot_batching(), indexing_batching(),
             shard_map_batching(), random_batching(), control_batching()}) {
-        for (const BatchEntry& e : family) rules[static_cast<int>(e.op)] = e.rule;
+        for (const BatchEntry& e : family) entries[static_cast<int>(e.op)] = e;
       }
     }
   };
   static const Registry* const kRegistry = new Registry();
-  return is_op(op) ? kRegistry->rules[static_cast<int>(op)] : nullptr;
+  static const BatchEntry kNone{};
+  return is_op(op) ? kRegistry->entries[static_cast<int>(op)] : kNone;
 }
+
+}  // namespace
+
+BatchRule find_batching(Op op) { return batch_entry(op).rule; }
+UnmappedCheck find_unmapped_check(Op op) { return batch_entry(op).unmapped; }
 
 Value move_dim(const Value& x, int64_t from, int64_t to) {
   if (from == to || !x.ok()) return x;
@@ -118,8 +128,9 @@ namespace {
 // the value with the batch dimension first) through their batching rules, adding each result
 // to `batched`. `results` are f's results (explicit mode: a node whose only way out is a
 // sharding constraint, an op's out_sharding, is batched inside an out_sharding too, as
-// pinned_by_constraints says). INVALID_ARGUMENT naming an op without a rule, or its rule's
-// error.
+// pinned_by_constraints says). A node without a batched operand is left as it is, once its
+// op's unmapped check (if any) passes. INVALID_ARGUMENT naming an op without a rule, or its
+// rule's (or check's) error.
 absl::Status batch_nodes(TraceState* t, int start, int end, const BatchLayout& layout, const std::vector<int>& results,
                          std::map<int, Value>& batched) {
   std::vector<bool> pinned;
@@ -138,7 +149,11 @@ absl::Status batch_nodes(TraceState* t, int start, int end, const BatchLayout& l
       x.push_back(it != batched.end() ? it->second : t->make(o));
       if (is_batched.back() && !node_size.has_value()) node_size = it->second.shape()[0];
     }
-    if (!node_size.has_value()) continue;
+    if (!node_size.has_value()) {
+      const UnmappedCheck check = find_unmapped_check(n.op);
+      if (check != nullptr) TESSERA_RETURN_IF_ERROR(check(n, id, t));
+      continue;
+    }
     const BatchRule rule = find_batching(n.op);
     if (rule == nullptr) {
       return absl::InvalidArgumentError(

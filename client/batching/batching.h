@@ -66,9 +66,14 @@ struct BatchArgs {
 // The batched result, batch dimension first, or INVALID_ARGUMENT for a case the rule does not
 // batch (vmap fails with it).
 using BatchRule = absl::StatusOr<Value> (*)(const BatchArgs& args);
+// For a node recorded inside vmap's function with no batched operand (vmap leaves it as it
+// is): OK, or the error vmap fails with. JAX calls a primitive's fancy batching rule for such
+// operands too (BatchTrace.process_primitive), and some of them refuse whatever they get.
+using UnmappedCheck = absl::Status (*)(const Node& node, int id, TraceState* trace);
 struct BatchEntry {
   Op op;
   BatchRule rule;
+  UnmappedCheck unmapped = nullptr;  // none: an op on unbatched operands is left as it is
 };
 
 absl::Span<const BatchEntry> elementwise_batching();  // elementwise.cc
@@ -82,6 +87,8 @@ absl::Span<const BatchEntry> control_batching();      // control.cc: scan, while
 
 // The rule registered for `op`, or null.
 BatchRule find_batching(Op op);
+// The check registered for `op` on unbatched operands, or null.
+UnmappedCheck find_unmapped_check(Op op);
 
 // x with dimension `from` moved to position `to` (the others keep their order).
 Value move_dim(const Value& x, int64_t from, int64_t to);

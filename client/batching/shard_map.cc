@@ -150,49 +150,94 @@ absl::StatusOr<Value> ragged_all_to_all_rule(const BatchArgs& a) {
   return reshape(r, output.shape());
 }
 
-// The casts JAX does not batch (jax/_src/lax/parallel.py registers batching rules for preduced,
-// vary_unreduced_cast and reduced_vary_cast that raise NotImplementedError with no message, and
-// for all_gather_reduced one that raises NotImplementedError("Please file an issue at
-// https://github.com/jax-ml/jax/issues")): UNIMPLEMENTED, naming the JAX primitive and the call,
-// with its message. pvary (_pvary_batcher) and all_gather_invariant's cast
-// (_all_gather_invariant_batched_collective) batch as the collectives.
-absl::StatusOr<Value> pvary_rule(const BatchArgs& a) {
-  const CollectiveAttrs& c = a.node.attrs<CollectiveAttrs>();
+// What JAX does not batch (jax/_src/lax/parallel.py): the batching rules of preduced,
+// vary_unreduced_cast, reduced_vary_cast, unreduced_psum (and unreduced_pmax / unreduced_pmin)
+// raise NotImplementedError with no message; those of all_gather_reduced and
+// unreduced_reduce_scatter (psum_scatter of an unreduced value) raise NotImplementedError("Please
+// file an issue at https://github.com/jax-ml/jax/issues"). pvary (_pvary_batcher),
+// all_gather_invariant (_all_gather_invariant_batched_collective) and the other collectives batch.
+// The first three are registered through batching.primitive_batchers, which binds the primitive
+// as it is when no operand is mapped; the others are fancy_primitive_batchers, which
+// BatchTrace.process_primitive calls for any primitive bound inside vmap, so they refuse an
+// unmapped operand too (`mapped` false).
+struct Refused {
+  const char* call;       // the JAX function the user called
+  const char* primitive;  // the primitive whose batching rule refuses
+  bool file_an_issue;     // the rule's message is "Please file an issue at ..."
+  bool even_unmapped;     // a fancy batcher: it refuses an unmapped operand too
+};
+
+std::optional<Refused> refused_by_jax(const Node& n, const TraceState& t) {
+  const CollectiveAttrs& c = n.attrs<CollectiveAttrs>();
+  const int operand = n.operands[0];
+  const auto over_axes = [&](const std::vector<std::string>& of) {
+    return std::any_of(c.axes.begin(), c.axes.end(),
+                       [&](const std::string& a) { return std::find(of.begin(), of.end(), a) != of.end(); });
+  };
+  // psum and psum_scatter of a value unreduced over their axes run its sum (_get_from's
+  // 'unreduced'). pmax / pmin of one never reach a batching rule here: their type rule refuses
+  // the pending sum's kind when they are recorded (client/explicit/shard_map.cc), before vmap
+  // batches anything.
+  if (n.op == Op::kAllReduce && c.reduce_op == ReduceOp::kSum && over_axes(t.unreduced_of(operand))) {
+    return Refused{"psum(...)", "unreduced_psum", false, true};
+  }
+  if (n.op == Op::kReduceScatter && over_axes(t.unreduced_of(operand))) {
+    return Refused{"psum_scatter(...)", "unreduced_reduce_scatter", true, true};
+  }
+  if (n.op != Op::kPvary) return std::nullopt;
   PvaryCast cast = PvaryCast::kVarying;
   pvary_cast_of(c.dimension, &cast);
-  const int operand = a.node.operands[0];
-  const std::vector<std::string>& reduced = a.trace->reduced_of(operand);
-  const bool from_reduced = std::any_of(c.axes.begin(), c.axes.end(), [&](const std::string& axis) {
-    return std::find(reduced.begin(), reduced.end(), axis) != reduced.end();
-  });
-  const bool of_gather = a.trace->graph.node(operand).op == Op::kAllGather;
-  struct Refused {
-    const char* primitive;
-    const char* call;
-  };
-  const std::optional<Refused> refused =
-      cast == PvaryCast::kUnreduced                 ? Refused{"vary_unreduced_cast", "pcast(..., to='unreduced')"}
-      : cast == PvaryCast::kReduced && of_gather    ? Refused{"all_gather_reduced", "all_gather(..., to='reduced')"}
-      : cast == PvaryCast::kReduced                 ? Refused{"preduced", "pcast(..., to='reduced')"}
-      : cast == PvaryCast::kVarying && from_reduced ? Refused{"reduced_vary_cast", "pcast(..., to='varying')"}
-                                                    : std::optional<Refused>();
-  if (!refused.has_value()) return collective_rule(a);
-  const bool gather = cast == PvaryCast::kReduced && of_gather;
+  // all_gather(to='reduced') is a gather and a cast to reduced over the gather's own axes; a
+  // preduced casts a value invariant along its axes, which a gather's result never is along
+  // the gather's axes (and with check_vma off preduced records nothing).
+  const Node& in = t.graph.node(operand);
+  const bool of_its_gather = in.op == Op::kAllGather && [&] {
+    std::vector<std::string> a = c.axes, b = in.attrs<CollectiveAttrs>().axes;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    return a == b;
+  }();
+  if (cast == PvaryCast::kUnreduced) return Refused{"pcast(..., to='unreduced')", "vary_unreduced_cast", false, false};
+  if (cast == PvaryCast::kReduced && of_its_gather) {
+    return Refused{"all_gather(..., to='reduced')", "all_gather_reduced", true, true};
+  }
+  if (cast == PvaryCast::kReduced) return Refused{"pcast(..., to='reduced')", "preduced", false, false};
+  if (cast == PvaryCast::kVarying && over_axes(t.reduced_of(operand))) {
+    return Refused{"pcast(..., to='varying')", "reduced_vary_cast", false, false};
+  }
+  return std::nullopt;
+}
+
+absl::Status unimplemented(const Refused& r, const Node& n, int id, bool mapped) {
   return absl::UnimplementedError(
-      absl::StrCat(refused->call, " over ", axes_to_string(c.axes), " (node %", a.id,
-                   ") of a mapped value: JAX's batching rule for ", refused->primitive, " raises NotImplementedError",
-                   gather ? ": Please file an issue at https://github.com/jax-ml/jax/issues" : ""));
+      absl::StrCat(r.call, " over ", axes_to_string(n.attrs<CollectiveAttrs>().axes), " (node %", id, ") ",
+                   mapped ? "of a mapped value" : "inside vmap, of a value it does not map",
+                   ": JAX's batching rule for ", r.primitive, " raises NotImplementedError",
+                   r.file_an_issue ? ": Please file an issue at https://github.com/jax-ml/jax/issues" : ""));
+}
+
+// The collectives and casts, refusing what JAX's batching rules refuse.
+absl::StatusOr<Value> refusing_collective_rule(const BatchArgs& a) {
+  const std::optional<Refused> refused = refused_by_jax(a.node, *a.trace);
+  if (refused.has_value()) return unimplemented(*refused, a.node, a.id, true);
+  return collective_rule(a);
+}
+
+absl::Status unmapped_check(const Node& n, int id, TraceState* t) {
+  const std::optional<Refused> refused = refused_by_jax(n, *t);
+  if (!refused.has_value() || !refused->even_unmapped) return absl::OkStatus();
+  return unimplemented(*refused, n, id, false);
 }
 
 constexpr BatchEntry kRules[] = {
     {Op::kShardMapIn, boundary_rule},
     {Op::kShardMapOut, boundary_rule},
-    {Op::kAllReduce, collective_rule},
+    {Op::kAllReduce, refusing_collective_rule, unmapped_check},
     {Op::kAllGather, collective_rule},
-    {Op::kReduceScatter, collective_rule},
+    {Op::kReduceScatter, refusing_collective_rule, unmapped_check},
     {Op::kAllToAll, collective_rule},
     {Op::kCollectivePermute, collective_rule},
-    {Op::kPvary, pvary_rule},
+    {Op::kPvary, refusing_collective_rule, unmapped_check},
     {Op::kRaggedAllToAll, ragged_all_to_all_rule},
 };
 

@@ -152,9 +152,16 @@ std::vector<std::string> union_axes(const std::vector<std::string>& a, const std
 }
 
 // The JAX function of a collective node, as its abstract eval names it in check_unreduced_args.
+// Recorded by client/shard_map.cc, a collective reaches refuse_args only with check_vma off
+// (with it on, the pvary JAX inserts first refuses, auto_pvary_takes) or as a gradient's. The
+// casts do not: vary_unreduced_cast and preduced have their own words, and the invariant cast
+// reads an all_gather whose operand auto_pvary_takes refused an unreduced or reduced type over
+// the gathered axes (so the gather's result is neither over them), which
+// AllGatherToInvaryingOfAReducedValueIsRefusedAsJax asserts; the name is JAX's all the same.
 std::string collective_name(const Node& n) {
   if (n.op == Op::kPvary && cast_of(n) == PvaryCast::kUnreduced) return "vary_unreduced_cast";
   if (n.op == Op::kPvary && cast_of(n) == PvaryCast::kReduced) return "preduced";
+  if (n.op == Op::kPvary && cast_of(n) == PvaryCast::kInvariant) return "all_gather_invariant";
   static constexpr std::pair<Op, const char*> kNames[] = {
       {Op::kAllReduce, "psum"},      {Op::kAllGather, "all_gather"},       {Op::kReduceScatter, "reduce_scatter"},
       {Op::kAllToAll, "all_to_all"}, {Op::kCollectivePermute, "ppermute"}, {Op::kPvary, "pvary"},

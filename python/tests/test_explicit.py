@@ -951,3 +951,57 @@ def test_vmap_of_the_casts_jax_does_not_batch_is_not_implemented():
             run(lambda r: jax.lax.all_gather(r, "x", tiled=True, to="reduced"))
         gathered = run(lambda r: jax.lax.all_gather(r, "x", tiled=True, to="invarying"), out_specs=P())
         np.testing.assert_array_equal(np.asarray(gathered), np.arange(16.0).reshape(4, 4))
+
+
+def test_vmap_of_the_unreduced_sums_jax_does_not_batch_is_not_implemented():
+    # jax/_src/lax/parallel.py: psum / psum_scatter of a value unreduced over their axes are
+    # unreduced_psum / unreduced_reduce_scatter, whose batching rules raise NotImplementedError
+    # (fancy_primitive_batchers: for an operand vmap does not map too, as all_gather_reduced's);
+    # preduced of a gather over other axes is refused as preduced; psum of a value that is not
+    # unreduced batches.
+    mesh = jax.make_mesh((2, 2), ("x", "y"))
+    with set_mesh(mesh):
+        host = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+
+        def run(f, unreduced=True, out_specs=P()):
+            rows = jax.device_put(host, jax.NamedSharding(mesh, P(None, "x")))
+
+            def body(v):
+                u = jax.lax.pcast(v, "x", to="unreduced") if unreduced else v
+                return jax.vmap(lambda r: f(r, v))(u)
+
+            return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(None, "x"), out_specs=out_specs))(rows)
+
+        with pytest.raises(NotImplementedError, match="batching rule for unreduced_psum raises"):
+            run(lambda r, v: jax.lax.psum(r, "x"))
+        with pytest.raises(NotImplementedError, match="unreduced_reduce_scatter raises NotImplementedError: Please file"):
+            run(lambda r, v: jax.lax.psum_scatter(r, "x", tiled=True), out_specs=P(None, "x"))
+        with pytest.raises(NotImplementedError, match="of a value it does not map: JAX's batching rule for unreduced_psum"):
+            run(lambda r, v: r + jnp.sum(jax.lax.psum(jax.lax.pcast(v, "x", to="unreduced"), "x")), unreduced=False,
+                out_specs=P(None, "x"))
+        with pytest.raises(NotImplementedError, match="batching rule for preduced raises"):
+            run(lambda r, v: jax.lax.pcast(jax.lax.all_gather(r, "x", tiled=True), "y", to="reduced"), unreduced=False)
+        summed = run(lambda r, v: jax.lax.psum(r, "x"), unreduced=False)
+        np.testing.assert_array_equal(np.asarray(summed), host[:, :4] + host[:, 4:])
+
+
+def test_collectives_of_an_unreduced_or_reduced_value_name_the_pvary_jax_inserts():
+    # jax/_src/lax/parallel.py: all_gather, ppermute, all_to_all (and psum and its kin of a
+    # reduced value) first cast x to varying (insert_collective_pvary), whose
+    # check_unreduced_args refuses it: "pvary cannot accept args which are unreduced".
+    mesh = jax.make_mesh((2,), ("x",))
+    with set_mesh(mesh):
+        rows = jax.device_put(np.arange(8.0, dtype=np.float32).reshape(2, 4), jax.NamedSharding(mesh, P(None, "x")))
+
+        def run(f):
+            return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P(None, "x"), out_specs=P()))(rows)
+
+        unreduced = lambda v: jax.lax.pcast(v, "x", to="unreduced")
+        reduced = lambda v: jax.lax.pcast(jax.lax.psum(v, "x"), "x", to="reduced")
+        for f in (lambda v: jax.lax.all_gather(unreduced(v), "x", tiled=True),
+                  lambda v: jax.lax.ppermute(unreduced(v), "x", [(0, 1), (1, 0)])):
+            with pytest.raises(ValueError, match=r"pvary cannot accept args which are unreduced. Got f32\[2,2\]\{U:x\} "
+                               r"and axes=\{'x'\}"):
+                run(f)
+        with pytest.raises(ValueError, match=r"pvary cannot accept args which are reduced. Got f32\[2,2\]\{R:x\}"):
+            run(lambda v: jax.lax.psum(reduced(v), "x"))

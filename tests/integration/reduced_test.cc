@@ -897,10 +897,10 @@ TEST_F(ExplicitReducedTest, ShardMapTakesUnreducedArgumentsAndPsumSumsThemAsJax)
 // The refusals, each with JAX's words: an in_spec whose unreduced axes are not its argument's
 // (_shard_shaped_array), an out_spec whose unreduced axes are not its result's
 // (_unshard_shaped_array; test_matmul_unreduced_error), sin of an unreduced value
-// (test_sin_unreduced_error), all_gather over an unreduced axis and pmax of one
-// (check_unreduced_args, check_unreduced_kind), psum over an unreduced and an invarying axis
-// at once (_get_from), and unreduced in_specs on a mesh whose axes are Auto or in a body not
-// manual over every axis (_check_unreduced; test_shmap_auto_unreduced_error).
+// (test_sin_unreduced_error), all_gather, ppermute and all_to_all over an unreduced axis (the
+// pvary JAX inserts first: check_unreduced_args) and pmax of one (check_unreduced_kind), psum over an unreduced and an
+// invarying axis at once (_get_from), and unreduced in_specs on a mesh whose axes are Auto or in a body not manual over
+// every axis (_check_unreduced; test_shmap_auto_unreduced_error).
 TEST_F(ExplicitReducedTest, UnreducedShardMapSpecsAndCollectivesAreRefusedAsJax) {
   const HostArray a = random_f32({2, 4}, 41), b = random_f32({4, 6}, 42);
   const Mesh mesh = meshes()[0];
@@ -923,8 +923,31 @@ TEST_F(ExplicitReducedTest, UnreducedShardMapSpecsAndCollectivesAreRefusedAsJax)
                         "out_aval. Got out_specs=P() and out_aval=f32[2,6]{U:x}"));
   EXPECT_THAT(refused([](const Value& v) { return sin(v); }, unreduced, P()),
               HasSubstr("sin: unreduced rule for sin is not implemented"));
+  // all_gather, ppermute and all_to_all (and psum and its kin of a reduced value) first cast x to
+  // varying along the axes it does not vary along (jax/_src/lax/parallel.py's
+  // insert_collective_pvary; psum's bind_psum_invariant), so pvary's check_unreduced_args
+  // refuses, in its words.
   EXPECT_THAT(refused([](const Value& v) { return all_gather(v, "x", 0, true); }, unreduced, P()),
-              HasSubstr("all_gather cannot accept args which are unreduced. Got f32[2,6]{U:x} and axes={'x'}"));
+              HasSubstr("all_gather(f32[2,6], 'x'): pvary cannot accept args which are unreduced. Got f32[2,6]{U:x} "
+                        "and axes={'x'}"));
+  EXPECT_THAT(refused(
+                  [](const Value& v) {
+                    return ppermute(v, "x", {{0, 1}, {1, 0}});
+                  },
+                  unreduced, P()),
+              HasSubstr("ppermute(f32[2,6], 'x'): pvary cannot accept args which are unreduced. Got f32[2,6]{U:x} "
+                        "and axes={'x'}"));
+  EXPECT_THAT(refused([](const Value& v) { return all_to_all(reshape(v, {12}), "x", 0, 0, true); }, unreduced, P()),
+              HasSubstr("all_to_all(f32[12], 'x'): pvary cannot accept args which are unreduced. Got f32[12]{U:x} "
+                        "and axes={'x'}"));
+  const auto reduced = [](const Value& v) { return pcast(psum(v, "x"), "x", "reduced"); };
+  EXPECT_THAT(refused([&](const Value& v) { return psum(reduced(v), "x"); }, unreduced, P()),
+              HasSubstr("psum(f32[2,6], 'x'): pvary cannot accept args which are reduced. Got f32[2,6]{R:x} and "
+                        "axes={'x'}"));
+  EXPECT_THAT(refused([&](const Value& v) { return pmax(reduced(v), "x"); }, unreduced, P()),
+              HasSubstr("pmax(f32[2,6], 'x'): pvary cannot accept args which are reduced"));
+  EXPECT_THAT(refused([&](const Value& v) { return all_gather(reduced(v), "x", 0, true); }, unreduced, P()),
+              HasSubstr("all_gather(f32[2,6], 'x'): pvary cannot accept args which are reduced"));
   EXPECT_THAT(refused([](const Value& v) { return pmax(v, "x"); }, unreduced, P()),
               HasSubstr("unreduced_pmax cannot accept args with unreduced_kind=sum. Expected unreduced_kind=max"));
   EXPECT_THAT(refused(

@@ -22,6 +22,7 @@ namespace {
 using jit_support::expect_near;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // 0, 1, 2, ... as float32 in `shape` (JAX's tests' np.arange(n).reshape(shape)).
 HostArray arange(Shape shape) {
@@ -667,6 +668,83 @@ TEST_F(VmapTest, CastsJaxDoesNotBatchAreUnimplementedAsJax) {
     for (double v : values_of(x)) tiled.push_back(v);
   }
   expect_near(fetch((*varied)[0]), tiled);
+}
+
+// vmap inside a shard_map body of the sums of an unreduced value (jax/_src/lax/parallel.py):
+// psum and psum_scatter over the axes a value is unreduced over are unreduced_psum and
+// unreduced_reduce_scatter, whose batching rules (_unreduced_psum_batcher,
+// _unreduced_reduce_scatter_batcher: fancy_primitive_batchers, which
+// jax/_src/interpreters/batching.py's BatchTrace.process_primitive calls for every primitive bound
+// inside vmap) raise NotImplementedError, the second with "Please file an issue at ...", for a
+// mapped operand and an unmapped one alike; so does all_gather_reduced's. preduced's is a
+// primitive_batchers rule, which binds an unmapped operand as it is; of a mapped gather over
+// other axes it is preduced that refuses, not all_gather_reduced. psum of a value that is not
+// unreduced batches: its value against the host.
+TEST_F(VmapTest, UnreducedSumsJaxDoesNotBatchAreUnimplementedAsJax) {
+  const Mesh mesh = mesh_2x2();
+  const HostArray x = arange({4, 8});
+  // f runs under vmap over the rows of u (v cast to unreduced over 'x') in a body whose
+  // argument is split P(None, 'x'); `v` is the body's argument, unmapped.
+  const auto run = [&](const std::function<std::vector<Value>(const Value& row, const Value& v)>& f, bool unreduced,
+                       const PartitionSpec& out) {
+    ShardMapped body = shard_map(
+        [&](const std::vector<Value>& in) {
+          const Value v = in[0];
+          const Value u = unreduced ? pcast(v, "x", "unreduced") : v;
+          TracedFunction each = [&](const std::vector<Value>& r) { return f(r[0], v); };
+          return std::vector<Value>{vmap(each)({u})[0]};
+        },
+        mesh, {P(None, "x")}, {out});
+    return jit([&](const std::vector<Value>& v) { return body(v); })({put_on(mesh, x, P(None, "x"))});
+  };
+  const auto expect_unimplemented = [](const absl::StatusOr<std::vector<Array>>& r, const std::string& what) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(what));
+  };
+  const auto one = [](const Value& v) { return std::vector<Value>{v}; };
+  expect_unimplemented(run([&](const Value& r, const Value&) { return one(psum(r, "x")); }, true, P()),
+                       "vmap: psum(...) over ('x',) (node %");
+  expect_unimplemented(run([&](const Value& r, const Value&) { return one(psum(r, "x")); }, true, P()),
+                       "of a mapped value: JAX's batching rule for unreduced_psum raises NotImplementedError");
+  expect_unimplemented(run([&](const Value& r, const Value&) { return one(pmean(r, "x")); }, true, P()),
+                       "JAX's batching rule for unreduced_psum raises NotImplementedError");
+  expect_unimplemented(
+      run([&](const Value& r, const Value&) { return one(psum_scatter(r, "x", 0, true)); }, true, P(None, "x")),
+      "JAX's batching rule for unreduced_reduce_scatter raises NotImplementedError: Please file an issue at "
+      "https://github.com/jax-ml/jax/issues");
+  // Unmapped operands: the unreduced value closed over, and all_gather(to='reduced') of v.
+  const auto unmapped_psum = [&](const Value& r, const Value& v) {
+    return std::vector<Value>{r, psum(pcast(v, "x", "unreduced"), "x")};
+  };
+  expect_unimplemented(run(unmapped_psum, false, P(None, "x")),
+                       "inside vmap, of a value it does not map: JAX's batching rule for unreduced_psum raises "
+                       "NotImplementedError");
+  const auto unmapped_gather = [&](const Value& r, const Value& v) {
+    return std::vector<Value>{r, all_gather(v, "x", 1, true, "reduced")};
+  };
+  expect_unimplemented(run(unmapped_gather, false, P(None, "x")),
+                       "JAX's batching rule for all_gather_reduced raises NotImplementedError: Please file an issue");
+  // pcast to reduced over 'y' of a gather over 'x': preduced (primitive_batchers), refused only
+  // for the mapped gather, and named preduced.
+  const absl::StatusOr<std::vector<Array>> preduced_of_gather =
+      run([&](const Value& r, const Value&) { return one(pcast(all_gather(r, "x", 0, true), "y", "reduced")); }, false,
+          P());
+  expect_unimplemented(preduced_of_gather, "JAX's batching rule for preduced raises NotImplementedError");
+  ASSERT_FALSE(preduced_of_gather.ok());
+  EXPECT_THAT(preduced_of_gather.status().message(), Not(HasSubstr("all_gather_reduced")));
+
+  // Not unreduced: psum batches (each row summed over the two devices along 'x', each holding
+  // 4 of its 8 columns: row i's columns j and j + 4 added).
+  absl::StatusOr<std::vector<Array>> summed =
+      run([&](const Value& r, const Value&) { return one(psum(r, "x")); }, false, P());
+  ASSERT_TRUE(summed.ok()) << summed.status();
+  const std::vector<double> host = values_of(x);
+  std::vector<double> want;
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) want.push_back(host[i * 8 + j] + host[i * 8 + j + 4]);
+  }
+  expect_near(fetch((*summed)[0]), want);
 }
 
 }  // namespace
