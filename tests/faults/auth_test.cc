@@ -557,6 +557,7 @@ TEST_F(AuthTest, AFanOutTakesOnlyMembersTheCoordinatorVouchedFor) {
     *f->add_members() = uploader;
     *f->add_members() = member;
     f->set_timeout_ms(10'000);
+    f->set_run_tag(0x5eed);  // what the client draws (core/run_tag.h); a fan-out of tag 0 is refused
     return chunk;
   };
   const pb::PeerAddress& vouched_0 = array.peers(0);
