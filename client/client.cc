@@ -17,6 +17,7 @@
 #include "core/credentials.h"
 #include "core/daemon.h"
 #include "core/handoff.h"
+#include "core/run_tag.h"
 #include "core/shm_transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
@@ -557,6 +558,9 @@ std::vector<internal::PutRoute> put_routes(const HostView& host, const std::vect
     }
     pb::ShardFanOut& fan_out = fan_outs->emplace_back();
     fan_out.set_timeout_ms(absl::ToInt64Milliseconds(transfer_deadline(bytes)));
+    // Op ids (the array's id, with bit 63) are predictable: the members take the broadcast's
+    // messages only with this tag, which goes to them alone, in their headers.
+    fan_out.set_run_tag(random_run_tag());
     const size_t first = b % replicas.size();
     for (size_t k = 0; k < replicas.size(); ++k) {
       const size_t i = replicas[(first + k) % replicas.size()];

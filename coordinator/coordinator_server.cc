@@ -25,6 +25,7 @@
 #include "coordinator/worker_channels.h"
 #include "core/collective.h"
 #include "core/profile_wire.h"
+#include "core/run_tag.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "core/wire.h"

@@ -9,6 +9,7 @@
 #include "coordinator/access.h"
 #include "coordinator/ids.h"
 #include "coordinator/request_limits.h"
+#include "core/run_tag.h"
 #include "core/status.h"
 #include "proto/rpc.h"
 

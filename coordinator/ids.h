@@ -14,18 +14,12 @@
 //   uint64_t array = ids.next();       // >= ids.epoch()
 //   uint64_t first = ids.next(8);      // 8 consecutive ids: first .. first + 7
 //   ids.before_epoch(array);           // false
-//   uint64_t tag = random_run_tag();    // unguessable, unlike the ids
+// Ids are predictable; what must not be is a run's tag (core/run_tag.h).
 #ifndef TESSERA_COORDINATOR_IDS_H_
 #define TESSERA_COORDINATOR_IDS_H_
 
-#include <sys/random.h>
-
 #include <atomic>
-#include <cerrno>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -64,27 +58,6 @@ class IdAllocator {
   const uint64_t epoch_;
   std::atomic<uint64_t> next_;
 };
-
-// A run's tag (RunPlanRequest.run_tag, WorkerCollectiveRequest.run_tag,
-// WorkerReshardRequest.run_tag): 64 bits of the kernel's CSPRNG, as core/shm_transfer.cc draws
-// a segment's token. Op ids are a counter anyone can predict; a worker files a collective
-// message for a run only if it carries the run's tag, so a sender must have been told it.
-// 0 is no tag (a put's fan-out's): it is drawn again. getrandom(2) of 8 bytes does not fail
-// once the pool is initialised (it waits until then) and is not cut short by signals; any
-// other outcome aborts, naming it: no run may go untagged.
-inline uint64_t random_run_tag() {
-  uint64_t tag = 0;
-  ssize_t got;
-  do {
-    got = getrandom(&tag, sizeof tag, 0);
-  } while ((got < 0 && errno == EINTR) || (got == static_cast<ssize_t>(sizeof tag) && tag == 0));
-  if (got != static_cast<ssize_t>(sizeof tag)) {
-    std::fprintf(stderr, "tessera-coordinator: getrandom for a run tag returned %zd: %s\n", got,
-                 got < 0 ? std::strerror(errno) : "short read");
-    std::abort();
-  }
-  return tag;
-}
 
 }  // namespace tessera
 

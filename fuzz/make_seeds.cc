@@ -203,11 +203,13 @@ int main(int argc, char** argv) {
        ok;
 
   // Exchange: a collective's data messages on one stream (one split inside the header, one in
-  // the data), then a notice of lost ops.
+  // the data), then a notice of lost ops, each with its run tag (lost_op_tags, protocol 29).
   pb::ExchangeMessage notice;
   notice.set_source_device(3);
   notice.add_lost_ops(41);
   notice.add_lost_ops(42);
+  notice.add_lost_op_tags(0x5eed5eed5eed5eedULL);
+  notice.add_lost_op_tags(0x5eed5eed5eed5eedULL);
   const std::string notice_bytes = notice.SerializeAsString();
   write("exchange", "all_reduce_steps",
         exchange_record(3, 42, 0, 0, floats(16), 4) + exchange_record(3, 42, 1, 0, floats(16), 30) +

@@ -571,6 +571,13 @@ absl::Status PlanRunner::prepare(const LoadedPlan& loaded, const pb::RunPlanRequ
                                  std::function<bool()> cancelled, PlanRun* run,
                                  std::vector<std::shared_ptr<const HostArray>>* inputs_out) {
   const DevicePlan& plan = loaded.plan;
+  // Its collectives' messages carry the run's tag, which their receivers check (docs/design.md,
+  // "Run tags"): tag 0 would take anyone's messages at the predictable op ids.
+  if (loaded.has_collectives && req.run_tag() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("run: execution ", req.execution_id(), " of plan ", req.plan_id(),
+                                                   ", which has collectives: RunPlanRequest.run_tag is 0; a run with "
+                                                   "collectives needs a random nonzero run tag (protocol version 29)"));
+  }
   if (req.output_buffers_size() != static_cast<int>(plan.output_slots.size())) {
     return absl::InvalidArgumentError(absl::StrCat("run: the plan has ", plan.output_slots.size(), " outputs, got ",
                                                    req.output_buffers_size(), " output buffers"));

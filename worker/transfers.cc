@@ -334,8 +334,16 @@ absl::StatusOr<CollectiveRun> Transfers::fan_out_run(grpc::ServerContext* ctx, c
     return absl::InvalidArgumentError(
         absl::StrCat("PutShard: a fan-out has ", f.members_size(), " members; it takes 2 to ", kMaxFanOut));
   }
+  // Its messages carry the client's tag, as a run's carry the coordinator's: the op id (the
+  // buffer's, with bit 63) is predictable, and a fan-out of tag 0 would take anyone's messages.
+  if (f.run_tag() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PutShard: the fan-out of buffer ", id,
+        " has run_tag 0; a fan-out needs a random nonzero run tag (ShardFanOut.run_tag, protocol version 29)"));
+  }
   CollectiveRun run;
   run.op = id | kFanOutOpBit;
+  run.run_tag = f.run_tag();
   run.self = device_->id();
   run.spec.kind = CollectiveKind::kBroadcast;
   run.spec.root = 0;

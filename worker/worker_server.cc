@@ -202,6 +202,9 @@ class WorkerService final : public WorkerServiceBase {
                              pb::WorkerCollectiveReply* reply) override {
     absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "RunCollective");
     if (!caller.ok()) return to_grpc(caller.status());
+    if (absl::Status tagged = check_run_tag(*req, "RunCollective", "WorkerCollectiveRequest"); !tagged.ok()) {
+      return to_grpc(device_.name_in(tagged));
+    }
     absl::StatusOr<Shape> shape = run_collective(
         *req, [ctx] { return ctx->IsCancelled(); }, reply);
     transport_.finish_op(req->op_id());
@@ -216,6 +219,9 @@ class WorkerService final : public WorkerServiceBase {
                        pb::WorkerReshardReply* reply) override {
     absl::StatusOr<Caller> caller = auth_.require_coordinator(*ctx, Role::kDaemon, "Reshard");
     if (!caller.ok()) return to_grpc(caller.status());
+    if (absl::Status tagged = check_run_tag(*req, "Reshard", "WorkerReshardRequest"); !tagged.ok()) {
+      return to_grpc(device_.name_in(tagged));
+    }
     absl::Status done = reshard(
         *req, [ctx] { return ctx->IsCancelled(); }, reply);
     transport_.finish_op(req->op_id());
@@ -332,6 +338,18 @@ class WorkerService final : public WorkerServiceBase {
   }
 
  private:
+  // A collective's or reshard's messages carry its request's run tag, which a receiver checks
+  // (docs/design.md, "Run tags"): tag 0 would take anyone's messages at the predictable op id.
+  // Refused before the op is touched (its end is not recorded, so the real run of that op id
+  // is not disturbed).
+  template <typename Request>
+  static absl::Status check_run_tag(const Request& req, absl::string_view method, absl::string_view message) {
+    if (req.run_tag() != 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(method, " of op ", req.op_id(), ": ", message,
+                                                   ".run_tag is 0; a run with collectives needs a random nonzero run "
+                                                   "tag (protocol version 29)"));
+  }
+
   // Validates the request, runs this device's part and stores the result.
   // A run's op id, peers and clock from its request (RunCollective's or Reshard's): it starts
   // now and ends after the request's timeout_ms (0: 10 s; at most an hour).

@@ -35,6 +35,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 void expect_error(const grpc::Status& s, grpc::StatusCode code, const std::string& substring) {
   EXPECT_EQ(s.error_code(), code) << s.error_message();
@@ -557,6 +558,7 @@ TEST_F(AuthTest, AFanOutTakesOnlyMembersTheCoordinatorVouchedFor) {
     *f->add_members() = uploader;
     *f->add_members() = member;
     f->set_timeout_ms(10'000);
+    f->set_run_tag(0x5eed);  // what the client draws (core/run_tag.h); a fan-out of tag 0 is refused
     return chunk;
   };
   const pb::PeerAddress& vouched_0 = array.peers(0);
@@ -911,6 +913,106 @@ TEST_F(AuthTest, DeletionsOnTheRunPlansStreamEndTheFanOutsOfBuffersNeverHeld) {
   const grpc::Status dropped = unary(c.get(), &pb::Coordinator::Stub::DeleteArray, drop);
   ASSERT_TRUE(dropped.ok()) << dropped.error_message();
   expect_late_fan_out_chunk_dropped(deleted.array_id());
+}
+
+// Issue #17 ("op ids are not guessable by outsiders"): a run's devices take only collective
+// messages carrying its run tag, so a run of tag 0 (no tag) would take anyone's messages at its
+// predictable op ids. A worker refuses one before it starts: a RunCollective, a Reshard, a run
+// (RunPlans) of a plan with collectives, and a put's fan-out, each INVALID_ARGUMENT naming the
+// field and the rule. The same requests with a tag get past that check (and fail, if at all, for
+// what else they lack). Before protocol version 29 each was taken.
+TEST_F(AuthTest, WorkersRefuseCollectivesReshardsRunsAndFanOutsWhoseRunTagIs0) {
+  auto daemon = worker(0, identity(credentials_.cluster));
+  const std::string rule = "needs a random nonzero run tag (protocol version 29)";
+  for (uint64_t tag : {uint64_t{0}, uint64_t{0x5eed}}) {
+    SCOPED_TRACE(absl::StrCat("run tag ", tag));
+    pb::WorkerCollectiveRequest collective;
+    collective.set_op_id(991);
+    collective.set_run_tag(tag);
+    const grpc::Status c = unary(daemon.get(), &pb::Worker::Stub::RunCollective, collective);
+    pb::WorkerReshardRequest reshard;
+    reshard.set_op_id(992);
+    reshard.set_run_tag(tag);
+    const grpc::Status r = unary(daemon.get(), &pb::Worker::Stub::Reshard, reshard);
+    if (tag == 0) {
+      expect_error(c, grpc::StatusCode::INVALID_ARGUMENT,
+                   "RunCollective of op 991: WorkerCollectiveRequest.run_tag is 0; a run with collectives " + rule);
+      expect_error(r, grpc::StatusCode::INVALID_ARGUMENT,
+                   "Reshard of op 992: WorkerReshardRequest.run_tag is 0; a run with collectives " + rule);
+    } else {
+      EXPECT_THAT(c.error_message(), Not(HasSubstr("run_tag")));
+      EXPECT_THAT(r.error_message(), Not(HasSubstr("run_tag")));
+    }
+  }
+
+  // A plan whose one instruction is an all-reduce over the mesh's axis, loaded as the
+  // coordinator loads one, and a run of it on the RunPlans stream (its input buffer is the
+  // victim's block on device 0).
+  pb::LoadPlanRequest load;
+  load.set_plan_id(993);
+  *load.mutable_mesh() = fault_mesh();
+  for (int d = 0; d < kFaultWorkers; ++d) {
+    pb::PeerAddress* peer = load.add_peers();
+    peer->set_device_id(d);
+    peer->set_address(addresses_[d]);
+  }
+  pb::DevicePlan* plan = load.mutable_plan();
+  plan->set_num_slots(2);
+  plan->add_input_slots(0);
+  plan->add_output_slots(1);
+  pb::Instruction* all_reduce = plan->add_code();
+  all_reduce->set_kind(pb::Instruction::COLLECTIVE);
+  all_reduce->set_out(1);
+  all_reduce->add_in(0);
+  all_reduce->mutable_node()->set_dtype(pb::F32);
+  for (int64_t d : x_->addressable_shards()[0].shape()) all_reduce->mutable_node()->mutable_shape()->add_dims(d);
+  all_reduce->mutable_collective()->set_kind(pb::ALL_REDUCE);
+  all_reduce->mutable_collective()->set_reduce_op(pb::SUM);
+  all_reduce->add_axes("x");
+  const grpc::Status loaded = unary(daemon.get(), &pb::Worker::Stub::LoadPlan, load);
+  ASSERT_TRUE(loaded.ok()) << loaded.error_message();
+  {
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, kControlDeadline);
+    auto stream = daemon->RunPlans(&ctx);
+    pb::PlanStreamRequest run;
+    run.mutable_run()->set_execution_id(994);
+    run.mutable_run()->set_plan_id(993);
+    run.mutable_run()->add_input_buffers(x_->id());
+    run.mutable_run()->add_output_buffers(995);
+    ASSERT_TRUE(stream->Write(run));
+    pb::RunPlanResult result;
+    ASSERT_TRUE(stream->Read(&result));
+    EXPECT_EQ(result.id(), 994);
+    EXPECT_EQ(result.code(), grpc::StatusCode::INVALID_ARGUMENT) << result.message();
+    EXPECT_EQ(result.message(),
+              "run: execution 994 of plan 993, which has collectives: RunPlanRequest.run_tag is 0; "
+              "a run with collectives " +
+                  rule);
+    stream->WritesDone();
+    while (stream->Read(&result)) {
+    }
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+
+  // A put's fan-out: refused at the uploader and at a member (which takes the header alone).
+  pb::CreateArrayReply array;
+  {
+    auto session = attacker();  // any client's session
+    auto c = coordinator(session);
+    ASSERT_TRUE(unary(c.get(), &pb::Coordinator::Stub::CreateArray, rows_array(), &array).ok());
+    for (int device : {0, 1}) {
+      pb::ShardChunk chunk = forged_block(array.array_id(), array.grant());
+      pb::ShardFanOut* f = chunk.mutable_header()->mutable_fan_out();
+      *f->add_members() = array.peers(0);
+      *f->add_members() = array.peers(1);
+      if (device == 1) chunk.clear_data();
+      expect_error(put(worker(device, session).get(), chunk), grpc::StatusCode::INVALID_ARGUMENT,
+                   absl::StrCat("PutShard: the fan-out of buffer ", array.array_id(),
+                                " has run_tag 0; a fan-out needs a random nonzero run tag (ShardFanOut.run_tag, "
+                                "protocol version 29)"));
+    }
+  }
 }
 
 // The same cluster over TLS: a cluster CA, mutual TLS between the daemons (registrations,

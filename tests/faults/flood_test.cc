@@ -205,6 +205,85 @@ TEST_F(FloodTest, MessagesAtTheVictimsNextOpIdsWithoutItsRunTagAreDroppedAndResu
   check_served_afterwards();
 }
 
+// The same drill aimed at a replicated put's fan-out (ShardHeader.fan_out: one upload, then a
+// broadcast among the workers under the op id buffer id | 2^63, which the client starts, not
+// the coordinator). Before each of 3 puts of a 256 KiB block to every device (the smallest that
+// fans out: one chunk), the insider sends every worker, from each other device's declared
+// registration, messages at the fan-out ops of the next array ids, step 0, chunk 0, of the
+// block's size, each once untagged and once with a made-up tag. The members take only messages
+// carrying the client's random tag (ShardFanOut.run_tag): every copy equals the host array, the
+// put went by the fan-out (bytes_fanned_out), and each member that received counts the 6
+// messages aimed at its put's op (3 sources x 2) as forged. Before protocol version 29 the
+// fan-out's messages carried tag 0: the untagged ones were taken as the peer's (copies of 0x49
+// bytes) and only the 3 wrongly tagged ones were counted.
+class FanOutFloodTest : public FloodTest {
+ protected:
+  bool client_shared_memory() const override { return false; }  // a co-located put does not fan out
+};
+
+TEST_F(FanOutFloodTest, MessagesAtTheVictimsNextFanOutOpsWithoutItsRunTagAreDroppedAndCopiesStayRight) {
+  ASSERT_NO_FATAL_FAILURE(start_victim());
+  constexpr int kPuts = 3;
+  constexpr uint64_t kWindow = 4;  // array ids aimed at after the last id seen
+  constexpr uint64_t kFanOutOpBit = uint64_t{1} << 63;
+  std::vector<DeclaredSender> senders;
+  for (int d = 0; d < kFaultWorkers; ++d) senders.push_back(declared(d));
+  HostArray block(DType::kI32, {4, 16 << 10});  // 256 KiB
+  for (int64_t i = 0; i < block.size(); ++i) block.mutable_values<int32_t>()[i] = static_cast<int32_t>(i * 7 + 3);
+  const std::string forged(static_cast<size_t>(block.nbytes()), '\x49');
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({kFaultWorkers}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  // The latest id handed out, as the victim sees it (its check call drew more after x's).
+  absl::StatusOr<Array> latest = client_->device_put(host_, NamedSharding(*mesh, P("x")));
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  uint64_t last_id = latest->id();
+  // Kept until the end: dropping one sends its deletions, whose request ids are drawn from the
+  // same counter, past the window.
+  std::vector<Array> puts;
+  for (int put = 0; put < kPuts; ++put) {
+    SCOPED_TRACE(absl::StrCat("put ", put));
+    const std::vector<pb::WorkerStats> before = worker_stats();
+    for (int w = 0; w < kFaultWorkers; ++w) {
+      for (int d = 0; d < kFaultWorkers; ++d) {
+        if (d == w) continue;
+        std::vector<pb::ExchangeMessage> messages;
+        for (uint64_t id = last_id + 1; id <= last_id + kWindow; ++id) {
+          for (uint64_t tag : {uint64_t{0}, uint64_t{0x0123456789abcdefULL} + id}) {
+            pb::ExchangeMessage& m = messages.emplace_back();
+            m.set_source_device(d);
+            m.set_op_id(id | kFanOutOpBit);
+            m.set_data(forged);
+            m.set_run_tag(tag);
+          }
+        }
+        const grpc::Status status = exchange_stream(devices_[w].address, credentials_.cluster, senders[d], messages);
+        ASSERT_TRUE(status.ok()) << "worker " << w << ", as device " << d << ": " << status.error_message();
+      }
+    }
+    absl::StatusOr<Array> copies = client_->device_put(block, NamedSharding(*mesh, P()));
+    ASSERT_TRUE(copies.ok()) << copies.status();
+    ASSERT_LE(copies->id() - last_id, kWindow) << "the window missed the put's array id";
+    for (const Shard& s : copies->addressable_shards()) {
+      absl::StatusOr<HostArray> got = s.data();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(*got == block) << "device " << s.device_id();
+    }
+    const std::vector<pb::WorkerStats> after = worker_stats();
+    int members = 0;
+    for (int w = 0; w < kFaultWorkers; ++w) {
+      SCOPED_TRACE(absl::StrCat("worker ", w));
+      if (after[w].bytes_fanned_out() == before[w].bytes_fanned_out()) continue;  // the uploader
+      EXPECT_EQ(after[w].bytes_fanned_out() - before[w].bytes_fanned_out(), block.nbytes());
+      EXPECT_GE(after[w].exchange_messages_forged() - before[w].exchange_messages_forged(), 2 * (kFaultWorkers - 1));
+      ++members;
+    }
+    EXPECT_EQ(members, kFaultWorkers - 1) << "the put did not fan out";
+    last_id = copies->id();
+    puts.push_back(*std::move(copies));
+  }
+  check_served_afterwards();
+}
+
 // Issue #17 item 1, "collective messages only from ... registered peers of the current
 // cluster incarnation": a stream whose sender is no current registration of the cluster is
 // refused PERMISSION_DENIED when it opens, naming the sender and the rule, before anything of

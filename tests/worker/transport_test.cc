@@ -1203,6 +1203,7 @@ TEST(TransportRunTagRefusal, AForgedMessageRefusedForTheCountDoesNotFailTheRunsO
   });
 }
 
+<<<<<<< HEAD
 // Issue #17 (last read of session 32): with the run tag in the refusal's key, one sender could
 // make a refusal per made-up tag for a single op, up to the 4,096 remembered, and the oldest op's
 // went first: the op a run waits on, whose wait then ended at its deadline instead of failing at
@@ -1327,6 +1328,83 @@ TEST(TransportDeliver, ARunTagAfterTheDataTwoDataFieldsAndATruncatedRunTag) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("truncated run_tag (field 10): 3 of its 8 bytes"));
   EXPECT_EQ(transport.pending_messages(), 0);
   transport.finish_ops(9, 12);
+=======
+// Issue #17: a notice of lost ops (ExchangeMessage.lost_ops) fails the receiver's waits for
+// those ops' messages from its source at once. Op ids are predictable, so a forger declaring
+// device 1 could fail the victim's next ops UNAVAILABLE; since protocol version 29 each lost op
+// carries its run tag (lost_op_tags) and the notice counts only for a run that claimed the op
+// with that tag. One of another tag (or none) is dropped and counted as forged, whether it
+// comes after the run claimed the op or before (then when the run claims it); the run's wait
+// goes on (here to its deadline: no message comes) and takes the real message when it comes. A
+// notice with the right tag still fails the wait at once, naming the source.
+pb::ExchangeMessage notice(int source, const std::vector<std::pair<uint64_t, uint64_t>>& ops) {
+  pb::ExchangeMessage m;
+  m.set_source_device(source);
+  for (const auto& [op, tag] : ops) {
+    m.add_lost_ops(op);
+    m.add_lost_op_tags(tag);
+  }
+  return m;
+}
+
+TEST(TransportRunTagNotice, ANoticeOfLostOpsCountsOnlyWithTheTagTheRunClaimedTheOpWith) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  Transport transport;
+  transport.set_self(0);
+  auto receive = [&](uint64_t op, absl::Duration wait) {
+    return transport.receive(1, "h:1", {op, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + wait);
+  };
+  // Op 300 claimed first, then notices naming it untagged and with another tag.
+  transport.begin_run_ops(300, 301, kTag);
+  ASSERT_TRUE(deliver(transport, notice(1, {{300, 0}})).ok());
+  ASSERT_TRUE(deliver(transport, notice(1, {{300, 7}})).ok());
+  EXPECT_EQ(transport.forged_messages(), 2);
+  // Nothing failed the wait: it ends at its deadline, not UNAVAILABLE.
+  absl::StatusOr<Received> waited = receive(300, absl::Milliseconds(200));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded) << waited.status();
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 300, 0, kTag, "real")).ok());
+  EXPECT_EQ(text_of(receive(300, kDeadline)), "real");
+
+  // Op 400: the forged notice comes before the run claims the op, and goes when it does.
+  ASSERT_TRUE(deliver(transport, notice(1, {{400, 7}})).ok());
+  EXPECT_EQ(transport.forged_messages(), 2);
+  transport.begin_run_ops(400, 401, kTag);
+  EXPECT_EQ(transport.forged_messages(), 3);
+  waited = receive(400, absl::Milliseconds(200));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded) << waited.status();
+
+  // Op 500: the run's own tag, before and after the claim: the wait fails at once.
+  ASSERT_TRUE(deliver(transport, notice(1, {{500, kTag}, {501, 7}})).ok());
+  transport.begin_run_ops(500, 502, kTag);
+  EXPECT_EQ(transport.forged_messages(), 4);  // 501's
+  for (uint64_t op : {500, 501}) {
+    if (op == 501) {
+      ASSERT_TRUE(deliver(transport, notice(1, {{501, kTag}})).ok());
+    }
+    waited = receive(op, kDeadline);
+    EXPECT_EQ(waited.status().code(), absl::StatusCode::kUnavailable) << waited.status();
+    EXPECT_THAT(waited.status().message(), HasSubstr(absl::StrCat("device 1 (h:1) lost messages of op ", op)));
+  }
+  EXPECT_EQ(transport.forged_messages(), 4);
+  for (auto [first, end] : {std::pair<uint64_t, uint64_t>{300, 301}, {400, 401}, {500, 502}}) {
+    transport.end_run_ops(first, end, kTag);
+    transport.finish_ops(first, end);
+  }
+
+  // Each lost op needs its tag: a notice of a version-28 worker (no tags) or with too few or
+  // too many is refused.
+  pb::ExchangeMessage untagged;
+  untagged.set_source_device(1);
+  untagged.add_lost_ops(600);
+  pb::ExchangeMessage extra = notice(1, {{600, kTag}});
+  extra.add_lost_op_tags(kTag);
+  for (const pb::ExchangeMessage& bad : {untagged, extra}) {
+    const absl::Status refused = deliver(transport, bad);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("Exchange: a notice names 1 lost ops and ",
+                                                          bad.lost_op_tags_size(), " run tags (lost_op_tags)")));
+  }
+>>>>>>> s33-put
 }
 
 // A sender whose messages are never taken (its op started here, but nothing takes them) is

@@ -74,12 +74,15 @@ grpc::ByteBuffer encode_exchange(int self, MessageTag tag, const std::byte* data
   return grpc::ByteBuffer(slices, 2);
 }
 
-// A notice (ExchangeMessage.lost_ops, no data): the sender's earlier streams to the receiver
-// failed with messages of `ops` in flight.
-grpc::ByteBuffer encode_notice(int self, const std::vector<uint64_t>& ops) {
+// A notice (ExchangeMessage.lost_ops and lost_op_tags, no data): the sender's earlier streams
+// to the receiver failed with messages of `ops` in flight.
+grpc::ByteBuffer encode_notice(int self, const std::vector<TaggedOp>& ops) {
   pb::ExchangeMessage notice;
   notice.set_source_device(self);
-  for (uint64_t op : ops) notice.add_lost_ops(op);
+  for (const TaggedOp& op : ops) {
+    notice.add_lost_ops(op.op);
+    notice.add_lost_op_tags(op.run_tag);
+  }
   grpc::Slice slice(notice.SerializeAsString());
   return grpc::ByteBuffer(&slice, 1);
 }
@@ -230,12 +233,13 @@ class Transport::Link {
       ShmRing* ring = ring_view_.load(std::memory_order_acquire);
       if (ring != nullptr && ring->attached() && ring->fits(bytes)) return write_ring(ring, tag, data, bytes, deadline);
     }
-    return push(Outgoing{encode_exchange(self_, tag, data, bytes, std::move(owner)), bytes}, tag.op, deadline);
+    return push(Outgoing{encode_exchange(self_, tag, data, bytes, std::move(owner)), bytes}, {tag.op, tag.run_tag},
+                deadline);
   }
 
   // Sends a notice that messages of `ops` sent on earlier links may be lost. Never waits.
-  void notify_lost(const std::vector<uint64_t>& ops) {
-    push(Outgoing{encode_notice(self_, ops), 0}, 0, absl::InfiniteFuture()).IgnoreError();
+  void notify_lost(const std::vector<TaggedOp>& ops) {
+    push(Outgoing{encode_notice(self_, ops), 0}, {}, absl::InfiniteFuture()).IgnoreError();
   }
 
   const std::string& address() const { return address_; }
@@ -264,7 +268,7 @@ class Transport::Link {
     }
     ring_ = *std::move(created);
     ring_view_.store(ring_.get(), std::memory_order_release);
-    push(Outgoing{encode_offer(self_, ring_->name(), ring_->token(), host_), 0}, 0, absl::InfiniteFuture())
+    push(Outgoing{encode_offer(self_, ring_->name(), ring_->token(), host_), 0}, {}, absl::InfiniteFuture())
         .IgnoreError();
   }
 
@@ -276,7 +280,7 @@ class Transport::Link {
     {
       absl::MutexLock lock(&mu_);
       if (broken_) return error_;
-      note_op_locked(tag.op);
+      note_op_locked({tag.op, tag.run_tag});
     }
     const ShmRing::Record record{tag.op, tag.step, tag.chunk, bytes, tag.run_tag};
     while (!ring->write(record, data, std::min(deadline, absl::Now() + kRingRecheck))) {
@@ -291,15 +295,16 @@ class Transport::Link {
     return absl::OkStatus();
   }
 
-  void note_op_locked(uint64_t op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (op != 0 && (recent_ops_.empty() || recent_ops_.back() != op)) {
+  void note_op_locked(TaggedOp op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (op.op != 0 &&
+        (recent_ops_.empty() || recent_ops_.back().op != op.op || recent_ops_.back().run_tag != op.run_tag)) {
       recent_ops_.push_back(op);
       if (recent_ops_.size() > kMaxNoticeOps) recent_ops_.pop_front();
     }
   }
 
-  // Queues `message` (of op `op`; 0 for a notice), or starts its write on an idle stream.
-  absl::Status push(Outgoing message, uint64_t op, absl::Time deadline) {
+  // Queues `message` (of op `op`; op 0 for a notice), or starts its write on an idle stream.
+  absl::Status push(Outgoing message, TaggedOp op, absl::Time deadline) {
     const int64_t bytes = message.bytes;
     Stream* idle = nullptr;
     {
@@ -402,7 +407,7 @@ class Transport::Link {
 
     // Once the call ended and the hold went (above), or the Link is going (cancel).
     void OnDone(const grpc::Status& status) override {
-      std::vector<uint64_t> lost;
+      std::vector<TaggedOp> lost;
       const absl::Status end = stream_end(status);
       {
         absl::MutexLock lock(&link_->mu_);
@@ -439,8 +444,8 @@ class Transport::Link {
   // Marks the link broken and drops what is queued; `end` (stream_end): how its stream ended,
   // which the sends that find it broken report. The first time, unless the link is being
   // retired, returns the ops it carried recently (their messages may be lost), to report.
-  std::vector<uint64_t> fail_locked(const absl::Status& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<uint64_t> lost;
+  std::vector<TaggedOp> fail_locked(const absl::Status& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<TaggedOp> lost;
     if (!broken_) {
       broken_ = true;
       error_ = absl::Status(end.code(), absl::StrCat(peer_name(peer_, address_), " stopped taking collective data",
@@ -475,8 +480,8 @@ class Transport::Link {
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // queued and in flight
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool retiring_ ABSL_GUARDED_BY(mu_) = false;
-  // The ops of the latest messages, each once (at most kMaxNoticeOps).
-  std::deque<uint64_t> recent_ops_ ABSL_GUARDED_BY(mu_);
+  // The ops of the latest messages with their run tags, each once (at most kMaxNoticeOps).
+  std::deque<TaggedOp> recent_ops_ ABSL_GUARDED_BY(mu_);
   int done_streams_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
@@ -930,13 +935,14 @@ std::shared_ptr<Transport::Link> Transport::current_link_locked(int peer, const 
   return slot;
 }
 
-void Transport::link_failed(const Link& failed, const std::vector<uint64_t>& ops, const absl::Status& end) {
+void Transport::link_failed(const Link& failed, const std::vector<TaggedOp>& ops, const absl::Status& end) {
   std::shared_ptr<Link> notice;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     auto failure = std::make_shared<const LinkFailure>(LinkFailure{peer_name(failed.peer(), failed.address()), end});
-    for (uint64_t op : ops) {
+    for (const TaggedOp& lost : ops) {
+      const uint64_t op = lost.op;  // its sends and receives fail, whatever their tag: they are ours
       if (finished_locked(op)) continue;
       failed_ops_[op] = failure;
       if (failed_ops_.size() > kRememberedOps) failed_ops_.erase(failed_ops_.begin());  // the oldest op
@@ -1036,7 +1042,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
   const Key key{tag.op, source, tag.step, tag.chunk, tag.run_tag};
   AfterUnlock after;  // before the lock: runs once it is let go
   absl::MutexLock lock(&mu_);
-  const std::pair<uint64_t, int> from{tag.op, source};
+  const std::tuple<uint64_t, int, uint64_t> from{tag.op, source, tag.run_tag};
   auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_locked(key, op_start); };
   // Its messages are awaited now (no longer unclaimed), and only those of its run tag: the ones
   // held with another go (a run's ops were claimed at begin_run_ops already).
@@ -1095,7 +1101,7 @@ bool Transport::ready_locked(const Key& key, absl::Time op_start) const {
   // before may simply not have been reopened yet.
   auto down = down_since_.find(source);
   const bool gone = down != down_since_.end() && down->second >= op_start;
-  const std::pair<uint64_t, int> from{op, source};
+  const std::tuple<uint64_t, int, uint64_t> from{op, source, run_tag};
   return mailbox_.count(key) > 0 || gone || lost_.count(from) > 0 || failed_ops_.count(op) > 0 ||
          refused_.count({op, source, run_tag}) > 0;
 }
@@ -1109,7 +1115,7 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
     take_locked(it++);
   }
   failed_ops_.erase(failed_ops_.lower_bound(first), failed_ops_.lower_bound(end));
-  lost_.erase(lost_.lower_bound({first, INT_MIN}), lost_.lower_bound({end, INT_MIN}));
+  lost_.erase(lost_.lower_bound({first, INT_MIN, 0}), lost_.lower_bound({end, INT_MIN, 0}));
   refused_.erase(refused_.lower_bound({first, INT_MIN, 0}), refused_.lower_bound({end, INT_MIN, 0}));
   started_.erase(started_.lower_bound(first), started_.lower_bound(end));
   if (first >= kUnorderedOps && end == first + 1) {  // named by a buffer id: remembered apart
@@ -1183,6 +1189,15 @@ void Transport::drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t ru
       continue;
     }
     it = refused_.erase(it);
+  }
+  // And notices of lost messages of another tag: the run's messages were not what was lost.
+  for (auto it = lost_.lower_bound({first, INT_MIN, 0}); it != lost_.end() && std::get<0>(*it) < end;) {
+    if (std::get<2>(*it) == run_tag) {
+      ++it;
+      continue;
+    }
+    count_mismatch_locked(std::get<0>(*it), std::get<1>(*it), std::get<2>(*it));
+    it = lost_.erase(it);
   }
 }
 
@@ -1462,6 +1477,7 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
   bool has_data = false;
   std::pair<size_t, size_t> data_at;  // where the data starts: (slice, offset)
   std::vector<uint64_t> lost_ops;     // a notice (see ExchangeMessage.lost_ops)
+  std::vector<uint64_t> lost_tags;    // and their run tags (ExchangeMessage.lost_op_tags, packed fixed64)
   uint64_t key = 0;
   // Fields may come in any order: our senders write the data last (encode_exchange), but
   // protobuf's own serialization puts run_tag (10) after it.
@@ -1521,6 +1537,24 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
         }
         lost_ops.push_back(op);
       }
+    } else if (field == 11 && wire == 2) {
+      uint64_t length = 0;
+      if (!reader.varint(&length) || length > static_cast<uint64_t>(reader.remaining()) || length % 8 != 0) {
+        return absl::InvalidArgumentError("Exchange: truncated message or malformed lost_op_tags");
+      }
+      if (lost_tags.size() + length / 8 > kMaxNoticeOps) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Exchange: a notice names more than ", kMaxNoticeOps, " lost ops' tags"));
+      }
+      for (uint64_t k = 0; k < length / 8; ++k) {
+        uint64_t tag = 0;
+        for (int i = 0; i < 8; ++i) {
+          uint8_t b = 0;
+          reader.byte(&b);
+          tag |= uint64_t{b} << (8 * i);
+        }
+        lost_tags.push_back(tag);
+      }
     } else if (field == 5 && wire == 2) {
       if (has_data) return absl::InvalidArgumentError("Exchange: a message with two data fields");
       uint64_t length = 0;
@@ -1554,6 +1588,11 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
     return absl::InvalidArgumentError("Exchange: an offer of shared memory carries data");
   }
   if (!lost_ops.empty() && has_data) return absl::InvalidArgumentError("Exchange: a notice of lost ops carries data");
+  if (lost_tags.size() != lost_ops.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("Exchange: a notice names ", lost_ops.size(), " lost ops and ",
+                                                   lost_tags.size(),
+                                                   " run tags (lost_op_tags); each op needs its tag"));
+  }
   if (from < 0) {
     return absl::InvalidArgumentError(absl::StrCat("Exchange: source device ", from, " is not a device id"));
   }
@@ -1583,10 +1622,17 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
   if (!lost_ops.empty()) {
     absl::MutexLock lock(&mu_);
     // The sender's earlier streams here failed: waits for these ops' messages from it fail at
-    // once (what arrived before stays in the mailbox and is still delivered).
-    for (uint64_t op : lost_ops) {
+    // once (what arrived before stays in the mailbox and is still delivered). Only waits of the
+    // tag it names: an op a run here claimed with another tag is not the one whose messages
+    // were lost (a forger knows op ids, not tags), and the notice for it is dropped and counted.
+    for (size_t i = 0; i < lost_ops.size(); ++i) {
+      const uint64_t op = lost_ops[i], run_tag = lost_tags[i];
       if (finished_locked(op)) continue;
-      lost_.insert({op, from});
+      if (const std::optional<uint64_t> expected = run_tag_locked(op); expected.has_value() && *expected != run_tag) {
+        count_mismatch_locked(op, from, run_tag);
+        continue;
+      }
+      lost_.insert({op, from, run_tag});
       if (lost_.size() > kRememberedOps) lost_.erase(lost_.begin());  // the oldest op
     }
     return absl::OkStatus();

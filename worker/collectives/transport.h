@@ -64,8 +64,16 @@ struct MessageTag {
   int32_t step = 0;
   int32_t chunk = 0;
   // The run's tag: random, drawn by the coordinator per run (RunPlanRequest.run_tag) and carried
-  // by every message of the run's ops. Op ids are predictable; a message must also carry its
-  // run's tag to be filed for it (see begin_run_ops). 0: an op of no tagged run (a put's fan-out).
+  // by every message of the run's ops (a put's fan-out: drawn by the client, ShardFanOut.run_tag).
+  // Op ids are predictable; a message must also carry its run's tag to be filed for it (see
+  // begin_run_ops). 0: no tag, which no run has.
+  uint64_t run_tag = 0;
+};
+
+// An op and the run tag its messages carry: what a notice of lost ops names (ExchangeMessage
+// .lost_ops and .lost_op_tags), so that it fails only the run whose messages were lost.
+struct TaggedOp {
+  uint64_t op = 0;
   uint64_t run_tag = 0;
 };
 
@@ -410,7 +418,7 @@ class Transport {
   // peer gets a notice on a fresh link, so that its waits for them fail too. `end`: how the
   // stream ended (the peer's code and reason, or UNAVAILABLE; see stream_end in transport.cc).
   // On gRPC's callback threads; never blocks.
-  void link_failed(const Link& failed, const std::vector<uint64_t>& ops, const absl::Status& end);
+  void link_failed(const Link& failed, const std::vector<TaggedOp>& ops, const absl::Status& end);
   // The error of op `op` whose messages to `peer` may be lost: `end`'s code, naming the peer,
   // with the peer's reason if it gave one.
   static absl::Status stream_failed(uint64_t op, const std::string& peer, const absl::Status& end);
@@ -537,8 +545,10 @@ class Transport {
   std::map<uint64_t, std::shared_ptr<const LinkFailure>> failed_ops_ ABSL_GUARDED_BY(mu_);
   // The error of a failed op (stream_failed of its link's failure); OK if none failed.
   absl::Status failed_op_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // (op, source): the source's notice said messages of op to here may be lost (as above).
-  std::set<std::pair<uint64_t, int>> lost_ ABSL_GUARDED_BY(mu_);
+  // (op, source, run tag): the source's notice said messages of op with that tag to here may
+  // be lost (as above). Only waits of that tag fail for it; when a run claims the op, the
+  // entries of other tags go, counted as forged (drop_mismatched_locked).
+  std::set<std::tuple<uint64_t, int, uint64_t>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
   // Links of the registration declare() replaced: kept open until their peer ends them (then
   // retired by link()) or the next declare (see declare).
