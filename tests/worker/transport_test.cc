@@ -1203,7 +1203,6 @@ TEST(TransportRunTagRefusal, AForgedMessageRefusedForTheCountDoesNotFailTheRunsO
   });
 }
 
-<<<<<<< HEAD
 // Issue #17 (last read of session 32): with the run tag in the refusal's key, one sender could
 // make a refusal per made-up tag for a single op, up to the 4,096 remembered, and the oldest op's
 // went first: the op a run waits on, whose wait then ended at its deadline instead of failing at
@@ -1328,7 +1327,8 @@ TEST(TransportDeliver, ARunTagAfterTheDataTwoDataFieldsAndATruncatedRunTag) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("truncated run_tag (field 10): 3 of its 8 bytes"));
   EXPECT_EQ(transport.pending_messages(), 0);
   transport.finish_ops(9, 12);
-=======
+}
+
 // Issue #17: a notice of lost ops (ExchangeMessage.lost_ops) fails the receiver's waits for
 // those ops' messages from its source at once. Op ids are predictable, so a forger declaring
 // device 1 could fail the victim's next ops UNAVAILABLE; since protocol version 29 each lost op
@@ -1404,7 +1404,6 @@ TEST(TransportRunTagNotice, ANoticeOfLostOpsCountsOnlyWithTheTagTheRunClaimedThe
     EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("Exchange: a notice names 1 lost ops and ",
                                                           bad.lost_op_tags_size(), " run tags (lost_op_tags)")));
   }
->>>>>>> s33-put
 }
 
 // A sender whose messages are never taken (its op started here, but nothing takes them) is
