@@ -1093,7 +1093,7 @@ std::vector<ScatterCombiner> scatter_combiners() {
 
 // The errors: scatter_add / sub / mul refuse bool as JAX's do (they trace lax.add / sub / mul on
 // the operand's dtype, and add_p, sub_p and mul_p take only _num dtypes in jax/_src/lax/lax.py:
-// "mul does not accept dtype bool ..."); scatter_apply's func must keep the
+// "mul does not accept dtype bool ..."), the one-axis scatter_add in the same words; scatter_apply's func must keep the
 // operand's shape and dtype (XLA's update computation maps a scalar to one of the operand's
 // type), and its windows are checked as a scatter's updates (update_shape in their place).
 TEST_F(GatherTest, ScatterSubAndApplyErrors) {
@@ -1111,6 +1111,14 @@ TEST_F(GatherTest, ScatterSubAndApplyErrors) {
     EXPECT_THAT(std::string(refused.message()),
                 HasSubstr(absl::StrCat("scatter_", name, ": ", name, " does not accept dtype bool")));
   }
+  // The one-axis scatter_add (x.at[i].add) in the same words.
+  const absl::Status one_axis =
+      status_of([&](const std::vector<Value>& in) { return std::vector<Value>{scatter_add(in[0], in[1], in[2], 0)}; },
+                {ArrayType{DType::kBool, {4}}, ArrayType{DType::kI32, {2}}, ArrayType{DType::kBool, {2}}});
+  EXPECT_EQ(one_axis.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(one_axis.message()), HasSubstr("scatter_add"));
+  EXPECT_THAT(std::string(one_axis.message()),
+              HasSubstr(": add does not accept dtype bool; the operand needs a numeric dtype"));
   const absl::Status widened = status_of(
       [&](const std::vector<Value>& in) {
         return std::vector<Value>{scatter_apply(in[0], in[1], [](const Value& v) { return v * 0.5; }, dn, {2})};
