@@ -761,3 +761,40 @@ def test_scatter_shape_errors_are_type_errors_as_jax():
         with pytest.raises(ValueError, match="broadcast") as e:
             tessera.jit(lambda a: update(a.at[np.array([0, 2])]))(a)
         assert not isinstance(e.value, TypeError)
+
+
+def test_explicit_axes_gather_and_scatter_refuse_as_jax_and_at_lays_updates_out():
+    # JAX's explicit-mode rules (jax/_src/lax/slicing.py _gather_spec_computation,
+    # _scatter_spec_computation): x[ids, :] with ids split is refused
+    # (tests/pjit_test.py test_indices_sharded_gather_error) with the advice of
+    # _gather_sharding_rule; a scatter whose operand is split on a window dimension with the
+    # updates unsplit there is refused (operand and updates must be split alike); .at[] lays its
+    # updates out as the indexed slice of x (jax/_src/ops/scatter.py _scatter_impl), so
+    # x.at[i].set / multiply with unsplit values keep x's layout. A refusal is a ValueError (the
+    # SDK's INVALID_ARGUMENT; JAX's ShardingTypeError).
+    m = tessera.make_mesh((2, 4), ("X", "Y"), axis_types=tessera.sharding.AxisType.Explicit)
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    ids = np.array([0, 2, 5, 7], np.int32)
+    xs = tessera.device_put(x, NamedSharding(m, P(None, "Y")))
+    split_ids = tessera.device_put(ids, NamedSharding(m, P("X")))
+    with pytest.raises(ValueError, match=r"gather: out sharding could not be resolved unambiguously \(or would "
+                                         r"require collectives on inputs\): dimension 0 of the indices is split "
+                                         r"over \('X',\).*use `\.at\[\.\.\.\]\.get\(out_sharding=\)`"):
+        tessera.jit(lambda x, i: jnp.sum(x[i, :]))(xs, split_ids)
+    got = tessera.jit(lambda x, i: x.at[i].get(out_sharding=P("X", "Y")))(xs, split_ids)
+    np.testing.assert_array_equal(np.asarray(got), x[ids])
+    u = rng.standard_normal((4, 8)).astype(np.float32)
+    # lax.scatter says it in _scatter_sharding_rule's words; the one-axis scatter in its own.
+    with pytest.raises(ValueError, match=r"scatter: Use `\.at\[\.\.\.\]\.set/add/mul/\.\.\.\(out_sharding=\)` to "
+                                         r"provide output PartitionSpec for the scatter update as out sharding could "
+                                         r"not be resolved unambiguously \(or would require collectives on inputs\)\. "
+                                         r"Got operand=f32\[8,8@Y\], indices=i32\[4,1\], updates=f32\[4,8\]"):
+        tessera.jit(lambda x, i, u: lax.scatter(x, i[:, None], u, ROWS_2D))(xs, ids, u)
+    got = tessera.jit(lambda x, u: (x.at[ids].set(u), x.at[ids].multiply(2.0), x.at[ids].min(u)))(xs, u)
+    want_set, want_mul, want_min = x.copy(), x.copy(), x.copy()
+    want_set[ids] = u
+    want_mul[ids] *= 2.0
+    want_min[ids] = np.minimum(x[ids], u)
+    for g, want in zip(got, (want_set, want_mul, want_min)):
+        np.testing.assert_array_equal(np.asarray(g), want)
+        assert g.sharding.is_equivalent_to(NamedSharding(m, P(None, "Y")), 2)
