@@ -541,13 +541,15 @@ Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNum
 // the indices', sliced operand dimensions must be whole or replicated, the indices' other
 // dimensions replicated; the result's batch dimensions take the indices' resolved splits). It
 // runs as a shard_map manual over those axes (the folding reshape inside sees whole blocks), so
-// no data moves. nullopt when no batching dimension is split; an error message (JAX's) when
-// JAX's rule cannot resolve the layout.
+// no data moves. nullopt when no batching dimension is split; an error message (JAX's
+// _gather_sharding_rule's, naming `.at[...].get(out_sharding=)`) when JAX's rule cannot resolve
+// the layout, checked on every Explicit gather (a sliced split dimension, split indices), so a
+// refusal is JAX's, not the folding reshape's or the one-axis gather's.
 std::optional<Value> gather_by_batch_blocks(TraceState* t, const Value& x, const Value& indices,
                                             const GatherDimensionNumbers& dn, const Dims& slice_sizes,
                                             GatherScatterMode mode, const std::optional<Scalar>& fill_value,
                                             std::string* error) {
-  if (!t->explicit_mesh.has_value() || dn.operand_batching_dims.empty()) return std::nullopt;
+  if (!t->explicit_mesh.has_value()) return std::nullopt;
   const PartitionSpec x_spec = type_of(x).spec, i_spec = type_of(indices).spec;
   const int64_t rank = x.rank(), ni = indices.rank();
   std::vector<Axes> x_dims(rank), i_dims(ni), x_manual(rank), i_manual(ni);
@@ -561,7 +563,6 @@ std::optional<Value> gather_by_batch_blocks(TraceState* t, const Value& x, const
     x_dims[od] = i_dims[id] = x_manual[od] = i_manual[id] = resolved;
     manual.insert(manual.end(), resolved.begin(), resolved.end());
   }
-  if (manual.empty()) return std::nullopt;
   bool resolves = true;
   for (size_t k = 0; k < dn.operand_batching_dims.size(); ++k) {
     const Axes a = spec_entry(x_spec, dn.operand_batching_dims[k]),
@@ -581,6 +582,7 @@ std::optional<Value> gather_by_batch_blocks(TraceState* t, const Value& x, const
         type_of(x).to_string(), ", indices=", type_of(indices).to_string());
     return std::nullopt;
   }
+  if (manual.empty()) return std::nullopt;
   // The result's dimensions: offset ones whole over the manual axes, the batch ones as the indices'.
   const int64_t out_rank = static_cast<int64_t>(dn.offset_dims.size()) + ni - 1;
   std::vector<Axes> out_manual(out_rank);
@@ -609,12 +611,13 @@ std::optional<Value> gather_by_batch_blocks(TraceState* t, const Value& x, const
 // the result is laid out as the operand, its batching dimensions as resolved and its window
 // dimensions the updates' split where the operand has none. It runs as a shard_map manual over
 // the batching axes, so no data moves. nullopt when no batching dimension is split; JAX's
-// error message when its rule cannot resolve the layout.
+// error message (_scatter_sharding_rule's) when its rule cannot resolve the layout, checked on
+// every Explicit scatter, so a refusal is JAX's, not the folding reshape's or the one-axis op's.
 std::optional<Value> scatter_by_batch_blocks(TraceState* t, const char* name, Combine combine_op, const Value& x,
                                              const Value& indices, const Value& updates,
                                              const ScatterDimensionNumbers& dn, const Dims& scatter_dims,
                                              GatherScatterMode mode, std::string* error) {
-  if (!t->explicit_mesh.has_value() || dn.operand_batching_dims.empty()) return std::nullopt;
+  if (!t->explicit_mesh.has_value()) return std::nullopt;
   const PartitionSpec x_spec = type_of(x).spec, i_spec = type_of(indices).spec, u_spec = type_of(updates).spec;
   const int64_t rank = x.rank(), ni = indices.rank(), nu = updates.rank();
   std::vector<Axes> x_dims(rank), i_dims(ni), u_dims(nu), x_manual(rank), i_manual(ni), u_manual(nu);
@@ -637,7 +640,6 @@ std::optional<Value> scatter_by_batch_blocks(TraceState* t, const char* name, Co
     x_dims[od] = i_dims[id] = u_dims[ud] = x_manual[od] = i_manual[id] = u_manual[ud] = resolved;
     manual.insert(manual.end(), resolved.begin(), resolved.end());
   }
-  if (manual.empty()) return std::nullopt;
   for (int64_t d = 0, pos = 0; d < rank; ++d) {
     if (contains(dn.operand_batching_dims, d)) continue;
     if (contains(dn.inserted_window_dims, d)) {
@@ -661,6 +663,7 @@ std::optional<Value> scatter_by_batch_blocks(TraceState* t, const char* name, Co
         type_of(x).to_string(), ", indices=", type_of(indices).to_string(), ", updates=", type_of(updates).to_string());
     return std::nullopt;
   }
+  if (manual.empty()) return std::nullopt;
   auto laid_out = [](const Value& v, const PartitionSpec& spec, const std::vector<Axes>& dims) {
     return PartitionSpec(dims) == spec.partitions_only() ? v : reshard(v, PartitionSpec(dims));
   };

@@ -696,7 +696,10 @@ Value wrap_negative(const Value& x, const Value& indices, int64_t axis) {
   return where(indices < full(indices.shape(), 0.0, indices.dtype()), indices + n, indices);
 }
 
-// The updates of a scatter into x at `indices`: broadcast to their shape, in x's dtype.
+// The updates of a scatter into x at `indices`: broadcast to their shape, in x's dtype. In
+// explicit mode laid out as the indexed slice of x, as JAX's .at[] lays them out (jax/_src/ops/
+// scatter.py _scatter_impl: broadcast_to(y, slice_shape, out_sharding=indexer.slice_sharding)):
+// x's other dimensions split as x's, the indices' unsplit, which is what the scatter's rule needs.
 Value updates_for(const Value& x, const Value& indices, int64_t axis, const Value& updates) {
   axis = normalize_axis(axis, x.rank());
   if (!x.ok() || !indices.ok() || axis < 0 || axis >= x.rank()) return updates;
@@ -704,7 +707,21 @@ Value updates_for(const Value& x, const Value& indices, int64_t axis, const Valu
   Shape shape(xs.begin(), xs.begin() + axis);
   shape.insert(shape.end(), i.begin(), i.end());
   shape.insert(shape.end(), xs.begin() + axis + 1, xs.end());
-  return broadcast_to(convert(updates, x.dtype()), shape);
+  // The updates keep their own unreduced axes (no sum runs here; the scatter's unreduced rule
+  // then asks them to match the operand's).
+  const Value u = convert(updates, x.dtype());
+  const Value b = broadcast_to(u, shape);
+  const TraceState* t = TraceState::common({&x});
+  if (t == nullptr || !t->explicit_mesh.has_value() || !b.ok()) return b;
+  std::vector<Axes> dims = type_of(x).spec.partitions_only().dims();
+  dims.resize(x.rank());
+  dims.erase(dims.begin() + axis);
+  dims.insert(dims.begin() + axis, i.size(), Axes{});
+  const PartitionSpec b_spec = type_of(b).spec;
+  std::vector<Axes> b_dims = b_spec.partitions_only().dims();
+  b_dims.resize(shape.size());
+  if (b_dims == dims) return b;
+  return broadcast_to(u, shape, PartitionSpec(std::move(dims)).with_unreduced(b_spec.unreduced()));
 }
 
 }  // namespace

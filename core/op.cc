@@ -356,7 +356,10 @@ absl::StatusOr<ArrayType> infer_scatter(const Node& n, absl::Span<const ArrayTyp
     return absl::InvalidArgumentError(absl::StrCat(what, ": the updates must be ", type_to_string(in[0].dtype, shape)));
   }
   if (n.op == Op::kScatterAdd && in[0].dtype == DType::kBool) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": bool is not a numeric dtype"));
+    // As lax.scatter_add's (client/lax_gather.cc): JAX's traces lax.add, and add_p takes only
+    // _num dtypes (jax/_src/lax/lax.py: "add does not accept dtype bool ...").
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": add does not accept dtype bool; the operand needs a numeric dtype"));
   }
   return in[0];
 }

@@ -3,11 +3,12 @@
 // is its second operand's; constants, iota and random bits are unsplit, as JAX's nullary ops
 // are without out_sharding (docs/notebooks/explicit-sharding.md), except for the batch of a
 // batch of keys; a gather keeps the splits
-// of the table's other dimensions and of the indices, and refuses a split of the dimension it
-// indexes; a scatter is the gather's rule in reverse (below). A gather keeps its table's reduced
+// of the table's other dimensions, and refuses a split of the dimension it indexes or of the
+// indices; a scatter is the gather's rule in reverse (below). A gather keeps its table's reduced
 // axes, a scatter_add keeps an operand and updates unreduced alike and refuses reduced ones, as
 // slicing.py's _gather_ur_rule and _scatter_ur_rule (scatter has none: it refuses both).
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
@@ -75,17 +76,33 @@ TypeRuleResult random_bits(const TypeRuleCall& c) {
   return r;
 }
 
+// JAX's _gather_sharding_rule (_gather_spec_computation, jax/_src/lax/slicing.py) on Tessera's
+// gather (jnp.take: the indexed dimension collapsed, every dimension of the indices a query, none
+// a batching one): the indexed dimension must be unsplit (a slice of it needs the whole
+// dimension), and so must the indices (split queries into a table "would require collectives on
+// inputs"; tests/pjit_test.py test_indices_sharded_gather_error refuses x[ids, :] with ids P('x'));
+// the table's other dimensions keep their splits. A split the rule refuses is left to an
+// out_sharding, which gathers with the Explicit axes as Auto (take's, IndexRef::get's).
 TypeRuleResult gather(const TypeRuleCall& c) {
   TypeRuleResult r;
   const int64_t axis = c.node.attrs<GatherAttrs>().axis;
-  const TypeSpec& x = c.operands[0].spec;
-  if (!x[axis].empty()) {
-    r.error = absl::StrCat("the indexed dimension ", axis, " is split over ", axes_to_string(x[axis]));
-    r.fix = absl::StrCat("reshard the table so that dimension ", axis, " is not split (reshard(x, P(...)))");
+  const TypeSpec &x = c.operands[0].spec, &idx = c.operands[1].spec;
+  std::string why;
+  if (!x[axis].empty()) why = absl::StrCat("the indexed dimension ", axis, " is split over ", axes_to_string(x[axis]));
+  for (size_t d = 0; d < idx.size() && why.empty(); ++d) {
+    if (!idx[d].empty()) why = absl::StrCat("dimension ", d, " of the indices is split over ", axes_to_string(idx[d]));
+  }
+  if (!why.empty()) {
+    r.error =
+        absl::StrCat("out sharding could not be resolved unambiguously (or would require collectives on inputs): ", why,
+                     "; the indexed dimension and the indices must be unsplit");
+    r.fix =
+        "use `.at[...].get(out_sharding=)` (take(x, indices, axis, P(...)), at(x, indices).get(P(...))) to provide "
+        "the output PartitionSpec, as JAX's _gather_sharding_rule advises, or reshard the table and the indices";
     return r;
   }
   r.spec.assign(x.begin(), x.begin() + axis);
-  r.spec.insert(r.spec.end(), c.operands[1].spec.begin(), c.operands[1].spec.end());
+  r.spec.insert(r.spec.end(), idx.begin(), idx.end());
   r.spec.insert(r.spec.end(), x.begin() + axis + 1, x.end());
   return r;
 }
@@ -94,27 +111,44 @@ TypeRuleResult gather(const TypeRuleCall& c) {
 // Tessera's scatter (the table x indexed along `axis` by every element of `indices`; the
 // updates x[:axis] + indices.shape + x[axis+1:]): the indexed dimension of x and the queries'
 // dimensions (of the indices, and the updates' matching ones) must be unsplit, and each other
-// dimension of x takes the one split x and the updates give it.
+// dimension of x, a full window, must be split exactly as the updates' matching one ("Full slice
+// dims must resolve unambiguously between operand and updates": the same split, or none on
+// both; a split on one side only would need a collective). The result is laid out as x.
 TypeRuleResult scatter(const TypeRuleCall& c) {
   TypeRuleResult r;
   const int64_t axis = c.node.attrs<GatherAttrs>().axis;
   const TypeSpec &x = c.operands[0].spec, &idx = c.operands[1].spec, &upd = c.operands[2].spec;
   const int64_t q = static_cast<int64_t>(idx.size());
-  bool ambiguous = !x[axis].empty();
-  for (int64_t d = 0; d < q; ++d) ambiguous = ambiguous || !idx[d].empty() || !upd[axis + d].empty();
-  r.spec.assign(x.size(), Axes{});
-  for (int64_t d = 0; d < static_cast<int64_t>(x.size()) && !ambiguous; ++d) {
-    if (d == axis) continue;
-    const Axes& u = upd[d < axis ? d : d - 1 + q];
-    ambiguous = !x[d].empty() && !u.empty() && x[d] != u;
-    r.spec[d] = x[d].empty() ? u : x[d];
+  std::string why;
+  if (!x[axis].empty()) why = absl::StrCat("the indexed dimension ", axis, " is split over ", axes_to_string(x[axis]));
+  for (int64_t d = 0; d < q && why.empty(); ++d) {
+    if (!idx[d].empty()) {
+      why = absl::StrCat("dimension ", d, " of the indices is split over ", axes_to_string(idx[d]));
+    } else if (!upd[axis + d].empty()) {
+      why = absl::StrCat("dimension ", axis + d, " of the updates, a query dimension, is split over ",
+                         axes_to_string(upd[axis + d]));
+    }
   }
-  if (ambiguous) {
-    r.error =
-        "out sharding could not be resolved unambiguously (or would require collectives on inputs): the indexed "
-        "dimension and the indices must be unsplit, and the other dimensions split alike in the operand and the "
-        "updates";
-    r.fix = "reshard the operands accordingly (reshard(x, P(...))), or scatter inside auto_axes";
+  r.spec = x;
+  r.spec[axis] = Axes{};
+  for (int64_t d = 0; d < static_cast<int64_t>(x.size()) && why.empty(); ++d) {
+    if (d == axis) continue;
+    const int64_t ud = d < axis ? d : d - 1 + q;
+    if (x[d] != upd[ud]) {
+      auto split = [](const Axes& a) { return a.empty() ? std::string("unsplit") : "split over " + axes_to_string(a); };
+      why = absl::StrCat("window dimension ", d, " of the operand is ", split(x[d]), " and dimension ", ud,
+                         " of the updates ", split(upd[ud]));
+    }
+  }
+  if (!why.empty()) {
+    r.error = absl::StrCat(
+        "out sharding could not be resolved unambiguously (or would require collectives on inputs): ", why,
+        "; the indexed dimension and the indices must be unsplit, and the other dimensions split alike in the operand "
+        "and the updates");
+    r.fix =
+        "provide the output PartitionSpec by running the scatter under auto_axes(f, out_sharding=P(...)) (what JAX's "
+        "`.at[...].set/add/mul/...(out_sharding=)` does), or reshard the operands accordingly (reshard(x, P(...)))";
+    r.spec.clear();
   }
   return r;
 }

@@ -49,11 +49,13 @@ absl::Span<const VjpEntry> indexing_vjps() {
          return absl::OkStatus();
        }},
       // Overwritten elements of x get no cotangent; each update gets its element's (unique
-      // indices: with repeats only one update lands, which this does not single out).
+      // indices: with repeats only one update lands, which this does not single out). The zeros
+      // written are laid out as the updates (JAX's _scatter_transpose_rule: lax.full(updates_shape,
+      // 0, sharding=updates_sharding)), which the explicit scatter rule needs split as the cotangent.
       {Op::kScatter,
        [](const VjpArgs& a) {
          const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
-         a.add(0, scatter(a.g, a.x[1], zeros_like(a.x[2]), attrs.axis, attrs.mode));
+         a.add(0, scatter(a.g, a.x[1], typed_as(a.x[2], [&] { return zeros_like(a.x[2]); }), attrs.axis, attrs.mode));
          a.add(2, gathered(a, a.g));
          return absl::OkStatus();
        }},

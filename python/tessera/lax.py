@@ -472,7 +472,13 @@ def _ints(dims, what):
 
 @_op
 def _gather(operand, start_indices, dims, slice_sizes, mode, fill_value):
-    return _wrap(_t.gather(_tracer(operand)._v, _tracer(start_indices)._v, *dims, slice_sizes, mode, fill_value))
+    def run(*v):
+        return _t.gather(*v, *dims, slice_sizes, mode, fill_value)
+
+    operands = [_tracer(operand)._v, _tracer(start_indices)._v]
+    out = run(*operands)
+    # one_hot is refused for the mode, not the shapes (JAX's _gather_lower asserts it away): a ValueError.
+    return _wrap(out if mode == "one_hot" else _as_jax_raises(run, operands, out))
 
 
 def gather(operand, start_indices, dimension_numbers, slice_sizes, *, unique_indices=False, indices_are_sorted=False,
@@ -480,25 +486,30 @@ def gather(operand, start_indices, dimension_numbers, slice_sizes, *, unique_ind
     """lax.gather. mode None is PROMISE_IN_BOUNDS, as JAX's (jax/_src/lax/slicing.py gather; unlike
     GatherScatterMode.from_any(None), the scatters' FILL_OR_DROP): each start is clamped so the
     slice fits, as XLA does with it ("out-of-bounds gathers will be clamped"); fill_value
-    (FILL_OR_DROP only) defaults to NaN, the lowest integer or True. unique_indices and
-    indices_are_sorted are performance hints in JAX and change nothing here."""
+    (FILL_OR_DROP only) defaults to NaN, the lowest integer or True. Integer indices of any
+    dtype, as JAX's (_gather_dtype_rule asks only for an integer type: int8, int16, uint8, uint16
+    and uint32 become int32 with their values); shape errors are TypeError as _gather_shape_rule's
+    (_as_jax_raises). unique_indices and indices_are_sorted are performance hints in JAX and
+    change nothing here."""
     if not isinstance(dimension_numbers, GatherDimensionNumbers):
         raise TypeError(f"lax.gather: dimension_numbers must be a lax.GatherDimensionNumbers, not "
                         f"{type(dimension_numbers).__name__}")
     mode = _mode_name(GatherScatterMode.PROMISE_IN_BOUNDS if mode is None else mode)
     dims = tuple(tuple(_ints(d, f"GatherDimensionNumbers.{f}")) for f, d in
                  zip(GatherDimensionNumbers._fields, dimension_numbers))
-    return _gather(operand, start_indices, dims, tuple(_ints(slice_sizes, "slice_sizes")), mode,
-                   _fill(fill_value) if mode == "fill_or_drop" else None)
+    return _gather(operand, _jnp._int32_indices(start_indices), dims, tuple(_ints(slice_sizes, "slice_sizes")),
+                   mode, _fill(fill_value) if mode == "fill_or_drop" else None)
 
 
 def _as_jax_raises(op, operands, out):
     """out, the Value op(*operands) gave; when op failed on valid operands, the TypeError that
-    JAX's scatter raises instead (jax/_src/lax/slicing.py: _scatter_shape_rule and the rules it
-    calls raise TypeError for dimension numbers and shapes, lax.check_same_dtypes for the
-    updates' dtype; the SDK's INVALID_ARGUMENT is a ValueError), with the SDK's message, read by
-    tracing op alone on operands of the same dtypes and shapes. Non-integer indices stay a
-    ValueError, as in JAX (_scatter_dtype_rule: "indices must have an integer type")."""
+    JAX's gather or scatter raises instead (jax/_src/lax/slicing.py: _gather_shape_rule,
+    _scatter_shape_rule and the rules they call raise TypeError for dimension numbers and shapes,
+    lax.check_same_dtypes for the updates' dtype; the SDK's INVALID_ARGUMENT is a ValueError),
+    with the SDK's message, read by tracing op alone on operands of the same dtypes and shapes
+    (so a sharding refusal, which needs the layouts, stays a ValueError). Non-integer indices
+    stay a ValueError, as in JAX (_gather_dtype_rule, _scatter_dtype_rule: "indices must have an
+    integer type")."""
     if out.ok or not all(v.ok for v in operands):
         return out
     try:

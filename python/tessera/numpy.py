@@ -884,11 +884,20 @@ def _at_scatter(x, idx, values, name, mode, wrap):
     """x.at[idx].<update>(values, mode=, wrap_negative_indices=) as jax/_src/ops/scatter.py's
     _scatter_update: lax's scatter `name` of the values broadcast to the updates' shape
     (x[:axis] + idx + x[axis+1:]), combined in x's and the values' common dtype and cast back to
-    x's (_promoted); mode None drops out-of-range updates."""
+    x's (_promoted); mode None drops out-of-range updates. On Explicit axes the updates are laid
+    out as the indexed slice of x (_scatter_impl: broadcast_to(y, slice_shape,
+    out_sharding=indexer.slice_sharding)), x's splits on its other dimensions, which the
+    scatter's explicit-mode rule needs."""
+    from ._api import typeof
+    from .sharding import PartitionSpec
     axis, i, window = _at_lax(x, idx, wrap)
     shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]
     xt, y = _promoted(x, values)
     u = broadcast_to(y, shape)
+    x_spec, u_spec = tuple(typeof(xt).sharding.spec), tuple(typeof(u).sharding.spec)
+    if builtins.any(s is not None for s in x_spec + u_spec):
+        u = broadcast_to(y, shape, out_sharding=PartitionSpec(*x_spec[:axis], *[None] * (i.ndim - 1),
+                                                              *x_spec[axis + 1:]))
     return _back(_wrap(getattr(_t, name)(xt._v, i._v, u._v, window, [axis], [axis], [], [], mode)), x)
 
 

@@ -672,10 +672,11 @@ def test_gather_scatter_mode_from_any_is_jax():
 
 def test_bad_dimension_numbers_raise_the_sdk_message():
     i = np.zeros((3, 2), np.int32)
-    # The C++ SDK's messages, as JAX's _gather_shape_rule / _scatter_shape_rule word them.
-    with pytest.raises(ValueError, match=r"gather: collapsed_slice_dims in gather op must be sorted; got \(1, 0\)"):
+    # The C++ SDK's messages, as JAX's _gather_shape_rule / _scatter_shape_rule word them, and
+    # raised as TypeError as theirs (jax/_src/lax/slicing.py _is_sorted, _gather_shape_rule).
+    with pytest.raises(TypeError, match=r"gather: collapsed_slice_dims in gather op must be sorted; got \(1, 0\)"):
         tessera.jit(lambda x, i: lax.gather(x, i, GD((1,), (1, 0), (0, 1)), (1, 1, 4)))(X, i)
-    with pytest.raises(ValueError, match=r"gather: Invalid start_index_map; domain is \[0, 3\), got: 1->5\."):
+    with pytest.raises(TypeError, match=r"gather: Invalid start_index_map; domain is \[0, 3\), got: 1->5\."):
         lax.gather(X, i, GD((1,), (0, 1), (0, 5)), (1, 1, 4))
     with pytest.raises(TypeError, match="inserted_window_dims in scatter op must be sorted"):
         lax.scatter_add(X, i, np.zeros((3, 4), np.float32), SD((1,), (1, 0), (0, 1)))
@@ -687,6 +688,47 @@ def test_bad_dimension_numbers_raise_the_sdk_message():
         jnp.take_along_axis(X, np.zeros((8, 1), np.int32), axis=1)
     with pytest.raises(TypeError, match="integer type"):
         jnp.take_along_axis(X, np.zeros((8, 8, 1), np.float32), axis=2)
+
+
+def test_gather_shape_errors_are_type_errors_as_jax():
+    # jax/_src/lax/slicing.py _gather_shape_rule raises TypeError for the slice sizes and the
+    # dimension numbers; _gather_dtype_rule ValueError for non-integer indices. Under jit, grad
+    # and eagerly; a mode JAX cannot lower (one_hot: _gather_lower asserts) stays a ValueError.
+    i = np.zeros((3, 2), np.int32)
+    with pytest.raises(TypeError, match=r"gather: Slice size at index 2 in gather op is out of range, must be within "
+                                        r"\[0, 4 \+ 1\), got 5\."):
+        tessera.jit(lambda x: lax.gather(x, i, GD((1,), (0, 1), (0, 1)), (1, 1, 5)))(X)
+    with pytest.raises(TypeError, match=r"gather: Gather op can only collapse slice dims with bound 1, but bound is 2 "
+                                        r"for index 1 at position 1\."):
+        tessera.grad(lambda x: lax.gather(x, i, GD((1,), (0, 1), (0, 1)), (1, 2, 4)).sum())(X)
+    with pytest.raises(TypeError, match=r"gather: Gather op has 1 elements in start_index_map and the bound of "
+                                        r"dimension index_vector_dim=1 of indices is 2"):
+        lax.gather(X, i, GD((1, 2), (0,), (0,)), (1, 8, 4))
+    with pytest.raises(ValueError, match=r"gather: indices are float32\(3, 2\); they need int32 or int64") as e:
+        lax.gather(X, i.astype(np.float32), GD((1,), (0, 1), (0, 1)), (1, 1, 4))
+    assert not isinstance(e.value, TypeError)
+    with pytest.raises(ValueError, match="gather: GatherScatterMode::kOneHot is take_along_axis's mode") as e:
+        tessera.jit(lambda x: lax.gather(x, i, GD((1,), (0, 1), (0, 1)), (1, 1, 4), mode="one_hot"))(X)
+    assert not isinstance(e.value, TypeError)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint16, np.uint32])
+def test_lax_gather_takes_narrow_integer_indices(dtype):
+    # JAX's _gather_dtype_rule asks only for an integer type (jax/_src/lax/slicing.py), and its
+    # gather takes the indices as they are: in range as their values, out of range clamped by
+    # CLIP and PROMISE_IN_BOUNDS (XLA) and filled by FILL_OR_DROP; a uint32 past int32's range
+    # is out of range above. Against ref_gather with the indices as int64.
+    dn, sizes, _ = POINT
+    hi = int(np.iinfo(dtype).max)  # out of range above for every dtype (127 and more)
+    i = np.array([[0, 1], [7, 7], [3, 2], [5, 0], [2, hi], [hi, 3]]).astype(dtype)
+    j = i.astype(np.int64)
+    for mode in ("clip", "fill", None):
+        want = ref_gather(X, j, dn, sizes, "fill" if mode == "fill" else "clip")
+        got = lax.gather(X, i, dn, sizes, mode=mode)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{mode}")
+        if dtype != np.uint16:  # no Tessera dtype: numpy's uint16 indices are converted on the host
+            got = tessera.jit(lambda x, i: lax.gather(x, i, dn, sizes, mode=mode))(X, i)
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"jit {mode}")
 
 
 def test_scatter_shape_errors_are_type_errors_as_jax():
@@ -719,3 +761,40 @@ def test_scatter_shape_errors_are_type_errors_as_jax():
         with pytest.raises(ValueError, match="broadcast") as e:
             tessera.jit(lambda a: update(a.at[np.array([0, 2])]))(a)
         assert not isinstance(e.value, TypeError)
+
+
+def test_explicit_axes_gather_and_scatter_refuse_as_jax_and_at_lays_updates_out():
+    # JAX's explicit-mode rules (jax/_src/lax/slicing.py _gather_spec_computation,
+    # _scatter_spec_computation): x[ids, :] with ids split is refused
+    # (tests/pjit_test.py test_indices_sharded_gather_error) with the advice of
+    # _gather_sharding_rule; a scatter whose operand is split on a window dimension with the
+    # updates unsplit there is refused (operand and updates must be split alike); .at[] lays its
+    # updates out as the indexed slice of x (jax/_src/ops/scatter.py _scatter_impl), so
+    # x.at[i].set / multiply with unsplit values keep x's layout. A refusal is a ValueError (the
+    # SDK's INVALID_ARGUMENT; JAX's ShardingTypeError).
+    m = tessera.make_mesh((2, 4), ("X", "Y"), axis_types=tessera.sharding.AxisType.Explicit)
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    ids = np.array([0, 2, 5, 7], np.int32)
+    xs = tessera.device_put(x, NamedSharding(m, P(None, "Y")))
+    split_ids = tessera.device_put(ids, NamedSharding(m, P("X")))
+    with pytest.raises(ValueError, match=r"gather: out sharding could not be resolved unambiguously \(or would "
+                                         r"require collectives on inputs\): dimension 0 of the indices is split "
+                                         r"over \('X',\).*use `\.at\[\.\.\.\]\.get\(out_sharding=\)`"):
+        tessera.jit(lambda x, i: jnp.sum(x[i, :]))(xs, split_ids)
+    got = tessera.jit(lambda x, i: x.at[i].get(out_sharding=P("X", "Y")))(xs, split_ids)
+    np.testing.assert_array_equal(np.asarray(got), x[ids])
+    u = rng.standard_normal((4, 8)).astype(np.float32)
+    # lax.scatter says it in _scatter_sharding_rule's words; the one-axis scatter in its own.
+    with pytest.raises(ValueError, match=r"scatter: Use `\.at\[\.\.\.\]\.set/add/mul/\.\.\.\(out_sharding=\)` to "
+                                         r"provide output PartitionSpec for the scatter update as out sharding could "
+                                         r"not be resolved unambiguously \(or would require collectives on inputs\)\. "
+                                         r"Got operand=f32\[8,8@Y\], indices=i32\[4,1\], updates=f32\[4,8\]"):
+        tessera.jit(lambda x, i, u: lax.scatter(x, i[:, None], u, ROWS_2D))(xs, ids, u)
+    got = tessera.jit(lambda x, u: (x.at[ids].set(u), x.at[ids].multiply(2.0), x.at[ids].min(u)))(xs, u)
+    want_set, want_mul, want_min = x.copy(), x.copy(), x.copy()
+    want_set[ids] = u
+    want_mul[ids] *= 2.0
+    want_min[ids] = np.minimum(x[ids], u)
+    for g, want in zip(got, (want_set, want_mul, want_min)):
+        np.testing.assert_array_equal(np.asarray(g), want)
+        assert g.sharding.is_equivalent_to(NamedSharding(m, P(None, "Y")), 2)

@@ -491,15 +491,25 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
          return v[0] + full({16, 8}, 1.0);
        },
        "f32[16@a,8]"},
-      // Indexing: the table's other dimensions and the indices keep their splits.
+      // Indexing (slicing.py's _gather_spec_computation): the table's other dimensions keep their
+      // splits; the indexed dimension and the indices must be unsplit (tests/pjit_test.py
+      // test_indices_sharded_gather_error: x[ids, :] with ids P('x') raises ShardingTypeError),
+      // and the refusal advises out_sharding as _gather_sharding_rule does.
       {"take_rows",
+       {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}},
+       [](V v) { return take(v[0], v[1], 0); },
+       "f32[16,8@b]"},
+      {"take_split_indices",
        {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P("a")}},
        [](V v) { return take(v[0], v[1], 0); },
-       "f32[16@a,8@b]"},
+       "error: gather: out sharding could not be resolved unambiguously (or would require collectives on inputs): "
+       "dimension 0 of the indices is split over ('a',); the indexed dimension and the indices must be unsplit "
+       "(operands f32[32,8@b], i32[16@a]); use `.at[...].get(out_sharding=)`"},
       {"take_split_table_dim",
        {{f32, {32, 8}, P("a", None)}, {DType::kI32, {16}, P()}},
        [](V v) { return take(v[0], v[1], 0); },
-       "error: the indexed dimension 0 is split over ('a',)"},
+       "error: gather: out sharding could not be resolved unambiguously (or would require collectives on inputs): "
+       "the indexed dimension 0 is split over ('a',)"},
       // Sorting (lax.py's _sort_abstract_eval, _top_k_abstract_eval): the sorted dimension
       // must be unsplit; the result keeps the operand's sharding.
       {"argsort_rows", {{f32, {16, 8}, P("a", None)}}, [](V v) { return argsort(v[0], 1); }, "i32[16@a,8]"},
@@ -566,10 +576,32 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P(None, "b")}},
        [](V v) { return scatter(v[0], v[1], v[2], 0); },
        "f32[32,8@b]"},
+      // A window dimension split on one side only (rule 2, "Full slice dims must resolve
+      // unambiguously between operand and updates": the same split or none) is refused, with
+      // the advice of _scatter_sharding_rule (its .at[...](out_sharding=) runs under auto_axes).
       {"scatter_add_updates_split",
        {{f32, {32, 8}, P()}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P(None, "b")}},
        [](V v) { return scatter_add(v[0], v[1], v[2], 0); },
+       "error: scatter_add: out sharding could not be resolved unambiguously (or would require collectives on "
+       "inputs): window dimension 1 of the operand is unsplit and dimension 1 of the updates split over ('b',)"},
+      {"scatter_operand_split_updates_replicated",
+       {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P()}},
+       [](V v) { return scatter(v[0], v[1], v[2], 0); },
+       "error: scatter: out sharding could not be resolved unambiguously (or would require collectives on inputs): "
+       "window dimension 1 of the operand is split over ('b',) and dimension 1 of the updates unsplit; the indexed "
+       "dimension and the indices must be unsplit, and the other dimensions split alike in the operand and the "
+       "updates (operands f32[32,8@b], i32[16], f32[16,8]); provide the output PartitionSpec by running the scatter "
+       "under auto_axes(f, out_sharding=P(...)) (what JAX's `.at[...].set/add/mul/...(out_sharding=)` does)"},
+      // x.at[i].set / add lay the updates out as the indexed slice of x, as JAX's _scatter_impl
+      // (broadcast_to(y, slice_shape, out_sharding=indexer.slice_sharding)).
+      {"at_set_lays_the_updates_out_as_the_slice",
+       {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P()}},
+       [](V v) { return at(v[0], v[1], 0).set(v[2]); },
        "f32[32,8@b]"},
+      {"at_add_of_a_scalar",
+       {{f32, {8, 32}, P("a", None)}, {DType::kI32, {4}, P()}},
+       [](V v) { return at(v[0], v[1], 1).add(full({}, 1.0)); },
+       "f32[8@a,32]"},
       {"scatter_indexed_dim_split",
        {{f32, {32, 8}, P("a", None)}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P()}},
        [](V v) { return scatter(v[0], v[1], v[2], 0); },
@@ -963,6 +995,27 @@ TEST(ExplicitGrid, GradientsTakeTheirPrimalsTypes) {
   });
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_THAT(*t, ::testing::ElementsAre("f32[16@X,8]", "f32[8,8@Y]"));
+}
+
+// A scatter's gradients are laid out as its operand and its updates (tests/pjit_test.py
+// test_scatter_sharding_rule asserts so for x.at[ind].set / add / ...): the operand's cotangent
+// is a scatter of zeros laid out as the updates (_scatter_transpose_rule), which the explicit
+// rule needs split alike on the window dimension.
+TEST(ExplicitGrid, ScatterGradientsTakeTheOperandsAndUpdatesTypes) {
+  const std::vector<Input> in = {
+      {DType::kF32, {16, 8}, P(None, "Y")}, {DType::kI32, {4}, P()}, {DType::kF32, {4, 8}, P(None, "Y")}};
+  for (bool add : {false, true}) {
+    absl::StatusOr<std::vector<std::string>> t = result_types(xy(), in, [add](const std::vector<Value>& v) {
+      return grad(
+          [add](const std::vector<Value>& p) {
+            const Value y = add ? scatter_add(p[0], p[1], p[2], 0) : scatter(p[0], p[1], p[2], 0);
+            return std::vector<Value>{sum(tanh(y))};
+          },
+          {0, 2})(v);
+    });
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_THAT(*t, ::testing::ElementsAre("f32[16,8@Y]", "f32[4,8@Y]")) << add;
+  }
 }
 
 }  // namespace

@@ -1093,7 +1093,7 @@ std::vector<ScatterCombiner> scatter_combiners() {
 
 // The errors: scatter_add / sub / mul refuse bool as JAX's do (they trace lax.add / sub / mul on
 // the operand's dtype, and add_p, sub_p and mul_p take only _num dtypes in jax/_src/lax/lax.py:
-// "mul does not accept dtype bool ..."); scatter_apply's func must keep the
+// "mul does not accept dtype bool ..."), the one-axis scatter_add in the same words; scatter_apply's func must keep the
 // operand's shape and dtype (XLA's update computation maps a scalar to one of the operand's
 // type), and its windows are checked as a scatter's updates (update_shape in their place).
 TEST_F(GatherTest, ScatterSubAndApplyErrors) {
@@ -1111,6 +1111,14 @@ TEST_F(GatherTest, ScatterSubAndApplyErrors) {
     EXPECT_THAT(std::string(refused.message()),
                 HasSubstr(absl::StrCat("scatter_", name, ": ", name, " does not accept dtype bool")));
   }
+  // The one-axis scatter_add (x.at[i].add) in the same words.
+  const absl::Status one_axis =
+      status_of([&](const std::vector<Value>& in) { return std::vector<Value>{scatter_add(in[0], in[1], in[2], 0)}; },
+                {ArrayType{DType::kBool, {4}}, ArrayType{DType::kI32, {2}}, ArrayType{DType::kBool, {2}}});
+  EXPECT_EQ(one_axis.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(one_axis.message()), HasSubstr("scatter_add"));
+  EXPECT_THAT(std::string(one_axis.message()),
+              HasSubstr(": add does not accept dtype bool; the operand needs a numeric dtype"));
   const absl::Status widened = status_of(
       [&](const std::vector<Value>& in) {
         return std::vector<Value>{scatter_apply(in[0], in[1], [](const Value& v) { return v * 0.5; }, dn, {2})};
@@ -1337,26 +1345,51 @@ TEST_F(GatherTest, ExplicitWholeWindowOnAnIndexedSplitDimension) {
   }
 }
 
-// x.at[i, j].multiply / min / max (lax.scatter_mul / min / max with point windows) on an (8, 8)
-// operand split P('b', None) on an Explicit (8) mesh: no batching dimensions are split, so the
-// indexed dimensions 0 and 1 are folded into one, and that reshape of a split dimension is
-// refused. The refusal is the result (INVALID_ARGUMENT), not an exception: the combiner used to
-// build its scan on the refused fold's empty shape and threw std::length_error.
-TEST_F(GatherTest, ExplicitScatterMulMinMaxOnARefusedFoldFailsCleanly) {
+// x[i, j] and x.at[i, j].<every combiner> (lax.gather and the scatters with point windows) on an
+// (8, 8) operand split P('b', None) on an Explicit (8) mesh: the sliced dimension 0 is split, so
+// JAX's explicit-mode rules refuse them (jax/_src/lax/slicing.py _gather_sharding_rule,
+// _scatter_sharding_rule: "Use `.at[...].get(out_sharding=)` ..." / "Use
+// `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec ..."), and so does
+// Tessera, with JAX's words naming the op and the operands' types, not the words of the reshape
+// folding the indexed dimensions (which refused them before), nor an exception (the combiner
+// once built its scan on the refused fold's empty shape and threw std::length_error).
+TEST_F(GatherTest, ExplicitSplitSlicedDimensionIsRefusedWithJaxsAdvice) {
   absl::StatusOr<Mesh> mesh = client_->make_mesh({8}, {"b"});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   const ScatterDimensionNumbers dn{{}, {0, 1}, {0, 1}};
-  const HostArray x = random_f32({8, 8}, 106), u = random_f32({3}, 107), idx = ints({3, 2}, {0, 1, 4, 5, 0, 1});
+  const HostArray x = random_f32({8, 8}, 106), u = random_f32({3}, 107), idx = ints({3, 2}, {0, 1, 4, 5, 0, 2});
   std::vector<ScatterCombiner> combiners = scatter_combiners();
+  auto refusal = [&](const TracedFunction& f) {
+    absl::StatusOr<std::vector<Array>> got =
+        jit(f)({put_on(*mesh, x, P("b", None)), put_on(*mesh, idx, P()), put_on(*mesh, u, P())});
+    return got.ok() ? absl::OkStatus() : got.status();
+  };
   for (const ScatterCombiner& comb : combiners) {
-    if (std::string(comb.name) != "mul" && std::string(comb.name) != "min" && std::string(comb.name) != "max") continue;
-    absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+    const absl::Status refused = refusal([&](const std::vector<Value>& in) {
       return std::vector<Value>{comb.op(in[0], in[1], in[2], dn, GatherScatterMode::kFillOrDrop)};
-    })({put_on(*mesh, x, P("b", None)), put_on(*mesh, idx, P()), put_on(*mesh, u, P())});
-    ASSERT_FALSE(got.ok()) << comb.name;
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << comb.name << ": " << got.status();
-    EXPECT_THAT(std::string(got.status().message()), HasSubstr("moves a split dimension")) << comb.name;
+    });
+    ASSERT_FALSE(refused.ok()) << comb.name;
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << comb.name << ": " << refused;
+    EXPECT_THAT(
+        std::string(refused.message()),
+        HasSubstr(absl::StrCat(std::string(comb.name) == "set" ? "scatter" : absl::StrCat("scatter_", comb.name),
+                               ": Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec "
+                               "for the scatter update as out sharding could not be resolved unambiguously (or "
+                               "would require collectives on inputs). Got operand=f32[8@b,8], indices=i32[3,2], "
+                               "updates=f32[3]")))
+        << refused;
+    EXPECT_THAT(std::string(refused.message()), ::testing::Not(HasSubstr("reshape"))) << refused;
   }
+  const absl::Status gathered = refusal([&](const std::vector<Value>& in) {
+    return std::vector<Value>{gather(in[0], in[1], GatherDimensionNumbers{{}, {0, 1}, {0, 1}}, {1, 1})};
+  });
+  EXPECT_EQ(gathered.code(), absl::StatusCode::kInvalidArgument) << gathered;
+  EXPECT_THAT(std::string(gathered.message()),
+              HasSubstr("gather: Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather "
+                        "indexing as out sharding could not be resolved unambiguously (or would require collectives on "
+                        "inputs). Got operand=f32[8@b,8], indices=i32[3,2]"))
+      << gathered;
+  EXPECT_THAT(std::string(gathered.message()), ::testing::Not(HasSubstr("reshape"))) << gathered;
 }
 
 // vmap of scatter_apply (per-example indices: its cond's predicate is batched): each example as

@@ -176,7 +176,9 @@ TEST_F(OutShardingTest, TakeWithOutShardingGathersUnderAutoAxesAndScattersBackLa
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("gather: the indexed dimension 0 is split over ('x',) (operands f32[64@x,16], i32[8@x,4])"));
+              HasSubstr("gather: out sharding could not be resolved unambiguously (or would require collectives on "
+                        "inputs): the indexed dimension 0 is split over ('x',); the indexed dimension and the indices "
+                        "must be unsplit (operands f32[64@x,16], i32[8@x,4]); use `.at[...].get(out_sharding=)`"));
   out = run([](const std::vector<Value>& in) { return std::vector<Value>{take(in[0], in[1], 0, P(None, "y", None))}; },
             {split, ts}, &types);
   ASSERT_TRUE(out.ok()) << out.status();
