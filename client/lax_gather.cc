@@ -363,12 +363,14 @@ Value combine_scatter(Combine c, const Value& f, const Value& idx, const Value& 
 std::optional<Value> scatter_by_batch_blocks(TraceState* t, const char* name, Combine combine_op, const Value& x,
                                              const Value& indices, const Value& updates,
                                              const ScatterDimensionNumbers& dn, const Dims& scatter_dims,
-                                             GatherScatterMode mode, std::string* error);
+                                             GatherScatterMode mode, std::string* error, bool build);
 
 // by_blocks: whether a scatter whose batching dimensions are split on Explicit axes runs block by
-// block (false inside a block).
+// block (false inside a block). check_only: validate the operands and their layout, build nothing
+// and return x (scatter_apply's check on the operand's own type).
 Value scatter_general(const char* name, Combine combine_op, const Value& x, const Value& indices, const Value& updates,
-                      const ScatterDimensionNumbers& dn, GatherScatterMode mode, bool by_blocks = true) {
+                      const ScatterDimensionNumbers& dn, GatherScatterMode mode, bool by_blocks = true,
+                      bool check_only = false) {
   TraceState* t = TraceState::common({&x, &indices, &updates});
   if (t == nullptr) return Value();
   auto invalid = [&](const std::string& message) {
@@ -463,10 +465,11 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
   if (by_blocks) {
     std::string error;
     std::optional<Value> blocks =
-        scatter_by_batch_blocks(t, name, combine_op, x, indices, updates, dn, scatter_dims, mode, &error);
+        scatter_by_batch_blocks(t, name, combine_op, x, indices, updates, dn, scatter_dims, mode, &error, !check_only);
     if (!error.empty()) return invalid(error);
     if (blocks.has_value()) return *blocks;
   }
+  if (check_only) return x;
   const Addressing a = make_addressing(xs, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
                                        dn.operand_batching_dims, dn.scatter_indices_batching_dims);
   // The updates in the order of the one-axis op's: batch, windowed linear, free windows.
@@ -544,7 +547,9 @@ Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNum
 // no data moves. nullopt when no batching dimension is split; an error message (JAX's
 // _gather_sharding_rule's, naming `.at[...].get(out_sharding=)`) when JAX's rule cannot resolve
 // the layout, checked on every Explicit gather (a sliced split dimension, split indices), so a
-// refusal is JAX's, not the folding reshape's or the one-axis gather's.
+// refusal is JAX's text, not the folding reshape's, the types after "Got" in Tessera's notation
+// (f32[8@b,8]; JAX prints the avals' repr, ShapedArray(float32[8@b,8])). The one-axis gather
+// (client/explicit/placement.cc) refuses in the same text.
 std::optional<Value> gather_by_batch_blocks(TraceState* t, const Value& x, const Value& indices,
                                             const GatherDimensionNumbers& dn, const Dims& slice_sizes,
                                             GatherScatterMode mode, const std::optional<Scalar>& fill_value,
@@ -611,12 +616,14 @@ std::optional<Value> gather_by_batch_blocks(TraceState* t, const Value& x, const
 // the result is laid out as the operand, its batching dimensions as resolved and its window
 // dimensions the updates' split where the operand has none. It runs as a shard_map manual over
 // the batching axes, so no data moves. nullopt when no batching dimension is split; JAX's
-// error message (_scatter_sharding_rule's) when its rule cannot resolve the layout, checked on
-// every Explicit scatter, so a refusal is JAX's, not the folding reshape's or the one-axis op's.
+// error message (_scatter_sharding_rule's text, the types in Tessera's notation as the gather's)
+// when its rule cannot resolve the layout, checked on every Explicit scatter, so a refusal is
+// JAX's, not the folding reshape's. build false: the check alone (nullopt or the error).
+// The one-axis scatters (client/explicit/placement.cc) refuse in the same text.
 std::optional<Value> scatter_by_batch_blocks(TraceState* t, const char* name, Combine combine_op, const Value& x,
                                              const Value& indices, const Value& updates,
                                              const ScatterDimensionNumbers& dn, const Dims& scatter_dims,
-                                             GatherScatterMode mode, std::string* error) {
+                                             GatherScatterMode mode, std::string* error, bool build) {
   if (!t->explicit_mesh.has_value()) return std::nullopt;
   const PartitionSpec x_spec = type_of(x).spec, i_spec = type_of(indices).spec, u_spec = type_of(updates).spec;
   const int64_t rank = x.rank(), ni = indices.rank(), nu = updates.rank();
@@ -663,7 +670,7 @@ std::optional<Value> scatter_by_batch_blocks(TraceState* t, const char* name, Co
         type_of(x).to_string(), ", indices=", type_of(indices).to_string(), ", updates=", type_of(updates).to_string());
     return std::nullopt;
   }
-  if (manual.empty()) return std::nullopt;
+  if (manual.empty() || !build) return std::nullopt;
   auto laid_out = [](const Value& v, const PartitionSpec& spec, const std::vector<Axes>& dims) {
     return PartitionSpec(dims) == spec.partitions_only() ? v : reshard(v, PartitionSpec(dims));
   };
@@ -864,6 +871,14 @@ Value scatter_apply(const Value& x, const Value& indices, const std::function<Va
                     const ScatterDimensionNumbers& dn, Shape update_shape, GatherScatterMode mode) {
   TraceState* t = TraceState::common({&x, &indices});
   if (t == nullptr) return Value();
+  // The layout is checked first on x's own type, with the updates' placeholder of x's dtype, as JAX
+  // binds scatter_p (lax.scatter_apply: operand, indices, lax.full(update_shape, 0, operand.dtype)),
+  // so a refusal names x and scatter_apply, not the int32 counts below.
+  if (!scatter_general("scatter_apply", Combine::kSet, x, indices, full(update_shape, 0.0, x.dtype()), dn, mode, true,
+                       true)
+           .ok()) {
+    return Value();
+  }
   // The counts laid out as the operand; the updates' placeholder replicated, as JAX's
   // lax.full(update_shape, 0) is.
   const Value count = scatter_general("scatter_apply", Combine::kAdd, full_as(x, 0.0, DType::kI32), indices,

@@ -17,6 +17,11 @@
 namespace tessera::internal {
 namespace {
 
+// An operand's type as a refusal's "Got operand=..." prints it: "f32[8@b,8]".
+std::string operand_type(const TypedOperand& o, const Mesh& mesh) {
+  return type_string(o.dtype, o.shape, o.spec, o.unreduced, o.reduced, &mesh);
+}
+
 TypeRuleResult constraint(const TypeRuleCall& c) {
   return TypeRuleResult{
       type_spec_of(c.node.attrs<ShardingAttrs>().sharding.spec(), c.mesh, static_cast<int>(c.node.shape.size())), "",
@@ -82,7 +87,10 @@ TypeRuleResult random_bits(const TypeRuleCall& c) {
 // dimension), and so must the indices (split queries into a table "would require collectives on
 // inputs"; tests/pjit_test.py test_indices_sharded_gather_error refuses x[ids, :] with ids P('x'));
 // the table's other dimensions keep their splits. A split the rule refuses is left to an
-// out_sharding, which gathers with the Explicit axes as Auto (take's, IndexRef::get's).
+// out_sharding, which gathers with the Explicit axes as Auto (take's, IndexRef::get's). The
+// refusal is _gather_sharding_rule's text, as lax.gather's (client/lax_gather.cc: x[ids] and
+// jnp.take are JAX's gather_p too), the types in Tessera's notation (JAX prints the avals' repr,
+// ShapedArray(float32[8@b,8])); which dimension is split goes into the fix.
 TypeRuleResult gather(const TypeRuleCall& c) {
   TypeRuleResult r;
   const int64_t axis = c.node.attrs<GatherAttrs>().axis;
@@ -93,12 +101,14 @@ TypeRuleResult gather(const TypeRuleCall& c) {
     if (!idx[d].empty()) why = absl::StrCat("dimension ", d, " of the indices is split over ", axes_to_string(idx[d]));
   }
   if (!why.empty()) {
-    r.error =
-        absl::StrCat("out sharding could not be resolved unambiguously (or would require collectives on inputs): ", why,
-                     "; the indexed dimension and the indices must be unsplit");
-    r.fix =
-        "use `.at[...].get(out_sharding=)` (take(x, indices, axis, P(...)), at(x, indices).get(P(...))) to provide "
-        "the output PartitionSpec, as JAX's _gather_sharding_rule advises, or reshard the table and the indices";
+    r.error = absl::StrCat(
+        "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing as out sharding "
+        "could not be resolved unambiguously (or would require collectives on inputs). Got operand=",
+        operand_type(c.operands[0], c.mesh), ", indices=", operand_type(c.operands[1], c.mesh));
+    r.fix = absl::StrCat(why,
+                         ", and the indexed dimension and the indices must be unsplit: give the gather an "
+                         "out_sharding (take(x, indices, axis, P(...)), at(x, indices).get(P(...))), or reshard the "
+                         "table and the indices");
     return r;
   }
   r.spec.assign(x.begin(), x.begin() + axis);
@@ -113,7 +123,9 @@ TypeRuleResult gather(const TypeRuleCall& c) {
 // dimensions (of the indices, and the updates' matching ones) must be unsplit, and each other
 // dimension of x, a full window, must be split exactly as the updates' matching one ("Full slice
 // dims must resolve unambiguously between operand and updates": the same split, or none on
-// both; a split on one side only would need a collective). The result is laid out as x.
+// both; a split on one side only would need a collective). The result is laid out as x. The
+// refusal is _scatter_sharding_rule's text, as the lax scatters' (client/lax_gather.cc), the types
+// in Tessera's notation; which dimension is split goes into the fix.
 TypeRuleResult scatter(const TypeRuleCall& c) {
   TypeRuleResult r;
   const int64_t axis = c.node.attrs<GatherAttrs>().axis;
@@ -142,12 +154,15 @@ TypeRuleResult scatter(const TypeRuleCall& c) {
   }
   if (!why.empty()) {
     r.error = absl::StrCat(
-        "out sharding could not be resolved unambiguously (or would require collectives on inputs): ", why,
-        "; the indexed dimension and the indices must be unsplit, and the other dimensions split alike in the operand "
-        "and the updates");
-    r.fix =
-        "provide the output PartitionSpec by running the scatter under auto_axes(f, out_sharding=P(...)) (what JAX's "
-        "`.at[...].set/add/mul/...(out_sharding=)` does), or reshard the operands accordingly (reshard(x, P(...)))";
+        "Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec for the scatter update as out "
+        "sharding could not be resolved unambiguously (or would require collectives on inputs). Got operand=",
+        operand_type(c.operands[0], c.mesh), ", indices=", operand_type(c.operands[1], c.mesh),
+        ", updates=", operand_type(c.operands[2], c.mesh));
+    r.fix = absl::StrCat(
+        why,
+        ", and the indexed dimension and the indices must be unsplit, the other dimensions split alike in the "
+        "operand and the updates: run the scatter under auto_axes(f, out_sharding=P(...)) (what JAX's "
+        "`.at[...].set/add/mul/...(out_sharding=)` does), or reshard the operands accordingly (reshard(x, P(...)))");
     r.spec.clear();
   }
   return r;

@@ -771,25 +771,38 @@ def test_explicit_axes_gather_and_scatter_refuse_as_jax_and_at_lays_updates_out(
     # updates unsplit there is refused (operand and updates must be split alike); .at[] lays its
     # updates out as the indexed slice of x (jax/_src/ops/scatter.py _scatter_impl), so
     # x.at[i].set / multiply with unsplit values keep x's layout. A refusal is a ValueError (the
-    # SDK's INVALID_ARGUMENT; JAX's ShardingTypeError).
+    # SDK's INVALID_ARGUMENT; JAX's ShardingTypeError) in _gather_sharding_rule's /
+    # _scatter_sharding_rule's text (x[ids] and jnp.take are JAX's gather_p, as lax.gather is), the
+    # types after "Got" in Tessera's notation (JAX prints ShapedArray(float32[8,8@Y])).
+    # (jax/_src/lax/slicing.py, _gather_sharding_rule and _scatter_sharding_rule.)
     m = tessera.make_mesh((2, 4), ("X", "Y"), axis_types=tessera.sharding.AxisType.Explicit)
     x = rng.standard_normal((8, 8)).astype(np.float32)
     ids = np.array([0, 2, 5, 7], np.int32)
     xs = tessera.device_put(x, NamedSharding(m, P(None, "Y")))
     split_ids = tessera.device_put(ids, NamedSharding(m, P("X")))
-    with pytest.raises(ValueError, match=r"gather: out sharding could not be resolved unambiguously \(or would "
-                                         r"require collectives on inputs\): dimension 0 of the indices is split "
-                                         r"over \('X',\).*use `\.at\[\.\.\.\]\.get\(out_sharding=\)`"):
+    with pytest.raises(ValueError, match=r"gather: Use `\.at\[\.\.\.\]\.get\(out_sharding=\)` to provide output "
+                                         r"PartitionSpec for the gather indexing as out sharding could not be "
+                                         r"resolved unambiguously \(or would require collectives on inputs\)\. Got "
+                                         r"operand=f32\[8,8@Y\], indices=i32\[4@X\].*dimension 0 of the indices is "
+                                         r"split over \('X',\)"):
         tessera.jit(lambda x, i: jnp.sum(x[i, :]))(xs, split_ids)
     got = tessera.jit(lambda x, i: x.at[i].get(out_sharding=P("X", "Y")))(xs, split_ids)
     np.testing.assert_array_equal(np.asarray(got), x[ids])
     u = rng.standard_normal((4, 8)).astype(np.float32)
-    # lax.scatter says it in _scatter_sharding_rule's words; the one-axis scatter in its own.
+    # lax.scatter says it in _scatter_sharding_rule's text too.
     with pytest.raises(ValueError, match=r"scatter: Use `\.at\[\.\.\.\]\.set/add/mul/\.\.\.\(out_sharding=\)` to "
                                          r"provide output PartitionSpec for the scatter update as out sharding could "
                                          r"not be resolved unambiguously \(or would require collectives on inputs\)\. "
                                          r"Got operand=f32\[8,8@Y\], indices=i32\[4,1\], updates=f32\[4,8\]"):
         tessera.jit(lambda x, i, u: lax.scatter(x, i[:, None], u, ROWS_2D))(xs, ids, u)
+    # x.at[ids].apply(f) is lax.scatter_apply, which binds scatter_p on x and
+    # lax.full(update_shape, 0, x.dtype) (jax/_src/lax/slicing.py scatter_apply): x split on the
+    # window dimension 1 with those updates unsplit is refused, naming x's type, not the int32
+    # counts Tessera builds.
+    with pytest.raises(ValueError, match=r"scatter_apply: Use `\.at\[\.\.\.\]\.set/add/mul/\.\.\.\(out_sharding=\)` "
+                                         r"to provide output PartitionSpec .*\. Got operand=f32\[8,8@Y\], "
+                                         r"indices=i32\[4,1\], updates=f32\[4,8\]"):
+        tessera.jit(lambda x: x.at[ids].apply(lambda v: v * 2.0))(xs)
     got = tessera.jit(lambda x, u: (x.at[ids].set(u), x.at[ids].multiply(2.0), x.at[ids].min(u)))(xs, u)
     want_set, want_mul, want_min = x.copy(), x.copy(), x.copy()
     want_set[ids] = u

@@ -533,7 +533,9 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
       // Indexing (slicing.py's _gather_spec_computation): the table's other dimensions keep their
       // splits; the indexed dimension and the indices must be unsplit (tests/pjit_test.py
       // test_indices_sharded_gather_error: x[ids, :] with ids P('x') raises ShardingTypeError),
-      // and the refusal advises out_sharding as _gather_sharding_rule does.
+      // and the refusal is _gather_sharding_rule's text (x[ids] and jnp.take are gather_p, as
+      // lax.gather is; the types after "Got" in Tessera's notation, where JAX prints
+      // ShapedArray(float32[32,8@b])), which dimension is split in the fix.
       {"take_rows",
        {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}},
        [](V v) { return take(v[0], v[1], 0); },
@@ -541,14 +543,17 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
       {"take_split_indices",
        {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P("a")}},
        [](V v) { return take(v[0], v[1], 0); },
-       "error: gather: out sharding could not be resolved unambiguously (or would require collectives on inputs): "
-       "dimension 0 of the indices is split over ('a',); the indexed dimension and the indices must be unsplit "
-       "(operands f32[32,8@b], i32[16@a]); use `.at[...].get(out_sharding=)`"},
+       "error: gather: Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing as "
+       "out sharding could not be resolved unambiguously (or would require collectives on inputs). Got "
+       "operand=f32[32,8@b], indices=i32[16@a] (operands f32[32,8@b], i32[16@a]); dimension 0 of the indices is "
+       "split over ('a',), and the indexed dimension and the indices must be unsplit"},
       {"take_split_table_dim",
        {{f32, {32, 8}, P("a", None)}, {DType::kI32, {16}, P()}},
        [](V v) { return take(v[0], v[1], 0); },
-       "error: gather: out sharding could not be resolved unambiguously (or would require collectives on inputs): "
-       "the indexed dimension 0 is split over ('a',)"},
+       "error: gather: Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing as "
+       "out sharding could not be resolved unambiguously (or would require collectives on inputs). Got "
+       "operand=f32[32@a,8], indices=i32[16] (operands f32[32@a,8], i32[16]); the indexed dimension 0 is split "
+       "over ('a',)"},
       // Sorting (lax.py's _sort_abstract_eval, _top_k_abstract_eval): the sorted dimension
       // must be unsplit; the result keeps the operand's sharding.
       {"argsort_rows", {{f32, {16, 8}, P("a", None)}}, [](V v) { return argsort(v[0], 1); }, "i32[16@a,8]"},
@@ -617,20 +622,26 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        "f32[32,8@b]"},
       // A window dimension split on one side only (rule 2, "Full slice dims must resolve
       // unambiguously between operand and updates": the same split or none) is refused, with
-      // the advice of _scatter_sharding_rule (its .at[...](out_sharding=) runs under auto_axes).
+      // _scatter_sharding_rule's text (its .at[...](out_sharding=) runs under auto_axes; the types
+      // in Tessera's notation), which dimension disagrees in the fix.
       {"scatter_add_updates_split",
        {{f32, {32, 8}, P()}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P(None, "b")}},
        [](V v) { return scatter_add(v[0], v[1], v[2], 0); },
-       "error: scatter_add: out sharding could not be resolved unambiguously (or would require collectives on "
-       "inputs): window dimension 1 of the operand is unsplit and dimension 1 of the updates split over ('b',)"},
+       "error: scatter_add: Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec for the "
+       "scatter "
+       "update as out sharding could not be resolved unambiguously (or would require collectives on inputs). Got "
+       "operand=f32[32,8], indices=i32[16], updates=f32[16,8@b] (operands f32[32,8], i32[16], f32[16,8@b]); window "
+       "dimension 1 of the operand is unsplit and dimension 1 of the updates split over ('b',)"},
       {"scatter_operand_split_updates_replicated",
        {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P()}},
        [](V v) { return scatter(v[0], v[1], v[2], 0); },
-       "error: scatter: out sharding could not be resolved unambiguously (or would require collectives on inputs): "
-       "window dimension 1 of the operand is split over ('b',) and dimension 1 of the updates unsplit; the indexed "
-       "dimension and the indices must be unsplit, and the other dimensions split alike in the operand and the "
-       "updates (operands f32[32,8@b], i32[16], f32[16,8]); provide the output PartitionSpec by running the scatter "
-       "under auto_axes(f, out_sharding=P(...)) (what JAX's `.at[...].set/add/mul/...(out_sharding=)` does)"},
+       "error: scatter: Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec for the scatter "
+       "update as out sharding could not be resolved unambiguously (or would require collectives on inputs). Got "
+       "operand=f32[32,8@b], indices=i32[16], updates=f32[16,8] (operands f32[32,8@b], i32[16], f32[16,8]); window "
+       "dimension 1 of the operand is split over ('b',) and dimension 1 of the updates unsplit, and the indexed "
+       "dimension and the indices must be unsplit, the other dimensions split alike in the operand and the updates: "
+       "run the scatter under auto_axes(f, out_sharding=P(...)) (what JAX's "
+       "`.at[...].set/add/mul/...(out_sharding=)` does)"},
       // x.at[i].set / add lay the updates out as the indexed slice of x, as JAX's _scatter_impl
       // (broadcast_to(y, slice_shape, out_sharding=indexer.slice_sharding)).
       {"at_set_lays_the_updates_out_as_the_slice",
@@ -644,15 +655,25 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
       {"scatter_indexed_dim_split",
        {{f32, {32, 8}, P("a", None)}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P()}},
        [](V v) { return scatter(v[0], v[1], v[2], 0); },
-       "error: scatter: out sharding could not be resolved unambiguously"},
+       "error: scatter: Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec for the "
+       "scatter update as out sharding could not be resolved unambiguously (or would require collectives on inputs). "
+       "Got operand=f32[32@a,8], indices=i32[16], updates=f32[16,8] (operands f32[32@a,8], i32[16], f32[16,8]); the "
+       "indexed dimension 0 is split over ('a',)"},
       {"scatter_indices_split",
        {{f32, {32, 8}, P()}, {DType::kI32, {16}, P("a")}, {f32, {16, 8}, P("a", None)}},
        [](V v) { return scatter_add(v[0], v[1], v[2], 0); },
-       "error: scatter_add: out sharding could not be resolved unambiguously"},
+       "error: scatter_add: Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec for the "
+       "scatter update as out sharding could not be resolved unambiguously (or would require collectives on inputs). "
+       "Got operand=f32[32,8], indices=i32[16@a], updates=f32[16@a,8] (operands f32[32,8], i32[16@a], "
+       "f32[16@a,8]); dimension 0 of the indices is split over ('a',)"},
       {"scatter_window_disagree",
        {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P(None, "a")}},
        [](V v) { return scatter(v[0], v[1], v[2], 0); },
-       "error: out sharding could not be resolved unambiguously"},
+       "error: scatter: Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec for the "
+       "scatter update as out sharding could not be resolved unambiguously (or would require collectives on inputs). "
+       "Got operand=f32[32,8@b], indices=i32[16], updates=f32[16,8@a] (operands f32[32,8@b], i32[16], "
+       "f32[16,8@a]); window dimension 1 of the operand is split over ('b',) and dimension 1 of the updates split "
+       "over ('a',)"},
       // reshard moves the spec on purpose.
       {"reshard", {{f32, {16, 8}, P("a", None)}}, [](V v) { return reshard(v[0], P(None, "a")); }, "f32[16,8@a]"},
       // out_sharding on the ops that make or broadcast values is the result's type (lax.py:

@@ -1350,7 +1350,8 @@ TEST_F(GatherTest, ExplicitWholeWindowOnAnIndexedSplitDimension) {
 // JAX's explicit-mode rules refuse them (jax/_src/lax/slicing.py _gather_sharding_rule,
 // _scatter_sharding_rule: "Use `.at[...].get(out_sharding=)` ..." / "Use
 // `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec ..."), and so does
-// Tessera, with JAX's words naming the op and the operands' types, not the words of the reshape
+// Tessera, with JAX's text naming the op and the operands' types (in Tessera's notation, where
+// JAX prints ShapedArray(float32[8@b,8])), not the words of the reshape
 // folding the indexed dimensions (which refused them before), nor an exception (the combiner
 // once built its scan on the refused fold's empty shape and threw std::length_error).
 TEST_F(GatherTest, ExplicitSplitSlicedDimensionIsRefusedWithJaxsAdvice) {
@@ -1390,6 +1391,29 @@ TEST_F(GatherTest, ExplicitSplitSlicedDimensionIsRefusedWithJaxsAdvice) {
                         "inputs). Got operand=f32[8@b,8], indices=i32[3,2]"))
       << gathered;
   EXPECT_THAT(std::string(gathered.message()), ::testing::Not(HasSubstr("reshape"))) << gathered;
+}
+
+// x.at[i].apply(f) (lax.scatter_apply) with x split on a window dimension, the placeholder
+// updates unsplit: JAX binds scatter_p on x, the indices and lax.full(update_shape, 0, x.dtype)
+// (jax/_src/lax/slicing.py scatter_apply), so _scatter_sharding_rule refuses it naming x's type
+// (a window dimension split on the operand only). Tessera checks that layout before building its
+// int32 count scatter, so the refusal names x and scatter_apply, not the counts (it printed
+// operand=i32[8,8@b] ... updates=i32[2,8] for this f32 x).
+TEST_F(GatherTest, ExplicitScatterApplyRefusalNamesTheOperand) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({8}, {"b"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const ScatterDimensionNumbers rows{{1}, {0}, {0}};
+  absl::StatusOr<std::vector<Array>> got = jit([&](const std::vector<Value>& in) {
+    return std::vector<Value>{scatter_apply(in[0], in[1], [](const Value& v) { return v * 2.0; }, rows, {2, 8})};
+  })({put_on(*mesh, random_f32({8, 8}, 108), P(None, "b")), put_on(*mesh, ints({2, 1}, {1, 5}), P())});
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr("scatter_apply: Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec "
+                        "for the scatter update as out sharding could not be resolved unambiguously (or would require "
+                        "collectives on inputs). Got operand=f32[8,8@b], indices=i32[2,1], updates=f32[2,8]"))
+      << got.status();
+  EXPECT_THAT(std::string(got.status().message()), ::testing::Not(HasSubstr("i32[8,8"))) << got.status();
 }
 
 // vmap of scatter_apply (per-example indices: its cond's predicate is batched): each example as

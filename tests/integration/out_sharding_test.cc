@@ -169,16 +169,20 @@ TEST_F(OutShardingTest, TakeWithOutShardingGathersUnderAutoAxesAndScattersBackLa
   EXPECT_EQ((*out)[0].sharding(), es.sharding());
   expect_near(fetch((*out)[0]), uses);
 
-  // The table split along the indexed dimension: refused without out_sharding, gathered with it.
+  // The table split along the indexed dimension: refused without out_sharding, in the text of JAX's
+  // _gather_sharding_rule (jax/_src/lax/slicing.py; the types in Tessera's notation, where JAX prints
+  // ShapedArray(float32[64@x,16])), gathered with it.
   const Array split = put_on(mesh, embed, P("x", None));
   TracedFunction plain = [](const std::vector<Value>& in) { return std::vector<Value>{take(in[0], in[1], 0)}; };
   absl::StatusOr<std::vector<Array>> refused = run(plain, {split, ts});
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("gather: out sharding could not be resolved unambiguously (or would require collectives on "
-                        "inputs): the indexed dimension 0 is split over ('x',); the indexed dimension and the indices "
-                        "must be unsplit (operands f32[64@x,16], i32[8@x,4]); use `.at[...].get(out_sharding=)`"));
+              HasSubstr("gather: Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather "
+                        "indexing as out sharding could not be resolved unambiguously (or would require collectives on "
+                        "inputs). Got operand=f32[64@x,16], indices=i32[8@x,4] (operands f32[64@x,16], i32[8@x,4]); "
+                        "the indexed dimension 0 is split over ('x',), and the indexed dimension and the indices must "
+                        "be unsplit"));
   out = run([](const std::vector<Value>& in) { return std::vector<Value>{take(in[0], in[1], 0, P(None, "y", None))}; },
             {split, ts}, &types);
   ASSERT_TRUE(out.ok()) << out.status();
