@@ -42,15 +42,24 @@ class KeyTy:
 KEY_DTYPE = KeyTy()
 
 
-def check_key_data(data, what):
-    """prng.py _check_prng_key_data: uint32 with a trailing dimension 2 (TypeError otherwise)."""
+def check_key_data(data):
+    """prng.py _check_prng_key_data, in its words (a TypeError): uint32 with a trailing
+    dimension 2. The data of an op that failed while tracing (a Tracer whose value is not ok,
+    of shape ()) passes: the trace's end raises that op's own error."""
     if not all(hasattr(data, a) for a in ("ndim", "shape", "dtype")):
-        raise TypeError(f"{what}: expected key data with ndim, shape and dtype, got {type(data).__name__}")
-    if data.ndim < 1 or tuple(data.shape[-1:]) != (2,):
-        raise TypeError(f"{what}: invalid PRNG key data: expected key_data.shape to end with (2,); "
-                        f"got shape={tuple(data.shape)} for impl {IMPL}")
+        raise TypeError("JAX encountered invalid PRNG key data: expected key_data to have ndim, shape, and dtype "
+                        f"attributes. Got {data}")
+    from ._trace import Tracer
+    if isinstance(data, Tracer) and not data._v.ok:
+        return
+    if data.ndim < 1:
+        raise TypeError(f"JAX encountered invalid PRNG key data: expected key_data.ndim >= 1; got ndim={data.ndim}")
+    if tuple(data.shape[-1:]) != (2,):
+        raise TypeError("JAX encountered invalid PRNG key data: expected key_data.shape to end with (2,); "
+                        f"got shape={tuple(data.shape)} for impl={IMPL}")
     if np.dtype(data.dtype) != np.uint32:
-        raise TypeError(f"{what}: invalid PRNG key data: expected key_data.dtype = uint32; got dtype={data.dtype}")
+        raise TypeError("JAX encountered invalid PRNG key data: expected key_data.dtype = uint32; "
+                        f"got dtype={data.dtype}")
 
 
 def _binary(name):
@@ -79,7 +88,9 @@ class PRNGKeyArray:
     __hash__ = None
 
     def __init__(self, base):
-        check_key_data(base, "random.wrap_key_data")
+        # REQUIRES: `base` is key data (random.wrap_key_data checks what users give). Not
+        # checked here: a failed op's result inside a trace must reach the trace's end, whose
+        # error is the real one (as JAX, whose PRNGKeyArray sees only avals checked before).
         self._base = base
 
     # ---- attributes of the key dimensions --------------------------------------------

@@ -419,10 +419,15 @@ def test_typed_keys_print_index_and_reshape_as_jax():
     assert str(wrapped.dtype) == "key<fry>" and wrapped.shape == ()
     assert _bytes(random.normal(wrapped, (4,))) == _bytes(random.normal(np.array([42, 173], np.uint32), (4,)))
     assert np.asarray(random.key_data(random.wrap_key_data(random.key_data(keys)))).tolist() == data.tolist()
-    with pytest.raises(TypeError, match="uint32"):
+    with pytest.raises(TypeError, match="^JAX encountered invalid PRNG key data: expected key_data.dtype = uint32; "
+                                        "got dtype=int32$"):
         random.wrap_key_data(np.array([42, 173], np.int32))
-    with pytest.raises(TypeError, match=r"end with \(2,\)"):
+    with pytest.raises(TypeError, match=r"^JAX encountered invalid PRNG key data: expected key_data.shape to end "
+                                        r"with \(2,\); got shape=\(4, 3\) for impl=threefry2x32$"):
         random.wrap_key_data(np.zeros((4, 3), np.uint32))
+    with pytest.raises(TypeError, match="^JAX encountered invalid PRNG key data: expected key_data.ndim >= 1; "
+                                        "got ndim=0$"):
+        random.wrap_key_data(tessera.numpy.zeros((), np.uint32))
 
 
 def test_typed_keys_refuse_arithmetic_conversion_and_batches():
@@ -529,3 +534,20 @@ def test_typed_keys_through_jit_vmap_scan_and_device_put(mesh):
     for i in range(8):
         for j in range(2):
             assert _bytes(s[i, j]) == _bytes(random.normal(grid[i, j], (3,))), (i, j)
+
+
+def test_a_failed_trace_with_typed_keys_raises_the_failure_not_a_key_error():
+    # A key is its data to the transformations, and JAX checks key data only where it is
+    # wrapped (jax/_src/random/prng.py random_wrap's _check_prng_key_data, on avals): an op that
+    # fails while tracing is reported as itself with a typed key, as with the raw key. Here
+    # shard_map's out_specs check (jax/_src/shard_map.py _check_vma: an output that varies
+    # along 'x' under out_specs P()) and random::fold_in's data check.
+    m = tessera.make_mesh((8,), ("x",), axis_types=(tessera.sharding.AxisType.Explicit,))
+    v = tessera.device_put(tessera.numpy.zeros(8), NamedSharding(m, P("x")))
+    body = tessera.shard_map(lambda k, v: random.fold_in(k, v[0].astype(np.int32)), mesh=m,
+                             in_specs=(P(), P("x")), out_specs=P())
+    for make in (random.PRNGKey, random.key):
+        with pytest.raises(tessera.errors.InvalidArgumentError, match=r"out_specs\[0\] = P\(\) leaves 'x' out"):
+            tessera.jit(body)(make(0), v)
+        with pytest.raises(tessera.errors.InvalidArgumentError, match="it must be an integer scalar"):
+            tessera.jit(lambda k: random.fold_in(k, tessera.numpy.zeros(3)))(make(0))
