@@ -701,6 +701,12 @@ def eye(N, M=None, dtype=None):
 
 
 def array(x, dtype=None):
+    if isinstance(x, PRNGKeyArray):
+        # random_test.py test_array / test_array_user_dtype: keys are their own array; another
+        # dtype is lax.convert_element_type's ValueError (test_errors).
+        if dtype is None or dtype == x.dtype or dtype == x.dtype.name:
+            return x
+        raise ValueError(f"Cannot convert_element_type from {x.dtype} to {_np.dtype(dtype)}")
     if isinstance(x, (Tracer, Array)):
         return x if dtype is None else astype(x, dtype)
     host = _np.asarray(x)

@@ -551,3 +551,19 @@ def test_a_failed_trace_with_typed_keys_raises_the_failure_not_a_key_error():
             tessera.jit(body)(make(0), v)
         with pytest.raises(tessera.errors.InvalidArgumentError, match="it must be an integer scalar"):
             tessera.jit(lambda k: random.fold_in(k, tessera.numpy.zeros(3)))(make(0))
+
+
+def test_jnp_array_of_typed_keys_is_the_keys():
+    # random_test.py test_array: jnp.array(key) and jnp.asarray(key) are the key, also under jit;
+    # test_array_user_dtype: with dtype=key.dtype too; test_errors: to another dtype it is
+    # "Cannot convert_element_type from key<fry> to int32".
+    jnp = tessera.numpy
+    k = random.key(123)
+    want = _bytes(random.key_data(k))
+    for f in (jnp.array, jnp.asarray, tessera.jit(jnp.array), tessera.jit(jnp.asarray),
+              lambda k: jnp.array(k, dtype=k.dtype), lambda k: jnp.asarray(k, dtype=k.dtype)):
+        got = f(k)
+        assert str(got.dtype) == "key<fry>" and got.shape == ()
+        assert _bytes(random.key_data(got)) == want
+    with pytest.raises(ValueError, match="^Cannot convert_element_type from key<fry> to int32$"):
+        jnp.array(k, dtype=np.int32)
