@@ -567,3 +567,51 @@ def test_jnp_array_of_typed_keys_is_the_keys():
         assert _bytes(random.key_data(got)) == want
     with pytest.raises(ValueError, match="^Cannot convert_element_type from key<fry> to int32$"):
         jnp.array(k, dtype=np.int32)
+
+
+def test_typed_keys_through_the_collectives_that_move_data(mesh8):
+    # Collectives that move or retype values do not depend on the dtype, so they take typed
+    # keys by their data, axes counting the key dimensions (JAX binds them on key avals:
+    # jax/_src/lax/parallel.py; random_test.py KeyArrayTest runs keys through such primitives);
+    # lax.stop_gradient returns a key unchanged (jax/_src/lax/lax.py _stop_gradient: extended
+    # dtypes). Reductions have no meaning on keys and are refused in lax's dtype-rule words.
+    lax = tessera.lax
+    keys = random.split(random.key(5), 8)
+    data = np.asarray(random.key_data(keys))
+
+    def run(body, in_spec, out_spec, x=keys):
+        out = tessera.jit(tessera.shard_map(body, mesh=mesh8, in_specs=in_spec, out_specs=out_spec))(x)
+        assert str(out.dtype) == "key<fry>"
+        return np.asarray(random.key_data(out))
+
+    # all_gather (invariant, so out_specs P() holds): each device's block key<fry>[1] gathered
+    # to key<fry>[8, 1] (a new leading axis), tiled to key<fry>[8], and at axis=-1 (of the
+    # result's key dimensions) to [1, 8].
+    def gather(**kw):
+        return run(lambda k: lax.all_gather(k, "x", to="invarying", **kw), P("x"), P())
+
+    assert gather().tolist() == data.reshape(8, 1, 2).tolist()
+    assert gather(tiled=True).tolist() == data.tolist()
+    assert gather(axis=-1).tolist() == data.reshape(1, 8, 2).tolist()
+    # ppermute: device i gets device i-1's key.
+    perm = [(i, (i + 1) % 8) for i in range(8)]
+    assert run(lambda k: lax.ppermute(k, "x", perm), P("x"), P("x")).tolist() == np.roll(data, 1, 0).tolist()
+    # all_to_all of the replicated key<fry>[8] on its last key axis (-1): device i gets key i
+    # from each of the 8 devices.
+    assert run(lambda k: lax.all_to_all(k, "x", -1, -1, tiled=True), P(), P("x")).tolist() == \
+        np.repeat(data, 8, 0).tolist()
+    # pbroadcast from device 3; pvary and pcast to 'varying' keep each device's key.
+    assert run(lambda k: lax.pbroadcast(k, "x", 3), P("x"), P("x")).tolist() == np.repeat(data[3:4], 8, 0).tolist()
+    assert run(lambda k: lax.pvary(k[0], "x")[None], P(), P("x")).tolist() == np.repeat(data[0:1], 8, 0).tolist()
+    assert run(lambda k: lax.pcast(k[0], "x", to="varying")[None], P(), P("x")).tolist() == \
+        np.repeat(data[0:1], 8, 0).tolist()
+    # stop_gradient of a tree with a key: the key unchanged, x's gradient stopped (d/dx of
+    # sum(stop_gradient(x) * x) is x, not 2x).
+    k = random.key(9)
+    x = np.arange(1, 5, dtype=np.float32)
+    g = tessera.grad(lambda x: tessera.numpy.sum(lax.stop_gradient({"k": k, "x": x})["x"] * x))(x)
+    assert np.asarray(g).tolist() == x.tolist()
+    assert _bytes(random.key_data(lax.stop_gradient(k))) == _bytes(random.key_data(k))
+    for name in ("psum", "pmax", "pmin", "pmean"):
+        with pytest.raises(TypeError, match=f"^{name} does not accept dtype key<fry>$"):
+            run(lambda k: getattr(lax, name)(k, "x"), P("x"), P())
