@@ -615,3 +615,21 @@ def test_typed_keys_through_the_collectives_that_move_data(mesh8):
     for name in ("psum", "pmax", "pmin", "pmean"):
         with pytest.raises(TypeError, match=f"^{name} does not accept dtype key<fry>$"):
             run(lambda k: getattr(lax, name)(k, "x"), P("x"), P())
+
+
+def test_typed_keys_through_auto_axes_and_explicit_axes():
+    # jax.sharding.auto_axes / explicit_axes (jax/_src/pjit.py) take any pytree of arrays, keys
+    # too (a key aval has its key dimensions' sharding); eagerly and under jit, the keys out are
+    # the keys f gives, laid out as asked.
+    from tessera.sharding import AxisType, auto_axes, explicit_axes
+    fold = tessera.vmap(lambda k: random.fold_in(k, 3))
+    for types, switch in [(AxisType.Explicit, lambda: auto_axes(fold, out_sharding=P("x"))),
+                          (AxisType.Auto, lambda: explicit_axes(fold, in_sharding=P("x")))]:
+        m = tessera.make_mesh((8,), ("x",), axis_types=(types,))
+        keys = tessera.device_put(random.split(random.key(0), 8), NamedSharding(m, P("x")))
+        want = _bytes(random.key_data(fold(keys)))
+        with tessera.set_mesh(m):
+            for run in (switch(), tessera.jit(switch())):
+                out = run(keys)
+                assert str(out.dtype) == "key<fry>" and out.shape == (8,) and out.sharding.spec == P("x"), types
+                assert _bytes(random.key_data(out)) == want, types
