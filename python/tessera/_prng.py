@@ -62,15 +62,26 @@ def check_key_data(data):
                         f"got dtype={data.dtype}")
 
 
-def _binary(name):
-    def refuse(self, other):
-        theirs = getattr(other, "dtype", None)
+def refuse_operands(name, *args):
+    """jax/_src/numpy/util.py check_for_prngkeys's TypeError for operands of which some are
+    keys: "add does not accept dtypes key<fry>, int32." (in the operands' order), or "add does
+    not accept dtype key<fry>" when all are keys (the key dtype's own rule, in lax's words)."""
+    def dtype(a):
+        theirs = getattr(a, "dtype", None)
         if theirs is None:  # a Python number: JAX's default type of it (int32 without x64)
             from .numpy import canonical_dtype
-            theirs = canonical_dtype(np.asarray(other).dtype)
-        if isinstance(other, PRNGKeyArray):
-            raise TypeError(f"{name} does not accept dtype {self.dtype}")
-        raise TypeError(f"{name} does not accept dtypes {self.dtype}, {theirs}.")
+            theirs = canonical_dtype(np.asarray(a).dtype)
+        return str(theirs)
+
+    dtypes = [dtype(a) for a in args]
+    if len(set(dtypes)) < 2:
+        raise TypeError(f"{name} does not accept dtype {dtypes[0]}")
+    raise TypeError(f"{name} does not accept dtypes {', '.join(dtypes)}.")
+
+
+def _binary(name, reflected=False):
+    def refuse(self, other):
+        refuse_operands(name, *((other, self) if reflected else (self, other)))
     return refuse
 
 
@@ -200,14 +211,13 @@ class PRNGKeyArray:
         return f"Array({self.shape}, dtype={self.dtype.name}) overlaying:\n{str(self._base)}"
 
 
-for _name, _prim in [("add", "add"), ("radd", "add"), ("sub", "sub"), ("rsub", "sub"), ("mul", "mul"),
-                   ("rmul", "mul"), ("truediv", "div"), ("rtruediv", "div"), ("floordiv", "floor_divide"),
-                   ("rfloordiv", "floor_divide"), ("mod", "rem"), ("rmod", "rem"), ("pow", "pow"),
-                   ("rpow", "pow"), ("matmul", "dot_general"), ("rmatmul", "dot_general"), ("and", "and"),
-                   ("rand", "and"), ("or", "or"), ("ror", "or"), ("xor", "xor"), ("rxor", "xor"),
-                   ("lshift", "shift_left"), ("rlshift", "shift_left"), ("rshift", "shift_right"),
-                   ("rrshift", "shift_right"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")]:
+for _name, _prim in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"),
+                     ("floordiv", "floor_divide"), ("mod", "rem"), ("pow", "pow"), ("matmul", "dot_general"),
+                     ("and", "and"), ("or", "or"), ("xor", "xor"), ("lshift", "shift_left"),
+                     ("rshift", "shift_right"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")]:
     setattr(PRNGKeyArray, f"__{_name}__", _binary(_prim))
+    if _name not in ("lt", "le", "gt", "ge"):  # (the reflected comparisons are the swapped ones)
+        setattr(PRNGKeyArray, f"__r{_name}__", _binary(_prim, reflected=True))
 for _name, _prim in [("neg", "neg"), ("pos", "pos"), ("abs", "abs"), ("invert", "not")]:
     setattr(PRNGKeyArray, f"__{_name}__", _unary(_prim))
 del _name, _prim

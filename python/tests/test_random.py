@@ -433,14 +433,21 @@ def test_typed_keys_print_index_and_reshape_as_jax():
 def test_typed_keys_refuse_arithmetic_conversion_and_batches():
     # JnpWithKeyArrayTest test_errors (and docs/jep/9263-typed-keys.md): operators on keys.
     k = random.key(123)
-    with pytest.raises(TypeError, match="add does not accept dtypes key<fry>, int32"):
-        k + 1
-    with pytest.raises(TypeError, match="add does not accept dtype key<fry>"):
-        k + k
-    with pytest.raises(TypeError, match="neg does not accept dtype key<fry>"):
-        -k
-    with pytest.raises(TypeError, match="key<fry>"):  # jnp.add: a TypeError too, its own words
-        tessera.numpy.add(k, 1)
+    # The jnp functions in the same words (jax/_src/numpy/util.py check_for_prngkeys names the
+    # jnp function and the operands' dtypes in order; all-key operands are the dtype's rule).
+    jnp = tessera.numpy
+    for f, message in [(lambda: k + 1, "add does not accept dtypes key<fry>, int32."),
+                       (lambda: 1 + k, "add does not accept dtypes int32, key<fry>."),
+                       (lambda: jnp.add(k, 1), "add does not accept dtypes key<fry>, int32."),
+                       (lambda: jnp.subtract(2.0, k), "subtract does not accept dtypes float32, key<fry>."),
+                       (lambda: k + k, "add does not accept dtype key<fry>"),
+                       (lambda: jnp.add(k, k), "add does not accept dtype key<fry>"),
+                       (lambda: -k, "neg does not accept dtype key<fry>"),
+                       (lambda: jnp.negative(k), "neg does not accept dtype key<fry>"),
+                       (lambda: jnp.where(True, k, 1), "where does not accept dtypes key<fry>, int32.")]:
+        with pytest.raises(TypeError) as e:
+            f()
+        assert str(e.value) == message
     # test_keyarray_array_conversion_fails; test_not_hashable.
     with pytest.raises(TypeError, match="cannot be converted to a NumPy array"):
         np.asarray(k)
@@ -633,3 +640,27 @@ def test_typed_keys_through_auto_axes_and_explicit_axes():
                 out = run(keys)
                 assert str(out.dtype) == "key<fry>" and out.shape == (8,) and out.sharding.spec == P("x"), types
                 assert _bytes(random.key_data(out)) == want, types
+
+
+def test_typed_keys_select_broadcast_and_expand_dims():
+    # random_test.py test_select / test_select_scalar_cond: lax.select of keys (under jit, and
+    # with a scalar condition) gives keys of that shape; JnpWithKeyArrayTest test_broadcast_to
+    # and test_expand_dims: the key dimensions broadcast / grow as an array's, the data alike.
+    jnp, lax = tessera.numpy, tessera.lax
+    ks = random.split(random.key(3), 6).reshape(3, 2)
+    other = random.split(random.key(4), 6).reshape(3, 2)
+    data, odata = np.asarray(random.key_data(ks)), np.asarray(random.key_data(other))
+    cs = np.array([True, False, False, True, False, True]).reshape(3, 2)
+    ys = tessera.jit(lax.select)(jnp.asarray(cs), ks, other)
+    assert str(ys.dtype) == "key<fry>" and ys.shape == (3, 2)
+    assert np.asarray(random.key_data(ys)).tolist() == np.where(cs[..., None], data, odata).tolist()
+    ys = lax.select(True, ks[0], other[0])
+    assert str(ys.dtype) == "key<fry>" and ys.shape == (2,) and _bytes(random.key_data(ys)) == _bytes(data[0])
+    assert _bytes(random.key_data(jnp.where(False, ks, other))) == _bytes(odata)
+    b = jnp.broadcast_to(random.key(123), (3,))
+    assert str(b.dtype) == "key<fry>" and b.shape == (3,)
+    assert np.asarray(random.key_data(b)).tolist() == [np.asarray(random.key_data(random.key(123))).tolist()] * 3
+    for axis, want in [(1, data[:, None]), (-1, data[:, :, None])]:
+        e = jnp.expand_dims(ks, axis)
+        assert str(e.dtype) == "key<fry>" and e.shape == want.shape[:-1]
+        assert _bytes(random.key_data(e)) == _bytes(want)
