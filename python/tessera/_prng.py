@@ -42,26 +42,46 @@ class KeyTy:
 KEY_DTYPE = KeyTy()
 
 
-def check_key_data(data, what):
-    """prng.py _check_prng_key_data: uint32 with a trailing dimension 2 (TypeError otherwise)."""
+def check_key_data(data):
+    """prng.py _check_prng_key_data, in its words (a TypeError): uint32 with a trailing
+    dimension 2. The data of an op that failed while tracing (a Tracer whose value is not ok,
+    of shape ()) passes: the trace's end raises that op's own error."""
     if not all(hasattr(data, a) for a in ("ndim", "shape", "dtype")):
-        raise TypeError(f"{what}: expected key data with ndim, shape and dtype, got {type(data).__name__}")
-    if data.ndim < 1 or tuple(data.shape[-1:]) != (2,):
-        raise TypeError(f"{what}: invalid PRNG key data: expected key_data.shape to end with (2,); "
-                        f"got shape={tuple(data.shape)} for impl {IMPL}")
+        raise TypeError("JAX encountered invalid PRNG key data: expected key_data to have ndim, shape, and dtype "
+                        f"attributes. Got {data}")
+    from ._trace import Tracer
+    if isinstance(data, Tracer) and not data._v.ok:
+        return
+    if data.ndim < 1:
+        raise TypeError(f"JAX encountered invalid PRNG key data: expected key_data.ndim >= 1; got ndim={data.ndim}")
+    if tuple(data.shape[-1:]) != (2,):
+        raise TypeError("JAX encountered invalid PRNG key data: expected key_data.shape to end with (2,); "
+                        f"got shape={tuple(data.shape)} for impl={IMPL}")
     if np.dtype(data.dtype) != np.uint32:
-        raise TypeError(f"{what}: invalid PRNG key data: expected key_data.dtype = uint32; got dtype={data.dtype}")
+        raise TypeError("JAX encountered invalid PRNG key data: expected key_data.dtype = uint32; "
+                        f"got dtype={data.dtype}")
 
 
-def _binary(name):
-    def refuse(self, other):
-        theirs = getattr(other, "dtype", None)
+def refuse_operands(name, *args):
+    """jax/_src/numpy/util.py check_for_prngkeys's TypeError for operands of which some are
+    keys: "add does not accept dtypes key<fry>, int32." (in the operands' order), or "add does
+    not accept dtype key<fry>" when all are keys (the key dtype's own rule, in lax's words)."""
+    def dtype(a):
+        theirs = getattr(a, "dtype", None)
         if theirs is None:  # a Python number: JAX's default type of it (int32 without x64)
             from .numpy import canonical_dtype
-            theirs = canonical_dtype(np.asarray(other).dtype)
-        if isinstance(other, PRNGKeyArray):
-            raise TypeError(f"{name} does not accept dtype {self.dtype}")
-        raise TypeError(f"{name} does not accept dtypes {self.dtype}, {theirs}.")
+            theirs = canonical_dtype(np.asarray(a).dtype)
+        return str(theirs)
+
+    dtypes = [dtype(a) for a in args]
+    if len(set(dtypes)) < 2:
+        raise TypeError(f"{name} does not accept dtype {dtypes[0]}")
+    raise TypeError(f"{name} does not accept dtypes {', '.join(dtypes)}.")
+
+
+def _binary(name, reflected=False):
+    def refuse(self, other):
+        refuse_operands(name, *((other, self) if reflected else (self, other)))
     return refuse
 
 
@@ -79,7 +99,9 @@ class PRNGKeyArray:
     __hash__ = None
 
     def __init__(self, base):
-        check_key_data(base, "random.wrap_key_data")
+        # REQUIRES: `base` is key data (random.wrap_key_data checks what users give). Not
+        # checked here: a failed op's result inside a trace must reach the trace's end, whose
+        # error is the real one (as JAX, whose PRNGKeyArray sees only avals checked before).
         self._base = base
 
     # ---- attributes of the key dimensions --------------------------------------------
@@ -189,14 +211,13 @@ class PRNGKeyArray:
         return f"Array({self.shape}, dtype={self.dtype.name}) overlaying:\n{str(self._base)}"
 
 
-for _name, _prim in [("add", "add"), ("radd", "add"), ("sub", "sub"), ("rsub", "sub"), ("mul", "mul"),
-                   ("rmul", "mul"), ("truediv", "div"), ("rtruediv", "div"), ("floordiv", "floor_divide"),
-                   ("rfloordiv", "floor_divide"), ("mod", "rem"), ("rmod", "rem"), ("pow", "pow"),
-                   ("rpow", "pow"), ("matmul", "dot_general"), ("rmatmul", "dot_general"), ("and", "and"),
-                   ("rand", "and"), ("or", "or"), ("ror", "or"), ("xor", "xor"), ("rxor", "xor"),
-                   ("lshift", "shift_left"), ("rlshift", "shift_left"), ("rshift", "shift_right"),
-                   ("rrshift", "shift_right"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")]:
+for _name, _prim in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"),
+                     ("floordiv", "floor_divide"), ("mod", "rem"), ("pow", "pow"), ("matmul", "dot_general"),
+                     ("and", "and"), ("or", "or"), ("xor", "xor"), ("lshift", "shift_left"),
+                     ("rshift", "shift_right"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")]:
     setattr(PRNGKeyArray, f"__{_name}__", _binary(_prim))
+    if _name not in ("lt", "le", "gt", "ge"):  # (the reflected comparisons are the swapped ones)
+        setattr(PRNGKeyArray, f"__r{_name}__", _binary(_prim, reflected=True))
 for _name, _prim in [("neg", "neg"), ("pos", "pos"), ("abs", "abs"), ("invert", "not")]:
     setattr(PRNGKeyArray, f"__{_name}__", _unary(_prim))
 del _name, _prim

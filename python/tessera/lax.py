@@ -12,9 +12,10 @@ from .numpy import (abs, add, ceil, cos, exp, floor, log, maximum as max, minimu
                     subtract as sub)
 from .numpy import _op, _rsqrt as rsqrt, _logistic as logistic, _erf as erf, _tracer, _wrap, _enum  # noqa: F401
 from .sharding import _as_named
-from .tree_util import tree_map, broadcast_prefix, tree_unflatten
+from .tree_util import tree_map, tree_leaves, broadcast_prefix, tree_unflatten, data_map
 from .tree_util import data_flatten as tree_flatten  # loop carries and operands: a typed key is its data
 from ._trace import Tracer
+from ._prng import PRNGKeyArray
 from . import _trace
 from . import errors as _errors
 
@@ -23,12 +24,38 @@ def _axes(axis_name):
     return [axis_name] if isinstance(axis_name, str) else list(axis_name)
 
 
+def _refuse_keys(name, x):
+    """A reduction of typed keys is refused in the words of lax's dtype rules (a key has no sum
+    or order; the collectives that only move data take keys, by their data)."""
+    for leaf in tree_leaves(x):
+        if isinstance(leaf, PRNGKeyArray):
+            raise TypeError(f"{name} does not accept dtype {leaf.dtype}")
+
+
+def _per_array(f, x):
+    """tree_map of f(Tracer, key) over x's arrays: a typed key array's data with key=True,
+    wrapped again as keys."""
+    def one(v):
+        if isinstance(v, PRNGKeyArray):
+            return PRNGKeyArray(f(_tracer(v._base), True))
+        return f(_tracer(v), False)
+
+    return tree_map(one, x)
+
+
+def _key_axis(axis, ndim, key):
+    """A negative axis counted over a typed key array's `ndim` dimensions as the non-negative
+    one (its data's trailing word dimension is not one of them); other axes as given."""
+    return axis + ndim if key and axis < 0 else axis
+
+
 def _collective(name):
     cpp = getattr(_t, name)
 
     def f(x, axis_name):
         if isinstance(x, (int, float)) and name == "psum":
             return x * axis_size(axis_name)  # psum(1, 'i'): the axis' size, as in JAX
+        _refuse_keys(name, x)
         return tree_map(lambda v: _wrap(cpp(_tracer(v)._v, _axes(axis_name))), x)
 
     f.__name__ = name
@@ -45,20 +72,25 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, to="varying"):
     """jax.lax.all_gather; to='reduced' is all_gather_reduced (the gathered value typed reduced
     over `axis_name`, explicit mode), to='invarying' is all_gather_invariant (the gathered value
     typed invariant along `axis_name`, so out_specs may leave it out; the C++ all_gather)."""
-    return tree_map(lambda v: _wrap(_t.all_gather(_tracer(v)._v, _axes(axis_name), axis, tiled, to)), x)
+    # The gathered axis counts a key array's dimensions (the result's, untiled).
+    return _per_array(lambda t, key: _wrap(_t.all_gather(t._v, _axes(axis_name),
+                                                         _key_axis(axis, t.ndim - tiled, key),
+                                                         tiled, to)), x)
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
+    _refuse_keys("psum_scatter", x)
     return tree_map(lambda v: _wrap(_t.psum_scatter(_tracer(v)._v, _axes(axis_name), scatter_dimension, tiled)), x)
 
 
 def ppermute(x, axis_name, perm):
     perm = [(int(a), int(b)) for a, b in perm]
-    return tree_map(lambda v: _wrap(_t.ppermute(_tracer(v)._v, _axes(axis_name), perm)), x)
+    return data_map(lambda v: _wrap(_t.ppermute(_tracer(v)._v, _axes(axis_name), perm)), x)
 
 
 def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False):
-    return tree_map(lambda v: _wrap(_t.all_to_all(_tracer(v)._v, _axes(axis_name), split_axis, concat_axis, tiled)), x)
+    return _per_array(lambda t, key: _wrap(_t.all_to_all(t._v, _axes(axis_name), _key_axis(split_axis, t.ndim - 1, key),
+                                                         _key_axis(concat_axis, t.ndim - 1, key), tiled)), x)
 
 
 def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
@@ -88,7 +120,7 @@ def pbroadcast(x, axis_name, source):
     """jax.lax.pbroadcast: every device along `axis_name` gets the x of the device at position
     `source` (JAX defines it as the psum of x masked to the source; JAX lowers it on GPU only,
     Tessera runs it on its workers). Typed as varying along the axes, as JAX types it."""
-    return tree_map(lambda v: _wrap(_t.pbroadcast(_tracer(v)._v, _axes(axis_name), source)), x)
+    return data_map(lambda v: _wrap(_t.pbroadcast(_tracer(v)._v, _axes(axis_name), source)), x)
 
 
 def pvary(x, axis_name):
@@ -98,7 +130,7 @@ def pvary(x, axis_name):
     Its gradient comes out as JAX's, whose transpose of pvary is a psum."""
     if not axis_name:
         return x
-    return tree_map(lambda v: _wrap(_t.pvary(_tracer(v)._v, _axes(axis_name))), x)
+    return data_map(lambda v: _wrap(_t.pvary(_tracer(v)._v, _axes(axis_name))), x)
 
 
 def pcast(x, axis_name, *, to):
@@ -112,7 +144,7 @@ def pcast(x, axis_name, *, to):
         return x
     if to not in ("unreduced", "reduced", "varying"):
         raise ValueError("Got unexpected `to` value. Allowed `to` values are: {'unreduced', 'reduced', 'varying'}")
-    return tree_map(lambda v: _wrap(_t.pcast(_tracer(v)._v, _axes(axis_name), to)), x)
+    return data_map(lambda v: _wrap(_t.pcast(_tracer(v)._v, _axes(axis_name), to)), x)
 
 
 def with_sharding_constraint(x, shardings):
@@ -370,7 +402,8 @@ def _scalar(x, op, what):
 
 @_op
 def stop_gradient(x):
-    return tree_map(lambda v: _wrap(_t.stop_gradient(_tracer(v)._v)), x)
+    # A typed key is returned as it is (lax.py _stop_gradient: extended dtypes have no gradient).
+    return tree_map(lambda v: v if isinstance(v, PRNGKeyArray) else _wrap(_t.stop_gradient(_tracer(v)._v)), x)
 
 
 @_op

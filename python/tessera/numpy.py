@@ -19,7 +19,7 @@ from ._array import Array
 from ._config import config as _config
 from . import _trace
 from ._trace import Tracer, in_trace
-from ._prng import PRNGKeyArray
+from ._prng import PRNGKeyArray, refuse_operands
 
 float32, float64, int32, int64 = _np.float32, _np.float64, _np.int32, _np.int64
 float16, int8, uint8, int16, uint32 = _np.float16, _np.int8, _np.uint8, _np.int16, _np.uint32
@@ -168,6 +168,8 @@ def _unary(name, cast_float=False):
 
     @_op
     def f(x):
+        if isinstance(x, PRNGKeyArray):
+            refuse_operands(name, x)  # lax's words: "neg does not accept dtype key<fry>"
         x = _tracer(x)
         if cast_float and x.dtype.kind != "f":
             x = x.astype(_float_dtype())
@@ -202,6 +204,9 @@ def logical_not(x):
 
 
 _SCALAR_OPS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "truediv"}
+# jnp's names of the SDK's binary ops (check_for_prngkeys names the jnp function).
+_JNP_NAMES = {"sub": "subtract", "mul": "multiply", "truediv": "true_divide", "eq": "equal", "ne": "not_equal",
+              "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "pow": "power"}
 
 
 def _binary(name):
@@ -209,6 +214,10 @@ def _binary(name):
 
     @_op
     def f(x, y):
+        if isinstance(x, PRNGKeyArray) or isinstance(y, PRNGKeyArray):
+            if name in ("eq", "ne") and isinstance(x, PRNGKeyArray) and isinstance(y, PRNGKeyArray):
+                return x == y if name == "eq" else x != y  # keys compare (JnpWithKeyArrayTest test_equality)
+            refuse_operands(_JNP_NAMES.get(name, name), x, y)
         # Arithmetic with a Python scalar: the SDK's weakly typed scalar overloads.
         if name in _SCALAR_OPS and isinstance(x, Tracer) != isinstance(y, Tracer):
             t, s, rev = (x, y, False) if isinstance(x, Tracer) else (y, x, True)
@@ -276,6 +285,12 @@ def where(condition, x, y):
     c = _tracer(condition)
     if c.dtype.kind != "b":
         c = c != 0
+    if isinstance(x, PRNGKeyArray) or isinstance(y, PRNGKeyArray):
+        # Keys are selected as their data, the condition over the key dimensions (random_test.py
+        # test_select); a key and a number are check_for_prngkeys' TypeError.
+        if not (isinstance(x, PRNGKeyArray) and isinstance(y, PRNGKeyArray)):
+            refuse_operands("where", x, y)
+        return PRNGKeyArray(where(expand_dims(c, -1), x._base, y._base))
     a, b = _pair(x, y)
     return _wrap(_t.where(c._v, a._v, b._v))
 
@@ -351,8 +366,11 @@ def swapaxes(a, axis1, axis2):
 @_op
 @_op
 def expand_dims(a, axis):
-    a = _tracer(a)
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    if isinstance(a, PRNGKeyArray):  # axes of the key dimensions (JnpWithKeyArrayTest test_expand_dims)
+        ndim = a.ndim + len(axes)
+        return PRNGKeyArray(expand_dims(a._base, tuple(_normalize_axis(d, ndim) for d in axes)))
+    a = _tracer(a)
     ndim = a.ndim + len(axes)
     for ax in sorted(d % ndim for d in axes):
         a = _wrap(_t.expand_dims(a._v, ax))
@@ -368,6 +386,8 @@ def squeeze(a, axis=None):
 
 @_op
 def _broadcast_to(array, shape):
+    if isinstance(array, PRNGKeyArray):  # over the key dimensions (JnpWithKeyArrayTest test_broadcast_to)
+        return PRNGKeyArray(_broadcast_to(array._base, (*shape, 2)))
     a = _tracer(array)
     return _wrap(_t.broadcast_to(a._v, list(shape)))
 
@@ -701,6 +721,12 @@ def eye(N, M=None, dtype=None):
 
 
 def array(x, dtype=None):
+    if isinstance(x, PRNGKeyArray):
+        # random_test.py test_array / test_array_user_dtype: keys are their own array; another
+        # dtype is lax.convert_element_type's ValueError (test_errors).
+        if dtype is None or dtype == x.dtype or dtype == x.dtype.name:
+            return x
+        raise ValueError(f"Cannot convert_element_type from {x.dtype} to {_np.dtype(dtype)}")
     if isinstance(x, (Tracer, Array)):
         return x if dtype is None else astype(x, dtype)
     host = _np.asarray(x)

@@ -100,7 +100,7 @@ def key_data(keys):
     """jax.random.key_data: the uint32[..., 2] data of typed keys; raw keys are their own."""
     if isinstance(keys, PRNGKeyArray):
         return keys._base
-    check_key_data(keys, "random.key_data")
+    check_key_data(keys)
     return keys
 
 
@@ -111,8 +111,9 @@ def wrap_key_data(key_bits_array, impl=None):
     if isinstance(key_bits_array, PRNGKeyArray):
         raise TypeError("random.wrap_key_data: the argument is a key array already; it takes uint32 key data")
     if not isinstance(key_bits_array, (Array, Tracer)):
-        check_key_data(_np.asarray(key_bits_array), "random.wrap_key_data")
+        check_key_data(_np.asarray(key_bits_array))
         key_bits_array = _jnp.asarray(key_bits_array)
+    check_key_data(key_bits_array)
     return PRNGKeyArray(key_bits_array)
 
 

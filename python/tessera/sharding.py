@@ -555,16 +555,16 @@ def _switch_axes(f, args, kwargs, run, eager, in_force):
     values)` (the SDK's auto_axes / explicit_axes) inside a trace; outside one `eager()`, as
     JAX runs them op by op. Returns f's result tree."""
     from ._trace import Tracer, callback
-    from .tree_util import tree_flatten, tree_unflatten
+    from .tree_util import data_flatten, tree_unflatten  # a typed key is its data, as under jit
     from .lax import _values
-    leaves, tree = tree_flatten(args)
+    leaves, tree = data_flatten(args)
     if not any(isinstance(l, Tracer) for l in leaves):
         return eager()
     out_tree = [None]
 
     def body(values):
         with in_force:
-            out, out_tree[0] = tree_flatten(f(*tree_unflatten(tree, [Tracer(v) for v in values]), **kwargs))
+            out, out_tree[0] = data_flatten(f(*tree_unflatten(tree, [Tracer(v) for v in values]), **kwargs))
         return _values(out)
 
     out = run(callback(body), _values(leaves), out_tree)
@@ -599,7 +599,7 @@ def _retyped(tree, mesh):
     itself, in the same layout (only the axis types differ: each device copies its own block)."""
     from ._array import Array
     from ._api import device_put
-    from .tree_util import tree_map
+    from .tree_util import data_map
 
     def one(leaf):
         if isinstance(leaf, Array) and leaf._committed:
@@ -608,7 +608,7 @@ def _retyped(tree, mesh):
                 return device_put(leaf, NamedSharding(mesh, s.spec))
         return leaf
 
-    return tree_map(one, tree)
+    return data_map(one, tree)
 
 
 def _on_mesh(shardings, mesh):
@@ -621,8 +621,8 @@ def _on_mesh(shardings, mesh):
 def _arguments_mesh(args, explicit_only=False):
     """The mesh of the first committed Array in `args` (with an Explicit axis, if asked)."""
     from ._array import Array
-    from .tree_util import tree_leaves
-    for leaf in tree_leaves(args):
+    from .tree_util import data_leaves
+    for leaf in data_leaves(args):
         if isinstance(leaf, Array) and leaf._committed:
             mesh = leaf.sharding.mesh
             if not explicit_only or AxisType.Explicit in mesh.axis_types:
@@ -643,8 +643,8 @@ def _check_in_shardings(args, in_sharding, inner):
     """explicit_axes' rule for each argument's in_sharding (the SDK's, as the traced switch
     checks it): ValueError naming the argument, its type, its spec and the rule."""
     from .numpy import _enum
-    from .tree_util import tree_flatten, tree_structure
-    leaves, _ = tree_flatten(args)
+    from .tree_util import data_leaves, tree_structure
+    leaves = data_leaves(args)  # a typed key's data: its spec names the key dimensions, the leading ones
     for i, (leaf, spec) in enumerate(zip(leaves, _specs(in_sharding, tree_structure(args)))):
         a = leaf if hasattr(leaf, "shape") and hasattr(leaf, "dtype") else np.asarray(leaf)
         _tessera.check_explicit_axes_in_sharding(i, _enum(a.dtype), list(a.shape), spec, inner._cpp)

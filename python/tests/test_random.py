@@ -419,23 +419,35 @@ def test_typed_keys_print_index_and_reshape_as_jax():
     assert str(wrapped.dtype) == "key<fry>" and wrapped.shape == ()
     assert _bytes(random.normal(wrapped, (4,))) == _bytes(random.normal(np.array([42, 173], np.uint32), (4,)))
     assert np.asarray(random.key_data(random.wrap_key_data(random.key_data(keys)))).tolist() == data.tolist()
-    with pytest.raises(TypeError, match="uint32"):
+    with pytest.raises(TypeError, match="^JAX encountered invalid PRNG key data: expected key_data.dtype = uint32; "
+                                        "got dtype=int32$"):
         random.wrap_key_data(np.array([42, 173], np.int32))
-    with pytest.raises(TypeError, match=r"end with \(2,\)"):
+    with pytest.raises(TypeError, match=r"^JAX encountered invalid PRNG key data: expected key_data.shape to end "
+                                        r"with \(2,\); got shape=\(4, 3\) for impl=threefry2x32$"):
         random.wrap_key_data(np.zeros((4, 3), np.uint32))
+    with pytest.raises(TypeError, match="^JAX encountered invalid PRNG key data: expected key_data.ndim >= 1; "
+                                        "got ndim=0$"):
+        random.wrap_key_data(tessera.numpy.zeros((), np.uint32))
 
 
 def test_typed_keys_refuse_arithmetic_conversion_and_batches():
     # JnpWithKeyArrayTest test_errors (and docs/jep/9263-typed-keys.md): operators on keys.
     k = random.key(123)
-    with pytest.raises(TypeError, match="add does not accept dtypes key<fry>, int32"):
-        k + 1
-    with pytest.raises(TypeError, match="add does not accept dtype key<fry>"):
-        k + k
-    with pytest.raises(TypeError, match="neg does not accept dtype key<fry>"):
-        -k
-    with pytest.raises(TypeError, match="key<fry>"):  # jnp.add: a TypeError too, its own words
-        tessera.numpy.add(k, 1)
+    # The jnp functions in the same words (jax/_src/numpy/util.py check_for_prngkeys names the
+    # jnp function and the operands' dtypes in order; all-key operands are the dtype's rule).
+    jnp = tessera.numpy
+    for f, message in [(lambda: k + 1, "add does not accept dtypes key<fry>, int32."),
+                       (lambda: 1 + k, "add does not accept dtypes int32, key<fry>."),
+                       (lambda: jnp.add(k, 1), "add does not accept dtypes key<fry>, int32."),
+                       (lambda: jnp.subtract(2.0, k), "subtract does not accept dtypes float32, key<fry>."),
+                       (lambda: k + k, "add does not accept dtype key<fry>"),
+                       (lambda: jnp.add(k, k), "add does not accept dtype key<fry>"),
+                       (lambda: -k, "neg does not accept dtype key<fry>"),
+                       (lambda: jnp.negative(k), "neg does not accept dtype key<fry>"),
+                       (lambda: jnp.where(True, k, 1), "where does not accept dtypes key<fry>, int32.")]:
+        with pytest.raises(TypeError) as e:
+            f()
+        assert str(e.value) == message
     # test_keyarray_array_conversion_fails; test_not_hashable.
     with pytest.raises(TypeError, match="cannot be converted to a NumPy array"):
         np.asarray(k)
@@ -529,3 +541,126 @@ def test_typed_keys_through_jit_vmap_scan_and_device_put(mesh):
     for i in range(8):
         for j in range(2):
             assert _bytes(s[i, j]) == _bytes(random.normal(grid[i, j], (3,))), (i, j)
+
+
+def test_a_failed_trace_with_typed_keys_raises_the_failure_not_a_key_error():
+    # A key is its data to the transformations, and JAX checks key data only where it is
+    # wrapped (jax/_src/random/prng.py random_wrap's _check_prng_key_data, on avals): an op that
+    # fails while tracing is reported as itself with a typed key, as with the raw key. Here
+    # shard_map's out_specs check (jax/_src/shard_map.py _check_vma: an output that varies
+    # along 'x' under out_specs P()) and random::fold_in's data check.
+    m = tessera.make_mesh((8,), ("x",), axis_types=(tessera.sharding.AxisType.Explicit,))
+    v = tessera.device_put(tessera.numpy.zeros(8), NamedSharding(m, P("x")))
+    body = tessera.shard_map(lambda k, v: random.fold_in(k, v[0].astype(np.int32)), mesh=m,
+                             in_specs=(P(), P("x")), out_specs=P())
+    for make in (random.PRNGKey, random.key):
+        with pytest.raises(tessera.errors.InvalidArgumentError, match=r"out_specs\[0\] = P\(\) leaves 'x' out"):
+            tessera.jit(body)(make(0), v)
+        with pytest.raises(tessera.errors.InvalidArgumentError, match="it must be an integer scalar"):
+            tessera.jit(lambda k: random.fold_in(k, tessera.numpy.zeros(3)))(make(0))
+
+
+def test_jnp_array_of_typed_keys_is_the_keys():
+    # random_test.py test_array: jnp.array(key) and jnp.asarray(key) are the key, also under jit;
+    # test_array_user_dtype: with dtype=key.dtype too; test_errors: to another dtype it is
+    # "Cannot convert_element_type from key<fry> to int32".
+    jnp = tessera.numpy
+    k = random.key(123)
+    want = _bytes(random.key_data(k))
+    for f in (jnp.array, jnp.asarray, tessera.jit(jnp.array), tessera.jit(jnp.asarray),
+              lambda k: jnp.array(k, dtype=k.dtype), lambda k: jnp.asarray(k, dtype=k.dtype)):
+        got = f(k)
+        assert str(got.dtype) == "key<fry>" and got.shape == ()
+        assert _bytes(random.key_data(got)) == want
+    with pytest.raises(ValueError, match="^Cannot convert_element_type from key<fry> to int32$"):
+        jnp.array(k, dtype=np.int32)
+
+
+def test_typed_keys_through_the_collectives_that_move_data(mesh8):
+    # Collectives that move or retype values do not depend on the dtype, so they take typed
+    # keys by their data, axes counting the key dimensions (JAX binds them on key avals:
+    # jax/_src/lax/parallel.py; random_test.py KeyArrayTest runs keys through such primitives);
+    # lax.stop_gradient returns a key unchanged (jax/_src/lax/lax.py _stop_gradient: extended
+    # dtypes). Reductions have no meaning on keys and are refused in lax's dtype-rule words.
+    lax = tessera.lax
+    keys = random.split(random.key(5), 8)
+    data = np.asarray(random.key_data(keys))
+
+    def run(body, in_spec, out_spec, x=keys):
+        out = tessera.jit(tessera.shard_map(body, mesh=mesh8, in_specs=in_spec, out_specs=out_spec))(x)
+        assert str(out.dtype) == "key<fry>"
+        return np.asarray(random.key_data(out))
+
+    # all_gather (invariant, so out_specs P() holds): each device's block key<fry>[1] gathered
+    # to key<fry>[8, 1] (a new leading axis), tiled to key<fry>[8], and at axis=-1 (of the
+    # result's key dimensions) to [1, 8].
+    def gather(**kw):
+        return run(lambda k: lax.all_gather(k, "x", to="invarying", **kw), P("x"), P())
+
+    assert gather().tolist() == data.reshape(8, 1, 2).tolist()
+    assert gather(tiled=True).tolist() == data.tolist()
+    assert gather(axis=-1).tolist() == data.reshape(1, 8, 2).tolist()
+    # ppermute: device i gets device i-1's key.
+    perm = [(i, (i + 1) % 8) for i in range(8)]
+    assert run(lambda k: lax.ppermute(k, "x", perm), P("x"), P("x")).tolist() == np.roll(data, 1, 0).tolist()
+    # all_to_all of the replicated key<fry>[8] on its last key axis (-1): device i gets key i
+    # from each of the 8 devices.
+    assert run(lambda k: lax.all_to_all(k, "x", -1, -1, tiled=True), P(), P("x")).tolist() == \
+        np.repeat(data, 8, 0).tolist()
+    # pbroadcast from device 3; pvary and pcast to 'varying' keep each device's key.
+    assert run(lambda k: lax.pbroadcast(k, "x", 3), P("x"), P("x")).tolist() == np.repeat(data[3:4], 8, 0).tolist()
+    assert run(lambda k: lax.pvary(k[0], "x")[None], P(), P("x")).tolist() == np.repeat(data[0:1], 8, 0).tolist()
+    assert run(lambda k: lax.pcast(k[0], "x", to="varying")[None], P(), P("x")).tolist() == \
+        np.repeat(data[0:1], 8, 0).tolist()
+    # stop_gradient of a tree with a key: the key unchanged, x's gradient stopped (d/dx of
+    # sum(stop_gradient(x) * x) is x, not 2x).
+    k = random.key(9)
+    x = np.arange(1, 5, dtype=np.float32)
+    g = tessera.grad(lambda x: tessera.numpy.sum(lax.stop_gradient({"k": k, "x": x})["x"] * x))(x)
+    assert np.asarray(g).tolist() == x.tolist()
+    assert _bytes(random.key_data(lax.stop_gradient(k))) == _bytes(random.key_data(k))
+    for name in ("psum", "pmax", "pmin", "pmean"):
+        with pytest.raises(TypeError, match=f"^{name} does not accept dtype key<fry>$"):
+            run(lambda k: getattr(lax, name)(k, "x"), P("x"), P())
+
+
+def test_typed_keys_through_auto_axes_and_explicit_axes():
+    # jax.sharding.auto_axes / explicit_axes (jax/_src/pjit.py) take any pytree of arrays, keys
+    # too (a key aval has its key dimensions' sharding); eagerly and under jit, the keys out are
+    # the keys f gives, laid out as asked.
+    from tessera.sharding import AxisType, auto_axes, explicit_axes
+    fold = tessera.vmap(lambda k: random.fold_in(k, 3))
+    for types, switch in [(AxisType.Explicit, lambda: auto_axes(fold, out_sharding=P("x"))),
+                          (AxisType.Auto, lambda: explicit_axes(fold, in_sharding=P("x")))]:
+        m = tessera.make_mesh((8,), ("x",), axis_types=(types,))
+        keys = tessera.device_put(random.split(random.key(0), 8), NamedSharding(m, P("x")))
+        want = _bytes(random.key_data(fold(keys)))
+        with tessera.set_mesh(m):
+            for run in (switch(), tessera.jit(switch())):
+                out = run(keys)
+                assert str(out.dtype) == "key<fry>" and out.shape == (8,) and out.sharding.spec == P("x"), types
+                assert _bytes(random.key_data(out)) == want, types
+
+
+def test_typed_keys_select_broadcast_and_expand_dims():
+    # random_test.py test_select / test_select_scalar_cond: lax.select of keys (under jit, and
+    # with a scalar condition) gives keys of that shape; JnpWithKeyArrayTest test_broadcast_to
+    # and test_expand_dims: the key dimensions broadcast / grow as an array's, the data alike.
+    jnp, lax = tessera.numpy, tessera.lax
+    ks = random.split(random.key(3), 6).reshape(3, 2)
+    other = random.split(random.key(4), 6).reshape(3, 2)
+    data, odata = np.asarray(random.key_data(ks)), np.asarray(random.key_data(other))
+    cs = np.array([True, False, False, True, False, True]).reshape(3, 2)
+    ys = tessera.jit(lax.select)(jnp.asarray(cs), ks, other)
+    assert str(ys.dtype) == "key<fry>" and ys.shape == (3, 2)
+    assert np.asarray(random.key_data(ys)).tolist() == np.where(cs[..., None], data, odata).tolist()
+    ys = lax.select(True, ks[0], other[0])
+    assert str(ys.dtype) == "key<fry>" and ys.shape == (2,) and _bytes(random.key_data(ys)) == _bytes(data[0])
+    assert _bytes(random.key_data(jnp.where(False, ks, other))) == _bytes(odata)
+    b = jnp.broadcast_to(random.key(123), (3,))
+    assert str(b.dtype) == "key<fry>" and b.shape == (3,)
+    assert np.asarray(random.key_data(b)).tolist() == [np.asarray(random.key_data(random.key(123))).tolist()] * 3
+    for axis, want in [(1, data[:, None]), (-1, data[:, :, None])]:
+        e = jnp.expand_dims(ks, axis)
+        assert str(e.dtype) == "key<fry>" and e.shape == want.shape[:-1]
+        assert _bytes(random.key_data(e)) == _bytes(want)
