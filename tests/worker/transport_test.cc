@@ -1406,6 +1406,33 @@ TEST(TransportRunTagNotice, ANoticeOfLostOpsCountsOnlyWithTheTagTheRunClaimedThe
   }
 }
 
+// As refusals (MadeUpTagsForOneOpDoNotPushOutTheRunsRefusal): the mailbox remembers at most
+// kRefusedTagsPerSource tags' notices of loss per (op, source). Before, a forger declaring
+// device 2 could name one op under 4,096 made-up tags (256 a notice) and fill the 4,096
+// remembered losses, pushing out the oldest op's: device 1's real loss of op 300, whose run's
+// wait then ended at its deadline rather than failing at once UNAVAILABLE.
+TEST(TransportRunTagNotice, MadeUpTagsForOneOpDoNotPushOutAnotherSourcesLoss) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  Transport transport;
+  transport.set_self(0);
+  ASSERT_TRUE(deliver(transport, notice(1, {{300, kTag}})).ok());
+  for (uint64_t first = 1; first <= 4096; first += 256) {
+    std::vector<std::pair<uint64_t, uint64_t>> ops;
+    for (uint64_t t = first; t < first + 256; ++t) ops.push_back({301, kTag ^ t});
+    ASSERT_TRUE(deliver(transport, notice(2, ops)).ok());
+  }
+  transport.begin_run_ops(300, 302, kTag);
+  absl::StatusOr<Received> waited =
+      transport.receive(1, "h:1", {300, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kUnavailable) << waited.status();  // before: DEADLINE_EXCEEDED
+  EXPECT_THAT(waited.status().message(), HasSubstr("device 1 (h:1) lost messages of op 300"));
+  // The claim dropped and counted the forger's four remembered tags of op 301 (the rest were not
+  // remembered, as a refusal past the cap is not).
+  EXPECT_EQ(transport.forged_messages(), Transport::kRefusedTagsPerSource);
+  transport.end_run_ops(300, 302, kTag);
+  transport.finish_ops(300, 302);
+}
+
 // A sender whose messages are never taken (its op started here, but nothing takes them) is
 // still bounded: the mailbox holds its share, one message per stream waits, and the rest stays
 // with the sender. A message that waits longer than the time-to-live is refused with what is

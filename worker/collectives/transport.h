@@ -278,7 +278,8 @@ class Transport {
   // How many run tags' refusals the mailbox remembers for one (op, source) (see refuse_locked):
   // a run's peer sends its op's messages under one tag, so a few cover it with room for
   // forgeries; more made-up tags for the op are refused and counted but not remembered, and so
-  // cannot push other ops' refusals out of the kRememberedOps remembered.
+  // cannot push other ops' refusals out of the kRememberedOps remembered. The same cap holds
+  // for the remembered notices of lost ops (lost_): a notice's tags past it are not kept.
   static constexpr int kRefusedTagsPerSource = 4;
 
   // Drops every stored message of `op` and discards any that arrive later.
@@ -547,7 +548,9 @@ class Transport {
   absl::Status failed_op_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source, run tag): the source's notice said messages of op with that tag to here may
   // be lost (as above). Only waits of that tag fail for it; when a run claims the op, the
-  // entries of other tags go, counted as forged (drop_mismatched_locked).
+  // entries of other tags go, counted as forged (drop_mismatched_locked). At most
+  // kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest ids
+  // dropped first.
   std::set<std::tuple<uint64_t, int, uint64_t>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
   // Links of the registration declare() replaced: kept open until their peer ends them (then
