@@ -316,7 +316,8 @@ class Transport {
 
   // Messages dropped because their sender was not the device their stream authenticated, or
   // because their run tag was not that of the run their op belongs to here (at once, or when the
-  // run claimed their op). Each message counts once, here or in dropped_messages: a message
+  // run claimed their op). Each message, and each op of a notice of lost ops (each op it names
+  // under another tag than its run's), counts once, here or in dropped_messages: a message
   // refused for the mailbox's bounds before its op was claimed counts there, and its refusal
   // going at the claim counts nowhere again.
   int64_t forged_messages() const;
