@@ -1203,21 +1203,26 @@ TEST(TransportRunTagRefusal, AForgedMessageRefusedForTheCountDoesNotFailTheRunsO
   });
 }
 
+// A mailbox of one early message per source (messages_per_peer = 1): device 1's one early
+// message (op 299), then the run's real message of op 300, refused over the count.
+void refuse_op_300_of_device_1(Transport& transport, uint64_t tag) {
+  MailboxOptions options;
+  options.messages_per_peer = 1;
+  transport.set_self(0);
+  ASSERT_TRUE(transport.set_mailbox(options).ok());
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 299, 0, tag, "held")).ok());
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 300, 0, tag, "real")).ok());
+  ASSERT_EQ(transport.dropped_messages(), 1);
+}
+
 // Issue #17 (last read of session 32): with the run tag in the refusal's key, one sender could
 // make a refusal per made-up tag for a single op, up to the 4,096 remembered, and the oldest op's
 // went first: the op a run waits on, whose wait then ended at its deadline instead of failing at
 // once, saying why. At most Transport::kRefusedTagsPerSource tags are remembered per (op, source).
 TEST(TransportRunTagRefusal, MadeUpTagsForOneOpDoNotPushOutTheRunsRefusal) {
   constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
-  MailboxOptions options;
-  options.messages_per_peer = 1;
   Transport transport;
-  transport.set_self(0);
-  ASSERT_TRUE(transport.set_mailbox(options).ok());
-  // Device 1's one early message, then the run's real message of op 300: over the count.
-  ASSERT_TRUE(deliver(transport, tagged_message(1, 299, 0, kTag, "held")).ok());
-  ASSERT_TRUE(deliver(transport, tagged_message(1, 300, 0, kTag, "real")).ok());
-  ASSERT_EQ(transport.dropped_messages(), 1);
+  ASSERT_NO_FATAL_FAILURE(refuse_op_300_of_device_1(transport, kTag));
   // A forger declaring device 1: messages of op 301 under 4,096 made-up tags, each over the count.
   for (uint64_t t = 1; t <= 4096; ++t) {
     ASSERT_TRUE(deliver(transport, tagged_message(1, 301, 0, kTag ^ t, "evil")).ok());
@@ -1240,6 +1245,29 @@ TEST(TransportRunTagRefusal, MadeUpTagsForOneOpDoNotPushOutTheRunsRefusal) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
   transport.end_run_ops(302, 303, kTag);
   transport.finish_ops(299, 303);
+}
+
+// The remembered refusals' global limit (kRememberedOps) forgets unclaimed ops' entries first:
+// a source refused on 4,097 distinct later op ids (one tag each, under the per-(op, source)
+// cap) pushed out the oldest entry, a run's real refusal of the op it had claimed, whose wait
+// then ended at its deadline rather than at once with RESOURCE_EXHAUSTED.
+TEST(TransportRunTagRefusal, RefusalsOfManyUnclaimedOpsDoNotPushOutAClaimedOpsRefusal) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  Transport transport;
+  ASSERT_NO_FATAL_FAILURE(refuse_op_300_of_device_1(transport, kTag));
+  transport.begin_run_ops(300, 301, kTag);
+  // A forger declaring device 2: one held message, then one of each of 4,097 later ops, refused.
+  ASSERT_TRUE(deliver(transport, tagged_message(2, 301, 0, 7, "held")).ok());
+  for (uint64_t op = 302; op <= 302 + 4096; ++op) {
+    ASSERT_TRUE(deliver(transport, tagged_message(2, op, 0, 7, "evil")).ok());
+  }
+  EXPECT_EQ(transport.dropped_messages(), 4098) << "each refused message is counted";
+  absl::StatusOr<Received> got =
+      transport.receive(1, "h:1", {300, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();  // before: DEADLINE_EXCEEDED
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("a message of op 300 from device 1"));
+  transport.end_run_ops(300, 301, kTag);
+  transport.finish_ops(299, 302 + 4097);
 }
 
 // transport.h: the messages of ops a run here owns are awaited, not early. The time-to-live

@@ -200,6 +200,20 @@ bool room_for_tag(const Remembered& remembered, const OpSourceTag& key) {
   return tags < Transport::kRefusedTagsPerSource;
 }
 
+// Makes room in `remembered` (refused_ or lost_, over kRememberedOps): forgets the oldest
+// entry of an op no run claimed (`claimed`), else the oldest. A run waits on its claimed ops'
+// entries; a flood of made-up op ids adds unclaimed ones.
+template <typename Remembered, typename Claimed>
+void forget_oldest(Remembered& remembered, const Claimed& claimed) {
+  for (auto it = remembered.begin(); it != remembered.end(); ++it) {
+    if (!claimed(std::get<0>(key_of(*it)))) {
+      remembered.erase(it);
+      return;
+    }
+  }
+  remembered.erase(remembered.begin());
+}
+
 }  // namespace
 
 // The outbound Exchange streams to one peer: kStreamsPerLink callback-API writers over one
@@ -1299,7 +1313,10 @@ void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal w
   // A refusal remembered already keeps its first reason.
   if (!room_for_tag(refused_, key)) return;
   refused_.emplace(key, why);
-  if (refused_.size() > kRememberedOps) refused_.erase(refused_.begin());  // the oldest op
+  if (refused_.size() > kRememberedOps)
+    forget_oldest(refused_, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return run_tag_locked(op).has_value();  // under mu_, as here
+    });
 }
 
 void Transport::sweep() {
@@ -1656,7 +1673,10 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
       // for one op (up to 256 a notice) cannot push out another op's real loss.
       if (!room_for_tag(lost_, {op, from, run_tag})) continue;
       lost_.insert({op, from, run_tag});
-      if (lost_.size() > kRememberedOps) lost_.erase(lost_.begin());  // the oldest op
+      if (lost_.size() > kRememberedOps)
+        forget_oldest(lost_, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return run_tag_locked(op).has_value();  // under mu_, as here
+        });
     }
     return absl::OkStatus();
   }

@@ -515,8 +515,8 @@ class Transport {
   // Counts a message dropped for its run tag (in forged_), logging the first ten.
   void count_mismatch_locked(uint64_t op, int from, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source, run tag): messages dropped for the bounds, and why (until the op finishes; at
-  // most kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest ids
-  // dropped first). Only a wait of the same run tag fails for one, and only a message of that
+  // most kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest
+  // unclaimed op's dropped first). Only a wait of the same run tag fails for one, and only a message of that
   // tag is dropped for it.
   using RefusedKey = std::tuple<uint64_t, int, uint64_t>;
   std::map<RefusedKey, Refusal> refused_ ABSL_GUARDED_BY(mu_);
@@ -550,8 +550,8 @@ class Transport {
   // (op, source, run tag): the source's notice said messages of op with that tag to here may
   // be lost (as above). Only waits of that tag fail for it; when a run claims the op, the
   // entries of other tags go, counted as forged (drop_mismatched_locked). At most
-  // kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest ids
-  // dropped first.
+  // kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest
+  // unclaimed op's dropped first.
   std::set<std::tuple<uint64_t, int, uint64_t>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
   // Links of the registration declare() replaced: kept open until their peer ends them (then
