@@ -11,8 +11,8 @@
 // counted, leaving the mailbox and the stream's source as they were.
 // An op stays open (claimed by its first receive, with that message's run tag) until a message
 // of another op comes: a later message of it under another tag is dropped and counted as
-// forged, never filed (the run-tag check); it is then finished, and its later messages dropped
-// as late.
+// forged, never filed (the run-tag check), and so is each op a notice names under another tag
+// than its claim's; it is then finished, and its later messages dropped as late.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -72,16 +72,27 @@ void run_stream(const uint8_t* data, size_t size, int authenticated_source) {
       continue;
     }
     fuzz::check(parsed.source_device() == source, "deliver's source is not the message's");
-    const bool is_data = parsed.lost_ops_size() == 0 && parsed.shm_segment().empty();
-    auto claim = claimed.find(parsed.op_id());
-    if (is_data && finished.count(parsed.op_id()) == 0 && claim != claimed.end() && claim->second != parsed.run_tag()) {
+    // Under another tag than its claim's (the open op's): wrong for this run.
+    auto mismatched = [&](uint64_t op, uint64_t run_tag) {
+      auto claim = claimed.find(op);
+      return finished.count(op) == 0 && claim != claimed.end() && claim->second != run_tag;
+    };
+    if (parsed.lost_ops_size() > 0) {  // a notice: counts once for each op it names under another tag
+      int64_t wrong = 0;
+      for (int i = 0; i < parsed.lost_ops_size(); ++i) wrong += mismatched(parsed.lost_ops(i), parsed.lost_op_tags(i));
+      fuzz::check(transport.forged_messages() == forged + wrong,
+                  "a notice's ops claimed under another tag were not each counted once as forged");
+      fuzz::check(transport.pending_messages() == pending, "a notice was filed");
+      continue;
+    }
+    if (parsed.shm_segment().empty() && mismatched(parsed.op_id(), parsed.run_tag())) {
       fuzz::check(transport.forged_messages() == forged + 1,
                   "a message of a claimed op under another tag was not counted");
       fuzz::check(transport.pending_messages() == pending, "a message of a claimed op under another tag was filed");
       continue;
     }
     fuzz::check(transport.forged_messages() == forged, "a message of the stream's own device was counted as forged");
-    if (parsed.lost_ops_size() > 0 || transport.pending_messages() == pending) continue;  // a notice, or a repeat
+    if (transport.pending_messages() == pending) continue;  // a repeat, or an offer
     const MessageTag tag{parsed.op_id(), parsed.step(), parsed.chunk(), parsed.run_tag()};
     absl::StatusOr<Received> got = transport.receive(source, "", tag, absl::InfinitePast(), absl::InfinitePast());
     if (!got.ok()) fuzz::fail("an accepted message is not in the mailbox under its tag", got.status().ToString());

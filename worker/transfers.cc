@@ -384,8 +384,12 @@ absl::Status Transfers::fan_out(const CollectiveRun& fan_out, const pb::ShardHea
   // From this part's start: the uploader's upload came first.
   run.start = absl::Now();
   run.deadline = run.start + (fan_out.deadline - fan_out.start);
+  // Claimed with its tag from now on, on every member: the uploader, the broadcast's root,
+  // never receives, so a forged message of its op id is counted, not held as an early one.
+  transport_->begin_run_ops(run.op, run.op + 1, run.run_tag);
   absl::StatusOr<std::shared_ptr<const HostArray>> out = run_collective(*transport_, run, data);
   transport_->finish_op(run.op);
+  transport_->end_run_ops(run.op, run.op + 1, run.run_tag);
   if (!out.ok()) {
     store_->cancel(id);
     return absl::Status(out.status().code(),

@@ -1203,21 +1203,26 @@ TEST(TransportRunTagRefusal, AForgedMessageRefusedForTheCountDoesNotFailTheRunsO
   });
 }
 
+// A mailbox of one early message per source (messages_per_peer = 1): device 1's one early
+// message (op 299), then the run's real message of op 300, refused over the count.
+void refuse_op_300_of_device_1(Transport& transport, uint64_t tag) {
+  MailboxOptions options;
+  options.messages_per_peer = 1;
+  transport.set_self(0);
+  ASSERT_TRUE(transport.set_mailbox(options).ok());
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 299, 0, tag, "held")).ok());
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 300, 0, tag, "real")).ok());
+  ASSERT_EQ(transport.dropped_messages(), 1);
+}
+
 // Issue #17 (last read of session 32): with the run tag in the refusal's key, one sender could
 // make a refusal per made-up tag for a single op, up to the 4,096 remembered, and the oldest op's
 // went first: the op a run waits on, whose wait then ended at its deadline instead of failing at
 // once, saying why. At most Transport::kRefusedTagsPerSource tags are remembered per (op, source).
 TEST(TransportRunTagRefusal, MadeUpTagsForOneOpDoNotPushOutTheRunsRefusal) {
   constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
-  MailboxOptions options;
-  options.messages_per_peer = 1;
   Transport transport;
-  transport.set_self(0);
-  ASSERT_TRUE(transport.set_mailbox(options).ok());
-  // Device 1's one early message, then the run's real message of op 300: over the count.
-  ASSERT_TRUE(deliver(transport, tagged_message(1, 299, 0, kTag, "held")).ok());
-  ASSERT_TRUE(deliver(transport, tagged_message(1, 300, 0, kTag, "real")).ok());
-  ASSERT_EQ(transport.dropped_messages(), 1);
+  ASSERT_NO_FATAL_FAILURE(refuse_op_300_of_device_1(transport, kTag));
   // A forger declaring device 1: messages of op 301 under 4,096 made-up tags, each over the count.
   for (uint64_t t = 1; t <= 4096; ++t) {
     ASSERT_TRUE(deliver(transport, tagged_message(1, 301, 0, kTag ^ t, "evil")).ok());
@@ -1240,6 +1245,29 @@ TEST(TransportRunTagRefusal, MadeUpTagsForOneOpDoNotPushOutTheRunsRefusal) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
   transport.end_run_ops(302, 303, kTag);
   transport.finish_ops(299, 303);
+}
+
+// The remembered refusals' global limit (kRememberedOps) forgets unclaimed ops' entries first:
+// a source refused on 4,097 distinct later op ids (one tag each, under the per-(op, source)
+// cap) pushed out the oldest entry, a run's real refusal of the op it had claimed, whose wait
+// then ended at its deadline rather than at once with RESOURCE_EXHAUSTED.
+TEST(TransportRunTagRefusal, RefusalsOfManyUnclaimedOpsDoNotPushOutAClaimedOpsRefusal) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  Transport transport;
+  ASSERT_NO_FATAL_FAILURE(refuse_op_300_of_device_1(transport, kTag));
+  transport.begin_run_ops(300, 301, kTag);
+  // A forger declaring device 2: one held message, then one of each of 4,097 later ops, refused.
+  ASSERT_TRUE(deliver(transport, tagged_message(2, 301, 0, 7, "held")).ok());
+  for (uint64_t op = 302; op <= 302 + 4096; ++op) {
+    ASSERT_TRUE(deliver(transport, tagged_message(2, op, 0, 7, "evil")).ok());
+  }
+  EXPECT_EQ(transport.dropped_messages(), 4098) << "each refused message is counted";
+  absl::StatusOr<Received> got =
+      transport.receive(1, "h:1", {300, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();  // before: DEADLINE_EXCEEDED
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("a message of op 300 from device 1"));
+  transport.end_run_ops(300, 301, kTag);
+  transport.finish_ops(299, 302 + 4097);
 }
 
 // transport.h: the messages of ops a run here owns are awaited, not early. The time-to-live
@@ -1404,6 +1432,33 @@ TEST(TransportRunTagNotice, ANoticeOfLostOpsCountsOnlyWithTheTagTheRunClaimedThe
     EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("Exchange: a notice names 1 lost ops and ",
                                                           bad.lost_op_tags_size(), " run tags (lost_op_tags)")));
   }
+}
+
+// As refusals (MadeUpTagsForOneOpDoNotPushOutTheRunsRefusal): the mailbox remembers at most
+// kRefusedTagsPerSource tags' notices of loss per (op, source). Before, a forger declaring
+// device 2 could name one op under 4,096 made-up tags (256 a notice) and fill the 4,096
+// remembered losses, pushing out the oldest op's: device 1's real loss of op 300, whose run's
+// wait then ended at its deadline rather than failing at once UNAVAILABLE.
+TEST(TransportRunTagNotice, MadeUpTagsForOneOpDoNotPushOutAnotherSourcesLoss) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  Transport transport;
+  transport.set_self(0);
+  ASSERT_TRUE(deliver(transport, notice(1, {{300, kTag}})).ok());
+  for (uint64_t first = 1; first <= 4096; first += 256) {
+    std::vector<std::pair<uint64_t, uint64_t>> ops;
+    for (uint64_t t = first; t < first + 256; ++t) ops.push_back({301, kTag ^ t});
+    ASSERT_TRUE(deliver(transport, notice(2, ops)).ok());
+  }
+  transport.begin_run_ops(300, 302, kTag);
+  absl::StatusOr<Received> waited =
+      transport.receive(1, "h:1", {300, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kUnavailable) << waited.status();  // before: DEADLINE_EXCEEDED
+  EXPECT_THAT(waited.status().message(), HasSubstr("device 1 (h:1) lost messages of op 300"));
+  // The claim dropped and counted the forger's four remembered tags of op 301 (the rest were not
+  // remembered, as a refusal past the cap is not).
+  EXPECT_EQ(transport.forged_messages(), Transport::kRefusedTagsPerSource);
+  transport.end_run_ops(300, 302, kTag);
+  transport.finish_ops(300, 302);
 }
 
 // A sender whose messages are never taken (its op started here, but nothing takes them) is

@@ -175,6 +175,45 @@ std::shared_ptr<internal::InProcessMailbox> in_process_mailbox(const std::string
   return it == in_process_table().end() ? nullptr : it->second;
 }
 
+// (op, source, run tag): the key of the refusals (a map) and the notices of lost ops (a set)
+// the mailbox remembers.
+using OpSourceTag = std::tuple<uint64_t, int, uint64_t>;
+const OpSourceTag& key_of(const OpSourceTag& key) { return key; }
+template <typename V>
+const OpSourceTag& key_of(const std::pair<const OpSourceTag, V>& entry) {
+  return entry.first;
+}
+
+// Whether `remembered` (refused_ or lost_) takes `key`: not if it holds it already, nor if it
+// holds Transport::kRefusedTagsPerSource tags of its (op, source), so that made-up tags for
+// one op cannot fill it and push the other ops' entries out (see refuse_locked).
+template <typename Remembered>
+bool room_for_tag(const Remembered& remembered, const OpSourceTag& key) {
+  const auto [op, from, run_tag] = key;
+  int tags = 0;
+  for (auto it = remembered.lower_bound(OpSourceTag{op, from, 0}); it != remembered.end(); ++it) {
+    const OpSourceTag& k = key_of(*it);
+    if (std::get<0>(k) != op || std::get<1>(k) != from) break;
+    if (std::get<2>(k) == run_tag) return false;
+    ++tags;
+  }
+  return tags < Transport::kRefusedTagsPerSource;
+}
+
+// Makes room in `remembered` (refused_ or lost_, over kRememberedOps): forgets the oldest
+// entry of an op no run claimed (`claimed`), else the oldest. A run waits on its claimed ops'
+// entries; a flood of made-up op ids adds unclaimed ones.
+template <typename Remembered, typename Claimed>
+void forget_oldest(Remembered& remembered, const Claimed& claimed) {
+  for (auto it = remembered.begin(); it != remembered.end(); ++it) {
+    if (!claimed(std::get<0>(key_of(*it)))) {
+      remembered.erase(it);
+      return;
+    }
+  }
+  remembered.erase(remembered.begin());
+}
+
 }  // namespace
 
 // The outbound Exchange streams to one peer: kStreamsPerLink callback-API writers over one
@@ -1271,15 +1310,13 @@ void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal w
   // refusal is counted but not remembered. A run's claim keeps its own tag's and erases the
   // others (drop_mismatched_locked), and after it only messages of its tag reach a bound here,
   // so a claimed op's refusal always has room.
-  auto group = refused_.lower_bound({op, from, 0});
-  int tags = 0;
-  for (auto it = group; it != refused_.end() && std::get<0>(it->first) == op && std::get<1>(it->first) == from; ++it) {
-    if (it->first == key) return;  // remembered already (the first reason stays)
-    ++tags;
-  }
-  if (tags >= kRefusedTagsPerSource) return;
+  // A refusal remembered already keeps its first reason.
+  if (!room_for_tag(refused_, key)) return;
   refused_.emplace(key, why);
-  if (refused_.size() > kRememberedOps) refused_.erase(refused_.begin());  // the oldest op
+  if (refused_.size() > kRememberedOps)
+    forget_oldest(refused_, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return run_tag_locked(op).has_value();  // under mu_, as here
+    });
 }
 
 void Transport::sweep() {
@@ -1632,8 +1669,14 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
         count_mismatch_locked(op, from, run_tag);
         continue;
       }
+      // As refusals: at most kRefusedTagsPerSource tags per (op, source), so that made-up tags
+      // for one op (up to 256 a notice) cannot push out another op's real loss.
+      if (!room_for_tag(lost_, {op, from, run_tag})) continue;
       lost_.insert({op, from, run_tag});
-      if (lost_.size() > kRememberedOps) lost_.erase(lost_.begin());  // the oldest op
+      if (lost_.size() > kRememberedOps)
+        forget_oldest(lost_, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return run_tag_locked(op).has_value();  // under mu_, as here
+        });
     }
     return absl::OkStatus();
   }

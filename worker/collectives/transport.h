@@ -278,7 +278,8 @@ class Transport {
   // How many run tags' refusals the mailbox remembers for one (op, source) (see refuse_locked):
   // a run's peer sends its op's messages under one tag, so a few cover it with room for
   // forgeries; more made-up tags for the op are refused and counted but not remembered, and so
-  // cannot push other ops' refusals out of the kRememberedOps remembered.
+  // cannot push other ops' refusals out of the kRememberedOps remembered. The same cap holds
+  // for the remembered notices of lost ops (lost_): a notice's tags past it are not kept.
   static constexpr int kRefusedTagsPerSource = 4;
 
   // Drops every stored message of `op` and discards any that arrive later.
@@ -315,7 +316,8 @@ class Transport {
 
   // Messages dropped because their sender was not the device their stream authenticated, or
   // because their run tag was not that of the run their op belongs to here (at once, or when the
-  // run claimed their op). Each message counts once, here or in dropped_messages: a message
+  // run claimed their op). Each message, and each op of a notice of lost ops (each op it names
+  // under another tag than its run's), counts once, here or in dropped_messages: a message
   // refused for the mailbox's bounds before its op was claimed counts there, and its refusal
   // going at the claim counts nowhere again.
   int64_t forged_messages() const;
@@ -513,8 +515,8 @@ class Transport {
   // Counts a message dropped for its run tag (in forged_), logging the first ten.
   void count_mismatch_locked(uint64_t op, int from, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source, run tag): messages dropped for the bounds, and why (until the op finishes; at
-  // most kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest ids
-  // dropped first). Only a wait of the same run tag fails for one, and only a message of that
+  // most kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest
+  // unclaimed op's dropped first). Only a wait of the same run tag fails for one, and only a message of that
   // tag is dropped for it.
   using RefusedKey = std::tuple<uint64_t, int, uint64_t>;
   std::map<RefusedKey, Refusal> refused_ ABSL_GUARDED_BY(mu_);
@@ -547,7 +549,9 @@ class Transport {
   absl::Status failed_op_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source, run tag): the source's notice said messages of op with that tag to here may
   // be lost (as above). Only waits of that tag fail for it; when a run claims the op, the
-  // entries of other tags go, counted as forged (drop_mismatched_locked).
+  // entries of other tags go, counted as forged (drop_mismatched_locked). At most
+  // kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest
+  // unclaimed op's dropped first.
   std::set<std::tuple<uint64_t, int, uint64_t>> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
   // Links of the registration declare() replaced: kept open until their peer ends them (then
