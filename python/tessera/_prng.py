@@ -224,13 +224,10 @@ del _name, _prim
 
 
 def _resolve(shape, size):
-    """numpy's reshape of `size` elements to `shape` with at most one -1."""
-    shape = tuple(int(d) for d in shape)
-    if shape.count(-1) == 1:
-        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
-        if known == 0 or size % known:
-            raise ValueError(f"cannot reshape key array of size {size} into shape {shape}")
-        shape = tuple(size // known if d == -1 else d for d in shape)
-    if int(np.prod(shape, dtype=np.int64)) != size:
-        raise ValueError(f"cannot reshape key array of size {size} into shape {shape}")
-    return shape
+    """numpy's reshape of `size` elements to `shape` with at most one -1 (numpy.py's
+    _norm_shape), refused here when it does not hold them all."""
+    from .numpy import _norm_shape
+    resolved = _norm_shape(shape, size)
+    if int(np.prod(resolved, dtype=np.int64)) != size:
+        raise ValueError(f"cannot reshape key array of size {size} into shape {tuple(int(d) for d in shape)}")
+    return resolved
