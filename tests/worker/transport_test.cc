@@ -1247,6 +1247,40 @@ TEST(TransportRunTagRefusal, MadeUpTagsForOneOpDoNotPushOutTheRunsRefusal) {
   transport.finish_ops(299, 303);
 }
 
+// Issue #17 (session 33's note): the cap of kRefusedTagsPerSource tags per (op, source) held
+// against a source's own earlier tags too. A client retrying a put's fan-out under the same
+// buffer id draws a fresh tag each time (client.cc), so by its fifth attempt the refusals of its
+// earlier ones filled the cap, the current attempt's was not remembered, and its wait ended at
+// its deadline instead of failing at once. Past the cap the newest tag now replaces an older one
+// (not the first: MadeUpTagsForOneOpDoNotPushOutTheRunsRefusal).
+TEST(TransportRunTagRefusal, AFanOutRetriedUnderFreshTagsFailsAtOnceWithItsNewestRefusal) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  constexpr uint64_t kOp = Transport::kUnorderedOps | 300;  // the fan-out of buffer 300
+  MailboxOptions options;
+  options.messages_per_peer = 1;
+  Transport transport;
+  transport.set_self(0);
+  ASSERT_TRUE(transport.set_mailbox(options).ok());
+  // Device 1's one early message, then each attempt's message of the fan-out, over the count.
+  ASSERT_TRUE(deliver(transport, tagged_message(1, 299, 0, kTag, "held")).ok());
+  for (uint64_t attempt = 1; attempt <= 5; ++attempt) {
+    ASSERT_TRUE(deliver(transport, tagged_message(1, kOp, 0, kTag ^ attempt, "earlier attempt")).ok());
+  }
+  ASSERT_TRUE(deliver(transport, tagged_message(1, kOp, 0, kTag, "this attempt")).ok());
+  EXPECT_EQ(transport.dropped_messages(), 6) << "each refused message is counted";
+  // This attempt's member claims the op (Transfers::fan_out) and waits for its message.
+  transport.begin_run_ops(kOp, kOp + 1, kTag);
+  absl::StatusOr<Received> got =
+      transport.receive(1, "h:1", {kOp, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();  // before: DEADLINE_EXCEEDED
+  EXPECT_THAT(std::string(got.status().message()),
+              AllOf(HasSubstr(absl::StrCat("a message of op ", kOp, " from device 1")),
+                    HasSubstr("--mailbox_messages_per_peer")));
+  transport.end_run_ops(kOp, kOp + 1, kTag);
+  transport.finish_op(kOp);
+  transport.finish_op(299);
+}
+
 // The remembered refusals' global limit (kRememberedOps) forgets unclaimed ops' entries first:
 // a source refused on 4,097 distinct later op ids (one tag each, under the per-(op, source)
 // cap) pushed out the oldest entry, a run's real refusal of the op it had claimed, whose wait
@@ -1459,6 +1493,30 @@ TEST(TransportRunTagNotice, MadeUpTagsForOneOpDoNotPushOutAnotherSourcesLoss) {
   EXPECT_EQ(transport.forged_messages(), Transport::kRefusedTagsPerSource);
   transport.end_run_ops(300, 302, kTag);
   transport.finish_ops(300, 302);
+}
+
+// The same for notices of lost ops: a client retrying a fan-out under fresh tags, whose
+// earlier attempts' streams failed, the uploader noticing each loss. Past the cap the newest
+// attempt's loss replaces an older one: its member's wait fails at once, UNAVAILABLE naming the
+// uploader (before: not remembered, DEADLINE_EXCEEDED at its deadline). The first loss and the
+// two latest of the earlier attempts stay, and go at the claim, counted as forged.
+TEST(TransportRunTagNotice, AFanOutRetriedUnderFreshTagsFailsAtOnceWithItsNewestLoss) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  constexpr uint64_t kOp = Transport::kUnorderedOps | 300;  // the fan-out of buffer 300
+  Transport transport;
+  transport.set_self(0);
+  for (uint64_t attempt = 1; attempt <= 5; ++attempt) {
+    ASSERT_TRUE(deliver(transport, notice(1, {{kOp, kTag ^ attempt}})).ok());
+  }
+  ASSERT_TRUE(deliver(transport, notice(1, {{kOp, kTag}})).ok());
+  transport.begin_run_ops(kOp, kOp + 1, kTag);
+  EXPECT_EQ(transport.forged_messages(), Transport::kRefusedTagsPerSource - 1);
+  absl::StatusOr<Received> waited =
+      transport.receive(1, "h:1", {kOp, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kUnavailable) << waited.status();  // before: DEADLINE_EXCEEDED
+  EXPECT_THAT(waited.status().message(), HasSubstr(absl::StrCat("device 1 (h:1) lost messages of op ", kOp)));
+  transport.end_run_ops(kOp, kOp + 1, kTag);
+  transport.finish_op(kOp);
 }
 
 // A sender whose messages are never taken (its op started here, but nothing takes them) is

@@ -175,29 +175,42 @@ std::shared_ptr<internal::InProcessMailbox> in_process_mailbox(const std::string
   return it == in_process_table().end() ? nullptr : it->second;
 }
 
-// (op, source, run tag): the key of the refusals (a map) and the notices of lost ops (a set)
-// the mailbox remembers.
-using OpSourceTag = std::tuple<uint64_t, int, uint64_t>;
-const OpSourceTag& key_of(const OpSourceTag& key) { return key; }
-template <typename V>
-const OpSourceTag& key_of(const std::pair<const OpSourceTag, V>& entry) {
-  return entry.first;
+// The order an entry of refused_ (a Refusal) or lost_ (the order itself) was remembered in.
+template <typename Value>
+uint64_t order_of(const Value& value) {
+  return value.order;
 }
+uint64_t order_of(uint64_t order) { return order; }
 
-// Whether `remembered` (refused_ or lost_) takes `key`: not if it holds it already, nor if it
-// holds Transport::kRefusedTagsPerSource tags of its (op, source), so that made-up tags for
-// one op cannot fill it and push the other ops' entries out (see refuse_locked).
+// Whether `remembered` (refused_ or lost_: maps by (op, source, run tag) to what is
+// remembered, with the order it was remembered in) takes `key`: not if it holds it already.
+// It keeps at most Transport::kRefusedTagsPerSource tags per (op, source), so that made-up tags
+// for one op cannot fill it and push the other ops' entries out (see refuse_locked). At that
+// cap the oldest entry of the (op, source) goes to make room, except its first (a run's own
+// refusal or loss, come before made-up tags) and the tag a run claimed the op with
+// (`claimed`): so the newest stays, a client's retry of a fan-out under fresh tags as well.
 template <typename Remembered>
-bool room_for_tag(const Remembered& remembered, const OpSourceTag& key) {
+bool room_for_tag(Remembered& remembered, const typename Remembered::key_type& key, std::optional<uint64_t> claimed) {
   const auto [op, from, run_tag] = key;
+  const auto begin = remembered.lower_bound({op, from, 0});
+  auto same = [&](auto it) {
+    return it != remembered.end() && std::get<0>(it->first) == op && std::get<1>(it->first) == from;
+  };
   int tags = 0;
-  for (auto it = remembered.lower_bound(OpSourceTag{op, from, 0}); it != remembered.end(); ++it) {
-    const OpSourceTag& k = key_of(*it);
-    if (std::get<0>(k) != op || std::get<1>(k) != from) break;
-    if (std::get<2>(k) == run_tag) return false;
+  auto first = remembered.end();
+  for (auto it = begin; same(it); ++it) {
+    if (std::get<2>(it->first) == run_tag) return false;
     ++tags;
+    if (first == remembered.end() || order_of(it->second) < order_of(first->second)) first = it;
   }
-  return tags < Transport::kRefusedTagsPerSource;
+  if (tags < Transport::kRefusedTagsPerSource) return true;
+  auto oldest = remembered.end();
+  for (auto it = begin; same(it); ++it) {
+    if (it == first || std::get<2>(it->first) == claimed) continue;
+    if (oldest == remembered.end() || order_of(it->second) < order_of(oldest->second)) oldest = it;
+  }
+  remembered.erase(oldest);  // kRefusedTagsPerSource > 2: there is one
+  return true;
 }
 
 // Makes room in `remembered` (refused_ or lost_, over kRememberedOps): forgets the oldest
@@ -206,7 +219,7 @@ bool room_for_tag(const Remembered& remembered, const OpSourceTag& key) {
 template <typename Remembered, typename Claimed>
 void forget_oldest(Remembered& remembered, const Claimed& claimed) {
   for (auto it = remembered.begin(); it != remembered.end(); ++it) {
-    if (!claimed(std::get<0>(key_of(*it)))) {
+    if (!claimed(std::get<0>(it->first))) {
       remembered.erase(it);
       return;
     }
@@ -1081,7 +1094,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
   const Key key{tag.op, source, tag.step, tag.chunk, tag.run_tag};
   AfterUnlock after;  // before the lock: runs once it is let go
   absl::MutexLock lock(&mu_);
-  const std::tuple<uint64_t, int, uint64_t> from{tag.op, source, tag.run_tag};
+  const OpSourceTag from{tag.op, source, tag.run_tag};
   auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_locked(key, op_start); };
   // Its messages are awaited now (no longer unclaimed), and only those of its run tag: the ones
   // held with another go (a run's ops were claimed at begin_run_ops already).
@@ -1113,7 +1126,7 @@ absl::StatusOr<Received> Transport::receive(int source, const std::string& addre
   }
   auto it = mailbox_.find(key);
   if (it == mailbox_.end()) {
-    if (auto refused = refused_.find({tag.op, source, tag.run_tag}); refused != refused_.end()) {
+    if (auto refused = refused_.find(from); refused != refused_.end()) {
       return absl::ResourceExhaustedError(absl::StrCat("a message of op ", tag.op, " from ", peer_name(source, address),
                                                        " was dropped: ", refusal_text_locked(refused->second)));
     }
@@ -1140,9 +1153,9 @@ bool Transport::ready_locked(const Key& key, absl::Time op_start) const {
   // before may simply not have been reopened yet.
   auto down = down_since_.find(source);
   const bool gone = down != down_since_.end() && down->second >= op_start;
-  const std::tuple<uint64_t, int, uint64_t> from{op, source, run_tag};
+  const OpSourceTag from{op, source, run_tag};
   return mailbox_.count(key) > 0 || gone || lost_.count(from) > 0 || failed_ops_.count(op) > 0 ||
-         refused_.count({op, source, run_tag}) > 0;
+         refused_.count(from) > 0;
 }
 
 void Transport::finish_ops(uint64_t first, uint64_t end) {
@@ -1230,12 +1243,13 @@ void Transport::drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t ru
     it = refused_.erase(it);
   }
   // And notices of lost messages of another tag: the run's messages were not what was lost.
-  for (auto it = lost_.lower_bound({first, INT_MIN, 0}); it != lost_.end() && std::get<0>(*it) < end;) {
-    if (std::get<2>(*it) == run_tag) {
+  for (auto it = lost_.lower_bound({first, INT_MIN, 0}); it != lost_.end() && std::get<0>(it->first) < end;) {
+    const auto [op, from, tag] = it->first;
+    if (tag == run_tag) {
       ++it;
       continue;
     }
-    count_mismatch_locked(std::get<0>(*it), std::get<1>(*it), std::get<2>(*it));
+    count_mismatch_locked(op, from, tag);
     it = lost_.erase(it);
   }
 }
@@ -1303,15 +1317,17 @@ void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal w
     std::fprintf(stderr, "tessera-worker: dropped a message of op %lu from device %d: %s\n",
                  static_cast<unsigned long>(op), from, refusal_text_locked(why).c_str());
   }
-  const RefusedKey key{op, from, run_tag};
+  const OpSourceTag key{op, from, run_tag};
   // At most kRefusedTagsPerSource run tags' refusals per (op, source): made-up tags must not
   // fill kRememberedOps with one op's refusals and push out the oldest op's, likely the one a
-  // run waits on (which would then end at its deadline, not with RESOURCE_EXHAUSTED). Over it a
-  // refusal is counted but not remembered. A run's claim keeps its own tag's and erases the
+  // run waits on (which would then end at its deadline, not with RESOURCE_EXHAUSTED). Over it
+  // the newest replaces the oldest but the first (room_for_tag): a client retrying a fan-out
+  // under fresh tags waits on its newest. A run's claim keeps its own tag's and erases the
   // others (drop_mismatched_locked), and after it only messages of its tag reach a bound here,
   // so a claimed op's refusal always has room.
   // A refusal remembered already keeps its first reason.
-  if (!room_for_tag(refused_, key)) return;
+  if (!room_for_tag(refused_, key, run_tag_locked(op))) return;
+  why.order = remembered_++;
   refused_.emplace(key, why);
   if (refused_.size() > kRememberedOps)
     forget_oldest(refused_, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -1665,14 +1681,16 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
     for (size_t i = 0; i < lost_ops.size(); ++i) {
       const uint64_t op = lost_ops[i], run_tag = lost_tags[i];
       if (finished_locked(op)) continue;
-      if (const std::optional<uint64_t> expected = run_tag_locked(op); expected.has_value() && *expected != run_tag) {
+      const std::optional<uint64_t> expected = run_tag_locked(op);
+      if (expected.has_value() && *expected != run_tag) {
         count_mismatch_locked(op, from, run_tag);
         continue;
       }
       // As refusals: at most kRefusedTagsPerSource tags per (op, source), so that made-up tags
-      // for one op (up to 256 a notice) cannot push out another op's real loss.
-      if (!room_for_tag(lost_, {op, from, run_tag})) continue;
-      lost_.insert({op, from, run_tag});
+      // for one op (up to 256 a notice) cannot push out another op's real loss; past it the
+      // newest replaces an older one (room_for_tag).
+      if (!room_for_tag(lost_, {op, from, run_tag}, expected)) continue;
+      lost_.emplace(OpSourceTag{op, from, run_tag}, remembered_++);
       if (lost_.size() > kRememberedOps)
         forget_oldest(lost_, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
           return run_tag_locked(op).has_value();  // under mu_, as here

@@ -277,9 +277,10 @@ class Transport {
   static constexpr int64_t kHeldMessageBytes = 256;
   // How many run tags' refusals the mailbox remembers for one (op, source) (see refuse_locked):
   // a run's peer sends its op's messages under one tag, so a few cover it with room for
-  // forgeries; more made-up tags for the op are refused and counted but not remembered, and so
-  // cannot push other ops' refusals out of the kRememberedOps remembered. The same cap holds
-  // for the remembered notices of lost ops (lost_): a notice's tags past it are not kept.
+  // forgeries; more tags for the op replace older ones of the same (op, source) (the newest
+  // stays, as does the first and the tag a run claimed the op with), and so cannot push other
+  // ops' refusals out of the kRememberedOps remembered. The same cap holds for the remembered
+  // notices of lost ops (lost_).
   static constexpr int kRefusedTagsPerSource = 4;
 
   // Drops every stored message of `op` and discards any that arrive later.
@@ -465,6 +466,7 @@ class Transport {
     enum Kind : uint8_t { kShare, kCount, kMemory, kTtl, kPaused, kGaveUp } kind;
     // kMemory: the message's charge in bytes; kTtl, kPaused, kGaveUp: how long it waited, in ns
     int64_t value = 0;
+    uint64_t order = 0;  // when it was remembered (remembered_): the oldest goes first
   };
   std::string refusal_text_locked(const Refusal& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a dropped message of (op, from) with `run_tag` and remembers why, for the op's wait
@@ -514,12 +516,15 @@ class Transport {
   void drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a message dropped for its run tag (in forged_), logging the first ten.
   void count_mismatch_locked(uint64_t op, int from, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // (op, source, run tag): messages dropped for the bounds, and why (until the op finishes; at
-  // most kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest
-  // unclaimed op's dropped first). Only a wait of the same run tag fails for one, and only a message of that
-  // tag is dropped for it.
-  using RefusedKey = std::tuple<uint64_t, int, uint64_t>;
-  std::map<RefusedKey, Refusal> refused_ ABSL_GUARDED_BY(mu_);
+  // (op, source, run tag): the key of the refusals and notices of lost ops remembered.
+  using OpSourceTag = std::tuple<uint64_t, int, uint64_t>;
+  // Messages dropped for the bounds, and why (until the op finishes; at most
+  // kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest unclaimed
+  // op's dropped first). Only a wait of the same run tag fails for one, and only a message of
+  // that tag is dropped for it.
+  std::map<OpSourceTag, Refusal> refused_ ABSL_GUARDED_BY(mu_);
+  // Entries put in refused_ and lost_ so far: their order (Refusal::order, lost_'s values).
+  uint64_t remembered_ ABSL_GUARDED_BY(mu_) = 0;
   // Messages waiting for room in their source's share, oldest first (at most one per stream or
   // ring: its reader waits with it), and how many ever waited.
   std::vector<std::shared_ptr<Waiting>> waiting_ ABSL_GUARDED_BY(mu_);
@@ -548,11 +553,11 @@ class Transport {
   // The error of a failed op (stream_failed of its link's failure); OK if none failed.
   absl::Status failed_op_locked(uint64_t op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source, run tag): the source's notice said messages of op with that tag to here may
-  // be lost (as above). Only waits of that tag fail for it; when a run claims the op, the
-  // entries of other tags go, counted as forged (drop_mismatched_locked). At most
-  // kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest
-  // unclaimed op's dropped first.
-  std::set<std::tuple<uint64_t, int, uint64_t>> lost_ ABSL_GUARDED_BY(mu_);
+  // be lost (as above), and the order it was remembered in (remembered_). Only waits of that
+  // tag fail for it; when a run claims the op, the entries of other tags go, counted as forged
+  // (drop_mismatched_locked). At most kRefusedTagsPerSource tags per (op, source) and
+  // kRememberedOps in all, the oldest unclaimed op's dropped first.
+  std::map<OpSourceTag, uint64_t> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
   // Links of the registration declare() replaced: kept open until their peer ends them (then
   // retired by link()) or the next declare (see declare).
