@@ -334,6 +334,14 @@ absl::StatusOr<CollectiveRun> Transfers::fan_out_run(grpc::ServerContext* ctx, c
     return absl::InvalidArgumentError(
         absl::StrCat("PutShard: a fan-out has ", f.members_size(), " members; it takes 2 to ", kMaxFanOut));
   }
+  // Its op is the buffer id with bit 63 set: id 2^63 - 1 would make op 2^64 - 1, whose range
+  // [op, op + 1) is empty (the claim and the end of the op would do nothing), and an id with
+  // bit 63 would share its op with the id without it. The coordinator's ids are below 2^62.
+  if (id >= kFanOutOpBit - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("PutShard: the fan-out of buffer ", id,
+                                                   " runs under op id buffer id | 2^63, so its buffer id ",
+                                                   "must be below 2^63 - 1 (", kFanOutOpBit - 1, ")"));
+  }
   // Its messages carry the client's tag, as a run's carry the coordinator's: the op id (the
   // buffer's, with bit 63) is predictable, and a fan-out of tag 0 would take anyone's messages.
   if (f.run_tag() == 0) {

@@ -35,6 +35,8 @@ class WireValidationTest : public ::testing::Test {
     client_.emplace(*std::move(client));
     absl::StatusOr<std::vector<Device>> devices = client_->devices();
     ASSERT_TRUE(devices.ok());
+    credentials_ = *credentials;
+    devices_ = *devices;
     auto identity = std::make_shared<CallIdentity>(credentials->cluster);
     worker_ = pb::Worker::NewStub(make_channel((*devices)[0].address, identity));
     coordinator_ = pb::Coordinator::NewStub(make_channel(client_->coordinator_address(), identity));
@@ -80,6 +82,8 @@ class WireValidationTest : public ::testing::Test {
   }
 
   const HostArray kept_values_ = HostArray::arange(DType::kI64, {64});
+  Credentials credentials_;
+  std::vector<Device> devices_;
   std::optional<Client> client_;
   std::optional<Array> kept_;
   std::unique_ptr<pb::Worker::Stub> worker_;
@@ -145,6 +149,33 @@ TEST_F(WireValidationTest, FailedPutsLeaveNoReservation) {
   EXPECT_EQ(stats->bytes_used, 32 * 8);
   // And the id is free again: a correct upload under it succeeds.
   EXPECT_TRUE(put({header(1000, pb::I32, {2}, std::string(8, 'x'))}).ok());
+}
+
+// Issue #17: a put's fan-out runs under op id buffer id | 2^63 (Transfers::kFanOutOpBit), so
+// buffer id 2^63 - 1 made op 2^64 - 1, whose range [op, op + 1) is empty: the members' claim of
+// the op (Transport::begin_run_ops) and its end (finish_op) did nothing. And an id with bit 63
+// shares its op with the id without it. Both are refused before anything runs, naming the id
+// and the rule (before, the uploader ran the broadcast). The members' addresses carry the
+// coordinator's grants, so only the id is wrong.
+TEST_F(WireValidationTest, PutShardFanOutOfABufferIdWithoutItsOwnOpId) {
+  const Authenticator auth(credentials_);
+  for (uint64_t id : {(uint64_t{1} << 63) - 1, (uint64_t{1} << 63) | 1000}) {
+    SCOPED_TRACE(absl::StrCat("buffer ", id));
+    pb::ShardChunk chunk = header(id, pb::F32, {4}, std::string(16, 'x'));
+    pb::ShardFanOut* f = chunk.mutable_header()->mutable_fan_out();
+    f->set_run_tag(0x5eed);
+    f->set_timeout_ms(2000);
+    for (int d : {0, 1}) {
+      pb::PeerAddress* member = f->add_members();
+      member->set_device_id(devices_[d].id);
+      member->set_address(devices_[d].address);
+      member->set_grant(auth.address_grant(id, devices_[d].id, devices_[d].address));
+    }
+    expect_error(put({chunk}), grpc::StatusCode::INVALID_ARGUMENT,
+                 {absl::StrCat("PutShard: the fan-out of buffer ", id,
+                               " runs under op id buffer id | 2^63, so its buffer id must be below 2^63 - 1 "
+                               "(9223372036854775807)")});
+  }
 }
 
 TEST_F(WireValidationTest, GetShardOfUnknownBuffer) {
