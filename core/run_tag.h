@@ -17,6 +17,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
 namespace tessera {
 
 // 64 bits of the kernel's CSPRNG, as core/shm_transfer.cc draws a segment's token. 0 is no tag:
@@ -35,6 +39,18 @@ inline uint64_t random_run_tag() {
     std::abort();
   }
   return tag;
+}
+
+// A worker's refusal of a request that would run collectives under run tag 0 (no tag, which
+// would take anyone's messages at the predictable op ids): INVALID_ARGUMENT naming `place`
+// (the request and its op, execution or buffer) and `field`, the request's run tag field.
+//
+//   if (req.run_tag() == 0) return run_tag_0_refusal("Reshard of op 7", "WorkerReshardRequest.run_tag");
+//   // "Reshard of op 7: WorkerReshardRequest.run_tag is 0; a run with collectives needs a random
+//   //  nonzero run tag (protocol version 29)"
+inline absl::Status run_tag_0_refusal(absl::string_view place, absl::string_view field) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      place, ": ", field, " is 0; a run with collectives needs a random nonzero run tag (protocol version 29)"));
 }
 
 }  // namespace tessera

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/run_tag.h"
 #include "core/slicing.h"
 #include "core/status.h"
 #include "proto/write_queue.h"
@@ -574,9 +575,9 @@ absl::Status PlanRunner::prepare(const LoadedPlan& loaded, const pb::RunPlanRequ
   // Its collectives' messages carry the run's tag, which their receivers check (docs/design.md,
   // "Run tags"): tag 0 would take anyone's messages at the predictable op ids.
   if (loaded.has_collectives && req.run_tag() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("run: execution ", req.execution_id(), " of plan ", req.plan_id(),
-                                                   ", which has collectives: RunPlanRequest.run_tag is 0; a run with "
-                                                   "collectives needs a random nonzero run tag (protocol version 29)"));
+    return run_tag_0_refusal(
+        absl::StrCat("run: execution ", req.execution_id(), " of plan ", req.plan_id(), ", which has collectives"),
+        "RunPlanRequest.run_tag");
   }
   if (req.output_buffers_size() != static_cast<int>(plan.output_slots.size())) {
     return absl::InvalidArgumentError(absl::StrCat("run: the plan has ", plan.output_slots.size(), " outputs, got ",

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/handoff.h"
+#include "core/run_tag.h"
 #include "core/shm_transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
@@ -345,9 +346,7 @@ absl::StatusOr<CollectiveRun> Transfers::fan_out_run(grpc::ServerContext* ctx, c
   // Its messages carry the client's tag, as a run's carry the coordinator's: the op id (the
   // buffer's, with bit 63) is predictable, and a fan-out of tag 0 would take anyone's messages.
   if (f.run_tag() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PutShard: the fan-out of buffer ", id,
-        " has run_tag 0; a fan-out needs a random nonzero run tag (ShardFanOut.run_tag, protocol version 29)"));
+    return run_tag_0_refusal(absl::StrCat("PutShard: the fan-out of buffer ", id), "ShardFanOut.run_tag");
   }
   CollectiveRun run;
   run.op = id | kFanOutOpBit;

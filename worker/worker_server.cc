@@ -12,6 +12,7 @@
 #include "core/heap.h"
 #include "core/host_array.h"
 #include "core/profile_wire.h"
+#include "core/run_tag.h"
 #include "core/shm_transfer.h"
 #include "core/slicing.h"
 #include "core/status.h"
@@ -345,9 +346,7 @@ class WorkerService final : public WorkerServiceBase {
   template <typename Request>
   static absl::Status check_run_tag(const Request& req, absl::string_view method, absl::string_view message) {
     if (req.run_tag() != 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(method, " of op ", req.op_id(), ": ", message,
-                                                   ".run_tag is 0; a run with collectives needs a random nonzero run "
-                                                   "tag (protocol version 29)"));
+    return run_tag_0_refusal(absl::StrCat(method, " of op ", req.op_id()), absl::StrCat(message, ".run_tag"));
   }
 
   // Validates the request, runs this device's part and stores the result.

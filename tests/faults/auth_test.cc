@@ -1009,8 +1009,7 @@ TEST_F(AuthTest, WorkersRefuseCollectivesReshardsRunsAndFanOutsWhoseRunTagIs0) {
       if (device == 1) chunk.clear_data();
       expect_error(put(worker(device, session).get(), chunk), grpc::StatusCode::INVALID_ARGUMENT,
                    absl::StrCat("PutShard: the fan-out of buffer ", array.array_id(),
-                                " has run_tag 0; a fan-out needs a random nonzero run tag (ShardFanOut.run_tag, "
-                                "protocol version 29)"));
+                                ": ShardFanOut.run_tag is 0; a run with collectives ", rule));
     }
   }
 }
