@@ -152,6 +152,26 @@ def test_batch_dimensions_split_on_one_side_only_as_jax():
     np.testing.assert_allclose(np.asarray(out), a[0] @ b, rtol=1e-4, atol=1e-4)
 
 
+def test_vmap_of_matmul_with_a_size_one_batch_dimension_as_jax():
+  # vmap over 'x' of jnp.matmul((2@y,4,8), (1,8,4)): per example matmul keeps the size-1 batch
+  # dimension as a free one (tensor_contractions.py, matmul) and the batched dot_general pairs
+  # the mapped dimensions as a new batch dimension (lax.py, _dot_batch_rule and
+  # _dot_general_batch_dim_nums), split 'x' on both sides: float32[2@x,2@y,4,4]. An unmapped
+  # rhs is a free dimension of the product instead.
+  mesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+  rng = np.random.default_rng(3)
+  a = rng.standard_normal((2, 2, 4, 8)).astype(np.float32)
+  b = rng.standard_normal((2, 1, 8, 4)).astype(np.float32)
+  with set_mesh(mesh):
+    A = reshard(a, P("x", "y"))
+    out = jax.jit(jax.vmap(jnp.matmul))(A, reshard(b, P("x")))
+    assert str(jax.typeof(out)) == "float32[2@x,2@y,4,4]"
+    np.testing.assert_allclose(np.asarray(out), np.matmul(a, b), rtol=1e-4, atol=1e-4)
+    out = jax.jit(jax.vmap(jnp.matmul, in_axes=(0, None)))(A, reshard(b[0], P()))
+    assert str(jax.typeof(out)) == "float32[2@x,2@y,4,4]"
+    np.testing.assert_allclose(np.asarray(out), np.matmul(a, b[0]), rtol=1e-4, atol=1e-4)
+
+
 def test_reshard_inside_and_outside_jit(xy):
   x = np.arange(32.0, dtype=np.float32).reshape(8, 4)
   xs = jax.device_put(x, jax.sharding.NamedSharding(xy, P("X", None)))
