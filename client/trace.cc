@@ -607,27 +607,57 @@ Value matmul(const Value& lhs, const Value& rhs) {
   if (b <= 2) return dot_general(lhs, rhs, DotDims{{}, {}, {a - 1}, {0}});
   // A vector on the left contracts with rhs's second to last: (K) @ (..., K, N) is (..., N).
   if (a == 1) return dot_general(lhs, rhs, DotDims{{}, {}, {0}, {b - 2}});
-  // Otherwise numpy broadcasts the batch dimensions (all but the last two) of both.
-  const Shape lb(ls.begin(), ls.end() - 2), rb(rs.begin(), rs.end() - 2);
-  std::optional<Shape> batch = broadcast_shapes(lb, rb);
-  if (!batch.has_value()) {
-    return t->fail(absl::InvalidArgumentError(absl::StrCat("matmul: the batch dimensions of ", shape_to_string(ls),
-                                                           " and ", shape_to_string(rs), " do not broadcast")));
-  }
-  auto batched = [&](const Value& v, const Shape& s) {
-    Shape full = *batch;
-    full.insert(full.end(), s.end() - 2, s.end());
-    return broadcast_to(v, full);
+  // Otherwise the batch dimensions (all but the last two) broadcast as numpy's, and the
+  // program is jnp.matmul's (jax/_src/numpy/tensor_contractions.py, matmul): a batch dimension
+  // only one operand has, or has where the other's is an unsplit 1 (squeezed away), is a free
+  // dimension of the dot_general keeping its split; those both have with one size and one
+  // split are its batch dimensions; anything else is refused. The product (batch, lhs free,
+  // rhs free) is then transposed into numpy's order. No operand is broadcast, so the explicit
+  // rules see each operand's own splits.
+  const std::optional<internal::TypedOperand> ta = internal::typed_operand(lhs), tb = internal::typed_operand(rhs);
+  const Axes unsplit;
+  auto split_of = [&](const std::optional<internal::TypedOperand>& typed, int64_t d) -> const Axes& {
+    return typed.has_value() ? typed->spec[d] : unsplit;
   };
-  const int r = static_cast<int>(batch->size()) + 2;
+  const int64_t n = std::max(a, b) - 2;
+  Shape lshape, rshape;           // the operands without their squeezed dimensions
+  std::vector<int64_t> at, l_at;  // result dimension of each product dimension: batch, lhs free
+  std::vector<int64_t> r_at;      // and rhs free
   DotDims dims;
-  for (int i = 0; i + 2 < r; ++i) {
-    dims.lhs_batch.push_back(i);
-    dims.rhs_batch.push_back(i);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t dl = i - (n - (a - 2)), dr = i - (n - (b - 2));  // < 0: the operand lacks it
+    const Axes& sl = dl >= 0 ? split_of(ta, dl) : unsplit;
+    const Axes& sr = dr >= 0 ? split_of(tb, dr) : unsplit;
+    if (dl >= 0 && dr >= 0 && ls[dl] == rs[dr] && sl == sr) {
+      dims.lhs_batch.push_back(static_cast<int64_t>(lshape.size()));
+      dims.rhs_batch.push_back(static_cast<int64_t>(rshape.size()));
+      lshape.push_back(ls[dl]);
+      rshape.push_back(rs[dr]);
+      at.push_back(i);
+    } else if (dr < 0 || (dl >= 0 && rs[dr] == 1 && sr.empty())) {
+      lshape.push_back(ls[dl]);
+      l_at.push_back(i);
+    } else if (dl < 0 || (ls[dl] == 1 && sl.empty())) {
+      rshape.push_back(rs[dr]);
+      r_at.push_back(i);
+    } else {
+      return t->fail(absl::InvalidArgumentError(
+          absl::StrCat("matmul: Incompatible types for matmul arguments: ", type_of(lhs).to_string(), " and ",
+                       type_of(rhs).to_string())));
+    }
   }
-  dims.lhs_contracting = {r - 1};
-  dims.rhs_contracting = {r - 2};
-  return dot_general(batched(lhs, ls), batched(rhs, rs), std::move(dims));
+  lshape.insert(lshape.end(), ls.end() - 2, ls.end());
+  rshape.insert(rshape.end(), rs.end() - 2, rs.end());
+  l_at.push_back(n);
+  r_at.push_back(n + 1);
+  dims.lhs_contracting = {static_cast<int64_t>(lshape.size()) - 1};
+  dims.rhs_contracting = {static_cast<int64_t>(rshape.size()) - 2};
+  const Value product = dot_general(reshape(lhs, lshape), reshape(rhs, rshape), std::move(dims));
+  at.insert(at.end(), l_at.begin(), l_at.end());
+  at.insert(at.end(), r_at.begin(), r_at.end());
+  std::vector<int64_t> perm(at.size());  // result dimension at[k] is product dimension k
+  for (size_t k = 0; k < at.size(); ++k) perm[at[k]] = static_cast<int64_t>(k);
+  return std::is_sorted(at.begin(), at.end()) ? product : transpose(product, perm);
 }
 
 Value dot(const Value& lhs, const Value& rhs) { return matmul(lhs, rhs); }

@@ -1,5 +1,6 @@
 // Explicit-mode sharding rule of dot_general, as JAX's _dot_general_sharding_rule
-// (jax/_src/lax/lax.py): batch dimensions must agree, and so must contracting ones; a
+// (jax/_src/lax/lax.py): batch dimensions must be split alike on both operands (split on one
+// and unsplit on the other is refused, in JAX's words), and contracting ones must agree; a
 // contracting dimension split on both operands leaves a sum over devices whose layout is
 // ambiguous (all-reduce to a replicated result, or reduce-scatter to a split one), an error
 // unless the call gives out_sharding. The result is batch, lhs free, rhs free, each keeping
@@ -39,13 +40,15 @@ TypeRuleResult dot_general(const TypeRuleCall& c) {
   const TypeSpec& rs = c.operands[1].spec;
   for (size_t i = 0; i < dd.lhs_batch.size(); ++i) {
     const Axes &a = l[dd.lhs_batch[i]], &b = rs[dd.rhs_batch[i]];
-    if (!a.empty() && !b.empty() && a != b) {
-      r.error = absl::StrCat("batch dimensions must be split alike, got lhs ", spec_tuple(l, dd.lhs_batch), " and rhs ",
-                             spec_tuple(rs, dd.rhs_batch));
+    // Split on one side only is refused too: JAX compares the specs, None included.
+    if (a != b) {
+      r.error = absl::StrCat(
+          "dot_general requires lhs batch dimensions and rhs batch dimensions to have the same sharding, got ",
+          spec_tuple(l, dd.lhs_batch), " and ", spec_tuple(rs, dd.rhs_batch));
       r.fix = "reshard one operand to the other's batch sharding (reshard(x, P(...)))";
       return r;
     }
-    r.spec.push_back(a.empty() ? b : a);
+    r.spec.push_back(a);
   }
   bool both_split = false;
   for (size_t i = 0; i < dd.lhs_contracting.size(); ++i) {

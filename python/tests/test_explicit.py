@@ -113,6 +113,65 @@ def test_out_sharding_resolves_a_split_contraction(xy):
       jax.jit(lambda In, W: jax.lax.dot_general(In, W, dims))(In, W)
 
 
+def test_batch_dimensions_split_on_one_side_only_as_jax():
+  # jax/_src/lax/lax.py, _dot_general_sharding_rule: lhs and rhs batch specs must be equal, None
+  # included; jax/_src/numpy/tensor_contractions.py, matmul: a batch dimension both operands
+  # have with the same size and different splits is "Incompatible types for matmul arguments"
+  # (even with out_sharding); one the other lacks, or has unsplit of size 1, is a free dimension
+  # of the dot_general and keeps its split.
+  mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+  rng = np.random.default_rng(2)
+  a = rng.standard_normal((2, 4, 8)).astype(np.float32)
+  b = rng.standard_normal((2, 8, 4)).astype(np.float32)
+  with set_mesh(mesh):
+    A, B = reshard(a, P("x")), reshard(b, P())
+    dims = (((2,), (1,)), ((0,), (0,)))
+    with pytest.raises(ValueError, match=r"dot_general requires lhs batch dimensions and rhs batch dimensions to "
+                       r"have the same sharding, got \('x',\) and \(None,\)"):
+      jax.jit(lambda A, B: jax.lax.dot_general(A, B, dims))(A, B)
+    # (the SDK's messages print types with its short dtype names, f32 for JAX's float32)
+    with pytest.raises(ValueError, match=r"Incompatible types for matmul arguments: f32\[2@x,4,8\] and "
+                       r"f32\[2,8,4\]"):
+      jax.jit(jnp.matmul)(A, B)
+    with pytest.raises(ValueError, match="Incompatible types for matmul arguments"):
+      jnp.matmul(A, B, out_sharding=P("x"))
+    # What JAX accepts, with its types and numpy's values.
+    out = jax.jit(lambda A, B: jax.lax.dot_general(A, B, dims))(A, reshard(b, P("x")))
+    assert str(jax.typeof(out)) == "float32[2@x,4,4]"
+    np.testing.assert_allclose(np.asarray(out), a @ b, rtol=1e-4, atol=1e-4)
+    for rhs, want in ((b[:1], a @ b[:1]), (b[0], a @ b[0])):
+      out = jax.jit(jnp.matmul)(A, reshard(rhs, P()))
+      assert str(jax.typeof(out)) == "float32[2@x,4,4]"
+      np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+    out = jax.jit(jnp.matmul)(reshard(a[0], P()), reshard(b, P("x")))
+    assert str(jax.typeof(out)) == "float32[2@x,4,4]"
+    np.testing.assert_allclose(np.asarray(out), a[0] @ b, rtol=1e-4, atol=1e-4)
+    # The lhs's contracting dimension on the mesh axis of the rhs's batch dimension.
+    out = jax.jit(jnp.matmul)(reshard(a[0], P(None, "x")), reshard(b, P("x")))
+    assert str(jax.typeof(out)) == "float32[2@x,4,4]"
+    np.testing.assert_allclose(np.asarray(out), a[0] @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_vmap_of_matmul_with_a_size_one_batch_dimension_as_jax():
+  # vmap over 'x' of jnp.matmul((2@y,4,8), (1,8,4)): per example matmul keeps the size-1 batch
+  # dimension as a free one (tensor_contractions.py, matmul) and the batched dot_general pairs
+  # the mapped dimensions as a new batch dimension (lax.py, _dot_batch_rule and
+  # _dot_general_batch_dim_nums), split 'x' on both sides: float32[2@x,2@y,4,4]. An unmapped
+  # rhs is a free dimension of the product instead.
+  mesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+  rng = np.random.default_rng(3)
+  a = rng.standard_normal((2, 2, 4, 8)).astype(np.float32)
+  b = rng.standard_normal((2, 1, 8, 4)).astype(np.float32)
+  with set_mesh(mesh):
+    A = reshard(a, P("x", "y"))
+    out = jax.jit(jax.vmap(jnp.matmul))(A, reshard(b, P("x")))
+    assert str(jax.typeof(out)) == "float32[2@x,2@y,4,4]"
+    np.testing.assert_allclose(np.asarray(out), np.matmul(a, b), rtol=1e-4, atol=1e-4)
+    out = jax.jit(jax.vmap(jnp.matmul, in_axes=(0, None)))(A, reshard(b[0], P()))
+    assert str(jax.typeof(out)) == "float32[2@x,2@y,4,4]"
+    np.testing.assert_allclose(np.asarray(out), np.matmul(a, b[0]), rtol=1e-4, atol=1e-4)
+
+
 def test_reshard_inside_and_outside_jit(xy):
   x = np.arange(32.0, dtype=np.float32).reshape(8, 4)
   xs = jax.device_put(x, jax.sharding.NamedSharding(xy, P("X", None)))

@@ -473,24 +473,78 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        [](V v) {
          return dot_general(v[0], v[1], DotDims{{0}, {0}, {2}, {1}});
        },
-       "error: batch dimensions must be split alike"},
+       "error: dot_general requires lhs batch dimensions and rhs batch dimensions to have the same sharding, got "
+       "('a',) and ('b',)"},
+      // Split on one side only is refused as well: _dot_general_sharding_rule (jax/_src/lax/
+      // lax.py) compares the batch specs with `l != r`, None included, in these words
+      // (tests/pjit_test.py test_dot_general_batch_error, test_dot_batch_dims_error).
+      {"batched_dot_split_one_side",
+       {{f32, {8, 16, 8}, P("a", None, None)}, {f32, {8, 8, 8}, P()}},
+       [](V v) {
+         return dot_general(v[0], v[1], DotDims{{0}, {0}, {2}, {1}});
+       },
+       "error: dot_general requires lhs batch dimensions and rhs batch dimensions to have the same sharding, got "
+       "('a',) and (None,) (operands f32[8@a,16,8], f32[8,8,8])"},
+      {"batched_dot_split_one_side_rhs",
+       {{f32, {8, 16, 8}, P()}, {f32, {8, 8, 8}, P(None, None, "b")}},
+       [](V v) {
+         return dot_general(v[0], v[1], DotDims{{0, 2}, {2, 1}, {}, {}});
+       },
+       "error: got (None, None) and ('b', None)"},
+      // jnp.matmul (jax/_src/numpy/tensor_contractions.py): a batch dimension both operands have
+      // with one size must have one split, else "Incompatible types for matmul arguments"
+      // (raised before dot_general, so with out_sharding too); one an operand lacks, or has as an
+      // unsplit 1, is a free dimension of the product keeping the other's split.
+      {"matmul_batch_split_one_side",
+       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {8, 8, 4}, P()}},
+       [](V v) { return matmul(v[0], v[1]); },
+       "error: matmul: Incompatible types for matmul arguments: f32[8@a,4,8] and f32[8,8,4]"},
+      {"matmul_batch_split_one_side_out_sharding",
+       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {8, 8, 4}, P()}},
+       [](V v) { return matmul(v[0], v[1], P("a", None, None)); },
+       "error: matmul: Incompatible types for matmul arguments: f32[8@a,4,8] and f32[8,8,4]"},
+      {"matmul_batch_split_alike",
+       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {8, 8, 4}, P("a", None, "b")}},
+       [](V v) { return matmul(v[0], v[1]); },
+       "f32[8@a,4,4@b]"},
+      {"matmul_rhs_lacks_batch",
+       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {8, 4}, P()}},
+       [](V v) { return matmul(v[0], v[1]); },
+       "f32[8@a,4,4]"},
+      {"matmul_lhs_lacks_batch",
+       {{f32, {4, 8}, P()}, {f32, {8, 8, 4}, P("a", None, None)}},
+       [](V v) { return matmul(v[0], v[1]); },
+       "f32[8@a,4,4]"},
+      // The lhs's contracting dimension and the rhs's batch dimension on one mesh axis: the batch
+      // dimension is a free one of the product, so 'a' appears once in the result (JAX accepts
+      // this; broadcasting the lhs onto the rhs's batch split would use 'a' twice).
+      {"matmul_lhs_lacks_batch_contracting_split_on_its_axis",
+       {{f32, {4, 8}, P(None, "a")}, {f32, {8, 8, 4}, P("a", None, None)}},
+       [](V v) { return matmul(v[0], v[1]); },
+       "f32[8@a,4,4]"},
+      {"matmul_size_one_batch",
+       {{f32, {8, 4, 8}, P("a", None, None)}, {f32, {1, 8, 4}, P()}},
+       [](V v) { return matmul(v[0], v[1]); },
+       "f32[8@a,4,4]"},
+      {"matmul_size_one_lhs_batch",
+       {{f32, {1, 4, 8}, P()}, {f32, {8, 8, 4}, P("a", None, None)}},
+       [](V v) { return matmul(v[0], v[1]); },
+       "f32[8@a,4,4]"},
+      {"matmul_size_one_and_missing_batch",
+       {{f32, {8, 1, 4, 8}, P("a", None, None, None)}, {f32, {8, 8, 4}, P("b", None, None)}},
+       [](V v) { return matmul(v[0], v[1]); },
+       "f32[8@a,8@b,4,4]"},
+      {"matmul_batch_sizes_differ",
+       {{f32, {8, 4, 8}, P()}, {f32, {4, 8, 4}, P()}},
+       [](V v) { return matmul(v[0], v[1]); },
+       "error: matmul: Incompatible types for matmul arguments: f32[8,4,8] and f32[4,8,4]"},
       {"matmul_result_axis_twice",
        {{f32, {16, 8}, P("a", None)}, {f32, {8, 8}, P(None, "a")}},
        [](V v) { return matmul(v[0], v[1]); },
        "error: produces an illegally sharded result: f32[16@a,8@a]"},
       // Made in the function: unsplit (the notebook's nullary ops).
-      {"iota",
-       {{f32, {16, 8}, P("a", None)}},
-       [](V) {
-         return iota(DType::kI32, {16, 8}, 0);
-       },
-       "i32[16,8]"},
-      {"full_plus_split",
-       {{f32, {16, 8}, P("a", None)}},
-       [](V v) {
-         return v[0] + full({16, 8}, 1.0);
-       },
-       "f32[16@a,8]"},
+      {"iota", {{f32, {16, 8}, P("a", None)}}, [](V) { return iota(DType::kI32, {16, 8}, 0); }, "i32[16,8]"},
+      {"full_plus_split", {{f32, {16, 8}, P("a", None)}}, [](V v) { return v[0] + full({16, 8}, 1.0); }, "f32[16@a,8]"},
       // Indexing (slicing.py's _gather_spec_computation): the table's other dimensions keep their
       // splits; the indexed dimension and the indices must be unsplit (tests/pjit_test.py
       // test_indices_sharded_gather_error: x[ids, :] with ids P('x') raises ShardingTypeError),
@@ -1016,6 +1070,37 @@ TEST(ExplicitGrid, GradientsTakeTheirPrimalsTypes) {
   });
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_THAT(*t, ::testing::ElementsAre("f32[16@X,8]", "f32[8,8@Y]"));
+}
+
+// jnp.matmul on a 2x2 mesh with the contracting dimension split on one operand only (allowed
+// by _dot_general_sharding_rule, jax/_src/lax/lax.py: only a dimension split on both needs
+// out_sharding) and the batch dimensions built as tensor_contractions.py's matmul builds them:
+// the result keeps each free dimension's split, and grad types each gradient as its primal.
+TEST(ExplicitGrid, MatmulBatchDimensionsOnATwoByTwoMesh) {
+  const Mesh m = mesh_of({2, 2}, {"x", "y"}, {kE, kE});
+  const DType f32 = DType::kF32;
+  auto mm = [](const std::vector<Value>& v) { return std::vector<Value>{matmul(v[0], v[1])}; };
+  EXPECT_EQ(one_type(m, {{f32, {4, 8}, P(None, "y")}, {f32, {2, 8, 4}, P("x", None, None)}}, mm), "f32[2@x,4,4]");
+  EXPECT_EQ(one_type(m, {{f32, {2, 4, 8}, P("x", None, "y")}, {f32, {2, 8, 4}, P("x", None, None)}}, mm),
+            "f32[2@x,4,4]");
+  EXPECT_EQ(one_type(m, {{f32, {2, 4, 8}, P("x", None, None)}, {f32, {8, 4}, P("y", None)}}, mm), "f32[2@x,4,4]");
+  EXPECT_EQ(one_type(m, {{f32, {2, 1, 4, 8}, P("x", None, None, "y")}, {f32, {2, 8, 4}, P()}}, mm), "f32[2@x,2,4,4]");
+  EXPECT_THAT(one_type(m, {{f32, {2, 4, 8}, P(None, None, "y")}, {f32, {2, 8, 4}, P("x", None, None)}}, mm),
+              HasSubstr("matmul: Incompatible types for matmul arguments: f32[2,4,8@y] and f32[2@x,8,4]"));
+  absl::StatusOr<std::vector<std::string>> g = result_types(
+      m, {{f32, {4, 8}, P(None, "y")}, {f32, {2, 8, 4}, P("x", None, None)}}, [](const std::vector<Value>& v) {
+        return grad([](const std::vector<Value>& p) { return std::vector<Value>{sum(tanh(matmul(p[0], p[1])))}; },
+                    {0, 1})(v);
+      });
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(*g, ::testing::ElementsAre("f32[4,8@y]", "f32[2@x,8,4]"));
+  // tests/pjit_test.py test_jnp_matmul_out_sharding_3d: a size-1 batch dimension split alike on
+  // both (over an axis of size 1) is a batch dimension; out_sharding=P('x') resolves the
+  // contraction split over 'y' on both: P('x', None, None).
+  const Mesh m12 = mesh_of({1, 2}, {"x", "y"}, {kE, kE});
+  EXPECT_EQ(one_type(m12, {{f32, {1, 1, 4}, P("x", None, "y")}, {f32, {1, 4, 2}, P("x", "y", None)}},
+                     [](const std::vector<Value>& v) { return std::vector<Value>{matmul(v[0], v[1], P("x"))}; }),
+            "f32[1@x,1,2]");
 }
 
 // A scatter's gradients are laid out as its operand and its updates (tests/pjit_test.py

@@ -64,6 +64,15 @@ std::vector<GradCase> grad_cases() {
       {"matmul_batch_broadcast", {{2, 4, 8}, {8, 6}}, Domain::kSigned, [](V in) { return matmul(in[0], in[1]); }});
   out.push_back(
       {"matmul_matrix_by_batch", {{4, 8}, {3, 8, 6}}, Domain::kSigned, [](V in) { return matmul(in[0], in[1]); }});
+  // jnp.matmul's program (free dimensions, a squeezed 1, a transpose into numpy's order) is
+  // differentiated through its dot_general, reshape and transpose.
+  out.push_back(
+      {"matmul_size_one_batch", {{1, 4, 8}, {3, 8, 6}}, Domain::kSigned, [](V in) { return matmul(in[0], in[1]); }});
+  out.push_back({"matmul_two_batch_broadcast", {{2, 1, 4, 8}, {3, 8, 6}}, Domain::kSigned, [](V in) {
+                   return matmul(in[0], in[1]);
+                 }});
+  out.push_back(
+      {"matmul_batch_both", {{3, 4, 8}, {3, 8, 6}}, Domain::kSigned, [](V in) { return matmul(in[0], in[1]); }});
   out.push_back({"broadcasting_add", {m, {8}}, Domain::kSigned, [](V in) { return in[0] + in[1]; }});
   out.push_back({"where", {m, m}, Domain::kSigned, [](V in) { return where(in[0] > in[1], in[0] * 2.0, in[1]); }});
   out.push_back({"broadcast_in_dim_stretched", {{8, 1}}, Domain::kSigned, [](V in) {

@@ -805,7 +805,84 @@ TEST(JnpSemantics, RemainderClampComparisonsAndPromotion) {
                     {{DType::kF32, {2, 3, 4}}, {DType::kF32, {3, 4, 6}}})
                   .status()
                   .message(),
-              HasSubstr("matmul: the batch dimensions of (2, 3, 4) and (3, 4, 6) do not broadcast"));
+              HasSubstr("matmul: Incompatible types for matmul arguments: f32[2,3,4] and f32[3,4,6]"));
+}
+
+// numpy's matmul by its definition: batch dimensions broadcast (right-aligned, a 1 stretched),
+// each batch element a matrix product of the two operands' last two dimensions.
+std::vector<float> host_matmul(const Shape& ls, const std::vector<float>& l, const Shape& rs,
+                               const std::vector<float>& r, Shape* out_shape) {
+  const size_t n = std::max(ls.size(), rs.size()) - 2;
+  const int64_t m = ls[ls.size() - 2], k = ls.back(), cols = rs.back();
+  Shape batch(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t dl = static_cast<int64_t>(i + ls.size()) - static_cast<int64_t>(n + 2);
+    const int64_t dr = static_cast<int64_t>(i + rs.size()) - static_cast<int64_t>(n + 2);
+    batch[i] = std::max(dl >= 0 ? ls[dl] : 1, dr >= 0 ? rs[dr] : 1);
+  }
+  *out_shape = batch;
+  out_shape->push_back(m);
+  out_shape->push_back(cols);
+  // The offset of batch element `flat` in an operand of shape s (its matrices m_rows x m_cols).
+  auto offset = [&](const Shape& s, int64_t flat) {
+    int64_t off = 0, stride = s[s.size() - 2] * s.back();
+    for (size_t i = n; i-- > 0;) {
+      const int64_t idx = flat % batch[i];
+      flat /= batch[i];
+      const int64_t d = static_cast<int64_t>(i + s.size()) - static_cast<int64_t>(n + 2);
+      if (d < 0) continue;
+      off += (s[d] == 1 ? 0 : idx) * stride;
+      stride *= s[d];
+    }
+    return off;
+  };
+  int64_t count = 1;
+  for (int64_t b : batch) count *= b;
+  std::vector<float> out;
+  for (int64_t e = 0; e < count; ++e) {
+    const int64_t lo = offset(ls, e), ro = offset(rs, e);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        float acc = 0;
+        for (int64_t q = 0; q < k; ++q) acc += l[lo + i * k + q] * r[ro + q * cols + j];
+        out.push_back(acc);
+      }
+    }
+  }
+  return out;
+}
+
+// matmul builds jnp.matmul's program (jax/_src/numpy/tensor_contractions.py, matmul): a batch
+// dimension one operand lacks, or has as a 1, is a free dimension of the dot_general (the 1
+// squeezed), those both have are its batch dimensions, and a transpose puts the result in
+// numpy's order; no operand is broadcast. The values are numpy's (host loops above).
+TEST(JnpSemantics, MatmulBatchDimensionsAsJnpWithoutBroadcastingAnOperand) {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{3, 4, 5}, {5, 2}},       {{4, 5}, {3, 5, 2}},    {{1, 4, 5}, {3, 5, 2}},
+      {{2, 1, 4, 5}, {3, 5, 2}}, {{3, 4, 5}, {3, 5, 2}}, {{3, 1, 4, 5}, {1, 2, 5, 2}},
+  };
+  for (const auto& [ls, rs] : cases) {
+    SCOPED_TRACE(absl::StrCat(shape_to_string(ls), " @ ", shape_to_string(rs)));
+    absl::StatusOr<Graph> g =
+        trace([](const std::vector<Value>& in) { return std::vector<Value>{matmul(in[0], in[1])}; },
+              {{DType::kF32, ls}, {DType::kF32, rs}});
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (int id = 0; id < g->size(); ++id) EXPECT_NE(g->node(id).op, Op::kBroadcastInDim) << g->to_text();
+    auto values = [](const Shape& s, int salt) {
+      int64_t count = 1;
+      for (int64_t d : s) count *= d;
+      std::vector<float> v;
+      for (int64_t i = 0; i < count; ++i) v.push_back(static_cast<float>((i * 7 + salt) % 11 - 5));
+      return v;
+    };
+    const std::vector<float> l = values(ls, 1), r = values(rs, 3);
+    const HostArray lh = HostArray::from_vector<float>(ls, l), rh = HostArray::from_vector<float>(rs, r);
+    absl::StatusOr<std::vector<HostArray>> out = evaluate_on_host(*g, {&lh, &rh});
+    ASSERT_TRUE(out.ok()) << out.status();
+    Shape want_shape;
+    const std::vector<float> want = host_matmul(ls, l, rs, r, &want_shape);
+    EXPECT_EQ((*out)[0], HostArray::from_vector<float>(want_shape, want));
+  }
 }
 
 // The composites of client/lax.cc on the host against JAX's docstring examples (lax.pad in
