@@ -766,7 +766,8 @@ int64_t clamped_start(int64_t start, int64_t dim, int64_t size) { return std::cl
 // 'x', into the result's: f32[4@x,3]. Starts unmapped: the operand's batch dimension is an offset
 // dimension of a full window, so its split stays: f32[4@x,3]. Operand unmapped with the starts
 // split: the starts become indices split on a dimension that is not a batching one, which
-// _gather_sharding_rule refuses ("would require collectives on inputs").
+// _gather_sharding_rule refuses ("would require collectives on inputs"). A window dimension
+// split over another axis and taken whole keeps its split.
 TEST_F(VmapTest, DynamicSliceWithPerExampleStartsOnASplitBatch) {
   absl::StatusOr<Mesh> mesh = client_->make_mesh({2}, {"x"});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
@@ -808,6 +809,23 @@ TEST_F(VmapTest, DynamicSliceWithPerExampleStartsOnASplitBatch) {
   EXPECT_THAT(out.status().message(),
               HasSubstr("Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing as "
                         "out sharding could not be resolved unambiguously (or would require collectives on inputs)"));
+
+  // On (2, 2): a window covering a dimension split over 'y' whole keeps that split (an offset
+  // dimension of the gather takes the operand's), f32[4@x,1,6@y].
+  const Mesh xy = mesh_2x2();
+  const HostArray x3 = arange({kBatch, 2, kLength});
+  TracedFunction rows = [](const std::vector<Value>& in) {
+    return std::vector<Value>{dynamic_slice(in[0], {in[1], full({}, 0, DType::kI32)}, {1, kLength})};
+  };
+  out = jit(vmap(rows))({put_on(xy, x3, P("x", None, "y")), put_on(xy, int32s(starts), P("x"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[4@x,1,6@y]");
+  std::vector<double> want_rows;
+  for (int64_t b = 0; b < kBatch; ++b) {
+    const int64_t r = clamped_start(starts[b], 2, 1);
+    for (int64_t j = 0; j < kLength; ++j) want_rows.push_back(x3.values<float>()[(b * 2 + r) * kLength + j]);
+  }
+  expect_near(fetch((*out)[0]), want_rows);
 }
 
 // vmap of dynamic_update_slice with per-example starts on an Explicit mesh. JAX batches it as a
