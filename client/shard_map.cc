@@ -307,11 +307,15 @@ struct ShardMapped::State {
   std::optional<Jitted> jitted;
 };
 
-std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& args) const {
+std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& given) const {
   std::vector<Value> failed(out_specs.size());
   TraceState* t = TraceState::current;
-  for (const Value& a : args) {
+  // Inside a control-flow body (a scan's, a fori_loop's), an argument of an enclosing trace is
+  // captured into the body first, as every op's operands are.
+  std::vector<Value> args = given;
+  for (Value& a : args) {
     if (!a.ok()) return failed;
+    a = TraceState::local(a);
     t = TraceState::of(a);
   }
   if (t == nullptr) return failed;  // not tracing: nothing to record the error in

@@ -4,8 +4,10 @@
 // _gather_batching_rule does the same, with operand_batching_dims). dynamic_slice and dynamic_update_slice as JAX
 // batches them (jax/_src/lax/slicing.py, _dynamic_slice_batching_rule, _dynamic_update_slice_batching_rule): with the
 // same starts for every example, the op again with a start of 0 along the batch dimension; with starts that differ per
-// example, a gather (a scatter) of each example's window, addressed as elements of the flattened operand.
-#include <limits>
+// example, lax's gather (scatter) of each example's window with the batch as a batching dimension of operand and
+// starts, so the Explicit rules resolve their splits of the batch as JAX's _gather_sharding_rule /
+// _scatter_sharding_rule do.
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "client/batching/batching.h"
@@ -52,37 +54,11 @@ absl::StatusOr<Value> indexing_rule(const BatchArgs& a) {
 // The starts operand with a 0 for the batch dimension first.
 Value starts_with_batch(const Value& starts) { return concatenate({full({1}, 0, starts.dtype()), starts}, 0); }
 
-// The flat indices into the batched operand (shape [size] + `shape`, flattened; its example
-// part alone when `per_example_operand` is false) of each element of the windows of `window`
-// at `starts` (int[size, rank], a row per example), each start clamped to [0, dim - window]
-// as lax clamps them: int32, or int64 when the operand has more elements than int32 holds.
-Value window_indices(const Value& starts, const Shape& shape, const Shape& window, int64_t size,
-                     bool per_example_operand) {
-  int64_t elements = 1;
-  for (int64_t n : shape) elements *= n;
-  const DType index = (per_example_operand ? elements * size : elements) > std::numeric_limits<int32_t>::max()
-                          ? DType::kI64
-                          : DType::kI32;
-  Shape out = {size};
-  out.insert(out.end(), window.begin(), window.end());
-  const int64_t rank = static_cast<int64_t>(shape.size());
-  Value flat =
-      per_example_operand ? iota(index, out, 0) * full(out, static_cast<double>(elements), index) : full(out, 0, index);
-  int64_t stride = elements;
-  for (int64_t d = 0; d < rank; ++d) {
-    stride /= shape[d] == 0 ? 1 : shape[d];
-    const Value column = reshape(convert(slice(starts, {0, d}, {size, d + 1}), index), {size});
-    const Value start = clamp(full({}, 0, index), column, full({}, static_cast<double>(shape[d] - window[d]), index));
-    const Value at = broadcast_in_dim(start, out, {0}) + iota(index, out, d + 1);
-    flat = flat + at * full(out, static_cast<double>(stride), index);
-  }
-  return flat;
-}
-
-Shape flat_shape(const Value& x) {
-  int64_t n = 1;
-  for (int64_t d : x.shape()) n *= d;
-  return {n};
+// The dimensions first, first + 1, ..., first + n - 1.
+std::vector<int64_t> dims_from(int64_t first, int64_t n) {
+  std::vector<int64_t> dims(n);
+  std::iota(dims.begin(), dims.end(), first);
+  return dims;
 }
 
 // (x, starts) with sizes: the window of each example at its starts.
@@ -93,25 +69,31 @@ absl::StatusOr<Value> dynamic_slice_rule(const BatchArgs& a) {
     sizes.insert(sizes.begin(), a.size);
     return a.add(std::move(n), {a.x[0], starts_with_batch(a.x[1])}, {});
   }
-  // Starts per example: a gather from the flattened operand (each example's own when it is
-  // batched, else the one operand every example reads).
-  Shape example = a.x[0].shape();
-  if (a.batched[0]) example.erase(example.begin());
-  const Value indices = window_indices(a.x[1], example, sizes, a.size, a.batched[0]);
-  return gather(reshape(a.x[0], flat_shape(a.x[0])), indices, 0, IndexMode::kClip);
+  // Starts per example (int[size, rank], a row per example): a gather of each example's window,
+  // its starts clamped as lax clamps them (kClip). With the operand batched too, the batch is a
+  // batching dimension of both, so on Explicit axes the operand's and the starts' splits of it
+  // resolve into the result's (lax_gather.cc, gather_by_batch_blocks), as JAX's.
+  const int64_t rank = static_cast<int64_t>(sizes.size());
+  if (!a.batched[0]) {
+    return gather(a.x[0], a.x[1], GatherDimensionNumbers{dims_from(1, rank), {}, dims_from(0, rank)}, sizes,
+                  GatherScatterMode::kClip);
+  }
+  sizes.insert(sizes.begin(), 1);
+  return gather(a.x[0], a.x[1], GatherDimensionNumbers{dims_from(1, rank), {}, dims_from(1, rank), {0}, {0}}, sizes,
+                GatherScatterMode::kClip);
 }
 
 // (x, update, starts): each example's x with its update written at its starts.
 absl::StatusOr<Value> dynamic_update_slice_rule(const BatchArgs& a) {
   const Value x = a.batched_operand(0), update = a.batched_operand(1);
   if (!a.batched[2]) return a.add(a.node, {x, update, starts_with_batch(a.x[2])}, {});
-  Shape example = x.shape(), window = update.shape();
-  example.erase(example.begin());
-  window.erase(window.begin());
-  const Value indices = window_indices(a.x[2], example, window, a.size, true);
-  // The windows' elements are distinct (a clamped window lies inside its example), so the
-  // scatter writes each once.
-  return reshape(scatter(reshape(x, flat_shape(x)), indices, update, 0, IndexMode::kClip), x.shape());
+  // Starts per example: a scatter of each example's update into its x, the batch a batching
+  // dimension of x, the starts and the update (x and the update broadcast along it when
+  // unmapped, laid out as the batch), its starts clamped as lax clamps them. A window lies
+  // inside its example, so the scatter writes each element once.
+  const int64_t rank = x.rank() - 1;
+  return scatter(x, a.x[2], update, ScatterDimensionNumbers{dims_from(1, rank), {}, dims_from(1, rank), {0}, {0}},
+                 GatherScatterMode::kClip);
 }
 
 constexpr BatchEntry kRules[] = {

@@ -222,6 +222,36 @@ def test_grad_through_a_vmapped_dynamic_slice_with_batched_starts():
   np.testing.assert_array_equal(g, want)
 
 
+def test_vmap_of_dynamic_slice_and_update_with_per_example_starts_on_a_split_batch():
+  # JAX batches dynamic_slice as a gather (_dynamic_slice_batching_rule -> _gather_batching_rule)
+  # and dynamic_update_slice as a scatter, the batch a batching dimension of operand and starts;
+  # _gather_sharding_rule / _scatter_sharding_rule resolve splits of it alike over 'x' into the
+  # result's. An unmapped operand with split starts is a gather with split indices: refused.
+  mesh = jax.make_mesh((2,), ("x",))
+  xs = np.arange(24, dtype=np.float32).reshape(4, 6)
+  us = -1.0 - np.arange(12, dtype=np.float32).reshape(4, 3)
+  starts = np.array([-1, 2, 5, 1], np.int32)
+  ds = lambda x, s: jax.lax.dynamic_slice(x, (s,), (3,))
+  dus = lambda x, u, s: jax.lax.dynamic_update_slice(x, u, (s,))
+  with jax.sharding.set_mesh(mesh):
+    x = jax.device_put(xs, NamedSharding(mesh, P("x", None)))
+    u = jax.device_put(us, NamedSharding(mesh, P("x", None)))
+    s = jax.device_put(starts, NamedSharding(mesh, P("x")))
+    for f in (jax.vmap(ds), jax.jit(jax.vmap(ds))):
+      out = f(x, s)
+      assert str(jax.typeof(out)) == "float32[4@x,3]"
+      np.testing.assert_array_equal(np.asarray(out), np.stack([_window(xs[k], (starts[k],), (3,)) for k in range(4)]))
+    out = jax.jit(jax.vmap(ds, in_axes=(0, None)))(x, np.int32(5))
+    assert str(jax.typeof(out)) == "float32[4@x,3]"
+    np.testing.assert_array_equal(np.asarray(out), xs[:, 3:6])
+    with pytest.raises(ValueError, match=r"Use `\.at\[\.\.\.\]\.get\(out_sharding=\)` to provide output"):
+      jax.jit(jax.vmap(ds, in_axes=(None, 0)))(jnp.asarray(xs[0]), s)
+    out = jax.jit(jax.vmap(dus))(x, u, s)
+    assert str(jax.typeof(out)) == "float32[4@x,6]"
+    np.testing.assert_array_equal(np.asarray(out),
+                                  np.stack([_update(xs[k], us[k], (starts[k],)) for k in range(4)]))
+
+
 # ---- random over a batch of keys ----------------------------------------------------------------
 
 def test_vmap_of_random_over_a_batch_of_keys_equals_each_key_alone():

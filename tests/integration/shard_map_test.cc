@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
+#include "tests/integration/jit_support.h"
 #include "tests/support/host_eval.h"
 #include "tests/support/jit_check.h"
 
@@ -1786,6 +1787,128 @@ TEST_F(ShardMapTest, WhileLoopInsideAShardMapBodyIsTypedAsJaxTypesIt) {
     for (int q = p / 2 * 2; q < p / 2 * 2 + 2; ++q) block += q;
     for (; block < 50; block *= 2) v *= 2;
     EXPECT_EQ(d->element_as_double(p), v) << p;
+  }
+}
+
+// Each of `results` fetched, within 1e-4 * (1 + |want|) of its host values.
+void expect_results_near(const std::vector<Array>& results, const std::vector<std::vector<double>>& want) {
+  ASSERT_EQ(results.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    SCOPED_TRACE(absl::StrCat("result ", k));
+    absl::StatusOr<HostArray> got = results[k].fetch();
+    ASSERT_TRUE(got.ok()) << got.status();
+    jit_support::expect_near(*got, want[k], 1e-4);
+  }
+}
+
+// Loops with a collective inside a shard_map body, under jit, on the Explicit and the Auto
+// (4, 2) mesh: a fori_loop whose body psums its varying carry's column sums over 'data' every
+// iteration, and a scan over the block's rows whose invariant carry adds each row's psum over
+// 'data' (the loop's collectives run once per iteration, not once per loop). JAX types these as
+// tests/shard_map_test.py's test_scan_vma / test_fori_loop_rep_rule do; the values are the host's
+// loops over the whole array.
+TEST_F(ShardMapTest, LoopsWithAPsumInsideAShardMapBody) {
+  ASSERT_NE(client_, nullptr);
+  constexpr int64_t kRows = 8, kCols = 4, kSteps = 3;
+  const HostArray x = HostArray::arange(DType::kF32, {kRows, kCols});
+  const HostArray w = HostArray::from_vector<float>({kCols}, {1, -2, 0.5f, 3});
+  const auto body = [](const std::vector<Value>& in) {
+    const std::vector<Value> looped =
+        fori_loop(0, kSteps,
+                  [](const Value& i, const std::vector<Value>& c) {
+                    const Value total = psum(sum(c[0], {0}), "data");
+                    return std::vector<Value>{c[0] * 0.5 + total * 0.125 + convert(i, DType::kF32)};
+                  },
+                  {in[0]});
+    ScanResult r = scan(
+        [&in](const std::vector<Value>& c, const std::vector<Value>& rows) {
+          const Value next = c[0] + psum(rows[0] * in[1], "data");
+          return ScanStep{{next}, {rows[0] + next}};
+        },
+        {full({kCols}, 0.0, DType::kF32)}, {in[0]});
+    return std::vector<Value>{looped[0], r.carry[0], r.ys[0]};
+  };
+  // The host: the fori_loop over the whole array; the scan's carry after step k is the sum over
+  // every block b of rows 2b..2b+k times w, and block b's row k of ys is its row plus that.
+  std::vector<double> looped(x.values<float>().begin(), x.values<float>().end());
+  for (int64_t step = 0; step < kSteps; ++step) {
+    std::vector<double> total(kCols, 0.0);
+    for (int64_t i = 0; i < kRows * kCols; ++i) total[i % kCols] += looped[i];
+    for (int64_t i = 0; i < kRows * kCols; ++i) looped[i] = looped[i] * 0.5 + total[i % kCols] * 0.125 + step;
+  }
+  constexpr int64_t kBlock = kRows / 4;  // rows per block along 'data'
+  std::vector<double> carry(kCols, 0.0), ys(kRows * kCols);
+  for (int64_t k = 0; k < kBlock; ++k) {
+    for (int64_t j = 0; j < kCols; ++j) {
+      for (int64_t b = 0; b < 4; ++b)
+        carry[j] += x.values<float>()[(b * kBlock + k) * kCols + j] * w.values<float>()[j];
+      for (int64_t b = 0; b < 4; ++b) {
+        ys[(b * kBlock + k) * kCols + j] = x.values<float>()[(b * kBlock + k) * kCols + j] + carry[j];
+      }
+    }
+  }
+  for (const Mesh& mesh : {mesh42(), auto_meshes_[1]}) {
+    SCOPED_TRACE(mesh.to_string());
+    const ShardMapped f = shard_map(body, mesh, {P("data", None), P()}, {P("data", None), P(), P("data", None)});
+    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", None)));
+    absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P()));
+    ASSERT_TRUE(xs.ok() && ws.ok());
+    absl::StatusOr<std::vector<Array>> out = jit([&f](const std::vector<Value>& in) { return f(in); })({*xs, *ws});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_results_near(*out, {looped, carry, ys});
+  }
+}
+
+// A scan (and a fori_loop) under jit whose body calls a shard_map, on the Explicit and the Auto
+// (4, 2) mesh: the carry f32[8] laid out P('data') and each row of xs f32[3, 8] P(None, 'data')
+// go into the shard_map's blocks, which psum over 'data'; the shard_map's result is the next
+// carry and the stacked output. The values are the host's loop: c' = c / 2 + row + sum(c) / 100.
+TEST_F(ShardMapTest, AScanWhoseBodyCallsAShardMap) {
+  ASSERT_NE(client_, nullptr);
+  constexpr int64_t kSteps = 3, kLength = 8;
+  const HostArray c0 = HostArray::arange(DType::kF32, {kLength});
+  HostArray rows(DType::kF32, {kSteps, kLength});
+  for (int64_t i = 0; i < kSteps * kLength; ++i) rows.mutable_values<float>()[i] = 0.25f * static_cast<float>(i % 7);
+  std::vector<double> c(c0.values<float>().begin(), c0.values<float>().end()), ys, looped = c;
+  for (int64_t k = 0; k < kSteps; ++k) {
+    double total = 0;
+    for (double v : c) total += v;
+    for (int64_t j = 0; j < kLength; ++j) c[j] = c[j] / 2 + rows.values<float>()[k * kLength + j] + total / 100;
+    ys.insert(ys.end(), c.begin(), c.end());
+  }
+  for (int64_t k = 0; k < kSteps; ++k) {  // the fori_loop: the same step with row 0 each time
+    double total = 0;
+    for (double v : looped) total += v;
+    for (int64_t j = 0; j < kLength; ++j) looped[j] = looped[j] / 2 + rows.values<float>()[j] + total / 100;
+  }
+  for (const Mesh& mesh : {mesh42(), auto_meshes_[1]}) {
+    SCOPED_TRACE(mesh.to_string());
+    const ShardMapped step = shard_map(
+        [](const std::vector<Value>& in) {
+          return std::vector<Value>{in[0] * 0.5 + in[1] + psum(sum(in[0]), "data") * 0.01};
+        },
+        mesh, {P("data"), P("data")}, {P("data")});
+    TracedFunction f = [&step](const std::vector<Value>& in) {
+      ScanResult r = scan(
+          [&step](const std::vector<Value>& carry, const std::vector<Value>& row) {
+            const Value next = step({carry[0], row[0]})[0];
+            return ScanStep{{next}, {next}};
+          },
+          {in[0]}, {in[1]});
+      const Value row0 = squeeze(slice(in[1], {0, 0}, {1, kLength}), {0});
+      const std::vector<Value> looped = fori_loop(0, kSteps,
+                                                  [&](const Value&, const std::vector<Value>& carry) {
+                                                    return step({carry[0], row0});
+                                                  },
+                                                  {in[0]});
+      return std::vector<Value>{r.carry[0], r.ys[0], looped[0]};
+    };
+    absl::StatusOr<Array> cs = client_->device_put(c0, NamedSharding(mesh, P("data")));
+    absl::StatusOr<Array> xs = client_->device_put(rows, NamedSharding(mesh, P(None, "data")));
+    ASSERT_TRUE(cs.ok() && xs.ok());
+    absl::StatusOr<std::vector<Array>> out = jit(f)({*cs, *xs});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_results_near(*out, {c, ys, looped});
   }
 }
 

@@ -5,8 +5,10 @@
 // (PJitTest's test_with_sharding_constraint_spmd_axis_name, test_wsc_vmap_abstract_mesh,
 // test_with_sharding_constraint_vmap_spmd_axis_name_error). Values against the host, shardings
 // as JAX's tests assert them.
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -745,6 +747,147 @@ TEST_F(VmapTest, UnreducedSumsJaxDoesNotBatchAreUnimplementedAsJax) {
     for (int j = 0; j < 4; ++j) want.push_back(host[i * 8 + j] + host[i * 8 + j + 4]);
   }
   expect_near(fetch((*summed)[0]), want);
+}
+
+// A batch of int32 starts (one per example) as a host array.
+HostArray int32s(const std::vector<int32_t>& v) {
+  HostArray a(DType::kI32, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), a.mutable_values<int32_t>().begin());
+  return a;
+}
+
+// lax's clamp of a dynamic start: into [0, dim - size], so the window fits.
+int64_t clamped_start(int64_t start, int64_t dim, int64_t size) { return std::clamp<int64_t>(start, 0, dim - size); }
+
+// vmap of dynamic_slice with per-example starts on an Explicit mesh. JAX batches it as a gather
+// (jax/_src/lax/slicing.py, _dynamic_slice_batching_rule -> _gather_batching_rule): operand and
+// starts both mapped give a gather whose batch dimension is an operand_batching_dim and a
+// start_indices_batching_dim, and _gather_spec_computation resolves the two splits, alike over
+// 'x', into the result's: f32[4@x,3]. Starts unmapped: the operand's batch dimension is an offset
+// dimension of a full window, so its split stays: f32[4@x,3]. Operand unmapped with the starts
+// split: the starts become indices split on a dimension that is not a batching one, which
+// _gather_sharding_rule refuses ("would require collectives on inputs"). A window dimension
+// split over another axis and taken whole keeps its split.
+TEST_F(VmapTest, DynamicSliceWithPerExampleStartsOnASplitBatch) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({2}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  constexpr int64_t kBatch = 4, kLength = 6, kWindow = 3;
+  const HostArray x = arange({kBatch, kLength});
+  const std::vector<int32_t> starts = {-1, 2, 5, 1};
+  std::vector<std::string> seen;
+  TracedFunction f = [&seen](const std::vector<Value>& in) {
+    seen.push_back(type_of(in[0]).to_string() + " " + type_of(in[1]).to_string());
+    return std::vector<Value>{dynamic_slice(in[0], {in[1]}, {kWindow})};
+  };
+  // The host loop: example b's window at its start (or at `shared`, for every example).
+  const auto want = [&](std::optional<int32_t> shared) {
+    std::vector<double> w;
+    for (int64_t b = 0; b < kBatch; ++b) {
+      const int64_t s = clamped_start(shared.value_or(starts[b]), kLength, kWindow);
+      for (int64_t j = 0; j < kWindow; ++j) w.push_back(x.values<float>()[b * kLength + s + j]);
+    }
+    return w;
+  };
+  const Array xs = put_on(*mesh, x, P("x", None));
+
+  absl::StatusOr<std::vector<Array>> out = jit(vmap(f))({xs, put_on(*mesh, int32s(starts), P("x"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(seen, ElementsAre("f32[6] i32[]"));
+  EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[4@x,3]");
+  expect_near(fetch((*out)[0]), want(std::nullopt));
+
+  HostArray five(DType::kI32, {});
+  five.mutable_values<int32_t>()[0] = 5;
+  out = jit(vmap(f, {0, std::nullopt}))({xs, put_on(*mesh, five, P())});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[4@x,3]");
+  expect_near(fetch((*out)[0]), want(5));
+
+  out = jit(vmap(f, {std::nullopt, 0}))({put_on(*mesh, arange({kLength}), P()), put_on(*mesh, int32s(starts), P("x"))});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << out.status();
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing as "
+                        "out sharding could not be resolved unambiguously (or would require collectives on inputs)"));
+
+  // On (2, 2): a window covering a dimension split over 'y' whole keeps that split (an offset
+  // dimension of the gather takes the operand's), f32[4@x,1,6@y].
+  const Mesh xy = mesh_2x2();
+  const HostArray x3 = arange({kBatch, 2, kLength});
+  TracedFunction rows = [](const std::vector<Value>& in) {
+    return std::vector<Value>{dynamic_slice(in[0], {in[1], full({}, 0, DType::kI32)}, {1, kLength})};
+  };
+  out = jit(vmap(rows))({put_on(xy, x3, P("x", None, "y")), put_on(xy, int32s(starts), P("x"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[4@x,1,6@y]");
+  std::vector<double> want_rows;
+  for (int64_t b = 0; b < kBatch; ++b) {
+    const int64_t r = clamped_start(starts[b], 2, 1);
+    for (int64_t j = 0; j < kLength; ++j) want_rows.push_back(x3.values<float>()[(b * 2 + r) * kLength + j]);
+  }
+  expect_near(fetch((*out)[0]), want_rows);
+}
+
+// vmap of dynamic_update_slice with per-example starts on an Explicit mesh. JAX batches it as a
+// scatter (_dynamic_update_slice_batching_rule -> _scatter_batching_rule), broadcasting an
+// unmapped operand or update along the batch split over the vmapped mesh axis
+// (batching.bdim_at_front with axis_data.explicit_mesh_axis), so every mix of mapped operand,
+// update and starts resolves under _scatter_spec_computation to the operand's layout,
+// f32[4@x,6]: starts mapped (a batching dimension of operand, indices and updates, split alike),
+// or unmapped (the batch a full window dimension of operand and updates, split alike).
+TEST_F(VmapTest, DynamicUpdateSliceWithPerExampleStartsOnASplitBatch) {
+  absl::StatusOr<Mesh> mesh = client_->make_mesh({2}, {"x"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  constexpr int64_t kBatch = 4, kLength = 6, kWindow = 3;
+  const HostArray x = arange({kBatch, kLength});
+  HostArray u(DType::kF32, {kBatch, kWindow});
+  for (int64_t i = 0; i < kBatch * kWindow; ++i) u.mutable_values<float>()[i] = -1.0f - static_cast<float>(i);
+  const std::vector<int32_t> starts = {-1, 2, 5, 1};
+  HostArray five(DType::kI32, {});
+  five.mutable_values<int32_t>()[0] = 5;
+  TracedFunction f = [](const std::vector<Value>& in) {
+    return std::vector<Value>{dynamic_update_slice(in[0], in[1], {in[2]})};
+  };
+  // The host loop: example b's row (row 0 of x when x is unmapped) with its update (row 0 of u
+  // when u is unmapped) written at its start (or at `shared`).
+  const auto want = [&](bool x_mapped, bool u_mapped, std::optional<int32_t> shared) {
+    std::vector<double> w;
+    for (int64_t b = 0; b < kBatch; ++b) {
+      const int64_t s = clamped_start(shared.value_or(starts[b]), kLength, kWindow);
+      for (int64_t j = 0; j < kLength; ++j) {
+        const bool in_window = j >= s && j < s + kWindow;
+        w.push_back(in_window ? u.values<float>()[(u_mapped ? b : 0) * kWindow + j - s]
+                              : x.values<float>()[(x_mapped ? b : 0) * kLength + j]);
+      }
+    }
+    return w;
+  };
+  const Array xs = put_on(*mesh, x, P("x", None)), us = put_on(*mesh, u, P("x", None));
+  const Array x0 = put_on(*mesh, arange({kLength}), P());
+  HostArray u_row(DType::kF32, {kWindow});
+  for (int64_t j = 0; j < kWindow; ++j) u_row.mutable_values<float>()[j] = u.values<float>()[j];
+  const Array u0 = put_on(*mesh, u_row, P());
+  const Array ss = put_on(*mesh, int32s(starts), P("x")), s5 = put_on(*mesh, five, P());
+  struct Case {
+    std::vector<std::optional<int64_t>> in_axes;
+    std::vector<Array> args;
+    bool x_mapped, u_mapped;
+    std::optional<int32_t> shared;
+  };
+  const std::vector<Case> cases = {
+      {{0, 0, 0}, {xs, us, ss}, true, true, std::nullopt},
+      {{0, 0, std::nullopt}, {xs, us, s5}, true, true, 5},
+      {{0, std::nullopt, 0}, {xs, u0, ss}, true, false, std::nullopt},
+      {{std::nullopt, 0, 0}, {x0, us, ss}, false, true, std::nullopt},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat("x mapped ", c.x_mapped, ", update mapped ", c.u_mapped, ", starts mapped ",
+                              !c.shared.has_value()));
+    absl::StatusOr<std::vector<Array>> out = jit(vmap(f, c.in_axes))(c.args);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[4@x,6]");
+    expect_near(fetch((*out)[0]), want(c.x_mapped, c.u_mapped, c.shared));
+  }
 }
 
 }  // namespace
