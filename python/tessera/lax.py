@@ -187,6 +187,16 @@ def div(x, y):
 
 
 def convert_element_type(x, new_dtype):
+    from ._prng import KeyTy, _dtype_name
+    if isinstance(x, PRNGKeyArray) or isinstance(new_dtype, KeyTy):
+        # A key converts to no other dtype and nothing converts to a key: jax/_src/lax/lax.py
+        # _from_edtype_abstract_eval / _to_edtype_abstract_eval (KeyTyRules.allow_conversion is
+        # False; random_test.py JnpWithKeyArrayTest test_errors); to its own dtype it is itself.
+        old = _dtype_name(x)
+        new = str(new_dtype) if isinstance(new_dtype, KeyTy) else str(_jnp.canonical_dtype(_np.dtype(new_dtype)))
+        if old == new:
+            return x
+        raise ValueError(f"Cannot convert_element_type from {old} to {new}")
     return _jnp.astype(x, new_dtype)
 
 
