@@ -100,6 +100,28 @@ def _dtype_name(a):
     return str(theirs)
 
 
+_SCALAR_TYPES = {"integer": np.integer, "floating": np.floating, "complexfloating": np.complexfloating,
+                 "signedinteger": np.signedinteger, "bool": np.bool_}
+
+
+def refuse_primitive(prim, accepted, *args):
+    """lax.py's dtype rule of primitive `prim` on `args`, some of them keys (naryop_dtype_rule,
+    unop_dtype_rule): the first operand whose dtype is no subtype of its position's `accepted`
+    (one tuple of names per position) is refused, "sub does not accept dtype key<fry> at
+    position 1. Accepted dtypes at position 1 are subtypes of integer, floating,
+    complexfloating.", or for one operand "neg does not accept dtype key<fry>. Accepted dtypes
+    are subtypes of ...". The names are JAX's joined from a Python set: here in lax.py's order."""
+    for i, (a, names) in enumerate(zip(args, accepted)):
+        dtype = _dtype_name(a)
+        if dtype != str(KEY_DTYPE) and any(np.issubdtype(np.dtype(dtype), _SCALAR_TYPES[n]) for n in names):
+            continue
+        if len(args) == 1:
+            raise TypeError(f"{prim} does not accept dtype {dtype}. Accepted dtypes are subtypes of {', '.join(names)}.")
+        raise TypeError(f"{prim} does not accept dtype {dtype} at position {i}. Accepted dtypes at position {i} are "
+                        f"subtypes of {', '.join(names)}.")
+    raise AssertionError(f"refuse_primitive({prim}): no operand is refused")
+
+
 def refuse_operands(name, *args):
     """The TypeError of jnp function `name` (or the lax function of _PRIMITIVES) given `args`,
     some of them keys, in JAX's words: "subtract does not accept dtypes key<fry>, int32." (the
@@ -115,11 +137,7 @@ def refuse_operands(name, *args):
     if name not in _PRIMITIVES:
         raise TypeError(f"Cannot interpret '{dtypes[0]}' as a data type")
     prim, accepted = _PRIMITIVES[name]
-    if len(args) == 1:
-        raise TypeError(f"{prim} does not accept dtype {dtypes[0]}. Accepted dtypes are subtypes of "
-                        f"{', '.join(accepted)}.")
-    raise TypeError(f"{prim} does not accept dtype {dtypes[0]} at position 0. Accepted dtypes at position 0 are "
-                    f"subtypes of {', '.join(accepted)}.")
+    refuse_primitive(prim, (accepted,) * len(args), *args)
 
 
 def refuse_power(x, y):

@@ -472,7 +472,7 @@ def test_key_operators_and_jnp_functions_refuse_in_jax_words():
     # concrete integer exponent (ufuncs.py power, case 1), first take np.dtype of the key dtype
     # (dtypes.py to_numeric_dtype), which numpy refuses. random_test.py JnpWithKeyArrayTest
     # test_errors asserts the add and neg cases.
-    jnp = tessera.numpy
+    jnp, lax = tessera.numpy, tessera.lax
     k = random.key(123)
     mixed = "{} does not accept dtypes {}."
     num = "integer, floating, complexfloating"
@@ -542,6 +542,21 @@ def test_key_operators_and_jnp_functions_refuse_in_jax_words():
         (lambda: jnp.exp(k), numpy_refuses),
         (lambda: jnp.floor(k), numpy_refuses),
         (lambda: jnp.square(k), numpy_refuses),
+        # lax's functions bind the primitive without jnp's promotion: its dtype rule refuses
+        # the first operand it does not accept, at its position (lax.pow's Python 2 too).
+        (lambda: lax.sub(k, 1), nary("sub", num)),
+        (lambda: lax.sub(1.0, k), nary("sub", num).replace("position 0", "position 1")),
+        (lambda: lax.div(k, 2), nary("div", num)),
+        (lambda: lax.rem(k, k), nary("rem", "integer, floating")),
+        (lambda: lax.max(k, 0), nary("max", "integer, floating, complexfloating, bool")),
+        (lambda: lax.pow(k, 2), nary("pow", "floating, complexfloating")),
+        (lambda: lax.pow(2.0, k), nary("pow", num).replace("position 0", "position 1")),
+        (lambda: lax.pow(2, k), nary("pow", "floating, complexfloating").replace("key<fry>", "int32")),
+        (lambda: lax.neg(k), unary("neg", num)),
+        (lambda: lax.floor(k), unary("floor", "floating")),
+        (lambda: lax.exp(k), unary("exp", "floating, complexfloating")),
+        (lambda: lax.logistic(k), unary("logistic", "floating, complexfloating")),
+        (lambda: lax.erf(k), unary("erf", "floating")),
         # Operands that are no arrays: Python's own TypeError once the operator returns
         # NotImplemented (array_methods.py _accepted_binop_types); ==, != of a list refuse.
         (lambda: k - "a", "unsupported operand type(s) for -: 'PRNGKeyArray' and 'str'"),
