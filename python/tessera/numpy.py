@@ -197,6 +197,8 @@ _erf = _unary("erf", True)
 
 @_op
 def logical_not(x):
+    if isinstance(x, PRNGKeyArray):
+        refuse_operands("logical_not", x)  # ufuncs.py _to_bool: np.array(0, key dtype) first
     x = _tracer(x)
     if x.dtype.kind != "b":
         x = x != 0
@@ -268,6 +270,8 @@ def _logical(name):
 
     @_op
     def f(x, y):
+        if isinstance(x, PRNGKeyArray) or isinstance(y, PRNGKeyArray):
+            refuse_operands(name, x, y)  # promote_args, then _to_bool's np.array(0, key dtype)
         a, b = _pair(x, y)
         if a.dtype.kind != "b":
             a = a != 0

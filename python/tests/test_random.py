@@ -542,6 +542,9 @@ def test_key_operators_and_jnp_functions_refuse_in_jax_words():
         (lambda: jnp.exp(k), numpy_refuses),
         (lambda: jnp.floor(k), numpy_refuses),
         (lambda: jnp.square(k), numpy_refuses),
+        (lambda: jnp.logical_and(k, k), numpy_refuses),  # (ufuncs.py _to_bool: np.array(0, key<fry>))
+        (lambda: jnp.logical_not(k), numpy_refuses),
+        (lambda: jnp.logical_or(k, 1), mixed.format("logical_or", "key<fry>, int32")),
         # lax's functions bind the primitive without jnp's promotion: its dtype rule refuses
         # the first operand it does not accept, at its position (lax.pow's Python 2 too).
         (lambda: lax.sub(k, 1), nary("sub", num)),
