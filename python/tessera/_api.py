@@ -851,7 +851,8 @@ class ShapedArray:
     the varying axes."""
 
     def __init__(self, shape, dtype, text, mesh=None, varying=()):
-        self.shape, self.dtype = tuple(shape), _np.dtype(dtype)
+        from ._prng import KeyTy
+        self.shape, self.dtype = tuple(shape), dtype if isinstance(dtype, KeyTy) else _np.dtype(dtype)
         # The SDK's text starts with the short dtype name (f32[...]); JAX's str has the full one.
         self._text = self.dtype.name + text[text.index("["):]
         self._mesh = mesh
@@ -903,7 +904,17 @@ _short = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "b
 def typeof(x):
     """jax.typeof: inside a trace of explicit mode (a mesh with Explicit axes) the Value's
     sharding is part of its type, float32[16@data,8]; an Array's type shows its mesh's Explicit
-    axes; anything else its (JAX-canonical) dtype and shape."""
+    axes; anything else its (JAX-canonical) dtype and shape. A key array's is its data's
+    without the trailing dimension of the two words, key<fry>[8@X] (prng.py PRNGKeyArray.aval:
+    the key dimensions' shape and sharding)."""
+    from ._prng import PRNGKeyArray
+    if isinstance(x, PRNGKeyArray):
+        data = typeof(x._base)
+        dims, _, tail = data._text.partition("[")[2].partition("]")
+        lead, _, words = dims.rpartition(",")
+        if words != "2":
+            raise AssertionError(f"typeof: key data of type {data} split on its trailing dimension")
+        return ShapedArray(x.shape, x.dtype, f"[{lead}]{tail}", data._mesh, varying=data.manual_axis_type.varying)
     if isinstance(x, Tracer):
         return ShapedArray(x.shape, x.dtype, _t.type_of(x._v), get_abstract_mesh(), varying=_t.varying_axes(x._v))
     if isinstance(x, Array):

@@ -1,8 +1,11 @@
 """tessera.Array (jax.Array) and its Shards, over the SDK's Array. Operators and methods
 are installed by tessera.numpy (they run as small jitted programs, as JAX dispatches ops)."""
+import abc
+
 import numpy as np
 
 from . import _tessera
+from ._prng import PRNGKeyArray
 from .sharding import NamedSharding, _device
 
 
@@ -27,8 +30,12 @@ class Shard:
         return f"Shard(device={self.device!r}, index={self.index}, replica_id={self.replica_id})"
 
 
-class Array:
+class Array(metaclass=abc.ABCMeta):
     """A global array on the cluster's devices (jax.Array). np.asarray(a) fetches it.
+
+    A typed key array (_prng.PRNGKeyArray) is an Array too, as JAX's (random_test.py
+    test_isinstance: isinstance(key, jax.Array)): registered as a virtual subclass, so that it
+    takes none of these methods (JAX's key arrays take only the ones prng.py forwards).
 
     Uncommitted (JAX's word): made by a creation function (jnp.arange, zeros, array, ...) or
     by ops on such arrays only, on device 0; jit and shard_map move it to the mesh of the
@@ -131,3 +138,6 @@ class Array:
 
     def __format__(self, spec):
         return format(np.asarray(self), spec) if not self.shape else repr(self)
+
+
+Array.register(PRNGKeyArray)

@@ -62,32 +62,147 @@ def check_key_data(data):
                         f"got dtype={data.dtype}")
 
 
-def refuse_operands(name, *args):
-    """jax/_src/numpy/util.py check_for_prngkeys's TypeError for operands of which some are
-    keys: "add does not accept dtypes key<fry>, int32." (in the operands' order), or "add does
-    not accept dtype key<fry>" when all are keys (the key dtype's own rule, in lax's words)."""
-    def dtype(a):
-        theirs = getattr(a, "dtype", None)
-        if theirs is None:  # a Python number: JAX's default type of it (int32 without x64)
-            from .numpy import canonical_dtype
-            theirs = canonical_dtype(np.asarray(a).dtype)
-        return str(theirs)
+# ---- keys as operands of jnp functions and Array operators ------------------------------
+# JAX's Array operators are jnp functions (jax/_src/numpy/array_methods.py _array_operators:
+# k - 1 is jnp.subtract(k, 1)). Each jnp function promotes its operands first (jax/_src/numpy/
+# util.py promote_args*), whose check_for_prngkeys refuses a key next to another dtype in the
+# function's name. Operands that are all keys pass it; then promote_args hands them to a lax
+# primitive, whose dtype rule refuses the key in the primitive's name (jax/_src/lax/lax.py
+# naryop_dtype_rule, unop_dtype_rule), while promote_args_numeric and promote_args_inexact
+# first ask numpy for the key dtype (jax/_src/dtypes.py to_numeric_dtype / to_inexact_dtype:
+# np.dtype(key<fry>)), which numpy refuses.
+_NUM = ("integer", "floating", "complexfloating")
+_INT_OR_BOOL = ("integer", "bool")
+_ORDERED = ("integer", "floating", "bool")
+_ANY = ("integer", "floating", "complexfloating", "bool")
+_INEXACT = ("floating", "complexfloating")
+# jnp function (or lax function) -> (lax primitive, the dtypes its rule accepts) for the ones
+# that reach a primitive with keys; lax.py's accepted sets (_num, _ordered, ...), whose names
+# JAX joins in a Python set's order, here in lax.py's order of the union.
+_PRIMITIVES = {
+    "add": ("add", _NUM), "subtract": ("sub", _NUM), "multiply": ("mul", _NUM),
+    "maximum": ("max", _ANY), "minimum": ("min", _ANY),
+    "less": ("lt", _ORDERED), "less_equal": ("le", _ORDERED), "greater": ("gt", _ORDERED),
+    "greater_equal": ("ge", _ORDERED),
+    "bitwise_and": ("and", _INT_OR_BOOL), "bitwise_or": ("or", _INT_OR_BOOL), "bitwise_xor": ("xor", _INT_OR_BOOL),
+    "negative": ("neg", _NUM), "sign": ("sign", _NUM), "invert": ("not", _INT_OR_BOOL),
+    "absolute": ("abs", ("signedinteger", "floating", "complexfloating")),
+    # lax functions called directly (no jnp promotion): lax.rsqrt, lax.logistic, lax.erf.
+    "rsqrt": ("rsqrt", _INEXACT), "logistic": ("logistic", _INEXACT), "erf": ("erf", ("floating",)),
+}
 
-    dtypes = [dtype(a) for a in args]
-    if len(set(dtypes)) < 2:
-        raise TypeError(f"{name} does not accept dtype {dtypes[0]}")
-    raise TypeError(f"{name} does not accept dtypes {', '.join(dtypes)}.")
+
+def _dtype_name(a):
+    theirs = getattr(a, "dtype", None)
+    if theirs is None:  # a Python number: JAX's default type of it (int32 without x64)
+        from .numpy import canonical_dtype
+        theirs = canonical_dtype(np.asarray(a).dtype)
+    return str(theirs)
+
+
+_SCALAR_TYPES = {"integer": np.integer, "floating": np.floating, "complexfloating": np.complexfloating,
+                 "signedinteger": np.signedinteger, "bool": np.bool_}
+
+
+def refuse_primitive(prim, accepted, *args):
+    """lax.py's dtype rule of primitive `prim` on `args`, some of them keys (naryop_dtype_rule,
+    unop_dtype_rule): the first operand whose dtype is no subtype of its position's `accepted`
+    (one tuple of names per position) is refused, "sub does not accept dtype key<fry> at
+    position 1. Accepted dtypes at position 1 are subtypes of integer, floating,
+    complexfloating.", or for one operand "neg does not accept dtype key<fry>. Accepted dtypes
+    are subtypes of ...". The names are JAX's joined from a Python set: here in lax.py's order."""
+    for i, (a, names) in enumerate(zip(args, accepted)):
+        dtype = _dtype_name(a)
+        if dtype != str(KEY_DTYPE) and any(np.issubdtype(np.dtype(dtype), _SCALAR_TYPES[n]) for n in names):
+            continue
+        if len(args) == 1:
+            raise TypeError(f"{prim} does not accept dtype {dtype}. Accepted dtypes are subtypes of {', '.join(names)}.")
+        raise TypeError(f"{prim} does not accept dtype {dtype} at position {i}. Accepted dtypes at position {i} are "
+                        f"subtypes of {', '.join(names)}.")
+    raise AssertionError(f"refuse_primitive({prim}): no operand is refused")
+
+
+def refuse_operands(name, *args):
+    """The TypeError of jnp function `name` (or the lax function of _PRIMITIVES) given `args`,
+    some of them keys, in JAX's words: "subtract does not accept dtypes key<fry>, int32." (the
+    operands' dtypes in order) when they differ; with keys only, the primitive's "sub does not
+    accept dtype key<fry> at position 0. Accepted dtypes at position 0 are subtypes of integer,
+    floating, complexfloating." (one operand: "neg does not accept dtype key<fry>. Accepted
+    dtypes are subtypes of ..."), or numpy's "Cannot interpret 'key<fry>' as a data type" for
+    the functions that promote to a numeric or inexact dtype (true_divide, floor_divide,
+    remainder, power, the shifts, exp, ...)."""
+    dtypes = [_dtype_name(a) for a in args]
+    if len(set(dtypes)) > 1:
+        raise TypeError(f"{name} does not accept dtypes {', '.join(dtypes)}.")
+    if name not in _PRIMITIVES:
+        raise TypeError(f"Cannot interpret '{dtypes[0]}' as a data type")
+    prim, accepted = _PRIMITIVES[name]
+    refuse_primitive(prim, (accepted,) * len(args), *args)
+
+
+def refuse_power(x, y):
+    """jnp.power (x ** y) with a key operand: a concrete integer exponent (operator.index takes
+    it) makes power promote x alone to a numeric dtype (ufuncs.py power's case 1:
+    promote_dtypes_numeric), which numpy refuses for a key; any other goes through
+    promote_args_numeric("power", x, y)."""
+    import operator
+    from ._trace import Tracer
+    if not isinstance(y, (Tracer, PRNGKeyArray)):
+        try:
+            operator.index(y)
+        except TypeError:
+            pass
+        else:
+            refuse_operands("power", x)
+    refuse_operands("power", x, y)
+
+
+def _operand(other):
+    """Whether a binary operator takes `other` to its jnp function (array_methods.py
+    _accepted_binop_types: numbers, numpy values, arrays); others are NotImplemented."""
+    from ._array import Array
+    from ._trace import Tracer
+    return isinstance(other, (int, float, complex, np.generic, np.ndarray, Array, Tracer))
 
 
 def _binary(name, reflected=False):
     def refuse(self, other):
+        if not _operand(other):
+            return NotImplemented
         refuse_operands(name, *((other, self) if reflected else (self, other)))
     return refuse
 
 
+def _matmul(reflected=False):
+    def refuse(self, other):
+        if not _operand(other):
+            return NotImplemented
+        args = (other, self) if reflected else (self, other)
+        for i, x in enumerate(args):  # tensor_contractions.py matmul's first check
+            ndim = x.ndim if hasattr(x, "ndim") else np.ndim(x)
+            if ndim < 1:
+                raise ValueError(f"matmul input operand {i} must have ndim at least 1, but it has ndim {ndim}")
+        # (Then JAX's dtype promotion of a key; Tessera's own words here.)
+        dtypes = [_dtype_name(a) for a in args]
+        raise TypeError(f"matmul does not accept dtype{'s' if len(set(dtypes)) > 1 else ''} "
+                        f"{', '.join(dict.fromkeys(dtypes))}")
+    return refuse
+
+
+def _compare(name, key, other):
+    """== and != of a key and a non-key (array_methods.py _operator_eq / _operator_ne): an array
+    or number is jnp.equal's / jnp.not_equal's TypeError; a dict, list, set or tuple Python's;
+    anything else NotImplemented (so Python compares identities)."""
+    if type(other) in (dict, list, set, tuple):
+        raise TypeError(f"unsupported operand type(s) for ==: {type(key).__name__!r} and {type(other).__name__!r}")
+    if not _operand(other):
+        return NotImplemented
+    refuse_operands(name, key, other)
+
+
 def _unary(name):
     def refuse(self):
-        raise TypeError(f"{name} does not accept dtype {self.dtype}")
+        refuse_operands(name, self)
     return refuse
 
 
@@ -120,6 +235,11 @@ class PRNGKeyArray:
         spec = tuple(s.spec)[:self.ndim]
         return NamedSharding(s.mesh, PartitionSpec(*spec, unreduced=s.spec.unreduced, reduced=s.spec.reduced))
 
+    @property
+    def _committed(self):
+        """The data's (prng.py PRNGKeyArray._committed); a key over a traced value is not."""
+        return getattr(self._base, "_committed", False)
+
     def devices(self):
         return self._base.devices()
 
@@ -141,15 +261,34 @@ class PRNGKeyArray:
             raise TypeError("iteration over a 0-d key array")
         return (self[i] for i in range(self.shape[0]))
 
-    def __getitem__(self, idx):
+    def _data_index(self, idx):
+        """The index of the data that `idx` of the key dimensions is."""
         idx = idx if isinstance(idx, tuple) else (idx,)
         indexing = [i for i in idx if i is not None and i is not Ellipsis]
         if len(indexing) > self.ndim:
             raise IndexError(f"Too many indices: {self.ndim}-dimensional key array indexed with {len(indexing)} "
                              "regular indices.")
         # The data's trailing dimension stays whole: after an ellipsis, or one added before it.
-        tail = (slice(None),) if any(i is Ellipsis for i in idx) else (Ellipsis, slice(None))
-        return PRNGKeyArray(self._base[idx + tail])
+        return idx + ((slice(None),) if any(i is Ellipsis for i in idx) else (Ellipsis, slice(None)))
+
+    def __getitem__(self, idx):
+        return PRNGKeyArray(self._base[self._data_index(idx)])
+
+    @property
+    def at(self):
+        """keys.at[idx].get() and .set(keys) as the data's rows (prng.py forwards `at`;
+        random_test.py JnpWithKeyArrayTest test_gather, test_scatter, test_equality, and
+        KeyArrayTest test_gather_fill: mode='fill' fills with keys of uint32-max words)."""
+        return _KeyIndexUpdate(self)
+
+    def take(self, indices, axis=None, **options):
+        """jnp.take over the key dimensions (prng.py forwards `take`); axis None takes from the
+        flattened keys. mode='fill' (the default) fills with keys of uint32-max words, as the
+        gather of test_gather_fill."""
+        from . import numpy as jnp
+        keys = self.ravel() if axis is None else self
+        axis = 0 if axis is None else jnp._normalize_axis(axis, keys.ndim)
+        return PRNGKeyArray(jnp.take(keys._base, indices, axis=axis, **options))
 
     def reshape(self, *shape, order="C"):
         from . import numpy as jnp
@@ -188,13 +327,13 @@ class PRNGKeyArray:
         """Elementwise over the key dimensions (JnpWithKeyArrayTest test_equality): equal keys
         have equal data; a key and a number are not comparable (TypeError, as JAX's)."""
         if not isinstance(other, PRNGKeyArray):
-            _binary("eq")(self, other)
+            return _compare("equal", self, other)
         from . import numpy as jnp
         return jnp.all(self._base == other._base, axis=-1)
 
     def __ne__(self, other):
         if not isinstance(other, PRNGKeyArray):
-            _binary("ne")(self, other)
+            return _compare("not_equal", self, other)
         from . import numpy as jnp
         return jnp.any(self._base != other._base, axis=-1)
 
@@ -211,16 +350,48 @@ class PRNGKeyArray:
         return f"Array({self.shape}, dtype={self.dtype.name}) overlaying:\n{str(self._base)}"
 
 
-for _name, _prim in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"),
-                     ("floordiv", "floor_divide"), ("mod", "rem"), ("pow", "pow"), ("matmul", "dot_general"),
-                     ("and", "and"), ("or", "or"), ("xor", "xor"), ("lshift", "shift_left"),
-                     ("rshift", "shift_right"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")]:
-    setattr(PRNGKeyArray, f"__{_name}__", _binary(_prim))
+# The operators as JAX's (array_methods.py _array_operators): each the jnp function it calls.
+for _name, _fun in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
+                    ("floordiv", "floor_divide"), ("mod", "remainder"), ("divmod", "divmod"),
+                    ("and", "bitwise_and"), ("or", "bitwise_or"), ("xor", "bitwise_xor"), ("lshift", "left_shift"),
+                    ("rshift", "right_shift"), ("lt", "less"), ("le", "less_equal"), ("gt", "greater"),
+                    ("ge", "greater_equal")]:
+    setattr(PRNGKeyArray, f"__{_name}__", _binary(_fun))
     if _name not in ("lt", "le", "gt", "ge"):  # (the reflected comparisons are the swapped ones)
-        setattr(PRNGKeyArray, f"__r{_name}__", _binary(_prim, reflected=True))
-for _name, _prim in [("neg", "neg"), ("pos", "pos"), ("abs", "abs"), ("invert", "not")]:
-    setattr(PRNGKeyArray, f"__{_name}__", _unary(_prim))
-del _name, _prim
+        setattr(PRNGKeyArray, f"__r{_name}__", _binary(_fun, reflected=True))
+for _name, _fun in [("neg", "negative"), ("abs", "absolute"), ("invert", "invert")]:
+    setattr(PRNGKeyArray, f"__{_name}__", _unary(_fun))
+del _name, _fun
+PRNGKeyArray.__pow__ = lambda self, other: refuse_power(self, other) if _operand(other) else NotImplemented
+PRNGKeyArray.__rpow__ = lambda self, other: refuse_power(other, self) if _operand(other) else NotImplemented
+PRNGKeyArray.__matmul__, PRNGKeyArray.__rmatmul__ = _matmul(), _matmul(reflected=True)
+PRNGKeyArray.__pos__ = lambda self: self  # jnp.positive is lax.asarray: the key itself
+
+
+class _KeyIndexUpdate:
+    """keys.at (idx None) and keys.at[idx]: get and set, on the data's rows; the arithmetic
+    updates have no meaning for keys."""
+
+    __slots__ = ("_keys", "_idx")
+
+    def __init__(self, keys, idx=None):
+        self._keys, self._idx = keys, idx
+
+    def __getitem__(self, idx):
+        return _KeyIndexUpdate(self._keys, idx)
+
+    def get(self, **options):
+        return PRNGKeyArray(self._keys._base.at[self._keys._data_index(self._idx)].get(**options))
+
+    def set(self, values, **options):
+        if isinstance(values, int):
+            # jax/_src/ops/scatter.py _scatter_update asks np.issubdtype(x.dtype, np.integer) of a
+            # Python int's target, which numpy refuses for a key dtype.
+            raise TypeError(f"Cannot interpret '{self._keys.dtype}' as a data type")
+        if not isinstance(values, PRNGKeyArray):
+            raise TypeError(f"x.at[...].set: a key array takes keys, not values of dtype {_dtype_name(values)} "
+                            "(jax.random.wrap_key_data makes keys of uint32 data)")
+        return PRNGKeyArray(self._keys._base.at[self._keys._data_index(self._idx)].set(values._base, **options))
 
 
 def _resolve(shape, size):

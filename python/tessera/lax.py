@@ -1,6 +1,7 @@
 """tessera.lax: jax.lax's collectives (inside shard_map), with_sharding_constraint,
 dot_general and the primitives the SDK has under lax's names."""
 import enum
+import functools
 from typing import NamedTuple, Sequence
 
 import numpy as _np
@@ -15,9 +16,34 @@ from .sharding import _as_named
 from .tree_util import tree_map, tree_leaves, broadcast_prefix, tree_unflatten, data_map
 from .tree_util import data_flatten as tree_flatten  # loop carries and operands: a typed key is its data
 from ._trace import Tracer
-from ._prng import PRNGKeyArray
+from ._prng import PRNGKeyArray, refuse_primitive, _NUM, _ANY, _INEXACT
 from . import _trace
 from . import errors as _errors
+
+
+def _keys_refused(f, prim, *accepted):
+    """lax's `prim` as the jnp function `f`, a key operand refused by the primitive's dtype rule
+    (jax/_src/lax/lax.py: JAX's lax functions bind the primitive, with no jnp promotion first:
+    lax.sub(k, 1) is "sub does not accept dtype key<fry> at position 0. ...")."""
+    @functools.wraps(f)
+    def lax_fun(*args, **kwargs):
+        if any(isinstance(a, PRNGKeyArray) for a in args):
+            refuse_primitive(prim, accepted, *args)
+        return f(*args, **kwargs)
+    return lax_fun
+
+
+# (lax.py's accepted dtypes: add_p, sub_p, mul_p, div_p [_num, _num], max_p, min_p [_any, _any],
+# rem_p [_int | _float] * 2, pow_p [_float | _complex, _int | _float | _complex], neg_p, sign_p
+# _num, abs_p _signedint | _float | _complex, floor_p, ceil_p _float, the others _float | _complex.)
+add, sub, mul = (_keys_refused(f, n, _NUM, _NUM) for f, n in ((add, "add"), (sub, "sub"), (mul, "mul")))
+max, min = _keys_refused(max, "max", _ANY, _ANY), _keys_refused(min, "min", _ANY, _ANY)
+rem = _keys_refused(_jnp.fmod, "rem", ("integer", "floating"), ("integer", "floating"))
+pow = _keys_refused(pow, "pow", _INEXACT, _NUM)
+neg, sign = _keys_refused(neg, "neg", _NUM), _keys_refused(sign, "sign", _NUM)
+abs = _keys_refused(abs, "abs", ("signedinteger",) + _INEXACT)
+floor, ceil = _keys_refused(floor, "floor", ("floating",)), _keys_refused(ceil, "ceil", ("floating",))
+exp, log, sin, cos, tanh, sqrt = (_keys_refused(f, f.__name__, _INEXACT) for f in (exp, log, sin, cos, tanh, sqrt))
 
 
 def _axes(axis_name):
@@ -182,11 +208,23 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 @_op
 def div(x, y):
+    if isinstance(x, PRNGKeyArray) or isinstance(y, PRNGKeyArray):
+        refuse_primitive("div", (_NUM, _NUM), x, y)
     a, b = _jnp._pair(x, y)
     return _wrap(_t.div(a._v, b._v))
 
 
 def convert_element_type(x, new_dtype):
+    from ._prng import KeyTy, _dtype_name
+    if isinstance(x, PRNGKeyArray) or isinstance(new_dtype, KeyTy):
+        # A key converts to no other dtype and nothing converts to a key: jax/_src/lax/lax.py
+        # _from_edtype_abstract_eval / _to_edtype_abstract_eval (KeyTyRules.allow_conversion is
+        # False; random_test.py JnpWithKeyArrayTest test_errors); to its own dtype it is itself.
+        old = _dtype_name(x)
+        new = str(new_dtype) if isinstance(new_dtype, KeyTy) else str(_jnp.canonical_dtype(_np.dtype(new_dtype)))
+        if old == new:
+            return x
+        raise ValueError(f"Cannot convert_element_type from {old} to {new}")
     return _jnp.astype(x, new_dtype)
 
 
@@ -274,7 +312,6 @@ def dynamic_index_in_dim(operand, index, axis=0, keepdims=True):
     return out if keepdims else _jnp.squeeze(out, axis)
 
 
-rem = _jnp.fmod
 
 
 @_op

@@ -19,7 +19,7 @@ from ._array import Array
 from ._config import config as _config
 from . import _trace
 from ._trace import Tracer, in_trace
-from ._prng import PRNGKeyArray, refuse_operands
+from ._prng import PRNGKeyArray, refuse_operands, refuse_power
 
 float32, float64, int32, int64 = _np.float32, _np.float64, _np.int32, _np.int64
 float16, int8, uint8, int16, uint32 = _np.float16, _np.int8, _np.uint8, _np.int16, _np.uint32
@@ -169,7 +169,7 @@ def _unary(name, cast_float=False):
     @_op
     def f(x):
         if isinstance(x, PRNGKeyArray):
-            refuse_operands(name, x)  # lax's words: "neg does not accept dtype key<fry>"
+            refuse_operands(_JNP_NAMES.get(name, name), x)  # (JAX's words for jnp.negative and the others)
         x = _tracer(x)
         if cast_float and x.dtype.kind != "f":
             x = x.astype(_float_dtype())
@@ -197,6 +197,8 @@ _erf = _unary("erf", True)
 
 @_op
 def logical_not(x):
+    if isinstance(x, PRNGKeyArray):
+        refuse_operands("logical_not", x)  # ufuncs.py _to_bool: np.array(0, key dtype) first
     x = _tracer(x)
     if x.dtype.kind != "b":
         x = x != 0
@@ -206,7 +208,8 @@ def logical_not(x):
 _SCALAR_OPS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "truediv"}
 # jnp's names of the SDK's binary ops (check_for_prngkeys names the jnp function).
 _JNP_NAMES = {"sub": "subtract", "mul": "multiply", "truediv": "true_divide", "eq": "equal", "ne": "not_equal",
-              "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "pow": "power"}
+              "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "pow": "power",
+              "neg": "negative", "abs": "absolute"}
 
 
 def _binary(name):
@@ -251,6 +254,8 @@ _pow = _binary("pow")
 
 @_op
 def power(x, y):
+    if isinstance(x, PRNGKeyArray) or isinstance(y, PRNGKeyArray):
+        refuse_power(x, y)
     if isinstance(x, Tracer) and isinstance(y, int) and not isinstance(y, bool) and y >= 0 and y <= 4:
         # lax.integer_pow, as JAX lowers x ** 2: repeated multiplication, exact for integers.
         out = ones_like(x)
@@ -265,6 +270,8 @@ def _logical(name):
 
     @_op
     def f(x, y):
+        if isinstance(x, PRNGKeyArray) or isinstance(y, PRNGKeyArray):
+            refuse_operands(name, x, y)  # promote_args, then _to_bool's np.array(0, key dtype)
         a, b = _pair(x, y)
         if a.dtype.kind != "b":
             a = a != 0
@@ -296,6 +303,8 @@ def where(condition, x, y):
 
 
 def square(x):
+    if isinstance(x, PRNGKeyArray):
+        refuse_operands("square", x)  # promote_dtypes_numeric first (ufuncs.py square)
     return multiply(x, x)
 
 
@@ -352,12 +361,16 @@ def ravel(a):
 
 @_op
 def transpose(a, axes=None):
+    if isinstance(a, PRNGKeyArray):  # over the key dimensions (random_test.py test_transpose)
+        return a.transpose(axes)
     a = _tracer(a)
     axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(d % a.ndim for d in axes)
     return _wrap(_t.transpose(a._v, list(axes)))
 
 
 def swapaxes(a, axis1, axis2):
+    if isinstance(a, PRNGKeyArray):
+        return a.swapaxes(axis1, axis2)
     perm = list(range(_np.ndim(a) if not isinstance(a, (Tracer, Array)) else a.ndim))
     perm[axis1], perm[axis2] = perm[axis2], perm[axis1]
     return transpose(a, perm)
@@ -673,6 +686,13 @@ def full_like(a, fill_value, dtype=None, shape=None, *, out_sharding=None):
     lax.full_like documents ("the output will have the same sharding as the input"; an
     uncommitted input gets the default placement); out_sharding as full's."""
     shape = a.shape if shape is None else ((shape,) if isinstance(shape, int) else tuple(shape))
+    if isinstance(a, PRNGKeyArray) and (dtype is None or dtype == a.dtype) and out_sharding is None:
+        # Keys over data of fill_value's words, or a key fill_value's data broadcast (prng.py
+        # KeyTyRules.full; random_test.py JnpWithKeyArrayTest test_full_like,
+        # test_full_like_with_key_fillvalue); a's data's sharding kept as full_like keeps a's.
+        if isinstance(fill_value, PRNGKeyArray):
+            return PRNGKeyArray(broadcast_to(fill_value._base, (*shape, 2)))
+        return PRNGKeyArray(full_like(a._base, fill_value, _np.uint32, (*shape, 2)))
     dtype = a.dtype if dtype is None else dtype
     if out_sharding is not None:
         return full(shape, fill_value, dtype, out_sharding=out_sharding)
@@ -1074,6 +1094,8 @@ def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sor
     and int64 keep their values (_int32_indices); "wrap" takes the modulo in the indices' own
     dtype first, as JAX's _take (jax/_src/numpy/indexing.py: ufuncs.mod before the gather), so a
     uint32 index past int32's range wraps by its value."""
+    if isinstance(a, PRNGKeyArray):  # over the key dimensions (prng.py forwards take)
+        return a.take(indices, axis, mode=mode, fill_value=fill_value)
     unsigned = hasattr(indices, "dtype") and _np.dtype(indices.dtype).kind == "u" and \
         _np.dtype(indices.dtype).itemsize >= 4
     return _take(a, indices if mode == "wrap" and unsigned else _int32_indices(indices), axis, mode, fill_value)
@@ -1161,6 +1183,8 @@ def _take_along_axis(arr, indices, axis, mode, fill_value, unwrap):
 @_op
 def remainder(x, y):
     """jnp.remainder (Python's %: the result has the divisor's sign)."""
+    if isinstance(x, PRNGKeyArray) or isinstance(y, PRNGKeyArray):
+        refuse_operands("remainder", x, y)
     a, b = _pair(x, y)
     return _wrap(_t.remainder(a._v, b._v))
 

@@ -409,7 +409,8 @@ def test_typed_keys_print_index_and_reshape_as_jax():
     mixed = tessera.numpy.concatenate([arr[:2], tessera.numpy.stack([k2, k2]), arr[4:]])
     assert np.asarray(k2 == mixed).tolist() == [False, False, True, True, False]
     assert np.asarray(k2 != mixed).tolist() == [True, True, False, False, True]
-    with pytest.raises(TypeError, match="eq does not accept dtypes key<fry>, int32"):
+    # (A key and a number: jnp.equal's check_for_prngkeys, as JAX's == calls jnp.equal.)
+    with pytest.raises(TypeError, match="^equal does not accept dtypes key<fry>, int32.$"):
         k == 1
     # A key array is one pytree leaf (prng.py registers it in JAX's dispatch registry only).
     assert tessera.tree_util.tree_leaves({"k": keys, "n": 1}) == [keys, 1]
@@ -431,23 +432,8 @@ def test_typed_keys_print_index_and_reshape_as_jax():
 
 
 def test_typed_keys_refuse_arithmetic_conversion_and_batches():
-    # JnpWithKeyArrayTest test_errors (and docs/jep/9263-typed-keys.md): operators on keys.
+    # (Operators and jnp functions: test_key_operators_and_jnp_functions_refuse_in_jax_words.)
     k = random.key(123)
-    # The jnp functions in the same words (jax/_src/numpy/util.py check_for_prngkeys names the
-    # jnp function and the operands' dtypes in order; all-key operands are the dtype's rule).
-    jnp = tessera.numpy
-    for f, message in [(lambda: k + 1, "add does not accept dtypes key<fry>, int32."),
-                       (lambda: 1 + k, "add does not accept dtypes int32, key<fry>."),
-                       (lambda: jnp.add(k, 1), "add does not accept dtypes key<fry>, int32."),
-                       (lambda: jnp.subtract(2.0, k), "subtract does not accept dtypes float32, key<fry>."),
-                       (lambda: k + k, "add does not accept dtype key<fry>"),
-                       (lambda: jnp.add(k, k), "add does not accept dtype key<fry>"),
-                       (lambda: -k, "neg does not accept dtype key<fry>"),
-                       (lambda: jnp.negative(k), "neg does not accept dtype key<fry>"),
-                       (lambda: jnp.where(True, k, 1), "where does not accept dtypes key<fry>, int32.")]:
-        with pytest.raises(TypeError) as e:
-            f()
-        assert str(e.value) == message
     # test_keyarray_array_conversion_fails; test_not_hashable.
     with pytest.raises(TypeError, match="cannot be converted to a NumPy array"):
         np.asarray(k)
@@ -462,6 +448,135 @@ def test_typed_keys_refuse_arithmetic_conversion_and_batches():
         random.PRNGKey(k)
     with pytest.raises(ValueError, match="threefry2x32"):
         random.key(0, impl="rbg")
+
+
+def _jax_text_matches(got, want):
+    """got == want, except that the dtypes after "are subtypes of" compare as a set: JAX joins a
+    lax dtype rule's accepted types from a Python set (jax/_src/lax/lax.py _num = _int | _float |
+    _complex), so their order is the set's."""
+    head, sep, names = want.partition("are subtypes of ")
+    got_head, got_sep, got_names = got.partition("are subtypes of ")
+    if not sep:
+        return got == want
+    return got_head == head and got.endswith(".") and \
+        set(got_names[:-1].split(", ")) == set(names[:-1].split(", "))
+
+
+def test_key_operators_and_jnp_functions_refuse_in_jax_words():
+    # JAX's Array operators are jnp functions (jax/_src/numpy/array_methods.py _array_operators;
+    # jax/_src/random/prng.py gives PRNGKeyArray those operators). A jnp function promotes its
+    # operands first (jax/_src/numpy/util.py promote_args*); its check_for_prngkeys refuses a key
+    # next to another dtype, naming the jnp function and the dtypes in order. Keys only pass it:
+    # promote_args then binds the lax primitive, whose dtype rule names the primitive and position
+    # (lax.py naryop_dtype_rule, unop_dtype_rule); promote_args_numeric / _inexact, and power's
+    # concrete integer exponent (ufuncs.py power, case 1), first take np.dtype of the key dtype
+    # (dtypes.py to_numeric_dtype), which numpy refuses. random_test.py JnpWithKeyArrayTest
+    # test_errors asserts the add and neg cases.
+    jnp, lax = tessera.numpy, tessera.lax
+    k = random.key(123)
+    mixed = "{} does not accept dtypes {}."
+    num = "integer, floating, complexfloating"
+
+    def nary(prim, names):
+        return (f"{prim} does not accept dtype key<fry> at position 0. Accepted dtypes at position 0 are subtypes "
+                f"of {names}.")
+
+    def unary(prim, names):
+        return f"{prim} does not accept dtype key<fry>. Accepted dtypes are subtypes of {names}."
+
+    numpy_refuses = "Cannot interpret 'key<fry>' as a data type"
+    cases = [
+        # A key and another dtype: check_for_prngkeys, in the jnp function's name.
+        (lambda: k + 1, mixed.format("add", "key<fry>, int32")),
+        (lambda: 1 + k, mixed.format("add", "int32, key<fry>")),
+        (lambda: k - 1, mixed.format("subtract", "key<fry>, int32")),
+        (lambda: 2.0 - k, mixed.format("subtract", "float32, key<fry>")),
+        (lambda: k * 2, mixed.format("multiply", "key<fry>, int32")),
+        (lambda: k / 2, mixed.format("true_divide", "key<fry>, int32")),
+        (lambda: k // 2, mixed.format("floor_divide", "key<fry>, int32")),
+        (lambda: k % 2, mixed.format("remainder", "key<fry>, int32")),
+        (lambda: divmod(k, 2), mixed.format("divmod", "key<fry>, int32")),
+        (lambda: k ** 2.0, mixed.format("power", "key<fry>, float32")),
+        (lambda: 2 ** k, mixed.format("power", "int32, key<fry>")),
+        (lambda: k < 1, mixed.format("less", "key<fry>, int32")),
+        (lambda: k <= 1, mixed.format("less_equal", "key<fry>, int32")),
+        (lambda: 1 < k, mixed.format("greater", "key<fry>, int32")),  # Python reflects it to k > 1
+        (lambda: k >= 1, mixed.format("greater_equal", "key<fry>, int32")),
+        (lambda: k == 1, mixed.format("equal", "key<fry>, int32")),
+        (lambda: 1 != k, mixed.format("not_equal", "key<fry>, int32")),
+        (lambda: k & 1, mixed.format("bitwise_and", "key<fry>, int32")),
+        (lambda: k | True, mixed.format("bitwise_or", "key<fry>, bool")),
+        (lambda: 1 ^ k, mixed.format("bitwise_xor", "int32, key<fry>")),
+        (lambda: k << 1, mixed.format("left_shift", "key<fry>, int32")),
+        (lambda: k >> 1, mixed.format("right_shift", "key<fry>, int32")),
+        (lambda: jnp.add(k, 1), mixed.format("add", "key<fry>, int32")),
+        (lambda: jnp.subtract(2.0, k), mixed.format("subtract", "float32, key<fry>")),
+        (lambda: jnp.multiply(k, np.int32(2)), mixed.format("multiply", "key<fry>, int32")),
+        (lambda: jnp.remainder(k, 3), mixed.format("remainder", "key<fry>, int32")),
+        (lambda: jnp.power(k, 2.5), mixed.format("power", "key<fry>, float32")),
+        (lambda: jnp.maximum(k, 0), mixed.format("maximum", "key<fry>, int32")),
+        (lambda: jnp.where(True, k, 1), mixed.format("where", "key<fry>, int32")),
+        # Keys only: the lax primitive's dtype rule.
+        (lambda: k + k, nary("add", num)),
+        (lambda: jnp.add(k, k), nary("add", num)),
+        (lambda: k - k, nary("sub", num)),
+        (lambda: jnp.subtract(k, k), nary("sub", num)),
+        (lambda: k * k, nary("mul", num)),
+        (lambda: k < k, nary("lt", "integer, floating, bool")),
+        (lambda: jnp.greater_equal(k, k), nary("ge", "integer, floating, bool")),
+        (lambda: k & k, nary("and", "integer, bool")),
+        (lambda: jnp.maximum(k, k), nary("max", "integer, floating, complexfloating, bool")),
+        (lambda: -k, unary("neg", num)),
+        (lambda: jnp.negative(k), unary("neg", num)),
+        (lambda: abs(k), unary("abs", "signedinteger, floating, complexfloating")),
+        (lambda: ~k, unary("not", "integer, bool")),
+        (lambda: jnp.sign(k), unary("sign", num)),
+        # Keys only, promoted to a numeric or inexact dtype first: numpy's refusal.
+        (lambda: k / k, numpy_refuses),
+        (lambda: k // k, numpy_refuses),
+        (lambda: k % k, numpy_refuses),
+        (lambda: k ** k, numpy_refuses),
+        (lambda: k ** 2, numpy_refuses),
+        (lambda: jnp.power(k, 2), numpy_refuses),
+        (lambda: k << k, numpy_refuses),
+        (lambda: jnp.exp(k), numpy_refuses),
+        (lambda: jnp.floor(k), numpy_refuses),
+        (lambda: jnp.square(k), numpy_refuses),
+        (lambda: jnp.logical_and(k, k), numpy_refuses),  # (ufuncs.py _to_bool: np.array(0, key<fry>))
+        (lambda: jnp.logical_not(k), numpy_refuses),
+        (lambda: jnp.logical_or(k, 1), mixed.format("logical_or", "key<fry>, int32")),
+        # lax's functions bind the primitive without jnp's promotion: its dtype rule refuses
+        # the first operand it does not accept, at its position (lax.pow's Python 2 too).
+        (lambda: lax.sub(k, 1), nary("sub", num)),
+        (lambda: lax.sub(1.0, k), nary("sub", num).replace("position 0", "position 1")),
+        (lambda: lax.div(k, 2), nary("div", num)),
+        (lambda: lax.rem(k, k), nary("rem", "integer, floating")),
+        (lambda: lax.max(k, 0), nary("max", "integer, floating, complexfloating, bool")),
+        (lambda: lax.pow(k, 2), nary("pow", "floating, complexfloating")),
+        (lambda: lax.pow(2.0, k), nary("pow", num).replace("position 0", "position 1")),
+        (lambda: lax.pow(2, k), nary("pow", "floating, complexfloating").replace("key<fry>", "int32")),
+        (lambda: lax.neg(k), unary("neg", num)),
+        (lambda: lax.floor(k), unary("floor", "floating")),
+        (lambda: lax.exp(k), unary("exp", "floating, complexfloating")),
+        (lambda: lax.logistic(k), unary("logistic", "floating, complexfloating")),
+        (lambda: lax.erf(k), unary("erf", "floating")),
+        # Operands that are no arrays: Python's own TypeError once the operator returns
+        # NotImplemented (array_methods.py _accepted_binop_types); ==, != of a list refuse.
+        (lambda: k - "a", "unsupported operand type(s) for -: 'PRNGKeyArray' and 'str'"),
+        (lambda: k == [1], "unsupported operand type(s) for ==: 'PRNGKeyArray' and 'list'"),
+        (lambda: k != (1,), "unsupported operand type(s) for ==: 'PRNGKeyArray' and 'tuple'"),
+    ]
+    for i, (f, message) in enumerate(cases):
+        with pytest.raises(TypeError) as e:
+            f()
+        assert _jax_text_matches(str(e.value), message), (i, str(e.value), message)
+    # tensor_contractions.py matmul checks the ranks first.
+    with pytest.raises(ValueError, match=r"^matmul input operand 0 must have ndim at least 1, but it has ndim 0$"):
+        k @ random.split(k, 2)
+    # jnp.positive is lax.asarray of the promoted operand: the key itself. Anything but an array
+    # compares unequal by identity (_operator_eq returns NotImplemented).
+    assert _bytes(random.key_data(+k)) == _bytes(random.key_data(k))
+    assert (k == "a") is False and (k != None) is True  # noqa: E711
 
 
 def test_typed_keys_through_shard_map_and_device_get(mesh8):
@@ -664,3 +779,98 @@ def test_typed_keys_select_broadcast_and_expand_dims():
         e = jnp.expand_dims(ks, axis)
         assert str(e.dtype) == "key<fry>" and e.shape == want.shape[:-1]
         assert _bytes(random.key_data(e)) == _bytes(want)
+
+
+def test_typed_keys_are_arrays_and_array_functions_take_them(mesh8):
+    # random_test.py test_isinstance: isinstance(key, jax.Array) for key and PRNGKey (prng.py:
+    # PRNGKeyArray subclasses jax.Array); also a key inside jit.
+    jnp = tessera.numpy
+    k = random.key(0)
+    keys = random.split(random.key(789543))
+    seen = []
+    tessera.jit(lambda k: seen.append(isinstance(k, tessera.Array)) or random.split(k))(k)
+    assert isinstance(k, tessera.Array) and isinstance(keys, tessera.Array) and seen and all(seen)
+    assert issubclass(type(k), tessera.Array) and isinstance(random.PRNGKey(0), tessera.Array)
+    # JnpWithKeyArrayTest test_full_like: zeros_like / ones_like / full_like of keys are keys of
+    # that many words (prng.py KeyTyRules.full), and test_full_like_with_key_fillvalue: a key
+    # fill value's data broadcast.
+    for func, args, fill in [(jnp.zeros_like, (), 0), (jnp.ones_like, (), 1), (jnp.full_like, (100,), 100)]:
+        out = func(keys, *args)
+        assert str(out.dtype) == "key<fry>" and out.shape == (2,)
+        assert np.asarray(random.key_data(out)).tolist() == np.full((2, 2), fill, np.uint32).tolist()
+    out = jnp.full_like(keys, random.key(42))
+    assert np.asarray(random.key_data(out)).tolist() == [np.asarray(random.key_data(random.key(42))).tolist()] * 2
+    # Of a committed key array with another dtype: that dtype, laid out as the keys.
+    put = tessera.device_put(random.split(k, 8), NamedSharding(mesh8, P("x")))
+    z = jnp.zeros_like(put, dtype=np.int32)
+    assert z.dtype == np.int32 and z.shape == (8,) and z.sharding.spec == P("x")
+    assert np.asarray(z).tolist() == [0] * 8
+    # jnp.transpose and jnp.swapaxes act on the key dimensions (random_test.py test_transpose).
+    grid = random.split(k, 6).reshape(2, 3)
+    gdata = np.asarray(random.key_data(grid))
+    for out in (jnp.transpose(grid), jnp.swapaxes(grid, 0, 1), tessera.jit(jnp.transpose)(grid)):
+        assert str(out.dtype) == "key<fry>" and out.shape == (3, 2)
+        assert np.asarray(random.key_data(out)).tolist() == gdata.transpose(1, 0, 2).tolist()
+    # jnp.split slices the key dimensions as an array's.
+    halves = jnp.split(random.split(k, 4), 2)
+    assert [h.shape for h in halves] == [(2,), (2,)] and all(str(h.dtype) == "key<fry>" for h in halves)
+    assert np.asarray(random.key_data(halves[1])).tolist() == \
+        np.asarray(random.key_data(random.split(k, 4)))[2:].tolist()
+    # The transformations still see a key as its data: a committed key array's layout holds.
+    g = tessera.jit(lambda ks: random.fold_in(ks[0], 1))(put)
+    assert str(g.dtype) == "key<fry>" and _bytes(random.key_data(g)) == _bytes(random.key_data(random.fold_in(
+        random.split(k, 8)[0], 1)))
+
+
+def test_typeof_at_take_and_convert_element_type_of_typed_keys(mesh8):
+    jnp, lax = tessera.numpy, tessera.lax
+    k = random.key(123)
+    # jax.typeof(key): ShapedArray(shape, KeyTy) of the key dimensions (prng.py PRNGKeyArray.aval,
+    # keys_shaped_array), str key<fry>[] (core.py str_short_aval); on an Explicit axis
+    # key<fry>[8@x], and inside jit the same.
+    assert str(tessera.typeof(k)) == "key<fry>[]" and repr(tessera.typeof(k)) == "ShapedArray(key<fry>[])"
+    assert tessera.typeof(k).shape == () and str(tessera.typeof(k).dtype) == "key<fry>"
+    m = tessera.make_mesh((8,), ("x",), axis_types=(tessera.sharding.AxisType.Explicit,))
+    keys = tessera.device_put(random.split(k, 8), NamedSharding(m, P("x")))
+    assert str(tessera.typeof(keys)) == "key<fry>[8@x]" and tessera.typeof(keys).sharding.spec == P("x")
+    seen = []
+    tessera.jit(lambda ks: seen.append(str(tessera.typeof(ks))) or ks)(keys)
+    assert seen == ["key<fry>[8@x]"]
+    assert str(tessera.typeof(random.split(k, (2, 3)))) == "key<fry>[2,3]"
+    # .at[idx].get() and .set(key): JnpWithKeyArrayTest test_gather / test_scatter (int and
+    # integer-array indices) against the same on the data; test_equality's .at[].set(key).
+    three = random.split(k, 3)
+    data = np.asarray(random.key_data(three))
+    kdata = np.asarray(random.key_data(k))
+    for idx in (0, np.array([0, 2])):
+        for f in (lambda x: x.at[idx].get(), tessera.jit(lambda x: x.at[idx].get())):
+            out = f(three)
+            assert str(out.dtype) == "key<fry>" and np.asarray(random.key_data(out)).tolist() == data[idx].tolist()
+        for f in (lambda x, y: x.at[idx].set(y), tessera.jit(lambda x, y: x.at[idx].set(y))):
+            out = f(three, k)
+            want = data.copy()
+            want[idx] = kdata
+            assert str(out.dtype) == "key<fry>" and np.asarray(random.key_data(out)).tolist() == want.tolist()
+    five = random.split(k, 5).at[np.array([2, 3])].set(k)
+    assert np.asarray(k == five).tolist() == [False, False, True, True, False]
+    # KeyArrayTest test_gather_fill: out of range with mode='fill' is the key of uint32-max words.
+    out = tessera.jit(lambda x: x.at[100].get(mode="fill"))(three)
+    assert str(out.dtype) == "key<fry>" and np.asarray(random.key_data(out)).tolist() == [2**32 - 1] * 2
+    with pytest.raises(TypeError, match="^Cannot interpret 'key<fry>' as a data type$"):
+        three.at[0].set(1)  # scatter.py _scatter_update: np.issubdtype(key dtype, np.integer)
+    # jnp.take / key.take over the key dimensions (prng.py forwards take), axis None flattened;
+    # out of range in the default fill mode is the uint32-max key as the gather's.
+    grid = random.split(k, 6).reshape(2, 3)
+    gdata = np.asarray(random.key_data(grid))
+    for out, want in [(jnp.take(grid, np.array([4, 0])), gdata.reshape(6, 2)[[4, 0]]),
+                      (grid.take(np.array([2, 1]), axis=1), gdata[:, [2, 1]]),
+                      (jnp.take(grid, np.array([1]), axis=-2), gdata[[1]]),
+                      (jnp.take(three, np.array([7])), np.full((1, 2), 2**32 - 1, np.uint32))]:
+        assert str(out.dtype) == "key<fry>" and np.asarray(random.key_data(out)).tolist() == want.tolist()
+    # JnpWithKeyArrayTest test_errors: keys convert to no other dtype, nothing to a key
+    # (lax.py _from_edtype_abstract_eval / _to_edtype_abstract_eval); to its own dtype, itself.
+    with pytest.raises(ValueError, match="^Cannot convert_element_type from key<fry> to int32$"):
+        lax.convert_element_type(k, int)
+    with pytest.raises(ValueError, match="^Cannot convert_element_type from int32 to key<fry>$"):
+        lax.convert_element_type(np.int32(0), k.dtype)
+    assert lax.convert_element_type(k, k.dtype) is k
