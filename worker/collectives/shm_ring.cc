@@ -401,6 +401,7 @@ ShmRingServer::~ShmRingServer() {
   unlink(path_.c_str());
   close(listener_);
   close(wake_);
+  absl::MutexLock lock(&mu_);  // (run() is over: for the annotations)
   for (const auto& [token, fd] : offers_) close(fd);
 }
 
