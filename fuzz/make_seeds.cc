@@ -139,10 +139,8 @@ std::string ring_segment(const std::vector<std::pair<ShmRing::Record, std::strin
     (*ring)->write(record, reinterpret_cast<const std::byte*>(data.data()), absl::InfiniteFuture());
     written += (static_cast<int64_t>(sizeof(ShmRing::Record)) + record.bytes + 7) / 8 * 8;
   }
-  const int fd = shm_open((*ring)->name().c_str(), O_RDONLY, 0);
   std::string bytes(static_cast<size_t>(ShmRing::kHeaderBytes + written), '\0');
-  if (fd < 0 || pread(fd, bytes.data(), bytes.size(), 0) != static_cast<ssize_t>(bytes.size())) bytes.clear();
-  if (fd >= 0) close(fd);
+  if (pread((*ring)->fd(), bytes.data(), bytes.size(), 0) != static_cast<ssize_t>(bytes.size())) bytes.clear();
   return bytes;
 }
 

@@ -1,5 +1,5 @@
 // Fuzz target: a peer's shared-memory ring as a worker reads it (Transport's InboundRing:
-// ShmRing::open's checks of the segment the Exchange offer names, then ShmRing::next,
+// ShmRing::attach's checks of the memfd the peer's ring server handed over, then ShmRing::next,
 // copy_payload and consume for each message, stopping at a message over kMaxChunkBytes). The
 // peer creates the segment and keeps it mapped, so every byte of it (header and ring) is
 // wire input.
@@ -33,15 +33,16 @@ constexpr int64_t kRecordBytes = 32;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t total = ShmRing::kHeaderBytes + ShmRing::kMinBytes;
   if (static_cast<int64_t>(size) > total) return 0;
-  static const std::string name = absl::StrCat("/tessera-ring-fuzz-", getpid());
-  const int fd = shm_open(name.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0600);
-  if (fd < 0) fuzz::fail("setup", "shm_open");
-  void* base = ftruncate(fd, total) == 0 ? mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-  close(fd);
+  // As the peer's ShmRing::create makes it: a memfd sealed at its size.
+  const int fd = memfd_create("tessera-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) fuzz::fail("setup", "memfd_create");
+  void* base = ftruncate(fd, total) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0
+                   ? mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                   : MAP_FAILED;
   if (base == MAP_FAILED) fuzz::fail("setup", "mmap");
   if (size > 0) std::memcpy(base, data, size);
-  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::open(name, kToken);
-  fuzz::check_rejection(ring.status(), "open", {absl::StatusCode::kFailedPrecondition});
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::attach(fd, kToken);  // takes the fd
+  fuzz::check_rejection(ring.status(), "attach", {absl::StatusCode::kFailedPrecondition});
   if (ring.ok()) {
     (*ring)->mark_attached();
     fuzz::check((*ring)->capacity() == ShmRing::kMinBytes, "a ring of another size than its segment's");
@@ -58,8 +59,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (*ring)->copy_payload(record, payload.data());
       (*ring)->consume(record);
     }
-  } else {
-    shm_unlink(name.c_str());
   }
   munmap(base, total);
   return 0;

@@ -54,8 +54,8 @@ ABSL_FLAG(int, register_timeout_s, 600,
           "seconds to keep trying to register at startup, through a coordinator that starts late or a name that "
           "does not resolve yet; one log line per failed attempt (env TESSERA_WORKER_REGISTER_TIMEOUT_S)");
 ABSL_FLAG(bool, shm, true,
-          "move collective data to workers on this host through shared memory (/dev/shm rings); false: gRPC "
-          "only (env TESSERA_WORKER_SHM)");
+          "move collective data to workers on this host through shared memory (memfd rings handed over a Unix "
+          "socket in /dev/shm); false: gRPC only (env TESSERA_WORKER_SHM)");
 ABSL_FLAG(int64_t, shm_ring_bytes, int64_t{4} << 20,
           "bytes of each shared-memory ring (one per peer and direction), 2 MiB to 1 GiB "
           "(env TESSERA_WORKER_SHM_RING_BYTES)");

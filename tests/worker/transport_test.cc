@@ -371,11 +371,15 @@ TEST(TransportDeliver, AnAuthenticatedStreamCarriesOnlyItsDevicesMessagesAndRing
   EXPECT_EQ(transport.pending_messages(), 0);
   EXPECT_EQ(source, -1);
 
+  // The sender's side: its ring, offered through its server.
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start("/dev/shm");
+  ASSERT_TRUE(server.ok()) << server.status();
   absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 77);
   ASSERT_TRUE(ring.ok()) << ring.status();
+  ASSERT_TRUE((*server)->offer(**ring).ok());
   pb::ExchangeMessage offer;
   offer.set_source_device(1);
-  offer.set_shm_segment((*ring)->name());
+  offer.set_shm_segment((*server)->path());
   offer.set_shm_token(77);
   offer.set_shm_host("transport-test-host");
   message = raw(offer.SerializeAsString());
@@ -824,6 +828,53 @@ bool eventually(const std::function<bool()>& ready) {
     absl::SleepFor(absl::Milliseconds(5));  // polling, bounded by kDeadline
   }
   return ready();
+}
+
+// Issue #18 item 3: an offer whose token the sender's ring server does not know (a stale or
+// forged offer) is refused at the socket: the receiver reads no ring and the source's messages
+// keep arriving over gRPC; the sender's ring stays unattached and is still there for its own
+// token, which a later offer presents.
+TEST(TransportDeliver, AnOfferWithAnotherTokenIsRefusedAndTheSourceKeepsGrpc) {
+  Transport transport;
+  transport.set_self(0);
+  ASSERT_TRUE(transport.set_shm({true, ShmRing::kMinBytes, "transport-test-host"}).ok());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start("/dev/shm");
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 77);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  ASSERT_TRUE((*server)->offer(**ring).ok());
+  int source = -1;
+  pb::ExchangeMessage offer;
+  offer.set_source_device(1);
+  offer.set_shm_segment((*server)->path());
+  offer.set_shm_token(78);
+  offer.set_shm_host("transport-test-host");
+  grpc::ByteBuffer message = raw(offer.SerializeAsString());
+  ASSERT_TRUE(transport.deliver(&message, &source, -1).ok());
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  EXPECT_TRUE(eventually([&] { return (*server)->refused() > 0; })) << "the offer was never tried";
+  EXPECT_EQ((*server)->refused(), 1);
+  EXPECT_EQ((*server)->handed_over(), 0);
+  EXPECT_FALSE((*ring)->attached());
+
+  pb::ExchangeMessage data;
+  data.set_source_device(1);
+  data.set_op_id(5);
+  data.set_data("abcd");
+  message = raw(data.SerializeAsString());
+  ASSERT_TRUE(transport.deliver(&message, &source, -1).ok());
+  absl::StatusOr<Received> got = transport.receive(1, "", {5, 0, 0}, absl::InfinitePast(), until);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::string bytes(static_cast<size_t>(got->size()), '\0');
+  got->copy_to(reinterpret_cast<std::byte*>(bytes.data()));
+  EXPECT_EQ(bytes, "abcd");
+  EXPECT_EQ(transport.shm_messages_received(), 0);
+
+  offer.set_shm_token(77);
+  message = raw(offer.SerializeAsString());
+  ASSERT_TRUE(transport.deliver(&message, &source, -1).ok());
+  EXPECT_TRUE(eventually([&] { return (*ring)->attached(); })) << "the ring was not fetched with its token";
+  EXPECT_EQ((*server)->handed_over(), 1);
 }
 
 // Sends one-byte messages of op `op` from `from` (device `f`) to `to` (device `t`) until one

@@ -1,17 +1,23 @@
 #include "worker/collectives/shm_ring.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <random>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -37,6 +43,50 @@ void futex_wake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+// A ring server's socket: <dir>/tessera-<pid>-<random>.sock.
+constexpr char kSocketPrefix[] = "tessera-";
+constexpr char kSocketSuffix[] = ".sock";
+
+// Whether `file` (a name in a directory) is a ring server's socket's.
+bool is_socket_name(const std::string& file) {
+  return file.rfind(kSocketPrefix, 0) == 0 && file.size() > sizeof kSocketSuffix &&
+         file.compare(file.size() - (sizeof kSocketSuffix - 1), std::string::npos, kSocketSuffix) == 0;
+}
+
+// The address of the Unix socket at `path`; false if the path is too long for one.
+bool unix_address(const std::string& path, sockaddr_un* address) {
+  *address = sockaddr_un{};
+  if (path.size() >= sizeof address->sun_path) return false;
+  address->sun_family = AF_UNIX;
+  std::memcpy(address->sun_path, path.data(), path.size());
+  return true;
+}
+
+// One byte with room for one fd beside it (SCM_RIGHTS): what a ring server sends, and reads.
+struct FdMessage {
+  FdMessage() {
+    header.msg_iov = &iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control;
+    header.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;  // header points into it
+  FdMessage& operator=(const FdMessage&) = delete;
+
+  char byte = 1;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr header{};
+};
+
+// Milliseconds from now until `until` for poll: 0 when past, at most a minute (the caller
+// loops and looks at the clock again).
+int poll_timeout(absl::Time until) {
+  const absl::Duration left = until - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(absl::ToInt64Milliseconds(std::min(left, absl::Minutes(1)))) + 1;
+}
+
 }  // namespace
 
 // In the segment. head and tail count bytes ever written and consumed; each moves on one
@@ -56,78 +106,122 @@ struct ShmRing::Header {
 static_assert(sizeof(ShmRing::Record) == kRecordBytes, "the ring's record layout");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "atomics in shared memory must be lock-free");
 
-ShmRing::ShmRing(std::string name, bool owner, Header* header, int64_t capacity)
-    : name_(std::move(name)),
-      owner_(owner),
-      header_(header),
-      data_(reinterpret_cast<std::byte*>(header) + kHeaderBytes),
-      capacity_(capacity) {}
+ShmRing::ShmRing(int fd, Header* header, int64_t capacity)
+    : fd_(fd), header_(header), data_(reinterpret_cast<std::byte*>(header) + kHeaderBytes), capacity_(capacity) {}
 
 absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::create(int64_t capacity, uint64_t token) {
   if (capacity < kMinBytes || capacity > kMaxBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("shared-memory ring of ", capacity, " bytes: must be within [", kMinBytes, ", ", kMaxBytes, "]"));
   }
-  static std::atomic<uint64_t> counter{0};
-  std::random_device random;
-  const std::string name = absl::StrCat("/tessera-ring-", getpid(), "-", counter.fetch_add(1), "-",
-                                        absl::Hex(uint64_t{random()} << 32 | random()));
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("shm_open(", name, "): ", std::strerror(errno)));
+  // No name: a peer gets the ring only from this process (ShmRingServer), with its token.
+  const int fd = memfd_create("tessera-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create for a shared-memory ring: ", std::strerror(errno)));
   const size_t size = static_cast<size_t>(kHeaderBytes + capacity);
-  // tmpfs is sparse: pages are allocated as messages first touch them.
-  void* base = ftruncate(fd, static_cast<off_t>(size)) == 0
+  // tmpfs is sparse: pages are allocated as messages first touch them. Sealed at its size, so
+  // that neither end can shrink it under the other's mapping (attach checks the seal).
+  void* base = ftruncate(fd, static_cast<off_t>(size)) == 0 &&
+                       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0
                    ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                    : MAP_FAILED;
-  const int error = errno;
-  close(fd);
   if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
+    const int error = errno;
+    close(fd);
     return absl::InternalError(
-        absl::StrCat("mapping shared memory ", name, " of ", size, " bytes: ", std::strerror(error)));
+        absl::StrCat("mapping a shared-memory ring of ", size, " bytes: ", std::strerror(error)));
   }
   auto* header = new (base) Header{};
   header->token = token;
   header->capacity = capacity;
   std::atomic_thread_fence(std::memory_order_release);
   header->magic = kMagic;
-  return std::unique_ptr<ShmRing>(new ShmRing(name, true, header, capacity));
+  return std::unique_ptr<ShmRing>(new ShmRing(fd, header, capacity));
 }
 
-absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::open(const std::string& name, uint64_t token) {
-  if (name.rfind("/tessera-ring-", 0) != 0 || name.find('/', 1) != std::string::npos || name.size() > 200) {
-    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not a shared-memory ring's name"));
-  }
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("no shared-memory segment ", name, " here: ", std::strerror(errno)));
-  }
+absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::attach(int fd, uint64_t token) {
   struct stat st;
+  const int seals = fcntl(fd, F_GET_SEALS);  // EINVAL: not a memfd
   void* base = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && st.st_size >= kHeaderBytes + kMinBytes && st.st_size <= kHeaderBytes + kMaxBytes) {
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && seals >= 0 && (seals & F_SEAL_SHRINK) != 0 &&
+      st.st_size >= kHeaderBytes + kMinBytes && st.st_size <= kHeaderBytes + kMaxBytes) {
     base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
   close(fd);
   if (base == MAP_FAILED) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shared-memory segment ", name, " of ", st.st_size, " bytes is not a ring"));
+    return absl::FailedPreconditionError(absl::StrCat("shared-memory ring: the fd handed over is not a ring (",
+                                                      seals < 0 ? "not a memfd" : "size not sealed or out of range",
+                                                      ")"));
   }
   auto* header = static_cast<Header*>(base);
   if (header->magic != kMagic || header->token != token || header->capacity != st.st_size - kHeaderBytes) {
     munmap(base, static_cast<size_t>(st.st_size));
     return absl::FailedPreconditionError(
-        absl::StrCat("shared-memory segment ", name, " is not the ring offered (magic, token or size differ)"));
+        "shared-memory ring: the memfd handed over is not the ring offered (magic, token or size differ)");
   }
-  shm_unlink(name.c_str());  // both ends have it mapped: nothing is left behind when they go
-  return std::unique_ptr<ShmRing>(new ShmRing(name, false, header, header->capacity));
+  // The size mapped, not the header's again: the peer may have changed it since.
+  return std::unique_ptr<ShmRing>(new ShmRing(-1, header, st.st_size - kHeaderBytes));
+}
+
+absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socket_path, uint64_t token,
+                                                        absl::Time until) {
+  sockaddr_un address;
+  const size_t slash = socket_path.rfind('/');
+  if (socket_path.empty() || socket_path[0] != '/' || socket_path.find("/../") != std::string::npos ||
+      !is_socket_name(socket_path.substr(slash + 1)) || !unix_address(socket_path, &address)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", socket_path, "' is not a shared-memory ring server's socket"));
+  }
+  const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s < 0) return absl::InternalError(absl::StrCat("socket(AF_UNIX): ", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{s};
+  // A Unix socket connects at once or not at all (EAGAIN: its backlog is full).
+  if (connect(s, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+    const int error = errno;
+    const std::string what = absl::StrCat("shared-memory ring server ", socket_path, ": ", std::strerror(error));
+    if (error == ENOENT || error == ECONNREFUSED) return absl::NotFoundError(what);
+    if (error == EAGAIN) return absl::UnavailableError(what);
+    return absl::FailedPreconditionError(what);
+  }
+  if (send(s, &token, sizeof token, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof token)) {
+    return absl::UnavailableError(
+        absl::StrCat("shared-memory ring server ", socket_path, ": sending the token: ", std::strerror(errno)));
+  }
+  for (;;) {
+    pollfd readable{s, POLLIN, 0};
+    const int ready = poll(&readable, 1, poll_timeout(until));
+    if (ready < 0 && errno != EINTR) {
+      return absl::InternalError(absl::StrCat("poll on ", socket_path, ": ", std::strerror(errno)));
+    }
+    if (ready > 0) break;
+    if (absl::Now() >= until) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("shared-memory ring server ", socket_path, " did not answer by the deadline"));
+    }
+  }
+  FdMessage message;
+  const ssize_t n = recvmsg(s, &message.header, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  int fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&message.header); c != nullptr; c = CMSG_NXTHDR(&message.header, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+      std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    }
+  }
+  if (n <= 0 || fd < 0 || (message.header.msg_flags & MSG_CTRUNC) != 0) {
+    if (fd >= 0) close(fd);
+    return absl::FailedPreconditionError(absl::StrCat("shared-memory ring server ", socket_path,
+                                                      " refused the token (no ring offered with it, or taken)"));
+  }
+  return attach(fd, token);
 }
 
 ShmRing::~ShmRing() {
-  if (owner_) {
+  if (fd_ >= 0) {
     header_->closed.store(1, std::memory_order_release);
     header_->data_seq.fetch_add(1, std::memory_order_release);
     futex_wake(&header_->data_seq);
-    shm_unlink(name_.c_str());  // if the reader never opened it
+    close(fd_);
   }
   munmap(header_, static_cast<size_t>(kHeaderBytes + capacity_));
 }
@@ -189,8 +283,8 @@ absl::StatusOr<bool> ShmRing::next(Record* record, absl::Time until) {
   // size near 2^63 would overflow.)
   if (available > capacity_ || available < kRecordBytes || record->bytes < 0 ||
       record->bytes > available - kRecordBytes || padded(kRecordBytes + record->bytes) > available) {
-    return absl::DataLossError(absl::StrCat("shared-memory ring ", name_, ": a message of ", record->bytes,
-                                            " bytes with ", available, " bytes written"));
+    return absl::DataLossError(
+        absl::StrCat("shared-memory ring: a message of ", record->bytes, " bytes with ", available, " bytes written"));
   }
   return true;
 }
@@ -219,6 +313,230 @@ void ShmRing::wake_reader() {
 void ShmRing::wake_writer() {
   header_->space_seq.fetch_add(1, std::memory_order_release);
   futex_wake(&header_->space_seq);
+}
+
+namespace {
+
+// Removes the sockets of ring servers in `dir` that nobody listens on any more (their process was
+// killed, so its destructor did not remove its socket): a connection to them is refused. A
+// server listens before its socket gets its .sock name (start), so none is taken for stale while
+// it starts. At most 1024 entries are looked at.
+void remove_stale_sockets(const std::string& dir) {
+  DIR* entries = opendir(dir.c_str());
+  if (entries == nullptr) return;
+  int looked = 0;
+  while (dirent* entry = readdir(entries)) {
+    if (++looked > 1024) break;
+    const std::string path = absl::StrCat(dir, "/", entry->d_name);
+    sockaddr_un address;
+    if (!is_socket_name(entry->d_name) || !unix_address(path, &address)) continue;
+    const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0) break;
+    // A live server takes the connection and closes it when it ends at once (no token).
+    if (connect(s, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 && errno == ECONNREFUSED) {
+      unlink(path.c_str());
+    }
+    close(s);
+  }
+  closedir(entries);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmRingServer>> ShmRingServer::start(const std::string& dir) {
+  remove_stale_sockets(dir);
+  uint64_t random = 0;
+  if (getrandom(&random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) {
+    return absl::InternalError(absl::StrCat("shared-memory ring server: getrandom: ", std::strerror(errno)));
+  }
+  const std::string stem = absl::StrCat(dir, "/", kSocketPrefix, getpid(), "-", absl::Hex(random));
+  const std::string path = absl::StrCat(stem, kSocketSuffix);
+  const std::string binding = absl::StrCat(stem, ".bind");  // until it listens (remove_stale_sockets)
+  sockaddr_un address;
+  if (path.size() != binding.size() || !unix_address(binding, &address)) {
+    return absl::InvalidArgumentError(absl::StrCat("shared-memory ring server: socket path ", path, " is longer than ",
+                                                   sizeof address.sun_path - 1, " bytes"));
+  }
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listener < 0) return absl::InternalError(absl::StrCat("socket(AF_UNIX): ", std::strerror(errno)));
+  // 0600 from the start: Linux gives the file bind creates the socket's own mode (less the
+  // umask, which we do not change: other threads create files too); the chmod after is for
+  // kernels that do not.
+  if (fchmod(listener, 0600) != 0 || bind(listener, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+    const int error = errno;
+    close(listener);
+    return absl::InternalError(
+        absl::StrCat("shared-memory ring server: binding ", binding, ": ", std::strerror(error)));
+  }
+  // (A bound socket keeps working under a new name: connections find it by its file.)
+  if (chmod(binding.c_str(), 0600) != 0 || listen(listener, kMaxPending) != 0 ||
+      rename(binding.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    close(listener);
+    unlink(binding.c_str());
+    return absl::InternalError(
+        absl::StrCat("shared-memory ring server: listening on ", path, ": ", std::strerror(error)));
+  }
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    const int error = errno;
+    close(listener);
+    unlink(path.c_str());
+    return absl::InternalError(absl::StrCat("shared-memory ring server: eventfd: ", std::strerror(error)));
+  }
+  return std::unique_ptr<ShmRingServer>(new ShmRingServer(path, listener, wake));
+}
+
+ShmRingServer::ShmRingServer(std::string path, int listener, int wake)
+    : path_(std::move(path)), listener_(listener), wake_(wake), thread_([this] { run(); }) {}
+
+ShmRingServer::~ShmRingServer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_, &one, sizeof one);
+  thread_.join();
+  unlink(path_.c_str());
+  close(listener_);
+  close(wake_);
+  absl::MutexLock lock(&mu_);  // (run() is over: for the annotations)
+  for (const auto& [token, fd] : offers_) close(fd);
+}
+
+absl::Status ShmRingServer::offer(const ShmRing& ring) {
+  const int fd = fcntl(ring.fd(), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("shared-memory ring server: dup: ", std::strerror(errno)));
+  absl::MutexLock lock(&mu_);
+  auto [it, added] = offers_.emplace(ring.token(), fd);
+  if (!added) {
+    close(it->second);
+    it->second = fd;
+  }
+  return absl::OkStatus();
+}
+
+void ShmRingServer::withdraw(uint64_t token) {
+  absl::MutexLock lock(&mu_);
+  auto it = offers_.find(token);
+  if (it == offers_.end()) return;
+  close(it->second);
+  offers_.erase(it);
+}
+
+int64_t ShmRingServer::handed_over() const {
+  absl::MutexLock lock(&mu_);
+  return handed_over_;
+}
+
+int64_t ShmRingServer::refused() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
+}
+
+void ShmRingServer::answer(int connection, uint64_t token) {
+  int fd = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = offers_.find(token);
+    if (it == offers_.end()) {
+      ++refused_;
+    } else {
+      fd = it->second;  // once: the token is spent
+      offers_.erase(it);
+    }
+  }
+  if (fd >= 0) {
+    FdMessage message;
+    cmsghdr* c = CMSG_FIRSTHDR(&message.header);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    // One byte into an empty socket buffer: never waits. Counted before the peer can see it.
+    absl::MutexLock lock(&mu_);
+    ++(sendmsg(connection, &message.header, MSG_NOSIGNAL | MSG_DONTWAIT) == 1 ? handed_over_ : refused_);
+    close(fd);
+  }
+  close(connection);  // without a ring: the peer reads the end, a refusal
+}
+
+void ShmRingServer::run() {
+  struct Pending {
+    int fd;
+    absl::Time deadline;
+    uint64_t token = 0;
+    size_t got = 0;  // bytes of the token read so far
+  };
+  std::vector<Pending> pending;
+  std::vector<pollfd> polled;
+  absl::Time accept_again = absl::InfinitePast();  // after accept ran out of fds
+  for (;;) {
+    absl::Time next = absl::Now() + absl::Minutes(1);  // nothing pending: the wake-up ends the wait
+    const bool accepting = absl::Now() >= accept_again;
+    if (!accepting) next = accept_again;
+    // (A negative fd is not polled.)
+    polled.assign({{wake_, POLLIN, 0}, {accepting ? listener_ : -1, POLLIN, 0}});
+    for (const Pending& p : pending) {
+      polled.push_back({p.fd, POLLIN, 0});
+      next = std::min(next, p.deadline);
+    }
+    if (poll(polled.data(), polled.size(), poll_timeout(next)) < 0 && errno != EINTR) break;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) break;
+    }
+    // Read each pending connection's token (polled[i + 2] is pending[i]); answer, or drop it
+    // at its end or deadline.
+    const absl::Time now = absl::Now();
+    std::vector<Pending> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      if (polled[i + 2].revents != 0) {
+        const ssize_t n = recv(p.fd, reinterpret_cast<char*>(&p.token) + p.got, sizeof p.token - p.got, MSG_DONTWAIT);
+        if (n > 0) p.got += static_cast<size_t>(n);
+        if (p.got == sizeof p.token) {
+          answer(p.fd, p.token);
+          continue;
+        }
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) p.deadline = now;  // it went
+      }
+      if (now >= p.deadline) {
+        {
+          absl::MutexLock lock(&mu_);
+          ++refused_;
+        }
+        close(p.fd);
+        continue;
+      }
+      still.push_back(p);
+    }
+    pending.swap(still);
+    if (polled[1].revents != 0) {
+      for (;;) {
+        const int connection = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (connection < 0) {
+          // EAGAIN: none left. Out of fds (EMFILE, ENFILE): the connection stays queued and the
+          // listener readable; wait a second rather than spin on it.
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            accept_again = now + absl::Seconds(1);
+          }
+          break;
+        }
+        if (pending.size() >= static_cast<size_t>(kMaxPending)) {
+          {
+            absl::MutexLock lock(&mu_);
+            ++refused_;
+          }
+          close(connection);
+          continue;
+        }
+        pending.push_back({connection, now + kHandoverTimeout});
+      }
+    }
+  }
+  for (const Pending& p : pending) close(p.fd);
 }
 
 }  // namespace tessera

@@ -1,12 +1,16 @@
-// ShmRing: a one-way ring of tagged messages in a /dev/shm segment, from one worker process
-// to another on the same host. The sender creates the segment and names it (with a random
-// token) to the receiver over their gRPC Exchange stream; the receiver opens it, checks the
-// token, removes the name and says so in the segment (attached()), after which the sender
-// writes its messages here instead of on gRPC. One writer and one reader; each side sleeps on
-// a futex in the segment while the ring is empty (reader) or full (writer): no polling.
+// ShmRing: a one-way ring of tagged messages in a memfd, from one worker process to another on
+// the same host. The sender creates the ring (an unnamed memfd whose size is sealed: no file
+// under /dev/shm, so no other process can open it by name) and offers it through its
+// ShmRingServer, a Unix socket under /dev/shm; it names the socket and a random token to the
+// receiver over their gRPC Exchange stream. The receiver connects, presents the token, gets the
+// memfd (SCM_RIGHTS), maps it, checks it and says so in the segment (attached()), after which
+// the sender writes its messages here instead of on gRPC. One writer and one reader; each side
+// sleeps on a futex in the segment while the ring is empty (reader) or full (writer): no polling.
 //
-//   auto ring = ShmRing::create(4 << 20, token);                // sender
-//   auto peer = ShmRing::open((*ring)->name(), token);          // receiver (another process)
+//   auto server = ShmRingServer::start("/dev/shm");                   // sender, once
+//   auto ring = ShmRing::create(4 << 20, token);
+//   (*server)->offer(**ring);                  // then Exchange: {(*server)->path(), token}
+//   auto peer = ShmRing::fetch(path, token, until);                   // receiver (another process)
 //   (*peer)->mark_attached();
 //   (*ring)->write({op, step, chunk}, data, bytes, until);      // false: no room by `until`
 //   ShmRing::Record r; (*peer)->next(&r, until); (*peer)->copy_payload(r, dst); (*peer)->consume(r);
@@ -15,10 +19,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/shm_transfer.h"  // shm_host_identity
 
@@ -41,19 +49,25 @@ class ShmRing {
     uint64_t run_tag = 0;  // the message's (MessageTag::run_tag)
   };
 
-  // A new segment of `capacity` bytes (plus a header page) under a fresh unique name.
+  // A new ring of `capacity` bytes (plus a header page) in an unnamed memfd, its size sealed.
   // INVALID_ARGUMENT for a capacity outside [kMinBytes, kMaxBytes]; INTERNAL with errno's text
-  // when /dev/shm refuses.
+  // when the kernel refuses.
   static absl::StatusOr<std::unique_ptr<ShmRing>> create(int64_t capacity, uint64_t token);
-  // The segment a peer created: NOT_FOUND when this host has no such segment (the peer is
-  // elsewhere); FAILED_PRECONDITION when it is not a ring of this version or its token differs.
-  // Removes the name (both ends keep their mapping).
-  static absl::StatusOr<std::unique_ptr<ShmRing>> open(const std::string& name, uint64_t token);
+  // The ring in memfd `fd` (which this takes, and closes): FAILED_PRECONDITION when it is not a
+  // size-sealed ring of this version or its token differs.
+  static absl::StatusOr<std::unique_ptr<ShmRing>> attach(int fd, uint64_t token);
+  // The ring a peer offers through its ShmRingServer at `socket` (a path under /dev/shm),
+  // fetched with `token` (the Exchange offer's), waiting until `until`: NOT_FOUND when this host
+  // has no such socket (the peer is elsewhere); FAILED_PRECONDITION when the server refused the
+  // token or the ring is not one (attach); UNAVAILABLE when the server is busy, DEADLINE_EXCEEDED
+  // when it did not answer by `until`; INVALID_ARGUMENT for a path that is not a ring server's.
+  static absl::StatusOr<std::unique_ptr<ShmRing>> fetch(const std::string& socket, uint64_t token, absl::Time until);
 
-  // The creator marks the ring closed (the reader drains it and stops) and removes the name.
+  // The creator marks the ring closed (the reader drains it and stops).
   ~ShmRing();
 
-  const std::string& name() const { return name_; }
+  // The memfd (the creator's; -1 at the reader, which keeps only the mapping).
+  int fd() const { return fd_; }
   uint64_t token() const;
   int64_t capacity() const { return capacity_; }
   // Whether a message of `bytes` bytes may go through this ring (at most half of it).
@@ -83,15 +97,59 @@ class ShmRing {
 
  private:
   struct Header;
-  ShmRing(std::string name, bool owner, Header* header, int64_t capacity);
+  ShmRing(int fd, Header* header, int64_t capacity);
   void copy_in(uint64_t at, const void* src, int64_t n);
   void copy_out(uint64_t at, void* dst, int64_t n) const;
 
-  const std::string name_;
-  const bool owner_;
+  const int fd_;  // >= 0: the creator
   Header* const header_;
   std::byte* const data_;
   const int64_t capacity_;
+};
+
+// ShmRingServer: hands this process's rings to its peers. A thread listens on a Unix socket
+// (mode 0600, removed when the server goes) and answers each connection that presents the token
+// of an offered ring with that ring's memfd (SCM_RIGHTS), once; any other connection is closed
+// without one (refused). Bounded: at most kMaxPending connections wait for their token, each
+// for at most kHandoverTimeout; the rest are closed at once.
+class ShmRingServer {
+ public:
+  static constexpr int kMaxPending = 16;
+  static constexpr absl::Duration kHandoverTimeout = absl::Seconds(5);
+
+  // Listens on a fresh socket `dir`/tessera-<pid>-<random>.sock. INTERNAL with errno's text
+  // when the socket, its thread's wake-up or the bind fails (e.g. `dir` is not writable).
+  static absl::StatusOr<std::unique_ptr<ShmRingServer>> start(const std::string& dir);
+  // Stops the thread, closes every connection and offered fd, and removes the socket.
+  ~ShmRingServer();
+
+  const std::string& path() const { return path_; }
+  // Hands `ring` (its memfd, duplicated) to the first connection presenting ring.token().
+  // INTERNAL if the fd cannot be duplicated. REQUIRES: `ring` is the creator's.
+  absl::Status offer(const ShmRing& ring);
+  // No connection gets the ring of `token` any more (the link that offered it went).
+  void withdraw(uint64_t token);
+
+  int64_t handed_over() const;
+  int64_t refused() const;  // connections closed without a ring (wrong token, silent, too many)
+
+ private:
+  ShmRingServer(std::string path, int listener, int wake);
+  void run();
+  // Answers a connection that presented `token`, and closes it.
+  void answer(int connection, uint64_t token);
+
+  // Constant after construction.
+  const std::string path_;
+  const int listener_;
+  const int wake_;  // an eventfd: the destructor stops run()'s poll
+
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, int> offers_ ABSL_GUARDED_BY(mu_);  // token -> a duplicate of the ring's memfd
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t handed_over_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;  // last: starts once everything above is set
 };
 
 }  // namespace tessera

@@ -87,24 +87,28 @@ grpc::ByteBuffer encode_notice(int self, const std::vector<TaggedOp>& ops) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// An offer (ExchangeMessage.shm_*, no data): the sender's shared-memory ring to the receiver.
-grpc::ByteBuffer encode_offer(int self, const std::string& segment, uint64_t token, const std::string& host) {
+// An offer (ExchangeMessage.shm_*, no data): the sender's shared-memory ring to the receiver,
+// to fetch from the sender's ShmRingServer at `socket` with `token`.
+grpc::ByteBuffer encode_offer(int self, const std::string& socket, uint64_t token, const std::string& host) {
   pb::ExchangeMessage offer;
   offer.set_source_device(self);
-  offer.set_shm_segment(segment);
+  offer.set_shm_segment(socket);
   offer.set_shm_token(token);
   offer.set_shm_host(host);
   grpc::Slice slice(offer.SerializeAsString());
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// Longest segment name and host identity an offer may carry.
+// Longest socket path and host identity an offer may carry.
 constexpr size_t kMaxOfferString = 256;
 // Most rings a worker reads at once (one per source).
 constexpr size_t kMaxInboundRings = 1024;
 // How long a ring writer sleeps before it checks its link and deadline again (it is also woken
 // when the link breaks), and a ring reader before it checks that it is to stop.
 constexpr absl::Duration kRingRecheck = absl::Milliseconds(500);
+// Where a worker's ShmRingServer listens: docker-compose's workers share it (one IPC namespace),
+// network namespaces of one machine too (they differ in shm_host_identity instead).
+constexpr char kShmSocketDir[] = "/dev/shm";
 
 // How many ops a notice may name, and how many recent ops a link remembers for one.
 constexpr size_t kMaxNoticeOps = 256;
@@ -247,19 +251,20 @@ class Transport::Link {
  public:
   static constexpr int kStreamsPerLink = 3;
 
-  // `ring_bytes` > 0: offer the peer a shared-memory ring of that size with the first message,
-  // naming this worker's `host`. `declared`: the registration the streams declare (epoch and
-  // incarnation; none when 0), which the peer checks (peer_view.h).
+  // `ring_bytes` > 0: offer the peer a shared-memory ring of that size through `ring_server`
+  // with the first message, naming this worker's `host`. `declared`: the registration the
+  // streams declare (epoch and incarnation; none when 0), which the peer checks (peer_view.h).
   Link(Transport* transport, int self, int peer, std::string address, int64_t ring_bytes = 0, std::string host = "",
-       std::pair<uint64_t, uint64_t> declared = {})
+       std::pair<uint64_t, uint64_t> declared = {}, std::shared_ptr<ShmRingServer> ring_server = nullptr)
       : transport_(transport),
         self_(self),
         declared_(declared),
         peer_(peer),
         address_(std::move(address)),
         channel_(make_channel(address_, daemon_identity(transport->credentials_, self))),
-        ring_bytes_(ring_bytes),
-        host_(std::move(host)) {
+        ring_bytes_(ring_server != nullptr ? ring_bytes : 0),
+        host_(std::move(host)),
+        ring_server_(std::move(ring_server)) {
     for (int i = 0; i < kStreamsPerLink; ++i) streams_.push_back(std::make_unique<Stream>(this));
   }
 
@@ -273,6 +278,7 @@ class Transport::Link {
     // gRPC calls OnDone once a cancelled call is over: this wait ends.
     auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_streams_ == kStreamsPerLink; };
     mu_.Await(absl::Condition(&all_done));
+    if (ring_ != nullptr) ring_server_->withdraw(ring_->token());  // if the peer never fetched it
   }
 
   absl::Status enqueue(MessageTag tag, const std::byte* data, int64_t bytes, absl::Time deadline,
@@ -318,9 +324,14 @@ class Transport::Link {
                    created.status().ToString().c_str());
       return;
     }
+    if (absl::Status offered = ring_server_->offer(**created); !offered.ok()) {
+      std::fprintf(stderr, "tessera-worker: no shared memory to device %d, using gRPC: %s\n", peer_,
+                   offered.ToString().c_str());
+      return;
+    }
     ring_ = *std::move(created);
     ring_view_.store(ring_.get(), std::memory_order_release);
-    push(Outgoing{encode_offer(self_, ring_->name(), ring_->token(), host_), 0}, {}, absl::InfiniteFuture())
+    push(Outgoing{encode_offer(self_, ring_server_->path(), ring_->token(), host_), 0}, {}, absl::InfiniteFuture())
         .IgnoreError();
   }
 
@@ -520,6 +531,7 @@ class Transport::Link {
   std::vector<std::unique_ptr<Stream>> streams_;
   const int64_t ring_bytes_;
   const std::string host_;
+  const std::shared_ptr<ShmRingServer> ring_server_;  // hands ring_ to the peer (see offer_ring)
   // The ring to the peer, made once by the first enqueue (closed when the link goes: the
   // peer's reader drains it and stops); ring_view_ is how other threads see it.
   std::once_flag ring_once_;
@@ -538,17 +550,16 @@ class Transport::Link {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
-// A ring a peer writes to this worker, read by a thread of its own: it opens the segment the
-// peer offered (on a gRPC callback thread, which must not wait for that), says it is attached,
+// A ring a peer writes to this worker, read by a thread of its own: it fetches the ring the peer
+// offered from the peer's ShmRingServer (not on the gRPC callback thread that read the offer,
+// which must not wait for that), says it is attached,
 // then files each message in the mailbox as gRPC's reader would, until it is stopped (the
 // source offered a new ring, its streams all ended, or the transport goes) or the writer
 // closed the ring and it is drained.
 class Transport::InboundRing {
  public:
-  InboundRing(Transport* transport, int source, std::string segment, uint64_t token)
-      : transport_(transport), source_(source), segment_(std::move(segment)), token_(token), thread_([this] {
-          run();
-        }) {}
+  InboundRing(Transport* transport, int source, std::string socket, uint64_t token)
+      : transport_(transport), source_(source), socket_(std::move(socket)), token_(token), thread_([this] { run(); }) {}
 
   ~InboundRing() {
     stop();
@@ -566,9 +577,11 @@ class Transport::InboundRing {
 
  private:
   void run() {
-    absl::StatusOr<std::unique_ptr<ShmRing>> opened = ShmRing::open(segment_, token_);
+    // Bounded (the server's own limit), so a transport that goes waits for this at most that long.
+    absl::StatusOr<std::unique_ptr<ShmRing>> opened =
+        ShmRing::fetch(socket_, token_, absl::Now() + ShmRingServer::kHandoverTimeout);
     if (!opened.ok()) {
-      // Another host after all (or /dev/shm is not shared): the peer keeps using gRPC.
+      // Another host after all (or /dev/shm is not shared), or refused: the peer keeps using gRPC.
       if (!absl::IsNotFound(opened.status())) {
         std::fprintf(stderr, "tessera-worker: shared memory from device %d not used: %s\n", source_,
                      opened.status().ToString().c_str());
@@ -633,7 +646,7 @@ class Transport::InboundRing {
 
   Transport* const transport_;
   const int source_;
-  const std::string segment_;
+  const std::string socket_;
   const uint64_t token_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -676,8 +689,25 @@ absl::Status Transport::set_shm(ShmOptions options) {
                                                    ShmRing::kMaxBytes, "]"));
   }
   if (options.host.empty()) options.host = shm_host_identity();
+  std::shared_ptr<ShmRingServer> server;
+  {
+    absl::MutexLock lock(&mu_);
+    server = shm_server_;
+  }
+  if (options.enabled && server == nullptr) {
+    // Where peers fetch the rings this worker offers. Without it this worker offers none (it
+    // sends over gRPC) and still reads the rings its peers offer.
+    absl::StatusOr<std::unique_ptr<ShmRingServer>> started = ShmRingServer::start(kShmSocketDir);
+    if (started.ok()) {
+      server = *std::move(started);
+    } else {
+      std::fprintf(stderr, "tessera-worker: offering no shared-memory rings, sending over gRPC: %s\n",
+                   started.status().ToString().c_str());
+    }
+  }
   absl::MutexLock lock(&mu_);
   shm_ = std::move(options);
+  if (shm_server_ == nullptr) shm_server_ = std::move(server);
   return absl::OkStatus();
 }
 
@@ -866,7 +896,7 @@ std::optional<Algorithm> Transport::forced_all_reduce() const {
   return forced_all_reduce_;
 }
 
-void Transport::ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host,
+void Transport::ring_offered(int source, const std::string& socket, uint64_t token, const std::string& host,
                              uint64_t reader) {
   absl::MutexLock lock(&mu_);
   if (!shm_.enabled || stopping_ || host != shm_.host) return;  // the sender keeps gRPC
@@ -881,7 +911,7 @@ void Transport::ring_offered(int source, const std::string& segment, uint64_t to
     slot->stop();
     stopped_inbound_.push_back(std::move(slot));
   }
-  slot = std::make_unique<InboundRing>(this, source, segment, token);
+  slot = std::make_unique<InboundRing>(this, source, socket, token);
   inbound_offered_by_[source] = reader;
 }
 
@@ -983,7 +1013,8 @@ std::shared_ptr<Transport::Link> Transport::current_link_locked(int peer, const 
   // replaced; the old one is retired (destroyed later, outside the lock).
   if (slot != nullptr && (slot->broken() || slot->address() != address)) retired_.push_back(std::move(slot));
   if (slot == nullptr)
-    slot = std::make_shared<Link>(this, self_, peer, address, shm_.enabled ? shm_.ring_bytes : 0, shm_.host, declared_);
+    slot = std::make_shared<Link>(this, self_, peer, address, shm_.enabled ? shm_.ring_bytes : 0, shm_.host, declared_,
+                                  shm_.enabled ? shm_server_ : nullptr);
   return slot;
 }
 
@@ -1526,7 +1557,7 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
   SliceReader reader(data.slices_);
   uint64_t fields[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};  // source_device, op_id, step, chunk; shm_token at 8
   uint64_t run_tag = 0;                              // field 10, fixed64
-  std::string shm_segment, shm_host;                 // an offer (see ExchangeMessage.shm_segment)
+  std::string shm_segment, shm_host;                 // an offer (see ExchangeMessage.shm_segment: a socket path)
   bool has_data = false;
   std::pair<size_t, size_t> data_at;  // where the data starts: (slice, offset)
   std::vector<uint64_t> lost_ops;     // a notice (see ExchangeMessage.lost_ops)
@@ -1565,7 +1596,7 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
       for (uint64_t i = 0; i < length; ++i) {
         uint8_t b = 0;
         reader.byte(&b);
-        // Segment names and host identities are printable ASCII (and a proto3 string must be
+        // Socket paths and host identities are printable ASCII (and a proto3 string must be
         // UTF-8, which protobuf's own parser checks).
         if (b < 0x20 || b > 0x7e) {
           return absl::InvalidArgumentError(

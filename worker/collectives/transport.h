@@ -123,6 +123,8 @@ struct ShmOptions {
   std::string host;                       // empty: shm_host_identity()
 };
 
+class ShmRingServer;  // worker/collectives/shm_ring.h
+
 namespace internal {
 struct InProcessMailbox;  // a transport serving in process (transport.cc)
 }  // namespace internal
@@ -169,9 +171,11 @@ class Transport {
   int64_t mailbox_bytes_per_peer() const;
 
   // Offers a shared-memory ring to every peer this worker sends to from now on: a peer on the
-  // same host (the same ShmOptions::host) that has it enabled too opens it, and the messages
-  // to it go through the ring from then on; other peers keep gRPC. INVALID_ARGUMENT for a ring
-  // size outside [ShmRing::kMinBytes, ShmRing::kMaxBytes]. Call before the first send.
+  // same host (the same ShmOptions::host) that has it enabled too fetches it from this worker's
+  // ShmRingServer (a Unix socket in /dev/shm, started here), and the messages to it go through
+  // the ring from then on; other peers keep gRPC (as do all when the server cannot start).
+  // INVALID_ARGUMENT for a ring size outside [ShmRing::kMinBytes, ShmRing::kMaxBytes]. Call
+  // before the first send.
   absl::Status set_shm(ShmOptions options);
   bool shm_enabled() const;
   // Messages received through shared memory so far (tests and GetStats: the path is used).
@@ -474,7 +478,7 @@ class Transport {
   void refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
   // reader thread, which opens it, and returns).
-  void ring_offered(int source, const std::string& segment, uint64_t token, const std::string& host, uint64_t reader);
+  void ring_offered(int source, const std::string& socket, uint64_t token, const std::string& host, uint64_t reader);
   // Joins the reader threads that have stopped. Never on a gRPC callback thread.
   void join_stopped_rings();
   void stream_started(int source);
@@ -564,6 +568,8 @@ class Transport {
   std::vector<std::shared_ptr<Link>> superseded_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   ShmOptions shm_ ABSL_GUARDED_BY(mu_);
+  // Hands the rings this worker offers to its peers (started by set_shm; shared with the links).
+  std::shared_ptr<ShmRingServer> shm_server_ ABSL_GUARDED_BY(mu_);
   // The rings peers write to this worker: the current one per source, and those replaced or
   // whose source went away (stopped, their threads joined by join_stopped_rings).
   std::map<int, std::unique_ptr<InboundRing>> inbound_ ABSL_GUARDED_BY(mu_);
