@@ -130,9 +130,8 @@ std::string check_indices(const char* op, const Value& indices) {
 struct Addressing {
   Dims linear, free, window, mapped, batching, indices_batching;
   Dims collapsed;  // collapsed_slice_dims / inserted_window_dims
-  // Mapped dimensions with a window of the whole dimension (not collapsed): their only start
-  // is 0, so they are free (never folded, a split on them stays, as JAX's explicit-mode rules
-  // let a full slice keep its split), their starts only checked against 0 (linear_index).
+  // Mapped dimensions with a window of the whole dimension (not collapsed) kept free: their
+  // only start is 0, so they need not fold, their starts only checked against 0 (linear_index).
   Dims whole_mapped;
 
   bool windowed(int64_t d) const { return !contains(collapsed, d) && !contains(batching, d); }
@@ -152,8 +151,15 @@ struct Addressing {
   }
 };
 
-Addressing make_addressing(const Shape& operand, Dims window, Dims mapped, Dims collapsed, Dims batching,
+// A mapped dimension the window takes whole stays free when it is split on an Explicit axis (a
+// fold would merge the split; JAX's explicit-mode rules let a full slice keep its split) or when
+// it comes after every dimension that must fold (the operand keeps its order). Otherwise it folds
+// as a linear dimension with start 0: kept free before a folded one, fold_operand would transpose
+// the whole operand (and unfold_operand back), as for x[B,H,T,D] written at (b, 0, t_b, 0).
+Addressing make_addressing(const Value& x, Dims window, Dims mapped, Dims collapsed, Dims batching,
                            Dims indices_batching) {
+  const Shape operand = x.shape();
+  const PartitionSpec spec = type_of(x).spec;  // all None outside explicit mode
   Addressing a{{},
                {},
                std::move(window),
@@ -162,11 +168,19 @@ Addressing make_addressing(const Shape& operand, Dims window, Dims mapped, Dims 
                std::move(indices_batching),
                std::move(collapsed),
                {}};
-  for (int64_t d = 0; d < static_cast<int64_t>(operand.size()); ++d) {
-    const bool whole = contains(a.mapped, d) && a.windowed(d) && a.window[d] == operand[d];
-    if (whole) a.whole_mapped.push_back(d);
-    const bool linear = !whole && (contains(a.mapped, d) || contains(a.collapsed, d) || contains(a.batching, d));
-    (linear ? a.linear : a.free).push_back(d);
+  const int64_t rank = static_cast<int64_t>(operand.size());
+  auto addressed = [&](int64_t d) {
+    return contains(a.mapped, d) || contains(a.collapsed, d) || contains(a.batching, d);
+  };
+  auto whole = [&](int64_t d) { return contains(a.mapped, d) && a.windowed(d) && a.window[d] == operand[d]; };
+  int64_t last_folded = -1;  // the last dimension that must fold
+  for (int64_t d = 0; d < rank; ++d)
+    if (addressed(d) && !whole(d)) last_folded = d;
+  for (int64_t d = 0; d < rank; ++d) {
+    const bool split = !spec.axes(static_cast<int>(d)).empty();
+    const bool keep_free = whole(d) && (split || d > last_folded);
+    if (keep_free) a.whole_mapped.push_back(d);
+    (addressed(d) && !keep_free ? a.linear : a.free).push_back(d);
   }
   return a;
 }
@@ -470,7 +484,7 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
     if (blocks.has_value()) return *blocks;
   }
   if (check_only) return x;
-  const Addressing a = make_addressing(xs, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
+  const Addressing a = make_addressing(x, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
                                        dn.operand_batching_dims, dn.scatter_indices_batching_dims);
   // The updates in the order of the one-axis op's: batch, windowed linear, free windows.
   const int64_t nb = ni - 1;
@@ -787,7 +801,7 @@ Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNum
   }
   // _gather_shape_computation: offset dims take the slice sizes of the operand's dimensions
   // that are neither collapsed nor batching, in order; the others the indices' batch dims.
-  const Addressing a = make_addressing(xs, slice_sizes, dn.start_index_map, dn.collapsed_slice_dims,
+  const Addressing a = make_addressing(x, slice_sizes, dn.start_index_map, dn.collapsed_slice_dims,
                                        dn.operand_batching_dims, dn.start_indices_batching_dims);
   Dims offset_operand_dims;
   for (int64_t d = 0; d < rank; ++d)

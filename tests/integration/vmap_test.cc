@@ -890,5 +890,74 @@ TEST_F(VmapTest, DynamicUpdateSliceWithPerExampleStartsOnASplitBatch) {
   }
 }
 
+// vmap of dynamic_update_slice / dynamic_slice with per-example starts on a KV cache x[B,H,T,D]:
+// each example writes (reads) its row of every head at its own position t_b, starts (0, t_b, 0).
+// JAX batches them as a scatter / gather with the batch a batching dimension and every dimension
+// in start_index_map, mode CLIP (_dynamic_update_slice_batching_rule / _dynamic_slice_batching_rule,
+// jax/_src/lax/slicing.py). The windows take H and D whole; H comes before T, which is sliced, so
+// keeping H out of the folded index would transpose the whole cache into (B, T, H, D) and back
+// on every step. The traced program holds no transpose, and the values are the host loop's.
+TEST_F(VmapTest, PerExampleKvCacheWriteAndReadTransposeNoOperand) {
+  constexpr int64_t kB = 4, kH = 2, kT = 5, kD = 4;
+  const HostArray cache = arange({kB, kH, kT, kD});
+  HostArray rows(DType::kF32, {kB, kH, 1, kD});
+  for (int64_t i = 0; i < kB * kH * kD; ++i) rows.mutable_values<float>()[i] = -1.0f - static_cast<float>(i);
+  const std::vector<int32_t> positions = {0, 3, 7, -2};  // 7 and -2 clamp to kT - 1 and 0
+  TracedFunction write = [](const std::vector<Value>& in) {
+    const Value zero = full({}, 0, DType::kI32);
+    return std::vector<Value>{dynamic_update_slice(in[0], in[1], {zero, in[2], zero})};
+  };
+  TracedFunction read = [](const std::vector<Value>& in) {
+    const Value zero = full({}, 0, DType::kI32);
+    return std::vector<Value>{dynamic_slice(in[0], {zero, in[1], zero}, {kH, 1, kD})};
+  };
+  const ArrayType cache_type{DType::kF32, {kB, kH, kT, kD}}, rows_type{DType::kF32, {kB, kH, 1, kD}},
+      positions_type{DType::kI32, {kB}};
+  auto expect_no_transpose = [](const absl::StatusOr<Graph>& g) {
+    ASSERT_TRUE(g.ok()) << g.status();
+    int transposes = 0;
+    for (int id = 0; id < g->size(); ++id) transposes += g->node(id).op == Op::kTranspose ? 1 : 0;
+    EXPECT_EQ(transposes, 0) << g->to_text();
+  };
+  expect_no_transpose(trace(vmap(write), {cache_type, rows_type, positions_type}));
+  expect_no_transpose(trace(vmap(read), {cache_type, positions_type}));
+
+  const float* c = cache.values<float>().data();
+  const float* r = rows.values<float>().data();
+  std::vector<double> written(c, c + kB * kH * kT * kD), got;
+  for (int64_t b = 0; b < kB; ++b) {
+    const int64_t t = clamped_start(positions[b], kT, 1);
+    for (int64_t h = 0; h < kH; ++h) {
+      for (int64_t d = 0; d < kD; ++d) {
+        written[((b * kH + h) * kT + t) * kD + d] = r[(b * kH + h) * kD + d];
+        got.push_back(c[((b * kH + h) * kT + t) * kD + d]);
+      }
+    }
+  }
+  const Array xs = put(cache, P()), ps = put(int32s(positions), P());
+  absl::StatusOr<std::vector<Array>> out = jit(vmap(write))({xs, put(rows, P()), ps});
+  ASSERT_TRUE(out.ok()) << out.status();
+  expect_near(fetch((*out)[0]), written);
+  out = jit(vmap(read))({xs, ps});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].shape(), (Shape{kB, kH, 1, kD}));
+  expect_near(fetch((*out)[0]), got);
+
+  // On Explicit (2, 2) with the batch split over 'x' and the heads over 'y': H, split, stays out
+  // of the folded index (a fold would merge its split), so it keeps its split, as JAX's
+  // _gather_sharding_rule / _scatter_sharding_rule keep a full window dimension's.
+  const Mesh xy = mesh_2x2();
+  const PartitionSpec heads = P("x", "y", None, None);
+  const Array xs2 = put_on(xy, cache, heads), ps2 = put_on(xy, int32s(positions), P("x"));
+  out = jit(vmap(write))({xs2, put_on(xy, rows, heads), ps2});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[4@x,2@y,5,4]");
+  expect_near(fetch((*out)[0]), written);
+  out = jit(vmap(read))({xs2, ps2});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[4@x,2@y,1,4]");
+  expect_near(fetch((*out)[0]), got);
+}
+
 }  // namespace
 }  // namespace tessera
