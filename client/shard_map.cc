@@ -314,8 +314,8 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& given) con
   // captured into the body first, as every op's operands are.
   std::vector<Value> args = given;
   for (Value& a : args) {
-    if (!a.ok()) return failed;
     a = TraceState::local(a);
+    if (!a.ok()) return failed;  // a failed argument, or its capture failed (the error recorded)
     t = TraceState::of(a);
   }
   if (t == nullptr) return failed;  // not tracing: nothing to record the error in
