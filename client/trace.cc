@@ -1,6 +1,7 @@
 #include "tessera/trace.h"
 
 #include <algorithm>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -593,71 +594,117 @@ Value dot_general(const Value& lhs, const Value& rhs, DotDims dims) {
   return t->make(t->graph.add_dot_general(TraceState::id(lr[0]), TraceState::id(lr[1]), std::move(dims)));
 }
 
-Value matmul(const Value& lhs, const Value& rhs) {
-  TraceState* t = TraceState::common({&lhs, &rhs});
-  if (t == nullptr) return Value();
+namespace {
+
+// jnp.matmul's program (jax/_src/numpy/tensor_contractions.py, matmul): the operands with the
+// dimensions it squeezes reshaped away, one dot_general, a transpose into numpy's order, and
+// the dimensions squeezed from both operands inserted back.
+struct MatmulProgram {
+  Value lhs, rhs;             // the squeezed operands
+  DotDims dims;               // the dot_general's; its product is batch, lhs free, rhs free
+  std::vector<int64_t> perm;  // the product into numpy's order; empty when it is in it
+  Shape shape;                // the result's, with the dimensions squeezed from both
+};
+
+std::optional<MatmulProgram> matmul_program(TraceState* t, const Value& lhs, const Value& rhs) {
   const int a = lhs.rank(), b = rhs.rank();
   const Shape ls = lhs.shape(), rs = rhs.shape();
   if (a == 0 || b == 0) {
-    return t->fail(absl::InvalidArgumentError(
+    t->fail(absl::InvalidArgumentError(
         absl::StrCat("matmul: shapes ", shape_to_string(ls), " and ", shape_to_string(rs), " include a scalar")));
+    return std::nullopt;
   }
   // A vector or a matrix on the right contracts with lhs's last dimension and leaves lhs's
   // others in front, as jnp: (B, S, D) @ (D, F) is (B, S, F), one dot_general, no batch.
-  if (b <= 2) return dot_general(lhs, rhs, DotDims{{}, {}, {a - 1}, {0}});
+  if (b <= 2) {
+    Shape shape(ls.begin(), ls.end() - 1);
+    if (b == 2) shape.push_back(rs[1]);
+    return MatmulProgram{lhs, rhs, DotDims{{}, {}, {a - 1}, {0}}, {}, std::move(shape)};
+  }
   // A vector on the left contracts with rhs's second to last: (K) @ (..., K, N) is (..., N).
-  if (a == 1) return dot_general(lhs, rhs, DotDims{{}, {}, {0}, {b - 2}});
-  // Otherwise the batch dimensions (all but the last two) broadcast as numpy's, and the
-  // program is jnp.matmul's (jax/_src/numpy/tensor_contractions.py, matmul): a batch dimension
-  // only one operand has, or has where the other's is an unsplit 1 (squeezed away), is a free
-  // dimension of the dot_general keeping its split; those both have with one size and one
-  // split are its batch dimensions; anything else is refused. The product (batch, lhs free,
-  // rhs free) is then transposed into numpy's order. No operand is broadcast, so the explicit
-  // rules see each operand's own splits.
+  if (a == 1) {
+    Shape shape(rs.begin(), rs.end() - 2);
+    shape.push_back(rs[b - 1]);
+    return MatmulProgram{lhs, rhs, DotDims{{}, {}, {0}, {b - 2}}, {}, std::move(shape)};
+  }
+  // Otherwise the batch dimensions (all but the last two) broadcast as numpy's, taken in
+  // jnp.matmul's order of cases: one only one operand has is a free dimension of the
+  // dot_general keeping its split; one both have as an unsplit 1 is squeezed from both (and
+  // inserted back at the end); one an operand has as an unsplit 1 is squeezed from it and is a
+  // free dimension of the other's; one both have with one size and one split is a batch
+  // dimension; anything else is refused. No operand is broadcast, so the explicit rules see
+  // each operand's own splits.
   const std::optional<internal::TypedOperand> ta = internal::typed_operand(lhs), tb = internal::typed_operand(rhs);
   const Axes unsplit;
   auto split_of = [&](const std::optional<internal::TypedOperand>& typed, int64_t d) -> const Axes& {
     return typed.has_value() ? typed->spec[d] : unsplit;
   };
   const int64_t n = std::max(a, b) - 2;
+  MatmulProgram p;
   Shape lshape, rshape;           // the operands without their squeezed dimensions
   std::vector<int64_t> at, l_at;  // result dimension of each product dimension: batch, lhs free
   std::vector<int64_t> r_at;      // and rhs free
-  DotDims dims;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t dl = i - (n - (a - 2)), dr = i - (n - (b - 2));  // < 0: the operand lacks it
-    const Axes& sl = dl >= 0 ? split_of(ta, dl) : unsplit;
-    const Axes& sr = dr >= 0 ? split_of(tb, dr) : unsplit;
-    if (dl >= 0 && dr >= 0 && ls[dl] == rs[dr] && sl == sr) {
-      dims.lhs_batch.push_back(static_cast<int64_t>(lshape.size()));
-      dims.rhs_batch.push_back(static_cast<int64_t>(rshape.size()));
+    const bool l_one = dl >= 0 && ls[dl] == 1 && split_of(ta, dl).empty();
+    const bool r_one = dr >= 0 && rs[dr] == 1 && split_of(tb, dr).empty();
+    if (dl < 0 || (dr >= 0 && l_one && !r_one)) {
+      rshape.push_back(rs[dr]);
+      r_at.push_back(i);
+    } else if (dr < 0 || (r_one && !l_one)) {
+      lshape.push_back(ls[dl]);
+      l_at.push_back(i);
+    } else if (l_one && r_one) {
+      // Squeezed from both: no dimension of the product.
+    } else if (ls[dl] == rs[dr] && split_of(ta, dl) == split_of(tb, dr)) {
+      p.dims.lhs_batch.push_back(static_cast<int64_t>(lshape.size()));
+      p.dims.rhs_batch.push_back(static_cast<int64_t>(rshape.size()));
       lshape.push_back(ls[dl]);
       rshape.push_back(rs[dr]);
       at.push_back(i);
-    } else if (dr < 0 || (dl >= 0 && rs[dr] == 1 && sr.empty())) {
-      lshape.push_back(ls[dl]);
-      l_at.push_back(i);
-    } else if (dl < 0 || (ls[dl] == 1 && sl.empty())) {
-      rshape.push_back(rs[dr]);
-      r_at.push_back(i);
     } else {
-      return t->fail(absl::InvalidArgumentError(
-          absl::StrCat("matmul: Incompatible types for matmul arguments: ", type_of(lhs).to_string(), " and ",
-                       type_of(rhs).to_string())));
+      t->fail(absl::InvalidArgumentError(absl::StrCat("matmul: Incompatible types for matmul arguments: ",
+                                                      type_of(lhs).to_string(), " and ", type_of(rhs).to_string())));
+      return std::nullopt;
     }
+    p.shape.push_back(dl < 0 || (dr >= 0 && l_one) ? rs[dr] : ls[dl]);
   }
   lshape.insert(lshape.end(), ls.end() - 2, ls.end());
   rshape.insert(rshape.end(), rs.end() - 2, rs.end());
+  p.shape.push_back(ls[a - 2]);
+  p.shape.push_back(rs[b - 1]);
   l_at.push_back(n);
   r_at.push_back(n + 1);
-  dims.lhs_contracting = {static_cast<int64_t>(lshape.size()) - 1};
-  dims.rhs_contracting = {static_cast<int64_t>(rshape.size()) - 2};
-  const Value product = dot_general(reshape(lhs, lshape), reshape(rhs, rshape), std::move(dims));
+  p.dims.lhs_contracting = {static_cast<int64_t>(lshape.size()) - 1};
+  p.dims.rhs_contracting = {static_cast<int64_t>(rshape.size()) - 2};
+  p.lhs = reshape(lhs, std::move(lshape));
+  p.rhs = reshape(rhs, std::move(rshape));
   at.insert(at.end(), l_at.begin(), l_at.end());
   at.insert(at.end(), r_at.begin(), r_at.end());
-  std::vector<int64_t> perm(at.size());  // result dimension at[k] is product dimension k
-  for (size_t k = 0; k < at.size(); ++k) perm[at[k]] = static_cast<int64_t>(k);
-  return std::is_sorted(at.begin(), at.end()) ? product : transpose(product, perm);
+  if (!std::is_sorted(at.begin(), at.end())) {
+    // Product dimension perm[j] is the one whose result dimension is the j-th smallest
+    // (numpy.argsort, as jnp.matmul; the dimensions squeezed from both are not among them).
+    p.perm.resize(at.size());
+    std::iota(p.perm.begin(), p.perm.end(), int64_t{0});
+    std::sort(p.perm.begin(), p.perm.end(), [&](int64_t x, int64_t y) { return at[x] < at[y]; });
+  }
+  return p;
+}
+
+// The program after its dot_general: the transpose, and the dimensions squeezed from both
+// operands inserted back (a reshape of size-1 dimensions, as jnp.matmul's lax.expand_dims).
+Value matmul_result(const Value& product, const MatmulProgram& p) {
+  return reshape(p.perm.empty() ? product : transpose(product, p.perm), p.shape);
+}
+
+}  // namespace
+
+Value matmul(const Value& lhs, const Value& rhs) {
+  TraceState* t = TraceState::common({&lhs, &rhs});
+  if (t == nullptr) return Value();
+  const std::optional<MatmulProgram> p = matmul_program(t, lhs, rhs);
+  if (!p.has_value()) return Value();
+  return matmul_result(dot_general(p->lhs, p->rhs, p->dims), *p);
 }
 
 Value dot(const Value& lhs, const Value& rhs) { return matmul(lhs, rhs); }
@@ -667,8 +714,15 @@ Value dot_general(const Value& lhs, const Value& rhs, DotDims dims, const Partit
                                      [&] { return dot_general(lhs, rhs, std::move(dims)); });
 }
 
+// As jnp.matmul, out_sharding is its dot_general's (of the product's rank, in its order: batch,
+// lhs free, rhs free, without the dimensions squeezed from both operands); the transpose and
+// the reshape after it carry its splits and unreduced axes into numpy's order.
 Value matmul(const Value& lhs, const Value& rhs, const PartitionSpec& out_sharding) {
-  return internal::with_out_sharding("matmul", lhs, out_sharding, [&] { return matmul(lhs, rhs); });
+  TraceState* t = TraceState::common({&lhs, &rhs});
+  if (t == nullptr) return Value();
+  const std::optional<MatmulProgram> p = matmul_program(t, lhs, rhs);
+  if (!p.has_value()) return Value();
+  return matmul_result(dot_general(p->lhs, p->rhs, p->dims, out_sharding), *p);
 }
 
 Value reshape(const Value& x, Shape shape, const PartitionSpec& out_sharding) {

@@ -71,13 +71,14 @@ def test_split_array_split_tile_roll_copy_match_numpy(mesh):
 def test_dot_takes_out_sharding(mesh):
     # shard_map notebook: jnp.dot(a, b, out_sharding=P('x', None)) under jax.set_mesh(mesh), its
     # mesh made by jax.make_mesh (Explicit axes in JAX >= 0.9). On Auto axes out_sharding is
-    # refused, as JAX's canonicalize_sharding refuses it.
+    # refused, as JAX's canonicalize_sharding refuses it, under dot_general's name (jnp.dot hands
+    # out_sharding to lax.dot_general, which canonicalizes it: jax/_src/lax/lax.py).
     a = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
     b = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
     with jax.set_mesh(mesh):
         A = jax.device_put(a, P("data", "model"))
         B = jax.device_put(b, P("model", None))
-        with pytest.raises(ValueError, match="PartitionSpec passed to matmul cannot contain axis names"):
+        with pytest.raises(ValueError, match="PartitionSpec passed to dot_general cannot contain axis names"):
             jnp.dot(A, B, out_sharding=P("data", None))
         assert np.allclose(np.asarray(jnp.dot(A, B, preferred_element_type=np.float32)), a @ b)
     mesh = jax.make_mesh(mesh.axis_sizes, mesh.axis_names, axis_types=(AxisType.Explicit,) * 2)

@@ -1013,7 +1013,10 @@ TEST(ExplicitShardMap, ReshardAndOutShardingTakeExplicitAxesOnly) {
       HasSubstr(absl::StrCat("PartitionSpec passed to einsum ", kJax,
                              "P(None, None, unreduced={'Y'}, unreduced_kind=sum) with axis name: Y of type: Auto")));
   for (const auto& [api, f] : std::vector<std::pair<std::string, std::function<Value(V)>>>{
-           {"matmul",
+           // jnp.matmul hands out_sharding to lax.dot_general, which canonicalizes it under its
+           // own name (jax/_src/lax/lax.py, dot_general: canonicalize_sharding(out_sharding,
+           // 'dot_general')).
+           {"dot_general",
             [](V v) {
               return matmul(v[0], v[1], P(Axes{"X", "Y"}, None));
             }},
@@ -1101,6 +1104,42 @@ TEST(ExplicitGrid, MatmulBatchDimensionsOnATwoByTwoMesh) {
   EXPECT_EQ(one_type(m12, {{f32, {1, 1, 4}, P("x", None, "y")}, {f32, {1, 4, 2}, P("x", "y", None)}},
                      [](const std::vector<Value>& v) { return std::vector<Value>{matmul(v[0], v[1], P("x"))}; }),
             "f32[1@x,1,2]");
+}
+
+// jnp.matmul (jax/_src/numpy/tensor_contractions.py) gives out_sharding to its dot_general, of
+// the product's rank and in its order (batch, lhs free, rhs free, without the dimensions it
+// squeezes from both operands), then transposes into numpy's order and expand_dims those back.
+// f32[4,8,16] @ f32[2,4,16,8]: the product is [4 (batch), 8 (lhs), 2, 8 (rhs)], so P('x') splits
+// the batch dimension of 4, as JAX's float32[2,4@x,8,8]. An unreduced out_sharding is the
+// dot_general's (tests/pjit_test.py test_jnp_matmul_out_sharding_unreduced checks the
+// dot_general's output type has it) and the transpose keeps it (_transpose_ur_rule); an
+// unreduced operand is refused by dot_general (squeeze keeps unreduced axes, _squeeze_ur_rule;
+// _dot_general_ur_rule: "lhs or rhs passed to dot_general cannot be unreduced").
+TEST(ExplicitGrid, MatmulOutShardingIsItsDotGeneralsAsJnp) {
+  const DType f32 = DType::kF32;
+  auto mm = [](const PartitionSpec& out) {
+    return [out](const std::vector<Value>& v) { return std::vector<Value>{matmul(v[0], v[1], out)}; };
+  };
+  const std::vector<Input> permuted = {{f32, {4, 8, 16}, P()}, {f32, {2, 4, 16, 8}, P()}};
+  EXPECT_EQ(one_type(x2y2(), permuted, mm(P("x"))), "f32[2,4@x,8,8]");
+  EXPECT_EQ(one_type(x2y2(), permuted, mm(P(None, None, "x", "y"))), "f32[2@x,4,8,8@y]");
+  // A dimension that is an unsplit 1 on both is squeezed from both: out_sharding is of rank 3.
+  const std::vector<Input> ones = {{f32, {1, 4, 8, 16}, P()}, {f32, {1, 4, 16, 8}, P()}};
+  EXPECT_EQ(one_type(x2y2(), ones, mm(P("x"))), "f32[1,4@x,8,8]");
+  EXPECT_EQ(one_type(x2y2(), ones, mm(P(None, "x", "y"))), "f32[1,4,8@x,8@y]");
+  // The contraction split over 'y' on both, left as each device's partial sum.
+  const std::vector<Input> contracted = {{f32, {4, 8, 16}, P(None, None, "y")},
+                                         {f32, {2, 4, 16, 8}, P(None, None, "y", None)}};
+  EXPECT_EQ(one_type(x2y2(), contracted, mm(P().with_unreduced({"y"}))), "f32[2,4,8,8]{U:y}");
+  EXPECT_EQ(one_type(x2y2(), contracted, mm(P("x").with_unreduced({"y"}))), "f32[2,4@x,8,8]{U:y}");
+  // f32[1,4,8]{U:y}, whose size-1 dimension matmul squeezes, as an operand.
+  const std::vector<Input> partial = {
+      {f32, {1, 4, 16}, P(None, None, "y")}, {f32, {16, 8}, P("y", None)}, {f32, {2, 8, 4}, P()}};
+  const std::string refused = one_type(x2y2(), partial, [](const std::vector<Value>& v) {
+    return std::vector<Value>{matmul(matmul(v[0], v[1], P().with_unreduced({"y"})), v[2], P())};
+  });
+  EXPECT_THAT(refused, HasSubstr("lhs or rhs passed to dot_general cannot be unreduced"));
+  EXPECT_THAT(refused, ::testing::Not(HasSubstr("reshape")));
 }
 
 // A scatter's gradients are laid out as its operand and its updates (tests/pjit_test.py

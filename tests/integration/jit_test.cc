@@ -696,6 +696,57 @@ TEST_F(ExplicitJitTest, UnreducedContractionsAreSumsWaitingToHappen) {
   }
 }
 
+// jnp.matmul's out_sharding is its dot_general's (jax/_src/numpy/tensor_contractions.py), in
+// the product's order: f32[4,8,16] @ f32[2,4,16,8] is a product [4 (batch), 8, 2, 8] transposed
+// into [2,4,8,8], so P('X') splits the dimension of 4, JAX's float32[2,4@X,8,8]. With
+// P(unreduced={'Y'}) over the contraction split on both, the dot_general leaves each device's
+// partial sum and the transpose keeps it unreduced: no collective until the reshard (as
+// tests/pjit_test.py test_jnp_matmul_out_sharding_unreduced: no all-reduce in the program).
+// Values against host loops.
+TEST_F(ExplicitJitTest, MatmulOutShardingIsItsDotGeneralsInTheProductsOrder) {
+  const Mesh mesh = explicit_mesh();  // ('X': 4, 'Y': 2)
+  MeshScope scope = set_mesh(mesh);
+  const HostArray l = random_f32({4, 8, 16}, 51), r = random_f32({2, 4, 16, 8}, 52);
+  std::vector<double> want(2 * 4 * 8 * 8, 0.0);  // want[b0, b1, i, j] = sum_k l[b1, i, k] r[b0, b1, k, j]
+  for (int64_t b0 = 0; b0 < 2; ++b0) {
+    for (int64_t b1 = 0; b1 < 4; ++b1) {
+      for (int64_t i = 0; i < 8; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+          for (int64_t k = 0; k < 16; ++k) {
+            want[((b0 * 4 + b1) * 8 + i) * 8 + j] +=
+                double(l.values<float>()[(b1 * 8 + i) * 16 + k]) * r.values<float>()[((b0 * 4 + b1) * 16 + k) * 8 + j];
+          }
+        }
+      }
+    }
+  }
+  const std::vector<Array> args = {put_on(mesh, l, P(None, None, "Y")), put_on(mesh, r, P(None, None, "Y", None))};
+  for (const auto& [out, text] :
+       {std::pair{P("X"), "f32[2,4@X,8,8]"}, std::pair{P().with_unreduced({"Y"}), "f32[2,4,8,8]{U:Y}"}}) {
+    SCOPED_TRACE(out.to_string());
+    std::string type;
+    Jitted f = jit([&](const std::vector<Value>& in) {
+      Value y = matmul(in[0], in[1], out);
+      type = type_of(y).to_string();
+      return std::vector<Value>{y};
+    });
+    absl::StatusOr<std::vector<Array>> y = f(args);
+    if (!y.ok()) {
+      ADD_FAILURE() << y.status();
+      continue;
+    }
+    EXPECT_EQ(type, text);
+    EXPECT_EQ(type_of((*y)[0]).to_string(), text);
+    if (!out.unreduced().empty()) {
+      EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+      EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr("reduce_scatter")));
+    }
+    absl::StatusOr<Array> whole = reshard((*y)[0], P());
+    EXPECT_TRUE(whole.ok()) << whole.status();
+    if (whole.ok()) expect_near(fetch(*whole), want, 1e-4);
+  }
+}
+
 // grad through an unreduced contraction: the cotangent of an unreduced value is reduced, laid
 // out as a replicated one (JAX's sharding-AD note, "reduced {R:X} -> unreduced {U:X}, unreduced
 // {U:X} -> reduced {R:X}"; Tessera types it replicated), so the
