@@ -988,4 +988,12 @@ Value take_along_axis(const Value& x, const Value& indices, int64_t axis, Gather
   return gather(xb, reshape(ib, vec), dn, Dims(rank, 1), mode, std::move(fill_value));
 }
 
+// IndexRef's other forms are in client/trace.cc; these take the path of its get(out_sharding).
+Value IndexRef::set(const Value& updates, const PartitionSpec& out_sharding) const {
+  return internal::auto_out_sharding(".set", x_, out_sharding, [&] { return set(updates); });
+}
+Value IndexRef::add(const Value& updates, const PartitionSpec& out_sharding) const {
+  return internal::auto_out_sharding(".add", x_, out_sharding, [&] { return add(updates); });
+}
+
 }  // namespace tessera

@@ -318,6 +318,14 @@ void bind_ops(py::module_& m) {
   m.def("at_get", [](V x, V indices, int64_t axis, const PartitionSpec& spec, std::optional<Mesh> mesh) {
     return on_mesh(std::move(mesh), [&] { return at(x, indices, axis).get(spec); });
   });
+  // The other .at[] forms with out_sharding (tessera/numpy.py _at_laid_out): `f()` (one Value)
+  // run as IndexRef::get(out_sharding) runs its gather (internal::auto_out_sharding, trace.h).
+  m.def("at_laid_out",
+        [](const std::string& api, V x, const PartitionSpec& spec, std::optional<Mesh> mesh, py::object f) {
+          return on_mesh(std::move(mesh), [&] {
+            return internal::auto_out_sharding(api, x, spec, [&] { return traced(std::move(f))({}).at(0); });
+          });
+        });
   m.def("at_set", [](V x, V indices, int64_t axis, V updates) { return at(x, indices, axis).set(updates); });
   m.def("at_add", [](V x, V indices, int64_t axis, V updates) { return at(x, indices, axis).add(updates); });
   // lax.gather / the scatters / jnp.take_along_axis with dimension numbers (trace.h); `mode` is

@@ -573,9 +573,10 @@ def _spec_and_mesh(api, out_sharding):
     (None: the trace's explicit mesh, or the SDK's error naming the missing mesh). Under
     use_abstract_mesh the spec is checked against its axis types (the SDK checks the trace's
     own otherwise)."""
-    from .sharding import NamedSharding, _ambient_mesh, _check_in_force
+    from .sharding import Mesh, NamedSharding, _ambient_mesh, _check_in_force
     if isinstance(out_sharding, NamedSharding):
-        spec, mesh = out_sharding.spec, out_sharding.mesh
+        # A type's sharding (typeof(x).sharding) is on an abstract mesh: the trace's own.
+        spec, mesh = out_sharding.spec, out_sharding.mesh if isinstance(out_sharding.mesh, Mesh) else None
     else:
         spec, mesh = out_sharding, _ambient_mesh()
     _check_in_force(api, spec)
@@ -876,6 +877,36 @@ def _at_get_laid_out(x, idx, out_sharding):
     return _wrap(_t.at_get(x._v, i._v, axis, *_spec_and_mesh(".get", out_sharding)))
 
 
+def _at_laid_out(api, f, x, idx, values, out_sharding):
+    """f(x, idx, values) (an .at[] update, or a get with mode=) with out_sharding (a
+    NamedSharding, or a P on the explicit or ambient mesh), as jax/_src/ops/scatter.py's
+    _scatter_update and indexing.py's rewriting_take run theirs, and as the SDK's
+    IndexRef::get(out_sharding) runs the plain get (internal::auto_out_sharding): with the
+    trace's Explicit axes as Auto (auto_axes; so a split the explicit-mode rule refuses, such as
+    split indices, is no error), the result then laid out by out_sharding; outside a trace one
+    jitted call. `api` (".set", ".get", ...) names the call in errors; a spec longer than the
+    result's rank is a ValueError in the words of JAX's check_compatible_aval."""
+    from .sharding import NamedSharding, PartitionSpec, _as_named
+    if not isinstance(out_sharding, (NamedSharding, PartitionSpec)):
+        raise TypeError(f"`out_sharding` argument of {api} only supports instances of `NamedSharding` or "
+                        f"`PartitionSpec`. Got {out_sharding} of type: {type(out_sharding)}")  # canonicalize_sharding's
+    if not (in_trace() or _has_tracer((x, idx, values))):
+        from ._api import jit
+        named = _as_named(out_sharding, api)  # a bare P needs the ambient mesh (canonicalize_sharding)
+        return jit(lambda x, idx, values: _at_laid_out(api, f, x, idx, values, named))(x, idx, values)
+    spec = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
+    x = _tracer(x)
+
+    def run(_):
+        out = f(x, idx, values)  # idx and values may be slices and Python scalars: read here, not passed
+        if len(spec) > out.ndim and getattr(_trace._state, "error", None) is None:
+            raise ValueError(f"{api}: out_sharding {spec!r} is only valid for values of rank at least {len(spec)}, "
+                             f"but was applied to the result {out.dtype.name}{list(out.shape)} of rank {out.ndim}")
+        return [out._v]
+
+    return _wrap(_t.at_laid_out(api, x._v, *_spec_and_mesh(api, out_sharding), _trace.callback(run)))
+
+
 def _promoted(x, values):
     """x and an update's values in their common dtype, as jax/_src/ops/scatter.py's
     _scatter_impl combines them (`x, y = promote_dtypes(x, y)`; a Python int that fits an
@@ -992,8 +1023,6 @@ class _IndexUpdateRef:
         fill = options.pop("fill_value", None) if get else None
         if name == "apply" and "out_sharding" in options:  # JAX's apply has no such parameter
             raise TypeError("_IndexUpdateRef.apply() got an unexpected keyword argument 'out_sharding'")
-        if not get and "out_sharding" in options and options["out_sharding"] is None:
-            options.pop("out_sharding")  # JAX's default: the result laid out as x
         _no_options(name, options)
         mode = None if mode is None else GatherScatterMode.from_any(mode).name.lower()
         return mode, wrap, _fill(fill) if mode == "fill_or_drop" else None
@@ -1001,14 +1030,16 @@ class _IndexUpdateRef:
     def get(self, *, out_sharding=None, **options):
         """out_sharding (a NamedSharding, or a P on the explicit or ambient mesh): the gather
         runs with the mesh's Explicit axes as Auto and its result is laid out so, as JAX's
-        (jax/_src/numpy/indexing.py rewriting_take: auto_axes). mode None clamps out-of-range
-        indices (JAX's promise_in_bounds does in practice)."""
+        (jax/_src/numpy/indexing.py rewriting_take: auto_axes), with mode= and fill_value= too.
+        mode None clamps out-of-range indices (JAX's promise_in_bounds does in practice)."""
         mode, wrap, fill = self._options("get", options, get=True)
         if mode is not None or not wrap:
-            if out_sharding is not None:
-                raise NotImplementedError(".at[].get: out_sharding with mode= or wrap_negative_indices= is not "
-                                          "supported")
-            return _at_gather(*self._args(), mode or "clip", fill, wrap)
+            def gather(x, idx, _):
+                return _at_gather(x, idx, mode or "clip", fill, wrap)
+
+            if out_sharding is None:
+                return gather(*self._args(), None)
+            return _at_laid_out(".get", gather, *self._args(), None, out_sharding)
         if out_sharding is None:
             return _at_get(*self._args())
         x, idx = self._args()
@@ -1018,10 +1049,21 @@ class _IndexUpdateRef:
         return jit(lambda x, idx: _at_get_laid_out(x, idx, out_sharding))(x, idx)
 
     def _update(self, name, scatter, values, options):
+        """The update `name` (scatter: lax's scatter behind it). out_sharding (a NamedSharding,
+        or a P on the explicit or ambient mesh; None: laid out as x) runs it with the mesh's
+        Explicit axes as Auto, the result laid out so (_at_laid_out)."""
+        options = dict(options)
+        out_sharding = options.pop("out_sharding", None)
         mode, wrap, _ = self._options(name, options)
-        if scatter in ("scatter", "scatter_add") and mode is None and wrap:
-            return (_at_set if scatter == "scatter" else _at_add)(*self._args(), values)
-        return _at_scatter(*self._args(), values, scatter, mode or "fill_or_drop", wrap)
+
+        def update(x, idx, values):
+            if scatter in ("scatter", "scatter_add") and mode is None and wrap:
+                return (_at_set if scatter == "scatter" else _at_add)(x, idx, values)
+            return _at_scatter(x, idx, values, scatter, mode or "fill_or_drop", wrap)
+
+        if out_sharding is None:
+            return update(*self._args(), values)
+        return _at_laid_out("." + name, update, *self._args(), values, out_sharding)
 
     def set(self, values, **options):
         return self._update("set", "scatter", values, options)
@@ -1039,13 +1081,16 @@ class _IndexUpdateRef:
 
     def divide(self, values, **options):
         """x / ones_like(x).at[idx].multiply(values), as JAX builds it (array_methods.py
-        _IndexUpdateRef.divide): repeated indices divide by their values' product, out-of-range
-        ones are dropped, and the result is jnp.divide's (float32 for an integer x)."""
-        return divide(self._x, _IndexUpdateRef(ones_like(self._x), self._idx).multiply(values, **options))
+        _IndexUpdateRef.divide, out_sharding going to the multiply): repeated indices divide by
+        their values' product, out-of-range ones are dropped, and the result is jnp.divide's
+        (float32 for an integer x)."""
+        return divide(self._x, _IndexUpdateRef(ones_like(self._x), self._idx)._update("divide", "scatter_mul", values,
+                                                                                      options))
 
     def power(self, values, **options):
         """x ** ones_like(x).at[idx].multiply(values), as JAX builds it (_IndexUpdateRef.power)."""
-        return power(self._x, _IndexUpdateRef(ones_like(self._x), self._idx).multiply(values, **options))
+        return power(self._x, _IndexUpdateRef(ones_like(self._x), self._idx)._update("power", "scatter_mul", values,
+                                                                                     options))
 
     def apply(self, func, **options):
         """func applied at the indices, once per index (lax.scatter_apply; JAX's

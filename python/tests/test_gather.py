@@ -372,10 +372,11 @@ def test_at_modes_follow_jax_docstring():
     assert np.asarray(x.at[-1].set(99, wrap_negative_indices=False, mode="drop")).tolist() == [0, 1, 2, 3, 4]
     assert np.asarray(x.at[-1].set(99, wrap_negative_indices=False, mode="clip")).tolist() == [99, 1, 2, 3, 4]
     assert np.asarray(x.at[np.array([1, 1])].add(1.0, indices_are_sorted=True)).tolist() == [0, 3, 2, 3, 4]
-    # out_sharding=None is JAX's default (array_methods.py _IndexUpdateRef.set); a sharding is
-    # not supported on updates yet.
+    # out_sharding=None is JAX's default (array_methods.py _IndexUpdateRef.set); a bare P needs
+    # a mesh (canonicalize_sharding raises ValueError: "Using PartitionSpec when you are not
+    # under a mesh context is not allowed").
     assert np.asarray(x.at[1].set(7.0, out_sharding=None)).tolist() == [0, 7, 2, 3, 4]
-    with pytest.raises(NotImplementedError, match=r"options \['out_sharding'\]"):
+    with pytest.raises(ValueError, match=r"\.set: a bare PartitionSpec needs a mesh"):
         x.at[1].set(0.0, out_sharding=P())
     # JAX's apply has no out_sharding parameter (array_methods.py _IndexUpdateRef.apply): a
     # TypeError, None included.
@@ -811,3 +812,143 @@ def test_explicit_axes_gather_and_scatter_refuse_as_jax_and_at_lays_updates_out(
     for g, want in zip(got, (want_set, want_mul, want_min)):
         np.testing.assert_array_equal(np.asarray(g), want)
         assert g.sharding.is_equivalent_to(NamedSharding(m, P(None, "Y")), 2)
+
+
+def test_at_updates_and_get_with_out_sharding_follow_the_refusals_advice():
+    # The explicit-mode refusal of a scatter says "Use `.at[...].set/add/mul/...(out_sharding=)`"
+    # (jax/_src/lax/slicing.py _scatter_sharding_rule); given, the update runs under auto_axes over
+    # the mesh's Explicit axes and its result is laid out as out_sharding
+    # (jax/_src/ops/scatter.py _scatter_update; array_methods.py _IndexUpdateRef passes it through
+    # set/add/subtract/multiply/divide/power/min/max, divide and power to their multiply), and
+    # get(mode=, out_sharding=) likewise (jax/_src/numpy/indexing.py rewriting_take). What JAX
+    # asserts (tests/pjit_test.py): test_at_add_lower_to_scatter_add, x P('x', None) and ids
+    # resharded to P('x'): x.at[:, ids].add(5.0, out_sharding=P('x', None)) has the aval spec and
+    # the sharding P('x', None), and out_sharding=None gives x's; test_index_update, every update
+    # with out_sharding=P('x', None) on params P('x', None) has that sharding; test_scatter_gather,
+    # x.at[:, i].set(x.at[:, j].get(out_sharding=typeof(i).sharding), out_sharding=typeof(x).sharding)
+    # runs. Values: numpy's (the column index 16 is out of range: dropped, or filled by get).
+    m = tessera.make_mesh((2, 4), ("X", "Y"), axis_types=tessera.sharding.AxisType.Explicit)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    ids = np.array([1, 3, -2, 16], np.int32)
+    u = rng.integers(1, 4, (8, 4)).astype(np.float32)
+    xs = tessera.device_put(x, NamedSharding(m, P("X", "Y")))
+    split_ids = tessera.device_put(ids, NamedSharding(m, P("X")))
+    us = tessera.device_put(u, NamedSharding(m, P("X", None)))
+    # Without out_sharding the split indices (and here the split indexed dimension) are refused.
+    with pytest.raises(ValueError, match=r"Use `\.at\[\.\.\.\]\.set/add/mul/\.\.\.\(out_sharding=\)` to provide output"):
+        tessera.jit(lambda x, i: x.at[:, i].add(5.0))(xs, split_ids)
+    with pytest.raises(ValueError, match=r"Use `\.at\[\.\.\.\]\.get\(out_sharding=\)` to provide output"):
+        tessera.jit(lambda x, i: x.at[:, i].get(mode="fill", fill_value=-1.0))(xs, split_ids)
+
+    cols = [c % 16 for c in ids if -16 <= c < 16]
+    kept = [k for k, c in enumerate(ids) if -16 <= c < 16]
+
+    def reference(combine):
+        want = x.copy()
+        for k, c in zip(kept, cols):
+            want[:, c] = combine(want[:, c], u[:, k])
+        return want
+
+    updates = {
+        "set": (lambda r, v: r.set(v, out_sharding=P("X", "Y")), lambda a, b: b),
+        "add": (lambda r, v: r.add(v, out_sharding=P("X", "Y")), np.add),
+        "subtract": (lambda r, v: r.subtract(v, out_sharding=P("X", "Y")), np.subtract),
+        "multiply": (lambda r, v: r.multiply(v, out_sharding=P("X", "Y")), np.multiply),
+        "divide": (lambda r, v: r.divide(v, out_sharding=P("X", "Y")), np.divide),
+        "power": (lambda r, v: r.power(v, out_sharding=P("X", "Y")), np.power),
+        "min": (lambda r, v: r.min(v, out_sharding=P("X", "Y")), np.minimum),
+        "max": (lambda r, v: r.max(v, out_sharding=P("X", "Y")), np.maximum),
+    }
+    seen = []
+
+    def f(x, i, v):
+        outs = [update(x.at[:, i], v) for update, _ in updates.values()]
+        outs.append(x.at[:, i].get(mode="fill", fill_value=-1.0, out_sharding=P("X", None)))
+        seen.extend(tessera.typeof(o).sharding.spec for o in outs)
+        return outs
+
+    got = tessera.jit(f)(xs, split_ids, us)
+    assert seen == [P("X", "Y")] * len(updates) + [P("X", None)]
+    for g, (name, (_, combine)) in zip(got, updates.items()):
+        np.testing.assert_allclose(np.asarray(g), reference(combine), rtol=1e-5, err_msg=name)
+        assert g.sharding == NamedSharding(m, P("X", "Y")), name
+    want_get = np.where(np.array([-16 <= c < 16 for c in ids]), x[:, [c % 16 for c in ids]], -1.0)
+    np.testing.assert_array_equal(np.asarray(got[-1]), want_get)
+    assert got[-1].sharding == NamedSharding(m, P("X", None))
+
+    # Outside jit (one jitted call each), with a NamedSharding; the advice of test_scatter_gather.
+    eager = xs.at[:, split_ids].set(us, out_sharding=NamedSharding(m, P(None, "Y")))
+    assert eager.sharding == NamedSharding(m, P(None, "Y"))
+    np.testing.assert_array_equal(np.asarray(eager), reference(lambda a, b: b))
+    eager_get = xs.at[:, split_ids].get(mode="fill", fill_value=-1.0, out_sharding=NamedSharding(m, P(None, "X")))
+    assert eager_get.sharding == NamedSharding(m, P(None, "X"))
+    np.testing.assert_array_equal(np.asarray(eager_get), want_get)
+
+    # out_sharding=None is the default: laid out as x (test_at_add_lower_to_scatter_add), the same
+    # values as without it.
+    plain_ids = tessera.device_put(ids, NamedSharding(m, P()))
+    xr = tessera.device_put(x, NamedSharding(m, P("X", None)))
+    for r in (xr.at[:, plain_ids].add(5.0, out_sharding=None), tessera.jit(
+            lambda x, i: x.at[:, i].add(5.0, out_sharding=None))(xr, plain_ids)):
+        assert r.sharding == NamedSharding(m, P("X", None))
+        np.testing.assert_array_equal(np.asarray(r), np.asarray(xr.at[:, plain_ids].add(5.0)))
+
+    # A spec longer than the result's rank is refused, naming the call, the spec and the result
+    # (JAX's NamedSharding.check_compatible_aval words it "only valid for values of rank at least").
+    with pytest.raises(ValueError, match=r"\.set: out_sharding P\('X', None, None\) is only valid for "
+                                         r"values of rank at least 3, but was applied to the result "
+                                         r"float32\[8, 16\] of rank 2"):
+        tessera.jit(lambda x, i, v: x.at[:, i].set(v, out_sharding=P("X", None, None)))(xs, split_ids, us)
+    with pytest.raises(ValueError, match=r"\.get: out_sharding .* is only valid for values of rank at least 3"):
+        xs.at[:, split_ids].get(mode="fill", out_sharding=NamedSharding(m, P("X", None, None)))
+    with pytest.raises(TypeError, match=r"`out_sharding` argument of \.add only supports instances of `NamedSharding` "
+                                        r"or `PartitionSpec`"):
+        xs.at[:, split_ids].add(1.0, out_sharding=("X", None))
+
+
+def test_scatter_gather_with_type_shardings_as_jaxs_test():
+    # tests/pjit_test.py test_scatter_gather ((2,) Explicit mesh, x, i, j split over 'x'):
+    # x.at[:, i].set(x.at[:, j].get(out_sharding=typeof(i).sharding), out_sharding=typeof(x).sharding)
+    # runs (the sharding of a type, on the trace's abstract mesh, is taken as out_sharding); the
+    # result has x's sharding and numpy's values.
+    m = tessera.make_mesh((2,), ("x",), axis_types=tessera.sharding.AxisType.Explicit)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    i, j = np.array([0, 2, 5, 7], np.int32), np.array([1, 1, 3, 6], np.int32)
+    xs, i_s, j_s = (tessera.device_put(a, NamedSharding(m, P("x"))) for a in (x, i, j))
+
+    @tessera.jit
+    def f1(x, i, j):
+        x_a_j = x.at[:, j].get(out_sharding=tessera.typeof(i).sharding)
+        return x.at[:, i].set(x_a_j, out_sharding=tessera.typeof(x).sharding)
+
+    out = f1(xs, i_s, j_s)
+    want = x.copy()
+    want[:, i] = x[:, j]
+    np.testing.assert_array_equal(np.asarray(out), want)
+    assert out.sharding == NamedSharding(m, P("x", None))
+
+
+def test_grad_through_at_updates_with_out_sharding():
+    # JAX differentiates through auto_axes (the update's transpose runs with the same axis
+    # types as the forward), so grad of x.at[:, i].add / set(u, out_sharding=) with split indices
+    # works; the gradients take their primals' shardings. Host reference: d sum(y ** 2) = 2 y,
+    # zero where set overwrote x, and 2 u for set's updates (unique indices).
+    m = tessera.make_mesh((2, 2), ("x", "y"), axis_types=tessera.sharding.AxisType.Explicit)
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    ids = np.array([0, 2], np.int32)
+    u = rng.standard_normal((8, 2)).astype(np.float32)
+    xs = tessera.device_put(x, NamedSharding(m, P("x", "y")))
+    i = tessera.device_put(ids, NamedSharding(m, P("x")))
+    us = tessera.device_put(u, NamedSharding(m, P("x", None)))
+    g_add = tessera.jit(tessera.grad(lambda x, i: jnp.sum(x.at[:, i].add(1.0, out_sharding=P("x", "y")) ** 2)))(xs, i)
+    want = x.copy()
+    want[:, ids] += 1.0
+    np.testing.assert_allclose(np.asarray(g_add), 2 * want, rtol=1e-6)
+    assert g_add.sharding == xs.sharding
+    g_x, g_u = tessera.jit(tessera.grad(lambda x, u, i: jnp.sum(x.at[:, i].set(u, out_sharding=P("x", "y")) ** 2),
+                                        argnums=(0, 1)))(xs, us, i)
+    want_x = 2 * x
+    want_x[:, ids] = 0.0
+    np.testing.assert_allclose(np.asarray(g_x), want_x, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g_u), 2 * u, rtol=1e-6)
+    assert g_x.sharding == xs.sharding and g_u.sharding == us.sharding

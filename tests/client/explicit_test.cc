@@ -720,6 +720,18 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        {{f32, {8, 32}, P(None, "b")}, {DType::kI32, {16}, P("a")}},
        [](V v) { return at(v[0], v[1], 1).get(P(None, "a")); },
        "f32[8,16@a]"},
+      // The updates' out_sharding (jax/_src/ops/scatter.py _scatter_update: under auto_axes, the
+      // result laid out so; pjit_test.py test_at_add_lower_to_scatter_add, test_index_update):
+      // split indices and a split indexed dimension, which scatter_indices_split and
+      // scatter_indexed_dim_split refuse, are no error.
+      {"at_add_out_sharding_indices_split",
+       {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P("a")}, {f32, {16, 8}, P("a", None)}},
+       [](V v) { return at(v[0], v[1], 0).add(v[2], P(None, "b")); },
+       "f32[32,8@b]"},
+      {"at_set_out_sharding_indexed_dim_split",
+       {{f32, {32, 8}, P("a", None)}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P()}},
+       [](V v) { return at(v[0], v[1], 0).set(v[2], P("a", "b")); },
+       "f32[32@a,8@b]"},
   };
   for (const Mesh& mesh : {mesh_of({2, 4}, {"a", "b"}, {kE, kE}), mesh_of({4, 2}, {"a", "b"}, {kE, kE})}) {
     for (const GridCase& c : cases) {

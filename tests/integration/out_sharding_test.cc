@@ -190,6 +190,45 @@ TEST_F(OutShardingTest, TakeWithOutShardingGathersUnderAutoAxesAndScattersBackLa
   expect_near(fetch((*out)[0]), rows);
 }
 
+// test_at_add_lower_to_scatter_add (tests/pjit_test.py): with the indices split,
+// x.at[:, ids].add(5.0) is refused by the scatter's explicit-mode rule, whose text tells the user
+// to give `.at[...].add(out_sharding=)`; given, the scatter runs under auto_axes
+// (jax/_src/ops/scatter.py _scatter_update) and the result is laid out as out_sharding
+// (P('x', None) there). The same for set with the indexed dimension split (test_index_update's
+// updates keep P('x', None)). Values: numpy's (index 10 out of range, dropped; -1 wraps).
+TEST_F(OutShardingTest, AtSetAndAddWithOutShardingScatterUnderAutoAxes) {
+  const Mesh mesh = explicit_mesh({2, 2}, {"x", "y"});
+  const HostArray x = HostArray::arange(DType::kF32, {4, 10});
+  const HostArray ids = HostArray::from_vector<int32_t>({4}, {1, 3, 7, 10});
+  const Array xs = put_on(mesh, x, P("x", None)), is = put_on(mesh, ids, P("x"));
+  TracedFunction plain = [](const std::vector<Value>& in) {
+    return std::vector<Value>{at(in[0], in[1], 1).add(full({}, 5.0))};
+  };
+  absl::StatusOr<std::vector<Array>> refused = run(plain, {xs, is});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec"));
+  std::vector<std::string> types;
+  absl::StatusOr<std::vector<Array>> out = run(
+      [](const std::vector<Value>& in) {
+        return std::vector<Value>{at(in[0], in[1], 1).add(full({}, 5.0), P("x", None)),
+                                  at(in[0], in[2], 0).set(full({2, 10}, -1.0), P("x", "y"))};
+      },
+      {xs, is, put_on(mesh, HostArray::from_vector<int32_t>({2}, {-1, 2}), P("x"))}, &types);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(types, ::testing::ElementsAre("f32[4@x,10]", "f32[4@x,10@y]"));
+  EXPECT_EQ((*out)[0].sharding(), NamedSharding(mesh, P("x", None)));
+  EXPECT_EQ((*out)[1].sharding(), NamedSharding(mesh, P("x", "y")));
+  std::vector<double> added(40), set(40);
+  for (int i = 0; i < 40; ++i) {
+    const int r = i / 10, c = i % 10;
+    added[i] = i + ((c == 1 || c == 3 || c == 7) ? 5.0 : 0.0);
+    set[i] = (r == 3 || r == 2) ? -1.0 : i;
+  }
+  expect_near(fetch((*out)[0]), added);
+  expect_near(fetch((*out)[1]), set);
+}
+
 // jax.sharding.reshard(x, P(...)) outside jit resolves the spec against the ambient mesh
 // (jax/_src/pjit.py reshard -> canonicalize_sharding, jax/_src/sharding_impls.py), also onto a
 // mesh other than x's; without one a bare spec is refused (JAX: "Using PartitionSpec when you

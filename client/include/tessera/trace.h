@@ -323,6 +323,12 @@ class IndexRef {
   Value get(const PartitionSpec& out_sharding) const;  // as take's out_sharding
   Value set(const Value& updates) const;
   Value add(const Value& updates) const;
+  // With out_sharding, as jax.Array.at[...].set / add(out_sharding=) (jax/_src/ops/scatter.py,
+  // _scatter_update): the scatter runs with the mesh's Explicit axes treated as Auto
+  // (auto_axes), so split indices or updates the explicit-mode rule refuses are no error, and
+  // its result is laid out by out_sharding.
+  Value set(const Value& updates, const PartitionSpec& out_sharding) const;
+  Value add(const Value& updates, const PartitionSpec& out_sharding) const;
 
  private:
   Value x_, indices_;
