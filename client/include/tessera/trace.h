@@ -276,7 +276,9 @@ Value dot(const Value& lhs, const Value& rhs);
 // The same with out_sharding (jax.lax.dot_general's and jnp.matmul's): the result is laid out
 // by it (on the explicit mesh in explicit mode, else on the ambient mesh), which is how explicit
 // mode resolves a contraction over a dimension split on both operands: P('X', 'Y') on the
-// result reduce-scatters the sum, P('X', None) all-reduces it.
+// result reduce-scatters the sum, P('X', None) all-reduces it. matmul's out_sharding, as
+// jnp.matmul's, lays out its dot_general's product (batch, lhs free, rhs free dimensions,
+// without the size-1 ones squeezed from both), before the transpose into numpy's order.
 Value dot_general(const Value& lhs, const Value& rhs, DotDims dims, const PartitionSpec& out_sharding);
 Value matmul(const Value& lhs, const Value& rhs, const PartitionSpec& out_sharding);
 
