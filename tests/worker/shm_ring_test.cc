@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -58,6 +59,33 @@ std::vector<std::string> dev_shm_names_of(int fd) {
   }
   closedir(dir);
   return names;
+}
+
+// A directory of the test's own for its ring servers: no other process's server starting (ctest
+// -j2 runs other tests' at once) probes them or removes what the test puts there.
+struct TempDir {
+  TempDir() {
+    char name[] = "/tmp/shm-ring-test-XXXXXX";
+    if (mkdtemp(name) != nullptr) path = name;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    if (!path.empty()) std::filesystem::remove_all(path, ignored);
+  }
+  std::string path;
+};
+
+// A socket bound at `path` and listening (never accepting), or -1.
+int listen_at(const std::string& path) {
+  const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.data(), path.size());
+  if (bind(s, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 || listen(s, 4) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
 }
 
 // A connection to `path` (a ring server's socket), or -1.
@@ -144,12 +172,13 @@ TEST(ShmRing, BoundsAndChecksGivePreciseErrors) {
   EXPECT_THAT(std::string(tiny.status().message()), HasSubstr("ring of 4096 bytes"));
 
   absl::StatusOr<std::unique_ptr<ShmRing>> missing =
-      ShmRing::fetch("/dev/shm/tessera-0-nosuch.sock", 1, absl::Now() + absl::Seconds(10));
+      ShmRing::fetch("/dev/shm/tessera-0-nosuch.sock", "/dev/shm", 1, absl::Now() + absl::Seconds(10));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
   for (const std::string& path :
        std::vector<std::string>{"/dev/shm/tessera-x/../../etc/passwd", "tessera-1.sock", "/etc/passwd",
                                 "/dev/shm/tessera-.sock.x", std::string(200, '/') + "tessera-1.sock"}) {
-    absl::StatusOr<std::unique_ptr<ShmRing>> outside = ShmRing::fetch(path, 1, absl::Now() + absl::Seconds(10));
+    absl::StatusOr<std::unique_ptr<ShmRing>> outside =
+        ShmRing::fetch(path, "/dev/shm", 1, absl::Now() + absl::Seconds(10));
     EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument) << path << ": " << outside.status();
   }
 
@@ -178,9 +207,14 @@ TEST(ShmRing, BoundsAndChecksGivePreciseErrors) {
 // the owner's alone (0600); it hands the ring to its token once, refuses any other token, and
 // goes with the server.
 TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
-  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start("/dev/shm");
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(dir.path);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string path = (*server)->path();
+  // Another server starting probes this one's socket (is anybody listening?): no refusal
+  // (before, each probe counted as one, and tests counting refusals failed under ctest -j2).
+  ASSERT_TRUE(ShmRingServer::start(dir.path).ok());
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
@@ -192,13 +226,13 @@ TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
   ASSERT_TRUE((*server)->offer(**ring).ok());
 
   const absl::Time until = absl::Now() + absl::Seconds(30);
-  absl::StatusOr<std::unique_ptr<ShmRing>> wrong = ShmRing::fetch(path, 0x1234'5678'9abc'def1, until);
+  absl::StatusOr<std::unique_ptr<ShmRing>> wrong = ShmRing::fetch(path, dir.path, 0x1234'5678'9abc'def1, until);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition) << wrong.status();
   EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("refused the token"));
   EXPECT_EQ((*server)->refused(), 1);
   EXPECT_EQ((*server)->handed_over(), 0);
 
-  absl::StatusOr<std::unique_ptr<ShmRing>> peer = ShmRing::fetch(path, 0x1234'5678'9abc'def0, until);
+  absl::StatusOr<std::unique_ptr<ShmRing>> peer = ShmRing::fetch(path, dir.path, 0x1234'5678'9abc'def0, until);
   ASSERT_TRUE(peer.ok()) << peer.status();
   EXPECT_EQ((*server)->handed_over(), 1);
   (*peer)->mark_attached();
@@ -215,73 +249,168 @@ TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
   EXPECT_TRUE(out == data);
 
   // Spent: the token fetches nothing more.
-  absl::StatusOr<std::unique_ptr<ShmRing>> again = ShmRing::fetch(path, 0x1234'5678'9abc'def0, until);
+  absl::StatusOr<std::unique_ptr<ShmRing>> again = ShmRing::fetch(path, dir.path, 0x1234'5678'9abc'def0, until);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
   EXPECT_EQ((*server)->refused(), 2);
 
   server->reset();
   EXPECT_NE(access(path.c_str(), F_OK), 0) << path << " is left behind";
-  absl::StatusOr<std::unique_ptr<ShmRing>> gone = ShmRing::fetch(path, 0x1234'5678'9abc'def0, until);
+  absl::StatusOr<std::unique_ptr<ShmRing>> gone = ShmRing::fetch(path, dir.path, 0x1234'5678'9abc'def0, until);
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
 }
 
 // A worker killed (kill -9: the faults tests, a crashed container) leaves its socket behind; the
-// next server to start in the directory removes it, but not a live server's.
+// next server to start in the directory removes it, but not a live server's. Only sockets of
+// this uid are touched: a file that is no socket keeps its name (before, a connection to it was
+// refused and it was removed). A .bind name (a server killed between bind and rename) goes once
+// it is a minute old (before, never); a younger one may be a server starting.
 TEST(ShmRingServer, StartingRemovesTheSocketsOfKilledServersOnly) {
-  absl::StatusOr<std::unique_ptr<ShmRingServer>> live = ShmRingServer::start("/dev/shm");
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> live = ShmRingServer::start(dir.path);
   ASSERT_TRUE(live.ok()) << live.status();
-  // A killed server's socket: bound, then its process gone (closed without removing it).
-  const std::string dead = absl::StrCat("/dev/shm/tessera-", getpid(), "-dead.sock");
-  {
-    const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    std::memcpy(address.sun_path, dead.data(), dead.size());
-    ASSERT_EQ(bind(s, reinterpret_cast<const sockaddr*>(&address), sizeof address), 0) << dead;
-    ASSERT_EQ(listen(s, 1), 0);
-    close(s);
+  // Killed servers' sockets: bound, then the process gone (closed without removing them).
+  auto bound = [](const std::string& path) {
+    const int s = listen_at(path);
+    if (s >= 0) close(s);
+    return s >= 0;
+  };
+  const std::string dead = absl::StrCat(dir.path, "/tessera-", getpid(), "-dead.sock");
+  const std::string old_binding = absl::StrCat(dir.path, "/tessera-", getpid(), "-old.bind");
+  const std::string new_binding = absl::StrCat(dir.path, "/tessera-", getpid(), "-new.bind");
+  ASSERT_TRUE(bound(dead) && bound(old_binding) && bound(new_binding));
+  const timespec two_minutes_ago[2] = {absl::ToTimespec(absl::Now() - absl::Minutes(2)),
+                                       absl::ToTimespec(absl::Now() - absl::Minutes(2))};
+  ASSERT_EQ(utimensat(AT_FDCWD, old_binding.c_str(), two_minutes_ago, AT_SYMLINK_NOFOLLOW), 0);
+  const std::string file = absl::StrCat(dir.path, "/tessera-", getpid(), "-file.sock");
+  const int made = open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  ASSERT_GE(made, 0);
+  close(made);
+  std::string others;  // another uid's dead socket (root can make one)
+  if (geteuid() == 0) {
+    others = absl::StrCat(dir.path, "/tessera-", getpid(), "-others.sock");
+    ASSERT_TRUE(bound(others));
+    ASSERT_EQ(lchown(others.c_str(), 12345, 12345), 0);
   }
-  ASSERT_EQ(access(dead.c_str(), F_OK), 0);
-  absl::StatusOr<std::unique_ptr<ShmRingServer>> next = ShmRingServer::start("/dev/shm");
+
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> next = ShmRingServer::start(dir.path);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_NE(access(dead.c_str(), F_OK), 0) << dead << " was left";
+  EXPECT_NE(access(old_binding.c_str(), F_OK), 0) << old_binding << " was left";
+  EXPECT_EQ(access(new_binding.c_str(), F_OK), 0) << "a binding of a minute or less was removed";
+  EXPECT_EQ(access(file.c_str(), F_OK), 0) << "a file that is no socket was removed";
+  if (!others.empty()) {
+    EXPECT_EQ(access(others.c_str(), F_OK), 0) << "another uid's socket was removed";
+  }
   EXPECT_EQ(access((*live)->path().c_str(), F_OK), 0) << "a live server's socket was removed";
   absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 11);
   ASSERT_TRUE(ring.ok()) << ring.status();
   ASSERT_TRUE((*live)->offer(**ring).ok());
-  EXPECT_TRUE(ShmRing::fetch((*live)->path(), 11, absl::Now() + absl::Seconds(30)).ok());
+  EXPECT_TRUE(ShmRing::fetch((*live)->path(), dir.path, 11, absl::Now() + absl::Seconds(30)).ok());
+  EXPECT_EQ((*live)->refused(), 0) << "the probe counted as a refusal";
 }
 
-// Bounded: connections beyond ShmRingServer::kMaxPending are closed at once, and those that
-// send no token are closed at kHandoverTimeout; a withdrawn ring is refused.
+// Bounded: a connection beyond ShmRingServer::kMaxPending whose token is not there is answered
+// kBusy (no fd) and closed at once, and those that send no token are closed at
+// kHandoverTimeout; a fetch (its token sent as it connects) still gets its ring while they wait
+// (before, it was closed as surplus, which its fetch took for a refused token); a withdrawn
+// ring is refused.
 TEST(ShmRingServer, SilentAndSurplusConnectionsAreClosedAndAWithdrawnRingRefused) {
-  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start("/dev/shm");
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(dir.path);
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<int> silent;
   for (int i = 0; i < ShmRingServer::kMaxPending; ++i) {
     silent.push_back(connect_to((*server)->path()));
     ASSERT_GE(silent.back(), 0);
   }
-  // The server takes them in order: this one finds the others pending, and is closed while they
-  // still are (a deadline would have closed the first of them no later).
+  // The server takes them in order: this one finds the others pending, and is told busy while
+  // they still wait (a deadline would have closed the first of them no later).
   const int surplus = connect_to((*server)->path());
   ASSERT_GE(surplus, 0);
-  EXPECT_TRUE(closed_within(surplus, absl::Seconds(30))) << "a connection past the limit was kept";
+  pollfd answered{surplus, POLLIN, 0};
+  ASSERT_EQ(poll(&answered, 1, 30'000), 1) << "a connection past the limit was kept";
+  char byte = 0;
+  EXPECT_EQ(recv(surplus, &byte, 1, MSG_DONTWAIT), 1);
+  EXPECT_EQ(byte, ShmRingServer::kBusy);
+  EXPECT_TRUE(closed_within(surplus, absl::Seconds(30)));
   EXPECT_FALSE(closed_within(silent[0], absl::ZeroDuration())) << "closed at its deadline, not as surplus";
   close(surplus);
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 5);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  ASSERT_TRUE((*server)->offer(**ring).ok());
+  // (Busy if the server took the connection before its token: asked again, as a transport does.)
+  absl::StatusOr<std::unique_ptr<ShmRing>> fetched = absl::UnavailableError("not asked");
+  for (int k = 0; k < 100 && absl::IsUnavailable(fetched.status()); ++k) {
+    fetched = ShmRing::fetch((*server)->path(), dir.path, 5, absl::Now() + absl::Seconds(30));
+  }
+  EXPECT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_FALSE(closed_within(silent[0], absl::ZeroDuration())) << "the fetch did not come while they waited";
   for (int s : silent) {
     EXPECT_TRUE(closed_within(s, ShmRingServer::kHandoverTimeout + absl::Seconds(30)));
     close(s);
   }
-  EXPECT_EQ((*server)->refused(), ShmRingServer::kMaxPending + 1);
+  EXPECT_EQ((*server)->refused(), ShmRingServer::kMaxPending);
+  EXPECT_GE((*server)->busy(), 1);
 
-  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 5);
-  ASSERT_TRUE(ring.ok()) << ring.status();
   ASSERT_TRUE((*server)->offer(**ring).ok());
   (*server)->withdraw(5);
   absl::StatusOr<std::unique_ptr<ShmRing>> withdrawn =
-      ShmRing::fetch((*server)->path(), 5, absl::Now() + absl::Seconds(30));
+      ShmRing::fetch((*server)->path(), dir.path, 5, absl::Now() + absl::Seconds(30));
   EXPECT_EQ(withdrawn.status().code(), absl::StatusCode::kFailedPrecondition) << withdrawn.status();
+}
+
+// The socket path comes from the wire: fetch takes only one directly in its own servers'
+// directory (before, any absolute path), before it connects anywhere; a busy answer (kBusy, no
+// fd) is UNAVAILABLE (before, "refused the token"); and a fetch from a server that never
+// answers stops within 100 ms of being cancelled (before, only at its deadline, 5 s in a
+// transport, which its destructor waited for).
+TEST(ShmRingServer, FetchTakesOnlyItsDirectorySaysBusyAndStopsWhenCancelled) {
+  TempDir dir, elsewhere;
+  ASSERT_FALSE(dir.path.empty() || elsewhere.path.empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(elsewhere.path);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 8);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  ASSERT_TRUE((*server)->offer(**ring).ok());
+  absl::StatusOr<std::unique_ptr<ShmRing>> outside =
+      ShmRing::fetch((*server)->path(), dir.path, 8, absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kFailedPrecondition) << outside.status();
+  EXPECT_THAT(std::string(outside.status().message()), HasSubstr(absl::StrCat("not directly in ", dir.path)));
+  EXPECT_EQ((*server)->handed_over(), 0);
+  EXPECT_FALSE((*ring)->attached());
+
+  // A server that answers busy.
+  const std::string busy_path = absl::StrCat(dir.path, "/tessera-", getpid(), "-busy.sock");
+  const int busy = listen_at(busy_path);
+  ASSERT_GE(busy, 0);
+  std::thread answer([busy] {
+    const int connection = accept4(busy, nullptr, nullptr, SOCK_CLOEXEC);
+    if (connection < 0) return;
+    (void)!send(connection, &ShmRingServer::kBusy, 1, MSG_NOSIGNAL);
+    close(connection);
+  });
+  absl::StatusOr<std::unique_ptr<ShmRing>> told_busy =
+      ShmRing::fetch(busy_path, dir.path, 8, absl::Now() + absl::Seconds(30));
+  answer.join();
+  close(busy);
+  EXPECT_EQ(told_busy.status().code(), absl::StatusCode::kUnavailable) << told_busy.status();
+  EXPECT_THAT(std::string(told_busy.status().message()), HasSubstr("busy"));
+
+  // A server that never answers (the connection waits in its backlog): cancelled at the third
+  // time fetch asks, long before the deadline.
+  const std::string mute_path = absl::StrCat(dir.path, "/tessera-", getpid(), "-mute.sock");
+  const int mute = listen_at(mute_path);
+  ASSERT_GE(mute, 0);
+  int asked = 0;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<ShmRing>> cancelled =
+      ShmRing::fetch(mute_path, dir.path, 8, start + absl::Seconds(20), [&] { return ++asked >= 3; });
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  EXPECT_EQ(asked, 3);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  close(mute);
 }
 
 // The peer writes the whole segment: a message whose size is near 2^63 (here 2^63 - 5, with

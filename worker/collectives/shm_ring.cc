@@ -16,10 +16,12 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 
 namespace tessera {
@@ -43,15 +45,22 @@ void futex_wake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-// A ring server's socket: <dir>/tessera-<pid>-<random>.sock.
+// A ring server's socket: <dir>/tessera-<pid>-<random>.sock (.bind until it listens).
 constexpr char kSocketPrefix[] = "tessera-";
-constexpr char kSocketSuffix[] = ".sock";
+constexpr absl::string_view kSocketSuffix = ".sock";
+constexpr absl::string_view kBindingSuffix = ".bind";
+
+// Whether `file` (a name in a directory) is tessera-...<suffix>.
+bool has_name(absl::string_view file, absl::string_view suffix) {
+  return file.rfind(kSocketPrefix, 0) == 0 && file.size() > sizeof kSocketPrefix - 1 + suffix.size() &&
+         file.substr(file.size() - suffix.size()) == suffix;
+}
 
 // Whether `file` (a name in a directory) is a ring server's socket's.
-bool is_socket_name(const std::string& file) {
-  return file.rfind(kSocketPrefix, 0) == 0 && file.size() > sizeof kSocketSuffix &&
-         file.compare(file.size() - (sizeof kSocketSuffix - 1), std::string::npos, kSocketSuffix) == 0;
-}
+bool is_socket_name(absl::string_view file) { return has_name(file, kSocketSuffix); }
+
+// How long fetch waits at a time before it asks whether it is cancelled.
+constexpr int kFetchSliceMs = 100;
 
 // The address of the Unix socket at `path`; false if the path is too long for one.
 bool unix_address(const std::string& path, sockaddr_un* address) {
@@ -162,13 +171,22 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::attach(int fd, uint64_t token)
   return std::unique_ptr<ShmRing>(new ShmRing(-1, header, st.st_size - kHeaderBytes));
 }
 
-absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socket_path, uint64_t token,
-                                                        absl::Time until) {
+absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socket_path, const std::string& dir,
+                                                        uint64_t token, absl::Time until,
+                                                        const std::function<bool()>& cancelled) {
   sockaddr_un address;
   const size_t slash = socket_path.rfind('/');
   if (socket_path.empty() || socket_path[0] != '/' || socket_path.find("/../") != std::string::npos ||
       !is_socket_name(socket_path.substr(slash + 1)) || !unix_address(socket_path, &address)) {
     return absl::InvalidArgumentError(absl::StrCat("'", socket_path, "' is not a shared-memory ring server's socket"));
+  }
+  // The path comes from the wire: only a socket directly in our own servers' directory.
+  absl::string_view expected = dir;
+  while (expected.size() > 1 && expected.back() == '/') expected.remove_suffix(1);
+  if (absl::string_view(socket_path).substr(0, slash) != expected) {
+    return absl::FailedPreconditionError(absl::StrCat("shared-memory ring server socket ", socket_path,
+                                                      ": not directly in ", expected,
+                                                      ", the directory ring servers use here (no other is taken)"));
   }
   const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) return absl::InternalError(absl::StrCat("socket(AF_UNIX): ", std::strerror(errno)));
@@ -184,13 +202,25 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socke
     if (error == EAGAIN) return absl::UnavailableError(what);
     return absl::FailedPreconditionError(what);
   }
+  // Ours only: a server of another uid could hand us any memfd it likes.
+  ucred peer{};
+  socklen_t peer_bytes = sizeof peer;
+  if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &peer, &peer_bytes) != 0 || peer.uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat("shared-memory ring server ", socket_path, " runs as uid ",
+                                                      peer.uid, ", not this process's ", geteuid(),
+                                                      ": only a server of the same uid is taken"));
+  }
   if (send(s, &token, sizeof token, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof token)) {
     return absl::UnavailableError(
         absl::StrCat("shared-memory ring server ", socket_path, ": sending the token: ", std::strerror(errno)));
   }
   for (;;) {
+    if (cancelled != nullptr && cancelled()) {
+      return absl::CancelledError(absl::StrCat("fetching the ring from shared-memory ring server ", socket_path,
+                                               ": stopped (the link or transport went)"));
+    }
     pollfd readable{s, POLLIN, 0};
-    const int ready = poll(&readable, 1, poll_timeout(until));
+    const int ready = poll(&readable, 1, std::min(poll_timeout(until), kFetchSliceMs));
     if (ready < 0 && errno != EINTR) {
       return absl::InternalError(absl::StrCat("poll on ", socket_path, ": ", std::strerror(errno)));
     }
@@ -208,7 +238,11 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socke
       std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
     }
   }
-  if (n <= 0 || fd < 0 || (message.header.msg_flags & MSG_CTRUNC) != 0) {
+  if (n == 1 && message.byte == ShmRingServer::kBusy && fd < 0) {
+    return absl::UnavailableError(absl::StrCat("shared-memory ring server ", socket_path, " is busy (",
+                                               ShmRingServer::kMaxPending, " connections wait for it): try again"));
+  }
+  if (n != 1 || message.byte != ShmRingServer::kRing || fd < 0 || (message.header.msg_flags & MSG_CTRUNC) != 0) {
     if (fd >= 0) close(fd);
     return absl::FailedPreconditionError(absl::StrCat("shared-memory ring server ", socket_path,
                                                       " refused the token (no ring offered with it, or taken)"));
@@ -317,19 +351,30 @@ void ShmRing::wake_writer() {
 
 namespace {
 
-// Removes the sockets of ring servers in `dir` that nobody listens on any more (their process was
-// killed, so its destructor did not remove its socket): a connection to them is refused. A
-// server listens before its socket gets its .sock name (start), so none is taken for stale while
-// it starts. At most 1024 entries are looked at.
+// Removes the sockets of this uid's ring servers in `dir` that nobody listens on any more (their
+// process was killed, so its destructor did not remove its socket): a connection to them is
+// refused. A server listens before its socket gets its .sock name (start), so none is taken for
+// stale while it starts; a .bind name older than a minute is a server killed between its bind
+// and its rename (which follow each other at once). Only sockets (lstat: not what a link points
+// to) of this uid are touched; at most 1024 of them are looked at.
 void remove_stale_sockets(const std::string& dir) {
   DIR* entries = opendir(dir.c_str());
   if (entries == nullptr) return;
+  const absl::Time now = absl::Now();
   int looked = 0;
   while (dirent* entry = readdir(entries)) {
+    const bool binding = has_name(entry->d_name, kBindingSuffix);
+    if (!binding && !is_socket_name(entry->d_name)) continue;
     if (++looked > 1024) break;
     const std::string path = absl::StrCat(dir, "/", entry->d_name);
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != geteuid()) continue;
+    if (binding) {
+      if (now - absl::TimeFromTimespec(st.st_mtim) > absl::Minutes(1)) unlink(path.c_str());
+      continue;
+    }
     sockaddr_un address;
-    if (!is_socket_name(entry->d_name) || !unix_address(path, &address)) continue;
+    if (!unix_address(path, &address)) continue;
     const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0) break;
     // A live server takes the connection and closes it when it ends at once (no token).
@@ -351,7 +396,7 @@ absl::StatusOr<std::unique_ptr<ShmRingServer>> ShmRingServer::start(const std::s
   }
   const std::string stem = absl::StrCat(dir, "/", kSocketPrefix, getpid(), "-", absl::Hex(random));
   const std::string path = absl::StrCat(stem, kSocketSuffix);
-  const std::string binding = absl::StrCat(stem, ".bind");  // until it listens (remove_stale_sockets)
+  const std::string binding = absl::StrCat(stem, kBindingSuffix);  // until it listens (remove_stale_sockets)
   sockaddr_un address;
   if (path.size() != binding.size() || !unix_address(binding, &address)) {
     return absl::InvalidArgumentError(absl::StrCat("shared-memory ring server: socket path ", path, " is longer than ",
@@ -398,8 +443,10 @@ ShmRingServer::~ShmRingServer() {
   const uint64_t one = 1;
   (void)!write(wake_, &one, sizeof one);
   thread_.join();
-  unlink(path_.c_str());
-  close(listener_);
+  if (listener_ >= 0) {  // (else run() failed and removed it)
+    unlink(path_.c_str());
+    close(listener_);
+  }
   close(wake_);
   absl::MutexLock lock(&mu_);  // (run() is over: for the annotations)
   for (const auto& [token, fd] : offers_) close(fd);
@@ -435,6 +482,29 @@ int64_t ShmRingServer::refused() const {
   return refused_;
 }
 
+int64_t ShmRingServer::busy() const {
+  absl::MutexLock lock(&mu_);
+  return busy_;
+}
+
+bool ShmRingServer::read_token(int connection, uint64_t* token, size_t* got) {
+  const ssize_t n = recv(connection, reinterpret_cast<char*>(token) + *got, sizeof *token - *got, MSG_DONTWAIT);
+  if (n > 0) {
+    *got += static_cast<size_t>(n);
+    if (*got < sizeof *token) return false;
+    answer(connection, *token);
+    return true;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+  // It went. Having sent nothing it asked for nothing (another server's probe for stale sockets).
+  if (*got > 0) {
+    absl::MutexLock lock(&mu_);
+    ++refused_;
+  }
+  close(connection);
+  return true;
+}
+
 void ShmRingServer::answer(int connection, uint64_t token) {
   int fd = -1;
   {
@@ -449,6 +519,7 @@ void ShmRingServer::answer(int connection, uint64_t token) {
   }
   if (fd >= 0) {
     FdMessage message;
+    message.byte = kRing;
     cmsghdr* c = CMSG_FIRSTHDR(&message.header);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
@@ -472,6 +543,7 @@ void ShmRingServer::run() {
   std::vector<Pending> pending;
   std::vector<pollfd> polled;
   absl::Time accept_again = absl::InfinitePast();  // after accept ran out of fds
+  int failed = 0;                                  // poll's errno, when it failed
   for (;;) {
     absl::Time next = absl::Now() + absl::Minutes(1);  // nothing pending: the wake-up ends the wait
     const bool accepting = absl::Now() >= accept_again;
@@ -482,7 +554,10 @@ void ShmRingServer::run() {
       polled.push_back({p.fd, POLLIN, 0});
       next = std::min(next, p.deadline);
     }
-    if (poll(polled.data(), polled.size(), poll_timeout(next)) < 0 && errno != EINTR) break;
+    if (poll(polled.data(), polled.size(), poll_timeout(next)) < 0 && errno != EINTR) {
+      failed = errno;
+      break;
+    }
     {
       absl::MutexLock lock(&mu_);
       if (stop_) break;
@@ -493,15 +568,7 @@ void ShmRingServer::run() {
     std::vector<Pending> still;
     for (size_t i = 0; i < pending.size(); ++i) {
       Pending& p = pending[i];
-      if (polled[i + 2].revents != 0) {
-        const ssize_t n = recv(p.fd, reinterpret_cast<char*>(&p.token) + p.got, sizeof p.token - p.got, MSG_DONTWAIT);
-        if (n > 0) p.got += static_cast<size_t>(n);
-        if (p.got == sizeof p.token) {
-          answer(p.fd, p.token);
-          continue;
-        }
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) p.deadline = now;  // it went
-      }
+      if (polled[i + 2].revents != 0 && read_token(p.fd, &p.token, &p.got)) continue;
       if (now >= p.deadline) {
         {
           absl::MutexLock lock(&mu_);
@@ -524,19 +591,32 @@ void ShmRingServer::run() {
           }
           break;
         }
+        // Its token is usually there already (the client sends it as it connects).
+        Pending p{connection, now + kHandoverTimeout};
+        if (read_token(p.fd, &p.token, &p.got)) continue;
         if (pending.size() >= static_cast<size_t>(kMaxPending)) {
+          // Busy, not a refusal: the client may try again (one byte into an empty buffer).
+          (void)!send(connection, &kBusy, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
           {
             absl::MutexLock lock(&mu_);
-            ++refused_;
+            ++busy_;
           }
           close(connection);
           continue;
         }
-        pending.push_back({connection, now + kHandoverTimeout});
+        pending.push_back(p);
       }
     }
   }
   for (const Pending& p : pending) close(p.fd);
+  if (failed != 0) {
+    // Nobody answers here any more: no socket that takes connections and leaves them waiting.
+    std::fprintf(stderr, "tessera-worker: shared-memory ring server %s stopped: poll: %s\n", path_.c_str(),
+                 std::strerror(failed));
+    unlink(path_.c_str());
+    close(listener_);
+    listener_ = -1;
+  }
 }
 
 }  // namespace tessera

@@ -6,11 +6,15 @@
 // memfd (SCM_RIGHTS), maps it, checks it and says so in the segment (attached()), after which
 // the sender writes its messages here instead of on gRPC. One writer and one reader; each side
 // sleeps on a futex in the segment while the ring is empty (reader) or full (writer): no polling.
+// The trust boundary on a host is the uid: the socket is 0600 and the fetch checks that the
+// server runs as this uid, but another process of the same uid can still read the ring (e.g.
+// through /proc/<pid>/fd of a dumpable worker); the token keeps out only other uids' processes
+// and a peer that has not seen the offer.
 //
 //   auto server = ShmRingServer::start("/dev/shm");                   // sender, once
 //   auto ring = ShmRing::create(4 << 20, token);
 //   (*server)->offer(**ring);                  // then Exchange: {(*server)->path(), token}
-//   auto peer = ShmRing::fetch(path, token, until);                   // receiver (another process)
+//   auto peer = ShmRing::fetch(path, "/dev/shm", token, until);       // receiver (another process)
 //   (*peer)->mark_attached();
 //   (*ring)->write({op, step, chunk}, data, bytes, until);      // false: no room by `until`
 //   ShmRing::Record r; (*peer)->next(&r, until); (*peer)->copy_payload(r, dst); (*peer)->consume(r);
@@ -19,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,12 +61,17 @@ class ShmRing {
   // The ring in memfd `fd` (which this takes, and closes): FAILED_PRECONDITION when it is not a
   // size-sealed ring of this version or its token differs.
   static absl::StatusOr<std::unique_ptr<ShmRing>> attach(int fd, uint64_t token);
-  // The ring a peer offers through its ShmRingServer at `socket` (a path under /dev/shm),
-  // fetched with `token` (the Exchange offer's), waiting until `until`: NOT_FOUND when this host
-  // has no such socket (the peer is elsewhere); FAILED_PRECONDITION when the server refused the
-  // token or the ring is not one (attach); UNAVAILABLE when the server is busy, DEADLINE_EXCEEDED
-  // when it did not answer by `until`; INVALID_ARGUMENT for a path that is not a ring server's.
-  static absl::StatusOr<std::unique_ptr<ShmRing>> fetch(const std::string& socket, uint64_t token, absl::Time until);
+  // The ring a peer offers through its ShmRingServer at `socket` (a path from the wire, which
+  // must name a socket directly in `dir`, the directory this side's servers use), fetched with
+  // `token` (the Exchange offer's), waiting until `until` and stopping early (CANCELLED) once
+  // `cancelled` returns true (asked every 100 ms at most): NOT_FOUND when this host has no such
+  // socket (the peer is elsewhere); FAILED_PRECONDITION when the socket is in another directory
+  // or its server runs as another uid, when the server refused the token or the ring is not one
+  // (attach); UNAVAILABLE when the server is busy (try again), DEADLINE_EXCEEDED when it did not
+  // answer by `until`; INVALID_ARGUMENT for a path that is not a ring server's.
+  static absl::StatusOr<std::unique_ptr<ShmRing>> fetch(const std::string& socket, const std::string& dir,
+                                                        uint64_t token, absl::Time until,
+                                                        const std::function<bool()>& cancelled = nullptr);
 
   // The creator marks the ring closed (the reader drains it and stops).
   ~ShmRing();
@@ -108,17 +118,24 @@ class ShmRing {
 };
 
 // ShmRingServer: hands this process's rings to its peers. A thread listens on a Unix socket
-// (mode 0600, removed when the server goes) and answers each connection that presents the token
-// of an offered ring with that ring's memfd (SCM_RIGHTS), once; any other connection is closed
-// without one (refused). Bounded: at most kMaxPending connections wait for their token, each
-// for at most kHandoverTimeout; the rest are closed at once.
+// (mode 0600, removed when the server goes, or when its thread fails) and answers each
+// connection that presents the token of an offered ring with that ring's memfd (SCM_RIGHTS),
+// once; any other connection is closed without one (refused). Bounded: at most kMaxPending
+// connections wait for their token, each for at most kHandoverTimeout; a connection past them
+// whose token is not there yet gets kBusy with no fd (the client's fetch says UNAVAILABLE).
+// Same-uid processes are not kept out (see ShmRing): the uid is the trust boundary.
 class ShmRingServer {
  public:
   static constexpr int kMaxPending = 16;
   static constexpr absl::Duration kHandoverTimeout = absl::Seconds(5);
+  // The byte a busy server answers with (a ring comes with kRing and its fd).
+  static constexpr char kRing = 1;
+  static constexpr char kBusy = 'B';
 
-  // Listens on a fresh socket `dir`/tessera-<pid>-<random>.sock. INTERNAL with errno's text
-  // when the socket, its thread's wake-up or the bind fails (e.g. `dir` is not writable).
+  // Listens on a fresh socket `dir`/tessera-<pid>-<random>.sock, after removing the sockets in
+  // `dir` of this uid's servers that were killed (and their `.bind` names older than a minute).
+  // INTERNAL with errno's text when the socket, its thread's wake-up or the bind fails (e.g.
+  // `dir` is not writable).
   static absl::StatusOr<std::unique_ptr<ShmRingServer>> start(const std::string& dir);
   // Stops the thread, closes every connection and offered fd, and removes the socket.
   ~ShmRingServer();
@@ -131,17 +148,23 @@ class ShmRingServer {
   void withdraw(uint64_t token);
 
   int64_t handed_over() const;
-  int64_t refused() const;  // connections closed without a ring (wrong token, silent, too many)
+  // Connections closed without a ring: a wrong or spent token, or silent until the deadline
+  // (one that closes having sent nothing, as another server's stale-socket probe does, is not).
+  int64_t refused() const;
+  int64_t busy() const;  // connections answered kBusy (past kMaxPending)
 
  private:
   ShmRingServer(std::string path, int listener, int wake);
   void run();
+  // Reads what `connection` has sent of its token; answers it (and closes it: true) once it is
+  // all there, or when the connection ended (not counted if it sent nothing) or failed.
+  bool read_token(int connection, uint64_t* token, size_t* got);
   // Answers a connection that presented `token`, and closes it.
   void answer(int connection, uint64_t token);
 
   // Constant after construction.
   const std::string path_;
-  const int listener_;
+  int listener_;    // run()'s alone until it is joined; -1 once run() closed it (it failed)
   const int wake_;  // an eventfd: the destructor stops run()'s poll
 
   mutable absl::Mutex mu_;
@@ -149,6 +172,7 @@ class ShmRingServer {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t handed_over_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t busy_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;  // last: starts once everything above is set
 };
 

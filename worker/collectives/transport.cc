@@ -106,9 +106,8 @@ constexpr size_t kMaxInboundRings = 1024;
 // How long a ring writer sleeps before it checks its link and deadline again (it is also woken
 // when the link breaks), and a ring reader before it checks that it is to stop.
 constexpr absl::Duration kRingRecheck = absl::Milliseconds(500);
-// Where a worker's ShmRingServer listens: docker-compose's workers share it (one IPC namespace),
-// network namespaces of one machine too (they differ in shm_host_identity instead).
-constexpr char kShmSocketDir[] = "/dev/shm";
+// How long an InboundRing waits at most before it asks a busy ring server again.
+constexpr absl::Duration kRingFetchBackoff = absl::Milliseconds(500);
 
 // How many ops a notice may name, and how many recent ops a link remembers for one.
 constexpr size_t kMaxNoticeOps = 256;
@@ -213,9 +212,11 @@ bool room_for_tag(Remembered& remembered, const typename Remembered::key_type& k
     if (it == first || std::get<2>(it->first) == claimed) continue;
     if (oldest == remembered.end() || order_of(it->second) < order_of(oldest->second)) oldest = it;
   }
-  remembered.erase(oldest);  // kRefusedTagsPerSource > 2: there is one
+  remembered.erase(oldest);  // kRefusedTagsPerSource > 2 (below): there is one
   return true;
 }
+static_assert(Transport::kRefusedTagsPerSource > 2,
+              "room_for_tag keeps an (op, source)'s first and claimed tags and must find a third to forget");
 
 // Makes room in `remembered` (refused_ or lost_, over kRememberedOps): forgets the oldest
 // entry of an op no run claimed (`claimed`), else the oldest. A run waits on its claimed ops'
@@ -558,8 +559,13 @@ class Transport::Link {
 // closed the ring and it is drained.
 class Transport::InboundRing {
  public:
-  InboundRing(Transport* transport, int source, std::string socket, uint64_t token)
-      : transport_(transport), source_(source), socket_(std::move(socket)), token_(token), thread_([this] { run(); }) {}
+  InboundRing(Transport* transport, int source, std::string socket, std::string dir, uint64_t token)
+      : transport_(transport),
+        source_(source),
+        socket_(std::move(socket)),
+        dir_(std::move(dir)),
+        token_(token),
+        thread_([this] { run(); }) {}
 
   ~InboundRing() {
     stop();
@@ -577,12 +583,28 @@ class Transport::InboundRing {
 
  private:
   void run() {
-    // Bounded (the server's own limit), so a transport that goes waits for this at most that long.
-    absl::StatusOr<std::unique_ptr<ShmRing>> opened =
-        ShmRing::fetch(socket_, token_, absl::Now() + ShmRingServer::kHandoverTimeout);
+    // Bounded (the server's own limit), and stop() ends it within 100 ms (fetch asks), so a
+    // transport that goes does not wait for a peer that does not answer. A busy server is asked
+    // again, backing off, within the same deadline.
+    const absl::Time until = absl::Now() + ShmRingServer::kHandoverTimeout;
+    auto stopped = [this] {
+      absl::MutexLock lock(&mu_);
+      return stop_;
+    };
+    absl::StatusOr<std::unique_ptr<ShmRing>> opened;
+    for (absl::Duration backoff = absl::Milliseconds(10);; backoff = std::min(2 * backoff, kRingFetchBackoff)) {
+      opened = ShmRing::fetch(socket_, dir_, token_, until, stopped);
+      if (!absl::IsUnavailable(opened.status()) || absl::Now() + backoff >= until) break;
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff)) {
+        opened = absl::CancelledError("stopped");
+        break;
+      }
+    }
     if (!opened.ok()) {
-      // Another host after all (or /dev/shm is not shared), or refused: the peer keeps using gRPC.
-      if (!absl::IsNotFound(opened.status())) {
+      // Another host after all (or /dev/shm is not shared), refused, or stopped: the peer keeps
+      // using gRPC.
+      if (!absl::IsNotFound(opened.status()) && !absl::IsCancelled(opened.status())) {
         std::fprintf(stderr, "tessera-worker: shared memory from device %d not used: %s\n", source_,
                      opened.status().ToString().c_str());
       }
@@ -647,6 +669,7 @@ class Transport::InboundRing {
   Transport* const transport_;
   const int source_;
   const std::string socket_;
+  const std::string dir_;  // the only directory the socket may be in (ShmOptions::socket_dir)
   const uint64_t token_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -697,7 +720,7 @@ absl::Status Transport::set_shm(ShmOptions options) {
   if (options.enabled && server == nullptr) {
     // Where peers fetch the rings this worker offers. Without it this worker offers none (it
     // sends over gRPC) and still reads the rings its peers offer.
-    absl::StatusOr<std::unique_ptr<ShmRingServer>> started = ShmRingServer::start(kShmSocketDir);
+    absl::StatusOr<std::unique_ptr<ShmRingServer>> started = ShmRingServer::start(options.socket_dir);
     if (started.ok()) {
       server = *std::move(started);
     } else {
@@ -911,7 +934,7 @@ void Transport::ring_offered(int source, const std::string& socket, uint64_t tok
     slot->stop();
     stopped_inbound_.push_back(std::move(slot));
   }
-  slot = std::make_unique<InboundRing>(this, source, socket, token);
+  slot = std::make_unique<InboundRing>(this, source, socket, shm_.socket_dir, token);
   inbound_offered_by_[source] = reader;
 }
 

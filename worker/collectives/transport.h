@@ -121,6 +121,10 @@ struct ShmOptions {
   bool enabled = false;
   int64_t ring_bytes = int64_t{4} << 20;  // per peer pair and direction
   std::string host;                       // empty: shm_host_identity()
+  // Where this worker's ShmRingServer listens, and the only directory whose sockets a peer's
+  // offer may name: docker-compose's workers share /dev/shm (one IPC namespace), network
+  // namespaces of one machine too (they differ in shm_host_identity instead).
+  std::string socket_dir = "/dev/shm";
 };
 
 class ShmRingServer;  // worker/collectives/shm_ring.h
@@ -172,7 +176,7 @@ class Transport {
 
   // Offers a shared-memory ring to every peer this worker sends to from now on: a peer on the
   // same host (the same ShmOptions::host) that has it enabled too fetches it from this worker's
-  // ShmRingServer (a Unix socket in /dev/shm, started here), and the messages to it go through
+  // ShmRingServer (a Unix socket in ShmOptions::socket_dir, started here), and the messages to it go through
   // the ring from then on; other peers keep gRPC (as do all when the server cannot start).
   // INVALID_ARGUMENT for a ring size outside [ShmRing::kMinBytes, ShmRing::kMaxBytes]. Call
   // before the first send.
