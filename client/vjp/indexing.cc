@@ -42,14 +42,10 @@ absl::Span<const VjpEntry> indexing_vjps() {
                                 [&] { return scatter_add(zeros_like(a.x[0]), a.x[1], a.g, attrs.axis, attrs.mode); }));
          return absl::OkStatus();
        }},
-      // A scatter's cotangents are gathered / scattered as its forward ran: in explicit mode with
-      // the Explicit axes as Auto, laid out as the primal (auto_typed_as), so those of an
-      // .at[].set / add(out_sharding=) that ran under auto_axes with split indices are no error.
-      // The updates' cotangent is built only when wanted (a constant update's gather is not).
       {Op::kScatterAdd,
        [](const VjpArgs& a) {
          a.add(0, a.g);
-         if (a.wants(2)) a.add(2, auto_typed_as(a.x[2], [&] { return gathered(a, a.g); }));
+         a.add(2, gathered(a, a.g));
          return absl::OkStatus();
        }},
       // Overwritten elements of x get no cotangent; each update gets its element's (unique
@@ -59,9 +55,8 @@ absl::Span<const VjpEntry> indexing_vjps() {
       {Op::kScatter,
        [](const VjpArgs& a) {
          const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
-         const Value zeros = typed_as(a.x[2], [&] { return zeros_like(a.x[2]); });
-         a.add(0, auto_typed_as(a.x[0], [&] { return scatter(a.g, a.x[1], zeros, attrs.axis, attrs.mode); }));
-         if (a.wants(2)) a.add(2, auto_typed_as(a.x[2], [&] { return gathered(a, a.g); }));
+         a.add(0, scatter(a.g, a.x[1], typed_as(a.x[2], [&] { return zeros_like(a.x[2]); }), attrs.axis, attrs.mode));
+         a.add(2, gathered(a, a.g));
          return absl::OkStatus();
        }},
       // An unreduced cotangent (that of a window of a reduced operand) is written into zeros
