@@ -394,7 +394,9 @@ absl::StatusOr<std::unique_ptr<ShmRingServer>> ShmRingServer::start(const std::s
   if (getrandom(&random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) {
     return absl::InternalError(absl::StrCat("shared-memory ring server: getrandom: ", std::strerror(errno)));
   }
-  const std::string stem = absl::StrCat(dir, "/", kSocketPrefix, getpid(), "-", absl::Hex(random));
+  absl::string_view in = dir;  // "/dev/shm/" names the directory fetch expects as "/dev/shm"
+  while (in.size() > 1 && in.back() == '/') in.remove_suffix(1);
+  const std::string stem = absl::StrCat(in, in == "/" ? "" : "/", kSocketPrefix, getpid(), "-", absl::Hex(random));
   const std::string path = absl::StrCat(stem, kSocketSuffix);
   const std::string binding = absl::StrCat(stem, kBindingSuffix);  // until it listens (remove_stale_sockets)
   sockaddr_un address;
