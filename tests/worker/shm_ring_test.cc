@@ -101,6 +101,21 @@ int connect_to(const std::string& path) {
   return s;
 }
 
+// A connection accepted on `listener` within `within`, or -1 (a test's server thread never
+// blocks past its test).
+int accept_within(int listener, absl::Duration within) {
+  pollfd pending{listener, POLLIN, 0};
+  if (poll(&pending, 1, static_cast<int>(absl::ToInt64Milliseconds(within))) != 1) return -1;
+  return accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+}
+
+// How many descriptors this process has open.
+int open_fds() {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) n += entry.exists() ? 1 : 0;
+  return n;
+}
+
 // Whether the server closed connection `s` within `within` (its end: recv reads 0 bytes).
 bool closed_within(int s, absl::Duration within) {
   pollfd readable{s, POLLIN, 0};
@@ -390,7 +405,7 @@ TEST(ShmRingServer, FetchTakesOnlyItsDirectorySaysBusyAndStopsWhenCancelled) {
   const int busy = listen_at(busy_path);
   ASSERT_GE(busy, 0);
   std::thread answer([busy] {
-    const int connection = accept4(busy, nullptr, nullptr, SOCK_CLOEXEC);
+    const int connection = accept_within(busy, absl::Seconds(30));
     if (connection < 0) return;
     (void)!send(connection, &ShmRingServer::kBusy, 1, MSG_NOSIGNAL);
     close(connection);
@@ -415,6 +430,50 @@ TEST(ShmRingServer, FetchTakesOnlyItsDirectorySaysBusyAndStopsWhenCancelled) {
   EXPECT_EQ(asked, 3);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   close(mute);
+}
+
+// A server that hands over two descriptors with its ring byte: no ring, and fetch keeps neither
+// (it kept both open before: a control buffer of one descriptor's space holds two, and only a
+// message of exactly one was looked at).
+TEST(ShmRingServer, AnAnswerCarryingSeveralDescriptorsGivesNoRingAndLeavesNoneOpen) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  const std::string path = absl::StrCat(dir.path, "/tessera-", getpid(), "-two.sock");
+  const int listener = listen_at(path);
+  ASSERT_GE(listener, 0);
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 9);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  const int second = dup((*ring)->fd());
+  ASSERT_GE(second, 0);
+  const int before = open_fds();
+  std::thread answer([&] {
+    const int connection = accept_within(listener, absl::Seconds(30));
+    if (connection < 0) return;
+    uint64_t token = 0;
+    (void)!recv(connection, &token, sizeof token, MSG_WAITALL);
+    const int fds[2] = {(*ring)->fd(), second};
+    char byte = ShmRingServer::kRing;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+    msghdr header{};
+    header.msg_iov = &iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control;
+    header.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&header);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof fds);
+    std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+    (void)!sendmsg(connection, &header, MSG_NOSIGNAL);
+    close(connection);
+  });
+  absl::StatusOr<std::unique_ptr<ShmRing>> fetched = ShmRing::fetch(path, dir.path, 9, absl::Now() + absl::Seconds(30));
+  answer.join();
+  EXPECT_EQ(fetched.status().code(), absl::StatusCode::kFailedPrecondition) << fetched.status();
+  EXPECT_EQ(open_fds(), before);  // the connection's, the listener's and both received are closed
+  close(second);
+  close(listener);
 }
 
 // The peer writes the whole segment: a message whose size is near 2^63 (here 2^63 - 5, with

@@ -232,13 +232,25 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socke
   }
   FdMessage message;
   const ssize_t n = recvmsg(s, &message.header, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  int fd = -1;
+  // Every descriptor the message carried is ours once received: the ring is its only one, and
+  // any other (a server sending several) is closed, never kept open.
+  std::vector<int> received;
   for (cmsghdr* c = CMSG_FIRSTHDR(&message.header); c != nullptr; c = CMSG_NXTHDR(&message.header, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
-      std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0)) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int one = -1;
+      std::memcpy(&one, CMSG_DATA(c) + i * sizeof(int), sizeof one);
+      received.push_back(one);
     }
   }
-  if (n == 1 && message.byte == ShmRingServer::kBusy && fd < 0) {
+  int fd = -1;
+  if (received.size() == 1) {
+    fd = received[0];
+  } else {
+    for (int extra : received) close(extra);
+  }
+  if (n == 1 && message.byte == ShmRingServer::kBusy && received.empty()) {
     return absl::UnavailableError(absl::StrCat("shared-memory ring server ", socket_path, " is busy (",
                                                ShmRingServer::kMaxPending, " connections wait for it): try again"));
   }
