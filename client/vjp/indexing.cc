@@ -16,6 +16,18 @@ Value gathered(const VjpArgs& a, const Value& g) {
                                         : gather(g, a.x[1], attrs.axis, IndexMode::kFillOrDrop, Scalar(0));
 }
 
+// Whether any of a scatter's cotangent, operand and updates has unreduced or reduced axes: its
+// VJP then runs as before (outside auto_axes), since auto_typed_as would lay a cotangent out
+// with the primal's unreduced axes (e.g. the reduced cotangent of unreduced updates resharded
+// to unreduced, a sum N times too large).
+bool any_pending(const VjpArgs& a) {
+  for (const Value* v : {&a.g, &a.x[0], &a.x[2]}) {
+    const std::optional<TypedOperand> t = typed_operand(*v);
+    if (t.has_value() && (!t->unreduced.empty() || !t->reduced.empty())) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::Span<const VjpEntry> indexing_vjps() {
@@ -42,10 +54,19 @@ absl::Span<const VjpEntry> indexing_vjps() {
                                 [&] { return scatter_add(zeros_like(a.x[0]), a.x[1], a.g, attrs.axis, attrs.mode); }));
          return absl::OkStatus();
        }},
+      // A scatter's cotangents are gathered / scattered as its forward ran: in explicit mode with
+      // the Explicit axes as Auto, laid out as the primal (auto_typed_as), so those of an
+      // .at[].set / add(out_sharding=) that ran under auto_axes with split indices are no error.
+      // The updates' cotangent is built only when wanted (a constant update's gather is not).
+      // With unreduced or reduced values (any_pending) they run outside auto_axes as before.
       {Op::kScatterAdd,
        [](const VjpArgs& a) {
          a.add(0, a.g);
-         a.add(2, gathered(a, a.g));
+         if (any_pending(a)) {
+           a.add(2, gathered(a, a.g));
+           return absl::OkStatus();
+         }
+         if (a.wants(2)) a.add(2, auto_typed_as(a.x[2], [&] { return gathered(a, a.g); }));
          return absl::OkStatus();
        }},
       // Overwritten elements of x get no cotangent; each update gets its element's (unique
@@ -55,8 +76,14 @@ absl::Span<const VjpEntry> indexing_vjps() {
       {Op::kScatter,
        [](const VjpArgs& a) {
          const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
-         a.add(0, scatter(a.g, a.x[1], typed_as(a.x[2], [&] { return zeros_like(a.x[2]); }), attrs.axis, attrs.mode));
-         a.add(2, gathered(a, a.g));
+         const Value zeros = typed_as(a.x[2], [&] { return zeros_like(a.x[2]); });
+         if (any_pending(a)) {
+           a.add(0, scatter(a.g, a.x[1], zeros, attrs.axis, attrs.mode));
+           a.add(2, gathered(a, a.g));
+           return absl::OkStatus();
+         }
+         a.add(0, auto_typed_as(a.x[0], [&] { return scatter(a.g, a.x[1], zeros, attrs.axis, attrs.mode); }));
+         if (a.wants(2)) a.add(2, auto_typed_as(a.x[2], [&] { return gathered(a, a.g); }));
          return absl::OkStatus();
        }},
       // An unreduced cotangent (that of a window of a reduced operand) is written into zeros

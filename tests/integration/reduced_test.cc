@@ -524,6 +524,43 @@ TEST_F(ExplicitReducedTest, ScatterAddOfUnreducedValuesIsUnreducedAndSumsToTheHo
   }
 }
 
+// tests/pjit_test.py, test_scatter_unreduced_fwd_reduced_bwd (its backward): the gradients of a
+// weighted sum of op.at[idx].add(upd), operand and updates unreduced over 'x', summed by a reshard
+// to P(). The updates' cotangent, the cotangent's rows gathered (slicing.py's
+// _scatter_add_transpose_rule), is the cotangent of unreduced values: reduced, laid out as
+// replicated (JAX's grad_upd is P(None, None, reduced={'x'})), so no sum runs in the program (laid
+// out as the unreduced updates, it would be summed again by an all_reduce). Host reference:
+// d/d table = w, d/d updates[k] = w[idx[k]] (every index in range).
+TEST_F(ExplicitReducedTest, GradOfScatterAddOfUnreducedValuesRunsNoSumAndIsTheHostsAsJax) {
+  const HostArray table = random_f32({8, 2}, 23);
+  const HostArray upd = random_f32({4, 2}, 24);
+  const HostArray weights = random_f32({8, 2}, 25);
+  const std::vector<int32_t> rows = {1, 3, 5, 5};
+  const HostArray idx = HostArray::from_vector<int32_t>({4}, rows);
+  const std::vector<double> want_table = values_of(weights);
+  std::vector<double> want_upd;
+  for (int32_t r : rows) {
+    for (int j = 0; j < 2; ++j) want_upd.push_back(want_table[r * 2 + j]);
+  }
+  const PartitionSpec ux = P(None, None).with_unreduced({"x"});
+  for (const Mesh& mesh : meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    Jitted step = jit(grad(
+        [&](const std::vector<Value>& in) {
+          const Value y = at(reshard(in[0], ux), in[1]).add(reshard(in[2], ux));
+          return std::vector<Value>{sum(reshard(y, P()) * in[3])};
+        },
+        {0, 2}));
+    const absl::StatusOr<std::vector<Array>> g =
+        step({put_on(mesh, table, P()), put_on(mesh, idx, P()), put_on(mesh, upd, P()), put_on(mesh, weights, P())});
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_EQ(g->size(), 2u);
+    EXPECT_THAT(step.as_text(), ::testing::Not(HasSubstr("all_reduce")));
+    expect_near(fetch((*g)[0]), want_table);
+    expect_near(fetch((*g)[1]), want_upd);
+  }
+}
+
 // tests/pjit_test.py, test_reduced_at_get_out_sharding: params reduced over 'x' indexed by
 // inputs split over 'x' with out_sharding P('x', None, None) (rewriting_take gathers under
 // auto_axes): the result is laid out by out_sharding and equals params[inputs]; the gradient of
