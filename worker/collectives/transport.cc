@@ -194,7 +194,10 @@ uint64_t order_of(uint64_t order) { return order; }
 // (`claimed`): so the newest stays, a client's retry of a fan-out under fresh tags as well.
 template <typename Remembered>
 bool room_for_tag(Remembered& remembered, const typename Remembered::key_type& key, std::optional<uint64_t> claimed) {
-  const auto [op, from, run_tag] = key;
+  // Named copies, not a structured binding: C++17 lambdas cannot capture those (clang refuses).
+  const uint64_t op = std::get<0>(key);
+  const int from = std::get<1>(key);
+  const uint64_t run_tag = std::get<2>(key);
   const auto begin = remembered.lower_bound({op, from, 0});
   auto same = [&](auto it) {
     return it != remembered.end() && std::get<0>(it->first) == op && std::get<1>(it->first) == from;
