@@ -1,6 +1,7 @@
 #include "coordinator/registry.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "core/graph.h"
@@ -15,8 +16,11 @@ std::string describe_device(int id, const std::string& address) {
 absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration& r, absl::Time now) {
   const std::string& name = r.name;
   const int requested_id = r.requested_id;
-  // Whatever the worker holds, no later id may collide with it.
-  if (!r.held.empty()) ids_.advance_past(r.held.rbegin()->first);
+  // Whatever the worker holds, no later id may collide with it: the largest held id a
+  // coordinator could have handed out (advance_past ignores ids from kMaxAdvance on, so the
+  // largest of all would skip the ones below it when it is such an id).
+  const auto coordinators = r.held.lower_bound(IdAllocator::kMaxAdvance);
+  if (coordinators != r.held.begin()) ids_.advance_past(std::prev(coordinators)->first);
   absl::MutexLock lock(&mu_);
   DeviceRecord* record = nullptr;
   for (auto& [id, d] : devices_) {
