@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <thread>
@@ -145,6 +146,14 @@ class SegmentPool {
 // blocks through the memfd instead. Apart, since a worker may take one and not the other.
 std::atomic<bool> direct_put_refused{false};
 std::atomic<bool> direct_fetch_refused{false};
+
+// Sets `refused` (direct_put_refused or direct_fetch_refused), saying why the first time: the
+// transfers that follow are slower (one more copy), which the user should be able to tell.
+void stop_direct(std::atomic<bool>& refused, const char* transfers, const absl::Status& why) {
+  if (refused.exchange(true, std::memory_order_relaxed)) return;
+  std::fprintf(stderr, "tessera client: %s; this process's later %s copy their blocks through a memfd\n",
+               std::string(why.message()).c_str(), transfers);
+}
 
 // A memfd for block `index` of `global`. A contiguous block that is not to be sealed, while no
 // worker refused it (`direct`, direct_put_refused): a segment naming the block where it is in
@@ -333,7 +342,7 @@ absl::Status put_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
   // segment instead, and so do the later puts of this process.
   auto refused = [](const ShmSegment& segment, const absl::Status& status) {
     if (!segment.direct() || status.code() != absl::StatusCode::kFailedPrecondition) return false;
-    direct_put_refused.store(true, std::memory_order_relaxed);
+    stop_direct(direct_put_refused, "puts", status);
     return true;
   };
   // Through a memfd of this call's: the worker reads the block where the segment names it (in
@@ -429,7 +438,7 @@ absl::Status get_shard(pb::Worker::Stub* stub, uint64_t buffer_id, const std::st
     // knowing it, session 29's, does not announce writes_client_memory and is never sent one).
     if (status.code() != absl::StatusCode::kFailedPrecondition) return status;
     const absl::Status copied = get_shard_through_memfd(stub, buffer_id, grant, index, global, who);
-    if (copied.ok()) direct_fetch_refused.store(true, std::memory_order_relaxed);
+    if (copied.ok()) stop_direct(direct_fetch_refused, "fetches", status);
     return copied;
   }
   return get_shard_through_memfd(stub, buffer_id, grant, index, global, who);

@@ -89,6 +89,9 @@ std::optional<Endpoint> proc_endpoint(absl::string_view text) {
   return end;
 }
 
+// Readings of /proc/net/tcp{,6} that may miss the caller's connection (check_peer_process).
+constexpr int kPeerScans = 3;
+
 // Refuses a put reading, or a fetch writing, process `pid`'s memory (a direct segment,
 // ShmSegment::create_direct) unless `pid` holds this call's own connection: the one
 // established TCP socket of this host whose local end is the call's `peer` and whose remote
@@ -103,28 +106,38 @@ absl::Status check_peer_process(int32_t pid, const std::string& peer, int listen
   const std::optional<Endpoint> caller = peer_endpoint(peer);
   if (!caller.has_value()) return absl::FailedPreconditionError(absl::StrCat(cannot, "not a TCP peer"));
   if (listening_port <= 0) return absl::FailedPreconditionError(absl::StrCat(cannot, "this worker has no port"));
-  std::vector<uint64_t> inodes;  // of the sockets matching
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
-    if (!in) return absl::FailedPreconditionError(absl::StrCat(cannot, "cannot read ", table));
-    std::string line;
-    std::getline(in, line);  // the column names
-    while (std::getline(in, line)) {
-      // "sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ..."
-      const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (fields.size() < 10 || fields[3] != "01") continue;  // TCP_ESTABLISHED
-      const std::optional<Endpoint> local = proc_endpoint(fields[1]);
-      if (!local.has_value() || !(*local == *caller)) continue;
-      const std::optional<Endpoint> remote = proc_endpoint(fields[2]);
-      uint64_t inode = 0;
-      if (remote.has_value() && remote->port == listening_port && absl::SimpleAtoi(fields[9], &inode) && inode != 0) {
-        inodes.push_back(inode);
+  // The sockets matching, by inode. /proc/net/tcp is not a snapshot: read in pieces while
+  // sockets come and go (TIME_WAIT ones expiring), a line can be read twice or not at all. The
+  // call's own connection is established while the call lasts, so a line read twice counts
+  // once, and a table without it is read again.
+  std::vector<uint64_t> inodes;
+  for (int attempt = 0; attempt < kPeerScans && inodes.size() != 1; ++attempt) {
+    inodes.clear();
+    for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+      std::ifstream in(table);
+      if (!in) return absl::FailedPreconditionError(absl::StrCat(cannot, "cannot read ", table));
+      std::string line;
+      std::getline(in, line);  // the column names
+      while (std::getline(in, line)) {
+        // "sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ..."
+        const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+        if (fields.size() < 10 || fields[3] != "01") continue;  // TCP_ESTABLISHED
+        const std::optional<Endpoint> local = proc_endpoint(fields[1]);
+        if (!local.has_value() || !(*local == *caller)) continue;
+        const std::optional<Endpoint> remote = proc_endpoint(fields[2]);
+        uint64_t inode = 0;
+        if (remote.has_value() && remote->port == listening_port && absl::SimpleAtoi(fields[9], &inode) && inode != 0) {
+          inodes.push_back(inode);
+        }
       }
     }
+    std::sort(inodes.begin(), inodes.end());
+    inodes.erase(std::unique(inodes.begin(), inodes.end()), inodes.end());
   }
   if (inodes.size() != 1) {
     return absl::FailedPreconditionError(absl::StrCat(cannot, inodes.size(), " established sockets from ", peer,
-                                                      " to port ", listening_port, " here, not one"));
+                                                      " to port ", listening_port, " here, not one (read ", kPeerScans,
+                                                      " times)"));
   }
   const std::string socket = absl::StrCat("socket:[", inodes[0], "]");
   const std::string fds = absl::StrCat("/proc/", pid, "/fd");
