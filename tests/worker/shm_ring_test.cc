@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -430,6 +431,47 @@ TEST(ShmRingServer, FetchTakesOnlyItsDirectorySaysBusyAndStopsWhenCancelled) {
   EXPECT_EQ(asked, 3);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   close(mute);
+}
+
+// A ring server of another uid (here nobody, 65534: a child of this test that dropped root
+// before it listened) is refused as soon as its credentials are seen (SO_PEERCRED),
+// FAILED_PRECONDITION naming both uids; without the check the fetch sends its token and waits
+// for the ring to its deadline. Changing uid needs root (the CI runs as root).
+TEST(ShmRingServer, AServerOfAnotherUidIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "starting a server of another uid needs root";
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  ASSERT_EQ(chmod(dir.path.c_str(), 0777), 0);  // the other uid creates its socket there
+  const std::string path = absl::StrCat(dir.path, "/tessera-", getpid(), "-other.sock");
+  int ready[2], hold[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(hold, O_CLOEXEC), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // only async-signal-safe calls from here
+    close(ready[0]);
+    close(hold[1]);
+    const bool dropped = setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0;
+    const char listening = dropped && listen_at(path) >= 0 ? 1 : 0;
+    (void)!write(ready[1], &listening, 1);
+    char ignored;
+    (void)!read(hold[0], &ignored, 1);  // until the test is done with the socket
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  char listening = 0;
+  const bool told = read(ready[0], &listening, 1) == 1;
+  close(ready[0]);
+  absl::StatusOr<std::unique_ptr<ShmRing>> fetched;
+  if (told && listening == 1) fetched = ShmRing::fetch(path, dir.path, 8, absl::Now() + absl::Seconds(5));
+  close(hold[1]);
+  int child_status = 0;
+  ASSERT_EQ(waitpid(child, &child_status, 0), child);
+  ASSERT_TRUE(told && listening == 1) << "the child could not listen as uid 65534";
+  EXPECT_EQ(fetched.status().code(), absl::StatusCode::kFailedPrecondition) << fetched.status();
+  EXPECT_THAT(std::string(fetched.status().message()),
+              HasSubstr(" runs as uid 65534, not this process's 0: only a server of the same uid is taken"));
 }
 
 // A server that hands over two descriptors with its ring byte: no ring, and fetch keeps neither
