@@ -5,6 +5,8 @@
 //   setup           connect, place x and w, compile the program -> "ready <collectives in the plan>"
 //   run             execute it, fetch, check against the host    -> "ok <ms>" | "error <ms> <status>"
 //   wait_devices N  wait (server-side, 30 s) for N alive devices -> "devices N" | "error ..."
+//   shm             collective messages the 8 devices received through shared-memory rings
+//                   (DeviceStats::shm_messages_received, summed)  -> "shm <n>" | "error ..."
 //   quit
 //
 // The program is collective-heavy: a matmul over a split contraction dimension (all_reduce),
@@ -101,6 +103,17 @@ class Session {
     return absl::StrCat("ok ", ms());
   }
 
+  std::string shm() {
+    if (!client_.has_value()) return "error 0 shm before setup";
+    int64_t messages = 0;
+    for (int d = 0; d < 8; ++d) {
+      absl::StatusOr<DeviceStats> stats = client_->device_stats(d);
+      if (!stats.ok()) return absl::StrCat("error 0 ", stats.status().ToString());
+      messages += stats->shm_messages_received;
+    }
+    return absl::StrCat("shm ", messages);
+  }
+
   std::string wait_devices(int n) {
     absl::StatusOr<Client> c = Client::connect(address_, {.min_devices = n, .timeout = absl::Seconds(30)});
     if (!c.ok()) return absl::StrCat("error 0 ", c.status().ToString());
@@ -133,6 +146,8 @@ int main(int argc, char** argv) {
       answer = session.run();
     } else if (absl::StartsWith(line, "wait_devices ") && absl::SimpleAtoi(line.substr(13), &n)) {
       answer = session.wait_devices(n);
+    } else if (line == "shm") {
+      answer = session.shm();
     } else if (line == "quit") {
       break;
     } else {

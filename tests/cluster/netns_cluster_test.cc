@@ -133,6 +133,9 @@ TEST_F(NetnsClusterTest, ClientAcrossHostsThenAWorkerIsCutOffAndComesBack) {
   EXPECT_THAT(ready, HasSubstr("all_to_all"));
   EXPECT_THAT(ready, HasSubstr("all_gather"));
   ASSERT_THAT(ask("run", absl::Seconds(30)), StartsWith("ok"));
+  // Each worker is a host of its own here (its network namespace is part of its shared-memory
+  // host identity, tessera-worker --shm_host): every collective byte went through gRPC.
+  EXPECT_EQ(ask("shm", absl::Seconds(30)), "shm 0");
 
   // Worker 5's cable is pulled: the next execution fails within the bound, naming it.
   constexpr int kCut = 5;

@@ -170,6 +170,10 @@ ready=$(ask setup 60)
 [[ $ready == ready* ]] || fail "setup: $ready"
 answer=$(ask run 30)
 [[ $answer == ok* ]] || fail "run before the kill: $answer"
+# The workers share IPC (TESSERA_WORKER_SHM_HOST): their collectives went through the rings.
+shm=$(ask shm 30)
+[[ $shm =~ ^shm\ [1-9][0-9]*$ ]] || fail "no collective message came through a shared-memory ring: $shm"
+echo "  collective messages through shared-memory rings: ${shm#shm }"
 victim=$("${compose[@]}" ps -q worker-3)
 restarts=$("$DOCKER" inspect -f '{{.RestartCount}}' "$victim")
 pid=$("$DOCKER" inspect -f '{{.State.Pid}}' "$victim")
