@@ -93,11 +93,15 @@ _PRIMITIVES = {
 
 
 def _dtype_name(a):
-    theirs = getattr(a, "dtype", None)
-    if theirs is None:  # a Python number: JAX's default type of it (int32 without x64)
-        from .numpy import canonical_dtype
-        theirs = canonical_dtype(np.asarray(a).dtype)
-    return str(theirs)
+    """The name of `a`'s dtype as jax.dtypes.dtype gives it (jax/_src/dtypes.py dtype): an
+    Array's (keys included) or a Tracer's as it is; any other value's (Python and numpy numbers,
+    numpy arrays) canonical, so np.arange(3) is int32 and np.float64(2) float32 without x64."""
+    from ._array import Array
+    from ._trace import Tracer
+    if isinstance(a, (Array, Tracer)):
+        return str(a.dtype)
+    from .numpy import canonical_dtype
+    return str(canonical_dtype(np.asarray(a).dtype))
 
 
 _SCALAR_TYPES = {"integer": np.integer, "floating": np.floating, "complexfloating": np.complexfloating,

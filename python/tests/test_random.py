@@ -516,6 +516,12 @@ def test_key_operators_and_jnp_functions_refuse_in_jax_words():
         (lambda: jnp.power(k, 2.5), mixed.format("power", "key<fry>, float32")),
         (lambda: jnp.maximum(k, 0), mixed.format("maximum", "key<fry>, int32")),
         (lambda: jnp.where(True, k, 1), mixed.format("where", "key<fry>, int32")),
+        # check_for_prngkeys names the operands' jax.dtypes.dtype, which canonicalizes every
+        # value that is no jax.Array (jax/_src/dtypes.py dtype: np.result_type, then
+        # canonicalize_dtype): numpy's int64 and float64 are int32 and float32 without x64.
+        (lambda: k + np.arange(3), mixed.format("add", "key<fry>, int32")),
+        (lambda: k * np.float64(2.0), mixed.format("multiply", "key<fry>, float32")),
+        (lambda: jnp.subtract(np.float64(2.0), k), mixed.format("subtract", "float32, key<fry>")),
         # Keys only: the lax primitive's dtype rule.
         (lambda: k + k, nary("add", num)),
         (lambda: jnp.add(k, k), nary("add", num)),
