@@ -690,10 +690,12 @@ def full_like(a, fill_value, dtype=None, shape=None, *, out_sharding=None):
     if isinstance(a, PRNGKeyArray) and (dtype is None or dtype == a.dtype) and out_sharding is None:
         # Keys over data of fill_value's words, or a key fill_value's data broadcast (prng.py
         # KeyTyRules.full; random_test.py JnpWithKeyArrayTest test_full_like,
-        # test_full_like_with_key_fillvalue); a's data's sharding kept as full_like keeps a's.
+        # test_full_like_with_key_fillvalue). lax.full_like hands a key dtype to KeyTyRules.full
+        # before it looks at a's sharding, and that calls lax.full without one: the default
+        # placement, not a's (jax/_src/lax/lax.py full_like). threefry's key data is (*shape, 2).
         if isinstance(fill_value, PRNGKeyArray):
             return PRNGKeyArray(broadcast_to(fill_value._base, (*shape, 2)))
-        return PRNGKeyArray(full_like(a._base, fill_value, _np.uint32, (*shape, 2)))
+        return PRNGKeyArray(full((*shape, 2), fill_value, _np.uint32))
     dtype = a.dtype if dtype is None else dtype
     if out_sharding is not None:
         return full(shape, fill_value, dtype, out_sharding=out_sharding)

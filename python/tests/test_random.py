@@ -808,6 +808,15 @@ def test_typed_keys_are_arrays_and_array_functions_take_them(mesh8):
     assert np.asarray(random.key_data(out)).tolist() == [np.asarray(random.key_data(random.key(42))).tolist()] * 2
     # Of a committed key array with another dtype: that dtype, laid out as the keys.
     put = tessera.device_put(random.split(k, 8), NamedSharding(mesh8, P("x")))
+    # Keys like committed keys are not laid out as them: lax.full_like returns
+    # dtype._rules.full(fill_shape, ...) for a key dtype before it looks at the input's sharding,
+    # and prng.py KeyTyRules.full calls lax.full without one (jax/_src/lax/lax.py full_like):
+    # uncommitted, on the default device; shape= is the keys' shape (fill_shape).
+    for out, shape, fill in [(jnp.zeros_like(put), (8,), 0), (jnp.full_like(put, 7), (8,), 7),
+                             (jnp.ones_like(put, shape=(2, 4)), (2, 4), 1)]:
+        assert str(out.dtype) == "key<fry>" and out.shape == shape and not out._committed
+        assert len(out.sharding.mesh.devices.flat) == 1
+        assert np.asarray(random.key_data(out)).tolist() == np.full((*shape, 2), fill, np.uint32).tolist()
     z = jnp.zeros_like(put, dtype=np.int32)
     assert z.dtype == np.int32 and z.shape == (8,) and z.sharding.spec == P("x")
     assert np.asarray(z).tolist() == [0] * 8
