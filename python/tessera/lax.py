@@ -16,7 +16,7 @@ from .sharding import _as_named
 from .tree_util import tree_map, tree_leaves, broadcast_prefix, tree_unflatten, data_map
 from .tree_util import data_flatten as tree_flatten  # loop carries and operands: a typed key is its data
 from ._trace import Tracer
-from ._prng import PRNGKeyArray, refuse_primitive, _NUM, _ANY, _INEXACT
+from ._prng import PRNGKeyArray, check_key_conversion, refuse_primitive, _NUM, _ANY, _INEXACT
 from . import _trace
 from . import errors as _errors
 
@@ -215,16 +215,8 @@ def div(x, y):
 
 
 def convert_element_type(x, new_dtype):
-    from ._prng import KeyTy, _dtype_name
-    if isinstance(x, PRNGKeyArray) or isinstance(new_dtype, KeyTy):
-        # A key converts to no other dtype and nothing converts to a key: jax/_src/lax/lax.py
-        # _from_edtype_abstract_eval / _to_edtype_abstract_eval (KeyTyRules.allow_conversion is
-        # False; random_test.py JnpWithKeyArrayTest test_errors); to its own dtype it is itself.
-        old = _dtype_name(x)
-        new = str(new_dtype) if isinstance(new_dtype, KeyTy) else str(_jnp.canonical_dtype(_np.dtype(new_dtype)))
-        if old == new:
-            return x
-        raise ValueError(f"Cannot convert_element_type from {old} to {new}")
+    if check_key_conversion(x, new_dtype):  # (keys to their own dtype: themselves)
+        return x
     return _jnp.astype(x, new_dtype)
 
 
