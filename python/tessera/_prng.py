@@ -76,8 +76,8 @@ _INT_OR_BOOL = ("integer", "bool")
 _ORDERED = ("integer", "floating", "bool")
 _ANY = ("integer", "floating", "complexfloating", "bool")
 _INEXACT = ("floating", "complexfloating")
-# jnp function (or lax function) -> (lax primitive, the dtypes its rule accepts) for the ones
-# that reach a primitive with keys; lax.py's accepted sets (_num, _ordered, ...), whose names
+# jnp function -> (lax primitive, the dtypes its rule accepts) for the ones that reach a
+# primitive with keys (tessera.lax's functions refuse keys by the primitive's rule directly); lax.py's accepted sets (_num, _ordered, ...), whose names
 # JAX joins in a Python set's order, here in lax.py's order of the union.
 _PRIMITIVES = {
     "add": ("add", _NUM), "subtract": ("sub", _NUM), "multiply": ("mul", _NUM),
@@ -87,8 +87,6 @@ _PRIMITIVES = {
     "bitwise_and": ("and", _INT_OR_BOOL), "bitwise_or": ("or", _INT_OR_BOOL), "bitwise_xor": ("xor", _INT_OR_BOOL),
     "negative": ("neg", _NUM), "sign": ("sign", _NUM), "invert": ("not", _INT_OR_BOOL),
     "absolute": ("abs", ("signedinteger", "floating", "complexfloating")),
-    # lax functions called directly (no jnp promotion): lax.rsqrt, lax.logistic, lax.erf.
-    "rsqrt": ("rsqrt", _INEXACT), "logistic": ("logistic", _INEXACT), "erf": ("erf", ("floating",)),
 }
 
 
@@ -150,7 +148,7 @@ def refuse_primitive(prim, accepted, *args):
 
 
 def refuse_operands(name, *args):
-    """The TypeError of jnp function `name` (or the lax function of _PRIMITIVES) given `args`,
+    """The TypeError of jnp function `name` given `args`,
     some of them keys, in JAX's words: "subtract does not accept dtypes key<fry>, int32." (the
     operands' dtypes in order) when they differ; with keys only, the primitive's "sub does not
     accept dtype key<fry> at position 0. Accepted dtypes at position 0 are subtypes of integer,

@@ -43,7 +43,9 @@ pow = _keys_refused(pow, "pow", _INEXACT, _NUM)
 neg, sign = _keys_refused(neg, "neg", _NUM), _keys_refused(sign, "sign", _NUM)
 abs = _keys_refused(abs, "abs", ("signedinteger",) + _INEXACT)
 floor, ceil = _keys_refused(floor, "floor", ("floating",)), _keys_refused(ceil, "ceil", ("floating",))
-exp, log, sin, cos, tanh, sqrt = (_keys_refused(f, f.__name__, _INEXACT) for f in (exp, log, sin, cos, tanh, sqrt))
+exp, log, sin, cos, tanh, sqrt, rsqrt, logistic = (_keys_refused(f, f.__name__, _INEXACT)
+                                                    for f in (exp, log, sin, cos, tanh, sqrt, rsqrt, logistic))
+erf = _keys_refused(erf, "erf", ("floating",))
 
 
 def _axes(axis_name):
@@ -208,10 +210,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 @_op
 def div(x, y):
-    if isinstance(x, PRNGKeyArray) or isinstance(y, PRNGKeyArray):
-        refuse_primitive("div", (_NUM, _NUM), x, y)
     a, b = _jnp._pair(x, y)
     return _wrap(_t.div(a._v, b._v))
+
+
+div = _keys_refused(div, "div", _NUM, _NUM)
 
 
 def convert_element_type(x, new_dtype):

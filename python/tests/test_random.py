@@ -566,6 +566,8 @@ def test_key_operators_and_jnp_functions_refuse_in_jax_words():
         (lambda: lax.exp(k), unary("exp", "floating, complexfloating")),
         (lambda: lax.logistic(k), unary("logistic", "floating, complexfloating")),
         (lambda: lax.erf(k), unary("erf", "floating")),
+        (lambda: lax.rsqrt(k), unary("rsqrt", "floating, complexfloating")),
+        (lambda: tessera.nn.sigmoid(k), unary("logistic", "floating, complexfloating")),  # (lax.logistic)
         # Operands that are no arrays: Python's own TypeError once the operator returns
         # NotImplemented (array_methods.py _accepted_binop_types); ==, != of a list refuse.
         (lambda: k - "a", "unsupported operand type(s) for -: 'PRNGKeyArray' and 'str'"),
