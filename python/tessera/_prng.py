@@ -421,9 +421,10 @@ class _KeyIndexUpdate:
 
 def _resolve(shape, size):
     """numpy's reshape of `size` elements to `shape` with at most one -1 (numpy.py's
-    _norm_shape), refused here when it does not hold them all."""
+    _norm_shape), refused here when it does not hold them all or a -1 is left (two of them, or
+    one next to a 0, which any number of elements fits: numpy refuses it too)."""
     from .numpy import _norm_shape
     resolved = _norm_shape(shape, size)
-    if int(np.prod(resolved, dtype=np.int64)) != size:
+    if any(d < 0 for d in resolved) or int(np.prod(resolved, dtype=np.int64)) != size:
         raise ValueError(f"cannot reshape key array of size {size} into shape {tuple(int(d) for d in shape)}")
     return resolved
