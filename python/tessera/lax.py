@@ -307,8 +307,6 @@ def dynamic_index_in_dim(operand, index, axis=0, keepdims=True):
     return out if keepdims else _jnp.squeeze(out, axis)
 
 
-
-
 @_op
 def clamp(min, x, max):
     """lax.clamp(min, x, max)."""
