@@ -874,13 +874,8 @@ def _at_get(x, idx):
     return _wrap(_t.at_get(x._v, i._v, axis))
 
 
-def _at_get_laid_out(x, idx, out_sharding):
-    axis, i = _at_axis(x, idx)
-    return _wrap(_t.at_get(x._v, i._v, axis, *_spec_and_mesh(".get", out_sharding)))
-
-
 def _at_laid_out(api, f, x, idx, values, out_sharding):
-    """f(x, idx, values) (an .at[] update, or a get with mode=) with out_sharding (a
+    """f(x, idx, values) (an .at[] update or get) with out_sharding (a
     NamedSharding, or a P on the explicit or ambient mesh), as jax/_src/ops/scatter.py's
     _scatter_update and indexing.py's rewriting_take run theirs, and as the SDK's
     IndexRef::get(out_sharding) runs the plain get (internal::auto_out_sharding): with the
@@ -1035,20 +1030,15 @@ class _IndexUpdateRef:
         (jax/_src/numpy/indexing.py rewriting_take: auto_axes), with mode= and fill_value= too.
         mode None clamps out-of-range indices (JAX's promise_in_bounds does in practice)."""
         mode, wrap, fill = self._options("get", options, get=True)
-        if mode is not None or not wrap:
-            def gather(x, idx, _):
-                return _at_gather(x, idx, mode or "clip", fill, wrap)
 
-            if out_sharding is None:
-                return gather(*self._args(), None)
-            return _at_laid_out(".get", gather, *self._args(), None, out_sharding)
+        def gather(x, idx, _):
+            if mode is None and wrap:
+                return _at_get(x, idx)
+            return _at_gather(x, idx, mode or "clip", fill, wrap)
+
         if out_sharding is None:
-            return _at_get(*self._args())
-        x, idx = self._args()
-        if in_trace() or _has_tracer((x, idx)):
-            return _at_get_laid_out(_tracer(x), idx, out_sharding)
-        from ._api import jit
-        return jit(lambda x, idx: _at_get_laid_out(x, idx, out_sharding))(x, idx)
+            return gather(*self._args(), None)
+        return _at_laid_out(".get", gather, *self._args(), None, out_sharding)
 
     def _update(self, name, scatter, values, options):
         """The update `name` (scatter: lax's scatter behind it). out_sharding (a NamedSharding,
