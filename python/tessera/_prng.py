@@ -76,8 +76,8 @@ _INT_OR_BOOL = ("integer", "bool")
 _ORDERED = ("integer", "floating", "bool")
 _ANY = ("integer", "floating", "complexfloating", "bool")
 _INEXACT = ("floating", "complexfloating")
-# jnp function (or lax function) -> (lax primitive, the dtypes its rule accepts) for the ones
-# that reach a primitive with keys; lax.py's accepted sets (_num, _ordered, ...), whose names
+# jnp function -> (lax primitive, the dtypes its rule accepts) for the ones that reach a
+# primitive with keys (tessera.lax's functions refuse keys by the primitive's rule directly); lax.py's accepted sets (_num, _ordered, ...), whose names
 # JAX joins in a Python set's order, here in lax.py's order of the union.
 _PRIMITIVES = {
     "add": ("add", _NUM), "subtract": ("sub", _NUM), "multiply": ("mul", _NUM),
@@ -87,17 +87,42 @@ _PRIMITIVES = {
     "bitwise_and": ("and", _INT_OR_BOOL), "bitwise_or": ("or", _INT_OR_BOOL), "bitwise_xor": ("xor", _INT_OR_BOOL),
     "negative": ("neg", _NUM), "sign": ("sign", _NUM), "invert": ("not", _INT_OR_BOOL),
     "absolute": ("abs", ("signedinteger", "floating", "complexfloating")),
-    # lax functions called directly (no jnp promotion): lax.rsqrt, lax.logistic, lax.erf.
-    "rsqrt": ("rsqrt", _INEXACT), "logistic": ("logistic", _INEXACT), "erf": ("erf", ("floating",)),
 }
 
 
 def _dtype_name(a):
-    theirs = getattr(a, "dtype", None)
-    if theirs is None:  # a Python number: JAX's default type of it (int32 without x64)
+    """The name of `a`'s dtype as jax.dtypes.dtype gives it (jax/_src/dtypes.py dtype): an
+    Array's (keys included) or a Tracer's as it is; any other value's (Python and numpy numbers,
+    numpy arrays) canonical, so np.arange(3) is int32 and np.float64(2) float32 without x64."""
+    from ._array import Array
+    from ._trace import Tracer
+    if isinstance(a, (Array, Tracer)):
+        return str(a.dtype)
+    from .numpy import canonical_dtype
+    return str(canonical_dtype(np.asarray(a).dtype))
+
+
+def check_key_conversion(x, new_dtype):
+    """Whether converting `x` to `new_dtype` (a dtype, or the name 'key<fry>') involves keys,
+    for lax.convert_element_type and jnp.array / asarray: False when neither is a key; True when
+    a key array converts to its own dtype (the conversion is the keys themselves); otherwise
+    JAX's ValueError "Cannot convert_element_type from key<fry> to int32": a key converts to no
+    other dtype and nothing converts to a key (jax/_src/lax/lax.py _from_edtype_abstract_eval /
+    _to_edtype_abstract_eval, KeyTyRules.allow_conversion is False; random_test.py
+    JnpWithKeyArrayTest test_errors). The other dtype is named canonical, as both canonicalize a
+    user's dtype first (jax/_src/dtypes.py check_and_canonicalize_user_dtype; int is int32)."""
+    to_key = isinstance(new_dtype, KeyTy) or (isinstance(new_dtype, str) and new_dtype == KEY_DTYPE.name)
+    if not isinstance(x, PRNGKeyArray) and not to_key:
+        return False
+    old = _dtype_name(x)
+    if to_key:
+        new = KEY_DTYPE.name
+    else:
         from .numpy import canonical_dtype
-        theirs = canonical_dtype(np.asarray(a).dtype)
-    return str(theirs)
+        new = str(canonical_dtype(new_dtype))
+    if old != new:
+        raise ValueError(f"Cannot convert_element_type from {old} to {new}")
+    return True
 
 
 _SCALAR_TYPES = {"integer": np.integer, "floating": np.floating, "complexfloating": np.complexfloating,
@@ -123,7 +148,7 @@ def refuse_primitive(prim, accepted, *args):
 
 
 def refuse_operands(name, *args):
-    """The TypeError of jnp function `name` (or the lax function of _PRIMITIVES) given `args`,
+    """The TypeError of jnp function `name` given `args`,
     some of them keys, in JAX's words: "subtract does not accept dtypes key<fry>, int32." (the
     operands' dtypes in order) when they differ; with keys only, the primitive's "sub does not
     accept dtype key<fry> at position 0. Accepted dtypes at position 0 are subtypes of integer,
@@ -396,9 +421,10 @@ class _KeyIndexUpdate:
 
 def _resolve(shape, size):
     """numpy's reshape of `size` elements to `shape` with at most one -1 (numpy.py's
-    _norm_shape), refused here when it does not hold them all."""
+    _norm_shape), refused here when it does not hold them all or a -1 is left (two of them, or
+    one next to a 0, which any number of elements fits: numpy refuses it too)."""
     from .numpy import _norm_shape
     resolved = _norm_shape(shape, size)
-    if int(np.prod(resolved, dtype=np.int64)) != size:
+    if any(d < 0 for d in resolved) or int(np.prod(resolved, dtype=np.int64)) != size:
         raise ValueError(f"cannot reshape key array of size {size} into shape {tuple(int(d) for d in shape)}")
     return resolved

@@ -16,7 +16,7 @@ from .sharding import _as_named
 from .tree_util import tree_map, tree_leaves, broadcast_prefix, tree_unflatten, data_map
 from .tree_util import data_flatten as tree_flatten  # loop carries and operands: a typed key is its data
 from ._trace import Tracer
-from ._prng import PRNGKeyArray, refuse_primitive, _NUM, _ANY, _INEXACT
+from ._prng import PRNGKeyArray, check_key_conversion, refuse_primitive, _NUM, _ANY, _INEXACT
 from . import _trace
 from . import errors as _errors
 
@@ -43,7 +43,9 @@ pow = _keys_refused(pow, "pow", _INEXACT, _NUM)
 neg, sign = _keys_refused(neg, "neg", _NUM), _keys_refused(sign, "sign", _NUM)
 abs = _keys_refused(abs, "abs", ("signedinteger",) + _INEXACT)
 floor, ceil = _keys_refused(floor, "floor", ("floating",)), _keys_refused(ceil, "ceil", ("floating",))
-exp, log, sin, cos, tanh, sqrt = (_keys_refused(f, f.__name__, _INEXACT) for f in (exp, log, sin, cos, tanh, sqrt))
+exp, log, sin, cos, tanh, sqrt, rsqrt, logistic = (_keys_refused(f, f.__name__, _INEXACT)
+                                                    for f in (exp, log, sin, cos, tanh, sqrt, rsqrt, logistic))
+erf = _keys_refused(erf, "erf", ("floating",))
 
 
 def _axes(axis_name):
@@ -208,23 +210,16 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 @_op
 def div(x, y):
-    if isinstance(x, PRNGKeyArray) or isinstance(y, PRNGKeyArray):
-        refuse_primitive("div", (_NUM, _NUM), x, y)
     a, b = _jnp._pair(x, y)
     return _wrap(_t.div(a._v, b._v))
 
 
+div = _keys_refused(div, "div", _NUM, _NUM)
+
+
 def convert_element_type(x, new_dtype):
-    from ._prng import KeyTy, _dtype_name
-    if isinstance(x, PRNGKeyArray) or isinstance(new_dtype, KeyTy):
-        # A key converts to no other dtype and nothing converts to a key: jax/_src/lax/lax.py
-        # _from_edtype_abstract_eval / _to_edtype_abstract_eval (KeyTyRules.allow_conversion is
-        # False; random_test.py JnpWithKeyArrayTest test_errors); to its own dtype it is itself.
-        old = _dtype_name(x)
-        new = str(new_dtype) if isinstance(new_dtype, KeyTy) else str(_jnp.canonical_dtype(_np.dtype(new_dtype)))
-        if old == new:
-            return x
-        raise ValueError(f"Cannot convert_element_type from {old} to {new}")
+    if check_key_conversion(x, new_dtype):  # (keys to their own dtype: themselves)
+        return x
     return _jnp.astype(x, new_dtype)
 
 
@@ -310,8 +305,6 @@ def dynamic_update_slice_in_dim(operand, update, start_index, axis):
 def dynamic_index_in_dim(operand, index, axis=0, keepdims=True):
     out = dynamic_slice_in_dim(operand, index, 1, axis)
     return out if keepdims else _jnp.squeeze(out, axis)
-
-
 
 
 @_op

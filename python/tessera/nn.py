@@ -1,6 +1,7 @@
 """tessera.nn: jax.nn's functions the SDK has (tessera/nn.h), under jax.nn's names."""
 from . import _tessera as _t
-from .numpy import _op, _tracer, _wrap, _enum, _logistic as sigmoid, tanh  # noqa: F401
+from .numpy import _op, _tracer, _wrap, _enum, tanh  # noqa: F401
+from .lax import logistic as sigmoid  # noqa: F401 (jax.nn.sigmoid is lax.logistic)
 
 
 def _unary(name):

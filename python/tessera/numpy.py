@@ -19,7 +19,7 @@ from ._array import Array
 from ._config import config as _config
 from . import _trace
 from ._trace import Tracer, in_trace
-from ._prng import PRNGKeyArray, refuse_operands, refuse_power
+from ._prng import PRNGKeyArray, check_key_conversion, refuse_operands, refuse_power
 
 float32, float64, int32, int64 = _np.float32, _np.float64, _np.int32, _np.int64
 float16, int8, uint8, int16, uint32 = _np.float16, _np.int8, _np.uint8, _np.int16, _np.uint32
@@ -690,10 +690,12 @@ def full_like(a, fill_value, dtype=None, shape=None, *, out_sharding=None):
     if isinstance(a, PRNGKeyArray) and (dtype is None or dtype == a.dtype) and out_sharding is None:
         # Keys over data of fill_value's words, or a key fill_value's data broadcast (prng.py
         # KeyTyRules.full; random_test.py JnpWithKeyArrayTest test_full_like,
-        # test_full_like_with_key_fillvalue); a's data's sharding kept as full_like keeps a's.
+        # test_full_like_with_key_fillvalue). lax.full_like hands a key dtype to KeyTyRules.full
+        # before it looks at a's sharding, and that calls lax.full without one: the default
+        # placement, not a's (jax/_src/lax/lax.py full_like). threefry's key data is (*shape, 2).
         if isinstance(fill_value, PRNGKeyArray):
             return PRNGKeyArray(broadcast_to(fill_value._base, (*shape, 2)))
-        return PRNGKeyArray(full_like(a._base, fill_value, _np.uint32, (*shape, 2)))
+        return PRNGKeyArray(full((*shape, 2), fill_value, _np.uint32))
     dtype = a.dtype if dtype is None else dtype
     if out_sharding is not None:
         return full(shape, fill_value, dtype, out_sharding=out_sharding)
@@ -742,12 +744,12 @@ def eye(N, M=None, dtype=None):
 
 
 def array(x, dtype=None):
-    if isinstance(x, PRNGKeyArray):
-        # random_test.py test_array / test_array_user_dtype: keys are their own array; another
-        # dtype is lax.convert_element_type's ValueError (test_errors).
-        if dtype is None or dtype == x.dtype or dtype == x.dtype.name:
-            return x
-        raise ValueError(f"Cannot convert_element_type from {x.dtype} to {_np.dtype(dtype)}")
+    if isinstance(x, PRNGKeyArray) and dtype is None:
+        return x  # random_test.py test_array: keys are their own array
+    if dtype is not None and check_key_conversion(x, dtype):
+        # test_array_user_dtype: keys of their own dtype are themselves; another dtype is
+        # lax.convert_element_type's ValueError (test_errors).
+        return x
     if isinstance(x, (Tracer, Array)):
         return x if dtype is None else astype(x, dtype)
     host = _np.asarray(x)
@@ -872,13 +874,8 @@ def _at_get(x, idx):
     return _wrap(_t.at_get(x._v, i._v, axis))
 
 
-def _at_get_laid_out(x, idx, out_sharding):
-    axis, i = _at_axis(x, idx)
-    return _wrap(_t.at_get(x._v, i._v, axis, *_spec_and_mesh(".get", out_sharding)))
-
-
 def _at_laid_out(api, f, x, idx, values, out_sharding):
-    """f(x, idx, values) (an .at[] update, or a get with mode=) with out_sharding (a
+    """f(x, idx, values) (an .at[] update or get) with out_sharding (a
     NamedSharding, or a P on the explicit or ambient mesh), as jax/_src/ops/scatter.py's
     _scatter_update and indexing.py's rewriting_take run theirs, and as the SDK's
     IndexRef::get(out_sharding) runs the plain get (internal::auto_out_sharding): with the
@@ -1033,20 +1030,15 @@ class _IndexUpdateRef:
         (jax/_src/numpy/indexing.py rewriting_take: auto_axes), with mode= and fill_value= too.
         mode None clamps out-of-range indices (JAX's promise_in_bounds does in practice)."""
         mode, wrap, fill = self._options("get", options, get=True)
-        if mode is not None or not wrap:
-            def gather(x, idx, _):
-                return _at_gather(x, idx, mode or "clip", fill, wrap)
 
-            if out_sharding is None:
-                return gather(*self._args(), None)
-            return _at_laid_out(".get", gather, *self._args(), None, out_sharding)
+        def gather(x, idx, _):
+            if mode is None and wrap:
+                return _at_get(x, idx)
+            return _at_gather(x, idx, mode or "clip", fill, wrap)
+
         if out_sharding is None:
-            return _at_get(*self._args())
-        x, idx = self._args()
-        if in_trace() or _has_tracer((x, idx)):
-            return _at_get_laid_out(_tracer(x), idx, out_sharding)
-        from ._api import jit
-        return jit(lambda x, idx: _at_get_laid_out(x, idx, out_sharding))(x, idx)
+            return gather(*self._args(), None)
+        return _at_laid_out(".get", gather, *self._args(), None, out_sharding)
 
     def _update(self, name, scatter, values, options):
         """The update `name` (scatter: lax's scatter behind it). out_sharding (a NamedSharding,

@@ -901,6 +901,13 @@ def test_at_updates_and_get_with_out_sharding_follow_the_refusals_advice():
         tessera.jit(lambda x, i, v: x.at[:, i].set(v, out_sharding=P("X", None, None)))(xs, split_ids, us)
     with pytest.raises(ValueError, match=r"\.get: out_sharding .* is only valid for values of rank at least 3"):
         xs.at[:, split_ids].get(mode="fill", out_sharding=NamedSharding(m, P("X", None, None)))
+    # The plain get (no mode=) too, inside jit and outside it (one jitted call).
+    for get in (lambda x, i: x.at[:, i].get(out_sharding=P("X", None, None)),
+                tessera.jit(lambda x, i: x.at[:, i].get(out_sharding=P("X", None, None)))):
+        with tessera.set_mesh(m), pytest.raises(
+                ValueError, match=r"^\.get: out_sharding P\('X', None, None\) is only valid for values of rank at "
+                                  r"least 3, but was applied to the result float32\[8, 4\] of rank 2$"):
+            get(xs, split_ids)
     with pytest.raises(TypeError, match=r"`out_sharding` argument of \.add only supports instances of `NamedSharding` "
                                         r"or `PartitionSpec`"):
         xs.at[:, split_ids].add(1.0, out_sharding=("X", None))

@@ -5,6 +5,7 @@
 # transcription of them (below) reproduces the values JAX's tests assert for its original bit
 # layout, and Tessera's results equal it on Tessera's (partitionable) bits.
 import math
+import re
 
 import numpy as np
 import pytest
@@ -399,6 +400,14 @@ def test_typed_keys_print_index_and_reshape_as_jax():
     # JnpWithKeyArrayTest test_reshape / test_ravel / test_stack: the data reshaped alike.
     assert np.asarray(random.key_data(keys.reshape(3, 2))).tolist() == data.reshape(3, 2, 2).tolist()
     assert np.asarray(random.key_data(keys.ravel())).tolist() == data.reshape(6, 2).tolist()
+    # A -1 that no size resolves is refused, as numpy's reshape refuses it ("cannot reshape array
+    # of size 0 into shape (0,newaxis)"; JAX's array_methods.py _compute_newshape fails on it too:
+    # its `arr.size % math.prod(other_sizes)` divides by the 0), and so are two -1s
+    # (_compute_newshape: "can only specify one unknown axis size").
+    for ks, shape in [(random.split(k, 0), (0, -1)), (random.split(k, 0), (-1, 0)), (k, (-1, -1))]:
+        with pytest.raises(ValueError, match=rf"^cannot reshape key array of size {ks.size} into shape "
+                                             rf"{re.escape(str(shape))}$"):
+            ks.reshape(shape)
     assert np.asarray(random.key_data(keys.T)).tolist() == data.transpose(1, 0, 2).tolist()
     stacked = tessera.numpy.stack([keys[0], keys[1]], axis=-1)
     assert stacked.shape == (3, 2) and np.asarray(random.key_data(stacked)).tolist() == data.transpose(1, 0, 2).tolist()
@@ -516,6 +525,12 @@ def test_key_operators_and_jnp_functions_refuse_in_jax_words():
         (lambda: jnp.power(k, 2.5), mixed.format("power", "key<fry>, float32")),
         (lambda: jnp.maximum(k, 0), mixed.format("maximum", "key<fry>, int32")),
         (lambda: jnp.where(True, k, 1), mixed.format("where", "key<fry>, int32")),
+        # check_for_prngkeys names the operands' jax.dtypes.dtype, which canonicalizes every
+        # value that is no jax.Array (jax/_src/dtypes.py dtype: np.result_type, then
+        # canonicalize_dtype): numpy's int64 and float64 are int32 and float32 without x64.
+        (lambda: k + np.arange(3), mixed.format("add", "key<fry>, int32")),
+        (lambda: k * np.float64(2.0), mixed.format("multiply", "key<fry>, float32")),
+        (lambda: jnp.subtract(np.float64(2.0), k), mixed.format("subtract", "float32, key<fry>")),
         # Keys only: the lax primitive's dtype rule.
         (lambda: k + k, nary("add", num)),
         (lambda: jnp.add(k, k), nary("add", num)),
@@ -560,6 +575,8 @@ def test_key_operators_and_jnp_functions_refuse_in_jax_words():
         (lambda: lax.exp(k), unary("exp", "floating, complexfloating")),
         (lambda: lax.logistic(k), unary("logistic", "floating, complexfloating")),
         (lambda: lax.erf(k), unary("erf", "floating")),
+        (lambda: lax.rsqrt(k), unary("rsqrt", "floating, complexfloating")),
+        (lambda: tessera.nn.sigmoid(k), unary("logistic", "floating, complexfloating")),  # (lax.logistic)
         # Operands that are no arrays: Python's own TypeError once the operator returns
         # NotImplemented (array_methods.py _accepted_binop_types); ==, != of a list refuse.
         (lambda: k - "a", "unsupported operand type(s) for -: 'PRNGKeyArray' and 'str'"),
@@ -802,6 +819,15 @@ def test_typed_keys_are_arrays_and_array_functions_take_them(mesh8):
     assert np.asarray(random.key_data(out)).tolist() == [np.asarray(random.key_data(random.key(42))).tolist()] * 2
     # Of a committed key array with another dtype: that dtype, laid out as the keys.
     put = tessera.device_put(random.split(k, 8), NamedSharding(mesh8, P("x")))
+    # Keys like committed keys are not laid out as them: lax.full_like returns
+    # dtype._rules.full(fill_shape, ...) for a key dtype before it looks at the input's sharding,
+    # and prng.py KeyTyRules.full calls lax.full without one (jax/_src/lax/lax.py full_like):
+    # uncommitted, on the default device; shape= is the keys' shape (fill_shape).
+    for out, shape, fill in [(jnp.zeros_like(put), (8,), 0), (jnp.full_like(put, 7), (8,), 7),
+                             (jnp.ones_like(put, shape=(2, 4)), (2, 4), 1)]:
+        assert str(out.dtype) == "key<fry>" and out.shape == shape and not out._committed
+        assert len(out.sharding.mesh.devices.flat) == 1
+        assert np.asarray(random.key_data(out)).tolist() == np.full((*shape, 2), fill, np.uint32).tolist()
     z = jnp.zeros_like(put, dtype=np.int32)
     assert z.dtype == np.int32 and z.shape == (8,) and z.sharding.spec == P("x")
     assert np.asarray(z).tolist() == [0] * 8
@@ -874,3 +900,16 @@ def test_typeof_at_take_and_convert_element_type_of_typed_keys(mesh8):
     with pytest.raises(ValueError, match="^Cannot convert_element_type from int32 to key<fry>$"):
         lax.convert_element_type(np.int32(0), k.dtype)
     assert lax.convert_element_type(k, k.dtype) is k
+    # jnp.array / asarray with a dtype are the same conversion, of the user's dtype canonicalized
+    # first (jax/_src/numpy/array_constructors.py array: dtypes.check_and_canonicalize_user_dtype,
+    # so np.int64 and int are int32 without x64); random_test.py test_array_user_dtype: keys of
+    # their own dtype are themselves. Both functions take the dtype's name 'key<fry>' as well
+    # (Tessera's spelling: JAX's np.dtype('key<fry>') refuses it).
+    for convert in (jnp.array, jnp.asarray, lax.convert_element_type):
+        assert convert(k, k.dtype) is k and convert(k, "key<fry>") is k
+        for dtype in (np.int64, int, "int64"):
+            with pytest.raises(ValueError, match="^Cannot convert_element_type from key<fry> to int32$"):
+                convert(k, dtype)
+        for value in (np.int32(0), np.int64(0)):
+            with pytest.raises(ValueError, match="^Cannot convert_element_type from int32 to key<fry>$"):
+                convert(value, "key<fry>")
