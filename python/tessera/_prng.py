@@ -103,15 +103,17 @@ def _dtype_name(a):
 
 
 def check_key_conversion(x, new_dtype):
-    """Whether converting `x` to `new_dtype` (a dtype, or the name 'key<fry>') involves keys,
+    """Whether converting `x` to `new_dtype` involves keys,
     for lax.convert_element_type and jnp.array / asarray: False when neither is a key; True when
     a key array converts to its own dtype (the conversion is the keys themselves); otherwise
     JAX's ValueError "Cannot convert_element_type from key<fry> to int32": a key converts to no
     other dtype and nothing converts to a key (jax/_src/lax/lax.py _from_edtype_abstract_eval /
     _to_edtype_abstract_eval, KeyTyRules.allow_conversion is False; random_test.py
     JnpWithKeyArrayTest test_errors). The other dtype is named canonical, as both canonicalize a
-    user's dtype first (jax/_src/dtypes.py check_and_canonicalize_user_dtype; int is int32)."""
-    to_key = isinstance(new_dtype, KeyTy) or (isinstance(new_dtype, str) and new_dtype == KEY_DTYPE.name)
+    user's dtype first (jax/_src/dtypes.py check_and_canonicalize_user_dtype; int is int32), so
+    that the name 'key<fry>' is numpy's TypeError "data type 'key<fry>' not understood", as JAX's
+    np.dtype of it."""
+    to_key = isinstance(new_dtype, KeyTy)
     if not isinstance(x, PRNGKeyArray) and not to_key:
         return False
     old = _dtype_name(x)

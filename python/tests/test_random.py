@@ -903,13 +903,16 @@ def test_typeof_at_take_and_convert_element_type_of_typed_keys(mesh8):
     # jnp.array / asarray with a dtype are the same conversion, of the user's dtype canonicalized
     # first (jax/_src/numpy/array_constructors.py array: dtypes.check_and_canonicalize_user_dtype,
     # so np.int64 and int are int32 without x64); random_test.py test_array_user_dtype: keys of
-    # their own dtype are themselves. Both functions take the dtype's name 'key<fry>' as well
-    # (Tessera's spelling: JAX's np.dtype('key<fry>') refuses it).
+    # their own dtype are themselves. The name 'key<fry>' is no dtype: JAX's np.dtype of it
+    # (check_and_canonicalize_user_dtype, through issubdtype) raises numpy's TypeError.
     for convert in (jnp.array, jnp.asarray, lax.convert_element_type):
-        assert convert(k, k.dtype) is k and convert(k, "key<fry>") is k
+        assert convert(k, k.dtype) is k
+        for x in (k, np.int32(0)):
+            with pytest.raises(TypeError, match="^data type 'key<fry>' not understood$"):
+                convert(x, "key<fry>")
         for dtype in (np.int64, int, "int64"):
             with pytest.raises(ValueError, match="^Cannot convert_element_type from key<fry> to int32$"):
                 convert(k, dtype)
         for value in (np.int32(0), np.int64(0)):
             with pytest.raises(ValueError, match="^Cannot convert_element_type from int32 to key<fry>$"):
-                convert(value, "key<fry>")
+                convert(value, k.dtype)
