@@ -772,10 +772,18 @@ def _is_index_array(i):
             raise NotImplementedError("indexing with a boolean mask: its result's shape depends on the values "
                                       "(JAX refuses it inside jit too); use jnp.where")
         if kind not in "iu":
-            raise IndexError(f"indexing with an array of dtype {_np.asarray(i).dtype if isinstance(i, list) else i.dtype}: "
-                             "indices must be integers")
+            # jax/_src/numpy/indexing.py IndexType.from_index: a TypeError (keys, floats).
+            raise TypeError("Indexer must have integer or boolean type, got indexer with type "
+                            f"{_np.asarray(i).dtype if isinstance(i, list) else i.dtype}")
         return True
     return False
+
+
+def _refuse_scalar_index(i):
+    """A float or complex scalar index (Python's or numpy's) is JAX's TypeError
+    (jax/_src/numpy/indexing.py IndexType.from_index)."""
+    if isinstance(i, (float, complex, _np.floating, _np.complexfloating)):
+        raise TypeError(f"Indexer must have integer or boolean type, got indexer with type {_np.dtype(type(i))}")
 
 
 def _expand_index(x, idx):
@@ -832,6 +840,7 @@ def _getitem(x, idx):
             start.append(0), limit.append(size), out_shape.append(size)
             advanced.append(k)
         else:
+            _refuse_scalar_index(i)
             raise NotImplementedError(f"indexing with {type(i).__name__} {i!r}: Tessera supports ints, slices, "
                                       "None, ... and one integer index array")
         d += 1
@@ -857,6 +866,8 @@ def _at_axis(x, idx):
     def whole(i):
         return isinstance(i, slice) and i == slice(None)
 
+    for i in expanded:
+        _refuse_scalar_index(i)
     while len(expanded) > 1 and whole(expanded[-1]):
         expanded.pop()
     *lead, last = expanded

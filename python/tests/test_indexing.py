@@ -140,3 +140,22 @@ def test_unsupported_indices_say_what_is_missing(table):
         tessera.jit(lambda t, m: t[m])(table, np.ones(16, bool))
     with pytest.raises(ValueError, match="mode 'raise'"):
         tessera.jit(lambda t, i: jnp.take(t, i, axis=0, mode="raise"))(table, np.array([1], np.int32))
+
+
+def test_indexers_that_are_not_integers_are_type_errors_as_jax(table):
+    # jax/_src/numpy/indexing.py IndexType.from_index: an array of a dtype that is no integer or
+    # bool (float, a typed key) and a float scalar are TypeErrors naming the type (numpy's
+    # IndexError is not what JAX raises; tests/lax_numpy_indexing_test.py testFloatIndexingError).
+    message = "^Indexer must have integer or boolean type, got indexer with type {}$"
+    with pytest.raises(TypeError, match=message.format("float32")):
+        tessera.jit(lambda t, i: t[i])(table, np.array([1.0], np.float32))
+    with pytest.raises(TypeError, match=message.format("float32")):
+        table.at[jnp.array([1.0])].set(0.0)
+    with pytest.raises(TypeError, match=message.format("float64")):
+        table[1.0]
+    with pytest.raises(TypeError, match=message.format("float64")):
+        table.at[0, 0.0].add(1.0)
+    with pytest.raises(TypeError, match=message.format("float32")):
+        table[np.float32(1.0)]
+    with pytest.raises(TypeError, match=message.format("key<fry>")):
+        table[tessera.random.key(0)]
