@@ -1006,15 +1006,23 @@ std::optional<TypedOperand> typed_operand(const Value& value) {
   return TypedOperand{x.dtype(), x.shape(), t->without_auto_axes(t->specs[id]), t->unreduced_of(id), t->reduced_of(id)};
 }
 
+namespace {
+
+// The type of a cotangent of `like`: like's with unreduced and reduced swapped (JAX's
+// to_ct_spec, docs/new_docs/301/sharding-ad.md): the cotangent of a reduced value is unreduced
+// over the same axes (the sum over them waits for the user's reshard); that of an unreduced
+// value is reduced, laid out as a replicated one, which Tessera types replicated.
+PartitionSpec cotangent_spec(const Value& like) {
+  const PartitionSpec spec = type_spec(like);
+  return spec.partitions_only().with_unreduced(spec.reduced());
+}
+
+}  // namespace
+
 Value typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
-  // The cotangent's type is like's with unreduced and reduced swapped (JAX's to_ct_spec,
-  // docs/new_docs/301/sharding-ad.md): the cotangent of a reduced value is unreduced over the
-  // same axes (the sum over them waits for the user's reshard); that of an unreduced value is
-  // reduced, laid out as a replicated one, which Tessera types replicated.
-  const PartitionSpec spec = type_spec(like);
-  return with_out_sharding("reshard", like, spec.partitions_only().with_unreduced(spec.reduced()), op);
+  return with_out_sharding("reshard", like, cotangent_spec(like), op);
 }
 
 Value auto_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,
@@ -1034,7 +1042,7 @@ Value auto_out_sharding(absl::string_view api, const Value& operand, const Parti
 Value auto_typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
-  return auto_out_sharding("reshard", like, type_spec(like), op);
+  return auto_out_sharding("reshard", like, cotangent_spec(like), op);
 }
 
 }  // namespace internal
