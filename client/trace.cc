@@ -691,21 +691,22 @@ std::optional<MatmulProgram> matmul_program(TraceState* t, const Value& lhs, con
   return p;
 }
 
-// The program after its dot_general: the transpose, and the dimensions squeezed from both
-// operands inserted back (a reshape of size-1 dimensions, as jnp.matmul's lax.expand_dims).
-Value matmul_result(const Value& product, const MatmulProgram& p) {
-  return reshape(p.perm.empty() ? product : transpose(product, p.perm), p.shape);
-}
-
-}  // namespace
-
-Value matmul(const Value& lhs, const Value& rhs) {
+// jnp.matmul's program of lhs and rhs, its dot_general given out_sharding when there is one:
+// the dot_general, then the transpose, and the dimensions squeezed from both operands inserted
+// back (a reshape of size-1 dimensions, as jnp.matmul's lax.expand_dims).
+Value traced_matmul(const Value& lhs, const Value& rhs, const std::optional<PartitionSpec>& out_sharding) {
   TraceState* t = TraceState::common({&lhs, &rhs});
   if (t == nullptr) return Value();
   const std::optional<MatmulProgram> p = matmul_program(t, lhs, rhs);
   if (!p.has_value()) return Value();
-  return matmul_result(dot_general(p->lhs, p->rhs, p->dims), *p);
+  const Value product = out_sharding.has_value() ? dot_general(p->lhs, p->rhs, p->dims, *out_sharding)
+                                                 : dot_general(p->lhs, p->rhs, p->dims);
+  return reshape(p->perm.empty() ? product : transpose(product, p->perm), p->shape);
 }
+
+}  // namespace
+
+Value matmul(const Value& lhs, const Value& rhs) { return traced_matmul(lhs, rhs, std::nullopt); }
 
 Value dot(const Value& lhs, const Value& rhs) { return matmul(lhs, rhs); }
 
@@ -718,11 +719,7 @@ Value dot_general(const Value& lhs, const Value& rhs, DotDims dims, const Partit
 // lhs free, rhs free, without the dimensions squeezed from both operands); the transpose and
 // the reshape after it carry its splits and unreduced axes into numpy's order.
 Value matmul(const Value& lhs, const Value& rhs, const PartitionSpec& out_sharding) {
-  TraceState* t = TraceState::common({&lhs, &rhs});
-  if (t == nullptr) return Value();
-  const std::optional<MatmulProgram> p = matmul_program(t, lhs, rhs);
-  if (!p.has_value()) return Value();
-  return matmul_result(dot_general(p->lhs, p->rhs, p->dims, out_sharding), *p);
+  return traced_matmul(lhs, rhs, out_sharding);
 }
 
 Value reshape(const Value& x, Shape shape, const PartitionSpec& out_sharding) {
@@ -1006,15 +1003,23 @@ std::optional<TypedOperand> typed_operand(const Value& value) {
   return TypedOperand{x.dtype(), x.shape(), t->without_auto_axes(t->specs[id]), t->unreduced_of(id), t->reduced_of(id)};
 }
 
+namespace {
+
+// The type of a cotangent of `like`: like's with unreduced and reduced swapped (JAX's
+// to_ct_spec, docs/new_docs/301/sharding-ad.md): the cotangent of a reduced value is unreduced
+// over the same axes (the sum over them waits for the user's reshard); that of an unreduced
+// value is reduced, laid out as a replicated one, which Tessera types replicated.
+PartitionSpec cotangent_spec(const Value& like) {
+  const PartitionSpec spec = type_spec(like);
+  return spec.partitions_only().with_unreduced(spec.reduced());
+}
+
+}  // namespace
+
 Value typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
-  // The cotangent's type is like's with unreduced and reduced swapped (JAX's to_ct_spec,
-  // docs/new_docs/301/sharding-ad.md): the cotangent of a reduced value is unreduced over the
-  // same axes (the sum over them waits for the user's reshard); that of an unreduced value is
-  // reduced, laid out as a replicated one, which Tessera types replicated.
-  const PartitionSpec spec = type_spec(like);
-  return with_out_sharding("reshard", like, spec.partitions_only().with_unreduced(spec.reduced()), op);
+  return with_out_sharding("reshard", like, cotangent_spec(like), op);
 }
 
 Value auto_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,
@@ -1034,7 +1039,7 @@ Value auto_out_sharding(absl::string_view api, const Value& operand, const Parti
 Value auto_typed_as(const Value& like, const std::function<Value()>& op) {
   TraceState* t = TraceState::common({&like});
   if (t == nullptr || !t->explicit_mesh.has_value()) return op();
-  return auto_out_sharding("reshard", like, type_spec(like), op);
+  return auto_out_sharding("reshard", like, cotangent_spec(like), op);
 }
 
 }  // namespace internal

@@ -16,18 +16,6 @@ Value gathered(const VjpArgs& a, const Value& g) {
                                         : gather(g, a.x[1], attrs.axis, IndexMode::kFillOrDrop, Scalar(0));
 }
 
-// Whether any of a scatter's cotangent, operand and updates has unreduced or reduced axes: its
-// VJP then runs as before (outside auto_axes), since auto_typed_as would lay a cotangent out
-// with the primal's unreduced axes (e.g. the reduced cotangent of unreduced updates resharded
-// to unreduced, a sum N times too large).
-bool any_pending(const VjpArgs& a) {
-  for (const Value* v : {&a.g, &a.x[0], &a.x[2]}) {
-    const std::optional<TypedOperand> t = typed_operand(*v);
-    if (t.has_value() && (!t->unreduced.empty() || !t->reduced.empty())) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 absl::Span<const VjpEntry> indexing_vjps() {
@@ -40,32 +28,27 @@ absl::Span<const VjpEntry> indexing_vjps() {
       // An unreduced cotangent (that of a gather from a reduced table) is added into zeros
       // typed as the table's cotangent, unreduced alike (JAX's _gather_transpose_fancy: zeros
       // of the cotangent accumulator's sharding; _scatter_unreduced_rule), each device adding
-      // its term: no sum runs (tests/pjit_test.py, test_gather_reduced_fwd_unreduced_bwd).
+      // its term, and the result is laid out unreduced: no sum runs (tests/pjit_test.py,
+      // test_gather_reduced_fwd_unreduced_bwd). The zeros are typed outside auto_axes, whose
+      // Auto axes could not carry their unreduced type.
       {Op::kGather,
        [](const VjpArgs& a) {
          const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
          const std::optional<TypedOperand> g = typed_operand(a.g);
-         if (g.has_value() && !g->unreduced.empty()) {
-           a.add(0, scatter_add(typed_as(a.x[0], [&] { return zeros_like(a.x[0]); }), a.x[1], a.g, attrs.axis,
-                                attrs.mode));
-           return absl::OkStatus();
-         }
-         a.add(0, auto_typed_as(a.x[0],
-                                [&] { return scatter_add(zeros_like(a.x[0]), a.x[1], a.g, attrs.axis, attrs.mode); }));
+         const Value zeros = g.has_value() && !g->unreduced.empty()
+                                 ? typed_as(a.x[0], [&] { return zeros_like(a.x[0]); })
+                                 : zeros_like(a.x[0]);
+         a.add(0, auto_typed_as(a.x[0], [&] { return scatter_add(zeros, a.x[1], a.g, attrs.axis, attrs.mode); }));
          return absl::OkStatus();
        }},
       // A scatter's cotangents are gathered / scattered as its forward ran: in explicit mode with
-      // the Explicit axes as Auto, laid out as the primal (auto_typed_as), so those of an
-      // .at[].set / add(out_sharding=) that ran under auto_axes with split indices are no error.
-      // The updates' cotangent is built only when wanted (a constant update's gather is not).
-      // With unreduced or reduced values (any_pending) they run outside auto_axes as before.
+      // the Explicit axes as Auto, laid out as the primal's cotangent (auto_typed_as), so those
+      // of an .at[].set / add(out_sharding=) that ran under auto_axes with split indices are no
+      // error, and the (reduced, typed replicated) cotangent of unreduced updates is not summed
+      // again. The updates' cotangent is built only when wanted (a constant update's gather is not).
       {Op::kScatterAdd,
        [](const VjpArgs& a) {
          a.add(0, a.g);
-         if (any_pending(a)) {
-           a.add(2, gathered(a, a.g));
-           return absl::OkStatus();
-         }
          if (a.wants(2)) a.add(2, auto_typed_as(a.x[2], [&] { return gathered(a, a.g); }));
          return absl::OkStatus();
        }},
@@ -77,11 +60,6 @@ absl::Span<const VjpEntry> indexing_vjps() {
        [](const VjpArgs& a) {
          const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
          const Value zeros = typed_as(a.x[2], [&] { return zeros_like(a.x[2]); });
-         if (any_pending(a)) {
-           a.add(0, scatter(a.g, a.x[1], zeros, attrs.axis, attrs.mode));
-           a.add(2, gathered(a, a.g));
-           return absl::OkStatus();
-         }
          a.add(0, auto_typed_as(a.x[0], [&] { return scatter(a.g, a.x[1], zeros, attrs.axis, attrs.mode); }));
          if (a.wants(2)) a.add(2, auto_typed_as(a.x[2], [&] { return gathered(a, a.g); }));
          return absl::OkStatus();

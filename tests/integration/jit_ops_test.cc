@@ -854,12 +854,13 @@ std::vector<float> host_matmul(const Shape& ls, const std::vector<float>& l, con
 
 // matmul builds jnp.matmul's program (jax/_src/numpy/tensor_contractions.py, matmul): a batch
 // dimension one operand lacks, or has as a 1, is a free dimension of the dot_general (the 1
-// squeezed), those both have are its batch dimensions, and a transpose puts the result in
-// numpy's order; no operand is broadcast. The values are numpy's (host loops above).
+// squeezed), those both have are its batch dimensions, one both have as a 1 is squeezed from
+// both and inserted back after the product (the last two cases), and a transpose puts the
+// result in numpy's order; no operand is broadcast. The values are numpy's (host loops above).
 TEST(JnpSemantics, MatmulBatchDimensionsAsJnpWithoutBroadcastingAnOperand) {
   const std::vector<std::pair<Shape, Shape>> cases = {
-      {{3, 4, 5}, {5, 2}},       {{4, 5}, {3, 5, 2}},    {{1, 4, 5}, {3, 5, 2}},
-      {{2, 1, 4, 5}, {3, 5, 2}}, {{3, 4, 5}, {3, 5, 2}}, {{3, 1, 4, 5}, {1, 2, 5, 2}},
+      {{3, 4, 5}, {5, 2}},    {{4, 5}, {3, 5, 2}},          {{1, 4, 5}, {3, 5, 2}}, {{2, 1, 4, 5}, {3, 5, 2}},
+      {{3, 4, 5}, {3, 5, 2}}, {{3, 1, 4, 5}, {1, 2, 5, 2}}, {{1, 4, 5}, {1, 5, 2}}, {{2, 1, 4, 5}, {1, 5, 2}},
   };
   for (const auto& [ls, rs] : cases) {
     SCOPED_TRACE(absl::StrCat(shape_to_string(ls), " @ ", shape_to_string(rs)));

@@ -564,7 +564,9 @@ TEST_F(ExplicitReducedTest, GradOfScatterAddOfUnreducedValuesRunsNoSumAndIsTheHo
 // tests/pjit_test.py, test_reduced_at_get_out_sharding: params reduced over 'x' indexed by
 // inputs split over 'x' with out_sharding P('x', None, None) (rewriting_take gathers under
 // auto_axes): the result is laid out by out_sharding and equals params[inputs]; the gradient of
-// params is P(None, None, unreduced={'x'}), summing to the host's counts of each row.
+// params is P(None, None, unreduced={'x'}), summing to the host's counts of each row, with no
+// all_reduce in the program (the transpose's scatter is laid out as the cotangent, JAX's
+// _gather_transpose_fancy).
 TEST_F(ExplicitReducedTest, AtGetWithOutShardingOfAReducedTableAsJax) {
   const HostArray params = random_f32({16, 4}, 16);
   std::vector<int32_t> picks(4 * 2);
@@ -580,10 +582,13 @@ TEST_F(ExplicitReducedTest, AtGetWithOutShardingOfAReducedTableAsJax) {
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ(out->sharding().spec(), P("x", None, None));
     expect_near(fetch(*out), want);
-    absl::StatusOr<std::vector<Array>> g =
-        jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in))}; }, {0}))({p, i});
+    Jitted step = jit(grad([&](const std::vector<Value>& in) { return std::vector<Value>{sum(f(in))}; }, {0}));
+    absl::StatusOr<std::vector<Array>> g = step({p, i});
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_EQ((*g)[0].sharding().spec(), P(None, None).with_unreduced({"x"}));
+    // Each device adds its rows' terms and the result is laid out unreduced as they are: no
+    // sum runs (before, the scatter was laid out reduced, an all_reduce, and then unreduced).
+    EXPECT_THAT(step.as_text(), ::testing::Not(HasSubstr("all_reduce")));
     expect_near(summed((*g)[0]), counts);
   }
 }

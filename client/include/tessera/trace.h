@@ -575,15 +575,17 @@ Value reshard_for(absl::string_view api, const Value& x, const PartitionSpec& sp
 // checked before op is traced).
 Value with_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,
                         const std::function<Value()>& op);
-// In explicit mode, `op()` with out_sharding the type of `like` (a cotangent takes its
-// primal's sharding, as JAX's transpose rules give it); otherwise just `op()`.
+// In explicit mode, `op()` with out_sharding the type of a cotangent of `like`: like's with
+// unreduced and reduced swapped (JAX's to_ct_spec; a cotangent takes its primal's sharding, as
+// JAX's transpose rules give it); otherwise just `op()`.
 Value typed_as(const Value& like, const std::function<Value()>& op);
 // `op()` (an op on `operand`'s trace) in explicit mode with the mesh's Explicit axes treated
 // as Auto (auto_axes), its result then laid out by out_sharding; otherwise with_out_sharding.
 Value auto_out_sharding(absl::string_view api, const Value& operand, const PartitionSpec& out_sharding,
                         const std::function<Value()>& op);
-// auto_out_sharding with out_sharding the type of `like` in explicit mode; otherwise `op()`
-// (the cotangent of an op that ran so, such as take's with out_sharding).
+// auto_out_sharding with out_sharding typed_as's (the type of a cotangent of `like`) in
+// explicit mode; otherwise `op()` (the cotangent of an op that ran so, such as take's with
+// out_sharding).
 Value auto_typed_as(const Value& like, const std::function<Value()>& op);
 }  // namespace internal
 
