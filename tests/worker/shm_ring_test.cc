@@ -239,6 +239,8 @@ TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
   absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 0x1234'5678'9abc'def0);
   ASSERT_TRUE(ring.ok()) << ring.status();
   EXPECT_THAT(dev_shm_names_of((*ring)->fd()), ::testing::IsEmpty());
+  const int kept = dup((*ring)->fd());  // the test's own: the server takes the ring's
+  ASSERT_GE(kept, 0);
   ASSERT_TRUE((*server)->offer(**ring).ok());
 
   const absl::Time until = absl::Now() + absl::Seconds(30);
@@ -253,7 +255,8 @@ TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
   EXPECT_EQ((*server)->handed_over(), 1);
   (*peer)->mark_attached();
   EXPECT_TRUE((*ring)->attached());
-  EXPECT_THAT(dev_shm_names_of((*ring)->fd()), ::testing::IsEmpty());
+  EXPECT_THAT(dev_shm_names_of(kept), ::testing::IsEmpty());
+  close(kept);
   const std::vector<std::byte> data = pattern(1000, 3);
   ASSERT_TRUE((*ring)->write({9, 1, 2, 1000}, data.data(), until));
   ShmRing::Record record;
@@ -273,6 +276,54 @@ TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
   EXPECT_NE(access(path.c_str(), F_OK), 0) << path << " is left behind";
   absl::StatusOr<std::unique_ptr<ShmRing>> gone = ShmRing::fetch(path, dir.path, 0x1234'5678'9abc'def0, until);
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+}
+
+// Issue #18 (review S1): an offered ring costs its process one descriptor, the server's, until
+// it is fetched or withdrawn, and none after; the fetched ring holds none either (only its
+// mapping). Before, the ring kept its memfd and the server a duplicate: two per link for the
+// link's life (a link offers a ring to every peer it sends to, remote ones too, which never fetch
+// it), and a worker linked to ~500 peers ran out of a soft limit of 1024.
+TEST(ShmRingServer, AnOfferedRingHoldsOneDescriptorUntilFetchedOrWithdrawnAndNoneAfter) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(dir.path);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int baseline = open_fds();
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 21);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  ASSERT_TRUE((*server)->offer(**ring).ok());
+  EXPECT_EQ(open_fds(), baseline + 1);  // before: + 2
+  EXPECT_EQ((*ring)->fd(), -1);
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<std::unique_ptr<ShmRing>> peer = ShmRing::fetch((*server)->path(), dir.path, 21, until);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  // The server's one thread answers connections in turn: once this refusal (the token is spent)
+  // has come, it has closed the handover's connection and memfd.
+  EXPECT_EQ(ShmRing::fetch((*server)->path(), dir.path, 21, until).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(open_fds(), baseline);  // before: + 1, the ring's memfd
+  // Both ends still work through their mappings.
+  (*peer)->mark_attached();
+  EXPECT_TRUE((*ring)->attached());
+  const std::vector<std::byte> data = pattern(100, 4);
+  ASSERT_TRUE((*ring)->write({3, 0, 0, 100}, data.data(), until));
+  ShmRing::Record record;
+  absl::StatusOr<bool> got = (*peer)->next(&record, until);
+  ASSERT_TRUE(got.ok() && *got) << got.status();
+  std::vector<std::byte> out(100);
+  (*peer)->copy_payload(record, out.data());
+  EXPECT_TRUE(out == data);
+  // A ring that is offered and withdrawn (its link went, its peer never fetched it).
+  absl::StatusOr<std::unique_ptr<ShmRing>> unfetched = ShmRing::create(ShmRing::kMinBytes, 22);
+  ASSERT_TRUE(unfetched.ok()) << unfetched.status();
+  ASSERT_TRUE((*server)->offer(**unfetched).ok());
+  EXPECT_EQ(open_fds(), baseline + 1);  // before: + 2
+  (*server)->withdraw(22);
+  EXPECT_EQ(open_fds(), baseline);  // before: + 1
+  // Offered twice: the ring has no memfd left to give.
+  absl::Status again = (*server)->offer(**unfetched);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr("has no memfd to offer"));
 }
 
 // A worker killed (kill -9: the faults tests, a crashed container) leaves its socket behind; the
@@ -374,6 +425,8 @@ TEST(ShmRingServer, SilentAndSurplusConnectionsAreClosedAndAWithdrawnRingRefused
   EXPECT_EQ((*server)->refused(), ShmRingServer::kMaxPending);
   EXPECT_GE((*server)->busy(), 1);
 
+  ring = ShmRing::create(ShmRing::kMinBytes, 5);  // (the server took the first one's memfd, and handed it over)
+  ASSERT_TRUE(ring.ok()) << ring.status();
   ASSERT_TRUE((*server)->offer(**ring).ok());
   (*server)->withdraw(5);
   absl::StatusOr<std::unique_ptr<ShmRing>> withdrawn =

@@ -115,8 +115,12 @@ struct ShmRing::Header {
 static_assert(sizeof(ShmRing::Record) == kRecordBytes, "the ring's record layout");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "atomics in shared memory must be lock-free");
 
-ShmRing::ShmRing(int fd, Header* header, int64_t capacity)
-    : fd_(fd), header_(header), data_(reinterpret_cast<std::byte*>(header) + kHeaderBytes), capacity_(capacity) {}
+ShmRing::ShmRing(int fd, bool creator, Header* header, int64_t capacity)
+    : fd_(fd),
+      creator_(creator),
+      header_(header),
+      data_(reinterpret_cast<std::byte*>(header) + kHeaderBytes),
+      capacity_(capacity) {}
 
 absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::create(int64_t capacity, uint64_t token) {
   if (capacity < kMinBytes || capacity > kMaxBytes) {
@@ -144,7 +148,7 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::create(int64_t capacity, uint6
   header->capacity = capacity;
   std::atomic_thread_fence(std::memory_order_release);
   header->magic = kMagic;
-  return std::unique_ptr<ShmRing>(new ShmRing(fd, header, capacity));
+  return std::unique_ptr<ShmRing>(new ShmRing(fd, /*creator=*/true, header, capacity));
 }
 
 absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::attach(int fd, uint64_t token) {
@@ -168,7 +172,7 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::attach(int fd, uint64_t token)
         "shared-memory ring: the memfd handed over is not the ring offered (magic, token or size differ)");
   }
   // The size mapped, not the header's again: the peer may have changed it since.
-  return std::unique_ptr<ShmRing>(new ShmRing(-1, header, st.st_size - kHeaderBytes));
+  return std::unique_ptr<ShmRing>(new ShmRing(-1, /*creator=*/false, header, st.st_size - kHeaderBytes));
 }
 
 absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socket_path, const std::string& dir,
@@ -263,13 +267,19 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socke
 }
 
 ShmRing::~ShmRing() {
-  if (fd_ >= 0) {
+  if (creator_) {
     header_->closed.store(1, std::memory_order_release);
     header_->data_seq.fetch_add(1, std::memory_order_release);
     futex_wake(&header_->data_seq);
-    close(fd_);
   }
+  if (fd_ >= 0) close(fd_);
   munmap(header_, static_cast<size_t>(kHeaderBytes + capacity_));
+}
+
+int ShmRing::release_fd() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
 }
 
 uint64_t ShmRing::token() const { return header_->token; }
@@ -466,9 +476,14 @@ ShmRingServer::~ShmRingServer() {
   for (const auto& [token, fd] : offers_) close(fd);
 }
 
-absl::Status ShmRingServer::offer(const ShmRing& ring) {
-  const int fd = fcntl(ring.fd(), F_DUPFD_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("shared-memory ring server: dup: ", std::strerror(errno)));
+absl::Status ShmRingServer::offer(ShmRing& ring) {
+  // The server's is the ring's only descriptor (none once handed over): a link offers a ring to
+  // every peer it sends to, remote ones too, which never fetch it.
+  const int fd = ring.release_fd();
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared-memory ring server ", path_, ": the ring has no memfd to offer (offered already, or a reader's)"));
+  }
   absl::MutexLock lock(&mu_);
   auto [it, added] = offers_.emplace(ring.token(), fd);
   if (!added) {

@@ -319,7 +319,8 @@ class Transport::Link {
   };
 
   void offer_ring() {
-    // Sparse until written: a ring the peer never opens (another host) costs a header page.
+    // Sparse until written: a ring the peer never opens (another host) costs a header page, and
+    // one descriptor, the server's (closed when the link withdraws the ring).
     std::random_device random;
     absl::StatusOr<std::unique_ptr<ShmRing>> created =
         ShmRing::create(ring_bytes_, uint64_t{random()} << 32 | random());
