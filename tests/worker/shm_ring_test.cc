@@ -190,6 +190,16 @@ TEST(ShmRing, BoundsAndChecksGivePreciseErrors) {
   absl::StatusOr<std::unique_ptr<ShmRing>> missing =
       ShmRing::fetch("/dev/shm/tessera-0-nosuch.sock", "/dev/shm", 1, absl::Now() + absl::Seconds(10));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  // Servers in "/" name their sockets "/tessera-...": before, fetch compared "" with "/" and
+  // refused them FAILED_PRECONDITION, not directly in "/".
+  absl::StatusOr<std::unique_ptr<ShmRing>> at_root =
+      ShmRing::fetch("/tessera-0-nosuch.sock", "/", 1, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(at_root.status().code(), absl::StatusCode::kNotFound) << at_root.status();
+  // Wherever ".." leads, a path through it is not directly in the directory.
+  absl::StatusOr<std::unique_ptr<ShmRing>> up =
+      ShmRing::fetch("/dev/shm/x/../tessera-0-nosuch.sock", "/dev/shm", 1, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(up.status().code(), absl::StatusCode::kFailedPrecondition) << up.status();
+  EXPECT_THAT(std::string(up.status().message()), HasSubstr("not directly in /dev/shm/, the directory"));
   for (const std::string& path :
        std::vector<std::string>{"/dev/shm/tessera-x/../../etc/passwd", "tessera-1.sock", "/etc/passwd",
                                 "/dev/shm/tessera-.sock.x", std::string(200, '/') + "tessera-1.sock"}) {

@@ -6,7 +6,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -20,9 +19,11 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "core/run_tag.h"  // random_run_tag
 
 namespace tessera {
 namespace {
@@ -58,6 +59,15 @@ bool has_name(absl::string_view file, absl::string_view suffix) {
 
 // Whether `file` (a name in a directory) is a ring server's socket's.
 bool is_socket_name(absl::string_view file) { return has_name(file, kSocketSuffix); }
+
+// Ring servers' directory `dir` as the prefix of their sockets' paths: with one '/' at its end
+// ("/dev/shm", "/dev/shm/" and "/dev/shm//" are "/dev/shm/"; "/" and "" are "/"). start makes
+// its socket's path with it, and fetch takes only a path that starts with it and has no other
+// '/' after it.
+std::string socket_prefix(absl::string_view dir) {
+  while (!dir.empty() && dir.back() == '/') dir.remove_suffix(1);
+  return absl::StrCat(dir, "/");
+}
 
 // How long fetch waits at a time before it asks whether it is cancelled.
 constexpr int kFetchSliceMs = 100;
@@ -180,24 +190,21 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socke
                                                         const std::function<bool()>& cancelled) {
   sockaddr_un address;
   const size_t slash = socket_path.rfind('/');
-  if (socket_path.empty() || socket_path[0] != '/' || socket_path.find("/../") != std::string::npos ||
-      !is_socket_name(socket_path.substr(slash + 1)) || !unix_address(socket_path, &address)) {
+  if (socket_path.empty() || socket_path[0] != '/' || !is_socket_name(socket_path.substr(slash + 1)) ||
+      !unix_address(socket_path, &address)) {
     return absl::InvalidArgumentError(absl::StrCat("'", socket_path, "' is not a shared-memory ring server's socket"));
   }
-  // The path comes from the wire: only a socket directly in our own servers' directory.
-  absl::string_view expected = dir;
-  while (expected.size() > 1 && expected.back() == '/') expected.remove_suffix(1);
-  if (absl::string_view(socket_path).substr(0, slash) != expected) {
+  // The path comes from the wire: only a socket directly in our own servers' directory (its
+  // exact prefix, so no "..", "." or "//" either).
+  const std::string expected = socket_prefix(dir);
+  if (absl::string_view(socket_path).substr(0, slash + 1) != expected) {
     return absl::FailedPreconditionError(absl::StrCat("shared-memory ring server socket ", socket_path,
                                                       ": not directly in ", expected,
                                                       ", the directory ring servers use here (no other is taken)"));
   }
   const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) return absl::InternalError(absl::StrCat("socket(AF_UNIX): ", std::strerror(errno)));
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{s};
+  absl::Cleanup closer = [s] { close(s); };
   // A Unix socket connects at once or not at all (EAGAIN: its backlog is full).
   if (connect(s, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
     const int error = errno;
@@ -412,13 +419,8 @@ void remove_stale_sockets(const std::string& dir) {
 
 absl::StatusOr<std::unique_ptr<ShmRingServer>> ShmRingServer::start(const std::string& dir) {
   remove_stale_sockets(dir);
-  uint64_t random = 0;
-  if (getrandom(&random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) {
-    return absl::InternalError(absl::StrCat("shared-memory ring server: getrandom: ", std::strerror(errno)));
-  }
-  absl::string_view in = dir;  // "/dev/shm/" names the directory fetch expects as "/dev/shm"
-  while (in.size() > 1 && in.back() == '/') in.remove_suffix(1);
-  const std::string stem = absl::StrCat(in, in == "/" ? "" : "/", kSocketPrefix, getpid(), "-", absl::Hex(random));
+  // (64 random bits: the name need not be secret, only unlike another server's of this pid.)
+  const std::string stem = absl::StrCat(socket_prefix(dir), kSocketPrefix, getpid(), "-", absl::Hex(random_run_tag()));
   const std::string path = absl::StrCat(stem, kSocketSuffix);
   const std::string binding = absl::StrCat(stem, kBindingSuffix);  // until it listens (remove_stale_sockets)
   sockaddr_un address;
