@@ -860,8 +860,14 @@ grpc::ByteBuffer ring_offer(int device, const std::string& socket, uint64_t toke
   return raw(offer.SerializeAsString());
 }
 
-// Delivers "abcd" of op 5 from device 1 through `transport`'s gRPC path and receives it there.
-void expect_grpc_message_arrives(Transport& transport) {
+// Delivers "abcd" of op 5 from device 1 through `transport`'s gRPC path and receives it there;
+// "ring" of op 5 step 1, written first into `ring` (device 1's, which `transport` must not have
+// opened), is not read: its receive ends DEADLINE_EXCEEDED, and nothing came through shared
+// memory.
+void expect_grpc_message_arrives(Transport& transport, ShmRing& ring) {
+  const std::string in_ring = "ring";
+  ASSERT_TRUE(
+      ring.write({5, 1, 0, 4}, reinterpret_cast<const std::byte*>(in_ring.data()), absl::Now() + absl::Seconds(10)));
   pb::ExchangeMessage data;
   data.set_source_device(1);
   data.set_op_id(5);
@@ -875,6 +881,10 @@ void expect_grpc_message_arrives(Transport& transport) {
   std::string bytes(static_cast<size_t>(got->size()), '\0');
   got->copy_to(reinterpret_cast<std::byte*>(bytes.data()));
   EXPECT_EQ(bytes, "abcd");
+  absl::StatusOr<Received> unread =
+      transport.receive(1, "", {5, 1, 0}, absl::InfinitePast(), absl::Now() + absl::Milliseconds(200));
+  EXPECT_EQ(unread.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << (unread.ok() ? "the refused ring's message was read" : unread.status().ToString());
   EXPECT_EQ(transport.shm_messages_received(), 0);
 }
 
@@ -900,7 +910,7 @@ TEST(TransportDeliver, AnOfferWithAnotherTokenIsRefusedAndTheSourceKeepsGrpc) {
   EXPECT_EQ((*server)->refused(), 1);
   EXPECT_EQ((*server)->handed_over(), 0);
   EXPECT_FALSE((*ring)->attached());
-  expect_grpc_message_arrives(transport);
+  expect_grpc_message_arrives(transport, **ring);
 
   message = ring_offer(1, (*server)->path(), 77);
   ASSERT_TRUE(transport.deliver(&message, &source, -1).ok());
@@ -925,7 +935,7 @@ TEST(TransportDeliver, AnOfferNamingAnotherDirectoryIsRefusedAndTheSourceKeepsGr
     int source = -1;
     grpc::ByteBuffer message = ring_offer(1, (*server)->path(), 77);
     ASSERT_TRUE(transport.deliver(&message, &source, -1).ok());
-    expect_grpc_message_arrives(transport);
+    expect_grpc_message_arrives(transport, **ring);
   }  // joins the ring's reader thread: its fetch is over
   EXPECT_EQ((*server)->handed_over(), 0);
   EXPECT_FALSE((*ring)->attached());
