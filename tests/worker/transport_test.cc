@@ -8,12 +8,10 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
@@ -30,6 +28,7 @@
 #include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
+#include "tests/support/unix_sockets.h"
 #include "worker/collectives/engine.h"
 #include "worker/collectives/peer_view.h"
 #include "worker/collectives/shm_ring.h"
@@ -832,24 +831,6 @@ bool eventually(const std::function<bool()>& ready) {
   return ready();
 }
 
-// The ring servers' directory of a test (ShmOptions::socket_dir), its own so that no other
-// process's server starting (ctest -j2) probes its servers; removed with what is left in it.
-class SocketDir {
- public:
-  SocketDir() {
-    char name[] = "/tmp/transport-test-XXXXXX";
-    if (mkdtemp(name) != nullptr) path_ = name;
-  }
-  ~SocketDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // An Exchange message of `device`'s offering the ring of `token` at ring server `socket`.
 grpc::ByteBuffer ring_offer(int device, const std::string& socket, uint64_t token) {
   pb::ExchangeMessage offer;
@@ -952,12 +933,8 @@ TEST(TransportDeliver, ATransportGoesWithoutWaitingForARingServerThatDoesNotAnsw
   ASSERT_TRUE(transport->set_shm({true, ShmRing::kMinBytes, "transport-test-host", dir.path()}).ok());
   // (After the transport's own server started: its probe for stale sockets would connect.)
   const std::string path = absl::StrCat(dir.path(), "/tessera-", getpid(), "-mute.sock");
-  const int mute = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.data(), path.size());
-  ASSERT_EQ(bind(mute, reinterpret_cast<const sockaddr*>(&address), sizeof address), 0) << path;
-  ASSERT_EQ(listen(mute, 4), 0);
+  const int mute = listen_at(path);
+  ASSERT_GE(mute, 0) << path;
   int source = -1;
   grpc::ByteBuffer message = ring_offer(1, path, 77);
   ASSERT_TRUE(transport->deliver(&message, &source, -1).ok());
