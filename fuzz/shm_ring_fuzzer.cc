@@ -16,7 +16,6 @@
 #include <cstring>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_check.h"
 #include "proto/rpc.h"
 #include "worker/collectives/shm_ring.h"

@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/unix_sockets.h"
 
 namespace tessera {
 namespace {
@@ -60,33 +61,6 @@ std::vector<std::string> dev_shm_names_of(int fd) {
   }
   closedir(dir);
   return names;
-}
-
-// A directory of the test's own for its ring servers: no other process's server starting (ctest
-// -j2 runs other tests' at once) probes them or removes what the test puts there.
-struct TempDir {
-  TempDir() {
-    char name[] = "/tmp/shm-ring-test-XXXXXX";
-    if (mkdtemp(name) != nullptr) path = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    if (!path.empty()) std::filesystem::remove_all(path, ignored);
-  }
-  std::string path;
-};
-
-// A socket bound at `path` and listening (never accepting), or -1.
-int listen_at(const std::string& path) {
-  const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.data(), path.size());
-  if (bind(s, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 || listen(s, 4) != 0) {
-    close(s);
-    return -1;
-  }
-  return s;
 }
 
 // A connection to `path` (a ring server's socket), or -1.
@@ -190,6 +164,16 @@ TEST(ShmRing, BoundsAndChecksGivePreciseErrors) {
   absl::StatusOr<std::unique_ptr<ShmRing>> missing =
       ShmRing::fetch("/dev/shm/tessera-0-nosuch.sock", "/dev/shm", 1, absl::Now() + absl::Seconds(10));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  // Servers in "/" name their sockets "/tessera-...": before, fetch compared "" with "/" and
+  // refused them FAILED_PRECONDITION, not directly in "/".
+  absl::StatusOr<std::unique_ptr<ShmRing>> at_root =
+      ShmRing::fetch("/tessera-0-nosuch.sock", "/", 1, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(at_root.status().code(), absl::StatusCode::kNotFound) << at_root.status();
+  // Wherever ".." leads, a path through it is not directly in the directory.
+  absl::StatusOr<std::unique_ptr<ShmRing>> up =
+      ShmRing::fetch("/dev/shm/x/../tessera-0-nosuch.sock", "/dev/shm", 1, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(up.status().code(), absl::StatusCode::kFailedPrecondition) << up.status();
+  EXPECT_THAT(std::string(up.status().message()), HasSubstr("not directly in /dev/shm/, the directory"));
   for (const std::string& path :
        std::vector<std::string>{"/dev/shm/tessera-x/../../etc/passwd", "tessera-1.sock", "/etc/passwd",
                                 "/dev/shm/tessera-.sock.x", std::string(200, '/') + "tessera-1.sock"}) {
@@ -223,14 +207,14 @@ TEST(ShmRing, BoundsAndChecksGivePreciseErrors) {
 // the owner's alone (0600); it hands the ring to its token once, refuses any other token, and
 // goes with the server.
 TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path.empty());
-  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(dir.path);
+  SocketDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(dir.path());
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string path = (*server)->path();
   // Another server starting probes this one's socket (is anybody listening?): no refusal
   // (before, each probe counted as one, and tests counting refusals failed under ctest -j2).
-  ASSERT_TRUE(ShmRingServer::start(dir.path).ok());
+  ASSERT_TRUE(ShmRingServer::start(dir.path()).ok());
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
@@ -239,21 +223,24 @@ TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
   absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 0x1234'5678'9abc'def0);
   ASSERT_TRUE(ring.ok()) << ring.status();
   EXPECT_THAT(dev_shm_names_of((*ring)->fd()), ::testing::IsEmpty());
+  const int kept = dup((*ring)->fd());  // the test's own: the server takes the ring's
+  ASSERT_GE(kept, 0);
   ASSERT_TRUE((*server)->offer(**ring).ok());
 
   const absl::Time until = absl::Now() + absl::Seconds(30);
-  absl::StatusOr<std::unique_ptr<ShmRing>> wrong = ShmRing::fetch(path, dir.path, 0x1234'5678'9abc'def1, until);
+  absl::StatusOr<std::unique_ptr<ShmRing>> wrong = ShmRing::fetch(path, dir.path(), 0x1234'5678'9abc'def1, until);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition) << wrong.status();
   EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("refused the token"));
   EXPECT_EQ((*server)->refused(), 1);
   EXPECT_EQ((*server)->handed_over(), 0);
 
-  absl::StatusOr<std::unique_ptr<ShmRing>> peer = ShmRing::fetch(path, dir.path, 0x1234'5678'9abc'def0, until);
+  absl::StatusOr<std::unique_ptr<ShmRing>> peer = ShmRing::fetch(path, dir.path(), 0x1234'5678'9abc'def0, until);
   ASSERT_TRUE(peer.ok()) << peer.status();
   EXPECT_EQ((*server)->handed_over(), 1);
   (*peer)->mark_attached();
   EXPECT_TRUE((*ring)->attached());
-  EXPECT_THAT(dev_shm_names_of((*ring)->fd()), ::testing::IsEmpty());
+  EXPECT_THAT(dev_shm_names_of(kept), ::testing::IsEmpty());
+  close(kept);
   const std::vector<std::byte> data = pattern(1000, 3);
   ASSERT_TRUE((*ring)->write({9, 1, 2, 1000}, data.data(), until));
   ShmRing::Record record;
@@ -265,14 +252,62 @@ TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
   EXPECT_TRUE(out == data);
 
   // Spent: the token fetches nothing more.
-  absl::StatusOr<std::unique_ptr<ShmRing>> again = ShmRing::fetch(path, dir.path, 0x1234'5678'9abc'def0, until);
+  absl::StatusOr<std::unique_ptr<ShmRing>> again = ShmRing::fetch(path, dir.path(), 0x1234'5678'9abc'def0, until);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
   EXPECT_EQ((*server)->refused(), 2);
 
   server->reset();
   EXPECT_NE(access(path.c_str(), F_OK), 0) << path << " is left behind";
-  absl::StatusOr<std::unique_ptr<ShmRing>> gone = ShmRing::fetch(path, dir.path, 0x1234'5678'9abc'def0, until);
+  absl::StatusOr<std::unique_ptr<ShmRing>> gone = ShmRing::fetch(path, dir.path(), 0x1234'5678'9abc'def0, until);
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+}
+
+// Issue #18 (review S1): an offered ring costs its process one descriptor, the server's, until
+// it is fetched or withdrawn, and none after; the fetched ring holds none either (only its
+// mapping). Before, the ring kept its memfd and the server a duplicate: two per link for the
+// link's life (a link offers a ring to every peer it sends to, remote ones too, which never fetch
+// it), and a worker linked to ~500 peers ran out of a soft limit of 1024.
+TEST(ShmRingServer, AnOfferedRingHoldsOneDescriptorUntilFetchedOrWithdrawnAndNoneAfter) {
+  SocketDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(dir.path());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int baseline = open_fds();
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 21);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  ASSERT_TRUE((*server)->offer(**ring).ok());
+  EXPECT_EQ(open_fds(), baseline + 1);  // before: + 2
+  EXPECT_EQ((*ring)->fd(), -1);
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<std::unique_ptr<ShmRing>> peer = ShmRing::fetch((*server)->path(), dir.path(), 21, until);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  // The server's one thread answers connections in turn: once this refusal (the token is spent)
+  // has come, it has closed the handover's connection and memfd.
+  EXPECT_EQ(ShmRing::fetch((*server)->path(), dir.path(), 21, until).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(open_fds(), baseline);  // before: + 1, the ring's memfd
+  // Both ends still work through their mappings.
+  (*peer)->mark_attached();
+  EXPECT_TRUE((*ring)->attached());
+  const std::vector<std::byte> data = pattern(100, 4);
+  ASSERT_TRUE((*ring)->write({3, 0, 0, 100}, data.data(), until));
+  ShmRing::Record record;
+  absl::StatusOr<bool> got = (*peer)->next(&record, until);
+  ASSERT_TRUE(got.ok() && *got) << got.status();
+  std::vector<std::byte> out(100);
+  (*peer)->copy_payload(record, out.data());
+  EXPECT_TRUE(out == data);
+  // A ring that is offered and withdrawn (its link went, its peer never fetched it).
+  absl::StatusOr<std::unique_ptr<ShmRing>> unfetched = ShmRing::create(ShmRing::kMinBytes, 22);
+  ASSERT_TRUE(unfetched.ok()) << unfetched.status();
+  ASSERT_TRUE((*server)->offer(**unfetched).ok());
+  EXPECT_EQ(open_fds(), baseline + 1);  // before: + 2
+  (*server)->withdraw(22);
+  EXPECT_EQ(open_fds(), baseline);  // before: + 1
+  // Offered twice: the ring has no memfd left to give.
+  absl::Status again = (*server)->offer(**unfetched);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr("has no memfd to offer"));
 }
 
 // A worker killed (kill -9: the faults tests, a crashed container) leaves its socket behind; the
@@ -281,9 +316,9 @@ TEST(ShmRingServer, HandsARingOnceToItsTokenAndTheRingHasNoName) {
 // refused and it was removed). A .bind name (a server killed between bind and rename) goes once
 // it is a minute old (before, never); a younger one may be a server starting.
 TEST(ShmRingServer, StartingRemovesTheSocketsOfKilledServersOnly) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path.empty());
-  absl::StatusOr<std::unique_ptr<ShmRingServer>> live = ShmRingServer::start(dir.path);
+  SocketDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> live = ShmRingServer::start(dir.path());
   ASSERT_TRUE(live.ok()) << live.status();
   // Killed servers' sockets: bound, then the process gone (closed without removing them).
   auto bound = [](const std::string& path) {
@@ -291,25 +326,25 @@ TEST(ShmRingServer, StartingRemovesTheSocketsOfKilledServersOnly) {
     if (s >= 0) close(s);
     return s >= 0;
   };
-  const std::string dead = absl::StrCat(dir.path, "/tessera-", getpid(), "-dead.sock");
-  const std::string old_binding = absl::StrCat(dir.path, "/tessera-", getpid(), "-old.bind");
-  const std::string new_binding = absl::StrCat(dir.path, "/tessera-", getpid(), "-new.bind");
+  const std::string dead = absl::StrCat(dir.path(), "/tessera-", getpid(), "-dead.sock");
+  const std::string old_binding = absl::StrCat(dir.path(), "/tessera-", getpid(), "-old.bind");
+  const std::string new_binding = absl::StrCat(dir.path(), "/tessera-", getpid(), "-new.bind");
   ASSERT_TRUE(bound(dead) && bound(old_binding) && bound(new_binding));
   const timespec two_minutes_ago[2] = {absl::ToTimespec(absl::Now() - absl::Minutes(2)),
                                        absl::ToTimespec(absl::Now() - absl::Minutes(2))};
   ASSERT_EQ(utimensat(AT_FDCWD, old_binding.c_str(), two_minutes_ago, AT_SYMLINK_NOFOLLOW), 0);
-  const std::string file = absl::StrCat(dir.path, "/tessera-", getpid(), "-file.sock");
+  const std::string file = absl::StrCat(dir.path(), "/tessera-", getpid(), "-file.sock");
   const int made = open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
   ASSERT_GE(made, 0);
   close(made);
   std::string others;  // another uid's dead socket (root can make one)
   if (geteuid() == 0) {
-    others = absl::StrCat(dir.path, "/tessera-", getpid(), "-others.sock");
+    others = absl::StrCat(dir.path(), "/tessera-", getpid(), "-others.sock");
     ASSERT_TRUE(bound(others));
     ASSERT_EQ(lchown(others.c_str(), 12345, 12345), 0);
   }
 
-  absl::StatusOr<std::unique_ptr<ShmRingServer>> next = ShmRingServer::start(dir.path);
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> next = ShmRingServer::start(dir.path());
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_NE(access(dead.c_str(), F_OK), 0) << dead << " was left";
   EXPECT_NE(access(old_binding.c_str(), F_OK), 0) << old_binding << " was left";
@@ -322,7 +357,7 @@ TEST(ShmRingServer, StartingRemovesTheSocketsOfKilledServersOnly) {
   absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 11);
   ASSERT_TRUE(ring.ok()) << ring.status();
   ASSERT_TRUE((*live)->offer(**ring).ok());
-  EXPECT_TRUE(ShmRing::fetch((*live)->path(), dir.path, 11, absl::Now() + absl::Seconds(30)).ok());
+  EXPECT_TRUE(ShmRing::fetch((*live)->path(), dir.path(), 11, absl::Now() + absl::Seconds(30)).ok());
   EXPECT_EQ((*live)->refused(), 0) << "the probe counted as a refusal";
 }
 
@@ -332,9 +367,9 @@ TEST(ShmRingServer, StartingRemovesTheSocketsOfKilledServersOnly) {
 // (before, it was closed as surplus, which its fetch took for a refused token); a withdrawn
 // ring is refused.
 TEST(ShmRingServer, SilentAndSurplusConnectionsAreClosedAndAWithdrawnRingRefused) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path.empty());
-  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(dir.path);
+  SocketDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(dir.path());
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<int> silent;
   for (int i = 0; i < ShmRingServer::kMaxPending; ++i) {
@@ -363,7 +398,7 @@ TEST(ShmRingServer, SilentAndSurplusConnectionsAreClosedAndAWithdrawnRingRefused
   const absl::Time ask_until = absl::Now() + absl::Seconds(2);
   for (int k = 0; absl::IsUnavailable(fetched.status()) && (k == 0 || absl::Now() < ask_until); ++k) {
     if (k > 0) absl::SleepFor(absl::Milliseconds(5));  // backoff between tries, not a wait for an event
-    fetched = ShmRing::fetch((*server)->path(), dir.path, 5, absl::Now() + absl::Seconds(30));
+    fetched = ShmRing::fetch((*server)->path(), dir.path(), 5, absl::Now() + absl::Seconds(30));
   }
   EXPECT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_FALSE(closed_within(silent[0], absl::ZeroDuration())) << "the fetch did not come while they waited";
@@ -374,10 +409,12 @@ TEST(ShmRingServer, SilentAndSurplusConnectionsAreClosedAndAWithdrawnRingRefused
   EXPECT_EQ((*server)->refused(), ShmRingServer::kMaxPending);
   EXPECT_GE((*server)->busy(), 1);
 
+  ring = ShmRing::create(ShmRing::kMinBytes, 5);  // (the server took the first one's memfd, and handed it over)
+  ASSERT_TRUE(ring.ok()) << ring.status();
   ASSERT_TRUE((*server)->offer(**ring).ok());
   (*server)->withdraw(5);
   absl::StatusOr<std::unique_ptr<ShmRing>> withdrawn =
-      ShmRing::fetch((*server)->path(), dir.path, 5, absl::Now() + absl::Seconds(30));
+      ShmRing::fetch((*server)->path(), dir.path(), 5, absl::Now() + absl::Seconds(30));
   EXPECT_EQ(withdrawn.status().code(), absl::StatusCode::kFailedPrecondition) << withdrawn.status();
 }
 
@@ -387,22 +424,22 @@ TEST(ShmRingServer, SilentAndSurplusConnectionsAreClosedAndAWithdrawnRingRefused
 // answers stops within 100 ms of being cancelled (before, only at its deadline, 5 s in a
 // transport, which its destructor waited for).
 TEST(ShmRingServer, FetchTakesOnlyItsDirectorySaysBusyAndStopsWhenCancelled) {
-  TempDir dir, elsewhere;
-  ASSERT_FALSE(dir.path.empty() || elsewhere.path.empty());
-  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(elsewhere.path);
+  SocketDir dir, elsewhere;
+  ASSERT_FALSE(dir.path().empty() || elsewhere.path().empty());
+  absl::StatusOr<std::unique_ptr<ShmRingServer>> server = ShmRingServer::start(elsewhere.path());
   ASSERT_TRUE(server.ok()) << server.status();
   absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 8);
   ASSERT_TRUE(ring.ok()) << ring.status();
   ASSERT_TRUE((*server)->offer(**ring).ok());
   absl::StatusOr<std::unique_ptr<ShmRing>> outside =
-      ShmRing::fetch((*server)->path(), dir.path, 8, absl::Now() + absl::Seconds(30));
+      ShmRing::fetch((*server)->path(), dir.path(), 8, absl::Now() + absl::Seconds(30));
   EXPECT_EQ(outside.status().code(), absl::StatusCode::kFailedPrecondition) << outside.status();
-  EXPECT_THAT(std::string(outside.status().message()), HasSubstr(absl::StrCat("not directly in ", dir.path)));
+  EXPECT_THAT(std::string(outside.status().message()), HasSubstr(absl::StrCat("not directly in ", dir.path())));
   EXPECT_EQ((*server)->handed_over(), 0);
   EXPECT_FALSE((*ring)->attached());
 
   // A server that answers busy.
-  const std::string busy_path = absl::StrCat(dir.path, "/tessera-", getpid(), "-busy.sock");
+  const std::string busy_path = absl::StrCat(dir.path(), "/tessera-", getpid(), "-busy.sock");
   const int busy = listen_at(busy_path);
   ASSERT_GE(busy, 0);
   std::thread answer([busy] {
@@ -412,7 +449,7 @@ TEST(ShmRingServer, FetchTakesOnlyItsDirectorySaysBusyAndStopsWhenCancelled) {
     close(connection);
   });
   absl::StatusOr<std::unique_ptr<ShmRing>> told_busy =
-      ShmRing::fetch(busy_path, dir.path, 8, absl::Now() + absl::Seconds(30));
+      ShmRing::fetch(busy_path, dir.path(), 8, absl::Now() + absl::Seconds(30));
   answer.join();
   close(busy);
   EXPECT_EQ(told_busy.status().code(), absl::StatusCode::kUnavailable) << told_busy.status();
@@ -420,13 +457,13 @@ TEST(ShmRingServer, FetchTakesOnlyItsDirectorySaysBusyAndStopsWhenCancelled) {
 
   // A server that never answers (the connection waits in its backlog): cancelled at the third
   // time fetch asks, long before the deadline.
-  const std::string mute_path = absl::StrCat(dir.path, "/tessera-", getpid(), "-mute.sock");
+  const std::string mute_path = absl::StrCat(dir.path(), "/tessera-", getpid(), "-mute.sock");
   const int mute = listen_at(mute_path);
   ASSERT_GE(mute, 0);
   int asked = 0;
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<ShmRing>> cancelled =
-      ShmRing::fetch(mute_path, dir.path, 8, start + absl::Seconds(20), [&] { return ++asked >= 3; });
+      ShmRing::fetch(mute_path, dir.path(), 8, start + absl::Seconds(20), [&] { return ++asked >= 3; });
   EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
   EXPECT_EQ(asked, 3);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
@@ -439,10 +476,10 @@ TEST(ShmRingServer, FetchTakesOnlyItsDirectorySaysBusyAndStopsWhenCancelled) {
 // for the ring to its deadline. Changing uid needs root (the CI runs as root).
 TEST(ShmRingServer, AServerOfAnotherUidIsRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "starting a server of another uid needs root";
-  TempDir dir;
-  ASSERT_FALSE(dir.path.empty());
-  ASSERT_EQ(chmod(dir.path.c_str(), 0777), 0);  // the other uid creates its socket there
-  const std::string path = absl::StrCat(dir.path, "/tessera-", getpid(), "-other.sock");
+  SocketDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ASSERT_EQ(chmod(dir.path().c_str(), 0777), 0);  // the other uid creates its socket there
+  const std::string path = absl::StrCat(dir.path(), "/tessera-", getpid(), "-other.sock");
   int ready[2], hold[2];
   ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
   ASSERT_EQ(pipe2(hold, O_CLOEXEC), 0);
@@ -464,7 +501,7 @@ TEST(ShmRingServer, AServerOfAnotherUidIsRefused) {
   const bool told = read(ready[0], &listening, 1) == 1;
   close(ready[0]);
   absl::StatusOr<std::unique_ptr<ShmRing>> fetched;
-  if (told && listening == 1) fetched = ShmRing::fetch(path, dir.path, 8, absl::Now() + absl::Seconds(5));
+  if (told && listening == 1) fetched = ShmRing::fetch(path, dir.path(), 8, absl::Now() + absl::Seconds(5));
   close(hold[1]);
   int child_status = 0;
   ASSERT_EQ(waitpid(child, &child_status, 0), child);
@@ -478,9 +515,9 @@ TEST(ShmRingServer, AServerOfAnotherUidIsRefused) {
 // (it kept both open before: a control buffer of one descriptor's space holds two, and only a
 // message of exactly one was looked at).
 TEST(ShmRingServer, AnAnswerCarryingSeveralDescriptorsGivesNoRingAndLeavesNoneOpen) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path.empty());
-  const std::string path = absl::StrCat(dir.path, "/tessera-", getpid(), "-two.sock");
+  SocketDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string path = absl::StrCat(dir.path(), "/tessera-", getpid(), "-two.sock");
   const int listener = listen_at(path);
   ASSERT_GE(listener, 0);
   absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::create(ShmRing::kMinBytes, 9);
@@ -510,7 +547,8 @@ TEST(ShmRingServer, AnAnswerCarryingSeveralDescriptorsGivesNoRingAndLeavesNoneOp
     (void)!sendmsg(connection, &header, MSG_NOSIGNAL);
     close(connection);
   });
-  absl::StatusOr<std::unique_ptr<ShmRing>> fetched = ShmRing::fetch(path, dir.path, 9, absl::Now() + absl::Seconds(30));
+  absl::StatusOr<std::unique_ptr<ShmRing>> fetched =
+      ShmRing::fetch(path, dir.path(), 9, absl::Now() + absl::Seconds(30));
   answer.join();
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kFailedPrecondition) << fetched.status();
   EXPECT_EQ(open_fds(), before);  // the connection's, the listener's and both received are closed

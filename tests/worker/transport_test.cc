@@ -8,12 +8,10 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
@@ -30,6 +28,7 @@
 #include "proto/auth.h"
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
+#include "tests/support/unix_sockets.h"
 #include "worker/collectives/engine.h"
 #include "worker/collectives/peer_view.h"
 #include "worker/collectives/shm_ring.h"
@@ -832,24 +831,6 @@ bool eventually(const std::function<bool()>& ready) {
   return ready();
 }
 
-// The ring servers' directory of a test (ShmOptions::socket_dir), its own so that no other
-// process's server starting (ctest -j2) probes its servers; removed with what is left in it.
-class SocketDir {
- public:
-  SocketDir() {
-    char name[] = "/tmp/transport-test-XXXXXX";
-    if (mkdtemp(name) != nullptr) path_ = name;
-  }
-  ~SocketDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // An Exchange message of `device`'s offering the ring of `token` at ring server `socket`.
 grpc::ByteBuffer ring_offer(int device, const std::string& socket, uint64_t token) {
   pb::ExchangeMessage offer;
@@ -860,8 +841,14 @@ grpc::ByteBuffer ring_offer(int device, const std::string& socket, uint64_t toke
   return raw(offer.SerializeAsString());
 }
 
-// Delivers "abcd" of op 5 from device 1 through `transport`'s gRPC path and receives it there.
-void expect_grpc_message_arrives(Transport& transport) {
+// Delivers "abcd" of op 5 from device 1 through `transport`'s gRPC path and receives it there;
+// "ring" of op 5 step 1, written first into `ring` (device 1's, which `transport` must not have
+// opened), is not read: its receive ends DEADLINE_EXCEEDED, and nothing came through shared
+// memory.
+void expect_grpc_message_arrives(Transport& transport, ShmRing& ring) {
+  const std::string in_ring = "ring";
+  ASSERT_TRUE(
+      ring.write({5, 1, 0, 4}, reinterpret_cast<const std::byte*>(in_ring.data()), absl::Now() + absl::Seconds(10)));
   pb::ExchangeMessage data;
   data.set_source_device(1);
   data.set_op_id(5);
@@ -875,6 +862,10 @@ void expect_grpc_message_arrives(Transport& transport) {
   std::string bytes(static_cast<size_t>(got->size()), '\0');
   got->copy_to(reinterpret_cast<std::byte*>(bytes.data()));
   EXPECT_EQ(bytes, "abcd");
+  absl::StatusOr<Received> unread =
+      transport.receive(1, "", {5, 1, 0}, absl::InfinitePast(), absl::Now() + absl::Milliseconds(200));
+  EXPECT_EQ(unread.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << (unread.ok() ? "the refused ring's message was read" : unread.status().ToString());
   EXPECT_EQ(transport.shm_messages_received(), 0);
 }
 
@@ -900,7 +891,7 @@ TEST(TransportDeliver, AnOfferWithAnotherTokenIsRefusedAndTheSourceKeepsGrpc) {
   EXPECT_EQ((*server)->refused(), 1);
   EXPECT_EQ((*server)->handed_over(), 0);
   EXPECT_FALSE((*ring)->attached());
-  expect_grpc_message_arrives(transport);
+  expect_grpc_message_arrives(transport, **ring);
 
   message = ring_offer(1, (*server)->path(), 77);
   ASSERT_TRUE(transport.deliver(&message, &source, -1).ok());
@@ -925,7 +916,7 @@ TEST(TransportDeliver, AnOfferNamingAnotherDirectoryIsRefusedAndTheSourceKeepsGr
     int source = -1;
     grpc::ByteBuffer message = ring_offer(1, (*server)->path(), 77);
     ASSERT_TRUE(transport.deliver(&message, &source, -1).ok());
-    expect_grpc_message_arrives(transport);
+    expect_grpc_message_arrives(transport, **ring);
   }  // joins the ring's reader thread: its fetch is over
   EXPECT_EQ((*server)->handed_over(), 0);
   EXPECT_FALSE((*ring)->attached());
@@ -942,12 +933,8 @@ TEST(TransportDeliver, ATransportGoesWithoutWaitingForARingServerThatDoesNotAnsw
   ASSERT_TRUE(transport->set_shm({true, ShmRing::kMinBytes, "transport-test-host", dir.path()}).ok());
   // (After the transport's own server started: its probe for stale sockets would connect.)
   const std::string path = absl::StrCat(dir.path(), "/tessera-", getpid(), "-mute.sock");
-  const int mute = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.data(), path.size());
-  ASSERT_EQ(bind(mute, reinterpret_cast<const sockaddr*>(&address), sizeof address), 0) << path;
-  ASSERT_EQ(listen(mute, 4), 0);
+  const int mute = listen_at(path);
+  ASSERT_GE(mute, 0) << path;
   int source = -1;
   grpc::ByteBuffer message = ring_offer(1, path, 77);
   ASSERT_TRUE(transport->deliver(&message, &source, -1).ok());

@@ -6,7 +6,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -20,9 +19,11 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "core/run_tag.h"  // random_run_tag
 
 namespace tessera {
 namespace {
@@ -58,6 +59,15 @@ bool has_name(absl::string_view file, absl::string_view suffix) {
 
 // Whether `file` (a name in a directory) is a ring server's socket's.
 bool is_socket_name(absl::string_view file) { return has_name(file, kSocketSuffix); }
+
+// Ring servers' directory `dir` as the prefix of their sockets' paths: with one '/' at its end
+// ("/dev/shm", "/dev/shm/" and "/dev/shm//" are "/dev/shm/"; "/" and "" are "/"). start makes
+// its socket's path with it, and fetch takes only a path that starts with it and has no other
+// '/' after it.
+std::string socket_prefix(absl::string_view dir) {
+  while (!dir.empty() && dir.back() == '/') dir.remove_suffix(1);
+  return absl::StrCat(dir, "/");
+}
 
 // How long fetch waits at a time before it asks whether it is cancelled.
 constexpr int kFetchSliceMs = 100;
@@ -115,8 +125,12 @@ struct ShmRing::Header {
 static_assert(sizeof(ShmRing::Record) == kRecordBytes, "the ring's record layout");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "atomics in shared memory must be lock-free");
 
-ShmRing::ShmRing(int fd, Header* header, int64_t capacity)
-    : fd_(fd), header_(header), data_(reinterpret_cast<std::byte*>(header) + kHeaderBytes), capacity_(capacity) {}
+ShmRing::ShmRing(int fd, bool creator, Header* header, int64_t capacity)
+    : fd_(fd),
+      creator_(creator),
+      header_(header),
+      data_(reinterpret_cast<std::byte*>(header) + kHeaderBytes),
+      capacity_(capacity) {}
 
 absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::create(int64_t capacity, uint64_t token) {
   if (capacity < kMinBytes || capacity > kMaxBytes) {
@@ -144,7 +158,7 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::create(int64_t capacity, uint6
   header->capacity = capacity;
   std::atomic_thread_fence(std::memory_order_release);
   header->magic = kMagic;
-  return std::unique_ptr<ShmRing>(new ShmRing(fd, header, capacity));
+  return std::unique_ptr<ShmRing>(new ShmRing(fd, /*creator=*/true, header, capacity));
 }
 
 absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::attach(int fd, uint64_t token) {
@@ -168,7 +182,7 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::attach(int fd, uint64_t token)
         "shared-memory ring: the memfd handed over is not the ring offered (magic, token or size differ)");
   }
   // The size mapped, not the header's again: the peer may have changed it since.
-  return std::unique_ptr<ShmRing>(new ShmRing(-1, header, st.st_size - kHeaderBytes));
+  return std::unique_ptr<ShmRing>(new ShmRing(-1, /*creator=*/false, header, st.st_size - kHeaderBytes));
 }
 
 absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socket_path, const std::string& dir,
@@ -176,24 +190,21 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socke
                                                         const std::function<bool()>& cancelled) {
   sockaddr_un address;
   const size_t slash = socket_path.rfind('/');
-  if (socket_path.empty() || socket_path[0] != '/' || socket_path.find("/../") != std::string::npos ||
-      !is_socket_name(socket_path.substr(slash + 1)) || !unix_address(socket_path, &address)) {
+  if (socket_path.empty() || socket_path[0] != '/' || !is_socket_name(socket_path.substr(slash + 1)) ||
+      !unix_address(socket_path, &address)) {
     return absl::InvalidArgumentError(absl::StrCat("'", socket_path, "' is not a shared-memory ring server's socket"));
   }
-  // The path comes from the wire: only a socket directly in our own servers' directory.
-  absl::string_view expected = dir;
-  while (expected.size() > 1 && expected.back() == '/') expected.remove_suffix(1);
-  if (absl::string_view(socket_path).substr(0, slash) != expected) {
+  // The path comes from the wire: only a socket directly in our own servers' directory (its
+  // exact prefix, so no "..", "." or "//" either).
+  const std::string expected = socket_prefix(dir);
+  if (absl::string_view(socket_path).substr(0, slash + 1) != expected) {
     return absl::FailedPreconditionError(absl::StrCat("shared-memory ring server socket ", socket_path,
                                                       ": not directly in ", expected,
                                                       ", the directory ring servers use here (no other is taken)"));
   }
   const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) return absl::InternalError(absl::StrCat("socket(AF_UNIX): ", std::strerror(errno)));
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{s};
+  absl::Cleanup closer = [s] { close(s); };
   // A Unix socket connects at once or not at all (EAGAIN: its backlog is full).
   if (connect(s, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
     const int error = errno;
@@ -263,13 +274,19 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::fetch(const std::string& socke
 }
 
 ShmRing::~ShmRing() {
-  if (fd_ >= 0) {
+  if (creator_) {
     header_->closed.store(1, std::memory_order_release);
     header_->data_seq.fetch_add(1, std::memory_order_release);
     futex_wake(&header_->data_seq);
-    close(fd_);
   }
+  if (fd_ >= 0) close(fd_);
   munmap(header_, static_cast<size_t>(kHeaderBytes + capacity_));
+}
+
+int ShmRing::release_fd() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
 }
 
 uint64_t ShmRing::token() const { return header_->token; }
@@ -402,13 +419,8 @@ void remove_stale_sockets(const std::string& dir) {
 
 absl::StatusOr<std::unique_ptr<ShmRingServer>> ShmRingServer::start(const std::string& dir) {
   remove_stale_sockets(dir);
-  uint64_t random = 0;
-  if (getrandom(&random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) {
-    return absl::InternalError(absl::StrCat("shared-memory ring server: getrandom: ", std::strerror(errno)));
-  }
-  absl::string_view in = dir;  // "/dev/shm/" names the directory fetch expects as "/dev/shm"
-  while (in.size() > 1 && in.back() == '/') in.remove_suffix(1);
-  const std::string stem = absl::StrCat(in, in == "/" ? "" : "/", kSocketPrefix, getpid(), "-", absl::Hex(random));
+  // (64 random bits: the name need not be secret, only unlike another server's of this pid.)
+  const std::string stem = absl::StrCat(socket_prefix(dir), kSocketPrefix, getpid(), "-", absl::Hex(random_run_tag()));
   const std::string path = absl::StrCat(stem, kSocketSuffix);
   const std::string binding = absl::StrCat(stem, kBindingSuffix);  // until it listens (remove_stale_sockets)
   sockaddr_un address;
@@ -466,9 +478,14 @@ ShmRingServer::~ShmRingServer() {
   for (const auto& [token, fd] : offers_) close(fd);
 }
 
-absl::Status ShmRingServer::offer(const ShmRing& ring) {
-  const int fd = fcntl(ring.fd(), F_DUPFD_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("shared-memory ring server: dup: ", std::strerror(errno)));
+absl::Status ShmRingServer::offer(ShmRing& ring) {
+  // The server's is the ring's only descriptor (none once handed over): a link offers a ring to
+  // every peer it sends to, remote ones too, which never fetch it.
+  const int fd = ring.release_fd();
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared-memory ring server ", path_, ": the ring has no memfd to offer (offered already, or a reader's)"));
+  }
   absl::MutexLock lock(&mu_);
   auto [it, added] = offers_.emplace(ring.token(), fd);
   if (!added) {

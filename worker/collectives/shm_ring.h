@@ -76,8 +76,11 @@ class ShmRing {
   // The creator marks the ring closed (the reader drains it and stops).
   ~ShmRing();
 
-  // The memfd (the creator's; -1 at the reader, which keeps only the mapping).
+  // The memfd: the creator's until it offers the ring (ShmRingServer::offer takes it); -1 at
+  // the reader, which keeps only the mapping.
   int fd() const { return fd_; }
+  // Gives up the memfd (the caller closes it): the ring stays mapped and usable, and fd() is -1.
+  int release_fd();
   uint64_t token() const;
   int64_t capacity() const { return capacity_; }
   // Whether a message of `bytes` bytes may go through this ring (at most half of it).
@@ -107,11 +110,12 @@ class ShmRing {
 
  private:
   struct Header;
-  ShmRing(int fd, Header* header, int64_t capacity);
+  ShmRing(int fd, bool creator, Header* header, int64_t capacity);
   void copy_in(uint64_t at, const void* src, int64_t n);
   void copy_out(uint64_t at, void* dst, int64_t n) const;
 
-  const int fd_;  // >= 0: the creator
+  int fd_;  // the creator's memfd until released, else -1
+  const bool creator_;
   Header* const header_;
   std::byte* const data_;
   const int64_t capacity_;
@@ -141,9 +145,11 @@ class ShmRingServer {
   ~ShmRingServer();
 
   const std::string& path() const { return path_; }
-  // Hands `ring` (its memfd, duplicated) to the first connection presenting ring.token().
-  // INTERNAL if the fd cannot be duplicated. REQUIRES: `ring` is the creator's.
-  absl::Status offer(const ShmRing& ring);
+  // Hands `ring` to the first connection presenting ring.token(): takes its memfd
+  // (ring.release_fd()), which the server holds, the ring's only descriptor, until it is handed
+  // over or withdrawn (then closed). FAILED_PRECONDITION when `ring` has no memfd (a reader's, or
+  // offered already).
+  absl::Status offer(ShmRing& ring);
   // No connection gets the ring of `token` any more (the link that offered it went).
   void withdraw(uint64_t token);
 
@@ -168,7 +174,7 @@ class ShmRingServer {
   const int wake_;  // an eventfd: the destructor stops run()'s poll
 
   mutable absl::Mutex mu_;
-  std::map<uint64_t, int> offers_ ABSL_GUARDED_BY(mu_);  // token -> a duplicate of the ring's memfd
+  std::map<uint64_t, int> offers_ ABSL_GUARDED_BY(mu_);  // token -> the ring's memfd (taken from it)
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t handed_over_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;

@@ -6,11 +6,11 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <random>
 
 #include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/run_tag.h"  // random_run_tag
 #include "grpc/slice.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/rpc_method.h"
@@ -255,9 +255,10 @@ class Transport::Link {
  public:
   static constexpr int kStreamsPerLink = 3;
 
-  // `ring_bytes` > 0: offer the peer a shared-memory ring of that size through `ring_server`
-  // with the first message, naming this worker's `host`. `declared`: the registration the
-  // streams declare (epoch and incarnation; none when 0), which the peer checks (peer_view.h).
+  // `ring_bytes` > 0 and a `ring_server`: offer the peer a shared-memory ring of that size
+  // through `ring_server` with the first message, naming this worker's `host` (without a
+  // server, `ring_bytes` is ignored). `declared`: the registration the streams declare (epoch
+  // and incarnation; none when 0), which the peer checks (peer_view.h).
   Link(Transport* transport, int self, int peer, std::string address, int64_t ring_bytes = 0, std::string host = "",
        std::pair<uint64_t, uint64_t> declared = {}, std::shared_ptr<ShmRingServer> ring_server = nullptr)
       : transport_(transport),
@@ -319,10 +320,9 @@ class Transport::Link {
   };
 
   void offer_ring() {
-    // Sparse until written: a ring the peer never opens (another host) costs a header page.
-    std::random_device random;
-    absl::StatusOr<std::unique_ptr<ShmRing>> created =
-        ShmRing::create(ring_bytes_, uint64_t{random()} << 32 | random());
+    // Sparse until written: a ring the peer never opens (another host) costs a header page, and
+    // one descriptor, the server's (closed when the link withdraws the ring).
+    absl::StatusOr<std::unique_ptr<ShmRing>> created = ShmRing::create(ring_bytes_, random_run_tag());
     if (!created.ok()) {
       std::fprintf(stderr, "tessera-worker: no shared memory to device %d, using gRPC: %s\n", peer_,
                    created.status().ToString().c_str());
@@ -1039,7 +1039,7 @@ std::shared_ptr<Transport::Link> Transport::current_link_locked(int peer, const 
   // replaced; the old one is retired (destroyed later, outside the lock).
   if (slot != nullptr && (slot->broken() || slot->address() != address)) retired_.push_back(std::move(slot));
   if (slot == nullptr)
-    slot = std::make_shared<Link>(this, self_, peer, address, shm_.enabled ? shm_.ring_bytes : 0, shm_.host, declared_,
+    slot = std::make_shared<Link>(this, self_, peer, address, shm_.ring_bytes, shm_.host, declared_,
                                   shm_.enabled ? shm_server_ : nullptr);
   return slot;
 }
@@ -1369,7 +1369,7 @@ std::string Transport::refusal_text_locked(const Refusal& r) const {
   return "";
 }
 
-void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal why) {
+void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal why, std::optional<uint64_t> claimed) {
   if (dropped_++ < 10) {
     std::fprintf(stderr, "tessera-worker: dropped a message of op %lu from device %d: %s\n",
                  static_cast<unsigned long>(op), from, refusal_text_locked(why).c_str());
@@ -1383,7 +1383,7 @@ void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal w
   // others (drop_mismatched_locked), and after it only messages of its tag reach a bound here,
   // so a claimed op's refusal always has room.
   // A refusal remembered already keeps its first reason.
-  if (!room_for_tag(refused_, key, run_tag_locked(op))) return;
+  if (!room_for_tag(refused_, key, claimed)) return;
   why.order = remembered_++;
   refused_.emplace(key, why);
   if (refused_.size() > kRememberedOps)
@@ -1411,8 +1411,8 @@ void Transport::sweep_locked(absl::Time now, AfterUnlock* after) {
       ++it;
       continue;
     }
-    refuse_locked(op, from, std::get<4>(it->first),
-                  {Refusal::kTtl, absl::ToInt64Nanoseconds(now - it->second.arrived)});
+    refuse_locked(op, from, std::get<4>(it->first), {Refusal::kTtl, absl::ToInt64Nanoseconds(now - it->second.arrived)},
+                  /*claimed=*/std::nullopt);  // (a claimed op's messages are kept, above)
     take_locked(it++);
   }
   // A message that waited for room longer than the time-to-live (its stream paused all along:
@@ -1424,7 +1424,8 @@ void Transport::sweep_locked(absl::Time now, AfterUnlock* after) {
     auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return now - w->since > ttl; });
     if (it == waiting_.end()) return;
     Waiting& w = **it;
-    refuse_locked(w.tag.op, w.from, w.tag.run_tag, {Refusal::kPaused, absl::ToInt64Nanoseconds(now - w.since)});
+    refuse_locked(w.tag.op, w.from, w.tag.run_tag, {Refusal::kPaused, absl::ToInt64Nanoseconds(now - w.since)},
+                  run_tag_locked(w.tag.op));
     for (auto held = mailbox_.lower_bound(Key{w.tag.op, w.from, INT32_MIN, INT32_MIN, 0});
          held != mailbox_.end() && std::get<0>(held->first) == w.tag.op && std::get<1>(held->first) == w.from;) {
       if (std::get<4>(held->first) == w.tag.run_tag) {
@@ -1845,7 +1846,7 @@ bool Transport::file_locked(int from, MessageTag tag, Received& data, absl::Time
     // Flow control: it waits for the source's messages here to be taken, and its reader reads
     // no further. One that could never fit is refused.
     if (may_wait && bytes <= mailbox_options_.bytes_per_peer) return false;
-    refuse_locked(tag.op, from, tag.run_tag, {Refusal::kShare});
+    refuse_locked(tag.op, from, tag.run_tag, {Refusal::kShare}, expected);
     return decided();
   }
   // Early: it may wait for its op up to the time-to-live. A legitimate peer has at most a few
@@ -1854,11 +1855,11 @@ bool Transport::file_locked(int from, MessageTag tag, Received& data, absl::Time
   const bool early = !expected.has_value();
   int64_t& early_held = held_early_[from];
   if (early && early_held >= mailbox_options_.messages_per_peer) {
-    refuse_locked(tag.op, from, tag.run_tag, {Refusal::kCount});
+    refuse_locked(tag.op, from, tag.run_tag, {Refusal::kCount}, expected);
     return decided();
   }
   if (mailbox_options_.reserve && !mailbox_options_.reserve(bytes)) {
-    refuse_locked(tag.op, from, tag.run_tag, {Refusal::kMemory, bytes});
+    refuse_locked(tag.op, from, tag.run_tag, {Refusal::kMemory, bytes}, expected);
     return decided();
   }
   held += bytes;
@@ -1893,7 +1894,7 @@ bool Transport::give_up_waiting(std::shared_ptr<Waiting>* slot) {
   *slot = nullptr;
   w->slot = nullptr;
   refuse_locked(w->tag.op, w->from, w->tag.run_tag,
-                {Refusal::kGaveUp, absl::ToInt64Nanoseconds(absl::Now() - w->since)});
+                {Refusal::kGaveUp, absl::ToInt64Nanoseconds(absl::Now() - w->since)}, run_tag_locked(w->tag.op));
   waiting_.erase(std::find(waiting_.begin(), waiting_.end(), w));
   return true;
 }

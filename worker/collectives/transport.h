@@ -479,7 +479,9 @@ class Transport {
   std::string refusal_text_locked(const Refusal& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a dropped message of (op, from) with `run_tag` and remembers why, for the op's wait
   // (a wait of that run tag only: a forged message's refusal does not fail the run's op).
-  void refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `claimed`: run_tag_locked(op), which the caller has at hand (file_locked, on a flood's path).
+  void refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal why, std::optional<uint64_t> claimed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A peer offered its ring to this worker (on a gRPC callback thread: starts the ring's
   // reader thread, which opens it, and returns).
   void ring_offered(int source, const std::string& socket, uint64_t token, const std::string& host, uint64_t reader);
