@@ -151,15 +151,46 @@ struct Addressing {
   }
 };
 
-// A mapped dimension the window takes whole stays free when it is split on an Explicit axis (a
-// fold would merge the split; JAX's explicit-mode rules let a full slice keep its split) or when
-// it comes after every dimension that must fold (the operand keeps its order). Otherwise it folds
-// as a linear dimension with start 0: kept free before a folded one, fold_operand would transpose
-// the whole operand (and unfold_operand back), as for x[B,H,T,D] written at (b, 0, t_b, 0).
+// Whether every split of a value of trace `t` shows in its type: no mesh axis of size > 1 that
+// the compiler lays out (Auto, or Explicit made Auto by auto_axes) can split it. In explicit mode
+// by the types' mesh; otherwise by the arguments' mesh and every mesh a constraint or shard_map
+// so far names (none: the values are whole, as on one device).
+bool splits_typed(const TraceState* t) {
+  auto auto_split = [](const Mesh& mesh, const std::vector<std::string>& made_auto) {
+    for (int k = 0; k < mesh.rank(); ++k) {
+      const bool made = std::find(made_auto.begin(), made_auto.end(), mesh.axis_names()[k]) != made_auto.end();
+      const bool is_auto =
+          mesh.axis_types()[k] == AxisType::kAuto || (mesh.axis_types()[k] == AxisType::kExplicit && made);
+      if (is_auto && mesh.shape()[k] > 1) return true;
+    }
+    return false;
+  };
+  if (t == nullptr) return true;
+  if (t->explicit_mesh.has_value()) return !auto_split(*t->explicit_mesh, t->auto_axes);
+  if (t->args_on_auto_axes) return false;
+  for (; t != nullptr; t = t->parent) {
+    for (int id = 0; id < t->graph.size(); ++id) {
+      const auto* s = std::get_if<ShardingAttrs>(&t->graph.node(id).attributes);
+      if (s != nullptr && auto_split(s->sharding.mesh(), {})) return false;
+    }
+  }
+  return true;
+}
+
+// A mapped dimension the window takes whole (its only start is 0) stays free when it may be
+// split: on an Explicit axis (a fold would merge the split; JAX's explicit-mode rules let a full
+// slice keep its split), or on any axis when some split is not in the types (an Auto axis: the
+// trace cannot tell, and a fold would make the compiler gather it). fold_operand then transposes
+// the linear dimensions to the front, which keeps every split (a transpose is local). It stays
+// free too when it comes after every dimension that must fold (the operand keeps its order).
+// Otherwise, with every split known and none on it, it folds as a linear dimension with start 0:
+// kept free before a folded one, fold_operand would transpose the whole operand (and
+// unfold_operand back), as for x[B,H,T,D] written at (b, 0, t_b, 0).
 Addressing make_addressing(const Value& x, Dims window, Dims mapped, Dims collapsed, Dims batching,
                            Dims indices_batching) {
   const Shape operand = x.shape();
   const PartitionSpec spec = type_of(x).spec;  // all None outside explicit mode
+  const bool known = splits_typed(x.ok() ? TraceState::of(x) : nullptr);
   Addressing a{{},
                {},
                std::move(window),
@@ -177,7 +208,7 @@ Addressing make_addressing(const Value& x, Dims window, Dims mapped, Dims collap
   for (int64_t d = 0; d < rank; ++d)
     if (addressed(d) && !whole(d)) last_folded = d;
   for (int64_t d = 0; d < rank; ++d) {
-    const bool split = !spec.axes(static_cast<int>(d)).empty();
+    const bool split = !known || !spec.axes(static_cast<int>(d)).empty();
     const bool keep_free = whole(d) && (split || d > last_folded);
     if (keep_free) a.whole_mapped.push_back(d);
     (addressed(d) && !keep_free ? a.linear : a.free).push_back(d);

@@ -89,6 +89,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // axis, and then every node's type spec, by id (filled by make() as nodes are added); inside
   // an out_sharding, rules may leave an ambiguous result to it (out_sharding_scopes > 0).
   std::optional<Mesh> explicit_mesh;
+  // Whether the arguments' mesh (trace()'s input shardings; a body's: its parent's) has an Auto
+  // axis of size > 1, along which the compiler may split values without any type showing it
+  // (lax_gather.cc's make_addressing then folds no dimension that may be split).
+  bool args_on_auto_axes = false;
   // Inside explicit_axes: the mesh the constraints inside are placed on (the one the types were
   // switched from; its devices are the program's mesh), while explicit_mesh has the switched types.
   std::optional<Mesh> constraint_mesh;

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/tessera.h"
@@ -894,15 +896,13 @@ TEST_F(VmapTest, DynamicUpdateSliceWithPerExampleStartsOnASplitBatch) {
 // each example writes (reads) its row of every head at its own position t_b, starts (0, t_b, 0).
 // JAX batches them as a scatter / gather with the batch a batching dimension and every dimension
 // in start_index_map, mode CLIP (_dynamic_update_slice_batching_rule / _dynamic_slice_batching_rule,
-// jax/_src/lax/slicing.py). The windows take H and D whole; H comes before T, which is sliced, so
-// keeping H out of the folded index would transpose the whole cache into (B, T, H, D) and back
-// on every step. The traced program holds no transpose, and the values are the host loop's.
-TEST_F(VmapTest, PerExampleKvCacheWriteAndReadTransposeNoOperand) {
-  constexpr int64_t kB = 4, kH = 2, kT = 5, kD = 4;
-  const HostArray cache = arange({kB, kH, kT, kD});
-  HostArray rows(DType::kF32, {kB, kH, 1, kD});
-  for (int64_t i = 0; i < kB * kH * kD; ++i) rows.mutable_values<float>()[i] = -1.0f - static_cast<float>(i);
-  const std::vector<int32_t> positions = {0, 3, 7, -2};  // 7 and -2 clamp to kT - 1 and 0
+// jax/_src/lax/slicing.py). The windows take H and D whole. The case, and what a host loop
+// writes and reads, for the two tests below.
+struct KvCacheCase {
+  static constexpr int64_t kB = 4, kH = 2, kT = 5, kD = 4;
+  HostArray cache = arange({kB, kH, kT, kD});
+  HostArray rows{DType::kF32, {kB, kH, 1, kD}};
+  std::vector<int32_t> positions = {0, 3, 7, -2};  // 7 and -2 clamp to kT - 1 and 0
   TracedFunction write = [](const std::vector<Value>& in) {
     const Value zero = full({}, 0, DType::kI32);
     return std::vector<Value>{dynamic_update_slice(in[0], in[1], {zero, in[2], zero})};
@@ -911,6 +911,31 @@ TEST_F(VmapTest, PerExampleKvCacheWriteAndReadTransposeNoOperand) {
     const Value zero = full({}, 0, DType::kI32);
     return std::vector<Value>{dynamic_slice(in[0], {zero, in[1], zero}, {kH, 1, kD})};
   };
+  std::vector<double> written, got;  // the host loop's cache after the write, and rows read
+
+  KvCacheCase() {
+    for (int64_t i = 0; i < kB * kH * kD; ++i) rows.mutable_values<float>()[i] = -1.0f - static_cast<float>(i);
+    const float* c = cache.values<float>().data();
+    const float* r = rows.values<float>().data();
+    written.assign(c, c + kB * kH * kT * kD);
+    for (int64_t b = 0; b < kB; ++b) {
+      const int64_t t = clamped_start(positions[b], kT, 1);
+      for (int64_t h = 0; h < kH; ++h) {
+        for (int64_t d = 0; d < kD; ++d) {
+          written[((b * kH + h) * kT + t) * kD + d] = r[(b * kH + h) * kD + d];
+          got.push_back(c[((b * kH + h) * kT + t) * kD + d]);
+        }
+      }
+    }
+  }
+};
+
+// H comes before T, which is sliced, so keeping H out of the folded index would transpose the
+// whole cache into (B, T, H, D) and back on every step. The traced program holds no transpose,
+// and the values are the host loop's.
+TEST_F(VmapTest, PerExampleKvCacheWriteAndReadTransposeNoOperand) {
+  const KvCacheCase kv;
+  constexpr int64_t kB = KvCacheCase::kB, kH = KvCacheCase::kH, kT = KvCacheCase::kT, kD = KvCacheCase::kD;
   const ArrayType cache_type{DType::kF32, {kB, kH, kT, kD}}, rows_type{DType::kF32, {kB, kH, 1, kD}},
       positions_type{DType::kI32, {kB}};
   auto expect_no_transpose = [](const absl::StatusOr<Graph>& g) {
@@ -919,44 +944,73 @@ TEST_F(VmapTest, PerExampleKvCacheWriteAndReadTransposeNoOperand) {
     for (int id = 0; id < g->size(); ++id) transposes += g->node(id).op == Op::kTranspose ? 1 : 0;
     EXPECT_EQ(transposes, 0) << g->to_text();
   };
-  expect_no_transpose(trace(vmap(write), {cache_type, rows_type, positions_type}));
-  expect_no_transpose(trace(vmap(read), {cache_type, positions_type}));
+  expect_no_transpose(trace(vmap(kv.write), {cache_type, rows_type, positions_type}));
+  expect_no_transpose(trace(vmap(kv.read), {cache_type, positions_type}));
 
-  const float* c = cache.values<float>().data();
-  const float* r = rows.values<float>().data();
-  std::vector<double> written(c, c + kB * kH * kT * kD), got;
-  for (int64_t b = 0; b < kB; ++b) {
-    const int64_t t = clamped_start(positions[b], kT, 1);
-    for (int64_t h = 0; h < kH; ++h) {
-      for (int64_t d = 0; d < kD; ++d) {
-        written[((b * kH + h) * kT + t) * kD + d] = r[(b * kH + h) * kD + d];
-        got.push_back(c[((b * kH + h) * kT + t) * kD + d]);
-      }
-    }
-  }
-  const Array xs = put(cache, P()), ps = put(int32s(positions), P());
-  absl::StatusOr<std::vector<Array>> out = jit(vmap(write))({xs, put(rows, P()), ps});
+  const Array xs = put(kv.cache, P()), ps = put(int32s(kv.positions), P());
+  absl::StatusOr<std::vector<Array>> out = jit(vmap(kv.write))({xs, put(kv.rows, P()), ps});
   ASSERT_TRUE(out.ok()) << out.status();
-  expect_near(fetch((*out)[0]), written);
-  out = jit(vmap(read))({xs, ps});
+  expect_near(fetch((*out)[0]), kv.written);
+  out = jit(vmap(kv.read))({xs, ps});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ((*out)[0].shape(), (Shape{kB, kH, 1, kD}));
-  expect_near(fetch((*out)[0]), got);
+  expect_near(fetch((*out)[0]), kv.got);
 
   // On Explicit (2, 2) with the batch split over 'x' and the heads over 'y': H, split, stays out
   // of the folded index (a fold would merge its split), so it keeps its split, as JAX's
   // _gather_sharding_rule / _scatter_sharding_rule keep a full window dimension's.
   const Mesh xy = mesh_2x2();
   const PartitionSpec heads = P("x", "y", None, None);
-  const Array xs2 = put_on(xy, cache, heads), ps2 = put_on(xy, int32s(positions), P("x"));
-  out = jit(vmap(write))({xs2, put_on(xy, rows, heads), ps2});
+  const Array xs2 = put_on(xy, kv.cache, heads), ps2 = put_on(xy, int32s(kv.positions), P("x"));
+  out = jit(vmap(kv.write))({xs2, put_on(xy, kv.rows, heads), ps2});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[4@x,2@y,5,4]");
-  expect_near(fetch((*out)[0]), written);
-  out = jit(vmap(read))({xs2, ps2});
+  expect_near(fetch((*out)[0]), kv.written);
+  out = jit(vmap(kv.read))({xs2, ps2});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[4@x,2@y,1,4]");
-  expect_near(fetch((*out)[0]), got);
+  expect_near(fetch((*out)[0]), kv.got);
+}
+
+// The same cache under plain jit on Auto axes, the heads split over 'model' (the usual tensor-
+// parallel attention layout): the trace sees no split, so it cannot fold H as if it were whole.
+// H stays out of the folded index (the cache is transposed, which keeps every split), and no
+// collective of the compiled write or read runs over 'model'; with only the heads split, no
+// all_gather at all. (With the batch split over 'data' too, the batching dimension folds with T
+// and the one-axis scatter / gather run over 'data', as any split folded dimension does.) The
+// values are the host loop's.
+TEST_F(VmapTest, PerExampleKvCacheOnAutoAxesGathersNoHeads) {
+  const KvCacheCase kv;
+  auto expect_no_collective_over_model = [](const std::string& plan) {
+    const std::vector<std::string> lines = absl::StrSplit(plan, '\n');
+    for (const std::string& line : lines) {
+      for (const char* collective :
+           {"all_gather", "all_reduce", "all_to_all", "collective_permute", "reduce_scatter"}) {
+        if (absl::StrContains(line, collective)) {
+          EXPECT_THAT(line, Not(HasSubstr("'model'"))) << plan;
+        }
+      }
+    }
+  };
+  for (const PartitionSpec& heads : {P(None, "model", None, None), P("data", "model", None, None)}) {
+    SCOPED_TRACE(heads.to_string());
+    const bool batch_split = !heads.axes(0).empty();
+    const Array xs = put_on(*auto_mesh_, kv.cache, heads),
+                ps = put_on(*auto_mesh_, int32s(kv.positions), batch_split ? P("data") : P());
+    Jitted write = jit(vmap(kv.write)), read = jit(vmap(kv.read));
+    absl::StatusOr<std::vector<Array>> out = write({xs, put_on(*auto_mesh_, kv.rows, heads), ps});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_near(fetch((*out)[0]), kv.written);
+    out = read({xs, ps});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_near(fetch((*out)[0]), kv.got);
+    for (const std::string& plan : {write.as_text(), read.as_text()}) {
+      expect_no_collective_over_model(plan);
+      if (!batch_split) {
+        EXPECT_THAT(plan, Not(HasSubstr("all_gather"))) << plan;
+      }
+    }
+  }
 }
 
 }  // namespace
