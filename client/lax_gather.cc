@@ -155,7 +155,7 @@ struct Addressing {
 // the compiler lays out (Auto, or Explicit made Auto by auto_axes) can split it. In explicit mode
 // by the types' mesh; otherwise by the arguments' mesh and every mesh a constraint or shard_map
 // so far names (none: the values are whole, as on one device).
-bool splits_typed(const TraceState* t) {
+bool splits_typed(TraceState* t) {
   auto auto_split = [](const Mesh& mesh, const std::vector<std::string>& made_auto) {
     for (int k = 0; k < mesh.rank(); ++k) {
       const bool made = std::find(made_auto.begin(), made_auto.end(), mesh.axis_names()[k]) != made_auto.end();
@@ -169,10 +169,11 @@ bool splits_typed(const TraceState* t) {
   if (t->explicit_mesh.has_value()) return !auto_split(*t->explicit_mesh, t->auto_axes);
   if (t->args_on_auto_axes) return false;
   for (; t != nullptr; t = t->parent) {
-    for (int id = 0; id < t->graph.size(); ++id) {
-      const auto* s = std::get_if<ShardingAttrs>(&t->graph.node(id).attributes);
-      if (s != nullptr && auto_split(s->sharding.mesh(), {})) return false;
+    for (; t->auto_constraint_scanned < t->graph.size(); ++t->auto_constraint_scanned) {
+      const auto* s = std::get_if<ShardingAttrs>(&t->graph.node(t->auto_constraint_scanned).attributes);
+      if (s != nullptr && auto_split(s->sharding.mesh(), {})) t->auto_constraint_seen = true;
     }
+    if (t->auto_constraint_seen) return false;
   }
   return true;
 }

@@ -93,6 +93,10 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // axis of size > 1, along which the compiler may split values without any type showing it
   // (lax_gather.cc's make_addressing then folds no dimension that may be split).
   bool args_on_auto_axes = false;
+  // Whether a node of this graph below `auto_constraint_scanned` is a constraint or shard_map
+  // on a mesh with such an axis (make_addressing's scan, incremental: nodes are only appended).
+  int auto_constraint_scanned = 0;
+  bool auto_constraint_seen = false;
   // Inside explicit_axes: the mesh the constraints inside are placed on (the one the types were
   // switched from; its devices are the program's mesh), while explicit_mesh has the switched types.
   std::optional<Mesh> constraint_mesh;
