@@ -153,8 +153,10 @@ struct Addressing {
 
 // Whether every split of a value of trace `t` shows in its type: no mesh axis of size > 1 that
 // the compiler lays out (Auto, or Explicit made Auto by auto_axes) can split it. In explicit mode
-// by the types' mesh; otherwise by the arguments' mesh and every mesh a constraint or shard_map
-// so far names (none: the values are whole, as on one device).
+// by the types' mesh; otherwise by the arguments' mesh and the meshes that the constraints and
+// shard_maps so far in this trace's graph and its enclosing traces' graphs name (none: the values
+// are whole, as on one device). Not those inside the bodies of loops or conds traced before: a
+// split named only there folds, and the compiler gathers it (correct values, a collective more).
 bool splits_typed(TraceState* t) {
   auto auto_split = [](const Mesh& mesh, const std::vector<std::string>& made_auto) {
     for (int k = 0; k < mesh.rank(); ++k) {

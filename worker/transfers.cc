@@ -109,9 +109,10 @@ absl::Status check_peer_process(int32_t pid, const std::string& peer, int listen
   // The sockets matching, by inode. /proc/net/tcp is not a snapshot: read in pieces while
   // sockets come and go (TIME_WAIT ones expiring), a line can be read twice or not at all. The
   // call's own connection is established while the call lasts, so a line read twice counts
-  // once, and a table without it is read again.
+  // once, and tables without any match are read again. Two sockets are never resolved by
+  // reading again (a read that missed one of them would pass a process holding the other).
   std::vector<uint64_t> inodes;
-  for (int attempt = 0; attempt < kPeerScans && inodes.size() != 1; ++attempt) {
+  for (int attempt = 0; attempt < kPeerScans && inodes.empty(); ++attempt) {
     inodes.clear();
     for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
       std::ifstream in(table);
@@ -135,9 +136,9 @@ absl::Status check_peer_process(int32_t pid, const std::string& peer, int listen
     inodes.erase(std::unique(inodes.begin(), inodes.end()), inodes.end());
   }
   if (inodes.size() != 1) {
-    return absl::FailedPreconditionError(absl::StrCat(cannot, inodes.size(), " established sockets from ", peer,
-                                                      " to port ", listening_port, " here, not one (read ", kPeerScans,
-                                                      " times)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(cannot, inodes.size(), " established sockets from ", peer, " to port ", listening_port,
+                     " here, not one", inodes.empty() ? absl::StrCat(" (read ", kPeerScans, " times)") : ""));
   }
   const std::string socket = absl::StrCat("socket:[", inodes[0], "]");
   const std::string fds = absl::StrCat("/proc/", pid, "/fd");

@@ -77,8 +77,9 @@ _ORDERED = ("integer", "floating", "bool")
 _ANY = ("integer", "floating", "complexfloating", "bool")
 _INEXACT = ("floating", "complexfloating")
 # jnp function -> (lax primitive, the dtypes its rule accepts) for the ones that reach a
-# primitive with keys (tessera.lax's functions refuse keys by the primitive's rule directly); lax.py's accepted sets (_num, _ordered, ...), whose names
-# JAX joins in a Python set's order, here in lax.py's order of the union.
+# primitive with keys (tessera.lax's functions refuse keys by the primitive's rule directly);
+# lax.py's accepted sets (_num, _ordered, ...), whose names JAX joins in a Python set's order,
+# here in lax.py's order of the union.
 _PRIMITIVES = {
     "add": ("add", _NUM), "subtract": ("sub", _NUM), "multiply": ("mul", _NUM),
     "maximum": ("max", _ANY), "minimum": ("min", _ANY),
@@ -424,8 +425,11 @@ class _KeyIndexUpdate:
 def _resolve(shape, size):
     """numpy's reshape of `size` elements to `shape` with at most one -1 (numpy.py's
     _norm_shape), refused here when it does not hold them all or a -1 is left (two of them, or
-    one next to a 0, which any number of elements fits: numpy refuses it too)."""
+    one next to a 0, which any number of elements fits: numpy refuses it too); two -1s are
+    JAX's TypeError."""
     from .numpy import _norm_shape
+    if [int(d) for d in shape].count(-1) > 1:  # jax/_src/numpy/array_methods.py _compute_newshape
+        raise TypeError(f"can only specify one unknown axis size with a `-1` value, got {tuple(shape)}")
     resolved = _norm_shape(shape, size)
     if any(d < 0 for d in resolved) or int(np.prod(resolved, dtype=np.int64)) != size:
         raise ValueError(f"cannot reshape key array of size {size} into shape {tuple(int(d) for d in shape)}")

@@ -774,7 +774,7 @@ def _is_index_array(i):
         if kind not in "iu":
             # jax/_src/numpy/indexing.py IndexType.from_index: a TypeError (keys, floats).
             raise TypeError("Indexer must have integer or boolean type, got indexer with type "
-                            f"{_np.asarray(i).dtype if isinstance(i, list) else i.dtype}")
+                            f"{canonical_dtype(_np.asarray(i).dtype) if isinstance(i, list) else i.dtype}")
         return True
     return False
 

@@ -153,6 +153,8 @@ def test_indexers_that_are_not_integers_are_type_errors_as_jax(table):
         table.at[jnp.array([1.0])].set(0.0)
     with pytest.raises(TypeError, match=message.format("float64")):
         table[1.0]
+    with pytest.raises(TypeError, match=message.format("float32")):  # a list: canonical, as asarray's
+        table[[1.0]]
     with pytest.raises(TypeError, match=message.format("float64")):
         table.at[0, 0.0].add(1.0)
     with pytest.raises(TypeError, match=message.format("float32")):

@@ -402,12 +402,14 @@ def test_typed_keys_print_index_and_reshape_as_jax():
     assert np.asarray(random.key_data(keys.ravel())).tolist() == data.reshape(6, 2).tolist()
     # A -1 that no size resolves is refused, as numpy's reshape refuses it ("cannot reshape array
     # of size 0 into shape (0,newaxis)"; JAX's array_methods.py _compute_newshape fails on it too:
-    # its `arr.size % math.prod(other_sizes)` divides by the 0), and so are two -1s
-    # (_compute_newshape: "can only specify one unknown axis size").
-    for ks, shape in [(random.split(k, 0), (0, -1)), (random.split(k, 0), (-1, 0)), (k, (-1, -1))]:
+    # its `arr.size % math.prod(other_sizes)` divides by the 0); two -1s are _compute_newshape's
+    # TypeError.
+    for ks, shape in [(random.split(k, 0), (0, -1)), (random.split(k, 0), (-1, 0))]:
         with pytest.raises(ValueError, match=rf"^cannot reshape key array of size {ks.size} into shape "
                                              rf"{re.escape(str(shape))}$"):
             ks.reshape(shape)
+    with pytest.raises(TypeError, match=r"^can only specify one unknown axis size with a `-1` value, got \(-1, -1\)$"):
+        k.reshape((-1, -1))
     assert np.asarray(random.key_data(keys.T)).tolist() == data.transpose(1, 0, 2).tolist()
     stacked = tessera.numpy.stack([keys[0], keys[1]], axis=-1)
     assert stacked.shape == (3, 2) and np.asarray(random.key_data(stacked)).tolist() == data.transpose(1, 0, 2).tolist()
