@@ -806,6 +806,14 @@ def _expand_index(x, idx):
     return expanded
 
 
+def _unit_slice(i, size):
+    """The (start, stop) of slice i over a dimension of `size`; a step other than 1 is refused."""
+    s, e, step = i.indices(size)
+    if step != 1:
+        raise NotImplementedError(f"indexing with step {step}: Tessera's slice has unit strides")
+    return s, builtins.max(e, s)
+
+
 def _getitem(x, idx):
     """x[idx] as jnp indexes: ints, unit-step slices, None, ... and at most one integer index
     array (an embedding lookup, x[:, ids]). An index array's out-of-range entries clamp and
@@ -821,10 +829,7 @@ def _getitem(x, idx):
             continue
         size = x.shape[d]
         if isinstance(i, slice):
-            s, e, step = i.indices(size)
-            if step != 1:
-                raise NotImplementedError(f"indexing with step {step}: Tessera's slice has unit strides")
-            e = builtins.max(e, s)
+            s, e = _unit_slice(i, size)
             start.append(s), limit.append(e), out_shape.append(e - s)
         elif isinstance(i, (int, _np.integer)) and not isinstance(i, bool):
             j = int(i) + size if i < 0 else int(i)
@@ -834,8 +839,7 @@ def _getitem(x, idx):
             advanced.append(k)
         elif _is_index_array(i):
             if array_index is not None:
-                raise NotImplementedError("indexing with two index arrays: Tessera's gather takes one index array "
-                                          "along one dimension (use jnp.take twice)")
+                return _index_gather(x, expanded, "clip", None, True, False)
             array_pos, array_index = len(out_shape), i
             start.append(0), limit.append(size), out_shape.append(size)
             advanced.append(k)
@@ -859,9 +863,98 @@ def _getitem(x, idx):
     return out
 
 
+def _index_plan(x, expanded, wrap, at):
+    """The general index (ints, unit-step slices, None and integer index arrays broadcasting
+    together; `expanded` as _expand_index gives it) as one lax gather's or scatter's operands, as
+    jax/_src/numpy/indexing.py _index_to_gather builds them: (the indices, index vector last;
+    the dimension numbers (offset or window dims, collapsed or inserted dims, start index map,
+    no batching dims); the gathered shape without None's dimensions; that shape with them).
+    Ints and index arrays are advanced indices: broadcast together, their dimensions where the
+    first of them is when they are adjacent (None separates them), else first (numpy's rule);
+    negatives wrap when `wrap`. A slice not starting at 0 adds its start to the index vector.
+    An int out of range is an IndexError in x[...] (as the fast paths), an index in .at[]
+    (`at`), where the mode clamps or drops it."""
+    adv, adv_pos, basic, d = [], [], [], 0  # basic: (position, operand dim or None, start, stop)
+    for k, i in enumerate(expanded):
+        if i is None:
+            basic.append((k, None, 0, 1))
+            continue
+        size = x.shape[d]
+        if isinstance(i, slice):
+            basic.append((k, d, *_unit_slice(i, size)))
+        elif isinstance(i, (int, _np.integer)) and not isinstance(i, bool):
+            if not at and not -size <= int(i) < size:
+                raise IndexError(f"index {int(i)} is out of bounds for axis {d} with size {size}")
+            j = int(i) + size if wrap and i < 0 else int(i)
+            adv.append((d, _tracer(_np.asarray(j, _int_dtype())))), adv_pos.append(k)
+        elif _is_index_array(i):
+            t = _tracer(_int32_indices(_np.asarray(i) if isinstance(i, list) else i, index_to_gather=True))
+            adv.append((d, where(t < 0, t + size, t) if wrap else t)), adv_pos.append(k)
+        else:
+            _refuse_scalar_index(i)
+            raise NotImplementedError(f"indexing with {type(i).__name__} {i!r}: Tessera supports ints, slices, "
+                                      "None, ... and integer index arrays")
+        d += 1
+    shape = tuple(_np.broadcast_shapes(*[t.shape for _, t in adv]))
+    dt = _np.dtype(_np.int64) if builtins.all(t.dtype == _np.int64 for _, t in adv) else _np.dtype(_np.int32)
+    parts = [broadcast_to(t.astype(dt), shape) for _, t in adv]
+    starts = [(dim, s) for _, dim, s, _ in basic if dim is not None and s != 0]
+    parts += [full(shape, s, dt) for _, s in starts]
+    indices = stack(parts, axis=-1)
+    first = builtins.sum(1 for k, *_ in basic if k < adv_pos[0]) \
+        if adv_pos == list(range(adv_pos[0], adv_pos[0] + len(adv_pos))) else 0
+    full_shape, gathered, offset = [], [], []
+    for j, (_, dim, s, e) in enumerate(basic + [(None, None, 0, 0)]):
+        if j == first:
+            full_shape += shape
+            gathered += shape
+        if j < len(basic):
+            full_shape.append(e - s)
+            if dim is not None:
+                offset.append(len(gathered))
+                gathered.append(e - s)
+    collapsed = [dim for dim, _ in adv]
+    sizes = [1] * x.ndim
+    for _, dim, s, e in basic:
+        if dim is not None:
+            sizes[dim] = e - s
+    dims = (tuple(offset), tuple(collapsed), tuple(collapsed + [dim for dim, _ in starts]), (), ())
+    return indices, dims, tuple(gathered), tuple(full_shape), tuple(sizes)
+
+
+def _index_gather(x, expanded, mode, fill_value, wrap, at):
+    """x[expanded] as one lax gather (_index_plan), out-of-range indices as `mode` says."""
+    i, dims, _, shape, sizes = _index_plan(x, expanded, wrap, at)
+    out = _wrap(_t.gather(x._v, i._v, *dims, list(sizes), mode, fill_value))
+    return out if out.shape == shape else reshape(out, shape)
+
+
+def _index_scatter(x, idx, values, name, mode, wrap):
+    """x.at[idx].<update>(values) for the general index: lax's scatter `name` with the dimension
+    numbers of _index_plan's gather (jax/_src/ops/scatter.py _scatter_impl: the values broadcast
+    to the indexed shape, None's dimensions squeezed), in x's and the values' common dtype
+    (_promoted), cast back to x's."""
+    from ._api import typeof
+    from .sharding import PartitionSpec
+    i, dims, gathered, shape, _ = _index_plan(x, _expand_index(x, idx), wrap, True)
+    xt, y = _promoted(x, values)
+    u = reshape(broadcast_to(y, shape), gathered)
+    x_spec = tuple(typeof(xt).sharding.spec) + (None,) * x.ndim
+    if builtins.any(s is not None for s in x_spec + tuple(typeof(u).sharding.spec)):
+        # On Explicit axes the updates laid out as the indexed slice of x (_scatter_impl:
+        # indexer.slice_sharding): x's splits on the windows, the index dimensions whole.
+        windows = [d for d in range(x.ndim) if d not in dims[1]]
+        spec = [None] * len(gathered)
+        for j, d in zip(dims[0], windows):
+            spec[j] = x_spec[d]
+        u = broadcast_to(u, gathered, out_sharding=PartitionSpec(*spec))
+    return _back(_wrap(getattr(_t, name)(xt._v, i._v, u._v, *[list(d) for d in dims], mode)), x)
+
+
 def _at_axis(x, idx):
     """The (axis, index) of an .at[] index: slices over whole dimensions, then one int or one
-    integer index array (x.at[i], x.at[:, i], x.at[..., i])."""
+    integer index array (x.at[i], x.at[:, i], x.at[..., i]); None for any other index, which
+    _index_plan's general gather or scatter takes."""
     expanded = _expand_index(x, idx)
     def whole(i):
         return isinstance(i, slice) and i == slice(None)
@@ -873,15 +966,17 @@ def _at_axis(x, idx):
     *lead, last = expanded
     if not builtins.all(whole(i) for i in lead) or not (
             _is_index_array(last) or (isinstance(last, (int, _np.integer)) and not isinstance(last, bool))):
-        raise NotImplementedError(f"x.at[{idx!r}]: Tessera's .at takes whole slices and then one int or one "
-                                  "integer index array (x.at[i], x.at[:, i])")
+        return None
     return len(lead), _tracer(_np.asarray(last, _int_dtype()) if not isinstance(last, (Tracer, Array, _np.ndarray))
                               else _int32_indices(last, index_to_gather=True))
 
 
 @_op
 def _at_get(x, idx):
-    axis, i = _at_axis(x, idx)
+    plan = _at_axis(x, idx)
+    if plan is None:
+        return _index_gather(x, _expand_index(x, idx), "clip", None, True, True)
+    axis, i = plan
     return _wrap(_t.at_get(x._v, i._v, axis))
 
 
@@ -943,22 +1038,32 @@ def _back(out, x):
 
 @_op
 def _at_set(x, idx, values):
-    axis, i = _at_axis(x, idx)
+    plan = _at_axis(x, idx)
+    if plan is None:
+        return _index_scatter(x, idx, values, "scatter", "fill_or_drop", True)
+    axis, i = plan
     xt, y = _promoted(x, values)
     return _back(_wrap(_t.at_set(xt._v, i._v, axis, y._v)), x)
 
 
 @_op
 def _at_add(x, idx, values):
-    axis, i = _at_axis(x, idx)
+    plan = _at_axis(x, idx)
+    if plan is None:
+        return _index_scatter(x, idx, values, "scatter_add", "fill_or_drop", True)
+    axis, i = plan
     xt, y = _promoted(x, values)
     return _back(_wrap(_t.at_add(xt._v, i._v, axis, y._v)), x)
 
 
 def _at_lax(x, idx, wrap):
     """An .at[] index as lax's: (axis, indices with the index vector last, the dimensions of the
-    result (a gather's, a scatter's updates) that are x's, not the index array's)."""
-    axis, i = _at_axis(x, idx)
+    result (a gather's, a scatter's updates) that are x's, not the index array's); None for the
+    general index (_index_plan)."""
+    plan = _at_axis(x, idx)
+    if plan is None:
+        return None
+    axis, i = plan
     if wrap:
         i = where(i < 0, i + x.shape[axis], i)
     return axis, expand_dims(i, -1), list(range(axis)) + list(range(axis + i.ndim, x.ndim - 1 + i.ndim))
@@ -975,7 +1080,10 @@ def _at_scatter(x, idx, values, name, mode, wrap):
     scatter's explicit-mode rule needs."""
     from ._api import typeof
     from .sharding import PartitionSpec
-    axis, i, window = _at_lax(x, idx, wrap)
+    plan = _at_lax(x, idx, wrap)
+    if plan is None:
+        return _index_scatter(x, idx, values, name, mode, wrap)
+    axis, i, window = plan
     shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]
     xt, y = _promoted(x, values)
     u = broadcast_to(y, shape)
@@ -992,7 +1100,11 @@ def _at_apply(x, idx, func, mode, wrap):
     lax.scatter_apply with .at[].add's dimension numbers and the indexed shape as update_shape
     (func applied once per index, so repeated indices apply it repeatedly)."""
     from .lax import _scatter_apply
-    axis, i, window = _at_lax(x, idx, wrap)
+    plan = _at_lax(x, idx, wrap)
+    if plan is None:
+        i, dims, shape, _, _ = _index_plan(x, _expand_index(x, idx), wrap, True)
+        return _scatter_apply(x, i, func, dims, shape, mode)
+    axis, i, window = plan
     shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]
     return _scatter_apply(x, i, func, (tuple(window), (axis,), (axis,), (), ()), shape, mode)
 
@@ -1001,7 +1113,10 @@ def _at_apply(x, idx, func, mode, wrap):
 def _at_gather(x, idx, mode, fill_value, wrap):
     """x.at[idx].get(mode=, fill_value=, wrap_negative_indices=): lax's gather of the index's
     slices (indexing.py rewriting_take)."""
-    axis, i, window = _at_lax(x, idx, wrap)
+    plan = _at_lax(x, idx, wrap)
+    if plan is None:
+        return _index_gather(x, _expand_index(x, idx), mode, fill_value, wrap, True)
+    axis, i, window = plan
     sizes = list(x.shape)
     sizes[axis] = 1
     return _wrap(_t.gather(x._v, i._v, window, [axis], [axis], [], [], sizes, mode, fill_value))

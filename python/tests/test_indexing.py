@@ -134,8 +134,12 @@ def test_dynamic_slices_clamp_their_starts(mesh):
 
 
 def test_unsupported_indices_say_what_is_missing(table):
-    with pytest.raises(NotImplementedError, match="two index arrays"):
-        tessera.jit(lambda t, i: t[i, i])(table, np.array([1], np.int32))
+    with pytest.raises(NotImplementedError, match="step 2"):
+        tessera.jit(lambda t, i: t[i, ::2])(table, np.array([1], np.int32))
+    with pytest.raises(NotImplementedError, match="step 2"):
+        table.at[np.array([1]), ::2].set(0.0)
+    with pytest.raises(NotImplementedError, match="boolean mask"):
+        table.at[np.array([1]), np.ones(8, bool)].add(1.0)
     with pytest.raises(NotImplementedError, match="boolean mask"):
         tessera.jit(lambda t, m: t[m])(table, np.ones(16, bool))
     with pytest.raises(ValueError, match="mode 'raise'"):
@@ -161,3 +165,137 @@ def test_indexers_that_are_not_integers_are_type_errors_as_jax(table):
         table[np.float32(1.0)]
     with pytest.raises(TypeError, match=message.format("key<fry>")):
         table[tessera.random.key(0)]
+
+
+# The general index: ints, unit-step slices, None, ... and integer index arrays broadcasting
+# together, one lax gather or scatter as jax/_src/numpy/indexing.py _index_to_gather builds it.
+# Cases mirror tests/lax_numpy_indexing_test.py's ADVANCED_INDEXING_TESTS and
+# MIXED_ADVANCED_INDEXING_TESTS ("TupleOfPythonIntsAndIntArrays", "SlicesAndTwoIntArrayIndices",
+# "NonesAndIntArrayIndices", "EllipsisWithArrayIndices"; testAdvancedIntegerIndexing,
+# testMixedAdvancedIndexing for the updates), numpy the reference.
+CUBE = rng.standard_normal((8, 6, 4)).astype(np.float32)
+ROWS = np.array([[5, 0, -1], [2, 7, -8]], dtype=np.int32)  # negatives wrap as numpy's
+COLS = np.array([3, -1, 0], dtype=np.int32)
+DEPTH = np.array([[1], [-4]], dtype=np.int32)
+GENERAL_INDICES = {
+    "rows_cols": lambda r, c, d: (r, c),  # (ids1, ids2) broadcasting (2, 3) with (3,)
+    "rows_slice_depth": lambda r, c, d: (r[0], slice(None), d),  # (ids, :, ids2): not adjacent, first
+    "rows_none_depth": lambda r, c, d: (r[0], None, d),  # None separates them: first
+    "slice_cols_depth": lambda r, c, d: (slice(2, 7), c, d),  # adjacent: where the first one is
+    "rows_ellipsis_depth": lambda r, c, d: (r, Ellipsis, d),
+    "none_rows_cols_none": lambda r, c, d: (None, r, c, None),
+}
+
+
+@pytest.fixture(scope="module", params=[P("data", None, "model"), P(None, "model", "data"), P()],
+                ids=["rows_data_depth_model", "cols_model_depth_data", "replicated"])
+def cube(mesh, request):
+    return tessera.device_put(CUBE, NamedSharding(mesh, request.param))
+
+
+@pytest.mark.parametrize("case", sorted(GENERAL_INDICES))
+def test_two_index_arrays_gather_as_numpy(cube, case):
+    index = GENERAL_INDICES[case]
+    want = CUBE[index(ROWS, COLS, DEPTH)]
+    jitted = tessera.jit(lambda x, r, c, d: (x[index(r, c, d)], x.at[index(r, c, d)].get()))(cube, ROWS, COLS, DEPTH)
+    for got in (*jitted, cube[index(ROWS, COLS, DEPTH)], cube.at[index(ROWS, COLS, DEPTH)].get()):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_two_index_arrays_gather_on_a_table_split_on_both_dims(table, ids):
+    cols = np.array([0, 7, -3, 2], dtype=np.int32)
+    got = tessera.jit(lambda t, i, c: (t[i, c], t[i % 16, i % 8]))(table, ids, cols)
+    np.testing.assert_array_equal(np.asarray(got[0]), TABLE[IDS, cols])
+    np.testing.assert_array_equal(np.asarray(got[1]), TABLE[IDS % 16, IDS % 8])
+
+
+def _numpy_update(op, x, index, values):
+    out = x.copy()
+    ufunc = {"set": None, "add": np.add, "multiply": np.multiply, "min": np.minimum, "max": np.maximum}[op]
+    if ufunc is None:
+        out[index] = values
+    else:
+        ufunc.at(out, index, values)  # unbuffered: repeated indices accumulate, as a scatter's
+    return out
+
+
+AT_INDICES = {
+    "ids_int": lambda r, c, d: (r, 0),  # (ids, 0)
+    "int_ids": lambda r, c, d: (0, c),  # (0, ids)
+    "ids_slice_int": lambda r, c, d: (r, slice(None), 0),  # (ids, :, 0)
+    **GENERAL_INDICES,
+}
+
+
+@pytest.mark.parametrize("op", ["set", "add", "multiply", "min", "max"])
+@pytest.mark.parametrize("case", sorted(AT_INDICES))
+def test_at_updates_with_the_general_index_match_numpy(cube, case, op):
+    index = AT_INDICES[case]
+    # ROWS repeats rows (0 and -8, 7 and -1), which add, multiply, min and max combine; a set
+    # of repeated indices keeps one of the values (unspecified which), so set takes unique rows.
+    np_index = index(ROWS if op != "set" else np.array([[5], [2]], np.int32), COLS, DEPTH)
+    shape = CUBE[np_index].shape
+    values = np.arange(1, 1 + np.prod(shape), dtype=np.float32).reshape(shape) / 7
+    want = _numpy_update(op, CUBE, np_index, values)
+    jitted = tessera.jit(lambda x, v: getattr(x.at[np_index], op)(v))(cube, values)
+    eager = getattr(cube.at[np_index], op)(values)
+    for got in (jitted, eager):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+def test_at_add_accumulates_duplicates_and_drops_out_of_range(table):
+    # jax.Array.at: updates at out-of-range indices are dropped (mode None is FILL_OR_DROP for
+    # scatters, jax/_src/ops/scatter.py _scatter_update); .get clamps (rewriting_take's
+    # PROMISE_IN_BOUNDS gather); mode="fill" gives fill_value.
+    rows = np.array([1, 1, 20, -1, 1], dtype=np.int32)
+    cols = np.array([2, 2, 0, 7, 9], dtype=np.int32)
+    got = tessera.jit(lambda t: (t.at[rows, cols].add(1.0), t.at[rows, cols].set(5.0), t.at[rows, cols].get(),
+                                 t.at[rows, cols].get(mode="fill", fill_value=-1.0),
+                                 t.at[rows, cols].subtract(2.0), t.at[rows, cols].add(1.0, mode="clip"),
+                                 t.at[rows, cols].apply(lambda v: v * 3), t.at[rows, cols].divide(2.0)))(table)
+    keep = (rows < 16) & (cols < 8)
+    added = TABLE.copy()
+    np.add.at(added, (rows[keep], cols[keep]), 1.0)  # (1, 2) twice: 2.0 more
+    assert np.isclose(added[1, 2], TABLE[1, 2] + 2)
+    np.testing.assert_allclose(np.asarray(got[0]), added, rtol=1e-6)
+    want_set = TABLE.copy()
+    want_set[rows[keep], cols[keep]] = 5.0
+    np.testing.assert_array_equal(np.asarray(got[1]), want_set)
+    clamped = TABLE[np.clip(np.where(rows < 0, rows + 16, rows), 0, 15), np.clip(cols, 0, 7)]
+    np.testing.assert_array_equal(np.asarray(got[2]), clamped)
+    np.testing.assert_array_equal(np.asarray(got[3]), np.where(keep, clamped, -1.0))
+    subtracted = TABLE.copy()
+    np.subtract.at(subtracted, (rows[keep], cols[keep]), 2.0)
+    np.testing.assert_allclose(np.asarray(got[4]), subtracted, rtol=1e-6)
+    clipped = TABLE.copy()  # mode="clip" clamps the (wrapped) indices into range instead
+    np.add.at(clipped, (np.clip(np.where(rows < 0, rows + 16, rows), 0, 15), np.clip(cols, 0, 7)), 1.0)
+    np.testing.assert_allclose(np.asarray(got[5]), clipped, rtol=1e-6)
+    for g, ufunc, v in ((got[6], np.multiply, 3.0), (got[7], np.divide, 2.0)):  # once per index: (1, 2) twice
+        want = TABLE.copy()
+        ufunc.at(want, (rows[keep], cols[keep]), v)
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-6)
+
+
+def test_general_index_on_explicit_axes():
+    # Explicit axes: a split window dimension stays split (the updates are laid out as the
+    # indexed slice of x, jax/_src/ops/scatter.py _scatter_impl's slice_sharding); a split
+    # indexed dimension needs out_sharding=, as JAX's gather and scatter sharding rules ask.
+    from tessera.sharding import AxisType
+    mesh = tessera.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+    rows, cols = np.array([1, 5, -1], np.int32), np.array([0, 3, 5], np.int32)
+    x = tessera.device_put(CUBE, NamedSharding(mesh, P(None, None, "data")))
+    got = tessera.jit(lambda x: (x[rows, cols], x.at[rows, cols].set(1.0), x.at[rows, 1:3].add(2.0),
+                                 x.at[rows, None, cols].max(0.0)))(x)
+    set_, add, max_ = CUBE.copy(), CUBE.copy(), CUBE.copy()
+    set_[rows, cols] = 1.0
+    add[rows, 1:3] += 2.0
+    max_[rows, None, cols] = np.maximum(max_[rows, None, cols], 0.0)
+    for g, w in zip(got, (CUBE[rows, cols], set_, add, max_)):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    assert tuple(tessera.typeof(got[1]).sharding.spec) == (None, None, "data")
+    split = tessera.device_put(CUBE, NamedSharding(mesh, P("data", "model")))
+    with pytest.raises(ValueError, match="out_sharding"):
+        tessera.jit(lambda x: x.at[rows, cols].set(1.0))(split)
+    out = tessera.jit(lambda x: x.at[rows, cols].set(1.0, out_sharding=P("data", "model")))(split)
+    np.testing.assert_array_equal(np.asarray(out), set_)
