@@ -899,10 +899,12 @@ def _index_plan(x, expanded, wrap, at):
     dt = _np.dtype(_np.int64) if builtins.all(t.dtype == _np.int64 for _, t in adv) else _np.dtype(_np.int32)
     parts = [broadcast_to(t.astype(dt), shape) for _, t in adv]
     starts = [(dim, s) for _, dim, s, _ in basic if dim is not None and s != 0]
+    if not adv and not starts:  # x.at[:2, :3]: the index vector names one window's start, 0
+        starts = [(basic_dim, 0) for _, basic_dim, *_ in basic if basic_dim is not None][:1]
     parts += [full(shape, s, dt) for _, s in starts]
     indices = stack(parts, axis=-1)
     first = builtins.sum(1 for k, *_ in basic if k < adv_pos[0]) \
-        if adv_pos == list(range(adv_pos[0], adv_pos[0] + len(adv_pos))) else 0
+        if adv_pos and adv_pos == list(range(adv_pos[0], adv_pos[0] + len(adv_pos))) else 0
     full_shape, gathered, offset = [], [], []
     for j, (_, dim, s, e) in enumerate(basic + [(None, None, 0, 0)]):
         if j == first:

@@ -299,3 +299,29 @@ def test_general_index_on_explicit_axes():
         tessera.jit(lambda x: x.at[rows, cols].set(1.0))(split)
     out = tessera.jit(lambda x: x.at[rows, cols].set(1.0, out_sharding=P("data", "model")))(split)
     np.testing.assert_array_equal(np.asarray(out), set_)
+
+
+def test_general_index_edge_cases(table):
+    # .at[] with ints only or partial slices (tests/lax_numpy_indexing_test.py STATIC_INDEXING_TESTS
+    # through testStaticIndexing's updates), lists and a traced int beside an array
+    # ("TupleOfListsOfPythonIntsAndIntArrays"), empty index arrays, wrap_negative_indices=False
+    # (testWrapNegativeIndices1D: a negative index is out of range and dropped).
+    empty = np.array([], np.int32)
+
+    def np_set(index, v, op=None):
+        out = TABLE.copy()
+        out[index] = v if op is None else op(out[index], v)
+        return out
+
+    got = tessera.jit(lambda t, i: (t.at[0, 1].set(-1.0), t.at[1:3].set(-1.0), t.at[:2, 1:3].add(1.0),
+                                    t.at[None, 4, 2:5].multiply(3.0), t.at[5, 6].get(), t[i, [0, 3]],
+                                    t[empty, empty], t.at[empty, 2].add(1.0),
+                                    t.at[np.array([-1, 1]), 0].set(9.0, wrap_negative_indices=False)))(
+        table, np.int32(2))
+    want = (np_set((0, 1), -1.0), np_set(slice(1, 3), -1.0), np_set((slice(0, 2), slice(1, 3)), 1.0, np.add),
+            np_set((4, slice(2, 5)), 3.0, np.multiply), TABLE[5, 6], TABLE[2, [0, 3]], TABLE[empty, empty], TABLE,
+            np_set((1, 0), 9.0))
+    for g, w in zip(got, want):
+        assert g.shape == np.shape(w)
+        np.testing.assert_array_equal(np.asarray(g), w)
+    np.testing.assert_array_equal(np.asarray(table[[0, 15], [-1, 2]]), TABLE[[0, 15], [-1, 2]])
