@@ -815,11 +815,12 @@ def _unit_slice(i, size):
 
 
 def _getitem(x, idx):
-    """x[idx] as jnp indexes: ints, unit-step slices, None, ... and at most one integer index
-    array (an embedding lookup, x[:, ids]). An index array's out-of-range entries clamp and
-    negative ones count from the end (JAX's "Out-of-bounds indexing" in the sharp bits:
-    retrieval clamps). Where numpy's advanced indexing puts the index array's dimensions first
-    (an int and an array separated by a slice or None), they go first here too."""
+    """x[idx] as jnp indexes: ints, unit-step slices, None, ... and integer index arrays; one
+    index array (an embedding lookup, x[:, ids]) is the SDK's at().get() on the sliced x, two or
+    more one gather (_index_gather). An index array's out-of-range entries clamp and negative
+    ones count from the end (JAX's "Out-of-bounds indexing" in the sharp bits: retrieval
+    clamps). Where numpy's advanced indexing puts the index array's dimensions first (an int and
+    an array separated by a slice or None), they go first here too."""
     expanded = _expand_index(x, idx)
     start, limit, out_shape, d = [], [], [], 0
     array_pos, array_index, advanced = None, None, []
@@ -846,7 +847,7 @@ def _getitem(x, idx):
         else:
             _refuse_scalar_index(i)
             raise NotImplementedError(f"indexing with {type(i).__name__} {i!r}: Tessera supports ints, slices, "
-                                      "None, ... and one integer index array")
+                                      "None, ... and integer index arrays")
         d += 1
     out = _wrap(_t.slice(x._v, start, limit))
     if tuple(out_shape) != out.shape:
