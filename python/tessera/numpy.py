@@ -764,17 +764,25 @@ asarray = array
 
 # ---- indexing ---------------------------------------------------------------------------
 
+def _sequence_index(i):
+    """A list or tuple inside an index as numpy's array; an empty one an integer index (JAX's
+    IndexType.from_index takes it as one; numpy would make it float64)."""
+    return _np.asarray(i, dtype=_int_dtype()) if len(i) == 0 else _np.asarray(i)
+
+
 def _is_index_array(i):
     """An integer index array (not a Python or numpy integer, which index one position)."""
-    if isinstance(i, (Tracer, Array, _np.ndarray, list)):
-        kind = _np.asarray(i).dtype.kind if isinstance(i, list) else i.dtype.kind
+    if isinstance(i, (list, tuple)):
+        i = _sequence_index(i)
+    if isinstance(i, (Tracer, Array, _np.ndarray)):
+        kind = i.dtype.kind
         if kind == "b":
             raise NotImplementedError("indexing with a boolean mask: its result's shape depends on the values "
                                       "(JAX refuses it inside jit too); use jnp.where")
         if kind not in "iu":
             # jax/_src/numpy/indexing.py IndexType.from_index: a TypeError (keys, floats).
             raise TypeError("Indexer must have integer or boolean type, got indexer with type "
-                            f"{canonical_dtype(_np.asarray(i).dtype) if isinstance(i, list) else i.dtype}")
+                            f"{canonical_dtype(i.dtype) if isinstance(i, _np.ndarray) else i.dtype}")
         return True
     return False
 
@@ -784,6 +792,17 @@ def _refuse_scalar_index(i):
     (jax/_src/numpy/indexing.py IndexType.from_index)."""
     if isinstance(i, (float, complex, _np.floating, _np.complexfloating)):
         raise TypeError(f"Indexer must have integer or boolean type, got indexer with type {_np.dtype(type(i))}")
+
+
+def _advanced_contiguous(idx):
+    """Whether the advanced indices (ints and index arrays) of `idx`, as written, are next to
+    each other: numpy and JAX (indexing.py _index_to_gather: advanced_axes_are_contiguous,
+    before the Ellipsis is expanded) put their dimensions where the first one is if so, else
+    first; an Ellipsis, a slice or None between them separates them, even one that expands to
+    no dimension."""
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    pos = [k for k, i in enumerate(idx) if not (i is None or i is Ellipsis or isinstance(i, slice))]
+    return not pos or pos == list(range(pos[0], pos[0] + len(pos)))
 
 
 def _expand_index(x, idx):
@@ -823,7 +842,7 @@ def _getitem(x, idx):
     an array separated by a slice or None), they go first here too."""
     expanded = _expand_index(x, idx)
     start, limit, out_shape, d = [], [], [], 0
-    array_pos, array_index, advanced = None, None, []
+    array_pos, array_index = None, None
     for k, i in enumerate(expanded):
         if i is None:
             out_shape.append(1)
@@ -837,13 +856,11 @@ def _getitem(x, idx):
             if not 0 <= j < size:
                 raise IndexError(f"index {int(i)} is out of bounds for axis {d} with size {size}")
             start.append(j), limit.append(j + 1)
-            advanced.append(k)
         elif _is_index_array(i):
             if array_index is not None:
-                return _index_gather(x, expanded, "clip", None, True, False)
-            array_pos, array_index = len(out_shape), i
+                return _index_gather(x, idx, "clip", None, True, False)
+            array_pos, array_index = len(out_shape), _sequence_index(i) if isinstance(i, (list, tuple)) else i
             start.append(0), limit.append(size), out_shape.append(size)
-            advanced.append(k)
         else:
             _refuse_scalar_index(i)
             raise NotImplementedError(f"indexing with {type(i).__name__} {i!r}: Tessera supports ints, slices, "
@@ -856,7 +873,7 @@ def _getitem(x, idx):
         return out
     out = _wrap(_t.at_get(out._v, _tracer(_int32_indices(array_index, index_to_gather=True))._v, array_pos))
     n = _np.ndim(array_index)
-    if advanced != list(range(advanced[0], advanced[-1] + 1)) and array_pos > 0:
+    if not _advanced_contiguous(idx) and array_pos > 0:
         # numpy: advanced indices not next to each other put the broadcast dimensions first.
         perm = list(range(array_pos, array_pos + n)) + list(range(array_pos)) + \
             list(range(array_pos + n, out.ndim))
@@ -864,9 +881,9 @@ def _getitem(x, idx):
     return out
 
 
-def _index_plan(x, expanded, wrap, at):
-    """The general index (ints, unit-step slices, None and integer index arrays broadcasting
-    together; `expanded` as _expand_index gives it) as one lax gather's or scatter's operands, as
+def _index_plan(x, idx, wrap, at):
+    """The general index `idx` (ints, unit-step slices, None, Ellipsis and integer index arrays
+    broadcasting together) as one lax gather's or scatter's operands, as
     jax/_src/numpy/indexing.py _index_to_gather builds them: (the indices, index vector last;
     the dimension numbers (offset or window dims, collapsed or inserted dims, start index map,
     no batching dims); the gathered shape without None's dimensions; that shape with them).
@@ -876,7 +893,7 @@ def _index_plan(x, expanded, wrap, at):
     An int out of range is an IndexError in x[...] (as the fast paths), an index in .at[]
     (`at`), where the mode clamps or drops it."""
     adv, adv_pos, basic, d = [], [], [], 0  # basic: (position, operand dim or None, start, stop)
-    for k, i in enumerate(expanded):
+    for k, i in enumerate(_expand_index(x, idx)):
         if i is None:
             basic.append((k, None, 0, 1))
             continue
@@ -889,7 +906,7 @@ def _index_plan(x, expanded, wrap, at):
             j = int(i) + size if wrap and i < 0 else int(i)
             adv.append((d, _tracer(_np.asarray(j, _int_dtype())))), adv_pos.append(k)
         elif _is_index_array(i):
-            t = _tracer(_int32_indices(_np.asarray(i) if isinstance(i, list) else i, index_to_gather=True))
+            t = _tracer(_int32_indices(_sequence_index(i) if isinstance(i, (list, tuple)) else i, index_to_gather=True))
             adv.append((d, where(t < 0, t + size, t) if wrap else t)), adv_pos.append(k)
         else:
             _refuse_scalar_index(i)
@@ -903,9 +920,9 @@ def _index_plan(x, expanded, wrap, at):
     if not adv and not starts:  # x.at[:2, :3]: the index vector names one window's start, 0
         starts = [(basic_dim, 0) for _, basic_dim, *_ in basic if basic_dim is not None][:1]
     parts += [full(shape, s, dt) for _, s in starts]
-    indices = stack(parts, axis=-1)
-    first = builtins.sum(1 for k, *_ in basic if k < adv_pos[0]) \
-        if adv_pos and adv_pos == list(range(adv_pos[0], adv_pos[0] + len(adv_pos))) else 0
+    # No part (a 0-d x, or only None): an empty index vector, as JAX's (indexing.py).
+    indices = stack(parts, axis=-1) if parts else zeros(shape + (0,), _int_dtype())
+    first = builtins.sum(1 for k, *_ in basic if k < adv_pos[0]) if adv_pos and _advanced_contiguous(idx) else 0
     full_shape, gathered, offset = [], [], []
     for j, (_, dim, s, e) in enumerate(basic + [(None, None, 0, 0)]):
         if j == first:
@@ -925,9 +942,9 @@ def _index_plan(x, expanded, wrap, at):
     return indices, dims, tuple(gathered), tuple(full_shape), tuple(sizes)
 
 
-def _index_gather(x, expanded, mode, fill_value, wrap, at):
-    """x[expanded] as one lax gather (_index_plan), out-of-range indices as `mode` says."""
-    i, dims, _, shape, sizes = _index_plan(x, expanded, wrap, at)
+def _index_gather(x, idx, mode, fill_value, wrap, at):
+    """x[idx] as one lax gather (_index_plan), out-of-range indices as `mode` says."""
+    i, dims, _, shape, sizes = _index_plan(x, idx, wrap, at)
     out = _wrap(_t.gather(x._v, i._v, *dims, list(sizes), mode, fill_value))
     return out if out.shape == shape else reshape(out, shape)
 
@@ -939,7 +956,7 @@ def _index_scatter(x, idx, values, name, mode, wrap):
     (_promoted), cast back to x's."""
     from ._api import typeof
     from .sharding import PartitionSpec
-    i, dims, gathered, shape, _ = _index_plan(x, _expand_index(x, idx), wrap, True)
+    i, dims, gathered, shape, _ = _index_plan(x, idx, wrap, True)
     xt, y = _promoted(x, values)
     u = reshape(broadcast_to(y, shape), gathered)
     x_spec = tuple(typeof(xt).sharding.spec) + (None,) * x.ndim
@@ -964,6 +981,8 @@ def _at_axis(x, idx):
 
     for i in expanded:
         _refuse_scalar_index(i)
+    if not expanded:  # a 0-d x: the general path's empty index vector
+        return None
     while len(expanded) > 1 and whole(expanded[-1]):
         expanded.pop()
     *lead, last = expanded
@@ -978,7 +997,7 @@ def _at_axis(x, idx):
 def _at_get(x, idx):
     plan = _at_axis(x, idx)
     if plan is None:
-        return _index_gather(x, _expand_index(x, idx), "clip", None, True, True)
+        return _index_gather(x, idx, "clip", None, True, True)
     axis, i = plan
     return _wrap(_t.at_get(x._v, i._v, axis))
 
@@ -1105,7 +1124,7 @@ def _at_apply(x, idx, func, mode, wrap):
     from .lax import _scatter_apply
     plan = _at_lax(x, idx, wrap)
     if plan is None:
-        i, dims, shape, _, _ = _index_plan(x, _expand_index(x, idx), wrap, True)
+        i, dims, shape, _, _ = _index_plan(x, idx, wrap, True)
         return _scatter_apply(x, i, func, dims, shape, mode)
     axis, i, window = plan
     shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]
@@ -1118,7 +1137,7 @@ def _at_gather(x, idx, mode, fill_value, wrap):
     slices (indexing.py rewriting_take)."""
     plan = _at_lax(x, idx, wrap)
     if plan is None:
-        return _index_gather(x, _expand_index(x, idx), mode, fill_value, wrap, True)
+        return _index_gather(x, idx, mode, fill_value, wrap, True)
     axis, i, window = plan
     sizes = list(x.shape)
     sizes[axis] = 1
@@ -1242,12 +1261,13 @@ class _IndexUpdateHelper:
 
 
 def _eager_index(idx):
-    """Lists of ints in an index as numpy arrays, so that an eager call passes them as arrays
-    (a pytree would take a list apart into Python ints); numpy integer index arrays of other
-    dtypes than int32 and int64 as int32, as JAX's indexing converts them (_int32_indices)."""
+    """Lists (and tuples inside the index) of ints as numpy arrays (_sequence_index), so that an
+    eager call passes them as arrays (a pytree would take a list apart into Python ints); numpy
+    integer index arrays of other dtypes than int32 and int64 as int32, as JAX's indexing
+    converts them (_int32_indices)."""
     def one(i):
-        if isinstance(i, list):
-            return _np.asarray(i)
+        if isinstance(i, (list, tuple)):
+            i = _sequence_index(i)
         return _int32_indices(i, index_to_gather=True) if isinstance(i, _np.ndarray) and i.dtype.kind in "iu" else i
 
     return tuple(one(i) for i in idx) if isinstance(idx, tuple) else one(idx)

@@ -183,6 +183,9 @@ GENERAL_INDICES = {
     "rows_none_depth": lambda r, c, d: (r[0], None, d),  # None separates them: first
     "slice_cols_depth": lambda r, c, d: (slice(2, 7), c, d),  # adjacent: where the first one is
     "rows_ellipsis_depth": lambda r, c, d: (r, Ellipsis, d),
+    # An Ellipsis of no dimension still separates them (numpy; JAX's advanced_axes_are_contiguous
+    # looks at the index before expanding it): first.
+    "slice_cols_empty_ellipsis_depth": lambda r, c, d: (slice(None), c, Ellipsis, d),
     "none_rows_cols_none": lambda r, c, d: (None, r, c, None),
 }
 
@@ -325,3 +328,23 @@ def test_general_index_edge_cases(table):
         assert g.shape == np.shape(w)
         np.testing.assert_array_equal(np.asarray(g), w)
     np.testing.assert_array_equal(np.asarray(table[[0, 15], [-1, 2]]), TABLE[[0, 15], [-1, 2]])
+
+
+def test_scalars_empty_lists_and_tuples_index_as_numpy(table):
+    # A 0-d array's .at[()] / .at[...] / .at[None] (an empty index vector, as JAX's
+    # _index_to_gather makes; numpy's a[()] = v), an empty list as an integer index array (JAX's
+    # IndexType.from_index: `if not idx: return cls.ARRAY`) and tuples inside an index as arrays
+    # (numpy), and an Ellipsis of no dimension between an int and an index array in the one-array
+    # path (the array's dimension first, as numpy's).
+    s = tessera.numpy.asarray(np.float32(3))
+    got = tessera.jit(lambda s: (s.at[()].set(5.0), s.at[...].add(2.0), s.at[()].get(), s.at[None].get(),
+                                 s.at[None].multiply(4.0)))(s)
+    for g, w in zip(got, (np.float32(5), np.float32(5), np.float32(3), np.full((1,), 3, np.float32),
+                          np.float32(12))):
+        assert g.shape == np.shape(w)
+        np.testing.assert_array_equal(np.asarray(g), w)
+    assert table[[], []].shape == (0,) and table.at[[], 1:3].get().shape == (0, 2)
+    np.testing.assert_array_equal(np.asarray(table[(0, 2), (1, 3)]), TABLE[(0, 2), (1, 3)])
+    cube = tessera.numpy.asarray(CUBE)
+    for index in ((slice(None), 0, Ellipsis, COLS), (slice(None), ROWS[0], Ellipsis, 0)):
+        np.testing.assert_array_equal(np.asarray(cube[index]), CUBE[index])
