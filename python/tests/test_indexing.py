@@ -348,3 +348,38 @@ def test_scalars_empty_lists_and_tuples_index_as_numpy(table):
     cube = tessera.numpy.asarray(CUBE)
     for index in ((slice(None), 0, Ellipsis, COLS), (slice(None), ROWS[0], Ellipsis, 0)):
         np.testing.assert_array_equal(np.asarray(cube[index]), CUBE[index])
+
+
+def test_grad_and_vmap_through_the_general_index():
+    # The general index's gather and scatters are lax's, whose VJPs and batching rules run:
+    # the gradient of x[r, :, c] is the scatter-add of its cotangent (numpy's add.at), of
+    # x.at[r, :, c].add(v) the identity for x and the indexed cotangent for v; vmap over the
+    # operand, the indices or the updates gives each example's numpy result (JAX's
+    # lax_numpy_indexing_test.py testAdvancedIntegerIndexingGrads and testGradOfVmapOfScatter
+    # check the same, against its own reference).
+    x_host = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    r, c = np.array([0, 2, 2], np.int32), np.array([1, 3, 1], np.int32)  # row 2 twice
+    x = tessera.numpy.asarray(x_host)
+    w = np.arange(1, 10, dtype=np.float32).reshape(3, 3)
+    g = tessera.grad(lambda x: jnp.sum(x[r, :, c][:, :3] * w))(x)
+    want = np.zeros_like(x_host)
+    np.add.at(want, (r, slice(0, 3), c), w)
+    np.testing.assert_array_equal(np.asarray(g), want)
+    v = np.ones((3, 4), np.float32)
+    gx, gv = tessera.grad(lambda x, v: jnp.sum(x.at[r, :, c].add(v * 2.0) ** 2), argnums=(0, 1))(x, v)
+    out = x_host.copy()
+    np.add.at(out, (r, slice(None), c), v * 2)
+    np.testing.assert_allclose(np.asarray(gx), 2 * out)
+    np.testing.assert_allclose(np.asarray(gv), 4 * out[r, :, c])
+    xs_host = np.stack([x_host, x_host + 1])
+    xs = tessera.numpy.asarray(xs_host)
+    np.testing.assert_array_equal(np.asarray(tessera.vmap(lambda x: x[r, :, c])(xs)),
+                                  np.stack([xs_host[b][r, :, c] for b in range(2)]))
+    ids = np.array([[0, 1, 2], [2, 1, 0]], np.int32)
+    np.testing.assert_array_equal(np.asarray(tessera.vmap(lambda x, i: x[i, 1, c])(xs, ids)),
+                                  np.stack([xs_host[b][ids[b], 1, c] for b in range(2)]))
+    added = xs_host.copy()
+    for b in range(2):
+        np.add.at(added[b], (r, 0, c), 1.0)
+    np.testing.assert_array_equal(
+        np.asarray(tessera.vmap(lambda x, u: x.at[r, 0, c].add(u))(xs, np.ones((2, 3), np.float32))), added)
