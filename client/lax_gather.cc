@@ -158,22 +158,13 @@ struct Addressing {
 // are whole, as on one device). Not those inside the bodies of loops or conds traced before: a
 // split named only there folds, and the compiler gathers it (correct values, a collective more).
 bool splits_typed(TraceState* t) {
-  auto auto_split = [](const Mesh& mesh, const std::vector<std::string>& made_auto) {
-    for (int k = 0; k < mesh.rank(); ++k) {
-      const bool made = std::find(made_auto.begin(), made_auto.end(), mesh.axis_names()[k]) != made_auto.end();
-      const bool is_auto =
-          mesh.axis_types()[k] == AxisType::kAuto || (mesh.axis_types()[k] == AxisType::kExplicit && made);
-      if (is_auto && mesh.shape()[k] > 1) return true;
-    }
-    return false;
-  };
   if (t == nullptr) return true;
-  if (t->explicit_mesh.has_value()) return !auto_split(*t->explicit_mesh, t->auto_axes);
-  if (t->args_on_auto_axes) return false;
+  if (t->explicit_mesh.has_value()) return !internal::has_auto_split(*t->explicit_mesh, t->auto_axes);
   for (; t != nullptr; t = t->parent) {
+    if (t->args_on_auto_axes) return false;
     for (; t->auto_constraint_scanned < t->graph.size(); ++t->auto_constraint_scanned) {
       const auto* s = std::get_if<ShardingAttrs>(&t->graph.node(t->auto_constraint_scanned).attributes);
-      if (s != nullptr && auto_split(s->sharding.mesh(), {})) t->auto_constraint_seen = true;
+      if (s != nullptr && internal::has_auto_split(s->sharding.mesh())) t->auto_constraint_seen = true;
     }
     if (t->auto_constraint_seen) return false;
   }

@@ -171,7 +171,6 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
                                const std::vector<Variance>& input_vma = {}) {
   auto state = std::make_shared<TraceState>();
   state->parent = parent;
-  if (parent != nullptr) state->args_on_auto_axes = parent->args_on_auto_axes;
   if (parent != nullptr) state->nest_in(*parent, input_vma);
   // A body of a trace in explicit mode is typed too, its parameters by `input_types`.
   if (parent != nullptr && parent->explicit_mesh.has_value()) {
@@ -199,9 +198,7 @@ absl::StatusOr<Graph> trace_in(TraceState* parent, const TracedFunction& f, cons
     }
     const Mesh& mesh = input_shardings[0].mesh();
     if (mesh.has_axis_type(AxisType::kExplicit)) state->explicit_mesh = mesh;
-    for (int k = 0; k < mesh.rank(); ++k) {
-      if (mesh.axis_types()[k] == AxisType::kAuto && mesh.shape()[k] > 1) state->args_on_auto_axes = true;
-    }
+    state->args_on_auto_axes = has_auto_split(mesh);
   }
   std::vector<Value> in;
   for (size_t i = 0; i < inputs.size(); ++i) {

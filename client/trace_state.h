@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,6 +23,18 @@ namespace internal {
 // How a value of a shard_map body may differ between devices along each manual mesh axis: axis
 // -> why (JAX's varying manual axes, with the reason messages give).
 using Variance = std::map<std::string, std::string>;
+
+// Whether `mesh` has an axis of size > 1 that the compiler lays out, so that a split along it
+// shows in no type: Auto, or Explicit and named in `made_auto` (auto_axes).
+inline bool has_auto_split(const Mesh& mesh, const std::vector<std::string>& made_auto = {}) {
+  for (int k = 0; k < mesh.rank(); ++k) {
+    const bool made = std::find(made_auto.begin(), made_auto.end(), mesh.axis_names()[k]) != made_auto.end();
+    const bool is_auto =
+        mesh.axis_types()[k] == AxisType::kAuto || (mesh.axis_types()[k] == AxisType::kExplicit && made);
+    if (is_auto && mesh.shape()[k] > 1) return true;
+  }
+  return false;
+}
 
 // One trace in progress: the graph being recorded and its first error.
 struct TraceState : std::enable_shared_from_this<TraceState> {
@@ -89,9 +102,9 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // axis, and then every node's type spec, by id (filled by make() as nodes are added); inside
   // an out_sharding, rules may leave an ambiguous result to it (out_sharding_scopes > 0).
   std::optional<Mesh> explicit_mesh;
-  // Whether the arguments' mesh (trace()'s input shardings; a body's: its parent's) has an Auto
-  // axis of size > 1, along which the compiler may split values without any type showing it
-  // (lax_gather.cc's make_addressing then folds no dimension that may be split).
+  // Whether the arguments' mesh (trace()'s input shardings; a body reads its enclosing traces')
+  // has an Auto axis of size > 1 (has_auto_split), along which the compiler may split values without any type showing
+  // it (lax_gather.cc's make_addressing then folds no dimension that may be split).
   bool args_on_auto_axes = false;
   // Whether a node of this graph below `auto_constraint_scanned` is a constraint or shard_map
   // on a mesh with such an axis (make_addressing's scan, incremental: nodes are only appended).

@@ -113,7 +113,6 @@ absl::Status check_peer_process(int32_t pid, const std::string& peer, int listen
   // reading again (a read that missed one of them would pass a process holding the other).
   std::vector<uint64_t> inodes;
   for (int attempt = 0; attempt < kPeerScans && inodes.empty(); ++attempt) {
-    inodes.clear();
     for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
       std::ifstream in(table);
       if (!in) return absl::FailedPreconditionError(absl::StrCat(cannot, "cannot read ", table));

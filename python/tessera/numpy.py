@@ -848,10 +848,12 @@ def _getitem(x, idx):
             out_shape.append(1)
             continue
         size = x.shape[d]
+        if isinstance(i, (list, tuple)):
+            i = _sequence_index(i)
         if isinstance(i, slice):
             s, e = _unit_slice(i, size)
             start.append(s), limit.append(e), out_shape.append(e - s)
-        elif isinstance(i, (int, _np.integer)) and not isinstance(i, bool):
+        elif _is_int(i):
             j = int(i) + size if i < 0 else int(i)
             if not 0 <= j < size:
                 raise IndexError(f"index {int(i)} is out of bounds for axis {d} with size {size}")
@@ -859,7 +861,7 @@ def _getitem(x, idx):
         elif _is_index_array(i):
             if array_index is not None:
                 return _index_gather(x, idx, "clip", None, True, False)
-            array_pos, array_index = len(out_shape), _sequence_index(i) if isinstance(i, (list, tuple)) else i
+            array_pos, array_index = len(out_shape), i
             start.append(0), limit.append(size), out_shape.append(size)
         else:
             _refuse_scalar_index(i)
@@ -892,22 +894,27 @@ def _index_plan(x, idx, wrap, at):
     negatives wrap when `wrap`. A slice not starting at 0 adds its start to the index vector.
     An int out of range is an IndexError in x[...] (as the fast paths), an index in .at[]
     (`at`), where the mode clamps or drops it."""
-    adv, adv_pos, basic, d = [], [], [], 0  # basic: (position, operand dim or None, start, stop)
+    adv, basic, d = [], [], 0  # basic: (position, operand dim or None, start, stop)
+    first_adv = None  # the position of the first advanced index
     for k, i in enumerate(_expand_index(x, idx)):
         if i is None:
             basic.append((k, None, 0, 1))
             continue
         size = x.shape[d]
+        if isinstance(i, (list, tuple)):
+            i = _sequence_index(i)
         if isinstance(i, slice):
             basic.append((k, d, *_unit_slice(i, size)))
-        elif isinstance(i, (int, _np.integer)) and not isinstance(i, bool):
+        elif _is_int(i):
             if not at and not -size <= int(i) < size:
                 raise IndexError(f"index {int(i)} is out of bounds for axis {d} with size {size}")
             j = int(i) + size if wrap and i < 0 else int(i)
-            adv.append((d, _tracer(_np.asarray(j, _int_dtype())))), adv_pos.append(k)
+            adv.append((d, _tracer(_np.asarray(j, _int_dtype()))))
+            first_adv = k if first_adv is None else first_adv
         elif _is_index_array(i):
-            t = _tracer(_int32_indices(_sequence_index(i) if isinstance(i, (list, tuple)) else i, index_to_gather=True))
-            adv.append((d, where(t < 0, t + size, t) if wrap else t)), adv_pos.append(k)
+            t = _tracer(_int32_indices(i, index_to_gather=True))
+            adv.append((d, where(t < 0, t + size, t) if wrap else t))
+            first_adv = k if first_adv is None else first_adv
         else:
             _refuse_scalar_index(i)
             raise NotImplementedError(f"indexing with {type(i).__name__} {i!r}: Tessera supports ints, slices, "
@@ -922,7 +929,8 @@ def _index_plan(x, idx, wrap, at):
     parts += [full(shape, s, dt) for _, s in starts]
     # No part (a 0-d x, or only None): an empty index vector, as JAX's (indexing.py).
     indices = stack(parts, axis=-1) if parts else zeros(shape + (0,), _int_dtype())
-    first = builtins.sum(1 for k, *_ in basic if k < adv_pos[0]) if adv_pos and _advanced_contiguous(idx) else 0
+    first = builtins.sum(1 for k, *_ in basic if k < first_adv) \
+        if first_adv is not None and _advanced_contiguous(idx) else 0
     full_shape, gathered, offset = [], [], []
     for j, (_, dim, s, e) in enumerate(basic + [(None, None, 0, 0)]):
         if j == first:
@@ -987,7 +995,7 @@ def _at_axis(x, idx):
         expanded.pop()
     *lead, last = expanded
     if not builtins.all(whole(i) for i in lead) or not (
-            _is_index_array(last) or (isinstance(last, (int, _np.integer)) and not isinstance(last, bool))):
+            _is_index_array(last) or _is_int(last)):
         return None
     return len(lead), _tracer(_np.asarray(last, _int_dtype()) if not isinstance(last, (Tracer, Array, _np.ndarray))
                               else _int32_indices(last, index_to_gather=True))
@@ -1470,10 +1478,7 @@ def _int_index(x, starts, pattern):
         if p is None:
             out_shape.append(1)
         elif isinstance(p, slice):
-            s, e, step = p.indices(x.shape[len(at)])
-            if step != 1:
-                raise NotImplementedError(f"indexing with step {step}: Tessera's slice has unit strides")
-            e = builtins.max(e, s)
+            s, e = _unit_slice(p, x.shape[len(at)])
             at.append(starts.dtype.type(s))
             sizes.append(e - s)
             out_shape.append(e - s)

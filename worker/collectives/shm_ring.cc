@@ -395,7 +395,7 @@ void remove_stale_sockets(const std::string& dir) {
     const bool binding = has_name(entry->d_name, kBindingSuffix);
     if (!binding && !is_socket_name(entry->d_name)) continue;
     if (++looked > 1024) break;
-    const std::string path = absl::StrCat(dir, "/", entry->d_name);
+    const std::string path = absl::StrCat(socket_prefix(dir), entry->d_name);
     struct stat st;
     if (lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != geteuid()) continue;
     if (binding) {
