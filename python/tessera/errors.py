@@ -76,3 +76,20 @@ def from_status(code, message):
         return InvalidArgumentError(message)
     cls = _BY_CODE.get(code)
     return cls(message) if cls else TesseraError(message, code)
+
+
+class JAXIndexError(IndexError):
+    """jax.errors.JAXIndexError (jax/_src/errors.py): its message ends with the page that
+    explains it, as _JAXErrorMixin writes it."""
+
+    def __init__(self, message):
+        super().__init__(f"{message}\nSee https://docs.jax.dev/en/latest/errors.html#jax.errors."
+                         f"{type(self).__name__}")
+
+
+class NonConcreteBooleanIndexError(JAXIndexError):
+    """A traced boolean array used as an index (x[x > 0] in jit): the result's shape would
+    depend on its values; jnp.where(mask, x, 0) keeps the shape. `aval` is the index's type."""
+
+    def __init__(self, aval):
+        super().__init__(f"Array boolean indices must be concrete; got {aval}\n")

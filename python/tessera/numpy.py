@@ -776,9 +776,6 @@ def _is_index_array(i):
         i = _sequence_index(i)
     if isinstance(i, (Tracer, Array, _np.ndarray)):
         kind = i.dtype.kind
-        if kind == "b":
-            raise NotImplementedError("indexing with a boolean mask: its result's shape depends on the values "
-                                      "(JAX refuses it inside jit too); use jnp.where")
         if kind not in "iu":
             # jax/_src/numpy/indexing.py IndexType.from_index: a TypeError (keys, floats).
             raise TypeError("Indexer must have integer or boolean type, got indexer with type "
@@ -801,8 +798,59 @@ def _advanced_contiguous(idx):
     first; an Ellipsis, a slice or None between them separates them, even one that expands to
     no dimension."""
     idx = idx if isinstance(idx, tuple) else (idx,)
-    pos = [k for k, i in enumerate(idx) if not (i is None or i is Ellipsis or isinstance(i, slice))]
+    pos = [k for k, i in enumerate(idx)
+           if not (i is None or i is Ellipsis or isinstance(i, slice) or _is_scalar_bool(i))]
     return not pos or pos == list(range(pos[0], pos[0] + len(pos)))
+
+
+def _is_scalar_bool(i):
+    """A boolean scalar index (True, np.True_, a 0-d boolean array): JAX (indexing.py
+    expand_scalar_bool_indices) indexes a new dimension of size 1 with arange(int(i)), an
+    advanced index of shape (1,) or (0,) that _advanced_contiguous does not count (JAX's
+    is_advanced is read while it is still BOOLEAN)."""
+    return isinstance(i, (bool, _np.bool_)) or (
+        isinstance(i, (_np.ndarray, Array, Tracer)) and i.ndim == 0 and i.dtype == _np.bool_)
+
+
+def _is_bool_array(i):
+    return isinstance(i, (_np.ndarray, Array, Tracer)) and i.dtype == _np.bool_ or (
+        isinstance(i, (list, tuple)) and len(i) > 0 and _np.asarray(i).dtype == _np.bool_)
+
+
+def _expand_bool_indices(x, idx):
+    """idx with each boolean array index as the integer arrays of its nonzero entries, one per
+    dimension it covers, and each boolean scalar as a Python bool, as
+    jax/_src/numpy/indexing.py NDIndexer.expand_bool_indices: the mask must be concrete (a
+    traced one is JAX's NonConcreteBooleanIndexError, an IndexError: the result's shape would
+    depend on its values) and its shape that of the dimensions it covers (a dimension of 0
+    matches any)."""
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    if not builtins.any(_is_bool_array(i) for i in parts):
+        return idx
+    consumed = [0 if i is None or i is Ellipsis or _is_scalar_bool(i) else
+                _np.ndim(i) if _is_bool_array(i) else 1 for i in parts]
+    out, axis = [], 0
+    for position, (i, n) in enumerate(zip(parts, consumed)):
+        if i is Ellipsis:
+            n = builtins.max(0, x.ndim - builtins.sum(consumed))
+        if _is_bool_array(i):
+            if isinstance(i, Tracer):
+                from ._api import typeof
+                from .errors import NonConcreteBooleanIndexError
+                raise NonConcreteBooleanIndexError(typeof(i))
+            mask = _np.asarray(i)
+            if mask.ndim == 0:
+                out.append(bool(mask))
+                continue
+            expected = list(x.shape[axis:axis + n])
+            if len(expected) == n and not builtins.all(s in (0, e) for s, e in zip(mask.shape, expected)):
+                raise IndexError("boolean index did not match shape of indexed array in index "
+                                 f"{position}: got {mask.shape}, expected {expected}")
+            out.extend(j.astype(_int_dtype()) for j in _np.nonzero(mask))
+        else:
+            out.append(i)
+        axis += n
+    return tuple(out)
 
 
 def _expand_index(x, idx):
@@ -811,13 +859,15 @@ def _expand_index(x, idx):
     idx = idx if isinstance(idx, tuple) else (idx,)
     if builtins.sum(1 for i in idx if i is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    n_real = builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
+    n_real = builtins.sum(1 for i in idx if i is not None and i is not Ellipsis and not _is_scalar_bool(i))
     if n_real > x.ndim:
         raise IndexError(f"too many indices for array: array is {x.ndim}-dimensional, but {n_real} were indexed")
     expanded = []
     for i in idx:
         if i is Ellipsis:
             expanded.extend([slice(None)] * (x.ndim - n_real))
+        elif _is_scalar_bool(i):
+            expanded.append(bool(i))  # a 0-d array's value (concrete: _expand_bool_indices)
         else:
             expanded.append(i)
     if not builtins.any(i is Ellipsis for i in idx):  # not `in`: == on an index array is elementwise
@@ -825,21 +875,23 @@ def _expand_index(x, idx):
     return expanded
 
 
-def _unit_slice(i, size):
-    """The (start, stop) of slice i over a dimension of `size`; a step other than 1 is refused."""
+def _slice_range(i, size):
+    """The (start, length, step) of slice i over a dimension of `size`, as JAX's
+    core.canonicalize_slice: x[start + step * k] for k < length."""
     s, e, step = i.indices(size)
-    if step != 1:
-        raise NotImplementedError(f"indexing with step {step}: Tessera's slice has unit strides")
-    return s, builtins.max(e, s)
+    return s, len(range(s, e, step)), step
 
 
 def _getitem(x, idx):
-    """x[idx] as jnp indexes: ints, unit-step slices, None, ... and integer index arrays; one
-    index array (an embedding lookup, x[:, ids]) is the SDK's at().get() on the sliced x, two or
-    more one gather (_index_gather). An index array's out-of-range entries clamp and negative
-    ones count from the end (JAX's "Out-of-bounds indexing" in the sharp bits: retrieval
-    clamps). Where numpy's advanced indexing puts the index array's dimensions first (an int and
-    an array separated by a slice or None), they go first here too."""
+    """x[idx] as jnp indexes: ints, slices, None, ..., integer index arrays and boolean masks
+    (_expand_bool_indices); unit-step slices, ints and one index array (an embedding lookup,
+    x[:, ids]) are a slice and the SDK's at().get() on the sliced x, anything else (two index
+    arrays, a slice with another step, a boolean scalar) one gather (_index_gather). An index
+    array's out-of-range entries clamp and negative ones count from the end (JAX's
+    "Out-of-bounds indexing" in the sharp bits: retrieval clamps). Where numpy's advanced
+    indexing puts the index array's dimensions first (an int and an array separated by a slice
+    or None), they go first here too."""
+    idx = _expand_bool_indices(x, idx)
     expanded = _expand_index(x, idx)
     start, limit, out_shape, d = [], [], [], 0
     array_pos, array_index = None, None
@@ -847,12 +899,16 @@ def _getitem(x, idx):
         if i is None:
             out_shape.append(1)
             continue
+        if isinstance(i, bool):
+            return _index_gather(x, idx, "clip", None, True, False)
         size = x.shape[d]
         if isinstance(i, (list, tuple)):
             i = _sequence_index(i)
         if isinstance(i, slice):
-            s, e = _unit_slice(i, size)
-            start.append(s), limit.append(e), out_shape.append(e - s)
+            s, n, step = _slice_range(i, size)
+            if step != 1:
+                return _index_gather(x, idx, "clip", None, True, False)
+            start.append(s), limit.append(s + n), out_shape.append(n)
         elif _is_int(i):
             j = int(i) + size if i < 0 else int(i)
             if not 0 <= j < size:
@@ -884,27 +940,37 @@ def _getitem(x, idx):
 
 
 def _index_plan(x, idx, wrap, at):
-    """The general index `idx` (ints, unit-step slices, None, Ellipsis and integer index arrays
-    broadcasting together) as one lax gather's or scatter's operands, as
-    jax/_src/numpy/indexing.py _index_to_gather builds them: (the indices, index vector last;
-    the dimension numbers (offset or window dims, collapsed or inserted dims, start index map,
-    no batching dims); the gathered shape without None's dimensions; that shape with them).
-    Ints and index arrays are advanced indices: broadcast together, their dimensions where the
-    first of them is when they are adjacent (None separates them), else first (numpy's rule);
-    negatives wrap when `wrap`. A slice not starting at 0 adds its start to the index vector.
-    An int out of range is an IndexError in x[...] (as the fast paths), an index in .at[]
-    (`at`), where the mode clamps or drops it."""
-    adv, basic, d = [], [], 0  # basic: (position, operand dim or None, start, stop)
+    """The general index `idx` (ints, slices, None, Ellipsis, boolean scalars and integer index
+    arrays broadcasting together; boolean masks as _expand_bool_indices makes them) as one lax
+    gather's or scatter's operands, as jax/_src/numpy/indexing.py _index_to_gather builds them:
+    (the indices, index vector last; the dimension numbers (offset or window dims, collapsed or
+    inserted dims, start index map, no batching dims); the gathered shape without None's
+    dimensions; that shape with them; the slice sizes). Ints and index arrays are advanced
+    indices: broadcast together, their dimensions where the first of them is when they are
+    adjacent (None separates them), else first (numpy's rule); negatives wrap when `wrap`. A
+    boolean scalar is an advanced index of shape (1,) or (0,) over a new dimension of size 1,
+    which only its shape shows here. A unit-step slice is a window of the gather, its start in
+    the index vector unless 0; a slice of another step a dimension of the indices, start + step *
+    iota, collapsed (JAX's gather of iota indices; it gathers a negative step's positions in
+    increasing order and reverses the result, the same values). An int out of range is an
+    IndexError in x[...] (as the fast paths), an index in .at[] (`at`), where the mode clamps or
+    drops it."""
+    idx = _expand_bool_indices(x, idx)
+    adv, basic, d = [], [], 0  # basic: (position, operand dim or None, start, size, step)
     first_adv = None  # the position of the first advanced index
     for k, i in enumerate(_expand_index(x, idx)):
         if i is None:
-            basic.append((k, None, 0, 1))
+            basic.append((k, None, 0, 1, 1))
+            continue
+        if isinstance(i, bool):
+            adv.append((None, _np.zeros((int(i),), _int_dtype())))
+            first_adv = k if first_adv is None else first_adv
             continue
         size = x.shape[d]
         if isinstance(i, (list, tuple)):
             i = _sequence_index(i)
         if isinstance(i, slice):
-            basic.append((k, d, *_unit_slice(i, size)))
+            basic.append((k, d, *_slice_range(i, size)))
         elif _is_int(i):
             if not at and not -size <= int(i) < size:
                 raise IndexError(f"index {int(i)} is out of bounds for axis {d} with size {size}")
@@ -918,35 +984,52 @@ def _index_plan(x, idx, wrap, at):
         else:
             _refuse_scalar_index(i)
             raise NotImplementedError(f"indexing with {type(i).__name__} {i!r}: Tessera supports ints, slices, "
-                                      "None, ... and integer index arrays")
+                                      "None, ..., integer index arrays and boolean masks")
         d += 1
-    shape = tuple(_np.broadcast_shapes(*[t.shape for _, t in adv]))
-    dt = _np.dtype(_np.int64) if builtins.all(t.dtype == _np.int64 for _, t in adv) else _np.dtype(_np.int32)
-    parts = [broadcast_to(t.astype(dt), shape) for _, t in adv]
-    starts = [(dim, s) for _, dim, s, _ in basic if dim is not None and s != 0]
-    if not adv and not starts:  # x.at[:2, :3]: the index vector names one window's start, 0
-        starts = [(basic_dim, 0) for _, basic_dim, *_ in basic if basic_dim is not None][:1]
-    parts += [full(shape, s, dt) for _, s in starts]
-    # No part (a 0-d x, or only None): an empty index vector, as JAX's (indexing.py).
-    indices = stack(parts, axis=-1) if parts else zeros(shape + (0,), _int_dtype())
+    adv_shape = tuple(_np.broadcast_shapes(*[t.shape for _, t in adv]))
+    real = [(dim, t) for dim, t in adv if dim is not None]
+    dt = _np.dtype(_np.int64) if real and builtins.all(t.dtype == _np.int64 for _, t in real) else \
+        _np.dtype(_np.int32)
     first = builtins.sum(1 for k, *_ in basic if k < first_adv) \
         if first_adv is not None and _advanced_contiguous(idx) else 0
-    full_shape, gathered, offset = [], [], []
-    for j, (_, dim, s, e) in enumerate(basic + [(None, None, 0, 0)]):
-        if j == first:
-            full_shape += shape
-            gathered += shape
-        if j < len(basic):
-            full_shape.append(e - s)
-            if dim is not None:
-                offset.append(len(gathered))
-                gathered.append(e - s)
-    collapsed = [dim for dim, _ in adv]
+    # The result's dimensions in order: the advanced indices' at `first`, then each entry's.
+    full_shape, gathered, offset, batch = [], [], [], []
+    columns = []  # (operand dim, its indices, their first batch dimension, their shape)
+    for j, (_, dim, s, n, step) in enumerate(basic + [(None, None, 0, 0, 1)]):
+        if j == first and adv:
+            columns += [(dim_, t, len(batch), adv_shape) for dim_, t in real]
+            full_shape += adv_shape
+            gathered += adv_shape
+            batch += adv_shape
+        if j == len(basic):
+            break
+        full_shape.append(n)
+        if dim is not None and step != 1:
+            columns.append((dim, _np.arange(n, dtype=dt) * step + s, len(batch), (n,)))
+            batch.append(n)
+            gathered.append(n)
+        elif dim is not None:
+            offset.append(len(gathered))
+            gathered.append(n)
+    batch = tuple(batch)
+
+    def placed(t, at_, shape):  # t broadcast to `shape`, batch[at_:at_ + len(shape)], then to batch
+        t = broadcast_to(_tracer(t).astype(dt), shape)
+        return broadcast_to(reshape(t, (1,) * at_ + shape + (1,) * (len(batch) - at_ - len(shape))), batch)
+
+    parts = [placed(t, at_, shape) for _, t, at_, shape in columns]
+    starts = [(dim, s) for _, dim, s, _, step in basic if dim is not None and step == 1 and s != 0]
+    if not parts and not starts:  # x.at[:2, :3]: the index vector names one window's start, 0
+        starts = [(dim, 0) for _, dim, *_ in basic if dim is not None][:1]
+    parts += [full(batch, s, dt) for _, s in starts]
+    # No part (a 0-d x, or only None): an empty index vector, as JAX's (indexing.py).
+    indices = stack(parts, axis=-1) if parts else zeros(batch + (0,), _int_dtype())
     sizes = [1] * x.ndim
-    for _, dim, s, e in basic:
-        if dim is not None:
-            sizes[dim] = e - s
-    dims = (tuple(offset), tuple(collapsed), tuple(collapsed + [dim for dim, _ in starts]), (), ())
+    for _, dim, s, n, step in basic:
+        if dim is not None and step == 1:
+            sizes[dim] = n
+    collapsed = [dim for dim, *_ in columns]
+    dims = (tuple(offset), tuple(sorted(collapsed)), tuple(collapsed + [dim for dim, _ in starts]), (), ())
     return indices, dims, tuple(gathered), tuple(full_shape), tuple(sizes)
 
 
@@ -1163,7 +1246,7 @@ class _IndexUpdateRef:
         self._x, self._idx = x, idx
 
     def _args(self):
-        return self._x, _eager_index(self._idx)
+        return self._x, _eager_index(_expand_bool_indices(self._x, self._idx))
 
     def _options(self, name, options, get=False):
         """The (mode name or None, wrap_negative_indices, fill_value) of an update's or get's
@@ -1446,10 +1529,10 @@ def _eager_getitem(x, idx):
     are passed as traced values, so x[0], x[1], ... run one program, not one each (ints are
     checked against the bounds here, as _getitem checks them)."""
     from ._api import _eager
-    idx = _eager_index(idx)
+    idx = _eager_index(_expand_bool_indices(x, idx))
     parts = idx if isinstance(idx, tuple) else (idx,)
-    if builtins.any(_is_int(i) for i in parts) and \
-            builtins.all(i is None or i is Ellipsis or isinstance(i, slice) or _is_int(i) for i in parts):
+    if builtins.any(_is_int(i) for i in parts) and builtins.all(
+            i is None or i is Ellipsis or isinstance(i, slice) and i.step in (None, 1) or _is_int(i) for i in parts):
         starts, pattern, d = [], [], 0
         for i in _expand_index(x, parts):
             if i is None:
@@ -1478,10 +1561,10 @@ def _int_index(x, starts, pattern):
         if p is None:
             out_shape.append(1)
         elif isinstance(p, slice):
-            s, e = _unit_slice(p, x.shape[len(at)])
+            s, n, _ = _slice_range(p, x.shape[len(at)])
             at.append(starts.dtype.type(s))
-            sizes.append(e - s)
-            out_shape.append(e - s)
+            sizes.append(n)
+            out_shape.append(n)
         else:
             at.append(starts[k])
             sizes.append(1)

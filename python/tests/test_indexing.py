@@ -134,14 +134,6 @@ def test_dynamic_slices_clamp_their_starts(mesh):
 
 
 def test_unsupported_indices_say_what_is_missing(table):
-    with pytest.raises(NotImplementedError, match="step 2"):
-        tessera.jit(lambda t, i: t[i, ::2])(table, np.array([1], np.int32))
-    with pytest.raises(NotImplementedError, match="step 2"):
-        table.at[np.array([1]), ::2].set(0.0)
-    with pytest.raises(NotImplementedError, match="boolean mask"):
-        table.at[np.array([1]), np.ones(8, bool)].add(1.0)
-    with pytest.raises(NotImplementedError, match="boolean mask"):
-        tessera.jit(lambda t, m: t[m])(table, np.ones(16, bool))
     with pytest.raises(ValueError, match="mode 'raise'"):
         tessera.jit(lambda t, i: jnp.take(t, i, axis=0, mode="raise"))(table, np.array([1], np.int32))
 
@@ -167,7 +159,7 @@ def test_indexers_that_are_not_integers_are_type_errors_as_jax(table):
         table[tessera.random.key(0)]
 
 
-# The general index: ints, unit-step slices, None, ... and integer index arrays broadcasting
+# The general index: ints, slices, None, ... and integer index arrays broadcasting
 # together, one lax gather or scatter as jax/_src/numpy/indexing.py _index_to_gather builds it.
 # Cases mirror tests/lax_numpy_indexing_test.py's ADVANCED_INDEXING_TESTS and
 # MIXED_ADVANCED_INDEXING_TESTS ("TupleOfPythonIntsAndIntArrays", "SlicesAndTwoIntArrayIndices",
@@ -189,6 +181,24 @@ GENERAL_INDICES = {
     "none_rows_cols_none": lambda r, c, d: (None, r, c, None),
 }
 
+# Slices of any step (jax/_src/numpy/indexing.py _index_to_gather: a unit step is a window of
+# the gather, another step a dimension of iota indices start + step * k, collapsed), alone and
+# with ints, index arrays, None and Ellipsis; cases from tests/lax_numpy_indexing_test.py's
+# STATIC_INDEXING_TESTS "OneSliceIndexNegativeStride" and "OneSliceIndexNonUnitStride"
+# (testStaticIndexing, testStaticIndexingGrads) and MIXED_ADVANCED_INDEXING_TESTS
+# ("SlicesAndOneIntArrayIndex", testMixedAdvancedIndexing), numpy the reference.
+STRIDED_INDICES = {
+    "step_2": lambda r, c, d: slice(None, None, 2),
+    "step_3_reversed": lambda r, c, d: (slice(1, 7, 3), slice(None, None, -1)),
+    "negative_steps": lambda r, c, d: (slice(None, 1, -2), slice(4, 0, -3), slice(None, None, -1)),
+    "empty": lambda r, c, d: (slice(3, 1, 2), slice(12, 12, -4)),
+    "int_stride_none": lambda r, c, d: (3, slice(None, None, 2), None, slice(None, None, -2)),
+    "array_stride_array": lambda r, c, d: (r, slice(5, None, -2), d),  # separated: arrays first
+    "stride_arrays": lambda r, c, d: (slice(1, None, 3), c, d),  # adjacent: where they are
+    "ellipsis_stride": lambda r, c, d: (Ellipsis, slice(None, None, -3)),
+    "stride_ellipsis_array": lambda r, c, d: (slice(7, 0, -2), Ellipsis, d[:, 0]),
+}
+
 
 @pytest.fixture(scope="module", params=[P("data", None, "model"), P(None, "model", "data"), P()],
                 ids=["rows_data_depth_model", "cols_model_depth_data", "replicated"])
@@ -196,12 +206,13 @@ def cube(mesh, request):
     return tessera.device_put(CUBE, NamedSharding(mesh, request.param))
 
 
-@pytest.mark.parametrize("case", sorted(GENERAL_INDICES))
-def test_two_index_arrays_gather_as_numpy(cube, case):
-    index = GENERAL_INDICES[case]
+@pytest.mark.parametrize("case", sorted({**GENERAL_INDICES, **STRIDED_INDICES}))
+def test_two_index_arrays_and_strided_slices_gather_as_numpy(cube, case):
+    index = {**GENERAL_INDICES, **STRIDED_INDICES}[case]
     want = CUBE[index(ROWS, COLS, DEPTH)]
     jitted = tessera.jit(lambda x, r, c, d: (x[index(r, c, d)], x.at[index(r, c, d)].get()))(cube, ROWS, COLS, DEPTH)
-    for got in (*jitted, cube[index(ROWS, COLS, DEPTH)], cube.at[index(ROWS, COLS, DEPTH)].get()):
+    for got in (*jitted, cube[index(ROWS, COLS, DEPTH)], cube.at[index(ROWS, COLS, DEPTH)].get(),
+                cube.at[index(ROWS, COLS, DEPTH)].get(mode="fill", fill_value=-1.0)):
         assert got.shape == want.shape
         np.testing.assert_array_equal(np.asarray(got), want)
 
@@ -228,6 +239,7 @@ AT_INDICES = {
     "int_ids": lambda r, c, d: (0, c),  # (0, ids)
     "ids_slice_int": lambda r, c, d: (r, slice(None), 0),  # (ids, :, 0)
     **GENERAL_INDICES,
+    **STRIDED_INDICES,
 }
 
 
@@ -383,3 +395,120 @@ def test_grad_and_vmap_through_the_general_index():
         np.add.at(added[b], (r, 0, c), 1.0)
     np.testing.assert_array_equal(
         np.asarray(tessera.vmap(lambda x, u: x.at[r, 0, c].add(u))(xs, np.ones((2, 3), np.float32))), added)
+
+
+def test_strided_slices_with_modes_ints_and_grad(table):
+    # An int in the index is the eager path's dynamic slice elsewhere: with a strided slice it
+    # takes the gather; mode="clip" and wrap_negative_indices apply to the index arrays, the
+    # slice's positions being in range (testStaticIndexingGrads: the gradient of a strided get
+    # is the scatter-add of its cotangent at the slice's positions).
+    np.testing.assert_array_equal(np.asarray(table[3, ::-3]), TABLE[3, ::-3])
+    np.testing.assert_array_equal(np.asarray(table[::5, 2]), TABLE[::5, 2])
+    i = np.array([20, -1], np.int32)
+    got = tessera.jit(lambda t: (t.at[i, ::3].add(1.0, mode="clip"), t.at[i, ::-2].get(mode="fill", fill_value=0.5),
+                                 t.at[i, 1::4].set(2.0, wrap_negative_indices=False)))(table)
+    clipped = TABLE.copy()
+    np.add.at(clipped, (np.array([15, 15])[:, None], np.arange(0, 8, 3)), 1.0)
+    np.testing.assert_allclose(np.asarray(got[0]), clipped, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.stack([np.full(4, 0.5, np.float32), TABLE[15, ::-2]]))
+    np.testing.assert_array_equal(np.asarray(got[2]), TABLE)  # 20 and -1 are out of range: dropped
+    w = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
+    g = tessera.jit(tessera.grad(lambda t: jnp.sum(t[10:1:-3, ::2] * w)))(table)
+    want = np.zeros_like(TABLE)
+    want[10:1:-3, ::2] = w
+    np.testing.assert_array_equal(np.asarray(g), want)
+
+
+# Boolean indices (jax/_src/numpy/indexing.py NDIndexer.expand_bool_indices and
+# expand_scalar_bool_indices): a concrete mask is the integer arrays of its nonzero entries, a
+# boolean scalar an index of shape (1,) or (0,) over a new dimension; cases from
+# tests/lax_numpy_indexing_test.py testBooleanIndexingArray1D, testBooleanIndexingArray2D,
+# testBooleanIndexingArray2DBroadcast, testBoolean1DIndexingWithEllipsis (2, 3),
+# testBoolean2DIndexingWithEllipsis, testBoolean1DIndexingWithTrailingEllipsis,
+# testBooleanIndexingWithNone(AndEllipsis), testNontrivialBooleanIndexing,
+# testEmptyBooleanIndexing, testScalarBooleanIndexing and testScalarBoolUpdate, numpy the
+# reference.
+ROW_MASK = np.array([True, False, False, True, True, False, False, True])
+MASK_2D = np.arange(48).reshape(8, 6) % 5 == 1
+BOOL_INDICES = {
+    "rows": lambda: ROW_MASK,
+    "rows_2d": lambda: MASK_2D,
+    "ellipsis_depth": lambda: (Ellipsis, np.array([True, False, True, True])),
+    "int_ellipsis_depth": lambda: (0, Ellipsis, np.array([False, False, True, False])),
+    "ellipsis_2d": lambda: (Ellipsis, MASK_2D[:6, :4]),
+    "rows_trailing_ellipsis": lambda: (ROW_MASK, Ellipsis),
+    "none_rows": lambda: (None, ROW_MASK),
+    "none_ellipsis_depth": lambda: (None, Ellipsis, np.array([True, False, False, True])),
+    "ellipsis_none_depth": lambda: (Ellipsis, None, np.array([True, False, False, True])),
+    # Two entries of each: the nonzero arrays broadcast together.
+    "2d_and_1d": lambda: (np.eye(8, 6, dtype=bool) & (np.arange(8)[:, None] < 2), np.array([False, True, True, False])),
+    "empty_rows": lambda: np.zeros(8, bool),
+    "zero_length": lambda: np.zeros((0,), bool),
+    "mask_and_stride": lambda: (ROW_MASK, slice(None, None, -2)),
+    "list_in_tuple": lambda: (slice(None), [True, False, True, False, False, True]),
+}
+SCALAR_BOOL_INDICES = [np.index_exp[True], np.index_exp[False], np.index_exp[..., True], np.index_exp[..., False],
+                       np.index_exp[0, :2, True], np.index_exp[0, :2, False], np.index_exp[:2, 0, True],
+                       np.index_exp[:2, 0, False], np.index_exp[:2, np.array([0, 2]), True],
+                       np.index_exp[np.array([1, 0]), :, True], np.index_exp[True, :, True, :, np.array(True)]]
+
+
+@pytest.mark.parametrize("case", sorted(BOOL_INDICES))
+def test_boolean_masks_index_as_numpy(cube, case):
+    index = BOOL_INDICES[case]()
+    want = CUBE[index]
+    got = [cube[index], cube.at[index].get(), tessera.jit(lambda x: (x[index], x.at[index].get()))(cube)]
+    for g in (got[0], got[1], *got[2]):
+        assert g.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(g), want)
+    values = np.arange(1, 1 + want.size, dtype=np.float32).reshape(want.shape)
+    updated = CUBE.copy()
+    updated[index] = values
+    np.testing.assert_array_equal(np.asarray(cube.at[index].set(values)), updated)
+    added = CUBE.copy()
+    added[index] += 1.0
+    np.testing.assert_allclose(np.asarray(tessera.jit(lambda x: x.at[index].add(1.0))(cube)), added, rtol=1e-6)
+    # A mask that is an Array, outside jit, is concrete too.
+    mask = index if isinstance(index, tuple) else tessera.device_put(index)
+    np.testing.assert_array_equal(np.asarray(cube[mask]), want)
+
+
+@pytest.mark.parametrize("index", SCALAR_BOOL_INDICES, ids=range(len(SCALAR_BOOL_INDICES)))
+def test_scalar_booleans_index_and_update_as_numpy(index):
+    x = np.arange(120, dtype=np.int32).reshape(2, 3, 4, 5)
+    xa = jnp.asarray(x)
+    want = x[index]
+    for got in (xa[index], tessera.jit(lambda x: x[index])(xa), xa.at[index].get()):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), want)
+    for update_ndim in (0, 1, 2):
+        update = -np.arange(1, 1 + np.prod(want.shape[len(want.shape) - update_ndim:]), dtype=np.int32).reshape(
+            want.shape[len(want.shape) - update_ndim:])
+        expected = x.copy()
+        expected[index] = update
+        np.testing.assert_array_equal(np.asarray(tessera.jit(lambda x, u: x.at[index].set(u))(xa, update)), expected)
+
+
+def test_boolean_index_errors_are_jax_errors(table):
+    # testBooleanIndexingDynamicShapeError: a traced mask is an IndexError (jax/_src/errors.py
+    # NonConcreteBooleanIndexError, a JAXIndexError), in its words; testBooleanIndexingShapeMismatch:
+    # a mask of the wrong shape names the position, its shape and the dimensions'.
+    from tessera.errors import NonConcreteBooleanIndexError
+    with pytest.raises(IndexError, match=r"^Array boolean indices must be concrete; got bool\[16\]\n\n"
+                                         r"See https://docs.jax.dev/en/latest/errors.html"
+                                         r"#jax.errors.NonConcreteBooleanIndexError$"):
+        tessera.jit(lambda t, m: t[m])(table, np.ones(16, bool))
+    with pytest.raises(NonConcreteBooleanIndexError):
+        tessera.jit(lambda t: t.at[t > 0].set(0.0))(table)
+    with pytest.raises(NonConcreteBooleanIndexError, match="got bool\\[\\]"):
+        tessera.jit(lambda t, b: t[b])(table, np.bool_(True))
+    with pytest.raises(IndexError, match=r"^boolean index did not match shape of indexed array in index 1: "
+                                         r"got \(3,\), expected \[16\]$"):
+        table[None, np.array([True, False, True])]
+    with pytest.raises(IndexError, match="index 0: got \\(16, 4\\), expected \\[16, 8\\]"):
+        table.at[np.ones((16, 4), bool)].set(1.0)
+    # A mask beside an index array broadcasts with it (numpy's nonzero arrays).
+    got = table.at[np.array([1]), np.ones(8, bool)].add(1.0)
+    want = TABLE.copy()
+    want[1] += 1
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
