@@ -13,7 +13,7 @@ servers (tessera_coordinator / TESSERA_COORDINATOR) or on workers started in thi
     y = jax.jit(lambda x: jnp.tanh(x @ x.T))(x)
 """
 from . import _tessera  # noqa: F401
-from . import errors, tree_util
+from . import dtypes, errors, tree_util
 from ._config import config
 from ._array import Array, Shard
 from .sharding import Device, devices, NamedSharding, PartitionSpec, set_mesh  # noqa: F401 (jax.NamedSharding)

@@ -15,8 +15,14 @@ import numpy as np
 IMPL = "threefry2x32"
 
 
-class prng_key:
-    """jax.dtypes.prng_key: the scalar type of every key dtype (np.issubdtype-style checks)."""
+class extended(np.generic):
+    """jax.dtypes.extended (jax/_src/dtypes.py): the scalar type above every extended dtype,
+    never instantiated; dtypes.issubdtype(key.dtype, extended) is True."""
+
+
+class prng_key(extended):
+    """jax.dtypes.prng_key: the scalar type of every key dtype, never instantiated;
+    dtypes.issubdtype(key.dtype, prng_key) is True (jnp.issubdtype)."""
 
 
 class KeyTy:
@@ -410,6 +416,15 @@ class _KeyIndexUpdate:
 
     def get(self, **options):
         return PRNGKeyArray(self._keys._base.at[self._keys._data_index(self._idx)].get(**options))
+
+    def _refused(self, *args, **options):
+        """The arithmetic updates, as JAX's: lax.scatter_add and the others build their combining
+        function from lax._const(operand, 0) (scatter_mul from 1, scatter_apply from
+        lax._zero), np.array(0, key dtype), which numpy refuses (jax/_src/lax/slicing.py;
+        divide and power scatter onto ones_like(keys) the same way)."""
+        raise TypeError(f"Cannot interpret '{self._keys.dtype}' as a data type")
+
+    add = subtract = multiply = mul = divide = power = min = max = apply = _refused
 
     def set(self, values, **options):
         if isinstance(values, int):

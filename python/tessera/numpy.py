@@ -20,10 +20,15 @@ from ._config import config as _config
 from . import _trace
 from ._trace import Tracer, in_trace
 from ._prng import PRNGKeyArray, check_key_conversion, refuse_operands, refuse_power
+from .dtypes import issubdtype  # noqa: F401 (jnp.issubdtype)
 
 float32, float64, int32, int64 = _np.float32, _np.float64, _np.int32, _np.int64
 float16, int8, uint8, int16, uint32 = _np.float16, _np.int8, _np.uint8, _np.int16, _np.uint32
 bool_ = _np.bool_
+# numpy's scalar type hierarchy, which jnp exports for issubdtype (jax/_src/dtypes.py's).
+generic, number, inexact, floating, complexfloating = _np.generic, _np.number, _np.inexact, _np.floating, \
+    _np.complexfloating
+integer, signedinteger, unsignedinteger = _np.integer, _np.signedinteger, _np.unsignedinteger
 newaxis = None
 pi, e, inf, nan = _np.pi, _np.e, _np.inf, _np.nan
 ndarray = Array
@@ -885,8 +890,10 @@ def _slice_range(i, size):
 def _getitem(x, idx):
     """x[idx] as jnp indexes: ints, slices, None, ..., integer index arrays and boolean masks
     (_expand_bool_indices); unit-step slices, ints and one index array (an embedding lookup,
-    x[:, ids]) are a slice and the SDK's at().get() on the sliced x, anything else (two index
-    arrays, a slice with another step, a boolean scalar) one gather (_index_gather). An index
+    x[:, ids]) are a slice and the SDK's at().get() on the sliced x, slices of other steps
+    beside ints and slices a slice and one gather of their dimensions (the SDK's slice has no
+    strides), anything else (two index arrays, a strided slice beside an index array, a
+    boolean scalar) one gather (_index_gather). An index
     array's out-of-range entries clamp and negative ones count from the end (JAX's
     "Out-of-bounds indexing" in the sharp bits: retrieval clamps). Where numpy's advanced
     indexing puts the index array's dimensions first (an int and an array separated by a slice
@@ -894,20 +901,23 @@ def _getitem(x, idx):
     idx = _expand_bool_indices(x, idx)
     expanded = _expand_index(x, idx)
     start, limit, out_shape, d = [], [], [], 0
-    array_pos, array_index = None, None
+    array_pos, array_index, strided = None, None, {}
     for k, i in enumerate(expanded):
         if i is None:
             out_shape.append(1)
             continue
-        if isinstance(i, bool):
+        if isinstance(i, bool) or strided and not (isinstance(i, slice) or _is_int(i)):
             return _index_gather(x, idx, "clip", None, True, False)
         size = x.shape[d]
         if isinstance(i, (list, tuple)):
             i = _sequence_index(i)
         if isinstance(i, slice):
             s, n, step = _slice_range(i, size)
-            if step != 1:
+            if step != 1 and array_index is not None:
                 return _index_gather(x, idx, "clip", None, True, False)
+            if step != 1:  # whole here, then gathered: strided[position in out] = the slice
+                strided[len(out_shape)] = i
+                s, n = 0, size
             start.append(s), limit.append(s + n), out_shape.append(n)
         elif _is_int(i):
             j = int(i) + size if i < 0 else int(i)
@@ -915,7 +925,7 @@ def _getitem(x, idx):
                 raise IndexError(f"index {int(i)} is out of bounds for axis {d} with size {size}")
             start.append(j), limit.append(j + 1)
         elif _is_index_array(i):
-            if array_index is not None:
+            if array_index is not None or strided:
                 return _index_gather(x, idx, "clip", None, True, False)
             array_pos, array_index = len(out_shape), i
             start.append(0), limit.append(size), out_shape.append(size)
@@ -927,6 +937,11 @@ def _getitem(x, idx):
     out = _wrap(_t.slice(x._v, start, limit))
     if tuple(out_shape) != out.shape:
         out = reshape(out, out_shape)
+    if strided:
+        # The slice's sharding rule for the rest (JAX slices them all: _static_slice), then one
+        # gather of the strided dimensions, every window whole.
+        return _index_gather(out, tuple(strided.get(j, slice(None)) for j in range(out.ndim)), "clip", None, True,
+                             False)
     if array_index is None:
         return out
     out = _wrap(_t.at_get(out._v, _tracer(_int32_indices(array_index, index_to_gather=True))._v, array_pos))
@@ -1102,10 +1117,8 @@ def _at_laid_out(api, f, x, idx, values, out_sharding):
     split indices, is no error), the result then laid out by out_sharding; outside a trace one
     jitted call. `api` (".set", ".get", ...) names the call in errors; a spec longer than the
     result's rank is a ValueError in the words of JAX's check_compatible_aval."""
-    from .sharding import NamedSharding, PartitionSpec, _as_named
-    if not isinstance(out_sharding, (NamedSharding, PartitionSpec)):
-        raise TypeError(f"`out_sharding` argument of {api} only supports instances of `NamedSharding` or "
-                        f"`PartitionSpec`. Got {out_sharding} of type: {type(out_sharding)}")  # canonicalize_sharding's
+    from .sharding import NamedSharding, _as_named
+    _check_out_sharding_type(api, out_sharding)
     if not (in_trace() or _has_tracer((x, idx, values))):
         from ._api import jit
         named = _as_named(out_sharding, api)  # a bare P needs the ambient mesh (canonicalize_sharding)
@@ -1121,6 +1134,54 @@ def _at_laid_out(api, f, x, idx, values, out_sharding):
         return [out._v]
 
     return _wrap(_t.at_laid_out(api, x._v, *_spec_and_mesh(api, out_sharding), _trace.callback(run)))
+
+
+def _check_out_sharding_type(api, out_sharding):
+    from .sharding import NamedSharding, PartitionSpec
+    if not isinstance(out_sharding, (NamedSharding, PartitionSpec)):
+        raise TypeError(f"`out_sharding` argument of {api} only supports instances of `NamedSharding` or "
+                        f"`PartitionSpec`. Got {out_sharding} of type: {type(out_sharding)}")  # canonicalize_sharding's
+
+
+def _takes_a_slice(x, idx, mode):
+    """Whether JAX's rewriting_take (jax/_src/numpy/indexing.py) computes x[idx] as a static or
+    a dynamic slice, which do not read .get's out_sharding (only its gather does): mode None,
+    clip or promise_in_bounds, and an index of ints, slices, None and Ellipsis (to_static_slice)
+    or of those and 0-d integer arrays, its slices of step 1 or -1 (to_dynamic_slice); but not
+    for an Array on more than one device (is_sharded: never a traced value) indexed with an int
+    or a slice that is not whole (has_partial_slices), which the gather takes."""
+    if mode not in (None, "clip", "promise_in_bounds"):
+        return False
+    parts = idx if isinstance(idx, tuple) else (idx,)
+
+    def scalar(i):
+        return _is_int(i) or isinstance(i, (Tracer, Array, _np.ndarray)) and i.ndim == 0 and i.dtype.kind in "iu"
+
+    if not builtins.all(i is None or i is Ellipsis or isinstance(i, slice) or _is_int(i) for i in parts) and \
+            not builtins.all(i is None or i is Ellipsis or isinstance(i, slice) and i.step in (None, 1, -1) or
+                             scalar(i) for i in parts):
+        return False
+    if not (isinstance(x, Array) and x.sharding.num_devices > 1):
+        return True
+    sizes = iter(x.shape)
+    for i in _expand_index(x, parts):
+        if i is None:
+            continue
+        size = next(sizes)
+        if _is_int(i) or isinstance(i, slice) and (abs(i.indices(size)[2]) != 1 or _slice_range(i, size)[1] != size):
+            return False
+    return True
+
+
+def _in_bounds(x, idx, wrap):
+    """Whether idx is ints, slices, None and Ellipsis only, its ints in range (negatives from
+    the end when `wrap`): JAX's to_static_slice with validate_static_indices."""
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    if not builtins.all(i is None or i is Ellipsis or isinstance(i, slice) or _is_int(i) for i in parts):
+        return False
+    sizes = iter(x.shape)
+    return builtins.all((-size if wrap else 0) <= i < size if _is_int(i) else True
+                        for i, size in ((i, next(sizes)) for i in _expand_index(x, parts) if i is not None))
 
 
 def _promoted(x, values):
@@ -1267,8 +1328,16 @@ class _IndexUpdateRef:
         """out_sharding (a NamedSharding, or a P on the explicit or ambient mesh): the gather
         runs with the mesh's Explicit axes as Auto and its result is laid out so, as JAX's
         (jax/_src/numpy/indexing.py rewriting_take: auto_axes), with mode= and fill_value= too.
-        mode None clamps out-of-range indices (JAX's promise_in_bounds does in practice)."""
+        mode None clamps out-of-range indices (JAX's promise_in_bounds does in practice). An
+        index JAX takes as a static or dynamic slice ignores out_sharding, as JAX's
+        (_takes_a_slice): x.at[0].get(out_sharding=...) in a trace is x.at[0].get()."""
         mode, wrap, fill = self._options("get", options, get=True)
+        if _takes_a_slice(self._x, self._idx, mode):
+            if out_sharding is not None:
+                _check_out_sharding_type(".get", out_sharding)  # canonicalize_sharding still checks it
+                out_sharding = None
+            if _in_bounds(self._x, self._idx, wrap):  # to_static_slice: x[idx], its slice's sharding
+                return self._x[self._idx]
 
         def gather(x, idx, _):
             if mode is None and wrap:

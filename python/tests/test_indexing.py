@@ -195,6 +195,7 @@ STRIDED_INDICES = {
     "int_stride_none": lambda r, c, d: (3, slice(None, None, 2), None, slice(None, None, -2)),
     "array_stride_array": lambda r, c, d: (r, slice(5, None, -2), d),  # separated: arrays first
     "stride_arrays": lambda r, c, d: (slice(1, None, 3), c, d),  # adjacent: where they are
+    "array_stride": lambda r, c, d: (r[0], slice(None, None, -2)),
     "ellipsis_stride": lambda r, c, d: (Ellipsis, slice(None, None, -3)),
     "stride_ellipsis_array": lambda r, c, d: (slice(7, 0, -2), Ellipsis, d[:, 0]),
 }
@@ -512,3 +513,38 @@ def test_boolean_index_errors_are_jax_errors(table):
     want = TABLE.copy()
     want[1] += 1
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+def test_get_ignores_out_sharding_where_jax_slices():
+    # jax/_src/numpy/indexing.py rewriting_take: an index to_static_slice takes (ints in range,
+    # slices, None, ...; mode None, clip or promise_in_bounds) is a lax.slice, one
+    # to_dynamic_slice takes (0-d integer arrays too) a lax.dynamic_slice, and neither reads
+    # .get's out_sharding (only the gather does: auto_axes). Inside a trace (is_sharded is False
+    # for a traced value) x.at[idx].get(out_sharding=s) is then x[idx], laid out by the slice's
+    # sharding rule (the split kept; an out dimension the split does not divide is the slice's
+    # error); outside one, an Array on several devices with an int or a partial slice takes the
+    # gather, and out_sharding lays its result out. mode="fill" always gathers.
+    from tessera.sharding import AxisType
+    mesh = tessera.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+    cols = tessera.device_put(TABLE, NamedSharding(mesh, P(None, "model")))
+    got = tessera.jit(lambda t, i: (t.at[0].get(out_sharding=P(None)), t.at[1:3].get(out_sharding=P(None, None)),
+                                    t.at[::-3, 2:].get(out_sharding=P(None, None)),
+                                    t.at[i].get(out_sharding=P(None)),
+                                    t.at[0].get(mode="fill", fill_value=0.0, out_sharding=P(None))))(
+        cols, np.int32(3))
+    want = [(TABLE[0], ("model",)), (TABLE[1:3], (None, "model")), (TABLE[::-3, 2:], (None, "model")),
+            (TABLE[3], ("model",)), (TABLE[0], (None,))]
+    for g, (w, spec) in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+        assert tuple(tessera.typeof(g).sharding.spec) == spec
+    rows = tessera.device_put(TABLE, NamedSharding(mesh, P("data", "model")))
+    for f in (lambda t: t[0], lambda t: t.at[0].get(out_sharding=P(None))):  # one row of a split dimension
+        with pytest.raises(ValueError, match=r"slicing on sharded dims where out dim \(1\) is not divisible"):
+            tessera.jit(f)(rows)
+    eager = (cols.at[0].get(out_sharding=NamedSharding(mesh, P(None))),
+             cols.at[:].get(out_sharding=NamedSharding(mesh, P(None, None))))
+    for g, w, spec in zip(eager, (TABLE[0], TABLE), ((None,), (None, "model"))):
+        np.testing.assert_array_equal(np.asarray(g), w)
+        assert tuple(g.sharding.spec) == spec
+    with pytest.raises(TypeError, match="`out_sharding` argument of .get only supports"):
+        tessera.jit(lambda t: t.at[0].get(out_sharding="model"))(cols)

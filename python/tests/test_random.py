@@ -865,12 +865,13 @@ def test_typeof_at_take_and_convert_element_type_of_typed_keys(mesh8):
     tessera.jit(lambda ks: seen.append(str(tessera.typeof(ks))) or ks)(keys)
     assert seen == ["key<fry>[8@x]"]
     assert str(tessera.typeof(random.split(k, (2, 3)))) == "key<fry>[2,3]"
-    # .at[idx].get() and .set(key): JnpWithKeyArrayTest test_gather / test_scatter (int and
-    # integer-array indices) against the same on the data; test_equality's .at[].set(key).
+    # .at[idx].get() and .set(key): JnpWithKeyArrayTest test_gather / test_scatter (an int, a
+    # slice, an integer array and a boolean mask; a strided slice too) against the same on the
+    # data; test_equality's .at[].set(key).
     three = random.split(k, 3)
     data = np.asarray(random.key_data(three))
     kdata = np.asarray(random.key_data(k))
-    for idx in (0, np.array([0, 2])):
+    for idx in (0, slice(1), np.array([0, 2]), np.array([False, True, True]), slice(None, None, -2)):
         for f in (lambda x: x.at[idx].get(), tessera.jit(lambda x: x.at[idx].get())):
             out = f(three)
             assert str(out.dtype) == "key<fry>" and np.asarray(random.key_data(out)).tolist() == data[idx].tolist()
@@ -886,6 +887,15 @@ def test_typeof_at_take_and_convert_element_type_of_typed_keys(mesh8):
     assert str(out.dtype) == "key<fry>" and np.asarray(random.key_data(out)).tolist() == [2**32 - 1] * 2
     with pytest.raises(TypeError, match="^Cannot interpret 'key<fry>' as a data type$"):
         three.at[0].set(1)  # scatter.py _scatter_update: np.issubdtype(key dtype, np.integer)
+    # The arithmetic updates: lax.scatter_add and the others build their combining function
+    # from lax._const(keys, 0), np.array(0, key dtype), which numpy refuses in these words
+    # (jax/_src/lax/slicing.py; divide and power scatter onto ones_like(keys) the same way).
+    for name in ("add", "subtract", "multiply", "mul", "divide", "power", "min", "max"):
+        for values in (k, 1):
+            with pytest.raises(TypeError, match="^Cannot interpret 'key<fry>' as a data type$"):
+                getattr(three.at[np.array([0, 2])], name)(values)
+    with pytest.raises(TypeError, match="^Cannot interpret 'key<fry>' as a data type$"):
+        tessera.jit(lambda x: x.at[1].apply(lambda v: v))(three)
     # jnp.take / key.take over the key dimensions (prng.py forwards take), axis None flattened;
     # out of range in the default fill mode is the uint32-max key as the gather's.
     grid = random.split(k, 6).reshape(2, 3)
@@ -918,3 +928,26 @@ def test_typeof_at_take_and_convert_element_type_of_typed_keys(mesh8):
         for value in (np.int32(0), np.int64(0)):
             with pytest.raises(ValueError, match="^Cannot convert_element_type from int32 to key<fry>$"):
                 convert(value, k.dtype)
+
+
+def test_key_dtypes_are_prng_key_subdtypes():
+    # jax/_src/dtypes.py issubdtype (_issubdtype_cached): a key dtype is below prng_key,
+    # extended and np.generic, nothing numeric (random.key's docstring and dtypes.prng_key's
+    # example: jnp.issubdtype(key.dtype, dtypes.prng_key)); other dtypes as numpy's.
+    jnp = tessera.numpy
+    k = random.split(random.key(0), 4)
+    traced = []
+    tessera.jit(lambda k: traced.append(k.dtype) or k)(k)
+    for dt in (k.dtype, traced[0], k[1:].dtype):
+        assert tessera.dtypes.issubdtype(dt, tessera.dtypes.prng_key)
+        assert jnp.issubdtype(dt, tessera.dtypes.extended) and jnp.issubdtype(dt, jnp.generic)
+        assert jnp.issubdtype(dt, dt)
+        for b in (jnp.integer, jnp.number, np.uint32, jnp.floating, "uint32"):
+            assert not jnp.issubdtype(dt, b)
+    for a in (np.uint32, "float32", np.dtype(np.int8), jnp.float32, jnp.bool_):
+        assert not jnp.issubdtype(a, tessera.dtypes.prng_key) and not jnp.issubdtype(a, k.dtype)
+    assert jnp.issubdtype(jnp.float32, jnp.floating) and jnp.issubdtype(np.dtype("int16"), jnp.signedinteger)
+    assert jnp.issubdtype("uint8", jnp.unsignedinteger) and not jnp.issubdtype(jnp.int32, jnp.inexact)
+    assert issubclass(tessera.dtypes.prng_key, tessera.dtypes.extended)
+    assert tessera.dtypes.canonicalize_dtype(k.dtype) == k.dtype
+    assert tessera.dtypes.canonicalize_dtype(np.float64) == np.float32
