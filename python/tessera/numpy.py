@@ -893,11 +893,10 @@ def _getitem(x, idx):
     x[:, ids]) are a slice and the SDK's at().get() on the sliced x, slices of other steps
     beside ints and slices a slice and one gather of their dimensions (the SDK's slice has no
     strides), anything else (two index arrays, a strided slice beside an index array, a
-    boolean scalar) one gather (_index_gather). An index
-    array's out-of-range entries clamp and negative ones count from the end (JAX's
-    "Out-of-bounds indexing" in the sharp bits: retrieval clamps). Where numpy's advanced
-    indexing puts the index array's dimensions first (an int and an array separated by a slice
-    or None), they go first here too."""
+    boolean scalar) one gather (_index_gather). An index array's out-of-range entries clamp and
+    negative ones count from the end (JAX's "Out-of-bounds indexing" in the sharp bits:
+    retrieval clamps). Where numpy's advanced indexing puts the index array's dimensions first
+    (an int and an array separated by a slice or None), they go first here too."""
     idx = _expand_bool_indices(x, idx)
     expanded = _expand_index(x, idx)
     start, limit, out_shape, d = [], [], [], 0
@@ -1161,27 +1160,25 @@ def _takes_a_slice(x, idx, mode):
             not builtins.all(i is None or i is Ellipsis or isinstance(i, slice) and i.step in (None, 1, -1) or
                              scalar(i) for i in parts):
         return False
-    if not (isinstance(x, Array) and x.sharding.num_devices > 1):
-        return True
+    def partial(i, size):
+        return _is_int(i) or isinstance(i, slice) and _slice_range(i, size)[1:] not in ((size, 1), (size, -1))
+
+    return not (isinstance(x, Array) and x.sharding.num_devices > 1) or \
+        not builtins.any(partial(i, size) for i, size in _with_sizes(x, parts))
+
+
+def _with_sizes(x, parts):
+    """(entry, size of the dimension it indexes) for the entries of index `parts` but None."""
     sizes = iter(x.shape)
-    for i in _expand_index(x, parts):
-        if i is None:
-            continue
-        size = next(sizes)
-        if _is_int(i) or isinstance(i, slice) and (abs(i.indices(size)[2]) != 1 or _slice_range(i, size)[1] != size):
-            return False
-    return True
+    return [(i, next(sizes)) for i in _expand_index(x, parts) if i is not None]
 
 
 def _in_bounds(x, idx, wrap):
     """Whether idx is ints, slices, None and Ellipsis only, its ints in range (negatives from
     the end when `wrap`): JAX's to_static_slice with validate_static_indices."""
     parts = idx if isinstance(idx, tuple) else (idx,)
-    if not builtins.all(i is None or i is Ellipsis or isinstance(i, slice) or _is_int(i) for i in parts):
-        return False
-    sizes = iter(x.shape)
-    return builtins.all((-size if wrap else 0) <= i < size if _is_int(i) else True
-                        for i, size in ((i, next(sizes)) for i in _expand_index(x, parts) if i is not None))
+    return builtins.all(i is None or i is Ellipsis or isinstance(i, slice) or _is_int(i) for i in parts) and \
+        builtins.all((-size if wrap else 0) <= i < size for i, size in _with_sizes(x, parts) if _is_int(i))
 
 
 def _promoted(x, values):
