@@ -813,8 +813,27 @@ def _is_scalar_bool(i):
     expand_scalar_bool_indices) indexes a new dimension of size 1 with arange(int(i)), an
     advanced index of shape (1,) or (0,) that _advanced_contiguous does not count (JAX's
     is_advanced is read while it is still BOOLEAN)."""
-    return isinstance(i, (bool, _np.bool_)) or (
+    return isinstance(i, (bool, _np.bool_, _StaticBool)) or (
         isinstance(i, (_np.ndarray, Array, Tracer)) and i.ndim == 0 and i.dtype == _np.bool_)
+
+
+class _StaticBool:
+    """A boolean scalar index as an eager call passes it: static, and its cache key unlike 1's
+    and 0's (True == 1), where np.True_ would be traced."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = bool(value)
+
+    def __bool__(self):
+        return self.value
+
+    def __eq__(self, other):
+        return type(other) is _StaticBool and other.value == self.value
+
+    def __hash__(self):
+        return hash((_StaticBool, self.value))
 
 
 def _is_bool_array(i):
@@ -1421,8 +1440,10 @@ def _eager_index(idx):
     """Lists (and tuples inside the index) of ints as numpy arrays (_sequence_index), so that an
     eager call passes them as arrays (a pytree would take a list apart into Python ints); numpy
     integer index arrays of other dtypes than int32 and int64 as int32, as JAX's indexing
-    converts them (_int32_indices)."""
+    converts them (_int32_indices); boolean scalars as _StaticBool."""
     def one(i):
+        if _is_scalar_bool(i) and not isinstance(i, (Tracer, Array)):
+            return _StaticBool(i)
         if isinstance(i, (list, tuple)):
             i = _sequence_index(i)
         return _int32_indices(i, index_to_gather=True) if isinstance(i, _np.ndarray) and i.dtype.kind in "iu" else i

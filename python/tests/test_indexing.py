@@ -490,6 +490,20 @@ def test_scalar_booleans_index_and_update_as_numpy(index):
         np.testing.assert_array_equal(np.asarray(tessera.jit(lambda x, u: x.at[index].set(u))(xa, update)), expected)
 
 
+def test_eager_boolean_scalars_are_neither_ints_nor_traced():
+    # Outside a trace an index runs as a small cached program: True next to an index array is
+    # not the 1 of an earlier call (True == 1 as a cache key), and np.True_ is static as JAX
+    # takes it (a concrete boolean), not a traced value.
+    x = np.arange(120, dtype=np.int32).reshape(2, 3, 4, 5)
+    xa, rows = jnp.asarray(x), np.array([1, 0])
+    for index in ((rows, 1), (rows, True), (rows[:1], 0), (rows[:1], False), (np.True_, 0), (0, np.False_),
+                  (rows, np.array(True))):
+        for got, want in ((xa[index], x[index]), (xa.at[index].get(), x[index]),
+                          (xa.at[index].add(1), _numpy_update("add", x, index, 1))):
+            assert got.shape == want.shape
+            np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_boolean_index_errors_are_jax_errors(table):
     # testBooleanIndexingDynamicShapeError: a traced mask is an IndexError (jax/_src/errors.py
     # NonConcreteBooleanIndexError, a JAXIndexError), in its words; testBooleanIndexingShapeMismatch:
