@@ -419,12 +419,20 @@ class _KeyIndexUpdate:
 
     def _refused(self, *args, **options):
         """The arithmetic updates, as JAX's: lax.scatter_add and the others build their combining
-        function from lax._const(operand, 0) (scatter_mul from 1, scatter_apply from
-        lax._zero), np.array(0, key dtype), which numpy refuses (jax/_src/lax/slicing.py;
-        divide and power scatter onto ones_like(keys) the same way)."""
+        function from lax._const(operand, 0) (scatter_mul from 1), np.array(0, key dtype), which
+        numpy refuses (jax/_src/lax/slicing.py; divide and power scatter onto ones_like(keys)
+        the same way)."""
         raise TypeError(f"Cannot interpret '{self._keys.dtype}' as a data type")
 
-    add = subtract = multiply = mul = divide = power = min = max = apply = _refused
+    add = subtract = multiply = mul = divide = power = min = max = _refused
+
+    def apply(self, func, **options):
+        """Not built: JAX's scatter_apply takes keys (its placeholder is lax.full of the key
+        dtype, which KeyTyRules.full allows) and applies func to each indexed key; Tessera's
+        apply counts the windows on each element and applies func to numbers."""
+        raise NotImplementedError(f"x.at[...].apply on a key array ({self._keys.dtype}) is not implemented in "
+                                  "Tessera; apply func to keys.at[...].get() and write the result back with "
+                                  ".at[...].set")
 
     def set(self, values, **options):
         if isinstance(values, int):

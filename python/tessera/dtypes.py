@@ -24,7 +24,7 @@ def issubdtype(a, b):
             return issubclass(a, b)
         return issubclass(_np.dtype(a).type, b)
     if isinstance(b, KeyTy):
-        return isinstance(a, KeyTy)
+        return isinstance(a, KeyTy) and a == b
     if isinstance(a, KeyTy):
         a = a.type
     a = a if isinstance(a, type) and issubclass(a, _np.generic) else _np.dtype(a).type
