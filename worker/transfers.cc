@@ -98,42 +98,62 @@ bool is_v4_mapped(const TcpEndpoint& end) {
   return std::equal(kPrefix.begin(), kPrefix.end(), end.address.begin());
 }
 
-// One NETLINK_SOCK_DIAG dump of `family`'s established TCP sockets from local port
-// `local.port` to remote port `remote_port` (the kernel runs the filter's bytecode on each
-// socket), the inodes of those whose local address is `local`'s appended to `inodes`.
+// A sock_diag request: the header, the request proper (inet_diag_req_v2, or the older
+// inet_diag_req) and a bytecode filter of two port comparisons.
+template <typename Diag>
+struct DiagRequest {
+  nlmsghdr header;
+  Diag diag;
+  nlattr bytecode;
+  inet_diag_bc_op ops[4];
+};
+
+// One NETLINK_SOCK_DIAG dump of the established TCP sockets from local port `local.port` to
+// remote port `remote_port` (the kernel runs the filter's bytecode on each socket), the inodes
+// of those whose local address is `local`'s appended to `inodes`. `family` AF_INET or AF_INET6:
+// that family's sockets (SOCK_DIAG_BY_FAMILY); AF_UNSPEC: both in one walk of the hash, through
+// the older TCPDIAG_GETSOCK request, which dumps every family.
 absl::Status sock_diag_dump(int fd, int family, const TcpEndpoint& local, int remote_port,
                             std::vector<uint64_t>* inodes) {
-  // The filter: sport == local.port, else reject (jump past the end); then dport ==
-  // remote_port, likewise. A comparison's port is in the `no` field of the op after it.
-  struct Request {
-    nlmsghdr header;
-    inet_diag_req_v2 diag;
-    nlattr bytecode;
-    inet_diag_bc_op ops[4];
-  } request{};
-  static_assert(sizeof(Request) ==
+  DiagRequest<inet_diag_req_v2> by_family{};
+  DiagRequest<inet_diag_req> every_family{};
+  const uint32_t states = 1u << TCP_ESTABLISHED;
+  by_family.diag.sdiag_family = static_cast<uint8_t>(family);
+  by_family.diag.sdiag_protocol = IPPROTO_TCP;
+  by_family.diag.idiag_states = states;
+  every_family.diag.idiag_states = states;
+  const uint16_t type = family == AF_UNSPEC ? TCPDIAG_GETSOCK : SOCK_DIAG_BY_FAMILY;
+  const uint32_t seq = static_cast<uint32_t>(family) + 1;
+  auto fill = [&](auto& request) {
+    request.header.nlmsg_len = sizeof request;
+    request.header.nlmsg_type = type;
+    request.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    request.header.nlmsg_seq = seq;
+    // The filter: sport == local.port, else reject (jump past the end); then dport ==
+    // remote_port, likewise. A comparison's port is in the `no` field of the op after it.
+    request.bytecode.nla_len = sizeof(nlattr) + sizeof request.ops;
+    request.bytecode.nla_type = INET_DIAG_REQ_BYTECODE;
+    const uint16_t ops_bytes = sizeof request.ops;
+    request.ops[0] = {INET_DIAG_BC_S_EQ, 2 * sizeof(inet_diag_bc_op), static_cast<uint16_t>(ops_bytes + 4)};
+    request.ops[1] = {0, 0, static_cast<uint16_t>(local.port)};
+    request.ops[2] = {INET_DIAG_BC_D_EQ, 2 * sizeof(inet_diag_bc_op), static_cast<uint16_t>(ops_bytes / 2 + 4)};
+    request.ops[3] = {0, 0, static_cast<uint16_t>(remote_port)};
+  };
+  fill(by_family);
+  fill(every_family);
+  static_assert(sizeof by_family ==
                 NLMSG_LENGTH(sizeof(inet_diag_req_v2)) + sizeof(nlattr) + 4 * sizeof(inet_diag_bc_op));
-  request.header.nlmsg_len = sizeof request;
-  request.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-  request.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
-  request.header.nlmsg_seq = static_cast<uint32_t>(family);
-  request.diag.sdiag_family = static_cast<uint8_t>(family);
-  request.diag.sdiag_protocol = IPPROTO_TCP;
-  request.diag.idiag_states = 1u << TCP_ESTABLISHED;
-  request.bytecode.nla_len = sizeof(nlattr) + sizeof request.ops;
-  request.bytecode.nla_type = INET_DIAG_REQ_BYTECODE;
-  const uint16_t ops_bytes = sizeof request.ops;
-  request.ops[0] = {INET_DIAG_BC_S_EQ, 2 * sizeof(inet_diag_bc_op), static_cast<uint16_t>(ops_bytes + 4)};
-  request.ops[1] = {0, 0, static_cast<uint16_t>(local.port)};
-  request.ops[2] = {INET_DIAG_BC_D_EQ, 2 * sizeof(inet_diag_bc_op), static_cast<uint16_t>(ops_bytes / 2 + 4)};
-  request.ops[3] = {0, 0, static_cast<uint16_t>(remote_port)};
+  static_assert(sizeof every_family ==
+                NLMSG_LENGTH(sizeof(inet_diag_req)) + sizeof(nlattr) + 4 * sizeof(inet_diag_bc_op));
+  const void* request = family == AF_UNSPEC ? static_cast<const void*>(&every_family) : &by_family;
+  const size_t request_bytes = family == AF_UNSPEC ? sizeof every_family : sizeof by_family;
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
   ssize_t sent;
   do {
-    sent = sendto(fd, &request, sizeof request, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel);
+    sent = sendto(fd, request, request_bytes, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel);
   } while (sent < 0 && errno == EINTR);
-  if (sent != static_cast<ssize_t>(sizeof request)) {
+  if (sent != static_cast<ssize_t>(request_bytes)) {
     return absl::UnavailableError(absl::StrCat("sending an inet_diag request: ", std::strerror(errno)));
   }
   alignas(nlmsghdr) char buffer[32768];
@@ -146,7 +166,7 @@ absl::Status sock_diag_dump(int fd, int family, const TcpEndpoint& local, int re
     if (got == 0) return absl::UnavailableError("reading inet_diag's answer: the socket closed");
     int left = static_cast<int>(got);
     for (const nlmsghdr* m = reinterpret_cast<const nlmsghdr*>(buffer); NLMSG_OK(m, left); m = NLMSG_NEXT(m, left)) {
-      if (m->nlmsg_seq != request.header.nlmsg_seq) continue;
+      if (m->nlmsg_seq != seq) continue;
       if (m->nlmsg_type == NLMSG_DONE) return absl::OkStatus();
       if (m->nlmsg_type == NLMSG_ERROR) {
         const auto* error = static_cast<const nlmsgerr*>(NLMSG_DATA(m));
@@ -154,7 +174,7 @@ absl::Status sock_diag_dump(int fd, int family, const TcpEndpoint& local, int re
             absl::StrCat("inet_diag refused the request: ",
                          std::strerror(m->nlmsg_len >= NLMSG_LENGTH(sizeof *error) ? -error->error : EPROTO)));
       }
-      if (m->nlmsg_type != SOCK_DIAG_BY_FAMILY || m->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg))) continue;
+      if (m->nlmsg_type != type || m->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg))) continue;
       const auto* socket = static_cast<const inet_diag_msg*>(NLMSG_DATA(m));
       TcpEndpoint end;
       end.port = ntohs(socket->id.idiag_sport);
@@ -177,19 +197,27 @@ absl::Status sock_diag_dump(int fd, int family, const TcpEndpoint& local, int re
 
 namespace internal {
 
-absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const TcpEndpoint& local, int remote_port) {
+absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const TcpEndpoint& local, int remote_port,
+                                                                       bool by_family) {
   const int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(NETLINK_SOCK_DIAG): ", std::strerror(errno)));
   // The kernel answers a dump at once; the timeout bounds a recv that would not return.
   const timeval timeout{2, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   std::vector<uint64_t> inodes;
-  absl::Status status;
-  // An IPv4 socket has an IPv4 local end; an IPv6 one either (an IPv4 one v4-mapped).
-  for (const int family : {AF_INET, AF_INET6}) {
-    if (family == AF_INET && !is_v4_mapped(local)) continue;
-    status = sock_diag_dump(fd, family, local, remote_port, &inodes);
-    if (!status.ok()) break;
+  // Both families in one walk of the kernel's hash table, unless asked `by_family` or the kernel
+  // has not the older request: then a walk per family. An IPv4 socket has an IPv4 local end;
+  // an IPv6 one either (an IPv4 one v4-mapped).
+  absl::Status status =
+      by_family ? absl::UnavailableError("") : sock_diag_dump(fd, AF_UNSPEC, local, remote_port, &inodes);
+  if (!status.ok()) {
+    inodes.clear();
+    status = absl::OkStatus();
+    for (const int family : {AF_INET, AF_INET6}) {
+      if (family == AF_INET && !is_v4_mapped(local)) continue;
+      status = sock_diag_dump(fd, family, local, remote_port, &inodes);
+      if (!status.ok()) break;
+    }
   }
   close(fd);
   if (!status.ok()) return status;

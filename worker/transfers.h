@@ -59,8 +59,11 @@ struct TcpEndpoint {
 // from /proc/net/tcp{,6} (proc_established_tcp_inodes), which this process says once on
 // stderr. FAILED_PRECONDITION naming the table if neither can be read.
 absl::StatusOr<std::vector<uint64_t>> established_tcp_inodes(const TcpEndpoint& local, int remote_port);
-// The same from the kernel alone: UNAVAILABLE with the reason if netlink refuses.
-absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const TcpEndpoint& local, int remote_port);
+// The same from the kernel alone: UNAVAILABLE with the reason if netlink refuses. Both families
+// in one dump (TCPDIAG_GETSOCK), or, `by_family` or where the kernel refuses that, one dump per
+// family (SOCK_DIAG_BY_FAMILY): each dump walks the kernel's whole table of sockets.
+absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const TcpEndpoint& local, int remote_port,
+                                                                       bool by_family = false);
 // The same read from /proc/net/tcp and /proc/net/tcp6: every socket of the namespace is
 // printed and parsed (tens of milliseconds with thousands of TIME_WAIT sockets).
 absl::StatusOr<std::vector<uint64_t>> proc_established_tcp_inodes(const TcpEndpoint& local, int remote_port);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,14 +100,20 @@ struct Loopback {
   int listen_port = -1, client_port = -1;
 };
 
-// Each lookup (the kernel's, the /proc reader's, and the entry point, which takes the kernel's)
+// Each lookup (the kernel's, one dump and a dump per family; the /proc reader's; the entry point)
 // finds `expected` among the sockets from `local` to port `remote_port`.
 void expect_found(const internal::TcpEndpoint& local, int remote_port, const std::vector<uint64_t>& expected) {
-  for (auto lookup : {internal::sock_diag_established_tcp_inodes, internal::proc_established_tcp_inodes,
-                      internal::established_tcp_inodes}) {
-    absl::StatusOr<std::vector<uint64_t>> found = lookup(local, remote_port);
-    ASSERT_TRUE(found.ok()) << found.status();
-    EXPECT_EQ(*found, expected) << "from port " << local.port << " to port " << remote_port;
+  using Lookup = std::function<absl::StatusOr<std::vector<uint64_t>>()>;
+  const std::vector<std::pair<const char*, Lookup>> lookups = {
+      {"one dump", [&] { return internal::sock_diag_established_tcp_inodes(local, remote_port); }},
+      {"a dump per family",
+       [&] { return internal::sock_diag_established_tcp_inodes(local, remote_port, /*by_family=*/true); }},
+      {"/proc", [&] { return internal::proc_established_tcp_inodes(local, remote_port); }},
+      {"established_tcp_inodes", [&] { return internal::established_tcp_inodes(local, remote_port); }}};
+  for (const auto& [name, lookup] : lookups) {
+    absl::StatusOr<std::vector<uint64_t>> found = lookup();
+    ASSERT_TRUE(found.ok()) << name << ": " << found.status();
+    EXPECT_EQ(*found, expected) << name << ", from port " << local.port << " to port " << remote_port;
   }
 }
 
