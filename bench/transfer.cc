@@ -7,16 +7,19 @@
 // between the workers either way.
 //
 //   bin/bench_transfer [--mib=256] [--iters=3] [--cluster=in_process|processes|both]
-//                      [--path=shm|grpc|both] [--adopt_puts] [--json]
+//                      [--path=shm|grpc|both] [--layouts=all|data,data_model,replicated]
+//                      [--adopt_puts] [--json]
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/stats.h"
 #include "core/daemon.h"
@@ -30,6 +33,9 @@ ABSL_FLAG(std::string, cluster, "both",
           "in_process (Client::local(8)), processes (8 tessera-worker processes, Client::connect) or both");
 ABSL_FLAG(std::string, path, "both",
           "with processes: the client's transfers through shared memory (shm), gRPC streams (grpc) or both");
+ABSL_FLAG(std::string, layouts, "all",
+          "the layouts timed: all, or a comma-separated subset of data (P('data', None)), data_model "
+          "(P('data', 'model')) and replicated (P())");
 ABSL_FLAG(bool, adopt_puts, false,
           "with processes/shm: the workers adopt each put's memfd (ConnectOptions::adopt_puts), row "
           "processes/shm+adopt");
@@ -44,7 +50,11 @@ int run_layouts(const Client& client, const std::string& cluster, const HostArra
     std::fprintf(stderr, "bench_transfer: %s\n", mesh.status().ToString().c_str());
     return 1;
   }
-  for (const PartitionSpec& spec : {P("data", None), P("data", "model"), P()}) {
+  const std::string layouts = absl::GetFlag(FLAGS_layouts);
+  const std::vector<std::string> asked = absl::StrSplit(layouts, ',');
+  for (const auto& [name, spec] : {std::pair{"data", P("data", None)}, std::pair{"data_model", P("data", "model")},
+                                   std::pair{"replicated", P()}}) {
+    if (layouts != "all" && std::find(asked.begin(), asked.end(), name) == asked.end()) continue;
     std::vector<double> put_s, fetch_s;
     for (int i = 0; i < iters; ++i) {
       absl::Time t = absl::Now();
@@ -82,9 +92,17 @@ int run_layouts(const Client& client, const std::string& cluster, const HostArra
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times device_put and fetch against memcpy.\nUsage: bench_transfer [--mib=256] [--iters=3] "
-      "[--cluster=in_process|processes|both] [--path=shm|grpc|both] [--adopt_puts] [--json]");
+      "[--cluster=in_process|processes|both] [--path=shm|grpc|both] [--layouts=all|data,data_model,replicated] "
+      "[--adopt_puts] [--json]");
   tessera::parse_flags(argc, argv, "bench_transfer", {});
   using namespace tessera;
+  for (const absl::string_view layout : absl::StrSplit(absl::GetFlag(FLAGS_layouts), ',')) {
+    if (layout != "all" && layout != "data" && layout != "data_model" && layout != "replicated") {
+      std::fprintf(stderr, "bench_transfer: --layouts names '%s', none of all, data, data_model, replicated\n",
+                   std::string(layout).c_str());
+      return 1;
+    }
+  }
   const int64_t mib = absl::GetFlag(FLAGS_mib);
   const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
   const int64_t cols = 1024;

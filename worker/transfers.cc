@@ -2,11 +2,20 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -33,16 +42,11 @@ static_assert(Transfers::kFanOutOpBit == Transport::kUnorderedOps);
 
 namespace {
 
-// A TCP endpoint as /proc/net/tcp6 shows it: an IPv4 address as ::ffff:a.b.c.d.
-struct Endpoint {
-  std::array<unsigned char, 16> address{};
-  int port = -1;
-  bool operator==(const Endpoint& other) const { return address == other.address && port == other.port; }
-};
+using internal::TcpEndpoint;
 
 // The endpoint of a gRPC peer ("ipv4:127.0.0.1:54321", "ipv6:[::1]:54321", '%'-escaped or
 // not); nullopt for any other (unix:, inproc:, ...).
-std::optional<Endpoint> peer_endpoint(const std::string& peer) {
+std::optional<TcpEndpoint> peer_endpoint(const std::string& peer) {
   std::string text;  // unescaped
   for (size_t i = 0; i < peer.size(); ++i) {
     int byte = 0;
@@ -54,7 +58,7 @@ std::optional<Endpoint> peer_endpoint(const std::string& peer) {
     }
   }
   const size_t colon = text.rfind(':');
-  Endpoint end;
+  TcpEndpoint end;
   if (colon == std::string::npos || !absl::SimpleAtoi(text.substr(colon + 1), &end.port) || end.port <= 0 ||
       end.port > 65535) {
     return std::nullopt;
@@ -73,9 +77,9 @@ std::optional<Endpoint> peer_endpoint(const std::string& peer) {
 
 // An endpoint as /proc/net/tcp{,6} print it: the address's 32-bit words in hex, each in this
 // host's byte order, ':', the port in hex.
-std::optional<Endpoint> proc_endpoint(absl::string_view text) {
+std::optional<TcpEndpoint> proc_endpoint(absl::string_view text) {
   const size_t colon = text.find(':');
-  Endpoint end;
+  TcpEndpoint end;
   if (colon == absl::string_view::npos || !absl::SimpleHexAtoi(text.substr(colon + 1), &end.port)) return std::nullopt;
   const absl::string_view hex = text.substr(0, colon);
   if (hex.size() != 8 && hex.size() != 32) return std::nullopt;
@@ -89,55 +93,215 @@ std::optional<Endpoint> proc_endpoint(absl::string_view text) {
   return end;
 }
 
-// Readings of /proc/net/tcp{,6} that may miss the caller's connection (check_peer_process).
+bool is_v4_mapped(const TcpEndpoint& end) {
+  static constexpr std::array<unsigned char, 12> kPrefix{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::equal(kPrefix.begin(), kPrefix.end(), end.address.begin());
+}
+
+// A sock_diag request: the header, the request proper (inet_diag_req_v2, or the older
+// inet_diag_req) and a bytecode filter of two port comparisons.
+template <typename Diag>
+struct DiagRequest {
+  nlmsghdr header;
+  Diag diag;
+  nlattr bytecode;
+  inet_diag_bc_op ops[4];
+};
+
+// One NETLINK_SOCK_DIAG dump of the established TCP sockets from local port `local.port` to
+// remote port `remote_port` (the kernel runs the filter's bytecode on each socket), the inodes
+// of those whose local address is `local`'s appended to `inodes`. `family` AF_INET or AF_INET6:
+// that family's sockets (SOCK_DIAG_BY_FAMILY); AF_UNSPEC: both in one walk of the hash, through
+// the older TCPDIAG_GETSOCK request, which dumps every family.
+absl::Status sock_diag_dump(int fd, int family, const TcpEndpoint& local, int remote_port,
+                            std::vector<uint64_t>* inodes) {
+  DiagRequest<inet_diag_req_v2> by_family{};
+  DiagRequest<inet_diag_req> every_family{};
+  const uint32_t states = 1u << TCP_ESTABLISHED;
+  by_family.diag.sdiag_family = static_cast<uint8_t>(family);
+  by_family.diag.sdiag_protocol = IPPROTO_TCP;
+  by_family.diag.idiag_states = states;
+  every_family.diag.idiag_states = states;
+  const uint16_t type = family == AF_UNSPEC ? TCPDIAG_GETSOCK : SOCK_DIAG_BY_FAMILY;
+  const uint32_t seq = static_cast<uint32_t>(family) + 1;
+  auto fill = [&](auto& request) {
+    request.header.nlmsg_len = sizeof request;
+    request.header.nlmsg_type = type;
+    request.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    request.header.nlmsg_seq = seq;
+    // The filter: sport == local.port, else reject (jump past the end); then dport ==
+    // remote_port, likewise. A comparison's port is in the `no` field of the op after it.
+    request.bytecode.nla_len = sizeof(nlattr) + sizeof request.ops;
+    request.bytecode.nla_type = INET_DIAG_REQ_BYTECODE;
+    const uint16_t ops_bytes = sizeof request.ops;
+    request.ops[0] = {INET_DIAG_BC_S_EQ, 2 * sizeof(inet_diag_bc_op), static_cast<uint16_t>(ops_bytes + 4)};
+    request.ops[1] = {0, 0, static_cast<uint16_t>(local.port)};
+    request.ops[2] = {INET_DIAG_BC_D_EQ, 2 * sizeof(inet_diag_bc_op), static_cast<uint16_t>(ops_bytes / 2 + 4)};
+    request.ops[3] = {0, 0, static_cast<uint16_t>(remote_port)};
+  };
+  fill(by_family);
+  fill(every_family);
+  static_assert(sizeof by_family ==
+                NLMSG_LENGTH(sizeof(inet_diag_req_v2)) + sizeof(nlattr) + 4 * sizeof(inet_diag_bc_op));
+  static_assert(sizeof every_family ==
+                NLMSG_LENGTH(sizeof(inet_diag_req)) + sizeof(nlattr) + 4 * sizeof(inet_diag_bc_op));
+  const void* request = family == AF_UNSPEC ? static_cast<const void*>(&every_family) : &by_family;
+  const size_t request_bytes = family == AF_UNSPEC ? sizeof every_family : sizeof by_family;
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  ssize_t sent;
+  do {
+    sent = sendto(fd, request, request_bytes, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel);
+  } while (sent < 0 && errno == EINTR);
+  if (sent != static_cast<ssize_t>(request_bytes)) {
+    return absl::UnavailableError(absl::StrCat("sending an inet_diag request: ", std::strerror(errno)));
+  }
+  alignas(nlmsghdr) char buffer[32768];
+  while (true) {
+    ssize_t got;
+    do {
+      got = recv(fd, buffer, sizeof buffer, 0);
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) return absl::UnavailableError(absl::StrCat("reading inet_diag's answer: ", std::strerror(errno)));
+    if (got == 0) return absl::UnavailableError("reading inet_diag's answer: the socket closed");
+    int left = static_cast<int>(got);
+    for (const nlmsghdr* m = reinterpret_cast<const nlmsghdr*>(buffer); NLMSG_OK(m, left); m = NLMSG_NEXT(m, left)) {
+      if (m->nlmsg_seq != seq) continue;
+      if (m->nlmsg_type == NLMSG_DONE) return absl::OkStatus();
+      if (m->nlmsg_type == NLMSG_ERROR) {
+        const auto* error = static_cast<const nlmsgerr*>(NLMSG_DATA(m));
+        return absl::UnavailableError(
+            absl::StrCat("inet_diag refused the request: ",
+                         std::strerror(m->nlmsg_len >= NLMSG_LENGTH(sizeof *error) ? -error->error : EPROTO)));
+      }
+      if (m->nlmsg_type != type || m->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg))) continue;
+      const auto* socket = static_cast<const inet_diag_msg*>(NLMSG_DATA(m));
+      TcpEndpoint end;
+      end.port = ntohs(socket->id.idiag_sport);
+      if (socket->idiag_family == AF_INET) {
+        end.address[10] = end.address[11] = 0xff;
+        std::memcpy(end.address.data() + 12, socket->id.idiag_src, 4);
+      } else {
+        std::memcpy(end.address.data(), socket->id.idiag_src, 16);
+      }
+      // The kernel's filter checked the ports; the state and the address are checked here.
+      if (socket->idiag_state == TCP_ESTABLISHED && end == local && ntohs(socket->id.idiag_dport) == remote_port &&
+          socket->idiag_inode != 0) {
+        inodes->push_back(socket->idiag_inode);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace internal {
+
+absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const TcpEndpoint& local, int remote_port,
+                                                                       bool by_family) {
+  const int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(NETLINK_SOCK_DIAG): ", std::strerror(errno)));
+  // The kernel answers a dump at once; the timeout bounds a recv that would not return.
+  const timeval timeout{2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  std::vector<uint64_t> inodes;
+  // Both families in one walk of the kernel's hash table, unless asked `by_family` or the kernel
+  // has not the older request: then a walk per family. An IPv4 socket has an IPv4 local end;
+  // an IPv6 one either (an IPv4 one v4-mapped).
+  absl::Status status =
+      by_family ? absl::UnavailableError("") : sock_diag_dump(fd, AF_UNSPEC, local, remote_port, &inodes);
+  if (!status.ok()) {
+    inodes.clear();
+    status = absl::OkStatus();
+    for (const int family : {AF_INET, AF_INET6}) {
+      if (family == AF_INET && !is_v4_mapped(local)) continue;
+      status = sock_diag_dump(fd, family, local, remote_port, &inodes);
+      if (!status.ok()) break;
+    }
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  std::sort(inodes.begin(), inodes.end());
+  inodes.erase(std::unique(inodes.begin(), inodes.end()), inodes.end());
+  return inodes;
+}
+
+absl::StatusOr<std::vector<uint64_t>> proc_established_tcp_inodes(const TcpEndpoint& local, int remote_port) {
+  std::vector<uint64_t> inodes;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    if (!in) return absl::FailedPreconditionError(absl::StrCat("cannot read ", table));
+    std::string line;
+    std::getline(in, line);  // the column names
+    while (std::getline(in, line)) {
+      // "sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ..."
+      const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (fields.size() < 10 || fields[3] != "01") continue;  // TCP_ESTABLISHED
+      const std::optional<TcpEndpoint> end = proc_endpoint(fields[1]);
+      if (!end.has_value() || !(*end == local)) continue;
+      const std::optional<TcpEndpoint> remote = proc_endpoint(fields[2]);
+      uint64_t inode = 0;
+      if (remote.has_value() && remote->port == remote_port && absl::SimpleAtoi(fields[9], &inode) && inode != 0) {
+        inodes.push_back(inode);
+      }
+    }
+  }
+  // Not a snapshot: read in pieces while sockets come and go, a line can be read twice.
+  std::sort(inodes.begin(), inodes.end());
+  inodes.erase(std::unique(inodes.begin(), inodes.end()), inodes.end());
+  return inodes;
+}
+
+absl::StatusOr<std::vector<uint64_t>> established_tcp_inodes(const TcpEndpoint& local, int remote_port) {
+  absl::StatusOr<std::vector<uint64_t>> asked = sock_diag_established_tcp_inodes(local, remote_port);
+  if (asked.ok()) return asked;
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true, std::memory_order_relaxed)) {
+    std::fprintf(stderr,
+                 "tessera-worker: NETLINK_SOCK_DIAG unavailable (%s): callers' connections are looked up in "
+                 "/proc/net/tcp{,6} instead (slower with many sockets)\n",
+                 std::string(asked.status().message()).c_str());
+  }
+  return proc_established_tcp_inodes(local, remote_port);
+}
+
+}  // namespace internal
+
+namespace {
+
+// Lookups that may miss the caller's connection (check_peer_process): /proc/net/tcp is read
+// in pieces while sockets come and go, and an inet_diag dump walks the table bucket by bucket
+// without holding it still.
 constexpr int kPeerScans = 3;
 
 // Refuses a put reading, or a fetch writing, process `pid`'s memory (a direct segment,
 // ShmSegment::create_direct) unless `pid` holds this call's own connection: the one
 // established TCP socket of this host whose local end is the call's `peer` and whose remote
-// end is this worker's port `listening_port` (/proc/net/tcp, /proc/net/tcp6). Else a process could name another one
-// holding a copy of its memfd (a worker it put through, say) and have the block read from that
-// one's memory, or written into it. PERMISSION_DENIED naming `pid` and `peer` if `pid` does
-// not hold it; FAILED_PRECONDITION if it cannot be told (a peer that is not TCP, /proc not
-// readable), so that the client copies the block through the segment instead.
+// end is this worker's port `listening_port` (internal::established_tcp_inodes). Else a
+// process could name another one holding a copy of its memfd (a worker it put through, say)
+// and have the block read from that one's memory, or written into it. PERMISSION_DENIED naming
+// `pid` and `peer` if `pid` does not hold it; FAILED_PRECONDITION if it cannot be told (a peer
+// that is not TCP, the sockets not readable), so that the client copies the block through the
+// segment instead.
 absl::Status check_peer_process(int32_t pid, const std::string& peer, int listening_port) {
   const std::string cannot = absl::StrCat("cannot tell whether process ", pid, " is the caller (peer '", peer,
                                           "') before reading or writing its memory: ");
-  const std::optional<Endpoint> caller = peer_endpoint(peer);
+  const std::optional<TcpEndpoint> caller = peer_endpoint(peer);
   if (!caller.has_value()) return absl::FailedPreconditionError(absl::StrCat(cannot, "not a TCP peer"));
   if (listening_port <= 0) return absl::FailedPreconditionError(absl::StrCat(cannot, "this worker has no port"));
-  // The sockets matching, by inode. /proc/net/tcp is not a snapshot: read in pieces while
-  // sockets come and go (TIME_WAIT ones expiring), a line can be read twice or not at all. The
-  // call's own connection is established while the call lasts, so a line read twice counts
-  // once, and tables without any match are read again. Two sockets are never resolved by
-  // reading again (a read that missed one of them would pass a process holding the other).
+  // The sockets matching, by inode. The call's own connection is established while the call
+  // lasts, so a lookup without any match is made again. Two sockets are never resolved by
+  // looking again (a lookup that missed one of them would pass a process holding the other).
   std::vector<uint64_t> inodes;
   for (int attempt = 0; attempt < kPeerScans && inodes.empty(); ++attempt) {
-    for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-      std::ifstream in(table);
-      if (!in) return absl::FailedPreconditionError(absl::StrCat(cannot, "cannot read ", table));
-      std::string line;
-      std::getline(in, line);  // the column names
-      while (std::getline(in, line)) {
-        // "sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ..."
-        const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
-        if (fields.size() < 10 || fields[3] != "01") continue;  // TCP_ESTABLISHED
-        const std::optional<Endpoint> local = proc_endpoint(fields[1]);
-        if (!local.has_value() || !(*local == *caller)) continue;
-        const std::optional<Endpoint> remote = proc_endpoint(fields[2]);
-        uint64_t inode = 0;
-        if (remote.has_value() && remote->port == listening_port && absl::SimpleAtoi(fields[9], &inode) && inode != 0) {
-          inodes.push_back(inode);
-        }
-      }
-    }
-    std::sort(inodes.begin(), inodes.end());
-    inodes.erase(std::unique(inodes.begin(), inodes.end()), inodes.end());
+    absl::StatusOr<std::vector<uint64_t>> found = internal::established_tcp_inodes(*caller, listening_port);
+    if (!found.ok()) return absl::FailedPreconditionError(absl::StrCat(cannot, found.status().message()));
+    inodes = *std::move(found);
   }
   if (inodes.size() != 1) {
     return absl::FailedPreconditionError(
         absl::StrCat(cannot, inodes.size(), " established sockets from ", peer, " to port ", listening_port,
-                     " here, not one", inodes.empty() ? absl::StrCat(" (read ", kPeerScans, " times)") : ""));
+                     " here, not one", inodes.empty() ? absl::StrCat(" (looked up ", kPeerScans, " times)") : ""));
   }
   const std::string socket = absl::StrCat("socket:[", inodes[0], "]");
   const std::string fds = absl::StrCat("/proc/", pid, "/fd");

@@ -17,6 +17,7 @@
 #ifndef TESSERA_WORKER_TRANSFERS_H_
 #define TESSERA_WORKER_TRANSFERS_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -24,8 +25,10 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -39,6 +42,33 @@
 #include "worker/device.h"
 
 namespace tessera {
+
+namespace internal {
+
+// A TCP endpoint; an IPv4 address as ::ffff:a.b.c.d, as an IPv6 socket connected to one shows it.
+struct TcpEndpoint {
+  std::array<unsigned char, 16> address{};
+  int port = -1;
+  bool operator==(const TcpEndpoint& other) const { return address == other.address && port == other.port; }
+};
+
+// The inodes of this network namespace's established TCP sockets (IPv4 and IPv6) whose local
+// end is `local` and whose remote end has port `remote_port`, sorted, each once. Asked of the
+// kernel (NETLINK_SOCK_DIAG, inet_diag: it filters by state and ports, so the answer holds the
+// matches only, however many other sockets there are); where netlink is unavailable, read
+// from /proc/net/tcp{,6} (proc_established_tcp_inodes), which this process says once on
+// stderr. FAILED_PRECONDITION naming the table if neither can be read.
+absl::StatusOr<std::vector<uint64_t>> established_tcp_inodes(const TcpEndpoint& local, int remote_port);
+// The same from the kernel alone: UNAVAILABLE with the reason if netlink refuses. Both families
+// in one dump (TCPDIAG_GETSOCK), or, `by_family` or where the kernel refuses that, one dump per
+// family (SOCK_DIAG_BY_FAMILY): each dump walks the kernel's whole table of sockets.
+absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const TcpEndpoint& local, int remote_port,
+                                                                       bool by_family = false);
+// The same read from /proc/net/tcp and /proc/net/tcp6: every socket of the namespace is
+// printed and parsed (tens of milliseconds with thousands of TIME_WAIT sockets).
+absl::StatusOr<std::vector<uint64_t>> proc_established_tcp_inodes(const TcpEndpoint& local, int remote_port);
+
+}  // namespace internal
 
 class Transfers {
  public:

@@ -1,0 +1,151 @@
+// The worker's lookup of a caller's connection (worker/transfers.h,
+// internal::established_tcp_inodes), which decides whether a put may read, or a fetch write,
+// a client process's memory: real TCP connections on the loopback, each socket's inode taken
+// from /proc/self/fd as the check compares it with /proc/<pid>/fd.
+#include "worker/transfers.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+// The inode of socket `fd`, read as the worker reads a client's fds: /proc/self/fd/<fd> links
+// to "socket:[<inode>]". 0 if it does not.
+uint64_t socket_inode(int fd) {
+  char target[64];
+  const ssize_t n = readlink(absl::StrCat("/proc/self/fd/", fd).c_str(), target, sizeof target);
+  absl::string_view link(target, n > 0 ? static_cast<size_t>(n) : 0);
+  uint64_t inode = 0;
+  if (!absl::ConsumePrefix(&link, "socket:[") || !absl::ConsumeSuffix(&link, "]") || !absl::SimpleAtoi(link, &inode)) {
+    return 0;
+  }
+  return inode;
+}
+
+int bound_port(int fd) {
+  sockaddr_storage address{};
+  socklen_t size = sizeof address;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) != 0) return -1;
+  return ntohs(address.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&address)->sin_port
+                                            : reinterpret_cast<sockaddr_in6*>(&address)->sin6_port);
+}
+
+// A listening socket on 127.0.0.1, an ephemeral port.
+int listen_loopback() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || listen(fd, 16) != 0) {
+    ADD_FAILURE() << "listening on 127.0.0.1: " << std::strerror(errno);
+  }
+  return fd;
+}
+
+// 127.0.0.1 (as ::ffff:127.0.0.1) or another IPv4 address, and `port`.
+internal::TcpEndpoint ipv4(int port, const char* address = "127.0.0.1") {
+  internal::TcpEndpoint end;
+  end.address[10] = end.address[11] = 0xff;
+  inet_pton(AF_INET, address, end.address.data() + 12);
+  end.port = port;
+  return end;
+}
+
+// A connection to a listener on 127.0.0.1: the connecting socket (`family` AF_INET, or AF_INET6
+// connecting to ::ffff:127.0.0.1, v4-mapped) and the accepted one.
+struct Loopback {
+  explicit Loopback(int family = AF_INET) {
+    listener = listen_loopback();
+    listen_port = bound_port(listener);
+    client = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int connected = -1;
+    if (family == AF_INET) {
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      to.sin_port = htons(static_cast<uint16_t>(listen_port));
+      connected = connect(client, reinterpret_cast<sockaddr*>(&to), sizeof to);
+    } else {
+      sockaddr_in6 to{};
+      to.sin6_family = AF_INET6;
+      inet_pton(AF_INET6, "::ffff:127.0.0.1", &to.sin6_addr);
+      to.sin6_port = htons(static_cast<uint16_t>(listen_port));
+      connected = connect(client, reinterpret_cast<sockaddr*>(&to), sizeof to);
+    }
+    EXPECT_EQ(connected, 0) << std::strerror(errno);
+    server = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);  // blocks at most until the handshake ends
+    EXPECT_GE(server, 0) << std::strerror(errno);
+    client_port = bound_port(client);
+  }
+  ~Loopback() {
+    for (int fd : {client, server, listener}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  int listener = -1, client = -1, server = -1;
+  int listen_port = -1, client_port = -1;
+};
+
+// Each lookup (the kernel's, one dump and a dump per family; the /proc reader's; the entry point)
+// finds `expected` among the sockets from `local` to port `remote_port`.
+void expect_found(const internal::TcpEndpoint& local, int remote_port, const std::vector<uint64_t>& expected) {
+  using Lookup = std::function<absl::StatusOr<std::vector<uint64_t>>()>;
+  const std::vector<std::pair<const char*, Lookup>> lookups = {
+      {"one dump", [&] { return internal::sock_diag_established_tcp_inodes(local, remote_port); }},
+      {"a dump per family",
+       [&] { return internal::sock_diag_established_tcp_inodes(local, remote_port, /*by_family=*/true); }},
+      {"/proc", [&] { return internal::proc_established_tcp_inodes(local, remote_port); }},
+      {"established_tcp_inodes", [&] { return internal::established_tcp_inodes(local, remote_port); }}};
+  for (const auto& [name, lookup] : lookups) {
+    absl::StatusOr<std::vector<uint64_t>> found = lookup();
+    ASSERT_TRUE(found.ok()) << name << ": " << found.status();
+    EXPECT_EQ(*found, expected) << name << ", from port " << local.port << " to port " << remote_port;
+  }
+}
+
+// What check_peer_process asks for a call from `peer` ("ipv4:127.0.0.1:<client_port>") to this
+// worker's port: the client's socket, whose inode /proc/<client pid>/fd then shows. An IPv6
+// socket connected to an IPv4 address has a v4-mapped local end, as /proc/net/tcp6 lists it.
+TEST(EstablishedTcpInodes, FindTheConnectingSocketOfALoopbackConnection) {
+  for (const int family : {AF_INET, AF_INET6}) {
+    SCOPED_TRACE(family == AF_INET ? "AF_INET" : "AF_INET6");
+    Loopback c(family);
+    const uint64_t client_inode = socket_inode(c.client);
+    ASSERT_NE(client_inode, 0u);
+    expect_found(ipv4(c.client_port), c.listen_port, {client_inode});
+    // Seen from the other end: the accepted socket.
+    expect_found(ipv4(c.listen_port), c.client_port, {socket_inode(c.server)});
+  }
+}
+
+TEST(EstablishedTcpInodes, FindNoneWithoutAnEstablishedConnection) {
+  Loopback c;
+  const int idle = listen_loopback();  // listening, never connected to
+  const int idle_port = bound_port(idle);
+  // A remote port with no connection from the client's end; the idle listener as a local end.
+  expect_found(ipv4(c.client_port), idle_port, {});
+  expect_found(ipv4(idle_port), c.listen_port, {});
+  // The connection's ports from another address.
+  expect_found(ipv4(c.client_port, "127.0.0.2"), c.listen_port, {});
+  // Closed by the client: its socket leaves ESTABLISHED (FIN_WAIT2, the server's CLOSE_WAIT).
+  close(std::exchange(c.client, -1));
+  expect_found(ipv4(c.client_port), c.listen_port, {});
+  close(idle);
+}
+
+}  // namespace
+}  // namespace tessera
