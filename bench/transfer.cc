@@ -54,7 +54,8 @@ int run_layouts(const Client& client, const std::string& cluster, const HostArra
   const std::vector<std::string> asked = absl::StrSplit(layouts, ',');
   for (const auto& [name, spec] : {std::pair{"data", P("data", None)}, std::pair{"data_model", P("data", "model")},
                                    std::pair{"replicated", P()}}) {
-    if (layouts != "all" && std::find(asked.begin(), asked.end(), name) == asked.end()) continue;
+    const bool all = std::find(asked.begin(), asked.end(), "all") != asked.end();
+    if (!all && std::find(asked.begin(), asked.end(), name) == asked.end()) continue;
     std::vector<double> put_s, fetch_s;
     for (int i = 0; i < iters; ++i) {
       absl::Time t = absl::Now();

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -65,9 +66,9 @@ std::optional<TcpEndpoint> peer_endpoint(const std::string& peer) {
   }
   absl::string_view host = absl::string_view(text).substr(0, colon);
   if (absl::ConsumePrefix(&host, "ipv4:")) {
-    end.address[10] = end.address[11] = 0xff;
-    if (inet_pton(AF_INET, std::string(host).c_str(), end.address.data() + 12) != 1) return std::nullopt;
-    return end;
+    in_addr v4;
+    if (inet_pton(AF_INET, std::string(host).c_str(), &v4) != 1) return std::nullopt;
+    return TcpEndpoint::v4(&v4, end.port);
   }
   if (!absl::ConsumePrefix(&host, "ipv6:[") || !absl::ConsumeSuffix(&host, "]")) return std::nullopt;
   host = host.substr(0, host.find('%'));  // a zone
@@ -83,7 +84,7 @@ std::optional<TcpEndpoint> proc_endpoint(absl::string_view text) {
   if (colon == absl::string_view::npos || !absl::SimpleHexAtoi(text.substr(colon + 1), &end.port)) return std::nullopt;
   const absl::string_view hex = text.substr(0, colon);
   if (hex.size() != 8 && hex.size() != 32) return std::nullopt;
-  if (hex.size() == 8) end.address[10] = end.address[11] = 0xff;
+  if (hex.size() == 8) end = TcpEndpoint::v4("\0\0\0\0", end.port);
   unsigned char* at = end.address.data() + (hex.size() == 8 ? 12 : 0);
   for (size_t i = 0; i < hex.size(); i += 8) {
     uint32_t word = 0;
@@ -98,76 +99,95 @@ bool is_v4_mapped(const TcpEndpoint& end) {
   return std::equal(kPrefix.begin(), kPrefix.end(), end.address.begin());
 }
 
-// A sock_diag request: the header, the request proper (inet_diag_req_v2, or the older
-// inet_diag_req) and a bytecode filter of two port comparisons.
+// A sock_diag request: the header and the request proper (inet_diag_req_v2, or the older
+// inet_diag_req).
 template <typename Diag>
 struct DiagRequest {
   nlmsghdr header;
   Diag diag;
-  nlattr bytecode;
-  inet_diag_bc_op ops[4];
 };
 
-// One NETLINK_SOCK_DIAG dump of the established TCP sockets from local port `local.port` to
-// remote port `remote_port` (the kernel runs the filter's bytecode on each socket), the inodes
-// of those whose local address is `local`'s appended to `inodes`. `family` AF_INET or AF_INET6:
-// that family's sockets (SOCK_DIAG_BY_FAMILY); AF_UNSPEC: both in one walk of the hash, through
-// the older TCPDIAG_GETSOCK request, which dumps every family.
-absl::Status sock_diag_dump(int fd, int family, const TcpEndpoint& local, int remote_port,
-                            std::vector<uint64_t>* inodes) {
-  DiagRequest<inet_diag_req_v2> by_family{};
-  DiagRequest<inet_diag_req> every_family{};
-  const uint32_t states = 1u << TCP_ESTABLISHED;
-  by_family.diag.sdiag_family = static_cast<uint8_t>(family);
-  by_family.diag.sdiag_protocol = IPPROTO_TCP;
-  by_family.diag.idiag_states = states;
-  every_family.diag.idiag_states = states;
-  const uint16_t type = family == AF_UNSPEC ? TCPDIAG_GETSOCK : SOCK_DIAG_BY_FAMILY;
-  const uint32_t seq = static_cast<uint32_t>(family) + 1;
-  auto fill = [&](auto& request) {
-    request.header.nlmsg_len = sizeof request;
-    request.header.nlmsg_type = type;
-    request.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
-    request.header.nlmsg_seq = seq;
-    // The filter: sport == local.port, else reject (jump past the end); then dport ==
-    // remote_port, likewise. A comparison's port is in the `no` field of the op after it.
-    request.bytecode.nla_len = sizeof(nlattr) + sizeof request.ops;
-    request.bytecode.nla_type = INET_DIAG_REQ_BYTECODE;
-    const uint16_t ops_bytes = sizeof request.ops;
-    request.ops[0] = {INET_DIAG_BC_S_EQ, 2 * sizeof(inet_diag_bc_op), static_cast<uint16_t>(ops_bytes + 4)};
-    request.ops[1] = {0, 0, static_cast<uint16_t>(local.port)};
-    request.ops[2] = {INET_DIAG_BC_D_EQ, 2 * sizeof(inet_diag_bc_op), static_cast<uint16_t>(ops_bytes / 2 + 4)};
-    request.ops[3] = {0, 0, static_cast<uint16_t>(remote_port)};
-  };
-  fill(by_family);
-  fill(every_family);
-  static_assert(sizeof by_family ==
-                NLMSG_LENGTH(sizeof(inet_diag_req_v2)) + sizeof(nlattr) + 4 * sizeof(inet_diag_bc_op));
-  static_assert(sizeof every_family ==
-                NLMSG_LENGTH(sizeof(inet_diag_req)) + sizeof(nlattr) + 4 * sizeof(inet_diag_bc_op));
-  const void* request = family == AF_UNSPEC ? static_cast<const void*>(&every_family) : &by_family;
-  const size_t request_bytes = family == AF_UNSPEC ? sizeof every_family : sizeof by_family;
+// Sends `diag`, a dump request of netlink type `type` and sequence number `seq`, to the kernel.
+template <typename Diag>
+absl::Status send_dump(int fd, uint16_t type, uint32_t seq, const Diag& diag) {
+  DiagRequest<Diag> request{};
+  request.header.nlmsg_len = sizeof request;
+  request.header.nlmsg_type = type;
+  request.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+  request.header.nlmsg_seq = seq;
+  request.diag = diag;
+  static_assert(sizeof request == NLMSG_LENGTH(sizeof(Diag)));
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
   ssize_t sent;
   do {
-    sent = sendto(fd, request, request_bytes, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel);
+    sent = sendto(fd, &request, sizeof request, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel);
   } while (sent < 0 && errno == EINTR);
-  if (sent != static_cast<ssize_t>(request_bytes)) {
+  if (sent != static_cast<ssize_t>(sizeof request)) {
     return absl::UnavailableError(absl::StrCat("sending an inet_diag request: ", std::strerror(errno)));
   }
-  alignas(nlmsghdr) char buffer[32768];
+  return absl::OkStatus();
+}
+
+// One NETLINK_SOCK_DIAG dump of the established TCP sockets from local port `local.port` to
+// remote port `remote_port`, the inodes of those whose local address is `local`'s appended to
+// `inodes`. The kernel's walk of its established hash skips the sockets whose ports differ from
+// the request's (inet_diag's id.idiag_sport / idiag_dport, when not 0), so the answer holds the
+// matches only; the state, ports and address are checked here again all the same. `family`
+// AF_INET or AF_INET6: that family's sockets (SOCK_DIAG_BY_FAMILY); AF_UNSPEC: both in one walk
+// of the hash, through the older TCPDIAG_GETSOCK request, which dumps every family. Only the
+// kernel's answers count (sender port 0, the request's sequence number, not truncated).
+absl::Status sock_diag_dump(int fd, int family, const TcpEndpoint& local, int remote_port,
+                            std::vector<uint64_t>* inodes) {
+  inet_diag_sockid id{};
+  id.idiag_sport = htons(static_cast<uint16_t>(local.port));
+  id.idiag_dport = htons(static_cast<uint16_t>(remote_port));
+  const uint32_t states = 1u << TCP_ESTABLISHED;
+  const uint32_t seq = static_cast<uint32_t>(random_run_tag());  // not guessable by another process
+  const uint16_t type = family == AF_UNSPEC ? TCPDIAG_GETSOCK : SOCK_DIAG_BY_FAMILY;
+  if (family == AF_UNSPEC) {
+    inet_diag_req every_family{};
+    every_family.idiag_states = states;
+    every_family.id = id;
+    TESSERA_RETURN_IF_ERROR(send_dump(fd, type, seq, every_family));
+  } else {
+    inet_diag_req_v2 by_family{};
+    by_family.sdiag_family = static_cast<uint8_t>(family);
+    by_family.sdiag_protocol = IPPROTO_TCP;
+    by_family.idiag_states = states;
+    by_family.id = id;
+    TESSERA_RETURN_IF_ERROR(send_dump(fd, type, seq, by_family));
+  }
+  alignas(nlmsghdr) char buffer[32768];  // the kernel's dump messages are at most 32 KiB
   while (true) {
+    sockaddr_nl from{};
+    iovec io{buffer, sizeof buffer};
+    msghdr message{};
+    message.msg_name = &from;
+    message.msg_namelen = sizeof from;
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
     ssize_t got;
     do {
-      got = recv(fd, buffer, sizeof buffer, 0);
+      got = recvmsg(fd, &message, 0);
     } while (got < 0 && errno == EINTR);
     if (got < 0) return absl::UnavailableError(absl::StrCat("reading inet_diag's answer: ", std::strerror(errno)));
     if (got == 0) return absl::UnavailableError("reading inet_diag's answer: the socket closed");
+    if ((message.msg_flags & MSG_TRUNC) != 0) {
+      return absl::UnavailableError("reading inet_diag's answer: a message longer than 32 KiB");
+    }
+    if (from.nl_pid != 0) continue;  // not the kernel's
     int left = static_cast<int>(got);
     for (const nlmsghdr* m = reinterpret_cast<const nlmsghdr*>(buffer); NLMSG_OK(m, left); m = NLMSG_NEXT(m, left)) {
       if (m->nlmsg_seq != seq) continue;
-      if (m->nlmsg_type == NLMSG_DONE) return absl::OkStatus();
+      if (m->nlmsg_type == NLMSG_DONE) {
+        // A dump that failed on the way (tcp_diag not loadable, say) ends with a negative errno.
+        const int* error = static_cast<const int*>(NLMSG_DATA(m));
+        if (m->nlmsg_len >= NLMSG_LENGTH(sizeof *error) && *error < 0) {
+          return absl::UnavailableError(absl::StrCat("inet_diag's dump failed: ", std::strerror(-*error)));
+        }
+        return absl::OkStatus();
+      }
       if (m->nlmsg_type == NLMSG_ERROR) {
         const auto* error = static_cast<const nlmsgerr*>(NLMSG_DATA(m));
         return absl::UnavailableError(
@@ -176,15 +196,8 @@ absl::Status sock_diag_dump(int fd, int family, const TcpEndpoint& local, int re
       }
       if (m->nlmsg_type != type || m->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg))) continue;
       const auto* socket = static_cast<const inet_diag_msg*>(NLMSG_DATA(m));
-      TcpEndpoint end;
-      end.port = ntohs(socket->id.idiag_sport);
-      if (socket->idiag_family == AF_INET) {
-        end.address[10] = end.address[11] = 0xff;
-        std::memcpy(end.address.data() + 12, socket->id.idiag_src, 4);
-      } else {
-        std::memcpy(end.address.data(), socket->id.idiag_src, 16);
-      }
-      // The kernel's filter checked the ports; the state and the address are checked here.
+      TcpEndpoint end = TcpEndpoint::v4(socket->id.idiag_src, ntohs(socket->id.idiag_sport));
+      if (socket->idiag_family != AF_INET) std::memcpy(end.address.data(), socket->id.idiag_src, 16);
       if (socket->idiag_state == TCP_ESTABLISHED && end == local && ntohs(socket->id.idiag_dport) == remote_port &&
           socket->idiag_inode != 0) {
         inodes->push_back(socket->idiag_inode);
@@ -198,19 +211,22 @@ absl::Status sock_diag_dump(int fd, int family, const TcpEndpoint& local, int re
 namespace internal {
 
 absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const TcpEndpoint& local, int remote_port,
-                                                                       bool by_family) {
+                                                                       SockDiag dumps) {
   const int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(NETLINK_SOCK_DIAG): ", std::strerror(errno)));
+  const absl::Cleanup closed = [fd] { close(fd); };
   // The kernel answers a dump at once; the timeout bounds a recv that would not return.
   const timeval timeout{2, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout) != 0) {
+    return absl::UnavailableError(absl::StrCat("setsockopt(SO_RCVTIMEO) on NETLINK_SOCK_DIAG: ", std::strerror(errno)));
+  }
   std::vector<uint64_t> inodes;
-  // Both families in one walk of the kernel's hash table, unless asked `by_family` or the kernel
-  // has not the older request: then a walk per family. An IPv4 socket has an IPv4 local end;
-  // an IPv6 one either (an IPv4 one v4-mapped).
-  absl::Status status =
-      by_family ? absl::UnavailableError("") : sock_diag_dump(fd, AF_UNSPEC, local, remote_port, &inodes);
-  if (!status.ok()) {
+  // Both families in one walk of the kernel's hash table; else (asked, or the kernel has not
+  // the older request) a walk per family. An IPv4 socket has an IPv4 local end; an IPv6 one
+  // either (an IPv4 one v4-mapped).
+  absl::Status status = absl::UnavailableError("not asked");
+  if (dumps != SockDiag::kByFamily) status = sock_diag_dump(fd, AF_UNSPEC, local, remote_port, &inodes);
+  if (!status.ok() && dumps != SockDiag::kOneDump) {
     inodes.clear();
     status = absl::OkStatus();
     for (const int family : {AF_INET, AF_INET6}) {
@@ -219,7 +235,6 @@ absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const Tcp
       if (!status.ok()) break;
     }
   }
-  close(fd);
   if (!status.ok()) return status;
   std::sort(inodes.begin(), inodes.end());
   inodes.erase(std::unique(inodes.begin(), inodes.end()), inodes.end());
@@ -258,8 +273,9 @@ absl::StatusOr<std::vector<uint64_t>> established_tcp_inodes(const TcpEndpoint& 
   static std::atomic<bool> said{false};
   if (!said.exchange(true, std::memory_order_relaxed)) {
     std::fprintf(stderr,
-                 "tessera-worker: NETLINK_SOCK_DIAG unavailable (%s): callers' connections are looked up in "
-                 "/proc/net/tcp{,6} instead (slower with many sockets)\n",
+                 "tessera-worker: asking the kernel for a caller's connection (NETLINK_SOCK_DIAG) failed (%s): "
+                 "it is read from /proc/net/tcp{,6} instead, this time and whenever the kernel's answer fails "
+                 "(slower with many sockets)\n",
                  std::string(asked.status().message()).c_str());
   }
   return proc_established_tcp_inodes(local, remote_port);

@@ -20,6 +20,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -49,6 +50,14 @@ namespace internal {
 struct TcpEndpoint {
   std::array<unsigned char, 16> address{};
   int port = -1;
+  // The endpoint of IPv4 address `address4` (4 bytes, network order) and `port`.
+  static TcpEndpoint v4(const void* address4, int port) {
+    TcpEndpoint end;
+    end.address[10] = end.address[11] = 0xff;
+    std::memcpy(end.address.data() + 12, address4, 4);
+    end.port = port;
+    return end;
+  }
   bool operator==(const TcpEndpoint& other) const { return address == other.address && port == other.port; }
 };
 
@@ -59,11 +68,13 @@ struct TcpEndpoint {
 // from /proc/net/tcp{,6} (proc_established_tcp_inodes), which this process says once on
 // stderr. FAILED_PRECONDITION naming the table if neither can be read.
 absl::StatusOr<std::vector<uint64_t>> established_tcp_inodes(const TcpEndpoint& local, int remote_port);
-// The same from the kernel alone: UNAVAILABLE with the reason if netlink refuses. Both families
-// in one dump (TCPDIAG_GETSOCK), or, `by_family` or where the kernel refuses that, one dump per
-// family (SOCK_DIAG_BY_FAMILY): each dump walks the kernel's whole table of sockets.
+// Which dumps sock_diag_established_tcp_inodes makes: both families in one (TCPDIAG_GETSOCK),
+// one per family (SOCK_DIAG_BY_FAMILY), or the first and, where the kernel refuses it, the second.
+enum class SockDiag { kOneDump, kByFamily, kEither };
+// The same from the kernel alone: UNAVAILABLE with the reason if netlink refuses. Each dump walks
+// the kernel's table of established sockets (skipping other ports).
 absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const TcpEndpoint& local, int remote_port,
-                                                                       bool by_family = false);
+                                                                       SockDiag dumps = SockDiag::kEither);
 // The same read from /proc/net/tcp and /proc/net/tcp6: every socket of the namespace is
 // printed and parsed (tens of milliseconds with thousands of TIME_WAIT sockets).
 absl::StatusOr<std::vector<uint64_t>> proc_established_tcp_inodes(const TcpEndpoint& local, int remote_port);

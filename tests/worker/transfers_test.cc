@@ -58,11 +58,9 @@ int listen_loopback() {
 
 // 127.0.0.1 (as ::ffff:127.0.0.1) or another IPv4 address, and `port`.
 internal::TcpEndpoint ipv4(int port, const char* address = "127.0.0.1") {
-  internal::TcpEndpoint end;
-  end.address[10] = end.address[11] = 0xff;
-  inet_pton(AF_INET, address, end.address.data() + 12);
-  end.port = port;
-  return end;
+  in_addr v4;
+  EXPECT_EQ(inet_pton(AF_INET, address, &v4), 1) << address;
+  return internal::TcpEndpoint::v4(&v4, port);
 }
 
 // A connection to a listener on 127.0.0.1: the connecting socket (`family` AF_INET, or AF_INET6
@@ -105,9 +103,10 @@ struct Loopback {
 void expect_found(const internal::TcpEndpoint& local, int remote_port, const std::vector<uint64_t>& expected) {
   using Lookup = std::function<absl::StatusOr<std::vector<uint64_t>>()>;
   const std::vector<std::pair<const char*, Lookup>> lookups = {
-      {"one dump", [&] { return internal::sock_diag_established_tcp_inodes(local, remote_port); }},
+      {"one dump",
+       [&] { return internal::sock_diag_established_tcp_inodes(local, remote_port, internal::SockDiag::kOneDump); }},
       {"a dump per family",
-       [&] { return internal::sock_diag_established_tcp_inodes(local, remote_port, /*by_family=*/true); }},
+       [&] { return internal::sock_diag_established_tcp_inodes(local, remote_port, internal::SockDiag::kByFamily); }},
       {"/proc", [&] { return internal::proc_established_tcp_inodes(local, remote_port); }},
       {"established_tcp_inodes", [&] { return internal::established_tcp_inodes(local, remote_port); }}};
   for (const auto& [name, lookup] : lookups) {
