@@ -121,6 +121,13 @@ class Group {
     return data;
   }
 
+  // The chunk (step, chunk) from `from`, of `bytes` bytes, is to be read straight to `dst` if
+  // it comes through shared memory (Transport::expect_at); `owner` keeps `dst` alive.
+  void expect(int from, int step, int chunk, std::byte* dst, int64_t bytes, const std::shared_ptr<const void>& owner) {
+    transport_.expect_at(members_[from], {run_.op, step, chunk, run_.run_tag}, dst, bytes, owner);
+  }
+  void forget_expected() { transport_.forget_expected(run_.op); }
+
   // Instead of receive(from, step, chunk) when it would wait: see Transport::park.
   bool park(const ParkFn& park, int from, int step, int chunk) const {
     return park && park(members_[from], {run_.op, step, chunk, run_.run_tag}, run_.start);
@@ -201,9 +208,30 @@ absl::Status ring_reduce_scatter(Group& g, DType dtype, ReduceOp op, const std::
 // Ring all-gather: segment `rank` of `buf` is this device's; afterwards every segment is
 // filled. Steps [first_step, first_step + n - 1). Unless `own_sent`, starts by sending its own.
 // Sends are zero-copy: no segment changes once it is complete.
+// On shared memory every chunk to come is expected at its place in `buf` (Transport::expect_at):
+// the ring's reader copies it there, not into a buffer of its own that the receive copies from
+// again (of the three copies a chunk took, ring in, ring out and into `buf`, two are left). Those
+// places are not written here before their chunk comes, and an all_reduce's partial sums there
+// have been sent (copied into the ring) before the final value can arrive (see
+// ring_reduce_scatter).
 absl::Status ring_all_gather(Group& g, const std::shared_ptr<HostArray>& buf, const std::vector<Range>& seg,
                              int first_step, bool own_sent) {
   const int n = g.n(), r = g.rank();
+  struct Forget {
+    Group* g;
+    ~Forget() {
+      if (g != nullptr) g->forget_expected();
+    }
+  } forget{nullptr};
+  if (g.path() == Path::kShm) {
+    for (int k = 0; k <= n - 2; ++k) {
+      const Range& s = seg[mod(r - k - 1, n)];
+      for (int c = 0; c < s.chunks(); ++c) {
+        g.expect(g.prev(), first_step + k, c, buf->data() + s.chunk_offset(c), s.chunk_bytes(c), buf);
+      }
+    }
+    forget.g = &g;
+  }
   if (!own_sent) TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), first_step, buf->data(), seg[r], buf));
   for (int k = 0; k <= n - 2; ++k) {
     const Range& s = seg[mod(r - k - 1, n)];
