@@ -205,33 +205,44 @@ absl::Status ring_reduce_scatter(Group& g, DType dtype, ReduceOp op, const std::
   return absl::OkStatus();
 }
 
-// Ring all-gather: segment `rank` of `buf` is this device's; afterwards every segment is
-// filled. Steps [first_step, first_step + n - 1). Unless `own_sent`, starts by sending its own.
-// Sends are zero-copy: no segment changes once it is complete.
-// On shared memory every chunk to come is expected at its place in `buf` (Transport::expect_at):
+// On shared memory, every chunk a ring all-gather (steps [first_step, first_step + n - 1) into
+// `buf`) will receive is expected at its place in `buf` (Transport::expect_at) while this lives:
 // the ring's reader copies it there, not into a buffer of its own that the receive copies from
-// again (of the three copies a chunk took, ring in, ring out and into `buf`, two are left). Those
-// places are not written here before their chunk comes, and an all_reduce's partial sums there
-// have been sent (copied into the ring) before the final value can arrive (see
-// ring_reduce_scatter).
-absl::Status ring_all_gather(Group& g, const std::shared_ptr<HostArray>& buf, const std::vector<Range>& seg,
-                             int first_step, bool own_sent) {
-  const int n = g.n(), r = g.rank();
-  struct Forget {
-    Group* g;
-    ~Forget() {
-      if (g != nullptr) g->forget_expected();
-    }
-  } forget{nullptr};
-  if (g.path() == Path::kShm) {
+// again (of the three copies a chunk took, ring in, ring out and into `buf`, two are left); what
+// is left is forgotten when it goes. Those places are not written here before their chunk comes,
+// and a ring all_reduce's partial sums there have been sent (copied into the ring) before the
+// final value can arrive (see ring_reduce_scatter): it is made before the reduce-scatter, so
+// that the final values that come during it go in place too.
+class ExpectAllGather {
+ public:
+  ExpectAllGather(Group& g, const std::shared_ptr<HostArray>& buf, const std::vector<Range>& seg, int first_step)
+      : g_(g.path() == Path::kShm ? &g : nullptr) {
+    if (g_ == nullptr) return;
+    const int n = g.n(), r = g.rank();
     for (int k = 0; k <= n - 2; ++k) {
       const Range& s = seg[mod(r - k - 1, n)];
       for (int c = 0; c < s.chunks(); ++c) {
         g.expect(g.prev(), first_step + k, c, buf->data() + s.chunk_offset(c), s.chunk_bytes(c), buf);
       }
     }
-    forget.g = &g;
   }
+  ~ExpectAllGather() {
+    if (g_ != nullptr) g_->forget_expected();
+  }
+  ExpectAllGather(const ExpectAllGather&) = delete;
+  ExpectAllGather& operator=(const ExpectAllGather&) = delete;
+
+ private:
+  Group* const g_;
+};
+
+// Ring all-gather: segment `rank` of `buf` is this device's; afterwards every segment is
+// filled. Steps [first_step, first_step + n - 1). Unless `own_sent`, starts by sending its own.
+// Sends are zero-copy: no segment changes once it is complete. The caller holds an
+// ExpectAllGather of the same steps.
+absl::Status ring_all_gather(Group& g, const std::shared_ptr<HostArray>& buf, const std::vector<Range>& seg,
+                             int first_step, bool own_sent) {
+  const int n = g.n(), r = g.rank();
   if (!own_sent) TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), first_step, buf->data(), seg[r], buf));
   for (int k = 0; k <= n - 2; ++k) {
     const Range& s = seg[mod(r - k - 1, n)];
@@ -524,6 +535,7 @@ absl::StatusOr<ArrayPtr> all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
   auto out = std::make_shared<HostArray>(dtype, in->shape());
   // The ring reads this device's contributions from `in` and writes every byte of `out`.
   const std::vector<Range> seg = even_segments(in->size(), dtype_size(dtype), g.n());
+  const ExpectAllGather expect(g, out, seg, g.n() - 1);
   TESSERA_RETURN_IF_ERROR(ring_reduce_scatter(g, dtype, op, in, out, seg, /*then_all_gather=*/true));
   TESSERA_RETURN_IF_ERROR(ring_all_gather(g, out, seg, g.n() - 1, /*own_sent=*/true));
   return out;
@@ -571,6 +583,7 @@ absl::StatusOr<ArrayPtr> all_gather(Group& g, int dim, const ArrayPtr& in, const
         g, in, std::vector<Range>(n, Range{0, in->nbytes()}), seg, [](int64_t, int64_t) {},
         [&](int j, int64_t offset, const Received& data) { data.copy_to(packed->data() + seg[j].offset + offset); }));
   } else if (n > 1) {
+    const ExpectAllGather expect(g, packed, seg, 0);
     TESSERA_RETURN_IF_ERROR(ring_all_gather(g, packed, seg, 0, /*own_sent=*/false));
   }
   return unpack_blocks(packed, out_shape, dim, n);
