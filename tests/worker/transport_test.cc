@@ -1086,16 +1086,16 @@ class CyclicExchangeTest : public ::testing::TestWithParam<Via> {
     return std::make_shared<const HostArray>(std::move(x));
   }
 
-  // Runs `spec` as op 91 on every device at once, each on a thread of its own.
+  // Runs `spec` as op `op` on every device at once, each on a thread of its own.
   std::vector<absl::StatusOr<std::shared_ptr<const HostArray>>> run_all(
-      const CollectiveSpec& spec, const std::vector<std::shared_ptr<const HostArray>>& in) {
+      const CollectiveSpec& spec, const std::vector<std::shared_ptr<const HostArray>>& in, uint64_t op = 91) {
     std::vector<absl::StatusOr<std::shared_ptr<const HostArray>>> out(kDevices, absl::UnknownError("not run"));
     std::vector<std::thread> devices;
     for (int d = 0; d < kDevices; ++d) {
       shm_before_[d] = endpoints_[d]->transport().shm_messages_received();
       devices.emplace_back([&, d] {
         CollectiveRun run;
-        run.op = 91;
+        run.op = op;
         run.spec = spec;
         run.peers = peers_;
         run.self = d;
@@ -1180,6 +1180,108 @@ TEST_P(CyclicExchangeTest, AnAllToAllLargerThanShareAndLinkQueuePerPeerCompletes
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, CyclicExchangeTest, ::testing::Values(Via::kGrpc, Via::kShm, Via::kInProcess),
+                         [](const ::testing::TestParamInfo<Via>& p) {
+                           return p.param == Via::kShm ? "Shm" : p.param == Via::kInProcess ? "InProcess" : "Grpc";
+                         });
+
+// The ring all_gather (and the all-gather half of a ring all_reduce) over 4 devices, results
+// against the host's: all_gather = the inputs concatenated along the dimension, all_reduce =
+// their element-wise sum. Sizes of several chunks with a ragged last one, segments of uneven
+// lengths (all_reduce), 1-, 4- and 8-byte dtypes, a gather along dimension 1 (whose blocks the
+// result interleaves). On shared memory the chunks are read from the ring straight into the
+// result (Transport::expect_at): every device counts some placed so, and no other path does.
+class RingAllGatherTest : public CyclicExchangeTest {};
+
+TEST_P(RingAllGatherTest, ResultsMatchTheHostsAndShmReadsChunksInPlace) {
+  ASSERT_NO_FATAL_FAILURE(start(int64_t{64} << 20));
+  std::vector<int64_t> placed_before(kDevices);
+  for (int d = 0; d < kDevices; ++d) placed_before[d] = endpoints_[d]->transport().placed_messages();
+  // Device d's value at flat index i: small integers, exact in every dtype here.
+  auto value = [](int d, int64_t i) { return static_cast<double>((i * 7 + d * 13) % 101 - 50); };
+  auto make = [&](int d, DType dtype, const Shape& shape) {
+    HostArray x(dtype, shape);
+    for (int64_t i = 0; i < x.size(); ++i) {
+      if (dtype == DType::kI8) x.mutable_values<int8_t>()[i] = static_cast<int8_t>(value(d, i));
+      if (dtype == DType::kF32) x.mutable_values<float>()[i] = static_cast<float>(value(d, i));
+      if (dtype == DType::kF64) x.mutable_values<double>()[i] = value(d, i);
+    }
+    return std::make_shared<const HostArray>(std::move(x));
+  };
+  auto at = [](const HostArray& x, int64_t i) {
+    if (x.dtype() == DType::kI8) return static_cast<double>(x.values<int8_t>()[i]);
+    if (x.dtype() == DType::kF32) return static_cast<double>(x.values<float>()[i]);
+    return x.values<double>()[i];
+  };
+  struct Gather {
+    DType dtype;
+    Shape shape;  // each device's input
+    int dimension;
+  };
+  // 600003, 560008 and 666660 bytes a device: 2, 2 and 2 chunks of 512 KiB, the last ragged.
+  const std::vector<Gather> gathers = {
+      {DType::kI8, {3, 200001}, 1}, {DType::kF64, {1, 70001}, 0}, {DType::kF32, {5, 33333}, 1}};
+  uint64_t op = 300;
+  for (const Gather& c : gathers) {
+    SCOPED_TRACE(absl::StrCat(dtype_name(c.dtype), " dimension ", c.dimension));
+    std::vector<std::shared_ptr<const HostArray>> in;
+    for (int d = 0; d < kDevices; ++d) in.push_back(make(d, c.dtype, c.shape));
+    CollectiveSpec spec;
+    spec.kind = CollectiveKind::kAllGather;
+    spec.groups = {{0, 1, 2, 3}};
+    spec.dimension = c.dimension;
+    auto out = run_all(spec, in, ++op);
+    const int64_t rows = c.shape[0], cols = c.shape[1];
+    const Shape want_shape = c.dimension == 0 ? Shape{rows * kDevices, cols} : Shape{rows, cols * kDevices};
+    for (int d = 0; d < kDevices; ++d) {
+      ASSERT_TRUE(out[d].ok()) << "device " << d << ": " << out[d].status();
+      ASSERT_EQ((*out[d])->shape(), want_shape);
+      int64_t wrong = 0;
+      for (int j = 0; j < kDevices; ++j) {  // block j is device j's input
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t k = 0; k < cols; ++k) {
+            const int64_t i = c.dimension == 0 ? (j * rows + r) * cols + k : r * cols * kDevices + j * cols + k;
+            wrong += at(**out[d], i) != value(j, r * cols + k);
+          }
+        }
+      }
+      EXPECT_EQ(wrong, 0) << "device " << d;
+    }
+    for (int d = 0; d < kDevices; ++d) endpoints_[d]->transport().finish_op(op);
+  }
+  {  // 300001 float32s: segments of 75000 and 75001 elements, each 1 or 2 chunks.
+    SCOPED_TRACE("all_reduce");
+    const Shape shape = {1, 300001};
+    std::vector<std::shared_ptr<const HostArray>> in;
+    for (int d = 0; d < kDevices; ++d) in.push_back(make(d, DType::kF32, shape));
+    CollectiveSpec spec;
+    spec.kind = CollectiveKind::kAllReduce;
+    spec.groups = {{0, 1, 2, 3}};
+    auto out = run_all(spec, in, ++op);
+    for (int d = 0; d < kDevices; ++d) {
+      ASSERT_TRUE(out[d].ok()) << "device " << d << ": " << out[d].status();
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < shape[1]; ++i) {
+        double want = 0;
+        for (int j = 0; j < kDevices; ++j) want += value(j, i);
+        wrong += at(**out[d], i) != want;
+      }
+      EXPECT_EQ(wrong, 0) << "device " << d;
+    }
+    for (int d = 0; d < kDevices; ++d) endpoints_[d]->transport().finish_op(op);
+  }
+  for (int d = 0; d < kDevices; ++d) {
+    Transport& t = endpoints_[d]->transport();
+    if (GetParam() == Via::kShm) {
+      EXPECT_GT(t.placed_messages(), placed_before[d]) << "device " << d << ": no chunk was read in place";
+    } else {
+      EXPECT_EQ(t.placed_messages(), placed_before[d]) << "device " << d;
+    }
+    EXPECT_EQ(t.pending_messages(), 0) << "device " << d;
+    EXPECT_EQ(t.dropped_messages(), 0) << "device " << d;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, RingAllGatherTest, ::testing::Values(Via::kGrpc, Via::kShm, Via::kInProcess),
                          [](const ::testing::TestParamInfo<Via>& p) {
                            return p.param == Via::kShm ? "Shm" : p.param == Via::kInProcess ? "InProcess" : "Grpc";
                          });

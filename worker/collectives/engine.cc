@@ -121,6 +121,13 @@ class Group {
     return data;
   }
 
+  // The chunk (step, chunk) from `from`, of `bytes` bytes, is to be read straight to `dst` if
+  // it comes through shared memory (Transport::expect_at); `owner` keeps `dst` alive.
+  void expect(int from, int step, int chunk, std::byte* dst, int64_t bytes, const std::shared_ptr<const void>& owner) {
+    transport_.expect_at(members_[from], {run_.op, step, chunk, run_.run_tag}, dst, bytes, owner);
+  }
+  void forget_expected() { transport_.forget_expected(run_.op); }
+
   // Instead of receive(from, step, chunk) when it would wait: see Transport::park.
   bool park(const ParkFn& park, int from, int step, int chunk) const {
     return park && park(members_[from], {run_.op, step, chunk, run_.run_tag}, run_.start);
@@ -198,9 +205,41 @@ absl::Status ring_reduce_scatter(Group& g, DType dtype, ReduceOp op, const std::
   return absl::OkStatus();
 }
 
+// On shared memory, every chunk a ring all-gather (steps [first_step, first_step + n - 1) into
+// `buf`) will receive is expected at its place in `buf` (Transport::expect_at) while this lives:
+// the ring's reader copies it there, not into a buffer of its own that the receive copies from
+// again (of the three copies a chunk took, ring in, ring out and into `buf`, two are left); what
+// is left is forgotten when it goes. Those places are not written here before their chunk comes,
+// and a ring all_reduce's partial sums there have been sent (copied into the ring) before the
+// final value can arrive (see ring_reduce_scatter): it is made before the reduce-scatter, so
+// that the final values that come during it go in place too.
+class ExpectAllGather {
+ public:
+  ExpectAllGather(Group& g, const std::shared_ptr<HostArray>& buf, const std::vector<Range>& seg, int first_step)
+      : g_(g.path() == Path::kShm ? &g : nullptr) {
+    if (g_ == nullptr) return;
+    const int n = g.n(), r = g.rank();
+    for (int k = 0; k <= n - 2; ++k) {
+      const Range& s = seg[mod(r - k - 1, n)];
+      for (int c = 0; c < s.chunks(); ++c) {
+        g.expect(g.prev(), first_step + k, c, buf->data() + s.chunk_offset(c), s.chunk_bytes(c), buf);
+      }
+    }
+  }
+  ~ExpectAllGather() {
+    if (g_ != nullptr) g_->forget_expected();
+  }
+  ExpectAllGather(const ExpectAllGather&) = delete;
+  ExpectAllGather& operator=(const ExpectAllGather&) = delete;
+
+ private:
+  Group* const g_;
+};
+
 // Ring all-gather: segment `rank` of `buf` is this device's; afterwards every segment is
 // filled. Steps [first_step, first_step + n - 1). Unless `own_sent`, starts by sending its own.
-// Sends are zero-copy: no segment changes once it is complete.
+// Sends are zero-copy: no segment changes once it is complete. The caller holds an
+// ExpectAllGather of the same steps.
 absl::Status ring_all_gather(Group& g, const std::shared_ptr<HostArray>& buf, const std::vector<Range>& seg,
                              int first_step, bool own_sent) {
   const int n = g.n(), r = g.rank();
@@ -496,6 +535,7 @@ absl::StatusOr<ArrayPtr> all_reduce(Group& g, ReduceOp op, const ArrayPtr& in) {
   auto out = std::make_shared<HostArray>(dtype, in->shape());
   // The ring reads this device's contributions from `in` and writes every byte of `out`.
   const std::vector<Range> seg = even_segments(in->size(), dtype_size(dtype), g.n());
+  const ExpectAllGather expect(g, out, seg, g.n() - 1);
   TESSERA_RETURN_IF_ERROR(ring_reduce_scatter(g, dtype, op, in, out, seg, /*then_all_gather=*/true));
   TESSERA_RETURN_IF_ERROR(ring_all_gather(g, out, seg, g.n() - 1, /*own_sent=*/true));
   return out;
@@ -543,6 +583,7 @@ absl::StatusOr<ArrayPtr> all_gather(Group& g, int dim, const ArrayPtr& in, const
         g, in, std::vector<Range>(n, Range{0, in->nbytes()}), seg, [](int64_t, int64_t) {},
         [&](int j, int64_t offset, const Received& data) { data.copy_to(packed->data() + seg[j].offset + offset); }));
   } else if (n > 1) {
+    const ExpectAllGather expect(g, packed, seg, 0);
     TESSERA_RETURN_IF_ERROR(ring_all_gather(g, packed, seg, 0, /*own_sent=*/false));
   }
   return unpack_blocks(packed, out_shape, dim, n);

@@ -642,10 +642,18 @@ class Transport::InboundRing {
         continue;
       }
       Received data;
-      grpc::Slice slice(grpc_slice_malloc(static_cast<size_t>(record.bytes)), grpc::Slice::STEAL_REF);
-      ring->copy_payload(record, reinterpret_cast<std::byte*>(const_cast<uint8_t*>(slice.begin())));
+      Expected expected;
+      if (transport_->take_expected(source_, {record.op, record.step, record.chunk, record.run_tag}, record.bytes,
+                                    &expected)) {
+        ring->copy_payload(record, expected.dst);  // straight to where its receive wants it
+        data.placed_ = expected.dst;
+        data.placed_owner_ = std::move(expected.owner);
+      } else {
+        grpc::Slice slice(grpc_slice_malloc(static_cast<size_t>(record.bytes)), grpc::Slice::STEAL_REF);
+        ring->copy_payload(record, reinterpret_cast<std::byte*>(const_cast<uint8_t*>(slice.begin())));
+        data.slices_.push_back(std::move(slice));
+      }
       ring->consume(record);
-      data.slices_.push_back(std::move(slice));
       data.bytes_ = record.bytes;
       // Over the source's share the message waits, and so does this thread: the ring fills and
       // its writer waits for room with its deadline (flow control, see file_or_wait).
@@ -746,6 +754,39 @@ int64_t Transport::shm_messages_received() const {
   absl::MutexLock lock(&mu_);
   return shm_received_;
 }
+
+void Transport::expect_at(int source, MessageTag tag, std::byte* dst, int64_t bytes,
+                          std::shared_ptr<const void> owner) {
+  absl::MutexLock lock(&expected_mu_);
+  const auto [it, added] =
+      expected_.insert_or_assign(Key{tag.op, source, tag.step, tag.chunk, tag.run_tag}, Expected{dst, bytes, owner});
+  if (added) expected_count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Transport::forget_expected(uint64_t op) {
+  std::vector<std::shared_ptr<const void>> owners;  // let go outside the lock
+  absl::MutexLock lock(&expected_mu_);
+  for (auto it = expected_.lower_bound(Key{op, INT_MIN, INT32_MIN, INT32_MIN, 0});
+       it != expected_.end() && std::get<0>(it->first) == op;) {
+    owners.push_back(std::move(it->second.owner));
+    it = expected_.erase(it);
+    expected_count_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+bool Transport::take_expected(int source, MessageTag tag, int64_t bytes, Expected* out) {
+  if (expected_count_.load(std::memory_order_relaxed) == 0) return false;  // no lock on other ops' path
+  absl::MutexLock lock(&expected_mu_);
+  auto it = expected_.find(Key{tag.op, source, tag.step, tag.chunk, tag.run_tag});
+  if (it == expected_.end() || it->second.bytes != bytes) return false;
+  *out = std::move(it->second);
+  expected_.erase(it);
+  expected_count_.fetch_sub(1, std::memory_order_relaxed);
+  placed_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+int64_t Transport::placed_messages() const { return placed_.load(std::memory_order_relaxed); }
 
 absl::Status Transport::serve_in_process(const std::string& address) {
   if (!is_in_process_address(address)) {
@@ -1521,6 +1562,10 @@ class SliceReader {
 
 template <typename F>
 void Received::for_each_piece(F&& f) const {
+  if (placed_ != nullptr) {
+    if (bytes_ > 0) f(placed_, bytes_);
+    return;
+  }
   int64_t left = bytes_;
   size_t offset = offset_;
   for (size_t i = 0; i < slices_.size() && left > 0; ++i) {
@@ -1532,6 +1577,7 @@ void Received::for_each_piece(F&& f) const {
 }
 
 void Received::compact() {
+  if (placed_ != nullptr) return;  // in the receiver's own buffer, no gRPC one
   grpc::Slice own(grpc_slice_malloc(static_cast<size_t>(bytes_)), grpc::Slice::STEAL_REF);
   copy_to(reinterpret_cast<std::byte*>(const_cast<uint8_t*>(own.begin())));
   slices_.clear();
@@ -1540,6 +1586,7 @@ void Received::compact() {
 }
 
 void Received::copy_to(std::byte* dst) const {
+  if (placed_ == dst) return;  // read there already (Transport::expect_at)
   for_each_piece([&dst](const std::byte* p, int64_t n) {
     std::memcpy(dst, p, static_cast<size_t>(n));
     dst += n;

@@ -90,6 +90,9 @@ class Received {
   // buffers its transport read from the socket, shared with the messages around it: one kept
   // message keeps them all alive.
   void compact();
+  // Where the data already is when it was read straight to the place a receive expected it
+  // (Transport::expect_at), else null: copy_to that place then copies nothing.
+  const std::byte* placed() const { return placed_; }
 
  private:
   friend class Transport;
@@ -100,6 +103,9 @@ class Received {
   std::vector<grpc::Slice> slices_;
   size_t offset_ = 0;  // where the data starts in the first slice
   int64_t bytes_ = 0;
+  // Or the data is at placed_ (no slices), kept alive by placed_owner_.
+  const std::byte* placed_ = nullptr;
+  std::shared_ptr<const void> placed_owner_;
 };
 
 // The mailbox's bounds (see above).
@@ -184,6 +190,18 @@ class Transport {
   bool shm_enabled() const;
   // Messages received through shared memory so far (tests and GetStats: the path is used).
   int64_t shm_messages_received() const;
+
+  // The message `tag` from `source`, if it comes through a shared-memory ring after this call
+  // and is `bytes` long, is copied by the ring's reader straight to `dst` instead of into a
+  // buffer of its own: its receive's Received then refers to `dst` (Received::placed), and
+  // copy_to(dst) copies nothing. `owner` keeps `dst` alive while the reader may still write
+  // it; the caller must neither read nor write those bytes until the receive returns the
+  // message. Any other message (another size, one already read, gRPC, in process) is received
+  // as usual. forget_expected(op) drops what is left of an op's (each collective, as it ends).
+  void expect_at(int source, MessageTag tag, std::byte* dst, int64_t bytes, std::shared_ptr<const void> owner);
+  void forget_expected(uint64_t op);
+  // Messages a ring's reader copied straight to their expected place (tests: the path is used).
+  int64_t placed_messages() const;
 
   // Takes collective messages straight from the transports of this process (Client::local's
   // embedded workers) under this worker's in-process `address` (proto/in_process.h), until
@@ -496,6 +514,20 @@ class Transport {
   // if it is still the source's, stops (a replaced registration's messages are not read from it
   // either).
   void stream_replaced(int source, uint64_t reader);
+
+  // Where expect_at's messages go (`bytes`: the size they must have), and the ring reader's
+  // take of one (false: none expected there). Under a lock of their own, taken by a ring's
+  // reader only while expected_count_ says some are there.
+  struct Expected {
+    std::byte* dst = nullptr;
+    int64_t bytes = 0;
+    std::shared_ptr<const void> owner;
+  };
+  bool take_expected(int source, MessageTag tag, int64_t bytes, Expected* out);
+  mutable absl::Mutex expected_mu_;
+  std::map<Key, Expected> expected_ ABSL_GUARDED_BY(expected_mu_);
+  std::atomic<int64_t> expected_count_{0};
+  std::atomic<int64_t> placed_{0};
 
   const Credentials credentials_;
   mutable absl::Mutex mu_;
