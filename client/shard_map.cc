@@ -325,13 +325,12 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& given) con
   };
   // Inside a shard_map body, a shard_map over the axes it left automatic (JAX's nested
   // shard_map, tests/shard_map_test.py test_nested_partial_auto): the body is manual over
-  // both, the mesh is the enclosing body's (JAX's "context mesh").
+  // both, the mesh is the enclosing body's (JAX's "context mesh"). So too inside a control-flow
+  // body (scan, while_loop, cond) of a shard_map body, whose trace carries the enclosing body's
+  // mesh and manual axes (its `nested` entry): the boundaries go into the loop's or branch's
+  // graph, which the compiler compiles as a program of its own, run once per iteration.
   std::vector<std::string> enclosing;
   if (!t->manual_meshes.empty()) {
-    if (t->manual_bodies.back().nested) {
-      return fail(
-          "a shard_map inside a control-flow body (scan, while_loop, cond) of a shard_map body is not supported");
-    }
     if (mesh != t->manual_meshes.back()) {
       // jax/_src/shard_map.py's _shmap_checks, its words.
       return fail(absl::StrCat("The context mesh ", t->manual_meshes.back().to_string(),
@@ -497,9 +496,12 @@ int TraceState::lift(int id) {
   // to an enclosing body, or to the function, enters each body it is not of through a
   // shard_map_in of P() of that body (JAX's closed-over values, extra inputs replicated over
   // the manual axes); once it has entered one, it enters every body inside it.
+  // A control-flow body's `nested` entry (its first) lifts nothing: its values, and those it
+  // captures, are the enclosing body's already.
   bool entered = false;
   for (size_t k = 0; k < manual_bodies.size() && error.ok(); ++k) {
     ManualBody& body = manual_bodies[k];
+    if (body.nested) continue;
     if (!entered && (id >= body.start || std::find(body.inputs.begin(), body.inputs.end(), id) != body.inputs.end())) {
       continue;
     }

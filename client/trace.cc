@@ -157,9 +157,10 @@ int TraceState::capture(const Value& v) {
   }
   captured.push_back(outer);
   captured_params.push_back(p);
-  // In a shard_map body the parameter varies as the value it captures.
-  if (!manual_bodies.empty() && manual_bodies.back().nested)
-    manual_bodies.back().seeds[p] = parent->variance_of(outer.id_);
+  // In a shard_map body the parameter varies as the value it captures (also when captured from
+  // inside a shard_map called in this body: its nested entry is the first).
+  if (!manual_bodies.empty() && manual_bodies.front().nested)
+    manual_bodies.front().seeds[p] = parent->variance_of(outer.id_);
   return p;
 }
 

@@ -53,10 +53,11 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   // outermost body lifts values; one nested in another reads its own body's values only.
   //
   // A control-flow body (scan, while_loop, cond) traced inside a shard_map body is a trace of its
-  // own with a `nested` entry: the same mesh and manual axes (collectives and pvary work in it),
-  // no lifting (the shard_map's trace lifts what the body reads when it records the loop), and
-  // its parameters typed by `seeds`: each as varying as the value it stands for (JAX traces a
-  // body with its operands' avals, vma included).
+  // own with a `nested` entry, its first: the same mesh and manual axes (collectives and pvary
+  // work in it), no lifting into it (the shard_map's trace lifts what the body reads when it
+  // records the loop), and its parameters typed by `seeds`: each as varying as the value it
+  // stands for (JAX traces a body with its operands' avals, vma included). A shard_map called
+  // in such a body pushes its own entry after it, into which lift() enters what it reads.
   struct ManualBody {
     int start = 0;
     std::vector<int> inputs;
@@ -78,12 +79,11 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   int lift(int id);  // shard_map.cc: id, or its shard_map_in in the body being traced
   // lift's step: id (of no body from the k-th on) entered into the k-th body.
   int lift_into(size_t k, int id);
-  // Whether values read in this trace are lifted into a shard_map body (the shard_map's own
-  // trace, and the bodies of shard_maps nested in it).
-  bool lifts() const {
-    return !manual_bodies.empty() &&
-           std::none_of(manual_bodies.begin(), manual_bodies.end(), [](const ManualBody& b) { return b.nested; });
-  }
+  // Whether values read in this trace are lifted into a shard_map body: the innermost body is a
+  // shard_map's traced inline here (the shard_map's own trace, the bodies of shard_maps nested
+  // in it, and a shard_map called in a control-flow body of a shard_map body), not the `nested`
+  // entry of a control-flow body, whose values the enclosing trace lifts.
+  bool lifts() const { return !manual_bodies.empty() && !manual_bodies.back().nested; }
   // varying(id) as a map. shard_map.cc.
   Variance variance_of(int id);
   // Makes this trace, a control-flow body of `parent`, a nested body when `parent` is in a

@@ -187,6 +187,72 @@ TEST(ScanPlan, OneLoopWhoseBodyHoldsTheCollectivesAndWhoseSizeIgnoresTheLength) 
   }
 }
 
+// A shard_map inside a scan body, a cond branch and a while_loop body of a shard_map body (the
+// outer manual over 'data', the inner over 'model' with a psum over it; values against the
+// host: shard_map_test's NestedShardMapInALoopBody... and ...InACondBranchAndAWhileBody...):
+// the loop bodies and the branch that calls the inner shard_map hold its one all_reduce over
+// 'model', run once per iteration, and nothing else moves, in the loops or around them.
+TEST(ScanPlan, ANestedShardMapInAControlFlowBodyOfAShardMapBodyRunsItsPsumOncePerIteration) {
+  absl::StatusOr<Mesh> mesh = make_mesh({4, 2}, {"data", "model"}, {0, 1, 2, 3, 4, 5, 6, 7});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const ShardMapped step = shard_map(
+      [](const std::vector<Value>& in) {
+        const Value sums = psum(sum(in[0], {1}), "model");
+        return std::vector<Value>{in[0] * 0.5 + reshape(sums, {sums.shape()[0], 1}) * 0.01};
+      },
+      *mesh, {P(None, "model")}, {P(None, "model")});
+  const ShardMapped outer = shard_map(
+      [step](const std::vector<Value>& in) {
+        ScanResult r = scan(
+            [step](const std::vector<Value>& c, const std::vector<Value>&) {
+              return ScanStep{step(c), {}};
+            },
+            {in[0]}, {}, 3);
+        // Each 'data' block's own predicate (a sum of the block would be one over 'model' too).
+        const Value pred = convert(axis_index("data"), DType::kF32) < 2.0;
+        const std::vector<Value> branched = cond(
+            pred, [step](const std::vector<Value>& b) { return step(b); },
+            [](const std::vector<Value>& b) { return std::vector<Value>{b[0] * 2.0}; }, {in[0]});
+        const std::vector<Value> looped = while_loop([](const std::vector<Value>& c) { return c[1] < 3.0; },
+                                                     [step](const std::vector<Value>& c) {
+                                                       return std::vector<Value>{step({c[0]})[0], c[1] + 1.0};
+                                                     },
+                                                     {in[0], full({}, 0.0, DType::kF32)});
+        return std::vector<Value>{r.carry[0], branched[0], looped[0]};
+      },
+      *mesh, {P("data", None)}, {P("data", None), P("data", None), P("data", None)}, {.axis_names = {"data"}});
+  absl::StatusOr<Executable> exe = compile([outer](const std::vector<Value>& in) { return outer(in); },
+                                           {{DType::kF32, {16, 8}}}, {P("data", "model")});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const auto psums_over_model = [](const DevicePlan& plan) {
+    int n = 0;
+    for (const Instruction& i : plan.code) {
+      const bool psum = i.kind == Instruction::Kind::kCollective && i.collective.kind == CollectiveKind::kAllReduce &&
+                        i.axes == std::vector<std::string>{"model"};
+      n += psum ? 1 : 0;
+    }
+    return n;
+  };
+  EXPECT_EQ(collectives(exe->program), 0) << exe->as_text();
+  std::vector<const Instruction*> loops, switches;
+  for (const Instruction& i : exe->program.code) {
+    if (i.kind == Instruction::Kind::kLoop) loops.push_back(&i);
+    if (i.kind == Instruction::Kind::kSwitch) switches.push_back(&i);
+  }
+  ASSERT_EQ(loops.size(), 2u) << "the scan and the while_loop\n" << exe->as_text();
+  for (const Instruction* loop : loops) {
+    EXPECT_EQ(collectives(*loop->body), 1) << exe->as_text();
+    EXPECT_EQ(psums_over_model(*loop->body), 1) << exe->as_text();
+    for (const auto& predicate : loop->branches) EXPECT_EQ(collectives(*predicate), 0) << exe->as_text();
+  }
+  EXPECT_EQ(loops[0]->trip_count, 3) << exe->as_text();
+  ASSERT_EQ(switches.size(), 1u) << exe->as_text();
+  ASSERT_EQ(switches[0]->branches.size(), 2u) << exe->as_text();
+  EXPECT_EQ(collectives(*switches[0]->branches[0]), 0) << "the false branch\n" << exe->as_text();
+  EXPECT_EQ(collectives(*switches[0]->branches[1]), 1) << exe->as_text();
+  EXPECT_EQ(psums_over_model(*switches[0]->branches[1]), 1) << exe->as_text();
+}
+
 int kernels_of(const DevicePlan& plan, Op op) {
   int n = 0;
   for (const Instruction& i : plan.code) n += i.kind == Instruction::Kind::kKernel && i.node.op == op ? 1 : 0;

@@ -605,6 +605,229 @@ TEST_F(ShardMapTest, NestedShardMapBodyClosesOverEnclosingValuesAsTheHost) {
   }
 }
 
+// A shard_map inside a control-flow body of a shard_map body (JAX allows a shard_map wherever
+// it traces, a loop or cond body included: jax/_src/shard_map.py's newly_manual_axes =
+// axis_names - mesh.manual_axes, as tests/shard_map_test.py's test_nested_partial_auto builds
+// the nesting without a loop). On the (4, 2) Auto and Explicit meshes the outer body is manual over 'data'
+// (axis_names) with x's (4, 8) block; the inner shard_map is manual over 'model' and psums
+// each row's sum over it. Per row r of the block, one step is
+//   c[r][j] <- c[r][j] / 2 + w[k][j] + rowsum(c[r]) / 100           (rowsum over the whole row)
+// with the scan's ys the row sums before the step, and the fori_loop's step adds i and sum(w) /
+// 1000 (two values the inner body closes over: the loop's counter and an outer-body value the
+// loop captures) instead of w[k]. The host runs the same loops on the rows.
+struct NestedLoopHost {
+  std::vector<double> carry, ys, looped;
+};
+NestedLoopHost nested_loop_on_host(const HostArray& x, const HostArray& w, int64_t steps) {
+  const int64_t rows = x.shape()[0], cols = x.shape()[1];
+  NestedLoopHost h;
+  h.carry.assign(x.values<float>().begin(), x.values<float>().end());
+  h.looped = h.carry;
+  h.ys.assign(steps * rows, 0.0);
+  double w_total = 0;
+  for (int64_t i = 0; i < w.size(); ++i) w_total += w.element_as_double(i);
+  const auto step = [&](std::vector<double>& c, int64_t r, const std::function<double(int64_t)>& add) {
+    double total = 0;
+    for (int64_t j = 0; j < cols; ++j) total += c[r * cols + j];
+    for (int64_t j = 0; j < cols; ++j) c[r * cols + j] = c[r * cols + j] * 0.5 + add(j) + total * 0.01;
+    return total;
+  };
+  for (int64_t k = 0; k < steps; ++k) {
+    for (int64_t r = 0; r < rows; ++r) {
+      h.ys[k * rows + r] = step(h.carry, r, [&](int64_t j) { return w.element_as_double(k * cols + j); });
+      step(h.looped, r, [&](int64_t) { return static_cast<double>(k) + w_total * 0.001; });
+    }
+  }
+  return h;
+}
+
+// The scan's and the fori_loop's inner shard_maps (manual over 'model', inside the outer body
+// manual over 'data'): each row's sum psum'd over 'model'.
+Value row_sums(const Value& block) { return psum(sum(block, {1}), "model"); }
+Value with_row_sums(const Value& block, const Value& sums) {
+  return block * 0.5 + reshape(sums, {sums.shape()[0], 1}) * 0.01;
+}
+ShardMapped scan_step(const Mesh& mesh) {
+  return shard_map(
+      [](const std::vector<Value>& in) {
+        const Value sums = row_sums(in[0]);
+        return std::vector<Value>{with_row_sums(in[0], sums) + in[1], sums};
+      },
+      mesh, {P(None, "model"), P("model")}, {P(None, "model"), P()});
+}
+// The outer shard_map: a scan over w's rows and a fori_loop, each step a shard_map call.
+ShardMapped loops_calling_a_shard_map(const Mesh& mesh, int64_t steps) {
+  return shard_map(
+      [mesh, steps](const std::vector<Value>& in) {
+        const ShardMapped step = scan_step(mesh);
+        ScanResult r = scan(
+            [&step, &mesh](const std::vector<Value>& c, const std::vector<Value>& row) {
+              // On Explicit axes the row's type must be the in_spec's (JAX's in_specs check; a
+              // reshard takes Explicit axes only).
+              const bool typed = mesh.axis_types()[1] == AxisType::kExplicit;
+              std::vector<Value> out = step({c[0], typed ? reshard(row[0], P("model")) : row[0]});
+              return ScanStep{{out[0]}, {out[1]}};
+            },
+            {in[0]}, {in[1]});
+        const Value w = in[1];
+        const std::vector<Value> looped =
+            fori_loop(0, steps,
+                      [&mesh, w](const Value& i, const std::vector<Value>& c) {
+                        const Value counter = convert(i, DType::kF32);
+                        return shard_map(
+                            [counter, w](const std::vector<Value>& b) {
+                              return std::vector<Value>{with_row_sums(b[0], row_sums(b[0])) + counter + sum(w) * 0.001};
+                            },
+                            mesh, {P(None, "model")}, {P(None, "model")})(c);
+                      },
+                      {in[0]});
+        return std::vector<Value>{r.carry[0], r.ys[0], looped[0]};
+      },
+      mesh, {P("data", None), P()}, {P("data", None), P(None, "data"), P("data", None)}, {.axis_names = {"data"}});
+}
+
+// x (16, 8) and w (steps, 8), random from `seed`.
+std::pair<HostArray, HostArray> loop_inputs(uint32_t seed, int64_t steps) {
+  std::mt19937 rng(seed);
+  HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+  return {std::move(x), random_array(DType::kF32, {steps, 8}, Domain::kSigned, rng)};
+}
+
+// Each of `got` against the host's values `want` (same element order).
+void expect_near_host(const std::vector<Array>& got, const std::vector<std::vector<double>>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    absl::StatusOr<HostArray> h = got[k].fetch();
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_EQ(h->size(), static_cast<int64_t>(want[k].size())) << k;
+    for (int64_t i = 0; i < h->size(); ++i) {
+      EXPECT_NEAR(h->element_as_double(i), want[k][i], 1e-4 * (1 + std::abs(want[k][i])))
+          << "result " << k << " at " << i;
+    }
+  }
+}
+
+TEST_F(ShardMapTest, NestedShardMapInALoopBodyOfAShardMapBodyMatchesTheHost) {
+  ASSERT_NE(client_, nullptr);
+  constexpr int64_t kSteps = 3;
+  const auto [x, w] = loop_inputs(97, kSteps);
+  const NestedLoopHost want = nested_loop_on_host(x, w, kSteps);
+  for (const Mesh& mesh : {auto_meshes_[1], mesh42()}) {
+    SCOPED_TRACE(mesh.to_string());
+    const MeshScope scope = set_mesh(mesh);  // for the bare spec of the row's reshard
+    const ShardMapped outer = loops_calling_a_shard_map(mesh, kSteps);
+    Jitted f = jit([outer](const std::vector<Value>& in) { return outer(in); });
+    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
+    absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P()));
+    ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
+    absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_near_host(*out, {want.carry, want.ys, want.looped});
+  }
+}
+
+// The same inside a cond branch and a while_loop body of the outer body. The predicate is each
+// 'data' block's own (sum > 0: some blocks take the branch with the inner psum over 'model',
+// the others double their block; the devices along 'model' of one block agree, so the psum
+// meets all its peers), and the while_loop runs the step three times on a counter it carries.
+TEST_F(ShardMapTest, NestedShardMapInACondBranchAndAWhileBodyOfAShardMapBodyMatchesTheHost) {
+  ASSERT_NE(client_, nullptr);
+  for (const Mesh& mesh : {auto_meshes_[1], mesh42()}) {
+    SCOPED_TRACE(mesh.to_string());
+    const ShardMapped step = shard_map(
+        [](const std::vector<Value>& in) { return std::vector<Value>{with_row_sums(in[0], row_sums(in[0]))}; }, mesh,
+        {P(None, "model")}, {P(None, "model")});
+    const ShardMapped outer = shard_map(
+        [step](const std::vector<Value>& in) {
+          const std::vector<Value> branched = cond(
+              sum(in[0]) > 0.0, [step](const std::vector<Value>& b) { return step(b); },
+              [](const std::vector<Value>& b) { return std::vector<Value>{b[0] * 2.0}; }, {in[0]});
+          const std::vector<Value> looped = while_loop([](const std::vector<Value>& c) { return c[1] < 3.0; },
+                                                       [step](const std::vector<Value>& c) {
+                                                         return std::vector<Value>{step({c[0]})[0], c[1] + 1.0};
+                                                       },
+                                                       {in[0], full({}, 0.0, DType::kF32)});
+          return std::vector<Value>{branched[0], looped[0]};
+        },
+        mesh, {P("data", None)}, {P("data", None), P("data", None)}, {.axis_names = {"data"}});
+    Jitted f = jit([outer](const std::vector<Value>& in) { return outer(in); });
+    std::mt19937 rng(101);
+    HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+    // Blocks 0 and 2 positive, 1 and 3 negative: both branches run.
+    for (int64_t i = 0; i < x.size(); ++i) {
+      const float v = std::abs(x.values<float>()[i]) + 0.1f;
+      x.mutable_values<float>()[i] = (i / 32) % 2 == 0 ? v : -v;
+    }
+    std::vector<double> branched(x.values<float>().begin(), x.values<float>().end()), looped = branched;
+    for (int64_t b = 0; b < 4; ++b) {
+      double total = 0;
+      for (int64_t i = b * 32; i < (b + 1) * 32; ++i) total += branched[i];
+      for (int64_t r = b * 4; r < (b + 1) * 4; ++r) {
+        double row = 0;
+        for (int64_t j = 0; j < 8; ++j) row += branched[r * 8 + j];
+        for (int64_t j = 0; j < 8; ++j) {
+          double& v = branched[r * 8 + j];
+          v = total > 0 ? v * 0.5 + row * 0.01 : v * 2;
+        }
+      }
+    }
+    for (int k = 0; k < 3; ++k) {
+      for (int64_t r = 0; r < 16; ++r) {
+        double row = 0;
+        for (int64_t j = 0; j < 8; ++j) row += looped[r * 8 + j];
+        for (int64_t j = 0; j < 8; ++j) looped[r * 8 + j] = looped[r * 8 + j] * 0.5 + row * 0.01;
+      }
+    }
+    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
+    ASSERT_TRUE(xs.ok()) << xs.status();
+    absl::StatusOr<std::vector<Array>> out = f({*xs});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_near_host(*out, {branched, looped});
+  }
+}
+
+// grad through the scan of NestedShardMapInALoopBody...: the step is linear per row, c' = A c +
+// w[k] with A = I / 2 + 11^T / 100 (symmetric), so for loss = sum(carry^2) the host's gradient
+// is 2 A^3 c3 per row of x and 2 sum_rows A^(2-k) c3 for row k of w (c3: the final carry).
+TEST_F(ShardMapTest, GradThroughAScanCallingANestedShardMapMatchesTheHost) {
+  ASSERT_NE(client_, nullptr);
+  constexpr int64_t kSteps = 3;
+  const auto [x, w] = loop_inputs(103, kSteps);
+  const std::vector<double> c3 = nested_loop_on_host(x, w, kSteps).carry;
+  const auto times_a = [](std::vector<double> v) {  // A applied to each row of v
+    for (size_t r = 0; r < v.size() / 8; ++r) {
+      double row = 0;
+      for (int j = 0; j < 8; ++j) row += v[r * 8 + j];
+      for (int j = 0; j < 8; ++j) v[r * 8 + j] = v[r * 8 + j] * 0.5 + row * 0.01;
+    }
+    return v;
+  };
+  std::vector<double> g = c3;
+  for (double& v : g) v *= 2;
+  std::vector<double> dw(kSteps * 8, 0.0);
+  for (int64_t k = kSteps - 1; k >= 0; --k) {  // g = 2 A^(2-k) c3 at step k
+    for (size_t i = 0; i < g.size(); ++i) dw[k * 8 + i % 8] += g[i];
+    g = times_a(g);
+  }
+  for (const Mesh& mesh : {auto_meshes_[1], mesh42()}) {
+    SCOPED_TRACE(mesh.to_string());
+    const MeshScope scope = set_mesh(mesh);  // for the bare spec of the row's reshard
+    const ShardMapped outer = loops_calling_a_shard_map(mesh, kSteps);
+    Jitted f = jit(grad(
+        [outer](const std::vector<Value>& in) {
+          const Value c = outer(in)[0];
+          return std::vector<Value>{sum(c * c)};
+        },
+        {0, 1}));
+    absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
+    absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P()));
+    ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
+    absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_near_host(*out, {g, dw});
+  }
+}
+
 // The line of `plan` that computes `op` (its first), for the local shape each device computes.
 std::string plan_line(const std::string& plan, const std::string& op) {
   const size_t at = plan.find(absl::StrCat("= ", op, "("));
