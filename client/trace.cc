@@ -782,7 +782,9 @@ Value wrap_negative(const Value& x, const Value& indices, int64_t axis) {
 // The updates of a scatter into x at `indices`: broadcast to their shape, in x's dtype. In
 // explicit mode laid out as the indexed slice of x, as JAX's .at[] lays them out (jax/_src/ops/
 // scatter.py _scatter_impl: broadcast_to(y, slice_shape, out_sharding=indexer.slice_sharding)):
-// x's other dimensions split as x's, the indices' unsplit, which is what the scatter's rule needs.
+// x's other dimensions split as x's, the indices' dimensions as the indices (_index_to_gather's
+// slice_spec takes the index arrays' own spec, aia_spec), which the scatter's rule refuses
+// unless unsplit (no collective on the inputs), as JAX's does.
 Value updates_for(const Value& x, const Value& indices, int64_t axis, const Value& updates) {
   axis = normalize_axis(axis, x.rank());
   if (!x.ok() || !indices.ok() || axis < 0 || axis >= x.rank()) return updates;
@@ -799,7 +801,9 @@ Value updates_for(const Value& x, const Value& indices, int64_t axis, const Valu
   std::vector<Axes> dims = type_of(x).spec.partitions_only().dims();
   dims.resize(x.rank());
   dims.erase(dims.begin() + axis);
-  dims.insert(dims.begin() + axis, i.size(), Axes{});
+  std::vector<Axes> i_dims = type_of(indices).spec.partitions_only().dims();
+  i_dims.resize(i.size());
+  dims.insert(dims.begin() + axis, i_dims.begin(), i_dims.end());
   const PartitionSpec b_spec = type_of(b).spec;
   std::vector<Axes> b_dims = b_spec.partitions_only().dims();
   b_dims.resize(shape.size());

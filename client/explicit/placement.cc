@@ -161,8 +161,9 @@ TypeRuleResult scatter(const TypeRuleCall& c) {
     r.fix = absl::StrCat(
         why,
         ", and the indexed dimension and the indices must be unsplit, the other dimensions split alike in the "
-        "operand and the updates: run the scatter under auto_axes(f, out_sharding=P(...)) (what JAX's "
-        "`.at[...].set/add/mul/...(out_sharding=)` does), or reshard the operands accordingly (reshard(x, P(...)))");
+        "operand and the updates: give the scatter an out_sharding (at(x, indices).set(updates, P(...)), "
+        "at(x, indices).add(updates, P(...)), which run it under auto_axes as JAX's "
+        "`.at[...].set/add/mul/...(out_sharding=)`), or reshard the operands accordingly (reshard(x, P(...)))");
     r.spec.clear();
   }
   return r;

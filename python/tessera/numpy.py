@@ -978,9 +978,11 @@ def _index_plan(x, idx, wrap, at):
     gather's or scatter's operands, as jax/_src/numpy/indexing.py _index_to_gather builds them:
     (the indices, index vector last; the dimension numbers (offset or window dims, collapsed or
     inserted dims, start index map, no batching dims); the gathered shape without None's
-    dimensions; that shape with them; the slice sizes). Ints and index arrays are advanced
-    indices: broadcast together, their dimensions where the first of them is when they are
-    adjacent (None separates them), else first (numpy's rule); negatives wrap when `wrap`. A
+    dimensions; that shape with them; the slice sizes; (where the advanced indices' dimensions
+    start in the gathered shape, their spec: the first one's broadcast, as aia_spec)). Ints and
+    index arrays are advanced indices: broadcast together, their dimensions where the first of
+    them is when they are adjacent (None separates them), else first (numpy's rule); negatives
+    wrap when `wrap`. A
     boolean scalar is an advanced index of shape (1,) or (0,) over a new dimension of size 1,
     which only its shape shows here. A unit-step slice is a window of the gather, its start in
     the index vector unless 0; a slice of another step a dimension of the indices, start + step *
@@ -1026,10 +1028,11 @@ def _index_plan(x, idx, wrap, at):
     first = builtins.sum(1 for k, *_ in basic if k < first_adv) \
         if first_adv is not None and _advanced_contiguous(idx) else 0
     # The result's dimensions in order: the advanced indices' at `first`, then each entry's.
-    full_shape, gathered, offset, batch = [], [], [], []
+    full_shape, gathered, offset, batch, adv_at = [], [], [], [], 0
     columns = []  # (operand dim, its indices, their first batch dimension, their shape)
     for j, (_, dim, s, n, step) in enumerate(basic + [(None, None, 0, 0, 1)]):
         if j == first and adv:
+            adv_at = len(gathered)
             columns += [(dim_, t, len(batch), adv_shape) for dim_, t in real]
             full_shape += adv_shape
             gathered += adv_shape
@@ -1045,6 +1048,8 @@ def _index_plan(x, idx, wrap, at):
             offset.append(len(gathered))
             gathered.append(n)
     batch = tuple(batch)
+    # The advanced indices' layout (JAX's aia_spec): the first one's, broadcast to their shape.
+    aia = _broadcast_spec(adv[0][1], adv_shape) if adv else ()
 
     def placed(t, at_, shape):  # t broadcast to `shape`, batch[at_:at_ + len(shape)], then to batch
         t = broadcast_to(_tracer(t).astype(dt), shape)
@@ -1063,12 +1068,48 @@ def _index_plan(x, idx, wrap, at):
             sizes[dim] = n
     collapsed = [dim for dim, *_ in columns]
     dims = (tuple(offset), tuple(sorted(collapsed)), tuple(collapsed + [dim for dim, _ in starts]), (), ())
-    return indices, dims, tuple(gathered), tuple(full_shape), tuple(sizes)
+    return indices, dims, tuple(gathered), tuple(full_shape), tuple(sizes), (adv_at, aia)
+
+
+def _broadcast_spec(t, shape):
+    """The spec of t broadcast to `shape` (lax.py's _broadcast_in_dim_sharding_rule: t's
+    dimensions keep their splits, new and size-1 ones none); an ndarray's is unsplit."""
+    from ._api import typeof
+    n = _np.ndim(t)
+    own = tuple(typeof(t).sharding.spec) if isinstance(t, (Tracer, Array)) else ()
+    own = (own + (None,) * n)[:n]
+    return (None,) * (len(shape) - n) + tuple(
+        s if size == out else None for s, size, out in zip(own, _np.shape(t), shape[len(shape) - n:]))
+
+
+def _slice_spec(spec):
+    """_index_to_gather's slice_spec as the PartitionSpec of its slice_sharding, which
+    NamedSharding checks (jax/_src/named_sharding.py check_pspec, _check_unique_resources): a
+    mesh axis on two dimensions (x split over it on a window, an index array on its own) is
+    JAX's DuplicateSpecError, a ValueError, in its words."""
+    from .sharding import PartitionSpec
+    used = [a for s in spec if s is not None for a in (s if isinstance(s, tuple) else (s,))]
+    twice = sorted({f"`{a}`" for a in used if used.count(a) > 1})
+    if twice:
+        raise ValueError("A single NamedSharding spec specification can map every mesh axis to at most one "
+                         f"positional dimension, but {PartitionSpec(*spec)!r} has duplicate entries for "
+                         f"{', '.join(twice)}")
+    return PartitionSpec(*spec)
+
+
+def _at_slice_spec(xt, axis, i_spec):
+    """The slice spec of x.at[(slice(None),) * axis + (i,)] (_slice_spec): x's splits on the
+    windows, i's own (aia_spec, i_spec) on its dimensions; None when nothing is split."""
+    from ._api import typeof
+    x_spec = (tuple(typeof(xt).sharding.spec) + (None,) * xt.ndim)[:xt.ndim]
+    if not builtins.any(s is not None for s in x_spec + i_spec):
+        return None
+    return _slice_spec(x_spec[:axis] + i_spec + x_spec[axis + 1:])
 
 
 def _index_gather(x, idx, mode, fill_value, wrap, at):
     """x[idx] as one lax gather (_index_plan), out-of-range indices as `mode` says."""
-    i, dims, _, shape, sizes = _index_plan(x, idx, wrap, at)
+    i, dims, _, shape, sizes, _ = _index_plan(x, idx, wrap, at)
     out = _wrap(_t.gather(x._v, i._v, *dims, list(sizes), mode, fill_value))
     return out if out.shape == shape else reshape(out, shape)
 
@@ -1079,19 +1120,20 @@ def _index_scatter(x, idx, values, name, mode, wrap):
     to the indexed shape, None's dimensions squeezed), in x's and the values' common dtype
     (_promoted), cast back to x's."""
     from ._api import typeof
-    from .sharding import PartitionSpec
-    i, dims, gathered, shape, _ = _index_plan(x, idx, wrap, True)
+    i, dims, gathered, shape, _, (first, aia) = _index_plan(x, idx, wrap, True)
     xt, y = _promoted(x, values)
     u = reshape(broadcast_to(y, shape), gathered)
     x_spec = tuple(typeof(xt).sharding.spec) + (None,) * x.ndim
-    if builtins.any(s is not None for s in x_spec + tuple(typeof(u).sharding.spec)):
+    if builtins.any(s is not None for s in x_spec + tuple(typeof(u).sharding.spec) + aia):
         # On Explicit axes the updates laid out as the indexed slice of x (_scatter_impl:
-        # indexer.slice_sharding): x's splits on the windows, the index dimensions whole.
+        # indexer.slice_sharding, built by _index_to_gather's slice_spec): x's splits on the
+        # windows, the advanced indices' own (aia_spec) on their dimensions, from `first`.
         windows = [d for d in range(x.ndim) if d not in dims[1]]
         spec = [None] * len(gathered)
         for j, d in zip(dims[0], windows):
             spec[j] = x_spec[d]
-        u = broadcast_to(u, gathered, out_sharding=PartitionSpec(*spec))
+        spec[first:first + len(aia)] = aia
+        u = broadcast_to(u, gathered, out_sharding=_slice_spec(spec))
     return _back(_wrap(getattr(_t, name)(xt._v, i._v, u._v, *[list(d) for d in dims], mode)), x)
 
 
@@ -1233,6 +1275,7 @@ def _at_set(x, idx, values):
         return _index_scatter(x, idx, values, "scatter", "fill_or_drop", True)
     axis, i = plan
     xt, y = _promoted(x, values)
+    _at_slice_spec(xt, axis, _broadcast_spec(i, i.shape))  # JAX's check; the SDK's updates_for lays them out
     return _back(_wrap(_t.at_set(xt._v, i._v, axis, y._v)), x)
 
 
@@ -1243,6 +1286,7 @@ def _at_add(x, idx, values):
         return _index_scatter(x, idx, values, "scatter_add", "fill_or_drop", True)
     axis, i = plan
     xt, y = _promoted(x, values)
+    _at_slice_spec(xt, axis, _broadcast_spec(i, i.shape))  # JAX's check; the SDK's updates_for lays them out
     return _back(_wrap(_t.at_add(xt._v, i._v, axis, y._v)), x)
 
 
@@ -1277,10 +1321,9 @@ def _at_scatter(x, idx, values, name, mode, wrap):
     shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]
     xt, y = _promoted(x, values)
     u = broadcast_to(y, shape)
-    x_spec, u_spec = tuple(typeof(xt).sharding.spec), tuple(typeof(u).sharding.spec)
-    if builtins.any(s is not None for s in x_spec + u_spec):
-        u = broadcast_to(y, shape, out_sharding=PartitionSpec(*x_spec[:axis], *[None] * (i.ndim - 1),
-                                                              *x_spec[axis + 1:]))
+    spec = _at_slice_spec(xt, axis, _broadcast_spec(i, i.shape)[:-1])
+    if spec is not None or builtins.any(s is not None for s in typeof(u).sharding.spec):
+        u = broadcast_to(y, shape, out_sharding=spec if spec is not None else PartitionSpec())
     return _back(_wrap(getattr(_t, name)(xt._v, i._v, u._v, window, [axis], [axis], [], [], mode)), x)
 
 
@@ -1292,7 +1335,7 @@ def _at_apply(x, idx, func, mode, wrap):
     from .lax import _scatter_apply
     plan = _at_lax(x, idx, wrap)
     if plan is None:
-        i, dims, shape, _, _ = _index_plan(x, idx, wrap, True)
+        i, dims, shape, _, _, _ = _index_plan(x, idx, wrap, True)
         return _scatter_apply(x, i, func, dims, shape, mode)
     axis, i, window = plan
     shape = x.shape[:axis] + i.shape[:-1] + x.shape[axis + 1:]

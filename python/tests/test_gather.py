@@ -834,8 +834,10 @@ def test_at_updates_and_get_with_out_sharding_follow_the_refusals_advice():
     xs = tessera.device_put(x, NamedSharding(m, P("X", "Y")))
     split_ids = tessera.device_put(ids, NamedSharding(m, P("X")))
     us = tessera.device_put(u, NamedSharding(m, P("X", None)))
-    # Without out_sharding the split indices (and here the split indexed dimension) are refused.
-    with pytest.raises(ValueError, match=r"Use `\.at\[\.\.\.\]\.set/add/mul/\.\.\.\(out_sharding=\)` to provide output"):
+    # Without out_sharding the split indices (and here the split indexed dimension) are refused:
+    # the updates' slice_sharding would put 'X' on x's rows and on the indices' dimension
+    # (_index_to_gather's aia_spec), which NamedSharding refuses (named_sharding.py check_pspec).
+    with pytest.raises(ValueError, match=r"P\('X', 'X'\) has duplicate entries for `X`"):
         tessera.jit(lambda x, i: x.at[:, i].add(5.0))(xs, split_ids)
     with pytest.raises(ValueError, match=r"Use `\.at\[\.\.\.\]\.get\(out_sharding=\)` to provide output"):
         tessera.jit(lambda x, i: x.at[:, i].get(mode="fill", fill_value=-1.0))(xs, split_ids)

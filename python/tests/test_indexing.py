@@ -317,6 +317,55 @@ def test_general_index_on_explicit_axes():
     np.testing.assert_array_equal(np.asarray(out), set_)
 
 
+def test_split_index_arrays_on_explicit_axes():
+    # An index array split over an Explicit axis lays the updates out with its own split on the
+    # index dimensions: jax/_src/numpy/indexing.py _index_to_gather's slice_spec takes, for the
+    # advanced indices' dimensions, aia_spec = typeof(advanced_index_arrs[0]).sharding.spec (the
+    # first advanced index broadcast to their shape: an int first leaves them unsplit), and
+    # _scatter_impl broadcasts y to slice_sharding. The scatter then refuses split queries
+    # (lax/slicing.py _scatter_spec_computation, rule 4; the error names these updates), as the
+    # gather does split indices (_gather_spec_computation: indices_non_batch_dims_replicated).
+    # Both take out_sharding= (auto_axes), as pjit_test.py test_at_add_lower_to_scatter_add.
+    from tessera.sharding import AxisType
+    mesh = tessera.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+    ids_np = np.array([3, 0, 15, 7], np.int32)
+    x = tessera.device_put(TABLE, NamedSharding(mesh, P()))
+    ids = tessera.device_put(ids_np, NamedSharding(mesh, P("data")))
+    cols = np.array([[1], [6]], np.int32)  # broadcasts with ids to (2, 4)
+    refused = [(lambda x, i: x.at[i].set(1.0), r"updates=f32\[4@data,8\]"),  # the SDK's at().set
+               (lambda x, i: x.at[i].multiply(2.0), r"updates=f32\[4@data,8\]"),
+               (lambda x, i: x.at[i, 1:3].add(1.0), r"updates=f32\[4@data,2\]"),
+               (lambda x, i: x.at[i, cols].set(1.0), r"updates=f32\[2,4@data\]"),
+               (lambda x, i: x.at[cols, i % 8].max(0.0), r"updates=f32\[2,4\]"),  # cols first: unsplit
+               (lambda x, i: x.at[2, i % 8].set(1.0), r"updates=f32\[4\]")]  # the int first
+    for f, updates in refused:
+        with pytest.raises(ValueError, match=r"(?s)Use `\.at\[\.\.\.\]\.set/add/mul/\.\.\.\(out_sharding=\)`.*"
+                                             + updates):
+            tessera.jit(f)(x, ids)
+    with pytest.raises(ValueError, match=r"updates=f32\[4@data,8\]"):  # eager: the same rule
+        x.at[ids].set(1.0)
+    # x split over 'data' on a window and ids on their dimension: the updates' slice_sharding
+    # would use 'data' twice, NamedSharding's DuplicateSpecError (named_sharding.py
+    # _check_unique_resources), before any scatter.
+    cols_split = tessera.device_put(TABLE, NamedSharding(mesh, P(None, "data")))
+    for f in (lambda x, i: x.at[i].set(1.0), lambda x, i: x.at[i].min(0.0), lambda x, i: x.at[i, 1:5].add(1.0)):
+        with pytest.raises(ValueError, match=r"can map every mesh axis to at most one positional dimension, but "
+                                             r"P\('data', 'data'\) has duplicate entries for `data`"):
+            tessera.jit(f)(cols_split, ids)
+    for f in (lambda x, i: x[i], lambda x, i: x[i, 1:3], lambda x, i: x.at[i].get()):
+        with pytest.raises(ValueError, match=r"Use `\.at\[\.\.\.\]\.get\(out_sharding=\)`"):
+            tessera.jit(f)(x, ids)
+    got = tessera.jit(lambda x, i: (x.at[i].set(1.0, out_sharding=P("data", None)),
+                                    x.at[i, 1:3].add(1.0, out_sharding=P()), x.at[i].get(out_sharding=P("data"))))(
+        x, ids)
+    set_, add = TABLE.copy(), TABLE.copy()
+    set_[ids_np] = 1.0
+    add[ids_np, 1:3] += 1.0
+    for g, w, spec in zip(got, (set_, add, TABLE[ids_np]), (("data", None), (None, None), ("data", None))):
+        np.testing.assert_array_equal(np.asarray(g), w)
+        assert tuple(tessera.typeof(g).sharding.spec) + (None,) * (2 - len(tessera.typeof(g).sharding.spec)) == spec
+
+
 def test_general_index_edge_cases(table):
     # .at[] with ints only or partial slices (tests/lax_numpy_indexing_test.py STATIC_INDEXING_TESTS
     # through testStaticIndexing's updates), lists and a traced int beside an array

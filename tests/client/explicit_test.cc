@@ -655,14 +655,22 @@ TEST(ExplicitGrid, OpsMeshesAndSpecs) {
        "operand=f32[32,8@b], indices=i32[16], updates=f32[16,8] (operands f32[32,8@b], i32[16], f32[16,8]); window "
        "dimension 1 of the operand is split over ('b',) and dimension 1 of the updates unsplit, and the indexed "
        "dimension and the indices must be unsplit, the other dimensions split alike in the operand and the updates: "
-       "run the scatter under auto_axes(f, out_sharding=P(...)) (what JAX's "
-       "`.at[...].set/add/mul/...(out_sharding=)` does)"},
+       "give the scatter an out_sharding (at(x, indices).set(updates, P(...)), at(x, indices).add(updates, "
+       "P(...)), which run it under auto_axes as JAX's `.at[...].set/add/mul/...(out_sharding=)`)"},
       // x.at[i].set / add lay the updates out as the indexed slice of x, as JAX's _scatter_impl
       // (broadcast_to(y, slice_shape, out_sharding=indexer.slice_sharding)).
       {"at_set_lays_the_updates_out_as_the_slice",
        {{f32, {32, 8}, P(None, "b")}, {DType::kI32, {16}, P()}, {f32, {16, 8}, P()}},
        [](V v) { return at(v[0], v[1], 0).set(v[2]); },
        "f32[32,8@b]"},
+      // ... and with the index array's own split on its dimensions (_index_to_gather's aia_spec),
+      // which the scatter then refuses, naming those updates, as JAX's.
+      {"at_set_lays_the_updates_out_with_the_indices_split",
+       {{f32, {32, 8}, P()}, {DType::kI32, {16}, P("a")}, {f32, {16, 8}, P()}},
+       [](V v) { return at(v[0], v[1], 0).set(v[2]); },
+       "error: scatter: Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec for the "
+       "scatter update as out sharding could not be resolved unambiguously (or would require collectives on inputs). "
+       "Got operand=f32[32,8], indices=i32[16@a], updates=f32[16@a,8]"},
       {"at_add_of_a_scalar",
        {{f32, {8, 32}, P("a", None)}, {DType::kI32, {4}, P()}},
        [](V v) { return at(v[0], v[1], 1).add(full({}, 1.0)); },

@@ -191,8 +191,10 @@ TEST_F(OutShardingTest, TakeWithOutShardingGathersUnderAutoAxesAndScattersBackLa
 }
 
 // test_at_add_lower_to_scatter_add (tests/pjit_test.py): with the indices split,
-// x.at[:, ids].add(5.0) is refused by the scatter's explicit-mode rule, whose text tells the user
-// to give `.at[...].add(out_sharding=)`; given, the scatter runs under auto_axes
+// x.at[:, ids].add(5.0) is refused: the updates' slice_sharding puts 'x' on x's rows and on the
+// indices' dimension (jax/_src/numpy/indexing.py _index_to_gather's aia_spec), which JAX's
+// NamedSharding refuses (named_sharding.py _check_unique_resources; here broadcast_to's words);
+// given `.at[...].add(out_sharding=)`, the scatter runs under auto_axes
 // (jax/_src/ops/scatter.py _scatter_update) and the result is laid out as out_sharding
 // (P('x', None) there). The same for set with the indexed dimension split (test_index_update's
 // updates keep P('x', None)). Values: numpy's (index 10 out of range, dropped; -1 wraps).
@@ -206,8 +208,7 @@ TEST_F(OutShardingTest, AtSetAndAddWithOutShardingScatterUnderAutoAxes) {
   };
   absl::StatusOr<std::vector<Array>> refused = run(plain, {xs, is});
   ASSERT_FALSE(refused.ok());
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("Use `.at[...].set/add/mul/...(out_sharding=)` to provide output PartitionSpec"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("P('x', 'x'): mesh axis 'x' is used more than once"));
   std::vector<std::string> types;
   absl::StatusOr<std::vector<Array>> out = run(
       [](const std::vector<Value>& in) {
