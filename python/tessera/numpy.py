@@ -1048,8 +1048,8 @@ def _index_plan(x, idx, wrap, at):
             offset.append(len(gathered))
             gathered.append(n)
     batch = tuple(batch)
-    # The advanced indices' layout (JAX's aia_spec): the first one's, broadcast to their shape.
-    aia = _broadcast_spec(adv[0][1], adv_shape) if adv else ()
+    # The advanced indices' layout (JAX's aia_spec): theirs broadcast together.
+    aia = _broadcast_specs([t for _, t in adv], adv_shape)
 
     def placed(t, at_, shape):  # t broadcast to `shape`, batch[at_:at_ + len(shape)], then to batch
         t = broadcast_to(_tracer(t).astype(dt), shape)
@@ -1080,6 +1080,22 @@ def _broadcast_spec(t, shape):
     own = (own + (None,) * n)[:n]
     return (None,) * (len(shape) - n) + tuple(
         s if size == out else None for s, size, out in zip(own, _np.shape(t), shape[len(shape) - n:]))
+
+
+def _broadcast_specs(ts, shape):
+    """The spec of arrays ts broadcast together to `shape`, as lax.broadcast_shardings lays out
+    JAX's _broadcast_arrays (jax/_src/lax/lax.py broadcasting_sharding_rule): each dimension
+    takes the split any of them has there (a size-1 or new dimension has none), the same one if
+    several do; two different splits are JAX's ShardingTypeError, a ValueError here."""
+    each = [_broadcast_spec(t, shape) for t in ts]
+    out = []
+    for d, entries in enumerate(zip(*each)):
+        splits = {e for e in entries if e is not None}
+        if len(splits) > 1:
+            raise ValueError("broadcast_shardings got incompatible shardings for broadcasting: "
+                             + ", ".join(str(e) for e in each) + ".")
+        out.append(splits.pop() if splits else None)
+    return tuple(out)
 
 
 def _slice_spec(spec):

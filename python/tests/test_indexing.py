@@ -336,14 +336,22 @@ def test_split_index_arrays_on_explicit_axes():
                (lambda x, i: x.at[i].multiply(2.0), r"updates=f32\[4@data,8\]"),
                (lambda x, i: x.at[i, 1:3].add(1.0), r"updates=f32\[4@data,2\]"),
                (lambda x, i: x.at[i, cols].set(1.0), r"updates=f32\[2,4@data\]"),
-               (lambda x, i: x.at[cols, i % 8].max(0.0), r"updates=f32\[2,4\]"),  # cols first: unsplit
-               (lambda x, i: x.at[2, i % 8].set(1.0), r"updates=f32\[4\]")]  # the int first
+               # The indices broadcast together as lax.broadcast_shardings (JAX's _broadcast_arrays
+               # in _index_to_gather): i's split whichever comes first, an int or unsplit cols.
+               (lambda x, i: x.at[cols, i % 8].max(0.0), r"updates=f32\[2,4@data\]"),
+               (lambda x, i: x.at[2, i % 8].set(1.0), r"updates=f32\[4@data\]")]
     for f, updates in refused:
         with pytest.raises(ValueError, match=r"(?s)Use `\.at\[\.\.\.\]\.set/add/mul/\.\.\.\(out_sharding=\)`.*"
                                              + updates):
             tessera.jit(f)(x, ids)
     with pytest.raises(ValueError, match=r"updates=f32\[4@data,8\]"):  # eager: the same rule
         x.at[ids].set(1.0)
+    # Index arrays split differently on the dimension they share: broadcasting_sharding_rule's
+    # ShardingTypeError (lax.py), before the scatter.
+    ids_model = tessera.device_put(np.array([1, 2, 0, 5], np.int32), NamedSharding(mesh, P("model")))
+    with pytest.raises(ValueError, match=r"^broadcast_shardings got incompatible shardings for broadcasting: "
+                                         r"\('data',\), \('model',\)\.$"):
+        tessera.jit(lambda x, i, j: x.at[i, j].set(1.0))(x, ids, ids_model)
     # x split over 'data' on a window and ids on their dimension: the updates' slice_sharding
     # would use 'data' twice, NamedSharding's DuplicateSpecError (named_sharding.py
     # _check_unique_resources), before any scatter.
