@@ -518,9 +518,20 @@ def test_boolean_masks_index_as_numpy(cube, case):
     added = CUBE.copy()
     added[index] += 1.0
     np.testing.assert_allclose(np.asarray(tessera.jit(lambda x: x.at[index].add(1.0))(cube)), added, rtol=1e-6)
-    # A mask that is an Array, outside jit, is concrete too.
-    mask = index if isinstance(index, tuple) else tessera.device_put(index)
-    np.testing.assert_array_equal(np.asarray(cube[mask]), want)
+    # A mask that is an Array outside jit, or closed over by a jitted function, is concrete too
+    # (expand_bool_indices reads it to the host): each boolean ndarray of the index an Array,
+    # whole or inside the tuple, indexing, through .at and under jit.
+    def as_array(i):
+        return tessera.device_put(i) if isinstance(i, np.ndarray) and i.dtype == bool else i
+
+    mask = tuple(as_array(i) for i in index) if isinstance(index, tuple) else as_array(index)
+    got = [cube[mask], cube.at[mask].get(), *tessera.jit(lambda x: (x[mask], x.at[mask].get()))(cube)]
+    for g in got:
+        assert g.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(g), want)
+    np.testing.assert_array_equal(np.asarray(cube.at[mask].set(values)), updated)
+    np.testing.assert_array_equal(np.asarray(tessera.jit(lambda x, v: x.at[mask].set(v))(cube, values)), updated)
+    np.testing.assert_allclose(np.asarray(tessera.jit(lambda x: x.at[mask].add(1.0))(cube)), added, rtol=1e-6)
 
 
 @pytest.mark.parametrize("index", SCALAR_BOOL_INDICES, ids=range(len(SCALAR_BOOL_INDICES)))
