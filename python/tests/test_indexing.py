@@ -615,9 +615,14 @@ def test_get_ignores_out_sharding_where_jax_slices():
     for f in (lambda t: t[0], lambda t: t.at[0].get(out_sharding=P(None))):  # one row of a split dimension
         with pytest.raises(ValueError, match=r"slicing on sharded dims where out dim \(1\) is not divisible"):
             tessera.jit(f)(rows)
+    # has_partial_slices asks |stop - start| != size of slice.indices(size): x[n:0] over n is
+    # empty but not partial, so a static slice, out_sharding ignored.
+    n = TABLE.shape[0]
     eager = (cols.at[0].get(out_sharding=NamedSharding(mesh, P(None))),
-             cols.at[:].get(out_sharding=NamedSharding(mesh, P(None, None))))
-    for g, w, spec in zip(eager, (TABLE[0], TABLE), ((None,), (None, "model"))):
+             cols.at[:].get(out_sharding=NamedSharding(mesh, P(None, None))),
+             cols.at[n:0].get(out_sharding=NamedSharding(mesh, P(None, None))))
+    for g, w, spec in zip(eager, (TABLE[0], TABLE, TABLE[n:0]), ((None,), (None, "model"), (None, "model"))):
+        assert g.shape == w.shape
         np.testing.assert_array_equal(np.asarray(g), w)
         assert tuple(g.sharding.spec) == spec
     with pytest.raises(TypeError, match="`out_sharding` argument of .get only supports"):
