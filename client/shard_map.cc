@@ -491,6 +491,10 @@ std::vector<Value> ShardMapBody::operator()(const std::vector<Value>& given) con
 
 namespace tessera::internal {
 
+namespace {
+std::vector<std::pair<std::string, std::string>> varying_in(TraceState& t, size_t k, int id);
+}  // namespace
+
 int TraceState::lift(int id) {
   // Into each body from the outermost on: a value read in a nested shard_map body that belongs
   // to an enclosing body, or to the function, enters each body it is not of through a
@@ -498,11 +502,15 @@ int TraceState::lift(int id) {
   // the manual axes); once it has entered one, it enters every body inside it.
   // A control-flow body's `nested` entry (its first) lifts nothing: its values, and those it
   // captures, are the enclosing body's already.
+  // A parameter capturing a value of an enclosing trace (TraceState::capture) stands for a value
+  // from outside every body, also when it was first read inside one (added after its start).
   bool entered = false;
+  const bool captured_param = std::find(captured_params.begin(), captured_params.end(), id) != captured_params.end();
   for (size_t k = 0; k < manual_bodies.size() && error.ok(); ++k) {
     ManualBody& body = manual_bodies[k];
     if (body.nested) continue;
-    if (!entered && (id >= body.start || std::find(body.inputs.begin(), body.inputs.end(), id) != body.inputs.end())) {
+    if (!entered && !captured_param &&
+        (id >= body.start || std::find(body.inputs.begin(), body.inputs.end(), id) != body.inputs.end())) {
       continue;
     }
     id = lift_into(k, id);
@@ -541,13 +549,22 @@ int TraceState::lift_into(size_t k, int id) {
     return id;
   }
   body.lifted.emplace(id, *in);
+  // It varies as it does in the enclosing body, if any (a closed-over value keeps its varying
+  // axes: JAX traces it with its own aval, jax/_src/shard_map.py's _shard_map_staging).
+  if (k > 0) {
+    for (auto& [axis, why] : varying_in(*this, k - 1, id)) manual_bodies[k].seeds[*in].emplace(axis, why);
+  }
   return *in;
 }
 
-std::vector<std::pair<std::string, std::string>> TraceState::varying(int id) {
+namespace {
+
+// TraceState::varying in t's k-th body (of manual_bodies).
+std::vector<std::pair<std::string, std::string>> varying_in(TraceState& t, size_t k, int id) {
   std::vector<std::pair<std::string, std::string>> out;
-  if (manual_bodies.empty() || !manual_bodies.back().check_vma) return out;
-  ManualBody& body = manual_bodies.back();
+  if (k >= t.manual_bodies.size() || !t.manual_bodies[k].check_vma) return out;
+  const Graph& graph = t.graph;
+  TraceState::ManualBody& body = t.manual_bodies[k];
   // Computed once per node: binary ops ask for their operands' (insert_pvary).
   if (body.variance_upto < 0) {
     body.variance = body_variance(graph, body.start, body.inputs, &body.inserted_pvary, body.seeds);
@@ -562,11 +579,17 @@ std::vector<std::pair<std::string, std::string>> TraceState::varying(int id) {
   const std::map<int, Variance>& var = body.variance;
   auto it = var.find(id);
   if (it == var.end()) return out;
-  for (const std::string& a : manual_meshes.back().axis_names()) {
+  for (const std::string& a : t.manual_meshes[k].axis_names()) {
     auto why = it->second.find(a);
     if (why != it->second.end()) out.emplace_back(a, why->second);
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> TraceState::varying(int id) {
+  return varying_in(*this, manual_bodies.size() - 1, id);
 }
 
 Variance TraceState::variance_of(int id) {

@@ -726,6 +726,92 @@ TEST_F(ShardMapTest, NestedShardMapInALoopBodyOfAShardMapBodyMatchesTheHost) {
   }
 }
 
+// A value of the function read inside an inner shard_map called in a fori_loop body of the
+// outer body enters the inner body as a closed-over value (a shard_map_in of P()) whether the
+// loop body read it before the inner call or first inside it: the same values (the host's:
+// each row plus 2 * sum(w), w whole on every device) on Auto axes, and on Explicit axes, where
+// w's type is split over the inner manual axis 'model', the same refusal as directly nested
+// (OnExplicitAxesAClosedOverSplitValueIsAnErrorNamingIt). JAX closes over it the same way
+// whatever the read order: a const of the body enters with _repspec, P() (jax/_src/shard_map.py,
+// _shard_map_staging).
+TEST_F(ShardMapTest, AValueFirstReadInsideAShardMapInALoopBodyEntersItLikeOneReadBefore) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(23);
+  const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+  const HostArray w = random_array(DType::kF32, {4, 8}, Domain::kSigned, rng);
+  double total = 0;
+  for (float v : w.values<float>()) total += v;
+  std::vector<double> want(x.values<float>().begin(), x.values<float>().end());
+  for (double& v : want) v += 2 * total;
+  for (const bool read_before : {false, true}) {
+    for (const Mesh& mesh : {auto_meshes_[1], mesh42()}) {
+      SCOPED_TRACE(absl::StrCat(mesh.to_string(), read_before ? ", read before" : ", first read inside"));
+      const ShardMapped outer = shard_map(
+          [&mesh, read_before](const std::vector<Value>& in) {
+            const Value w = in[1];
+            return fori_loop(0, 2,
+                             [&mesh, w, read_before](const Value&, const std::vector<Value>& c) {
+                               if (read_before) (void)(w * 1.0);  // captures w before the inner call
+                               return shard_map(
+                                   [w](const std::vector<Value>& b) { return std::vector<Value>{b[0] + sum(w)}; }, mesh,
+                                   {P(None, "model")}, {P(None, "model")})(c);
+                             },
+                             {in[0]});
+          },
+          mesh, {P("data", None), P()}, {P("data", None)}, {.axis_names = {"data"}});
+      Jitted f = jit([outer](const std::vector<Value>& in) { return outer(in); });
+      absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
+      absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
+      ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
+      absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
+      if (mesh.axis_types()[1] == AxisType::kExplicit) {
+        ASSERT_FALSE(out.ok());
+        EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(std::string(out.status().message()),
+                    HasSubstr("f32[4,8@model], which enters it whole on every device (P()), but its type is split; "
+                              "reshard it to P() first"));
+      } else {
+        ASSERT_TRUE(out.ok()) << out.status();
+        expect_near_host(*out, {want});
+      }
+    }
+  }
+}
+
+// A value of the outer body read inside an inner shard_map keeps the varying axes it has there
+// (JAX traces a closed-over value with its own aval, vma included: jax/_src/shard_map.py's
+// _shard_map_staging, the consts pe.separate_consts takes out of the traced jaxpr): v, split
+// over 'data' by the outer in_spec, varies along 'data' in the inner body too, directly nested
+// and in a fori_loop body, read there first or before the inner call.
+TEST_F(ShardMapTest, AClosedOverValueKeepsItsVaryingAxesInANestedShardMapBody) {
+  ASSERT_NE(client_, nullptr);
+  for (const int where : {0, 1, 2}) {  // directly nested; in a loop, read first inside; read before
+    SCOPED_TRACE(where);
+    std::vector<std::string> varying = {"unset"};
+    const Mesh mesh = mesh42();
+    const ShardMapped outer = shard_map(
+        [&](const std::vector<Value>& in) {
+          const Value v = in[0] * 2.0;
+          const ShardMapped inner = shard_map(
+              [&v, &varying](const std::vector<Value>& b) {
+                varying = type_of(v * 1.0).varying;
+                return std::vector<Value>{b[0]};
+              },
+              mesh, {P(None, "model")}, {P(None, "model")});
+          if (where == 0) return inner({in[0]});
+          return fori_loop(0, 1,
+                           [&](const Value&, const std::vector<Value>& c) {
+                             if (where == 2) (void)(v * 1.0);  // captures v before the inner call
+                             return inner(c);
+                           },
+                           {in[0]});
+        },
+        mesh, {P("data", None)}, {P("data", None)}, {.axis_names = {"data"}});
+    ASSERT_TRUE(trace_error([outer](const std::vector<Value>& in) { return outer(in); }).ok());
+    EXPECT_EQ(varying, (std::vector<std::string>{"data"}));
+  }
+}
+
 // The same inside a cond branch and a while_loop body of the outer body. The predicate is each
 // 'data' block's own (sum > 0: some blocks take the branch with the inner psum over 'model',
 // the others double their block; the devices along 'model' of one block agree, so the psum
