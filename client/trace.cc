@@ -923,7 +923,7 @@ namespace {
 PartitionSpec type_spec(const Value& v) {
   TraceState* t = v.ok() ? TraceState::of(v) : nullptr;
   if (t != nullptr && t->explicit_mesh.has_value() && t->type_new_nodes().ok()) {
-    const int id = TraceState::id(v);
+    const int id = TraceState::type_id(v);
     return internal::to_partition_spec(t->without_auto_axes(t->specs[id]))
         .with_unreduced(t->unreduced_of(id))
         .with_reduced(t->reduced_of(id));
@@ -939,7 +939,7 @@ ShapedType type_of(const Value& v) {
   if (t != nullptr && t->explicit_mesh.has_value()) type.mesh_axes = t->explicit_mesh->axis_names();
   // The varying axes are computed from the body's graph when asked (TraceState::varying).
   if (t != nullptr && !t->manual_bodies.empty()) {
-    for (const auto& [axis, why] : t->varying(TraceState::id(v))) type.varying.push_back(axis);
+    for (const auto& [axis, why] : t->varying(TraceState::type_id(v))) type.varying.push_back(axis);
   }
   return type;
 }

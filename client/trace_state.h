@@ -162,6 +162,9 @@ struct TraceState : std::enable_shared_from_this<TraceState> {
   std::vector<int> captured_params;  // the body's parameter node for each
 
   static TraceState* of(const Value& v) { return v.trace_.get(); }
+  // v's node in its own trace (of(v)), where its type is: a value of an enclosing trace read
+  // from a body keeps the type it has there, and asking for it captures nothing. Else id(v).
+  static int type_id(const Value& v) { return v.trace_.get() != current ? v.id_ : id(v); }
   // v's node in the trace being recorded: its own, or (a value of an enclosing trace, read
   // inside a body) the body's parameter capturing it.
   static int id(const Value& v) {

@@ -1779,6 +1779,27 @@ TEST_F(ExplicitJitTest, SortCumulativePadDynamicSlicesAndScatterRunByTheirTypes)
   EXPECT_TRUE((*out)[6].sharding().is_equivalent_to(NamedSharding(mesh, P(None, "Y")), 2));
 }
 
+// type_of of a value of the enclosing trace, asked inside a loop body, is that value's type
+// there (JAX's typeof of a closed-over value: its aval), without capturing it. It used to read the
+// enclosing trace's types at the index of the body's capturing parameter: another value's type.
+TEST_F(ExplicitJitTest, TypeOfAnEnclosingValueInsideALoopBodyIsItsOwnType) {
+  const Mesh mesh = explicit_mesh();
+  std::vector<std::string> types;
+  absl::StatusOr<std::vector<Array>> out = jit([&](const std::vector<Value>& in) {
+    const Value looped =
+        fori_loop(0, 2,
+                  [&](const Value&, const std::vector<Value>& c) {
+                    types = {type_of(in[0]).to_string(), type_of(in[1]).to_string(), type_of(in[2]).to_string()};
+                    return std::vector<Value>{c[0] + 1.0};
+                  },
+                  {in[2]})[0];
+    return std::vector<Value>{looped};
+  })({put_on(mesh, random_f32({16, 8}, 41), P("X", None)), put_on(mesh, random_f32({5, 16, 8}, 42), P(None, "X", None)),
+      put_on(mesh, random_f32({16, 8}, 43), P("X", "Y"))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(types, ::testing::ElementsAre("f32[16@X,8]", "f32[5,16@X,8]", "f32[16@X,8@Y]"));
+}
+
 // Control flow in explicit mode (client/explicit/control.cc) on the (4, 2) mesh: a scan over
 // xs split along a later dimension carries h f32[16@X,8] (its type kept, as JAX's
 // _check_carry_type requires) and stacks ys f32[5,16@X] (the row type with an unsplit leading
