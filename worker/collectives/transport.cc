@@ -647,7 +647,7 @@ class Transport::InboundRing {
       if (transport_->take_expected(source_, {record.op, record.step, record.chunk, record.run_tag}, record.bytes,
                                     &expected)) {
         ring->copy_payload(record, expected.dst);  // straight to where its receive wants it
-        transport_->copied(record.op);
+        transport_->copied({record.op, source_, record.step, record.chunk, record.run_tag});
         data.placed_ = expected.dst;
         data.placed_owner_ = std::move(expected.owner);
       } else {
@@ -775,11 +775,16 @@ void Transport::forget_expected(uint64_t op) {
     it = expected_.erase(it);
     expected_count_.fetch_sub(1, std::memory_order_relaxed);
   }
-  await_copies_locked(op);  // nothing writes to the op's places once this returns
+  // Nothing writes to the op's places once this returns.
+  await_copies_locked(Key{op, INT_MIN, INT32_MIN, INT32_MIN, 0}, Key{op, INT_MAX, INT32_MAX, INT32_MAX, UINT64_MAX});
 }
 
 void Transport::unexpect(const Key& key) {
-  if (expected_count_.load(std::memory_order_relaxed) == 0) return;
+  // No lock on other ops' path: a copy under way was counted (copying_count_) before its take
+  // let go of the lock, and so was every expectation.
+  if (expected_count_.load(std::memory_order_acquire) == 0 && copying_count_.load(std::memory_order_acquire) == 0) {
+    return;
+  }
   std::shared_ptr<const void> owner;  // let go outside the lock
   absl::MutexLock lock(&expected_mu_);
   auto it = expected_.find(key);
@@ -790,18 +795,21 @@ void Transport::unexpect(const Key& key) {
   }
   // A repeat of the message taken before this may be being copied there: it must be done
   // before the receive's caller copies the one it got there.
-  await_copies_locked(std::get<0>(key));
+  await_copies_locked(key, key);
 }
 
-void Transport::await_copies_locked(uint64_t op) {
-  auto done = [this, op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(expected_mu_) { return copying_.count(op) == 0; };
+void Transport::await_copies_locked(const Key& first, const Key& last) {
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(expected_mu_) {
+    auto it = copying_.lower_bound(first);
+    return it == copying_.end() || last < it->first;
+  };
   // A memcpy of at most a chunk from the ring: far less than this, even on a loaded machine.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   if (!expected_mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
     std::fprintf(stderr,
                  "tessera-worker: a shared-memory ring's reader still copies a message of op %llu to its place "
                  "after 10 s\n",
-                 static_cast<unsigned long long>(op));
+                 static_cast<unsigned long long>(std::get<0>(first)));
   }
 }
 
@@ -811,17 +819,20 @@ bool Transport::take_expected(int source, MessageTag tag, int64_t bytes, Expecte
   auto it = expected_.find(Key{tag.op, source, tag.step, tag.chunk, tag.run_tag});
   if (it == expected_.end() || it->second.bytes != bytes) return false;
   *out = std::move(it->second);
+  ++copying_[it->first];  // until copied(key)
+  copying_count_.fetch_add(1, std::memory_order_release);
   expected_.erase(it);
   expected_count_.fetch_sub(1, std::memory_order_relaxed);
-  ++copying_[tag.op];  // until copied(op)
   placed_count_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
-void Transport::copied(uint64_t op) {
+void Transport::copied(const Key& key) {
   absl::MutexLock lock(&expected_mu_);
-  auto it = copying_.find(op);
-  if (it != copying_.end() && --it->second == 0) copying_.erase(it);
+  auto it = copying_.find(key);
+  if (it == copying_.end()) return;
+  copying_count_.fetch_sub(1, std::memory_order_release);
+  if (--it->second == 0) copying_.erase(it);
 }
 
 int64_t Transport::placed_messages() const { return placed_count_.load(std::memory_order_relaxed); }

@@ -518,8 +518,8 @@ class Transport {
   void stream_replaced(int source, uint64_t reader);
 
   // Where expect_at's messages go (`bytes`: the size they must have), and the ring reader's
-  // take of one (false: none expected there), which counts a copy of the op under way until the
-  // reader calls copied(op). Under a lock of their own, a leaf (docs/design.md, "Lock order"),
+  // take of one (false: none expected there), which counts a copy of its key under way until the
+  // reader calls copied(key). Under a lock of their own, a leaf (docs/design.md, "Lock order"),
   // taken by a ring's reader only while expected_count_ says some are there.
   struct Expected {
     std::byte* dst = nullptr;
@@ -530,16 +530,18 @@ class Transport {
   // receive, but for the expectation of a message that came another way (see expect_at).
   absl::StatusOr<Received> receive_filed(int source, const std::string& address, MessageTag tag, absl::Time op_start,
                                          absl::Time deadline, const std::function<bool()>& cancelled);
-  void copied(uint64_t op);
-  // Drops the expectation of `key`, whose message came another way, once no copy of its op is
-  // under way.
+  void copied(const Key& key);
+  // Drops the expectation of `key`, whose message came another way, once no copy of that key
+  // (a repeat's) is under way.
   void unexpect(const Key& key);
-  // Waits (bounded: a copy is a memcpy of at most a chunk) until no copy of `op` is under way.
-  void await_copies_locked(uint64_t op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(expected_mu_);
+  // Waits (bounded: a copy is a memcpy of at most a chunk) until no copy of a key in
+  // [first, last] is under way.
+  void await_copies_locked(const Key& first, const Key& last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(expected_mu_);
   mutable absl::Mutex expected_mu_;
   std::map<Key, Expected> expected_ ABSL_GUARDED_BY(expected_mu_);
-  std::map<uint64_t, int> copying_ ABSL_GUARDED_BY(expected_mu_);  // copies under way per op
+  std::map<Key, int> copying_ ABSL_GUARDED_BY(expected_mu_);  // copies under way per key
   std::atomic<int64_t> expected_count_{0};
+  std::atomic<int64_t> copying_count_{0};  // copies under way, all keys
   std::atomic<int64_t> placed_count_{0};
 
   const Credentials credentials_;
