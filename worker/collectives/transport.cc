@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
@@ -646,6 +647,7 @@ class Transport::InboundRing {
       if (transport_->take_expected(source_, {record.op, record.step, record.chunk, record.run_tag}, record.bytes,
                                     &expected)) {
         ring->copy_payload(record, expected.dst);  // straight to where its receive wants it
+        transport_->copied({record.op, source_, record.step, record.chunk, record.run_tag});
         data.placed_ = expected.dst;
         data.placed_owner_ = std::move(expected.owner);
       } else {
@@ -757,9 +759,10 @@ int64_t Transport::shm_messages_received() const {
 
 void Transport::expect_at(int source, MessageTag tag, std::byte* dst, int64_t bytes,
                           std::shared_ptr<const void> owner) {
+  Expected replaced;  // destroyed after the lock is let go: its owner may be the last (a leaf lock)
   absl::MutexLock lock(&expected_mu_);
-  const auto [it, added] =
-      expected_.insert_or_assign(Key{tag.op, source, tag.step, tag.chunk, tag.run_tag}, Expected{dst, bytes, owner});
+  const auto [it, added] = expected_.try_emplace(Key{tag.op, source, tag.step, tag.chunk, tag.run_tag});
+  replaced = std::exchange(it->second, Expected{dst, bytes, std::move(owner)});
   if (added) expected_count_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -772,6 +775,42 @@ void Transport::forget_expected(uint64_t op) {
     it = expected_.erase(it);
     expected_count_.fetch_sub(1, std::memory_order_relaxed);
   }
+  // Nothing writes to the op's places once this returns.
+  await_copies_locked(Key{op, INT_MIN, INT32_MIN, INT32_MIN, 0}, Key{op, INT_MAX, INT32_MAX, INT32_MAX, UINT64_MAX});
+}
+
+void Transport::unexpect(const Key& key) {
+  // No lock on other ops' path: a copy under way was counted (copying_count_) before its take
+  // let go of the lock, and so was every expectation.
+  if (expected_count_.load(std::memory_order_acquire) == 0 && copying_count_.load(std::memory_order_acquire) == 0) {
+    return;
+  }
+  std::shared_ptr<const void> owner;  // let go outside the lock
+  absl::MutexLock lock(&expected_mu_);
+  auto it = expected_.find(key);
+  if (it != expected_.end()) {
+    owner = std::move(it->second.owner);
+    expected_.erase(it);
+    expected_count_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // A repeat of the message taken before this may be being copied there: it must be done
+  // before the receive's caller copies the one it got there.
+  await_copies_locked(key, key);
+}
+
+void Transport::await_copies_locked(const Key& first, const Key& last) {
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(expected_mu_) {
+    auto it = copying_.lower_bound(first);
+    return it == copying_.end() || last < it->first;
+  };
+  // A memcpy of at most a chunk from the ring: far less than this, even on a loaded machine.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  if (!expected_mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+    std::fprintf(stderr,
+                 "tessera-worker: a shared-memory ring's reader still copies a message of op %llu to its place "
+                 "after 10 s\n",
+                 static_cast<unsigned long long>(std::get<0>(first)));
+  }
 }
 
 bool Transport::take_expected(int source, MessageTag tag, int64_t bytes, Expected* out) {
@@ -780,13 +819,25 @@ bool Transport::take_expected(int source, MessageTag tag, int64_t bytes, Expecte
   auto it = expected_.find(Key{tag.op, source, tag.step, tag.chunk, tag.run_tag});
   if (it == expected_.end() || it->second.bytes != bytes) return false;
   *out = std::move(it->second);
+  ++copying_[it->first];  // until copied(key)
+  copying_count_.fetch_add(1, std::memory_order_release);
   expected_.erase(it);
   expected_count_.fetch_sub(1, std::memory_order_relaxed);
-  placed_.fetch_add(1, std::memory_order_relaxed);
+  placed_count_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
-int64_t Transport::placed_messages() const { return placed_.load(std::memory_order_relaxed); }
+void Transport::copied(const Key& key) {
+  absl::MutexLock lock(&expected_mu_);
+  auto it = copying_.find(key);
+  if (it == copying_.end()) return;
+  copying_count_.fetch_sub(1, std::memory_order_release);
+  if (--it->second == 0) copying_.erase(it);
+}
+
+int64_t Transport::placed_messages() const { return placed_count_.load(std::memory_order_relaxed); }
+
+int64_t Transport::expected_messages() const { return expected_count_.load(std::memory_order_relaxed); }
 
 absl::Status Transport::serve_in_process(const std::string& address) {
   if (!is_in_process_address(address)) {
@@ -1189,6 +1240,15 @@ absl::Status Transport::failed_op_locked(uint64_t op) const {
 
 absl::StatusOr<Received> Transport::receive(int source, const std::string& address, MessageTag tag, absl::Time op_start,
                                             absl::Time deadline, const std::function<bool()>& cancelled) {
+  absl::StatusOr<Received> data = receive_filed(source, address, tag, op_start, deadline, cancelled);
+  // Not read to its expected place (it came another way): that place expects nothing more.
+  if (data.ok() && data->placed_ == nullptr) unexpect(Key{tag.op, source, tag.step, tag.chunk, tag.run_tag});
+  return data;
+}
+
+absl::StatusOr<Received> Transport::receive_filed(int source, const std::string& address, MessageTag tag,
+                                                  absl::Time op_start, absl::Time deadline,
+                                                  const std::function<bool()>& cancelled) {
   const Key key{tag.op, source, tag.step, tag.chunk, tag.run_tag};
   AfterUnlock after;  // before the lock: runs once it is let go
   absl::MutexLock lock(&mu_);
@@ -1587,6 +1647,10 @@ void Received::compact() {
 
 void Received::copy_to(std::byte* dst) const {
   if (placed_ == dst) return;  // read there already (Transport::expect_at)
+  if (placed_ != nullptr) {    // in the receiver's buffer: dst may overlap it
+    if (bytes_ > 0) std::memmove(dst, placed_, static_cast<size_t>(bytes_));
+    return;
+  }
   for_each_piece([&dst](const std::byte* p, int64_t n) {
     std::memcpy(dst, p, static_cast<size_t>(n));
     dst += n;

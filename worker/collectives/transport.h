@@ -81,7 +81,8 @@ struct TaggedOp {
 class Received {
  public:
   int64_t size() const { return bytes_; }
-  // Copies the data to `dst` (size() bytes).
+  // Copies the data to `dst` (size() bytes). Data read to a receiver's own buffer
+  // (Transport::expect_at) may overlap `dst`; at that very place nothing is copied.
   void copy_to(std::byte* dst) const;
   // out[i] = op(local[i], data[i]) over size() / dtype_size(dtype) elements; `out` may be `local`.
   void reduce(DType dtype, ReduceOp op, const std::byte* local, std::byte* out) const;
@@ -90,9 +91,6 @@ class Received {
   // buffers its transport read from the socket, shared with the messages around it: one kept
   // message keeps them all alive.
   void compact();
-  // Where the data already is when it was read straight to the place a receive expected it
-  // (Transport::expect_at), else null: copy_to that place then copies nothing.
-  const std::byte* placed() const { return placed_; }
 
  private:
   friend class Transport;
@@ -197,11 +195,15 @@ class Transport {
   // copy_to(dst) copies nothing. `owner` keeps `dst` alive while the reader may still write
   // it; the caller must neither read nor write those bytes until the receive returns the
   // message. Any other message (another size, one already read, gRPC, in process) is received
-  // as usual. forget_expected(op) drops what is left of an op's (each collective, as it ends).
+  // as usual, and its receive drops the expectation (a repeat of the message is not written to
+  // `dst` then). forget_expected(op) drops what is left of an op's (each collective, as it
+  // ends) and waits for the copies to its places under way: nothing is written there after.
   void expect_at(int source, MessageTag tag, std::byte* dst, int64_t bytes, std::shared_ptr<const void> owner);
   void forget_expected(uint64_t op);
   // Messages a ring's reader copied straight to their expected place (tests: the path is used).
   int64_t placed_messages() const;
+  // Expectations not yet taken or forgotten (tests: a collective leaves none).
+  int64_t expected_messages() const;
 
   // Takes collective messages straight from the transports of this process (Client::local's
   // embedded workers) under this worker's in-process `address` (proto/in_process.h), until
@@ -516,18 +518,31 @@ class Transport {
   void stream_replaced(int source, uint64_t reader);
 
   // Where expect_at's messages go (`bytes`: the size they must have), and the ring reader's
-  // take of one (false: none expected there). Under a lock of their own, taken by a ring's
-  // reader only while expected_count_ says some are there.
+  // take of one (false: none expected there), which counts a copy of its key under way until the
+  // reader calls copied(key). Under a lock of their own, a leaf (docs/design.md, "Lock order"),
+  // taken by a ring's reader only while expected_count_ says some are there.
   struct Expected {
     std::byte* dst = nullptr;
     int64_t bytes = 0;
     std::shared_ptr<const void> owner;
   };
   bool take_expected(int source, MessageTag tag, int64_t bytes, Expected* out);
+  // receive, but for the expectation of a message that came another way (see expect_at).
+  absl::StatusOr<Received> receive_filed(int source, const std::string& address, MessageTag tag, absl::Time op_start,
+                                         absl::Time deadline, const std::function<bool()>& cancelled);
+  void copied(const Key& key);
+  // Drops the expectation of `key`, whose message came another way, once no copy of that key
+  // (a repeat's) is under way.
+  void unexpect(const Key& key);
+  // Waits (bounded: a copy is a memcpy of at most a chunk) until no copy of a key in
+  // [first, last] is under way.
+  void await_copies_locked(const Key& first, const Key& last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(expected_mu_);
   mutable absl::Mutex expected_mu_;
   std::map<Key, Expected> expected_ ABSL_GUARDED_BY(expected_mu_);
+  std::map<Key, int> copying_ ABSL_GUARDED_BY(expected_mu_);  // copies under way per key
   std::atomic<int64_t> expected_count_{0};
-  std::atomic<int64_t> placed_{0};
+  std::atomic<int64_t> copying_count_{0};  // copies under way, all keys
+  std::atomic<int64_t> placed_count_{0};
 
   const Credentials credentials_;
   mutable absl::Mutex mu_;
