@@ -421,7 +421,12 @@ class _KeyIndexUpdate:
         """The arithmetic updates, as JAX's: lax.scatter_add and the others build their combining
         function from lax._const(operand, 0) (scatter_mul from 1), np.array(0, key dtype), which
         numpy refuses (jax/_src/lax/slicing.py; divide and power scatter onto ones_like(keys)
-        the same way)."""
+        the same way). As JAX's _scatter_impl (jax/_src/ops/scatter.py), an update of keys at
+        an index that selects no key returns the keys before that function is built; a Python
+        int is refused first (_scatter_update's np.issubdtype of the key dtype)."""
+        values = args[0] if args else None
+        if isinstance(values, PRNGKeyArray) and 0 in self.get().shape:
+            return self._keys
         raise TypeError(f"Cannot interpret '{self._keys.dtype}' as a data type")
 
     add = subtract = multiply = mul = divide = power = min = max = _refused

@@ -837,8 +837,16 @@ class _StaticBool:
 
 
 def _is_bool_array(i):
-    return isinstance(i, (_np.ndarray, Array, Tracer)) and i.dtype == _np.bool_ or (
-        isinstance(i, (list, tuple)) and len(i) > 0 and _np.asarray(i).dtype == _np.bool_)
+    return isinstance(i, (_np.ndarray, Array, Tracer)) and i.dtype == _np.bool_
+
+
+def _as_mask(i):
+    """A non-empty list or tuple of booleans as a NumPy mask (converted once); i otherwise."""
+    if isinstance(i, (list, tuple)) and len(i) > 0:
+        mask = _np.asarray(i)
+        if mask.dtype == _np.bool_:
+            return mask
+    return i
 
 
 def _expand_bool_indices(x, idx):
@@ -848,7 +856,7 @@ def _expand_bool_indices(x, idx):
     traced one is JAX's NonConcreteBooleanIndexError, an IndexError: the result's shape would
     depend on its values) and its shape that of the dimensions it covers (a dimension of 0
     matches any)."""
-    parts = idx if isinstance(idx, tuple) else (idx,)
+    parts = tuple(_as_mask(i) for i in (idx if isinstance(idx, tuple) else (idx,)))
     if not builtins.any(_is_bool_array(i) for i in parts):
         return idx
     consumed = [0 if i is None or i is Ellipsis or _is_scalar_bool(i) else
@@ -1048,8 +1056,8 @@ def _index_plan(x, idx, wrap, at):
             offset.append(len(gathered))
             gathered.append(n)
     batch = tuple(batch)
-    # The advanced indices' layout (JAX's aia_spec): the first one's, broadcast to their shape.
-    aia = _broadcast_spec(adv[0][1], adv_shape) if adv else ()
+    # The advanced indices' layout (JAX's aia_spec): theirs broadcast together.
+    aia = _broadcast_specs([t for _, t in adv], adv_shape)
 
     def placed(t, at_, shape):  # t broadcast to `shape`, batch[at_:at_ + len(shape)], then to batch
         t = broadcast_to(_tracer(t).astype(dt), shape)
@@ -1080,6 +1088,22 @@ def _broadcast_spec(t, shape):
     own = (own + (None,) * n)[:n]
     return (None,) * (len(shape) - n) + tuple(
         s if size == out else None for s, size, out in zip(own, _np.shape(t), shape[len(shape) - n:]))
+
+
+def _broadcast_specs(ts, shape):
+    """The spec of arrays ts broadcast together to `shape`, as lax.broadcast_shardings lays out
+    JAX's _broadcast_arrays (jax/_src/lax/lax.py broadcasting_sharding_rule): each dimension
+    takes the split any of them has there (a size-1 or new dimension has none), the same one if
+    several do; two different splits are JAX's ShardingTypeError, a ValueError here."""
+    each = [_broadcast_spec(t, shape) for t in ts]
+    out = []
+    for d, entries in enumerate(zip(*each)):
+        splits = {e for e in entries if e is not None}
+        if len(splits) > 1:
+            raise ValueError("broadcast_shardings got incompatible shardings for broadcasting: "
+                             + ", ".join(str(e) for e in each) + ".")
+        out.append(splits.pop() if splits else None)
+    return tuple(out)
 
 
 def _slice_spec(spec):
@@ -1217,15 +1241,28 @@ def _takes_a_slice(x, idx, mode):
     def scalar(i):
         return _is_int(i) or isinstance(i, (Tracer, Array, _np.ndarray)) and i.ndim == 0 and i.dtype.kind in "iu"
 
-    if not builtins.all(i is None or i is Ellipsis or isinstance(i, slice) or _is_int(i) for i in parts) and \
-            not builtins.all(i is None or i is Ellipsis or isinstance(i, slice) and i.step in (None, 1, -1) or
-                             scalar(i) for i in parts):
+    if not _basic_index(parts) and not _basic_index(parts, (None, 1, -1), scalar):
         return False
-    def partial(i, size):
-        return _is_int(i) or isinstance(i, slice) and _slice_range(i, size)[1:] not in ((size, 1), (size, -1))
+
+    def partial(i, size):  # has_partial_slices' test, so x[5:0] over 5 is whole: |stop - start| == size
+        if not isinstance(i, slice):
+            return _is_int(i)
+        start, stop, step = i.indices(size)
+        return abs(step) != 1 or abs(stop - start) != size
 
     return not (isinstance(x, Array) and x.sharding.num_devices > 1) or \
         not builtins.any(partial(i, size) for i, size in _with_sizes(x, parts))
+
+
+def _basic_index(parts, steps=None, ints=None):
+    """Whether index `parts` holds only None, Ellipsis, slices (of a step in `steps`, when
+    given) and ints (those `ints` accepts, when given; else Python and NumPy ints)."""
+    def basic(i):
+        if isinstance(i, slice):
+            return steps is None or i.step in steps
+        return i is None or i is Ellipsis or (ints or _is_int)(i)
+
+    return builtins.all(basic(i) for i in parts)
 
 
 def _with_sizes(x, parts):
@@ -1238,8 +1275,7 @@ def _in_bounds(x, idx, wrap):
     """Whether idx is ints, slices, None and Ellipsis only, its ints in range (negatives from
     the end when `wrap`): JAX's to_static_slice with validate_static_indices."""
     parts = idx if isinstance(idx, tuple) else (idx,)
-    return builtins.all(i is None or i is Ellipsis or isinstance(i, slice) or _is_int(i) for i in parts) and \
-        builtins.all((-size if wrap else 0) <= i < size for i, size in _with_sizes(x, parts) if _is_int(i))
+    return _basic_index(parts) and builtins.all((-size if wrap else 0) <= i < size for i, size in _with_sizes(x, parts) if _is_int(i))
 
 
 def _promoted(x, values):
@@ -1661,8 +1697,7 @@ def _eager_getitem(x, idx):
     from ._api import _eager
     idx = _eager_index(_expand_bool_indices(x, idx))
     parts = idx if isinstance(idx, tuple) else (idx,)
-    if builtins.any(_is_int(i) for i in parts) and builtins.all(
-            i is None or i is Ellipsis or isinstance(i, slice) and i.step in (None, 1) or _is_int(i) for i in parts):
+    if builtins.any(_is_int(i) for i in parts) and _basic_index(parts, (None, 1)):
         starts, pattern, d = [], [], 0
         for i in _expand_index(x, parts):
             if i is None:

@@ -336,14 +336,22 @@ def test_split_index_arrays_on_explicit_axes():
                (lambda x, i: x.at[i].multiply(2.0), r"updates=f32\[4@data,8\]"),
                (lambda x, i: x.at[i, 1:3].add(1.0), r"updates=f32\[4@data,2\]"),
                (lambda x, i: x.at[i, cols].set(1.0), r"updates=f32\[2,4@data\]"),
-               (lambda x, i: x.at[cols, i % 8].max(0.0), r"updates=f32\[2,4\]"),  # cols first: unsplit
-               (lambda x, i: x.at[2, i % 8].set(1.0), r"updates=f32\[4\]")]  # the int first
+               # The indices broadcast together as lax.broadcast_shardings (JAX's _broadcast_arrays
+               # in _index_to_gather): i's split whichever comes first, an int or unsplit cols.
+               (lambda x, i: x.at[cols, i % 8].max(0.0), r"updates=f32\[2,4@data\]"),
+               (lambda x, i: x.at[2, i % 8].set(1.0), r"updates=f32\[4@data\]")]
     for f, updates in refused:
         with pytest.raises(ValueError, match=r"(?s)Use `\.at\[\.\.\.\]\.set/add/mul/\.\.\.\(out_sharding=\)`.*"
                                              + updates):
             tessera.jit(f)(x, ids)
     with pytest.raises(ValueError, match=r"updates=f32\[4@data,8\]"):  # eager: the same rule
         x.at[ids].set(1.0)
+    # Index arrays split differently on the dimension they share: broadcasting_sharding_rule's
+    # ShardingTypeError (lax.py), before the scatter.
+    ids_model = tessera.device_put(np.array([1, 2, 0, 5], np.int32), NamedSharding(mesh, P("model")))
+    with pytest.raises(ValueError, match=r"^broadcast_shardings got incompatible shardings for broadcasting: "
+                                         r"\('data',\), \('model',\)\.$"):
+        tessera.jit(lambda x, i, j: x.at[i, j].set(1.0))(x, ids, ids_model)
     # x split over 'data' on a window and ids on their dimension: the updates' slice_sharding
     # would use 'data' twice, NamedSharding's DuplicateSpecError (named_sharding.py
     # _check_unique_resources), before any scatter.
@@ -518,9 +526,20 @@ def test_boolean_masks_index_as_numpy(cube, case):
     added = CUBE.copy()
     added[index] += 1.0
     np.testing.assert_allclose(np.asarray(tessera.jit(lambda x: x.at[index].add(1.0))(cube)), added, rtol=1e-6)
-    # A mask that is an Array, outside jit, is concrete too.
-    mask = index if isinstance(index, tuple) else tessera.device_put(index)
-    np.testing.assert_array_equal(np.asarray(cube[mask]), want)
+    # A mask that is an Array outside jit, or closed over by a jitted function, is concrete too
+    # (expand_bool_indices reads it to the host): each boolean ndarray of the index an Array,
+    # whole or inside the tuple, indexing, through .at and under jit.
+    def as_array(i):
+        return tessera.device_put(i) if isinstance(i, np.ndarray) and i.dtype == bool else i
+
+    mask = tuple(as_array(i) for i in index) if isinstance(index, tuple) else as_array(index)
+    got = [cube[mask], cube.at[mask].get(), *tessera.jit(lambda x: (x[mask], x.at[mask].get()))(cube)]
+    for g in got:
+        assert g.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(g), want)
+    np.testing.assert_array_equal(np.asarray(cube.at[mask].set(values)), updated)
+    np.testing.assert_array_equal(np.asarray(tessera.jit(lambda x, v: x.at[mask].set(v))(cube, values)), updated)
+    np.testing.assert_allclose(np.asarray(tessera.jit(lambda x: x.at[mask].add(1.0))(cube)), added, rtol=1e-6)
 
 
 @pytest.mark.parametrize("index", SCALAR_BOOL_INDICES, ids=range(len(SCALAR_BOOL_INDICES)))
@@ -604,9 +623,14 @@ def test_get_ignores_out_sharding_where_jax_slices():
     for f in (lambda t: t[0], lambda t: t.at[0].get(out_sharding=P(None))):  # one row of a split dimension
         with pytest.raises(ValueError, match=r"slicing on sharded dims where out dim \(1\) is not divisible"):
             tessera.jit(f)(rows)
+    # has_partial_slices asks |stop - start| != size of slice.indices(size): x[n:0] over n is
+    # empty but not partial, so a static slice, out_sharding ignored.
+    n = TABLE.shape[0]
     eager = (cols.at[0].get(out_sharding=NamedSharding(mesh, P(None))),
-             cols.at[:].get(out_sharding=NamedSharding(mesh, P(None, None))))
-    for g, w, spec in zip(eager, (TABLE[0], TABLE), ((None,), (None, "model"))):
+             cols.at[:].get(out_sharding=NamedSharding(mesh, P(None, None))),
+             cols.at[n:0].get(out_sharding=NamedSharding(mesh, P(None, None))))
+    for g, w, spec in zip(eager, (TABLE[0], TABLE, TABLE[n:0]), ((None,), (None, "model"), (None, "model"))):
+        assert g.shape == w.shape
         np.testing.assert_array_equal(np.asarray(g), w)
         assert tuple(g.sharding.spec) == spec
     with pytest.raises(TypeError, match="`out_sharding` argument of .get only supports"):

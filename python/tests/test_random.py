@@ -894,6 +894,16 @@ def test_typeof_at_take_and_convert_element_type_of_typed_keys(mesh8):
         for values in (k, 1):
             with pytest.raises(TypeError, match="^Cannot interpret 'key<fry>' as a data type$"):
                 getattr(three.at[np.array([0, 2])], name)(values)
+    # ... unless the index selects no key: _scatter_impl (jax/_src/ops/scatter.py) returns the
+    # keys when the slice shape is empty, before that function is built; a Python int is still
+    # refused first (_scatter_update).
+    for name in ("add", "subtract", "multiply", "mul", "divide", "power", "min", "max"):
+        for f in (lambda x, y: getattr(x.at[np.zeros(3, bool)], name)(y),
+                  tessera.jit(lambda x, y: getattr(x.at[2:1], name)(y))):
+            out = f(three, k)
+            assert str(out.dtype) == "key<fry>" and np.asarray(random.key_data(out)).tolist() == data.tolist()
+        with pytest.raises(TypeError, match="^Cannot interpret 'key<fry>' as a data type$"):
+            getattr(three.at[np.zeros(3, bool)], name)(1)
     # JAX's scatter_apply takes keys (lax.full of a key dtype is KeyTyRules.full); not built here.
     with pytest.raises(NotImplementedError, match=r"^x.at\[...\].apply on a key array \(key<fry>\) is not"):
         tessera.jit(lambda x: x.at[1].apply(lambda v: v))(three)

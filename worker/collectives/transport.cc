@@ -803,9 +803,10 @@ void Transport::await_copies_locked(const Key& first, const Key& last) {
     auto it = copying_.lower_bound(first);
     return it == copying_.end() || last < it->first;
   };
-  // A memcpy of at most a chunk from the ring: far less than this, even on a loaded machine.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  if (!expected_mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+  // A memcpy of at most a chunk from the ring, which waits for nothing: it ends. Waited for
+  // without a bound (returning earlier would let the caller hand out memory still written),
+  // said every 10 s should a starved reader take that long.
+  while (!expected_mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10))) {
     std::fprintf(stderr,
                  "tessera-worker: a shared-memory ring's reader still copies a message of op %llu to its place "
                  "after 10 s\n",
@@ -822,7 +823,8 @@ bool Transport::take_expected(int source, MessageTag tag, int64_t bytes, Expecte
   ++copying_[it->first];  // until copied(key)
   copying_count_.fetch_add(1, std::memory_order_release);
   expected_.erase(it);
-  expected_count_.fetch_sub(1, std::memory_order_relaxed);
+  // Release: an unlocked reader that sees this decrement also sees the copy counted above.
+  expected_count_.fetch_sub(1, std::memory_order_release);
   placed_count_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

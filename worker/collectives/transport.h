@@ -534,8 +534,9 @@ class Transport {
   // Drops the expectation of `key`, whose message came another way, once no copy of that key
   // (a repeat's) is under way.
   void unexpect(const Key& key);
-  // Waits (bounded: a copy is a memcpy of at most a chunk) until no copy of a key in
-  // [first, last] is under way.
+  // Waits until no copy of a key in [first, last] is under way: no deadline (a copy is a memcpy
+  // of at most a chunk, which waits for nothing; returning before it ends would hand out memory
+  // still written), said on stderr every 10 s.
   void await_copies_locked(const Key& first, const Key& last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(expected_mu_);
   mutable absl::Mutex expected_mu_;
   std::map<Key, Expected> expected_ ABSL_GUARDED_BY(expected_mu_);
