@@ -726,6 +726,31 @@ TEST_F(ShardMapTest, NestedShardMapInALoopBodyOfAShardMapBodyMatchesTheHost) {
   }
 }
 
+// x + 2 * sum(w), elementwise: two iterations of adding the sum of w.
+std::vector<double> x_plus_twice_sum(const HostArray& x, const HostArray& w) {
+  double total = 0;
+  for (float v : w.values<float>()) total += v;
+  std::vector<double> want(x.values<float>().begin(), x.values<float>().end());
+  for (double& v : want) v += 2 * total;
+  return want;
+}
+
+// w f32[4,8] P(None, 'model') entering an inner shard_map as P(): refused on Explicit axes (its
+// type is split), else the host's values.
+void expect_entered_as_p(const absl::StatusOr<std::vector<Array>>& out, const Mesh& mesh,
+                         const std::vector<double>& want) {
+  if (mesh.axis_types()[1] == AxisType::kExplicit) {
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(out.status().message()),
+                HasSubstr("f32[4,8@model], which enters it whole on every device (P()), but its type is split; "
+                          "reshard it to P() first"));
+  } else {
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_near_host(*out, {want});
+  }
+}
+
 // A value of the function read inside an inner shard_map called in a fori_loop body of the
 // outer body enters the inner body as a closed-over value (a shard_map_in of P()) whether the
 // loop body read it before the inner call or first inside it: the same values (the host's:
@@ -739,10 +764,7 @@ TEST_F(ShardMapTest, AValueFirstReadInsideAShardMapInALoopBodyEntersItLikeOneRea
   std::mt19937 rng(23);
   const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
   const HostArray w = random_array(DType::kF32, {4, 8}, Domain::kSigned, rng);
-  double total = 0;
-  for (float v : w.values<float>()) total += v;
-  std::vector<double> want(x.values<float>().begin(), x.values<float>().end());
-  for (double& v : want) v += 2 * total;
+  const std::vector<double> want = x_plus_twice_sum(x, w);
   for (const bool read_before : {false, true}) {
     for (const Mesh& mesh : {auto_meshes_[1], mesh42()}) {
       SCOPED_TRACE(absl::StrCat(mesh.to_string(), read_before ? ", read before" : ", first read inside"));
@@ -764,16 +786,39 @@ TEST_F(ShardMapTest, AValueFirstReadInsideAShardMapInALoopBodyEntersItLikeOneRea
       absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
       ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
       absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
-      if (mesh.axis_types()[1] == AxisType::kExplicit) {
-        ASSERT_FALSE(out.ok());
-        EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
-        EXPECT_THAT(std::string(out.status().message()),
-                    HasSubstr("f32[4,8@model], which enters it whole on every device (P()), but its type is split; "
-                              "reshard it to P() first"));
-      } else {
-        ASSERT_TRUE(out.ok()) << out.status();
-        expect_near_host(*out, {want});
-      }
+      expect_entered_as_p(out, mesh, want);
+    }
+  }
+}
+
+// The same at the top level of a loop body (no outer shard_map): a jit argument first read inside
+// a shard_map called in a fori_loop body enters it as one read before the call does (a
+// shard_map_in of P(): the values on Auto axes, the refusal of a split type on Explicit ones).
+TEST_F(ShardMapTest, AJitValueFirstReadInsideAShardMapInATopLevelLoopBodyEntersItLikeOneReadBefore) {
+  ASSERT_NE(client_, nullptr);
+  std::mt19937 rng(29);
+  const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+  const HostArray w = random_array(DType::kF32, {4, 8}, Domain::kSigned, rng);
+  const std::vector<double> want = x_plus_twice_sum(x, w);
+  for (const bool read_before : {false, true}) {
+    for (const Mesh& mesh : {auto_meshes_[1], mesh42()}) {
+      SCOPED_TRACE(absl::StrCat(mesh.to_string(), read_before ? ", read before" : ", first read inside"));
+      Jitted f = jit([&mesh, read_before](const std::vector<Value>& in) {
+        const Value w = in[1];
+        return fori_loop(0, 2,
+                         [&mesh, w, read_before](const Value&, const std::vector<Value>& c) {
+                           if (read_before) (void)(w * 1.0);  // captures w before the call
+                           return shard_map(
+                               [w](const std::vector<Value>& b) { return std::vector<Value>{b[0] + sum(w)}; }, mesh,
+                               {P(None, "model")}, {P(None, "model")}, {.axis_names = {"model"}})(c);
+                         },
+                         {in[0]});
+      });
+      absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
+      absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
+      ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
+      absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
+      expect_entered_as_p(out, mesh, want);
     }
   }
 }
