@@ -751,6 +751,19 @@ void expect_entered_as_p(const absl::StatusOr<std::vector<Array>>& out, const Me
   }
 }
 
+// Two fori_loop steps over carry c, each calling a shard_map over 'model' (`options`) whose body
+// adds sum(w), w closed over; the loop body reads w before the call when `read_before`.
+std::vector<Value> add_sum_twice_through_a_shard_map(const Mesh& mesh, const Value& w, const Value& c, bool read_before,
+                                                     const ShardMapOptions& options = {}) {
+  return fori_loop(0, 2,
+                   [&mesh, w, read_before, options](const Value&, const std::vector<Value>& carry) {
+                     if (read_before) (void)(w * 1.0);  // captures w before the call
+                     return shard_map([w](const std::vector<Value>& b) { return std::vector<Value>{b[0] + sum(w)}; },
+                                      mesh, {P(None, "model")}, {P(None, "model")}, options)(carry);
+                   },
+                   {c});
+}
+
 // A value of the function read inside an inner shard_map called in a fori_loop body of the
 // outer body enters the inner body as a closed-over value (a shard_map_in of P()) whether the
 // loop body read it before the inner call or first inside it: the same values (the host's:
@@ -770,15 +783,7 @@ TEST_F(ShardMapTest, AValueFirstReadInsideAShardMapInALoopBodyEntersItLikeOneRea
       SCOPED_TRACE(absl::StrCat(mesh.to_string(), read_before ? ", read before" : ", first read inside"));
       const ShardMapped outer = shard_map(
           [&mesh, read_before](const std::vector<Value>& in) {
-            const Value w = in[1];
-            return fori_loop(0, 2,
-                             [&mesh, w, read_before](const Value&, const std::vector<Value>& c) {
-                               if (read_before) (void)(w * 1.0);  // captures w before the inner call
-                               return shard_map(
-                                   [w](const std::vector<Value>& b) { return std::vector<Value>{b[0] + sum(w)}; }, mesh,
-                                   {P(None, "model")}, {P(None, "model")})(c);
-                             },
-                             {in[0]});
+            return add_sum_twice_through_a_shard_map(mesh, in[1], in[0], read_before);
           },
           mesh, {P("data", None), P()}, {P("data", None)}, {.axis_names = {"data"}});
       Jitted f = jit([outer](const std::vector<Value>& in) { return outer(in); });
@@ -804,15 +809,7 @@ TEST_F(ShardMapTest, AJitValueFirstReadInsideAShardMapInATopLevelLoopBodyEntersI
     for (const Mesh& mesh : {auto_meshes_[1], mesh42()}) {
       SCOPED_TRACE(absl::StrCat(mesh.to_string(), read_before ? ", read before" : ", first read inside"));
       Jitted f = jit([&mesh, read_before](const std::vector<Value>& in) {
-        const Value w = in[1];
-        return fori_loop(0, 2,
-                         [&mesh, w, read_before](const Value&, const std::vector<Value>& c) {
-                           if (read_before) (void)(w * 1.0);  // captures w before the call
-                           return shard_map(
-                               [w](const std::vector<Value>& b) { return std::vector<Value>{b[0] + sum(w)}; }, mesh,
-                               {P(None, "model")}, {P(None, "model")}, {.axis_names = {"model"}})(c);
-                         },
-                         {in[0]});
+        return add_sum_twice_through_a_shard_map(mesh, in[1], in[0], read_before, {.axis_names = {"model"}});
       });
       absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
       absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
