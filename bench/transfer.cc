@@ -52,9 +52,9 @@ int run_layouts(const Client& client, const std::string& cluster, const HostArra
   }
   const std::string layouts = absl::GetFlag(FLAGS_layouts);
   const std::vector<std::string> asked = absl::StrSplit(layouts, ',');
+  const bool all = std::find(asked.begin(), asked.end(), "all") != asked.end();
   for (const auto& [name, spec] : {std::pair{"data", P("data", None)}, std::pair{"data_model", P("data", "model")},
                                    std::pair{"replicated", P()}}) {
-    const bool all = std::find(asked.begin(), asked.end(), "all") != asked.end();
     if (!all && std::find(asked.begin(), asked.end(), name) == asked.end()) continue;
     std::vector<double> put_s, fetch_s;
     for (int i = 0; i < iters; ++i) {

@@ -224,8 +224,12 @@ absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const Tcp
   // Both families in one walk of the kernel's hash table; else (asked, or the kernel has not
   // the older request) a walk per family. An IPv4 socket has an IPv4 local end; an IPv6 one
   // either (an IPv4 one v4-mapped).
+  // A kernel that refused the one dump while the dumps per family answered is not asked it again.
+  static std::atomic<bool> one_dump_refused{false};
+  const bool one_dump =
+      dumps == SockDiag::kOneDump || (dumps == SockDiag::kEither && !one_dump_refused.load(std::memory_order_relaxed));
   absl::Status status = absl::UnavailableError("not asked");
-  if (dumps != SockDiag::kByFamily) status = sock_diag_dump(fd, AF_UNSPEC, local, remote_port, &inodes);
+  if (one_dump) status = sock_diag_dump(fd, AF_UNSPEC, local, remote_port, &inodes);
   if (!status.ok() && dumps != SockDiag::kOneDump) {
     inodes.clear();
     status = absl::OkStatus();
@@ -234,6 +238,7 @@ absl::StatusOr<std::vector<uint64_t>> sock_diag_established_tcp_inodes(const Tcp
       status = sock_diag_dump(fd, family, local, remote_port, &inodes);
       if (!status.ok()) break;
     }
+    if (status.ok() && one_dump) one_dump_refused.store(true, std::memory_order_relaxed);
   }
   if (!status.ok()) return status;
   std::sort(inodes.begin(), inodes.end());

@@ -17,17 +17,13 @@ def issubdtype(a, b):
     """Whether `a` is `b` or below it in numpy's type hierarchy (np.issubdtype), a key dtype
     being below prng_key, extended and np.generic only (jax/_src/dtypes.py
     _issubdtype_cached): a dtype, a scalar type or anything np.dtype takes on either side."""
-    if isinstance(b, type) and issubclass(b, extended):
-        if isinstance(a, KeyTy):
-            return issubclass(a.type, b)
-        if isinstance(a, type) and issubclass(a, _np.generic):
-            return issubclass(a, b)
-        return issubclass(_np.dtype(a).type, b)
     if isinstance(b, KeyTy):
         return isinstance(a, KeyTy) and a == b
     if isinstance(a, KeyTy):
         a = a.type
     a = a if isinstance(a, type) and issubclass(a, _np.generic) else _np.dtype(a).type
+    if isinstance(b, type) and issubclass(b, extended):
+        return issubclass(a, b)
     b = b if isinstance(b, type) and issubclass(b, _np.generic) else _np.dtype(b).type
     return bool(_np.issubdtype(a, b))
 

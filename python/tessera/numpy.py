@@ -997,8 +997,7 @@ def _index_plan(x, idx, wrap, at):
     iota, collapsed (JAX's gather of iota indices; it gathers a negative step's positions in
     increasing order and reverses the result, the same values). An int out of range is an
     IndexError in x[...] (as the fast paths), an index in .at[] (`at`), where the mode clamps or
-    drops it."""
-    idx = _expand_bool_indices(x, idx)
+    drops it. `idx` arrives with its boolean entries expanded (_getitem, _IndexUpdateRef._args)."""
     adv, basic, d = [], [], 0  # basic: (position, operand dim or None, start, size, step)
     first_adv = None  # the position of the first advanced index
     for k, i in enumerate(_expand_index(x, idx)):
@@ -1304,26 +1303,26 @@ def _back(out, x):
     return out if out.dtype == x.dtype else out.astype(x.dtype)
 
 
-@_op
-def _at_set(x, idx, values):
+def _at_update(x, idx, values, scatter, sdk_update):
+    """x.at[idx].set/add (`scatter` lax's name, `sdk_update` the SDK's at_set/at_add): the SDK's
+    one-axis update where the index takes one axis, else the general index's scatter."""
     plan = _at_axis(x, idx)
     if plan is None:
-        return _index_scatter(x, idx, values, "scatter", "fill_or_drop", True)
+        return _index_scatter(x, idx, values, scatter, "fill_or_drop", True)
     axis, i = plan
     xt, y = _promoted(x, values)
     _at_slice_spec(xt, axis, _broadcast_spec(i, i.shape))  # JAX's check; the SDK's updates_for lays them out
-    return _back(_wrap(_t.at_set(xt._v, i._v, axis, y._v)), x)
+    return _back(_wrap(sdk_update(xt._v, i._v, axis, y._v)), x)
+
+
+@_op
+def _at_set(x, idx, values):
+    return _at_update(x, idx, values, "scatter", _t.at_set)
 
 
 @_op
 def _at_add(x, idx, values):
-    plan = _at_axis(x, idx)
-    if plan is None:
-        return _index_scatter(x, idx, values, "scatter_add", "fill_or_drop", True)
-    axis, i = plan
-    xt, y = _promoted(x, values)
-    _at_slice_spec(xt, axis, _broadcast_spec(i, i.shape))  # JAX's check; the SDK's updates_for lays them out
-    return _back(_wrap(_t.at_add(xt._v, i._v, axis, y._v)), x)
+    return _at_update(x, idx, values, "scatter_add", _t.at_add)
 
 
 def _at_lax(x, idx, wrap):

@@ -644,10 +644,10 @@ class Transport::InboundRing {
       }
       Received data;
       Expected expected;
-      if (transport_->take_expected(source_, {record.op, record.step, record.chunk, record.run_tag}, record.bytes,
-                                    &expected)) {
+      const MessageTag tag{record.op, record.step, record.chunk, record.run_tag};
+      if (transport_->take_expected(source_, tag, record.bytes, &expected)) {
         ring->copy_payload(record, expected.dst);  // straight to where its receive wants it
-        transport_->copied({record.op, source_, record.step, record.chunk, record.run_tag});
+        transport_->copied({tag.op, source_, tag.step, tag.chunk, tag.run_tag});
         data.placed_ = expected.dst;
         data.placed_owner_ = std::move(expected.owner);
       } else {
@@ -660,8 +660,7 @@ class Transport::InboundRing {
       // Over the source's share the message waits, and so does this thread: the ring fills and
       // its writer waits for room with its deadline (flow control, see file_or_wait).
       std::shared_ptr<Waiting> waiting;
-      if (transport_->file_or_wait(source_, {record.op, record.step, record.chunk, record.run_tag}, std::move(data),
-                                   Via::kShm, nullptr, &waiting)) {
+      if (transport_->file_or_wait(source_, tag, std::move(data), Via::kShm, nullptr, &waiting)) {
         while (!transport_->await_room(&waiting, absl::Now() + kRingRecheck)) {
           bool stop = false;
           {
