@@ -205,6 +205,20 @@ absl::Status ring_reduce_scatter(Group& g, DType dtype, ReduceOp op, const std::
   return absl::OkStatus();
 }
 
+// The chunks a ring all-gather receives here, in order: at step k (0 .. n - 2) chunk c of
+// segment rank - k - 1 from the previous device; f(k, segment, c) for each, stopping at the
+// first error. ring_all_gather receives them and ExpectAllGather expects them, so both walk
+// the same chunks.
+template <typename F>
+absl::Status for_each_gathered_chunk(Group& g, const std::vector<Range>& seg, F&& f) {
+  const int n = g.n(), r = g.rank();
+  for (int k = 0; k <= n - 2; ++k) {
+    const Range& s = seg[mod(r - k - 1, n)];
+    for (int c = 0; c < s.chunks(); ++c) TESSERA_RETURN_IF_ERROR(f(k, s, c));
+  }
+  return absl::OkStatus();
+}
+
 // On shared memory, every chunk a ring all-gather (steps [first_step, first_step + n - 1) into
 // `buf`) will receive is expected at its place in `buf` (Transport::expect_at) while this lives:
 // the ring's reader copies it there, not into a buffer of its own that the receive copies from
@@ -218,13 +232,10 @@ class ExpectAllGather {
   ExpectAllGather(Group& g, const std::shared_ptr<HostArray>& buf, const std::vector<Range>& seg, int first_step)
       : g_(g.path() == Path::kShm ? &g : nullptr) {
     if (g_ == nullptr) return;
-    const int n = g.n(), r = g.rank();
-    for (int k = 0; k <= n - 2; ++k) {
-      const Range& s = seg[mod(r - k - 1, n)];
-      for (int c = 0; c < s.chunks(); ++c) {
-        g.expect(g.prev(), first_step + k, c, buf->data() + s.chunk_offset(c), s.chunk_bytes(c), buf);
-      }
-    }
+    for_each_gathered_chunk(g, seg, [&](int k, const Range& s, int c) {
+      g.expect(g.prev(), first_step + k, c, buf->data() + s.chunk_offset(c), s.chunk_bytes(c), buf);
+      return absl::OkStatus();
+    }).IgnoreError();  // expect() cannot fail
   }
   ~ExpectAllGather() {
     if (g_ != nullptr) g_->forget_expected();
@@ -242,19 +253,15 @@ class ExpectAllGather {
 // ExpectAllGather of the same steps.
 absl::Status ring_all_gather(Group& g, const std::shared_ptr<HostArray>& buf, const std::vector<Range>& seg,
                              int first_step, bool own_sent) {
-  const int n = g.n(), r = g.rank();
-  if (!own_sent) TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), first_step, buf->data(), seg[r], buf));
-  for (int k = 0; k <= n - 2; ++k) {
-    const Range& s = seg[mod(r - k - 1, n)];
-    for (int c = 0; c < s.chunks(); ++c) {
-      std::byte* dst = buf->data() + s.chunk_offset(c);
-      const int64_t bytes = s.chunk_bytes(c);
-      TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), first_step + k, c, bytes));
-      data.copy_to(dst);
-      if (k < n - 2) TESSERA_RETURN_IF_ERROR(g.send(g.next(), first_step + k + 1, c, dst, bytes, buf));
-    }
-  }
-  return absl::OkStatus();
+  if (!own_sent) TESSERA_RETURN_IF_ERROR(g.send_range(g.next(), first_step, buf->data(), seg[g.rank()], buf));
+  return for_each_gathered_chunk(g, seg, [&](int k, const Range& s, int c) -> absl::Status {
+    std::byte* dst = buf->data() + s.chunk_offset(c);
+    const int64_t bytes = s.chunk_bytes(c);
+    TESSERA_ASSIGN_OR_RETURN(Received data, g.receive(g.prev(), first_step + k, c, bytes));
+    data.copy_to(dst);
+    if (k < g.n() - 2) TESSERA_RETURN_IF_ERROR(g.send(g.next(), first_step + k + 1, c, dst, bytes, buf));
+    return absl::OkStatus();
+  });
 }
 
 // One member's part of an exchange: a range of chunks to or from the member at `rank`.
