@@ -65,6 +65,10 @@ absl::StatusOr<std::shared_ptr<LocalCluster>> LocalCluster::start(int num_device
     worker_options.in_process = in_process;
     worker_options.all_reduce_algorithm = options.all_reduce_algorithm;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::start(worker_options));
+    // In process, the coordinator hands this worker its runs by a call, not a stream message:
+    // it is the worker's coordinator by construction (this cluster started both, with the same
+    // credentials), so the RunPlans handler's check of its caller holds without a token.
+    if (in_process) cluster->coordinator_->hand_runs_in_process(worker->address(), worker->local_runs());
     cluster->workers_.push_back(std::move(worker));
   }
   share_blas_threads(num_devices);  // the devices compute in this process's OpenBLAS

@@ -105,6 +105,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
 
   Registry& registry() { return registry_; }
   ExecutionDriver& driver() { return driver_; }
+  WorkerChannels& channels() { return channels_; }
   ProgramCache& programs() { return programs_; }
 
   grpc::Status Handshake(grpc::ServerContext* ctx, const pb::HandshakeRequest* req,
@@ -911,6 +912,10 @@ class CoordinatorServerImpl final : public CoordinatorServer {
     return samples;
   }
   std::vector<const LatencyHistogram*> histograms() const override { return service_.histograms(); }
+
+  void hand_runs_in_process(const std::string& worker_address, std::shared_ptr<LocalRuns> runs) override {
+    service_.channels().hand_runs_in_process(worker_address, std::move(runs));
+  }
 
   void shutdown() override {
     // The server first: its pending Executes end by their deadlines, which the monitor

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "core/credentials.h"
 #include "core/metrics.h"
+#include "proto/local_runs.h"
 
 namespace tessera {
 
@@ -70,6 +71,10 @@ class CoordinatorServer {
   // and executions, and histograms of compile and execute times.
   virtual std::vector<MetricSample> metrics() = 0;
   virtual std::vector<const LatencyHistogram*> histograms() const = 0;
+  // Hands the runs of the worker at `worker_address` to `runs` instead of a RunPlans stream
+  // (coordinator/worker_channels.h): for Client::local's cluster, which started that worker
+  // in this process for this coordinator.
+  virtual void hand_runs_in_process(const std::string& worker_address, std::shared_ptr<LocalRuns> runs) = 0;
   // Stops the service and the heartbeat monitor. Idempotent.
   virtual void shutdown() = 0;
 };

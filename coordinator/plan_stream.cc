@@ -1,5 +1,6 @@
 #include "coordinator/plan_stream.h"
 
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,8 +11,9 @@ namespace tessera {
 // The reactor keeps one hold from open() until the stream is ending and no write is in flight:
 // OnDone cannot run while a sender may still start a write (gRPC forbids a write after
 // OnDone), and every write is started only while the hold is kept.
-std::shared_ptr<PlanStream> PlanStream::open(pb::Worker::Stub* stub, uint64_t incarnation, bool wait_for_ready) {
-  std::shared_ptr<PlanStream> s(new PlanStream(incarnation));
+std::shared_ptr<GrpcPlanStream> GrpcPlanStream::open(pb::Worker::Stub* stub, uint64_t incarnation,
+                                                     bool wait_for_ready) {
+  std::shared_ptr<GrpcPlanStream> s(new GrpcPlanStream(incarnation));
   {
     absl::MutexLock lock(&s->mu_);
     s->self_ = s;
@@ -36,7 +38,7 @@ void PlanStream::delete_buffers(const pb::StreamDelete& request, Done done) {
   this->request(request.request_id(), std::move(message), std::move(done));
 }
 
-void PlanStream::request(uint64_t id, pb::PlanStreamRequest message, Done done) {
+void GrpcPlanStream::request(uint64_t id, pb::PlanStreamRequest message, Done done) {
   {
     absl::MutexLock lock(&mu_);
     if (!ending_) {
@@ -51,7 +53,7 @@ void PlanStream::request(uint64_t id, pb::PlanStreamRequest message, Done done) 
   send(std::move(message));
 }
 
-void PlanStream::cancel(uint64_t execution, const grpc::Status& status) {
+void GrpcPlanStream::cancel(uint64_t execution, const grpc::Status& status) {
   Done done;
   {
     absl::MutexLock lock(&mu_);
@@ -64,18 +66,18 @@ void PlanStream::cancel(uint64_t execution, const grpc::Status& status) {
   done(status);
 }
 
-bool PlanStream::broken() const {
+bool GrpcPlanStream::broken() const {
   absl::MutexLock lock(&mu_);
   return ending_;
 }
 
-bool PlanStream::end_locked() {
+bool GrpcPlanStream::end_locked() {
   if (ending_) return false;
   ending_ = true;
   return !writes_.writing();
 }
 
-PlanStream::Done PlanStream::take_locked(uint64_t id) {
+GrpcPlanStream::Done GrpcPlanStream::take_locked(uint64_t id) {
   auto it = pending_.find(id);
   if (it == pending_.end()) return nullptr;
   Done done = std::move(it->second);
@@ -83,7 +85,7 @@ PlanStream::Done PlanStream::take_locked(uint64_t id) {
   return done;
 }
 
-void PlanStream::send(pb::PlanStreamRequest message) {
+void GrpcPlanStream::send(pb::PlanStreamRequest message) {
   const pb::PlanStreamRequest* first = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -93,7 +95,7 @@ void PlanStream::send(pb::PlanStreamRequest message) {
   if (first != nullptr) StartWrite(first);
 }
 
-void PlanStream::OnWriteDone(bool ok) {
+void GrpcPlanStream::OnWriteDone(bool ok) {
   const pb::PlanStreamRequest* next = nullptr;
   bool release = false;
   {
@@ -106,7 +108,7 @@ void PlanStream::OnWriteDone(bool ok) {
   if (release) RemoveHold();
 }
 
-void PlanStream::OnReadDone(bool ok) {
+void GrpcPlanStream::OnReadDone(bool ok) {
   if (!ok) {
     bool release = false;
     {
@@ -128,7 +130,7 @@ void PlanStream::OnReadDone(bool ok) {
   if (done) done(std::move(status));
 }
 
-bool PlanStream::close(absl::Duration timeout) {
+bool GrpcPlanStream::close(absl::Duration timeout) {
   bool release = false;
   {
     absl::MutexLock lock(&mu_);
@@ -140,9 +142,9 @@ bool PlanStream::close(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
 }
 
-void PlanStream::OnDone(const grpc::Status& status) {
+void GrpcPlanStream::OnDone(const grpc::Status& status) {
   absl::flat_hash_map<uint64_t, Done> pending;
-  std::shared_ptr<PlanStream> self;  // the last reference may go with it
+  std::shared_ptr<GrpcPlanStream> self;  // the last reference may go with it
   {
     absl::MutexLock lock(&mu_);
     done_ = true;
@@ -154,6 +156,109 @@ void PlanStream::OnDone(const grpc::Status& status) {
       grpc::StatusCode::UNAVAILABLE,
       absl::StrCat("its RunPlans stream ended", status.ok() ? "" : absl::StrCat(" (", status.error_message(), ")")));
   for (auto& [execution, done] : pending) done(broken);
+}
+
+namespace {
+std::atomic<int64_t> handed_over_total{0};
+}  // namespace
+
+int64_t LocalPlanStream::handed_over() { return handed_over_total.load(std::memory_order_relaxed); }
+
+std::shared_ptr<LocalPlanStream> LocalPlanStream::open(LocalRuns& runs, uint64_t incarnation) {
+  std::shared_ptr<LocalPlanStream> s(new LocalPlanStream(incarnation));
+  // The session keeps no hold on the stream: a result after the stream went is dropped.
+  std::weak_ptr<LocalPlanStream> weak = s;
+  std::shared_ptr<LocalRunSession> session = runs.open([weak](const pb::RunPlanResult& result) {
+    if (std::shared_ptr<LocalPlanStream> stream = weak.lock()) stream->deliver(result);
+  });
+  absl::MutexLock lock(&s->mu_);
+  s->session_ = std::move(session);
+  s->ending_ = s->session_ == nullptr;  // the worker stopped
+  return s;
+}
+
+void LocalPlanStream::request(uint64_t id, pb::PlanStreamRequest message, Done done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!ending_) {
+      pending_[id] = std::move(done);
+      done = nullptr;
+    }
+  }
+  if (done) {
+    done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "its in-process run session ended (the worker stopped)"));
+    return;
+  }
+  send(std::move(message));
+}
+
+void LocalPlanStream::cancel(uint64_t execution, const grpc::Status& status) {
+  Done done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(execution);
+    if (it == pending_.end()) return;
+    done = std::move(it->second);
+    pending_.erase(it);
+  }
+  pb::PlanStreamRequest message;
+  message.set_cancel_execution(execution);
+  send(std::move(message));
+  done(status);
+}
+
+void LocalPlanStream::send(pb::PlanStreamRequest message) {
+  std::shared_ptr<LocalRunSession> session;
+  {
+    absl::MutexLock lock(&mu_);
+    session = session_;
+  }
+  if (session == nullptr) return;  // ending: end() failed whatever is pending
+  handed_over_total.fetch_add(1, std::memory_order_relaxed);
+  // Not under mu_: a small run ends inside, and its result comes back through deliver().
+  if (!session->receive(std::move(message))) end("its worker stopped");
+}
+
+void LocalPlanStream::deliver(const pb::RunPlanResult& result) {
+  Done done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(result.id());
+    if (it == pending_.end()) return;  // cancelled or failed already: a late result is dropped
+    done = std::move(it->second);
+    pending_.erase(it);
+    ++delivering_;
+  }
+  done(to_grpc(absl::Status(static_cast<absl::StatusCode>(result.code()), result.message())));
+  absl::MutexLock lock(&mu_);
+  --delivering_;
+}
+
+bool LocalPlanStream::broken() const {
+  absl::MutexLock lock(&mu_);
+  return ending_;
+}
+
+void LocalPlanStream::end(const std::string& why) {
+  absl::flat_hash_map<uint64_t, Done> pending;
+  std::shared_ptr<LocalRunSession> session;
+  {
+    absl::MutexLock lock(&mu_);
+    ending_ = true;
+    pending.swap(pending_);
+    session = std::move(session_);
+  }
+  if (session != nullptr) session->close();  // the worker's runs in progress are told to stop
+  const grpc::Status broken(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat("its in-process run session ended (", why, ")"));
+  for (auto& [id, done] : pending) done(broken);
+}
+
+bool LocalPlanStream::close(absl::Duration timeout) {
+  end("closed by the coordinator");
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return delivering_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
 }  // namespace tessera

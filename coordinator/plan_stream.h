@@ -1,8 +1,10 @@
 // PlanStream: the coordinator's long-lived RunPlans stream to one incarnation of a worker.
 // Every jitted call sends one RunPlanRequest per device on the device's stream instead of
-// starting a unary RunPlan: no call object, headers or HTTP/2 stream to set up per call.
+// starting a unary RunPlan: no call object, headers or HTTP/2 stream to set up per call. To an
+// embedded worker of Client::local the same requests are handed over by a call instead
+// (LocalPlanStream).
 //
-//   std::shared_ptr<PlanStream> s = PlanStream::open(stub, incarnation);
+//   std::shared_ptr<PlanStream> s = GrpcPlanStream::open(stub, incarnation);
 //   s->run(request, [](grpc::Status status) { ... });    // exactly once per request
 //   s->cancel(request.execution_id(), grpc::Status(grpc::StatusCode::CANCELLED, "..."));
 //
@@ -16,32 +18,33 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/local_runs.h"
 #include "proto/tessera.grpc.pb.h"
 #include "proto/write_queue.h"
 
 namespace tessera {
 
-class PlanStream final : public grpc::ClientBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult> {
+// The coordinator's line for runs to one incarnation of a worker: a RunPlans stream
+// (GrpcPlanStream), or, for an embedded worker of Client::local, a session handed its messages
+// by a call (LocalPlanStream). WorkerChannel chooses the carrier when it opens one; callers
+// see no difference.
+class PlanStream {
  public:
   using Done = std::function<void(grpc::Status)>;
+  virtual ~PlanStream() = default;
 
-  // Opens a stream on `stub` (which must outlive it) to the worker's `incarnation`. With
-  // `wait_for_ready` it waits for the connection, as a first call to a worker does: the
-  // process may have just registered, or restarted under the same address. A worker that
-  // never answers leaves its runs to the owner's deadlines and lost-device watch. Without, a
-  // worker that cannot be connected to (its process is gone) fails the stream, and its runs
-  // with UNAVAILABLE, at once.
-  static std::shared_ptr<PlanStream> open(pb::Worker::Stub* stub, uint64_t incarnation, bool wait_for_ready = true);
-
-  // Sends `request`. `done` runs exactly once, on a gRPC thread or the caller's: with the
-  // worker's result, with UNAVAILABLE if the stream broke first (or had already), or with the
-  // status given to cancel(). Never blocks. REQUIRES: no run of the same execution is pending.
+  // Sends `request`. `done` runs exactly once, on a gRPC thread, a worker's thread or the
+  // caller's: with the worker's result, with UNAVAILABLE if the stream broke first (or had
+  // already), or with the status given to cancel(). Never blocks (in process, a small run runs
+  // on the caller's thread, as on the thread that would have read it). REQUIRES: no run of the
+  // same execution is pending, and the caller holds no lock `done` takes.
   void run(const pb::RunPlanRequest& request, Done done);
 
   // Deletes buffers on the worker, after every request sent before; `done` as for run().
@@ -50,25 +53,50 @@ class PlanStream final : public grpc::ClientBidiReactor<pb::PlanStreamRequest, p
 
   // If the run of `execution` is still pending, completes it with `status` and asks the worker
   // to stop it (a late result is then ignored). Never blocks.
-  void cancel(uint64_t execution, const grpc::Status& status);
+  virtual void cancel(uint64_t execution, const grpc::Status& status) = 0;
 
   // Whether the stream has ended or is ending: a new one must be opened.
-  bool broken() const;
+  virtual bool broken() const = 0;
+
+  // Ends the stream (pending runs fail with UNAVAILABLE) and waits at most `timeout` for its
+  // carrier to be done with it (no result being delivered). Returns whether it was.
+  virtual bool close(absl::Duration timeout) = 0;
 
   uint64_t incarnation() const { return incarnation_; }
 
-  // Ends the stream (pending runs fail with UNAVAILABLE) and waits at most `timeout` for
-  // gRPC to be done with it. Returns whether it was.
-  bool close(absl::Duration timeout);
+ protected:
+  explicit PlanStream(uint64_t incarnation) : incarnation_(incarnation) {}
+  // Registers `done` under `id` and sends `message`; fails `done` at once if the stream broke.
+  virtual void request(uint64_t id, pb::PlanStreamRequest message, Done done) = 0;
+
+ private:
+  const uint64_t incarnation_;
+};
+
+// The RunPlans stream: the carrier to a worker reached over gRPC (every worker but an embedded
+// one handed over in process).
+class GrpcPlanStream final : public PlanStream,
+                             public grpc::ClientBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult> {
+ public:
+  // Opens a stream on `stub` (which must outlive it) to the worker's `incarnation`. With
+  // `wait_for_ready` it waits for the connection, as a first call to a worker does: the
+  // process may have just registered, or restarted under the same address. A worker that
+  // never answers leaves its runs to the owner's deadlines and lost-device watch. Without, a
+  // worker that cannot be connected to (its process is gone) fails the stream, and its runs
+  // with UNAVAILABLE, at once.
+  static std::shared_ptr<GrpcPlanStream> open(pb::Worker::Stub* stub, uint64_t incarnation, bool wait_for_ready = true);
+
+  void cancel(uint64_t execution, const grpc::Status& status) override;
+  bool broken() const override;
+  bool close(absl::Duration timeout) override;
 
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
  private:
-  explicit PlanStream(uint64_t incarnation) : incarnation_(incarnation) {}
-  // Registers `done` under `id` and sends `message`; fails `done` at once if the stream broke.
-  void request(uint64_t id, pb::PlanStreamRequest message, Done done);
+  explicit GrpcPlanStream(uint64_t incarnation) : PlanStream(incarnation) {}
+  void request(uint64_t id, pb::PlanStreamRequest message, Done done) override;
   // Queues `message`; starts its write if none is in flight.
   void send(pb::PlanStreamRequest message);
   // Marks the stream ending; returns whether the caller must release the reactor's hold
@@ -78,7 +106,6 @@ class PlanStream final : public grpc::ClientBidiReactor<pb::PlanStreamRequest, p
   Done take_locked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after open().
-  const uint64_t incarnation_;
   grpc::ClientContext ctx_;
 
   pb::RunPlanResult result_;  // the read in flight; touched only by the reading callback
@@ -88,7 +115,41 @@ class PlanStream final : public grpc::ClientBidiReactor<pb::PlanStreamRequest, p
   bool ending_ ABSL_GUARDED_BY(mu_) = false;  // a write or read failed, or close() was called
   bool done_ ABSL_GUARDED_BY(mu_) = false;    // OnDone ran
   absl::flat_hash_map<uint64_t, Done> pending_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<PlanStream> self_ ABSL_GUARDED_BY(mu_);  // keeps the reactor alive until OnDone
+  std::shared_ptr<GrpcPlanStream> self_ ABSL_GUARDED_BY(mu_);  // keeps the reactor alive until OnDone
+};
+
+// The in-process carrier (proto/local_runs.h): each request is handed to the embedded worker's
+// session by a call on the caller's thread, and each result comes back by a call on the thread
+// that ended the run; no message, completion or poller wake-up. Same pending runs, cancels and
+// failures as a stream: a worker that stopped breaks it (its runs fail with UNAVAILABLE).
+class LocalPlanStream final : public PlanStream {
+ public:
+  // Opens a session of `runs` (broken at once if the worker stopped).
+  static std::shared_ptr<LocalPlanStream> open(LocalRuns& runs, uint64_t incarnation);
+
+  void cancel(uint64_t execution, const grpc::Status& status) override;
+  bool broken() const override;
+  bool close(absl::Duration timeout) override;
+
+  // Requests (runs, deletions, cancels) handed to a worker in process, by every LocalPlanStream
+  // of the process: what a test reads to see that the calls took this path.
+  static int64_t handed_over();
+
+ private:
+  explicit LocalPlanStream(uint64_t incarnation) : PlanStream(incarnation) {}
+  void request(uint64_t id, pb::PlanStreamRequest message, Done done) override;
+  // Hands `message` to the session; a worker that stopped breaks the stream.
+  void send(pb::PlanStreamRequest message);
+  // A result from the worker: completes its pending request (none: cancelled or failed already).
+  void deliver(const pb::RunPlanResult& result);
+  // Ends the stream and fails what is pending with `why` (UNAVAILABLE).
+  void end(const std::string& why);
+
+  mutable absl::Mutex mu_;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
+  int delivering_ ABSL_GUARDED_BY(mu_) = 0;  // results being completed, which close() waits for
+  absl::flat_hash_map<uint64_t, Done> pending_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<LocalRunSession> session_ ABSL_GUARDED_BY(mu_);  // null once ending
 };
 
 }  // namespace tessera

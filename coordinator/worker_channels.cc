@@ -11,8 +11,22 @@ std::shared_ptr<WorkerChannel> WorkerChannels::get(const std::string& address) {
   if (w == nullptr) {
     w = std::make_shared<WorkerChannel>();
     w->stub = pb::Worker::NewStub(make_channel(address, identity_));
+    auto local = local_.find(address);
+    if (local != local_.end()) {
+      absl::MutexLock stream_lock(&w->mu);
+      w->local = local->second;
+    }
   }
   return w;
+}
+
+void WorkerChannels::hand_runs_in_process(const std::string& address, std::shared_ptr<LocalRuns> runs) {
+  absl::MutexLock lock(&mu_);
+  local_[address] = runs;
+  auto it = workers_.find(address);
+  if (it == workers_.end()) return;
+  absl::MutexLock stream_lock(&it->second->mu);
+  it->second->local = std::move(runs);  // its current stream, if any, stays until it breaks
 }
 
 int WorkerChannels::retain(const absl::flat_hash_set<std::string>& addresses) {

@@ -1,9 +1,9 @@
 // WorkerChannels: the coordinator's line to each worker, by address: its stub, whether a call
 // ever reached it, and its RunPlans stream (coordinator/plan_stream.h) for the worker's
-// current incarnation. The table holds a channel only while an alive device has its address
-// (retain, after every registration and whenever devices are marked lost): a worker gone, or
-// back at another address, leaves none behind. Callers hold their channel by shared_ptr, so an
-// evicted one lives until the calls that use it end.
+// current incarnation (a session in process for an embedded worker handed over). The table holds a channel only while
+// an alive device has its address (retain, after every registration and whenever devices are marked lost): a worker
+// gone, or back at another address, leaves none behind. Callers hold their channel by shared_ptr, so an evicted one
+// lives until the calls that use it end.
 //
 // Locks: mu_ guards the table of channels; each WorkerChannel's mu guards its stream. Order:
 // mu_ before a WorkerChannel::mu (take_plan_streams holds both). Neither is held across a
@@ -39,6 +39,8 @@ namespace tessera {
 struct WorkerChannel {
   // The RunPlans stream to the worker's `incarnation`, opened if there is none or the one there
   // broke or belongs to an older incarnation (a stale one is closed; its pending runs fail).
+  // To an embedded worker handed over (WorkerChannels::hand_runs_in_process), a session in
+  // process (LocalPlanStream) instead, chosen here; the rest holds for both.
   // Null if the worker has a newer incarnation already: a call checked before the worker
   // registered anew must not close the stream of the calls made since. The stream that
   // replaces a broken one of the same incarnation does not wait for the connection: that
@@ -51,9 +53,11 @@ struct WorkerChannel {
       absl::MutexLock lock(&mu);
       if (plans != nullptr && plans->incarnation() > incarnation) return nullptr;
       if (plans != nullptr && (plans->broken() || plans->incarnation() != incarnation)) stale = std::move(plans);
-      if (plans == nullptr) {
+      if (plans == nullptr && local != nullptr) {
+        plans = LocalPlanStream::open(*local, incarnation);
+      } else if (plans == nullptr) {
         const bool broke = stale != nullptr && stale->incarnation() == incarnation;
-        plans = PlanStream::open(stub.get(), incarnation, /*wait_for_ready=*/!broke);
+        plans = GrpcPlanStream::open(stub.get(), incarnation, /*wait_for_ready=*/!broke);
       }
       current = plans;
     }
@@ -72,6 +76,7 @@ struct WorkerChannel {
   std::atomic<bool> reached{false};  // a call has succeeded: the worker was up at least once
   absl::Mutex mu;
   std::shared_ptr<PlanStream> plans ABSL_GUARDED_BY(mu);
+  std::shared_ptr<LocalRuns> local ABSL_GUARDED_BY(mu);  // an embedded worker's, if handed over
 };
 
 class WorkerChannels {
@@ -86,6 +91,11 @@ class WorkerChannels {
   // closes its RunPlans stream without waiting (its pending runs fail; the worker is gone or
   // elsewhere). Returns how many were evicted.
   int retain(const absl::flat_hash_set<std::string>& addresses);
+
+  // Runs to the worker at `address` are handed to `runs` (an embedded worker of this process
+  // that this coordinator's cluster started: proto/local_runs.h) instead of a RunPlans stream,
+  // from its next stream on; for as long as this table lives, whichever channel reaches it.
+  void hand_runs_in_process(const std::string& address, std::shared_ptr<LocalRuns> runs);
 
   // How many channels the table holds.
   int size() const;
@@ -113,6 +123,7 @@ class WorkerChannels {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<WorkerChannel>> workers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<LocalRuns>> local_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

@@ -25,7 +25,7 @@ constexpr size_t kMaxDeferredRuns = 4096;
 // whose messages it delivered: beyond these, the next go to the plan threads.
 constexpr int kMaxContinued = 16;
 
-class PlanStreamReactor;
+class RunSession;
 class SteppedRun;
 
 // The stepped runs a thread continues (see drive), while it drives them.
@@ -44,13 +44,13 @@ thread_local Driver* t_driver = nullptr;
 // Transport::kParkLimit, or when a peer of this process stops, continues on a plan thread
 // that waits as run_plan does: its deadline, cancellation and lost peers fail it as before.
 // So it never waits on the thread at hand, nor runs more there than a bounded number of
-// small plans. It ends as the other runs do (PlanStreamReactor::end_run).
+// small plans. It ends as the other runs do (RunSession::end_run).
 class SteppedRun final : public Transport::Parked, public std::enable_shared_from_this<SteppedRun> {
  public:
-  SteppedRun(std::shared_ptr<PlanStreamReactor> reactor, PlanRunner* runner, std::shared_ptr<pb::RunPlanRequest> req,
+  SteppedRun(std::shared_ptr<RunSession> session, PlanRunner* runner, std::shared_ptr<pb::RunPlanRequest> req,
              std::shared_ptr<const LoadedPlan> loaded)
       : alive_(runner),
-        reactor_(std::move(reactor)),
+        session_(std::move(session)),
         runner_(runner),
         req_(std::move(req)),
         loaded_(std::move(loaded)) {}
@@ -75,7 +75,7 @@ class SteppedRun final : public Transport::Parked, public std::enable_shared_fro
     PlanRunner* const runner;
   };
   const Alive alive_;
-  const std::shared_ptr<PlanStreamReactor> reactor_;
+  const std::shared_ptr<RunSession> session_;
   PlanRunner* const runner_;
   const std::shared_ptr<pb::RunPlanRequest> req_;
   const std::shared_ptr<const LoadedPlan> loaded_;
@@ -102,50 +102,48 @@ void drive(std::shared_ptr<SteppedRun> run) {
   t_driver = nullptr;
 }
 
-// The server side of the coordinator's RunPlans stream: each request is a run (or the cancel
-// of one); each run's result goes back as its own message when the run ends, in any order.
-// Reads never wait for a run: the next read starts first, then a small local plan runs on the
-// thread that read it, and every other plan on a thread of its own. A run whose inputs are
-// outputs of runs sent before it on this stream and still going (the coordinator forwards a
-// call naming an earlier call's outputs at once) waits, without a thread, until they ended:
-// it starts on the thread that ended the last of them, after that one's result is queued,
-// or fails at once with the error of one that failed. One write is in flight;
-// results finished meanwhile queue behind it. The reactor owns itself (runs on threads hold
-// it too) until gRPC is done with it; when the coordinator's side ends, runs in progress are
-// told to stop and their results dropped.
-class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>,
-                                public std::enable_shared_from_this<PlanStreamReactor> {
+// The coordinator's runs on this worker, whatever carries them (a RunPlans stream's reactor,
+// PlanStreamReactor, or the coordinator's hand-off in process, InProcessRunSession): each
+// request is a run (or the cancel of one, or a deletion); each run's result goes back as its
+// own message when the run ends, in any order. Requests never wait for a run: the next one may
+// be handled first, then a small local plan runs on the thread that handled it, and every other
+// plan on a thread of its own. A run whose inputs are outputs of runs sent before it in this
+// session and still going (the coordinator forwards a call naming an earlier call's outputs at
+// once) waits, without a thread, until they ended: it starts on the thread that ended the last
+// of them, after that one's result is sent, or fails at once with the error of one that
+// failed. The session lives while its carrier holds it and runs on threads do; when the
+// coordinator's side ends (end_reading), runs in progress are told to stop and their results
+// dropped.
+class RunSession : public std::enable_shared_from_this<RunSession> {
  public:
-  static PlanStreamReactor* start(PlanRunner* runner) {
-    std::shared_ptr<PlanStreamReactor> r(new PlanStreamReactor(runner));
-    r->self_ = r;
-    r->StartRead(&r->request_);
-    return r.get();
+  virtual ~RunSession() {
+    absl::MutexLock lock(&mu_);
+    // Dropped with the session (none once every run ended: the runner may be gone by then).
+    if (!deferred_.empty()) runner_->count_waiting(-static_cast<int64_t>(deferred_.size()));
   }
 
-  void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
-  void OnDone() override {
-    std::shared_ptr<PlanStreamReactor> self;
-    absl::MutexLock lock(&mu_);
-    for (auto& [execution, cancelled] : running_) *cancelled = true;
-    self = std::move(self_);  // the last reference may be a run's, on its own thread
-  }
-  ~PlanStreamReactor() override {
-    absl::MutexLock lock(&mu_);
-    runner_->count_waiting(-static_cast<int64_t>(deferred_.size()));  // dropped with the stream
-  }
-
-  // Queues the result of request `id`; starts its write if none is in flight.
+  // Handles one request, as read. Calls read_next() once it is done with `request` (before a
+  // small run runs: the next request may be handled meanwhile).
+  void handle(pb::PlanStreamRequest& request, const std::function<void()>& read_next);
+  // The coordinator's side ended: runs in progress are told to stop, results are dropped.
+  void end_reading();
+  // Sends the result of request `id`, unless the coordinator's side ended.
   void post(uint64_t id, const absl::Status& status);
   // Run `req` (one in running_) ended with `status`: posts its result, then starts the runs
-  // that waited for it (or fails them with its error), and finishes the stream if it is done.
+  // that waited for it (or fails them with its error), and ends the session if it is done.
   void end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status);
 
- private:
-  explicit PlanStreamReactor(PlanRunner* runner) : runner_(runner) {}
+ protected:
+  explicit RunSession(PlanRunner* runner) : runner_(runner) {}
+  // Carries a result to the coordinator; under no lock of the session, never blocks.
+  virtual void send(pb::RunPlanResult result) = 0;
+  // The coordinator's side ended and no run is left; called once, under no lock of the session.
+  virtual void ended() = 0;
 
-  // A run waiting for the runs before it on this stream that make its inputs.
+  PlanRunner* const runner_;
+
+ private:
+  // A run waiting for the runs before it in this session that make its inputs.
   struct Deferred {
     std::shared_ptr<pb::RunPlanRequest> req;
     std::shared_ptr<const LoadedPlan> loaded;
@@ -158,22 +156,18 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
   // Starts `req` stepped, on this thread (SteppedRun; it is in running_, its inputs exist).
   void run_stepped(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded);
 
-  // Whether the stream is to be finished now: the reading ended, no write is in flight and no
-  // run is left on a thread of its own (the server, and the service those runs use, wait for
-  // Finish before they go). The caller calls Finish, outside the lock.
-  bool finish_now_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!reading_ended_ || results_.writing() || finished_ || !running_.empty()) return false;
-    finished_ = true;
+  // Whether the session ends now: the reading ended and no run is left on a thread of its own
+  // (a stream's server, and the service those runs use, wait for its Finish before they go).
+  // The caller calls ended(), outside the lock.
+  bool end_now_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!reading_ended_ || ended_ || !running_.empty()) return false;
+    ended_ = true;
     return true;
   }
 
-  PlanRunner* const runner_;
-  pb::PlanStreamRequest request_;  // the read in flight; touched only by the reading callback
-
   absl::Mutex mu_;
-  WriteQueue<pb::RunPlanResult> results_ ABSL_GUARDED_BY(mu_);
   bool reading_ended_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
   // Runs on threads of their own or waiting for their inputs, by execution, with the flag that
   // tells them to stop.
   std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_ ABSL_GUARDED_BY(mu_);
@@ -181,49 +175,166 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<pb::PlanStreamReq
   std::map<uint64_t, uint64_t> producing_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Deferred> deferred_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::vector<uint64_t>> dependents_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<PlanStreamReactor> self_ ABSL_GUARDED_BY(mu_);
 };
 
-void PlanStreamReactor::OnReadDone(bool ok) {
-  if (!ok) {  // the coordinator closed or cancelled the stream, or went away
-    bool finish = false;
+// The server side of the coordinator's RunPlans stream: carries a RunSession's requests and
+// results. One write is in flight; results finished meanwhile queue behind it. The reactor
+// owns itself (runs on threads hold it too) until gRPC is done with it; it finishes the stream
+// once the session ended and the last result is written. Results not yet sent when the reading
+// ended are dropped: nobody reads them.
+class PlanStreamReactor final : public RunSession,
+                                public grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult> {
+ public:
+  static PlanStreamReactor* start(PlanRunner* runner) {
+    std::shared_ptr<PlanStreamReactor> r(new PlanStreamReactor(runner));
     {
-      absl::MutexLock lock(&mu_);
-      reading_ended_ = true;  // results not yet sent are dropped (see OnWriteDone)
-      for (auto& [execution, cancelled] : running_) *cancelled = true;
-      finish = finish_now_locked();
+      absl::MutexLock lock(&r->write_mu_);
+      r->self_ = r;
     }
-    if (finish) Finish(grpc::Status::OK);
-    return;
+    r->StartRead(&r->request_);
+    return r.get();
   }
-  if (request_.kind_case() == pb::PlanStreamRequest::kCancelExecution) {
+
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      handle(request_, [this] { StartRead(&request_); });
+      return;
+    }
+    {  // the coordinator closed or cancelled the stream, or went away
+      absl::MutexLock lock(&write_mu_);
+      reading_ended_ = true;
+    }
+    end_reading();
+  }
+  void OnWriteDone(bool ok) override;
+  void OnDone() override {
+    end_reading();  // tells the runs still going to stop (it ended already: nothing else)
+    std::shared_ptr<PlanStreamReactor> self;
+    absl::MutexLock lock(&write_mu_);
+    self = std::move(self_);  // the last reference may be a run's, on its own thread
+  }
+
+ private:
+  explicit PlanStreamReactor(PlanRunner* runner) : RunSession(runner) {}
+
+  void send(pb::RunPlanResult result) override;
+  void ended() override;
+  // Whether to finish the stream now: the session ended and no write is in flight. The caller
+  // calls Finish, outside the lock.
+  bool finish_now_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
+    if (!session_ended_ || results_.writing() || finished_) return false;
+    finished_ = true;
+    return true;
+  }
+
+  pb::PlanStreamRequest request_;  // the read in flight; touched only by the reading callback
+
+  absl::Mutex write_mu_;
+  WriteQueue<pb::RunPlanResult> results_ ABSL_GUARDED_BY(write_mu_);
+  bool reading_ended_ ABSL_GUARDED_BY(write_mu_) = false;  // or a write failed: results are dropped
+  bool session_ended_ ABSL_GUARDED_BY(write_mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(write_mu_) = false;
+  std::shared_ptr<PlanStreamReactor> self_ ABSL_GUARDED_BY(write_mu_);
+};
+
+void PlanStreamReactor::send(pb::RunPlanResult result) {
+  const pb::RunPlanResult* first = nullptr;
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (reading_ended_ || finished_) return;  // the coordinator is gone or done with this stream
+    first = results_.push(std::move(result));
+  }
+  if (first != nullptr) StartWrite(first);
+}
+
+void PlanStreamReactor::ended() {
+  bool finish = false;
+  {
+    absl::MutexLock lock(&write_mu_);
+    session_ended_ = true;
+    finish = finish_now_locked();
+  }
+  if (finish) Finish(grpc::Status::OK);
+}
+
+void PlanStreamReactor::OnWriteDone(bool ok) {
+  const pb::RunPlanResult* next = nullptr;
+  bool finish = false;
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (!ok) reading_ended_ = true;  // the stream is broken: the read fails too
+    next = results_.pop(reading_ended_);
+    finish = finish_now_locked();
+  }
+  if (next != nullptr) StartWrite(next);
+  if (finish) Finish(grpc::Status::OK);
+}
+
+// The in-process carrier (proto/local_runs.h): the coordinator hands each request over by a
+// call, on its own thread, and each result goes to its callback. Nothing to finish: the session
+// goes with the last of its holders (the coordinator's port, runs on threads).
+class InProcessRunSession final : public RunSession, public LocalRunSession {
+ public:
+  InProcessRunSession(PlanRunner* runner, std::shared_ptr<PlanRunner::LocalGate> gate,
+                      std::function<void(const pb::RunPlanResult&)> on_result)
+      : RunSession(runner), gate_(std::move(gate)), on_result_(std::move(on_result)) {}
+
+  bool receive(pb::PlanStreamRequest message) override {
+    if (!gate_->enter()) return false;
+    handle(message, [] {});
+    gate_->leave();
+    return true;
+  }
+  void close() override { end_reading(); }
+
+ private:
+  void send(pb::RunPlanResult result) override { on_result_(result); }
+  void ended() override {}
+
+  const std::shared_ptr<PlanRunner::LocalGate> gate_;
+  const std::function<void(const pb::RunPlanResult&)> on_result_;
+};
+
+void RunSession::end_reading() {
+  bool end = false;
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ended_ = true;  // results not yet sent are dropped (see post)
+    for (auto& [execution, cancelled] : running_) *cancelled = true;
+    end = end_now_locked();
+  }
+  if (end) ended();
+}
+
+void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void()>& read_next) {
+  if (request.kind_case() == pb::PlanStreamRequest::kCancelExecution) {
     {
       absl::MutexLock lock(&mu_);
-      auto it = running_.find(request_.cancel_execution());
+      auto it = running_.find(request.cancel_execution());
       if (it != running_.end()) *it->second = true;
     }
-    StartRead(&request_);
+    read_next();
     return;
   }
-  if (request_.kind_case() == pb::PlanStreamRequest::kDeleteBuffers) {
-    const uint64_t id = request_.delete_buffers().request_id();
-    runner_->delete_buffers(request_.delete_buffers().buffer_ids());
-    StartRead(&request_);
+  if (request.kind_case() == pb::PlanStreamRequest::kDeleteBuffers) {
+    const uint64_t id = request.delete_buffers().request_id();
+    runner_->delete_buffers(request.delete_buffers().buffer_ids());
+    read_next();
     post(id, absl::OkStatus());
     return;
   }
-  if (request_.kind_case() != pb::PlanStreamRequest::kRun) {
-    StartRead(&request_);  // a kind this build does not know: nothing to answer
+  if (request.kind_case() != pb::PlanStreamRequest::kRun) {
+    read_next();  // a kind this build does not know: nothing to answer
     return;
   }
   auto req = std::make_shared<pb::RunPlanRequest>();
-  req->Swap(request_.mutable_run());
+  req->Swap(request.mutable_run());
   const uint64_t execution = req->execution_id();
   // Deletions riding on the run: nothing reads these buffers any more.
   if (req->free_buffers_size() > 0) runner_->delete_buffers(req->free_buffers());
   absl::StatusOr<std::pair<std::shared_ptr<const LoadedPlan>, bool>> plan = runner_->plan_for(*req);
   if (!plan.ok()) {
-    StartRead(&request_);
+    read_next();
     post(execution, plan.status());
     return;
   }
@@ -255,7 +366,7 @@ void PlanStreamReactor::OnReadDone(bool ok) {
       }
     }
   }
-  StartRead(&request_);
+  read_next();
   if (!refused.ok()) {
     post(execution, refused);
   } else if (deferred) {
@@ -270,8 +381,7 @@ void PlanStreamReactor::OnReadDone(bool ok) {
   }
 }
 
-void PlanStreamReactor::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req,
-                                      std::shared_ptr<const LoadedPlan> loaded) {
+void RunSession::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded) {
   std::shared_ptr<std::atomic<bool>> cancelled;
   {
     absl::MutexLock lock(&mu_);
@@ -283,7 +393,7 @@ void PlanStreamReactor::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req,
   if (!started.ok()) end_run(std::move(req), started);
 }
 
-void PlanStreamReactor::run_stepped(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded) {
+void RunSession::run_stepped(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded) {
   std::shared_ptr<std::atomic<bool>> cancelled;
   {
     absl::MutexLock lock(&mu_);
@@ -299,7 +409,7 @@ void SteppedRun::start(std::shared_ptr<std::atomic<bool>> cancelled) {
   absl::Status prepared = runner_->prepare(
       *loaded_, *req_, [cancelled] { return cancelled->load(); }, &run_, &inputs);
   if (!prepared.ok()) {  // nothing reserved
-    reactor_->end_run(req_, runner_->count_end(start_, std::move(prepared)));
+    session_->end_run(req_, runner_->count_end(start_, std::move(prepared)));
     return;
   }
   plan_run_ = std::make_unique<SteppedPlanRun>(loaded_->plan, std::move(inputs), runner_->transport(), run_,
@@ -349,19 +459,19 @@ void SteppedRun::to_thread(bool may_wait) {
   finish(runner_->store_outputs(*req_, plan_run_->take_result()));
 }
 
-void SteppedRun::finish(absl::Status status) { reactor_->end_run(req_, runner_->count_end(start_, std::move(status))); }
+void SteppedRun::finish(absl::Status status) { session_->end_run(req_, runner_->count_end(start_, std::move(status))); }
 
-void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status) {
+void RunSession::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status) {
   // A queue, not recursion: a long chain of waiting runs may end here one after another.
-  std::deque<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>> ended;
-  ended.emplace_back(std::move(req), std::move(status));
-  while (!ended.empty()) {
-    auto [run, result] = std::move(ended.front());
-    ended.pop_front();
+  std::deque<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>> ends;
+  ends.emplace_back(std::move(req), std::move(status));
+  while (!ends.empty()) {
+    auto [run, result] = std::move(ends.front());
+    ends.pop_front();
     const uint64_t execution = run->execution_id();
     post(execution, result);                       // before its dependents run: results go back in order
     std::vector<std::pair<Deferred, bool>> ready;  // and whether it was cancelled meanwhile
-    bool finish = false;
+    bool end = false;
     {
       absl::MutexLock lock(&mu_);
       running_.erase(execution);
@@ -388,16 +498,16 @@ void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::S
         }
         dependents_.erase(deps);
       }
-      finish = finish_now_locked();
+      end = end_now_locked();
     }
     for (auto& [w, cancelled] : ready) {
       if (!w.failure.ok()) {
-        ended.emplace_back(std::move(w.req), std::move(w.failure));
+        ends.emplace_back(std::move(w.req), std::move(w.failure));
       } else if (cancelled) {
-        ended.emplace_back(std::move(w.req), absl::CancelledError("run: cancelled"));
+        ends.emplace_back(std::move(w.req), absl::CancelledError("run: cancelled"));
       } else if (runner_->may_run_inline(*w.loaded, *w.req)) {
         absl::Status s = runner_->run(*w.loaded, *w.req, nullptr);
-        ended.emplace_back(std::move(w.req), std::move(s));
+        ends.emplace_back(std::move(w.req), std::move(s));
       } else if (runner_->may_step(*w.loaded, *w.req)) {
         // A chained run with collectives in process steps too: on this thread (joining its
         // queue if it drives stepped runs already: drive), not a plan thread's wake-up.
@@ -406,42 +516,69 @@ void PlanStreamReactor::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::S
         run_on_thread(std::move(w.req), std::move(w.loaded));
       }
     }
-    if (finish) Finish(grpc::Status::OK);
+    if (end) ended();
   }
 }
 
-void PlanStreamReactor::post(uint64_t id, const absl::Status& status) {
-  const pb::RunPlanResult* first = nullptr;
+void RunSession::post(uint64_t id, const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
-    if (reading_ended_ || finished_) return;  // the coordinator is gone or done with this stream
-    pb::RunPlanResult result;
-    result.set_id(id);
-    result.set_code(static_cast<int32_t>(status.code()));
-    result.set_message(std::string(status.message()));
-    first = results_.push(std::move(result));
+    if (reading_ended_) return;  // the coordinator is gone or done with this session
   }
-  if (first != nullptr) StartWrite(first);
-}
-
-// Results not yet sent when the reading ended are dropped: nobody reads them.
-void PlanStreamReactor::OnWriteDone(bool ok) {
-  const pb::RunPlanResult* next = nullptr;
-  bool finish = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!ok) reading_ended_ = true;  // the stream is broken: the read fails too
-    next = results_.pop(reading_ended_);
-    finish = finish_now_locked();
-  }
-  if (next != nullptr) StartWrite(next);
-  if (finish) Finish(grpc::Status::OK);
+  pb::RunPlanResult result;
+  result.set_id(id);
+  result.set_code(static_cast<int32_t>(status.code()));
+  result.set_message(std::string(status.message()));
+  send(std::move(result));
 }
 
 }  // namespace
 
 grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* PlanRunner::open_stream() {
   return PlanStreamReactor::start(this);
+}
+
+bool PlanRunner::LocalGate::enter() {
+  absl::MutexLock lock(&mu);
+  if (!open) return false;
+  ++active;
+  return true;
+}
+
+void PlanRunner::LocalGate::leave() {
+  absl::MutexLock lock(&mu);
+  --active;
+}
+
+namespace {
+
+// What PlanRunner::local_runs hands out: opens sessions while the gate is open. Holds the
+// gate, not the runner, across its life: it may outlive the worker.
+class LocalRunsOfRunner final : public LocalRuns {
+ public:
+  LocalRunsOfRunner(PlanRunner* runner, std::shared_ptr<PlanRunner::LocalGate> gate)
+      : runner_(runner), gate_(std::move(gate)) {}
+  std::shared_ptr<LocalRunSession> open(std::function<void(const pb::RunPlanResult&)> on_result) override {
+    if (!gate_->enter()) return nullptr;
+    auto session = std::make_shared<InProcessRunSession>(runner_, gate_, std::move(on_result));
+    gate_->leave();
+    return session;
+  }
+
+ private:
+  PlanRunner* const runner_;
+  const std::shared_ptr<PlanRunner::LocalGate> gate_;
+};
+
+}  // namespace
+
+std::shared_ptr<LocalRuns> PlanRunner::local_runs() { return std::make_shared<LocalRunsOfRunner>(this, local_gate_); }
+
+bool PlanRunner::stop_local_runs(absl::Duration timeout) {
+  absl::MutexLock lock(&local_gate_->mu);
+  local_gate_->open = false;
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(local_gate_->mu) { return local_gate_->active == 0; };
+  return local_gate_->mu.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
 int PlanRunner::delete_buffers(const google::protobuf::RepeatedField<uint64_t>& ids) {
@@ -476,6 +613,7 @@ absl::Status PlanRunner::run(const LoadedPlan& loaded, const pb::RunPlanRequest&
 }
 
 PlanRunner::~PlanRunner() {
+  stop_local_runs(absl::Seconds(10));  // nothing handles a request in process from here
   transport_->unpark_all();
   absl::MutexLock lock(&runs_mu_);
   auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return stepped_alive_ == 0; };

@@ -1,5 +1,7 @@
-// PlanRunner: runs loaded plans on stored buffers, for the coordinator's RunPlans streams.
-// Each stream (a reactor in plan_runner.cc) reads runs in order; a small local plan runs on
+// PlanRunner: runs loaded plans on stored buffers, for the coordinator's RunPlans streams, or
+// its sessions in process (local_runs: Client::local's coordinator hands an embedded worker
+// its runs by a call, and takes the results by one, with the same code: plan_runner.cc's
+// RunSession; only the carrier differs). Each session (a stream) handles runs in order; a small local plan runs on
 // the gRPC thread that read it (runs_inline), one as small with all_reduces in process starts
 // there and steps (parks at a receive that would wait, continued by the thread that files its
 // message: plan_runner.cc's SteppedRun), every other runs on a thread of the plan pool, and a
@@ -8,11 +10,12 @@
 // GetStats and for a drain (wait_for_idle).
 //
 // Locks: runs_mu_ guards the run counts and the drain's start; held only to count, and to
-// wait in wait_for_idle (the drain's thread). Each stream's reactor has its own mu_ over its
-// write queue and the runs it tracks; it is never held across a run, a pool hand-off or a
-// gRPC call (StartWrite, Finish are called after it is released). Order: a stream's mu_ and
-// runs_mu_ are never held together; neither is held while calling BufferStore or PlanStore
-// (which take their own locks).
+// wait in wait_for_idle (the drain's thread). Each session has its own mu_ over the runs it
+// tracks, and a stream's reactor its write_mu_ over its write queue; neither is held across a
+// run, a pool hand-off, a gRPC call (StartWrite, Finish are called after it is released) or a
+// result handed over in process. local_gate_'s mu is held only to count requests being handled
+// in process. Order: no two of these are held together; none is held while calling BufferStore
+// or PlanStore (which take their own locks).
 //
 //   PlanRunner runner(&store, &plans, &transport, &device, 256);
 //   return runner.open_stream();   // from the RunPlans handler, the caller checked
@@ -33,6 +36,7 @@
 #include "core/metrics.h"
 #include "core/thread_pool.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/local_runs.h"
 #include "proto/tessera.grpc.pb.h"
 #include "worker/buffer_store.h"
 #include "worker/collectives/transport.h"
@@ -60,6 +64,22 @@ class PlanRunner {
 
   // A new RunPlans stream (the reactor owns itself until gRPC is done with it).
   grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* open_stream();
+
+  // Opens sessions in process (proto/local_runs.h) for this process's coordinator of the
+  // worker: what it may hand runs to instead of a RunPlans stream. The object may outlive the
+  // runner: once stop_local_runs ran, it opens nothing and its sessions take nothing.
+  std::shared_ptr<LocalRuns> local_runs();
+  // Closes the sessions in process to new requests and waits, at most `timeout`, for those
+  // being handled to return; returns whether they did. Before the worker stops. Idempotent.
+  bool stop_local_runs(absl::Duration timeout);
+  // Whether sessions in process may be used, and how many requests are being handled in them.
+  struct LocalGate {
+    bool enter();  // false once closed
+    void leave();
+    absl::Mutex mu;
+    bool open ABSL_GUARDED_BY(mu) = true;
+    int active ABSL_GUARDED_BY(mu) = 0;
+  };
 
   // The loaded plan of `req`, and whether it may run on a gRPC callback thread (see
   // runs_inline). NOT_FOUND naming this device if it is not loaded.
@@ -147,6 +167,7 @@ class PlanRunner {
   std::atomic<int64_t> waiting_{0};
   LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
                                 "Plan runs on this device, from the start of the run to its outputs stored."};
+  const std::shared_ptr<LocalGate> local_gate_ = std::make_shared<LocalGate>();
   // Last: its threads use everything above, and its destructor joins them.
   ThreadPool plan_threads_;
 };

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "core/credentials.h"
 #include "core/metrics.h"
+#include "proto/local_runs.h"
 
 namespace tessera {
 
@@ -123,6 +124,12 @@ class WorkerServer {
   // records the device as left (DeviceState LEFT), not lost, and no heartbeat follows. Logs
   // what it waits for.
   virtual int64_t drain(absl::Duration timeout) = 0;
+
+  // What this process's coordinator of the worker may hand runs to instead of a RunPlans
+  // stream (proto/local_runs.h; Client::local's cluster gives it to its own coordinator, which
+  // is the worker's by construction: the RunPlans handler's check that the caller is the
+  // cluster's coordinator holds for it without a token). Opens nothing once shutdown() ran.
+  virtual std::shared_ptr<LocalRuns> local_runs() = 0;
 
   // Stops the heartbeats only (the coordinator is about to go). Idempotent.
   virtual void stop_heartbeats() = 0;

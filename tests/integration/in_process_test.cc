@@ -13,7 +13,9 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "coordinator/plan_stream.h"
 #include "core/handoff.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -149,6 +151,63 @@ TEST(InProcessCluster, PutsAndFetchesHandBuffersOver) {
         ASSERT_EQ(back->values<int32_t>()[i], x.values<int32_t>()[i]) << "element " << i;
       }
     }
+  }
+}
+
+// A jitted call's runs go to the embedded workers by a call, one hand-off per device and
+// none of the RunPlans streams' messages (LocalPlanStream), with the values a stream gives; over
+// TCP the streams carry them and nothing is handed over. A run that fails on an embedded
+// worker fails the call as it would on a stream: its error, naming the device.
+TEST(InProcessCluster, AJittedCallHandsEachWorkerItsRunWithoutAStreamMessage) {
+  for (bool in_process : {true, false}) {
+    SCOPED_TRACE(in_process ? "in process" : "tcp");
+    LocalOptions options;
+    options.in_process = in_process;
+    options.memory_bytes_per_device = 512 << 10;
+    absl::StatusOr<Client> client = Client::local(4, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::StatusOr<Mesh> mesh = client->make_mesh({4}, {"data"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const HostArray x = HostArray::arange(DType::kF32, {8});
+    absl::StatusOr<Array> xs = client->device_put(x, NamedSharding(*mesh, P("data")));
+    ASSERT_TRUE(xs.ok()) << xs.status();
+    Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; });
+    absl::StatusOr<std::vector<Array>> warm = f({*xs});  // loads the plans (LoadPlan, not counted)
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_TRUE((*warm)[0].block_until_ready().ok());
+    const int64_t before = LocalPlanStream::handed_over();
+    std::vector<Array> outs;
+    for (int call = 0; call < 3; ++call) {
+      absl::StatusOr<std::vector<Array>> y = f({*xs});
+      ASSERT_TRUE(y.ok()) << y.status();
+      outs.push_back((*y)[0]);
+    }
+    for (const Array& out : outs) {
+      absl::StatusOr<HostArray> got = out.fetch();
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (int i = 0; i < 8; ++i) EXPECT_EQ(got->values<float>()[i], 2.0f * static_cast<float>(i) + 1.0f);
+    }
+    EXPECT_EQ(LocalPlanStream::handed_over() - before, in_process ? 3 * 4 : 0);
+
+    // Each device's block of the broadcast, (2, 131072) f32, is 1 MiB: more than the device
+    // holds, so every worker refuses the run before it starts (worker/plan_runner.cc's prepare).
+    Jitted big = jit([](const std::vector<Value>& in) {
+      return std::vector<Value>{broadcast_in_dim(in[0], {8, 131072}, {0})};
+    });
+    const int64_t before_big = LocalPlanStream::handed_over();
+    absl::StatusOr<std::vector<Array>> y = big({*xs});
+    absl::Status failed = y.ok() ? (*y)[0].block_until_ready() : y.status();
+    EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+    EXPECT_THAT(std::string(failed.message()),
+                HasSubstr(absl::StrCat("device 0 (", in_process ? "in-process:" : "127.0.0.1:")));
+    EXPECT_THAT(std::string(failed.message()), HasSubstr("bytes at once"));
+    // Its 4 runs, then the deletion of its outputs' buffers on each device (the coordinator's
+    // fail_execution: a StreamDelete where a stream is open), handed over as well.
+    EXPECT_EQ(LocalPlanStream::handed_over() - before_big, in_process ? 4 + 4 : 0);
+    // The cluster goes on: the next call runs.
+    absl::StatusOr<std::vector<Array>> after = f({*xs});
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_TRUE((*after)[0].block_until_ready().ok());
   }
 }
 
