@@ -1082,6 +1082,118 @@ TEST(TransportExpectAtTest, AMessageThatCameBeforeItsExpectationDropsItAndARepea
   EXPECT_EQ(b.transport().pending_messages(), 0);
 }
 
+// Two endpoints, device 0's ring to device 1 attached by attach(). Device 1's reader of it is
+// held between its take of an expected place and its copy there (ShmOptions::
+// before_placed_copy) for the first message of `op` it reads in place: `taken` says it is
+// there, `released` lets it copy.
+struct HeldRing {
+  explicit HeldRing(uint64_t op) : op(op) {}
+  void attach() {
+    ShmOptions ring;
+    ring.enabled = true;
+    ASSERT_TRUE(a.transport().set_shm(ring).ok());
+    ring.before_placed_copy = [this](const MessageTag& tag) {
+      if (tag.op != this->op || held.exchange(true)) return;
+      taken.Notify();
+      released.WaitForNotificationWithTimeout(kDeadline);  // bounded: a failed test goes on
+    };
+    ASSERT_TRUE(b.transport().set_shm(ring).ok());
+    ASSERT_NO_FATAL_FAILURE(attach_ring(a, 0, b, 1, 76));
+  }
+  absl::Status send(MessageTag tag, const std::string& data) {
+    return a.transport().send(1, absl::StrCat("127.0.0.1:", b.port()), tag,
+                              reinterpret_cast<const std::byte*>(data.data()), static_cast<int64_t>(data.size()),
+                              absl::Now() + kDeadline);
+  }
+  const uint64_t op;
+  std::atomic<bool> held{false};
+  absl::Notification taken, released;  // before the endpoints: their readers use them until joined
+  Endpoint a{0}, b{1};
+};
+
+// Issue #18 (design.md, "reads chunks in place"): forget_expected waits for the copies to the
+// op's places under way, so that nothing writes there once it returns (the collective then
+// hands its result out). The reader is held after its take of the place: forget_expected does
+// not return until the copy is done, and then the place holds the message, which the mailbox
+// files as read in place.
+TEST(TransportExpectAtTest, ForgetExpectedWaitsForACopyUnderWayToThePlace) {
+  constexpr uint64_t kOp = 90;
+  HeldRing ring(kOp);
+  ASSERT_NO_FATAL_FAILURE(ring.attach());
+  Transport& b = ring.b.transport();
+  const MessageTag tag{kOp, 0, 0};
+  const std::string message = "read in place";
+  auto place = std::make_shared<std::string>(message.size(), '.');
+  std::byte* dst = reinterpret_cast<std::byte*>(place->data());
+  b.expect_at(0, tag, dst, static_cast<int64_t>(place->size()), place);
+  const int64_t placed_before = b.placed_messages();
+  ASSERT_TRUE(ring.send(tag, message).ok());
+  ASSERT_TRUE(ring.taken.WaitForNotificationWithTimeout(kDeadline)) << "the reader never took the place";
+  absl::Notification returned;
+  std::string at_return;
+  std::thread forget([&] {
+    b.forget_expected(kOp);
+    at_return = *place;
+    returned.Notify();
+  });
+  // A copy under way is waited for; nothing else stops forget_expected.
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+      << "forget_expected returned while the reader's copy to the place was under way";
+  ring.released.Notify();
+  forget.join();
+  EXPECT_EQ(at_return, message) << "the copy to the place was not done when forget_expected returned";
+  absl::StatusOr<Received> got = b.receive(0, "a", tag, absl::InfinitePast(), absl::Now() + kDeadline);
+  ASSERT_TRUE(got.ok()) << got.status();
+  got->copy_to(dst);  // at its own place: copies nothing
+  EXPECT_EQ(*place, message);
+  EXPECT_EQ(b.placed_messages(), placed_before + 1);
+  EXPECT_EQ(b.expected_messages(), 0);
+  ring.a.transport().finish_op(kOp);
+  b.finish_op(kOp);
+}
+
+// The same for the receive of a message that came another way (before its expectation): the
+// receive drops the expectation (Transport::unexpect) and waits for a copy there under way, a
+// repeat's, so that its caller's copy of the message it got is the last write to the place.
+// The reader is held after its take of the repeat's place: the receive does not return until
+// that copy is done, and the place ends up holding the message received, not the repeat.
+TEST(TransportExpectAtTest, AReceiveThatDropsItsExpectationWaitsForARepeatsCopyUnderWay) {
+  constexpr uint64_t kOp = 91;
+  HeldRing ring(kOp);
+  ASSERT_NO_FATAL_FAILURE(ring.attach());
+  Transport& b = ring.b.transport();
+  const MessageTag tag{kOp, 1, 0};
+  const std::string first = "first message", repeat = "forged repeat";
+  ASSERT_EQ(first.size(), repeat.size());
+  const int64_t shm_before = b.shm_messages_received();
+  ASSERT_TRUE(ring.send(tag, first).ok());
+  ASSERT_TRUE(eventually([&] { return b.shm_messages_received() > shm_before; }));  // filed, not in place
+  auto place = std::make_shared<std::string>(first.size(), '.');
+  std::byte* dst = reinterpret_cast<std::byte*>(place->data());
+  b.expect_at(0, tag, dst, static_cast<int64_t>(place->size()), place);
+  ASSERT_TRUE(ring.send(tag, repeat).ok());
+  ASSERT_TRUE(ring.taken.WaitForNotificationWithTimeout(kDeadline)) << "the reader never took the place";
+  absl::Notification returned;
+  absl::Status received;
+  std::thread receiver([&] {
+    absl::StatusOr<Received> got = b.receive(0, "a", tag, absl::InfinitePast(), absl::Now() + kDeadline);
+    received = got.status();
+    if (got.ok()) got->copy_to(dst);
+    returned.Notify();
+  });
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+      << "the receive returned while a repeat's copy to the place was under way";
+  ring.released.Notify();
+  receiver.join();
+  ASSERT_TRUE(received.ok()) << received;
+  // The repeat is filed too (it came): wait for that, the reader's last step, before looking.
+  ASSERT_TRUE(eventually([&] { return b.shm_messages_received() > shm_before + 1; }));
+  EXPECT_EQ(*place, first) << "the repeat was written over the received message";
+  EXPECT_EQ(b.expected_messages(), 0);
+  ring.a.transport().finish_op(kOp);
+  b.finish_op(kOp);
+}
+
 // Collectives whose members all send before they receive, on a cycle (issue #17 item 5): a
 // collective_permute shifting by one over 4 devices, and an all_to_all over 4, each sending
 // 32 MiB to each peer: more than the receiver's share (lowered here), the sender's link queue
@@ -1831,6 +1943,99 @@ TEST(TransportRunTagNotice, AFanOutRetriedUnderFreshTagsFailsAtOnceWithItsNewest
   EXPECT_THAT(waited.status().message(), HasSubstr(absl::StrCat("device 1 (h:1) lost messages of op ", kOp)));
   transport.end_run_ops(kOp, kOp + 1, kTag);
   transport.finish_op(kOp);
+}
+
+// Issue #17 (session 37): the refusals and losses remembered for the ops' waits were bounded
+// only in all (4,096 of each), the lowest op no run had claimed going first, whoever's it was: a
+// source refused on more later ops than that, or naming as many in its notices (a flood, or a
+// forger declaring a device of its own), pushed out another source's refusal and loss of ops not
+// claimed yet, and the run's waits for them then ended at their deadline instead of failing at
+// once, naming them. The bounds are now per source too, charged to the source
+// (Transport::kRememberedPerSource: its own oldest go), and past the bound in all the source
+// holding the most pays (Transport::kRememberedInAll).
+TEST(TransportRememberedBounds, AFloodOfOneSourcesRefusalsAndNoticesDoesNotPushOutAnothersRefusalOrLoss) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  Transport transport;
+  // Device 1: its message of op 300 refused over the count, and its notice of a loss of op 310;
+  // no run here claimed either op yet.
+  ASSERT_NO_FATAL_FAILURE(refuse_op_300_of_device_1(transport, kTag));
+  ASSERT_TRUE(deliver(transport, notice(1, {{310, kTag}})).ok());
+  // Device 2: one held message, then one of each of 4,097 later ops under made-up tags, each
+  // refused over the count, and notices naming the same ops (256 a notice).
+  constexpr uint64_t kFirst = 401, kEnd = kFirst + 4097;
+  ASSERT_TRUE(deliver(transport, tagged_message(2, 400, 0, 7, "held")).ok());
+  for (uint64_t op = kFirst; op < kEnd; ++op) {
+    ASSERT_TRUE(deliver(transport, tagged_message(2, op, 0, op, "evil")).ok());
+  }
+  for (uint64_t first = kFirst; first < kEnd; first += 256) {
+    std::vector<std::pair<uint64_t, uint64_t>> ops;
+    for (uint64_t op = first; op < std::min(first + 256, kEnd); ++op) ops.push_back({op, op});
+    ASSERT_TRUE(deliver(transport, notice(2, ops)).ok());
+  }
+  EXPECT_EQ(transport.dropped_messages(), 1 + 4097) << "each refused message is counted";
+  transport.begin_run_ops(300, 311, kTag);
+  auto receive = [&](uint64_t op) {
+    return transport.receive(1, "h:1", {op, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  };
+  absl::StatusOr<Received> got = receive(300);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();  // before: DEADLINE_EXCEEDED
+  EXPECT_THAT(std::string(got.status().message()),
+              AllOf(HasSubstr("a message of op 300 from device 1 (h:1) was dropped"),
+                    HasSubstr("--mailbox_messages_per_peer")));
+  got = receive(310);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();  // before: DEADLINE_EXCEEDED
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("device 1 (h:1) lost messages of op 310"));
+  transport.end_run_ops(300, 311, kTag);
+  transport.finish_ops(299, kEnd);
+}
+
+// The bounds themselves (transport.h, kRememberedPerSource and kRememberedInAll): a source's
+// refusals past its bound push out its own oldest (the wait for that op then ends at its
+// deadline, the newest fails at once); past the bound in all, a newcomer is not locked out but
+// takes from the sources holding the most until the shares are even, and a source holding
+// fewer (device 1, one refusal) keeps them.
+TEST(TransportRememberedBounds, EachSourcesEntriesAreBoundedItsOwnOldestGoingFirstAndTheLargestPays) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  constexpr uint64_t kPerSource = Transport::kRememberedPerSource;
+  Transport transport;
+  ASSERT_NO_FATAL_FAILURE(refuse_op_300_of_device_1(transport, kTag));
+  // Device 2: one held message, then kPerSource + 10 refused, ops 1001 to 1000 + kPerSource + 10.
+  ASSERT_TRUE(deliver(transport, tagged_message(2, 1000, 0, kTag, "held")).ok());
+  for (uint64_t op = 1001; op <= 1000 + kPerSource + 10; ++op) {
+    ASSERT_TRUE(deliver(transport, tagged_message(2, op, 0, kTag, "over")).ok());
+  }
+  EXPECT_EQ(transport.remembered_of(2), std::make_pair(kPerSource, size_t{0}));
+  EXPECT_EQ(transport.remembered_of(1), std::make_pair(size_t{1}, size_t{0}));
+  transport.begin_run_ops(1001, 1000 + kPerSource + 11, kTag);
+  absl::StatusOr<Received> oldest =
+      transport.receive(2, "h:2", {1001, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + absl::Milliseconds(200));
+  EXPECT_EQ(oldest.status().code(), absl::StatusCode::kDeadlineExceeded) << oldest.status();
+  absl::StatusOr<Received> newest =
+      transport.receive(2, "h:2", {1000 + kPerSource + 10, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  EXPECT_EQ(newest.status().code(), absl::StatusCode::kResourceExhausted) << newest.status();
+  transport.end_run_ops(1001, 1000 + kPerSource + 11, kTag);
+  transport.finish_ops(1000, 1000 + kPerSource + 11);
+  EXPECT_EQ(transport.remembered_of(2), std::make_pair(size_t{0}, size_t{0})) << "they go with their ops";
+
+  // Devices 2 to 6 each refused on kPerSource ops of their own: more than kRememberedInAll.
+  for (int device = 2; device <= 6; ++device) {
+    const uint64_t base = 10000 * static_cast<uint64_t>(device);
+    ASSERT_TRUE(deliver(transport, tagged_message(device, base, 0, kTag, "held")).ok());
+    for (uint64_t op = base + 1; op <= base + kPerSource; ++op) {
+      ASSERT_TRUE(deliver(transport, tagged_message(device, op, 0, kTag, "over")).ok());
+    }
+  }
+  size_t in_all = transport.remembered_of(1).first;
+  for (int device = 2; device <= 6; ++device) {
+    const size_t held = transport.remembered_of(device).first;
+    in_all += held;
+    // Even shares of what device 1 leaves: (4,096 - 1) / 5 = 819, give or take one.
+    EXPECT_GE(held, (Transport::kRememberedInAll - 1) / 5 - 1) << "device " << device;
+    EXPECT_LE(held, (Transport::kRememberedInAll - 1) / 5 + 1) << "device " << device;
+  }
+  EXPECT_EQ(in_all, Transport::kRememberedInAll);
+  EXPECT_EQ(transport.remembered_of(1), std::make_pair(size_t{1}, size_t{0})) << "device 1 holds the fewest";
+  transport.finish_ops(299, 70000);
 }
 
 // A sender whose messages are never taken (its op started here, but nothing takes them) is

@@ -194,27 +194,29 @@ uint64_t order_of(uint64_t order) { return order; }
 // refusal or loss, come before made-up tags) and the tag a run claimed the op with
 // (`claimed`): so the newest stays, a client's retry of a fan-out under fresh tags as well.
 template <typename Remembered>
-bool room_for_tag(Remembered& remembered, const typename Remembered::key_type& key, std::optional<uint64_t> claimed) {
+bool room_for_tag(Remembered& remembered, const std::tuple<uint64_t, int, uint64_t>& key,
+                  std::optional<uint64_t> claimed) {
   // Named copies, not a structured binding: C++17 lambdas cannot capture those (clang refuses).
   const uint64_t op = std::get<0>(key);
   const int from = std::get<1>(key);
   const uint64_t run_tag = std::get<2>(key);
-  const auto begin = remembered.lower_bound({op, from, 0});
+  const auto& map = remembered.map();
+  const auto begin = map.lower_bound({op, from, 0});
   auto same = [&](auto it) {
-    return it != remembered.end() && std::get<0>(it->first) == op && std::get<1>(it->first) == from;
+    return it != map.end() && std::get<0>(it->first) == op && std::get<1>(it->first) == from;
   };
   int tags = 0;
-  auto first = remembered.end();
+  auto first = map.end();
   for (auto it = begin; same(it); ++it) {
     if (std::get<2>(it->first) == run_tag) return false;
     ++tags;
-    if (first == remembered.end() || order_of(it->second) < order_of(first->second)) first = it;
+    if (first == map.end() || order_of(it->second) < order_of(first->second)) first = it;
   }
   if (tags < Transport::kRefusedTagsPerSource) return true;
-  auto oldest = remembered.end();
+  auto oldest = map.end();
   for (auto it = begin; same(it); ++it) {
     if (it == first || std::get<2>(it->first) == claimed) continue;
-    if (oldest == remembered.end() || order_of(it->second) < order_of(oldest->second)) oldest = it;
+    if (oldest == map.end() || order_of(it->second) < order_of(oldest->second)) oldest = it;
   }
   remembered.erase(oldest);  // kRefusedTagsPerSource > 2 (below): there is one
   return true;
@@ -222,21 +224,76 @@ bool room_for_tag(Remembered& remembered, const typename Remembered::key_type& k
 static_assert(Transport::kRefusedTagsPerSource > 2,
               "room_for_tag keeps an (op, source)'s first and claimed tags and must find a third to forget");
 
-// Makes room in `remembered` (refused_ or lost_, over kRememberedOps): forgets the oldest
-// entry of an op no run claimed (`claimed`), else the oldest. A run waits on its claimed ops'
-// entries; a flood of made-up op ids adds unclaimed ones.
-template <typename Remembered, typename Claimed>
-void forget_oldest(Remembered& remembered, const Claimed& claimed) {
-  for (auto it = remembered.begin(); it != remembered.end(); ++it) {
-    if (!claimed(std::get<0>(it->first))) {
-      remembered.erase(it);
-      return;
-    }
+}  // namespace
+
+template <typename Value>
+template <typename Claimed>
+void Transport::Remembered<Value>::add(const OpSourceTag& key, Value value, const Claimed& claimed) {
+  const int source = std::get<1>(key);
+  auto& own = by_source_[source];
+  if (!own.empty()) by_count_.erase({own.size(), source});
+  own.insert({order_of(value), key});
+  const size_t held = own.size();
+  by_count_.insert({held, source});
+  entries_.emplace(key, std::move(value));
+  // Charged to the source: past its own bound its own oldest goes. Past the bound in all, the
+  // source holding the most pays (a flood's), never one holding fewer than the newcomer's.
+  if (held > kRememberedPerSource) {
+    forget_oldest_of(source, claimed);
+  } else if (entries_.size() > kRememberedInAll) {
+    const std::pair<size_t, int> most = *by_count_.rbegin();
+    forget_oldest_of(most.first > held ? most.second : source, claimed);
   }
-  remembered.erase(remembered.begin());
 }
 
-}  // namespace
+template <typename Value>
+template <typename Claimed>
+void Transport::Remembered<Value>::forget_oldest_of(int source, const Claimed& claimed) {
+  // A run waits on its claimed ops' entries; a flood of made-up op ids adds unclaimed ones.
+  const auto& own = by_source_.at(source);
+  auto oldest = own.begin();
+  for (auto it = own.begin(); it != own.end(); ++it) {
+    if (!claimed(std::get<0>(it->second))) {
+      oldest = it;
+      break;
+    }
+  }
+  erase(entries_.find(oldest->second));
+}
+
+template <typename Value>
+typename Transport::Remembered<Value>::Map::const_iterator Transport::Remembered<Value>::erase(
+    typename Map::const_iterator it) {
+  const int source = std::get<1>(it->first);
+  auto own = by_source_.find(source);
+  by_count_.erase({own->second.size(), source});
+  own->second.erase({order_of(it->second), it->first});
+  if (own->second.empty()) {
+    by_source_.erase(own);
+  } else {
+    by_count_.insert({own->second.size(), source});
+  }
+  return entries_.erase(it);
+}
+
+template <typename Value>
+void Transport::Remembered<Value>::erase_ops(uint64_t first, uint64_t end) {
+  for (typename Map::const_iterator it = entries_.lower_bound({first, INT_MIN, 0});
+       it != entries_.end() && std::get<0>(it->first) < end;) {
+    it = erase(it);
+  }
+}
+
+template <typename Value>
+size_t Transport::Remembered<Value>::held_by(int source) const {
+  auto own = by_source_.find(source);
+  return own == by_source_.end() ? 0 : own->second.size();
+}
+
+std::pair<size_t, size_t> Transport::remembered_of(int source) const {
+  absl::MutexLock lock(&mu_);
+  return {refused_.held_by(source), lost_.held_by(source)};
+}
 
 // The outbound Exchange streams to one peer: kStreamsPerLink callback-API writers over one
 // channel, each with one write in flight, sharing one queue. A sender whose message finds a
@@ -563,12 +620,14 @@ class Transport::Link {
 // closed the ring and it is drained.
 class Transport::InboundRing {
  public:
-  InboundRing(Transport* transport, int source, std::string socket, std::string dir, uint64_t token)
+  InboundRing(Transport* transport, int source, std::string socket, std::string dir, uint64_t token,
+              std::function<void(const MessageTag&)> before_placed_copy)
       : transport_(transport),
         source_(source),
         socket_(std::move(socket)),
         dir_(std::move(dir)),
         token_(token),
+        before_placed_copy_(std::move(before_placed_copy)),
         thread_([this] { run(); }) {}
 
   ~InboundRing() {
@@ -646,7 +705,8 @@ class Transport::InboundRing {
       Expected expected;
       const MessageTag tag{record.op, record.step, record.chunk, record.run_tag};
       if (transport_->take_expected(source_, tag, record.bytes, &expected)) {
-        ring->copy_payload(record, expected.dst);  // straight to where its receive wants it
+        if (before_placed_copy_) before_placed_copy_(tag);  // tests only (ShmOptions)
+        ring->copy_payload(record, expected.dst);           // straight to where its receive wants it
         transport_->copied({tag.op, source_, tag.step, tag.chunk, tag.run_tag});
         data.placed_ = expected.dst;
         data.placed_owner_ = std::move(expected.owner);
@@ -683,6 +743,7 @@ class Transport::InboundRing {
   const std::string socket_;
   const std::string dir_;  // the only directory the socket may be in (ShmOptions::socket_dir)
   const uint64_t token_;
+  const std::function<void(const MessageTag&)> before_placed_copy_;  // ShmOptions::before_placed_copy
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   ShmRing* ring_ ABSL_GUARDED_BY(mu_) = nullptr;  // while the thread has it open
@@ -1030,7 +1091,7 @@ void Transport::ring_offered(int source, const std::string& socket, uint64_t tok
     slot->stop();
     stopped_inbound_.push_back(std::move(slot));
   }
-  slot = std::make_unique<InboundRing>(this, source, socket, shm_.socket_dir, token);
+  slot = std::make_unique<InboundRing>(this, source, socket, shm_.socket_dir, token, shm_.before_placed_copy);
   inbound_offered_by_[source] = reader;
 }
 
@@ -1285,12 +1346,12 @@ absl::StatusOr<Received> Transport::receive_filed(int source, const std::string&
   }
   auto it = mailbox_.find(key);
   if (it == mailbox_.end()) {
-    if (auto refused = refused_.find(from); refused != refused_.end()) {
+    if (auto refused = refused_.map().find(from); refused != refused_.map().end()) {
       return absl::ResourceExhaustedError(absl::StrCat("a message of op ", tag.op, " from ", peer_name(source, address),
                                                        " was dropped: ", refusal_text_locked(refused->second)));
     }
     if (absl::Status failed = failed_op_locked(tag.op); !failed.ok()) return failed;
-    if (lost_.count(from) > 0) {
+    if (lost_.map().count(from) > 0) {
       return absl::UnavailableError(absl::StrCat(peer_name(source, address), " lost messages of op ", tag.op,
                                                  " to this device: its streams here failed with them in flight"));
     }
@@ -1313,8 +1374,8 @@ bool Transport::ready_locked(const Key& key, absl::Time op_start) const {
   auto down = down_since_.find(source);
   const bool gone = down != down_since_.end() && down->second >= op_start;
   const OpSourceTag from{op, source, run_tag};
-  return mailbox_.count(key) > 0 || gone || lost_.count(from) > 0 || failed_ops_.count(op) > 0 ||
-         refused_.count(from) > 0;
+  return mailbox_.count(key) > 0 || gone || lost_.map().count(from) > 0 || failed_ops_.count(op) > 0 ||
+         refused_.map().count(from) > 0;
 }
 
 void Transport::finish_ops(uint64_t first, uint64_t end) {
@@ -1326,8 +1387,8 @@ void Transport::finish_ops(uint64_t first, uint64_t end) {
     take_locked(it++);
   }
   failed_ops_.erase(failed_ops_.lower_bound(first), failed_ops_.lower_bound(end));
-  lost_.erase(lost_.lower_bound({first, INT_MIN, 0}), lost_.lower_bound({end, INT_MIN, 0}));
-  refused_.erase(refused_.lower_bound({first, INT_MIN, 0}), refused_.lower_bound({end, INT_MIN, 0}));
+  lost_.erase_ops(first, end);
+  refused_.erase_ops(first, end);
   started_.erase(started_.lower_bound(first), started_.lower_bound(end));
   if (first >= kUnorderedOps && end == first + 1) {  // named by a buffer id: remembered apart
     if (finished_unordered_.insert(first).second) finished_unordered_order_.push_back(first);
@@ -1394,7 +1455,8 @@ void Transport::drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t ru
   // So do the refusals of messages of another tag (refused early, for a bound): they were not
   // the run's, and its op does not fail for them. Not counted again: their messages were
   // counted once, in dropped_, when refused (forged_ and dropped_ count messages, each in one).
-  for (auto it = refused_.lower_bound({first, INT_MIN, 0}); it != refused_.end() && std::get<0>(it->first) < end;) {
+  for (auto it = refused_.map().lower_bound({first, INT_MIN, 0});
+       it != refused_.map().end() && std::get<0>(it->first) < end;) {
     if (std::get<2>(it->first) == run_tag) {
       ++it;
       continue;
@@ -1402,7 +1464,8 @@ void Transport::drop_mismatched_locked(uint64_t first, uint64_t end, uint64_t ru
     it = refused_.erase(it);
   }
   // And notices of lost messages of another tag: the run's messages were not what was lost.
-  for (auto it = lost_.lower_bound({first, INT_MIN, 0}); it != lost_.end() && std::get<0>(it->first) < end;) {
+  for (auto it = lost_.map().lower_bound({first, INT_MIN, 0});
+       it != lost_.map().end() && std::get<0>(it->first) < end;) {
     const auto [op, from, tag] = it->first;
     if (tag == run_tag) {
       ++it;
@@ -1478,20 +1541,21 @@ void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal w
   }
   const OpSourceTag key{op, from, run_tag};
   // At most kRefusedTagsPerSource run tags' refusals per (op, source): made-up tags must not
-  // fill kRememberedOps with one op's refusals and push out the oldest op's, likely the one a
-  // run waits on (which would then end at its deadline, not with RESOURCE_EXHAUSTED). Over it
+  // fill the source's kRememberedPerSource with one op's refusals and push out its older ops',
+  // likely the one a run waits on (which would then end at its deadline, not with RESOURCE_EXHAUSTED). Over it
   // the newest replaces the oldest but the first (room_for_tag): a client retrying a fan-out
   // under fresh tags waits on its newest. A run's claim keeps its own tag's and erases the
   // others (drop_mismatched_locked), and after it only messages of its tag reach a bound here,
   // so a claimed op's refusal always has room.
-  // A refusal remembered already keeps its first reason.
+  // A refusal remembered already keeps its first reason. Past the bounds per source and in all,
+  // the source's own oldest goes, or the oldest of the source holding the most (Remembered::add):
+  // a flooding or forging source cannot push out another source's refusals, so a wait for them
+  // fails at once whatever else arrives.
   if (!room_for_tag(refused_, key, claimed)) return;
   why.order = remembered_++;
-  refused_.emplace(key, why);
-  if (refused_.size() > kRememberedOps)
-    forget_oldest(refused_, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return run_tag_locked(op).has_value();  // under mu_, as here
-    });
+  refused_.add(key, why, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return run_tag_locked(op).has_value();  // under mu_, as here
+  });
 }
 
 void Transport::sweep() {
@@ -1860,11 +1924,11 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
       // for one op (up to 256 a notice) cannot push out another op's real loss; past it the
       // newest replaces an older one (room_for_tag).
       if (!room_for_tag(lost_, {op, from, run_tag}, expected)) continue;
-      lost_.emplace(OpSourceTag{op, from, run_tag}, remembered_++);
-      if (lost_.size() > kRememberedOps)
-        forget_oldest(lost_, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return run_tag_locked(op).has_value();  // under mu_, as here
-        });
+      // And as refusals, bounded per source and in all (Remembered::add): a notice's source
+      // pushes out only its own losses, or those of a source holding more.
+      lost_.add(OpSourceTag{op, from, run_tag}, remembered_++, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return run_tag_locked(op).has_value();  // under mu_, as here
+      });
     }
     return absl::OkStatus();
   }
@@ -1950,7 +2014,7 @@ bool Transport::file_locked(int from, MessageTag tag, Received& data, absl::Time
     return true;
   };
   // The op fails anyway for this run tag: keep nothing of it (another tag's refusal is not its).
-  if (refused_.count({tag.op, from, tag.run_tag}) > 0) return decided();
+  if (refused_.map().count({tag.op, from, tag.run_tag}) > 0) return decided();
   if (auto old = mailbox_.find(key); old != mailbox_.end()) take_locked(old);  // a repeat replaces it
   const int64_t bytes = data.size() + kHeldMessageBytes;
   int64_t& held = held_bytes_[from];

@@ -129,6 +129,12 @@ struct ShmOptions {
   // offer may name: docker-compose's workers share /dev/shm (one IPC namespace), network
   // namespaces of one machine too (they differ in shm_host_identity instead).
   std::string socket_dir = "/dev/shm";
+  // Tests only: called by a ring's reader between its take of a message's expected place
+  // (Transport::expect_at) and its copy there, with the message's tag; it may block to hold the
+  // reader in that window (the copy is then under way for forget_expected and receive). Each
+  // reader takes its copy when it starts; unset, a reader tests one empty function per message
+  // read in place.
+  std::function<void(const MessageTag&)> before_placed_copy = nullptr;
 };
 
 class ShmRingServer;  // worker/collectives/shm_ring.h
@@ -307,9 +313,22 @@ class Transport {
   // a run's peer sends its op's messages under one tag, so a few cover it with room for
   // forgeries; more tags for the op replace older ones of the same (op, source) (the newest
   // stays, as does the first and the tag a run claimed the op with), and so cannot push other
-  // ops' refusals out of the kRememberedOps remembered. The same cap holds for the remembered
-  // notices of lost ops (lost_).
+  // ops' refusals out of those remembered. The same cap holds for the remembered notices of
+  // lost ops (lost_).
   static constexpr int kRefusedTagsPerSource = 4;
+  // How many refusals the mailbox remembers for the ops' waits (and, apart, how many losses a
+  // source's notices named): at most kRememberedPerSource of one source, charged to it (past
+  // them that source's own oldest goes, one of an op no run claimed first), and
+  // kRememberedInAll in all (past them the oldest of the source holding the most goes, the
+  // newcomer's own source on a tie). So a source's entries go only for its own or for a source
+  // holding fewer than it: a flooding or forging source, which holds the most, pushes out only
+  // its own, and a source holding at most kRememberedInAll / n of them (n the sources holding
+  // any; with authenticated streams, devices of the cluster) keeps them all. Entries go with
+  // their op (finish_op) or at a run's claim of it with another tag.
+  static constexpr size_t kRememberedPerSource = 1024;
+  static constexpr size_t kRememberedInAll = 4096;
+  // The refusals and the losses remembered now of `source`'s messages (tests: the bounds).
+  std::pair<size_t, size_t> remembered_of(int source) const;
 
   // Drops every stored message of `op` and discards any that arrive later.
   void finish_op(uint64_t op) { finish_ops(op, op + 1); }
@@ -487,7 +506,7 @@ class Transport {
   // Drops the messages of ops not claimed here within unclaimed_ttl, and refuses those waiting
   // for room longer than that (every ttl/4 at most).
   void sweep_locked(absl::Time now, AfterUnlock* after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a message was dropped for the mailbox's bounds: a flood leaves kRememberedOps of
+  // Why a message was dropped for the mailbox's bounds: a flood leaves kRememberedInAll of
   // these behind (until their ops end, which for ops that never start is never), so they hold
   // no text; the op's wait puts the reason into words (refusal_text_locked).
   struct Refusal {
@@ -576,11 +595,38 @@ class Transport {
   void count_mismatch_locked(uint64_t op, int from, uint64_t run_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (op, source, run tag): the key of the refusals and notices of lost ops remembered.
   using OpSourceTag = std::tuple<uint64_t, int, uint64_t>;
+  // refused_ and lost_: what is remembered per (op, source, run tag) for the ops' waits, each
+  // entry with the order it was remembered in (Refusal::order; lost_'s value itself), bounded
+  // per source and in all (kRememberedPerSource, kRememberedInAll): a map, and beside it each
+  // source's entries in order and the sources by how many they hold.
+  template <typename Value>
+  class Remembered {
+   public:
+    using Map = std::map<OpSourceTag, Value>;
+    const Map& map() const { return entries_; }
+    // Adds `key` (not held yet), then keeps the bounds: past kRememberedPerSource entries of
+    // its source, that source's oldest goes; past kRememberedInAll in all, the oldest of the
+    // source holding the most, or of the key's source if none holds more (the new entry, if it
+    // is its only one). Of a source's entries, the oldest of an op no run claimed (`claimed(op)`
+    // false) goes first.
+    template <typename Claimed>
+    void add(const OpSourceTag& key, Value value, const Claimed& claimed);
+    typename Map::const_iterator erase(typename Map::const_iterator it);
+    void erase_ops(uint64_t first, uint64_t end);  // the entries of the ops [first, end)
+    size_t held_by(int source) const;              // how many entries of `source` it holds
+
+   private:
+    template <typename Claimed>
+    void forget_oldest_of(int source, const Claimed& claimed);
+    Map entries_;
+    std::map<int, std::set<std::pair<uint64_t, OpSourceTag>>> by_source_;  // (order, key), oldest first
+    std::set<std::pair<size_t, int>> by_count_;                            // (entries held, source)
+  };
   // Messages dropped for the bounds, and why (until the op finishes; at most
-  // kRefusedTagsPerSource tags per (op, source) and kRememberedOps in all, the oldest unclaimed
-  // op's dropped first). Only a wait of the same run tag fails for one, and only a message of
-  // that tag is dropped for it.
-  std::map<OpSourceTag, Refusal> refused_ ABSL_GUARDED_BY(mu_);
+  // kRefusedTagsPerSource tags per (op, source), and kRememberedPerSource per source and
+  // kRememberedInAll in all, see Remembered). Only a wait of the same run tag fails for one, and
+  // only a message of that tag is dropped for it.
+  Remembered<Refusal> refused_ ABSL_GUARDED_BY(mu_);
   // Entries put in refused_ and lost_ so far: their order (Refusal::order, lost_'s values).
   uint64_t remembered_ ABSL_GUARDED_BY(mu_) = 0;
   // Messages waiting for room in their source's share, oldest first (at most one per stream or
@@ -613,9 +659,9 @@ class Transport {
   // (op, source, run tag): the source's notice said messages of op with that tag to here may
   // be lost (as above), and the order it was remembered in (remembered_). Only waits of that
   // tag fail for it; when a run claims the op, the entries of other tags go, counted as forged
-  // (drop_mismatched_locked). At most kRefusedTagsPerSource tags per (op, source) and
-  // kRememberedOps in all, the oldest unclaimed op's dropped first.
-  std::map<OpSourceTag, uint64_t> lost_ ABSL_GUARDED_BY(mu_);
+  // (drop_mismatched_locked). At most kRefusedTagsPerSource tags per (op, source), and
+  // kRememberedPerSource per source and kRememberedInAll in all (Remembered), as refused_.
+  Remembered<uint64_t> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Link>> retired_ ABSL_GUARDED_BY(mu_);  // replaced, to destroy outside mu_
   // Links of the registration declare() replaced: kept open until their peer ends them (then
   // retired by link()) or the next declare (see declare).
