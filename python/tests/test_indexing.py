@@ -531,6 +531,10 @@ def test_strided_slice_errors_and_grad_as_jax():
     np.testing.assert_array_equal(np.asarray(tessera.numpy.asarray(TABLE)[1:7:3, ::3]), TABLE[1:7:3, ::3])
     with pytest.raises(ValueError, match="slice step cannot be zero"):
         tessera.numpy.asarray(TABLE)[::0]
+    # lax.slice's docstring (jax/_src/lax/slicing.py): lax.slice(x, (0, 0), (3, 4), (1, 2)) of
+    # arange(12).reshape(3, 4) is [[0, 2], [4, 6], [8, 10]].
+    twelve = tessera.numpy.asarray(np.arange(12, dtype=np.int32).reshape(3, 4))
+    np.testing.assert_array_equal(np.asarray(lax.slice(twelve, (0, 0), (3, 4), (1, 2))), [[0, 2], [4, 6], [8, 10]])
 
 
 def test_at_updates_take_the_split_of_a_strided_slice_dimension():
