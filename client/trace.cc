@@ -728,10 +728,10 @@ Value reshape(const Value& x, Shape shape, const PartitionSpec& out_sharding) {
   return internal::with_out_sharding("reshape", x, out_sharding, [&] { return reshape(x, std::move(shape)); });
 }
 
-Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit) {
+Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit, std::vector<int64_t> strides) {
   TraceState* t = TraceState::common({&x});
   if (t == nullptr) return Value();
-  return t->make(t->graph.add_slice(TraceState::id(x), std::move(start), std::move(limit)));
+  return t->make(t->graph.add_slice(TraceState::id(x), std::move(start), std::move(limit), std::move(strides)));
 }
 
 Value concatenate(const std::vector<Value>& xs, int64_t axis) {

@@ -32,7 +32,8 @@ std::string text(const TransposeAttrs& a, Op) { return dims_text(a.permutation);
 std::string text(const ReduceAttrs& a, Op) { return dims_text(a.axes); }
 std::string text(const ArgmaxAttrs& a, Op) { return absl::StrCat(" dims={", a.axis, "}"); }
 std::string text(const SliceAttrs& a, Op) {
-  return absl::StrCat(" start=", dims_to_string(a.start), " limit=", dims_to_string(a.limit));
+  return absl::StrCat(" start=", dims_to_string(a.start), " limit=", dims_to_string(a.limit),
+                      a.strides.empty() ? "" : " strides=" + dims_to_string(a.strides));
 }
 std::string text(const ConcatAttrs& a, Op) { return absl::StrCat(" dims={", a.axis, "}"); }
 std::string text(const DotAttrs& a, Op) {
@@ -285,8 +286,10 @@ absl::StatusOr<int> Graph::add_dot_general(int lhs, int rhs, DotDims dims) {
   return add_node(make_node(Op::kDotGeneral, {lhs, rhs}, DotAttrs{std::move(dims)}));
 }
 
-absl::StatusOr<int> Graph::add_slice(int x, std::vector<int64_t> start, std::vector<int64_t> limit) {
-  return add_node(make_node(Op::kSlice, {x}, SliceAttrs{std::move(start), std::move(limit)}));
+absl::StatusOr<int> Graph::add_slice(int x, std::vector<int64_t> start, std::vector<int64_t> limit,
+                                     std::vector<int64_t> strides) {
+  if (std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 1; })) strides.clear();
+  return add_node(make_node(Op::kSlice, {x}, SliceAttrs{std::move(start), std::move(limit), std::move(strides)}));
 }
 
 absl::StatusOr<int> Graph::add_concatenate(const std::vector<int>& xs, int64_t axis) {

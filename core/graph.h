@@ -104,8 +104,10 @@ class Graph {
   // Operands of one non-bool dtype; dimension lists distinct and in range, paired ones of
   // equal size.
   absl::StatusOr<int> add_dot_general(int lhs, int rhs, DotDims dims);
-  // 0 <= start <= limit <= the dimension, for every dimension.
-  absl::StatusOr<int> add_slice(int x, std::vector<int64_t> start, std::vector<int64_t> limit);
+  // 0 <= start <= limit <= the dimension, for every dimension; strides empty (all 1) or one
+  // per dimension, each >= 1. Strides of all 1 are stored empty.
+  absl::StatusOr<int> add_slice(int x, std::vector<int64_t> start, std::vector<int64_t> limit,
+                                std::vector<int64_t> strides = {});
   // At least one operand; all agree in dtype, rank and every dimension but `axis`.
   absl::StatusOr<int> add_concatenate(const std::vector<int>& xs, int64_t axis);
   // `sharding` must fit x's shape (NamedSharding::validate).

@@ -206,16 +206,27 @@ absl::StatusOr<ArrayType> infer_slice(const Node& n, absl::Span<const ArrayType>
   const ArrayType& a = in[0];
   const SliceAttrs& s = n.attrs<SliceAttrs>();
   const std::string what =
-      absl::StrCat("slice of ", type_of(a), " from ", dims_to_string(s.start), " to ", dims_to_string(s.limit));
+      absl::StrCat("slice of ", type_of(a), " from ", dims_to_string(s.start), " to ", dims_to_string(s.limit),
+                   s.strides.empty() ? "" : " by " + dims_to_string(s.strides));
   if (s.start.size() != a.shape.size() || s.limit.size() != a.shape.size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": needs a start and a limit per dimension"));
+  }
+  // slicing.py's _slice_shape_rule: one stride per dimension, each positive.
+  if (!s.strides.empty() && s.strides.size() != a.shape.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": slice strides must have length equal to the number of dimensions of the operand"));
   }
   ArrayType out{a.dtype, {}};
   for (size_t d = 0; d < s.start.size(); ++d) {
     if (s.start[d] < 0 || s.start[d] > s.limit[d] || s.limit[d] > a.shape[d]) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", d, " is out of bounds"));
     }
-    out.shape.push_back(s.limit[d] - s.start[d]);
+    if (s.stride(d) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": slice strides must be positive, got ", s.stride(d), " for dimension ", d));
+    }
+    // core.stride_dim: the kept indices start, start + stride, ... below limit.
+    out.shape.push_back((s.limit[d] - s.start[d] + s.stride(d) - 1) / s.stride(d));
   }
   return out;
 }

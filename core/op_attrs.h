@@ -79,10 +79,12 @@ struct ArgmaxAttrs {
   static constexpr const char* kName = "argmax";
   int64_t axis = 0;
 };
-// slice: per dimension, the first index kept and one past the last (unit strides).
+// slice: per dimension, the first index kept, one past the last, and the step between kept
+// indices (lax.slice's strides; empty means every stride is 1).
 struct SliceAttrs {
   static constexpr const char* kName = "slice";
-  std::vector<int64_t> start, limit;
+  std::vector<int64_t> start, limit, strides;
+  int64_t stride(size_t d) const { return strides.empty() ? 1 : strides[d]; }
 };
 // concatenate: the dimension the operands are joined along.
 struct ConcatAttrs {

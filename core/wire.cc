@@ -287,6 +287,7 @@ void attrs_to_proto(const SliceAttrs& a, pb::KernelNode* n) {
   pb::SliceAttrs* w = n->mutable_slice();
   w->mutable_start()->Assign(a.start.begin(), a.start.end());
   w->mutable_limit()->Assign(a.limit.begin(), a.limit.end());
+  w->mutable_strides()->Assign(a.strides.begin(), a.strides.end());
 }
 void attrs_to_proto(const ConcatAttrs& a, pb::KernelNode* n) { n->mutable_concat()->set_axis(a.axis); }
 void attrs_to_proto(const DotAttrs& a, pb::KernelNode* n) {
@@ -434,7 +435,7 @@ absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::strin
     case pb::KernelNode::kArgmax:
       return ArgmaxAttrs{n.argmax().axis()};
     case pb::KernelNode::kSlice:
-      return SliceAttrs{v(n.slice().start()), v(n.slice().limit())};
+      return SliceAttrs{v(n.slice().start()), v(n.slice().limit()), v(n.slice().strides())};
     case pb::KernelNode::kConcat:
       return ConcatAttrs{n.concat().axis()};
     case pb::KernelNode::kDot: {

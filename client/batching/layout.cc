@@ -37,7 +37,10 @@ absl::StatusOr<Value> slice_rule(const BatchArgs& a) {
   std::vector<int64_t> start = {0}, limit = {a.size};
   start.insert(start.end(), s.start.begin(), s.start.end());
   limit.insert(limit.end(), s.limit.begin(), s.limit.end());
-  return slice(a.x[0], std::move(start), std::move(limit));
+  std::vector<int64_t> strides;  // slicing.py's _slice_batching_rule: stride 1 on the batch dimension
+  if (!s.strides.empty()) strides = {1};
+  strides.insert(strides.end(), s.strides.begin(), s.strides.end());
+  return slice(a.x[0], std::move(start), std::move(limit), std::move(strides));
 }
 
 absl::StatusOr<Value> concatenate_rule(const BatchArgs& a) {

@@ -74,7 +74,20 @@ absl::Span<const VjpEntry> layout_vjps() {
        }},
       {Op::kSlice,
        [](const VjpArgs& a) {
-         a.add(0, unslice(a.g, a.x[0].shape(), a.node.attrs<SliceAttrs>().start, a.node.attrs<SliceAttrs>().limit));
+         const SliceAttrs& s = a.node.attrs<SliceAttrs>();
+         if (s.strides.empty()) {
+           a.add(0, unslice(a.g, a.x[0].shape(), s.start, s.limit));
+           return absl::OkStatus();
+         }
+         // slicing.py's _slice_transpose_fancy: the cotangent padded with zeros, stride - 1
+         // between its elements and up to the last kept index's end (real_limits) after them.
+         std::vector<PadDim> config;
+         for (size_t d = 0; d < s.start.size(); ++d) {
+           const int64_t n = a.g.shape()[d];
+           const int64_t real_limit = s.start[d] + (n == 0 ? 0 : 1 + (n - 1) * s.stride(d));
+           config.push_back({s.start[d], a.x[0].shape()[d] - real_limit, s.stride(d) - 1});
+         }
+         a.add(0, pad(a.g, full({}, 0.0, a.g.dtype()), config));
          return absl::OkStatus();
        }},
       {Op::kConcatenate,

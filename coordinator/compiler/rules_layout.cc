@@ -138,21 +138,26 @@ DimMap reshape_map(const Graph& g, const Node& n) {
   return m;
 }
 
-// Whether dimension d is cut (slice) or joined along (concatenate).
+// Whether dimension d is cut (slice) or joined along (concatenate). A slice leaves d uncut
+// when it keeps the same position `start` of every run of `stride` elements through the
+// whole dimension (start < stride, result * stride == operand: the whole dimension when the
+// stride is 1): a split of the operand into blocks of whole runs then keeps its split, each
+// device slicing its own block alike.
 bool cut(const Graph& g, const Node& n, size_t d) {
-  return n.op == Op::kSlice
-             ? (n.attrs<SliceAttrs>().start[d] != 0 || n.attrs<SliceAttrs>().limit[d] != g.node(n.operands[0]).shape[d])
-             : static_cast<int64_t>(d) == n.attrs<ConcatAttrs>().axis;
+  if (n.op != Op::kSlice) return static_cast<int64_t>(d) == n.attrs<ConcatAttrs>().axis;
+  const SliceAttrs& s = n.attrs<SliceAttrs>();
+  return s.start[d] >= s.stride(d) || n.shape[d] * s.stride(d) != g.node(n.operands[0]).shape[d];
 }
 
-// slice, concatenate: dimensions that are cut or joined are gathered first. A concatenate
+// slice, concatenate: dimensions that are cut or joined are gathered first, and so is a kept
+// split a strided slice's shorter result does not divide (x[::4] of 8 over 4). A concatenate
 // resolves a pending sum first, unless every operand's is typed unreduced over the same axes
 // (explicit mode's _concatenate_unreduced_rule): then each device joins its terms.
 absl::Status slice_or_concatenate(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
   ValueSharding q = c.of_or_replicated(n.operands[0]);
   for (size_t d = 0; d < n.shape.size(); ++d) {
-    if (cut(c.graph(), n, d)) q.dims[d].clear();
+    if (cut(c.graph(), n, d) || n.shape[d] % c.mesh().axes_size(q.dims[d]) != 0) q.dims[d].clear();
   }
   if (n.op == Op::kConcatenate) {
     bool keep = q.is_partial();
@@ -174,17 +179,16 @@ DimMap slice_or_concatenate_map(const Graph& g, const Node& n) {
   return m;
 }
 
-// Split dimensions are never cut (propagation gathers them): they slice whole.
+// Split dimensions are never cut (propagation gathers them): each device slices its block of
+// whole runs of `stride` elements from the same start.
 absl::Status partition_slice(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
   const ValueSharding& result = c.propagation().result[id];
   TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
   Instruction inst = c.local_kernel(id, in);
+  SliceAttrs& s = inst.node.attrs<SliceAttrs>();
   for (size_t d = 0; d < n.shape.size(); ++d) {
-    if (!result.dims[d].empty()) {
-      inst.node.attrs<SliceAttrs>().start[d] = 0;
-      inst.node.attrs<SliceAttrs>().limit[d] = inst.node.shape[d];
-    }
+    if (!result.dims[d].empty()) s.limit[d] = inst.node.shape[d] * s.stride(d);
   }
   c.bind(id, c.emit(std::move(inst)));
   return absl::OkStatus();

@@ -191,7 +191,7 @@ void bind_ops(py::module_& m) {
   m.def("matmul", [](V a, V b, const PartitionSpec& spec, std::optional<Mesh> mesh) {
     return on_mesh(std::move(mesh), [&] { return matmul(a, b, spec); });
   });
-  m.def("slice", &slice);
+  m.def("slice", &slice, py::arg("x"), py::arg("start"), py::arg("limit"), py::arg("strides") = std::vector<int64_t>{});
   m.def("concatenate", &concatenate);
   m.def("iota", static_cast<Value (*)(DType, Shape, int64_t)>(&iota));
   m.def("full", static_cast<Value (*)(Shape, double, DType)>(&full));

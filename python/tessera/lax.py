@@ -246,9 +246,8 @@ def broadcast(operand, sizes, *, out_sharding=None):
 
 @_op
 def slice(operand, start_indices, limit_indices, strides=None):
-    if strides is not None and any(s != 1 for s in strides):
-        raise NotImplementedError("lax.slice with strides: Tessera's slice has unit strides")
-    return _wrap(_t.slice(_tracer(operand)._v, list(start_indices), list(limit_indices)))
+    return _wrap(_t.slice(_tracer(operand)._v, list(start_indices), list(limit_indices),
+                          [] if strides is None else list(strides)))
 
 
 def concatenate(operands, dimension):

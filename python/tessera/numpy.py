@@ -917,17 +917,18 @@ def _slice_range(i, size):
 def _getitem(x, idx):
     """x[idx] as jnp indexes: ints, slices, None, ..., integer index arrays and boolean masks
     (_expand_bool_indices); unit-step slices, ints and one index array (an embedding lookup,
-    x[:, ids]) are a slice and the SDK's at().get() on the sliced x, slices of other steps
-    beside ints and slices a slice and one gather of their dimensions (the SDK's slice has no
-    strides), anything else (two index arrays, a strided slice beside an index array, a
-    boolean scalar) one gather (_index_gather). An index array's out-of-range entries clamp and
+    x[:, ids]) are a slice and the SDK's at().get() on the sliced x; slices of positive steps
+    beside ints and slices are lax.slice's strides (JAX's rewriting_take: to_static_slice), of
+    negative steps a slice and one gather of their dimensions (no lax.rev yet), anything else
+    (two index arrays, a strided slice beside an index array, a boolean scalar) one gather
+    (_index_gather). An index array's out-of-range entries clamp and
     negative ones count from the end (JAX's "Out-of-bounds indexing" in the sharp bits:
     retrieval clamps). Where numpy's advanced indexing puts the index array's dimensions first
     (an int and an array separated by a slice or None), they go first here too."""
     idx = _expand_bool_indices(x, idx)
     expanded = _expand_index(x, idx)
-    start, limit, out_shape, d = [], [], [], 0
-    array_pos, array_index, strided = None, None, {}
+    start, limit, strides, out_shape, d = [], [], [], [], 0
+    array_pos, array_index, stepped, strided = None, None, False, {}
     for k, i in enumerate(expanded):
         if i is None:
             out_shape.append(1)
@@ -941,31 +942,35 @@ def _getitem(x, idx):
             s, n, step = _slice_range(i, size)
             if step != 1 and array_index is not None:
                 return _index_gather(x, idx, "clip", None, True, False)
-            if step != 1:  # whole here, then gathered: strided[position in out] = the slice
+            stepped = stepped or step != 1
+            if step < 0:  # whole here, then gathered: strided[position in out] = the slice
                 strided[len(out_shape)] = i
-                s, n = 0, size
-            start.append(s), limit.append(s + n), out_shape.append(n)
+                s, n, step = 0, size, 1
+            # n elements from s, `step` apart: limit one past the last (to_static_slice's max(start, stop)
+            # gives the same length).
+            start.append(s), limit.append(s + (n - 1) * step + 1 if n else s), strides.append(step)
+            out_shape.append(n)
         elif _is_int(i):
             j = int(i) + size if i < 0 else int(i)
             if not 0 <= j < size:
                 raise IndexError(f"index {int(i)} is out of bounds for axis {d} with size {size}")
-            start.append(j), limit.append(j + 1)
+            start.append(j), limit.append(j + 1), strides.append(1)
         elif _is_index_array(i):
-            if array_index is not None or strided:
+            if array_index is not None or stepped:
                 return _index_gather(x, idx, "clip", None, True, False)
             array_pos, array_index = len(out_shape), i
-            start.append(0), limit.append(size), out_shape.append(size)
+            start.append(0), limit.append(size), strides.append(1), out_shape.append(size)
         else:
             _refuse_scalar_index(i)
             raise NotImplementedError(f"indexing with {type(i).__name__} {i!r}: Tessera supports ints, slices, "
                                       "None, ... and integer index arrays")
         d += 1
-    out = _wrap(_t.slice(x._v, start, limit))
+    out = _wrap(_t.slice(x._v, start, limit, strides))
     if tuple(out_shape) != out.shape:
         out = reshape(out, out_shape)
     if strided:
         # The slice's sharding rule for the rest (JAX slices them all: _static_slice), then one
-        # gather of the strided dimensions, every window whole.
+        # gather of the negative-step dimensions, every window whole.
         return _index_gather(out, tuple(strided.get(j, slice(None)) for j in range(out.ndim)), "clip", None, True,
                              False)
     if array_index is None:
@@ -987,7 +992,8 @@ def _index_plan(x, idx, wrap, at):
     (the indices, index vector last; the dimension numbers (offset or window dims, collapsed or
     inserted dims, start index map, no batching dims); the gathered shape without None's
     dimensions; that shape with them; the slice sizes; (where the advanced indices' dimensions
-    start in the gathered shape, their spec: the first one's broadcast, as aia_spec)). Ints and
+    start in the gathered shape, their spec: the first one's broadcast, as aia_spec; each
+    non-unit-step slice's (dimension in the gathered shape, x's dimension))). Ints and
     index arrays are advanced indices: broadcast together, their dimensions where the first of
     them is when they are adjacent (None separates them), else first (numpy's rule); negatives
     wrap when `wrap`. A
@@ -1037,6 +1043,7 @@ def _index_plan(x, idx, wrap, at):
     # The result's dimensions in order: the advanced indices' at `first`, then each entry's.
     full_shape, gathered, offset, batch, adv_at = [], [], [], [], 0
     columns = []  # (operand dim, its indices, their first batch dimension, their shape)
+    stepped = []  # (dimension of gathered, operand dim) of each non-unit-step slice
     for j, (_, dim, s, n, step) in enumerate(basic + [(None, None, 0, 0, 1)]):
         if j == first and adv:
             adv_at = len(gathered)
@@ -1049,6 +1056,7 @@ def _index_plan(x, idx, wrap, at):
         full_shape.append(n)
         if dim is not None and step != 1:
             columns.append((dim, _np.arange(n, dtype=dt) * step + s, len(batch), (n,)))
+            stepped.append((len(gathered), dim))
             batch.append(n)
             gathered.append(n)
         elif dim is not None:
@@ -1075,7 +1083,7 @@ def _index_plan(x, idx, wrap, at):
             sizes[dim] = n
     collapsed = [dim for dim, *_ in columns]
     dims = (tuple(offset), tuple(sorted(collapsed)), tuple(collapsed + [dim for dim, _ in starts]), (), ())
-    return indices, dims, tuple(gathered), tuple(full_shape), tuple(sizes), (adv_at, aia)
+    return indices, dims, tuple(gathered), tuple(full_shape), tuple(sizes), (adv_at, aia, stepped)
 
 
 def _broadcast_spec(t, shape):
@@ -1143,17 +1151,18 @@ def _index_scatter(x, idx, values, name, mode, wrap):
     to the indexed shape, None's dimensions squeezed), in x's and the values' common dtype
     (_promoted), cast back to x's."""
     from ._api import typeof
-    i, dims, gathered, shape, _, (first, aia) = _index_plan(x, idx, wrap, True)
+    i, dims, gathered, shape, _, (first, aia, stepped) = _index_plan(x, idx, wrap, True)
     xt, y = _promoted(x, values)
     u = reshape(broadcast_to(y, shape), gathered)
     x_spec = tuple(typeof(xt).sharding.spec) + (None,) * x.ndim
     if builtins.any(s is not None for s in x_spec + tuple(typeof(u).sharding.spec) + aia):
         # On Explicit axes the updates laid out as the indexed slice of x (_scatter_impl:
         # indexer.slice_sharding, built by _index_to_gather's slice_spec): x's splits on the
-        # windows, the advanced indices' own (aia_spec) on their dimensions, from `first`.
+        # windows and on the dimensions of non-unit-step slices (slice_spec.append(x_spec[x_axis])
+        # for every slice), the advanced indices' own (aia_spec) on their dimensions, from `first`.
         windows = [d for d in range(x.ndim) if d not in dims[1]]
         spec = [None] * len(gathered)
-        for j, d in zip(dims[0], windows):
+        for j, d in list(zip(dims[0], windows)) + stepped:
             spec[j] = x_spec[d]
         spec[first:first + len(aia)] = aia
         u = broadcast_to(u, gathered, out_sharding=_slice_spec(spec))

@@ -477,6 +477,85 @@ def test_strided_slices_with_modes_ints_and_grad(table):
     np.testing.assert_array_equal(np.asarray(g), want)
 
 
+STRIDED_MESHES = [((8,), ("a",)), ((4, 2), ("a", "b")), ((2, 4), ("a", "b"))]
+
+
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+@pytest.mark.parametrize("shape,names", STRIDED_MESHES, ids=["8", "4x2", "2x4"])
+def test_positive_strides_are_a_strided_slice_keeping_the_split(shape, names, axis_type):
+    # Under jit JAX's rewriting_take takes x[::2] and x[1::2, 1::2] as one lax.slice with strides
+    # (jax/_src/numpy/indexing.py NDIndexer.to_static_slice, _static_slice), and
+    # _slice_sharding_rule (lax/slicing.py) keeps x's split where the result's dimension divides
+    # by its mesh axes. Each device's block here is whole runs of the stride, so the program
+    # moves nothing: no collective, where the gather of start + step * iota gathered the
+    # dimension. A negative step still takes the gather (no lax.rev yet), same values; on
+    # Explicit axes that gather refuses a split dimension, where JAX's lax.rev keeps it.
+    from tessera.sharding import AxisType
+    mesh = tessera.make_mesh(shape, names, axis_types=(getattr(AxisType, axis_type),) * len(shape))
+    spec = P("a", None) if len(shape) == 1 else P("a", "b")
+    x = tessera.device_put(TABLE, NamedSharding(mesh, spec))
+    f = tessera.jit(lambda x: (x[::2], x[1::2, 1::2], x[1:16:2, ..., ::2]))
+    got = f(x)
+    for g, w in zip(got, (TABLE[::2], TABLE[1::2, 1::2], TABLE[1:16:2, ..., ::2])):
+        np.testing.assert_array_equal(np.asarray(g), w)
+        assert tuple(g.sharding.spec) + (None,) * (2 - len(g.sharding.spec)) == tuple(spec) + (None,) * (
+            2 - len(spec)), (g.sharding, f.as_text())
+    for collective in ("all_gather", "all_to_all", "collective_permute", "all_reduce"):
+        assert collective not in f.as_text(), f.as_text()
+    if axis_type == "Auto":  # on Explicit axes the gather refuses the split indexed dimension
+        np.testing.assert_array_equal(np.asarray(tessera.jit(lambda x: x[::-2, 3:0:-1])(x)), TABLE[::-2, 3:0:-1])
+
+
+def test_strided_slice_errors_and_grad_as_jax():
+    # x[1:7:3] keeps 2 rows (1 and 4): over 4 devices on an Explicit axis that is
+    # _slice_sharding_rule's error (lax/slicing.py _get_sharding_for_varying_out_shape); on Auto
+    # axes the compiler gathers the dimension. The gradient of a strided slice pads its
+    # cotangent with stride - 1 zeros (_slice_transpose_fancy), the split kept.
+    from tessera.sharding import AxisType
+    explicit = tessera.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+    x = tessera.device_put(TABLE[:8], NamedSharding(explicit, P("a", None)))
+    with pytest.raises(ValueError, match=r"slicing on sharded dims where out dim \(2\) is not divisible by mesh axes "
+                                         r"\(4\) with spec \('a',\) is not implemented"):
+        tessera.jit(lambda x: x[1:7:3])(x)
+    auto = tessera.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    np.testing.assert_array_equal(
+        np.asarray(tessera.jit(lambda x: x[1:7:3])(tessera.device_put(TABLE[:8], NamedSharding(auto, P("a", None))))),
+        TABLE[1:7:3])
+    w = np.arange(1, 33, dtype=np.float32).reshape(8, 4)
+    split = tessera.device_put(TABLE, NamedSharding(explicit, P("a", "b")))
+    g = tessera.jit(tessera.grad(lambda t: jnp.sum(t[1::2, ::2] * w)))(split)
+    want = np.zeros_like(TABLE)
+    want[1::2, ::2] = w
+    np.testing.assert_array_equal(np.asarray(g), want)
+    assert tuple(tessera.typeof(g).sharding.spec) == ("a", "b")
+    np.testing.assert_array_equal(np.asarray(tessera.numpy.asarray(TABLE)[1:7:3, ::3]), TABLE[1:7:3, ::3])
+    with pytest.raises(ValueError, match="slice step cannot be zero"):
+        tessera.numpy.asarray(TABLE)[::0]
+    # lax.slice's docstring (jax/_src/lax/slicing.py): lax.slice(x, (0, 0), (3, 4), (1, 2)) of
+    # arange(12).reshape(3, 4) is [[0, 2], [4, 6], [8, 10]].
+    twelve = tessera.numpy.asarray(np.arange(12, dtype=np.int32).reshape(3, 4))
+    np.testing.assert_array_equal(np.asarray(lax.slice(twelve, (0, 0), (3, 4), (1, 2))), [[0, 2], [4, 6], [8, 10]])
+
+
+def test_at_updates_take_the_split_of_a_strided_slice_dimension():
+    # .at[] with a non-unit-step slice beside an index array: JAX's _index_to_gather gives the
+    # slice's dimension of the updates x's split there (slice_spec.append(x_spec[x_axis]) for
+    # every slice) and _scatter_impl lays the updates out so: x split over 'b' on the strided
+    # dimension makes updates f32[2,4@b], which the scatter refuses (the strided dimension is an
+    # index of the scatter, split updates there are _scatter_spec_computation's error) and which
+    # out_sharding= resolves.
+    from tessera.sharding import AxisType
+    mesh = tessera.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+    rows = np.array([1, 5], np.int32)
+    x = tessera.device_put(TABLE, NamedSharding(mesh, P(None, "b")))
+    with pytest.raises(ValueError, match=r"updates=f32\[2,4@b\]"):
+        tessera.jit(lambda x: x.at[rows, ::2].set(1.0))(x)
+    out = tessera.jit(lambda x: x.at[rows, ::2].add(1.0, out_sharding=P(None, "b")))(x)
+    want = TABLE.copy()
+    want[rows[:, None], np.arange(0, 8, 2)] += 1.0
+    np.testing.assert_array_equal(np.asarray(out), want)
+
+
 # Boolean indices (jax/_src/numpy/indexing.py NDIndexer.expand_bool_indices and
 # expand_scalar_bool_indices): a concrete mask is the integer arrays of its nonzero entries, a
 # boolean scalar an index of shape (1,) or (0,) over a new dimension; cases from

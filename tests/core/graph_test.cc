@@ -223,7 +223,7 @@ TEST(Graph, NodesCarryTheirOpsAttributesKind) {
   wrong.attributes = NoAttrs{};
   expect_invalid(g.add_node(wrong), "slice: the node carries none attributes, not slice");
   wrong.op = Op::kTanh;
-  wrong.attributes = SliceAttrs{{0, 0}, {4, 8}};
+  wrong.attributes = SliceAttrs{{0, 0}, {4, 8}, {}};
   expect_invalid(g.add_node(wrong), "tanh: the node carries slice attributes, not none");
   EXPECT_EQ(g.size(), 1) << "a refused node leaves the graph unchanged";
 

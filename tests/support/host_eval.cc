@@ -32,7 +32,7 @@ absl::StatusOr<HostArray> block(const HostArray& x, int64_t dim, int64_t i, int6
   limit[dim] = (i + 1) * size;
   Shape shape = x.shape();
   shape[dim] = size;
-  return kernel(Op::kSlice, x.dtype(), shape, {&x}, SliceAttrs{start, limit});
+  return kernel(Op::kSlice, x.dtype(), shape, {&x}, SliceAttrs{start, limit, {}});
 }
 
 // One shard_map collective over every group, by its definition: one block per mesh position

@@ -104,9 +104,13 @@ HostArray transpose_kernel(const Node& node, const HostArray& x) {
 
 HostArray slice_kernel(const Node& node, const HostArray& x) {
   HostArray out(node.dtype, node.shape);
-  const std::vector<int64_t> x_strides = row_major_strides(x.shape());
+  const SliceAttrs& s = node.attrs<SliceAttrs>();
+  std::vector<int64_t> x_strides = row_major_strides(x.shape());
   int64_t offset = 0;
-  for (size_t d = 0; d < x_strides.size(); ++d) offset += node.attrs<SliceAttrs>().start[d] * x_strides[d];
+  for (size_t d = 0; d < x_strides.size(); ++d) {
+    offset += s.start[d] * x_strides[d];
+    x_strides[d] *= s.stride(d);  // the step between kept elements
+  }
   gather(x.data(), dtype_size(x.dtype()), offset, node.shape, x_strides, out.data());
   return out;
 }

@@ -282,9 +282,14 @@ Value dot(const Value& lhs, const Value& rhs);
 Value dot_general(const Value& lhs, const Value& rhs, DotDims dims, const PartitionSpec& out_sharding);
 Value matmul(const Value& lhs, const Value& rhs, const PartitionSpec& out_sharding);
 
-// x[start:limit], one start and limit per dimension (no negative indices); xs joined along
-// `axis`, agreeing in dtype and in every other dimension.
-Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit);
+// lax.slice: x[start:limit:strides], one start and limit per dimension (no negative indices,
+// 0 <= start <= limit <= the dimension) and optionally one stride per dimension (each >= 1;
+// empty means 1), dimension d of the result ceil((limit - start) / stride) long; otherwise
+// INVALID_ARGUMENT naming the rule (slicing.py's _slice_shape_rule). In explicit mode the
+// result keeps x's sharding, and a split dimension whose length changes must still divide by
+// its mesh axes (_slice_sharding_rule). xs joined along `axis`, agreeing in dtype and in every
+// other dimension.
+Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit, std::vector<int64_t> strides = {});
 Value concatenate(const std::vector<Value>& xs, int64_t axis);
 
 // Indexing with an integer (int32 or int64) index array along one dimension, as JAX. The result

@@ -219,8 +219,8 @@ class Combiner {
       const int64_t n = parts[k], height = gather ? rows : 1;
       const Shape part_shape = scatter || gather ? Shape{height, n} : Shape{n};
       Instruction part = make_kernel(Op::kSlice, dtype, part_shape, {result}, h.collective.cause);
-      part.node.attributes =
-          scatter || gather ? SliceAttrs{{0, offset}, {height, offset + n}} : SliceAttrs{{offset}, {offset + n}};
+      part.node.attributes = scatter || gather ? SliceAttrs{{0, offset}, {height, offset + n}, {}}
+                                               : SliceAttrs{{offset}, {offset + n}, {}};
       offset += n;
       int sliced = push(std::move(part));
       if (gather) sliced = rows_as_gathered(h, sliced, rows);

@@ -1,0 +1,204 @@
+// lax.slice with strides (jax/_src/lax/slicing.py: slice, _slice_shape_rule,
+// _slice_sharding_rule, _slice_transpose_fancy, _slice_batching_rule) on (8), (4, 2) and
+// (2, 4) meshes of Auto and Explicit axes: values against host loops, the result's split, the
+// plan's collectives, JAX's errors, grad and vmap.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/grad.h"
+#include "tessera/vmap.h"
+#include "tests/integration/jit_support.h"
+
+namespace tessera {
+namespace {
+
+using jit_support::expect_near;
+using jit_support::random_f32;
+using ::testing::HasSubstr;
+using Dims = std::vector<int64_t>;
+
+class SliceTest : public jit_support::LocalJitSuite {
+ protected:
+  // The (8), (4, 2) and (2, 4) meshes over the suite's devices, axes named 'a' (and 'b').
+  static std::vector<Mesh> meshes(AxisType type) {
+    std::vector<Mesh> out;
+    for (const Dims& shape : {Dims{8}, Dims{4, 2}, Dims{2, 4}}) {
+      absl::StatusOr<Mesh> m = shape.size() == 1 ? client_->make_mesh(shape, {"a"}, {type})
+                                                 : client_->make_mesh(shape, {"a", "b"}, {type, type});
+      EXPECT_TRUE(m.ok()) << m.status();
+      out.push_back(*m);
+    }
+    return out;
+  }
+  // x split over 'a' on dimension 0 and over 'b' (when the mesh has it) on dimension 1.
+  static PartitionSpec split_spec(const Mesh& mesh) {
+    return mesh.axis_names().size() == 1 ? P("a", None) : P("a", "b");
+  }
+  // Numpy's x[start:limit:strides] of a rank-2 row-major x, by loops.
+  static std::vector<double> host_slice(const HostArray& x, const Dims& start, const Dims& limit, const Dims& strides) {
+    std::vector<double> out;
+    for (int64_t i = start[0]; i < limit[0]; i += strides[0]) {
+      for (int64_t j = start[1]; j < limit[1]; j += strides[1]) {
+        out.push_back(x.element_as_double(i * x.shape()[1] + j));
+      }
+    }
+    return out;
+  }
+};
+
+struct StridedCase {
+  const char* name;
+  Dims start, limit, strides;
+};
+
+// Each case's values equal numpy's on every mesh and mode. Where every device's block is a
+// whole number of runs of `stride` elements and the slice keeps the same position of each run
+// (x[::2], x[1::2, ::4], x[1::2, 1::2] of a (16, 8) x), the split is kept and the program moves
+// nothing: no collective at all, the result split as x. JAX's _slice_sharding_rule keeps x's
+// sharding too (the result's dimension divides by its mesh axes). x[1::2, ::4] on (2, 4) keeps 2
+// columns, which do not divide over 'b' (4): JAX's error on Explicit axes; on Auto axes the
+// compiler gathers that dimension.
+TEST_F(SliceTest, StridedSlicesMatchNumpyAndKeepAnAlignedSplitWithoutCollectives) {
+  const HostArray x = random_f32({16, 8}, 1);
+  const std::vector<StridedCase> cases = {
+      {"x[::2]", {0, 0}, {16, 8}, {2, 1}},
+      {"x[1::2, ::4]", {1, 0}, {16, 8}, {2, 4}},
+      {"x[1::2, 1::2]", {1, 1}, {16, 8}, {2, 2}},
+  };
+  for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
+    for (const Mesh& mesh : meshes(type)) {
+      for (const StridedCase& c : cases) {
+        SCOPED_TRACE(absl::StrCat(c.name, " on ", mesh.to_string()));
+        Jitted f = jit([&](const std::vector<Value>& in) {
+          return std::vector<Value>{slice(in[0], c.start, c.limit, c.strides)};
+        });
+        absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, split_spec(mesh))});
+        const bool indivisible = c.strides[1] == 4 && mesh.axis_names().size() == 2 && mesh.axis_size("b") == 4;
+        if (indivisible && type == AxisType::kExplicit) {
+          ASSERT_FALSE(got.ok());
+          EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+          EXPECT_THAT(std::string(got.status().message()),
+                      HasSubstr("slicing on sharded dims where out dim (2) is not divisible by mesh axes (4) with "
+                                "spec ('b',) is not implemented"));
+          continue;
+        }
+        ASSERT_TRUE(got.ok()) << got.status();
+        expect_near(fetch((*got)[0]), host_slice(x, c.start, c.limit, c.strides), 0);
+        if (indivisible) {
+          EXPECT_EQ((*got)[0].sharding().spec(), P("a", None)) << "dimension 1 gathered";
+          continue;
+        }
+        EXPECT_EQ((*got)[0].sharding().spec(), split_spec(mesh));
+        for (const char* collective : {"all_gather", "all_to_all", "collective_permute", "all_reduce"}) {
+          EXPECT_THAT(f.as_text(), ::testing::Not(HasSubstr(collective))) << f.as_text();
+        }
+      }
+    }
+  }
+}
+
+// A slice that is not aligned with the blocks (x[1:7:3] keeps indices 1 and 4 of 8) is cut:
+// on Auto axes the compiler gathers the dimension first; on Explicit axes the result keeps x's
+// split when its 2 elements divide by the axis (the (2, 4) mesh's 'a', as JAX's
+// _get_sharding_for_varying_out_shape) and is JAX's error otherwise (8 and 4 devices).
+TEST_F(SliceTest, UnalignedStridedSliceOfASplitDimensionGathersOrIsJaxsError) {
+  const HostArray x = HostArray::arange(DType::kF32, {8, 4});
+  for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
+    for (const Mesh& mesh : meshes(type)) {
+      SCOPED_TRACE(mesh.to_string());
+      absl::StatusOr<std::vector<Array>> got = jit([](const std::vector<Value>& in) {
+        return std::vector<Value>{slice(in[0], {1, 0}, {7, 4}, {3, 1})};
+      })({put_on(mesh, x, P("a", None))});
+      const int64_t a = mesh.axis_size("a");
+      if (type == AxisType::kExplicit && a != 2) {
+        ASSERT_FALSE(got.ok());
+        EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(
+            std::string(got.status().message()),
+            HasSubstr(absl::StrCat("slicing on sharded dims where out dim (2) is not divisible by mesh axes (", a,
+                                   ") with spec ('a',) is not implemented. Got input type=f32[8@a,4] and "
+                                   "output shape=(2, 4)")));
+        continue;
+      }
+      ASSERT_TRUE(got.ok()) << got.status();
+      expect_near(fetch((*got)[0]), {4, 5, 6, 7, 16, 17, 18, 19}, 0);
+      if (type == AxisType::kExplicit) {
+        EXPECT_EQ((*got)[0].sharding().spec(), P("a", None));
+      }
+    }
+  }
+}
+
+// _slice_shape_rule's checks: a stride below 1 ("slice strides must be positive"), one stride
+// per dimension; the result's length is ceil((limit - start) / stride) (core.stride_dim), so an
+// empty range gives 0 elements.
+TEST_F(SliceTest, ShapeRuleAndErrorsAreJaxs) {
+  const HostArray x = random_f32({6, 5}, 2);
+  auto run = [&](Dims start, Dims limit, Dims strides) {
+    return jit([=](const std::vector<Value>& in) { return std::vector<Value>{slice(in[0], start, limit, strides)}; })(
+        {put_on(*auto_mesh_, x, P())});
+  };
+  absl::StatusOr<std::vector<Array>> zero = run({0, 0}, {6, 5}, {0, 1});
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(zero.status().message()), HasSubstr("slice strides must be positive, got 0"));
+  absl::StatusOr<std::vector<Array>> negative = run({0, 0}, {6, 5}, {1, -2});
+  ASSERT_FALSE(negative.ok());
+  EXPECT_THAT(std::string(negative.status().message()), HasSubstr("slice strides must be positive, got -2"));
+  absl::StatusOr<std::vector<Array>> short_strides = run({0, 0}, {6, 5}, {2});
+  ASSERT_FALSE(short_strides.ok());
+  EXPECT_EQ(short_strides.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(short_strides.status().message()),
+              HasSubstr("slice strides must have length equal to the number of dimensions of the operand"));
+  // lax.slice's docstring: x[0:3, 0:4:2]-style shapes; (6 - 1) / 2 rounds up to 3, (5 - 0) / 3 to 2.
+  absl::StatusOr<std::vector<Array>> shaped = run({1, 0}, {6, 5}, {2, 3});
+  ASSERT_TRUE(shaped.ok()) << shaped.status();
+  EXPECT_EQ((*shaped)[0].shape(), (Shape{3, 2}));
+  expect_near(fetch((*shaped)[0]), host_slice(x, {1, 0}, {6, 5}, {2, 3}), 0);
+  absl::StatusOr<std::vector<Array>> empty = run({3, 0}, {3, 5}, {2, 2});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ((*empty)[0].shape(), (Shape{0, 3}));
+}
+
+// grad through a strided slice is the cotangent padded with stride - 1 zeros between its
+// elements (_slice_transpose_fancy: lax.pad with interior padding): d/dx sum(x[1:14:3, ::2] * w)
+// is w at rows 1, 4, 7, 10, 13 and even columns, 0 elsewhere, with x split on the strided
+// columns (on Explicit axes not over 8 devices: 4 columns do not divide, JAX's error above).
+TEST_F(SliceTest, GradPadsTheCotangentWithInteriorZeros) {
+  const HostArray x = random_f32({16, 8}, 3);
+  const HostArray w = random_f32({5, 4}, 4);
+  std::vector<double> want(x.size(), 0.0);
+  for (int64_t r = 0; r < 5; ++r) {
+    for (int64_t c = 0; c < 4; ++c) want[(1 + 3 * r) * 8 + 2 * c] = w.element_as_double(r * 4 + c);
+  }
+  for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
+    for (const Mesh& mesh : meshes(type)) {
+      const bool flat = mesh.axis_names().size() == 1;
+      if (flat && type == AxisType::kExplicit) continue;
+      SCOPED_TRACE(mesh.to_string());
+      absl::StatusOr<std::vector<Array>> got = jit(grad([](const std::vector<Value>& in) {
+        return std::vector<Value>{sum(slice(in[0], {1, 0}, {14, 8}, {3, 2}) * in[1])};
+      }))({put_on(mesh, x, P(None, flat ? "a" : "b")), put_on(mesh, w, P())});
+      ASSERT_TRUE(got.ok()) << got.status();
+      expect_near(fetch((*got)[0]), want, 0);
+    }
+  }
+}
+
+// vmap over a strided slice slices each example alike (_slice_batching_rule: stride 1 on the
+// batch dimension).
+TEST_F(SliceTest, VmapSlicesEachExample) {
+  const HostArray xs = random_f32({4, 9}, 5);
+  absl::StatusOr<std::vector<Array>> got = jit(vmap([](const std::vector<Value>& in) {
+    return std::vector<Value>{slice(in[0], {2}, {9}, {3})};
+  }))({put_on(*auto_mesh_, xs, P("data", None))});
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_near(fetch((*got)[0]), host_slice(xs, {0, 2}, {4, 9}, {1, 3}), 0);
+}
+
+}  // namespace
+}  // namespace tessera
