@@ -8,6 +8,8 @@
 // bodies and the compiler reconciles them (GSPMD), which explicit mode refuses as JAX >= 0.9
 // does (explicit control flow: trace_test's ExplicitControlFlow, ExplicitJitTest).
 #include <algorithm>
+#include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -333,6 +335,117 @@ TEST(ScanPlan, ItsGradientRunsTheForwardBodyOnceAndReadsTheResidualsBackwards) {
   EXPECT_EQ(kernels_of(*backward.body, Op::kTanh), 0) << exe->as_text();
   // The forward loop's results: the final carries and the two ys, then the stacked residuals.
   EXPECT_GT(forward.out_types.size(), 4u) << exe->as_text();
+}
+
+// Every kernel of `op` in `plan`, those in loop bodies and switch branches included.
+int kernels_within(const DevicePlan& plan, Op op) {
+  int n = 0;
+  for (const Instruction& i : plan.code) {
+    n += i.kind == Instruction::Kind::kKernel && i.node.op == op ? 1 : 0;
+    if (i.kind == Instruction::Kind::kLoop && i.body != nullptr) n += kernels_within(*i.body, op);
+    for (const auto& b : i.branches) n += kernels_within(*b, op);
+  }
+  return n;
+}
+
+// value_and_grad of a fori_loop (a scan: fori_loop lowers to one, as JAX's with static bounds)
+// runs its body's forward once, in the loop that also stacks the residuals, and the backward
+// loop computes no forward op again (JAX's _scan_partial_eval, jax/_src/lax/control_flow/
+// loops.py); under checkpoint (jax.checkpoint: recompute everything) the backward loop computes
+// the body's forward once more, as JAX's remat does. The body closes over w (a captured
+// const: a loop invariant): h <- tanh((h @ w) * (i + 1)), i = 0, 1, 2; the loss sum(h_3).
+// Its program on one device runs here (worker/interpreter.h's run_plan) against the gradient
+// written out below (dz_k = g (1 - h_{k+1}^2) (k + 1), dh_k = dz_k w^T, dw += h_k^T dz_k).
+TEST(ScanPlan, AForiLoopsGradientRunsItsBodyOnceForwardsUnlessCheckpointed) {
+  constexpr int64_t kN = 4, kSteps = 3;
+  std::mt19937 rng(15);
+  std::uniform_real_distribution<float> uniform(-0.6F, 0.6F);
+  std::vector<float> x(kN * kN), w(kN * kN);
+  for (float& v : x) v = uniform(rng);
+  for (float& v : w) v = uniform(rng);
+  // The host reference.
+  auto matmul_host = [](const std::vector<float>& a, const std::vector<float>& b, bool ta, bool tb) {
+    std::vector<float> c(kN * kN, 0.0F);
+    for (int64_t r = 0; r < kN; ++r) {
+      for (int64_t col = 0; col < kN; ++col) {
+        for (int64_t k = 0; k < kN; ++k) {
+          c[r * kN + col] += (ta ? a[k * kN + r] : a[r * kN + k]) * (tb ? b[col * kN + k] : b[k * kN + col]);
+        }
+      }
+    }
+    return c;
+  };
+  std::vector<std::vector<float>> h = {x};
+  for (int64_t k = 0; k < kSteps; ++k) {
+    std::vector<float> z = matmul_host(h.back(), w, false, false);
+    for (float& v : z) v = std::tanh(v * static_cast<float>(k + 1));
+    h.push_back(z);
+  }
+  float loss = 0;
+  for (float v : h.back()) loss += v;
+  std::vector<float> g(kN * kN, 1.0F), dw(kN * kN, 0.0F);
+  for (int64_t k = kSteps - 1; k >= 0; --k) {
+    std::vector<float> dz(kN * kN);
+    for (int64_t e = 0; e < kN * kN; ++e) {
+      dz[e] = g[e] * (1 - h[k + 1][e] * h[k + 1][e]) * static_cast<float>(k + 1);
+    }
+    const std::vector<float> dwk = matmul_host(h[k], dz, true, false);
+    for (int64_t e = 0; e < kN * kN; ++e) dw[e] += dwk[e];
+    g = matmul_host(dz, w, false, true);
+  }
+  absl::StatusOr<Mesh> mesh = make_mesh({1, 1}, {"data", "model"}, {0});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  for (const bool remat : {false, true}) {
+    SCOPED_TRACE(remat ? "checkpointed body" : "plain body");
+    const auto f = [remat](const std::vector<Value>& in) {
+      const Value w = in[1];
+      const TracedFunction step = [w](const std::vector<Value>& a) {
+        return std::vector<Value>{tanh(matmul(a[1], w) * (convert(a[0], DType::kF32) + 1.0))};
+      };
+      const TracedFunction body = remat ? checkpoint(step) : step;
+      const std::vector<Value> out = fori_loop(0, kSteps,
+                                               [&](const Value& i, const std::vector<Value>& c) {
+                                                 return body({i, c[0]});
+                                               },
+                                               {in[0]});
+      return std::vector<Value>{sum(out[0])};
+    };
+    absl::StatusOr<Graph> traced = trace(value_and_grad(f, {0, 1}), {{DType::kF32, {kN, kN}}, {DType::kF32, {kN, kN}}});
+    ASSERT_TRUE(traced.ok()) << traced.status();
+    absl::StatusOr<Propagation> p = propagate(*traced, *mesh, {P(), P()}, std::vector<std::optional<PartitionSpec>>(3));
+    ASSERT_TRUE(p.ok()) << p.status();
+    absl::StatusOr<Executable> exe = partition(*traced, *mesh, *p, std::vector<std::optional<PartitionSpec>>(3));
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    std::vector<const Instruction*> loops;
+    for (const Instruction& i : exe->program.code) {
+      if (i.kind == Instruction::Kind::kLoop) loops.push_back(&i);
+    }
+    ASSERT_EQ(loops.size(), 2u) << "one forward loop and one backward loop\n" << exe->as_text();
+    EXPECT_FALSE(loops[0]->reverse) << exe->as_text();
+    EXPECT_TRUE(loops[1]->reverse) << exe->as_text();
+    EXPECT_EQ(kernels_within(*loops[0]->body, Op::kDotGeneral), 1) << exe->as_text();
+    EXPECT_EQ(kernels_within(*loops[0]->body, Op::kTanh), 1) << exe->as_text();
+    // The VJP's two matmuls (h's and w's cotangents); checkpoint's recomputed forward adds one
+    // matmul and one tanh.
+    EXPECT_EQ(kernels_within(*loops[1]->body, Op::kDotGeneral), remat ? 3 : 2) << exe->as_text();
+    EXPECT_EQ(kernels_within(*loops[1]->body, Op::kTanh), remat ? 1 : 0) << exe->as_text();
+    EXPECT_EQ(kernels_within(exe->program, Op::kDotGeneral), remat ? 4 : 3) << exe->as_text();
+    absl::StatusOr<DevicePlan> mine = resolve(exe->program, *mesh, 0);
+    ASSERT_TRUE(mine.ok()) << mine.status();
+    std::vector<std::shared_ptr<const HostArray>> inputs;
+    inputs.push_back(std::make_shared<HostArray>(HostArray::from_vector<float>({kN, kN}, x)));
+    inputs.push_back(std::make_shared<HostArray>(HostArray::from_vector<float>({kN, kN}, w)));
+    Transport transport;
+    absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out =
+        run_plan(*mine, std::move(inputs), transport, PlanRun{});
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->size(), 3u);
+    EXPECT_NEAR((*out)[0]->values<float>()[0], loss, 1e-5);
+    for (int64_t e = 0; e < kN * kN; ++e) {
+      EXPECT_NEAR((*out)[1]->values<float>()[e], g[e], 1e-5) << "d loss / d x, element " << e;
+      EXPECT_NEAR((*out)[2]->values<float>()[e], dw[e], 1e-5) << "d loss / d w, element " << e;
+    }
+  }
 }
 
 // A body that builds arrays no iteration's input goes into, as attention's does: a causal
