@@ -493,6 +493,84 @@ void expect_survives_the_wire(const Executable& exe) {
   absl::StatusOr<DevicePlan> device5 = resolve(*back, exe.mesh, 5);
   ASSERT_TRUE(device5.ok()) << device5.status();
 }
+// The ops of `plan` whose results it stacks as a loop body's rows: outputs from `from` on.
+std::vector<Op> stacked_ops(const DevicePlan& body, size_t from) {
+  std::vector<Op> ops;
+  for (size_t j = from; j < body.output_slots.size(); ++j) {
+    for (const Instruction& i : body.code) {
+      if (i.kind == Instruction::Kind::kKernel && i.out == body.output_slots[j]) ops.push_back(i.node.op);
+    }
+  }
+  return ops;
+}
+
+// A residual that is a broadcast is rebuilt in the backward body from its operand, which the
+// forward loop stacks instead (JAX keeps what the tangent equations read; here a broadcast
+// costs as much to rebuild as to read back, and stacking it costs `length` times its broadcast
+// size): the body divides by its rows' sums of squares, whose broadcast the division's VJP
+// reads (g / y and y * y). The forward loop stacks no broadcast, and the (kDim, 1) sums once.
+// Values: the one-device program against the gradient of the unrolled form (no scan, so no
+// scan VJP) computed on the host (tests/support/host_eval.h).
+TEST(ScanPlan, ItsGradientStacksABroadcastsOperandNotTheBroadcast) {
+  constexpr int64_t kLength = 3;
+  const auto f = [](const std::vector<Value>& in) {
+    ScanResult r = scan(
+        [](const std::vector<Value>& c, const std::vector<Value>& x) {
+          const Value s = sum(c[0] * c[0], {1}, /*keepdims=*/true) + 1.0;
+          return ScanStep{{tanh(matmul(c[0], x[0]) / s)}, {}};
+        },
+        {in[0]}, {in[1]});
+    return std::vector<Value>{sum(r.carry[0])};
+  };
+  const std::vector<ArrayType> types = {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kLength, kDim, kDim}}};
+  absl::StatusOr<Graph> traced = trace(value_and_grad(f, {0, 1}), types);
+  ASSERT_TRUE(traced.ok()) << traced.status();
+  absl::StatusOr<Mesh> mesh = make_mesh({1, 1}, {"data", "model"}, {0});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Propagation> p = propagate(*traced, *mesh, {P(), P()}, std::vector<std::optional<PartitionSpec>>(3));
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<Executable> exe = partition(*traced, *mesh, *p, std::vector<std::optional<PartitionSpec>>(3));
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const Instruction* forward = nullptr;
+  for (const Instruction& i : exe->program.code) {
+    if (i.kind == Instruction::Kind::kLoop && forward == nullptr) forward = &i;
+  }
+  ASSERT_NE(forward, nullptr) << exe->as_text();
+  ASSERT_FALSE(forward->reverse) << exe->as_text();
+  const size_t carries = static_cast<size_t>(forward->num_carry);
+  for (Op op : stacked_ops(*forward->body, carries)) EXPECT_NE(op, Op::kBroadcastInDim) << exe->as_text();
+  int narrow = 0;
+  for (size_t j = carries; j < forward->out_types.size(); ++j) {
+    narrow += forward->out_types[j].shape == Shape{kLength, kDim, 1} ? 1 : 0;
+  }
+  EXPECT_EQ(narrow, 1) << "the sums, stacked\n" << exe->as_text();
+  std::mt19937 rng(37);
+  const HostArray x = random_array(DType::kF32, types[0].shape, Domain::kSigned, rng);
+  const HostArray xs = random_array(DType::kF32, types[1].shape, Domain::kSigned, rng);
+  const auto unrolled = [](const std::vector<Value>& in) {
+    Value h = in[0];
+    for (int64_t k = 0; k < kLength; ++k) {
+      const Value row = reshape(slice(in[1], {k, 0, 0}, {k + 1, kDim, kDim}), {kDim, kDim});
+      h = tanh(matmul(h, row) / (sum(h * h, {1}, /*keepdims=*/true) + 1.0));
+    }
+    return std::vector<Value>{sum(h)};
+  };
+  absl::StatusOr<Graph> flat = trace(value_and_grad(unrolled, {0, 1}), types);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*flat, {&x, &xs});
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::StatusOr<DevicePlan> mine = resolve(exe->program, *mesh, 0);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  std::vector<std::shared_ptr<const HostArray>> inputs;
+  inputs.push_back(std::make_shared<HostArray>(x.clone()));
+  inputs.push_back(std::make_shared<HostArray>(xs.clone()));
+  Transport transport;
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> got =
+      run_plan(*mine, std::move(inputs), transport, PlanRun{});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 3u);
+  for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(results_match(*(*got)[k], (*want)[k], kF32Tolerance)) << "output " << k;
+}
 
 // Loop-invariant code motion (passes/hoist.cc): the mask, the fill and the scales are built
 // once before the loop, not in every iteration, and enter the body as extra carries the body
