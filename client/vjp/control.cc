@@ -189,6 +189,14 @@ absl::Status scan_vjp(const VjpArgs& a) {
             residual[TraceState::id(v)] = true;
           }
         }
+        // A broadcast is rebuilt in the backward body from its operand (saved in its stead when
+        // varying) rather than stacked `length` times at its broadcast size.
+        for (int id = g.size() - 1; id >= 0; --id) {
+          if (!residual[id] || g.node(id).op != Op::kBroadcastInDim) continue;
+          residual[id] = false;
+          const int o = g.node(id).operands[0];
+          residual[o] = residual[o] || c[o] == Needs::kVarying;
+        }
         for (int id = 0; id < g.size(); ++id) {
           if (!residual[id]) continue;
           residuals.push_back(id);

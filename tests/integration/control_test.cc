@@ -8,6 +8,8 @@
 // bodies and the compiler reconciles them (GSPMD), which explicit mode refuses as JAX >= 0.9
 // does (explicit control flow: trace_test's ExplicitControlFlow, ExplicitJitTest).
 #include <algorithm>
+#include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -335,6 +337,117 @@ TEST(ScanPlan, ItsGradientRunsTheForwardBodyOnceAndReadsTheResidualsBackwards) {
   EXPECT_GT(forward.out_types.size(), 4u) << exe->as_text();
 }
 
+// Every kernel of `op` in `plan`, those in loop bodies and switch branches included.
+int kernels_within(const DevicePlan& plan, Op op) {
+  int n = 0;
+  for (const Instruction& i : plan.code) {
+    n += i.kind == Instruction::Kind::kKernel && i.node.op == op ? 1 : 0;
+    if (i.kind == Instruction::Kind::kLoop && i.body != nullptr) n += kernels_within(*i.body, op);
+    for (const auto& b : i.branches) n += kernels_within(*b, op);
+  }
+  return n;
+}
+
+// value_and_grad of a fori_loop (a scan: fori_loop lowers to one, as JAX's with static bounds)
+// runs its body's forward once, in the loop that also stacks the residuals, and the backward
+// loop computes no forward op again (JAX's _scan_partial_eval, jax/_src/lax/control_flow/
+// loops.py); under checkpoint (jax.checkpoint: recompute everything) the backward loop computes
+// the body's forward once more, as JAX's remat does. The body closes over w (a captured
+// const: a loop invariant): h <- tanh((h @ w) * (i + 1)), i = 0, 1, 2; the loss sum(h_3).
+// Its program on one device runs here (worker/interpreter.h's run_plan) against the gradient
+// written out below (dz_k = g (1 - h_{k+1}^2) (k + 1), dh_k = dz_k w^T, dw += h_k^T dz_k).
+TEST(ScanPlan, AForiLoopsGradientRunsItsBodyOnceForwardsUnlessCheckpointed) {
+  constexpr int64_t kN = 4, kSteps = 3;
+  std::mt19937 rng(15);
+  std::uniform_real_distribution<float> uniform(-0.6F, 0.6F);
+  std::vector<float> x(kN * kN), w(kN * kN);
+  for (float& v : x) v = uniform(rng);
+  for (float& v : w) v = uniform(rng);
+  // The host reference.
+  auto matmul_host = [](const std::vector<float>& a, const std::vector<float>& b, bool ta, bool tb) {
+    std::vector<float> c(kN * kN, 0.0F);
+    for (int64_t r = 0; r < kN; ++r) {
+      for (int64_t col = 0; col < kN; ++col) {
+        for (int64_t k = 0; k < kN; ++k) {
+          c[r * kN + col] += (ta ? a[k * kN + r] : a[r * kN + k]) * (tb ? b[col * kN + k] : b[k * kN + col]);
+        }
+      }
+    }
+    return c;
+  };
+  std::vector<std::vector<float>> h = {x};
+  for (int64_t k = 0; k < kSteps; ++k) {
+    std::vector<float> z = matmul_host(h.back(), w, false, false);
+    for (float& v : z) v = std::tanh(v * static_cast<float>(k + 1));
+    h.push_back(z);
+  }
+  float loss = 0;
+  for (float v : h.back()) loss += v;
+  std::vector<float> g(kN * kN, 1.0F), dw(kN * kN, 0.0F);
+  for (int64_t k = kSteps - 1; k >= 0; --k) {
+    std::vector<float> dz(kN * kN);
+    for (int64_t e = 0; e < kN * kN; ++e) {
+      dz[e] = g[e] * (1 - h[k + 1][e] * h[k + 1][e]) * static_cast<float>(k + 1);
+    }
+    const std::vector<float> dwk = matmul_host(h[k], dz, true, false);
+    for (int64_t e = 0; e < kN * kN; ++e) dw[e] += dwk[e];
+    g = matmul_host(dz, w, false, true);
+  }
+  absl::StatusOr<Mesh> mesh = make_mesh({1, 1}, {"data", "model"}, {0});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  for (const bool remat : {false, true}) {
+    SCOPED_TRACE(remat ? "checkpointed body" : "plain body");
+    const auto f = [remat](const std::vector<Value>& in) {
+      const Value w = in[1];
+      const TracedFunction step = [w](const std::vector<Value>& a) {
+        return std::vector<Value>{tanh(matmul(a[1], w) * (convert(a[0], DType::kF32) + 1.0))};
+      };
+      const TracedFunction body = remat ? checkpoint(step) : step;
+      const std::vector<Value> out = fori_loop(0, kSteps,
+                                               [&](const Value& i, const std::vector<Value>& c) {
+                                                 return body({i, c[0]});
+                                               },
+                                               {in[0]});
+      return std::vector<Value>{sum(out[0])};
+    };
+    absl::StatusOr<Graph> traced = trace(value_and_grad(f, {0, 1}), {{DType::kF32, {kN, kN}}, {DType::kF32, {kN, kN}}});
+    ASSERT_TRUE(traced.ok()) << traced.status();
+    absl::StatusOr<Propagation> p = propagate(*traced, *mesh, {P(), P()}, std::vector<std::optional<PartitionSpec>>(3));
+    ASSERT_TRUE(p.ok()) << p.status();
+    absl::StatusOr<Executable> exe = partition(*traced, *mesh, *p, std::vector<std::optional<PartitionSpec>>(3));
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    std::vector<const Instruction*> loops;
+    for (const Instruction& i : exe->program.code) {
+      if (i.kind == Instruction::Kind::kLoop) loops.push_back(&i);
+    }
+    ASSERT_EQ(loops.size(), 2u) << "one forward loop and one backward loop\n" << exe->as_text();
+    EXPECT_FALSE(loops[0]->reverse) << exe->as_text();
+    EXPECT_TRUE(loops[1]->reverse) << exe->as_text();
+    EXPECT_EQ(kernels_within(*loops[0]->body, Op::kDotGeneral), 1) << exe->as_text();
+    EXPECT_EQ(kernels_within(*loops[0]->body, Op::kTanh), 1) << exe->as_text();
+    // The VJP's two matmuls (h's and w's cotangents); checkpoint's recomputed forward adds one
+    // matmul and one tanh.
+    EXPECT_EQ(kernels_within(*loops[1]->body, Op::kDotGeneral), remat ? 3 : 2) << exe->as_text();
+    EXPECT_EQ(kernels_within(*loops[1]->body, Op::kTanh), remat ? 1 : 0) << exe->as_text();
+    EXPECT_EQ(kernels_within(exe->program, Op::kDotGeneral), remat ? 4 : 3) << exe->as_text();
+    absl::StatusOr<DevicePlan> mine = resolve(exe->program, *mesh, 0);
+    ASSERT_TRUE(mine.ok()) << mine.status();
+    std::vector<std::shared_ptr<const HostArray>> inputs;
+    inputs.push_back(std::make_shared<HostArray>(HostArray::from_vector<float>({kN, kN}, x)));
+    inputs.push_back(std::make_shared<HostArray>(HostArray::from_vector<float>({kN, kN}, w)));
+    Transport transport;
+    absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> out =
+        run_plan(*mine, std::move(inputs), transport, PlanRun{});
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->size(), 3u);
+    EXPECT_NEAR((*out)[0]->values<float>()[0], loss, 1e-5);
+    for (int64_t e = 0; e < kN * kN; ++e) {
+      EXPECT_NEAR((*out)[1]->values<float>()[e], g[e], 1e-5) << "d loss / d x, element " << e;
+      EXPECT_NEAR((*out)[2]->values<float>()[e], dw[e], 1e-5) << "d loss / d w, element " << e;
+    }
+  }
+}
+
 // A body that builds arrays no iteration's input goes into, as attention's does: a causal
 // mask from two iotas and a compare, a scalar fill broadcast to the carry's shape, a scale.
 ScanStep masked_layer(const std::vector<Value>& c, const std::vector<Value>& x) {
@@ -379,6 +492,84 @@ void expect_survives_the_wire(const Executable& exe) {
   ASSERT_TRUE(back.ok()) << back.status();
   absl::StatusOr<DevicePlan> device5 = resolve(*back, exe.mesh, 5);
   ASSERT_TRUE(device5.ok()) << device5.status();
+}
+// The ops of `plan` whose results it stacks as a loop body's rows: outputs from `from` on.
+std::vector<Op> stacked_ops(const DevicePlan& body, size_t from) {
+  std::vector<Op> ops;
+  for (size_t j = from; j < body.output_slots.size(); ++j) {
+    for (const Instruction& i : body.code) {
+      if (i.kind == Instruction::Kind::kKernel && i.out == body.output_slots[j]) ops.push_back(i.node.op);
+    }
+  }
+  return ops;
+}
+
+// A residual that is a broadcast is rebuilt in the backward body from its operand, which the
+// forward loop stacks instead (JAX keeps what the tangent equations read; here a broadcast
+// costs as much to rebuild as to read back, and stacking it costs `length` times its broadcast
+// size): the body divides by its rows' sums of squares, whose broadcast the division's VJP
+// reads (g / y and y * y). The forward loop stacks no broadcast, and the (kDim, 1) sums once.
+// Values: the one-device program against the gradient of the unrolled form (no scan, so no
+// scan VJP) computed on the host (tests/support/host_eval.h).
+TEST(ScanPlan, ItsGradientStacksABroadcastsOperandNotTheBroadcast) {
+  constexpr int64_t kLength = 3;
+  const auto f = [](const std::vector<Value>& in) {
+    ScanResult r = scan(
+        [](const std::vector<Value>& c, const std::vector<Value>& x) {
+          const Value s = sum(c[0] * c[0], {1}, /*keepdims=*/true) + 1.0;
+          return ScanStep{{tanh(matmul(c[0], x[0]) / s)}, {}};
+        },
+        {in[0]}, {in[1]});
+    return std::vector<Value>{sum(r.carry[0])};
+  };
+  const std::vector<ArrayType> types = {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kLength, kDim, kDim}}};
+  absl::StatusOr<Graph> traced = trace(value_and_grad(f, {0, 1}), types);
+  ASSERT_TRUE(traced.ok()) << traced.status();
+  absl::StatusOr<Mesh> mesh = make_mesh({1, 1}, {"data", "model"}, {0});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Propagation> p = propagate(*traced, *mesh, {P(), P()}, std::vector<std::optional<PartitionSpec>>(3));
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<Executable> exe = partition(*traced, *mesh, *p, std::vector<std::optional<PartitionSpec>>(3));
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const Instruction* forward = nullptr;
+  for (const Instruction& i : exe->program.code) {
+    if (i.kind == Instruction::Kind::kLoop && forward == nullptr) forward = &i;
+  }
+  ASSERT_NE(forward, nullptr) << exe->as_text();
+  ASSERT_FALSE(forward->reverse) << exe->as_text();
+  const size_t carries = static_cast<size_t>(forward->num_carry);
+  for (Op op : stacked_ops(*forward->body, carries)) EXPECT_NE(op, Op::kBroadcastInDim) << exe->as_text();
+  int narrow = 0;
+  for (size_t j = carries; j < forward->out_types.size(); ++j) {
+    narrow += forward->out_types[j].shape == Shape{kLength, kDim, 1} ? 1 : 0;
+  }
+  EXPECT_EQ(narrow, 1) << "the sums, stacked\n" << exe->as_text();
+  std::mt19937 rng(37);
+  const HostArray x = random_array(DType::kF32, types[0].shape, Domain::kSigned, rng);
+  const HostArray xs = random_array(DType::kF32, types[1].shape, Domain::kSigned, rng);
+  const auto unrolled = [](const std::vector<Value>& in) {
+    Value h = in[0];
+    for (int64_t k = 0; k < kLength; ++k) {
+      const Value row = reshape(slice(in[1], {k, 0, 0}, {k + 1, kDim, kDim}), {kDim, kDim});
+      h = tanh(matmul(h, row) / (sum(h * h, {1}, /*keepdims=*/true) + 1.0));
+    }
+    return std::vector<Value>{sum(h)};
+  };
+  absl::StatusOr<Graph> flat = trace(value_and_grad(unrolled, {0, 1}), types);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*flat, {&x, &xs});
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::StatusOr<DevicePlan> mine = resolve(exe->program, *mesh, 0);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  std::vector<std::shared_ptr<const HostArray>> inputs;
+  inputs.push_back(std::make_shared<HostArray>(x.clone()));
+  inputs.push_back(std::make_shared<HostArray>(xs.clone()));
+  Transport transport;
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> got =
+      run_plan(*mine, std::move(inputs), transport, PlanRun{});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 3u);
+  for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(results_match(*(*got)[k], (*want)[k], kF32Tolerance)) << "output " << k;
 }
 
 // Loop-invariant code motion (passes/hoist.cc): the mask, the fill and the scales are built
