@@ -80,6 +80,10 @@ LocalCluster::~LocalCluster() {
     absl::MutexLock lock(&clusters_mu);
     clusters().erase(registered_address_);
   }
+  // The coordinator goes first: its shutdown closes its streams and in-process sessions (their
+  // pending runs fail there, on its thread), so no run is handed to a worker that is stopping.
+  // Each worker's shutdown then ends whatever session is still open (PlanRunner::
+  // stop_local_runs: none, once the coordinator closed them) before its runner goes.
   for (auto& worker : workers_) worker->stop_heartbeats();
   if (coordinator_ != nullptr) coordinator_->shutdown();
   for (auto& worker : workers_) worker->shutdown();

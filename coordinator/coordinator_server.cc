@@ -414,13 +414,14 @@ class CoordinatorService final : public CoordinatorServiceBase {
     }
     return grpc::Status::OK;
   }
-  // Callback API: the RunPlan fan-out is asynchronous and the reply goes from the last
-  // worker's answer, on the thread that received it: no server thread waits for the workers,
-  // and none has to be woken to answer (each hand-off is a context switch on this machine).
-  // The first call of a program on a device loads its plan first, on a thread of its own. A
-  // call naming outputs of calls still in flight (pending_inputs) is sent to the workers as
-  // soon as those calls' runs were (each worker runs it after them, in stream order): neither
-  // the client nor the coordinator waits for them to finish.
+  // Callback API: the runs go out asynchronously and the reply goes from the last worker's
+  // answer, on the thread that received it (in process, an embedded worker's small run ends,
+  // and answers, on this thread: plan_stream.h's LocalPlanStream): no server thread waits for
+  // the workers, and none has to be woken to answer (each wake-up is a context switch on this
+  // machine). The first call of a program on a device loads its plan first, on a thread of its
+  // own. A call naming outputs of calls still in flight (pending_inputs) is sent to the workers
+  // as soon as those calls' runs were (each worker runs it after them, in the order of its
+  // stream or session): neither the client nor the coordinator waits for them to finish.
   grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx, const pb::ExecuteRequest* req,
                                     pb::ExecuteReply* reply) override {
     // What this thread does for the call: its checks and, unless it waits for producers or

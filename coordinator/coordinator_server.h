@@ -15,9 +15,10 @@
 #include "absl/time/time.h"
 #include "core/credentials.h"
 #include "core/metrics.h"
-#include "proto/local_runs.h"
 
 namespace tessera {
+
+class LocalRuns;  // proto/local_runs.h
 
 struct CoordinatorOptions {
   std::string host = "127.0.0.1";  // address to listen on

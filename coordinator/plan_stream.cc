@@ -1,6 +1,8 @@
 #include "coordinator/plan_stream.h"
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -38,22 +40,24 @@ void PlanStream::delete_buffers(const pb::StreamDelete& request, Done done) {
   this->request(request.request_id(), std::move(message), std::move(done));
 }
 
-void GrpcPlanStream::request(uint64_t id, pb::PlanStreamRequest message, Done done) {
+void PlanStream::request(uint64_t id, pb::PlanStreamRequest message, Done done) {
+  std::string why;
   {
     absl::MutexLock lock(&mu_);
-    if (!ending_) {
+    if (ending_) {
+      why = why_;
+    } else {
       pending_[id] = std::move(done);
-      done = nullptr;
     }
   }
-  if (done) {
-    done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "its RunPlans stream is broken"));
+  if (!why.empty()) {
+    done(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
     return;
   }
   send(std::move(message));
 }
 
-void GrpcPlanStream::cancel(uint64_t execution, const grpc::Status& status) {
+void PlanStream::cancel(uint64_t execution, const grpc::Status& status) {
   Done done;
   {
     absl::MutexLock lock(&mu_);
@@ -66,23 +70,35 @@ void GrpcPlanStream::cancel(uint64_t execution, const grpc::Status& status) {
   done(status);
 }
 
-bool GrpcPlanStream::broken() const {
+bool PlanStream::broken() const {
   absl::MutexLock lock(&mu_);
   return ending_;
+}
+
+PlanStream::Done PlanStream::take_locked(uint64_t id) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return nullptr;
+  Done done = std::move(it->second);
+  pending_.erase(it);
+  return done;
+}
+
+void PlanStream::fail_pending(const std::string& why) {
+  absl::flat_hash_map<uint64_t, Done> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    ending_ = true;
+    why_ = why;
+    pending.swap(pending_);
+  }
+  const grpc::Status broken(grpc::StatusCode::UNAVAILABLE, why);
+  for (auto& [id, done] : pending) done(broken);
 }
 
 bool GrpcPlanStream::end_locked() {
   if (ending_) return false;
   ending_ = true;
   return !writes_.writing();
-}
-
-GrpcPlanStream::Done GrpcPlanStream::take_locked(uint64_t id) {
-  auto it = pending_.find(id);
-  if (it == pending_.end()) return nullptr;
-  Done done = std::move(it->second);
-  pending_.erase(it);
-  return done;
 }
 
 void GrpcPlanStream::send(pb::PlanStreamRequest message) {
@@ -143,23 +159,23 @@ bool GrpcPlanStream::close(absl::Duration timeout) {
 }
 
 void GrpcPlanStream::OnDone(const grpc::Status& status) {
-  absl::flat_hash_map<uint64_t, Done> pending;
   std::shared_ptr<GrpcPlanStream> self;  // the last reference may go with it
   {
     absl::MutexLock lock(&mu_);
     done_ = true;
-    ending_ = true;
-    pending.swap(pending_);
+    ending_ = true;  // no write may start after OnDone
     self = std::move(self_);
   }
-  const grpc::Status broken(
-      grpc::StatusCode::UNAVAILABLE,
+  fail_pending(
       absl::StrCat("its RunPlans stream ended", status.ok() ? "" : absl::StrCat(" (", status.error_message(), ")")));
-  for (auto& [execution, done] : pending) done(broken);
 }
 
 namespace {
 std::atomic<int64_t> handed_over_total{0};
+
+// The results a thread completes after the hand-off at hand (LocalPlanStream::send), while it
+// hands requests over; null when it hands none.
+thread_local std::deque<std::function<void()>>* t_handed_back = nullptr;
 }  // namespace
 
 int64_t LocalPlanStream::handed_over() { return handed_over_total.load(std::memory_order_relaxed); }
@@ -168,43 +184,32 @@ std::shared_ptr<LocalPlanStream> LocalPlanStream::open(LocalRuns& runs, uint64_t
   std::shared_ptr<LocalPlanStream> s(new LocalPlanStream(incarnation));
   // The session keeps no hold on the stream: a result after the stream went is dropped.
   std::weak_ptr<LocalPlanStream> weak = s;
-  std::shared_ptr<LocalRunSession> session = runs.open([weak](const pb::RunPlanResult& result) {
-    if (std::shared_ptr<LocalPlanStream> stream = weak.lock()) stream->deliver(result);
-  });
+  std::shared_ptr<LocalRunSession> session = runs.open(
+      [weak](const pb::RunPlanResult& result) {
+        std::shared_ptr<LocalPlanStream> stream = weak.lock();
+        if (stream == nullptr) return;
+        if (t_handed_back != nullptr) {  // inside a hand-off: after it (see the class comment)
+          t_handed_back->push_back([stream, result] { stream->deliver(result); });
+          return;
+        }
+        stream->deliver(result);
+      },
+      [weak](const std::string& why) {
+        if (std::shared_ptr<LocalPlanStream> stream = weak.lock()) stream->end(why);
+      });
   absl::MutexLock lock(&s->mu_);
   s->session_ = std::move(session);
   s->ending_ = s->session_ == nullptr;  // the worker stopped
   return s;
 }
 
-void LocalPlanStream::request(uint64_t id, pb::PlanStreamRequest message, Done done) {
+LocalPlanStream::~LocalPlanStream() {
+  std::shared_ptr<LocalRunSession> session;
   {
     absl::MutexLock lock(&mu_);
-    if (!ending_) {
-      pending_[id] = std::move(done);
-      done = nullptr;
-    }
+    session = std::move(session_);
   }
-  if (done) {
-    done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "its in-process run session ended (the worker stopped)"));
-    return;
-  }
-  send(std::move(message));
-}
-
-void LocalPlanStream::cancel(uint64_t execution, const grpc::Status& status) {
-  Done done;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(execution);
-    if (it == pending_.end()) return;
-    done = std::move(it->second);
-    pending_.erase(it);
-  }
-  pb::PlanStreamRequest message;
-  message.set_cancel_execution(execution);
-  send(std::move(message));
-  done(status);
+  if (session != nullptr) session->close();  // the worker's runs in progress are told to stop
 }
 
 void LocalPlanStream::send(pb::PlanStreamRequest message) {
@@ -215,18 +220,28 @@ void LocalPlanStream::send(pb::PlanStreamRequest message) {
   }
   if (session == nullptr) return;  // ending: end() failed whatever is pending
   handed_over_total.fetch_add(1, std::memory_order_relaxed);
+  std::deque<std::function<void()>> handed_back;
+  const bool outermost = t_handed_back == nullptr;
+  if (outermost) t_handed_back = &handed_back;
   // Not under mu_: a small run ends inside, and its result comes back through deliver().
   if (!session->receive(std::move(message))) end("its worker stopped");
+  if (!outermost) return;
+  // Completing a result may hand the next request over: that one returns here, so however
+  // long the chain, a thread holds at most two hand-offs.
+  while (!handed_back.empty()) {
+    std::function<void()> complete = std::move(handed_back.front());
+    handed_back.pop_front();
+    complete();
+  }
+  t_handed_back = nullptr;
 }
 
 void LocalPlanStream::deliver(const pb::RunPlanResult& result) {
   Done done;
   {
     absl::MutexLock lock(&mu_);
-    auto it = pending_.find(result.id());
-    if (it == pending_.end()) return;  // cancelled or failed already: a late result is dropped
-    done = std::move(it->second);
-    pending_.erase(it);
+    done = take_locked(result.id());
+    if (!done) return;  // cancelled or failed already: a late result is dropped
     ++delivering_;
   }
   done(to_grpc(absl::Status(static_cast<absl::StatusCode>(result.code()), result.message())));
@@ -234,24 +249,14 @@ void LocalPlanStream::deliver(const pb::RunPlanResult& result) {
   --delivering_;
 }
 
-bool LocalPlanStream::broken() const {
-  absl::MutexLock lock(&mu_);
-  return ending_;
-}
-
 void LocalPlanStream::end(const std::string& why) {
-  absl::flat_hash_map<uint64_t, Done> pending;
   std::shared_ptr<LocalRunSession> session;
   {
     absl::MutexLock lock(&mu_);
-    ending_ = true;
-    pending.swap(pending_);
     session = std::move(session_);
   }
   if (session != nullptr) session->close();  // the worker's runs in progress are told to stop
-  const grpc::Status broken(grpc::StatusCode::UNAVAILABLE,
-                            absl::StrCat("its in-process run session ended (", why, ")"));
-  for (auto& [id, done] : pending) done(broken);
+  fail_pending(absl::StrCat("its in-process run session ended (", why, ")"));
 }
 
 bool LocalPlanStream::close(absl::Duration timeout) {

@@ -53,10 +53,10 @@ class PlanStream {
 
   // If the run of `execution` is still pending, completes it with `status` and asks the worker
   // to stop it (a late result is then ignored). Never blocks.
-  virtual void cancel(uint64_t execution, const grpc::Status& status) = 0;
+  void cancel(uint64_t execution, const grpc::Status& status);
 
   // Whether the stream has ended or is ending: a new one must be opened.
-  virtual bool broken() const = 0;
+  bool broken() const;
 
   // Ends the stream (pending runs fail with UNAVAILABLE) and waits at most `timeout` for its
   // carrier to be done with it (no result being delivered). Returns whether it was.
@@ -65,12 +65,26 @@ class PlanStream {
   uint64_t incarnation() const { return incarnation_; }
 
  protected:
-  explicit PlanStream(uint64_t incarnation) : incarnation_(incarnation) {}
-  // Registers `done` under `id` and sends `message`; fails `done` at once if the stream broke.
-  virtual void request(uint64_t id, pb::PlanStreamRequest message, Done done) = 0;
+  // `broken` is what a request fails with once the stream is ending, until end() says why.
+  PlanStream(uint64_t incarnation, std::string broken) : incarnation_(incarnation), why_(std::move(broken)) {}
+  // Carries `message` to the worker (its request is pending already); never blocks.
+  virtual void send(pb::PlanStreamRequest message) = 0;
+  // Takes the callback pending under `id` (null if none: answered or cancelled already).
+  Done take_locked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the stream ending with UNAVAILABLE `why` (what later requests fail with) and fails
+  // every request pending with it.
+  void fail_pending(const std::string& why);
+
+  mutable absl::Mutex mu_;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;  // ended, or ending: nothing is sent any more
+  absl::flat_hash_map<uint64_t, Done> pending_ ABSL_GUARDED_BY(mu_);
 
  private:
+  // Registers `done` under `id` and sends `message`; fails `done` at once if the stream broke.
+  void request(uint64_t id, pb::PlanStreamRequest message, Done done);
+
   const uint64_t incarnation_;
+  std::string why_ ABSL_GUARDED_BY(mu_);
 };
 
 // The RunPlans stream: the carrier to a worker reached over gRPC (every worker but an embedded
@@ -86,8 +100,6 @@ class GrpcPlanStream final : public PlanStream,
   // with UNAVAILABLE, at once.
   static std::shared_ptr<GrpcPlanStream> open(pb::Worker::Stub* stub, uint64_t incarnation, bool wait_for_ready = true);
 
-  void cancel(uint64_t execution, const grpc::Status& status) override;
-  bool broken() const override;
   bool close(absl::Duration timeout) override;
 
   void OnWriteDone(bool ok) override;
@@ -95,40 +107,39 @@ class GrpcPlanStream final : public PlanStream,
   void OnDone(const grpc::Status& status) override;
 
  private:
-  explicit GrpcPlanStream(uint64_t incarnation) : PlanStream(incarnation) {}
-  void request(uint64_t id, pb::PlanStreamRequest message, Done done) override;
+  explicit GrpcPlanStream(uint64_t incarnation) : PlanStream(incarnation, "its RunPlans stream is broken") {}
   // Queues `message`; starts its write if none is in flight.
-  void send(pb::PlanStreamRequest message);
+  void send(pb::PlanStreamRequest message) override;
   // Marks the stream ending; returns whether the caller must release the reactor's hold
   // (it was not ending yet and no write is in flight, whose completion would release it).
   bool end_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes the callback pending under `id` (null if none: answered or cancelled already).
-  Done take_locked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after open().
   grpc::ClientContext ctx_;
 
   pb::RunPlanResult result_;  // the read in flight; touched only by the reading callback
 
-  mutable absl::Mutex mu_;
   WriteQueue<pb::PlanStreamRequest> writes_ ABSL_GUARDED_BY(mu_);
-  bool ending_ ABSL_GUARDED_BY(mu_) = false;  // a write or read failed, or close() was called
-  bool done_ ABSL_GUARDED_BY(mu_) = false;    // OnDone ran
-  absl::flat_hash_map<uint64_t, Done> pending_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;                     // OnDone ran
   std::shared_ptr<GrpcPlanStream> self_ ABSL_GUARDED_BY(mu_);  // keeps the reactor alive until OnDone
 };
 
 // The in-process carrier (proto/local_runs.h): each request is handed to the embedded worker's
 // session by a call on the caller's thread, and each result comes back by a call on the thread
 // that ended the run; no message, completion or poller wake-up. Same pending runs, cancels and
-// failures as a stream: a worker that stopped breaks it (its runs fail with UNAVAILABLE).
+// failures as a stream: a worker that stopped ends it (its pending runs fail with UNAVAILABLE).
+//
+// A result that comes back while its thread is handing a request over (a small run ends inside
+// the hand-off) is completed after the hand-off returns, by the outermost hand-off on the
+// thread: completing it there may hand the next request over (a chained call's runs), which
+// would otherwise nest one hand-off in the other, once per call of a chain.
 class LocalPlanStream final : public PlanStream {
  public:
   // Opens a session of `runs` (broken at once if the worker stopped).
   static std::shared_ptr<LocalPlanStream> open(LocalRuns& runs, uint64_t incarnation);
+  // Closes the session if close() did not.
+  ~LocalPlanStream() override;
 
-  void cancel(uint64_t execution, const grpc::Status& status) override;
-  bool broken() const override;
   bool close(absl::Duration timeout) override;
 
   // Requests (runs, deletions, cancels) handed to a worker in process, by every LocalPlanStream
@@ -136,19 +147,16 @@ class LocalPlanStream final : public PlanStream {
   static int64_t handed_over();
 
  private:
-  explicit LocalPlanStream(uint64_t incarnation) : PlanStream(incarnation) {}
-  void request(uint64_t id, pb::PlanStreamRequest message, Done done) override;
+  explicit LocalPlanStream(uint64_t incarnation)
+      : PlanStream(incarnation, "its in-process run session ended (its worker stopped)") {}
   // Hands `message` to the session; a worker that stopped breaks the stream.
-  void send(pb::PlanStreamRequest message);
+  void send(pb::PlanStreamRequest message) override;
   // A result from the worker: completes its pending request (none: cancelled or failed already).
   void deliver(const pb::RunPlanResult& result);
   // Ends the stream and fails what is pending with `why` (UNAVAILABLE).
   void end(const std::string& why);
 
-  mutable absl::Mutex mu_;
-  bool ending_ ABSL_GUARDED_BY(mu_) = false;
-  int delivering_ ABSL_GUARDED_BY(mu_) = 0;  // results being completed, which close() waits for
-  absl::flat_hash_map<uint64_t, Done> pending_ ABSL_GUARDED_BY(mu_);
+  int delivering_ ABSL_GUARDED_BY(mu_) = 0;                        // results being completed, which close() waits for
   std::shared_ptr<LocalRunSession> session_ ABSL_GUARDED_BY(mu_);  // null once ending
 };
 

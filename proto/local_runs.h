@@ -4,7 +4,8 @@
 // stream (coordinator/plan_stream.h's LocalPlanStream), and the worker runs what it receives
 // with the same code as a stream's messages (worker/plan_runner.h): only the carrier changes.
 //
-//   std::shared_ptr<LocalRunSession> s = runs->open([](const pb::RunPlanResult& r) { ... });
+//   std::shared_ptr<LocalRunSession> s = runs->open([](const pb::RunPlanResult& r) { ... },
+//                                                   [](const std::string& why) { ... });
 //   s->receive(message);   // as one message read from the stream; the result comes to the callback
 //   s->close();            // as the stream's end: runs in progress are told to stop
 //
@@ -14,10 +15,13 @@
 
 #include <functional>
 #include <memory>
-
-#include "proto/tessera.pb.h"
+#include <string>
 
 namespace tessera {
+namespace pb {
+class PlanStreamRequest;
+class RunPlanResult;
+}  // namespace pb
 
 // One session: what one RunPlans stream is to the worker.
 class LocalRunSession {
@@ -33,12 +37,15 @@ class LocalRunSession {
 
 // The worker's side. Every result of a session goes to the `on_result` it was opened with, on
 // the thread that ended the run (the caller of receive() for a small one), under no lock of the
-// worker; it must not block.
+// worker; it must not block. When the worker stops, each session still open ends as a broken
+// stream does: its results are dropped from then on and `on_end` runs once, with why, on the
+// stopping thread, under no lock of the worker (the coordinator then fails the runs pending).
 class LocalRuns {
  public:
   virtual ~LocalRuns() = default;
   // A new session, or null if the worker has stopped.
-  virtual std::shared_ptr<LocalRunSession> open(std::function<void(const pb::RunPlanResult&)> on_result) = 0;
+  virtual std::shared_ptr<LocalRunSession> open(std::function<void(const pb::RunPlanResult&)> on_result,
+                                                std::function<void(const std::string& why)> on_end) = 0;
 };
 
 }  // namespace tessera

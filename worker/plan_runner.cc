@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <set>
@@ -18,7 +19,8 @@
 namespace tessera {
 namespace {
 
-// Runs of one RunPlans stream that may wait for the runs making their inputs at once.
+// Runs of one session (a RunPlans stream, or one in process) that may wait for the runs making
+// their inputs at once.
 constexpr size_t kMaxDeferredRuns = 4096;
 
 // Stepped runs (SteppedRun) that one thread continues after the run it started with, those
@@ -272,20 +274,22 @@ void PlanStreamReactor::OnWriteDone(bool ok) {
 
 // The in-process carrier (proto/local_runs.h): the coordinator hands each request over by a
 // call, on its own thread, and each result goes to its callback. Nothing to finish: the session
-// goes with the last of its holders (the coordinator's port, runs on threads).
+// goes with the last of its holders (the coordinator's port, runs on threads). The runner's
+// LocalGate holds it weakly, to end it when the worker stops (stop).
 class InProcessRunSession final : public RunSession, public LocalRunSession {
  public:
   InProcessRunSession(PlanRunner* runner, std::shared_ptr<PlanRunner::LocalGate> gate,
-                      std::function<void(const pb::RunPlanResult&)> on_result)
-      : RunSession(runner), gate_(std::move(gate)), on_result_(std::move(on_result)) {}
+                      std::function<void(const pb::RunPlanResult&)> on_result,
+                      std::function<void(const std::string&)> on_end)
+      : RunSession(runner), gate_(std::move(gate)), on_result_(std::move(on_result)), on_end_(std::move(on_end)) {}
 
-  bool receive(pb::PlanStreamRequest message) override {
-    if (!gate_->enter()) return false;
-    handle(message, [] {});
-    gate_->leave();
-    return true;
-  }
+  bool receive(pb::PlanStreamRequest message) override;
   void close() override { end_reading(); }
+  // The worker stops: ends the session as a broken stream, and tells the coordinator's side.
+  void stop() {
+    end_reading();
+    on_end_("its worker stopped");
+  }
 
  private:
   void send(pb::RunPlanResult result) override { on_result_(result); }
@@ -293,7 +297,55 @@ class InProcessRunSession final : public RunSession, public LocalRunSession {
 
   const std::shared_ptr<PlanRunner::LocalGate> gate_;
   const std::function<void(const pb::RunPlanResult&)> on_result_;
+  const std::function<void(const std::string&)> on_end_;
 };
+
+}  // namespace
+
+// Lock order: a coordinator's WorkerChannel mu may be held while opening a session (enter);
+// mu is a leaf: nothing is called under it.
+struct PlanRunner::LocalGate {
+  // Counts a request being handled; false once closed.
+  bool enter() {
+    absl::MutexLock lock(&mu);
+    if (!open) return false;
+    ++active;
+    return true;
+  }
+  void leave() {
+    absl::MutexLock lock(&mu);
+    --active;
+  }
+  // Registers a new session (null once closed).
+  std::shared_ptr<InProcessRunSession> open_session(PlanRunner* runner,
+                                                    std::function<void(const pb::RunPlanResult&)> on_result,
+                                                    std::function<void(const std::string&)> on_end,
+                                                    std::shared_ptr<LocalGate> self) {
+    absl::MutexLock lock(&mu);
+    if (!open) return nullptr;
+    auto session =
+        std::make_shared<InProcessRunSession>(runner, std::move(self), std::move(on_result), std::move(on_end));
+    sessions.erase(std::remove_if(sessions.begin(), sessions.end(),
+                                  [](const std::weak_ptr<InProcessRunSession>& s) { return s.expired(); }),
+                   sessions.end());
+    sessions.push_back(session);
+    return session;
+  }
+
+  absl::Mutex mu;
+  bool open ABSL_GUARDED_BY(mu) = true;
+  int active ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::weak_ptr<InProcessRunSession>> sessions ABSL_GUARDED_BY(mu);  // those opened, until stop
+};
+
+namespace {
+
+bool InProcessRunSession::receive(pb::PlanStreamRequest message) {
+  if (!gate_->enter()) return false;
+  handle(message, [] {});
+  gate_->leave();
+  return true;
+}
 
 void RunSession::end_reading() {
   bool end = false;
@@ -341,16 +393,22 @@ void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void
   auto [loaded, inline_run] = *std::move(plan);
   absl::Status refused;
   bool deferred = false;
+  bool gone = false;
   {
     absl::MutexLock lock(&mu_);
+    // The coordinator's side ended meanwhile (a hand-off in process may race its end): the
+    // result would be dropped, and a run tracked now would outlive the session's end.
+    gone = reading_ended_;
     std::set<uint64_t> producers;
     for (uint64_t id : req->input_buffers()) {
       auto it = producing_.find(id);
       if (it != producing_.end()) producers.insert(it->second);
     }
-    if (!producers.empty() && deferred_.size() >= kMaxDeferredRuns) {
+    if (gone) {
+      // Nothing to run.
+    } else if (!producers.empty() && deferred_.size() >= kMaxDeferredRuns) {
       refused = absl::ResourceExhaustedError(absl::StrCat(
-          "run: ", kMaxDeferredRuns, " runs on this stream wait for the runs making their inputs already"));
+          "run: ", kMaxDeferredRuns, " runs on this session wait for the runs making their inputs already"));
     } else {
       // Inline runs too: the next read (a consumer of this run) may be handled meanwhile.
       running_[execution] = std::make_shared<std::atomic<bool>>(false);
@@ -367,6 +425,7 @@ void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void
     }
   }
   read_next();
+  if (gone) return;
   if (!refused.ok()) {
     post(execution, refused);
   } else if (deferred) {
@@ -534,20 +593,15 @@ void RunSession::post(uint64_t id, const absl::Status& status) {
 
 }  // namespace
 
+namespace {
+std::atomic<int64_t> streams_opened_total{0};
+}  // namespace
+
+int64_t PlanRunner::streams_opened() { return streams_opened_total.load(std::memory_order_relaxed); }
+
 grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* PlanRunner::open_stream() {
+  streams_opened_total.fetch_add(1, std::memory_order_relaxed);
   return PlanStreamReactor::start(this);
-}
-
-bool PlanRunner::LocalGate::enter() {
-  absl::MutexLock lock(&mu);
-  if (!open) return false;
-  ++active;
-  return true;
-}
-
-void PlanRunner::LocalGate::leave() {
-  absl::MutexLock lock(&mu);
-  --active;
 }
 
 namespace {
@@ -558,11 +612,9 @@ class LocalRunsOfRunner final : public LocalRuns {
  public:
   LocalRunsOfRunner(PlanRunner* runner, std::shared_ptr<PlanRunner::LocalGate> gate)
       : runner_(runner), gate_(std::move(gate)) {}
-  std::shared_ptr<LocalRunSession> open(std::function<void(const pb::RunPlanResult&)> on_result) override {
-    if (!gate_->enter()) return nullptr;
-    auto session = std::make_shared<InProcessRunSession>(runner_, gate_, std::move(on_result));
-    gate_->leave();
-    return session;
+  std::shared_ptr<LocalRunSession> open(std::function<void(const pb::RunPlanResult&)> on_result,
+                                        std::function<void(const std::string&)> on_end) override {
+    return gate_->open_session(runner_, std::move(on_result), std::move(on_end), gate_);
   }
 
  private:
@@ -574,11 +626,29 @@ class LocalRunsOfRunner final : public LocalRuns {
 
 std::shared_ptr<LocalRuns> PlanRunner::local_runs() { return std::make_shared<LocalRunsOfRunner>(this, local_gate_); }
 
+std::shared_ptr<PlanRunner::LocalGate> PlanRunner::make_local_gate() { return std::make_shared<LocalGate>(); }
+
 bool PlanRunner::stop_local_runs(absl::Duration timeout) {
-  absl::MutexLock lock(&local_gate_->mu);
-  local_gate_->open = false;
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(local_gate_->mu) { return local_gate_->active == 0; };
-  return local_gate_->mu.AwaitWithTimeout(absl::Condition(&idle), timeout);
+  std::vector<std::weak_ptr<InProcessRunSession>> sessions;
+  bool idle = false;
+  {
+    absl::MutexLock lock(&local_gate_->mu);
+    local_gate_->open = false;
+    auto none_active = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(local_gate_->mu) { return local_gate_->active == 0; };
+    idle = local_gate_->mu.AwaitWithTimeout(absl::Condition(&none_active), timeout);
+    sessions.swap(local_gate_->sessions);
+  }
+  if (!idle) {
+    std::fprintf(stderr,
+                 "tessera-worker: device %d: requests handed over in process still handled after %s; their "
+                 "sessions end now\n",
+                 device_->id(), absl::FormatDuration(timeout).c_str());
+  }
+  // Outside the gate's lock: the coordinator's side fails its pending runs here (on_end).
+  for (const std::weak_ptr<InProcessRunSession>& weak : sessions) {
+    if (std::shared_ptr<InProcessRunSession> session = weak.lock()) session->stop();
+  }
+  return idle;
 }
 
 int PlanRunner::delete_buffers(const google::protobuf::RepeatedField<uint64_t>& ids) {

@@ -1,8 +1,9 @@
 // PlanRunner: runs loaded plans on stored buffers, for the coordinator's RunPlans streams, or
 // its sessions in process (local_runs: Client::local's coordinator hands an embedded worker
 // its runs by a call, and takes the results by one, with the same code: plan_runner.cc's
-// RunSession; only the carrier differs). Each session (a stream) handles runs in order; a small local plan runs on
-// the gRPC thread that read it (runs_inline), one as small with all_reduces in process starts
+// RunSession; only the carrier differs). Each session handles runs in order; a small local
+// plan runs on the thread that handed it over (the gRPC thread that read it, or the
+// coordinator's in process: runs_inline), one as small with all_reduces in process starts
 // there and steps (parks at a receive that would wait, continued by the thread that files its
 // message: plan_runner.cc's SteppedRun), every other runs on a thread of the plan pool, and a
 // run naming outputs of runs before it on its stream waits for them without a thread. A
@@ -13,9 +14,9 @@
 // wait in wait_for_idle (the drain's thread). Each session has its own mu_ over the runs it
 // tracks, and a stream's reactor its write_mu_ over its write queue; neither is held across a
 // run, a pool hand-off, a gRPC call (StartWrite, Finish are called after it is released) or a
-// result handed over in process. local_gate_'s mu is held only to count requests being handled
-// in process. Order: no two of these are held together; none is held while calling BufferStore
-// or PlanStore (which take their own locks).
+// result handed over in process. LocalGate's mu (a leaf) is held only to count requests being
+// handled in process and the sessions open. Order: no two of these are held together; none
+// is held while calling BufferStore or PlanStore (which take their own locks).
 //
 //   PlanRunner runner(&store, &plans, &transport, &device, 256);
 //   return runner.open_stream();   // from the RunPlans handler, the caller checked
@@ -64,22 +65,24 @@ class PlanRunner {
 
   // A new RunPlans stream (the reactor owns itself until gRPC is done with it).
   grpc::ServerBidiReactor<pb::PlanStreamRequest, pb::RunPlanResult>* open_stream();
+  // RunPlans streams opened by every runner of the process: what a test reads to see that no
+  // stream carried the runs handed over in process.
+  static int64_t streams_opened();
 
   // Opens sessions in process (proto/local_runs.h) for this process's coordinator of the
   // worker: what it may hand runs to instead of a RunPlans stream. The object may outlive the
   // runner: once stop_local_runs ran, it opens nothing and its sessions take nothing.
   std::shared_ptr<LocalRuns> local_runs();
-  // Closes the sessions in process to new requests and waits, at most `timeout`, for those
-  // being handled to return; returns whether they did. Before the worker stops. Idempotent.
+  // Closes the sessions in process to new requests, waits at most `timeout` for those being
+  // handled to return, then ends every session still open as a broken stream ends: its runs in
+  // progress are told to stop, their results are dropped, and the coordinator's side is told
+  // (LocalRuns::open's on_end), which fails the runs it has pending there with UNAVAILABLE.
+  // Returns whether the requests being handled returned in time. Before the worker stops.
+  // Idempotent.
   bool stop_local_runs(absl::Duration timeout);
-  // Whether sessions in process may be used, and how many requests are being handled in them.
-  struct LocalGate {
-    bool enter();  // false once closed
-    void leave();
-    absl::Mutex mu;
-    bool open ABSL_GUARDED_BY(mu) = true;
-    int active ABSL_GUARDED_BY(mu) = 0;
-  };
+  // Whether sessions in process may be used, the requests being handled in them, and the
+  // sessions open (plan_runner.cc).
+  struct LocalGate;
 
   // The loaded plan of `req`, and whether it may run on a gRPC callback thread (see
   // runs_inline). NOT_FOUND naming this device if it is not loaded.
@@ -167,7 +170,8 @@ class PlanRunner {
   std::atomic<int64_t> waiting_{0};
   LatencyHistogram run_seconds_{"tessera_worker_plan_run_seconds",
                                 "Plan runs on this device, from the start of the run to its outputs stored."};
-  const std::shared_ptr<LocalGate> local_gate_ = std::make_shared<LocalGate>();
+  static std::shared_ptr<LocalGate> make_local_gate();
+  const std::shared_ptr<LocalGate> local_gate_ = make_local_gate();
   // Last: its threads use everything above, and its destructor joins them.
   ThreadPool plan_threads_;
 };

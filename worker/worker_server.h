@@ -20,9 +20,10 @@
 #include "absl/time/time.h"
 #include "core/credentials.h"
 #include "core/metrics.h"
-#include "proto/local_runs.h"
 
 namespace tessera {
+
+class LocalRuns;  // proto/local_runs.h
 
 struct WorkerOptions {
   std::string coordinator_address;

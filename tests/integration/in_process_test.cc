@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "coordinator/plan_stream.h"
 #include "core/handoff.h"
+#include "core/status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -24,6 +25,7 @@
 #include "proto/health.h"
 #include "proto/rpc.h"
 #include "tessera/tessera.h"
+#include "worker/plan_runner.h"
 
 namespace tessera {
 namespace {
@@ -172,6 +174,7 @@ TEST(InProcessCluster, AJittedCallHandsEachWorkerItsRunWithoutAStreamMessage) {
     absl::StatusOr<Array> xs = client->device_put(x, NamedSharding(*mesh, P("data")));
     ASSERT_TRUE(xs.ok()) << xs.status();
     Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] * 2.0 + 1.0}; });
+    const int64_t streams_before = PlanRunner::streams_opened();
     absl::StatusOr<std::vector<Array>> warm = f({*xs});  // loads the plans (LoadPlan, not counted)
     ASSERT_TRUE(warm.ok()) << warm.status();
     ASSERT_TRUE((*warm)[0].block_until_ready().ok());
@@ -188,6 +191,13 @@ TEST(InProcessCluster, AJittedCallHandsEachWorkerItsRunWithoutAStreamMessage) {
       for (int i = 0; i < 8; ++i) EXPECT_EQ(got->values<float>()[i], 2.0f * static_cast<float>(i) + 1.0f);
     }
     EXPECT_EQ(LocalPlanStream::handed_over() - before, in_process ? 3 * 4 : 0);
+    // In process no worker's RunPlans handler was entered; over TCP the warm-up call opened
+    // each device's stream.
+    if (in_process) {
+      EXPECT_EQ(PlanRunner::streams_opened() - streams_before, 0);
+    } else {
+      EXPECT_GE(PlanRunner::streams_opened() - streams_before, 4);
+    }
 
     // Each device's block of the broadcast, (2, 131072) f32, is 1 MiB: more than the device
     // holds, so every worker refuses the run before it starts (worker/plan_runner.cc's prepare).
@@ -208,6 +218,43 @@ TEST(InProcessCluster, AJittedCallHandsEachWorkerItsRunWithoutAStreamMessage) {
     absl::StatusOr<std::vector<Array>> after = f({*xs});
     ASSERT_TRUE(after.ok()) << after.status();
     EXPECT_TRUE((*after)[0].block_until_ready().ok());
+  }
+}
+
+// A chain of `calls` dependent calls on a fresh Client::local(4), issued without waiting for
+// any: x + 1 applied `calls` times to arange(8); the last one's values, or the first error.
+absl::StatusOr<HostArray> chain_of_calls(bool in_process, int calls) {
+  LocalOptions options;
+  options.in_process = in_process;
+  TESSERA_ASSIGN_OR_RETURN(Client client, Client::local(4, options));
+  TESSERA_ASSIGN_OR_RETURN(Mesh mesh, client.make_mesh({4}, {"data"}));
+  TESSERA_ASSIGN_OR_RETURN(Array y,
+                           client.device_put(HostArray::arange(DType::kF32, {8}), NamedSharding(mesh, P("data"))));
+  Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; });
+  for (int call = 0; call < calls; ++call) {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<Array> next, f({y}));
+    y = next[0];
+  }
+  return y.fetch();
+}
+
+// Each call names the output of the one before, so each worker runs it after that one
+// (deferred behind its producer when that is still going), whichever carrier takes the runs:
+// handed over in process, or the RunPlans streams' reactors over TCP.
+TEST(InProcessCluster, AChainOfDependentCallsIssuedWithoutWaitingGivesTheHostsValues) {
+  constexpr int kChain = 300;
+  for (bool in_process : {true, false}) {
+    SCOPED_TRACE(in_process ? "in process" : "tcp");
+    const int64_t before = LocalPlanStream::handed_over();
+    absl::StatusOr<HostArray> got = chain_of_calls(in_process, kChain);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->shape(), (Shape{8}));
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(got->values<float>()[i], static_cast<float>(i + kChain)) << "element " << i;
+    if (in_process) {
+      EXPECT_GE(LocalPlanStream::handed_over() - before, 4 * kChain);  // and deletions of the arrays dropped
+    } else {
+      EXPECT_EQ(LocalPlanStream::handed_over() - before, 0);
+    }
   }
 }
 

@@ -1,0 +1,150 @@
+// LocalPlanStream (coordinator/plan_stream.h), the in-process carrier of a coordinator's runs,
+// against a worker side written here (proto/local_runs.h): a run answered inside its hand-off,
+// as a small run is, whose completion hands the next run over (a chain of dependent calls)
+// nests no hand-off in another however long the chain; a worker that stops with runs pending
+// fails them, and later ones, with UNAVAILABLE saying why, as a broken RunPlans stream does.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/plan_stream.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/local_runs.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A worker side: answers each run at once, inside receive() (as a small run is), unless told
+// to keep it; counts how deeply receive() nests on the thread.
+class FakeRuns final : public LocalRuns {
+ public:
+  struct Session final : LocalRunSession {
+    FakeRuns* runs;
+    bool receive(pb::PlanStreamRequest message) override {
+      if (runs->stopped) return false;
+      ++runs->depth;
+      runs->max_depth = std::max(runs->max_depth, runs->depth);
+      ++runs->received;
+      if (message.has_run() && runs->answer) {
+        pb::RunPlanResult result;
+        result.set_id(message.run().execution_id());
+        runs->on_result(result);
+      }
+      --runs->depth;
+      return true;
+    }
+    void close() override { runs->closed = true; }
+  };
+
+  std::shared_ptr<LocalRunSession> open(std::function<void(const pb::RunPlanResult&)> result,
+                                        std::function<void(const std::string&)> end) override {
+    on_result = std::move(result);
+    on_end = std::move(end);
+    auto session = std::make_shared<Session>();
+    session->runs = this;
+    return session;
+  }
+
+  std::function<void(const pb::RunPlanResult&)> on_result;
+  std::function<void(const std::string&)> on_end;
+  bool answer = true;
+  bool stopped = false;
+  bool closed = false;
+  int depth = 0;
+  int max_depth = 0;
+  int received = 0;
+};
+
+pb::RunPlanRequest run_of(uint64_t execution) {
+  pb::RunPlanRequest req;
+  req.set_execution_id(execution);
+  return req;
+}
+
+// Each run's completion sends the next, as the coordinator forwards a call that awaited the
+// one before it (coordinator/execution_driver.cc's awaited calls) from the completion.
+TEST(LocalPlanStream, AChainOfRunsAnsweredInsideTheirHandOffNestsNoHandOffInAnother) {
+  FakeRuns runs;
+  std::shared_ptr<LocalPlanStream> stream = LocalPlanStream::open(runs, 1);
+  constexpr int kChain = 2000;
+  std::vector<int> order;
+  std::function<void(int)> send = [&](int k) {
+    stream->run(run_of(static_cast<uint64_t>(k)), [&, k](grpc::Status status) {
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      order.push_back(k);
+      if (k + 1 < kChain) send(k + 1);
+    });
+  };
+  send(0);
+  ASSERT_EQ(order.size(), static_cast<size_t>(kChain));
+  for (int k = 0; k < kChain; ++k) ASSERT_EQ(order[static_cast<size_t>(k)], k);
+  EXPECT_EQ(runs.received, kChain);
+  // One hand-off at a time: each next run is handed over after the one before returned.
+  EXPECT_EQ(runs.max_depth, 1);
+  EXPECT_TRUE(stream->close(absl::Seconds(10)));
+}
+
+TEST(LocalPlanStream, AWorkerThatStopsFailsTheRunsPendingAndLaterOnesUnavailable) {
+  FakeRuns runs;
+  runs.answer = false;  // runs on threads of their own, still going
+  std::shared_ptr<LocalPlanStream> stream = LocalPlanStream::open(runs, 1);
+  std::vector<grpc::Status> results;
+  for (uint64_t e : {1, 2}) stream->run(run_of(e), [&](grpc::Status s) { results.push_back(s); });
+  EXPECT_TRUE(results.empty());
+  EXPECT_FALSE(stream->broken());
+
+  runs.on_end("its worker stopped");  // what PlanRunner::stop_local_runs does to open sessions
+  ASSERT_EQ(results.size(), 2u);
+  for (const grpc::Status& s : results) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(s.error_message(), HasSubstr("its worker stopped"));
+  }
+  EXPECT_TRUE(stream->broken());
+  EXPECT_TRUE(runs.closed);
+
+  // A run sent after fails at once, saying why (not handed over).
+  const int received = runs.received;
+  grpc::Status late;
+  stream->run(run_of(3), [&](grpc::Status s) { late = s; });
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(late.error_message(), HasSubstr("its worker stopped"));
+  EXPECT_EQ(runs.received, received);
+}
+
+TEST(LocalPlanStream, ARunOnAClosedStreamFailsSayingTheCoordinatorClosedIt) {
+  FakeRuns runs;
+  runs.answer = false;
+  std::shared_ptr<LocalPlanStream> stream = LocalPlanStream::open(runs, 1);
+  grpc::Status pending;
+  stream->run(run_of(1), [&](grpc::Status s) { pending = s; });
+  EXPECT_TRUE(stream->close(absl::Seconds(10)));
+  EXPECT_EQ(pending.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(pending.error_message(), HasSubstr("closed by the coordinator"));
+  grpc::Status late;
+  stream->run(run_of(2), [&](grpc::Status s) { late = s; });
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(late.error_message(), HasSubstr("closed by the coordinator"));
+}
+
+TEST(LocalPlanStream, ACancelCompletesTheRunTellsTheWorkerAndDropsTheLateResult) {
+  FakeRuns runs;
+  runs.answer = false;
+  std::shared_ptr<LocalPlanStream> stream = LocalPlanStream::open(runs, 1);
+  std::vector<grpc::Status> results;
+  stream->run(run_of(7), [&](grpc::Status s) { results.push_back(s); });
+  stream->cancel(7, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "call deadline"));
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(runs.received, 2);  // the run, then its cancel
+  pb::RunPlanResult late;
+  late.set_id(7);
+  runs.on_result(late);  // the run's result after the cancel: dropped
+  EXPECT_EQ(results.size(), 1u);
+}
+
+}  // namespace
+}  // namespace tessera
