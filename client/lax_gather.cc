@@ -10,9 +10,7 @@
 // (log2(n) shifted steps), and each run's total is scattered once (combine_scatter).
 // scatter_sub is scatter_add of the negated updates; scatter_apply counts the windows on each
 // element with a scatter_add and applies func that many times. On Explicit axes a split
-// batching dimension runs block by block (gather_by_batch_blocks, scatter_by_batch_blocks); on
-// axes the trace cannot see, one element per example is selected with a mask, the batching
-// dimensions unfolded (batch_select), when the indices take one.
+// batching dimension runs block by block (gather_by_batch_blocks, scatter_by_batch_blocks).
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -135,7 +133,6 @@ struct Addressing {
   // Mapped dimensions with a window of the whole dimension (not collapsed) kept free: their
   // only start is 0, so they need not fold, their starts only checked against 0 (linear_index).
   Dims whole_mapped;
-  bool splits_typed = true;  // every split of the operand shows in its type (splits_typed)
 
   bool windowed(int64_t d) const { return !contains(collapsed, d) && !contains(batching, d); }
   // The linear dimensions that keep a window dimension (mapped and not collapsed).
@@ -195,8 +192,7 @@ Addressing make_addressing(const Value& x, Dims window, Dims mapped, Dims collap
                std::move(batching),
                std::move(indices_batching),
                std::move(collapsed),
-               {},
-               known};
+               {}};
   const int64_t rank = static_cast<int64_t>(operand.size());
   auto addressed = [&](int64_t d) {
     return contains(a.mapped, d) || contains(a.collapsed, d) || contains(a.batching, d);
@@ -286,9 +282,8 @@ Value linear_index(const Value& indices, const Shape& operand, const Addressing&
 }
 
 // The operand cut to its free dimensions' windows, the linear dimensions first and folded
-// into one: shape (prod of the linear dimensions) + (the free windows), or `leading` + (the free
-// windows) when given (the linear dimensions folded into those).
-Value fold_operand(const Value& x, const Addressing& a, std::optional<Shape> leading = std::nullopt) {
+// into one: shape (prod of the linear dimensions) + (the free windows).
+Value fold_operand(const Value& x, const Addressing& a) {
   Value y = x;
   std::vector<int64_t> lo(x.rank(), 0), hi = x.shape();
   for (int64_t d : a.free) hi[d] = a.window[d];
@@ -300,7 +295,6 @@ Value fold_operand(const Value& x, const Addressing& a, std::optional<Shape> lea
   if (perm != identity) y = transpose(y, perm);
   Shape folded = {1};
   for (int64_t d : a.linear) folded[0] *= x.shape()[d];
-  if (leading.has_value()) folded = *leading;
   for (int64_t d : a.free) folded.push_back(a.window[d]);
   return reshape(y, folded);
 }
@@ -330,111 +324,6 @@ enum class Combine { kSet, kAdd, kSub, kMul, kMin, kMax };
 
 Value combine(Combine c, const Value& a, const Value& b) {
   return c == Combine::kMul ? a * b : c == Combine::kMin ? minimum(a, b) : maximum(a, b);
-}
-
-// A gather / scatter with batching dimensions on axes the trace cannot see, whose indices take
-// one element per example along the other addressed dimensions: the indices' batch dimensions
-// are the batching ones, in the operand's order, then dimensions of 1, and every windowed
-// addressed dimension has a window of 1 (vmap's per-example KV-cache write or read of
-// x[B,H,T,D] at (b, 0, t_b, 0)). Folded with the batching dimensions, the one-axis op would run
-// over the axes that split the batch (the vocabulary-parallel path, the indices and updates
-// gathered), the compiler not knowing that each example's index stays in its own block. So the
-// batching dimensions stay dimensions and each example selects its element along the other
-// folded ones with a mask (its index == an iota): elementwise ops and a sum along that
-// dimension, which keep any split the compiler picks local, as XLA's SPMD partitioner keeps a
-// gather's and a scatter's batching dimensions (operand_batching_dims, JAX's
-// _gather_sharding_rule). The select reads the operand once, as the scatter's copy of it does.
-// `inner` is the addressing without the batching dimensions (its linear index is the position
-// within an example, `n` of them), `folded` the operand's with the batching dimensions first,
-// `batch` their sizes.
-struct BatchSelect {
-  Addressing inner, folded;
-  Shape batch;
-  int64_t n = 1;
-
-  Shape leading() const {  // the folded operand's dimensions before its free ones
-    Shape s = batch;
-    s.push_back(n);
-    return s;
-  }
-};
-
-std::optional<BatchSelect> batch_select(const TraceState* t, const Addressing& a, const Shape& operand,
-                                        const Shape& indices) {
-  // Explicit mode resolves typed batch splits block by block (gather_by_batch_blocks).
-  if (a.splits_typed || a.batching.empty() || t->explicit_mesh.has_value()) return std::nullopt;
-  const int64_t nbb = static_cast<int64_t>(a.batching.size()), nb = static_cast<int64_t>(indices.size()) - 1;
-  for (int64_t k = 0; k < nbb; ++k)
-    if (a.indices_batching[k] != k) return std::nullopt;
-  for (int64_t i = nbb; i < nb; ++i)
-    if (indices[i] != 1) return std::nullopt;
-  for (int64_t d : a.windowed_linear())
-    if (a.window[d] != 1) return std::nullopt;
-  BatchSelect s{a, a, {}, 1};
-  s.inner.linear.clear();
-  s.folded.linear = a.batching;
-  for (int64_t d : a.batching) s.batch.push_back(operand[d]);
-  for (int64_t d : a.linear) {
-    if (contains(a.batching, d)) continue;
-    s.inner.linear.push_back(d);
-    s.folded.linear.push_back(d);
-    s.n *= operand[d];
-  }
-  return s;
-}
-
-// Where each example's linear index `idx` (the indices' batch shape, then windows of 1) falls in
-// the folded operand of shape `folded` (batch, n, free windows): true at one element of each
-// example's n (none for an index of -1), broadcast along the free dimensions.
-Value batch_select_mask(const Value& idx, const BatchSelect& s, const Shape& folded) {
-  const int64_t nbb = static_cast<int64_t>(s.batch.size());
-  const Shape bn = s.leading();
-  Dims lead(nbb), with_n(nbb + 1);
-  std::iota(lead.begin(), lead.end(), 0);
-  std::iota(with_n.begin(), with_n.end(), 0);
-  const Value at = broadcast_in_dim(reshape(idx, s.batch), bn, lead) == iota(idx.dtype(), bn, nbb);
-  return broadcast_in_dim(at, folded, with_n);
-}
-
-// The one-axis gather's result (the indices' batch dimensions, the windowed linear dimensions'
-// windows, the free windows) for x at the indices clamped, by the mask.
-Value gather_by_batch_select(const Value& x, const Value& indices, const BatchSelect& s) {
-  const Value idx = linear_index(indices, x.shape(), s.inner, GatherScatterMode::kClip);
-  const Value y = fold_operand(x, s.folded, s.leading());
-  if (!idx.ok() || !y.ok()) return Value();
-  const DType dt = x.dtype() == DType::kBool ? DType::kI32 : x.dtype();
-  // -0 elsewhere: e + (-0) is e for every e (+0 and -0 included), so the sum is the element.
-  const Value others = full(y.shape(), is_floating(dt) ? -0.0 : 0.0, dt);
-  const Value r =
-      sum(where(batch_select_mask(idx, s, y.shape()), convert(y, dt), others), {static_cast<int64_t>(s.batch.size())});
-  Shape out = indices.shape();
-  out.pop_back();
-  for (int64_t d : s.inner.windowed_linear()) out.push_back(s.inner.window[d]);
-  for (int64_t d : s.folded.free) out.push_back(s.folded.window[d]);
-  return reshape(x.dtype() == DType::kBool ? r != 0 : convert(r, x.dtype()), out);
-}
-
-// x with each example's update `u` (laid out as the one-axis scatter's updates) combined into
-// its element, by the mask; `mode` is linear_index's (an index outside drops the update).
-Value scatter_by_batch_select(Combine c, const Value& x, const Value& indices, const Value& u, const BatchSelect& s,
-                              GatherScatterMode mode) {
-  const Value idx = linear_index(indices, x.shape(), s.inner, mode);
-  const Value y = fold_operand(x, s.folded, s.leading());
-  if (!idx.ok() || !y.ok() || !u.ok()) return Value();
-  const int64_t nbb = static_cast<int64_t>(s.batch.size());
-  Shape per_example = s.batch;
-  Dims dims(nbb);
-  std::iota(dims.begin(), dims.end(), 0);
-  for (int64_t d : s.folded.free) {
-    dims.push_back(static_cast<int64_t>(per_example.size()) + 1);
-    per_example.push_back(s.folded.window[d]);
-  }
-  const Value uy = broadcast_in_dim(reshape(u, per_example), y.shape(), dims);
-  const Value v = c == Combine::kSet   ? uy
-                  : c == Combine::kAdd ? y + uy
-                  : c == Combine::kSub ? y - uy
-                                       : combine(c, y, uy);
-  return unfold_operand(where(batch_select_mask(idx, s, y.shape()), v, y), x, s.folded);
 }
 
 // full(x's shape, value, dtype), laid out as x on Explicit axes: a plain constant is replicated,
@@ -634,13 +523,10 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
   Dims identity(nu);
   std::iota(identity.begin(), identity.end(), 0);
   const Value u = perm == identity ? updates : transpose(updates, perm);
-  const GatherScatterMode index_mode =
-      mode == GatherScatterMode::kPromiseInBounds ? GatherScatterMode(GatherScatterMode::kFillOrDrop) : mode;
-  if (const std::optional<BatchSelect> s = batch_select(t, a, xs, is); s.has_value()) {
-    return scatter_by_batch_select(combine_op, x, indices, u, *s, index_mode);
-  }
   const Value folded = fold_operand(x, a);
-  const Value idx = linear_index(indices, xs, a, index_mode);
+  const Value idx = linear_index(
+      indices, xs, a,
+      mode == GatherScatterMode::kPromiseInBounds ? GatherScatterMode(GatherScatterMode::kFillOrDrop) : mode);
   if (!folded.ok() || !idx.ok() || !u.ok()) return Value();  // refused (e.g. a fold of a split dim)
   Value r;
   switch (combine_op) {
@@ -965,16 +851,15 @@ Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNum
     if (!error.empty()) return invalid(error);
     if (blocks.has_value()) return *blocks;
   }
-  const bool clip = mode == GatherScatterMode::kClip || mode == GatherScatterMode::kPromiseInBounds;
-  Value g;
-  if (const std::optional<BatchSelect> s = batch_select(t, a, xs, is); s.has_value() && clip) {
-    g = gather_by_batch_select(x, indices, *s);
-  } else {
-    const Value folded = fold_operand(x, a);
-    // Promised in bounds: clamped as XLA does (see linear_index).
-    const Value idx = linear_index(indices, xs, a, clip ? GatherScatterMode(GatherScatterMode::kClip) : mode);
-    g = gather(folded, idx, 0, clip ? IndexMode::kClip : IndexMode::kFillOrDrop, std::move(fill_value));
-  }
+  const Value folded = fold_operand(x, a);
+  // Promised in bounds: clamped as XLA does (see linear_index).
+  const Value idx = linear_index(
+      indices, xs, a, mode == GatherScatterMode::kPromiseInBounds ? GatherScatterMode(GatherScatterMode::kClip) : mode);
+  const Value g =
+      gather(folded, idx, 0,
+             mode == GatherScatterMode::kClip || mode == GatherScatterMode::kPromiseInBounds ? IndexMode::kClip
+                                                                                             : IndexMode::kFillOrDrop,
+             std::move(fill_value));
   Dims identity(out_rank);
   std::iota(identity.begin(), identity.end(), 0);
   return perm == identity ? g : transpose(g, perm);

@@ -72,9 +72,7 @@ absl::StatusOr<Value> dynamic_slice_rule(const BatchArgs& a) {
   // Starts per example (int[size, rank], a row per example): a gather of each example's window,
   // its starts clamped as lax clamps them (kClip). With the operand batched too, the batch is a
   // batching dimension of both, so on Explicit axes the operand's and the starts' splits of it
-  // resolve into the result's (lax_gather.cc, gather_by_batch_blocks), as JAX's; on Auto axes
-  // each example selects its window of one element along the sliced dimensions with a mask
-  // (batch_select), so a split of the batch stays local there too.
+  // resolve into the result's (lax_gather.cc, gather_by_batch_blocks), as JAX's.
   const int64_t rank = static_cast<int64_t>(sizes.size());
   if (!a.batched[0]) {
     return gather(a.x[0], a.x[1], GatherDimensionNumbers{dims_from(1, rank), {}, dims_from(0, rank)}, sizes,
