@@ -1707,10 +1707,13 @@ TEST(TransportRunTagRefusal, AFanOutRetriedUnderFreshTagsFailsAtOnceWithItsNewes
   transport.finish_op(299);
 }
 
-// The remembered refusals' global limit (kRememberedOps) forgets unclaimed ops' entries first:
-// a source refused on 4,097 distinct later op ids (one tag each, under the per-(op, source)
-// cap) pushed out the oldest entry, a run's real refusal of the op it had claimed, whose wait
-// then ended at its deadline rather than at once with RESOURCE_EXHAUSTED.
+// Another source refused on 4,097 distinct later op ids (one tag each, under the per-(op,
+// source) cap) pushed out the oldest entry when the remembered refusals were bounded only in
+// all: a run's real refusal of the op it had claimed, whose wait then ended at its deadline
+// rather than at once with RESOURCE_EXHAUSTED. Now that source's refusals are bounded by its own
+// share (Transport::kRememberedPerSource) and push out only its own; that a claimed op's entry
+// outlasts the same source's unclaimed ones is
+// TransportRememberedBounds.ASourcesClaimedOpsRefusalAndLossOutlastItsOwnLaterUnclaimedOnes.
 TEST(TransportRunTagRefusal, RefusalsOfManyUnclaimedOpsDoNotPushOutAClaimedOpsRefusal) {
   constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
   Transport transport;
@@ -1945,6 +1948,21 @@ TEST(TransportRunTagNotice, AFanOutRetriedUnderFreshTagsFailsAtOnceWithItsNewest
   transport.finish_op(kOp);
 }
 
+// `device`'s messages of the ops [first, end), each refused over the count (the device holds
+// its share of early messages already), then its notices naming the ops as lost (256 a
+// notice); each op's under the run tag `tag(op)`.
+void refuse_and_notice_ops(Transport& transport, int device, uint64_t first, uint64_t end,
+                           const std::function<uint64_t(uint64_t)>& tag) {
+  for (uint64_t op = first; op < end; ++op) {
+    ASSERT_TRUE(deliver(transport, tagged_message(device, op, 0, tag(op), "refused")).ok());
+  }
+  for (uint64_t from = first; from < end; from += 256) {
+    std::vector<std::pair<uint64_t, uint64_t>> ops;
+    for (uint64_t op = from; op < std::min(from + 256, end); ++op) ops.push_back({op, tag(op)});
+    ASSERT_TRUE(deliver(transport, notice(device, ops)).ok());
+  }
+}
+
 // Issue #17 (session 37): the refusals and losses remembered for the ops' waits were bounded
 // only in all (4,096 of each), the lowest op no run had claimed going first, whoever's it was: a
 // source refused on more later ops than that, or naming as many in its notices (a flood, or a
@@ -1964,15 +1982,18 @@ TEST(TransportRememberedBounds, AFloodOfOneSourcesRefusalsAndNoticesDoesNotPushO
   // refused over the count, and notices naming the same ops (256 a notice).
   constexpr uint64_t kFirst = 401, kEnd = kFirst + 4097;
   ASSERT_TRUE(deliver(transport, tagged_message(2, 400, 0, 7, "held")).ok());
-  for (uint64_t op = kFirst; op < kEnd; ++op) {
-    ASSERT_TRUE(deliver(transport, tagged_message(2, op, 0, op, "evil")).ok());
-  }
-  for (uint64_t first = kFirst; first < kEnd; first += 256) {
-    std::vector<std::pair<uint64_t, uint64_t>> ops;
-    for (uint64_t op = first; op < std::min(first + 256, kEnd); ++op) ops.push_back({op, op});
-    ASSERT_TRUE(deliver(transport, notice(2, ops)).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(refuse_and_notice_ops(transport, 2, kFirst, kEnd, [](uint64_t op) { return op; }));
   EXPECT_EQ(transport.dropped_messages(), 1 + 4097) << "each refused message is counted";
+  // Device 2's refusals and losses, each bounded by its share; device 1's kept.
+  EXPECT_EQ(transport.remembered_of(2),
+            std::make_pair(Transport::kRememberedPerSource, Transport::kRememberedPerSource));
+  EXPECT_EQ(transport.remembered_of(1), std::make_pair(size_t{1}, size_t{1}));
+  // A run here claims ten of device 2's latest ops with another tag than theirs: their refusals
+  // and losses go (drop_mismatched_locked), and device 2's counts with them.
+  transport.begin_run_ops(kEnd - 10, kEnd, kTag);
+  EXPECT_EQ(transport.remembered_of(2),
+            std::make_pair(Transport::kRememberedPerSource - 10, Transport::kRememberedPerSource - 10));
+  transport.end_run_ops(kEnd - 10, kEnd, kTag);
   transport.begin_run_ops(300, 311, kTag);
   auto receive = [&](uint64_t op) {
     return transport.receive(1, "h:1", {op, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
@@ -1987,6 +2008,39 @@ TEST(TransportRememberedBounds, AFloodOfOneSourcesRefusalsAndNoticesDoesNotPushO
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("device 1 (h:1) lost messages of op 310"));
   transport.end_run_ops(300, 311, kTag);
   transport.finish_ops(299, kEnd);
+  EXPECT_EQ(transport.remembered_of(1), std::make_pair(size_t{0}, size_t{0})) << "they go with their ops";
+  EXPECT_EQ(transport.remembered_of(2), std::make_pair(size_t{0}, size_t{0})) << "they go with their ops";
+}
+
+// Within one source's share the oldest of an op no run claimed goes first, before any of a
+// claimed op: device 1's refusal of op 300 and its loss of op 310, both claimed by a run here,
+// outlast device 1's own refusals and losses of kRememberedPerSource + 1 later ops no run
+// claimed (a peer running ahead, or a forger declaring device 1), and the run's waits fail at
+// once naming them (with the oldest of device 1's going first whatever its op, they would be
+// pushed out and the waits would end at their deadline).
+TEST(TransportRememberedBounds, ASourcesClaimedOpsRefusalAndLossOutlastItsOwnLaterUnclaimedOnes) {
+  constexpr uint64_t kTag = 0x5eed5eed5eed5eedULL;
+  constexpr uint64_t kPerSource = Transport::kRememberedPerSource;
+  Transport transport;
+  ASSERT_NO_FATAL_FAILURE(refuse_op_300_of_device_1(transport, kTag));  // holds op 299's message
+  ASSERT_TRUE(deliver(transport, notice(1, {{310, kTag}})).ok());
+  transport.begin_run_ops(300, 311, kTag);
+  constexpr uint64_t kFirst = 401, kEnd = kFirst + kPerSource + 1;
+  ASSERT_NO_FATAL_FAILURE(refuse_and_notice_ops(transport, 1, kFirst, kEnd, [](uint64_t) { return kTag; }));
+  EXPECT_EQ(transport.dropped_messages(), 1 + kPerSource + 1) << "each refused message is counted";
+  EXPECT_EQ(transport.remembered_of(1), std::make_pair(kPerSource, kPerSource));
+  auto receive = [&](uint64_t op) {
+    return transport.receive(1, "h:1", {op, 0, 0, kTag}, absl::InfinitePast(), absl::Now() + kDeadline);
+  };
+  absl::StatusOr<Received> got = receive(300);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("a message of op 300 from device 1 (h:1) was dropped"));
+  got = receive(310);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("device 1 (h:1) lost messages of op 310"));
+  transport.end_run_ops(300, 311, kTag);
+  transport.finish_ops(299, kEnd);
+  EXPECT_EQ(transport.remembered_of(1), std::make_pair(size_t{0}, size_t{0}));
 }
 
 // The bounds themselves (transport.h, kRememberedPerSource and kRememberedInAll): a source's

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <utility>
@@ -186,56 +187,57 @@ uint64_t order_of(const Value& value) {
 }
 uint64_t order_of(uint64_t order) { return order; }
 
-// Whether `remembered` (refused_ or lost_: maps by (op, source, run tag) to what is
-// remembered, with the order it was remembered in) takes `key`: not if it holds it already.
-// It keeps at most Transport::kRefusedTagsPerSource tags per (op, source), so that made-up tags
-// for one op cannot fill it and push the other ops' entries out (see refuse_locked). At that
-// cap the oldest entry of the (op, source) goes to make room, except its first (a run's own
-// refusal or loss, come before made-up tags) and the tag a run claimed the op with
-// (`claimed`): so the newest stays, a client's retry of a fan-out under fresh tags as well.
-template <typename Remembered>
-bool room_for_tag(Remembered& remembered, const std::tuple<uint64_t, int, uint64_t>& key,
-                  std::optional<uint64_t> claimed) {
+}  // namespace
+
+// Whether the key may be added: not if it is held already. At most
+// Transport::kRefusedTagsPerSource tags per (op, source), so that made-up tags for one op
+// cannot fill the source's share and push its other ops' entries out (see refuse_locked). At
+// that cap the oldest entry of the (op, source) goes to make room, except its first (a run's
+// own refusal or loss, come before made-up tags) and the tag a run claimed the op with
+// (`claimed_tag`): so the newest stays, a client's retry of a fan-out under fresh tags as well.
+template <typename Value>
+bool Transport::Remembered<Value>::room_for_tag(const OpSourceTag& key, std::optional<uint64_t> claimed_tag) {
   // Named copies, not a structured binding: C++17 lambdas cannot capture those (clang refuses).
   const uint64_t op = std::get<0>(key);
   const int from = std::get<1>(key);
   const uint64_t run_tag = std::get<2>(key);
-  const auto& map = remembered.map();
-  const auto begin = map.lower_bound({op, from, 0});
+  const auto begin = entries_.lower_bound({op, from, 0});
   auto same = [&](auto it) {
-    return it != map.end() && std::get<0>(it->first) == op && std::get<1>(it->first) == from;
+    return it != entries_.end() && std::get<0>(it->first) == op && std::get<1>(it->first) == from;
   };
   int tags = 0;
-  auto first = map.end();
+  auto first = entries_.end();
   for (auto it = begin; same(it); ++it) {
     if (std::get<2>(it->first) == run_tag) return false;
     ++tags;
-    if (first == map.end() || order_of(it->second) < order_of(first->second)) first = it;
+    if (first == entries_.end() || order_of(it->second) < order_of(first->second)) first = it;
   }
   if (tags < Transport::kRefusedTagsPerSource) return true;
-  auto oldest = map.end();
+  auto oldest = entries_.end();
   for (auto it = begin; same(it); ++it) {
-    if (it == first || std::get<2>(it->first) == claimed) continue;
-    if (oldest == map.end() || order_of(it->second) < order_of(oldest->second)) oldest = it;
+    if (it == first || std::get<2>(it->first) == claimed_tag) continue;
+    if (oldest == entries_.end() || order_of(it->second) < order_of(oldest->second)) oldest = it;
   }
-  remembered.erase(oldest);  // kRefusedTagsPerSource > 2 (below): there is one
+  erase(oldest);  // kRefusedTagsPerSource > 2 (below): there is one
   return true;
 }
 static_assert(Transport::kRefusedTagsPerSource > 2,
               "room_for_tag keeps an (op, source)'s first and claimed tags and must find a third to forget");
 
-}  // namespace
-
 template <typename Value>
 template <typename Claimed>
-void Transport::Remembered<Value>::add(const OpSourceTag& key, Value value, const Claimed& claimed) {
+bool Transport::Remembered<Value>::remember(const OpSourceTag& key, Value value, std::optional<uint64_t> claimed_tag,
+                                            const Claimed& claimed) {
+  if (!room_for_tag(key, claimed_tag)) return false;
+  const uint64_t order = order_of(value);
+  // Held already (room_for_tag said no, this is for the indexes' sake): nothing is indexed.
+  if (!entries_.emplace(key, std::move(value)).second) return false;
   const int source = std::get<1>(key);
   auto& own = by_source_[source];
   if (!own.empty()) by_count_.erase({own.size(), source});
-  own.insert({order_of(value), key});
+  own.insert({order, key});
   const size_t held = own.size();
   by_count_.insert({held, source});
-  entries_.emplace(key, std::move(value));
   // Charged to the source: past its own bound its own oldest goes. Past the bound in all, the
   // source holding the most pays (a flood's), never one holding fewer than the newcomer's.
   if (held > kRememberedPerSource) {
@@ -244,6 +246,15 @@ void Transport::Remembered<Value>::add(const OpSourceTag& key, Value value, cons
     const std::pair<size_t, int> most = *by_count_.rbegin();
     forget_oldest_of(most.first > held ? most.second : source, claimed);
   }
+  return true;
+}
+
+template <typename Value>
+bool Transport::remember_locked(Remembered<Value>& remembered, const OpSourceTag& key, Value value,
+                                std::optional<uint64_t> claimed_tag) {
+  return remembered.remember(key, std::move(value), claimed_tag, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return run_tag_locked(op).has_value();  // under mu_, as here
+  });
 }
 
 template <typename Value>
@@ -258,7 +269,14 @@ void Transport::Remembered<Value>::forget_oldest_of(int source, const Claimed& c
       break;
     }
   }
-  erase(entries_.find(oldest->second));
+  const auto entry = entries_.find(oldest->second);
+  if (entry == entries_.end()) {  // our invariant: by_source_ indexes entries_ exactly
+    std::fprintf(stderr,
+                 "tessera-worker: Transport::Remembered: an entry of op %lu from device %d is indexed but not held\n",
+                 static_cast<unsigned long>(std::get<0>(oldest->second)), source);
+    std::abort();
+  }
+  erase(entry);
 }
 
 template <typename Value>
@@ -1543,19 +1561,16 @@ void Transport::refuse_locked(uint64_t op, int from, uint64_t run_tag, Refusal w
   // At most kRefusedTagsPerSource run tags' refusals per (op, source): made-up tags must not
   // fill the source's kRememberedPerSource with one op's refusals and push out its older ops',
   // likely the one a run waits on (which would then end at its deadline, not with RESOURCE_EXHAUSTED). Over it
-  // the newest replaces the oldest but the first (room_for_tag): a client retrying a fan-out
+  // the newest replaces the oldest but the first (Remembered::remember): a client retrying a fan-out
   // under fresh tags waits on its newest. A run's claim keeps its own tag's and erases the
   // others (drop_mismatched_locked), and after it only messages of its tag reach a bound here,
   // so a claimed op's refusal always has room.
   // A refusal remembered already keeps its first reason. Past the bounds per source and in all,
-  // the source's own oldest goes, or the oldest of the source holding the most (Remembered::add):
+  // the source's own oldest goes, or the oldest of the source holding the most (Remembered::remember):
   // a flooding or forging source cannot push out another source's refusals, so a wait for them
   // fails at once whatever else arrives.
-  if (!room_for_tag(refused_, key, claimed)) return;
   why.order = remembered_++;
-  refused_.add(key, why, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return run_tag_locked(op).has_value();  // under mu_, as here
-  });
+  remember_locked(refused_, key, why, claimed);
 }
 
 void Transport::sweep() {
@@ -1922,13 +1937,10 @@ absl::Status Transport::deliver_or_wait(grpc::ByteBuffer* buffer, int* source, i
       }
       // As refusals: at most kRefusedTagsPerSource tags per (op, source), so that made-up tags
       // for one op (up to 256 a notice) cannot push out another op's real loss; past it the
-      // newest replaces an older one (room_for_tag).
-      if (!room_for_tag(lost_, {op, from, run_tag}, expected)) continue;
-      // And as refusals, bounded per source and in all (Remembered::add): a notice's source
-      // pushes out only its own losses, or those of a source holding more.
-      lost_.add(OpSourceTag{op, from, run_tag}, remembered_++, [this](uint64_t op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return run_tag_locked(op).has_value();  // under mu_, as here
-      });
+      // newest replaces an older one. And as refusals, bounded per source and in all
+      // (Remembered::remember): a notice's source pushes out only its own losses, or those of a
+      // source holding more.
+      remember_locked(lost_, OpSourceTag{op, from, run_tag}, remembered_++, expected);
     }
     return absl::OkStatus();
   }

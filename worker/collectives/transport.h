@@ -133,7 +133,9 @@ struct ShmOptions {
   // (Transport::expect_at) and its copy there, with the message's tag; it may block to hold the
   // reader in that window (the copy is then under way for forget_expected and receive). Each
   // reader takes its copy when it starts; unset, a reader tests one empty function per message
-  // read in place.
+  // read in place. There is a reader per source, so it may run on several threads at once; it
+  // must not call forget_expected or receive for the op whose copy it holds (they wait for that
+  // copy: a deadlock).
   std::function<void(const MessageTag&)> before_placed_copy = nullptr;
 };
 
@@ -604,30 +606,44 @@ class Transport {
    public:
     using Map = std::map<OpSourceTag, Value>;
     const Map& map() const { return entries_; }
-    // Adds `key` (not held yet), then keeps the bounds: past kRememberedPerSource entries of
-    // its source, that source's oldest goes; past kRememberedInAll in all, the oldest of the
-    // source holding the most, or of the key's source if none holds more (the new entry, if it
-    // is its only one). Of a source's entries, the oldest of an op no run claimed (`claimed(op)`
-    // false) goes first.
+    // Remembers `value` (its order, order_of, above every held entry's) under `key` and keeps
+    // the bounds; false if `key` is held already (it keeps its first value) and nothing changes.
+    // At most kRefusedTagsPerSource tags per (op, source): past them the oldest of the (op,
+    // source) goes but its first and the tag `claimed_tag` a run claimed the op with. Past
+    // kRememberedPerSource entries of the key's source, that source's oldest goes; past
+    // kRememberedInAll in all, the oldest of the source holding the most (the highest device id
+    // among sources holding as many), or of the key's source if none holds more (the new entry,
+    // if it is its only one). Of a source's entries, the oldest of an op no run claimed
+    // (`claimed(op)` false) goes first, else its oldest. The trade-off: for an honest peer far
+    // ahead of this device that is its lowest op not claimed yet, the one a run here reaches
+    // first, whose wait then ends at its deadline instead of failing at once; forgetting the
+    // newcomer instead would let old entries lock out what a source is refused on now.
     template <typename Claimed>
-    void add(const OpSourceTag& key, Value value, const Claimed& claimed);
+    bool remember(const OpSourceTag& key, Value value, std::optional<uint64_t> claimed_tag, const Claimed& claimed);
     typename Map::const_iterator erase(typename Map::const_iterator it);
     void erase_ops(uint64_t first, uint64_t end);  // the entries of the ops [first, end)
     size_t held_by(int source) const;              // how many entries of `source` it holds
 
    private:
+    // Whether `key` may be added (not if held), making room for it among its (op, source)'s tags.
+    bool room_for_tag(const OpSourceTag& key, std::optional<uint64_t> claimed_tag);
     template <typename Claimed>
     void forget_oldest_of(int source, const Claimed& claimed);
     Map entries_;
     std::map<int, std::set<std::pair<uint64_t, OpSourceTag>>> by_source_;  // (order, key), oldest first
     std::set<std::pair<size_t, int>> by_count_;                            // (entries held, source)
   };
+  // remembered.remember(key, value, claimed_tag, whether a run here claimed the op).
+  template <typename Value>
+  bool remember_locked(Remembered<Value>& remembered, const OpSourceTag& key, Value value,
+                       std::optional<uint64_t> claimed_tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Messages dropped for the bounds, and why (until the op finishes; at most
   // kRefusedTagsPerSource tags per (op, source), and kRememberedPerSource per source and
   // kRememberedInAll in all, see Remembered). Only a wait of the same run tag fails for one, and
   // only a message of that tag is dropped for it.
   Remembered<Refusal> refused_ ABSL_GUARDED_BY(mu_);
-  // Entries put in refused_ and lost_ so far: their order (Refusal::order, lost_'s values).
+  // The next entry's order in refused_ and lost_ (Refusal::order, lost_'s values); one not
+  // remembered (held already) leaves a gap, which the order does not mind.
   uint64_t remembered_ ABSL_GUARDED_BY(mu_) = 0;
   // Messages waiting for room in their source's share, oldest first (at most one per stream or
   // ring: its reader waits with it), and how many ever waited.
