@@ -41,16 +41,18 @@ void PlanStream::delete_buffers(const pb::StreamDelete& request, Done done) {
 }
 
 void PlanStream::request(uint64_t id, pb::PlanStreamRequest message, Done done) {
+  bool ending = false;
   std::string why;
   {
     absl::MutexLock lock(&mu_);
-    if (ending_) {
+    ending = ending_;
+    if (ending) {
       why = why_;
     } else {
       pending_[id] = std::move(done);
     }
   }
-  if (!why.empty()) {
+  if (ending) {
     done(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
     return;
   }
@@ -85,13 +87,18 @@ PlanStream::Done PlanStream::take_locked(uint64_t id) {
 
 void PlanStream::fail_pending(const std::string& why) {
   absl::flat_hash_map<uint64_t, Done> pending;
+  std::string first;
   {
     absl::MutexLock lock(&mu_);
     ending_ = true;
-    why_ = why;
+    if (!failed_) {  // the first end says why: a worker's stop after close() changes nothing
+      failed_ = true;
+      why_ = why;
+    }
+    first = why_;
     pending.swap(pending_);
   }
-  const grpc::Status broken(grpc::StatusCode::UNAVAILABLE, why);
+  const grpc::Status broken(grpc::StatusCode::UNAVAILABLE, first);
   for (auto& [id, done] : pending) done(broken);
 }
 
@@ -176,6 +183,25 @@ std::atomic<int64_t> handed_over_total{0};
 // The results a thread completes after the hand-off at hand (LocalPlanStream::send), while it
 // hands requests over; null when it hands none.
 thread_local std::deque<std::function<void()>>* t_handed_back = nullptr;
+
+// Makes `queue` the thread's t_handed_back if it has none, for the guard's life; however the
+// scope is left (an exception from receive() or a completion), the thread keeps no pointer to
+// it.
+class HandedBackScope {
+ public:
+  explicit HandedBackScope(std::deque<std::function<void()>>* queue) : outermost_(t_handed_back == nullptr) {
+    if (outermost_) t_handed_back = queue;
+  }
+  ~HandedBackScope() {
+    if (outermost_) t_handed_back = nullptr;
+  }
+  HandedBackScope(const HandedBackScope&) = delete;
+  HandedBackScope& operator=(const HandedBackScope&) = delete;
+  bool outermost() const { return outermost_; }
+
+ private:
+  const bool outermost_;
+};
 }  // namespace
 
 int64_t LocalPlanStream::handed_over() { return handed_over_total.load(std::memory_order_relaxed); }
@@ -197,9 +223,14 @@ std::shared_ptr<LocalPlanStream> LocalPlanStream::open(LocalRuns& runs, uint64_t
       [weak](const std::string& why) {
         if (std::shared_ptr<LocalPlanStream> stream = weak.lock()) stream->end(why);
       });
-  absl::MutexLock lock(&s->mu_);
-  s->session_ = std::move(session);
-  s->ending_ = s->session_ == nullptr;  // the worker stopped
+  {
+    absl::MutexLock lock(&s->mu_);
+    // The worker stopped before open (null), or while it opened: its on_end ran already (end()
+    // found no session) and the stream stays ended.
+    s->ending_ = s->ending_ || session == nullptr;
+    if (!s->ending_) s->session_ = std::move(session);
+  }
+  if (session != nullptr) session->close();  // ended while it opened: as end() closes it
   return s;
 }
 
@@ -221,11 +252,10 @@ void LocalPlanStream::send(pb::PlanStreamRequest message) {
   if (session == nullptr) return;  // ending: end() failed whatever is pending
   handed_over_total.fetch_add(1, std::memory_order_relaxed);
   std::deque<std::function<void()>> handed_back;
-  const bool outermost = t_handed_back == nullptr;
-  if (outermost) t_handed_back = &handed_back;
+  const HandedBackScope scope(&handed_back);
   // Not under mu_: a small run ends inside, and its result comes back through deliver().
   if (!session->receive(std::move(message))) end("its worker stopped");
-  if (!outermost) return;
+  if (!scope.outermost()) return;
   // Completing a result may hand the next request over: that one returns here, so however
   // long the chain, a thread holds at most two hand-offs.
   while (!handed_back.empty()) {
@@ -233,7 +263,6 @@ void LocalPlanStream::send(pb::PlanStreamRequest message) {
     handed_back.pop_front();
     complete();
   }
-  t_handed_back = nullptr;
 }
 
 void LocalPlanStream::deliver(const pb::RunPlanResult& result) {

@@ -44,10 +44,13 @@ class PlanStream {
   // caller's: with the worker's result, with UNAVAILABLE if the stream broke first (or had
   // already), or with the status given to cancel(). Never blocks (in process, a small run runs
   // on the caller's thread, as on the thread that would have read it). REQUIRES: no run of the
-  // same execution is pending, and the caller holds no lock `done` takes.
+  // same execution is pending, and the caller holds no lock `done` takes. A completion may send
+  // the next request, but nothing may wait for a result from inside a completion: in process
+  // that result is completed after the completion returns, on the same thread (LocalPlanStream).
   void run(const pb::RunPlanRequest& request, Done done);
 
-  // Deletes buffers on the worker, after every request sent before; `done` as for run().
+  // Deletes buffers on the worker, after every request sent before; `done` as for run(), with
+  // the same rule: nothing waits for it from inside a completion.
   // REQUIRES: `request.request_id()` is unique among this stream's pending requests.
   void delete_buffers(const pb::StreamDelete& request, Done done);
 
@@ -72,7 +75,8 @@ class PlanStream {
   // Takes the callback pending under `id` (null if none: answered or cancelled already).
   Done take_locked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the stream ending with UNAVAILABLE `why` (what later requests fail with) and fails
-  // every request pending with it.
+  // every request pending with it. Only the first call's `why` is kept: later ones (a worker's
+  // stop after close()) fail what is pending with it too.
   void fail_pending(const std::string& why);
 
   mutable absl::Mutex mu_;
@@ -85,6 +89,7 @@ class PlanStream {
 
   const uint64_t incarnation_;
   std::string why_ ABSL_GUARDED_BY(mu_);
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;  // fail_pending ran: why_ is its first why
 };
 
 // The RunPlans stream: the carrier to a worker reached over gRPC (every worker but an embedded
@@ -135,7 +140,7 @@ class GrpcPlanStream final : public PlanStream,
 // would otherwise nest one hand-off in the other, once per call of a chain.
 class LocalPlanStream final : public PlanStream {
  public:
-  // Opens a session of `runs` (broken at once if the worker stopped).
+  // Opens a session of `runs` (broken at once if the worker stopped, or stops while it opens).
   static std::shared_ptr<LocalPlanStream> open(LocalRuns& runs, uint64_t incarnation);
   // Closes the session if close() did not.
   ~LocalPlanStream() override;

@@ -94,14 +94,19 @@ void drive(std::shared_ptr<SteppedRun> run) {
     return;
   }
   Driver driver;
-  t_driver = &driver;
+  // However the loop is left (an exception from a step), the thread keeps no pointer to driver.
+  struct Driving {
+    explicit Driving(Driver* driver) { t_driver = driver; }
+    ~Driving() { t_driver = nullptr; }
+    Driving(const Driving&) = delete;
+    Driving& operator=(const Driving&) = delete;
+  } const driving(&driver);
   driver.queue.push_back(std::move(run));
   while (!driver.queue.empty()) {
     std::shared_ptr<SteppedRun> next = std::move(driver.queue.front());
     driver.queue.pop_front();
     next->step(/*may_wait=*/false);
   }
-  t_driver = nullptr;
 }
 
 // The coordinator's runs on this worker, whatever carries them (a RunPlans stream's reactor,
@@ -683,7 +688,21 @@ absl::Status PlanRunner::run(const LoadedPlan& loaded, const pb::RunPlanRequest&
 }
 
 PlanRunner::~PlanRunner() {
-  stop_local_runs(absl::Seconds(10));  // nothing handles a request in process from here
+  if (!stop_local_runs(absl::Seconds(10))) {
+    // A request handed over in process is still inside handle(), which uses this runner: wait
+    // for it however long it takes (logged every 10 s) rather than go from under it.
+    absl::MutexLock lock(&local_gate_->mu);
+    auto none_active = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(local_gate_->mu) { return local_gate_->active == 0; };
+    absl::Duration waited = absl::Seconds(10);
+    while (!local_gate_->mu.AwaitWithTimeout(absl::Condition(&none_active), absl::Seconds(10))) {
+      waited += absl::Seconds(10);
+      std::fprintf(stderr,
+                   "tessera-worker: device %d: the runner goes only after the %d requests handed over in process "
+                   "still handled return; waited %s\n",
+                   device_->id(), local_gate_->active, absl::FormatDuration(waited).c_str());
+    }
+  }
+  // Nothing handles a request in process from here.
   transport_->unpark_all();
   absl::MutexLock lock(&runs_mu_);
   auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) { return stepped_alive_ == 0; };

@@ -1,5 +1,6 @@
 // VJPs of control flow: scan, switch (and so cond and checkpoint); while_loop has none.
 #include <algorithm>
+#include <cassert>
 #include <functional>
 #include <map>
 #include <optional>
@@ -189,13 +190,16 @@ absl::Status scan_vjp(const VjpArgs& a) {
             residual[TraceState::id(v)] = true;
           }
         }
-        // A broadcast is rebuilt in the backward body from its operand (saved in its stead when
-        // varying) rather than stacked `length` times at its broadcast size.
+        // A broadcast is rebuilt in the backward body from its operand (saved in its stead)
+        // rather than stacked `length` times at its broadcast size.
         for (int id = g.size() - 1; id >= 0; --id) {
           if (!residual[id] || g.node(id).op != Op::kBroadcastInDim) continue;
           residual[id] = false;
           const int o = g.node(id).operands[0];
-          residual[o] = residual[o] || c[o] == Needs::kVarying;
+          // A residual is varying, and a broadcast has its one operand's class: the operand is
+          // varying too.
+          assert(c[o] == Needs::kVarying);
+          residual[o] = true;
         }
         for (int id = 0; id < g.size(); ++id) {
           if (!residual[id]) continue;

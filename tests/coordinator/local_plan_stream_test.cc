@@ -5,6 +5,7 @@
 // fails them, and later ones, with UNAVAILABLE saying why, as a broken RunPlans stream does.
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A worker side: answers each run at once, inside receive() (as a small run is), unless told
 // to keep it; counts how deeply receive() nests on the thread.
@@ -26,6 +28,10 @@ class FakeRuns final : public LocalRuns {
     FakeRuns* runs;
     bool receive(pb::PlanStreamRequest message) override {
       if (runs->stopped) return false;
+      if (runs->throw_once) {
+        runs->throw_once = false;
+        throw std::runtime_error("the worker's handler threw");
+      }
       ++runs->depth;
       runs->max_depth = std::max(runs->max_depth, runs->depth);
       ++runs->received;
@@ -46,6 +52,9 @@ class FakeRuns final : public LocalRuns {
     on_end = std::move(end);
     auto session = std::make_shared<Session>();
     session->runs = this;
+    // The worker stops after registering the session, before open() returns it: what
+    // PlanRunner::stop_local_runs may do between LocalGate::open_session and the caller.
+    if (stop_in_open) on_end("its worker stopped");
     return session;
   }
 
@@ -53,6 +62,8 @@ class FakeRuns final : public LocalRuns {
   std::function<void(const std::string&)> on_end;
   bool answer = true;
   bool stopped = false;
+  bool stop_in_open = false;
+  bool throw_once = false;
   bool closed = false;
   int depth = 0;
   int max_depth = 0;
@@ -144,6 +155,67 @@ TEST(LocalPlanStream, ACancelCompletesTheRunTellsTheWorkerAndDropsTheLateResult)
   late.set_id(7);
   runs.on_result(late);  // the run's result after the cancel: dropped
   EXPECT_EQ(results.size(), 1u);
+}
+
+// A stop that races open() (its on_end runs before open() has the session) leaves the stream
+// ended, its session closed: a run fails at once rather than go to a worker that stopped.
+TEST(LocalPlanStream, AWorkerThatStopsWhileTheStreamOpensLeavesItEnded) {
+  FakeRuns runs;
+  runs.stop_in_open = true;
+  std::shared_ptr<LocalPlanStream> stream = LocalPlanStream::open(runs, 1);
+  EXPECT_TRUE(stream->broken());
+  EXPECT_TRUE(runs.closed);
+  grpc::Status status;
+  stream->run(run_of(1), [&](grpc::Status s) { status = s; });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("its worker stopped"));
+  EXPECT_EQ(runs.received, 0);
+}
+
+// The first end says why: a worker's stop after the coordinator closed the stream does not
+// change what later requests fail with.
+TEST(LocalPlanStream, AWorkerStopAfterCloseKeepsTheCoordinatorsReason) {
+  FakeRuns runs;
+  std::shared_ptr<LocalPlanStream> stream = LocalPlanStream::open(runs, 1);
+  EXPECT_TRUE(stream->close(absl::Seconds(10)));
+  runs.on_end("its worker stopped");
+  grpc::Status late;
+  stream->run(run_of(1), [&](grpc::Status s) { late = s; });
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(late.error_message(), HasSubstr("closed by the coordinator"));
+  EXPECT_THAT(late.error_message(), Not(HasSubstr("its worker stopped")));
+}
+
+// A session that refuses a hand-off (its worker stopped, receive() returns false) ends the
+// stream: the run fails with UNAVAILABLE at once, and so do later ones.
+TEST(LocalPlanStream, ARefusedHandOffFailsTheRunAndEndsTheStream) {
+  FakeRuns runs;
+  std::shared_ptr<LocalPlanStream> stream = LocalPlanStream::open(runs, 1);
+  runs.stopped = true;
+  grpc::Status status;
+  stream->run(run_of(1), [&](grpc::Status s) { status = s; });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("its worker stopped"));
+  EXPECT_TRUE(stream->broken());
+  EXPECT_TRUE(runs.closed);
+}
+
+// A hand-off left by an exception leaves the thread as it was: the next run's result, answered
+// inside its hand-off, is completed (not queued for a hand-off that is gone).
+TEST(LocalPlanStream, AHandOffLeftByAnExceptionLeavesLaterOnesCompleted) {
+  FakeRuns runs;
+  std::shared_ptr<LocalPlanStream> stream = LocalPlanStream::open(runs, 1);
+  runs.throw_once = true;
+  EXPECT_THROW(stream->run(run_of(1), [](grpc::Status) {}), std::runtime_error);
+  int completed = 0;
+  for (uint64_t e : {2, 3}) {
+    stream->run(run_of(e), [&](grpc::Status s) {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      ++completed;
+    });
+  }
+  EXPECT_EQ(completed, 2);
+  EXPECT_EQ(runs.max_depth, 1);
 }
 
 }  // namespace

@@ -504,72 +504,151 @@ std::vector<Op> stacked_ops(const DevicePlan& body, size_t from) {
   return ops;
 }
 
+// value_and_grad of `f` (of every input; a scan whose first loop is the forward one, `reverse` as given) of
+// `types`, for one device: its forward loop stacks no broadcast (a residual broadcast is
+// rebuilt in the backward body from its operand, stacked instead), and its values match the
+// gradient of `unrolled` (the same loop written out: no scan, so no scan VJP) computed on the
+// host (tests/support/host_eval.h). Returns the forward loop's stacked residual types.
+std::vector<ArrayType> expect_scan_gradient_stacks_no_broadcast(const TracedFunction& f, const TracedFunction& unrolled,
+                                                                const std::vector<ArrayType>& types, bool reverse) {
+  std::vector<int> every;  // d/d each input
+  for (size_t k = 0; k < types.size(); ++k) every.push_back(static_cast<int>(k));
+  absl::StatusOr<Graph> traced = trace(value_and_grad(f, every), types);
+  EXPECT_TRUE(traced.ok()) << traced.status();
+  if (!traced.ok()) return {};
+  absl::StatusOr<Mesh> mesh = make_mesh({1, 1}, {"data", "model"}, {0});
+  EXPECT_TRUE(mesh.ok()) << mesh.status();
+  const size_t outputs = 1 + types.size();
+  absl::StatusOr<Propagation> p = propagate(*traced, *mesh, std::vector<PartitionSpec>(types.size(), P()),
+                                            std::vector<std::optional<PartitionSpec>>(outputs));
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!mesh.ok() || !p.ok()) return {};
+  absl::StatusOr<Executable> exe = partition(*traced, *mesh, *p, std::vector<std::optional<PartitionSpec>>(outputs));
+  EXPECT_TRUE(exe.ok()) << exe.status();
+  if (!exe.ok()) return {};
+  const Instruction* forward = nullptr;
+  for (const Instruction& i : exe->program.code) {
+    if (i.kind == Instruction::Kind::kLoop && forward == nullptr) forward = &i;
+  }
+  EXPECT_NE(forward, nullptr) << exe->as_text();
+  if (forward == nullptr) return {};
+  EXPECT_EQ(forward->reverse, reverse) << exe->as_text();
+  const size_t carries = static_cast<size_t>(forward->num_carry);
+  for (Op op : stacked_ops(*forward->body, carries)) EXPECT_NE(op, Op::kBroadcastInDim) << exe->as_text();
+  std::mt19937 rng(37);
+  std::vector<HostArray> in;
+  for (const ArrayType& t : types) in.push_back(random_array(t.dtype, t.shape, Domain::kSigned, rng));
+  absl::StatusOr<Graph> flat = trace(value_and_grad(unrolled, every), types);
+  EXPECT_TRUE(flat.ok()) << flat.status();
+  if (!flat.ok()) return {};
+  std::vector<const HostArray*> host_in;
+  for (const HostArray& a : in) host_in.push_back(&a);
+  absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*flat, host_in);
+  EXPECT_TRUE(want.ok()) << want.status();
+  absl::StatusOr<DevicePlan> mine = resolve(exe->program, *mesh, 0);
+  EXPECT_TRUE(mine.ok()) << mine.status();
+  if (!want.ok() || !mine.ok()) return {};
+  std::vector<std::shared_ptr<const HostArray>> inputs;
+  for (const HostArray& a : in) inputs.push_back(std::make_shared<HostArray>(a.clone()));
+  Transport transport;
+  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> got =
+      run_plan(*mine, std::move(inputs), transport, PlanRun{});
+  EXPECT_TRUE(got.ok()) << got.status();
+  if (!got.ok()) return {};
+  EXPECT_EQ(got->size(), outputs);
+  for (size_t k = 0; k < got->size() && k < want->size(); ++k) {
+    EXPECT_TRUE(results_match(*(*got)[k], (*want)[k], kF32Tolerance)) << "output " << k;
+  }
+  return std::vector<ArrayType>(forward->out_types.begin() + static_cast<std::ptrdiff_t>(carries),
+                                forward->out_types.end());
+}
+
+// The row of `xs` (length, ...) at `k`, without its leading dimension.
+Value row_of(const Value& xs, int64_t k) {
+  const Shape shape = xs.shape();
+  Shape start(shape.size(), 0);
+  Shape limit = shape;
+  start[0] = k;
+  limit[0] = k + 1;
+  return reshape(slice(xs, start, limit), Shape(shape.begin() + 1, shape.end()));
+}
+
+// The body of the broadcast tests: divides by its rows' sums of squares, whose broadcast the
+// division's VJP reads (g / y and y * y).
+Value divided_by_sums_of_squares(const Value& h, const Value& row) {
+  return tanh(matmul(h, row) / (sum(h * h, {1}, /*keepdims=*/true) + 1.0));
+}
+
 // A residual that is a broadcast is rebuilt in the backward body from its operand, which the
 // forward loop stacks instead (JAX keeps what the tangent equations read; here a broadcast
 // costs as much to rebuild as to read back, and stacking it costs `length` times its broadcast
-// size): the body divides by its rows' sums of squares, whose broadcast the division's VJP
-// reads (g / y and y * y). The forward loop stacks no broadcast, and the (kDim, 1) sums once.
-// Values: the one-device program against the gradient of the unrolled form (no scan, so no
-// scan VJP) computed on the host (tests/support/host_eval.h).
+// size). The forward loop stacks no broadcast, and the (kDim, 1) sums once.
 TEST(ScanPlan, ItsGradientStacksABroadcastsOperandNotTheBroadcast) {
   constexpr int64_t kLength = 3;
   const auto f = [](const std::vector<Value>& in) {
     ScanResult r = scan(
         [](const std::vector<Value>& c, const std::vector<Value>& x) {
-          const Value s = sum(c[0] * c[0], {1}, /*keepdims=*/true) + 1.0;
-          return ScanStep{{tanh(matmul(c[0], x[0]) / s)}, {}};
+          return ScanStep{{divided_by_sums_of_squares(c[0], x[0])}, {}};
         },
         {in[0]}, {in[1]});
     return std::vector<Value>{sum(r.carry[0])};
   };
-  const std::vector<ArrayType> types = {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kLength, kDim, kDim}}};
-  absl::StatusOr<Graph> traced = trace(value_and_grad(f, {0, 1}), types);
-  ASSERT_TRUE(traced.ok()) << traced.status();
-  absl::StatusOr<Mesh> mesh = make_mesh({1, 1}, {"data", "model"}, {0});
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  absl::StatusOr<Propagation> p = propagate(*traced, *mesh, {P(), P()}, std::vector<std::optional<PartitionSpec>>(3));
-  ASSERT_TRUE(p.ok()) << p.status();
-  absl::StatusOr<Executable> exe = partition(*traced, *mesh, *p, std::vector<std::optional<PartitionSpec>>(3));
-  ASSERT_TRUE(exe.ok()) << exe.status();
-  const Instruction* forward = nullptr;
-  for (const Instruction& i : exe->program.code) {
-    if (i.kind == Instruction::Kind::kLoop && forward == nullptr) forward = &i;
-  }
-  ASSERT_NE(forward, nullptr) << exe->as_text();
-  ASSERT_FALSE(forward->reverse) << exe->as_text();
-  const size_t carries = static_cast<size_t>(forward->num_carry);
-  for (Op op : stacked_ops(*forward->body, carries)) EXPECT_NE(op, Op::kBroadcastInDim) << exe->as_text();
-  int narrow = 0;
-  for (size_t j = carries; j < forward->out_types.size(); ++j) {
-    narrow += forward->out_types[j].shape == Shape{kLength, kDim, 1} ? 1 : 0;
-  }
-  EXPECT_EQ(narrow, 1) << "the sums, stacked\n" << exe->as_text();
-  std::mt19937 rng(37);
-  const HostArray x = random_array(DType::kF32, types[0].shape, Domain::kSigned, rng);
-  const HostArray xs = random_array(DType::kF32, types[1].shape, Domain::kSigned, rng);
   const auto unrolled = [](const std::vector<Value>& in) {
     Value h = in[0];
-    for (int64_t k = 0; k < kLength; ++k) {
-      const Value row = reshape(slice(in[1], {k, 0, 0}, {k + 1, kDim, kDim}), {kDim, kDim});
-      h = tanh(matmul(h, row) / (sum(h * h, {1}, /*keepdims=*/true) + 1.0));
-    }
+    for (int64_t k = 0; k < kLength; ++k) h = divided_by_sums_of_squares(h, row_of(in[1], k));
     return std::vector<Value>{sum(h)};
   };
-  absl::StatusOr<Graph> flat = trace(value_and_grad(unrolled, {0, 1}), types);
-  ASSERT_TRUE(flat.ok()) << flat.status();
-  absl::StatusOr<std::vector<HostArray>> want = evaluate_on_host(*flat, {&x, &xs});
-  ASSERT_TRUE(want.ok()) << want.status();
-  absl::StatusOr<DevicePlan> mine = resolve(exe->program, *mesh, 0);
-  ASSERT_TRUE(mine.ok()) << mine.status();
-  std::vector<std::shared_ptr<const HostArray>> inputs;
-  inputs.push_back(std::make_shared<HostArray>(x.clone()));
-  inputs.push_back(std::make_shared<HostArray>(xs.clone()));
-  Transport transport;
-  absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> got =
-      run_plan(*mine, std::move(inputs), transport, PlanRun{});
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->size(), 3u);
-  for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(results_match(*(*got)[k], (*want)[k], kF32Tolerance)) << "output " << k;
+  const std::vector<ArrayType> types = {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kLength, kDim, kDim}}};
+  int narrow = 0;
+  for (const ArrayType& t : expect_scan_gradient_stacks_no_broadcast(f, unrolled, types, /*reverse=*/false)) {
+    narrow += t.shape == Shape{kLength, kDim, 1} ? 1 : 0;
+  }
+  EXPECT_EQ(narrow, 1) << "the sums, stacked";
+}
+
+// The same rule in a reverse scan (jax.lax.scan(reverse=True): the rows are taken last first).
+TEST(ScanPlan, ItsGradientInReverseStacksABroadcastsOperandNotTheBroadcast) {
+  constexpr int64_t kLength = 3;
+  const auto f = [](const std::vector<Value>& in) {
+    ScanResult r = scan(
+        [](const std::vector<Value>& c, const std::vector<Value>& x) {
+          return ScanStep{{divided_by_sums_of_squares(c[0], x[0])}, {}};
+        },
+        {in[0]}, {in[1]}, std::nullopt, /*reverse=*/true);
+    return std::vector<Value>{sum(r.carry[0])};
+  };
+  const auto unrolled = [](const std::vector<Value>& in) {
+    Value h = in[0];
+    for (int64_t k = kLength - 1; k >= 0; --k) h = divided_by_sums_of_squares(h, row_of(in[1], k));
+    return std::vector<Value>{sum(h)};
+  };
+  const std::vector<ArrayType> types = {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kLength, kDim, kDim}}};
+  expect_scan_gradient_stacks_no_broadcast(f, unrolled, types, /*reverse=*/true);
+}
+
+// A broadcast of a row of xs itself (a scale per column, v in c @ x * v), which the product's
+// VJP reads: the row is the operand saved in its stead.
+TEST(ScanPlan, ItsGradientStacksTheRowABroadcastOfAnXsRowIsBuiltFrom) {
+  constexpr int64_t kLength = 3;
+  const auto step = [](const Value& h, const Value& row, const Value& scale) {
+    return tanh(matmul(h, row) * broadcast_in_dim(scale, {kDim, kDim}, {1}));
+  };
+  const auto f = [step](const std::vector<Value>& in) {
+    ScanResult r = scan(
+        [step](const std::vector<Value>& c, const std::vector<Value>& x) {
+          return ScanStep{{step(c[0], x[0], x[1])}, {}};
+        },
+        {in[0]}, {in[1], in[2]});
+    return std::vector<Value>{sum(r.carry[0])};
+  };
+  const auto unrolled = [step](const std::vector<Value>& in) {
+    Value h = in[0];
+    for (int64_t k = 0; k < kLength; ++k) h = step(h, row_of(in[1], k), row_of(in[2], k));
+    return std::vector<Value>{sum(h)};
+  };
+  const std::vector<ArrayType> types = {
+      {DType::kF32, {kDim, kDim}}, {DType::kF32, {kLength, kDim, kDim}}, {DType::kF32, {kLength, kDim}}};
+  expect_scan_gradient_stacks_no_broadcast(f, unrolled, types, /*reverse=*/false);
 }
 
 // Loop-invariant code motion (passes/hoist.cc): the mask, the fill and the scales are built

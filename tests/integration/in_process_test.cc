@@ -240,7 +240,9 @@ absl::StatusOr<HostArray> chain_of_calls(bool in_process, int calls) {
 
 // Each call names the output of the one before, so each worker runs it after that one
 // (deferred behind its producer when that is still going), whichever carrier takes the runs:
-// handed over in process, or the RunPlans streams' reactors over TCP.
+// handed over in process, or the RunPlans streams' reactors over TCP. Values only: 300 nested
+// hand-offs would fit a thread's stack, so this cannot see nesting; LocalPlanStream's unit test
+// (tests/coordinator/local_plan_stream_test.cc) counts the depth.
 TEST(InProcessCluster, AChainOfDependentCallsIssuedWithoutWaitingGivesTheHostsValues) {
   constexpr int kChain = 300;
   for (bool in_process : {true, false}) {
