@@ -182,6 +182,13 @@ absl::StatusOr<int> Graph::add_node(Node n) {
     in.push_back({nodes_[id].dtype, nodes_[id].shape});
   }
   if (auto* reduce = std::get_if<ReduceAttrs>(&n.attributes)) std::sort(reduce->axes.begin(), reduce->axes.end());
+  // One stride of 1 per dimension is stored empty (add_slice's and the wire's alike); strides of
+  // another length are left for the type rule to refuse, as _slice_shape_rule does.
+  if (auto* slice = std::get_if<SliceAttrs>(&n.attributes);
+      slice != nullptr && slice->strides.size() == slice->start.size() &&
+      std::all_of(slice->strides.begin(), slice->strides.end(), [](int64_t s) { return s == 1; })) {
+    slice->strides.clear();
+  }
   TESSERA_ASSIGN_OR_RETURN(ArrayType type, infer_type(n, in));
   // The type rule lets a plan's elementwise kernel read a scalar operand as broadcast; a graph
   // broadcasts explicitly, so that every layer sees one shape per elementwise node.
@@ -288,7 +295,6 @@ absl::StatusOr<int> Graph::add_dot_general(int lhs, int rhs, DotDims dims) {
 
 absl::StatusOr<int> Graph::add_slice(int x, std::vector<int64_t> start, std::vector<int64_t> limit,
                                      std::vector<int64_t> strides) {
-  if (std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 1; })) strides.clear();
   return add_node(make_node(Op::kSlice, {x}, SliceAttrs{std::move(start), std::move(limit), std::move(strides)}));
 }
 

@@ -223,10 +223,12 @@ absl::StatusOr<ArrayType> infer_slice(const Node& n, absl::Span<const ArrayType>
     }
     if (s.stride(d) < 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": slice strides must be positive, got ", s.stride(d), " for dimension ", d));
+          absl::StrCat(what, ": slice strides must be positive, got (", absl::StrJoin(s.strides, ", "), ")"));
     }
-    // core.stride_dim: the kept indices start, start + stride, ... below limit.
-    out.shape.push_back((s.limit[d] - s.start[d] + s.stride(d) - 1) / s.stride(d));
+    // core.stride_dim: the kept indices start, start + stride, ... below limit; ceil(n / stride)
+    // without n + stride - 1, which overflows for a stride near INT64_MAX (from the wire).
+    const int64_t n = s.limit[d] - s.start[d];
+    out.shape.push_back(n == 0 ? 0 : 1 + (n - 1) / s.stride(d));
   }
   return out;
 }

@@ -75,19 +75,43 @@ absl::Span<const VjpEntry> layout_vjps() {
       {Op::kSlice,
        [](const VjpArgs& a) {
          const SliceAttrs& s = a.node.attrs<SliceAttrs>();
+         // Unit strides keep unslice's concatenations (pad with no interior would build the
+         // same ones, through pad's explicit-mode type rule), so those plans are unchanged.
          if (s.strides.empty()) {
            a.add(0, unslice(a.g, a.x[0].shape(), s.start, s.limit));
            return absl::OkStatus();
          }
          // slicing.py's _slice_transpose_fancy: the cotangent padded with zeros, stride - 1
          // between its elements and up to the last kept index's end (real_limits) after them.
+         // Pad's interior fill cuts its last run, which gathers a split dimension; an aligned
+         // dimension (start < stride, n * stride = the dimension: x[::2], x[1::2]) is instead
+         // spread as each element's run of `stride`, zeros around it at `start`, and merged
+         // back: no cut, so a split dimension stays split (the forward rule's aligned case). On
+         // Explicit axes pad is kept: its type rule is JAX's, where the merging reshape's split
+         // would be ambiguous.
+         const Value zero = full({}, 0.0, a.g.dtype());
+         const bool spread = !typed_operand(a.g).has_value();
+         Value gx = a.g;
          std::vector<PadDim> config;
+         bool padded = false;
          for (size_t d = 0; d < s.start.size(); ++d) {
-           const int64_t n = a.g.shape()[d];
-           const int64_t real_limit = s.start[d] + (n == 0 ? 0 : 1 + (n - 1) * s.stride(d));
-           config.push_back({s.start[d], a.x[0].shape()[d] - real_limit, s.stride(d) - 1});
+           const int64_t n = a.g.shape()[d], dim = a.x[0].shape()[d], stride = s.stride(d);
+           if (spread && stride > 1 && s.start[d] < stride && dim % stride == 0 && dim / stride == n) {
+             Shape runs = gx.shape();
+             runs.insert(runs.begin() + static_cast<int64_t>(d) + 1, 1);
+             std::vector<PadDim> around(runs.size(), PadDim{0, 0, 0});
+             around[d + 1] = {s.start[d], stride - 1 - s.start[d], 0};
+             Shape merged = gx.shape();
+             merged[d] = dim;
+             gx = reshape(pad(reshape(gx, runs), zero, around), merged);
+             config.push_back({0, 0, 0});
+             continue;
+           }
+           const int64_t real_limit = s.start[d] + (n == 0 ? 0 : 1 + (n - 1) * stride);
+           config.push_back({s.start[d], dim - real_limit, stride - 1});
+           padded |= gx.shape()[d] != dim;
          }
-         a.add(0, pad(a.g, full({}, 0.0, a.g.dtype()), config));
+         a.add(0, padded ? pad(gx, zero, config) : gx);
          return absl::OkStatus();
        }},
       {Op::kConcatenate,

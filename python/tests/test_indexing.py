@@ -456,8 +456,8 @@ def test_grad_and_vmap_through_the_general_index():
 
 
 def test_strided_slices_with_modes_ints_and_grad(table):
-    # An int in the index is the eager path's dynamic slice elsewhere: with a strided slice it
-    # takes the gather; mode="clip" and wrap_negative_indices apply to the index arrays, the
+    # An int in the index is the eager path's dynamic slice elsewhere: with a negative step it
+    # takes the gather (table[::5, 2], a positive step, is one strided slice); mode="clip" and wrap_negative_indices apply to the index arrays, the
     # slice's positions being in range (testStaticIndexingGrads: the gradient of a strided get
     # is the scatter-add of its cotangent at the slice's positions).
     np.testing.assert_array_equal(np.asarray(table[3, ::-3]), TABLE[3, ::-3])

@@ -37,7 +37,7 @@ struct Request {
 // A program touching every field of every attributes struct (core/op_attrs.h): parameter
 // dtype, shape and index (the graph numbers parameters: varied by their order), constant
 // value, iota dimension, broadcast result_dims, transpose permutation, reduction axes,
-// argmax axis, slice start/limit, concatenate axis, all four dot dimension lists, the
+// argmax axis, slice start/limit/strides, concatenate axis, all four dot dimension lists, the
 // shardings of sharding_constraint and shard_map_in/out, each collective's mesh, axes,
 // reduce op, dimension, split/concat dimensions and positions, axis_index's mesh and axes,
 // gather and scatter's axis, mode and fill value, dynamic_slice's sizes, scan's length,
@@ -48,7 +48,7 @@ struct Knobs {
   Scalar constant = 0.5;
   DType constant_dtype = DType::kF32;
   int64_t iota_dim = 0;
-  std::vector<int64_t> slice_start = {0, 0}, slice_limit = {8, 4};
+  std::vector<int64_t> slice_start = {0, 0}, slice_limit = {8, 4}, slice_strides = {};
   DotDims dot{{}, {}, {1}, {1}};
   std::vector<int64_t> permutation = {1, 0};
   std::vector<int64_t> reduce_axes = {0};
@@ -154,8 +154,8 @@ Request build(const Knobs& k) {
   const int cc = k.constant_dtype == k.dtype ? c : *g.add_convert(c, k.dtype);
   const int io = *g.add_iota(k.dtype, k.shape, k.iota_dim);
   const int s = *g.add_slice(*g.add_binary(k.binary, k.swap_operands ? io : p, k.swap_operands ? p : io), k.slice_start,
-                             k.slice_limit);
-  const int sum = *g.add_binary(Op::kAdd, *g.add_slice(cc, k.slice_start, k.slice_limit), s);
+                             k.slice_limit, k.slice_strides);
+  const int sum = *g.add_binary(Op::kAdd, *g.add_slice(cc, k.slice_start, k.slice_limit, k.slice_strides), s);
   const int d = *g.add_dot_general(sum, sum, k.dot);
   const int t = *g.add_transpose(d, k.permutation);
   const int red = *g.add_reduce(Op::kReduceSum, t, k.reduce_axes);
@@ -218,6 +218,10 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
       {"slice limit",
        [](Knobs& k) {
          k.slice_limit = {8, 3};
+       }},
+      {"slice strides",
+       [](Knobs& k) {
+         k.slice_strides = {1, 2};
        }},
       {"dot lhs contracting",
        [](Knobs& k) {

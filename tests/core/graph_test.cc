@@ -54,6 +54,21 @@ TEST(Graph, TransposeReduceSliceConcatenate) {
   expect_invalid(g.add_reduce(Op::kAdd, x, {0}), "add is not a reduction");
 }
 
+// _slice_shape_rule (jax/_src/lax/slicing.py) skips the stride checks only for one stride of 1
+// per dimension: lax.slice(x2d, (0, 0), (2, 2), (1,)) is refused for its length, as any other
+// stride list of the wrong length. One 1 per dimension is stored empty, as no strides.
+TEST(Graph, UnitStridesOfTheWrongLengthAreRefused) {
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {4, 4});
+  expect_invalid(g.add_slice(x, {0, 0}, {2, 2}, {1}),
+                 "slice strides must have length equal to the number of dimensions");
+  expect_invalid(g.add_slice(x, {0, 0}, {2, 2}, {1, 1, 1}), "slice strides must have length equal");
+  const absl::StatusOr<int> unit = g.add_slice(x, {0, 0}, {2, 2}, {1, 1});
+  ASSERT_TRUE(unit.ok()) << unit.status();
+  EXPECT_TRUE(g.node(*unit).attrs<SliceAttrs>().strides.empty());
+  expect_invalid(g.add_slice(x, {0, 0}, {4, 4}, {1, -2}), "slice strides must be positive, got (1, -2)");
+}
+
 TEST(Graph, ElementwiseDtypes) {
   Graph g;
   const int f = g.add_parameter(DType::kF32, {4});

@@ -3,6 +3,7 @@
 #include "core/wire.h"
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -170,6 +171,38 @@ TEST(Wire, ASubGraphIndexOutsideTheTableIsRefusedNamingIt) {
   wire.mutable_nodes(2)->mutable_node()->mutable_scan()->set_body(0);
   wire.mutable_subgraphs(0)->mutable_outputs()->Set(0, 9);
   EXPECT_THAT(std::string(graph_from_proto(wire).status().message()), HasSubstr("graph: sub-graph 0: "));
+}
+
+// A slice's strides from the wire go through the type rule as lax.slice's (_slice_shape_rule,
+// jax/_src/lax/slicing.py): a stride of INT64_MAX is valid and keeps one element (its size rule
+// overflowed before), zero, negative and wrong-length strides are refused, and one stride of 1
+// per dimension decodes stored empty, as add_slice builds it.
+TEST(Wire, SliceStridesFromTheWireAreCheckedAndSizedWithoutOverflow) {
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {16, 16});
+  ASSERT_TRUE(g.add_slice(x, {0, 0}, {16, 16}, {2, 4}).ok());
+  pb::Graph wire;
+  to_proto(g, &wire);
+  // The node claims its type on the wire, checked against the type rule's.
+  auto with_strides = [&](std::vector<int64_t> strides, std::vector<int64_t> claimed = {8, 4}) {
+    pb::Graph w = wire;
+    pb::KernelNode* node = w.mutable_nodes(1)->mutable_node();
+    node->mutable_slice()->mutable_strides()->Assign(strides.begin(), strides.end());
+    node->mutable_shape()->mutable_dims()->Assign(claimed.begin(), claimed.end());
+    return graph_from_proto(w);
+  };
+  absl::StatusOr<Graph> far = with_strides({std::numeric_limits<int64_t>::max(), 1}, {1, 16});
+  ASSERT_TRUE(far.ok()) << far.status();
+  EXPECT_EQ(far->node(1).shape, (Shape{1, 16}));
+  absl::StatusOr<Graph> unit = with_strides({1, 1}, {16, 16});
+  ASSERT_TRUE(unit.ok()) << unit.status();
+  EXPECT_TRUE(unit->node(1).attrs<SliceAttrs>().strides.empty());
+  for (const std::vector<int64_t>& bad : std::vector<std::vector<int64_t>>{{0, 1}, {1, -1}, {2}, {1}}) {
+    SCOPED_TRACE(bad.size() == 1 ? bad[0] : bad[1]);
+    const absl::Status refused = with_strides(bad, {16, 16}).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(refused.message()), HasSubstr("slice strides must"));
+  }
 }
 
 // The node-count bound (issue #17, "graph sizes have limits with INVALID_ARGUMENT naming the

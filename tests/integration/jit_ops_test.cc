@@ -290,6 +290,12 @@ void add_layout_families(int m, const PartitionSpec& s, std::vector<OpCase>* cas
              return std::vector<Value>{slice(in[0], {2, 4}, {6, 12}), slice(in[0], {0, 8}, {8, 16}),
                                        slice(in[0], {0, 0}, {4, 16}), slice(in[0], {0, 0}, {8, 16})};
            });
+  // lax.slice's strides: aligned with the blocks (the split kept) or not (gathered first).
+  add_case("strided_slice", {x}, {"[1::2, ::4]", "[1:7:3, :]", "[::2, 1::3]", "[:, 3:16:8]"},
+           [](const std::vector<Value>& in, const Mesh&) {
+             return std::vector<Value>{slice(in[0], {1, 0}, {8, 16}, {2, 4}), slice(in[0], {1, 0}, {7, 16}, {3, 1}),
+                                       slice(in[0], {0, 1}, {8, 16}, {2, 3}), slice(in[0], {0, 3}, {8, 16}, {1, 8})};
+           });
   add_case("concatenate", {x, x}, {"axis 0", "axis 1", "three on axis 1"},
            [](const std::vector<Value>& in, const Mesh&) {
              return std::vector<Value>{concatenate({in[0], in[1]}, 0), concatenate({in[0], in[1]}, 1),

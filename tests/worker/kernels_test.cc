@@ -905,35 +905,50 @@ TEST(Kernels, TransposeByEveryPermutation) {
   }
 }
 
+// Strided cases as lax.slice's (jax/_src/lax/slicing.py, _slice_shape_rule: a dimension of
+// core.stride_dim, the indices start, start + stride, ... below limit). A stride past the
+// dimension keeps one element: x[::2**62] and a stride of INT64_MAX (from the wire) used to
+// overflow the size rule (which gave 0) and the kernel's step.
 TEST(Kernels, Slice) {
   struct Case {
     Shape shape;
-    std::vector<int64_t> start, limit;
+    std::vector<int64_t> start, limit, strides;
   };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   const std::vector<Case> cases = {
-      {{5}, {1}, {4}},
-      {{2, 3, 4}, {0, 1, 1}, {2, 3, 3}},
-      {{}, {}, {}},
-      {{3, 4}, {3, 0}, {3, 4}},
-      {{4, 5}, {1, 0}, {3, 5}},
-      {{2, 3, 4}, {0, 0, 0}, {2, 3, 4}},
-      {{2, 3, 4}, {1, 2, 3}, {2, 3, 4}},
+      {{5}, {1}, {4}, {}},
+      {{2, 3, 4}, {0, 1, 1}, {2, 3, 3}, {}},
+      {{}, {}, {}, {}},
+      {{3, 4}, {3, 0}, {3, 4}, {}},
+      {{4, 5}, {1, 0}, {3, 5}, {}},
+      {{2, 3, 4}, {0, 0, 0}, {2, 3, 4}, {}},
+      {{2, 3, 4}, {1, 2, 3}, {2, 3, 4}, {}},
+      {{7, 5}, {1, 0}, {7, 5}, {3, 2}},
+      {{3, 8}, {0, 1}, {3, 8}, {1, 2}},
+      {{16, 16}, {0, 0}, {16, 16}, {int64_t{1} << 62, 4}},
+      {{16, 16}, {3, 0}, {16, 16}, {kMax, kMax}},
+      {{4, 4}, {2, 0}, {2, 4}, {kMax, 1}},
   };
   std::mt19937 rng(10);
   for (DType dtype : kSweptDTypes) {
     for (const Case& c : cases) {
       SCOPED_TRACE(absl::StrCat(trace(Op::kSlice, dtype, c.shape), " from {", absl::StrJoin(c.start, ","), "} to {",
-                                absl::StrJoin(c.limit, ","), "}"));
+                                absl::StrJoin(c.limit, ","), "} by {", absl::StrJoin(c.strides, ","), "}"));
+      auto stride = [&](size_t d) { return c.strides.empty() ? 1 : c.strides[d]; };
       Graph g;
-      const Node node = node_of(g, g.add_slice(g.add_parameter(dtype, c.shape), c.start, c.limit));
+      const Node node = node_of(g, g.add_slice(g.add_parameter(dtype, c.shape), c.start, c.limit, c.strides));
       const HostArray x = random_array(dtype, c.shape, rng);
       Shape to;
-      for (size_t d = 0; d < c.shape.size(); ++d) to.push_back(c.limit[d] - c.start[d]);
+      for (size_t d = 0; d < c.shape.size(); ++d) {
+        int64_t kept = 0;  // counted, not computed: start, start + stride, ... below limit
+        for (int64_t i = c.start[d]; i < c.limit[d]; i += std::min(stride(d), c.limit[d])) ++kept;
+        to.push_back(kept);
+      }
       Expected want{dtype, to, {}, {}};
       std::vector<int64_t> from_index(c.shape.size());
       for (int64_t i = 0; i < num_elements(to); ++i) {
         const std::vector<int64_t> to_index = unravel(i, to);
-        for (size_t d = 0; d < to.size(); ++d) from_index[d] = c.start[d] + to_index[d];
+        for (size_t d = 0; d < to.size(); ++d) from_index[d] = c.start[d] + to_index[d] * stride(d);
         want.values.push_back(x.element_as_double(ravel(from_index, c.shape)));
       }
       expect_matches(run(node, {&x}), want);
@@ -1696,6 +1711,22 @@ TEST(KernelErrors, MalformedNodesAreRejected) {
        }},
       {"slice without limits", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
        [](Node* n) { n->attrs<SliceAttrs>().limit.clear(); }},
+      {"slice by a zero stride", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
+       [](Node* n) {
+         n->attrs<SliceAttrs>().strides = {1, 0, 1};
+       }},
+      {"slice by a negative stride", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
+       [](Node* n) {
+         n->attrs<SliceAttrs>().strides = {1, 1, -1};
+       }},
+      {"slice by too few strides", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
+       [](Node* n) {
+         n->attrs<SliceAttrs>().strides = {2, 2};
+       }},
+      {"slice by INT64_MAX sized as by 1", g.add_slice(x, {0, 0, 0}, {2, 3, 4}),
+       [](Node* n) {
+         n->attrs<SliceAttrs>().strides = {std::numeric_limits<int64_t>::max(), 1, 1};
+       }},
       {"reshape changing the size", g.add_reshape(x, {6, 4}),
        [](Node* n) {
          n->shape = {6, 5};

@@ -109,7 +109,9 @@ HostArray slice_kernel(const Node& node, const HostArray& x) {
   int64_t offset = 0;
   for (size_t d = 0; d < x_strides.size(); ++d) {
     offset += s.start[d] * x_strides[d];
-    x_strides[d] *= s.stride(d);  // the step between kept elements
+    // The step between kept elements; only where more than one is kept, so a stride past the
+    // dimension (x[::2**62], one element) does not overflow a step that is never taken.
+    if (node.shape[d] > 1) x_strides[d] *= s.stride(d);
   }
   gather(x.data(), dtype_size(x.dtype()), offset, node.shape, x_strides, out.data());
   return out;
