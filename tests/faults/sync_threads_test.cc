@@ -104,15 +104,21 @@ class Occupation {
   }
   ~Occupation() { cancel_all(); }
 
-  // Waits until the calls beyond the threads were refused; expects exactly kHeld of them to
-  // be held after `probe` (a call made after them) was refused too.
+  // Waits until the calls beyond the threads were refused; expects at most kHeld of them to be
+  // held, and `probe` (a call made after them) refused while kHeld are. gRPC's thread manager
+  // may refuse one more than that under load (a thread between polling and a call counts as
+  // busy; seen twice in full ctest runs on 2 loaded cores): then fewer are held and the probe
+  // may find a thread, but every refusal is still "Server Threadpool Exhausted", not a hang.
   void expect_refused_beyond_the_threads(const std::function<grpc::Status()>& probe) {
     ASSERT_TRUE(ends_.await(kStarted - kHeld, kBound)) << "fewer calls than expected were refused";
     const grpc::Status refused = probe();
-    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
-    EXPECT_EQ(refused.error_message(), kExhausted);
     const std::vector<grpc::Status> ended = ends_.statuses();
-    EXPECT_EQ(ended.size(), static_cast<size_t>(kStarted - kHeld)) << "not exactly " << kHeld << " calls were held";
+    EXPECT_GE(ended.size(), static_cast<size_t>(kStarted - kHeld));
+    EXPECT_LT(ended.size(), static_cast<size_t>(kStarted)) << "no call was held";
+    if (ended.size() == static_cast<size_t>(kStarted - kHeld) || !refused.ok()) {
+      EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+      EXPECT_EQ(refused.error_message(), kExhausted);
+    }
     for (const grpc::Status& s : ended) {
       EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
       EXPECT_EQ(s.error_message(), kExhausted);
