@@ -579,51 +579,45 @@ Value divided_by_sums_of_squares(const Value& h, const Value& row) {
   return tanh(matmul(h, row) / (sum(h * h, {1}, /*keepdims=*/true) + 1.0));
 }
 
+constexpr int64_t kSumsLength = 3;
+
+// expect_scan_gradient_stacks_no_broadcast of sum(carry) after a scan (`reverse` as given) of
+// divided_by_sums_of_squares over kSumsLength rows, against its unrolled form.
+std::vector<ArrayType> expect_divided_by_sums_scan_stacks_no_broadcast(bool reverse) {
+  const auto f = [reverse](const std::vector<Value>& in) {
+    ScanResult r = scan(
+        [](const std::vector<Value>& c, const std::vector<Value>& x) {
+          return ScanStep{{divided_by_sums_of_squares(c[0], x[0])}, {}};
+        },
+        {in[0]}, {in[1]}, std::nullopt, reverse);
+    return std::vector<Value>{sum(r.carry[0])};
+  };
+  const auto unrolled = [reverse](const std::vector<Value>& in) {
+    Value h = in[0];
+    for (int64_t i = 0; i < kSumsLength; ++i) {
+      h = divided_by_sums_of_squares(h, row_of(in[1], reverse ? kSumsLength - 1 - i : i));
+    }
+    return std::vector<Value>{sum(h)};
+  };
+  const std::vector<ArrayType> types = {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kSumsLength, kDim, kDim}}};
+  return expect_scan_gradient_stacks_no_broadcast(f, unrolled, types, reverse);
+}
+
 // A residual that is a broadcast is rebuilt in the backward body from its operand, which the
 // forward loop stacks instead (JAX keeps what the tangent equations read; here a broadcast
 // costs as much to rebuild as to read back, and stacking it costs `length` times its broadcast
 // size). The forward loop stacks no broadcast, and the (kDim, 1) sums once.
 TEST(ScanPlan, ItsGradientStacksABroadcastsOperandNotTheBroadcast) {
-  constexpr int64_t kLength = 3;
-  const auto f = [](const std::vector<Value>& in) {
-    ScanResult r = scan(
-        [](const std::vector<Value>& c, const std::vector<Value>& x) {
-          return ScanStep{{divided_by_sums_of_squares(c[0], x[0])}, {}};
-        },
-        {in[0]}, {in[1]});
-    return std::vector<Value>{sum(r.carry[0])};
-  };
-  const auto unrolled = [](const std::vector<Value>& in) {
-    Value h = in[0];
-    for (int64_t k = 0; k < kLength; ++k) h = divided_by_sums_of_squares(h, row_of(in[1], k));
-    return std::vector<Value>{sum(h)};
-  };
-  const std::vector<ArrayType> types = {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kLength, kDim, kDim}}};
   int narrow = 0;
-  for (const ArrayType& t : expect_scan_gradient_stacks_no_broadcast(f, unrolled, types, /*reverse=*/false)) {
-    narrow += t.shape == Shape{kLength, kDim, 1} ? 1 : 0;
+  for (const ArrayType& t : expect_divided_by_sums_scan_stacks_no_broadcast(/*reverse=*/false)) {
+    narrow += t.shape == Shape{kSumsLength, kDim, 1} ? 1 : 0;
   }
   EXPECT_EQ(narrow, 1) << "the sums, stacked";
 }
 
 // The same rule in a reverse scan (jax.lax.scan(reverse=True): the rows are taken last first).
 TEST(ScanPlan, ItsGradientInReverseStacksABroadcastsOperandNotTheBroadcast) {
-  constexpr int64_t kLength = 3;
-  const auto f = [](const std::vector<Value>& in) {
-    ScanResult r = scan(
-        [](const std::vector<Value>& c, const std::vector<Value>& x) {
-          return ScanStep{{divided_by_sums_of_squares(c[0], x[0])}, {}};
-        },
-        {in[0]}, {in[1]}, std::nullopt, /*reverse=*/true);
-    return std::vector<Value>{sum(r.carry[0])};
-  };
-  const auto unrolled = [](const std::vector<Value>& in) {
-    Value h = in[0];
-    for (int64_t k = kLength - 1; k >= 0; --k) h = divided_by_sums_of_squares(h, row_of(in[1], k));
-    return std::vector<Value>{sum(h)};
-  };
-  const std::vector<ArrayType> types = {{DType::kF32, {kDim, kDim}}, {DType::kF32, {kLength, kDim, kDim}}};
-  expect_scan_gradient_stacks_no_broadcast(f, unrolled, types, /*reverse=*/true);
+  expect_divided_by_sums_scan_stacks_no_broadcast(/*reverse=*/true);
 }
 
 // A broadcast of a row of xs itself (a scale per column, v in c @ x * v), which the product's

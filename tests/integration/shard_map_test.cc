@@ -764,6 +764,29 @@ std::vector<Value> add_sum_twice_through_a_shard_map(const Mesh& mesh, const Val
                    {c});
 }
 
+// For both read orders on each of `meshes` (an Auto and an Explicit (4, 2) mesh): `make(mesh,
+// read_before)`'s function, on random x (16, 8) laid out P('data', 'model') and w (4, 8) laid
+// out P(None, 'model') (from `seed`), gives expect_entered_as_p's outcome. `make`'s function may
+// keep a reference to the mesh: it lives until the call returns.
+void expect_both_read_orders_enter_as_p(Client& client, const std::vector<Mesh>& meshes, uint32_t seed,
+                                        const std::function<Jitted(const Mesh&, bool)>& make) {
+  std::mt19937 rng(seed);
+  const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
+  const HostArray w = random_array(DType::kF32, {4, 8}, Domain::kSigned, rng);
+  const std::vector<double> want = x_plus_twice_sum(x, w);
+  for (const bool read_before : {false, true}) {
+    for (const Mesh& mesh : meshes) {
+      SCOPED_TRACE(absl::StrCat(mesh.to_string(), read_before ? ", read before" : ", first read inside"));
+      Jitted f = make(mesh, read_before);
+      absl::StatusOr<Array> xs = client.device_put(x, NamedSharding(mesh, P("data", "model")));
+      absl::StatusOr<Array> ws = client.device_put(w, NamedSharding(mesh, P(None, "model")));
+      ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
+      absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
+      expect_entered_as_p(out, mesh, want);
+    }
+  }
+}
+
 // A value of the function read inside an inner shard_map called in a fori_loop body of the
 // outer body enters the inner body as a closed-over value (a shard_map_in of P()) whether the
 // loop body read it before the inner call or first inside it: the same values (the host's:
@@ -774,26 +797,14 @@ std::vector<Value> add_sum_twice_through_a_shard_map(const Mesh& mesh, const Val
 // _shard_map_staging).
 TEST_F(ShardMapTest, AValueFirstReadInsideAShardMapInALoopBodyEntersItLikeOneReadBefore) {
   ASSERT_NE(client_, nullptr);
-  std::mt19937 rng(23);
-  const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
-  const HostArray w = random_array(DType::kF32, {4, 8}, Domain::kSigned, rng);
-  const std::vector<double> want = x_plus_twice_sum(x, w);
-  for (const bool read_before : {false, true}) {
-    for (const Mesh& mesh : {auto_meshes_[1], mesh42()}) {
-      SCOPED_TRACE(absl::StrCat(mesh.to_string(), read_before ? ", read before" : ", first read inside"));
-      const ShardMapped outer = shard_map(
-          [&mesh, read_before](const std::vector<Value>& in) {
-            return add_sum_twice_through_a_shard_map(mesh, in[1], in[0], read_before);
-          },
-          mesh, {P("data", None), P()}, {P("data", None)}, {.axis_names = {"data"}});
-      Jitted f = jit([outer](const std::vector<Value>& in) { return outer(in); });
-      absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
-      absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
-      ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
-      absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
-      expect_entered_as_p(out, mesh, want);
-    }
-  }
+  expect_both_read_orders_enter_as_p(*client_, {auto_meshes_[1], mesh42()}, 23, [](const Mesh& mesh, bool read_before) {
+    const ShardMapped outer = shard_map(
+        [&mesh, read_before](const std::vector<Value>& in) {
+          return add_sum_twice_through_a_shard_map(mesh, in[1], in[0], read_before);
+        },
+        mesh, {P("data", None), P()}, {P("data", None)}, {.axis_names = {"data"}});
+    return jit([outer](const std::vector<Value>& in) { return outer(in); });
+  });
 }
 
 // The same at the top level of a loop body (no outer shard_map): a jit argument first read inside
@@ -801,23 +812,11 @@ TEST_F(ShardMapTest, AValueFirstReadInsideAShardMapInALoopBodyEntersItLikeOneRea
 // shard_map_in of P(): the values on Auto axes, the refusal of a split type on Explicit ones).
 TEST_F(ShardMapTest, AJitValueFirstReadInsideAShardMapInATopLevelLoopBodyEntersItLikeOneReadBefore) {
   ASSERT_NE(client_, nullptr);
-  std::mt19937 rng(29);
-  const HostArray x = random_array(DType::kF32, {16, 8}, Domain::kSigned, rng);
-  const HostArray w = random_array(DType::kF32, {4, 8}, Domain::kSigned, rng);
-  const std::vector<double> want = x_plus_twice_sum(x, w);
-  for (const bool read_before : {false, true}) {
-    for (const Mesh& mesh : {auto_meshes_[1], mesh42()}) {
-      SCOPED_TRACE(absl::StrCat(mesh.to_string(), read_before ? ", read before" : ", first read inside"));
-      Jitted f = jit([&mesh, read_before](const std::vector<Value>& in) {
-        return add_sum_twice_through_a_shard_map(mesh, in[1], in[0], read_before, {.axis_names = {"model"}});
-      });
-      absl::StatusOr<Array> xs = client_->device_put(x, NamedSharding(mesh, P("data", "model")));
-      absl::StatusOr<Array> ws = client_->device_put(w, NamedSharding(mesh, P(None, "model")));
-      ASSERT_TRUE(xs.ok() && ws.ok()) << xs.status() << ws.status();
-      absl::StatusOr<std::vector<Array>> out = f({*xs, *ws});
-      expect_entered_as_p(out, mesh, want);
-    }
-  }
+  expect_both_read_orders_enter_as_p(*client_, {auto_meshes_[1], mesh42()}, 29, [](const Mesh& mesh, bool read_before) {
+    return jit([&mesh, read_before](const std::vector<Value>& in) {
+      return add_sum_twice_through_a_shard_map(mesh, in[1], in[0], read_before, {.axis_names = {"model"}});
+    });
+  });
 }
 
 // A value of the outer body read inside an inner shard_map keeps the varying axes it has there

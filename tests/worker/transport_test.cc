@@ -1105,6 +1105,24 @@ struct HeldRing {
                               reinterpret_cast<const std::byte*>(data.data()), static_cast<int64_t>(data.size()),
                               absl::Now() + kDeadline);
   }
+  // A place of `bytes` dots where b expects `tag`'s message from device 0.
+  std::shared_ptr<std::string> expect_place(const MessageTag& tag, size_t bytes) {
+    auto place = std::make_shared<std::string>(bytes, '.');
+    b.transport().expect_at(0, tag, reinterpret_cast<std::byte*>(place->data()), static_cast<int64_t>(bytes), place);
+    return place;
+  }
+  // Runs `call` on a thread while the reader is held after its take of a place: it must not
+  // return within 200 ms (`returned_early` otherwise); then releases the reader and joins.
+  void expect_waits_for_the_copy(const std::function<void()>& call, const char* returned_early) {
+    absl::Notification returned;
+    std::thread caller([&] {
+      call();
+      returned.Notify();
+    });
+    EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(200))) << returned_early;
+    released.Notify();
+    caller.join();
+  }
   const uint64_t op;
   std::atomic<bool> held{false};
   absl::Notification taken, released;  // before the endpoints: their readers use them until joined
@@ -1123,24 +1141,19 @@ TEST(TransportExpectAtTest, ForgetExpectedWaitsForACopyUnderWayToThePlace) {
   Transport& b = ring.b.transport();
   const MessageTag tag{kOp, 0, 0};
   const std::string message = "read in place";
-  auto place = std::make_shared<std::string>(message.size(), '.');
+  const std::shared_ptr<std::string> place = ring.expect_place(tag, message.size());
   std::byte* dst = reinterpret_cast<std::byte*>(place->data());
-  b.expect_at(0, tag, dst, static_cast<int64_t>(place->size()), place);
   const int64_t placed_before = b.placed_messages();
   ASSERT_TRUE(ring.send(tag, message).ok());
   ASSERT_TRUE(ring.taken.WaitForNotificationWithTimeout(kDeadline)) << "the reader never took the place";
-  absl::Notification returned;
   std::string at_return;
-  std::thread forget([&] {
-    b.forget_expected(kOp);
-    at_return = *place;
-    returned.Notify();
-  });
   // A copy under way is waited for; nothing else stops forget_expected.
-  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
-      << "forget_expected returned while the reader's copy to the place was under way";
-  ring.released.Notify();
-  forget.join();
+  ring.expect_waits_for_the_copy(
+      [&] {
+        b.forget_expected(kOp);
+        at_return = *place;
+      },
+      "forget_expected returned while the reader's copy to the place was under way");
   EXPECT_EQ(at_return, message) << "the copy to the place was not done when forget_expected returned";
   absl::StatusOr<Received> got = b.receive(0, "a", tag, absl::InfinitePast(), absl::Now() + kDeadline);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -1168,23 +1181,18 @@ TEST(TransportExpectAtTest, AReceiveThatDropsItsExpectationWaitsForARepeatsCopyU
   const int64_t shm_before = b.shm_messages_received();
   ASSERT_TRUE(ring.send(tag, first).ok());
   ASSERT_TRUE(eventually([&] { return b.shm_messages_received() > shm_before; }));  // filed, not in place
-  auto place = std::make_shared<std::string>(first.size(), '.');
+  const std::shared_ptr<std::string> place = ring.expect_place(tag, first.size());
   std::byte* dst = reinterpret_cast<std::byte*>(place->data());
-  b.expect_at(0, tag, dst, static_cast<int64_t>(place->size()), place);
   ASSERT_TRUE(ring.send(tag, repeat).ok());
   ASSERT_TRUE(ring.taken.WaitForNotificationWithTimeout(kDeadline)) << "the reader never took the place";
-  absl::Notification returned;
   absl::Status received;
-  std::thread receiver([&] {
-    absl::StatusOr<Received> got = b.receive(0, "a", tag, absl::InfinitePast(), absl::Now() + kDeadline);
-    received = got.status();
-    if (got.ok()) got->copy_to(dst);
-    returned.Notify();
-  });
-  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
-      << "the receive returned while a repeat's copy to the place was under way";
-  ring.released.Notify();
-  receiver.join();
+  ring.expect_waits_for_the_copy(
+      [&] {
+        absl::StatusOr<Received> got = b.receive(0, "a", tag, absl::InfinitePast(), absl::Now() + kDeadline);
+        received = got.status();
+        if (got.ok()) got->copy_to(dst);
+      },
+      "the receive returned while a repeat's copy to the place was under way");
   ASSERT_TRUE(received.ok()) << received;
   // The repeat is filed too (it came): wait for that, the reader's last step, before looking.
   ASSERT_TRUE(eventually([&] { return b.shm_messages_received() > shm_before + 1; }));
