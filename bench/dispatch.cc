@@ -40,7 +40,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "bench/stats.h"
-#include "coordinator/plan_stream.h"
+#include "client/local_cluster.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
 #include "core/profile.h"
@@ -169,12 +169,15 @@ int main(int argc, char** argv) {
   std::vector<double> jit_us, dispatch_us, rpc_us, drop_us, step_us;
   long switches_before = 0;
   int64_t handed_before = 0;
+  // The count of this bench's own cluster (its coordinator's), whoever else runs in the process.
+  const std::shared_ptr<internal::LocalCluster> cluster = internal::LocalCluster::find(client->coordinator_address());
+  auto handed_over = [&cluster] { return cluster == nullptr ? 0 : cluster->requests_handed_over(); };
   std::map<std::string, ThreadGroup> groups_before;
   const bool per_thread = absl::GetFlag(FLAGS_threads);
   for (int i = 0; i < iters + 10; ++i) {
     if (i == 10 && per_thread) groups_before = thread_groups();
     if (i == 10) switches_before = context_switches();
-    if (i == 10) handed_before = LocalPlanStream::handed_over();
+    if (i == 10) handed_before = handed_over();
     const absl::Time t = absl::Now();
     auto y = std::make_optional(f({*x}));
     const absl::Time dispatched = absl::Now();
@@ -195,7 +198,7 @@ int main(int argc, char** argv) {
   const double switches_per_call = static_cast<double>(context_switches() - switches_before) / iters;
   // Runs (and deletions) the coordinator handed to embedded workers by a call, not a stream
   // message (coordinator/plan_stream.h's LocalPlanStream): 8 per call in process, 0 over TCP.
-  const double handed_per_call = static_cast<double>(LocalPlanStream::handed_over() - handed_before) / iters;
+  const double handed_per_call = static_cast<double>(handed_over() - handed_before) / iters;
   // The same window by thread group (threads started meanwhile count from 0).
   std::string by_thread;
   if (per_thread) {

@@ -494,7 +494,7 @@ absl::Status Execution::wait() const {
   absl::MutexLock lock(&mu_);
   // Only a wait that blocks shows on the timeline (the SDK also asks finished calls).
   ProfileSpan span(done_ ? nullptr : &client_->profile(), "client", [] { return std::string("wait"); });
-  span.arg("call", absl::StrCat(call_id_));
+  if (span) span.arg("call", absl::StrCat(call_id_));
   if (!mu_.AwaitWithDeadline(absl::Condition(&done_), deadline_)) {
     return absl::DeadlineExceededError(absl::StrCat(who_, ": the call has not finished by its deadline ",
                                                     absl::FormatTime(deadline_), " (timeout ",

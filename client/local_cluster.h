@@ -5,6 +5,7 @@
 #ifndef TESSERA_CLIENT_LOCAL_CLUSTER_H_
 #define TESSERA_CLIENT_LOCAL_CLUSTER_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,16 @@ class LocalCluster {
   ~LocalCluster();
 
   std::string coordinator_address() const { return coordinator_->address(); }
+
+  // Requests (runs, deletions, cancels) this cluster's coordinator handed to its workers in
+  // process so far (none over TCP): what a test reads to see that the calls took that path.
+  int64_t requests_handed_over() const { return coordinator_->requests_handed_over(); }
+
+  // For tests: stops the worker of `device` while the coordinator and the other workers go on,
+  // as its process would stop (no heartbeat, no run taken; the runs handed to it fail
+  // UNAVAILABLE naming it), except that its gRPC server answers until the cluster goes
+  // (WorkerServer::stop_all_but_server). REQUIRES: 0 <= device < the cluster's devices.
+  void stop_worker(int device) { workers_.at(device)->stop_all_but_server(); }
 
   // The credentials of this process's embedded cluster whose coordinator is at `address`, or
   // none: what a Client::connect to it in the same process presents when given no token.

@@ -106,6 +106,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
   Registry& registry() { return registry_; }
   ExecutionDriver& driver() { return driver_; }
   WorkerChannels& channels() { return channels_; }
+  const WorkerChannels& channels() const { return channels_; }
   ProgramCache& programs() { return programs_; }
 
   grpc::Status Handshake(grpc::ServerContext* ctx, const pb::HandshakeRequest* req,
@@ -427,8 +428,10 @@ class CoordinatorService final : public CoordinatorServiceBase {
     // What this thread does for the call: its checks and, unless it waits for producers or
     // plans to load, handing the runs to the workers' streams.
     ProfileSpan span(&profile_, "dispatch", [] { return std::string("execute"); });
-    span.arg("executable", absl::StrCat(req->executable_id()));
-    span.arg("call", absl::StrCat(req->call_id()));
+    if (span) {  // formatted only when recording: an 18-digit id is an allocation per call
+      span.arg("executable", absl::StrCat(req->executable_id()));
+      span.arg("call", absl::StrCat(req->call_id()));
+    }
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     absl::StatusOr<Caller> caller = auth_.authenticate(*ctx);
     absl::StatusOr<uint64_t> session =
@@ -917,6 +920,7 @@ class CoordinatorServerImpl final : public CoordinatorServer {
   void hand_runs_in_process(const std::string& worker_address, std::shared_ptr<LocalRuns> runs) override {
     service_.channels().hand_runs_in_process(worker_address, std::move(runs));
   }
+  int64_t requests_handed_over() const override { return service_.channels().handed_over(); }
 
   void shutdown() override {
     // The server first: its pending Executes end by their deadlines, which the monitor

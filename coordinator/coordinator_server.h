@@ -76,6 +76,9 @@ class CoordinatorServer {
   // (coordinator/worker_channels.h): for Client::local's cluster, which started that worker
   // in this process for this coordinator.
   virtual void hand_runs_in_process(const std::string& worker_address, std::shared_ptr<LocalRuns> runs) = 0;
+  // Requests (runs, deletions, cancels) this coordinator handed to embedded workers in process
+  // so far (WorkerChannels::handed_over).
+  virtual int64_t requests_handed_over() const = 0;
   // Stops the service and the heartbeat monitor. Idempotent.
   virtual void shutdown() = 0;
 };

@@ -1,10 +1,10 @@
 #include "coordinator/plan_stream.h"
 
 #include <atomic>
-#include <deque>
 #include <functional>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "proto/rpc.h"
 
@@ -178,18 +178,24 @@ void GrpcPlanStream::OnDone(const grpc::Status& status) {
 }
 
 namespace {
-std::atomic<int64_t> handed_over_total{0};
+// A result that came back inside a hand-off, completed after it (LocalPlanStream::send).
+struct HandedBack {
+  std::shared_ptr<LocalPlanStream> stream;
+  pb::RunPlanResult result;
+};
+// Most hand-offs get back one result (a small run's) or none: kept inline, no allocation.
+using HandedBackQueue = absl::InlinedVector<HandedBack, 1>;
 
 // The results a thread completes after the hand-off at hand (LocalPlanStream::send), while it
 // hands requests over; null when it hands none.
-thread_local std::deque<std::function<void()>>* t_handed_back = nullptr;
+thread_local HandedBackQueue* t_handed_back = nullptr;
 
 // Makes `queue` the thread's t_handed_back if it has none, for the guard's life; however the
 // scope is left (an exception from receive() or a completion), the thread keeps no pointer to
 // it.
 class HandedBackScope {
  public:
-  explicit HandedBackScope(std::deque<std::function<void()>>* queue) : outermost_(t_handed_back == nullptr) {
+  explicit HandedBackScope(HandedBackQueue* queue) : outermost_(t_handed_back == nullptr) {
     if (outermost_) t_handed_back = queue;
   }
   ~HandedBackScope() {
@@ -204,10 +210,9 @@ class HandedBackScope {
 };
 }  // namespace
 
-int64_t LocalPlanStream::handed_over() { return handed_over_total.load(std::memory_order_relaxed); }
-
-std::shared_ptr<LocalPlanStream> LocalPlanStream::open(LocalRuns& runs, uint64_t incarnation) {
-  std::shared_ptr<LocalPlanStream> s(new LocalPlanStream(incarnation));
+std::shared_ptr<LocalPlanStream> LocalPlanStream::open(LocalRuns& runs, uint64_t incarnation,
+                                                       std::shared_ptr<std::atomic<int64_t>> handed_over) {
+  std::shared_ptr<LocalPlanStream> s(new LocalPlanStream(incarnation, std::move(handed_over)));
   // The session keeps no hold on the stream: a result after the stream went is dropped.
   std::weak_ptr<LocalPlanStream> weak = s;
   std::shared_ptr<LocalRunSession> session = runs.open(
@@ -215,7 +220,7 @@ std::shared_ptr<LocalPlanStream> LocalPlanStream::open(LocalRuns& runs, uint64_t
         std::shared_ptr<LocalPlanStream> stream = weak.lock();
         if (stream == nullptr) return;
         if (t_handed_back != nullptr) {  // inside a hand-off: after it (see the class comment)
-          t_handed_back->push_back([stream, result] { stream->deliver(result); });
+          t_handed_back->push_back(HandedBack{std::move(stream), result});
           return;
         }
         stream->deliver(result);
@@ -250,18 +255,18 @@ void LocalPlanStream::send(pb::PlanStreamRequest message) {
     session = session_;
   }
   if (session == nullptr) return;  // ending: end() failed whatever is pending
-  handed_over_total.fetch_add(1, std::memory_order_relaxed);
-  std::deque<std::function<void()>> handed_back;
+  if (handed_over_ != nullptr) handed_over_->fetch_add(1, std::memory_order_relaxed);
+  HandedBackQueue handed_back;
   const HandedBackScope scope(&handed_back);
   // Not under mu_: a small run ends inside, and its result comes back through deliver().
   if (!session->receive(std::move(message))) end("its worker stopped");
   if (!scope.outermost()) return;
   // Completing a result may hand the next request over: that one returns here, so however
-  // long the chain, a thread holds at most two hand-offs.
-  while (!handed_back.empty()) {
-    std::function<void()> complete = std::move(handed_back.front());
-    handed_back.pop_front();
-    complete();
+  // long the chain, a thread holds at most two hand-offs. In the order they came; what was
+  // completed stays in the queue (emptied) until the end.
+  for (size_t next = 0; next < handed_back.size(); ++next) {
+    HandedBack back = std::move(handed_back[next]);  // completing it may grow the queue
+    back.stream->deliver(back.result);
   }
 }
 

@@ -15,6 +15,7 @@
 #ifndef TESSERA_COORDINATOR_PLAN_STREAM_H_
 #define TESSERA_COORDINATOR_PLAN_STREAM_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -141,25 +142,28 @@ class GrpcPlanStream final : public PlanStream,
 class LocalPlanStream final : public PlanStream {
  public:
   // Opens a session of `runs` (broken at once if the worker stopped, or stops while it opens).
-  static std::shared_ptr<LocalPlanStream> open(LocalRuns& runs, uint64_t incarnation);
+  // Each request handed over (a run, a deletion, a cancel) adds one to `*handed_over` if given:
+  // its owner's count (WorkerChannels::handed_over, one per coordinator), which a test reads to
+  // see that the calls took this path.
+  static std::shared_ptr<LocalPlanStream> open(LocalRuns& runs, uint64_t incarnation,
+                                               std::shared_ptr<std::atomic<int64_t>> handed_over = nullptr);
   // Closes the session if close() did not.
   ~LocalPlanStream() override;
 
   bool close(absl::Duration timeout) override;
 
-  // Requests (runs, deletions, cancels) handed to a worker in process, by every LocalPlanStream
-  // of the process: what a test reads to see that the calls took this path.
-  static int64_t handed_over();
-
  private:
-  explicit LocalPlanStream(uint64_t incarnation)
-      : PlanStream(incarnation, "its in-process run session ended (its worker stopped)") {}
+  LocalPlanStream(uint64_t incarnation, std::shared_ptr<std::atomic<int64_t>> handed_over)
+      : PlanStream(incarnation, "its in-process run session ended (its worker stopped)"),
+        handed_over_(std::move(handed_over)) {}
   // Hands `message` to the session; a worker that stopped breaks the stream.
   void send(pb::PlanStreamRequest message) override;
   // A result from the worker: completes its pending request (none: cancelled or failed already).
   void deliver(const pb::RunPlanResult& result);
   // Ends the stream and fails what is pending with `why` (UNAVAILABLE).
   void end(const std::string& why);
+
+  const std::shared_ptr<std::atomic<int64_t>> handed_over_;  // null: not counted
 
   int delivering_ ABSL_GUARDED_BY(mu_) = 0;                        // results being completed, which close() waits for
   std::shared_ptr<LocalRunSession> session_ ABSL_GUARDED_BY(mu_);  // null once ending

@@ -11,6 +11,7 @@ std::shared_ptr<WorkerChannel> WorkerChannels::get(const std::string& address) {
   if (w == nullptr) {
     w = std::make_shared<WorkerChannel>();
     w->stub = pb::Worker::NewStub(make_channel(address, identity_));
+    w->handed_over = handed_over_;
     auto local = local_.find(address);
     if (local != local_.end()) {
       absl::MutexLock stream_lock(&w->mu);

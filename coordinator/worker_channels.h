@@ -54,7 +54,7 @@ struct WorkerChannel {
       if (plans != nullptr && plans->incarnation() > incarnation) return nullptr;
       if (plans != nullptr && (plans->broken() || plans->incarnation() != incarnation)) stale = std::move(plans);
       if (plans == nullptr && local != nullptr) {
-        plans = LocalPlanStream::open(*local, incarnation);
+        plans = LocalPlanStream::open(*local, incarnation, handed_over);
       } else if (plans == nullptr) {
         const bool broke = stale != nullptr && stale->incarnation() == incarnation;
         plans = GrpcPlanStream::open(stub.get(), incarnation, /*wait_for_ready=*/!broke);
@@ -73,7 +73,8 @@ struct WorkerChannel {
   }
 
   std::unique_ptr<pb::Worker::Stub> stub;
-  std::atomic<bool> reached{false};  // a call has succeeded: the worker was up at least once
+  std::shared_ptr<std::atomic<int64_t>> handed_over;  // its table's count (WorkerChannels::handed_over)
+  std::atomic<bool> reached{false};                   // a call has succeeded: the worker was up at least once
   absl::Mutex mu;
   std::shared_ptr<PlanStream> plans ABSL_GUARDED_BY(mu);
   std::shared_ptr<LocalRuns> local ABSL_GUARDED_BY(mu);  // an embedded worker's, if handed over
@@ -96,6 +97,10 @@ class WorkerChannels {
   // that this coordinator's cluster started: proto/local_runs.h) instead of a RunPlans stream,
   // from its next stream on; for as long as this table lives, whichever channel reaches it.
   void hand_runs_in_process(const std::string& address, std::shared_ptr<LocalRuns> runs);
+
+  // Requests (runs, deletions, cancels) handed to embedded workers in process by this table's
+  // channels so far: what a test reads to see that the calls took that path.
+  int64_t handed_over() const { return handed_over_->load(std::memory_order_relaxed); }
 
   // How many channels the table holds.
   int size() const;
@@ -120,6 +125,7 @@ class WorkerChannels {
 
  private:
   const std::shared_ptr<const CallIdentity> identity_;  // what this coordinator sends the workers
+  const std::shared_ptr<std::atomic<int64_t>> handed_over_ = std::make_shared<std::atomic<int64_t>>(0);
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<WorkerChannel>> workers_ ABSL_GUARDED_BY(mu_);

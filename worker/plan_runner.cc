@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "core/run_tag.h"
 #include "core/slicing.h"
@@ -526,12 +527,12 @@ void SteppedRun::to_thread(bool may_wait) {
 void SteppedRun::finish(absl::Status status) { session_->end_run(req_, runner_->count_end(start_, std::move(status))); }
 
 void RunSession::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status) {
-  // A queue, not recursion: a long chain of waiting runs may end here one after another.
-  std::deque<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>> ends;
+  // A queue, not recursion: a long chain of waiting runs may end here one after another. Most
+  // ends start nothing: the run at hand is kept inline, with no allocation.
+  absl::InlinedVector<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>, 1> ends;
   ends.emplace_back(std::move(req), std::move(status));
-  while (!ends.empty()) {
-    auto [run, result] = std::move(ends.front());
-    ends.pop_front();
+  for (size_t next = 0; next < ends.size(); ++next) {
+    auto [run, result] = std::move(ends[next]);  // what follows may grow the queue
     const uint64_t execution = run->execution_id();
     post(execution, result);                       // before its dependents run: results go back in order
     std::vector<std::pair<Deferred, bool>> ready;  // and whether it was cancelled meanwhile

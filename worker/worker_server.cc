@@ -621,13 +621,17 @@ class WorkerServerImpl final : public WorkerServer {
 
   void stop_heartbeats() override { registration_.stop(); }
 
-  void shutdown() override {
+  void stop_all_but_server() override {
     health_.set_ready(false);
     health_port_.reset();
     registration_.stop();
     service_.stop_in_process_collectives();                // peers' sends here and waits on us fail at once
     service_.runner().stop_local_runs(absl::Seconds(10));  // runs handed over in process fail at once
-    if (in_process_ != nullptr) in_process_->reset();      // no new channels to a server going away
+  }
+
+  void shutdown() override {
+    stop_all_but_server();
+    if (in_process_ != nullptr) in_process_->reset();  // no new channels to a server going away
     if (server_ != nullptr) {
       // Peers keep Exchange streams open for good: cancel what is in flight promptly.
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));

@@ -134,6 +134,12 @@ class WorkerServer {
 
   // Stops the heartbeats only (the coordinator is about to go). Idempotent.
   virtual void stop_heartbeats() = 0;
+  // Stops the worker as shutdown() does (heartbeats, in-process collectives, runs handed over
+  // in process, which fail at once) but leaves its gRPC server answering until shutdown(): an
+  // in-process server must not stop while channels made to it may still be called
+  // (proto/in_process.h). For a test of an embedded worker that stops while its coordinator
+  // stays up (LocalCluster::stop_worker). Idempotent.
+  virtual void stop_all_but_server() = 0;
   // Stops heartbeats and the service, cancelling transfers in flight. Idempotent.
   virtual void shutdown() = 0;
 };

@@ -3,6 +3,7 @@
 // as a small run is, whose completion hands the next run over (a chain of dependent calls)
 // nests no hand-off in another however long the chain; a worker that stops with runs pending
 // fails them, and later ones, with UNAVAILABLE saying why, as a broken RunPlans stream does.
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -124,6 +125,39 @@ TEST(LocalPlanStream, AWorkerThatStopsFailsTheRunsPendingAndLaterOnesUnavailable
   EXPECT_EQ(late.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(late.error_message(), HasSubstr("its worker stopped"));
   EXPECT_EQ(runs.received, received);
+}
+
+// Each stream counts in the counter it was opened with (its coordinator's: WorkerChannels), so
+// two coordinators in one process count apart; a request refused because the worker stopped
+// is not counted: it was not handed over.
+TEST(LocalPlanStream, EachRequestHandedOverCountsInItsOwnersCounterOnly) {
+  FakeRuns first_runs, second_runs;
+  second_runs.answer = false;  // its run stays pending, for the cancel below
+  auto first_count = std::make_shared<std::atomic<int64_t>>(0);
+  auto second_count = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<LocalPlanStream> first = LocalPlanStream::open(first_runs, 1, first_count);
+  std::shared_ptr<LocalPlanStream> second = LocalPlanStream::open(second_runs, 1, second_count);
+  std::vector<grpc::Status> results;
+  auto keep = [&](grpc::Status s) { results.push_back(std::move(s)); };
+  for (uint64_t e : {1, 2}) first->run(run_of(e), keep);
+  second->run(run_of(7), keep);
+  pb::StreamDelete deletion;
+  deletion.set_request_id(8);
+  second->delete_buffers(deletion, keep);
+  second->cancel(7, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  EXPECT_EQ(first_count->load(), 2);
+  EXPECT_EQ(second_count->load(), 3);  // the run, the deletion, the cancel
+  EXPECT_EQ(first_runs.received, 2);
+  EXPECT_EQ(second_runs.received, 3);
+
+  second_runs.stopped = true;  // refuses the next hand-off, which ends the stream
+  second->run(run_of(9), keep);
+  EXPECT_EQ(second_count->load(), 4);  // tried: the refusal comes from the worker's side
+  second->run(run_of(10), keep);       // the stream has ended: not handed over
+  EXPECT_EQ(second_count->load(), 4);
+  EXPECT_EQ(first_count->load(), 2);
+  EXPECT_TRUE(first->close(absl::Seconds(10)));
+  EXPECT_TRUE(second->close(absl::Seconds(10)));
 }
 
 TEST(LocalPlanStream, ARunOnAClosedStreamFailsSayingTheCoordinatorClosedIt) {

@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/plan_stream.h"
+#include "client/local_cluster.h"
 #include "core/handoff.h"
 #include "core/status.h"
 #include "gmock/gmock.h"
@@ -31,7 +31,16 @@ namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
+
+// Requests (runs, deletions, cancels) the coordinator of `client`'s embedded cluster handed to
+// its workers in process so far: that cluster's own count, whatever else runs in the process.
+int64_t handed_over(const Client& client) {
+  std::shared_ptr<internal::LocalCluster> cluster = internal::LocalCluster::find(client.coordinator_address());
+  EXPECT_NE(cluster, nullptr) << client.coordinator_address();
+  return cluster == nullptr ? -1 : cluster->requests_handed_over();
+}
 
 // The TCP sockets this process holds, by the kernel's tables: the inodes of /proc/self/fd's
 // "socket:[inode]" links found in /proc/self/net/tcp and tcp6 (state 0A is LISTEN).
@@ -178,7 +187,7 @@ TEST(InProcessCluster, AJittedCallHandsEachWorkerItsRunWithoutAStreamMessage) {
     absl::StatusOr<std::vector<Array>> warm = f({*xs});  // loads the plans (LoadPlan, not counted)
     ASSERT_TRUE(warm.ok()) << warm.status();
     ASSERT_TRUE((*warm)[0].block_until_ready().ok());
-    const int64_t before = LocalPlanStream::handed_over();
+    const int64_t before = handed_over(*client);
     std::vector<Array> outs;
     for (int call = 0; call < 3; ++call) {
       absl::StatusOr<std::vector<Array>> y = f({*xs});
@@ -190,7 +199,7 @@ TEST(InProcessCluster, AJittedCallHandsEachWorkerItsRunWithoutAStreamMessage) {
       ASSERT_TRUE(got.ok()) << got.status();
       for (int i = 0; i < 8; ++i) EXPECT_EQ(got->values<float>()[i], 2.0f * static_cast<float>(i) + 1.0f);
     }
-    EXPECT_EQ(LocalPlanStream::handed_over() - before, in_process ? 3 * 4 : 0);
+    EXPECT_EQ(handed_over(*client) - before, in_process ? 3 * 4 : 0);
     // In process no worker's RunPlans handler was entered; over TCP the warm-up call opened
     // each device's stream.
     if (in_process) {
@@ -204,7 +213,7 @@ TEST(InProcessCluster, AJittedCallHandsEachWorkerItsRunWithoutAStreamMessage) {
     Jitted big = jit([](const std::vector<Value>& in) {
       return std::vector<Value>{broadcast_in_dim(in[0], {8, 131072}, {0})};
     });
-    const int64_t before_big = LocalPlanStream::handed_over();
+    const int64_t before_big = handed_over(*client);
     absl::StatusOr<std::vector<Array>> y = big({*xs});
     absl::Status failed = y.ok() ? (*y)[0].block_until_ready() : y.status();
     EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
@@ -213,7 +222,7 @@ TEST(InProcessCluster, AJittedCallHandsEachWorkerItsRunWithoutAStreamMessage) {
     EXPECT_THAT(std::string(failed.message()), HasSubstr("bytes at once"));
     // Its 4 runs, then the deletion of its outputs' buffers on each device (the coordinator's
     // fail_execution: a StreamDelete where a stream is open), handed over as well.
-    EXPECT_EQ(LocalPlanStream::handed_over() - before_big, in_process ? 4 + 4 : 0);
+    EXPECT_EQ(handed_over(*client) - before_big, in_process ? 4 + 4 : 0);
     // The cluster goes on: the next call runs.
     absl::StatusOr<std::vector<Array>> after = f({*xs});
     ASSERT_TRUE(after.ok()) << after.status();
@@ -223,7 +232,8 @@ TEST(InProcessCluster, AJittedCallHandsEachWorkerItsRunWithoutAStreamMessage) {
 
 // A chain of `calls` dependent calls on a fresh Client::local(4), issued without waiting for
 // any: x + 1 applied `calls` times to arange(8); the last one's values, or the first error.
-absl::StatusOr<HostArray> chain_of_calls(bool in_process, int calls) {
+// `*handed` is what the cluster's coordinator handed over in process from the first call on.
+absl::StatusOr<HostArray> chain_of_calls(bool in_process, int calls, int64_t* handed) {
   LocalOptions options;
   options.in_process = in_process;
   TESSERA_ASSIGN_OR_RETURN(Client client, Client::local(4, options));
@@ -231,11 +241,14 @@ absl::StatusOr<HostArray> chain_of_calls(bool in_process, int calls) {
   TESSERA_ASSIGN_OR_RETURN(Array y,
                            client.device_put(HostArray::arange(DType::kF32, {8}), NamedSharding(mesh, P("data"))));
   Jitted f = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; });
+  const int64_t before = handed_over(client);
   for (int call = 0; call < calls; ++call) {
     TESSERA_ASSIGN_OR_RETURN(std::vector<Array> next, f({y}));
     y = next[0];
   }
-  return y.fetch();
+  absl::StatusOr<HostArray> last = y.fetch();
+  *handed = handed_over(client) - before;
+  return last;
 }
 
 // Each call names the output of the one before, so each worker runs it after that one
@@ -247,15 +260,15 @@ TEST(InProcessCluster, AChainOfDependentCallsIssuedWithoutWaitingGivesTheHostsVa
   constexpr int kChain = 300;
   for (bool in_process : {true, false}) {
     SCOPED_TRACE(in_process ? "in process" : "tcp");
-    const int64_t before = LocalPlanStream::handed_over();
-    absl::StatusOr<HostArray> got = chain_of_calls(in_process, kChain);
+    int64_t handed = 0;
+    absl::StatusOr<HostArray> got = chain_of_calls(in_process, kChain, &handed);
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_EQ(got->shape(), (Shape{8}));
     for (int i = 0; i < 8; ++i) EXPECT_EQ(got->values<float>()[i], static_cast<float>(i + kChain)) << "element " << i;
     if (in_process) {
-      EXPECT_GE(LocalPlanStream::handed_over() - before, 4 * kChain);  // and deletions of the arrays dropped
+      EXPECT_GE(handed, 4 * kChain);  // and deletions of the arrays dropped
     } else {
-      EXPECT_EQ(LocalPlanStream::handed_over() - before, 0);
+      EXPECT_EQ(handed, 0);
     }
   }
 }
@@ -267,6 +280,59 @@ grpc::Status check_health(const std::shared_ptr<grpc::Channel>& channel, absl::D
   grpc::health::v1::HealthCheckRequest req;
   grpc::health::v1::HealthCheckResponse reply;
   return stub->Check(&ctx, req, &reply);
+}
+
+// An embedded worker that stops while its coordinator stays up (LocalCluster::stop_worker: as
+// its process would stop, its server left answering). The run it had been handed (a while loop
+// that never ends: a plan thread's run, still going) fails at once with UNAVAILABLE naming
+// its device and why, not at the call's deadline (2 minutes: DEADLINE_EXCEEDED if it waited);
+// the other devices' runs are cancelled by the coordinator; a later call fails naming it too.
+TEST(InProcessCluster, AnEmbeddedWorkerThatStopsFailsItsRunsAndLaterCallsNamingIt) {
+  absl::StatusOr<Client> client = Client::local(4);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::shared_ptr<internal::LocalCluster> cluster = internal::LocalCluster::find(client->coordinator_address());
+  ASSERT_NE(cluster, nullptr);
+  absl::StatusOr<Mesh> mesh = client->make_mesh({4}, {"data"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<Array> x = client->device_put(HostArray::zeros(DType::kF32, {8}), NamedSharding(*mesh, P()));
+  ASSERT_TRUE(x.ok()) << x.status();
+  JitOptions options;
+  options.timeout = absl::Minutes(2);
+  Jitted forever = jit(
+      [](const std::vector<Value>& in) {
+        return while_loop([](const std::vector<Value>& c) { return sum(c[0]) > -1.0; },
+                          [](const std::vector<Value>& c) { return std::vector<Value>{c[0] + 1.0}; }, {in[0]});
+      },
+      options);
+  Jitted add_one = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; }, options);
+  absl::StatusOr<std::vector<Array>> warm = add_one({*x});  // loads add_one's plans while all are up
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_TRUE((*warm)[0].block_until_ready().ok());
+
+  const int64_t before = cluster->requests_handed_over();
+  absl::StatusOr<std::vector<Array>> looping = forever({*x});
+  ASSERT_TRUE(looping.ok()) << looping.status();
+  // Its 4 runs handed over (each to a plan thread, looping): polled, with a deadline.
+  const absl::Time handed_by = absl::Now() + absl::Seconds(30);
+  while (cluster->requests_handed_over() - before < 4 && absl::Now() < handed_by) {
+    absl::SleepFor(absl::Milliseconds(2));  // polling a count with no change feed
+  }
+  ASSERT_GE(cluster->requests_handed_over() - before, 4);
+  EXPECT_FALSE((*looping)[0].is_ready());
+
+  cluster->stop_worker(1);
+  absl::Status stopped = (*looping)[0].block_until_ready();
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kUnavailable) << stopped;
+  EXPECT_THAT(std::string(stopped.message()), HasSubstr("device 1 (in-process:")) << stopped;
+  EXPECT_THAT(std::string(stopped.message()), HasSubstr("its in-process run session ended (its worker stopped)"))
+      << stopped;
+
+  // A later call's run on device 1 is refused at once, naming it; the others' are not.
+  absl::StatusOr<std::vector<Array>> later = add_one({*x});
+  absl::Status refused = later.ok() ? (*later)[0].block_until_ready() : later.status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("device 1 (in-process:")) << refused;
+  EXPECT_THAT(std::string(refused.message()), Not(HasSubstr("device 0 ("))) << refused;
 }
 
 TEST(InProcessAddress, StoppedServerFailsUnavailableWithinTheDeadline) {
