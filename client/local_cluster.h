@@ -36,7 +36,9 @@ class LocalCluster {
   // For tests: stops the worker of `device` while the coordinator and the other workers go on,
   // as its process would stop (no heartbeat, no run taken; the runs handed to it fail
   // UNAVAILABLE naming it), except that its gRPC server answers until the cluster goes
-  // (WorkerServer::stop_all_but_server). REQUIRES: 0 <= device < the cluster's devices.
+  // (WorkerServer::stop_all_but_server). REQUIRES: 0 <= device < the cluster's devices, and
+  // the cluster hands runs over in process (LocalOptions::in_process, no TLS): over TCP the
+  // worker's RunPlans stream stays open and its runs go on until it is marked lost.
   void stop_worker(int device) { workers_.at(device)->stop_all_but_server(); }
 
   // The credentials of this process's embedded cluster whose coordinator is at `address`, or

@@ -529,59 +529,65 @@ void SteppedRun::finish(absl::Status status) { session_->end_run(req_, runner_->
 void RunSession::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status) {
   // A queue, not recursion: a long chain of waiting runs may end here one after another. Most
   // ends start nothing: the run at hand is kept inline, with no allocation.
-  absl::InlinedVector<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>, 1> ends;
+  // Each batch is swapped out before it is walked, so a chain holds only what is still to end.
+  using Ends = absl::InlinedVector<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>, 1>;
+  Ends ends;
   ends.emplace_back(std::move(req), std::move(status));
-  for (size_t next = 0; next < ends.size(); ++next) {
-    auto [run, result] = std::move(ends[next]);  // what follows may grow the queue
-    const uint64_t execution = run->execution_id();
-    post(execution, result);                       // before its dependents run: results go back in order
-    std::vector<std::pair<Deferred, bool>> ready;  // and whether it was cancelled meanwhile
-    bool end = false;
-    {
-      absl::MutexLock lock(&mu_);
-      running_.erase(execution);
-      for (uint64_t id : run->output_buffers()) {
-        auto it = producing_.find(id);
-        if (it != producing_.end() && it->second == execution) producing_.erase(it);
-      }
-      auto deps = dependents_.find(execution);
-      if (deps != dependents_.end()) {
-        for (uint64_t d : deps->second) {
-          auto it = deferred_.find(d);
-          if (it == deferred_.end()) continue;
-          Deferred& w = it->second;
-          if (!result.ok() && w.failure.ok()) {
-            w.failure = absl::Status(result.code(),
-                                     absl::StrCat("run: an input was to be made by execution ", execution,
-                                                  " before it on this device, which failed: ", result.message()));
-          }
-          if (--w.waiting > 0) continue;
-          auto flag = running_.find(d);
-          ready.emplace_back(std::move(w), flag != running_.end() && flag->second->load());
-          deferred_.erase(it);
-          runner_->count_waiting(-1);
+  while (!ends.empty()) {
+    Ends batch;
+    batch.swap(ends);  // what follows adds to `ends`
+    for (auto& entry : batch) {
+      auto [run, result] = std::move(entry);
+      const uint64_t execution = run->execution_id();
+      post(execution, result);                       // before its dependents run: results go back in order
+      std::vector<std::pair<Deferred, bool>> ready;  // and whether it was cancelled meanwhile
+      bool end = false;
+      {
+        absl::MutexLock lock(&mu_);
+        running_.erase(execution);
+        for (uint64_t id : run->output_buffers()) {
+          auto it = producing_.find(id);
+          if (it != producing_.end() && it->second == execution) producing_.erase(it);
         }
-        dependents_.erase(deps);
+        auto deps = dependents_.find(execution);
+        if (deps != dependents_.end()) {
+          for (uint64_t d : deps->second) {
+            auto it = deferred_.find(d);
+            if (it == deferred_.end()) continue;
+            Deferred& w = it->second;
+            if (!result.ok() && w.failure.ok()) {
+              w.failure = absl::Status(result.code(),
+                                       absl::StrCat("run: an input was to be made by execution ", execution,
+                                                    " before it on this device, which failed: ", result.message()));
+            }
+            if (--w.waiting > 0) continue;
+            auto flag = running_.find(d);
+            ready.emplace_back(std::move(w), flag != running_.end() && flag->second->load());
+            deferred_.erase(it);
+            runner_->count_waiting(-1);
+          }
+          dependents_.erase(deps);
+        }
+        end = end_now_locked();
       }
-      end = end_now_locked();
-    }
-    for (auto& [w, cancelled] : ready) {
-      if (!w.failure.ok()) {
-        ends.emplace_back(std::move(w.req), std::move(w.failure));
-      } else if (cancelled) {
-        ends.emplace_back(std::move(w.req), absl::CancelledError("run: cancelled"));
-      } else if (runner_->may_run_inline(*w.loaded, *w.req)) {
-        absl::Status s = runner_->run(*w.loaded, *w.req, nullptr);
-        ends.emplace_back(std::move(w.req), std::move(s));
-      } else if (runner_->may_step(*w.loaded, *w.req)) {
-        // A chained run with collectives in process steps too: on this thread (joining its
-        // queue if it drives stepped runs already: drive), not a plan thread's wake-up.
-        run_stepped(std::move(w.req), std::move(w.loaded));
-      } else {
-        run_on_thread(std::move(w.req), std::move(w.loaded));
+      for (auto& [w, cancelled] : ready) {
+        if (!w.failure.ok()) {
+          ends.emplace_back(std::move(w.req), std::move(w.failure));
+        } else if (cancelled) {
+          ends.emplace_back(std::move(w.req), absl::CancelledError("run: cancelled"));
+        } else if (runner_->may_run_inline(*w.loaded, *w.req)) {
+          absl::Status s = runner_->run(*w.loaded, *w.req, nullptr);
+          ends.emplace_back(std::move(w.req), std::move(s));
+        } else if (runner_->may_step(*w.loaded, *w.req)) {
+          // A chained run with collectives in process steps too: on this thread (joining its
+          // queue if it drives stepped runs already: drive), not a plan thread's wake-up.
+          run_stepped(std::move(w.req), std::move(w.loaded));
+        } else {
+          run_on_thread(std::move(w.req), std::move(w.loaded));
+        }
       }
+      if (end) ended();
     }
-    if (end) ended();
   }
 }
 

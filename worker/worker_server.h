@@ -138,7 +138,8 @@ class WorkerServer {
   // in process, which fail at once) but leaves its gRPC server answering until shutdown(): an
   // in-process server must not stop while channels made to it may still be called
   // (proto/in_process.h). For a test of an embedded worker that stops while its coordinator
-  // stays up (LocalCluster::stop_worker). Idempotent.
+  // stays up (LocalCluster::stop_worker). Idempotent when called one after another.
+  // REQUIRES: not called concurrently with itself or shutdown().
   virtual void stop_all_but_server() = 0;
   // Stops heartbeats and the service, cancelling transfers in flight. Idempotent.
   virtual void shutdown() = 0;

@@ -128,8 +128,8 @@ TEST(LocalPlanStream, AWorkerThatStopsFailsTheRunsPendingAndLaterOnesUnavailable
 }
 
 // Each stream counts in the counter it was opened with (its coordinator's: WorkerChannels), so
-// two coordinators in one process count apart; a request refused because the worker stopped
-// is not counted: it was not handed over.
+// two coordinators in one process count apart; a request the worker's side refuses counts (it
+// was tried), one on a stream already ended does not (it was not handed over).
 TEST(LocalPlanStream, EachRequestHandedOverCountsInItsOwnersCounterOnly) {
   FakeRuns first_runs, second_runs;
   second_runs.answer = false;  // its run stays pending, for the cancel below
