@@ -123,7 +123,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
                                            pb::RegisterWorkerReply* reply) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     const grpc::Status status = register_worker(*ctx, req, reply);
-    if (status.ok()) add_peers_trailer(ctx);
+    if (status.ok()) add_peers(reply->mutable_peers());
     reactor->Finish(status);
     return reactor;
   }
@@ -167,7 +167,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
   }
 
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const pb::HeartbeatRequest* req,
-                                      pb::HeartbeatReply*) override {
+                                      pb::HeartbeatReply* reply) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     absl::StatusOr<Caller> caller = auth_.require(*ctx, Role::kDaemon, "Heartbeat");
     if (caller.ok()) {
@@ -190,19 +190,20 @@ class CoordinatorService final : public CoordinatorServiceBase {
     if (newly_draining && options_.log_registrations) {
       std::fprintf(stderr, "tessera-coordinator: device %d is draining; no new work goes to it\n", req->device_id());
     }
-    if (beat.ok() && !req->leaving()) add_peers_trailer(ctx);
+    if (beat.ok() && !req->leaving()) add_peers(reply->mutable_peers());
     reactor->Finish(to_grpc(beat));
     return reactor;
   }
 
   // The alive devices and their incarnations, on a registration's or heartbeat's reply: the
   // registrations a worker takes Exchange streams from (worker/collectives/peer_view.h).
-  void add_peers_trailer(grpc::CallbackServerContext* ctx) {
-    std::map<int, uint64_t> peers;
+  void add_peers(pb::ClusterPeers* peers) {
     for (const DeviceRecord& d : registry_.devices()) {
-      if (d.alive) peers[d.id] = d.incarnation;
+      if (!d.alive) continue;
+      pb::PeerRegistration* p = peers->add_devices();
+      p->set_device_id(d.id);
+      p->set_incarnation(d.incarnation);
     }
-    ctx->AddTrailingMetadata(kPeersTrailer, format_peers(peers));
   }
 
   grpc::Status GetTopology(grpc::ServerContext* ctx, const pb::GetTopologyRequest* req, pb::Topology* reply) override {

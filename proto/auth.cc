@@ -12,8 +12,6 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/create_channel.h"
@@ -312,28 +310,6 @@ absl::Status Authenticator::check_grant(uint64_t array_id, absl::string_view gra
   return absl::PermissionDeniedError(absl::StrCat(
       what, ": no valid grant for array ", array_id,
       "; only its owner's session (which gets the grant from the coordinator) or an admin may move its data"));
-}
-
-std::string format_peers(const std::map<int, uint64_t>& peers) {
-  return absl::StrJoin(peers, ",", [](std::string* out, const std::pair<const int, uint64_t>& p) {
-    absl::StrAppend(out, p.first, ":", p.second);
-  });
-}
-
-absl::StatusOr<std::map<int, uint64_t>> parse_peers(absl::string_view text) {
-  std::map<int, uint64_t> peers;
-  if (text.empty()) return peers;
-  for (absl::string_view entry : absl::StrSplit(text, ',')) {
-    std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(entry, absl::MaxSplits(':', 1));
-    int device = -1;
-    uint64_t incarnation = 0;
-    if (!absl::SimpleAtoi(parts.first, &device) || device < 0 || !absl::SimpleAtoi(parts.second, &incarnation) ||
-        incarnation == 0 || !peers.emplace(device, incarnation).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the coordinator's 'tessera-peers' entry '", entry, "' is not a distinct device:incarnation"));
-    }
-  }
-  return peers;
 }
 
 std::shared_ptr<CallIdentity> daemon_identity(const Credentials& c, int device) {

@@ -38,12 +38,6 @@ inline constexpr char kDeviceKey[] = "tessera-device";        // a worker's devi
 // registration of the cluster (worker/collectives/peer_view.h).
 inline constexpr char kEpochKey[] = "tessera-epoch";
 inline constexpr char kIncarnationKey[] = "tessera-incarnation";
-// The trailer of the coordinator's RegisterWorker and Heartbeat replies: the alive devices and
-// their incarnations, "device:incarnation" comma-separated.
-inline constexpr char kPeersTrailer[] = "tessera-peers";
-std::string format_peers(const std::map<int, uint64_t>& peers);
-// INVALID_ARGUMENT naming the entry that is not a distinct "device:incarnation".
-absl::StatusOr<std::map<int, uint64_t>> parse_peers(absl::string_view text);
 // The trailer of a DeleteArray that refused some ids (PERMISSION_DENIED): those ids, in
 // decimal, comma-separated; the others of the batch were deleted or unknown. The SDK reads it
 // (client/client.cc, refused_deletes) to count only the refused ones as failed.

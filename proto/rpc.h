@@ -48,8 +48,10 @@ namespace tessera {
 // run's: a worker of 27 sends none. 29: a put's fan-out carries the client's random run tag (ShardFanOut.run_tag),
 // and a notice of lost ops the tag of each (ExchangeMessage.lost_op_tags); a worker refuses a run, collective, reshard
 // or fan-out of tag 0 and ignores a notice whose tag is not its op's run's: a worker of 28 sends tag 0 and untagged
-// notices. 30: SliceAttrs.strides (lax.slice's strides), which a worker of 29 would ignore.)
-inline constexpr uint32_t kProtocolVersion = 30;
+// notices. 30: SliceAttrs.strides (lax.slice's strides), which a worker of 29 would ignore. 31: the alive devices
+// travel in the RegisterWorker and Heartbeat replies (ClusterPeers), no longer in the tessera-peers trailer, whose
+// 8 KiB metadata bound held about 700 devices; a worker of 30 would read no view from a coordinator of 31.)
+inline constexpr uint32_t kProtocolVersion = 31;
 inline constexpr uint64_t kOpTableDigest = 0x948798240556195c;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

@@ -37,12 +37,15 @@ void Registration::beat_now() {
   wake_ = true;
 }
 
-void Registration::take_view(uint64_t ticket, const grpc::ClientContext& ctx) {
+void Registration::take_view(uint64_t ticket, const pb::ClusterPeers* peers, const char* reply) {
   if (peers_ == nullptr) return;
-  const auto& trailer = ctx.GetServerTrailingMetadata();
-  auto it = trailer.find(kPeersTrailer);
-  if (it == trailer.end()) return;  // a coordinator that names no peers: nothing is checked
-  absl::Status taken = peers_->update(ticket, epoch_, absl::string_view(it->second.data(), it->second.size()));
+  // Only a coordinator of another protocol version sends none, and the registration refuses
+  // such a one (check_protocol_version): say so rather than keep the old view silently.
+  absl::Status taken = peers != nullptr
+                           ? peers_->update(ticket, epoch_, *peers)
+                           : absl::InvalidArgumentError(absl::StrCat("the coordinator's ", reply,
+                                                                     " names no peers (ClusterPeers, protocol version ",
+                                                                     kProtocolVersion, "); the view is unchanged"));
   if (!taken.ok()) std::fprintf(stderr, "tessera-worker: %s\n", std::string(taken.message()).c_str());
 }
 
@@ -162,7 +165,7 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
   // Declared before the view is taken: the view ends the streams peers opened under their
   // replaced registrations, and this worker's sends must already go under its new one.
   registered_(device_id_, epoch_, incarnation_);
-  take_view(ticket, ctx);
+  take_view(ticket, reply.has_peers() ? &reply.peers() : nullptr, "RegisterWorker reply");
   heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, reply.heartbeat_interval_ms()));
   return absl::OkStatus();
 }
@@ -180,7 +183,7 @@ void Registration::heartbeat_loop() {
     set_deadline(&ctx, heartbeat_interval_ * 4);
     const uint64_t ticket = peers_ != nullptr ? peers_->ask() : 0;
     const grpc::Status status = coordinator_->Heartbeat(&ctx, req, &reply);
-    if (status.ok()) take_view(ticket, ctx);
+    if (status.ok()) take_view(ticket, reply.has_peers() ? &reply.peers() : nullptr, "Heartbeat reply");
     // A missed heartbeat is not fatal: the coordinator decides when a device is lost. One it
     // refuses means it marked this device lost, or restarted and does not know it: register
     // again, keeping the device id (and the buffers, which the coordinator is told about).

@@ -95,8 +95,9 @@ class Registration {
   // when the coordinator cannot be reached (the first registration retries by itself).
   absl::Status register_worker(int device_id, absl::Duration timeout, bool wait_for_ready);
   void heartbeat_loop();
-  // Gives the view the reply of `ctx` brought (the tessera-peers trailer) to peers_.
-  void take_view(uint64_t ticket, const grpc::ClientContext& ctx);
+  // Gives the view a reply brought (its ClusterPeers; nullptr: it had none) to peers_; logs a
+  // malformed or missing one, naming the `reply`.
+  void take_view(uint64_t ticket, const pb::ClusterPeers* peers, const char* reply);
   // Waits one heartbeat interval, or until woken (announce_draining, stop); true when stopping.
   bool wait_for_next_heartbeat();
 

@@ -2164,12 +2164,23 @@ struct Decisions {
   std::map<int, absl::Status> got;
 };
 
+// A coordinator's view: its ClusterPeers naming `devices` (device, incarnation), in this order.
+pb::ClusterPeers peers(const std::vector<std::pair<int, uint64_t>>& devices) {
+  pb::ClusterPeers view;
+  for (const auto& [device, incarnation] : devices) {
+    pb::PeerRegistration* p = view.add_devices();
+    p->set_device_id(device);
+    p->set_incarnation(incarnation);
+  }
+  return view;
+}
+
 TEST(PeerView, ACurrentRegistrationIsTakenAndStaleOnesAreRefusedAtOnce) {
   PeerView view;
   Decisions d;
   view.admit({7, 5, 5}, d.record(0));  // no view yet: nothing to check against
   ASSERT_TRUE(d.of(0).has_value() && d.of(0)->ok());
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}})).ok());
   view.admit({1, 1000, 3}, d.record(1));
   view.admit({1, 1000, 2}, d.record(2));  // an earlier process of device 1
   view.admit({1, 999, 3}, d.record(3));   // registered with an earlier coordinator
@@ -2195,7 +2206,7 @@ TEST(PeerView, AnUnknownSenderWaitsForAFreshViewAndIsDecidedByIt) {
   int refreshes = 0;
   PeerView view([&refreshes] { ++refreshes; });
   Decisions d;
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}})).ok());
   const uint64_t in_flight = view.ask();  // a heartbeat sent before the streams came
   view.admit({2, 1000, 1}, d.record(0));  // device 2, registered a moment ago
   view.admit({99, 1000, 1}, d.record(1));
@@ -2203,11 +2214,11 @@ TEST(PeerView, AnUnknownSenderWaitsForAFreshViewAndIsDecidedByIt) {
   EXPECT_EQ(refreshes, 3);
   EXPECT_EQ(view.waiting(), 3);
   // The older heartbeat's answer, without device 2 or incarnation 4: proves nothing.
-  ASSERT_TRUE(view.update(in_flight, 1000, "0:1,1:3").ok());
+  ASSERT_TRUE(view.update(in_flight, 1000, peers({{0, 1}, {1, 3}})).ok());
   EXPECT_EQ(view.waiting(), 3);
   EXPECT_FALSE(d.of(1).has_value());
   // The next one, asked after they came, names device 2 and device 1's incarnation 4.
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:4,2:1").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 4}, {2, 1}})).ok());
   EXPECT_EQ(view.waiting(), 0);
   ASSERT_TRUE(d.of(0).has_value() && d.of(2).has_value() && d.of(1).has_value());
   EXPECT_TRUE(d.of(0)->ok()) << *d.of(0);
@@ -2224,7 +2235,29 @@ TEST(PeerView, AnUnknownSenderWaitsForAFreshViewAndIsDecidedByIt) {
   ASSERT_TRUE(d.of(3).has_value());
   EXPECT_EQ(d.of(3)->code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(d.of(3)->message()), HasSubstr("device 98"));
-  EXPECT_EQ(view.update(view.ask(), 1000, "0:1,0:2").code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A malformed view (a device twice, a negative device id, incarnation 0) is refused
+// INVALID_ARGUMENT naming the entry and the rule, and leaves the view as it was: the streams
+// it would have refused are still taken.
+TEST(PeerView, AMalformedViewIsRefusedNamingTheEntryAndChangesNothing) {
+  PeerView view;
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}})).ok());
+  const std::vector<std::pair<pb::ClusterPeers, std::string>> malformed = {
+      {peers({{0, 1}, {2, 1}, {0, 2}}), "entry 2 (device 0, incarnation 2)"},
+      {peers({{0, 1}, {-1, 1}}), "entry 1 (device -1, incarnation 1)"},
+      {peers({{5, 0}}), "entry 0 (device 5, incarnation 0)"}};
+  for (const auto& [view_sent, entry] : malformed) {
+    const absl::Status s = view.update(view.ask(), 1001, view_sent);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()),
+                AllOf(HasSubstr(absl::StrCat("the coordinator's ClusterPeers ", entry)),
+                      HasSubstr("is not a distinct device (id from 0) with an incarnation from 1")));
+  }
+  Decisions d;
+  view.admit({1, 1000, 3}, d.record(0));
+  ASSERT_TRUE(d.of(0).has_value());
+  EXPECT_TRUE(d.of(0)->ok()) << *d.of(0);
 }
 
 // Issue #17 item 1, re-checked: a stream admitted under a registration is told to end by the
@@ -2236,7 +2269,7 @@ TEST(PeerView, AnUnknownSenderWaitsForAFreshViewAndIsDecidedByIt) {
 TEST(PeerView, AnAdmittedStreamIsEndedByTheFirstViewThatSaysItsRegistrationWasReplaced) {
   PeerView view;
   Decisions d, replaced;
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3,2:5").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}, {2, 5}})).ok());
   view.admit({1, 1000, 3}, d.record(0), replaced.record(0));
   view.admit({0, 1000, 1}, d.record(1), replaced.record(1));
   view.admit({2, 1000, 5}, d.record(2), replaced.record(2));
@@ -2247,11 +2280,11 @@ TEST(PeerView, AnAdmittedStreamIsEndedByTheFirstViewThatSaysItsRegistrationWasRe
   EXPECT_EQ(view.admitted(), 3);
 
   // The same registrations: nothing ends.
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:3,2:5").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}, {2, 5}})).ok());
   for (int i = 0; i < 4; ++i) EXPECT_FALSE(replaced.of(i).has_value()) << i;
 
   // Device 1 registered again (incarnation 4), device 2 is gone.
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:4").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 4}})).ok());
   ASSERT_TRUE(replaced.of(0).has_value());
   EXPECT_EQ(replaced.of(0)->code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(replaced.of(0)->message()),
@@ -2269,7 +2302,7 @@ TEST(PeerView, AnAdmittedStreamIsEndedByTheFirstViewThatSaysItsRegistrationWasRe
 
   // This worker registered with a restarted coordinator (epoch 1001): device 0's stream of
   // epoch 1000 ends too, once.
-  ASSERT_TRUE(view.update(view.ask(), 1001, "0:1,1:1").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1001, peers({{0, 1}, {1, 1}})).ok());
   ASSERT_TRUE(replaced.of(1).has_value());
   EXPECT_THAT(std::string(replaced.of(1)->message()),
               AllOf(HasSubstr("device 0 (incarnation 1 of coordinator epoch 1000)"),
@@ -2281,13 +2314,13 @@ TEST(PeerView, AnAdmittedStreamIsEndedByTheFirstViewThatSaysItsRegistrationWasRe
 TEST(PeerView, AStreamAdmittedByAFreshViewIsCheckedByTheNextOnes) {
   PeerView view;
   Decisions d, replaced;
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}})).ok());
   view.admit({3, 1000, 2}, d.record(0), replaced.record(0));
   EXPECT_EQ(view.waiting(), 1);
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,3:2").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {3, 2}})).ok());
   ASSERT_TRUE(d.of(0).has_value() && d.of(0)->ok());
   EXPECT_EQ(view.admitted(), 1);
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,3:3").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {3, 3}})).ok());
   ASSERT_TRUE(replaced.of(0).has_value());
   EXPECT_THAT(std::string(replaced.of(0)->message()),
               HasSubstr("current incarnation is 3, which replaced incarnation 2"));
@@ -2300,7 +2333,7 @@ TEST(PeerView, AStreamAdmittedByAFreshViewIsCheckedByTheNextOnes) {
 TEST(PeerView, AStreamThatEndsWhileWaitingLeavesTheListAndTheCap) {
   PeerView view;
   Decisions d;
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}})).ok());
   std::vector<uint64_t> ids;
   for (int i = 0; i < PeerView::kMaxWaiting; ++i) ids.push_back(view.admit({1, 1000, 1}, d.record(i)));
   EXPECT_EQ(view.waiting(), PeerView::kMaxWaiting);
@@ -2317,7 +2350,7 @@ TEST(PeerView, AStreamThatEndsWhileWaitingLeavesTheListAndTheCap) {
   EXPECT_NE(live, 0u);
 
   view.expire(absl::Now() + PeerView::kMaxWait);
-  ASSERT_TRUE(view.update(view.ask(), 1000, "0:1,1:1").ok());
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 1}})).ok());
   for (int i = 0; i < PeerView::kMaxWaiting; ++i) ASSERT_FALSE(d.of(i).has_value()) << "stream " << i << " ended";
   ASSERT_TRUE(d.of(-2).has_value());  // the live one was decided (its wait expired first)
   EXPECT_EQ(view.waiting(), 0);
@@ -2349,7 +2382,7 @@ class TransportRegistration : public ::testing::Test {
 // the reason. Now the op's error has the peer's code and message, naming the device.
 TEST(TransportLoss, APeersRefusalReachesTheOpsErrorWithItsCodeAndReason) {
   PeerView view;
-  ASSERT_TRUE(view.update(view.ask(), 7, "0:2,1:1").ok());  // device 0's current incarnation is 2
+  ASSERT_TRUE(view.update(view.ask(), 7, peers({{0, 2}, {1, 1}})).ok());  // device 0's current incarnation is 2
   Endpoint a(0), b(1, &view);
   a.transport().declare(7, 1);  // a's streams declare incarnation 1: replaced
   const std::string to_b = absl::StrCat("127.0.0.1:", b.port());

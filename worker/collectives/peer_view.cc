@@ -1,11 +1,13 @@
 #include "worker/collectives/peer_view.h"
 
+#include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/status.h"
-#include "proto/auth.h"
+#include "proto/tessera.pb.h"
 
 namespace tessera {
 namespace {
@@ -15,6 +17,20 @@ constexpr char kRule[] =
 
 std::string describe(const StreamClaim& c) {
   return absl::StrCat("device ", c.device, " (incarnation ", c.incarnation, " of coordinator epoch ", c.epoch, ")");
+}
+
+// The alive devices of a view, for a refusal: at most the first kNamed, so that a refusal at a
+// cluster of thousands still fits the status trailer (gRPC's 8 KiB of metadata).
+std::string alive_devices(const std::map<int, uint64_t>& peers) {
+  constexpr size_t kNamed = 32;
+  std::vector<int> named;
+  for (const auto& [device, incarnation] : peers) {
+    if (named.size() == kNamed) break;
+    named.push_back(device);
+  }
+  std::string text = absl::StrCat("alive: ", absl::StrJoin(named, ", "));
+  if (peers.size() > kNamed) absl::StrAppend(&text, " and ", peers.size() - kNamed, " more");
+  return text;
 }
 
 }  // namespace
@@ -71,11 +87,8 @@ PeerView::Verdict PeerView::judge_locked(const StreamClaim& c, bool fresh, std::
   if (c.epoch != epoch_) {
     *why = absl::StrCat(refused, "another coordinator epoch than this worker's registration (", epoch_, "); ", kRule);
   } else if (it == peers_.end()) {
-    std::vector<int> alive;
-    for (const auto& [device, incarnation] : peers_) alive.push_back(device);
-    *why =
-        absl::StrCat(refused, "device ", c.device,
-                     " is not a registered device of this cluster (alive: ", absl::StrJoin(alive, ", "), "); ", kRule);
+    *why = absl::StrCat(refused, "device ", c.device, " is not a registered device of this cluster (",
+                        alive_devices(peers_), "); ", kRule);
   } else {
     *why = absl::StrCat(refused, "the coordinator says device ", c.device, "'s current incarnation is ", it->second,
                         "; ", kRule);
@@ -100,11 +113,8 @@ bool PeerView::replaced_locked(const StreamClaim& c, std::string* why) const {
     return true;
   }
   if (it == peers_.end()) {
-    std::vector<int> alive;
-    for (const auto& [device, incarnation] : peers_) alive.push_back(device);
-    *why = absl::StrCat(ended, "device ", c.device,
-                        " is no longer a registered device of this cluster (alive: ", absl::StrJoin(alive, ", "),
-                        "; its current incarnation: none); ", kRule);
+    *why = absl::StrCat(ended, "device ", c.device, " is no longer a registered device of this cluster (",
+                        alive_devices(peers_), "; its current incarnation: none); ", kRule);
     return true;
   }
   if (it->second > c.incarnation) {
@@ -156,9 +166,17 @@ uint64_t PeerView::admit(const StreamClaim& claim, std::function<void(absl::Stat
   return id;
 }
 
-absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, absl::string_view text) {
-  using Peers = std::map<int, uint64_t>;
-  TESSERA_ASSIGN_OR_RETURN(Peers peers, parse_peers(text));
+absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers& view) {
+  std::map<int, uint64_t> peers;
+  for (int i = 0; i < view.devices_size(); ++i) {
+    const pb::PeerRegistration& p = view.devices(i);
+    if (p.device_id() < 0 || p.incarnation() == 0 || !peers.emplace(p.device_id(), p.incarnation()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("the coordinator's ClusterPeers entry ", i, " (device ",
+                                                     p.device_id(), ", incarnation ", p.incarnation(),
+                                                     ") is not a distinct device (id from 0) with an incarnation "
+                                                     "from 1; the view is unchanged"));
+    }
+  }
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> decided;
   {
     absl::MutexLock lock(&mu_);

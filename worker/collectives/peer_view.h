@@ -4,7 +4,7 @@
 //
 // A peer's Exchange stream declares its sender (metadata tessera-device, tessera-epoch,
 // tessera-incarnation; proto/auth.h). The coordinator's view comes with every registration and
-// heartbeat reply (the tessera-peers trailer). A stream may come before this worker has heard
+// heartbeat reply (its ClusterPeers). A stream may come before this worker has heard
 // of its sender's registration (a peer registered a moment ago): such a stream waits, unread,
 // for a view asked for after it came (the next heartbeat, sent at once), and is decided then.
 // A stream admitted is checked again by every later view: once the view says its sender's
@@ -13,7 +13,7 @@
 //
 //   PeerView peers([&] { registration.beat_now(); });
 //   uint64_t ticket = peers.ask();                          // before each heartbeat
-//   peers.update(ticket, epoch, reply_trailer);             // after it
+//   peers.update(ticket, epoch, reply.peers());             // after it
 //   uint64_t id = peers.admit({2, epoch, 5}, [](absl::Status s) { ... },  // OK, or why refused
 //                             [](absl::Status s) { ... });  // later: its registration was replaced
 //   peers.ended(id);                                        // the stream is over
@@ -28,11 +28,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace tessera {
+
+namespace pb {
+class ClusterPeers;
+}  // namespace pb
 
 // What an Exchange stream says of its sender (0 / -1: not said).
 struct StreamClaim {
@@ -56,11 +59,11 @@ class PeerView {
 
   // A request for a view (a registration or heartbeat) is about to be sent: its ticket.
   uint64_t ask();
-  // The view that request (`ticket`) brought: this worker's registration `epoch` and `peers`
-  // (the tessera-peers trailer). Decides the streams it can. INVALID_ARGUMENT for a malformed
-  // trailer (the view is unchanged). Until a view comes, every stream is taken (a coordinator
-  // that names no peers: nothing to check against).
-  absl::Status update(uint64_t ticket, uint64_t epoch, absl::string_view peers);
+  // The view that request (`ticket`) brought: this worker's registration `epoch` and the
+  // reply's `peers`. Decides the streams it can. INVALID_ARGUMENT naming the entry that is not a
+  // distinct device (id from 0) with an incarnation from 1 (the view is unchanged). Until a
+  // view comes, every stream is taken (nothing to check against).
+  absl::Status update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers& peers);
 
   // Decides whether a stream of `claim` is read: calls decided(status) once, on this thread
   // when the view decides it now, or later (from update or expire, outside the lock). OK: the
