@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/request_limits.h"
 #include "core/graph.h"
 #include "core/status.h"
 
@@ -37,6 +38,10 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
     } else {
       id = 0;
       while (devices_.count(id) > 0) ++id;
+      if (id > kMaxDeviceId) {
+        return absl::ResourceExhaustedError(absl::StrCat("worker '", name, "': every device id from 0 to ",
+                                                         kMaxDeviceId, " is taken (the limit of a cluster's devices)"));
+      }
     }
     record = &devices_[id];
     record->id = id;

@@ -14,7 +14,6 @@
 #define TESSERA_PROTO_AUTH_H_
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 

@@ -50,7 +50,8 @@ namespace tessera {
 // or fan-out of tag 0 and ignores a notice whose tag is not its op's run's: a worker of 28 sends tag 0 and untagged
 // notices. 30: SliceAttrs.strides (lax.slice's strides), which a worker of 29 would ignore. 31: the alive devices
 // travel in the RegisterWorker and Heartbeat replies (ClusterPeers), no longer in the tessera-peers trailer, whose
-// 8 KiB metadata bound held about 700 devices; a worker of 30 would read no view from a coordinator of 31.)
+// 8 KiB metadata bound held about a thousand devices; a worker of 30 cannot register with a coordinator of 31,
+// which checks the version exactly.)
 inline constexpr uint32_t kProtocolVersion = 31;
 inline constexpr uint64_t kOpTableDigest = 0x948798240556195c;
 

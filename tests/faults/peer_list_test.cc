@@ -1,13 +1,14 @@
 // The coordinator's view of a large cluster reaches its workers (issue #17, session 38). The
 // alive devices and their incarnations used to travel in the trailer `tessera-peers` of every
 // RegisterWorker and Heartbeat reply; gRPC bounds metadata (8 KiB by default in 1.51), so from
-// about 700 devices the replies failed and no worker learnt of a new peer: each refused every
-// stream of a device registered since (UNAVAILABLE once PeerView::kMaxWait passed without a
-// view). Now the view is a field of the replies (ClusterPeers). A real coordinator and
-// kFaultWorkers real workers on 127.0.0.1; 2,000 more registrations, sent as a worker would
-// (RegisterWorker with the cluster token), make the cluster's view; every wait has a deadline.
+// about a thousand devices (8 KiB at 6-8 bytes an entry) the replies failed and no worker learnt of a new peer: each
+// refused every stream of a device registered since (UNAVAILABLE once PeerView::kMaxWait passed without a view). Now
+// the view is a field of the replies (ClusterPeers). A real coordinator and kFaultWorkers real workers on 127.0.0.1;
+// 2,000 more registrations, sent as a worker would (RegisterWorker with the cluster token), make the cluster's view;
+// every wait has a deadline.
 #include <map>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -45,7 +46,7 @@ std::map<int, uint64_t> view_of(const pb::ClusterPeers& peers) {
 // workers' as their Handshakes say, 1 for the new ones); each real worker then takes a stream
 // of the last and of the first device registered, and refuses one of a device never
 // registered PERMISSION_DENIED naming the first 32 alive devices and how many more. On main
-// (the trailer) the registrations' replies fail from about the 700th on (the trailer exceeds
+// (the trailer) the registrations' replies fail from about the thousandth on (the trailer exceeds
 // the metadata limit) and the workers refuse the new devices' streams UNAVAILABLE.
 TEST_F(PeerListTest, AViewOfTwoThousandDevicesReachesEveryWorker) {
   absl::StatusOr<Client> client = connect();  // waits (at most 20 s) for every device
