@@ -734,6 +734,12 @@ Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> lim
   return t->make(t->graph.add_slice(TraceState::id(x), std::move(start), std::move(limit), std::move(strides)));
 }
 
+Value rev(const Value& x, std::vector<int64_t> dimensions) {
+  TraceState* t = TraceState::common({&x});
+  if (t == nullptr) return Value();
+  return t->make(t->graph.add_rev(TraceState::id(x), std::move(dimensions)));
+}
+
 Value concatenate(const std::vector<Value>& xs, int64_t axis) {
   if (xs.empty()) {
     if (TraceState::current != nullptr)

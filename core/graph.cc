@@ -298,6 +298,10 @@ absl::StatusOr<int> Graph::add_slice(int x, std::vector<int64_t> start, std::vec
   return add_node(make_node(Op::kSlice, {x}, SliceAttrs{std::move(start), std::move(limit), std::move(strides)}));
 }
 
+absl::StatusOr<int> Graph::add_rev(int x, std::vector<int64_t> dimensions) {
+  return add_node(make_node(Op::kRev, {x}, ReduceAttrs{std::move(dimensions)}));
+}
+
 absl::StatusOr<int> Graph::add_concatenate(const std::vector<int>& xs, int64_t axis) {
   if (xs.empty()) return absl::InvalidArgumentError("concatenate: no operands");
   return add_node(make_node(Op::kConcatenate, xs, ConcatAttrs{axis}));

@@ -108,6 +108,8 @@ class Graph {
   // per dimension, each >= 1. Strides of all 1 are stored empty.
   absl::StatusOr<int> add_slice(int x, std::vector<int64_t> start, std::vector<int64_t> limit,
                                 std::vector<int64_t> strides = {});
+  // lax.rev: `dimensions` distinct and in range (stored sorted).
+  absl::StatusOr<int> add_rev(int x, std::vector<int64_t> dimensions);
   // At least one operand; all agree in dtype, rank and every dimension but `axis`.
   absl::StatusOr<int> add_concatenate(const std::vector<int>& xs, int64_t axis);
   // `sharding` must fit x's shape (NamedSharding::validate).

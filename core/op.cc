@@ -252,6 +252,15 @@ absl::StatusOr<ArrayType> infer_concatenate(const Node& n, absl::Span<const Arra
   return out;
 }
 
+// lax.rev: _rev_shape_rule (jax/_src/lax/lax.py), distinct dimensions of the operand; the
+// operand's type.
+absl::StatusOr<ArrayType> infer_rev(const Node& n, absl::Span<const ArrayType> in) {
+  TESSERA_RETURN_IF_ERROR(
+      check_axes(n.attrs<ReduceAttrs>().axes, in[0].shape.size(),
+                 absl::StrCat("rev of ", type_of(in[0]), " along ", dims_to_string(n.attrs<ReduceAttrs>().axes))));
+  return in[0];
+}
+
 // ---- Reductions ------------------------------------------------------------------------------
 
 absl::StatusOr<ArrayType> infer_reduce(const Node& n, absl::Span<const ArrayType> in) {
@@ -887,6 +896,7 @@ constexpr OpDef kOps[] = {
      infer_pvary},
     {Op::kRaggedAllToAll, "ragged_all_to_all", 67, 6, kCollective | kBlockResult, 0, kAttrsIndex<CollectiveAttrs>,
      infer_ragged_all_to_all},
+    {Op::kRev, "rev", 68, 1, kLayoutOp | kLinear, 0, kAttrsIndex<ReduceAttrs>, infer_rev},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(kNumOps), "every Op has one row in the table");
 

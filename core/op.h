@@ -138,9 +138,12 @@ enum class Op : uint8_t {
   // value) of its own `output`; rows nothing is written to keep output's values. Runs as a
   // collective (CollectiveKind::kRaggedAllToAll) on the six operands' slots.
   kRaggedAllToAll,
+  // lax.rev (ReduceAttrs: the dimensions reversed, distinct): element i of a reversed dimension
+  // of size n is the operand's n-1-i; the shape is the operand's.
+  kRev,
 };
 // How many ops there are (op.cc checks that the table defines each exactly once).
-inline constexpr int kNumOps = static_cast<int>(Op::kRaggedAllToAll) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kRev) + 1;
 
 // A value's type: what inference computes.
 struct ArrayType {

@@ -69,7 +69,7 @@ struct TransposeAttrs {
   static constexpr const char* kName = "transpose";
   std::vector<int64_t> permutation;
 };
-// reduce_*: the operand dimensions folded away (Graph sorts them).
+// reduce_*: the operand dimensions folded away; rev: the dimensions reversed (Graph sorts them).
 struct ReduceAttrs {
   static constexpr const char* kName = "reduce";
   std::vector<int64_t> axes;
@@ -85,6 +85,12 @@ struct SliceAttrs {
   static constexpr const char* kName = "slice";
   std::vector<int64_t> start, limit, strides;
   int64_t stride(size_t d) const { return strides.empty() ? 1 : strides[d]; }
+  // Whether the slice keeps the same position `start` of every run of `stride` elements
+  // through the whole of dimension d, of size `dim` (start < stride and kept * stride == dim,
+  // `kept` the result's dimension): x[::2], x[1::2], and every unit-stride slice of the whole
+  // dimension. A split of d into blocks of whole runs then keeps its split, each device
+  // slicing its own block alike.
+  bool aligned(size_t d, int64_t dim, int64_t kept) const { return start[d] < stride(d) && kept * stride(d) == dim; }
 };
 // concatenate: the dimension the operands are joined along.
 struct ConcatAttrs {

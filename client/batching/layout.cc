@@ -43,6 +43,9 @@ absl::StatusOr<Value> slice_rule(const BatchArgs& a) {
   return slice(a.x[0], std::move(start), std::move(limit), std::move(strides));
 }
 
+// lax.py's _rev_batch_rule: the example's dimensions one further on (the batch dimension first).
+absl::StatusOr<Value> rev_rule(const BatchArgs& a) { return rev(a.x[0], shifted(a.node.attrs<ReduceAttrs>().axes)); }
+
 absl::StatusOr<Value> concatenate_rule(const BatchArgs& a) {
   std::vector<Value> xs;
   for (size_t k = 0; k < a.x.size(); ++k) xs.push_back(a.batched_operand(k));
@@ -92,7 +95,7 @@ constexpr BatchEntry kRules[] = {
     {Op::kBroadcastInDim, broadcast_rule}, {Op::kReshape, reshape_rule},
     {Op::kTranspose, transpose_rule},      {Op::kSlice, slice_rule},
     {Op::kConcatenate, concatenate_rule},  {Op::kShardingConstraint, sharding_constraint_rule},
-    {Op::kShardingAs, sharding_as_rule},
+    {Op::kShardingAs, sharding_as_rule},   {Op::kRev, rev_rule},
 };
 
 }  // namespace

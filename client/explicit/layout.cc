@@ -70,6 +70,11 @@ TypeRuleResult varying_shape(const Mesh& mesh, const TypedOperand& x, const Shap
   return r;
 }
 
+// lax.py's _rev_sharding_rule: the operand's sharding (a split reversed dimension stays split;
+// the compiler moves the blocks). rev_p has no ur_rule, so an unreduced or reduced operand is
+// refused (no unreduced or reduced rule registered).
+TypeRuleResult rev(const TypeRuleCall& c) { return TypeRuleResult{c.operands[0].spec, "", ""}; }
+
 TypeRuleResult slice(const TypeRuleCall& c) { return varying_shape(c.mesh, c.operands[0], c.node.shape, "slicing"); }
 TypeRuleResult dynamic_slice(const TypeRuleCall& c) {
   return varying_shape(c.mesh, c.operands[0], c.node.shape, "dynamic_slice");
@@ -260,6 +265,7 @@ absl::Span<const ExplicitRule> layout_type_rules() {
       {Op::kBroadcastInDim, broadcast_in_dim, operand_unreduced, broadcast_in_dim_reduced},
       {Op::kReshape, reshape, operand_unreduced, keep_reduced},
       {Op::kSlice, slice, keep_unreduced, keep_reduced},
+      {Op::kRev, rev},  // lax.py: rev_p has no ur_rule
       {Op::kConcatenate, concatenate, concatenate_unreduced, concatenate_reduced},
       {Op::kDynamicSlice, dynamic_slice, nullptr, keep_reduced},  // slicing.py's _dynamic_slice_ur_rule
       {Op::kDynamicUpdateSlice, dynamic_update_slice, dynamic_update_slice_unreduced, dynamic_update_slice_reduced},

@@ -1,4 +1,4 @@
-// VJPs of the layout ops (broadcast_in_dim, reshape, transpose, slice, concatenate) and of
+// VJPs of the layout ops (broadcast_in_dim, reshape, transpose, slice, rev, concatenate) and of
 // sharding_constraint: each moves the cotangent back the way the op moved elements.
 #include <algorithm>
 
@@ -96,7 +96,7 @@ absl::Span<const VjpEntry> layout_vjps() {
          bool padded = false;
          for (size_t d = 0; d < s.start.size(); ++d) {
            const int64_t n = a.g.shape()[d], dim = a.x[0].shape()[d], stride = s.stride(d);
-           if (spread && stride > 1 && s.start[d] < stride && dim % stride == 0 && dim / stride == n) {
+           if (spread && stride > 1 && s.aligned(d, dim, n)) {
              Shape runs = gx.shape();
              runs.insert(runs.begin() + static_cast<int64_t>(d) + 1, 1);
              std::vector<PadDim> around(runs.size(), PadDim{0, 0, 0});
@@ -112,6 +112,13 @@ absl::Span<const VjpEntry> layout_vjps() {
            padded |= gx.shape()[d] != dim;
          }
          a.add(0, padded ? pad(gx, zero, config) : gx);
+         return absl::OkStatus();
+       }},
+      // lax.rev is linear and its own transpose (lax.py: ad.deflinear2(rev_p, ... rev(t,
+      // dimensions))): the cotangent reversed along the same dimensions.
+      {Op::kRev,
+       [](const VjpArgs& a) {
+         a.add(0, rev(a.g, a.node.attrs<ReduceAttrs>().axes));
          return absl::OkStatus();
        }},
       {Op::kConcatenate,

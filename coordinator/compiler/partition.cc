@@ -269,6 +269,21 @@ int emit_kernel(PartitionContext& c, int id, Op op, DType dtype, Shape shape, st
   return c.emit(std::move(inst));
 }
 
+int emit_collective(PartitionContext& c, int id, const CollectiveSpec& spec, std::vector<int> in, Axes axes,
+                    std::vector<int64_t> positions, DType dtype, Shape shape) {
+  Instruction inst;
+  inst.kind = Instruction::Kind::kCollective;
+  inst.in = std::move(in);
+  inst.value = id;
+  inst.cause = c.cause(id);
+  inst.node.dtype = dtype;
+  inst.node.shape = std::move(shape);
+  inst.collective = spec;
+  inst.axes = std::move(axes);
+  inst.positions = std::move(positions);
+  return c.emit(std::move(inst));
+}
+
 int emit_first_device_term(PartitionContext& c, int id, int slot, const Axes& axes, DType dtype, const Shape& shape) {
   const int position = emit_block_start(c, id, axes, 1, DType::kI32);
   const int zero = emit_kernel(c, id, Op::kConstant, DType::kI32, {}, {}, ConstantAttrs{Scalar(0)});

@@ -1,7 +1,7 @@
 // Sharding rules: how each op's layouts follow one another during propagation
 // (propagate.cc), registered per op family, each family in its own file (rules_*.cc):
 //   rules_elementwise.cc  constant, iota, unary, binary, comparisons, select, convert
-//   rules_layout.cc       broadcast_in_dim, reshape, transpose, slice, concatenate
+//   rules_layout.cc       broadcast_in_dim, reshape, transpose, slice, concatenate, rev
 //   rules_reduction.cc    reduce_{sum,max,min,prod}, argmax
 //   rules_dot.cc          dot_general
 //   rules_placement.cc    parameter, sharding_constraint, sharding_as, shard_map and its collectives
@@ -118,6 +118,11 @@ absl::Status partition_kernel(PartitionContext& c, int id);
 // cause); returns its slot. For the local arithmetic a handler adds around a node's kernel.
 int emit_kernel(PartitionContext& c, int id, Op op, DType dtype, Shape shape, std::vector<int> in,
                 Attrs attributes = NoAttrs{});
+// A collective `spec` on slots `in` over the replica groups of mesh `axes` (a permute's
+// (source, target) `positions` along them, in pairs), giving a (dtype, local shape) value,
+// emitted for node `id`; returns its slot. Each device resolves the groups and pairs.
+int emit_collective(PartitionContext& c, int id, const CollectiveSpec& spec, std::vector<int> in, Axes axes,
+                    std::vector<int64_t> positions, DType dtype, Shape shape);
 // The position of this device's block along a dimension split over mesh `axes` whose blocks
 // hold `block` elements: axis_index(axes) * block, a scalar of `dtype` (each device resolves
 // axis_index). REQUIRES: axes is not empty; dtype is numeric.

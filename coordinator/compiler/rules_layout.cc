@@ -1,5 +1,6 @@
 // Sharding rules of the layout ops: a split moves with the dimension it is on, and is gathered
-// first where the op cuts, joins or stretches that dimension; slice's partition handler.
+// first where the op cuts, joins or stretches that dimension; slice's and rev's partition
+// handlers.
 #include "absl/status/status.h"
 #include "coordinator/compiler/rules.h"
 #include "core/status.h"
@@ -139,14 +140,10 @@ DimMap reshape_map(const Graph& g, const Node& n) {
 }
 
 // Whether dimension d is cut (slice) or joined along (concatenate). A slice leaves d uncut
-// when it keeps the same position `start` of every run of `stride` elements through the
-// whole dimension (start < stride, result * stride == operand: the whole dimension when the
-// stride is 1): a split of the operand into blocks of whole runs then keeps its split, each
-// device slicing its own block alike.
+// when it is aligned there (SliceAttrs::aligned: the whole dimension when the stride is 1).
 bool cut(const Graph& g, const Node& n, size_t d) {
   if (n.op != Op::kSlice) return static_cast<int64_t>(d) == n.attrs<ConcatAttrs>().axis;
-  const SliceAttrs& s = n.attrs<SliceAttrs>();
-  return s.start[d] >= s.stride(d) || n.shape[d] * s.stride(d) != g.node(n.operands[0]).shape[d];
+  return !n.attrs<SliceAttrs>().aligned(d, g.node(n.operands[0]).shape[d], n.shape[d]);
 }
 
 // slice, concatenate: dimensions that are cut or joined are gathered first, and so is a kept
@@ -194,6 +191,47 @@ absl::Status partition_slice(PartitionContext& c, int id) {
   return absl::OkStatus();
 }
 
+// rev: the result is laid out as the operand, a split reversed dimension included (JAX's
+// _rev_sharding_rule keeps the operand's sharding), and a pending sum passes through (rev is
+// linear).
+absl::Status rev(ShardingContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const ValueSharding q = c.of_or_replicated(n.operands[0]);
+  c.needs(id) = {q};
+  c.set(id, q.dims, q.partial, q.partial_op);
+  return absl::OkStatus();
+}
+
+// Each device reverses its own block; along a split reversed dimension the blocks must also
+// trade places: the device at position p along the dimension's mesh axes takes the block of
+// position n-1-p. Over the axes of every split reversed dimension together that is one
+// collective_permute, p to N-1-p (reversing each axis's digit of a mixed-radix position
+// reverses the whole position), never a gather. An unsplit reversed dimension is local.
+absl::Status partition_rev(PartitionContext& c, int id) {
+  const Node& n = c.graph().node(id);
+  const ValueSharding& result = c.propagation().result[id];
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
+  Instruction inst = c.local_kernel(id, in);
+  const Shape block = inst.node.shape;
+  int slot = c.emit(std::move(inst));
+  Axes moved;
+  for (int64_t d : n.attrs<ReduceAttrs>().axes) {
+    for (const std::string& a : result.dims[d]) {
+      if (c.mesh().axes_size({a}) > 1) moved.push_back(a);
+    }
+  }
+  const int64_t devices = c.mesh().axes_size(moved);
+  if (devices > 1) {
+    std::vector<int64_t> positions;
+    for (int64_t p = 0; p < devices; ++p) positions.insert(positions.end(), {p, devices - 1 - p});
+    CollectiveSpec permute;
+    permute.kind = CollectiveKind::kCollectivePermute;
+    slot = emit_collective(c, id, permute, {slot}, std::move(moved), std::move(positions), n.dtype, block);
+  }
+  c.bind(id, slot);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Span<const ShardingRuleEntry> layout_rules() {
@@ -203,6 +241,7 @@ absl::Span<const ShardingRuleEntry> layout_rules() {
       {Op::kReshape, {reshape, reshape_map}},
       {Op::kSlice, {slice_or_concatenate, slice_or_concatenate_map, false, partition_slice}},
       {Op::kConcatenate, {slice_or_concatenate, slice_or_concatenate_map}},
+      {Op::kRev, {rev, identity_map, false, partition_rev}},
   };
   return kRules;
 }

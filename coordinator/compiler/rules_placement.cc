@@ -146,17 +146,10 @@ absl::Status partition_as_operand(PartitionContext& c, int id) {
 absl::Status partition_collective(PartitionContext& c, int id) {
   const Node& n = c.graph().node(id);
   TESSERA_ASSIGN_OR_RETURN(std::vector<int> in, c.operands_as_needed(id));
-  Instruction inst;
-  inst.kind = Instruction::Kind::kCollective;
-  inst.in = in;
-  inst.value = id;
-  inst.cause = c.cause(id);
-  inst.node.dtype = n.dtype;
-  inst.node.shape = NamedSharding(c.mesh(), c.propagation().result[id].spec()).shard_shape(n.shape);
-  inst.collective = collective_of(n);
-  inst.axes = n.attrs<CollectiveAttrs>().axes;
-  if (n.op == Op::kCollectivePermute) inst.positions = n.attrs<CollectiveAttrs>().positions;
-  c.bind(id, c.emit(std::move(inst)));
+  const CollectiveAttrs& attrs = n.attrs<CollectiveAttrs>();
+  c.bind(id, emit_collective(c, id, collective_of(n), std::move(in), attrs.axes,
+                             n.op == Op::kCollectivePermute ? attrs.positions : std::vector<int64_t>{}, n.dtype,
+                             NamedSharding(c.mesh(), c.propagation().result[id].spec()).shard_shape(n.shape)));
   return absl::OkStatus();
 }
 

@@ -192,6 +192,7 @@ void bind_ops(py::module_& m) {
     return on_mesh(std::move(mesh), [&] { return matmul(a, b, spec); });
   });
   m.def("slice", &slice, py::arg("x"), py::arg("start"), py::arg("limit"), py::arg("strides") = std::vector<int64_t>{});
+  m.def("rev", &rev, py::arg("x"), py::arg("dimensions"));
   m.def("concatenate", &concatenate);
   m.def("iota", static_cast<Value (*)(DType, Shape, int64_t)>(&iota));
   m.def("full", static_cast<Value (*)(Shape, double, DType)>(&full));

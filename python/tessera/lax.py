@@ -250,6 +250,13 @@ def slice(operand, start_indices, limit_indices, strides=None):
                           [] if strides is None else list(strides)))
 
 
+@_op
+def rev(operand, dimensions):
+    """lax.rev: operand with each of `dimensions` (distinct, in [0, ndim)) reversed; the result
+    keeps the operand's sharding (lax.py's _rev_sharding_rule)."""
+    return _wrap(_t.rev(_tracer(operand)._v, [int(d) for d in dimensions]))
+
+
 def concatenate(operands, dimension):
     return _concatenate(operands, axis=dimension)
 

@@ -918,9 +918,10 @@ def _getitem(x, idx):
     """x[idx] as jnp indexes: ints, slices, None, ..., integer index arrays and boolean masks
     (_expand_bool_indices); unit-step slices, ints and one index array (an embedding lookup,
     x[:, ids]) are a slice and the SDK's at().get() on the sliced x; slices of positive steps
-    beside ints and slices are lax.slice's strides (JAX's rewriting_take: to_static_slice), of
-    negative steps a slice and one gather of their dimensions (no lax.rev yet), anything else
-    (two index arrays, a strided slice beside an index array, a boolean scalar) one gather
+    beside ints and slices are lax.slice's strides (JAX's rewriting_take: to_static_slice), and
+    of negative steps the same: to_static_slice's slice of their elements in increasing order
+    (stride |step|), then one lax.rev of those dimensions (_static_slice), anything else (two
+    index arrays, a strided slice beside an index array, a boolean scalar) one gather
     (_index_gather). An index array's out-of-range entries clamp and
     negative ones count from the end (JAX's "Out-of-bounds indexing" in the sharp bits:
     retrieval clamps). Where numpy's advanced indexing puts the index array's dimensions first
@@ -928,12 +929,12 @@ def _getitem(x, idx):
     idx = _expand_bool_indices(x, idx)
     expanded = _expand_index(x, idx)
     start, limit, strides, out_shape, d = [], [], [], [], 0
-    array_pos, array_index, stepped, strided = None, None, False, {}
+    array_pos, array_index, stepped, rev_axes = None, None, False, []
     for k, i in enumerate(expanded):
         if i is None:
             out_shape.append(1)
             continue
-        if isinstance(i, bool) or strided and not (isinstance(i, slice) or _is_int(i)):
+        if isinstance(i, bool):
             return _index_gather(x, idx, "clip", None, True, False)
         size = x.shape[d]
         if isinstance(i, (list, tuple)):
@@ -943,12 +944,17 @@ def _getitem(x, idx):
             if step != 1 and array_index is not None:
                 return _index_gather(x, idx, "clip", None, True, False)
             stepped = stepped or step != 1
-            if step < 0:  # whole here, then gathered: strided[position in out] = the slice
-                strided[len(out_shape)] = i
-                s, n, step = 0, size, 1
-            # n elements from s, `step` apart: limit one past the last (to_static_slice's max(start, stop)
-            # gives the same length).
-            start.append(s), limit.append(s + (n - 1) * step + 1 if n else s), strides.append(step)
+            if step < 0:
+                # to_static_slice: the same elements from the lowest (new_start), |step| apart,
+                # limit max(new_start, start + 1), then reversed (_static_slice's lax.rev).
+                e = i.indices(size)[1]
+                lowest = builtins.min(size, e + 1 + builtins.abs(s - e - 1) % -step)
+                start.append(lowest), limit.append(builtins.max(lowest, s + 1)), strides.append(-step)
+                rev_axes.append(d)
+            else:
+                # n elements from s, `step` apart: limit one past the last (to_static_slice's
+                # max(start, stop) gives the same length).
+                start.append(s), limit.append(s + (n - 1) * step + 1 if n else s), strides.append(step)
             out_shape.append(n)
         elif _is_int(i):
             j = int(i) + size if i < 0 else int(i)
@@ -966,13 +972,10 @@ def _getitem(x, idx):
                                       "None, ... and integer index arrays")
         d += 1
     out = _wrap(_t.slice(x._v, start, limit, strides))
+    if rev_axes:
+        out = _wrap(_t.rev(out._v, rev_axes))
     if tuple(out_shape) != out.shape:
         out = reshape(out, out_shape)
-    if strided:
-        # The slice's sharding rule for the rest (JAX slices them all: _static_slice), then one
-        # gather of the negative-step dimensions, every window whole.
-        return _index_gather(out, tuple(strided.get(j, slice(None)) for j in range(out.ndim)), "clip", None, True,
-                             False)
     if array_index is None:
         return out
     out = _wrap(_t.at_get(out._v, _tracer(_int32_indices(array_index, index_to_gather=True))._v, array_pos))

@@ -480,6 +480,19 @@ def test_strided_slices_with_modes_ints_and_grad(table):
 STRIDED_MESHES = [((8,), ("a",)), ((4, 2), ("a", "b")), ((2, 4), ("a", "b"))]
 
 
+def _split_table(shape, names, axis_type):
+    """(spec, TABLE put on a mesh of `shape` with AxisType `axis_type`, split over 'a' on rows
+    and over 'b' (when the mesh has it) on columns)."""
+    from tessera.sharding import AxisType
+    mesh = tessera.make_mesh(shape, names, axis_types=(getattr(AxisType, axis_type),) * len(shape))
+    spec = P("a", None) if len(shape) == 1 else P("a", "b")
+    return spec, tessera.device_put(TABLE, NamedSharding(mesh, spec))
+
+
+def _padded(spec):
+    return tuple(spec) + (None,) * (2 - len(spec))
+
+
 @pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
 @pytest.mark.parametrize("shape,names", STRIDED_MESHES, ids=["8", "4x2", "2x4"])
 def test_positive_strides_are_a_strided_slice_keeping_the_split(shape, names, axis_type):
@@ -488,22 +501,43 @@ def test_positive_strides_are_a_strided_slice_keeping_the_split(shape, names, ax
     # _slice_sharding_rule (lax/slicing.py) keeps x's split where the result's dimension divides
     # by its mesh axes. Each device's block here is whole runs of the stride, so the program
     # moves nothing: no collective, where the gather of start + step * iota gathered the
-    # dimension. A negative step still takes the gather (no lax.rev yet), same values; on
-    # Explicit axes that gather refuses a split dimension, where JAX's lax.rev keeps it.
-    from tessera.sharding import AxisType
-    mesh = tessera.make_mesh(shape, names, axis_types=(getattr(AxisType, axis_type),) * len(shape))
-    spec = P("a", None) if len(shape) == 1 else P("a", "b")
-    x = tessera.device_put(TABLE, NamedSharding(mesh, spec))
+    # dimension. Negative steps: test_negative_steps_are_a_slice_then_rev_keeping_the_split.
+    spec, x = _split_table(shape, names, axis_type)
     f = tessera.jit(lambda x: (x[::2], x[1::2, 1::2], x[1:16:2, ..., ::2]))
     got = f(x)
     for g, w in zip(got, (TABLE[::2], TABLE[1::2, 1::2], TABLE[1:16:2, ..., ::2])):
         np.testing.assert_array_equal(np.asarray(g), w)
-        assert tuple(g.sharding.spec) + (None,) * (2 - len(g.sharding.spec)) == tuple(spec) + (None,) * (
-            2 - len(spec)), (g.sharding, f.as_text())
+        assert _padded(g.sharding.spec) == _padded(spec), (g.sharding, f.as_text())
     for collective in ("all_gather", "all_to_all", "collective_permute", "all_reduce"):
         assert collective not in f.as_text(), f.as_text()
-    if axis_type == "Auto":  # on Explicit axes the gather refuses the split indexed dimension
-        np.testing.assert_array_equal(np.asarray(tessera.jit(lambda x: x[::-2, 3:0:-1])(x)), TABLE[::-2, 3:0:-1])
+    np.testing.assert_array_equal(np.asarray(tessera.jit(lambda x: x[::-2, 3:0:-1])(x)), TABLE[::-2, 3:0:-1])
+
+
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+@pytest.mark.parametrize("shape,names", STRIDED_MESHES, ids=["8", "4x2", "2x4"])
+def test_negative_steps_are_a_slice_then_rev_keeping_the_split(shape, names, axis_type):
+    # Under jit JAX's rewriting_take takes a negative step as NDIndexer.to_static_slice says
+    # (jax/_src/numpy/indexing.py): the slice of the same elements from the lowest, stride
+    # |step|, then lax.rev of those dimensions (_static_slice). lax.rev keeps its operand's
+    # sharding (lax.py _rev_sharding_rule), and x[::-2] of a split 16 is the aligned x[1::2]:
+    # the result is split as x, values as numpy's, and the program permutes the blocks with no
+    # gather (JAX's XLA reverse of a sharded dimension moves them alike).
+    spec, x = _split_table(shape, names, axis_type)
+    f = tessera.jit(lambda x: (x[::-1], x[::-2], x[::-1, ::-1], lax.rev(x, (1,))))
+    got = f(x)
+    for g, w in zip(got, (TABLE[::-1], TABLE[::-2], TABLE[::-1, ::-1], TABLE[:, ::-1])):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    for g in got:
+        assert _padded(g.sharding.spec) == _padded(spec), (g.sharding, f.as_text())
+    only_split = tessera.jit(lambda x: (x[::-1], x[::-2]))
+    only_split(x)
+    assert "collective_permute" in only_split.as_text(), only_split.as_text()
+    for collective in ("all_gather", "all_to_all", "all_reduce"):
+        assert collective not in only_split.as_text(), only_split.as_text()
+    # x[11:1:-2] is x[3:12:2] reversed: 5 rows, which no split divides (JAX's slicing error on
+    # Explicit axes); on Auto axes the compiler gathers the dimension.
+    if axis_type == "Auto":
+        np.testing.assert_array_equal(np.asarray(tessera.jit(lambda x: x[11:1:-2])(x)), TABLE[11:1:-2])
 
 
 def test_strided_slice_errors_and_grad_as_jax():

@@ -1,7 +1,8 @@
 // lax.slice with strides (jax/_src/lax/slicing.py: slice, _slice_shape_rule,
-// _slice_sharding_rule, _slice_transpose_fancy, _slice_batching_rule) on (8), (4, 2) and
-// (2, 4) meshes of Auto and Explicit axes: values against host loops, the result's split, the
-// plan's collectives, JAX's errors, grad and vmap.
+// _slice_sharding_rule, _slice_transpose_fancy, _slice_batching_rule) and lax.rev
+// (jax/_src/lax/lax.py: rev, _rev_shape_rule, _rev_sharding_rule, _rev_batch_rule, its
+// deflinear2 transpose) on (8), (4, 2) and (2, 4) meshes of Auto and Explicit axes: values
+// against host loops, the result's split, the plan's collectives, JAX's errors, grad and vmap.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -47,6 +48,26 @@ class SliceTest : public jit_support::LocalJitSuite {
       }
     }
     return out;
+  }
+  // Numpy's x[::-1, :] (rows), x[:, ::-1] (cols) or both of a rank-2 row-major x, by loops.
+  static std::vector<double> host_rev(const HostArray& x, bool rows, bool cols) {
+    const int64_t m = x.shape()[0], n = x.shape()[1];
+    std::vector<double> out;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j)
+        out.push_back(x.element_as_double((rows ? m - 1 - i : i) * n + (cols ? n - 1 - j : j)));
+    }
+    return out;
+  }
+  static void expect_no_collective_but_permute(const std::string& program, bool permute) {
+    for (const char* collective : {"all_gather", "all_to_all", "all_reduce", "reduce_scatter"}) {
+      EXPECT_THAT(program, ::testing::Not(HasSubstr(collective))) << program;
+    }
+    if (permute) {
+      EXPECT_THAT(program, HasSubstr("collective_permute")) << program;
+    } else {
+      EXPECT_THAT(program, ::testing::Not(HasSubstr("collective_permute"))) << program;
+    }
   }
 };
 
@@ -208,6 +229,120 @@ TEST_F(SliceTest, VmapSlicesEachExample) {
   }))({put_on(*auto_mesh_, xs, P("data", None))});
   ASSERT_TRUE(got.ok()) << got.status();
   expect_near(fetch((*got)[0]), host_slice(xs, {0, 2}, {4, 9}, {1, 3}), 0);
+}
+
+struct RevCase {
+  const char* name;
+  Dims dims;
+  bool rows, cols;
+};
+
+// lax.rev keeps the operand's sharding (_rev_sharding_rule), a split reversed dimension
+// included: each device reverses its block and the blocks trade places (position p along the
+// dimension's axes takes n-1-p's), one collective_permute and never a gather. Reversing an
+// unsplit dimension is local. Values against numpy's x[::-1] by loops, on every mesh and mode.
+TEST_F(SliceTest, RevKeepsTheSplitAndPermutesTheBlocks) {
+  const HostArray x = random_f32({16, 8}, 6);
+  const std::vector<RevCase> cases = {
+      {"rev(x, {0})", {0}, true, false},
+      {"rev(x, {1})", {1}, false, true},
+      {"rev(x, {1, 0})", {1, 0}, true, true},
+      {"rev(x, {})", {}, false, false},
+  };
+  for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
+    for (const Mesh& mesh : meshes(type)) {
+      for (const RevCase& c : cases) {
+        for (const PartitionSpec& spec : {split_spec(mesh), P(None, mesh.axis_names().back())}) {
+          SCOPED_TRACE(absl::StrCat(c.name, " of x split as ", spec.to_string(), " on ", mesh.to_string()));
+          Jitted f = jit([&](const std::vector<Value>& in) { return std::vector<Value>{rev(in[0], c.dims)}; });
+          absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, spec)});
+          ASSERT_TRUE(got.ok()) << got.status();
+          expect_near(fetch((*got)[0]), host_rev(x, c.rows, c.cols), 0);
+          EXPECT_EQ((*got)[0].sharding().spec(), spec);
+          const bool split_reversed = (c.rows && !spec.dims()[0].empty()) || (c.cols && !spec.dims()[1].empty());
+          expect_no_collective_but_permute(f.as_text(), split_reversed);
+        }
+      }
+    }
+  }
+}
+
+// jnp's x[::-2] under jit (jax/_src/numpy/indexing.py NDIndexer.to_static_slice and
+// _static_slice): the slice of the same rows from the lowest, x[1:16:2], then lax.rev of the
+// dimension. On a split dimension the slice is aligned (each device keeps its block's odd
+// rows) and the rev permutes the blocks: the split is kept and nothing is gathered. x[5:1:-2]
+// is x[3:6:2] reversed: rows 5 and 3.
+TEST_F(SliceTest, NegativeStepIsASliceThenRevKeepingTheSplit) {
+  const HostArray x = random_f32({16, 8}, 7);
+  std::vector<double> want;
+  for (int64_t i = 15; i >= 0; i -= 2) {
+    for (int64_t j = 0; j < 8; ++j) want.push_back(x.element_as_double(i * 8 + j));
+  }
+  for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
+    for (const Mesh& mesh : meshes(type)) {
+      SCOPED_TRACE(mesh.to_string());
+      Jitted f = jit([](const std::vector<Value>& in) {
+        return std::vector<Value>{rev(slice(in[0], {1, 0}, {16, 8}, {2, 1}), {0}),
+                                  rev(slice(in[0], {3, 0}, {6, 8}, {2, 1}), {0})};
+      });
+      const PartitionSpec spec = P("a", None);
+      absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, spec)});
+      ASSERT_TRUE(got.ok()) << got.status();
+      expect_near(fetch((*got)[0]), want, 0);
+      EXPECT_EQ((*got)[0].sharding().spec(), spec);
+      std::vector<double> five_three = host_slice(x, {5, 0}, {6, 8}, {1, 1});
+      const std::vector<double> three = host_slice(x, {3, 0}, {4, 8}, {1, 1});
+      five_three.insert(five_three.end(), three.begin(), three.end());
+      expect_near(fetch((*got)[1]), five_three, 0);
+      EXPECT_THAT(f.as_text(), HasSubstr("collective_permute")) << f.as_text();
+    }
+  }
+}
+
+// grad of rev is rev of the cotangent (lax.py: ad.deflinear2(rev_p, lambda t, ...: [rev(t,
+// dimensions)])): d/dx sum(rev(x, {0, 1}) * w) is w reversed along both, x split on both.
+TEST_F(SliceTest, GradOfRevReversesTheCotangent) {
+  const HostArray x = random_f32({16, 8}, 8);
+  const HostArray w = random_f32({16, 8}, 9);
+  for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
+    for (const Mesh& mesh : meshes(type)) {
+      SCOPED_TRACE(mesh.to_string());
+      absl::StatusOr<std::vector<Array>> got = jit(grad([](const std::vector<Value>& in) {
+        return std::vector<Value>{sum(rev(in[0], {0, 1}) * in[1])};
+      }))({put_on(mesh, x, split_spec(mesh)), put_on(mesh, w, split_spec(mesh))});
+      ASSERT_TRUE(got.ok()) << got.status();
+      expect_near(fetch((*got)[0]), host_rev(w, true, true), 0);
+      EXPECT_EQ((*got)[0].sharding().spec(), split_spec(mesh));
+    }
+  }
+}
+
+// vmap of rev reverses each example along its own dimension (_rev_batch_rule shifts the
+// dimensions past the batch dimension): rev(x, {0}) of each row is the row reversed.
+TEST_F(SliceTest, VmapRevReversesEachExample) {
+  const HostArray xs = random_f32({4, 9}, 10);
+  absl::StatusOr<std::vector<Array>> got = jit(vmap([](const std::vector<Value>& in) {
+    return std::vector<Value>{rev(in[0], {0})};
+  }))({put_on(*auto_mesh_, xs, P("data", None))});
+  ASSERT_TRUE(got.ok()) << got.status();
+  expect_near(fetch((*got)[0]), host_rev(xs, false, true), 0);
+}
+
+// _rev_shape_rule: the dimensions unique ("rev dimensions must be unique") and below the
+// operand's rank.
+TEST_F(SliceTest, RevErrorsAreJaxs) {
+  const HostArray x = random_f32({6, 5}, 11);
+  auto run = [&](Dims dims) {
+    return jit([=](const std::vector<Value>& in) { return std::vector<Value>{rev(in[0], dims)}; })(
+        {put_on(*auto_mesh_, x, P())});
+  };
+  absl::StatusOr<std::vector<Array>> twice = run({1, 1});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(twice.status().message()), HasSubstr("rev of f32[6,5] along {1,1}: axis 1 appears twice"));
+  absl::StatusOr<std::vector<Array>> outside = run({2});
+  ASSERT_FALSE(outside.ok());
+  EXPECT_THAT(std::string(outside.status().message()), HasSubstr("axis 2 is out of range for rank 2"));
 }
 
 }  // namespace

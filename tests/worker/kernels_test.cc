@@ -956,6 +956,49 @@ TEST(Kernels, Slice) {
   }
 }
 
+// lax.rev (jax/_src/lax/lax.py rev_p, XLA's Rev): element i of a reversed dimension of size n
+// is the operand's n-1-i, checked against a host loop for rank 0, 1 and 3, one and several
+// dimensions (given unsorted: the graph sorts them), none, and empty dimensions.
+TEST(Kernels, RevMatchesAHostLoop) {
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> dims;
+  };
+  const std::vector<Case> cases = {
+      {{}, {}},         {{7}, {0}},          {{7}, {}},           {{2, 3, 4}, {0}},
+      {{2, 3, 4}, {1}}, {{2, 3, 4}, {2}},    {{2, 3, 4}, {2, 0}}, {{2, 3, 4}, {0, 1, 2}},
+      {{3, 0, 2}, {1}}, {{3, 0, 2}, {0, 2}}, {{0}, {0}},          {{5, 1, 3}, {1, 2}},
+  };
+  std::mt19937 rng(11);
+  for (DType dtype : kSweptDTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(trace(Op::kRev, dtype, c.shape), " along {", absl::StrJoin(c.dims, ","), "}"));
+      Graph g;
+      const Node node = node_of(g, g.add_rev(g.add_parameter(dtype, c.shape), c.dims));
+      const HostArray x = random_array(dtype, c.shape, rng);
+      Expected want{dtype, c.shape, {}, {}};
+      for (int64_t i = 0; i < num_elements(c.shape); ++i) {
+        std::vector<int64_t> from = unravel(i, c.shape);
+        for (int64_t d : c.dims) from[d] = c.shape[d] - 1 - from[d];
+        want.values.push_back(x.element_as_double(ravel(from, c.shape)));
+      }
+      expect_matches(run(node, {&x}), want);
+    }
+  }
+}
+
+// _rev_shape_rule: "rev dimensions must be unique" and all less than the operand's rank.
+TEST(Kernels, RevRefusesRepeatedOrOutOfRangeDimensions) {
+  Graph g;
+  const int x = g.add_parameter(DType::kF32, {2, 3});
+  EXPECT_EQ(g.add_rev(x, {1, 1}).status(),
+            absl::InvalidArgumentError("rev of f32[2,3] along {1,1}: axis 1 appears twice"));
+  EXPECT_EQ(g.add_rev(x, {2}).status(),
+            absl::InvalidArgumentError("rev of f32[2,3] along {2}: axis 2 is out of range for rank 2"));
+  EXPECT_EQ(g.add_rev(x, {-1}).status(),
+            absl::InvalidArgumentError("rev of f32[2,3] along {-1}: axis -1 is out of range for rank 2"));
+}
+
 TEST(Kernels, Concatenate) {
   struct Case {
     std::vector<Shape> shapes;

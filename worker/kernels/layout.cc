@@ -1,5 +1,6 @@
 // Layout kernels: ops that move elements without computing on them. broadcast_in_dim,
-// transpose and slice are each one strided gather; reshape is a copy; concatenate copies rows.
+// transpose, slice and rev are each one strided gather (rev's steps negative); reshape is a
+// copy; concatenate copies rows.
 #include <cstring>
 
 #include "worker/kernels/internal.h"
@@ -30,7 +31,9 @@ void gather_fixed(const std::byte* src, int64_t offset, const Shape& shape, cons
     if (inner_stride == 1) {
       std::memcpy(dst, in, static_cast<size_t>(inner) * kSize);
     } else {
-      for (int64_t j = 0; j < inner; ++j) std::memcpy(dst + j * kSize, in + j * inner_stride * kSize, kSize);
+      // Signed: rev's steps are negative.
+      const int64_t step = inner_stride * static_cast<int64_t>(kSize);
+      for (int64_t j = 0; j < inner; ++j) std::memcpy(dst + j * kSize, in + j * step, kSize);
     }
     dst += inner * static_cast<int64_t>(kSize);
     for (size_t d = rank - 1; d-- > 0;) {
@@ -117,6 +120,21 @@ HostArray slice_kernel(const Node& node, const HostArray& x) {
   return out;
 }
 
+// lax.rev: the gather from each reversed dimension's last element, stepping back.
+HostArray rev_kernel(const Node& node, const HostArray& x) {
+  HostArray out(node.dtype, node.shape);
+  std::vector<int64_t> x_strides = row_major_strides(x.shape());
+  int64_t offset = 0;
+  for (int64_t d : node.attrs<ReduceAttrs>().axes) {
+    const size_t k = static_cast<size_t>(d);
+    if (x.shape()[k] == 0) return out;  // nothing to read (and no last element to start from)
+    offset += (x.shape()[k] - 1) * x_strides[k];
+    x_strides[k] = -x_strides[k];
+  }
+  gather(x.data(), dtype_size(x.dtype()), offset, node.shape, x_strides, out.data());
+  return out;
+}
+
 HostArray concatenate_kernel(const Node& node, const std::vector<const HostArray*>& xs) {
   HostArray out(node.dtype, node.shape);
   if (out.size() == 0) return out;
@@ -154,6 +172,8 @@ absl::Span<const KernelEntry> layout_kernels() {
        [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return slice_kernel(n, *xs[0]); }},
       {Op::kConcatenate, Backend::kCpu,
        [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return concatenate_kernel(n, xs); }},
+      {Op::kRev, Backend::kCpu,
+       [](const Node& n, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return rev_kernel(n, *xs[0]); }},
       // Placement only: the operand's value (where it lives is the caller's business).
       {Op::kShardingConstraint, Backend::kCpu,
        [](const Node&, Operands xs, std::byte*) -> absl::StatusOr<HostArray> { return xs[0]->clone(); }},

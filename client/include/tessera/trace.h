@@ -290,6 +290,10 @@ Value matmul(const Value& lhs, const Value& rhs, const PartitionSpec& out_shardi
 // its mesh axes (_slice_sharding_rule). xs joined along `axis`, agreeing in dtype and in every
 // other dimension.
 Value slice(const Value& x, std::vector<int64_t> start, std::vector<int64_t> limit, std::vector<int64_t> strides = {});
+// lax.rev: x with each of `dimensions` reversed (element i of a dimension of size n is x's
+// n-1-i there); distinct dimensions in [0, rank), else INVALID_ARGUMENT (_rev_shape_rule). The
+// result keeps x's sharding (_rev_sharding_rule); grad reverses the cotangent.
+Value rev(const Value& x, std::vector<int64_t> dimensions);
 Value concatenate(const std::vector<Value>& xs, int64_t axis);
 
 // Indexing with an integer (int32 or int64) index array along one dimension, as JAX. The result
