@@ -48,8 +48,9 @@ namespace tessera {
 // run's: a worker of 27 sends none. 29: a put's fan-out carries the client's random run tag (ShardFanOut.run_tag),
 // and a notice of lost ops the tag of each (ExchangeMessage.lost_op_tags); a worker refuses a run, collective, reshard
 // or fan-out of tag 0 and ignores a notice whose tag is not its op's run's: a worker of 28 sends tag 0 and untagged
-// notices. 30: SliceAttrs.strides (lax.slice's strides), which a worker of 29 would ignore.)
-inline constexpr uint32_t kProtocolVersion = 30;
+// notices. 30: SliceAttrs.strides (lax.slice's strides), which a worker of 29 would ignore. 31: GatherAttrs.batch_dims
+// (a batched one-axis gather / scatter), which a worker of 30 would ignore.)
+inline constexpr uint32_t kProtocolVersion = 31;
 inline constexpr uint64_t kOpTableDigest = 0x948798240556195c;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).
