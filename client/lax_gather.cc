@@ -210,6 +210,67 @@ Addressing make_addressing(const Value& x, Dims window, Dims mapped, Dims collap
   return a;
 }
 
+// A lax gather / scatter that is the one-axis op with batch dimensions (GatherAttrs.batch_dims):
+// the operand's batching dimensions (at least one) are its first n, paired in order with the indices' first n;
+// exactly one mapped dimension `axis` is cut, to a window of 1 (collapsed or not), and every other
+// dimension is taken whole (a mapped one then has start 0 only: clamped to it when `clamps`, and
+// refused here otherwise, as its fill / drop would need a check). Then each example reads
+// (writes) one element per query along `axis`, exactly as the folded form, with no transpose of
+// the operand and no linear index: a per-example KV-cache read or write x[B,H,T,D] at t[B]
+// (vmap of dynamic_slice / dynamic_update_slice) stays local to the batch's split on any axes.
+struct BatchedTake {
+  int64_t axis = 0, batch_dims = 0, component = 0;  // component: which index addresses `axis`
+  bool keep_axis = false;                           // axis's window of 1 is a dimension of the result
+  int64_t queries = 0;                              // the indices' dimensions after the batch, before the vector
+
+  // Where operand dimension d (windowed) and index dimension b (not the vector) lie in the one-axis
+  // op's result (updates), with axis's window of 1 kept after X[:axis] when keep_axis.
+  int64_t operand_position(int64_t d) const {
+    return d <= axis ? d : axis + (keep_axis ? 1 : 0) + queries + (d - axis - 1);
+  }
+  int64_t index_position(int64_t b) const { return b < batch_dims ? b : axis + (keep_axis ? 1 : 0) + (b - batch_dims); }
+};
+
+std::optional<BatchedTake> batched_take(const Shape& xs, const Shape& is, const Dims& window, const Dims& mapped,
+                                        const Dims& collapsed, const Dims& batching, const Dims& indices_batching,
+                                        bool clamps) {
+  const int64_t n = static_cast<int64_t>(batching.size()), rank = static_cast<int64_t>(xs.size());
+  if (n == 0) return std::nullopt;  // jnp.take's forms keep the folded path
+  for (int64_t k = 0; k < n; ++k) {
+    if (batching[k] != k || indices_batching[k] != k || window[k] != 1) return std::nullopt;
+  }
+  BatchedTake t{-1, n, 0, false, static_cast<int64_t>(is.size()) - 1 - n};
+  for (size_t k = 0; k < mapped.size(); ++k) {
+    const int64_t d = mapped[k];
+    if (window[d] == xs[d]) continue;
+    if (t.axis >= 0 || window[d] != 1) return std::nullopt;
+    t.axis = d;
+    t.component = static_cast<int64_t>(k);
+  }
+  if (t.axis < 0 || (!clamps && mapped.size() != 1)) return std::nullopt;
+  for (int64_t d = n; d < rank; ++d) {
+    if (d != t.axis && window[d] != xs[d]) return std::nullopt;
+  }
+  t.keep_axis = !contains(collapsed, t.axis);
+  return t;
+}
+
+// The indices' component that addresses t.axis, without the index vector dimension.
+Value take_component(const Value& indices, const BatchedTake& t) {
+  const Shape& is = indices.shape();
+  std::vector<int64_t> start(is.size(), 0), limit(is.begin(), is.end());
+  start.back() = t.component;
+  limit.back() = t.component + 1;
+  return reshape(slice(indices, start, limit), Shape(is.begin(), is.end() - 1));
+}
+
+// The one-axis op's result shape with axis's window of 1 kept (keep_axis), and without it.
+Shape kept_shape(const Value& g, const BatchedTake& t) {
+  Shape shape = g.shape();
+  if (t.keep_axis) shape.insert(shape.begin() + t.axis, 1);
+  return shape;
+}
+
 // The linear index into the folded dimensions, of shape B + (window of each windowed linear
 // dimension), B the indices' batch shape: sum over the linear dimensions of (start + offset) *
 // stride. kClip clamps each start to [0, dim - window]; kFillOrDrop (and kOneHot, for a
@@ -509,6 +570,30 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
     if (blocks.has_value()) return *blocks;
   }
   if (check_only) return x;
+  // Promised in bounds drops as XLA; ONE_HOT drops too.
+  const bool clamps = mode == GatherScatterMode::kClip;
+  std::optional<BatchedTake> bt =
+      combine_op <= Combine::kSub
+          ? batched_take(xs, is, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
+                         dn.operand_batching_dims, dn.scatter_indices_batching_dims, clamps)
+          : std::nullopt;
+  if (bt.has_value()) {
+    // The updates in the one-axis op's order (axis's window of 1 kept, then dropped).
+    Dims order(nu);
+    for (int64_t b = 0; b < ni - 1; ++b) order[bt->index_position(b)] = scatter_dims[b];
+    for (int64_t d = 0, k = 0; d < rank; ++d) {
+      if (contains(dn.inserted_window_dims, d) || contains(dn.operand_batching_dims, d)) continue;
+      order[bt->operand_position(d)] = dn.update_window_dims[k++];
+    }
+    Dims identity(nu);
+    std::iota(identity.begin(), identity.end(), 0);
+    Value u = order == identity ? updates : transpose(updates, order);
+    if (bt->keep_axis) u = squeeze(u, {bt->axis});
+    if (combine_op == Combine::kSub) u = -u;
+    const Value idx = take_component(indices, *bt);
+    const GatherAttrs attrs{bt->axis, clamps ? IndexMode::kClip : IndexMode::kFillOrDrop, std::nullopt, bt->batch_dims};
+    return combine_op == Combine::kSet ? scatter(x, idx, u, attrs) : scatter_add(x, idx, u, attrs);
+  }
   const Addressing a = make_addressing(x, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
                                        dn.operand_batching_dims, dn.scatter_indices_batching_dims);
   // The updates in the order of the one-axis op's: batch, windowed linear, free windows.
@@ -850,6 +935,24 @@ Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNum
     std::optional<Value> blocks = gather_by_batch_blocks(t, x, indices, dn, slice_sizes, mode, fill_value, &error);
     if (!error.empty()) return invalid(error);
     if (blocks.has_value()) return *blocks;
+  }
+  const bool clamps = mode != GatherScatterMode::kFillOrDrop;  // clip; promised in bounds clamps as XLA
+  if (std::optional<BatchedTake> bt = batched_take(xs, is, slice_sizes, dn.start_index_map, dn.collapsed_slice_dims,
+                                                   dn.operand_batching_dims, dn.start_indices_batching_dims, clamps)) {
+    const Value g =
+        gather(x, take_component(indices, *bt),
+               GatherAttrs{bt->axis, clamps ? IndexMode::kClip : IndexMode::kFillOrDrop, fill_value, bt->batch_dims});
+    if (!g.ok()) return Value();
+    // The result's dimensions: offset ones the windowed operand dimensions in order, the others
+    // the indices' in order.
+    Dims taken(out_rank);
+    for (int64_t o = 0, b = 0, k = 0; o < out_rank; ++o) {
+      taken[o] = contains(dn.offset_dims, o) ? bt->operand_position(offset_operand_dims[k++]) : bt->index_position(b++);
+    }
+    const Value kept = bt->keep_axis ? reshape(g, kept_shape(g, *bt)) : g;
+    Dims identity(out_rank);
+    std::iota(identity.begin(), identity.end(), 0);
+    return taken == identity ? kept : transpose(kept, taken);
   }
   const Value folded = fold_operand(x, a);
   // Promised in bounds: clamped as XLA does (see linear_index).

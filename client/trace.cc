@@ -761,20 +761,27 @@ Value concatenate(const std::vector<Value>& xs, int64_t axis) {
   return t->make(t->graph.add_concatenate(ids, normalize_axis(axis, xs[0].rank())));
 }
 
-Value gather(const Value& x, const Value& indices, int64_t axis, IndexMode mode, std::optional<Scalar> fill_value) {
+Value gather(const Value& x, const Value& indices, const GatherAttrs& attrs) {
   TraceState* t = TraceState::common({&x, &indices});
   if (t == nullptr) return Value();
-  return t->make(t->graph.add_gather(TraceState::id(x), TraceState::id(indices),
-                                     GatherAttrs{normalize_axis(axis, x.rank()), mode, fill_value}));
+  GatherAttrs a = attrs;
+  a.axis = normalize_axis(a.axis, x.rank());
+  return t->make(t->graph.add_gather(TraceState::id(x), TraceState::id(indices), std::move(a)));
+}
+
+Value gather(const Value& x, const Value& indices, int64_t axis, IndexMode mode, std::optional<Scalar> fill_value) {
+  return gather(x, indices, GatherAttrs{axis, mode, std::move(fill_value)});
 }
 
 namespace {
 
-Value scatter_op(Op op, const Value& x, const Value& indices, const Value& updates, int64_t axis, IndexMode mode) {
+Value scatter_op(Op op, const Value& x, const Value& indices, const Value& updates, const GatherAttrs& attrs) {
   TraceState* t = TraceState::common({&x, &indices, &updates});
   if (t == nullptr) return Value();
-  return t->make(t->graph.add_scatter(op, TraceState::id(x), TraceState::id(indices), TraceState::id(updates),
-                                      GatherAttrs{normalize_axis(axis, x.rank()), mode, std::nullopt}));
+  GatherAttrs a = attrs;
+  a.axis = normalize_axis(a.axis, x.rank());
+  return t->make(
+      t->graph.add_scatter(op, TraceState::id(x), TraceState::id(indices), TraceState::id(updates), std::move(a)));
 }
 
 // jnp's _normalize_index: an index in [-n, 0) counts from the end of a dimension of size n.
@@ -820,10 +827,16 @@ Value updates_for(const Value& x, const Value& indices, int64_t axis, const Valu
 }  // namespace
 
 Value scatter(const Value& x, const Value& indices, const Value& updates, int64_t axis, IndexMode mode) {
-  return scatter_op(Op::kScatter, x, indices, updates, axis, mode);
+  return scatter_op(Op::kScatter, x, indices, updates, GatherAttrs{axis, mode, std::nullopt});
 }
 Value scatter_add(const Value& x, const Value& indices, const Value& updates, int64_t axis, IndexMode mode) {
-  return scatter_op(Op::kScatterAdd, x, indices, updates, axis, mode);
+  return scatter_op(Op::kScatterAdd, x, indices, updates, GatherAttrs{axis, mode, std::nullopt});
+}
+Value scatter(const Value& x, const Value& indices, const Value& updates, const GatherAttrs& attrs) {
+  return scatter_op(Op::kScatter, x, indices, updates, attrs);
+}
+Value scatter_add(const Value& x, const Value& indices, const Value& updates, const GatherAttrs& attrs) {
+  return scatter_op(Op::kScatterAdd, x, indices, updates, attrs);
 }
 
 Value take(const Value& x, const Value& indices, int64_t axis, IndexMode mode, std::optional<Scalar> fill_value) {

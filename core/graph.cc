@@ -52,7 +52,8 @@ std::string text(const AxisIndexAttrs& a, Op) {
 
 std::string text(const GatherAttrs& a, Op) {
   return absl::StrCat(" dims={", a.axis, "} mode=", a.mode == IndexMode::kClip ? "clip" : "fill_or_drop",
-                      a.fill_value.has_value() ? " fill=" + a.fill_value->to_string() : "");
+                      a.fill_value.has_value() ? " fill=" + a.fill_value->to_string() : "",
+                      a.batch_dims != 0 ? absl::StrCat(" batch_dims=", a.batch_dims) : "");
 }
 std::string text(const DynamicSliceAttrs& a, Op) { return " sizes=" + dims_to_string(a.sizes); }
 std::string text(const RandomBitsAttrs& a, Op) { return " of=" + dims_to_string(a.shape) + (a.words ? " words" : ""); }

@@ -335,7 +335,7 @@ absl::Status check_index_dtype(const std::string& what, const ArrayType& indices
       absl::StrCat(what, ": indices are ", type_of(indices), "; they need int32 or int64"));
 }
 
-// X[:axis] + I + X[axis+1:]: a gather's result, a scatter's updates.
+// X[:axis] + I[batch_dims:] + X[axis+1:]: a gather's result, a scatter's updates.
 absl::StatusOr<Shape> indexed_shape(const std::string& what, const GatherAttrs& a, const ArrayType& x,
                                     const ArrayType& indices) {
   TESSERA_RETURN_IF_ERROR(check_index_dtype(what, indices));
@@ -343,11 +343,24 @@ absl::StatusOr<Shape> indexed_shape(const std::string& what, const GatherAttrs& 
   if (a.mode != IndexMode::kClip && a.mode != IndexMode::kFillOrDrop) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": unknown index mode ", static_cast<int>(a.mode)));
   }
+  const int64_t n = a.batch_dims;
+  if (n < 0 || n > a.axis || n > static_cast<int64_t>(indices.shape.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": batch_dims ", n, " must be in [0, min(axis ", a.axis,
+                                                   ", the indices' rank ", indices.shape.size(),
+                                                   ")]: the batch dimensions come before the indexed one"));
+  }
+  for (int64_t d = 0; d < n; ++d) {
+    if (x.shape[d] != indices.shape[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": batch dimension ", d, " has size ", x.shape[d],
+                                                     " in the operand and ", indices.shape[d],
+                                                     " in the indices; batch dimensions must be equal"));
+    }
+  }
   if (x.shape[a.axis] == 0 && num_elements(indices.shape) > 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", a.axis, " has size 0: nothing to index"));
   }
   Shape out(x.shape.begin(), x.shape.begin() + a.axis);
-  out.insert(out.end(), indices.shape.begin(), indices.shape.end());
+  out.insert(out.end(), indices.shape.begin() + n, indices.shape.end());
   out.insert(out.end(), x.shape.begin() + a.axis + 1, x.shape.end());
   TESSERA_RETURN_IF_ERROR(validate_shape(out, dtype_size(x.dtype), what));
   return out;
@@ -355,7 +368,8 @@ absl::StatusOr<Shape> indexed_shape(const std::string& what, const GatherAttrs& 
 
 absl::StatusOr<ArrayType> infer_gather(const Node& n, absl::Span<const ArrayType> in) {
   const GatherAttrs& a = n.attrs<GatherAttrs>();
-  const std::string what = absl::StrCat("gather of ", type_of(in[0]), " at ", type_of(in[1]), " along axis ", a.axis);
+  const std::string what = absl::StrCat("gather of ", type_of(in[0]), " at ", type_of(in[1]), " along axis ", a.axis,
+                                        a.batch_dims > 0 ? absl::StrCat(" with batch_dims ", a.batch_dims) : "");
   TESSERA_ASSIGN_OR_RETURN(Shape shape, indexed_shape(what, a, in[0], in[1]));
   if (a.fill_value.has_value() && a.mode != IndexMode::kFillOrDrop) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": a fill value needs the fill mode"));
@@ -369,8 +383,9 @@ absl::StatusOr<ArrayType> infer_gather(const Node& n, absl::Span<const ArrayType
 
 absl::StatusOr<ArrayType> infer_scatter(const Node& n, absl::Span<const ArrayType> in) {
   const GatherAttrs& a = n.attrs<GatherAttrs>();
-  const std::string what = absl::StrCat(op_name(n.op), " into ", type_of(in[0]), " at ", type_of(in[1]), " of ",
-                                        type_of(in[2]), " along axis ", a.axis);
+  const std::string what =
+      absl::StrCat(op_name(n.op), " into ", type_of(in[0]), " at ", type_of(in[1]), " of ", type_of(in[2]),
+                   " along axis ", a.axis, a.batch_dims > 0 ? absl::StrCat(" with batch_dims ", a.batch_dims) : "");
   TESSERA_ASSIGN_OR_RETURN(Shape shape, indexed_shape(what, a, in[0], in[1]));
   if (a.fill_value.has_value())
     return absl::InvalidArgumentError(absl::StrCat(what, ": a scatter takes no fill value"));

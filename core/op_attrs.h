@@ -146,11 +146,20 @@ enum class IndexMode : uint8_t { kClip, kFillOrDrop };
 // (a gather in kFillOrDrop mode only) is what an out-of-range index gives; unset, JAX's
 // default: NaN for floats, the lowest value for signed integers, true for bool
 // (default_fill_value).
+//
+// batch_dims = n (tf.gather's batch_dims, jnp.take_along_axis's matched dimensions): the first
+// n dimensions of x and of the indices are batch dimensions, of equal sizes, matched
+// elementwise: each example b reads (writes) only its own x[b] at its own indices[b]. Then
+// n <= axis and the shape is X[:a] + I[n:] + X[a+1:]: element (b, p, j, q) is
+// x[b, p, indices[b, j], q]. n = 0 is the form above. A per-example KV-cache read x[B,H,T,D]
+// at t[B] is gather(x, t, axis 2, batch_dims 1) -> (B, H, D): O(1) work per example, and a
+// split of the batch stays a split, each device reading its own examples.
 struct GatherAttrs {
   static constexpr const char* kName = "gather";
   int64_t axis = 0;
   IndexMode mode = IndexMode::kFillOrDrop;
   std::optional<Scalar> fill_value;
+  int64_t batch_dims = 0;
 };
 // dynamic_slice: the window's size along each dimension.
 struct DynamicSliceAttrs {

@@ -325,6 +325,7 @@ void attrs_to_proto(const GatherAttrs& a, pb::KernelNode* n) {
   w->set_mode(a.mode == IndexMode::kClip ? pb::INDEX_MODE_CLIP : pb::INDEX_MODE_FILL_OR_DROP);
   if (a.fill_value.has_value() && a.fill_value->is_integer()) w->set_fill_int(a.fill_value->int_value());
   if (a.fill_value.has_value() && !a.fill_value->is_integer()) w->set_fill_float(a.fill_value->float_value());
+  w->set_batch_dims(a.batch_dims);
 }
 void attrs_to_proto(const DynamicSliceAttrs& a, pb::KernelNode* n) {
   n->mutable_dynamic_slice()->mutable_sizes()->Assign(a.sizes.begin(), a.sizes.end());
@@ -477,6 +478,7 @@ absl::StatusOr<Attrs> attrs_from_proto(const pb::KernelNode& n, const std::strin
       }
       if (w.fill_value_case() == pb::GatherAttrs::kFillInt) out.fill_value = Scalar(w.fill_int());
       if (w.fill_value_case() == pb::GatherAttrs::kFillFloat) out.fill_value = Scalar(w.fill_float());
+      out.batch_dims = w.batch_dims();  // checked by the type rule
       return out;
     }
     case pb::KernelNode::kDynamicSlice:

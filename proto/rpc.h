@@ -51,8 +51,9 @@ namespace tessera {
 // notices. 30: SliceAttrs.strides (lax.slice's strides), which a worker of 29 would ignore. 31: the alive devices
 // travel in the RegisterWorker and Heartbeat replies (ClusterPeers), no longer in the tessera-peers trailer, whose
 // 8 KiB metadata bound held about a thousand devices; a worker of 30 cannot register with a coordinator of 31,
-// which checks the version exactly. 32: the rev op (OP_REV, lax.rev, ReduceAttrs).)
-inline constexpr uint32_t kProtocolVersion = 32;
+// which checks the version exactly. 32: the rev op (OP_REV, lax.rev, ReduceAttrs). 33: GatherAttrs.batch_dims (a
+// batched one-axis gather / scatter), which a worker of 32 would ignore.)
+inline constexpr uint32_t kProtocolVersion = 33;
 inline constexpr uint64_t kOpTableDigest = 0x4a21795196e7679d;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

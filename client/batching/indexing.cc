@@ -1,6 +1,6 @@
 // Batching the indexing ops. gather and scatter whose indices are the same for every example:
-// the indexed dimension one further on; with indices per example, lax's gather / scatter with
-// the batch dimension as a batching dimension of operand and indices (JAX's
+// the indexed dimension one further on; with indices per example, the one-axis op with the
+// batch as one more of its batch dimensions (GatherAttrs.batch_dims; JAX's
 // _gather_batching_rule does the same, with operand_batching_dims). dynamic_slice and dynamic_update_slice as JAX
 // batches them (jax/_src/lax/slicing.py, _dynamic_slice_batching_rule, _dynamic_update_slice_batching_rule): with the
 // same starts for every example, the op again with a start of 0 along the batch dimension; with starts that differ per
@@ -15,35 +15,33 @@
 namespace tessera::internal {
 namespace {
 
-// Indices per example (batch first): each example's x[..., indices, ...] (or its scatter) as one
-// lax.gather / scatter whose operand and indices share the batch dimension as a batching
-// dimension; the index vector is the indices with a trailing 1. The result keeps the one-axis
-// op's layout: batch, x's dimensions before the axis, the indices', x's after it.
+// Indices per example (batch first), or an op with batch dimensions of its own: the one-axis
+// op again with vmap's batch as one more batch dimension (GatherAttrs.batch_dims) of x, the
+// indices and the updates, so each example indexes its own x, O(1) per element as the example's
+// op, and a split of the batch stays (tf.gather's batch_dims; JAX's _gather_batching_rule
+// reaches the same through operand_batching_dims). A gather from an x shared by every example
+// (x unbatched, no batch dimensions) needs no batch dimension: it gathers at all examples'
+// indices and moves the batch, where the indices' dimensions land, to the front.
 absl::StatusOr<Value> batched_indices_rule(const BatchArgs& a) {
-  const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
-  const Value x = a.batched_operand(0);
-  const int64_t axis = attrs.axis + 1, ni = a.x[1].rank(), rank = x.rank();
-  Shape vec = a.x[1].shape();
-  vec.push_back(1);
-  const Value starts = reshape(a.x[1], vec);
-  std::vector<int64_t> window;  // where x's other dimensions land in the result
-  for (int64_t d = 1; d < rank; ++d) {
-    if (d != axis) window.push_back(d < axis ? d : d + ni - 2);
+  GatherAttrs attrs = a.node.attrs<GatherAttrs>();
+  if (a.node.op == Op::kGather && !a.batched[0] && attrs.batch_dims == 0) {
+    const Value gathered = gather(a.x[0], a.x[1], attrs);
+    std::vector<int64_t> perm = {attrs.axis};
+    for (int64_t d = 0; d < gathered.rank(); ++d) {
+      if (d != attrs.axis) perm.push_back(d);
+    }
+    return transpose(gathered, perm);
   }
-  if (a.node.op == Op::kGather) {
-    std::vector<int64_t> sizes = x.shape();
-    sizes[0] = sizes[axis] = 1;
-    return gather(x, starts, GatherDimensionNumbers{window, {axis}, {axis}, {0}, {0}}, sizes, attrs.mode,
-                  attrs.fill_value);
-  }
-  const ScatterDimensionNumbers dn{window, {axis}, {axis}, {0}, {0}};
+  attrs.axis += 1;
+  attrs.batch_dims += 1;
+  const Value x = a.batched_operand(0), indices = a.batched_operand(1);
+  if (a.node.op == Op::kGather) return gather(x, indices, attrs);
   const Value updates = a.batched_operand(2);
-  return a.node.op == Op::kScatterAdd ? scatter_add(x, starts, updates, dn, attrs.mode)
-                                      : scatter(x, starts, updates, dn, attrs.mode);
+  return a.node.op == Op::kScatterAdd ? scatter_add(x, indices, updates, attrs) : scatter(x, indices, updates, attrs);
 }
 
 absl::StatusOr<Value> indexing_rule(const BatchArgs& a) {
-  if (a.batched[1]) return batched_indices_rule(a);
+  if (a.batched[1] || a.node.attrs<GatherAttrs>().batch_dims > 0) return batched_indices_rule(a);
   Node n = a.node;
   n.attrs<GatherAttrs>().axis += 1;
   std::vector<Value> operands = {a.batched_operand(0), a.x[1]};

@@ -8,7 +8,9 @@
 // axes, a scatter_add keeps an operand and updates unreduced alike and refuses reduced ones, as
 // slicing.py's _gather_ur_rule and _scatter_ur_rule (scatter has none: it refuses both).
 #include <algorithm>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
@@ -81,6 +83,27 @@ TypeRuleResult random_bits(const TypeRuleCall& c) {
   return r;
 }
 
+// Why the first `batch_dims` dimensions of the named specs do not resolve (two of them split
+// differently), or "" (JAX's _gather_spec_computation's batching_dims_resolve_unambiguously,
+// _scatter_spec_computation's _is_resolvable).
+std::string unresolved_batch_dims(int64_t batch_dims,
+                                  std::initializer_list<std::pair<const char*, const TypeSpec*>> specs) {
+  for (int64_t k = 0; k < batch_dims; ++k) {
+    const std::pair<const char*, const TypeSpec*>* first = nullptr;
+    for (const auto& s : specs) {
+      if ((*s.second)[k].empty()) continue;
+      if (first == nullptr) {
+        first = &s;
+      } else if ((*first->second)[k] != (*s.second)[k]) {
+        return absl::StrCat("batch dimension ", k, " of the ", first->first, " is split over ",
+                            axes_to_string((*first->second)[k]), " and of the ", s.first, " over ",
+                            axes_to_string((*s.second)[k]));
+      }
+    }
+  }
+  return "";
+}
+
 // JAX's _gather_sharding_rule (_gather_spec_computation, jax/_src/lax/slicing.py) on Tessera's
 // gather (jnp.take: the indexed dimension collapsed, every dimension of the indices a query, none
 // a batching one): the indexed dimension must be unsplit (a slice of it needs the whole
@@ -91,13 +114,19 @@ TypeRuleResult random_bits(const TypeRuleCall& c) {
 // refusal is _gather_sharding_rule's text, as lax.gather's (client/lax_gather.cc: x[ids] and
 // jnp.take are JAX's gather_p too), the types in Tessera's notation (JAX prints the avals' repr,
 // ShapedArray(float32[8@b,8])); which dimension is split goes into the fix.
+// Batch dimensions (GatherAttrs.batch_dims, JAX's operand_batching_dims with
+// start_indices_batching_dims) resolve unambiguously: split alike, or on one side only, and the
+// result takes the split ("Resolve any batched shardings into indices shardings").
 TypeRuleResult gather(const TypeRuleCall& c) {
   TypeRuleResult r;
-  const int64_t axis = c.node.attrs<GatherAttrs>().axis;
+  const GatherAttrs& a = c.node.attrs<GatherAttrs>();
+  const int64_t axis = a.axis;
   const TypeSpec &x = c.operands[0].spec, &idx = c.operands[1].spec;
-  std::string why;
-  if (!x[axis].empty()) why = absl::StrCat("the indexed dimension ", axis, " is split over ", axes_to_string(x[axis]));
-  for (size_t d = 0; d < idx.size() && why.empty(); ++d) {
+  std::string why = unresolved_batch_dims(a.batch_dims, {{"operand", &x}, {"indices", &idx}});
+  if (!x[axis].empty() && why.empty()) {
+    why = absl::StrCat("the indexed dimension ", axis, " is split over ", axes_to_string(x[axis]));
+  }
+  for (size_t d = static_cast<size_t>(a.batch_dims); d < idx.size() && why.empty(); ++d) {
     if (!idx[d].empty()) why = absl::StrCat("dimension ", d, " of the indices is split over ", axes_to_string(idx[d]));
   }
   if (!why.empty()) {
@@ -112,7 +141,10 @@ TypeRuleResult gather(const TypeRuleCall& c) {
     return r;
   }
   r.spec.assign(x.begin(), x.begin() + axis);
-  r.spec.insert(r.spec.end(), idx.begin(), idx.end());
+  for (int64_t k = 0; k < a.batch_dims; ++k) {
+    if (!idx[k].empty()) r.spec[k] = idx[k];
+  }
+  r.spec.insert(r.spec.end(), idx.begin() + a.batch_dims, idx.end());
   r.spec.insert(r.spec.end(), x.begin() + axis + 1, x.end());
   return r;
 }
@@ -128,24 +160,31 @@ TypeRuleResult gather(const TypeRuleCall& c) {
 // in Tessera's notation; which dimension is split goes into the fix.
 TypeRuleResult scatter(const TypeRuleCall& c) {
   TypeRuleResult r;
-  const int64_t axis = c.node.attrs<GatherAttrs>().axis;
+  const GatherAttrs& a = c.node.attrs<GatherAttrs>();
+  const int64_t axis = a.axis, n = a.batch_dims;
   const TypeSpec &x = c.operands[0].spec, &idx = c.operands[1].spec, &upd = c.operands[2].spec;
   const int64_t q = static_cast<int64_t>(idx.size());
-  std::string why;
-  if (!x[axis].empty()) why = absl::StrCat("the indexed dimension ", axis, " is split over ", axes_to_string(x[axis]));
-  for (int64_t d = 0; d < q && why.empty(); ++d) {
+  // Batch dimensions resolve among the three (rule 1) into the result's.
+  std::string why = unresolved_batch_dims(n, {{"operand", &x}, {"indices", &idx}, {"updates", &upd}});
+  if (!x[axis].empty() && why.empty()) {
+    why = absl::StrCat("the indexed dimension ", axis, " is split over ", axes_to_string(x[axis]));
+  }
+  for (int64_t d = n; d < q && why.empty(); ++d) {
     if (!idx[d].empty()) {
       why = absl::StrCat("dimension ", d, " of the indices is split over ", axes_to_string(idx[d]));
-    } else if (!upd[axis + d].empty()) {
-      why = absl::StrCat("dimension ", axis + d, " of the updates, a query dimension, is split over ",
-                         axes_to_string(upd[axis + d]));
+    } else if (!upd[axis + d - n].empty()) {
+      why = absl::StrCat("dimension ", axis + d - n, " of the updates, a query dimension, is split over ",
+                         axes_to_string(upd[axis + d - n]));
     }
   }
   r.spec = x;
   r.spec[axis] = Axes{};
-  for (int64_t d = 0; d < static_cast<int64_t>(x.size()) && why.empty(); ++d) {
+  for (int64_t k = 0; k < n; ++k) {
+    if (r.spec[k].empty()) r.spec[k] = !idx[k].empty() ? idx[k] : upd[k];
+  }
+  for (int64_t d = n; d < static_cast<int64_t>(x.size()) && why.empty(); ++d) {
     if (d == axis) continue;
-    const int64_t ud = d < axis ? d : d - 1 + q;
+    const int64_t ud = d < axis ? d : d - 1 + q - n;
     if (x[d] != upd[ud]) {
       auto split = [](const Axes& a) { return a.empty() ? std::string("unsplit") : "split over " + axes_to_string(a); };
       why = absl::StrCat("window dimension ", d, " of the operand is ", split(x[d]), " and dimension ", ud,

@@ -1,6 +1,7 @@
 // VJPs of the indexing ops: a gather's cotangent is scattered back (added, where indices
-// repeat), a scatter's is gathered; the dynamic window ops move the cotangent back through the
-// same clamped window. Index operands are integers and get no cotangent.
+// repeat), a scatter's is gathered, each with the forward op's batch_dims; the dynamic window
+// ops move the cotangent back through the same clamped window. Index operands are integers and
+// get no cotangent.
 #include <optional>
 
 #include "absl/status/status.h"
@@ -11,9 +12,16 @@ namespace {
 
 // The cotangent rows at a scatter's indices: what each update contributed (0 for a dropped one).
 Value gathered(const VjpArgs& a, const Value& g) {
-  const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
-  return attrs.mode == IndexMode::kClip ? gather(g, a.x[1], attrs.axis, IndexMode::kClip)
-                                        : gather(g, a.x[1], attrs.axis, IndexMode::kFillOrDrop, Scalar(0));
+  GatherAttrs attrs = a.node.attrs<GatherAttrs>();
+  if (attrs.mode == IndexMode::kFillOrDrop) attrs.fill_value = Scalar(0);
+  return gather(g, a.x[1], attrs);
+}
+
+// The node's attributes for its transpose: the same axis, mode and batch dimensions, no fill.
+GatherAttrs transposed(const VjpArgs& a) {
+  GatherAttrs attrs = a.node.attrs<GatherAttrs>();
+  attrs.fill_value.reset();
+  return attrs;
 }
 
 }  // namespace
@@ -33,12 +41,11 @@ absl::Span<const VjpEntry> indexing_vjps() {
       // Auto axes could not carry their unreduced type.
       {Op::kGather,
        [](const VjpArgs& a) {
-         const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
          const std::optional<TypedOperand> g = typed_operand(a.g);
          const Value zeros = g.has_value() && !g->unreduced.empty()
                                  ? typed_as(a.x[0], [&] { return zeros_like(a.x[0]); })
                                  : zeros_like(a.x[0]);
-         a.add(0, auto_typed_as(a.x[0], [&] { return scatter_add(zeros, a.x[1], a.g, attrs.axis, attrs.mode); }));
+         a.add(0, auto_typed_as(a.x[0], [&] { return scatter_add(zeros, a.x[1], a.g, transposed(a)); }));
          return absl::OkStatus();
        }},
       // A scatter's cotangents are gathered / scattered as its forward ran: in explicit mode with
@@ -58,9 +65,8 @@ absl::Span<const VjpEntry> indexing_vjps() {
       // 0, sharding=updates_sharding)), which the explicit scatter rule needs split as the cotangent.
       {Op::kScatter,
        [](const VjpArgs& a) {
-         const GatherAttrs& attrs = a.node.attrs<GatherAttrs>();
          const Value zeros = typed_as(a.x[2], [&] { return zeros_like(a.x[2]); });
-         a.add(0, auto_typed_as(a.x[0], [&] { return scatter(a.g, a.x[1], zeros, attrs.axis, attrs.mode); }));
+         a.add(0, auto_typed_as(a.x[0], [&] { return scatter(a.g, a.x[1], zeros, transposed(a)); }));
          if (a.wants(2)) a.add(2, auto_typed_as(a.x[2], [&] { return gathered(a, a.g); }));
          return absl::OkStatus();
        }},

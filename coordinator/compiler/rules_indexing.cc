@@ -1,7 +1,10 @@
 // Sharding rules of the indexing ops, with their partition handlers.
 //
 // gather (jnp.take; an embedding lookup): the operand's other dimensions and the indices'
-// dimensions carry their splits into the result. An operand split along the indexed dimension
+// dimensions carry their splits into the result. Batch dimensions (GatherAttrs.batch_dims: a
+// per-example read of a KV cache) are split alike on the operand and the indices (the
+// operand's split, or else the indices'), so each device gathers its own examples with no
+// collective; a scatter's updates follow them too. An operand split along the indexed dimension
 // (a vocabulary-parallel embedding table, P('model', None)) is never gathered: each device
 // looks up only the indices that fall in its block of rows (the others give 0), so the result
 // is a pending sum over the table's axes, which one all_reduce (psum) resolves where it is
@@ -16,6 +19,7 @@
 //
 // dynamic_slice, dynamic_update_slice: a dimension the window does not cover whole is gathered
 // first (its start is traced); a whole-covered dimension keeps its split, its start clamping to 0.
+#include <initializer_list>
 #include <set>
 
 #include "absl/status/status.h"
@@ -26,9 +30,10 @@ namespace tessera::internal {
 namespace {
 
 // Where operand dimension d (d != axis) of a gather lands in its result (and of a scatter's x
-// in its updates): before the axis it stays, after it shifts by the indices' rank less one.
-int x_dim_in_result(size_t d, int64_t axis, size_t index_rank) {
-  return static_cast<int>(static_cast<int64_t>(d) < axis ? d : d - 1 + index_rank);
+// in its updates): before the axis it stays, after it shifts by the indices' rank less one
+// (`query_rank`: the indices' dimensions after the batch ones).
+int x_dim_in_result(size_t d, int64_t axis, size_t query_rank) {
+  return static_cast<int>(static_cast<int64_t>(d) < axis ? d : d - 1 + query_rank);
 }
 
 std::set<std::string> axes_of(const Dims& dims) {
@@ -44,21 +49,44 @@ bool clashes(const Axes& axes, const std::set<std::string>& taken) {
   return false;
 }
 
+// Where dimension k of a gather's indices lands in its result (and in a scatter's updates):
+// a batch dimension stays, a query dimension goes after x's dimensions before the axis.
+int index_dim_in_result(size_t k, const GatherAttrs& a) {
+  const int64_t kk = static_cast<int64_t>(k);
+  return static_cast<int>(kk < a.batch_dims ? kk : a.axis + kk - a.batch_dims);
+}
+
+// The batch dimensions (GatherAttrs.batch_dims) of x and of the indices (and a scatter's
+// updates, `others`) split alike: x's split where it has one, else the first of the others'
+// that x leaves free, so each device indexes its own examples and nothing moves but what was
+// split otherwise.
+void match_batch_dims(int64_t batch_dims, ValueSharding& x, std::initializer_list<ValueSharding*> others) {
+  for (int64_t k = 0; k < batch_dims; ++k) {
+    for (const ValueSharding* o : others) {
+      if (!x.dims[k].empty()) break;
+      if (!clashes(o->dims[k], axes_of(x.dims))) x.dims[k] = o->dims[k];
+    }
+    for (ValueSharding* o : others) o->dims[k] = x.dims[k];
+  }
+}
+
 absl::Status gather_rule(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
-  const int64_t axis = n.attrs<GatherAttrs>().axis;
+  const GatherAttrs& a = n.attrs<GatherAttrs>();
+  const int64_t axis = a.axis;
   ValueSharding x = c.of_or_replicated(n.operands[0]), i = c.of_or_replicated(n.operands[1]);
   x.partial.clear();
   i.partial.clear();
   // A bool table is gathered whole along the axis: a pending sum of bools is not defined.
   if (n.dtype == DType::kBool) x.dims[axis].clear();
+  match_batch_dims(a.batch_dims, x, {&i});
   std::set<std::string> taken = axes_of(x.dims);
-  for (Axes& d : i.dims) {
-    if (clashes(d, taken)) d.clear();
-    taken.insert(d.begin(), d.end());
+  for (size_t k = static_cast<size_t>(a.batch_dims); k < i.dims.size(); ++k) {
+    if (clashes(i.dims[k], taken)) i.dims[k].clear();
+    taken.insert(i.dims[k].begin(), i.dims[k].end());
   }
   Dims out(x.dims.begin(), x.dims.begin() + axis);
-  out.insert(out.end(), i.dims.begin(), i.dims.end());
+  out.insert(out.end(), i.dims.begin() + a.batch_dims, i.dims.end());
   out.insert(out.end(), x.dims.begin() + axis + 1, x.dims.end());
   std::vector<std::string> partial = x.dims[axis];
   c.needs(id) = {x, i};
@@ -67,19 +95,21 @@ absl::Status gather_rule(ShardingContext& c, int id) {
 }
 
 DimMap gather_map(const Graph& g, const Node& n) {
-  const int64_t axis = n.attrs<GatherAttrs>().axis;
+  const GatherAttrs& a = n.attrs<GatherAttrs>();
   const size_t rank = g.node(n.operands[0]).shape.size(), index_rank = g.node(n.operands[1]).shape.size();
   DimMap m{std::vector<std::vector<int>>(2), std::vector<bool>(n.shape.size(), true)};
   for (size_t d = 0; d < rank; ++d) {
-    m.follow[0].push_back(static_cast<int64_t>(d) == axis ? -1 : x_dim_in_result(d, axis, index_rank));
+    m.follow[0].push_back(static_cast<int64_t>(d) == a.axis ? -1
+                                                            : x_dim_in_result(d, a.axis, index_rank - a.batch_dims));
   }
-  for (size_t k = 0; k < index_rank; ++k) m.follow[1].push_back(static_cast<int>(axis + static_cast<int64_t>(k)));
+  for (size_t k = 0; k < index_rank; ++k) m.follow[1].push_back(index_dim_in_result(k, a));
   return m;
 }
 
 absl::Status scatter_rule(ShardingContext& c, int id) {
   const Node& n = c.graph().node(id);
-  const int64_t axis = n.attrs<GatherAttrs>().axis;
+  const GatherAttrs& a = n.attrs<GatherAttrs>();
+  const int64_t axis = a.axis;
   ValueSharding x = c.of_or_replicated(n.operands[0]);
   const ValueSharding i_now = c.of_or_replicated(n.operands[1]), u_now = c.of_or_replicated(n.operands[2]);
   // A scatter_add of an operand and updates typed unreduced alike keeps their pending sum
@@ -93,24 +123,27 @@ absl::Status scatter_rule(ShardingContext& c, int id) {
   ValueSharding i = i_now, u = u_now;
   i.partial.clear();
   u.partial.clear();
+  // The batch dimensions split alike everywhere (the operand's, or else the updates' or the
+  // indices'): each device writes its own examples into its own block.
+  match_batch_dims(a.batch_dims, x, {&u, &i});
   const size_t index_rank = i.dims.size();
   for (size_t d = 0; d < x.dims.size(); ++d) {
-    if (static_cast<int64_t>(d) != axis) u.dims[x_dim_in_result(d, axis, index_rank)] = x.dims[d];
+    if (static_cast<int64_t>(d) != axis) u.dims[x_dim_in_result(d, axis, index_rank - a.batch_dims)] = x.dims[d];
   }
-  // The index dimensions: whole, or (scatter_add) split alike in indices and updates, each
+  // The query dimensions: whole, or (scatter_add) split alike in indices and updates, each
   // device adding its share into a pending sum.
   ValueSharding i_whole = i, u_whole = u;
   std::vector<std::string> partial;
   std::set<std::string> taken = axes_of(x.dims);
-  for (size_t k = 0; k < index_rank; ++k) {
-    Axes& ud = u.dims[axis + static_cast<int64_t>(k)];
+  for (size_t k = static_cast<size_t>(a.batch_dims); k < index_rank; ++k) {
+    Axes& ud = u.dims[index_dim_in_result(k, a)];
     Axes chosen = !ud.empty() ? ud : i.dims[k];
     if (n.op != Op::kScatterAdd || keep || clashes(chosen, taken)) chosen.clear();
     taken.insert(chosen.begin(), chosen.end());
     partial.insert(partial.end(), chosen.begin(), chosen.end());
     ud = chosen;
     i.dims[k] = chosen;
-    u_whole.dims[axis + static_cast<int64_t>(k)].clear();
+    u_whole.dims[index_dim_in_result(k, a)].clear();
     i_whole.dims[k].clear();
   }
   if (!partial.empty()) {
@@ -132,13 +165,16 @@ absl::Status scatter_rule(ShardingContext& c, int id) {
 // The result is x's layout; the updates' other dimensions follow it, index dimensions keep
 // what the forward pass chose.
 DimMap scatter_map(const Graph& g, const Node& n) {
-  const int64_t axis = n.attrs<GatherAttrs>().axis;
+  const GatherAttrs& a = n.attrs<GatherAttrs>();
   const size_t index_rank = g.node(n.operands[1]).shape.size();
   DimMap m = identity_map(g, n);
   m.follow[1].assign(index_rank, -1);
+  for (int64_t k = 0; k < a.batch_dims; ++k) m.follow[1][k] = static_cast<int>(k);  // x's batch dimensions
   m.follow[2].assign(g.node(n.operands[2]).shape.size(), -1);
   for (size_t d = 0; d < n.shape.size(); ++d) {
-    if (static_cast<int64_t>(d) != axis) m.follow[2][x_dim_in_result(d, axis, index_rank)] = static_cast<int>(d);
+    if (static_cast<int64_t>(d) != a.axis) {
+      m.follow[2][x_dim_in_result(d, a.axis, index_rank - a.batch_dims)] = static_cast<int>(d);
+    }
   }
   return m;
 }
@@ -187,7 +223,7 @@ absl::Status partition_gather(PartitionContext& c, int id) {
       localize(c, id, in[1], index_dtype, index_shape, size, split, size / c.mesh().axes_size(split), attrs.mode);
   // This block's rows; the others' give 0 here, and the pending sum adds the one that has each.
   inst.in[1] = inst.node.operands[1] = local.indices;
-  inst.node.attrs<GatherAttrs>() = GatherAttrs{attrs.axis, IndexMode::kFillOrDrop, Scalar(0)};
+  inst.node.attrs<GatherAttrs>() = GatherAttrs{attrs.axis, IndexMode::kFillOrDrop, Scalar(0), attrs.batch_dims};
   const Shape result_shape = inst.node.shape;
   int out = c.emit(std::move(inst));
   if (attrs.mode == IndexMode::kFillOrDrop) {
@@ -203,7 +239,7 @@ absl::Status partition_gather(PartitionContext& c, int id) {
         c, id, Op::kAnd, DType::kBool, index_shape,
         {outside, emit_kernel(c, id, Op::kBroadcastInDim, DType::kBool, index_shape, {first}, BroadcastAttrs{})});
     std::vector<int64_t> dims;
-    for (size_t k = 0; k < index_shape.size(); ++k) dims.push_back(attrs.axis + static_cast<int64_t>(k));
+    for (size_t k = 0; k < index_shape.size(); ++k) dims.push_back(index_dim_in_result(k, attrs));
     outside =
         emit_kernel(c, id, Op::kBroadcastInDim, DType::kBool, result_shape, {outside}, BroadcastAttrs{std::move(dims)});
     const int fill = emit_kernel(c, id, Op::kConstant, n.dtype, result_shape, {},

@@ -77,6 +77,7 @@ struct Knobs {
   int64_t take_axis = 0;
   IndexMode take_mode = IndexMode::kFillOrDrop;
   std::optional<Scalar> take_fill;
+  int64_t batched_take_dims = 1;  // a per-row take of q along axis 1 (GatherAttrs.batch_dims)
   Op scatter_op = Op::kScatter;
   IndexMode scatter_mode = IndexMode::kFillOrDrop;
   std::vector<int64_t> window = {2, 2};
@@ -145,6 +146,9 @@ Request build(const Knobs& k) {
   const int idx = *g.add_iota(DType::kI32, {3}, 0);
   EXPECT_TRUE(g.add_gather(q, idx, GatherAttrs{k.take_axis, k.take_mode, k.take_fill}).ok());
   const int rows = *g.add_gather(q, idx, GatherAttrs{});
+  EXPECT_TRUE(g.add_gather(q, *g.add_iota(DType::kI32, {4, 4}, 1),
+                           GatherAttrs{1, IndexMode::kClip, std::nullopt, k.batched_take_dims})
+                  .ok());
   EXPECT_TRUE(g.add_scatter(k.scatter_op, q, idx, rows, GatherAttrs{0, k.scatter_mode, std::nullopt}).ok());
   EXPECT_TRUE(g.add_dynamic_slice(q, *g.add_iota(DType::kI32, {2}, 0), k.window).ok());
   EXPECT_TRUE(g.add_random_bits(*g.add_constant(DType::kU32, {2}, Scalar(0)),
@@ -295,6 +299,7 @@ TEST(CompileKey, EveryFieldOfANodeAndOfTheRequestMakesItsOwnKey) {
       {"gather mode", [](Knobs& k) { k.take_mode = IndexMode::kClip; }},
       {"gather fill 0.0", [](Knobs& k) { k.take_fill = Scalar(0.0); }},
       {"gather fill 0", [](Knobs& k) { k.take_fill = Scalar(0); }},
+      {"gather batch_dims", [](Knobs& k) { k.batched_take_dims = 0; }},
       {"scatter op", [](Knobs& k) { k.scatter_op = Op::kScatterAdd; }},
       {"scatter mode", [](Knobs& k) { k.scatter_mode = IndexMode::kClip; }},
       {"dynamic_slice sizes",

@@ -740,6 +740,44 @@ void add_indexing(int m, std::vector<OpCase>* cases) {
     add_case(P(a, None), P(b, None));
     add_case(P(None, a), P(None, b));
   }
+  // Batch dimensions (GatherAttrs.batch_dims = 1): a cache x (8, 8, 6, 2) read and written at
+  // three positions per example (in [-4, 4]: negatives out of range) along axis 2, in every
+  // layout of its batch and heads with the positions whole or split; the batch split alike on
+  // both moves nothing.
+  auto add_batched = [&](const PartitionSpec& cache, const PartitionSpec& positions) {
+    OpCase c;
+    c.name = std::string("batched_indexing_") + mesh.name + "_" + spec_name(cache) + "_at_" + spec_name(positions);
+    c.mesh = m;
+    c.inputs = {{DType::kF32, {8, 8, 6, 2}, Domain::kSigned, cache}, {DType::kI32, {8, 3}, Domain::kSigned, positions}};
+    c.outputs = {"gather fill", "gather clip", "scatter_add fill", "scatter clip", "gather fill 7"};
+    c.f = [](const std::vector<Value>& in, const Mesh&) {
+      const Value &x = in[0], &p = in[1];
+      const Value rows = gather(x, p, GatherAttrs{2, IndexMode::kFillOrDrop, std::nullopt, 1});
+      const Value first = reshape(slice(p, {0, 0}, {8, 1}), {8});
+      return std::vector<Value>{rows, gather(x, p, GatherAttrs{2, IndexMode::kClip, std::nullopt, 1}),
+                                scatter_add(x, p, rows * 0.5, GatherAttrs{2, IndexMode::kFillOrDrop, std::nullopt, 1}),
+                                scatter(x, first, reshape(slice(rows, {0, 0, 0, 0}, {8, 8, 1, 2}), {8, 8, 2}),
+                                        GatherAttrs{2, IndexMode::kClip, std::nullopt, 1}),
+                                gather(x, p, GatherAttrs{2, IndexMode::kFillOrDrop, Scalar(7.0), 1})};
+    };
+    c.no_collectives = positions.size() > 0 && !positions.axes(0).empty() && cache.axes(0) == positions.axes(0);
+    cases->push_back(std::move(c));
+  };
+  std::vector<PartitionSpec> caches = {P(), P(a, None, None, None), P(None, a, None, None)};
+  if (two) {
+    for (const PartitionSpec& s : {P(b, None, None, None), P(a, b, None, None), P(Axes{a, b}, None, None, None)}) {
+      caches.push_back(s);
+    }
+  }
+  for (const PartitionSpec& x : caches) {
+    add_batched(x, P());
+    add_batched(x, P(a, None));
+  }
+  if (two) {
+    add_batched(P(b, None, None, None), P(b, None));
+    add_batched(P(a, b, None, None), P(b, None));
+    add_batched(P(Axes{a, b}, None, None, None), P(Axes{a, b}, None));
+  }
   // Many updates into a small x: a pending sum over the batch's axis, x counted once.
   OpCase c;
   c.name = std::string("scatter_add_histogram_") + mesh.name;

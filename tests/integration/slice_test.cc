@@ -281,20 +281,28 @@ TEST_F(SliceTest, NegativeStepIsASliceThenRevKeepingTheSplit) {
   for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
     for (const Mesh& mesh : meshes(type)) {
       SCOPED_TRACE(mesh.to_string());
+      // x[::-2]: the aligned x[1::2], then rev.
       Jitted f = jit([](const std::vector<Value>& in) {
-        return std::vector<Value>{rev(slice(in[0], {1, 0}, {16, 8}, {2, 1}), {0}),
-                                  rev(slice(in[0], {3, 0}, {6, 8}, {2, 1}), {0})};
+        return std::vector<Value>{rev(slice(in[0], {1, 0}, {16, 8}, {2, 1}), {0})};
       });
       const PartitionSpec spec = P("a", None);
       absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, spec)});
       ASSERT_TRUE(got.ok()) << got.status();
       expect_near(fetch((*got)[0]), want, 0);
       EXPECT_EQ((*got)[0].sharding().spec(), spec);
+      EXPECT_THAT(f.as_text(), HasSubstr("collective_permute")) << f.as_text();
+      // x[5:1:-2] keeps 2 rows: on Explicit axes of more than 2 devices that is JAX's own
+      // slicing error (the out dimension does not divide), so only Auto axes compute it here.
+      if (type != AxisType::kAuto) continue;
+      Jitted g = jit([](const std::vector<Value>& in) {
+        return std::vector<Value>{rev(slice(in[0], {3, 0}, {6, 8}, {2, 1}), {0})};
+      });
+      absl::StatusOr<std::vector<Array>> two = g({put_on(mesh, x, spec)});
+      ASSERT_TRUE(two.ok()) << two.status();
       std::vector<double> five_three = host_slice(x, {5, 0}, {6, 8}, {1, 1});
       const std::vector<double> three = host_slice(x, {3, 0}, {4, 8}, {1, 1});
       five_three.insert(five_three.end(), three.begin(), three.end());
-      expect_near(fetch((*got)[1]), five_three, 0);
-      EXPECT_THAT(f.as_text(), HasSubstr("collective_permute")) << f.as_text();
+      expect_near(fetch((*two)[0]), five_three, 0);
     }
   }
 }

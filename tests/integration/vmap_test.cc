@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -899,10 +901,11 @@ TEST_F(VmapTest, DynamicUpdateSliceWithPerExampleStartsOnASplitBatch) {
 // jax/_src/lax/slicing.py). The windows take H and D whole. The case, and what a host loop
 // writes and reads, for the two tests below.
 struct KvCacheCase {
-  static constexpr int64_t kB = 4, kH = 2, kT = 5, kD = 4;
-  HostArray cache = arange({kB, kH, kT, kD});
-  HostArray rows{DType::kF32, {kB, kH, 1, kD}};
-  std::vector<int32_t> positions = {0, 3, 7, -2};  // 7 and -2 clamp to kT - 1 and 0
+  static constexpr int64_t kH = 2, kT = 5, kD = 4;
+  const int64_t batch;  // 4 or 8
+  HostArray cache = arange({batch, kH, kT, kD});
+  HostArray rows{DType::kF32, {batch, kH, 1, kD}};
+  std::vector<int32_t> positions = {0, 3, 7, -2, 4, 1, 9, 2};  // 7 and 9 clamp to kT - 1, -2 to 0
   TracedFunction write = [](const std::vector<Value>& in) {
     const Value zero = full({}, 0, DType::kI32);
     return std::vector<Value>{dynamic_update_slice(in[0], in[1], {zero, in[2], zero})};
@@ -912,17 +915,21 @@ struct KvCacheCase {
     return std::vector<Value>{dynamic_slice(in[0], {zero, in[1], zero}, {kH, 1, kD})};
   };
   std::vector<double> written, got;  // the host loop's cache after the write, and rows read
+  std::vector<double> touched;       // 1 where the loop writes (reads) the cache, else 0
 
-  KvCacheCase() {
-    for (int64_t i = 0; i < kB * kH * kD; ++i) rows.mutable_values<float>()[i] = -1.0f - static_cast<float>(i);
+  explicit KvCacheCase(int64_t examples = 4) : batch(examples) {
+    positions.resize(batch);
+    for (int64_t i = 0; i < batch * kH * kD; ++i) rows.mutable_values<float>()[i] = -1.0f - static_cast<float>(i);
     const float* c = cache.values<float>().data();
     const float* r = rows.values<float>().data();
-    written.assign(c, c + kB * kH * kT * kD);
-    for (int64_t b = 0; b < kB; ++b) {
+    written.assign(c, c + batch * kH * kT * kD);
+    touched.assign(written.size(), 0.0);
+    for (int64_t b = 0; b < batch; ++b) {
       const int64_t t = clamped_start(positions[b], kT, 1);
       for (int64_t h = 0; h < kH; ++h) {
         for (int64_t d = 0; d < kD; ++d) {
           written[((b * kH + h) * kT + t) * kD + d] = r[(b * kH + h) * kD + d];
+          touched[((b * kH + h) * kT + t) * kD + d] = 1.0;
           got.push_back(c[((b * kH + h) * kT + t) * kD + d]);
         }
       }
@@ -935,7 +942,8 @@ struct KvCacheCase {
 // and the values are the host loop's.
 TEST_F(VmapTest, PerExampleKvCacheWriteAndReadTransposeNoOperand) {
   const KvCacheCase kv;
-  constexpr int64_t kB = KvCacheCase::kB, kH = KvCacheCase::kH, kT = KvCacheCase::kT, kD = KvCacheCase::kD;
+  const int64_t kB = kv.batch;
+  constexpr int64_t kH = KvCacheCase::kH, kT = KvCacheCase::kT, kD = KvCacheCase::kD;
   const ArrayType cache_type{DType::kF32, {kB, kH, kT, kD}}, rows_type{DType::kF32, {kB, kH, 1, kD}},
       positions_type{DType::kI32, {kB}};
   auto expect_no_transpose = [](const absl::StatusOr<Graph>& g) {
@@ -973,43 +981,149 @@ TEST_F(VmapTest, PerExampleKvCacheWriteAndReadTransposeNoOperand) {
 }
 
 // The same cache under plain jit on Auto axes, the heads split over 'model' (the usual tensor-
-// parallel attention layout): the trace sees no split, so it cannot fold H as if it were whole.
-// H stays out of the folded index (the cache is transposed, which keeps every split), and no
-// collective of the compiled write or read runs over 'model'; with only the heads split, no
-// all_gather at all. (With the batch split over 'data' too, the batching dimension folds with T
-// and the one-axis scatter / gather run over 'data', as any split folded dimension does.) The
-// values are the host loop's.
-TEST_F(VmapTest, PerExampleKvCacheOnAutoAxesGathersNoHeads) {
-  const KvCacheCase kv;
-  auto expect_no_collective_over_model = [](const std::string& plan) {
+// parallel attention layout) or whole, the batch over 'data', over both axes or whole: the trace
+// sees no split. The batching dimension and the one position along T are the one-axis
+// scatter / gather with batch_dims 1 (lax_gather.cc's batched_take), H and D whole windows, so
+// nothing is folded or transposed and a split of the batch stays local, as XLA's SPMD
+// partitioner keeps a gather's or a scatter's batching dimensions (operand_batching_dims; JAX's
+// _gather_sharding_rule). So the compiled write and read hold no collective at all, on the
+// (4, 2) and (2, 4) meshes (before session 38 the batch over 'data' folded with T and the
+// one-axis ops ran over 'data'). The values and gradients are the host loop's.
+TEST_F(VmapTest, PerExampleKvCacheOnAutoAxesMovesNothing) {
+  absl::StatusOr<Mesh> mesh_2x4 = client_->make_mesh({2, 4}, {"data", "model"}, {AxisType::kAuto, AxisType::kAuto});
+  ASSERT_TRUE(mesh_2x4.ok()) << mesh_2x4.status();
+  static constexpr const char* kCollectives[] = {"all_gather", "all_reduce", "all_to_all", "collective_permute",
+                                                 "reduce_scatter"};
+  auto expect_no_collective = [](const std::string& plan) {
+    for (const char* collective : kCollectives) EXPECT_THAT(plan, Not(HasSubstr(collective))) << plan;
+  };
+  // Only int32 values (the positions) move, never the cache or the rows.
+  auto expect_only_positions_move = [](const std::string& plan) {
     const std::vector<std::string> lines = absl::StrSplit(plan, '\n');
     for (const std::string& line : lines) {
-      for (const char* collective :
-           {"all_gather", "all_reduce", "all_to_all", "collective_permute", "reduce_scatter"}) {
+      for (const char* collective : kCollectives) {
         if (absl::StrContains(line, collective)) {
-          EXPECT_THAT(line, Not(HasSubstr("'model'"))) << plan;
+          EXPECT_THAT(line, HasSubstr(" i32[")) << plan;
         }
       }
     }
   };
-  for (const PartitionSpec& heads : {P(None, "model", None, None), P("data", "model", None, None)}) {
-    SCOPED_TRACE(heads.to_string());
-    const bool batch_split = !heads.axes(0).empty();
-    const Array xs = put_on(*auto_mesh_, kv.cache, heads),
-                ps = put_on(*auto_mesh_, int32s(kv.positions), batch_split ? P("data") : P());
+  const Axes data = {"data"}, model = {"model"}, both = {"data", "model"}, whole = {};
+  struct Case {
+    const Mesh* mesh;
+    Axes batch, heads;
+  };
+  // H = 2 splits over 'model' on (4, 2) only; 8 examples split over both axes.
+  const std::vector<Case> cases = {
+      {auto_mesh_, whole, model}, {auto_mesh_, data, model},  {auto_mesh_, data, whole}, {auto_mesh_, both, whole},
+      {&*mesh_2x4, data, whole},  {&*mesh_2x4, model, whole}, {&*mesh_2x4, both, whole},
+  };
+  for (const Case& c : cases) {
+    const PartitionSpec spec{std::vector<Axes>{c.batch, c.heads, whole, whole}};
+    SCOPED_TRACE(absl::StrCat(c.mesh->to_string(), " ", spec.to_string()));
+    const KvCacheCase kv(c.batch == both ? 8 : 4);
+    const Array xs = put_on(*c.mesh, kv.cache, spec),
+                ps = put_on(*c.mesh, int32s(kv.positions), PartitionSpec{std::vector<Axes>{c.batch}});
     Jitted write = jit(vmap(kv.write)), read = jit(vmap(kv.read));
-    absl::StatusOr<std::vector<Array>> out = write({xs, put_on(*auto_mesh_, kv.rows, heads), ps});
+    absl::StatusOr<std::vector<Array>> out = write({xs, put_on(*c.mesh, kv.rows, spec), ps});
     ASSERT_TRUE(out.ok()) << out.status();
     expect_near(fetch((*out)[0]), kv.written);
     out = read({xs, ps});
     ASSERT_TRUE(out.ok()) << out.status();
     expect_near(fetch((*out)[0]), kv.got);
-    for (const std::string& plan : {write.as_text(), read.as_text()}) {
-      expect_no_collective_over_model(plan);
-      if (!batch_split) {
-        EXPECT_THAT(plan, Not(HasSubstr("all_gather"))) << plan;
-      }
-    }
+    expect_no_collective(write.as_text());
+    expect_no_collective(read.as_text());
+    // The gradients: d sum(read) / d cache is 1 where an example reads;
+    // d sum(write) / d cache is 1 but where an example writes, d sum(write) / d rows 1. The read's
+    // gradient may gather the positions (the compiler lays out the cotangent's broadcast, which
+    // the select meets, before the positions' concatenate with the zero starts), never the cache.
+    const TracedFunction read_sum = [&kv](const std::vector<Value>& in) {
+      return std::vector<Value>{sum(vmap(kv.read)(in)[0])};
+    };
+    const TracedFunction write_sum = [&kv](const std::vector<Value>& in) {
+      return std::vector<Value>{sum(vmap(kv.write)(in)[0])};
+    };
+    Jitted read_grad = jit(grad(read_sum)), write_grad = jit(grad(write_sum, {0, 1}));
+    out = read_grad({xs, ps});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_near(fetch((*out)[0]), kv.touched);
+    out = write_grad({xs, put_on(*c.mesh, kv.rows, spec), ps});
+    ASSERT_TRUE(out.ok()) << out.status();
+    expect_only_positions_move(read_grad.as_text());
+    expect_no_collective(write_grad.as_text());
+    std::vector<double> kept(kv.touched.size());
+    for (size_t i = 0; i < kept.size(); ++i) kept[i] = 1.0 - kv.touched[i];
+    expect_near(fetch((*out)[0]), kept);
+    expect_near(fetch((*out)[1]), std::vector<double>(kv.got.size(), 1.0));
+  }
+}
+
+// The result type of each kernel instruction of a plan's text ("%3 = gather(...) f32[4,1,1,4]  ;
+// ...") as its element count, by line.
+std::vector<std::pair<int64_t, std::string>> kernel_result_sizes(const std::string& plan) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  const std::vector<std::string> lines = absl::StrSplit(plan, '\n');
+  for (const std::string& line : lines) {
+    const size_t cause = line.find("  ; ");
+    const size_t close = line.rfind(") ", cause);
+    if (cause == std::string::npos || close == std::string::npos || line.find(" = ") == std::string::npos) continue;
+    const std::string type = line.substr(close + 2, cause - close - 2);
+    const size_t open = type.find('[');
+    if (open == std::string::npos) continue;
+    int64_t n = 1;
+    const std::vector<std::string> dims = absl::StrSplit(type.substr(open + 1, type.size() - open - 2), ',');
+    for (const std::string& d : dims) n *= d.empty() ? 1 : std::stoll(d);
+    out.emplace_back(n, line);
+  }
+  return out;
+}
+
+// The heads-only tensor-parallel layout (H over 'model', the batch whole): the read is one
+// element of T per example, no instruction of the compiled read holds T of them (the reverted
+// session-37 select made a (B, H, T, D)-sized mask and product per read), and the write's only
+// cache-sized instruction is the scatter itself. A -0.0 in the cache reads back as -0.0 (the
+// select's sum read it as +0.0), and the gradient of a product of reads has no NaN where the
+// cache holds an infinity elsewhere (a masked product passes inf * 0 into it).
+TEST_F(VmapTest, PerExampleKvCacheHeadsOnlyLayoutReadsOneElementPerExample) {
+  KvCacheCase kv;
+  constexpr int64_t kH = KvCacheCase::kH, kT = KvCacheCase::kT, kD = KvCacheCase::kD;
+  const int64_t local_cache = kv.batch * (kH / 2) * kT * kD;  // H over 'model' (2)
+  float* c = kv.cache.mutable_values<float>().data();
+  for (int64_t b = 0; b < kv.batch; ++b) {
+    const int64_t t = std::clamp<int64_t>(kv.positions[b], 0, kT - 1);
+    c[((b * kH + 0) * kT + t) * kD + 0] = -0.0f;                                              // read by example b
+    c[((b * kH + 1) * kT + (t + 1) % kT) * kD + 1] = std::numeric_limits<float>::infinity();  // not read
+  }
+  const PartitionSpec heads = P(None, "model", None, None);
+  const Array xs = put_on(*auto_mesh_, kv.cache, heads), ps = put_on(*auto_mesh_, int32s(kv.positions), P());
+  Jitted read = jit(vmap(kv.read)), write = jit(vmap(kv.write));
+  absl::StatusOr<std::vector<Array>> out = read({xs, ps});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const HostArray rows = fetch((*out)[0]);
+  ASSERT_EQ(rows.shape(), (Shape{kv.batch, kH, 1, kD}));
+  for (int64_t b = 0; b < kv.batch; ++b) {
+    const float first = rows.values<float>()[b * kH * kD];
+    EXPECT_EQ(first, 0.0f) << "example " << b;
+    EXPECT_TRUE(std::signbit(first)) << "example " << b << " read -0.0 as +0.0";
+  }
+  for (const auto& [elements, line] : kernel_result_sizes(read.as_text())) {
+    EXPECT_LT(elements, kT * kv.batch * (kH / 2)) << line << "\n" << read.as_text();
+  }
+  out = write({xs, put_on(*auto_mesh_, kv.rows, heads), ps});
+  ASSERT_TRUE(out.ok()) << out.status();
+  int cache_sized = 0;
+  for (const auto& [elements, line] : kernel_result_sizes(write.as_text())) cache_sized += elements >= local_cache;
+  EXPECT_LE(cache_sized, 1) << write.as_text();
+  // d sum(exp(read / 100)) / d cache: finite everywhere (0 where nothing is read, no inf * 0).
+  const TracedFunction read_exp = [&kv](const std::vector<Value>& in) {
+    return std::vector<Value>{sum(exp(vmap(kv.read)(in)[0] * 0.01))};
+  };
+  Jitted read_grad = jit(grad(read_exp));
+  out = read_grad({xs, ps});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const HostArray g = fetch((*out)[0]);
+  for (int64_t e = 0; e < g.size(); ++e) {
+    ASSERT_TRUE(std::isfinite(g.element_as_double(e))) << "element " << e << "\n" << read_grad.as_text();
   }
 }
 

@@ -1518,6 +1518,98 @@ TEST(Kernels, ScatterAgainstLoops) {
   }
 }
 
+// batch_dims (GatherAttrs): the first n dimensions of x and the indices are matched
+// elementwise, as tf.gather(batch_dims=n) / a per-example read of a KV cache. gather, scatter
+// and scatter_add with n = 1 and 2, every axis from n on, rank-n to rank-(n + 2) indices with
+// out-of-range and negative entries, both modes, every dtype, against a plain loop: element
+// (b, p, j, q) of the gathered value is x[b, p, indices[b, j], q] (or dropped / the fill).
+TEST(Kernels, BatchedGatherAndScatterAgainstLoops) {
+  const Shape x_shape = {2, 3, 4, 2};
+  std::mt19937 rng(23);
+  for (Op op : {Op::kGather, Op::kScatter, Op::kScatterAdd}) {
+    for (DType dtype : kSweptDTypes) {
+      if (op == Op::kScatterAdd && dtype == DType::kBool) continue;
+      for (int64_t n = 1; n <= 2; ++n) {
+        const Shape batch(x_shape.begin(), x_shape.begin() + n);
+        for (int64_t axis = n; axis < 4; ++axis) {
+          for (const Shape& extra : {Shape{}, Shape{3}, Shape{2, 2}}) {
+            for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+              Shape i_shape = batch;
+              i_shape.insert(i_shape.end(), extra.begin(), extra.end());
+              SCOPED_TRACE(absl::StrCat(trace(op, dtype, x_shape), " batch_dims ", n, " axis ", axis, " indices ",
+                                        shape_to_string(i_shape), mode == IndexMode::kClip ? " clip" : " fill"));
+              const HostArray x = random_array(dtype, x_shape, rng);
+              // scatter (set) writes distinct targets per example, so no repeat decides an element.
+              HostArray idx = random_array(DType::kI32, i_shape, rng, -2, 6);
+              if (op == Op::kScatter) {
+                std::vector<int32_t> distinct(static_cast<size_t>(num_elements(i_shape)));
+                const int64_t m = num_elements(extra);
+                for (size_t e = 0; e < distinct.size(); ++e) {
+                  const int32_t k = static_cast<int32_t>((e % m + e / m) % m);
+                  distinct[e] = mode == IndexMode::kFillOrDrop && k == 1 ? 9 : k;  // one dropped
+                }
+                idx = HostArray::from_vector<int32_t>(i_shape, distinct);
+              }
+              Graph g;
+              const int xp = g.add_parameter(dtype, x_shape), ip = g.add_parameter(DType::kI32, i_shape);
+              const GatherAttrs attrs{axis, mode, std::nullopt, n};
+              // Where each element of the gathered value (the updates) comes from (goes to) in x.
+              Shape r_shape(x_shape.begin(), x_shape.begin() + axis);
+              r_shape.insert(r_shape.end(), extra.begin(), extra.end());
+              r_shape.insert(r_shape.end(), x_shape.begin() + axis + 1, x_shape.end());
+              auto target = [&](int64_t r) {
+                const std::vector<int64_t> at = unravel(r, r_shape);
+                std::vector<int64_t> j(at.begin(), at.begin() + n);
+                j.insert(j.end(), at.begin() + axis, at.begin() + axis + static_cast<int64_t>(extra.size()));
+                const int64_t k = reference_index(static_cast<int64_t>(idx.element_as_double(ravel(j, i_shape))),
+                                                  x_shape[axis], mode);
+                if (k < 0) return int64_t{-1};
+                std::vector<int64_t> from(at.begin(), at.begin() + axis);
+                from.push_back(k);
+                from.insert(from.end(), at.begin() + axis + static_cast<int64_t>(extra.size()), at.end());
+                return ravel(from, x_shape);
+              };
+              if (op == Op::kGather) {
+                const Node node = node_of(g, g.add_gather(xp, ip, attrs));
+                ASSERT_EQ(node.shape, r_shape);
+                const double fill = default_fill_value(dtype).to_double();
+                Expected want{dtype, r_shape, {}, {}};
+                for (int64_t r = 0; r < num_elements(r_shape); ++r) {
+                  const int64_t t = target(r);
+                  want.values.push_back(t < 0 ? fill : x.element_as_double(t));
+                }
+                expect_matches(run(node, {&x, &idx}), want);
+                continue;
+              }
+              const HostArray u = random_array(dtype, r_shape, rng);
+              const Node node = node_of(g, g.add_scatter(op, xp, ip, g.add_parameter(dtype, r_shape), attrs));
+              std::vector<double> want(static_cast<size_t>(x.size()));
+              for (int64_t e = 0; e < x.size(); ++e) want[e] = x.element_as_double(e);
+              std::vector<int> hits(want.size());
+              for (int64_t r = 0; r < u.size(); ++r) {
+                const int64_t t = target(r);
+                if (t < 0) continue;
+                ++hits[t];
+                want[t] =
+                    op == Op::kScatterAdd ? as_dtype(want[t] + u.element_as_double(r), dtype) : u.element_as_double(r);
+              }
+              const HostArray got = run(node, {&x, &idx, &u});
+              // Clip mode folds -2 and 9 onto an example's first and last rows: a set there lands
+              // one of the updates aimed at it, which the loop above cannot single out.
+              if (op == Op::kScatter && mode == IndexMode::kClip) {
+                for (size_t t = 0; t < want.size(); ++t) {
+                  if (hits[t] > 1) want[t] = got.element_as_double(static_cast<int64_t>(t));
+                }
+              }
+              expect_matches(got, Expected{dtype, x_shape, want, std::vector<double>(want.size(), 8.0)});
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // lax.dynamic_slice's and lax.dynamic_update_slice's docstrings (jax/_src/lax/slicing.py): with
 // x = arange(12).reshape(3, 4), starts (1, 1) and sizes (2, 3) give [[5, 6, 7], [9, 10, 11]],
 // sizes (2, 4) clamp the column start to 0: [[4, 5, 6, 7], [8, 9, 10, 11]]; ones(3) written into
@@ -1573,6 +1665,21 @@ TEST(KernelErrors, IndexingTypeRules) {
                               .status()
                               .message()),
               HasSubstr("the updates must be f32[2,3]"));
+  // batch_dims: the batch dimensions come before the indexed one and match in size.
+  const int ib = g.add_parameter(DType::kI32, {4, 2});
+  EXPECT_THAT(std::string(g.add_gather(x, ib, GatherAttrs{0, IndexMode::kClip, std::nullopt, 1}).status().message()),
+              HasSubstr("gather of f32[4,3] at i32[4,2] along axis 0 with batch_dims 1: batch_dims 1 must be in "
+                        "[0, min(axis 0, the indices' rank 2)]"));
+  EXPECT_THAT(std::string(g.add_gather(x, i, GatherAttrs{1, IndexMode::kClip, std::nullopt, 1}).status().message()),
+              HasSubstr("batch dimension 0 has size 4 in the operand and 2 in the indices; batch dimensions must "
+                        "be equal"));
+  EXPECT_THAT(
+      std::string(
+          g.add_scatter(Op::kScatter, x, ib, x, GatherAttrs{1, IndexMode::kClip, std::nullopt, 1}).status().message()),
+      HasSubstr("scatter into f32[4,3] at i32[4,2] of f32[4,3] along axis 1 with batch_dims 1: the updates "
+                "must be f32[4,2]"));
+  EXPECT_THAT(std::string(g.add_gather(x, ib, GatherAttrs{1, IndexMode::kClip, std::nullopt, -1}).status().message()),
+              HasSubstr("batch_dims -1 must be in"));
   EXPECT_THAT(std::string(g.add_dynamic_slice(x, i, {5, 1}).status().message()),
               HasSubstr("size 5 of dimension 0 is outside [0, 4]"));
   EXPECT_THAT(std::string(g.add_dynamic_slice(x, g.add_parameter(DType::kI32, {3}), {1, 1}).status().message()),

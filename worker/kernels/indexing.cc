@@ -1,5 +1,6 @@
 // Indexing kernels: gather, scatter, scatter_add (one integer index array along one operand
-// dimension, core/op_attrs.h's GatherAttrs), dynamic_slice and dynamic_update_slice.
+// dimension, core/op_attrs.h's GatherAttrs, with leading batch dimensions matched elementwise),
+// dynamic_slice and dynamic_update_slice.
 //
 // Out-of-range indices follow lax.GatherScatterMode (jax/_src/lax/slicing.py): CLIP clamps an
 // index to [0, n - 1]; FILL_OR_DROP makes a gather return the fill value for it and a scatter
@@ -13,15 +14,18 @@
 namespace tessera::internal {
 namespace {
 
-// The operand viewed as (outer, n, inner) around the indexed dimension.
+// The operand viewed as (batch, outer, n, inner) around the indexed dimension: `batch` the
+// product of the batch dimensions (1 with none), `outer` of the others before the axis. The
+// indices are (batch, m), the gathered value (and the updates) (batch, outer, m, inner).
 struct IndexedView {
-  int64_t outer = 1, n = 0, inner = 1;
+  int64_t batch = 1, outer = 1, n = 0, inner = 1;
 };
-IndexedView view(const Shape& x, int64_t axis) {
+IndexedView view(const Shape& x, const GatherAttrs& a) {
   IndexedView v;
-  for (int64_t d = 0; d < axis; ++d) v.outer *= x[d];
-  v.n = x[axis];
-  for (size_t d = static_cast<size_t>(axis) + 1; d < x.size(); ++d) v.inner *= x[d];
+  for (int64_t d = 0; d < a.batch_dims; ++d) v.batch *= x[d];
+  for (int64_t d = a.batch_dims; d < a.axis; ++d) v.outer *= x[d];
+  v.n = x[a.axis];
+  for (size_t d = static_cast<size_t>(a.axis) + 1; d < x.size(); ++d) v.inner *= x[d];
   return v;
 }
 
@@ -57,9 +61,9 @@ Stored<T> element_of(const Scalar& value) {
 absl::StatusOr<HostArray> gather_kernel(const Node& node, const std::vector<const HostArray*>& xs, std::byte*) {
   const HostArray& x = *xs[0];
   const GatherAttrs& a = node.attrs<GatherAttrs>();
-  const IndexedView v = view(x.shape(), a.axis);
+  const IndexedView v = view(x.shape(), a);
   const std::vector<int64_t> indices = indices_of(*xs[1]);
-  const int64_t m = static_cast<int64_t>(indices.size());
+  const int64_t m = v.batch == 0 ? 0 : static_cast<int64_t>(indices.size()) / v.batch;
   const int64_t esize = dtype_size(x.dtype()), row = v.inner * esize;
   HostArray out(node.dtype, node.shape);
   // A row of the fill value, for out-of-range indices in fill mode.
@@ -69,12 +73,15 @@ absl::StatusOr<HostArray> gather_kernel(const Node& node, const std::vector<cons
     const Stored<T> f = element_of<T>(a.fill_value.value_or(default_fill_value(x.dtype())));
     for (int64_t k = 0; k < v.inner; ++k) std::memcpy(fill.data() + k * esize, &f, static_cast<size_t>(esize));
   });
-  for (int64_t o = 0; o < v.outer; ++o) {
-    for (int64_t j = 0; j < m; ++j) {
-      const int64_t i = resolve_index(indices[j], v.n, a.mode);
-      std::byte* dst = out.data() + (o * m + j) * row;
-      const std::byte* src = i < 0 ? fill.data() : x.data() + (o * v.n + i) * row;
-      if (row > 0) std::memcpy(dst, src, static_cast<size_t>(row));
+  // Example b reads only its own block of x, (b * outer + o) rows of n, at its own indices.
+  for (int64_t b = 0; b < v.batch; ++b) {
+    for (int64_t o = b * v.outer; o < (b + 1) * v.outer; ++o) {
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t i = resolve_index(indices[b * m + j], v.n, a.mode);
+        std::byte* dst = out.data() + (o * m + j) * row;
+        const std::byte* src = i < 0 ? fill.data() : x.data() + (o * v.n + i) * row;
+        if (row > 0) std::memcpy(dst, src, static_cast<size_t>(row));
+      }
     }
   }
   return out;
@@ -87,17 +94,17 @@ absl::StatusOr<HostArray> scatter_kernel(const Node& node, const std::vector<con
   if (node.op == Op::kScatterAdd && has_half(node, xs)) return in_float32(scatter_kernel, node, xs, into);
   const HostArray &x = *xs[0], &updates = *xs[2];
   const GatherAttrs& a = node.attrs<GatherAttrs>();
-  const IndexedView v = view(x.shape(), a.axis);
+  const IndexedView v = view(x.shape(), a);
   const std::vector<int64_t> indices = indices_of(*xs[1]);
-  const int64_t m = static_cast<int64_t>(indices.size());
+  const int64_t m = v.batch == 0 ? 0 : static_cast<int64_t>(indices.size()) / v.batch;
   HostArray out = x.clone();
   visit_dtype(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     Stored<T>* o = mutable_stored<T>(&out);
     const Stored<T>* u = stored<T>(updates);
-    for (int64_t p = 0; p < v.outer; ++p) {
+    for (int64_t p = 0; p < v.batch * v.outer; ++p) {
       for (int64_t j = 0; j < m; ++j) {
-        const int64_t i = resolve_index(indices[j], v.n, a.mode);
+        const int64_t i = resolve_index(indices[p / v.outer * m + j], v.n, a.mode);
         if (i < 0) continue;  // dropped
         Stored<T>* dst = o + (p * v.n + i) * v.inner;
         const Stored<T>* src = u + (p * m + j) * v.inner;

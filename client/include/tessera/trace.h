@@ -318,6 +318,13 @@ Value scatter(const Value& x, const Value& indices, const Value& updates, int64_
               IndexMode mode = IndexMode::kFillOrDrop);
 Value scatter_add(const Value& x, const Value& indices, const Value& updates, int64_t axis,
                   IndexMode mode = IndexMode::kFillOrDrop);
+// The one-axis ops with every attribute (core/op_attrs.h's GatherAttrs), batch_dims included:
+// the first batch_dims dimensions of x and the indices are matched elementwise, each example
+// indexing its own x, as tf.gather(batch_dims=): a per-example KV-cache read of x[B,H,T,D] at
+// positions t[B] is gather(x, t, GatherAttrs{2, mode, fill, 1}) -> (B, H, D).
+Value gather(const Value& x, const Value& indices, const GatherAttrs& attrs);
+Value scatter(const Value& x, const Value& indices, const Value& updates, const GatherAttrs& attrs);
+Value scatter_add(const Value& x, const Value& indices, const Value& updates, const GatherAttrs& attrs);
 Value take(const Value& x, const Value& indices, int64_t axis, IndexMode mode = IndexMode::kFillOrDrop,
            std::optional<Scalar> fill_value = std::nullopt);
 // With out_sharding, as jax.Array.at[...].get(out_sharding=) (jax/_src/numpy/indexing.py,
