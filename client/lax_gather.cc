@@ -248,6 +248,10 @@ std::optional<BatchedTake> batched_take(const Shape& xs, const Shape& is, const 
     t.component = static_cast<int64_t>(k);
   }
   if (t.axis < 0 || (!clamps && mapped.size() != 1)) return std::nullopt;
+  // Another collapsed (inserted) dimension of size 1 would be whole, but the one-axis op keeps it.
+  for (int64_t d : collapsed) {
+    if (d != t.axis) return std::nullopt;
+  }
   for (int64_t d = n; d < rank; ++d) {
     if (d != t.axis && window[d] != xs[d]) return std::nullopt;
   }

@@ -217,6 +217,20 @@ std::vector<GatherCase> gather_cases() {
       {"windows_around_batch", {4, 8, 6}, ints({4, 2}, {0, 0, 6, 3, 7, 1, 2, -1}), {{0, 2, 3}, {}, {1, 2}}, {4, 2, 3}});
   // A dimension neither indexed nor whole: its slice starts at 0 (XLA) and is cut to 2.
   out.push_back({"unindexed_partial_slice", {8, 6}, ints({4, 1}, {5, 0, 7, 3}), {{1}, {0}, {0}}, {1, 2}});
+  // A batching dimension and one element per query along dimension 1 (the one-axis op with
+  // batch_dims: lax_gather.cc's batched_take), with the queries' dimension before the window.
+  out.push_back({"batched_take_queries",
+                 {2, 6, 3},
+                 ints({2, 4, 1}, {0, 5, 2, 9, 1, 1, -1, 3}),
+                 {{2}, {1}, {1}, {0}, {0}},
+                 {1, 1, 3}});
+  // The same with another collapsed dimension of size 1, which the one-axis op would keep: it
+  // takes the general path (session 38's review found batched_take lowering it wrongly).
+  out.push_back({"batched_take_and_a_collapsed_unit_dimension",
+                 {2, 1, 5, 3},
+                 ints({2, 1}, {3, 7}),
+                 {{1}, {1, 2}, {2}, {0}, {0}},
+                 {1, 1, 1, 3}});
   return out;
 }
 
@@ -449,6 +463,19 @@ std::vector<ScatterCase> scatter_cases() {
                  ints({4, 2}, {0, 0, 6, 3, 7, 1, 2, -1}),
                  {4, 4, 2, 3},
                  {{0, 2, 3}, {}, {1, 2}}});
+  // batched_take's scatter (one element per query, per example), repeated rows included, and
+  // the form with another inserted dimension of size 1 that must take the general path (it
+  // wrote past a vector in session 38's first version).
+  out.push_back({"batched_take_queries",
+                 {2, 6, 3},
+                 ints({2, 4, 1}, {0, 5, 5, 9, 1, 1, -1, 3}),
+                 {2, 4, 3},
+                 {{2}, {1}, {1}, {0}, {0}}});
+  out.push_back({"batched_take_and_an_inserted_unit_dimension",
+                 {2, 1, 5, 3},
+                 ints({2, 1}, {3, 4}),
+                 {2, 3},
+                 {{1}, {1, 2}, {2}, {0}, {0}}});
   return out;
 }
 
