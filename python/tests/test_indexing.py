@@ -510,7 +510,14 @@ def test_positive_strides_are_a_strided_slice_keeping_the_split(shape, names, ax
         assert _padded(g.sharding.spec) == _padded(spec), (g.sharding, f.as_text())
     for collective in ("all_gather", "all_to_all", "collective_permute", "all_reduce"):
         assert collective not in f.as_text(), f.as_text()
-    np.testing.assert_array_equal(np.asarray(tessera.jit(lambda x: x[::-2, 3:0:-1])(x)), TABLE[::-2, 3:0:-1])
+    negative = tessera.jit(lambda x: x[::-2, 3:0:-1])
+    if axis_type == "Auto" or len(shape) == 1:
+        np.testing.assert_array_equal(np.asarray(negative(x)), TABLE[::-2, 3:0:-1])
+    else:
+        # 3 of 8 columns split over 'b': lax.rev keeps the split and the slice's out dimension
+        # does not divide, JAX's slicing error on Explicit axes (_get_sharding_for_varying_out_shape).
+        with pytest.raises(tessera.errors.InvalidArgumentError, match="not divisible by mesh axes"):
+            negative(x)
 
 
 @pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
