@@ -262,13 +262,16 @@ void LocalPlanStream::send(pb::PlanStreamRequest message) {
   if (!session->receive(std::move(message))) end("its worker stopped");
   if (!scope.outermost()) return;
   // Completing a result may hand the next request over: that one returns here, so however
-  // long the chain, a thread holds at most two hand-offs. In the order they came; each batch is
-  // swapped out before it is completed (completing may queue more), so the queue holds only
-  // what is still to complete, however long the chain.
-  while (!handed_back.empty()) {
-    HandedBackQueue batch;
-    batch.swap(handed_back);
-    for (HandedBack& back : batch) back.stream->deliver(back.result);
+  // long the chain, a thread holds at most two hand-offs. In the order they came; what was
+  // completed is dropped once it is most of the queue, so the queue holds about what is still to
+  // complete, however long the chain (amortised: each entry is moved at most once more).
+  for (size_t next = 0; next < handed_back.size();) {
+    HandedBack back = std::move(handed_back[next++]);  // completing it may grow the queue
+    back.stream->deliver(back.result);
+    if (next > handed_back.size() / 2) {
+      handed_back.erase(handed_back.begin(), handed_back.begin() + static_cast<std::ptrdiff_t>(next));
+      next = 0;
+    }
   }
 }
 

@@ -529,15 +529,13 @@ void SteppedRun::finish(absl::Status status) { session_->end_run(req_, runner_->
 void RunSession::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status status) {
   // A queue, not recursion: a long chain of waiting runs may end here one after another. Most
   // ends start nothing: the run at hand is kept inline, with no allocation.
-  // Each batch is swapped out before it is walked, so a chain holds only what is still to end.
-  using Ends = absl::InlinedVector<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>, 1>;
-  Ends ends;
+  // What has ended is dropped once it is most of the queue, so a chain holds about what is still
+  // to end (amortised: each entry is moved at most once more).
+  absl::InlinedVector<std::pair<std::shared_ptr<pb::RunPlanRequest>, absl::Status>, 1> ends;
   ends.emplace_back(std::move(req), std::move(status));
-  while (!ends.empty()) {
-    Ends batch;
-    batch.swap(ends);  // what follows adds to `ends`
-    for (auto& entry : batch) {
-      auto [run, result] = std::move(entry);
+  for (size_t next = 0; next < ends.size();) {
+    {
+      auto [run, result] = std::move(ends[next++]);  // what follows may grow the queue
       const uint64_t execution = run->execution_id();
       post(execution, result);                       // before its dependents run: results go back in order
       std::vector<std::pair<Deferred, bool>> ready;  // and whether it was cancelled meanwhile
@@ -587,6 +585,10 @@ void RunSession::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status s
         }
       }
       if (end) ended();
+    }
+    if (next > ends.size() / 2) {
+      ends.erase(ends.begin(), ends.begin() + static_cast<std::ptrdiff_t>(next));
+      next = 0;
     }
   }
 }
