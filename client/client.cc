@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client_impl.h"
 #include "client/transfer.h"
+#include "core/bounded_join.h"
 #include "core/credentials.h"
 #include "core/daemon.h"
 #include "core/handoff.h"
@@ -272,9 +273,8 @@ void ClientImpl::report_failed_deletes(const Deletes& arrays, const absl::Status
   // Best effort: the buffers stay on live workers until they restart, or an admin frees them
   // (`tessera status` lists the arrays). Never silent: logged with the ids and counted
   // (Client::failed_deletes).
-  std::string ids;
-  for (size_t i = 0; i < arrays.size() && i < 8; ++i) absl::StrAppend(&ids, i == 0 ? "" : ", ", arrays[i].first);
-  if (arrays.size() > 8) absl::StrAppend(&ids, " and ", arrays.size() - 8, " more");
+  const std::string ids =
+      join_at_most(arrays, 8, ", ", [](std::string* out, const auto& a) { absl::StrAppend(out, a.first); });
   std::fprintf(stderr, "tessera client: deleting array%s %s failed: %s\n", arrays.size() == 1 ? "" : "s", ids.c_str(),
                status.ToString().c_str());
 }

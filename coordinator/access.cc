@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "core/bounded_join.h"
 #include "core/status.h"
 
 namespace tessera {
@@ -36,9 +37,7 @@ absl::Status refused_deletions(absl::string_view method, const std::vector<uint6
                                int64_t batch) {
   if (refused.empty()) return absl::OkStatus();
   const bool one = refused.size() == 1;
-  std::string ids;
-  for (size_t i = 0; i < refused.size() && i < 8; ++i) absl::StrAppend(&ids, i == 0 ? "" : ", ", refused[i]);
-  if (refused.size() > 8) absl::StrAppend(&ids, " and ", refused.size() - 8, " more");
+  const std::string ids = join_at_most(refused, 8);
   std::string message =
       one ? absl::StrCat(method, ": array ", ids,
                          " belongs to another session; only its owner (or an admin credential) may delete it")

@@ -23,6 +23,7 @@
 #include "coordinator/registry_wire.h"
 #include "coordinator/request_limits.h"
 #include "coordinator/worker_channels.h"
+#include "core/bounded_join.h"
 #include "core/collective.h"
 #include "core/profile_wire.h"
 #include "core/run_tag.h"
@@ -216,6 +217,10 @@ class CoordinatorService final : public CoordinatorServiceBase {
       wait = std::min(wait, time_left(*ctx));
       std::map<int, std::string> unconfirmed;
       if (!wait_for_alive(*ctx, req->min_alive_devices(), wait, &unconfirmed)) {
+        // Each list names its first devices and counts the rest: the whole error must fit gRPC's
+        // 8 KiB status trailer at thousands of devices (an unconfirmed device carries its
+        // worker's error, so fewer of those).
+        constexpr size_t kNamed = 32, kNamedUnconfirmed = 8;
         // Draining devices are alive but take no new work: they do not count.
         int alive = 0;
         std::vector<std::string> lost, draining, left, unconfirmed_ones;
@@ -228,18 +233,18 @@ class CoordinatorService final : public CoordinatorServiceBase {
             (d.alive ? draining : d.left ? left : lost).push_back(describe_device(d.id, d.address));
           }
         }
-        return to_grpc(absl::DeadlineExceededError(
-            absl::StrCat("waited ", absl::FormatDuration(wait), " for ", req->min_alive_devices(),
-                         " alive devices (not draining) but ", alive, " are",
-                         lost.empty() && draining.empty() && left.empty() && unconfirmed_ones.empty()
-                             ? std::string(" (no other device has registered)")
-                             : "",
-                         lost.empty() ? "" : absl::StrCat("; lost: ", absl::StrJoin(lost, ", ")),
-                         left.empty() ? "" : absl::StrCat("; left (drained): ", absl::StrJoin(left, ", ")),
-                         unconfirmed_ones.empty() ? ""
-                                                  : absl::StrCat("; registered but not confirmed by their workers: ",
-                                                                 absl::StrJoin(unconfirmed_ones, "; ")),
-                         draining.empty() ? "" : absl::StrCat("; draining: ", absl::StrJoin(draining, ", ")))));
+        return to_grpc(absl::DeadlineExceededError(absl::StrCat(
+            "waited ", absl::FormatDuration(wait), " for ", req->min_alive_devices(),
+            " alive devices (not draining) but ", alive, " are",
+            lost.empty() && draining.empty() && left.empty() && unconfirmed_ones.empty()
+                ? std::string(" (no other device has registered)")
+                : "",
+            lost.empty() ? "" : absl::StrCat("; lost: ", join_at_most(lost, kNamed)),
+            left.empty() ? "" : absl::StrCat("; left (drained): ", join_at_most(left, kNamed)),
+            unconfirmed_ones.empty() ? ""
+                                     : absl::StrCat("; registered but not confirmed by their workers: ",
+                                                    join_at_most(unconfirmed_ones, kNamedUnconfirmed, "; ")),
+            draining.empty() ? "" : absl::StrCat("; draining: ", join_at_most(draining, kNamed)))));
       }
     }
     for (const DeviceRecord& d : registry_.devices()) to_proto(d, reply->add_devices());

@@ -24,9 +24,7 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
   if (coordinators != r.held.begin()) ids_.advance_past(std::prev(coordinators)->first);
   absl::MutexLock lock(&mu_);
   DeviceRecord* record = nullptr;
-  for (auto& [id, d] : devices_) {
-    if (d.name == name) record = &d;
-  }
+  if (auto known = device_of_name_.find(name); known != device_of_name_.end()) record = &devices_.at(known->second);
   if (record == nullptr) {
     int id = requested_id;
     if (id >= 0) {
@@ -36,8 +34,7 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
             absl::StrCat("device id ", id, " is taken by worker '", it->second.name, "' at ", it->second.address));
       }
     } else {
-      id = 0;
-      while (devices_.count(id) > 0) ++id;
+      id = first_free_id_;
       if (id > kMaxDeviceId) {
         return absl::ResourceExhaustedError(absl::StrCat("worker '", name, "': every device id from 0 to ",
                                                          kMaxDeviceId, " is taken (the limit of a cluster's devices)"));
@@ -46,6 +43,8 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
     record = &devices_[id];
     record->id = id;
     record->name = name;
+    device_of_name_.emplace(name, id);
+    while (devices_.count(first_free_id_) > 0) ++first_free_id_;
   } else if (requested_id >= 0 && requested_id != record->id) {
     return absl::AlreadyExistsError(
         absl::StrCat("worker '", name, "' is device ", record->id, ", not the requested device ", requested_id));

@@ -39,13 +39,7 @@ void Registration::beat_now() {
 
 void Registration::take_view(uint64_t ticket, const pb::ClusterPeers* peers, const char* reply) {
   if (peers_ == nullptr) return;
-  // Only a coordinator of another protocol version sends none, and the registration refuses
-  // such a one (check_protocol_version): say so rather than keep the old view silently.
-  absl::Status taken = peers != nullptr
-                           ? peers_->update(ticket, epoch_, *peers)
-                           : absl::InvalidArgumentError(absl::StrCat("the coordinator's ", reply,
-                                                                     " names no peers (ClusterPeers, protocol version ",
-                                                                     kProtocolVersion, "); the view is unchanged"));
+  const absl::Status taken = peers_->update(ticket, epoch_, peers, reply);
   if (!taken.ok()) std::fprintf(stderr, "tessera-worker: %s\n", std::string(taken.message()).c_str());
 }
 

@@ -340,6 +340,31 @@ TEST(RegistrySessions, EarlierSessionsAreTakenOverAndUnadoptedOrphansLapse) {
 }
 
 // Request limits (coordinator/request_limits.h): each refusal names the value and the rule.
+// A worker that asks for any id gets the lowest free one, up to kMaxDeviceId (65,535): the
+// 65,537th worker is refused RESOURCE_EXHAUSTED naming the limit, which the size bound of the
+// workers' peer view assumes (docs/design.md); a worker already registered still registers
+// again at the limit. (A walk of every device per registration made this test quadratic.)
+TEST(RegistryLimits, TheDeviceAfterTheLastIdIsRefusedNamingTheLimit) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  Registry registry(absl::Seconds(3), t0);
+  ASSERT_TRUE(registry.register_worker({"asked-7", "h:1", 7, 1 << 20, 0, 0, {}}, t0).ok());
+  for (int i = 0; i < kMaxDeviceId; ++i) {  // every id but 7, lowest first
+    absl::StatusOr<DeviceRecord> r = registry.register_worker({absl::StrCat("w", i), "h:1", -1, 1 << 20, 0, 0, {}}, t0);
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    ASSERT_EQ(r->id, i < 7 ? i : i + 1) << i;
+  }
+  absl::StatusOr<DeviceRecord> refused = registry.register_worker({"one-too-many", "h:1", -1, 1 << 20, 0, 0, {}}, t0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr(absl::StrCat("worker 'one-too-many': every device id from 0 to ", kMaxDeviceId,
+                                     " is taken (the limit of a cluster's devices)")));
+  absl::StatusOr<DeviceRecord> again = registry.register_worker({"w100", "h:2", -1, 1 << 20, 0, 0, {}}, t0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->id, 101);
+  EXPECT_EQ(again->address, "h:2");
+  EXPECT_EQ(registry.devices().size(), static_cast<size_t>(kMaxDeviceId) + 1);
+}
+
 TEST(RequestLimits, RunTimeoutsAreBoundedInsteadOfOverflowing) {
   EXPECT_EQ(*run_timeout("execute", 0), absl::Seconds(10));
   EXPECT_EQ(*run_timeout("execute", 2500), absl::Milliseconds(2500));

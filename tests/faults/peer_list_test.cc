@@ -100,6 +100,25 @@ TEST_F(PeerListTest, AViewOfTwoThousandDevicesReachesEveryWorker) {
     EXPECT_EQ(view_of(reply.peers()), expected);
   }
 
+  // A wait for every device answers DEADLINE_EXCEEDED naming the first 8 of the 2,000 devices
+  // whose workers do not answer (127.0.0.1:1) and counting the rest: the whole list (about
+  // 200 KB) overflowed the status trailer, so the caller saw no reason at all.
+  {
+    pb::GetTopologyRequest wait;
+    wait.set_min_alive_devices(static_cast<int>(expected.size()));
+    wait.set_wait_ms(1000);
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(30));
+    pb::Topology topology;
+    const grpc::Status s = coordinator->GetTopology(&ctx, wait, &topology);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("alive devices (not draining) but ", kFaultWorkers, " are")));
+    EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("registered but not confirmed by their workers: device ",
+                                                          kFaultWorkers, " (127.0.0.1:1): its worker did not answer")));
+    EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat(" and ", kRegistered - 8, " more")));
+    EXPECT_LT(s.error_message().size(), 8192u);
+  }
+
   const int unknown = kFaultWorkers + kRegistered;
   for (const Device& d : *devices) {
     SCOPED_TRACE(absl::StrCat("worker ", d.id));

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "proto/tessera.pb.h"
 #include "tessera/tessera.h"
+#include "tests/integration/jit_support.h"
 #include "tests/support/host_eval.h"
 #include "tests/support/jit_check.h"
 #include "worker/interpreter.h"
@@ -1305,12 +1306,7 @@ TEST_F(MeshesSuite, AWhileLoopThatNeverEndsEndsAtItsRunsDeadline) {
   ASSERT_TRUE(a.ok()) << a.status();
   JitOptions options;
   options.timeout = absl::Milliseconds(300);
-  Jitted f = jit(
-      [](const std::vector<Value>& in) {
-        return while_loop([](const std::vector<Value>& c) { return sum(c[0]) > -1.0; },
-                          [](const std::vector<Value>& c) { return std::vector<Value>{c[0] + 1.0}; }, {in[0]});
-      },
-      options);
+  Jitted f = jit_support::never_ending_loop(options);
   absl::StatusOr<std::vector<Array>> out = f({*a});
   absl::Status s = out.ok() ? (*out)[0].fetch().status() : out.status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;

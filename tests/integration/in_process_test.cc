@@ -25,6 +25,7 @@
 #include "proto/health.h"
 #include "proto/rpc.h"
 #include "tessera/tessera.h"
+#include "tests/integration/jit_support.h"
 #include "worker/plan_runner.h"
 
 namespace tessera {
@@ -282,12 +283,28 @@ grpc::Status check_health(const std::shared_ptr<grpc::Channel>& channel, absl::D
   return stub->Check(&ctx, req, &reply);
 }
 
+// The health a worker's own server answers for the whole server ("").
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> served_health(const std::string& address) {
+  auto stub = grpc::health::v1::Health::NewStub(make_channel(address));
+  grpc::ClientContext ctx;
+  set_deadline(&ctx, absl::Seconds(10));
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse reply;
+  const grpc::Status s = stub->Check(&ctx, req, &reply);
+  if (!s.ok()) return absl::UnavailableError(absl::StrCat("Check of ", address, ": ", s.error_message()));
+  return reply.status();
+}
+
 // An embedded worker that stops while its coordinator stays up (LocalCluster::stop_worker: as
 // its process would stop, its server left answering). The run it had been handed (a while loop
 // that never ends: a plan thread's run, still going) fails at once with UNAVAILABLE naming
-// its device and why, not at the call's deadline (2 minutes: DEADLINE_EXCEEDED if it waited);
-// the other devices' runs are cancelled by the coordinator; a later call fails naming it too.
-TEST(InProcessCluster, AnEmbeddedWorkerThatStopsFailsItsRunsAndLaterCallsNamingIt) {
+// its device, not at the call's deadline (2 minutes: DEADLINE_EXCEEDED if it waited);
+// the other devices' runs are cancelled by the coordinator; a later call fails naming it too,
+// and the worker's server answers health NOT_SERVING. With `collective`, the loop's condition
+// sums a carry split over the devices (an all_reduce per iteration): the other devices wait on
+// the stopped one's messages, and its ended collectives fail those waits at once
+// (stop_in_process_collectives) rather than at the op's timeout.
+void stop_a_worker_mid_run(bool collective) {
   // Heartbeats that would take 10 minutes to mark the stopped worker lost: every failure below
   // comes from its ended run session, not from the lost-device path (which also says UNAVAILABLE
   // naming it), and a call that waited would end DEADLINE_EXCEEDED at its 2 minutes.
@@ -299,16 +316,12 @@ TEST(InProcessCluster, AnEmbeddedWorkerThatStopsFailsItsRunsAndLaterCallsNamingI
   ASSERT_NE(cluster, nullptr);
   absl::StatusOr<Mesh> mesh = client->make_mesh({4}, {"data"});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
-  absl::StatusOr<Array> x = client->device_put(HostArray::zeros(DType::kF32, {8}), NamedSharding(*mesh, P()));
+  absl::StatusOr<Array> x =
+      client->device_put(HostArray::zeros(DType::kF32, {8}), NamedSharding(*mesh, collective ? P("data") : P()));
   ASSERT_TRUE(x.ok()) << x.status();
   JitOptions options;
   options.timeout = absl::Minutes(2);
-  Jitted forever = jit(
-      [](const std::vector<Value>& in) {
-        return while_loop([](const std::vector<Value>& c) { return sum(c[0]) > -1.0; },
-                          [](const std::vector<Value>& c) { return std::vector<Value>{c[0] + 1.0}; }, {in[0]});
-      },
-      options);
+  Jitted forever = jit_support::never_ending_loop(options);
   Jitted add_one = jit([](const std::vector<Value>& in) { return std::vector<Value>{in[0] + 1.0}; }, options);
   absl::StatusOr<std::vector<Array>> warm = add_one({*x});  // loads add_one's plans while all are up
   ASSERT_TRUE(warm.ok()) << warm.status();
@@ -317,6 +330,7 @@ TEST(InProcessCluster, AnEmbeddedWorkerThatStopsFailsItsRunsAndLaterCallsNamingI
   const int64_t before = cluster->requests_handed_over();
   absl::StatusOr<std::vector<Array>> looping = forever({*x});
   ASSERT_TRUE(looping.ok()) << looping.status();
+  EXPECT_EQ(jit_support::all_reduce_count(forever.as_text()), collective ? 1u : 0u) << forever.as_text();
   // Its 4 runs handed over (each to a plan thread, looping): polled, with a deadline.
   const absl::Time handed_by = absl::Now() + absl::Seconds(30);
   while (cluster->requests_handed_over() - before < 4 && absl::Now() < handed_by) {
@@ -325,12 +339,29 @@ TEST(InProcessCluster, AnEmbeddedWorkerThatStopsFailsItsRunsAndLaterCallsNamingI
   ASSERT_GE(cluster->requests_handed_over() - before, 4);
   EXPECT_FALSE((*looping)[0].is_ready());
 
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  ASSERT_EQ(devices->size(), 4u);
+  for (int d = 0; d < 4; ++d) ASSERT_EQ((*devices)[d].id, d);
+  EXPECT_EQ(served_health((*devices)[1].address).value_or(grpc::health::v1::HealthCheckResponse::UNKNOWN),
+            grpc::health::v1::HealthCheckResponse::SERVING);
+
+  const absl::Time stop = absl::Now();
   cluster->stop_worker(1);
   absl::Status stopped = (*looping)[0].block_until_ready();
+  EXPECT_LT(absl::Now() - stop, absl::Seconds(30)) << "the call waited for its deadline, not the stopped worker";
   EXPECT_EQ(stopped.code(), absl::StatusCode::kUnavailable) << stopped;
   EXPECT_THAT(std::string(stopped.message()), HasSubstr("device 1 (in-process:")) << stopped;
-  EXPECT_THAT(std::string(stopped.message()), HasSubstr("its in-process run session ended (its worker stopped)"))
-      << stopped;
+  if (!collective) {
+    EXPECT_THAT(std::string(stopped.message()), HasSubstr("its in-process run session ended (its worker stopped)"))
+        << stopped;
+  }
+  for (int d : {0, 1, 2, 3}) {
+    EXPECT_EQ(
+        served_health((*devices)[d].address).value_or(grpc::health::v1::HealthCheckResponse::UNKNOWN),
+        d == 1 ? grpc::health::v1::HealthCheckResponse::NOT_SERVING : grpc::health::v1::HealthCheckResponse::SERVING)
+        << "device " << d;
+  }
 
   // A later call's run on device 1 is refused at once, naming it; the others' are not.
   absl::StatusOr<std::vector<Array>> later = add_one({*x});
@@ -341,6 +372,10 @@ TEST(InProcessCluster, AnEmbeddedWorkerThatStopsFailsItsRunsAndLaterCallsNamingI
     EXPECT_THAT(std::string(refused.message()), Not(HasSubstr(other))) << refused;
   }
 }
+
+TEST(InProcessCluster, AnEmbeddedWorkerThatStopsFailsItsRunsAndLaterCallsNamingIt) { stop_a_worker_mid_run(false); }
+
+TEST(InProcessCluster, AnEmbeddedWorkerThatStopsMidCollectiveFailsTheCallNamingIt) { stop_a_worker_mid_run(true); }
 
 TEST(InProcessAddress, StoppedServerFailsUnavailableWithinTheDeadline) {
   HealthService health;

@@ -45,6 +45,17 @@ inline size_t all_reduce_count(const std::string& program) {
   return n;
 }
 
+// jit of a while loop that never ends (its condition, sum(carry) > -1, holds as the carry grows
+// from zeros): a run that only its deadline, a stopped worker or a cancellation ends.
+inline Jitted never_ending_loop(const JitOptions& options) {
+  return jit(
+      [](const std::vector<Value>& in) {
+        return while_loop([](const std::vector<Value>& c) { return sum(c[0]) > -1.0; },
+                          [](const std::vector<Value>& c) { return std::vector<Value>{c[0] + 1.0}; }, {in[0]});
+      },
+      options);
+}
+
 // One embedded cluster of 8 devices for a whole suite, and a (4, 2) mesh over it: make_mesh's,
 // Explicit axes (JAX >= 0.9's default), and the same devices with Auto axes for tests of
 // GSPMD-style propagation (what a JAX user writes as make_mesh(..., axis_types=(Auto, Auto))).

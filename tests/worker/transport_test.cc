@@ -2260,6 +2260,28 @@ TEST(PeerView, AMalformedViewIsRefusedNamingTheEntryAndChangesNothing) {
   EXPECT_TRUE(d.of(0)->ok()) << *d.of(0);
 }
 
+// A reply without a view (no ClusterPeers: only a coordinator of another protocol version
+// sends one) is refused naming the reply and changes nothing: taken as an empty view it would
+// refuse every peer's stream as "not a registered device" (the s38 review's case).
+TEST(PeerView, AReplyWithoutPeersIsRefusedNamingItAndChangesNothing) {
+  PeerView view;
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}})).ok());
+  const absl::Status s = view.update(view.ask(), 1000, nullptr, "Heartbeat reply");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("the coordinator's Heartbeat reply names no peers (ClusterPeers, protocol version "),
+                    HasSubstr("the view is unchanged")));
+  Decisions d;
+  view.admit({1, 1000, 3}, d.record(0));  // taken at once: the view still names it
+  ASSERT_TRUE(d.of(0).has_value());
+  EXPECT_TRUE(d.of(0)->ok()) << *d.of(0);
+  // An empty view is a view (no device alive): there the same claim is not taken (it waits for
+  // a newer view, then is refused), which is what a missing view taken as empty would do.
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({})).ok());
+  view.admit({1, 1000, 3}, d.record(1));
+  EXPECT_FALSE(d.of(1).has_value() && d.of(1)->ok());
+}
+
 // Issue #17 item 1, re-checked: a stream admitted under a registration is told to end by the
 // first view that says the registration was replaced — a newer incarnation of its device, the
 // device gone, or this worker registered with a newer coordinator epoch — naming the device,

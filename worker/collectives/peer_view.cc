@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "core/bounded_join.h"
+#include "proto/rpc.h"
 #include "proto/tessera.pb.h"
 
 namespace tessera {
@@ -22,15 +23,9 @@ std::string describe(const StreamClaim& c) {
 // The alive devices of a view, for a refusal: at most the first kNamed, so that a refusal at a
 // cluster of thousands still fits the status trailer (gRPC's 8 KiB of metadata).
 std::string alive_devices(const std::map<int, uint64_t>& peers) {
-  constexpr size_t kNamed = 32;
-  std::vector<int> named;
-  for (const auto& [device, incarnation] : peers) {
-    if (named.size() == kNamed) break;
-    named.push_back(device);
-  }
-  std::string text = absl::StrCat("alive: ", absl::StrJoin(named, ", "));
-  if (peers.size() > kNamed) absl::StrAppend(&text, " and ", peers.size() - kNamed, " more");
-  return text;
+  return absl::StrCat("alive: ", join_at_most(peers, 32, ", ", [](std::string* out, const auto& peer) {
+                        absl::StrAppend(out, peer.first);
+                      }));
 }
 
 }  // namespace
@@ -164,6 +159,13 @@ uint64_t PeerView::admit(const StreamClaim& claim, std::function<void(absl::Stat
     refresh();
   }
   return id;
+}
+
+absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers* peers, absl::string_view reply) {
+  if (peers != nullptr) return update(ticket, epoch, *peers);
+  return absl::InvalidArgumentError(absl::StrCat("the coordinator's ", reply,
+                                                 " names no peers (ClusterPeers, protocol version ", kProtocolVersion,
+                                                 "); the view is unchanged"));
 }
 
 absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers& view) {

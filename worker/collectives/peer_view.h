@@ -28,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -64,6 +65,10 @@ class PeerView {
   // distinct device (id from 0) with an incarnation from 1 (the view is unchanged). Until a
   // view comes, every stream is taken (nothing to check against).
   absl::Status update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers& peers);
+  // The same for a reply that may carry no view (`peers` null: the RegisterWorker or Heartbeat
+  // reply had no ClusterPeers, which only a coordinator of another protocol version sends):
+  // INVALID_ARGUMENT naming `reply`, and the view unchanged (never taken as "no device alive").
+  absl::Status update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers* peers, absl::string_view reply);
 
   // Decides whether a stream of `claim` is read: calls decided(status) once, on this thread
   // when the view decides it now, or later (from update or expire, outside the lock). OK: the
