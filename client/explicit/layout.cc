@@ -1,11 +1,12 @@
 // Explicit-mode sharding rules of the layout ops: the spec moves with the data (transpose
-// permutes it, broadcast_in_dim maps it, slice keeps it, as JAX's rules in jax/_src/lax/lax.py
-// and slicing.py); reshape as the explicit-sharding notebook describes (singleton dimensions
-// stripped; a dimension kept whole keeps its split; a split or merge of unsplit dimensions is
-// unsplit; a split or merge touching a split dimension is an error asking for out_sharding);
-// slice, dynamic_slice and pad keep the operand's sharding when each changed split dimension
-// still divides (slicing.py's _get_sharding_for_varying_out_shape, and lax.py's
-// _pad_sharding_rule), dynamic_update_slice needs the update laid out as the operand
+// permutes it, broadcast_in_dim maps it, slice and rev keep it, as JAX's rules in
+// jax/_src/lax/lax.py and slicing.py, rev's being _rev_sharding_rule); reshape as the
+// explicit-sharding notebook describes (singleton dimensions stripped; a dimension kept whole
+// keeps its split; a split or merge of unsplit dimensions is unsplit; a split or merge touching
+// a split dimension is an error asking for out_sharding); slice, dynamic_slice and pad keep the
+// operand's sharding when each changed split dimension still divides (slicing.py's
+// _get_sharding_for_varying_out_shape, and lax.py's _pad_sharding_rule), dynamic_update_slice
+// needs the update laid out as the operand
 // (_dynamic_update_slice_sharding_rule). Unreduced rules: transpose, reshape and
 // broadcast_in_dim move (or copy) each device's term as they move the value, slice cuts it,
 // and concatenate joins the terms of operands unreduced alike, so the result is unreduced as
@@ -14,11 +15,14 @@
 // squeeze is a reshape, as _squeeze_ur_rule keeps them too). dynamic_slice has none, as JAX's
 // _dynamic_slice_ur_rule refuses an unreduced operand; pad refuses one where JAX keeps it
 // (pad_type_rule, below). Reduced rules (the reduced half of the same `ur_rule`s): every layout
-// op keeps its operand's reduced axes (a reduced value is laid out as a replicated one),
+// op but rev keeps its operand's reduced axes (a reduced value is laid out as a replicated one),
 // dynamic_slice too (_dynamic_slice_ur_rule), dynamic_update_slice needs its operand and update
 // reduced alike (_dus_reduced_rule), broadcast_in_dim and concatenate as below; pad, built of
 // broadcasts and concatenates, keeps its operand's as JAX's _pad_ur_rule does. The compiler keeps such a typed pending
-// sum through them (coordinator/compiler/rules_layout.cc).
+// sum through them (coordinator/compiler/rules_layout.cc). rev has no unreduced or reduced
+// rule: rev_p is registered without a ur_rule, so JAX's call_ur_rule (lax/utils.py) refuses an
+// unreduced or reduced operand ("unreduced/reduced rule for rev is not implemented"), and so
+// does Tessera.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -72,7 +76,7 @@ TypeRuleResult varying_shape(const Mesh& mesh, const TypedOperand& x, const Shap
 
 // lax.py's _rev_sharding_rule: the operand's sharding (a split reversed dimension stays split;
 // the compiler moves the blocks). rev_p has no ur_rule, so an unreduced or reduced operand is
-// refused (no unreduced or reduced rule registered).
+// refused with call_ur_rule's words (no_unreduced_rule, and no reduced rule registered).
 TypeRuleResult rev(const TypeRuleCall& c) { return TypeRuleResult{c.operands[0].spec, "", ""}; }
 
 TypeRuleResult slice(const TypeRuleCall& c) { return varying_shape(c.mesh, c.operands[0], c.node.shape, "slicing"); }
@@ -265,7 +269,7 @@ absl::Span<const ExplicitRule> layout_type_rules() {
       {Op::kBroadcastInDim, broadcast_in_dim, operand_unreduced, broadcast_in_dim_reduced},
       {Op::kReshape, reshape, operand_unreduced, keep_reduced},
       {Op::kSlice, slice, keep_unreduced, keep_reduced},
-      {Op::kRev, rev},  // lax.py: rev_p has no ur_rule
+      {Op::kRev, rev, no_unreduced_rule},  // lax.py: rev_p has no ur_rule
       {Op::kConcatenate, concatenate, concatenate_unreduced, concatenate_reduced},
       {Op::kDynamicSlice, dynamic_slice, nullptr, keep_reduced},  // slicing.py's _dynamic_slice_ur_rule
       {Op::kDynamicUpdateSlice, dynamic_update_slice, dynamic_update_slice_unreduced, dynamic_update_slice_reduced},

@@ -26,6 +26,15 @@ ReducedRuleResult no_reduced_rule(absl::string_view op) {
                            "reshard the reduced operand first (reshard(x, P(...)) drops its reduced axes)"};
 }
 
+UnreducedRuleResult no_unreduced_rule(const TypeRuleCall& c) {
+  for (const TypedOperand& o : c.operands) {
+    if (!o.unreduced.empty()) {
+      return UnreducedRuleResult{{}, no_reduced_rule(op_name(c.node.op)).error, kReduceFirstFix};
+    }
+  }
+  return UnreducedRuleResult{};
+}
+
 ReducedRuleResult keep_reduced(const TypeRuleCall& c) { return ReducedRuleResult{c.operands[0].reduced, "", ""}; }
 
 ReducedRuleResult no_reduced(const TypeRuleCall&) { return ReducedRuleResult{}; }

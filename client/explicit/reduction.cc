@@ -73,26 +73,15 @@ TypeRuleResult cumulative_type_rule(absl::string_view name, const TypedOperand& 
   return r;
 }
 
-namespace {
-
-// argmax_p has no ur_rule: JAX's call_ur_rule refuses an unreduced operand with the words it
-// refuses a reduced one with ("unreduced/reduced rule for argmax is not implemented").
-UnreducedRuleResult argmax_unreduced(const TypeRuleCall& c) {
-  for (const TypedOperand& o : c.operands) {
-    if (!o.unreduced.empty()) return UnreducedRuleResult{{}, no_reduced_rule("argmax").error, kReduceFirstFix};
-  }
-  return UnreducedRuleResult{};
-}
-
-}  // namespace
-
 absl::Span<const ExplicitRule> reduction_type_rules() {
   static const ExplicitRule kRules[] = {
       {Op::kReduceSum, reduce, reduce_sum_unreduced, keep_reduced},  // _reduce_op_reduced_rule
       {Op::kReduceMax, reduce, nullptr, keep_reduced},               // _reduce_max_ur_rule
       {Op::kReduceMin, reduce, nullptr, keep_reduced},               // _reduce_min_ur_rule
       {Op::kReduceProd, reduce},
-      {Op::kArgmax, argmax, argmax_unreduced},
+      // argmax_p has no ur_rule: JAX's call_ur_rule refuses an unreduced operand with the words
+      // it refuses a reduced one with ("unreduced/reduced rule for argmax is not implemented").
+      {Op::kArgmax, argmax, no_unreduced_rule},
   };
   return kRules;
 }

@@ -175,6 +175,10 @@ ReducedRuleResult keep_reduced(const TypeRuleCall& call);
 // The refusal of an op with no reduced rule (JAX's call_ur_rule): "unreduced/reduced rule for
 // <op> is not implemented ...", also for the composites JAX binds as one primitive (cumsum).
 ReducedRuleResult no_reduced_rule(absl::string_view op);
+// The same refusal of an unreduced operand, for an op registered in JAX without ur_rule (rev,
+// argmax), whose call_ur_rule refuses unreduced and reduced operands alike: not the words of
+// nary_ur_rule / unop_ur_rule, which result_unreduced gives an op without an unreduced rule.
+UnreducedRuleResult no_unreduced_rule(const TypeRuleCall& call);
 ReducedRuleResult no_reduced(const TypeRuleCall& call);
 // JAX's default_nary_reduced_rule (jax/_src/lax/lax.py): operands reduced over one set of axes
 // (or not reduced), no other operand replicated, split or unreduced over them.

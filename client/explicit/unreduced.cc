@@ -4,7 +4,8 @@
 // rule: placement.cc (reshard, sharding_as), dot.cc (dot_general), elementwise.cc (add, mul,
 // div, convert, select), layout.cc (transpose, reshape, broadcast_in_dim, concatenate, slice),
 // reduction.cc (reduce_sum). An op without one refuses an unreduced operand, as JAX's unop_ur_rule /
-// nary_ur_rule.
+// nary_ur_rule; rev and argmax, which JAX registers without any ur_rule, refuse it with
+// call_ur_rule's words instead (no_unreduced_rule, reduced.cc).
 #include "absl/strings/str_cat.h"
 #include "client/explicit/rules.h"
 

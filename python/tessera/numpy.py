@@ -9,6 +9,7 @@ default dtypes, which device_put and jit take as they are.
     f = tessera.jit(lambda x, w: jnp.tanh(x @ w).sum(axis=1))
 """
 import builtins
+import collections.abc
 import functools
 import operator
 
@@ -775,6 +776,22 @@ def _sequence_index(i):
     return _np.asarray(i, dtype=_int_dtype()) if len(i) == 0 else _np.asarray(i)
 
 
+def _refuse_list_index(idx):
+    """A list (any non-tuple sequence but a string) as the whole index is JAX's TypeError
+    (jax/_src/numpy/indexing.py eliminate_deprecated_list_indexing, which NDIndexer and the
+    .at[] updates call first): where numpy would take it as a tuple (an entry is a sequence, an
+    array, a slice, None or ...) the fix is arr[tuple(seq)], otherwise arr[array(seq)]. A list
+    inside a tuple is an index array (_sequence_index)."""
+    if isinstance(idx, (tuple, str, Tracer, Array, _np.ndarray)) or not isinstance(idx, collections.abc.Sequence):
+        return
+    as_tuple = builtins.any(
+        (isinstance(i, (Tracer, Array, _np.ndarray)) and _np.ndim(i) != 0)
+        or isinstance(i, (collections.abc.Sequence, slice)) or i is Ellipsis or i is None for i in idx)
+    raise TypeError("Using a non-tuple sequence for multidimensional indexing is not allowed; use "
+                    f"`arr[{'tuple' if as_tuple else 'array'}(seq)]` instead of `arr[seq]`. "
+                    "See https://github.com/jax-ml/jax/issues/4564 for more information.")
+
+
 def _is_index_array(i):
     """An integer index array (not a Python or numpy integer, which index one position)."""
     if isinstance(i, (list, tuple)):
@@ -926,6 +943,7 @@ def _getitem(x, idx):
     negative ones count from the end (JAX's "Out-of-bounds indexing" in the sharp bits:
     retrieval clamps). Where numpy's advanced indexing puts the index array's dimensions first
     (an int and an array separated by a slice or None), they go first here too."""
+    _refuse_list_index(idx)
     idx = _expand_bool_indices(x, idx)
     expanded = _expand_index(x, idx)
     start, limit, strides, out_shape, d = [], [], [], [], 0
@@ -1523,6 +1541,7 @@ class _IndexUpdateHelper:
         self._x = x
 
     def __getitem__(self, idx):
+        _refuse_list_index(idx)
         return _IndexUpdateRef(self._x, idx)
 
 
@@ -1706,6 +1725,7 @@ def _eager_getitem(x, idx):
     are passed as traced values, so x[0], x[1], ... run one program, not one each (ints are
     checked against the bounds here, as _getitem checks them)."""
     from ._api import _eager
+    _refuse_list_index(idx)
     idx = _eager_index(_expand_bool_indices(x, idx))
     parts = idx if isinstance(idx, tuple) else (idx,)
     if builtins.any(_is_int(i) for i in parts) and _basic_index(parts, (None, 1)):

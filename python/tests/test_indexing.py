@@ -93,10 +93,45 @@ def test_at_set_and_add_drop_out_of_range_updates(table):
 
 
 def test_indexing_outside_jit_and_with_lists(table):
+    # A list inside a tuple is an index array; a list as the whole index is refused (below).
     np.testing.assert_array_equal(np.asarray(table[np.array([4, 2])]), TABLE[[4, 2]])
     np.testing.assert_array_equal(np.asarray(table[[4, 2], 1:3]), TABLE[[4, 2], 1:3])
-    np.testing.assert_array_equal(np.asarray(table.at[[0, 1]].set(7.0)), np.where(np.arange(16)[:, None] < 2, 7.0,
-                                                                                    TABLE))
+    np.testing.assert_array_equal(np.asarray(table.at[np.array([0, 1])].set(7.0)),
+                                  np.where(np.arange(16)[:, None] < 2, 7.0, TABLE))
+
+
+# JAX raises a TypeError for every non-tuple sequence used as the whole index, x[seq] and
+# x.at[seq] alike (jax/_src/numpy/indexing.py eliminate_deprecated_list_indexing, called by
+# NDIndexer.from_raw_indices and ops/scatter.py; jax-ml/jax#4564): arr[tuple(seq)] is the fix
+# where an entry is a sequence, an array, a slice, None or ..., arr[array(seq)] otherwise. The
+# cases and messages are tests/lax_numpy_indexing_test.py's testIndexSequenceDeprecation (and
+# testBooleanIndexingList1D), the fixed index against numpy.
+ARRAY_MSG = r"Using a non-tuple sequence for multidimensional indexing is not allowed.*arr\[array\(seq\)\]"
+TUPLE_MSG = r"Using a non-tuple sequence for multidimensional indexing is not allowed.*arr\[tuple\(seq\)\]"
+
+
+@pytest.mark.parametrize("idx, fix", [([0], "array"), ([0, 0], "array"), ([[0, 0]], "tuple"), ([0, [0, 1]], "tuple"),
+                                      ([0, np.arange(2)], "tuple"), ([0, None], "tuple"),
+                                      ([0, slice(None)], "tuple"), ([True, True, False], "array")],
+                         ids=["one_int", "two_ints", "nested_list", "int_and_list", "int_and_array", "int_and_none",
+                              "int_and_slice", "bools"])
+def test_a_list_as_the_whole_index_is_jaxs_type_error(idx, fix):
+    host = np.arange(6, dtype=np.float32).reshape(3, 2)
+    x = tessera.numpy.asarray(host)
+    msg = {"array": ARRAY_MSG, "tuple": TUPLE_MSG}[fix]
+    with pytest.raises(TypeError, match=msg):
+        x[idx]
+    with pytest.raises(TypeError, match=msg):
+        tessera.jit(lambda v: v[idx])(x)
+    with pytest.raises(TypeError, match=msg):
+        x.at[idx].set(0.0)
+    with pytest.raises(TypeError, match=msg):
+        tessera.jit(lambda v: v.at[idx].add(1.0))(x)
+    fixed = np.array(idx) if fix == "array" else tuple(idx)
+    np.testing.assert_array_equal(np.asarray(x[fixed]), host[fixed])
+    want = host.copy()
+    want[fixed] = 0.0
+    np.testing.assert_array_equal(np.asarray(x.at[fixed].set(0.0)), want)
 
 
 def test_gradient_of_an_embedding_lookup_is_a_scatter_add(table, ids):
@@ -150,7 +185,7 @@ def test_indexers_that_are_not_integers_are_type_errors_as_jax(table):
     with pytest.raises(TypeError, match=message.format("float64")):
         table[1.0]
     with pytest.raises(TypeError, match=message.format("float32")):  # a list: canonical, as asarray's
-        table[[1.0]]
+        table[[1.0], 0]
     with pytest.raises(TypeError, match=message.format("float64")):
         table.at[0, 0.0].add(1.0)
     with pytest.raises(TypeError, match=message.format("float32")):
@@ -181,9 +216,12 @@ GENERAL_INDICES = {
     "none_rows_cols_none": lambda r, c, d: (None, r, c, None),
 }
 
-# Slices of any step (jax/_src/numpy/indexing.py _index_to_gather: a unit step is a window of
-# the gather, another step a dimension of iota indices start + step * k, collapsed), alone and
-# with ints, index arrays, None and Ellipsis; cases from tests/lax_numpy_indexing_test.py's
+# Slices of any step, alone and with ints, index arrays, None and Ellipsis. Beside ints, None
+# and Ellipsis only, x[idx] and x.at[idx].get() are JAX's to_static_slice
+# (jax/_src/numpy/indexing.py: one strided lax.slice of the elements from the lowest, then
+# lax.rev of the negative-step dimensions); beside an index array, _index_to_gather's gather (a
+# unit step a window of the gather, another step a dimension of iota indices start + step * k,
+# collapsed); cases from tests/lax_numpy_indexing_test.py's
 # STATIC_INDEXING_TESTS "OneSliceIndexNegativeStride" and "OneSliceIndexNonUnitStride"
 # (testStaticIndexing, testStaticIndexingGrads) and MIXED_ADVANCED_INDEXING_TESTS
 # ("SlicesAndOneIntArrayIndex", testMixedAdvancedIndexing), numpy the reference.
@@ -456,9 +494,10 @@ def test_grad_and_vmap_through_the_general_index():
 
 
 def test_strided_slices_with_modes_ints_and_grad(table):
-    # An int in the index is the eager path's dynamic slice elsewhere: with a negative step it
-    # takes the gather (table[::5, 2], a positive step, is one strided slice); mode="clip" and wrap_negative_indices apply to the index arrays, the
-    # slice's positions being in range (testStaticIndexingGrads: the gradient of a strided get
+    # An int in the index is the eager path's dynamic slice beside unit-step slices only; beside
+    # another step the index is to_static_slice's: table[::5, 2] one strided slice, table[3, ::-3]
+    # a strided slice then lax.rev. mode="clip" and wrap_negative_indices apply to the index
+    # arrays, the slice's positions being in range (testStaticIndexingGrads: the gradient of a strided get
     # is the scatter-add of its cotangent at the slice's positions).
     np.testing.assert_array_equal(np.asarray(table[3, ::-3]), TABLE[3, ::-3])
     np.testing.assert_array_equal(np.asarray(table[::5, 2]), TABLE[::5, 2])

@@ -3,6 +3,7 @@
 // (jax/_src/lax/lax.py: rev, _rev_shape_rule, _rev_sharding_rule, _rev_batch_rule, its
 // deflinear2 transpose) on (8), (4, 2) and (2, 4) meshes of Auto and Explicit axes: values
 // against host loops, the result's split, the plan's collectives, JAX's errors, grad and vmap.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,6 +22,21 @@ using jit_support::expect_near;
 using jit_support::random_f32;
 using ::testing::HasSubstr;
 using Dims = std::vector<int64_t>;
+
+// A rev of a rank-2 x: its name, the dimensions reversed, and whether they reverse the rows and
+// the columns.
+struct RevCase {
+  const char* name;
+  Dims dims;
+  bool rows, cols;
+};
+
+const RevCase kRevCases[] = {
+    {"rev(x, {0})", {0}, true, false},
+    {"rev(x, {1})", {1}, false, true},
+    {"rev(x, {1, 0})", {1, 0}, true, true},
+    {"rev(x, {})", {}, false, false},
+};
 
 class SliceTest : public jit_support::LocalJitSuite {
  protected:
@@ -58,6 +74,28 @@ class SliceTest : public jit_support::LocalJitSuite {
         out.push_back(x.element_as_double((rows ? m - 1 - i : i) * n + (cols ? n - 1 - j : j)));
     }
     return out;
+  }
+  // How many `collective` instructions (e.g. "collective_permute") a program's text has.
+  static size_t count_of(const std::string& program, const std::string& collective) {
+    const std::string needle = absl::StrCat("= ", collective, "(");
+    size_t n = 0;
+    for (size_t at = program.find(needle); at != std::string::npos; at = program.find(needle, at + 1)) ++n;
+    return n;
+  }
+  // rev(x split as `spec` on `mesh`, c.dims) equals numpy's reversal, keeps the split
+  // (_rev_sharding_rule), and its plan is one collective_permute where a split dimension is
+  // reversed, no collective otherwise.
+  static void expect_rev_permutes_the_blocks(const Mesh& mesh, const HostArray& x, const PartitionSpec& spec,
+                                             const RevCase& c) {
+    SCOPED_TRACE(absl::StrCat(c.name, " of x split as ", spec.to_string(), " on ", mesh.to_string()));
+    Jitted f = jit([&](const std::vector<Value>& in) { return std::vector<Value>{rev(in[0], c.dims)}; });
+    absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, spec)});
+    ASSERT_TRUE(got.ok()) << got.status();
+    expect_near(fetch((*got)[0]), host_rev(x, c.rows, c.cols), 0);
+    EXPECT_EQ((*got)[0].sharding().spec(), spec);
+    const bool split_reversed = (c.rows && !spec.dims()[0].empty()) || (c.cols && !spec.dims()[1].empty());
+    expect_no_collective_but_permute(f.as_text(), split_reversed);
+    EXPECT_EQ(count_of(f.as_text(), "collective_permute"), split_reversed ? 1u : 0u) << f.as_text();
   }
   static void expect_no_collective_but_permute(const std::string& program, bool permute) {
     for (const char* collective : {"all_gather", "all_to_all", "all_reduce", "reduce_scatter"}) {
@@ -231,39 +269,116 @@ TEST_F(SliceTest, VmapSlicesEachExample) {
   expect_near(fetch((*got)[0]), host_slice(xs, {0, 2}, {4, 9}, {1, 3}), 0);
 }
 
-struct RevCase {
-  const char* name;
-  Dims dims;
-  bool rows, cols;
-};
-
 // lax.rev keeps the operand's sharding (_rev_sharding_rule), a split reversed dimension
 // included: each device reverses its block and the blocks trade places (position p along the
 // dimension's axes takes n-1-p's), one collective_permute and never a gather. Reversing an
 // unsplit dimension is local. Values against numpy's x[::-1] by loops, on every mesh and mode.
 TEST_F(SliceTest, RevKeepsTheSplitAndPermutesTheBlocks) {
   const HostArray x = random_f32({16, 8}, 6);
-  const std::vector<RevCase> cases = {
-      {"rev(x, {0})", {0}, true, false},
-      {"rev(x, {1})", {1}, false, true},
-      {"rev(x, {1, 0})", {1, 0}, true, true},
-      {"rev(x, {})", {}, false, false},
-  };
   for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
     for (const Mesh& mesh : meshes(type)) {
-      for (const RevCase& c : cases) {
+      for (const RevCase& c : kRevCases) {
         for (const PartitionSpec& spec : {split_spec(mesh), P(None, mesh.axis_names().back())}) {
-          SCOPED_TRACE(absl::StrCat(c.name, " of x split as ", spec.to_string(), " on ", mesh.to_string()));
-          Jitted f = jit([&](const std::vector<Value>& in) { return std::vector<Value>{rev(in[0], c.dims)}; });
-          absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, spec)});
-          ASSERT_TRUE(got.ok()) << got.status();
-          expect_near(fetch((*got)[0]), host_rev(x, c.rows, c.cols), 0);
-          EXPECT_EQ((*got)[0].sharding().spec(), spec);
-          const bool split_reversed = (c.rows && !spec.dims()[0].empty()) || (c.cols && !spec.dims()[1].empty());
-          expect_no_collective_but_permute(f.as_text(), split_reversed);
+          expect_rev_permutes_the_blocks(mesh, x, spec, c);
         }
       }
     }
+  }
+}
+
+// A dimension split over two mesh axes, P(('a', 'b'), None) or P(None, ('b', 'a')): its blocks
+// are numbered over both axes, the first major, and the block of position p goes to N-1-p of
+// the N = |a|*|b| devices along the dimension, so rev is one collective_permute over both axes
+// (reversing only the first axis's digit would leave each group of 'b' blocks in its order),
+// and the split is kept (_rev_sharding_rule). Values against numpy's x[::-1] by loops.
+TEST_F(SliceTest, RevOfADimensionSplitOverTwoAxesPermutesOverBoth) {
+  const HostArray x = random_f32({16, 16}, 12);
+  for (AxisType type : {AxisType::kAuto, AxisType::kExplicit}) {
+    for (const Mesh& mesh : meshes(type)) {
+      if (mesh.axis_names().size() != 2) continue;
+      for (const PartitionSpec& spec : {P(Axes{"a", "b"}, None), P(None, Axes{"b", "a"})}) {
+        for (const RevCase& c : kRevCases) expect_rev_permutes_the_blocks(mesh, x, spec, c);
+      }
+    }
+  }
+}
+
+// rev is linear (lax.py: ad.deflinear2(rev_p, ...)), and it only moves elements, so a result
+// pending a sum (a matmul whose contraction is split) or a max (a reduce_max over a split
+// dimension) reverses before or after the reduction alike. On Auto axes: values against the
+// host's loops, and the plan reduces once (one all_reduce or reduce_scatter), permutes the
+// blocks of the split reversed dimension once, and gathers nothing.
+TEST_F(SliceTest, APendingSumOrMaxPassesThroughRev) {
+  const HostArray x = random_f32({16, 8}, 13);
+  const HostArray w = random_f32({8, 6}, 14);
+  std::vector<double> product(16 * 6, 0.0), row_max(16, -1e30);
+  for (int64_t i = 0; i < 16; ++i) {
+    for (int64_t j = 0; j < 6; ++j) {
+      for (int64_t k = 0; k < 8; ++k)
+        product[i * 6 + j] += x.element_as_double(i * 8 + k) * w.element_as_double(k * 6 + j);
+    }
+    for (int64_t k = 0; k < 8; ++k) row_max[i] = std::max(row_max[i], x.element_as_double(i * 8 + k));
+  }
+  HostArray product_array(DType::kF32, {16, 6});
+  for (size_t i = 0; i < product.size(); ++i) product_array.mutable_values<float>()[i] = static_cast<float>(product[i]);
+  const std::vector<double> reversed_max(row_max.rbegin(), row_max.rend());
+  for (const Mesh& mesh : meshes(AxisType::kAuto)) {
+    // Rows over 'a' and the contraction over 'b' (on (8), the contraction over 'a'): the
+    // matmul's result is pending a sum over the contraction's axis.
+    const bool two = mesh.axis_names().size() == 2;
+    const PartitionSpec xs = two ? P("a", "b") : P(None, "a");
+    const PartitionSpec ws = two ? P("b", None) : P("a", None);
+    auto expect_reduces_once = [&](const std::string& program, bool permute) {
+      for (const char* collective : {"all_gather", "all_to_all"}) {
+        EXPECT_THAT(program, ::testing::Not(HasSubstr(collective))) << program;
+      }
+      EXPECT_EQ(count_of(program, "all_reduce") + count_of(program, "reduce_scatter"), 1u) << program;
+      EXPECT_EQ(count_of(program, "collective_permute"), permute ? 1u : 0u) << program;
+    };
+    for (const RevCase& c : {RevCase{"rev(x @ w, {0})", {0}, true, false}, RevCase{"rev(x @ w, {1})", {1}, false, true},
+                             RevCase{"rev(x @ w, {0, 1})", {0, 1}, true, true}}) {
+      SCOPED_TRACE(absl::StrCat(c.name, " with x ", xs.to_string(), " on ", mesh.to_string()));
+      Jitted f =
+          jit([&](const std::vector<Value>& in) { return std::vector<Value>{rev(matmul(in[0], in[1]), c.dims)}; });
+      absl::StatusOr<std::vector<Array>> got = f({put_on(mesh, x, xs), put_on(mesh, w, ws)});
+      ASSERT_TRUE(got.ok()) << got.status();
+      expect_near(fetch((*got)[0]), host_rev(product_array, c.rows, c.cols), 1e-5);
+      expect_reduces_once(f.as_text(), two && c.rows);
+    }
+    // The row max over the split columns is pending a max over the columns' axis.
+    SCOPED_TRACE(absl::StrCat("rev(max(x, {1}), {0}) with x ", xs.to_string(), " on ", mesh.to_string()));
+    Jitted g = jit([](const std::vector<Value>& in) { return std::vector<Value>{rev(max(in[0], {1}), {0})}; });
+    absl::StatusOr<std::vector<Array>> got = g({put_on(mesh, x, xs)});
+    ASSERT_TRUE(got.ok()) << got.status();
+    expect_near(fetch((*got)[0]), reversed_max, 0);
+    expect_reduces_once(g.as_text(), two);
+  }
+}
+
+// rev_p has no ur_rule (lax.py registers rev_p with a sharding_rule and a vma_rule only), so
+// call_ur_rule (jax/_src/lax/utils.py) refuses an operand with unreduced or reduced axes:
+// "unreduced/reduced rule for rev is not implemented". Explicit axes only (on Auto axes there
+// are no typed unreduced or reduced axes).
+TEST_F(SliceTest, RevRefusesAnUnreducedOrReducedOperandOnExplicitAxes) {
+  const HostArray x = random_f32({16, 8}, 15);
+  for (const Mesh& mesh : meshes(AxisType::kExplicit)) {
+    if (mesh.axis_names().size() != 2) continue;
+    SCOPED_TRACE(mesh.to_string());
+    auto refusal = [](const Jitted& f, const Array& arg) {
+      absl::StatusOr<std::vector<Array>> got = f({arg});
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+      return std::string(got.status().message());
+    };
+    const Jitted reduced = jit([](const std::vector<Value>& in) { return std::vector<Value>{rev(in[0], {0})}; });
+    EXPECT_THAT(refusal(reduced, put_on(mesh, x, P("a", None).with_reduced({"b"}))),
+                ::testing::AllOf(HasSubstr("rev: unreduced/reduced rule for rev is not implemented"),
+                                 HasSubstr("(operand f32[16@a,8]{R:b})")));
+    const Jitted unreduced = jit([](const std::vector<Value>& in) {
+      return std::vector<Value>{rev(reshard(in[0], P("a", None).with_unreduced({"b"})), {1})};
+    });
+    EXPECT_THAT(refusal(unreduced, put_on(mesh, x, P("a", None))),
+                ::testing::AllOf(HasSubstr("rev: unreduced/reduced rule for rev is not implemented"),
+                                 HasSubstr("(operand f32[16@a,8]{U:b})")));
   }
 }
 
@@ -336,21 +451,28 @@ TEST_F(SliceTest, VmapRevReversesEachExample) {
   expect_near(fetch((*got)[0]), host_rev(xs, false, true), 0);
 }
 
-// _rev_shape_rule: the dimensions unique ("rev dimensions must be unique") and below the
-// operand's rank.
-TEST_F(SliceTest, RevErrorsAreJaxs) {
+// JAX's _rev_shape_rule (jax/_src/lax/lax.py) raises a TypeError, the input being wrong, for
+// dimensions that repeat ("rev dimensions must be unique, got (1, 1)."), that reach the
+// operand's rank ("rev dimensions must all be less than operand ndim, got dimensions (2,) for
+// operand ndim 2.") and, through _check_shapelike, that are negative ("rev dimensions must
+// have every element be nonnegative"): lax.rev takes no negative dimension. Tessera's
+// counterpart is INVALID_ARGUMENT; its words are its own (core/op.cc's check of an op's
+// dimensions), so this asserts the meaning: the op and operand, the dimension at fault and why.
+TEST_F(SliceTest, RevRefusesRepeatedOutOfRangeOrNegativeDimensionsAsJax) {
   const HostArray x = random_f32({6, 5}, 11);
-  auto run = [&](Dims dims) {
-    return jit([=](const std::vector<Value>& in) { return std::vector<Value>{rev(in[0], dims)}; })(
-        {put_on(*auto_mesh_, x, P())});
+  auto refusal = [&](Dims dims) {
+    absl::StatusOr<std::vector<Array>> got = jit([=](const std::vector<Value>& in) {
+      return std::vector<Value>{rev(in[0], dims)};
+    })({put_on(*auto_mesh_, x, P())});
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+    return std::string(got.status().message());
   };
-  absl::StatusOr<std::vector<Array>> twice = run({1, 1});
-  ASSERT_FALSE(twice.ok());
-  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(twice.status().message()), HasSubstr("rev of f32[6,5] along {1,1}: axis 1 appears twice"));
-  absl::StatusOr<std::vector<Array>> outside = run({2});
-  ASSERT_FALSE(outside.ok());
-  EXPECT_THAT(std::string(outside.status().message()), HasSubstr("axis 2 is out of range for rank 2"));
+  EXPECT_THAT(refusal({1, 1}),
+              ::testing::AllOf(HasSubstr("rev of f32[6,5] along {1,1}"), HasSubstr("1 appears twice")));
+  EXPECT_THAT(refusal({0, 2}),
+              ::testing::AllOf(HasSubstr("rev of f32[6,5] along {0,2}"), HasSubstr("2 is out of range for rank 2")));
+  EXPECT_THAT(refusal({-1}),
+              ::testing::AllOf(HasSubstr("rev of f32[6,5] along {-1}"), HasSubstr("-1 is out of range for rank 2")));
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // type rule) and finds the kernel in the registry; the kernels trust that and do the
 // arithmetic, one family per file:
 //   elementwise.cc   constant, iota, unary, binary, comparisons, select, convert
-//   layout.cc        broadcast_in_dim, reshape, transpose, slice, concatenate (and gather)
+//   layout.cc        broadcast_in_dim, reshape, transpose, slice, rev, concatenate (and gather)
 //   reduction.cc     reduce_{sum,max,min,prod}, argmax
 //   dot.cc           dot_general (BLAS for float32/float64)
 //   vector_math.cc   vectorized float32 exp and tanh (used by elementwise.cc)
@@ -95,7 +95,9 @@ std::vector<int64_t> row_major_strides(const Shape& shape);
 
 // Writes the num_elements(shape) elements (`elem_size` bytes each) whose multi-index i lies at
 // element offset `offset + sum(i[d] * strides[d])` of `src`, row-major, to `dst`. A stride may
-// be 0 (broadcasting) or any permutation of the source's strides (transposing).
+// be 0 (broadcasting), any permutation of the source's strides (transposing), a multiple of
+// one (a strided slice), or negative (rev: `offset` then points at the last element of each
+// reversed dimension, and the walk steps back from it).
 // REQUIRES: elem_size is 1, 2, 4 or 8, and every such offset lies inside `src`.
 void gather(const std::byte* src, int64_t elem_size, int64_t offset, const Shape& shape,
             const std::vector<int64_t>& strides, std::byte* dst);
