@@ -259,12 +259,13 @@ std::optional<BatchedTake> batched_take(const Shape& xs, const Shape& is, const 
   return t;
 }
 
-// The indices' component that addresses t.axis, without the index vector dimension.
-Value take_component(const Value& indices, const BatchedTake& t) {
-  const Shape& is = indices.shape();
+// Component k of the indices' index vectors (their last dimension), without that dimension:
+// one start per batch position.
+Value index_component(const Value& indices, int64_t k) {
+  const Shape is = indices.shape();  // Value::shape() returns a copy
   std::vector<int64_t> start(is.size(), 0), limit(is.begin(), is.end());
-  start.back() = t.component;
-  limit.back() = t.component + 1;
+  start.back() = k;
+  limit.back() = k + 1;
   return reshape(slice(indices, start, limit), Shape(is.begin(), is.end() - 1));
 }
 
@@ -301,13 +302,7 @@ Value linear_index(const Value& indices, const Shape& operand, const Addressing&
   std::iota(batch_dims.begin(), batch_dims.end(), 0);
   Value linear = full(out, 0.0, dt);
   std::optional<Value> in_bounds;
-  auto start_of = [&](int64_t d) {  // index component of mapped dimension d, shape B
-    const int64_t k = position(a.mapped, d);
-    std::vector<int64_t> lo(nb + 1, 0), hi = indices.shape();
-    lo[nb] = k;
-    hi[nb] = k + 1;
-    return reshape(slice(ind, lo, hi), batch);
-  };
+  auto start_of = [&](int64_t d) { return index_component(ind, position(a.mapped, d)); };  // shape B
   const Value zero = full(batch, 0.0, dt);
   if (mode != GatherScatterMode::kClip) {
     for (int64_t d : a.whole_mapped) {  // clip clamps these to 0; fill / drop needs exactly 0
@@ -594,7 +589,7 @@ Value scatter_general(const char* name, Combine combine_op, const Value& x, cons
     Value u = order == identity ? updates : transpose(updates, order);
     if (bt->keep_axis) u = squeeze(u, {bt->axis});
     if (combine_op == Combine::kSub) u = -u;
-    const Value idx = take_component(indices, *bt);
+    const Value idx = index_component(indices, bt->component);
     const GatherAttrs attrs{bt->axis, clamps ? IndexMode::kClip : IndexMode::kFillOrDrop, std::nullopt, bt->batch_dims};
     return combine_op == Combine::kSet ? scatter(x, idx, u, attrs) : scatter_add(x, idx, u, attrs);
   }
@@ -944,7 +939,7 @@ Value gather_impl(const Value& x, const Value& indices, const GatherDimensionNum
   if (std::optional<BatchedTake> bt = batched_take(xs, is, slice_sizes, dn.start_index_map, dn.collapsed_slice_dims,
                                                    dn.operand_batching_dims, dn.start_indices_batching_dims, clamps)) {
     const Value g =
-        gather(x, take_component(indices, *bt),
+        gather(x, index_component(indices, bt->component),
                GatherAttrs{bt->axis, clamps ? IndexMode::kClip : IndexMode::kFillOrDrop, fill_value, bt->batch_dims});
     if (!g.ok()) return Value();
     // The result's dimensions: offset ones the windowed operand dimensions in order, the others

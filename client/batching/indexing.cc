@@ -19,18 +19,23 @@ namespace {
 // op again with vmap's batch as one more batch dimension (GatherAttrs.batch_dims) of x, the
 // indices and the updates, so each example indexes its own x, O(1) per element as the example's
 // op, and a split of the batch stays (tf.gather's batch_dims; JAX's _gather_batching_rule
-// reaches the same through operand_batching_dims). A gather from an x shared by every example
-// (x unbatched, no batch dimensions) needs no batch dimension: it gathers at all examples'
-// indices and moves the batch, where the indices' dimensions land, to the front.
+// reaches the same through operand_batching_dims).
+//
+// A gather from an x shared by every example (x unbatched) needs no copy of x per example: as
+// JAX's _gather_batching_rule does with an unbatched operand and batched indices, vmap's batch
+// becomes one more query dimension of the indices, right after their n batch dimensions
+// (B1..Bn, V, ...), all examples gather at once, and V, which lands at `axis` in the result
+// (X[:axis] + I[n:] + X[axis+1:]), moves to the front. On a batch split over Explicit axes with
+// batch dimensions, x is broadcast instead: as a query dimension the split would be refused
+// (JAX's _gather_sharding_rule wants the indices' non-batching dimensions unsplit), as a batch
+// dimension it resolves. A scatter into an unbatched x does write B copies of it (each example
+// its own), so x is broadcast there.
 absl::StatusOr<Value> batched_indices_rule(const BatchArgs& a) {
   GatherAttrs attrs = a.node.attrs<GatherAttrs>();
-  if (a.node.op == Op::kGather && !a.batched[0] && attrs.batch_dims == 0) {
-    const Value gathered = gather(a.x[0], a.x[1], attrs);
-    std::vector<int64_t> perm = {attrs.axis};
-    for (int64_t d = 0; d < gathered.rank(); ++d) {
-      if (d != attrs.axis) perm.push_back(d);
-    }
-    return transpose(gathered, perm);
+  const bool split_batch_dims = attrs.batch_dims > 0 && !a.layout.explicit_axes.empty();
+  if (a.node.op == Op::kGather && !a.batched[0] && !split_batch_dims) {
+    const Value indices = move_dim(a.x[1], 0, attrs.batch_dims);
+    return move_dim(gather(a.x[0], indices, attrs), attrs.axis, 0);
   }
   attrs.axis += 1;
   attrs.batch_dims += 1;

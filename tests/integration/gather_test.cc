@@ -6,6 +6,7 @@
 // testGatherShapeCheckingRule) and the docstrings of lax.gather and jnp.take_along_axis. The
 // modes are lax.GatherScatterMode's (jax/_src/lax/slicing.py); scatter_mul / min / max are
 // checked against the same host loop with their combiner, their gradients in grad_test.cc.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -1460,6 +1461,376 @@ TEST_F(GatherTest, VmapOfScatterApplyMatchesPerExampleHostLoops) {
         host_scatter_with(example(x, b), example(idx, b), unused, dn, IndexMode::kFillOrDrop,
                           [](double old, double) { return old * 2.0 + 1.0; });
     expect_values(example(r, b), {6}, want, absl::StrCat("example ", b));
+  }
+}
+
+// A batched_take form (lax_gather.cc: the one-axis op with batch_dims) in an unusual layout, or
+// one it must leave to the general path. The operand is (8, 6, 2): a batching dimension of 8
+// (split on every mesh), T = 6 indexed, D = 2 taken whole.
+struct BatchedTakeCase {
+  std::string name;
+  HostArray idx;  // (8, 4, k)
+  GatherDimensionNumbers gather_dn;
+  Dims slice_sizes;
+  Shape updates;  // the matching scatter's updates
+  ScatterDimensionNumbers scatter_dn;
+  bool fill_takes_the_one_axis_op;  // clip mode always does
+};
+
+// Positions along T per (example, query) in [-1, 6] (-1 and 6 out of range), distinct per example;
+// with `whole`, first a start along D that is 0, 1 or 2 (only 0 is in range for D's window of 2).
+HostArray batched_take_indices(bool whole) {
+  std::vector<int32_t> v;
+  for (int32_t b = 0; b < 8; ++b) {
+    for (int32_t q = 0; q < 4; ++q) {
+      if (whole) v.push_back((b + q) % 3);
+      v.push_back((b * 5 + q * 3) % 8 - 1);
+    }
+  }
+  return ints({8, 4, whole ? 2 : 1}, v);
+}
+
+std::vector<BatchedTakeCase> batched_take_cases() {
+  std::vector<BatchedTakeCase> out;
+  // The window of D before the queries' dimension: result (8, 2, 4).
+  out.push_back({"window_before_queries",
+                 batched_take_indices(false),
+                 {{1}, {1}, {1}, {0}, {0}},
+                 {1, 1, 2},
+                 {8, 2, 4},
+                 {{1}, {1}, {1}, {0}, {0}},
+                 true});
+  // The window first, before the batching dimension too: result (2, 8, 4).
+  out.push_back({"window_first",
+                 batched_take_indices(false),
+                 {{0}, {1}, {1}, {0}, {0}},
+                 {1, 1, 2},
+                 {2, 8, 4},
+                 {{0}, {1}, {1}, {0}, {0}},
+                 true});
+  // T's window of 1 not collapsed, a dimension of the result after the queries' (the
+  // one-axis op's result has it before them): result (8, 4, 1, 2).
+  out.push_back({"kept_window_after_queries",
+                 batched_take_indices(false),
+                 {{2, 3}, {}, {1}, {0}, {0}},
+                 {1, 1, 2},
+                 {8, 4, 1, 2},
+                 {{2, 3}, {}, {1}, {0}, {0}},
+                 true});
+  // D also in start_index_map, first, and taken whole: clip clamps its start to 0 (the
+  // one-axis op reads component 1 for T); fill mode must check that start is 0, so it takes
+  // the general path (a nonzero start fills the whole slice, drops the whole window).
+  out.push_back({"whole_mapped_dimension",
+                 batched_take_indices(true),
+                 {{2}, {1}, {2, 1}, {0}, {0}},
+                 {1, 1, 2},
+                 {8, 4, 2},
+                 {{2}, {1}, {2, 1}, {0}, {0}},
+                 false});
+  return out;
+}
+
+// Whether the graph holds a gather / scatter / scatter_add with batch dimensions (the one-axis
+// op that batched_take lowers onto).
+bool has_batched_one_axis_op(const Graph& g) {
+  for (int id = 0; id < g.size(); ++id) {
+    const Node& n = g.node(id);
+    if ((n.op == Op::kGather || n.op == Op::kScatter || n.op == Op::kScatterAdd) &&
+        n.attrs<GatherAttrs>().batch_dims > 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// batched_take's layouts against the host loops over XLA's semantics, gather, scatter_add,
+// scatter_sub and scatter (set; the positions are distinct per example in fill mode), in clip and
+// fill mode, on the Auto meshes (8), (4, 2) and (2, 4) with the operand, the indices and the
+// updates each replicated or split, and the path each takes: the one-axis op with batch_dims, or
+// (a whole mapped dimension in fill mode) the general folded path, whose values then show the
+// nonzero starts filled or dropped.
+TEST_F(GatherTest, BatchedTakeLayoutsMatchHostLoopsOnEveryMesh) {
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const std::vector<Mesh> meshes = {*flat, auto_mesh({4, 2}), auto_mesh({2, 4})};
+  const Shape xs = {8, 6, 2};
+  const HostArray x = random_f32(xs, 91);
+  for (const BatchedTakeCase& c : batched_take_cases()) {
+    const HostArray u = random_f32(c.updates, 92);
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const GatherScatterMode gmode =
+          mode == IndexMode::kClip ? GatherScatterMode::kClip : GatherScatterMode::kFillOrDrop;
+      Shape gather_shape;
+      const std::vector<double> want_gather =
+          host_gather(x, c.idx, c.gather_dn, c.slice_sizes, mode, -5.0, &gather_shape);
+      const std::vector<double> want_add = host_scatter(x, c.idx, u, c.scatter_dn, mode, true);
+      const std::vector<double> want_sub =
+          host_scatter_with(x, c.idx, u, c.scatter_dn, mode, [](double old, double v) { return old - v; });
+      const std::vector<double> want_set = host_scatter(x, c.idx, u, c.scatter_dn, mode, false);
+      const bool set = mode == IndexMode::kFillOrDrop;  // clipped positions may repeat
+      using Op3 = std::function<Value(const Value& x, const Value& idx, const Value& u)>;
+      std::vector<Op3> ops = {
+          [&](const Value& x, const Value& idx, const Value&) {
+            return gather(x, idx, c.gather_dn, c.slice_sizes, gmode,
+                          mode == IndexMode::kFillOrDrop ? std::optional<Scalar>(Scalar(-5.0)) : std::nullopt);
+          },
+          [&](const Value& x, const Value& idx, const Value& u) { return scatter_add(x, idx, u, c.scatter_dn, gmode); },
+          [&](const Value& x, const Value& idx, const Value& u) { return scatter_sub(x, idx, u, c.scatter_dn, gmode); },
+      };
+      if (set) {
+        ops.push_back(
+            [&](const Value& x, const Value& idx, const Value& u) { return scatter(x, idx, u, c.scatter_dn, gmode); });
+      }
+      const TracedFunction f = [&](const std::vector<Value>& in) {
+        std::vector<Value> out;
+        for (const Op3& op : ops) out.push_back(op(in[0], in[1], in[2]));
+        return out;
+      };
+      const std::string what = absl::StrCat(c.name, " mode ", static_cast<int>(mode));
+      const bool one_axis = mode == IndexMode::kClip || c.fill_takes_the_one_axis_op;
+      // Each op on its own: which path it takes.
+      const std::vector<ArrayType> types = {{DType::kF32, xs}, {DType::kI32, c.idx.shape()}, {DType::kF32, c.updates}};
+      for (size_t k = 0; k < ops.size(); ++k) {
+        absl::StatusOr<Graph> g =
+            trace([&](const std::vector<Value>& in) { return std::vector<Value>{ops[k](in[0], in[1], in[2])}; }, types);
+        ASSERT_TRUE(g.ok()) << what << ": " << g.status();
+        EXPECT_EQ(has_batched_one_axis_op(*g), one_axis) << what << " op " << k << "\n" << g->to_text();
+      }
+      for (const Mesh& mesh : meshes) {
+        const std::vector<PartitionSpec> x_layouts = layouts(xs, mesh), idx_layouts = layouts(c.idx.shape(), mesh),
+                                         u_layouts = layouts(c.updates, mesh);
+        for (size_t i = 0; i < x_layouts.size(); ++i) {
+          const PartitionSpec &xl = x_layouts[i], &il = idx_layouts[i % idx_layouts.size()],
+                              &ul = u_layouts[(i + 1) % u_layouts.size()];
+          const std::string where =
+              absl::StrCat(what, " mesh ", absl::StrJoin(mesh.shape(), "x"), " x ", xl.to_string(), " indices ",
+                           il.to_string(), " updates ", ul.to_string());
+          absl::StatusOr<std::vector<Array>> got =
+              jit(f)({put_on(mesh, x, xl), put_on(mesh, c.idx, il), put_on(mesh, u, ul)});
+          ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+          expect_values(fetch((*got)[0]), gather_shape, want_gather, absl::StrCat("gather ", where));
+          expect_values(fetch((*got)[1]), xs, want_add, absl::StrCat("scatter_add ", where));
+          expect_values(fetch((*got)[2]), xs, want_sub, absl::StrCat("scatter_sub ", where));
+          if (set) expect_values(fetch((*got)[3]), xs, want_set, absl::StrCat("scatter ", where));
+        }
+      }
+    }
+  }
+}
+
+// The vocabulary-parallel lookup with batch dimensions: a per-example cache x (8, 8, 8, 2) split
+// over 'a' along the dimension it is read along (P(None, None, 'a', None)), gathered with
+// batch_dims 1 (positions (8, 3)) or 2 (positions (8, 8, 3)) along that dimension, fill and clip
+// mode (positions -2..9 of 8: some out of range). Each device reads only the positions in its
+// block (fill 0 elsewhere) and one all_reduce over 'a' (psum) adds the blocks: no all_gather of
+// x (rules_indexing.cc, partition_gather). On the Auto meshes (8), (4, 2) and (2, 4), the
+// positions replicated or (two axes) their batch over 'b', which x's batch then follows with no
+// collective. Values are the host loop's.
+TEST_F(GatherTest, VocabularyParallelGatherWithBatchDimsIsALocalLookupAndOnePsum) {
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const std::vector<Mesh> meshes = {*flat, auto_mesh({4, 2}), auto_mesh({2, 4})};
+  constexpr int64_t kN = 8, kH = 8, kT = 8, kD = 2, kQ = 3;
+  const HostArray x = random_f32({kN, kH, kT, kD}, 93);
+  for (int64_t batch_dims : {1, 2}) {
+    const Shape is = batch_dims == 1 ? Shape{kN, kQ} : Shape{kN, kH, kQ};
+    std::vector<int32_t> pv(num_elements(is));
+    for (size_t i = 0; i < pv.size(); ++i) pv[i] = static_cast<int32_t>((i * 5) % 12) - 2;
+    const HostArray positions = ints(is, pv);
+    for (IndexMode mode : {IndexMode::kFillOrDrop, IndexMode::kClip}) {
+      // out[n, h, q, d] = x[n, h, p[n, (h,) q], d]
+      std::vector<double> want;
+      for (int64_t n = 0; n < kN; ++n) {
+        for (int64_t h = 0; h < kH; ++h) {
+          for (int64_t q = 0; q < kQ; ++q) {
+            int64_t t = pv[batch_dims == 1 ? n * kQ + q : (n * kH + h) * kQ + q];
+            if (mode == IndexMode::kClip) t = std::clamp<int64_t>(t, 0, kT - 1);
+            for (int64_t d = 0; d < kD; ++d) {
+              want.push_back(t < 0 || t >= kT ? -3.0 : x.values<float>()[((n * kH + h) * kT + t) * kD + d]);
+            }
+          }
+        }
+      }
+      const GatherAttrs attrs{2, mode, mode == IndexMode::kFillOrDrop ? std::optional<Scalar>(-3.0) : std::nullopt,
+                              batch_dims};
+      for (const Mesh& mesh : meshes) {
+        std::vector<PartitionSpec> position_specs = {P()};
+        if (mesh.axis_names().size() == 2) {
+          std::vector<Axes> spec(is.size());
+          spec[0] = {"b"};
+          position_specs.push_back(PartitionSpec(spec));
+        }
+        for (const PartitionSpec& ps : position_specs) {
+          const std::string where = absl::StrCat("batch_dims ", batch_dims, " mode ", static_cast<int>(mode), " mesh ",
+                                                 absl::StrJoin(mesh.shape(), "x"), " positions ", ps.to_string());
+          Jitted f =
+              jit([&attrs](const std::vector<Value>& in) { return std::vector<Value>{gather(in[0], in[1], attrs)}; });
+          absl::StatusOr<std::vector<Array>> got =
+              f({put_on(mesh, x, P(None, None, "a", None)), put_on(mesh, positions, ps)});
+          ASSERT_TRUE(got.ok()) << where << ": " << got.status();
+          expect_values(fetch((*got)[0]), {kN, kH, kQ, kD}, want, where);
+          const std::string plan = f.as_text();
+          EXPECT_EQ(jit_support::all_reduce_count(plan), 1u) << where << "\n" << plan;
+          EXPECT_THAT(plan, HasSubstr("all_reduce(sum, axes=('a',))")) << where << "\n" << plan;
+          for (const char* moves : {"all_gather", "all_to_all", "collective_permute", "reduce_scatter"}) {
+            EXPECT_THAT(plan, ::testing::Not(HasSubstr(moves))) << where << "\n" << plan;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The gradients of the one-axis gather and scatter_add with batch dimensions (GatherAttrs
+// batch_dims 1 and 2 on a cache x (N, H, T, D) = (4, 3, 6, 2) read / written along T at 5
+// positions per example (per example and head), repeats and out-of-range ones included), clip and
+// fill mode: f(x) = sum(gather(x)^2 * w) and g(x, u) = sum(scatter_add(x, u)^2 * w), against the
+// host's analytic cotangent (d/dx f: 2 x w summed over the positions that read x, clamped or
+// dropped as the mode says; d/dx g = 2 y w, d/du g = 2 y w read back at the positions) and
+// against central differences of the host's float32 f and g, element by element (eps 1e-2 on a
+// quadratic: exact but for float32 rounding, within 1e-2). And, as JAX's check_grads
+// (jax/_src/public_test_util.py, numerical_jvp), along two random directions v the jitted
+// function's own central difference (f(x + eps v) - f(x - eps v)) / 2 eps matches <grad, v>.
+// Jitted on the (4, 2) Auto mesh with the batch replicated and split over 'data'.
+TEST_F(GatherTest, BatchDimsGradientsMatchCentralDifferencesAndTheHostCotangent) {
+  constexpr int64_t kN = 4, kH = 3, kT = 6, kD = 2, kQ = 5;
+  constexpr float kEps = 1e-2f;
+  const HostArray x = random_f32({kN, kH, kT, kD}, 94);
+  for (int64_t batch_dims : {1, 2}) {
+    const Shape is = batch_dims == 1 ? Shape{kN, kQ} : Shape{kN, kH, kQ};
+    std::vector<int32_t> pv(num_elements(is));
+    for (size_t i = 0; i < pv.size(); ++i) pv[i] = static_cast<int32_t>((i * 7) % 9) - 1;  // -1..7 of 6; repeats
+    const HostArray positions = ints(is, pv);
+    const Shape rs = {kN, kH, kQ, kD};
+    const HostArray w = random_f32(rs, 95), wx = random_f32(x.shape(), 96), u = random_f32(rs, 97);
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const std::string where = absl::StrCat("batch_dims ", batch_dims, " mode ", static_cast<int>(mode));
+      // The element of x read by result element (n, h, q, d), or -1 (filled / dropped).
+      auto source = [&](int64_t n, int64_t h, int64_t q, int64_t d) -> int64_t {
+        int64_t t = pv[batch_dims == 1 ? n * kQ + q : (n * kH + h) * kQ + q];
+        if (mode == IndexMode::kClip) t = std::clamp<int64_t>(t, 0, kT - 1);
+        return t < 0 || t >= kT ? -1 : ((n * kH + h) * kT + t) * kD + d;
+      };
+      auto for_each_result = [&](const std::function<void(int64_t r, int64_t s)>& visit) {
+        for (int64_t n = 0, r = 0; n < kN; ++n)
+          for (int64_t h = 0; h < kH; ++h)
+            for (int64_t q = 0; q < kQ; ++q)
+              for (int64_t d = 0; d < kD; ++d, ++r) visit(r, source(n, h, q, d));
+      };
+      const float* wv = w.values<float>().data();
+      const float* wxv = wx.values<float>().data();
+      const float* uv = u.values<float>().data();
+      // The host's float32 f and g (the fill value 0).
+      auto host_f = [&](const std::vector<float>& xv) {
+        float total = 0;
+        for_each_result([&](int64_t r, int64_t s) {
+          const float g = s < 0 ? 0.0f : xv[s];
+          total += g * g * wv[r];
+        });
+        return total;
+      };
+      auto scattered = [&](const std::vector<float>& xv, const std::vector<float>& us) {
+        std::vector<float> y = xv;
+        for_each_result([&](int64_t r, int64_t s) {
+          if (s >= 0) y[s] += us[r];
+        });
+        return y;
+      };
+      auto host_g = [&](const std::vector<float>& xv, const std::vector<float>& us) {
+        const std::vector<float> y = scattered(xv, us);
+        float total = 0;
+        for (size_t i = 0; i < y.size(); ++i) total += y[i] * y[i] * wxv[i];
+        return total;
+      };
+      const std::vector<float> x0(x.values<float>().begin(), x.values<float>().end()), u0(uv, uv + u.size());
+      // Analytic cotangents.
+      std::vector<double> df(x.size(), 0.0), dgx(x.size()), dgu(u.size(), 0.0);
+      for_each_result([&](int64_t r, int64_t s) {
+        if (s >= 0) df[s] += 2.0 * x0[s] * wv[r];
+      });
+      const std::vector<float> y0 = scattered(x0, u0);
+      for (size_t i = 0; i < dgx.size(); ++i) dgx[i] = 2.0 * y0[i] * wxv[i];
+      for_each_result([&](int64_t r, int64_t s) {
+        if (s >= 0) dgu[r] = dgx[s];
+      });
+      // Central differences of the host's float32 functions, element by element.
+      auto central = [&](const std::function<float(const std::vector<float>&)>& h, const std::vector<float>& at) {
+        std::vector<double> out(at.size());
+        for (size_t i = 0; i < at.size(); ++i) {
+          std::vector<float> up = at, down = at;
+          up[i] += kEps;
+          down[i] -= kEps;
+          out[i] = (static_cast<double>(h(up)) - h(down)) / (2.0 * kEps);
+        }
+        return out;
+      };
+      const std::vector<double> cf = central(host_f, x0);
+      const std::vector<double> cgx = central([&](const std::vector<float>& xv) { return host_g(xv, u0); }, x0);
+      const std::vector<double> cgu = central([&](const std::vector<float>& us) { return host_g(x0, us); }, u0);
+      for (size_t i = 0; i < df.size(); ++i) {
+        ASSERT_NEAR(cf[i], df[i], 1e-2 * (1 + std::abs(df[i]))) << where << " host f element " << i;
+        ASSERT_NEAR(cgx[i], dgx[i], 1e-2 * (1 + std::abs(dgx[i]))) << where << " host g element " << i;
+      }
+      for (size_t i = 0; i < dgu.size(); ++i) {
+        ASSERT_NEAR(cgu[i], dgu[i], 1e-2 * (1 + std::abs(dgu[i]))) << where << " host g update " << i;
+      }
+
+      const GatherAttrs attrs{2, mode, mode == IndexMode::kFillOrDrop ? std::optional<Scalar>(0.0) : std::nullopt,
+                              batch_dims};
+      const TracedFunction f = [attrs](const std::vector<Value>& in) {
+        const Value g = gather(in[0], in[1], attrs);
+        return std::vector<Value>{sum(g * g * in[2])};
+      };
+      const TracedFunction g = [mode, batch_dims](const std::vector<Value>& in) {
+        const Value y = scatter_add(in[0], in[1], in[3], GatherAttrs{2, mode, std::nullopt, batch_dims});
+        return std::vector<Value>{sum(y * y * in[2])};
+      };
+      for (const char* batch : {"", "data"}) {
+        const std::string at = absl::StrCat(where, " batch over '", batch, "'");
+        const Axes split = *batch == '\0' ? Axes{} : Axes{batch};
+        auto on = [&](const HostArray& a) {
+          std::vector<Axes> spec(a.shape().size());
+          spec[0] = split;
+          return put_on(*auto_mesh_, a, PartitionSpec(spec));
+        };
+        const Array xa = on(x), pa = on(positions), wa = on(w), wxa = on(wx), ua = on(u);
+        absl::StatusOr<std::vector<Array>> got = jit(grad(f))({xa, pa, wa});
+        ASSERT_TRUE(got.ok()) << at << ": " << got.status();
+        const HostArray grad_f = fetch((*got)[0]);
+        expect_values(grad_f, x.shape(), df, absl::StrCat("d/dx f ", at));
+        for (int64_t i = 0; i < x.size(); ++i) {
+          ASSERT_NEAR(grad_f.values<float>()[i], cf[i], 1e-2 * (1 + std::abs(cf[i]))) << at << " element " << i;
+        }
+        got = jit(grad(g, {0, 3}))({xa, pa, wxa, ua});
+        ASSERT_TRUE(got.ok()) << at << ": " << got.status();
+        const HostArray grad_gx = fetch((*got)[0]), grad_gu = fetch((*got)[1]);
+        expect_values(grad_gx, x.shape(), dgx, absl::StrCat("d/dx g ", at));
+        expect_values(grad_gu, rs, dgu, absl::StrCat("d/du g ", at));
+        for (int64_t i = 0; i < x.size(); ++i) {
+          ASSERT_NEAR(grad_gx.values<float>()[i], cgx[i], 1e-2 * (1 + std::abs(cgx[i]))) << at << " element " << i;
+        }
+        for (int64_t i = 0; i < u.size(); ++i) {
+          ASSERT_NEAR(grad_gu.values<float>()[i], cgu[i], 1e-2 * (1 + std::abs(cgu[i]))) << at << " update " << i;
+        }
+        // The jitted functions' own central differences along random directions.
+        for (uint32_t seed : {98u, 99u}) {
+          const HostArray v = random_f32(x.shape(), seed);
+          HostArray up(DType::kF32, x.shape()), down(DType::kF32, x.shape());
+          double along = 0;
+          for (int64_t i = 0; i < x.size(); ++i) {
+            up.mutable_values<float>()[i] = x0[i] + kEps * v.values<float>()[i];
+            down.mutable_values<float>()[i] = x0[i] - kEps * v.values<float>()[i];
+            along += grad_f.values<float>()[i] * static_cast<double>(v.values<float>()[i]);
+          }
+          Jitted fj = jit(f);
+          absl::StatusOr<std::vector<Array>> fu = fj({on(up), pa, wa}), fd = fj({on(down), pa, wa});
+          ASSERT_TRUE(fu.ok() && fd.ok()) << at;
+          const double numeric =
+              (fetch((*fu)[0]).element_as_double(0) - fetch((*fd)[0]).element_as_double(0)) / (2.0 * kEps);
+          EXPECT_NEAR(numeric, along, 1e-2 * (1 + std::abs(along))) << at << " direction " << seed;
+        }
+      }
+    }
   }
 }
 

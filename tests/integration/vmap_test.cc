@@ -1127,5 +1127,93 @@ TEST_F(VmapTest, PerExampleKvCacheHeadsOnlyLayoutReadsOneElementPerExample) {
   }
 }
 
+// vmap of a gather that has batch dimensions of its own (a per-example cache x (N, H, T, D) =
+// (4, 2, 6, 3) read along T, batch_dims 1: indices (N, Q), or batch_dims 2: indices (N, H, Q)),
+// x shared by every one of V = 8 examples (unmapped) and the indices mapped. As JAX's
+// _gather_batching_rule with an unbatched operand and batched indices (jax/_src/lax/slicing.py),
+// vmap's batch is one more query dimension of the indices: the traced program never copies x
+// per example (session 38's rule broadcast x to (V, N, H, T, D)), and no instruction of the
+// compiled plan is that large. Values are the host loop's, in fill mode (out-of-range positions
+// read the fill value) and clip mode, on the Auto (4, 2) mesh replicated and split, and on the
+// Explicit (2, 2) mesh with x's batch split and vmap's batch whole or split (then x is
+// broadcast along the split batch, which the Explicit rule resolves as a batching dimension).
+TEST_F(VmapTest, GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample) {
+  constexpr int64_t kV = 8, kN = 4, kH = 2, kT = 6, kD = 3, kQ = 3;
+  const HostArray x = arange({kN, kH, kT, kD});
+  const int64_t x_size = kN * kH * kT * kD;
+  for (int64_t batch_dims : {1, 2}) {
+    Shape example_indices = batch_dims == 1 ? Shape{kN, kQ} : Shape{kN, kH, kQ};
+    Shape indices_shape = example_indices;
+    indices_shape.insert(indices_shape.begin(), kV);
+    HostArray idx(DType::kI32, indices_shape);
+    for (int64_t i = 0; i < idx.size(); ++i) idx.mutable_values<int32_t>()[i] = static_cast<int32_t>((i * 7) % 10 - 2);
+    for (IndexMode mode : {IndexMode::kFillOrDrop, IndexMode::kClip}) {
+      SCOPED_TRACE(absl::StrCat("batch_dims ", batch_dims, " mode ", static_cast<int>(mode)));
+      const GatherAttrs attrs{2, mode, mode == IndexMode::kFillOrDrop ? std::optional<Scalar>(-7.0) : std::nullopt,
+                              batch_dims};
+      const TracedFunction f = [attrs](const std::vector<Value>& in) {
+        return std::vector<Value>{gather(in[0], in[1], attrs)};
+      };
+      // The host loop: out[v, n, h, q, d] = x[n, h, idx[v, n, (h,) q], d].
+      std::vector<double> want;
+      for (int64_t v = 0; v < kV; ++v) {
+        for (int64_t n = 0; n < kN; ++n) {
+          for (int64_t h = 0; h < kH; ++h) {
+            for (int64_t q = 0; q < kQ; ++q) {
+              const int64_t at = batch_dims == 1 ? (v * kN + n) * kQ + q : ((v * kN + n) * kH + h) * kQ + q;
+              int64_t t = idx.values<int32_t>()[at];
+              if (mode == IndexMode::kClip) t = std::clamp<int64_t>(t, 0, kT - 1);
+              for (int64_t d = 0; d < kD; ++d) {
+                want.push_back(t < 0 || t >= kT ? -7.0 : x.values<float>()[((n * kH + h) * kT + t) * kD + d]);
+              }
+            }
+          }
+        }
+      }
+      const TracedFunction batched = vmap(f, {std::nullopt, 0});
+      absl::StatusOr<Graph> g =
+          trace(batched, {ArrayType{DType::kF32, {kN, kH, kT, kD}}, ArrayType{DType::kI32, indices_shape}});
+      ASSERT_TRUE(g.ok()) << g.status();
+      for (int id = 0; id < g->size(); ++id) {
+        EXPECT_LT(num_elements(g->node(id).shape), kV * x_size) << "node " << id << "\n" << g->to_text();
+      }
+      Jitted run = jit(batched);
+      absl::StatusOr<std::vector<Array>> out = run({put_on(*auto_mesh_, x, P()), put_on(*auto_mesh_, idx, P())});
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ((*out)[0].shape(), (Shape{kV, kN, kH, kQ, kD}));
+      expect_near(fetch((*out)[0]), want);
+      for (const auto& [elements, line] : kernel_result_sizes(run.as_text())) {
+        EXPECT_LT(elements, kV * x_size) << line << "\n" << run.as_text();
+      }
+      // Split layouts: x's batch over 'model', the examples over 'data' (or the batch too).
+      std::vector<Axes> idx_spec(indices_shape.size());
+      idx_spec[0] = {"data"};
+      out = run(
+          {put_on(*auto_mesh_, x, P("model", None, None, None)), put_on(*auto_mesh_, idx, PartitionSpec{idx_spec})});
+      ASSERT_TRUE(out.ok()) << out.status();
+      expect_near(fetch((*out)[0]), want);
+      idx_spec[1] = {"model"};
+      out = run(
+          {put_on(*auto_mesh_, x, P("model", None, None, None)), put_on(*auto_mesh_, idx, PartitionSpec{idx_spec})});
+      ASSERT_TRUE(out.ok()) << out.status();
+      expect_near(fetch((*out)[0]), want);
+      // Explicit (2, 2): x's batch over 'x', the examples whole, then over 'y'.
+      const Mesh xy = mesh_2x2();
+      std::vector<Axes> explicit_spec(indices_shape.size());
+      explicit_spec[1] = {"x"};
+      const Array xs = put_on(xy, x, P("x", None, None, None));
+      out = jit(batched)({xs, put_on(xy, idx, PartitionSpec{explicit_spec})});
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[8,4@x,2,3,3]");
+      expect_near(fetch((*out)[0]), want);
+      explicit_spec[0] = {"y"};
+      out = jit(batched)({xs, put_on(xy, idx, PartitionSpec{explicit_spec})});
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(type_of((*out)[0]).to_string(), "f32[8@y,4@x,2,3,3]");
+      expect_near(fetch((*out)[0]), want);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera
