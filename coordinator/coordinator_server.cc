@@ -217,9 +217,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
       wait = std::min(wait, time_left(*ctx));
       std::map<int, std::string> unconfirmed;
       if (!wait_for_alive(*ctx, req->min_alive_devices(), wait, &unconfirmed)) {
-        // Each list names its first devices and counts the rest: the whole error must fit gRPC's
-        // 8 KiB status trailer at thousands of devices (an unconfirmed device carries its
-        // worker's error, so fewer of those).
+        // Each list names its first devices and counts the rest, so that the error stays
+        // readable at thousands of devices (an unconfirmed device carries its worker's error, so
+        // fewer of those); to_grpc cuts what long addresses still make too long for gRPC.
         constexpr size_t kNamed = 32, kNamedUnconfirmed = 8;
         // Draining devices are alive but take no new work: they do not count.
         int alive = 0;

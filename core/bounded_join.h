@@ -20,7 +20,8 @@
 namespace tessera {
 
 // The first `limit` items of `items` (any range with std::size), each appended by
-// `format(&text, item)`, separated by `separator`; " and K more" when K items were left out.
+// `format(&text, item)`, separated by `separator`; " and K more" when K items were left out
+// ("K more" when none is named).
 template <typename Range, typename Formatter>
 std::string join_at_most(const Range& items, size_t limit, absl::string_view separator, Formatter&& format) {
   std::string text;
@@ -31,7 +32,7 @@ std::string join_at_most(const Range& items, size_t limit, absl::string_view sep
     format(&text, item);
   }
   const size_t total = static_cast<size_t>(std::size(items));
-  if (total > named) absl::StrAppend(&text, " and ", total - named, " more");
+  if (total > named) absl::StrAppend(&text, named > 0 ? " and " : "", total - named, " more");
   return text;
 }
 

@@ -55,7 +55,16 @@ absl::Duration transfer_deadline(int64_t bytes) {
 
 grpc::Status to_grpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // The message travels in a header, and gRPC bounds a response's metadata (8 KiB by default):
+  // a longer one fails the call with "metadata size exceeds limit", losing the code and the
+  // reason. Cut at kMaxStatusMessage bytes, saying how much was cut.
+  const absl::string_view message = status.message();
+  if (message.size() <= kMaxStatusMessage) {
+    return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(message));
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      absl::StrCat(message.substr(0, kMaxStatusMessage), "... (", message.size() - kMaxStatusMessage,
+                                   " more bytes cut)"));
 }
 
 absl::Status from_grpc(const grpc::Status& status, absl::string_view who) {

@@ -7,6 +7,7 @@
 #ifndef TESSERA_PROTO_RPC_H_
 #define TESSERA_PROTO_RPC_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,7 +76,9 @@ inline constexpr absl::Duration kConnectDeadline = absl::Seconds(5);
 // fails a transfer within bounded time while a slow but live one completes.
 absl::Duration transfer_deadline(int64_t bytes);
 
-// An OK grpc::Status carries no message; everything else keeps code and message.
+// An OK grpc::Status carries no message; everything else keeps its code and message, the
+// message cut after kMaxStatusMessage bytes (gRPC's metadata bound would fail the call).
+inline constexpr size_t kMaxStatusMessage = 4096;
 grpc::Status to_grpc(const absl::Status& status);
 
 // Converts a gRPC status to absl, prefixing the message with `who` (the peer), so the

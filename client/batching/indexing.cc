@@ -1,7 +1,8 @@
 // Batching the indexing ops. gather and scatter whose indices are the same for every example:
 // the indexed dimension one further on; with indices per example, the one-axis op with the
 // batch as one more of its batch dimensions (GatherAttrs.batch_dims; JAX's
-// _gather_batching_rule does the same, with operand_batching_dims). dynamic_slice and dynamic_update_slice as JAX
+// _gather_batching_rule does the same, with operand_batching_dims), or, for a gather from an x
+// shared by every example, as one more query dimension of the indices. dynamic_slice and dynamic_update_slice as JAX
 // batches them (jax/_src/lax/slicing.py, _dynamic_slice_batching_rule, _dynamic_update_slice_batching_rule): with the
 // same starts for every example, the op again with a start of 0 along the batch dimension; with starts that differ per
 // example, lax's gather (scatter) of each example's window with the batch as a batching dimension of operand and
@@ -26,14 +27,15 @@ namespace {
 // becomes one more query dimension of the indices, right after their n batch dimensions
 // (B1..Bn, V, ...), all examples gather at once, and V, which lands at `axis` in the result
 // (X[:axis] + I[n:] + X[axis+1:]), moves to the front. On a batch split over Explicit axes with
-// batch dimensions, x is broadcast instead: as a query dimension the split would be refused
-// (JAX's _gather_sharding_rule wants the indices' non-batching dimensions unsplit), as a batch
-// dimension it resolves. A scatter into an unbatched x does write B copies of it (each example
-// its own), so x is broadcast there.
+// batch dimensions, x is broadcast instead, a deliberate difference: JAX raises there (its
+// _gather_sharding_rule refuses the indices' split non-batching dimension), and session 38's
+// broadcast resolves the split as a batch dimension. (With batch_dims 0 the query-dimension
+// form is taken and the Explicit rule refuses the split, as JAX.) A scatter into an unbatched x does write B copies of
+// it (each example its own), so x is broadcast there.
 absl::StatusOr<Value> batched_indices_rule(const BatchArgs& a) {
   GatherAttrs attrs = a.node.attrs<GatherAttrs>();
-  const bool split_batch_dims = attrs.batch_dims > 0 && !a.layout.explicit_axes.empty();
-  if (a.node.op == Op::kGather && !a.batched[0] && !split_batch_dims) {
+  const bool explicit_with_batch_dims = attrs.batch_dims > 0 && !a.layout.explicit_axes.empty();
+  if (a.node.op == Op::kGather && !a.batched[0] && !explicit_with_batch_dims) {
     const Value indices = move_dim(a.x[1], 0, attrs.batch_dims);
     return move_dim(gather(a.x[0], indices, attrs), attrs.axis, 0);
   }

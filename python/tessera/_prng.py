@@ -296,7 +296,10 @@ class PRNGKeyArray:
         return (self[i] for i in range(self.shape[0]))
 
     def _data_index(self, idx):
-        """The index of the data that `idx` of the key dimensions is."""
+        """The index of the data that `idx` of the key dimensions is. A list as the whole index
+        is JAX's TypeError here too (prng.py gives key arrays jnp's __getitem__ and `at`)."""
+        from .numpy import _refuse_list_index
+        _refuse_list_index(idx)
         idx = idx if isinstance(idx, tuple) else (idx,)
         indexing = [i for i in idx if i is not None and i is not Ellipsis]
         if len(indexing) > self.ndim:

@@ -1541,6 +1541,8 @@ class _IndexUpdateHelper:
         self._x = x
 
     def __getitem__(self, idx):
+        # JAX refuses the list at the update (.get(), .set(), ...); here already at x.at[seq],
+        # which differs only for a reference made and never used.
         _refuse_list_index(idx)
         return _IndexUpdateRef(self._x, idx)
 

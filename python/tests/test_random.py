@@ -392,6 +392,13 @@ def test_typed_keys_print_index_and_reshape_as_jax():
         keys[0, 1, 2]
     with pytest.raises(IndexError, match="Too many indices"):
         keys[0, 1, None, 2]
+    # A list as the whole index is jnp's TypeError for key arrays too (prng.py
+    # _set_array_base_attributes forwards __getitem__ and `at` to jnp's, which call
+    # eliminate_deprecated_list_indexing); an index array is not.
+    for index in (lambda ks: ks[[0, 1]], lambda ks: ks.at[[0, 1]].get()):
+        with pytest.raises(TypeError, match="Using a non-tuple sequence for multidimensional indexing"):
+            index(keys)
+    assert keys[np.array([0, 1])].shape == (2, 3)
     # An indexed key is the key at that place (its data the data's row), and so is iteration.
     data = np.asarray(random.key_data(keys))
     assert np.asarray(random.key_data(keys[1, 2])).tolist() == data[1, 2].tolist()

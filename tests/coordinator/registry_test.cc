@@ -339,7 +339,6 @@ TEST(RegistrySessions, EarlierSessionsAreTakenOverAndUnadoptedOrphansLapse) {
   EXPECT_TRUE(after.get_array(kept.id).ok());
 }
 
-// Request limits (coordinator/request_limits.h): each refusal names the value and the rule.
 // A worker that asks for any id gets the lowest free one, up to kMaxDeviceId (65,535): the
 // 65,537th worker is refused RESOURCE_EXHAUSTED naming the limit, which the size bound of the
 // workers' peer view assumes (docs/design.md); a worker already registered still registers
@@ -365,6 +364,7 @@ TEST(RegistryLimits, TheDeviceAfterTheLastIdIsRefusedNamingTheLimit) {
   EXPECT_EQ(registry.devices().size(), static_cast<size_t>(kMaxDeviceId) + 1);
 }
 
+// Request limits (coordinator/request_limits.h): each refusal names the value and the rule.
 TEST(RequestLimits, RunTimeoutsAreBoundedInsteadOfOverflowing) {
   EXPECT_EQ(*run_timeout("execute", 0), absl::Seconds(10));
   EXPECT_EQ(*run_timeout("execute", 2500), absl::Milliseconds(2500));

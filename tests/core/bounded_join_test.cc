@@ -15,7 +15,7 @@ TEST(BoundedJoin, NamesTheFirstItemsAndCountsTheRest) {
   EXPECT_EQ(join_at_most(std::vector<int>{3}, 2), "3");
   EXPECT_EQ(join_at_most(std::vector<int>{3, 5}, 2), "3, 5");
   EXPECT_EQ(join_at_most(std::vector<int>{3, 5, 8}, 2), "3, 5 and 1 more");
-  EXPECT_EQ(join_at_most(std::vector<int>{3, 5, 8}, 0), " and 3 more");
+  EXPECT_EQ(join_at_most(std::vector<int>{3, 5, 8}, 0), "3 more");
   EXPECT_EQ(join_at_most(std::vector<std::string>{"a: x", "b: y", "c"}, 2, "; "), "a: x; b: y and 1 more");
   std::vector<uint64_t> many(2000);
   for (size_t i = 0; i < many.size(); ++i) many[i] = 100 + i;

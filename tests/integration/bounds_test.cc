@@ -309,6 +309,19 @@ TEST_F(BoundsTest, RequestLimitsNameTheLimit) {
 
 // However many arrays there are, the status stays within the message limit: the rest are
 // counted, not listed (each of these records carries 32 axis names of 128 bytes, ~4 KiB).
+// An error message longer than gRPC's metadata bound would fail the call with "metadata size
+// exceeds limit" and lose the code and the reason: to_grpc cuts it, saying how much.
+TEST(BoundsStatus, AnOverlongErrorIsCutKeepingItsCodeAndStart) {
+  const std::string reason = "GetTopology: waited 1s for 5000 alive devices; lost: " + std::string(100'000, 'd');
+  const grpc::Status cut = to_grpc(absl::DeadlineExceededError(reason));
+  EXPECT_EQ(cut.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(cut.error_message(), absl::StrCat(reason.substr(0, kMaxStatusMessage), "... (",
+                                              reason.size() - kMaxStatusMessage, " more bytes cut)"));
+  const std::string fits(kMaxStatusMessage, 'f');
+  EXPECT_EQ(to_grpc(absl::NotFoundError(fits)).error_message(), fits);
+  EXPECT_TRUE(to_grpc(absl::OkStatus()).error_message().empty());
+}
+
 TEST_F(BoundsTest, ClusterStatusListsWhatFitsAndCountsTheRest) {
   pb::CreateArrayRequest create;
   create.set_dtype(pb::F32);

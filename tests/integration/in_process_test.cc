@@ -301,9 +301,10 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> served_heal
 // its device, not at the call's deadline (2 minutes: DEADLINE_EXCEEDED if it waited);
 // the other devices' runs are cancelled by the coordinator; a later call fails naming it too,
 // and the worker's server answers health NOT_SERVING. With `collective`, the loop's condition
-// sums a carry split over the devices (an all_reduce per iteration): the other devices wait on
-// the stopped one's messages, and its ended collectives fail those waits at once
-// (stop_in_process_collectives) rather than at the op's timeout.
+// sums a carry split over the devices (an all_reduce per iteration), so the other devices'
+// runs are inside collectives with the stopped one: the call still fails at once naming it.
+// (Which path ends those peers' waits first, the stopped worker's ended collectives or the
+// coordinator's cancel after its run failed, this test does not tell apart.)
 void stop_a_worker_mid_run(bool collective) {
   // Heartbeats that would take 10 minutes to mark the stopped worker lost: every failure below
   // comes from its ended run session, not from the lost-device path (which also says UNAVAILABLE

@@ -36,14 +36,17 @@ inline void expect_near(const HostArray& got, const std::vector<double>& want, d
   }
 }
 
-// How many all_reduce instructions a program's text (Jitted::as_text) has, loop bodies included.
-inline size_t all_reduce_count(const std::string& program) {
+// How many `op` instructions (e.g. "collective_permute") a program's text (Jitted::as_text)
+// has, loop bodies included.
+inline size_t count_of(const std::string& program, const std::string& op) {
+  const std::string needle = "= " + op + "(";
   size_t n = 0;
-  for (size_t at = program.find("= all_reduce("); at != std::string::npos; at = program.find("= all_reduce(", at + 1)) {
-    ++n;
-  }
+  for (size_t at = program.find(needle); at != std::string::npos; at = program.find(needle, at + 1)) ++n;
   return n;
 }
+
+// How many all_reduce instructions a program's text has, loop bodies included.
+inline size_t all_reduce_count(const std::string& program) { return count_of(program, "all_reduce"); }
 
 // jit of a while loop that never ends (its condition, sum(carry) > -1, holds as the carry grows
 // from zeros): a run that only its deadline, a stopped worker or a cancellation ends.

@@ -18,6 +18,7 @@
 namespace tessera {
 namespace {
 
+using jit_support::count_of;
 using jit_support::expect_near;
 using jit_support::random_f32;
 using ::testing::HasSubstr;
@@ -74,13 +75,6 @@ class SliceTest : public jit_support::LocalJitSuite {
         out.push_back(x.element_as_double((rows ? m - 1 - i : i) * n + (cols ? n - 1 - j : j)));
     }
     return out;
-  }
-  // How many `collective` instructions (e.g. "collective_permute") a program's text has.
-  static size_t count_of(const std::string& program, const std::string& collective) {
-    const std::string needle = absl::StrCat("= ", collective, "(");
-    size_t n = 0;
-    for (size_t at = program.find(needle); at != std::string::npos; at = program.find(needle, at + 1)) ++n;
-    return n;
   }
   // rev(x split as `spec` on `mesh`, c.dims) equals numpy's reversal, keeps the split
   // (_rev_sharding_rule), and its plan is one collective_permute where a split dimension is
@@ -334,6 +328,9 @@ TEST_F(SliceTest, APendingSumOrMaxPassesThroughRev) {
       }
       EXPECT_EQ(count_of(program, "all_reduce") + count_of(program, "reduce_scatter"), 1u) << program;
       EXPECT_EQ(count_of(program, "collective_permute"), permute ? 1u : 0u) << program;
+      // Passed through, not settled first: the reduction comes after the local rev.
+      const size_t reduced = std::min(program.find("= all_reduce("), program.find("= reduce_scatter("));
+      EXPECT_LT(program.find("= rev("), reduced) << "the reduction should follow the rev\n" << program;
     };
     for (const RevCase& c : {RevCase{"rev(x @ w, {0})", {0}, true, false}, RevCase{"rev(x @ w, {1})", {1}, false, true},
                              RevCase{"rev(x @ w, {0, 1})", {0, 1}, true, true}}) {

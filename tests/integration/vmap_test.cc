@@ -1185,6 +1185,33 @@ TEST_F(VmapTest, GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample) {
       for (const auto& [elements, line] : kernel_result_sizes(run.as_text())) {
         EXPECT_LT(elements, kV * x_size) << line << "\n" << run.as_text();
       }
+      // Its gradient with respect to the shared x (the transpose: a scatter_add into x summing
+      // over the examples) against the host's: gx[n, h, t, d] sums w[v, n, h, q, d] over the
+      // examples v and queries q that read t (clamped in clip mode, none out of range in fill).
+      const HostArray w = arange({kV, kN, kH, kQ, kD});
+      std::vector<double> gx(x_size, 0.0);
+      for (int64_t v = 0; v < kV; ++v) {
+        for (int64_t n = 0; n < kN; ++n) {
+          for (int64_t h = 0; h < kH; ++h) {
+            for (int64_t q = 0; q < kQ; ++q) {
+              const int64_t at = batch_dims == 1 ? (v * kN + n) * kQ + q : ((v * kN + n) * kH + h) * kQ + q;
+              int64_t t = idx.values<int32_t>()[at];
+              if (mode == IndexMode::kClip) t = std::clamp<int64_t>(t, 0, kT - 1);
+              if (t < 0 || t >= kT) continue;
+              for (int64_t d = 0; d < kD; ++d) {
+                gx[((n * kH + h) * kT + t) * kD + d] += w.values<float>()[(((v * kN + n) * kH + h) * kQ + q) * kD + d];
+              }
+            }
+          }
+        }
+      }
+      const TracedFunction loss = [batched](const std::vector<Value>& in) {
+        return std::vector<Value>{sum(batched({in[0], in[1]})[0] * in[2])};
+      };
+      Jitted dloss = jit(grad(loss));
+      out = dloss({put_on(*auto_mesh_, x, P()), put_on(*auto_mesh_, idx, P()), put_on(*auto_mesh_, w, P())});
+      ASSERT_TRUE(out.ok()) << out.status();
+      expect_near(fetch((*out)[0]), gx);
       // Split layouts: x's batch over 'model', the examples over 'data' (or the batch too).
       std::vector<Axes> idx_spec(indices_shape.size());
       idx_spec[0] = {"data"};
@@ -1213,6 +1240,22 @@ TEST_F(VmapTest, GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample) {
       expect_near(fetch((*out)[0]), want);
     }
   }
+  // Without batch dimensions the same layout (vmap's batch over an Explicit axis, x shared) is
+  // the query-dimension form, which the Explicit rule refuses as JAX's _gather_sharding_rule
+  // does (tests/pjit_test.py test_indices_sharded_gather_error); only an op with batch
+  // dimensions of its own keeps the broadcast (indexing.cc, a deliberate difference).
+  const Mesh xy = mesh_2x2();
+  HostArray ids(DType::kI32, {kV, kQ});
+  for (int64_t i = 0; i < ids.size(); ++i) ids.mutable_values<int32_t>()[i] = static_cast<int32_t>(i % kT);
+  const TracedFunction take_rows = [](const std::vector<Value>& in) {
+    return std::vector<Value>{gather(in[0], in[1], GatherAttrs{0, IndexMode::kClip, std::nullopt, 0})};
+  };
+  absl::StatusOr<std::vector<Array>> refused =
+      jit(vmap(take_rows, {std::nullopt, 0}))({put_on(xy, arange({kT, kD}), P()), put_on(xy, ids, P("y", None))});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing"));
 }
 
 }  // namespace
