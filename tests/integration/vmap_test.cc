@@ -1154,22 +1154,27 @@ TEST_F(VmapTest, GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample) {
       const TracedFunction f = [attrs](const std::vector<Value>& in) {
         return std::vector<Value>{gather(in[0], in[1], attrs)};
       };
-      // The host loop: out[v, n, h, q, d] = x[n, h, idx[v, n, (h,) q], d].
-      std::vector<double> want;
-      for (int64_t v = 0; v < kV; ++v) {
-        for (int64_t n = 0; n < kN; ++n) {
-          for (int64_t h = 0; h < kH; ++h) {
-            for (int64_t q = 0; q < kQ; ++q) {
-              const int64_t at = batch_dims == 1 ? (v * kN + n) * kQ + q : ((v * kN + n) * kH + h) * kQ + q;
-              int64_t t = idx.values<int32_t>()[at];
-              if (mode == IndexMode::kClip) t = std::clamp<int64_t>(t, 0, kT - 1);
-              for (int64_t d = 0; d < kD; ++d) {
-                want.push_back(t < 0 || t >= kT ? -7.0 : x.values<float>()[((n * kH + h) * kT + t) * kD + d]);
+      // The host loop: out[v, n, h, q, d] = x[n, h, idx[v, n, (h,) q], d]. read(e, t, o) is
+      // called for each element e = (v, n, h, q, d) of the result, in order, with the position t
+      // it reads (clamped in clip mode; out of range in fill mode) and its offset o in x.
+      auto for_each_read = [&](const std::function<void(int64_t, int64_t, int64_t)>& read) {
+        int64_t e = 0;
+        for (int64_t v = 0; v < kV; ++v) {
+          for (int64_t n = 0; n < kN; ++n) {
+            for (int64_t h = 0; h < kH; ++h) {
+              for (int64_t q = 0; q < kQ; ++q) {
+                const int64_t at = batch_dims == 1 ? (v * kN + n) * kQ + q : ((v * kN + n) * kH + h) * kQ + q;
+                int64_t t = idx.values<int32_t>()[at];
+                if (mode == IndexMode::kClip) t = std::clamp<int64_t>(t, 0, kT - 1);
+                for (int64_t d = 0; d < kD; ++d) read(e++, t, ((n * kH + h) * kT + t) * kD + d);
               }
             }
           }
         }
-      }
+      };
+      std::vector<double> want;
+      for_each_read(
+          [&](int64_t, int64_t t, int64_t o) { want.push_back(t < 0 || t >= kT ? -7.0 : x.values<float>()[o]); });
       const TracedFunction batched = vmap(f, {std::nullopt, 0});
       absl::StatusOr<Graph> g =
           trace(batched, {ArrayType{DType::kF32, {kN, kH, kT, kD}}, ArrayType{DType::kI32, indices_shape}});
@@ -1190,21 +1195,9 @@ TEST_F(VmapTest, GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample) {
       // examples v and queries q that read t (clamped in clip mode, none out of range in fill).
       const HostArray w = arange({kV, kN, kH, kQ, kD});
       std::vector<double> gx(x_size, 0.0);
-      for (int64_t v = 0; v < kV; ++v) {
-        for (int64_t n = 0; n < kN; ++n) {
-          for (int64_t h = 0; h < kH; ++h) {
-            for (int64_t q = 0; q < kQ; ++q) {
-              const int64_t at = batch_dims == 1 ? (v * kN + n) * kQ + q : ((v * kN + n) * kH + h) * kQ + q;
-              int64_t t = idx.values<int32_t>()[at];
-              if (mode == IndexMode::kClip) t = std::clamp<int64_t>(t, 0, kT - 1);
-              if (t < 0 || t >= kT) continue;
-              for (int64_t d = 0; d < kD; ++d) {
-                gx[((n * kH + h) * kT + t) * kD + d] += w.values<float>()[(((v * kN + n) * kH + h) * kQ + q) * kD + d];
-              }
-            }
-          }
-        }
-      }
+      for_each_read([&](int64_t e, int64_t t, int64_t o) {
+        if (t >= 0 && t < kT) gx[o] += w.values<float>()[e];
+      });
       const TracedFunction loss = [batched](const std::vector<Value>& in) {
         return std::vector<Value>{sum(batched({in[0], in[1]})[0] * in[2])};
       };
