@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/collective.h"
@@ -963,12 +964,13 @@ namespace {
 // kernels allow (rank 0, or the common rank with size 1 where another has n); nullopt when
 // they all have one shape or do not broadcast so.
 std::optional<Shape> broadcast_operand_shape(absl::Span<const ArrayType> operands) {
+  bool differ = false;
+  for (const ArrayType& t : operands) differ = differ || t.shape != operands[0].shape;
+  if (!differ) return std::nullopt;  // checked first: a kernel's usual case, with no allocation
   size_t rank = 0;
   for (const ArrayType& t : operands) rank = std::max(rank, t.shape.size());
   Shape common(rank, 1);
-  bool differ = false;
   for (const ArrayType& t : operands) {
-    differ = differ || t.shape != operands[0].shape;
     if (t.shape.empty()) continue;
     if (t.shape.size() != rank) return std::nullopt;
     for (size_t i = 0; i < rank; ++i) {
@@ -977,7 +979,6 @@ std::optional<Shape> broadcast_operand_shape(absl::Span<const ArrayType> operand
       common[i] = t.shape[i];
     }
   }
-  if (!differ) return std::nullopt;
   return common;
 }
 
@@ -1004,8 +1005,8 @@ absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayTyp
   if ((d.traits & kElementwise) != 0 && operands.size() > 1) {
     std::optional<Shape> common = broadcast_operand_shape(operands);
     if (common.has_value()) {
-      std::vector<ArrayType> broadcast(operands.begin(), operands.end());
-      for (ArrayType& t : broadcast) t.shape = *common;
+      absl::InlinedVector<ArrayType, 4> broadcast;  // no vector allocated: a worker checks every kernel
+      for (const ArrayType& t : operands) broadcast.push_back({t.dtype, *common});
       absl::StatusOr<ArrayType> type = d.infer(node, broadcast);
       if (type.ok()) return type;
       TESSERA_RETURN_IF_ERROR(d.infer(node, operands).status());

@@ -57,10 +57,16 @@ std::string instruction_name(const Instruction& i) {
 PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs) {
   // What each slot holds that counts: its array's bytes, 0 for an input the caller keeps.
   std::vector<int64_t> charged(static_cast<size_t>(plan.num_slots), 0);
-  std::vector<ArrayType> types(static_cast<size_t>(plan.num_slots));
+  // Each slot's type, its shape read in place (an input's, or the plan's): set before read,
+  // since only a charged slot's type is read.
+  struct SlotType {
+    DType dtype = DType::kF32;
+    const Shape* shape = nullptr;
+  };
+  std::vector<SlotType> types(static_cast<size_t>(plan.num_slots));
   int64_t live = 0;
   for (size_t i = 0; i < inputs.size() && i < plan.input_slots.size(); ++i) {
-    types[plan.input_slots[i]] = {inputs[i]->dtype(), inputs[i]->shape()};
+    types[plan.input_slots[i]] = {inputs[i]->dtype(), &inputs[i]->shape()};
   }
   for (int d : plan.donated_inputs) {
     if (d < 0 || d >= static_cast<int>(inputs.size())) continue;
@@ -83,7 +89,7 @@ PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<c
       for (const auto& b : inst.branches) body = std::max(body, b == nullptr ? 0 : peak_memory(*b, {}).bytes);
       for (size_t j = 0; j < outs.size() && j < inst.out_types.size(); ++j) {
         const ArrayType& t = inst.out_types[j];
-        types[outs[j]] = t;
+        types[outs[j]] = {t.dtype, &t.shape};
         const int64_t bytes = num_elements(t.shape) * dtype_size(t.dtype);
         live += bytes - charged[outs[j]];
         charged[outs[j]] = bytes;
@@ -95,13 +101,13 @@ PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<c
     int reuse = -1;
     if (inst.kind == Instruction::Kind::kKernel) {
       for (int s : inst.in) {
-        if (charged[s] > 0 && can_run_in_place(inst.node, types[s].dtype, types[s].shape) && dies_at(plan, k, s)) {
+        if (charged[s] > 0 && can_run_in_place(inst.node, types[s].dtype, *types[s].shape) && dies_at(plan, k, s)) {
           reuse = s;
           break;
         }
       }
     }
-    types[inst.out] = {inst.node.dtype, inst.node.shape};
+    types[inst.out] = {inst.node.dtype, &inst.node.shape};
     if (reuse >= 0) {  // the result takes the operand's storage, which its free then leaves alone
       charged[inst.out] = charged[reuse];
       charged[reuse] = 0;
@@ -360,9 +366,10 @@ SteppedPlanRun::State SteppedPlanRun::advance(const ParkFn& park) {
     if (park && (inst.kind == Instruction::Kind::kLoop || inst.kind == Instruction::Kind::kSwitch)) {
       return State::kNeedsThread;  // its body may wait
     }
-    std::vector<const HostArray*> in;
+    std::vector<const HostArray*>& in = operands_;  // reused: no allocation per instruction
+    in.clear();
     for (int s : inst.in) in.push_back(slots[s].get());
-    absl::StatusOr<std::shared_ptr<const HostArray>> out = absl::InternalError("unset");
+    absl::StatusOr<std::shared_ptr<const HostArray>> out;  // set by every case with a result
     // Kernels and local slices are timed here, collectives by the engine (with their bytes).
     ProfileSpan span(inst.kind == Instruction::Kind::kKernel || inst.kind == Instruction::Kind::kLocalSlice
                          ? &transport_.profile()

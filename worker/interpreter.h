@@ -94,6 +94,7 @@ class SteppedPlanRun {
   const uint64_t end_op_;
   const bool nested_;
   std::vector<std::shared_ptr<const HostArray>> slots_;
+  std::vector<const HostArray*> operands_;         // instruction k_'s, while it runs
   std::unique_ptr<SteppedCollective> collective_;  // instruction k_'s, parked
   absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> result_ =
       std::vector<std::shared_ptr<const HostArray>>{};
@@ -109,7 +110,8 @@ bool runs_stepped(const DevicePlan& plan, int64_t input_bytes);
 // plan's liveness: every instruction's result from its instruction to its free, none for a
 // kernel that writes over an operand dying there (as run_plan does for an intermediate or a
 // donated input). Kernels' temporaries are not counted. `instruction` is where the peak is
-// reached (-1 for an empty plan).
+// reached (-1 for an empty plan). Only the donated inputs are read, so a plan without any has
+// one peak whatever its inputs: peak_memory(plan, {}) (computed once per loaded plan).
 struct PlanPeak {
   int64_t bytes = 0;
   int instruction = -1;

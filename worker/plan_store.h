@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/plan.h"
+#include "worker/interpreter.h"
 
 namespace tessera {
 
@@ -31,6 +32,9 @@ struct LoadedPlan {
   DevicePlan plan;
   std::map<int, std::string> peers;  // device id -> address, for its collectives
   bool has_collectives = false;
+  // peak_memory(plan, {}): every run's when the plan has no donated inputs (the others' depend
+  // on theirs).
+  PlanPeak peak;
   mutable std::atomic<uint64_t> last_run{0};  // when it was last loaded or run (a tick, for LRU)
 };
 

@@ -244,6 +244,7 @@ class WorkerService final : public WorkerServiceBase {
     loaded->plan = *std::move(plan);
     for (const pb::PeerAddress& peer : req->peers()) loaded->peers[peer.device_id()] = peer.address();
     loaded->has_collectives = plan_has_collectives(loaded->plan);
+    loaded->peak = peak_memory(loaded->plan, {});
     plans_.add(req->plan_id(), std::move(loaded));
     return grpc::Status::OK;
   }
