@@ -1005,7 +1005,7 @@ absl::StatusOr<ArrayType> infer_type(const Node& node, absl::Span<const ArrayTyp
   if ((d.traits & kElementwise) != 0 && operands.size() > 1) {
     std::optional<Shape> common = broadcast_operand_shape(operands);
     if (common.has_value()) {
-      absl::InlinedVector<ArrayType, 4> broadcast;  // no vector allocated: a worker checks every kernel
+      absl::InlinedVector<ArrayType, 4> broadcast;  // no outer vector allocated (each shape still is)
       for (const ArrayType& t : operands) broadcast.push_back({t.dtype, *common});
       absl::StatusOr<ArrayType> type = d.infer(node, broadcast);
       if (type.ok()) return type;

@@ -369,7 +369,9 @@ SteppedPlanRun::State SteppedPlanRun::advance(const ParkFn& park) {
     std::vector<const HostArray*>& in = operands_;  // reused: no allocation per instruction
     in.clear();
     for (int s : inst.in) in.push_back(slots[s].get());
-    absl::StatusOr<std::shared_ptr<const HostArray>> out;  // set by every case with a result
+    // Set by every case with a result; a case that missed it would fail the run (a default
+    // StatusOr is UNKNOWN, not OK), with its instruction named.
+    absl::StatusOr<std::shared_ptr<const HostArray>> out;
     // Kernels and local slices are timed here, collectives by the engine (with their bytes).
     ProfileSpan span(inst.kind == Instruction::Kind::kKernel || inst.kind == Instruction::Kind::kLocalSlice
                          ? &transport_.profile()

@@ -2015,6 +2015,16 @@ TEST_F(JitTest, ADonatedInputsMemoryServesTheOutput) {
   std::vector<double> want(p0.size());
   for (int64_t i = 0; i < p0.size(); ++i) want[i] = -std::tanh(double(p0.values<float>()[i]));
   expect_near(fetch((*donated)[0]), want, 1e-6);
+
+  // A donated input still live when an intermediate is made counts in the run's peak (computed
+  // per run for a plan with donated inputs; one without has its peak computed once, when
+  // loaded): exp(q) * q holds q (the step's output, donated) and exp(q) at once, 1.25 MiB on a
+  // 1 MiB device, refused before it runs.
+  absl::StatusOr<std::vector<Array>> both = jit(
+      [](const std::vector<Value>& in) { return std::vector<Value>{exp(in[0]) * in[0]}; }, options)({(*donated)[0]});
+  const absl::Status too_big = both.ok() ? (*both)[0].block_until_ready() : both.status();
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kResourceExhausted) << too_big;
+  EXPECT_THAT(std::string(too_big.message()), HasSubstr("needs 1310720 bytes at once")) << too_big;
 }
 
 TEST_F(JitTest, DonationWaitsForEarlierReadersAndChecksItsArguments) {

@@ -199,6 +199,11 @@ TEST(PlanMemory, PeakFollowsLivenessAndInPlaceWrites) {
   PlanPeak kept = peak_memory(sgd_plan(1000, false), {x, y});
   EXPECT_EQ(kept.bytes, 4000);
   EXPECT_EQ(kept.instruction, 0);  // the mul; the sub reuses its slot
+  // Without donated inputs the inputs do not count: the peak a worker computes once, when it
+  // loads the plan (LoadedPlan::peak), is every run's.
+  const PlanPeak loaded = peak_memory(sgd_plan(1000, false), {});
+  EXPECT_EQ(loaded.bytes, kept.bytes);
+  EXPECT_EQ(loaded.instruction, kept.instruction);
   PlanPeak donated = peak_memory(sgd_plan(1000, true), {x, y});
   EXPECT_EQ(donated.bytes, 8000);  // x, donated, and y * y
   EXPECT_EQ(donated.instruction, 0);

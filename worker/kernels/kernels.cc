@@ -46,7 +46,7 @@ absl::Status check_node(const Node& node, const std::vector<const HostArray*>& x
     return error(node, "has no kernel: a parameter's value is an input of the program, not computed");
   }
   if (internal::find_kernel(node.op) == nullptr) return error(node, "has no kernel");
-  absl::InlinedVector<ArrayType, 4> in;  // no vector allocated for the usual arities
+  absl::InlinedVector<ArrayType, 4> in;  // no outer vector for the usual arities (each shape still is)
   for (size_t i = 0; i < xs.size(); ++i) {
     if (xs[i] == nullptr) return error(node, "operand ", i, " is null");
     if (!is_known(xs[i]->dtype())) return error(node, "operand ", i, " has an unknown dtype");
