@@ -1,8 +1,8 @@
 // fuzz_seeds: writes the seed corpus of fuzz/ (fuzz/corpus/<target>/seed-*) from real
 // programs: the digits MLP's training step (examples/mlp_model.h), a shard_map ring matmul with
-// psum, psum_scatter, ppermute and axis_index, and the gradient of a scan, traced and compiled for a (4, 2)
-// mesh as the coordinator does; their Compile requests, their LoadPlan requests, and the
-// Exchange, PutShard and RunCollective messages of their runs. Deterministic: a rerun
+// psum, psum_scatter, ppermute and axis_index, the gradient of a scan, and the gradient of rev,
+// a strided slice and take, traced and compiled for a (4, 2) mesh as the coordinator does; their Compile requests,
+// their LoadPlan requests, and the Exchange, PutShard and RunCollective messages of their runs. Deterministic: a rerun
 // rewrites the same bytes unless the wire format or the compiler changed.
 //
 //   build/bin/fuzz_seeds fuzz/corpus      # ./dev fuzz-seeds
@@ -198,6 +198,20 @@ int main(int argc, char** argv) {
   };
   ok = program_seeds("scan_grad", value_and_grad(layers, {1}), {{DType::kF32, {16, 8}}, {DType::kF32, {3, 8, 8}}}, mesh,
                      {P("data", None), P()}) &&
+       ok;
+
+  // Indexing: rev of a dimension split over 'data' (a permute of the blocks), a strided slice
+  // (x[::2]) of it, and an embedding lookup from a table split over 'model' (hidden), all
+  // through value_and_grad, so the plan also holds their transposes (pad/scatter_add).
+  const TracedFunction indexing = [](const std::vector<Value>& in) {
+    const Value flipped = rev(in[0], {0});
+    const Value every_other = slice(flipped, {0, 0}, {16, 8}, {2, 1});
+    const Value looked_up = take(in[1], in[2], 0);
+    return std::vector<Value>{sum(every_other * every_other, {0, 1}) + sum(tanh(looked_up), {0, 1})};
+  };
+  ok = program_seeds("indexing_grad", value_and_grad(indexing, {0, 1}),
+                     {{DType::kF32, {16, 8}}, {DType::kF32, {10, 8}}, {DType::kI32, {6}}}, mesh,
+                     {P("data", "model"), P(None, "model"), P()}) &&
        ok;
 
   // Exchange: a collective's data messages on one stream (one split inside the header, one in
