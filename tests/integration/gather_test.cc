@@ -1743,6 +1743,86 @@ std::vector<double> central_differences(const std::function<float(const std::vec
   return out;
 }
 
+// The host's reference for V examples of a float32 function f(v, x) of x (f_v) with its cotangent:
+// each example's value at x, its gradient at x (x shared) and at x_v (x mapped: the v-th of xs),
+// their sum over the examples at x, and the central differences (eps) of each.
+struct PerExampleGradients {
+  std::vector<double> values, shared, mapped, total, shared_cd, mapped_cd, total_cd;
+};
+PerExampleGradients per_example_gradients(int64_t examples, const HostArray& x, const HostArray& xs,
+                                          const std::function<float(int64_t v, const float* at)>& f,
+                                          const std::function<void(int64_t v, const float* at, double* dx)>& cotangent,
+                                          float eps) {
+  const int64_t n = x.size();
+  const std::vector<float> x0(x.values<float>().begin(), x.values<float>().end());
+  PerExampleGradients want;
+  want.values.resize(examples);
+  want.shared.assign(examples * n, 0.0);
+  want.mapped.assign(examples * n, 0.0);
+  want.total.assign(n, 0.0);
+  for (int64_t v = 0; v < examples; ++v) {
+    const std::vector<float> xv(xs.values<float>().begin() + v * n, xs.values<float>().begin() + (v + 1) * n);
+    want.values[v] = f(v, x0.data());
+    cotangent(v, x0.data(), want.shared.data() + v * n);
+    cotangent(v, xv.data(), want.mapped.data() + v * n);
+    cotangent(v, x0.data(), want.total.data());
+    auto f_v = [&](const std::vector<float>& at) { return f(v, at.data()); };
+    const std::vector<double> at_x = central_differences(f_v, x0, eps), at_xv = central_differences(f_v, xv, eps);
+    want.shared_cd.insert(want.shared_cd.end(), at_x.begin(), at_x.end());
+    want.mapped_cd.insert(want.mapped_cd.end(), at_xv.begin(), at_xv.end());
+  }
+  want.total_cd = central_differences(
+      [&](const std::vector<float>& at) {
+        float sum_v = 0;
+        for (int64_t v = 0; v < examples; ++v) sum_v += f(v, at.data());
+        return sum_v;
+      },
+      x0, eps);
+  return want;
+}
+
+// vmap and grad of f(x, p, w) (p and w mapped; x shared, or mapped as xs): the examples' values
+// with x shared and mapped, (a) grad(sum(vmap(f))) with x shared, (b) vmap(grad(f)) with x shared,
+// (c) vmap(grad(f)) with x mapped.
+struct VmapGrads {
+  explicit VmapGrads(const TracedFunction& f)
+      : per_example(vmap(f, {std::nullopt, 0, 0})),
+        values_shared(jit(per_example)),
+        values_mapped(jit(vmap(f))),
+        grad_of_sum(
+            jit(grad([pe = per_example](const std::vector<Value>& in) { return std::vector<Value>{sum(pe(in)[0])}; }))),
+        grads_shared(jit(vmap(grad(f), {std::nullopt, 0, 0}))),
+        grads_mapped(jit(vmap(grad(f)))) {}
+  // The values and (a), (b), (c) run on x (or xs), p, w against `want`: within 1e-4 of the host's
+  // values and cotangents, within 1e-2 of its central differences. The gradients as fetched in
+  // (a), (b), (c).
+  void check(const PerExampleGradients& want, const Array& x, const Array& xs, const Array& p, const Array& w,
+             const std::string& at, HostArray* a, HostArray* b, HostArray* c) {
+    const Shape x_shape = x.shape(), xs_shape = xs.shape();
+    absl::StatusOr<std::vector<Array>> got = values_shared({x, p, w});
+    ASSERT_TRUE(got.ok()) << at << ": " << got.status();
+    expect_values(*(*got)[0].fetch(), {xs_shape[0]}, want.values, absl::StrCat("f_v ", at), 1e-4);
+    const std::vector<std::pair<Jitted*, std::vector<Array>>> runs = {
+        {&grad_of_sum, {x, p, w}}, {&grads_shared, {x, p, w}}, {&grads_mapped, {xs, p, w}}};
+    const std::vector<const std::vector<double>*> host = {&want.total, &want.shared, &want.mapped},
+                                                  central = {&want.total_cd, &want.shared_cd, &want.mapped_cd};
+    const std::vector<HostArray*> out = {a, b, c};
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const std::string what = absl::StrCat("(", std::string(1, static_cast<char>('a' + k)), ") ");
+      got = (*runs[k].first)(runs[k].second);
+      ASSERT_TRUE(got.ok()) << what << at << ": " << got.status();
+      absl::StatusOr<HostArray> g = (*got)[0].fetch();
+      ASSERT_TRUE(g.ok()) << what << at << ": " << g.status();
+      const Shape& shape = k == 0 ? x_shape : xs_shape;
+      expect_values(*g, shape, *host[k], absl::StrCat(what, "host cotangent ", at), 1e-4);
+      expect_values(*g, shape, *central[k], absl::StrCat(what, "central differences ", at), 1e-2);
+      *out[k] = *std::move(g);
+    }
+  }
+  TracedFunction per_example;
+  Jitted values_shared, values_mapped, grad_of_sum, grads_shared, grads_mapped;
+};
+
 // The gradients of the one-axis gather and scatter_add with batch dimensions (GatherAttrs
 // batch_dims 1 and 2 on a cache x (N, H, T, D) = (4, 3, 6, 2) read / written along T at 5
 // positions per example (per example and head), repeats and out-of-range ones included), clip and
@@ -1888,17 +1968,11 @@ TEST_F(GatherTest, VmapOfBatchDimsGatherGradientsMatchTheHostAndCentralDifferenc
   constexpr int64_t kV = 8, kN = CacheRead::kN, kH = CacheRead::kH, kT = CacheRead::kT, kD = CacheRead::kD,
                     kQ = CacheRead::kQ;
   constexpr float kEps = 1e-2f;
-  const Shape x_shape = {kN, kH, kT, kD}, r_shape = {kN, kH, kQ, kD};
-  const int64_t x_size = num_elements(x_shape), r_size = num_elements(r_shape);
+  const Shape x_shape = {kN, kH, kT, kD};
+  const int64_t x_size = num_elements(x_shape), r_size = kN * kH * kQ * kD;
   const HostArray x = random_f32(x_shape, 101), xs = random_f32({kV, kN, kH, kT, kD}, 102);
   const HostArray w = random_f32({kV, kN, kH, kQ, kD}, 103);
   const HostArray direction = random_f32(x_shape, 104), directions = random_f32(xs.shape(), 105);
-  const std::vector<float> x0(x.values<float>().begin(), x.values<float>().end());
-  // Example v's slice of an array with the examples first.
-  auto slice = [](const HostArray& a, int64_t v) {
-    const int64_t n = a.size() / a.shape()[0];
-    return std::vector<float>(a.values<float>().begin() + v * n, a.values<float>().begin() + (v + 1) * n);
-  };
   // The meshes with their layouts: the axes the examples are split over, and those N is.
   absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
   ASSERT_TRUE(flat.ok()) << flat.status();
@@ -1912,8 +1986,7 @@ TEST_F(GatherTest, VmapOfBatchDimsGatherGradientsMatchTheHostAndCentralDifferenc
       {*mesh_, {{{}, {}}, {{"data"}, {}}, {{"data"}, {"model"}}}},
   };
   for (int64_t batch_dims : {1, 2}) {
-    const CacheRead probe{batch_dims, IndexMode::kClip};
-    Shape ps_shape = probe.positions_shape();
+    Shape ps_shape = CacheRead{batch_dims, IndexMode::kClip}.positions_shape();
     const int64_t p_size = num_elements(ps_shape);
     ps_shape.insert(ps_shape.begin(), kV);
     std::vector<int32_t> pv(num_elements(ps_shape));
@@ -1922,45 +1995,20 @@ TEST_F(GatherTest, VmapOfBatchDimsGatherGradientsMatchTheHostAndCentralDifferenc
     for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
       const std::string where = absl::StrCat("batch_dims ", batch_dims, " mode ", static_cast<int>(mode));
       const CacheRead read{batch_dims, mode};
-      auto p_of = [&](int64_t v) { return pv.data() + v * p_size; };
-      auto w_of = [&](int64_t v) { return w.values<float>().data() + v * r_size; };
-      // The host: each example's value at x, its cotangent at x and at x_v, their sum over the
-      // examples, and the central differences of each.
-      std::vector<double> values(kV), shared(kV * x_size, 0.0), mapped(kV * x_size, 0.0), total(x_size, 0.0);
-      std::vector<double> shared_cd, mapped_cd;
-      for (int64_t v = 0; v < kV; ++v) {
-        const std::vector<float> xv = slice(xs, v);
-        values[v] = read.quadratic(x0.data(), p_of(v), w_of(v));
-        read.add_quadratic_cotangent(x0.data(), p_of(v), w_of(v), shared.data() + v * x_size);
-        read.add_quadratic_cotangent(xv.data(), p_of(v), w_of(v), mapped.data() + v * x_size);
-        read.add_quadratic_cotangent(x0.data(), p_of(v), w_of(v), total.data());
-        auto f_v = [&](const std::vector<float>& at) { return read.quadratic(at.data(), p_of(v), w_of(v)); };
-        const std::vector<double> at_x = central_differences(f_v, x0, kEps), at_xv = central_differences(f_v, xv, kEps);
-        shared_cd.insert(shared_cd.end(), at_x.begin(), at_x.end());
-        mapped_cd.insert(mapped_cd.end(), at_xv.begin(), at_xv.end());
-      }
-      const std::vector<double> total_cd = central_differences(
-          [&](const std::vector<float>& at) {
-            float sum_v = 0;
-            for (int64_t v = 0; v < kV; ++v) sum_v += read.quadratic(at.data(), p_of(v), w_of(v));
-            return sum_v;
+      const float* wv = w.values<float>().data();
+      const PerExampleGradients want = per_example_gradients(
+          kV, x, xs,
+          [&](int64_t v, const float* at) { return read.quadratic(at, pv.data() + v * p_size, wv + v * r_size); },
+          [&](int64_t v, const float* at, double* dx) {
+            read.add_quadratic_cotangent(at, pv.data() + v * p_size, wv + v * r_size, dx);
           },
-          x0, kEps);
+          kEps);
       // The host's cotangents are its central differences (the reference checks itself).
-      for (size_t i = 0; i < shared.size(); ++i) {
-        ASSERT_NEAR(shared_cd[i], shared[i], 1e-2 * (1 + std::abs(shared[i]))) << where << " host shared " << i;
-        ASSERT_NEAR(mapped_cd[i], mapped[i], 1e-2 * (1 + std::abs(mapped[i]))) << where << " host mapped " << i;
+      for (size_t i = 0; i < want.shared.size(); ++i) {
+        ASSERT_NEAR(want.shared_cd[i], want.shared[i], 1e-2 * (1 + std::abs(want.shared[i]))) << where << " " << i;
+        ASSERT_NEAR(want.mapped_cd[i], want.mapped[i], 1e-2 * (1 + std::abs(want.mapped[i]))) << where << " " << i;
       }
-      for (int64_t i = 0; i < x_size; ++i) {
-        ASSERT_NEAR(total_cd[i], total[i], 1e-2 * (1 + std::abs(total[i]))) << where << " host total " << i;
-      }
-
-      const TracedFunction f = read.traced_quadratic();
-      const TracedFunction per_example = vmap(f, {std::nullopt, 0, 0});
-      Jitted values_shared = jit(per_example), values_mapped = jit(vmap(f));
-      Jitted grad_of_sum = jit(
-          grad([per_example](const std::vector<Value>& in) { return std::vector<Value>{sum(per_example(in)[0])}; }));
-      Jitted grads_shared = jit(vmap(grad(f), {std::nullopt, 0, 0})), grads_mapped = jit(vmap(grad(f)));
+      VmapGrads run(read.traced_quadratic());
       for (const auto& mesh_and_layouts : meshes) {
         const Mesh& mesh = mesh_and_layouts.first;
         for (const Layout& layout : mesh_and_layouts.second) {
@@ -1974,43 +2022,25 @@ TEST_F(GatherTest, VmapOfBatchDimsGatherGradientsMatchTheHostAndCentralDifferenc
             spec[examples ? 1 : 0] = layout.n;
             return put_on(mesh, a, PartitionSpec(spec));
           };
-          const Array xa = on(x, false), xsa = on(xs, true), pa = on(positions, true), wa = on(w, true);
-          absl::StatusOr<std::vector<Array>> got = values_shared({xa, pa, wa});
-          ASSERT_TRUE(got.ok()) << at << ": " << got.status();
-          expect_values(fetch((*got)[0]), {kV}, values, absl::StrCat("f_v ", at), 1e-4);
-          // (a) d/dx sum_v f_v(x).
-          got = grad_of_sum({xa, pa, wa});
-          ASSERT_TRUE(got.ok()) << at << ": " << got.status();
-          const HostArray g_total = fetch((*got)[0]);
-          expect_values(g_total, x_shape, total, absl::StrCat("(a) host cotangent ", at), 1e-4);
-          expect_values(g_total, x_shape, total_cd, absl::StrCat("(a) central differences ", at), 1e-2);
-          // (b) d f_v / dx, x shared.
-          got = grads_shared({xa, pa, wa});
-          ASSERT_TRUE(got.ok()) << at << ": " << got.status();
-          const HostArray g_shared = fetch((*got)[0]);
-          expect_values(g_shared, xs.shape(), shared, absl::StrCat("(b) host cotangent ", at), 1e-4);
-          expect_values(g_shared, xs.shape(), shared_cd, absl::StrCat("(b) central differences ", at), 1e-2);
-          // (c) d f_v / dx_v, x mapped.
-          got = grads_mapped({xsa, pa, wa});
-          ASSERT_TRUE(got.ok()) << at << ": " << got.status();
-          const HostArray g_mapped = fetch((*got)[0]);
-          expect_values(g_mapped, xs.shape(), mapped, absl::StrCat("(c) host cotangent ", at), 1e-4);
-          expect_values(g_mapped, xs.shape(), mapped_cd, absl::StrCat("(c) central differences ", at), 1e-2);
+          const Array pa = on(positions, true), wa = on(w, true);
+          HostArray g_total, g_shared, g_mapped;
+          run.check(want, on(x, false), on(xs, true), pa, wa, at, &g_total, &g_shared, &g_mapped);
+          if (HasFatalFailure()) return;
           // The jitted vmap(f)'s own central differences along the directions.
-          HostArray up(DType::kF32, x_shape), down(DType::kF32, x_shape);
+          HostArray up(DType::kF32, x.shape()), down(DType::kF32, x.shape());
           HostArray ups(DType::kF32, xs.shape()), downs(DType::kF32, xs.shape());
           for (int64_t i = 0; i < x_size; ++i) {
-            up.mutable_values<float>()[i] = x0[i] + kEps * direction.values<float>()[i];
-            down.mutable_values<float>()[i] = x0[i] - kEps * direction.values<float>()[i];
+            up.mutable_values<float>()[i] = x.values<float>()[i] + kEps * direction.values<float>()[i];
+            down.mutable_values<float>()[i] = x.values<float>()[i] - kEps * direction.values<float>()[i];
           }
           for (int64_t i = 0; i < xs.size(); ++i) {
             ups.mutable_values<float>()[i] = xs.values<float>()[i] + kEps * directions.values<float>()[i];
             downs.mutable_values<float>()[i] = xs.values<float>()[i] - kEps * directions.values<float>()[i];
           }
-          absl::StatusOr<std::vector<Array>> fu = values_shared({on(up, false), pa, wa}),
-                                             fd = values_shared({on(down, false), pa, wa}),
-                                             fus = values_mapped({on(ups, true), pa, wa}),
-                                             fds = values_mapped({on(downs, true), pa, wa});
+          absl::StatusOr<std::vector<Array>> fu = run.values_shared({on(up, false), pa, wa}),
+                                             fd = run.values_shared({on(down, false), pa, wa}),
+                                             fus = run.values_mapped({on(ups, true), pa, wa}),
+                                             fds = run.values_mapped({on(downs, true), pa, wa});
           ASSERT_TRUE(fu.ok() && fd.ok() && fus.ok() && fds.ok()) << at;
           const HostArray vu = fetch((*fu)[0]), vd = fetch((*fd)[0]), vus = fetch((*fus)[0]), vds = fetch((*fds)[0]);
           double sum_numeric = 0, sum_along = 0;
@@ -2034,6 +2064,61 @@ TEST_F(GatherTest, VmapOfBatchDimsGatherGradientsMatchTheHostAndCentralDifferenc
           EXPECT_NEAR(sum_numeric, sum_along, 1e-2 * (1 + std::abs(sum_along))) << at << " (a)";
         }
       }
+    }
+  }
+}
+
+// vmap of dynamic_slice with a start per example, through grad (#15): V = 8 examples each read the
+// window (4, 3) of x (10, 3) at rows (s_v, 0), s_v in -2..9 (clamped into [0, 6] as lax clamps),
+// f_v(x) = sum(dynamic_slice(x, (s_v, 0))^2 * w_v). vmap batches it as a gather with the starts as
+// indices (client/batching/indexing.cc, dynamic_slice_rule, as JAX's _dynamic_slice_batching_rule
+// -> _gather_batching_rule). (a) grad(sum(vmap(f))) with x shared, (b) vmap(grad(f)) with x shared,
+// (c) vmap(grad(f)) with x mapped, against the host's cotangent loop (2 x w added into each
+// example's clamped window) and the host's central differences of its float32 f_v; the forward
+// values against the host. On the Auto meshes (8), (4, 2) and (2, 4), the examples replicated,
+// split over one axis or over both.
+TEST_F(GatherTest, VmapOfDynamicSliceWithPerExampleStartsGradientsMatchTheHostAndCentralDifferences) {
+  constexpr int64_t kV = 8, kT = 10, kD = 3, kW = 4;
+  const HostArray x = random_f32({kT, kD}, 111), xs = random_f32({kV, kT, kD}, 112), w = random_f32({kV, kW, kD}, 113);
+  const std::vector<int32_t> starts = {-2, 0, 3, 9, 6, 7, 1, 5};
+  const float* wv = w.values<float>().data();
+  // Example v's window starts at row c_v = clamp(s_v, 0, T - W): f_v and its cotangent.
+  auto window = [&](int64_t v) { return std::clamp<int64_t>(starts[v], 0, kT - kW) * kD; };
+  const PerExampleGradients want = per_example_gradients(
+      kV, x, xs,
+      [&](int64_t v, const float* at) {
+        float total = 0;
+        for (int64_t e = 0; e < kW * kD; ++e) total += at[window(v) + e] * at[window(v) + e] * wv[v * kW * kD + e];
+        return total;
+      },
+      [&](int64_t v, const float* at, double* dx) {
+        for (int64_t e = 0; e < kW * kD; ++e) dx[window(v) + e] += 2.0 * at[window(v) + e] * wv[v * kW * kD + e];
+      },
+      1e-2f);
+  VmapGrads run([](const std::vector<Value>& in) {
+    const Value rows = dynamic_slice(in[0], {in[1], full({}, 0, DType::kI32)}, {kW, kD});
+    return std::vector<Value>{sum(rows * rows * in[2])};
+  });
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const std::vector<std::pair<Mesh, std::vector<Axes>>> meshes = {
+      {*flat, {{}, {"a"}}},
+      {auto_mesh({4, 2}), {{}, {"a"}, {"b"}, {"a", "b"}}},
+      {auto_mesh({2, 4}), {{}, {"a"}, {"b"}, {"a", "b"}}},
+  };
+  for (const auto& mesh_and_layouts : meshes) {
+    const Mesh& mesh = mesh_and_layouts.first;
+    for (const Axes& examples : mesh_and_layouts.second) {
+      const std::string at = absl::StrCat("mesh ", absl::StrJoin(mesh.shape(), "x"), " examples over '",
+                                          absl::StrJoin(examples, ","), "'");
+      auto on = [&](const HostArray& a) {
+        std::vector<Axes> spec(a.shape().size());
+        spec[0] = examples;
+        return put_on(mesh, a, PartitionSpec(spec));
+      };
+      HostArray a, b, c;
+      run.check(want, put_on(mesh, x, P()), on(xs), on(ints({kV}, starts)), on(w), at, &a, &b, &c);
+      if (HasFatalFailure()) return;
     }
   }
 }
