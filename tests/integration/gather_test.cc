@@ -167,9 +167,9 @@ HostArray example(const HostArray& a, int64_t b) {
   return HostArray::from_vector<float>(shape, v);
 }
 
-// `got` (float32) equals `want` within 1e-5 relative; NaN matches NaN.
-void expect_values(const HostArray& got, const Shape& shape, const std::vector<double>& want,
-                   const std::string& where) {
+// `got` (float32) equals `want` within `tol` relative; NaN matches NaN.
+void expect_values(const HostArray& got, const Shape& shape, const std::vector<double>& want, const std::string& where,
+                   double tol = 1e-5) {
   ASSERT_EQ(got.shape(), shape) << where;
   for (size_t i = 0; i < want.size(); ++i) {
     const double g = got.element_as_double(static_cast<int64_t>(i));
@@ -178,7 +178,7 @@ void expect_values(const HostArray& got, const Shape& shape, const std::vector<d
     } else if (std::isinf(want[i])) {
       EXPECT_EQ(g, want[i]) << where << " element " << i;
     } else {
-      ASSERT_NEAR(g, want[i], 1e-5 * (1 + std::abs(want[i]))) << where << " element " << i;
+      ASSERT_NEAR(g, want[i], tol * (1 + std::abs(want[i]))) << where << " element " << i;
     }
   }
 }
@@ -1681,6 +1681,149 @@ TEST_F(GatherTest, VocabularyParallelGatherWithBatchDimsIsALocalLookupAndOnePsum
   }
 }
 
+// A cache x (N, H, T, D) = (4, 3, 6, 2) read along T by the one-axis gather with batch
+// dimensions (GatherAttrs axis 2; batch_dims 1: positions (N, Q), batch_dims 2: (N, H, Q)) at Q = 5
+// positions, on the host, in clip or fill mode, with the fill value 0.
+struct CacheRead {
+  static constexpr int64_t kN = 4, kH = 3, kT = 6, kD = 2, kQ = 5;
+  int64_t batch_dims;
+  IndexMode mode;
+
+  Shape positions_shape() const { return batch_dims == 1 ? Shape{kN, kQ} : Shape{kN, kH, kQ}; }
+  // The element of x read by result element (n, h, q, d) at positions `p`, or -1 (filled / dropped).
+  int64_t source(const int32_t* p, int64_t n, int64_t h, int64_t q, int64_t d) const {
+    int64_t t = p[batch_dims == 1 ? n * kQ + q : (n * kH + h) * kQ + q];
+    if (mode == IndexMode::kClip) t = std::clamp<int64_t>(t, 0, kT - 1);
+    return t < 0 || t >= kT ? -1 : ((n * kH + h) * kT + t) * kD + d;
+  }
+  // visit(r, source(...)) for each element r of the result (N, H, Q, D), in order.
+  void for_each_result(const int32_t* p, const std::function<void(int64_t r, int64_t s)>& visit) const {
+    for (int64_t n = 0, r = 0; n < kN; ++n)
+      for (int64_t h = 0; h < kH; ++h)
+        for (int64_t q = 0; q < kQ; ++q)
+          for (int64_t d = 0; d < kD; ++d, ++r) visit(r, source(p, n, h, q, d));
+  }
+  // sum(gather(x, p)^2 * w) on the host in float32.
+  float quadratic(const float* x, const int32_t* p, const float* w) const {
+    float total = 0;
+    for_each_result(p, [&](int64_t r, int64_t s) {
+      const float g = s < 0 ? 0.0f : x[s];
+      total += g * g * w[r];
+    });
+    return total;
+  }
+  // Its cotangent 2 x w summed over the result elements that read each element of x, added to `dx`.
+  void add_quadratic_cotangent(const float* x, const int32_t* p, const float* w, double* dx) const {
+    for_each_result(p, [&](int64_t r, int64_t s) {
+      if (s >= 0) dx[s] += 2.0 * x[s] * w[r];
+    });
+  }
+  // sum(gather(x, p)^2 * w) traced, of inputs (x, p, w).
+  TracedFunction traced_quadratic() const {
+    const GatherAttrs attrs{2, mode, mode == IndexMode::kFillOrDrop ? std::optional<Scalar>(0.0) : std::nullopt,
+                            batch_dims};
+    return [attrs](const std::vector<Value>& in) {
+      const Value g = gather(in[0], in[1], attrs);
+      return std::vector<Value>{sum(g * g * in[2])};
+    };
+  }
+};
+
+// The central differences (h(at + eps e_i) - h(at - eps e_i)) / 2 eps of a host function, for
+// each element i of `at`.
+std::vector<double> central_differences(const std::function<float(const std::vector<float>&)>& h,
+                                        const std::vector<float>& at, float eps) {
+  std::vector<double> out(at.size());
+  for (size_t i = 0; i < at.size(); ++i) {
+    std::vector<float> up = at, down = at;
+    up[i] += eps;
+    down[i] -= eps;
+    out[i] = (static_cast<double>(h(up)) - h(down)) / (2.0 * eps);
+  }
+  return out;
+}
+
+// The host's reference for V examples of a float32 function f(v, x) of x (f_v) with its cotangent:
+// each example's value at x, its gradient at x (x shared) and at x_v (x mapped: the v-th of xs),
+// their sum over the examples at x, and the central differences (eps) of each.
+struct PerExampleGradients {
+  std::vector<double> values, shared, mapped, total, shared_cd, mapped_cd, total_cd;
+};
+PerExampleGradients per_example_gradients(int64_t examples, const HostArray& x, const HostArray& xs,
+                                          const std::function<float(int64_t v, const float* at)>& f,
+                                          const std::function<void(int64_t v, const float* at, double* dx)>& cotangent,
+                                          float eps) {
+  const int64_t n = x.size();
+  const std::vector<float> x0(x.values<float>().begin(), x.values<float>().end());
+  PerExampleGradients want;
+  want.values.resize(examples);
+  want.shared.assign(examples * n, 0.0);
+  want.mapped.assign(examples * n, 0.0);
+  want.total.assign(n, 0.0);
+  for (int64_t v = 0; v < examples; ++v) {
+    const HostArray mapped = example(xs, v);
+    const std::vector<float> xv(mapped.values<float>().begin(), mapped.values<float>().end());
+    want.values[v] = f(v, x0.data());
+    cotangent(v, x0.data(), want.shared.data() + v * n);
+    cotangent(v, xv.data(), want.mapped.data() + v * n);
+    cotangent(v, x0.data(), want.total.data());
+    auto f_v = [&](const std::vector<float>& at) { return f(v, at.data()); };
+    const std::vector<double> at_x = central_differences(f_v, x0, eps), at_xv = central_differences(f_v, xv, eps);
+    want.shared_cd.insert(want.shared_cd.end(), at_x.begin(), at_x.end());
+    want.mapped_cd.insert(want.mapped_cd.end(), at_xv.begin(), at_xv.end());
+  }
+  want.total_cd = central_differences(
+      [&](const std::vector<float>& at) {
+        float sum_v = 0;
+        for (int64_t v = 0; v < examples; ++v) sum_v += f(v, at.data());
+        return sum_v;
+      },
+      x0, eps);
+  return want;
+}
+
+// vmap and grad of f(x, p, w) (p and w mapped; x shared, or mapped as xs): the examples' values
+// with x shared and mapped, (a) grad(sum(vmap(f))) with x shared, (b) vmap(grad(f)) with x shared,
+// (c) vmap(grad(f)) with x mapped.
+struct VmapGrads {
+  explicit VmapGrads(const TracedFunction& f)
+      : per_example(vmap(f, {std::nullopt, 0, 0})),
+        values_shared(jit(per_example)),
+        values_mapped(jit(vmap(f))),
+        grad_of_sum(
+            jit(grad([pe = per_example](const std::vector<Value>& in) { return std::vector<Value>{sum(pe(in)[0])}; }))),
+        grads_shared(jit(vmap(grad(f), {std::nullopt, 0, 0}))),
+        grads_mapped(jit(vmap(grad(f)))) {}
+  // The values and (a), (b), (c) run on x (or xs), p, w against `want`: within 1e-4 of the host's
+  // values and cotangents, within 1e-2 of its central differences. The gradients as fetched in
+  // (a), (b), (c).
+  void check(const PerExampleGradients& want, const Array& x, const Array& xs, const Array& p, const Array& w,
+             const std::string& at, HostArray* a, HostArray* b, HostArray* c) {
+    const Shape x_shape = x.shape(), xs_shape = xs.shape();
+    absl::StatusOr<std::vector<Array>> got = values_shared({x, p, w});
+    ASSERT_TRUE(got.ok()) << at << ": " << got.status();
+    expect_values(*(*got)[0].fetch(), {xs_shape[0]}, want.values, absl::StrCat("f_v ", at), 1e-4);
+    const std::vector<std::pair<Jitted*, std::vector<Array>>> runs = {
+        {&grad_of_sum, {x, p, w}}, {&grads_shared, {x, p, w}}, {&grads_mapped, {xs, p, w}}};
+    const std::vector<const std::vector<double>*> host = {&want.total, &want.shared, &want.mapped},
+                                                  central = {&want.total_cd, &want.shared_cd, &want.mapped_cd};
+    const std::vector<HostArray*> out = {a, b, c};
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const std::string what = absl::StrCat("(", std::string(1, static_cast<char>('a' + k)), ") ");
+      got = (*runs[k].first)(runs[k].second);
+      ASSERT_TRUE(got.ok()) << what << at << ": " << got.status();
+      absl::StatusOr<HostArray> g = (*got)[0].fetch();
+      ASSERT_TRUE(g.ok()) << what << at << ": " << g.status();
+      const Shape& shape = k == 0 ? x_shape : xs_shape;
+      expect_values(*g, shape, *host[k], absl::StrCat(what, "host cotangent ", at), 1e-4);
+      expect_values(*g, shape, *central[k], absl::StrCat(what, "central differences ", at), 1e-2);
+      *out[k] = *std::move(g);
+    }
+  }
+  TracedFunction per_example;
+  Jitted values_shared, values_mapped, grad_of_sum, grads_shared, grads_mapped;
+};
+
 // The gradients of the one-axis gather and scatter_add with batch dimensions (GatherAttrs
 // batch_dims 1 and 2 on a cache x (N, H, T, D) = (4, 3, 6, 2) read / written along T at 5
 // positions per example (per example and head), repeats and out-of-range ones included), clip and
@@ -1693,11 +1836,11 @@ TEST_F(GatherTest, VocabularyParallelGatherWithBatchDimsIsALocalLookupAndOnePsum
 // function's own central difference (f(x + eps v) - f(x - eps v)) / 2 eps matches <grad, v>.
 // Jitted on the (4, 2) Auto mesh with the batch replicated and split over 'data'.
 TEST_F(GatherTest, BatchDimsGradientsMatchCentralDifferencesAndTheHostCotangent) {
-  constexpr int64_t kN = 4, kH = 3, kT = 6, kD = 2, kQ = 5;
+  constexpr int64_t kN = CacheRead::kN, kH = CacheRead::kH, kT = CacheRead::kT, kD = CacheRead::kD, kQ = CacheRead::kQ;
   constexpr float kEps = 1e-2f;
   const HostArray x = random_f32({kN, kH, kT, kD}, 94);
   for (int64_t batch_dims : {1, 2}) {
-    const Shape is = batch_dims == 1 ? Shape{kN, kQ} : Shape{kN, kH, kQ};
+    const Shape is = CacheRead{batch_dims, IndexMode::kClip}.positions_shape();
     std::vector<int32_t> pv(num_elements(is));
     for (size_t i = 0; i < pv.size(); ++i) pv[i] = static_cast<int32_t>((i * 7) % 9) - 1;  // -1..7 of 6; repeats
     const HostArray positions = ints(is, pv);
@@ -1705,33 +1848,15 @@ TEST_F(GatherTest, BatchDimsGradientsMatchCentralDifferencesAndTheHostCotangent)
     const HostArray w = random_f32(rs, 95), wx = random_f32(x.shape(), 96), u = random_f32(rs, 97);
     for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
       const std::string where = absl::StrCat("batch_dims ", batch_dims, " mode ", static_cast<int>(mode));
-      // The element of x read by result element (n, h, q, d), or -1 (filled / dropped).
-      auto source = [&](int64_t n, int64_t h, int64_t q, int64_t d) -> int64_t {
-        int64_t t = pv[batch_dims == 1 ? n * kQ + q : (n * kH + h) * kQ + q];
-        if (mode == IndexMode::kClip) t = std::clamp<int64_t>(t, 0, kT - 1);
-        return t < 0 || t >= kT ? -1 : ((n * kH + h) * kT + t) * kD + d;
-      };
-      auto for_each_result = [&](const std::function<void(int64_t r, int64_t s)>& visit) {
-        for (int64_t n = 0, r = 0; n < kN; ++n)
-          for (int64_t h = 0; h < kH; ++h)
-            for (int64_t q = 0; q < kQ; ++q)
-              for (int64_t d = 0; d < kD; ++d, ++r) visit(r, source(n, h, q, d));
-      };
+      const CacheRead read{batch_dims, mode};
       const float* wv = w.values<float>().data();
       const float* wxv = wx.values<float>().data();
       const float* uv = u.values<float>().data();
       // The host's float32 f and g (the fill value 0).
-      auto host_f = [&](const std::vector<float>& xv) {
-        float total = 0;
-        for_each_result([&](int64_t r, int64_t s) {
-          const float g = s < 0 ? 0.0f : xv[s];
-          total += g * g * wv[r];
-        });
-        return total;
-      };
+      auto host_f = [&](const std::vector<float>& xv) { return read.quadratic(xv.data(), pv.data(), wv); };
       auto scattered = [&](const std::vector<float>& xv, const std::vector<float>& us) {
         std::vector<float> y = xv;
-        for_each_result([&](int64_t r, int64_t s) {
+        read.for_each_result(pv.data(), [&](int64_t r, int64_t s) {
           if (s >= 0) y[s] += us[r];
         });
         return y;
@@ -1745,28 +1870,18 @@ TEST_F(GatherTest, BatchDimsGradientsMatchCentralDifferencesAndTheHostCotangent)
       const std::vector<float> x0(x.values<float>().begin(), x.values<float>().end()), u0(uv, uv + u.size());
       // Analytic cotangents.
       std::vector<double> df(x.size(), 0.0), dgx(x.size()), dgu(u.size(), 0.0);
-      for_each_result([&](int64_t r, int64_t s) {
-        if (s >= 0) df[s] += 2.0 * x0[s] * wv[r];
-      });
+      read.add_quadratic_cotangent(x0.data(), pv.data(), wv, df.data());
       const std::vector<float> y0 = scattered(x0, u0);
       for (size_t i = 0; i < dgx.size(); ++i) dgx[i] = 2.0 * y0[i] * wxv[i];
-      for_each_result([&](int64_t r, int64_t s) {
+      read.for_each_result(pv.data(), [&](int64_t r, int64_t s) {
         if (s >= 0) dgu[r] = dgx[s];
       });
       // Central differences of the host's float32 functions, element by element.
-      auto central = [&](const std::function<float(const std::vector<float>&)>& h, const std::vector<float>& at) {
-        std::vector<double> out(at.size());
-        for (size_t i = 0; i < at.size(); ++i) {
-          std::vector<float> up = at, down = at;
-          up[i] += kEps;
-          down[i] -= kEps;
-          out[i] = (static_cast<double>(h(up)) - h(down)) / (2.0 * kEps);
-        }
-        return out;
-      };
-      const std::vector<double> cf = central(host_f, x0);
-      const std::vector<double> cgx = central([&](const std::vector<float>& xv) { return host_g(xv, u0); }, x0);
-      const std::vector<double> cgu = central([&](const std::vector<float>& us) { return host_g(x0, us); }, u0);
+      const std::vector<double> cf = central_differences(host_f, x0, kEps);
+      const std::vector<double> cgx =
+          central_differences([&](const std::vector<float>& xv) { return host_g(xv, u0); }, x0, kEps);
+      const std::vector<double> cgu =
+          central_differences([&](const std::vector<float>& us) { return host_g(x0, us); }, u0, kEps);
       for (size_t i = 0; i < df.size(); ++i) {
         ASSERT_NEAR(cf[i], df[i], 1e-2 * (1 + std::abs(df[i]))) << where << " host f element " << i;
         ASSERT_NEAR(cgx[i], dgx[i], 1e-2 * (1 + std::abs(dgx[i]))) << where << " host g element " << i;
@@ -1775,12 +1890,7 @@ TEST_F(GatherTest, BatchDimsGradientsMatchCentralDifferencesAndTheHostCotangent)
         ASSERT_NEAR(cgu[i], dgu[i], 1e-2 * (1 + std::abs(dgu[i]))) << where << " host g update " << i;
       }
 
-      const GatherAttrs attrs{2, mode, mode == IndexMode::kFillOrDrop ? std::optional<Scalar>(0.0) : std::nullopt,
-                              batch_dims};
-      const TracedFunction f = [attrs](const std::vector<Value>& in) {
-        const Value g = gather(in[0], in[1], attrs);
-        return std::vector<Value>{sum(g * g * in[2])};
-      };
+      const TracedFunction f = read.traced_quadratic();
       const TracedFunction g = [mode, batch_dims](const std::vector<Value>& in) {
         const Value y = scatter_add(in[0], in[1], in[3], GatherAttrs{2, mode, std::nullopt, batch_dims});
         return std::vector<Value>{sum(y * y * in[2])};
@@ -1830,6 +1940,184 @@ TEST_F(GatherTest, BatchDimsGradientsMatchCentralDifferencesAndTheHostCotangent)
           EXPECT_NEAR(numeric, along, 1e-2 * (1 + std::abs(along))) << at << " direction " << seed;
         }
       }
+    }
+  }
+}
+
+// vmap of the one-axis gather with batch dimensions through grad (#15): V = 8 examples, each with
+// its own positions p_v and weights w_v, read a cache x (CacheRead's, batch_dims 1 and 2, clip
+// and fill mode) by f_v(x) = sum(gather(x, p_v)^2 * w_v). Three compositions:
+//  (a) grad(sum(vmap(f))) with x shared by every example (unmapped): vmap moves its batch into
+//      the indices' query dimensions (client/batching/indexing.cc, batched_indices_rule), so the
+//      transpose is one scatter_add into x summing over the examples: sum_v d f_v / d x;
+//  (b) vmap(grad(f)) with x shared: each example's own d f_v / d x (V of them);
+//  (c) vmap(grad(f)) with x mapped (x_v per example): d f_v / d x_v.
+// Each against the host's cotangent (a plain loop: 2 x w summed over the result elements that
+// read each element) and the host's central differences of its float32 f_v (eps 1e-2 on a
+// quadratic: exact but for rounding), and, as JAX's check_grads (jax/_src/public_test_util.py,
+// numerical_jvp), the jitted vmap(f)'s own central difference along a random direction equals
+// <gradient, direction> per example and summed. The forward values are the host's too. On the
+// Auto meshes (8), (4, 2) and (2, 4) with the examples replicated or split over one axis or both,
+// with x's (and the indices') batch N split over the other axis; and on the Explicit (4, 2) mesh,
+// where a split over an Explicit axis takes the broadcast of x instead (the deliberate
+// difference from JAX documented in indexing.cc). This test checks values only: which of the two
+// paths vmap takes (no per-example copy of x) is vmap_test's
+// GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample.
+TEST_F(GatherTest, VmapOfBatchDimsGatherGradientsMatchTheHostAndCentralDifferences) {
+  constexpr int64_t kV = 8, kN = CacheRead::kN, kH = CacheRead::kH, kT = CacheRead::kT, kD = CacheRead::kD,
+                    kQ = CacheRead::kQ;
+  constexpr float kEps = 1e-2f;
+  const Shape x_shape = {kN, kH, kT, kD};
+  const int64_t x_size = num_elements(x_shape), r_size = kN * kH * kQ * kD;
+  const HostArray x = random_f32(x_shape, 101), xs = random_f32({kV, kN, kH, kT, kD}, 102);
+  const HostArray w = random_f32({kV, kN, kH, kQ, kD}, 103);
+  const HostArray direction = random_f32(x_shape, 104), directions = random_f32(xs.shape(), 105);
+  // The meshes with their layouts: the axes the examples are split over, and those N is.
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  struct Layout {
+    Axes examples, n;
+  };
+  const std::vector<std::pair<Mesh, std::vector<Layout>>> meshes = {
+      {*flat, {{{}, {}}, {{"a"}, {}}}},
+      {auto_mesh({4, 2}), {{{}, {}}, {{"a"}, {}}, {{"a"}, {"b"}}, {{"a", "b"}, {}}, {{}, {"b"}}}},
+      {auto_mesh({2, 4}), {{{}, {}}, {{"a"}, {}}, {{"a"}, {"b"}}, {{"a", "b"}, {}}}},
+      {*mesh_, {{{}, {}}, {{}, {"model"}}, {{"data"}, {}}, {{"data"}, {"model"}}}},
+  };
+  for (int64_t batch_dims : {1, 2}) {
+    Shape ps_shape = CacheRead{batch_dims, IndexMode::kClip}.positions_shape();
+    const int64_t p_size = num_elements(ps_shape);
+    ps_shape.insert(ps_shape.begin(), kV);
+    std::vector<int32_t> pv(num_elements(ps_shape));
+    for (size_t i = 0; i < pv.size(); ++i) pv[i] = static_cast<int32_t>((i * 7) % 9) - 1;  // -1..7 of 6; repeats
+    const HostArray positions = ints(ps_shape, pv);
+    for (IndexMode mode : {IndexMode::kClip, IndexMode::kFillOrDrop}) {
+      const std::string where = absl::StrCat("batch_dims ", batch_dims, " mode ", static_cast<int>(mode));
+      const CacheRead read{batch_dims, mode};
+      const float* wv = w.values<float>().data();
+      const PerExampleGradients want = per_example_gradients(
+          kV, x, xs,
+          [&](int64_t v, const float* at) { return read.quadratic(at, pv.data() + v * p_size, wv + v * r_size); },
+          [&](int64_t v, const float* at, double* dx) {
+            read.add_quadratic_cotangent(at, pv.data() + v * p_size, wv + v * r_size, dx);
+          },
+          kEps);
+      // The host's cotangents are its central differences (the reference checks itself).
+      for (size_t i = 0; i < want.shared.size(); ++i) {
+        ASSERT_NEAR(want.shared_cd[i], want.shared[i], 1e-2 * (1 + std::abs(want.shared[i]))) << where << " " << i;
+        ASSERT_NEAR(want.mapped_cd[i], want.mapped[i], 1e-2 * (1 + std::abs(want.mapped[i]))) << where << " " << i;
+      }
+      VmapGrads run(read.traced_quadratic());
+      for (const auto& mesh_and_layouts : meshes) {
+        const Mesh& mesh = mesh_and_layouts.first;
+        for (const Layout& layout : mesh_and_layouts.second) {
+          const std::string at =
+              absl::StrCat(where, " mesh ", absl::StrJoin(mesh.shape(), "x"), " examples over '",
+                           absl::StrJoin(layout.examples, ","), "' N over '", absl::StrJoin(layout.n, ","), "'");
+          // An array with the examples first (`examples`) or x itself laid out as the layout says.
+          auto on = [&](const HostArray& a, bool examples) {
+            std::vector<Axes> spec(a.shape().size());
+            if (examples) spec[0] = layout.examples;
+            spec[examples ? 1 : 0] = layout.n;
+            return put_on(mesh, a, PartitionSpec(spec));
+          };
+          const Array pa = on(positions, true), wa = on(w, true);
+          HostArray g_total, g_shared, g_mapped;
+          run.check(want, on(x, false), on(xs, true), pa, wa, at, &g_total, &g_shared, &g_mapped);
+          if (HasFatalFailure()) return;
+          // The jitted vmap(f)'s own central differences along the directions.
+          HostArray up(DType::kF32, x.shape()), down(DType::kF32, x.shape());
+          HostArray ups(DType::kF32, xs.shape()), downs(DType::kF32, xs.shape());
+          for (int64_t i = 0; i < x_size; ++i) {
+            up.mutable_values<float>()[i] = x.values<float>()[i] + kEps * direction.values<float>()[i];
+            down.mutable_values<float>()[i] = x.values<float>()[i] - kEps * direction.values<float>()[i];
+          }
+          for (int64_t i = 0; i < xs.size(); ++i) {
+            ups.mutable_values<float>()[i] = xs.values<float>()[i] + kEps * directions.values<float>()[i];
+            downs.mutable_values<float>()[i] = xs.values<float>()[i] - kEps * directions.values<float>()[i];
+          }
+          absl::StatusOr<std::vector<Array>> fu = run.values_shared({on(up, false), pa, wa}),
+                                             fd = run.values_shared({on(down, false), pa, wa}),
+                                             fus = run.values_mapped({on(ups, true), pa, wa}),
+                                             fds = run.values_mapped({on(downs, true), pa, wa});
+          ASSERT_TRUE(fu.ok() && fd.ok() && fus.ok() && fds.ok()) << at;
+          const HostArray vu = fetch((*fu)[0]), vd = fetch((*fd)[0]), vus = fetch((*fus)[0]), vds = fetch((*fds)[0]);
+          double sum_numeric = 0, sum_along = 0;
+          for (int64_t v = 0; v < kV; ++v) {
+            double along = 0, along_mapped = 0;
+            for (int64_t i = 0; i < x_size; ++i) {
+              along += g_shared.values<float>()[v * x_size + i] * static_cast<double>(direction.values<float>()[i]);
+              along_mapped += g_mapped.values<float>()[v * x_size + i] *
+                              static_cast<double>(directions.values<float>()[v * x_size + i]);
+            }
+            const double numeric = (vu.element_as_double(v) - vd.element_as_double(v)) / (2.0 * kEps);
+            const double numeric_mapped = (vus.element_as_double(v) - vds.element_as_double(v)) / (2.0 * kEps);
+            EXPECT_NEAR(numeric, along, 1e-2 * (1 + std::abs(along))) << at << " (b) example " << v;
+            EXPECT_NEAR(numeric_mapped, along_mapped, 1e-2 * (1 + std::abs(along_mapped)))
+                << at << " (c) example " << v;
+            sum_numeric += numeric;
+          }
+          for (int64_t i = 0; i < x_size; ++i) {
+            sum_along += g_total.values<float>()[i] * static_cast<double>(direction.values<float>()[i]);
+          }
+          EXPECT_NEAR(sum_numeric, sum_along, 1e-2 * (1 + std::abs(sum_along))) << at << " (a)";
+        }
+      }
+    }
+  }
+}
+
+// vmap of dynamic_slice with a start per example, through grad (#15): V = 8 examples each read the
+// window (4, 3) of x (10, 3) at rows (s_v, 0), s_v in -2..9 (clamped into [0, 6] as lax clamps),
+// f_v(x) = sum(dynamic_slice(x, (s_v, 0))^2 * w_v). vmap batches it as a gather with the starts as
+// indices (client/batching/indexing.cc, dynamic_slice_rule, as JAX's _dynamic_slice_batching_rule
+// -> _gather_batching_rule). (a) grad(sum(vmap(f))) with x shared, (b) vmap(grad(f)) with x shared,
+// (c) vmap(grad(f)) with x mapped, against the host's cotangent loop (2 x w added into each
+// example's clamped window) and the host's central differences of its float32 f_v; the forward
+// values against the host. On the Auto meshes (8), (4, 2) and (2, 4), the examples replicated,
+// split over one axis or over both.
+TEST_F(GatherTest, VmapOfDynamicSliceWithPerExampleStartsGradientsMatchTheHostAndCentralDifferences) {
+  constexpr int64_t kV = 8, kT = 10, kD = 3, kW = 4;
+  const HostArray x = random_f32({kT, kD}, 111), xs = random_f32({kV, kT, kD}, 112), w = random_f32({kV, kW, kD}, 113);
+  const std::vector<int32_t> starts = {-2, 0, 3, 9, 6, 7, 1, 5};
+  const float* wv = w.values<float>().data();
+  // Example v's window starts at row c_v = clamp(s_v, 0, T - W): f_v and its cotangent.
+  auto window = [&](int64_t v) { return std::clamp<int64_t>(starts[v], 0, kT - kW) * kD; };
+  const PerExampleGradients want = per_example_gradients(
+      kV, x, xs,
+      [&](int64_t v, const float* at) {
+        float total = 0;
+        for (int64_t e = 0; e < kW * kD; ++e) total += at[window(v) + e] * at[window(v) + e] * wv[v * kW * kD + e];
+        return total;
+      },
+      [&](int64_t v, const float* at, double* dx) {
+        for (int64_t e = 0; e < kW * kD; ++e) dx[window(v) + e] += 2.0 * at[window(v) + e] * wv[v * kW * kD + e];
+      },
+      1e-2f);
+  VmapGrads run([](const std::vector<Value>& in) {
+    const Value rows = dynamic_slice(in[0], {in[1], full({}, 0, DType::kI32)}, {kW, kD});
+    return std::vector<Value>{sum(rows * rows * in[2])};
+  });
+  absl::StatusOr<Mesh> flat = client_->make_mesh({8}, {"a"}, {AxisType::kAuto});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const std::vector<std::pair<Mesh, std::vector<Axes>>> meshes = {
+      {*flat, {{}, {"a"}}},
+      {auto_mesh({4, 2}), {{}, {"a"}, {"b"}, {"a", "b"}}},
+      {auto_mesh({2, 4}), {{}, {"a"}, {"b"}, {"a", "b"}}},
+  };
+  for (const auto& mesh_and_layouts : meshes) {
+    const Mesh& mesh = mesh_and_layouts.first;
+    for (const Axes& examples : mesh_and_layouts.second) {
+      const std::string at = absl::StrCat("mesh ", absl::StrJoin(mesh.shape(), "x"), " examples over '",
+                                          absl::StrJoin(examples, ","), "'");
+      auto on = [&](const HostArray& a) {
+        std::vector<Axes> spec(a.shape().size());
+        spec[0] = examples;
+        return put_on(mesh, a, PartitionSpec(spec));
+      };
+      HostArray a, b, c;
+      run.check(want, put_on(mesh, x, P()), on(xs), on(ints({kV}, starts)), on(w), at, &a, &b, &c);
+      if (HasFatalFailure()) return;
     }
   }
 }

@@ -1136,7 +1136,8 @@ TEST_F(VmapTest, PerExampleKvCacheHeadsOnlyLayoutReadsOneElementPerExample) {
 // compiled plan is that large. Values are the host loop's, in fill mode (out-of-range positions
 // read the fill value) and clip mode, on the Auto (4, 2) mesh replicated and split, and on the
 // Explicit (2, 2) mesh with x's batch split and vmap's batch whole or split (then x is
-// broadcast along the split batch, which the Explicit rule resolves as a batching dimension).
+// broadcast along the split batch, which the Explicit rule resolves as a batching dimension;
+// without batch dimensions that layout is refused, as JAX: the test after this one).
 TEST_F(VmapTest, GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample) {
   constexpr int64_t kV = 8, kN = 4, kH = 2, kT = 6, kD = 3, kQ = 3;
   const HostArray x = arange({kN, kH, kT, kD});
@@ -1233,22 +1234,61 @@ TEST_F(VmapTest, GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample) {
       expect_near(fetch((*out)[0]), want);
     }
   }
-  // Without batch dimensions the same layout (vmap's batch over an Explicit axis, x shared) is
-  // the query-dimension form, which the Explicit rule refuses as JAX's _gather_sharding_rule
-  // does (tests/pjit_test.py test_indices_sharded_gather_error); only an op with batch
-  // dimensions of its own keeps the broadcast (indexing.cc, a deliberate difference).
+}
+
+// A one-axis take (batch_dims 0) from an x shared by every example, vmapped with the examples
+// split over an Explicit axis, is refused as JAX refuses it. JAX's _gather_batching_rule with an
+// unbatched operand and batched indices (jax/_src/lax/slicing.py) makes vmap's batch a dimension
+// of the indices that is not a batching dimension (start_indices_batching_dims shifted past it);
+// _gather_spec_computation then finds a split non-batching dimension of the indices
+// (indices_non_batch_dims_replicated is false) and returns None, and _gather_sharding_rule raises
+// "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing ..."
+// (the unvmapped case is tests/pjit_test.py test_indices_sharded_gather_error). The forward pass
+// and grad (whose forward runs the same gather) are refused in those words; with the examples
+// whole the same functions run, with the host loop's values and gradient. Only an op with batch
+// dimensions of its own broadcasts x along a split batch instead (client/batching/indexing.cc, a
+// deliberate difference: see GatherWithBatchDimsFromASharedOperandCopiesNothingPerExample).
+TEST_F(VmapTest, OneAxisTakeFromASharedOperandOnAnExplicitSplitBatchIsRefusedAsJax) {
+  constexpr int64_t kV = 8, kT = 6, kD = 3, kQ = 3;
   const Mesh xy = mesh_2x2();
+  const HostArray x = arange({kT, kD});
   HostArray ids(DType::kI32, {kV, kQ});
-  for (int64_t i = 0; i < ids.size(); ++i) ids.mutable_values<int32_t>()[i] = static_cast<int32_t>(i % kT);
+  for (int64_t i = 0; i < ids.size(); ++i) ids.mutable_values<int32_t>()[i] = static_cast<int32_t>((i * 5) % 8 - 1);
+  // out[v, q, d] = x[clamp(ids[v, q]), d]; d/dx sum(out * w) adds w[v, q, d] into that row.
+  const HostArray w = arange({kV, kQ, kD});
+  std::vector<double> want, want_grad(kT * kD, 0.0);
+  for (int64_t vq = 0; vq < kV * kQ; ++vq) {
+    const int64_t t = std::clamp<int64_t>(ids.values<int32_t>()[vq], 0, kT - 1);
+    for (int64_t d = 0; d < kD; ++d) {
+      want.push_back(x.values<float>()[t * kD + d]);
+      want_grad[t * kD + d] += w.values<float>()[vq * kD + d];
+    }
+  }
   const TracedFunction take_rows = [](const std::vector<Value>& in) {
     return std::vector<Value>{gather(in[0], in[1], GatherAttrs{0, IndexMode::kClip, std::nullopt, 0})};
   };
-  absl::StatusOr<std::vector<Array>> refused =
-      jit(vmap(take_rows, {std::nullopt, 0}))({put_on(xy, arange({kT, kD}), P()), put_on(xy, ids, P("y", None))});
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
-  EXPECT_THAT(refused.status().message(),
-              HasSubstr("Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing"));
+  const TracedFunction batched = vmap(take_rows, {std::nullopt, 0});
+  const TracedFunction loss = [batched](const std::vector<Value>& in) {
+    return std::vector<Value>{sum(batched({in[0], in[1]})[0] * in[2])};
+  };
+  const Array xa = put_on(xy, x, P()), split = put_on(xy, ids, P("y", None)), whole = put_on(xy, ids, P());
+  const Array wa = put_on(xy, w, P("y", None, None));
+  auto expect_refused = [](const absl::StatusOr<std::vector<Array>>& got, const std::string& what) {
+    ASSERT_FALSE(got.ok()) << what;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << what << ": " << got.status();
+    EXPECT_THAT(got.status().message(),
+                HasSubstr("Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing"))
+        << what;
+  };
+  expect_refused(jit(batched)({xa, split}), "vmap(take)");
+  expect_refused(jit(grad(loss))({xa, split, wa}), "grad of vmap(take)");
+  // The examples whole: the same functions run.
+  absl::StatusOr<std::vector<Array>> out = jit(batched)({xa, whole});
+  ASSERT_TRUE(out.ok()) << out.status();
+  expect_near(fetch((*out)[0]), want);
+  out = jit(grad(loss))({xa, whole, put_on(xy, w, P())});
+  ASSERT_TRUE(out.ok()) << out.status();
+  expect_near(fetch((*out)[0]), want_grad);
 }
 
 }  // namespace
