@@ -27,14 +27,17 @@
 
 namespace tessera {
 
-// A plan as LoadPlan delivered it, with what every run of it needs.
+// A plan as LoadPlan delivered it, with what every run of it needs. Its constructor computes
+// all of that from the plan, so no caller can leave any of it unset.
 struct LoadedPlan {
-  DevicePlan plan;
-  std::map<int, std::string> peers;  // device id -> address, for its collectives
-  bool has_collectives = false;
+  LoadedPlan(DevicePlan plan, std::map<int, std::string> peers);
+
+  const DevicePlan plan;
+  const std::map<int, std::string> peers;  // device id -> address, for its collectives
+  const bool has_collectives;
   // peak_memory(plan, {}): every run's when the plan has no donated inputs (the others' depend
   // on theirs).
-  PlanPeak peak;
+  const PlanPeak peak;
   mutable std::atomic<uint64_t> last_run{0};  // when it was last loaded or run (a tick, for LRU)
 };
 
