@@ -105,19 +105,6 @@ class SteppedPlanRun {
 // runs_inline, no loop or switch, and collectives that are all all_reduces (SteppedCollective).
 bool runs_stepped(const DevicePlan& plan, int64_t input_bytes);
 
-// The most memory a run of `plan` on `inputs` holds at once beyond the inputs the caller keeps
-// (its intermediates and outputs, and the donated inputs, which the caller gives up), by the
-// plan's liveness: every instruction's result from its instruction to its free, none for a
-// kernel that writes over an operand dying there (as run_plan does for an intermediate or a
-// donated input). Kernels' temporaries are not counted. `instruction` is where the peak is
-// reached (-1 for an empty plan). Only the donated inputs are read, so a plan without any has
-// one peak whatever its inputs: peak_memory(plan, {}) (computed once per loaded plan).
-struct PlanPeak {
-  int64_t bytes = 0;
-  int instruction = -1;
-};
-PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs);
-
 // Whether a run of `plan` on inputs of `input_bytes` may run on the gRPC callback thread that
 // received its request: no collective (it would wait for peers, whose data those few threads
 // deliver), at most kInlineInstructions instructions, and at most kInlineBytes of inputs and

@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "proto/write_queue.h"
 #include "worker/interpreter.h"
+#include "worker/plan_peak.h"
 #include "worker/transfers.h"
 
 namespace tessera {

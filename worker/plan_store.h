@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/plan.h"
-#include "worker/interpreter.h"
+#include "worker/plan_peak.h"
 
 namespace tessera {
 

@@ -25,6 +25,7 @@
 #include "tests/support/host_eval.h"
 #include "tests/support/jit_check.h"
 #include "worker/interpreter.h"
+#include "worker/plan_peak.h"
 
 namespace tessera {
 namespace {

@@ -13,6 +13,7 @@
 #include "worker/buffer_store.h"
 #include "worker/collectives/reduce.h"
 #include "worker/interpreter.h"
+#include "worker/plan_peak.h"
 
 namespace tessera {
 namespace {

@@ -1,0 +1,39 @@
+// A plan's memory peak: the most a run of one device's plan holds at once, by the plan's
+// liveness, which a worker reserves in its buffer store before the run starts.
+//
+//   PlanPeak peak = peak_memory(plan, inputs);
+//   store.reserve(execution_id, peak.bytes);   // peak.instruction names where it is reached
+#ifndef TESSERA_WORKER_PLAN_PEAK_H_
+#define TESSERA_WORKER_PLAN_PEAK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/plan.h"
+
+namespace tessera {
+
+class HostArray;
+
+// The most memory a run of `plan` on `inputs` holds at once beyond the inputs the caller keeps
+// (its intermediates and outputs, and the donated inputs, which the caller gives up), by the
+// plan's liveness: every instruction's result from its instruction to its free, none for a
+// kernel that writes over an operand dying there (as run_plan does for an intermediate or a
+// donated input). Kernels' temporaries are not counted. `instruction` is where the peak is
+// reached (-1 for an empty plan). Only the donated inputs are read, so a plan without any has
+// one peak whatever its inputs: peak_memory(plan, {}) (computed once per loaded plan).
+struct PlanPeak {
+  int64_t bytes = 0;
+  int instruction = -1;
+};
+PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs);
+
+// Whether slot `s` is freed right after instruction `k` of `plan` (frees follow their slot's
+// last use).
+bool freed_after(const DevicePlan& plan, size_t k, int s);
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_PLAN_PEAK_H_
