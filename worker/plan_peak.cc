@@ -14,7 +14,22 @@ bool freed_after(const DevicePlan& plan, size_t k, int s) {
   return false;
 }
 
-PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs) {
+namespace {
+
+// While a loop or a switch runs, its body's (predicate's, branch's) peak is held on top of what
+// the plan holds. Bodies take no inputs of their own that count, so this is one number per
+// instruction whatever the run's inputs (0 for other instructions).
+int64_t body_peak(const Instruction& inst) {
+  if (inst.kind != Instruction::Kind::kLoop && inst.kind != Instruction::Kind::kSwitch) return 0;
+  int64_t body = inst.body == nullptr ? 0 : peak_memory(*inst.body, {}).bytes;
+  for (const auto& b : inst.branches) body = std::max(body, b == nullptr ? 0 : peak_memory(*b, {}).bytes);
+  return body;
+}
+
+// peak_memory, reading each instruction's body_peak from `bodies` when given (one per
+// instruction of `plan`), else computing it.
+PlanPeak peak_over(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs,
+                   const std::vector<int64_t>* bodies) {
   // What each slot holds that counts: its array's bytes, 0 for an input the caller keeps.
   std::vector<int64_t> charged(static_cast<size_t>(plan.num_slots), 0);
   // Each slot's type, its shape read in place (an input's, or the plan's): set before read,
@@ -45,8 +60,7 @@ PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<c
       // its results, and its body's (predicate's, branch's) peak on top while it runs
       std::vector<int> outs = {inst.out};
       outs.insert(outs.end(), inst.extra_out.begin(), inst.extra_out.end());
-      int64_t body = inst.body == nullptr ? 0 : peak_memory(*inst.body, {}).bytes;
-      for (const auto& b : inst.branches) body = std::max(body, b == nullptr ? 0 : peak_memory(*b, {}).bytes);
+      const int64_t body = bodies != nullptr ? (*bodies)[k] : body_peak(inst);
       for (size_t j = 0; j < outs.size() && j < inst.out_types.size(); ++j) {
         const ArrayType& t = inst.out_types[j];
         types[outs[j]] = {t.dtype, &t.shape};
@@ -79,6 +93,25 @@ PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<c
     charged[inst.out] = bytes;
   }
   return peak;
+}
+
+}  // namespace
+
+PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs) {
+  return peak_over(plan, inputs, nullptr);
+}
+
+PlanPeaks plan_peaks(const DevicePlan& plan) {
+  PlanPeaks peaks;
+  peaks.bodies.reserve(plan.code.size());
+  for (const Instruction& inst : plan.code) peaks.bodies.push_back(body_peak(inst));
+  peaks.without_donated = peak_over(plan, {}, &peaks.bodies);
+  return peaks;
+}
+
+PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs,
+                     const PlanPeaks& known) {
+  return peak_over(plan, inputs, &known.bodies);
 }
 
 }  // namespace tessera

@@ -30,6 +30,20 @@ struct PlanPeak {
 };
 PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs);
 
+// What of `plan`'s peak does not depend on its inputs, computed once when a worker loads it
+// (LoadedPlan): every run's peak when the plan has no donated inputs, and the peak each loop's
+// body (and predicate) or switch's branches hold while it runs, which a run with donated inputs
+// adds to its own instead of walking the bodies again.
+struct PlanPeaks {
+  PlanPeak without_donated;     // peak_memory(plan, {})
+  std::vector<int64_t> bodies;  // per instruction of plan.code: its bodies' peak (0 but for loops, switches)
+};
+PlanPeaks plan_peaks(const DevicePlan& plan);
+// peak_memory(plan, inputs), the same result, with the bodies' peaks read from `known`.
+// REQUIRES: known == plan_peaks(plan).
+PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs,
+                     const PlanPeaks& known);
+
 // Whether slot `s` is freed right after instruction `k` of `plan` (frees follow their slot's
 // last use).
 bool freed_after(const DevicePlan& plan, size_t k, int s);

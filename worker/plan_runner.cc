@@ -836,7 +836,8 @@ absl::Status PlanRunner::prepare(const LoadedPlan& loaded, const pb::RunPlanRequ
   if (!donated.empty()) store_->erase(donated);
   // What the run holds at its peak (intermediates, outputs, donated inputs) is reserved in
   // the store for the run, under the execution's id (no buffer has it), before anything runs.
-  const PlanPeak peak = plan.donated_inputs.empty() ? loaded.peak : peak_memory(plan, inputs);
+  const PlanPeak peak =
+      plan.donated_inputs.empty() ? loaded.peaks.without_donated : peak_memory(plan, inputs, loaded.peaks);
   if (absl::Status reserved = store_->reserve(req.execution_id(), peak.bytes); !reserved.ok()) {
     const BufferStore::Stats stats = store_->stats();
     const std::string at = peak.instruction < 0 ? std::string("its donated inputs")

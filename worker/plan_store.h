@@ -35,9 +35,9 @@ struct LoadedPlan {
   const DevicePlan plan;
   const std::map<int, std::string> peers;  // device id -> address, for its collectives
   const bool has_collectives;
-  // peak_memory(plan, {}): every run's when the plan has no donated inputs (the others' depend
-  // on theirs).
-  const PlanPeak peak;
+  // plan_peaks(plan): every run's peak when the plan has no donated inputs, and its loops' and
+  // switches' bodies' peaks, which the peak of a run with donated inputs adds to its own.
+  const PlanPeaks peaks;
   mutable std::atomic<uint64_t> last_run{0};  // when it was last loaded or run (a tick, for LRU)
 };
 
