@@ -254,7 +254,7 @@ SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_p
       nested_(nested),
       slots_(static_cast<size_t>(plan.num_slots)) {
   // Peers' messages of this run's ops are awaited from now on, however far ahead they run.
-  if (!nested_) transport_.begin_run_ops(first_op_, end_op_, run_.run_tag);
+  if (holds_ops()) transport_.begin_run_ops(first_op_, end_op_, run_.run_tag);
   if (inputs.size() != plan.input_slots.size()) {
     result_ = absl::InvalidArgumentError(
         absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ", inputs.size()));
@@ -265,7 +265,7 @@ SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_p
 }
 
 SteppedPlanRun::~SteppedPlanRun() {
-  if (!nested_) transport_.end_run_ops(first_op_, end_op_, run_.run_tag);
+  if (holds_ops()) transport_.end_run_ops(first_op_, end_op_, run_.run_tag);
 }
 
 void SteppedPlanRun::fail(const Instruction& inst, const absl::Status& status) {
