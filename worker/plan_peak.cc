@@ -111,7 +111,8 @@ PlanPeaks plan_peaks(const DevicePlan& plan) {
 
 PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs,
                      const PlanPeaks& known) {
-  return peak_over(plan, inputs, &known.bodies);
+  // Peaks of another plan would be read out of range: walk the bodies instead.
+  return peak_over(plan, inputs, known.bodies.size() == plan.code.size() ? &known.bodies : nullptr);
 }
 
 }  // namespace tessera

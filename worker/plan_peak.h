@@ -23,7 +23,8 @@ class HostArray;
 // kernel that writes over an operand dying there (as run_plan does for an intermediate or a
 // donated input). Kernels' temporaries are not counted. `instruction` is where the peak is
 // reached (-1 for an empty plan). Only the donated inputs are read, so a plan without any has
-// one peak whatever its inputs: peak_memory(plan, {}) (computed once per loaded plan).
+// one peak whatever its inputs: peak_memory(plan, {}) (plan_peaks(plan).without_donated, computed
+// once per loaded plan).
 struct PlanPeak {
   int64_t bytes = 0;
   int instruction = -1;
@@ -40,7 +41,7 @@ struct PlanPeaks {
 };
 PlanPeaks plan_peaks(const DevicePlan& plan);
 // peak_memory(plan, inputs), the same result, with the bodies' peaks read from `known`.
-// REQUIRES: known == plan_peaks(plan).
+// REQUIRES: known == plan_peaks(plan) (known for a plan of another length is ignored).
 PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs,
                      const PlanPeaks& known);
 
