@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "worker/collectives/engine.h"
 #include "worker/kernels/kernels.h"
+#include "worker/plan_peak.h"
 
 namespace tessera {
 
@@ -19,21 +20,13 @@ absl::StatusOr<std::shared_ptr<const HostArray>> shared(absl::StatusOr<HostArray
   return std::make_shared<const HostArray>(*std::move(a));
 }
 
-// Whether slot `s` is freed right after instruction k (frees follow their slot's last use).
-bool dies_at(const DevicePlan& plan, size_t k, int s) {
-  for (size_t i = k + 1; i < plan.code.size() && plan.code[i].kind == Instruction::Kind::kFree; ++i) {
-    if (plan.code[i].in[0] == s) return true;
-  }
-  return false;
-}
-
 // The operand an elementwise kernel can write its result over: one whose slot dies at the
 // kernel and that nothing outside the slot holds (not the store, a send, or another slot).
 int reusable_operand(const DevicePlan& plan, size_t k, const std::vector<std::shared_ptr<const HostArray>>& slots) {
   const Instruction& inst = plan.code[k];
   for (size_t j = 0; j < inst.in.size(); ++j) {
     const std::shared_ptr<const HostArray>& a = slots[inst.in[j]];
-    if (can_run_in_place(inst.node, *a) && a.use_count() == 1 && dies_at(plan, k, inst.in[j])) {
+    if (can_run_in_place(inst.node, *a) && a.use_count() == 1 && freed_after(plan, k, inst.in[j])) {
       // use_count() is a relaxed load: order it before our writes, after the last holder's
       // reads (a gRPC thread dropping a zero-copy send's reference).
       std::atomic_thread_fence(std::memory_order_acquire);
@@ -52,73 +45,6 @@ std::string instruction_name(const Instruction& i) {
          : i.kind == Instruction::Kind::kSwitch     ? std::string("switch")
          : i.kind == Instruction::Kind::kFree       ? std::string("free")
                                                     : op_name(i.node.op);
-}
-
-PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs) {
-  // What each slot holds that counts: its array's bytes, 0 for an input the caller keeps.
-  std::vector<int64_t> charged(static_cast<size_t>(plan.num_slots), 0);
-  // Each slot's type, its shape read in place (an input's, or the plan's): set before read,
-  // since only a charged slot's type is read.
-  struct SlotType {
-    DType dtype = DType::kF32;
-    const Shape* shape = nullptr;
-  };
-  std::vector<SlotType> types(static_cast<size_t>(plan.num_slots));
-  int64_t live = 0;
-  for (size_t i = 0; i < inputs.size() && i < plan.input_slots.size(); ++i) {
-    types[plan.input_slots[i]] = {inputs[i]->dtype(), &inputs[i]->shape()};
-  }
-  for (int d : plan.donated_inputs) {
-    if (d < 0 || d >= static_cast<int>(inputs.size())) continue;
-    charged[plan.input_slots[d]] = inputs[d]->nbytes();
-    live += inputs[d]->nbytes();
-  }
-  PlanPeak peak{live, -1};
-  for (size_t k = 0; k < plan.code.size(); ++k) {
-    const Instruction& inst = plan.code[k];
-    if (inst.kind == Instruction::Kind::kFree) {
-      live -= charged[inst.in[0]];
-      charged[inst.in[0]] = 0;
-      continue;
-    }
-    if (inst.kind == Instruction::Kind::kLoop || inst.kind == Instruction::Kind::kSwitch) {
-      // its results, and its body's (predicate's, branch's) peak on top while it runs
-      std::vector<int> outs = {inst.out};
-      outs.insert(outs.end(), inst.extra_out.begin(), inst.extra_out.end());
-      int64_t body = inst.body == nullptr ? 0 : peak_memory(*inst.body, {}).bytes;
-      for (const auto& b : inst.branches) body = std::max(body, b == nullptr ? 0 : peak_memory(*b, {}).bytes);
-      for (size_t j = 0; j < outs.size() && j < inst.out_types.size(); ++j) {
-        const ArrayType& t = inst.out_types[j];
-        types[outs[j]] = {t.dtype, &t.shape};
-        const int64_t bytes = num_elements(t.shape) * dtype_size(t.dtype);
-        live += bytes - charged[outs[j]];
-        charged[outs[j]] = bytes;
-      }
-      if (live + body > peak.bytes) peak = {live + body, static_cast<int>(k)};
-      continue;
-    }
-    const int64_t bytes = num_elements(inst.node.shape) * dtype_size(inst.node.dtype);
-    int reuse = -1;
-    if (inst.kind == Instruction::Kind::kKernel) {
-      for (int s : inst.in) {
-        if (charged[s] > 0 && can_run_in_place(inst.node, types[s].dtype, *types[s].shape) && dies_at(plan, k, s)) {
-          reuse = s;
-          break;
-        }
-      }
-    }
-    types[inst.out] = {inst.node.dtype, &inst.node.shape};
-    if (reuse >= 0) {  // the result takes the operand's storage, which its free then leaves alone
-      charged[inst.out] = charged[reuse];
-      charged[reuse] = 0;
-      continue;
-    }
-    live += bytes;  // the slot's old value goes only once the new one is made
-    if (live > peak.bytes) peak = {live, static_cast<int>(k)};
-    live -= charged[inst.out];
-    charged[inst.out] = bytes;
-  }
-  return peak;
 }
 
 namespace {
@@ -328,7 +254,7 @@ SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_p
       nested_(nested),
       slots_(static_cast<size_t>(plan.num_slots)) {
   // Peers' messages of this run's ops are awaited from now on, however far ahead they run.
-  if (!nested_) transport_.begin_run_ops(first_op_, end_op_, run_.run_tag);
+  if (holds_ops()) transport_.begin_run_ops(first_op_, end_op_, run_.run_tag);
   if (inputs.size() != plan.input_slots.size()) {
     result_ = absl::InvalidArgumentError(
         absl::StrCat("run: the plan takes ", plan.input_slots.size(), " inputs, got ", inputs.size()));
@@ -339,7 +265,7 @@ SteppedPlanRun::SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_p
 }
 
 SteppedPlanRun::~SteppedPlanRun() {
-  if (!nested_) transport_.end_run_ops(first_op_, end_op_, run_.run_tag);
+  if (holds_ops()) transport_.end_run_ops(first_op_, end_op_, run_.run_tag);
 }
 
 void SteppedPlanRun::fail(const Instruction& inst, const absl::Status& status) {

@@ -29,6 +29,9 @@ struct PlanRun {
   int self = 0;
   absl::Time deadline;  // for each collective's waits
   std::function<bool()> cancelled;
+  // Whether the plan runs a collective (LoadedPlan::has_collectives). False: the run holds no
+  // op range at the transport (Transport::begin_run_ops), a lock and a set insertion saved.
+  bool has_collectives = true;
 };
 
 // The op id of instruction `index` of execution `execution` in a plan without loops:
@@ -59,10 +62,11 @@ absl::StatusOr<std::vector<std::shared_ptr<const HostArray>>> run_plan(
 //   absl::StatusOr<...> outputs = r.take_result();   // after kDone
 class SteppedPlanRun {
  public:
-  // `plan`, `transport` and `run` must outlive this. A top-level run holds its whole op range
-  // (Transport::begin_run_ops, nested loops' and switches' ops included) for its lifetime; a
-  // `nested` one (a loop body's iteration, a switch's branch) runs inside that range and takes
-  // no hold of its own.
+  // `plan`, `transport` and `run` must outlive this. A top-level run of a plan with collectives
+  // (run.has_collectives) holds its whole op range (Transport::begin_run_ops, nested loops' and
+  // switches' ops included) for its lifetime; a `nested` one (a loop body's iteration, a
+  // switch's branch) runs inside that range and takes no hold of its own, nor does a run
+  // without collectives (no peer sends its ops anything).
   SteppedPlanRun(const DevicePlan& plan, std::vector<std::shared_ptr<const HostArray>> inputs, Transport& transport,
                  const PlanRun& run, uint64_t first_op, bool nested = false);
   ~SteppedPlanRun();
@@ -84,6 +88,7 @@ class SteppedPlanRun {
 
  private:
   void fail(const Instruction& inst, const absl::Status& status);
+  bool holds_ops() const { return !nested_ && run_.has_collectives; }
 
   const DevicePlan& plan_;
   Transport& transport_;
@@ -104,19 +109,6 @@ class SteppedPlanRun {
 // and step (SteppedPlanRun with park) when its transport serves in process: the cost bounds of
 // runs_inline, no loop or switch, and collectives that are all all_reduces (SteppedCollective).
 bool runs_stepped(const DevicePlan& plan, int64_t input_bytes);
-
-// The most memory a run of `plan` on `inputs` holds at once beyond the inputs the caller keeps
-// (its intermediates and outputs, and the donated inputs, which the caller gives up), by the
-// plan's liveness: every instruction's result from its instruction to its free, none for a
-// kernel that writes over an operand dying there (as run_plan does for an intermediate or a
-// donated input). Kernels' temporaries are not counted. `instruction` is where the peak is
-// reached (-1 for an empty plan). Only the donated inputs are read, so a plan without any has
-// one peak whatever its inputs: peak_memory(plan, {}) (computed once per loaded plan).
-struct PlanPeak {
-  int64_t bytes = 0;
-  int instruction = -1;
-};
-PlanPeak peak_memory(const DevicePlan& plan, const std::vector<std::shared_ptr<const HostArray>>& inputs);
 
 // Whether a run of `plan` on inputs of `input_bytes` may run on the gRPC callback thread that
 // received its request: no collective (it would wait for peers, whose data those few threads

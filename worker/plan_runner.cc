@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "proto/write_queue.h"
 #include "worker/interpreter.h"
+#include "worker/plan_peak.h"
 #include "worker/transfers.h"
 
 namespace tessera {
@@ -176,8 +177,8 @@ class RunSession : public std::enable_shared_from_this<RunSession> {
   absl::Mutex mu_;
   bool reading_ended_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  // Runs on threads of their own or waiting for their inputs, by execution, with the flag that
-  // tells them to stop.
+  // Runs in progress (inline ones too) or waiting for their inputs, by execution, with the flag
+  // that tells them to stop (null for a run inline as it arrived, which nothing cancels).
   std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_ ABSL_GUARDED_BY(mu_);
   // Of those: the run making each output buffer, the runs waiting, and what each waits for.
   std::map<uint64_t, uint64_t> producing_ ABSL_GUARDED_BY(mu_);
@@ -358,7 +359,9 @@ void RunSession::end_reading() {
   {
     absl::MutexLock lock(&mu_);
     reading_ended_ = true;  // results not yet sent are dropped (see post)
-    for (auto& [execution, cancelled] : running_) *cancelled = true;
+    for (auto& [execution, cancelled] : running_) {
+      if (cancelled != nullptr) *cancelled = true;
+    }
     end = end_now_locked();
   }
   if (end) ended();
@@ -369,7 +372,7 @@ void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void
     {
       absl::MutexLock lock(&mu_);
       auto it = running_.find(request.cancel_execution());
-      if (it != running_.end()) *it->second = true;
+      if (it != running_.end() && it->second != nullptr) *it->second = true;
     }
     read_next();
     return;
@@ -416,8 +419,11 @@ void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void
       refused = absl::ResourceExhaustedError(absl::StrCat(
           "run: ", kMaxDeferredRuns, " runs on this session wait for the runs making their inputs already"));
     } else {
-      // Inline runs too: the next read (a consumer of this run) may be handled meanwhile.
-      running_[execution] = std::make_shared<std::atomic<bool>>(false);
+      // Inline runs too: the next read (a consumer of this run) may be handled meanwhile. One
+      // that runs inline now is never cancelled (it runs to its end where it arrived): it
+      // takes no flag, and no allocation for one.
+      const bool runs_now_inline = inline_run && producers.empty();
+      running_[execution] = runs_now_inline ? nullptr : std::make_shared<std::atomic<bool>>(false);
       for (uint64_t id : req->output_buffers()) producing_[id] = execution;
       if (!producers.empty()) {
         deferred = true;
@@ -560,7 +566,7 @@ void RunSession::end_run(std::shared_ptr<pb::RunPlanRequest> req, absl::Status s
             }
             if (--w.waiting > 0) continue;
             auto flag = running_.find(d);
-            ready.emplace_back(std::move(w), flag != running_.end() && flag->second->load());
+            ready.emplace_back(std::move(w), flag != running_.end() && flag->second != nullptr && flag->second->load());
             deferred_.erase(it);
             runner_->count_waiting(-1);
           }
@@ -601,7 +607,7 @@ void RunSession::post(uint64_t id, const absl::Status& status) {
   pb::RunPlanResult result;
   result.set_id(id);
   result.set_code(static_cast<int32_t>(status.code()));
-  result.set_message(std::string(status.message()));
+  if (!status.ok()) result.set_message(std::string(status.message()));  // an OK result has none to send
   send(std::move(result));
 }
 
@@ -835,7 +841,8 @@ absl::Status PlanRunner::prepare(const LoadedPlan& loaded, const pb::RunPlanRequ
   if (!donated.empty()) store_->erase(donated);
   // What the run holds at its peak (intermediates, outputs, donated inputs) is reserved in
   // the store for the run, under the execution's id (no buffer has it), before anything runs.
-  const PlanPeak peak = plan.donated_inputs.empty() ? loaded.peak : peak_memory(plan, inputs);
+  const PlanPeak peak =
+      plan.donated_inputs.empty() ? loaded.peaks.without_donated : peak_memory(plan, inputs, loaded.peaks);
   if (absl::Status reserved = store_->reserve(req.execution_id(), peak.bytes); !reserved.ok()) {
     const BufferStore::Stats stats = store_->stats();
     const std::string at = peak.instruction < 0 ? std::string("its donated inputs")
@@ -848,6 +855,7 @@ absl::Status PlanRunner::prepare(const LoadedPlan& loaded, const pb::RunPlanRequ
   }
   run->execution = req.execution_id();
   run->run_tag = req.run_tag();
+  run->has_collectives = loaded.has_collectives;
   if (loaded.has_collectives) run->peers = loaded.peers;
   run->self = device_->id();
   const int64_t timeout_ms = req.timeout_ms() > 0 ? std::min<int64_t>(req.timeout_ms(), 3'600'000) : 10'000;

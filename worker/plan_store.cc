@@ -1,8 +1,16 @@
 #include "worker/plan_store.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace tessera {
+
+LoadedPlan::LoadedPlan(DevicePlan plan_in, std::map<int, std::string> peers_in)
+    : plan(std::move(plan_in)),
+      peers(std::move(peers_in)),
+      has_collectives(plan_has_collectives(plan)),
+      peaks(plan_peaks(plan)) {}
 
 void PlanStore::add(uint64_t id, std::shared_ptr<LoadedPlan> loaded) {
   loaded->last_run = ++ticks_;

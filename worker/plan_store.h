@@ -23,18 +23,21 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/plan.h"
-#include "worker/interpreter.h"
+#include "worker/plan_peak.h"
 
 namespace tessera {
 
-// A plan as LoadPlan delivered it, with what every run of it needs.
+// A plan as LoadPlan delivered it, with what every run of it needs. Its constructor computes
+// all of that from the plan, so no caller can leave any of it unset.
 struct LoadedPlan {
-  DevicePlan plan;
-  std::map<int, std::string> peers;  // device id -> address, for its collectives
-  bool has_collectives = false;
-  // peak_memory(plan, {}): every run's when the plan has no donated inputs (the others' depend
-  // on theirs).
-  PlanPeak peak;
+  LoadedPlan(DevicePlan plan, std::map<int, std::string> peers);
+
+  const DevicePlan plan;
+  const std::map<int, std::string> peers;  // device id -> address, for its collectives
+  const bool has_collectives;
+  // plan_peaks(plan): every run's peak when the plan has no donated inputs, and its loops' and
+  // switches' bodies' peaks, which the peak of a run with donated inputs adds to its own.
+  const PlanPeaks peaks;
   mutable std::atomic<uint64_t> last_run{0};  // when it was last loaded or run (a tick, for LRU)
 };
 

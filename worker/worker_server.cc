@@ -240,12 +240,9 @@ class WorkerService final : public WorkerServiceBase {
     if (!mesh.ok()) return to_grpc(mesh.status());
     absl::StatusOr<DevicePlan> plan = resolve(*program, *mesh, device_.id());
     if (!plan.ok()) return to_grpc(plan.status());
-    auto loaded = std::make_shared<LoadedPlan>();
-    loaded->plan = *std::move(plan);
-    for (const pb::PeerAddress& peer : req->peers()) loaded->peers[peer.device_id()] = peer.address();
-    loaded->has_collectives = plan_has_collectives(loaded->plan);
-    loaded->peak = peak_memory(loaded->plan, {});
-    plans_.add(req->plan_id(), std::move(loaded));
+    std::map<int, std::string> peers;
+    for (const pb::PeerAddress& peer : req->peers()) peers[peer.device_id()] = peer.address();
+    plans_.add(req->plan_id(), std::make_shared<LoadedPlan>(*std::move(plan), std::move(peers)));
     return grpc::Status::OK;
   }
 

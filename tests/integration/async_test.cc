@@ -294,7 +294,7 @@ TEST_F(AsyncTest, AKernelErrorReachesTheOutputsAndTheirConsumers) {
   absl::Status consumer = z.ok() ? (*z)[0].block_until_ready() : z.status();
   EXPECT_EQ(consumer.code(), absl::StatusCode::kResourceExhausted) << consumer;
   EXPECT_THAT(std::string(consumer.message()), HasSubstr("argument 0 is an output of a failed call"));
-  // The worker refuses the run before it starts: its peak does not fit (worker/interpreter.h's
+  // The worker refuses the run before it starts: its peak does not fit (worker/plan_peak.h's
   // peak_memory): the broadcast's (4, 8, 8192) f32 block, 1048576 bytes, and in[0] + 1's
   // (4, 8) f32 block, 128 bytes (the add writes over its constant operand).
   EXPECT_THAT(std::string(consumer.message()), HasSubstr("needs 1048704 bytes at once"));

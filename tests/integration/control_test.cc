@@ -25,6 +25,7 @@
 #include "tests/support/host_eval.h"
 #include "tests/support/jit_check.h"
 #include "worker/interpreter.h"
+#include "worker/plan_peak.h"
 
 namespace tessera {
 namespace {
@@ -1471,7 +1472,7 @@ TEST_F(MeshesSuite, CheckpointGivesTheSameGradientsAndKeepsLessForTheBackwardPas
       EXPECT_TRUE(results_match(dots[i], without[i], 1e-4)) << "output " << i << " (dots_saveable)";
     }
   }
-  // The compiler's accounting (worker/interpreter.h's peak_memory): what a device holds at
+  // The compiler's accounting (worker/plan_peak.h's peak_memory): what a device holds at
   // the program's peak, the residuals kept for the backward pass included.
   std::vector<ArrayType> types(5, {DType::kF32, {kWide, kWide}});
   auto peak = [&](bool remat, CheckpointPolicy policy = nullptr) -> int64_t {

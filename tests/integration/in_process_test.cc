@@ -304,7 +304,9 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> served_heal
 // sums a carry split over the devices (an all_reduce per iteration), so the other devices'
 // runs are inside collectives with the stopped one: the call still fails at once naming it.
 // (Which path ends those peers' waits first, the stopped worker's ended collectives or the
-// coordinator's cancel after its run failed, this test does not tell apart.)
+// coordinator's cancel after its run failed, this test does not tell apart; transport_test's
+// TransportInProcess.StoppingAWorkersInProcessCollectivesFailsAPeersCollectiveWithItNamingIt
+// shows the stop alone ends a wait in an op begun before it.)
 void stop_a_worker_mid_run(bool collective) {
   // Heartbeats that would take 10 minutes to mark the stopped worker lost: every failure below
   // comes from its ended run session, not from the lost-device path (which also says UNAVAILABLE

@@ -799,6 +799,71 @@ TEST(TransportInProcess, APeerThatStopsFailsTheWaitsOnItAndTheSendsToItNamingIt)
   EXPECT_THAT(std::string(sent.message()), HasSubstr("device 3 (in-process:60012) is not serving collectives"));
 }
 
+// A worker that stops (WorkerServer::stop_all_but_server: stop_in_process_collectives, which is
+// close_in_process on its transport) while a peer is inside a collective with it: the peer's
+// collective fails at once naming the stopped device, with no cancel (its `cancelled` never
+// says true, as when no coordinator cancels the run) and with the stopped worker's gRPC server
+// still up and its transport alive, as stop_all_but_server leaves them. So the stop alone ends
+// the peers' waits (in_process_test's stop_a_worker_mid_run cannot tell it from the cancel).
+TEST(TransportInProcess, StoppingAWorkersInProcessCollectivesFailsAPeersCollectiveWithItNamingIt) {
+  Endpoint a(0), b(3);  // each behind a gRPC server of its own on 127.0.0.1, as a worker is
+  const std::map<int, std::string> peers = {{0, "in-process:60021"}, {3, "in-process:60022"}};
+  ASSERT_TRUE(a.transport().serve_in_process(peers.at(0)).ok());
+  ASSERT_TRUE(b.transport().serve_in_process(peers.at(3)).ok());
+  CollectiveSpec sum;
+  sum.kind = CollectiveKind::kAllReduce;
+  sum.reduce_op = ReduceOp::kSum;
+  sum.groups = {{0, 3}};
+  auto all_reduce = [&](Endpoint& e, int self, uint64_t op, absl::Time start, absl::Duration timeout) {
+    CollectiveRun run;
+    run.op = op;
+    run.spec = sum;
+    run.peers = peers;
+    run.self = self;
+    run.start = start;
+    run.deadline = start + timeout;
+    run.cancelled = [] { return false; };  // no coordinator cancels it
+    return run_collective(
+        e.transport(), run,
+        std::make_shared<const HostArray>(HostArray::from_vector<float>({4}, std::vector<float>(4, self + 1.0f))));
+  };
+  // A first all_reduce both run: 1 + 4 on each. It is what the test stands on: close_in_process
+  // tells only the peers it has sent to (in_process_sent_to_), so without it device 0 would wait
+  // in the next one to its deadline.
+  std::optional<absl::StatusOr<std::shared_ptr<const HostArray>>> at_b;
+  std::thread b_runs([&] { at_b = all_reduce(b, 3, 40, absl::Now(), absl::Seconds(20)); });
+  absl::StatusOr<std::shared_ptr<const HostArray>> at_a = all_reduce(a, 0, 40, absl::Now(), absl::Seconds(20));
+  b_runs.join();
+  ASSERT_TRUE(at_a.ok()) << at_a.status();
+  ASSERT_TRUE(at_b->ok()) << at_b->status();
+  EXPECT_EQ((*at_a)->values<float>()[0], 5.0f);
+  EXPECT_EQ((**at_b)->values<float>()[3], 5.0f);
+
+  // The next: device 0 begins it (op_start, before the stop: a stop before an op began does not
+  // fail it, see Transport::ready_locked) and waits in it for device 3, whose worker stops
+  // instead of joining.
+  const absl::Time op_start = absl::Now();
+  std::optional<absl::StatusOr<std::shared_ptr<const HostArray>>> waited;
+  absl::Time failed_at;
+  absl::Notification waiting;
+  std::thread a_runs([&] {
+    waiting.Notify();
+    waited = all_reduce(a, 0, 41, op_start, absl::Seconds(15));
+    failed_at = absl::Now();
+  });
+  waiting.WaitForNotification();
+  b.transport().close_in_process();  // what stop_in_process_collectives does
+  a_runs.join();
+  ASSERT_TRUE(waited.has_value());
+  EXPECT_EQ(waited->status().code(), absl::StatusCode::kUnavailable) << waited->status();
+  EXPECT_THAT(std::string(waited->status().message()), HasSubstr("device 3 (in-process:60022) went away during op 41"))
+      << waited->status();
+  EXPECT_LT(failed_at - op_start, absl::Seconds(10)) << "the collective lasted to its deadline";
+  EXPECT_FALSE(b.transport().in_process());
+  a.transport().finish_op(40);
+  a.transport().finish_op(41);
+}
+
 // The mailbox's bounds apply to messages filed in process as to those read from a stream: one
 // over the source's share is dropped and the op's wait fails at once saying why.
 TEST(TransportInProcess, TheMailboxsBoundsStillApply) {

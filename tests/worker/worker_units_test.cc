@@ -13,6 +13,8 @@
 #include "worker/buffer_store.h"
 #include "worker/collectives/reduce.h"
 #include "worker/interpreter.h"
+#include "worker/plan_peak.h"
+#include "worker/plan_store.h"
 
 namespace tessera {
 namespace {
@@ -200,13 +202,79 @@ TEST(PlanMemory, PeakFollowsLivenessAndInPlaceWrites) {
   EXPECT_EQ(kept.bytes, 4000);
   EXPECT_EQ(kept.instruction, 0);  // the mul; the sub reuses its slot
   // Without donated inputs the inputs do not count: the peak a worker computes once, when it
-  // loads the plan (LoadedPlan::peak), is every run's.
+  // loads the plan (LoadedPlan::peaks), is every run's.
   const PlanPeak loaded = peak_memory(sgd_plan(1000, false), {});
   EXPECT_EQ(loaded.bytes, kept.bytes);
   EXPECT_EQ(loaded.instruction, kept.instruction);
   PlanPeak donated = peak_memory(sgd_plan(1000, true), {x, y});
   EXPECT_EQ(donated.bytes, 8000);  // x, donated, and y * y
   EXPECT_EQ(donated.instruction, 0);
+}
+
+// A donated-input plan whose while loop's body runs a switch: the peak a run reserves (with
+// the bodies' peaks computed once when the plan is loaded, LoadedPlan::peaks) equals
+// peak_memory walking every body per run, and the hand count. Hand-counted: x f32[1000],
+// donated, 4000 bytes from the start; the loop's result f32[1000] 4000 more; on top while the
+// loop runs, the larger of its predicate (a bool scalar, 1 byte) and its body, which holds the
+// switch's f32[1000] result (4000) and the larger branch (iota f32[300], 1200; the other
+// f32[100], 400): 5200. So 4000 + 4000 + 5200 = 13200 at instruction 0, and without the
+// donated x counted 9200.
+TEST(PlanMemory, ADonatedInputPlanWithALoopBodyKeepsItsPeakWhenBodiesAreComputedOnLoad) {
+  auto make = [](int out, DType dtype, Shape shape) {
+    Instruction i;
+    i.out = out;
+    i.node.op = Op::kIota;
+    i.node.dtype = dtype;
+    i.node.shape = std::move(shape);
+    return i;
+  };
+  auto one_instruction_plan = [](Instruction inst) {
+    auto p = std::make_shared<DevicePlan>();
+    p->num_slots = 2;
+    p->input_slots = {0};
+    p->output_slots = {1};
+    p->code = {std::move(inst)};
+    return std::shared_ptr<const DevicePlan>(std::move(p));
+  };
+  // A loop or a switch reading slot 0 and writing f32[1000] to slot 1 (`node` holds the type).
+  auto control = [&make](Instruction::Kind kind) {
+    Instruction i = make(1, DType::kF32, {1000});
+    i.kind = kind;
+    i.in = {0};
+    i.out_types = {ArrayType{i.node.dtype, i.node.shape}};
+    return i;
+  };
+  Instruction choose = control(Instruction::Kind::kSwitch);
+  choose.branches = {one_instruction_plan(make(1, DType::kF32, {100})),
+                     one_instruction_plan(make(1, DType::kF32, {300}))};
+  Instruction loop = control(Instruction::Kind::kLoop);
+  loop.num_carry = 1;
+  loop.branches = {one_instruction_plan(make(1, DType::kBool, {}))};
+  loop.body = one_instruction_plan(std::move(choose));
+  Instruction free;
+  free.kind = Instruction::Kind::kFree;
+  free.in = {0};
+  DevicePlan plan;
+  plan.num_slots = 2;
+  plan.input_slots = {0};
+  plan.donated_inputs = {0};
+  plan.output_slots = {1};
+  plan.code = {loop, free};
+  auto x = std::make_shared<const HostArray>(HostArray::arange(DType::kF32, {1000}));
+
+  const PlanPeak per_run = peak_memory(plan, {x});
+  EXPECT_EQ(per_run.bytes, 13200);
+  EXPECT_EQ(per_run.instruction, 0);
+  const LoadedPlan loaded(plan, {});
+  ASSERT_EQ(loaded.peaks.bodies.size(), plan.code.size());
+  EXPECT_EQ(loaded.peaks.bodies[0], 5200);
+  EXPECT_EQ(loaded.peaks.bodies[1], 0);
+  const PlanPeak cached = peak_memory(loaded.plan, {x}, loaded.peaks);
+  EXPECT_EQ(cached.bytes, 13200);
+  EXPECT_EQ(cached.instruction, 0);
+  EXPECT_EQ(loaded.peaks.without_donated.bytes, 9200);
+  EXPECT_EQ(loaded.peaks.without_donated.instruction, 0);
+  EXPECT_EQ(peak_memory(plan, {}).bytes, 9200);
 }
 
 // A plan with no inputs that makes a 512 MiB intermediate (the program, which ran on
