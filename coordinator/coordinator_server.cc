@@ -124,7 +124,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
                                            pb::RegisterWorkerReply* reply) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     const grpc::Status status = register_worker(*ctx, req, reply);
-    if (status.ok()) add_peers(reply->mutable_peers());
+    if (status.ok()) add_peers(0, reply);
     reactor->Finish(status);
     return reactor;
   }
@@ -191,19 +191,26 @@ class CoordinatorService final : public CoordinatorServiceBase {
     if (newly_draining && options_.log_registrations) {
       std::fprintf(stderr, "tessera-coordinator: device %d is draining; no new work goes to it\n", req->device_id());
     }
-    if (beat.ok() && !req->leaving()) add_peers(reply->mutable_peers());
+    if (beat.ok() && !req->leaving()) add_peers(req->view_version(), reply);
     reactor->Finish(to_grpc(beat));
     return reactor;
   }
 
-  // The alive devices and their incarnations, on a registration's or heartbeat's reply: the
-  // registrations a worker takes Exchange streams from (worker/collectives/peer_view.h).
-  void add_peers(pb::ClusterPeers* peers) {
-    for (const DeviceRecord& d : registry_.devices()) {
-      if (!d.alive) continue;
+  // The alive devices and their incarnations (the registrations a worker takes Exchange streams
+  // from, worker/collectives/peer_view.h) with the view's version, on a registration's reply
+  // (`held` 0), or on a heartbeat's when the worker's view (version `held`) is not the current
+  // one. A worker up to date gets no peers: a reply of a few bytes, not one naming every device.
+  template <typename Reply>
+  void add_peers(uint64_t held, Reply* reply) {
+    ClusterView view;
+    if (!registry_.cluster_view(held, &view)) return;
+    pb::ClusterPeers* peers = reply->mutable_peers();
+    peers->set_version(view.version);
+    peers->mutable_devices()->Reserve(static_cast<int>(view.alive.size()));
+    for (const auto& [id, incarnation] : view.alive) {
       pb::PeerRegistration* p = peers->add_devices();
-      p->set_device_id(d.id);
-      p->set_incarnation(d.incarnation);
+      p->set_device_id(id);
+      p->set_incarnation(incarnation);
     }
   }
 

@@ -77,6 +77,7 @@ absl::StatusOr<DeviceRecord> Registry::register_worker(const WorkerRegistration&
   record->incarnation += 1;
   record->last_heartbeat = now;
   record->registered_at = now;
+  ++view_version_;  // a new incarnation, and perhaps a device alive again
   return *record;
 }
 
@@ -119,6 +120,7 @@ absl::Status Registry::deregister(int id, uint64_t epoch, uint64_t incarnation) 
   absl::MutexLock lock(&mu_);
   TESSERA_ASSIGN_OR_RETURN(DeviceRecord * d, current_device(id, epoch, incarnation, "deregistration"));
   if (!d->left) ++d->times_left;
+  if (d->alive) ++view_version_;
   d->alive = false;
   d->left = true;
   d->draining = false;  // done draining: gone
@@ -135,6 +137,7 @@ std::vector<int> Registry::mark_lost(absl::Time now) {
       lost.push_back(id);
     }
   }
+  if (!lost.empty()) ++view_version_;
   return lost;
 }
 
@@ -143,6 +146,17 @@ std::vector<DeviceRecord> Registry::devices() const {
   std::vector<DeviceRecord> out;
   for (const auto& [id, d] : devices_) out.push_back(d);
   return out;
+}
+
+bool Registry::cluster_view(uint64_t held, ClusterView* view) const {
+  absl::MutexLock lock(&mu_);
+  view->version = view_version_;
+  view->alive.clear();
+  if (held == view_version_) return false;
+  for (const auto& [id, d] : devices_) {
+    if (d.alive) view->alive.emplace_back(id, d.incarnation);
+  }
+  return true;
 }
 
 std::optional<DeviceRecord> Registry::device(int id) const {

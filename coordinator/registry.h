@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -47,6 +48,12 @@ struct DeviceRecord {
   uint64_t times_left = 0;  // how often it deregistered
   absl::Time last_heartbeat;
   absl::Time registered_at;  // of the current incarnation
+};
+
+// The alive devices and the incarnation of each, as of one version of the view (Registry::cluster_view).
+struct ClusterView {
+  uint64_t version = 0;
+  std::vector<std::pair<int, uint64_t>> alive;  // (device id, incarnation), by id
 };
 
 // "device 3 (127.0.0.1:4711)": how errors name a device.
@@ -126,6 +133,13 @@ class Registry {
 
   std::vector<DeviceRecord> devices() const;
   std::optional<DeviceRecord> device(int id) const;
+
+  // The cluster view's current version: from 1, bumped by every change of the alive devices or
+  // of an incarnation (register_worker, mark_lost, deregister). When it is not `held` (the
+  // version a worker holds; 0: none), *view gets it with the alive devices and their
+  // incarnations (by id), read under one lock; otherwise *view gets only the version: a worker
+  // up to date costs no copy of the cluster. Returns whether the devices were filled in.
+  bool cluster_view(uint64_t held, ClusterView* view) const;
 
   // Waits until at least `n` devices are alive; false on timeout.
   // With `taking_work`, only the devices that take new work count: alive and not draining.
@@ -209,6 +223,7 @@ class Registry {
 
   mutable absl::Mutex mu_;
   std::map<int, DeviceRecord> devices_ ABSL_GUARDED_BY(mu_);
+  uint64_t view_version_ ABSL_GUARDED_BY(mu_) = 1;  // see cluster_view
   // devices_ by worker name (a device is never removed): a registration finds its worker's
   // device in O(1), not by a walk of every device (65,536 registrations were quadratic).
   absl::flat_hash_map<std::string, int> device_of_name_ ABSL_GUARDED_BY(mu_);

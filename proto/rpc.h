@@ -53,8 +53,10 @@ namespace tessera {
 // travel in the RegisterWorker and Heartbeat replies (ClusterPeers), no longer in the tessera-peers trailer, whose
 // 8 KiB metadata bound held about a thousand devices; a worker of 30 cannot register with a coordinator of 31,
 // which checks the version exactly. 32: the rev op (OP_REV, lax.rev, ReduceAttrs). 33: GatherAttrs.batch_dims (a
-// batched one-axis gather / scatter), which a worker of 32 would ignore.)
-inline constexpr uint32_t kProtocolVersion = 33;
+// batched one-axis gather / scatter), which a worker of 32 would ignore. 34: the cluster view is versioned
+// (ClusterPeers.version, HeartbeatRequest.view_version) and a Heartbeat reply carries it only when the worker's
+// version is not the current one (a worker of 33 would name none, 0, and get it every time).)
+inline constexpr uint32_t kProtocolVersion = 34;
 inline constexpr uint64_t kOpTableDigest = 0x4a21795196e7679d;
 
 // Largest data payload of one ShardChunk (gRPC's default message limit is 4 MiB).

@@ -37,9 +37,9 @@ void Registration::beat_now() {
   wake_ = true;
 }
 
-void Registration::take_view(uint64_t ticket, const pb::ClusterPeers* peers, const char* reply) {
+void Registration::take_view(uint64_t ticket, uint64_t held, const pb::ClusterPeers* peers, const char* reply) {
   if (peers_ == nullptr) return;
-  const absl::Status taken = peers_->update(ticket, epoch_, peers, reply);
+  const absl::Status taken = peers_->update(ticket, epoch_, held, peers, reply);
   if (!taken.ok()) std::fprintf(stderr, "tessera-worker: %s\n", std::string(taken.message()).c_str());
 }
 
@@ -159,7 +159,7 @@ absl::Status Registration::register_worker(int device_id, absl::Duration timeout
   // Declared before the view is taken: the view ends the streams peers opened under their
   // replaced registrations, and this worker's sends must already go under its new one.
   registered_(device_id_, epoch_, incarnation_);
-  take_view(ticket, reply.has_peers() ? &reply.peers() : nullptr, "RegisterWorker reply");
+  take_view(ticket, 0, reply.has_peers() ? &reply.peers() : nullptr, "RegisterWorker reply");
   heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, reply.heartbeat_interval_ms()));
   return absl::OkStatus();
 }
@@ -172,12 +172,16 @@ void Registration::heartbeat_loop() {
     req.set_device_id(device_id_);
     req.set_incarnation(incarnation_);
     req.set_epoch(epoch_);
+    // The view this worker holds: the reply carries the coordinator's only when it is another
+    // (without a PeerView, none is held and every reply carries it).
+    const uint64_t held = peers_ != nullptr ? peers_->view_version(epoch_) : 0;
+    req.set_view_version(held);
     pb::HeartbeatReply reply;
     grpc::ClientContext ctx;
     set_deadline(&ctx, heartbeat_interval_ * 4);
     const uint64_t ticket = peers_ != nullptr ? peers_->ask() : 0;
     const grpc::Status status = coordinator_->Heartbeat(&ctx, req, &reply);
-    if (status.ok()) take_view(ticket, reply.has_peers() ? &reply.peers() : nullptr, "Heartbeat reply");
+    if (status.ok()) take_view(ticket, held, reply.has_peers() ? &reply.peers() : nullptr, "Heartbeat reply");
     // A missed heartbeat is not fatal: the coordinator decides when a device is lost. One it
     // refuses means it marked this device lost, or restarted and does not know it: register
     // again, keeping the device id (and the buffers, which the coordinator is told about).

@@ -43,7 +43,9 @@ class Registration {
   // `registered(device_id, epoch, incarnation)` runs after every successful registration;
   // `tick()` on the heartbeat thread once per heartbeat interval (housekeeping that must not wait
   // for traffic: it must not block).
-  // `peers` (optional) takes the coordinator's view of the cluster from every reply.
+  // `peers` (optional) takes the coordinator's view of the cluster from every reply that has one,
+  // and holds its version, which every heartbeat names (a reply carries the view only when it
+  // changed since).
   // `registering(true)` (optional) runs before every RegisterWorker is sent, `registered` after
   // each one that succeeded, before the view of its reply is taken: the worker's collectives
   // send nothing in between (Transport::begin_registration), since the coordinator may send runs
@@ -95,9 +97,10 @@ class Registration {
   // when the coordinator cannot be reached (the first registration retries by itself).
   absl::Status register_worker(int device_id, absl::Duration timeout, bool wait_for_ready);
   void heartbeat_loop();
-  // Gives the view a reply brought (its ClusterPeers; nullptr: it had none) to peers_; logs a
-  // malformed or missing one, naming the `reply`.
-  void take_view(uint64_t ticket, const pb::ClusterPeers* peers, const char* reply);
+  // Gives the view a reply brought (its ClusterPeers; nullptr: it had none) to peers_, for a
+  // request that named the view of version `held` (0: none; PeerView::update); logs a malformed
+  // or missing one, naming the `reply`.
+  void take_view(uint64_t ticket, uint64_t held, const pb::ClusterPeers* peers, const char* reply);
   // Waits one heartbeat interval, or until woken (announce_draining, stop); true when stopping.
   bool wait_for_next_heartbeat();
 

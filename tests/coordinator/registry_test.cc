@@ -3,6 +3,10 @@
 // incarnations, and arrays adopted again after a restart from what the workers hold.
 #include "coordinator/registry.h"
 
+#include <set>
+#include <utility>
+#include <vector>
+
 #include "coordinator/access.h"
 #include "coordinator/request_limits.h"
 #include "core/mesh.h"
@@ -112,6 +116,62 @@ TEST_F(RegistryTest, ADeregisteredDeviceHasLeftAndIsNeverCountedLost) {
   EXPECT_TRUE(registry_.device(1)->alive);
   EXPECT_FALSE(registry_.device(1)->left);
   EXPECT_EQ(registry_.device(1)->times_left, 1u);
+}
+
+// The cluster view's version (session 40: a heartbeat reply carries the view only when the
+// worker's version is not the current one): every change of the alive devices or of an
+// incarnation gives a new version, and the view read with it is that change's; a heartbeat, or
+// a sweep that finds nobody lost, keeps it. A worker holding the current version gets no copy.
+TEST_F(RegistryTest, EveryChangeOfTheAliveDevicesOrAnIncarnationGivesANewViewVersion) {
+  using View = std::vector<std::pair<int, uint64_t>>;
+  const uint64_t epoch = registry_.epoch();
+  ClusterView view;
+  ASSERT_TRUE(registry_.cluster_view(0, &view));
+  EXPECT_NE(view.version, 0u);  // 0 is "no view"
+  EXPECT_EQ(view.alive, (View{{0, 1}, {1, 1}}));
+  std::set<uint64_t> seen = {view.version};
+  // Returns the view after a step, expecting (`changed`) a version not seen before or the same.
+  auto after = [&](bool changed) {
+    const uint64_t before = view.version;
+    ClusterView now;
+    EXPECT_TRUE(registry_.cluster_view(0, &now));
+    if (changed) {
+      EXPECT_TRUE(seen.insert(now.version).second) << "version " << now.version << " again";
+    } else {
+      EXPECT_EQ(now.version, before);
+    }
+    view = now;
+    return view.alive;
+  };
+  // Up to date: the version only, no devices.
+  ClusterView current;
+  current.alive = {{5, 5}};
+  EXPECT_FALSE(registry_.cluster_view(view.version, &current));
+  EXPECT_EQ(current.version, view.version);
+  EXPECT_TRUE(current.alive.empty());
+
+  ASSERT_TRUE(registry_.heartbeat(0, epoch, 1, t0_ + absl::Seconds(2), /*draining=*/true).ok());
+  EXPECT_EQ(after(false), (View{{0, 1}, {1, 1}}));
+  ASSERT_TRUE(registry_.heartbeat(1, epoch, 1, t0_ + absl::Seconds(2)).ok());
+  EXPECT_THAT(registry_.mark_lost(t0_ + absl::Seconds(4)), IsEmpty());
+  EXPECT_EQ(after(false), (View{{0, 1}, {1, 1}}));
+  // A registration of a new device.
+  ASSERT_TRUE(registry_.register_worker({"w2", "h:2", 2, 1 << 20, 0, 0, {}}, t0_ + absl::Seconds(4)).ok());
+  EXPECT_EQ(after(true), (View{{0, 1}, {1, 1}, {2, 1}}));
+  // A device lost (0 and 1 last beat at 2 s; 2 registered at 4 s).
+  EXPECT_THAT(registry_.mark_lost(t0_ + absl::Seconds(6)), ElementsAre(0, 1));
+  EXPECT_EQ(after(true), (View{{2, 1}}));
+  // Registered again: a new incarnation.
+  ASSERT_TRUE(registry_.register_worker({"w1", "h:1", 1, 1 << 20, epoch, 1, {}}, t0_ + absl::Seconds(6)).ok());
+  EXPECT_EQ(after(true), (View{{1, 2}, {2, 1}}));
+  // Re-registered while alive (a new process under the same name): a new incarnation too.
+  ASSERT_TRUE(registry_.register_worker({"w2", "h:2", 2, 1 << 20, 0, 0, {}}, t0_ + absl::Seconds(6)).ok());
+  EXPECT_EQ(after(true), (View{{1, 2}, {2, 2}}));
+  // A device that left; its deregistration said again changes nothing more.
+  ASSERT_TRUE(registry_.deregister(2, epoch, 2).ok());
+  EXPECT_EQ(after(true), (View{{1, 2}}));
+  ASSERT_TRUE(registry_.deregister(2, epoch, 2).ok());
+  EXPECT_EQ(after(false), (View{{1, 2}}));
 }
 
 TEST_F(RegistryTest, ANewProcessUnderAKnownNameLosesTheShardsItHeld) {

@@ -6,7 +6,11 @@
 // the view is a field of the replies (ClusterPeers). A real coordinator and kFaultWorkers real workers on 127.0.0.1;
 // 2,000 more registrations, sent as a worker would (RegisterWorker with the cluster token), make the cluster's view;
 // every wait has a deadline.
+#include <cstdio>
 #include <map>
+#include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -134,6 +138,184 @@ TEST_F(PeerListTest, AViewOfTwoThousandDevicesReachesEveryWorker) {
                                        " is not a registered device of this cluster (alive: 0, 1, 2, 3, 4, 5, ")));
     EXPECT_THAT(refused.error_message(), HasSubstr(absl::StrCat(", 31 and ", expected.size() - 32, " more)")));
   }
+}
+
+// Raw calls as a worker makes them (the cluster token), for the simulated devices below.
+class RawWorkerCalls {
+ public:
+  RawWorkerCalls(const std::string& address, const std::string& cluster_token)
+      : coordinator_(pb::Coordinator::NewStub(make_channel(address, std::make_shared<CallIdentity>(cluster_token)))) {}
+
+  // Registers device `device` under `name` (the same name again: a new incarnation).
+  pb::RegisterWorkerReply register_device(int device, const std::string& name) {
+    pb::RegisterWorkerRequest req;
+    req.set_protocol_version(kProtocolVersion);
+    req.set_name(name);
+    req.set_address("127.0.0.1:1");  // never called: these devices are in no mesh
+    req.set_requested_device_id(device);
+    req.set_memory_bytes(int64_t{1} << 30);
+    pb::RegisterWorkerReply reply;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    const grpc::Status s = coordinator_->RegisterWorker(&ctx, req, &reply);
+    EXPECT_TRUE(s.ok()) << "device " << device << ": " << s.error_message();
+    EXPECT_TRUE(reply.has_peers()) << "device " << device;  // every registration reply has the view
+    return reply;
+  }
+
+  // A heartbeat of `device`'s registration (`r`) naming view version `held`.
+  pb::HeartbeatReply beat(const pb::RegisterWorkerReply& r, uint64_t held, bool leaving = false) {
+    pb::HeartbeatRequest req;
+    req.set_device_id(r.device_id());
+    req.set_incarnation(r.incarnation());
+    req.set_epoch(r.epoch());
+    req.set_view_version(held);
+    req.set_draining(leaving);
+    req.set_leaving(leaving);
+    pb::HeartbeatReply reply;
+    grpc::ClientContext ctx;
+    set_deadline(&ctx, absl::Seconds(10));
+    const grpc::Status s = coordinator_->Heartbeat(&ctx, req, &reply);
+    EXPECT_TRUE(s.ok()) << "device " << r.device_id() << ": " << s.error_message();
+    return reply;
+  }
+
+ private:
+  std::unique_ptr<pb::Coordinator::Stub> coordinator_;
+};
+
+// Session 40: a heartbeat reply carries the cluster view only when the version the heartbeat
+// names is not the coordinator's current one, so N workers' heartbeats cost O(N) bytes an
+// interval, not O(N^2). With 1,000 simulated devices beyond the 4 workers: a heartbeat naming
+// the current version gets no peers (its reply is empty), one naming 0 or an older version gets
+// the whole view with the current version; a registration, a registration again under a known
+// name (a new incarnation) and a device that leaves each give a new version, and the next
+// heartbeat naming the old one carries the new view. Every heartbeat reply carried the view
+// before (about 7 KB here; the steady-state bound of 64 bytes fails then).
+TEST_F(PeerListTest, AHeartbeatCarriesTheViewOnlyWhenItsVersionIsNotTheCurrentOne) {
+  constexpr int kSimulated = 1000;
+  absl::StatusOr<Client> client = connect();  // waits (at most 20 s) for every device
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::vector<Device>> devices = client->devices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  std::map<int, uint64_t> expected;
+  for (const Device& d : *devices) {
+    absl::StatusOr<pb::HandshakeReply> r = worker_registration(d.address, credentials_.client);
+    ASSERT_TRUE(r.ok()) << r.status();
+    expected[d.id] = r->incarnation();
+  }
+  RawWorkerCalls calls(cluster_.address, credentials_.cluster);
+  std::vector<pb::RegisterWorkerReply> registered;
+  std::set<uint64_t> versions;
+  for (int i = 0; i < kSimulated; ++i) {
+    const int device = kFaultWorkers + i;
+    registered.push_back(calls.register_device(device, absl::StrCat("versioned-", device)));
+    ASSERT_FALSE(HasFailure()) << "registration " << i;
+    expected[device] = 1;
+    // Each registration is a new view: a version not seen before.
+    ASSERT_TRUE(versions.insert(registered.back().peers().version()).second) << "registration " << i;
+    ASSERT_NE(registered.back().peers().version(), 0u);
+  }
+  const uint64_t current = registered.back().peers().version();
+  EXPECT_EQ(view_of(registered.back().peers()), expected);
+
+  // Every simulated device heartbeats once holding no view (version 0, as every heartbeat was
+  // answered before), then once holding the view its registration brought, and then the current.
+  size_t full_bytes = 0, steady_bytes = 0;
+  for (int i = 0; i < kSimulated; ++i) {
+    const pb::HeartbeatReply full = calls.beat(registered[i], 0);
+    ASSERT_TRUE(full.has_peers()) << "device " << registered[i].device_id();
+    ASSERT_EQ(full.peers().version(), current);
+    ASSERT_EQ(full.peers().devices_size(), static_cast<int>(expected.size()));
+    full_bytes += full.ByteSizeLong();
+    // Its registration's view is older (but the last one's), so it gets the current one.
+    const pb::HeartbeatReply older = calls.beat(registered[i], registered[i].peers().version());
+    ASSERT_EQ(older.has_peers(), i != kSimulated - 1) << "device " << registered[i].device_id();
+    if (older.has_peers()) {
+      ASSERT_EQ(older.peers().version(), current);
+    }
+    const pb::HeartbeatReply steady = calls.beat(registered[i], current);
+    ASSERT_FALSE(steady.has_peers()) << "device " << registered[i].device_id();
+    steady_bytes += steady.ByteSizeLong();
+  }
+  const pb::HeartbeatReply full = calls.beat(registered[0], 0);
+  EXPECT_EQ(view_of(full.peers()), expected);
+  const double full_per_beat = static_cast<double>(full_bytes) / kSimulated;
+  const double steady_per_beat = static_cast<double>(steady_bytes) / kSimulated;
+  std::printf("heartbeat reply bytes with %zu devices: %.1f holding no view, %.1f holding the current one\n",
+              expected.size(), full_per_beat, steady_per_beat);
+  RecordProperty("full_view_reply_bytes", static_cast<int>(full_per_beat));
+  RecordProperty("steady_state_reply_bytes", static_cast<int>(steady_per_beat));
+  EXPECT_GT(full_per_beat, 5.0 * static_cast<double>(expected.size()));  // about 7 bytes a device
+  EXPECT_LT(steady_per_beat, 64.0);
+
+  // Each change gives a new version; a heartbeat naming the one before gets the new view.
+  uint64_t held = current;
+  auto next_view = [&](const std::string& change) {
+    SCOPED_TRACE(change);
+    const pb::HeartbeatReply reply = calls.beat(registered[0], held);
+    EXPECT_TRUE(reply.has_peers());
+    EXPECT_TRUE(versions.insert(reply.peers().version()).second) << "version " << reply.peers().version() << " again";
+    EXPECT_EQ(view_of(reply.peers()), expected);
+    held = reply.peers().version();
+    EXPECT_FALSE(calls.beat(registered[0], held).has_peers());  // and then none again
+  };
+  // A new device.
+  const int added = kFaultWorkers + kSimulated;
+  const pb::RegisterWorkerReply add = calls.register_device(added, absl::StrCat("versioned-", added));
+  expected[added] = 1;
+  EXPECT_EQ(view_of(add.peers()), expected);
+  next_view("a registration");
+  // The same name again: a new incarnation of device 5.
+  const pb::RegisterWorkerReply again = calls.register_device(kFaultWorkers + 1, "versioned-5");
+  ASSERT_EQ(again.incarnation(), 2u);
+  expected[kFaultWorkers + 1] = 2;
+  next_view("a registration again");
+  // A device that leaves (its last heartbeat gets no view).
+  EXPECT_FALSE(calls.beat(add, 0, /*leaving=*/true).has_peers());
+  expected.erase(added);
+  next_view("a device that left");
+}
+
+class PeerViewLostTest : public FaultClusterTest {
+ protected:
+  std::vector<std::string> drill_flags() const override {
+    return {"--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=1000"};
+  }
+};
+
+// A device marked lost gives a new view version too: a simulated device that stops heartbeating
+// is lost after the heartbeat timeout (1 s), and a device that goes on heartbeating (every
+// 100 ms, as a worker does, naming the version it holds) gets the view without it in the first
+// reply after, and none before or after that one.
+TEST_F(PeerViewLostTest, ALostDeviceGivesANewViewToTheNextHeartbeat) {
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  RawWorkerCalls calls(cluster_.address, credentials_.cluster);
+  const pb::RegisterWorkerReply silent = calls.register_device(kFaultWorkers, "silent");
+  const pb::RegisterWorkerReply beating = calls.register_device(kFaultWorkers + 1, "beating");
+  ASSERT_FALSE(HasFailure());
+  std::map<int, uint64_t> with_silent = view_of(beating.peers());
+  ASSERT_EQ(with_silent.count(kFaultWorkers), 1u);
+  uint64_t held = beating.peers().version();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::optional<pb::ClusterPeers> changed;
+  while (!changed.has_value() && absl::Now() < deadline) {
+    const pb::HeartbeatReply reply = calls.beat(beating, held);
+    ASSERT_FALSE(HasFailure());
+    if (reply.has_peers()) {
+      EXPECT_NE(reply.peers().version(), held);
+      held = reply.peers().version();
+      // Another change (a real worker slow to beat on a loaded machine) comes as a view too.
+      if (view_of(reply.peers()).count(kFaultWorkers) == 0) changed = reply.peers();
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // the heartbeat interval (pacing, not a wait for the loss)
+  }
+  ASSERT_TRUE(changed.has_value()) << "no view without device " << kFaultWorkers << " within 20 s";
+  std::map<int, uint64_t> without = with_silent;
+  without.erase(kFaultWorkers);
+  EXPECT_EQ(view_of(*changed), without);
+  EXPECT_FALSE(calls.beat(beating, changed->version()).has_peers());
 }
 
 }  // namespace

@@ -2230,8 +2230,9 @@ struct Decisions {
 };
 
 // A coordinator's view: its ClusterPeers naming `devices` (device, incarnation), in this order.
-pb::ClusterPeers peers(const std::vector<std::pair<int, uint64_t>>& devices) {
+pb::ClusterPeers peers(const std::vector<std::pair<int, uint64_t>>& devices, uint64_t version = 0) {
   pb::ClusterPeers view;
+  view.set_version(version);
   for (const auto& [device, incarnation] : devices) {
     pb::PeerRegistration* p = view.add_devices();
     p->set_device_id(device);
@@ -2325,17 +2326,18 @@ TEST(PeerView, AMalformedViewIsRefusedNamingTheEntryAndChangesNothing) {
   EXPECT_TRUE(d.of(0)->ok()) << *d.of(0);
 }
 
-// A reply without a view (no ClusterPeers: only a coordinator of another protocol version
-// sends one) is refused naming the reply and changes nothing: taken as an empty view it would
-// refuse every peer's stream as "not a registered device" (the s38 review's case).
+// A reply without a view to a request that held none (no ClusterPeers: only a coordinator of
+// another protocol version sends one) is refused naming the reply and changes nothing: taken as
+// an empty view it would refuse every peer's stream as "not a registered device" (the s38
+// review's case).
 TEST(PeerView, AReplyWithoutPeersIsRefusedNamingItAndChangesNothing) {
   PeerView view;
-  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}})).ok());
-  const absl::Status s = view.update(view.ask(), 1000, nullptr, "Heartbeat reply");
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}})).ok());  // a view of version 0
+  const absl::Status s = view.update(view.ask(), 1000, view.view_version(1000), nullptr, "Heartbeat reply");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()),
               AllOf(HasSubstr("the coordinator's Heartbeat reply names no peers (ClusterPeers, protocol version "),
-                    HasSubstr("the view is unchanged")));
+                    HasSubstr("though the request held no view of epoch 1000"), HasSubstr("the view is unchanged")));
   Decisions d;
   view.admit({1, 1000, 3}, d.record(0));  // taken at once: the view still names it
   ASSERT_TRUE(d.of(0).has_value());
@@ -2345,6 +2347,64 @@ TEST(PeerView, AReplyWithoutPeersIsRefusedNamingItAndChangesNothing) {
   ASSERT_TRUE(view.update(view.ask(), 1000, peers({})).ok());
   view.admit({1, 1000, 3}, d.record(1));
   EXPECT_FALSE(d.of(1).has_value() && d.of(1)->ok());
+}
+
+// Issue #17 (session 40): a heartbeat names the version of the view held, and the coordinator
+// sends the view only when it is another. The version is the view's: it is replaced with it
+// (and not by a malformed view), a reply without a view keeps both, and it counts only within
+// the view's coordinator epoch (a heartbeat of another epoch names none, so gets the view).
+TEST(PeerView, TheVersionHeldChangesWithTheViewAndOnlyWithIt) {
+  PeerView view;
+  EXPECT_EQ(view.view_version(1000), 0u);  // no view yet
+  const pb::ClusterPeers registered = peers({{0, 1}, {1, 3}}, 7);
+  ASSERT_TRUE(view.update(view.ask(), 1000, 0, &registered, "RegisterWorker reply").ok());
+  EXPECT_EQ(view.view_version(1000), 7u);
+  EXPECT_EQ(view.view_version(1001), 0u);  // another coordinator epoch: the view held is none of its
+  // A heartbeat naming version 7 gets no view: the view and its version stay.
+  ASSERT_TRUE(view.update(view.ask(), 1000, 7, nullptr, "Heartbeat reply").ok());
+  EXPECT_EQ(view.view_version(1000), 7u);
+  Decisions d;
+  view.admit({1, 1000, 3}, d.record(0));  // still named: taken at once
+  ASSERT_TRUE(d.of(0).has_value());
+  EXPECT_TRUE(d.of(0)->ok()) << *d.of(0);
+  // A malformed view of version 8 changes neither.
+  EXPECT_EQ(view.update(view.ask(), 1000, peers({{0, 1}, {0, 2}}, 8)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(view.view_version(1000), 7u);
+  // A view of version 8 (device 1 registered again) replaces both.
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 4}}, 8)).ok());
+  EXPECT_EQ(view.view_version(1000), 8u);
+  view.admit({1, 1000, 3}, d.record(1));  // now an earlier incarnation: refused at once
+  ASSERT_TRUE(d.of(1).has_value());
+  EXPECT_EQ(d.of(1)->code(), absl::StatusCode::kPermissionDenied) << *d.of(1);
+  // A registration with a new coordinator epoch restarts the versions: its view (version 1)
+  // replaces the one of epoch 1000, and that epoch's version counts no more.
+  ASSERT_TRUE(view.update(view.ask(), 2000, peers({{0, 1}}, 1)).ok());
+  EXPECT_EQ(view.view_version(2000), 1u);
+  EXPECT_EQ(view.view_version(1000), 0u);
+}
+
+// A reply without a view says the view held is current: a stream waiting for a view asked for
+// after it came is decided by it then (taken if the view names it, refused if not), as a reply
+// carrying the same view would — not left waiting until PeerView::kMaxWait. A reply that
+// confirms a version no longer held (the view changed since its request) decides nothing.
+TEST(PeerView, AReplyThatTheViewHeldIsCurrentDecidesTheStreamsWaitingForIt) {
+  PeerView view;
+  ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}}, 5)).ok());
+  Decisions d;
+  view.admit({99, 1000, 1}, d.record(0));  // not in the view: waits for a fresh one
+  view.admit({0, 1000, 1}, d.record(1));   // named: taken at once
+  ASSERT_TRUE(d.of(1).has_value() && d.of(1)->ok());
+  EXPECT_EQ(view.waiting(), 1);
+  // A reply to a request that named version 4 (the view held since is 5): proves nothing.
+  ASSERT_TRUE(view.update(view.ask(), 1000, 4, nullptr, "Heartbeat reply").ok());
+  EXPECT_EQ(view.waiting(), 1);
+  // Version 5 is current at a heartbeat asked after the stream came: device 99 is not registered.
+  ASSERT_TRUE(view.update(view.ask(), 1000, 5, nullptr, "Heartbeat reply").ok());
+  EXPECT_EQ(view.waiting(), 0);
+  ASSERT_TRUE(d.of(0).has_value());
+  EXPECT_EQ(d.of(0)->code(), absl::StatusCode::kPermissionDenied) << *d.of(0);
+  EXPECT_THAT(std::string(d.of(0)->message()),
+              HasSubstr("device 99 is not a registered device of this cluster (alive: 0, 1)"));
 }
 
 // Issue #17 item 1, re-checked: a stream admitted under a registration is told to end by the

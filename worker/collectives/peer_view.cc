@@ -161,11 +161,28 @@ uint64_t PeerView::admit(const StreamClaim& claim, std::function<void(absl::Stat
   return id;
 }
 
-absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers* peers, absl::string_view reply) {
+uint64_t PeerView::view_version(uint64_t epoch) const {
+  absl::MutexLock lock(&mu_);
+  return known_ && epoch_ == epoch ? version_ : 0;
+}
+
+absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, uint64_t held, const pb::ClusterPeers* peers,
+                              absl::string_view reply) {
   if (peers != nullptr) return update(ticket, epoch, *peers);
-  return absl::InvalidArgumentError(absl::StrCat("the coordinator's ", reply,
-                                                 " names no peers (ClusterPeers, protocol version ", kProtocolVersion,
-                                                 "); the view is unchanged"));
+  if (held == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the coordinator's ", reply, " names no peers (ClusterPeers, protocol version ", kProtocolVersion,
+                     ") though the request held no view of epoch ", epoch, "; the view is unchanged"));
+  }
+  // The coordinator says the view of version `held` is current: the view held, if it is still
+  // that one, is as fresh as one this reply would have carried.
+  Decided decided;
+  {
+    absl::MutexLock lock(&mu_);
+    if (known_ && epoch_ == epoch && version_ == held) judge_streams_locked(ticket, &decided);
+  }
+  for (auto& [done, status] : decided) done(status);
+  return absl::OkStatus();
 }
 
 absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers& view) {
@@ -179,52 +196,57 @@ absl::Status PeerView::update(uint64_t ticket, uint64_t epoch, const pb::Cluster
                                                      "from 1; the view is unchanged"));
     }
   }
-  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> decided;
+  Decided decided;
   {
     absl::MutexLock lock(&mu_);
     known_ = true;
     epoch_ = epoch;
+    version_ = view.version();
     peers_ = std::move(peers);
-    // The streams read so far whose registration this view says was replaced end first, before
-    // anything else of this view is acted on.
-    for (auto it = admitted_.begin(); it != admitted_.end();) {
-      Admitted& a = it->second;
-      std::string why;
-      bool ends = false;
-      if (a.named) {
-        ends = replaced_locked(a.claim, &why);
-      } else {
-        const Verdict v = judge_locked(a.claim, ticket >= a.needed_ticket, &why);
-        a.named = v == Verdict::kAdmit;
-        ends = v == Verdict::kRefuse;
-      }
-      if (!ends) {
-        ++it;
-        continue;
-      }
-      if (it->second.replaced) decided.emplace_back(std::move(it->second.replaced), absl::PermissionDeniedError(why));
-      it = admitted_.erase(it);
-    }
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      Waiting& w = it->second;
-      std::string why;
-      const Verdict v = judge_locked(w.claim, ticket >= w.needed_ticket, &why);
-      if (v == Verdict::kWait) {
-        ++it;
-        continue;
-      }
-      if (v == Verdict::kAdmit) admitted_.emplace(it->first, Admitted{w.claim, std::move(w.replaced), true, 0});
-      decided.emplace_back(std::move(w.decided),
-                           v == Verdict::kAdmit ? absl::OkStatus() : absl::PermissionDeniedError(why));
-      it = waiting_.erase(it);
-    }
+    judge_streams_locked(ticket, &decided);
   }
   for (auto& [done, status] : decided) done(status);
   return absl::OkStatus();
 }
 
+void PeerView::judge_streams_locked(uint64_t ticket, Decided* decided) {
+  // The streams read so far whose registration this view says was replaced end first, before
+  // anything else of this view is acted on.
+  for (auto it = admitted_.begin(); it != admitted_.end();) {
+    Admitted& a = it->second;
+    std::string why;
+    bool ends = false;
+    if (a.named) {
+      ends = replaced_locked(a.claim, &why);
+    } else {
+      const Verdict v = judge_locked(a.claim, ticket >= a.needed_ticket, &why);
+      a.named = v == Verdict::kAdmit;
+      ends = v == Verdict::kRefuse;
+    }
+    if (!ends) {
+      ++it;
+      continue;
+    }
+    if (it->second.replaced) decided->emplace_back(std::move(it->second.replaced), absl::PermissionDeniedError(why));
+    it = admitted_.erase(it);
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    Waiting& w = it->second;
+    std::string why;
+    const Verdict v = judge_locked(w.claim, ticket >= w.needed_ticket, &why);
+    if (v == Verdict::kWait) {
+      ++it;
+      continue;
+    }
+    if (v == Verdict::kAdmit) admitted_.emplace(it->first, Admitted{w.claim, std::move(w.replaced), true, 0});
+    decided->emplace_back(std::move(w.decided),
+                          v == Verdict::kAdmit ? absl::OkStatus() : absl::PermissionDeniedError(why));
+    it = waiting_.erase(it);
+  }
+}
+
 void PeerView::expire(absl::Time now) {
-  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> decided;
+  Decided decided;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = waiting_.begin(); it != waiting_.end();) {

@@ -3,8 +3,10 @@
 // the rule an Exchange stream's sender is checked by when the stream opens (issue #17 item 1).
 //
 // A peer's Exchange stream declares its sender (metadata tessera-device, tessera-epoch,
-// tessera-incarnation; proto/auth.h). The coordinator's view comes with every registration and
-// heartbeat reply (its ClusterPeers). A stream may come before this worker has heard
+// tessera-incarnation; proto/auth.h). The coordinator's view comes with every registration
+// reply, and with a heartbeat reply when the version the heartbeat named (view_version) is not
+// the coordinator's current one: a heartbeat reply without a view says the one held is current
+// (ClusterPeers, proto/tessera.proto). A stream may come before this worker has heard
 // of its sender's registration (a peer registered a moment ago): such a stream waits, unread,
 // for a view asked for after it came (the next heartbeat, sent at once), and is decided then.
 // A stream admitted is checked again by every later view: once the view says its sender's
@@ -13,7 +15,8 @@
 //
 //   PeerView peers([&] { registration.beat_now(); });
 //   uint64_t ticket = peers.ask();                          // before each heartbeat
-//   peers.update(ticket, epoch, reply.peers());             // after it
+//   uint64_t held = peers.view_version(epoch);              // HeartbeatRequest.view_version
+//   peers.update(ticket, epoch, held, reply.has_peers() ? &reply.peers() : nullptr, "Heartbeat reply");
 //   uint64_t id = peers.admit({2, epoch, 5}, [](absl::Status s) { ... },  // OK, or why refused
 //                             [](absl::Status s) { ... });  // later: its registration was replaced
 //   peers.ended(id);                                        // the stream is over
@@ -24,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -60,15 +64,25 @@ class PeerView {
 
   // A request for a view (a registration or heartbeat) is about to be sent: its ticket.
   uint64_t ask();
+  // The version (ClusterPeers.version) of the view held when it is of coordinator `epoch`; 0
+  // when none is (no view yet, or one of another epoch): what a heartbeat names, so that the
+  // coordinator sends the view whenever it is not the one held.
+  uint64_t view_version(uint64_t epoch) const;
   // The view that request (`ticket`) brought: this worker's registration `epoch` and the
-  // reply's `peers`. Decides the streams it can. INVALID_ARGUMENT naming the entry that is not a
-  // distinct device (id from 0) with an incarnation from 1 (the view is unchanged). Until a
-  // view comes, every stream is taken (nothing to check against).
+  // reply's `peers`; the view and its version are replaced together, under one lock. Decides
+  // the streams it can. INVALID_ARGUMENT naming the entry that is not a distinct device (id
+  // from 0) with an incarnation from 1 (the view and version are unchanged). Until a view
+  // comes, every stream is taken (nothing to check against).
   absl::Status update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers& peers);
-  // The same for a reply that may carry no view (`peers` null: the RegisterWorker or Heartbeat
-  // reply had no ClusterPeers, which only a coordinator of another protocol version sends):
-  // INVALID_ARGUMENT naming `reply`, and the view unchanged (never taken as "no device alive").
-  absl::Status update(uint64_t ticket, uint64_t epoch, const pb::ClusterPeers* peers, absl::string_view reply);
+  // The same for a reply that may carry no view (`peers` null). `held`: the view_version(epoch)
+  // the request named (0 for a registration, whose reply always carries the view). A reply
+  // without a view to a request that named `held` says that view is still current: the streams
+  // waiting for a view asked for by `ticket` or before are decided by the view held, when it is
+  // still that one (else nothing happens: a newer request decides them). To a request naming
+  // none (0; or from a coordinator of another protocol version): INVALID_ARGUMENT naming
+  // `reply`, and the view unchanged (never taken as "no device alive").
+  absl::Status update(uint64_t ticket, uint64_t epoch, uint64_t held, const pb::ClusterPeers* peers,
+                      absl::string_view reply);
 
   // Decides whether a stream of `claim` is read: calls decided(status) once, on this thread
   // when the view decides it now, or later (from update or expire, outside the lock). OK: the
@@ -99,6 +113,11 @@ class PeerView {
 
  private:
   enum class Verdict { kAdmit, kRefuse, kWait };
+  using Decided = std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>;
+  // Judges the admitted and waiting streams by the view held, as of `ticket` (after a view of
+  // it came, or a reply saying the view held is current); the callbacks to call, outside mu_,
+  // go to *decided.
+  void judge_streams_locked(uint64_t ticket, Decided* decided) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Verdict judge_locked(const StreamClaim& claim, bool fresh, std::string* why) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether an admitted stream's registration was replaced in the view (*why: the status text).
   bool replaced_locked(const StreamClaim& claim, std::string* why) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -124,6 +143,7 @@ class PeerView {
   uint64_t asked_ ABSL_GUARDED_BY(mu_) = 0;
   bool known_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // ClusterPeers.version of peers_ (0: none)
   std::map<int, uint64_t> peers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   // By stream id (the order they came in). Each entry goes when its stream ends (ended), is
