@@ -191,7 +191,11 @@ class CoordinatorService final : public CoordinatorServiceBase {
     if (newly_draining && options_.log_registrations) {
       std::fprintf(stderr, "tessera-coordinator: device %d is draining; no new work goes to it\n", req->device_id());
     }
-    if (beat.ok() && !req->leaving()) add_peers(req->view_version(), reply);
+    if (beat.ok() && !req->leaving()) {
+      add_peers(req->view_version(), reply);
+      heartbeats_.fetch_add(1, std::memory_order_relaxed);
+      if (reply->has_peers()) heartbeat_views_.fetch_add(1, std::memory_order_relaxed);
+    }
     reactor->Finish(to_grpc(beat));
     return reactor;
   }
@@ -550,6 +554,11 @@ class CoordinatorService final : public CoordinatorServiceBase {
         counter("tessera_coordinator_devices_lost_total", "Times a device was marked lost (missed heartbeats).", lost),
         counter("tessera_coordinator_devices_left_total",
                 "Times a device's worker drained and deregistered (SIGTERM): gone, not lost.", left),
+        counter("tessera_coordinator_heartbeats_total", "Worker heartbeats answered (not a leaving worker's last).",
+                static_cast<double>(heartbeats_.load(std::memory_order_relaxed))),
+        counter("tessera_coordinator_heartbeat_views_total",
+                "Heartbeat replies that carried the cluster view: the worker's view version was not the current one.",
+                static_cast<double>(heartbeat_views_.load(std::memory_order_relaxed))),
         gauge("tessera_coordinator_arrays", "Arrays the coordinator knows.", arrays),
         gauge("tessera_coordinator_programs", "Compiled programs held.", programs),
         counter("tessera_coordinator_compilations_total", "Programs compiled.", compilations),
@@ -870,6 +879,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
   WorkerChannels channels_;
   FanOut fan_out_;
   ProgramCache programs_;
+  // Heartbeats answered (not a leaving worker's last), and those whose reply carried the view.
+  std::atomic<int64_t> heartbeats_{0}, heartbeat_views_{0};
   // Last: its pool's threads use everything above, and its destructor joins them.
   ExecutionDriver driver_;
 };

@@ -55,7 +55,8 @@ namespace tessera {
 // which checks the version exactly. 32: the rev op (OP_REV, lax.rev, ReduceAttrs). 33: GatherAttrs.batch_dims (a
 // batched one-axis gather / scatter), which a worker of 32 would ignore. 34: the cluster view is versioned
 // (ClusterPeers.version, HeartbeatRequest.view_version) and a Heartbeat reply carries it only when the worker's
-// version is not the current one (a worker of 33 would name none, 0, and get it every time).)
+// version is not the current one (a worker of 33 is refused at registration: the coordinator checks the version
+// exactly).)
 inline constexpr uint32_t kProtocolVersion = 34;
 inline constexpr uint64_t kOpTableDigest = 0x4a21795196e7679d;
 

@@ -20,6 +20,7 @@
 #include "proto/rpc.h"
 #include "proto/tessera.grpc.pb.h"
 #include "tests/faults/fault_cluster.h"
+#include "tests/metrics_scrape.h"
 #include "tests/support/exchange_stream.h"
 
 namespace tessera {
@@ -286,8 +287,9 @@ class PeerViewLostTest : public FaultClusterTest {
 
 // A device marked lost gives a new view version too: a simulated device that stops heartbeating
 // is lost after the heartbeat timeout (1 s), and a device that goes on heartbeating (every
-// 100 ms, as a worker does, naming the version it holds) gets the view without it in the first
-// reply after, and none before or after that one.
+// 100 ms, as a worker does, naming the version it holds) gets the view without it in a reply
+// (other views may come first: real workers slow to beat), and the heartbeat naming that view's
+// version gets none.
 TEST_F(PeerViewLostTest, ALostDeviceGivesANewViewToTheNextHeartbeat) {
   absl::StatusOr<Client> client = connect();
   ASSERT_TRUE(client.ok()) << client.status();
@@ -316,6 +318,47 @@ TEST_F(PeerViewLostTest, ALostDeviceGivesANewViewToTheNextHeartbeat) {
   without.erase(kFaultWorkers);
   EXPECT_EQ(view_of(*changed), without);
   EXPECT_FALSE(calls.beat(beating, changed->version()).has_peers());
+}
+
+class ViewVersionMetricsTest : public FaultClusterTest {
+ protected:
+  std::vector<std::string> drill_flags() const override {
+    return {"--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=300000", "--metrics_port=0"};
+  }
+};
+
+// Real workers name the view version they hold (worker/registration.cc): once the cluster is
+// settled (every worker has the view after the last registration), heartbeats go on and none of
+// their replies carries the view (the coordinator's tessera_coordinator_heartbeat_views_total
+// stays put while tessera_coordinator_heartbeats_total grows by 5 per worker). A worker naming
+// no version (0) would get the view in every reply.
+TEST_F(ViewVersionMetricsTest, ASettledClustersHeartbeatsCarryNoView) {
+  const int port = coordinator_metrics_port();
+  ASSERT_GT(port, 0);
+  absl::StatusOr<Client> client = connect();
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto counter = [port](const std::string& series) {
+    absl::StatusOr<std::string> scrape = http_get(port, "/metrics");
+    EXPECT_TRUE(scrape.ok()) << scrape.status();
+    return scrape.ok() ? sample(*scrape, series) : -1;
+  };
+  // Until `beats` more heartbeats are answered (each worker beats every 100 ms).
+  auto after_heartbeats = [&](double beats) {
+    const double until = counter("tessera_coordinator_heartbeats_total") + beats;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (counter("tessera_coordinator_heartbeats_total") < until && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));  // polling the counter, with a deadline
+    }
+    ASSERT_GE(counter("tessera_coordinator_heartbeats_total"), until) << "heartbeats stopped";
+  };
+  // Every worker beats at least twice after the last registration: each then holds the view.
+  ASSERT_NO_FATAL_FAILURE(after_heartbeats(3 * kFaultWorkers));
+  const double settled = counter("tessera_coordinator_heartbeat_views_total");
+  ASSERT_GE(settled, 0);
+  ASSERT_NO_FATAL_FAILURE(after_heartbeats(5 * kFaultWorkers));
+  EXPECT_EQ(counter("tessera_coordinator_heartbeat_views_total"), settled)
+      << "heartbeats of a settled cluster carried the view";
+  EXPECT_EQ(counter("tessera_coordinator_devices_lost_total"), 0);
 }
 
 }  // namespace

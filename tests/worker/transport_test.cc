@@ -2390,13 +2390,21 @@ TEST(PeerView, TheVersionHeldChangesWithTheViewAndOnlyWithIt) {
 TEST(PeerView, AReplyThatTheViewHeldIsCurrentDecidesTheStreamsWaitingForIt) {
   PeerView view;
   ASSERT_TRUE(view.update(view.ask(), 1000, peers({{0, 1}, {1, 3}}, 5)).ok());
+  const uint64_t in_flight = view.ask();  // a heartbeat sent before the stream came
   Decisions d;
   view.admit({99, 1000, 1}, d.record(0));  // not in the view: waits for a fresh one
   view.admit({0, 1000, 1}, d.record(1));   // named: taken at once
   ASSERT_TRUE(d.of(1).has_value() && d.of(1)->ok());
   EXPECT_EQ(view.waiting(), 1);
+  // The older heartbeat's "version 5 is current": device 99 may have registered after the
+  // coordinator answered it, so it proves nothing.
+  ASSERT_TRUE(view.update(in_flight, 1000, 5, nullptr, "Heartbeat reply").ok());
+  EXPECT_EQ(view.waiting(), 1);
   // A reply to a request that named version 4 (the view held since is 5): proves nothing.
   ASSERT_TRUE(view.update(view.ask(), 1000, 4, nullptr, "Heartbeat reply").ok());
+  EXPECT_EQ(view.waiting(), 1);
+  // Nor does "version 5 is current" from another coordinator epoch (its version 5 is another view).
+  ASSERT_TRUE(view.update(view.ask(), 1001, 5, nullptr, "Heartbeat reply").ok());
   EXPECT_EQ(view.waiting(), 1);
   // Version 5 is current at a heartbeat asked after the stream came: device 99 is not registered.
   ASSERT_TRUE(view.update(view.ask(), 1000, 5, nullptr, "Heartbeat reply").ok());
