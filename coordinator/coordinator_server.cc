@@ -554,7 +554,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
         counter("tessera_coordinator_devices_lost_total", "Times a device was marked lost (missed heartbeats).", lost),
         counter("tessera_coordinator_devices_left_total",
                 "Times a device's worker drained and deregistered (SIGTERM): gone, not lost.", left),
-        counter("tessera_coordinator_heartbeats_total", "Worker heartbeats answered (not a leaving worker's last).",
+        counter("tessera_coordinator_heartbeats_total", "Worker heartbeats accepted (not a leaving worker's last).",
                 static_cast<double>(heartbeats_.load(std::memory_order_relaxed))),
         counter("tessera_coordinator_heartbeat_views_total",
                 "Heartbeat replies that carried the cluster view: the worker's view version was not the current one.",
@@ -879,7 +879,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
   WorkerChannels channels_;
   FanOut fan_out_;
   ProgramCache programs_;
-  // Heartbeats answered (not a leaving worker's last), and those whose reply carried the view.
+  // Heartbeats accepted (not a leaving worker's last), and those whose reply carried the view.
   std::atomic<int64_t> heartbeats_{0}, heartbeat_views_{0};
   // Last: its pool's threads use everything above, and its destructor joins them.
   ExecutionDriver driver_;

@@ -160,6 +160,10 @@ class RunSession : public std::enable_shared_from_this<RunSession> {
     absl::Status failure;  // of the first that failed
   };
 
+  // The flag that cancels run `execution` on a thread or stepped: its running_ entry's, or, when
+  // that is missing or null (erased meanwhile, or overwritten by an inline run of the same
+  // execution id), a flag nothing sets: never null.
+  std::shared_ptr<std::atomic<bool>> cancel_flag(uint64_t execution) ABSL_LOCKS_EXCLUDED(mu_);
   // Starts `req` on a thread of the plan pool (it is in running_ and its inputs exist).
   void run_on_thread(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded);
   // Starts `req` stepped, on this thread (SteppedRun; it is in running_, its inputs exist).
@@ -452,12 +456,17 @@ void RunSession::handle(pb::PlanStreamRequest& request, const std::function<void
   }
 }
 
-void RunSession::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded) {
-  std::shared_ptr<std::atomic<bool>> cancelled;
+std::shared_ptr<std::atomic<bool>> RunSession::cancel_flag(uint64_t execution) {
   {
     absl::MutexLock lock(&mu_);
-    cancelled = running_[req->execution_id()];
+    auto it = running_.find(execution);
+    if (it != running_.end() && it->second != nullptr) return it->second;
   }
+  return std::make_shared<std::atomic<bool>>(false);
+}
+
+void RunSession::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded) {
+  std::shared_ptr<std::atomic<bool>> cancelled = cancel_flag(req->execution_id());
   absl::Status started = runner_->plan_threads().run([self = shared_from_this(), plan = loaded, req, cancelled] {
     self->end_run(req, self->runner_->run(*plan, *req, [cancelled] { return cancelled->load(); }));
   });
@@ -465,11 +474,7 @@ void RunSession::run_on_thread(std::shared_ptr<pb::RunPlanRequest> req, std::sha
 }
 
 void RunSession::run_stepped(std::shared_ptr<pb::RunPlanRequest> req, std::shared_ptr<const LoadedPlan> loaded) {
-  std::shared_ptr<std::atomic<bool>> cancelled;
-  {
-    absl::MutexLock lock(&mu_);
-    cancelled = running_[req->execution_id()];
-  }
+  std::shared_ptr<std::atomic<bool>> cancelled = cancel_flag(req->execution_id());
   std::make_shared<SteppedRun>(shared_from_this(), runner_, std::move(req), std::move(loaded))
       ->start(std::move(cancelled));
 }

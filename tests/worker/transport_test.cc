@@ -846,6 +846,9 @@ TEST(TransportInProcess, StoppingAWorkersInProcessCollectivesFailsAPeersCollecti
   std::optional<absl::StatusOr<std::shared_ptr<const HostArray>>> waited;
   absl::Time failed_at;
   absl::Notification waiting;
+  // Device 0 is rank 0 of the tree all_reduce of 16 bytes: it receives before it sends, so the
+  // stop fails its wait ("went away"), not a send ("is not serving collectives"); with a ring
+  // a stop before its first send would fail the send instead.
   std::thread a_runs([&] {
     waiting.Notify();
     waited = all_reduce(a, 0, 41, op_start, absl::Seconds(15));

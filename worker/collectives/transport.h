@@ -337,7 +337,8 @@ class Transport {
   // The same for every op in [first, end): a failed plan run's ops it will never start.
   void finish_ops(uint64_t first, uint64_t end);
 
-  // A plan run here owns the ops [first, end) from now until end_run_ops(first, end, run_tag):
+  // A plan run here with collectives (one without claims nothing) owns the ops [first, end) from
+  // now until end_run_ops(first, end, run_tag):
   // their messages are awaited, so they are not "early" (not counted against
   // --mailbox_messages_per_peer, not dropped for their age), however far ahead a peer runs (a
   // device that only sends, as in a one-way permute pipeline, may be hundreds of ops ahead).
