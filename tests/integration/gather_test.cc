@@ -1743,6 +1743,15 @@ std::vector<double> central_differences(const std::function<float(const std::vec
   return out;
 }
 
+// a + step * direction, element by element (float32 arrays of one shape).
+HostArray shifted(const HostArray& a, const HostArray& direction, float step) {
+  HostArray out(DType::kF32, a.shape());
+  for (int64_t i = 0; i < a.size(); ++i) {
+    out.mutable_values<float>()[i] = a.values<float>()[i] + step * direction.values<float>()[i];
+  }
+  return out;
+}
+
 // The host's reference for V examples of a float32 function f(v, x) of x (f_v) with its cotangent:
 // each example's value at x, its gradient at x (x shared) and at x_v (x mapped: the v-th of xs),
 // their sum over the examples at x, and the central differences (eps) of each.
@@ -1925,11 +1934,9 @@ TEST_F(GatherTest, BatchDimsGradientsMatchCentralDifferencesAndTheHostCotangent)
         // The jitted functions' own central differences along random directions.
         for (uint32_t seed : {98u, 99u}) {
           const HostArray v = random_f32(x.shape(), seed);
-          HostArray up(DType::kF32, x.shape()), down(DType::kF32, x.shape());
+          const HostArray up = shifted(x, v, kEps), down = shifted(x, v, -kEps);
           double along = 0;
           for (int64_t i = 0; i < x.size(); ++i) {
-            up.mutable_values<float>()[i] = x0[i] + kEps * v.values<float>()[i];
-            down.mutable_values<float>()[i] = x0[i] - kEps * v.values<float>()[i];
             along += grad_f.values<float>()[i] * static_cast<double>(v.values<float>()[i]);
           }
           Jitted fj = jit(f);
@@ -2026,16 +2033,8 @@ TEST_F(GatherTest, VmapOfBatchDimsGatherGradientsMatchTheHostAndCentralDifferenc
           run.check(want, on(x, false), on(xs, true), pa, wa, at, &g_total, &g_shared, &g_mapped);
           if (HasFatalFailure()) return;
           // The jitted vmap(f)'s own central differences along the directions.
-          HostArray up(DType::kF32, x.shape()), down(DType::kF32, x.shape());
-          HostArray ups(DType::kF32, xs.shape()), downs(DType::kF32, xs.shape());
-          for (int64_t i = 0; i < x_size; ++i) {
-            up.mutable_values<float>()[i] = x.values<float>()[i] + kEps * direction.values<float>()[i];
-            down.mutable_values<float>()[i] = x.values<float>()[i] - kEps * direction.values<float>()[i];
-          }
-          for (int64_t i = 0; i < xs.size(); ++i) {
-            ups.mutable_values<float>()[i] = xs.values<float>()[i] + kEps * directions.values<float>()[i];
-            downs.mutable_values<float>()[i] = xs.values<float>()[i] - kEps * directions.values<float>()[i];
-          }
+          const HostArray up = shifted(x, direction, kEps), down = shifted(x, direction, -kEps);
+          const HostArray ups = shifted(xs, directions, kEps), downs = shifted(xs, directions, -kEps);
           absl::StatusOr<std::vector<Array>> fu = run.values_shared({on(up, false), pa, wa}),
                                              fd = run.values_shared({on(down, false), pa, wa}),
                                              fus = run.values_mapped({on(ups, true), pa, wa}),

@@ -14,8 +14,8 @@
 // is told to end (`replaced`), so nothing of a replaced registration is read afterwards.
 //
 //   PeerView peers([&] { registration.beat_now(); });
-//   uint64_t ticket = peers.ask();                          // before each heartbeat
 //   uint64_t held = peers.view_version(epoch);              // HeartbeatRequest.view_version
+//   uint64_t ticket = peers.ask();                          // before each heartbeat
 //   peers.update(ticket, epoch, held, reply.has_peers() ? &reply.peers() : nullptr, "Heartbeat reply");
 //   uint64_t id = peers.admit({2, epoch, 5}, [](absl::Status s) { ... },  // OK, or why refused
 //                             [](absl::Status s) { ... });  // later: its registration was replaced
